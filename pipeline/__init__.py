@@ -1,0 +1,54 @@
+"""ctpipe: chest CT DICOM → lung-nodule findings, 3D organ reconstructions and throughput reports.
+
+The public API for notebooks (all coordinates are DICOM patient coordinates,
+LPS, in mm)::
+
+    import pipeline as ctp
+    vol = ctp.load_series("path/to/dicom/folder")      # CTVolume (HU + LPS geometry)
+    findings = ctp.detect(vol)                           # lung-nodule findings
+    recon = ctp.reconstruct(vol)                         # organ masks, meshes, measurements
+    summary = ctp.run_batch(["dicom/"], out="runs/r1")   # the batch runner
+    run = ctp.open_run("runs/r1")                        # results as DataFrames
+    ctp.show(vol, findings=findings, recon=recon)        # a slice with findings and outlines
+
+Names are imported lazily, so ``import pipeline`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "CTVolume": "pipeline.volume",
+    "Geometry": "pipeline.volume",
+    "LabelMap": "pipeline.volume",
+    "CaseCache": "pipeline.cache",
+    "CtpipeError": "pipeline.errors",
+    "generate_phantom": "pipeline.phantom",
+    "write_phantom_series": "pipeline.phantom",
+    "load_series": "pipeline.ingest",
+    "scan_directory": "pipeline.ingest",
+    "detect": "pipeline.detect",
+    "reconstruct": "pipeline.reconstruct",
+    "run_batch": "pipeline.runner",
+    "open_run": "pipeline.runner",
+    "show": "pipeline.runner.show",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,208 @@
+"""The case cache: one ``<case_id>.npy`` HU array plus a ``<case_id>.json`` sidecar per case.
+
+The ``.npy`` holds the HU array ``[k, j, i]`` (C order, int16 or float32); the
+sidecar holds its geometry (LPS, mm; see :mod:`pipeline.volume`), the DICOM
+metadata and a content fingerprint. Both files are written to a temporary
+name and renamed into place, array first, sidecar last: a case exists only
+when its sidecar does, so a crash never leaves a half-written entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import CacheError
+from .volume import CTVolume, Geometry
+
+log = logging.getLogger(__name__)
+
+FORMAT = "ctpipe-case/1"
+_CASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def check_case_id(case_id: str) -> str:
+    """Return ``case_id`` if it is a safe file stem, else raise :class:`CacheError`."""
+    if not _CASE_ID.match(case_id) or case_id.endswith((".json", ".npy")):
+        raise CacheError(
+            f"case id {case_id!r} is not a safe file name",
+            fix="use letters, digits, '.', '_' and '-' only (a SeriesInstanceUID is fine)",
+        )
+    return case_id
+
+
+def fingerprint_array(array: np.ndarray) -> str:
+    """SHA-256 of the array's dtype, shape and bytes (hex, first 16 bytes)."""
+    h = hashlib.sha256()
+    h.update(f"{array.dtype.str}{array.shape}".encode())
+    h.update(np.ascontiguousarray(array).data)
+    return h.hexdigest()[:32]
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.lib.format.write_array(fh, np.ascontiguousarray(array), allow_pickle=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """Paths and sidecar of one cached case."""
+
+    case_id: str
+    array_path: Path
+    sidecar_path: Path
+    sidecar: Mapping[str, Any]
+
+    @property
+    def geometry(self) -> Geometry:
+        return Geometry.from_json(self.sidecar["geometry"])
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.sidecar["fingerprint"])
+
+
+class CaseCache:
+    """A folder of cached cases. ``CaseCache(path)`` creates nothing until a write."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"CaseCache({str(self.root)!r}, cases={len(self.case_ids())})"
+
+    def array_path(self, case_id: str) -> Path:
+        return self.root / f"{check_case_id(case_id)}.npy"
+
+    def sidecar_path(self, case_id: str) -> Path:
+        return self.root / f"{check_case_id(case_id)}.json"
+
+    def case_ids(self) -> list[str]:
+        """Ids of complete cases (those with a sidecar), sorted."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.stem for p in self.root.glob("*.json") if not p.name.startswith("."))
+
+    def __contains__(self, case_id: str) -> bool:
+        return self.sidecar_path(case_id).is_file()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.case_ids())
+
+    def write(self, case_id: str, volume: CTVolume, *, extra: Mapping[str, Any] | None = None) -> CacheEntry:
+        """Store ``volume`` under ``case_id`` atomically; returns the entry."""
+        arr = np.ascontiguousarray(volume.array)
+        if arr.dtype not in (np.int16, np.float32):
+            arr = arr.astype(np.float32)
+        sidecar = {
+            "format": FORMAT,
+            "case_id": case_id,
+            "dtype": arr.dtype.str,
+            "geometry": volume.geometry.to_json(),
+            "fingerprint": fingerprint_array(arr),
+            "metadata": _jsonable(dict(volume.metadata)),
+            "extra": _jsonable(dict(extra or {})),
+        }
+        apath, spath = self.array_path(case_id), self.sidecar_path(case_id)
+        _atomic_save_npy(apath, arr)
+        atomic_write_bytes(spath, json.dumps(sidecar, indent=1).encode())
+        log.debug("cached %s (%s, %s)", case_id, arr.shape, arr.dtype)
+        return CacheEntry(case_id, apath, spath, sidecar)
+
+    def entry(self, case_id: str) -> CacheEntry:
+        """Read and check the sidecar and the array header of ``case_id`` (no voxel data)."""
+        apath, spath = self.array_path(case_id), self.sidecar_path(case_id)
+        if not spath.is_file():
+            raise CacheError("no sidecar in the cache", where=spath, fix="ingest the case again (ctpipe ingest)")
+        try:
+            sidecar = json.loads(spath.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CacheError(f"sidecar is not valid JSON ({exc})", where=spath, fix="ingest the case again") from exc
+        if sidecar.get("format") != FORMAT:
+            raise CacheError(f"sidecar format is {sidecar.get('format')!r}, expected {FORMAT!r}", where=spath)
+        if not apath.is_file():
+            raise CacheError("array file is missing", where=apath, fix="ingest the case again (ctpipe ingest)")
+        try:
+            with open(apath, "rb") as fh:
+                major, _minor = np.lib.format.read_magic(fh)
+                if major == 1:
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+                else:
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+                data_offset = fh.tell()
+        except (OSError, ValueError) as exc:
+            raise CacheError(f"array file header is unreadable ({exc})", where=apath, fix="ingest the case again") from exc
+        geom = Geometry.from_json(sidecar["geometry"])
+        if tuple(shape) != geom.shape or np.dtype(dtype).str != sidecar["dtype"] or fortran:
+            raise CacheError(
+                f"array is {tuple(shape)} {np.dtype(dtype)} but the sidecar says {geom.shape} {np.dtype(sidecar['dtype'])}",
+                where=apath,
+                fix="ingest the case again; the two files come from different writes",
+            )
+        expected = data_offset + int(np.prod(shape)) * np.dtype(dtype).itemsize
+        actual = apath.stat().st_size
+        if actual < expected:
+            raise CacheError(f"array file is truncated: {actual} bytes, expected {expected}", where=apath, fix="ingest the case again")
+        return CacheEntry(case_id, apath, spath, sidecar)
+
+    def read(self, case_id: str, *, mmap: bool = False, verify: bool = False) -> CTVolume:
+        """Load a cached case as a :class:`CTVolume`.
+
+        ``mmap=True`` maps the array read-only instead of reading it;
+        ``verify=True`` also checks the content fingerprint.
+        """
+        entry = self.entry(case_id)
+        arr = np.load(entry.array_path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        if verify and fingerprint_array(np.asarray(arr)) != entry.fingerprint:
+            raise CacheError("array content does not match the sidecar's fingerprint", where=entry.array_path, fix="ingest the case again")
+        return CTVolume(arr, entry.geometry, metadata=entry.sidecar.get("metadata", {}))

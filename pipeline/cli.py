@@ -1,0 +1,91 @@
+"""The ``ctpipe`` command: a thin dispatcher over each stage's sub-commands.
+
+Each stage package has a ``cli`` module with ``register(subparsers)`` that adds
+its sub-commands; a sub-command's ``func(args) -> int`` returns the exit status.
+Heavy imports happen inside those functions, so ``ctpipe --help`` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import CtpipeError
+
+# Stage command modules, in the order data flows through them.
+COMMAND_MODULES = (
+    "pipeline.phantom.cli",  # ctpipe phantom
+    "pipeline.ingest.cli",  # ctpipe ingest
+    "pipeline.detect.cli",  # ctpipe detect, ctpipe evaluate
+    "pipeline.reconstruct.cli",  # ctpipe reconstruct
+    "pipeline.runner.cli",  # ctpipe run, ctpipe report
+)
+
+log = logging.getLogger("pipeline")
+
+
+def setup_logging(verbosity: int, *, quiet: bool = False, log_file: str | None = None) -> None:
+    """Console logging for the CLI (warnings by default, -v info, -vv debug)."""
+    level = logging.WARNING
+    if verbosity == 1:
+        level = logging.INFO
+    elif verbosity >= 2:
+        level = logging.DEBUG
+    if quiet:
+        level = logging.ERROR
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    handlers[0].setLevel(level)
+    if log_file:
+        fh = logging.FileHandler(log_file)
+        fh.setLevel(logging.DEBUG)
+        handlers.append(fh)
+    logging.basicConfig(
+        level=min(h.level for h in handlers) if log_file else level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
+        force=True,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ctpipe",
+        description="Chest CT DICOM → lung-nodule findings, 3D organ reconstructions and throughput reports.",
+    )
+    parser.add_argument("--version", action="version", version=f"ctpipe {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # stage not installed in this build
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    setup_logging(args.verbose, quiet=getattr(args, "quiet", False))
+    try:
+        return int(args.func(args) or 0)
+    except CtpipeError as exc:
+        print(f"ctpipe {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Exception classes for every stage of ctpipe.
+
+Every error names *where* the problem is (a file, a series, a case, a config
+key), *what* is wrong (with the offending value) and, where there is one,
+*how to fix it*. Catch :class:`CtpipeError` to handle any of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class CtpipeError(Exception):
+    """Base class of all ctpipe errors.
+
+    Parameters
+    ----------
+    message:
+        What is wrong, with the offending value.
+    where:
+        The file, series, case or config key concerned (shown first).
+    fix:
+        What the user can do about it (shown last), if anything.
+    """
+
+    def __init__(self, message: str, *, where: str | Path | None = None, fix: str | None = None):
+        self.problem = message
+        self.where = str(where) if where is not None else None
+        self.fix = fix
+        text = message
+        if self.where:
+            text = f"{self.where}: {text}"
+        if fix:
+            text = f"{text}. Fix: {fix}"
+        super().__init__(text)
+
+    def __reduce__(self):  # keep errors picklable across worker processes
+        return (_rebuild, (type(self), self.problem, self.where, self.fix))
+
+
+def _rebuild(cls, message, where, fix):
+    err = cls.__new__(cls)
+    CtpipeError.__init__(err, message, where=where, fix=fix)
+    return err
+
+
+# --- geometry ------------------------------------------------------------------
+class GeometryError(CtpipeError, ValueError):
+    """Spacing, origin or direction cosines are not a valid LPS geometry."""
+
+
+# --- DICOM ingest ----------------------------------------------------------------
+class DicomError(CtpipeError):
+    """Base class for problems with DICOM input."""
+
+
+class NotDicomError(DicomError):
+    """The file is not a DICOM Part 10 file (no 'DICM' preamble, unreadable header)."""
+
+
+class TruncatedFileError(DicomError):
+    """The file ends before its header or pixel data is complete."""
+
+
+class MissingPixelDataError(DicomError):
+    """An image instance has no PixelData element."""
+
+
+class UnsupportedTransferSyntaxError(DicomError):
+    """The pixel data is compressed with a syntax no installed decoder handles."""
+
+
+class NotCTError(DicomError):
+    """The series is not a CT image series (e.g. MR, SR, SEG)."""
+
+
+class SeriesGeometryError(DicomError):
+    """Slices of one series do not form a regular volume."""
+
+
+class InconsistentSeriesError(SeriesGeometryError):
+    """Slices differ in rows/columns, pixel spacing or orientation."""
+
+
+class SingleSliceError(SeriesGeometryError):
+    """A series has too few slices to build a volume."""
+
+
+class MissingSliceError(SeriesGeometryError):
+    """A gap in slice positions larger than the spacing tolerance."""
+
+
+class DuplicateSliceError(SeriesGeometryError):
+    """Two or more slices share one position."""
+
+
+class NonUniformSpacingError(SeriesGeometryError):
+    """Slice positions are not equally spaced within the tolerance."""
+
+
+class GantryTiltError(SeriesGeometryError):
+    """Slice positions do not advance along the slice normal (tilted gantry)."""
+
+
+class NoSeriesFoundError(DicomError):
+    """A scan found no CT series that matches the selection rules."""
+
+
+# --- case cache and loader ---------------------------------------------------------
+class CacheError(CtpipeError):
+    """A case cache entry is missing, truncated or disagrees with its sidecar."""
+
+
+class LoaderError(CtpipeError):
+    """A loader could not turn a cached case into a model input."""
+
+
+# --- models ----------------------------------------------------------------------
+class ModelError(CtpipeError):
+    """A model or bundle cannot be loaded or run."""
+
+
+class BundleError(ModelError):
+    """A MONAI bundle directory is incomplete or its config is incompatible."""
+
+
+class WeightsMismatchError(ModelError):
+    """A state dict does not fit the network (missing, unexpected or mis-shaped keys)."""
+
+
+class InputTooSmallError(ModelError):
+    """A volume is smaller than the network's minimum input."""
+
+
+# --- reconstruction ----------------------------------------------------------------
+class ReconstructionError(CtpipeError):
+    """An organ could not be segmented, meshed or measured."""
+
+
+# --- configuration and runs ----------------------------------------------------------
+class ConfigError(CtpipeError, ValueError):
+    """A configuration key or value is invalid."""
+
+
+class RunStoreError(CtpipeError):
+    """A run directory or its database is missing or unreadable."""

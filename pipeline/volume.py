@@ -1,0 +1,398 @@
+"""Volumes whose geometry travels with the array.
+
+Conventions (the same as SimpleITK / ITK / DICOM):
+
+* ``array`` is indexed ``[k, j, i]`` = ``[slice, row, column]``.
+* Index triples in every public function are ``(i, j, k)`` = (column, row, slice).
+* ``spacing`` is ``(si, sj, sk)`` in mm along i, j, k.
+* ``origin`` is the centre of voxel ``(0, 0, 0)`` in DICOM patient coordinates
+  (LPS: +x to the patient's Left, +y Posterior, +z Superior), in mm.
+* ``direction`` is a 3×3 matrix whose *column* c is the LPS unit vector of
+  index axis c (SimpleITK's ``GetDirection()`` read row-major).
+
+So a voxel index maps to patient coordinates as
+``lps = origin + direction @ (spacing * ijk)``.
+
+Objects are valid once constructed and immutable in their geometry: every
+spatial operation (:meth:`resample`, :meth:`crop`) returns a new object.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from .errors import GeometryError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import SimpleITK as sitk
+
+log = logging.getLogger(__name__)
+
+LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+_ORTHO_TOL = 1e-4
+
+
+def _as_vec3(value: Sequence[float] | np.ndarray, name: str) -> tuple[float, float, float]:
+    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    if arr.shape != (3,) or not np.all(np.isfinite(arr)):
+        raise GeometryError(f"{name} must be 3 finite numbers, got {value!r}")
+    return (float(arr[0]), float(arr[1]), float(arr[2]))
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Voxel grid in DICOM patient space (LPS, mm).
+
+    Attributes
+    ----------
+    shape: array shape ``(nk, nj, ni)`` = (slices, rows, columns).
+    spacing: voxel size ``(si, sj, sk)`` in mm, all > 0.
+    origin: LPS position (mm) of the centre of voxel ``(i, j, k) = (0, 0, 0)``.
+    direction: 3×3 orthonormal matrix, column c = LPS direction of index axis c.
+    """
+
+    shape: tuple[int, int, int]
+    spacing: tuple[float, float, float]
+    origin: tuple[float, float, float]
+    direction: np.ndarray = field(default_factory=lambda: np.eye(3))
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(s) for s in self.shape)
+        if len(shape) != 3 or min(shape) < 1:
+            raise GeometryError(f"shape must be 3 positive sizes (k, j, i), got {self.shape!r}")
+        spacing = _as_vec3(self.spacing, "spacing")
+        if min(spacing) <= 0:
+            raise GeometryError(
+                f"spacing must be > 0 mm on every axis, got {spacing}",
+                fix="check PixelSpacing and the slice positions of the series",
+            )
+        direction = np.asarray(self.direction, dtype=np.float64)
+        if direction.size != 9 or not np.all(np.isfinite(direction)):
+            raise GeometryError(f"direction must be a 3x3 matrix, got {self.direction!r}")
+        direction = direction.reshape(3, 3).copy()
+        if not np.allclose(direction.T @ direction, np.eye(3), atol=_ORTHO_TOL):
+            raise GeometryError(
+                f"direction cosines are not orthonormal: {direction.tolist()}",
+                fix="a sheared grid (e.g. gantry tilt) must be resampled before building a volume",
+            )
+        direction.setflags(write=False)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "spacing", spacing)
+        object.__setattr__(self, "origin", _as_vec3(self.origin, "origin"))
+        object.__setattr__(self, "direction", direction)
+
+    # -- mappings ----------------------------------------------------------------
+    @property
+    def size_ijk(self) -> tuple[int, int, int]:
+        """Number of voxels along (i, j, k)."""
+        return (self.shape[2], self.shape[1], self.shape[0])
+
+    @property
+    def affine_lps(self) -> np.ndarray:
+        """4×4 matrix mapping homogeneous ``(i, j, k, 1)`` to LPS mm."""
+        aff = np.eye(4)
+        aff[:3, :3] = self.direction * np.asarray(self.spacing)[None, :]
+        aff[:3, 3] = self.origin
+        return aff
+
+    @property
+    def affine_ras(self) -> np.ndarray:
+        """4×4 matrix mapping ``(i, j, k, 1)`` to RAS mm (MONAI/NIfTI convention)."""
+        return LPS_TO_RAS @ self.affine_lps
+
+    def index_to_lps(self, ijk: np.ndarray | Sequence[float]) -> np.ndarray:
+        """Map voxel indices ``(..., 3)`` in (i, j, k) order to LPS mm ``(..., 3)``."""
+        ijk = np.asarray(ijk, dtype=np.float64)
+        m = self.direction * np.asarray(self.spacing)[None, :]
+        return ijk @ m.T + np.asarray(self.origin)
+
+    def lps_to_index(self, lps: np.ndarray | Sequence[float]) -> np.ndarray:
+        """Map LPS points ``(..., 3)`` in mm to continuous (i, j, k) indices."""
+        lps = np.asarray(lps, dtype=np.float64)
+        rel = lps - np.asarray(self.origin)
+        return (rel @ self.direction) / np.asarray(self.spacing)
+
+    def bounds_lps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Axis-aligned LPS box (min, max) in mm enclosing all voxel centres."""
+        ni, nj, nk = self.size_ijk
+        corners = np.array([[i, j, k] for i in (0, ni - 1) for j in (0, nj - 1) for k in (0, nk - 1)])
+        pts = self.index_to_lps(corners)
+        return pts.min(axis=0), pts.max(axis=0)
+
+    def with_(self, **changes: Any) -> Geometry:
+        """A copy with some fields replaced (validated again)."""
+        values: dict[str, Any] = {"shape": self.shape, "spacing": self.spacing, "origin": self.origin, "direction": self.direction}
+        values.update(changes)
+        return Geometry(**values)
+
+    def resampled(self, spacing: Sequence[float]) -> Geometry:
+        """The grid covering the same extent with a new ``spacing`` (i, j, k) in mm.
+
+        Voxel 0 keeps its position; the size along each axis is
+        ``max(1, round(n * old / new))``.
+        """
+        new = _as_vec3(spacing, "spacing")
+        size = [max(1, int(round(n * s / t))) for n, s, t in zip(self.size_ijk, self.spacing, new)]
+        return self.with_(shape=(size[2], size[1], size[0]), spacing=new)
+
+    def cropped(self, lo_ijk: Sequence[int], hi_ijk: Sequence[int]) -> Geometry:
+        """The sub-grid ``lo <= (i, j, k) < hi`` (indices clipped to the grid)."""
+        lo, hi = _clip_box(self.size_ijk, lo_ijk, hi_ijk)
+        origin = self.index_to_lps(lo)
+        return self.with_(shape=(hi[2] - lo[2], hi[1] - lo[1], hi[0] - lo[0]), origin=origin)
+
+    def same_grid(self, other: Geometry, *, atol: float = 1e-4) -> bool:
+        """True when both grids have equal shape and equal geometry within ``atol`` mm."""
+        return (
+            self.shape == other.shape
+            and np.allclose(self.spacing, other.spacing, atol=atol)
+            and np.allclose(self.origin, other.origin, atol=atol)
+            and np.allclose(self.direction, other.direction, atol=atol)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "shape": list(self.shape),
+            "spacing": list(self.spacing),
+            "origin": list(self.origin),
+            "direction": self.direction.reshape(-1).tolist(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Geometry:
+        return cls(
+            shape=tuple(data["shape"]),
+            spacing=tuple(data["spacing"]),
+            origin=tuple(data["origin"]),
+            direction=np.asarray(data["direction"], dtype=np.float64).reshape(3, 3),
+        )
+
+
+def _clip_box(size_ijk: Sequence[int], lo: Sequence[int], hi: Sequence[int]) -> tuple[list[int], list[int]]:
+    lo_c = [int(max(0, min(int(a), n))) for a, n in zip(lo, size_ijk)]
+    hi_c = [int(max(0, min(int(b), n))) for b, n in zip(hi, size_ijk)]
+    if any(b <= a for a, b in zip(lo_c, hi_c)):
+        raise GeometryError(f"empty crop box lo={list(lo)} hi={list(hi)} for a grid of size (i, j, k)={list(size_ijk)}")
+    return lo_c, hi_c
+
+
+class _SpatialArray:
+    """Shared behaviour of :class:`CTVolume` and :class:`LabelMap`."""
+
+    array: np.ndarray
+    geometry: Geometry
+
+    def _check(self) -> None:
+        if self.array.ndim != 3:
+            raise GeometryError(f"array must be 3-D [k, j, i], got shape {self.array.shape}")
+        if tuple(self.array.shape) != self.geometry.shape:
+            raise GeometryError(f"array shape {self.array.shape} differs from geometry shape {self.geometry.shape}")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return self.geometry.shape
+
+    @property
+    def spacing(self) -> tuple[float, float, float]:
+        return self.geometry.spacing
+
+    @property
+    def origin(self) -> tuple[float, float, float]:
+        return self.geometry.origin
+
+    @property
+    def direction(self) -> np.ndarray:
+        return self.geometry.direction
+
+    def index_to_lps(self, ijk: np.ndarray | Sequence[float]) -> np.ndarray:
+        """Voxel indices (i, j, k) → LPS mm. See :meth:`Geometry.index_to_lps`."""
+        return self.geometry.index_to_lps(ijk)
+
+    def lps_to_index(self, lps: np.ndarray | Sequence[float]) -> np.ndarray:
+        """LPS mm → continuous voxel indices (i, j, k)."""
+        return self.geometry.lps_to_index(lps)
+
+    def to_sitk(self) -> sitk.Image:
+        """A SimpleITK image with the same voxels and LPS geometry."""
+        import SimpleITK as sitk
+
+        img = sitk.GetImageFromArray(np.ascontiguousarray(self.array))
+        img.SetSpacing(self.geometry.spacing)
+        img.SetOrigin(self.geometry.origin)
+        img.SetDirection(tuple(self.geometry.direction.reshape(-1)))
+        return img
+
+    def to_monai(self) -> tuple[np.ndarray, np.ndarray]:
+        """MONAI's convention: channel-first array ``(1, i, j, k)`` and its 4×4 RAS affine.
+
+        This is what ``LoadImage(reader="ITKReader", affine_lps_to_ras=True)`` followed
+        by ``EnsureChannelFirst`` yields for the same series.
+        """
+        arr = np.ascontiguousarray(self.array.transpose(2, 1, 0))[None]
+        return arr, self.geometry.affine_ras
+
+
+class CTVolume(_SpatialArray):
+    """A CT volume in Hounsfield units with its LPS geometry and DICOM metadata.
+
+    Parameters
+    ----------
+    array: HU values indexed ``[k, j, i]`` (int16 or float32 are kept as they are).
+    geometry: the voxel grid (LPS, mm); its shape must equal ``array.shape``.
+    metadata: DICOM attributes (StudyInstanceUID, SeriesInstanceUID, SliceThickness,
+        ConvolutionKernel, KVP, Manufacturer, ...), kept read-only.
+    """
+
+    def __init__(self, array: np.ndarray, geometry: Geometry, *, metadata: Mapping[str, Any] | None = None):
+        arr = np.asarray(array)
+        if arr.dtype.kind not in "iuf":
+            raise GeometryError(f"HU array must be numeric, got dtype {arr.dtype}")
+        self.array = arr
+        self.geometry = geometry
+        self.metadata: Mapping[str, Any] = MappingProxyType(dict(metadata or {}))
+        self._check()
+
+    def __repr__(self) -> str:
+        uid = self.metadata.get("SeriesInstanceUID", "?")
+        sp = ", ".join(f"{s:.3g}" for s in self.spacing)
+        return f"CTVolume(shape={self.shape} [k,j,i], spacing=({sp}) mm [i,j,k], dtype={self.array.dtype}, series={uid})"
+
+    @property
+    def series_uid(self) -> str | None:
+        value = self.metadata.get("SeriesInstanceUID")
+        return str(value) if value is not None else None
+
+    def with_array(self, array: np.ndarray) -> CTVolume:
+        """A new volume on the same grid with other voxel values."""
+        return CTVolume(array, self.geometry, metadata=self.metadata)
+
+    @classmethod
+    def from_sitk(cls, image: sitk.Image, *, metadata: Mapping[str, Any] | None = None) -> CTVolume:
+        """Build from a SimpleITK image (whose geometry is LPS by ITK convention)."""
+        import SimpleITK as sitk
+
+        arr = sitk.GetArrayFromImage(image)
+        geom = Geometry(
+            shape=arr.shape,
+            spacing=image.GetSpacing(),
+            origin=image.GetOrigin(),
+            direction=np.asarray(image.GetDirection()).reshape(3, 3),
+        )
+        return cls(arr, geom, metadata=metadata)
+
+    def resample(
+        self,
+        spacing: Sequence[float],
+        *,
+        order: Literal["linear", "nearest"] = "linear",
+        device: str | None = None,
+    ) -> CTVolume:
+        """Resample to ``spacing`` (i, j, k) mm; trilinear by default. See :func:`resample_array`."""
+        geom = self.geometry.resampled(spacing)
+        out = resample_array(self.array, self.geometry, geom, order=order, device=device)
+        if order == "linear" and self.array.dtype.kind in "iu":
+            out = out.astype(np.float32)
+        return CTVolume(out, geom, metadata=self.metadata)
+
+    def crop(self, lo_ijk: Sequence[int], hi_ijk: Sequence[int]) -> CTVolume:
+        """The sub-volume ``lo <= (i, j, k) < hi`` with its own origin (a copy)."""
+        geom = self.geometry.cropped(lo_ijk, hi_ijk)
+        lo, _ = _clip_box(self.geometry.size_ijk, lo_ijk, hi_ijk)
+        k0, j0, i0 = lo[2], lo[1], lo[0]
+        arr = self.array[k0 : k0 + geom.shape[0], j0 : j0 + geom.shape[1], i0 : i0 + geom.shape[2]].copy()
+        return CTVolume(arr, geom, metadata=self.metadata)
+
+
+class LabelMap(_SpatialArray):
+    """An integer label volume (masks) on a :class:`Geometry` (LPS, mm).
+
+    ``labels`` maps each non-zero value to an organ name, e.g. ``{1: "lung_left"}``.
+    """
+
+    def __init__(self, array: np.ndarray, geometry: Geometry, *, labels: Mapping[int, str] | None = None):
+        arr = np.asarray(array)
+        if arr.dtype == bool:
+            arr = arr.astype(np.uint8)
+        if arr.dtype.kind not in "iu":
+            raise GeometryError(f"label array must be integer or bool, got dtype {arr.dtype}")
+        self.array = arr
+        self.geometry = geometry
+        self.labels: Mapping[int, str] = MappingProxyType({int(k): str(v) for k, v in (labels or {}).items()})
+        self._check()
+
+    def __repr__(self) -> str:
+        return f"LabelMap(shape={self.shape} [k,j,i], labels={dict(self.labels)})"
+
+    def mask(self, name: str) -> np.ndarray:
+        """Boolean mask ``[k, j, i]`` of the label called ``name``."""
+        for value, label in self.labels.items():
+            if label == name:
+                return self.array == value
+        raise KeyError(f"no label named {name!r}; labels are {sorted(self.labels.values())}")
+
+    def resample(self, spacing: Sequence[float], *, device: str | None = None) -> LabelMap:
+        """Nearest-neighbour resampling to ``spacing`` (i, j, k) mm."""
+        geom = self.geometry.resampled(spacing)
+        out = resample_array(self.array, self.geometry, geom, order="nearest", device=device)
+        return LabelMap(out, geom, labels=self.labels)
+
+
+def default_device() -> str:
+    """``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resample_array(
+    array: np.ndarray,
+    src: Geometry,
+    dst: Geometry,
+    *,
+    order: Literal["linear", "nearest"] = "linear",
+    device: str | None = None,
+) -> np.ndarray:
+    """Resample ``array`` from grid ``src`` to grid ``dst`` (same direction, any spacing/origin).
+
+    Trilinear (``order="linear"``) or nearest-neighbour interpolation done
+    separably along each axis with torch, on the GPU when one is present.
+    Samples outside ``src`` take the value of the nearest edge voxel.
+    """
+    import torch
+
+    if not np.allclose(src.direction, dst.direction, atol=_ORTHO_TOL):
+        raise GeometryError("resample_array needs grids with equal direction cosines")
+    if order not in ("linear", "nearest"):
+        raise ValueError(f"order must be 'linear' or 'nearest', got {order!r}")
+    dev = torch.device(device or default_device())
+    # continuous source index of each destination voxel, per axis (i, j, k)
+    offset = src.lps_to_index(dst.origin)
+    ratio = np.asarray(dst.spacing) / np.asarray(src.spacing)
+    t = torch.from_numpy(np.ascontiguousarray(array)).to(dev)
+    if order == "linear":
+        t = t.to(torch.float32)
+    # tensor dims are [k, j, i]; axis c of (i, j, k) is tensor dim 2 - c
+    for c in range(3):
+        dim = 2 - c
+        n_src = src.size_ijk[c]
+        n_dst = dst.size_ijk[c]
+        pos = torch.arange(n_dst, dtype=torch.float64, device=dev) * float(ratio[c]) + float(offset[c])
+        pos = pos.clamp(0, n_src - 1)
+        if order == "nearest":
+            idx = torch.floor(pos + 0.5).long().clamp(0, n_src - 1)
+            t = t.index_select(dim, idx)
+            continue
+        lo = torch.floor(pos).long().clamp(0, n_src - 1)
+        hi = (lo + 1).clamp(max=n_src - 1)
+        w = (pos - lo.to(torch.float64)).to(torch.float32)
+        shape = [1, 1, 1]
+        shape[dim] = n_dst
+        w = w.view(shape)
+        t = t.index_select(dim, lo) * (1 - w) + t.index_select(dim, hi) * w
+    return t.cpu().numpy()

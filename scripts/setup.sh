@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install ctpipe with its dev tools into it.
+# Idempotent: re-installs only when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.ctpipe-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  # torch and torchvision first, pinned together so that torchvision's operators match torch
+  .venv/bin/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1" \
+    || .venv/bin/python -m pip install --quiet torch torchvision
+  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  echo "$want" > "$stamp"
+fi

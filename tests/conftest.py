@@ -1,0 +1,33 @@
+"""Shared pytest setup: `gpu` tests are skipped without CUDA; torch uses at most 2 threads."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _torch_threads():
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    yield

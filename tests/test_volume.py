@@ -1,0 +1,135 @@
+"""Geometry, CTVolume and resampling: LPS conventions checked against SimpleITK."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import SimpleITK as sitk
+
+from pipeline.errors import GeometryError
+from pipeline.volume import CTVolume, Geometry, LabelMap, resample_array
+
+
+def _oblique_direction() -> np.ndarray:
+    a = np.deg2rad(20)
+    rz = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
+    flip = np.diag([1.0, -1.0, -1.0])  # a feet-first-like flip of j and k
+    return rz @ flip
+
+
+def _volume(shape=(6, 7, 9), direction=None, dtype=np.int16) -> CTVolume:
+    rng = np.random.default_rng(0)
+    arr = rng.integers(-1000, 1000, size=shape).astype(dtype)
+    geom = Geometry(shape=shape, spacing=(0.7, 0.8, 2.5), origin=(-120.0, -90.5, 33.0),
+                    direction=np.eye(3) if direction is None else direction)
+    return CTVolume(arr, geom, metadata={"SeriesInstanceUID": "1.2.3"})
+
+
+def test_index_to_lps_matches_simpleitk():
+    vol = _volume(direction=_oblique_direction())
+    img = vol.to_sitk()
+    for ijk in [(0, 0, 0), (8, 6, 5), (3, 1, 2)]:
+        expected = img.TransformIndexToPhysicalPoint(ijk)
+        np.testing.assert_allclose(vol.index_to_lps(ijk), expected, atol=1e-9)
+        np.testing.assert_allclose(vol.lps_to_index(expected), ijk, atol=1e-9)
+
+
+def test_sitk_round_trip_keeps_voxels_and_geometry():
+    vol = _volume(direction=_oblique_direction())
+    back = CTVolume.from_sitk(vol.to_sitk())
+    np.testing.assert_array_equal(back.array, vol.array)
+    assert back.geometry.same_grid(vol.geometry, atol=1e-9)
+
+
+def test_monai_convention_is_channel_first_ijk_with_ras_affine():
+    vol = _volume()
+    arr, affine = vol.to_monai()
+    assert arr.shape == (1, 9, 7, 6)
+    assert arr[0, 4, 2, 1] == vol.array[1, 2, 4]
+    lps = vol.index_to_lps((4, 2, 1))
+    ras = affine @ np.array([4, 2, 1, 1.0])
+    np.testing.assert_allclose(ras[:3], [-lps[0], -lps[1], lps[2]])
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"spacing": (0.7, 0.0, 1.0)}, "spacing must be > 0"),
+        ({"direction": np.array([[1, 0.2, 0], [0, 1, 0], [0, 0, 1.0]])}, "not orthonormal"),
+        ({"origin": (0, float("nan"), 0)}, "origin must be 3 finite"),
+        ({"shape": (0, 4, 4)}, "shape must be 3 positive"),
+    ],
+)
+def test_invalid_geometry_is_refused_with_the_value(kwargs, words):
+    base = {"shape": (4, 4, 4), "spacing": (1, 1, 1), "origin": (0, 0, 0)}
+    base.update(kwargs)
+    with pytest.raises(GeometryError, match=words):
+        Geometry(**base)
+
+
+def test_array_shape_must_match_geometry():
+    geom = Geometry(shape=(4, 4, 4), spacing=(1, 1, 1), origin=(0, 0, 0))
+    with pytest.raises(GeometryError, match=r"differs from geometry shape"):
+        CTVolume(np.zeros((4, 4, 5), np.int16), geom)
+
+
+def test_linear_resampling_matches_simpleitk():
+    vol = _volume(shape=(10, 12, 14), dtype=np.float32, direction=_oblique_direction())
+    out = vol.resample((1.1, 0.6, 1.7), device="cpu")
+    ref = sitk.Resample(vol.to_sitk(), out.to_sitk(), sitk.Transform(), sitk.sitkLinear, 0.0, sitk.sitkFloat32)
+    ref_arr = sitk.GetArrayFromImage(ref)
+    # compare inside the source extent (SimpleITK pads outside with 0, ctpipe clamps to the edge)
+    idx = np.stack(np.meshgrid(*[np.arange(n) for n in out.geometry.size_ijk], indexing="ij"), -1).reshape(-1, 3)
+    src_idx = vol.lps_to_index(out.index_to_lps(idx))
+    inside = np.all((src_idx >= 0) & (src_idx <= np.array(vol.geometry.size_ijk) - 1), axis=1)
+    mine = out.array.transpose(2, 1, 0).reshape(-1)
+    theirs = ref_arr.transpose(2, 1, 0).reshape(-1)
+    assert inside.sum() > 0.5 * inside.size
+    np.testing.assert_allclose(mine[inside], theirs[inside], atol=1e-2)
+
+
+def test_nearest_resampling_of_labels_keeps_label_values_and_positions():
+    geom = Geometry(shape=(8, 8, 8), spacing=(1, 1, 2), origin=(0, 0, 0))
+    arr = np.zeros((8, 8, 8), np.uint8)
+    arr[2:6, 3:5, 1:4] = 3
+    labels = LabelMap(arr, geom, labels={3: "lung_left"})
+    out = labels.resample((0.5, 0.5, 1.0))
+    assert set(np.unique(out.array)) == {0, 3}
+    assert out.labels == {3: "lung_left"}
+    # the centroid in LPS is preserved to within half an output voxel
+    def centroid(lm):
+        k, j, i = np.nonzero(lm.array)
+        return lm.index_to_lps(np.stack([i, j, k], 1)).mean(0)
+    np.testing.assert_allclose(centroid(out), centroid(labels), atol=0.5)
+
+
+def test_resample_array_refuses_different_directions():
+    a = Geometry(shape=(2, 2, 2), spacing=(1, 1, 1), origin=(0, 0, 0))
+    b = a.with_(direction=np.diag([-1.0, 1, -1]))
+    with pytest.raises(GeometryError, match="equal direction"):
+        resample_array(np.zeros((2, 2, 2), np.float32), a, b)
+
+
+def test_crop_returns_new_volume_with_shifted_origin():
+    vol = _volume(direction=_oblique_direction())
+    sub = vol.crop((2, 1, 3), (6, 5, 6))
+    assert sub.shape == (3, 4, 4)
+    np.testing.assert_allclose(sub.origin, vol.index_to_lps((2, 1, 3)))
+    np.testing.assert_array_equal(sub.array, vol.array[3:6, 1:5, 2:6])
+    np.testing.assert_allclose(sub.index_to_lps((1, 1, 1)), vol.index_to_lps((3, 2, 4)))
+    before = int(vol.array[3, 1, 2])
+    sub.array[0, 0, 0] = before + 1
+    assert int(vol.array[3, 1, 2]) == before  # a copy, not a view
+
+
+def test_crop_outside_the_grid_is_an_error():
+    vol = _volume()
+    with pytest.raises(GeometryError, match="empty crop box"):
+        vol.crop((20, 0, 0), (30, 2, 2))
+
+
+def test_metadata_is_read_only():
+    vol = _volume()
+    with pytest.raises(TypeError):
+        vol.metadata["SeriesInstanceUID"] = "x"  # type: ignore[index]
+    assert "1.2.3" in repr(vol)
