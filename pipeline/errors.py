@@ -144,3 +144,22 @@ class ConfigError(CtpipeError, ValueError):
 
 class RunStoreError(CtpipeError):
     """A run directory or its database is missing or unreadable."""
+
+
+# --- phantom DICOM writer ------------------------------------------------------------
+class DicomWriteError(CtpipeError, ValueError):
+    """A volume or an option cannot be written as a DICOM series (unknown quirk, transfer syntax, ...)."""
+
+
+# --- phantom anatomy -----------------------------------------------------------------
+class PhantomError(CtpipeError, ValueError):
+    """A phantom option is out of range, or the requested nodules do not fit in the lungs."""
+
+
+class AmbiguousSeriesError(DicomError):
+    """Several series qualify where exactly one was expected."""
+
+
+# --- detector (appended) ---------------------------------------------------------------
+class InvalidVolumeError(ModelError):
+    """A volume's voxel values cannot be used (too many NaN or infinite voxels)."""

@@ -1,0 +1,361 @@
+"""ctpipe configuration: schema, validation, and precedence of sources.
+
+Every option lives in a section (``ingest``, ``loader``, ``detector``,
+``reconstruct``, ``runner``, ``report``, ``metrics``) and is documented with its
+unit in ``configs/default.yaml``. Values come from, highest precedence first:
+
+1. explicit overrides (CLI flags, keyword arguments of :func:`pipeline.run_batch`),
+2. environment variables ``CTPIPE_<SECTION>_<KEY>`` (e.g. ``CTPIPE_RUNNER_WORKERS=4``),
+3. a YAML config file,
+4. the defaults below.
+
+Every value is validated when read: an unknown key or a bad value raises
+:class:`~pipeline.errors.ConfigError` naming the key's dotted path, the value
+and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its default, type, unit and allowed values."""
+
+    default: Any
+    kind: str  # "int" | "float" | "bool" | "str" | "choice" | "path" | "choices"
+    unit: str = ""
+    help: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+
+    def allowed(self) -> str:
+        if self.kind in ("int", "float"):
+            lo = "-inf" if self.lo is None else f"{self.lo:g}"
+            hi = "inf" if self.hi is None else f"{self.hi:g}"
+            text = f"a{'n integer' if self.kind == 'int' else ' number'} in [{lo}, {hi}]"
+            if self.unit:
+                text += f" ({self.unit})"
+        elif self.kind == "bool":
+            text = "true or false"
+        elif self.kind == "choice":
+            text = "one of " + ", ".join(self.choices)
+        elif self.kind == "choices":
+            text = "a list drawn from " + ", ".join(self.choices)
+        elif self.kind == "path":
+            text = "a file or folder path"
+        else:
+            text = "a string"
+        if self.nullable:
+            text += ", or null"
+        return text
+
+
+_ORGANS = ("body", "lung_left", "lung_right", "airway", "bone")
+_MESH_FORMATS = ("stl", "ply", "obj", "glb")
+
+SCHEMA: dict[str, dict[str, Option]] = {
+    "ingest": {
+        "min_slices": Option(10, "int", "slices", "fewest slices a series needs to be processed", lo=2),
+        "allow_derived": Option(False, "bool", "", "also accept DERIVED/SECONDARY image types"),
+        "spacing_tolerance": Option(0.02, "float", "fraction", "tolerated deviation of each slice step from the median step (0.02 = 2 %)", lo=0.0, hi=1.0),
+        "allow_gantry_tilt": Option(False, "bool", "", "resample tilted-gantry series instead of refusing them"),
+    },
+    "loader": {
+        "backend": Option("auto", "choice", "", "model-input loader (auto picks DALI when installed)", choices=("auto", "dali", "torch")),
+        "roi": Option("none", "choice", "", "crop the model input to a region of interest", choices=("none", "lungs")),
+        "roi_margin_mm": Option(10.0, "float", "mm", "margin around the region of interest", lo=0.0, hi=200.0),
+    },
+    "detector": {
+        "bundle": Option(None, "path", "", "MONAI bundle folder; null uses the embedded demo weights", nullable=True),
+        "score_threshold": Option(0.5, "float", "probability", "findings below this score are dropped", lo=0.0, hi=1.0),
+        "lung_restriction": Option(True, "bool", "", "restrict detection to the lungs' region"),
+        "amp": Option(True, "bool", "", "mixed precision on a GPU (ignored on CPU)"),
+        "write_png": Option(True, "bool", "", "write a PNG (slice and MIP slab) per finding"),
+    },
+    "reconstruct": {
+        "enabled": Option(True, "bool", "", "run segmentation, meshing and renderings"),
+        "organs": Option(list(_ORGANS), "choices", "", "organs to segment and mesh", choices=_ORGANS),
+        "mesh_formats": Option(["stl"], "choices", "", "mesh file formats to write", choices=_MESH_FORMATS),
+        "smoothing_iterations": Option(20, "int", "iterations", "mesh smoothing passes", lo=0, hi=500),
+        "target_triangles": Option(None, "int", "triangles", "decimate each mesh to about this many triangles", lo=100, nullable=True),
+        "renderings": Option(True, "bool", "", "write MPR, MIP and 3D preview PNGs"),
+        "device": Option("cpu", "choice", "", "where segmentation runs: cpu (CPU workers) or model (the model worker's device)", choices=("cpu", "model")),
+    },
+    "runner": {
+        "workers": Option(2, "int", "processes", "CPU worker processes (0 runs every stage in this process, one case after another)", lo=0, hi=256),
+        "device": Option("auto", "str", "", "model device: auto, cpu, cuda (every GPU) or cuda:N"),
+        "queue_depth": Option(2, "int", "cases", "tasks queued per worker ahead of the one it runs", lo=1, hi=64),
+        "max_in_flight": Option(0, "int", "cases", "cases admitted at once; 0 = 2 x (workers + model workers) + 2", lo=0, hi=4096),
+        "retries": Option(1, "int", "attempts", "extra attempts for a case whose worker process died", lo=0, hi=10),
+        "retry_failed": Option(False, "bool", "", "re-attempt cases quarantined by an earlier run of the same folder"),
+        "keep_cache": Option(False, "bool", "", "keep each case's cached HU array after the case completes"),
+        "torch_threads": Option(0, "int", "threads", "torch threads per worker; 0 = cores / processes", lo=0, hi=256),
+        "start_method": Option("forkserver", "choice", "", "how worker processes start", choices=("forkserver", "spawn", "fork")),
+        "worklist_root": Option(None, "path", "", "base folder for relative paths in a worklist CSV (default: the CSV's folder)", nullable=True),
+    },
+    "report": {
+        "enabled": Option(True, "bool", "", "write the report at the end of every run"),
+        "bin_minutes": Option(60, "int", "minutes", "bin width of the throughput-over-time plot", lo=1, hi=1440),
+        "hours_per_day": Option(24.0, "float", "hours", "operating hours per day used for the cases/day projection", lo=0.1, hi=24.0),
+    },
+    "metrics": {
+        "port": Option(None, "int", "TCP port", "serve Prometheus metrics over HTTP during a run; null = off", lo=1, hi=65535, nullable=True),
+        "bind": Option("127.0.0.1", "str", "", "address the metrics server listens on"),
+        "textfile": Option(True, "bool", "", "write RUN_DIR/metrics.prom for node_exporter's textfile collector"),
+        "nvml_interval_s": Option(2.0, "float", "s", "GPU utilisation/memory sampling interval", lo=0.1, hi=3600.0),
+    },
+}
+
+# short names accepted as keyword overrides (run_batch(workers=4)) and CLI flags
+ALIASES = {
+    "workers": "runner.workers",
+    "device": "runner.device",
+    "bundle": "detector.bundle",
+    "metrics_port": "metrics.port",
+    "retry_failed": "runner.retry_failed",
+}
+
+
+def _check(path: str, opt: Option, value: Any, source: str) -> Any:
+    def bad(extra: str = "") -> ConfigError:
+        return ConfigError(
+            f"{path} = {value!r} is not allowed{extra}; allowed: {opt.allowed()}",
+            where=source,
+            fix=f"set {path} to {opt.allowed()} (see configs/default.yaml)",
+        )
+
+    if value is None:
+        if opt.nullable:
+            return None
+        raise bad()
+    k = opt.kind
+    if k == "bool":
+        if isinstance(value, bool):
+            return value
+        raise bad()
+    if k == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad()
+    elif k == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad()
+        value = float(value)
+        if value != value:  # NaN
+            raise bad()
+    if k in ("int", "float"):
+        if (opt.lo is not None and value < opt.lo) or (opt.hi is not None and value > opt.hi):
+            raise bad(" (out of range)")
+        return value
+    if k == "choice":
+        if value not in opt.choices:
+            raise bad()
+        return value
+    if k == "choices":
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)) or any(v not in opt.choices for v in value):
+            raise bad()
+        return list(dict.fromkeys(value))
+    if k in ("str", "path"):
+        if not isinstance(value, (str, os.PathLike)):
+            raise bad()
+        value = str(value)
+        if path == "runner.device":
+            _check_device(value, path, source)
+        return value
+    raise AssertionError(k)
+
+
+def _check_device(value: str, path: str, source: str) -> None:
+    ok = value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].replace(",", "").isdigit())
+    if not ok:
+        raise ConfigError(
+            f"{path} = {value!r} is not allowed; allowed: auto, cpu, cuda (every GPU) or cuda:N[,M...]",
+            where=source,
+            fix="pick a device torch knows, e.g. cuda:0",
+        )
+
+
+class Section(Mapping[str, Any]):
+    """Read-only view of one section; options are attributes: ``cfg.runner.workers``."""
+
+    def __init__(self, name: str, values: Mapping[str, Any]):
+        self._name = name
+        self._values = dict(values)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["_values"][key]
+        except KeyError:
+            raise AttributeError(f"config section {self.__dict__.get('_name')!r} has no option {key!r}") from None
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"{self._name}: {self._values}"
+
+
+class Config(Mapping[str, Section]):
+    """A validated, read-only configuration (see the module docstring for precedence)."""
+
+    def __init__(self, data: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str] | None = None):
+        self._sections = {name: Section(name, data[name]) for name in SCHEMA}
+        self.sources: dict[str, str] = dict(sources or {})
+
+    def __getattr__(self, name: str) -> Section:
+        try:
+            return self.__dict__["_sections"][name]
+        except KeyError:
+            raise AttributeError(f"config has no section {name!r}") from None
+
+    def __getitem__(self, name: str) -> Section:
+        return self._sections[name]
+
+    def __iter__(self):
+        return iter(self._sections)
+
+    def __len__(self) -> int:
+        return len(self._sections)
+
+    def get_path(self, dotted: str) -> Any:
+        section, key = dotted.split(".", 1)
+        return self._sections[section][key]
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: copy.deepcopy(dict(sec)) for name, sec in self._sections.items()}
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{n}={dict(s)}" for n, s in self._sections.items()) + ")"
+
+
+def defaults() -> dict[str, dict[str, Any]]:
+    return {sec: {k: copy.deepcopy(o.default) for k, o in opts.items()} for sec, opts in SCHEMA.items()}
+
+
+def _merge(data: dict, layer: Mapping[str, Any], source: str, sources: dict[str, str]) -> None:
+    if not isinstance(layer, Mapping):
+        raise ConfigError(f"the top level must be a mapping of sections, got {type(layer).__name__}", where=source,
+                          fix="write sections such as 'runner:' with options indented below them")
+    for sec, values in layer.items():
+        if sec not in SCHEMA:
+            raise ConfigError(f"unknown section {sec!r}; allowed: {', '.join(SCHEMA)}", where=source, fix="remove or rename it")
+        if values is None:
+            continue
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"section {sec} must be a mapping of options, got {values!r}", where=source)
+        for key, value in values.items():
+            path = f"{sec}.{key}"
+            opt = SCHEMA[sec].get(key)
+            if opt is None:
+                raise ConfigError(f"unknown option {path!r} (value {value!r}); allowed in {sec}: {', '.join(SCHEMA[sec])}",
+                                  where=source, fix="remove it or correct its spelling (see configs/default.yaml)")
+            data[sec][key] = _check(path, opt, value, source)
+            sources[path] = source
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a YAML config file (not yet validated; :func:`load_config` validates)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file ({exc.strerror})", where=p, fix="check the path given to --config") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", where=p, fix="correct the file's syntax") from exc
+    return data or {}
+
+
+def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Options set through ``CTPIPE_<SECTION>_<KEY>`` variables (values parsed as YAML scalars)."""
+    import yaml
+
+    env = os.environ if environ is None else environ
+    layer: dict[str, dict[str, Any]] = {}
+    for name, raw in env.items():
+        if not name.startswith("CTPIPE_"):
+            continue
+        rest = name[len("CTPIPE_"):].lower()
+        sec = next((s for s in SCHEMA if rest.startswith(s + "_")), None)
+        if sec is None:
+            continue  # other CTPIPE_* variables are not configuration
+        key = rest[len(sec) + 1:]
+        if key not in SCHEMA[sec]:
+            raise ConfigError(f"unknown option {sec}.{key!r} (value {raw!r}); allowed in {sec}: {', '.join(SCHEMA[sec])}",
+                              where=f"environment variable {name}", fix="unset it or correct its name")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        layer.setdefault(sec, {})[key] = value
+    return layer
+
+
+def overrides_layer(overrides: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Turn ``{"workers": 4, "runner.device": "cpu", "detector": {...}}`` into sections."""
+    layer: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        if key in SCHEMA and isinstance(value, Mapping):
+            layer.setdefault(key, {}).update(value)
+            continue
+        dotted = ALIASES.get(key, key.replace("__", "."))
+        if "." not in dotted:
+            raise ConfigError(f"unknown override {key!r} (value {value!r}); allowed: {', '.join(ALIASES)} or 'section.option'",
+                              where="overrides", fix="use a dotted name such as runner.workers")
+        sec, opt = dotted.split(".", 1)
+        layer.setdefault(sec, {})[opt] = value
+    return layer
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the effective configuration: defaults < file < environment < overrides.
+
+    ``overrides`` with a value of ``None`` are ignored (an unset CLI flag).
+    """
+    data = defaults()
+    sources: dict[str, str] = {}
+    if path is not None:
+        _merge(data, read_file(path), str(path), sources)
+    _merge(data, env_layer(environ), "environment", sources)
+    if overrides:
+        _merge(data, overrides_layer({k: v for k, v in overrides.items() if v is not None}), "overrides", sources)
+    return Config(data, sources)
+
+
+def from_dict(data: Mapping[str, Any], *, source: str = "saved configuration") -> Config:
+    """Validate a complete or partial mapping of sections (e.g. one saved with a run)."""
+    merged = defaults()
+    sources: dict[str, str] = {}
+    _merge(merged, data, source, sources)
+    return Config(merged, sources)
+
+
+def default_yaml_path() -> Path:
+    """``configs/default.yaml`` of the source tree."""
+    return Path(__file__).resolve().parent.parent / "configs" / "default.yaml"

@@ -1,0 +1,46 @@
+"""Lung-nodule detection with MONAI's RetinaNet (bundle-compatible) and LUNA16-style evaluation.
+
+Public API (positions in DICOM patient coordinates, LPS mm)::
+
+    from pipeline.detect import detect, Detector, load_bundle, Finding, Findings, evaluate_froc
+    findings = detect(volume)                       # embedded demo model, lung restriction on
+    det = Detector(bundle="path/to/lung_nodule_ct_detection", device="cuda")   # load once
+    findings = det.detect(volume, lung_mask=masks)  # per case
+
+The embedded demo model is trained on synthetic phantoms, for demonstration and
+testing only, not for clinical use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "detect": "pipeline.detect.infer",
+    "Detector": "pipeline.detect.infer",
+    "load_bundle": "pipeline.detect.bundle",
+    "load_model": "pipeline.detect.bundle",
+    "LoadedModel": "pipeline.detect.bundle",
+    "Finding": "pipeline.detect.findings",
+    "Findings": "pipeline.detect.findings",
+    "load_findings": "pipeline.detect.findings",
+    "evaluate_froc": "pipeline.detect.evaluate",
+    "FrocResult": "pipeline.detect.evaluate",
+    "ModelConfig": "pipeline.detect.model_config",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline.detect' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

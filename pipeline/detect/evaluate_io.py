@@ -1,0 +1,95 @@
+"""Read ground truth and predictions for :func:`.evaluate.evaluate_froc` (all positions LPS mm).
+
+Ground truth: a phantom's ``ground_truth.json`` (or a folder holding one or many,
+searched recursively), or a LUNA16-style CSV ``seriesuid,coordX,coordY,coordZ,diameter_mm``.
+Predictions: ctpipe findings JSON files (or folders of them), or a LUNA16-style
+candidates CSV ``seriesuid,coordX,coordY,coordZ,probability``.
+Scans are keyed by SeriesInstanceUID.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from .findings import Findings
+
+log = logging.getLogger(__name__)
+
+
+def _csv_rows(path: Path, value_key: str) -> dict[str, list[tuple[np.ndarray, float]]]:
+    out: dict[str, list[tuple[np.ndarray, float]]] = {}
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        fields = set(reader.fieldnames or [])
+        need = {"seriesuid", "coordX", "coordY", "coordZ", value_key}
+        if not need <= fields:
+            raise ConfigError(f"CSV columns {sorted(fields)} lack {sorted(need - fields)}", where=path,
+                              fix=f"use the LUNA16 layout: seriesuid,coordX,coordY,coordZ,{value_key}")
+        for n, row in enumerate(reader, 2):
+            try:
+                c = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
+                v = float(row[value_key])
+            except ValueError as exc:
+                raise ConfigError(f"line {n}: not a number ({exc})", where=path) from exc
+            out.setdefault(row["seriesuid"], []).append((c, v))
+    return out
+
+
+def _files(paths: Iterable[str | Path], patterns: tuple[str, ...]) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            for pat in patterns:
+                files.extend(sorted(p.rglob(pat)))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise ConfigError("path does not exist", where=p)
+    return files
+
+
+def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
+    """Scan id → [(centre LPS mm, diameter mm)] from phantom JSONs and/or LUNA16 annotation CSVs."""
+    truth: dict[str, list[tuple[np.ndarray, float]]] = {}
+    for f in _files(paths, ("ground_truth.json", "*.csv")):
+        if f.suffix == ".csv":
+            for sid, rows in _csv_rows(f, "diameter_mm").items():
+                truth.setdefault(sid, []).extend(rows)
+            continue
+        try:
+            data = json.loads(f.read_text())
+            sid = str(data["series_uid"])
+            nods = [(np.asarray(n["center_lps"], float), float(n["diameter_mm"])) for n in data["nodules"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"not a phantom ground truth JSON ({type(exc).__name__}: {exc})", where=f,
+                              fix="pass ground_truth.json files written by the phantom generator, or a LUNA16 CSV") from exc
+        truth.setdefault(sid, []).extend(nods)
+    if not truth:
+        raise ConfigError("no ground truth found", where=", ".join(map(str, paths)))
+    return truth
+
+
+def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
+    """Scan id → [(centre LPS mm, score)] from findings JSONs and/or LUNA16 candidate CSVs."""
+    preds: dict[str, list[tuple[np.ndarray, float]]] = {}
+    for f in _files(paths, ("*.findings.json", "*.csv")):
+        if f.suffix == ".csv":
+            for sid, rows in _csv_rows(f, "probability").items():
+                preds.setdefault(sid, []).extend(rows)
+            continue
+        try:
+            fnd = Findings.from_json(json.loads(f.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"not a ctpipe findings JSON ({type(exc).__name__}: {exc})", where=f) from exc
+        sid = fnd.series_uid or fnd.case_id
+        if not sid:
+            raise ConfigError("findings name neither a series UID nor a case id", where=f)
+        preds.setdefault(sid, []).extend((np.asarray(x.center_lps, float), float(x.score)) for x in fnd)
+    return preds

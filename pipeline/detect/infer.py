@@ -1,0 +1,243 @@
+"""The nodule :class:`Detector`: model loaded once, then one call per case.
+
+Per case: optional lung restriction (crop the source grid to the lungs' box +
+margin before anything else), MONAI-equivalent preprocessing straight from the
+source array (:mod:`.preprocess`), the RetinaNet on the whole input when it fits
+the model's patch size, MONAI's sliding-window inferer (the model's overlap)
+otherwise, box selection (MONAI's ``RetinaNetDetector``), clipping to the image,
+conversion to LPS exactly as ``AffineBoxToWorldCoordinate`` does, and the
+lung filter. Mixed precision on CUDA; model time measured with CUDA events there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import InputTooSmallError, InvalidVolumeError
+from ..volume import CTVolume, LabelMap
+from .bundle import LoadedModel, load_model
+from .findings import Finding, Findings
+from .lungs import LungRegion, quick_lung_mask, region_from_mask
+from .network import build_detector
+from .preprocess import InputGrid, prepare_input
+
+log = logging.getLogger(__name__)
+
+MIN_INPUT_MM = 16.0  # inputs smaller than this on any axis cannot hold a nodule with context
+MAX_BAD_VOXEL_FRACTION = 0.01
+
+LungMask = np.ndarray | LabelMap | Mapping[str, np.ndarray] | LungRegion
+
+
+def _sync_timer(device: torch.device) -> tuple[Any, Any]:
+    if device.type == "cuda":
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    return None, None
+
+
+class Detector:
+    """A loaded nodule detector. Build once per device; call :meth:`detect` per case.
+
+    Parameters (keyword-only)
+    -------------------------
+    bundle: ``None`` for the embedded demo model, a MONAI bundle directory, or a ctpipe model JSON.
+    model: an already loaded :class:`LoadedModel` (overrides ``bundle``).
+    device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default CUDA when available.
+    amp: mixed precision on CUDA (ignored on CPU).
+    restrict_to_lungs: default for :meth:`detect`.
+    """
+
+    def __init__(
+        self,
+        *,
+        bundle: str | Path | None = None,
+        model: LoadedModel | None = None,
+        device: str | torch.device | None = None,
+        amp: bool = True,
+        restrict_to_lungs: bool = True,
+    ) -> None:
+        self.model = model or load_model(bundle)
+        self.config = self.model.config
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.amp = bool(amp) and self.device.type == "cuda"
+        self.restrict_to_lungs = restrict_to_lungs
+        net = self.model.network.to(self.device).eval()
+        self._detector = build_detector(
+            net, self.config.anchors, self.config.selector, sliding_window=self.config.sliding_window, device=self.device
+        )
+        self._detector.eval()
+        log.info("detector %s on %s (%s)", self.config.name, self.device, "AMP" if self.amp else "fp32")
+
+    def __repr__(self) -> str:
+        return f"Detector(model={self.config.name!r}, device={self.device}, spacing={self.config.spacing})"
+
+    # -- helpers -----------------------------------------------------------------------
+    def _clean_volume(self, volume: CTVolume, where: str) -> CTVolume:
+        arr = volume.array
+        if arr.dtype.kind != "f":
+            return volume
+        bad = ~np.isfinite(arr)
+        n_bad = int(bad.sum())
+        if n_bad == 0:
+            return volume
+        frac = n_bad / arr.size
+        if frac > MAX_BAD_VOXEL_FRACTION:
+            raise InvalidVolumeError(
+                f"{n_bad} of {arr.size} voxels ({frac:.1%}) are NaN or infinite",
+                where=where,
+                fix="the series' pixel data is corrupt; ingest it again or exclude it",
+            )
+        log.warning("%s: %d NaN/infinite voxels set to -1024 HU (air)", where, n_bad)
+        return volume.with_array(np.where(bad, np.float32(-1024.0), arr).astype(arr.dtype))
+
+    def _lung_region(self, volume: CTVolume, lung_mask: LungMask | None) -> LungRegion:
+        if isinstance(lung_mask, LungRegion):
+            return lung_mask
+        if lung_mask is not None:
+            return region_from_mask(lung_mask, volume)
+        return quick_lung_mask(volume)
+
+    def _run_network(self, tensor: torch.Tensor) -> tuple[list[dict[str, torch.Tensor]], float, bool]:
+        roi = self.config.roi_size
+        use_sw = any(int(s) > int(r) for s, r in zip(tensor.shape[1:], roi))
+        x = tensor[None].to(self.device, non_blocking=True)
+        start, end = _sync_timer(self.device)
+        t0 = time.perf_counter()
+        if start is not None:
+            start.record()
+        with torch.inference_mode(), torch.autocast(self.device.type, enabled=self.amp):
+            out = self._detector(x, use_inferer=use_sw)
+        if end is not None:
+            end.record()
+            torch.cuda.synchronize(self.device)
+            ms = float(start.elapsed_time(end))
+        else:
+            ms = (time.perf_counter() - t0) * 1000.0
+        return out, ms, use_sw
+
+    # -- main entry --------------------------------------------------------------------
+    def detect(
+        self,
+        volume: CTVolume,
+        *,
+        lung_mask: LungMask | None = None,
+        restrict_to_lungs: bool | None = None,
+        case_id: str | None = None,
+    ) -> Findings:
+        """Findings for one CT volume (HU, LPS geometry); positions in LPS mm.
+
+        ``lung_mask`` (bool ``[k, j, i]`` on the volume grid, a :class:`LabelMap` or a dict of
+        masks) is used when restricting to the lungs; without it a threshold mask is computed.
+        An empty lung mask gives no findings with a logged reason.
+        """
+        restrict = self.restrict_to_lungs if restrict_to_lungs is None else bool(restrict_to_lungs)
+        where = f"case {case_id or volume.series_uid or '?'}"
+        timings: dict[str, float] = {}
+        t_all = time.perf_counter()
+        result = Findings([], case_id=case_id, series_uid=volume.series_uid, model=self.config.name,
+                          restricted_to_lungs=restrict, device=str(self.device))
+        volume = self._clean_volume(volume, where)
+        lo = hi = None
+        region = None
+        if restrict:
+            t0 = time.perf_counter()
+            region = self._lung_region(volume, lung_mask)
+            timings["lung_mask"] = (time.perf_counter() - t0) * 1000.0
+            if region.empty:
+                result.reason = "no lung voxels found in the series (empty lung mask); nothing to search"
+                log.warning("%s: %s", where, result.reason)
+                result.timings_ms = timings
+                return result
+            lo, hi = region.bbox_ijk(self.config.lung_crop_margin_mm, volume.geometry.size_ijk)
+        t0 = time.perf_counter()
+        tensor, grid = prepare_input(volume, spacing=self.config.spacing, window=self.config.window, lo_ijk=lo, hi_ijk=hi)
+        timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
+        extent = np.asarray(grid.shape_xyz) * np.asarray(grid.spacing_xyz)
+        if np.any(extent < MIN_INPUT_MM):
+            raise InputTooSmallError(
+                f"the input covers only {extent.round(1).tolist()} mm (x, y, z); the detector needs at least {MIN_INPUT_MM} mm per axis",
+                where=where,
+                fix="pass the whole chest series (not a single slice or a tiny crop)",
+            )
+        result.input_shape_xyz = grid.shape_xyz
+        out, model_ms, use_sw = self._run_network(tensor)
+        timings["model"] = model_ms
+        result.sliding_window = use_sw
+        t0 = time.perf_counter()
+        det = out[0]
+        boxes = det["boxes"].float().cpu().numpy().reshape(-1, 6)
+        scores = det[self._detector.pred_score_key].float().cpu().numpy().reshape(-1)
+        result.findings = self._to_findings(boxes, scores, grid, volume, region if restrict else None)
+        timings["postprocess"] = (time.perf_counter() - t0) * 1000.0
+        timings["total"] = (time.perf_counter() - t_all) * 1000.0
+        result.timings_ms = timings
+        log.info("%s: %d findings (input %s, %s, model %.0f ms)", where, len(result), grid.shape_xyz,
+                 "sliding window" if use_sw else "whole volume", model_ms)
+        return result
+
+    def _to_findings(
+        self, boxes: np.ndarray, scores: np.ndarray, grid: InputGrid, volume: CTVolume, region: LungRegion | None
+    ) -> list[Finding]:
+        # ClipBoxToImage (remove_empty) as the bundle's postprocessing does
+        size = np.asarray(grid.shape_xyz, dtype=np.float64)
+        boxes = boxes.astype(np.float64)
+        boxes[:, :3] = np.clip(boxes[:, :3], 0, size)
+        boxes[:, 3:] = np.clip(boxes[:, 3:], 0, size)
+        keep = np.all(boxes[:, 3:] > boxes[:, :3], axis=1)
+        boxes, scores = boxes[keep], scores[keep]
+        if len(boxes) == 0:
+            return []
+        centres_xyz = (boxes[:, :3] + boxes[:, 3:]) / 2.0
+        a = grid.xyz_to_lps(boxes[:, :3])
+        b = grid.xyz_to_lps(boxes[:, 3:])
+        bmin, bmax = np.minimum(a, b), np.maximum(a, b)
+        centres = grid.xyz_to_lps(centres_xyz)
+        ijk = grid.xyz_to_ijk(centres_xyz)
+        if region is not None:
+            inside = region.near(ijk, self.config.lung_filter_margin_mm)
+            if not inside.all():
+                log.debug("lung filter dropped %d of %d candidates", int((~inside).sum()), len(inside))
+            centres, bmin, bmax, ijk, scores = centres[inside], bmin[inside], bmax[inside], ijk[inside], scores[inside]
+        size_ijk = np.asarray(volume.geometry.size_ijk)
+        vox = np.clip(np.round(ijk).astype(int), 0, size_ijk - 1)
+        instance_numbers = volume.metadata.get("InstanceNumbers")
+        findings = []
+        order = np.argsort(-scores, kind="stable")
+        for n in order:
+            ext = bmax[n] - bmin[n]
+            k = int(vox[n, 2])
+            slice_number = k + 1
+            if isinstance(instance_numbers, (list, tuple)) and len(instance_numbers) == size_ijk[2]:
+                slice_number = int(instance_numbers[k])
+            findings.append(Finding(
+                center_lps=tuple(float(v) for v in centres[n]),  # type: ignore[arg-type]
+                box_min_lps=tuple(float(v) for v in bmin[n]),  # type: ignore[arg-type]
+                box_max_lps=tuple(float(v) for v in bmax[n]),  # type: ignore[arg-type]
+                diameter_mm=float(np.cbrt(np.prod(np.maximum(ext, 0.0)))),
+                score=float(scores[n]),
+                voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
+                slice_number=slice_number,
+            ))
+        return findings
+
+
+def detect(
+    volume: CTVolume,
+    *,
+    bundle: str | Path | None = None,
+    device: str | None = None,
+    lung_mask: LungMask | None = None,
+    restrict_to_lungs: bool = True,
+    case_id: str | None = None,
+    detector: Detector | None = None,
+) -> Findings:
+    """Lung-nodule findings for ``volume`` (LPS mm). Loads the model each call unless ``detector`` is given."""
+    det = detector or Detector(bundle=bundle, device=device)
+    return det.detect(volume, lung_mask=lung_mask, restrict_to_lungs=restrict_to_lungs, case_id=case_id)

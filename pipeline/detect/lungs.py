@@ -1,0 +1,125 @@
+"""Lung region for the detector: a coarse lung mask, its box, and a "near the lungs" test.
+
+The detector only needs the lungs' extent (to crop the network input) and a
+tolerant inside/outside test (to drop findings outside the lungs), so it works
+on a coarse grid (about 4 mm voxels). A caller may pass a full-resolution mask
+(the reconstruction stage's, or a phantom's); without one, :func:`quick_lung_mask`
+thresholds the air inside the body.
+
+All index triples are (i, j, k) of the source series; arrays are ``[k, j, i]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage
+
+from ..volume import CTVolume, LabelMap
+
+log = logging.getLogger(__name__)
+
+LUNG_HU_MAX = -400.0  # lung parenchyma is about -900..-500 HU
+MIN_LUNG_ML = 20.0
+
+
+@dataclass(frozen=True)
+class LungRegion:
+    """Coarse lung mask ``[k, j, i]`` sampled every ``stride`` (k, j, i) voxels of the source grid."""
+
+    mask: np.ndarray
+    stride: tuple[int, int, int]
+    source_spacing: tuple[float, float, float]  # (si, sj, sk) mm
+
+    @property
+    def empty(self) -> bool:
+        return not bool(self.mask.any())
+
+    def bbox_ijk(self, margin_mm: float, size_ijk: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """Source index box ``lo <= (i, j, k) < hi`` around the lungs, grown by ``margin_mm``."""
+        kji = np.argwhere(self.mask)
+        st = np.asarray(self.stride[::-1])  # (i, j, k)
+        lo = kji.min(0)[::-1] * st
+        hi = (kji.max(0)[::-1] + 1) * st
+        grow = np.ceil(margin_mm / np.asarray(self.source_spacing)).astype(int)
+        lo = np.maximum(lo - grow, 0)
+        hi = np.minimum(hi + grow, np.asarray(size_ijk))
+        return lo, hi
+
+    def near(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
+        """True for source indices ``(n, 3)`` within ``margin_mm`` of the lungs."""
+        ijk = np.atleast_2d(np.asarray(ijk, dtype=np.float64))
+        coarse_sp = np.asarray(self.source_spacing)[::-1] * np.asarray(self.stride)  # (k, j, i) mm
+        dist = ndimage.distance_transform_edt(~self.mask, sampling=coarse_sp)
+        idx = np.round(ijk[:, ::-1] / np.asarray(self.stride)).astype(int)
+        idx = np.clip(idx, 0, np.asarray(self.mask.shape) - 1)
+        return dist[idx[:, 0], idx[:, 1], idx[:, 2]] <= margin_mm
+
+
+def _strides(spacing_ijk: tuple[float, float, float], step_mm: float) -> tuple[int, int, int]:
+    si, sj, sk = spacing_ijk
+    return (max(1, int(round(step_mm / sk))), max(1, int(round(step_mm / sj))), max(1, int(round(step_mm / si))))
+
+
+def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
+    """Threshold lung mask on a ~``step_mm`` grid: air inside the body, largest components, holes filled per slice."""
+    sk, sj, si = _strides(volume.spacing, step_mm)
+    arr = np.asarray(volume.array[::sk, ::sj, ::si], dtype=np.float32)
+    air = arr < LUNG_HU_MAX
+    labels, n = ndimage.label(air)
+    if n == 0:
+        return LungRegion(np.zeros_like(air), (sk, sj, si), volume.spacing)
+    # components touching the in-plane border are the air around the patient
+    border = np.unique(np.concatenate([labels[:, 0, :].ravel(), labels[:, -1, :].ravel(), labels[:, :, 0].ravel(), labels[:, :, -1].ravel()]))
+    sizes = ndimage.sum_labels(np.ones_like(labels), labels, index=np.arange(1, n + 1))
+    sizes[border[border > 0] - 1] = 0
+    voxel_ml = float(np.prod(volume.spacing)) * sk * sj * si / 1000.0
+    keep = np.flatnonzero((sizes * voxel_ml >= MIN_LUNG_ML) & (sizes >= 0.1 * sizes.max()))
+    keep = keep[np.argsort(sizes[keep])[::-1][:3]] + 1
+    mask = np.isin(labels, keep)
+    for z in range(mask.shape[0]):
+        if mask[z].any():
+            mask[z] = ndimage.binary_fill_holes(mask[z])
+    log.debug("quick lung mask: %d components kept, %.0f mL", len(keep), mask.sum() * voxel_ml)
+    return LungRegion(mask, (sk, sj, si), volume.spacing)
+
+
+def region_from_mask(
+    mask: np.ndarray | LabelMap | Mapping[str, np.ndarray], volume: CTVolume, *, step_mm: float = 4.0
+) -> LungRegion:
+    """A :class:`LungRegion` from a full-resolution mask on ``volume``'s grid.
+
+    ``mask`` is a bool/int array ``[k, j, i]``, a :class:`LabelMap` (labels whose
+    name contains "lung") or a dict of masks (keys containing "lung", e.g. a
+    phantom's ``masks``).
+    """
+    if isinstance(mask, LabelMap):
+        names = [v for v in mask.labels.values() if "lung" in v]
+        full = np.zeros(mask.shape, bool)
+        for name in names:
+            full |= mask.mask(name)
+        if not names:
+            full = mask.array > 0
+    elif isinstance(mask, Mapping):
+        full = np.zeros(volume.shape, bool)
+        for name, m in mask.items():
+            if "lung" in name:
+                full |= np.asarray(m, bool)
+    else:
+        full = np.asarray(mask) > 0
+    if full.shape != volume.shape:
+        from ..errors import GeometryError
+
+        raise GeometryError(
+            f"lung mask shape {full.shape} differs from the volume's {volume.shape}",
+            fix="pass a mask on the same grid as the volume ([k, j, i])",
+        )
+    st = _strides(volume.spacing, step_mm)
+    pad = [(0, (-n) % s) for n, s in zip(full.shape, st)]
+    padded = np.pad(full, pad)
+    shp = [padded.shape[d] // st[d] for d in range(3)]
+    coarse = padded.reshape(shp[0], st[0], shp[1], st[1], shp[2], st[2]).any(axis=(1, 3, 5))
+    return LungRegion(coarse, st, volume.spacing)

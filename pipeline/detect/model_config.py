@@ -1,0 +1,150 @@
+"""ctpipe's own model description (the demo model's JSON) and the common :class:`ModelConfig`.
+
+A :class:`ModelConfig` carries everything inference needs and nothing is
+hard-coded elsewhere: network architecture, model spacing (mm along RAS x, y, z),
+intensity window, anchors (voxels), box-selector and sliding-window settings.
+It is built either from ctpipe's JSON (``weights/demo_phantom_retinanet.json``)
+or from a MONAI bundle's ``configs/inference.json`` (see :mod:`.bundle`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BundleError
+from .preprocess import Window
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+DEMO_MODEL_JSON = WEIGHTS_DIR / "demo_phantom_retinanet.json"
+FORMAT = "ctpipe-detector/1"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Inference settings of one detector model.
+
+    spacing: model voxel size (mm) along RAS x, y, z.
+    window: HU intensity window applied after resampling.
+    arch: network description for :func:`.network.build_network` (``None`` for TorchScript-only models).
+    anchors: ``{"feature_map_scales": [...], "base_anchor_shapes": [[x, y, z], ...]}`` in voxels.
+    selector: box-selector parameters (score_thresh, topk_candidates_per_level, nms_thresh, detections_per_img).
+    sliding_window: ``{"roi_size": [x, y, z], "overlap": f, "mode": "constant"}``; inputs larger than
+        ``roi_size`` on any axis go through the sliding-window inferer.
+    weights: path of the state dict (``.pt``) or TorchScript file (``.ts``).
+    """
+
+    name: str
+    spacing: tuple[float, float, float]
+    window: Window
+    arch: Mapping[str, Any] | None
+    anchors: Mapping[str, Any]
+    selector: Mapping[str, Any]
+    sliding_window: Mapping[str, Any]
+    size_divisible: tuple[int, int, int]
+    weights: Path | None
+    source: str = "ctpipe"
+    lung_crop_margin_mm: float = 20.0
+    lung_filter_margin_mm: float = 8.0
+    description: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def roi_size(self) -> tuple[int, int, int]:
+        r = self.sliding_window["roi_size"]
+        return (int(r[0]), int(r[1]), int(r[2]))
+
+    @property
+    def overlap(self) -> float:
+        return float(self.sliding_window.get("overlap", 0.25))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form read by :func:`load_model_config` (weights stored as a file name)."""
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "description": self.description,
+            "spacing_mm_ras": list(self.spacing),
+            "intensity_window": {
+                "a_min": self.window.a_min,
+                "a_max": self.window.a_max,
+                "b_min": self.window.b_min,
+                "b_max": self.window.b_max,
+                "clip": self.window.clip,
+            },
+            "network": dict(self.arch or {}),
+            "anchors": dict(self.anchors),
+            "box_selector": dict(self.selector),
+            "sliding_window": dict(self.sliding_window),
+            "size_divisible": list(self.size_divisible),
+            "lung_crop_margin_mm": self.lung_crop_margin_mm,
+            "lung_filter_margin_mm": self.lung_filter_margin_mm,
+            "weights": self.weights.name if self.weights else None,
+            **dict(self.extra),
+        }
+
+
+def _need(data: Mapping[str, Any], key: str, where: Path) -> Any:
+    if key not in data:
+        raise BundleError(f"model config has no {key!r} entry", where=where, fix="regenerate it with scripts/train_detector.py")
+    return data[key]
+
+
+def model_config_from_dict(data: Mapping[str, Any], *, where: Path, weights_dir: Path | None = None) -> ModelConfig:
+    """Validate and convert a ctpipe model JSON dict (see :meth:`ModelConfig.to_json`)."""
+    if data.get("format") != FORMAT:
+        raise BundleError(f"model config format is {data.get('format')!r}, expected {FORMAT!r}", where=where)
+    try:
+        spacing = tuple(float(v) for v in _need(data, "spacing_mm_ras", where))
+        win = dict(_need(data, "intensity_window", where))
+        window = Window(float(win["a_min"]), float(win["a_max"]), float(win["b_min"]), float(win["b_max"]), bool(win["clip"]))
+        sw = dict(_need(data, "sliding_window", where))
+        size_div = tuple(int(v) for v in _need(data, "size_divisible", where))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"invalid model config value: {exc}", where=where) from exc
+    if len(spacing) != 3 or min(spacing) <= 0 or len(size_div) != 3 or len(sw.get("roi_size", [])) != 3:
+        raise BundleError(f"spacing {spacing}, size_divisible {size_div} or roi_size {sw.get('roi_size')} is not 3 positive values", where=where)
+    weights_name = data.get("weights")
+    weights = (weights_dir or where.parent) / weights_name if weights_name else None
+    known = {
+        "format", "name", "description", "spacing_mm_ras", "intensity_window", "network", "anchors",
+        "box_selector", "sliding_window", "size_divisible", "lung_crop_margin_mm", "lung_filter_margin_mm", "weights",
+    }
+    return ModelConfig(
+        name=str(data.get("name", where.stem)),
+        spacing=spacing,  # type: ignore[arg-type]
+        window=window,
+        arch=dict(_need(data, "network", where)),
+        anchors=dict(_need(data, "anchors", where)),
+        selector=dict(_need(data, "box_selector", where)),
+        sliding_window=sw,
+        size_divisible=size_div,  # type: ignore[arg-type]
+        weights=weights,
+        source="ctpipe",
+        lung_crop_margin_mm=float(data.get("lung_crop_margin_mm", 20.0)),
+        lung_filter_margin_mm=float(data.get("lung_filter_margin_mm", 8.0)),
+        description=str(data.get("description", "")),
+        extra={k: v for k, v in data.items() if k not in known},
+    )
+
+
+def load_model_config(path: str | Path = DEMO_MODEL_JSON) -> ModelConfig:
+    """Read a ctpipe model JSON (default: the embedded demo model)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(
+            "model config file does not exist",
+            where=path,
+            fix="reinstall ctpipe (the demo model ships with it) or pass --bundle PATH",
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BundleError(f"model config is not valid JSON ({exc})", where=path) from exc
+    return model_config_from_dict(data, where=path)

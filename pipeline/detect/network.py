@@ -1,0 +1,157 @@
+"""RetinaNet builders (MONAI ``monai.apps.detection``) for the nodule detector.
+
+Two families, both described by a plain JSON-able dict (see :mod:`.model_config`):
+
+* ``"kind": "monai_resnet_fpn"`` — exactly the network of MONAI's
+  ``lung_nodule_ct_detection`` bundle (ResNet-50 3-D backbone, FPN with 256
+  channels via :func:`resnet_fpn_feature_extractor`), so the bundle's
+  ``models/model.pt`` state dict loads key for key;
+* ``"kind": "small_resnet_fpn"`` — the same structure with basic blocks, fewer
+  layers and a narrow FPN (``fpn_channels``), for the CPU-trainable demo model.
+
+Network inputs are ``(B, 1, X, Y, Z)`` tensors in RAS orientation (MONAI's convention).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from monai.apps.detection.networks.retinanet_detector import RetinaNetDetector
+from monai.apps.detection.networks.retinanet_network import RetinaNet, resnet_fpn_feature_extractor
+from monai.apps.detection.utils.anchor_utils import AnchorGeneratorWithAnchorShape
+from monai.networks.blocks.backbone_fpn_utils import BackboneWithFPN
+from monai.networks.blocks.feature_pyramid_network import LastLevelMaxPool
+from monai.networks.nets import resnet
+
+from ..errors import BundleError
+
+log = logging.getLogger(__name__)
+
+# The architecture of MONAI's lung_nodule_ct_detection bundle (model zoo 0.6.x).
+BUNDLE_ARCHITECTURE: dict[str, Any] = {
+    "kind": "monai_resnet_fpn",
+    "depth": 50,
+    "conv1_t_stride": [2, 2, 1],
+    "conv1_t_size": [7, 7, 7],
+    "returned_layers": [1, 2],
+    "num_classes": 1,
+    "num_anchors": 3,
+    "size_divisible": [16, 16, 8],
+}
+
+_RESNETS = {10: resnet.resnet10, 18: resnet.resnet18, 34: resnet.resnet34, 50: resnet.resnet50, 101: resnet.resnet101}
+
+
+def _int3(value: Any, name: str) -> list[int]:
+    if isinstance(value, (int, float)):
+        value = [value] * 3
+    vals = [int(v) for v in value]
+    if len(vals) != 3:
+        raise BundleError(f"network option {name} must have 3 values, got {value!r}")
+    return vals
+
+
+def build_network(arch: Mapping[str, Any]) -> RetinaNet:
+    """Build the RetinaNet network (untrained) described by ``arch``.
+
+    Raises :class:`BundleError` for an unknown kind or invalid options.
+    """
+    kind = arch.get("kind")
+    try:
+        stride = _int3(arch.get("conv1_t_stride", [2, 2, 1]), "conv1_t_stride")
+        size = _int3(arch.get("conv1_t_size", [7, 7, 7]), "conv1_t_size")
+        returned = [int(v) for v in arch.get("returned_layers", [1, 2])]
+        num_classes = int(arch.get("num_classes", 1))
+        num_anchors = int(arch.get("num_anchors", 3))
+        size_div = _int3(arch.get("size_divisible", [16, 16, 8]), "size_divisible")
+        if kind == "monai_resnet_fpn":
+            depth = int(arch.get("depth", 50))
+            if depth not in _RESNETS:
+                raise BundleError(f"ResNet depth {depth} is not one of {sorted(_RESNETS)}")
+            backbone = _RESNETS[depth](spatial_dims=3, n_input_channels=1, conv1_t_stride=stride, conv1_t_size=size)
+            extractor = resnet_fpn_feature_extractor(backbone, 3, False, returned, None)
+        elif kind == "small_resnet_fpn":
+            inplanes = [int(v) for v in arch["block_inplanes"]]
+            backbone = resnet.ResNet(
+                block=str(arch.get("block", "basic")),
+                layers=[int(v) for v in arch["layers"]],
+                block_inplanes=inplanes,
+                spatial_dims=3,
+                n_input_channels=1,
+                conv1_t_size=size,
+                conv1_t_stride=stride,
+                no_max_pool=bool(arch.get("no_max_pool", False)),
+            )
+            expansion = 4 if arch.get("block", "basic") == "bottleneck" else 1
+            in_list = [inplanes[i - 1] * expansion for i in returned]
+            extractor = BackboneWithFPN(
+                backbone,
+                {f"layer{k}": str(v) for v, k in enumerate(returned)},
+                in_list,
+                int(arch.get("fpn_channels", 32)),
+                extra_blocks=LastLevelMaxPool(3),
+                spatial_dims=3,
+            )
+        else:
+            raise BundleError(
+                f"network kind {kind!r} is not supported",
+                fix="use 'monai_resnet_fpn' (MONAI bundle architecture) or 'small_resnet_fpn'",
+            )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BundleError(f"invalid network options {dict(arch)!r}: {exc}") from exc
+    return RetinaNet(
+        spatial_dims=3,
+        num_classes=num_classes,
+        num_anchors=num_anchors,
+        feature_extractor=extractor,
+        size_divisible=size_div,
+        use_list_output=False,
+    )
+
+
+def build_anchor_generator(anchors: Mapping[str, Any]) -> AnchorGeneratorWithAnchorShape:
+    """Anchors from ``{"feature_map_scales": [...], "base_anchor_shapes": [[x, y, z], ...]}`` (voxels)."""
+    return AnchorGeneratorWithAnchorShape(
+        feature_map_scales=[int(v) for v in anchors["feature_map_scales"]],
+        base_anchor_shapes=[[float(x) for x in shape] for shape in anchors["base_anchor_shapes"]],
+    )
+
+
+def build_detector(
+    network: torch.nn.Module,
+    anchors: Mapping[str, Any],
+    selector: Mapping[str, Any],
+    *,
+    sliding_window: Mapping[str, Any] | None = None,
+    device: torch.device | str | None = None,
+) -> RetinaNetDetector:
+    """A MONAI :class:`RetinaNetDetector` around ``network`` with box-selector and sliding-window settings."""
+    det = RetinaNetDetector(network=network, anchor_generator=build_anchor_generator(anchors), debug=False)
+    det.set_box_selector_parameters(
+        score_thresh=float(selector.get("score_thresh", 0.02)),
+        topk_candidates_per_level=int(selector.get("topk_candidates_per_level", 1000)),
+        nms_thresh=float(selector.get("nms_thresh", 0.22)),
+        detections_per_img=int(selector.get("detections_per_img", 300)),
+    )
+    if sliding_window:
+        det.set_sliding_window_inferer(
+            roi_size=[int(v) for v in sliding_window["roi_size"]],
+            overlap=float(sliding_window.get("overlap", 0.25)),
+            sw_batch_size=int(sliding_window.get("sw_batch_size", 1)),
+            mode=str(sliding_window.get("mode", "constant")),
+            device=device,
+        )
+    return det
+
+
+def count_parameters(network: torch.nn.Module) -> int:
+    """Number of trainable + frozen parameters."""
+    return sum(p.numel() for p in network.parameters())
+
+
+def min_input_size(size_divisible: Sequence[int]) -> list[int]:
+    """The smallest (x, y, z) input in voxels the network accepts (one step of ``size_divisible``)."""
+    return [int(v) for v in size_divisible]

@@ -1,0 +1,213 @@
+"""The ingest entry points: :func:`load_series` and :func:`ingest_to_cache`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..cache import CacheEntry, CaseCache
+from ..errors import (
+    AmbiguousSeriesError,
+    CacheError,
+    CtpipeError,
+    NoSeriesFoundError,
+    NotCTError,
+    NotDicomError,
+    TruncatedFileError,
+)
+from ..volume import CTVolume
+from .build import build_volume, describe, read_volume
+from .discover import read_header
+from .scan import PathArg, ScanResult, reject, scan_directory
+from .series import SelectionRules, SeriesInfo, group_series
+
+log = logging.getLogger(__name__)
+
+
+def safe_case_id(series_key: str) -> str:
+    """A case id (safe file stem) from a series key: UIDs are kept, '#<n>' parts become '_p<n>'."""
+    text = series_key.replace("#", "_p")
+    text = re.sub(r"[^A-Za-z0-9._-]", "_", text).strip("._-") or "series"
+    if not text[0].isalnum():
+        text = "s" + text
+    return text[:200]
+
+
+def _series_list(series: Iterable[SeriesInfo]) -> str:
+    return "; ".join(f"{s.key} ({s.description or 'no description'}, {s.n_slices} slices)" for s in series)
+
+
+def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
+    """The most specific error for a scan in which no series qualifies."""
+    where = ", ".join(str(r) for r in scan.roots)
+    if len(scan.rejected) == 1 and len(scan.series) == 1:
+        return scan.rejected[0].error
+    if not scan.series and scan.skipped_files:
+        kinds = Counter(f.kind for f in scan.skipped_files)
+        first = scan.skipped_files[0]
+        if set(kinds) == {"truncated"}:
+            return TruncatedFileError(f"all {len(scan.skipped_files)} DICOM file(s) are cut short (first: {first.path}: {first.reason})",
+                                      where=where, fix="copy the files again from the archive/PACS; the transfer was incomplete")
+        return NotDicomError(f"no DICOM image files found among {scan.n_files} file(s) ({scan.skipped_summary()}; "
+                             f"first: {first.path}: {first.reason})", where=where,
+                             fix="point ctpipe at the folder holding the DICOM image files")
+    if len(scan.series) == 1:
+        s = scan.series[0]
+        if s.modality not in rules.modalities:
+            return NotCTError(f"the only series, {s.key}, has Modality {s.modality or 'missing'}, not CT", where=describe(s),
+                              fix="point ctpipe at a CT series")
+        if s.n_slices < 2:
+            try:  # raises SingleSliceError naming the series
+                build_volume(s)
+            except CtpipeError as exc:
+                return exc
+    lines = [f"{s.key}: {s.why_not}" for s in scan.series]
+    if not scan.n_files:
+        lines = ["the folder holds no files"]
+    return NoSeriesFoundError(
+        f"no series matches the selection rules ({rules}); series found: " + (" | ".join(lines) or "none")
+        + f"; files skipped: {scan.skipped_summary()}",
+        where=where,
+        fix="pick a series with series_uid=... (ctpipe ingest --series-uid), or relax the rules "
+            "(min_slices, allow_derived, axial_tolerance_deg)",
+    )
+
+
+def load_series(
+    path: PathArg,
+    *,
+    series_uid: str | None = None,
+    rules: SelectionRules | None = None,
+    spacing_tolerance: float = 0.02,
+    allow_gantry_tilt: bool = False,
+    workers: int | None = None,
+) -> CTVolume:
+    """Load one CT series as a :class:`~pipeline.volume.CTVolume` in Hounsfield units.
+
+    Parameters
+    ----------
+    path: a folder (searched recursively, any file names) holding the series, or one
+        file (an Enhanced CT multi-frame object).
+    series_uid: the SeriesInstanceUID (or ``<uid>#<part>`` key of a split series) to
+        load. It bypasses the selection rules except that the series must be CT.
+        Without it the folder must hold exactly one series that the rules select.
+    rules: selection rules (see :class:`SelectionRules`).
+    spacing_tolerance: allowed deviation of each slice step from the median step,
+        as a fraction (0.02 = 2 %); larger deviations raise MissingSliceError or
+        NonUniformSpacingError.
+    allow_gantry_tilt: resample a tilted-gantry series onto an orthogonal grid
+        (per-slice in-plane linear interpolation) instead of raising GantryTiltError.
+    workers: threads for header and pixel reads (default: 2 × CPU count, at most 8).
+
+    Returns
+    -------
+    The HU array ``[k, j, i]`` (int16 when the rescale is integral and fits, else
+    float32) with its geometry in DICOM patient coordinates (LPS, mm): origin = the
+    ImagePositionPatient of the first slice along the slice normal, direction
+    columns = row cosine, column cosine, normal = cross(row, column), spacing =
+    (PixelSpacing[1], PixelSpacing[0], median slice step) — the same grid as
+    SimpleITK's ImageSeriesReader.
+
+    Raises a :class:`~pipeline.errors.DicomError` subclass naming the file or series,
+    the problem and the fix.
+    """
+    rules = rules or SelectionRules()
+    p = Path(path)
+    if p.is_file():
+        header = read_header(p)
+        series = group_series([header])[0]
+        return build_volume(series, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt, workers=workers)
+    if not p.exists():
+        raise NotDicomError("no such file or folder", where=p, fix="check the path")
+    scan = scan_directory(p, rules=rules, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
+                          workers=workers)
+    if series_uid is not None:
+        return build_volume(_pick(scan, series_uid), spacing_tolerance=spacing_tolerance,
+                            allow_gantry_tilt=allow_gantry_tilt, workers=workers)
+    chosen = scan.selected
+    if len(chosen) > 1:
+        raise AmbiguousSeriesError(
+            f"{len(chosen)} CT series qualify: {_series_list(chosen)}", where=p,
+            fix="pass series_uid=<one of the keys above> (ctpipe ingest --series-uid), or use ingest_to_cache to take them all",
+        )
+    if not chosen:
+        raise _explain_nothing(scan, rules)
+    for r in scan.rejected:
+        log.warning("not loaded: %s", r.reason)
+    return read_volume(scan.plans[chosen[0].key], workers=workers)
+
+
+def _pick(scan: ScanResult, series_uid: str) -> SeriesInfo:
+    found = scan.find(series_uid)
+    if not found:
+        raise NoSeriesFoundError(
+            f"no series with SeriesInstanceUID {series_uid!r}; found: {_series_list(scan.series) or 'none'}",
+            where=", ".join(str(r) for r in scan.roots), fix="use one of the series keys listed")
+    if len(found) == 1:
+        return found[0]
+    picked = [s for s in found if s.selected] or [s for s in found if not s.reasons]
+    if len(picked) == 1:
+        return picked[0]
+    raise AmbiguousSeriesError(f"series {series_uid} was split into {len(found)} parts: {_series_list(found)}",
+                               where=describe(found[0]), fix="pass the key of one part, e.g. series_uid='" + found[0].key + "'")
+
+
+@dataclass
+class IngestReport:
+    """Result of :func:`ingest_to_cache`: the scan and the cases written (series key → entry)."""
+
+    scan: ScanResult
+    written: dict[str, CacheEntry] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.scan.rejected
+
+
+def ingest_to_cache(
+    path: PathArg | Iterable[PathArg],
+    cache: CaseCache,
+    *,
+    series_uid: str | None = None,
+    rules: SelectionRules | None = None,
+    spacing_tolerance: float = 0.02,
+    allow_gantry_tilt: bool = False,
+    workers: int | None = None,
+) -> IngestReport:
+    """Scan ``path`` and write every selected series (or only ``series_uid``) to ``cache``.
+
+    The case id is :func:`safe_case_id` of the series key (the SeriesInstanceUID).
+    Each case is written atomically (array, then sidecar); a series that fails is
+    recorded in ``report.scan.rejected`` and leaves nothing in the cache. Geometry in
+    the cache is LPS, mm.
+    """
+    rules = rules or SelectionRules()
+    scan = scan_directory(path, rules=rules, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
+                          workers=workers)
+    report = IngestReport(scan)
+    if series_uid is not None:
+        targets = [_pick(scan, series_uid)]
+    else:
+        targets = scan.selected
+    for s in targets:
+        if any(r.series is s for r in scan.rejected):
+            continue  # already recorded with its reason
+        try:
+            plan = scan.plans.get(s.key)
+            vol = (read_volume(plan, workers=workers) if plan is not None else
+                   build_volume(s, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt, workers=workers))
+            case_id = safe_case_id(s.key)
+            folder = os.path.commonpath([str(f.parent) for f in s.files])
+            try:
+                report.written[s.key] = cache.write(case_id, vol, extra={"source": folder, "series_key": s.key})
+            except OSError as exc:
+                raise CacheError(f"cannot write case {case_id} ({exc.strerror or exc}); nothing was left behind",
+                                 where=cache.root, fix="free disk space or fix the folder's permissions, then ingest again") from exc
+        except CtpipeError as exc:
+            reject(scan, s, exc)
+    return report

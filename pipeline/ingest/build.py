@@ -1,0 +1,257 @@
+"""From one (sub-)series to a validated :class:`~pipeline.volume.CTVolume` in HU.
+
+:func:`plan_volume` checks everything that the headers can tell (consistency,
+sort order, spacing, tilt, pixel data present, decoder installed) without
+reading pixels; :func:`read_volume` then reads the pixels in parallel and
+converts them to HU. Geometry is DICOM patient space (LPS, mm) throughout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import (
+    InconsistentSeriesError,
+    MissingPixelDataError,
+    NotCTError,
+    SeriesGeometryError,
+    TruncatedFileError,
+)
+from ..volume import CTVolume
+from .discover import SliceHeader
+from .geometry import StackGeometry, stack_geometry
+from .multiframe import FrameInfo, read_frame_pixels, read_frames
+from .pixels import check_decoder, read_stored, to_hu
+from .series import SeriesInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VolumePlan:
+    """A validated series, ready for its pixels to be read.
+
+    ``headers`` are in output slice order (single-frame series); ``frames`` are
+    set instead for enhanced multi-frame objects.
+    """
+
+    series: SeriesInfo
+    where: str
+    stack: StackGeometry
+    headers: tuple[SliceHeader, ...]
+    frames: tuple[FrameInfo, ...] | None
+    slopes: np.ndarray
+    intercepts: np.ndarray
+    metadata: dict[str, Any]
+
+
+def describe(series: SeriesInfo) -> str:
+    """'series <key> ("description", N files in <folder>)' for messages."""
+    folders = {os.path.dirname(str(p)) for p in series.files}
+    folder = os.path.commonpath(sorted(folders)) if folders else "?"
+    desc = f'"{series.description}", ' if series.description else ""
+    return f"series {series.key} ({desc}{len(series.headers)} file(s) in {folder})"
+
+
+class _ShortNames(Sequence[str]):
+    """File paths relative to the series' common folder, computed only when a message needs them."""
+
+    def __init__(self, headers: Sequence[SliceHeader]):
+        self._headers = headers
+        self._root: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._headers)
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        if self._root is None:
+            self._root = os.path.commonpath([str(h.path.parent) for h in self._headers])
+        return os.path.relpath(self._headers[int(k)].path, self._root)
+
+
+def _majority_check(headers, attr: str, label: str, where: str, close: float | None = None) -> None:
+    values = [getattr(h, attr) for h in headers]
+    common = Counter(values).most_common(1)[0][0]
+    if close is None:
+        if len(set(values)) == 1:
+            return
+        odd = [h for h, v in zip(headers, values) if v != common]
+    else:
+        arr = np.asarray(values, dtype=np.float64)
+        bad = np.abs(arr - np.asarray(common, dtype=np.float64)).max(axis=1) > close
+        odd = [h for h, b in zip(headers, bad) if b]
+    if odd:
+        shown = ", ".join(f"{h.path.name} has {getattr(h, attr)}" for h in odd[:4])
+        more = f" and {len(odd) - 4} more" if len(odd) > 4 else ""
+        raise InconsistentSeriesError(
+            f"{label} differs within the series: {len(headers) - len(odd)} file(s) have {common} but {shown}{more}",
+            where=where,
+            fix="remove the odd file(s) from the folder, or load the series they belong to separately",
+        )
+
+
+def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality: bool) -> None:
+    h0 = headers[0]
+    if check_modality and h0.modality != "CT":
+        raise NotCTError(f"Modality is {h0.modality or 'missing'} (SOP class {h0.sop_class}), not CT", where=where,
+                         fix="choose a CT series (see the series list of `ctpipe ingest` or scan_directory())")
+    for h in headers:
+        if h.truncated:
+            raise TruncatedFileError(h.truncated, where=h.path, fix="copy the file again from the archive/PACS; the transfer was incomplete")
+        if h.pixel_length is None:
+            raise MissingPixelDataError("the image has no PixelData (7FE0,0010) element", where=h.path,
+                                        fix="re-export the series from the scanner/PACS with pixel data, or remove this file")
+        if h.samples_per_pixel != 1:
+            raise NotCTError(f"SamplesPerPixel is {h.samples_per_pixel} ({h.photometric}); CT images are grayscale", where=h.path,
+                             fix="this is a colour/secondary image; choose the CT series instead")
+        for name, value in (("ImagePositionPatient (0020,0032)", h.position), ("ImageOrientationPatient (0020,0037)", h.orientation),
+                            ("PixelSpacing (0028,0030)", h.pixel_spacing), ("Rows (0028,0010)", h.rows), ("Columns (0028,0011)", h.columns)):
+            if value is None:
+                raise SeriesGeometryError(f"the image has no valid {name}", where=h.path,
+                                          fix="the file lacks geometry; re-export the series or remove this file")
+    _majority_check(headers, "rows", "Rows", where)
+    _majority_check(headers, "columns", "Columns", where)
+    _majority_check(headers, "pixel_spacing", "PixelSpacing (mm)", where, close=1e-4)
+    _majority_check(headers, "orientation", "ImageOrientationPatient", where, close=1e-4)
+    _majority_check(headers, "bits_allocated", "BitsAllocated", where)
+    _majority_check(headers, "pixel_representation", "PixelRepresentation", where)
+    for ts in {h.transfer_syntax for h in headers}:
+        check_decoder(ts, next(h.path for h in headers if h.transfer_syntax == ts))
+
+
+def _metadata(series: SeriesInfo, h0: SliceHeader, n_files: int, thickness: float | None = None) -> dict[str, Any]:
+    def num(text: str | None) -> float | None:
+        try:
+            return float(text) if text not in (None, "") else None
+        except ValueError:
+            return None
+
+    md: dict[str, Any] = {
+        "StudyInstanceUID": h0.study_uid,
+        "SeriesInstanceUID": h0.series_uid,
+        "SeriesKey": series.key,
+        "PatientID": h0.extra_value("PatientID"),
+        "StudyDate": h0.extra_value("StudyDate"),
+        "Modality": h0.modality,
+        "SeriesDescription": h0.series_description,
+        "SeriesNumber": h0.series_number,
+        "SliceThickness": thickness if thickness is not None else num(h0.extra_value("SliceThickness")),
+        "ConvolutionKernel": h0.extra_value("ConvolutionKernel"),
+        "KVP": num(h0.extra_value("KVP")),
+        "Manufacturer": h0.extra_value("Manufacturer"),
+        "PatientPosition": h0.extra_value("PatientPosition"),
+        "TransferSyntaxUID": h0.transfer_syntax,
+        "SourceFileCount": n_files,
+        "CoordinateSystem": "LPS",
+    }
+    return md
+
+
+def plan_volume(
+    series: SeriesInfo,
+    *,
+    spacing_tolerance: float = 0.02,
+    allow_gantry_tilt: bool = False,
+    check_modality: bool = True,
+) -> VolumePlan:
+    """Validate ``series`` from its headers and work out its LPS geometry (no pixels read).
+
+    Raises the specific :mod:`pipeline.errors` class for the first problem found.
+    """
+    where = describe(series)
+    headers = series.headers
+    _check_headers(headers, where, check_modality)
+    if any(h.is_enhanced for h in headers):
+        return _plan_multiframe(series, where, spacing_tolerance, allow_gantry_tilt)
+    h0 = headers[0]
+    stack = stack_geometry(
+        _ShortNames(headers),
+        np.array([h.position for h in headers], dtype=np.float64),
+        h0.orientation or (), h0.pixel_spacing or (), int(h0.rows or 0), int(h0.columns or 0),
+        where=where, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
+        gantry_tilt_attr=h0.extra_value("GantryDetectorTilt"),
+    )
+    ordered = tuple(headers[k] for k in stack.order)
+    md = _metadata(series, ordered[0], len(headers))
+    if stack.shifts is not None:
+        md["GantryTiltCorrectedDeg"] = round(stack.tilt_deg, 4)
+    return VolumePlan(series, where, stack, ordered, None,
+                      np.array([h.slope for h in ordered]), np.array([h.intercept for h in ordered]), md)
+
+
+def _plan_multiframe(series: SeriesInfo, where: str, tol: float, allow_tilt: bool) -> VolumePlan:
+    frames: list[FrameInfo] = []
+    for h in series.headers:
+        frames.extend(read_frames(h.path))
+    h0 = series.headers[0]
+    ori = np.array([f.orientation for f in frames])
+    if not np.allclose(ori, ori[0], atol=1e-4):
+        bad = next(f for f in frames if not np.allclose(f.orientation, ori[0], atol=1e-4))
+        raise InconsistentSeriesError(f"frames differ in ImageOrientationPatient: {bad.name} has {list(bad.orientation)} "
+                                      f"but frame 1 has {list(frames[0].orientation)}", where=where,
+                                      fix="the multi-frame object mixes orientations; load it with a tool that splits stacks")
+    ps = np.array([f.pixel_spacing for f in frames])
+    if not np.allclose(ps, ps[0], atol=1e-4):
+        raise InconsistentSeriesError(f"frames differ in PixelSpacing ({sorted({tuple(p) for p in ps.tolist()})})", where=where,
+                                      fix="the multi-frame object mixes pixel spacings; re-export it")
+    stack = stack_geometry([f.name for f in frames], np.array([f.position for f in frames]), frames[0].orientation,
+                           frames[0].pixel_spacing, int(h0.rows or 0), int(h0.columns or 0), where=where,
+                           spacing_tolerance=tol, allow_gantry_tilt=allow_tilt)
+    ordered = tuple(frames[k] for k in stack.order)
+    md = _metadata(series, h0, len(series.headers), thickness=ordered[0].slice_thickness)
+    md["NumberOfFrames"] = len(frames)
+    return VolumePlan(series, where, stack, series.headers, ordered,
+                      np.array([f.slope for f in ordered]), np.array([f.intercept for f in ordered]), md)
+
+
+def _read_multiframe(plan: VolumePlan) -> np.ndarray:
+    assert plan.frames is not None
+    per_file: dict[str, np.ndarray] = {}
+    for h in plan.headers:
+        per_file[str(h.path)] = read_frame_pixels(h.path, h.n_frames, int(h.rows or 0), int(h.columns or 0), h.transfer_syntax)
+    first = next(iter(per_file.values()))
+    out = np.empty((len(plan.frames), first.shape[1], first.shape[2]), dtype=first.dtype)
+    for k, f in enumerate(plan.frames):
+        out[k] = per_file[str(f.path)][f.frame]
+    return out
+
+
+def _untilt(hu: np.ndarray, shifts: np.ndarray) -> np.ndarray:
+    """Shift each slice in-plane (linear interpolation, edge values extend) onto the orthogonal grid."""
+    from scipy import ndimage
+
+    out = np.empty(hu.shape, dtype=np.float32)
+    for k in range(hu.shape[0]):
+        di, dj = shifts[k]
+        out[k] = ndimage.shift(hu[k].astype(np.float32), (dj, di), order=1, mode="nearest")
+    return out
+
+
+def read_volume(plan: VolumePlan, *, workers: int | None = None) -> CTVolume:
+    """Read the pixels of a validated plan and return the HU volume (LPS geometry)."""
+    stored = _read_multiframe(plan) if plan.frames is not None else read_stored(plan.headers, workers=workers)
+    hu = to_hu(stored, plan.slopes, plan.intercepts, workers=workers)
+    if plan.stack.shifts is not None:
+        hu = _untilt(hu, plan.stack.shifts)
+    md = dict(plan.metadata)
+    md["HUDtype"] = str(hu.dtype)
+    vol = CTVolume(hu, plan.stack.geometry, metadata=md)
+    log.info("%s -> %r", plan.where, vol)
+    return vol
+
+
+def build_volume(series: SeriesInfo, *, spacing_tolerance: float = 0.02, allow_gantry_tilt: bool = False,
+                 check_modality: bool = True, workers: int | None = None) -> CTVolume:
+    """:func:`plan_volume` then :func:`read_volume`."""
+    plan = plan_volume(series, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
+                       check_modality=check_modality)
+    return read_volume(plan, workers=workers)

@@ -1,0 +1,79 @@
+"""``ctpipe ingest``: scan DICOM folders, cache every selected CT series, report the rest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``ingest`` sub-command."""
+    p = subparsers.add_parser(
+        "ingest",
+        help="scan DICOM folders and write the selected CT series to a case cache",
+        description=(
+            "Scan SRC folders recursively (any file names), choose the CT series by the selection rules, "
+            "write each as <case>.npy + <case>.json (HU, LPS geometry) into the cache folder, and print which "
+            "series were chosen, not chosen or rejected, with reasons. Exit status 1 if any series was rejected or none was cached."
+        ),
+    )
+    p.add_argument("sources", nargs="+", metavar="SRC", type=Path, help="DICOM folder(s) or file(s)")
+    p.add_argument("--out", required=True, type=Path, metavar="CACHE_DIR", help="case cache folder")
+    p.add_argument("--series-uid", default=None, help="ingest only this SeriesInstanceUID (or <uid>#<part> key)")
+    p.add_argument("--min-slices", type=int, default=10, help="fewest slices of a volume (default 10)")
+    p.add_argument("--allow-derived", action="store_true", help="also take DERIVED/SECONDARY image series")
+    p.add_argument("--axial-tolerance", type=float, default=30.0, metavar="DEG",
+                   help="largest angle between slice normal and patient z axis (default 30)")
+    p.add_argument("--spacing-tolerance", type=float, default=0.02,
+                   help="allowed slice step deviation as a fraction of the median step (default 0.02)")
+    p.add_argument("--allow-gantry-tilt", action="store_true", help="resample tilted-gantry series instead of rejecting them")
+    p.add_argument("--workers", type=int, default=None, help="I/O threads (default 2 x CPUs, at most 8)")
+    p.add_argument("--json", type=Path, default=None, metavar="REPORT", help="also write the report as JSON")
+    p.set_defaults(func=run)
+
+
+def _row(cols: list[str], widths: list[int]) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Scan, cache, print the table; 1 when a series was rejected or nothing was cached, else 0."""
+    from ..cache import CaseCache, atomic_write_bytes
+    from .api import ingest_to_cache, safe_case_id
+    from .series import SelectionRules
+
+    rules = SelectionRules(min_slices=args.min_slices, allow_derived=args.allow_derived,
+                           axial_tolerance_deg=args.axial_tolerance)
+    cache = CaseCache(args.out)
+    report = ingest_to_cache(args.sources, cache, series_uid=args.series_uid, rules=rules,
+                             spacing_tolerance=args.spacing_tolerance, allow_gantry_tilt=args.allow_gantry_tilt,
+                             workers=args.workers)
+    scan = report.scan
+    rejected = {r.series.key: r for r in scan.rejected}
+    header = ["status", "series", "slices", "description", "case id / reason"]
+    rows = []
+    for s in scan.series:
+        if s.key in report.written:
+            rows.append(["cached", s.key, str(s.n_slices), s.description, safe_case_id(s.key)])
+        elif s.key in rejected:
+            r = rejected[s.key]
+            rows.append(["REJECTED", s.key, str(s.n_slices), s.description, f"{type(r.error).__name__}: {r.error.problem}"])
+        else:
+            rows.append(["skipped", s.key, str(s.n_slices), s.description, s.why_not or "not requested"])
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)] + [0]
+    print(_row(header, widths))
+    for r in rows:
+        print(_row(r, widths))
+    print(f"{scan.n_files} files, {len(scan.series)} series: {len(report.written)} cached in {args.out}, "
+          f"{len(scan.rejected)} rejected; files skipped: {scan.skipped_summary()} ({scan.seconds:.2f} s scan)")
+    for r in scan.rejected:
+        print(f"  rejected {r.series.key}: {r.error}")
+    if args.json:
+        data = scan.to_json()
+        data["cached"] = {k: e.case_id for k, e in report.written.items()}
+        data["cache"] = str(args.out)
+        atomic_write_bytes(args.json, json.dumps(data, indent=1).encode())
+    if not report.written:
+        print("no series was cached: nothing matched the selection rules (see the reasons above)")
+    return 1 if scan.rejected or not report.written else 0

@@ -1,0 +1,116 @@
+"""Enhanced CT (multi-frame) files.
+
+Geometry and rescale live in the functional group sequences: per frame
+(PerFrameFunctionalGroupsSequence) or shared by all frames
+(SharedFunctionalGroupsSequence). Each frame is treated as one slice: the
+frames are sorted by position along the slice normal like single-frame
+slices (LPS, mm).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InconsistentSeriesError, MissingPixelDataError, SeriesGeometryError, TruncatedFileError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FrameInfo:
+    """Geometry and rescale of one frame of an enhanced file (LPS, mm)."""
+
+    path: Path
+    frame: int  # 0-based
+    position: tuple[float, float, float]
+    orientation: tuple[float, ...]
+    pixel_spacing: tuple[float, float]
+    slope: float
+    intercept: float
+    slice_thickness: float | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.name} frame {self.frame + 1}"
+
+
+def _macro(item: Any, shared: Any, seq: str) -> Any | None:
+    """The first item of functional group macro ``seq``, per-frame first, then shared."""
+    for group in (item, shared):
+        if group is not None and seq in group and len(group[seq].value) > 0:
+            return group[seq].value[0]
+    return None
+
+
+def read_frames(path: Path, ds: Any | None = None) -> list[FrameInfo]:
+    """Per-frame geometry and rescale of an enhanced CT file (header only when ``ds`` is None)."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    if ds is None:
+        try:
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+        except (InvalidDicomError, EOFError, OSError, ValueError) as exc:
+            raise TruncatedFileError(f"the multi-frame header cannot be read ({exc})", where=path,
+                                     fix="copy the file again from the archive/PACS") from exc
+    n = int(ds.get("NumberOfFrames", 1) or 1)
+    shared_seq = ds.get("SharedFunctionalGroupsSequence")
+    shared = shared_seq[0] if shared_seq else None
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
+    if per_frame and len(per_frame) != n:
+        raise InconsistentSeriesError(f"NumberOfFrames is {n} but PerFrameFunctionalGroupsSequence has {len(per_frame)} items",
+                                      where=path, fix="re-export the multi-frame object; it is inconsistent")
+    frames: list[FrameInfo] = []
+    for f in range(n):
+        item = per_frame[f] if per_frame else None
+        pos = _macro(item, shared, "PlanePositionSequence")
+        ori = _macro(item, shared, "PlaneOrientationSequence")
+        meas = _macro(item, shared, "PixelMeasuresSequence")
+        trans = _macro(item, shared, "PixelValueTransformationSequence")
+        ipp = pos.get("ImagePositionPatient") if pos is not None else ds.get("ImagePositionPatient")
+        iop = ori.get("ImageOrientationPatient") if ori is not None else ds.get("ImageOrientationPatient")
+        ps = meas.get("PixelSpacing") if meas is not None else ds.get("PixelSpacing")
+        if ipp is None or iop is None or ps is None:
+            missing = [k for k, v in (("ImagePositionPatient", ipp), ("ImageOrientationPatient", iop), ("PixelSpacing", ps)) if v is None]
+            raise SeriesGeometryError(f"frame {f + 1} has no {', '.join(missing)} in its functional groups", where=path,
+                                      fix="re-export the multi-frame object with plane position/orientation and pixel measures")
+        src = trans if trans is not None else ds
+        thick = meas.get("SliceThickness") if meas is not None else ds.get("SliceThickness")
+        frames.append(FrameInfo(
+            path=Path(path), frame=f,
+            position=tuple(float(v) for v in ipp),  # type: ignore[arg-type]
+            orientation=tuple(float(v) for v in iop),
+            pixel_spacing=(float(ps[0]), float(ps[1])),
+            slope=float(src.get("RescaleSlope", 1.0) or 1.0),
+            intercept=float(src.get("RescaleIntercept", 0.0) or 0.0),
+            slice_thickness=float(thick) if thick not in (None, "") else None,
+        ))
+    return frames
+
+
+def read_frame_pixels(path: Path, n_frames: int, rows: int, columns: int, transfer_syntax: str) -> np.ndarray:
+    """Stored values of every frame, ``[frame, row, column]``."""
+    import pydicom
+
+    from .pixels import check_decoder, syntax_name
+
+    check_decoder(transfer_syntax, path)
+    try:
+        ds = pydicom.dcmread(path)
+    except (EOFError, OSError, ValueError) as exc:
+        raise TruncatedFileError(f"the file cannot be read ({exc})", where=path, fix="copy the file again from the archive/PACS") from exc
+    if "PixelData" not in ds:
+        raise MissingPixelDataError("the multi-frame image has no PixelData (7FE0,0010)", where=path,
+                                    fix="re-export the object from the scanner/PACS with pixel data")
+    try:
+        arr = ds.pixel_array
+    except (ValueError, RuntimeError, EOFError, NotImplementedError) as exc:
+        raise TruncatedFileError(f"pixel data cannot be decoded ({exc}); transfer syntax {transfer_syntax} "
+                                 f"({syntax_name(transfer_syntax)})", where=path, fix="copy the file again from the archive/PACS") from exc
+    arr = np.asarray(arr).reshape(n_frames, rows, columns)
+    return arr

@@ -1,0 +1,211 @@
+"""Pixel data: parallel reads of stored values and the conversion to HU.
+
+Uncompressed little-endian pixel data is read straight from the file offset
+found by the header scan into a preallocated stack (no decoding, no second
+header parse). Compressed transfer syntaxes (RLE, JPEG 2000, JPEG lossless,
+...) are decoded by pydicom with the pylibjpeg plugins. Both run in a thread
+pool; numpy and the decoders release the GIL for the heavy work.
+
+HU = stored value × RescaleSlope + RescaleIntercept, computed over the whole
+stack at once; the result is int16 when every slope and intercept is an
+integer and the values fit, else float32.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MissingPixelDataError, TruncatedFileError, UnsupportedTransferSyntaxError
+from .discover import SliceHeader
+from .rawheader import EXPLICIT_LE, IMPLICIT_LE
+
+log = logging.getLogger(__name__)
+
+NATIVE_SYNTAXES = frozenset({IMPLICIT_LE, EXPLICIT_LE})
+
+# Transfer syntax families -> the package that decodes them (for error messages).
+_DECODER_PACKAGES = {
+    "1.2.840.10008.1.2.5": "pylibjpeg-rle (pip install pylibjpeg pylibjpeg-rle)",
+    "1.2.840.10008.1.2.4.50": "pylibjpeg-libjpeg or pillow (pip install pylibjpeg pylibjpeg-libjpeg)",
+    "1.2.840.10008.1.2.4.51": "pylibjpeg-libjpeg (pip install pylibjpeg pylibjpeg-libjpeg)",
+    "1.2.840.10008.1.2.4.57": "pylibjpeg-libjpeg (pip install pylibjpeg pylibjpeg-libjpeg)",
+    "1.2.840.10008.1.2.4.70": "pylibjpeg-libjpeg (pip install pylibjpeg pylibjpeg-libjpeg)",
+    "1.2.840.10008.1.2.4.80": "pylibjpeg-libjpeg or pyjpegls (pip install pylibjpeg pylibjpeg-libjpeg)",
+    "1.2.840.10008.1.2.4.81": "pylibjpeg-libjpeg or pyjpegls (pip install pylibjpeg pylibjpeg-libjpeg)",
+    "1.2.840.10008.1.2.4.90": "pylibjpeg-openjpeg (pip install pylibjpeg pylibjpeg-openjpeg)",
+    "1.2.840.10008.1.2.4.91": "pylibjpeg-openjpeg (pip install pylibjpeg pylibjpeg-openjpeg)",
+    "1.2.840.10008.1.2.4.201": "pylibjpeg-openjpeg >= 2.2 (pip install -U pylibjpeg pylibjpeg-openjpeg)",
+    "1.2.840.10008.1.2.4.202": "pylibjpeg-openjpeg >= 2.2 (pip install -U pylibjpeg pylibjpeg-openjpeg)",
+    "1.2.840.10008.1.2.4.203": "pylibjpeg-openjpeg >= 2.2 (pip install -U pylibjpeg pylibjpeg-openjpeg)",
+}
+_CONVERT_HINT = "or convert the files to uncompressed first (gdcmconv --raw IN OUT, or dcmdjpeg IN OUT)"
+
+
+def syntax_name(uid: str) -> str:
+    """The registered name of a transfer syntax UID, or 'unknown transfer syntax'."""
+    from pydicom.uid import UID
+
+    name = UID(uid).name
+    return name if name and name != uid else "unknown transfer syntax"
+
+
+def check_decoder(uid: str, where: str | Path) -> None:
+    """Raise UnsupportedTransferSyntaxError if no installed decoder handles ``uid``."""
+    if uid in NATIVE_SYNTAXES or uid in ("1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2"):
+        return
+    from pydicom.pixels import get_decoder
+
+    try:
+        decoder = get_decoder(uid)
+        available = decoder.is_available
+        missing = "; ".join(f"{k}: needs {', '.join(v)}" for k, v in decoder.missing_dependencies.items()) if not available else ""
+    except NotImplementedError:
+        available, missing = False, "no pixel data decoder exists for it in pydicom"
+    if not available:
+        package = _DECODER_PACKAGES.get(uid)
+        install = f"install {package}, {_CONVERT_HINT}" if package else f"no Python decoder is known for it; {_CONVERT_HINT}"
+        raise UnsupportedTransferSyntaxError(
+            f"pixel data is compressed with transfer syntax {uid} ({syntax_name(uid)}) and no installed decoder "
+            f"handles it ({missing})",
+            where=where, fix=install,
+        )
+
+
+def stored_dtype(h: SliceHeader) -> np.dtype:
+    """numpy dtype of the stored pixel values (little endian)."""
+    bits = h.bits_allocated or 16
+    if bits not in (8, 16, 32):
+        raise MissingPixelDataError(f"BitsAllocated={bits} is not supported for CT images (8, 16 or 32 expected)",
+                                    where=h.path, fix="re-export the series with 16-bit pixel data")
+    kind = "i" if h.pixel_representation == 1 else "u"
+    return np.dtype(f"<{kind}{bits // 8}")
+
+
+def _read_native(h: SliceHeader, out: np.ndarray) -> None:
+    need = out.nbytes
+    if h.pixel_length is not None and 0 <= h.pixel_length < need:
+        raise TruncatedFileError(f"pixel data holds {h.pixel_length} bytes but {h.rows}x{h.columns} pixels need {need}",
+                                 where=h.path, fix="copy the file again from the archive/PACS")
+    with open(h.path, "rb") as fh:
+        fh.seek(int(h.pixel_offset or 0))
+        got = fh.readinto(memoryview(out).cast("B"))
+    if got != need:
+        raise TruncatedFileError(f"file ends after {got} of {need} pixel data bytes", where=h.path,
+                                 fix="copy the file again from the archive/PACS; the transfer was incomplete")
+
+
+def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None:
+    import pydicom
+
+    check_decoder(h.transfer_syntax, h.path)
+    try:
+        ds = pydicom.dcmread(h.path)
+        arr = ds.pixel_array
+    except (ValueError, RuntimeError, EOFError, OSError, NotImplementedError) as exc:
+        raise TruncatedFileError(f"pixel data cannot be decoded ({type(exc).__name__}: {exc}); "
+                                 f"transfer syntax {h.transfer_syntax} ({syntax_name(h.transfer_syntax)})",
+                                 where=h.path, fix="copy the file again from the archive/PACS; it may be damaged") from exc
+    if arr.size != out.size:
+        raise TruncatedFileError(f"decoded pixel data has {arr.size} values, expected {out.size}", where=h.path,
+                                 fix="copy the file again from the archive/PACS")
+    out[...] = arr.reshape(out.shape)
+
+
+def _fix_bits(stack: np.ndarray, h: SliceHeader) -> None:
+    """Mask unused high bits (BitsStored < BitsAllocated), sign-extending signed values, in place."""
+    bits, stored = h.bits_allocated or 16, h.bits_stored or h.bits_allocated or 16
+    if stored >= bits:
+        return
+    shift = bits - stored
+    if h.pixel_representation == 1:
+        np.left_shift(stack, shift, out=stack)
+        np.right_shift(stack, shift, out=stack)
+    else:
+        np.bitwise_and(stack, (1 << stored) - 1, out=stack)
+
+
+def read_stored(headers: Sequence[SliceHeader], *, workers: int | None = None) -> np.ndarray:
+    """Stored values of single-frame files, stacked ``[k, j, i]`` in the given order (threads)."""
+    h0 = headers[0]
+    dtype = stored_dtype(h0)
+    stack = np.empty((len(headers), int(h0.rows or 0), int(h0.columns or 0)), dtype=dtype)
+    for h in headers:
+        if h.truncated:
+            raise TruncatedFileError(h.truncated, where=h.path, fix="copy the file again from the archive/PACS; the transfer was incomplete")
+        if h.pixel_length is None:
+            raise MissingPixelDataError("the image has no PixelData (7FE0,0010) element", where=h.path,
+                                        fix="re-export the series from the scanner/PACS with pixel data, or remove this file")
+    syntaxes = {h.transfer_syntax for h in headers}
+    for ts in syntaxes:
+        check_decoder(ts, next(h.path for h in headers if h.transfer_syntax == ts))
+
+    def job(k: int) -> None:
+        h = headers[k]
+        if not h.use_pydicom and h.transfer_syntax in NATIVE_SYNTAXES and h.pixel_length != -1:
+            _read_native(h, stack[k])
+        else:
+            _read_pydicom(h, stack[k])
+
+    run_parallel(job, len(headers), workers)
+    if (h0.bits_stored or 16) < (h0.bits_allocated or 16):
+        _fix_bits(stack, h0)
+    return stack
+
+
+def run_parallel(job: Callable[[int], None], n: int, workers: int | None) -> None:
+    """Run ``job(k)`` for k in range(n) on a thread pool; the first error propagates."""
+    if workers is None:
+        workers = min(8, 2 * (os.cpu_count() or 2))
+    if workers <= 1 or n < 4:
+        for k in range(n):
+            job(k)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(job, range(n)):
+            pass
+
+
+def _integral(values: np.ndarray) -> bool:
+    return bool(np.all(np.isfinite(values)) and np.all(values == np.round(values)))
+
+
+def to_hu(stored: np.ndarray, slopes: Sequence[float], intercepts: Sequence[float], *, workers: int | None = None) -> np.ndarray:
+    """HU = stored × slope + intercept per slice (vectorised; may reuse ``stored``'s memory).
+
+    Returns int16 when every slope/intercept is an integer and the result fits int16, else float32.
+    """
+    n = stored.shape[0]
+    s = np.asarray(slopes, dtype=np.float64).reshape(n)
+    b = np.asarray(intercepts, dtype=np.float64).reshape(n)
+    mins = np.empty(n)
+    maxs = np.empty(n)
+
+    def minmax(k: int) -> None:
+        mins[k], maxs[k] = stored[k].min(), stored[k].max()
+
+    run_parallel(minmax, n, workers)
+    lo = np.minimum(s * mins, s * maxs) + b
+    hi = np.maximum(s * mins, s * maxs) + b
+    as_int = _integral(s) and _integral(b) and lo.min() >= -32768 and hi.max() <= 32767
+    if as_int and stored.dtype == np.int16 and np.all(s == 1) and np.all(np.abs(b) <= 32767):
+        def shift(k: int) -> None:  # in place, int16 wrap-around is exact because the result fits
+            if b[k]:
+                np.add(stored[k], np.int16(b[k]), out=stored[k], casting="unsafe")
+
+        run_parallel(shift, n, workers)
+        return stored
+    out = np.empty(stored.shape, dtype=np.int16 if as_int else np.float32)
+    if as_int:
+        def conv(k: int) -> None:
+            out[k] = stored[k].astype(np.int32) * np.int32(s[k]) + np.int32(b[k])
+    else:
+        def conv(k: int) -> None:
+            out[k] = stored[k].astype(np.float64) * s[k] + b[k]
+    run_parallel(conv, n, workers)
+    return out

@@ -1,0 +1,270 @@
+"""A fast, read-only parser of DICOM Part 10 headers.
+
+It reads the file in small chunks, walks the data elements up to the pixel
+data without decoding anything it does not need, and records where the pixel
+data starts and how long it is. Little-endian transfer syntaxes (implicit and
+explicit VR, including every encapsulated/compressed one) are handled here;
+big-endian and deflated files raise :class:`RawHeaderUnsupported` so that the
+caller can fall back to pydicom.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+IMPLICIT_LE = "1.2.840.10008.1.2"
+EXPLICIT_LE = "1.2.840.10008.1.2.1"
+DEFLATED_LE = "1.2.840.10008.1.2.1.99"
+EXPLICIT_BE = "1.2.840.10008.1.2.2"
+DICOMDIR_SOP = "1.2.840.10008.1.3.10"
+
+PIXEL_DATA = 0x7FE00010
+_ITEM = 0xFFFEE000
+_ITEM_END = 0xFFFEE00D
+_SEQ_END = 0xFFFEE0DD
+_UNDEFINED = 0xFFFFFFFF
+_LONG_VRS = frozenset({b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b"UC", b"UN", b"UR", b"UT", b"UV"})
+_CHUNK = 8192
+
+# Tags read by the header scan: tag -> (keyword, value kind).
+# Kinds: "str" (text, multi-valued joined by backslash), "us" (unsigned short), "is" (integer string).
+WANTED: dict[int, tuple[str, str]] = {
+    0x00020002: ("MediaStorageSOPClassUID", "str"),
+    0x00020010: ("TransferSyntaxUID", "str"),
+    0x00080008: ("ImageType", "str"),
+    0x00080016: ("SOPClassUID", "str"),
+    0x00080018: ("SOPInstanceUID", "str"),
+    0x00080020: ("StudyDate", "str"),
+    0x00080060: ("Modality", "str"),
+    0x00080070: ("Manufacturer", "str"),
+    0x0008103E: ("SeriesDescription", "str"),
+    0x00100020: ("PatientID", "str"),
+    0x00180050: ("SliceThickness", "str"),
+    0x00180060: ("KVP", "str"),
+    0x00181120: ("GantryDetectorTilt", "str"),
+    0x00181210: ("ConvolutionKernel", "str"),
+    0x00185100: ("PatientPosition", "str"),
+    0x0020000D: ("StudyInstanceUID", "str"),
+    0x0020000E: ("SeriesInstanceUID", "str"),
+    0x00200011: ("SeriesNumber", "str"),
+    0x00200012: ("AcquisitionNumber", "str"),
+    0x00200013: ("InstanceNumber", "str"),
+    0x00200032: ("ImagePositionPatient", "str"),
+    0x00200037: ("ImageOrientationPatient", "str"),
+    0x00280002: ("SamplesPerPixel", "us"),
+    0x00280004: ("PhotometricInterpretation", "str"),
+    0x00280008: ("NumberOfFrames", "str"),
+    0x00280010: ("Rows", "us"),
+    0x00280011: ("Columns", "us"),
+    0x00280030: ("PixelSpacing", "str"),
+    0x00280100: ("BitsAllocated", "us"),
+    0x00280101: ("BitsStored", "us"),
+    0x00280103: ("PixelRepresentation", "us"),
+    0x00281052: ("RescaleIntercept", "str"),
+    0x00281053: ("RescaleSlope", "str"),
+}
+
+
+class RawHeaderError(Exception):
+    """The bytes are not a readable DICOM header (``kind`` says why)."""
+
+    def __init__(self, kind: str, message: str):
+        self.kind = kind  # "not_dicom" | "truncated"
+        super().__init__(message)
+
+
+class RawHeaderUnsupported(Exception):
+    """The file is DICOM but uses an encoding this parser leaves to pydicom."""
+
+
+@dataclass
+class RawHeader:
+    """What the scan needs from one file: selected values, pixel data location, file size."""
+
+    values: dict[str, object] = field(default_factory=dict)
+    pixel_offset: int | None = None  # file offset of the first pixel data byte
+    pixel_length: int | None = None  # bytes, or -1 when encapsulated (compressed)
+    file_size: int = 0
+    truncated: str | None = None  # why the pixel data is incomplete, if it is
+
+
+class _Stream:
+    """Random access over a file through a small buffer."""
+
+    def __init__(self, fh, size: int, first: bytes):
+        self.fh = fh
+        self.size = size
+        self.buf = first
+        self.base = 0
+
+    def get(self, pos: int, n: int) -> bytes:
+        end = pos + n
+        if pos >= self.base and end <= self.base + len(self.buf):
+            return self.buf[pos - self.base : end - self.base]
+        if end > self.size:
+            raise RawHeaderError("truncated", f"file ends at byte {self.size}, inside an element at byte {pos}")
+        self.fh.seek(pos)
+        self.buf = self.fh.read(max(n, _CHUNK))
+        self.base = pos
+        return self.buf[:n]
+
+
+def _decode(raw: bytes, kind: str) -> object:
+    if kind == "us":
+        return struct.unpack_from("<H", raw)[0] if len(raw) >= 2 else None
+    text = raw.decode("latin-1").strip("\x00 ")
+    return text
+
+
+def read_raw_header(path: str | os.PathLike[str]) -> RawHeader:
+    """Parse the header of ``path`` up to the pixel data.
+
+    Raises :class:`RawHeaderError` for non-DICOM or truncated headers and
+    :class:`RawHeaderUnsupported` for big-endian/deflated files.
+    """
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        first = fh.read(_CHUNK)
+        out = RawHeader(file_size=size)
+        if len(first) >= 132 and first[128:132] == b"DICM":
+            pos = 132
+        elif len(first) >= 8 and first[0:2] in (b"\x02\x00", b"\x08\x00"):
+            pos = 0  # no preamble: a bare data set (old ACR-NEMA style files)
+        else:
+            raise RawHeaderError("not_dicom", "no 'DICM' marker at byte 128 and no DICOM data set at byte 0")
+        st = _Stream(fh, size, first)
+        pos = _read_meta(st, pos, out)
+        ts = str(out.values.get("TransferSyntaxUID") or "")
+        if ts in (DEFLATED_LE, EXPLICIT_BE):
+            raise RawHeaderUnsupported(ts)
+        explicit = ts != IMPLICIT_LE
+        if not ts and pos < size:  # no meta group: guess the VR encoding from the first element
+            probe = st.get(pos, 6)
+            explicit = probe[4:6].isalpha() and probe[4:6].isupper()
+        _walk(st, pos, size, explicit, out)
+        return out
+
+
+def _read_meta(st: _Stream, pos: int, out: RawHeader) -> int:
+    """Read group 0002 (always explicit VR little endian); return the data set start."""
+    while pos + 8 <= st.size:
+        head = st.get(pos, 8)
+        group, elem = struct.unpack_from("<HH", head)
+        if group != 0x0002:
+            return pos
+        vr = head[4:6]
+        if vr in _LONG_VRS:
+            length = struct.unpack_from("<I", st.get(pos + 8, 4))[0]
+            vstart = pos + 12
+        else:
+            length = struct.unpack_from("<H", head, 6)[0]
+            vstart = pos + 8
+        tag = (group << 16) | elem
+        if vstart + length > st.size:
+            raise RawHeaderError("truncated", f"file ends at byte {st.size}, inside file meta element (0002,{elem:04X})")
+        if tag in WANTED:
+            key, kind = WANTED[tag]
+            out.values[key] = _decode(st.get(vstart, length), kind)
+        pos = vstart + length
+    if pos < st.size:
+        raise RawHeaderError("truncated", f"file ends at byte {st.size}, inside the file meta group")
+    return pos
+
+
+def _element_head(st: _Stream, pos: int, explicit: bool) -> tuple[int, bytes | None, int, int]:
+    """(tag, vr, value length, value start) of the element at ``pos``."""
+    head = st.get(pos, 8)
+    group, elem = struct.unpack_from("<HH", head)
+    tag = (group << 16) | elem
+    if tag in (_ITEM, _ITEM_END, _SEQ_END) or not explicit:
+        return tag, None, struct.unpack_from("<I", head, 4)[0], pos + 8
+    vr = head[4:6]
+    if vr in _LONG_VRS:
+        return tag, vr, struct.unpack_from("<I", st.get(pos + 8, 4))[0], pos + 12
+    return tag, vr, struct.unpack_from("<H", head, 6)[0], pos + 8
+
+
+def _skip_undefined(st: _Stream, pos: int, explicit: bool) -> int:
+    """Skip the items of an undefined-length sequence starting at ``pos``; return the position after it."""
+    while True:
+        tag, _, length, vstart = _element_head(st, pos, explicit)
+        if tag == _SEQ_END:
+            return vstart
+        if tag != _ITEM:
+            raise RawHeaderError("truncated", f"expected a sequence item at byte {pos}, found tag {tag:08X}")
+        if length != _UNDEFINED:
+            pos = vstart + length
+            continue
+        pos = vstart
+        while True:  # elements of an undefined-length item, up to its delimiter
+            tag, vr, length, vstart = _element_head(st, pos, explicit)
+            if tag == _ITEM_END:
+                pos = vstart
+                break
+            if length == _UNDEFINED:
+                pos = _skip_undefined(st, vstart, explicit and vr != b"UN")
+            else:
+                pos = vstart + length
+
+
+_HEAD = struct.Struct("<HH2sH")
+_U32 = struct.Struct("<I")
+_U16 = struct.Struct("<H")
+
+
+def _walk(st: _Stream, pos: int, size: int, explicit: bool, out: RawHeader) -> None:
+    buf, base = st.buf, st.base
+    blen = len(buf)
+    while pos < size:
+        if pos + 8 > size:
+            raise RawHeaderError("truncated", f"file ends at byte {size}, inside an element header at byte {pos}")
+        off = pos - base
+        if 0 <= off and off + 12 <= blen:  # fast path: the element header is in the buffer
+            group, elem, vr, length = _HEAD.unpack_from(buf, off)
+            tag = (group << 16) | elem
+            if not explicit or group == 0xFFFE:
+                vr, length, vstart = None, _U32.unpack_from(buf, off + 4)[0], pos + 8
+            elif vr in _LONG_VRS:
+                length, vstart = _U32.unpack_from(buf, off + 8)[0], pos + 12
+            else:
+                vstart = pos + 8
+        else:
+            tag, vr, length, vstart = _element_head(st, pos, explicit)
+            buf, base = st.buf, st.base
+            blen = len(buf)
+        if tag == PIXEL_DATA:
+            out.pixel_offset = vstart
+            if length == _UNDEFINED:
+                out.pixel_length = -1
+                st.fh.seek(max(vstart, size - 8))
+                if st.fh.read(8) != b"\xfe\xff\xdd\xe0\x00\x00\x00\x00":
+                    out.truncated = "the compressed pixel data has no end-of-sequence marker"
+            else:
+                out.pixel_length = length
+                if vstart + length > size:
+                    out.truncated = f"pixel data needs {length} bytes from byte {vstart} but the file has {size - vstart}"
+            return
+        if length == _UNDEFINED:
+            pos = _skip_undefined(st, vstart, explicit and vr != b"UN")
+            buf, base = st.buf, st.base
+            blen = len(buf)
+            continue
+        want = WANTED.get(tag)
+        if want is not None:
+            voff = vstart - base
+            if 0 <= voff and voff + length <= blen:
+                raw = buf[voff : voff + length]
+            else:
+                raw = st.get(vstart, length)
+                buf, base = st.buf, st.base
+                blen = len(buf)
+            if want[1] == "us":
+                out.values[want[0]] = _U16.unpack_from(raw)[0] if length >= 2 else None
+            else:
+                out.values[want[0]] = raw.decode("latin-1").strip("\x00 ")
+        pos = vstart + length
+        if pos > size:
+            raise RawHeaderError("truncated", f"file ends at byte {size}, inside element ({tag >> 16:04X},{tag & 0xFFFF:04X})")
+

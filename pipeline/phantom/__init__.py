@@ -1,0 +1,60 @@
+"""Synthetic chest CT phantoms with ground truth (anatomy, organ masks, lung nodules).
+
+Conventions
+-----------
+* All positions are DICOM patient coordinates (LPS, mm): +x is the patient's
+  left, +y posterior, +z superior. The left lung lies at larger x than the right.
+* ``phantom.volume`` is a :class:`~pipeline.volume.CTVolume` of HU (float32)
+  indexed ``[k, j, i]``. For HFS the direction is the identity: i runs to the
+  patient's left, j posterior, k superior (slices ordered by increasing z, the
+  first slice is the most inferior); the origin is the centre of the top-left
+  voxel of the first slice. Other patient positions (FFS, HFP, ...) change the
+  direction cosines, origin and voxel order as a scanner would (see
+  :mod:`pipeline.phantom.scanner`); LPS ground truth is unchanged by them.
+* Masks (bool ``[k, j, i]`` on ``volume.geometry``) are the crisp truth under
+  the blurred, noisy image:
+  ``body`` the filled patient outline (includes lungs and airways);
+  ``lung_left`` / ``lung_right`` the pleural cavities including intrapulmonary
+  vessels, bronchial walls and nodules, excluding the airway lumen and bone
+  (the two never touch: the mediastinum always separates them);
+  ``airway`` the air lumen of trachea and bronchi (not the wall);
+  ``bone`` spine, ribs and sternum bone voxels (not discs or spinal canal);
+  ``vessels`` the pulmonary vessel tree inside the lungs (not nodule voxels).
+* ``nodule_labels`` (uint8) holds n inside ``nodules[n - 1]``; each nodule is
+  centrally symmetric about its ``center_lps`` and lies fully inside one lung mask.
+* Everything is deterministic from ``seed``.
+
+Main entry points: :func:`generate_phantom`, :class:`Phantom`, :class:`Nodule`,
+:func:`load_ground_truth`, :func:`load_masks`; DICOM output is in
+:mod:`pipeline.phantom.dicom_writer` (``write_phantom_series`` is re-exported here).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .generate import generate_phantom
+from .model import MASK_NAMES, Nodule, Phantom, load_ground_truth, load_masks
+
+__all__ = [
+    "MASK_NAMES",
+    "Nodule",
+    "Phantom",
+    "generate_phantom",
+    "load_ground_truth",
+    "load_masks",
+    "write_dicom_series",
+    "write_phantom_case",
+    "write_phantom_series",
+]
+
+_WRITER_NAMES = ("write_dicom_series", "write_phantom_case", "write_phantom_series")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WRITER_NAMES:
+        value = getattr(importlib.import_module("pipeline.phantom.dicom_writer"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pipeline.phantom' has no attribute {name!r}")

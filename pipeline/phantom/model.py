@@ -1,0 +1,158 @@
+"""Phantom results and their ground truth on disk (``ground_truth.json`` + ``masks.npz``).
+
+Coordinates in the ground truth are DICOM patient coordinates (LPS, mm);
+``center_ijk`` gives the same point as a continuous voxel index (i, j, k) of
+the phantom's geometry. Masks are boolean arrays indexed ``[k, j, i]`` on the
+volume's geometry.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cache import atomic_write_bytes
+from ..errors import PhantomError
+from ..volume import CTVolume, Geometry
+
+log = logging.getLogger(__name__)
+
+GROUND_TRUTH_FILE = "ground_truth.json"
+MASKS_FILE = "masks.npz"
+FORMAT_VERSION = 1
+MASK_NAMES = ("body", "lung_left", "lung_right", "airway", "bone", "vessels")
+NODULE_KINDS = ("solid", "part_solid", "ground_glass")
+
+
+@dataclass(frozen=True)
+class Nodule:
+    """A lung nodule of the phantom.
+
+    center_lps: centre in LPS mm. diameter_mm: nominal diameter (mm) of the
+    centrally symmetric, slightly lobulated sphere. kind: ``"solid"``,
+    ``"part_solid"`` or ``"ground_glass"``. attached_to: ``"pleura"``,
+    ``"vessel"`` or None. lung: ``"lung_left"`` or ``"lung_right"``.
+    """
+
+    center_lps: tuple[float, float, float]
+    diameter_mm: float
+    kind: str
+    attached_to: str | None
+    lung: str
+    mean_hu: float = 0.0
+    volume_mm3: float = 0.0
+
+    def to_json(self, geometry: Geometry | None = None, label: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "center_lps": [round(float(v), 4) for v in self.center_lps],
+            "diameter_mm": round(float(self.diameter_mm), 4),
+            "kind": self.kind,
+            "attached_to": self.attached_to,
+            "lung": self.lung,
+            "mean_hu": round(float(self.mean_hu), 1),
+            "volume_mm3": round(float(self.volume_mm3), 2),
+        }
+        if geometry is not None:
+            out["center_ijk"] = [round(float(v), 3) for v in geometry.lps_to_index(self.center_lps)]
+        if label is not None:
+            out["label"] = int(label)
+        return out
+
+
+@dataclass(frozen=True)
+class Phantom:
+    """A synthetic chest CT with its ground truth.
+
+    volume: HU (float32) with LPS geometry and DICOM metadata. masks: bool
+    ``[k, j, i]`` arrays on ``volume.geometry`` named in :data:`MASK_NAMES`.
+    nodule_labels: uint8 ``[k, j, i]``, 0 background, n for ``nodules[n - 1]``.
+    """
+
+    volume: CTVolume
+    masks: dict[str, np.ndarray]
+    nodule_labels: np.ndarray
+    nodules: tuple[Nodule, ...]
+    seed: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def ground_truth(self) -> dict[str, Any]:
+        """JSON-able ground truth: seed, options, geometry, UIDs, nodules (LPS mm), mask volumes (mm³)."""
+        geom = self.volume.geometry
+        voxel_mm3 = float(np.prod(geom.spacing))
+        meta = self.volume.metadata
+        return {
+            "format_version": FORMAT_VERSION,
+            "coordinates": "DICOM patient coordinates (LPS), mm; arrays indexed [k, j, i]",
+            "seed": int(self.seed),
+            "options": dict(self.options),
+            "geometry": geom.to_json(),
+            "patient_id": meta.get("PatientID"),
+            "patient_position": meta.get("PatientPosition"),
+            "study_uid": meta.get("StudyInstanceUID"),
+            "series_uid": meta.get("SeriesInstanceUID"),
+            "frame_of_reference_uid": meta.get("FrameOfReferenceUID"),
+            "nodules": [n.to_json(geom, label=i + 1) for i, n in enumerate(self.nodules)],
+            "masks": {
+                "file": MASKS_FILE,
+                "names": sorted(self.masks),
+                "volume_mm3": {k: round(float(np.count_nonzero(v)) * voxel_mm3, 1) for k, v in self.masks.items()},
+            },
+        }
+
+    def save_ground_truth(self, folder: str | Path) -> Path:
+        """Write ``ground_truth.json`` and ``masks.npz`` (compressed masks + ``nodule_labels``) atomically."""
+        folder = Path(folder)
+        buf = io.BytesIO()
+        arrays = {k: np.ascontiguousarray(v) for k, v in self.masks.items()}
+        arrays["nodule_labels"] = np.ascontiguousarray(self.nodule_labels)
+        np.savez_compressed(buf, **arrays)
+        atomic_write_bytes(folder / MASKS_FILE, buf.getvalue())
+        text = json.dumps(self.ground_truth(), indent=2)
+        atomic_write_bytes(folder / GROUND_TRUTH_FILE, text.encode("utf-8"))
+        log.info("ground truth of phantom seed %d written to %s", self.seed, folder)
+        return folder / GROUND_TRUTH_FILE
+
+
+def _gt_path(path: str | Path) -> Path:
+    p = Path(path)
+    return p / GROUND_TRUTH_FILE if p.is_dir() else p
+
+
+def load_ground_truth(path: str | Path) -> dict[str, Any]:
+    """Read ``ground_truth.json`` (give the file or its folder); nodule centres are LPS mm.
+
+    Raises :class:`~pipeline.errors.PhantomError` naming the file when it is
+    missing, not JSON, or lacks the expected keys.
+    """
+    p = _gt_path(path)
+    if not p.is_file():
+        raise PhantomError("ground truth file not found", where=p, fix="write it with Phantom.save_ground_truth(folder)")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PhantomError(f"not valid JSON ({exc})", where=p, fix="regenerate it with Phantom.save_ground_truth") from exc
+    missing = [k for k in ("seed", "geometry", "series_uid", "nodules") if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise PhantomError(f"ground truth lacks keys {missing}", where=p, fix="regenerate it with Phantom.save_ground_truth")
+    return data
+
+
+def load_masks(path: str | Path) -> dict[str, np.ndarray]:
+    """Read ``masks.npz`` (give the file or its folder): bool masks ``[k, j, i]`` and uint8 ``nodule_labels``."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / MASKS_FILE
+    if not p.is_file():
+        raise PhantomError("mask file not found", where=p, fix="write it with Phantom.save_ground_truth(folder)")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise PhantomError(f"unreadable mask archive ({exc})", where=p, fix="regenerate it with Phantom.save_ground_truth") from exc

@@ -1,0 +1,35 @@
+"""3-D reconstruction: organ segmentation, surface meshes, measurements and renderings (LPS, mm).
+
+``reconstruct(volume, ...)`` segments the body, the left and right lungs, the
+airways and bone (classical methods in torch; optionally a MONAI segmentation
+bundle), meshes every organ as a closed outward surface in DICOM patient
+coordinates, measures it and writes meshes (STL/PLY/OBJ/GLB), measurements and
+PNG renderings.
+"""
+
+from __future__ import annotations
+
+from .export import FORMATS, write_mesh
+from .measure import lung_measurements, organ_measurements
+from .mesh import Mesh, mesh_from_mask
+from .nodules import NoduleResult, segment_findings, segment_nodule
+from .segment import ORGANS, SegmentParams, Segmentation, segment_organs
+from .stage import Reconstruction, reconstruct
+
+__all__ = [
+    "FORMATS",
+    "ORGANS",
+    "Mesh",
+    "NoduleResult",
+    "Reconstruction",
+    "SegmentParams",
+    "Segmentation",
+    "lung_measurements",
+    "mesh_from_mask",
+    "organ_measurements",
+    "reconstruct",
+    "segment_findings",
+    "segment_nodule",
+    "segment_organs",
+    "write_mesh",
+]

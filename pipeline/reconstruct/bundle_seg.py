@@ -1,0 +1,199 @@
+"""Optional organ segmentation with a user-supplied MONAI segmentation bundle (no downloads).
+
+Bundle layout (as users download it): ``configs/metadata.json`` (its
+``network_data_format.outputs.pred.channel_def`` names the output channels),
+``configs/inference.json`` (pre-processing and inferer settings are read from
+it: ``Spacing(d).pixdim``, ``ScaleIntensityRange(d)``, ``SlidingWindowInferer``)
+and ``models/model.ts`` (TorchScript). The volume is put in RAS orientation (as
+MONAI's ``Orientation(axcodes="RAS")`` does), resampled, scaled, run with
+sliding-window inference, and the arg-max labels are mapped back to the input
+grid (LPS geometry unchanged) and to organ names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import BundleError, ReconstructionError
+from ..volume import CTVolume
+
+log = logging.getLogger(__name__)
+
+# organ names ctpipe knows, with the spellings bundles use for them
+SYNONYMS = {
+    "lung_left": ("lung_left", "left_lung", "lung_l", "left_lungs"),
+    "lung_right": ("lung_right", "right_lung", "lung_r"),
+    "airway": ("airway", "airways", "trachea", "trachea_and_bronchi", "bronchi"),
+    "bone": ("bone", "bones", "skeleton"),
+    "body": ("body", "body_outline", "skin"),
+}
+OTHER_ORGANS = (
+    "heart", "aorta", "esophagus", "liver", "spleen", "stomach", "pancreas", "kidney_left", "kidney_right",
+    "gallbladder", "vertebrae", "ribs", "sternum", "pulmonary_artery", "vessels", "lungs", "lung",
+)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.strip().lower()).strip("_")
+
+
+def organ_name(label: str) -> str | None:
+    """ctpipe's organ name for a bundle label, or None when the label is unknown."""
+    n = _norm(label)
+    for organ, names in SYNONYMS.items():
+        if n in names:
+            return organ
+    return n if n in OTHER_ORGANS else None
+
+
+def _walk(obj: Any):
+    if isinstance(obj, dict):
+        yield obj
+        for v in obj.values():
+            yield from _walk(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _walk(v)
+
+
+def _numbers(value: Any, n: int | None = None) -> list[float] | None:
+    if isinstance(value, (int, float)) and n in (None, 1):
+        return [float(value)]
+    if isinstance(value, list) and all(isinstance(v, (int, float)) for v in value) and (n is None or len(value) == n):
+        return [float(v) for v in value]
+    return None
+
+
+def read_bundle(path: str | Path) -> dict[str, Any]:
+    """Check a bundle folder and read its label names, pre-processing and inferer settings."""
+    root = Path(path)
+    meta_path = root / "configs" / "metadata.json"
+    if not meta_path.is_file():
+        raise BundleError("configs/metadata.json is missing", where=root, fix="pass the bundle's root folder")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BundleError(f"metadata.json is not valid JSON ({exc})", where=meta_path) from exc
+    try:
+        channel_def = meta["network_data_format"]["outputs"]["pred"]["channel_def"]
+    except (KeyError, TypeError) as exc:
+        raise BundleError("metadata.json has no network_data_format.outputs.pred.channel_def (label names)",
+                          where=meta_path, fix="add channel_def, e.g. {\"0\": \"background\", \"1\": \"lung_left\"}") from exc
+    model = root / "models" / "model.ts"
+    if not model.is_file():
+        raise BundleError("models/model.ts (TorchScript) is missing", where=root,
+                          fix="export the network with `python -m monai.bundle ckpt_export` to models/model.ts")
+    cfg: dict[str, Any] = {}
+    inf_path = root / "configs" / "inference.json"
+    if inf_path.is_file():
+        try:
+            cfg = json.loads(inf_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise BundleError(f"inference.json is not valid JSON ({exc})", where=inf_path) from exc
+    settings: dict[str, Any] = {"pixdim": None, "scale": None, "roi_size": [96, 96, 96], "overlap": 0.25, "sw_batch_size": 1}
+    for d in _walk(cfg):
+        target = str(d.get("_target_", ""))
+        if target.endswith(("Spacingd", "Spacing")) and _numbers(d.get("pixdim"), 3):
+            settings["pixdim"] = _numbers(d.get("pixdim"), 3)
+        elif target.endswith(("ScaleIntensityRanged", "ScaleIntensityRange")):
+            vals = [d.get(k) for k in ("a_min", "a_max", "b_min", "b_max")]
+            if all(isinstance(v, (int, float)) for v in vals):
+                settings["scale"] = [float(v) for v in vals] + [bool(d.get("clip", False))]
+        elif target.endswith("SlidingWindowInferer"):
+            if _numbers(d.get("roi_size"), 3):
+                settings["roi_size"] = [int(v) for v in _numbers(d.get("roi_size"), 3) or []]
+            if isinstance(d.get("overlap"), (int, float)):
+                settings["overlap"] = float(d["overlap"])
+            if isinstance(d.get("sw_batch_size"), int):
+                settings["sw_batch_size"] = int(d["sw_batch_size"])
+    labels = {int(k): str(v) for k, v in channel_def.items()}
+    return {"root": root, "model": model, "labels": labels, **settings}
+
+
+def _to_ras(array: np.ndarray, volume: CTVolume) -> tuple[np.ndarray, np.ndarray]:
+    """Array ``[R, A, S]`` (ascending R, A, S) and spacing (mm) for the volume's voxels."""
+    from .render import lps_aligned
+
+    view, spacing, _ = lps_aligned(array, volume.geometry)  # [z, y, x] ascending LPS
+    ras = np.flip(view.transpose(2, 1, 0), axis=(0, 1))  # x→R (flip), y→A (flip), z→S
+    return np.ascontiguousarray(ras), spacing
+
+
+def _from_ras(ras: np.ndarray, volume: CTVolume) -> np.ndarray:
+    """Inverse of :func:`_to_ras`: back to the volume's own ``[k, j, i]`` order."""
+    d = volume.geometry.direction
+    view = np.flip(ras, axis=(0, 1)).transpose(2, 1, 0)  # [z, y, x]
+    amap = [(int(np.argmax(np.abs(d[:, c]))), 1 if d[int(np.argmax(np.abs(d[:, c]))), c] > 0 else -1) for c in range(3)]
+    for c, (a, sign) in enumerate(amap):
+        if sign < 0:
+            view = np.flip(view, axis=2 - a)
+    # view dim (2 - a) holds index axis c; the array wants dim (2 - c)
+    perm = [0, 0, 0]
+    for c, (a, _) in enumerate(amap):
+        perm[2 - c] = 2 - a
+    return np.ascontiguousarray(view.transpose(perm))
+
+
+def run_seg_bundle(volume: CTVolume, bundle: str | Path, *, device: torch.device | str = "cpu") -> tuple[
+        dict[str, np.ndarray], dict[str, str]]:
+    """Organ masks (bool ``[k, j, i]`` on the volume grid) from a bundle, and per-label error messages.
+
+    Raises :class:`BundleError` when the bundle cannot be used at all.
+    """
+    from monai.inferers import sliding_window_inference
+
+    b = read_bundle(bundle)
+    dev = torch.device(device)
+    try:
+        net = torch.jit.load(str(b["model"]), map_location=dev).eval()
+    except (RuntimeError, ValueError) as exc:
+        raise BundleError(f"cannot load models/model.ts ({exc})", where=b["model"]) from exc
+    ras, spacing = _to_ras(np.asarray(volume.array, dtype=np.float32), volume)
+    x = torch.from_numpy(ras)[None, None].to(dev)
+    native = tuple(ras.shape)
+    if b["pixdim"]:
+        size = [max(1, int(round(n * s / p))) for n, s, p in zip(native, spacing, b["pixdim"])]
+        x = F.interpolate(x, size=size, mode="trilinear", align_corners=False)
+    if b["scale"]:
+        a0, a1, b0, b1, clip = b["scale"]
+        x = (x - a0) / (a1 - a0) * (b1 - b0) + b0
+        if clip:
+            x = x.clamp(min(b0, b1), max(b0, b1))
+    with torch.no_grad():
+        logits = sliding_window_inference(x, roi_size=b["roi_size"], sw_batch_size=b["sw_batch_size"], predictor=net,
+                                          overlap=b["overlap"], mode="gaussian")
+    pred = torch.argmax(logits, dim=1, keepdim=True).to(torch.float32)
+    if tuple(pred.shape[2:]) != native:
+        pred = F.interpolate(pred, size=native, mode="nearest")
+    label_ras = pred[0, 0].to(torch.int64).cpu().numpy()
+    labels = _from_ras(label_ras, volume)
+    masks: dict[str, np.ndarray] = {}
+    errors: dict[str, str] = {}
+    where = str(b["root"] / "configs" / "metadata.json")
+    for value in np.unique(labels):
+        value = int(value)
+        if value == 0:
+            continue
+        name = b["labels"].get(value)
+        if name is None:
+            errors[f"seg_bundle:label_{value}"] = str(ReconstructionError(
+                f"the network outputs label {value}, which channel_def does not name", where=where,
+                fix="add the label's name to network_data_format.outputs.pred.channel_def"))
+            continue
+        organ = organ_name(name)
+        if organ is None:
+            errors[f"seg_bundle:label_{value}"] = str(ReconstructionError(
+                f"label {value} {name!r} is not an organ name ctpipe knows", where=where,
+                fix=f"rename it in channel_def to one of {sorted(SYNONYMS) + sorted(OTHER_ORGANS)}"))
+            continue
+        masks[organ] = masks.get(organ, np.zeros(labels.shape, dtype=bool)) | (labels == value)
+    log.info("bundle %s: organs %s, %d label errors", b["root"], sorted(masks), len(errors))
+    return masks, errors

@@ -1,0 +1,151 @@
+"""Binary morphology and connected components for segmentation.
+
+Masks are boolean arrays indexed ``[k, j, i]`` (see :mod:`pipeline.volume`).
+Dilation, erosion, closing and opening run in torch (separable max-pooling with
+box structuring elements, on the GPU when the tensor lives there); connected
+component labelling, which torch lacks, uses :func:`scipy.ndimage.label` on the
+CPU. Outside the array counts as "like the nearest voxel" for erosion, so an
+organ that leaves the field of view is not eaten away at the cut.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from scipy import ndimage
+
+log = logging.getLogger(__name__)
+
+# 6-connectivity in 3-D, and in-plane 4-connectivity for slice-wise operations
+CONN6 = ndimage.generate_binary_structure(3, 1)
+
+
+def radius_vox(radius_mm: float, spacing_ijk: Sequence[float]) -> tuple[int, int, int]:
+    """Half-widths in voxels ``(rk, rj, ri)`` of a box of half-size ``radius_mm`` (spacing in mm, (i, j, k))."""
+    si, sj, sk = (float(s) for s in spacing_ijk)
+    return (int(round(radius_mm / sk)), int(round(radius_mm / sj)), int(round(radius_mm / si)))
+
+
+def _or_ahead(m: torch.Tensor, dim: int, step: int) -> torch.Tensor:
+    """``out[i] = m[i] | m[i + step]`` along ``dim`` (beyond the end counts as False)."""
+    n = m.shape[dim]
+    out = m.clone()
+    if step < n:
+        out.narrow(dim, 0, n - step).logical_or_(m.narrow(dim, step, n - step))
+    return out
+
+
+def _dilate_axis(m: torch.Tensor, dim: int, r: int) -> torch.Tensor:
+    """Running OR over the centred window ``[i - r, i + r]`` along ``dim`` in O(log r) passes."""
+    if r <= 0:
+        return m
+    n = m.shape[dim]
+    if r <= 2:  # direct shifts: one copy and 2r in-place ORs
+        out = m.clone()
+        for s in range(1, min(r, n - 1) + 1):
+            out.narrow(dim, s, n - s).logical_or_(m.narrow(dim, 0, n - s))
+            out.narrow(dim, 0, n - s).logical_or_(m.narrow(dim, s, n - s))
+        return out
+    shape = list(m.shape)
+    shape[dim] = r
+    padded = torch.cat([torch.zeros(shape, dtype=torch.bool, device=m.device), m], dim=dim)
+    length = 2 * r + 1
+    acc = padded
+    width = 1
+    while 2 * width <= length:
+        acc = _or_ahead(acc, dim, width)  # acc[i] = OR of padded[i : i + 2 * width]
+        width *= 2
+    if width < length:
+        acc = _or_ahead(acc, dim, length - width)
+    return acc.narrow(dim, 0, m.shape[dim]).contiguous()
+
+
+def dilate(mask: torch.Tensor, radius: Sequence[int]) -> torch.Tensor:
+    """Binary dilation of a bool tensor ``[k, j, i]`` by a box of half-widths (rk, rj, ri) voxels.
+
+    Separable running-OR with doubling shifts: a few bool passes per axis, on any device.
+    """
+    out = mask.to(torch.bool)
+    for dim, r in enumerate(radius):
+        out = _dilate_axis(out, dim, int(r))
+    return out if out is not mask else mask.clone()
+
+
+def erode(mask: torch.Tensor, radius: Sequence[int]) -> torch.Tensor:
+    """Binary erosion (the dual of :func:`dilate`); the array border does not erode."""
+    return ~dilate(~mask.to(torch.bool), radius)
+
+
+def closing(mask: torch.Tensor, radius: Sequence[int]) -> torch.Tensor:
+    """Dilation then erosion: fills gaps and notches narrower than the box."""
+    return erode(dilate(mask, radius), radius)
+
+
+def opening(mask: torch.Tensor, radius: Sequence[int]) -> torch.Tensor:
+    """Erosion then dilation: removes bridges and specks thinner than the box."""
+    return dilate(erode(mask, radius), radius)
+
+
+def label(mask: np.ndarray, structure: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Connected components of a bool array: ``(labels int32, sizes)`` where ``sizes[n]`` counts label n (sizes[0] = 0)."""
+    labels, n = ndimage.label(mask, structure=CONN6 if structure is None else structure)
+    sizes = np.bincount(labels.ravel(), minlength=n + 1)
+    sizes[0] = 0
+    return labels, sizes
+
+
+def largest_component(mask: np.ndarray) -> np.ndarray:
+    """The largest 6-connected component of ``mask`` (all False when it is empty)."""
+    labels, sizes = label(mask)
+    if sizes.size <= 1 or sizes.max() == 0:
+        return np.zeros_like(mask, dtype=bool)
+    return labels == int(np.argmax(sizes))
+
+
+def keep_labels(labels: np.ndarray, keep: Sequence[int] | np.ndarray, n_labels: int) -> np.ndarray:
+    """Boolean mask of voxels whose label is in ``keep`` (a lookup table, no per-label loop)."""
+    lut = np.zeros(n_labels + 1, dtype=bool)
+    lut[np.asarray(keep, dtype=np.int64)] = True
+    lut[0] = False
+    return lut[labels]
+
+
+def fill_holes(mask: np.ndarray, *, slice_axis: int | None = None) -> np.ndarray:
+    """Fill background regions not connected to the array border.
+
+    With ``slice_axis`` (an array axis, 0..2) the filling is done per slice
+    across that axis (in-plane 4-connectivity), which closes organs that are
+    open at the top and bottom of the scan; without it, in 3-D.
+    """
+    background = ~mask
+    if slice_axis is None:
+        structure = CONN6
+        faces = [np.s_[0, :, :], np.s_[-1, :, :], np.s_[:, 0, :], np.s_[:, -1, :], np.s_[:, :, 0], np.s_[:, :, -1]]
+    else:
+        structure = np.zeros((3, 3, 3), dtype=bool)
+        plane = [slice(None)] * 3
+        plane[slice_axis] = slice(1, 2)
+        cross = ndimage.generate_binary_structure(3, 1)
+        structure[tuple(plane)] = cross[tuple(plane)]
+        faces = []
+        for ax in range(3):
+            if ax == slice_axis:
+                continue
+            for end in (0, -1):
+                sl = [slice(None)] * 3
+                sl[ax] = end
+                faces.append(tuple(sl))
+    labels, n = ndimage.label(background, structure=structure)
+    outside = np.zeros(n + 1, dtype=bool)
+    for face in faces:
+        outside[np.unique(labels[face])] = True
+    outside[0] = False
+    return mask | ~outside[labels] & background
+
+
+def to_tensor(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """A torch tensor on ``device`` sharing memory with ``array`` on the CPU when possible."""
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)

@@ -1,0 +1,257 @@
+"""PNG renderings without a display: MPR slices with organ outlines, lung-window MIP slabs, a 3-D preview.
+
+Display orientation is radiological and derived from the LPS geometry, never
+from array order: axial and coronal images show the patient's right on the
+image left; axial images have anterior at the top; coronal and sagittal
+images have superior at the top; sagittal images have anterior on the left.
+Every image is labelled with its orientation letters (R/L, A/P, S/I).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from ..cache import atomic_write_bytes
+from ..volume import CTVolume, Geometry
+from .mesh import Mesh
+
+log = logging.getLogger(__name__)
+
+COLORS = {
+    "body": "#d9c27a", "lung_left": "#3fa7ff", "lung_right": "#39d98a", "airway": "#ff7f0e",
+    "bone": "#f0f0f0", "vessels": "#e0443e", "nodules": "#ff3df5",
+}
+_RGB = {k: tuple(int(v[i:i + 2], 16) / 255.0 for i in (1, 3, 5)) for k, v in COLORS.items()}
+LUNG_WINDOW = (-1350.0, 150.0)  # W 1500 / L -600
+SOFT_WINDOW = (-160.0, 240.0)  # W 400 / L 40
+
+
+def lps_aligned(array: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """View of ``array [k, j, i]`` as ``[z, y, x]`` with LPS coordinates ascending along each axis.
+
+    Returns ``(view, spacing_xyz, origin_xyz)`` (mm). Oblique grids use the nearest axis-aligned order
+    (display only).
+    """
+    d = geometry.direction
+    amap = []
+    for c in range(3):
+        a = int(np.argmax(np.abs(d[:, c])))
+        amap.append((a, 1 if d[a, c] > 0 else -1))
+    if sorted(a for a, _ in amap) != [0, 1, 2]:
+        raise ValueError(f"direction {d.tolist()} has no axis-aligned reading; cannot orient the display")
+    # output dim (2 - a) takes input dim (2 - c)
+    perm = [0, 0, 0]
+    for c, (a, _) in enumerate(amap):
+        perm[2 - a] = 2 - c
+    view = array.transpose(perm)
+    spacing = np.zeros(3)
+    for c, (a, sign) in enumerate(amap):
+        spacing[a] = geometry.spacing[c]
+        if sign < 0:
+            view = np.flip(view, axis=2 - a)
+    lo, _ = geometry.bounds_lps()
+    return view, spacing, lo
+
+
+def _figure(width_px: int, height_px: int):
+    from matplotlib.figure import Figure
+
+    dpi = 100
+    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, facecolor="black")
+    return fig
+
+
+def _save(fig, path: Path) -> Path:
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", facecolor=fig.get_facecolor())
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
+    kw = {"color": "yellow", "fontsize": 11, "fontweight": "bold", "transform": ax.transAxes}
+    ax.text(0.01, 0.5, left, ha="left", va="center", **kw)
+    ax.text(0.99, 0.5, right, ha="right", va="center", **kw)
+    ax.text(0.5, 0.99, top, ha="center", va="top", **kw)
+    ax.text(0.5, 0.01, bottom, ha="center", va="bottom", **kw)
+    ax.set_title(title, color="white", fontsize=9)
+    ax.set_axis_off()
+
+
+_PLANES = {
+    # name: (fixed LPS axis, image rows axis, image cols axis, flip rows, letters L, R, T, B)
+    "axial": (2, 1, 0, False, ("R", "L", "A", "P")),
+    "coronal": (1, 2, 0, True, ("R", "L", "S", "I")),
+    "sagittal": (0, 2, 1, True, ("A", "P", "S", "I")),
+}
+
+
+def _plane(view: np.ndarray, plane: str, index: int) -> np.ndarray:
+    fixed, rows, _cols, flip, _ = _PLANES[plane]
+    sl: list[slice | int] = [slice(None)] * 3
+    sl[2 - fixed] = index
+    img = view[tuple(sl)]  # remaining dims in [z, y, x] order minus the fixed one
+    if 2 - rows > 2 - _cols:  # rows must come first
+        img = img.T
+    return img[::-1] if flip else img
+
+
+def render_mpr(volume: CTVolume, masks: Mapping[str, np.ndarray], out: Path, *, stem: str,
+               center_lps: np.ndarray | None = None) -> list[Path]:
+    """Axial, coronal and sagittal PNGs through ``center_lps`` (default: the lungs' or the volume's centre)."""
+    view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
+    mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
+    if center_lps is None:
+        lung = [m for k, m in mviews.items() if k.startswith("lung")]
+        ref = np.logical_or.reduce(lung) if lung else None
+        if ref is not None and ref.any():
+            zyx = np.argwhere(ref).mean(axis=0)
+            center_idx = zyx[::-1]
+        else:
+            center_idx = (np.array(view.shape[::-1]) - 1) / 2
+    else:
+        center_idx = (np.asarray(center_lps) - lo) / spacing
+    center_idx = np.clip(np.round(center_idx).astype(int), 0, np.array(view.shape[::-1]) - 1)
+    paths = []
+    for plane, (fixed, rows, cols, _flip, letters) in _PLANES.items():
+        img = _plane(view, plane, int(center_idx[fixed]))
+        h_mm = img.shape[0] * spacing[rows]
+        w_mm = img.shape[1] * spacing[cols]
+        scale = 640.0 / max(h_mm, w_mm)
+        fig = _figure(int(w_mm * scale) + 20, int(h_mm * scale) + 40)
+        ax = fig.add_axes((0, 0, 1, 0.94))
+        extent = (0, w_mm, h_mm, 0)
+        ax.imshow(img, cmap="gray", vmin=SOFT_WINDOW[0], vmax=SOFT_WINDOW[1], extent=extent, interpolation="nearest")
+        for organ, mv in mviews.items():
+            sl = _plane(mv, plane, int(center_idx[fixed]))
+            if sl.any() and not sl.all():
+                xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
+                ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
+                ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[COLORS.get(organ, "#ffffff")],
+                           linewidths=1.0)
+        pos = lo[fixed] + center_idx[fixed] * spacing[fixed]
+        _labels(ax, *letters, f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS) — patient's "
+                + ("right on image left" if plane != "sagittal" else "anterior on image left"))
+        paths.append(_save(fig, out / f"{stem}_mpr_{plane}.png"))
+    return paths
+
+
+def render_mip(volume: CTVolume, out: Path, *, stem: str, lung_mask: np.ndarray | None = None,
+               slab_mm: float = 10.0, n_slabs: int = 3) -> list[Path]:
+    """Axial lung-window (W1500/L-600) maximum-intensity projections of ``slab_mm`` slabs across the lungs."""
+    view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
+    nz = view.shape[0]
+    z0, z1 = 0, nz - 1
+    if lung_mask is not None and lung_mask.any():
+        lv = lps_aligned(lung_mask, volume.geometry)[0]
+        zs = np.nonzero(lv.any(axis=(1, 2)))[0]
+        z0, z1 = int(zs[0]), int(zs[-1])
+    half = max(0, int(round(slab_mm / spacing[2] / 2)))
+    centres = np.linspace(z0, z1, n_slabs + 2)[1:-1].round().astype(int)
+    paths = []
+    for n, zc in enumerate(centres):
+        a, b = max(0, zc - half), min(nz, zc + half + 1)
+        mip = view[a:b].max(axis=0)
+        h_mm, w_mm = mip.shape[0] * spacing[1], mip.shape[1] * spacing[0]
+        scale = 640.0 / max(h_mm, w_mm)
+        fig = _figure(int(w_mm * scale) + 20, int(h_mm * scale) + 40)
+        ax = fig.add_axes((0, 0, 1, 0.94))
+        ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
+        za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
+        _labels(ax, "R", "L", "A", "P", f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z), lung window — patient's right on image left")
+        paths.append(_save(fig, out / f"{stem}_mip_axial_{n + 1}.png"))
+    return paths
+
+
+def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int = 512) -> np.ndarray:
+    """Orthographic shaded image (H, W, 3) float of the meshes seen from ``anterior`` or ``left``.
+
+    Anterior view: patient's right on image left, superior up. Left view: anterior on image left.
+    Triangles are splatted as barycentric samples (enough per triangle to cover its pixels) with a z-buffer.
+    """
+    img = np.zeros((size, size, 3))
+    parts = [(k, m) for k, m in meshes.items() if m.n_triangles]
+    if not parts:
+        return img
+    allv = np.concatenate([m.vertices for _, m in parts])
+    # screen axes (u right, v up) and depth (towards the viewer)
+    if view == "anterior":
+        axes, depth_axis, depth_sign = (0, 2), 1, -1.0  # viewer at -y (anterior)
+    elif view == "left":
+        axes, depth_axis, depth_sign = (1, 2), 0, 1.0  # viewer at +x (patient's left)
+    else:
+        raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
+    lo = allv.min(axis=0)
+    hi = allv.max(axis=0)
+    scale = 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6)
+    centre = (lo + hi) / 2
+    pix, depth, colour = [], [], []
+    rng = np.random.default_rng(0)
+    light = np.zeros(3)
+    light[depth_axis] = depth_sign
+    for organ, m in parts:
+        tri = m.vertices[m.faces]
+        n = m.face_normals()
+        shade = 0.25 + 0.75 * np.clip(n @ light, 0.0, 1.0)
+        uv = (tri[:, :, list(axes)] - centre[list(axes)]) * scale + size / 2
+        area = 0.5 * np.abs(np.cross(uv[:, 1] - uv[:, 0], uv[:, 2] - uv[:, 0]))
+        count = np.clip(np.ceil(area * 6.0).astype(int) + 2, 1, 1024)
+        rep = np.repeat(np.arange(tri.shape[0]), count)
+        r1, r2 = rng.random(rep.size), rng.random(rep.size)
+        flip = r1 + r2 > 1
+        r1[flip], r2[flip] = 1 - r1[flip], 1 - r2[flip]
+        pts = tri[rep, 0] + r1[:, None] * (tri[rep, 1] - tri[rep, 0]) + r2[:, None] * (tri[rep, 2] - tri[rep, 0])
+        u = ((pts[:, axes[0]] - centre[axes[0]]) * scale + size / 2).astype(int)
+        v = ((pts[:, axes[1]] - centre[axes[1]]) * scale + size / 2).astype(int)
+        ok = (u >= 0) & (u < size) & (v >= 0) & (v < size)
+        pix.append((size - 1 - v[ok]) * size + u[ok])
+        depth.append(depth_sign * pts[ok, depth_axis])
+        colour.append(np.asarray(_RGB.get(organ, (0.8, 0.8, 0.8)))[None, :] * shade[rep[ok], None])
+    p, d, c = np.concatenate(pix), np.concatenate(depth), np.concatenate(colour)
+    order = np.argsort(-d, kind="stable")  # nearest (largest depth towards the viewer) first
+    p_sorted = p[order]
+    first = np.unique(p_sorted, return_index=True)[1]
+    flat = img.reshape(-1, 3)
+    flat[p_sorted[first]] = c[order][first]
+    # close single-pixel gaps the random samples left (median of the 3×3 neighbours where a pixel is empty)
+    from scipy import ndimage
+
+    empty = ~np.zeros((size, size), dtype=bool)
+    empty.reshape(-1)[p_sorted[first]] = False
+    med = np.stack([ndimage.median_filter(img[..., ch], size=3) for ch in range(3)], axis=-1)
+    img[empty] = med[empty]
+    return img
+
+
+def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: int = 512) -> Path:
+    """A PNG with the anterior and left views of the organ meshes (the body surface is left out)."""
+    shown = {k: m for k, m in meshes.items() if k != "body"} or dict(meshes)
+    views = [rasterise(shown, view="anterior", size=size), rasterise(shown, view="left", size=size)]
+    fig = _figure(2 * size, size + 40)
+    for n, (img, title, letters) in enumerate(zip(views, ("anterior view", "left lateral view"),
+                                                  (("R", "L", "S", "I"), ("A", "P", "S", "I")))):
+        ax = fig.add_axes((n / 2, 0, 0.5, size / (size + 40)))
+        ax.imshow(img, interpolation="nearest")
+        _labels(ax, *letters, f"{title}: {', '.join(shown)}")
+    return _save(fig, out / f"{stem}_preview3d.png")
+
+
+def render_all(volume: CTVolume, masks: Mapping[str, np.ndarray], meshes: Mapping[str, Mesh], out: Path, *,
+               stem: str) -> list[Path]:
+    """MPRs, lung-window MIP slabs and (with meshes) the 3-D preview; returns the written PNG paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = render_mpr(volume, masks, out, stem=stem)
+    lungs = [m for k, m in masks.items() if k.startswith("lung")]
+    paths += render_mip(volume, out, stem=stem, lung_mask=np.logical_or.reduce(lungs) if lungs else None)
+    if meshes:
+        paths.append(render_preview(meshes, out, stem=stem))
+    return paths

@@ -1,0 +1,297 @@
+"""Classical chest-CT organ segmentation in torch (GPU when present, CPU otherwise).
+
+Organs: ``body`` (outline incl. the lungs), ``lung_left`` / ``lung_right``
+(left = the patient's left = larger LPS x, decided from the geometry, never from
+array order), ``airway`` (trachea and main bronchi, grown from a trachea seed at
+the top of the lungs) and ``bone``. Thresholds are in HU; sizes in mm or mL.
+Masks are boolean arrays indexed ``[k, j, i]`` on the input volume's grid (LPS).
+
+Large volumes are segmented on a coarser working grid (``work_voxel_mm``) and
+then refined at full resolution in a band around each boundary, where the
+decision is the full-resolution threshold again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ReconstructionError
+from ..volume import CTVolume, Geometry, default_device
+from . import morph
+
+log = logging.getLogger(__name__)
+
+ORGANS = ("body", "lung_left", "lung_right", "airway", "bone")
+
+
+@dataclass(frozen=True)
+class SegmentParams:
+    """Thresholds (HU) and sizes (mm, mL) of the classical segmentation."""
+
+    body_hu: float = -500.0  # tissue vs air outside the patient
+    lung_hu: float = -500.0  # aerated lung / airway vs soft tissue
+    bone_hu: float = 300.0  # bone vs soft tissue and blood
+    tissue_hu: float = 40.0  # soft tissue (airway wall) for the airway's edge threshold
+    body_open_mm: float = 2.0  # detaches the table and blankets
+    lung_close_mm: float = 3.0  # closes vessels at the lung hilum into the lung
+    min_lung_ml: float = 2.0  # air components smaller than this are not lungs
+    min_bone_ml: float = 0.02  # bone components smaller than this are noise
+    airway_leak_fraction: float = 0.1  # growth above this share of the lungs is a leak
+    work_voxel_mm: float = 2.0  # working voxel size (mm) for volumes above work_min_voxels
+    work_min_voxels: int = 12_000_000
+
+
+@dataclass
+class Segmentation:
+    """Organ masks (bool ``[k, j, i]`` on ``geometry``), per-organ errors and the values used."""
+
+    geometry: Geometry
+    masks: dict[str, np.ndarray] = field(default_factory=dict)
+    errors: dict[str, ReconstructionError] = field(default_factory=dict)
+    info: dict[str, float | str] = field(default_factory=dict)
+
+
+def slice_axis(geometry: Geometry) -> int:
+    """Array axis (0..2 of ``[k, j, i]``) most aligned with LPS z (the patient's long axis)."""
+    c = int(np.argmax(np.abs(geometry.direction[2, :])))  # index axis c of (i, j, k)
+    return 2 - c
+
+
+def lps_coordinate_grid(geometry: Geometry, axis: int) -> np.ndarray:
+    """LPS coordinate ``axis`` (0=x, 1=y, 2=z) in mm of every voxel, as a broadcastable ``[k, j, i]`` array sum."""
+    m = geometry.direction * np.asarray(geometry.spacing)[None, :]
+    nk, nj, ni = geometry.shape
+    return (
+        geometry.origin[axis]
+        + m[axis, 0] * np.arange(ni)[None, None, :]
+        + m[axis, 1] * np.arange(nj)[None, :, None]
+        + m[axis, 2] * np.arange(nk)[:, None, None]
+    )
+
+
+def centroid_lps(mask: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Centre of mass of ``mask`` in LPS mm."""
+    idx = np.argwhere(mask)  # (n, 3) in (k, j, i)
+    return geometry.index_to_lps(idx[:, ::-1].mean(axis=0))
+
+
+def _factors(geometry: Geometry, params: SegmentParams) -> tuple[int, int, int]:
+    """Integer down-sampling factors (k, j, i) for the working grid."""
+    if int(np.prod(geometry.shape)) < params.work_min_voxels:
+        return (1, 1, 1)
+    si, sj, sk = geometry.spacing
+    return tuple(max(1, int(round(params.work_voxel_mm / s))) for s in (sk, sj, si))  # type: ignore[return-value]
+
+
+class _Grid:
+    """The working grid: HU tensor (possibly average-pooled) and its geometry."""
+
+    def __init__(self, volume: CTVolume, device: torch.device, factors: tuple[int, int, int]):
+        self.full = volume
+        self.factors = factors
+        hu = morph.to_tensor(volume.array, device).to(torch.float32)
+        if factors != (1, 1, 1):
+            hu = F.avg_pool3d(hu[None, None], kernel_size=factors, stride=factors, ceil_mode=True)[0, 0]
+        self.hu = hu
+        fk, fj, fi = factors
+        g = volume.geometry
+        origin = g.index_to_lps([(fi - 1) / 2, (fj - 1) / 2, (fk - 1) / 2])
+        spacing = (g.spacing[0] * fi, g.spacing[1] * fj, g.spacing[2] * fk)
+        self.geometry = g.with_(shape=tuple(hu.shape), spacing=spacing, origin=origin)
+
+    @property
+    def voxel_ml(self) -> float:
+        return float(np.prod(self.geometry.spacing)) / 1000.0
+
+    def radius(self, mm: float) -> tuple[int, int, int]:
+        return morph.radius_vox(mm, self.geometry.spacing)
+
+
+def _bbox(mask: np.ndarray, margin: int) -> tuple[slice, slice, slice] | None:
+    """Slices of the bounding box of ``mask`` grown by ``margin`` voxels (None when empty)."""
+    out = []
+    for ax in range(3):
+        nz = np.nonzero(mask.any(axis=tuple(a for a in range(3) if a != ax)))[0]
+        if nz.size == 0:
+            return None
+        out.append(slice(max(0, int(nz[0]) - margin), min(mask.shape[ax], int(nz[-1]) + 1 + margin)))
+    return out[0], out[1], out[2]
+
+
+def _upsample(t: torch.Tensor, factors: tuple[int, int, int], shape: tuple[int, ...]) -> torch.Tensor:
+    for dim, f in enumerate(factors):
+        if f > 1:
+            t = t.repeat_interleave(f, dim=dim)
+    return t[: shape[0], : shape[1], : shape[2]]
+
+
+def _refine(coarse: np.ndarray, grid: _Grid, full_hu: torch.Tensor, above: bool, threshold: float,
+            inside: np.ndarray | None = None) -> np.ndarray:
+    """Up-sample a working-grid mask to full resolution, redoing the threshold in its boundary band.
+
+    Only the bounding box of the mask (plus one working voxel) is touched. In the band
+    (one working voxel either side of the boundary) a full-resolution voxel belongs to
+    the organ when its HU passes ``threshold`` (and it lies in ``inside``, a working-grid mask).
+    """
+    if grid.factors == (1, 1, 1):
+        return coarse
+    box = _bbox(coarse, 1)
+    out = np.zeros(tuple(full_hu.shape), dtype=bool)
+    if box is None:
+        return out
+    device = full_hu.device
+    c = morph.to_tensor(coarse[box], device)
+    band = morph.dilate(c, (1, 1, 1)) & ~morph.erode(c, (1, 1, 1))
+    fbox = tuple(slice(b.start * f, min(n, b.stop * f)) for b, f, n in zip(box, grid.factors, full_hu.shape))
+    hu = full_hu[fbox]
+    shape = tuple(hu.shape)
+    decide = hu > threshold if above else hu < threshold
+    if inside is not None:
+        decide &= _upsample(morph.to_tensor(inside[box], device), grid.factors, shape)
+    res = torch.where(_upsample(band, grid.factors, shape), decide, _upsample(c, grid.factors, shape))
+    out[fbox] = res.cpu().numpy()
+    return out
+
+
+def segment_organs(
+    volume: CTVolume,
+    *,
+    organs: Iterable[str] = ORGANS,
+    device: str | torch.device | None = None,
+    params: SegmentParams | None = None,
+) -> Segmentation:
+    """Segment the chest organs of ``volume`` (HU, LPS) with thresholds, morphology and components.
+
+    Returns a :class:`Segmentation` whose ``masks`` are on the volume's own grid.
+    An organ that cannot be found gets a :class:`ReconstructionError` in ``errors``
+    instead of a mask; the other organs are still segmented.
+    """
+    wanted = set(organs)
+    unknown = wanted - set(ORGANS)
+    if unknown:
+        raise ReconstructionError(f"unknown organ name(s) {sorted(unknown)}", fix=f"choose from {list(ORGANS)}")
+    p = params or SegmentParams()
+    dev = torch.device(device or default_device())
+    geom = volume.geometry
+    seg = Segmentation(geometry=geom)
+    if min(geom.shape) < 2:
+        err = ReconstructionError(
+            f"volume of shape {geom.shape} [k, j, i] is too thin for 3-D segmentation",
+            where=volume.series_uid or "volume",
+            fix="reconstruct a series with at least 2 voxels along every axis (a one-slice series has no 3-D organs)",
+        )
+        for organ in wanted:
+            seg.errors[organ] = err
+        return seg
+    grid = _Grid(volume, dev, _factors(geom, p))
+    seg.info["work_factors_kji"] = str(grid.factors)
+    full_hu = morph.to_tensor(volume.array, dev).to(torch.float32) if grid.factors != (1, 1, 1) else grid.hu
+    where = volume.series_uid or "volume"
+
+    body_c = _body(grid, p)
+    if not body_c.any():
+        for organ in wanted:
+            seg.errors[organ] = ReconstructionError(
+                f"no body found (no voxels above {p.body_hu:g} HU)", where=where,
+                fix="check that the input is a CT in Hounsfield units (rescale slope/intercept applied)",
+            )
+        return seg
+    body_t = morph.to_tensor(body_c, dev)
+    if "body" in wanted:
+        body_full = _refine(body_c, grid, full_hu, True, p.body_hu)
+        if grid.factors == (1, 1, 1):
+            body_full = morph.fill_holes(body_full, slice_axis=slice_axis(geom))
+        seg.masks["body"] = body_full
+
+    if wanted & {"lung_left", "lung_right", "airway"}:
+        _lungs_and_airway(seg, grid, full_hu, body_c, wanted, p, where)
+
+    if "bone" in wanted:
+        bone_c = _bone(grid, body_t, p)
+        if not bone_c.any():
+            seg.errors["bone"] = ReconstructionError(
+                f"no bone found (no component above {p.bone_hu:g} HU larger than {p.min_bone_ml} mL)", where=where,
+                fix="check the HU scaling; a scan of a phantom without bone has no bone surface",
+            )
+        else:
+            seg.masks["bone"] = _refine(bone_c, grid, full_hu, True, p.bone_hu, inside=body_c)
+    for organ in list(seg.masks):
+        if organ not in wanted:
+            del seg.masks[organ]
+        elif not seg.masks[organ].any():
+            del seg.masks[organ]
+            seg.errors.setdefault(organ, ReconstructionError(f"{organ} mask is empty", where=where))
+    return seg
+
+
+def _lungs_and_airway(seg: Segmentation, grid: _Grid, full_hu: torch.Tensor, body_c: np.ndarray,
+                      wanted: set[str], p: SegmentParams, where: str) -> None:
+    """Lung candidates → airway growth → left/right split, then full-resolution refinement."""
+    from . import airway as airway_mod
+    from . import lungs as lungs_mod
+
+    dev = full_hu.device
+    body_t = morph.to_tensor(body_c, dev)
+    air_c = ((grid.hu < p.lung_hu) & body_t).cpu().numpy()
+    try:
+        cand = lungs_mod.lung_candidates(air_c, grid.geometry, p)
+    except ReconstructionError as exc:
+        for organ in wanted & {"lung_left", "lung_right", "airway"}:
+            seg.errors[organ] = ReconstructionError(exc.problem, where=where, fix=exc.fix)
+        return
+    aw_c = np.zeros_like(cand)
+    try:
+        aw_c, aw_info = airway_mod.grow_airway(grid.hu, cand, body_c, grid.geometry, p)
+        seg.info.update(aw_info)
+    except ReconstructionError as exc:
+        seg.errors["airway"] = ReconstructionError(f"airway: {exc.problem}", where=where, fix=exc.fix)
+    air_full = np.zeros(full_hu.shape, dtype=bool)
+    if aw_c.any():
+        thr = float(seg.info.get("airway_threshold_hu", p.lung_hu))
+        air_full = _refine(aw_c, grid, full_hu, False, thr, inside=cand)
+        edge = float(seg.info.get("airway_edge_hu", thr))
+        box = _bbox(air_full, 1)
+        if box is not None:
+            air_full[box] = airway_mod.add_edge_ring(air_full[box], full_hu[box].cpu().numpy(), edge)
+        if "airway" in wanted:
+            seg.masks["airway"] = air_full
+    if not wanted & {"lung_left", "lung_right"}:
+        return
+    try:
+        left_c, right_c = lungs_mod.split_lungs(cand & ~aw_c, grid, p)
+    except ReconstructionError as exc:
+        for organ in wanted & {"lung_left", "lung_right"}:
+            seg.errors[organ] = ReconstructionError(exc.problem, where=where, fix=exc.fix)
+        return
+    full: dict[str, np.ndarray] = {}
+    for name, m in (("lung_left", left_c), ("lung_right", right_c)):
+        near = morph.dilate(morph.to_tensor(m, dev), (1, 1, 1)).cpu().numpy()
+        full[name] = _refine(m, grid, full_hu, False, p.lung_hu, inside=near) & ~air_full
+    full["lung_right"] &= ~full["lung_left"]
+    for name in wanted & {"lung_left", "lung_right"}:
+        seg.masks[name] = full[name]
+
+
+def _body(grid: _Grid, p: SegmentParams) -> np.ndarray:
+    """Body outline on the working grid: tissue above ``body_hu``, largest component, holes filled per slice."""
+    tissue = grid.hu > p.body_hu
+    tissue = morph.opening(tissue, grid.radius(p.body_open_mm))
+    body = morph.largest_component(tissue.cpu().numpy())
+    if not body.any():
+        return body
+    return morph.fill_holes(body, slice_axis=slice_axis(grid.geometry))
+
+
+def _bone(grid: _Grid, body: torch.Tensor, p: SegmentParams) -> np.ndarray:
+    """Bone on the working grid: HU above ``bone_hu`` inside the body, small components dropped."""
+    bone = ((grid.hu > p.bone_hu) & body).cpu().numpy()
+    labels, sizes = morph.label(bone)
+    keep = np.nonzero(sizes * grid.voxel_ml >= p.min_bone_ml)[0]
+    bone = morph.keep_labels(labels, keep, sizes.size - 1)
+    return morph.fill_holes(bone, slice_axis=slice_axis(grid.geometry))

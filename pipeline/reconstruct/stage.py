@@ -1,0 +1,237 @@
+"""The reconstruction stage: segment → mesh → measure → (nodules) → files and renderings.
+
+Every organ is handled on its own: an organ that cannot be segmented, meshed or
+measured gets an entry in :attr:`Reconstruction.errors` and the other organs'
+outputs (masks, meshes, measurements, files, renderings) still appear.
+All coordinates are DICOM patient coordinates (LPS, mm).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..cache import atomic_write_bytes
+from ..errors import CtpipeError, ReconstructionError
+from ..volume import CTVolume, Geometry, LabelMap, default_device
+from . import export, measure
+from .mesh import Mesh, mesh_from_mask
+from .segment import ORGANS, segment_organs
+
+log = logging.getLogger(__name__)
+
+# label values of the combined label map (later entries win where organs overlap)
+LABEL_VALUES = {"body": 1, "lung_left": 2, "lung_right": 3, "airway": 4, "bone": 5}
+
+
+class StageTimer:
+    """Wall-clock seconds per step; synchronises CUDA (events) so asynchronous GPU work is counted."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds: dict[str, float] = {}
+
+    def run(self, step: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                end.record()
+                torch.cuda.synchronize(self.device)
+                # host-side work (labelling, marching cubes) is not in the events; take the larger
+                self.seconds[step] = self.seconds.get(step, 0.0) + max(start.elapsed_time(end) / 1000.0,
+                                                                        time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds[step] = self.seconds.get(step, 0.0) + time.perf_counter() - t0
+
+
+@dataclass
+class Reconstruction:
+    """Result of :func:`reconstruct` (LPS mm throughout).
+
+    masks: one binary :class:`LabelMap` per organ (``labels={1: organ}``) on the input grid.
+    meshes: closed, outward surfaces per organ (vertices LPS mm).
+    measurements: ``{"organs": {organ: {...}}, "lungs": {...}, "nodules": [...]}``.
+    files: every file written, by kind ("mesh", "measurements", "render", "mask").
+    errors: organ or step → message, for whatever could not be produced.
+    """
+
+    geometry: Geometry
+    masks: dict[str, LabelMap] = field(default_factory=dict)
+    meshes: dict[str, Mesh] = field(default_factory=dict)
+    measurements: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, list[Path]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def mask(self, organ: str) -> np.ndarray:
+        """Boolean mask ``[k, j, i]`` of ``organ`` (KeyError when it was not produced)."""
+        return self.masks[organ].array.astype(bool)
+
+    def label_map(self) -> LabelMap:
+        """All organs in one label map (values from :data:`LABEL_VALUES`; later organs win overlaps)."""
+        arr = np.zeros(self.geometry.shape, dtype=np.uint8)
+        labels = {}
+        for organ, value in LABEL_VALUES.items():
+            if organ in self.masks:
+                arr[self.masks[organ].array.astype(bool)] = value
+                labels[value] = organ
+        for organ, lm in self.masks.items():
+            if organ not in LABEL_VALUES:
+                value = max(labels, default=len(LABEL_VALUES)) + 1
+                arr[lm.array.astype(bool)] = value
+                labels[value] = organ
+        return LabelMap(arr, self.geometry, labels=labels)
+
+    def add_file(self, kind: str, path: Path) -> None:
+        self.files.setdefault(kind, []).append(Path(path))
+
+
+def _error_text(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, CtpipeError) else f"{type(exc).__name__}: {exc}"
+
+
+def reconstruct(
+    volume: CTVolume,
+    *,
+    organs: Iterable[str] = ORGANS,
+    findings: Sequence[Any] | None = None,
+    out_dir: str | Path | None = None,
+    mesh_formats: Iterable[str] = ("stl",),
+    smoothing: int = 20,
+    target_triangles: int | None = None,
+    device: str | None = None,
+    seg_bundle: str | Path | None = None,
+    render: bool = True,
+    stem: str | None = None,
+) -> Reconstruction:
+    """Segment, mesh and measure the chest organs of ``volume`` (HU, LPS geometry).
+
+    Parameters
+    ----------
+    organs: organ names from :data:`ORGANS` (plus any a ``seg_bundle`` provides).
+    findings: detector findings (LPS centres / boxes, mm) whose nodules are segmented and measured.
+    out_dir: where to write meshes (``<stem>_<organ>.<fmt>``), ``<stem>_measurements.json``,
+        ``<stem>_labels.npz`` and PNG renderings; nothing is written without it.
+    mesh_formats: any of ``stl``, ``ply``, ``obj``, ``glb``.
+    smoothing: Taubin smoothing iterations (0 = raw marching cubes).
+    target_triangles: cap on triangles per organ (coarser surface extraction), None = full resolution.
+    device: torch device for segmentation ("cuda" when present by default).
+    seg_bundle: a MONAI segmentation bundle folder whose labels replace or add organs.
+    """
+    formats = export.check_formats(mesh_formats)
+    organs = tuple(organs)
+    dev = torch.device(device or default_device())
+    timer = StageTimer(dev)
+    rec = Reconstruction(geometry=volume.geometry, seconds=timer.seconds)
+    where = stem or volume.series_uid or "volume"
+    stem = stem or (volume.series_uid or "case")
+    classical = [o for o in organs if o in ORGANS]
+    if seg_bundle is None and len(classical) != len(organs):
+        raise ReconstructionError(f"unknown organ name(s) {sorted(set(organs) - set(ORGANS))}", where="organs",
+                                  fix=f"choose from {list(ORGANS)} (other organs need --seg-bundle)")
+    seg = timer.run("segment", segment_organs, volume, organs=classical, device=dev)
+    masks: dict[str, np.ndarray] = dict(seg.masks)
+    rec.info.update(seg.info)
+    for organ, exc in seg.errors.items():
+        rec.errors[organ] = _error_text(exc)
+    if seg_bundle is not None:
+        from .bundle_seg import run_seg_bundle
+
+        try:
+            bundle_masks, bundle_errors = timer.run("seg_bundle", run_seg_bundle, volume, seg_bundle, device=dev)
+        except CtpipeError as exc:
+            rec.errors["seg_bundle"] = _error_text(exc)
+        else:
+            rec.errors.update(bundle_errors)
+            for organ, m in bundle_masks.items():
+                masks[organ] = m
+                rec.errors.pop(organ, None)
+    for organ, m in masks.items():
+        rec.masks[organ] = LabelMap(m, volume.geometry, labels={1: organ})
+
+    organ_meas: dict[str, Any] = {}
+    for organ, m in masks.items():
+        try:
+            rec.meshes[organ] = timer.run(f"mesh:{organ}", mesh_from_mask, m, volume.geometry, name=organ,
+                                          smoothing_iterations=smoothing, target_triangles=target_triangles)
+        except ReconstructionError as exc:
+            rec.errors[organ] = _error_text(exc)
+        organ_meas[organ] = measure.organ_measurements(m, volume.geometry, rec.meshes.get(organ))
+    rec.measurements["organs"] = organ_meas
+    if any(o in organs for o in ("lung_left", "lung_right")):
+        rec.measurements["lungs"] = measure.lung_measurements(np.asarray(volume.array), masks, volume.geometry)
+    if findings:
+        from .nodules import segment_findings
+
+        results = timer.run("nodules", segment_findings, volume, findings, lung_mask=_lungs(masks))
+        rec.measurements["nodules"] = [r.to_json() for r in results]
+        for r in results:
+            if r.error:
+                rec.errors[f"nodule:{r.index}"] = r.error
+    if out_dir is not None:
+        timer.run("write", _write_outputs, rec, volume, Path(out_dir), stem, formats, render, where)
+    rec.measurements["errors"] = dict(rec.errors)
+    log.info("reconstruction of %s: %d organs meshed, %d errors, %.2f s", where, len(rec.meshes), len(rec.errors),
+             sum(rec.seconds.values()))
+    return rec
+
+
+def _lungs(masks: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    parts = [masks[o] for o in ("lung_left", "lung_right") if o in masks]
+    if not parts:
+        return None
+    return np.logical_or.reduce(parts)
+
+
+def _write_outputs(rec: Reconstruction, volume: CTVolume, out: Path, stem: str, formats: Sequence[str], render: bool,
+                   where: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for organ, mesh in rec.meshes.items():
+        for fmt in formats:
+            try:
+                rec.add_file("mesh", export.write_mesh(mesh, out, fmt, stem=stem))
+            except OSError as exc:
+                rec.errors[f"{organ}.{fmt}"] = f"{out}: could not write the {fmt} mesh ({exc})"
+    if rec.masks:
+        import io
+
+        lm = rec.label_map()
+        buf = io.BytesIO()
+        np.savez_compressed(buf, labels=lm.array, geometry=json.dumps(lm.geometry.to_json()),
+                            names=json.dumps({str(k): v for k, v in lm.labels.items()}))
+        path = out / f"{stem}_labels.npz"
+        atomic_write_bytes(path, buf.getvalue())
+        rec.add_file("mask", path)
+    if render:
+        from .render import render_all
+
+        try:
+            for path in render_all(volume, {o: lm.array.astype(bool) for o, lm in rec.masks.items()}, rec.meshes,
+                                   out, stem=stem):
+                rec.add_file("render", path)
+        except (CtpipeError, ValueError, OSError) as exc:
+            rec.errors["render"] = _error_text(exc)
+    meas = dict(rec.measurements)
+    meas["errors"] = dict(rec.errors)
+    meas["case"] = where
+    meas["coordinates"] = "DICOM patient coordinates (LPS), mm"
+    meas["files"] = {k: [p.name for p in v] for k, v in rec.files.items()}
+    path = out / f"{stem}_measurements.json"
+    atomic_write_bytes(path, json.dumps(meas, indent=1, default=float).encode())
+    rec.add_file("measurements", path)

@@ -1,0 +1,137 @@
+"""Finding the cases of a run: DICOM series under folders, or the rows of a worklist CSV.
+
+Each selected CT series becomes a :class:`~pipeline.runner.stage.CaseSpec`
+keyed by its SeriesInstanceUID (``<uid>#<n>`` for a part of a split series) and
+a content fingerprint: SHA-256 over the sorted (SOPInstanceUID, file size)
+pairs of its files, so a series that changed is a new case. Series the scan
+chose but could not validate (missing or duplicate slices, inconsistent
+geometry) become cases that are quarantined at once with their reason;
+series not chosen by the selection rules (localizers, too few slices, not CT)
+are listed with why, but are not cases.
+
+A worklist CSV has a ``path`` column (a folder or file; relative paths are
+resolved against ``runner.worklist_root`` or the CSV's folder) and optional
+``series_uid`` and ``case_id`` columns. A row that yields no series is a case
+quarantined with the reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from ..errors import ConfigError, NoSeriesFoundError
+from .stage import CaseSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Discovery:
+    """The cases found, plus the series and files that were not taken and why."""
+
+    cases: list[CaseSpec] = field(default_factory=list)
+    not_selected: list[dict[str, Any]] = field(default_factory=list)
+    skipped_files: int = 0
+    n_files: int = 0
+
+
+def fingerprint_series(series: Any) -> str:
+    h = hashlib.sha256(str(series.key).encode())
+    for sop, size in sorted((hh.sop_instance, hh.file_size) for hh in series.headers):
+        h.update(f"|{sop}:{size}".encode())
+    return h.hexdigest()[:24]
+
+
+def _case(series: Any, source: str, case_id: str | None = None, error: Exception | None = None) -> CaseSpec:
+    from ..ingest import safe_case_id
+
+    fp = fingerprint_series(series)
+    rejected = (type(error).__name__, str(error)) if error is not None else None
+    return CaseSpec(case_id or safe_case_id(series.key), f"{series.key}:{fp}", series.key, fp, source,
+                    tuple(str(p) for p in series.files), rejected)
+
+
+def _missing(source: str, reason: str, case_id: str | None = None) -> CaseSpec:
+    fp = hashlib.sha256(source.encode()).hexdigest()[:24]
+    err = NoSeriesFoundError(reason, where=source, fix="check the worklist row's path and series_uid")
+    cid = case_id or f"missing-{fp[:12]}"
+    return CaseSpec(cid, f"missing:{fp}", None, fp, source, (), (type(err).__name__, str(err)))
+
+
+def _scan(paths: Sequence[str | os.PathLike[str]], cfg: Config, out: Discovery, *, series_uid: str | None = None,
+          case_id: str | None = None, source: str | None = None) -> list[CaseSpec]:
+    from ..ingest import scan_directory
+    from .stages import _rules
+
+    scan = scan_directory(list(paths), rules=_rules(cfg), spacing_tolerance=cfg.ingest.spacing_tolerance,
+                          allow_gantry_tilt=cfg.ingest.allow_gantry_tilt)
+    out.n_files += scan.n_files
+    out.skipped_files += len(scan.skipped_files)
+    errors = {r.series.key: r.error for r in scan.rejected}
+    cases: list[CaseSpec] = []
+    for s in scan.series:
+        src = source or os.path.commonpath([str(f.parent) for f in s.files]) if s.files else str(paths[0])
+        if series_uid is not None and series_uid not in (s.key, s.uid):
+            continue
+        if s.key in errors:
+            cases.append(_case(s, src, case_id, errors[s.key]))
+        elif s.selected or (series_uid is not None and s.modality == "CT"):
+            cases.append(_case(s, src, case_id))
+        else:
+            out.not_selected.append({"series": s.key, "source": src, "why": s.why_not})
+            log.info("series %s in %s not selected: %s", s.key, src, s.why_not, extra={"event": "not_selected"})
+    return cases
+
+
+def read_worklist(path: Path, cfg: Config) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except (OSError, csv.Error, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the worklist ({exc})", where=path, fix="give a CSV file with a 'path' column") from exc
+    if rows and "path" not in rows[0]:
+        raise ConfigError(f"the worklist has no 'path' column (columns: {', '.join(rows[0])})", where=path,
+                          fix="name the column holding folders/files 'path'; optional columns: series_uid, case_id")
+    root = Path(cfg.runner.worklist_root) if cfg.runner.worklist_root else path.parent
+    for r in rows:
+        p = Path((r.get("path") or "").strip())
+        r["path"] = str(p if p.is_absolute() else root / p)
+    return rows
+
+
+def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discovery:
+    """Cases under ``sources`` (folders, files, or worklist ``.csv`` files), in a stable order."""
+    out = Discovery()
+    folders: list[str] = []
+    for src in sources:
+        p = Path(src)
+        if p.suffix.lower() == ".csv" and p.is_file():
+            for n, row in enumerate(read_worklist(p, cfg), start=2):
+                where = f"{p}:{n} ({row['path']})"
+                uid = (row.get("series_uid") or "").strip() or None
+                cid = (row.get("case_id") or "").strip() or None
+                if not Path(row["path"]).exists():
+                    out.cases.append(_missing(where, "the path does not exist", cid))
+                    continue
+                found = _scan([row["path"]], cfg, out, series_uid=uid, case_id=cid)
+                if not found:
+                    out.cases.append(_missing(where, "no CT series found" + (f" with SeriesInstanceUID {uid}" if uid else ""), cid))
+                out.cases.extend(found)
+        elif not p.exists():
+            raise ConfigError("no such file or folder", where=p, fix="check the sources given to ctpipe run")
+        else:
+            folders.append(str(p))
+    if folders:
+        out.cases.extend(_scan(folders, cfg, out))
+    out.cases.sort(key=lambda c: (c.source, c.case_id))
+    log.info("discovered %d case(s) in %d file(s); %d series not selected, %d file(s) skipped", len(out.cases), out.n_files,
+             len(out.not_selected), out.skipped_files, extra={"event": "discover"})
+    return out

@@ -1,0 +1,63 @@
+"""Structured logs: one JSON object per line in ``RUN_DIR/run.log``.
+
+Every record has ``t`` (ISO 8601, UTC), ``level``, ``logger``, ``process``,
+``msg``, and the ``extra`` fields a caller passes (``event``, ``case_id``,
+``stage``, ...). Each process appends whole lines, so the main process and the
+workers can share the file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from pathlib import Path
+
+_FIELDS = ("event", "case_id", "case_key", "stage", "reason", "error_class", "run_id", "wall_s", "latency_s")
+
+
+class JsonLinesFormatter(logging.Formatter):
+    def __init__(self, process: str):
+        super().__init__()
+        self.process = process
+
+    def format(self, record: logging.LogRecord) -> str:
+        data = {
+            "t": dt.datetime.fromtimestamp(record.created, dt.timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "process": self.process,
+            "msg": record.getMessage(),
+        }
+        for key in _FIELDS:
+            if hasattr(record, key):
+                data[key] = getattr(record, key)
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data, default=str)
+
+
+class _LineHandler(logging.FileHandler):
+    """Appends one line per record and flushes it at once."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        self.flush()
+
+
+def attach_jsonl(path: Path, *, process: str, level: int = logging.INFO) -> logging.Handler:
+    """Send the ``pipeline`` loggers' records (``level`` and above) to ``path`` as JSON lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = _LineHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(JsonLinesFormatter(process))
+    handler.setLevel(level)
+    root = logging.getLogger("pipeline")
+    root.addHandler(handler)
+    if root.getEffectiveLevel() > level:
+        root.setLevel(level)
+    return handler
+
+
+def detach(handler: logging.Handler) -> None:
+    logging.getLogger("pipeline").removeHandler(handler)
+    handler.close()

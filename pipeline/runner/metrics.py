@@ -1,0 +1,171 @@
+"""Prometheus metrics of a run, an optional HTTP endpoint, the node_exporter textfile, and NVML sampling.
+
+Metrics (one registry per run, so several runs in one process do not mix):
+
+* ``ctpipe_cases_processed_total`` — cases completed.
+* ``ctpipe_cases_failed_total{reason}`` — cases quarantined, by error class.
+* ``ctpipe_stage_latency_seconds{stage}`` — histogram of stage wall time (s).
+* ``ctpipe_stage_queue_wait_seconds{stage}`` — histogram of time a ready stage waited for a worker (s).
+* ``ctpipe_case_latency_seconds`` — histogram of a case's end-to-end time (s).
+* ``ctpipe_stage_peak_rss_bytes{stage}`` — largest peak RSS seen per stage.
+* ``ctpipe_gpu_utilization_percent{gpu}``, ``ctpipe_gpu_memory_used_bytes{gpu}`` — NVML samples
+  (only where a GPU and ``pynvml``/``nvidia-ml-py`` are present).
+* ``ctpipe_run_start_time_seconds``, ``ctpipe_run_last_update_time_seconds`` — Unix time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from .stage import CaseSpec, TaskResult
+
+log = logging.getLogger(__name__)
+
+_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+
+class RunMetrics:
+    """Engine observer that keeps Prometheus metrics for one run."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.processed = Counter("ctpipe_cases_processed", "Cases completed", registry=r)
+        self.failed = Counter("ctpipe_cases_failed", "Cases quarantined, by error class", ["reason"], registry=r)
+        self.stage_latency = Histogram("ctpipe_stage_latency_seconds", "Stage wall time per case", ["stage"],
+                                       buckets=_BUCKETS, registry=r)
+        self.queue_wait = Histogram("ctpipe_stage_queue_wait_seconds", "Time a ready stage waited for a worker",
+                                    ["stage"], buckets=_BUCKETS, registry=r)
+        self.case_latency = Histogram("ctpipe_case_latency_seconds", "End-to-end time per case", buckets=_BUCKETS,
+                                      registry=r)
+        self.peak_rss = Gauge("ctpipe_stage_peak_rss_bytes", "Largest peak resident memory per stage", ["stage"],
+                              registry=r)
+        self.gpu_util = Gauge("ctpipe_gpu_utilization_percent", "GPU utilisation (NVML)", ["gpu"], registry=r)
+        self.gpu_mem = Gauge("ctpipe_gpu_memory_used_bytes", "GPU memory used (NVML)", ["gpu"], registry=r)
+        self.started = Gauge("ctpipe_run_start_time_seconds", "Start of the run (Unix time)", registry=r)
+        self.updated = Gauge("ctpipe_run_last_update_time_seconds", "Last case event (Unix time)", registry=r)
+        self.started.set(time.time())
+        self._server: Any = None
+        self._peaks: dict[str, float] = {}
+
+    # observer interface
+    def on_stage(self, result: TaskResult) -> None:
+        if not result.ok or result.wall_s is None:
+            return
+        self.stage_latency.labels(result.stage).observe(result.wall_s)
+        if result.started_at is not None:
+            self.queue_wait.labels(result.stage).observe(max(0.0, result.started_at - result.ready_at))
+        if result.peak_rss_mb is not None:
+            peak = max(self._peaks.get(result.stage, 0.0), result.peak_rss_mb * 2**20)
+            self._peaks[result.stage] = peak
+            self.peak_rss.labels(result.stage).set(peak)
+
+    def on_case_done(self, case: CaseSpec, latency_s: float, n_findings: int) -> None:
+        self.processed.inc()
+        self.case_latency.observe(latency_s)
+        self.updated.set(time.time())
+
+    def on_case_failed(self, case: CaseSpec, reason: str, error_class: str) -> None:
+        self.failed.labels(error_class).inc()
+        self.updated.set(time.time())
+
+    def gpu_sample(self, gpu: int, util_pct: float, mem_used_mb: float) -> None:
+        self.gpu_util.labels(str(gpu)).set(util_pct)
+        self.gpu_mem.labels(str(gpu)).set(mem_used_mb * 2**20)
+
+    # exposure
+    def serve(self, port: int, bind: str = "127.0.0.1") -> None:
+        """Expose ``/metrics`` over HTTP on ``bind:port`` for the rest of the run."""
+        from prometheus_client import start_http_server
+
+        out = start_http_server(port, addr=bind, registry=self.registry)
+        self._server = out[0] if isinstance(out, tuple) else None
+        log.info("metrics on http://%s:%d/metrics", bind, port, extra={"event": "metrics_server"})
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def text(self) -> str:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode()
+
+    def write_textfile(self, path: Path) -> Path:
+        """Write the metrics in the text exposition format, atomically (node_exporter's textfile collector)."""
+        from prometheus_client import write_to_textfile
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_to_textfile(str(path), self.registry)
+        return path
+
+
+class NvmlSampler:
+    """Samples GPU utilisation (%) and memory (MB) every ``interval_s`` in a thread, when NVML is available."""
+
+    def __init__(self, interval_s: float, metrics: RunMetrics | None = None):
+        self.interval_s = interval_s
+        self.metrics = metrics
+        self.samples: deque[tuple[float, int, float, float, float]] = deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml: Any = None
+        self.available = False
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._nvml = pynvml
+            self.available = bool(self._handles)
+        except ImportError:
+            log.info("pynvml (nvidia-ml-py) is not installed: no GPU utilisation samples")
+        except Exception as exc:  # noqa: BLE001 - any NVML failure (no driver, no GPU) just disables sampling
+            log.info("NVML unavailable (%s): no GPU utilisation samples", exc)
+
+    def start(self) -> None:
+        if self.available:
+            self._thread = threading.Thread(target=self._loop, name="ctpipe-nvml", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        nv = self._nvml
+        while not self._stop.is_set():
+            t = time.time()
+            for i, h in enumerate(self._handles):
+                try:
+                    util = nv.nvmlDeviceGetUtilizationRates(h).gpu
+                    mem = nv.nvmlDeviceGetMemoryInfo(h)
+                except nv.NVMLError as exc:
+                    log.warning("NVML sampling stopped: %s", exc)
+                    return
+                sample = (t, i, float(util), mem.used / 2**20, mem.total / 2**20)
+                self.samples.append(sample)
+                if self.metrics is not None:
+                    self.metrics.gpu_sample(i, float(util), mem.used / 2**20)
+            self._stop.wait(self.interval_s)
+
+    def drain(self) -> list[tuple[float, int, float, float, float]]:
+        out = []
+        while self.samples:
+            out.append(self.samples.popleft())
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except self._nvml.NVMLError:
+                pass

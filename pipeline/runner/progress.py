@@ -1,0 +1,91 @@
+"""Progress of a run: cases done, failures, cases/hour and ETA; a tqdm bar for the command line.
+
+:class:`Progress` is a plain observer of the engine (no output). The command
+line wraps it in :class:`TqdmBar`; notebooks can pass their own callback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .stage import CaseSpec, TaskResult
+
+
+@dataclass
+class Progress:
+    """Counts and rates of the cases of this run (``skipped`` = done in an earlier run)."""
+
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    started: float = field(default_factory=time.monotonic)
+    callback: Callable[[Progress], Any] | None = None
+
+    @property
+    def finished(self) -> int:
+        return self.done + self.failed
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def cases_per_hour(self) -> float:
+        """Cases finished (done or failed) per hour of this run so far."""
+        el = self.elapsed_s
+        return 3600.0 * self.finished / el if el > 0 and self.finished else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the current rate; None before the first case finishes."""
+        rate = self.cases_per_hour
+        if rate <= 0:
+            return None
+        return max(0.0, (self.total - self.finished) / rate * 3600.0)
+
+    def describe(self) -> str:
+        eta = self.eta_s
+        eta_txt = "?" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta))
+        return (f"{self.done} done, {self.failed} failed of {self.total}"
+                f" | {self.cases_per_hour:.1f} cases/h | ETA {eta_txt}")
+
+    def _changed(self) -> None:
+        if self.callback is not None:
+            self.callback(self)
+
+    # observer interface
+    def on_stage(self, result: TaskResult) -> None:
+        pass
+
+    def on_case_done(self, case: CaseSpec, latency_s: float, n_findings: int) -> None:
+        self.done += 1
+        self._changed()
+
+    def on_case_failed(self, case: CaseSpec, reason: str, error_class: str) -> None:
+        self.failed += 1
+        self._changed()
+
+
+class TqdmBar:
+    """A tqdm progress bar fed by :class:`Progress` (used by ``ctpipe run`` unless ``--quiet``)."""
+
+    def __init__(self, total: int, *, desc: str = "cases"):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, unit="case", dynamic_ncols=True)
+        self._n = 0
+
+    def __call__(self, p: Progress) -> None:
+        self.bar.update(p.finished - self._n)
+        self._n = p.finished
+        eta = p.eta_s
+        self.bar.set_postfix_str(
+            f"failed={p.failed} {p.cases_per_hour:.1f}/h ETA {'?' if eta is None else time.strftime('%H:%M:%S', time.gmtime(eta))}"
+        )
+
+    def close(self) -> None:
+        self.bar.close()

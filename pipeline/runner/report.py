@@ -1,0 +1,268 @@
+"""Throughput reports over one or more run folders: HTML (plots embedded), CSV and JSON.
+
+Figures: completed cases per hour and per calendar day (UTC); the measured
+rate (completed cases ÷ hours during which runs were active, overlapping runs
+counted once) and its projection to cases per day; latency p50/p90/p99 per
+stage (wall time of successful attempts, s), queue waits, and end to end (case
+start to publication, s); failures by error class; GPU utilisation when NVML
+samples exist.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cache import atomic_write_bytes
+from .results import read_tables
+
+log = logging.getLogger(__name__)
+
+PCTS = (50, 90, 99)
+
+
+@dataclass
+class Report:
+    """Paths of a written report and its summary numbers."""
+
+    out_dir: Path
+    html: Path
+    json: Path
+    csv: list[Path] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _active_seconds(intervals: list[tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _pct(values: Any) -> dict[str, float | None]:
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return {"n": 0, "mean": None, **{f"p{p}": None for p in PCTS}}
+    return {"n": int(len(v)), "mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in PCTS}}
+
+
+def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: float = 24.0) -> tuple[dict[str, Any], dict]:
+    """Summary numbers (JSON-able) and the combined DataFrames of ``run_dirs``."""
+    import pandas as pd
+
+    tables = [read_tables(d) for d in run_dirs]
+    t = {k: pd.concat([x[k] for x in tables], ignore_index=True) for k in tables[0]}
+    runs, cases, stages = t["runs"], t["cases"], t["stages"]
+    done = cases[cases.status == "done"].copy()
+    failed = cases[cases.status == "failed"].copy()
+    intervals = []
+    for _, r in runs.iterrows():
+        end = r["ended_at"]
+        if not np.isfinite(end if end is not None else np.nan):  # killed run: up to its last recorded stage
+            sub = stages[(stages.run_id == r["run_id"]) & stages.ended_at.notna()]
+            end = float(sub.ended_at.max()) if len(sub) else float(r["started_at"])
+        intervals.append((float(r["started_at"]), float(end)))
+    active_s = _active_seconds(intervals)
+    rate_h = 3600.0 * len(done) / active_s if active_s > 0 else 0.0
+    ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
+    hourly = ended.dt.floor("h").value_counts().sort_index()
+    daily = ended.dt.strftime("%Y-%m-%d").value_counts().sort_index()
+    ok = stages[stages.status == "ok"]
+    stage_order = list(dict.fromkeys(ok.sort_values("id").stage)) if len(ok) else []
+    latency = {s: _pct(ok[ok.stage == s].wall_s) for s in stage_order}
+    waits = {s: _pct(ok[ok.stage == s].queue_wait_s) for s in stage_order}
+    peak = {s: float(ok[ok.stage == s].peak_rss_mb.max()) if ok[ok.stage == s].peak_rss_mb.notna().any() else None
+            for s in stage_order}
+    failures = failed.groupby("error_class").size().sort_values(ascending=False).to_dict() if len(failed) else {}
+    gpu = t["gpu"]
+    gpu_summary = {str(g): {"util_mean_pct": float(d.util_pct.mean()), "util_max_pct": float(d.util_pct.max()),
+                            "mem_max_mb": float(d.mem_used_mb.max()), "samples": int(len(d))}
+                   for g, d in gpu.groupby("gpu")} if len(gpu) else {}
+    summary = {
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "run_dirs": [str(d) for d in run_dirs],
+        "runs": int(len(runs)),
+        "devices": sorted(set(runs.device.dropna())),
+        "cases": {"total": int(len(cases)), "done": int(len(done)), "failed": int(len(failed)),
+                  "unfinished": int(len(cases) - len(done) - len(failed))},
+        "active_hours": active_s / 3600.0,
+        "throughput": {
+            "cases_per_hour": rate_h,
+            "cases_per_day_projected": rate_h * hours_per_day,
+            "hours_per_day": hours_per_day,
+            "per_hour_utc": {k.strftime("%Y-%m-%d %H:00"): int(v) for k, v in hourly.items()},
+            "per_day_utc": {str(k): int(v) for k, v in daily.items()},
+        },
+        "latency_s": {"end_to_end": _pct(done.latency_s), **latency},
+        "queue_wait_s": waits,
+        "peak_rss_mb": peak,
+        "failures_by_reason": {str(k): int(v) for k, v in failures.items()},
+        "failed_cases": [{"case_id": r.case_id, "stage": r.failed_stage, "error_class": r.error_class,
+                          "reason": r.reason, "run_dir": r.run_dir} for r in failed.itertuples()],
+        "gpu": gpu_summary,
+        "projection": (f"at the measured rate this machine handles {rate_h * hours_per_day:,.0f} cases/day "
+                       f"({rate_h:,.1f} cases/hour over {active_s / 3600.0:.2f} active hours, "
+                       f"{hours_per_day:g} operating hours/day)"),
+    }
+    return summary, t
+
+
+# -- plots --------------------------------------------------------------------------------------------
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    out: dict[str, str] = {}
+    done = t["cases"][t["cases"].status == "done"]
+    fig, ax = plt.subplots(figsize=(8, 3))
+    if len(done):
+        ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
+        counts = ended.dt.floor(f"{bin_minutes}min").value_counts().sort_index()
+        ax.bar(counts.index, counts.values, width=bin_minutes / 1440.0 * 0.9, align="edge", color="#3a7bd5")
+        fig.autofmt_xdate()
+    ax.set_title(f"Completed cases per {bin_minutes} min (UTC)")
+    ax.set_ylabel("cases")
+    out["throughput"] = _png(fig)
+
+    ok = t["stages"][t["stages"].status == "ok"]
+    fig, ax = plt.subplots(figsize=(8, 3))
+    if len(done):
+        ax.hist(done.latency_s.dropna(), bins=30, alpha=0.8, label="end to end", color="#333333")
+    for stage in summary["latency_s"]:
+        if stage != "end_to_end":
+            ax.hist(ok[ok.stage == stage].wall_s.dropna(), bins=30, alpha=0.5, label=stage)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("cases")
+    ax.set_title("Latency histogram")
+    ax.legend(fontsize=8)
+    out["latency"] = _png(fig)
+
+    stages = [s for s in summary["latency_s"] if s != "end_to_end"]
+    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * max(1, len(stages))))
+    means = [summary["latency_s"][s]["mean"] or 0.0 for s in stages]
+    waits = [summary["queue_wait_s"][s]["mean"] or 0.0 for s in stages]
+    y = np.arange(len(stages))
+    ax.barh(y, means, color="#3a7bd5", label="wall time (mean)")
+    ax.barh(y, waits, left=means, color="#f0a030", label="queue wait (mean)")
+    ax.set_yticks(y, stages)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per case")
+    ax.set_title("Stage breakdown")
+    ax.legend(fontsize=8)
+    out["stages"] = _png(fig)
+
+    gpu = t["gpu"]
+    if len(gpu):
+        fig, ax = plt.subplots(figsize=(8, 3))
+        for g, d in gpu.groupby("gpu"):
+            ax.plot(pd.to_datetime(d.t, unit="s", utc=True), d.util_pct, label=f"GPU {g}")
+        ax.set_ylabel("utilisation %")
+        ax.set_title("GPU utilisation (NVML)")
+        ax.legend(fontsize=8)
+        fig.autofmt_xdate()
+        out["gpu"] = _png(fig)
+    return out
+
+
+# -- writing ---------------------------------------------------------------------------------------------
+def _table(rows: dict[str, dict[str, Any]], first: str) -> str:
+    if not rows:
+        return "<p>none</p>"
+    cols = list(next(iter(rows.values())).keys())
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in [first, *cols])
+    body = ""
+    for name, r in rows.items():
+        cells = "".join(f"<td>{'' if r[c] is None else (f'{r[c]:.3f}' if isinstance(r[c], float) else r[c])}</td>" for c in cols)
+        body += f"<tr><td>{html.escape(str(name))}</td>{cells}</tr>"
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _html(summary: dict[str, Any], plots: dict[str, str]) -> str:
+    s = summary
+    img = lambda k, alt: f'<img alt="{alt}" src="data:image/png;base64,{plots[k]}">' if k in plots else ""  # noqa: E731
+    fails = "".join(f"<tr><td>{html.escape(str(f['case_id']))}</td><td>{html.escape(str(f['stage']))}</td>"
+                    f"<td>{html.escape(str(f['error_class']))}</td><td>{html.escape(str(f['reason']))}</td></tr>"
+                    for f in s["failed_cases"])
+    daily = "".join(f"<tr><td>{d}</td><td>{n}</td></tr>" for d, n in s["throughput"]["per_day_utc"].items())
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>ctpipe throughput report</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:right}}th{{background:#f4f4f4}}td:first-child{{text-align:left}}
+.big{{font-size:1.3em}}</style></head><body>
+<h1>ctpipe throughput report</h1>
+<p>Runs: {s['runs']} in {html.escape(', '.join(s['run_dirs']))} &middot; devices: {html.escape(', '.join(s['devices']) or '?')}
+&middot; generated {s['generated_at']}</p>
+<p class="big"><b>{html.escape(s['projection'])}</b></p>
+<p>Cases: {s['cases']['done']} done, {s['cases']['failed']} failed, {s['cases']['unfinished']} unfinished,
+of {s['cases']['total']}.</p>
+<h2>Throughput</h2>{img('throughput', 'throughput over time')}
+<table><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
+<h2>Latency (seconds)</h2>{_table(s['latency_s'], 'stage')}{img('latency', 'latency histogram')}
+<h2>Stage breakdown</h2>{img('stages', 'stage breakdown')}
+<h3>Queue wait (seconds)</h3>{_table(s['queue_wait_s'], 'stage')}
+<h2>Failures by reason</h2>{_table({k: {'cases': v} for k, v in s['failures_by_reason'].items()}, 'error class')}
+<table><tr><th>case</th><th>stage</th><th>error class</th><th>reason</th></tr>{fails}</table>
+{'<h2>GPU</h2>' + _table(s['gpu'], 'gpu') + img('gpu', 'GPU utilisation') if s['gpu'] else ''}
+</body></html>
+"""
+
+
+def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str], *, bin_minutes: int = 60,
+                 hours_per_day: float = 24.0) -> Report:
+    """Write ``report.html``, ``report.json`` and CSV tables for ``run_dirs`` into ``out_dir``."""
+    import pandas as pd
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary, t = summarize(run_dirs, hours_per_day=hours_per_day)
+    plots = _plots(summary, t, bin_minutes)
+    rep = Report(out, out / "report.html", out / "report.json")
+    atomic_write_bytes(rep.html, _html(summary, plots).encode())
+    atomic_write_bytes(rep.json, json.dumps(summary, indent=1).encode())
+    lat = pd.DataFrame([{"stage": k, **v} for k, v in summary["latency_s"].items()])
+    tables = {
+        "latency.csv": lat,
+        "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
+        "throughput_hourly.csv": pd.DataFrame(list(summary["throughput"]["per_hour_utc"].items()), columns=["hour_utc", "cases"]),
+        "failures.csv": pd.DataFrame(summary["failed_cases"], columns=["case_id", "stage", "error_class", "reason", "run_dir"]),
+        "cases.csv": t["cases"][["run_dir", "case_id", "status", "latency_s", "n_findings", "error_class", "reason",
+                                 "started_at", "ended_at"]],
+        "stages.csv": t["stages"][["run_dir", "case_id", "stage", "attempt", "status", "worker", "device", "wall_s",
+                                   "queue_wait_s", "peak_rss_mb", "peak_cuda_mb"]],
+    }
+    for name, df in tables.items():
+        atomic_write_bytes(out / name, df.to_csv(index=False).encode())
+        rep.csv.append(out / name)
+    rep.summary = summary
+    log.info("report written to %s", rep.html, extra={"event": "report"})
+    return rep

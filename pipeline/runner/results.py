@@ -1,0 +1,153 @@
+"""Results of runs as pandas DataFrames: ``open_run(run_dir) -> RunResults``.
+
+All positions are DICOM patient coordinates (LPS, mm); times are Unix seconds
+(UTC) or seconds of duration. The store is opened read-only, so a run in
+progress can be inspected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RunStoreError
+from .store import open_readonly
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+
+def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
+    """The store's tables as DataFrames: runs, cases, stages (attempts), findings, measurements, gpu."""
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    db = open_readonly(run_dir)
+    try:
+        q = lambda sql: pd.read_sql_query(sql, db)  # noqa: E731
+        runs = q("SELECT * FROM runs ORDER BY started_at")
+        cases = q("SELECT * FROM cases ORDER BY case_id")
+        stages = q("SELECT a.*, c.case_id FROM stage_attempts a JOIN cases c USING (case_key) ORDER BY a.id")
+        fnd = q("SELECT f.*, c.case_id FROM findings f JOIN cases c USING (case_key) ORDER BY c.case_id, f.idx")
+        meas = q("SELECT m.*, c.case_id FROM measurements m JOIN cases c USING (case_key) ORDER BY c.case_id, m.name")
+        gpu = q("SELECT * FROM gpu_samples ORDER BY t")
+    finally:
+        db.close()
+    if len(fnd):
+        extra = pd.json_normalize([json.loads(d) for d in fnd.pop("data")])
+        extra = extra.drop(columns=[c for c in extra.columns if c in fnd.columns], errors="ignore")
+        fnd = pd.concat([fnd.reset_index(drop=True), extra], axis=1)
+    else:
+        fnd = fnd.drop(columns=["data"])
+    for df in (runs, cases, stages, fnd, meas):
+        df.insert(0, "run_dir", str(run_dir))
+    for col in ("started_at", "ended_at"):
+        for df in (runs, cases, stages):
+            if col in df:
+                df[col.replace("_at", "")] = pd.to_datetime(df[col], unit="s", utc=True)
+    cols = ["run_dir", "case_id"] + [c for c in fnd.columns if c not in ("run_dir", "case_id", "case_key")] + ["case_key"]
+    fnd = fnd[cols] if len(fnd.columns) else fnd
+    return {"runs": runs, "cases": cases, "stages": stages, "findings": fnd, "measurements": meas, "gpu": gpu}
+
+
+@dataclass
+class CaseResult:
+    """One case of a run: status, output folder, findings (LPS mm) and measurements."""
+
+    case_id: str
+    status: str
+    reason: str | None
+    folder: Path | None
+    findings: pd.DataFrame
+    measurements: pd.DataFrame
+
+    @property
+    def files(self) -> list[Path]:
+        """Output files of the case (empty unless it is done)."""
+        if self.folder is None or not self.folder.is_dir():
+            return []
+        return sorted(p for p in self.folder.rglob("*") if p.is_file())
+
+    def __repr__(self) -> str:
+        if self.status != "done":
+            return f"CaseResult({self.case_id!r}, status={self.status!r}, reason={self.reason!r})"
+        return (f"CaseResult({self.case_id!r}, status='done', findings={len(self.findings)}, "
+                f"measurements={len(self.measurements)}, files={len(self.files)}, folder='{self.folder}')")
+
+
+class RunResults:
+    """A run folder's results.
+
+    Attributes (pandas DataFrames)
+    ------------------------------
+    cases: one row per case (status, reason, latency_s, n_findings, output_dir, ...).
+    stages: one row per stage attempt (stage, status, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb, ...).
+    findings: one row per finding of a completed case (center_x/y/z in LPS mm, diameter_mm, score, ...).
+    measurements: one row per (case, measurement): name, value, unit.
+    runs: one row per invocation of ``ctpipe run`` on this folder (config, versions, device, start/end).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]):
+        self.run_dir = Path(run_dir)
+        t = read_tables(self.run_dir)
+        self.runs: pd.DataFrame = t["runs"]
+        self.cases: pd.DataFrame = t["cases"]
+        self.stages: pd.DataFrame = t["stages"]
+        self.findings: pd.DataFrame = t["findings"]
+        self.measurements: pd.DataFrame = t["measurements"]
+        self.gpu: pd.DataFrame = t["gpu"]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The effective configuration of the latest run (as saved with it)."""
+        if not len(self.runs):
+            return {}
+        return json.loads(self.runs.iloc[-1]["config"] or "{}")
+
+    @property
+    def failures(self) -> pd.DataFrame:
+        """Quarantined cases with their stage, error class and reason."""
+        f = self.cases[self.cases.status == "failed"]
+        return f[["case_id", "failed_stage", "error_class", "reason", "source"]].reset_index(drop=True)
+
+    def case(self, case_id: str) -> CaseResult:
+        rows = self.cases[self.cases.case_id == case_id]
+        if not len(rows):
+            raise RunStoreError(f"no case {case_id!r} in this run; cases are {', '.join(self.cases.case_id[:10])}",
+                                where=self.run_dir, fix="pick an id from RunResults.cases.case_id")
+        row = rows.iloc[0]
+        folder = self.run_dir / row["output_dir"] if isinstance(row["output_dir"], str) else None
+        return CaseResult(case_id, row["status"], row["reason"] if isinstance(row["reason"], str) else None, folder,
+                          self.findings[self.findings.case_id == case_id].reset_index(drop=True),
+                          self.measurements[self.measurements.case_id == case_id].reset_index(drop=True))
+
+    def stage_latency(self) -> pd.DataFrame:
+        """Per-stage wall time (s) of successful attempts: count, mean, p50, p90, p99."""
+        ok = self.stages[self.stages.status == "ok"]
+        g = ok.groupby("stage", sort=False)["wall_s"]
+        return g.describe(percentiles=[0.5, 0.9, 0.99])[["count", "mean", "50%", "90%", "99%"]]
+
+    def report(self, out: str | os.PathLike[str] | None = None) -> Path:
+        """Write the HTML/CSV/JSON report (default ``RUN_DIR/report``); returns the HTML path."""
+        from .report import build_report
+
+        return build_report([self.run_dir], Path(out) if out else self.run_dir / "report").html
+
+    def __repr__(self) -> str:
+        counts = self.cases.status.value_counts().to_dict()
+        return (f"RunResults('{self.run_dir}'): {len(self.cases)} cases ({counts.get('done', 0)} done, "
+                f"{counts.get('failed', 0)} failed, {counts.get('running', 0) + counts.get('pending', 0)} unfinished), "
+                f"{len(self.findings)} findings, {len(self.runs)} run(s)")
+
+    def _repr_html_(self) -> str:
+        head = f"<p><b>{self.__repr__()}</b></p>"
+        cols = [c for c in ("case_id", "status", "latency_s", "n_findings", "reason") if c in self.cases]
+        return head + self.cases[cols].head(20).to_html(index=False)
+
+
+def open_run(run_dir: str | os.PathLike[str]) -> RunResults:
+    """Open a run folder written by ``ctpipe run`` / :func:`pipeline.run_batch` (read-only)."""
+    return RunResults(run_dir)

@@ -1,0 +1,179 @@
+"""Crash safety and resume: the run-folder lock, reconciling after a crash, and choosing what to run.
+
+Layout of a run folder::
+
+    RUN_DIR/runs.sqlite        the run store (see store.py)
+    RUN_DIR/cases/<case_id>/   outputs of completed cases (each with manifest.json)
+    RUN_DIR/tmp/               staging folders of cases in progress (deleted on start)
+    RUN_DIR/cache/             cached HU arrays of cases in progress
+    RUN_DIR/quarantine/        one JSON per quarantined case (reason, source, fix)
+
+A case's outputs are written into ``tmp/<case_id>.a<attempt>/``; when every
+stage is done, ``manifest.json`` is written there last, the folder is renamed
+to ``cases/<case_id>`` (atomic), and only then is the case marked done in the
+store. So after a crash at any moment either the case is done in both places,
+or it has a complete folder not yet marked done (fixed here from its manifest),
+or it has no folder and is run again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..cache import atomic_write_bytes
+from ..errors import RunStoreError
+from .stage import CaseSpec
+from .store import RunStore
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+class RunLock:
+    """An exclusive lock on a run folder (released by the OS if the process dies)."""
+
+    def __init__(self, run_dir: Path):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / ".lock"
+        self.fh = open(self.path, "a+")  # noqa: SIM115 - held for the run's lifetime
+        try:
+            fcntl.flock(self.fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            self.fh.close()
+            raise RunStoreError("another ctpipe run is using this folder", where=run_dir,
+                                fix="wait for it to finish, or choose another --out folder") from exc
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.fh.write(str(os.getpid()))
+        self.fh.flush()
+
+    def release(self) -> None:
+        fcntl.flock(self.fh.fileno(), fcntl.LOCK_UN)
+        self.fh.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_manifest(case_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((case_dir / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def publish(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest last into ``staging``, then rename it to ``final`` atomically."""
+    atomic_write_bytes(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    _fsync_dir(staging)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():  # stale folder of an earlier, abandoned attempt: move it out of the way first
+        trash = staging.parent / f".trash-{final.name}-{os.getpid()}"
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.rename(staging, final)
+    _fsync_dir(final.parent)
+
+
+@dataclass
+class Reconciled:
+    recovered: list[str] = field(default_factory=list)  # complete folders marked done
+    redo: list[str] = field(default_factory=list)  # marked done but their folder is gone
+    interrupted: list[str] = field(default_factory=list)  # left 'running' by a killed run
+
+
+def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
+    """Bring store and folders back in agreement after a crash (see the module docstring)."""
+    out = Reconciled()
+    shutil.rmtree(run_dir / "tmp", ignore_errors=True)
+    n = store.mark_abandoned_runs()
+    if n:
+        log.warning("%d earlier run(s) of this folder ended without finishing; resuming", n, extra={"event": "resume"})
+    for row in store.cases_with_status("running", "pending"):
+        folder = run_dir / "cases" / row["case_id"]
+        man = read_manifest(folder)
+        if man is not None and man.get("case_key") == row["case_key"]:
+            store.complete_case(row["case_key"], output_dir=str(folder.relative_to(run_dir)),
+                                findings=man.get("findings", []),
+                                measurements=[tuple(m) for m in man.get("measurements", [])])
+            out.recovered.append(row["case_id"])
+        elif row["status"] == "running":
+            out.interrupted.append(row["case_id"])
+    for row in store.cases_with_status("done"):
+        folder = run_dir / "cases" / row["case_id"]
+        man = read_manifest(folder)
+        if man is None or man.get("case_key") != row["case_key"]:
+            store.reset_case(row["case_key"])
+            out.redo.append(row["case_id"])
+    if out.recovered or out.redo or out.interrupted:
+        log.warning("resume: %d complete case(s) recovered, %d interrupted case(s) to retry, %d case(s) with missing outputs to redo",
+                    len(out.recovered), len(out.interrupted), len(out.redo), extra={"event": "reconcile"})
+    return out
+
+
+@dataclass
+class Plan:
+    to_run: list[CaseSpec]
+    done: list[str]
+    failed_before: list[str]
+    rejected: list[CaseSpec]
+
+
+def plan(store: RunStore, cases: Iterable[CaseSpec], *, retry_failed: bool) -> Plan:
+    """Register discovered cases and pick those to run: skip done ones (and earlier failures unless asked)."""
+    ids = store.case_ids_in_use()
+    seen_keys: set[str] = set()
+    to_run: list[CaseSpec] = []
+    done: list[str] = []
+    failed: list[str] = []
+    rejected: list[CaseSpec] = []
+    with store.tx():
+        for case in cases:
+            if case.case_key in seen_keys:
+                continue  # the same series reached through two sources
+            seen_keys.add(case.case_key)
+            row = store.case(case.case_key)
+            if row is None:
+                cid = case.case_id
+                if cid in ids and ids[cid] != case.case_key:
+                    cid = f"{cid}-{case.fingerprint[:8]}"
+                case = case.with_id(cid)
+                ids[cid] = case.case_key
+                store.upsert_discovered(case_key=case.case_key, case_id=cid, series_uid=case.series_uid,
+                                        fingerprint=case.fingerprint, source=case.source)
+            else:
+                case = case.with_id(row["case_id"])
+                if row["status"] == "done":
+                    done.append(case.case_id)
+                    continue
+                if row["status"] == "failed" and not retry_failed:
+                    failed.append(case.case_id)
+                    continue
+            if case.rejected is not None:
+                rejected.append(case)
+            else:
+                to_run.append(case)
+    return Plan(to_run, done, failed, rejected)
+
+
+def write_quarantine(run_dir: Path, case: CaseSpec, *, reason: str, error_class: str, stage: str | None) -> Path:
+    """``RUN_DIR/quarantine/<case_id>.json``: why a case was set aside, and where it came from."""
+    path = run_dir / "quarantine" / f"{case.case_id}.json"
+    data = {"case_id": case.case_id, "case_key": case.case_key, "series_uid": case.series_uid, "source": case.source,
+            "stage": stage, "error_class": error_class, "reason": reason, "files": len(case.files)}
+    atomic_write_bytes(path, json.dumps(data, indent=1).encode())
+    return path

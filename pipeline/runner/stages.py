@@ -1,0 +1,181 @@
+"""The real stages of ``ctpipe run``: ingest → detect (load + model) → reconstruct → write.
+
+Each adapter turns the run's configuration into the stage library's options.
+Volumes travel between stages through the run's case cache
+(``RUN_DIR/cache/<case_id>.npy`` + sidecar, HU ``[k, j, i]`` with LPS geometry);
+stage outputs passed along are small (findings, measurements). Files are
+written under the case's staging folder only. Positions are LPS mm.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ..cache import CaseCache
+from ..config import Config
+from ..errors import NoSeriesFoundError
+from .stage import CaseContext, Stage, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+_UNITS = (("_ml", "mL"), ("_mm3", "mm3"), ("_mm2", "mm2"), ("_mm", "mm"), ("_pct", "%"), ("_percent", "%"),
+          ("_hu", "HU"), ("_fraction", "fraction"), ("_count", "count"))
+
+
+def _rules(cfg: Config) -> Any:
+    from ..ingest import SelectionRules
+
+    return SelectionRules(min_slices=cfg.ingest.min_slices, allow_derived=cfg.ingest.allow_derived)
+
+
+class IngestStage(Stage):
+    """DICOM files of the case's series → validated HU volume in the case cache."""
+
+    name = "ingest"
+    group = "cpu"
+    preload = ("pipeline.ingest",)
+
+    def setup(self, worker: WorkerInfo) -> None:
+        import pipeline.ingest  # noqa: F401 - import once per worker, not per case
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        from ..ingest import read_volume, scan_directory
+        from ..ingest.build import build_volume
+
+        cfg = ctx.config.ingest
+        case = ctx.case
+        scan = scan_directory([*case.files] or case.source, rules=_rules(ctx.config), spacing_tolerance=cfg.spacing_tolerance,
+                              allow_gantry_tilt=cfg.allow_gantry_tilt, workers=1)
+        key = case.series_uid
+        found = [s for s in scan.series if s.key == key]
+        if not found:
+            raise NoSeriesFoundError(f"series {key} is no longer among the files discovered for it", where=case.source,
+                                     fix="the folder changed during the run; run the same command again")
+        rejected = [r for r in scan.rejected if r.series.key == key]
+        if rejected:
+            raise rejected[0].error
+        plan = scan.plans.get(key)
+        vol = read_volume(plan, workers=1) if plan is not None else build_volume(
+            found[0], spacing_tolerance=cfg.spacing_tolerance, allow_gantry_tilt=cfg.allow_gantry_tilt, workers=1)
+        entry = CaseCache(ctx.cache_dir).write(case.case_id, vol, extra={"source": case.source, "series_key": key})
+        return {"volume_fingerprint": entry.fingerprint, "shape_kji": list(vol.shape), "spacing_ijk": list(vol.spacing)}
+
+
+def _read_volume(ctx: CaseContext) -> Any:
+    return CaseCache(ctx.cache_dir).read(ctx.case.case_id, mmap=True)
+
+
+class DetectStage(Stage):
+    """Cached volume → model input → lung-nodule findings (LPS mm). The model is loaded once per worker."""
+
+    name = "detect"
+    group = "model"
+    preload = ("pipeline.detect.infer",)
+
+    def __init__(self) -> None:
+        self._det: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_det": None}
+
+    def setup(self, worker: WorkerInfo) -> None:
+        from ..detect import Detector
+
+        cfg = worker.config.detector
+        self._det = Detector(bundle=cfg.bundle, device=worker.device, amp=cfg.amp, restrict_to_lungs=cfg.lung_restriction)
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        vol = _read_volume(ctx)
+        res = self._det.detect(vol, case_id=ctx.case.case_id)
+        thr = ctx.config.detector.score_threshold
+        data = res.to_json()
+        timings = data.pop("timings_ms", {})
+        data["findings"] = [f for f in data["findings"] if f["score"] >= thr]
+        data["score_threshold"] = thr
+        return {"findings": data["findings"], "findings_doc": data, "detect_timings_ms": timings}
+
+
+def flatten_measurements(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float, str]]:
+    """Numeric leaves of a nested measurements dict as ``(dotted.name, value, unit)``; units from name suffixes."""
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            yield from flatten_measurements(value, name + ".")
+        elif isinstance(value, list) and all(isinstance(v, Mapping) for v in value):
+            for n, item in enumerate(value):
+                yield from flatten_measurements(item, f"{name}.{n}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
+            unit = next((u for suf, u in _UNITS if key.lower().endswith(suf)), "")
+            yield name, float(value), unit
+
+
+class ReconstructStage(Stage):
+    """Organ segmentation, meshes, measurements and renderings into ``<case>/recon/``."""
+
+    name = "reconstruct"
+    group = "cpu"
+    preload = ("pipeline.reconstruct",)
+
+    def __init__(self, *, group: str = "cpu"):
+        self.group = group
+        self._device = "cpu"
+
+    def setup(self, worker: WorkerInfo) -> None:
+        import pipeline.reconstruct  # noqa: F401
+
+        self._device = worker.device if self.group == "model" else "cpu"
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        from ..reconstruct import reconstruct
+
+        cfg = ctx.config.reconstruct
+        vol = _read_volume(ctx)
+        rec = reconstruct(vol, organs=cfg.organs, findings=ctx.state.get("findings") or None, out_dir=ctx.workdir / "recon",
+                          mesh_formats=cfg.mesh_formats, smoothing=cfg.smoothing_iterations,
+                          target_triangles=cfg.target_triangles, device=self._device, render=cfg.renderings,
+                          stem=ctx.case.case_id)
+        meas = {k: v for k, v in rec.measurements.items() if k in ("organs", "lungs", "nodules")}
+        return {"measurements": list(flatten_measurements(meas)), "recon_errors": dict(rec.errors),
+                "recon_seconds": dict(rec.seconds)}
+
+
+class WriteStage(Stage):
+    """Findings JSON + CSV + one PNG per finding, and ``case.json`` (a summary of the case's outputs)."""
+
+    name = "write"
+    group = "cpu"
+    preload = ("pipeline.detect.findings",)
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        from ..detect.findings import Findings
+
+        doc = dict(ctx.state.get("findings_doc") or {"findings": []})
+        findings = Findings.from_json(doc)
+        findings.timings_ms = {}
+        findings.write_json(ctx.workdir / "findings.json")
+        findings.write_csv(ctx.workdir / "findings.csv")
+        if ctx.config.detector.write_png and len(findings):
+            _write_pngs(ctx, findings)
+        return {}
+
+
+def _write_pngs(ctx: CaseContext, findings: Any) -> None:
+    from ..detect import findings as fmod
+
+    writer = getattr(fmod, "write_finding_pngs", None)
+    if writer is None:
+        log.warning("case %s: this build has no finding PNG writer; PNGs skipped", ctx.case.case_id)
+        return
+    writer(findings, _read_volume(ctx), ctx.workdir / "findings_png")
+
+
+def build_stages(cfg: Config) -> list[Stage]:
+    """The stages of ``ctpipe run`` for this configuration, in order."""
+    stages: list[Stage] = [IngestStage(), DetectStage()]
+    if cfg.reconstruct.enabled:
+        stages.append(ReconstructStage(group="model" if cfg.reconstruct.device == "model" else "cpu"))
+    stages.append(WriteStage())
+    return stages

@@ -1,0 +1,248 @@
+"""The run store: one SQLite database (WAL mode) per run directory, ``RUN_DIR/runs.sqlite``.
+
+Tables
+------
+``runs``            one row per invocation of the runner on this folder (config, versions, device, start/end).
+``cases``           one row per case, keyed by ``case_key`` = SeriesInstanceUID + content fingerprint.
+``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB).
+``findings``        the detector's findings of completed cases (centres in LPS mm).
+``measurements``    per-case measurements (name, value, unit) of completed cases.
+``gpu_samples``     NVML utilisation (%) and memory (MB) sampled during runs.
+
+Only the runner's main process writes; readers (reports, notebooks) open it
+read-only and see committed state only, thanks to WAL. Times are Unix seconds (UTC).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunStoreError
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "runs.sqlite"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, started_at REAL NOT NULL, ended_at REAL, status TEXT NOT NULL,
+    command TEXT, sources TEXT, config TEXT, versions TEXT, device TEXT, host TEXT, pid INTEGER,
+    n_cases INTEGER DEFAULT 0, n_done INTEGER DEFAULT 0, n_failed INTEGER DEFAULT 0, n_skipped INTEGER DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS cases (
+    case_key TEXT PRIMARY KEY, case_id TEXT NOT NULL UNIQUE, series_uid TEXT, fingerprint TEXT NOT NULL,
+    source TEXT, status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'done', 'failed')),
+    reason TEXT, error_class TEXT, failed_stage TEXT, attempts INTEGER NOT NULL DEFAULT 0, run_id TEXT,
+    discovered_at REAL, started_at REAL, ended_at REAL, latency_s REAL, n_findings INTEGER, output_dir TEXT
+);
+CREATE TABLE IF NOT EXISTS stage_attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, case_key TEXT NOT NULL, stage TEXT NOT NULL,
+    attempt INTEGER NOT NULL, status TEXT NOT NULL, worker TEXT, device TEXT,
+    ready_at REAL, started_at REAL, ended_at REAL, wall_s REAL, queue_wait_s REAL,
+    peak_rss_mb REAL, peak_cuda_mb REAL, error TEXT,
+    UNIQUE (case_key, stage, attempt)
+);
+CREATE TABLE IF NOT EXISTS findings (
+    case_key TEXT NOT NULL, idx INTEGER NOT NULL, data TEXT NOT NULL,
+    center_x REAL, center_y REAL, center_z REAL, diameter_mm REAL, score REAL,
+    PRIMARY KEY (case_key, idx)
+);
+CREATE TABLE IF NOT EXISTS measurements (
+    case_key TEXT NOT NULL, name TEXT NOT NULL, value REAL, unit TEXT,
+    PRIMARY KEY (case_key, name)
+);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    run_id TEXT NOT NULL, t REAL NOT NULL, gpu INTEGER NOT NULL, util_pct REAL, mem_used_mb REAL, mem_total_mb REAL
+);
+CREATE INDEX IF NOT EXISTS attempts_by_case ON stage_attempts (case_key);
+"""
+
+
+def db_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / DB_NAME
+
+
+class RunStore:
+    """Read/write access to ``RUN_DIR/runs.sqlite`` (used by the runner's main process)."""
+
+    def __init__(self, run_dir: str | Path, *, create: bool = True):
+        self.run_dir = Path(run_dir)
+        path = db_path(self.run_dir)
+        if not create and not path.is_file():
+            raise RunStoreError("no run database here", where=path, fix="give a folder written by `ctpipe run --out`")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(_SCHEMA)
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except sqlite3.DatabaseError as exc:
+            raise RunStoreError(f"the run database is unreadable ({exc})", where=path,
+                                fix="use a new --out folder; this file is damaged or not a ctpipe run store") from exc
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- transactions ------------------------------------------------------------
+    def tx(self) -> _Tx:
+        """``with store.tx():`` runs the statements inside as one atomic transaction."""
+        return _Tx(self.db)
+
+    # -- runs ------------------------------------------------------------------------
+    def start_run(self, run_id: str, *, command: str, sources: Sequence[str], config: Mapping[str, Any],
+                  versions: Mapping[str, str], device: str, host: str, pid: int) -> None:
+        with self.tx():
+            self.db.execute(
+                "INSERT INTO runs (run_id, started_at, status, command, sources, config, versions, device, host, pid)"
+                " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, time.time(), command, json.dumps(list(sources)), json.dumps(config), json.dumps(versions),
+                 device, host, pid),
+            )
+
+    def end_run(self, run_id: str, *, status: str, n_cases: int, n_done: int, n_failed: int, n_skipped: int) -> None:
+        with self.tx():
+            self.db.execute(
+                "UPDATE runs SET ended_at=?, status=?, n_cases=?, n_done=?, n_failed=?, n_skipped=? WHERE run_id=?",
+                (time.time(), status, n_cases, n_done, n_failed, n_skipped, run_id),
+            )
+
+    def mark_abandoned_runs(self) -> int:
+        """Runs left 'running' by a killed process become 'interrupted'."""
+        with self.tx():
+            cur = self.db.execute("UPDATE runs SET status='interrupted' WHERE status='running'")
+        return cur.rowcount
+
+    # -- cases -------------------------------------------------------------------------
+    def case(self, case_key: str) -> sqlite3.Row | None:
+        return self.db.execute("SELECT * FROM cases WHERE case_key=?", (case_key,)).fetchone()
+
+    def case_ids_in_use(self) -> dict[str, str]:
+        return {r["case_id"]: r["case_key"] for r in self.db.execute("SELECT case_id, case_key FROM cases")}
+
+    def upsert_discovered(self, *, case_key: str, case_id: str, series_uid: str | None, fingerprint: str, source: str) -> None:
+        self.db.execute(
+            "INSERT INTO cases (case_key, case_id, series_uid, fingerprint, source, status, discovered_at)"
+            " VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT (case_key) DO UPDATE SET source=excluded.source",
+            (case_key, case_id, series_uid, fingerprint, source, time.time()),
+        )
+
+    def begin_case(self, case_key: str, run_id: str) -> int:
+        """Mark a case running; returns its attempt number (1, 2, ...). Earlier unfinished attempts are closed."""
+        with self.tx():
+            self.db.execute(
+                "UPDATE stage_attempts SET status = CASE status WHEN 'running' THEN 'interrupted' ELSE 'superseded' END"
+                " WHERE case_key=? AND status IN ('running', 'ok')",
+                (case_key,),
+            )
+            self.db.execute(
+                "UPDATE cases SET status='running', attempts=attempts+1, run_id=?, started_at=?, ended_at=NULL,"
+                " reason=NULL, error_class=NULL, failed_stage=NULL WHERE case_key=?",
+                (run_id, time.time(), case_key),
+            )
+            return int(self.db.execute("SELECT attempts FROM cases WHERE case_key=?", (case_key,)).fetchone()[0])
+
+    def record_attempt(self, *, run_id: str, case_key: str, stage: str, attempt: int, status: str, worker: str,
+                       device: str, ready_at: float | None, started_at: float | None, ended_at: float | None,
+                       wall_s: float | None, peak_rss_mb: float | None, peak_cuda_mb: float | None,
+                       error: str | None = None) -> None:
+        wait = None if ready_at is None or started_at is None else max(0.0, started_at - ready_at)
+        self.db.execute(
+            "INSERT INTO stage_attempts (run_id, case_key, stage, attempt, status, worker, device, ready_at, started_at,"
+            " ended_at, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+            " ON CONFLICT (case_key, stage, attempt) DO UPDATE SET status=excluded.status, worker=excluded.worker,"
+            " device=excluded.device, started_at=excluded.started_at, ended_at=excluded.ended_at, wall_s=excluded.wall_s,"
+            " queue_wait_s=excluded.queue_wait_s, peak_rss_mb=excluded.peak_rss_mb, peak_cuda_mb=excluded.peak_cuda_mb,"
+            " error=excluded.error",
+            (run_id, case_key, stage, attempt, status, worker, device, ready_at, started_at, ended_at, wall_s, wait,
+             peak_rss_mb, peak_cuda_mb, error),
+        )
+
+    def complete_case(self, case_key: str, *, output_dir: str, findings: Iterable[Mapping[str, Any]],
+                      measurements: Iterable[tuple[str, float, str]], ended_at: float | None = None) -> None:
+        """Mark a case done with its findings and measurements, in one transaction."""
+        ended = time.time() if ended_at is None else ended_at
+        with self.tx():
+            self.db.execute("DELETE FROM findings WHERE case_key=?", (case_key,))
+            self.db.execute("DELETE FROM measurements WHERE case_key=?", (case_key,))
+            n = 0
+            for n, f in enumerate(findings, start=1):
+                c = f.get("center_lps") or [None, None, None]
+                self.db.execute(
+                    "INSERT INTO findings VALUES (?,?,?,?,?,?,?,?)",
+                    (case_key, n, json.dumps(f), c[0], c[1], c[2], f.get("diameter_mm"), f.get("score")),
+                )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO measurements VALUES (?,?,?,?)",
+                [(case_key, name, value, unit) for name, value, unit in measurements],
+            )
+            self.db.execute(
+                "UPDATE cases SET status='done', ended_at=?, latency_s=? - started_at, n_findings=?, output_dir=?,"
+                " reason=NULL, error_class=NULL, failed_stage=NULL WHERE case_key=?",
+                (ended, ended, n, output_dir, case_key),
+            )
+
+    def fail_case(self, case_key: str, *, reason: str, error_class: str, stage: str | None) -> None:
+        with self.tx():
+            self.db.execute(
+                "UPDATE cases SET status='failed', reason=?, error_class=?, failed_stage=?, ended_at=?,"
+                " latency_s=? - COALESCE(started_at, ?) WHERE case_key=?",
+                (reason, error_class, stage, time.time(), time.time(), time.time(), case_key),
+            )
+
+    def reset_case(self, case_key: str) -> None:
+        """Back to 'pending' (e.g. its output folder vanished); its attempts stay as history."""
+        with self.tx():
+            self.db.execute(
+                "UPDATE stage_attempts SET status='superseded' WHERE case_key=? AND status IN ('ok','running')", (case_key,)
+            )
+            self.db.execute("UPDATE cases SET status='pending', output_dir=NULL WHERE case_key=?", (case_key,))
+
+    def cases_with_status(self, *statuses: str) -> list[sqlite3.Row]:
+        marks = ",".join("?" * len(statuses))
+        return list(self.db.execute(f"SELECT * FROM cases WHERE status IN ({marks}) ORDER BY case_id", statuses))
+
+    # -- GPU samples -------------------------------------------------------------------
+    def add_gpu_samples(self, run_id: str, samples: Iterable[tuple[float, int, float, float, float]]) -> None:
+        rows = [(run_id, *s) for s in samples]
+        if rows:
+            with self.tx():
+                self.db.executemany("INSERT INTO gpu_samples VALUES (?,?,?,?,?,?)", rows)
+
+
+class _Tx:
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.db.execute("COMMIT")
+        else:
+            self.db.execute("ROLLBACK")
+
+
+def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
+    """A read-only connection to a run store (safe while a run is writing)."""
+    path = db_path(run_dir)
+    if not path.is_file():
+        raise RunStoreError("no run database here", where=path, fix="give a folder written by `ctpipe run --out`")
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+        db.row_factory = sqlite3.Row
+        db.execute("SELECT 1 FROM cases LIMIT 1")
+    except sqlite3.DatabaseError as exc:
+        raise RunStoreError(f"the run database is unreadable ({exc})", where=path, fix="check that it is a ctpipe run store") from exc
+    return db

@@ -1,0 +1,309 @@
+"""Executors: run :class:`~pipeline.runner.stage.Task` objects inline or in worker processes.
+
+``InlineExecutor`` runs every stage in the calling process, one task at a
+time (the sequential mode, ``runner.workers = 0``). ``ProcessExecutor`` keeps a
+pool of CPU worker processes and one model worker per device; each worker has
+its own bounded task queue, so the main process always knows which task a
+worker holds and can recover when a worker dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import Config, from_dict
+from ..errors import CtpipeError
+from .logs import attach_jsonl
+from .stage import CaseContext, FatalRunError, Stage, Task, TaskResult, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+
+# -- measurement ---------------------------------------------------------------------------
+def _reset_peak_rss() -> None:
+    """Reset the kernel's peak-RSS mark (VmHWM) of this process (Linux; no-op elsewhere)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float | None:
+    """Peak resident memory (MB) of this process since the last reset."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    except (ImportError, OSError):
+        return None
+
+
+def _cuda_device(device: str) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None or not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    return torch
+
+
+def run_task(stage: Stage, task: Task, worker: WorkerInfo) -> TaskResult:
+    """Run one stage of one case, measuring wall time (s) and peak memory (MB)."""
+    res = TaskResult(task.case.case_key, task.stage, task.stage_index, task.attempt, False, worker.name, worker.device,
+                     task.ready_at)
+    torch = _cuda_device(worker.device)
+    if torch is not None:
+        torch.cuda.reset_peak_memory_stats(worker.device)
+    _reset_peak_rss()
+    ctx = CaseContext(task.case, task.attempt, Path(task.workdir), worker, dict(task.state))
+    res.started_at = time.time()
+    t0 = time.perf_counter()
+    try:
+        out = stage.process(ctx) or {}
+        if torch is not None:
+            torch.cuda.synchronize(worker.device)  # the stage's GPU work is part of its wall time
+        res.outputs = dict(out)
+        res.ok = True
+    except CtpipeError as exc:
+        res.error_class, res.error = type(exc).__name__, str(exc)
+    except MemoryError as exc:
+        res.error_class, res.error = "MemoryError", f"out of memory in stage {task.stage}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a bug or library error in one case must not stop the batch
+        res.error_class = type(exc).__name__
+        res.error = f"unexpected {type(exc).__name__} in stage {task.stage}: {exc}"
+        log.error("case %s stage %s raised\n%s", task.case.case_id, task.stage, traceback.format_exc(),
+                  extra={"case_id": task.case.case_id, "stage": task.stage, "event": "stage_error"})
+    res.wall_s = time.perf_counter() - t0
+    res.ended_at = time.time()
+    res.peak_rss_mb = peak_rss_mb()
+    if torch is not None:
+        res.peak_cuda_mb = torch.cuda.max_memory_allocated(worker.device) / 2**20
+    return res
+
+
+def setup_stages(stages: Sequence[Stage], worker: WorkerInfo) -> None:
+    """Call every stage's ``setup`` once (model loading, imports); raise FatalRunError when one cannot start."""
+    for stage in stages:
+        t0 = time.perf_counter()
+        try:
+            stage.setup(worker)
+        except CtpipeError as exc:
+            raise FatalRunError(f"stage {stage.name} cannot start on {worker.device}: {exc}") from exc
+        log.info("%s: stage %s ready in %.2f s", worker.name, stage.name, time.perf_counter() - t0,
+                 extra={"event": "stage_setup", "stage": stage.name, "wall_s": round(time.perf_counter() - t0, 4)})
+
+
+# -- inline ------------------------------------------------------------------------------------
+class InlineExecutor:
+    """Runs each task in this process when submitted (sequential mode)."""
+
+    def __init__(self, stages: Sequence[Stage], worker: WorkerInfo):
+        self.stages = {s.name: s for s in stages}
+        self.worker = worker
+        self._results: deque[TaskResult] = deque()
+        setup_stages(list(stages), worker)
+
+    def devices(self) -> list[str]:
+        return [self.worker.device]
+
+    def has_room(self, group: str) -> bool:
+        return not self._results
+
+    def submit(self, task: Task) -> None:
+        self._results.append(run_task(self.stages[task.stage], task, self.worker))
+
+    def poll(self, timeout: float) -> list[TaskResult]:
+        out = list(self._results)
+        self._results.clear()
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+# -- worker processes ----------------------------------------------------------------------
+def _watch_parent(parent_pid: int) -> None:
+    """Exit at once when the main process is gone (e.g. killed with SIGKILL)."""
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(3)
+        except PermissionError:
+            pass
+
+
+def worker_main(name: str, device: str, stages: list[Stage], config: dict, run_dir: str, inq: Any, outq: Any,
+                parent_pid: int, torch_threads: int) -> None:
+    """Entry point of a worker process: set up stages lazily, then run tasks until told to stop."""
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    attach_jsonl(Path(run_dir) / "run.log", process=name)
+    if torch_threads > 0:
+        os.environ["OMP_NUM_THREADS"] = str(torch_threads)
+        try:
+            import torch
+
+            torch.set_num_threads(torch_threads)
+        except ImportError:
+            pass
+    cfg: Config = from_dict(config)
+    info = WorkerInfo(name, device, cfg, Path(run_dir))
+    try:
+        setup_stages(stages, info)
+    except FatalRunError as exc:
+        outq.put(("fatal", name, str(exc)))
+        return
+    outq.put(("ready", name, None))
+    by_name = {s.name: s for s in stages}
+    while True:
+        task: Task | None = inq.get()
+        if task is None:
+            break
+        outq.put(("result", name, run_task(by_name[task.stage], task, info)))
+
+
+@dataclass
+class _Worker:
+    name: str
+    group: str
+    device: str
+    proc: Any
+    inq: Any
+    held: deque[Task] = field(default_factory=deque)
+
+
+class ProcessExecutor:
+    """CPU worker processes plus one model worker per device, each with a bounded queue."""
+
+    def __init__(self, stages: Sequence[Stage], *, config: Config, run_dir: Path, workers: int, devices: Sequence[str],
+                 queue_depth: int, start_method: str, torch_threads: int):
+        self.stages = list(stages)
+        self.config = config
+        self.run_dir = run_dir
+        self.depth = queue_depth
+        self.torch_threads = torch_threads
+        # the same hash seed in every worker and run: set/dict iteration orders, and so every output file,
+        # are then reproducible from run to run (a resumed run writes exactly what an uninterrupted one would)
+        os.environ.setdefault("PYTHONHASHSEED", "0")
+        self.ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            mods = sorted({m for s in stages for m in s.preload} | {"pipeline.runner.workers"})
+            self.ctx.set_forkserver_preload(mods)
+        self.outq = self.ctx.Queue()
+        self.workers: list[_Worker] = []
+        self._n = 0
+        groups = {s.group for s in stages}
+        if "cpu" in groups:
+            for _ in range(max(1, workers)):
+                self._spawn("cpu", "cpu")
+        if "model" in groups:
+            for dev in devices:
+                self._spawn("model", dev)
+
+    def devices(self) -> list[str]:
+        return sorted({w.device for w in self.workers if w.group == "model"}) or ["cpu"]
+
+    def _spawn(self, group: str, device: str) -> _Worker:
+        self._n += 1
+        name = f"{group}-{self._n}" if group == "cpu" else f"model-{device}"
+        stages = [s for s in self.stages if s.group == group]
+        inq = self.ctx.Queue(maxsize=self.depth + 1)
+        proc = self.ctx.Process(
+            target=worker_main, name=f"ctpipe-{name}", daemon=True,
+            args=(name, device, stages, self.config.to_dict(), str(self.run_dir), inq, self.outq, os.getpid(),
+                  self.torch_threads),
+        )
+        proc.start()
+        w = _Worker(name, group, device, proc, inq)
+        self.workers.append(w)
+        log.info("started worker %s (pid %s) on %s", name, proc.pid, device, extra={"event": "worker_start"})
+        return w
+
+    def _group_of(self, task: Task) -> str:
+        return next(s.group for s in self.stages if s.name == task.stage)
+
+    def has_room(self, group: str) -> bool:
+        return any(w.group == group and len(w.held) <= self.depth for w in self.workers)
+
+    def submit(self, task: Task) -> None:
+        group = self._group_of(task)
+        cands = [w for w in self.workers if w.group == group and len(w.held) <= self.depth]
+        w = min(cands, key=lambda w: len(w.held))
+        w.held.append(task)
+        w.inq.put(task)
+
+    def poll(self, timeout: float) -> list[TaskResult]:
+        results: list[TaskResult] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.outq.get(timeout=max(0.0, deadline - time.monotonic()) if not results else 0.0)
+            except queue.Empty:
+                break
+            if msg[0] == "fatal":
+                raise FatalRunError(msg[2])
+            if msg[0] == "result":
+                w = next((w for w in self.workers if w.name == msg[1]), None)
+                res: TaskResult = msg[2]
+                if w is not None:
+                    for i, t in enumerate(w.held):
+                        if t.case.case_key == res.case_key and t.stage == res.stage:
+                            del w.held[i]
+                            break
+                results.append(res)
+        results.extend(self._check_alive())
+        return results
+
+    def _check_alive(self) -> list[TaskResult]:
+        out: list[TaskResult] = []
+        for w in list(self.workers):
+            if w.proc.is_alive():
+                continue
+            code = w.proc.exitcode
+            self.workers.remove(w)
+            how = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+            log.error("worker %s died (%s) holding %d task(s)", w.name, how, len(w.held), extra={"event": "worker_died"})
+            held = list(w.held)
+            new = self._spawn(w.group, w.device)
+            for n, t in enumerate(held):
+                if n > 0:  # never started: hand it to the fresh worker
+                    new.held.append(t)
+                    new.inq.put(t)
+                    continue
+                out.append(TaskResult(t.case.case_key, t.stage, t.stage_index, t.attempt, False, w.name, w.device,
+                                      t.ready_at, error_class="WorkerDiedError",
+                                      error=f"worker process {w.name} died ({how}) while running stage {t.stage}",
+                                      worker_died=True))
+        return out
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                w.inq.put_nowait(None)
+            except queue.Full:
+                w.proc.terminate()
+        for w in self.workers:
+            w.proc.join(timeout=10)
+            if w.proc.is_alive():
+                w.proc.terminate()
+                w.proc.join(timeout=5)
+        self.outq.close()

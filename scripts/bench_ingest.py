@@ -1,0 +1,236 @@
+#!/usr/bin/env python
+"""Benchmark DICOM ingest against SimpleITK (and dcm2niix when installed) on the same files, in the same run.
+
+1. Series ingest: a 512x512x300 phantom series (``--quick``: 256x256x120) read into a HU array with LPS
+   geometry by ``pipeline.ingest.load_series`` and by SimpleITK's ImageSeriesReader (series listing +
+   read + array), each from the folder, median of several runs on a warm page cache. The outputs are
+   compared voxel for voxel and the geometry within 1e-4 mm; the script exits 1 if they differ.
+   dcm2niix (DICOM -> NIfTI, uncompressed) is timed on the same folder when it is on PATH, and its
+   voxels are compared up to the axis flips of its output orientation.
+2. Header scan: a folder tree of >= 5000 small files from 80 series written into shared folders
+   (``--quick``: 1000 files). ctpipe's ``scan_directory`` (discovery, header reads, grouping, selection,
+   geometry checks) against SimpleITK's ``GetGDCMSeriesIDs`` + ``GetGDCMSeriesFileNames`` per folder, in
+   files per second; the series → files mapping of both is compared.
+
+Ingest runs on the CPU; ``--device`` is accepted for a uniform benchmark interface and recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _median_times(fn, runs: int) -> tuple[float, list[float], object]:
+    times, result = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times, result
+
+
+def make_series(folder: Path, matrix: int, slices: int) -> Path:
+    """Write one phantom series (explicit VR little endian, one file per slice) unless already there."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+
+    marker = folder / f".done_{matrix}_{slices}"
+    if marker.exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    ph = generate_phantom(1, matrix=matrix, slices=slices, n_nodules=3)
+    write_dicom_series(ph.volume, folder, seed=1)
+    marker.touch()
+    return folder
+
+
+def make_scan_tree(root: Path, n_series: int, slices: int) -> Path:
+    """``n_series`` small series spread over 10 shared folders (8 series per folder for 80 series)."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.volume import CTVolume
+
+    marker = root / f".done_{n_series}_{slices}"
+    if marker.exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    base = generate_phantom(2, matrix=64, slices=slices, n_nodules=1).volume
+    for s in range(n_series):
+        md = dict(base.metadata)
+        md["SeriesInstanceUID"] = f"1.2.826.0.1.3680043.8.498.77.{s + 1}"
+        md["StudyInstanceUID"] = f"1.2.826.0.1.3680043.8.498.78.{s // 4 + 1}"
+        vol = CTVolume(base.array, base.geometry, metadata=md)
+        write_dicom_series(vol, root / f"batch{s % 10:02d}", seed=s, series_number=s + 1,
+                           transfer_syntax="rle" if s % 10 == 9 else "explicit_le")
+    marker.touch()
+    return root
+
+
+def bench_series(folder: Path, runs: int) -> dict:
+    import SimpleITK as sitk
+
+    from pipeline.ingest import load_series
+
+    def ours():
+        return load_series(folder)
+
+    def simpleitk():
+        ids = sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder))
+        reader = sitk.ImageSeriesReader()
+        reader.SetFileNames(sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), ids[0]))
+        img = reader.Execute()
+        return img, sitk.GetArrayFromImage(img)
+
+    ours(), simpleitk()  # warm the page cache for both
+    t_ours, runs_ours, vol = _median_times(ours, runs)
+    t_sitk, runs_sitk, (img, arr) = _median_times(simpleitk, runs)
+    identical = bool(
+        np.array_equal(vol.array, arr)
+        and np.allclose(vol.origin, img.GetOrigin(), atol=1e-4)
+        and np.allclose(vol.spacing, img.GetSpacing(), atol=1e-4)
+        and np.allclose(vol.direction, np.asarray(img.GetDirection()).reshape(3, 3), atol=1e-4)
+    )
+    n_files = sum(1 for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    out = {
+        "shape_kji": list(vol.shape), "files": n_files, "megabytes": round(vol.array.nbytes / 1e6, 1),
+        "ctpipe_s": t_ours, "ctpipe_runs_s": runs_ours,
+        "simpleitk_s": t_sitk, "simpleitk_runs_s": runs_sitk,
+        "ratio_vs_simpleitk": t_sitk / t_ours, "identical_to_simpleitk": identical,
+    }
+    if shutil.which("dcm2niix"):
+        out.update(_bench_dcm2niix(folder, vol.array, runs))
+        out["ratio_vs_dcm2niix"] = out["dcm2niix_s"] / t_ours
+    return out
+
+
+def _bench_dcm2niix(folder: Path, ours: np.ndarray, runs: int) -> dict:
+    import nibabel as nib
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_dcm2niix_"))
+    try:
+        def run():
+            for p in tmp.iterdir():
+                p.unlink()
+            subprocess.run(["dcm2niix", "-z", "n", "-b", "n", "-o", str(tmp), "-f", "vol", str(folder)],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        run()
+        t, all_runs, _ = _median_times(run, runs)
+        nii = np.asanyarray(nib.load(str(tmp / "vol.nii")).dataobj)
+        ref = ours.transpose(2, 1, 0)  # (i, j, k)
+        same = any(
+            nii.shape == ref.shape and np.array_equal(nii, ref[::fi, ::fj, ::fk])
+            for fi in (1, -1) for fj in (1, -1) for fk in (1, -1)
+        )
+        return {"dcm2niix_s": t, "dcm2niix_runs_s": all_runs, "identical_to_dcm2niix": bool(same)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def bench_scan(root: Path, runs: int) -> dict:
+    import SimpleITK as sitk
+
+    from pipeline.ingest import scan_directory
+
+    folders = sorted({p for p in root.rglob("*") if p.is_dir()} | {root})
+
+    def ours():
+        return scan_directory(root)
+
+    def simpleitk():
+        found: dict[str, list[str]] = {}
+        for f in folders:
+            for uid in sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(f)):
+                found.setdefault(uid, []).extend(sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(f), uid))
+        return found
+
+    def simpleitk_ids_only():  # one pass per folder, series UIDs only (no file lists): a lower bound for GDCM
+        return [uid for f in folders for uid in sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(f))]
+
+    ours(), simpleitk()
+    t_ours, runs_ours, scan = _median_times(ours, runs)
+    t_sitk, runs_sitk, listing = _median_times(simpleitk, runs)
+    t_ids, _, _ = _median_times(simpleitk_ids_only, runs)
+    mine: dict[str, set[str]] = {}
+    for s in scan.series:
+        mine.setdefault(s.uid, set()).update(str(p) for p in s.files)
+    same_sets = mine == {k: set(v) for k, v in listing.items()}
+    same_order = all([str(h.path) for h in plan.headers] == listing[plan.series.uid] for plan in scan.plans.values())
+    n = scan.n_files
+    return {
+        "files": n, "series": len(scan.series), "selected": len(scan.selected), "folders": len(folders),
+        "ctpipe_s": t_ours, "ctpipe_runs_s": runs_ours, "ctpipe_files_per_s": n / t_ours,
+        "simpleitk_s": t_sitk, "simpleitk_runs_s": runs_sitk, "simpleitk_files_per_s": n / t_sitk,
+        "ratio_vs_simpleitk": t_sitk / t_ours, "same_series_files": same_sets, "same_slice_order": same_order,
+        "simpleitk_ids_only_s": t_ids, "simpleitk_ids_only_files_per_s": n / t_ids, "ratio_vs_simpleitk_ids_only": t_ids / t_ours,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller data, fewer runs (< 2 min)")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="recorded only: ingest runs on the CPU")
+    ap.add_argument("--runs", type=int, default=None, help="timed runs per tool (default 5, quick 3)")
+    ap.add_argument("--data", type=Path, default=None, help="keep/reuse the generated DICOM here (default: a temp folder, removed)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+    runs = args.runs or (3 if args.quick else 5)
+    matrix, slices = (256, 120) if args.quick else (512, 300)
+    n_series, scan_slices = (20, 50) if args.quick else (80, 64)
+    data = args.data or Path(tempfile.mkdtemp(prefix="bench_ingest_"))
+    data.mkdir(parents=True, exist_ok=True)
+    results: dict = {"benchmark": "ingest", "quick": args.quick, "device": args.device, "runs": runs, "cpus": os.cpu_count()}
+    try:
+        t0 = time.perf_counter()
+        series_dir = make_series(data / "series", matrix, slices)
+        scan_dir = make_scan_tree(data / "scan", n_series, scan_slices)
+        results["data_seconds"] = time.perf_counter() - t0
+        s = bench_series(series_dir, runs)
+        results["series_ingest"] = s
+        print(f"series ingest {matrix}x{matrix}x{slices} ({s['files']} files, {s['megabytes']} MB HU), median of {runs}:")
+        print(f"  ctpipe load_series                  {s['ctpipe_s']:.3f} s")
+        print(f"  SimpleITK ImageSeriesReader (peer)  {s['simpleitk_s']:.3f} s   ratio {s['ratio_vs_simpleitk']:.2f}x   "
+              f"identical output: {'yes' if s['identical_to_simpleitk'] else 'NO'}")
+        if "dcm2niix_s" in s:
+            print(f"  dcm2niix (peer, to NIfTI)           {s['dcm2niix_s']:.3f} s   ratio {s['ratio_vs_dcm2niix']:.2f}x   "
+                  f"identical voxels: {'yes' if s['identical_to_dcm2niix'] else 'NO'}")
+        else:
+            print("  dcm2niix: not installed, skipped")
+        h = bench_scan(scan_dir, runs)
+        results["header_scan"] = h
+        print(f"header scan of {h['files']} files, {h['series']} series in {h['folders']} folders, median of {runs}:")
+        print(f"  ctpipe scan_directory               {h['ctpipe_s']:.3f} s  {h['ctpipe_files_per_s']:.0f} files/s")
+        print(f"  SimpleITK GDCM series listing (peer) {h['simpleitk_s']:.3f} s  {h['simpleitk_files_per_s']:.0f} files/s   "
+              f"ratio {h['ratio_vs_simpleitk']:.2f}x   same series/files: {'yes' if h['same_series_files'] else 'NO'}, "
+              f"same slice order: {'yes' if h['same_slice_order'] else 'NO'}")
+        print(f"  SimpleITK GetGDCMSeriesIDs only      {h['simpleitk_ids_only_s']:.3f} s  "
+              f"{h['simpleitk_ids_only_files_per_s']:.0f} files/s   ratio {h['ratio_vs_simpleitk_ids_only']:.2f}x "
+              "(series UIDs only, no file lists: a lower bound for the peer)")
+    finally:
+        if args.data is None:
+            shutil.rmtree(data, ignore_errors=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+    ok = results["series_ingest"]["identical_to_simpleitk"] and results["header_scan"]["same_series_files"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+#!/usr/bin/env python
+"""Train ctpipe's demo nodule detector (a small MONAI RetinaNet) on synthetic phantoms.
+
+The weights it writes are trained on synthetic phantoms, for demonstration and
+testing only, not for clinical use.
+
+Steps: generate the training phantoms once (seeds ``--seed0 ..``; never the
+evaluation seeds 1..N) and cache their network inputs and boxes; then train on
+random patches (two thirds centred near a nodule) with MONAI's detection
+training utilities: ATSS matcher, hard-negative sampler, box coder (encoded
+regression targets, smooth-L1), BCE classification. Mixed precision and
+gradient accumulation on a GPU. A checkpoint is written every
+``--checkpoint-every`` steps and the run resumes from it. Losses are logged.
+
+    nice -n 5 python scripts/train_detector.py --work /tmp/ctpipe_train --minutes 35
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.detect.model_config import DEMO_MODEL_JSON, FORMAT
+from pipeline.detect.network import build_anchor_generator, build_network, count_parameters
+from pipeline.detect.preprocess import Window, prepare_input
+
+log = logging.getLogger("train_detector")
+
+ARCH = {
+    "kind": "small_resnet_fpn",
+    "block": "basic",
+    "layers": [2, 2, 1, 1],
+    "block_inplanes": [16, 32, 64, 128],
+    "conv1_t_stride": [2, 2, 1],
+    "conv1_t_size": [7, 7, 5],
+    "returned_layers": [1, 2],
+    "fpn_channels": 32,
+    "num_classes": 1,
+    "num_anchors": 3,
+    "size_divisible": [16, 16, 8],
+}
+SPACING = [1.5, 1.5, 2.0]
+WINDOW = Window(-1024.0, 300.0, 0.0, 1.0, True)
+# anchor shapes in voxels of SPACING at the finest level; levels scale them by 1, 2, 4
+ANCHORS = {"feature_map_scales": [1, 2, 4], "base_anchor_shapes": [[3, 3, 2], [5, 5, 4], [8, 8, 6]]}
+SELECTOR = {"score_thresh": 0.02, "topk_candidates_per_level": 1000, "nms_thresh": 0.22, "detections_per_img": 100}
+SLIDING = {"roi_size": [192, 192, 160], "overlap": 0.25, "mode": "constant"}
+PATCH = [64, 64, 48]
+
+
+def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
+    """One training phantom's network input (float16) and nodule boxes (input voxels, xyzxyz)."""
+    from pipeline.phantom import generate_phantom
+
+    matrix = int(rng.choice([160, 192, 256]))
+    fov = float(rng.uniform(200.0, 360.0))
+    ph = generate_phantom(seed, matrix=matrix, pixel_spacing=min(2.0, fov / matrix), slice_spacing=float(rng.choice([1.25, 2.0, 2.5])),
+                          n_nodules=int(rng.integers(3, 9)))
+    tensor, grid = prepare_input(ph.volume, spacing=SPACING, window=WINDOW)
+    boxes = []
+    for nod in ph.nodules:
+        c = grid.lps_to_xyz(np.asarray(nod.center_lps))
+        half = nod.diameter_mm / 2.0 / np.asarray(SPACING)
+        boxes.append(np.concatenate([c - half, c + half]))
+    lungs = ph.masks["lung_left"] | ph.masks["lung_right"]
+    kji = np.argwhere(lungs)
+    ijk_lo, ijk_hi = kji.min(0)[::-1], kji.max(0)[::-1]
+    corners = np.array([[a, b, c] for a in (ijk_lo[0], ijk_hi[0]) for b in (ijk_lo[1], ijk_hi[1]) for c in (ijk_lo[2], ijk_hi[2])], float)
+    xyz = grid.lps_to_xyz(ph.volume.geometry.index_to_lps(corners))
+    return {
+        "image": tensor[0].numpy().astype(np.float16),
+        "boxes": np.asarray(boxes, np.float32).reshape(-1, 6),
+        "lung_lo": xyz.min(0).astype(np.float32),
+        "lung_hi": xyz.max(0).astype(np.float32),
+        "diam": np.asarray([n.diameter_mm for n in ph.nodules], np.float32),
+    }
+
+
+def build_cache(work: Path, seeds: list[int]) -> list[Path]:
+    cache = work / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for n, seed in enumerate(seeds):
+        path = cache / f"phantom_{seed}.npz"
+        if not path.is_file():
+            t0 = time.time()
+            sample = phantom_sample(seed, np.random.default_rng(seed))
+            tmp = cache / f".phantom_{seed}.tmp.npz"
+            np.savez(tmp, **sample)
+            tmp.replace(path)
+            log.info("cached phantom %d (%d/%d) %s, %d nodules, %.1fs", seed, n + 1, len(seeds), sample["image"].shape,
+                     len(sample["boxes"]), time.time() - t0)
+        paths.append(path)
+    return paths
+
+
+def random_patch(sample: dict, rng: np.random.Generator, positive: bool) -> tuple[np.ndarray, np.ndarray]:
+    img = sample["image"]
+    shape = np.asarray(img.shape)
+    patch = np.minimum(np.asarray(PATCH), shape)
+    boxes = sample["boxes"]
+    if positive and len(boxes):
+        b = boxes[rng.integers(len(boxes))]
+        centre = (b[:3] + b[3:]) / 2 + rng.uniform(-0.35, 0.35, 3) * patch
+    else:
+        lo, hi = sample["lung_lo"], sample["lung_hi"]
+        centre = rng.uniform(np.minimum(lo, hi), np.maximum(lo, hi))
+    start = np.clip(np.round(centre - patch / 2).astype(int), 0, shape - patch)
+    sl = tuple(slice(s, s + p) for s, p in zip(start, patch))
+    crop = img[sl].astype(np.float32)
+    out_boxes = []
+    for b in boxes:
+        c = (b[:3] + b[3:]) / 2 - start
+        if np.all(c >= 0) and np.all(c < patch):
+            nb = np.concatenate([np.maximum(b[:3] - start, 0), np.minimum(b[3:] - start, patch)])
+            out_boxes.append(nb)
+    out = np.zeros(PATCH, np.float32)  # pad small images up to the patch size (air after windowing = 0)
+    out[: crop.shape[0], : crop.shape[1], : crop.shape[2]] = crop
+    bx = np.asarray(out_boxes, np.float32).reshape(-1, 6)
+    for ax in range(3):  # random flips
+        if rng.random() < 0.5:
+            out = np.flip(out, ax)
+            lo, hi = bx[:, ax].copy(), bx[:, ax + 3].copy()
+            bx[:, ax], bx[:, ax + 3] = PATCH[ax] - hi, PATCH[ax] - lo
+    out = out * rng.uniform(0.95, 1.05) + rng.uniform(-0.03, 0.03)
+    return np.ascontiguousarray(out), bx
+
+
+def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse.Namespace, history: dict) -> None:
+    weights = out_json.with_suffix(".pt")
+    state = {k: v.detach().cpu().float() if v.is_floating_point() else v.cpu() for k, v in net.state_dict().items()}
+    torch.save(state, weights)
+    data = {
+        "format": FORMAT,
+        "name": out_json.stem,
+        "description": "Small MONAI RetinaNet trained on synthetic phantoms, for demonstration and testing only, not for clinical use.",
+        "spacing_mm_ras": SPACING,
+        "intensity_window": {"a_min": WINDOW.a_min, "a_max": WINDOW.a_max, "b_min": WINDOW.b_min, "b_max": WINDOW.b_max, "clip": WINDOW.clip},
+        "network": ARCH,
+        "anchors": ANCHORS,
+        "box_selector": SELECTOR,
+        "sliding_window": SLIDING,
+        "size_divisible": ARCH["size_divisible"],
+        "lung_crop_margin_mm": 20.0,
+        "lung_filter_margin_mm": 8.0,
+        "weights": weights.name,
+        "training": {
+            "data": "synthetic phantoms from pipeline.phantom.generate_phantom",
+            "train_seeds": [args.seed0, args.seed0 + args.n_train - 1],
+            "evaluation_seeds_must_avoid": f"{args.seed0}..{args.seed0 + args.n_train - 1}",
+            "torch_seed": args.torch_seed,
+            "patch_size": PATCH,
+            "steps": history["step"],
+            "batch_size": args.batch,
+            "grad_accumulation": args.accum,
+            "optimizer": f"AdamW lr={args.lr} cosine",
+            "matcher": "ATSS (num_candidates=4)",
+            "sampler": "hard negative (batch 64, positive fraction 0.3)",
+            "final_loss": history.get("loss"),
+            "parameters": count_parameters(net),
+        },
+        "intended_use": "trained on synthetic phantoms, for demonstration and testing only, not for clinical use",
+    }
+    out_json.write_text(json.dumps(data, indent=1) + "\n")
+    log.info("wrote %s and %s (%.1f MB)", out_json, weights, weights.stat().st_size / 1e6)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/ctpipe_train"))
+    ap.add_argument("--out", type=Path, default=DEMO_MODEL_JSON, help="model JSON to write (weights next to it, .pt)")
+    ap.add_argument("--seed0", type=int, default=1000, help="first training phantom seed (evaluation uses 1..N)")
+    ap.add_argument("--n-train", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--minutes", type=float, default=35.0, help="stop training after this wall time")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--accum", type=int, default=1, help="gradient accumulation steps (GPU)")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--torch-seed", type=int, default=7)
+    ap.add_argument("--checkpoint-every", type=int, default=100)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.torch_seed)
+    args.work.mkdir(parents=True, exist_ok=True)
+    seeds = list(range(args.seed0, args.seed0 + args.n_train))
+    paths = build_cache(args.work, seeds)
+    samples = [dict(np.load(p)) for p in paths]
+    log.info("%d training phantoms, %d nodules", len(samples), sum(len(s["boxes"]) for s in samples))
+
+    from monai.apps.detection.networks.retinanet_detector import RetinaNetDetector
+
+    device = torch.device(args.device)
+    net = build_network(ARCH).to(device)
+    det = RetinaNetDetector(network=net, anchor_generator=build_anchor_generator(ANCHORS), debug=False).to(device)
+    det.set_atss_matcher(num_candidates=4, center_in_gt=False)
+    det.set_hard_negative_sampler(batch_size_per_image=64, positive_fraction=0.3, pool_size=20, min_neg=16)
+    det.set_target_keys(box_key="boxes", label_key="labels")
+    det.set_box_regression_loss(torch.nn.SmoothL1Loss(beta=1.0 / 9, reduction="mean"), encode_gt=True, decode_pred=False)
+    opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
+    use_amp = device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    ckpt = args.work / "last.pt"
+    step = 0
+    rng = np.random.default_rng(args.torch_seed)
+    if ckpt.is_file():
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        net.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = int(state["step"])
+        rng = np.random.default_rng(args.torch_seed + step)
+        log.info("resumed from %s at step %d", ckpt, step)
+    t_start = time.time()
+    det.train()
+    ema = None
+    while step < args.steps and (time.time() - t_start) < args.minutes * 60:
+        lr = args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        if step < 100:
+            lr *= (step + 1) / 100
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for _ in range(args.accum):
+            imgs, targets = [], []
+            for b in range(args.batch):
+                sample = samples[int(rng.integers(len(samples)))]
+                img, boxes = random_patch(sample, rng, positive=b % 3 != 2)
+                imgs.append(torch.from_numpy(img)[None].to(device))
+                targets.append({"boxes": torch.from_numpy(boxes).to(device), "labels": torch.zeros(len(boxes), dtype=torch.long, device=device)})
+            with torch.autocast(device.type, enabled=use_amp):
+                losses = det(torch.stack(imgs), targets)
+                loss = (losses["classification"] + losses["box_regression"]) / args.accum
+            scaler.scale(loss).backward()
+            total += float(loss.detach())
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 10.0)
+        scaler.step(opt)
+        scaler.update()
+        step += 1
+        ema = total if ema is None else 0.95 * ema + 0.05 * total
+        if step % 20 == 0:
+            log.info("step %d lr %.2e loss %.4f (cls %.4f box %.4f) ema %.4f", step, lr, total, float(losses["classification"]),
+                     float(losses["box_regression"]), ema)
+        if step % args.checkpoint_every == 0:
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+            tmp.replace(ckpt)
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_model(args.work, net, args.out, args, {"step": step, "loss": ema})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

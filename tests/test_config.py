@@ -1,0 +1,108 @@
+"""Configuration: schema vs configs/default.yaml, validation messages, precedence, saved effective config."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from pipeline.config import SCHEMA, default_yaml_path, defaults, load_config, overrides_layer
+from pipeline.errors import ConfigError
+
+
+def test_default_yaml_matches_schema_and_documents_every_option():
+    text = default_yaml_path().read_text()
+    data = yaml.safe_load(text)
+    assert set(data) == set(SCHEMA)
+    assert data == defaults()  # the shipped file is exactly the defaults
+    for section, opts in SCHEMA.items():
+        for key, opt in opts.items():
+            line = next(ln for ln in text.splitlines() if re.match(rf"\s+{key}:", ln))
+            assert "#" in line, f"{section}.{key} has no comment"
+            if opt.unit and opt.kind in ("int", "float"):
+                assert opt.unit.split()[0].rstrip(";") in line, f"{section}.{key}: unit {opt.unit!r} not documented"
+    cfg = load_config(default_yaml_path(), environ={})
+    assert cfg.to_dict() == defaults()
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "value", "allowed"),
+    [
+        ("runner:\n  workers: -1\n", "runner.workers", "-1", "integer in [0, 256]"),
+        ("runner:\n  wrokers: 2\n", "runner.wrokers", "2", "allowed in runner: workers"),
+        ("detector:\n  score_threshold: 1.5\n", "detector.score_threshold", "1.5", "number in [0, 1]"),
+        ("loader:\n  backend: cuda\n", "loader.backend", "'cuda'", "one of auto, dali, torch"),
+        ("reconstruct:\n  mesh_formats: [stl, vtk]\n", "reconstruct.mesh_formats", "vtk", "stl, ply, obj, glb"),
+        ("metrics:\n  port: '9100'\n", "metrics.port", "'9100'", "or null"),
+        ("report:\n  enabled: yes please\n", "report.enabled", "yes please", "true or false"),
+        ("runner:\n  device: gpu0\n", "runner.device", "gpu0", "cuda:N"),
+        ("nonsense:\n  a: 1\n", "nonsense", "nonsense", "allowed: ingest, loader"),
+    ],
+)
+def test_bad_file_values_name_key_value_and_allowed(tmp_path, text, path, value, allowed):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(f, environ={})
+    msg = str(ei.value)
+    assert str(f) in msg
+    assert path in msg
+    assert value in msg
+    assert allowed in msg
+
+
+def test_invalid_yaml_and_missing_file(tmp_path):
+    f = tmp_path / "broken.yaml"
+    f.write_text("runner: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(f, environ={})
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load_config(tmp_path / "missing.yaml", environ={})
+
+
+def test_precedence_cli_over_env_over_file_over_defaults(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("runner:\n  workers: 3\n  queue_depth: 5\ndetector:\n  score_threshold: 0.3\n")
+    env = {"CTPIPE_RUNNER_WORKERS": "6", "CTPIPE_REPORT_HOURS_PER_DAY": "10", "CTPIPE_UNRELATED": "x"}
+    cfg = load_config(f, overrides={"workers": 8, "device": None}, environ=env)
+    assert cfg.runner.workers == 8  # CLI beats env and file
+    assert cfg.report.hours_per_day == 10.0  # env beats default
+    assert cfg.runner.queue_depth == 5  # file beats default
+    assert cfg.detector.score_threshold == 0.3
+    assert cfg.runner.device == "auto"  # an unset flag (None) changes nothing
+    assert cfg.metrics.bind == "127.0.0.1"  # default
+    assert cfg.sources["runner.workers"] == "overrides"
+    assert cfg.sources["report.hours_per_day"] == "environment"
+    cfg2 = load_config(f, environ=env)
+    assert cfg2.runner.workers == 6
+
+
+def test_env_values_are_validated_with_the_variable_name():
+    with pytest.raises(ConfigError) as ei:
+        load_config(environ={"CTPIPE_RUNNER_WORKERS": "many"})
+    assert "runner.workers" in str(ei.value) and "'many'" in str(ei.value) and "environment" in str(ei.value)
+    with pytest.raises(ConfigError, match="CTPIPE_RUNNER_WORKRES"):
+        load_config(environ={"CTPIPE_RUNNER_WORKRES": "2"})
+
+
+def test_overrides_by_short_dotted_and_section_names():
+    layer = overrides_layer({"workers": 2, "detector.amp": False, "reconstruct__organs": ["body"], "report": {"enabled": False}})
+    assert layer == {"runner": {"workers": 2}, "detector": {"amp": False}, "reconstruct": {"organs": ["body"]},
+                     "report": {"enabled": False}}
+    cfg = load_config(overrides={"reconstruct.mesh_formats": "stl,glb,stl"}, environ={})
+    assert cfg.reconstruct.mesh_formats == ["stl", "glb"]
+    with pytest.raises(ConfigError, match="unknown override 'wrkers'"):
+        load_config(overrides={"wrkers": 2}, environ={})
+    with pytest.raises(ConfigError, match="runner.workers = True"):
+        load_config(overrides={"workers": True}, environ={})
+
+
+def test_config_object_is_read_only_and_round_trips():
+    cfg = load_config(environ={})
+    with pytest.raises(AttributeError):
+        _ = cfg.runner.nonexistent
+    d = cfg.to_dict()
+    d["runner"]["workers"] = 99
+    assert cfg.runner.workers == 2  # to_dict returns a copy
+    assert cfg.get_path("metrics.nvml_interval_s") == 2.0

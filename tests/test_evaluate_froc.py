@@ -1,0 +1,128 @@
+"""LUNA16 FROC/CPM: hand-checked cases, irrelevant findings, file formats and the CLI."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.detect.evaluate import FP_RATES, evaluate_froc
+from pipeline.detect.evaluate_io import load_predictions, load_truth
+from pipeline.detect.findings import Finding, Findings
+from pipeline.errors import ConfigError
+
+TRUTH = {
+    "s1": [((0.0, 0.0, 0.0), 10.0), ((50.0, 0.0, 0.0), 6.0)],
+    "s2": [((10.0, 10.0, 10.0), 8.0), ((-30.0, 5.0, 0.0), 20.0)],
+}
+
+
+def test_perfect_detection_gives_cpm_one():
+    preds = {sid: [(c, 0.9) for c, _ in nods] for sid, nods in TRUTH.items()}
+    r = evaluate_froc(preds, TRUTH, n_bootstrap=50)
+    assert r.cpm == 1.0 and r.sensitivity == [1.0] * 7
+    assert r.n_nodules == 4 and r.n_detected == 4
+
+
+def test_hand_computed_froc():
+    preds = {
+        "s1": [((1.0, 1.0, 1.0), 0.9),      # hit nodule 1 (within 5 mm)
+               ((0.5, 0.0, 0.0), 0.95),      # second hit on nodule 1: not a FP, nodule takes 0.95
+               ((54.0, 0.0, 0.0), 0.5),      # 4 mm from nodule 2 (radius 3): FP
+               ((100.0, 0.0, 0.0), 0.8)],    # FP
+        "s2": [((10.0, 12.0, 10.0), 0.7),    # hit nodule 3
+               ((-30.0, 5.0, 9.0), 0.3)],    # hit nodule 4 (9 mm < 10 mm)
+    }
+    r = evaluate_froc(preds, TRUTH, n_bootstrap=0 or 10)
+    # thresholds: 0.95 TP (1/4), 0.8 FP (0.5 FP/scan), 0.7 TP (2/4), 0.5 FP (1 FP/scan), 0.3 TP (3/4)
+    expected = {0.125: 0.25, 0.25: 0.25, 0.5: 0.5, 1.0: 0.75, 2.0: 0.75, 4.0: 0.75, 8.0: 0.75}
+    assert r.sensitivity == [expected[x] for x in FP_RATES]
+    assert r.cpm == pytest.approx(np.mean(list(expected.values())))
+    assert r.n_detected == 3
+
+
+def test_irrelevant_small_nodules_are_ignored():
+    truth = {"s": [((0.0, 0.0, 0.0), 10.0), ((40.0, 0.0, 0.0), 2.0)]}
+    preds = {"s": [((0.0, 0.0, 0.0), 0.9), ((40.2, 0.0, 0.0), 0.99)]}
+    r = evaluate_froc(preds, truth, n_bootstrap=10)
+    assert r.n_nodules == 1 and r.cpm == 1.0  # the hit on the 2 mm nodule is neither TP nor FP
+    r3 = evaluate_froc(preds, truth, n_bootstrap=10, min_diameter_mm=1.0)
+    assert r3.n_nodules == 2
+
+
+def test_scan_without_predictions_counts_in_fp_rate_and_misses():
+    preds = {"s1": [((0.0, 0.0, 0.0), 0.9), ((200.0, 0.0, 0.0), 0.95)]}
+    r = evaluate_froc(preds, TRUTH, n_bootstrap=10)
+    # 1 FP over 2 scans = 0.5 FP/scan before the TP can be reached
+    assert r.sensitivity[FP_RATES.index(0.25)] == 0.0
+    assert r.sensitivity[FP_RATES.index(0.5)] == 0.25
+
+
+def test_bootstrap_interval_brackets_estimate():
+    rng = np.random.default_rng(0)
+    truth, preds = {}, {}
+    for s in range(20):
+        centres = rng.uniform(-100, 100, (3, 3))
+        truth[f"s{s}"] = [(c, 10.0) for c in centres]
+        preds[f"s{s}"] = [(c + rng.normal(0, 1, 3), rng.uniform(0.3, 1)) for c in centres[: rng.integers(1, 4)]]
+        preds[f"s{s}"] += [(rng.uniform(-100, 100, 3) + 500, rng.uniform(0, 0.9)) for _ in range(4)]
+    r = evaluate_froc(preds, truth, n_bootstrap=300, seed=1)
+    assert r.cpm_ci[0] <= r.cpm <= r.cpm_ci[1]
+    assert r.cpm_ci[1] - r.cpm_ci[0] > 0.01
+    for s, (lo, hi) in zip(r.sensitivity, r.sensitivity_ci):
+        assert lo <= s + 1e-9 and s <= hi + 1e-9
+
+
+def test_empty_truth_is_an_error():
+    with pytest.raises(ConfigError):
+        evaluate_froc({"a": []}, {"a": [((0, 0, 0), 2.0)]}, n_bootstrap=5)
+
+
+def _findings(sid, centres_scores):
+    fs = [Finding(center_lps=tuple(c), box_min_lps=tuple(np.subtract(c, 3)), box_max_lps=tuple(np.add(c, 3)), diameter_mm=6.0,
+                  score=s, voxel_ijk=(1, 2, 3), slice_number=4) for c, s in centres_scores]
+    return Findings(fs, case_id=sid, series_uid=sid)
+
+
+def test_files_and_cli(tmp_path, capsys):
+    from pipeline.cli import main
+
+    # ground truth: one phantom-style JSON and one LUNA16 CSV
+    (tmp_path / "gt1").mkdir()
+    (tmp_path / "gt1" / "ground_truth.json").write_text(json.dumps({
+        "seed": 1, "geometry": {}, "series_uid": "s1",
+        "nodules": [{"center_lps": [0, 0, 0], "diameter_mm": 10.0}, {"center_lps": [50, 0, 0], "diameter_mm": 6.0}]}))
+    with open(tmp_path / "annotations.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["seriesuid", "coordX", "coordY", "coordZ", "diameter_mm"])
+        w.writerow(["s2", 10, 10, 10, 8.0])
+        w.writerow(["s2", -30, 5, 0, 20.0])
+    truth = load_truth([tmp_path / "gt1", tmp_path / "annotations.csv"])
+    assert sorted(truth) == ["s1", "s2"] and len(truth["s2"]) == 2
+    pred_dir = tmp_path / "pred"
+    _findings("s1", [((0.5, 0, 0), 0.9), ((90, 0, 0), 0.6)]).write_json(pred_dir / "s1.findings.json")
+    _findings("s2", [((10, 10, 11), 0.8), ((-30, 5, 3), 0.7)]).write_json(pred_dir / "s2.findings.json")
+    preds = load_predictions([pred_dir])
+    assert len(preds["s1"]) == 2
+    out = tmp_path / "eval"
+    rc = main(["evaluate", "--pred", str(pred_dir), "--truth", str(tmp_path / "gt1"), str(tmp_path / "annotations.csv"),
+               "--out", str(out), "--bootstrap", "50"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "CPM" in text
+    data = json.loads((out / "froc.json").read_text())
+    # 3 of 4 found before any FP; the 6 mm nodule is never found
+    assert data["sensitivity"] == [0.75] * 7 and data["cpm"] == 0.75
+    assert (out / "froc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv.reader(open(out / "froc.csv")))
+    assert rows[0][:2] == ["fps_per_scan", "sensitivity"] and rows[-1][0] == "CPM"
+    # a LUNA16 candidates CSV works as predictions too
+    with open(tmp_path / "cand.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["seriesuid", "coordX", "coordY", "coordZ", "probability"])
+        w.writerow(["s1", 0, 0, 0, 0.9])
+    assert load_predictions([tmp_path / "cand.csv"])["s1"][0][1] == 0.9
+    with pytest.raises(ConfigError, match="lack"):
+        load_predictions([tmp_path / "annotations.csv"])

@@ -1,0 +1,102 @@
+"""A run over phantom cases plus corrupt ones: quarantine with reasons, non-zero exit, complete good cases."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_run_support import FAST, ctpipe, db_rows, dicom_data, full_run, manifest  # noqa: F401
+
+from pipeline.runner.results import open_run
+
+pytestmark = pytest.mark.slow
+
+
+def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):  # noqa: F811
+    out, p = full_run["out"], full_run["proc"]
+    assert p.returncode == 3, p.stdout + p.stderr
+    # summary lists every quarantined case with its reason, and where the report is
+    lines = p.stdout.splitlines()
+    quarantined = [ln for ln in lines if ln.strip().startswith("quarantined")]
+    assert len(quarantined) == 3, p.stdout
+    text = "\n".join(quarantined)
+    for cls in ("MissingSliceError", "TruncatedFileError", "pixel data cannot be decoded"):
+        assert cls in text
+    assert "missing" in text and "Fix:" in text
+    report_line = next(ln for ln in lines if ln.startswith("report: "))
+    assert (out / "report" / "report.html").is_file() and report_line.endswith("report.html")
+
+    rows = db_rows(out, "SELECT series_uid, status, error_class, failed_stage, reason, source FROM cases")
+    done = {r[0] for r in rows if r[1] == "done"}
+    assert done == set(dicom_data["good_uids"])
+    failed = {r[5].rsplit("/", 1)[-1]: r for r in rows if r[1] == "failed"}
+    assert set(failed) == {"missing_slice", "truncated", "corrupt_rle"}
+    for folder, cls in dicom_data["bad_kinds"].items():
+        assert failed[folder][2] == cls
+    assert failed["corrupt_rle"][3] == "ingest"  # failed inside a worker stage, when its pixels were decoded
+    assert failed["missing_slice"][3] == "discover"  # refused from its headers
+    assert failed["truncated"][3] == "discover"
+    assert all(len(r[4]) > 30 for r in failed.values())
+    qfiles = sorted((out / "quarantine").glob("*.json"))
+    assert len(qfiles) == 3
+    assert {json.loads(q.read_text())["error_class"] for q in qfiles} == {"MissingSliceError", "TruncatedFileError"}
+
+    # every stage of every good case ran once and was measured
+    att = db_rows(out, "SELECT c.series_uid, a.stage, a.status, a.wall_s, a.queue_wait_s, a.peak_rss_mb FROM stage_attempts a"
+                       " JOIN cases c USING (case_key) WHERE c.status='done'")
+    assert len(att) == 4 * len(done)
+    assert {a[1] for a in att} == {"ingest", "detect", "reconstruct", "write"}
+    assert all(a[2] == "ok" and a[3] > 0 and a[4] >= 0 and a[5] > 10 for a in att)
+
+    # outputs: published folders only, each with its manifest; nothing half-written left behind
+    assert not any((out / "tmp").iterdir()) if (out / "tmp").exists() else True
+    assert not list((out / "cache").glob("*"))
+    for case_dir in (out / "cases").iterdir():
+        m = manifest(case_dir)
+        names = {f["path"] for f in m["files"]}
+        assert {"findings.json", "findings.csv"} <= names
+        assert any(n.endswith("_lung_left.stl") for n in names) and any(n.endswith("_measurements.json") for n in names)
+        for f in m["files"]:
+            assert (case_dir / f["path"]).stat().st_size == f["bytes"]
+        doc = json.loads((case_dir / "findings.json").read_text())
+        assert "LPS" in doc["coordinates"] and doc["timings_ms"] == {}
+
+
+def test_run_record_log_and_results(full_run, dicom_data):  # noqa: F811
+    out = full_run["out"]
+    run = open_run(out)
+    assert len(run.runs) == 1 and run.runs.status[0] == "completed" and run.runs.device[0] == "cpu"
+    versions = json.loads(run.runs.versions[0])
+    assert {"python", "torch", "monai", "pydicom"} <= set(versions)
+    saved = json.loads(run.runs.config[0])
+    assert saved["reconstruct"]["renderings"] is False and saved["runner"]["workers"] == 1
+    assert "renderings: false" in (out / "config.yaml").read_text()
+    assert "6 cases (3 done, 3 failed" in repr(run)
+    lat = run.stage_latency()
+    assert list(lat.index) == ["ingest", "detect", "reconstruct", "write"]
+    assert (lat["50%"] <= lat["90%"]).all() and (lat["90%"] <= lat["99%"]).all()
+    # measurements: both lungs with a volume in mL; findings (if any) inside the volume, LPS mm
+    vols = run.measurements[run.measurements.name.str.endswith("volume_ml")]
+    assert (vols.value > 0).all() and set(vols.unit) == {"mL"} and len(vols) >= 6
+    for f in run.findings.itertuples():
+        case = run.case(f.case_id)
+        assert case.status == "done"
+        assert np.isfinite([f.center_x, f.center_y, f.center_z]).all()
+    failures = run.failures
+    assert len(failures) == 3 and failures.reason.str.len().min() > 20
+    # structured log: JSON lines from the main process and the workers
+    records = [json.loads(ln) for ln in (out / "run.log").read_text().splitlines()]
+    events = [r.get("event") for r in records]
+    assert events.count("case_done") == 3 and events.count("case_failed") == 3
+    assert {"main", "cpu-1", "model-cpu"} <= {r["process"] for r in records}
+    assert all({"t", "level", "logger", "msg"} <= set(r) for r in records)
+
+
+def test_bad_source_and_bad_config_are_refused_before_running(tmp_path, dicom_data):  # noqa: F811
+    p = ctpipe("run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r"))
+    assert p.returncode == 1 and "no such file or folder" in p.stderr
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("runner:\n  workers: lots\n")
+    p = ctpipe("run", str(dicom_data["good"]), "--out", str(tmp_path / "r2"), "--config", str(cfg))
+    assert p.returncode == 1 and "runner.workers" in p.stderr and "'lots'" in p.stderr

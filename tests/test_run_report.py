@@ -1,0 +1,115 @@
+"""Reports over several runs, Prometheus metrics (textfile and HTTP during a run)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import urllib.request
+
+import pandas as pd
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from test_run_support import ctpipe, dicom_data, full_run  # noqa: F401
+
+from pipeline.runner import run_batch
+from pipeline.runner.stages import IngestStage
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.fixture(scope="module")
+def ingest_run(dicom_data, tmp_path_factory):  # noqa: F811
+    """A second, cheap run (ingest stage only, in-process) that scrapes its own metrics endpoint while running."""
+    out = tmp_path_factory.mktemp("r2") / "ingest_only"
+    port = _free_port()
+    scraped: list[str] = []
+
+    def scrape(progress) -> None:
+        if progress.done == 1 and not scraped:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                scraped.append(r.read().decode())
+
+    summary = run_batch([dicom_data["good"]], out=out, workers=0, stages=[IngestStage()], metrics_port=port,
+                        progress=scrape, **{"report.enabled": False})
+    return {"out": out, "summary": summary, "scraped": scraped, "port": port}
+
+
+def test_metrics_served_during_the_run_and_closed_after(ingest_run):
+    assert ingest_run["summary"].exit_code == 0 and ingest_run["summary"].done == 3
+    assert len(ingest_run["scraped"]) == 1
+    live = _samples(ingest_run["scraped"][0])
+    assert live[("ctpipe_cases_processed_total", ())] == 1.0
+    assert live[("ctpipe_stage_latency_seconds_count", (("stage", "ingest"),))] >= 1.0
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{ingest_run['port']}/metrics", timeout=2)
+
+
+def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):  # noqa: F811
+    s = _samples((full_run["out"] / "metrics.prom").read_text())
+    assert s[("ctpipe_cases_processed_total", ())] == 3.0
+    failed = {dict(k[1])["reason"]: v for k, v in s.items() if k[0] == "ctpipe_cases_failed_total"}
+    assert failed == {"MissingSliceError": 1.0, "TruncatedFileError": 2.0}
+    counts = {dict(k[1])["stage"]: v for k, v in s.items() if k[0] == "ctpipe_stage_latency_seconds_count"}
+    assert counts == {"ingest": 3.0, "detect": 3.0, "reconstruct": 3.0, "write": 3.0}
+    assert s[("ctpipe_case_latency_seconds_count", ())] == 3.0
+    # cumulative buckets never decrease and end at the count
+    buckets = sorted((float(dict(k[1])["le"]), v) for k, v in s.items()
+                     if k[0] == "ctpipe_stage_latency_seconds_bucket" and dict(k[1])["stage"] == "detect")
+    assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])) and buckets[-1][1] == 3.0
+    assert s[("ctpipe_stage_peak_rss_bytes", (("stage", "detect"),))] > 50e6
+    s2 = _samples((ingest_run["out"] / "metrics.prom").read_text())
+    assert s2[("ctpipe_cases_processed_total", ())] == 3.0
+
+
+def test_report_over_two_runs(full_run, ingest_run, tmp_path):  # noqa: F811
+    out = tmp_path / "report"
+    p = ctpipe("report", str(full_run["out"]), str(ingest_run["out"]), "--out", str(out), "--hours-per-day", "20")
+    assert p.returncode == 0, p.stderr
+    assert "at the measured rate this machine handles" in p.stdout and "report: " in p.stdout
+    summary = json.loads((out / "report.json").read_text())
+    assert summary["runs"] == 2
+    assert summary["cases"] == {"total": 9, "done": 6, "failed": 3, "unfinished": 0}
+    tp = summary["throughput"]
+    assert sum(tp["per_day_utc"].values()) == 6 and sum(tp["per_hour_utc"].values()) == 6
+    assert tp["cases_per_day_projected"] == pytest.approx(tp["cases_per_hour"] * 20)
+    assert tp["cases_per_hour"] == pytest.approx(6 / summary["active_hours"])
+    assert f"{tp['cases_per_day_projected']:,.0f} cases/day" in summary["projection"]
+    lat = summary["latency_s"]
+    assert set(lat) == {"end_to_end", "ingest", "detect", "reconstruct", "write"}
+    assert lat["ingest"]["n"] == 6 and lat["detect"]["n"] == 3  # ingest ran in both runs
+    assert lat["end_to_end"]["n"] == 6
+    for v in lat.values():
+        assert 0 < v["p50"] <= v["p90"] <= v["p99"]
+    assert summary["failures_by_reason"] == {"TruncatedFileError": 2, "MissingSliceError": 1}
+    # self-contained HTML: plots embedded as PNG
+    html = (out / "report.html").read_text()
+    imgs = html.count('src="data:image/png;base64,')
+    assert imgs >= 3 and "<script" not in html and "http://" not in html and "https://" not in html
+    first = html.split('src="data:image/png;base64,', 1)[1].split('"', 1)[0]
+    assert base64.b64decode(first)[:8] == b"\x89PNG\r\n\x1a\n"
+    # CSV tables
+    latency = pd.read_csv(out / "latency.csv")
+    assert set(latency.stage) == set(lat) and {"p50", "p90", "p99"} <= set(latency.columns)
+    assert len(pd.read_csv(out / "failures.csv")) == 3
+    assert pd.read_csv(out / "throughput_daily.csv").cases.sum() == 6
+    assert len(pd.read_csv(out / "cases.csv")) == 9
+
+
+def test_report_refuses_a_folder_that_is_not_a_run(tmp_path):
+    p = ctpipe("report", str(tmp_path), "--out", str(tmp_path / "rep"))
+    assert p.returncode == 1 and "no run database here" in p.stderr
