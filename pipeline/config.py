@@ -95,7 +95,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
     "runner": {
         "workers": Option(2, "int", "processes", "CPU worker processes (0 runs every stage in this process, one case after another)", lo=0, hi=256),
         "device": Option("auto", "str", "", "model device: auto, cpu, cuda (every GPU) or cuda:N"),
-        "queue_depth": Option(2, "int", "cases", "tasks queued per worker ahead of the one it runs", lo=1, hi=64),
+        "queue_depth": Option(2, "int", "cases", "model inputs queued per model worker ahead of the one it runs", lo=1, hi=64),
         "max_in_flight": Option(0, "int", "cases", "cases admitted at once; 0 = 2 x (workers + model workers) + 2", lo=0, hi=4096),
         "retries": Option(1, "int", "attempts", "extra attempts for a case whose worker process died", lo=0, hi=10),
         "retry_failed": Option(False, "bool", "", "re-attempt cases quarantined by an earlier run of the same folder"),

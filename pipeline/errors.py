@@ -163,3 +163,7 @@ class AmbiguousSeriesError(DicomError):
 # --- detector (appended) ---------------------------------------------------------------
 class InvalidVolumeError(ModelError):
     """A volume's voxel values cannot be used (too many NaN or infinite voxels)."""
+
+
+class CorruptHeaderError(DicomError):
+    """A DICOM header is damaged or holds values that cannot be parsed."""

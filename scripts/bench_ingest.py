@@ -84,7 +84,7 @@ def make_scan_tree(root: Path, n_series: int, slices: int) -> Path:
 def bench_series(folder: Path, runs: int) -> dict:
     import SimpleITK as sitk
 
-    from pipeline.ingest import load_series
+    from pipeline.ingest import load_series, scan_directory
 
     def ours():
         return load_series(folder)
@@ -96,9 +96,20 @@ def bench_series(folder: Path, runs: int) -> dict:
         img = reader.Execute()
         return img, sitk.GetArrayFromImage(img)
 
+    def ours_scan():
+        return scan_directory(folder)
+
+    def simpleitk_listing():
+        ids = sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(folder))
+        return sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder), ids[0])
+
     ours(), simpleitk()  # warm the page cache for both
     t_ours, runs_ours, vol = _median_times(ours, runs)
     t_sitk, runs_sitk, (img, arr) = _median_times(simpleitk, runs)
+    t_scan, _, scan = _median_times(ours_scan, runs)
+    t_list, _, listing = _median_times(simpleitk_listing, runs)
+    (plan,) = scan.plans.values()
+    same_listing = [str(h.path) for h in plan.headers] == list(listing)
     identical = bool(
         np.array_equal(vol.array, arr)
         and np.allclose(vol.origin, img.GetOrigin(), atol=1e-4)
@@ -111,6 +122,8 @@ def bench_series(folder: Path, runs: int) -> dict:
         "ctpipe_s": t_ours, "ctpipe_runs_s": runs_ours,
         "simpleitk_s": t_sitk, "simpleitk_runs_s": runs_sitk,
         "ratio_vs_simpleitk": t_sitk / t_ours, "identical_to_simpleitk": identical,
+        "listing_ctpipe_s": t_scan, "listing_simpleitk_s": t_list, "listing_ratio": t_list / t_scan,
+        "listing_same_order": same_listing,
     }
     if shutil.which("dcm2niix"):
         out.update(_bench_dcm2niix(folder, vol.array, runs))
@@ -147,7 +160,7 @@ def bench_scan(root: Path, runs: int) -> dict:
 
     from pipeline.ingest import scan_directory
 
-    folders = sorted({p for p in root.rglob("*") if p.is_dir()} | {root})
+    folders = sorted({p.parent for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")})
 
     def ours():
         return scan_directory(root)
@@ -190,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=None, help="keep/reuse the generated DICOM here (default: a temp folder, removed)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
+    import SimpleITK as sitk
+
+    sitk.ProcessObject.SetGlobalWarningDisplay(False)
     runs = args.runs or (3 if args.quick else 5)
     matrix, slices = (256, 120) if args.quick else (512, 300)
     n_series, scan_slices = (20, 50) if args.quick else (80, 64)
@@ -207,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ctpipe load_series                  {s['ctpipe_s']:.3f} s")
         print(f"  SimpleITK ImageSeriesReader (peer)  {s['simpleitk_s']:.3f} s   ratio {s['ratio_vs_simpleitk']:.2f}x   "
               f"identical output: {'yes' if s['identical_to_simpleitk'] else 'NO'}")
+        print(f"  series listing of the same folder: ctpipe scan_directory {s['listing_ctpipe_s']:.3f} s "
+              f"({s['files'] / s['listing_ctpipe_s']:.0f} files/s), SimpleITK GetGDCMSeriesIDs+FileNames (peer) "
+              f"{s['listing_simpleitk_s']:.3f} s ({s['files'] / s['listing_simpleitk_s']:.0f} files/s), "
+              f"ratio {s['listing_ratio']:.2f}x, same slice order: {'yes' if s['listing_same_order'] else 'NO'}")
         if "dcm2niix_s" in s:
             print(f"  dcm2niix (peer, to NIfTI)           {s['dcm2niix_s']:.3f} s   ratio {s['ratio_vs_dcm2niix']:.2f}x   "
                   f"identical voxels: {'yes' if s['identical_to_dcm2niix'] else 'NO'}")

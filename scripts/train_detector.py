@@ -173,6 +173,42 @@ def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse
     log.info("wrote %s and %s (%.1f MB)", out_json, weights, weights.stat().st_size / 1e6)
 
 
+def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None) -> int:
+    """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC table."""
+    from pipeline.detect.bundle import LoadedModel, load_model, load_weights
+    from pipeline.detect.evaluate import evaluate_froc
+    from pipeline.detect.infer import Detector
+    from pipeline.phantom import generate_phantom
+
+    model = load_model(model_json)
+    if weights is not None:  # e.g. the training checkpoint
+        load_weights(model.network, weights)
+        model = LoadedModel(model.config, model.network.eval())
+    det = Detector(model=model, device="cpu")
+    preds, truth = {}, {}
+    for seed in seeds:
+        ph = generate_phantom(seed, **EVAL_PHANTOM)
+        case = out / f"phantom_{seed:03d}"
+        ph.save_ground_truth(case)
+        found = det.detect(ph.volume, case_id=f"phantom_{seed:03d}")
+        found.write_json(case / f"phantom_{seed:03d}.findings.json")
+        sid = ph.volume.series_uid
+        preds[sid] = found
+        truth[sid] = [(n.center_lps, n.diameter_mm) for n in ph.nodules]
+        log.info("held-out phantom %d: %d nodules %s, %d findings (top scores %s), %.1fs", seed, len(ph.nodules),
+                 [round(n.diameter_mm, 1) for n in ph.nodules], len(found), [round(f.score, 2) for f in found.findings[:5]],
+                 found.timings_ms.get("total", 0) / 1000)
+    result = evaluate_froc(preds, truth, scans=sorted(truth))
+    result.write(out)
+    print(result.table())
+    missed = [p for p in result.per_nodule if p["best_score"] is None]
+    print(f"missed nodules: {[(p['scan'][-6:], round(p['diameter_mm'], 1)) for p in missed]}")
+    return 0
+
+
+EVAL_PHANTOM = {"matrix": 256, "pixel_spacing": 1.2, "slice_spacing": 2.0}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ctpipe_train"))
@@ -188,11 +224,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--eval-seeds", type=int, default=0, help="after training, evaluate on held-out phantom seeds 1..N")
+    ap.add_argument("--eval-only", action="store_true", help="skip training; evaluate --out (or --eval-checkpoint)")
+    ap.add_argument("--eval-checkpoint", action="store_true", help="evaluate the training checkpoint's weights")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.torch_seed)
     args.work.mkdir(parents=True, exist_ok=True)
+    eval_seeds = list(range(1, args.eval_seeds + 1))
+    if set(eval_seeds) & set(range(args.seed0, args.seed0 + args.n_train)):
+        raise SystemExit("evaluation seeds overlap the training seeds")
+    if args.eval_only:
+        ckpt_w = None
+        if args.eval_checkpoint:
+            ckpt_w = args.work / "ckpt_weights.pt"
+            torch.save(torch.load(args.work / "last.pt", map_location="cpu", weights_only=False)["model"], ckpt_w)
+        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", weights=ckpt_w)
     seeds = list(range(args.seed0, args.seed0 + args.n_train))
     paths = build_cache(args.work, seeds)
     samples = [dict(np.load(p)) for p in paths]
@@ -259,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_model(args.work, net, args.out, args, {"step": step, "loss": ema})
+    if eval_seeds:
+        return evaluate_heldout(args.out, eval_seeds, args.work / "eval")
     return 0
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from detect_helpers import bundle_state_dict, chest_volume, inference_json, write_bundle
+from detect_helpers import bundle_state_dict, chest_volume, write_bundle
 
 from pipeline.detect.bundle import LoadedModel, load_bundle, load_model
 from pipeline.detect.infer import Detector
@@ -118,3 +118,19 @@ def test_bundle_config_drives_preprocessing(tmp_path):
     assert cfg.overlap == 0.25
     assert cfg.anchors["base_anchor_shapes"][2] == [10.0, 10.0, 6.0]
     assert cfg.window.a_min == -1024.0 and cfg.window.clip
+
+
+def test_loader_input_gives_the_same_findings(tmp_path):
+    """The batch runner may feed the loader's tensors (pipeline.load) instead of volumes: same findings."""
+    from pipeline.load import preprocess_volume
+
+    model = _small_model(tmp_path)
+    vol = chest_volume(shape_kji=(30, 56, 56), spacing=(1.4, 1.4, 2.5), seed=2, direction=np.diag([-1.0, 1.0, 1.0]))
+    det = Detector(model=model, device="cpu", restrict_to_lungs=False)
+    ours = det.detect(vol)
+    case = preprocess_volume(vol, model.config.preprocess_spec(size_divisible=(1, 1, 1)), device="cpu", case_id="c1")
+    loaded = det.detect_loaded(case, series_uid=vol.series_uid)
+    assert len(loaded) == len(ours) > 5
+    np.testing.assert_allclose([f.score for f in loaded], [f.score for f in ours], atol=1e-4)
+    np.testing.assert_allclose([f.center_lps for f in loaded], [f.center_lps for f in ours], atol=0.05)
+    assert [f.voxel_ijk for f in loaded] == [f.voxel_ijk for f in ours]

@@ -221,7 +221,7 @@ def test_missing_decoder_names_package(tmp_path, monkeypatch):
 
     class NoPlugin:
         is_available = False
-        missing_dependencies = {"pylibjpeg": ["requires pylibjpeg and pylibjpeg-rle"]}
+        missing_dependencies = ["pylibjpeg - requires pylibjpeg>=2.0 and pylibjpeg-rle>=2.0"]
 
     _encapsulated(tmp_path, "1.2.840.10008.1.2.5")
     monkeypatch.setattr(pydicom.pixels, "get_decoder", lambda uid: NoPlugin())
@@ -274,3 +274,11 @@ def test_deflated_file_falls_back_to_pydicom(tmp_path):
     vol = load_series(tmp_path)
     assert np.array_equal(vol.array, direct.array) and vol.geometry.same_grid(direct.geometry)
     assert vol.metadata["TransferSyntaxUID"] == DeflatedExplicitVRLittleEndian
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(NotDicomError) as err:
+        load_series(tmp_path / "nowhere")
+    assert "nowhere" in str(err.value) and "no such file or folder" in _msg(err)
+    with pytest.raises(NotDicomError):
+        scan_directory([tmp_path / "nowhere"])

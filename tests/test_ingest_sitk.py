@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_ingest_support import read_sitk, write_series
@@ -9,6 +12,7 @@ from test_ingest_support import read_sitk, write_series
 from pipeline.ingest import SelectionRules, load_series
 from pipeline.phantom import generate_phantom
 from pipeline.phantom.dicom_writer import write_dicom_series
+from pipeline.volume import Geometry
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +102,40 @@ def test_float_rescale_matches_simpleitk(tmp_path):
     assert vol.array.dtype == np.float32
     arr, *_ = read_sitk(tmp_path)
     np.testing.assert_allclose(vol.array, arr, rtol=0, atol=1e-3)
+
+
+def test_gantry_tilt_from_phantom_writer_lands_in_lps(tmp_path):
+    """A 15 deg tilted acquisition, resampled onto an orthogonal grid, shows the phantom where it is in LPS."""
+    from pipeline.errors import GantryTiltError
+
+    ph = generate_phantom(4, matrix=64, slices=24, n_nodules=1, noise_hu=0)
+    write_dicom_series(ph.volume, tmp_path, quirks=["gantry_tilt"])
+    with pytest.raises(GantryTiltError, match="gantry tilt of 15.00 deg"):
+        load_series(tmp_path)
+    vol = load_series(tmp_path, allow_gantry_tilt=True)
+    assert vol.metadata["GantryTiltCorrectedDeg"] == pytest.approx(15.0, abs=0.01)
+    rng = np.random.default_rng(0)
+    ijk = np.stack([rng.integers(6, n - 6, 2000) for n in vol.geometry.size_ijk], axis=1)
+    src = np.rint(ph.volume.lps_to_index(vol.index_to_lps(ijk))).astype(int)
+    inside = np.all((src >= 0) & (src < np.array(ph.volume.geometry.size_ijk)), axis=1)
+    got = vol.array[ijk[inside, 2], ijk[inside, 1], ijk[inside, 0]]
+    want = ph.volume.array[src[inside, 2], src[inside, 1], src[inside, 0]]
+    assert inside.sum() > 1000
+    assert np.corrcoef(got, want)[0, 1] > 0.97
+    assert np.median(np.abs(got - want)) < 15.0
+
+
+SAMPLES = sorted((Path(__file__).resolve().parents[1] / "data_samples").glob("*/dicom"))
+
+
+@pytest.mark.skipif(not SAMPLES, reason="data_samples/ not generated (bash scripts/make_samples.sh)")
+@pytest.mark.parametrize("case", SAMPLES, ids=[p.parent.name for p in SAMPLES])
+def test_data_samples_match_simpleitk(case):
+    vol = load_series(case)
+    _compare(vol, case)
+    gt = json.loads((case.parent / "ground_truth.json").read_text())
+    assert vol.series_uid == gt["series_uid"]
+    lo, hi = Geometry.from_json(gt["geometry"]).bounds_lps()  # the phantom's own LPS extent
+    vlo, vhi = vol.geometry.bounds_lps()
+    np.testing.assert_allclose(vlo, lo, atol=1e-3)
+    np.testing.assert_allclose(vhi, hi, atol=1e-3)

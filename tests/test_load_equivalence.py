@@ -180,3 +180,21 @@ def test_roi_crop_is_a_window_of_the_full_input(cache, loader):
     by_index = ld.load_one("ffs_float32", roi=Roi(lo=(8, 10, 4), hi=(25, 30, 12), space="index", margin_mm=2.0))
     assert by_index.geometry == crop.geometry
     assert torch.equal(by_index.tensor, crop.tensor)
+
+
+@pytest.mark.parametrize("loader", LOADERS)
+def test_roi_from_sidecar_key(tmp_path, loader):
+    cache = CaseCache(tmp_path)
+    vol = synthetic((16, 30, 34), (0.8, 0.8, 1.5))
+    box = {"lo": [6, 5, 2], "hi": [20, 18, 9], "space": "index", "margin_mm": 1.0}
+    cache.write("with_box", vol, extra={"lung_box": box})
+    cache.write("without_box", vol)
+    spec = BUNDLE.replace(roi_key="lung_box", size_divisible=(4, 4, 4))
+    ld = make_loader(cache, spec, loader=loader, device="cpu")
+    with_box, without_box = ld.load(["with_box", "without_box"])
+    explicit = make_loader(cache, spec.replace(roi_key=None), loader=loader, device="cpu").load_one(
+        "with_box", roi=Roi.from_json(box))
+    assert with_box.geometry == explicit.geometry and torch.equal(with_box.tensor, explicit.tensor)
+    full = make_loader(cache, spec.replace(roi_key=None), loader=loader, device="cpu").load_one("without_box")
+    assert without_box.geometry == full.geometry
+    assert with_box.tensor.numel() < without_box.tensor.numel()

@@ -89,3 +89,12 @@ def test_roi_outside_the_image_is_an_error_for_that_case_only(tmp_path, loader):
     out = list(make_loader(cache, SPEC, loader=loader, device="cpu").load(["a", "b"], rois={"a": far}))
     assert isinstance(out[0].error, LoaderError) and "case a" in str(out[0].error) and "outside" in str(out[0].error)
     assert out[1].ok
+
+
+def test_batches_keep_order_and_size_with_errors(tmp_path):
+    cache = build(tmp_path)
+    ids = ["good1", "missing", "good2", "truncated", "good3"]
+    loader = "dali" if HAVE_DALI else "torch"
+    batches = list(make_loader(cache, SPEC, loader=loader, device="cpu", batch_size=2).batches(ids))
+    assert [[c.case_id for c in b] for b in batches] == [["good1", "missing"], ["good2", "truncated"], ["good3"]]
+    assert [c.ok for b in batches for c in b] == [True, False, True, False, True]

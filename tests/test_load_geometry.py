@@ -88,3 +88,18 @@ def test_preprocess_volume_in_memory_matches_voxel_values():
     back = case.to_volume()
     assert back.geometry.same_grid(vol.geometry.with_(origin=vol.index_to_lps([5, 4, 0]), direction=np.diag([-1.0, -1.0, 1.0])))
     np.testing.assert_allclose(back.index_to_lps([0, 0, 0]), vol.index_to_lps([5, 4, 0]))
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS[:5])
+def test_boxes_round_trip_between_input_and_lps(direction):
+    geom = Geometry(shape=(20, 31, 27), spacing=(0.8, 0.75, 2.0), origin=(-10, 5, 30), direction=direction)
+    g = plan_input(geom, PreprocessSpec(spacing=(0.703125, 0.703125, 1.25), size_divisible=(16, 16, 8)))
+    boxes = np.array([[3.0, 4.0, 5.0, 9.5, 12.0, 8.0], [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]])
+    lps = g.input_boxes_to_lps(boxes)
+    assert np.all(lps[:, 3:] >= lps[:, :3])
+    # the box centre maps to the LPS box centre; sizes scale with the model spacing
+    np.testing.assert_allclose((lps[:, :3] + lps[:, 3:]) / 2, g.input_index_to_lps((boxes[:, :3] + boxes[:, 3:]) / 2), atol=1e-9)
+    sizes = np.sort(lps[:, 3:] - lps[:, :3], axis=1)
+    want = np.sort((boxes[:, 3:] - boxes[:, :3]) * np.array(g.spacing), axis=1)
+    np.testing.assert_allclose(sizes, want, atol=1e-9)
+    np.testing.assert_allclose(g.lps_boxes_to_input(lps), boxes, atol=1e-9)

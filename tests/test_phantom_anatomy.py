@@ -267,11 +267,14 @@ def test_load_ground_truth_errors_name_the_file(tmp_path):
         (dict(nodule_diameter_mm=(10.0, 5.0)), "nodule_diameter_mm"),
         (dict(noise_hu=float("nan")), "noise_hu"),
         (dict(patient_position="XYZ"), "patient_position"),
+        (dict(seed="seven"), "seed"),
     ],
 )
 def test_bad_options_raise_phantom_error(kwargs, word):
+    kwargs = dict(kwargs)
+    seed = kwargs.pop("seed", 0)
     with pytest.raises(PhantomError, match=word) as info:
-        generate_phantom(0, **kwargs)
+        generate_phantom(seed, **kwargs)
     assert "Fix:" in str(info.value)
 
 
@@ -303,4 +306,31 @@ def test_thresholding_recovers_the_masks(ph_256):
     assert dice(low, lungs & (ph.nodule_labels == 0) & ~ph.masks["vessels"]) > 0.9
     filled = np.stack([ndimage.binary_fill_holes(sl) for sl in smooth > -500])
     assert dice(filled, body) > 0.97
-    assert dice(smooth > 200, ph.masks["bone"]) > 0.75
+    assert dice(a > 200, ph.masks["bone"]) > 0.85
+    # airway: region growing from the trachea at the top slice, threshold midway between air and wall
+    lab, _ = ndimage.label((a < -600) & body)
+    top = np.unique(lab[-1][lab[-1] > 0])
+    assert dice(np.isin(lab, top), ph.masks["airway"]) > 0.85
+
+
+def test_slab_painter_matches_the_analytic_lung():
+    """Vessel growth uses Layout.in_lung on points; the voxel painter must draw the same lungs."""
+    from pipeline.phantom.anatomy import AnatomyPainter
+    from pipeline.phantom.layout import draw_layout
+    from pipeline.phantom.scanner import CanonicalGrid
+
+    n = 96
+    xs = (np.arange(n) - n / 2) * 1.5
+    zs = -150 + (np.arange(80) - 40) * 2.5
+    grid = CanonicalGrid(xs=xs, ys=xs.copy(), zs=zs, pixel_spacing=1.5, slice_spacing=2.5)
+    layout = draw_layout(np.random.default_rng(0), fov_mm=n * 1.5, pixel=1.5, scan_length_mm=200.0, z_center=-150.0)
+    painter = AnatomyPainter(layout, grid)
+    hu = np.empty(grid.shape, np.float32)
+    lung = np.empty(grid.shape, bool)
+    bone = np.empty(grid.shape, bool)
+    painter.paint(0, grid.shape[0], None, hu, lung, bone)
+    analytic = layout.in_lung(xs[None, None, :], xs[None, :, None], zs[:, None, None])
+    assert lung.sum() > 1000
+    assert not (lung & ~analytic).any()
+    assert np.count_nonzero(analytic & ~lung & ~bone) <= 1e-3 * analytic.sum()
+    assert np.all(hu[lung] < -700)

@@ -329,12 +329,13 @@ _SMALL = {"matrix": 64, "pixel_spacing": 2.0, "slice_spacing": 4.0, "slices": 16
           "nodule_diameter_mm": (6.0, 10.0)}
 
 
-def test_write_phantom_case_matches_volume_and_ground_truth(tmp_path):
+@pytest.mark.parametrize("position", ["HFS", "FFP"])
+def test_write_phantom_case_matches_volume_and_ground_truth(tmp_path, position):
     from pipeline.phantom import generate_phantom, load_ground_truth, load_masks, write_phantom_series
     from pipeline.phantom.dicom_writer import write_phantom_case
 
     assert write_phantom_series is write_phantom_case
-    phantom = generate_phantom(4, **_SMALL)
+    phantom = generate_phantom(4, patient_position=position, **_SMALL)
     case = write_phantom_case(phantom, tmp_path / "case", transfer_syntax="jpeg2000")
     assert case == tmp_path / "case"
     img = _sitk_read(case / "dicom")
@@ -342,7 +343,7 @@ def test_write_phantom_case_matches_volume_and_ground_truth(tmp_path):
     gt = load_ground_truth(case)
     ds = pydicom.dcmread(next((case / "dicom").iterdir()), stop_before_pixels=True)
     assert ds.SeriesInstanceUID == gt["series_uid"] == phantom.volume.series_uid
-    assert ds.PatientID == phantom.volume.metadata["PatientID"]
+    assert ds.PatientID == phantom.volume.metadata["PatientID"] and ds.PatientPosition == position
     masks = load_masks(case)
     assert masks["lung_left"].shape == tuple(reversed(img.GetSize()))
     # the nodule's LPS centre lands inside its label in the written series' own geometry

@@ -93,10 +93,39 @@ def test_run_record_log_and_results(full_run, dicom_data):  # noqa: F811
     assert all({"t", "level", "logger", "msg"} <= set(r) for r in records)
 
 
-def test_bad_source_and_bad_config_are_refused_before_running(tmp_path, dicom_data):  # noqa: F811
-    p = ctpipe("run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r"))
-    assert p.returncode == 1 and "no such file or folder" in p.stderr
+def test_bad_source_and_bad_config_are_refused_before_running(tmp_path, dicom_data, capsys):  # noqa: F811
+    from pipeline.cli import main
+
+    assert main(["run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r")]) == 1
+    assert "no such file or folder" in capsys.readouterr().err
     cfg = tmp_path / "c.yaml"
     cfg.write_text("runner:\n  workers: lots\n")
-    p = ctpipe("run", str(dicom_data["good"]), "--out", str(tmp_path / "r2"), "--config", str(cfg))
-    assert p.returncode == 1 and "runner.workers" in p.stderr and "'lots'" in p.stderr
+    assert main(["run", str(dicom_data["good"]), "--out", str(tmp_path / "r2"), "--config", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "runner.workers" in err and "'lots'" in err and str(cfg) in err
+
+
+def test_worklist_csv_discovery(dicom_data, tmp_path):  # noqa: F811
+    from pipeline.config import load_config
+    from pipeline.runner.discover import discover
+
+    good = dicom_data["good"]
+    uid = dicom_data["good_uids"][1]
+    wl = tmp_path / "worklist.csv"
+    wl.write_text("path,series_uid,case_id\n"
+                  f"{good / 'case11'},,\n"  # every selected series under the folder
+                  f"{good},{uid},nightly-2\n"  # one series by UID, with a chosen case id
+                  f"{good / 'case12'},1.2.3.4,\n"  # UID not there
+                  "no/such/folder,,\n")  # relative to the CSV's folder, missing
+    found = discover([wl], load_config(environ={}))
+    ok = [c for c in found.cases if c.rejected is None]
+    bad = [c for c in found.cases if c.rejected is not None]
+    assert sorted(c.series_uid for c in ok) == sorted([dicom_data["good_uids"][0], uid])
+    assert any(c.case_id == "nightly-2" and c.series_uid == uid for c in ok)
+    assert all(len(c.files) == 24 and len(c.fingerprint) == 24 for c in ok)
+    assert len(bad) == 2 and {c.rejected[0] for c in bad} == {"NoSeriesFoundError"}
+    reasons = " ".join(c.rejected[1] for c in bad)
+    assert "1.2.3.4" in reasons and "does not exist" in reasons and "worklist.csv:5" in reasons
+    # the same series found twice (folder and worklist) is one case key, so it runs once
+    keys = [c.case_key for c in discover([good, wl], load_config(environ={})).cases if c.rejected is None]
+    assert len(keys) == 5 and len(set(keys)) == 3

@@ -110,6 +110,19 @@ def test_report_over_two_runs(full_run, ingest_run, tmp_path):  # noqa: F811
     assert len(pd.read_csv(out / "cases.csv")) == 9
 
 
-def test_report_refuses_a_folder_that_is_not_a_run(tmp_path):
-    p = ctpipe("report", str(tmp_path), "--out", str(tmp_path / "rep"))
-    assert p.returncode == 1 and "no run database here" in p.stderr
+def test_report_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    from pipeline.cli import main
+
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "rep")]) == 1
+    assert "no run database here" in capsys.readouterr().err
+
+
+def test_grafana_dashboard_uses_only_exported_metrics(full_run):  # noqa: F811
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).parent.parent / "configs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {re.sub(r"_(bucket|sum|count|total)$", "", m) for e in exprs for m in re.findall(r"ctpipe_[a-z_]+", e)}
+    families = {f.name for f in text_string_to_metric_families((full_run["out"] / "metrics.prom").read_text())}
+    assert used and used <= families, used - families

@@ -122,3 +122,28 @@ def test_second_run_on_a_busy_folder_is_refused(tmp_path):
         RunLock(tmp_path)
     lock.release()
     RunLock(tmp_path).release()
+
+
+@pytest.mark.slow
+def test_worker_death_retries_the_case_then_quarantines(dicom_data, tmp_path):  # noqa: F811
+    from test_run_support import DieOnceStage
+
+    from pipeline.runner import run_batch
+    from pipeline.runner.stages import IngestStage
+
+    always = dicom_data["good_uids"][0]
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    out = tmp_path / "run"
+    s = run_batch([dicom_data["good"]], out=out, workers=1, stages=[IngestStage(), DieOnceStage(str(markers), always)],
+                  **{"report.enabled": False, "runner.retries": 1})
+    assert s.exit_code == 3 and s.done == 2
+    assert [q[0] for q in s.quarantined] == [always] and s.quarantined[0][1] == "WorkerDiedError"
+    assert "died (signal 9) while running stage die_once" in s.quarantined[0][2]
+    rows = dict(db_rows(out, "SELECT series_uid, attempts FROM cases"))
+    assert set(rows.values()) == {2}  # every case needed a second attempt
+    ok = db_rows(out, "SELECT case_key, stage, COUNT(*) FROM stage_attempts WHERE status='ok' GROUP BY case_key, stage")
+    assert sorted(r[2] for r in ok) == [1] * 5  # 2 cases x 2 stages + the quarantined case's ingest
+    died = db_rows(out, "SELECT COUNT(*) FROM stage_attempts WHERE status='interrupted' AND stage='die_once'")
+    assert died == [(4,)]
+    assert sorted(p.name for p in (out / "cases").iterdir()) == sorted(u for u in dicom_data["good_uids"] if u != always)

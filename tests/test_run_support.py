@@ -109,3 +109,28 @@ def full_run(dicom_data, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("runs") / "all"
     p = ctpipe("run", str(dicom_data["good"]), str(dicom_data["bad"]), "--out", str(out), "--workers", "1", "--quiet", *FAST)
     return {"out": out, "proc": p}
+
+
+class DieOnceStage:
+    """A stage whose worker process dies (SIGKILL) the first time it meets each case, then works."""
+
+    name = "die_once"
+    group = "cpu"
+    preload: tuple[str, ...] = ()
+
+    def __init__(self, marker_dir: str, always: str = ""):
+        self.marker_dir = marker_dir
+        self.always = always  # a series UID whose worker dies on every attempt
+
+    def setup(self, worker) -> None:
+        pass
+
+    def process(self, ctx) -> dict:
+        import signal
+
+        marker = Path(self.marker_dir) / f"{ctx.case.case_id}.seen"
+        if ctx.case.series_uid == self.always or not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        (ctx.workdir / "ok.txt").write_text(ctx.case.case_id)
+        return {}

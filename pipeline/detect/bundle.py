@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import pickle
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ def _read_state_dict(path: Path) -> Mapping[str, torch.Tensor]:
         raise ModelError("weights file does not exist", where=path, fix="reinstall ctpipe or pass a bundle with models/model.pt")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError) as exc:  # torch raises several kinds
+    except (RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError, pickle.UnpicklingError) as exc:  # torch raises several kinds
         raise ModelError(
             f"weights file is not a readable torch state dict ({type(exc).__name__}: {str(exc)[:200]})",
             where=path,

@@ -166,6 +166,41 @@ class Detector:
                 where=where,
                 fix="pass the whole chest series (not a single slice or a tiny crop)",
             )
+        return self._finish(result, tensor, grid, region if restrict else None, volume.metadata, timings, t_all, where)
+
+    def detect_loaded(
+        self,
+        case: Any,
+        *,
+        lung_mask: LungMask | None = None,
+        series_uid: str | None = None,
+    ) -> Findings:
+        """Findings for a model input made by the loader (:class:`pipeline.load.LoadedCase`).
+
+        The loader must have been built with :meth:`ModelConfig.preprocess_spec` of this model.
+        ``lung_mask`` (on the case's source grid) enables the lung filter; no crop is done here
+        (crop in the loader with a region of interest instead).
+        """
+        t_all = time.perf_counter()
+        tensor = case.unwrap()
+        geom = case.geometry
+        basis = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=np.float64)
+        ijk = geom.source.lps_to_index(case.input_index_to_lps(basis))
+        to_source = np.eye(4)
+        to_source[:3, 3] = ijk[0]
+        to_source[:3, :3] = (ijk[1:] - ijk[0]).T
+        grid = InputGrid(shape_xyz=tuple(int(v) for v in tensor.shape[1:]), spacing_xyz=tuple(geom.spacing),  # type: ignore[arg-type]
+                         to_source=to_source, source=geom.source)
+        region = None
+        if lung_mask is not None:
+            shell = CTVolume(np.broadcast_to(np.int8(0), geom.source.shape), geom.source)  # grid only, no voxel data
+            region = lung_mask if isinstance(lung_mask, LungRegion) else region_from_mask(lung_mask, shell)
+        result = Findings([], case_id=case.case_id, series_uid=series_uid, model=self.config.name,
+                          restricted_to_lungs=region is not None, device=str(self.device))
+        return self._finish(result, tensor, grid, region, {}, {}, t_all, f"case {case.case_id}")
+
+    def _finish(self, result: Findings, tensor: torch.Tensor, grid: InputGrid, region: LungRegion | None,
+                metadata: Mapping[str, Any], timings: dict[str, float], t_all: float, where: str) -> Findings:
         result.input_shape_xyz = grid.shape_xyz
         out, model_ms, use_sw = self._run_network(tensor)
         timings["model"] = model_ms
@@ -174,7 +209,7 @@ class Detector:
         det = out[0]
         boxes = det["boxes"].float().cpu().numpy().reshape(-1, 6)
         scores = det[self._detector.pred_score_key].float().cpu().numpy().reshape(-1)
-        result.findings = self._to_findings(boxes, scores, grid, volume, region if restrict else None)
+        result.findings = self._to_findings(boxes, scores, grid, metadata, region)
         timings["postprocess"] = (time.perf_counter() - t0) * 1000.0
         timings["total"] = (time.perf_counter() - t_all) * 1000.0
         result.timings_ms = timings
@@ -183,7 +218,7 @@ class Detector:
         return result
 
     def _to_findings(
-        self, boxes: np.ndarray, scores: np.ndarray, grid: InputGrid, volume: CTVolume, region: LungRegion | None
+        self, boxes: np.ndarray, scores: np.ndarray, grid: InputGrid, metadata: Mapping[str, Any], region: LungRegion | None
     ) -> list[Finding]:
         # ClipBoxToImage (remove_empty) as the bundle's postprocessing does
         size = np.asarray(grid.shape_xyz, dtype=np.float64)
@@ -205,9 +240,9 @@ class Detector:
             if not inside.all():
                 log.debug("lung filter dropped %d of %d candidates", int((~inside).sum()), len(inside))
             centres, bmin, bmax, ijk, scores = centres[inside], bmin[inside], bmax[inside], ijk[inside], scores[inside]
-        size_ijk = np.asarray(volume.geometry.size_ijk)
+        size_ijk = np.asarray(grid.source.size_ijk)
         vox = np.clip(np.round(ijk).astype(int), 0, size_ijk - 1)
-        instance_numbers = volume.metadata.get("InstanceNumbers")
+        instance_numbers = metadata.get("InstanceNumbers")
         findings = []
         order = np.argsort(-scores, kind="stable")
         for n in order:

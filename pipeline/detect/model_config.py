@@ -64,6 +64,22 @@ class ModelConfig:
     def overlap(self) -> float:
         return float(self.sliding_window.get("overlap", 0.25))
 
+    def preprocess_spec(self, **options: Any) -> Any:
+        """The loader's :class:`pipeline.load.PreprocessSpec` for this model (spacing, window, divisibility).
+
+        ``options`` are passed on (e.g. ``roi=``); a loader built with it feeds :meth:`Detector.detect_loaded`.
+        """
+        from ..load.spec import PreprocessSpec
+
+        return PreprocessSpec(
+            spacing=self.spacing,
+            intensity_window=(self.window.a_min, self.window.a_max),
+            output_range=(self.window.b_min, self.window.b_max),
+            clip=self.window.clip,
+            size_divisible=self.size_divisible,
+            **options,
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The JSON form read by :func:`load_model_config` (weights stored as a file name)."""
         return {

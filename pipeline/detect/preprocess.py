@@ -172,7 +172,7 @@ def prepare_input(
             b = min(int(np.floor(pos.max())) + 2, int(size[axes[w][0]]))
             sl[src_dim[w]] = slice(a, b)
             bases[w] = a
-        t = torch.from_numpy(np.ascontiguousarray(arr[tuple(sl)])).float()
+        t = torch.from_numpy(np.array(arr[tuple(sl)], dtype=np.float32))  # one copy of the slab, as float
         for w in (2, 0, 1):  # Z first: it usually shrinks the slab the most
             pos = positions[w][z0:z1] if w == 2 else positions[w]
             t = _lerp_axis(t, src_dim[w], pos, bases[w])

@@ -45,7 +45,7 @@ def _series_list(series: Iterable[SeriesInfo]) -> str:
 def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
     """The most specific error for a scan in which no series qualifies."""
     where = ", ".join(str(r) for r in scan.roots)
-    if len(scan.rejected) == 1 and len(scan.series) == 1:
+    if len(scan.rejected) == 1:  # the one series the rules chose is broken: say exactly how
         return scan.rejected[0].error
     if not scan.series and scan.skipped_files:
         kinds = Counter(f.kind for f in scan.skipped_files)
@@ -127,8 +127,10 @@ def load_series(
     scan = scan_directory(p, rules=rules, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
                           workers=workers)
     if series_uid is not None:
-        return build_volume(_pick(scan, series_uid), spacing_tolerance=spacing_tolerance,
-                            allow_gantry_tilt=allow_gantry_tilt, workers=workers)
+        picked = _pick(scan, series_uid)
+        if picked.key in scan.plans:
+            return read_volume(scan.plans[picked.key], workers=workers)
+        return build_volume(picked, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt, workers=workers)
     chosen = scan.selected
     if len(chosen) > 1:
         raise AmbiguousSeriesError(

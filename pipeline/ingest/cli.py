@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
             rows.append(["skipped", s.key, str(s.n_slices), s.description, s.why_not or "not requested"])
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)] + [0]
     print(_row(header, widths))
-    for r in rows:
-        print(_row(r, widths))
+    for row in rows:
+        print(_row(row, widths))
     print(f"{scan.n_files} files, {len(scan.series)} series: {len(report.written)} cached in {args.out}, "
           f"{len(scan.rejected)} rejected; files skipped: {scan.skipped_summary()} ({scan.seconds:.2f} s scan)")
     for r in scan.rejected:

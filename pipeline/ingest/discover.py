@@ -134,8 +134,10 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
         val = v.get(key)
         return "" if val is None else str(val)
 
-    us = {k: (v.get(k) if isinstance(v.get(k), int) else _int(v.get(k))) for k in
-          ("Rows", "Columns", "BitsAllocated", "BitsStored", "PixelRepresentation", "SamplesPerPixel")}
+    us: dict[str, int | None] = {}
+    for k in ("Rows", "Columns", "BitsAllocated", "BitsStored", "PixelRepresentation", "SamplesPerPixel"):
+        val = v.get(k)
+        us[k] = val if isinstance(val, int) else _int(val)
     return SliceHeader(
         path=path,
         file_size=raw.file_size,
@@ -176,20 +178,23 @@ def _pydicom_header(path: Path) -> SliceHeader:
     import pydicom
     from pydicom.errors import InvalidDicomError
 
+    from .multiframe import PYDICOM_ERRORS
+
+    raw = RawHeader(file_size=path.stat().st_size)
     try:
         ds = pydicom.dcmread(path, defer_size=256)
-    except (InvalidDicomError, EOFError, OSError, ValueError) as exc:
-        raise RawHeaderError("truncated", f"pydicom cannot read the header ({exc})") from exc
-    raw = RawHeader(file_size=path.stat().st_size)
-    keywords = {kw for kw, _ in WANTED.values()}
-    for kw in keywords:
-        if kw in ds or kw in ds.file_meta:
-            elem = ds.file_meta[kw] if kw in ds.file_meta else ds[kw]
-            val = elem.value
+        for kw in {kw for kw, _ in WANTED.values()}:
+            source = ds.file_meta if kw in ds.file_meta else ds
+            if kw not in source:
+                continue
+            val = source[kw].value
             if isinstance(val, (list, tuple)) or type(val).__name__ == "MultiValue":
                 val = "\\".join(str(x) for x in val)
             raw.values[kw] = val if isinstance(val, int) else str(val)
-    if "PixelData" in ds:
+        has_pixels = "PixelData" in ds
+    except (InvalidDicomError, *PYDICOM_ERRORS) as exc:
+        raise RawHeaderError("truncated", f"pydicom cannot read the header ({type(exc).__name__}: {exc})") from exc
+    if has_pixels:
         raw.pixel_offset, raw.pixel_length = 0, -1
     return header_from_values(path, raw, use_pydicom=True)
 

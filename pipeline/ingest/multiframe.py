@@ -10,13 +10,20 @@ slices (LPS, mm).
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import InconsistentSeriesError, MissingPixelDataError, SeriesGeometryError, TruncatedFileError
+from ..errors import (
+    CorruptHeaderError,
+    InconsistentSeriesError,
+    MissingPixelDataError,
+    SeriesGeometryError,
+    TruncatedFileError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +54,25 @@ def _macro(item: Any, shared: Any, seq: str) -> Any | None:
     return None
 
 
+#: What pydicom may raise, lazily, on a damaged file.
+PYDICOM_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, EOFError, OSError, struct.error,
+                  NotImplementedError, RuntimeError)
+
+
 def read_frames(path: Path, ds: Any | None = None) -> list[FrameInfo]:
     """Per-frame geometry and rescale of an enhanced CT file (header only when ``ds`` is None)."""
     import pydicom
-    from pydicom.errors import InvalidDicomError
 
-    if ds is None:
-        try:
+    try:
+        if ds is None:
             ds = pydicom.dcmread(path, stop_before_pixels=True)
-        except (InvalidDicomError, EOFError, OSError, ValueError) as exc:
-            raise TruncatedFileError(f"the multi-frame header cannot be read ({exc})", where=path,
-                                     fix="copy the file again from the archive/PACS") from exc
+        return _frames(Path(path), ds)
+    except PYDICOM_ERRORS as exc:
+        raise CorruptHeaderError(f"the multi-frame header is damaged ({type(exc).__name__}: {exc})", where=path,
+                                 fix="copy the file again from the archive/PACS, or re-export it from the scanner") from exc
+
+
+def _frames(path: Path, ds: Any) -> list[FrameInfo]:
     n = int(ds.get("NumberOfFrames", 1) or 1)
     shared_seq = ds.get("SharedFunctionalGroupsSequence")
     shared = shared_seq[0] if shared_seq else None
@@ -102,15 +117,17 @@ def read_frame_pixels(path: Path, n_frames: int, rows: int, columns: int, transf
     check_decoder(transfer_syntax, path)
     try:
         ds = pydicom.dcmread(path)
-    except (EOFError, OSError, ValueError) as exc:
+    except PYDICOM_ERRORS as exc:
         raise TruncatedFileError(f"the file cannot be read ({exc})", where=path, fix="copy the file again from the archive/PACS") from exc
     if "PixelData" not in ds:
         raise MissingPixelDataError("the multi-frame image has no PixelData (7FE0,0010)", where=path,
                                     fix="re-export the object from the scanner/PACS with pixel data")
     try:
         arr = ds.pixel_array
-    except (ValueError, RuntimeError, EOFError, NotImplementedError) as exc:
+    except PYDICOM_ERRORS as exc:
         raise TruncatedFileError(f"pixel data cannot be decoded ({exc}); transfer syntax {transfer_syntax} "
                                  f"({syntax_name(transfer_syntax)})", where=path, fix="copy the file again from the archive/PACS") from exc
-    arr = np.asarray(arr).reshape(n_frames, rows, columns)
-    return arr
+    if arr.size != n_frames * rows * columns:
+        raise TruncatedFileError(f"decoded pixel data has {arr.size} values, expected {n_frames}x{rows}x{columns}",
+                                 where=path, fix="copy the file again from the archive/PACS")
+    return np.asarray(arr).reshape(n_frames, rows, columns)

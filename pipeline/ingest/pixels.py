@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import MissingPixelDataError, TruncatedFileError, UnsupportedTransferSyntaxError
 from .discover import SliceHeader
+from .multiframe import PYDICOM_ERRORS
 from .rawheader import EXPLICIT_LE, IMPLICIT_LE
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ _DECODER_PACKAGES = {
     "1.2.840.10008.1.2.4.202": "pylibjpeg-openjpeg >= 2.2 (pip install -U pylibjpeg pylibjpeg-openjpeg)",
     "1.2.840.10008.1.2.4.203": "pylibjpeg-openjpeg >= 2.2 (pip install -U pylibjpeg pylibjpeg-openjpeg)",
 }
-_CONVERT_HINT = "or convert the files to uncompressed first (gdcmconv --raw IN OUT, or dcmdjpeg IN OUT)"
+_CONVERT_HINT = "convert the files to an uncompressed transfer syntax first (gdcmconv --raw IN OUT, or dcmdjpeg IN OUT)"
 
 
 def syntax_name(uid: str) -> str:
@@ -64,12 +65,12 @@ def check_decoder(uid: str, where: str | Path) -> None:
     try:
         decoder = get_decoder(uid)
         available = decoder.is_available
-        missing = "; ".join(f"{k}: needs {', '.join(v)}" for k, v in decoder.missing_dependencies.items()) if not available else ""
+        missing = "; ".join(str(m) for m in decoder.missing_dependencies) if not available else ""
     except NotImplementedError:
         available, missing = False, "no pixel data decoder exists for it in pydicom"
     if not available:
         package = _DECODER_PACKAGES.get(uid)
-        install = f"install {package}, {_CONVERT_HINT}" if package else f"no Python decoder is known for it; {_CONVERT_HINT}"
+        install = f"install {package}, or {_CONVERT_HINT}" if package else f"no Python decoder is known for it: {_CONVERT_HINT}"
         raise UnsupportedTransferSyntaxError(
             f"pixel data is compressed with transfer syntax {uid} ({syntax_name(uid)}) and no installed decoder "
             f"handles it ({missing})",
@@ -94,7 +95,7 @@ def _read_native(h: SliceHeader, out: np.ndarray) -> None:
                                  where=h.path, fix="copy the file again from the archive/PACS")
     with open(h.path, "rb") as fh:
         fh.seek(int(h.pixel_offset or 0))
-        got = fh.readinto(memoryview(out).cast("B"))
+        got = fh.readinto(memoryview(out).cast("B"))  # type: ignore[arg-type]
     if got != need:
         raise TruncatedFileError(f"file ends after {got} of {need} pixel data bytes", where=h.path,
                                  fix="copy the file again from the archive/PACS; the transfer was incomplete")
@@ -107,7 +108,7 @@ def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None
     try:
         ds = pydicom.dcmread(h.path)
         arr = ds.pixel_array
-    except (ValueError, RuntimeError, EOFError, OSError, NotImplementedError) as exc:
+    except PYDICOM_ERRORS as exc:
         raise TruncatedFileError(f"pixel data cannot be decoded ({type(exc).__name__}: {exc}); "
                                  f"transfer syntax {h.transfer_syntax} ({syntax_name(h.transfer_syntax)})",
                                  where=h.path, fix="copy the file again from the archive/PACS; it may be damaged") from exc
@@ -175,7 +176,8 @@ def _integral(values: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(values)) and np.all(values == np.round(values)))
 
 
-def to_hu(stored: np.ndarray, slopes: Sequence[float], intercepts: Sequence[float], *, workers: int | None = None) -> np.ndarray:
+def to_hu(stored: np.ndarray, slopes: Sequence[float] | np.ndarray, intercepts: Sequence[float] | np.ndarray, *,
+          workers: int | None = None) -> np.ndarray:
     """HU = stored × slope + intercept per slice (vectorised; may reuse ``stored``'s memory).
 
     Returns int16 when every slope/intercept is an integer and the result fits int16, else float32.

@@ -122,11 +122,23 @@ class SeriesInfo:
         }
 
 
-def _orientation_key(h: SliceHeader) -> tuple[float, ...] | None:
-    return None if h.orientation is None else tuple(round(v, 3) + 0.0 for v in h.orientation)
+def _cluster_orientations(headers: list[SliceHeader], tol: float = 1e-3) -> list[list[SliceHeader]]:
+    """Group headers whose ImageOrientationPatient agree within ``tol`` (missing ones form their own group)."""
+    refs: list[tuple[float, ...] | None] = []
+    groups: list[list[SliceHeader]] = []
+    for h in headers:
+        o = h.orientation
+        for n, ref in enumerate(refs):
+            if o == ref or (o is not None and ref is not None and max(abs(a - b) for a, b in zip(o, ref)) <= tol):
+                groups[n].append(h)
+                break
+        else:
+            refs.append(o)
+            groups.append([h])
+    return groups
 
 
-def _matrix_key(h: SliceHeader) -> tuple[object, ...]:
+def _matrix_key(h: SliceHeader) -> tuple:
     ps = None if h.pixel_spacing is None else tuple(round(v, 4) for v in h.pixel_spacing)
     return (h.rows, h.columns, ps, h.is_enhanced)
 
@@ -142,17 +154,17 @@ def _normal_distance(h: SliceHeader) -> float | None:
 def _split(headers: list[SliceHeader]) -> list[tuple[list[SliceHeader], str | None]]:
     """Split one series' headers into parts that can each form a volume."""
     parts: list[tuple[list[SliceHeader], str | None]] = []
-    by_orient: dict[object, list[SliceHeader]] = defaultdict(list)
-    for h in headers:
-        by_orient[_orientation_key(h)].append(h)
+    by_orient = _cluster_orientations(headers)
     orient_reason = "images have different ImageOrientationPatient" if len(by_orient) > 1 else None
-    for group in by_orient.values():
-        by_matrix: dict[object, list[SliceHeader]] = defaultdict(list)
+    for group in by_orient:
+        by_matrix: dict[tuple, list[SliceHeader]] = defaultdict(list)
         for h in group:
             by_matrix[_matrix_key(h)].append(h)
         if len(by_matrix) > 1 and all(len(g) >= 2 for g in by_matrix.values()):
             sizes = ", ".join(f"{k[0]}x{k[1]} at {k[2]} mm" for k in by_matrix)
-            subgroups = [(g, f"sub-stacks differ in matrix/pixel spacing ({sizes})") for g in by_matrix.values()]
+            subgroups: list[tuple[list[SliceHeader], str | None]] = [
+                (g, f"sub-stacks differ in matrix/pixel spacing ({sizes})") for g in by_matrix.values()
+            ]
         else:
             subgroups = [(group, orient_reason)]
         for sub, reason in subgroups:

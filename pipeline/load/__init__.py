@@ -24,8 +24,14 @@ mode="bilinear")`` → ``ScaleIntensityRanged(a_min, a_max, b_min, b_max, clip)`
 match), with an optional crop (``Roi`` in LPS mm or source voxel indices + margin; per
 case via ``load(ids, rois={id: Roi(...)})``, ``spec.roi`` or ``spec.roi_key``).
 ``case.geometry.affine_ras`` equals the MetaTensor affine MONAI would give;
-``affine_lps`` maps (x, y, z, 1) to LPS mm. Boxes from a detector in tensor voxel
-coordinates go to patient space with ``input_index_to_lps`` on their corners/centres.
+``affine_lps`` maps (x, y, z, 1) to LPS mm. Detector boxes ``[x0, y0, z0, x1, y1, z1]`` in
+tensor voxel coordinates go to LPS boxes with ``case.geometry.input_boxes_to_lps(boxes)``
+(and back with ``lps_boxes_to_input``); ``case.geometry.geometry`` is the model grid as a
+``Geometry`` and ``case.to_volume()`` wraps the tensor as a ``CTVolume`` (model units).
+
+Agreement with MONAI's transforms (tests, small volumes): max abs difference < 1e-5 and
+mean < 1e-6 in output units for both loaders; on 256–512-matrix chests the torch loader
+stays ~1e-7 and DALI ~4e-5 (float32 sampling positions). Affines agree to 1e-6 mm.
 
 Loaders: ``DaliLoader`` (NVIDIA DALI; GPU with GPUDirect Storage when a GPU is
 present, CPU mode otherwise) and ``TorchLoader`` (torch ops, GPU when present) give

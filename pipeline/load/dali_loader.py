@@ -15,16 +15,19 @@ round trip on a GPU).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..cache import CaseCache
 from ..errors import CacheError, LoaderError
 from .base import BaseLoader, Job, source_window
 from .geometry import InputGeometry
 from .result import LoadedCase
+from .spec import PreprocessSpec
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +100,8 @@ class DaliLoader(BaseLoader):
 
     name = "dali"
 
-    def __init__(self, cache: Any, spec: Any, *, device: str = "auto", batch_size: int = 1,
-                 num_threads: int | None = None, prefetch: int = 2):
+    def __init__(self, cache: CaseCache | str | os.PathLike[str], spec: PreprocessSpec, *, device: str = "auto",
+                 batch_size: int = 1, num_threads: int | None = None, prefetch: int = 2):
         ok, why = dali_available()
         if not ok:
             raise LoaderError(why, where="DALI loader", fix="pip install nvidia-dali-cuda120 (Linux x86_64) or use loader='torch'")
@@ -142,8 +145,9 @@ class DaliLoader(BaseLoader):
             x = fn.transpose(x, perm=perm)
             x = fn.reshape(x, layout="DHW")
             x = fn.expand_dims(x, axes=[3], new_axis_names="C")
-            x = fn.resize(x, size=size, roi_start=roi_start, roi_end=roi_end, antialias=False,
-                          interp_type=types.INTERP_LINEAR, dtype=types.FLOAT, subpixel_scale=False)
+            x = fn.resize(x, size=size, roi_start=roi_start, roi_end=roi_end, antialias=False,  # type: ignore[assignment]
+                          interp_type=types.INTERP_LINEAR, dtype=types.FLOAT,  # type: ignore[attr-defined]
+                          subpixel_scale=False)
             x = (x - a0) / ar * br + b0
             if self.spec.clip:
                 x = dmath.clamp(x, lo, hi)

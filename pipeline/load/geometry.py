@@ -166,6 +166,19 @@ class InputGeometry:
         aff = self.affine_lps
         return (lps - aff[:3, 3]) @ np.linalg.inv(aff[:3, :3]).T
 
+    def input_boxes_to_lps(self, boxes: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
+        """Boxes ``(N, 6)`` ``[x0, y0, z0, x1, y1, z1]`` in tensor index coordinates → LPS boxes ``(N, 6)``.
+
+        Box corners are continuous voxel indices (voxel centres at integers, as MONAI's
+        ``AffineBoxToWorldCoordinate`` treats them). The result is the axis-aligned LPS box
+        ``[l0, p0, s0, l1, p1, s1]`` (mm, min corner then max corner) enclosing the 8 corners.
+        """
+        return _map_boxes(np.asarray(boxes, dtype=np.float64), self.input_index_to_lps)
+
+    def lps_boxes_to_input(self, boxes: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
+        """LPS boxes ``(N, 6)`` (mm, min then max corner) → tensor index boxes ``[x0, y0, z0, x1, y1, z1]``."""
+        return _map_boxes(np.asarray(boxes, dtype=np.float64), self.lps_to_input_index)
+
     def input_index_to_source_index(self, idx: np.ndarray | Sequence[float]) -> np.ndarray:
         """Tensor voxel indices (x, y, z) → continuous source indices (i, j, k) of the cached array."""
         idx = np.asarray(idx, dtype=np.float64)
@@ -182,7 +195,7 @@ class InputGeometry:
         aff = self.affine_lps
         sp = np.asarray(self.spacing)
         return Geometry(shape=(self.shape[2], self.shape[1], self.shape[0]), spacing=self.spacing,
-                        origin=aff[:3, 3], direction=aff[:3, :3] / sp[None, :])
+                        origin=tuple(aff[:3, 3]), direction=aff[:3, :3] / sp[None, :])  # type: ignore[arg-type]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -206,6 +219,14 @@ class InputGeometry:
             anchor=tuple(int(v) for v in data["anchor"]),  # type: ignore[arg-type]
             shape=tuple(int(v) for v in data["shape"]),  # type: ignore[arg-type]
         )
+
+
+def _map_boxes(boxes: np.ndarray, fn: Any) -> np.ndarray:
+    boxes = boxes.reshape(-1, 6)
+    sel = np.array([[a, b, c] for a in (0, 3) for b in (1, 4) for c in (2, 5)])  # 8 corners
+    corners = boxes[:, sel]  # (N, 8, 3)
+    mapped = fn(corners.reshape(-1, 3)).reshape(-1, 8, 3)
+    return np.concatenate([mapped.min(axis=1), mapped.max(axis=1)], axis=1)
 
 
 def _target_spacing(src: float, target: float | None) -> float:

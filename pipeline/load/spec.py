@@ -34,7 +34,7 @@ def _triple(value: Any, name: str, *, allow_none: bool = False, positive: bool =
         raise ConfigError(f"{name} must be 3 numbers (x, y, z), got {value!r}", where=name) from None
     if len(items) != 3:
         raise ConfigError(f"{name} must have 3 values (x, y, z), got {len(items)}: {value!r}", where=name)
-    out = []
+    out: list[float | None] = []
     for v in items:
         if v is None and allow_none:
             out.append(None)

@@ -94,6 +94,7 @@ class TorchLoader(BaseLoader):
     name = "torch"
 
     def _one(self, job: Job) -> LoadedCase:
+        err: CacheError | LoaderError
         try:
             arr = np.load(job.entry.array_path, allow_pickle=False)
         except (OSError, ValueError) as exc:

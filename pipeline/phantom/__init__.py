@@ -22,7 +22,18 @@ Conventions
   ``vessels`` the pulmonary vessel tree inside the lungs (not nodule voxels).
 * ``nodule_labels`` (uint8) holds n inside ``nodules[n - 1]``; each nodule is
   centrally symmetric about its ``center_lps`` and lies fully inside one lung mask.
-* Everything is deterministic from ``seed``.
+  Kinds: solid (about 0..70 HU), ground glass (about -600..-400 HU, vessels stay
+  visible through it), part solid (ground glass with a solid core); some touch
+  the pleura or a vessel (``attached_to``).
+* Tissue (HU before blur and noise): air -1000, skin 35, fat -100, muscle 48,
+  mediastinal fat -85, blood/heart/vessels 42, lung parenchyma about -870..-800
+  (smooth texture, denser posteriorly), cancellous bone 360, cortical bone 950.
+  The image is blurred along k by the slice profile (``slice_thickness``) and
+  in-plane by the kernel, then carries noise of ``noise_hu`` HU (correlated
+  within a slice). Airway lumen is separated from lung by a wall at least one
+  voxel thick, so a region grown from the trachea at about -600 HU stays in it.
+* The anatomy scales with the field of view (``matrix * pixel_spacing``);
+  nodule diameters are absolute mm. Everything is deterministic from ``seed``.
 
 Main entry points: :func:`generate_phantom`, :class:`Phantom`, :class:`Nodule`,
 :func:`load_ground_truth`, :func:`load_masks`; DICOM output is in

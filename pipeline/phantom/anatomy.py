@@ -87,6 +87,7 @@ class AnatomyPainter:
             self.heart_xy[grow] = (((dx * ca + dy * sa) / a) ** 2 + ((-dx * sa + dy * ca) / b) ** 2).astype(np.float32)
         self._spine_maps(x, y)
         self._sternum_maps(x, y)
+        self._scapula_maps(x, y)
 
     # -- z-invariant bone cross-sections ------------------------------------------------
     def _spine_maps(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -121,6 +122,19 @@ class AnatomyPainter:
         inner = ((x - sx) / max(sa - cort, 1e-3)) ** 2 + ((y - sy) / max(sb - cort, 1e-3)) ** 2 < 1.0
         self.sternum2 = outer
         self.sternum_hu2 = np.where(inner, CANCELLOUS, CORTICAL).astype(np.float32)
+
+    def _scapula_maps(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Shoulder blades: thin curved plates in the back muscles, lateral to the spine."""
+        L = self.L
+        inset = L.skin + L.fat + 0.45 * L.muscle_post
+        a = L.body_a - inset
+        b = L.body_b_post - inset
+        rho = np.sqrt((x / a) ** 2 + (y / b) ** 2)
+        half = max(2.0 * L.scale, 0.8 * L.pixel) / b
+        phi = np.arctan2(np.abs(x), y)  # 0 at the back midline
+        plate = (np.abs(rho - 1.0) < half) & (phi > 0.45) & (phi < 1.05) & (y > 0)
+        self.scapula2 = plate
+        self.scapula_u = (0.2, 0.9)
 
     def vertebra_level(self, z: np.ndarray) -> np.ndarray:
         """True where slice height z (mm) cuts a vertebral body, False in an intervertebral disc."""
@@ -191,4 +205,7 @@ class AnatomyPainter:
             if su0 <= u[k] <= su1:
                 np.copyto(hu[k], self.sternum_hu2, where=self.sternum2)
                 bone[k] |= self.sternum2
+            if self.scapula_u[0] <= u[k] <= self.scapula_u[1]:
+                hu[k][self.scapula2] = CORTICAL * 0.75
+                bone[k] |= self.scapula2
         lung &= ~bone

@@ -9,17 +9,18 @@ from typing import Any
 
 import numpy as np
 from pydicom.uid import generate_uid
+from scipy.ndimage import binary_dilation
 
 from ..errors import PhantomError
 from ..volume import CTVolume
 from . import anatomy as T
 from .anatomy import AnatomyPainter
-from .layout import draw_layout
+from .layout import Layout, draw_layout
 from .model import Nodule, Phantom
 from .nodules import paint_nodule, place_nodules
 from .noise import SmoothField, blur_and_noise
 from .scanner import CanonicalGrid, direction_for, scanner_geometry, to_scanner_order
-from .tubes import coverage, signed_distance
+from .tubes import Tubes, coverage, signed_distance
 from .vessels import airway_tubes, aorta_tubes, rib_tubes, vessel_trees
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ _SLAB = 16
 
 
 def _check(name: str, value: float, lo: float, hi: float, fix: str) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and lo <= value <= hi):
+    if not (isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value) and lo <= value <= hi):
         raise PhantomError(f"{name}={value!r} is outside {lo:g}..{hi:g}", where=f"generate_phantom({name}=...)", fix=fix)
 
 
@@ -97,6 +98,74 @@ def _blend(flat_hu: np.ndarray, idx: np.ndarray, alpha: np.ndarray, value: float
     flat_hu[idx] = old + alpha * (np.asarray(value, dtype=np.float32) - old)
 
 
+def _paint_tubes(
+    layout: Layout,
+    grid: CanonicalGrid,
+    rngs: tuple[np.random.Generator, np.random.Generator, np.random.Generator],
+    hu: np.ndarray,
+    lung: np.ndarray,
+    bone: np.ndarray,
+    body: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, Tubes]:
+    """Paint aorta, pulmonary vessels, airways and ribs into ``hu`` (canonical grid, in place).
+
+    Updates ``lung`` (clear of mediastinal vessels, airway lumen and bone) and
+    ``bone`` (ribs added); returns the vessel and airway-lumen masks and the
+    intrapulmonary vessel tubes. Only voxels near a tube surface are touched.
+    """
+    r_vessel, r_air, r_rib = rngs
+    ps = grid.pixel_spacing
+    shape = grid.shape
+    sd = np.empty(shape, dtype=np.float32)
+    flat_hu, flat_sd, flat_bone, flat_lung = hu.reshape(-1), sd.reshape(-1), bone.reshape(-1), lung.reshape(-1)
+    vessels = np.zeros(shape, dtype=bool)
+    airway = np.zeros(shape, dtype=bool)
+    pad = 1.5 * ps
+    edge = 0.5 * ps
+    max_piece = max(4.0 * ps, 6.0 * layout.scale)
+    medi = aorta_tubes(layout, grid.zs[0] - 20.0)
+    inner, trunks = vessel_trees(layout, r_vessel)
+    medi.extend(trunks)
+    box = signed_distance(grid, medi.split(max_piece), sd, pad=pad + layout.gap)
+    if box is not None:
+        idx = _near(sd, box, edge)
+        _blend(flat_hu, idx, coverage(flat_sd[idx], ps) * ~flat_bone[idx], T.BLOOD)
+        flat_lung[_near(sd, box, layout.gap)] = False
+    box = signed_distance(grid, inner.split(max_piece), sd, pad=pad)
+    if box is not None:
+        idx = _near(sd, box, edge)
+        d = flat_sd[idx]
+        _blend(flat_hu, idx, coverage(d, ps) * ~flat_bone[idx], T.VESSEL)
+        vessels.reshape(-1)[idx[d < 0]] = True
+    air = airway_tubes(layout, r_air, grid.zs[-1] + 20.0)
+    wall = layout.trachea_wall
+    box = signed_distance(grid, air.split(max_piece), sd, pad=pad + wall)
+    if box is not None:
+        idx = _near(sd, box, edge + wall)
+        d = flat_sd[idx]
+        keep = ~flat_bone[idx]
+        _blend(flat_hu, idx, coverage(d - np.float32(wall), ps) * keep, T.AIRWAY_WALL)
+        # thick slices: the wall also covers every voxel touching the lumen, so lumen never meets lung
+        lumen_box = sd[box] < 0
+        rim = binary_dilation(lumen_box, structure=np.ones((3, 3, 3), dtype=bool)) & ~lumen_box & ~bone[box]
+        hu[box][rim] = T.AIRWAY_WALL
+        _blend(flat_hu, idx, coverage(d, ps) * keep, T.AIR)
+        inside = idx[d < 0]
+        airway.reshape(-1)[inside[body.reshape(-1)[inside]]] = True
+    ribs = rib_tubes(layout, r_rib)
+    box = signed_distance(grid, ribs.split(max_piece), sd, pad=pad)
+    if box is not None:
+        cort = max(1.2 * layout.scale, 0.7 * ps)
+        idx = _near(sd, box, edge)
+        d = flat_sd[idx]
+        value = np.where(d > -cort, np.float32(T.CORTICAL), np.float32(T.CANCELLOUS))
+        _blend(flat_hu, idx, coverage(d, ps), value)
+        flat_bone[idx[d < 0]] = True
+    lung &= ~(airway | bone)
+    vessels &= lung
+    return vessels, airway, inner
+
+
 def generate_phantom(
     seed: int,
     *,
@@ -116,7 +185,8 @@ def generate_phantom(
     nodule diameters are absolute mm. ``slices=None`` covers the chest
     (about 1.15 × the lung height, at most 320 slices); a shorter scan
     compresses the chest along z so it stays complete. ``slice_thickness``
-    defaults to ``slice_spacing``. ``n_nodules=None`` draws 0..6.
+    defaults to ``slice_spacing``. ``n_nodules=None`` draws 0..6 (fewer when a
+    tiny chest has no room for them); an explicit count is placed or an error raised.
     ``patient_position`` (HFS, HFP, FFS, FFP, HFDR, HFDL, FFDR, FFDL) sets the
     direction cosines and voxel order as a scanner would; the anatomy and all
     ground truth stay in patient coordinates (LPS, mm).
@@ -126,6 +196,8 @@ def generate_phantom(
     """
     t0 = time.perf_counter()
     _validate(matrix, pixel_spacing, slice_spacing, slice_thickness, slices, n_nodules, nodule_diameter_mm, noise_hu)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise PhantomError(f"seed must be an integer, got {seed!r}", where="generate_phantom(seed=...)", fix="pass a whole number")
     direction = direction_for(patient_position)
     seed = int(seed)
     matrix = int(matrix)
@@ -133,7 +205,7 @@ def generate_phantom(
     ss = float(slice_spacing)
     thickness = float(slice_thickness) if slice_thickness is not None else ss
     lo_d, hi_d = (float(v) for v in nodule_diameter_mm)
-    root = np.random.SeedSequence([seed & 0xFFFFFFFF, 20250101])
+    root = np.random.SeedSequence([abs(seed), int(seed < 0), 20250101])
     r_layout, r_tex, r_vessel, r_air, r_rib, r_nod, r_noise = (np.random.default_rng(s) for s in root.spawn(7))
 
     fov = matrix * ps
@@ -163,59 +235,16 @@ def generate_phantom(
     body = np.broadcast_to(painter.body2[None], shape).copy()
     t1 = time.perf_counter()
 
-    # 2. tubes: mediastinal vessels, lung vessels, airways, ribs (painted only near their surface)
-    sd = np.empty(shape, dtype=np.float32)
-    flat_hu, flat_sd, flat_bone, flat_lung = hu.reshape(-1), sd.reshape(-1), bone.reshape(-1), lung.reshape(-1)
-    vessels = np.zeros(shape, dtype=bool)
-    airway = np.zeros(shape, dtype=bool)
-    pad = 1.5 * ps
-    edge = 0.5 * ps
-    max_piece = max(4.0 * ps, 6.0 * scale)
-    z_lo, z_hi = zs[0] - 20.0, zs[-1] + 20.0
-    medi = aorta_tubes(layout, z_lo)
-    inner, trunks = vessel_trees(layout, r_vessel)
-    medi.extend(trunks)
-    box = signed_distance(grid, medi.split(max_piece), sd, pad=pad + layout.gap)
-    if box is not None:
-        idx = _near(sd, box, edge)
-        _blend(flat_hu, idx, coverage(flat_sd[idx], ps) * ~flat_bone[idx], T.BLOOD)
-        flat_lung[_near(sd, box, layout.gap)] = False
-    box = signed_distance(grid, inner.split(max_piece), sd, pad=pad)
-    if box is not None:
-        idx = _near(sd, box, edge)
-        d = flat_sd[idx]
-        _blend(flat_hu, idx, coverage(d, ps) * ~flat_bone[idx], T.VESSEL)
-        vessels.reshape(-1)[idx[d < 0]] = True
-    air = airway_tubes(layout, r_air, z_hi)
-    wall = max(1.5 * scale, 0.8 * ps)
-    box = signed_distance(grid, air.split(max_piece), sd, pad=pad + wall)
-    if box is not None:
-        idx = _near(sd, box, edge + wall)
-        d = flat_sd[idx]
-        keep = ~flat_bone[idx]
-        _blend(flat_hu, idx, coverage(d - np.float32(wall), ps) * keep, T.AIRWAY_WALL)
-        _blend(flat_hu, idx, coverage(d, ps) * keep, T.AIR)
-        inside = idx[d < 0]
-        airway.reshape(-1)[inside[body.reshape(-1)[inside]]] = True
-    ribs = rib_tubes(layout, r_rib)
-    box = signed_distance(grid, ribs.split(max_piece), sd, pad=pad)
-    if box is not None:
-        cort = max(1.2 * scale, 0.7 * ps)
-        idx = _near(sd, box, edge)
-        d = flat_sd[idx]
-        value = np.where(d > -cort, np.float32(T.CORTICAL), np.float32(T.CANCELLOUS))
-        _blend(flat_hu, idx, coverage(d, ps), value)
-        flat_bone[idx[d < 0]] = True
-    del sd, flat_sd
-    lung &= ~(airway | bone)
-    vessels &= lung
+    # 2. tubes: mediastinal vessels, lung vessels, airways, ribs
+    vessels, airway, inner = _paint_tubes(layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body)
     t2 = time.perf_counter()
 
     # 3. nodules
+    strict = n_nodules is not None
     if n_nodules is None:
         n_nodules = int(r_nod.integers(0, 7))
     labels = np.zeros(shape, dtype=np.uint8)
-    specs = place_nodules(r_nod, grid, lung, inner, labels, count=int(n_nodules), diameter_mm=(lo_d, hi_d))
+    specs = place_nodules(r_nod, grid, lung, inner, labels, count=int(n_nodules), diameter_mm=(lo_d, hi_d), strict=strict)
     nodules = []
     for n, spec in enumerate(specs, start=1):
         mean_hu, count = paint_nodule(grid, spec, hu, labels, n)
@@ -246,7 +275,7 @@ def generate_phantom(
         "slice_spacing": ss,
         "slice_thickness": thickness,
         "slices": nz,
-        "n_nodules": int(n_nodules),
+        "n_nodules": len(nodules),
         "nodule_diameter_mm": [lo_d, hi_d],
         "noise_hu": float(noise_hu),
         "patient_position": str(patient_position).upper(),

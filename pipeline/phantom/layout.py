@@ -204,7 +204,7 @@ def draw_layout(rng: np.random.Generator, *, fov_mm: float, pixel: float, scan_l
     ey = spine_y - vb_b - 9.0 * s
     esophagus = (4.0 * s, ey, 6.5 * s)
     trachea_r = 8.0 * s * U(0.9, 1.1)
-    trachea_wall = max(2.0 * s, 0.9 * px)
+    trachea_wall = max(2.0 * s, 1.5 * px)
     trachea = (0.0, ey - 6.5 * s - trachea_r - trachea_wall - 2.0 * s, trachea_r)
     cav_b_ant = body_b_ant - skin - fat - muscle - wall
     heart_axes = (52.0 * s * U(0.9, 1.1), 42.0 * s * U(0.9, 1.1), 46.0 * s * U(0.9, 1.1))

@@ -66,7 +66,7 @@ class Nodule:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Phantom:
     """A synthetic chest CT with its ground truth.
 

@@ -132,7 +132,7 @@ class NodulePlacer:
         self.lung = lung
         self.vessels = vessels
         n = lung.size
-        self.step = max(1, int(round((n / 1.5e6) ** (1.0 / 3.0))))
+        self.step = max(1, int(np.ceil((n / 4e5) ** (1.0 / 3.0))))
         st = self.step
         coarse = lung[::st, ::st, ::st]
         sp = (grid.slice_spacing * st, grid.pixel_spacing * st, grid.pixel_spacing * st)
@@ -232,12 +232,19 @@ def place_nodules(
     *,
     count: int,
     diameter_mm: tuple[float, float],
+    strict: bool = True,
 ) -> list[NoduleSpec]:
-    """Place ``count`` nodules in ``lung`` (canonical grid); raise PhantomError when they cannot fit."""
+    """Place ``count`` nodules in ``lung`` (canonical grid).
+
+    When they cannot all fit, raise PhantomError if ``strict``, else return those that fit (a warning is logged).
+    """
     placer = NodulePlacer(rng, grid, lung, vessels)
     lo, hi = diameter_mm
     fit = 2.0 * placer.max_radius / 1.2 - 2 * grid.pixel_spacing
     if count and fit < lo:
+        if not strict:
+            log.warning("no nodule of %.1f mm fits in these lungs (largest inscribed sphere %.1f mm)", lo, 2 * placer.max_radius)
+            return []
         raise PhantomError(
             f"a nodule of the minimum diameter {lo:g} mm does not fit in lungs whose largest inscribed sphere is "
             f"{2 * placer.max_radius:.1f} mm across",
@@ -259,6 +266,9 @@ def place_nodules(
                 attached = None
                 continue
             if d <= lo * 1.0001:
+                if not strict:
+                    log.warning("room for only %d of %d nodules in these lungs", len(specs), count)
+                    return specs
                 raise PhantomError(
                     f"found no room for nodule {len(specs) + 1} of {count} (diameter {d:.1f} mm) in the lungs",
                     where="generate_phantom(n_nodules=...)",

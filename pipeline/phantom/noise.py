@@ -1,8 +1,7 @@
 """Smooth random textures, partial-volume blur and correlated CT noise (all in HU, float32).
 
-* :class:`SmoothField`: a band-limited random field, drawn on a coarse grid and
-  interpolated with separable Gaussian weight matrices (three matrix products, no
-  per-voxel Python work); evaluated slab by slab.
+* :class:`SmoothField`: a band-limited random field, drawn and smoothed on a
+  coarse grid and interpolated linearly to the voxels; evaluated slab by slab.
 * :func:`blur_and_noise`: Gaussian blur along the slice axis (slice profile of
   the given thickness), then white noise, then an in-plane blur of both
   (reconstruction kernel), so CT noise is correlated within a slice.
@@ -14,35 +13,43 @@ import numpy as np
 from scipy.ndimage import gaussian_filter, gaussian_filter1d
 
 
-def _weights(n: int, n_coarse: int, step: float, sigma: float) -> np.ndarray:
-    pos = np.arange(n) / step + 1.0  # coarse index of each fine sample (one padding cell)
-    w = np.exp(-0.5 * ((pos[:, None] - np.arange(n_coarse)[None, :]) / sigma) ** 2)
-    w /= np.sqrt((w**2).sum(axis=1, keepdims=True))  # unit variance for unit-variance coarse noise
-    return w.astype(np.float32)
+def _linear(n: int, step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Coarse index below each of ``n`` fine samples (coarse cell = ``step`` samples) and the weight of the next one."""
+    pos = np.arange(n) / step + 1.0  # one padding cell before the first sample
+    i0 = np.floor(pos).astype(np.intp)
+    return i0, (pos - i0).astype(np.float32)
 
 
 class SmoothField:
     """Zero-mean random field of standard deviation ``amplitude`` on a grid of ``shape`` [z, y, x].
 
-    ``feature_vox`` gives the correlation length along each axis in voxels.
+    White noise on a coarse grid (one cell per ``feature_vox`` voxels along
+    each axis) is smoothed there and interpolated linearly to the fine grid:
+    a few gathers per voxel, no matrix products (so the result does not
+    depend on the BLAS library or its threads).
     """
 
     def __init__(self, rng: np.random.Generator, shape: tuple[int, int, int], feature_vox: tuple[float, float, float], amplitude: float):
         steps = [max(float(f), 1.0) for f in feature_vox]
         coarse = [int(np.ceil(n / st)) + 3 for n, st in zip(shape, steps)]
-        g = rng.standard_normal(coarse).astype(np.float32) * np.float32(amplitude)
-        self._wz = _weights(shape[0], coarse[0], steps[0], 0.7)
-        wy = _weights(shape[1], coarse[1], steps[1], 0.7)
-        wx = _weights(shape[2], coarse[2], steps[2], 0.7)
-        h = np.tensordot(g, wx, axes=([2], [1]))  # (cz, cy, nx)
-        self._h = np.matmul(wy[None], h)  # (cz, ny, nx)
+        g = rng.standard_normal(coarse).astype(np.float32)
+        g = gaussian_filter(g, 0.7, mode="wrap")
+        g *= np.float32(amplitude / max(float(g.std()), 1e-6))
+        ix, fx = _linear(shape[2], steps[2])
+        h = g[:, :, ix] * (1 - fx) + g[:, :, ix + 1] * fx  # (cz, cy, nx)
+        iy, fy = _linear(shape[1], steps[1])
+        fy = fy[None, :, None]
+        self._h = h[:, iy, :] * (1 - fy) + h[:, iy + 1, :] * fy  # (cz, ny, nx)
+        self._iz, self._fz = _linear(shape[0], steps[0])
         self.shape = shape
 
     def slab(self, k0: int, k1: int) -> np.ndarray:
         """Field values of canonical slices ``k0 <= z < k1`` (float32)."""
-        wz = self._wz[k0:k1]
-        flat = self._h.reshape(self._h.shape[0], -1)
-        return (wz @ flat).reshape(k1 - k0, self.shape[1], self.shape[2])
+        iz = self._iz[k0:k1]
+        fz = self._fz[k0:k1][:, None, None]
+        out = self._h[iz] * (1 - fz)
+        out += self._h[iz + 1] * fz
+        return out
 
 
 def _kernel_power(sigma: float, truncate: float) -> float:

@@ -34,24 +34,30 @@ def _superior_order(geometry: Geometry, axis: int) -> np.ndarray:
     return idx[::-1] if geometry.direction[2, c] > 0 else idx
 
 
-def find_trachea_seed(cand: np.ndarray, body: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """Boolean seed mask: the central air blob of the top-most slice that has one."""
+def find_trachea_seed(air: np.ndarray, cand: np.ndarray, body: np.ndarray, geometry: Geometry,
+                      hu: np.ndarray) -> np.ndarray:
+    """Boolean seed mask: the central air blob of the top-most slice that has one.
+
+    The blob must hold air clearly darker than the lung parenchyma (its darkest voxel at
+    least 100 HU below the lungs' median), so a lung apex near the mid-line is not taken.
+    """
     from .segment import lps_coordinate_grid, slice_axis
 
     axis = slice_axis(geometry)
-    per_slice = cand.sum(axis=tuple(a for a in range(3) if a != axis))
+    per_slice = air.sum(axis=tuple(a for a in range(3) if a != axis))
     order = [s for s in _superior_order(geometry, axis) if per_slice[s] > 0]
     if not order:
         raise ReconstructionError("no air inside the body to seed the airway")
-    x = np.broadcast_to(lps_coordinate_grid(geometry, 0), cand.shape)
+    x = np.broadcast_to(lps_coordinate_grid(geometry, 0), air.shape)
     body_x = x[body]
     mid = float(np.median(body_x))
     width = float(body_x.max() - body_x.min()) or 1.0
     span = max(1, int(0.4 * len(order)))
+    lung_median = float(np.median(hu[cand]))
     for s in order[:span]:
         sl = [slice(None)] * 3
         sl[axis] = s
-        plane = cand[tuple(sl)]
+        plane = air[tuple(sl)]
         labels, n = ndimage.label(plane)
         if n == 0:
             continue
@@ -59,9 +65,10 @@ def find_trachea_seed(cand: np.ndarray, body: np.ndarray, geometry: Geometry) ->
         idx = np.arange(1, n + 1)
         cx = ndimage.mean(xs, labels, idx)
         best = int(np.argmin(np.abs(np.asarray(cx) - mid)))
-        if abs(cx[best] - mid) < 0.12 * width:
-            seed = np.zeros_like(cand)
-            seed[tuple(sl)] = labels == idx[best]
+        blob = labels == idx[best]
+        if abs(cx[best] - mid) < 0.12 * width and float(hu[tuple(sl)][blob].min()) < lung_median - 100.0:
+            seed = np.zeros_like(air)
+            seed[tuple(sl)] = blob
             return seed
     raise ReconstructionError("no trachea found: no air blob near the mid-line at the top of the lungs",
                               fix="check that the scan includes the upper chest")
@@ -74,17 +81,17 @@ def _grow(hu: np.ndarray, allowed: np.ndarray, seed: np.ndarray, thr: float) -> 
     return morph.keep_labels(labels, ids[ids > 0], n)
 
 
-def grow_airway(hu: torch.Tensor, cand: np.ndarray, body: np.ndarray, geometry: Geometry,
+def grow_airway(hu: torch.Tensor, air: np.ndarray, cand: np.ndarray, body: np.ndarray, geometry: Geometry,
                 p: SegmentParams) -> tuple[np.ndarray, dict[str, float | str]]:
     """Airway mask (working grid) and the values used; raises ReconstructionError without a trachea.
 
     The threshold is the highest one (from ``lung_hu`` down to -975 HU in 25 HU steps, by bisection)
     whose region grown from the trachea seed stays below ``airway_leak_fraction`` of the lung air.
     """
-    seed = find_trachea_seed(cand, body, geometry)
     hu_np = hu.cpu().numpy()
-    # the lungs and trachea with a margin: the growth cannot go elsewhere
-    allowed = morph.dilate(morph.to_tensor(cand, hu.device), (1, 1, 1)).cpu().numpy() & body
+    seed = find_trachea_seed(air, cand, body, geometry, hu_np)
+    # air inside the body with a margin: the growth cannot go elsewhere
+    allowed = morph.dilate(morph.to_tensor(air, hu.device), (1, 1, 1)).cpu().numpy() & body
     limit = p.airway_leak_fraction * float(cand.sum())
     levels = np.arange(p.lung_hu, -975.0 - 1e-6, -25.0)
     lo, hi = 0, len(levels) - 1  # find the first (highest) level that does not leak

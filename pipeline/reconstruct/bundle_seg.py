@@ -6,7 +6,7 @@ Bundle layout (as users download it): ``configs/metadata.json`` (its
 it: ``Spacing(d).pixdim``, ``ScaleIntensityRange(d)``, ``SlidingWindowInferer``)
 and ``models/model.ts`` (TorchScript). The volume is put in RAS orientation (as
 MONAI's ``Orientation(axcodes="RAS")`` does), resampled, scaled, run with
-sliding-window inference, and the arg-max labels are mapped back to the input
+sliding-window inference (Gaussian-blended tiles, as MONAI's ``SlidingWindowInferer(mode="gaussian")``), and the arg-max labels are mapped back to the input
 grid (LPS geometry unchanged) and to organ names.
 """
 
@@ -142,14 +142,50 @@ def _from_ras(ras: np.ndarray, volume: CTVolume) -> np.ndarray:
     return np.ascontiguousarray(view.transpose(perm))
 
 
+def _starts(n: int, roi: int, step: int) -> list[int]:
+    if n <= roi:
+        return [0]
+    out = list(range(0, n - roi, step)) + [n - roi]
+    return sorted(set(out))
+
+
+def sliding_window(x: torch.Tensor, roi: list[int], predictor: Any, *, overlap: float = 0.25,
+                   batch: int = 1) -> torch.Tensor:
+    """Tile ``x`` (1, C, X, Y, Z) into ``roi`` windows overlapping by ``overlap``, run ``predictor`` on batches
+    of windows and blend the outputs with Gaussian weights (σ = roi / 8). Inputs smaller than the roi are
+    zero-padded. Returns (1, K, X, Y, Z)."""
+    size = list(x.shape[2:])
+    pad = [max(0, r - n) for r, n in zip(roi, size)]
+    if any(pad):
+        x = F.pad(x, (0, pad[2], 0, pad[1], 0, pad[0]))
+    full = list(x.shape[2:])
+    steps = [max(1, int(r * (1 - overlap))) for r in roi]
+    grids = [_starts(n, r, st) for n, r, st in zip(full, roi, steps)]
+    axes = [torch.exp(-0.5 * ((torch.arange(r, device=x.device) - (r - 1) / 2) / (r / 8.0)) ** 2) for r in roi]
+    weight = (axes[0][:, None, None] * axes[1][None, :, None] * axes[2][None, None, :]).clamp_min(1e-3)
+    corners = [(a, b, c) for a in grids[0] for b in grids[1] for c in grids[2]]
+    out: torch.Tensor | None = None
+    norm = torch.zeros(full, device=x.device)
+    for n0 in range(0, len(corners), batch):
+        chunk = corners[n0:n0 + batch]
+        tiles = torch.cat([x[:, :, a:a + roi[0], b:b + roi[1], c:c + roi[2]] for a, b, c in chunk])
+        pred = predictor(tiles)
+        if out is None:
+            out = torch.zeros([1, pred.shape[1]] + full, device=x.device)
+        for t, (a, b, c) in enumerate(chunk):
+            out[0, :, a:a + roi[0], b:b + roi[1], c:c + roi[2]] += pred[t] * weight
+            norm[a:a + roi[0], b:b + roi[1], c:c + roi[2]] += weight
+    assert out is not None
+    out = out / norm
+    return out[:, :, : size[0], : size[1], : size[2]]
+
+
 def run_seg_bundle(volume: CTVolume, bundle: str | Path, *, device: torch.device | str = "cpu") -> tuple[
         dict[str, np.ndarray], dict[str, str]]:
     """Organ masks (bool ``[k, j, i]`` on the volume grid) from a bundle, and per-label error messages.
 
     Raises :class:`BundleError` when the bundle cannot be used at all.
     """
-    from monai.inferers import sliding_window_inference
-
     b = read_bundle(bundle)
     dev = torch.device(device)
     try:
@@ -168,8 +204,7 @@ def run_seg_bundle(volume: CTVolume, bundle: str | Path, *, device: torch.device
         if clip:
             x = x.clamp(min(b0, b1), max(b0, b1))
     with torch.no_grad():
-        logits = sliding_window_inference(x, roi_size=b["roi_size"], sw_batch_size=b["sw_batch_size"], predictor=net,
-                                          overlap=b["overlap"], mode="gaussian")
+        logits = sliding_window(x, b["roi_size"], net, overlap=b["overlap"], batch=b["sw_batch_size"])
     pred = torch.argmax(logits, dim=1, keepdim=True).to(torch.float32)
     if tuple(pred.shape[2:]) != native:
         pred = F.interpolate(pred, size=native, mode="nearest")

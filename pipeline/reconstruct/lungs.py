@@ -56,9 +56,9 @@ def _two_largest(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
 
 
 def _grow_back(cores: list[torch.Tensor], mask: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """Dilate competing cores inside ``mask`` one voxel at a time (first come, first served)."""
+    """Dilate competing cores inside ``mask`` one voxel at a time (first come, first served) until it is claimed."""
     taken = cores[0] | cores[1]
-    for _ in range(steps + 2):
+    for _ in range(max(steps + 2, 500)):  # until nothing is left to claim
         grown = [morph.dilate(c, (1, 1, 1)) & mask & ~taken for c in cores]
         both = grown[0] & grown[1]
         grown[1] &= ~both

@@ -196,12 +196,14 @@ def mesh_from_mask(
     verts = verts - 1.0 + lo[None, :]
     faces = faces.astype(np.int64)
     verts = taubin_smooth(verts.astype(np.float64), faces, iterations=smoothing_iterations)
-    ijk = verts[:, ::-1]
-    lps = geometry.index_to_lps(ijk)
-    vol = signed_volume(lps, faces)
-    if vol < 0:
+    if signed_volume(verts, faces) < 0:  # orient outward in index space first
         faces = faces[:, [0, 2, 1]]
-    if preserve_volume:
-        lps = _restore_volume(lps, faces, target_vox * float(np.prod(geometry.spacing)))
+    if preserve_volume:  # in index units the mask's volume is its voxel count
+        verts = _restore_volume(verts, faces, target_vox)
+    # keep every vertex inside the scanned volume's voxel cells
+    np.clip(verts, -0.5, np.asarray(geometry.shape, dtype=np.float64) - 0.5, out=verts)
+    lps = geometry.index_to_lps(verts[:, ::-1])
+    if signed_volume(lps, faces) < 0:  # the index → LPS map may mirror (axis order, flipped directions)
+        faces = faces[:, [0, 2, 1]]
     log.debug("%s: %d vertices, %d triangles (grid step %.2f voxels)", name, lps.shape[0], faces.shape[0], step)
     return Mesh(name=name, vertices=lps, faces=faces)

@@ -11,7 +11,8 @@ organ that leaves the field of view is not eaten away at the cut.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -144,6 +145,23 @@ def fill_holes(mask: np.ndarray, *, slice_axis: int | None = None) -> np.ndarray
         outside[np.unique(labels[face])] = True
     outside[0] = False
     return mask | ~outside[labels] & background
+
+
+@contextmanager
+def torch_threads(device: torch.device, n: int | None) -> Iterator[None]:
+    """Run CPU torch work with ``n`` intra-op threads (restored afterwards); no-op on a GPU or for None.
+
+    The mask operations here are memory-bound; on a shared CPU extra threads mostly wait for each other.
+    """
+    if device.type != "cpu" or not n:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def to_tensor(array: np.ndarray, device: torch.device | str) -> torch.Tensor:

@@ -176,59 +176,60 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
     """Orthographic shaded image (H, W, 3) float of the meshes seen from ``anterior`` or ``left``.
 
     Anterior view: patient's right on image left, superior up. Left view: anterior on image left.
-    Triangles are splatted as barycentric samples (enough per triangle to cover its pixels) with a z-buffer.
+    A vectorised scan-converter: every pixel centre of each triangle's bounding box is tested with
+    barycentric coordinates; a depth sort keeps the nearest surface per pixel (Lambert shading).
     """
     img = np.zeros((size, size, 3))
     parts = [(k, m) for k, m in meshes.items() if m.n_triangles]
     if not parts:
         return img
-    allv = np.concatenate([m.vertices for _, m in parts])
-    # screen axes (u right, v up) and depth (towards the viewer)
     if view == "anterior":
         axes, depth_axis, depth_sign = (0, 2), 1, -1.0  # viewer at -y (anterior)
     elif view == "left":
         axes, depth_axis, depth_sign = (1, 2), 0, 1.0  # viewer at +x (patient's left)
     else:
         raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
-    lo = allv.min(axis=0)
-    hi = allv.max(axis=0)
+    allv = np.concatenate([m.vertices for _, m in parts])
+    lo, hi = allv.min(axis=0), allv.max(axis=0)
     scale = 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6)
     centre = (lo + hi) / 2
-    pix, depth, colour = [], [], []
-    rng = np.random.default_rng(0)
     light = np.zeros(3)
     light[depth_axis] = depth_sign
+    pix, depth, colour = [], [], []
     for organ, m in parts:
         tri = m.vertices[m.faces]
-        n = m.face_normals()
-        shade = 0.25 + 0.75 * np.clip(n @ light, 0.0, 1.0)
-        uv = (tri[:, :, list(axes)] - centre[list(axes)]) * scale + size / 2
-        area = 0.5 * np.abs(np.cross(uv[:, 1] - uv[:, 0], uv[:, 2] - uv[:, 0]))
-        count = np.clip(np.ceil(area * 6.0).astype(int) + 2, 1, 1024)
-        rep = np.repeat(np.arange(tri.shape[0]), count)
-        r1, r2 = rng.random(rep.size), rng.random(rep.size)
-        flip = r1 + r2 > 1
-        r1[flip], r2[flip] = 1 - r1[flip], 1 - r2[flip]
-        pts = tri[rep, 0] + r1[:, None] * (tri[rep, 1] - tri[rep, 0]) + r2[:, None] * (tri[rep, 2] - tri[rep, 0])
-        u = ((pts[:, axes[0]] - centre[axes[0]]) * scale + size / 2).astype(int)
-        v = ((pts[:, axes[1]] - centre[axes[1]]) * scale + size / 2).astype(int)
-        ok = (u >= 0) & (u < size) & (v >= 0) & (v < size)
-        pix.append((size - 1 - v[ok]) * size + u[ok])
-        depth.append(depth_sign * pts[ok, depth_axis])
-        colour.append(np.asarray(_RGB.get(organ, (0.8, 0.8, 0.8)))[None, :] * shade[rep[ok], None])
+        shade = 0.25 + 0.75 * np.clip(m.face_normals() @ light, 0.0, 1.0)
+        u = (tri[:, :, axes[0]] - centre[axes[0]]) * scale + size / 2
+        v = size / 2 - (tri[:, :, axes[1]] - centre[axes[1]]) * scale  # image rows run downwards
+        dz = depth_sign * tri[:, :, depth_axis]
+        x0 = np.clip(np.floor(u.min(axis=1)).astype(np.int64), 0, size - 1)
+        x1 = np.clip(np.ceil(u.max(axis=1)).astype(np.int64), 0, size - 1)
+        y0 = np.clip(np.floor(v.min(axis=1)).astype(np.int64), 0, size - 1)
+        y1 = np.clip(np.ceil(v.max(axis=1)).astype(np.int64), 0, size - 1)
+        w, h = x1 - x0 + 1, y1 - y0 + 1
+        n = w * h
+        rep = np.repeat(np.arange(tri.shape[0]), n)
+        local = np.arange(rep.size) - np.repeat(np.cumsum(n) - n, n)
+        px = x0[rep] + local % w[rep]
+        py = y0[rep] + local // w[rep]
+        cx, cy = px + 0.5, py + 0.5
+        ua, ub, uc = u[rep, 0], u[rep, 1], u[rep, 2]
+        va, vb, vc = v[rep, 0], v[rep, 1], v[rep, 2]
+        det = (vb - vc) * (ua - uc) + (uc - ub) * (va - vc)
+        ok = np.abs(det) > 1e-12
+        det = np.where(ok, det, 1.0)
+        l0 = ((vb - vc) * (cx - uc) + (uc - ub) * (cy - vc)) / det
+        l1 = ((vc - va) * (cx - uc) + (ua - uc) * (cy - vc)) / det
+        l2 = 1.0 - l0 - l1
+        inside = ok & (l0 >= -1e-9) & (l1 >= -1e-9) & (l2 >= -1e-9)
+        r = rep[inside]
+        pix.append(py[inside] * size + px[inside])
+        depth.append((l0[inside] * dz[r, 0] + l1[inside] * dz[r, 1] + l2[inside] * dz[r, 2]).astype(np.float32))
+        colour.append(np.asarray(_RGB.get(organ, (0.8, 0.8, 0.8)))[None, :] * shade[r, None])
     p, d, c = np.concatenate(pix), np.concatenate(depth), np.concatenate(colour)
-    order = np.argsort(-d, kind="stable")  # nearest (largest depth towards the viewer) first
-    p_sorted = p[order]
-    first = np.unique(p_sorted, return_index=True)[1]
+    order = np.argsort(d)  # farthest first, so the nearest sample of each pixel is written last
     flat = img.reshape(-1, 3)
-    flat[p_sorted[first]] = c[order][first]
-    # close single-pixel gaps the random samples left (median of the 3×3 neighbours where a pixel is empty)
-    from scipy import ndimage
-
-    empty = ~np.zeros((size, size), dtype=bool)
-    empty.reshape(-1)[p_sorted[first]] = False
-    med = np.stack([ndimage.median_filter(img[..., ch], size=3) for ch in range(3)], axis=-1)
-    img[empty] = med[empty]
+    flat[p[order]] = c[order]  # sequential assignment of a 1-D fancy index: the last write wins
     return img
 
 

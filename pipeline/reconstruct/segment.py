@@ -45,6 +45,7 @@ class SegmentParams:
     airway_leak_fraction: float = 0.1  # growth above this share of the lungs is a leak
     work_voxel_mm: float = 2.0  # working voxel size (mm) for volumes above work_min_voxels
     work_min_voxels: int = 12_000_000
+    cpu_threads: int | None = 1  # torch intra-op threads for CPU segmentation (None = leave as set)
 
 
 @dataclass
@@ -172,12 +173,16 @@ def segment_organs(
     An organ that cannot be found gets a :class:`ReconstructionError` in ``errors``
     instead of a mask; the other organs are still segmented.
     """
-    wanted = set(organs)
+    p = params or SegmentParams()
+    dev = torch.device(device or default_device())
+    with morph.torch_threads(dev, p.cpu_threads):
+        return _segment(volume, set(organs), dev, p)
+
+
+def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentParams) -> Segmentation:
     unknown = wanted - set(ORGANS)
     if unknown:
         raise ReconstructionError(f"unknown organ name(s) {sorted(unknown)}", fix=f"choose from {list(ORGANS)}")
-    p = params or SegmentParams()
-    dev = torch.device(device or default_device())
     geom = volume.geometry
     seg = Segmentation(geometry=geom)
     if min(geom.shape) < 2:
@@ -247,14 +252,14 @@ def _lungs_and_airway(seg: Segmentation, grid: _Grid, full_hu: torch.Tensor, bod
         return
     aw_c = np.zeros_like(cand)
     try:
-        aw_c, aw_info = airway_mod.grow_airway(grid.hu, cand, body_c, grid.geometry, p)
+        aw_c, aw_info = airway_mod.grow_airway(grid.hu, air_c, cand, body_c, grid.geometry, p)
         seg.info.update(aw_info)
     except ReconstructionError as exc:
         seg.errors["airway"] = ReconstructionError(f"airway: {exc.problem}", where=where, fix=exc.fix)
     air_full = np.zeros(full_hu.shape, dtype=bool)
     if aw_c.any():
         thr = float(seg.info.get("airway_threshold_hu", p.lung_hu))
-        air_full = _refine(aw_c, grid, full_hu, False, thr, inside=cand)
+        air_full = _refine(aw_c, grid, full_hu, False, thr, inside=air_c)
         edge = float(seg.info.get("airway_edge_hu", thr))
         box = _bbox(air_full, 1)
         if box is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Any
 
@@ -66,6 +67,10 @@ def _run(args: argparse.Namespace) -> int:
             bar = TqdmBar(p.total)
         bar(p)
 
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # stop like Ctrl-C: the run is recorded as interrupted and resumes next time
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         summary = run_batch(args.sources, out=args.out, config=args.config, progress=on_progress,
                             command="ctpipe " + " ".join(sys.argv[1:]), **overrides)

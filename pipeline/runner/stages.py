@@ -65,7 +65,8 @@ class IngestStage(Stage):
 
 
 def _read_volume(ctx: CaseContext) -> Any:
-    return CaseCache(ctx.cache_dir).read(ctx.case.case_id, mmap=True)
+    """The case's HU volume from the run's cache (read into memory: stages may hand it to torch)."""
+    return CaseCache(ctx.cache_dir).read(ctx.case.case_id)
 
 
 class DetectStage(Stage):
@@ -147,7 +148,7 @@ class WriteStage(Stage):
 
     name = "write"
     group = "cpu"
-    preload = ("pipeline.detect.findings",)
+    preload = ("pipeline.detect.findings", "pipeline.detect.figures")
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
         from ..detect.findings import Findings
@@ -163,13 +164,9 @@ class WriteStage(Stage):
 
 
 def _write_pngs(ctx: CaseContext, findings: Any) -> None:
-    from ..detect import findings as fmod
+    from ..detect.figures import write_finding_pngs
 
-    writer = getattr(fmod, "write_finding_pngs", None)
-    if writer is None:
-        log.warning("case %s: this build has no finding PNG writer; PNGs skipped", ctx.case.case_id)
-        return
-    writer(findings, _read_volume(ctx), ctx.workdir / "findings_png")
+    write_finding_pngs(_read_volume(ctx), findings, ctx.workdir / "findings_png")
 
 
 def build_stages(cfg: Config) -> list[Stage]:

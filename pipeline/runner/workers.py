@@ -157,6 +157,7 @@ def worker_main(name: str, device: str, stages: list[Stage], config: dict, run_d
     """Entry point of a worker process: set up stages lazily, then run tasks until told to stop."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     attach_jsonl(Path(run_dir) / "run.log", process=name)
+    logging.getLogger("pipeline").propagate = False  # workers log to run.log only; the main process talks to the user
     if torch_threads > 0:
         os.environ["OMP_NUM_THREADS"] = str(torch_threads)
         try:
@@ -174,11 +175,14 @@ def worker_main(name: str, device: str, stages: list[Stage], config: dict, run_d
         return
     outq.put(("ready", name, None))
     by_name = {s.name: s for s in stages}
-    while True:
-        task: Task | None = inq.get()
-        if task is None:
-            break
-        outq.put(("result", name, run_task(by_name[task.stage], task, info)))
+    try:
+        while True:
+            task: Task | None = inq.get()
+            if task is None:
+                break
+            outq.put(("result", name, run_task(by_name[task.stage], task, info)))
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the main process records the interruption
+        return
 
 
 @dataclass
@@ -204,6 +208,9 @@ class ProcessExecutor:
         # the same hash seed in every worker and run: set/dict iteration orders, and so every output file,
         # are then reproducible from run to run (a resumed run writes exactly what an uninterrupted one would)
         os.environ.setdefault("PYTHONHASHSEED", "0")
+        if torch_threads > 0:  # native thread pools read these when their libraries load in the workers
+            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+                os.environ.setdefault(var, str(torch_threads))
         self.ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             mods = sorted({m for s in stages for m in s.preload} | {"pipeline.runner.workers"})
@@ -241,12 +248,17 @@ class ProcessExecutor:
     def _group_of(self, task: Task) -> str:
         return next(s.group for s in self.stages if s.name == task.stage)
 
+    def _limit(self, group: str) -> int:
+        # a model worker keeps `depth` inputs queued so the device never waits; a CPU worker takes one task
+        # at a time, so a later stage of an admitted case never waits behind a new case's ingest
+        return self.depth + 1 if group == "model" else 1
+
     def has_room(self, group: str) -> bool:
-        return any(w.group == group and len(w.held) <= self.depth for w in self.workers)
+        return any(w.group == group and len(w.held) < self._limit(group) for w in self.workers)
 
     def submit(self, task: Task) -> None:
         group = self._group_of(task)
-        cands = [w for w in self.workers if w.group == group and len(w.held) <= self.depth]
+        cands = [w for w in self.workers if w.group == group and len(w.held) < self._limit(group)]
         w = min(cands, key=lambda w: len(w.held))
         w.held.append(task)
         w.inq.put(task)

@@ -1,0 +1,156 @@
+#!/usr/bin/env python
+"""Benchmark: cached case → nodule findings, ctpipe vs MONAI's bundle-style pipeline.
+
+Peer: MONAI's lung_nodule_ct_detection bundle pipeline (MetaTensor from the cached
+case → Orientation RAS → Spacing → ScaleIntensityRange → RetinaNetDetector with
+the model's parameters → ClipBoxToImage → AffineBoxToWorldCoordinate), see
+``pipeline/detect/reference.py``. Both sides use the same weights, the same phantom
+and run in the same process; each model is loaded once before timing (as the batch
+runner does). Timed: reading the cached case through to findings in LPS.
+
+Two models: the embedded demo model, and the bundle architecture (ResNet-50 FPN,
+random weights: speed does not depend on the weight values) at the bundle's own
+spacing 0.703 × 0.703 × 1.25 mm. ctpipe runs with its defaults (lung crop on).
+On CUDA the model time is measured with CUDA events and end-to-end with a
+synchronize at the end.
+
+    python scripts/bench_detect.py [--quick] [--device cpu|cuda] [--repeats 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.cache import CaseCache
+from pipeline.detect.bundle import LoadedModel, load_model
+from pipeline.detect.infer import Detector
+from pipeline.detect.model_config import ModelConfig
+from pipeline.detect.network import BUNDLE_ARCHITECTURE, build_network
+from pipeline.detect.preprocess import Window
+from pipeline.detect.reference import monai_detect
+
+PEER = "MONAI bundle-style pipeline (Orientation → Spacing → ScaleIntensityRange → RetinaNetDetector → AffineBoxToWorldCoordinate)"
+
+
+def bundle_model() -> LoadedModel:
+    """The lung_nodule_ct_detection architecture and inference settings, random weights."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        name="lung_nodule_ct_detection architecture (random weights)",
+        spacing=(0.703125, 0.703125, 1.25),
+        window=Window(-1024.0, 300.0, 0.0, 1.0, True),
+        arch=BUNDLE_ARCHITECTURE,
+        anchors={"feature_map_scales": [1, 2, 4], "base_anchor_shapes": [[6, 8, 4], [8, 6, 5], [10, 10, 6]]},
+        selector={"score_thresh": 0.02, "topk_candidates_per_level": 1000, "nms_thresh": 0.22, "detections_per_img": 300},
+        sliding_window={"roi_size": [512, 512, 192], "overlap": 0.25, "mode": "constant"},
+        size_divisible=(16, 16, 8),
+        weights=None,
+        source="monai_bundle",
+    )
+    return LoadedModel(cfg, build_network(BUNDLE_ARCHITECTURE).eval())
+
+
+def _fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, repeats: int) -> dict:
+    det = Detector(model=model, device=device)
+    ours, peer, model_ms, n_ours, n_peer = [], [], [], 0, 0
+    for r in range(repeats + 1):  # the first round warms up both sides and is not counted
+        _sync(device)
+        t0 = time.perf_counter()
+        vol = cache.read(case_id, mmap=True)
+        f = det.detect(vol, case_id=case_id)
+        _sync(device)
+        t_ours = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        vol = cache.read(case_id)
+        ref = monai_detect(model, volume=vol, device=device, amp=device.startswith("cuda"))
+        _sync(device)
+        t_peer = time.perf_counter() - t0
+        if r > 0:
+            ours.append(t_ours)
+            peer.append(t_peer)
+            model_ms.append(f.timings_ms["model"])
+        n_ours, n_peer = len(f), len(ref["score"])
+        logging.info("round %d: ctpipe %.2fs, MONAI %.2fs", r, t_ours, t_peer)
+    m_ours, m_peer = statistics.median(ours), statistics.median(peer)
+    return {
+        "ctpipe_s": m_ours, "monai_s": m_peer, "ratio": m_peer / m_ours, "ctpipe_runs_s": ours, "monai_runs_s": peer,
+        "ctpipe_model_ms_median": statistics.median(model_ms), "ctpipe_input_xyz": list(f.input_shape_xyz or []),
+        "ctpipe_findings": n_ours, "monai_findings": n_peer, "repeats": repeats,
+        "model_timer": "CUDA events" if device.startswith("cuda") else "perf_counter",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--quick", action="store_true", help="small phantoms, one timed round (< 2 min on CPU)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--skip-bundle", action="store_true", help="only the demo model")
+    ap.add_argument("--model", type=Path, default=None, help="ctpipe model JSON for the first model (default: the demo model)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device", file=sys.stderr)
+        return 2
+    from pipeline.phantom import generate_phantom
+
+    repeats = 1 if args.quick else args.repeats
+    # (model, phantom options): the bundle model works at 0.7 mm, so its phantom is smaller on CPU
+    if args.device == "cuda":
+        cases = {"demo": dict(matrix=512, pixel_spacing=0.7, slice_spacing=1.25),
+                 "bundle": dict(matrix=512, pixel_spacing=0.7, slice_spacing=1.25)}
+    elif args.quick:
+        cases = {"demo": dict(matrix=192, pixel_spacing=1.2, slice_spacing=2.0),
+                 "bundle": dict(matrix=96, pixel_spacing=1.4, slice_spacing=2.5)}
+    else:
+        cases = {"demo": dict(matrix=384, pixel_spacing=0.9, slice_spacing=1.25),
+                 "bundle": dict(matrix=160, pixel_spacing=1.2, slice_spacing=2.5)}
+    results = {"peer": PEER, "device": args.device, "threads": torch.get_num_threads(), "quick": args.quick, "models": {}}
+    with tempfile.TemporaryDirectory(prefix="bench_detect_") as tmp:
+        cache = CaseCache(tmp)
+        for name, opts in cases.items():
+            if name == "bundle" and args.skip_bundle:
+                continue
+            ph = generate_phantom(7, **opts)
+            case_id = f"bench_{name}"
+            cache.write(case_id, ph.volume)
+            model = load_model(args.model) if name == "demo" else bundle_model()
+            res = time_case(cache, case_id, model, args.device, repeats)
+            res["phantom"] = {**opts, "seed": 7, "shape_kji": list(ph.volume.shape)}
+            res["model"] = model.config.name
+            results["models"][name] = res
+            print(f"[{name}] {model.config.name}; phantom {ph.volume.shape} [k,j,i] {opts}")
+            print(f"  peer: {PEER}")
+            print(f"  ctpipe median {res['ctpipe_s']:.2f} s (model {res['ctpipe_model_ms_median']:.0f} ms, input {res['ctpipe_input_xyz']}), "
+                  f"MONAI median {res['monai_s']:.2f} s, ratio {res['ratio']:.2f}x  (runs: ctpipe {_fmt(res['ctpipe_runs_s'])}, "
+                  f"MONAI {_fmt(res['monai_runs_s'])})")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+#!/usr/bin/env python
+"""Benchmark: the pipelined runner against the same stages run one case after another.
+
+Both modes run the real stages (ingest → detect → reconstruct → write) of
+``ctpipe run`` on the same phantom cases, in this process's run, alternating,
+``--repeats`` times each:
+
+* peer: "sequential" — ``runner.workers = 0``: every stage of a case in one process, then the next case;
+* ctpipe: "pipelined" — CPU worker processes plus a model worker per device, bounded queues.
+
+Throughput (cases/hour) is measured over the processing window of each run:
+from the first stage start to the last case's completion (model loading and
+process start-up happen before the window; pipeline fill and drain are inside
+it). Pipeline efficiency = pipelined throughput ÷ (1 / mean wall time of the
+slowest stage in that same pipelined run). Medians over repeats are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline.runner import open_run, run_batch  # noqa: E402
+
+
+def make_cases(root: Path, n: int, matrix: int, slices: int) -> None:
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_phantom_case
+
+    for seed in range(n):
+        ph = generate_phantom(500 + seed, matrix=matrix, slices=slices, pixel_spacing=min(2.0, 300.0 / matrix),
+                              slice_spacing=2.5, n_nodules=2)
+        write_phantom_case(ph, root / f"case{seed:03d}")
+
+
+def _spin(n: int) -> float:
+    t = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i
+    return time.perf_counter() - t
+
+
+def parallel_capacity(procs: int, n: int = 3_000_000) -> float:
+    """Speed-up this machine gives right now to ``procs`` CPU-bound processes over one (other users' load counts)."""
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(procs) as pool:
+        pool.map(_spin, [1000] * procs)  # start-up
+        t = time.perf_counter()
+        pool.map(_spin, [n])
+        one = time.perf_counter() - t
+        t = time.perf_counter()
+        pool.map(_spin, [n] * procs)
+        many = time.perf_counter() - t
+    return procs * one / many
+
+
+def measure(run_dir: Path) -> dict:
+    run = open_run(run_dir)
+    done = run.cases[run.cases.status == "done"]
+    ok = run.stages[run.stages.status == "ok"]
+    t0 = float(ok.started_at.min())
+    t1 = float(done.ended_at.max())
+    means = ok.groupby("stage", sort=False).wall_s.mean().to_dict()
+    return {"cases": int(len(done)), "window_s": t1 - t0, "cases_per_hour": 3600.0 * len(done) / (t1 - t0),
+            "stage_mean_s": means, "failed": int((run.cases.status == "failed").sum())}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=8)
+    ap.add_argument("--matrix", type=int, default=128, help="phantom matrix (pixels per side)")
+    ap.add_argument("--slices", type=int, default=64)
+    ap.add_argument("--workers", type=int, default=2, help="CPU worker processes of the pipelined runner")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per process, the same in both modes (0 = cores / processes)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--renderings", action="store_true", help="include the PNG renderings in the reconstruct stage")
+    ap.add_argument("--quick", action="store_true", help="small run (< 2 min): 6 cases of 64x64x32, 1 repeat")
+    ap.add_argument("--keep", type=Path, help="keep the cases and run folders here")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args()
+    if args.quick:
+        args.cases, args.matrix, args.slices, args.repeats = 6, 64, 32, 1
+    work = args.keep or Path(tempfile.mkdtemp(prefix="ctpipe-bench-runner-"))
+    data = work / "dicom"
+    if not data.exists():
+        make_cases(data, args.cases, args.matrix, args.slices)
+    opts = {"device": args.device, "report.enabled": False, "metrics.textfile": False,
+            "reconstruct.renderings": bool(args.renderings), "runner.torch_threads": args.threads}
+    results: dict[str, list[dict]] = {"sequential": [], "pipelined": []}
+    for rep in range(args.repeats):
+        for mode, workers in (("sequential", 0), ("pipelined", args.workers)):
+            out = work / f"{mode}-{rep}"
+            shutil.rmtree(out, ignore_errors=True)
+            t = time.perf_counter()
+            s = run_batch([data], out=out, workers=workers, **opts)
+            m = measure(out)
+            m["run_total_s"] = time.perf_counter() - t
+            if s.exit_code != 0 or m["cases"] != args.cases:
+                print(f"{mode} run failed: {s.lines()}", file=sys.stderr)
+                return 1
+            results[mode].append(m)
+            print(f"repeat {rep + 1} {mode:10s}: {m['cases_per_hour']:8.1f} cases/h over {m['window_s']:.1f} s; "
+                  f"stage means " + ", ".join(f"{k} {v:.2f} s" for k, v in m["stage_mean_s"].items()))
+    procs = args.workers + 1
+    capacity = parallel_capacity(procs)
+    seq = statistics.median(r["cases_per_hour"] for r in results["sequential"])
+    pip = statistics.median(r["cases_per_hour"] for r in results["pipelined"])
+    effs = []
+    for r in results["pipelined"]:
+        slowest = max(r["stage_mean_s"].values())
+        effs.append(r["cases_per_hour"] / (3600.0 / slowest))
+    eff = statistics.median(effs)
+    slow_stage = max(results["pipelined"][0]["stage_mean_s"].items(), key=lambda kv: kv[1])
+    print()
+    print(f"cases: {args.cases} phantoms {args.matrix}x{args.matrix}x{args.slices}, device {args.device}, "
+          f"{args.workers} CPU workers, {args.threads or 'auto'} torch thread(s)/process, repeats {args.repeats} (medians)")
+    print(f"parallel capacity now: {procs} CPU-bound processes run {capacity:.2f}x as fast as one "
+          f"(the most any pipelining can gain on this machine at this moment)")
+    print(f"peer  sequential (same stages, one case after another, workers=0): {seq:8.1f} cases/h")
+    print(f"ctpipe pipelined runner:                                           {pip:8.1f} cases/h")
+    print(f"ratio pipelined / sequential: {pip / seq:.2f}x")
+    print(f"pipeline efficiency (throughput x slowest stage mean, slowest = {slow_stage[0]} {slow_stage[1]:.2f} s): {eff:.2f}"
+          f"  (target >= 0.85)")
+    out = {"benchmark": "runner", "device": args.device, "cases": args.cases, "matrix": args.matrix, "slices": args.slices,
+           "workers": args.workers, "threads": args.threads, "repeats": args.repeats, "peer": "sequential (workers=0)",
+           "sequential_cases_per_hour": seq, "pipelined_cases_per_hour": pip, "ratio": pip / seq,
+           "efficiency": eff, "efficiencies": effs, "parallel_capacity": capacity, "slowest_stage": slow_stage[0], "runs": results}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

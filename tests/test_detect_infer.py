@@ -1,0 +1,212 @@
+"""Detector behaviour: LPS positions, lung restriction, bad and big input, model loading errors, outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from detect_helpers import bundle_state_dict, chest_volume, inference_json, write_bundle
+from test_detect_parity import SMALL_ARCH, _small_model
+
+from pipeline.cache import CaseCache
+from pipeline.detect.bundle import load_bundle, load_model
+from pipeline.detect.infer import Detector
+from pipeline.detect.lungs import quick_lung_mask
+from pipeline.detect.model_config import DEMO_MODEL_JSON
+from pipeline.detect.network import BUNDLE_ARCHITECTURE
+from pipeline.errors import BundleError, InputTooSmallError, InvalidVolumeError, ModelError, WeightsMismatchError
+from pipeline.volume import CTVolume
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the test machine's cores are shared; one thread avoids OpenMP stalls
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    if not DEMO_MODEL_JSON.is_file():
+        pytest.fail(f"demo model missing: {DEMO_MODEL_JSON} (run scripts/train_detector.py)")
+    return Detector(device="cpu")
+
+
+# --- positions in LPS --------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("position", ["HFS", "FFS", "HFP"])
+def test_demo_model_finds_phantom_nodules_in_lps(demo, position):
+    from pipeline.phantom import generate_phantom
+
+    ph = generate_phantom(3, matrix=160, pixel_spacing=1.8, slice_spacing=2.5, n_nodules=3, nodule_diameter_mm=(10.0, 20.0),
+                          patient_position=position)
+    res = demo.detect(ph.volume, lung_mask=ph.masks)
+    top = [f for f in res if f.score > 0.5]
+    assert top, "no confident finding"
+    for nod in ph.nodules:
+        d = [np.linalg.norm(np.subtract(f.center_lps, nod.center_lps)) for f in top]
+        assert min(d) <= nod.diameter_mm / 2, (position, nod, d)
+        best = top[int(np.argmin(d))]
+        assert abs(best.diameter_mm - nod.diameter_mm) < 0.5 * nod.diameter_mm
+        # the voxel index points at the nodule in the ORIGINAL series
+        assert ph.nodule_labels[best.voxel_ijk[2], best.voxel_ijk[1], best.voxel_ijk[0]] > 0
+        assert np.all(np.asarray(best.box_min_lps) <= best.center_lps) and np.all(np.asarray(best.center_lps) <= best.box_max_lps)
+
+
+# --- lung restriction ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_lung_crop_shrinks_input_and_filter_keeps_lung_findings(tmp_path):
+    model = _small_model(tmp_path)
+    vol = chest_volume(shape_kji=(40, 96, 96), spacing=(2.0, 2.0, 2.5))
+    det = Detector(model=model, device="cpu")
+    full = det.detect(vol, restrict_to_lungs=False)
+    region = quick_lung_mask(vol)
+    crop = det.detect(vol, lung_mask=region)
+    assert np.prod(crop.input_shape_xyz) < 0.8 * np.prod(full.input_shape_xyz)
+    assert len(full) > 0
+    ijk = np.array([vol.lps_to_index(f.center_lps) for f in crop]) if len(crop) else np.zeros((0, 3))
+    assert np.all(region.near(ijk, det.config.lung_filter_margin_mm))
+    # candidates far outside the lungs exist without the restriction and are gone with it
+    far = [f for f in full if not region.near(vol.lps_to_index(f.center_lps), 20.0)[0]]
+    assert far and all(not region.near(vol.lps_to_index(f.center_lps), 20.0)[0] for f in far)
+    assert not any(np.allclose(f.center_lps, g.center_lps) for f in far for g in crop)
+
+
+def test_quick_lung_mask_finds_both_lungs():
+    vol = chest_volume(shape_kji=(40, 96, 96), spacing=(1.4, 1.4, 2.5), nodules=((0.42, 0.0, 0.0, 12.0),))
+    region = quick_lung_mask(vol)
+    lo, hi = region.bbox_ijk(0.0, vol.geometry.size_ijk)
+    assert lo[0] < 30 and hi[0] > 66  # spans both lungs in i
+    nod_ijk = vol.lps_to_index((0.42 * 96 * 1.4 / 2, 0.0, 0.0))
+    assert region.near(nod_ijk, 0.0)[0]  # the nodule inside the lung is inside the (hole-filled) mask
+
+
+def test_empty_lungs_give_no_findings_with_reason(tmp_path, caplog):
+    model = _small_model(tmp_path)
+    vol = CTVolume(np.full((30, 64, 64), 40, np.int16), chest_volume().geometry.with_(shape=(30, 64, 64)), metadata={"SeriesInstanceUID": "9.9"})
+    res = Detector(model=model, device="cpu").detect(vol)
+    assert len(res) == 0 and "no lung" in res.reason
+    assert "no lung" in caplog.text
+
+
+# --- bad input ------------------------------------------------------------------------------
+def test_nan_voxels(tmp_path, caplog):
+    model = _small_model(tmp_path)
+    det = Detector(model=model, device="cpu", restrict_to_lungs=False)
+    vol = chest_volume(dtype=np.float32)
+    arr = vol.array.copy()
+    arr[5, 5, :10] = np.nan
+    res = det.detect(vol.with_array(arr))
+    assert res.input_shape_xyz is not None and "NaN" in caplog.text
+    arr[:10] = np.nan
+    with pytest.raises(InvalidVolumeError, match="1.2.3.0.*NaN"):
+        det.detect(vol.with_array(arr))
+
+
+def test_too_small_volume(tmp_path):
+    det = Detector(model=_small_model(tmp_path), device="cpu", restrict_to_lungs=False)
+    vol = chest_volume(shape_kji=(3, 64, 64))
+    with pytest.raises(InputTooSmallError, match="at least"):
+        det.detect(vol)
+    # small but above the minimum: padded to the network's divisibility and run
+    res = det.detect(chest_volume(shape_kji=(8, 20, 20)))
+    assert res.input_shape_xyz is not None
+
+
+@pytest.mark.slow
+def test_long_series_runs_sliding_window_from_memmap(tmp_path):
+    """A cheap analogue of 512×512×1000: a long memory-mapped int16 series, chunked preprocessing, sliding window."""
+    model = _small_model(tmp_path, roi=(64, 64, 64))
+    vol = chest_volume(shape_kji=(420, 48, 48), spacing=(1.5, 1.5, 1.0))
+    cache = CaseCache(tmp_path / "cache")
+    cache.write("long", vol)
+    mm = cache.read("long", mmap=True)
+    assert not mm.array.flags.owndata  # memory-mapped, not read into memory
+    res = Detector(model=model, device="cpu", restrict_to_lungs=False).detect(mm)
+    assert res.sliding_window and res.input_shape_xyz[2] == 210
+
+
+# --- model loading errors ----------------------------------------------------------------------
+def test_missing_and_corrupt_weights(tmp_path):
+    _small_model(tmp_path)
+    (tmp_path / "small.pt").write_bytes(b"not a torch file at all")
+    with pytest.raises(ModelError, match="small.pt.*not a readable"):
+        load_model(tmp_path / "small.json")
+    (tmp_path / "small.pt").unlink()
+    with pytest.raises(ModelError, match="does not exist"):
+        load_model(tmp_path / "small.json")
+
+
+def test_mismatched_weights_list_keys(tmp_path):
+    _small_model(tmp_path)
+    data = json.loads((tmp_path / "small.json").read_text())
+    data["network"] = {**SMALL_ARCH, "fpn_channels": 32}
+    (tmp_path / "small.json").write_text(json.dumps(data))
+    with pytest.raises(WeightsMismatchError, match=r"mis-shaped key\(s\): .*classification_head"):
+        load_model(tmp_path / "small.json")
+
+
+def test_bundle_errors(tmp_path):
+    tiny = {"w": torch.zeros(1)}
+    with pytest.raises(BundleError, match="configs/inference.json"):
+        load_bundle(tmp_path / "nothing")
+    # weights that do not fit the bundle's network_def: every kind of mismatch is listed by key
+    arch10 = {**BUNDLE_ARCHITECTURE, "depth": 10}
+    state = dict(bundle_state_dict(arch=arch10))
+    del state["feature_extractor.body.conv1.weight"]
+    state["extra.weight"] = torch.zeros(2)
+    state["classification_head.cls_logits.bias"] = torch.zeros(7)
+    root = write_bundle(tmp_path / "b10", state=state, depth=10)
+    with pytest.raises(WeightsMismatchError) as err:
+        load_bundle(root)
+    msg = str(err.value)
+    assert "model.pt" in msg and "missing key(s): feature_extractor.body.conv1.weight" in msg
+    assert "unexpected key(s): extra.weight" in msg and "classification_head.cls_logits.bias: file (7,) vs network (3,)" in msg
+    cfg = inference_json()
+    cfg["preprocessing"]["transforms"] = [t for t in cfg["preprocessing"]["transforms"] if t["_target_"] != "Spacingd"]
+    with pytest.raises(BundleError, match="Spacingd"):
+        load_bundle(write_bundle(tmp_path / "nospacing", config=cfg, state=tiny))
+    cfg = inference_json()
+    del cfg["anchor_generator"]
+    with pytest.raises(BundleError, match="anchor_generator"):
+        load_bundle(write_bundle(tmp_path / "noanchor", config=cfg, state=tiny))
+    cfg = inference_json()
+    cfg["network_def"]["_target_"] = "NoSuchNetwork"
+    with pytest.raises(BundleError, match="network_def cannot be built"):
+        load_bundle(write_bundle(tmp_path / "badnet", config=cfg, state=tiny))
+    root = write_bundle(tmp_path / "noweights", state=tiny)
+    (root / "models" / "model.pt").unlink()
+    with pytest.raises(BundleError, match="neither models/model.pt nor models/model.ts"):
+        load_bundle(root)
+
+
+# --- outputs ----------------------------------------------------------------------------------
+def test_cli_detect_writes_json_csv_png(tmp_path, capsys):
+    import SimpleITK as sitk
+
+    from pipeline.cli import main
+
+    model_json = _small_model(tmp_path).config.weights.parent / "small.json"
+    vol = chest_volume(shape_kji=(40, 80, 80))
+    sitk.WriteImage(vol.to_sitk(), str(tmp_path / "ct.nii.gz"))
+    out = tmp_path / "out"
+    rc = main(["detect", str(tmp_path / "ct.nii.gz"), "--out", str(out), "--bundle", str(model_json), "--device", "cpu", "--max-png", "2"])
+    assert rc == 0
+    data = json.loads((out / "ct.findings.json").read_text())
+    assert data["restricted_to_lungs"] and "LPS" in data["coordinates"]
+    n = len(data["findings"])
+    assert n > 0
+    rows = list(csv.DictReader(open(out / "ct.findings.csv")))
+    assert len(rows) == n and float(rows[0]["score"]) >= float(rows[-1]["score"])
+    f0 = data["findings"][0]
+    ijk = vol.lps_to_index(f0["center_lps"])
+    assert np.allclose(np.round(ijk), f0["voxel_ijk"]) and f0["slice_number"] == f0["voxel_ijk"][2] + 1
+    pngs = sorted((out / "ct_png").glob("*.png"))
+    assert len(pngs) == min(2, n) and pngs[0].read_bytes()[:4] == b"\x89PNG"
+    assert "findings" in capsys.readouterr().out
+    rc = main(["detect", str(tmp_path / "missing_dir"), "--out", str(out), "--bundle", str(model_json)])
+    assert rc == 1

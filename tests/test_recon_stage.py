@@ -1,0 +1,189 @@
+"""The reconstruct() stage and the CLI: outputs, measurements, per-organ errors, seg bundles."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_recon_shapes import dice, synthetic_chest
+
+from pipeline.cache import CaseCache
+from pipeline.cli import main as ctpipe_main
+from pipeline.errors import ReconstructionError
+from pipeline.phantom import generate_phantom
+from pipeline.reconstruct import reconstruct
+from pipeline.volume import CTVolume, Geometry
+
+
+@pytest.fixture(scope="module")
+def phantom():
+    return generate_phantom(4, matrix=96)
+
+
+@pytest.fixture(scope="module")
+def recon(phantom, tmp_path_factory):
+    out = tmp_path_factory.mktemp("recon")
+    return reconstruct(phantom.volume, out_dir=out, mesh_formats=("stl", "ply", "obj", "glb"), device="cpu",
+                       stem="case4", target_triangles=20000), out
+
+
+def test_every_output_appears(recon):
+    rec, out = recon
+    assert not rec.errors
+    for organ in ("body", "lung_left", "lung_right", "airway", "bone"):
+        for fmt in ("stl", "ply", "obj", "glb"):
+            assert (out / f"case4_{organ}.{fmt}").stat().st_size > 1000
+        assert rec.meshes[organ].n_triangles <= 20000
+    for name in ("mpr_axial", "mpr_coronal", "mpr_sagittal", "mip_axial_1", "preview3d"):
+        assert (out / f"case4_{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = np.load(out / "case4_labels.npz")
+    names = json.loads(str(saved["names"]))
+    assert set(names.values()) == {"body", "lung_left", "lung_right", "airway", "bone"}
+    assert saved["labels"].shape == rec.geometry.shape
+
+
+def test_measurements_match_the_truth(recon, phantom):
+    rec, out = recon
+    meas = json.loads((out / "case4_measurements.json").read_text())
+    voxel_ml = float(np.prod(phantom.volume.spacing)) / 1000
+    for side in ("lung_left", "lung_right"):
+        truth = phantom.masks[side].sum() * voxel_ml
+        assert meas["lungs"][f"{side}_volume_ml"] == pytest.approx(truth, rel=0.04)
+        organ = meas["organs"][side]
+        assert organ["mesh_volume_ml"] == pytest.approx(organ["volume_ml"], rel=0.02)
+        assert organ["surface_area_mm2"] > 0
+    total = meas["lungs"]["lungs_total_volume_ml"]
+    assert total == pytest.approx(meas["lungs"]["lung_left_volume_ml"] + meas["lungs"]["lung_right_volume_ml"], rel=1e-6)
+    lung = rec.mask("lung_left") | rec.mask("lung_right")
+    expected = 100.0 * (phantom.volume.array[lung] < -950).mean()
+    assert meas["lungs"]["emphysema_index_pct"] == pytest.approx(expected, abs=1e-3)
+    bb = meas["organs"]["lung_left"]["bbox_lps_mm"]
+    assert bb["min"][0] > 0  # the left lung lies at +x (LPS)
+    assert meas["coordinates"].startswith("DICOM patient coordinates (LPS)")
+
+
+def test_emphysema_index_counts_voxels_below_950():
+    vol, truth = synthetic_chest(n=64, slices=32)
+    arr = vol.array.copy()
+    left = truth["lung_left"]
+    idx = np.flatnonzero(left)
+    arr.reshape(-1)[idx[: idx.size // 4]] = -990.0  # a quarter of the left lung is emphysematous
+    rec = reconstruct(vol.with_array(arr), organs=("lung_left", "lung_right"), device="cpu", smoothing=0)
+    lungs = rec.measurements["lungs"]
+    assert lungs["lung_left_emphysema_index_pct"] == pytest.approx(25.0, abs=1.0)
+    assert lungs["lung_right_emphysema_index_pct"] < 0.5
+
+
+def test_no_lungs_still_gives_body_and_bone(tmp_path):
+    vol, truth = synthetic_chest(n=48, slices=24)
+    arr = vol.array.copy()
+    arr[(arr < -500) & truth["body"]] = 40.0
+    rec = reconstruct(vol.with_array(arr), out_dir=tmp_path, device="cpu", stem="nolung")
+    assert "no lungs found" in rec.errors["lung_left"]
+    assert (tmp_path / "nolung_body.stl").is_file() and (tmp_path / "nolung_bone.stl").is_file()
+    assert not (tmp_path / "nolung_lung_left.stl").exists()
+    meas = json.loads((tmp_path / "nolung_measurements.json").read_text())
+    assert "no lungs found" in meas["errors"]["lung_right"]
+    assert dice(rec.mask("body"), truth["body"]) > 0.97
+
+
+def test_one_slice_volume_reports_and_writes_measurements(tmp_path):
+    geom = Geometry(shape=(1, 32, 32), spacing=(0.7, 0.7, 1.25), origin=(0, 0, 0))
+    vol = CTVolume(np.full((1, 32, 32), 40.0, np.float32), geom, metadata={"SeriesInstanceUID": "1.2.3.one"})
+    rec = reconstruct(vol, out_dir=tmp_path, device="cpu")
+    assert not rec.meshes
+    assert "one-slice" in rec.errors["body"] and "1.2.3.one" in rec.errors["body"]
+    meas = json.loads((tmp_path / "1.2.3.one_measurements.json").read_text())
+    assert "too thin" in meas["errors"]["lung_left"]
+
+
+def test_unknown_organ_and_format_are_refused():
+    vol, _ = synthetic_chest(n=32, slices=16)
+    with pytest.raises(ReconstructionError, match="unknown organ"):
+        reconstruct(vol, organs=("lungz",), device="cpu")
+    with pytest.raises(ReconstructionError, match="unknown mesh format"):
+        reconstruct(vol, mesh_formats=("vtk",), device="cpu")
+
+
+class _ThresholdNet(torch.nn.Module):
+    """A stand-in segmentation network: channel 1 = dark (air, scaled < 0.3), channel 2 = bright (> 0.8)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bg = torch.full_like(x, 0.5)
+        return torch.cat([bg, (x < 0.3).float(), (x > 0.8).float()], dim=1)
+
+
+def _bundle(root, channel_def):
+    (root / "configs").mkdir(parents=True)
+    (root / "models").mkdir()
+    torch.jit.script(_ThresholdNet()).save(str(root / "models" / "model.ts"))
+    meta = {"network_data_format": {"outputs": {"pred": {"channel_def": channel_def}}}}
+    (root / "configs" / "metadata.json").write_text(json.dumps(meta))
+    inference = {"preprocessing": {"_target_": "Compose", "transforms": [
+        {"_target_": "Spacingd", "keys": "image", "pixdim": [1.5, 1.5, 2.0]},
+        {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": -1000, "a_max": 1000, "b_min": 0.0,
+         "b_max": 1.0, "clip": True}]},
+        "inferer": {"_target_": "SlidingWindowInferer", "roi_size": [32, 32, 16], "sw_batch_size": 2, "overlap": 0.25}}
+    (root / "configs" / "inference.json").write_text(json.dumps(inference))
+    return root
+
+
+def test_seg_bundle_labels_map_to_organs_and_unknown_labels_are_reported(tmp_path):
+    vol, truth = synthetic_chest(n=48, slices=24, direction=np.diag([-1.0, 1.0, -1.0]))
+    bundle = _bundle(tmp_path / "bundle", {"0": "background", "1": "Skin", "2": "mystery structure"})
+    rec = reconstruct(vol, organs=("lung_left", "lung_right", "bone"), device="cpu", seg_bundle=bundle, render=False)
+    # label 1 ("Skin" → body) is the air inside and outside: the mask follows the input's own LPS grid
+    assert rec.mask("body").shape == vol.shape
+    assert (rec.mask("body") == (vol.array < -400)).mean() > 0.97
+    msg = rec.errors["seg_bundle:label_2"]
+    assert "'mystery structure' is not an organ name" in msg and "metadata.json" in msg and "Fix:" in msg
+    assert dice(rec.mask("lung_left"), truth["lung_left"]) > 0.95  # classical organs still there
+
+
+def test_broken_seg_bundle_keeps_the_classical_outputs(tmp_path):
+    vol, _ = synthetic_chest(n=32, slices=16)
+    (tmp_path / "empty_bundle").mkdir()
+    rec = reconstruct(vol, organs=("body",), device="cpu", seg_bundle=tmp_path / "empty_bundle", render=False)
+    assert "metadata.json is missing" in rec.errors["seg_bundle"]
+    assert "body" in rec.meshes
+
+
+def test_cli_on_a_cache_entry(tmp_path, phantom, capsys):
+    CaseCache(tmp_path / "cache").write("case7", phantom.volume)
+    out = tmp_path / "out"
+    rc = ctpipe_main(["reconstruct", str(tmp_path / "cache" / "case7.json"), "--out", str(out), "--formats", "stl,glb",
+                      "--organs", "lung_left,lung_right", "--no-render", "--target-triangles", "5000"])
+    assert rc == 0
+    assert (out / "case7_lung_left.glb").is_file() and (out / "case7_lung_right.stl").is_file()
+    assert "lungs total" in capsys.readouterr().out
+
+
+def test_cli_bad_source_is_a_clear_error(tmp_path, capsys):
+    rc = ctpipe_main(["reconstruct", str(tmp_path / "missing.nii"), "--out", str(tmp_path / "o")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "missing.nii" in err and "neither a DICOM folder" in err
+
+
+@pytest.mark.parametrize("shape", [(40, 37, 20), (20, 20, 8)])
+def test_sliding_window_blends_tiles_exactly(shape):
+    from pipeline.reconstruct.bundle_seg import sliding_window
+
+    x = torch.randn((1, 1) + shape)
+    out = sliding_window(x, [16, 16, 12], lambda t: torch.cat([t * 2.0, -t], dim=1), overlap=0.25, batch=3)
+    assert out.shape == (1, 2) + shape
+    assert torch.allclose(out[:, :1], 2.0 * x, atol=1e-5) and torch.allclose(out[:, 1:], -x, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos", ["HFS", "FFS", "HFDL"])
+def test_ras_reorientation_round_trip(pos):
+    from pipeline.reconstruct.bundle_seg import _from_ras, _to_ras
+
+    ph = generate_phantom(5, matrix=64, slices=20, patient_position=pos)
+    ras, spacing = _to_ras(ph.volume.array, ph.volume)
+    assert np.array_equal(_from_ras(ras, ph.volume), ph.volume.array)
+    left = _to_ras(ph.masks["lung_left"], ph.volume)[0]
+    # RAS: the first axis runs towards the patient's right, so the left lung sits at low indices
+    assert np.argwhere(left)[:, 0].mean() < ras.shape[0] / 2
