@@ -78,7 +78,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
     },
     "detector": {
         "bundle": Option(None, "path", "", "MONAI bundle folder; null uses the embedded demo weights", nullable=True),
-        "score_threshold": Option(0.5, "float", "probability", "findings below this score are dropped", lo=0.0, hi=1.0),
+        "score_threshold": Option(0.0, "float", "probability", "findings scoring below this are left out of the outputs (0 keeps all the model returns)", lo=0.0, hi=1.0),
         "lung_restriction": Option(True, "bool", "", "restrict detection to the lungs' region"),
         "amp": Option(True, "bool", "", "mixed precision on a GPU (ignored on CPU)"),
         "write_png": Option(True, "bool", "", "write a PNG (slice and MIP slab) per finding"),
@@ -113,6 +113,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "port": Option(None, "int", "TCP port", "serve Prometheus metrics over HTTP during a run; null = off", lo=1, hi=65535, nullable=True),
         "bind": Option("127.0.0.1", "str", "", "address the metrics server listens on"),
         "textfile": Option(True, "bool", "", "write RUN_DIR/metrics.prom for node_exporter's textfile collector"),
+        "textfile_dir": Option(None, "path", "", "also write ctpipe.prom into this folder (node_exporter --collector.textfile.directory)", nullable=True),
         "nvml_interval_s": Option(2.0, "float", "s", "GPU utilisation/memory sampling interval", lo=0.1, hi=3600.0),
     },
 }

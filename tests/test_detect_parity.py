@@ -16,6 +16,15 @@ from pipeline.detect.network import build_network
 from pipeline.detect.preprocess import Window, prepare_input
 from pipeline.detect.reference import monai_detect, monai_preprocess
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # the test machine's cores are shared; one thread avoids OpenMP stalls
+    yield
+    torch.set_num_threads(n)
+
+
 SMALL_ARCH = {
     "kind": "small_resnet_fpn", "block": "basic", "layers": [1, 1, 1, 1], "block_inplanes": [16, 32, 64, 128],
     "conv1_t_stride": [2, 2, 1], "conv1_t_size": [7, 7, 5], "returned_layers": [1, 2], "fpn_channels": 16,
@@ -77,7 +86,7 @@ def test_bundle_architecture_parity_with_monai(tmp_path):
     model = load_bundle(root)
     assert model.config.spacing == (2.0, 2.0, 2.5) and model.config.roi_size == (512, 512, 192)
     assert model.config.selector["nms_thresh"] == 0.22
-    vol = chest_volume(shape_kji=(36, 60, 60), spacing=(1.4, 1.4, 2.5), direction=np.diag([1.0, -1.0, 1.0]))
+    vol = chest_volume(shape_kji=(30, 48, 48), spacing=(1.6, 1.6, 2.5), direction=np.diag([1.0, -1.0, 1.0]))
     det = Detector(model=model, device="cpu", restrict_to_lungs=False)
     ours = det.detect(vol)
     assert not ours.sliding_window

@@ -101,3 +101,12 @@ def test_no_body_gives_a_clear_error():
     geom = Geometry(shape=(8, 16, 16), spacing=(1.0, 1.0, 1.0), origin=(0, 0, 0))
     seg = segment_organs(CTVolume(np.full((8, 16, 16), -1000.0, np.float32), geom), device="cpu")
     assert "no body found" in str(seg.errors["lung_left"])
+
+
+@pytest.mark.gpu
+def test_cuda_segmentation_matches_cpu():
+    ph = generate_phantom(1, matrix=128)
+    cpu = segment_organs(ph.volume, device="cpu")
+    gpu = segment_organs(ph.volume, device="cuda")
+    for organ in MIN_DICE:
+        assert dice(cpu.masks[organ], gpu.masks[organ]) > 0.999, organ

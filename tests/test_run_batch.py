@@ -55,7 +55,9 @@ def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):  #
     for case_dir in (out / "cases").iterdir():
         m = manifest(case_dir)
         names = {f["path"] for f in m["files"]}
-        assert {"findings.json", "findings.csv"} <= names
+        assert {"findings.json", "findings.csv", "volume.json"} <= names
+        geom = json.loads((case_dir / "volume.json").read_text())["geometry"]
+        assert geom["shape"] == [24, 64, 64] and geom["spacing"] == [2.0, 2.0, 5.0]
         assert any(n.endswith("_lung_left.stl") for n in names) and any(n.endswith("_measurements.json") for n in names)
         for f in m["files"]:
             assert (case_dir / f["path"]).stat().st_size == f["bytes"]
@@ -83,6 +85,8 @@ def test_run_record_log_and_results(full_run, dicom_data):  # noqa: F811
         case = run.case(f.case_id)
         assert case.status == "done"
         assert np.isfinite([f.center_x, f.center_y, f.center_z]).all()
+    det = run.stages[(run.stages.stage == "detect") & (run.stages.status == "ok")]
+    assert all(json.loads(d)["model"] > 0 for d in det.detail)  # the detector's own model time (s)
     failures = run.failures
     assert len(failures) == 3 and failures.reason.str.len().min() > 20
     # structured log: JSON lines from the main process and the workers

@@ -44,9 +44,10 @@ def ingest_run(dicom_data, tmp_path_factory):  # noqa: F811
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 scraped.append(r.read().decode())
 
+    textdir = out.parent / "node_exporter"
     summary = run_batch([dicom_data["good"]], out=out, workers=0, stages=[IngestStage()], metrics_port=port,
-                        progress=scrape, **{"report.enabled": False})
-    return {"out": out, "summary": summary, "scraped": scraped, "port": port}
+                        progress=scrape, **{"report.enabled": False, "metrics.textfile_dir": str(textdir)})
+    return {"out": out, "summary": summary, "scraped": scraped, "port": port, "textdir": textdir}
 
 
 def test_metrics_served_during_the_run_and_closed_after(ingest_run):
@@ -74,6 +75,7 @@ def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):  
     assert s[("ctpipe_stage_peak_rss_bytes", (("stage", "detect"),))] > 50e6
     s2 = _samples((ingest_run["out"] / "metrics.prom").read_text())
     assert s2[("ctpipe_cases_processed_total", ())] == 3.0
+    assert (ingest_run["textdir"] / "ctpipe.prom").read_text() == (ingest_run["out"] / "metrics.prom").read_text()
 
 
 def test_report_over_two_runs(full_run, ingest_run, tmp_path):  # noqa: F811

@@ -63,12 +63,17 @@ def write_bad(root: Path) -> dict[str, str]:
     return out
 
 
+_ONCE: dict[str, dict] = {}  # results shared by the test modules that import these fixtures (one per session)
+
+
 @pytest.fixture(scope="session")
 def dicom_data(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("dicom")
-    good = write_good(root / "good")
-    bad = write_bad(root / "bad")
-    return {"root": root, "good": root / "good", "bad": root / "bad", "good_uids": good, "bad_kinds": bad}
+    if "dicom" not in _ONCE:
+        root = tmp_path_factory.mktemp("dicom")
+        good = write_good(root / "good")
+        bad = write_bad(root / "bad")
+        _ONCE["dicom"] = {"root": root, "good": root / "good", "bad": root / "bad", "good_uids": good, "bad_kinds": bad}
+    return _ONCE["dicom"]
 
 
 def ctpipe(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -106,9 +111,12 @@ def manifest(case_dir: Path) -> dict:
 @pytest.fixture(scope="session")
 def full_run(dicom_data, tmp_path_factory) -> dict:
     """One uninterrupted run over the good and the corrupt cases (shared by several test modules)."""
-    out = tmp_path_factory.mktemp("runs") / "all"
-    p = ctpipe("run", str(dicom_data["good"]), str(dicom_data["bad"]), "--out", str(out), "--workers", "1", "--quiet", *FAST)
-    return {"out": out, "proc": p}
+    if "full_run" not in _ONCE:
+        out = tmp_path_factory.mktemp("runs") / "all"
+        p = ctpipe("run", str(dicom_data["good"]), str(dicom_data["bad"]), "--out", str(out), "--workers", "1", "--quiet",
+                   *FAST)
+        _ONCE["full_run"] = {"out": out, "proc": p}
+    return _ONCE["full_run"]
 
 
 class DieOnceStage:

@@ -11,6 +11,7 @@ lung filter. Mixed precision on CUDA; model time measured with CUDA events there
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Mapping
@@ -68,7 +69,14 @@ class Detector:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.amp = bool(amp) and self.device.type == "cuda"
         self.restrict_to_lungs = restrict_to_lungs
-        net = self.model.network.to(self.device).eval()
+        net = self.model.network
+        if self.device.type == "cpu" and isinstance(net, torch.nn.Module) and not isinstance(net, torch.jit.ScriptModule):
+            # oneDNN's 3-D convolutions run ~25 % faster channels-last; a copy leaves the caller's network as it is
+            net = copy.deepcopy(net).to(memory_format=torch.channels_last_3d)
+            self._channels_last = True
+        else:
+            self._channels_last = False
+        net = net.to(self.device).eval()
         self._detector = build_detector(
             net, self.config.anchors, self.config.selector, sliding_window=self.config.sliding_window, device=self.device
         )
@@ -108,6 +116,8 @@ class Detector:
         roi = self.config.roi_size
         use_sw = any(int(s) > int(r) for s, r in zip(tensor.shape[1:], roi))
         x = tensor[None].to(self.device, non_blocking=True)
+        if self._channels_last:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
         start, end = _sync_timer(self.device)
         t0 = time.perf_counter()
         if start is not None:
@@ -263,6 +273,9 @@ class Detector:
         return findings
 
 
+_DETECTORS: dict[tuple[str | None, str], Detector] = {}
+
+
 def detect(
     volume: CTVolume,
     *,
@@ -273,6 +286,15 @@ def detect(
     case_id: str | None = None,
     detector: Detector | None = None,
 ) -> Findings:
-    """Lung-nodule findings for ``volume`` (LPS mm). Loads the model each call unless ``detector`` is given."""
-    det = detector or Detector(bundle=bundle, device=device)
+    """Lung-nodule findings for ``volume`` (positions in LPS mm).
+
+    The model is loaded once per (bundle, device) and kept for later calls; pass ``detector``
+    to use one you built yourself.
+    """
+    det = detector
+    if det is None:
+        key = (str(Path(bundle).resolve()) if bundle is not None else None, str(device))
+        det = _DETECTORS.get(key)
+        if det is None:
+            det = _DETECTORS[key] = Detector(bundle=bundle, device=device)
     return det.detect(volume, lung_mask=lung_mask, restrict_to_lungs=restrict_to_lungs, case_id=case_id)

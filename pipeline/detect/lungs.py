@@ -23,7 +23,7 @@ from ..volume import CTVolume, LabelMap
 log = logging.getLogger(__name__)
 
 LUNG_HU_MAX = -400.0  # lung parenchyma is about -900..-500 HU
-MIN_LUNG_ML = 20.0
+MIN_LUNG_ML = 2.0
 
 
 @dataclass(frozen=True)

@@ -71,14 +71,15 @@ class ModelConfig:
         """
         from ..load.spec import PreprocessSpec
 
-        return PreprocessSpec(
-            spacing=self.spacing,
-            intensity_window=(self.window.a_min, self.window.a_max),
-            output_range=(self.window.b_min, self.window.b_max),
-            clip=self.window.clip,
-            size_divisible=self.size_divisible,
-            **options,
-        )
+        values: dict[str, Any] = {
+            "spacing": self.spacing,
+            "intensity_window": (self.window.a_min, self.window.a_max),
+            "output_range": (self.window.b_min, self.window.b_max),
+            "clip": self.window.clip,
+            "size_divisible": self.size_divisible,
+        }
+        values.update(options)
+        return PreprocessSpec(**values)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form read by :func:`load_model_config` (weights stored as a file name)."""

@@ -43,10 +43,11 @@ Main entry points: :func:`generate_phantom`, :class:`Phantom`, :class:`Nodule`,
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .generate import generate_phantom
-from .model import MASK_NAMES, Nodule, Phantom, load_ground_truth, load_masks
+if TYPE_CHECKING:  # pragma: no cover
+    from .generate import generate_phantom
+    from .model import MASK_NAMES, Nodule, Phantom, load_ground_truth, load_masks
 
 __all__ = [
     "MASK_NAMES",
@@ -60,12 +61,28 @@ __all__ = [
     "write_phantom_series",
 ]
 
-_WRITER_NAMES = ("write_dicom_series", "write_phantom_case", "write_phantom_series")
+# names are imported on first use, so importing the package (e.g. for the CLI) stays fast
+_LAZY = {
+    "generate_phantom": "pipeline.phantom.generate",
+    "MASK_NAMES": "pipeline.phantom.model",
+    "Nodule": "pipeline.phantom.model",
+    "Phantom": "pipeline.phantom.model",
+    "load_ground_truth": "pipeline.phantom.model",
+    "load_masks": "pipeline.phantom.model",
+    "write_dicom_series": "pipeline.phantom.dicom_writer",
+    "write_phantom_case": "pipeline.phantom.dicom_writer",
+    "write_phantom_series": "pipeline.phantom.dicom_writer",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _WRITER_NAMES:
-        value = getattr(importlib.import_module("pipeline.phantom.dicom_writer"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'pipeline.phantom' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline.phantom' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -27,6 +27,7 @@ DISC = 85.0
 CANCELLOUS = 360.0
 CORTICAL = 950.0
 AIRWAY_WALL = 45.0
+CARTILAGE = 120.0
 VESSEL = 42.0
 
 _P = 2.2  # super-ellipse exponent of the body outline (a little boxier than an ellipse)
@@ -63,6 +64,7 @@ class AnatomyPainter:
         hu2[muscle] = MUSCLE
         hu2[wall] = SOFT
         self.body2 = body
+        self.inner2 = muscle  # bones stay under the subcutaneous fat
         self.hu2 = hu2
         self.dz2 = L.diaphragm_z(x, y).astype(np.float32)
         self.abdomen2 = np.where(x < 0.15 * L.cav_a, LIVER, ABDOMEN).astype(np.float32)
@@ -102,10 +104,11 @@ class AnatomyPainter:
         rr = np.hypot(x, y - cy)
         canal = rr < L.canal_r
         arch = (rr < L.canal_r + max(4.0 * s, 1.2 * L.pixel)) & ~canal
-        arch |= (np.abs(x) < max(3.0 * s, 0.8 * L.pixel)) & (y > cy) & (y < cy + L.canal_r + 28.0 * s)
+        tip = min(cy + L.canal_r + 28.0 * s, L.body_b_post - L.skin - L.fat - 0.3 * L.muscle_post)
+        arch |= (np.abs(x) < max(3.0 * s, 0.8 * L.pixel)) & (y > cy) & (y < tip)
         arch |= (np.abs(y - cy) < max(3.5 * s, 0.8 * L.pixel)) & (np.abs(x) < va + 4.0 * s)
         arch &= (y > yv + 0.3 * vb) | ~body
-        vert = body | arch
+        vert = (body | arch) & self.inner2
         hu = np.where(core, CANCELLOUS, CORTICAL).astype(np.float32)
         hu[arch] = CORTICAL * 0.8
         self.vert_bone2 = vert
@@ -120,7 +123,7 @@ class AnatomyPainter:
         cort = max(1.0 * L.scale, 0.6 * L.pixel)
         outer = ((x - sx) / sa) ** 2 + ((y - sy) / sb) ** 2 < 1.0
         inner = ((x - sx) / max(sa - cort, 1e-3)) ** 2 + ((y - sy) / max(sb - cort, 1e-3)) ** 2 < 1.0
-        self.sternum2 = outer
+        self.sternum2 = outer & self.inner2
         self.sternum_hu2 = np.where(inner, CANCELLOUS, CORTICAL).astype(np.float32)
 
     def _scapula_maps(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -133,7 +136,7 @@ class AnatomyPainter:
         half = max(2.0 * L.scale, 0.8 * L.pixel) / b
         phi = np.arctan2(np.abs(x), y)  # 0 at the back midline
         plate = (np.abs(rho - 1.0) < half) & (phi > 0.45) & (phi < 1.05) & (y > 0)
-        self.scapula2 = plate
+        self.scapula2 = plate & self.inner2
         self.scapula_u = (0.2, 0.9)
 
     def vertebra_level(self, z: np.ndarray) -> np.ndarray:

@@ -106,11 +106,12 @@ def _paint_tubes(
     lung: np.ndarray,
     bone: np.ndarray,
     body: np.ndarray,
+    inner2: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, Tubes]:
     """Paint aorta, pulmonary vessels, airways and ribs into ``hu`` (canonical grid, in place).
 
-    Updates ``lung`` (clear of mediastinal vessels, airway lumen and bone) and
-    ``bone`` (ribs added); returns the vessel and airway-lumen masks and the
+    Updates ``lung`` (clear of mediastinal vessels, airway lumen, cartilage and
+    bone) and ``bone`` (ribs and clavicles added, within the 2-D ``inner2`` region); returns the vessel and airway-lumen masks and the
     intrapulmonary vessel tubes. Only voxels near a tube surface are touched.
     """
     r_vessel, r_air, r_rib = rngs
@@ -152,11 +153,20 @@ def _paint_tubes(
         _blend(flat_hu, idx, coverage(d, ps) * keep, T.AIR)
         inside = idx[d < 0]
         airway.reshape(-1)[inside[body.reshape(-1)[inside]]] = True
-    ribs = rib_tubes(layout, r_rib)
+    ribs, cartilage = rib_tubes(layout, r_rib)
+    wall_zone = inner2.reshape(-1)  # bones and cartilage stay under the subcutaneous fat
+    plane = shape[1] * shape[2]
+    box = signed_distance(grid, cartilage.split(max_piece), sd, pad=pad)
+    if box is not None:
+        idx = _near(sd, box, edge)
+        d = flat_sd[idx]
+        _blend(flat_hu, idx, coverage(d, ps) * ~flat_bone[idx] * wall_zone[idx % plane], T.CARTILAGE)
+        flat_lung[idx[d < 0]] = False
     box = signed_distance(grid, ribs.split(max_piece), sd, pad=pad)
     if box is not None:
         cort = max(1.2 * layout.scale, 0.7 * ps)
         idx = _near(sd, box, edge)
+        idx = idx[wall_zone[idx % plane]]
         d = flat_sd[idx]
         value = np.where(d > -cort, np.float32(T.CORTICAL), np.float32(T.CANCELLOUS))
         _blend(flat_hu, idx, coverage(d, ps), value)
@@ -236,7 +246,7 @@ def generate_phantom(
     t1 = time.perf_counter()
 
     # 2. tubes: mediastinal vessels, lung vessels, airways, ribs
-    vessels, airway, inner = _paint_tubes(layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body)
+    vessels, airway, inner = _paint_tubes(layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body, painter.inner2)
     t2 = time.perf_counter()
 
     # 3. nodules
@@ -250,7 +260,7 @@ def generate_phantom(
         mean_hu, count = paint_nodule(grid, spec, hu, labels, n)
         nodules.append(
             Nodule(
-                center_lps=tuple(float(v) for v in spec.center),
+                center_lps=(float(spec.center[0]), float(spec.center[1]), float(spec.center[2])),
                 diameter_mm=2.0 * spec.radius,
                 kind=spec.kind,
                 attached_to=spec.attached_to,

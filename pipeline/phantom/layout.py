@@ -114,12 +114,11 @@ class Layout:
         """Height (LPS z, mm) of the diaphragm's upper surface: two domes, deep posterior recesses."""
         x = np.asarray(x, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
-        out = None
+        heights = []
         for dx, dy, du in (self.dome_right, self.dome_left):
             q = ((x - dx) / (0.75 * self.cav_a)) ** 2 + ((y - dy) / (0.95 * self.cav_b_post)) ** 2
-            z = self.z_of_u(du) - self.dome_depth * q
-            out = z if out is None else np.where(x < 0, out, z)
-        return np.maximum(out, self.z_of_u(-1.0))
+            heights.append(self.z_of_u(du) - self.dome_depth * q)
+        return np.maximum(np.where(x < 0, heights[0], heights[1]), self.z_of_u(-1.0))
 
     def in_heart(self, x: np.ndarray, y: np.ndarray, z: np.ndarray, grow: float = 0.0) -> np.ndarray:
         cx, cy, cz = self.heart_c
@@ -198,12 +197,12 @@ def draw_layout(rng: np.random.Generator, *, fov_mm: float, pixel: float, scan_l
     gap = max(2.5 * s, 1.2 * px)
     band_w = max(6.0 * s, 1.6 * px)
     cav_b_post = body_b_post - skin - fat - muscle_post - wall
-    vb_a, vb_b = 20.0 * s, 16.0 * s
+    vb_a, vb_b = max(20.0 * s, 4.0 * px), max(16.0 * s, 3.2 * px)
     spine_y = cav_b_post - 0.8 * vb_b
     canal_r = 7.5 * s
     ey = spine_y - vb_b - 9.0 * s
     esophagus = (4.0 * s, ey, 6.5 * s)
-    trachea_r = 8.0 * s * U(0.9, 1.1)
+    trachea_r = max(8.0 * s, 2.0 * px) * U(0.9, 1.1)
     trachea_wall = max(2.0 * s, 1.5 * px)
     trachea = (0.0, ey - 6.5 * s - trachea_r - trachea_wall - 2.0 * s, trachea_r)
     cav_b_ant = body_b_ant - skin - fat - muscle - wall
@@ -236,8 +235,8 @@ def draw_layout(rng: np.random.Generator, *, fov_mm: float, pixel: float, scan_l
         band_w=band_w,
         med_w_low=12.0 * s,
         med_w_top=24.0 * s * U(0.9, 1.15),
-        lung_hu=U(-870.0, -835.0),
-        lung_gradient_hu=U(30.0, 60.0),
+        lung_hu=U(-860.0, -830.0),
+        lung_gradient_hu=U(25.0, 50.0),
         dome_right=dome_right,
         dome_left=dome_left,
         dome_depth=dome_depth,

@@ -39,6 +39,8 @@ class Nodule:
     centrally symmetric, slightly lobulated sphere. kind: ``"solid"``,
     ``"part_solid"`` or ``"ground_glass"``. attached_to: ``"pleura"``,
     ``"vessel"`` or None. lung: ``"lung_left"`` or ``"lung_right"``.
+    mean_hu: mean HU over the nodule's voxels before blur and noise.
+    volume_mm3: volume of its voxel mask (mm³).
     """
 
     center_lps: tuple[float, float, float]
@@ -110,7 +112,7 @@ class Phantom:
         """Write ``ground_truth.json`` and ``masks.npz`` (compressed masks + ``nodule_labels``) atomically."""
         folder = Path(folder)
         buf = io.BytesIO()
-        arrays = {k: np.ascontiguousarray(v) for k, v in self.masks.items()}
+        arrays: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in self.masks.items()}
         arrays["nodule_labels"] = np.ascontiguousarray(self.nodule_labels)
         np.savez_compressed(buf, **arrays)
         atomic_write_bytes(folder / MASKS_FILE, buf.getvalue())

@@ -130,7 +130,7 @@ class NodulePlacer:
         self.rng = rng
         self.grid = grid
         self.lung = lung
-        self.vessels = vessels
+        self.vessel_arrays = vessels.arrays()
         n = lung.size
         self.step = max(1, int(np.ceil((n / 4e5) ** (1.0 / 3.0))))
         st = self.step
@@ -184,7 +184,7 @@ class NodulePlacer:
         return [np.array([xx.flat[p], yy.flat[p], zz.flat[p]]) for p in picks]
 
     def _vessel_center(self, radius: float) -> np.ndarray | None:
-        a, b, ra, rb = self.vessels.arrays()
+        a, b, ra, rb = self.vessel_arrays
         if len(a) == 0:
             return None
         rv = 0.5 * (ra + rb)
@@ -195,18 +195,19 @@ class NodulePlacer:
         t = self.rng.uniform(0.2, 0.8)
         p = a[n] + t * (b[n] - a[n])
         d = b[n] - a[n]
-        d = d / max(np.linalg.norm(d), 1e-9)
+        d = d / max(float(np.linalg.norm(d)), 1e-9)
         v = self.rng.standard_normal(3)
         v -= (v @ d) * d
-        v /= max(np.linalg.norm(v), 1e-9)
+        v /= max(float(np.linalg.norm(v)), 1e-9)
         return p + v * (rv[n] + 0.8 * radius)
 
     def place(self, specs: list[NoduleSpec], labels: np.ndarray, radius: float, kind: str, attached: str | None) -> NoduleSpec | None:
         """One nodule of ``radius`` mm, or None when 60 tries found no room."""
         g = self.grid
         for _ in range(60):
+            cands: list[np.ndarray | None]
             if attached == "pleura":
-                cands = self._pleural_centers(radius)
+                cands = list(self._pleural_centers(radius))
             elif attached == "vessel":
                 cands = [self._vessel_center(radius)]
             else:
@@ -251,7 +252,8 @@ def place_nodules(
             where="generate_phantom(nodule_diameter_mm=...)",
             fix="use a larger matrix or pixel_spacing (the anatomy scales with the field of view), or smaller nodules",
         )
-    hi_eff = max(lo, min(hi, fit))
+    # keep nodules in proportion in small chests: at most half the largest inscribed sphere's diameter
+    hi_eff = max(lo, min(hi, fit, placer.max_radius))
     specs: list[NoduleSpec] = []
     for _ in range(count):
         d = float(np.exp(rng.uniform(np.log(lo), np.log(hi_eff)))) if hi_eff > lo else lo

@@ -101,8 +101,8 @@ def scanner_geometry(grid: CanonicalGrid, direction: np.ndarray) -> Geometry:
         spacing.append(grid.slice_spacing if a == 2 else grid.pixel_spacing)
     return Geometry(
         shape=(size_ijk[2], size_ijk[1], size_ijk[0]),
-        spacing=tuple(spacing),
-        origin=tuple(origin),
+        spacing=(spacing[0], spacing[1], spacing[2]),
+        origin=(origin[0], origin[1], origin[2]),
         direction=direction,
     )
 

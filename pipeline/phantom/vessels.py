@@ -217,11 +217,19 @@ def aorta_tubes(layout: Layout, z_bottom: float) -> Tubes:
     return tubes
 
 
-def rib_tubes(layout: Layout, rng: np.random.Generator) -> Tubes:
-    """Twelve pairs of ribs curving around the pleural cavity, sloping down to the front."""
+def rib_tubes(layout: Layout, rng: np.random.Generator) -> tuple[Tubes, Tubes]:
+    """Bones and costal cartilage of the chest wall: (ribs and clavicles, cartilage), LPS mm.
+
+    Twelve pairs of ribs curve around the pleural cavity, sloping down to the
+    front; ribs 1-10 join the sternum through costal cartilage; the clavicles
+    run from the top of the sternum out and up in the anterior chest wall.
+    """
     s = layout.scale
     va, vb = layout.vb_axes
     tubes = Tubes()
+    cartilage = Tubes()
+    sx, sy, sa = layout.sternum
+    su0, su1 = layout.sternum_u
     n_ribs = 12
     for n in range(n_ribs):
         u_post = 0.8 - n * (1.75 / (n_ribs - 1))
@@ -248,6 +256,18 @@ def rib_tubes(layout: Layout, rng: np.random.Generator) -> Tubes:
                 b = b_post if np.cos(phi) >= 0 else b_ant
                 pts.append((side * a * np.sin(phi), b * np.cos(phi), z))
             head = (side * (va + 1.0 * s), layout.spine_y + 0.6 * vb, z_post + 0.5 * layout.rib_r)
-            pts = np.vstack([head, np.array(pts)])
-            tubes.add_polyline(pts, layout.rib_r)
-    return tubes
+            tubes.add_polyline(np.vstack([head, np.array(pts)]), layout.rib_r)
+            if not floating:
+                end = np.array(pts[-1])
+                z_join = float(np.clip(end[2] + 6.0 * s, layout.z_of_u(su0) + layout.rib_r, layout.z_of_u(su1) - layout.rib_r))
+                cartilage.add(end, np.array([sx + side * 0.8 * sa, sy, z_join]), 0.9 * layout.rib_r)
+    # clavicles: in the anterior muscle layer, from the manubrium out to the shoulders
+    inset = layout.skin + layout.fat + 0.5 * layout.muscle
+    a = layout.body_a - inset
+    b = layout.body_b_ant - inset
+    z0 = layout.z_of_u(su1)
+    phis = np.linspace(0.12, 0.95, 10)
+    for side in (-1.0, 1.0):
+        pts = np.stack([side * a * np.sin(phis), -b * np.cos(phis), z0 + 25.0 * s * phis], axis=1)
+        tubes.add_polyline(pts, max(0.6 * layout.muscle, layout.rib_r))
+    return tubes, cartilage

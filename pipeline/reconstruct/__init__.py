@@ -13,7 +13,7 @@ from .export import FORMATS, write_mesh
 from .measure import lung_measurements, organ_measurements
 from .mesh import Mesh, mesh_from_mask
 from .nodules import NoduleResult, segment_findings, segment_nodule
-from .segment import ORGANS, SegmentParams, Segmentation, segment_organs
+from .segment import ORGANS, Segmentation, SegmentParams, segment_organs
 from .stage import Reconstruction, reconstruct
 
 __all__ = [

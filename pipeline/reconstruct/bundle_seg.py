@@ -132,7 +132,7 @@ def _from_ras(ras: np.ndarray, volume: CTVolume) -> np.ndarray:
     d = volume.geometry.direction
     view = np.flip(ras, axis=(0, 1)).transpose(2, 1, 0)  # [z, y, x]
     amap = [(int(np.argmax(np.abs(d[:, c]))), 1 if d[int(np.argmax(np.abs(d[:, c]))), c] > 0 else -1) for c in range(3)]
-    for c, (a, sign) in enumerate(amap):
+    for a, sign in amap:
         if sign < 0:
             view = np.flip(view, axis=2 - a)
     # view dim (2 - a) holds index axis c; the array wants dim (2 - c)

@@ -79,14 +79,16 @@ def mesh_is_watertight(faces: np.ndarray) -> bool:
 
 
 def _adjacency(faces: np.ndarray, n: int) -> sp.csr_matrix:
-    """Row-normalised vertex adjacency (uniform Laplacian weights)."""
-    e = np.concatenate([faces[:, [0, 1]], faces[:, [1, 2]], faces[:, [2, 0]]])
-    rows = np.concatenate([e[:, 0], e[:, 1]])
-    cols = np.concatenate([e[:, 1], e[:, 0]])
-    a = sp.csr_matrix((np.ones(rows.size, dtype=np.float64), (rows, cols)), shape=(n, n))
-    a.data[:] = 1.0  # each edge appears twice (two faces); keep weight 1
-    deg = np.asarray(a.sum(axis=1)).ravel()
-    return sp.diags(1.0 / np.maximum(deg, 1.0)) @ a
+    """Row-normalised vertex adjacency (uniform Laplacian weights) of a closed, oriented mesh.
+
+    On such a mesh every edge occurs once in each direction among the faces' directed edges,
+    so those 3·F pairs are exactly the adjacency entries, without duplicates.
+    """
+    rows = faces.ravel()
+    cols = faces[:, [1, 2, 0]].ravel()
+    deg = np.bincount(rows, minlength=n).astype(np.float64)
+    data = 1.0 / np.maximum(deg, 1.0)[rows]
+    return sp.csr_matrix((data, (rows, cols)), shape=(n, n))
 
 
 def taubin_smooth(vertices: np.ndarray, faces: np.ndarray, *, iterations: int = 20, lam: float = 0.5,
@@ -112,7 +114,7 @@ def vertex_normals(vertices: np.ndarray, faces: np.ndarray) -> np.ndarray:
     return vn / np.maximum(np.linalg.norm(vn, axis=1, keepdims=True), 1e-12)
 
 
-def _restore_volume(vertices: np.ndarray, faces: np.ndarray, target: float, rounds: int = 2) -> np.ndarray:
+def _restore_volume(vertices: np.ndarray, faces: np.ndarray, target: float, rounds: int = 1) -> np.ndarray:
     """Offset vertices along their normals so the enclosed volume equals ``target`` (first order: dV = A·d)."""
     v = vertices
     for _ in range(rounds):
@@ -203,7 +205,8 @@ def mesh_from_mask(
     # keep every vertex inside the scanned volume's voxel cells
     np.clip(verts, -0.5, np.asarray(geometry.shape, dtype=np.float64) - 0.5, out=verts)
     lps = geometry.index_to_lps(verts[:, ::-1])
-    if signed_volume(lps, faces) < 0:  # the index → LPS map may mirror (axis order, flipped directions)
+    # (k, j, i) → LPS: the axis reversal is a mirror, and so is a direction matrix with determinant -1
+    if -np.linalg.det(geometry.direction) < 0:
         faces = faces[:, [0, 2, 1]]
     log.debug("%s: %d vertices, %d triangles (grid step %.2f voxels)", name, lps.shape[0], faces.shape[0], step)
     return Mesh(name=name, vertices=lps, faces=faces)

@@ -1,7 +1,7 @@
 """Binary morphology and connected components for segmentation.
 
 Masks are boolean arrays indexed ``[k, j, i]`` (see :mod:`pipeline.volume`).
-Dilation, erosion, closing and opening run in torch (separable max-pooling with
+Dilation, erosion, closing and opening run in torch (separable running ORs with
 box structuring elements, on the GPU when the tensor lives there); connected
 component labelling, which torch lacks, uses :func:`scipy.ndimage.label` on the
 CPU. Outside the array counts as "like the nearest voxel" for erosion, so an

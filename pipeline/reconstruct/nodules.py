@@ -133,7 +133,7 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     if lung_local is not None and lung_local.any():
         # lung closed over the nodule keeps the chest wall out while letting a pleural nodule in
         r_close = morph.radius_vox(0.6 * float(size.max()), cg.spacing)
-        allowed = morph.closing(torch.from_numpy(np.ascontiguousarray(lung_local)), r_close).numpy()
+        allowed = morph.erode(morph.closing(torch.from_numpy(np.ascontiguousarray(lung_local)), r_close), (1, 1, 1)).numpy()
         if (cand & allowed).any():
             cand &= allowed
     r_open = morph.radius_vox(0.18 * float(np.min(size)), cg.spacing)

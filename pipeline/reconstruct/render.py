@@ -172,6 +172,37 @@ def render_mip(volume: CTVolume, out: Path, *, stem: str, lung_mask: np.ndarray 
     return paths
 
 
+_CHUNK = 20000
+PREVIEW_TRIANGLES = 150_000
+
+
+def _scan_convert(u: np.ndarray, v: np.ndarray, dz: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pixels (flat index), depths and triangle indices of the pixel centres covered by triangles (T, 3) in u, v."""
+    x0 = np.clip(np.floor(u.min(axis=1)).astype(np.int64), 0, size - 1)
+    x1 = np.clip(np.ceil(u.max(axis=1)).astype(np.int64), 0, size - 1)
+    y0 = np.clip(np.floor(v.min(axis=1)).astype(np.int64), 0, size - 1)
+    y1 = np.clip(np.ceil(v.max(axis=1)).astype(np.int64), 0, size - 1)
+    w, h = x1 - x0 + 1, y1 - y0 + 1
+    n = w * h
+    rep = np.repeat(np.arange(u.shape[0]), n)
+    local = np.arange(rep.size) - np.repeat(np.cumsum(n) - n, n)
+    px = x0[rep] + local % w[rep]
+    py = y0[rep] + local // w[rep]
+    cx, cy = px + 0.5, py + 0.5
+    ua, ub, uc = u[rep, 0], u[rep, 1], u[rep, 2]
+    va, vb, vc = v[rep, 0], v[rep, 1], v[rep, 2]
+    det = (vb - vc) * (ua - uc) + (uc - ub) * (va - vc)
+    ok = np.abs(det) > 1e-12
+    det = np.where(ok, det, 1.0)
+    l0 = ((vb - vc) * (cx - uc) + (uc - ub) * (cy - vc)) / det
+    l1 = ((vc - va) * (cx - uc) + (ua - uc) * (cy - vc)) / det
+    l2 = 1.0 - l0 - l1
+    inside = ok & (l0 >= -1e-9) & (l1 >= -1e-9) & (l2 >= -1e-9)
+    r = rep[inside]
+    d = (l0[inside] * dz[r, 0] + l1[inside] * dz[r, 1] + l2[inside] * dz[r, 2]).astype(np.float32)
+    return py[inside] * size + px[inside], d, r
+
+
 def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int = 512) -> np.ndarray:
     """Orthographic shaded image (H, W, 3) float of the meshes seen from ``anterior`` or ``left``.
 
@@ -197,35 +228,19 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
     light[depth_axis] = depth_sign
     pix, depth, colour = [], [], []
     for organ, m in parts:
-        tri = m.vertices[m.faces]
-        shade = 0.25 + 0.75 * np.clip(m.face_normals() @ light, 0.0, 1.0)
-        u = (tri[:, :, axes[0]] - centre[axes[0]]) * scale + size / 2
-        v = size / 2 - (tri[:, :, axes[1]] - centre[axes[1]]) * scale  # image rows run downwards
-        dz = depth_sign * tri[:, :, depth_axis]
-        x0 = np.clip(np.floor(u.min(axis=1)).astype(np.int64), 0, size - 1)
-        x1 = np.clip(np.ceil(u.max(axis=1)).astype(np.int64), 0, size - 1)
-        y0 = np.clip(np.floor(v.min(axis=1)).astype(np.int64), 0, size - 1)
-        y1 = np.clip(np.ceil(v.max(axis=1)).astype(np.int64), 0, size - 1)
-        w, h = x1 - x0 + 1, y1 - y0 + 1
-        n = w * h
-        rep = np.repeat(np.arange(tri.shape[0]), n)
-        local = np.arange(rep.size) - np.repeat(np.cumsum(n) - n, n)
-        px = x0[rep] + local % w[rep]
-        py = y0[rep] + local // w[rep]
-        cx, cy = px + 0.5, py + 0.5
-        ua, ub, uc = u[rep, 0], u[rep, 1], u[rep, 2]
-        va, vb, vc = v[rep, 0], v[rep, 1], v[rep, 2]
-        det = (vb - vc) * (ua - uc) + (uc - ub) * (va - vc)
-        ok = np.abs(det) > 1e-12
-        det = np.where(ok, det, 1.0)
-        l0 = ((vb - vc) * (cx - uc) + (uc - ub) * (cy - vc)) / det
-        l1 = ((vc - va) * (cx - uc) + (ua - uc) * (cy - vc)) / det
-        l2 = 1.0 - l0 - l1
-        inside = ok & (l0 >= -1e-9) & (l1 >= -1e-9) & (l2 >= -1e-9)
-        r = rep[inside]
-        pix.append(py[inside] * size + px[inside])
-        depth.append((l0[inside] * dz[r, 0] + l1[inside] * dz[r, 1] + l2[inside] * dz[r, 2]).astype(np.float32))
-        colour.append(np.asarray(_RGB.get(organ, (0.8, 0.8, 0.8)))[None, :] * shade[r, None])
+        rgb = np.asarray(_RGB.get(organ, (0.8, 0.8, 0.8)))
+        for f0 in range(0, m.n_triangles, _CHUNK):  # bounded memory for large meshes
+            tri = m.vertices[m.faces[f0:f0 + _CHUNK]]
+            n_hat = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+            n_hat /= np.maximum(np.linalg.norm(n_hat, axis=1, keepdims=True), 1e-12)
+            shade = 0.25 + 0.75 * np.clip(n_hat @ light, 0.0, 1.0)
+            u = (tri[:, :, axes[0]] - centre[axes[0]]) * scale + size / 2
+            v = size / 2 - (tri[:, :, axes[1]] - centre[axes[1]]) * scale  # image rows run downwards
+            dz = depth_sign * tri[:, :, depth_axis]
+            p_, d_, r_ = _scan_convert(u, v, dz, size)
+            pix.append(p_)
+            depth.append(d_)
+            colour.append(rgb[None, :] * shade[r_, None])
     p, d, c = np.concatenate(pix), np.concatenate(depth), np.concatenate(colour)
     order = np.argsort(d)  # farthest first, so the nearest sample of each pixel is written last
     flat = img.reshape(-1, 3)
@@ -254,5 +269,13 @@ def render_all(volume: CTVolume, masks: Mapping[str, np.ndarray], meshes: Mappin
     lungs = [m for k, m in masks.items() if k.startswith("lung")]
     paths += render_mip(volume, out, stem=stem, lung_mask=np.logical_or.reduce(lungs) if lungs else None)
     if meshes:
-        paths.append(render_preview(meshes, out, stem=stem))
+        from .mesh import mesh_from_mask
+
+        shown = {}
+        for organ, mesh in meshes.items():
+            if mesh.n_triangles > PREVIEW_TRIANGLES and organ in masks:  # a lighter copy is enough for a picture
+                mesh = mesh_from_mask(masks[organ], volume.geometry, name=organ, target_triangles=PREVIEW_TRIANGLES,
+                                      smoothing_iterations=10, preserve_volume=False)
+            shown[organ] = mesh
+        paths.append(render_preview(shown, out, stem=stem))
     return paths

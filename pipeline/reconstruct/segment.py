@@ -259,7 +259,7 @@ def _lungs_and_airway(seg: Segmentation, grid: _Grid, full_hu: torch.Tensor, bod
     air_full = np.zeros(full_hu.shape, dtype=bool)
     if aw_c.any():
         thr = float(seg.info.get("airway_threshold_hu", p.lung_hu))
-        air_full = _refine(aw_c, grid, full_hu, False, thr, inside=air_c)
+        air_full = _regrow(aw_c, grid, full_hu, thr) if grid.factors != (1, 1, 1) else aw_c
         edge = float(seg.info.get("airway_edge_hu", thr))
         box = _bbox(air_full, 1)
         if box is not None:
@@ -277,10 +277,38 @@ def _lungs_and_airway(seg: Segmentation, grid: _Grid, full_hu: torch.Tensor, bod
     full: dict[str, np.ndarray] = {}
     for name, m in (("lung_left", left_c), ("lung_right", right_c)):
         near = morph.dilate(morph.to_tensor(m, dev), (1, 1, 1)).cpu().numpy()
-        full[name] = _refine(m, grid, full_hu, False, p.lung_hu, inside=near) & ~air_full
+        fm = _refine(m, grid, full_hu, False, p.lung_hu, inside=near)
+        if grid.factors != (1, 1, 1):  # vessels the band threshold cut out of the lung's rim
+            box = _bbox(fm, 1)
+            if box is not None:
+                fm[box] = morph.fill_holes(fm[box], slice_axis=slice_axis(seg.geometry))
+        full[name] = fm & ~air_full
     full["lung_right"] &= ~full["lung_left"]
     for name in wanted & {"lung_left", "lung_right"}:
         seg.masks[name] = full[name]
+
+
+def _regrow(coarse: np.ndarray, grid: _Grid, full_hu: torch.Tensor, threshold: float) -> np.ndarray:
+    """Redo a region growing at full resolution near a working-grid result (thin tubes such as airways).
+
+    Full-resolution voxels darker than ``threshold`` within one working voxel of ``coarse`` that are
+    connected to its eroded core make the result.
+    """
+    box = _bbox(coarse, 2)
+    out = np.zeros(tuple(full_hu.shape), dtype=bool)
+    if box is None:
+        return out
+    dev = full_hu.device
+    c = morph.to_tensor(coarse[box], dev)
+    fbox = tuple(slice(b.start * f, min(n, b.stop * f)) for b, f, n in zip(box, grid.factors, full_hu.shape))
+    shape = tuple(full_hu[fbox].shape)
+    dark = (full_hu[fbox] < threshold) & _upsample(morph.dilate(c, (1, 1, 1)), grid.factors, shape)
+    core = _upsample(c, grid.factors, shape) & dark
+    dark_np, core_np = dark.cpu().numpy(), core.cpu().numpy()
+    labels, sizes = morph.label(dark_np)
+    ids = np.unique(labels[core_np])
+    out[fbox] = morph.keep_labels(labels, ids[ids > 0], sizes.size - 1)
+    return out
 
 
 def _body(grid: _Grid, p: SegmentParams) -> np.ndarray:

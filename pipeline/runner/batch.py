@@ -227,6 +227,8 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
                       n_skipped=summary.skipped)
         if cfg.metrics.textfile:
             summary.metrics_file = metrics.write_textfile(run_dir / "metrics.prom")
+        if cfg.metrics.textfile_dir:
+            metrics.write_textfile(Path(cfg.metrics.textfile_dir) / "ctpipe.prom")
     if cfg.report.enabled:
         from .report import build_report
 

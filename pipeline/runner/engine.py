@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -63,6 +64,7 @@ def _file_entry(path: Path, root: Path) -> dict[str, Any]:
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
+        os.fsync(fh.fileno())  # on disk before the folder is published (power loss, not only a killed process)
     return {"path": path.relative_to(root).as_posix(), "bytes": path.stat().st_size, "sha256": h.hexdigest()}
 
 
@@ -138,6 +140,7 @@ class Engine:
             status="ok" if res.ok else ("interrupted" if res.worker_died else "failed"), worker=res.worker,
             device=res.device, ready_at=res.ready_at, started_at=res.started_at, ended_at=res.ended_at,
             wall_s=res.wall_s, peak_rss_mb=res.peak_rss_mb, peak_cuda_mb=res.peak_cuda_mb, error=res.error,
+            detail=res.outputs.pop("timings", None),
         )
         for obs in self.observers:
             obs.on_stage(res)

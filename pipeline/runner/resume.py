@@ -113,6 +113,8 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
             out.recovered.append(row["case_id"])
         elif row["status"] == "running":
             out.interrupted.append(row["case_id"])
+            for suffix in (".json", ".npy"):  # its cached volume may be stale or half-made: ingest again
+                (run_dir / "cache" / f"{row['case_id']}{suffix}").unlink(missing_ok=True)
     for row in store.cases_with_status("done"):
         folder = run_dir / "cases" / row["case_id"]
         man = read_manifest(folder)

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..cache import CaseCache
+from ..cache import CaseCache, atomic_write_bytes
 from ..config import Config
 from ..errors import NoSeriesFoundError
 from .stage import CaseContext, Stage, WorkerInfo
@@ -96,7 +96,8 @@ class DetectStage(Stage):
         timings = data.pop("timings_ms", {})
         data["findings"] = [f for f in data["findings"] if f["score"] >= thr]
         data["score_threshold"] = thr
-        return {"findings": data["findings"], "findings_doc": data, "detect_timings_ms": timings}
+        return {"findings": data["findings"], "findings_doc": data,
+                "timings": {k: round(v / 1000.0, 6) for k, v in timings.items()}}
 
 
 def flatten_measurements(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float, str]]:
@@ -140,11 +141,11 @@ class ReconstructStage(Stage):
                           stem=ctx.case.case_id)
         meas = {k: v for k, v in rec.measurements.items() if k in ("organs", "lungs", "nodules")}
         return {"measurements": list(flatten_measurements(meas)), "recon_errors": dict(rec.errors),
-                "recon_seconds": dict(rec.seconds)}
+                "timings": {k: round(v, 6) for k, v in rec.seconds.items()}}
 
 
 class WriteStage(Stage):
-    """Findings JSON + CSV + one PNG per finding, and ``case.json`` (a summary of the case's outputs)."""
+    """Findings JSON + CSV + one PNG per finding, and ``volume.json`` (geometry, DICOM metadata, fingerprint)."""
 
     name = "write"
     group = "cpu"
@@ -158,6 +159,9 @@ class WriteStage(Stage):
         findings.timings_ms = {}
         findings.write_json(ctx.workdir / "findings.json")
         findings.write_csv(ctx.workdir / "findings.csv")
+        # the volume's sidecar: geometry (LPS mm), DICOM metadata and content fingerprint of what was analysed
+        sidecar = CaseCache(ctx.cache_dir).sidecar_path(ctx.case.case_id)
+        atomic_write_bytes(ctx.workdir / "volume.json", sidecar.read_bytes())
         if ctx.config.detector.write_png and len(findings):
             _write_pngs(ctx, findings)
         return {}

@@ -4,7 +4,8 @@ Tables
 ------
 ``runs``            one row per invocation of the runner on this folder (config, versions, device, start/end).
 ``cases``           one row per case, keyed by ``case_key`` = SeriesInstanceUID + content fingerprint.
-``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB).
+``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB),
+                    and ``detail``: the stage's own sub-step times (JSON, s; model time from CUDA events on a GPU).
 ``findings``        the detector's findings of completed cases (centres in LPS mm).
 ``measurements``    per-case measurements (name, value, unit) of completed cases.
 ``gpu_samples``     NVML utilisation (%) and memory (MB) sampled during runs.
@@ -47,7 +48,7 @@ CREATE TABLE IF NOT EXISTS stage_attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, case_key TEXT NOT NULL, stage TEXT NOT NULL,
     attempt INTEGER NOT NULL, status TEXT NOT NULL, worker TEXT, device TEXT,
     ready_at REAL, started_at REAL, ended_at REAL, wall_s REAL, queue_wait_s REAL,
-    peak_rss_mb REAL, peak_cuda_mb REAL, error TEXT,
+    peak_rss_mb REAL, peak_cuda_mb REAL, error TEXT, detail TEXT,
     UNIQUE (case_key, stage, attempt)
 );
 CREATE TABLE IF NOT EXISTS findings (
@@ -154,17 +155,17 @@ class RunStore:
     def record_attempt(self, *, run_id: str, case_key: str, stage: str, attempt: int, status: str, worker: str,
                        device: str, ready_at: float | None, started_at: float | None, ended_at: float | None,
                        wall_s: float | None, peak_rss_mb: float | None, peak_cuda_mb: float | None,
-                       error: str | None = None) -> None:
+                       error: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
         wait = None if ready_at is None or started_at is None else max(0.0, started_at - ready_at)
         self.db.execute(
             "INSERT INTO stage_attempts (run_id, case_key, stage, attempt, status, worker, device, ready_at, started_at,"
-            " ended_at, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb, error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+            " ended_at, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb, error, detail) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
             " ON CONFLICT (case_key, stage, attempt) DO UPDATE SET status=excluded.status, worker=excluded.worker,"
             " device=excluded.device, started_at=excluded.started_at, ended_at=excluded.ended_at, wall_s=excluded.wall_s,"
             " queue_wait_s=excluded.queue_wait_s, peak_rss_mb=excluded.peak_rss_mb, peak_cuda_mb=excluded.peak_cuda_mb,"
-            " error=excluded.error",
+            " error=excluded.error, detail=excluded.detail",
             (run_id, case_key, stage, attempt, status, worker, device, ready_at, started_at, ended_at, wall_s, wait,
-             peak_rss_mb, peak_cuda_mb, error),
+             peak_rss_mb, peak_cuda_mb, error, json.dumps(detail) if detail else None),
         )
 
     def complete_case(self, case_key: str, *, output_dir: str, findings: Iterable[Mapping[str, Any]],

@@ -1,0 +1,82 @@
+"""Renderings: radiological display orientation from LPS geometry (any storage order), MIP slabs, 3-D preview."""
+
+from __future__ import annotations
+
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+from test_recon_shapes import lps_grids, sphere_mask
+
+from pipeline.reconstruct.mesh import mesh_from_mask
+from pipeline.reconstruct.render import lps_aligned, rasterise, render_mip, render_mpr
+from pipeline.volume import CTVolume, Geometry
+
+DIRECTIONS = {
+    "HFS": np.eye(3),
+    "FFS": np.diag([-1.0, 1.0, -1.0]),
+    "HFDR": np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
+}
+
+
+def _marked_volume(direction: np.ndarray) -> tuple[CTVolume, np.ndarray]:
+    """Soft tissue with a bright cube at the patient's right, anterior, superior (x<0, y<0, z>0)."""
+    n = 40
+    sp = np.array([1.0, 1.0, 1.0])
+    origin = -(direction * sp[None, :]) @ np.full(3, (n - 1) / 2)
+    geom = Geometry(shape=(n, n, n), spacing=tuple(sp), origin=tuple(origin), direction=direction)
+    x, y, z = lps_grids(geom)
+    cube = (x < -8) & (x > -16) & (y < -8) & (y > -16) & (z > 8) & (z < 16)
+    arr = np.full(geom.shape, 40.0, np.float32)
+    arr[cube] = 1500.0
+    return CTVolume(arr, geom, metadata={"SeriesInstanceUID": "1.2.3.mark"}), cube
+
+
+@pytest.mark.parametrize("pos", sorted(DIRECTIONS))
+def test_lps_aligned_view_puts_the_patient_in_display_order(pos):
+    vol, cube = _marked_volume(DIRECTIONS[pos])
+    view, spacing, lo = lps_aligned(vol.array, vol.geometry)
+    zyx = np.argwhere(view > 1000).mean(axis=0)
+    n = view.shape[0]
+    assert zyx[2] < n / 2  # x ascending: patient's right (x < 0) at low columns = image left
+    assert zyx[1] < n / 2  # y ascending: anterior (y < 0) at low rows = image top (axial)
+    assert zyx[0] > n / 2  # z ascending: superior at high index (flipped to the top for coronal/sagittal)
+    assert np.allclose(lo, vol.geometry.bounds_lps()[0])
+
+
+@pytest.mark.parametrize("pos", sorted(DIRECTIONS))
+def test_mpr_pngs_show_right_on_image_left_and_superior_on_top(tmp_path, pos):
+    vol, cube = _marked_volume(DIRECTIONS[pos])
+    centre = vol.geometry.index_to_lps(np.argwhere(cube)[:, ::-1].mean(axis=0))
+    paths = render_mpr(vol, {"body": np.ones(vol.shape, bool) & (vol.array > 0)}, tmp_path, stem="m", center_lps=centre)
+    assert [p.name for p in paths] == ["m_mpr_axial.png", "m_mpr_coronal.png", "m_mpr_sagittal.png"]
+    for p in paths:
+        img = mpimg.imread(p)[..., :3]
+        h, w, _ = img.shape
+        body = img[int(0.08 * h):]  # below the title
+        white = np.argwhere((body > 0.95).all(axis=-1))
+        assert white.size, p.name
+        row, col = white.mean(axis=0)
+        # axial: right (R) on the left, anterior on top; coronal: right on the left, superior on top;
+        # sagittal: anterior on the left, superior on top
+        assert col < w / 2, p.name
+        assert row < body.shape[0] / 2, p.name
+
+
+def test_mip_slab_pngs(tmp_path):
+    vol, cube = _marked_volume(np.eye(3))
+    paths = render_mip(vol, tmp_path, stem="m", lung_mask=cube, n_slabs=2, slab_mm=4.0)
+    assert len(paths) == 2 and all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+
+
+def test_preview_shows_the_left_lung_on_the_image_right():
+    geom = Geometry(shape=(40, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -20.0))
+    left = sphere_mask((40, 40, 60), (20, 20, 45), 9)  # i = 45 → x = +15 mm, the patient's left
+    right = sphere_mask((40, 40, 60), (20, 20, 15), 9)
+    meshes = {"lung_left": mesh_from_mask(left, geom, name="lung_left"),
+              "lung_right": mesh_from_mask(right, geom, name="lung_right")}
+    img = rasterise(meshes, view="anterior", size=128)
+    blue = np.argwhere(img[..., 2] > img[..., 1] + 0.05)  # lung_left is drawn blue, lung_right green
+    green = np.argwhere(img[..., 1] > img[..., 2] + 0.05)
+    assert blue[:, 1].mean() > 64 > green[:, 1].mean()  # radiological: patient's left on the image right
+    covered = (img.sum(axis=-1) > 0).mean()
+    assert 0.1 < covered < 0.6  # two closed discs, no holes to the background inside them
