@@ -108,7 +108,9 @@ def random_patch(sample: dict, rng: np.random.Generator, positive: bool) -> tupl
     patch = np.minimum(np.asarray(PATCH), shape)
     boxes = sample["boxes"]
     if positive and len(boxes):
-        b = boxes[rng.integers(len(boxes))]
+        size = np.maximum((boxes[:, 3] - boxes[:, 0]) * SPACING[0], 1.0)  # diameter mm
+        weight = 1.0 / size  # small nodules are the hard ones: sample them more often
+        b = boxes[rng.choice(len(boxes), p=weight / weight.sum())]
         centre = (b[:3] + b[3:]) / 2 + rng.uniform(-0.35, 0.35, 3) * patch
     else:
         lo, hi = sample["lung_lo"], sample["lung_hi"]
@@ -149,7 +151,7 @@ def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse
         "box_selector": SELECTOR,
         "sliding_window": SLIDING,
         "size_divisible": ARCH["size_divisible"],
-        "lung_crop_margin_mm": 20.0,
+        "lung_crop_margin_mm": 10.0,
         "lung_filter_margin_mm": 8.0,
         "weights": weights.name,
         "training": {

@@ -354,3 +354,14 @@ def test_tiny_phantoms_are_complete(kwargs):
         lungs = ph.masks["lung_left"] | ph.masks["lung_right"]
         assert ph.masks[ph.nodules[0].lung][ph.nodule_labels == 1].all()
         assert not lungs[0].any() and not lungs[-1].any()
+
+
+def test_slice_thickness_blurs_along_k_only():
+    """Thicker slices (same spacing) smooth the image between slices, not within them."""
+    thin = generate_phantom(2, matrix=96, slice_spacing=1.25, slice_thickness=1.25, n_nodules=0, noise_hu=0.0)
+    thick = generate_phantom(2, matrix=96, slice_spacing=1.25, slice_thickness=5.0, n_nodules=0, noise_hu=0.0)
+    assert np.array_equal(thin.masks["lung_left"], thick.masks["lung_left"])
+    dk = [np.abs(np.diff(p.volume.array, axis=0)).mean() for p in (thin, thick)]
+    di = [np.abs(np.diff(p.volume.array, axis=2)).mean() for p in (thin, thick)]
+    assert dk[1] < 0.7 * dk[0]
+    assert di[1] == pytest.approx(di[0], rel=0.15)

@@ -50,7 +50,7 @@ class ModelConfig:
     size_divisible: tuple[int, int, int]
     weights: Path | None
     source: str = "ctpipe"
-    lung_crop_margin_mm: float = 20.0
+    lung_crop_margin_mm: float = 10.0
     lung_filter_margin_mm: float = 8.0
     description: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -144,7 +144,7 @@ def model_config_from_dict(data: Mapping[str, Any], *, where: Path, weights_dir:
         size_divisible=size_div,  # type: ignore[arg-type]
         weights=weights,
         source="ctpipe",
-        lung_crop_margin_mm=float(data.get("lung_crop_margin_mm", 20.0)),
+        lung_crop_margin_mm=float(data.get("lung_crop_margin_mm", 10.0)),
         lung_filter_margin_mm=float(data.get("lung_filter_margin_mm", 8.0)),
         description=str(data.get("description", "")),
         extra={k: v for k, v in data.items() if k not in known},

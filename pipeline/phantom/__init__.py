@@ -18,7 +18,8 @@ Conventions
   vessels, bronchial walls and nodules, excluding the airway lumen and bone
   (the two never touch: the mediastinum always separates them);
   ``airway`` the air lumen of trachea and bronchi (not the wall);
-  ``bone`` spine, ribs and sternum bone voxels (not discs or spinal canal);
+  ``bone`` spine, ribs, sternum, clavicle and scapula bone voxels (not discs,
+  spinal canal or costal cartilage);
   ``vessels`` the pulmonary vessel tree inside the lungs (not nodule voxels).
 * ``nodule_labels`` (uint8) holds n inside ``nodules[n - 1]``; each nodule is
   centrally symmetric about its ``center_lps`` and lies fully inside one lung mask.
@@ -26,14 +27,16 @@ Conventions
   visible through it), part solid (ground glass with a solid core); some touch
   the pleura or a vessel (``attached_to``).
 * Tissue (HU before blur and noise): air -1000, skin 35, fat -100, muscle 48,
-  mediastinal fat -85, blood/heart/vessels 42, lung parenchyma about -870..-800
+  mediastinal fat -85, blood/heart/vessels 42, costal cartilage 120, lung parenchyma about -870..-800
   (smooth texture, denser posteriorly), cancellous bone 360, cortical bone 950.
   The image is blurred along k by the slice profile (``slice_thickness``) and
   in-plane by the kernel, then carries noise of ``noise_hu`` HU (correlated
   within a slice). Airway lumen is separated from lung by a wall at least one
   voxel thick, so a region grown from the trachea at about -600 HU stays in it.
 * The anatomy scales with the field of view (``matrix * pixel_spacing``);
-  nodule diameters are absolute mm. Everything is deterministic from ``seed``.
+  nodule diameters are absolute mm (in small chests at most half the largest
+  sphere the lungs can hold). Everything is deterministic from ``seed``.
+* HU values are clipped to -1024..3071 as a scanner stores them.
 
 Main entry points: :func:`generate_phantom`, :class:`Phantom`, :class:`Nodule`,
 :func:`load_ground_truth`, :func:`load_masks`; DICOM output is in

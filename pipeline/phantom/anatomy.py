@@ -47,8 +47,6 @@ class AnatomyPainter:
         L = layout
         x = grid.xs[None, :]
         y = grid.ys[:, None]
-        self.X = grid.xs[None, None, :]
-        self.Y = grid.ys[None, :, None]
         # body layers (z-invariant)
         t1 = L.skin
         t2 = L.skin + L.fat

@@ -131,23 +131,27 @@ class NodulePlacer:
         self.grid = grid
         self.lung = lung
         self.vessel_arrays = vessels.arrays()
-        n = lung.size
-        self.step = max(1, int(np.ceil((n / 4e5) ** (1.0 / 3.0))))
-        st = self.step
-        coarse = lung[::st, ::st, ::st]
-        sp = (grid.slice_spacing * st, grid.pixel_spacing * st, grid.pixel_spacing * st)
+        # a coarse grid of about 4e5 voxels, as isotropic as the slice spacing allows
+        ps, ss = grid.pixel_spacing, grid.slice_spacing
+        extent = np.asarray(lung.shape) * np.array([ss, ps, ps])
+        cell = max(ps, float(np.prod(extent) / 4e5) ** (1.0 / 3.0))
+        self.steps = (max(1, int(round(cell / ss))), max(1, int(round(cell / ps))), max(1, int(round(cell / ps))))
+        sz, sy, sx = self.steps
+        coarse = lung[::sz, ::sy, ::sx]
+        sp = (ss * sz, ps * sy, ps * sx)
         self.edt = distance_transform_edt(coarse, sampling=sp).astype(np.float32)
         self.coarse_err = float(np.linalg.norm(sp)) / 2
+        self.inscribed_mm = 2.0 * float(self.edt.max())
         self.max_radius = max(float(self.edt.max()) - self.coarse_err, 0.0)
 
     def _coarse_to_lps(self, idx: np.ndarray) -> np.ndarray:
-        st = self.step
+        sz, sy, sx = self.steps
         g = self.grid
-        k, j, i = (int(v) * st for v in idx)
-        jit = self.rng.uniform(-0.5, 0.5, 3) * st
-        x = g.xs[0] + (i + jit[0]) * g.pixel_spacing
-        y = g.ys[0] + (j + jit[1]) * g.pixel_spacing
-        z = g.zs[0] + (k + jit[2]) * g.slice_spacing
+        k, j, i = int(idx[0]) * sz, int(idx[1]) * sy, int(idx[2]) * sx
+        jit = self.rng.uniform(-0.5, 0.5, 3)
+        x = g.xs[0] + (i + jit[0] * sx) * g.pixel_spacing
+        y = g.ys[0] + (j + jit[1] * sy) * g.pixel_spacing
+        z = g.zs[0] + (k + jit[2] * sz) * g.slice_spacing
         return np.array([x, y, z])
 
     def _free_center(self, radius: float) -> np.ndarray | None:
@@ -242,13 +246,13 @@ def place_nodules(
     placer = NodulePlacer(rng, grid, lung, vessels)
     lo, hi = diameter_mm
     fit = 2.0 * placer.max_radius / 1.2 - 2 * grid.pixel_spacing
-    if count and fit < lo:
+    if count and placer.inscribed_mm < lo:
         if not strict:
-            log.warning("no nodule of %.1f mm fits in these lungs (largest inscribed sphere %.1f mm)", lo, 2 * placer.max_radius)
+            log.warning("no nodule of %.1f mm fits in these lungs (largest inscribed sphere about %.1f mm)", lo, placer.inscribed_mm)
             return []
         raise PhantomError(
             f"a nodule of the minimum diameter {lo:g} mm does not fit in lungs whose largest inscribed sphere is "
-            f"{2 * placer.max_radius:.1f} mm across",
+            f"about {placer.inscribed_mm:.1f} mm across",
             where="generate_phantom(nodule_diameter_mm=...)",
             fix="use a larger matrix or pixel_spacing (the anatomy scales with the field of view), or smaller nodules",
         )
@@ -274,7 +278,7 @@ def place_nodules(
                 raise PhantomError(
                     f"found no room for nodule {len(specs) + 1} of {count} (diameter {d:.1f} mm) in the lungs",
                     where="generate_phantom(n_nodules=...)",
-                    fix="ask for fewer or smaller nodules, or a larger field of view",
+                    fix="ask for fewer or smaller nodules, a larger field of view, or thinner slices",
                 )
             d = max(lo, d * 0.8)
         paint_nodule(grid, spec, None, labels, len(specs) + 1)

@@ -268,6 +268,6 @@ def rib_tubes(layout: Layout, rng: np.random.Generator) -> tuple[Tubes, Tubes]:
     z0 = layout.z_of_u(su1)
     phis = np.linspace(0.12, 0.95, 10)
     for side in (-1.0, 1.0):
-        pts = np.stack([side * a * np.sin(phis), -b * np.cos(phis), z0 + 25.0 * s * phis], axis=1)
-        tubes.add_polyline(pts, max(0.6 * layout.muscle, layout.rib_r))
+        clavicle = np.stack([side * a * np.sin(phis), -b * np.cos(phis), z0 + 25.0 * s * phis], axis=1)
+        tubes.add_polyline(clavicle, max(0.6 * layout.muscle, layout.rib_r))
     return tubes, cartilage

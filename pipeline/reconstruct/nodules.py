@@ -4,7 +4,7 @@ Per finding: crop the volume around the box, take the half-way threshold
 between the nodule core (median HU near the box centre) and the surrounding
 lung (median HU away from it), keep the component at the centre inside an
 ellipsoid a little larger than the box, cut thin attachments (vessels) by an
-opening whose size follows the nodule, and keep chest-wall tissue out with the
+opening with a ball whose size follows the box, and keep chest-wall tissue out with the
 lung mask closed over the nodule (pleural nodules). The equivalent diameter is
 that of the sphere with the nodule's volume.
 """
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from scipy import ndimage
 
 from ..errors import ReconstructionError
@@ -136,14 +137,13 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
         allowed = morph.erode(morph.closing(torch.from_numpy(np.ascontiguousarray(lung_local)), r_close), (1, 1, 1)).numpy()
         if (cand & allowed).any():
             cand &= allowed
-    r_open = morph.radius_vox(0.18 * float(np.min(size)), cg.spacing)
-    t = torch.from_numpy(np.ascontiguousarray(cand))
-    opened = morph.opening(t, r_open).numpy() if any(r > 0 for r in r_open) else cand
+    ball = _ball(0.28 * float(np.min(size)), cg.spacing)
+    opened = _open_with_ball(cand, ball)
     comp = _component_at_centre(opened if opened.any() else cand, rho2)
     if comp is None:
         raise ReconstructionError("no nodule voxels near the finding's centre", fix="the finding may be a false positive")
-    # restore the rim removed by the opening, not the cut attachments
-    grow = morph.dilate(torch.from_numpy(comp), tuple(max(1, r) for r in r_open)).numpy()
+    # a ball opening leaves a rounded nodule whole; give back its one-voxel rim, not the cut vessels
+    grow = morph.dilate(torch.from_numpy(comp), (1, 1, 1)).numpy()
     nod = grow & cand
     nod = ndimage.binary_fill_holes(nod)
     voxel = float(np.prod(g.spacing))
@@ -155,6 +155,26 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
         diameter_mm=float((6.0 * vol / np.pi) ** (1.0 / 3.0)), centroid_lps=tuple(float(v) for v in centroid_lps(nod, cg)),
         threshold_hu=round(thr, 1), mask=nod, geometry=cg,
     )
+
+
+def _ball(radius_mm: float, spacing_ijk: tuple[float, float, float]) -> torch.Tensor:
+    """Ellipsoidal kernel ``[k, j, i]`` of a ball of ``radius_mm`` on an anisotropic grid (float, 0/1)."""
+    si, sj, sk = spacing_ijk
+    rk, rj, ri = (max(0, int(np.floor(radius_mm / s))) for s in (sk, sj, si))
+    k, j, i = np.ogrid[-rk:rk + 1, -rj:rj + 1, -ri:ri + 1]
+    ball = (k * sk) ** 2 + (j * sj) ** 2 + (i * si) ** 2 <= radius_mm**2
+    return torch.from_numpy(ball.astype(np.float32))
+
+
+def _open_with_ball(mask: np.ndarray, ball: torch.Tensor) -> np.ndarray:
+    """Morphological opening with a ball (two 3-D convolutions): removes what the ball cannot fit in."""
+    if ball.numel() <= 1:
+        return mask
+    pad = tuple(s // 2 for s in ball.shape)
+    w = ball[None, None]
+    x = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.float32))[None, None]
+    eroded = (F.conv3d(x, w, padding=pad) >= float(ball.sum()) - 0.5).to(torch.float32)
+    return (F.conv3d(eroded, w, padding=pad) > 0.5)[0, 0].numpy()
 
 
 def _component_at_centre(mask: np.ndarray, rho2: np.ndarray) -> np.ndarray | None:
