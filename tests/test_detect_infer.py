@@ -210,3 +210,38 @@ def test_cli_detect_writes_json_csv_png(tmp_path, capsys):
     assert "findings" in capsys.readouterr().out
     rc = main(["detect", str(tmp_path / "missing_dir"), "--out", str(out), "--bundle", str(model_json)])
     assert rc == 1
+
+
+@pytest.mark.gpu
+def test_cuda_amp_matches_cpu(tmp_path):
+    model = _small_model(tmp_path)
+    vol = chest_volume(shape_kji=(40, 96, 96), spacing=(2.0, 2.0, 2.5))
+    cpu = Detector(model=model, device="cpu", restrict_to_lungs=False).detect(vol)
+    gpu = Detector(model=model, device="cuda", amp=True, restrict_to_lungs=False).detect(vol)
+    assert gpu.device.startswith("cuda") and gpu.timings_ms["model"] > 0
+    top_cpu = [f for f in cpu if f.score > 0.6]
+    assert top_cpu
+    for f in top_cpu:  # every confident CPU finding has a GPU twin (AMP changes scores slightly)
+        d = [np.linalg.norm(np.subtract(f.center_lps, g.center_lps)) for g in gpu]
+        n = int(np.argmin(d))
+        assert d[n] < 2.0 and abs(gpu[n].score - f.score) < 0.05
+
+
+@pytest.mark.slow
+def test_cli_detect_and_evaluate_from_dicom(tmp_path, capsys):
+    """DICOM (feet-first, shuffled file names) → ctpipe detect → ctpipe evaluate: the big nodules are found in LPS."""
+    from pipeline.cli import main
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_phantom_case
+
+    if not DEMO_MODEL_JSON.is_file():
+        pytest.fail(f"demo model missing: {DEMO_MODEL_JSON}")
+    ph = generate_phantom(2, matrix=128, pixel_spacing=2.0, slice_spacing=2.5, n_nodules=2, nodule_diameter_mm=(12.0, 20.0),
+                          patient_position="FFS")
+    case = write_phantom_case(ph, tmp_path / "case", quirks=("shuffled_names",))
+    out = tmp_path / "out"
+    assert main(["detect", str(case / "dicom"), "--out", str(out), "--case-id", "c2", "--device", "cpu", "--no-png"]) == 0
+    assert main(["evaluate", "--pred", str(out), "--truth", str(case), "--out", str(tmp_path / "eval"), "--bootstrap", "20"]) == 0
+    res = json.loads((tmp_path / "eval" / "froc.json").read_text())
+    assert res["n_nodules"] == 2 and res["sensitivity"][-1] == 1.0
+    assert "CPM" in capsys.readouterr().out

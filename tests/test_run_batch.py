@@ -133,3 +133,45 @@ def test_worklist_csv_discovery(dicom_data, tmp_path):  # noqa: F811
     # the same series found twice (folder and worklist) is one case key, so it runs once
     keys = [c.case_key for c in discover([good, wl], load_config(environ={})).cases if c.rejected is None]
     assert len(keys) == 5 and len(set(keys)) == 3
+
+
+def test_a_model_that_cannot_load_stops_the_run_with_its_reason(dicom_data, tmp_path):  # noqa: F811
+    from pipeline.runner import run_batch
+
+    s = run_batch([dicom_data["good"]], out=tmp_path / "r", workers=0, bundle=str(tmp_path / "no_such_bundle"),
+                  **{"report.enabled": False})
+    assert s.exit_code == 1 and s.done == 0
+    assert "stage detect cannot start" in s.fatal and "no_such_bundle" in s.fatal
+    assert db_rows(tmp_path / "r", "SELECT status FROM runs") == [("failed",)]
+    # nothing was lost: the cases are retried by the next run (none is marked done or failed)
+    assert {r[0] for r in db_rows(tmp_path / "r", "SELECT status FROM cases")} <= {"pending", "running"}
+
+
+def test_device_resolution_without_a_gpu_is_explicit():
+    import torch
+
+    from pipeline.errors import ConfigError
+    from pipeline.runner.batch import resolve_devices
+
+    assert resolve_devices("cpu", True) == (["cpu"], "cpu")
+    assert resolve_devices("cuda", False) == (["cpu"], "cpu")  # no model stage: no device needed
+    if not torch.cuda.is_available():
+        assert resolve_devices("auto", True) == (["cpu"], "cpu")
+        with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
+            resolve_devices("cuda:0", True)
+
+
+@pytest.mark.gpu
+def test_gpu_run_one_model_worker_per_device(dicom_data, tmp_path):  # noqa: F811
+    import torch
+
+    from pipeline.runner import open_run, run_batch
+
+    s = run_batch([dicom_data["good"]], out=tmp_path / "gpu", workers=1, device="cuda",
+                  **{"reconstruct.renderings": False, "report.enabled": False})
+    assert s.exit_code == 0 and s.done == 3
+    run = open_run(tmp_path / "gpu")
+    det = run.stages[run.stages.stage == "detect"]
+    assert set(det.device) <= {f"cuda:{i}" for i in range(torch.cuda.device_count())}
+    assert (det.peak_cuda_mb > 0).all()
+    assert "cuda:0" in run.runs.device[0]

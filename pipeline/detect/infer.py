@@ -122,8 +122,19 @@ class Detector:
         t0 = time.perf_counter()
         if start is not None:
             start.record()
-        with torch.inference_mode(), torch.autocast(self.device.type, enabled=self.amp):
-            out = self._detector(x, use_inferer=use_sw)
+        try:
+            with torch.inference_mode(), torch.autocast(self.device.type, enabled=self.amp):
+                out = self._detector(x, use_inferer=use_sw)
+        except torch.cuda.OutOfMemoryError:
+            if use_sw:
+                raise
+            # as the bundle's inferer does: a volume too big for the GPU at once goes window by window
+            log.warning("whole-volume inference ran out of GPU memory for input %s; retrying with a sliding window",
+                        tuple(tensor.shape[1:]))
+            torch.cuda.empty_cache()
+            use_sw = True
+            with torch.inference_mode(), torch.autocast(self.device.type, enabled=self.amp):
+                out = self._detector(x, use_inferer=True)
         if end is not None:
             end.record()
             torch.cuda.synchronize(self.device)

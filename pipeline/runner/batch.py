@@ -169,7 +169,8 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
     devices, device_desc = resolve_devices(cfg.runner.device, need_model and bool(pl.to_run))
     workers = cfg.runner.workers
     n_procs = (max(1, workers) + (len(devices) if need_model else 0)) if workers else 1
-    threads = cfg.runner.torch_threads or max(1, (os.cpu_count() or 1) // n_procs)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = cfg.runner.torch_threads or max(1, cores // n_procs)
     atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict()).encode())
     store.start_run(run_id, command=command or " ".join(sys.argv), sources=[str(s) for s in srcs], config=cfg.to_dict(),
                     versions=software_versions(), device=device_desc, host=socket.gethostname(), pid=os.getpid())

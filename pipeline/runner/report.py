@@ -120,8 +120,9 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
                           "reason": r.reason, "run_dir": r.run_dir} for r in failed.itertuples()],
         "gpu": gpu_summary,
         "projection": (f"at the measured rate this machine handles {rate_h * hours_per_day:,.0f} cases/day "
-                       f"({rate_h:,.1f} cases/hour over {active_s / 3600.0:.2f} active hours, "
-                       f"{hours_per_day:g} operating hours/day)"),
+                       f"({rate_h:,.1f} cases/hour over "
+                       + (f"{active_s / 3600.0:.2f} active hours" if active_s >= 3600 else f"{active_s / 60.0:.1f} active minutes")
+                       + f", {hours_per_day:g} operating hours/day)"),
     }
     return summary, t
 
