@@ -49,6 +49,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .dicom_writer import write_dicom_series, write_phantom_case, write_phantom_series
     from .generate import generate_phantom
     from .model import MASK_NAMES, Nodule, Phantom, load_ground_truth, load_masks
 
