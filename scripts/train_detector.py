@@ -203,9 +203,24 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
     result = evaluate_froc(preds, truth, scans=sorted(truth))
     result.write(out)
     print(result.table())
+    thr = _score_at_fp_rate(result, 8.0)
+    for lo, hi in ((3, 6), (6, 10), (10, 20), (20, 31)):
+        sel = [p for p in result.per_nodule if lo <= p["diameter_mm"] < hi]
+        hit = [p for p in sel if p["best_score"] is not None and p["best_score"] >= thr]
+        print(f"nodules {lo}-{hi} mm: {len(hit)}/{len(sel)} found at <= 8 FPs/scan")
     missed = [p for p in result.per_nodule if p["best_score"] is None]
     print(f"missed nodules: {[(p['scan'][-6:], round(p['diameter_mm'], 1)) for p in missed]}")
     return 0
+
+
+def _score_at_fp_rate(result, rate: float) -> float:
+    """Lowest score threshold whose operating point has at most ``rate`` FPs per scan."""
+    scores = sorted({p["best_score"] for p in result.per_nodule if p["best_score"] is not None}, reverse=True)
+    fps = np.asarray(result.curve_fps)
+    sens = np.asarray(result.curve_sensitivity)
+    best = sens[fps <= rate].max() if np.any(fps <= rate) else 0.0
+    n_needed = int(round(best * result.n_nodules))
+    return scores[n_needed - 1] if n_needed > 0 else float("inf")
 
 
 EVAL_PHANTOM = {"matrix": 256, "pixel_spacing": 1.2, "slice_spacing": 2.0}

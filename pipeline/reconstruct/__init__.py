@@ -9,12 +9,45 @@ PNG renderings.
 
 from __future__ import annotations
 
-from .export import FORMATS, write_mesh
-from .measure import lung_measurements, organ_measurements
-from .mesh import Mesh, mesh_from_mask
-from .nodules import NoduleResult, segment_findings, segment_nodule
-from .segment import ORGANS, Segmentation, SegmentParams, segment_organs
-from .stage import Reconstruction, reconstruct
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "FORMATS": ".export",
+    "write_mesh": ".export",
+    "lung_measurements": ".measure",
+    "organ_measurements": ".measure",
+    "Mesh": ".mesh",
+    "mesh_from_mask": ".mesh",
+    "NoduleResult": ".nodules",
+    "segment_findings": ".nodules",
+    "segment_nodule": ".nodules",
+    "ORGANS": ".segment",
+    "Segmentation": ".segment",
+    "SegmentParams": ".segment",
+    "segment_organs": ".segment",
+    "Reconstruction": ".stage",
+    "reconstruct": ".stage",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .export import FORMATS, write_mesh
+    from .measure import lung_measurements, organ_measurements
+    from .mesh import Mesh, mesh_from_mask
+    from .nodules import NoduleResult, segment_findings, segment_nodule
+    from .segment import ORGANS, Segmentation, SegmentParams, segment_organs
+    from .stage import Reconstruction, reconstruct
+
+
+def __getattr__(name: str) -> Any:
+    """Import the public names on first use, so the CLI starts without loading torch."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "FORMATS",
