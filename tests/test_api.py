@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
-from pathlib import Path
 
 import matplotlib
 import pytest
@@ -21,32 +24,46 @@ def example_code() -> str:
     return textwrap.dedent(block).strip() + "\n"
 
 
-def test_readme_notebook_example_runs(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    ns: dict = {}
-    exec(compile(example_code(), "README example", "exec"), ns)  # noqa: S102 - the example is the test
-    summary, run, vol, ax = ns["summary"], ns["run"], ns["vol"], ns["ax"]
-    assert summary.exit_code == 0 and summary.done == 2 and not summary.quarantined
-    assert Path(summary.report_html).is_file()
-    assert "2 cases (2 done, 0 failed" in repr(run)
-    assert set(run.cases.status) == {"done"}
-    assert (run.cases.latency_s > 0).all()
-    assert list(run.stage_latency().index) == ["ingest", "detect", "reconstruct", "write"]
-    lungs = ns["lungs"]
-    assert len(lungs) == 2 and (lungs.value > 0).all() and set(lungs.unit) == {"mL"}
-    # the case folders hold what the results point to
-    case = run.case(vol.series_uid)
-    assert case.status == "done" and any(p.name == "findings.json" for p in case.files)
-    assert "CaseResult(" in repr(case)
-    # the in-memory API agrees with the batch run on the same series (same model, same input)
-    mem = sorted((f.score, f.center_lps) for f in ns["findings"] if f.score >= 0.1)
-    batch = sorted((r.score, (r.center_x, r.center_y, r.center_z)) for r in case.findings.itertuples() if r.score >= 0.1)
-    assert len(mem) == len(batch)
-    for (s1, c1), (s2, c2) in zip(mem, batch):
-        assert s1 == pytest.approx(s2, abs=1e-3) and c1 == pytest.approx(c2, abs=1.0)  # LPS mm
-    assert set(ns["recon"].masks) == {"lung_left", "lung_right"}
-    assert ax.get_title().startswith("slice k=")
-    assert len(ax.collections) >= 1  # organ outlines drawn
+EPILOGUE = """
+import json as _json
+_case = run.case(vol.series_uid)
+_facts = {
+    "exit_code": summary.exit_code, "done": summary.done, "quarantined": len(summary.quarantined),
+    "report": str(summary.report_html), "repr": repr(run), "statuses": sorted(set(run.cases.status)),
+    "latency_ok": bool((run.cases.latency_s > 0).all()), "stages": list(run.stage_latency().index),
+    "lungs": [[float(v), u] for v, u in zip(lungs.value, lungs.unit)],
+    "case_status": _case.status, "case_files": sorted(p.name for p in _case.files), "case_repr": repr(_case),
+    "mem": sorted([f.score, list(f.center_lps)] for f in findings if f.score >= 0.1),
+    "batch": sorted([r.score, [r.center_x, r.center_y, r.center_z]] for r in _case.findings.itertuples() if r.score >= 0.1),
+    "recon_masks": sorted(recon.masks), "title": ax.get_title(), "outlines": len(ax.collections),
+}
+print("FACTS" + _json.dumps(_facts))
+"""
+
+
+def test_readme_notebook_example_runs(tmp_path):
+    # a fresh interpreter, as a notebook kernel would be
+    script = tmp_path / "example.py"
+    script.write_text("import matplotlib\nmatplotlib.use('Agg')\n" + example_code() + EPILOGUE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTPIPE_")}
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    facts = json.loads(p.stdout.split("FACTS", 1)[1])
+    assert facts["exit_code"] == 0 and facts["done"] == 2 and facts["quarantined"] == 0
+    assert (tmp_path / facts["report"]).is_file()
+    assert "2 cases (2 done, 0 failed" in facts["repr"]
+    assert facts["statuses"] == ["done"] and facts["latency_ok"]
+    assert facts["stages"] == ["ingest", "detect", "reconstruct", "write"]
+    assert len(facts["lungs"]) == 2 and all(v > 0 and u == "mL" for v, u in facts["lungs"])
+    # the case folder holds what the results point to
+    assert facts["case_status"] == "done" and "findings.json" in facts["case_files"]
+    assert facts["case_repr"].startswith("CaseResult(")
+    # the in-memory API agrees with the batch run on the same series (same model, same input; LPS mm)
+    assert len(facts["mem"]) == len(facts["batch"])
+    for (s1, c1), (s2, c2) in zip(facts["mem"], facts["batch"]):
+        assert s1 == pytest.approx(s2, abs=1e-3) and c1 == pytest.approx(c2, abs=1.0)
+    assert facts["recon_masks"] == ["lung_left", "lung_right"]
+    assert facts["title"].startswith("slice k=") and facts["outlines"] >= 1
 
 
 def test_show_draws_findings_on_the_right_slice():

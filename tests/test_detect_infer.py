@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from detect_helpers import bundle_state_dict, chest_volume, inference_json, write_bundle
+from test_detect_helpers import bundle_state_dict, chest_volume, inference_json, write_bundle
 from test_detect_parity import SMALL_ARCH, _small_model
 
 from pipeline.cache import CaseCache

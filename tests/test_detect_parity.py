@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from detect_helpers import bundle_state_dict, chest_volume, write_bundle
+from test_detect_helpers import bundle_state_dict, chest_volume, write_bundle
 
 from pipeline.detect.bundle import LoadedModel, load_bundle, load_model
 from pipeline.detect.infer import Detector

@@ -63,7 +63,7 @@ def write_bad(root: Path) -> dict[str, str]:
     return out
 
 
-_ONCE: dict[str, dict] = {}  # results shared by the test modules that import these fixtures (one per session)
+_ONCE: dict[str, dict] = {}  # results shared by the test modules that import these fixtures (made once per pytest run)
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ Ground truth: a phantom's ``ground_truth.json`` (or a folder holding one or many
 searched recursively), or a LUNA16-style CSV ``seriesuid,coordX,coordY,coordZ,diameter_mm``.
 Predictions: ctpipe findings JSON files (or folders of them), or a LUNA16-style
 candidates CSV ``seriesuid,coordX,coordY,coordZ,probability``.
+Folders are searched for ``ground_truth.json`` / ``*.findings.json``; CSV files are read when named.
 Scans are keyed by SeriesInstanceUID.
 """
 
@@ -43,6 +44,7 @@ def _csv_rows(path: Path, value_key: str) -> dict[str, list[tuple[np.ndarray, fl
 
 
 def _files(paths: Iterable[str | Path], patterns: tuple[str, ...]) -> list[Path]:
+    """Files given directly (any kind), plus those matching ``patterns`` under given folders (recursive)."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -58,7 +60,7 @@ def _files(paths: Iterable[str | Path], patterns: tuple[str, ...]) -> list[Path]
 def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
     """Scan id → [(centre LPS mm, diameter mm)] from phantom JSONs and/or LUNA16 annotation CSVs."""
     truth: dict[str, list[tuple[np.ndarray, float]]] = {}
-    for f in _files(paths, ("ground_truth.json", "*.csv")):
+    for f in _files(paths, ("ground_truth.json",)):
         if f.suffix == ".csv":
             for sid, rows in _csv_rows(f, "diameter_mm").items():
                 truth.setdefault(sid, []).extend(rows)
@@ -79,7 +81,7 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
 def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
     """Scan id → [(centre LPS mm, score)] from findings JSONs and/or LUNA16 candidate CSVs."""
     preds: dict[str, list[tuple[np.ndarray, float]]] = {}
-    for f in _files(paths, ("*.findings.json", "*.csv")):
+    for f in _files(paths, ("*.findings.json",)):
         if f.suffix == ".csv":
             for sid, rows in _csv_rows(f, "probability").items():
                 preds.setdefault(sid, []).extend(rows)

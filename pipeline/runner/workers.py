@@ -18,7 +18,8 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,28 @@ def worker_main(name: str, device: str, stages: list[Stage], config: dict, run_d
         return
 
 
+@contextmanager
+def _main_module_hidden(needed: bool) -> Iterator[None]:
+    """Start workers without re-importing the caller's ``__main__`` script (unless a stage is defined there).
+
+    With the forkserver/spawn start methods Python imports the main script again in every worker, so a
+    script calling ``run_batch`` at top level would run again there. The standard stages live in
+    importable modules, so the workers do not need ``__main__``.
+    """
+    main = sys.modules.get("__main__")
+    if needed or main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 @dataclass
 class _Worker:
     name: str
@@ -239,7 +262,8 @@ class ProcessExecutor:
             args=(name, device, stages, self.config.to_dict(), str(self.run_dir), inq, self.outq, os.getpid(),
                   self.torch_threads),
         )
-        proc.start()
+        with _main_module_hidden(any(type(s).__module__ == "__main__" for s in stages)):
+            proc.start()
         w = _Worker(name, group, device, proc, inq)
         self.workers.append(w)
         log.info("started worker %s (pid %s) on %s", name, proc.pid, device, extra={"event": "worker_start"})
