@@ -46,7 +46,7 @@ run() {  # run NAME TIMEOUT CMD...
   tail -n 25 "$OUT/$name.log"
 }
 
-run gpu_tests 150 $PY -m pytest -m gpu -q -p no:cacheprovider tests
+run gpu_tests 120 $PY -m pytest -m gpu -q -p no:cacheprovider tests
 if $PY -c "import nvidia.dali" 2>/dev/null; then
   run bench_loader 60 $PY scripts/bench_loader.py --quick --device cuda --json "$OUT/bench_loader.json"
 else
@@ -55,7 +55,7 @@ else
 fi
 run bench_detect 120 $PY scripts/bench_detect.py --quick --device cuda --json "$OUT/bench_detect.json"
 run bench_recon 60 $PY scripts/bench_recon.py --quick --device cuda --json "$OUT/bench_recon.json"
-run bench_runner 60 $PY scripts/bench_runner.py --quick --device cuda --json "$OUT/bench_runner.json"
+run bench_runner 100 $PY scripts/bench_runner.py --quick --device cuda --json "$OUT/bench_runner.json"
 
 {
   echo "{"

@@ -176,7 +176,12 @@ def segment_organs(
     p = params or SegmentParams()
     dev = torch.device(device or default_device())
     with morph.torch_threads(dev, p.cpu_threads):
-        return _segment(volume, set(organs), dev, p)
+        seg = _segment(volume, set(organs), dev, p)
+    # a stable organ order (ORGANS), whatever the set iteration order was
+    order = {name: n for n, name in enumerate(ORGANS)}
+    seg.masks = dict(sorted(seg.masks.items(), key=lambda kv: order.get(kv[0], len(order))))
+    seg.errors = dict(sorted(seg.errors.items(), key=lambda kv: order.get(kv[0], len(order))))
+    return seg
 
 
 def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentParams) -> Segmentation:
