@@ -20,8 +20,8 @@ from .errors import CtpipeError
 COMMAND_MODULES = (
     "pipeline.phantom.cli",  # ctpipe phantom
     "pipeline.ingest.cli",  # ctpipe ingest
-    "pipeline.detect.cli",  # ctpipe detect, ctpipe evaluate
-    "pipeline.reconstruct.cli",  # ctpipe reconstruct
+    "pipeline.detection.cli",  # ctpipe detect, ctpipe evaluate
+    "pipeline.reconstruction.cli",  # ctpipe reconstruct
     "pipeline.runner.cli",  # ctpipe run, ctpipe report
 )
 

@@ -4,7 +4,7 @@
 Peer: MONAI's lung_nodule_ct_detection bundle pipeline (MetaTensor from the cached
 case → Orientation RAS → Spacing → ScaleIntensityRange → RetinaNetDetector with
 the model's parameters → ClipBoxToImage → AffineBoxToWorldCoordinate), see
-``pipeline/detect/reference.py``. Both sides use the same weights, the same phantom
+``pipeline/detection/reference.py``. Both sides use the same weights, the same phantom
 and run in the same process; each model is loaded once before timing (as the batch
 runner does). Timed: reading the cached case through to findings in LPS.
 
@@ -31,12 +31,12 @@ from pathlib import Path
 import torch
 
 from pipeline.cache import CaseCache
-from pipeline.detect.bundle import LoadedModel, load_model
-from pipeline.detect.infer import Detector
-from pipeline.detect.model_config import ModelConfig
-from pipeline.detect.network import BUNDLE_ARCHITECTURE, build_network
-from pipeline.detect.preprocess import Window
-from pipeline.detect.reference import monai_detect
+from pipeline.detection.bundle import LoadedModel, load_model
+from pipeline.detection.infer import Detector
+from pipeline.detection.model_config import ModelConfig
+from pipeline.detection.network import BUNDLE_ARCHITECTURE, build_network
+from pipeline.detection.preprocess import Window
+from pipeline.detection.reference import monai_detect
 
 PEER = "MONAI bundle-style pipeline (Orientation → Spacing → ScaleIntensityRange → RetinaNetDetector → AffineBoxToWorldCoordinate)"
 

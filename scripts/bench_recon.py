@@ -32,9 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.phantom import generate_phantom  # noqa: E402
-from pipeline.reconstruct.export import stl_bytes  # noqa: E402
-from pipeline.reconstruct.mesh import mesh_from_mask  # noqa: E402
-from pipeline.reconstruct.segment import segment_organs as _segment_organs  # noqa: E402
+from pipeline.reconstruction.export import stl_bytes  # noqa: E402
+from pipeline.reconstruction.mesh import mesh_from_mask  # noqa: E402
+from pipeline.reconstruction.segment import segment_organs as _segment_organs  # noqa: E402
 
 
 def segment_organs(volume, organs, device):

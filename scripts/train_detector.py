@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.detect.model_config import DEMO_MODEL_JSON, FORMAT
-from pipeline.detect.network import build_anchor_generator, build_network, count_parameters
-from pipeline.detect.preprocess import Window, prepare_input
+from pipeline.detection.model_config import DEMO_MODEL_JSON, FORMAT
+from pipeline.detection.network import build_anchor_generator, build_network, count_parameters
+from pipeline.detection.preprocess import Window, prepare_input
 
 log = logging.getLogger("train_detector")
 
@@ -177,9 +177,9 @@ def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse
 
 def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None) -> int:
     """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC table."""
-    from pipeline.detect.bundle import LoadedModel, load_model, load_weights
-    from pipeline.detect.evaluate import evaluate_froc
-    from pipeline.detect.infer import Detector
+    from pipeline.detection.bundle import LoadedModel, load_model, load_weights
+    from pipeline.detection.evaluate import evaluate_froc
+    from pipeline.detection.infer import Detector
     from pipeline.phantom import generate_phantom
 
     model = load_model(model_json)

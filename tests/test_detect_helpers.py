@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.detect.network import BUNDLE_ARCHITECTURE, build_network
+from pipeline.detection.network import BUNDLE_ARCHITECTURE, build_network
 from pipeline.volume import CTVolume, Geometry
 
 

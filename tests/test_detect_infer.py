@@ -12,11 +12,11 @@ from test_detect_helpers import bundle_state_dict, chest_volume, inference_json,
 from test_detect_parity import SMALL_ARCH, _small_model
 
 from pipeline.cache import CaseCache
-from pipeline.detect.bundle import load_bundle, load_model
-from pipeline.detect.infer import Detector
-from pipeline.detect.lungs import quick_lung_mask
-from pipeline.detect.model_config import DEMO_MODEL_JSON
-from pipeline.detect.network import BUNDLE_ARCHITECTURE
+from pipeline.detection.bundle import load_bundle, load_model
+from pipeline.detection.infer import Detector
+from pipeline.detection.lungs import quick_lung_mask
+from pipeline.detection.model_config import DEMO_MODEL_JSON
+from pipeline.detection.network import BUNDLE_ARCHITECTURE
 from pipeline.errors import BundleError, InputTooSmallError, InvalidVolumeError, ModelError, WeightsMismatchError
 from pipeline.volume import CTVolume
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 from test_detect_helpers import bundle_state_dict, chest_volume, write_bundle
 
-from pipeline.detect.bundle import LoadedModel, load_bundle, load_model
-from pipeline.detect.infer import Detector
-from pipeline.detect.model_config import FORMAT, model_config_from_dict
-from pipeline.detect.network import build_network
-from pipeline.detect.preprocess import Window, prepare_input
-from pipeline.detect.reference import monai_detect, monai_preprocess
+from pipeline.detection.bundle import LoadedModel, load_bundle, load_model
+from pipeline.detection.infer import Detector
+from pipeline.detection.model_config import FORMAT, model_config_from_dict
+from pipeline.detection.network import build_network
+from pipeline.detection.preprocess import Window, prepare_input
+from pipeline.detection.reference import monai_detect, monai_preprocess
 
 
 @pytest.fixture(autouse=True)

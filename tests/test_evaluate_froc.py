@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.detect.evaluate import FP_RATES, evaluate_froc
-from pipeline.detect.evaluate_io import load_predictions, load_truth
-from pipeline.detect.findings import Finding, Findings
+from pipeline.detection.evaluate import FP_RATES, evaluate_froc
+from pipeline.detection.evaluate_io import load_predictions, load_truth
+from pipeline.detection.findings import Finding, Findings
 from pipeline.errors import ConfigError
 
 TRUTH = {

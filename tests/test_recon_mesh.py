@@ -9,8 +9,8 @@ from test_recon_shapes import sphere_mask
 
 from pipeline.errors import ReconstructionError
 from pipeline.phantom import generate_phantom
-from pipeline.reconstruct.export import GLTF_FROM_LPS, write_mesh
-from pipeline.reconstruct.mesh import Mesh, mesh_from_mask, mesh_is_watertight
+from pipeline.reconstruction.export import GLTF_FROM_LPS, write_mesh
+from pipeline.reconstruction.mesh import Mesh, mesh_from_mask, mesh_is_watertight
 from pipeline.volume import Geometry
 
 DIRECTIONS = {

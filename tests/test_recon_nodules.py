@@ -7,9 +7,9 @@ import pytest
 
 from pipeline.errors import ReconstructionError
 from pipeline.phantom import generate_phantom
-from pipeline.reconstruct import reconstruct
-from pipeline.reconstruct.nodules import finding_box, segment_findings, segment_nodule
-from pipeline.reconstruct.segment import segment_organs
+from pipeline.reconstruction import reconstruct
+from pipeline.reconstruction.nodules import finding_box, segment_findings, segment_nodule
+from pipeline.reconstruction.segment import segment_organs
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from test_recon_shapes import lps_grids, sphere_mask
 
-from pipeline.reconstruct.mesh import mesh_from_mask
-from pipeline.reconstruct.render import lps_aligned, rasterise, render_mip, render_mpr
+from pipeline.reconstruction.mesh import mesh_from_mask
+from pipeline.reconstruction.render import lps_aligned, rasterise, render_mip, render_mpr
 from pipeline.volume import CTVolume, Geometry
 
 DIRECTIONS = {

@@ -7,7 +7,7 @@ import pytest
 from test_recon_shapes import dice, synthetic_chest
 
 from pipeline.phantom import generate_phantom
-from pipeline.reconstruct.segment import SegmentParams, centroid_lps, segment_organs
+from pipeline.reconstruction.segment import SegmentParams, centroid_lps, segment_organs
 from pipeline.volume import CTVolume, Geometry
 
 MIN_DICE = {"body": 0.97, "lung_left": 0.97, "lung_right": 0.97, "airway": 0.85, "bone": 0.85}

@@ -13,7 +13,7 @@ from pipeline.cache import CaseCache
 from pipeline.cli import main as ctpipe_main
 from pipeline.errors import ReconstructionError
 from pipeline.phantom import generate_phantom
-from pipeline.reconstruct import reconstruct
+from pipeline.reconstruction import reconstruct
 from pipeline.volume import CTVolume, Geometry
 
 
@@ -169,7 +169,7 @@ def test_cli_bad_source_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.parametrize("shape", [(40, 37, 20), (20, 20, 8)])
 def test_sliding_window_blends_tiles_exactly(shape):
-    from pipeline.reconstruct.bundle_seg import sliding_window
+    from pipeline.reconstruction.bundle_seg import sliding_window
 
     x = torch.randn((1, 1) + shape)
     out = sliding_window(x, [16, 16, 12], lambda t: torch.cat([t * 2.0, -t], dim=1), overlap=0.25, batch=3)
@@ -179,7 +179,7 @@ def test_sliding_window_blends_tiles_exactly(shape):
 
 @pytest.mark.parametrize("pos", ["HFS", "FFS", "HFDL"])
 def test_ras_reorientation_round_trip(pos):
-    from pipeline.reconstruct.bundle_seg import _from_ras, _to_ras
+    from pipeline.reconstruction.bundle_seg import _from_ras, _to_ras
 
     ph = generate_phantom(5, matrix=64, slices=20, patient_position=pos)
     ras, spacing = _to_ras(ph.volume.array, ph.volume)

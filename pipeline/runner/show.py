@@ -41,10 +41,10 @@ def show(volume: CTVolume, findings: Any = None, recon: Any = None, *, slice: in
          window: tuple[float, float] = (-1350.0, 150.0)) -> Any:
     """Draw axial slice ``slice`` (index k) of ``volume`` in a lung window, with findings and organ outlines.
 
-    findings: :class:`~pipeline.detect.Findings`, a list of findings/dicts with ``center_lps`` (LPS mm) and
+    findings: :class:`~pipeline.detection.Findings`, a list of findings/dicts with ``center_lps`` (LPS mm) and
         ``diameter_mm``, or ``open_run(...).findings`` rows; each finding whose sphere crosses the slice is
         circled and labelled with its score.
-    recon: a :class:`~pipeline.reconstruct.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
+    recon: a :class:`~pipeline.reconstruction.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
         ``[k, j, i]`` on the volume's grid; outlines are drawn per organ.
     slice: the slice index k; default the slice of the highest-scoring finding, else the middle slice.
     window: HU range shown (default lung window, W 1500 / L -600).

@@ -74,7 +74,7 @@ class DetectStage(Stage):
 
     name = "detect"
     group = "model"
-    preload = ("pipeline.detect.infer",)
+    preload = ("pipeline.detection.infer",)
 
     def __init__(self) -> None:
         self._det: Any = None
@@ -83,7 +83,7 @@ class DetectStage(Stage):
         return {"_det": None}
 
     def setup(self, worker: WorkerInfo) -> None:
-        from ..detect import Detector
+        from ..detection import Detector
 
         cfg = worker.config.detector
         self._det = Detector(bundle=cfg.bundle, device=worker.device, amp=cfg.amp, restrict_to_lungs=cfg.lung_restriction)
@@ -119,19 +119,19 @@ class ReconstructStage(Stage):
 
     name = "reconstruct"
     group = "cpu"
-    preload = ("pipeline.reconstruct",)
+    preload = ("pipeline.reconstruction",)
 
     def __init__(self, *, group: str = "cpu"):
         self.group = group
         self._device = "cpu"
 
     def setup(self, worker: WorkerInfo) -> None:
-        import pipeline.reconstruct  # noqa: F401
+        import pipeline.reconstruction  # noqa: F401
 
         self._device = worker.device if self.group == "model" else "cpu"
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
-        from ..reconstruct import reconstruct
+        from ..reconstruction import reconstruct
 
         cfg = ctx.config.reconstruct
         vol = _read_volume(ctx)
@@ -149,10 +149,10 @@ class WriteStage(Stage):
 
     name = "write"
     group = "cpu"
-    preload = ("pipeline.detect.findings", "pipeline.detect.figures")
+    preload = ("pipeline.detection.findings", "pipeline.detection.figures")
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
-        from ..detect.findings import Findings
+        from ..detection.findings import Findings
 
         doc = dict(ctx.state.get("findings_doc") or {"findings": []})
         findings = Findings.from_json(doc)
@@ -168,7 +168,7 @@ class WriteStage(Stage):
 
 
 def _write_pngs(ctx: CaseContext, findings: Any) -> None:
-    from ..detect.figures import write_finding_pngs
+    from ..detection.figures import write_finding_pngs
 
     write_finding_pngs(_read_volume(ctx), findings, ctx.workdir / "findings_png")
 

@@ -2,7 +2,7 @@
 
 Public API (positions in DICOM patient coordinates, LPS mm)::
 
-    from pipeline.detect import detect, Detector, load_bundle, Finding, Findings, evaluate_froc
+    from pipeline.detection import detect, Detector, load_bundle, Finding, Findings, evaluate_froc
     findings = detect(volume)                       # embedded demo model, lung restriction on
     det = Detector(bundle="path/to/lung_nodule_ct_detection", device="cuda")   # load once
     findings = det.detect(volume, lung_mask=masks)  # per case
@@ -17,17 +17,17 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "detect": "pipeline.detect.infer",
-    "Detector": "pipeline.detect.infer",
-    "load_bundle": "pipeline.detect.bundle",
-    "load_model": "pipeline.detect.bundle",
-    "LoadedModel": "pipeline.detect.bundle",
-    "Finding": "pipeline.detect.findings",
-    "Findings": "pipeline.detect.findings",
-    "load_findings": "pipeline.detect.findings",
-    "evaluate_froc": "pipeline.detect.evaluate",
-    "FrocResult": "pipeline.detect.evaluate",
-    "ModelConfig": "pipeline.detect.model_config",
+    "detect": "pipeline.detection.infer",
+    "Detector": "pipeline.detection.infer",
+    "load_bundle": "pipeline.detection.bundle",
+    "load_model": "pipeline.detection.bundle",
+    "LoadedModel": "pipeline.detection.bundle",
+    "Finding": "pipeline.detection.findings",
+    "Findings": "pipeline.detection.findings",
+    "load_findings": "pipeline.detection.findings",
+    "evaluate_froc": "pipeline.detection.evaluate",
+    "FrocResult": "pipeline.detection.evaluate",
+    "ModelConfig": "pipeline.detection.model_config",
 }
 
 __all__ = sorted(_LAZY)
@@ -36,7 +36,7 @@ __all__ = sorted(_LAZY)
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'pipeline.detect' has no attribute {name!r}")
+        raise AttributeError(f"module 'pipeline.detection' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
