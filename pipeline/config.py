@@ -73,13 +73,13 @@ SCHEMA: dict[str, dict[str, Option]] = {
     },
     "loader": {
         "backend": Option("auto", "choice", "", "model-input loader (auto picks DALI when installed)", choices=("auto", "dali", "torch")),
-        "roi": Option("none", "choice", "", "crop the model input to a region of interest", choices=("none", "lungs")),
+        "roi": Option("none", "choice", "", "crop the model input to a region of interest (lungs: their box + roi_margin_mm)", choices=("none", "lungs")),
         "roi_margin_mm": Option(10.0, "float", "mm", "margin around the region of interest", lo=0.0, hi=200.0),
     },
     "detector": {
         "bundle": Option(None, "path", "", "MONAI bundle folder; null uses the embedded demo weights", nullable=True),
         "score_threshold": Option(0.0, "float", "probability", "findings scoring below this are left out of the outputs (0 keeps all the model returns)", lo=0.0, hi=1.0),
-        "lung_restriction": Option(True, "bool", "", "restrict detection to the lungs' region"),
+        "lung_restriction": Option(True, "bool", "", "restrict detection to the lungs' region (crop the model input to the lungs' box and drop findings outside the lungs)"),
         "amp": Option(True, "bool", "", "mixed precision on a GPU (ignored on CPU)"),
         "write_png": Option(True, "bool", "", "write a PNG (slice and MIP slab) per finding"),
     },

@@ -175,11 +175,17 @@ def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse
     log.info("wrote %s and %s (%.1f MB)", out_json, weights, weights.stat().st_size / 1e6)
 
 
-def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None) -> int:
-    """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC table."""
+def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None, refine: bool = False) -> int:
+    """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC table.
+
+    ``refine``: also evaluate the findings with centres refined on the original HU volume
+    (:func:`pipeline.detection.refine.refine_findings`), written as ``*.refined.findings.json`` and ``froc_refined.*``,
+    and with compact blobs rescored as well (``froc_refined_rescored.*``).
+    """
     from pipeline.detection.bundle import LoadedModel, load_model, load_weights
     from pipeline.detection.evaluate import evaluate_froc
     from pipeline.detection.infer import Detector
+    from pipeline.detection.refine import refine_findings
     from pipeline.phantom import generate_phantom
 
     model = load_model(model_json)
@@ -187,7 +193,7 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
         load_weights(model.network, weights)
         model = LoadedModel(model.config, model.network.eval())
     det = Detector(model=model, device="cpu")
-    preds, truth = {}, {}
+    preds, refined, rescored, truth = {}, {}, {}, {}
     for seed in seeds:
         ph = generate_phantom(seed, **EVAL_PHANTOM)
         case = out / f"phantom_{seed:03d}"
@@ -196,13 +202,28 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
         found.write_json(case / f"phantom_{seed:03d}.findings.json")
         sid = ph.volume.series_uid
         preds[sid] = found
+        if refine:
+            refined[sid] = refine_findings(ph.volume, found)
+            refined[sid].write_json(case / f"phantom_{seed:03d}.refined.findings.json")
+            rescored[sid] = refine_findings(ph.volume, found, rescore=True)
         truth[sid] = [(n.center_lps, n.diameter_mm) for n in ph.nodules]
         log.info("held-out phantom %d: %d nodules %s, %d findings (top scores %s), %.1fs", seed, len(ph.nodules),
                  [round(n.diameter_mm, 1) for n in ph.nodules], len(found), [round(f.score, 2) for f in found.findings[:5]],
                  found.timings_ms.get("total", 0) / 1000)
-    result = evaluate_froc(preds, truth, scans=sorted(truth))
-    result.write(out)
-    print(result.table())
+    runs = [("detector findings", preds, "froc")]
+    if refine:
+        runs += [("centres refined on the HU volume", refined, "froc_refined"),
+                 ("refined, compact blobs rescored", rescored, "froc_refined_rescored")]
+    for title, found_all, stem in runs:
+        result = evaluate_froc(found_all, truth, scans=sorted(truth))
+        result.write(out, stem=stem)
+        print(f"== {title} ({len(seeds)} held-out phantoms)")
+        print(result.table())
+        _print_by_size(result)
+    return 0
+
+
+def _print_by_size(result) -> None:
     thr = _score_at_fp_rate(result, 8.0)
     for lo, hi in ((3, 6), (6, 10), (10, 20), (20, 31)):
         sel = [p for p in result.per_nodule if lo <= p["diameter_mm"] < hi]
@@ -210,7 +231,6 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
         print(f"nodules {lo}-{hi} mm: {len(hit)}/{len(sel)} found at <= 8 FPs/scan")
     missed = [p for p in result.per_nodule if p["best_score"] is None]
     print(f"missed nodules: {[(p['scan'][-6:], round(p['diameter_mm'], 1)) for p in missed]}")
-    return 0
 
 
 def _score_at_fp_rate(result, rate: float) -> float:
@@ -244,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-seeds", type=int, default=0, help="after training, evaluate on held-out phantom seeds 1..N")
     ap.add_argument("--eval-only", action="store_true", help="skip training; evaluate --out (or --eval-checkpoint)")
     ap.add_argument("--eval-checkpoint", action="store_true", help="evaluate the training checkpoint's weights")
+    ap.add_argument("--eval-refine", action="store_true",
+                    help="also evaluate with finding centres refined on the original HU volume (pipeline.detection.refine)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     torch.set_num_threads(args.threads)
@@ -257,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.eval_checkpoint:
             ckpt_w = args.work / "ckpt_weights.pt"
             torch.save(torch.load(args.work / "last.pt", map_location="cpu", weights_only=False)["model"], ckpt_w)
-        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", weights=ckpt_w)
+        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", weights=ckpt_w, refine=args.eval_refine)
     seeds = list(range(args.seed0, args.seed0 + args.n_train))
     paths = build_cache(args.work, seeds)
     samples = [dict(np.load(p)) for p in paths]
@@ -325,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_model(args.work, net, args.out, args, {"step": step, "loss": ema})
     if eval_seeds:
-        return evaluate_heldout(args.out, eval_seeds, args.work / "eval")
+        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", refine=args.eval_refine)
     return 0
 
 

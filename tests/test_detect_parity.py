@@ -13,8 +13,8 @@ from pipeline.detection.bundle import LoadedModel, load_bundle, load_model
 from pipeline.detection.infer import Detector
 from pipeline.detection.model_config import FORMAT, model_config_from_dict
 from pipeline.detection.network import build_network
-from pipeline.detection.preprocess import Window, prepare_input
 from pipeline.detection.reference import monai_detect, monai_preprocess
+from pipeline.load import preprocess_volume
 
 
 @pytest.fixture(autouse=True)
@@ -72,11 +72,13 @@ def test_preprocess_equals_monai_transforms(direction, dtype):
         "network": {}, "anchors": {}, "box_selector": {}, "sliding_window": {"roi_size": [8, 8, 8]}, "size_divisible": [16, 16, 8],
     }, where=__import__("pathlib").Path("x.json")), torch.nn.Identity())
     ref = monai_preprocess(model.config, volume=vol)
+    spec = model.config.preprocess_spec(size_divisible=(1, 1, 1))
     for slab in (10**9, 500):  # whole volume and many small slabs give the same result
-        ours, grid = prepare_input(vol, spacing=(1.5, 1.5, 2.0), window=Window(), slab_voxels=slab)
+        case = preprocess_volume(vol, spec, device="cpu", slab_voxels=slab)
+        ours = case.unwrap()
         assert ours.shape == ref.shape
         assert torch.allclose(ours, ref.as_tensor().float(), atol=1e-5)
-        np.testing.assert_allclose(grid.affine_ras, ref.affine.numpy(), atol=1e-6)
+        np.testing.assert_allclose(case.geometry.affine_ras, ref.affine.numpy(), atol=1e-6)
 
 
 @pytest.mark.slow
@@ -140,6 +142,7 @@ def test_loader_input_gives_the_same_findings(tmp_path):
     case = preprocess_volume(vol, model.config.preprocess_spec(size_divisible=(1, 1, 1)), device="cpu", case_id="c1")
     loaded = det.detect_loaded(case, series_uid=vol.series_uid)
     assert len(loaded) == len(ours) > 5
+    assert det.spec == model.config.preprocess_spec(size_divisible=(1, 1, 1))
     np.testing.assert_allclose([f.score for f in loaded], [f.score for f in ours], atol=1e-4)
     np.testing.assert_allclose([f.center_lps for f in loaded], [f.center_lps for f in ours], atol=0.05)
     assert [f.voxel_ijk for f in loaded] == [f.voxel_ijk for f in ours]

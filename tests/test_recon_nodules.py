@@ -1,4 +1,4 @@
-"""Nodule segmentation inside a finding's box: volume within 15% of the phantom truth for nodules ≥ 6 mm."""
+"""Nodule segmentation inside a finding's box: volume within 15% of the phantom truth for all nodules ≥ 6 mm."""
 
 from __future__ import annotations
 
@@ -25,26 +25,49 @@ def _finding(nodule, margin=1.3):
     return {"center_lps": tuple(c), "box_min_lps": tuple(c - half), "box_max_lps": tuple(c + half)}
 
 
-def _measured(nod) -> bool:
-    """Nodules the 15% target is shown for: free-standing ones of every kind and solid ones touching a vessel.
-    (Pleural and vessel-attached sub-solid nodules are over-estimated today; see the stage's report.)"""
-    return nod.attached_to is None or (nod.kind == "solid" and nod.attached_to == "vessel")
-
-
-def test_nodule_volumes_within_15_percent(case):
-    ph, lungs = case
-    chosen = [(n, nod) for n, nod in enumerate(ph.nodules, start=1) if _measured(nod)]
-    assert len(chosen) >= 2
-    results = segment_findings(ph.volume, [_finding(nod) for _, nod in chosen], lung_mask=lungs)
+def _check(ph, chosen, results, where=""):
     voxel = float(np.prod(ph.volume.spacing))
+    errors = []
     for (n, nod), res in zip(chosen, results):
-        truth = float((ph.nodule_labels == n).sum()) * voxel
-        assert res.error is None
-        err = res.volume_mm3 / truth - 1
-        assert abs(err) <= 0.15, f"{nod.kind} {nod.diameter_mm:.1f} mm ({nod.attached_to}): volume error {err:+.1%}"
+        assert res.error is None, f"{where}{nod}: {res.error}"
+        truth = float((ph.nodule_labels == n).sum()) * voxel  # the phantom's labelled voxels, not this method's output
+        errors.append((nod, res.volume_mm3 / truth - 1))
         assert res.diameter_mm == pytest.approx((6 * res.volume_mm3 / np.pi) ** (1 / 3))
         # the mask's centroid lies near the true centre (LPS mm)
         assert np.linalg.norm(np.asarray(res.centroid_lps) - nod.center_lps) < 0.25 * nod.diameter_mm
+    bad = [f"{where}{nod.kind} {nod.diameter_mm:.1f} mm ({nod.attached_to}): {e:+.1%}" for nod, e in errors if abs(e) > 0.15]
+    assert not bad, "volume error over 15%: " + "; ".join(bad)
+    return errors
+
+
+def test_lung_mask_sets_the_lung_level_without_changing_the_result(case):
+    ph, lungs = case
+    findings = [_finding(nod) for nod in ph.nodules]
+    with_mask = segment_findings(ph.volume, findings, lung_mask=lungs)
+    without = segment_findings(ph.volume, findings)
+    for a, b in zip(with_mask, without):
+        assert a.error is None and b.error is None
+        assert a.volume_mm3 == pytest.approx(b.volume_mm3, rel=0.02)
+
+
+@pytest.mark.slow
+def test_every_nodule_kind_within_15_percent_over_seeds():
+    """Every nodule of 6 mm and more, of every kind and attachment, on eight phantoms at a clinical resolution."""
+    errors = []
+    for seed in range(10, 18):
+        ph = generate_phantom(seed, matrix=256, pixel_spacing=0.8, slice_spacing=1.25, n_nodules=8,
+                              nodule_diameter_mm=(6.0, 20.0))
+        chosen = [(n, nod) for n, nod in enumerate(ph.nodules, start=1) if nod.diameter_mm >= 6.0]
+        results = segment_findings(ph.volume, [_finding(nod) for _, nod in chosen])
+        errors += _check(ph, chosen, results, where=f"seed {seed}: ")
+    assert len(errors) >= 50
+    # the seeds cover every kind and every attachment, and sub-solid nodules touching the pleura and vessels
+    assert {nod.kind for nod, _ in errors} == {"solid", "part_solid", "ground_glass"}
+    assert {nod.attached_to for nod, _ in errors} == {None, "pleura", "vessel"}
+    assert {(nod.kind, nod.attached_to) for nod, _ in errors} >= {
+        ("part_solid", "pleura"), ("part_solid", "vessel"), ("ground_glass", "pleura"), ("solid", "vessel")}
+    # and the method is unbiased overall, not just inside the tolerance
+    assert abs(float(np.median([e for _, e in errors]))) < 0.05
 
 
 def test_findings_go_through_reconstruct(case):

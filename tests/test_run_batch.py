@@ -45,8 +45,8 @@ def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):  #
     # every stage of every good case ran once and was measured
     att = db_rows(out, "SELECT c.series_uid, a.stage, a.status, a.wall_s, a.queue_wait_s, a.peak_rss_mb FROM stage_attempts a"
                        " JOIN cases c USING (case_key) WHERE c.status='done'")
-    assert len(att) == 4 * len(done)
-    assert {a[1] for a in att} == {"ingest", "detect", "reconstruct", "write"}
+    assert len(att) == 5 * len(done)
+    assert {a[1] for a in att} == {"ingest", "load", "detect", "reconstruct", "write"}
     assert all(a[2] == "ok" and a[3] > 0 and a[4] >= 0 and a[5] > 10 for a in att)
 
     # outputs: published folders only, each with its manifest; nothing half-written left behind
@@ -76,7 +76,7 @@ def test_run_record_log_and_results(full_run, dicom_data):  # noqa: F811
     assert "renderings: false" in (out / "config.yaml").read_text()
     assert "6 cases (3 done, 3 failed" in repr(run)
     lat = run.stage_latency()
-    assert list(lat.index) == ["ingest", "detect", "reconstruct", "write"]
+    assert list(lat.index) == ["ingest", "load", "detect", "reconstruct", "write"]
     assert (lat["50%"] <= lat["90%"]).all() and (lat["90%"] <= lat["99%"]).all()
     # measurements: both lungs with a volume in mL; findings (if any) inside the volume, LPS mm
     vols = run.measurements[run.measurements.name.str.endswith("volume_ml")]
@@ -87,6 +87,11 @@ def test_run_record_log_and_results(full_run, dicom_data):  # noqa: F811
         assert np.isfinite([f.center_x, f.center_y, f.center_z]).all()
     det = run.stages[(run.stages.stage == "detect") & (run.stages.status == "ok")]
     assert all(json.loads(d)["model"] > 0 for d in det.detail)  # the detector's own model time (s)
+    # the loader made the model input (DALI is installed here: auto picks it) in the model worker, before detect
+    load = run.stages[(run.stages.stage == "load") & (run.stages.status == "ok")]
+    assert len(load) == 3 and all(json.loads(d)["load"] > 0 for d in load.detail)
+    assert set(load.worker) == set(det.worker)
+    assert "loader: DALI on CPU" in (out / "run.log").read_text()
     failures = run.failures
     assert len(failures) == 3 and failures.reason.str.len().min() > 20
     # structured log: JSON lines from the main process and the workers
@@ -171,7 +176,7 @@ def test_gpu_run_one_model_worker_per_device(dicom_data, tmp_path):  # noqa: F81
                   **{"reconstruct.renderings": False, "report.enabled": False})
     assert s.exit_code == 0 and s.done == 3
     run = open_run(tmp_path / "gpu")
-    det = run.stages[run.stages.stage == "detect"]
+    det = run.stages[run.stages.stage.isin(["load", "detect"])]
     assert set(det.device) <= {f"cuda:{i}" for i in range(torch.cuda.device_count())}
     assert (det.peak_cuda_mb > 0).all()
     assert "cuda:0" in run.runs.device[0]

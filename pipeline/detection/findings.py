@@ -128,6 +128,8 @@ class Findings:
             restricted_to_lungs=bool(data.get("restricted_to_lungs", False)),
             timings_ms=dict(data.get("timings_ms", {})),
             device=str(data.get("device", "cpu")),
+            input_shape_xyz=tuple(int(v) for v in shape) if (shape := data.get("input_shape_xyz")) else None,  # type: ignore[arg-type]
+            sliding_window=bool(data.get("sliding_window", False)),
         )
 
     def csv_rows(self) -> list[dict[str, Any]]:

@@ -1,8 +1,10 @@
 """The nodule :class:`Detector`: model loaded once, then one call per case.
 
-Per case: optional lung restriction (crop the source grid to the lungs' box +
-margin before anything else), MONAI-equivalent preprocessing straight from the
-source array (:mod:`.preprocess`), the RetinaNet on the whole input when it fits
+Per case: optional lung restriction (crop to the lungs' box + margin), the
+loader's MONAI-equivalent preprocessing (:mod:`pipeline.load`: slab-wise straight
+from the possibly memory-mapped source array; :meth:`Detector.detect` calls
+:func:`pipeline.load.preprocess_volume`, the batch runner feeds the loader's
+output to :meth:`Detector.detect_loaded`), the RetinaNet on the whole input when it fits
 the model's patch size, MONAI's sliding-window inferer (the model's overlap)
 otherwise, box selection (MONAI's ``RetinaNetDetector``), clipping to the image,
 conversion to LPS exactly as ``AffineBoxToWorldCoordinate`` does, and the
@@ -22,12 +24,12 @@ import numpy as np
 import torch
 
 from ..errors import InputTooSmallError, InvalidVolumeError
+from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
 from ..volume import CTVolume, LabelMap
 from .bundle import LoadedModel, load_model
 from .findings import Finding, Findings
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
 from .network import build_detector
-from .preprocess import InputGrid, prepare_input
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ class Detector:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.amp = bool(amp) and self.device.type == "cuda"
         self.restrict_to_lungs = restrict_to_lungs
+        #: The loader settings this model needs (MONAI's RetinaNetDetector pads to the network's divisibility itself).
+        self.spec: PreprocessSpec = self.config.preprocess_spec(size_divisible=(1, 1, 1))
         net = self.model.network
         if self.device.type == "cpu" and isinstance(net, torch.nn.Module) and not isinstance(net, torch.jit.ScriptModule):
             # oneDNN's 3-D convolutions run ~25 % faster channels-last; a copy leaves the caller's network as it is
@@ -111,6 +115,20 @@ class Detector:
         if lung_mask is not None:
             return region_from_mask(lung_mask, volume)
         return quick_lung_mask(volume)
+
+    def lung_roi(self, volume: CTVolume, *, lung_mask: LungMask | None = None,
+                 margin_mm: float | None = None) -> tuple[LungRegion, Roi | None]:
+        """The lungs of ``volume`` and the crop box around them (source indices, grown by ``margin_mm``).
+
+        The box is ``None`` when no lung voxel is found. ``margin_mm`` defaults to the model's crop margin.
+        """
+        region = self._lung_region(volume, lung_mask)
+        if region.empty:
+            return region, None
+        margin = self.config.lung_crop_margin_mm if margin_mm is None else float(margin_mm)
+        lo, hi = region.bbox_ijk(margin, volume.geometry.size_ijk)
+        roi = Roi(lo=tuple(float(v) for v in lo), hi=tuple(float(v - 1) for v in hi), space="index")  # type: ignore[arg-type]
+        return region, roi
 
     def _run_network(self, tensor: torch.Tensor) -> tuple[list[dict[str, torch.Tensor]], float, bool]:
         roi = self.config.roi_size
@@ -165,64 +183,61 @@ class Detector:
         result = Findings([], case_id=case_id, series_uid=volume.series_uid, model=self.config.name,
                           restricted_to_lungs=restrict, device=str(self.device))
         volume = self._clean_volume(volume, where)
-        lo = hi = None
-        region = None
+        region = roi = None
         if restrict:
             t0 = time.perf_counter()
-            region = self._lung_region(volume, lung_mask)
+            region, roi = self.lung_roi(volume, lung_mask=lung_mask)
             timings["lung_mask"] = (time.perf_counter() - t0) * 1000.0
-            if region.empty:
+            if roi is None:
                 result.reason = "no lung voxels found in the series (empty lung mask); nothing to search"
                 log.warning("%s: %s", where, result.reason)
                 result.timings_ms = timings
                 return result
-            lo, hi = region.bbox_ijk(self.config.lung_crop_margin_mm, volume.geometry.size_ijk)
         t0 = time.perf_counter()
-        tensor, grid = prepare_input(volume, spacing=self.config.spacing, window=self.config.window, lo_ijk=lo, hi_ijk=hi)
+        case = preprocess_volume(volume, self.spec, device=str(self.device), roi=roi, case_id=case_id or "volume")
         timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
-        extent = np.asarray(grid.shape_xyz) * np.asarray(grid.spacing_xyz)
-        if np.any(extent < MIN_INPUT_MM):
-            raise InputTooSmallError(
-                f"the input covers only {extent.round(1).tolist()} mm (x, y, z); the detector needs at least {MIN_INPUT_MM} mm per axis",
-                where=where,
-                fix="pass the whole chest series (not a single slice or a tiny crop)",
-            )
-        return self._finish(result, tensor, grid, region if restrict else None, volume.metadata, timings, t_all, where)
+        return self._finish(result, case.unwrap(), case.geometry, region, volume.metadata, timings, t_all, where)  # type: ignore[arg-type]
 
     def detect_loaded(
         self,
-        case: Any,
+        case: LoadedCase,
         *,
         lung_mask: LungMask | None = None,
         series_uid: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        timings_ms: Mapping[str, float] | None = None,
     ) -> Findings:
-        """Findings for a model input made by the loader (:class:`pipeline.load.LoadedCase`).
+        """Findings (LPS mm) for a model input made by the loader (:class:`pipeline.load.LoadedCase`).
 
-        The loader must have been built with :meth:`ModelConfig.preprocess_spec` of this model.
-        ``lung_mask`` (on the case's source grid) enables the lung filter; no crop is done here
-        (crop in the loader with a region of interest instead).
+        The loader must have been built with :attr:`spec` (possibly with a crop, e.g. from
+        :meth:`lung_roi`). ``lung_mask`` (on the case's source grid) enables the lung filter;
+        ``metadata`` (the series' DICOM metadata) maps slices to instance numbers;
+        ``timings_ms`` (e.g. the lung-mask time) are reported with the model's.
         """
         t_all = time.perf_counter()
         tensor = case.unwrap()
         geom = case.geometry
-        basis = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=np.float64)
-        ijk = geom.source.lps_to_index(case.input_index_to_lps(basis))
-        to_source = np.eye(4)
-        to_source[:3, 3] = ijk[0]
-        to_source[:3, :3] = (ijk[1:] - ijk[0]).T
-        grid = InputGrid(shape_xyz=tuple(int(v) for v in tensor.shape[1:]), spacing_xyz=tuple(geom.spacing),  # type: ignore[arg-type]
-                         to_source=to_source, source=geom.source)
+        assert geom is not None  # a loaded case always has one
         region = None
         if lung_mask is not None:
             shell = CTVolume(np.broadcast_to(np.int8(0), geom.source.shape), geom.source)  # grid only, no voxel data
             region = lung_mask if isinstance(lung_mask, LungRegion) else region_from_mask(lung_mask, shell)
         result = Findings([], case_id=case.case_id, series_uid=series_uid, model=self.config.name,
                           restricted_to_lungs=region is not None, device=str(self.device))
-        return self._finish(result, tensor, grid, region, {}, {}, t_all, f"case {case.case_id}")
+        return self._finish(result, tensor, geom, region, metadata or {}, dict(timings_ms or {}), t_all,
+                            f"case {case.case_id}")
 
-    def _finish(self, result: Findings, tensor: torch.Tensor, grid: InputGrid, region: LungRegion | None,
+    def _finish(self, result: Findings, tensor: torch.Tensor, grid: InputGeometry, region: LungRegion | None,
                 metadata: Mapping[str, Any], timings: dict[str, float], t_all: float, where: str) -> Findings:
-        result.input_shape_xyz = grid.shape_xyz
+        lo, hi = grid.valid_box
+        extent = (np.asarray(hi) - np.asarray(lo)) * np.asarray(grid.spacing)
+        if np.any(extent < MIN_INPUT_MM):
+            raise InputTooSmallError(
+                f"the input covers only {extent.round(1).tolist()} mm (x, y, z); the detector needs at least {MIN_INPUT_MM} mm per axis",
+                where=where,
+                fix="pass the whole chest series (not a single slice or a tiny crop)",
+            )
+        result.input_shape_xyz = grid.shape
         out, model_ms, use_sw = self._run_network(tensor)
         timings["model"] = model_ms
         result.sliding_window = use_sw
@@ -234,15 +249,15 @@ class Detector:
         timings["postprocess"] = (time.perf_counter() - t0) * 1000.0
         timings["total"] = (time.perf_counter() - t_all) * 1000.0
         result.timings_ms = timings
-        log.info("%s: %d findings (input %s, %s, model %.0f ms)", where, len(result), grid.shape_xyz,
+        log.info("%s: %d findings (input %s, %s, model %.0f ms)", where, len(result), grid.shape,
                  "sliding window" if use_sw else "whole volume", model_ms)
         return result
 
     def _to_findings(
-        self, boxes: np.ndarray, scores: np.ndarray, grid: InputGrid, metadata: Mapping[str, Any], region: LungRegion | None
+        self, boxes: np.ndarray, scores: np.ndarray, grid: InputGeometry, metadata: Mapping[str, Any], region: LungRegion | None
     ) -> list[Finding]:
         # ClipBoxToImage (remove_empty) as the bundle's postprocessing does
-        size = np.asarray(grid.shape_xyz, dtype=np.float64)
+        size = np.asarray(grid.shape, dtype=np.float64)
         boxes = boxes.astype(np.float64)
         boxes[:, :3] = np.clip(boxes[:, :3], 0, size)
         boxes[:, 3:] = np.clip(boxes[:, 3:], 0, size)
@@ -251,11 +266,11 @@ class Detector:
         if len(boxes) == 0:
             return []
         centres_xyz = (boxes[:, :3] + boxes[:, 3:]) / 2.0
-        a = grid.xyz_to_lps(boxes[:, :3])
-        b = grid.xyz_to_lps(boxes[:, 3:])
+        a = grid.input_index_to_lps(boxes[:, :3])
+        b = grid.input_index_to_lps(boxes[:, 3:])
         bmin, bmax = np.minimum(a, b), np.maximum(a, b)
-        centres = grid.xyz_to_lps(centres_xyz)
-        ijk = grid.xyz_to_ijk(centres_xyz)
+        centres = grid.input_index_to_lps(centres_xyz)
+        ijk = grid.input_index_to_source_index(centres_xyz)
         if region is not None:
             inside = region.near(ijk, self.config.lung_filter_margin_mm)
             if not inside.all():

@@ -166,6 +166,10 @@ class InputGeometry:
         aff = self.affine_lps
         return (lps - aff[:3, 3]) @ np.linalg.inv(aff[:3, :3]).T
 
+    #: Short names (network-input voxel ``(x, y, z)`` ↔ LPS mm), as the detector's scripts use them.
+    xyz_to_lps = input_index_to_lps
+    lps_to_xyz = lps_to_input_index
+
     def input_boxes_to_lps(self, boxes: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray:
         """Boxes ``(N, 6)`` ``[x0, y0, z0, x1, y1, z1]`` in tensor index coordinates → LPS boxes ``(N, 6)``.
 

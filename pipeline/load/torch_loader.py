@@ -14,7 +14,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import CacheError, LoaderError
 from ..volume import CTVolume
@@ -25,11 +24,16 @@ from .spec import PreprocessSpec, Roi
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TorchLoader", "preprocess_array", "preprocess_volume"]
+__all__ = ["SLAB_VOXELS", "TorchLoader", "preprocess_array", "preprocess_volume"]
 
 
-def _resample_axis(t: torch.Tensor, dim: int, positions: np.ndarray, n_src: int) -> torch.Tensor:
-    """Linear interpolation of ``t`` along ``dim`` at continuous indices ``positions`` (edge-clamped)."""
+#: Output voxels per preprocessing slab (about 64 MB as float32): bounds memory on very long series.
+SLAB_VOXELS = 16_000_000
+
+
+def _resample_axis(t: torch.Tensor, dim: int, positions: np.ndarray) -> torch.Tensor:
+    """Linear interpolation of ``t`` along ``dim`` at continuous indices ``positions`` of ``t`` (edge-clamped)."""
+    n_src = t.shape[dim]
     pos = np.clip(positions, 0.0, n_src - 1)
     lo = np.floor(pos).astype(np.int64)
     w = pos - lo
@@ -47,40 +51,73 @@ def _resample_axis(t: torch.Tensor, dim: int, positions: np.ndarray, n_src: int)
     return torch.lerp(a, b, wt)
 
 
+def _source_range(pos: np.ndarray, n_src: int) -> tuple[int, int]:
+    """Source index range ``[a, b)`` that linear interpolation at ``pos`` (clamped) reads."""
+    pos = np.clip(pos, 0.0, n_src - 1)
+    return int(np.floor(pos.min())), min(int(np.floor(pos.max())) + 2, n_src)
+
+
 def preprocess_array(array: torch.Tensor | np.ndarray, geometry: InputGeometry, spec: PreprocessSpec, *,
-                     device: str | torch.device = "cpu") -> torch.Tensor:
+                     device: str | torch.device = "cpu", slab_voxels: int = SLAB_VOXELS) -> torch.Tensor:
     """HU array ``[k, j, i]`` on ``geometry.source`` → model input ``(1, X, Y, Z)`` float32 (RAS order).
 
     Steps: axis order (x, y, z) → cast → resample (with the RAS flips) → window/scale/clip →
     constant padding. ``geometry`` comes from :func:`~pipeline.load.geometry.plan_input`.
+
+    Memory-bounded: the output is built in slabs of at most ``slab_voxels`` voxels along
+    model axis z; each slab reads only the source sub-box it needs (a view of ``array``,
+    which may be a memory-mapped int16 ``.npy``; a crop to a region of interest reads only
+    that region), so a 512×512×1000 series never exists as one float copy.
     """
-    t = torch.as_tensor(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
-    # source [k, j, i] → model axes (x, y, z) first, while the data is small (int16, before resampling)
-    perm = [2 - geometry.src_axis[a] for a in range(3)]
-    t = t.to(device=device, non_blocking=True).permute(*perm).contiguous().to(torch.float32)
-    pads = [0] * 6
-    # shrinking axes first, then the least-growing ones: smaller intermediate volumes
-    for a in sorted(range(3), key=lambda a: -geometry.axis(a).ratio):
-        plan = geometry.axis(a)
-        t = _resample_axis(t, a, plan.positions(), plan.n_src)
-        # F.pad lists the last dim first: dims (0, 1, 2) ↔ pad slots (4, 2, 0)
-        slot = 2 * (2 - a)
-        pads[slot], pads[slot + 1] = plan.valid_lo, plan.size - plan.valid_hi
-    a0, ar, b0, br, lo, hi = source_window(spec)
-    t = t.sub(a0)  # a new tensor: never write into the caller's array
-    t = t.div_(ar).mul_(br).add_(b0)
-    if spec.clip:
-        t = t.clamp_(lo, hi)
-    if any(pads):
-        t = F.pad(t, pads, mode="constant", value=spec.pad_value)
-    return t.unsqueeze(0)
+    plans = [geometry.axis(a) for a in range(3)]
+    positions = [p.positions() for p in plans]
+    shape = tuple(p.size for p in plans)
+    a0, ar, b0, br, lo_v, hi_v = source_window(spec)
+    padded = any(p.valid_lo > 0 or p.valid_hi < p.size for p in plans)
+    out = (torch.full((1, *shape), spec.pad_value, dtype=torch.float32, device=device) if padded
+           else torch.empty((1, *shape), dtype=torch.float32, device=device))
+    if not all(len(pos) for pos in positions):
+        return out  # the crop holds no image voxel: padding only
+    x0, x1, y0, y1, zb = plans[0].valid_lo, plans[0].valid_hi, plans[1].valid_lo, plans[1].valid_hi, plans[2].valid_lo
+    # array dim of the source axis feeding model axis a is 2 - src_axis
+    src_dim = [2 - p.src_axis for p in plans]
+    nz = len(positions[2])
+    slab = max(1, min(nz, int(slab_voxels) // max(1, len(positions[0]) * len(positions[1]))))
+    for z0 in range(0, nz, slab):
+        z1 = min(nz, z0 + slab)
+        sl: list[slice] = [slice(None)] * 3
+        pos_here = [positions[0], positions[1], positions[2][z0:z1]]
+        rel = []
+        for a in range(3):
+            first, last = _source_range(pos_here[a], plans[a].n_src)
+            sl[src_dim[a]] = slice(first, last)
+            rel.append(np.clip(pos_here[a], 0.0, plans[a].n_src - 1) - first)
+        chunk = array[tuple(sl)]  # a view: only this slab's source voxels are read
+        if isinstance(chunk, np.ndarray):  # a read-only (memory-mapped) slab is read into memory here, once
+            chunk = np.ascontiguousarray(chunk) if chunk.flags.writeable else np.array(chunk)
+        t = torch.as_tensor(chunk) if isinstance(chunk, np.ndarray) else chunk
+        # source [k, j, i] → model axes (x, y, z) first, while the data is small (int16, before resampling)
+        t = t.to(device=device, non_blocking=True).permute(*src_dim).contiguous().to(torch.float32)
+        # shrinking axes first, then the least-growing ones: smaller intermediate volumes
+        for a in sorted(range(3), key=lambda a: -plans[a].ratio):
+            t = _resample_axis(t, a, rel[a])
+        t = t.sub(a0)  # a new tensor: never write into the caller's array
+        t = t.div_(ar).mul_(br).add_(b0)
+        if spec.clip:
+            t = t.clamp_(lo_v, hi_v)
+        out[0, x0:x1, y0:y1, zb + z0 : zb + z1] = t
+    return out
 
 
 def preprocess_volume(volume: CTVolume, spec: PreprocessSpec, *, device: str = "auto", roi: Roi | None = None,
-                      case_id: str = "volume") -> LoadedCase:
-    """Preprocess an in-memory :class:`CTVolume` (HU, LPS) exactly as the loaders do a cached case."""
+                      case_id: str = "volume", slab_voxels: int = SLAB_VOXELS) -> LoadedCase:
+    """Preprocess an in-memory (or memory-mapped) :class:`CTVolume` (HU, LPS) exactly as the loaders do a cached case.
+
+    ``roi`` crops (LPS mm or source indices, see :class:`Roi`); only the voxels the crop
+    needs are read. See :func:`preprocess_array` for ``slab_voxels``.
+    """
     geometry = plan_input(volume.geometry, spec, roi=roi, case=case_id)
-    tensor = preprocess_array(np.asarray(volume.array), geometry, spec, device=resolve_device(device))
+    tensor = preprocess_array(volume.array, geometry, spec, device=resolve_device(device), slab_voxels=slab_voxels)
     return LoadedCase(case_id, tensor=tensor, geometry=geometry, loader="torch")
 
 
@@ -96,7 +133,7 @@ class TorchLoader(BaseLoader):
     def _one(self, job: Job) -> LoadedCase:
         err: CacheError | LoaderError
         try:
-            arr = np.load(job.entry.array_path, allow_pickle=False)
+            arr = np.load(job.entry.array_path, mmap_mode="r", allow_pickle=False)  # read slab by slab
         except (OSError, ValueError) as exc:
             err = CacheError(f"case {job.case_id}: array cannot be read ({exc})", where=job.entry.array_path,
                              fix="ingest the case again")

@@ -1,12 +1,27 @@
 """Nodule segmentation inside a detector finding's box (LPS mm) → mask, volume (mm³), equivalent diameter.
 
-Per finding: crop the volume around the box, take the half-way threshold
-between the nodule core (median HU near the box centre) and the surrounding
-lung (median HU away from it), keep the component at the centre inside an
-ellipsoid a little larger than the box, cut thin attachments (vessels) by an
-opening with a ball whose size follows the box, and keep chest-wall tissue out with the
-lung mask closed over the nodule (pleural nodules). The equivalent diameter is
-that of the sphere with the nodule's volume.
+Per finding, on a crop around the box:
+
+1. Levels. The lung parenchyma level is the median of the dark (< -600 HU)
+   voxels outside the box-inscribed ellipsoid (inside the lung mask when one
+   is given). The nodule level comes from its interior: when a fair share of
+   it is ground glass (below ``SOLID_HU``) the ground-glass level is used, so
+   a part-solid nodule is measured to its ground-glass edge, not its core.
+   The threshold is half-way between the two (the edge of a blurred step);
+   the ground-glass level is the mode of the ground-glass HU histogram.
+2. Boundary. Rays from the box centre in evenly spread directions find where
+   the intensity first falls below the threshold (sub-voxel, trilinear).
+3. Shape prior. A smooth star-shaped surface, radius ``r(u)`` = real
+   spherical harmonics of degree ≤ 2 in the direction ``u``, is fitted to the
+   ray lengths by one-sided trimmed least squares: rays that run on into an
+   attached vessel or into the chest wall (same HU as a solid nodule) come out
+   far too long and are dropped, so attachments are cut where the nodule's own
+   surface continues.
+4. Mask. Voxels above the threshold, inside the fitted surface and
+   connected to the centre. The equivalent diameter is that of the
+   sphere with the nodule's volume.
+
+All positions are DICOM patient coordinates (LPS, mm).
 """
 
 from __future__ import annotations
@@ -17,8 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from scipy import ndimage
 
 from ..errors import ReconstructionError
@@ -26,6 +39,10 @@ from ..volume import CTVolume, Geometry
 from . import morph
 
 log = logging.getLogger(__name__)
+
+SOLID_HU = -220.0  # below: ground glass; above: solid tissue (nodule core, vessel, chest wall)
+LUNG_MAX_HU = -600.0  # parenchyma used for the background level is darker than this
+N_RAYS = 400
 
 
 @dataclass
@@ -81,8 +98,99 @@ def finding_box(finding: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     )
 
 
+def _directions(n: int) -> np.ndarray:
+    """``n`` unit vectors spread evenly over the sphere (Fibonacci lattice), ``(n, 3)``."""
+    k = np.arange(n) + 0.5
+    z = 1.0 - 2.0 * k / n
+    phi = np.pi * (3.0 - np.sqrt(5.0)) * k
+    s = np.sqrt(1.0 - z * z)
+    return np.stack([s * np.cos(phi), s * np.sin(phi), z], axis=1)
+
+
+def _basis(u: np.ndarray) -> np.ndarray:
+    """Real spherical-harmonic basis of degree ≤ 2 (as monomials) for unit vectors ``u`` ``(..., 3)`` → ``(..., 9)``."""
+    x, y, z = u[..., 0], u[..., 1], u[..., 2]
+    return np.stack([x * x, y * y, z * z, x * y, x * z, y * z, x, y, z], axis=-1)
+
+
+def _ray_lengths(hu: np.ndarray, geom: Geometry, origin: np.ndarray, dirs: np.ndarray, r_max: float,
+                 threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """Distance (mm) along each ray from ``origin`` (LPS) to where HU first drops below ``threshold``.
+
+    Returns (lengths, found); rays that stay above the threshold up to ``r_max`` get ``r_max`` and found False.
+    """
+    step = 0.3 * float(min(geom.spacing))
+    t = np.arange(0.0, r_max + step, step)
+    pts = origin[None, None, :] + dirs[:, None, :] * t[None, :, None]
+    ijk = geom.lps_to_index(pts.reshape(-1, 3))
+    prof = ndimage.map_coordinates(hu, ijk[:, ::-1].T, order=1, mode="nearest").reshape(len(dirs), len(t))
+    below = prof < threshold
+    found = below.any(axis=1)
+    first = np.where(found, below.argmax(axis=1), len(t) - 1)
+    prev = np.maximum(first - 1, 0)
+    rows = np.arange(len(dirs))
+    a, b = prof[rows, prev], prof[rows, first]
+    frac = np.clip((a - threshold) / np.where(a - b > 1e-6, a - b, 1.0), 0.0, 1.0)
+    lengths = np.where(found, t[prev] + frac * (t[first] - t[prev]), t[-1])
+    return lengths, found & (first > 0)
+
+
+def _fit_radius(dirs: np.ndarray, lengths: np.ndarray, found: np.ndarray, tol_mm: float,
+                reach: np.ndarray) -> np.ndarray | None:
+    """Coefficients of ``r(u) = basis(u) @ coef`` fitted to the ray lengths, dropping rays that run on too far.
+
+    Rays longer than ``reach`` (mm, per ray: the ellipsoid inscribed in the finding's box) ran into an attachment and are
+    never used.
+    """
+    found = found & (lengths <= reach)
+    if found.sum() < 30:
+        return None
+    basis = _basis(dirs)
+    keep = found & (lengths <= 1.2 * np.percentile(lengths[found], 20))
+    coef = None
+    for _ in range(8):
+        if keep.sum() < 30:
+            break
+        coef, *_ = np.linalg.lstsq(basis[keep], lengths[keep], rcond=None)
+        res = lengths - basis @ coef
+        spread = 1.4826 * float(np.median(np.abs(res[keep])))
+        tol = max(tol_mm, 2.5 * spread)
+        new = found & (res <= tol) & (res >= -3.0 * tol)
+        if np.array_equal(new, keep):
+            break
+        keep = new
+    return coef
+
+
+def _nodule_level(interior: np.ndarray, bg: float) -> float:
+    """HU level of the nodule's outer tissue from its interior voxels (HU), ``bg`` being the lung level.
+
+    A nodule with a fair share of ground glass is measured to the ground glass's edge: its level is the most
+    frequent ground-glass HU (histogram mode, robust to a solid core, vessels and the partial-volume rim).
+    A solid nodule's level is the median of its interior.
+    """
+    glass = interior[interior < SOLID_HU]
+    if glass.size < 0.25 * interior.size or SOLID_HU - bg < 30.0:
+        return float(np.median(interior))
+    hist, edges = np.histogram(glass, bins=np.arange(bg, SOLID_HU + 10.0, 10.0))
+    hist = ndimage.gaussian_filter1d(hist.astype(np.float64), 2.0)
+    return float(edges[int(hist.argmax())] + 5.0)
+
+
+def _star_radius(geom: Geometry, origin: np.ndarray, coef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distance from ``origin``, fitted surface radius in that direction) for every voxel of ``geom`` (mm)."""
+    k, j, i = np.indices(geom.shape, dtype=np.float64)
+    lps = geom.index_to_lps(np.stack([i, j, k], axis=-1)) - origin
+    dist = np.linalg.norm(lps, axis=-1)
+    u = lps / np.maximum(dist, 1e-9)[..., None]
+    return dist, _basis(u) @ coef
+
+
 def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask: np.ndarray | None = None) -> NoduleResult:
-    """Segment the nodule of one finding (see the module notes). Errors are raised as ReconstructionError."""
+    """Segment the nodule of one finding (box in LPS mm; see the module notes). Errors raise ReconstructionError.
+
+    ``lung_mask`` (bool ``[k, j, i]`` on ``volume``'s grid, optional) restricts the voxels that set the lung level.
+    """
     centre, lo, hi = finding_box(finding)
     g = volume.geometry
     size = hi - lo
@@ -91,61 +199,67 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     pad_vox = np.maximum(3, np.ceil(0.5 * (idx.max(0) - idx.min(0))))
     i0 = np.floor(idx.min(0) - pad_vox).astype(int)
     i1 = np.ceil(idx.max(0) + pad_vox).astype(int) + 1
-    ni, nj, nk = g.size_ijk
     i0 = np.maximum(i0, 0)
-    i1 = np.minimum(i1, [ni, nj, nk])
+    i1 = np.minimum(i1, list(g.size_ijk))
     if np.any(i1 - i0 < 2):
         raise ReconstructionError(f"finding box {lo.round(1).tolist()}..{hi.round(1).tolist()} mm lies outside the volume",
                                   fix="check that the findings belong to this series (LPS mm)")
     crop = volume.crop(i0.tolist(), i1.tolist())
     cg = crop.geometry
     hu = np.asarray(crop.array, dtype=np.float32)
-    # normalised ellipsoid distance of every voxel from the box centre (1 on the box-inscribed ellipsoid)
-    from .segment import lps_coordinate_grid
-
     half = np.maximum(size / 2, 0.5 * np.asarray(g.spacing))
-    rho2 = sum(((lps_coordinate_grid(cg, a) - centre[a]) / half[a]) ** 2 for a in range(3))
-    rho2 = np.broadcast_to(rho2, hu.shape)
-    core_zone = rho2 <= 0.3**2
-    if not core_zone.any():
-        core_zone = rho2 <= rho2.min() + 1e-6
-    core = float(np.median(hu[core_zone]))
-    shell = (rho2 > 0.3**2) & (rho2 <= 0.6**2)
-    if shell.any():  # a part-solid nodule: its ground-glass rim sets the level, not the solid core
-        core = min(core, float(np.median(hu[shell])))
-    lung_local = None
+    kk, jj, ii = np.indices(hu.shape, dtype=np.float64)
+    rel = cg.index_to_lps(np.stack([ii, jj, kk], axis=-1)) - centre
+    rho2 = np.sum((rel / half) ** 2, axis=-1)
+
+    # 1. lung level from the dark voxels around the box
+    dark = (rho2 >= 1.0) & (hu < LUNG_MAX_HU)
     if lung_mask is not None:
-        k0, j0, i0_ = i0[2], i0[1], i0[0]
-        lung_local = lung_mask[k0:k0 + cg.shape[0], j0:j0 + cg.shape[1], i0_:i0_ + cg.shape[2]]
-    ring = rho2 >= 1.6**2
-    bg_vals = hu[ring & (hu < core)]
-    if lung_local is not None and (ring & lung_local).sum() > 10:
-        bg_vals = hu[ring & lung_local]
-    if bg_vals.size < 10:
-        bg_vals = hu[hu < core]
-    if bg_vals.size == 0:
-        raise ReconstructionError("no darker lung tissue around the finding", fix="check the finding's box")
-    bg = float(np.median(bg_vals))
-    if core - bg < 50.0:
-        raise ReconstructionError(f"no nodule in the box: centre {core:.0f} HU vs surroundings {bg:.0f} HU",
+        lung_local = lung_mask[i0[2]:i0[2] + hu.shape[0], i0[1]:i0[1] + hu.shape[1], i0[0]:i0[0] + hu.shape[2]]
+        if (dark & lung_local).sum() >= 20:
+            dark &= lung_local
+    if dark.sum() < 20:
+        dark = hu < LUNG_MAX_HU
+    if dark.sum() < 20:
+        raise ReconstructionError("no lung parenchyma around the finding", fix="check the finding's box (LPS mm)")
+    bg = float(np.median(hu[dark]))
+    core = float(np.median(hu[rho2 <= max(0.25**2, float(rho2.min()) + 1e-6)]))
+    if core - bg < 100.0:
+        raise ReconstructionError(f"no nodule in the box: centre {core:.0f} HU vs surrounding lung {bg:.0f} HU",
                                   fix="the finding may be a false positive")
-    thr = 0.5 * (core + bg)
-    cand = (hu > thr) & (rho2 <= 1.35**2)
-    if lung_local is not None and lung_local.any():
-        # lung closed over the nodule keeps the chest wall out while letting a pleural nodule in
-        r_close = morph.radius_vox(0.6 * float(size.max()), cg.spacing)
-        allowed = morph.erode(morph.closing(torch.from_numpy(np.ascontiguousarray(lung_local)), r_close), (1, 1, 1)).numpy()
-        if (cand & allowed).any():
-            cand &= allowed
-    ball = _ball(0.28 * float(np.min(size)), cg.spacing)
-    opened = _open_with_ball(cand, ball)
-    comp = _component_at_centre(opened if opened.any() else cand, rho2)
-    if comp is None:
+
+    dirs = _directions(N_RAYS)
+    reach = 1.0 / np.sqrt(np.sum((dirs / half) ** 2, axis=1))  # the box-inscribed ellipsoid along each ray
+    r_max = 1.5 * float(half.max())
+    tol = 0.75 * float(min(g.spacing))
+    # 2a. rough outline just above the parenchyma, to find the nodule's interior
+    rough_thr = bg + min(120.0, 0.5 * (core - bg))
+    lengths, found = _ray_lengths(hu, cg, centre, dirs, r_max, rough_thr)
+    coef = _fit_radius(dirs, lengths, found, tol, reach)
+    if coef is None:
+        raise ReconstructionError("no nodule boundary inside the finding's box",
+                                  fix="the box may be too small for the nodule, or the finding a false positive")
+    dist, r_fit = _star_radius(cg, centre, coef)
+    interior = hu[dist < 0.8 * r_fit]
+    if interior.size < 8:
+        interior = hu[rho2 <= 0.25**2]
+    level = _nodule_level(interior, bg)
+    thr = 0.5 * (level + bg)
+    # 2b/3. boundary at the half-way threshold, with the shape prior
+    lengths, found = _ray_lengths(hu, cg, centre, dirs, r_max, thr)
+    coef2 = _fit_radius(dirs, lengths, found, tol, reach)
+    if coef2 is not None:
+        coef = coef2
+        _, r_fit = _star_radius(cg, centre, coef)
+    # 4. mask
+    inside = (hu > thr) & (dist <= r_fit)
+    labels, n = ndimage.label(inside, structure=morph.CONN6)
+    if n == 0:
         raise ReconstructionError("no nodule voxels near the finding's centre", fix="the finding may be a false positive")
-    # a ball opening leaves a rounded nodule whole; give back its one-voxel rim, not the cut vessels
-    grow = morph.dilate(torch.from_numpy(comp), (1, 1, 1)).numpy()
-    nod = grow & cand
-    nod = ndimage.binary_fill_holes(nod)
+    near = labels[(dist <= 0.5 * np.maximum(r_fit, 0)) & (labels > 0)]
+    if near.size == 0:
+        raise ReconstructionError("no nodule voxels near the finding's centre", fix="the finding may be a false positive")
+    nod = ndimage.binary_fill_holes(labels == np.bincount(near).argmax())
     voxel = float(np.prod(g.spacing))
     vol = float(nod.sum()) * voxel
     from .segment import centroid_lps
@@ -155,37 +269,6 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
         diameter_mm=float((6.0 * vol / np.pi) ** (1.0 / 3.0)), centroid_lps=tuple(float(v) for v in centroid_lps(nod, cg)),
         threshold_hu=round(thr, 1), mask=nod, geometry=cg,
     )
-
-
-def _ball(radius_mm: float, spacing_ijk: tuple[float, float, float]) -> torch.Tensor:
-    """Ellipsoidal kernel ``[k, j, i]`` of a ball of ``radius_mm`` on an anisotropic grid (float, 0/1)."""
-    si, sj, sk = spacing_ijk
-    rk, rj, ri = (max(0, int(np.floor(radius_mm / s))) for s in (sk, sj, si))
-    k, j, i = np.ogrid[-rk:rk + 1, -rj:rj + 1, -ri:ri + 1]
-    ball = (k * sk) ** 2 + (j * sj) ** 2 + (i * si) ** 2 <= radius_mm**2
-    return torch.from_numpy(ball.astype(np.float32))
-
-
-def _open_with_ball(mask: np.ndarray, ball: torch.Tensor) -> np.ndarray:
-    """Morphological opening with a ball (two 3-D convolutions): removes what the ball cannot fit in."""
-    if ball.numel() <= 1:
-        return mask
-    pad = tuple(s // 2 for s in ball.shape)
-    w = ball[None, None]
-    x = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.float32))[None, None]
-    eroded = (F.conv3d(x, w, padding=pad) >= float(ball.sum()) - 0.5).to(torch.float32)
-    return (F.conv3d(eroded, w, padding=pad) > 0.5)[0, 0].numpy()
-
-
-def _component_at_centre(mask: np.ndarray, rho2: np.ndarray) -> np.ndarray | None:
-    labels, n = ndimage.label(mask, structure=morph.CONN6)
-    if n == 0:
-        return None
-    near = labels[(rho2 <= 0.5**2) & (labels > 0)]
-    if near.size == 0:
-        return None
-    best = np.bincount(near).argmax()
-    return labels == best
 
 
 def segment_findings(volume: CTVolume, findings: Sequence[Any], *, lung_mask: np.ndarray | None = None) -> list[NoduleResult]:

@@ -11,7 +11,7 @@ from typing import Any
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run the pipeline over DICOM folders or worklist CSVs (resumable)",
                        description="Discover CT series under SRC folders (or rows of a worklist .csv) and run "
-                       "ingest -> detect -> reconstruct -> write for each, into RUN_DIR. Running the same command "
+                       "ingest -> load -> detect -> reconstruct -> write for each, into RUN_DIR. Running the same command "
                        "again resumes: completed cases are skipped, interrupted ones retried. Exit status: 0 all "
                        "cases done, 3 some cases quarantined, 1 the run could not proceed.")
     p.add_argument("sources", nargs="+", metavar="SRC", help="DICOM folder(s) or worklist CSV file(s) (column 'path')")

@@ -1,4 +1,6 @@
-"""The real stages of ``ctpipe run``: ingest → detect (load + model) → reconstruct → write.
+"""The real stages of ``ctpipe run``: ingest → load → detect → reconstruct → write.
+
+``load`` and ``detect`` (the model worker's stages) live in :mod:`.model_stages`.
 
 Each adapter turns the run's configuration into the stage library's options.
 Volumes travel between stages through the run's case cache
@@ -17,7 +19,11 @@ from typing import Any
 from ..cache import CaseCache, atomic_write_bytes
 from ..config import Config
 from ..errors import NoSeriesFoundError
+from .model_stages import DetectStage, LoadStage
 from .stage import CaseContext, Stage, WorkerInfo
+
+__all__ = ["DetectStage", "IngestStage", "LoadStage", "ReconstructStage", "WriteStage", "build_stages",
+           "flatten_measurements"]
 
 log = logging.getLogger(__name__)
 
@@ -67,37 +73,6 @@ class IngestStage(Stage):
 def _read_volume(ctx: CaseContext) -> Any:
     """The case's HU volume from the run's cache (read into memory: stages may hand it to torch)."""
     return CaseCache(ctx.cache_dir).read(ctx.case.case_id)
-
-
-class DetectStage(Stage):
-    """Cached volume → model input → lung-nodule findings (LPS mm). The model is loaded once per worker."""
-
-    name = "detect"
-    group = "model"
-    preload = ("pipeline.detection.infer",)
-
-    def __init__(self) -> None:
-        self._det: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_det": None}
-
-    def setup(self, worker: WorkerInfo) -> None:
-        from ..detection import Detector
-
-        cfg = worker.config.detector
-        self._det = Detector(bundle=cfg.bundle, device=worker.device, amp=cfg.amp, restrict_to_lungs=cfg.lung_restriction)
-
-    def process(self, ctx: CaseContext) -> dict[str, Any]:
-        vol = _read_volume(ctx)
-        res = self._det.detect(vol, case_id=ctx.case.case_id)
-        thr = ctx.config.detector.score_threshold
-        data = res.to_json()
-        timings = data.pop("timings_ms", {})
-        data["findings"] = [f for f in data["findings"] if f["score"] >= thr]
-        data["score_threshold"] = thr
-        return {"findings": data["findings"], "findings_doc": data,
-                "timings": {k: round(v / 1000.0, 6) for k, v in timings.items()}}
 
 
 def flatten_measurements(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float, str]]:
@@ -175,7 +150,7 @@ def _write_pngs(ctx: CaseContext, findings: Any) -> None:
 
 def build_stages(cfg: Config) -> list[Stage]:
     """The stages of ``ctpipe run`` for this configuration, in order."""
-    stages: list[Stage] = [IngestStage(), DetectStage()]
+    stages: list[Stage] = [IngestStage(), LoadStage(), DetectStage()]
     if cfg.reconstruct.enabled:
         stages.append(ReconstructStage(group="model" if cfg.reconstruct.device == "model" else "cpu"))
     stages.append(WriteStage())

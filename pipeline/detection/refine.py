@@ -1,0 +1,228 @@
+"""Classical centre refinement of nodule findings on the original HU volume.
+
+The detector predicts boxes on its own coarse grid (1.5 mm voxels for the demo
+model), and the box centre can sit a voxel or more off the nodule: for a 4 mm
+nodule that already breaks the LUNA16 hit rule (centre within the radius). This
+module moves each centre onto the nodule itself, at the full resolution of the
+series:
+
+1. Cut a window around the predicted centre: half-width ``window_factor`` × the
+   box radius, at least ``min_half_window_mm`` (per axis, in voxels of the series).
+2. Smooth lightly (Gaussian, ``sigma_mm``) against noise; take the local
+   background as the window's ``background_percentile`` (lung parenchyma around a
+   small nodule) and the peak as the brightest smoothed voxel within the core
+   (``core_fraction`` × box radius, at least one voxel) around the predicted centre.
+3. Threshold at half way between background and peak (a half-maximum contour, so
+   solid and ground-glass nodules are both segmented relative to their own contrast).
+4. Keep the connected component (26-connectivity) nearest the predicted centre.
+   If it reaches the window border it is attached to a larger structure (pleura,
+   vessel); a morphological opening with a ball of about half the nodule radius
+   detaches thin attachments, and if the blob still touches the border the
+   original centre is kept (``refined[n]`` is False).
+5. The new centre is the blob's intensity-weighted centroid (weights = smoothed HU
+   above background), mapped back to LPS; the new diameter is that of the sphere
+   with the blob's volume.
+
+Positions in and out are DICOM patient coordinates (LPS, mm); sizes are mm. The
+refinement never moves a centre further than ``max_shift_factor`` × the box radius
+(and at least two voxels); larger moves are refused and the original kept.
+
+:func:`rescore_compact` optionally raises the score of findings whose refinement found
+a compact, isolated blob (a nodule's shape; vessel segments and wall are elongated or
+attached), ``score' = 1 - (1 - score)^(1 + boost)``: monotone, in 0..1, leaving the
+order within each group unchanged. Its defaults were chosen on training phantoms
+(seeds 1000-1029), never on evaluation seeds.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy import ndimage
+
+from ..errors import ConfigError
+from ..volume import CTVolume
+from .findings import Finding, Findings
+
+log = logging.getLogger(__name__)
+
+_STRUCT26 = np.ones((3, 3, 3), dtype=bool)
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """Result of :func:`refine_centres` for N findings.
+
+    centers_lps: (N, 3) refined centres, LPS mm (the input centre where ``refined`` is False).
+    diameters_mm: (N,) equivalent-sphere diameter of the blob (the input size where not refined).
+    refined: (N,) whether a blob was found and the centre moved onto it.
+    shift_mm: (N,) distance moved, mm.
+    contrast_hu: (N,) peak minus local background, HU (0 where no window could be cut).
+    elongation: (N,) square root of the largest over the smallest principal variance of the blob (mm
+        coordinates): about 1 for a sphere, large for a vessel segment; 0 where not refined.
+    """
+
+    centers_lps: np.ndarray
+    diameters_mm: np.ndarray
+    refined: np.ndarray
+    shift_mm: np.ndarray
+    contrast_hu: np.ndarray
+    elongation: np.ndarray
+
+
+def _ball(radius_vox: np.ndarray) -> np.ndarray:
+    r = np.maximum(np.asarray(radius_vox, dtype=np.float64), 0.5)  # (k, j, i)
+    h = np.ceil(r).astype(int)
+    kk, jj, ii = np.ogrid[-h[0]:h[0] + 1, -h[1]:h[1] + 1, -h[2]:h[2] + 1]
+    return (kk / r[0]) ** 2 + (jj / r[1]) ** 2 + (ii / r[2]) ** 2 <= 1.0
+
+
+def _blob_nearest(mask: np.ndarray, centre_kji: np.ndarray, spacing_kji: np.ndarray) -> np.ndarray | None:
+    """Boolean mask of the 26-connected component of ``mask`` nearest ``centre_kji`` (None if empty)."""
+    labels, n = ndimage.label(mask, structure=_STRUCT26)
+    if n == 0:
+        return None
+    pts = np.argwhere(labels > 0)
+    d2 = (((pts - centre_kji) * spacing_kji) ** 2).sum(axis=1)
+    return labels == labels[tuple(pts[int(np.argmin(d2))])]
+
+
+def _touches_border(blob: np.ndarray) -> bool:
+    return bool(blob[0].any() or blob[-1].any() or blob[:, 0].any() or blob[:, -1].any()
+                or blob[:, :, 0].any() or blob[:, :, -1].any())
+
+
+def refine_centres(
+    volume: CTVolume,
+    centers_lps: np.ndarray,
+    sizes_mm: np.ndarray,
+    *,
+    window_factor: float = 1.6,
+    min_half_window_mm: float = 5.0,
+    core_fraction: float = 0.5,
+    sigma_mm: float = 0.6,
+    background_percentile: float = 30.0,
+    min_contrast_hu: float = 80.0,
+    max_shift_factor: float = 1.0,
+) -> Refinement:
+    """Refine nodule centres (LPS mm) on ``volume`` (HU, any direction); see the module docstring.
+
+    centers_lps: (N, 3) predicted centres, LPS mm. sizes_mm: (N,) diameters or (N, 3) box extents
+    (L, P, S) in mm. Returns a :class:`Refinement` (LPS mm). Blobs fainter than ``min_contrast_hu``
+    above the local background are not refined.
+    """
+    centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
+    sizes = np.asarray(sizes_mm, dtype=np.float64)
+    if sizes.ndim == 2:
+        sizes = np.cbrt(np.prod(np.maximum(sizes, 0.0), axis=1))
+    sizes = sizes.reshape(-1)
+    if len(sizes) != len(centers):
+        raise ConfigError(f"{len(centers)} centres but {len(sizes)} sizes", where="refine_centres",
+                          fix="pass one size (mm) per centre")
+    n = len(centers)
+    out_c, out_d = centers.copy(), sizes.copy()
+    ok = np.zeros(n, dtype=bool)
+    contrast = np.zeros(n)
+    elong = np.zeros(n)
+    if n == 0:
+        return Refinement(out_c, out_d, ok, np.zeros(0), contrast, np.zeros(0))
+    arr = volume.array
+    shape = np.asarray(arr.shape)  # (k, j, i)
+    spacing_kji = np.asarray(volume.spacing, dtype=np.float64)[::-1]
+    ijk_all = volume.lps_to_index(centers)
+    sigma_vox = sigma_mm / spacing_kji
+    for m in range(n):
+        radius = max(sizes[m] / 2.0, 1e-3)
+        c_kji = ijk_all[m][::-1]
+        half = np.ceil(max(window_factor * radius, min_half_window_mm) / spacing_kji).astype(int)
+        lo = np.maximum(np.floor(c_kji).astype(int) - half, 0)
+        hi = np.minimum(np.ceil(c_kji).astype(int) + half + 1, shape)
+        if np.any(hi - lo < 3):
+            continue
+        win = ndimage.gaussian_filter(arr[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].astype(np.float32), sigma_vox)
+        rel = c_kji - lo
+        bg = float(np.percentile(win, background_percentile))
+        core_vox = np.maximum(core_fraction * radius / spacing_kji, 1.0)
+        clo = np.clip(np.floor(rel - core_vox).astype(int), 0, np.asarray(win.shape) - 1)
+        chi = np.clip(np.ceil(rel + core_vox).astype(int) + 1, clo + 1, win.shape)
+        peak = float(win[clo[0]:chi[0], clo[1]:chi[1], clo[2]:chi[2]].max())
+        contrast[m] = peak - bg
+        if contrast[m] < min_contrast_hu:
+            continue
+        fg = win >= bg + 0.5 * (peak - bg)
+        blob = _blob_nearest(fg, rel, spacing_kji)
+        if blob is not None and _touches_border(blob):
+            opened = ndimage.binary_opening(fg, structure=_ball(0.5 * radius / spacing_kji))
+            blob = _blob_nearest(opened, rel, spacing_kji)
+            if blob is not None and _touches_border(blob):
+                blob = None
+        if blob is None:
+            continue
+        pts = np.argwhere(blob)
+        w = np.maximum(win[blob] - bg, 0.0) + 1e-6
+        new_kji = (pts * w[:, None]).sum(axis=0) / w.sum() + lo
+        new_lps = volume.index_to_lps(new_kji[::-1])
+        shift = float(np.linalg.norm(new_lps - centers[m]))
+        if shift > max(max_shift_factor * radius, 2.0 * float(spacing_kji.max())):
+            continue
+        out_c[m] = new_lps
+        out_d[m] = float(np.cbrt(6.0 * len(pts) * float(np.prod(spacing_kji)) / np.pi))
+        ok[m] = True
+        if len(pts) >= 4:
+            ev = np.linalg.eigvalsh(np.cov((pts * spacing_kji).T) + 1e-6 * np.eye(3))
+            elong[m] = float(np.sqrt(ev[-1] / max(ev[0], 1e-6)))
+        else:
+            elong[m] = 1.0
+    shift_mm = np.linalg.norm(out_c - centers, axis=1)
+    log.debug("refined %d of %d centres (median shift %.2f mm)", int(ok.sum()), n,
+              float(np.median(shift_mm[ok])) if ok.any() else 0.0)
+    return Refinement(out_c, out_d, ok, shift_mm, contrast, elong)
+
+
+def rescore_compact(scores: np.ndarray, refinement: Refinement, *, boost: float = 1.0,
+                    max_elongation: float = 2.0) -> np.ndarray:
+    """Scores (0..1) with compact refined blobs raised: ``1 - (1 - s)^(1 + boost)`` where the
+    refinement succeeded and the blob's elongation is below ``max_elongation``; others unchanged."""
+    s = np.clip(np.asarray(scores, dtype=np.float64), 0.0, 1.0)
+    compact = refinement.refined & (refinement.elongation < max_elongation)
+    return np.where(compact, 1.0 - (1.0 - s) ** (1.0 + boost), s)
+
+
+def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = False, **options: float) -> Findings:
+    """A copy of ``findings`` with centres (and diameters) refined on ``volume`` (HU; LPS mm in and out).
+
+    Boxes keep their extents and are re-centred on the refined centre; ``voxel_ijk`` and
+    ``slice_number`` follow the new centre. Scores are unchanged unless ``rescore``
+    (:func:`rescore_compact` with its defaults); the result is ordered by score, highest first.
+    """
+    items = list(findings)
+    if not items:
+        return replace(findings, findings=[])
+    centers = np.array([f.center_lps for f in items], dtype=np.float64)
+    extents = np.array([np.subtract(f.box_max_lps, f.box_min_lps) for f in items], dtype=np.float64)
+    res = refine_centres(volume, centers, extents, **options)
+    scores = rescore_compact(np.array([f.score for f in items]), res) if rescore else None
+    size_ijk = np.asarray(volume.geometry.size_ijk)
+    instance_numbers = volume.metadata.get("InstanceNumbers")
+    vox = np.clip(np.round(volume.lps_to_index(res.centers_lps)).astype(int), 0, size_ijk - 1)
+    out = []
+    for n, f in enumerate(items):
+        if not res.refined[n]:
+            out.append(f if scores is None else replace(f, score=float(scores[n])))
+            continue
+        delta = res.centers_lps[n] - centers[n]
+        k = int(vox[n, 2])
+        out.append(Finding(
+            center_lps=tuple(float(v) for v in res.centers_lps[n]),  # type: ignore[arg-type]
+            box_min_lps=tuple(float(v) for v in np.add(f.box_min_lps, delta)),  # type: ignore[arg-type]
+            box_max_lps=tuple(float(v) for v in np.add(f.box_max_lps, delta)),  # type: ignore[arg-type]
+            diameter_mm=float(res.diameters_mm[n]),
+            score=f.score if scores is None else float(scores[n]),
+            voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
+            slice_number=(int(instance_numbers[k]) if isinstance(instance_numbers, (list, tuple))
+                          and len(instance_numbers) == size_ijk[2] else k + 1),
+        ))
+    out.sort(key=lambda f: -f.score)
+    return replace(findings, findings=out)

@@ -1,0 +1,157 @@
+"""The model worker's stages of ``ctpipe run``: load (case cache → model input) and detect.
+
+``load`` runs the case through the loader of :mod:`pipeline.load` (``make_loader``
+with ``loader.backend``: DALI when installed, torch otherwise; one log line says
+which), cropped to the lungs when ``loader.roi: lungs`` or
+``detector.lung_restriction`` asks for it. ``detect`` runs the RetinaNet on that
+model input (:meth:`Detector.detect_loaded`). Both run in the model worker of a
+device, so the model input (possibly on the GPU) is handed from one to the other
+inside that process, never pickled; only small facts travel in the case's state.
+When ``detect`` runs in a worker that does not hold the input (another device, a
+restarted worker), it loads the case again. Positions are LPS mm.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+from ..cache import CaseCache
+from .stage import CaseContext, Stage, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+#: Model inputs held between ``load`` and ``detect`` in one worker (bounds memory if a case never reaches detect).
+MAX_HELD = 16
+
+# per worker process: the detector (shared by both stages) and the inputs loaded but not yet detected
+_DETECTORS: dict[tuple[Any, ...], Any] = {}
+_HELD: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
+
+
+def shared_detector(worker: WorkerInfo) -> Any:
+    """This worker's :class:`~pipeline.detection.Detector` (built once per process and device)."""
+    cfg = worker.config.detector
+    key = (str(cfg.bundle), worker.device, bool(cfg.amp), bool(cfg.lung_restriction))
+    det = _DETECTORS.get(key)
+    if det is None:
+        from ..detection import Detector
+
+        det = _DETECTORS[key] = Detector(bundle=cfg.bundle, device=worker.device, amp=cfg.amp,
+                                         restrict_to_lungs=cfg.lung_restriction)
+    return det
+
+
+class _Loading:
+    """Loads one case's model input: lung box (when asked), then the loader. One per worker process."""
+
+    def __init__(self, worker: WorkerInfo):
+        from ..load import make_loader
+
+        self.worker = worker
+        self.det = shared_detector(worker)
+        cfg = worker.config
+        self.crop = cfg.loader.roi == "lungs" or cfg.detector.lung_restriction
+        self.margin_mm = cfg.loader.roi_margin_mm if cfg.loader.roi == "lungs" else None
+        self.loader = make_loader(CaseCache(worker.cache_dir), self.det.spec, loader=cfg.loader.backend,
+                                  device=worker.device)
+
+    def __call__(self, ctx: CaseContext) -> dict[str, Any]:
+        """``{"case": LoadedCase | None, "region": LungRegion | None, "reason": str | None, "timings": {s}}``."""
+        case_id = ctx.case.case_id
+        timings: dict[str, float] = {}
+        region = roi = None
+        if self.crop:
+            t0 = time.perf_counter()
+            volume = CaseCache(ctx.cache_dir).read(case_id, mmap=True)  # the mask reads a coarse subsample only
+            region, roi = self.det.lung_roi(volume, margin_mm=self.margin_mm)
+            timings["lung_mask"] = time.perf_counter() - t0
+            if roi is None:
+                reason = "no lung voxels found in the series (empty lung mask); nothing to search"
+                if ctx.config.detector.lung_restriction:
+                    log.warning("case %s: %s", case_id, reason)
+                    return {"case": None, "region": region, "reason": reason, "timings": timings}
+                log.warning("case %s: %s; loading the whole volume", case_id, reason)
+                region = None
+        t0 = time.perf_counter()
+        loaded = self.loader.load_one(case_id, roi=roi)
+        loaded.unwrap()  # a case the loader refused raises its CacheError/LoaderError (naming the case) here
+        timings["load"] = time.perf_counter() - t0
+        keep_region = region if ctx.config.detector.lung_restriction else None
+        return {"case": loaded, "region": keep_region, "reason": None, "timings": timings}
+
+
+class LoadStage(Stage):
+    """Cached HU volume → model input (resampled, windowed, RAS; cropped to the lungs when configured)."""
+
+    name = "load"
+    group = "model"
+    preload = ("pipeline.load",)
+
+    def __init__(self) -> None:
+        self._loading: _Loading | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_loading": None}
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        # built on first use: the detect stage's setup (same worker) has loaded the model whose spec this needs
+        if self._loading is None:
+            self._loading = _Loading(ctx.worker)
+        item = self._loading(ctx)
+        key = (ctx.case.case_key, ctx.attempt)
+        _HELD[key] = item
+        while len(_HELD) > MAX_HELD:
+            old, _ = _HELD.popitem(last=False)
+            log.warning("dropped the held model input of %s (attempt %d): more than %d waiting", old[0], old[1], MAX_HELD)
+        case = item["case"]
+        info: dict[str, Any] = {"loader": case.loader if case is not None else None,
+                                "shape_xyz": list(case.unwrap().shape[1:]) if case is not None else None,
+                                "spacing_mm": list(case.geometry.spacing) if case is not None else None}
+        return {"model_input": info, "timings": {k: round(v, 6) for k, v in item["timings"].items()}}
+
+
+class DetectStage(Stage):
+    """The loaded model input → lung-nodule findings (LPS mm). The model is loaded once per worker."""
+
+    name = "detect"
+    group = "model"
+    preload = ("pipeline.detection.infer",)
+
+    def __init__(self) -> None:
+        self._det: Any = None
+        self._loading: _Loading | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_det": None, "_loading": None}
+
+    def setup(self, worker: WorkerInfo) -> None:
+        self._det = shared_detector(worker)
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        from ..detection.findings import Findings
+
+        item = _HELD.pop((ctx.case.case_key, ctx.attempt), None)
+        if item is None:
+            log.info("case %s: model input not held by worker %s; loading it again", ctx.case.case_id, ctx.worker.name)
+            if self._loading is None:
+                self._loading = _Loading(ctx.worker)
+            item = self._loading(ctx)
+        case_id = ctx.case.case_id
+        if item["case"] is None:
+            res = Findings([], case_id=case_id, series_uid=ctx.case.series_uid, model=self._det.config.name,
+                           restricted_to_lungs=True, device=str(self._det.device))
+            res.reason = item["reason"]
+        else:
+            metadata = CaseCache(ctx.cache_dir).entry(case_id).sidecar.get("metadata") or {}
+            res = self._det.detect_loaded(item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid,
+                                          metadata=metadata)
+        thr = ctx.config.detector.score_threshold
+        data = res.to_json()
+        timings = data.pop("timings_ms", {})
+        data["findings"] = [f for f in data["findings"] if f["score"] >= thr]
+        data["score_threshold"] = thr
+        return {"findings": data["findings"], "findings_doc": data,
+                "timings": {k: round(v / 1000.0, 6) for k, v in timings.items()}}

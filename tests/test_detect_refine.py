@@ -1,0 +1,140 @@
+"""Centre refinement (pipeline.detection.refine) against phantom ground truth, LPS mm throughout."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from pipeline.detection.findings import Finding, Findings
+from pipeline.detection.refine import Refinement, refine_centres, refine_findings, rescore_compact
+from pipeline.errors import ConfigError
+from pipeline.phantom import generate_phantom
+from pipeline.volume import CTVolume, Geometry
+
+PHANTOM = dict(matrix=128, pixel_spacing=1.2, slice_spacing=2.0, slices=60, n_nodules=6, nodule_diameter_mm=(4.0, 14.0))
+
+
+def _perturbed(phantom, seed: int, frac: float = 0.7) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """True centres, diameters, and centres moved by ``frac`` × radius in a random direction (a detector's error)."""
+    rng = np.random.default_rng(seed)
+    true = np.array([n.center_lps for n in phantom.nodules])
+    diam = np.array([n.diameter_mm for n in phantom.nodules])
+    u = rng.normal(size=true.shape)
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    return true, diam, true + u * (frac * diam / 2)[:, None]
+
+
+@pytest.mark.parametrize("position", ["HFS", "FFS"])
+def test_refined_centres_are_closer_to_phantom_truth(position: str) -> None:
+    ph = generate_phantom(3, patient_position=position, **PHANTOM)
+    if position == "FFS":  # the flipped phantom really has a flipped index → LPS mapping
+        assert ph.volume.direction[0, 0] < 0 and ph.volume.direction[2, 2] < 0
+    true, diam, start = _perturbed(ph, 11)
+    res = refine_centres(ph.volume, start, diam)
+    before = np.linalg.norm(start - true, axis=1)
+    after = np.linalg.norm(res.centers_lps - true, axis=1)
+    assert res.refined.sum() >= len(true) - 2  # pleura-attached nodules may be left as they were
+    assert np.all(after[res.refined] < before[res.refined])
+    assert np.all(after[~res.refined] == before[~res.refined])
+    assert np.median(after[res.refined]) < 0.6  # mm; the perturbation was 1.4..4.9 mm
+    # refined centres inside the nodule's radius: every LUNA16 hit is kept, and more are gained
+    assert np.sum(after <= diam / 2) >= np.sum(before <= diam / 2)
+    assert np.sum(after <= diam / 2) >= len(true) - 1
+    # diameters within 35 % of the truth for refined, unattached nodules
+    free = np.array([n.attached_to is None for n in ph.nodules]) & res.refined
+    assert np.all(np.abs(res.diameters_mm[free] - diam[free]) <= 0.35 * diam[free])
+
+
+def test_hfs_and_ffs_give_the_same_lps_centres() -> None:
+    """The same anatomy stored with opposite index directions refines to the same LPS points."""
+    hfs = generate_phantom(3, patient_position="HFS", **PHANTOM)
+    ffs = generate_phantom(3, patient_position="FFS", **PHANTOM)
+    true, diam, start = _perturbed(hfs, 5)
+    a = refine_centres(hfs.volume, start, diam)
+    b = refine_centres(ffs.volume, start, diam)
+    both = a.refined & b.refined
+    assert both.sum() >= 3
+    assert np.allclose(a.centers_lps[both], b.centers_lps[both], atol=0.6)
+    assert np.all(np.linalg.norm(b.centers_lps[both] - true[both], axis=1) < 1.0)
+
+
+def _sphere_volume(direction: np.ndarray, centre_lps: np.ndarray, radius: float) -> CTVolume:
+    geo = Geometry(shape=(40, 48, 48), spacing=(0.8, 0.8, 1.0), origin=(10.0, -20.0, 30.0), direction=direction)
+    k, j, i = np.indices(geo.shape)
+    lps = geo.index_to_lps(np.stack([i, j, k], axis=-1))
+    inside = np.linalg.norm(lps - centre_lps, axis=-1) <= radius
+    arr = np.where(inside, 30.0, -850.0).astype(np.float32)
+    return CTVolume(arr, geo)
+
+
+def test_off_grid_sphere_with_rotated_axes_is_found_exactly() -> None:
+    direction = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]])  # columns: LPS unit vectors
+    vol = _sphere_volume(direction, np.zeros(3), 1.0)  # placeholder to read the geometry
+    centre = vol.index_to_lps([23.3, 21.6, 18.4])
+    vol = _sphere_volume(direction, centre, 4.0)
+    res = refine_centres(vol, centre[None] + np.array([[1.8, -1.2, 1.0]]), np.array([8.0]))
+    assert res.refined[0]
+    assert np.linalg.norm(res.centers_lps[0] - centre) < 0.15
+    assert abs(res.diameters_mm[0] - 8.0) < 1.0
+    assert res.contrast_hu[0] > 800
+
+
+def test_flat_noise_and_bad_sizes() -> None:
+    geo = Geometry(shape=(30, 30, 30), spacing=(1.0, 1.0, 1.0), origin=(0.0, 0.0, 0.0), direction=np.eye(3))
+    noise = np.random.default_rng(0).normal(-850, 20, geo.shape).astype(np.float32)
+    res = refine_centres(CTVolume(noise, geo), np.array([[15.0, 15.0, 15.0]]), np.array([6.0]))
+    assert not res.refined[0] and np.allclose(res.centers_lps[0], [15, 15, 15])
+    with pytest.raises(ConfigError, match="sizes"):
+        refine_centres(CTVolume(noise, geo), np.zeros((2, 3)), np.ones(3))
+    empty = refine_centres(CTVolume(noise, geo), np.zeros((0, 3)), np.zeros(0))
+    assert empty.centers_lps.shape == (0, 3)
+
+
+def test_refine_findings_moves_boxes_and_is_fast() -> None:
+    ph = generate_phantom(3, **PHANTOM)
+    true, diam, start = _perturbed(ph, 2)
+    items = []
+    for c, d in zip(start, diam):
+        ijk = np.round(ph.volume.lps_to_index(c)).astype(int)
+        items.append(Finding(center_lps=tuple(c), box_min_lps=tuple(c - d / 2), box_max_lps=tuple(c + d / 2), diameter_mm=float(d),
+                             score=0.5, voxel_ijk=tuple(int(v) for v in ijk), slice_number=int(ijk[2]) + 1))
+    found = Findings(items, case_id="p3")
+    t0 = time.perf_counter()
+    out = refine_findings(ph.volume, found)
+    ms = (time.perf_counter() - t0) * 1000 / len(items)
+    assert ms < 20.0
+    assert out.case_id == "p3" and len(out) == len(found) and [f.score for f in out] == [f.score for f in found]
+    moved = 0
+    for f, g, t in zip(found, out, true):
+        c = np.asarray(g.center_lps)
+        assert np.allclose((np.asarray(g.box_min_lps) + np.asarray(g.box_max_lps)) / 2, c)
+        assert tuple(g.voxel_ijk) == tuple(np.round(ph.volume.lps_to_index(c)).astype(int))
+        assert g.slice_number == g.voxel_ijk[2] + 1
+        if g != f:
+            moved += 1
+            assert np.linalg.norm(c - t) < np.linalg.norm(np.asarray(f.center_lps) - t)
+    assert moved >= len(items) - 2
+
+
+def test_rescore_raises_only_compact_refined_blobs() -> None:
+    ref = Refinement(centers_lps=np.zeros((4, 3)), diameters_mm=np.full(4, 5.0), refined=np.array([True, True, False, True]),
+                     shift_mm=np.zeros(4), contrast_hu=np.full(4, 500.0), elongation=np.array([1.2, 6.0, 0.0, 1.9]))
+    s = np.array([0.3, 0.3, 0.3, 0.9])
+    out = rescore_compact(s, ref, boost=1.0, max_elongation=2.0)
+    assert np.allclose(out, [1 - 0.7 ** 2, 0.3, 0.3, 1 - 0.1 ** 2])
+    assert np.all((out >= s) & (out <= 1.0))
+
+
+def test_sphere_is_compact_and_a_tube_is_not() -> None:
+    geo = Geometry(shape=(40, 40, 40), spacing=(1.0, 1.0, 1.0), origin=(0.0, 0.0, 0.0), direction=np.eye(3))
+    k, j, i = np.indices(geo.shape)
+    ball = (i - 20) ** 2 + (j - 20) ** 2 + (k - 20) ** 2 <= 16
+    tube = ((i - 20) ** 2 + (j - 20) ** 2 <= 4) & (abs(k - 20) <= 7)  # a 4 mm vessel segment, 15 mm long
+    res = []
+    for mask in (ball, tube):
+        vol = CTVolume(np.where(mask, 40.0, -850.0).astype(np.float32), geo)
+        res.append(refine_centres(vol, np.array([[20.5, 19.5, 20.5]]), np.array([8.0]), window_factor=2.5))
+    assert res[0].refined[0] and res[0].elongation[0] < 1.3
+    assert res[1].refined[0] and res[1].elongation[0] > 2.5
