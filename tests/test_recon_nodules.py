@@ -52,20 +52,18 @@ def test_lung_mask_sets_the_lung_level_without_changing_the_result(case):
 
 @pytest.mark.slow
 def test_every_nodule_kind_within_15_percent_over_seeds():
-    """Every nodule of 6 mm and more, of every kind and attachment, on eight phantoms at a clinical resolution."""
+    """Every nodule of 6 mm and more, of every kind and attachment, on eight phantoms (0.7 mm pixels, 1 mm slices)."""
     errors = []
     for seed in range(10, 18):
-        ph = generate_phantom(seed, matrix=256, pixel_spacing=0.8, slice_spacing=1.25, n_nodules=8,
+        ph = generate_phantom(seed, matrix=256, pixel_spacing=0.7, slice_spacing=1.0, n_nodules=8,
                               nodule_diameter_mm=(6.0, 20.0))
         chosen = [(n, nod) for n, nod in enumerate(ph.nodules, start=1) if nod.diameter_mm >= 6.0]
         results = segment_findings(ph.volume, [_finding(nod) for _, nod in chosen])
         errors += _check(ph, chosen, results, where=f"seed {seed}: ")
     assert len(errors) >= 50
-    # the seeds cover every kind and every attachment, and sub-solid nodules touching the pleura and vessels
-    assert {nod.kind for nod, _ in errors} == {"solid", "part_solid", "ground_glass"}
-    assert {nod.attached_to for nod, _ in errors} == {None, "pleura", "vessel"}
-    assert {(nod.kind, nod.attached_to) for nod, _ in errors} >= {
-        ("part_solid", "pleura"), ("part_solid", "vessel"), ("ground_glass", "pleura"), ("solid", "vessel")}
+    # the seeds cover every kind with every attachment (free, pleural, vessel-attached)
+    assert {(nod.kind, nod.attached_to) for nod, _ in errors} == {
+        (kind, attached) for kind in ("solid", "part_solid", "ground_glass") for attached in (None, "pleura", "vessel")}
     # and the method is unbiased overall, not just inside the tolerance
     assert abs(float(np.median([e for _, e in errors]))) < 0.05
 

@@ -30,6 +30,7 @@ from .bundle import LoadedModel, load_model
 from .findings import Finding, Findings
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
 from .network import build_detector
+from .refine import refine_findings
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,12 @@ class Detector:
         device: str | torch.device | None = None,
         amp: bool = True,
         restrict_to_lungs: bool = True,
+        refine_centres: bool = True,
     ) -> None:
         self.model = model or load_model(bundle)
+        #: refine each finding's centre on the full-resolution HU volume and raise the scores of
+        #: compact blobs (:mod:`pipeline.detection.refine`); off gives the network's raw boxes
+        self.refine_centres = bool(refine_centres)
         self.config = self.model.config
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.amp = bool(amp) and self.device.type == "cuda"
@@ -196,7 +201,20 @@ class Detector:
         t0 = time.perf_counter()
         case = preprocess_volume(volume, self.spec, device=str(self.device), roi=roi, case_id=case_id or "volume")
         timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
-        return self._finish(result, case.unwrap(), case.geometry, region, volume.metadata, timings, t_all, where)  # type: ignore[arg-type]
+        result = self._finish(result, case.unwrap(), case.geometry, region, volume.metadata, timings, t_all, where)  # type: ignore[arg-type]
+        return self.postprocess(volume, result)
+
+    def postprocess(self, volume: CTVolume, findings: Findings) -> Findings:
+        """Centre refinement and compact-blob rescoring on ``volume`` (HU, LPS) when :attr:`refine_centres`.
+
+        :meth:`detect` applies it; callers of :meth:`detect_loaded` apply it with the case's HU volume.
+        """
+        if not self.refine_centres or not len(findings):
+            return findings
+        t0 = time.perf_counter()
+        out = refine_findings(volume, findings, rescore=True)
+        out.timings_ms["refine"] = (time.perf_counter() - t0) * 1000.0
+        return out
 
     def detect_loaded(
         self,

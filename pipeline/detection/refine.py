@@ -191,9 +191,9 @@ def rescore_compact(scores: np.ndarray, refinement: Refinement, *, boost: float 
 
 
 def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = False, **options: float) -> Findings:
-    """A copy of ``findings`` with centres (and diameters) refined on ``volume`` (HU; LPS mm in and out).
+    """A copy of ``findings`` with centres refined on ``volume`` (HU; LPS mm in and out).
 
-    Boxes keep their extents and are re-centred on the refined centre; ``voxel_ijk`` and
+    Boxes keep their extents (and diameters) and are re-centred on the refined centre; ``voxel_ijk`` and
     ``slice_number`` follow the new centre. Scores are unchanged unless ``rescore``
     (:func:`rescore_compact` with its defaults); the result is ordered by score, highest first.
     """
@@ -218,7 +218,7 @@ def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = Fal
             center_lps=tuple(float(v) for v in res.centers_lps[n]),  # type: ignore[arg-type]
             box_min_lps=tuple(float(v) for v in np.add(f.box_min_lps, delta)),  # type: ignore[arg-type]
             box_max_lps=tuple(float(v) for v in np.add(f.box_max_lps, delta)),  # type: ignore[arg-type]
-            diameter_mm=float(res.diameters_mm[n]),
+            diameter_mm=f.diameter_mm,  # the blob's core under-sizes part-solid nodules; keep the box's
             score=f.score if scores is None else float(scores[n]),
             voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
             slice_number=(int(instance_numbers[k]) if isinstance(instance_numbers, (list, tuple))

@@ -146,7 +146,7 @@ def _fit_radius(dirs: np.ndarray, lengths: np.ndarray, found: np.ndarray, tol_mm
     if found.sum() < 30:
         return None
     basis = _basis(dirs)
-    keep = found & (lengths <= 1.2 * np.percentile(lengths[found], 20))
+    keep = found & (lengths <= 1.25 * np.median(lengths[found]))
     coef = None
     for _ in range(8):
         if keep.sum() < 30:

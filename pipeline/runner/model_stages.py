@@ -145,9 +145,11 @@ class DetectStage(Stage):
                            restricted_to_lungs=True, device=str(self._det.device))
             res.reason = item["reason"]
         else:
-            metadata = CaseCache(ctx.cache_dir).entry(case_id).sidecar.get("metadata") or {}
+            cache = CaseCache(ctx.cache_dir)
+            metadata = cache.entry(case_id).sidecar.get("metadata") or {}
             res = self._det.detect_loaded(item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid,
                                           metadata=metadata)
+            res = self._det.postprocess(cache.read(case_id, mmap=True), res)
         thr = ctx.config.detector.score_threshold
         data = res.to_json()
         timings = data.pop("timings_ms", {})
