@@ -16,9 +16,10 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -49,33 +50,36 @@ def fingerprint_array(array: np.ndarray) -> str:
     return h.hexdigest()[:32]
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+@contextmanager
+def atomic_open(path: Path) -> Iterator[BinaryIO]:
+    """A binary file handle whose content appears at ``path`` only if the block completes.
+
+    Writes go to a temporary file in the same folder, which is flushed, synced and
+    renamed over ``path``; on any error the temporary file is removed and ``path``
+    is left as it was.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+    with atomic_open(path) as fh:
+        fh.write(data)
 
 
 def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.lib.format.write_array(fh, np.ascontiguousarray(array), allow_pickle=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as fh:
+        np.lib.format.write_array(fh, np.ascontiguousarray(array), allow_pickle=False)
 
 
 def _jsonable(value: Any) -> Any:

@@ -4,7 +4,7 @@
 #
 # Budget: under 8 minutes in all. Each benchmark runs in --quick mode with --device cuda.
 # Python packages missing on the machine (monai, pydicom, ...) may be supplied as wheels in .whl/
-# (see "GPU check" in README.md); DALI's wheels are too large to carry, so where DALI is not
+# (bash scripts/gpu_wheels.sh, see README.md); DALI's wheels are too large to carry, so where DALI is not
 # importable its GPU mode is reported as skipped and everything else still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +46,7 @@ run() {  # run NAME TIMEOUT CMD...
   tail -n 25 "$OUT/$name.log"
 }
 
-run gpu_tests 120 $PY -m pytest -m gpu -q -p no:cacheprovider tests
+run gpu_tests 120 $PY -m pytest -m gpu -q -p no:cacheprovider $(grep -l 'mark.gpu' tests/test_*.py)
 if $PY -c "import nvidia.dali" 2>/dev/null; then
   run bench_loader 60 $PY scripts/bench_loader.py --quick --device cuda --json "$OUT/bench_loader.json"
 else

@@ -81,7 +81,12 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
 def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
     """Scan id → [(centre LPS mm, score)] from findings JSONs and/or LUNA16 candidate CSVs."""
     preds: dict[str, list[tuple[np.ndarray, float]]] = {}
-    for f in _files(paths, ("*.findings.json",)):
+    # `ctpipe detect` writes <case>.findings.json; `ctpipe run` writes cases/<id>/findings.json
+    files = _files(paths, ("*findings.json",))
+    if not files:
+        raise ConfigError("no findings JSON or candidates CSV found", where=", ".join(map(str, paths)),
+                          fix="pass a run folder, findings JSON files or a LUNA16 candidates CSV")
+    for f in files:
         if f.suffix == ".csv":
             for sid, rows in _csv_rows(f, "probability").items():
                 preds.setdefault(sid, []).extend(rows)

@@ -16,10 +16,8 @@ and orientation. This module turns stacks into pydicom datasets and files:
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from pydicom.uid import (
 )
 from pydicom.valuerep import format_number_as_ds
 
+from ..cache import atomic_open
 from ..errors import DicomWriteError
 from ..volume import CTVolume
 
@@ -214,16 +213,8 @@ def set_pixels(ds: Dataset, stored: np.ndarray, ts: UID) -> None:
 
 def save_dataset(path: Path, ds: Dataset) -> Path:
     """Write ``ds`` to ``path`` atomically (temporary name in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buf = BytesIO()
-    dcmwrite(buf, ds, enforce_file_format=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    try:
-        tmp.write_bytes(buf.getbuffer())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as fh:
+        dcmwrite(fh, ds, enforce_file_format=True)
     return path
 
 
