@@ -27,6 +27,15 @@ CSV_FIELDS = [
 ]
 
 
+def slice_number_of(k: int, metadata: Mapping[str, Any], n_slices: int) -> int:
+    """The 1-based slice a viewer jumps to for index ``k``: the slice's InstanceNumber when the
+    metadata lists one per slice (``InstanceNumbers``), else ``k + 1``."""
+    numbers = metadata.get("InstanceNumbers")
+    if isinstance(numbers, (list, tuple)) and len(numbers) == n_slices:
+        return int(numbers[k])
+    return k + 1
+
+
 @dataclass(frozen=True)
 class Finding:
     """One candidate nodule.

@@ -27,7 +27,7 @@ from ..errors import InputTooSmallError, InvalidVolumeError
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
 from ..volume import CTVolume, LabelMap
 from .bundle import LoadedModel, load_model
-from .findings import Finding, Findings
+from .findings import Finding, Findings, slice_number_of
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
 from .network import build_detector
 from .refine import refine_findings
@@ -296,15 +296,12 @@ class Detector:
             centres, bmin, bmax, ijk, scores = centres[inside], bmin[inside], bmax[inside], ijk[inside], scores[inside]
         size_ijk = np.asarray(grid.source.size_ijk)
         vox = np.clip(np.round(ijk).astype(int), 0, size_ijk - 1)
-        instance_numbers = metadata.get("InstanceNumbers")
         findings = []
         order = np.argsort(-scores, kind="stable")
         for n in order:
             ext = bmax[n] - bmin[n]
             k = int(vox[n, 2])
-            slice_number = k + 1
-            if isinstance(instance_numbers, (list, tuple)) and len(instance_numbers) == size_ijk[2]:
-                slice_number = int(instance_numbers[k])
+            slice_number = slice_number_of(k, metadata, int(size_ijk[2]))
             findings.append(Finding(
                 center_lps=tuple(float(v) for v in centres[n]),  # type: ignore[arg-type]
                 box_min_lps=tuple(float(v) for v in bmin[n]),  # type: ignore[arg-type]

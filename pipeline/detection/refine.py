@@ -44,7 +44,7 @@ from scipy import ndimage
 
 from ..errors import ConfigError
 from ..volume import CTVolume
-from .findings import Finding, Findings
+from .findings import Finding, Findings, slice_number_of
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,6 @@ def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = Fal
     res = refine_centres(volume, centers, extents, **options)
     scores = rescore_compact(np.array([f.score for f in items]), res) if rescore else None
     size_ijk = np.asarray(volume.geometry.size_ijk)
-    instance_numbers = volume.metadata.get("InstanceNumbers")
     vox = np.clip(np.round(volume.lps_to_index(res.centers_lps)).astype(int), 0, size_ijk - 1)
     out = []
     for n, f in enumerate(items):
@@ -221,8 +220,7 @@ def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = Fal
             diameter_mm=f.diameter_mm,  # the blob's core under-sizes part-solid nodules; keep the box's
             score=f.score if scores is None else float(scores[n]),
             voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
-            slice_number=(int(instance_numbers[k]) if isinstance(instance_numbers, (list, tuple))
-                          and len(instance_numbers) == size_ijk[2] else k + 1),
+            slice_number=slice_number_of(k, volume.metadata, int(size_ijk[2])),
         ))
     out.sort(key=lambda f: -f.score)
     return replace(findings, findings=out)

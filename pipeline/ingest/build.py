@@ -19,16 +19,14 @@ import numpy as np
 
 from ..errors import (
     InconsistentSeriesError,
-    MissingPixelDataError,
     NotCTError,
     SeriesGeometryError,
-    TruncatedFileError,
 )
 from ..volume import CTVolume
 from .discover import SliceHeader
 from .geometry import StackGeometry, stack_geometry
 from .multiframe import FrameInfo, read_frame_pixels, read_frames
-from .pixels import check_decoder, read_stored, to_hu
+from .pixels import check_decoder, check_readable, read_stored, to_hu
 from .series import SeriesInfo
 
 log = logging.getLogger(__name__)
@@ -105,11 +103,7 @@ def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality:
         raise NotCTError(f"Modality is {h0.modality or 'missing'} (SOP class {h0.sop_class}), not CT", where=where,
                          fix="choose a CT series (see the series list of `ctpipe ingest` or scan_directory())")
     for h in headers:
-        if h.truncated:
-            raise TruncatedFileError(h.truncated, where=h.path, fix="copy the file again from the archive/PACS; the transfer was incomplete")
-        if h.pixel_length is None:
-            raise MissingPixelDataError("the image has no PixelData (7FE0,0010) element", where=h.path,
-                                        fix="re-export the series from the scanner/PACS with pixel data, or remove this file")
+        check_readable(h)
         if h.samples_per_pixel != 1:
             raise NotCTError(f"SamplesPerPixel is {h.samples_per_pixel} ({h.photometric}); CT images are grayscale", where=h.path,
                              fix="this is a colour/secondary image; choose the CT series instead")

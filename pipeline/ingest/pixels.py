@@ -131,17 +131,22 @@ def _fix_bits(stack: np.ndarray, h: SliceHeader) -> None:
         np.bitwise_and(stack, (1 << stored) - 1, out=stack)
 
 
+def check_readable(h: SliceHeader) -> None:
+    """Raise if the file of ``h`` is truncated or has no pixel data (the errors name the file)."""
+    if h.truncated:
+        raise TruncatedFileError(h.truncated, where=h.path, fix="copy the file again from the archive/PACS; the transfer was incomplete")
+    if h.pixel_length is None:
+        raise MissingPixelDataError("the image has no PixelData (7FE0,0010) element", where=h.path,
+                                    fix="re-export the series from the scanner/PACS with pixel data, or remove this file")
+
+
 def read_stored(headers: Sequence[SliceHeader], *, workers: int | None = None) -> np.ndarray:
     """Stored values of single-frame files, stacked ``[k, j, i]`` in the given order (threads)."""
     h0 = headers[0]
     dtype = stored_dtype(h0)
     stack = np.empty((len(headers), int(h0.rows or 0), int(h0.columns or 0)), dtype=dtype)
     for h in headers:
-        if h.truncated:
-            raise TruncatedFileError(h.truncated, where=h.path, fix="copy the file again from the archive/PACS; the transfer was incomplete")
-        if h.pixel_length is None:
-            raise MissingPixelDataError("the image has no PixelData (7FE0,0010) element", where=h.path,
-                                        fix="re-export the series from the scanner/PACS with pixel data, or remove this file")
+        check_readable(h)
     syntaxes = {h.transfer_syntax for h in headers}
     for ts in syntaxes:
         check_decoder(ts, next(h.path for h in headers if h.transfer_syntax == ts))

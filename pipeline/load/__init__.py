@@ -10,9 +10,10 @@ Usage::
                           size_divisible=(16, 16, 8))                # pad each axis to a multiple
     # or: spec = PreprocessSpec.from_bundle_config("bundle/configs/inference.json")
     loader = make_loader(CaseCache("cache/"), spec, loader="auto", device="auto", batch_size=2)
+    failed = {}
     for case in loader.load(["case1", "case2"]):                     # one LoadedCase per id, in order
         if not case.ok:
-            print(case.error)                                        # CacheError/LoaderError naming the case
+            failed[case.case_id] = case.error                        # CacheError/LoaderError naming the case
             continue
         x = case.tensor                                              # float32 (1, X, Y, Z), RAS, loader's device
         lps = case.geometry.input_index_to_lps([[10, 20, 30]])       # tensor voxel (x, y, z) → LPS mm
