@@ -45,8 +45,9 @@ Main entry points: :func:`generate_phantom`, :class:`Phantom`, :class:`Nodule`,
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover
     from .dicom_writer import write_dicom_series, write_phantom_case, write_phantom_series
@@ -79,14 +80,5 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pipeline.phantom' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

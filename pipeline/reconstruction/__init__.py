@@ -9,8 +9,9 @@ PNG renderings.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "FORMATS": ".export",
@@ -39,15 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .stage import Reconstruction, reconstruct
 
 
-def __getattr__(name: str) -> Any:
-    """Import the public names on first use, so the CLI starts without loading torch."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "FORMATS",
