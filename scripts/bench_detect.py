@@ -10,7 +10,10 @@ runner does). Timed: reading the cached case through to findings in LPS.
 
 Two models: the embedded demo model, and the bundle architecture (ResNet-50 FPN,
 random weights: speed does not depend on the weight values) at the bundle's own
-spacing 0.703 × 0.703 × 1.25 mm. ctpipe runs with its defaults (lung crop on).
+spacing 0.703 × 0.703 × 1.25 mm. ctpipe runs with its defaults (lung crop on; mixed
+precision where the hardware runs it natively: bfloat16 on CPUs with AVX512-BF16/AMX,
+float16 on CUDA, see ``pipeline/detection/precision.py``) and, where that is not
+float32, once more with ``amp=False`` (float32, as MONAI runs on a CPU).
 On CUDA the model time is measured with CUDA events and end-to-end with a
 synchronize at the end.
 
@@ -69,15 +72,25 @@ def _sync(device: str) -> None:
 
 
 def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, repeats: int) -> dict:
+    """Median seconds per case: ctpipe (defaults), ctpipe with float32 forced, and the MONAI pipeline, interleaved."""
     det = Detector(model=model, device=device)
-    ours, peer, model_ms, n_ours, n_peer = [], [], [], 0, 0
-    for r in range(repeats + 1):  # the first round warms up both sides and is not counted
+    det32 = Detector(model=model, device=device, amp=False) if det.precision != "float32" else None
+    ours, ours32, peer, model_ms = [], [], [], []
+    n_ours = n_peer = 0
+    for r in range(repeats + 1):  # the first round warms up every side and is not counted
         _sync(device)
         t0 = time.perf_counter()
         vol = cache.read(case_id, mmap=True)
         f = det.detect(vol, case_id=case_id)
         _sync(device)
         t_ours = time.perf_counter() - t0
+        t_ours32 = float("nan")
+        if det32 is not None:
+            t0 = time.perf_counter()
+            vol = cache.read(case_id, mmap=True)
+            det32.detect(vol, case_id=case_id)
+            _sync(device)
+            t_ours32 = time.perf_counter() - t0
         t0 = time.perf_counter()
         vol = cache.read(case_id)
         ref = monai_detect(model, volume=vol, device=device, amp=device.startswith("cuda"))
@@ -85,17 +98,23 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
         t_peer = time.perf_counter() - t0
         if r > 0:
             ours.append(t_ours)
+            ours32.append(t_ours32)
             peer.append(t_peer)
             model_ms.append(f.timings_ms["model"])
         n_ours, n_peer = len(f), len(ref["score"])
-        logging.info("round %d: ctpipe %.2fs, MONAI %.2fs", r, t_ours, t_peer)
+        logging.info("round %d: ctpipe %.2fs (%s), ctpipe float32 %.2fs, MONAI %.2fs", r, t_ours, det.precision, t_ours32, t_peer)
     m_ours, m_peer = statistics.median(ours), statistics.median(peer)
-    return {
+    res = {
         "ctpipe_s": m_ours, "monai_s": m_peer, "ratio": m_peer / m_ours, "ctpipe_runs_s": ours, "monai_runs_s": peer,
+        "ctpipe_precision": det.precision, "monai_precision": "float16 (AMP)" if device.startswith("cuda") else "float32",
         "ctpipe_model_ms_median": statistics.median(model_ms), "ctpipe_input_xyz": list(f.input_shape_xyz or []),
         "ctpipe_findings": n_ours, "monai_findings": n_peer, "repeats": repeats,
         "model_timer": "CUDA events" if device.startswith("cuda") else "perf_counter",
     }
+    if det32 is not None:
+        m32 = statistics.median(ours32)
+        res.update({"ctpipe_float32_s": m32, "ctpipe_float32_runs_s": ours32, "ratio_float32": m_peer / m32})
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  peer: {PEER}")
             print(f"  ctpipe median {res['ctpipe_s']:.2f} s (model {res['ctpipe_model_ms_median']:.0f} ms, input {res['ctpipe_input_xyz']}), "
                   f"MONAI median {res['monai_s']:.2f} s, ratio {res['ratio']:.2f}x  (runs: ctpipe {_fmt(res['ctpipe_runs_s'])}, "
-                  f"MONAI {_fmt(res['monai_runs_s'])})")
+                  f"MONAI {_fmt(res['monai_runs_s'])}); ctpipe {res['ctpipe_precision']}, MONAI {res['monai_precision']}")
+            if "ctpipe_float32_s" in res:
+                print(f"  ctpipe float32 (--fp32) median {res['ctpipe_float32_s']:.2f} s, ratio {res['ratio_float32']:.2f}x "
+                      f"(runs {_fmt(res['ctpipe_float32_runs_s'])})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))

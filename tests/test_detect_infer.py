@@ -216,7 +216,7 @@ def test_cli_detect_writes_json_csv_png(tmp_path, capsys):
 def test_cuda_amp_matches_cpu(tmp_path):
     model = _small_model(tmp_path)
     vol = chest_volume(shape_kji=(40, 96, 96), spacing=(2.0, 2.0, 2.5))
-    cpu = Detector(model=model, device="cpu", restrict_to_lungs=False).detect(vol)
+    cpu = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False).detect(vol)
     gpu = Detector(model=model, device="cuda", amp=True, restrict_to_lungs=False).detect(vol)
     assert gpu.device.startswith("cuda") and gpu.timings_ms["model"] > 0
     top_cpu = [f for f in cpu if f.score > 0.6]

@@ -1,6 +1,6 @@
 """``ctpipe detect`` and ``ctpipe evaluate``.
 
-    ctpipe detect SRC --out DIR [--bundle PATH] [--no-lung-crop] [--device cpu|cuda] [--no-png]
+    ctpipe detect SRC --out DIR [--bundle PATH] [--no-lung-crop] [--device cpu|cuda] [--fp32] [--no-png]
     ctpipe evaluate --pred PATH [PATH ...] --truth PATH [PATH ...] --out DIR [--bootstrap 1000]
 
 SRC is a DICOM folder (or an Enhanced CT file), a case-cache entry (``cache/<id>.npy`` or
@@ -21,6 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bundle", type=Path, default=None, help="MONAI detection bundle folder (default: the embedded demo model)")
     p.add_argument("--no-lung-crop", action="store_true", help="search the whole volume, not only the lungs")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--fp32", action="store_true",
+                   help="run the network in float32 (default: mixed precision where the hardware runs it natively)")
     p.add_argument("--case-id", default=None, help="name of the output files (default: from the source)")
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
     p.add_argument("--max-png", type=int, default=20, help="PNGs for at most this many top findings")
@@ -67,7 +69,7 @@ def _detect(args: argparse.Namespace) -> int:
 
     volume, case_id = _read_source(args.src)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
-    det = Detector(bundle=args.bundle, device=args.device, restrict_to_lungs=not args.no_lung_crop)
+    det = Detector(bundle=args.bundle, device=args.device, amp=not args.fp32, restrict_to_lungs=not args.no_lung_crop)
     findings = det.detect(volume, case_id=case_id)
     out: Path = args.out
     j = findings.write_json(out / f"{case_id}.findings.json")

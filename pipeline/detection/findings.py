@@ -100,6 +100,7 @@ class Findings:
     input_shape_xyz: tuple[int, int, int] | None = None
     device: str = "cpu"
     sliding_window: bool = False
+    precision: str = "float32"
 
     def __len__(self) -> int:
         return len(self.findings)
@@ -120,6 +121,7 @@ class Findings:
             "reason": self.reason,
             "restricted_to_lungs": self.restricted_to_lungs,
             "device": self.device,
+            "precision": self.precision,
             "input_shape_xyz": list(self.input_shape_xyz) if self.input_shape_xyz else None,
             "sliding_window": self.sliding_window,
             "timings_ms": self.timings_ms,
@@ -139,6 +141,7 @@ class Findings:
             device=str(data.get("device", "cpu")),
             input_shape_xyz=tuple(int(v) for v in shape) if (shape := data.get("input_shape_xyz")) else None,  # type: ignore[arg-type]
             sliding_window=bool(data.get("sliding_window", False)),
+            precision=str(data.get("precision", "float32")),
         )
 
     def csv_rows(self) -> list[dict[str, Any]]:
