@@ -12,7 +12,7 @@ regression targets, smooth-L1), BCE classification. Mixed precision and
 gradient accumulation on a GPU. A checkpoint is written every
 ``--checkpoint-every`` steps and the run resumes from it. Losses are logged.
 
-    nice -n 5 python scripts/train_detector.py --work /tmp/ctpipe_train --minutes 35
+    python scripts/train_detector.py --work /tmp/ctpipe_train --minutes 50
 """
 
 from __future__ import annotations
@@ -47,13 +47,14 @@ ARCH = {
     "num_anchors": 3,
     "size_divisible": [16, 16, 8],
 }
-SPACING = [1.5, 1.5, 2.0]
+SPACING = [1.0, 1.0, 1.25]
 WINDOW = Window(-1024.0, 300.0, 0.0, 1.0, True)
 # anchor shapes in voxels of SPACING at the finest level; levels scale them by 1, 2, 4
-ANCHORS = {"feature_map_scales": [1, 2, 4], "base_anchor_shapes": [[3, 3, 2], [5, 5, 4], [8, 8, 6]]}
-SELECTOR = {"score_thresh": 0.02, "topk_candidates_per_level": 1000, "nms_thresh": 0.22, "detections_per_img": 100}
-SLIDING = {"roi_size": [192, 192, 160], "overlap": 0.25, "mode": "constant"}
+ANCHORS = {"feature_map_scales": [1, 2, 4], "base_anchor_shapes": [[4, 4, 3], [6, 6, 5], [10, 10, 8]]}
+SELECTOR = {"score_thresh": 0.02, "topk_candidates_per_level": 1000, "nms_thresh": 0.22, "detections_per_img": 300}
+SLIDING = {"roi_size": [256, 256, 256], "overlap": 0.25, "mode": "constant"}
 PATCH = [64, 64, 48]
+CACHE_MARGIN = 24  # voxels kept around the lungs in the cached training inputs
 
 
 def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
@@ -75,11 +76,17 @@ def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
     ijk_lo, ijk_hi = kji.min(0)[::-1], kji.max(0)[::-1]
     corners = np.array([[a, b, c] for a in (ijk_lo[0], ijk_hi[0]) for b in (ijk_lo[1], ijk_hi[1]) for c in (ijk_lo[2], ijk_hi[2])], float)
     xyz = grid.lps_to_xyz(ph.volume.geometry.index_to_lps(corners))
+    image = tensor[0].numpy()
+    # keep the lungs and a margin: training patches are drawn there, and the cache stays small
+    lo = np.clip(np.floor(xyz.min(0)).astype(int) - CACHE_MARGIN, 0, None)
+    hi = np.minimum(np.ceil(xyz.max(0)).astype(int) + CACHE_MARGIN + 1, image.shape)
+    image = image[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
+    shift = np.concatenate([lo, lo]).astype(np.float32)
     return {
-        "image": tensor[0].numpy().astype(np.float16),
-        "boxes": np.asarray(boxes, np.float32).reshape(-1, 6),
-        "lung_lo": xyz.min(0).astype(np.float32),
-        "lung_hi": xyz.max(0).astype(np.float32),
+        "image": image.astype(np.float16),
+        "boxes": (np.asarray(boxes, np.float32).reshape(-1, 6) - shift),
+        "lung_lo": (xyz.min(0) - lo).astype(np.float32),
+        "lung_hi": (xyz.max(0) - lo).astype(np.float32),
         "diam": np.asarray([n.diameter_mm for n in ph.nodules], np.float32),
     }
 
@@ -165,7 +172,7 @@ def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse
             "grad_accumulation": args.accum,
             "optimizer": f"AdamW lr={args.lr} cosine",
             "matcher": "ATSS (num_candidates=4)",
-            "sampler": "hard negative (batch 64, positive fraction 0.3)",
+            "sampler": "hard negative (batch 128, positive fraction 0.25)",
             "final_loss": history.get("loss"),
             "parameters": count_parameters(net),
         },
@@ -175,7 +182,8 @@ def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse
     log.info("wrote %s and %s (%.1f MB)", out_json, weights, weights.stat().st_size / 1e6)
 
 
-def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None, refine: bool = False) -> int:
+def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None, refine: bool = False,
+                     amp: bool = True) -> int:
     """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC table.
 
     ``refine``: also evaluate the findings with centres refined on the original HU volume
@@ -192,7 +200,8 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
     if weights is not None:  # e.g. the training checkpoint
         load_weights(model.network, weights)
         model = LoadedModel(model.config, model.network.eval())
-    det = Detector(model=model, device="cpu")
+    det = Detector(model=model, device="cpu", amp=amp, refine_centres=False)
+    log.info("evaluating in %s", det.precision)
     preds, refined, rescored, truth = {}, {}, {}, {}
     for seed in seeds:
         ph = generate_phantom(seed, **EVAL_PHANTOM)
@@ -235,7 +244,7 @@ def _print_by_size(result) -> None:
 
 def _score_at_fp_rate(result, rate: float) -> float:
     """Lowest score threshold whose operating point has at most ``rate`` FPs per scan."""
-    scores = sorted({p["best_score"] for p in result.per_nodule if p["best_score"] is not None}, reverse=True)
+    scores = sorted((p["best_score"] for p in result.per_nodule if p["best_score"] is not None), reverse=True)
     fps = np.asarray(result.curve_fps)
     sens = np.asarray(result.curve_sensitivity)
     best = sens[fps <= rate].max() if np.any(fps <= rate) else 0.0
@@ -251,9 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/ctpipe_train"))
     ap.add_argument("--out", type=Path, default=DEMO_MODEL_JSON, help="model JSON to write (weights next to it, .pt)")
     ap.add_argument("--seed0", type=int, default=1000, help="first training phantom seed (evaluation uses 1..N)")
-    ap.add_argument("--n-train", type=int, default=60)
-    ap.add_argument("--steps", type=int, default=4000)
-    ap.add_argument("--minutes", type=float, default=35.0, help="stop training after this wall time")
+    ap.add_argument("--n-train", type=int, default=150)
+    ap.add_argument("--steps", type=int, default=8000)
+    ap.add_argument("--minutes", type=float, default=50.0, help="stop training after this wall time")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--accum", type=int, default=1, help="gradient accumulation steps (GPU)")
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -264,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-seeds", type=int, default=0, help="after training, evaluate on held-out phantom seeds 1..N")
     ap.add_argument("--eval-only", action="store_true", help="skip training; evaluate --out (or --eval-checkpoint)")
     ap.add_argument("--eval-checkpoint", action="store_true", help="evaluate the training checkpoint's weights")
+    ap.add_argument("--eval-fp32", action="store_true", help="evaluate with the network in float32 (default: the detector's default)")
     ap.add_argument("--eval-refine", action="store_true",
                     help="also evaluate with finding centres refined on the original HU volume (pipeline.detection.refine)")
     args = ap.parse_args(argv)
@@ -279,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.eval_checkpoint:
             ckpt_w = args.work / "ckpt_weights.pt"
             torch.save(torch.load(args.work / "last.pt", map_location="cpu", weights_only=False)["model"], ckpt_w)
-        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", weights=ckpt_w, refine=args.eval_refine)
+        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", weights=ckpt_w, refine=args.eval_refine,
+                                amp=not args.eval_fp32)
     seeds = list(range(args.seed0, args.seed0 + args.n_train))
     paths = build_cache(args.work, seeds)
     samples = [dict(np.load(p)) for p in paths]
@@ -291,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     net = build_network(ARCH).to(device)
     det = RetinaNetDetector(network=net, anchor_generator=build_anchor_generator(ANCHORS), debug=False).to(device)
     det.set_atss_matcher(num_candidates=4, center_in_gt=False)
-    det.set_hard_negative_sampler(batch_size_per_image=64, positive_fraction=0.3, pool_size=20, min_neg=16)
+    det.set_hard_negative_sampler(batch_size_per_image=128, positive_fraction=0.25, pool_size=20, min_neg=16)
     det.set_target_keys(box_key="boxes", label_key="labels")
     det.set_box_regression_loss(torch.nn.SmoothL1Loss(beta=1.0 / 9, reduction="mean"), encode_gt=True, decode_pred=False)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
@@ -347,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_model(args.work, net, args.out, args, {"step": step, "loss": ema})
     if eval_seeds:
-        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", refine=args.eval_refine)
+        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", refine=args.eval_refine, amp=not args.eval_fp32)
     return 0
 
 

@@ -146,3 +146,16 @@ def test_loader_input_gives_the_same_findings(tmp_path):
     np.testing.assert_allclose([f.score for f in loaded], [f.score for f in ours], atol=1e-4)
     np.testing.assert_allclose([f.center_lps for f in loaded], [f.center_lps for f in ours], atol=0.05)
     assert [f.voxel_ijk for f in loaded] == [f.voxel_ijk for f in ours]
+
+
+def test_no_max_pool_option_doubles_the_finest_feature_map():
+    """``no_max_pool`` really removes the backbone's pooling (the FPN walks the backbone's children itself)."""
+    x = torch.zeros(1, 1, 64, 64, 32)
+    sizes = {}
+    for flag in (False, True):
+        net = build_network({**SMALL_ARCH, "no_max_pool": flag}).eval()
+        with torch.no_grad():
+            feats = net.feature_extractor(x)
+        sizes[flag] = tuple(next(iter(feats.values())).shape[2:])
+    assert sizes[False] == (16, 16, 16)  # conv1 stride (2, 2, 1), then the pool halves every axis
+    assert sizes[True] == (32, 32, 32)

@@ -85,6 +85,9 @@ def build_network(arch: Mapping[str, Any]) -> RetinaNet:
                 conv1_t_stride=stride,
                 no_max_pool=bool(arch.get("no_max_pool", False)),
             )
+            if bool(arch.get("no_max_pool", False)):
+                # BackboneWithFPN walks the backbone's children, so the flag alone would not skip the pool
+                backbone.maxpool = torch.nn.Identity()
             expansion = 4 if arch.get("block", "basic") == "bottleneck" else 1
             in_list = [inplanes[i - 1] * expansion for i in returned]
             extractor = BackboneWithFPN(
