@@ -29,7 +29,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -71,6 +73,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _timed(device: str, fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds for ``fn()`` end to end (the GPU synchronized before and after), and its result."""
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
 def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, repeats: int) -> dict:
     """Median seconds per case: ctpipe (defaults), ctpipe with float32 forced, and the MONAI pipeline, interleaved."""
     det = Detector(model=model, device=device)
@@ -78,24 +89,9 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
     ours, ours32, peer, model_ms = [], [], [], []
     n_ours = n_peer = 0
     for r in range(repeats + 1):  # the first round warms up every side and is not counted
-        _sync(device)
-        t0 = time.perf_counter()
-        vol = cache.read(case_id, mmap=True)
-        f = det.detect(vol, case_id=case_id)
-        _sync(device)
-        t_ours = time.perf_counter() - t0
-        t_ours32 = float("nan")
-        if det32 is not None:
-            t0 = time.perf_counter()
-            vol = cache.read(case_id, mmap=True)
-            det32.detect(vol, case_id=case_id)
-            _sync(device)
-            t_ours32 = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        vol = cache.read(case_id)
-        ref = monai_detect(model, volume=vol, device=device, amp=device.startswith("cuda"))
-        _sync(device)
-        t_peer = time.perf_counter() - t0
+        t_ours, f = _timed(device, lambda: det.detect(cache.read(case_id, mmap=True), case_id=case_id))
+        t_ours32 = _timed(device, lambda: det32.detect(cache.read(case_id, mmap=True), case_id=case_id))[0] if det32 else float("nan")
+        t_peer, ref = _timed(device, lambda: monai_detect(model, volume=cache.read(case_id), device=device, amp=device.startswith("cuda")))
         if r > 0:
             ours.append(t_ours)
             ours32.append(t_ours32)

@@ -31,3 +31,14 @@ def _torch_threads():
         return
     torch.set_num_threads(min(2, torch.get_num_threads()))
     yield
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test (the machine's cores are shared; one thread avoids OpenMP stalls)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -20,13 +20,7 @@ from pipeline.detection.network import BUNDLE_ARCHITECTURE
 from pipeline.errors import BundleError, InputTooSmallError, InvalidVolumeError, ModelError, WeightsMismatchError
 from pipeline.volume import CTVolume
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the test machine's cores are shared; one thread avoids OpenMP stalls
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,7 @@ from pipeline.detection.network import build_network
 from pipeline.detection.reference import monai_detect, monai_preprocess
 from pipeline.load import preprocess_volume
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # the test machine's cores are shared; one thread avoids OpenMP stalls
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SMALL_ARCH = {

@@ -79,7 +79,6 @@ class Detector:
         self.config = self.model.config
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._autocast = autocast_dtype(self.device, bool(amp))
-        self.amp = self._autocast is not None
         #: the network's number format: "float32", "float16" or "bfloat16"
         self.precision = precision_name(self._autocast)
         self.restrict_to_lungs = restrict_to_lungs
@@ -98,6 +97,11 @@ class Detector:
         )
         self._detector.eval()
         log.info("detector %s on %s (%s)", self.config.name, self.device, self.precision)
+
+    @property
+    def amp(self) -> bool:
+        """Whether the network runs in mixed precision (see :attr:`precision`)."""
+        return self._autocast is not None
 
     def __repr__(self) -> str:
         return f"Detector(model={self.config.name!r}, device={self.device}, spacing={self.config.spacing})"

@@ -132,6 +132,12 @@ def _upsample(t: torch.Tensor, factors: tuple[int, int, int], shape: tuple[int, 
     return t[: shape[0], : shape[1], : shape[2]]
 
 
+def _full_box(box: tuple[slice, slice, slice], factors: tuple[int, int, int],
+              shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """The full-resolution slices covered by a working-grid box (clipped to ``shape``)."""
+    return tuple(slice(b.start * f, min(n, b.stop * f)) for b, f, n in zip(box, factors, shape))
+
+
 def _refine(coarse: np.ndarray, grid: _Grid, full_hu: torch.Tensor, above: bool, threshold: float,
             inside: np.ndarray | None = None) -> np.ndarray:
     """Up-sample a working-grid mask to full resolution, redoing the threshold in its boundary band.
@@ -149,7 +155,7 @@ def _refine(coarse: np.ndarray, grid: _Grid, full_hu: torch.Tensor, above: bool,
     device = full_hu.device
     c = morph.to_tensor(coarse[box], device)
     band = morph.dilate(c, (1, 1, 1)) & ~morph.erode(c, (1, 1, 1))
-    fbox = tuple(slice(b.start * f, min(n, b.stop * f)) for b, f, n in zip(box, grid.factors, full_hu.shape))
+    fbox = _full_box(box, grid.factors, tuple(full_hu.shape))
     hu = full_hu[fbox]
     shape = tuple(hu.shape)
     decide = hu > threshold if above else hu < threshold
@@ -305,7 +311,7 @@ def _regrow(coarse: np.ndarray, grid: _Grid, full_hu: torch.Tensor, threshold: f
         return out
     dev = full_hu.device
     c = morph.to_tensor(coarse[box], dev)
-    fbox = tuple(slice(b.start * f, min(n, b.stop * f)) for b, f, n in zip(box, grid.factors, full_hu.shape))
+    fbox = _full_box(box, grid.factors, tuple(full_hu.shape))
     shape = tuple(full_hu[fbox].shape)
     dark = (full_hu[fbox] < threshold) & _upsample(morph.dilate(c, (1, 1, 1)), grid.factors, shape)
     core = _upsample(c, grid.factors, shape) & dark
