@@ -81,6 +81,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "score_threshold": Option(0.0, "float", "probability", "findings scoring below this are left out of the outputs (0 keeps all the model returns)", lo=0.0, hi=1.0),
         "lung_restriction": Option(True, "bool", "", "restrict detection to the lungs' region (crop the model input to the lungs' box and drop findings outside the lungs)"),
         "amp": Option(True, "bool", "", "mixed precision where the hardware runs it natively (float16 on a GPU, bfloat16 on CPUs with AVX512-BF16/AMX); false = float32"),
+        "postprocess": Option(True, "bool", "", "refine centres on the HU volume and re-score (the demo model's false-positive reduction; compact-blob rescoring for bundles); false = the network's boxes as MONAI returns them"),
         "write_png": Option(True, "bool", "", "write a PNG (slice and MIP slab) per finding"),
     },
     "reconstruct": {

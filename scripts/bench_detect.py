@@ -6,7 +6,10 @@ case → Orientation RAS → Spacing → ScaleIntensityRange → RetinaNetDetect
 the model's parameters → ClipBoxToImage → AffineBoxToWorldCoordinate), see
 ``pipeline/detection/reference.py``. Both sides use the same weights, the same phantom
 and run in the same process; each model is loaded once before timing (as the batch
-runner does). Timed: reading the cached case through to findings in LPS.
+runner does). Timed: reading the cached case through to findings in LPS. ctpipe's time
+includes its post-processing, which MONAI's pipeline does not do: centre refinement and,
+for the demo model, the false-positive reduction stage (blob candidates and the patch
+classifier); its share is printed.
 
 Two models: the embedded demo model, and the bundle architecture (ResNet-50 FPN,
 random weights: speed does not depend on the weight values) at the bundle's own
@@ -86,7 +89,7 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
     """Median seconds per case: ctpipe (defaults), ctpipe with float32 forced, and the MONAI pipeline, interleaved."""
     det = Detector(model=model, device=device)
     det32 = Detector(model=model, device=device, amp=False) if det.precision != "float32" else None
-    ours, ours32, peer, model_ms = [], [], [], []
+    ours, ours32, peer, model_ms, post_ms = [], [], [], [], []
     n_ours = n_peer = 0
     for r in range(repeats + 1):  # the first round warms up every side and is not counted
         t_ours, f = _timed(device, lambda: det.detect(cache.read(case_id, mmap=True), case_id=case_id))
@@ -97,13 +100,15 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
             ours32.append(t_ours32)
             peer.append(t_peer)
             model_ms.append(f.timings_ms["model"])
+            post_ms.append(f.timings_ms.get("fp_reduction", f.timings_ms.get("refine", 0.0)))
         n_ours, n_peer = len(f), len(ref["score"])
         logging.info("round %d: ctpipe %.2fs (%s), ctpipe float32 %.2fs, MONAI %.2fs", r, t_ours, det.precision, t_ours32, t_peer)
     m_ours, m_peer = statistics.median(ours), statistics.median(peer)
     res = {
         "ctpipe_s": m_ours, "monai_s": m_peer, "ratio": m_peer / m_ours, "ctpipe_runs_s": ours, "monai_runs_s": peer,
         "ctpipe_precision": det.precision, "monai_precision": "float16 (AMP)" if device.startswith("cuda") else "float32",
-        "ctpipe_model_ms_median": statistics.median(model_ms), "ctpipe_input_xyz": list(f.input_shape_xyz or []),
+        "ctpipe_model_ms_median": statistics.median(model_ms), "ctpipe_postprocess_ms_median": statistics.median(post_ms),
+        "ctpipe_fp_reduction": det.fp_reduction, "ctpipe_input_xyz": list(f.input_shape_xyz or []),
         "ctpipe_findings": n_ours, "monai_findings": n_peer, "repeats": repeats,
         "model_timer": "CUDA events" if device.startswith("cuda") else "perf_counter",
     }
@@ -158,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             results["models"][name] = res
             print(f"[{name}] {model.config.name}; phantom {ph.volume.shape} [k,j,i] {opts}")
             print(f"  peer: {PEER}")
-            print(f"  ctpipe median {res['ctpipe_s']:.2f} s (model {res['ctpipe_model_ms_median']:.0f} ms, input {res['ctpipe_input_xyz']}), "
+            post = "false-positive reduction" if res["ctpipe_fp_reduction"] else "refinement"
+            print(f"  ctpipe median {res['ctpipe_s']:.2f} s (model {res['ctpipe_model_ms_median']:.0f} ms, "
+                  f"{post} {res['ctpipe_postprocess_ms_median']:.0f} ms, input {res['ctpipe_input_xyz']}), "
                   f"MONAI median {res['monai_s']:.2f} s, ratio {res['ratio']:.2f}x  (runs: ctpipe {_fmt(res['ctpipe_runs_s'])}, "
                   f"MONAI {_fmt(res['monai_runs_s'])}); ctpipe {res['ctpipe_precision']}, MONAI {res['monai_precision']}")
             if "ctpipe_float32_s" in res:

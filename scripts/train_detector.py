@@ -57,14 +57,19 @@ PATCH = [64, 64, 48]
 CACHE_MARGIN = 24  # voxels kept around the lungs in the cached training inputs
 
 
-def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
-    """One training phantom's network input (float16) and nodule boxes (input voxels, xyzxyz)."""
+def training_phantom(seed: int, rng: np.random.Generator):  # -> pipeline.phantom.Phantom
+    """A training phantom with a random protocol: matrix 160-256, field of view 200-360 mm, slices 1.25-2.5 mm."""
     from pipeline.phantom import generate_phantom
 
     matrix = int(rng.choice([160, 192, 256]))
     fov = float(rng.uniform(200.0, 360.0))
-    ph = generate_phantom(seed, matrix=matrix, pixel_spacing=min(2.0, fov / matrix), slice_spacing=float(rng.choice([1.25, 2.0, 2.5])),
-                          n_nodules=int(rng.integers(3, 9)))
+    return generate_phantom(seed, matrix=matrix, pixel_spacing=min(2.0, fov / matrix),
+                            slice_spacing=float(rng.choice([1.25, 2.0, 2.5])), n_nodules=int(rng.integers(3, 9)))
+
+
+def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
+    """One training phantom's network input (float16) and nodule boxes (input voxels, xyzxyz)."""
+    ph = training_phantom(seed, rng)
     tensor, grid = prepare_input(ph.volume, spacing=SPACING, window=WINDOW)
     boxes = []
     for nod in ph.nodules:
@@ -184,15 +189,18 @@ def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse
 
 def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None, refine: bool = False,
                      amp: bool = True) -> int:
-    """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC table.
+    """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC tables.
 
-    ``refine``: also evaluate the findings with centres refined on the original HU volume
-    (:func:`pipeline.detection.refine.refine_findings`), written as ``*.refined.findings.json`` and ``froc_refined.*``,
-    and with compact blobs rescored as well (``froc_refined_rescored.*``).
+    Two runs from one network pass: the network's findings as they are, and the default pipeline's
+    (:meth:`Detector.postprocess`: refined centres, then the model's false-positive reduction stage
+    or compact-blob rescoring), written as ``*.findings.json`` / ``froc.*`` and
+    ``*.pipeline.findings.json`` / ``froc_pipeline.*``. ``refine``: also centres refined without
+    re-scoring (``froc_refined.*``).
     """
     from pipeline.detection.bundle import LoadedModel, load_model, load_weights
     from pipeline.detection.evaluate import evaluate_froc
     from pipeline.detection.infer import Detector
+    from pipeline.detection.lungs import quick_lung_mask
     from pipeline.detection.refine import refine_findings
     from pipeline.phantom import generate_phantom
 
@@ -200,29 +208,30 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
     if weights is not None:  # e.g. the training checkpoint
         load_weights(model.network, weights)
         model = LoadedModel(model.config, model.network.eval())
-    det = Detector(model=model, device="cpu", amp=amp, refine_centres=False)
-    log.info("evaluating in %s", det.precision)
-    preds, refined, rescored, truth = {}, {}, {}, {}
+    det = Detector(model=model, device="cpu", amp=amp, postprocess=False)
+    post = Detector(model=model, device="cpu", amp=amp)  # the default post-processing, applied to det's findings
+    log.info("evaluating in %s%s", det.precision, " with false-positive reduction" if post.fp_reduction else "")
+    preds, pipeline, refined, truth = {}, {}, {}, {}
     for seed in seeds:
         ph = generate_phantom(seed, **EVAL_PHANTOM)
         case = out / f"phantom_{seed:03d}"
         ph.save_ground_truth(case)
-        found = det.detect(ph.volume, case_id=f"phantom_{seed:03d}")
+        region = quick_lung_mask(ph.volume)
+        found = det.detect(ph.volume, lung_mask=region, case_id=f"phantom_{seed:03d}")
         found.write_json(case / f"phantom_{seed:03d}.findings.json")
         sid = ph.volume.series_uid
         preds[sid] = found
+        pipeline[sid] = post.postprocess(ph.volume, found, region=region)
+        pipeline[sid].write_json(case / f"phantom_{seed:03d}.pipeline.findings.json")
         if refine:
             refined[sid] = refine_findings(ph.volume, found)
-            refined[sid].write_json(case / f"phantom_{seed:03d}.refined.findings.json")
-            rescored[sid] = refine_findings(ph.volume, found, rescore=True)
         truth[sid] = [(n.center_lps, n.diameter_mm) for n in ph.nodules]
         log.info("held-out phantom %d: %d nodules %s, %d findings (top scores %s), %.1fs", seed, len(ph.nodules),
-                 [round(n.diameter_mm, 1) for n in ph.nodules], len(found), [round(f.score, 2) for f in found.findings[:5]],
-                 found.timings_ms.get("total", 0) / 1000)
-    runs = [("detector findings", preds, "froc")]
+                 [round(n.diameter_mm, 1) for n in ph.nodules], len(pipeline[sid]),
+                 [round(f.score, 2) for f in pipeline[sid].findings[:5]], found.timings_ms.get("total", 0) / 1000)
+    runs = [("network findings", preds, "froc"), ("default pipeline", pipeline, "froc_pipeline")]
     if refine:
-        runs += [("centres refined on the HU volume", refined, "froc_refined"),
-                 ("refined, compact blobs rescored", rescored, "froc_refined_rescored")]
+        runs.append(("centres refined on the HU volume", refined, "froc_refined"))
     for title, found_all, stem in runs:
         result = evaluate_froc(found_all, truth, scans=sorted(truth))
         result.write(out, stem=stem)

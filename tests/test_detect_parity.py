@@ -83,7 +83,7 @@ def test_bundle_architecture_parity_with_monai(tmp_path):
     assert model.config.spacing == (2.0, 2.0, 2.5) and model.config.roi_size == (512, 512, 192)
     assert model.config.selector["nms_thresh"] == 0.22
     vol = chest_volume(shape_kji=(30, 48, 48), spacing=(1.6, 1.6, 2.5), direction=np.diag([1.0, -1.0, 1.0]))
-    det = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False, refine_centres=False)
+    det = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False, postprocess=False)
     ours = det.detect(vol)
     assert not ours.sliding_window
     ref = monai_detect(model, volume=vol)
@@ -99,7 +99,7 @@ def test_bundle_architecture_parity_with_monai(tmp_path):
 def test_sliding_window_parity_with_monai(tmp_path):
     model = _small_model(tmp_path, roi=(32, 32, 16))
     vol = chest_volume(shape_kji=(30, 56, 56), spacing=(1.4, 1.4, 2.5), seed=1)
-    det = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False, refine_centres=False)
+    det = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False, postprocess=False)
     ours = det.detect(vol)
     assert ours.sliding_window
     ref = monai_detect(model, volume=vol)
@@ -131,7 +131,7 @@ def test_loader_input_gives_the_same_findings(tmp_path):
 
     model = _small_model(tmp_path)
     vol = chest_volume(shape_kji=(30, 56, 56), spacing=(1.4, 1.4, 2.5), seed=2, direction=np.diag([-1.0, 1.0, 1.0]))
-    det = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False, refine_centres=False)
+    det = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False, postprocess=False)
     ours = det.detect(vol)
     case = preprocess_volume(vol, model.config.preprocess_spec(size_divisible=(1, 1, 1)), device="cpu", case_id="c1")
     loaded = det.detect_loaded(case, series_uid=vol.series_uid)

@@ -7,6 +7,12 @@ Public API (positions in DICOM patient coordinates, LPS mm)::
     det = Detector(bundle="path/to/lung_nodule_ct_detection", device="cuda")   # load once
     findings = det.detect(volume, lung_mask=masks)  # per case
 
+Stages: the RetinaNet (:mod:`.infer`), centre refinement on the HU volume (:mod:`.refine`),
+and, for models that ship one (the demo model), false-positive reduction: a small 3-D CNN
+re-scores the network's findings together with small-blob candidates (:mod:`.candidates`,
+:mod:`.fp_reduction`), the classic two-stage lung CAD scheme. A MONAI bundle runs exactly
+as MONAI's own pipeline does, then refinement and compact-blob rescoring.
+
 The embedded demo model is trained on synthetic phantoms, for demonstration and
 testing only, not for clinical use.
 """

@@ -1,6 +1,6 @@
 """``ctpipe detect`` and ``ctpipe evaluate``.
 
-    ctpipe detect SRC --out DIR [--bundle PATH] [--no-lung-crop] [--device cpu|cuda] [--fp32] [--no-png]
+    ctpipe detect SRC --out DIR [--bundle PATH] [--no-lung-crop] [--device cpu|cuda] [--fp32] [--raw] [--no-png]
     ctpipe evaluate --pred PATH [PATH ...] --truth PATH [PATH ...] --out DIR [--bootstrap 1000]
 
 SRC is a DICOM folder (or an Enhanced CT file), a case-cache entry (``cache/<id>.npy`` or
@@ -23,6 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--fp32", action="store_true",
                    help="run the network in float32 (default: mixed precision where the hardware runs it natively)")
+    p.add_argument("--raw", action="store_true",
+                   help="the network's boxes as MONAI returns them: no centre refinement, no re-scoring "
+                        "(default: refined, and re-scored by the model's false-positive reduction stage if it has one)")
     p.add_argument("--case-id", default=None, help="name of the output files (default: from the source)")
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
     p.add_argument("--max-png", type=int, default=20, help="PNGs for at most this many top findings")
@@ -69,7 +72,8 @@ def _detect(args: argparse.Namespace) -> int:
 
     volume, case_id = _read_source(args.src)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
-    det = Detector(bundle=args.bundle, device=args.device, amp=not args.fp32, restrict_to_lungs=not args.no_lung_crop)
+    det = Detector(bundle=args.bundle, device=args.device, amp=not args.fp32, restrict_to_lungs=not args.no_lung_crop,
+                   postprocess=not args.raw)
     findings = det.detect(volume, case_id=case_id)
     out: Path = args.out
     j = findings.write_json(out / f"{case_id}.findings.json")

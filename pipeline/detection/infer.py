@@ -8,7 +8,10 @@ output to :meth:`Detector.detect_loaded`), the RetinaNet on the whole input when
 the model's patch size, MONAI's sliding-window inferer (the model's overlap)
 otherwise, box selection (MONAI's ``RetinaNetDetector``), clipping to the image,
 conversion to LPS exactly as ``AffineBoxToWorldCoordinate`` does, and the
-lung filter. Mixed precision (see :mod:`.precision`); model time measured with CUDA events on a GPU.
+lung filter. Then, unless switched off: centres refined on the HU volume and, for models
+with a false-positive reduction stage (the demo model), candidates re-scored by its
+classifier together with small-blob candidates (:mod:`.fp_reduction`); other models get
+compact-blob rescoring (:mod:`.refine`). Mixed precision (see :mod:`.precision`); model time measured with CUDA events on a GPU.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_vo
 from ..volume import CTVolume, LabelMap
 from .bundle import LoadedModel, load_model
 from .findings import Finding, Findings, slice_number_of
+from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
 from .network import build_detector
 from .precision import autocast_dtype, precision_name
@@ -60,6 +64,8 @@ class Detector:
         (at most a few hundredths), centres by about 0.2 mm (at most about one model voxel).
         ``False``: float32 throughout, as MONAI's bundle pipeline runs on a CPU.
     restrict_to_lungs: default for :meth:`detect`.
+    postprocess: refine centres on the HU volume and re-score (:meth:`postprocess`); ``False`` gives the
+        network's boxes exactly as MONAI's pipeline returns them.
     """
 
     def __init__(
@@ -70,15 +76,21 @@ class Detector:
         device: str | torch.device | None = None,
         amp: bool = True,
         restrict_to_lungs: bool = True,
-        refine_centres: bool = True,
+        postprocess: bool = True,
     ) -> None:
         self.model = model or load_model(bundle)
-        #: refine each finding's centre on the full-resolution HU volume and raise the scores of
-        #: compact blobs (:mod:`pipeline.detection.refine`); off gives the network's raw boxes
-        self.refine_centres = bool(refine_centres)
+        #: post-process on the full-resolution HU volume (:meth:`postprocess`): refine each finding's centre, then
+        #: re-score with the model's false-positive reduction stage if it has one (:mod:`pipeline.detection.fp_reduction`),
+        #: else raise the scores of compact blobs (:mod:`pipeline.detection.refine`); off gives the network's raw boxes
+        self.postprocessing = bool(postprocess)
         self.config = self.model.config
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._autocast = autocast_dtype(self.device, bool(amp))
+        self._fpr: FPReducer | None = None
+        fpr_entry = self.config.extra.get("fp_reduction")
+        if self.postprocessing and fpr_entry and self.config.weights is not None:
+            fpr_cfg = FPReductionConfig.from_json(fpr_entry, weights_dir=self.config.weights.parent)
+            self._fpr = FPReducer(fpr_cfg, device=self.device, autocast=self._autocast)
         #: the network's number format: "float32", "float16" or "bfloat16"
         self.precision = precision_name(self._autocast)
         self.restrict_to_lungs = restrict_to_lungs
@@ -213,18 +225,29 @@ class Detector:
         case = preprocess_volume(volume, self.spec, device=str(self.device), roi=roi, case_id=case_id or "volume")
         timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
         result = self._finish(result, case.unwrap(), case.geometry, region, volume.metadata, timings, t_all, where)  # type: ignore[arg-type]
-        return self.postprocess(volume, result)
+        return self.postprocess(volume, result, region=region)
 
-    def postprocess(self, volume: CTVolume, findings: Findings) -> Findings:
-        """Centre refinement and compact-blob rescoring on ``volume`` (HU, LPS) when :attr:`refine_centres`.
+    @property
+    def fp_reduction(self) -> bool:
+        """Whether :meth:`postprocess` re-scores candidates with a false-positive reduction classifier."""
+        return self._fpr is not None
+
+    def postprocess(self, volume: CTVolume, findings: Findings, *, region: LungRegion | None = None) -> Findings:
+        """Post-processing on ``volume`` (HU, LPS) when :attr:`postprocessing`: centre refinement, then
+        false-positive reduction (models that have it; small-blob candidates searched in ``region``, the lungs,
+        computed when not given) or compact-blob rescoring.
 
         :meth:`detect` applies it; callers of :meth:`detect_loaded` apply it with the case's HU volume.
         """
-        if not self.refine_centres or not len(findings):
+        if not self.postprocessing or (not len(findings) and self._fpr is None) or findings.reason:
             return findings
         t0 = time.perf_counter()
-        out = refine_findings(volume, findings, rescore=True)
-        out.timings_ms["refine"] = (time.perf_counter() - t0) * 1000.0
+        if self._fpr is not None:
+            out = reduce_false_positives(volume, findings, self._fpr, region if region is not None else quick_lung_mask(volume))
+            out.timings_ms["fp_reduction"] = (time.perf_counter() - t0) * 1000.0
+        else:
+            out = refine_findings(volume, findings, rescore=True)
+            out.timings_ms["refine"] = (time.perf_counter() - t0) * 1000.0
         return out
 
     def detect_loaded(

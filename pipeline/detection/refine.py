@@ -190,12 +190,14 @@ def rescore_compact(scores: np.ndarray, refinement: Refinement, *, boost: float 
     return np.where(compact, 1.0 - (1.0 - s) ** (1.0 + boost), s)
 
 
-def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = False, **options: float) -> Findings:
+def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = False, sort: bool = True,
+                    **options: float) -> Findings:
     """A copy of ``findings`` with centres refined on ``volume`` (HU; LPS mm in and out).
 
     Boxes keep their extents (and diameters) and are re-centred on the refined centre; ``voxel_ijk`` and
     ``slice_number`` follow the new centre. Scores are unchanged unless ``rescore``
-    (:func:`rescore_compact` with its defaults); the result is ordered by score, highest first.
+    (:func:`rescore_compact` with its defaults); the result is ordered by score, highest first
+    (``sort=False``: in the input's order).
     """
     items = list(findings)
     if not items:
@@ -222,5 +224,6 @@ def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = Fal
             voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
             slice_number=slice_number_of(k, volume.metadata, int(size_ijk[2])),
         ))
-    out.sort(key=lambda f: -f.score)
+    if sort:
+        out.sort(key=lambda f: -f.score)
     return replace(findings, findings=out)

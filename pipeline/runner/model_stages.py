@@ -34,13 +34,13 @@ _HELD: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
 def shared_detector(worker: WorkerInfo) -> Any:
     """This worker's :class:`~pipeline.detection.Detector` (built once per process and device)."""
     cfg = worker.config.detector
-    key = (str(cfg.bundle), worker.device, bool(cfg.amp), bool(cfg.lung_restriction))
+    key = (str(cfg.bundle), worker.device, bool(cfg.amp), bool(cfg.lung_restriction), bool(cfg.postprocess))
     det = _DETECTORS.get(key)
     if det is None:
         from ..detection import Detector
 
         det = _DETECTORS[key] = Detector(bundle=cfg.bundle, device=worker.device, amp=cfg.amp,
-                                         restrict_to_lungs=cfg.lung_restriction)
+                                         restrict_to_lungs=cfg.lung_restriction, postprocess=cfg.postprocess)
     return det
 
 
@@ -149,7 +149,7 @@ class DetectStage(Stage):
             metadata = cache.entry(case_id).sidecar.get("metadata") or {}
             res = self._det.detect_loaded(item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid,
                                           metadata=metadata)
-            res = self._det.postprocess(cache.read(case_id, mmap=True), res)
+            res = self._det.postprocess(cache.read(case_id, mmap=True), res, region=item["region"])
         thr = ctx.config.detector.score_threshold
         data = res.to_json()
         timings = data.pop("timings_ms", {})

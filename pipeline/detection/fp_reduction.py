@@ -1,0 +1,235 @@
+"""False-positive reduction: a small 3-D CNN that scores candidate positions as nodule or not.
+
+Second stage of the demo pipeline (LUNA16's "false positive reduction" track): each
+candidate (the RetinaNet's findings and the small-blob candidates of :mod:`.candidates`)
+is cut out of the HU volume as a cube of ``patch`` voxels of ``spacing_mm`` mm centred on
+it, axes along the patient's L, P and S directions whatever the series' orientation
+(patch array ``[S, P, L]``), and scored by :class:`PatchClassifier`. Scores of candidates
+the network also proposed may be combined with its score (:func:`combine_scores`, weight
+chosen on validation phantoms); duplicates of one nodule are merged (:func:`suppress_duplicates`).
+
+The classifier's weights are trained by ``scripts/train_fp_reducer.py`` on synthetic
+phantoms (for demonstration and testing only, not for clinical use); a model JSON names
+them in its ``fp_reduction`` entry. Positions are DICOM patient coordinates (LPS, mm).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import ndimage
+from torch import nn
+
+from ..errors import BundleError
+from ..volume import CTVolume
+from .candidates import blob_candidates
+from .findings import Finding, Findings, slice_number_of
+from .lungs import LungRegion
+from .refine import refine_findings
+
+log = logging.getLogger(__name__)
+
+HU_WINDOW = (-1000.0, 400.0)
+
+
+class PatchClassifier(nn.Module):
+    """Input (N, 1, P, P, P) patches in 0..1 (P divisible by 8); output (N,) logits."""
+
+    def __init__(self, patch: int = 24, channels: tuple[int, int, int] = (8, 16, 32), hidden: int = 64) -> None:
+        super().__init__()
+        c1, c2, c3 = channels
+
+        def block(cin: int, cout: int, n: int) -> list[nn.Module]:
+            layers: list[nn.Module] = []
+            for m in range(n):
+                layers += [nn.Conv3d(cin if m == 0 else cout, cout, 3, padding=1, bias=False), nn.BatchNorm3d(cout),
+                           nn.ReLU(inplace=True)]
+            return [*layers, nn.MaxPool3d(2)]
+
+        self.features = nn.Sequential(*block(1, c1, 1), *block(c1, c2, 2), *block(c2, c3, 2))
+        side = patch // 8
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(c3 * side**3, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x)).squeeze(1)
+
+
+@dataclass(frozen=True)
+class FPReductionConfig:
+    """The ``fp_reduction`` entry of a model JSON (sizes in mm, patch in voxels)."""
+
+    weights: Path
+    patch: int = 24
+    spacing_mm: float = 1.0
+    channels: tuple[int, int, int] = (8, 16, 32)
+    hidden: int = 64
+    blob_candidates: int = 200
+    detector_weight: float = 0.5
+    duplicate_radius_factor: float = 1.0
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, weights_dir: Path) -> FPReductionConfig:
+        """Validate the entry; ``weights`` is a file name in ``weights_dir`` (the model JSON's folder)."""
+        where = weights_dir / "fp_reduction"
+        try:
+            cfg = cls(
+                weights=weights_dir / str(data["weights"]),
+                patch=int(data.get("patch", 24)),
+                spacing_mm=float(data.get("spacing_mm", 1.0)),
+                channels=tuple(int(c) for c in data.get("channels", (8, 16, 32))),  # type: ignore[arg-type]
+                hidden=int(data.get("hidden", 64)),
+                blob_candidates=int(data.get("blob_candidates", 200)),
+                detector_weight=float(data.get("detector_weight", 0.5)),
+                duplicate_radius_factor=float(data.get("duplicate_radius_factor", 1.0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BundleError(f"invalid fp_reduction entry: {exc!r}", where=where,
+                              fix="regenerate it with scripts/train_fp_reducer.py") from exc
+        if cfg.patch % 8 or cfg.patch <= 0 or cfg.spacing_mm <= 0 or len(cfg.channels) != 3 or not 0 <= cfg.detector_weight <= 1 \
+                or cfg.duplicate_radius_factor <= 0:
+            raise BundleError(f"fp_reduction entry out of range: patch {cfg.patch} (multiple of 8), spacing_mm "
+                              f"{cfg.spacing_mm} (> 0), detector_weight {cfg.detector_weight} (0..1), duplicate_radius_factor "
+                              f"{cfg.duplicate_radius_factor} (> 0)", where=where,
+                              fix="regenerate it with scripts/train_fp_reducer.py")
+        return cfg
+
+    def to_json(self) -> dict[str, Any]:
+        return {"weights": self.weights.name, "patch": self.patch, "spacing_mm": self.spacing_mm,
+                "channels": list(self.channels), "hidden": self.hidden, "blob_candidates": self.blob_candidates,
+                "detector_weight": self.detector_weight, "duplicate_radius_factor": self.duplicate_radius_factor}
+
+
+def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 24, spacing_mm: float = 1.0) -> np.ndarray:
+    """Cubes around ``centers_lps`` (N, 3; LPS mm) as float32 ``(N, patch, patch, patch)`` in 0..1.
+
+    Each cube is sampled (trilinear) on a grid of ``spacing_mm`` along L, P, S, stored ``[S, P, L]``;
+    HU are windowed to ``HU_WINDOW``. Outside the series the edge value is repeated.
+    """
+    centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
+    out = np.empty((len(centers), patch, patch, patch), dtype=np.float32)
+    if not len(centers):
+        return out
+    ax = (np.arange(patch) - (patch - 1) / 2.0) * spacing_mm
+    zz, yy, xx = np.meshgrid(ax, ax, ax, indexing="ij")
+    offsets = np.stack([xx.ravel(), yy.ravel(), zz.ravel()], axis=1)  # (P^3, 3) L, P, S
+    arr = volume.array
+    shape_kji = np.asarray(arr.shape)
+    reach_vox = np.ceil(np.abs(offsets).max() * np.sqrt(3) / np.asarray(volume.spacing)[::-1]).astype(int) + 2
+    centre_ijk = volume.lps_to_index(centers).reshape(-1, 3)
+    lo_hu, hi_hu = HU_WINDOW
+    for n in range(len(centers)):
+        c = np.round(centre_ijk[n][::-1]).astype(int)
+        lo = np.clip(c - reach_vox, 0, shape_kji - 1)
+        hi = np.clip(c + reach_vox + 1, lo + 1, shape_kji)
+        crop = np.asarray(arr[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]], dtype=np.float32)
+        kji = volume.lps_to_index(centers[n] + offsets)[:, ::-1] - lo
+        vals = ndimage.map_coordinates(crop, kji.T, order=1, mode="nearest")
+        out[n] = ((np.clip(vals, lo_hu, hi_hu) - lo_hu) / (hi_hu - lo_hu)).reshape(patch, patch, patch)
+    return out
+
+
+def combine_scores(classifier_prob: np.ndarray, detector_score: np.ndarray, detector_weight: float) -> np.ndarray:
+    """Final scores (0..1): ``p^(1-w) * s^w`` (``w = detector_weight``) where the detector proposed the
+    candidate (its score ``s >= 0``), the classifier's probability ``p`` alone where it did not (``s < 0``)."""
+    p = np.clip(np.asarray(classifier_prob, dtype=np.float64), 1e-6, 1.0)
+    s = np.asarray(detector_score, dtype=np.float64)
+    both = np.exp((1.0 - detector_weight) * np.log(p) + detector_weight * np.log(np.clip(s, 1e-6, 1.0)))
+    return np.where(s >= 0, both, p)
+
+
+class FPReducer:
+    """A loaded :class:`PatchClassifier` with its settings; :meth:`probabilities` scores positions (LPS mm)."""
+
+    def __init__(self, config: FPReductionConfig, *, device: str | torch.device = "cpu",
+                 autocast: torch.dtype | None = None) -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self._autocast = autocast
+        net = PatchClassifier(config.patch, config.channels, config.hidden)
+        if not config.weights.is_file():
+            raise BundleError("false-positive reduction weights are missing", where=config.weights,
+                              fix="reinstall ctpipe or retrain them with scripts/train_fp_reducer.py")
+        try:
+            state = torch.load(config.weights, map_location="cpu", weights_only=True)
+            net.load_state_dict(state)
+        except (RuntimeError, OSError, ValueError, KeyError) as exc:
+            raise BundleError(f"false-positive reduction weights do not load: {exc}", where=config.weights,
+                              fix="retrain them with scripts/train_fp_reducer.py") from exc
+        self.network = net.to(self.device).eval()
+
+    @torch.no_grad()
+    def probabilities(self, volume: CTVolume, centers_lps: np.ndarray, *, batch: int = 128) -> np.ndarray:
+        """Nodule probability (0..1) of each position (N, 3; LPS mm) in ``volume`` (HU)."""
+        cfg = self.config
+        centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
+        probs = np.zeros(len(centers))
+        for a in range(0, len(centers), batch):
+            x = torch.from_numpy(extract_patches(volume, centers[a:a + batch], patch=cfg.patch, spacing_mm=cfg.spacing_mm))
+            x = x[:, None].to(self.device)
+            with torch.autocast(self.device.type, dtype=self._autocast, enabled=self._autocast is not None):
+                logits = self.network(x)
+            probs[a:a + batch] = torch.sigmoid(logits.float()).cpu().numpy()
+        return probs
+
+
+def candidate_findings(volume: CTVolume, findings: Findings, region: LungRegion | None, *,
+                       blobs: int = 200) -> tuple[list[Finding], np.ndarray]:
+    """The candidates the classifier scores, with the detector's score of each (-1 for blobs):
+    ``findings`` and up to ``blobs`` small-blob candidates (:func:`.candidates.blob_candidates`, boxes of
+    the blob's scale), all with centres refined on ``volume`` (:func:`.refine.refine_findings`)."""
+    items = list(findings)
+    det = [f.score for f in items]
+    found = blob_candidates(volume, region, max_candidates=blobs) if blobs > 0 else None
+    if found is not None and len(found):
+        size_ijk = np.asarray(volume.geometry.size_ijk)
+        vox = np.clip(np.round(volume.lps_to_index(found.centers_lps)).astype(int), 0, size_ijk - 1).reshape(-1, 3)
+        for n in range(len(found)):
+            c, r = found.centers_lps[n], found.diameters_mm[n] / 2.0
+            items.append(Finding(
+                center_lps=tuple(float(v) for v in c),  # type: ignore[arg-type]
+                box_min_lps=tuple(float(v) for v in c - r),  # type: ignore[arg-type]
+                box_max_lps=tuple(float(v) for v in c + r),  # type: ignore[arg-type]
+                diameter_mm=float(2.0 * r), score=0.0,
+                voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), int(vox[n, 2])),
+                slice_number=slice_number_of(int(vox[n, 2]), volume.metadata, int(size_ijk[2])),
+            ))
+            det.append(-1.0)
+    refined = refine_findings(volume, replace(findings, findings=items), sort=False)
+    return list(refined), np.asarray(det, dtype=np.float64)
+
+
+def suppress_duplicates(centers_lps: np.ndarray, diameters_mm: np.ndarray, scores: np.ndarray, *,
+                        min_distance_mm: float = 3.0, radius_factor: float = 1.0) -> np.ndarray:
+    """Indices kept, highest score first: a candidate is dropped when its centre lies within
+    ``max(min_distance_mm, radius_factor * radius)`` of a higher-scoring kept one (the same nodule seen twice)."""
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    kept: list[int] = []
+    for n in order:
+        if kept:
+            d = np.linalg.norm(centers_lps[kept] - centers_lps[n], axis=1)
+            if np.any(d < np.maximum(min_distance_mm, radius_factor * diameters_mm[kept] / 2.0)):
+                continue
+        kept.append(int(n))
+    return np.asarray(kept, dtype=int)
+
+
+def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPReducer,
+                           region: LungRegion | None) -> Findings:
+    """``findings`` re-scored by ``reducer`` together with small-blob candidates (LPS mm; see the module
+    docstring); duplicates of one nodule are merged; highest score first."""
+    items, det = candidate_findings(volume, findings, region, blobs=reducer.config.blob_candidates)
+    if not items:
+        return replace(findings, findings=[])
+    centers = np.array([f.center_lps for f in items])
+    probs = reducer.probabilities(volume, centers)
+    scores = combine_scores(probs, det, reducer.config.detector_weight)
+    keep = suppress_duplicates(centers, np.array([f.diameter_mm for f in items]), scores,
+                               radius_factor=reducer.config.duplicate_radius_factor)
+    log.debug("false-positive reduction: %d candidates (%d blobs), %d kept", len(items), int((det < 0).sum()), len(keep))
+    return replace(findings, findings=[replace(items[n], score=float(scores[n])) for n in keep])

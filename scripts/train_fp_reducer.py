@@ -1,0 +1,254 @@
+#!/usr/bin/env python
+"""Train the demo pipeline's false-positive reduction classifier on synthetic phantoms.
+
+The weights it writes are trained on synthetic phantoms, for demonstration and
+testing only, not for clinical use.
+
+1. Candidates: for each training phantom (seeds ``--seed0 ..``, never the evaluation
+   seeds 1..N, nor the detector's training seeds 1000..1149, so the detector scores them
+   as unseen scans), the demo RetinaNet's findings (centres refined) and the small-blob
+   candidates, as the pipeline makes them (:func:`pipeline.detection.fp_reduction.candidate_findings`).
+   A candidate within a nodule's radius is positive (LUNA16's hit rule); one within 1.5 radii
+   (or 3 mm) but not within the radius is left out; the rest are negative. Each nodule also
+   gives ``--jitter`` positives around its true centre. Patches (``--patch`` voxels of 1 mm,
+   axes L, P, S) are cached per phantom in ``--work``.
+2. Training: balanced batches, random flips and in-plane transposes, AdamW, cosine schedule,
+   BCE; losses logged.
+3. Validation seeds (``--val-seed0``, also unseen by both) choose, by CPM, the detector weight of
+   :func:`pipeline.detection.fp_reduction.combine_scores` and the radius factor of
+   :func:`pipeline.detection.fp_reduction.suppress_duplicates`; the model JSON's
+   ``fp_reduction`` entry records them with the training settings.
+
+    python scripts/train_fp_reducer.py --work /tmp/ctpipe_fpr
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from train_detector import training_phantom
+
+from pipeline.detection.bundle import load_model
+from pipeline.detection.evaluate import evaluate_froc
+from pipeline.detection.fp_reduction import (
+    FPReductionConfig,
+    PatchClassifier,
+    candidate_findings,
+    combine_scores,
+    extract_patches,
+    suppress_duplicates,
+)
+from pipeline.detection.infer import Detector
+from pipeline.detection.lungs import quick_lung_mask
+from pipeline.detection.model_config import DEMO_MODEL_JSON
+
+log = logging.getLogger("train_fp_reducer")
+
+
+def phantom_candidates(det: Detector, seed: int, patch: int, jitter: int, blobs: int) -> dict[str, np.ndarray]:
+    """Patches (uint8), labels (1, 0, or -1 = left out), detector scores and nodule sizes of one phantom."""
+    rng = np.random.default_rng(seed)
+    ph = training_phantom(seed, rng)
+    region = quick_lung_mask(ph.volume)
+    findings = det.detect(ph.volume, lung_mask=region)
+    items, det_scores = candidate_findings(ph.volume, findings, region, blobs=blobs)
+    centers = np.array([f.center_lps for f in items]).reshape(-1, 3)
+    labels = np.zeros(len(items), np.int8)
+    diam = np.zeros(len(items), np.float32)
+    extra = []
+    for nod in ph.nodules:
+        c, r = np.asarray(nod.center_lps), nod.diameter_mm / 2.0
+        d = np.linalg.norm(centers - c, axis=1)
+        labels[(d >= r) & (d < max(1.5 * r, 3.0)) & (labels == 0)] = -1
+        labels[d < r] = 1
+        diam[d < r] = nod.diameter_mm
+        for _ in range(jitter):
+            v = rng.normal(size=3)
+            extra.append((c + v / np.linalg.norm(v) * rng.uniform(0, 0.5 * r), nod.diameter_mm))
+    if extra:
+        centers = np.concatenate([centers, np.array([e[0] for e in extra])])
+        labels = np.concatenate([labels, np.ones(len(extra), np.int8)])
+        det_scores = np.concatenate([det_scores, np.full(len(extra), -2.0)])
+        diam = np.concatenate([diam, np.array([e[1] for e in extra], np.float32)])
+    patches = extract_patches(ph.volume, centers, patch=patch)
+    return {"patches": np.round(patches * 255).astype(np.uint8), "labels": labels, "det": det_scores.astype(np.float32),
+            "diam": diam}
+
+
+def build_cache(work: Path, det: Detector, seeds: list[int], patch: int, jitter: int, blobs: int) -> list[dict]:
+    out = []
+    (work / "cache").mkdir(parents=True, exist_ok=True)
+    for n, seed in enumerate(seeds):
+        path = work / "cache" / f"fpr_{seed}.npz"
+        if not path.is_file():
+            t0 = time.time()
+            data = phantom_candidates(det, seed, patch, jitter, blobs)
+            tmp = path.with_suffix(".tmp.npz")
+            np.savez(tmp, **data)
+            tmp.replace(path)
+            lab = data["labels"]
+            log.info("phantom %d (%d/%d): %d candidates, %d positive (%d jittered), %.1fs", seed, n + 1, len(seeds),
+                     int((data["det"] > -2).sum()), int(((lab == 1) & (data["det"] > -2)).sum()),
+                     int((data["det"] == -2).sum()), time.time() - t0)
+        out.append(dict(np.load(path)))
+    return out
+
+
+def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random flips of each axis and a random L/P transpose, per sample: (N, 1, S, P, L)."""
+    flips = torch.rand(x.shape[0], 4, generator=gen) < 0.5
+    out = x.clone()
+    for n in range(x.shape[0]):
+        y = out[n]
+        dims = [d + 1 for d in range(3) if flips[n, d]]
+        if dims:
+            y = torch.flip(y, dims)
+        if flips[n, 3]:
+            y = y.transpose(2, 3)
+        out[n] = y.clone()
+    return out
+
+
+def train(data: list[dict], args: argparse.Namespace) -> tuple[PatchClassifier, list[dict]]:
+    patches = np.concatenate([d["patches"] for d in data])
+    labels = np.concatenate([d["labels"] for d in data])
+    pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
+    log.info("training on %d positives, %d negatives (%d left out)", len(pos), len(neg), int((labels < 0).sum()))
+    torch.manual_seed(args.torch_seed)
+    gen = torch.Generator().manual_seed(args.torch_seed)
+    rng = np.random.default_rng(args.torch_seed)
+    net = PatchClassifier(args.patch, tuple(args.channels), args.hidden).to(memory_format=torch.channels_last_3d)
+    opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
+    history = []
+    t0 = time.time()
+    ema = None
+    net.train()
+    for step in range(args.steps):
+        lr = args.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = np.concatenate([rng.choice(pos, args.batch // 2), rng.choice(neg, args.batch - args.batch // 2)])
+        x = torch.from_numpy(patches[idx].astype(np.float32) / 255.0)[:, None]
+        x = augment(x, gen).contiguous(memory_format=torch.channels_last_3d)
+        y = torch.from_numpy((labels[idx] == 1).astype(np.float32))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(net(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        value = loss.item()
+        ema = value if ema is None else 0.98 * ema + 0.02 * value
+        if (step + 1) % 100 == 0 or step + 1 == args.steps:
+            history.append({"step": step + 1, "loss_ema": round(ema, 4), "seconds": round(time.time() - t0, 1)})
+            log.info("step %d/%d loss %.4f (%.2f s/step)", step + 1, args.steps, ema, (time.time() - t0) / (step + 1))
+    return net.eval(), history
+
+
+@torch.no_grad()
+def probabilities(net: PatchClassifier, patches: np.ndarray) -> np.ndarray:
+    out = []
+    for a in range(0, len(patches), 256):
+        x = torch.from_numpy(patches[a:a + 256].astype(np.float32) / 255.0)[:, None]
+        out.append(torch.sigmoid(net(x)).numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def validate(net: PatchClassifier, det: Detector, seeds: list[int], args: argparse.Namespace) -> dict[str, float]:
+    """CPM on validation phantoms for each candidate detector weight (candidates scored as the pipeline does)."""
+    cases = []
+    for seed in seeds:
+        ph = training_phantom(seed, np.random.default_rng(seed))
+        region = quick_lung_mask(ph.volume)
+        items, det_scores = candidate_findings(ph.volume, det.detect(ph.volume, lung_mask=region), region, blobs=args.blobs)
+        centers = np.array([f.center_lps for f in items]).reshape(-1, 3)
+        probs = probabilities(net, np.round(extract_patches(ph.volume, centers, patch=args.patch) * 255).astype(np.uint8))
+        cases.append((str(seed), centers, np.array([f.diameter_mm for f in items]), det_scores, probs,
+                      [(n.center_lps, n.diameter_mm) for n in ph.nodules]))
+    results = {}
+    for w in args.detector_weights:
+        for factor in args.duplicate_factors:
+            preds, truth = {}, {}
+            for sid, centers, diam, det_scores, probs, nods in cases:
+                scores = combine_scores(probs, det_scores, w)
+                keep = suppress_duplicates(centers, diam, scores, radius_factor=factor)
+                preds[sid] = [(centers[n], float(scores[n])) for n in keep]
+                truth[sid] = nods
+            res = evaluate_froc(preds, truth, n_bootstrap=0)
+            results[f"{w}/{factor}"] = round(float(res.cpm), 4)
+            log.info("validation (%d phantoms), detector weight %.2f, duplicate radius factor %.1f: CPM %.3f",
+                     len(seeds), w, factor, res.cpm)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/ctpipe_fpr"))
+    ap.add_argument("--model", type=Path, default=DEMO_MODEL_JSON, help="detector model JSON; its fp_reduction entry is written")
+    ap.add_argument("--seed0", type=int, default=2000)
+    ap.add_argument("--n-train", type=int, default=80)
+    ap.add_argument("--val-seed0", type=int, default=3000)
+    ap.add_argument("--n-val", type=int, default=16)
+    ap.add_argument("--patch", type=int, default=24)
+    ap.add_argument("--channels", type=int, nargs=3, default=[8, 16, 32])
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--blobs", type=int, default=200, help="small-blob candidates per scan")
+    ap.add_argument("--jitter", type=int, default=6, help="positives around each true nodule centre")
+    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--torch-seed", type=int, default=11)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--detector-weights", type=float, nargs="+", default=[0.0, 0.25, 0.5])
+    ap.add_argument("--duplicate-factors", type=float, nargs="+", default=[1.0, 1.5, 2.0])
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    torch.set_num_threads(args.threads)
+    train_seeds = list(range(args.seed0, args.seed0 + args.n_train))
+    val_seeds = list(range(args.val_seed0, args.val_seed0 + args.n_val))
+    reserved = set(range(1, 101)) | set(range(1000, 1150))  # evaluation seeds and the detector's training seeds
+    if reserved & (set(train_seeds) | set(val_seeds)) or set(train_seeds) & set(val_seeds):
+        raise SystemExit("training/validation seeds overlap the evaluation (1..100) or detector (1000..1149) seeds or each other")
+    base = load_model(args.model)
+    det = Detector(model=base, device="cpu", postprocess=False)
+    t0 = time.time()
+    data = build_cache(args.work, det, train_seeds, args.patch, args.jitter, args.blobs)
+    t_data = time.time() - t0
+    t0 = time.time()
+    net, history = train(data, args)
+    t_train = time.time() - t0
+    val = validate(net, det, val_seeds, args) if val_seeds else {}
+    best = max(val, key=lambda k: val[k]) if val else "0.5/1.0"
+    weight, factor = (float(v) for v in best.split("/"))
+    weights = args.model.with_name(args.model.stem.replace("retinanet", "fpr") + ".pt")
+    torch.save(net.state_dict(), weights)
+    cfg = FPReductionConfig(weights=weights, patch=args.patch, spacing_mm=1.0, channels=tuple(args.channels),  # type: ignore[arg-type]
+                            hidden=args.hidden, blob_candidates=args.blobs, detector_weight=weight,
+                            duplicate_radius_factor=factor)
+    model_json = json.loads(args.model.read_text())
+    model_json["fp_reduction"] = {
+        **cfg.to_json(),
+        "intended_use": "trained on synthetic phantoms, for demonstration and testing only, not for clinical use",
+        "training": {
+            "data": "synthetic phantoms from pipeline.phantom.generate_phantom (protocol of scripts/train_detector.py)",
+            "train_seeds": [train_seeds[0], train_seeds[-1]], "validation_seeds": [val_seeds[0], val_seeds[-1]],
+            "jitter_positives_per_nodule": args.jitter, "steps": args.steps, "batch_size": args.batch, "lr": args.lr,
+            "optimizer": "AdamW (weight decay 1e-4), cosine schedule", "torch_seed": args.torch_seed,
+            "compute_cpu_minutes": {"candidates_and_patches": round(t_data / 60, 1), "training": round(t_train / 60, 1)},
+            "threads": args.threads, "validation_cpm_by_detector_weight_and_duplicate_factor": val, "loss": history[-1:],
+        },
+    }
+    args.model.write_text(json.dumps(model_json, indent=1) + "\n")
+    log.info("wrote %s and the fp_reduction entry of %s (detector weight %s, duplicate radius factor %s)", weights,
+             args.model, weight, factor)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Small-blob candidates and the false-positive reduction stage (LPS mm throughout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.detection.candidates import blob_candidates
+from pipeline.detection.fp_reduction import (
+    FPReducer,
+    FPReductionConfig,
+    PatchClassifier,
+    combine_scores,
+    extract_patches,
+    suppress_duplicates,
+)
+from pipeline.detection.lungs import quick_lung_mask
+from pipeline.detection.model_config import DEMO_MODEL_JSON
+from pipeline.errors import BundleError
+from pipeline.phantom import generate_phantom
+from pipeline.volume import CTVolume, Geometry
+
+
+def _lung_volume(direction: np.ndarray, *, shape=(40, 64, 64), spacing=(1.0, 1.0, 1.5), seed: int = 0) -> CTVolume:
+    """Lung-like background (-850 HU with noise) on a grid with ``direction`` (columns: i, j, k axes in LPS)."""
+    rng = np.random.default_rng(seed)
+    arr = (-850.0 + rng.normal(0, 15, shape)).astype(np.float32)
+    return CTVolume(arr, Geometry(shape=shape, spacing=spacing, origin=(10.0, -20.0, 30.0), direction=direction))
+
+
+def _paint_ball(vol: CTVolume, centre_lps: np.ndarray, radius_mm: float, hu: float) -> None:
+    k, j, i = np.indices(vol.shape)
+    lps = vol.index_to_lps(np.stack([i.ravel(), j.ravel(), k.ravel()], axis=1)).reshape(*vol.shape, 3)
+    vol.array[np.linalg.norm(lps - centre_lps, axis=-1) <= radius_mm] = hu
+
+
+def _paint_tube(vol: CTVolume, point_lps: np.ndarray, axis_lps: np.ndarray, radius_mm: float, hu: float) -> None:
+    k, j, i = np.indices(vol.shape)
+    lps = vol.index_to_lps(np.stack([i.ravel(), j.ravel(), k.ravel()], axis=1)).reshape(*vol.shape, 3)
+    rel = lps - point_lps
+    u = axis_lps / np.linalg.norm(axis_lps)
+    dist = np.linalg.norm(rel - (rel @ u)[..., None] * u, axis=-1)
+    vol.array[dist <= radius_mm] = hu
+
+
+@pytest.mark.parametrize("direction", [np.eye(3), np.diag([-1.0, 1.0, -1.0]), np.array([[0.0, 1, 0], [1, 0, 0], [0, 0, -1]])])
+def test_blob_candidates_find_a_small_ball_and_rank_it_above_a_vessel(direction: np.ndarray) -> None:
+    vol = _lung_volume(direction)
+    lo, hi = vol.geometry.bounds_lps()
+    mid = (lo + hi) / 2
+    ball = mid + np.array([8.0, -6.0, 4.0])
+    _paint_ball(vol, ball, 2.0, 40.0)  # a 4 mm solid nodule
+    _paint_tube(vol, mid + np.array([-10.0, 8.0, 0.0]), np.array([0.2, 0.3, 1.0]), 2.0, 40.0)  # a vessel as thick
+    found = blob_candidates(vol, None, max_candidates=20)
+    assert len(found) >= 1
+    # strongest candidate on the ball, in LPS, whatever the array's orientation
+    assert np.linalg.norm(found.centers_lps[0] - ball) < 1.0
+    assert 3.0 <= found.diameters_mm[0] <= 7.0
+    on_tube = [n for n in range(len(found)) if np.linalg.norm(found.centers_lps[n] - ball) > 4.0]
+    assert all(found.response_hu[n] < 0.5 * found.response_hu[0] for n in on_tube)
+
+
+def test_blob_candidates_on_a_fine_grid_are_searched_coarser_but_placed_in_lps() -> None:
+    vol = _lung_volume(np.diag([-1.0, 1.0, 1.0]), shape=(50, 80, 80), spacing=(0.5, 0.5, 0.5))
+    lo, hi = vol.geometry.bounds_lps()
+    ball = (lo + hi) / 2 + np.array([3.3, -2.1, 1.7])
+    _paint_ball(vol, ball, 2.0, 40.0)
+    vol.array.setflags(write=False)  # as a memory-mapped cached case: read, never written
+    found = blob_candidates(vol, None, max_candidates=5)
+    assert np.linalg.norm(found.centers_lps[0] - ball) < 1.0
+
+
+def test_blob_candidates_stay_in_the_lungs_and_are_empty_without_blobs() -> None:
+    vol = _lung_volume(np.eye(3))
+    assert len(blob_candidates(vol, None, min_response_hu=60.0)) == 0  # noise only
+    ph = generate_phantom(4, matrix=96, pixel_spacing=2.0, slice_spacing=2.5, slices=48, n_nodules=3,
+                          nodule_diameter_mm=(4.0, 8.0))
+    region = quick_lung_mask(ph.volume)
+    found = blob_candidates(ph.volume, region, max_candidates=50)
+    ijk = ph.volume.lps_to_index(found.centers_lps)
+    assert region.near(ijk, 8.0).all()
+    assert np.all(np.diff(found.response_hu) <= 0)  # strongest first
+
+
+@pytest.mark.parametrize("direction", [np.eye(3), np.diag([-1.0, -1.0, -1.0]), np.array([[0.0, 1, 0], [1, 0, 0], [0, 0, 1]])])
+def test_patches_are_cut_along_l_p_s_whatever_the_array_orientation(direction: np.ndarray) -> None:
+    vol = _lung_volume(direction, spacing=(1.0, 1.0, 1.0))
+    lo, hi = vol.geometry.bounds_lps()
+    centre = np.round((lo + hi) / 2)
+    marker = centre + np.array([5.0, -3.0, 2.0])  # 5 mm to the patient's left, 3 mm anterior, 2 mm superior
+    _paint_ball(vol, marker, 0.6, 400.0)
+    patch = extract_patches(vol, centre[None], patch=16, spacing_mm=1.0)[0]  # [S, P, L]
+    s_, p_, l_ = np.unravel_index(int(np.argmax(patch)), patch.shape)
+    mid = 7.5
+    assert (l_ - mid, p_ - mid, s_ - mid) == pytest.approx((5.0, -3.0, 2.0), abs=0.6)
+    assert patch.min() >= 0.0 and patch.max() <= 1.0
+
+
+def test_duplicates_and_score_combination() -> None:
+    centers = np.array([[0.0, 0, 0], [1.0, 0, 0], [0.0, 0, 6], [30.0, 0, 0]])
+    diam = np.array([20.0, 4.0, 4.0, 4.0])
+    keep = suppress_duplicates(centers, diam, np.array([0.9, 0.95, 0.5, 0.1]))
+    # the 4 mm candidate at 1 mm wins; the 20 mm one is then dropped as its duplicate; 6 mm away survives
+    assert keep.tolist() == [1, 2, 3]
+    # a larger radius factor also merges the candidate 6 mm away from the 4 mm one (1.5 x 2 mm < 6 < 4 x 2 mm)
+    assert suppress_duplicates(centers, diam, np.array([0.9, 0.95, 0.5, 0.1]), radius_factor=4.0).tolist() == [1, 3]
+    p = np.array([0.9, 0.9, 0.2])
+    s = np.array([0.1, -1.0, 0.8])
+    out = combine_scores(p, s, 0.5)
+    assert out[1] == pytest.approx(0.9)  # blob candidate: the classifier alone
+    assert out[0] == pytest.approx(np.sqrt(0.09)) and out[2] == pytest.approx(0.4)
+    assert np.all((out >= 0) & (out <= 1))
+
+
+def test_fp_reduction_config_and_weights_errors(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="fp_reduction"):
+        FPReductionConfig.from_json({"patch": 24}, weights_dir=tmp_path)  # no weights entry
+    with pytest.raises(BundleError, match="patch 20"):
+        FPReductionConfig.from_json({"weights": "w.pt", "patch": 20}, weights_dir=tmp_path)
+    cfg = FPReductionConfig.from_json({"weights": "w.pt"}, weights_dir=tmp_path)
+    with pytest.raises(BundleError, match="missing") as exc:
+        FPReducer(cfg)
+    assert "w.pt" in str(exc.value)
+    torch.save(PatchClassifier(24, (4, 8, 16)).state_dict(), tmp_path / "w.pt")  # another shape
+    with pytest.raises(BundleError, match="do not load"):
+        FPReducer(cfg)
+
+
+def test_demo_model_ships_a_trained_fp_reduction_stage() -> None:
+    entry = json.loads(DEMO_MODEL_JSON.read_text())["fp_reduction"]
+    cfg = FPReductionConfig.from_json(entry, weights_dir=DEMO_MODEL_JSON.parent)
+    assert cfg.weights.is_file() and cfg.weights.stat().st_size < 2_000_000
+    assert set(entry["training"]["train_seeds"]).isdisjoint(range(1, 101))
+    reducer = FPReducer(cfg)
+    ph = generate_phantom(5, matrix=128, pixel_spacing=1.5, slice_spacing=2.0, slices=80, n_nodules=4,
+                          nodule_diameter_mm=(6.0, 12.0))
+    nodules = np.array([n.center_lps for n in ph.nodules])
+    rng = np.random.default_rng(0)
+    lungs = np.argwhere(ph.masks["lung_left"] | ph.masks["lung_right"])
+    far = [ph.volume.index_to_lps(lungs[n][::-1].astype(float)) for n in rng.choice(len(lungs), 200)]
+    far = np.array([c for c in far if np.min(np.linalg.norm(nodules - c, axis=1)) > 15.0][:40])
+    p_nod = reducer.probabilities(ph.volume, nodules)
+    p_far = reducer.probabilities(ph.volume, far)
+    # trained weights separate nodule centres from random lung positions
+    assert np.median(p_nod) > 0.5 > np.median(p_far)
+    assert np.mean(p_nod[:, None] > p_far[None, :]) > 0.9
+
+
+@pytest.mark.slow
+def test_detector_runs_the_fp_reduction_stage_unless_postprocessing_is_off() -> None:
+    from pipeline.detection.infer import Detector
+
+    ph = generate_phantom(6, matrix=160, pixel_spacing=1.6, slice_spacing=2.0, n_nodules=3, nodule_diameter_mm=(6.0, 14.0))
+    full = Detector(device="cpu")
+    raw = Detector(device="cpu", postprocess=False)
+    assert full.fp_reduction and not raw.fp_reduction
+    a = full.detect(ph.volume, lung_mask=ph.masks)
+    b = raw.detect(ph.volume, lung_mask=ph.masks)
+    assert "fp_reduction" in a.timings_ms and "fp_reduction" not in b.timings_ms
+    scores = [f.score for f in a]
+    assert scores == sorted(scores, reverse=True) and all(0.0 <= s <= 1.0 for s in scores)
+    # every nodule has a finding within its radius (LPS), and the top findings are nodules
+    for nod in ph.nodules:
+        d = [np.linalg.norm(np.subtract(f.center_lps, nod.center_lps)) for f in a]
+        assert min(d) <= nod.diameter_mm / 2, nod
+    top = a.findings[: len(ph.nodules)]
+    hits = [any(np.linalg.norm(np.subtract(f.center_lps, n.center_lps)) <= n.diameter_mm / 2 for n in ph.nodules) for f in top]
+    assert sum(hits) >= len(ph.nodules) - 1
