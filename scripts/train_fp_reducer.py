@@ -13,7 +13,8 @@ testing only, not for clinical use.
    gives ``--jitter`` positives around its true centre. Patches (``--patch`` voxels of 1 mm,
    axes L, P, S) are cached per phantom in ``--work``.
 2. Training: balanced batches, random flips and in-plane transposes, AdamW, cosine schedule,
-   BCE; losses logged.
+   BCE; optionally (``--hard-negatives F``) a fraction F of each batch's negatives drawn, after
+   mining at 1/2 and 3/4 of training, in proportion to the network's current score; losses logged.
 3. Validation seeds (``--val-seed0``, also unseen by both) choose, by CPM, the detector weight of
    :func:`pipeline.detection.fp_reduction.combine_scores` and the radius factor of
    :func:`pipeline.detection.fp_reduction.suppress_duplicates`; the model JSON's
@@ -131,11 +132,24 @@ def train(data: list[dict], args: argparse.Namespace) -> tuple[PatchClassifier, 
     t0 = time.time()
     ema = None
     net.train()
+    hard_p = None  # sampling weights of the negatives once mined: the ones the network currently scores highest
+    n_neg = args.batch - args.batch // 2
+    n_hard = int(round(args.hard_negatives * n_neg))
     for step in range(args.steps):
+        if n_hard and step in (args.steps // 2, 3 * args.steps // 4):
+            net.eval()
+            scores = probabilities(net, patches[neg])
+            net.train()
+            hard_p = (scores + 0.01) / (scores + 0.01).sum()
+            log.info("step %d: mined hard negatives (%d of %d negatives score >= 0.5)", step, int((scores >= 0.5).sum()), len(neg))
         lr = args.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
-        idx = np.concatenate([rng.choice(pos, args.batch // 2), rng.choice(neg, args.batch - args.batch // 2)])
+        if hard_p is not None:
+            negs = np.concatenate([rng.choice(neg, n_hard, p=hard_p), rng.choice(neg, n_neg - n_hard)])
+        else:
+            negs = rng.choice(neg, n_neg)
+        idx = np.concatenate([rng.choice(pos, args.batch // 2), negs])
         x = torch.from_numpy(patches[idx].astype(np.float32) / 255.0)[:, None]
         x = augment(x, gen).contiguous(memory_format=torch.channels_last_3d)
         y = torch.from_numpy((labels[idx] == 1).astype(np.float32))
@@ -203,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2500)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--hard-negatives", type=float, default=0.0,
+                    help="fraction of each batch's negatives drawn by score after hard-negative mining at 1/2 and 3/4 of training")
     ap.add_argument("--torch-seed", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--detector-weights", type=float, nargs="+", default=[0.0, 0.25, 0.5])
@@ -238,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "training": {
             "data": "synthetic phantoms from pipeline.phantom.generate_phantom (protocol of scripts/train_detector.py)",
             "train_seeds": [train_seeds[0], train_seeds[-1]], "validation_seeds": [val_seeds[0], val_seeds[-1]],
-            "jitter_positives_per_nodule": args.jitter, "steps": args.steps, "batch_size": args.batch, "lr": args.lr,
+            "jitter_positives_per_nodule": args.jitter, "hard_negative_fraction": args.hard_negatives, "steps": args.steps, "batch_size": args.batch, "lr": args.lr,
             "optimizer": "AdamW (weight decay 1e-4), cosine schedule", "torch_seed": args.torch_seed,
             "compute_cpu_minutes": {"candidates_and_patches": round(t_data / 60, 1), "training": round(t_train / 60, 1)},
             "threads": args.threads, "validation_cpm_by_detector_weight_and_duplicate_factor": val, "loss": history[-1:],
