@@ -155,13 +155,13 @@ def _suppress(points_mm: np.ndarray, strength: np.ndarray, min_distance_mm: floa
     order = np.argsort(-strength, kind="stable")
     order = order[strength[order] > 0]
     tree = cKDTree(points_mm[order])
-    taken = np.zeros(len(order), dtype=bool)
+    kept: list[int] = []
     dropped = np.zeros(len(order), dtype=bool)
     for n in range(len(order)):
         if dropped[n]:
             continue
-        taken[n] = True
-        if taken.sum() >= limit:
+        kept.append(n)
+        if len(kept) >= limit:
             break
         dropped[tree.query_ball_point(points_mm[order[n]], min_distance_mm)] = True
-    return order[taken]
+    return order[np.asarray(kept, dtype=int)]

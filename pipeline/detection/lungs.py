@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy import ndimage
@@ -49,11 +50,16 @@ class LungRegion:
         hi = np.minimum(hi + grow, np.asarray(size_ijk))
         return lo, hi
 
+    @cached_property
+    def _distance_mm(self) -> np.ndarray:
+        """Distance (mm) of each coarse voxel to the lungs (0 inside); computed once per region."""
+        coarse_sp = np.asarray(self.source_spacing)[::-1] * np.asarray(self.stride)  # (k, j, i) mm
+        return ndimage.distance_transform_edt(~self.mask, sampling=coarse_sp)
+
     def near(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
         """True for source indices ``(n, 3)`` within ``margin_mm`` of the lungs."""
         ijk = np.atleast_2d(np.asarray(ijk, dtype=np.float64))
-        coarse_sp = np.asarray(self.source_spacing)[::-1] * np.asarray(self.stride)  # (k, j, i) mm
-        dist = ndimage.distance_transform_edt(~self.mask, sampling=coarse_sp)
+        dist = self._distance_mm
         idx = np.round(ijk[:, ::-1] / np.asarray(self.stride)).astype(int)
         idx = np.clip(idx, 0, np.asarray(self.mask.shape) - 1)
         return dist[idx[:, 0], idx[:, 1], idx[:, 2]] <= margin_mm
