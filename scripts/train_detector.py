@@ -8,11 +8,15 @@ Steps: generate the training phantoms once (seeds ``--seed0 ..``; never the
 evaluation seeds 1..N) and cache their network inputs and boxes; then train on
 random patches (two thirds centred near a nodule) with MONAI's detection
 training utilities: ATSS matcher, hard-negative sampler, box coder (encoded
-regression targets, smooth-L1), BCE classification. Mixed precision and
-gradient accumulation on a GPU. A checkpoint is written every
+regression targets, smooth-L1), BCE classification. Mixed precision (float16 on
+a GPU, bfloat16 on CPUs that run it natively; ``--fp32`` turns it off) and gradient
+accumulation on a GPU. A checkpoint is written every
 ``--checkpoint-every`` steps and the run resumes from it. Losses are logged.
 
-    python scripts/train_detector.py --work /tmp/ctpipe_train --minutes 50
+    python scripts/train_detector.py --work /tmp/ctpipe_train
+
+``bash scripts/train_demo.sh`` trains both stages of the demo model (this script, then
+``scripts/train_fp_reducer.py``) and evaluates them on held-out phantoms.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 
 from pipeline.detection.model_config import DEMO_MODEL_JSON, FORMAT
 from pipeline.detection.network import build_anchor_generator, build_network, count_parameters
+from pipeline.detection.precision import autocast_dtype, precision_name
 from pipeline.detection.preprocess import Window, prepare_input
 
 log = logging.getLogger("train_detector")
@@ -175,10 +180,13 @@ def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse
             "steps": history["step"],
             "batch_size": args.batch,
             "grad_accumulation": args.accum,
-            "optimizer": f"AdamW lr={args.lr} cosine",
+            "precision": history.get("precision"),
+            "optimizer": f"AdamW (weight decay 1e-4), lr {args.lr}, cosine over {args.steps} steps with 100 warm-up steps",
             "matcher": "ATSS (num_candidates=4)",
             "sampler": "hard negative (batch 128, positive fraction 0.25)",
             "final_loss": history.get("loss"),
+            "compute_cpu_minutes": history.get("compute_cpu_minutes"),
+            "threads": args.threads,
             "parameters": count_parameters(net),
         },
         "intended_use": "trained on synthetic phantoms, for demonstration and testing only, not for clinical use",
@@ -270,10 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEMO_MODEL_JSON, help="model JSON to write (weights next to it, .pt)")
     ap.add_argument("--seed0", type=int, default=1000, help="first training phantom seed (evaluation uses 1..N)")
     ap.add_argument("--n-train", type=int, default=150)
-    ap.add_argument("--steps", type=int, default=8000)
-    ap.add_argument("--minutes", type=float, default=50.0, help="stop training after this wall time")
+    ap.add_argument("--steps", type=int, default=7000)
+    ap.add_argument("--minutes", type=float, default=90.0, help="stop training after this wall time")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--accum", type=int, default=1, help="gradient accumulation steps (GPU)")
+    ap.add_argument("--fp32", action="store_true", help="train in float32 (default: mixed precision where native)")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--torch-seed", type=int, default=7)
     ap.add_argument("--checkpoint-every", type=int, default=100)
@@ -301,7 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         return evaluate_heldout(args.out, eval_seeds, args.work / "eval", weights=ckpt_w, refine=args.eval_refine,
                                 amp=not args.eval_fp32)
     seeds = list(range(args.seed0, args.seed0 + args.n_train))
+    t_cache = time.time()
     paths = build_cache(args.work, seeds)
+    t_cache = time.time() - t_cache
     samples = [dict(np.load(p)) for p in paths]
     log.info("%d training phantoms, %d nodules", len(samples), sum(len(s["boxes"]) for s in samples))
 
@@ -315,8 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     det.set_target_keys(box_key="boxes", label_key="labels")
     det.set_box_regression_loss(torch.nn.SmoothL1Loss(beta=1.0 / 9, reduction="mean"), encode_gt=True, decode_pred=False)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
-    use_amp = device.type == "cuda"
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+    # mixed precision where the hardware runs it natively: float16 (with loss scaling) on a GPU, bfloat16 on
+    # CPUs with AVX512-BF16/AMX (about 1.7x faster per step there); float32 elsewhere or with --fp32
+    amp_dtype = autocast_dtype(device, not args.fp32)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    log.info("training in %s", precision_name(amp_dtype))
     ckpt = args.work / "last.pt"
     step = 0
     rng = np.random.default_rng(args.torch_seed)
@@ -345,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                 img, boxes = random_patch(sample, rng, positive=b % 3 != 2)
                 imgs.append(torch.from_numpy(img)[None].to(device))
                 targets.append({"boxes": torch.from_numpy(boxes).to(device), "labels": torch.zeros(len(boxes), dtype=torch.long, device=device)})
-            with torch.autocast(device.type, enabled=use_amp):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 losses = det(torch.stack(imgs), targets)
                 loss = (losses["classification"] + losses["box_regression"]) / args.accum
             scaler.scale(loss).backward()
@@ -365,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
             tmp.replace(ckpt)
     torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_model(args.work, net, args.out, args, {"step": step, "loss": ema})
+    minutes = {"cache": round(t_cache / 60, 1), "training": round((time.time() - t_start) / 60, 1)}  # this run's
+    write_model(args.work, net, args.out, args, {"step": step, "loss": ema, "compute_cpu_minutes": minutes,
+                                                 "precision": precision_name(amp_dtype)})
     if eval_seeds:
         return evaluate_heldout(args.out, eval_seeds, args.work / "eval", refine=args.eval_refine, amp=not args.eval_fp32)
     return 0

@@ -11,7 +11,8 @@ testing only, not for clinical use.
    A candidate within a nodule's radius is positive (LUNA16's hit rule); one within 1.5 radii
    (or 3 mm) but not within the radius is left out; the rest are negative. Each nodule also
    gives ``--jitter`` positives around its true centre. Patches (``--patch`` voxels of 1 mm,
-   axes L, P, S) are cached per phantom in ``--work``.
+   axes L, P, S, and with ``--context-spacing`` a second, wider cube as a second channel) are
+   cached per phantom in ``--work``, as are the validation phantoms' candidates.
 2. Training: balanced batches, random flips and in-plane transposes, AdamW, cosine schedule,
    BCE; optionally (``--hard-negatives F``) a fraction F of each batch's negatives drawn, after
    mining at 1/2 and 3/4 of training, in proportion to the network's current score; losses logged.
@@ -31,6 +32,7 @@ import logging
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +45,8 @@ from pipeline.detection.fp_reduction import (
     FPReductionConfig,
     PatchClassifier,
     candidate_findings,
+    classifier_input,
     combine_scores,
-    extract_patches,
     suppress_duplicates,
 )
 from pipeline.detection.infer import Detector
@@ -54,14 +56,17 @@ from pipeline.detection.model_config import DEMO_MODEL_JSON
 log = logging.getLogger("train_fp_reducer")
 
 
-def phantom_candidates(det: Detector, seed: int, patch: int, jitter: int, blobs: int) -> dict[str, np.ndarray]:
-    """Patches (uint8), labels (1, 0, or -1 = left out), detector scores and nodule sizes of one phantom."""
+def phantom_candidates(det: Detector, seed: int, cfg: FPReductionConfig, jitter: int) -> dict[str, np.ndarray]:
+    """One phantom's candidates as the pipeline makes them, plus ``jitter`` positives per nodule: patches
+    (uint8, N x channels x P^3), labels (1, 0, or -1 = left out), detector scores (-1 blob, -2 jittered),
+    centres (LPS mm), diameters, the diameter of the nodule each positive hits, and the nodules themselves."""
     rng = np.random.default_rng(seed)
     ph = training_phantom(seed, rng)
     region = quick_lung_mask(ph.volume)
     findings = det.detect(ph.volume, lung_mask=region)
-    items, det_scores = candidate_findings(ph.volume, findings, region, blobs=blobs)
+    items, det_scores = candidate_findings(ph.volume, findings, region, blobs=cfg.blob_candidates)
     centers = np.array([f.center_lps for f in items]).reshape(-1, 3)
+    sizes = np.array([f.diameter_mm for f in items], np.float32)
     labels = np.zeros(len(items), np.int8)
     diam = np.zeros(len(items), np.float32)
     extra = []
@@ -79,19 +84,24 @@ def phantom_candidates(det: Detector, seed: int, patch: int, jitter: int, blobs:
         labels = np.concatenate([labels, np.ones(len(extra), np.int8)])
         det_scores = np.concatenate([det_scores, np.full(len(extra), -2.0)])
         diam = np.concatenate([diam, np.array([e[1] for e in extra], np.float32)])
-    patches = extract_patches(ph.volume, centers, patch=patch)
+        sizes = np.concatenate([sizes, np.array([e[1] for e in extra], np.float32)])
+    patches = classifier_input(ph.volume, centers, cfg)
     return {"patches": np.round(patches * 255).astype(np.uint8), "labels": labels, "det": det_scores.astype(np.float32),
-            "diam": diam}
+            "diam": diam, "centers": centers, "sizes": sizes,
+            "nodule_centers": np.array([n.center_lps for n in ph.nodules]).reshape(-1, 3),
+            "nodule_diameters": np.array([n.diameter_mm for n in ph.nodules])}
 
 
-def build_cache(work: Path, det: Detector, seeds: list[int], patch: int, jitter: int, blobs: int) -> list[dict]:
+def build_cache(work: Path, det: Detector, seeds: list[int], cfg: FPReductionConfig, jitter: int) -> list[dict]:
+    """:func:`phantom_candidates` of each seed, cached in ``work`` (keyed by the settings that change them)."""
     out = []
     (work / "cache").mkdir(parents=True, exist_ok=True)
+    key = f"p{cfg.patch}_s{'-'.join(f'{s:g}' for s in cfg.spacings_mm)}_b{cfg.blob_candidates}_j{jitter}"
     for n, seed in enumerate(seeds):
-        path = work / "cache" / f"fpr_{seed}.npz"
+        path = work / "cache" / f"fpr_{seed}_{key}.npz"
         if not path.is_file():
             t0 = time.time()
-            data = phantom_candidates(det, seed, patch, jitter, blobs)
+            data = phantom_candidates(det, seed, cfg, jitter)
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, **data)
             tmp.replace(path)
@@ -104,7 +114,7 @@ def build_cache(work: Path, det: Detector, seeds: list[int], patch: int, jitter:
 
 
 def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Random flips of each axis and a random L/P transpose, per sample: (N, 1, S, P, L)."""
+    """Random flips of each axis and a random L/P transpose, per sample: (N, C, S, P, L)."""
     flips = torch.rand(x.shape[0], 4, generator=gen) < 0.5
     out = x.clone()
     for n in range(x.shape[0]):
@@ -118,15 +128,19 @@ def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out
 
 
-def train(data: list[dict], args: argparse.Namespace) -> tuple[PatchClassifier, list[dict]]:
+def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace) -> tuple[PatchClassifier, list[dict]]:
     patches = np.concatenate([d["patches"] for d in data])
     labels = np.concatenate([d["labels"] for d in data])
     pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
+    diam = np.concatenate([d["diam"] for d in data])[pos]
+    pos_p = np.maximum(diam, 1.0) ** -args.small_nodule_weight  # exponent 0: every positive equally often
+    pos_p /= pos_p.sum()
     log.info("training on %d positives, %d negatives (%d left out)", len(pos), len(neg), int((labels < 0).sum()))
     torch.manual_seed(args.torch_seed)
     gen = torch.Generator().manual_seed(args.torch_seed)
     rng = np.random.default_rng(args.torch_seed)
-    net = PatchClassifier(args.patch, tuple(args.channels), args.hidden).to(memory_format=torch.channels_last_3d)
+    net = PatchClassifier(cfg.patch, cfg.channels, cfg.hidden, in_channels=len(cfg.spacings_mm))
+    net = net.to(memory_format=torch.channels_last_3d)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
     history = []
     t0 = time.time()
@@ -149,8 +163,8 @@ def train(data: list[dict], args: argparse.Namespace) -> tuple[PatchClassifier, 
             negs = np.concatenate([rng.choice(neg, n_hard, p=hard_p), rng.choice(neg, n_neg - n_hard)])
         else:
             negs = rng.choice(neg, n_neg)
-        idx = np.concatenate([rng.choice(pos, args.batch // 2), negs])
-        x = torch.from_numpy(patches[idx].astype(np.float32) / 255.0)[:, None]
+        idx = np.concatenate([rng.choice(pos, args.batch // 2, p=pos_p), negs])
+        x = torch.from_numpy(patches[idx].astype(np.float32) / 255.0)
         x = augment(x, gen).contiguous(memory_format=torch.channels_last_3d)
         y = torch.from_numpy((labels[idx] == 1).astype(np.float32))
         loss = torch.nn.functional.binary_cross_entropy_with_logits(net(x), y)
@@ -169,35 +183,28 @@ def train(data: list[dict], args: argparse.Namespace) -> tuple[PatchClassifier, 
 def probabilities(net: PatchClassifier, patches: np.ndarray) -> np.ndarray:
     out = []
     for a in range(0, len(patches), 256):
-        x = torch.from_numpy(patches[a:a + 256].astype(np.float32) / 255.0)[:, None]
+        x = torch.from_numpy(patches[a:a + 256].astype(np.float32) / 255.0)
         out.append(torch.sigmoid(net(x)).numpy())
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def validate(net: PatchClassifier, det: Detector, seeds: list[int], args: argparse.Namespace) -> dict[str, float]:
-    """CPM on validation phantoms for each candidate detector weight (candidates scored as the pipeline does)."""
-    cases = []
-    for seed in seeds:
-        ph = training_phantom(seed, np.random.default_rng(seed))
-        region = quick_lung_mask(ph.volume)
-        items, det_scores = candidate_findings(ph.volume, det.detect(ph.volume, lung_mask=region), region, blobs=args.blobs)
-        centers = np.array([f.center_lps for f in items]).reshape(-1, 3)
-        probs = probabilities(net, np.round(extract_patches(ph.volume, centers, patch=args.patch) * 255).astype(np.uint8))
-        cases.append((str(seed), centers, np.array([f.diameter_mm for f in items]), det_scores, probs,
-                      [(n.center_lps, n.diameter_mm) for n in ph.nodules]))
+def validate(net: PatchClassifier, cases: list[dict], args: argparse.Namespace) -> dict[str, float]:
+    """CPM on validation phantoms (:func:`phantom_candidates` without jitter) for each detector weight and
+    duplicate radius factor, candidates scored as the pipeline scores them."""
     results = {}
+    probs = [probabilities(net, c["patches"]) for c in cases]
     for w in args.detector_weights:
         for factor in args.duplicate_factors:
             preds, truth = {}, {}
-            for sid, centers, diam, det_scores, probs, nods in cases:
-                scores = combine_scores(probs, det_scores, w)
-                keep = suppress_duplicates(centers, diam, scores, radius_factor=factor)
-                preds[sid] = [(centers[n], float(scores[n])) for n in keep]
-                truth[sid] = nods
+            for n, (case, p) in enumerate(zip(cases, probs)):
+                scores = combine_scores(p, case["det"], w)
+                keep = suppress_duplicates(case["centers"], case["sizes"], scores, radius_factor=factor)
+                preds[str(n)] = [(case["centers"][k], float(scores[k])) for k in keep]
+                truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
             res = evaluate_froc(preds, truth, n_bootstrap=0)
             results[f"{w}/{factor}"] = round(float(res.cpm), 4)
             log.info("validation (%d phantoms), detector weight %.2f, duplicate radius factor %.1f: CPM %.3f",
-                     len(seeds), w, factor, res.cpm)
+                     len(cases), w, factor, res.cpm)
     return results
 
 
@@ -208,17 +215,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed0", type=int, default=2000)
     ap.add_argument("--n-train", type=int, default=80)
     ap.add_argument("--val-seed0", type=int, default=3000)
-    ap.add_argument("--n-val", type=int, default=16)
+    ap.add_argument("--n-val", type=int, default=40)
     ap.add_argument("--patch", type=int, default=24)
+    ap.add_argument("--context-spacing", type=float, default=None,
+                    help="grid spacing (mm) of a second, wider cube given to the classifier as a second channel")
     ap.add_argument("--channels", type=int, nargs=3, default=[8, 16, 32])
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--blobs", type=int, default=200, help="small-blob candidates per scan")
     ap.add_argument("--jitter", type=int, default=6, help="positives around each true nodule centre")
-    ap.add_argument("--steps", type=int, default=2500)
+    ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--hard-negatives", type=float, default=0.0,
                     help="fraction of each batch's negatives drawn by score after hard-negative mining at 1/2 and 3/4 of training")
+    ap.add_argument("--small-nodule-weight", type=float, default=0.0,
+                    help="draw positives in proportion to diameter^-W (0: uniformly; 1: a 3 mm nodule 10x as often as a 30 mm one)")
     ap.add_argument("--torch-seed", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--detector-weights", type=float, nargs="+", default=[0.0, 0.25, 0.5])
@@ -233,20 +244,22 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("training/validation seeds overlap the evaluation (1..100) or detector (1000..1149) seeds or each other")
     base = load_model(args.model)
     det = Detector(model=base, device="cpu", postprocess=False)
+    weights = args.model.with_name(args.model.stem.replace("retinanet", "fpr") + ".pt")
+    cfg = FPReductionConfig(weights=weights, patch=args.patch, spacing_mm=1.0, channels=tuple(args.channels),  # type: ignore[arg-type]
+                            hidden=args.hidden, blob_candidates=args.blobs, context_spacing_mm=args.context_spacing)
     t0 = time.time()
-    data = build_cache(args.work, det, train_seeds, args.patch, args.jitter, args.blobs)
+    data = build_cache(args.work, det, train_seeds, cfg, args.jitter)
     t_data = time.time() - t0
     t0 = time.time()
-    net, history = train(data, args)
+    net, history = train(data, cfg, args)
     t_train = time.time() - t0
-    val = validate(net, det, val_seeds, args) if val_seeds else {}
+    t0 = time.time()
+    val = validate(net, build_cache(args.work, det, val_seeds, cfg, 0), args) if val_seeds else {}
+    t_val = time.time() - t0
     best = max(val, key=lambda k: val[k]) if val else "0.5/1.0"
     weight, factor = (float(v) for v in best.split("/"))
-    weights = args.model.with_name(args.model.stem.replace("retinanet", "fpr") + ".pt")
     torch.save(net.state_dict(), weights)
-    cfg = FPReductionConfig(weights=weights, patch=args.patch, spacing_mm=1.0, channels=tuple(args.channels),  # type: ignore[arg-type]
-                            hidden=args.hidden, blob_candidates=args.blobs, detector_weight=weight,
-                            duplicate_radius_factor=factor)
+    cfg = replace(cfg, detector_weight=weight, duplicate_radius_factor=factor)
     model_json = json.loads(args.model.read_text())
     model_json["fp_reduction"] = {
         **cfg.to_json(),
@@ -256,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             "train_seeds": [train_seeds[0], train_seeds[-1]], "validation_seeds": [val_seeds[0], val_seeds[-1]],
             "jitter_positives_per_nodule": args.jitter, "hard_negative_fraction": args.hard_negatives, "steps": args.steps, "batch_size": args.batch, "lr": args.lr,
             "optimizer": "AdamW (weight decay 1e-4), cosine schedule", "torch_seed": args.torch_seed,
-            "compute_cpu_minutes": {"candidates_and_patches": round(t_data / 60, 1), "training": round(t_train / 60, 1)},
+            "compute_cpu_minutes": {"candidates_and_patches": round(t_data / 60, 1), "training": round(t_train / 60, 1),
+                                    "validation": round(t_val / 60, 1)},
             "threads": args.threads, "validation_cpm_by_detector_weight_and_duplicate_factor": val, "loss": history[-1:],
         },
     }

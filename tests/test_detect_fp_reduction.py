@@ -14,6 +14,7 @@ from pipeline.detection.fp_reduction import (
     FPReducer,
     FPReductionConfig,
     PatchClassifier,
+    classifier_input,
     combine_scores,
     extract_patches,
     suppress_duplicates,
@@ -98,6 +99,32 @@ def test_patches_are_cut_along_l_p_s_whatever_the_array_orientation(direction: n
     mid = 7.5
     assert (l_ - mid, p_ - mid, s_ - mid) == pytest.approx((5.0, -3.0, 2.0), abs=0.6)
     assert patch.min() >= 0.0 and patch.max() <= 1.0
+
+
+def test_context_channel_sees_the_surroundings_on_the_same_centre(tmp_path: Path) -> None:
+    vol = _lung_volume(np.diag([-1.0, 1.0, -1.0]), spacing=(1.0, 1.0, 1.0))
+    lo, hi = vol.geometry.bounds_lps()
+    centre = np.round((lo + hi) / 2)
+    near, far = centre + np.array([0.0, 0.0, 4.0]), centre + np.array([16.0, 0.0, 0.0])  # 16 mm: outside a 16 mm cube
+    _paint_ball(vol, near, 1.0, 400.0)
+    _paint_ball(vol, far, 1.5, 400.0)
+    cfg = FPReductionConfig.from_json({"weights": "w.pt", "patch": 16, "context_spacing_mm": 2.5}, weights_dir=tmp_path)
+    assert cfg.spacings_mm == (1.0, 2.5) and cfg.to_json()["context_spacing_mm"] == 2.5
+    x = classifier_input(vol, centre[None], cfg)
+    assert x.shape == (1, 2, 16, 16, 16)
+    fine, wide = x[0]
+    mid = 7.5
+    assert np.unravel_index(int(np.argmax(fine)), fine.shape)[0] - mid == pytest.approx(4.0, abs=0.6)  # S
+    assert fine[:, :, -1].max() < 0.5  # the far ball is out of the fine cube ...
+    s_, p_, l_ = np.unravel_index(int(np.argmax(np.where(np.abs(np.arange(16) - mid)[None, None, :] > 4, wide, 0))), wide.shape)
+    assert ((l_ - mid) * 2.5, s_ - mid) == pytest.approx((16.0, 0.0), abs=1.5)  # ... and in the wide one, to the left
+    torch.save(PatchClassifier(16, (4, 8, 16), 8, in_channels=2).state_dict(), tmp_path / "w.pt")
+    cfg = FPReductionConfig.from_json({"weights": "w.pt", "patch": 16, "channels": [4, 8, 16], "hidden": 8,
+                                       "context_spacing_mm": 2.5}, weights_dir=tmp_path)
+    probs = FPReducer(cfg).probabilities(vol, np.stack([centre, far]))
+    assert probs.shape == (2,) and np.all((probs > 0) & (probs < 1))
+    with pytest.raises(BundleError, match="context_spacing_mm -1"):
+        FPReductionConfig.from_json({"weights": "w.pt", "context_spacing_mm": -1}, weights_dir=tmp_path)
 
 
 def test_duplicates_and_score_combination() -> None:

@@ -45,4 +45,4 @@ def test_bf16_findings_match_float32():
         d = [np.linalg.norm(np.subtract(g.center_lps, f.center_lps)) for g in fast]
         g = fast[int(np.argmin(d))]
         assert min(d) < 1.5, (f, d)
-        assert abs(g.score - f.score) < 0.03
+        assert abs(g.score - f.score) < 0.04

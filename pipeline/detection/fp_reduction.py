@@ -4,7 +4,10 @@ Second stage of the demo pipeline (LUNA16's "false positive reduction" track): e
 candidate (the RetinaNet's findings and the small-blob candidates of :mod:`.candidates`)
 is cut out of the HU volume as a cube of ``patch`` voxels of ``spacing_mm`` mm centred on
 it, axes along the patient's L, P and S directions whatever the series' orientation
-(patch array ``[S, P, L]``), and scored by :class:`PatchClassifier`. Scores of candidates
+(patch array ``[S, P, L]``); with ``context_spacing_mm`` set, a second cube of the same number of
+voxels on a coarser grid, centred on the same point, shows the surroundings (does a bright
+spot continue as a vessel, does it sit on the chest wall) as a second channel. The
+:class:`PatchClassifier` scores the result. Scores of candidates
 the network also proposed may be combined with its score (:func:`combine_scores`, weight
 chosen on validation phantoms); duplicates of one nodule are merged (:func:`suppress_duplicates`).
 
@@ -39,9 +42,10 @@ HU_WINDOW = (-1000.0, 400.0)
 
 
 class PatchClassifier(nn.Module):
-    """Input (N, 1, P, P, P) patches in 0..1 (P divisible by 8); output (N,) logits."""
+    """Input (N, in_channels, P, P, P) patches in 0..1 (P divisible by 8); output (N,) logits."""
 
-    def __init__(self, patch: int = 24, channels: tuple[int, int, int] = (8, 16, 32), hidden: int = 64) -> None:
+    def __init__(self, patch: int = 24, channels: tuple[int, int, int] = (8, 16, 32), hidden: int = 64,
+                 in_channels: int = 1) -> None:
         super().__init__()
         c1, c2, c3 = channels
 
@@ -52,7 +56,7 @@ class PatchClassifier(nn.Module):
                            nn.ReLU(inplace=True)]
             return [*layers, nn.MaxPool3d(2)]
 
-        self.features = nn.Sequential(*block(1, c1, 1), *block(c1, c2, 2), *block(c2, c3, 2))
+        self.features = nn.Sequential(*block(in_channels, c1, 1), *block(c1, c2, 2), *block(c2, c3, 2))
         side = patch // 8
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(c3 * side**3, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, 1))
 
@@ -72,6 +76,12 @@ class FPReductionConfig:
     blob_candidates: int = 200
     detector_weight: float = 0.5
     duplicate_radius_factor: float = 1.0
+    context_spacing_mm: float | None = None
+
+    @property
+    def spacings_mm(self) -> tuple[float, ...]:
+        """Grid spacing (mm) of each input channel: the patch, then the wider context cube if any."""
+        return (self.spacing_mm,) if self.context_spacing_mm is None else (self.spacing_mm, self.context_spacing_mm)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, weights_dir: Path) -> FPReductionConfig:
@@ -87,22 +97,24 @@ class FPReductionConfig:
                 blob_candidates=int(data.get("blob_candidates", 200)),
                 detector_weight=float(data.get("detector_weight", 0.5)),
                 duplicate_radius_factor=float(data.get("duplicate_radius_factor", 1.0)),
+                context_spacing_mm=None if data.get("context_spacing_mm") is None else float(data["context_spacing_mm"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"invalid fp_reduction entry: {exc!r}", where=where,
                               fix="regenerate it with scripts/train_fp_reducer.py") from exc
         if cfg.patch % 8 or cfg.patch <= 0 or cfg.spacing_mm <= 0 or len(cfg.channels) != 3 or not 0 <= cfg.detector_weight <= 1 \
-                or cfg.duplicate_radius_factor <= 0:
+                or cfg.duplicate_radius_factor <= 0 or (cfg.context_spacing_mm is not None and cfg.context_spacing_mm <= 0):
             raise BundleError(f"fp_reduction entry out of range: patch {cfg.patch} (multiple of 8), spacing_mm "
                               f"{cfg.spacing_mm} (> 0), detector_weight {cfg.detector_weight} (0..1), duplicate_radius_factor "
-                              f"{cfg.duplicate_radius_factor} (> 0)", where=where,
+                              f"{cfg.duplicate_radius_factor} (> 0), context_spacing_mm {cfg.context_spacing_mm} (> 0 or null)", where=where,
                               fix="regenerate it with scripts/train_fp_reducer.py")
         return cfg
 
     def to_json(self) -> dict[str, Any]:
         return {"weights": self.weights.name, "patch": self.patch, "spacing_mm": self.spacing_mm,
                 "channels": list(self.channels), "hidden": self.hidden, "blob_candidates": self.blob_candidates,
-                "detector_weight": self.detector_weight, "duplicate_radius_factor": self.duplicate_radius_factor}
+                "detector_weight": self.detector_weight, "duplicate_radius_factor": self.duplicate_radius_factor,
+                "context_spacing_mm": self.context_spacing_mm}
 
 
 def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 24, spacing_mm: float = 1.0) -> np.ndarray:
@@ -134,6 +146,13 @@ def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 2
     return out
 
 
+def classifier_input(volume: CTVolume, centers_lps: np.ndarray, config: FPReductionConfig) -> np.ndarray:
+    """The classifier's input for positions ``centers_lps`` (N, 3; LPS mm): float32 ``(N, C, P, P, P)``, one
+    channel per grid of ``config.spacings_mm`` (:func:`extract_patches`; the same centre, ``P = config.patch``)."""
+    return np.stack([extract_patches(volume, centers_lps, patch=config.patch, spacing_mm=s) for s in config.spacings_mm],
+                    axis=1)
+
+
 def combine_scores(classifier_prob: np.ndarray, detector_score: np.ndarray, detector_weight: float) -> np.ndarray:
     """Final scores (0..1): ``p^(1-w) * s^w`` (``w = detector_weight``) where the detector proposed the
     candidate (its score ``s >= 0``), the classifier's probability ``p`` alone where it did not (``s < 0``)."""
@@ -151,7 +170,7 @@ class FPReducer:
         self.config = config
         self.device = torch.device(device)
         self._autocast = autocast
-        net = PatchClassifier(config.patch, config.channels, config.hidden)
+        net = PatchClassifier(config.patch, config.channels, config.hidden, in_channels=len(config.spacings_mm))
         if not config.weights.is_file():
             raise BundleError("false-positive reduction weights are missing", where=config.weights,
                               fix="reinstall ctpipe or retrain them with scripts/train_fp_reducer.py")
@@ -170,8 +189,7 @@ class FPReducer:
         centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
         probs = np.zeros(len(centers))
         for a in range(0, len(centers), batch):
-            x = torch.from_numpy(extract_patches(volume, centers[a:a + batch], patch=cfg.patch, spacing_mm=cfg.spacing_mm))
-            x = x[:, None].to(self.device)
+            x = torch.from_numpy(classifier_input(volume, centers[a:a + batch], cfg)).to(self.device)
             with torch.autocast(self.device.type, dtype=self._autocast, enabled=self._autocast is not None):
                 logits = self.network(x)
             probs[a:a + batch] = torch.sigmoid(logits.float()).cpu().numpy()
