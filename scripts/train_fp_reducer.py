@@ -27,6 +27,7 @@ testing only, not for clinical use.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
@@ -247,14 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     weights = args.model.with_name(args.model.stem.replace("retinanet", "fpr") + ".pt")
     cfg = FPReductionConfig(weights=weights, patch=args.patch, spacing_mm=1.0, channels=tuple(args.channels),  # type: ignore[arg-type]
                             hidden=args.hidden, blob_candidates=args.blobs, context_spacing_mm=args.context_spacing)
+    # candidates depend on the detector's weights: one cache folder per weights file
+    work = args.work / f"detector_{hashlib.sha256(base.config.weights.read_bytes()).hexdigest()[:12]}"
     t0 = time.time()
-    data = build_cache(args.work, det, train_seeds, cfg, args.jitter)
+    data = build_cache(work, det, train_seeds, cfg, args.jitter)
     t_data = time.time() - t0
     t0 = time.time()
     net, history = train(data, cfg, args)
     t_train = time.time() - t0
     t0 = time.time()
-    val = validate(net, build_cache(args.work, det, val_seeds, cfg, 0), args) if val_seeds else {}
+    val = validate(net, build_cache(work, det, val_seeds, cfg, 0), args) if val_seeds else {}
     t_val = time.time() - t0
     best = max(val, key=lambda k: val[k]) if val else "0.5/1.0"
     weight, factor = (float(v) for v in best.split("/"))
