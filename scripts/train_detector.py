@@ -153,7 +153,7 @@ def random_patch(sample: dict, rng: np.random.Generator, positive: bool) -> tupl
     return np.ascontiguousarray(out), bx
 
 
-def write_model(work: Path, net: torch.nn.Module, out_json: Path, args: argparse.Namespace, history: dict) -> None:
+def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, history: dict) -> None:
     weights = out_json.with_suffix(".pt")
     state = {k: v.detach().cpu().float() if v.is_floating_point() else v.cpu() for k, v in net.state_dict().items()}
     torch.save(state, weights)
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     minutes = {"cache": round(t_cache / 60, 1), "training": round((time.time() - t_start) / 60, 1)}  # this run's
-    write_model(args.work, net, args.out, args, {"step": step, "loss": ema, "compute_cpu_minutes": minutes,
+    write_model(net, args.out, args, {"step": step, "loss": ema, "compute_cpu_minutes": minutes,
                                                  "precision": precision_name(amp_dtype)})
     if eval_seeds:
         return evaluate_heldout(args.out, eval_seeds, args.work / "eval", refine=args.eval_refine, amp=not args.eval_fp32)
