@@ -288,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--eval-seeds", type=int, default=0, help="after training, evaluate on held-out phantom seeds 1..N")
+    ap.add_argument("--eval-seeds", type=int, default=0,
+                    help="after training, evaluate on N held-out phantoms: seeds --eval-seed0 .. --eval-seed0 + N - 1")
+    ap.add_argument("--eval-seed0", type=int, default=1, help="first held-out seed (held-out seeds lie in 1..100)")
     ap.add_argument("--eval-only", action="store_true", help="skip training; evaluate --out (or --eval-checkpoint)")
     ap.add_argument("--eval-checkpoint", action="store_true", help="evaluate the training checkpoint's weights")
     ap.add_argument("--eval-fp32", action="store_true", help="evaluate with the network in float32 (default: the detector's default)")
@@ -299,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.torch_seed)
     args.work.mkdir(parents=True, exist_ok=True)
-    eval_seeds = list(range(1, args.eval_seeds + 1))
+    eval_seeds = list(range(args.eval_seed0, args.eval_seed0 + args.eval_seeds))
+    if not set(eval_seeds) <= set(range(1, 101)):
+        raise SystemExit(f"held-out seeds {eval_seeds[0]}..{eval_seeds[-1]} leave 1..100, the range no training script uses")
     if set(eval_seeds) & set(range(args.seed0, args.seed0 + args.n_train)):
         raise SystemExit("evaluation seeds overlap the training seeds")
     if args.eval_only:

@@ -16,8 +16,9 @@ testing only, not for clinical use.
 2. Training: balanced batches, random flips and in-plane transposes, AdamW, cosine schedule,
    BCE; optionally (``--hard-negatives F``) a fraction F of each batch's negatives drawn, after
    mining at 1/2 and 3/4 of training, in proportion to the network's current score; losses logged.
-3. Validation seeds (``--val-seed0``, also unseen by both) choose, by CPM, the detector weight of
-   :func:`pipeline.detection.fp_reduction.combine_scores` and the radius factor of
+3. Validation seeds (``--val-seed0``, also unseen by both) choose, by CPM, whether candidates are scored
+   on one view or averaged over ``--flip-views`` mirrored views (:func:`pipeline.detection.fp_reduction.patch_logits`),
+   the detector weight of :func:`pipeline.detection.fp_reduction.combine_scores` and the radius factor of
    :func:`pipeline.detection.fp_reduction.suppress_duplicates`; the model JSON's
    ``fp_reduction`` entry records them with the training settings.
 
@@ -43,11 +44,13 @@ from train_detector import training_phantom
 from pipeline.detection.bundle import load_model
 from pipeline.detection.evaluate import evaluate_froc
 from pipeline.detection.fp_reduction import (
+    FLIP_VIEWS,
     FPReductionConfig,
     PatchClassifier,
     candidate_findings,
     classifier_input,
     combine_scores,
+    patch_logits,
     suppress_duplicates,
 )
 from pipeline.detection.infer import Detector
@@ -181,31 +184,34 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace) ->
 
 
 @torch.no_grad()
-def probabilities(net: PatchClassifier, patches: np.ndarray) -> np.ndarray:
+def probabilities(net: PatchClassifier, patches: np.ndarray, *, views: int = 1, min_probability: float = 0.02) -> np.ndarray:
+    """Nodule probability of each cached patch (uint8), scored as the pipeline scores it (:func:`patch_logits`)."""
     out = []
     for a in range(0, len(patches), 256):
         x = torch.from_numpy(patches[a:a + 256].astype(np.float32) / 255.0)
-        out.append(torch.sigmoid(net(x)).numpy())
+        out.append(torch.sigmoid(patch_logits(net, x, views=views, min_probability=min_probability)).numpy())
     return np.concatenate(out) if out else np.zeros(0)
 
 
 def validate(net: PatchClassifier, cases: list[dict], args: argparse.Namespace) -> dict[str, float]:
-    """CPM on validation phantoms (:func:`phantom_candidates` without jitter) for each detector weight and
-    duplicate radius factor, candidates scored as the pipeline scores them."""
+    """CPM on validation phantoms (:func:`phantom_candidates` without jitter) for one view and ``--flip-views``
+    views, each detector weight and each duplicate radius factor (keys ``views/weight/factor``), candidates
+    scored as the pipeline scores them."""
     results = {}
-    probs = [probabilities(net, c["patches"]) for c in cases]
-    for w in args.detector_weights:
-        for factor in args.duplicate_factors:
-            preds, truth = {}, {}
-            for n, (case, p) in enumerate(zip(cases, probs)):
-                scores = combine_scores(p, case["det"], w)
-                keep = suppress_duplicates(case["centers"], case["sizes"], scores, radius_factor=factor)
-                preds[str(n)] = [(case["centers"][k], float(scores[k])) for k in keep]
-                truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
-            res = evaluate_froc(preds, truth, n_bootstrap=0)
-            results[f"{w}/{factor}"] = round(float(res.cpm), 4)
-            log.info("validation (%d phantoms), detector weight %.2f, duplicate radius factor %.1f: CPM %.3f",
-                     len(cases), w, factor, res.cpm)
+    for views in sorted({1, args.flip_views}):
+        probs = [probabilities(net, c["patches"], views=views, min_probability=args.flip_min_probability) for c in cases]
+        for w in args.detector_weights:
+            for factor in args.duplicate_factors:
+                preds, truth = {}, {}
+                for n, (case, p) in enumerate(zip(cases, probs)):
+                    scores = combine_scores(p, case["det"], w)
+                    keep = suppress_duplicates(case["centers"], case["sizes"], scores, radius_factor=factor)
+                    preds[str(n)] = [(case["centers"][k], float(scores[k])) for k in keep]
+                    truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
+                res = evaluate_froc(preds, truth, n_bootstrap=0)
+                results[f"{views}/{w}/{factor}"] = round(float(res.cpm), 4)
+                log.info("validation (%d phantoms), %d view(s), detector weight %.2f, duplicate radius factor %.1f: CPM %.3f",
+                         len(cases), views, w, factor, res.cpm)
     return results
 
 
@@ -235,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--detector-weights", type=float, nargs="+", default=[0.0, 0.25, 0.5])
     ap.add_argument("--duplicate-factors", type=float, nargs="+", default=[1.0, 1.5, 2.0])
+    ap.add_argument("--flip-views", type=int, choices=sorted(FLIP_VIEWS), default=4,
+                    help="mirrored views averaged at inference, validated against a single view")
+    ap.add_argument("--flip-min-probability", type=float, default=0.02,
+                    help="candidates scored below this on one view keep that score (no flipped views)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     torch.set_num_threads(args.threads)
@@ -259,10 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     val = validate(net, build_cache(work, det, val_seeds, cfg, 0), args) if val_seeds else {}
     t_val = time.time() - t0
-    best = max(val, key=lambda k: val[k]) if val else "0.5/1.0"
-    weight, factor = (float(v) for v in best.split("/"))
+    best = max(val, key=lambda k: val[k]) if val else "1/0.5/1.0"
+    views_s, weight_s, factor_s = best.split("/")
+    weight, factor = float(weight_s), float(factor_s)
     torch.save(net.state_dict(), weights)
-    cfg = replace(cfg, detector_weight=weight, duplicate_radius_factor=factor)
+    cfg = replace(cfg, detector_weight=weight, duplicate_radius_factor=factor, flip_views=int(views_s),
+                  flip_min_probability=args.flip_min_probability)
     model_json = json.loads(args.model.read_text())
     model_json["fp_reduction"] = {
         **cfg.to_json(),
@@ -274,12 +286,13 @@ def main(argv: list[str] | None = None) -> int:
             "optimizer": "AdamW (weight decay 1e-4), cosine schedule", "torch_seed": args.torch_seed,
             "compute_cpu_minutes": {"candidates_and_patches": round(t_data / 60, 1), "training": round(t_train / 60, 1),
                                     "validation": round(t_val / 60, 1)},
-            "threads": args.threads, "validation_cpm_by_detector_weight_and_duplicate_factor": val, "loss": history[-1:],
+            "threads": args.threads, "validation_cpm_by_flip_views_detector_weight_and_duplicate_factor": val,
+            "loss": history[-1:],
         },
     }
     args.model.write_text(json.dumps(model_json, indent=1) + "\n")
-    log.info("wrote %s and the fp_reduction entry of %s (detector weight %s, duplicate radius factor %s)", weights,
-             args.model, weight, factor)
+    log.info("wrote %s and the fp_reduction entry of %s (%s view(s), detector weight %s, duplicate radius factor %s)",
+             weights, args.model, views_s, weight, factor)
     return 0
 
 

@@ -11,12 +11,14 @@ import torch
 
 from pipeline.detection.candidates import blob_candidates
 from pipeline.detection.fp_reduction import (
+    FLIP_VIEWS,
     FPReducer,
     FPReductionConfig,
     PatchClassifier,
     classifier_input,
     combine_scores,
     extract_patches,
+    patch_logits,
     suppress_duplicates,
 )
 from pipeline.detection.lungs import quick_lung_mask
@@ -143,11 +145,41 @@ def test_duplicates_and_score_combination() -> None:
     assert np.all((out >= 0) & (out <= 1))
 
 
+class _Lopsided(torch.nn.Module):
+    """Logit = sum of the patch's first half along L minus its second half: not mirror-invariant."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return x[..., :half].sum(dim=(1, 2, 3, 4)) - x[..., half:].sum(dim=(1, 2, 3, 4))
+
+
+def test_flip_views_average_mirrored_copies_of_candidates_not_clearly_rejected() -> None:
+    x = torch.zeros(3, 1, 8, 8, 8)
+    x[0, :, :, :, :4] = 0.01  # bright on the left: logit +2.56
+    x[1, :, :, :, 4:] = 0.01  # bright on the right: logit -2.56, probability 0.07
+    x[2, :, :, :, 4:] = 0.1  # clearly rejected: logit -25.6
+    net = _Lopsided()
+    one = patch_logits(net, x)
+    assert one.dtype == torch.float32 and one.tolist() == pytest.approx([2.56, -2.56, -25.6], rel=1e-4)
+    # 4 views: the patch, then S, P and L mirrored; only the L flip changes this network's logit
+    four = patch_logits(net, x, views=4, min_probability=0.02)
+    assert four.tolist() == pytest.approx([2.56 / 2, -2.56 / 2, -25.6], rel=1e-4)
+    # 8 views: half of them mirror L; a threshold of 0 re-scores every candidate
+    eight = patch_logits(net, x, views=8, min_probability=0.0)
+    assert eight.tolist() == pytest.approx([0.0, 0.0, 0.0], abs=1e-4)
+    assert all(len(set(v)) == len(v) == n for n, v in FLIP_VIEWS.items())
+
+
 def test_fp_reduction_config_and_weights_errors(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match="fp_reduction"):
         FPReductionConfig.from_json({"patch": 24}, weights_dir=tmp_path)  # no weights entry
     with pytest.raises(BundleError, match="patch 20"):
         FPReductionConfig.from_json({"weights": "w.pt", "patch": 20}, weights_dir=tmp_path)
+    with pytest.raises(BundleError, match=r"flip_views 3 \(one of \[1, 4, 8\]\)"):
+        FPReductionConfig.from_json({"weights": "w.pt", "flip_views": 3}, weights_dir=tmp_path)
+    four = FPReductionConfig.from_json({"weights": "w.pt", "flip_views": 4, "flip_min_probability": 0.05}, weights_dir=tmp_path)
+    assert (four.flip_views, four.flip_min_probability) == (4, 0.05)
+    assert FPReductionConfig.from_json(four.to_json(), weights_dir=tmp_path) == four
     cfg = FPReductionConfig.from_json({"weights": "w.pt"}, weights_dir=tmp_path)
     with pytest.raises(BundleError, match="missing") as exc:
         FPReducer(cfg)

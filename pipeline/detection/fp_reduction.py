@@ -7,8 +7,10 @@ it, axes along the patient's L, P and S directions whatever the series' orientat
 (patch array ``[S, P, L]``); with ``context_spacing_mm`` set, a second cube of the same number of
 voxels on a coarser grid, centred on the same point, shows the surroundings (does a bright
 spot continue as a vessel, does it sit on the chest wall) as a second channel. The
-:class:`PatchClassifier` scores the result. Scores of candidates
-the network also proposed may be combined with its score (:func:`combine_scores`, weight
+:class:`PatchClassifier` scores the result; with ``flip_views`` above 1, candidates it does not clearly
+reject are scored again on mirrored copies of their patches and the logits averaged
+(:func:`patch_logits`: the network is not exactly mirror-invariant, and the mean ranks candidates more
+reliably). Scores of candidates the network also proposed may be combined with its score (:func:`combine_scores`, weight
 chosen on validation phantoms); duplicates of one nodule are merged (:func:`suppress_duplicates`).
 
 The classifier's weights are trained by ``scripts/train_fp_reducer.py`` on synthetic
@@ -39,6 +41,14 @@ from .refine import refine_findings
 log = logging.getLogger(__name__)
 
 HU_WINDOW = (-1000.0, 400.0)
+
+#: Flipped copies averaged for ``flip_views`` views, as dims of an (N, C, S, P, L) tensor: the patch itself, then
+#: each axis (S, P, L) mirrored, then (8 views) every other combination.
+FLIP_VIEWS: dict[int, tuple[tuple[int, ...], ...]] = {
+    1: ((),),
+    4: ((), (2,), (3,), (4,)),
+    8: ((), (2,), (3,), (4,), (2, 3), (2, 4), (3, 4), (2, 3, 4)),
+}
 
 
 class PatchClassifier(nn.Module):
@@ -77,6 +87,8 @@ class FPReductionConfig:
     detector_weight: float = 0.5
     duplicate_radius_factor: float = 1.0
     context_spacing_mm: float | None = None
+    flip_views: int = 1
+    flip_min_probability: float = 0.02
 
     @property
     def spacings_mm(self) -> tuple[float, ...]:
@@ -98,15 +110,20 @@ class FPReductionConfig:
                 detector_weight=float(data.get("detector_weight", 0.5)),
                 duplicate_radius_factor=float(data.get("duplicate_radius_factor", 1.0)),
                 context_spacing_mm=None if data.get("context_spacing_mm") is None else float(data["context_spacing_mm"]),
+                flip_views=int(data.get("flip_views", 1)),
+                flip_min_probability=float(data.get("flip_min_probability", 0.02)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"invalid fp_reduction entry: {exc!r}", where=where,
                               fix="regenerate it with scripts/train_fp_reducer.py") from exc
         if cfg.patch % 8 or cfg.patch <= 0 or cfg.spacing_mm <= 0 or len(cfg.channels) != 3 or not 0 <= cfg.detector_weight <= 1 \
-                or cfg.duplicate_radius_factor <= 0 or (cfg.context_spacing_mm is not None and cfg.context_spacing_mm <= 0):
+                or cfg.duplicate_radius_factor <= 0 or (cfg.context_spacing_mm is not None and cfg.context_spacing_mm <= 0) \
+                or cfg.flip_views not in FLIP_VIEWS or not 0 <= cfg.flip_min_probability < 1:
             raise BundleError(f"fp_reduction entry out of range: patch {cfg.patch} (multiple of 8), spacing_mm "
                               f"{cfg.spacing_mm} (> 0), detector_weight {cfg.detector_weight} (0..1), duplicate_radius_factor "
-                              f"{cfg.duplicate_radius_factor} (> 0), context_spacing_mm {cfg.context_spacing_mm} (> 0 or null)", where=where,
+                              f"{cfg.duplicate_radius_factor} (> 0), context_spacing_mm {cfg.context_spacing_mm} (> 0 or null), "
+                              f"flip_views {cfg.flip_views} (one of {sorted(FLIP_VIEWS)}), flip_min_probability "
+                              f"{cfg.flip_min_probability} (0..1)", where=where,
                               fix="regenerate it with scripts/train_fp_reducer.py")
         return cfg
 
@@ -114,7 +131,8 @@ class FPReductionConfig:
         return {"weights": self.weights.name, "patch": self.patch, "spacing_mm": self.spacing_mm,
                 "channels": list(self.channels), "hidden": self.hidden, "blob_candidates": self.blob_candidates,
                 "detector_weight": self.detector_weight, "duplicate_radius_factor": self.duplicate_radius_factor,
-                "context_spacing_mm": self.context_spacing_mm}
+                "context_spacing_mm": self.context_spacing_mm, "flip_views": self.flip_views,
+                "flip_min_probability": self.flip_min_probability}
 
 
 def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 24, spacing_mm: float = 1.0) -> np.ndarray:
@@ -151,6 +169,25 @@ def classifier_input(volume: CTVolume, centers_lps: np.ndarray, config: FPReduct
     channel per grid of ``config.spacings_mm`` (:func:`extract_patches`; the same centre, ``P = config.patch``)."""
     return np.stack([extract_patches(volume, centers_lps, patch=config.patch, spacing_mm=s) for s in config.spacings_mm],
                     axis=1)
+
+
+def patch_logits(network: nn.Module, x: torch.Tensor, *, views: int = 1, min_probability: float = 0.02) -> torch.Tensor:
+    """Float32 logits (N,) of ``network`` for patches ``x`` (N, C, S, P, L). With ``views`` > 1 (a key of
+    :data:`FLIP_VIEWS`), patches whose unflipped probability is at least ``min_probability`` get the mean logit
+    of their ``views`` flipped copies; the rest, clear negatives, keep the unflipped logit."""
+    logits = network(x).float()
+    if views == 1:
+        return logits
+    again = torch.sigmoid(logits) >= min_probability
+    if not bool(again.any()):
+        return logits
+    xs = x[again]
+    total = logits[again]
+    for dims in FLIP_VIEWS[views][1:]:
+        total = total + network(torch.flip(xs, dims)).float()
+    out = logits.clone()
+    out[again] = total / views
+    return out
 
 
 def combine_scores(classifier_prob: np.ndarray, detector_score: np.ndarray, detector_weight: float) -> np.ndarray:
@@ -191,8 +228,8 @@ class FPReducer:
         for a in range(0, len(centers), batch):
             x = torch.from_numpy(classifier_input(volume, centers[a:a + batch], cfg)).to(self.device)
             with torch.autocast(self.device.type, dtype=self._autocast, enabled=self._autocast is not None):
-                logits = self.network(x)
-            probs[a:a + batch] = torch.sigmoid(logits.float()).cpu().numpy()
+                logits = patch_logits(self.network, x, views=cfg.flip_views, min_probability=cfg.flip_min_probability)
+            probs[a:a + batch] = torch.sigmoid(logits).cpu().numpy()
         return probs
 
 
