@@ -10,8 +10,9 @@ spot continue as a vessel, does it sit on the chest wall) as a second channel. T
 :class:`PatchClassifier` scores the result; with ``flip_views`` above 1, candidates it does not clearly
 reject are scored again on mirrored copies of their patches and the logits averaged
 (:func:`patch_logits`: the network is not exactly mirror-invariant, and the mean ranks candidates more
-reliably). Scores of candidates the network also proposed may be combined with its score (:func:`combine_scores`, weight
-chosen on validation phantoms); duplicates of one nodule are merged (:func:`suppress_duplicates`).
+reliably). Scores of candidates the network also proposed may be combined with its score
+(:func:`combine_scores`, weight chosen on validation phantoms); duplicates of one nodule are merged
+(:func:`suppress_duplicates`).
 
 The classifier's weights are trained by ``scripts/train_fp_reducer.py`` on synthetic
 phantoms (for demonstration and testing only, not for clinical use); a model JSON names
