@@ -5,7 +5,7 @@ The weights it writes are trained on synthetic phantoms, for demonstration and
 testing only, not for clinical use.
 
 Steps: generate the training phantoms once (seeds ``--seed0 ..``; never the
-evaluation seeds 1..N) and cache their network inputs and boxes; then train on
+held-out seeds 1..100) and cache their network inputs and boxes; then train on
 random patches (two thirds centred near a nodule) with MONAI's detection
 training utilities: ATSS matcher, hard-negative sampler, box coder (encoded
 regression targets, smooth-L1), BCE classification. Mixed precision (float16 on
@@ -38,6 +38,9 @@ from pipeline.detection.precision import autocast_dtype, precision_name
 from pipeline.detection.preprocess import Window, prepare_input
 
 log = logging.getLogger("train_detector")
+
+#: Seeds of the held-out evaluation phantoms: no training or validation script uses them.
+HELDOUT_SEEDS = range(1, 101)
 
 ARCH = {
     "kind": "small_resnet_fpn",
@@ -276,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ctpipe_train"))
     ap.add_argument("--out", type=Path, default=DEMO_MODEL_JSON, help="model JSON to write (weights next to it, .pt)")
-    ap.add_argument("--seed0", type=int, default=1000, help="first training phantom seed (evaluation uses 1..N)")
+    ap.add_argument("--seed0", type=int, default=1000, help="first training phantom seed (held-out evaluation uses 1..100)")
     ap.add_argument("--n-train", type=int, default=150)
     ap.add_argument("--steps", type=int, default=7000)
     ap.add_argument("--minutes", type=float, default=90.0, help="stop training after this wall time")
@@ -302,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.torch_seed)
     args.work.mkdir(parents=True, exist_ok=True)
     eval_seeds = list(range(args.eval_seed0, args.eval_seed0 + args.eval_seeds))
-    if not set(eval_seeds) <= set(range(1, 101)):
-        raise SystemExit(f"held-out seeds {eval_seeds[0]}..{eval_seeds[-1]} leave 1..100, the range no training script uses")
+    if not set(eval_seeds) <= set(HELDOUT_SEEDS):
+        raise SystemExit(f"held-out seeds {eval_seeds[0]}..{eval_seeds[-1]} leave {HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}, "
+                         "the range no training script uses")
     if set(eval_seeds) & set(range(args.seed0, args.seed0 + args.n_train)):
         raise SystemExit("evaluation seeds overlap the training seeds")
     if args.eval_only:
@@ -385,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     minutes = {"cache": round(t_cache / 60, 1), "training": round((time.time() - t_start) / 60, 1)}  # this run's
     write_model(net, args.out, args, {"step": step, "loss": ema, "compute_cpu_minutes": minutes,
-                                                 "precision": precision_name(amp_dtype)})
+                                      "precision": precision_name(amp_dtype)})
     if eval_seeds:
         return evaluate_heldout(args.out, eval_seeds, args.work / "eval", refine=args.eval_refine, amp=not args.eval_fp32)
     return 0

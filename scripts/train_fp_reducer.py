@@ -5,7 +5,7 @@ The weights it writes are trained on synthetic phantoms, for demonstration and
 testing only, not for clinical use.
 
 1. Candidates: for each training phantom (seeds ``--seed0 ..``, never the evaluation
-   seeds 1..N, nor the detector's training seeds 1000..1149, so the detector scores them
+   seeds 1..100, nor the detector's training seeds 1000..1149, so the detector scores them
    as unseen scans), the demo RetinaNet's findings (centres refined) and the small-blob
    candidates, as the pipeline makes them (:func:`pipeline.detection.fp_reduction.candidate_findings`).
    A candidate within a nodule's radius is positive (LUNA16's hit rule); one within 1.5 radii
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from train_detector import training_phantom
+from train_detector import HELDOUT_SEEDS, training_phantom
 
 from pipeline.detection.bundle import load_model
 from pipeline.detection.evaluate import evaluate_froc
@@ -250,9 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     train_seeds = list(range(args.seed0, args.seed0 + args.n_train))
     val_seeds = list(range(args.val_seed0, args.val_seed0 + args.n_val))
-    reserved = set(range(1, 101)) | set(range(1000, 1150))  # evaluation seeds and the detector's training seeds
+    det_lo, det_hi = json.loads(args.model.read_text()).get("training", {}).get("train_seeds", [1000, 1149])
+    reserved = set(HELDOUT_SEEDS) | set(range(det_lo, det_hi + 1))  # held-out seeds and the detector's training seeds
     if reserved & (set(train_seeds) | set(val_seeds)) or set(train_seeds) & set(val_seeds):
-        raise SystemExit("training/validation seeds overlap the evaluation (1..100) or detector (1000..1149) seeds or each other")
+        raise SystemExit(f"training/validation seeds overlap the held-out ({HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}) or "
+                         f"detector ({det_lo}..{det_hi}) seeds or each other")
     base = load_model(args.model)
     det = Detector(model=base, device="cpu", postprocess=False)
     weights = args.model.with_name(args.model.stem.replace("retinanet", "fpr") + ".pt")
