@@ -14,15 +14,14 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
+from .atomic import atomic_open, atomic_write_bytes
 from .errors import CacheError
 from .volume import CTVolume, Geometry
 
@@ -48,33 +47,6 @@ def fingerprint_array(array: np.ndarray) -> str:
     h.update(f"{array.dtype.str}{array.shape}".encode())
     h.update(np.ascontiguousarray(array).data)
     return h.hexdigest()[:32]
-
-
-@contextmanager
-def atomic_open(path: Path) -> Iterator[BinaryIO]:
-    """A binary file handle whose content appears at ``path`` only if the block completes.
-
-    Writes go to a temporary file in the same folder, which is flushed, synced and
-    renamed over ``path``; on any error the temporary file is removed and ``path``
-    is left as it was.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
-    with atomic_open(path) as fh:
-        fh.write(data)
 
 
 def _atomic_save_npy(path: Path, array: np.ndarray) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 from ..errors import ConfigError
 from .findings import Findings
 

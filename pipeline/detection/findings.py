@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cache import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 

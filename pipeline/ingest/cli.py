@@ -39,7 +39,8 @@ def _row(cols: list[str], widths: list[int]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Scan, cache, print the table; 1 when a series was rejected or nothing was cached, else 0."""
-    from ..cache import CaseCache, atomic_write_bytes
+    from ..atomic import atomic_write_bytes
+    from ..cache import CaseCache
     from .api import ingest_to_cache, safe_case_id
     from .series import SelectionRules
 

@@ -34,7 +34,7 @@ from pydicom.uid import (
 )
 from pydicom.valuerep import format_number_as_ds
 
-from ..cache import atomic_open
+from ..atomic import atomic_open
 from ..errors import DicomWriteError
 from ..volume import CTVolume
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 from ..errors import PhantomError
 from ..volume import CTVolume, Geometry
 

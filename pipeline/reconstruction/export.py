@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 from ..errors import ReconstructionError
 from .mesh import Mesh
 

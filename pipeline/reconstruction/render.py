@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 from ..volume import CTVolume, Geometry
 from .mesh import Mesh
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..cache import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, ReconstructionError
 from ..volume import CTVolume, Geometry, LabelMap, default_device
 from . import export, measure

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..cache import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 from ..config import Config, load_config
 from .discover import Discovery, discover
 from .engine import Engine

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 from .results import read_tables
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cache import atomic_write_bytes
+from ..atomic import atomic_write_bytes
 from ..errors import RunStoreError
 from .stage import CaseSpec
 from .store import RunStore

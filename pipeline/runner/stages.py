@@ -16,7 +16,8 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..cache import CaseCache, atomic_write_bytes
+from ..atomic import atomic_write_bytes
+from ..cache import CaseCache
 from ..config import Config
 from ..errors import NoSeriesFoundError
 from .model_stages import DetectStage, LoadStage

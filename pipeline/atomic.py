@@ -1,0 +1,41 @@
+"""Atomic file writes: a file appears complete at its path, or not at all.
+
+Every module that publishes a file (cache arrays, findings, meshes, reports, DICOM) writes it
+through these helpers, so that a crash or kill never leaves a half-written file under its final name.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+
+@contextmanager
+def atomic_open(path: Path) -> Iterator[BinaryIO]:
+    """A binary file handle whose content appears at ``path`` only if the block completes.
+
+    Writes go to a temporary file in the same folder, which is flushed, synced and
+    renamed over ``path``; on any error the temporary file is removed and ``path``
+    is left as it was.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
+    with atomic_open(path) as fh:
+        fh.write(data)
