@@ -118,6 +118,97 @@ class Geometry:
         rel = lps - np.asarray(self.origin)
         return (rel @ self.direction) / np.asarray(self.spacing)
 
+    # -- axes ----------------------------------------------------------------------
+    def axis_map(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """For index axis c = 0 (i), 1 (j), 2 (k): the LPS axis (0=x, 1=y, 2=z) it runs along and its sign.
+
+        Each index axis is read as the LPS axis of its largest direction cosine (the nearest
+        axis-aligned reading of an oblique grid). Raises :class:`GeometryError` when two index
+        axes would read as the same LPS axis (a grid rotated by about 45°).
+        """
+        out = []
+        for c in range(3):
+            col = self.direction[:, c]
+            a = int(np.argmax(np.abs(col)))
+            out.append((a, 1 if col[a] > 0 else -1))
+        if sorted(a for a, _ in out) != [0, 1, 2]:
+            raise GeometryError(
+                f"direction {self.direction.tolist()} has no axis-aligned reading",
+                fix="resample the volume onto an axis-aligned grid first",
+            )
+        return (out[0], out[1], out[2])
+
+    def array_axis(self, lps_axis: int) -> int:
+        """The array axis (0..2 of ``[k, j, i]``) that runs most nearly along LPS axis ``lps_axis`` (0=x, 1=y, 2=z).
+
+        ``array_axis(2)`` is the slice axis of an axial series (0 for an axial ``[k, j, i]`` array).
+        """
+        if lps_axis not in (0, 1, 2):
+            raise GeometryError(f"lps_axis must be 0 (x), 1 (y) or 2 (z), got {lps_axis!r}")
+        c = int(np.argmax(np.abs(self.direction[lps_axis, :])))  # index axis c of (i, j, k)
+        return 2 - c
+
+    def lps_coordinate(self, lps_axis: int) -> np.ndarray:
+        """LPS coordinate ``lps_axis`` (0=x, 1=y, 2=z) in mm of every voxel, as an array that broadcasts to ``shape``.
+
+        Exact for oblique grids; the result has shape ``shape`` only where the axis is oblique,
+        otherwise one or two of its dimensions are 1.
+        """
+        if lps_axis not in (0, 1, 2):
+            raise GeometryError(f"lps_axis must be 0 (x), 1 (y) or 2 (z), got {lps_axis!r}")
+        m = self.direction * np.asarray(self.spacing)[None, :]
+        nk, nj, ni = self.shape
+        total = np.asarray(self.origin[lps_axis], dtype=np.float64).reshape(1, 1, 1)
+        for c, n, shape in ((0, ni, (1, 1, ni)), (1, nj, (1, nj, 1)), (2, nk, (nk, 1, 1))):
+            if m[lps_axis, c] != 0.0:
+                total = total + m[lps_axis, c] * np.arange(n, dtype=np.float64).reshape(shape)
+        return total
+
+    def centroid_lps(self, mask: np.ndarray) -> np.ndarray:
+        """Centre of mass (LPS mm, shape ``(3,)``) of the true voxels of ``mask`` (``[k, j, i]``, this grid's shape)."""
+        if mask.shape != self.shape:
+            raise GeometryError(f"mask shape {mask.shape} is not the grid's shape {self.shape}")
+        idx = np.argwhere(mask)
+        if idx.size == 0:
+            raise GeometryError("the mask is empty: an empty region has no centroid")
+        return self.index_to_lps(idx[:, ::-1].mean(axis=0))
+
+    def to_lps_view(self, array: np.ndarray) -> np.ndarray:
+        """View of ``array [k, j, i]`` as ``[z, y, x]`` with LPS coordinates ascending along each axis.
+
+        No copy: transposes and flips only (the nearest axis-aligned reading for oblique grids,
+        see :meth:`axis_map`). The view's voxel ``[0, 0, 0]`` lies at the LPS minimum corner of
+        :meth:`bounds_lps` (exactly for axis-aligned grids).
+        """
+        amap = self.axis_map()
+        # view dim (2 - a) takes array dim (2 - c) for index axis c running along LPS axis a
+        perm = [0, 0, 0]
+        for c, (a, _) in enumerate(amap):
+            perm[2 - a] = 2 - c
+        view = array.transpose(perm)
+        for a, sign in amap:
+            if sign < 0:
+                view = np.flip(view, axis=2 - a)
+        return view
+
+    def from_lps_view(self, view: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`to_lps_view`: an ``[z, y, x]`` LPS-ascending array back in this grid's ``[k, j, i]`` order."""
+        amap = self.axis_map()
+        for a, sign in amap:
+            if sign < 0:
+                view = np.flip(view, axis=2 - a)
+        perm = [0, 0, 0]
+        for c, (a, _) in enumerate(amap):
+            perm[2 - c] = 2 - a
+        return view.transpose(perm)
+
+    def spacing_lps(self) -> tuple[float, float, float]:
+        """Voxel size (mm) along LPS x, y, z in the axis-aligned reading of :meth:`axis_map`."""
+        out = [0.0, 0.0, 0.0]
+        for c, (a, _) in enumerate(self.axis_map()):
+            out[a] = self.spacing[c]
+        return (out[0], out[1], out[2])
+
     def bounds_lps(self) -> tuple[np.ndarray, np.ndarray]:
         """Axis-aligned LPS box (min, max) in mm enclosing all voxel centres."""
         ni, nj, nk = self.size_ijk

@@ -133,3 +133,57 @@ def test_metadata_is_read_only():
     with pytest.raises(TypeError):
         vol.metadata["SeriesInstanceUID"] = "x"  # type: ignore[index]
     assert "1.2.3" in repr(vol)
+
+
+def _all_axis_aligned_directions():
+    import itertools
+
+    for perm in itertools.permutations(range(3)):
+        for signs in itertools.product((1, -1), repeat=3):
+            d = np.zeros((3, 3))
+            for c, a in enumerate(perm):
+                d[a, c] = signs[c]
+            yield d
+
+
+def test_lps_view_ascends_in_lps_for_every_axis_aligned_orientation():
+    for d in _all_axis_aligned_directions():
+        g = Geometry(shape=(4, 5, 6), spacing=(0.5, 0.7, 2.0), origin=(1.0, -2.0, 30.0), direction=d)
+        coords = [np.broadcast_to(g.lps_coordinate(a), g.shape) for a in range(3)]
+        # exact coordinates from index_to_lps, voxel by voxel
+        k, j, i = np.indices(g.shape)
+        ref = g.index_to_lps(np.stack([i, j, k], axis=-1))
+        for a in range(3):
+            np.testing.assert_allclose(coords[a], ref[..., a])
+        views = [g.to_lps_view(c) for c in coords]  # [z, y, x]
+        assert np.all(np.diff(views[0], axis=2) > 0) and np.all(np.diff(views[1], axis=1) > 0)
+        assert np.all(np.diff(views[2], axis=0) > 0)
+        lo, _ = g.bounds_lps()
+        np.testing.assert_allclose([views[0][0, 0, 0], views[1][0, 0, 0], views[2][0, 0, 0]], lo)
+        np.testing.assert_allclose(np.diff(views[0], axis=2)[0, 0, 0], g.spacing_lps()[0])
+        np.testing.assert_allclose(np.diff(views[2], axis=0)[0, 0, 0], g.spacing_lps()[2])
+        arr = np.arange(np.prod(g.shape)).reshape(g.shape)
+        assert np.array_equal(g.from_lps_view(g.to_lps_view(arr)), arr)
+        assert g.to_lps_view(arr).shape == tuple(g.shape[g.array_axis(a)] for a in (2, 1, 0))  # [z, y, x]
+
+
+def test_slice_axis_and_centroid():
+    feet_first_sagittal = np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, -1.0, 0.0]])  # k runs along x
+    g = Geometry(shape=(6, 5, 4), spacing=(1.0, 1.0, 2.0), origin=(0.0, 0.0, 0.0), direction=feet_first_sagittal)
+    assert g.array_axis(0) == 0  # x along k
+    assert g.array_axis(2) == 1  # z along j (negatively)
+    mask = np.zeros(g.shape, dtype=bool)
+    mask[2, 1, 3] = True  # k=2, j=1, i=3
+    np.testing.assert_allclose(g.centroid_lps(mask), g.index_to_lps([3, 1, 2]))
+    with pytest.raises(GeometryError, match="empty"):
+        g.centroid_lps(np.zeros(g.shape, dtype=bool))
+    with pytest.raises(GeometryError, match="0 \\(x\\), 1 \\(y\\) or 2"):
+        g.array_axis(3)
+
+
+def test_axis_map_refuses_45_degree_grids():
+    c = np.cos(np.pi / 4)
+    rotated_45 = np.array([[c, c, 0.0], [c, -c, 0.0], [0.0, 0.0, 1.0]])  # i and j both read as x
+    g = Geometry(shape=(2, 2, 2), spacing=(1.0, 1.0, 1.0), origin=(0.0, 0.0, 0.0), direction=rotated_45)
+    with pytest.raises(GeometryError, match="axis-aligned"):
+        g.axis_map()
