@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from .api import IngestReport, ingest_to_cache, load_series, safe_case_id
 from .build import VolumePlan, build_volume, plan_volume, read_volume
-from .discover import SkippedFile, SliceHeader, discover_files, read_header, read_headers
+from .discover import SkippedFile, discover_files, read_header, read_headers
+from .headers import SliceHeader
 from .scan import RejectedSeries, ScanResult, scan_directory
 from .series import SelectionRules, SeriesInfo
 

@@ -13,7 +13,7 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -23,10 +23,11 @@ from ..errors import (
     SeriesGeometryError,
 )
 from ..volume import CTVolume
-from .discover import SliceHeader
+from ._pydicom import check_decoder
 from .geometry import StackGeometry, stack_geometry
+from .headers import SliceHeader
 from .multiframe import FrameInfo, read_frame_pixels, read_frames
-from .pixels import check_decoder, check_readable, read_stored, to_hu
+from .pixels import check_readable, read_stored, to_hu
 from .series import SeriesInfo
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,13 @@ class _ShortNames(Sequence[str]):
     def __len__(self) -> int:
         return len(self._headers)
 
-    def __getitem__(self, k):  # type: ignore[override]
+    @overload
+    def __getitem__(self, k: int) -> str: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> list[str]: ...
+
+    def __getitem__(self, k: int | slice) -> str | list[str]:
         if isinstance(k, slice):
             return [self[i] for i in range(*k.indices(len(self)))]
         if self._root is None:
@@ -221,7 +228,7 @@ def _read_multiframe(plan: VolumePlan) -> np.ndarray:
 
 def _untilt(hu: np.ndarray, shifts: np.ndarray) -> np.ndarray:
     """Shift each slice in-plane (linear interpolation, edge values extend) onto the orthogonal grid."""
-    from scipy import ndimage
+    from scipy import ndimage  # lazy on purpose: slow to import, needed only for tilted-gantry series
 
     out = np.empty(hu.shape, dtype=np.float32)
     for k in range(hu.shape[0]):

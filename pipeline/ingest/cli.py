@@ -6,6 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
+from ..atomic import atomic_write_bytes
+from ..cache import CaseCache
+from .api import ingest_to_cache, safe_case_id
+from .series import SelectionRules
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``ingest`` sub-command."""
@@ -39,11 +44,6 @@ def _row(cols: list[str], widths: list[int]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Scan, cache, print the table; 1 when a series was rejected or nothing was cached, else 0."""
-    from ..atomic import atomic_write_bytes
-    from ..cache import CaseCache
-    from .api import ingest_to_cache, safe_case_id
-    from .series import SelectionRules
-
     rules = SelectionRules(min_slices=args.min_slices, allow_derived=args.allow_derived,
                            axial_tolerance_deg=args.axial_tolerance)
     cache = CaseCache(args.out)

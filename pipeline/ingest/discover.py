@@ -18,17 +18,15 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal, overload
 
-from ..errors import NotDicomError, TruncatedFileError
+from ..errors import CtpipeError, NotDicomError, TruncatedFileError
+from ._pydicom import PYDICOM_ERRORS
+from .headers import SliceHeader
+from .multiframe import read_frames
 from .rawheader import DICOMDIR_SOP, WANTED, RawHeader, RawHeaderError, RawHeaderUnsupported, read_raw_header
 
 log = logging.getLogger(__name__)
-
-ENHANCED_CT_SOP = "1.2.840.10008.5.1.4.1.1.2.1"
-SECONDARY_CAPTURE_SOPS = frozenset(
-    {"1.2.840.10008.5.1.4.1.1.7", "1.2.840.10008.5.1.4.1.1.7.1", "1.2.840.10008.5.1.4.1.1.7.2",
-     "1.2.840.10008.5.1.4.1.1.7.3", "1.2.840.10008.5.1.4.1.1.7.4"}
-)
 
 
 @dataclass(frozen=True)
@@ -41,60 +39,20 @@ class SkippedFile:
     reason: str
 
 
-@dataclass(frozen=True)
-class SliceHeader:
-    """The header fields of one DICOM image file that ingest needs.
-
-    Positions and orientations are DICOM patient coordinates (LPS, mm).
-    ``pixel_offset``/``pixel_length`` locate the pixel data in the file
-    (``pixel_length == -1``: encapsulated/compressed; ``None``: no pixel data).
-    """
-
-    path: Path
-    file_size: int
-    transfer_syntax: str
-    sop_class: str
-    sop_instance: str
-    study_uid: str
-    series_uid: str
-    modality: str
-    image_type: tuple[str, ...]
-    series_description: str
-    series_number: int | None
-    acquisition_number: int | None
-    instance_number: int | None
-    position: tuple[float, float, float] | None
-    orientation: tuple[float, float, float, float, float, float] | None
-    rows: int | None
-    columns: int | None
-    pixel_spacing: tuple[float, float] | None
-    samples_per_pixel: int
-    bits_allocated: int | None
-    bits_stored: int | None
-    pixel_representation: int
-    photometric: str
-    n_frames: int
-    slope: float
-    intercept: float
-    pixel_offset: int | None
-    pixel_length: int | None
-    truncated: str | None
-    use_pydicom: bool
-    extra: tuple[tuple[str, str], ...]  # PatientID, SliceThickness, KVP, ... as text
-
-    @property
-    def is_enhanced(self) -> bool:
-        return self.sop_class == ENHANCED_CT_SOP or self.n_frames > 1
-
-    def extra_value(self, key: str) -> str | None:
-        for k, v in self.extra:
-            if k == key:
-                return v
-        return None
-
-
 _EXTRA_KEYS = ("PatientID", "StudyDate", "SliceThickness", "ConvolutionKernel", "KVP", "Manufacturer",
                "PatientPosition", "GantryDetectorTilt")
+
+
+@overload
+def _floats(text: object, n: Literal[2]) -> tuple[float, float] | None: ...
+
+
+@overload
+def _floats(text: object, n: Literal[3]) -> tuple[float, float, float] | None: ...
+
+
+@overload
+def _floats(text: object, n: Literal[6]) -> tuple[float, float, float, float, float, float] | None: ...
 
 
 def _floats(text: object, n: int) -> tuple[float, ...] | None:
@@ -152,11 +110,11 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
         series_number=_int(v.get("SeriesNumber")),
         acquisition_number=_int(v.get("AcquisitionNumber")),
         instance_number=_int(v.get("InstanceNumber")),
-        position=_floats(v.get("ImagePositionPatient"), 3),  # type: ignore[arg-type]
-        orientation=_floats(v.get("ImageOrientationPatient"), 6),  # type: ignore[arg-type]
+        position=_floats(v.get("ImagePositionPatient"), 3),
+        orientation=_floats(v.get("ImageOrientationPatient"), 6),
         rows=us["Rows"],
         columns=us["Columns"],
-        pixel_spacing=_floats(v.get("PixelSpacing"), 2),  # type: ignore[arg-type]
+        pixel_spacing=_floats(v.get("PixelSpacing"), 2),
         samples_per_pixel=us["SamplesPerPixel"] or 1,
         bits_allocated=us["BitsAllocated"],
         bits_stored=us["BitsStored"],
@@ -175,10 +133,9 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
 
 def _pydicom_header(path: Path) -> SliceHeader:
     """Header of a big-endian or deflated file through pydicom (pixel data left unread)."""
+    # lazy on purpose: pydicom is slow to import and only these rare transfer syntaxes need it here
     import pydicom
     from pydicom.errors import InvalidDicomError
-
-    from .multiframe import PYDICOM_ERRORS
 
     raw = RawHeader(file_size=path.stat().st_size)
     try:
@@ -274,9 +231,6 @@ def _read_one(path: Path) -> SliceHeader | SkippedFile:
 
 def _with_frame_geometry(hdr: SliceHeader) -> SliceHeader:
     """Fill position/orientation/spacing/rescale of a multi-frame header from its first frame."""
-    from ..errors import CtpipeError
-    from .multiframe import read_frames
-
     try:
         frames = read_frames(hdr.path)
     except CtpipeError as exc:
@@ -285,7 +239,7 @@ def _with_frame_geometry(hdr: SliceHeader) -> SliceHeader:
     if not frames:
         return hdr
     f = frames[0]
-    return replace(hdr, position=f.position, orientation=f.orientation, pixel_spacing=f.pixel_spacing,  # type: ignore[arg-type]
+    return replace(hdr, position=f.position, orientation=f.orientation, pixel_spacing=f.pixel_spacing,
                    slope=f.slope, intercept=f.intercept)
 
 

@@ -10,7 +10,6 @@ slices (LPS, mm).
 from __future__ import annotations
 
 import logging
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from ..errors import (
     SeriesGeometryError,
     TruncatedFileError,
 )
+from ._pydicom import PYDICOM_ERRORS, check_decoder, syntax_name
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class FrameInfo:
     path: Path
     frame: int  # 0-based
     position: tuple[float, float, float]
-    orientation: tuple[float, ...]
+    orientation: tuple[float, float, float, float, float, float]
     pixel_spacing: tuple[float, float]
     slope: float
     intercept: float
@@ -54,14 +54,9 @@ def _macro(item: Any, shared: Any, seq: str) -> Any | None:
     return None
 
 
-#: What pydicom may raise, lazily, on a damaged file.
-PYDICOM_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, EOFError, OSError, struct.error,
-                  NotImplementedError, RuntimeError)
-
-
 def read_frames(path: Path, ds: Any | None = None) -> list[FrameInfo]:
     """Per-frame geometry and rescale of an enhanced CT file (header only when ``ds`` is None)."""
-    import pydicom
+    import pydicom  # lazy on purpose: slow to import (see pipeline.ingest._pydicom)
 
     try:
         if ds is None:
@@ -94,12 +89,16 @@ def _frames(path: Path, ds: Any) -> list[FrameInfo]:
             missing = [k for k, v in (("ImagePositionPatient", ipp), ("ImageOrientationPatient", iop), ("PixelSpacing", ps)) if v is None]
             raise SeriesGeometryError(f"frame {f + 1} has no {', '.join(missing)} in its functional groups", where=path,
                                       fix="re-export the multi-frame object with plane position/orientation and pixel measures")
+        for name, value, count in (("ImagePositionPatient", ipp, 3), ("ImageOrientationPatient", iop, 6), ("PixelSpacing", ps, 2)):
+            if len(value) != count:
+                raise SeriesGeometryError(f"frame {f + 1} has {name} {list(value)}: {len(value)} values, {count} expected",
+                                          where=path, fix="re-export the multi-frame object from the scanner/PACS; the tag is corrupt")
         src = trans if trans is not None else ds
         thick = meas.get("SliceThickness") if meas is not None else ds.get("SliceThickness")
         frames.append(FrameInfo(
             path=Path(path), frame=f,
-            position=tuple(float(v) for v in ipp),  # type: ignore[arg-type]
-            orientation=tuple(float(v) for v in iop),
+            position=(float(ipp[0]), float(ipp[1]), float(ipp[2])),
+            orientation=(float(iop[0]), float(iop[1]), float(iop[2]), float(iop[3]), float(iop[4]), float(iop[5])),
             pixel_spacing=(float(ps[0]), float(ps[1])),
             slope=float(src.get("RescaleSlope", 1.0) or 1.0),
             intercept=float(src.get("RescaleIntercept", 0.0) or 0.0),
@@ -110,9 +109,7 @@ def _frames(path: Path, ds: Any) -> list[FrameInfo]:
 
 def read_frame_pixels(path: Path, n_frames: int, rows: int, columns: int, transfer_syntax: str) -> np.ndarray:
     """Stored values of every frame, ``[frame, row, column]``."""
-    import pydicom
-
-    from .pixels import check_decoder, syntax_name
+    import pydicom  # lazy on purpose: slow to import (see pipeline.ingest._pydicom)
 
     check_decoder(transfer_syntax, path)
     try:

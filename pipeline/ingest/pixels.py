@@ -17,65 +17,14 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import MissingPixelDataError, TruncatedFileError, UnsupportedTransferSyntaxError
-from .discover import SliceHeader
-from .multiframe import PYDICOM_ERRORS
-from .rawheader import EXPLICIT_LE, IMPLICIT_LE
+from ..errors import MissingPixelDataError, TruncatedFileError
+from ._pydicom import NATIVE_SYNTAXES, PYDICOM_ERRORS, check_decoder, syntax_name
+from .headers import SliceHeader
 
 log = logging.getLogger(__name__)
-
-NATIVE_SYNTAXES = frozenset({IMPLICIT_LE, EXPLICIT_LE})
-
-# Transfer syntax families -> the package that decodes them (for error messages).
-_DECODER_PACKAGES = {
-    "1.2.840.10008.1.2.5": "pylibjpeg-rle (pip install pylibjpeg pylibjpeg-rle)",
-    "1.2.840.10008.1.2.4.50": "pylibjpeg-libjpeg or pillow (pip install pylibjpeg pylibjpeg-libjpeg)",
-    "1.2.840.10008.1.2.4.51": "pylibjpeg-libjpeg (pip install pylibjpeg pylibjpeg-libjpeg)",
-    "1.2.840.10008.1.2.4.57": "pylibjpeg-libjpeg (pip install pylibjpeg pylibjpeg-libjpeg)",
-    "1.2.840.10008.1.2.4.70": "pylibjpeg-libjpeg (pip install pylibjpeg pylibjpeg-libjpeg)",
-    "1.2.840.10008.1.2.4.80": "pylibjpeg-libjpeg or pyjpegls (pip install pylibjpeg pylibjpeg-libjpeg)",
-    "1.2.840.10008.1.2.4.81": "pylibjpeg-libjpeg or pyjpegls (pip install pylibjpeg pylibjpeg-libjpeg)",
-    "1.2.840.10008.1.2.4.90": "pylibjpeg-openjpeg (pip install pylibjpeg pylibjpeg-openjpeg)",
-    "1.2.840.10008.1.2.4.91": "pylibjpeg-openjpeg (pip install pylibjpeg pylibjpeg-openjpeg)",
-    "1.2.840.10008.1.2.4.201": "pylibjpeg-openjpeg >= 2.2 (pip install -U pylibjpeg pylibjpeg-openjpeg)",
-    "1.2.840.10008.1.2.4.202": "pylibjpeg-openjpeg >= 2.2 (pip install -U pylibjpeg pylibjpeg-openjpeg)",
-    "1.2.840.10008.1.2.4.203": "pylibjpeg-openjpeg >= 2.2 (pip install -U pylibjpeg pylibjpeg-openjpeg)",
-}
-_CONVERT_HINT = "convert the files to an uncompressed transfer syntax first (gdcmconv --raw IN OUT, or dcmdjpeg IN OUT)"
-
-
-def syntax_name(uid: str) -> str:
-    """The registered name of a transfer syntax UID, or 'unknown transfer syntax'."""
-    from pydicom.uid import UID
-
-    name = UID(uid).name
-    return name if name and name != uid else "unknown transfer syntax"
-
-
-def check_decoder(uid: str, where: str | Path) -> None:
-    """Raise UnsupportedTransferSyntaxError if no installed decoder handles ``uid``."""
-    if uid in NATIVE_SYNTAXES or uid in ("1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.2"):
-        return
-    from pydicom.pixels import get_decoder
-
-    try:
-        decoder = get_decoder(uid)
-        available = decoder.is_available
-        missing = "; ".join(str(m) for m in decoder.missing_dependencies) if not available else ""
-    except NotImplementedError:
-        available, missing = False, "no pixel data decoder exists for it in pydicom"
-    if not available:
-        package = _DECODER_PACKAGES.get(uid)
-        install = f"install {package}, or {_CONVERT_HINT}" if package else f"no Python decoder is known for it: {_CONVERT_HINT}"
-        raise UnsupportedTransferSyntaxError(
-            f"pixel data is compressed with transfer syntax {uid} ({syntax_name(uid)}) and no installed decoder "
-            f"handles it ({missing})",
-            where=where, fix=install,
-        )
 
 
 def stored_dtype(h: SliceHeader) -> np.dtype:
@@ -95,14 +44,14 @@ def _read_native(h: SliceHeader, out: np.ndarray) -> None:
                                  where=h.path, fix="copy the file again from the archive/PACS")
     with open(h.path, "rb") as fh:
         fh.seek(int(h.pixel_offset or 0))
-        got = fh.readinto(memoryview(out).cast("B"))  # type: ignore[arg-type]
+        got = fh.readinto(out.data.cast("B"))
     if got != need:
         raise TruncatedFileError(f"file ends after {got} of {need} pixel data bytes", where=h.path,
                                  fix="copy the file again from the archive/PACS; the transfer was incomplete")
 
 
 def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None:
-    import pydicom
+    import pydicom  # lazy on purpose: slow to import, needed only for compressed or big-endian files
 
     check_decoder(h.transfer_syntax, h.path)
     try:

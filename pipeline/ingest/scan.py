@@ -20,7 +20,8 @@ from typing import Any
 
 from ..errors import CtpipeError
 from .build import VolumePlan, plan_volume
-from .discover import SkippedFile, SliceHeader, discover_files, read_headers
+from .discover import SkippedFile, discover_files, read_headers
+from .headers import SliceHeader
 from .series import SelectionRules, SeriesInfo, apply_rules, group_series
 
 log = logging.getLogger(__name__)

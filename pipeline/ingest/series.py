@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from .discover import SECONDARY_CAPTURE_SOPS, SliceHeader
+from .headers import SECONDARY_CAPTURE_SOPS, SliceHeader
 
 log = logging.getLogger(__name__)
 

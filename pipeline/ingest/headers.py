@@ -1,0 +1,69 @@
+"""The header record of one DICOM image file, and the SOP classes that ingest tells apart.
+
+:class:`SliceHeader` holds the header fields ingest needs; discovery fills it, series grouping,
+volume planning and pixel reading consume it. Positions and orientations are DICOM patient
+coordinates (LPS, mm).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+ENHANCED_CT_SOP = "1.2.840.10008.5.1.4.1.1.2.1"
+SECONDARY_CAPTURE_SOPS = frozenset(
+    {"1.2.840.10008.5.1.4.1.1.7", "1.2.840.10008.5.1.4.1.1.7.1", "1.2.840.10008.5.1.4.1.1.7.2",
+     "1.2.840.10008.5.1.4.1.1.7.3", "1.2.840.10008.5.1.4.1.1.7.4"}
+)
+
+
+@dataclass(frozen=True)
+class SliceHeader:
+    """The header fields of one DICOM image file that ingest needs.
+
+    Positions and orientations are DICOM patient coordinates (LPS, mm).
+    ``pixel_offset``/``pixel_length`` locate the pixel data in the file
+    (``pixel_length == -1``: encapsulated/compressed; ``None``: no pixel data).
+    """
+
+    path: Path
+    file_size: int
+    transfer_syntax: str
+    sop_class: str
+    sop_instance: str
+    study_uid: str
+    series_uid: str
+    modality: str
+    image_type: tuple[str, ...]
+    series_description: str
+    series_number: int | None
+    acquisition_number: int | None
+    instance_number: int | None
+    position: tuple[float, float, float] | None
+    orientation: tuple[float, float, float, float, float, float] | None
+    rows: int | None
+    columns: int | None
+    pixel_spacing: tuple[float, float] | None
+    samples_per_pixel: int
+    bits_allocated: int | None
+    bits_stored: int | None
+    pixel_representation: int
+    photometric: str
+    n_frames: int
+    slope: float
+    intercept: float
+    pixel_offset: int | None
+    pixel_length: int | None
+    truncated: str | None
+    use_pydicom: bool
+    extra: tuple[tuple[str, str], ...]  # PatientID, SliceThickness, KVP, ... as text
+
+    @property
+    def is_enhanced(self) -> bool:
+        return self.sop_class == ENHANCED_CT_SOP or self.n_frames > 1
+
+    def extra_value(self, key: str) -> str | None:
+        for k, v in self.extra:
+            if k == key:
+                return v
+        return None
