@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .reconstruction.organs import ORGANS
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,6 @@ class Option:
         return text
 
 
-_ORGANS = ("body", "lung_left", "lung_right", "airway", "bone")
 _MESH_FORMATS = ("stl", "ply", "obj", "glb")
 
 SCHEMA: dict[str, dict[str, Option]] = {
@@ -86,7 +86,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
     },
     "reconstruct": {
         "enabled": Option(True, "bool", "", "run segmentation, meshing and renderings"),
-        "organs": Option(list(_ORGANS), "choices", "", "organs to segment and mesh", choices=_ORGANS),
+        "organs": Option(list(ORGANS), "choices", "", "organs to segment and mesh", choices=ORGANS),
         "mesh_formats": Option(["stl"], "choices", "", "mesh file formats to write", choices=_MESH_FORMATS),
         "smoothing_iterations": Option(20, "int", "iterations", "mesh smoothing passes", lo=0, hi=500),
         "target_triangles": Option(None, "int", "triangles", "decimate each mesh to about this many triangles", lo=100, nullable=True),

@@ -23,9 +23,9 @@ _EXPORTS = {
     "NoduleResult": ".nodules",
     "segment_findings": ".nodules",
     "segment_nodule": ".nodules",
-    "ORGANS": ".segment",
+    "ORGANS": ".organs",
+    "SegmentParams": ".organs",
     "Segmentation": ".segment",
-    "SegmentParams": ".segment",
     "segment_organs": ".segment",
     "Reconstruction": ".stage",
     "reconstruct": ".stage",
@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .measure import lung_measurements, organ_measurements
     from .mesh import Mesh, mesh_from_mask
     from .nodules import NoduleResult, segment_findings, segment_nodule
-    from .segment import ORGANS, Segmentation, SegmentParams, segment_organs
+    from .organs import ORGANS, SegmentParams
+    from .segment import Segmentation, segment_organs
     from .stage import Reconstruction, reconstruct
 
 

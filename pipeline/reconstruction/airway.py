@@ -10,7 +10,6 @@ the threshold moves towards the lumen value and the growth is redone.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,9 +18,8 @@ from scipy import ndimage
 from ..errors import ReconstructionError
 from ..volume import Geometry
 from . import morph
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .segment import SegmentParams
+from .grid import lps_coordinate_grid, slice_axis
+from .organs import SegmentParams
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +39,6 @@ def find_trachea_seed(air: np.ndarray, cand: np.ndarray, body: np.ndarray, geome
     The blob must hold air clearly darker than the lung parenchyma (its darkest voxel at
     least 100 HU below the lungs' median), so a lung apex near the mid-line is not taken.
     """
-    from .segment import lps_coordinate_grid, slice_axis
-
     axis = slice_axis(geometry)
     per_slice = air.sum(axis=tuple(a for a in range(3) if a != axis))
     order = [s for s in _superior_order(geometry, axis) if per_slice[s] > 0]

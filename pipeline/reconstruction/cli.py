@@ -1,4 +1,8 @@
-"""``ctpipe reconstruct``: organ masks, meshes, measurements and renderings of one CT series."""
+"""``ctpipe reconstruct``: organ masks, meshes, measurements and renderings of one CT series.
+
+The loaders and the reconstruction stage (numpy, torch, pydicom) are imported inside the
+command's functions, so ``ctpipe --help`` starts without them.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_ORGANS = ("body", "lung_left", "lung_right", "airway", "bone")
+from ..errors import CtpipeError
+from .organs import ORGANS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("src", metavar="SRC", type=Path, help="DICOM folder or case-cache .json/.npy file")
     p.add_argument("--out", required=True, type=Path, help="output folder")
     p.add_argument("--formats", default="stl", help="comma-separated mesh formats: stl,ply,obj,glb (default stl)")
-    p.add_argument("--organs", default=",".join(_ORGANS), help=f"comma-separated organs (default {','.join(_ORGANS)})")
+    p.add_argument("--organs", default=",".join(ORGANS), help=f"comma-separated organs (default {','.join(ORGANS)})")
     p.add_argument("--seg-bundle", type=Path, default=None, help="MONAI segmentation bundle folder (optional)")
     p.add_argument("--findings", type=Path, default=None,
                    help="findings JSON (from `ctpipe detect`: a list, or an object with 'findings') to segment nodules")
@@ -39,7 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _load(src: Path, series_uid: str | None) -> tuple[Any, str]:
     from ..cache import CaseCache
-    from ..errors import CtpipeError
 
     if src.is_file() and src.suffix in (".json", ".npy"):
         return CaseCache(src.parent).read(src.stem), src.stem
@@ -53,8 +57,6 @@ def _load(src: Path, series_uid: str | None) -> tuple[Any, str]:
 
 
 def _findings(path: Path) -> list[Any]:
-    from ..errors import CtpipeError
-
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -66,7 +68,6 @@ def _findings(path: Path) -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import CtpipeError
     from .stage import reconstruct
 
     formats = [f for f in args.formats.split(",") if f]

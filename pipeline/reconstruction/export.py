@@ -20,7 +20,7 @@ import numpy as np
 
 from ..atomic import atomic_write_bytes
 from ..errors import ReconstructionError
-from .mesh import Mesh
+from .mesh import Mesh, vertex_normals
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,6 @@ def _pad4(b: bytes, fill: bytes) -> bytes:
 def glb_bytes(mesh: Mesh, *, color: tuple[float, float, float] = (0.8, 0.5, 0.45)) -> bytes:
     """A glTF 2.0 binary: one mesh (positions float32, normals, uint32 indices) under an LPS→glTF node."""
     pos = mesh.vertices.astype("<f4")
-    from .mesh import vertex_normals
-
     nrm = vertex_normals(mesh.vertices, mesh.faces).astype("<f4")
     idx = mesh.faces.astype("<u4").ravel()
     blobs = [pos.tobytes(), nrm.tobytes(), idx.tobytes()]

@@ -9,7 +9,6 @@ A lung pair merged at the anterior/posterior junction is separated by erosion
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,9 +16,8 @@ import torch
 from ..errors import ReconstructionError
 from ..volume import Geometry
 from . import morph
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .segment import SegmentParams, _Grid
+from .grid import Grid, bbox, centroid_lps, lps_coordinate_grid, slice_axis
+from .organs import SegmentParams
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +69,6 @@ def _grow_back(cores: list[torch.Tensor], mask: torch.Tensor, steps: int) -> lis
 
 def _midline_split(mask: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray]:
     """Split at the LPS x with the fewest lung voxels between the 30th and 70th x percentiles."""
-    from .segment import lps_coordinate_grid
-
     x = np.broadcast_to(lps_coordinate_grid(geometry, 0), mask.shape)
     xs = x[mask]
     lo, hi = np.percentile(xs, [30, 70])
@@ -82,7 +78,7 @@ def _midline_split(mask: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np
     return mask & (x < cut), mask & (x >= cut)
 
 
-def split_lungs(mask: np.ndarray, grid: _Grid, p: SegmentParams) -> tuple[np.ndarray, np.ndarray]:
+def split_lungs(mask: np.ndarray, grid: Grid, p: SegmentParams) -> tuple[np.ndarray, np.ndarray]:
     """Left and right lung masks (working grid) from the lung air without airways.
 
     Returns ``(left, right)`` where left has the larger mean LPS x. Vessels and
@@ -126,18 +122,14 @@ def split_lungs(mask: np.ndarray, grid: _Grid, p: SegmentParams) -> tuple[np.nda
 
 
 def _centroid_x(mask: np.ndarray, geometry: Geometry) -> float:
-    from .segment import centroid_lps
-
     return float(centroid_lps(mask, geometry)[0])
 
 
 def fill_lung(mask: np.ndarray, geometry: Geometry, p: SegmentParams, device: torch.device | str,
               other: np.ndarray | None = None) -> np.ndarray:
     """Close and fill one lung so vessels and nodules inside it belong to it (never into ``other``)."""
-    from .segment import _bbox, slice_axis
-
     r = morph.radius_vox(p.lung_close_mm, geometry.spacing)
-    box = _bbox(mask, max(r) + 1)
+    box = bbox(mask, max(r) + 1)
     out = np.zeros_like(mask)
     if box is None:
         return out

@@ -126,7 +126,8 @@ def _restore_volume(vertices: np.ndarray, faces: np.ndarray, target: float, roun
             break
         n = v.shape[0]
         idx = faces.ravel()
-        vn = np.stack([np.bincount(idx, weights=np.repeat(cross[:, c], 3), minlength=n) for c in range(3)], axis=1)
+        vn = np.stack([np.bincount(idx, weights=np.repeat(cross[:, c], 3), minlength=n) for c in range(3)],
+                      axis=1).astype(np.float64, copy=False)
         vn /= np.maximum(np.linalg.norm(vn, axis=1, keepdims=True), 1e-12)
         v = v + ((target - vol) / area) * vn
     return v

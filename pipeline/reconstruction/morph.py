@@ -122,6 +122,7 @@ def fill_holes(mask: np.ndarray, *, slice_axis: int | None = None) -> np.ndarray
     open at the top and bottom of the scan; without it, in 3-D.
     """
     background = ~mask
+    faces: list[tuple[int | slice, ...]]
     if slice_axis is None:
         structure = CONN6
         faces = [np.s_[0, :, :], np.s_[-1, :, :], np.s_[:, 0, :], np.s_[:, -1, :], np.s_[:, :, 0], np.s_[:, :, -1]]
@@ -136,7 +137,7 @@ def fill_holes(mask: np.ndarray, *, slice_axis: int | None = None) -> np.ndarray
             if ax == slice_axis:
                 continue
             for end in (0, -1):
-                sl = [slice(None)] * 3
+                sl: list[int | slice] = [slice(None)] * 3
                 sl[ax] = end
                 faces.append(tuple(sl))
     labels, n = ndimage.label(background, structure=structure)

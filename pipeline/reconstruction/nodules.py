@@ -51,6 +51,7 @@ from scipy import ndimage
 from ..errors import ReconstructionError
 from ..volume import CTVolume, Geometry
 from . import morph
+from .grid import centroid_lps
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,12 @@ def _get(finding: Any, name: str) -> Any:
     if isinstance(finding, Mapping):
         return finding.get(name)
     return getattr(finding, name, None)
+
+
+def _point(values: np.ndarray) -> tuple[float, float, float]:
+    """Three coordinates (LPS mm) as plain floats."""
+    x, y, z = (float(v) for v in values)
+    return x, y, z
 
 
 def finding_box(finding: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -369,11 +376,9 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     nod = ndimage.binary_fill_holes(labels == np.bincount(near).argmax())
     voxel = float(np.prod(g.spacing))
     vol = float(nod.sum()) * voxel
-    from .segment import centroid_lps
-
     return NoduleResult(
-        index=index, center_lps=tuple(float(v) for v in centre), volume_mm3=vol,
-        diameter_mm=float((6.0 * vol / np.pi) ** (1.0 / 3.0)), centroid_lps=tuple(float(v) for v in centroid_lps(nod, cg)),
+        index=index, center_lps=_point(centre), volume_mm3=vol,
+        diameter_mm=float((6.0 * vol / np.pi) ** (1.0 / 3.0)), centroid_lps=_point(centroid_lps(nod, cg)),
         threshold_hu=round(thr, 1), mask=nod, geometry=cg,
     )
 
@@ -386,7 +391,9 @@ def segment_findings(volume: CTVolume, findings: Sequence[Any], *, lung_mask: np
             out.append(segment_nodule(volume, f, index=n, lung_mask=lung_mask))
         except ReconstructionError as exc:
             centre = _get(f, "center_lps")
-            c = tuple(float(v) for v in centre) if centre is not None else (float("nan"),) * 3
-            out.append(NoduleResult(index=n, center_lps=c, error=str(exc)))  # type: ignore[arg-type]
+            c = np.full(3, np.nan) if centre is None else np.asarray(centre, dtype=float).ravel()
+            if c.size != 3:  # a centre that is not three numbers is reported as unknown beside the error
+                c = np.full(3, np.nan)
+            out.append(NoduleResult(index=n, center_lps=_point(c), error=str(exc)))
             log.warning("nodule %d: %s", n, exc)
     return out

@@ -9,6 +9,7 @@ Every image is labelled with its orientation letters (R/L, A/P, S/I).
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..atomic import atomic_write_bytes
 from ..volume import CTVolume, Geometry
-from .mesh import Mesh
+from .mesh import Mesh, mesh_from_mask
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,6 @@ def _figure(width_px: int, height_px: int):
 
 
 def _save(fig, path: Path) -> Path:
-    import io
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
@@ -269,8 +268,6 @@ def render_all(volume: CTVolume, masks: Mapping[str, np.ndarray], meshes: Mappin
     lungs = [m for k, m in masks.items() if k.startswith("lung")]
     paths += render_mip(volume, out, stem=stem, lung_mask=np.logical_or.reduce(lungs) if lungs else None)
     if meshes:
-        from .mesh import mesh_from_mask
-
         shown = {}
         for organ, mesh in meshes.items():
             if mesh.n_triangles > PREVIEW_TRIANGLES and organ in masks:  # a lighter copy is enough for a picture

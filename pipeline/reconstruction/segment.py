@@ -19,33 +19,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..errors import ReconstructionError
 from ..volume import CTVolume, Geometry, default_device
+from . import airway as airway_mod
+from . import lungs as lungs_mod
 from . import morph
+from .grid import Grid, bbox, slice_axis
+from .organs import ORGANS, SegmentParams
 
 log = logging.getLogger(__name__)
-
-ORGANS = ("body", "lung_left", "lung_right", "airway", "bone")
-
-
-@dataclass(frozen=True)
-class SegmentParams:
-    """Thresholds (HU) and sizes (mm, mL) of the classical segmentation."""
-
-    body_hu: float = -500.0  # tissue vs air outside the patient
-    lung_hu: float = -500.0  # aerated lung / airway vs soft tissue
-    bone_hu: float = 300.0  # bone vs soft tissue and blood
-    tissue_hu: float = 40.0  # soft tissue (airway wall) for the airway's edge threshold
-    body_open_mm: float = 2.0  # detaches the table and blankets
-    lung_close_mm: float = 3.0  # closes vessels at the lung hilum into the lung
-    min_lung_ml: float = 2.0  # air components smaller than this are not lungs
-    min_bone_ml: float = 0.02  # bone components smaller than this are noise
-    airway_leak_fraction: float = 0.1  # growth above this share of the lungs is a leak
-    work_voxel_mm: float = 2.0  # working voxel size (mm) for volumes above work_min_voxels
-    work_min_voxels: int = 12_000_000
-    cpu_threads: int | None = 1  # torch intra-op threads for CPU segmentation (None = leave as set)
 
 
 @dataclass
@@ -58,71 +41,13 @@ class Segmentation:
     info: dict[str, float | str] = field(default_factory=dict)
 
 
-def slice_axis(geometry: Geometry) -> int:
-    """Array axis (0..2 of ``[k, j, i]``) most aligned with LPS z (the patient's long axis)."""
-    c = int(np.argmax(np.abs(geometry.direction[2, :])))  # index axis c of (i, j, k)
-    return 2 - c
-
-
-def lps_coordinate_grid(geometry: Geometry, axis: int) -> np.ndarray:
-    """LPS coordinate ``axis`` (0=x, 1=y, 2=z) in mm of every voxel, as a broadcastable ``[k, j, i]`` array sum."""
-    m = geometry.direction * np.asarray(geometry.spacing)[None, :]
-    nk, nj, ni = geometry.shape
-    return (
-        geometry.origin[axis]
-        + m[axis, 0] * np.arange(ni)[None, None, :]
-        + m[axis, 1] * np.arange(nj)[None, :, None]
-        + m[axis, 2] * np.arange(nk)[:, None, None]
-    )
-
-
-def centroid_lps(mask: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """Centre of mass of ``mask`` in LPS mm."""
-    idx = np.argwhere(mask)  # (n, 3) in (k, j, i)
-    return geometry.index_to_lps(idx[:, ::-1].mean(axis=0))
-
-
 def _factors(geometry: Geometry, params: SegmentParams) -> tuple[int, int, int]:
     """Integer down-sampling factors (k, j, i) for the working grid."""
     if int(np.prod(geometry.shape)) < params.work_min_voxels:
         return (1, 1, 1)
     si, sj, sk = geometry.spacing
-    return tuple(max(1, int(round(params.work_voxel_mm / s))) for s in (sk, sj, si))  # type: ignore[return-value]
-
-
-class _Grid:
-    """The working grid: HU tensor (possibly average-pooled) and its geometry."""
-
-    def __init__(self, volume: CTVolume, device: torch.device, factors: tuple[int, int, int]):
-        self.full = volume
-        self.factors = factors
-        hu = morph.to_tensor(volume.array, device).to(torch.float32)
-        if factors != (1, 1, 1):
-            hu = F.avg_pool3d(hu[None, None], kernel_size=factors, stride=factors, ceil_mode=True)[0, 0]
-        self.hu = hu
-        fk, fj, fi = factors
-        g = volume.geometry
-        origin = g.index_to_lps([(fi - 1) / 2, (fj - 1) / 2, (fk - 1) / 2])
-        spacing = (g.spacing[0] * fi, g.spacing[1] * fj, g.spacing[2] * fk)
-        self.geometry = g.with_(shape=tuple(hu.shape), spacing=spacing, origin=origin)
-
-    @property
-    def voxel_ml(self) -> float:
-        return float(np.prod(self.geometry.spacing)) / 1000.0
-
-    def radius(self, mm: float) -> tuple[int, int, int]:
-        return morph.radius_vox(mm, self.geometry.spacing)
-
-
-def _bbox(mask: np.ndarray, margin: int) -> tuple[slice, slice, slice] | None:
-    """Slices of the bounding box of ``mask`` grown by ``margin`` voxels (None when empty)."""
-    out = []
-    for ax in range(3):
-        nz = np.nonzero(mask.any(axis=tuple(a for a in range(3) if a != ax)))[0]
-        if nz.size == 0:
-            return None
-        out.append(slice(max(0, int(nz[0]) - margin), min(mask.shape[ax], int(nz[-1]) + 1 + margin)))
-    return out[0], out[1], out[2]
+    fk, fj, fi = (max(1, int(round(params.work_voxel_mm / s))) for s in (sk, sj, si))
+    return fk, fj, fi
 
 
 def _upsample(t: torch.Tensor, factors: tuple[int, int, int], shape: tuple[int, ...]) -> torch.Tensor:
@@ -138,7 +63,7 @@ def _full_box(box: tuple[slice, slice, slice], factors: tuple[int, int, int],
     return tuple(slice(b.start * f, min(n, b.stop * f)) for b, f, n in zip(box, factors, shape))
 
 
-def _refine(coarse: np.ndarray, grid: _Grid, full_hu: torch.Tensor, above: bool, threshold: float,
+def _refine(coarse: np.ndarray, grid: Grid, full_hu: torch.Tensor, above: bool, threshold: float,
             inside: np.ndarray | None = None) -> np.ndarray:
     """Up-sample a working-grid mask to full resolution, redoing the threshold in its boundary band.
 
@@ -148,7 +73,7 @@ def _refine(coarse: np.ndarray, grid: _Grid, full_hu: torch.Tensor, above: bool,
     """
     if grid.factors == (1, 1, 1):
         return coarse
-    box = _bbox(coarse, 1)
+    box = bbox(coarse, 1)
     out = np.zeros(tuple(full_hu.shape), dtype=bool)
     if box is None:
         return out
@@ -205,7 +130,7 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
         for organ in wanted:
             seg.errors[organ] = err
         return seg
-    grid = _Grid(volume, dev, _factors(geom, p))
+    grid = Grid(volume, dev, _factors(geom, p))
     seg.info["work_factors_kji"] = str(grid.factors)
     full_hu = morph.to_tensor(volume.array, dev).to(torch.float32) if grid.factors != (1, 1, 1) else grid.hu
     where = volume.series_uid or "volume"
@@ -246,12 +171,9 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
     return seg
 
 
-def _lungs_and_airway(seg: Segmentation, grid: _Grid, full_hu: torch.Tensor, body_c: np.ndarray,
+def _lungs_and_airway(seg: Segmentation, grid: Grid, full_hu: torch.Tensor, body_c: np.ndarray,
                       wanted: set[str], p: SegmentParams, where: str) -> None:
     """Lung candidates → airway growth → left/right split, then full-resolution refinement."""
-    from . import airway as airway_mod
-    from . import lungs as lungs_mod
-
     dev = full_hu.device
     body_t = morph.to_tensor(body_c, dev)
     air_c = ((grid.hu < p.lung_hu) & body_t).cpu().numpy()
@@ -272,7 +194,7 @@ def _lungs_and_airway(seg: Segmentation, grid: _Grid, full_hu: torch.Tensor, bod
         thr = float(seg.info.get("airway_threshold_hu", p.lung_hu))
         air_full = _regrow(aw_c, grid, full_hu, thr) if grid.factors != (1, 1, 1) else aw_c
         edge = float(seg.info.get("airway_edge_hu", thr))
-        box = _bbox(air_full, 1)
+        box = bbox(air_full, 1)
         if box is not None:
             air_full[box] = airway_mod.add_edge_ring(air_full[box], full_hu[box].cpu().numpy(), edge)
         if "airway" in wanted:
@@ -290,7 +212,7 @@ def _lungs_and_airway(seg: Segmentation, grid: _Grid, full_hu: torch.Tensor, bod
         near = morph.dilate(morph.to_tensor(m, dev), (1, 1, 1)).cpu().numpy()
         fm = _refine(m, grid, full_hu, False, p.lung_hu, inside=near)
         if grid.factors != (1, 1, 1):  # vessels the band threshold cut out of the lung's rim
-            box = _bbox(fm, 1)
+            box = bbox(fm, 1)
             if box is not None:
                 fm[box] = morph.fill_holes(fm[box], slice_axis=slice_axis(seg.geometry))
         full[name] = fm & ~air_full
@@ -299,13 +221,13 @@ def _lungs_and_airway(seg: Segmentation, grid: _Grid, full_hu: torch.Tensor, bod
         seg.masks[name] = full[name]
 
 
-def _regrow(coarse: np.ndarray, grid: _Grid, full_hu: torch.Tensor, threshold: float) -> np.ndarray:
+def _regrow(coarse: np.ndarray, grid: Grid, full_hu: torch.Tensor, threshold: float) -> np.ndarray:
     """Redo a region growing at full resolution near a working-grid result (thin tubes such as airways).
 
     Full-resolution voxels darker than ``threshold`` within one working voxel of ``coarse`` that are
     connected to its eroded core make the result.
     """
-    box = _bbox(coarse, 2)
+    box = bbox(coarse, 2)
     out = np.zeros(tuple(full_hu.shape), dtype=bool)
     if box is None:
         return out
@@ -322,7 +244,7 @@ def _regrow(coarse: np.ndarray, grid: _Grid, full_hu: torch.Tensor, threshold: f
     return out
 
 
-def _body(grid: _Grid, p: SegmentParams) -> np.ndarray:
+def _body(grid: Grid, p: SegmentParams) -> np.ndarray:
     """Body outline on the working grid: tissue above ``body_hu``, largest component, holes filled per slice."""
     tissue = grid.hu > p.body_hu
     tissue = morph.opening(tissue, grid.radius(p.body_open_mm))
@@ -332,7 +254,7 @@ def _body(grid: _Grid, p: SegmentParams) -> np.ndarray:
     return morph.fill_holes(body, slice_axis=slice_axis(grid.geometry))
 
 
-def _bone(grid: _Grid, body: torch.Tensor, p: SegmentParams) -> np.ndarray:
+def _bone(grid: Grid, body: torch.Tensor, p: SegmentParams) -> np.ndarray:
     """Bone on the working grid: HU above ``bone_hu`` inside the body, small components dropped."""
     bone = ((grid.hu > p.bone_hu) & body).cpu().numpy()
     labels, sizes = morph.label(bone)

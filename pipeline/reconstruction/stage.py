@@ -8,6 +8,7 @@ All coordinates are DICOM patient coordinates (LPS, mm).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import time
@@ -23,8 +24,12 @@ from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, ReconstructionError
 from ..volume import CTVolume, Geometry, LabelMap, default_device
 from . import export, measure
+from .bundle_seg import run_seg_bundle
 from .mesh import Mesh, mesh_from_mask
-from .segment import ORGANS, segment_organs
+from .nodules import segment_findings
+from .organs import ORGANS
+from .render import render_all
+from .segment import segment_organs
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +156,6 @@ def reconstruct(
     for organ, exc in seg.errors.items():
         rec.errors[organ] = _error_text(exc)
     if seg_bundle is not None:
-        from .bundle_seg import run_seg_bundle
-
         try:
             bundle_masks, bundle_errors = timer.run("seg_bundle", run_seg_bundle, volume, seg_bundle, device=dev)
         except CtpipeError as exc:
@@ -177,8 +180,6 @@ def reconstruct(
     if any(o in organs for o in ("lung_left", "lung_right")):
         rec.measurements["lungs"] = measure.lung_measurements(np.asarray(volume.array), masks, volume.geometry)
     if findings:
-        from .nodules import segment_findings
-
         results = timer.run("nodules", segment_findings, volume, findings, lung_mask=_lungs(masks))
         rec.measurements["nodules"] = [r.to_json() for r in results]
         for r in results:
@@ -209,8 +210,6 @@ def _write_outputs(rec: Reconstruction, volume: CTVolume, out: Path, stem: str, 
             except OSError as exc:
                 rec.errors[f"{organ}.{fmt}"] = f"{out}: could not write the {fmt} mesh ({exc})"
     if rec.masks:
-        import io
-
         lm = rec.label_map()
         buf = io.BytesIO()
         np.savez_compressed(buf, labels=lm.array, geometry=json.dumps(lm.geometry.to_json()),
@@ -219,8 +218,6 @@ def _write_outputs(rec: Reconstruction, volume: CTVolume, out: Path, stem: str, 
         atomic_write_bytes(path, buf.getvalue())
         rec.add_file("mask", path)
     if render:
-        from .render import render_all
-
         try:
             for path in render_all(volume, {o: lm.array.astype(bool) for o, lm in rec.masks.items()}, rec.meshes,
                                    out, stem=stem):

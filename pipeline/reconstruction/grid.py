@@ -1,0 +1,82 @@
+"""Voxel-grid helpers shared by the organ segmentation modules (arrays ``[k, j, i]``, LPS mm).
+
+:class:`Grid` is the working grid a segmentation runs on: the volume's HU as a
+torch tensor, average-pooled by integer factors for large volumes, with the
+pooled grid's own :class:`~pipeline.volume.Geometry`. The functions map between
+array axes, voxel indices and DICOM patient coordinates (LPS, mm).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..volume import CTVolume, Geometry
+from . import morph
+
+
+class Grid:
+    """The working grid: HU tensor (possibly average-pooled) and its geometry.
+
+    ``factors`` are the integer pooling factors along ``(k, j, i)``; ``(1, 1, 1)``
+    keeps the volume's own grid. ``hu`` is float32 HU on ``device``; ``geometry``
+    places the pooled voxels' centres in LPS mm; ``full`` is the input volume.
+    """
+
+    def __init__(self, volume: CTVolume, device: torch.device, factors: tuple[int, int, int]):
+        self.full = volume
+        self.factors = factors
+        hu = morph.to_tensor(volume.array, device).to(torch.float32)
+        if factors != (1, 1, 1):
+            hu = F.avg_pool3d(hu[None, None], kernel_size=factors, stride=factors, ceil_mode=True)[0, 0]
+        self.hu = hu
+        fk, fj, fi = factors
+        g = volume.geometry
+        origin = g.index_to_lps([(fi - 1) / 2, (fj - 1) / 2, (fk - 1) / 2])
+        spacing = (g.spacing[0] * fi, g.spacing[1] * fj, g.spacing[2] * fk)
+        self.geometry = g.with_(shape=tuple(hu.shape), spacing=spacing, origin=origin)
+
+    @property
+    def voxel_ml(self) -> float:
+        """Volume of one working voxel in mL."""
+        return float(np.prod(self.geometry.spacing)) / 1000.0
+
+    def radius(self, mm: float) -> tuple[int, int, int]:
+        """A radius of ``mm`` millimetres in working voxels along ``(k, j, i)``."""
+        return morph.radius_vox(mm, self.geometry.spacing)
+
+
+def bbox(mask: np.ndarray, margin: int) -> tuple[slice, slice, slice] | None:
+    """Slices (``[k, j, i]``) of the bounding box of ``mask`` grown by ``margin`` voxels (None when empty)."""
+    out = []
+    for ax in range(3):
+        nz = np.nonzero(mask.any(axis=tuple(a for a in range(3) if a != ax)))[0]
+        if nz.size == 0:
+            return None
+        out.append(slice(max(0, int(nz[0]) - margin), min(mask.shape[ax], int(nz[-1]) + 1 + margin)))
+    return out[0], out[1], out[2]
+
+
+def slice_axis(geometry: Geometry) -> int:
+    """Array axis (0..2 of ``[k, j, i]``) most aligned with LPS z (the patient's long axis)."""
+    c = int(np.argmax(np.abs(geometry.direction[2, :])))  # index axis c of (i, j, k)
+    return 2 - c
+
+
+def lps_coordinate_grid(geometry: Geometry, axis: int) -> np.ndarray:
+    """LPS coordinate ``axis`` (0=x, 1=y, 2=z) in mm of every voxel, as a broadcastable ``[k, j, i]`` array sum."""
+    m = geometry.direction * np.asarray(geometry.spacing)[None, :]
+    nk, nj, ni = geometry.shape
+    return (
+        geometry.origin[axis]
+        + m[axis, 0] * np.arange(ni)[None, None, :]
+        + m[axis, 1] * np.arange(nj)[None, :, None]
+        + m[axis, 2] * np.arange(nk)[:, None, None]
+    )
+
+
+def centroid_lps(mask: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Centre of mass of ``mask`` (bool ``[k, j, i]`` on ``geometry``) in LPS mm."""
+    idx = np.argwhere(mask)  # (n, 3) in (k, j, i)
+    return geometry.index_to_lps(idx[:, ::-1].mean(axis=0))

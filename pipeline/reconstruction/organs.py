@@ -1,0 +1,32 @@
+"""The classical organ segmentation's organs and parameters.
+
+:data:`ORGANS` names the organs :func:`~pipeline.reconstruction.segment.segment_organs`
+makes, in the order masks and meshes are reported; :class:`SegmentParams` holds its
+thresholds (HU) and sizes (mm, mL). This module imports nothing heavy, so the
+configuration schema (:mod:`pipeline.config`) and the command line read the organ
+names from here without loading torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ORGANS: tuple[str, ...] = ("body", "lung_left", "lung_right", "airway", "bone")
+
+
+@dataclass(frozen=True)
+class SegmentParams:
+    """Thresholds (HU) and sizes (mm, mL) of the classical segmentation."""
+
+    body_hu: float = -500.0  # tissue vs air outside the patient
+    lung_hu: float = -500.0  # aerated lung / airway vs soft tissue
+    bone_hu: float = 300.0  # bone vs soft tissue and blood
+    tissue_hu: float = 40.0  # soft tissue (airway wall) for the airway's edge threshold
+    body_open_mm: float = 2.0  # detaches the table and blankets
+    lung_close_mm: float = 3.0  # closes vessels at the lung hilum into the lung
+    min_lung_ml: float = 2.0  # air components smaller than this are not lungs
+    min_bone_ml: float = 0.02  # bone components smaller than this are noise
+    airway_leak_fraction: float = 0.1  # growth above this share of the lungs is a leak
+    work_voxel_mm: float = 2.0  # working voxel size (mm) for volumes above work_min_voxels
+    work_min_voxels: int = 12_000_000
+    cpu_threads: int | None = 1  # torch intra-op threads for CPU segmentation (None = leave as set)

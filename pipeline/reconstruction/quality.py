@@ -1,0 +1,272 @@
+"""Per-case quality flags: what a reader must know before trusting a case's figures.
+
+The vocabulary is small and fixed (:data:`FLAGS`). Each flag has a severity: ``warning`` (a
+figure or a finding of the case may be wrong or incomplete; counted in the report's headline)
+or ``info`` (a property of the scan worth knowing, e.g. its contrast phase).
+
+=========================== ======== ==========================================================
+code                        severity meaning
+=========================== ======== ==========================================================
+``lungs_absent``            warning  no lungs in the scan (less than 20 mL of lung); no search
+``lungs_apex_cut``          warning  the lungs continue above the first slice
+``lungs_base_cut``          warning  the lungs continue below the last slice
+``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together
+``lung_imbalance``          warning  the smaller lung is less than half the larger one
+``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules unreliable
+``fov_cuts_body``           warning  the field of view cuts the body on at least 10 % of slices
+``metal_streaks``           warning  metal in the body (≥ 0.05 mL at ≥ 2,500 HU): streak artefacts likely
+``contrast_arterial``       info     IV contrast, arterial phase (estimate)
+``contrast_venous``         info     IV contrast, venous phase (estimate)
+``airway_not_in_scan``      info     no trachea in the field of view; no airway outputs
+=========================== ======== ==========================================================
+
+Lung coverage is ``complete``, ``partial`` (apex or base cut) or ``absent``. Measurements that a
+flag makes meaningless are listed in :attr:`QualityReport.unreliable` (e.g. the emphysema index
+and lung volumes of partial lungs); the measurements JSON marks them instead of reporting a plain
+number. All thresholds are in mm, mL and HU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from scipy import ndimage
+
+from ..volume import Geometry
+
+log = logging.getLogger(__name__)
+
+Severity = Literal["warning", "info"]
+
+#: code → (severity, sentence). The sentence is completed with the measured figure.
+FLAGS: dict[str, tuple[Severity, str]] = {
+    "lungs_absent": ("warning", "no lungs in the scan"),
+    "lungs_apex_cut": ("warning", "the lung apices are cut by the scan range"),
+    "lungs_base_cut": ("warning", "the lung bases are cut by the scan range"),
+    "lung_volume_out_of_range": ("warning", "lung volume outside the physiological range"),
+    "lung_imbalance": ("warning", "strong left/right lung volume imbalance"),
+    "thick_slices": ("warning", "thick slices: small nodules unreliable"),
+    "fov_cuts_body": ("warning", "the field of view cuts the body"),
+    "metal_streaks": ("warning", "metal in the body: streak artefacts likely"),
+    "contrast_arterial": ("info", "IV contrast, arterial phase (estimate)"),
+    "contrast_venous": ("info", "IV contrast, venous phase (estimate)"),
+    "airway_not_in_scan": ("info", "airway not in the scan"),
+}
+
+LUNGS_ABSENT_ML = 20.0
+LUNG_CUT_AREA_MM2 = 100.0  # lung cross-section on the first/last slice that means "cut" (1 cm²)
+LUNG_VOLUME_RANGE_ML = (1500.0, 9000.0)
+IMBALANCE_RATIO = 0.5
+THICK_SLICE_MM = 2.5
+FOV_CUT_FRACTION = 0.10
+FOV_CUT_CONTACT_MM = 10.0
+METAL_HU = 2500.0
+METAL_ML = 0.05
+CONTRAST_HU = (150.0, 600.0)
+CONTRAST_MIN_ML = 15.0
+ARTERIAL_P90_HU = 260.0
+
+Coverage = Literal["complete", "partial", "absent"]
+ContrastPhase = Literal["non_contrast", "arterial", "venous"]
+
+
+@dataclass(frozen=True)
+class QualityFlag:
+    """One flag: ``code`` from :data:`FLAGS`, its severity and a sentence with the measured figure."""
+
+    code: str
+    severity: Severity
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "severity": self.severity, "message": self.message}
+
+
+@dataclass(frozen=True)
+class QualityReport:
+    """The quality assessment of one case (see the module docstring for the vocabulary)."""
+
+    lung_coverage: Coverage
+    contrast_phase: ContrastPhase
+    flags: tuple[QualityFlag, ...] = ()
+    unreliable: tuple[str, ...] = ()
+    figures: Mapping[str, float | None] = field(default_factory=dict)
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(f.code for f in self.flags)
+
+    @property
+    def warnings(self) -> tuple[QualityFlag, ...]:
+        return tuple(f for f in self.flags if f.severity == "warning")
+
+    @property
+    def lungs_absent(self) -> bool:
+        return self.lung_coverage == "absent"
+
+    def has(self, code: str) -> bool:
+        return code in self.codes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lung_coverage": self.lung_coverage,
+            "contrast_phase": self.contrast_phase,
+            "flags": [f.to_json() for f in self.flags],
+            "unreliable": list(self.unreliable),
+            "figures": {k: (None if v is None else round(float(v), 3)) for k, v in self.figures.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> QualityReport:
+        return cls(
+            lung_coverage=data["lung_coverage"],
+            contrast_phase=data["contrast_phase"],
+            flags=tuple(QualityFlag(f["code"], f["severity"], f["message"]) for f in data.get("flags", ())),
+            unreliable=tuple(data.get("unreliable", ())),
+            figures=dict(data.get("figures", {})),
+        )
+
+
+def _flag(code: str, detail: str) -> QualityFlag:
+    severity, text = FLAGS[code]
+    return QualityFlag(code, severity, f"{text} ({detail})" if detail else text)
+
+
+def slice_thickness_mm(geometry: Geometry, metadata: Mapping[str, Any]) -> float:
+    """SliceThickness from the metadata when present, else the spacing along the patient's long axis (mm)."""
+    value = metadata.get("SliceThickness")
+    try:
+        thickness = float(value) if value not in (None, "") else float("nan")
+    except (TypeError, ValueError):
+        thickness = float("nan")
+    spacing_z = geometry.spacing_lps()[2]
+    return thickness if np.isfinite(thickness) and thickness > 0 else spacing_z
+
+
+def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, bool, bool, float]:
+    voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
+    total_ml = float(np.count_nonzero(lungs)) * voxel_ml
+    if total_ml < LUNGS_ABSENT_ML:
+        return "absent", False, False, total_ml
+    view = geometry.to_lps_view(lungs)  # [z, y, x], z ascending = inferior → superior
+    sx, sy, _ = geometry.spacing_lps()
+    area = view.reshape(view.shape[0], -1).sum(axis=1) * sx * sy
+    base_cut = bool(area[0] >= LUNG_CUT_AREA_MM2)
+    apex_cut = bool(area[-1] >= LUNG_CUT_AREA_MM2)
+    return ("partial" if apex_cut or base_cut else "complete"), apex_cut, base_cut, total_ml
+
+
+def _fov_cut_fraction(body: np.ndarray, geometry: Geometry) -> float:
+    view = geometry.to_lps_view(body)  # [z, y, x]
+    sx, sy, _ = geometry.spacing_lps()
+    contact = (
+        view[:, 0, :].sum(axis=1) * sx + view[:, -1, :].sum(axis=1) * sx + view[:, :, 0].sum(axis=1) * sy + view[:, :, -1].sum(axis=1) * sy
+    )
+    present = view.reshape(view.shape[0], -1).any(axis=1)
+    n = int(present.sum())
+    return float(np.count_nonzero(contact[present] >= FOV_CUT_CONTACT_MM)) / n if n else 0.0
+
+
+def _contrast(hu: np.ndarray, body: np.ndarray | None, bone: np.ndarray | None, geometry: Geometry) -> tuple[ContrastPhase, float, float]:
+    """Enhanced-blood volume (mL) and its 90th percentile HU, from non-bone soft tissue at 150–600 HU.
+
+    Computed on a grid of about 2 mm (strided), which is plenty for vessels and heart chambers.
+    """
+    step = tuple(max(1, int(round(2.0 / s))) for s in geometry.spacing[::-1])  # [k, j, i]
+    sub = tuple(slice(None, None, st) for st in step)
+    hu, body, bone = hu[sub], (None if body is None else body[sub]), (None if bone is None else bone[sub])
+    spacing = [s * st for s, st in zip(geometry.spacing[::-1], step)]  # [k, j, i] mm
+    sigma = [1.0 / s for s in spacing]  # ~1 mm smoothing against noise
+    smooth = ndimage.gaussian_filter(hu.astype(np.float32, copy=False), sigma=sigma)
+    region = (smooth >= CONTRAST_HU[0]) & (smooth <= CONTRAST_HU[1])
+    if body is not None:
+        region &= body
+    if bone is not None and bone.any():
+        reach = [max(1, int(round(3.0 / s))) for s in spacing]  # 3 mm around bone
+        grown = ndimage.binary_dilation(bone, structure=np.ones([2 * r + 1 for r in reach], dtype=bool))
+        region &= ~grown
+    region = ndimage.binary_opening(region, iterations=1)
+    voxel_ml = float(np.prod(spacing)) / 1000.0
+    ml = float(np.count_nonzero(region)) * voxel_ml
+    if ml < CONTRAST_MIN_ML:
+        return "non_contrast", ml, float("nan")
+    p90 = float(np.percentile(smooth[region], 90))
+    return ("arterial" if p90 >= ARTERIAL_P90_HU else "venous"), ml, p90
+
+
+def assess_quality(
+    hu: np.ndarray,
+    geometry: Geometry,
+    masks: Mapping[str, np.ndarray],
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    airway_in_scan: bool | None = None,
+) -> QualityReport:
+    """Quality flags of one case from its HU array, geometry and organ masks.
+
+    ``hu`` and the masks are ``[k, j, i]`` arrays on ``geometry`` (LPS); masks used:
+    ``lung_left``, ``lung_right``, ``body`` and ``bone`` (each optional). ``metadata`` supplies
+    ``SliceThickness`` (mm). ``airway_in_scan=False`` adds ``airway_not_in_scan``.
+    """
+    metadata = metadata or {}
+    empty = np.zeros(geometry.shape, dtype=bool)
+    left = masks.get("lung_left", empty)
+    right = masks.get("lung_right", empty)
+    body = masks.get("body")
+    bone = masks.get("bone")
+    flags: list[QualityFlag] = []
+    unreliable: list[str] = []
+    figures: dict[str, float | None] = {}
+
+    coverage, apex_cut, base_cut, total_ml = _lung_coverage(left | right, geometry)
+    figures["lungs_total_volume_ml"] = total_ml
+    if coverage == "absent":
+        flags.append(_flag("lungs_absent", f"{total_ml:.0f} mL of lung"))
+    if apex_cut:
+        flags.append(_flag("lungs_apex_cut", "lung on the first slice"))
+    if base_cut:
+        flags.append(_flag("lungs_base_cut", "lung on the last slice"))
+    if coverage != "complete":
+        unreliable += ["lung_left_volume_ml", "lung_right_volume_ml", "lungs_total_volume_ml", "emphysema_index_pct",
+                       "lung_left_emphysema_index_pct", "lung_right_emphysema_index_pct"]
+    else:
+        lo, hi = LUNG_VOLUME_RANGE_ML
+        if not lo <= total_ml <= hi:
+            flags.append(_flag("lung_volume_out_of_range", f"{total_ml / 1000:.2f} L, expected {lo / 1000:.1f}–{hi / 1000:.1f} L"))
+        voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
+        l_ml, r_ml = float(np.count_nonzero(left)) * voxel_ml, float(np.count_nonzero(right)) * voxel_ml
+        ratio = min(l_ml, r_ml) / max(l_ml, r_ml)
+        figures["lung_balance_ratio"] = ratio
+        if ratio < IMBALANCE_RATIO:
+            flags.append(_flag("lung_imbalance", f"left {l_ml:.0f} mL, right {r_ml:.0f} mL"))
+
+    thickness = slice_thickness_mm(geometry, metadata)
+    figures["slice_thickness_mm"] = thickness
+    if thickness > THICK_SLICE_MM:
+        flags.append(_flag("thick_slices", f"{thickness:.2f} mm > {THICK_SLICE_MM} mm"))
+
+    if body is not None and body.any():
+        fraction = _fov_cut_fraction(body, geometry)
+        figures["fov_cut_slice_fraction"] = fraction
+        if fraction >= FOV_CUT_FRACTION:
+            flags.append(_flag("fov_cuts_body", f"on {100 * fraction:.0f} % of slices"))
+        metal_ml = float(np.count_nonzero(body & (hu >= METAL_HU))) * float(np.prod(geometry.spacing)) / 1000.0
+        figures["metal_ml"] = metal_ml
+        if metal_ml >= METAL_ML:
+            flags.append(_flag("metal_streaks", f"{metal_ml:.2f} mL at ≥ {METAL_HU:.0f} HU"))
+
+    phase, enhanced_ml, p90 = _contrast(hu, body, bone, geometry)
+    figures["enhanced_blood_ml"] = enhanced_ml
+    figures["enhanced_blood_p90_hu"] = None if not np.isfinite(p90) else p90
+    if phase != "non_contrast":
+        flags.append(_flag(f"contrast_{phase}", f"{enhanced_ml:.0f} mL at 150–600 HU, 90th percentile {p90:.0f} HU"))
+
+    if airway_in_scan is False:
+        flags.append(_flag("airway_not_in_scan", ""))
+    report = QualityReport(lung_coverage=coverage, contrast_phase=phase, flags=tuple(flags), unreliable=tuple(unreliable), figures=figures)
+    log.info("quality: lungs %s, contrast %s, flags %s", coverage, phase, ", ".join(report.codes) or "none")
+    return report

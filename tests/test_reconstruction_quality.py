@@ -1,0 +1,117 @@
+"""Per-case quality flags on phantoms whose truth is known: coverage, contrast, thickness, FOV, metal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.phantom import generate_phantom
+from pipeline.reconstruction.quality import FLAGS, QualityReport, assess_quality
+
+
+@pytest.fixture(scope="module")
+def phantom():
+    return generate_phantom(5, matrix=160, pixel_spacing=2.0, slice_spacing=2.5, n_nodules=0)
+
+
+def _assess(phantom, *, hu=None, masks=None, **kw):
+    return assess_quality(phantom.volume.array if hu is None else hu, phantom.volume.geometry, masks or phantom.masks, **kw)
+
+
+def test_complete_chest_has_no_warning(phantom):
+    q = _assess(phantom, metadata=dict(phantom.volume.metadata))
+    assert q.lung_coverage == "complete"
+    assert q.contrast_phase == "non_contrast"
+    assert q.warnings == ()
+    assert q.unreliable == ()
+    assert 1500 < q.figures["lungs_total_volume_ml"] < 9000
+
+
+def _keep_slices(phantom, lo_frac: float, hi_frac: float):
+    """The phantom restricted to a z range given as fractions (0 = most inferior, 1 = most superior)."""
+    g = phantom.volume.geometry
+    z = np.broadcast_to(g.lps_coordinate(2), g.shape)
+    zmin, zmax = z.min(), z.max()
+    keep = (z >= zmin + lo_frac * (zmax - zmin)) & (z <= zmin + hi_frac * (zmax - zmin))
+    k = np.nonzero(keep.any(axis=(1, 2)))[0]
+    sub = phantom.volume.crop((0, 0, k[0]), (g.shape[2], g.shape[1], k[-1] + 1))
+    masks = {name: m[k[0] : k[-1] + 1] for name, m in phantom.masks.items()}
+    return sub, masks
+
+
+@pytest.mark.parametrize(("lo", "hi", "codes", "coverage"), [
+    (0.0, 0.55, {"lungs_apex_cut"}, "partial"),
+    (0.45, 1.0, {"lungs_base_cut"}, "partial"),
+    (0.35, 0.65, {"lungs_apex_cut", "lungs_base_cut"}, "partial"),
+])
+def test_partial_coverage_is_flagged_and_lung_figures_marked(phantom, lo, hi, codes, coverage):
+    assert phantom.volume.geometry.array_axis(2) == 0
+    sub, masks = _keep_slices(phantom, lo, hi)
+    q = assess_quality(sub.array, sub.geometry, masks)
+    assert q.lung_coverage == coverage
+    assert codes <= set(q.codes)
+    assert {"lungs_apex_cut", "lungs_base_cut"} - codes & set(q.codes) == set()
+    assert "emphysema_index_pct" in q.unreliable and "lungs_total_volume_ml" in q.unreliable
+    assert "lung_volume_out_of_range" not in q.codes  # meaningless for partial lungs
+
+
+def test_no_lungs_is_absent(phantom):
+    empty = np.zeros(phantom.volume.shape, dtype=bool)
+    q = _assess(phantom, masks={**phantom.masks, "lung_left": empty, "lung_right": empty})
+    assert q.lungs_absent and q.has("lungs_absent")
+
+
+def test_imbalance_and_volume_range(phantom):
+    left = phantom.masks["lung_left"].copy()
+    left[: left.shape[0] * 2 // 3] = False
+    q = _assess(phantom, masks={**phantom.masks, "lung_left": left})
+    assert q.has("lung_imbalance")
+    small = phantom.masks["lung_right"].copy()
+    small[::2] = False
+    small[:, ::2] = False
+    q = _assess(phantom, masks={**phantom.masks, "lung_left": small, "lung_right": small})
+    assert q.has("lung_volume_out_of_range") and not q.has("lung_imbalance")
+
+
+def test_thick_slices_from_metadata_or_spacing(phantom):
+    assert _assess(phantom, metadata={"SliceThickness": "5.0"}).has("thick_slices")
+    assert not _assess(phantom, metadata={"SliceThickness": 1.0}).has("thick_slices")
+    assert _assess(phantom, metadata={}).figures["slice_thickness_mm"] == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize(("blood_hu", "phase"), [(330.0, "arterial"), (180.0, "venous"), (40.0, "non_contrast")])
+def test_contrast_phase(phantom, blood_hu, phase):
+    hu = phantom.volume.array.astype(np.float32)
+    # a 30 mm "aorta" in the mediastinum, just anterior to the spine
+    g = phantom.volume.geometry
+    x, y = np.broadcast_to(g.lps_coordinate(0), g.shape), np.broadcast_to(g.lps_coordinate(1), g.shape)
+    body = phantom.masks["body"]
+    cy = float(np.broadcast_to(g.lps_coordinate(1), g.shape)[body].mean())
+    aorta = ((x - 0.0) ** 2 + (y - cy) ** 2 < 15.0**2) & body & ~phantom.masks["bone"]
+    aorta &= ~(phantom.masks["lung_left"] | phantom.masks["lung_right"])
+    hu[aorta] = blood_hu
+    q = _assess(phantom, hu=hu)
+    assert q.contrast_phase == phase
+    assert q.has(f"contrast_{phase}") == (phase != "non_contrast")
+    assert all(f.severity == "info" for f in q.flags if f.code.startswith("contrast_"))
+
+
+def test_fov_cut_and_metal(phantom):
+    g = phantom.volume.geometry
+    n = g.shape[2]
+    crop = phantom.volume.crop((n // 5, n // 5, 0), (n - n // 5, n - n // 5, g.shape[0]))
+    body = phantom.masks["body"][:, n // 5 : n - n // 5, n // 5 : n - n // 5]
+    assert assess_quality(crop.array, crop.geometry, {"body": body}).has("fov_cuts_body")
+    hu = phantom.volume.array.astype(np.float32)
+    k, j, i = np.argwhere(phantom.masks["body"])[len(np.argwhere(phantom.masks["body"])) // 2]
+    hu[k - 1 : k + 2, j - 2 : j + 3, i - 2 : i + 3] = 3000.0
+    q = _assess(phantom, hu=hu)
+    assert q.has("metal_streaks") and not _assess(phantom).has("metal_streaks")
+
+
+def test_vocabulary_and_json_round_trip(phantom):
+    q = _assess(phantom, metadata={"SliceThickness": 5}, airway_in_scan=False)
+    assert set(q.codes) <= set(FLAGS)
+    assert q.has("airway_not_in_scan")
+    again = QualityReport.from_json(q.to_json())
+    assert again.codes == q.codes and again.lung_coverage == q.lung_coverage
