@@ -18,7 +18,6 @@ from scipy import ndimage
 from ..errors import ReconstructionError
 from ..volume import Geometry
 from . import morph
-from .grid import lps_coordinate_grid, slice_axis
 from .organs import SegmentParams
 
 log = logging.getLogger(__name__)
@@ -39,12 +38,12 @@ def find_trachea_seed(air: np.ndarray, cand: np.ndarray, body: np.ndarray, geome
     The blob must hold air clearly darker than the lung parenchyma (its darkest voxel at
     least 100 HU below the lungs' median), so a lung apex near the mid-line is not taken.
     """
-    axis = slice_axis(geometry)
+    axis = geometry.array_axis(2)
     per_slice = air.sum(axis=tuple(a for a in range(3) if a != axis))
     order = [s for s in _superior_order(geometry, axis) if per_slice[s] > 0]
     if not order:
         raise ReconstructionError("no air inside the body to seed the airway")
-    x = np.broadcast_to(lps_coordinate_grid(geometry, 0), air.shape)
+    x = np.broadcast_to(geometry.lps_coordinate(0), air.shape)
     body_x = x[body]
     mid = float(np.median(body_x))
     width = float(body_x.max() - body_x.min()) or 1.0

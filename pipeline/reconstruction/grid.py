@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..volume import CTVolume, Geometry
+from ..volume import CTVolume
 from . import morph
 
 
@@ -56,27 +56,3 @@ def bbox(mask: np.ndarray, margin: int) -> tuple[slice, slice, slice] | None:
             return None
         out.append(slice(max(0, int(nz[0]) - margin), min(mask.shape[ax], int(nz[-1]) + 1 + margin)))
     return out[0], out[1], out[2]
-
-
-def slice_axis(geometry: Geometry) -> int:
-    """Array axis (0..2 of ``[k, j, i]``) most aligned with LPS z (the patient's long axis)."""
-    c = int(np.argmax(np.abs(geometry.direction[2, :])))  # index axis c of (i, j, k)
-    return 2 - c
-
-
-def lps_coordinate_grid(geometry: Geometry, axis: int) -> np.ndarray:
-    """LPS coordinate ``axis`` (0=x, 1=y, 2=z) in mm of every voxel, as a broadcastable ``[k, j, i]`` array sum."""
-    m = geometry.direction * np.asarray(geometry.spacing)[None, :]
-    nk, nj, ni = geometry.shape
-    return (
-        geometry.origin[axis]
-        + m[axis, 0] * np.arange(ni)[None, None, :]
-        + m[axis, 1] * np.arange(nj)[None, :, None]
-        + m[axis, 2] * np.arange(nk)[:, None, None]
-    )
-
-
-def centroid_lps(mask: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """Centre of mass of ``mask`` (bool ``[k, j, i]`` on ``geometry``) in LPS mm."""
-    idx = np.argwhere(mask)  # (n, 3) in (k, j, i)
-    return geometry.index_to_lps(idx[:, ::-1].mean(axis=0))

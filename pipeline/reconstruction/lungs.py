@@ -16,7 +16,7 @@ import torch
 from ..errors import ReconstructionError
 from ..volume import Geometry
 from . import morph
-from .grid import Grid, bbox, centroid_lps, lps_coordinate_grid, slice_axis
+from .grid import Grid, bbox
 from .organs import SegmentParams
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def _grow_back(cores: list[torch.Tensor], mask: torch.Tensor, steps: int) -> lis
 
 def _midline_split(mask: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray]:
     """Split at the LPS x with the fewest lung voxels between the 30th and 70th x percentiles."""
-    x = np.broadcast_to(lps_coordinate_grid(geometry, 0), mask.shape)
+    x = np.broadcast_to(geometry.lps_coordinate(0), mask.shape)
     xs = x[mask]
     lo, hi = np.percentile(xs, [30, 70])
     bins = np.linspace(lo, hi, 41)
@@ -122,7 +122,7 @@ def split_lungs(mask: np.ndarray, grid: Grid, p: SegmentParams) -> tuple[np.ndar
 
 
 def _centroid_x(mask: np.ndarray, geometry: Geometry) -> float:
-    return float(centroid_lps(mask, geometry)[0])
+    return float(geometry.centroid_lps(mask)[0])
 
 
 def fill_lung(mask: np.ndarray, geometry: Geometry, p: SegmentParams, device: torch.device | str,
@@ -135,7 +135,7 @@ def fill_lung(mask: np.ndarray, geometry: Geometry, p: SegmentParams, device: to
         return out
     sub = mask[box]
     closed = morph.closing(morph.to_tensor(sub, device), r).cpu().numpy()
-    out[box] = morph.fill_holes(closed | sub, slice_axis=slice_axis(geometry))
+    out[box] = morph.fill_holes(closed | sub, slice_axis=geometry.array_axis(2))
     if other is not None:
         out &= ~other
     return out

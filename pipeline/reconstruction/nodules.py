@@ -51,7 +51,6 @@ from scipy import ndimage
 from ..errors import ReconstructionError
 from ..volume import CTVolume, Geometry
 from . import morph
-from .grid import centroid_lps
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +377,7 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     vol = float(nod.sum()) * voxel
     return NoduleResult(
         index=index, center_lps=_point(centre), volume_mm3=vol,
-        diameter_mm=float((6.0 * vol / np.pi) ** (1.0 / 3.0)), centroid_lps=_point(centroid_lps(nod, cg)),
+        diameter_mm=float((6.0 * vol / np.pi) ** (1.0 / 3.0)), centroid_lps=_point(cg.centroid_lps(nod)),
         threshold_hu=round(thr, 1), mask=nod, geometry=cg,
     )
 

@@ -37,25 +37,7 @@ def lps_aligned(array: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.n
     Returns ``(view, spacing_xyz, origin_xyz)`` (mm). Oblique grids use the nearest axis-aligned order
     (display only).
     """
-    d = geometry.direction
-    amap = []
-    for c in range(3):
-        a = int(np.argmax(np.abs(d[:, c])))
-        amap.append((a, 1 if d[a, c] > 0 else -1))
-    if sorted(a for a, _ in amap) != [0, 1, 2]:
-        raise ValueError(f"direction {d.tolist()} has no axis-aligned reading; cannot orient the display")
-    # output dim (2 - a) takes input dim (2 - c)
-    perm = [0, 0, 0]
-    for c, (a, _) in enumerate(amap):
-        perm[2 - a] = 2 - c
-    view = array.transpose(perm)
-    spacing = np.zeros(3)
-    for c, (a, sign) in enumerate(amap):
-        spacing[a] = geometry.spacing[c]
-        if sign < 0:
-            view = np.flip(view, axis=2 - a)
-    lo, _ = geometry.bounds_lps()
-    return view, spacing, lo
+    return geometry.to_lps_view(array), np.asarray(geometry.spacing_lps()), geometry.bounds_lps()[0]
 
 
 def _figure(width_px: int, height_px: int):

@@ -25,7 +25,7 @@ from ..volume import CTVolume, Geometry, default_device
 from . import airway as airway_mod
 from . import lungs as lungs_mod
 from . import morph
-from .grid import Grid, bbox, slice_axis
+from .grid import Grid, bbox
 from .organs import ORGANS, SegmentParams
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
     if "body" in wanted:
         body_full = _refine(body_c, grid, full_hu, True, p.body_hu)
         if grid.factors == (1, 1, 1):
-            body_full = morph.fill_holes(body_full, slice_axis=slice_axis(geom))
+            body_full = morph.fill_holes(body_full, slice_axis=geom.array_axis(2))
         seg.masks["body"] = body_full
 
     if wanted & {"lung_left", "lung_right", "airway"}:
@@ -214,7 +214,7 @@ def _lungs_and_airway(seg: Segmentation, grid: Grid, full_hu: torch.Tensor, body
         if grid.factors != (1, 1, 1):  # vessels the band threshold cut out of the lung's rim
             box = bbox(fm, 1)
             if box is not None:
-                fm[box] = morph.fill_holes(fm[box], slice_axis=slice_axis(seg.geometry))
+                fm[box] = morph.fill_holes(fm[box], slice_axis=seg.geometry.array_axis(2))
         full[name] = fm & ~air_full
     full["lung_right"] &= ~full["lung_left"]
     for name in wanted & {"lung_left", "lung_right"}:
@@ -251,7 +251,7 @@ def _body(grid: Grid, p: SegmentParams) -> np.ndarray:
     body = morph.largest_component(tissue.cpu().numpy())
     if not body.any():
         return body
-    return morph.fill_holes(body, slice_axis=slice_axis(grid.geometry))
+    return morph.fill_holes(body, slice_axis=grid.geometry.array_axis(2))
 
 
 def _bone(grid: Grid, body: torch.Tensor, p: SegmentParams) -> np.ndarray:
@@ -260,4 +260,4 @@ def _bone(grid: Grid, body: torch.Tensor, p: SegmentParams) -> np.ndarray:
     labels, sizes = morph.label(bone)
     keep = np.nonzero(sizes * grid.voxel_ml >= p.min_bone_ml)[0]
     bone = morph.keep_labels(labels, keep, sizes.size - 1)
-    return morph.fill_holes(bone, slice_axis=slice_axis(grid.geometry))
+    return morph.fill_holes(bone, slice_axis=grid.geometry.array_axis(2))
