@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from test_ingest_support import hu_pattern, write_enhanced, write_series
 
 from pipeline.cache import CaseCache
 from pipeline.cli import main
@@ -14,6 +13,7 @@ from pipeline.errors import TruncatedFileError
 from pipeline.ingest import ingest_to_cache, load_series, safe_case_id, scan_directory
 from pipeline.phantom import generate_phantom
 from pipeline.phantom.dicom_writer import write_dicom_series
+from tests._support.dicom import hu_pattern, write_enhanced, write_series
 
 
 def test_enhanced_multiframe(tmp_path):

@@ -6,7 +6,6 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom.encaps import encapsulate
-from test_ingest_support import hu_pattern, write_series
 
 from pipeline.errors import (
     CtpipeError,
@@ -23,6 +22,7 @@ from pipeline.errors import (
     UnsupportedTransferSyntaxError,
 )
 from pipeline.ingest import SelectionRules, load_series, scan_directory
+from tests._support.dicom import hu_pattern, write_series
 
 RULES = SelectionRules(min_slices=2)
 

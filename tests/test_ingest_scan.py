@@ -7,13 +7,13 @@ import warnings
 import numpy as np
 import pydicom
 import pytest
-from test_ingest_support import write_series
 
 from pipeline.errors import AmbiguousSeriesError, MissingSliceError, NoSeriesFoundError
 from pipeline.ingest import SelectionRules, load_series, scan_directory
 from pipeline.ingest.discover import read_header
 from pipeline.phantom import generate_phantom
 from pipeline.phantom.dicom_writer import write_dicom_series
+from tests._support.dicom import write_enhanced, write_series
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +185,6 @@ def test_raw_header_matches_pydicom(tmp_path):
 
 def test_corrupt_headers_never_stop_a_scan(tmp_path):
     """Random byte damage in headers gives a skipped file or a header, never an unexpected exception."""
-    from test_ingest_support import write_enhanced
-
     from pipeline.errors import CtpipeError
 
     (good,) = write_series(tmp_path / "src", n=1, implicit=True)

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ingest_support import read_sitk, write_series
 
 from pipeline.ingest import SelectionRules, load_series
 from pipeline.phantom import generate_phantom
 from pipeline.phantom.dicom_writer import write_dicom_series
 from pipeline.volume import Geometry
+from tests._support.dicom import read_sitk, write_series
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import torch
 
 from pipeline.cache import CaseCache
 from pipeline.load import DaliLoader, PreprocessSpec, Roi, TorchLoader, dali_available, make_loader
-from pipeline.volume import LPS_TO_RAS, CTVolume, Geometry
+from pipeline.volume import LPS_TO_RAS, CTVolume
+from tests._support.volumes import synthetic
 
 HAVE_DALI = dali_available()[0]
 LOADERS = ["torch", pytest.param("dali", marks=pytest.mark.skipif(not HAVE_DALI, reason="nvidia-dali not installed"))]
@@ -27,14 +28,6 @@ def rotation(axis: int, degrees: float) -> np.ndarray:
     m = np.eye(3)
     m[a, a], m[a, b], m[b, a], m[b, b] = c, -s, s, c
     return m
-
-
-def synthetic(shape, spacing, direction=np.eye(3), origin=(-120.5, -80.25, -310.0), dtype=np.int16, seed=0) -> CTVolume:
-    """Smooth structures spanning -1200..1600 HU (beyond the window on both sides) plus noise."""
-    rng = np.random.default_rng(seed)
-    k, j, i = np.meshgrid(*[np.arange(n, dtype=np.float64) for n in shape], indexing="ij")
-    hu = 900 * np.sin(i / 4.3) + 700 * np.cos(j / 5.1) + 400 * np.sin(k / 2.7 + 1) - 200 + rng.normal(0, 40, shape)
-    return CTVolume(hu.astype(dtype), Geometry(shape=shape, spacing=spacing, origin=origin, direction=direction))
 
 
 def phantom(seed: int, matrix: int, slices: int, position: str = "HFS") -> CTVolume:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from test_load_equivalence import BUNDLE, synthetic
 
 from pipeline.cache import CaseCache
-from pipeline.load import PreprocessSpec, Roi, TorchLoader, plan_input, preprocess_array, preprocess_volume
+from pipeline.load import BUNDLE_LUNG_NODULE, PreprocessSpec, Roi, TorchLoader, plan_input, preprocess_array, preprocess_volume
+from tests._support.volumes import synthetic
 
 
 class _Reads(np.ndarray):
@@ -30,7 +30,7 @@ def _recording(array: np.ndarray) -> _Reads:
 
 def test_slabs_equal_whole_volume_and_stay_bounded():
     vol = synthetic((60, 40, 36), (0.8, 0.9, 1.0), direction=np.diag([-1.0, 1.0, -1.0]))
-    spec = BUNDLE.replace(spacing=(1.1, 1.3, 1.7))
+    spec = BUNDLE_LUNG_NODULE.replace(spacing=(1.1, 1.3, 1.7))
     geom = plan_input(vol.geometry, spec)
     whole = preprocess_array(vol.array, geom, spec, slab_voxels=10**9)
     rec = _recording(vol.array)
@@ -63,7 +63,7 @@ def test_torch_loader_reads_the_cache_memory_mapped(tmp_path):
     vol = synthetic((80, 32, 32), (1.0, 1.0, 1.0))
     cache = CaseCache(tmp_path / "cache")
     cache.write("long", vol)
-    spec = BUNDLE.replace(spacing=(1.5, 1.5, 2.0), size_divisible=(1, 1, 1))
+    spec = BUNDLE_LUNG_NODULE.replace(spacing=(1.5, 1.5, 2.0), size_divisible=(1, 1, 1))
     loaded = TorchLoader(cache, spec, device="cpu", num_threads=1).load_one("long")
     mm = cache.read("long", mmap=True)
     assert not mm.array.flags.owndata

@@ -5,11 +5,11 @@ from __future__ import annotations
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
-from test_recon_shapes import lps_grids, sphere_mask
 
 from pipeline.reconstruction.mesh import mesh_from_mask
 from pipeline.reconstruction.render import lps_aligned, rasterise, render_mip, render_mpr
 from pipeline.volume import CTVolume, Geometry
+from tests._support.shapes import lps_grids, sphere_mask
 
 DIRECTIONS = {
     "HFS": np.eye(3),

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import trimesh
-from test_recon_shapes import sphere_mask
 
 from pipeline.errors import ReconstructionError
 from pipeline.phantom import generate_phantom
 from pipeline.reconstruction.export import GLTF_FROM_LPS, write_mesh
 from pipeline.reconstruction.mesh import Mesh, mesh_from_mask, mesh_is_watertight
 from pipeline.volume import Geometry
+from tests._support.shapes import sphere_mask
 
 DIRECTIONS = {
     "identity": np.eye(3),

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_recon_shapes import dice, synthetic_chest
 
 from pipeline.phantom import generate_phantom
-from pipeline.reconstruction.segment import SegmentParams, centroid_lps, segment_organs
+from pipeline.reconstruction.organs import SegmentParams
+from pipeline.reconstruction.segment import segment_organs
 from pipeline.volume import CTVolume, Geometry
+from tests._support.shapes import dice, synthetic_chest
 
 MIN_DICE = {"body": 0.97, "lung_left": 0.97, "lung_right": 0.97, "airway": 0.85, "bone": 0.85}
 
@@ -31,8 +32,8 @@ def test_dice_against_phantom_truth(phantom_and_seg):
 def test_left_lung_is_at_larger_lps_x(phantom_and_seg):
     ph, seg = phantom_and_seg
     g = ph.volume.geometry
-    x_left = centroid_lps(seg.masks["lung_left"], g)[0]
-    x_right = centroid_lps(seg.masks["lung_right"], g)[0]
+    x_left = g.centroid_lps(seg.masks["lung_left"])[0]
+    x_right = g.centroid_lps(seg.masks["lung_right"])[0]
     assert x_left > 0 > x_right  # the phantom's body axis is x = 0
     # and the masks overlap their own truth, not the other side's
     assert dice(ph.masks["lung_left"], seg.masks["lung_left"]) > 0.9

@@ -1,4 +1,4 @@
-"""Helpers for the ingest tests: tiny DICOM series written with pydicom (no tests here)."""
+"""Tiny DICOM series written with pydicom (single-frame and Enhanced CT), and SimpleITK's reading of them, for the tests."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-import pydicom
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence as DicomSequence
-from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian, generate_uid
+from pydicom.uid import UID, ExplicitVRLittleEndian, ImplicitVRLittleEndian, generate_uid
 
-CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
-ENHANCED_CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"
+CT_STORAGE = UID("1.2.840.10008.5.1.4.1.1.2")
+ENHANCED_CT_STORAGE = UID("1.2.840.10008.5.1.4.1.1.2.1")
 
 
 def hu_pattern(n: int, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -59,7 +58,7 @@ def write_series(
     col = np.asarray(orientation[3:], float)
     normal = np.cross(row, col)
     if positions is None:
-        positions = [np.asarray(origin, float) + k * step * normal for k in range(n)]
+        positions = [(np.asarray(origin, float) + k * step * normal).tolist() for k in range(n)]
     stored = np.round((hu.astype(np.float64) - intercept) / slope)
     stored = stored.astype(np.uint16 if unsigned else np.int16)
     paths = []
@@ -188,6 +187,3 @@ def read_sitk(folder: Path, uid: str | None = None):
     return (sitk.GetArrayFromImage(img), np.array(img.GetOrigin()), np.array(img.GetSpacing()),
             np.array(img.GetDirection()).reshape(3, 3))
 
-
-def dcm(path: Path) -> Dataset:
-    return pydicom.dcmread(path)

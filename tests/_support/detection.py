@@ -1,4 +1,4 @@
-"""Helpers for the detector tests: synthetic chest-like volumes and bundle folders in MONAI's layout."""
+"""Synthetic chest-like volumes, bundle folders in MONAI's layout and small ctpipe models, for the detector tests."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.detection.bundle import LoadedModel, load_model
+from pipeline.detection.model_config import FORMAT
 from pipeline.detection.network import BUNDLE_ARCHITECTURE, build_network
 from pipeline.volume import CTVolume, Geometry
 
@@ -108,9 +110,37 @@ def bundle_state_dict(seed=0, arch=None) -> dict:
 
 
 def write_bundle(root: Path, *, state=None, config=None, **cfg_kwargs) -> Path:
+    """A MONAI bundle folder at ``root`` (configs/inference.json, configs/metadata.json, models/model.pt); returns ``root``."""
     (root / "configs").mkdir(parents=True, exist_ok=True)
     (root / "models").mkdir(parents=True, exist_ok=True)
     (root / "configs" / "inference.json").write_text(json.dumps(config or inference_json(**cfg_kwargs), indent=1))
     (root / "configs" / "metadata.json").write_text(json.dumps({"version": "0.6.8-test"}))
     torch.save(state if state is not None else bundle_state_dict(), root / "models" / "model.pt")
     return root
+
+
+SMALL_ARCH = {
+    "kind": "small_resnet_fpn", "block": "basic", "layers": [1, 1, 1, 1], "block_inplanes": [16, 32, 64, 128],
+    "conv1_t_stride": [2, 2, 1], "conv1_t_size": [7, 7, 5], "returned_layers": [1, 2], "fpn_channels": 16,
+    "num_classes": 1, "num_anchors": 3, "size_divisible": [16, 16, 8],
+}
+
+
+def small_model(tmp_path: Path, *, roi=(192, 192, 160), spacing=(1.5, 1.5, 2.0), seed=3) -> LoadedModel:
+    """A small RetinaNet (``SMALL_ARCH``, random weights, zero classification bias) saved in ``tmp_path`` as a ctpipe model JSON, loaded."""
+    torch.manual_seed(seed)
+    net = build_network(SMALL_ARCH)
+    with torch.no_grad():
+        net.classification_head.cls_logits.bias.zero_()
+    torch.save(net.state_dict(), tmp_path / "small.pt")
+    data = {
+        "format": FORMAT, "name": "small-test", "spacing_mm_ras": list(spacing),
+        "intensity_window": {"a_min": -1024, "a_max": 300, "b_min": 0, "b_max": 1, "clip": True},
+        "network": SMALL_ARCH,
+        "anchors": {"feature_map_scales": [1, 2, 4], "base_anchor_shapes": [[3, 3, 2], [5, 5, 4], [8, 8, 6]]},
+        "box_selector": {"score_thresh": 0.05, "topk_candidates_per_level": 1000, "nms_thresh": 0.22, "detections_per_img": 100},
+        "sliding_window": {"roi_size": list(roi), "overlap": 0.25, "mode": "constant"},
+        "size_divisible": [16, 16, 8], "weights": "small.pt",
+    }
+    (tmp_path / "small.json").write_text(json.dumps(data))
+    return load_model(tmp_path / "small.json")

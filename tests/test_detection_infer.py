@@ -8,8 +8,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_detect_helpers import bundle_state_dict, chest_volume, inference_json, write_bundle
-from test_detect_parity import SMALL_ARCH, _small_model
 
 from pipeline.cache import CaseCache
 from pipeline.detection.bundle import load_bundle, load_model
@@ -19,6 +17,7 @@ from pipeline.detection.model_config import DEMO_MODEL_JSON
 from pipeline.detection.network import BUNDLE_ARCHITECTURE
 from pipeline.errors import BundleError, InputTooSmallError, InvalidVolumeError, ModelError, WeightsMismatchError
 from pipeline.volume import CTVolume
+from tests._support.detection import SMALL_ARCH, bundle_state_dict, chest_volume, inference_json, small_model, write_bundle
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -54,7 +53,7 @@ def test_demo_model_finds_phantom_nodules_in_lps(demo, position):
 # --- lung restriction ----------------------------------------------------------------------
 @pytest.mark.slow
 def test_lung_crop_shrinks_input_and_filter_keeps_lung_findings(tmp_path):
-    model = _small_model(tmp_path)
+    model = small_model(tmp_path)
     vol = chest_volume(shape_kji=(40, 96, 96), spacing=(2.0, 2.0, 2.5))
     det = Detector(model=model, device="cpu")
     full = det.detect(vol, restrict_to_lungs=False)
@@ -80,7 +79,7 @@ def test_quick_lung_mask_finds_both_lungs():
 
 
 def test_empty_lungs_give_no_findings_with_reason(tmp_path, caplog):
-    model = _small_model(tmp_path)
+    model = small_model(tmp_path)
     vol = CTVolume(np.full((30, 64, 64), 40, np.int16), chest_volume().geometry.with_(shape=(30, 64, 64)), metadata={"SeriesInstanceUID": "9.9"})
     res = Detector(model=model, device="cpu").detect(vol)
     assert len(res) == 0 and "no lung" in res.reason
@@ -89,7 +88,7 @@ def test_empty_lungs_give_no_findings_with_reason(tmp_path, caplog):
 
 # --- bad input ------------------------------------------------------------------------------
 def test_nan_voxels(tmp_path, caplog):
-    model = _small_model(tmp_path)
+    model = small_model(tmp_path)
     det = Detector(model=model, device="cpu", restrict_to_lungs=False)
     vol = chest_volume(dtype=np.float32)
     arr = vol.array.copy()
@@ -102,7 +101,7 @@ def test_nan_voxels(tmp_path, caplog):
 
 
 def test_too_small_volume(tmp_path):
-    det = Detector(model=_small_model(tmp_path), device="cpu", restrict_to_lungs=False)
+    det = Detector(model=small_model(tmp_path), device="cpu", restrict_to_lungs=False)
     vol = chest_volume(shape_kji=(3, 64, 64))
     with pytest.raises(InputTooSmallError, match="at least"):
         det.detect(vol)
@@ -114,7 +113,7 @@ def test_too_small_volume(tmp_path):
 @pytest.mark.slow
 def test_long_series_runs_sliding_window_from_memmap(tmp_path):
     """A cheap analogue of 512×512×1000: a long memory-mapped int16 series, chunked preprocessing, sliding window."""
-    model = _small_model(tmp_path, roi=(64, 64, 64))
+    model = small_model(tmp_path, roi=(64, 64, 64))
     vol = chest_volume(shape_kji=(420, 48, 48), spacing=(1.5, 1.5, 1.0))
     cache = CaseCache(tmp_path / "cache")
     cache.write("long", vol)
@@ -126,7 +125,7 @@ def test_long_series_runs_sliding_window_from_memmap(tmp_path):
 
 # --- model loading errors ----------------------------------------------------------------------
 def test_missing_and_corrupt_weights(tmp_path):
-    _small_model(tmp_path)
+    small_model(tmp_path)
     (tmp_path / "small.pt").write_bytes(b"not a torch file at all")
     with pytest.raises(ModelError, match="small.pt.*not a readable"):
         load_model(tmp_path / "small.json")
@@ -136,7 +135,7 @@ def test_missing_and_corrupt_weights(tmp_path):
 
 
 def test_mismatched_weights_list_keys(tmp_path):
-    _small_model(tmp_path)
+    small_model(tmp_path)
     data = json.loads((tmp_path / "small.json").read_text())
     data["network"] = {**SMALL_ARCH, "fpn_channels": 32}
     (tmp_path / "small.json").write_text(json.dumps(data))
@@ -184,7 +183,7 @@ def test_cli_detect_writes_json_csv_png(tmp_path, capsys):
 
     from pipeline.cli import main
 
-    model_json = _small_model(tmp_path).config.weights.parent / "small.json"
+    model_json = small_model(tmp_path).config.weights.parent / "small.json"
     vol = chest_volume(shape_kji=(40, 80, 80))
     sitk.WriteImage(vol.to_sitk(), str(tmp_path / "ct.nii.gz"))
     out = tmp_path / "out"
@@ -208,7 +207,7 @@ def test_cli_detect_writes_json_csv_png(tmp_path, capsys):
 
 @pytest.mark.gpu
 def test_cuda_amp_matches_cpu(tmp_path):
-    model = _small_model(tmp_path)
+    model = small_model(tmp_path)
     vol = chest_volume(shape_kji=(40, 96, 96), spacing=(2.0, 2.0, 2.5))
     cpu = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False).detect(vol)
     gpu = Detector(model=model, device="cuda", amp=True, restrict_to_lungs=False).detect(vol)

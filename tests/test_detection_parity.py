@@ -2,47 +2,19 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from test_detect_helpers import bundle_state_dict, chest_volume, write_bundle
 
-from pipeline.detection.bundle import LoadedModel, load_bundle, load_model
+from pipeline.detection.bundle import LoadedModel, load_bundle
 from pipeline.detection.infer import Detector
 from pipeline.detection.model_config import FORMAT, model_config_from_dict
 from pipeline.detection.network import build_network
 from pipeline.detection.reference import monai_detect, monai_preprocess
 from pipeline.load import preprocess_volume
+from tests._support.detection import SMALL_ARCH, bundle_state_dict, chest_volume, small_model, write_bundle
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-SMALL_ARCH = {
-    "kind": "small_resnet_fpn", "block": "basic", "layers": [1, 1, 1, 1], "block_inplanes": [16, 32, 64, 128],
-    "conv1_t_stride": [2, 2, 1], "conv1_t_size": [7, 7, 5], "returned_layers": [1, 2], "fpn_channels": 16,
-    "num_classes": 1, "num_anchors": 3, "size_divisible": [16, 16, 8],
-}
-
-
-def _small_model(tmp_path, *, roi=(192, 192, 160), spacing=(1.5, 1.5, 2.0), seed=3) -> LoadedModel:
-    torch.manual_seed(seed)
-    net = build_network(SMALL_ARCH)
-    with torch.no_grad():
-        net.classification_head.cls_logits.bias.zero_()
-    torch.save(net.state_dict(), tmp_path / "small.pt")
-    data = {
-        "format": FORMAT, "name": "small-test", "spacing_mm_ras": list(spacing),
-        "intensity_window": {"a_min": -1024, "a_max": 300, "b_min": 0, "b_max": 1, "clip": True},
-        "network": SMALL_ARCH,
-        "anchors": {"feature_map_scales": [1, 2, 4], "base_anchor_shapes": [[3, 3, 2], [5, 5, 4], [8, 8, 6]]},
-        "box_selector": {"score_thresh": 0.05, "topk_candidates_per_level": 1000, "nms_thresh": 0.22, "detections_per_img": 100},
-        "sliding_window": {"roi_size": list(roi), "overlap": 0.25, "mode": "constant"},
-        "size_divisible": [16, 16, 8], "weights": "small.pt",
-    }
-    (tmp_path / "small.json").write_text(json.dumps(data))
-    return load_model(tmp_path / "small.json")
 
 
 def _assert_same(ours, ref, spacing):
@@ -97,7 +69,7 @@ def test_bundle_architecture_parity_with_monai(tmp_path):
 
 
 def test_sliding_window_parity_with_monai(tmp_path):
-    model = _small_model(tmp_path, roi=(32, 32, 16))
+    model = small_model(tmp_path, roi=(32, 32, 16))
     vol = chest_volume(shape_kji=(30, 56, 56), spacing=(1.4, 1.4, 2.5), seed=1)
     det = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False, postprocess=False)
     ours = det.detect(vol)
@@ -129,7 +101,7 @@ def test_loader_input_gives_the_same_findings(tmp_path):
     """The batch runner may feed the loader's tensors (pipeline.load) instead of volumes: same findings."""
     from pipeline.load import preprocess_volume
 
-    model = _small_model(tmp_path)
+    model = small_model(tmp_path)
     vol = chest_volume(shape_kji=(30, 56, 56), spacing=(1.4, 1.4, 2.5), seed=2, direction=np.diag([-1.0, 1.0, 1.0]))
     det = Detector(model=model, device="cpu", amp=False, restrict_to_lungs=False, postprocess=False)
     ours = det.detect(vol)

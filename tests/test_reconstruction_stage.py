@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_recon_shapes import dice, synthetic_chest
 
 from pipeline.cache import CaseCache
 from pipeline.cli import main as ctpipe_main
@@ -15,6 +14,7 @@ from pipeline.errors import ReconstructionError
 from pipeline.phantom import generate_phantom
 from pipeline.reconstruction import reconstruct
 from pipeline.volume import CTVolume, Geometry
+from tests._support.shapes import dice, synthetic_chest
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""The ctpipe test suite (a package, so that test modules import shared helpers from ``tests._support``)."""
