@@ -35,6 +35,7 @@ FP_RATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 Truth = dict[str, list[tuple[np.ndarray, float]]]  # scan id → [(centre LPS mm, diameter mm)]
 Candidates = dict[str, list[tuple[np.ndarray, float]]]  # scan id → [(centre LPS mm, score)]
+Point = Sequence[float] | np.ndarray  # a centre (x, y, z) in LPS mm
 
 
 @dataclass
@@ -164,8 +165,8 @@ def _sens_at(fps: np.ndarray, sens: np.ndarray, rates: Sequence[float]) -> np.nd
 
 
 def evaluate_froc(
-    predictions: Mapping[str, Findings | Sequence[tuple[Sequence[float], float]]],
-    truth: Mapping[str, Sequence[tuple[Sequence[float], float]]],
+    predictions: Mapping[str, Findings | Sequence[tuple[Point, float]]],
+    truth: Mapping[str, Sequence[tuple[Point, float]]],
     *,
     scans: Iterable[str] | None = None,
     min_diameter_mm: float = 3.0,

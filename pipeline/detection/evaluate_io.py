@@ -95,8 +95,8 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
             fnd = Findings.from_json(json.loads(f.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"not a ctpipe findings JSON ({type(exc).__name__}: {exc})", where=f) from exc
-        sid = fnd.series_uid or fnd.case_id
-        if not sid:
+        scan_id = fnd.series_uid or fnd.case_id
+        if not scan_id:
             raise ConfigError("findings name neither a series UID nor a case id", where=f)
-        preds.setdefault(sid, []).extend((np.asarray(x.center_lps, float), float(x.score)) for x in fnd)
+        preds.setdefault(scan_id, []).extend((np.asarray(x.center_lps, float), float(x.score)) for x in fnd)
     return preds

@@ -127,5 +127,5 @@ def region_from_mask(
     pad = [(0, (-n) % s) for n, s in zip(full.shape, st)]
     padded = np.pad(full, pad)
     shp = [padded.shape[d] // st[d] for d in range(3)]
-    coarse = padded.reshape(shp[0], st[0], shp[1], st[1], shp[2], st[2]).any(axis=(1, 3, 5))
+    coarse = np.asarray(padded.reshape(shp[0], st[0], shp[1], st[1], shp[2], st[2]).any(axis=(1, 3, 5)))
     return LungRegion(coarse, st, volume.spacing)

@@ -14,10 +14,13 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleError
-from .preprocess import Window
+from ..intensity import HUWindow
+
+if TYPE_CHECKING:
+    from ..load.spec import PreprocessSpec
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ class ModelConfig:
     """Inference settings of one detector model.
 
     spacing: model voxel size (mm) along RAS x, y, z.
-    window: HU intensity window applied after resampling.
+    window: HU intensity window applied after resampling (MONAI's ``ScaleIntensityRange``).
     arch: network description for :func:`.network.build_network` (``None`` for TorchScript-only models).
     anchors: ``{"feature_map_scales": [...], "base_anchor_shapes": [[x, y, z], ...]}`` in voxels.
     selector: box-selector parameters (score_thresh, topk_candidates_per_level, nms_thresh, detections_per_img).
@@ -42,7 +45,7 @@ class ModelConfig:
 
     name: str
     spacing: tuple[float, float, float]
-    window: Window
+    window: HUWindow
     arch: Mapping[str, Any] | None
     anchors: Mapping[str, Any]
     selector: Mapping[str, Any]
@@ -64,22 +67,16 @@ class ModelConfig:
     def overlap(self) -> float:
         return float(self.sliding_window.get("overlap", 0.25))
 
-    def preprocess_spec(self, **options: Any) -> Any:
+    def preprocess_spec(self, **options: Any) -> PreprocessSpec:
         """The loader's :class:`pipeline.load.PreprocessSpec` for this model (spacing, window, divisibility).
 
         ``options`` are passed on (e.g. ``roi=``); a loader built with it feeds :meth:`Detector.detect_loaded`.
         """
         from ..load.spec import PreprocessSpec
 
-        values: dict[str, Any] = {
-            "spacing": self.spacing,
-            "intensity_window": (self.window.a_min, self.window.a_max),
-            "output_range": (self.window.b_min, self.window.b_max),
-            "clip": self.window.clip,
-            "size_divisible": self.size_divisible,
-        }
+        values: dict[str, Any] = {"spacing": self.spacing, "size_divisible": self.size_divisible}
         values.update(options)
-        return PreprocessSpec(**values)
+        return PreprocessSpec.from_window(self.window, **values)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form read by :func:`load_model_config` (weights stored as a file name)."""
@@ -88,13 +85,7 @@ class ModelConfig:
             "name": self.name,
             "description": self.description,
             "spacing_mm_ras": list(self.spacing),
-            "intensity_window": {
-                "a_min": self.window.a_min,
-                "a_max": self.window.a_max,
-                "b_min": self.window.b_min,
-                "b_max": self.window.b_max,
-                "clip": self.window.clip,
-            },
+            "intensity_window": self.window.to_json(),
             "network": dict(self.arch or {}),
             "anchors": dict(self.anchors),
             "box_selector": dict(self.selector),
@@ -118,15 +109,15 @@ def model_config_from_dict(data: Mapping[str, Any], *, where: Path, weights_dir:
     if data.get("format") != FORMAT:
         raise BundleError(f"model config format is {data.get('format')!r}, expected {FORMAT!r}", where=where)
     try:
-        spacing = tuple(float(v) for v in _need(data, "spacing_mm_ras", where))
-        win = dict(_need(data, "intensity_window", where))
-        window = Window(float(win["a_min"]), float(win["a_max"]), float(win["b_min"]), float(win["b_max"]), bool(win["clip"]))
+        spacing = [float(v) for v in _need(data, "spacing_mm_ras", where)]
+        window = HUWindow.from_json(dict(_need(data, "intensity_window", where)))
         sw = dict(_need(data, "sliding_window", where))
-        size_div = tuple(int(v) for v in _need(data, "size_divisible", where))
+        size_div = [int(v) for v in _need(data, "size_divisible", where)]
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"invalid model config value: {exc}", where=where) from exc
     if len(spacing) != 3 or min(spacing) <= 0 or len(size_div) != 3 or len(sw.get("roi_size", [])) != 3:
-        raise BundleError(f"spacing {spacing}, size_divisible {size_div} or roi_size {sw.get('roi_size')} is not 3 positive values", where=where)
+        raise BundleError(f"spacing {tuple(spacing)}, size_divisible {tuple(size_div)} or roi_size {sw.get('roi_size')} "
+                          "is not 3 positive values", where=where)
     weights_name = data.get("weights")
     weights = (weights_dir or where.parent) / weights_name if weights_name else None
     known = {
@@ -135,13 +126,13 @@ def model_config_from_dict(data: Mapping[str, Any], *, where: Path, weights_dir:
     }
     return ModelConfig(
         name=str(data.get("name", where.stem)),
-        spacing=spacing,  # type: ignore[arg-type]
+        spacing=(spacing[0], spacing[1], spacing[2]),
         window=window,
         arch=dict(_need(data, "network", where)),
         anchors=dict(_need(data, "anchors", where)),
         selector=dict(_need(data, "box_selector", where)),
         sliding_window=sw,
-        size_divisible=size_div,  # type: ignore[arg-type]
+        size_divisible=(size_div[0], size_div[1], size_div[2]),
         weights=weights,
         source="ctpipe",
         lung_crop_margin_mm=float(data.get("lung_crop_margin_mm", 10.0)),

@@ -75,19 +75,20 @@ def build_network(arch: Mapping[str, Any]) -> RetinaNet:
             extractor = resnet_fpn_feature_extractor(backbone, 3, False, returned, None)
         elif kind == "small_resnet_fpn":
             inplanes = [int(v) for v in arch["block_inplanes"]]
+            # one kernel size / stride per axis (MONAI annotates these two as ``tuple[int] | int``)
+            per_axis: dict[str, Any] = {"conv1_t_size": size, "conv1_t_stride": stride}
             backbone = resnet.ResNet(
                 block=str(arch.get("block", "basic")),
                 layers=[int(v) for v in arch["layers"]],
                 block_inplanes=inplanes,
                 spatial_dims=3,
                 n_input_channels=1,
-                conv1_t_size=size,
-                conv1_t_stride=stride,
                 no_max_pool=bool(arch.get("no_max_pool", False)),
+                **per_axis,
             )
             if bool(arch.get("no_max_pool", False)):
                 # BackboneWithFPN walks the backbone's children, so the flag alone would not skip the pool
-                backbone.maxpool = torch.nn.Identity()
+                backbone.add_module("maxpool", torch.nn.Identity())
             expansion = 4 if arch.get("block", "basic") == "bottleneck" else 1
             in_list = [inplanes[i - 1] * expansion for i in returned]
             extractor = BackboneWithFPN(

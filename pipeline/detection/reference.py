@@ -12,7 +12,9 @@ inferer when the image exceeds the patch size, as the bundle's inferer does) →
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,14 +66,14 @@ def monai_detect(
     use_sw = any(int(s) > int(r) for s, r in zip(image.shape[1:], cfg.roi_size))
     with torch.no_grad(), torch.autocast(dev.type, enabled=amp and dev.type == "cuda"):
         out = det([image.to(dev)], use_inferer=use_sw)[0]
-    data = {
+    data: dict[Hashable, Any] = {
         "image": image,
         "box": out["boxes"].float().cpu(),
         "label": out["labels"].cpu(),
         "score": out["labels_scores"].float().cpu(),
     }
-    data = ClipBoxToImaged(box_keys="box", label_keys=["label", "score"], box_ref_image_keys="image", remove_empty=True)(data)
-    data = AffineBoxToWorldCoordinated(box_keys="box", box_ref_image_keys="image", affine_lps_to_ras=True)(data)
+    clipped = ClipBoxToImaged(box_keys="box", label_keys=["label", "score"], box_ref_image_keys="image", remove_empty=True)(data)
+    data = AffineBoxToWorldCoordinated(box_keys="box", box_ref_image_keys="image", affine_lps_to_ras=True)(clipped)
     boxes = np.asarray(data["box"], dtype=np.float64).reshape(-1, 6)
     return {
         "center_lps": (boxes[:, :3] + boxes[:, 3:]) / 2.0,

@@ -199,7 +199,7 @@ class InputGeometry:
         aff = self.affine_lps
         sp = np.asarray(self.spacing)
         return Geometry(shape=(self.shape[2], self.shape[1], self.shape[0]), spacing=self.spacing,
-                        origin=tuple(aff[:3, 3]), direction=aff[:3, :3] / sp[None, :])  # type: ignore[arg-type]
+                        origin=tuple(aff[:3, 3]), direction=aff[:3, :3] / sp[None, :])
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,8 +1,9 @@
 """The preprocessing a model expects: target spacing, HU window, orientation, divisibility, crop.
 
 A :class:`PreprocessSpec` is built from the model's configuration (plain keyword
-arguments or a MONAI bundle config via :meth:`PreprocessSpec.from_bundle_config`);
-the loaders never hard-code these values.
+arguments, :meth:`PreprocessSpec.from_window` for an :class:`~pipeline.intensity.HUWindow`,
+or a MONAI bundle config via :meth:`PreprocessSpec.from_bundle_config`); the loaders
+never hard-code these values.
 
 Axis order: every per-axis value (``spacing``, ``size_divisible``) is given in the
 model input's axis order ``(x, y, z)``, i.e. MONAI's channel-first ``(C, x, y, z)``
@@ -13,14 +14,15 @@ y to Anterior and z to Superior.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..bundle import BundleConfig
+from ..errors import BundleError, ConfigError
+from ..intensity import HUWindow
 
 __all__ = ["PreprocessSpec", "Roi", "BUNDLE_LUNG_NODULE"]
 
@@ -96,7 +98,9 @@ class PreprocessSpec:
     intensity_window: ``(a_min, a_max)`` in HU mapped linearly to ``output_range``
         (as MONAI's ``ScaleIntensityRange``). Bundle: (-1024, 300).
     output_range: ``(b_min, b_max)``; bundle: (0, 1).
-    clip: clamp the scaled values to ``output_range`` (bundle: True).
+    clip: clamp the scaled values to ``output_range`` (bundle: True). These three
+        are validated, and read back together, as one :class:`~pipeline.intensity.HUWindow`
+        (:attr:`window`).
     size_divisible: each output size along (x, y, z) is padded up to a multiple of
         these (bundle network: (16, 16, 8)); 1 means no padding.
     pad_method: ``"symmetric"`` (MONAI ``DivisiblePad`` default; extra voxel at the
@@ -121,13 +125,13 @@ class PreprocessSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "spacing", _triple(self.spacing, "spacing", allow_none=True))
-        win = tuple(float(v) for v in self.intensity_window)
-        if len(win) != 2 or not all(math.isfinite(v) for v in win) or win[1] <= win[0]:
+        win, rng = tuple(self.intensity_window), tuple(self.output_range)
+        if len(win) != 2:
             raise ConfigError(f"intensity_window must be (a_min, a_max) with a_min < a_max HU, got {self.intensity_window!r}",
                               where="intensity_window")
-        rng = tuple(float(v) for v in self.output_range)
-        if len(rng) != 2 or not all(math.isfinite(v) for v in rng):
+        if len(rng) != 2:
             raise ConfigError(f"output_range must be 2 finite numbers (b_min, b_max), got {self.output_range!r}", where="output_range")
+        window = HUWindow(win[0], win[1], rng[0], rng[1], self.clip)  # validates
         div = self.size_divisible
         if isinstance(div, int):
             div = (div, div, div)
@@ -144,19 +148,30 @@ class PreprocessSpec:
                               fix="use 'RAS' (MONAI's Orientationd(axcodes='RAS'), which the detector bundle expects)")
         if self.roi is not None and not isinstance(self.roi, Roi):
             object.__setattr__(self, "roi", Roi.from_json(self.roi))
-        object.__setattr__(self, "intensity_window", win)
-        object.__setattr__(self, "output_range", rng)
-        object.__setattr__(self, "clip", bool(self.clip))
+        object.__setattr__(self, "intensity_window", window.hu_range)
+        object.__setattr__(self, "output_range", window.output_range)
+        object.__setattr__(self, "clip", window.clip)
         object.__setattr__(self, "size_divisible", div_t)
         object.__setattr__(self, "pad_value", float(self.pad_value))
         object.__setattr__(self, "orientation", "RAS")
 
     # -- intensity ---------------------------------------------------------------------
+    @property
+    def window(self) -> HUWindow:
+        """``intensity_window``, ``output_range`` and ``clip`` as one :class:`~pipeline.intensity.HUWindow`."""
+        (a0, a1), (b0, b1) = self.intensity_window, self.output_range
+        return HUWindow(a0, a1, b0, b1, self.clip)
+
+    @classmethod
+    def from_window(cls, window: HUWindow, **fields: Any) -> PreprocessSpec:
+        """A spec whose intensity settings are ``window``; other fields by keyword (these win over ``window``)."""
+        values: dict[str, Any] = {"intensity_window": window.hu_range, "output_range": window.output_range, "clip": window.clip}
+        values.update(fields)
+        return cls(**values)
+
     def scale_params(self) -> tuple[float, float, float, float]:
         """``(a_min, a_range, b_min, b_range)`` of ``(hu - a_min) / a_range * b_range + b_min``."""
-        a0, a1 = self.intensity_window
-        b0, b1 = self.output_range
-        return a0, a1 - a0, b0, b1 - b0
+        return self.window.scale_params()
 
     def replace(self, **changes: Any) -> PreprocessSpec:
         """A copy with some fields replaced (validated again)."""
@@ -195,107 +210,36 @@ class PreprocessSpec:
         """Read spacing, window, clip and size divisibility from a MONAI bundle config.
 
         ``config`` is the parsed ``configs/inference.json`` (a dict) or its path, or a
-        bundle folder. The transforms ``Orientationd``, ``Spacingd`` and
-        ``ScaleIntensityRanged`` are looked up anywhere in the config, and
-        ``size_divisible`` from the key of that name (the detector's setting); simple
-        ``"@key"`` references to top-level keys are followed. ``overrides`` replace
-        fields afterwards (e.g. ``roi_key=...``).
+        bundle folder; it is read by :class:`pipeline.bundle.BundleConfig` without running
+        any expression (``"@key"`` references are followed). The values come from the
+        preprocessing chain's ``Orientationd`` (RAS only), ``Spacingd`` and
+        ``ScaleIntensityRanged``, and ``size_divisible`` from the network's setting or
+        ``DivisiblePadd``. ``overrides`` replace fields afterwards (e.g. ``roi_key=...``).
+        Problems raise :class:`ConfigError` naming the file and the key.
         """
-        where = "bundle config"
-        if isinstance(config, (str, Path)):
-            path = Path(config)
-            if path.is_dir():
-                path = path / "configs" / "inference.json"
-            where = str(path)
-            try:
-                config = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise ConfigError(f"cannot read the bundle config ({exc})", where=path,
-                                  fix="pass the bundle folder or its configs/inference.json") from exc
-        if not isinstance(config, Mapping):
-            raise ConfigError(f"bundle config must be a JSON object, got {type(config).__name__}", where=where)
-        found = _BundleScan(config, where).run()
-        values: dict[str, Any] = {}
-        if "pixdim" in found:
-            values["spacing"] = found["pixdim"]
-        if "window" in found:
-            values["intensity_window"] = found["window"]
-            values["output_range"] = found["range"]
-            values["clip"] = found["clip"]
-        if "size_divisible" in found:
-            values["size_divisible"] = found["size_divisible"]
-        if found.get("axcodes", "RAS").upper() != "RAS":
-            raise ConfigError(f"Orientationd axcodes is {found['axcodes']!r}; only 'RAS' is supported", where=where)
-        missing = [name for name in ("pixdim", "window") if name not in found]
-        if missing:
-            raise ConfigError(f"no {' / '.join(missing)} found (looked for Spacingd and ScaleIntensityRanged)", where=where,
+        try:
+            bundle = BundleConfig.read(config) if isinstance(config, (str, Path)) else BundleConfig(config)
+            bundle.require_ras()
+            spacing, window, size_divisible = bundle.spacing(), bundle.hu_window(), bundle.size_divisible()
+        except BundleError as exc:
+            raise ConfigError(exc.problem, where=exc.where, fix=exc.fix) from exc
+        missing = [name for name, value in (("pixdim", spacing), ("window", window)) if value is None]
+        if spacing is None or window is None:
+            raise ConfigError(f"no {' / '.join(missing)} found (looked for Spacingd and ScaleIntensityRanged)", where=bundle.where,
                               fix="pass the inference config of the detection bundle, or build PreprocessSpec(...) by hand")
+        values: dict[str, Any] = {"spacing": spacing}
+        if size_divisible is not None:
+            values["size_divisible"] = size_divisible
         values.update(overrides)
-        return cls(**values)
-
-
-class _BundleScan:
-    """Walks a bundle config for the preprocessing transforms' arguments."""
-
-    def __init__(self, config: Mapping[str, Any], where: str):
-        self.config = config
-        self.where = where
-        self.found: dict[str, Any] = {}
-
-    def resolve(self, value: Any, key: str) -> Any:
-        seen = 0
-        while isinstance(value, str) and value.startswith("@") and seen < 10:
-            ref = value[1:].replace("::", "#").split("#")
-            node: Any = self.config
-            for part in ref:
-                if isinstance(node, Mapping) and part in node:
-                    node = node[part]
-                elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                    node = node[int(part)]
-                else:
-                    raise ConfigError(f"{key} refers to {value!r}, which is not in the config", where=self.where)
-            value = node
-            seen += 1
-        if isinstance(value, str) and value.startswith(("$", "%")):
-            raise ConfigError(f"{key} is an expression {value!r} that cannot be read without running it", where=self.where,
-                              fix="build PreprocessSpec(...) from the evaluated values")
-        return value
-
-    def run(self) -> dict[str, Any]:
-        self.walk(self.config)
-        return self.found
-
-    def walk(self, node: Any) -> None:
-        if isinstance(node, Mapping):
-            target = str(node.get("_target_", "")).rsplit(".", 1)[-1]
-            if target in ("Spacingd", "Spacing") and "pixdim" not in self.found:
-                self.found["pixdim"] = self.resolve(node.get("pixdim"), "Spacingd.pixdim")
-            elif target in ("ScaleIntensityRanged", "ScaleIntensityRange") and "window" not in self.found:
-                get = lambda k, d=None: self.resolve(node.get(k, d), f"ScaleIntensityRanged.{k}")  # noqa: E731
-                self.found["window"] = (get("a_min"), get("a_max"))
-                self.found["range"] = (get("b_min", 0.0), get("b_max", 1.0))
-                self.found["clip"] = bool(get("clip", False))
-            elif target in ("Orientationd", "Orientation") and "axcodes" not in self.found:
-                self.found["axcodes"] = str(self.resolve(node.get("axcodes", "RAS"), "Orientationd.axcodes"))
-            elif target in ("DivisiblePadd", "DivisiblePad") and "size_divisible" not in self.found:
-                self.found["size_divisible"] = self.resolve(node.get("k"), "DivisiblePadd.k")
-            if "size_divisible" in node and "size_divisible" not in self.found:
-                self.found["size_divisible"] = self.resolve(node["size_divisible"], "size_divisible")
-            for value in node.values():
-                self.walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                self.walk(value)
+        return cls.from_window(window, **values)
 
 
 #: The MONAI ``lung_nodule_ct_detection`` bundle's preprocessing (Orientation RAS →
 #: Spacing 0.703125 × 0.703125 × 1.25 mm → ScaleIntensityRange -1024..300 → 0..1, clip)
 #: and its network's size divisibility (16, 16, 8).
-BUNDLE_LUNG_NODULE = PreprocessSpec(
+BUNDLE_LUNG_NODULE = PreprocessSpec.from_window(
+    HUWindow(-1024.0, 300.0, 0.0, 1.0, clip=True),
     spacing=(0.703125, 0.703125, 1.25),
-    intensity_window=(-1024.0, 300.0),
-    output_range=(0.0, 1.0),
-    clip=True,
     size_divisible=(16, 16, 8),
 )
 

@@ -3,7 +3,8 @@
 Bundle layout (as users download it): ``configs/metadata.json`` (its
 ``network_data_format.outputs.pred.channel_def`` names the output channels),
 ``configs/inference.json`` (pre-processing and inferer settings are read from
-it: ``Spacing(d).pixdim``, ``ScaleIntensityRange(d)``, ``SlidingWindowInferer``)
+it by :class:`pipeline.bundle.BundleConfig`: ``Spacing(d).pixdim``,
+``ScaleIntensityRange(d)``, ``SlidingWindowInferer``)
 and ``models/model.ts`` (TorchScript). The volume is put in RAS orientation (as
 MONAI's ``Orientation(axcodes="RAS")`` does), resampled, scaled, run with
 sliding-window inference (Gaussian-blended tiles, as MONAI's ``SlidingWindowInferer(mode="gaussian")``), and the arg-max labels are mapped back to the input
@@ -12,9 +13,9 @@ grid (LPS geometry unchanged) and to organ names.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..bundle import INFERENCE_JSON, METADATA_JSON, BundleConfig, SlidingWindow, model_file, read_metadata
 from ..errors import BundleError, ReconstructionError
+from ..intensity import HUWindow
 from ..volume import CTVolume
 
 log = logging.getLogger(__name__)
@@ -54,68 +57,47 @@ def organ_name(label: str) -> str | None:
     return n if n in OTHER_ORGANS else None
 
 
-def _walk(obj: Any):
-    if isinstance(obj, dict):
-        yield obj
-        for v in obj.values():
-            yield from _walk(v)
-    elif isinstance(obj, list):
-        for v in obj:
-            yield from _walk(v)
+@dataclass(frozen=True)
+class SegBundle:
+    """What ctpipe runs of a segmentation bundle.
+
+    root: the bundle folder; model: its TorchScript ``models/model.ts``; labels: output
+    channel → label name (``channel_def``); spacing: ``Spacingd.pixdim`` in mm along RAS
+    x, y, z (None: the volume's own spacing); window: ``ScaleIntensityRanged`` (None: HU as
+    they are); sliding: the ``SlidingWindowInferer`` settings.
+    """
+
+    root: Path
+    model: Path
+    labels: dict[int, str]
+    spacing: tuple[float, float, float] | None
+    window: HUWindow | None
+    sliding: SlidingWindow
 
 
-def _numbers(value: Any, n: int | None = None) -> list[float] | None:
-    if isinstance(value, (int, float)) and n in (None, 1):
-        return [float(value)]
-    if isinstance(value, list) and all(isinstance(v, (int, float)) for v in value) and (n is None or len(value) == n):
-        return [float(v) for v in value]
-    return None
+def read_bundle(path: str | Path) -> SegBundle:
+    """Check a bundle folder and read its label names, pre-processing and inferer settings.
 
-
-def read_bundle(path: str | Path) -> dict[str, Any]:
-    """Check a bundle folder and read its label names, pre-processing and inferer settings."""
+    ``configs/inference.json`` is read with MONAI's ``ConfigParser`` (:class:`pipeline.bundle.BundleConfig`);
+    without one the volume is used at its own spacing and in HU, with 96³ patches.
+    """
     root = Path(path)
-    meta_path = root / "configs" / "metadata.json"
-    if not meta_path.is_file():
-        raise BundleError("configs/metadata.json is missing", where=root, fix="pass the bundle's root folder")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BundleError(f"metadata.json is not valid JSON ({exc})", where=meta_path) from exc
+    meta = read_metadata(root)
+    meta_path = root / METADATA_JSON
     try:
         channel_def = meta["network_data_format"]["outputs"]["pred"]["channel_def"]
-    except (KeyError, TypeError) as exc:
+        labels = {int(k): str(v) for k, v in channel_def.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise BundleError("metadata.json has no network_data_format.outputs.pred.channel_def (label names)",
                           where=meta_path, fix="add channel_def, e.g. {\"0\": \"background\", \"1\": \"lung_left\"}") from exc
-    model = root / "models" / "model.ts"
-    if not model.is_file():
-        raise BundleError("models/model.ts (TorchScript) is missing", where=root,
-                          fix="export the network with `python -m monai.bundle ckpt_export` to models/model.ts")
-    cfg: dict[str, Any] = {}
-    inf_path = root / "configs" / "inference.json"
-    if inf_path.is_file():
-        try:
-            cfg = json.loads(inf_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise BundleError(f"inference.json is not valid JSON ({exc})", where=inf_path) from exc
-    settings: dict[str, Any] = {"pixdim": None, "scale": None, "roi_size": [96, 96, 96], "overlap": 0.25, "sw_batch_size": 1}
-    for d in _walk(cfg):
-        target = str(d.get("_target_", ""))
-        if target.endswith(("Spacingd", "Spacing")) and _numbers(d.get("pixdim"), 3):
-            settings["pixdim"] = _numbers(d.get("pixdim"), 3)
-        elif target.endswith(("ScaleIntensityRanged", "ScaleIntensityRange")):
-            vals = [d.get(k) for k in ("a_min", "a_max", "b_min", "b_max")]
-            if all(isinstance(v, (int, float)) for v in vals):
-                settings["scale"] = [float(v) for v in vals] + [bool(d.get("clip", False))]
-        elif target.endswith("SlidingWindowInferer"):
-            if _numbers(d.get("roi_size"), 3):
-                settings["roi_size"] = [int(v) for v in _numbers(d.get("roi_size"), 3) or []]
-            if isinstance(d.get("overlap"), (int, float)):
-                settings["overlap"] = float(d["overlap"])
-            if isinstance(d.get("sw_batch_size"), int):
-                settings["sw_batch_size"] = int(d["sw_batch_size"])
-    labels = {int(k): str(v) for k, v in channel_def.items()}
-    return {"root": root, "model": model, "labels": labels, **settings}
+    model = model_file(root, "model.ts",
+                       fix="export the network with `python -m monai.bundle ckpt_export` to models/model.ts")
+    spacing, window, sliding = None, None, None
+    if (root / INFERENCE_JSON).is_file():
+        config = BundleConfig.read(root, evaluate=True)
+        spacing, window, sliding = config.spacing(), config.hu_window(), config.sliding_window_inferer()
+    return SegBundle(root=root, model=model, labels=labels, spacing=spacing, window=window,
+                     sliding=sliding or SlidingWindow(roi_size=(96, 96, 96), overlap=0.25, sw_batch_size=1))
 
 
 def _to_ras(array: np.ndarray, volume: CTVolume) -> tuple[np.ndarray, np.ndarray]:
@@ -189,22 +171,22 @@ def run_seg_bundle(volume: CTVolume, bundle: str | Path, *, device: torch.device
     b = read_bundle(bundle)
     dev = torch.device(device)
     try:
-        net = torch.jit.load(str(b["model"]), map_location=dev).eval()
+        net = torch.jit.load(str(b.model), map_location=dev).eval()
     except (RuntimeError, ValueError) as exc:
-        raise BundleError(f"cannot load models/model.ts ({exc})", where=b["model"]) from exc
+        raise BundleError(f"cannot load models/model.ts ({exc})", where=b.model) from exc
     ras, spacing = _to_ras(np.asarray(volume.array, dtype=np.float32), volume)
     x = torch.from_numpy(ras)[None, None].to(dev)
     native = tuple(ras.shape)
-    if b["pixdim"]:
-        size = [max(1, int(round(n * s / p))) for n, s, p in zip(native, spacing, b["pixdim"])]
+    if b.spacing:
+        size = [max(1, int(round(n * s / p))) for n, s, p in zip(native, spacing, b.spacing)]
         x = F.interpolate(x, size=size, mode="trilinear", align_corners=False)
-    if b["scale"]:
-        a0, a1, b0, b1, clip = b["scale"]
-        x = (x - a0) / (a1 - a0) * (b1 - b0) + b0
-        if clip:
-            x = x.clamp(min(b0, b1), max(b0, b1))
+    if b.window:
+        a0, a_range, b0, b_range = b.window.scale_params()
+        x = (x - a0) / a_range * b_range + b0
+        if b.window.clip:
+            x = x.clamp(min(b.window.output_range), max(b.window.output_range))
     with torch.no_grad():
-        logits = sliding_window(x, b["roi_size"], net, overlap=b["overlap"], batch=b["sw_batch_size"])
+        logits = sliding_window(x, list(b.sliding.roi_size), net, overlap=b.sliding.overlap, batch=b.sliding.sw_batch_size)
     pred = torch.argmax(logits, dim=1, keepdim=True).to(torch.float32)
     if tuple(pred.shape[2:]) != native:
         pred = F.interpolate(pred, size=native, mode="nearest")
@@ -212,12 +194,12 @@ def run_seg_bundle(volume: CTVolume, bundle: str | Path, *, device: torch.device
     labels = _from_ras(label_ras, volume)
     masks: dict[str, np.ndarray] = {}
     errors: dict[str, str] = {}
-    where = str(b["root"] / "configs" / "metadata.json")
+    where = str(b.root / METADATA_JSON)
     for value in np.unique(labels):
         value = int(value)
         if value == 0:
             continue
-        name = b["labels"].get(value)
+        name = b.labels.get(value)
         if name is None:
             errors[f"seg_bundle:label_{value}"] = str(ReconstructionError(
                 f"the network outputs label {value}, which channel_def does not name", where=where,
@@ -230,5 +212,5 @@ def run_seg_bundle(volume: CTVolume, bundle: str | Path, *, device: torch.device
                 fix=f"rename it in channel_def to one of {sorted(SYNONYMS) + sorted(OTHER_ORGANS)}"))
             continue
         masks[organ] = masks.get(organ, np.zeros(labels.shape, dtype=bool)) | (labels == value)
-    log.info("bundle %s: organs %s, %d label errors", b["root"], sorted(masks), len(errors))
+    log.info("bundle %s: organs %s, %d label errors", b.root, sorted(masks), len(errors))
     return masks, errors

@@ -1,0 +1,87 @@
+"""The HU window of a model input: MONAI's ``ScaleIntensityRange`` as one small value type.
+
+:class:`HUWindow` maps Hounsfield units ``a_min..a_max`` linearly to model units
+``b_min..b_max`` (e.g. -1024..300 HU → 0..1), clamped to the output range when
+``clip`` is set. The loader's :class:`pipeline.load.PreprocessSpec`, the detector's
+model settings and the bundle reader (:mod:`pipeline.bundle`) all use it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["HUWindow"]
+
+_FIELDS = ("a_min", "a_max", "b_min", "b_max", "clip")
+
+
+def _number(value: Any, name: str, where: str) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {value!r}", where=where) from None
+    if not math.isfinite(out):
+        raise ConfigError(f"{name} must be finite, got {value!r}", where=where)
+    return out
+
+
+@dataclass(frozen=True)
+class HUWindow:
+    """``(hu - a_min) / (a_max - a_min) * (b_max - b_min) + b_min``, clamped to ``b_min..b_max`` when ``clip``.
+
+    ``a_min < a_max`` in HU; ``b_min``, ``b_max`` in model input units (any finite pair).
+    Defaults: the lung-nodule detector's -1024..300 HU → 0..1, clipped. Validated on
+    construction (:class:`ConfigError` naming the bad value).
+    """
+
+    a_min: float = -1024.0
+    a_max: float = 300.0
+    b_min: float = 0.0
+    b_max: float = 1.0
+    clip: bool = True
+
+    def __post_init__(self) -> None:
+        a0 = _number(self.a_min, "intensity_window a_min (HU)", "intensity_window")
+        a1 = _number(self.a_max, "intensity_window a_max (HU)", "intensity_window")
+        if a1 <= a0:
+            raise ConfigError(f"intensity_window must be (a_min, a_max) with a_min < a_max HU, got ({self.a_min!r}, {self.a_max!r})",
+                              where="intensity_window")
+        b0 = _number(self.b_min, "output_range b_min", "output_range")
+        b1 = _number(self.b_max, "output_range b_max", "output_range")
+        object.__setattr__(self, "a_min", a0)
+        object.__setattr__(self, "a_max", a1)
+        object.__setattr__(self, "b_min", b0)
+        object.__setattr__(self, "b_max", b1)
+        object.__setattr__(self, "clip", bool(self.clip))
+
+    @property
+    def hu_range(self) -> tuple[float, float]:
+        """``(a_min, a_max)`` in HU."""
+        return self.a_min, self.a_max
+
+    @property
+    def output_range(self) -> tuple[float, float]:
+        """``(b_min, b_max)`` in model input units."""
+        return self.b_min, self.b_max
+
+    def scale_params(self) -> tuple[float, float, float, float]:
+        """``(a_min, a_range, b_min, b_range)`` of ``(hu - a_min) / a_range * b_range + b_min``."""
+        return self.a_min, self.a_max - self.a_min, self.b_min, self.b_max - self.b_min
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"a_min": ..., "a_max": ..., "b_min": ..., "b_max": ..., "clip": ...}`` (MONAI's argument names)."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> HUWindow:
+        """Inverse of :meth:`to_json`; all five keys are required."""
+        missing = [name for name in _FIELDS if name not in data]
+        if missing:
+            raise ConfigError(f"intensity window has no {', '.join(missing)}", where="intensity_window",
+                              fix=f"give all of {', '.join(_FIELDS)}")
+        return cls(data["a_min"], data["a_max"], data["b_min"], data["b_max"], bool(data["clip"]))
