@@ -102,26 +102,16 @@ def read_bundle(path: str | Path) -> SegBundle:
 
 def _to_ras(array: np.ndarray, volume: CTVolume) -> tuple[np.ndarray, np.ndarray]:
     """Array ``[R, A, S]`` (ascending R, A, S) and spacing (mm) for the volume's voxels."""
-    from .render import lps_aligned
-
-    view, spacing, _ = lps_aligned(array, volume.geometry)  # [z, y, x] ascending LPS
+    g = volume.geometry
+    view = g.to_lps_view(array)  # [z, y, x] ascending LPS
     ras = np.flip(view.transpose(2, 1, 0), axis=(0, 1))  # x→R (flip), y→A (flip), z→S
-    return np.ascontiguousarray(ras), spacing
+    return np.ascontiguousarray(ras), np.asarray(g.spacing_lps())
 
 
 def _from_ras(ras: np.ndarray, volume: CTVolume) -> np.ndarray:
     """Inverse of :func:`_to_ras`: back to the volume's own ``[k, j, i]`` order."""
-    d = volume.geometry.direction
-    view = np.flip(ras, axis=(0, 1)).transpose(2, 1, 0)  # [z, y, x]
-    amap = [(int(np.argmax(np.abs(d[:, c]))), 1 if d[int(np.argmax(np.abs(d[:, c]))), c] > 0 else -1) for c in range(3)]
-    for a, sign in amap:
-        if sign < 0:
-            view = np.flip(view, axis=2 - a)
-    # view dim (2 - a) holds index axis c; the array wants dim (2 - c)
-    perm = [0, 0, 0]
-    for c, (a, _) in enumerate(amap):
-        perm[2 - c] = 2 - a
-    return np.ascontiguousarray(view.transpose(perm))
+    view = np.flip(ras, axis=(0, 1)).transpose(2, 1, 0)  # [z, y, x] ascending LPS
+    return np.ascontiguousarray(volume.geometry.from_lps_view(view))
 
 
 def _starts(n: int, roi: int, step: int) -> list[int]:
