@@ -34,7 +34,7 @@ _LAZY = {
     "reconstruct": "pipeline.reconstruction",
     "run_batch": "pipeline.runner",
     "open_run": "pipeline.runner",
-    "show": "pipeline.runner.show",
+    "show": "pipeline.show",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -8,6 +8,7 @@ key), *what* is wrong (with the offending value) and, where there is one,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 class CtpipeError(Exception):
@@ -34,22 +35,22 @@ class CtpipeError(Exception):
             text = f"{text}. Fix: {fix}"
         super().__init__(text)
 
-    def __reduce__(self):  # keep errors picklable across worker processes
+    def __reduce__(self) -> tuple[Any, ...]:  # keep errors picklable across worker processes
         return (_rebuild, (type(self), self.problem, self.where, self.fix))
 
 
-def _rebuild(cls, message, where, fix):
+def _rebuild(cls: type[CtpipeError], message: str, where: str | None, fix: str | None) -> CtpipeError:
     err = cls.__new__(cls)
     CtpipeError.__init__(err, message, where=where, fix=fix)
     return err
 
 
-# --- geometry ------------------------------------------------------------------
+# --- geometry ---------------------------------------------------------------------------
 class GeometryError(CtpipeError, ValueError):
     """Spacing, origin or direction cosines are not a valid LPS geometry."""
 
 
-# --- DICOM ingest ----------------------------------------------------------------
+# --- DICOM ingest -----------------------------------------------------------------------
 class DicomError(CtpipeError):
     """Base class for problems with DICOM input."""
 
@@ -60,6 +61,14 @@ class NotDicomError(DicomError):
 
 class TruncatedFileError(DicomError):
     """The file ends before its header or pixel data is complete."""
+
+
+class UnreadableFileError(DicomError):
+    """A file or folder cannot be read: permission denied, gone since it was listed, a symbolic link loop, ..."""
+
+
+class CorruptHeaderError(DicomError):
+    """A DICOM header is damaged or holds values that cannot be parsed."""
 
 
 class MissingPixelDataError(DicomError):
@@ -106,16 +115,21 @@ class NoSeriesFoundError(DicomError):
     """A scan found no CT series that matches the selection rules."""
 
 
-# --- case cache and loader ---------------------------------------------------------
+class AmbiguousSeriesError(DicomError):
+    """Several series qualify where exactly one was expected."""
+
+
+# --- case cache -------------------------------------------------------------------------
 class CacheError(CtpipeError):
     """A case cache entry is missing, truncated or disagrees with its sidecar."""
 
 
+# --- loader -----------------------------------------------------------------------------
 class LoaderError(CtpipeError):
     """A loader could not turn a cached case into a model input."""
 
 
-# --- models ----------------------------------------------------------------------
+# --- detection (models) -----------------------------------------------------------------
 class ModelError(CtpipeError):
     """A model or bundle cannot be loaded or run."""
 
@@ -132,38 +146,43 @@ class InputTooSmallError(ModelError):
     """A volume is smaller than the network's minimum input."""
 
 
-# --- reconstruction ----------------------------------------------------------------
-class ReconstructionError(CtpipeError):
-    """An organ could not be segmented, meshed or measured."""
-
-
-# --- configuration and runs ----------------------------------------------------------
-class ConfigError(CtpipeError, ValueError):
-    """A configuration key or value is invalid."""
-
-
-class RunStoreError(CtpipeError):
-    """A run directory or its database is missing or unreadable."""
-
-
-# --- phantom DICOM writer ------------------------------------------------------------
-class DicomWriteError(CtpipeError, ValueError):
-    """A volume or an option cannot be written as a DICOM series (unknown quirk, transfer syntax, ...)."""
-
-
-# --- phantom anatomy -----------------------------------------------------------------
-class PhantomError(CtpipeError, ValueError):
-    """A phantom option is out of range, or the requested nodules do not fit in the lungs."""
-
-
-class AmbiguousSeriesError(DicomError):
-    """Several series qualify where exactly one was expected."""
-
-
-# --- detector (appended) ---------------------------------------------------------------
 class InvalidVolumeError(ModelError):
     """A volume's voxel values cannot be used (too many NaN or infinite voxels)."""
 
 
-class CorruptHeaderError(DicomError):
-    """A DICOM header is damaged or holds values that cannot be parsed."""
+# --- reconstruction ---------------------------------------------------------------------
+class ReconstructionError(CtpipeError):
+    """An organ could not be segmented, meshed or measured."""
+
+
+# --- DICOM results (structured report, segmentation) ------------------------------------
+class DicomOutputError(CtpipeError):
+    """A DICOM result object (SR, SEG) cannot be written or read back (bad finding, mask or option)."""
+
+
+class SourceMismatchError(DicomOutputError):
+    """The source DICOM files do not match the volume's slices, or lack an attribute needed to reference them."""
+
+
+# --- runner -----------------------------------------------------------------------------
+class RunStoreError(CtpipeError):
+    """A run directory or its database is missing or unreadable, or a case's state change is not allowed."""
+
+
+class FatalRunError(CtpipeError):
+    """A worker cannot work at all (e.g. the model cannot be loaded): the run stops."""
+
+
+# --- configuration ----------------------------------------------------------------------
+class ConfigError(CtpipeError, ValueError):
+    """A configuration key or value is invalid."""
+
+
+# --- synthetic phantoms (test and demo data) --------------------------------------------
+class PhantomError(CtpipeError, ValueError):
+    """A phantom option is out of range, or the requested nodules do not fit in the lungs."""
+
+
+class DicomWriteError(CtpipeError, ValueError):
+    """A volume or an option cannot be written as a DICOM series (unknown quirk, transfer syntax, ...)."""
+

@@ -74,7 +74,7 @@ def test_readme_notebook_example_runs(tmp_path):
 def test_show_draws_findings_on_the_right_slice():
     import numpy as np
 
-    from pipeline.runner.show import show
+    from pipeline.show import show
     from pipeline.volume import CTVolume, Geometry
 
     geom = Geometry(shape=(20, 32, 32), spacing=(1.0, 1.0, 2.0), origin=(-16.0, -16.0, 100.0))

@@ -14,7 +14,6 @@ from __future__ import annotations
 from .batch import RunSummary, run_batch
 from .report import Report, build_report
 from .results import CaseResult, RunResults, open_run
-from .show import show
 from .stage import CaseContext, CaseSpec, Stage, WorkerInfo
 
 __all__ = [
@@ -29,5 +28,4 @@ __all__ = [
     "build_report",
     "open_run",
     "run_batch",
-    "show",
 ]

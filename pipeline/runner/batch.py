@@ -18,14 +18,17 @@ from typing import Any
 
 from .. import __version__
 from ..atomic import atomic_write_bytes
-from ..config import Config, load_config
+from ..config import Config, from_dict, load_config, overrides_layer
+from ..errors import ConfigError, FatalRunError
 from .discover import Discovery, discover
 from .engine import Engine
 from .logs import attach_jsonl, detach
 from .metrics import NvmlSampler, RunMetrics
 from .progress import Progress
+from .report import build_report
 from .resume import RunLock, plan, reconcile
-from .stage import FatalRunError, Stage, WorkerInfo
+from .stage import Stage, WorkerInfo
+from .stages import build_stages
 from .store import RunStore
 from .workers import InlineExecutor, ProcessExecutor
 
@@ -98,8 +101,6 @@ def resolve_devices(device: str, need_model: bool) -> tuple[list[str], str]:
         device = "cuda" if n else "cpu"
     if device == "cpu":
         return ["cpu"], "cpu"
-    from ..errors import ConfigError
-
     if not n:
         raise ConfigError(f"runner.device = {device!r} but torch sees no CUDA GPU", where="runner.device",
                           fix="use --device cpu or auto")
@@ -133,8 +134,6 @@ def run_batch(
     t0 = time.monotonic()
     cfg = config if isinstance(config, Config) else load_config(config, overrides=overrides)
     if isinstance(config, Config) and overrides:
-        from ..config import from_dict, overrides_layer
-
         merged = cfg.to_dict()
         for sec, vals in overrides_layer({k: v for k, v in overrides.items() if v is not None}).items():
             merged.setdefault(sec, {}).update(vals)
@@ -156,8 +155,6 @@ def run_batch(
 
 def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, summary: RunSummary,
          stages: Sequence[Stage] | None, progress_cb: Callable | None, command: str | None, t0: float) -> RunSummary:
-    from .stages import build_stages
-
     reconcile(store, run_dir)
     found: Discovery = discover(srcs, cfg)
     summary.not_selected = found.not_selected
@@ -231,8 +228,6 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
         if cfg.metrics.textfile_dir:
             metrics.write_textfile(Path(cfg.metrics.textfile_dir) / "ctpipe.prom")
     if cfg.report.enabled:
-        from .report import build_report
-
         summary.report_html = build_report([run_dir], run_dir / "report", bin_minutes=cfg.report.bin_minutes,
                                            hours_per_day=cfg.report.hours_per_day).html
     log.info("run %s finished: %d done, %d quarantined, %.1f s", run_id, summary.done, len(summary.quarantined),

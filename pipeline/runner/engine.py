@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..errors import FatalRunError
 from .resume import publish, write_quarantine
-from .stage import CaseSpec, FatalRunError, Stage, Task, TaskResult
+from .stage import CaseSpec, Stage, Task, TaskResult
 from .store import RunStore
 
 log = logging.getLogger(__name__)
@@ -97,12 +98,12 @@ class Engine:
         exhausted = False
         while True:
             while not exhausted and len(live) < self.max_in_flight:
-                case = next(todo, None)
-                if case is None:
+                nxt = next(todo, None)
+                if nxt is None:
                     exhausted = True
                     break
-                live[case.case_key] = self._admit(case)
-                ready.append(self._task(live[case.case_key]))
+                live[nxt.case_key] = self._admit(nxt)
+                ready.append(self._task(live[nxt.case_key]))
             if not live:
                 break
             ready.sort(key=lambda t: (-t.stage_index, t.seq))
@@ -186,8 +187,9 @@ class Engine:
             obs.on_case_done(case, latency, len(findings))
 
     def _quarantine(self, case: CaseSpec, reason: str, error_class: str, stage: str | None, result: EngineResult) -> None:
-        if case.case_key and self.store.case(case.case_key) is not None:
-            if self.store.case(case.case_key)["status"] == "pending":
+        row = self.store.case(case.case_key) if case.case_key else None
+        if row is not None:
+            if row["status"] == "pending":
                 self.store.begin_case(case.case_key, self.run_id)
             self.store.fail_case(case.case_key, reason=reason, error_class=error_class, stage=stage)
         write_quarantine(self.run_dir, case, reason=reason, error_class=error_class, stage=stage)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write_bytes
-from .results import read_tables
+from .tables import read_tables
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +44,16 @@ class Report:
 
 
 def _active_seconds(intervals: list[tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, None, None
+    """Length (s) of the union of ``(start, end)`` intervals: time covered by overlapping runs counts once."""
+    merged: list[list[float]] = []
     for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
         else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
+            merged.append([s, e])
+    total = 0.0
+    for s, e in merged:
+        total += e - s
     return total
 
 

@@ -73,10 +73,6 @@ class CaseContext:
         return self.worker.cache_dir
 
 
-class FatalRunError(Exception):
-    """A worker cannot work at all (e.g. the model cannot be loaded): the run stops."""
-
-
 class Stage:
     """Base class of pipeline stages (see the module docstring)."""
 

@@ -58,7 +58,7 @@ class IngestStage(Stage):
                               allow_gantry_tilt=cfg.allow_gantry_tilt, workers=1)
         key = case.series_uid
         found = [s for s in scan.series if s.key == key]
-        if not found:
+        if key is None or not found:
             raise NoSeriesFoundError(f"series {key} is no longer among the files discovered for it", where=case.source,
                                      fix="the folder changed during the run; run the same command again")
         rejected = [r for r in scan.rejected if r.series.key == key]

@@ -10,6 +10,15 @@ Tables
 ``measurements``    per-case measurements (name, value, unit) of completed cases.
 ``gpu_samples``     NVML utilisation (%) and memory (MB) sampled during runs.
 
+A case's ``status`` moves only along these transitions (anything else raises
+:class:`~pipeline.errors.RunStoreError` and changes nothing)::
+
+    (discovered) → pending
+    pending, running, failed → running     begin_case (a new attempt; ``failed`` only when failures are retried)
+    pending, running → done                 complete_case (``pending``: recovered from a published folder)
+    running, failed → failed                fail_case
+    done → pending                          reset_case (its published folder is gone)
+
 Only the runner's main process writes; readers (reports, notebooks) open it
 read-only and see committed state only, thanks to WAL. Times are Unix seconds (UTC).
 """
@@ -30,6 +39,14 @@ log = logging.getLogger(__name__)
 
 DB_NAME = "runs.sqlite"
 SCHEMA_VERSION = 1
+
+#: The case statuses each state change starts from (see the module docstring).
+TRANSITIONS: dict[str, tuple[str, ...]] = {
+    "begin": ("pending", "running", "failed"),
+    "complete": ("pending", "running"),
+    "fail": ("running", "failed"),
+    "reset": ("done",),
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -140,6 +157,7 @@ class RunStore:
     def begin_case(self, case_key: str, run_id: str) -> int:
         """Mark a case running; returns its attempt number (1, 2, ...). Earlier unfinished attempts are closed."""
         with self.tx():
+            self._expect(case_key, "begin")
             self.db.execute(
                 "UPDATE stage_attempts SET status = CASE status WHEN 'running' THEN 'interrupted' ELSE 'superseded' END"
                 " WHERE case_key=? AND status IN ('running', 'ok')",
@@ -173,6 +191,7 @@ class RunStore:
         """Mark a case done with its findings and measurements, in one transaction."""
         ended = time.time() if ended_at is None else ended_at
         with self.tx():
+            self._expect(case_key, "complete")
             self.db.execute("DELETE FROM findings WHERE case_key=?", (case_key,))
             self.db.execute("DELETE FROM measurements WHERE case_key=?", (case_key,))
             n = 0
@@ -193,7 +212,9 @@ class RunStore:
             )
 
     def fail_case(self, case_key: str, *, reason: str, error_class: str, stage: str | None) -> None:
+        """Mark a case failed (quarantined) with the stage, error class and reason."""
         with self.tx():
+            self._expect(case_key, "fail")
             self.db.execute(
                 "UPDATE cases SET status='failed', reason=?, error_class=?, failed_stage=?, ended_at=?,"
                 " latency_s=? - COALESCE(started_at, ?) WHERE case_key=?",
@@ -203,10 +224,24 @@ class RunStore:
     def reset_case(self, case_key: str) -> None:
         """Back to 'pending' (e.g. its output folder vanished); its attempts stay as history."""
         with self.tx():
+            self._expect(case_key, "reset")
             self.db.execute(
                 "UPDATE stage_attempts SET status='superseded' WHERE case_key=? AND status IN ('ok','running')", (case_key,)
             )
             self.db.execute("UPDATE cases SET status='pending', output_dir=NULL WHERE case_key=?", (case_key,))
+
+    def _expect(self, case_key: str, change: str) -> None:
+        """Refuse a state change the case's current status does not allow (inside the change's transaction)."""
+        row = self.db.execute("SELECT case_id, status FROM cases WHERE case_key=?", (case_key,)).fetchone()
+        allowed = TRANSITIONS[change]
+        if row is None:
+            raise RunStoreError(f"cannot {change} case {case_key!r}: no such case in the run store",
+                                where=db_path(self.run_dir), fix="register the case (upsert_discovered) first")
+        if row["status"] not in allowed:
+            raise RunStoreError(
+                f"cannot {change} case {row['case_id']} ({case_key}): its status is {row['status']!r}, "
+                f"and {change} starts from {' or '.join(repr(s) for s in allowed)}",
+                where=db_path(self.run_dir), fix="check the case's status first; see the transitions in pipeline/runner/store.py")
 
     def cases_with_status(self, *statuses: str) -> list[sqlite3.Row]:
         marks = ",".join("?" * len(statuses))

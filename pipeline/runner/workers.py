@@ -21,13 +21,14 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 from pathlib import Path
 from typing import Any
 
 from ..config import Config, from_dict
-from ..errors import CtpipeError
+from ..errors import ConfigError, CtpipeError, FatalRunError
 from .logs import attach_jsonl
-from .stage import CaseContext, FatalRunError, Stage, Task, TaskResult, WorkerInfo
+from .stage import CaseContext, Stage, Task, TaskResult, WorkerInfo
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ def _main_module_hidden(needed: bool) -> Iterator[None]:
     if needed or main is None:
         yield
         return
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
     main.__dict__.pop("__file__", None)
     main.__dict__["__spec__"] = None
     try:
@@ -206,6 +207,18 @@ def _main_module_hidden(needed: bool) -> Iterator[None]:
     finally:
         main.__dict__.pop("__spec__", None)
         main.__dict__.update(saved)
+
+
+def mp_context(start_method: str) -> ForkContext | ForkServerContext | SpawnContext:
+    """The multiprocessing context of ``runner.start_method`` (``forkserver``, ``spawn`` or ``fork``)."""
+    if start_method == "forkserver":
+        return mp.get_context("forkserver")
+    if start_method == "spawn":
+        return mp.get_context("spawn")
+    if start_method == "fork":
+        return mp.get_context("fork")
+    raise ConfigError(f"runner.start_method = {start_method!r} is not a way to start worker processes",
+                      where="runner.start_method", fix="use forkserver, spawn or fork")
 
 
 @dataclass
@@ -234,7 +247,7 @@ class ProcessExecutor:
         if torch_threads > 0:  # native thread pools read these when their libraries load in the workers
             for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
                 os.environ.setdefault(var, str(torch_threads))
-        self.ctx = mp.get_context(start_method)
+        self.ctx = mp_context(start_method)
         if start_method == "forkserver":
             mods = sorted({m for s in stages for m in s.preload} | {"pipeline.runner.workers"})
             self.ctx.set_forkserver_preload(mods)

@@ -7,9 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from ..volume import CTVolume, LabelMap
+from .volume import CTVolume, LabelMap
 
 _COLORS = {"body": "#f5d142", "lung_left": "#3a9ad9", "lung_right": "#45c46b", "airway": "#e377c2", "bone": "#ffffff"}
+
+
+def _field(finding: Any, key: str) -> Any:
+    """``finding[key]`` of a dict (None when absent), else the attribute ``key`` of a Finding."""
+    return finding.get(key) if isinstance(finding, Mapping) else getattr(finding, key)
 
 
 def _finding_rows(findings: Any) -> list[tuple[np.ndarray, float, float]]:
@@ -21,11 +26,8 @@ def _finding_rows(findings: Any) -> list[tuple[np.ndarray, float, float]]:
         return [(np.array([r.center_x, r.center_y, r.center_z], float), float(r.diameter_mm), float(r.score))
                 for r in df.itertuples()]
     items = getattr(findings, "findings", findings)
-    out = []
-    for f in items:
-        get = f.get if isinstance(f, Mapping) else lambda k, f=f: getattr(f, k)
-        out.append((np.asarray(get("center_lps"), float), float(get("diameter_mm")), float(get("score"))))
-    return out
+    return [(np.asarray(_field(f, "center_lps"), float), float(_field(f, "diameter_mm")), float(_field(f, "score")))
+            for f in items]
 
 
 def _masks(recon: Any) -> dict[str, np.ndarray]:

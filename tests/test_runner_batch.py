@@ -6,14 +6,15 @@ import json
 
 import numpy as np
 import pytest
-from test_run_support import FAST, ctpipe, db_rows, dicom_data, full_run, manifest  # noqa: F401
 
 from pipeline.runner.results import open_run
+from tests._support.runner import db_rows, manifest
 
+pytest_plugins = ["tests._support.runner"]
 pytestmark = pytest.mark.slow
 
 
-def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):  # noqa: F811
+def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):
     out, p = full_run["out"], full_run["proc"]
     assert p.returncode == 3, p.stdout + p.stderr
     # summary lists every quarantined case with its reason, and where the report is
@@ -65,7 +66,7 @@ def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):  #
         assert "LPS" in doc["coordinates"] and doc["timings_ms"] == {}
 
 
-def test_run_record_log_and_results(full_run, dicom_data):  # noqa: F811
+def test_run_record_log_and_results(full_run, dicom_data):
     out = full_run["out"]
     run = open_run(out)
     assert len(run.runs) == 1 and run.runs.status[0] == "completed" and run.runs.device[0] == "cpu"
@@ -102,7 +103,7 @@ def test_run_record_log_and_results(full_run, dicom_data):  # noqa: F811
     assert all({"t", "level", "logger", "msg"} <= set(r) for r in records)
 
 
-def test_bad_source_and_bad_config_are_refused_before_running(tmp_path, dicom_data, capsys):  # noqa: F811
+def test_bad_source_and_bad_config_are_refused_before_running(tmp_path, dicom_data, capsys):
     from pipeline.cli import main
 
     assert main(["run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r")]) == 1
@@ -114,7 +115,7 @@ def test_bad_source_and_bad_config_are_refused_before_running(tmp_path, dicom_da
     assert "runner.workers" in err and "'lots'" in err and str(cfg) in err
 
 
-def test_worklist_csv_discovery(dicom_data, tmp_path):  # noqa: F811
+def test_worklist_csv_discovery(dicom_data, tmp_path):
     from pipeline.config import load_config
     from pipeline.runner.discover import discover
 
@@ -140,7 +141,7 @@ def test_worklist_csv_discovery(dicom_data, tmp_path):  # noqa: F811
     assert len(keys) == 5 and len(set(keys)) == 3
 
 
-def test_a_model_that_cannot_load_stops_the_run_with_its_reason(dicom_data, tmp_path):  # noqa: F811
+def test_a_model_that_cannot_load_stops_the_run_with_its_reason(dicom_data, tmp_path):
     from pipeline.runner import run_batch
 
     s = run_batch([dicom_data["good"]], out=tmp_path / "r", workers=0, bundle=str(tmp_path / "no_such_bundle"),
@@ -167,7 +168,7 @@ def test_device_resolution_without_a_gpu_is_explicit():
 
 
 @pytest.mark.gpu
-def test_gpu_run_one_model_worker_per_device(dicom_data, tmp_path):  # noqa: F811
+def test_gpu_run_one_model_worker_per_device(dicom_data, tmp_path):
     import torch
 
     from pipeline.runner import open_run, run_batch

@@ -10,10 +10,12 @@ import urllib.request
 import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_run_support import ctpipe, dicom_data, full_run  # noqa: F401
 
 from pipeline.runner import run_batch
 from pipeline.runner.stages import IngestStage
+from tests._support.runner import ctpipe
+
+pytest_plugins = ["tests._support.runner"]
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +35,7 @@ def _samples(text: str) -> dict[tuple[str, tuple], float]:
 
 
 @pytest.fixture(scope="module")
-def ingest_run(dicom_data, tmp_path_factory):  # noqa: F811
+def ingest_run(dicom_data, tmp_path_factory):
     """A second, cheap run (ingest stage only, in-process) that scrapes its own metrics endpoint while running."""
     out = tmp_path_factory.mktemp("r2") / "ingest_only"
     port = _free_port()
@@ -60,7 +62,7 @@ def test_metrics_served_during_the_run_and_closed_after(ingest_run):
         urllib.request.urlopen(f"http://127.0.0.1:{ingest_run['port']}/metrics", timeout=2)
 
 
-def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):  # noqa: F811
+def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):
     s = _samples((full_run["out"] / "metrics.prom").read_text())
     assert s[("ctpipe_cases_processed_total", ())] == 3.0
     failed = {dict(k[1])["reason"]: v for k, v in s.items() if k[0] == "ctpipe_cases_failed_total"}
@@ -78,7 +80,7 @@ def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):  
     assert (ingest_run["textdir"] / "ctpipe.prom").read_text() == (ingest_run["out"] / "metrics.prom").read_text()
 
 
-def test_report_over_two_runs(full_run, ingest_run, tmp_path):  # noqa: F811
+def test_report_over_two_runs(full_run, ingest_run, tmp_path):
     out = tmp_path / "report"
     p = ctpipe("report", str(full_run["out"]), str(ingest_run["out"]), "--out", str(out), "--hours-per-day", "20")
     assert p.returncode == 0, p.stderr
@@ -119,7 +121,7 @@ def test_report_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert "no run database here" in capsys.readouterr().err
 
 
-def test_grafana_dashboard_uses_only_exported_metrics(full_run):  # noqa: F811
+def test_grafana_dashboard_uses_only_exported_metrics(full_run):
     import re
     from pathlib import Path
 

@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from test_run_support import dicom_data  # noqa: F401
 
 from pipeline.runner import open_run, run_batch
 from pipeline.runner.stages import build_stages
 
+pytest_plugins = ["tests._support.runner"]
 pytestmark = pytest.mark.slow
 
 QUICK = {"reconstruct.enabled": False, "report.enabled": False, "detector.write_png": False}
@@ -27,7 +27,7 @@ def test_stage_order_puts_load_between_ingest_and_detect():
     assert names == ["ingest", "load", "detect", "reconstruct", "write"]
 
 
-def test_loader_backend_and_lung_roi_are_respected(dicom_data, tmp_path):  # noqa: F811
+def test_loader_backend_and_lung_roi_are_respected(dicom_data, tmp_path):
     whole = run_batch([dicom_data["good"]], out=tmp_path / "whole", workers=0, **QUICK,
                       **{"loader.backend": "torch", "loader.roi": "none", "detector.lung_restriction": False})
     lungs = run_batch([dicom_data["good"]], out=tmp_path / "lungs", workers=0, **QUICK,

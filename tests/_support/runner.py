@@ -1,16 +1,26 @@
-"""Shared data and helpers for the runner tests: tiny phantom series, good and corrupt."""
+"""Helpers and fixtures for the runner tests: tiny phantom series (good and corrupt), the command line, the store.
+
+The fixtures (``dicom_data``, ``full_run``) reach a test module through ``pytest_plugins =
+["tests._support.runner"]``; as session fixtures they are made once per pytest run. Test modules
+also import the helpers directly, before pytest registers the module as a plugin, so pytest is told
+not to rewrite its (absent) asserts: PYTEST_DONT_REWRITE.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from pipeline.runner.stage import CaseContext, Stage
 
 # tiny but complete chests: 64 x 64 pixels of 2 mm, 24 slices of 5 mm (128 x 128 x 120 mm)
 PHANTOM = {"matrix": 64, "slices": 24, "pixel_spacing": 2.0, "slice_spacing": 5.0}
@@ -63,17 +73,13 @@ def write_bad(root: Path) -> dict[str, str]:
     return out
 
 
-_ONCE: dict[str, dict] = {}  # results shared by the test modules that import these fixtures (made once per pytest run)
-
-
 @pytest.fixture(scope="session")
 def dicom_data(tmp_path_factory) -> dict:
-    if "dicom" not in _ONCE:
-        root = tmp_path_factory.mktemp("dicom")
-        good = write_good(root / "good")
-        bad = write_bad(root / "bad")
-        _ONCE["dicom"] = {"root": root, "good": root / "good", "bad": root / "bad", "good_uids": good, "bad_kinds": bad}
-    return _ONCE["dicom"]
+    """The good and the corrupt phantom cases, written once per pytest run."""
+    root = tmp_path_factory.mktemp("dicom")
+    good = write_good(root / "good")
+    bad = write_bad(root / "bad")
+    return {"root": root, "good": root / "good", "bad": root / "bad", "good_uids": good, "bad_kinds": bad}
 
 
 def ctpipe(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -85,6 +91,7 @@ def ctpipe(*args: str, env: dict | None = None, timeout: float = 300) -> subproc
 
 
 def db_rows(run_dir: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    """Rows of a query on a run store, through a read-only connection."""
     db = sqlite3.connect(f"file:{run_dir / 'runs.sqlite'}?mode=ro", uri=True)
     try:
         return db.execute(sql, params).fetchall()
@@ -111,31 +118,23 @@ def manifest(case_dir: Path) -> dict:
 @pytest.fixture(scope="session")
 def full_run(dicom_data, tmp_path_factory) -> dict:
     """One uninterrupted run over the good and the corrupt cases (shared by several test modules)."""
-    if "full_run" not in _ONCE:
-        out = tmp_path_factory.mktemp("runs") / "all"
-        p = ctpipe("run", str(dicom_data["good"]), str(dicom_data["bad"]), "--out", str(out), "--workers", "1", "--quiet",
-                   *FAST)
-        _ONCE["full_run"] = {"out": out, "proc": p}
-    return _ONCE["full_run"]
+    out = tmp_path_factory.mktemp("runs") / "all"
+    p = ctpipe("run", str(dicom_data["good"]), str(dicom_data["bad"]), "--out", str(out), "--workers", "1", "--quiet",
+               *FAST)
+    return {"out": out, "proc": p}
 
 
-class DieOnceStage:
+class DieOnceStage(Stage):
     """A stage whose worker process dies (SIGKILL) the first time it meets each case, then works."""
 
     name = "die_once"
     group = "cpu"
-    preload: tuple[str, ...] = ()
 
     def __init__(self, marker_dir: str, always: str = ""):
         self.marker_dir = marker_dir
         self.always = always  # a series UID whose worker dies on every attempt
 
-    def setup(self, worker) -> None:
-        pass
-
-    def process(self, ctx) -> dict:
-        import signal
-
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
         marker = Path(self.marker_dir) / f"{ctx.case.case_id}.seen"
         if ctx.case.series_uid == self.always or not marker.exists():
             marker.touch()

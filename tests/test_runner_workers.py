@@ -1,0 +1,260 @@
+"""Executors and what a worker does with a task: measuring, classifying failures, setup, process workers.
+
+The process-executor tests start real worker processes with the ``fork`` start method (quick to start; the
+standard ``forkserver`` is exercised by the slow end-to-end runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.errors import ConfigError, CtpipeError, FatalRunError, ReconstructionError
+from pipeline.runner.stage import CaseContext, CaseSpec, Stage, Task, TaskResult, WorkerInfo
+from pipeline.runner.workers import (
+    InlineExecutor,
+    ProcessExecutor,
+    _main_module_hidden,
+    _reset_peak_rss,
+    mp_context,
+    peak_rss_mb,
+    run_task,
+    setup_stages,
+)
+
+CONFIG = load_config(environ={})
+
+
+class Echo(Stage):
+    """Sleeps ``pause`` s, then writes a file and returns what it saw."""
+
+    name = "echo"
+    group = "cpu"
+
+    def __init__(self, pause: float = 0.0, group: str = "cpu"):
+        self.pause = pause
+        self.group = group
+        self.setups: list[str] = []
+
+    def setup(self, worker: WorkerInfo) -> None:
+        self.setups.append(worker.name)
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        time.sleep(self.pause)
+        ctx.state["scribble"] = True  # the stage's own copy of the state
+        (ctx.workdir / "echo.txt").write_text(ctx.case.case_id)
+        return {"seen": sorted(ctx.state), "attempt": ctx.attempt, "pid": os.getpid()}
+
+
+class Raises(Stage):
+    name = "raises"
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        raise self.exc
+
+
+class Silent(Stage):
+    name = "silent"
+
+    def process(self, ctx: CaseContext) -> Any:
+        return None
+
+
+class Dies(Stage):
+    """The worker process exits in the middle of the stage (as if killed) for case ``victim``."""
+
+    name = "dies"
+    group = "model"
+
+    def __init__(self, victim: str):
+        self.victim = victim
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        if ctx.case.case_id == self.victim:
+            os._exit(9)
+        return {"pid": os.getpid()}
+
+
+class CannotStart(Stage):
+    name = "detect"
+    group = "model"
+
+    def setup(self, worker: WorkerInfo) -> None:
+        raise ReconstructionError("weights not found", where="/models/x.pt", fix="pass --bundle")
+
+
+def _task(tmp_path: Path, stage: str, cid: str = "a", *, index: int = 0, state: dict | None = None) -> Task:
+    workdir = tmp_path / "tmp" / f"{cid}.a1"
+    workdir.mkdir(parents=True, exist_ok=True)
+    case = CaseSpec(cid, f"{cid}:fp", cid, "fp", f"/src/{cid}")
+    return Task(case, index, stage, 1, str(workdir), dict(state or {}), time.time())
+
+
+def _worker(tmp_path: Path) -> WorkerInfo:
+    return WorkerInfo("main", "cpu", CONFIG, tmp_path)
+
+
+# -- one task -------------------------------------------------------------------------------------------------------
+def test_run_task_runs_the_stage_and_measures_it(tmp_path):
+    task = _task(tmp_path, "echo", state={"findings": []})
+    res = run_task(Echo(pause=0.05), task, _worker(tmp_path))
+    assert res.ok and (res.case_key, res.stage, res.attempt, res.worker, res.device) == ("a:fp", "echo", 1, "main", "cpu")
+    assert res.outputs == {"seen": ["findings", "scribble"], "attempt": 1, "pid": os.getpid()}
+    assert task.state == {"findings": []}  # the task's own state is not changed by the stage
+    assert 0.05 <= res.wall_s < 5 and res.started_at <= res.ended_at and res.ready_at == task.ready_at
+    assert res.peak_rss_mb is not None and res.peak_rss_mb > 10
+    assert res.peak_cuda_mb is None and res.error is None and not res.fatal and not res.worker_died
+    assert (tmp_path / "tmp" / "a.a1" / "echo.txt").read_text() == "a"
+
+
+def test_a_stage_that_returns_nothing_has_no_outputs(tmp_path):
+    res = run_task(Silent(), _task(tmp_path, "silent"), _worker(tmp_path))
+    assert res.ok and res.outputs == {}
+
+
+def test_a_ctpipe_error_fails_the_case_with_its_message(tmp_path):
+    exc = ReconstructionError("no lungs found", where="case a", fix="check the series")
+    res = run_task(Raises(exc), _task(tmp_path, "raises"), _worker(tmp_path))
+    assert not res.ok and res.error_class == "ReconstructionError"
+    assert res.error == "case a: no lungs found. Fix: check the series"
+    assert not res.fatal and not res.worker_died and res.wall_s is not None
+
+
+def test_an_unexpected_error_fails_the_case_and_is_logged_with_its_traceback(tmp_path, caplog):
+    with caplog.at_level(logging.ERROR, logger="pipeline.runner.workers"):
+        res = run_task(Raises(KeyError("spacing")), _task(tmp_path, "raises"), _worker(tmp_path))
+    assert not res.ok and res.error_class == "KeyError"
+    assert res.error == "unexpected KeyError in stage raises: 'spacing'"
+    (rec,) = [r for r in caplog.records if getattr(r, "event", None) == "stage_error"]
+    assert rec.case_id == "a" and "Traceback" in rec.getMessage() and "KeyError" in rec.getMessage()
+
+
+def test_running_out_of_memory_fails_the_case(tmp_path):
+    res = run_task(Raises(MemoryError("cannot allocate 8 GiB")), _task(tmp_path, "raises"), _worker(tmp_path))
+    assert not res.ok and res.error_class == "MemoryError"
+    assert res.error == "out of memory in stage raises: cannot allocate 8 GiB"
+
+
+def test_peak_memory_is_reset_and_follows_an_allocation():
+    high = b"\x01" * (96 << 20)
+    del high
+    _reset_peak_rss()  # the mark drops back to what is resident now
+    before = peak_rss_mb()
+    block = b"\x01" * (64 << 20)  # 64 MB, written
+    after = peak_rss_mb()
+    assert before is not None and after is not None and after >= before + 50
+    del block
+
+
+# -- setup ---------------------------------------------------------------------------------------------------------
+def test_a_stage_that_cannot_start_stops_the_run(tmp_path):
+    first = Echo()
+    with pytest.raises(FatalRunError) as err:
+        setup_stages([first, CannotStart()], _worker(tmp_path))
+    assert isinstance(err.value, CtpipeError) and first.setups == ["main"]
+    assert str(err.value) == "stage detect cannot start on cpu: /models/x.pt: weights not found. Fix: pass --bundle"
+    assert isinstance(err.value.__cause__, ReconstructionError)
+
+
+def test_fatal_run_error_survives_pickling():
+    import pickle
+
+    err = pickle.loads(pickle.dumps(FatalRunError("stage detect cannot start on cuda:0: no GPU")))
+    assert type(err) is FatalRunError and str(err) == "stage detect cannot start on cuda:0: no GPU"
+
+
+# -- inline executor ---------------------------------------------------------------------------------------------------
+def test_inline_executor_runs_each_task_when_submitted(tmp_path):
+    stage = Echo()
+    ex = InlineExecutor([stage], _worker(tmp_path))
+    assert stage.setups == ["main"] and ex.devices() == ["cpu"]
+    assert ex.has_room("cpu") and ex.poll(0.0) == []
+    ex.submit(_task(tmp_path, "echo", "a"))
+    assert not ex.has_room("cpu") and not ex.has_room("model")  # one task at a time, whatever its group
+    (res,) = ex.poll(0.0)
+    assert res.ok and res.case_key == "a:fp" and ex.has_room("cpu") and ex.poll(0.0) == []
+    ex.close()
+
+
+# -- worker processes ----------------------------------------------------------------------------------------------
+def test_start_methods():
+    assert [mp_context(m).get_start_method() for m in ("forkserver", "spawn", "fork")] == ["forkserver", "spawn", "fork"]
+    with pytest.raises(ConfigError, match="'thread' is not a way to start worker processes") as err:
+        mp_context("thread")
+    assert err.value.where == "runner.start_method"
+
+
+def test_the_main_script_is_hidden_from_new_workers_and_restored():
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__.get(k, "absent") for k in ("__file__", "__spec__")}
+    with _main_module_hidden(False):
+        assert "__file__" not in main.__dict__ and main.__dict__["__spec__"] is None
+    assert {k: main.__dict__.get(k, "absent") for k in ("__file__", "__spec__")} == saved
+    with _main_module_hidden(True):  # a stage defined in the main script: the workers need it
+        assert {k: main.__dict__.get(k, "absent") for k in ("__file__", "__spec__")} == saved
+
+
+def _poll_until(ex: ProcessExecutor, n: int, timeout: float = 20.0) -> list[TaskResult]:
+    out: list[TaskResult] = []
+    end = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < end:
+        out.extend(ex.poll(0.05))
+    return out
+
+
+def test_process_executor_runs_tasks_in_worker_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # the executor sets it for its workers; restored after the test
+    ex = ProcessExecutor([Echo()], config=CONFIG, run_dir=tmp_path, workers=1, devices=["cpu"], queue_depth=2,
+                         start_method="fork", torch_threads=0)
+    try:
+        assert [w.name for w in ex.workers] == ["cpu-1"] and ex.devices() == ["cpu"]
+        ex.submit(_task(tmp_path, "echo", "a"))
+        assert not ex.has_room("cpu")  # a CPU worker takes one task at a time
+        (res,) = _poll_until(ex, 1)
+        assert res.ok and res.worker == "cpu-1" and res.outputs["pid"] == ex.workers[0].proc.pid != os.getpid()
+        assert ex.has_room("cpu") and (tmp_path / "tmp" / "a.a1" / "echo.txt").read_text() == "a"
+    finally:
+        ex.close()
+    assert not ex.workers[0].proc.is_alive()
+    assert '"process": "cpu-1"' in (tmp_path / "run.log").read_text()  # the worker logs to the run's log
+
+
+def test_a_dead_worker_is_replaced_and_its_queued_task_handed_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    ex = ProcessExecutor([Dies("a")], config=CONFIG, run_dir=tmp_path, workers=1, devices=["cpu"], queue_depth=1,
+                         start_method="fork", torch_threads=0)
+    try:
+        first = ex.workers[0].proc.pid
+        ex.submit(_task(tmp_path, "dies", "a"))
+        ex.submit(_task(tmp_path, "dies", "b"))  # a model worker keeps queue_depth more tasks queued
+        assert not ex.has_room("model")
+        results = {r.case_key: r for r in _poll_until(ex, 2)}
+        dead, ok = results["a:fp"], results["b:fp"]
+        assert not dead.ok and dead.worker_died and dead.error_class == "WorkerDiedError"
+        assert dead.error == "worker process model-cpu died (exit status 9) while running stage dies"
+        assert ok.ok and ok.outputs["pid"] != first  # run by the fresh worker
+        (w,) = ex.workers
+        assert w.name == "model-cpu" and w.proc.pid != first and w.proc.is_alive() and not w.held
+    finally:
+        ex.close()
+
+
+def test_a_worker_that_cannot_start_is_reported_as_fatal(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    ex = ProcessExecutor([CannotStart()], config=CONFIG, run_dir=tmp_path, workers=1, devices=["cpu"], queue_depth=1,
+                         start_method="fork", torch_threads=0)
+    try:
+        with pytest.raises(FatalRunError, match="stage detect cannot start on cpu: /models/x.pt: weights not found"):
+            _poll_until(ex, 1)
+    finally:
+        ex.close()
