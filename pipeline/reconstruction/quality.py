@@ -270,3 +270,19 @@ def assess_quality(
     report = QualityReport(lung_coverage=coverage, contrast_phase=phase, flags=tuple(flags), unreliable=tuple(unreliable), figures=figures)
     log.info("quality: lungs %s, contrast %s, flags %s", coverage, phase, ", ".join(report.codes) or "none")
     return report
+
+
+def mark_unreliable(figures: Mapping[str, Any], quality: QualityReport) -> dict[str, Any]:
+    """``figures`` with every name in ``quality.unreliable`` replaced by ``{"value", "reliable": False, "reason"}``.
+
+    A figure that a flag makes meaningless (the emphysema index of partial lungs) is then never
+    read as a plain number; the reason names the flags.
+    """
+    reason = ", ".join(f.code for f in quality.warnings if f.code.startswith("lungs_")) or "quality flags"
+    out: dict[str, Any] = {}
+    for name, value in figures.items():
+        if name in quality.unreliable and value is not None:
+            out[name] = {"value": value, "reliable": False, "reason": reason}
+        else:
+            out[name] = value
+    return out

@@ -28,6 +28,7 @@ from .bundle_seg import run_seg_bundle
 from .mesh import Mesh, mesh_from_mask
 from .nodules import segment_findings
 from .organs import ORGANS
+from .quality import QualityReport, assess_quality, mark_unreliable
 from .render import render_all
 from .segment import segment_organs
 
@@ -73,6 +74,9 @@ class Reconstruction:
     measurements: ``{"organs": {organ: {...}}, "lungs": {...}, "nodules": [...]}``.
     files: every file written, by kind ("mesh", "measurements", "render", "mask").
     errors: organ or step → message, for whatever could not be produced.
+    quality: the case's quality flags (:mod:`pipeline.reconstruction.quality`), also under
+        ``measurements["quality"]``; lung figures they make meaningless are marked there (see
+        :func:`~pipeline.reconstruction.quality.mark_unreliable`).
     """
 
     geometry: Geometry
@@ -83,6 +87,7 @@ class Reconstruction:
     errors: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    quality: QualityReport | None = None
 
     def mask(self, organ: str) -> np.ndarray:
         """Boolean mask ``[k, j, i]`` of ``organ`` (KeyError when it was not produced)."""
@@ -177,8 +182,13 @@ def reconstruct(
             rec.errors[organ] = _error_text(exc)
         organ_meas[organ] = measure.organ_measurements(m, volume.geometry, rec.meshes.get(organ))
     rec.measurements["organs"] = organ_meas
+    quality = timer.run("quality", assess_quality, np.asarray(volume.array), volume.geometry, masks,
+                        metadata=volume.metadata, airway_in_scan=_airway_in_scan(seg.info, organs))
+    rec.quality = quality
+    rec.measurements["quality"] = quality.to_json()
     if any(o in organs for o in ("lung_left", "lung_right")):
-        rec.measurements["lungs"] = measure.lung_measurements(np.asarray(volume.array), masks, volume.geometry)
+        lungs = measure.lung_measurements(np.asarray(volume.array), masks, volume.geometry)
+        rec.measurements["lungs"] = mark_unreliable(lungs, quality)
     if findings:
         results = timer.run("nodules", segment_findings, volume, findings, lung_mask=_lungs(masks))
         rec.measurements["nodules"] = [r.to_json() for r in results]
@@ -191,6 +201,14 @@ def reconstruct(
     log.info("reconstruction of %s: %d organs meshed, %d errors, %.2f s", where, len(rec.meshes), len(rec.errors),
              sum(rec.seconds.values()))
     return rec
+
+
+def _airway_in_scan(info: Mapping[str, Any], organs: Sequence[str]) -> bool | None:
+    """False when the segmentation found no trachea in the field of view; None when not asked or not known."""
+    if "airway" not in organs:
+        return None
+    value = info.get("airway_in_scan")
+    return None if value is None else bool(value)
 
 
 def _lungs(masks: Mapping[str, np.ndarray]) -> np.ndarray | None:
