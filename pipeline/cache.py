@@ -5,6 +5,17 @@ sidecar holds its geometry (LPS, mm; see :mod:`pipeline.volume`), the DICOM
 metadata and a content fingerprint. Both files are written to a temporary
 name and renamed into place, array first, sidecar last: a case exists only
 when its sidecar does, so a crash never leaves a half-written entry.
+
+A process killed while writing leaves its temporary file (``.<name>.<random>.tmp``,
+see :mod:`pipeline.atomic`) behind. Writers hold an exclusive ``flock`` on their
+temporary file until it is renamed, so the next write to the cache removes every
+temporary file that no live process holds and that was last written more than
+:data:`STALE_TMP_AGE_S` seconds ago (the age covers the instant between a file's
+creation and its lock). Where ``fcntl`` is missing (Windows), the age alone decides,
+with :data:`STALE_TMP_AGE_NO_LOCK_S`.
+
+Patient identifiers (:data:`pipeline.volume.PATIENT_IDENTIFIERS`) are left out of
+sidecars unless the cache, or the write, is asked to keep them.
 """
 
 from __future__ import annotations
@@ -14,21 +25,34 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from .atomic import atomic_open, atomic_write_bytes
+from .atomic import atomic_open
 from .errors import CacheError
-from .volume import CTVolume, Geometry
+from .volume import CTVolume, Geometry, without_identifiers
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "ctpipe-case/1"
 _CASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_TEMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.(?:npy|json)\.[^/]+\.tmp$")
+
+#: Seconds since its last write after which an unlocked temporary file counts as left by a dead writer.
+STALE_TMP_AGE_S = 2.0
+#: The same without file locks (no ``fcntl``): only the age tells, so it is long.
+STALE_TMP_AGE_NO_LOCK_S = 3600.0
 
 
 def check_case_id(case_id: str) -> str:
@@ -49,9 +73,48 @@ def fingerprint_array(array: np.ndarray) -> str:
     return h.hexdigest()[:32]
 
 
+@contextmanager
+def _locked_atomic_open(path: Path) -> Iterator[BinaryIO]:
+    """:func:`~pipeline.atomic.atomic_open` whose temporary file stays locked (``flock``) until it is renamed.
+
+    The lock tells :meth:`CaseCache.remove_stale_temp_files` in other processes that the file is
+    being written; a duplicate descriptor keeps it held through the rename.
+    """
+    held: int | None = None
+    try:
+        with atomic_open(path) as fh:
+            if fcntl is not None:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+                held = os.dup(fh.fileno())
+            yield fh
+    finally:
+        if held is not None:
+            os.close(held)
+
+
 def _atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    with atomic_open(path) as fh:
+    with _locked_atomic_open(path) as fh:
         np.lib.format.write_array(fh, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def _atomic_save_bytes(path: Path, data: bytes) -> None:
+    with _locked_atomic_open(path) as fh:
+        fh.write(data)
+
+
+def _remove_if_unheld(path: str) -> bool:
+    """Remove ``path`` unless a live process holds its lock; True when removed."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # a live writer holds it
+        os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _jsonable(value: Any) -> Any:
@@ -89,10 +152,16 @@ class CacheEntry:
 
 
 class CaseCache:
-    """A folder of cached cases. ``CaseCache(path)`` creates nothing until a write."""
+    """A folder of cached cases. ``CaseCache(path)`` creates nothing until a write.
 
-    def __init__(self, root: str | os.PathLike[str]):
+    ``keep_identifiers``: keep patient identifiers (:data:`pipeline.volume.PATIENT_IDENTIFIERS`)
+    of the volume metadata in the sidecars; by default they are left out.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, keep_identifiers: bool = False):
         self.root = Path(root)
+        self.keep_identifiers = keep_identifiers
+        self._swept = False
 
     def __repr__(self) -> str:
         return f"CaseCache({str(self.root)!r}, cases={len(self.case_ids())})"
@@ -115,25 +184,80 @@ class CaseCache:
     def __iter__(self) -> Iterator[str]:
         return iter(self.case_ids())
 
-    def write(self, case_id: str, volume: CTVolume, *, extra: Mapping[str, Any] | None = None) -> CacheEntry:
-        """Store ``volume`` under ``case_id`` atomically; returns the entry."""
+    def write(self, case_id: str, volume: CTVolume, *, extra: Mapping[str, Any] | None = None,
+              keep_identifiers: bool | None = None) -> CacheEntry:
+        """Store ``volume`` under ``case_id`` atomically; returns the entry.
+
+        Patient identifiers in ``volume.metadata`` and ``extra`` are left out unless
+        ``keep_identifiers`` (default: the cache's setting). The first write of this
+        object first removes the temporary files that killed writers left behind
+        (see :meth:`remove_stale_temp_files`).
+        """
+        keep = self.keep_identifiers if keep_identifiers is None else keep_identifiers
+        if not self._swept:
+            self.remove_stale_temp_files()
+            self._swept = True
         arr = np.ascontiguousarray(volume.array)
         if arr.dtype not in (np.int16, np.float32):
             arr = arr.astype(np.float32)
+        metadata, more = dict(volume.metadata), dict(extra or {})
+        if not keep:
+            metadata, more = without_identifiers(metadata), without_identifiers(more)
         sidecar = {
             "format": FORMAT,
             "case_id": case_id,
             "dtype": arr.dtype.str,
             "geometry": volume.geometry.to_json(),
             "fingerprint": fingerprint_array(arr),
-            "metadata": _jsonable(dict(volume.metadata)),
-            "extra": _jsonable(dict(extra or {})),
+            "metadata": _jsonable(metadata),
+            "extra": _jsonable(more),
         }
         apath, spath = self.array_path(case_id), self.sidecar_path(case_id)
         _atomic_save_npy(apath, arr)
-        atomic_write_bytes(spath, json.dumps(sidecar, indent=1).encode())
+        _atomic_save_bytes(spath, json.dumps(sidecar, indent=1).encode())
         log.debug("cached %s (%s, %s)", case_id, arr.shape, arr.dtype)
         return CacheEntry(case_id, apath, spath, sidecar)
+
+    def temp_files(self) -> list[Path]:
+        """Temporary files of unfinished writes in the cache folder (live or left by killed writers), sorted."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.iterdir() if _TEMP_NAME.match(p.name))
+
+    def remove_stale_temp_files(self) -> list[Path]:
+        """Remove the temporary files of writers that died (kill -9, power loss); returns the paths removed.
+
+        A temporary file (``.<case>.npy.<random>.tmp`` or ``.<case>.json.<random>.tmp``) is
+        removed when no live process holds its lock and it was last written more than
+        :data:`STALE_TMP_AGE_S` seconds ago. Files being written by live processes are
+        left alone. Problems are logged, never raised.
+        """
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            log.warning("cannot list the cache folder %s to remove stale temporary files: %s", self.root, exc)
+            return []
+        min_age = STALE_TMP_AGE_S if fcntl is not None else STALE_TMP_AGE_NO_LOCK_S
+        now = time.time()
+        removed: list[Path] = []
+        for e in entries:
+            if not _TEMP_NAME.match(e.name):
+                continue
+            try:
+                if not e.is_file(follow_symlinks=False) or now - e.stat(follow_symlinks=False).st_mtime < min_age:
+                    continue
+                if not _remove_if_unheld(e.path):
+                    continue
+            except FileNotFoundError:
+                continue  # its writer renamed or removed it meanwhile
+            except OSError as exc:
+                log.warning("cannot remove the stale temporary file %s: %s", e.path, exc)
+                continue
+            removed.append(Path(e.path))
+            log.info("removed %s, a temporary file left by an interrupted write", e.path)
+        return removed
 
     def entry(self, case_id: str) -> CacheEntry:
         """Read and check the sidecar and the array header of ``case_id`` (no voxel data)."""

@@ -37,6 +37,22 @@ log = logging.getLogger(__name__)
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 _ORTHO_TOL = 1e-4
 
+#: DICOM attributes that identify a patient or a visit (from the PS3.15 Basic Application Level
+#: Confidentiality Profile). They stay out of everything ctpipe writes outside DICOM (cache sidecars,
+#: ``volume.json``) unless a caller opts in (``keep_identifiers=True``). UIDs (study, series, frame of
+#: reference) and the study date are not among them: outputs need them to refer to the images.
+PATIENT_IDENTIFIERS = frozenset({
+    "PatientName", "PatientID", "IssuerOfPatientID", "OtherPatientIDs", "OtherPatientIDsSequence", "OtherPatientNames",
+    "PatientBirthDate", "PatientBirthTime", "PatientBirthName", "PatientMotherBirthName", "PatientAddress",
+    "PatientTelephoneNumbers", "MedicalRecordLocator", "AccessionNumber", "StudyID", "ReferringPhysicianName",
+    "PerformingPhysicianName", "OperatorsName", "InstitutionName", "InstitutionAddress", "StationName",
+})
+
+
+def without_identifiers(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` less the keys in :data:`PATIENT_IDENTIFIERS` (a new dict)."""
+    return {k: v for k, v in values.items() if k not in PATIENT_IDENTIFIERS}
+
 
 def _as_vec3(value: Sequence[float] | np.ndarray, name: str) -> tuple[float, float, float]:
     arr = np.asarray(value, dtype=np.float64).reshape(-1)

@@ -49,9 +49,10 @@ def test_matches_simpleitk(tmp_path, phantom, options):
     assert vol.array.dtype == np.int16  # integral rescale that fits
     md = vol.metadata
     src = phantom.volume.metadata
-    for key in ("StudyInstanceUID", "SeriesInstanceUID", "PatientID", "ConvolutionKernel", "Manufacturer",
+    for key in ("StudyInstanceUID", "SeriesInstanceUID", "ConvolutionKernel", "Manufacturer",
                 "SeriesDescription", "PatientPosition"):
         assert md[key] == src[key], key
+    assert "PatientID" not in md  # patient identifiers only with keep_identifiers=True
     assert md["SliceThickness"] == pytest.approx(1.25)
     assert md["KVP"] == pytest.approx(120.0)
     assert md["SourceFileCount"] == 16

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .api import IngestReport, ingest_to_cache, load_series, safe_case_id
 from .build import VolumePlan, build_volume, plan_volume, read_volume
-from .discover import SkippedFile, discover_files, read_header, read_headers
+from .discover import SkippedFile, discover_files, find_files, read_header, read_headers
 from .headers import SliceHeader
 from .scan import RejectedSeries, ScanResult, scan_directory
 from .series import SelectionRules, SeriesInfo
@@ -31,6 +31,7 @@ __all__ = [
     "VolumePlan",
     "build_volume",
     "discover_files",
+    "find_files",
     "ingest_to_cache",
     "load_series",
     "plan_volume",

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..cache import CacheEntry, CaseCache
 from ..errors import (
@@ -19,6 +20,7 @@ from ..errors import (
     NotCTError,
     NotDicomError,
     TruncatedFileError,
+    UnreadableFileError,
 )
 from ..volume import CTVolume
 from .build import build_volume, describe, read_volume
@@ -49,17 +51,24 @@ def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
         return scan.rejected[0].error
     if not scan.series and scan.skipped_files:
         kinds = Counter(f.kind for f in scan.skipped_files)
-        first = scan.skipped_files[0]
+        n = len(scan.skipped_files)
         if set(kinds) == {"truncated"}:
-            return TruncatedFileError(f"all {len(scan.skipped_files)} DICOM file(s) are cut short (first: {first.path}: {first.reason})",
+            return TruncatedFileError(f"all {n} DICOM file(s) are cut short ({scan.skipped_list()})",
                                       where=where, fix="copy the files again from the archive/PACS; the transfer was incomplete")
-        return NotDicomError(f"no DICOM image files found among {scan.n_files} file(s) ({scan.skipped_summary()}; "
-                             f"first: {first.path}: {first.reason})", where=where,
-                             fix="point ctpipe at the folder holding the DICOM image files")
+        if set(kinds) <= {"unreadable", "not_regular", "not_followed"}:
+            return UnreadableFileError(f"none of the {n} entries found can be read as a file ({scan.skipped_list()})",
+                                       where=where, fix="make the files readable by this user (permissions, owner), "
+                                                        "resolve the links, or point ctpipe at the folder that holds the files")
+        fix = "point ctpipe at the folder holding the DICOM image files"
+        if kinds.get("unreadable"):
+            fix += "; the unreadable files may be them: check their permissions"
+        return NotDicomError(f"no DICOM image files found among {n} file(s) ({scan.skipped_summary()}: "
+                             f"{scan.skipped_list()})", where=where, fix=fix)
     if len(scan.series) == 1:
         s = scan.series[0]
         if s.modality not in rules.modalities:
-            return NotCTError(f"the only series, {s.key}, has Modality {s.modality or 'missing'}, not CT", where=describe(s),
+            return NotCTError(f"the only series, {s.key}, has Modality {s.modality or 'missing'} (SOP class "
+                              f"{s.first.sop_class or 'missing'}), not {'/'.join(rules.modalities)}", where=describe(s),
                               fix="point ctpipe at a CT series")
         if s.n_slices < 2:
             try:  # raises SingleSliceError naming the series
@@ -67,11 +76,12 @@ def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
             except CtpipeError as exc:
                 return exc
     lines = [f"{s.key}: {s.why_not}" for s in scan.series]
-    if not scan.n_files:
+    if not scan.n_files and not scan.skipped_files:
         lines = ["the folder holds no files"]
+    skipped = f"{scan.skipped_summary()} ({scan.skipped_list()})" if scan.skipped_files else "none"
     return NoSeriesFoundError(
         f"no series matches the selection rules ({rules}); series found: " + (" | ".join(lines) or "none")
-        + f"; files skipped: {scan.skipped_summary()}",
+        + f"; files skipped: {skipped}",
         where=where,
         fix="pick a series with series_uid=... (ctpipe ingest --series-uid), or relax the rules "
             "(min_slices, allow_derived, axial_tolerance_deg)",
@@ -85,6 +95,7 @@ def load_series(
     rules: SelectionRules | None = None,
     spacing_tolerance: float = 0.02,
     allow_gantry_tilt: bool = False,
+    keep_identifiers: bool = False,
     workers: int | None = None,
 ) -> CTVolume:
     """Load one CT series as a :class:`~pipeline.volume.CTVolume` in Hounsfield units.
@@ -95,13 +106,17 @@ def load_series(
         file (an Enhanced CT multi-frame object).
     series_uid: the SeriesInstanceUID (or ``<uid>#<part>`` key of a split series) to
         load. It bypasses the selection rules except that the series must be CT.
-        Without it the folder must hold exactly one series that the rules select.
+        Without it the folder must hold exactly one series that the rules select;
+        when its only CT series is shorter than ``rules.min_slices`` (but has at least
+        2 slices), that series is loaded with a warning: the folder was named.
     rules: selection rules (see :class:`SelectionRules`).
     spacing_tolerance: allowed deviation of each slice step from the median step,
         as a fraction (0.02 = 2 %); larger deviations raise MissingSliceError or
         NonUniformSpacingError.
     allow_gantry_tilt: resample a tilted-gantry series onto an orthogonal grid
         (per-slice in-plane linear interpolation) instead of raising GantryTiltError.
+    keep_identifiers: copy the patient identifiers (PatientID, PatientName,
+        PatientBirthDate, AccessionNumber) into ``metadata``; left out by default.
     workers: threads for header and pixel reads (default: 2 × CPU count, at most 8).
 
     Returns
@@ -111,26 +126,31 @@ def load_series(
     ImagePositionPatient of the first slice along the slice normal, direction
     columns = row cosine, column cosine, normal = cross(row, column), spacing =
     (PixelSpacing[1], PixelSpacing[0], median slice step) — the same grid as
-    SimpleITK's ImageSeriesReader.
+    SimpleITK's ImageSeriesReader. ``metadata["warnings"]`` lists what ingest assumed to
+    load the series (a generated series id, a Modality taken from the SOP class, ...);
+    each is also logged.
 
     Raises a :class:`~pipeline.errors.DicomError` subclass naming the file or series,
     the problem and the fix.
     """
     rules = rules or SelectionRules()
     p = Path(path)
+    options: dict[str, Any] = {"spacing_tolerance": spacing_tolerance, "allow_gantry_tilt": allow_gantry_tilt,
+                               "keep_identifiers": keep_identifiers}
     if p.is_file():
         header = read_header(p)
         series = group_series([header])[0]
-        return build_volume(series, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt, workers=workers)
-    if not p.exists():
+        return build_volume(series, **options, workers=workers)
+    if not p.exists() and not p.is_symlink():
         raise NotDicomError("no such file or folder", where=p, fix="check the path")
-    scan = scan_directory(p, rules=rules, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
-                          workers=workers)
+    scan = scan_directory(p, rules=rules, lone_series_ok=True, **options, workers=workers)
+    for f in scan.skipped_files:
+        log.log(logging.WARNING if f.kind in ("unreadable", "truncated") else logging.INFO, "skipped %s: %s", f.path, f.reason)
     if series_uid is not None:
         picked = _pick(scan, series_uid)
         if picked.key in scan.plans:
             return read_volume(scan.plans[picked.key], workers=workers)
-        return build_volume(picked, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt, workers=workers)
+        return build_volume(picked, **options, workers=workers)
     chosen = scan.selected
     if len(chosen) > 1:
         raise AmbiguousSeriesError(
@@ -179,6 +199,8 @@ def ingest_to_cache(
     rules: SelectionRules | None = None,
     spacing_tolerance: float = 0.02,
     allow_gantry_tilt: bool = False,
+    lone_series_ok: bool | None = None,
+    keep_identifiers: bool = False,
     workers: int | None = None,
 ) -> IngestReport:
     """Scan ``path`` and write every selected series (or only ``series_uid``) to ``cache``.
@@ -187,10 +209,18 @@ def ingest_to_cache(
     Each case is written atomically (array, then sidecar); a series that fails is
     recorded in ``report.scan.rejected`` and leaves nothing in the cache. Geometry in
     the cache is LPS, mm.
+
+    ``lone_series_ok``: take the only CT series even when it is shorter than
+    ``rules.min_slices`` (with a warning); default: when ``path`` is one folder or file,
+    not for several. ``keep_identifiers``: keep patient identifiers in the metadata and
+    the cache sidecars (left out by default).
     """
     rules = rules or SelectionRules()
-    scan = scan_directory(path, rules=rules, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
-                          workers=workers)
+    paths: list[PathArg] = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if lone_series_ok is None:
+        lone_series_ok = len(paths) == 1
+    scan = scan_directory(paths, rules=rules, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
+                          lone_series_ok=lone_series_ok, keep_identifiers=keep_identifiers, workers=workers)
     report = IngestReport(scan)
     if series_uid is not None:
         targets = [_pick(scan, series_uid)]
@@ -202,11 +232,13 @@ def ingest_to_cache(
         try:
             plan = scan.plans.get(s.key)
             vol = (read_volume(plan, workers=workers) if plan is not None else
-                   build_volume(s, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt, workers=workers))
+                   build_volume(s, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
+                                keep_identifiers=keep_identifiers, workers=workers))
             case_id = safe_case_id(s.key)
             folder = os.path.commonpath([str(f.parent) for f in s.files])
             try:
-                report.written[s.key] = cache.write(case_id, vol, extra={"source": folder, "series_key": s.key})
+                report.written[s.key] = cache.write(case_id, vol, extra={"source": folder, "series_key": s.key},
+                                                    keep_identifiers=keep_identifiers)
             except OSError as exc:
                 raise CacheError(f"cannot write case {case_id} ({exc.strerror or exc}); nothing was left behind",
                                  where=cache.root, fix="free disk space or fix the folder's permissions, then ingest again") from exc

@@ -22,12 +22,13 @@ from ..errors import (
     NotCTError,
     SeriesGeometryError,
 )
-from ..volume import CTVolume
+from ..volume import PATIENT_IDENTIFIERS, CTVolume
 from ._pydicom import check_decoder
 from .geometry import StackGeometry, stack_geometry
 from .headers import SliceHeader
 from .multiframe import FrameInfo, read_frame_pixels, read_frames
-from .pixels import check_readable, read_stored, to_hu
+from .pixels import check_readable, hu_range, read_stored, stored_range, to_hu
+from .sanity import check_header_values, check_hu_range, check_rescale
 from .series import SeriesInfo
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality:
                          fix="choose a CT series (see the series list of `ctpipe ingest` or scan_directory())")
     for h in headers:
         check_readable(h)
+        check_header_values(h)
         if h.samples_per_pixel != 1:
             raise NotCTError(f"SamplesPerPixel is {h.samples_per_pixel} ({h.photometric}); CT images are grayscale", where=h.path,
                              fix="this is a colour/secondary image; choose the CT series instead")
@@ -129,7 +131,9 @@ def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality:
         check_decoder(ts, next(h.path for h in headers if h.transfer_syntax == ts))
 
 
-def _metadata(series: SeriesInfo, h0: SliceHeader, n_files: int, thickness: float | None = None) -> dict[str, Any]:
+def _metadata(series: SeriesInfo, h0: SliceHeader, n_files: int, keep_identifiers: bool,
+              thickness: float | None = None) -> dict[str, Any]:
+    """The volume's metadata; patient identifiers only with ``keep_identifiers`` (see PATIENT_IDENTIFIERS)."""
     def num(text: str | None) -> float | None:
         try:
             return float(text) if text not in (None, "") else None
@@ -138,9 +142,9 @@ def _metadata(series: SeriesInfo, h0: SliceHeader, n_files: int, thickness: floa
 
     md: dict[str, Any] = {
         "StudyInstanceUID": h0.study_uid,
-        "SeriesInstanceUID": h0.series_uid,
+        "SeriesInstanceUID": series.uid,
         "SeriesKey": series.key,
-        "PatientID": h0.extra_value("PatientID"),
+        "FrameOfReferenceUID": h0.extra_value("FrameOfReferenceUID"),
         "StudyDate": h0.extra_value("StudyDate"),
         "Modality": h0.modality,
         "SeriesDescription": h0.series_description,
@@ -154,6 +158,12 @@ def _metadata(series: SeriesInfo, h0: SliceHeader, n_files: int, thickness: floa
         "SourceFileCount": n_files,
         "CoordinateSystem": "LPS",
     }
+    if series.uid != h0.series_uid:
+        md["SeriesInstanceUIDGenerated"] = True
+    if keep_identifiers:
+        md.update({k: v for k, v in h0.extra if k in PATIENT_IDENTIFIERS})
+    if series.warnings:
+        md["warnings"] = list(series.warnings)
     return md
 
 
@@ -163,16 +173,19 @@ def plan_volume(
     spacing_tolerance: float = 0.02,
     allow_gantry_tilt: bool = False,
     check_modality: bool = True,
+    keep_identifiers: bool = False,
 ) -> VolumePlan:
     """Validate ``series`` from its headers and work out its LPS geometry (no pixels read).
 
+    ``keep_identifiers``: copy the patient identifiers the files hold (PatientID, PatientName,
+    PatientBirthDate, AccessionNumber) into the metadata; by default they are left out.
     Raises the specific :mod:`pipeline.errors` class for the first problem found.
     """
     where = describe(series)
     headers = series.headers
     _check_headers(headers, where, check_modality)
     if any(h.is_enhanced for h in headers):
-        return _plan_multiframe(series, where, spacing_tolerance, allow_gantry_tilt)
+        return _plan_multiframe(series, where, spacing_tolerance, allow_gantry_tilt, keep_identifiers)
     h0 = headers[0]
     stack = stack_geometry(
         _ShortNames(headers),
@@ -182,17 +195,22 @@ def plan_volume(
         gantry_tilt_attr=h0.extra_value("GantryDetectorTilt"),
     )
     ordered = tuple(headers[k] for k in stack.order)
-    md = _metadata(series, ordered[0], len(headers))
+    md = _metadata(series, ordered[0], len(headers), keep_identifiers)
+    # per slice k (volume order): the scanner's numbering and the instance, for findings to name the source slice
+    md["InstanceNumbers"] = [h.instance_number for h in ordered]
+    md["SOPInstanceUIDs"] = [h.sop_instance for h in ordered]
     if stack.shifts is not None:
         md["GantryTiltCorrectedDeg"] = round(stack.tilt_deg, 4)
     return VolumePlan(series, where, stack, ordered, None,
                       np.array([h.slope for h in ordered]), np.array([h.intercept for h in ordered]), md)
 
 
-def _plan_multiframe(series: SeriesInfo, where: str, tol: float, allow_tilt: bool) -> VolumePlan:
+def _plan_multiframe(series: SeriesInfo, where: str, tol: float, allow_tilt: bool, keep_identifiers: bool) -> VolumePlan:
     frames: list[FrameInfo] = []
     for h in series.headers:
         frames.extend(read_frames(h.path))
+    for f in frames:
+        check_rescale(f.slope, f.intercept, where=f"{f.path} (frame {f.frame + 1})")
     h0 = series.headers[0]
     ori = np.array([f.orientation for f in frames])
     if not np.allclose(ori, ori[0], atol=1e-4):
@@ -208,8 +226,12 @@ def _plan_multiframe(series: SeriesInfo, where: str, tol: float, allow_tilt: boo
                            frames[0].pixel_spacing, int(h0.rows or 0), int(h0.columns or 0), where=where,
                            spacing_tolerance=tol, allow_gantry_tilt=allow_tilt)
     ordered = tuple(frames[k] for k in stack.order)
-    md = _metadata(series, h0, len(series.headers), thickness=ordered[0].slice_thickness)
+    md = _metadata(series, h0, len(series.headers), keep_identifiers, thickness=ordered[0].slice_thickness)
     md["NumberOfFrames"] = len(frames)
+    # per slice k (volume order): the frame (1-based) and the multi-frame instance holding it
+    uids = {str(h.path): h.sop_instance for h in series.headers}
+    md["FrameNumbers"] = [f.frame + 1 for f in ordered]
+    md["SOPInstanceUIDs"] = [uids[str(f.path)] for f in ordered]
     return VolumePlan(series, where, stack, series.headers, ordered,
                       np.array([f.slope for f in ordered]), np.array([f.intercept for f in ordered]), md)
 
@@ -240,19 +262,25 @@ def _untilt(hu: np.ndarray, shifts: np.ndarray) -> np.ndarray:
 def read_volume(plan: VolumePlan, *, workers: int | None = None) -> CTVolume:
     """Read the pixels of a validated plan and return the HU volume (LPS geometry)."""
     stored = _read_multiframe(plan) if plan.frames is not None else read_stored(plan.headers, workers=workers)
-    hu = to_hu(stored, plan.slopes, plan.intercepts, workers=workers)
+    ranges = stored_range(stored, workers=workers)
+    slopes, intercepts = np.asarray(plan.slopes, np.float64), np.asarray(plan.intercepts, np.float64)
+    names = [f.name for f in plan.frames] if plan.frames is not None else [str(h.path) for h in plan.headers]
+    check_hu_range(*hu_range(ranges, slopes, intercepts), names, slopes, intercepts, where=plan.where)
+    hu = to_hu(stored, slopes, intercepts, workers=workers, ranges=ranges)
     if plan.stack.shifts is not None:
         hu = _untilt(hu, plan.stack.shifts)
     md = dict(plan.metadata)
     md["HUDtype"] = str(hu.dtype)
     vol = CTVolume(hu, plan.stack.geometry, metadata=md)
+    for w in md.get("warnings", ()):
+        log.warning("%s: %s", plan.where, w)
     log.info("%s -> %r", plan.where, vol)
     return vol
 
 
 def build_volume(series: SeriesInfo, *, spacing_tolerance: float = 0.02, allow_gantry_tilt: bool = False,
-                 check_modality: bool = True, workers: int | None = None) -> CTVolume:
+                 check_modality: bool = True, keep_identifiers: bool = False, workers: int | None = None) -> CTVolume:
     """:func:`plan_volume` then :func:`read_volume`."""
     plan = plan_volume(series, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
-                       check_modality=check_modality)
+                       check_modality=check_modality, keep_identifiers=keep_identifiers)
     return read_volume(plan, workers=workers)

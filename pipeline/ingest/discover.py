@@ -1,28 +1,32 @@
 """File discovery and header-only reads.
 
-:func:`discover_files` walks folders recursively whatever the file names are;
+:func:`find_files` walks folders recursively whatever the file names are;
 :func:`read_headers` reads each file's header (never its pixel data) in a
 thread pool with the raw parser of :mod:`pipeline.ingest.rawheader`, falling
-back to pydicom for big-endian or deflated files. Files that are not DICOM,
-DICOMDIR files and files whose header is cut short come back as
-:class:`SkippedFile` with a reason instead of raising.
+back to pydicom for big-endian or deflated files. Nothing the file system does
+stops a scan: files that are not DICOM, DICOMDIR files, files whose header is cut
+short, files that cannot be read (permission denied, gone since they were listed),
+symbolic link loops, broken links, linked folders, FIFOs and device files each come
+back as a :class:`SkippedFile` naming the path and the reason instead of raising.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import multiprocessing as mp
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, overload
 
-from ..errors import CtpipeError, NotDicomError, TruncatedFileError
+from ..errors import CtpipeError, NotDicomError, TruncatedFileError, UnreadableFileError
 from ._pydicom import PYDICOM_ERRORS
-from .headers import SliceHeader
+from .headers import CT_SOPS, ENHANCED_CT_SOP, LEGACY_ENHANCED_CT_SOP, SliceHeader
 from .multiframe import read_frames
 from .rawheader import DICOMDIR_SOP, WANTED, RawHeader, RawHeaderError, RawHeaderUnsupported, read_raw_header
 
@@ -31,16 +35,24 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SkippedFile:
-    """A file the scan did not use: ``kind`` is one of ``not_dicom``, ``dicomdir``,
-    ``truncated``, ``unreadable``, ``no_series``; ``reason`` says why in words."""
+    """A file (or folder entry) the scan did not use; ``reason`` says why in words.
+
+    ``kind`` is one of ``not_dicom``, ``dicomdir``, ``truncated``, ``unreadable``
+    (permission denied, gone since it was listed, a symbolic link loop or a broken
+    link), ``not_regular`` (FIFO, device file, socket), ``not_followed`` (a symbolic
+    link to a folder) or ``duplicate_copy`` (another copy of an SOP instance).
+    """
 
     path: Path
     kind: str
     reason: str
 
 
-_EXTRA_KEYS = ("PatientID", "StudyDate", "SliceThickness", "ConvolutionKernel", "KVP", "Manufacturer",
-               "PatientPosition", "GantryDetectorTilt")
+# Header values kept as text on each SliceHeader. The patient identifiers among them stay in memory: they
+# reach volume metadata only when a caller asks for them (keep_identifiers=True, see pipeline.ingest.build).
+_EXTRA_KEYS = ("PatientID", "PatientName", "PatientBirthDate", "AccessionNumber", "StudyDate", "SeriesDate",
+               "SeriesTime", "FrameOfReferenceUID", "SliceThickness", "ConvolutionKernel", "KVP", "Manufacturer",
+               "PatientPosition", "GantryDetectorTilt", "RescaleSlope", "RescaleIntercept")
 
 
 @overload
@@ -74,14 +86,14 @@ def _int(text: object) -> int | None:
         return None
 
 
-def _float(text: object, default: float) -> float:
-    if text is None or text == "":
+def _rescale(text: object, default: float) -> float:
+    """A rescale value: ``default`` when absent, NaN when the text is not a number (refused when planning)."""
+    if text is None or str(text).strip() == "":
         return default
     try:
-        value = float(str(text).split("\\")[0])
+        return float(str(text).split("\\")[0])
     except ValueError:
-        return default
-    return value if math.isfinite(value) else default
+        return math.nan
 
 
 def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False) -> SliceHeader:
@@ -96,15 +108,26 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
     for k in ("Rows", "Columns", "BitsAllocated", "BitsStored", "PixelRepresentation", "SamplesPerPixel"):
         val = v.get(k)
         us[k] = val if isinstance(val, int) else _int(val)
+    sop_class = s("SOPClassUID") or s("MediaStorageSOPClassUID")
+    modality = s("Modality").upper()
+    n_frames = _int(v.get("NumberOfFrames")) or 1
+    notes: list[str] = []
+    if not modality and sop_class in CT_SOPS:
+        modality = "CT"
+        notes.append(f"Modality (0008,0060) is missing; taken as CT from the SOP class {sop_class} ({CT_SOPS[sop_class]})")
+    single_frame = n_frames == 1 and sop_class not in (ENHANCED_CT_SOP, LEGACY_ENHANCED_CT_SOP)
+    if modality == "CT" and single_frame and raw.pixel_offset is not None and (not s("RescaleSlope") or not s("RescaleIntercept")):
+        notes.append("RescaleSlope/RescaleIntercept (0028,1053/1052) missing: slope 1, intercept 0 assumed "
+                     "(stored values taken as HU)")
     return SliceHeader(
         path=path,
         file_size=raw.file_size,
         transfer_syntax=s("TransferSyntaxUID") or "1.2.840.10008.1.2",
-        sop_class=s("SOPClassUID") or s("MediaStorageSOPClassUID"),
+        sop_class=sop_class,
         sop_instance=s("SOPInstanceUID"),
         study_uid=s("StudyInstanceUID"),
         series_uid=s("SeriesInstanceUID"),
-        modality=s("Modality").upper(),
+        modality=modality,
         image_type=tuple(p.strip().upper() for p in s("ImageType").split("\\") if p.strip()),
         series_description=s("SeriesDescription"),
         series_number=_int(v.get("SeriesNumber")),
@@ -120,14 +143,15 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
         bits_stored=us["BitsStored"],
         pixel_representation=us["PixelRepresentation"] or 0,
         photometric=s("PhotometricInterpretation"),
-        n_frames=_int(v.get("NumberOfFrames")) or 1,
-        slope=_float(v.get("RescaleSlope"), 1.0),
-        intercept=_float(v.get("RescaleIntercept"), 0.0),
+        n_frames=n_frames,
+        slope=_rescale(v.get("RescaleSlope"), 1.0),
+        intercept=_rescale(v.get("RescaleIntercept"), 0.0),
         pixel_offset=raw.pixel_offset,
         pixel_length=raw.pixel_length,
         truncated=raw.truncated,
         use_pydicom=use_pydicom,
         extra=tuple((k, s(k)) for k in _EXTRA_KEYS if s(k)),
+        notes=tuple(notes),
     )
 
 
@@ -149,6 +173,8 @@ def _pydicom_header(path: Path) -> SliceHeader:
                 val = "\\".join(str(x) for x in val)
             raw.values[kw] = val if isinstance(val, int) else str(val)
         has_pixels = "PixelData" in ds
+    except OSError:
+        raise  # the file cannot be read (read_header reports it as unreadable), not a damaged header
     except (InvalidDicomError, *PYDICOM_ERRORS) as exc:
         raise RawHeaderError("truncated", f"pydicom cannot read the header ({type(exc).__name__}: {exc})") from exc
     if has_pixels:
@@ -156,17 +182,36 @@ def _pydicom_header(path: Path) -> SliceHeader:
     return header_from_values(path, raw, use_pydicom=True)
 
 
+def os_reason(exc: OSError) -> str:
+    """Why a file system call failed, in words (permission denied, gone, a link loop, ...)."""
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if isinstance(exc, FileNotFoundError):
+        return "it is gone (deleted or moved after it was listed)"
+    if exc.errno == errno.ELOOP:
+        return "symbolic link loop (following the link leads back to it)"
+    return exc.strerror or str(exc)
+
+
+def unreadable_error(path: str | os.PathLike[str], exc: OSError) -> UnreadableFileError:
+    """The :class:`UnreadableFileError` for ``path`` after ``exc``, with the fix."""
+    return UnreadableFileError(f"cannot read the file: {os_reason(exc)}", where=os.fspath(path),
+                               fix="make the file readable by this user (check its permissions and owner), "
+                                   "or remove it from the input folder")
+
+
 def read_header(path: str | os.PathLike[str]) -> SliceHeader:
     """Read the header of one file (no pixel data).
 
-    Raises :class:`NotDicomError` (with a DICOMDIR note for DICOMDIR files)
-    or :class:`TruncatedFileError`, naming the file and the fix.
+    Raises :class:`NotDicomError` (with a DICOMDIR note for DICOMDIR files),
+    :class:`TruncatedFileError` or :class:`UnreadableFileError`, naming the file and the fix.
     """
     p = Path(path)
     try:
-        raw = read_raw_header(p)
-    except RawHeaderUnsupported:
-        return _pydicom_header(p)
+        try:
+            raw = read_raw_header(p)
+        except RawHeaderUnsupported:
+            return _pydicom_header(p)
     except RawHeaderError as exc:
         if exc.kind == "truncated":
             raise TruncatedFileError(f"the DICOM header is cut short: {exc}", where=p,
@@ -174,8 +219,7 @@ def read_header(path: str | os.PathLike[str]) -> SliceHeader:
         raise NotDicomError(f"not a DICOM file: {exc}", where=p,
                             fix="remove the file from the input folder or point ctpipe at the DICOM files only") from exc
     except OSError as exc:
-        raise NotDicomError(f"cannot read the file ({exc.strerror or exc})", where=p,
-                            fix="check that the file exists and is readable") from exc
+        raise unreadable_error(p, exc) from exc
     if raw.values.get("MediaStorageSOPClassUID") == DICOMDIR_SOP or raw.values.get("SOPClassUID") == DICOMDIR_SOP:
         raise NotDicomError("this is a DICOMDIR (a media index), not an image", where=p,
                             fix="nothing to do: ctpipe scans the image files themselves and ignores DICOMDIR")
@@ -183,50 +227,120 @@ def read_header(path: str | os.PathLike[str]) -> SliceHeader:
     return _with_frame_geometry(hdr) if hdr.is_enhanced else hdr
 
 
-def discover_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """All regular files under ``paths`` (folders are walked recursively; symlinked folders are not followed).
+def find_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[SkippedFile]]:
+    """Regular files under ``paths``, and every entry left out with its reason; never raises for what it meets.
 
-    Hidden files (names starting with '.') are skipped. The result is sorted for reproducibility.
+    Folders are walked recursively; symbolic links to files are followed, links to folders
+    are not (so links cannot loop; each is reported as ``not_followed``). Hidden entries
+    (names starting with '.') are ignored. FIFOs, device files and sockets (``not_regular``),
+    link loops, broken links and folders or files that cannot be examined (``unreadable``)
+    are reported, not raised. Only a path in ``paths`` that does not exist raises
+    :class:`NotDicomError`. Both lists are sorted by path for reproducibility.
     """
     found: list[str] = []
+    skipped: list[SkippedFile] = []
     stack: list[str] = []
     for p in paths:
         p = os.fspath(p)
-        if os.path.isdir(p):
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            if os.path.islink(p):
+                skipped.append(_broken_link(p))
+                continue
+            raise NotDicomError("no such file or folder", where=p, fix="check the path (a DICOM folder or file)") from None
+        except OSError as exc:
+            skipped.append(SkippedFile(Path(p), "unreadable", f"cannot examine it: {os_reason(exc)}"))
+            continue
+        if stat.S_ISDIR(st.st_mode):
             stack.append(p)
-        elif os.path.exists(p):
+        elif stat.S_ISREG(st.st_mode):
             found.append(p)
         else:
-            raise NotDicomError("no such file or folder", where=p, fix="check the path (a DICOM folder or file)")
+            skipped.append(SkippedFile(Path(p), "not_regular", f"not a regular file ({_file_type(st.st_mode)})"))
     while stack:
         top = stack.pop()
         try:
-            entries = list(os.scandir(top))
+            with os.scandir(top) as it:
+                entries = list(it)
         except OSError as exc:
-            log.warning("cannot list %s: %s", top, exc)
+            skipped.append(SkippedFile(Path(top), "unreadable", f"cannot list the folder: {os_reason(exc)}"))
             continue
         for entry in entries:
             if entry.name.startswith("."):
                 continue
-            if entry.is_dir(follow_symlinks=False):
+            kind_path = _classify(entry)
+            if kind_path is None:
                 stack.append(entry.path)
-            elif entry.is_file():
-                found.append(entry.path)
+            elif isinstance(kind_path, SkippedFile):
+                skipped.append(kind_path)
+            else:
+                found.append(kind_path)
     found.sort()
-    return [Path(f) for f in found]
+    skipped.sort(key=lambda f: str(f.path))
+    for f in skipped:
+        log.info("skipped %s: %s", f.path, f.reason)
+    return [Path(f) for f in found], skipped
+
+
+def _classify(entry: os.DirEntry[str]) -> str | SkippedFile | None:
+    """None for a folder to walk, the path of a regular file to read, or why the entry is left out."""
+    path = Path(entry.path)
+    try:
+        if entry.is_dir(follow_symlinks=False):
+            return None
+        if entry.is_file(follow_symlinks=False):  # the common case: no system call beyond the listing
+            return entry.path
+        if entry.is_symlink():
+            try:
+                st = os.stat(entry.path)
+            except FileNotFoundError:
+                return _broken_link(entry.path)
+            except OSError as exc:
+                return SkippedFile(path, "unreadable", os_reason(exc))
+            if stat.S_ISDIR(st.st_mode):
+                return SkippedFile(path, "not_followed", f"symbolic link to the folder {os.path.realpath(entry.path)} "
+                                                         "(links to folders are not followed; scan that folder directly)")
+        else:
+            st = entry.stat(follow_symlinks=False)
+    except OSError as exc:
+        return SkippedFile(path, "unreadable", f"cannot examine it: {os_reason(exc)}")
+    if stat.S_ISREG(st.st_mode):
+        return entry.path
+    return SkippedFile(path, "not_regular", f"not a regular file ({_file_type(st.st_mode)})")
+
+
+def _broken_link(path: str) -> SkippedFile:
+    try:
+        target = f"its target {os.readlink(path)!r} does not exist"
+    except OSError as exc:
+        target = os_reason(exc)
+    return SkippedFile(Path(path), "unreadable", f"broken symbolic link ({target})")
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO / named pipe"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return f"file type {stat.S_IFMT(mode):o}"
+
+
+def discover_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The regular files of :func:`find_files` (what it leaves out is logged, not returned)."""
+    return find_files(paths)[0]
 
 
 def _read_one(path: Path) -> SliceHeader | SkippedFile:
     try:
-        hdr = read_header(path)
+        return read_header(path)
     except TruncatedFileError as exc:
         return SkippedFile(path, "truncated", exc.problem)
+    except UnreadableFileError as exc:
+        return SkippedFile(path, "unreadable", exc.problem)
     except NotDicomError as exc:
         kind = "dicomdir" if "DICOMDIR" in exc.problem else "not_dicom"
         return SkippedFile(path, kind, exc.problem)
-    if not hdr.series_uid:
-        return SkippedFile(path, "no_series", "DICOM file without a SeriesInstanceUID (0020,000E)")
-    return hdr
 
 
 def _with_frame_geometry(hdr: SliceHeader) -> SliceHeader:

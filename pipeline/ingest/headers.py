@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+CT_IMAGE_SOP = "1.2.840.10008.5.1.4.1.1.2"
 ENHANCED_CT_SOP = "1.2.840.10008.5.1.4.1.1.2.1"
+LEGACY_ENHANCED_CT_SOP = "1.2.840.10008.5.1.4.1.1.2.2"
+#: SOP classes whose instances are CT images whatever their Modality (0008,0060) says or lacks.
+CT_SOPS = {CT_IMAGE_SOP: "CT Image Storage", ENHANCED_CT_SOP: "Enhanced CT Image Storage",
+           LEGACY_ENHANCED_CT_SOP: "Legacy Converted Enhanced CT Image Storage"}
 SECONDARY_CAPTURE_SOPS = frozenset(
     {"1.2.840.10008.5.1.4.1.1.7", "1.2.840.10008.5.1.4.1.1.7.1", "1.2.840.10008.5.1.4.1.1.7.2",
      "1.2.840.10008.5.1.4.1.1.7.3", "1.2.840.10008.5.1.4.1.1.7.4"}
@@ -24,6 +29,9 @@ class SliceHeader:
     Positions and orientations are DICOM patient coordinates (LPS, mm).
     ``pixel_offset``/``pixel_length`` locate the pixel data in the file
     (``pixel_length == -1``: encapsulated/compressed; ``None``: no pixel data).
+    ``slope``/``intercept`` are NaN when the header holds text that is not a number
+    (their text is in ``extra``); ``notes`` say what ingest assumed for this file
+    (e.g. a Modality taken from the SOP class) and end up as warnings on the volume.
     """
 
     path: Path
@@ -57,6 +65,7 @@ class SliceHeader:
     truncated: str | None
     use_pydicom: bool
     extra: tuple[tuple[str, str], ...]  # PatientID, SliceThickness, KVP, ... as text
+    notes: tuple[str, ...] = ()
 
     @property
     def is_enhanced(self) -> bool:

@@ -100,11 +100,21 @@ def _frames(path: Path, ds: Any) -> list[FrameInfo]:
             position=(float(ipp[0]), float(ipp[1]), float(ipp[2])),
             orientation=(float(iop[0]), float(iop[1]), float(iop[2]), float(iop[3]), float(iop[4]), float(iop[5])),
             pixel_spacing=(float(ps[0]), float(ps[1])),
-            slope=float(src.get("RescaleSlope", 1.0) or 1.0),
-            intercept=float(src.get("RescaleIntercept", 0.0) or 0.0),
+            slope=_number(src.get("RescaleSlope"), 1.0),  # a 0 or NaN is kept: planning refuses it naming the frame
+            intercept=_number(src.get("RescaleIntercept"), 0.0),
             slice_thickness=float(thick) if thick not in (None, "") else None,
         ))
     return frames
+
+
+def _number(value: Any, default: float) -> float:
+    """A header number: ``default`` when absent or empty, NaN when it is not a number."""
+    if value is None or str(value).strip() == "":
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def read_frame_pixels(path: Path, n_frames: int, rows: int, columns: int, transfer_syntax: str) -> np.ndarray:

@@ -20,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import MissingPixelDataError, TruncatedFileError
+from ..errors import MissingPixelDataError, TruncatedFileError, UnreadableFileError
 from ._pydicom import NATIVE_SYNTAXES, PYDICOM_ERRORS, check_decoder, syntax_name
+from .discover import os_reason
 from .headers import SliceHeader
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,12 @@ def _read_native(h: SliceHeader, out: np.ndarray) -> None:
     if h.pixel_length is not None and 0 <= h.pixel_length < need:
         raise TruncatedFileError(f"pixel data holds {h.pixel_length} bytes but {h.rows}x{h.columns} pixels need {need}",
                                  where=h.path, fix="copy the file again from the archive/PACS")
-    with open(h.path, "rb") as fh:
-        fh.seek(int(h.pixel_offset or 0))
-        got = fh.readinto(out.data.cast("B"))
+    try:
+        with open(h.path, "rb") as fh:
+            fh.seek(int(h.pixel_offset or 0))
+            got = fh.readinto(out.data.cast("B"))
+    except OSError as exc:
+        raise _unreadable(h, exc) from exc
     if got != need:
         raise TruncatedFileError(f"file ends after {got} of {need} pixel data bytes", where=h.path,
                                  fix="copy the file again from the archive/PACS; the transfer was incomplete")
@@ -56,6 +60,12 @@ def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None
     check_decoder(h.transfer_syntax, h.path)
     try:
         ds = pydicom.dcmread(h.path)
+    except OSError as exc:
+        raise _unreadable(h, exc) from exc
+    except PYDICOM_ERRORS as exc:
+        raise TruncatedFileError(f"the file cannot be read again ({type(exc).__name__}: {exc})", where=h.path,
+                                 fix="copy the file again from the archive/PACS; it may be damaged") from exc
+    try:
         arr = ds.pixel_array
     except PYDICOM_ERRORS as exc:
         raise TruncatedFileError(f"pixel data cannot be decoded ({type(exc).__name__}: {exc}); "
@@ -65,6 +75,11 @@ def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None
         raise TruncatedFileError(f"decoded pixel data has {arr.size} values, expected {out.size}", where=h.path,
                                  fix="copy the file again from the archive/PACS")
     out[...] = arr.reshape(out.shape)
+
+
+def _unreadable(h: SliceHeader, exc: OSError) -> UnreadableFileError:
+    return UnreadableFileError(f"cannot read the pixel data: {os_reason(exc)} (the header was read during the scan)",
+                               where=h.path, fix="make the file readable again (permissions, storage), then ingest again")
 
 
 def _fix_bits(stack: np.ndarray, h: SliceHeader) -> None:
@@ -130,15 +145,9 @@ def _integral(values: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(values)) and np.all(values == np.round(values)))
 
 
-def to_hu(stored: np.ndarray, slopes: Sequence[float] | np.ndarray, intercepts: Sequence[float] | np.ndarray, *,
-          workers: int | None = None) -> np.ndarray:
-    """HU = stored × slope + intercept per slice (vectorised; may reuse ``stored``'s memory).
-
-    Returns int16 when every slope/intercept is an integer and the result fits int16, else float32.
-    """
+def stored_range(stored: np.ndarray, *, workers: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Smallest and largest stored value of each slice (two float64 arrays)."""
     n = stored.shape[0]
-    s = np.asarray(slopes, dtype=np.float64).reshape(n)
-    b = np.asarray(intercepts, dtype=np.float64).reshape(n)
     mins = np.empty(n)
     maxs = np.empty(n)
 
@@ -146,8 +155,26 @@ def to_hu(stored: np.ndarray, slopes: Sequence[float] | np.ndarray, intercepts: 
         mins[k], maxs[k] = stored[k].min(), stored[k].max()
 
     run_parallel(minmax, n, workers)
-    lo = np.minimum(s * mins, s * maxs) + b
-    hi = np.maximum(s * mins, s * maxs) + b
+    return mins, maxs
+
+
+def hu_range(ranges: tuple[np.ndarray, np.ndarray], slopes: np.ndarray, intercepts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-slice HU (lowest, highest) from the stored ranges of :func:`stored_range`."""
+    mins, maxs = ranges
+    return np.minimum(slopes * mins, slopes * maxs) + intercepts, np.maximum(slopes * mins, slopes * maxs) + intercepts
+
+
+def to_hu(stored: np.ndarray, slopes: Sequence[float] | np.ndarray, intercepts: Sequence[float] | np.ndarray, *,
+          workers: int | None = None, ranges: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """HU = stored × slope + intercept per slice (vectorised; may reuse ``stored``'s memory).
+
+    ``ranges``: the :func:`stored_range` of ``stored`` when the caller has it (saves a pass).
+    Returns int16 when every slope/intercept is an integer and the result fits int16, else float32.
+    """
+    n = stored.shape[0]
+    s = np.asarray(slopes, dtype=np.float64).reshape(n)
+    b = np.asarray(intercepts, dtype=np.float64).reshape(n)
+    lo, hi = hu_range(ranges if ranges is not None else stored_range(stored, workers=workers), s, b)
     as_int = _integral(s) and _integral(b) and lo.min() >= -32768 and hi.max() <= 32767
     if as_int and stored.dtype == np.int16 and np.all(s == 1) and np.all(np.abs(b) <= 32767):
         def shift(k: int) -> None:  # in place, int16 wrap-around is exact because the result fits

@@ -1,10 +1,10 @@
 """Directory scan: which series are there, which are chosen, and why the others are not.
 
 A scan reads headers only. Every problem is recorded, never raised: files
-that are not DICOM (or are DICOMDIR, or are cut short) go to
-``skipped_files``; series that the selection rules leave out keep their
-reasons; selected series that fail validation go to ``rejected`` with the
-exception. One bad series never stops the others.
+that are not DICOM (or are DICOMDIR, cut short, unreadable, not regular files)
+go to ``skipped_files`` with their paths and reasons; series that the selection
+rules leave out keep their reasons; selected series that fail validation go to
+``rejected`` with the exception. One bad series never stops the others.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CtpipeError
-from .build import VolumePlan, plan_volume
-from .discover import SkippedFile, discover_files, read_headers
+from ..errors import CtpipeError, MissingSliceError, NonUniformSpacingError, UnreadableFileError
+from .build import VolumePlan, describe, plan_volume
+from .discover import SkippedFile, find_files, read_headers
 from .headers import SliceHeader
-from .series import SelectionRules, SeriesInfo, apply_rules, group_series
+from .series import SelectionRules, SeriesInfo, apply_rules, group_series, select_lone_series
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,15 @@ class ScanResult:
         return [s for s in self.series if series_uid in (s.key, s.uid)]
 
     def skipped_summary(self) -> str:
+        """Counts of the skipped files by kind, e.g. '2 not dicom, 1 unreadable' (or 'none')."""
         counts = Counter(f.kind for f in self.skipped_files)
         return ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in sorted(counts.items())) or "none"
+
+    def skipped_list(self, limit: int = 5) -> str:
+        """The first ``limit`` skipped files as 'path: reason', and how many more there are."""
+        shown = "; ".join(f"{f.path}: {f.reason}" for f in self.skipped_files[:limit])
+        more = len(self.skipped_files) - limit
+        return shown + (f"; and {more} more" if more > 0 else "")
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able report of the scan."""
@@ -96,6 +103,8 @@ def scan_directory(
     validate: bool = True,
     spacing_tolerance: float = 0.02,
     allow_gantry_tilt: bool = False,
+    lone_series_ok: bool = False,
+    keep_identifiers: bool = False,
     workers: int | None = None,
 ) -> ScanResult:
     """Scan folders (recursively, any file names) or files for DICOM series, reading headers only.
@@ -108,32 +117,73 @@ def scan_directory(
     validate: also check every selected series' geometry from its headers (sort
         order, spacing, tilt, consistency); failures go to ``rejected``.
     spacing_tolerance, allow_gantry_tilt: see :func:`pipeline.ingest.load_series`.
+    lone_series_ok: what was scanned is what the user named (one folder or file, not a
+        batch): when no series qualifies and its only CT series falls short of
+        ``rules.min_slices`` alone, select it with a warning (see :func:`select_lone_series`).
+    keep_identifiers: keep patient identifiers in the plans' metadata (see
+        :func:`pipeline.ingest.build.plan_volume`); left out by default.
 
     Positions in the plans are DICOM patient coordinates (LPS, mm).
     """
     rules = rules or SelectionRules()
     t0 = time.perf_counter()
     roots = _roots(path)
-    files = discover_files(roots)
-    headers, skipped = read_headers(files, workers=workers)
+    files, skipped = find_files(roots)
+    headers, unread = read_headers(files, workers=workers)
+    skipped.extend(unread)
     headers = _drop_copies(headers, skipped)
     series = group_series(headers)
     apply_rules(series, rules)
+    if lone_series_ok:
+        select_lone_series(series, rules)
+    unreadable = [f for f in skipped if f.kind == "unreadable"]
     result = ScanResult(roots=roots, series=series, skipped_files=skipped, n_files=len(files))
     if validate:
         for s in series:
             if not s.selected:
                 continue
+            near = _unreadable_near(s, unreadable)
             try:
                 # the rules already chose the modality, so a PT/MR series allowed by them is not refused here
                 result.plans[s.key] = plan_volume(s, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
-                                                  check_modality=False)
+                                                  check_modality=False, keep_identifiers=keep_identifiers)
+            except (MissingSliceError, NonUniformSpacingError) as exc:
+                reject(result, s, _gap_from_unreadable(s, near, exc) if near else exc)
             except CtpipeError as exc:
                 reject(result, s, exc)
+            else:
+                if near:
+                    note = (f"{_files_text(near)} in the series' folder cannot be read; if they belong to this series, "
+                            "the volume lacks them")
+                    s.warnings.append(note)
+                    result.plans[s.key].metadata.setdefault("warnings", []).append(note)
     result.seconds = time.perf_counter() - t0
     log.info("scanned %d files in %.2f s: %d series (%d selected, %d rejected), skipped: %s", len(files), result.seconds,
              len(series), len(result.selected), len(result.rejected), result.skipped_summary())
     return result
+
+
+def _unreadable_near(series: SeriesInfo, unreadable: list[SkippedFile]) -> list[SkippedFile]:
+    """Unreadable files in the folders of ``series``: they may be its missing slices."""
+    if not unreadable:
+        return []
+    folders = {h.path.parent for h in series.headers}
+    return [f for f in unreadable if f.path.parent in folders]
+
+
+def _files_text(files: list[SkippedFile]) -> str:
+    shown = ", ".join(f"{f.path} ({f.reason})" for f in files[:3])
+    return f"{len(files)} file(s) ({shown}{', ...' if len(files) > 3 else ''})"
+
+
+def _gap_from_unreadable(series: SeriesInfo, near: list[SkippedFile], gap: CtpipeError) -> UnreadableFileError:
+    """A gap in the slice positions next to unreadable files: the true reason is that they cannot be read."""
+    err = UnreadableFileError(
+        f"{_files_text(near)} in the series' folder cannot be read, and the readable slices have a gap "
+        f"({gap.problem})", where=describe(series),
+        fix="make those files readable by this user (check their permissions and owner), then scan again")
+    err.__cause__ = gap
+    return err
 
 
 def _drop_copies(headers: list[SliceHeader], skipped: list[SkippedFile]) -> list[SliceHeader]:

@@ -6,6 +6,11 @@ axial series), when whole sub-stacks differ in matrix size or pixel spacing,
 or when acquisitions repeat the same positions (e.g. two phases in one
 series). Parts are named ``<uid>#1``, ``<uid>#2``, ... (largest first).
 
+Files without a SeriesInstanceUID (common after de-identification) are grouped
+by a fallback key made of what they do have (see :func:`fallback_series_uid`)
+and get a generated series id, derived only from that key, so the same files
+get the same id in every scan. The series carries a warning that says so.
+
 :class:`SelectionRules` decides which (sub-)series are CT volumes to process
 and records, for every other one, why it was not chosen.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,8 +80,10 @@ class SelectionRules:
 class SeriesInfo:
     """One (sub-)series found by a scan.
 
-    ``key`` is the SeriesInstanceUID, or ``<uid>#<part>`` when the series was split;
-    ``selected`` says whether the rules chose it and ``reasons`` why not.
+    ``key`` is the SeriesInstanceUID (generated when the files have none, see
+    :func:`fallback_series_uid`), or ``<uid>#<part>`` when the series was split;
+    ``selected`` says whether the rules chose it and ``reasons`` why not; ``warnings``
+    list what ingest assumed to take it (they travel into the volume's metadata).
     """
 
     key: str
@@ -86,6 +94,7 @@ class SeriesInfo:
     split_reason: str | None = None
     selected: bool = False
     reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def files(self) -> list[Path]:
@@ -118,7 +127,7 @@ class SeriesInfo:
             "key": self.key, "series_uid": self.uid, "study_uid": self.study_uid, "part": self.part,
             "description": self.description, "modality": self.modality, "n_files": len(self.headers),
             "n_slices": self.n_slices, "selected": self.selected, "why_not": self.reasons,
-            "split_reason": self.split_reason,
+            "split_reason": self.split_reason, "warnings": self.warnings,
         }
 
 
@@ -193,19 +202,71 @@ def _split_acquisitions(headers: list[SliceHeader], reason: str | None) -> list[
     return [(g, f"acquisitions {nums} repeat the same slice positions") for g in by_acq.values()]
 
 
+#: Namespace of the generated series ids (name-based UUIDs, RFC 4122 version 5).
+_FALLBACK_NAMESPACE = uuid.UUID("6f1c1b8e-3c52-5d7e-9a43-2f0c1d6b7a10")
+
+
+def fallback_series_uid(h: SliceHeader) -> tuple[str, str]:
+    """A series id for a file without SeriesInstanceUID, and the fields it was derived from (in words).
+
+    The fallback key is made of the fields the file has among: StudyInstanceUID,
+    FrameOfReferenceUID, SeriesNumber, SeriesDate + SeriesTime, Modality,
+    SeriesDescription, ImageOrientationPatient (rounded to 0.01) and PixelSpacing
+    (rounded to 0.001 mm); when it has none of the first four, its folder is added,
+    so that unrelated exports in different folders stay apart. AcquisitionTime and
+    InstanceNumber are left out on purpose: they vary from slice to slice.
+
+    The id is ``2.25.<n>``, a DICOM UID made of the decimal value of the name-based UUID
+    (version 5, SHA-1) of that key (PS3.5 B.2): the same key always gives the same id.
+    """
+    fields: list[tuple[str, str]] = []
+
+    def add(name: str, value: object) -> None:
+        if value not in (None, "", ()):
+            fields.append((name, str(value)))
+
+    add("StudyInstanceUID", h.study_uid)
+    add("FrameOfReferenceUID", h.extra_value("FrameOfReferenceUID"))
+    add("SeriesNumber", h.series_number)
+    add("SeriesDate", h.extra_value("SeriesDate"))
+    add("SeriesTime", h.extra_value("SeriesTime"))
+    anchored = bool(fields)
+    add("Modality", h.modality)
+    add("SeriesDescription", h.series_description)
+    if h.orientation is not None:
+        add("ImageOrientationPatient", "\\".join(f"{v:.2f}".replace("-0.00", "0.00") for v in h.orientation))
+    if h.pixel_spacing is not None:
+        add("PixelSpacing", "\\".join(f"{v:.3f}" for v in h.pixel_spacing))
+    if not anchored:
+        add("folder", h.path.parent)
+    text = "|".join(f"{k}={v}" for k, v in fields)
+    uid = f"2.25.{uuid.uuid5(_FALLBACK_NAMESPACE, text).int}"
+    return uid, ", ".join(k for k, _ in fields) or "nothing"
+
+
 def group_series(headers: Sequence[SliceHeader]) -> list[SeriesInfo]:
     """Group headers by study and series, splitting mixed series (see the module docstring)."""
     groups: dict[tuple[str, str], list[SliceHeader]] = defaultdict(list)
+    generated: dict[str, str] = {}
     for h in headers:
-        groups[(h.study_uid, h.series_uid)].append(h)
+        uid = h.series_uid
+        if not uid:
+            uid, basis = fallback_series_uid(h)
+            generated[uid] = basis
+        groups[(h.study_uid, uid)].append(h)
     out: list[SeriesInfo] = []
     for (study, uid), members in groups.items():
         parts = _split(members)
         parts.sort(key=lambda p: (-sum(h.n_frames for h in p[0]), str(p[0][0].path)))
         for n, (part, reason) in enumerate(parts, start=1):
             key = uid if len(parts) == 1 else f"{uid}#{n}"
-            out.append(SeriesInfo(key=key, uid=uid, study_uid=study, part=n if len(parts) > 1 else 0,
-                                  headers=tuple(part), split_reason=reason))
+            info = SeriesInfo(key=key, uid=uid, study_uid=study, part=n if len(parts) > 1 else 0,
+                              headers=tuple(part), split_reason=reason)
+            if uid in generated:
+                info.warnings.append(f"the files have no SeriesInstanceUID (0020,000E): grouped by {generated[uid]}; "
+                                     f"series id {uid} generated from those values")
+            info.warnings.extend(dict.fromkeys(note for h in part for note in h.notes))
+            out.append(info)
     out.sort(key=lambda s: (s.study_uid, s.first.series_number or 0, s.uid, s.part))
     return out
 
@@ -241,26 +302,58 @@ def axial_angle_deg(h: SliceHeader) -> float | None:
     return math.degrees(math.acos(min(1.0, abs(float(n[2])) / norm)))
 
 
+def _rule_reasons(s: SeriesInfo, rules: SelectionRules) -> list[tuple[str, str]]:
+    """(rule, reason in words) for every rule that leaves ``s`` out."""
+    reasons: list[tuple[str, str]] = []
+    h = s.first
+    if h.modality not in rules.modalities:
+        reasons.append(("modalities", f"modality is {h.modality or 'missing'}, not {'/'.join(rules.modalities)}"))
+    if all(x.pixel_length is None for x in s.headers):
+        reasons.append(("pixels", f"no pixel data (SOP class {h.sop_class or 'missing'}): not an image series"))
+    if rules.exclude_localizers and (why := is_localizer(s)):
+        reasons.append(("exclude_localizers", f"localizer/scout: {why}"))
+    if not rules.allow_derived and (why := is_derived(s)):
+        reasons.append(("allow_derived", f"{why}; pass allow_derived=True (--allow-derived) to include it"))
+    angle = axial_angle_deg(h)
+    if angle is None:
+        reasons.append(("orientation", "no valid ImageOrientationPatient (0020,0037)"))
+    elif angle > rules.axial_tolerance_deg:
+        reasons.append(("axial_tolerance_deg", f"not axial: slice normal is {angle:.1f} deg from the patient z axis "
+                                               f"(limit axial_tolerance_deg={rules.axial_tolerance_deg:g})"))
+    n = s.n_slices
+    if n < rules.min_slices:
+        how = (f"to include it: --min-slices {n} for ctpipe ingest, config key ingest.min_slices "
+               f"(--set ingest.min_slices={n}) for ctpipe run; load_series and ctpipe ingest/detect/reconstruct "
+               "of a folder holding no other CT series take it anyway" if n >= 2 else "a volume needs at least 2 slices")
+        reasons.append(("min_slices", f"only {n} slice(s), fewer than min_slices={rules.min_slices} ({how})"))
+    return reasons
+
+
 def apply_rules(series: Sequence[SeriesInfo], rules: SelectionRules) -> None:
     """Set ``selected``/``reasons`` on every series according to ``rules``."""
     for s in series:
-        reasons: list[str] = []
-        h = s.first
-        if h.modality not in rules.modalities:
-            reasons.append(f"modality is {h.modality or 'missing'}, not {'/'.join(rules.modalities)}")
-        if all(x.pixel_length is None for x in s.headers):
-            reasons.append(f"no pixel data (SOP class {h.sop_class or 'missing'}): not an image series")
-        if rules.exclude_localizers and (why := is_localizer(s)):
-            reasons.append(f"localizer/scout: {why}")
-        if not rules.allow_derived and (why := is_derived(s)):
-            reasons.append(f"{why}; pass allow_derived=True (--allow-derived) to include it")
-        angle = axial_angle_deg(h)
-        if angle is None:
-            reasons.append("no valid ImageOrientationPatient (0020,0037)")
-        elif angle > rules.axial_tolerance_deg:
-            reasons.append(f"not axial: slice normal is {angle:.1f} deg from the patient z axis "
-                           f"(limit axial_tolerance_deg={rules.axial_tolerance_deg:g})")
-        if s.n_slices < rules.min_slices:
-            reasons.append(f"only {s.n_slices} slice(s), fewer than min_slices={rules.min_slices} (lower --min-slices to include it)")
-        s.reasons = reasons
+        s.reasons = [text for _, text in _rule_reasons(s, rules)]
         s.selected = not s.reasons
+
+
+def select_lone_series(series: Sequence[SeriesInfo], rules: SelectionRules) -> SeriesInfo | None:
+    """Take the one CT series of a folder the user named even though it has fewer than ``min_slices`` slices.
+
+    When no series is selected and exactly one series has the accepted modality, pixel
+    data and is no localizer, and ``min_slices`` is the only rule that leaves it out (it
+    has at least 2 slices), that series is selected with a warning and returned; else
+    nothing changes and None is returned. Call it after :func:`apply_rules`, only where
+    one folder or file was named (not in batch scans, where the rule stays).
+    """
+    if any(s.selected for s in series):
+        return None
+    images = [s for s in series if not {"modalities", "pixels", "exclude_localizers"} & {r for r, _ in _rule_reasons(s, rules)}]
+    if len(images) != 1:
+        return None
+    (lone,) = images
+    if [r for r, _ in _rule_reasons(lone, rules)] != ["min_slices"] or lone.n_slices < 2:
+        return None
+    lone.selected, lone.reasons = True, []
+    lone.warnings.append(f"only {lone.n_slices} slices, fewer than min_slices={rules.min_slices}: loaded anyway because "
+                         "it is the only CT series where it was asked for")
+    return lone
