@@ -13,7 +13,8 @@ Conventions
   :mod:`pipeline.phantom.scanner`); LPS ground truth is unchanged by them.
 * Masks (bool ``[k, j, i]`` on ``volume.geometry``) are the crisp truth under
   the blurred, noisy image:
-  ``body`` the filled patient outline (includes lungs and airways);
+  ``body`` the filled patient outline (includes lungs and airways, and the
+  arms when a confounded phantom has them; never the table);
   ``lung_left`` / ``lung_right`` the pleural cavities including intrapulmonary
   vessels, bronchial walls and nodules, excluding the airway lumen and bone
   (the two never touch: the mediastinum always separates them);
@@ -37,9 +38,16 @@ Conventions
   nodule diameters are absolute mm (in small chests at most half the largest
   sphere the lungs can hold). Everything is deterministic from ``seed``.
 * HU values are clipped to -1024..3071 as a scanner stores them.
+* ``confounders=Confounders(...)`` adds what real scans have (table, arms,
+  IV contrast, bowel gas, partial coverage, a small field of view, emphysema,
+  effusion, atelectasis, a sharp kernel, thick slices, metal), the masks of
+  :data:`CONFOUNDER_MASK_NAMES` and ``phantom.truth`` (see
+  :mod:`pipeline.phantom.confounders`); :data:`CONFOUNDER_SCENARIOS` names
+  held-out evaluation cases, :func:`realistic_confounders` draws a realistic
+  mix for training. Without confounders a phantom is exactly the plain one.
 
 Main entry points: :func:`generate_phantom`, :class:`Phantom`, :class:`Nodule`,
-:func:`load_ground_truth`, :func:`load_masks`; DICOM output is in
+:func:`load_ground_truth`, :func:`load_masks`, :class:`Confounders`; DICOM output is in
 :mod:`pipeline.phantom.dicom_writer` (``write_phantom_series`` is re-exported here).
 """
 
@@ -50,17 +58,25 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .confounders import CONFOUNDER_SCENARIOS, SCENARIO_SEEDS, Confounders, Scenario, realistic_confounders
     from .dicom_writer import write_dicom_series, write_phantom_case, write_phantom_series
     from .generate import generate_phantom
-    from .model import MASK_NAMES, Nodule, Phantom, load_ground_truth, load_masks
+    from .model import ALL_MASK_NAMES, CONFOUNDER_MASK_NAMES, MASK_NAMES, Nodule, Phantom, load_ground_truth, load_masks
 
 __all__ = [
+    "ALL_MASK_NAMES",
+    "CONFOUNDER_MASK_NAMES",
+    "CONFOUNDER_SCENARIOS",
+    "Confounders",
     "MASK_NAMES",
     "Nodule",
     "Phantom",
+    "SCENARIO_SEEDS",
+    "Scenario",
     "generate_phantom",
     "load_ground_truth",
     "load_masks",
+    "realistic_confounders",
     "write_dicom_series",
     "write_phantom_case",
     "write_phantom_series",
@@ -68,6 +84,13 @@ __all__ = [
 
 # names are imported on first use, so importing the package (e.g. for the CLI) stays fast
 _LAZY = {
+    "ALL_MASK_NAMES": "pipeline.phantom.model",
+    "CONFOUNDER_MASK_NAMES": "pipeline.phantom.model",
+    "CONFOUNDER_SCENARIOS": "pipeline.phantom.confounders",
+    "Confounders": "pipeline.phantom.confounders",
+    "SCENARIO_SEEDS": "pipeline.phantom.confounders",
+    "Scenario": "pipeline.phantom.confounders",
+    "realistic_confounders": "pipeline.phantom.confounders",
     "generate_phantom": "pipeline.phantom.generate",
     "MASK_NAMES": "pipeline.phantom.model",
     "Nodule": "pipeline.phantom.model",

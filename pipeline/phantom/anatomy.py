@@ -39,9 +39,13 @@ def _superellipse(x: np.ndarray, y: np.ndarray, a: float, b_ant: float, b_post: 
 
 
 class AnatomyPainter:
-    """Paints the analytic (non-tubular) anatomy of a :class:`Layout` on a canonical grid."""
+    """Paints the analytic (non-tubular) anatomy of a :class:`Layout` on a canonical grid.
 
-    def __init__(self, layout: Layout, grid: CanonicalGrid):
+    The lung parenchyma is denser towards the floor: posteriorly by default,
+    along ``down`` (an LPS (x, y) unit vector, see :mod:`pipeline.phantom.scene`) when given.
+    """
+
+    def __init__(self, layout: Layout, grid: CanonicalGrid, down: np.ndarray | None = None):
         self.L = layout
         self.g = grid
         L = layout
@@ -85,6 +89,13 @@ class AnatomyPainter:
         for grow in (0.0, g):
             a, b, _ = (v + grow for v in L.heart_axes)
             self.heart_xy[grow] = (((dx * ca + dy * sa) / a) ** 2 + ((-dx * sa + dy * ca) / b) ** 2).astype(np.float32)
+        if down is None:
+            gradient = L.lung_hu + L.lung_gradient_hu * (grid.ys / L.cav_b_post)
+            self.gradient2 = np.broadcast_to(gradient.astype(np.float32)[:, None], (grid.ys.size, grid.xs.size))
+        else:
+            b_y = np.where(y > 0, L.cav_b_post, L.cav_b_ant)
+            rel = np.clip(x * down[0] / L.cav_a + y * down[1] / b_y, -1.5, 1.5)
+            self.gradient2 = (L.lung_hu + L.lung_gradient_hu * rel).astype(np.float32)
         self._spine_maps(x, y)
         self._sternum_maps(x, y)
         self._scapula_maps(x, y)
@@ -143,7 +154,7 @@ class AnatomyPainter:
         phase = np.mod(z - L.z_mid - L.vert_phase * L.vert_period, L.vert_period)
         return phase > L.disc
 
-    def _cavity(self, zs: np.ndarray) -> np.ndarray:
+    def cavity(self, zs: np.ndarray) -> np.ndarray:
         """:meth:`Layout.in_cavity` on slices at heights ``zs`` (float32, separable terms)."""
         L = self.L
         f = np.maximum(L.apex_factor(zs), 1e-6).astype(np.float32)[:, None, None]
@@ -160,6 +171,16 @@ class AnatomyPainter:
             return None
         return self.heart_xy[grow][None] + zt.astype(np.float32)[:, None, None] < 1.0
 
+    def heart_region(self, zs: np.ndarray, cav: np.ndarray | None = None) -> np.ndarray | None:
+        """The heart's voxels (blood, painted 42 HU) on slices ``zs`` within the cavity ``cav``, or None when none."""
+        heart = self._heart(zs, 0.0)
+        if heart is None:
+            return None
+        if cav is None:
+            cav = self.cavity(zs)
+        heart &= cav & (zs[:, None, None] > self.dz2[None] - 0.1 * self.L.half_h)
+        return heart
+
     # -- slabs ------------------------------------------------------------------------------
     def paint(self, k0: int, k1: int, texture: np.ndarray | None, hu: np.ndarray, lung: np.ndarray, bone: np.ndarray) -> None:
         """Write HU, lung and bone of canonical slices ``k0 <= z < k1`` into ``hu``, ``lung``, ``bone`` (slab views).
@@ -168,15 +189,13 @@ class AnatomyPainter:
         """
         L = self.L
         zs = self.g.zs[k0:k1]
-        Z = zs[:, None, None]
         n = k1 - k0
         hu[:] = self.hu2
-        cav = self._cavity(zs)
+        cav = self.cavity(zs)
         above = self.dz2[None] < zs.astype(np.float32)[:, None, None]
         np.copyto(hu, np.where(above, np.float32(MEDIASTINAL_FAT), self.abdomen2[None]), where=cav)
-        heart = self._heart(zs, 0.0)
+        heart = self.heart_region(zs, cav)
         if heart is not None:
-            heart &= cav & (Z > self.dz2[None] - 0.1 * L.half_h)
             hu[heart] = BLOOD
         np.logical_and(cav, above, out=lung)
         lung &= np.where((zs < L.aorta_top)[:, None, None], self.excl_aorta2[None], self.excl2[None]) == 0
@@ -186,8 +205,7 @@ class AnatomyPainter:
         heart_g = self._heart(zs, L.gap)
         if heart_g is not None:
             lung &= ~heart_g
-        gradient = (L.lung_hu + L.lung_gradient_hu * (self.g.ys / L.cav_b_post)).astype(np.float32)
-        vals = np.broadcast_to(gradient[None, :, None], hu.shape)
+        vals = np.broadcast_to(self.gradient2[None], hu.shape)
         if texture is not None:
             vals = vals + texture
         np.copyto(hu, vals, where=lung)

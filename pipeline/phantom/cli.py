@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 _TRANSFER_SYNTAXES = ("explicit_le", "rle", "jpeg2000")
 _QUIRKS = ("shuffled_names", "reversed_order", "gantry_tilt", "missing_slice", "duplicate_slice", "localizer", "second_series")
@@ -12,16 +13,21 @@ _QUIRKS = ("shuffled_names", "reversed_order", "gantry_tilt", "missing_slice", "
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``phantom`` sub-command."""
+    from .confounders import CONFOUNDER_SCENARIOS, SCENARIO_SEEDS
+
     p = subparsers.add_parser(
         "phantom",
         help="write synthetic chest CT phantom cases (DICOM + ground truth)",
         description=(
             "Write COUNT phantom cases with seeds SEED, SEED+1, ... into OUT_DIR/phantom_<seed>/: "
-            "the DICOM series in dicom/, ground_truth.json (nodule centres in LPS mm, diameters, types) and masks.npz."
+            "the DICOM series in dicom/, ground_truth.json (nodule centres in LPS mm, diameters, types) and masks.npz. "
+            "--scenario or --realistic add the confounders of real scans (table, arms, contrast, bowel gas, partial "
+            "coverage, small field of view, lung disease, kernel, thick slices, metal) with their ground truth."
         ),
     )
     p.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="folder that receives one sub-folder per case")
-    p.add_argument("--seed", type=int, required=True, help="seed of the first case (cases are deterministic)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the first case (cases are deterministic); required unless --scenario is given")
     p.add_argument("--count", type=int, default=1, help="number of cases (default 1)")
     p.add_argument("--matrix", type=int, default=256, help="rows = columns per slice (default 256)")
     p.add_argument("--pixel-spacing", type=float, default=0.7, help="in-plane spacing in mm (default 0.7)")
@@ -32,7 +38,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--nodule-diameter", type=float, nargs=2, default=(3.0, 30.0), metavar=("MIN", "MAX"),
                    help="range of nodule diameters in mm (default 3 30)")
     p.add_argument("--noise-hu", type=float, default=20.0, help="image noise standard deviation in HU (default 20)")
-    p.add_argument("--patient-position", default="HFS", help="DICOM PatientPosition (default HFS)")
+    p.add_argument("--patient-position", default=None,
+                   help="DICOM PatientPosition (default HFS, or the scenario's; given, it overrides the scenario's)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--scenario", choices=[*CONFOUNDER_SCENARIOS, "all"], default=None, metavar="NAME",
+                       help=f"confounders (and patient position) of a named scenario: {', '.join(CONFOUNDER_SCENARIOS)}; "
+                            f"without --seed, the scenario's held-out seed ({SCENARIO_SEEDS[0]}-{SCENARIO_SEEDS[-1]}); "
+                            "'all' writes every scenario with its own seed")
+    group.add_argument("--realistic", action="store_true",
+                       help="each case gets a realistic random mix of confounders drawn from its seed")
     p.add_argument("--transfer-syntax", choices=_TRANSFER_SYNTAXES, default="explicit_le", help="default explicit_le")
     p.add_argument("--unsigned", action="store_true", help="store uint16 with RescaleIntercept -1024")
     p.add_argument("--quirk", dest="quirks", action="append", choices=_QUIRKS, default=[], metavar="QUIRK",
@@ -41,16 +55,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Generate and write the cases; print where each went. A failing case is reported and the others go on."""
-    from ..errors import CtpipeError, DicomWriteError
-    from . import generate_phantom
-    from .dicom_writer import write_phantom_case
+def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
+    """(seed, confounders or None, patient position, scenario name or None) of each case to write."""
+    from ..errors import DicomWriteError, PhantomError
+    from .confounders import CONFOUNDER_SCENARIOS, realistic_confounders
 
     if args.count < 1:
         raise DicomWriteError(f"--count must be at least 1, got {args.count}", where="ctpipe phantom", fix="pass --count 1 or more")
+    position = args.patient_position
+    if args.scenario == "all":
+        if args.seed is not None or args.count != 1:
+            raise PhantomError("--scenario all uses each scenario's own seed", where="ctpipe phantom --seed/--count",
+                                  fix="drop --seed and --count, or name one scenario")
+        return [(sc.seed, sc.confounders, position or sc.patient_position, name) for name, sc in CONFOUNDER_SCENARIOS.items()]
+    if args.scenario is not None:
+        sc = CONFOUNDER_SCENARIOS[args.scenario]
+        seeds = [sc.seed] if args.seed is None else list(range(args.seed, args.seed + args.count))
+        if args.seed is None and args.count != 1:
+            raise PhantomError("--count needs --seed with a scenario", where="ctpipe phantom --count", fix="pass --seed too")
+        return [(seed, sc.confounders, position or sc.patient_position, args.scenario) for seed in seeds]
+    if args.seed is None:
+        raise PhantomError("--seed is required without --scenario", where="ctpipe phantom", fix="pass --seed N")
+    seeds = list(range(args.seed, args.seed + args.count))
+    return [(seed, realistic_confounders(seed) if args.realistic else None, position or "HFS", None) for seed in seeds]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Generate and write the cases; print where each went. A failing case is reported and the others go on."""
+    from ..errors import CtpipeError
+    from . import generate_phantom
+    from .dicom_writer import write_phantom_case
+
     failed = 0
-    for seed in range(args.seed, args.seed + args.count):
+    for seed, confounders, position, scenario in _cases(args):
         case_dir = args.out_dir / f"phantom_{seed:05d}"
         try:
             phantom = generate_phantom(
@@ -63,8 +100,11 @@ def run(args: argparse.Namespace) -> int:
                 n_nodules=args.nodules,
                 nodule_diameter_mm=tuple(args.nodule_diameter),
                 noise_hu=args.noise_hu,
-                patient_position=args.patient_position,
+                patient_position=position,
+                confounders=confounders,
             )
+            if scenario is not None:
+                phantom.truth["scenario"] = scenario
             case = write_phantom_case(
                 phantom,
                 case_dir,
@@ -78,8 +118,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"ctpipe phantom: case seed {seed} failed: {exc}", file=sys.stderr)
             continue
         n_files = sum(1 for p in (case / "dicom").rglob("*") if p.is_file())
+        what = f"scenario {scenario}, " if scenario else ("realistic confounders, " if confounders is not None else "")
         print(
             f"{case}: {n_files} DICOM files in {case / 'dicom'}, shape {phantom.volume.shape} [k,j,i], "
-            f"{len(phantom.nodules)} nodules, ground truth {case / 'ground_truth.json'}"
+            f"{what}{len(phantom.nodules)} nodules, ground truth {case / 'ground_truth.json'}"
         )
     return 1 if failed else 0

@@ -157,6 +157,9 @@ def base_dataset(volume: CTVolume, *, seed: int, unsigned: bool, study_uid: str,
     ds.WindowCenter = ["-600", "40"]
     ds.WindowWidth = ["1500", "400"]
     ds.ConvolutionKernel = str(meta_value(volume, "ConvolutionKernel", "STANDARD"))
+    agent = meta_value(volume, "ContrastBolusAgent", None)
+    if agent is not None:
+        ds.ContrastBolusAgent = str(agent)
     return ds
 
 

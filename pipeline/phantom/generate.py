@@ -9,19 +9,19 @@ from typing import Any
 
 import numpy as np
 from pydicom.uid import generate_uid
-from scipy.ndimage import binary_dilation
 
 from ..errors import PhantomError
 from ..volume import CTVolume
-from . import anatomy as T
+from . import confounded
 from .anatomy import AnatomyPainter
-from .layout import Layout, draw_layout
+from .confounders import Confounders
+from .framing import frame
+from .layout import draw_layout
 from .model import Nodule, Phantom
 from .nodules import paint_nodule, place_nodules
 from .noise import SmoothField, blur_and_noise
 from .scanner import CanonicalGrid, direction_for, scanner_geometry, to_scanner_order
-from .tubes import Tubes, coverage, signed_distance
-from .vessels import airway_tubes, aorta_tubes, rib_tubes, vessel_trees
+from .tubepaint import paint_tubes
 
 log = logging.getLogger(__name__)
 
@@ -86,96 +86,6 @@ def _metadata(seed: int, options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _near(sd: np.ndarray, box: tuple[slice, slice, slice], limit: float) -> np.ndarray:
-    """Flat indices of the voxels in ``box`` whose signed distance is below ``limit`` mm."""
-    k, j, i = np.nonzero(sd[box] < limit)
-    return np.ravel_multi_index((k + box[0].start, j + box[1].start, i + box[2].start), sd.shape)
-
-
-def _blend(flat_hu: np.ndarray, idx: np.ndarray, alpha: np.ndarray, value: float | np.ndarray) -> None:
-    """Mix ``value`` (HU) into the voxels ``idx`` with weights ``alpha`` (0..1)."""
-    old = flat_hu[idx]
-    flat_hu[idx] = old + alpha * (np.asarray(value, dtype=np.float32) - old)
-
-
-def _paint_tubes(
-    layout: Layout,
-    grid: CanonicalGrid,
-    rngs: tuple[np.random.Generator, np.random.Generator, np.random.Generator],
-    hu: np.ndarray,
-    lung: np.ndarray,
-    bone: np.ndarray,
-    body: np.ndarray,
-    inner2: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, Tubes]:
-    """Paint aorta, pulmonary vessels, airways and ribs into ``hu`` (canonical grid, in place).
-
-    Updates ``lung`` (clear of mediastinal vessels, airway lumen, cartilage and
-    bone) and ``bone`` (ribs and clavicles added, within the 2-D ``inner2`` region); returns the vessel and airway-lumen masks and the
-    intrapulmonary vessel tubes. Only voxels near a tube surface are touched.
-    """
-    r_vessel, r_air, r_rib = rngs
-    ps = grid.pixel_spacing
-    shape = grid.shape
-    sd = np.empty(shape, dtype=np.float32)
-    flat_hu, flat_sd, flat_bone, flat_lung = hu.reshape(-1), sd.reshape(-1), bone.reshape(-1), lung.reshape(-1)
-    vessels = np.zeros(shape, dtype=bool)
-    airway = np.zeros(shape, dtype=bool)
-    pad = 1.5 * ps
-    edge = 0.5 * ps
-    max_piece = max(4.0 * ps, 6.0 * layout.scale)
-    medi = aorta_tubes(layout, grid.zs[0] - 20.0)
-    inner, trunks = vessel_trees(layout, r_vessel)
-    medi.extend(trunks)
-    box = signed_distance(grid, medi.split(max_piece), sd, pad=pad + layout.gap)
-    if box is not None:
-        idx = _near(sd, box, edge)
-        _blend(flat_hu, idx, coverage(flat_sd[idx], ps) * ~flat_bone[idx], T.BLOOD)
-        flat_lung[_near(sd, box, layout.gap)] = False
-    box = signed_distance(grid, inner.split(max_piece), sd, pad=pad)
-    if box is not None:
-        idx = _near(sd, box, edge)
-        d = flat_sd[idx]
-        _blend(flat_hu, idx, coverage(d, ps) * ~flat_bone[idx], T.VESSEL)
-        vessels.reshape(-1)[idx[d < 0]] = True
-    air = airway_tubes(layout, r_air, grid.zs[-1] + 20.0)
-    wall = layout.trachea_wall
-    box = signed_distance(grid, air.split(max_piece), sd, pad=pad + wall)
-    if box is not None:
-        idx = _near(sd, box, edge + wall)
-        d = flat_sd[idx]
-        keep = ~flat_bone[idx]
-        _blend(flat_hu, idx, coverage(d - np.float32(wall), ps) * keep, T.AIRWAY_WALL)
-        # thick slices: the wall also covers every voxel touching the lumen, so lumen never meets lung
-        lumen_box = sd[box] < 0
-        rim = binary_dilation(lumen_box, structure=np.ones((3, 3, 3), dtype=bool)) & ~lumen_box & ~bone[box]
-        hu[box][rim] = T.AIRWAY_WALL
-        _blend(flat_hu, idx, coverage(d, ps) * keep, T.AIR)
-        inside = idx[d < 0]
-        airway.reshape(-1)[inside[body.reshape(-1)[inside]]] = True
-    ribs, cartilage = rib_tubes(layout, r_rib)
-    wall_zone = inner2.reshape(-1)  # bones and cartilage stay under the subcutaneous fat
-    plane = shape[1] * shape[2]
-    box = signed_distance(grid, cartilage.split(max_piece), sd, pad=pad)
-    if box is not None:
-        idx = _near(sd, box, edge)
-        d = flat_sd[idx]
-        _blend(flat_hu, idx, coverage(d, ps) * ~flat_bone[idx] * wall_zone[idx % plane], T.CARTILAGE)
-        flat_lung[idx[d < 0]] = False
-    box = signed_distance(grid, ribs.split(max_piece), sd, pad=pad)
-    if box is not None:
-        cort = max(1.2 * layout.scale, 0.7 * ps)
-        idx = _near(sd, box, edge)
-        idx = idx[wall_zone[idx % plane]]
-        d = flat_sd[idx]
-        value = np.where(d > -cort, np.float32(T.CORTICAL), np.float32(T.CANCELLOUS))
-        _blend(flat_hu, idx, coverage(d, ps), value)
-        flat_bone[idx[d < 0]] = True
-    lung &= ~(airway | bone)
-    vessels &= lung
-    return vessels, airway, inner
-
-
 def generate_phantom(
     seed: int,
     *,
@@ -188,6 +98,7 @@ def generate_phantom(
     nodule_diameter_mm: tuple[float, float] = (3.0, 30.0),
     noise_hu: float = 20.0,
     patient_position: str = "HFS",
+    confounders: Confounders | None = None,
 ) -> Phantom:
     """Generate a synthetic chest CT with ground truth; deterministic from ``seed``.
 
@@ -201,6 +112,17 @@ def generate_phantom(
     direction cosines and voxel order as a scanner would; the anatomy and all
     ground truth stay in patient coordinates (LPS, mm).
 
+    ``confounders`` (:class:`~pipeline.phantom.confounders.Confounders`) adds
+    what real scans have: table, arms, IV contrast, bowel gas, partial
+    coverage, a small field of view, lung disease, a sharp kernel, thick
+    slices, metal. The anatomy then keeps its size (that of the plain
+    phantom for ``matrix * pixel_spacing``, not compressed along z); the image
+    crops it: in-plane a field of view ``fov_factor`` times that one (same
+    matrix, pixels ``fov_factor * pixel_spacing``), along z the coverage's
+    range (``slices=None``: all of it). The masks of :data:`~pipeline.phantom.model.CONFOUNDER_MASK_NAMES` are
+    added and ``phantom.truth`` records what the scan contains. With
+    ``confounders=None`` the phantom is the plain one, unchanged.
+
     Raises :class:`~pipeline.errors.PhantomError` for out-of-range options or
     nodules that do not fit in the lungs.
     """
@@ -208,34 +130,59 @@ def generate_phantom(
     _validate(matrix, pixel_spacing, slice_spacing, slice_thickness, slices, n_nodules, nodule_diameter_mm, noise_hu)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
         raise PhantomError(f"seed must be an integer, got {seed!r}", where="generate_phantom(seed=...)", fix="pass a whole number")
+    if confounders is not None and not isinstance(confounders, Confounders):
+        raise PhantomError(
+            f"confounders must be a Confounders or None, got {type(confounders).__name__}",
+            where="generate_phantom(confounders=...)",
+            fix="pass pipeline.phantom.Confounders(...), realistic_confounders(seed) or a scenario's .confounders",
+        )
+    conf = confounders
     direction = direction_for(patient_position)
     seed = int(seed)
     matrix = int(matrix)
     ps = float(pixel_spacing)
     ss = float(slice_spacing)
     thickness = float(slice_thickness) if slice_thickness is not None else ss
+    if conf is not None and conf.thick_slices_mm is not None:
+        ss = thickness = conf.thick_slices_mm
+    if conf is not None and not conf.has_lungs and n_nodules:
+        raise PhantomError(
+            f"n_nodules={n_nodules} but coverage='abdomen_only' puts no lung in the scan",
+            where="generate_phantom(n_nodules=..., confounders=...)",
+            fix="pass n_nodules=0 or None, or another coverage",
+        )
     lo_d, hi_d = (float(v) for v in nodule_diameter_mm)
     root = np.random.SeedSequence([abs(seed), int(seed < 0), 20250101])
     r_layout, r_tex, r_vessel, r_air, r_rib, r_nod, r_noise = (np.random.default_rng(s) for s in root.spawn(7))
 
-    fov = matrix * ps
-    scale = fov / 360.0
-    if slices is None:
-        slices = int(min(DEFAULT_MAX_SLICES, max(16, math.ceil(1.15 * 2 * 130.0 * scale * 1.05 / ss))))
-    nz = int(slices)
-    scan_len = nz * ss
-    z_center = float(np.round(r_layout.uniform(-260.0, -120.0), 1))
-    fx, fy = r_layout.uniform(-4.0, 4.0, 2) * scale
-    xs = (np.arange(matrix) - (matrix - 1) / 2.0) * ps + fx
-    ys = (np.arange(matrix) - (matrix - 1) / 2.0) * ps + fy
-    zs = z_center + (np.arange(nz) - (nz - 1) / 2.0) * ss
-    grid = CanonicalGrid(xs=xs, ys=ys, zs=zs, pixel_spacing=ps, slice_spacing=ss)
-    layout = draw_layout(r_layout, fov_mm=fov, pixel=ps, scan_length_mm=scan_len, z_center=z_center)
+    scene = None
+    if conf is None:
+        fov = matrix * ps
+        scale = fov / 360.0
+        if slices is None:
+            slices = int(min(DEFAULT_MAX_SLICES, max(16, math.ceil(1.15 * 2 * 130.0 * scale * 1.05 / ss))))
+        nz = int(slices)
+        scan_len = nz * ss
+        z_center = float(np.round(r_layout.uniform(-260.0, -120.0), 1))
+        fx, fy = r_layout.uniform(-4.0, 4.0, 2) * scale
+        xs = (np.arange(matrix) - (matrix - 1) / 2.0) * ps + fx
+        ys = (np.arange(matrix) - (matrix - 1) / 2.0) * ps + fy
+        zs = z_center + (np.arange(nz) - (nz - 1) / 2.0) * ss
+        grid = CanonicalGrid(xs=xs, ys=ys, zs=zs, pixel_spacing=ps, slice_spacing=ss)
+        layout = draw_layout(r_layout, fov_mm=fov, pixel=ps, scan_length_mm=scan_len, z_center=z_center)
+    else:
+        rngs = {name: np.random.default_rng(s) for name, s in zip(confounded.STREAMS, root.spawn(len(confounded.STREAMS)))}
+        grid, layout, framing = frame(
+            r_layout, rngs["frame"], conf, matrix=matrix, pixel_spacing=ps, slice_spacing=ss, slices=slices, max_slices=DEFAULT_MAX_SLICES
+        )
+        scene = confounded.new_scene(conf, layout, grid, str(patient_position).upper(), rngs, framing)
+        scale = layout.scale
+        nz, xs, ps = grid.shape[0], grid.xs, grid.pixel_spacing
     shape = grid.shape
 
     # 1. analytic anatomy, slab by slab
     texture = SmoothField(r_tex, shape, (6.0 * scale / ss + 1, 6.0 * scale / ps + 1, 6.0 * scale / ps + 1), 18.0)
-    painter = AnatomyPainter(layout, grid)
+    painter = AnatomyPainter(layout, grid, down=None if scene is None else scene.down)
     hu = np.empty(shape, dtype=np.float32)
     lung = np.empty(shape, dtype=bool)
     bone = np.empty(shape, dtype=bool)
@@ -243,16 +190,23 @@ def generate_phantom(
         k1 = min(k0 + _SLAB, nz)
         painter.paint(k0, k1, texture.slab(k0, k1), hu[k0:k1], lung[k0:k1], bone[k0:k1])
     body = np.broadcast_to(painter.body2[None], shape).copy()
+    if scene is not None:
+        confounded.before_tubes(scene, painter, hu, lung, bone, body)
     t1 = time.perf_counter()
 
     # 2. tubes: mediastinal vessels, lung vessels, airways, ribs
-    vessels, airway, inner = _paint_tubes(layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body, painter.inner2)
+    blood = None if scene is None else scene.blood
+    vessels, airway, inner, blood_mask = paint_tubes(layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body, painter.inner2, blood)
+    if scene is not None:
+        confounded.after_tubes(scene, hu, lung, bone, vessels, body, blood_mask)
     t2 = time.perf_counter()
 
     # 3. nodules
     strict = n_nodules is not None
     if n_nodules is None:
         n_nodules = int(r_nod.integers(0, 7))
+    if scene is not None and not lung.any():
+        n_nodules = 0  # no lung in the scan (abdomen only)
     labels = np.zeros(shape, dtype=np.uint8)
     specs = place_nodules(r_nod, grid, lung, inner, labels, count=int(n_nodules), diameter_mm=(lo_d, hi_d), strict=strict)
     nodules = []
@@ -275,11 +229,14 @@ def generate_phantom(
     # 4. partial volume (slice profile + in-plane kernel) and noise
     sigma_z = math.sqrt(thickness**2 / 12.0 + 0.3**2) / ss
     sigma_xy = 0.45 / ps
-    blur_and_noise(hu, r_noise, sigma_vox_zyx=(sigma_z, sigma_xy, sigma_xy), noise_hu=float(noise_hu))
+    if scene is None:
+        blur_and_noise(hu, r_noise, sigma_vox_zyx=(sigma_z, sigma_xy, sigma_xy), noise_hu=float(noise_hu))
+    else:
+        confounded.acquire(scene, hu, r_noise, sigma_z=sigma_z, noise_hu=float(noise_hu))
     np.clip(hu, -1024.0, 3071.0, out=hu)
     t4 = time.perf_counter()
 
-    options = {
+    options: dict[str, Any] = {
         "matrix": matrix,
         "pixel_spacing": ps,
         "slice_spacing": ss,
@@ -290,8 +247,10 @@ def generate_phantom(
         "noise_hu": float(noise_hu),
         "patient_position": str(patient_position).upper(),
     }
+    if conf is not None:
+        options["confounders"] = conf.to_json()
     geom = scanner_geometry(grid, direction)
-    volume = CTVolume(to_scanner_order(hu, direction), geom, metadata=_metadata(seed, options))
+    metadata = _metadata(seed, options)
     masks = {
         "body": body,
         "lung_left": lung & (xs > 0)[None, None, :],
@@ -300,6 +259,12 @@ def generate_phantom(
         "bone": bone,
         "vessels": vessels,
     }
+    truth: dict[str, Any] = {}
+    if scene is not None:
+        masks.update(confounded.finish(scene, masks, labels, slice_thickness=thickness, slice_spacing=ss, noise_hu=float(noise_hu)))
+        metadata.update(confounded.metadata(scene))
+        truth = scene.truth
+    volume = CTVolume(to_scanner_order(hu, direction), geom, metadata=metadata)
     masks = {k: to_scanner_order(v, direction) for k, v in masks.items()}
     phantom = Phantom(
         volume=volume,
@@ -308,6 +273,7 @@ def generate_phantom(
         nodules=tuple(nodules),
         seed=seed,
         options=options,
+        truth=truth,
     )
     log.info(
         "phantom seed %d: %s voxels, %d nodules; anatomy %.2fs, tubes %.2fs, nodules %.2fs, blur+noise %.2fs, total %.2fs",

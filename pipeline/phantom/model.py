@@ -28,6 +28,10 @@ GROUND_TRUTH_FILE = "ground_truth.json"
 MASKS_FILE = "masks.npz"
 FORMAT_VERSION = 1
 MASK_NAMES = ("body", "lung_left", "lung_right", "airway", "bone", "vessels")
+"""Masks every phantom has."""
+CONFOUNDER_MASK_NAMES = ("table", "bowel_gas", "contrast_blood", "effusion", "atelectasis", "emphysema", "metal")
+"""Masks a phantom made with confounders has as well (each present, possibly empty)."""
+ALL_MASK_NAMES = MASK_NAMES + CONFOUNDER_MASK_NAMES
 NODULE_KINDS = ("solid", "part_solid", "ground_glass")
 
 
@@ -73,8 +77,17 @@ class Phantom:
     """A synthetic chest CT with its ground truth.
 
     volume: HU (float32) with LPS geometry and DICOM metadata. masks: bool
-    ``[k, j, i]`` arrays on ``volume.geometry`` named in :data:`MASK_NAMES`.
+    ``[k, j, i]`` arrays on ``volume.geometry`` named in :data:`MASK_NAMES`,
+    and with confounders also :data:`CONFOUNDER_MASK_NAMES`:
+    ``table`` (table and blanket; never ``body``), ``bowel_gas`` (stomach and
+    colon gas; never lung), ``contrast_blood`` (enhanced blood in heart and
+    vessels, intrapulmonary vessels included; never ``bone``), ``effusion``
+    and ``atelectasis`` (not in the lung masks), ``emphysema`` (low-attenuation
+    lung, inside the lung masks), ``metal`` (not ``bone``).
     nodule_labels: uint8 ``[k, j, i]``, 0 background, n for ``nodules[n - 1]``.
+    truth: with confounders, what the scan contains (lungs in the scan,
+    contrast phase, slices, field of view, metal, emphysema index, ...);
+    empty otherwise.
     """
 
     volume: CTVolume
@@ -83,13 +96,18 @@ class Phantom:
     nodules: tuple[Nodule, ...]
     seed: int
     options: dict[str, Any] = field(default_factory=dict)
+    truth: dict[str, Any] = field(default_factory=dict)
 
     def ground_truth(self) -> dict[str, Any]:
-        """JSON-able ground truth: seed, options, geometry, UIDs, nodules (LPS mm), mask volumes (mm³)."""
+        """JSON-able ground truth: seed, options, geometry, UIDs, nodules (LPS mm), mask volumes (mm³).
+
+        A phantom with confounders adds ``truth`` (see :class:`Phantom`); its
+        options hold the ``confounders`` asked for.
+        """
         geom = self.volume.geometry
         voxel_mm3 = float(np.prod(geom.spacing))
         meta = self.volume.metadata
-        return {
+        out: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "coordinates": "DICOM patient coordinates (LPS), mm; arrays indexed [k, j, i]",
             "seed": int(self.seed),
@@ -107,6 +125,9 @@ class Phantom:
                 "volume_mm3": {k: round(float(np.count_nonzero(v)) * voxel_mm3, 1) for k, v in self.masks.items()},
             },
         }
+        if self.truth:
+            out["truth"] = self.truth
+        return out
 
     def save_ground_truth(self, folder: str | Path) -> Path:
         """Write ``ground_truth.json`` and ``masks.npz`` (compressed masks + ``nodule_labels``) atomically."""
@@ -147,7 +168,11 @@ def load_ground_truth(path: str | Path) -> dict[str, Any]:
 
 
 def load_masks(path: str | Path) -> dict[str, np.ndarray]:
-    """Read ``masks.npz`` (give the file or its folder): bool masks ``[k, j, i]`` and uint8 ``nodule_labels``."""
+    """Read ``masks.npz`` (give the file or its folder): bool masks ``[k, j, i]`` and uint8 ``nodule_labels``.
+
+    Every mask in the file is returned: :data:`MASK_NAMES`, and for a phantom
+    made with confounders also :data:`CONFOUNDER_MASK_NAMES`.
+    """
     p = Path(path)
     if p.is_dir():
         p = p / MASKS_FILE

@@ -48,6 +48,12 @@ def direction_for(patient_position: str) -> np.ndarray:
     return np.stack([row, col, normal], axis=1)
 
 
+def floor_direction(patient_position: str) -> np.ndarray:
+    """LPS unit vector (3,) pointing to the floor for a DICOM PatientPosition (+P supine, -P prone, -L / +L decubitus)."""
+    direction = direction_for(patient_position)
+    return direction[:, 1].copy()
+
+
 @dataclass(frozen=True)
 class CanonicalGrid:
     """Voxel centres of the canonical grid: ``xs`` (+L), ``ys`` (+P), ``zs`` (+S), LPS mm, ascending."""

@@ -63,7 +63,7 @@ class Tubes:
         return out
 
 
-def _index_box(grid: CanonicalGrid, lo: np.ndarray, hi: np.ndarray) -> tuple[slice, slice, slice] | None:
+def index_box(grid: CanonicalGrid, lo: np.ndarray, hi: np.ndarray) -> tuple[slice, slice, slice] | None:
     """Canonical-array slices ``[z, y, x]`` covering the LPS box lo..hi (mm), or None if outside."""
     out = []
     for coords, a in ((grid.zs, 2), (grid.ys, 1), (grid.xs, 0)):
@@ -85,7 +85,7 @@ def union_box(grid: CanonicalGrid, tubes: Tubes, pad: float) -> tuple[slice, sli
     r = np.maximum(ra, rb)[:, None] + pad
     lo = np.minimum(a, b) - r
     hi = np.maximum(a, b) + r
-    return _index_box(grid, lo.min(axis=0), hi.max(axis=0))
+    return index_box(grid, lo.min(axis=0), hi.max(axis=0))
 
 
 def signed_distance(grid: CanonicalGrid, tubes: Tubes, out: np.ndarray, *, pad: float) -> tuple[slice, slice, slice] | None:
@@ -104,7 +104,7 @@ def signed_distance(grid: CanonicalGrid, tubes: Tubes, out: np.ndarray, *, pad: 
     a_all, b_all, ra_all, rb_all = tubes.arrays()
     for a, b, ra, rb in zip(a_all, b_all, ra_all, rb_all):
         r = max(ra, rb) + pad
-        bb = _index_box(grid, np.minimum(a, b) - r, np.maximum(a, b) + r)
+        bb = index_box(grid, np.minimum(a, b) - r, np.maximum(a, b) + r)
         if bb is None:
             continue
         e = (b - a).astype(np.float32)

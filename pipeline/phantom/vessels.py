@@ -113,7 +113,10 @@ def hilum(layout: Layout, side: float) -> np.ndarray:
 
 
 def vessel_trees(layout: Layout, rng: np.random.Generator) -> tuple[Tubes, Tubes]:
-    """Pulmonary arteries and veins: (branches inside the lungs, trunks in the mediastinum)."""
+    """Pulmonary arteries and veins: (branches inside the lungs, trunks in the mediastinum).
+
+    The trunks alternate artery, vein (right lung, then left): see :func:`split_trunks`.
+    """
     s = layout.scale
     px = layout.pixel
     trunks = Tubes()
@@ -148,6 +151,14 @@ def vessel_trees(layout: Layout, rng: np.random.Generator) -> tuple[Tubes, Tubes
         asymmetry=(0.7, 1.0),
     )
     return inner, trunks
+
+
+def split_trunks(trunks: Tubes) -> tuple[Tubes, Tubes]:
+    """The mediastinal trunks of :func:`vessel_trees` as (pulmonary arteries, pulmonary veins)."""
+    arteries, veins = Tubes(), Tubes()
+    for n, (a, b, ra, rb) in enumerate(zip(trunks.a, trunks.b, trunks.ra, trunks.rb)):
+        (arteries if n % 2 == 0 else veins).add(a, b, ra, rb)
+    return arteries, veins
 
 
 _TRUNK_DIRECTIONS = (
