@@ -164,6 +164,27 @@ class SourceMismatchError(DicomOutputError):
     """The source DICOM files do not match the volume's slices, or lack an attribute needed to reference them."""
 
 
+# --- PACS (DICOMweb, DIMSE: sources, listener, result sending) ---------------------------
+class PacsError(CtpipeError):
+    """Base class for problems with a PACS: its address, reaching it, or what it answered."""
+
+
+class PacsAddressError(PacsError, ValueError):
+    """A PACS source or destination address (URL, query, AE title, credentials) is not valid."""
+
+
+class PacsUnavailableError(PacsError):
+    """A PACS cannot be reached or does not answer in time (after the configured retries)."""
+
+
+class PacsRequestError(PacsError):
+    """A PACS refused or failed a request (HTTP error, association rejected, DIMSE failure status)."""
+
+
+class PartialSeriesError(PacsError):
+    """Fewer instances of a series were retrieved than the PACS listed for it."""
+
+
 # --- runner -----------------------------------------------------------------------------
 class RunStoreError(CtpipeError):
     """A run directory or its database is missing or unreadable, or a case's state change is not allowed."""
@@ -171,6 +192,14 @@ class RunStoreError(CtpipeError):
 
 class FatalRunError(CtpipeError):
     """A worker cannot work at all (e.g. the model cannot be loaded): the run stops."""
+
+
+class RunEnvironmentError(CtpipeError):
+    """The run folder cannot be written (disk full, read-only, no permission, quota): the run stops; a rerun resumes."""
+
+
+class IncompleteOutputError(CtpipeError):
+    """A case's stage did not write every output file it declares: the case is not published."""
 
 
 # --- configuration ----------------------------------------------------------------------

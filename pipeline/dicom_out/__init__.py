@@ -1,0 +1,35 @@
+"""DICOM results for PACS viewers: a structured report (TID 1500) and a segmentation (SEG) per case.
+
+Public API (positions in DICOM patient coordinates, LPS mm; masks ``[k, j, i]`` on the volume's grid)::
+
+    from pipeline.dicom_out import read_source_series, write_dicom_outputs, read_sr_findings
+    source = read_source_series("dicom/series1", volume)     # headers matched to the volume's slices
+    paths = write_dicom_outputs("out/", source=source, volume=volume, findings=findings,
+                                reconstruction=recon, nodules=nodule_results, quality=quality,
+                                model_name="demo_phantom", model_version="1", score_threshold=0.5)
+    table = read_sr_findings(paths["sr"])                     # the findings back, LPS mm
+
+:func:`write_sr` and :func:`write_seg` write one object each. The SR and the SEG share the
+nodules' tracking UIDs; the codes they use are listed in :mod:`pipeline.dicom_out.codes`.
+"""
+
+from __future__ import annotations
+
+from .._lazy import lazy_exports
+
+_LAZY = {
+    "SourceSeries": "pipeline.dicom_out.sources",
+    "read_source_series": "pipeline.dicom_out.sources",
+    "NoduleDetail": "pipeline.dicom_out.model",
+    "ReportedFinding": "pipeline.dicom_out.model",
+    "reported_findings": "pipeline.dicom_out.model",
+    "write_sr": "pipeline.dicom_out.api",
+    "write_seg": "pipeline.dicom_out.api",
+    "write_dicom_outputs": "pipeline.dicom_out.api",
+    "read_sr_findings": "pipeline.dicom_out.sr_read",
+    "read_sr_case": "pipeline.dicom_out.sr_read",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -1,0 +1,166 @@
+"""Public entry points: write a case's SR, its SEG, or both, from ctpipe's results.
+
+All positions are DICOM patient coordinates (LPS, mm); masks are ``[k, j, i]`` arrays on the
+volume's grid. Files appear atomically (:mod:`pipeline.atomic`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DicomOutputError
+from ..volume import CTVolume, LabelMap
+from .model import NoduleDetail, ReportedFinding, reported_findings
+from .seg import write_seg_object
+from .sources import SourceSeries, check_source, read_source_series
+from .sr import build_sr, save
+
+log = logging.getLogger(__name__)
+
+OUTPUTS = ("sr", "seg")
+SourceArg = SourceSeries | str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+
+
+def _source(source: SourceArg, volume: CTVolume) -> SourceSeries:
+    if isinstance(source, SourceSeries):
+        check_source(source, volume)
+        return source
+    return read_source_series(source, volume)
+
+
+def _findings(findings: Any, volume: CTVolume) -> list[Any]:
+    series = getattr(findings, "series_uid", None)
+    if series and volume.series_uid and series != volume.series_uid:
+        raise DicomOutputError(f"the findings belong to series {series}, the volume to {volume.series_uid}",
+                               where="findings", fix="pass the findings detected on this volume")
+    return list(findings or [])
+
+
+def write_sr(
+    path: str | os.PathLike[str],
+    *,
+    source: SourceArg,
+    volume: CTVolume,
+    findings: Any,
+    model_name: str,
+    model_version: str,
+    score_threshold: float,
+    nodules: Sequence[Any] | None = None,
+    organ_masks: Mapping[str, np.ndarray | LabelMap] | None = None,
+    measurements: Mapping[str, Any] | None = None,
+    quality: Any = None,
+    details: Mapping[int, NoduleDetail] | None = None,
+    series_number: int = 901,
+    image_library: bool = False,
+) -> Path:
+    """Write the case's Comprehensive 3D SR (TID 1500) to ``path`` and return it.
+
+    source: the source series (a :class:`SourceSeries`, or its folder / files, read with :func:`read_source_series`).
+    findings: the detector's findings (``Findings`` or a list of ``Finding``; LPS mm); those scoring at least
+    ``score_threshold`` (the operating point) are reported, and with none the report says "Nodule: Absent".
+    nodules: nodule segmentations (``NoduleResult`` or their JSON) for volumes and long axes. organ_masks: the lung
+    masks give each finding's side. measurements: the reconstruction's measurements (lung volumes, emphysema
+    index). quality: a ``QualityReport``. details: finding index → :class:`NoduleDetail` (side, lobe, composition).
+    image_library: add a TID 1600 Image Library of the referenced images (see :func:`.sr.build_sr`).
+    """
+    src = _source(source, volume)
+    reported = reported_findings(_findings(findings, volume), volume.geometry, series_uid=src.series_instance_uid,
+                                 score_threshold=score_threshold, nodules=nodules, organ_masks=organ_masks, details=details)
+    return _write_sr(Path(path), src, reported, model_name=model_name, model_version=model_version,
+                     score_threshold=score_threshold, measurements=measurements, quality=quality, series_number=series_number,
+                     image_library=image_library)
+
+
+def _write_sr(path: Path, source: SourceSeries, reported: Sequence[ReportedFinding], **options: Any) -> Path:
+    sr = build_sr(reported, source, **options)
+    out = save(sr, path)
+    log.info("SR %s: %d finding(s) at score >= %.3g", out, len(reported), options["score_threshold"])
+    return out
+
+
+def write_seg(
+    path: str | os.PathLike[str],
+    *,
+    source: SourceArg,
+    volume: CTVolume,
+    score_threshold: float,
+    organ_masks: Mapping[str, np.ndarray | LabelMap] | None = None,
+    findings: Any = (),
+    nodules: Sequence[Any] | None = None,
+    details: Mapping[int, NoduleDetail] | None = None,
+    omit_empty_frames: bool = False,
+    series_number: int = 902,
+    segment_codes: Mapping[str, tuple[Any, Any]] | None = None,
+) -> Path:
+    """Write the case's binary SEG (organ masks and nodule masks) to ``path`` and return it.
+
+    Nodule segments are those of the findings scoring at least ``score_threshold`` that have a mask in
+    ``nodules``; they are named ``Nodule <rank>`` with the tracking UIDs the SR uses for the same threshold.
+    See :mod:`pipeline.dicom_out.seg` for ``omit_empty_frames`` and ``segment_codes``.
+    """
+    src = _source(source, volume)
+    reported = reported_findings(_findings(findings, volume), volume.geometry, series_uid=src.series_instance_uid,
+                                 score_threshold=score_threshold, nodules=nodules, organ_masks=organ_masks, details=details)
+    return write_seg_object(Path(path), source=src, volume=volume, organ_masks=organ_masks, findings=reported,
+                            omit_empty_frames=omit_empty_frames, series_number=series_number, segment_codes=segment_codes)
+
+
+def _stem(volume: CTVolume) -> str:
+    key = str(volume.metadata.get("SeriesKey") or volume.series_uid or "case")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", key)
+
+
+def write_dicom_outputs(
+    out_dir: str | os.PathLike[str],
+    *,
+    source: SourceArg,
+    volume: CTVolume,
+    findings: Any,
+    model_name: str,
+    model_version: str,
+    score_threshold: float,
+    reconstruction: Any = None,
+    nodules: Sequence[Any] | None = None,
+    quality: Any = None,
+    details: Mapping[int, NoduleDetail] | None = None,
+    outputs: Sequence[str] = OUTPUTS,
+    stem: str | None = None,
+    omit_empty_frames: bool = False,
+) -> dict[str, Path]:
+    """Write the requested DICOM results of one case into ``out_dir``: ``{"sr": <stem>_sr.dcm, "seg": <stem>_seg.dcm}``.
+
+    reconstruction: a ``Reconstruction`` (its organ masks go to the SEG, its measurements to the SR). nodules: the
+    ``NoduleResult`` list of its nodule segmentation (masks and volumes); without it the volumes are taken from
+    ``reconstruction.measurements["nodules"]`` and the SEG has no nodule segments. The source headers are read once
+    for both objects. A SEG with nothing to hold (no organ mask, no nodule mask) is skipped with a warning.
+    """
+    unknown = [o for o in outputs if o not in OUTPUTS]
+    if unknown:
+        raise DicomOutputError(f"unknown DICOM output(s) {unknown}", where="outputs", fix=f"choose from {list(OUTPUTS)}")
+    out = Path(out_dir)
+    stem = stem or _stem(volume)
+    src = _source(source, volume)
+    masks = dict(getattr(reconstruction, "masks", {}) or {})
+    measurements = getattr(reconstruction, "measurements", None)
+    if nodules is None and measurements:
+        nodules = measurements.get("nodules")
+    reported = reported_findings(_findings(findings, volume), volume.geometry, series_uid=src.series_instance_uid,
+                                 score_threshold=score_threshold, nodules=nodules, organ_masks=masks, details=details)
+    written: dict[str, Path] = {}
+    if "sr" in outputs:
+        written["sr"] = _write_sr(out / f"{stem}_sr.dcm", src, reported, model_name=model_name, model_version=model_version,
+                                  score_threshold=score_threshold, measurements=measurements, quality=quality)
+    if "seg" in outputs:
+        if not masks and not any(f.mask is not None for f in reported):
+            log.warning("%s: no organ or nodule masks: no SEG written (run the reconstruction to get one)", out)
+        else:
+            written["seg"] = write_seg_object(out / f"{stem}_seg.dcm", source=src, volume=volume, organ_masks=masks,
+                                              findings=reported, omit_empty_frames=omit_empty_frames)
+    return written

@@ -1,0 +1,139 @@
+"""Coded concepts written into ctpipe's DICOM results (SR and SEG).
+
+Standard codes (SNOMED CT ``SCT``, DICOM ``DCM``, LOINC ``LN``, UCUM units) wherever one exists;
+the rest come from ctpipe's private coding scheme ``99CTPIPE`` (DICOM PS3.16 §8.2: designators
+beginning with "99" are private), which every SR declares in its CodingSchemeIdentificationSequence.
+
+========================  ==========================  =====================================================
+concept                   code                        used for
+========================  ==========================  =====================================================
+CT Chest                  LN 24627-2                  SR: procedure reported
+Nodule                    SCT 27925004                SR: finding type; SEG: segmented property type
+Morphologically abnormal  SCT 49755003                SEG: category of nodule segments
+structure
+Anatomical structure      SCT 91723000                SEG: category of organ segments
+Tissue                    SCT 85756007                SEG: category of the bone segment
+Lung                      SCT 39607008                SR: finding site, lung volumes
+Left lung / Right lung    SCT 44029006 / 3341006      SEG: lung segments; nodule segments' anatomic region
+Upper/lower lobe of left  SCT 44714003 / 41224006     SR: finding site when the lobe is known
+lung
+Upper/middle/lower lobe   SCT 42400003 / 72481006 /   SR: finding site when the lobe is known
+of right lung             266005
+Left / Right / Right and  SCT 7771000 / 24028007 /    SR: laterality of finding sites and lung volumes
+left                      51440002
+Airway structure          SCT 89187006                SEG: airway segment
+Bone                      SCT 3138006                 SEG: bone segment
+Entire body               SCT 38266002                SEG: body segment
+Diameter                  SCT 81827009                SR: equivalent diameter of the detector's box (mm)
+Long axis                 SCT 103339001               SR: longest extent of the nodule (mm)
+Volume                    SCT 118565006               SR: nodule volume (mm³), lung volumes (mL)
+Probability               DCM 122157                  SR: detector score (0..1, unit "1"); no standard
+                                                      code names a detector score
+Present / Absent          SCT 52101004 / 2667000      SR: "Nodule" present / absent (the explicit
+                                                      no-findings statement)
+Quality finding           DCM 111052                  SR: name of each quality flag evaluation
+Emphysema index           99CTPIPE emphysema_index    SR: % of lung voxels below -950 HU
+Nodule composition        99CTPIPE composition        SR: solid / part-solid / ground glass
+solid, part_solid,        99CTPIPE <same>             SR: values of "Nodule composition"
+ground_glass
+Lung coverage             99CTPIPE lung_coverage      SR: complete / partial / absent
+Contrast phase            99CTPIPE contrast_phase     SR: non_contrast / arterial / venous
+quality flag codes        99CTPIPE <flag code>        SR: values of "Quality finding", one per flag of
+                                                      :data:`pipeline.reconstruction.quality.FLAGS`
+========================  ==========================  =====================================================
+
+Units (UCUM): mm, mm3, ml, %, 1 (no units).
+"""
+
+from __future__ import annotations
+
+from pydicom.sr.coding import Code
+
+PRIVATE_SCHEME = "99CTPIPE"
+PRIVATE_SCHEME_NAME = "ctpipe private codes"
+PRIVATE_SCHEME_VERSION = "1"
+
+# --- procedure, finding type, categories -------------------------------------------------
+CT_CHEST = Code("24627-2", "LN", "CT Chest")
+NODULE = Code("27925004", "SCT", "Nodule")
+MORPHOLOGICALLY_ABNORMAL_STRUCTURE = Code("49755003", "SCT", "Morphologically Abnormal Structure")
+ANATOMICAL_STRUCTURE = Code("91723000", "SCT", "Anatomical Structure")
+TISSUE = Code("85756007", "SCT", "Tissue")
+
+# --- anatomy ------------------------------------------------------------------------------
+LUNG = Code("39607008", "SCT", "Lung")
+LEFT_LUNG = Code("44029006", "SCT", "Left lung")
+RIGHT_LUNG = Code("3341006", "SCT", "Right lung")
+AIRWAY = Code("89187006", "SCT", "Airway structure")
+BONE = Code("3138006", "SCT", "Bone")
+ENTIRE_BODY = Code("38266002", "SCT", "Entire body")
+LOBES: dict[tuple[str, str], Code] = {
+    ("left", "upper"): Code("44714003", "SCT", "Upper lobe of left lung"),
+    ("left", "lower"): Code("41224006", "SCT", "Lower lobe of left lung"),
+    ("right", "upper"): Code("42400003", "SCT", "Upper lobe of right lung"),
+    ("right", "middle"): Code("72481006", "SCT", "Middle lobe of right lung"),
+    ("right", "lower"): Code("266005", "SCT", "Lower lobe of right lung"),
+}
+LATERALITY: dict[str, Code] = {
+    "left": Code("7771000", "SCT", "Left"),
+    "right": Code("24028007", "SCT", "Right"),
+    "both": Code("51440002", "SCT", "Right and left"),
+}
+
+# --- measurements and evaluations ------------------------------------------------------------
+DIAMETER = Code("81827009", "SCT", "Diameter")
+LONG_AXIS = Code("103339001", "SCT", "Long axis")
+VOLUME = Code("118565006", "SCT", "Volume")
+PROBABILITY = Code("122157", "DCM", "Probability")
+PRESENT = Code("52101004", "SCT", "Present")
+ABSENT = Code("2667000", "SCT", "Absent")
+QUALITY_FINDING = Code("111052", "DCM", "Quality Finding")
+
+MM = Code("mm", "UCUM", "millimeter")
+MM3 = Code("mm3", "UCUM", "cubic millimeter")
+ML = Code("ml", "UCUM", "milliliter")
+PERCENT = Code("%", "UCUM", "percent")
+NO_UNITS = Code("1", "UCUM", "no units")
+
+
+def private(value: str, meaning: str) -> Code:
+    """A code of ctpipe's private scheme (:data:`PRIVATE_SCHEME`)."""
+    return Code(value, PRIVATE_SCHEME, meaning)
+
+
+EMPHYSEMA_INDEX = private("emphysema_index", "Emphysema index (LAA-950)")
+COMPOSITION = private("composition", "Nodule composition")
+COMPOSITIONS: dict[str, Code] = {
+    "solid": private("solid", "Solid"),
+    "part_solid": private("part_solid", "Part-solid"),
+    "ground_glass": private("ground_glass", "Ground glass"),
+}
+LUNG_COVERAGE = private("lung_coverage", "Lung coverage")
+CONTRAST_PHASE = private("contrast_phase", "Contrast phase")
+COVERAGES = {v: private(v, v.capitalize()) for v in ("complete", "partial", "absent")}
+PHASES = {v: private(v, v.replace("_", " ").capitalize()) for v in ("non_contrast", "arterial", "venous")}
+
+
+def quality_flag_code(code: str, sentence: str) -> Code:
+    """The private code of quality flag ``code``; its meaning is the flag's fixed sentence (at most 64 characters)."""
+    return private(code, sentence[:64])
+
+
+#: organ name (as in :data:`pipeline.reconstruction.organs.ORGANS`) → (category, type) of its SEG segment
+ORGAN_SEGMENTS: dict[str, tuple[Code, Code]] = {
+    "body": (ANATOMICAL_STRUCTURE, ENTIRE_BODY),
+    "lung_left": (ANATOMICAL_STRUCTURE, LEFT_LUNG),
+    "lung_right": (ANATOMICAL_STRUCTURE, RIGHT_LUNG),
+    "airway": (ANATOMICAL_STRUCTURE, AIRWAY),
+    "bone": (TISSUE, BONE),
+}
+
+#: display colours (RGB 0-255) of the segments, for viewers that honour RecommendedDisplayCIELabValue
+ORGAN_COLOURS: dict[str, tuple[int, int, int]] = {
+    "body": (177, 122, 101),
+    "lung_left": (128, 174, 128),
+    "lung_right": (111, 184, 210),
+    "airway": (216, 101, 79),
+    "bone": (241, 214, 145),
+    "nodule": (230, 30, 30),
+}

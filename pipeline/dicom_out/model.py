@@ -1,0 +1,243 @@
+"""What a case's DICOM results report: the findings at the operating point, with what ctpipe knows about each.
+
+:func:`reported_findings` turns the detector's findings (LPS mm), the nodule segmentations and the
+lung masks into :class:`ReportedFinding` records, shared by the SR (one measurement group each) and
+the SEG (one segment each). Tracking UIDs are derived from the source series and the finding's
+centre, so an SR and a SEG written separately for the same case name each nodule alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import DicomOutputError
+from ..volume import Geometry, LabelMap
+from .uids import stable_uid
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..detection.findings import Finding
+
+log = logging.getLogger(__name__)
+
+SIDES = ("left", "right")
+LOBES = {"left": ("upper", "lower"), "right": ("upper", "middle", "lower")}
+COMPOSITIONS = ("solid", "part_solid", "ground_glass")
+#: search radius (mm) around a finding's centre for the nearest lung when the centre lies in neither lung
+SIDE_SEARCH_MM = 15.0
+
+
+@dataclass(frozen=True)
+class NoduleDetail:
+    """What is known of a finding beyond the detector's box; every field optional.
+
+    side: ``"left"`` or ``"right"`` (the patient's side). lobe: ``"upper"``, ``"middle"`` (right lung only) or
+    ``"lower"``. composition: ``"solid"``, ``"part_solid"`` or ``"ground_glass"``.
+    """
+
+    side: str | None = None
+    lobe: str | None = None
+    composition: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.side is not None and self.side not in SIDES:
+            raise DicomOutputError(f"side {self.side!r} is not one of {SIDES}", where="NoduleDetail")
+        if self.lobe is not None:
+            allowed = LOBES.get(self.side or "", ("upper", "middle", "lower"))
+            if self.side is None or self.lobe not in allowed:
+                raise DicomOutputError(f"lobe {self.lobe!r} with side {self.side!r} is not a lung lobe", where="NoduleDetail",
+                                       fix="give side='left' with upper/lower, or side='right' with upper/middle/lower")
+        if self.composition is not None and self.composition not in COMPOSITIONS:
+            raise DicomOutputError(f"composition {self.composition!r} is not one of {COMPOSITIONS}", where="NoduleDetail")
+
+
+@dataclass(frozen=True)
+class NoduleMask:
+    """A nodule's mask as a crop of the volume's grid: ``mask`` (bool ``[k, j, i]``) starts at voxel ``offset_kji``."""
+
+    mask: np.ndarray
+    offset_kji: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class ReportedFinding:
+    """One finding as the DICOM results report it (LPS mm throughout).
+
+    rank: 1-based, by score. index: position in the detector's findings list. tracking_id / tracking_uid:
+    name and UID of the nodule in the SR and the SEG. half_axes_mm: half the detector box's extent along
+    LPS x, y, z. diameter_mm: the detector's equivalent diameter. long_axis_mm: the longest extent of the nodule
+    mask's voxel cells when there is a mask, else the box's longest edge. volume_mm3: from the nodule
+    segmentation, else None. slice_k: the volume slice nearest the centre.
+    """
+
+    rank: int
+    index: int
+    tracking_id: str
+    tracking_uid: str
+    center_lps: tuple[float, float, float]
+    half_axes_mm: tuple[float, float, float]
+    diameter_mm: float
+    long_axis_mm: float
+    volume_mm3: float | None
+    score: float
+    side: str | None
+    lobe: str | None
+    composition: str | None
+    slice_k: int
+    mask: NoduleMask | None = None
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def _vec3(value: Any, name: str, where: str) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    if arr.shape != (3,) or not np.all(np.isfinite(arr)):
+        raise DicomOutputError(f"{name} must be 3 finite numbers (LPS mm), got {value!r}", where=where)
+    return arr
+
+
+def as_bool_mask(mask: np.ndarray | LabelMap, geometry: Geometry, name: str) -> np.ndarray:
+    """A boolean ``[k, j, i]`` array on ``geometry`` from an array or a binary :class:`LabelMap`."""
+    if isinstance(mask, LabelMap):
+        if not mask.geometry.same_grid(geometry):
+            raise DicomOutputError(f"the {name} mask's grid differs from the volume's", where=name,
+                                   fix="pass masks on the volume's geometry (as reconstruct() returns them)")
+        mask = mask.array
+    arr = np.asarray(mask)
+    if arr.shape != geometry.shape:
+        raise DicomOutputError(f"the {name} mask has shape {arr.shape}, the volume {geometry.shape} [k, j, i]", where=name,
+                               fix="pass masks on the volume's geometry")
+    return arr if arr.dtype == bool else arr.astype(bool)
+
+
+def _nodule_mask(result: Any, geometry: Geometry) -> NoduleMask | None:
+    mask, crop = _get(result, "mask"), _get(result, "geometry")
+    if mask is None or crop is None:
+        return None
+    mask = np.asarray(mask, dtype=bool)
+    off = geometry.lps_to_index(crop.origin)
+    off_r = np.rint(off)
+    if np.abs(off - off_r).max() > 1e-3 or not np.allclose(crop.spacing, geometry.spacing, rtol=1e-6) \
+            or not np.allclose(crop.direction, geometry.direction, atol=1e-6):
+        raise DicomOutputError(f"nodule {_get(result, 'index')}: its mask is not a crop of the volume's grid",
+                               where="nodules", fix="pass the NoduleResult objects segment_findings() made on this volume")
+    i0, j0, k0 = (int(v) for v in off_r)
+    lo = np.array([k0, j0, i0])
+    hi = lo + np.array(mask.shape)
+    if np.any(lo < 0) or np.any(hi > np.array(geometry.shape)):
+        raise DicomOutputError(f"nodule {_get(result, 'index')}: its mask reaches outside the volume", where="nodules")
+    return NoduleMask(mask, (k0, j0, i0))
+
+
+def _long_axis(nm: NoduleMask, geometry: Geometry) -> float | None:
+    """Longest distance (mm) between two corners of the mask's voxel cells (convex hull, LPS)."""
+    from scipy import ndimage
+    from scipy.spatial import ConvexHull, QhullError
+
+    if not nm.mask.any():
+        return None
+    # the hull of all voxel cells is the hull of the boundary voxels' cells
+    boundary = nm.mask & ~ndimage.binary_erosion(nm.mask)
+    kji = np.argwhere(boundary) + np.asarray(nm.offset_kji)
+    corners = (kji[:, None, ::-1] + (np.indices((2, 2, 2)).reshape(3, -1).T - 0.5)[None]).reshape(-1, 3)
+    pts = geometry.index_to_lps(corners)
+    try:
+        pts = pts[ConvexHull(pts).vertices]
+    except QhullError:
+        pass
+    d = np.sqrt(((pts[:, None, :] - pts[None, :, :]) ** 2).sum(-1))
+    return float(d.max())
+
+
+def _side(center: np.ndarray, geometry: Geometry, lungs: Mapping[str, np.ndarray]) -> str | None:
+    """The lung holding the centre, else the nearer lung within :data:`SIDE_SEARCH_MM`, else None."""
+    ijk = geometry.lps_to_index(center)
+    i, j, k = (int(v) for v in np.rint(ijk))
+    inside = 0 <= k < geometry.shape[0] and 0 <= j < geometry.shape[1] and 0 <= i < geometry.shape[2]
+    for side in SIDES:
+        m = lungs.get(f"lung_{side}")
+        if m is not None and inside and m[k, j, i]:
+            return side
+    r = np.ceil(SIDE_SEARCH_MM / np.asarray(geometry.spacing)).astype(int)  # (i, j, k)
+    lo = np.maximum([k - r[2], j - r[1], i - r[0]], 0)
+    hi = np.minimum([k + r[2] + 1, j + r[1] + 1, i + r[0] + 1], geometry.shape)
+    if np.any(hi <= lo):
+        return None
+    best, best_d = None, SIDE_SEARCH_MM
+    for side in SIDES:
+        m = lungs.get(f"lung_{side}")
+        if m is None:
+            continue
+        sub = np.argwhere(m[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]])
+        if sub.size == 0:
+            continue
+        d = np.sqrt((((geometry.index_to_lps((sub + lo)[:, ::-1])) - center) ** 2).sum(-1)).min()
+        if d <= best_d:
+            best, best_d = side, float(d)
+    return best
+
+
+def tracking_uid(series_uid: str, center: np.ndarray) -> str:
+    """The tracking UID of the finding at ``center`` (LPS mm) in series ``series_uid`` (deterministic)."""
+    return stable_uid("ctpipe-finding", series_uid, *(f"{v:.3f}" for v in center))
+
+
+def reported_findings(
+    findings: Sequence[Finding | Mapping[str, Any]],
+    geometry: Geometry,
+    *,
+    series_uid: str,
+    score_threshold: float,
+    nodules: Sequence[Any] | None = None,
+    organ_masks: Mapping[str, np.ndarray | LabelMap] | None = None,
+    details: Mapping[int, NoduleDetail] | None = None,
+) -> list[ReportedFinding]:
+    """The findings with ``score >= score_threshold``, highest score first, as :class:`ReportedFinding` records.
+
+    findings: detector findings (``center_lps``, ``box_min_lps``/``box_max_lps``, ``diameter_mm``, ``score``; LPS mm).
+    nodules: nodule segmentations of the same findings list (``NoduleResult`` objects or their JSON, matched by
+        ``index``), for volumes and masks. organ_masks: ``lung_left`` / ``lung_right`` masks set each finding's side
+        when ``details`` does not. details: finding index → :class:`NoduleDetail`.
+    """
+    by_index = {int(_get(n, "index")): n for n in (nodules or ()) if _get(n, "index") is not None}
+    lungs = {name: as_bool_mask(organ_masks[name], geometry, name) for name in ("lung_left", "lung_right")
+             if organ_masks and name in organ_masks}
+    details = details or {}
+    kept = [(n, f) for n, f in enumerate(findings) if float(_get(f, "score")) >= score_threshold]
+    kept.sort(key=lambda nf: -float(_get(nf[1], "score")))
+    if len(kept) < len(findings):
+        log.info("%d of %d findings below the operating point %.3g are not reported", len(findings) - len(kept),
+                 len(findings), score_threshold)
+    out = []
+    for rank, (n, f) in enumerate(kept, 1):
+        where = f"finding {n}"
+        center = _vec3(_get(f, "center_lps"), "center_lps", where)
+        lo, hi = _get(f, "box_min_lps"), _get(f, "box_max_lps")
+        diameter = float(_get(f, "diameter_mm") or 0.0)
+        if lo is not None and hi is not None:
+            half = np.abs(_vec3(hi, "box_max_lps", where) - _vec3(lo, "box_min_lps", where)) / 2
+        else:
+            half = np.full(3, diameter / 2)
+        nod = by_index.get(n)
+        nm = _nodule_mask(nod, geometry) if nod is not None else None
+        volume = _get(nod, "volume_mm3") if nod is not None else None
+        long_axis = _long_axis(nm, geometry) if nm is not None else None
+        if long_axis is None:
+            long_axis = float(2 * half.max())
+        detail = details.get(n, NoduleDetail())
+        side = detail.side or (_side(center, geometry, lungs) if lungs else None)
+        k = int(np.clip(np.rint(geometry.lps_to_index(center)[2]), 0, geometry.shape[0] - 1))
+        out.append(ReportedFinding(
+            rank=rank, index=n, tracking_id=f"Nodule {rank}", tracking_uid=tracking_uid(series_uid, center),
+            center_lps=(float(center[0]), float(center[1]), float(center[2])),
+            half_axes_mm=(float(half[0]), float(half[1]), float(half[2])), diameter_mm=diameter, long_axis_mm=long_axis,
+            volume_mm3=None if volume is None else float(volume), score=float(_get(f, "score")), side=side,
+            lobe=detail.lobe, composition=detail.composition, slice_k=k, mask=nm,
+        ))
+    return out

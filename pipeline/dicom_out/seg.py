@@ -1,0 +1,262 @@
+"""The case's segmentation: a binary DICOM SEG of the organ masks and the nodule masks.
+
+One segment per organ (codes in :data:`.codes.ORGAN_SEGMENTS`) and one per reported finding that
+has a nodule mask (label and tracking identifier ``Nodule <rank>``, tracking UID shared with the SR;
+anatomic region the lung, or lobe, of the finding). Segment descriptions, algorithm identification
+(ctpipe and its version), pixel measures and plane orientation are built with highdicom; the frames
+are encoded by :mod:`.seg_encode`.
+
+Frames. With ``omit_empty_frames=False`` (the default) every segment has one frame per source
+slice, in slice order, so that viewers which map a segment's frames to the source images by order
+show every mask where it belongs; with ``True`` only the slices a segment touches are stored (an
+empty segment keeps one empty frame). Either way each frame names its source image (and frame, for
+a multi-frame source) and carries that image's ImagePositionPatient. Patient and study attributes
+are copied from the source; the series, instance and frame-of-reference links point to the source
+series.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..errors import DicomOutputError
+from ..volume import CTVolume, LabelMap
+from . import codes as C
+from .model import ReportedFinding, as_bool_mask
+from .seg_encode import (
+    FrameSource,
+    SegmentFrames,
+    element,
+    instance_refs,
+    pack_frames,
+    per_frame_groups,
+    raw_sequence,
+    sequence,
+    text,
+    write_seg_file,
+)
+from .sources import SourceSeries, check_source
+
+log = logging.getLogger(__name__)
+
+SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
+SEG_SERIES_DESCRIPTION = "ctpipe segmentation"
+ORGAN_LABELS = {"body": "Body", "lung_left": "Left lung", "lung_right": "Right lung", "airway": "Airway", "bone": "Bone"}
+MORPHOLOGICAL_OPERATIONS = ("123104", "DCM", "Morphological Operations")
+EDGE_DETECTION = ("123103", "DCM", "Edge Detection")
+#: the SEG's dimensions: (index pointer, functional group pointer, label), the frames' Dimension Index Values in order
+DIMENSIONS = ((0x0062000B, 0x0062000A, "Referenced Segment Number"), (0x00200032, 0x00209113, "Image Position Patient"))
+
+
+def _ds(value: float) -> str:
+    from pydicom.valuerep import format_number_as_ds
+
+    return format_number_as_ds(float(value))
+
+
+def _frame_sources(source: SourceSeries) -> list[FrameSource]:
+    out = []
+    for k in range(len(source)):
+        ds = source.dataset_of(k)
+        ipp = ds.get("ImagePositionPatient") if not source.multiframe else None
+        if ipp is not None and all(getattr(v, "original_string", None) for v in ipp):
+            pos = tuple(str(v.original_string).strip() for v in ipp)
+        else:
+            pos = tuple(_ds(v) for v in source.positions[k])
+        out.append(FrameSource(source.sop_class_uids[k], source.sop_instance_uids[k], source.frame_of(k),
+                               (pos[0], pos[1], pos[2])))
+    return out
+
+
+def _slice_thickness(source: SourceSeries, volume: CTVolume) -> float:
+    ds = source.datasets[0]
+    value = ds.get("SliceThickness")
+    if value in (None, "") and source.multiframe:
+        shared = ds.get("SharedFunctionalGroupsSequence")
+        measures = shared[0].get("PixelMeasuresSequence") if shared else None
+        value = measures[0].get("SliceThickness") if measures else None
+    try:
+        thickness = float(value) if value not in (None, "") else 0.0
+    except (TypeError, ValueError):
+        thickness = 0.0
+    return thickness if thickness > 0 else float(volume.geometry.spacing[2])
+
+
+def _description(number: int, label: str, category: Any, kind: Any, family: tuple[str, str, str], rgb: tuple[int, int, int],
+                 *, tracking: tuple[str, str] | None = None, regions: Sequence[Any] | None = None) -> Any:
+    import highdicom as hd
+
+    algorithm = hd.AlgorithmIdentificationSequence(name="ctpipe", family=hd.sr.CodedConcept(*family), version=__version__)
+    return hd.seg.SegmentDescription(
+        segment_number=number, segment_label=label, segmented_property_category=category, segmented_property_type=kind,
+        algorithm_type="AUTOMATIC", algorithm_identification=algorithm,
+        tracking_uid=tracking[1] if tracking else None, tracking_id=tracking[0] if tracking else None,
+        anatomic_regions=regions, display_color=hd.color.CIELabColor.from_rgb(*rgb),
+    )
+
+
+def _nodule_region(f: ReportedFinding) -> list[Any] | None:
+    lobe = C.LOBES.get((f.side or "", f.lobe or ""))
+    if lobe is not None:
+        return [lobe]
+    if f.side is not None:
+        return [C.LEFT_LUNG if f.side == "left" else C.RIGHT_LUNG]
+    return [C.LUNG]
+
+
+def _dimension(organisation_uid: str, pointer: int, group: int, label: str) -> Any:
+    from pydicom.dataset import Dataset
+
+    item = Dataset()
+    item.DimensionOrganizationUID = organisation_uid
+    item.DimensionIndexPointer = pointer
+    item.FunctionalGroupPointer = group
+    item.DimensionDescriptionLabel = label
+    return item
+
+
+def _header(source: SourceSeries, volume: CTVolume, descriptions: list[Any], n_frames: int, *, series_uid: str,
+            sop_uid: str, series_number: int) -> Any:
+    import highdicom as hd
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian, generate_uid
+
+    first = source.datasets[0]
+    g = volume.geometry
+    now = datetime.datetime.now()
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID = UID(SEG_STORAGE)
+    ds.file_meta.MediaStorageSOPInstanceUID = UID(sop_uid)
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.ImplementationClassUID = PYDICOM_IMPLEMENTATION_UID
+    ds.file_meta.ImplementationVersionName = "CTPIPE_" + __version__.replace(".", "")[:9]
+    if "SpecificCharacterSet" in first:
+        ds.SpecificCharacterSet = first.SpecificCharacterSet
+    for keyword, value in source.patient_study().items():
+        setattr(ds, keyword, value)
+    ds.SOPClassUID = SEG_STORAGE
+    ds.SOPInstanceUID = sop_uid
+    ds.InstanceCreationDate = ds.ContentDate = ds.SeriesDate = now.strftime("%Y%m%d")
+    ds.InstanceCreationTime = ds.ContentTime = ds.SeriesTime = now.strftime("%H%M%S")
+    ds.Modality = "SEG"
+    ds.SeriesInstanceUID = series_uid
+    ds.SeriesNumber = series_number
+    ds.SeriesDescription = SEG_SERIES_DESCRIPTION
+    ds.InstanceNumber = 1
+    ds.Manufacturer = "ctpipe"
+    ds.ManufacturerModelName = "ctpipe"
+    ds.DeviceSerialNumber = "0"
+    ds.SoftwareVersions = __version__
+    ds.FrameOfReferenceUID = source.frame_of_reference_uid
+    ds.PositionReferenceIndicator = first.get("PositionReferenceIndicator", "")
+    ds.ImageType = ["DERIVED", "PRIMARY"]
+    ds.ContentLabel = "CTPIPE_SEG"
+    ds.ContentDescription = "ctpipe organ and nodule segmentation"
+    ds.ContentCreatorName = ""
+    ds.SegmentationType = "BINARY"
+    ds.SegmentSequence = descriptions
+    ds.SegmentsOverlap = "UNDEFINED"
+    ds.SamplesPerPixel = 1
+    ds.PhotometricInterpretation = "MONOCHROME2"
+    ds.PresentationLUTShape = "IDENTITY"
+    ds.NumberOfFrames = n_frames
+    ds.Rows, ds.Columns = int(g.shape[1]), int(g.shape[2])
+    ds.BitsAllocated = ds.BitsStored = 1
+    ds.HighBit = 0
+    ds.PixelRepresentation = 0
+    ds.LossyImageCompression = "00"
+    organisation = Dataset()
+    organisation.DimensionOrganizationUID = generate_uid()
+    ds.DimensionOrganizationSequence = [organisation]
+    ds.DimensionIndexSequence = [_dimension(organisation.DimensionOrganizationUID, *d) for d in DIMENSIONS]
+    shared = Dataset()
+    si, sj, sk = g.spacing
+    shared.PixelMeasuresSequence = hd.PixelMeasuresSequence(pixel_spacing=(sj, si), slice_thickness=_slice_thickness(source, volume),
+                                                            spacing_between_slices=sk)
+    orientation = np.concatenate([g.direction[:, 0], g.direction[:, 1]])
+    shared.PlaneOrientationSequence = hd.PlaneOrientationSequence(coordinate_system="PATIENT",
+                                                                  image_orientation=[float(v) for v in orientation])
+    ds.SharedFunctionalGroupsSequence = [shared]
+    refs = instance_refs(dict.fromkeys(zip(source.sop_class_uids, source.sop_instance_uids)))
+    series = sequence(0x0008114A, refs) + element(0x0020000E, "UI", text(source.series_instance_uid, uid=True))
+    ds[0x00081115] = raw_sequence(0x00081115, [series])  # ReferencedSeriesSequence
+    ds[0x00082112] = raw_sequence(0x00082112, refs)  # SourceImageSequence
+    return ds
+
+
+def write_seg_object(
+    path: str | Path,
+    *,
+    source: SourceSeries,
+    volume: CTVolume,
+    organ_masks: Mapping[str, np.ndarray | LabelMap] | None,
+    findings: Sequence[ReportedFinding],
+    omit_empty_frames: bool = False,
+    series_number: int = 902,
+    series_uid: str | None = None,
+    sop_instance_uid: str | None = None,
+    segment_codes: Mapping[str, tuple[Any, Any]] | None = None,
+) -> Path:
+    """Write the SEG of one case to ``path`` (atomically) and return it; see the module notes.
+
+    organ_masks: organ name → bool ``[k, j, i]`` mask (or :class:`LabelMap`) on ``volume``'s grid; names outside
+    :data:`.codes.ORGAN_SEGMENTS` need ``segment_codes`` (name → (category, type) codes) and are skipped without.
+    findings: the reported findings; those with a nodule mask get a segment.
+    """
+    from pydicom.uid import generate_uid
+
+    g = volume.geometry
+    check_source(source, volume, where=str(path))
+    known = {**C.ORGAN_SEGMENTS, **(segment_codes or {})}
+    names = [n for n in C.ORGAN_SEGMENTS if n in (organ_masks or {})]
+    names += [n for n in (organ_masks or {}) if n not in C.ORGAN_SEGMENTS and n in known]
+    skipped = [n for n in (organ_masks or {}) if n not in known]
+    if skipped:
+        log.warning("%s: no codes for mask(s) %s; not written to the SEG (pass segment_codes to add them)", path, skipped)
+    descriptions: list[Any] = []
+    segments: list[SegmentFrames] = []
+    all_k = list(range(g.shape[0]))
+
+    def frames_of(present: Any, label: str) -> list[int]:
+        ks = np.flatnonzero(present).tolist()
+        if not ks:
+            log.warning("%s: segment %r is empty", path, label)
+            return [0] if omit_empty_frames else all_k
+        return ks if omit_empty_frames else all_k
+
+    for name in names:
+        mask = as_bool_mask((organ_masks or {})[name], g, name)
+        category, kind = known[name]
+        label = ORGAN_LABELS.get(name, name)
+        descriptions.append(_description(len(descriptions) + 1, label, category, kind, MORPHOLOGICAL_OPERATIONS,
+                                         C.ORGAN_COLOURS.get(name, (200, 200, 200))))
+        segments.append(SegmentFrames(shape=g.shape, ks=frames_of(mask.any(axis=(1, 2)), label), full=mask))
+    for f in findings:
+        if f.mask is None:
+            continue
+        present = np.zeros(g.shape[0], dtype=bool)
+        k0 = f.mask.offset_kji[0]
+        present[k0:k0 + f.mask.mask.shape[0]] = f.mask.mask.any(axis=(1, 2))
+        descriptions.append(_description(len(descriptions) + 1, f.tracking_id, C.MORPHOLOGICALLY_ABNORMAL_STRUCTURE, C.NODULE,
+                                         EDGE_DETECTION, C.ORGAN_COLOURS["nodule"], tracking=(f.tracking_id, f.tracking_uid),
+                                         regions=_nodule_region(f)))
+        segments.append(SegmentFrames(shape=g.shape, ks=frames_of(present, f.tracking_id), crop=f.mask.mask,
+                                      offset_kji=f.mask.offset_kji))
+    if not segments:
+        raise DicomOutputError("nothing to segment: no organ mask with a code and no nodule mask", where=str(path),
+                               fix="pass the reconstruction's organ masks or the nodule segmentations")
+    frames = [(s + 1, k) for s, seg in enumerate(segments) for k in seg.ks]
+    sop_uid = sop_instance_uid or generate_uid()
+    head = _header(source, volume, descriptions, len(frames), series_uid=series_uid or generate_uid(), sop_uid=sop_uid,
+                   series_number=series_number)
+    out = write_seg_file(Path(path), head, per_frame_groups(frames, _frame_sources(source)), pack_frames(segments))
+    log.info("SEG %s: %d segments, %d frames", out, len(segments), len(frames))
+    return out

@@ -1,0 +1,286 @@
+"""The source CT series of a volume as DICOM headers, each volume slice ``k`` matched to its source image.
+
+:func:`read_source_series` reads the headers (``stop_before_pixels=True``) of a series' files and
+matches every slice ``k`` of the :class:`~pipeline.volume.CTVolume` to the image (single-frame CT)
+or frame (multi-frame Enhanced CT) whose ImagePositionPatient lies at that slice's position (LPS mm).
+The results written from a volume reference those images: the SEG frames and the SR's coordinates
+land on the slices the viewer shows.
+
+Sources missing attributes that the results must repeat are repaired in the headers kept here
+(never on disk), each with a warning: a missing StudyInstanceUID or FrameOfReferenceUID is
+generated, missing patient and study attributes of DICOM type 2 are written empty. Without
+SOPInstanceUID, SeriesInstanceUID or ImagePositionPatient an image cannot be referenced:
+:class:`~pipeline.errors.SourceMismatchError` names the attribute and the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SourceMismatchError
+from ..volume import CTVolume
+from .uids import stable_uid
+
+log = logging.getLogger(__name__)
+
+ENHANCED_CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"
+
+#: patient, general study and patient study attributes copied from the source into the results
+PATIENT_STUDY_KEYWORDS = (
+    "PatientName", "PatientID", "IssuerOfPatientID", "PatientBirthDate", "PatientBirthTime", "PatientSex",
+    "OtherPatientIDsSequence", "PatientComments", "PatientIdentityRemoved", "DeidentificationMethod",
+    "DeidentificationMethodCodeSequence", "StudyInstanceUID", "StudyDate", "StudyTime", "ReferringPhysicianName",
+    "StudyID", "AccessionNumber", "IssuerOfAccessionNumberSequence", "StudyDescription", "PatientAge", "PatientSize",
+    "PatientWeight",
+)
+#: type 2 attributes (present, possibly empty) that the results need from the source
+_TYPE2 = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "StudyDate", "StudyTime", "ReferringPhysicianName",
+          "StudyID", "AccessionNumber")
+#: along the slice normal, a source image matches slice k within this fraction of the slice spacing
+NORMAL_TOLERANCE = 0.25
+#: in the slice plane, a source image's position matches within this fraction of the pixel spacing
+INPLANE_TOLERANCE = 0.25
+
+
+@dataclass(frozen=True)
+class SourceSeries:
+    """The source series of a volume, slice by slice (headers only; positions LPS mm).
+
+    datasets: the headers, in slice order ``k`` for a single-frame series, or the one multi-frame dataset.
+    sop_class_uids / sop_instance_uids: the image of each slice ``k``.
+    frame_numbers: the 1-based frame of each slice ``k`` in a multi-frame source, else None.
+    positions: ImagePositionPatient of each slice's image (``(nk, 3)``, LPS mm, as the source states it).
+    frame_of_reference_uid, study_instance_uid, series_instance_uid: of the source (possibly generated, see
+        ``generated``).
+    generated: attributes the source lacked and that were generated or written empty (each logged as a warning).
+    """
+
+    datasets: tuple[Any, ...]
+    sop_class_uids: tuple[str, ...]
+    sop_instance_uids: tuple[str, ...]
+    frame_numbers: tuple[int, ...] | None
+    positions: np.ndarray
+    frame_of_reference_uid: str
+    study_instance_uid: str
+    series_instance_uid: str
+    generated: tuple[str, ...] = ()
+
+    @property
+    def multiframe(self) -> bool:
+        return self.frame_numbers is not None
+
+    def __len__(self) -> int:
+        return len(self.sop_instance_uids)
+
+    def dataset_of(self, k: int) -> Any:
+        """The header holding slice ``k``."""
+        return self.datasets[0] if self.multiframe else self.datasets[k]
+
+    def frame_of(self, k: int) -> int | None:
+        """The 1-based frame number of slice ``k`` in a multi-frame source, else None."""
+        return None if self.frame_numbers is None else self.frame_numbers[k]
+
+    def patient_study(self) -> dict[str, Any]:
+        """Patient and study attributes of the source (after repair), keyword → value, to copy into results."""
+        ds = self.datasets[0]
+        return {kw: ds[kw].value for kw in PATIENT_STUDY_KEYWORDS if kw in ds}
+
+
+def _list_files(files: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
+    if isinstance(files, (str, os.PathLike)):
+        root = Path(files)
+        if root.is_dir():
+            return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+        return [root]
+    return [Path(f) for f in files]
+
+
+def _read_headers(paths: list[Path]) -> list[tuple[Path, Any]]:
+    import pydicom  # lazy on purpose: slow to import
+    from pydicom.errors import InvalidDicomError
+
+    out = []
+    for path in paths:
+        try:
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+        except InvalidDicomError:
+            log.debug("%s: not a DICOM file, skipped", path)
+            continue
+        except OSError as exc:
+            raise SourceMismatchError(f"cannot read the file ({exc})", where=path, fix="check the path and permissions") from exc
+        out.append((path, ds))
+    return out
+
+
+def _uid(value: Any) -> str:
+    return str(value).strip() if value not in (None, "") else ""
+
+
+def _repair(datasets: list[Any], volume: CTVolume, where: str) -> tuple[str, ...]:
+    """Fill what the results need and the source lacks, in every header; returns the repaired attribute names."""
+    first = datasets[0]
+    seed = [_uid(first.get("SeriesInstanceUID")) or where]
+    repaired: list[str] = []
+    for keyword, label in (("StudyInstanceUID", "study"), ("FrameOfReferenceUID", "frame of reference")):
+        values = {_uid(ds.get(keyword)) for ds in datasets}
+        if values == {""}:
+            uid = _uid(volume.metadata.get(keyword)) or stable_uid(*seed, keyword)
+            for ds in datasets:
+                setattr(ds, keyword, uid)
+            repaired.append(keyword)
+            log.warning("%s: the source has no %s; the results use %s (the %s cannot be matched to other objects)",
+                        where, keyword, uid, label)
+        elif len(values) > 1:
+            raise SourceMismatchError(f"the source images disagree in {keyword}: {sorted(values)}", where=where,
+                                      fix="pass the files of one series")
+    empty = [kw for kw in _TYPE2 if kw not in first]
+    for ds in datasets:
+        for kw in empty:
+            setattr(ds, kw, "")
+    if empty:
+        repaired += empty
+        log.warning("%s: the source has no %s; written empty in the results", where, ", ".join(empty))
+    return tuple(repaired)
+
+
+def _positions(path: Path, ds: Any) -> tuple[np.ndarray, list[int] | None]:
+    """Positions (LPS mm) of the images in one header and, for a multi-frame one, their 0-based frame indices."""
+    frames = int(ds.get("NumberOfFrames", 1) or 1)
+    if frames > 1 or str(ds.get("SOPClassUID", "")) == ENHANCED_CT_STORAGE:
+        from ..ingest.multiframe import read_frames
+
+        info = read_frames(path, ds)
+        return np.array([f.position for f in info], dtype=np.float64).reshape(-1, 3), [f.frame for f in info]
+    ipp = ds.get("ImagePositionPatient")
+    if ipp is None or len(ipp) != 3:
+        raise SourceMismatchError(f"the image has no valid ImagePositionPatient ({ipp!r})", where=path,
+                                  fix="pass the original CT files; without a position the image cannot be referenced")
+    return np.array([[float(v) for v in ipp]], dtype=np.float64), None
+
+
+def _match(volume: CTVolume, positions: np.ndarray, names: list[str], where: str) -> np.ndarray:
+    """For each slice k, the row of ``positions`` lying at that slice (one-to-one), as an index array."""
+    g = volume.geometry
+    normal = g.direction[:, 2]
+    nk = g.shape[0]
+    ijk = g.lps_to_index(positions)
+    k_float = ijk[:, 2]
+    k_near = np.rint(k_float).astype(np.int64)
+    inplane = np.hypot(ijk[:, 0] * g.spacing[0], ijk[:, 1] * g.spacing[1])
+    ok = (np.abs(k_float - k_near) <= NORMAL_TOLERANCE) & (k_near >= 0) & (k_near < nk)
+    ok &= inplane <= INPLANE_TOLERANCE * min(g.spacing[0], g.spacing[1])
+    rows = np.full(nk, -1, dtype=np.int64)
+    for row in np.flatnonzero(ok):
+        k = int(k_near[row])
+        if rows[k] >= 0:
+            raise SourceMismatchError(
+                f"two source images lie at slice {k} ({g.index_to_lps([0, 0, k]).round(3).tolist()} mm): "
+                f"{names[rows[k]]} and {names[row]}", where=where,
+                fix="remove the duplicate image from the source files (the volume was built from one of them)")
+        rows[k] = row
+    missing = np.flatnonzero(rows < 0)
+    if missing.size:
+        k = int(missing[0])
+        off = [names[r] for r in np.flatnonzero(~ok)][:3]
+        hint = f"; images off the volume's grid: {', '.join(off)}" if off else ""
+        raise SourceMismatchError(
+            f"{missing.size} of {nk} volume slices have no source image, first slice {k} at "
+            f"{g.index_to_lps([0, 0, k]).round(3).tolist()} mm (LPS, normal {normal.round(4).tolist()}){hint}",
+            where=where,
+            fix="pass the files the volume was loaded from; a volume resampled from a tilted-gantry or irregular "
+                "series has no source image per slice")
+    unused = int(positions.shape[0] - np.count_nonzero(rows >= 0))
+    if unused:
+        log.warning("%s: %d source image(s) match no volume slice and are not referenced", where, unused)
+    return rows
+
+
+def check_source(source: SourceSeries, volume: CTVolume, *, where: str = "source") -> None:
+    """Raise :class:`~pipeline.errors.SourceMismatchError` unless ``source`` was matched to a volume on ``volume``'s grid."""
+    g = volume.geometry
+    if len(source) != g.shape[0]:
+        raise SourceMismatchError(f"the source has {len(source)} slices, the volume {g.shape[0]}", where=where,
+                                  fix="match the source files to this volume with read_source_series(files, volume)")
+    ks = np.arange(g.shape[0], dtype=np.float64)
+    expected = g.index_to_lps(np.stack([np.zeros_like(ks), np.zeros_like(ks), ks], axis=1))
+    off = np.linalg.norm(source.positions - expected, axis=1)
+    tol = max(NORMAL_TOLERANCE * g.spacing[2], INPLANE_TOLERANCE * min(g.spacing[0], g.spacing[1]))
+    if off.max() > tol:
+        k = int(np.argmax(off))
+        raise SourceMismatchError(f"slice {k} of the volume lies {off[k]:.3f} mm from its source image's position",
+                                  where=where, fix="match the source files to this volume with read_source_series(files, volume)")
+
+
+def read_source_series(files: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], volume: CTVolume) -> SourceSeries:
+    """Read the headers of ``files`` (a folder, searched recursively, or a list of files) and match them to ``volume``.
+
+    Only files of the volume's series (``volume.series_uid``) are used when the volume names one. Each slice ``k``
+    of the volume is matched to the image (or multi-frame frame) whose ImagePositionPatient (LPS mm) lies within
+    :data:`NORMAL_TOLERANCE` slice spacings along the slice normal and :data:`INPLANE_TOLERANCE` pixel spacings in
+    the slice plane. Raises :class:`~pipeline.errors.SourceMismatchError` naming the slice, file or attribute when
+    slices and images do not correspond one-to-one.
+    """
+    paths = _list_files(files)
+    where = str(paths[0].parent if paths else files)
+    headers = _read_headers(paths)
+    if not headers:
+        raise SourceMismatchError("no DICOM files among the source files", where=where,
+                                  fix="pass the folder or the files of the CT series the volume was loaded from")
+    series_uid = volume.series_uid
+    if series_uid:
+        of_series = [(p, ds) for p, ds in headers if _uid(ds.get("SeriesInstanceUID")) == series_uid]
+        if not of_series:
+            found = sorted({_uid(ds.get("SeriesInstanceUID")) or "none" for _, ds in headers})
+            raise SourceMismatchError(f"no source file belongs to the volume's series {series_uid}; found {found}",
+                                      where=where, fix="pass the files of the series the volume was loaded from")
+        headers = of_series
+    for path, ds in headers:
+        for keyword in ("SOPInstanceUID", "SOPClassUID", "SeriesInstanceUID"):
+            if not _uid(ds.get(keyword)):
+                raise SourceMismatchError(f"the image has no {keyword}", where=path,
+                                          fix="pass the original CT files; an image without it cannot be referenced")
+    multi = [(p, ds) for p, ds in headers if int(ds.get("NumberOfFrames", 1) or 1) > 1
+             or str(ds.get("SOPClassUID", "")) == ENHANCED_CT_STORAGE]
+    if multi and len(headers) > 1:
+        raise SourceMismatchError(f"{len(headers)} files of one series, {len(multi)} of them multi-frame",
+                                  where=where, fix="pass the one multi-frame file, or the single-frame files alone")
+    names: list[str] = []
+    pos_rows: list[np.ndarray] = []
+    frames_of_rows: list[int] = []
+    for path, ds in headers:
+        pos, frames = _positions(path, ds)
+        pos_rows.append(pos)
+        if frames is None:
+            names.append(path.name)
+        else:
+            names += [f"{path.name} frame {f + 1}" for f in frames]
+            frames_of_rows += frames
+    positions = np.concatenate(pos_rows, axis=0)
+    rows = _match(volume, positions, names, where)
+    if multi:
+        ds = headers[0][1]
+        datasets: list[Any] = [ds]
+        frame_numbers: tuple[int, ...] | None = tuple(frames_of_rows[r] + 1 for r in rows)
+        sop_classes = (str(ds.SOPClassUID),) * len(rows)
+        sop_uids = (str(ds.SOPInstanceUID),) * len(rows)
+    else:
+        datasets = [headers[r][1] for r in rows]
+        frame_numbers = None
+        sop_classes = tuple(str(d.SOPClassUID) for d in datasets)
+        sop_uids = tuple(str(d.SOPInstanceUID) for d in datasets)
+    generated = _repair(datasets, volume, where)
+    first = datasets[0]
+    log.debug("%s: %d slices matched to %s", where, len(rows), "frames" if multi else "images")
+    return SourceSeries(
+        datasets=tuple(datasets), sop_class_uids=sop_classes, sop_instance_uids=sop_uids, frame_numbers=frame_numbers,
+        positions=positions[rows], frame_of_reference_uid=str(first.FrameOfReferenceUID),
+        study_instance_uid=str(first.StudyInstanceUID), series_instance_uid=str(first.SeriesInstanceUID),
+        generated=generated,
+    )

@@ -1,0 +1,186 @@
+"""Read a ctpipe structured report back: the findings table and the case-level content.
+
+:func:`read_sr_findings` returns one row per nodule measurement group (LPS mm), the columns named
+as in the run store's findings table (``center_x/y/z``, ``diameter_mm``, ``score``);
+:func:`read_sr_case` the case group (lung volumes, emphysema index, quality assessment) and the
+detector named in the algorithm identification.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import DicomOutputError
+from . import codes as C
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+FINDING_COLUMNS = [
+    "rank", "tracking_id", "tracking_uid", "center_x", "center_y", "center_z", "box_min_x", "box_min_y", "box_min_z",
+    "box_max_x", "box_max_y", "box_max_z", "diameter_mm", "long_axis_mm", "volume_mm3", "score", "side", "lobe",
+    "composition", "graphic_type", "frame_of_reference_uid", "sop_instance_uid", "frame_number",
+]
+_ALGORITHM_NAME = ("111001", "DCM")
+_ALGORITHM_VERSION = ("111003", "DCM")
+_ALGORITHM_PARAMETERS = ("111002", "DCM")
+
+
+def _key(code: Any) -> tuple[str, str]:
+    return (str(code.value), str(code.scheme_designator))
+
+
+def _report(path: str | os.PathLike[str]) -> Any:
+    import highdicom as hd
+
+    try:
+        sr = hd.sr.srread(path)
+    except (ValueError, TypeError, AttributeError, OSError) as exc:
+        raise DicomOutputError(f"not a readable structured report ({type(exc).__name__}: {exc})", where=str(path),
+                               fix="pass an SR written by ctpipe (write_sr)") from exc
+    content = getattr(sr, "content", None)
+    if content is None or not hasattr(content, "get_volumetric_roi_measurement_groups"):
+        raise DicomOutputError("the SR holds no TID 1500 measurement report", where=str(path),
+                               fix="pass an SR written by ctpipe (write_sr)")
+    return content
+
+
+def _text(group: Any, code: tuple[str, str]) -> list[str]:
+    """The TEXT values of the group's container items named ``code``."""
+    items = [child for container in group for child in container.get("ContentSequence", [])]
+    return [str(item.TextValue) for item in items if "ConceptNameCodeSequence" in item
+            and (str(item.ConceptNameCodeSequence[0].CodeValue), str(item.ConceptNameCodeSequence[0].CodingSchemeDesignator)) == code
+            and "TextValue" in item]
+
+
+def _site(group: Any) -> tuple[str | None, str | None]:
+    side = lobe = None
+    sides = {_key(v): k for k, v in C.LATERALITY.items()}
+    lobes = {_key(v): k for k, v in C.LOBES.items()}
+    for site in group.finding_sites:
+        loc = _key(site.value)
+        if loc in lobes:
+            side, lobe = lobes[loc]
+        if site.laterality is not None:
+            side = sides.get(_key(site.laterality), side)
+    return side, lobe
+
+
+def _geometry(roi: Any) -> dict[str, Any]:
+    data = np.asarray(roi.graphic_data, dtype=np.float64).reshape(-1, 3)
+    center = data.mean(axis=0)
+    out: dict[str, Any] = {"center_x": center[0], "center_y": center[1], "center_z": center[2],
+                           "graphic_type": str(roi.graphic_type.value), "frame_of_reference_uid": str(roi.frame_of_reference_uid)}
+    half = np.full(3, np.nan)
+    if len(data) == 6:
+        half = np.zeros(3)
+        for a, b in data.reshape(3, 2, 3):
+            v = (b - a) / 2
+            half[int(np.argmax(np.abs(v)))] = float(np.linalg.norm(v))
+    for axis, name in enumerate("xyz"):
+        out[f"box_min_{name}"] = center[axis] - half[axis]
+        out[f"box_max_{name}"] = center[axis] + half[axis]
+    images = roi.source_images_for_segmentation if roi.has_source_images else []
+    if images:
+        ref = images[0]
+        out["sop_instance_uid"] = str(ref.referenced_sop_instance_uid)
+        frames = ref.referenced_frame_numbers
+        out["frame_number"] = int(frames[0]) if frames else None
+    return out
+
+
+def _measurements(group: Any) -> dict[str, float]:
+    names = {_key(C.DIAMETER): "diameter_mm", _key(C.LONG_AXIS): "long_axis_mm", _key(C.VOLUME): "volume_mm3",
+             _key(C.PROBABILITY): "score"}
+    out = {}
+    for m in group.get_measurements():
+        column = names.get(_key(m.name))
+        if column is not None:
+            out[column] = float(m.value)
+    return out
+
+
+def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """The nodule findings of a ctpipe SR as a table, one row per finding, by rank.
+
+    Columns (:data:`FINDING_COLUMNS`): ``center_x/y/z`` (centre of the ellipsoid or the point, LPS mm),
+    ``box_min/max_x/y/z`` (the ellipsoid's extent, NaN for a point), ``diameter_mm``, ``long_axis_mm``,
+    ``volume_mm3`` (NaN when not segmented), ``score``, ``side``, ``lobe``, ``composition``, the referenced
+    source image's ``sop_instance_uid`` (and ``frame_number`` in a multi-frame source). A no-findings report
+    gives an empty table with these columns.
+    """
+    import pandas as pd
+
+    report = _report(path)
+    compositions = {_key(v): k for k, v in C.COMPOSITIONS.items()}
+    rows = []
+    for group in report.get_volumetric_roi_measurement_groups():
+        if group.finding_type is None or _key(group.finding_type) != _key(C.NODULE) or group.roi is None:
+            continue
+        ident = str(group.tracking_identifier or "")
+        match = re.fullmatch(r"Nodule (\d+)", ident)
+        row: dict[str, Any] = {"rank": int(match.group(1)) if match else None, "tracking_id": ident,
+                               "tracking_uid": str(group.tracking_uid or "")}
+        row.update(_geometry(group.roi))
+        row.update(_measurements(group))
+        row["side"], row["lobe"] = _site(group)
+        for q in group.get_qualitative_evaluations():
+            if _key(q.name) == _key(C.COMPOSITION):
+                row["composition"] = compositions.get(_key(q.value))
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=FINDING_COLUMNS)
+    return table.sort_values("rank", kind="stable").reset_index(drop=True) if rows else table
+
+
+def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The case-level content of a ctpipe SR.
+
+    Keys: ``model_name``, ``model_version``, ``score_threshold``, ``ctpipe_version`` (from the algorithm
+    identification), ``nodules_present`` (bool), ``measurements`` (names as in the reconstruction's ``lungs``
+    section → value; volumes in ml, emphysema index in %), ``lung_coverage``, ``contrast_phase`` and
+    ``quality_flags`` (flag codes).
+    """
+    from .sr import LUNG_MEASUREMENTS
+
+    report = _report(path)
+    groups = report.get_image_measurement_groups()
+    case = next((g for g in groups if str(g.tracking_identifier or "") == "Case"), None)
+    if case is None:
+        raise DicomOutputError("the SR has no case measurement group", where=str(path),
+                               fix="pass an SR written by ctpipe (write_sr)")
+    out: dict[str, Any] = {"measurements": {}, "quality_flags": [], "lung_coverage": None, "contrast_phase": None,
+                           "nodules_present": None}
+    names = _text(case, _ALGORITHM_NAME)
+    versions = _text(case, _ALGORITHM_VERSION)
+    out["model_name"] = names[0] if names else None
+    out["model_version"] = versions[0] if versions else None
+    params = dict(p.split("=", 1) for p in _text(case, _ALGORITHM_PARAMETERS) if "=" in p)
+    out["score_threshold"] = float(params["score_threshold"]) if "score_threshold" in params else None
+    out["ctpipe_version"] = params.get("ctpipe")
+    sides = {_key(v): k for k, v in C.LATERALITY.items()}
+    by_key: dict[tuple[tuple[str, str], str | None], str] = {
+        (_key(concept), side): name for name, (side, concept, _) in LUNG_MEASUREMENTS.items()}
+    for m in case.get_measurements():
+        side: str | None = None
+        for site in m.finding_sites:
+            side = sides.get(_key(site.laterality)) if site.laterality is not None else None
+        measured = by_key.get((_key(m.name), side))
+        if measured is not None:
+            out["measurements"][measured] = float(m.value)
+    coverages = {_key(v): k for k, v in C.COVERAGES.items()}
+    phases = {_key(v): k for k, v in C.PHASES.items()}
+    for q in case.get_qualitative_evaluations():
+        concept, value = _key(q.name), _key(q.value)
+        if concept == _key(C.NODULE):
+            out["nodules_present"] = value == _key(C.PRESENT)
+        elif concept == _key(C.LUNG_COVERAGE):
+            out["lung_coverage"] = coverages.get(value)
+        elif concept == _key(C.CONTRAST_PHASE):
+            out["contrast_phase"] = phases.get(value)
+        elif concept == _key(C.QUALITY_FINDING) and value[1] == C.PRIVATE_SCHEME:
+            out["quality_flags"].append(value[0])
+    return out

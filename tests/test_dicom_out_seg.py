@@ -1,0 +1,208 @@
+"""The segmentation (binary DICOM SEG): masks back voxel for voxel on the volume's [k, j, i] grid, frame
+references and positions, empty segments, validators, and the top-level attributes highdicom writes."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import highdicom as hd
+import numpy as np
+import pydicom
+import pytest
+from pydicom.sr.codedict import codes
+
+from pipeline.dicom_out import read_source_series, read_sr_findings, write_seg, write_sr
+from pipeline.errors import DicomOutputError
+from pipeline.ingest import load_series
+from pipeline.volume import LabelMap
+from tests._support.dicom import write_series
+from tests.test_dicom_out_sources import ORGANS, POSITIONS, assert_valid, dicom_tool, phantom_case
+
+
+def _seg(case, path, **options):
+    defaults = dict(source=case.source, volume=case.volume, score_threshold=0.5, organ_masks=case.organ_masks,
+                    findings=case.findings, nodules=case.nodules)
+    defaults.update(options)
+    return write_seg(path, **defaults)
+
+
+def _by_slice(seg: hd.seg.Segmentation, source) -> np.ndarray:
+    """The SEG's segments on the volume's slices [k, j, i, segment], through each slice's source image (or frame)."""
+    if source.multiframe:
+        return seg.get_pixels_by_source_frame(source_sop_instance_uid=source.sop_instance_uids[0],
+                                              source_frame_numbers=list(source.frame_numbers))
+    return seg.get_pixels_by_source_instance(source_sop_instance_uids=list(source.sop_instance_uids))
+
+
+def _expected(case) -> list[np.ndarray]:
+    return [case.phantom.masks[o] for o in ORGANS] + [case.phantom.nodule_labels == n + 1 for n in range(len(case.nodules))]
+
+
+@pytest.mark.parametrize("omit", [False, True], ids=["all-frames", "omit-empty"])
+@pytest.mark.parametrize(("position", "enhanced"), POSITIONS, ids=["HFS", "FFS", "HFP", "HFS-multiframe"])
+def test_masks_round_trip_voxel_for_voxel(tmp_path, position, enhanced, omit):
+    case = phantom_case(tmp_path / "case", position=position, enhanced=enhanced)
+    path = _seg(case, tmp_path / "seg.dcm", omit_empty_frames=omit)
+    seg = hd.seg.segread(path)
+    expected = _expected(case)
+    assert seg.SegmentationType == "BINARY" and len(seg.SegmentSequence) == len(expected)
+    labels = [d.SegmentLabel for d in seg.SegmentSequence]
+    assert labels == ["Body", "Left lung", "Right lung", "Airway", "Bone", "Nodule 1", "Nodule 2"]
+    got = _by_slice(seg, case.source).astype(bool)  # [k, j, i, segment] in the volume's slice order
+    for s, mask in enumerate(expected):
+        assert np.array_equal(got[..., s], mask), labels[s]
+    # the geometry highdicom derives from the frames: get_volume() (slices in its own order) → LPS-ascending view
+    g = case.volume.geometry
+    for number in (2, 6):
+        vol = seg.get_volume(segment_numbers=[number]).to_patient_orientation("HPL")  # axes towards Head, Posterior, Left
+        assert np.array_equal(vol.array[..., 0].astype(bool), g.to_lps_view(expected[number - 1])), labels[number - 1]
+        np.testing.assert_allclose(vol.position, g.bounds_lps()[0], atol=1e-3)
+    n_frames = int(seg.NumberOfFrames)
+    if omit:
+        assert n_frames == sum(int(m.any(axis=(1, 2)).sum()) for m in expected)
+    else:
+        assert n_frames == len(expected) * g.shape[0]
+
+
+def test_frames_reference_their_source_image_and_its_position(tmp_path):
+    case = phantom_case(tmp_path / "case", position="FFS")
+    ds = pydicom.dcmread(_seg(case, tmp_path / "seg.dcm", omit_empty_frames=True))
+    by_uid = {u: k for k, u in enumerate(case.source.sop_instance_uids)}
+    seen = set()
+    for item in ds.PerFrameFunctionalGroupsSequence:
+        ref = item.DerivationImageSequence[0].SourceImageSequence[0]
+        k = by_uid[str(ref.ReferencedSOPInstanceUID)]
+        position = [float(v) for v in item.PlanePositionSequence[0].ImagePositionPatient]
+        np.testing.assert_allclose(position, case.source.positions[k], atol=1e-6)  # LPS mm
+        segment = int(item.SegmentIdentificationSequence[0].ReferencedSegmentNumber)
+        assert list(item.FrameContentSequence[0].DimensionIndexValues)[0] == segment
+        seen.add((segment, k))
+    assert len(seen) == int(ds.NumberOfFrames)
+    refs = ds.ReferencedSeriesSequence[0]
+    assert refs.SeriesInstanceUID == case.source.series_instance_uid
+    assert {str(r.ReferencedSOPInstanceUID) for r in refs.ReferencedInstanceSequence} == set(case.source.sop_instance_uids)
+    assert ds.FrameOfReferenceUID == case.source.frame_of_reference_uid
+    assert ds.StudyInstanceUID == case.source.study_instance_uid and ds.SeriesInstanceUID != case.source.series_instance_uid
+    assert ds.PatientID == case.source.datasets[0].PatientID and ds.PatientName == case.source.datasets[0].PatientName
+    shared = ds.SharedFunctionalGroupsSequence[0]
+    np.testing.assert_allclose([float(v) for v in shared.PlaneOrientationSequence[0].ImageOrientationPatient],
+                               np.concatenate([case.volume.direction[:, 0], case.volume.direction[:, 1]]), atol=1e-6)
+
+
+def test_nodule_segments_share_tracking_with_the_sr(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    seg = hd.seg.segread(_seg(case, tmp_path / "seg.dcm"))
+    sr = write_sr(tmp_path / "sr.dcm", source=case.source, volume=case.volume, findings=case.findings, model_name="m",
+                  model_version="1", score_threshold=0.5, nodules=case.nodules, organ_masks=case.organ_masks)
+    table = read_sr_findings(sr)
+    segments = {d.SegmentLabel: d for d in seg.SegmentSequence}
+    for row in table.itertuples():
+        d = segments[row.tracking_id]
+        assert d.TrackingUID == row.tracking_uid
+        assert d.SegmentedPropertyTypeCodeSequence[0].CodeValue == "27925004"  # SCT Nodule
+        region = d.AnatomicRegionSequence[0].CodeValue
+        assert region == {"left": "44029006", "right": "3341006"}[row.side]  # SCT left / right lung
+
+
+def test_segment_codes(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    ds = pydicom.dcmread(_seg(case, tmp_path / "seg.dcm"))
+    types = {d.SegmentLabel: (d.SegmentedPropertyCategoryCodeSequence[0].CodeValue, d.SegmentedPropertyTypeCodeSequence[0].CodeValue)
+             for d in ds.SegmentSequence}
+    assert types == {"Body": ("91723000", "38266002"), "Left lung": ("91723000", "44029006"),
+                     "Right lung": ("91723000", "3341006"), "Airway": ("91723000", "89187006"), "Bone": ("85756007", "3138006"),
+                     "Nodule 1": ("49755003", "27925004"), "Nodule 2": ("49755003", "27925004")}
+    for d in ds.SegmentSequence:
+        algo = d.SegmentationAlgorithmIdentificationSequence[0]
+        assert algo.AlgorithmName == "ctpipe" and algo.AlgorithmVersion
+        assert d.SegmentAlgorithmType == "AUTOMATIC" and "RecommendedDisplayCIELabValue" in d
+
+
+@pytest.mark.parametrize("omit", [False, True], ids=["all-frames", "omit-empty"])
+def test_empty_segment_keeps_frames(tmp_path, caplog, omit):
+    case = phantom_case(tmp_path / "case")
+    masks = dict(case.organ_masks, airway=np.zeros(case.volume.shape, dtype=bool))
+    with caplog.at_level(logging.WARNING, logger="pipeline.dicom_out"):
+        seg = hd.seg.segread(_seg(case, tmp_path / "seg.dcm", organ_masks=masks, omit_empty_frames=omit))
+    assert "segment 'Airway' is empty" in caplog.text
+    frames = [int(i.SegmentIdentificationSequence[0].ReferencedSegmentNumber) for i in seg.PerFrameFunctionalGroupsSequence]
+    assert frames.count(4) == (1 if omit else case.volume.shape[0])
+    got = _by_slice(seg, case.source).astype(bool)
+    assert not got[..., 3].any()
+    assert np.array_equal(got[..., 1], case.phantom.masks["lung_left"])
+
+
+def test_label_maps_and_extra_codes(tmp_path, caplog):
+    case = phantom_case(tmp_path / "case")
+    g = case.volume.geometry
+    masks = {"lung_left": LabelMap(case.phantom.masks["lung_left"], g, labels={1: "lung_left"}),
+             "vessels": case.phantom.masks["vessels"], "heart": np.zeros(g.shape, dtype=bool)}
+    with caplog.at_level(logging.WARNING, logger="pipeline.dicom_out"):
+        path = _seg(case, tmp_path / "seg.dcm", organ_masks=masks, nodules=None,
+                    segment_codes={"vessels": (codes.SCT.AnatomicalStructure, codes.SCT.BloodVessel)})
+    assert "no codes for mask(s) ['heart']" in caplog.text
+    seg = hd.seg.segread(path)
+    assert [d.SegmentLabel for d in seg.SegmentSequence] == ["Left lung", "vessels"]
+    got = _by_slice(seg, case.source).astype(bool)
+    assert np.array_equal(got[..., 1], case.phantom.masks["vessels"])
+
+
+def test_unaligned_frames_and_oblique_source(tmp_path):
+    """Frames of 9 × 7 pixels end mid-byte (bits run on from frame to frame); a double-oblique source."""
+    a, b = np.radians(25), np.radians(10)
+    rz = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
+    rx = np.array([[1, 0, 0], [0, np.cos(b), -np.sin(b)], [0, np.sin(b), np.cos(b)]])
+    r = rz @ rx
+    write_series(tmp_path / "dicom", n=6, rows=7, cols=9, orientation=(*r[:, 0], *r[:, 1]), step=1.5)
+    vol = load_series(tmp_path / "dicom")
+    rng = np.random.default_rng(0)
+    masks = {"lung_left": rng.random(vol.shape) > 0.5, "lung_right": rng.random(vol.shape) > 0.7}
+    masks["lung_right"][2] = False
+    for omit in (False, True):
+        path = write_seg(tmp_path / f"seg{omit}.dcm", source=tmp_path / "dicom", volume=vol, score_threshold=0.5,
+                         organ_masks=masks, omit_empty_frames=omit)
+        source = read_source_series(tmp_path / "dicom", vol)
+        got = _by_slice(hd.seg.segread(path), source).astype(bool)
+        assert np.array_equal(got[..., 0], masks["lung_left"]) and np.array_equal(got[..., 1], masks["lung_right"])
+        assert_valid(path)
+
+
+@pytest.mark.parametrize("enhanced", [False, True], ids=["classic", "multiframe"])
+def test_valid_for_dciodvfy(tmp_path, enhanced):
+    case = phantom_case(tmp_path / "case", enhanced=enhanced)
+    path = _seg(case, tmp_path / "seg.dcm")
+    assert_valid(path, allowed_warnings=())
+    dump = subprocess.run([dicom_tool("dcmdump"), "+P", "0062,0005", str(path)], capture_output=True, text=True, timeout=60)
+    assert dump.returncode == 0 and dump.stdout.count("SegmentLabel") == 7
+
+
+def test_same_top_level_attributes_as_highdicom(tmp_path):
+    """Every top-level attribute highdicom's own SEG carries is in ours (highdicom's contributing-equipment entry
+    names itself as the writing software and is left out)."""
+    case = phantom_case(tmp_path / "case")
+    ours = pydicom.dcmread(_seg(case, tmp_path / "seg.dcm"))
+    stacked = np.stack(_expected(case), axis=-1)
+    algo = hd.AlgorithmIdentificationSequence(name="ctpipe", family=codes.DCM.MorphologicalOperations, version="1")
+    descriptions = [hd.seg.SegmentDescription(segment_number=n + 1, segment_label=f"s{n}",
+                                              segmented_property_category=codes.SCT.AnatomicalStructure,
+                                              segmented_property_type=codes.SCT.Lung, algorithm_type="AUTOMATIC",
+                                              algorithm_identification=algo) for n in range(stacked.shape[-1])]
+    peer = hd.seg.Segmentation(
+        source_images=list(case.source.datasets), pixel_array=stacked, segmentation_type="BINARY",
+        segment_descriptions=descriptions, series_instance_uid=pydicom.uid.generate_uid(), series_number=2,
+        sop_instance_uid=pydicom.uid.generate_uid(), instance_number=1, manufacturer="x", manufacturer_model_name="x",
+        software_versions="1", device_serial_number="1")
+    missing = {e.keyword for e in peer} - {e.keyword for e in ours} - {"ContributingEquipmentSequence"}
+    assert missing == set()
+    for kw in ("SOPClassUID", "SegmentationType", "BitsAllocated", "Rows", "Columns", "FrameOfReferenceUID", "StudyInstanceUID"):
+        assert ours[kw].value == peer[kw].value, kw
+
+
+def test_bad_masks_are_refused(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    with pytest.raises(DicomOutputError, match=r"the lung_left mask has shape \(20, 64, 63\)"):
+        _seg(case, tmp_path / "a.dcm", organ_masks={"lung_left": np.zeros((20, 64, 63), dtype=bool)})
+    with pytest.raises(DicomOutputError, match="nothing to segment"):
+        _seg(case, tmp_path / "b.dcm", organ_masks={}, nodules=None)
+    assert not list(tmp_path.glob("*.dcm")) and not list(tmp_path.glob(".*.tmp"))

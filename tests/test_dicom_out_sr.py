@@ -1,0 +1,173 @@
+"""The structured report (TID 1500 Comprehensive 3D SR): content, round trip through read_sr_findings, validators."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import numpy as np
+import pydicom
+import pytest
+
+from pipeline.dicom_out import NoduleDetail, read_source_series, read_sr_case, read_sr_findings, write_sr
+from pipeline.dicom_out.sr_read import FINDING_COLUMNS
+from pipeline.errors import DicomOutputError
+from pipeline.reconstruction.quality import FLAGS, QualityFlag, QualityReport
+from tests.test_dicom_out_sources import (
+    NO_IDENTITY,
+    POSITIONS,
+    assert_valid,
+    dicom_tool,
+    phantom_case,
+    strip_attributes,
+    without_uids,
+)
+
+LUNGS = {"lung_left_volume_ml": 1234.5678, "lung_right_volume_ml": 1400.25, "lungs_total_volume_ml": 2634.8178,
+         "lung_left_emphysema_index_pct": 1.234, "lung_right_emphysema_index_pct": 0.5, "emphysema_index_pct": 0.845}
+QUALITY = QualityReport(lung_coverage="complete", contrast_phase="venous",
+                        flags=(QualityFlag("thick_slices", "warning", FLAGS["thick_slices"][1]),
+                               QualityFlag("contrast_venous", "info", FLAGS["contrast_venous"][1])))
+
+
+def _write(case, path, **options):
+    defaults = dict(source=case.source, volume=case.volume, findings=case.findings, model_name="demo_phantom_retinanet",
+                    model_version="7", score_threshold=0.5, nodules=case.nodules, organ_masks=case.organ_masks,
+                    measurements={"lungs": LUNGS}, quality=QUALITY)
+    defaults.update(options)
+    return write_sr(path, **defaults)
+
+
+@pytest.mark.parametrize(("position", "enhanced"), POSITIONS, ids=["HFS", "FFS", "HFP", "HFS-multiframe"])
+def test_findings_round_trip(tmp_path, position, enhanced):
+    case = phantom_case(tmp_path / "case", position=position, enhanced=enhanced)
+    details = {0: NoduleDetail(composition=case.phantom.nodules[0].kind)}
+    path = _write(case, tmp_path / "sr.dcm", details=details)
+    table = read_sr_findings(path)
+    assert list(table.columns) == FINDING_COLUMNS
+    kept = [f for f in case.findings if f.score >= 0.5]  # the 0.2 finding is below the operating point
+    assert len(table) == len(kept) == len(case.phantom.nodules)
+    g = case.volume.geometry
+    for n, (row, f) in enumerate(zip(table.itertuples(), kept)):
+        assert row.rank == n + 1 and row.tracking_id == f"Nodule {n + 1}"
+        centre = np.array([row.center_x, row.center_y, row.center_z])
+        assert np.abs(centre - np.asarray(f.center_lps)).max() < 0.01  # LPS mm
+        lo = np.array([row.box_min_x, row.box_min_y, row.box_min_z])
+        hi = np.array([row.box_max_x, row.box_max_y, row.box_max_z])
+        np.testing.assert_allclose(lo, f.box_min_lps, atol=0.01)
+        np.testing.assert_allclose(hi, f.box_max_lps, atol=0.01)
+        assert row.graphic_type == "ELLIPSOID"
+        assert row.frame_of_reference_uid == case.source.frame_of_reference_uid
+        assert row.score == pytest.approx(f.score, rel=1e-12)
+        assert row.diameter_mm == pytest.approx(f.diameter_mm, rel=1e-12)
+        assert row.volume_mm3 == pytest.approx(case.nodules[n].volume_mm3, rel=1e-12)
+        assert f.diameter_mm * 0.5 < row.long_axis_mm < f.diameter_mm * 1.6
+        assert row.side == case.phantom.nodules[n].lung.removeprefix("lung_")
+        k = int(np.rint(g.lps_to_index(f.center_lps)[2]))
+        assert row.sop_instance_uid == case.source.sop_instance_uids[k]
+        assert row.frame_number == (k + 1 if enhanced else None)
+    assert table.composition[0] == case.phantom.nodules[0].kind
+    assert table.composition[1:].isna().all()
+
+
+def test_case_content_round_trip(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    path = _write(case, tmp_path / "sr.dcm")
+    content = read_sr_case(path)
+    assert content["measurements"] == pytest.approx(LUNGS, rel=1e-12)
+    assert content["nodules_present"] is True
+    assert content["lung_coverage"] == "complete" and content["contrast_phase"] == "venous"
+    assert content["quality_flags"] == ["thick_slices", "contrast_venous"]
+    assert (content["model_name"], content["model_version"], content["score_threshold"]) == ("demo_phantom_retinanet", "7", 0.5)
+    assert content["ctpipe_version"]
+    ds = pydicom.dcmread(path)
+    assert ds.Modality == "SR" and ds.SOPClassUID == "1.2.840.10008.5.1.4.1.1.88.34"  # Comprehensive 3D SR
+    for kw in ("PatientID", "PatientName", "StudyInstanceUID", "StudyDate", "AccessionNumber"):
+        assert ds[kw].value == case.source.datasets[0][kw].value
+    assert ds.SeriesInstanceUID != case.source.series_instance_uid
+    assert ds.CodingSchemeIdentificationSequence[0].CodingSchemeDesignator == "99CTPIPE"
+
+
+def test_unreliable_measurements_are_left_out(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    quality = QualityReport(lung_coverage="partial", contrast_phase="non_contrast",
+                            flags=(QualityFlag("lungs_apex_cut", "warning", "cut"),),
+                            unreliable=("lungs_total_volume_ml", "emphysema_index_pct"))
+    content = read_sr_case(_write(case, tmp_path / "sr.dcm", quality=quality))
+    assert "lungs_total_volume_ml" not in content["measurements"] and "emphysema_index_pct" not in content["measurements"]
+    assert content["measurements"]["lung_left_volume_ml"] == pytest.approx(LUNGS["lung_left_volume_ml"])
+    assert content["lung_coverage"] == "partial" and content["quality_flags"] == ["lungs_apex_cut"]
+
+
+def test_no_findings_gives_an_explicit_report(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    path = _write(case, tmp_path / "sr.dcm", findings=[f for f in case.findings if f.score < 0.5])
+    assert path.is_file()
+    table = read_sr_findings(path)
+    assert table.empty and list(table.columns) == FINDING_COLUMNS
+    assert read_sr_case(path)["nodules_present"] is False
+    assert_valid(path)
+    tree = subprocess.run([dicom_tool("dsrdump"), str(path)], capture_output=True, text=True, timeout=60).stdout
+    assert 'CODE:(,,"Nodule")=(2667000,SCT,"Absent")' in tree
+    assert "Volume Surface" not in tree
+
+
+def test_lobe_and_side_from_details(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    details = {0: NoduleDetail(side="right", lobe="middle", composition="ground_glass"),
+               1: NoduleDetail(side="left", lobe="upper", composition="solid")}
+    table = read_sr_findings(_write(case, tmp_path / "sr.dcm", details=details))
+    assert list(zip(table.side, table.lobe, table.composition)) == [("right", "middle", "ground_glass"),
+                                                                    ("left", "upper", "solid")]
+    ds = pydicom.dcmread(tmp_path / "sr.dcm")
+    assert {"72481006", "44714003"} <= {str(e.value) for e in ds.iterall() if e.keyword == "CodeValue"}  # SCT lobes
+
+
+@pytest.mark.parametrize("enhanced", [False, True], ids=["classic", "multiframe"])
+def test_valid_for_dciodvfy_and_printed_by_dsrdump(tmp_path, enhanced):
+    case = phantom_case(tmp_path / "case", enhanced=enhanced)
+    path = _write(case, tmp_path / "sr.dcm", details={0: NoduleDetail(composition="part_solid")})
+    assert_valid(path)
+    result = subprocess.run([dicom_tool("dsrdump"), str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    tree = result.stdout
+    for text in ("Imaging Measurement Report", '"Device Observer Name")="ctpipe', "(27925004,SCT,\"Nodule\")",
+                 "SCOORD3D", "ELLIPSOID", 'NUM:(,,"Probability")="0.9" (1,UCUM,"no units")',
+                 '(24627-2,LN,"CT Chest")', '"Algorithm Parameters")="score_threshold=0.5"', "Part-solid"):
+        assert text in tree, text
+
+
+def test_image_library_option(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    path = _write(case, tmp_path / "sr.dcm", image_library=True)
+    assert_valid(path)
+    tree = subprocess.run([dicom_tool("dsrdump"), str(path)], capture_output=True, text=True, timeout=60).stdout
+    assert "Image Library" in tree
+    assert len(read_sr_findings(path)) == 2
+
+
+def test_source_without_frame_of_reference_or_patient_gives_a_valid_sr(tmp_path, caplog):
+    case = phantom_case(tmp_path / "case")
+    strip_attributes(case.dicom, NO_IDENTITY)
+    volume = without_uids(case.volume)
+    with caplog.at_level(logging.WARNING, logger="pipeline.dicom_out"):
+        path = _write(case, tmp_path / "sr.dcm", source=case.dicom, volume=volume)
+    assert "has no FrameOfReferenceUID" in caplog.text
+    assert_valid(path, allowed_warnings=("<99CTPIPE>", "needed to build DICOMDIR"))  # empty patient/study identifiers
+    table = read_sr_findings(path)
+    source = read_source_series(case.dicom, volume)
+    assert (table.frame_of_reference_uid == source.frame_of_reference_uid).all()
+    ds = pydicom.dcmread(path)
+    assert ds.PatientID == "" and ds.StudyInstanceUID == source.study_instance_uid
+
+
+def test_bad_options_are_refused(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    with pytest.raises(DicomOutputError, match="unknown quality flag 'blurry'"):
+        _write(case, tmp_path / "a.dcm", quality={"lung_coverage": "complete", "contrast_phase": "non_contrast",
+                                                  "flags": [{"code": "blurry"}]})
+    with pytest.raises(DicomOutputError, match="model name '' and version"):
+        _write(case, tmp_path / "b.dcm", model_name="")
+    with pytest.raises(DicomOutputError, match="lobe 'middle' with side 'left'"):
+        NoduleDetail(side="left", lobe="middle")
+    assert not (tmp_path / "a.dcm").exists() and not list(tmp_path.glob(".*.tmp"))
