@@ -62,7 +62,8 @@ def test_synthetic_direction_flip_keeps_sides(direction):
 def test_merged_lungs_are_split_at_the_junction():
     vol, truth = synthetic_chest(n=64, slices=40, merged=True, with_airway=False)
     seg = segment_organs(vol, organs=("lung_left", "lung_right", "airway"), device="cpu")
-    assert "airway" in seg.errors  # no trachea in this chest: reported, lungs still separated
+    # no trachea in this chest: flagged (no mask, no error), lungs still separated
+    assert seg.info["airway"] == "not_in_scan" and "airway" not in seg.masks and "airway" not in seg.errors
     assert dice(truth["lung_left"], seg.masks["lung_left"]) > 0.9
     assert dice(truth["lung_right"], seg.masks["lung_right"]) > 0.9
     assert not (seg.masks["lung_left"] & seg.masks["lung_right"]).any()
@@ -84,9 +85,11 @@ def test_volume_without_lungs_reports_lungs_and_keeps_body_and_bone():
     arr = vol.array.copy()
     arr[(arr < -500) & truth["body"]] = 40.0  # fill lungs and airways with soft tissue
     seg = segment_organs(vol.with_array(arr), device="cpu")
-    for organ in ("lung_left", "lung_right", "airway"):
+    for organ in ("lung_left", "lung_right"):
         assert "no lungs found" in str(seg.errors[organ])
         assert "1.2.3.synthetic" in str(seg.errors[organ])  # names the series
+    assert seg.info["lungs"] == "absent" and seg.info["airway"] == "not_in_scan"
+    assert "airway" not in seg.masks and "airway" not in seg.errors
     assert dice(truth["body"], seg.masks["body"]) > 0.97
     assert "bone" in seg.masks
 

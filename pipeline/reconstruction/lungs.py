@@ -1,47 +1,105 @@
-"""Lung candidates and the left/right split (masks ``[k, j, i]``, LPS geometry).
+"""Which internal air is lung, and which lung is left (masks ``[k, j, i]`` on the working grid, LPS geometry).
 
-The patient's left lung is the one at larger LPS x; this is decided from the
-voxels' patient coordinates, so flipped or permuted index axes cannot swap them.
-A lung pair merged at the anterior/posterior junction is separated by erosion
-(and, when erosion does not split it, at the LPS x mid-line of the junction).
+Lung air is internal air (see :mod:`~pipeline.reconstruction.air`) that is either connected to
+the airway tree or is parenchyma: its interior is at least :data:`PARENCHYMA_MARGIN_HU` denser
+than the scan's air, which pure gas (stomach, bowel, colon, a trachea on its own) never is.
+Regions must also hold at least ``min_lung_ml``; smaller lung-like pieces count only when they
+lie within :data:`REACH_MM` of the main lungs and not below them (lung fragments cut off by a
+fissure or vessel, not gas below the diaphragm). The main lungs are the largest lung region and
+every lung region of at least :data:`MAIN_FRACTION` of it that reaches above its lowest slice.
+Bowel gas joined to a lung base through a thin partial-volume diaphragm is parted from it
+(:func:`drop_gas_pockets`).
+
+Left and right come from anatomy, in this order: the airway's LPS x (the trachea and main
+bronchi lie between the lungs; a region spanning both sides of it is two lungs joined at a
+junction and is split there), else the relation between the two largest lung regions (the
+patient's left lung is the one at larger LPS x), else a region that erosion splits into two
+lungs, else a single lung's side of the body's x mid-line (where the field of view leaves the
+body whole). Never from which half of the image a region lies in.
+
+Each lung is then filled: a small closing and per-slice hole filling take in vessels and
+nodules inside it, :func:`pleural_notches` the nodules on its pleura (as LUNA16-style lung
+masks hold them). The final boundary lies where a voxel is half parenchyma, half soft tissue
+(:func:`boundary_threshold`).
+
+No lung air at all is not an error: :func:`select_lungs` returns empty masks and
+``lungs = "absent"`` in its info.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ..errors import ReconstructionError
 from ..volume import Geometry
+from . import air as air_mod
 from . import morph
+from .air import AirRegions
 from .grid import Grid, bbox
+from .lung_surface import fill_lung, pleural_notches
 from .organs import SegmentParams
 
 log = logging.getLogger(__name__)
 
+PARENCHYMA_MARGIN_HU = 50.0  # lung interior is at least this much denser than air (gas: 0..45 HU)
+MAIN_FRACTION = 0.1  # lung regions of this share of the largest one are main lungs
+REACH_MM = 4.0  # smaller lung pieces must lie this close to a main lung
+PAIR_MIN_DX = 0.12  # two regions this far apart in x (share of the body's width) are a left and a right lung
+PAIR_MIN_RATIO = 0.2  # the smaller of a lung pair holds at least this share of the larger
+JUNCTION_FRACTION = 0.2  # a region with this share on each side of the airway is two joined lungs
+GAS_PART_ML = 2.0  # an eroded part of the lung air this large that is pure gas is bowel gas
+SOLID_HU = -100.0  # tissue the lung's filling took in that is this dense (vessels, nodules) stays in
 _MAX_SPLIT_EROSIONS = 12
 
 
-def lung_candidates(air: np.ndarray, geometry: Geometry, p: SegmentParams) -> np.ndarray:
-    """Air inside the body that belongs to the lungs or airways: the large air components."""
-    labels, sizes = morph.label(air)
-    if sizes.size <= 1 or sizes.max() == 0:
-        raise ReconstructionError(
-            f"no lungs found: no air below {p.lung_hu:g} HU inside the body",
-            fix="check that the series covers the chest (and is in HU); lungs and airways are then skipped",
-        )
-    voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
-    largest = sizes.max()
-    keep = np.nonzero((sizes >= 0.08 * largest) & (sizes * voxel_ml >= p.min_lung_ml))[0]
-    if keep.size == 0:
-        raise ReconstructionError(
-            f"no lungs found: the largest air region inside the body is {largest * voxel_ml:.2f} mL "
-            f"(less than {p.min_lung_ml} mL)",
-            fix="check that the series covers the chest; lungs and airways are then skipped",
-        )
-    return morph.keep_labels(labels, keep, sizes.size - 1)
+@dataclass
+class Lungs:
+    """Left and right lung masks on the working grid, how they were found, and the other internal gas.
+
+    ``gas`` is internal air that is neither lung nor airway (bowel gas, including pockets parted
+    from the lungs); the lungs' boundary must not grow into its partial-volume rim. ``kept`` is the
+    solid tissue the lungs took in (vessels, nodules inside them or on the pleura, see
+    :func:`pleural_notches`), which a boundary re-decided by HU must keep.
+    """
+
+    left: np.ndarray
+    right: np.ndarray
+    info: dict[str, float | str] = field(default_factory=dict)
+    gas: np.ndarray | None = None
+    kept: np.ndarray | None = None
+
+    @property
+    def found(self) -> bool:
+        return bool(self.left.any() or self.right.any())
+
+
+def lung_regions(regions: AirRegions, airway: np.ndarray | None, grid: Grid, p: SegmentParams) -> np.ndarray:
+    """Labels of the air regions that are lung (see the module docstring); empty when there is none."""
+    r = regions
+    min_vox = p.min_lung_ml / r.voxel_ml
+    lung_like = r.internal & (r.interior_hu > r.air_level_hu + PARENCHYMA_MARGIN_HU)
+    if airway is not None and airway.any():
+        near = morph.dilate(morph.to_tensor(airway, grid.hu.device), (1, 1, 1)).cpu().numpy()
+        touched = np.unique(r.labels[near])
+        lung_like[touched[touched > 0]] |= r.internal[touched[touched > 0]]
+    lung_like[0] = False
+    big = lung_like & (r.size >= min_vox)
+    if not big.any():
+        return np.zeros(0, dtype=np.int64)
+    largest = int(np.argmax(np.where(big, r.size, 0)))
+    main = big & (r.size >= MAIN_FRACTION * r.size[largest]) & (r.z_hi >= r.z_lo[largest])
+    main_ids = np.nonzero(main)[0]
+    extra = np.nonzero(big & ~main & (r.centroid[:, 2] >= np.nanmin(r.z_lo[main_ids])))[0]
+    if extra.size:
+        reach = morph.radius_vox(REACH_MM, grid.geometry.spacing)
+        m = morph.to_tensor(r.mask(main_ids), grid.hu.device)
+        near_main = morph.dilate(m, reach).cpu().numpy()
+        touched = np.unique(r.labels[near_main])
+        extra = np.intersect1d(extra, touched)
+    return np.concatenate([main_ids, extra]).astype(np.int64)
 
 
 def _two_largest(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -67,75 +125,181 @@ def _grow_back(cores: list[torch.Tensor], mask: torch.Tensor, steps: int) -> lis
     return cores
 
 
-def _midline_split(mask: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray]:
-    """Split at the LPS x with the fewest lung voxels between the 30th and 70th x percentiles."""
+def drop_gas_pockets(lung_air: np.ndarray, hu: np.ndarray, air_level_hu: float, grid: Grid,
+                     p: SegmentParams) -> np.ndarray:
+    """Lung air without bowel gas that joins it through a thin, partial-volume diaphragm.
+
+    Eroding the lung air by one (then two) voxels parts such a pocket from the lung; a part of at
+    least :data:`GAS_PART_ML` whose median HU is pure gas (less than :data:`PARENCHYMA_MARGIN_HU`
+    above the air level) is gas, and what it claims when the parts grow back is removed. Bullae and
+    emphysema stay: they are not parted from the lung by so thin an erosion.
+    """
+    box = bbox(lung_air, 2)
+    if box is None:
+        return lung_air
+    sub = lung_air[box]
+    hu_sub = hu[box]
+    t = morph.to_tensor(sub, grid.hu.device)
+    for depth in (1, 2):
+        core = morph.erode(t, (depth, depth, depth)).cpu().numpy() & sub
+        labels, sizes = morph.label(core)
+        n = sizes.size - 1
+        if n < 2:
+            continue
+        hist, centres = air_mod.hu_histograms(hu_sub[core], labels[core], n, p.lung_hu)
+        median = air_mod.histogram_medians(hist, centres)
+        big = sizes * grid.voxel_ml >= GAS_PART_ML
+        gas = big & (median < air_level_hu + PARENCHYMA_MARGIN_HU)
+        gas[0] = False
+        if not gas.any() or not (big & ~gas).any():
+            continue
+        cores = [morph.to_tensor(morph.keep_labels(labels, np.nonzero(gas)[0], n), grid.hu.device),
+                 morph.to_tensor(morph.keep_labels(labels, np.nonzero(~gas & (sizes > 0))[0], n), grid.hu.device)]
+        claimed = _grow_back(cores, t, depth)[0].cpu().numpy()
+        log.debug("gas pockets parted from the lungs: %.1f mL", float(claimed.sum()) * grid.voxel_ml)
+        out = lung_air.copy()
+        out[box] &= ~claimed
+        return out
+    return lung_air
+
+
+def _erosion_split(mask: np.ndarray, geometry: Geometry, device: torch.device, min_dx_mm: float
+                   ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Two lungs joined at a thin junction: erode in-plane until two comparable parts appear, then grow them back."""
+    m = morph.to_tensor(mask, device)
+    cur = m
+    in_plane = [1, 1, 1]
+    in_plane[geometry.array_axis(2)] = 0
+    for step in range(1, _MAX_SPLIT_EROSIONS + 1):
+        cur = morph.erode(cur, in_plane)
+        ca, cb, r = _two_largest(cur.cpu().numpy())
+        if not ca.any():
+            return None
+        if r >= PAIR_MIN_RATIO:
+            ga, gb = _grow_back([morph.to_tensor(ca, device), morph.to_tensor(cb, device)], m, step)
+            a, b = ga.cpu().numpy(), gb.cpu().numpy()
+            if abs(_centroid_x(a, geometry) - _centroid_x(b, geometry)) < min_dx_mm:
+                return None  # two parts of one lung, not a pair
+            log.debug("lungs split after %d erosions", step)
+            return a, b
+    return None
+
+
+def _cut_at(mask: np.ndarray, geometry: Geometry, x_ref: float) -> tuple[np.ndarray, np.ndarray]:
+    """Split at the LPS x with the fewest lung voxels within 25 mm of ``x_ref``: (left part, right part)."""
     x = np.broadcast_to(geometry.lps_coordinate(0), mask.shape)
     xs = x[mask]
-    lo, hi = np.percentile(xs, [30, 70])
-    bins = np.linspace(lo, hi, 41)
+    bins = np.linspace(x_ref - 25.0, x_ref + 25.0, 26)
     hist, _ = np.histogram(xs, bins=bins)
-    cut = 0.5 * (bins[np.argmin(hist)] + bins[np.argmin(hist) + 1])
-    return mask & (x < cut), mask & (x >= cut)
-
-
-def split_lungs(mask: np.ndarray, grid: Grid, p: SegmentParams) -> tuple[np.ndarray, np.ndarray]:
-    """Left and right lung masks (working grid) from the lung air without airways.
-
-    Returns ``(left, right)`` where left has the larger mean LPS x. Vessels and
-    nodules inside each lung are filled in (closing + per-slice hole filling).
-    """
-    geometry = grid.geometry
-    a, b, ratio = _two_largest(mask)
-    if ratio < 0.2:  # one merged region (or one lung only): try erosion
-        dev = grid.hu.device
-        m = morph.to_tensor(a, dev)
-        cur = m
-        split = None
-        for step in range(1, _MAX_SPLIT_EROSIONS + 1):
-            cur = morph.erode(cur, (0, 1, 1))
-            ca, cb, r = _two_largest(cur.cpu().numpy())
-            if not ca.any():
-                break
-            if r >= 0.2:
-                ta, tb = morph.to_tensor(ca, dev), morph.to_tensor(cb, dev)
-                ga, gb = _grow_back([ta, tb], m, step)
-                split = (ga.cpu().numpy(), gb.cpu().numpy())
-                log.debug("lungs split after %d erosions", step)
-                break
-        if split is None:
-            ma, mb = _midline_split(a, geometry)
-            if ma.sum() >= 0.2 * mb.sum() and mb.sum() >= 0.2 * ma.sum():
-                split = (ma, mb)
-                log.debug("lungs split at the mid-line")
-        if split is None:
-            raise ReconstructionError(
-                "found only one lung-sized air region and could not split it into left and right",
-                fix="check that the scan covers both lungs; a pneumonectomy case needs a user segmentation (--seg-bundle)",
-            )
-        a, b = split
-    xa = _centroid_x(a, geometry)
-    xb = _centroid_x(b, geometry)
-    left, right = (a, b) if xa > xb else (b, a)
-    left = fill_lung(left, geometry, p, grid.hu.device, other=right)
-    right = fill_lung(right, geometry, p, grid.hu.device, other=left)
-    return left, right
+    best = int(np.argmin(hist))
+    cut = 0.5 * (bins[best] + bins[best + 1])
+    return mask & (x >= cut), mask & (x < cut)
 
 
 def _centroid_x(mask: np.ndarray, geometry: Geometry) -> float:
     return float(geometry.centroid_lps(mask)[0])
 
 
-def fill_lung(mask: np.ndarray, geometry: Geometry, p: SegmentParams, device: torch.device | str,
-              other: np.ndarray | None = None) -> np.ndarray:
-    """Close and fill one lung so vessels and nodules inside it belong to it (never into ``other``)."""
-    r = morph.radius_vox(p.lung_close_mm, geometry.spacing)
-    box = bbox(mask, max(r) + 1)
-    out = np.zeros_like(mask)
-    if box is None:
-        return out
-    sub = mask[box]
-    closed = morph.closing(morph.to_tensor(sub, device), r).cpu().numpy()
-    out[box] = morph.fill_holes(closed | sub, slice_axis=geometry.array_axis(2))
-    if other is not None:
-        out &= ~other
-    return out
+def _body_midline(body: np.ndarray, lung: np.ndarray, geometry: Geometry) -> float | None:
+    """The body's median LPS x over the lung's slices, or None where the field of view cuts the body in x."""
+    axis = geometry.array_axis(2)
+    rows = np.asarray(lung.any(axis=tuple(a for a in range(3) if a != axis)), dtype=bool)
+    b = np.compress(rows, body, axis=axis)
+    if not b.any():
+        return None
+    x = np.compress(rows, np.broadcast_to(geometry.lps_coordinate(0), body.shape), axis=axis)
+    lo, hi = float(x.min()), float(x.max())
+    bx = x[b]
+    tol = 0.5 * max(geometry.spacing)
+    if bx.min() <= lo + tol or bx.max() >= hi - tol:
+        return None
+    return float(np.median(bx))
+
+
+def assign_sides(lung_air: np.ndarray, airway_x: float | None, body: np.ndarray, grid: Grid
+                 ) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(left, right, how)``: the lung air split into the patient's left and right lungs (working grid).
+
+    ``how`` names the anatomical reference used: ``airway``, ``pair``, ``erosion``, ``body_midline``
+    or ``body_centre`` (see the module docstring).
+    """
+    g = grid.geometry
+    dev = grid.hu.device
+    left = np.zeros_like(lung_air)
+    right = np.zeros_like(lung_air)
+    labels, sizes = morph.label(lung_air)
+    n = sizes.size - 1
+    if n == 0:
+        return left, right, "none"
+    order = np.argsort(sizes)[::-1][:2]
+    active = sizes > 0  # regions still to assign
+    x = np.broadcast_to(g.lps_coordinate(0), lung_air.shape)
+    bx = x[body] if body.any() else x[lung_air]
+    min_dx = PAIR_MIN_DX * float(bx.max() - bx.min())
+    x_ref = airway_x
+    how = "airway"
+    first = labels == order[0]
+    if x_ref is None and n >= 2:
+        xa, xb = _centroid_x(first, g), _centroid_x(labels == order[1], g)
+        if sizes[order[1]] >= PAIR_MIN_RATIO * sizes[order[0]] and abs(xa - xb) >= min_dx:
+            x_ref, how = 0.5 * (xa + xb), "pair"
+    if x_ref is None:
+        split = _erosion_split(first, g, dev, min_dx)
+        if split is not None:
+            xa, xb = _centroid_x(split[0], g), _centroid_x(split[1], g)
+            left |= split[0] if xa > xb else split[1]
+            right |= split[1] if xa > xb else split[0]
+            x_ref, how = 0.5 * (xa + xb), "erosion"
+            active[order[0]] = False
+        else:
+            x_ref, how = _body_midline(body, lung_air, g), "body_midline"
+            if x_ref is None:
+                x_ref = float(np.median(x[body])) if body.any() else _centroid_x(first, g)
+                how = "body_centre"
+    share_left = np.bincount(labels[(x > x_ref) & (labels > 0)], minlength=n + 1) / np.maximum(sizes, 1)
+    joined = active & (sizes >= MAIN_FRACTION * float(sizes.sum())) & (share_left >= JUNCTION_FRACTION) \
+        & (share_left <= 1.0 - JUNCTION_FRACTION)
+    left |= morph.keep_labels(labels, np.nonzero(active & ~joined & (share_left >= 0.5))[0], n)
+    right |= morph.keep_labels(labels, np.nonzero(active & ~joined & (share_left < 0.5))[0], n)
+    for lab in np.nonzero(joined)[0]:
+        m = labels == lab
+        split = _erosion_split(m, g, dev, min_dx)
+        if split is None:
+            pa, pb = _cut_at(m, g, x_ref)
+        else:
+            pa, pb = split if _centroid_x(split[0], g) > _centroid_x(split[1], g) else split[::-1]
+        left |= pa
+        right |= pb
+    return left, right, how
+
+
+def select_lungs(regions: AirRegions, airway: np.ndarray | None, airway_x: float | None, body: np.ndarray,
+                 grid: Grid, p: SegmentParams) -> Lungs:
+    """The lungs on the working grid: lung regions minus the airway and bowel gas, split into left and right,
+    filled (vessels and nodules inside, juxtapleural nodules) and described in ``info`` (``lungs``:
+    ``found``, ``one_side`` or ``absent``; ``lung_sides_from``: the anatomical reference used).
+    """
+    ids = lung_regions(regions, airway, grid, p)
+    empty = np.zeros(regions.labels.shape, dtype=bool)
+    if ids.size == 0:
+        return Lungs(empty, empty.copy(), {"lungs": "absent"}, gas=regions.internal_mask())
+    lung_air = regions.mask(ids)
+    if airway is not None:
+        lung_air &= ~airway
+    lung_air = drop_gas_pockets(lung_air, grid.hu.cpu().numpy(), regions.air_level_hu, grid, p)
+    left, right, how = assign_sides(lung_air, airway_x, body, grid)
+    left = fill_lung(left, grid.geometry, grid.hu.device, other=right, close_mm=p.lung_close_mm)
+    right = fill_lung(right, grid.geometry, grid.hu.device, other=left, close_mm=p.lung_close_mm)
+    notches = pleural_notches(left, grid.geometry, airway, other=right)
+    left |= notches
+    right_notches = pleural_notches(right, grid.geometry, airway, other=left)
+    right |= right_notches
+    notches |= right_notches
+    info: dict[str, float | str] = {"lungs": "found", "lung_sides_from": how, "lung_regions": float(ids.size)}
+    if not (left.any() and right.any()):
+        info["lungs"] = "one_side"
+    gas = regions.internal_mask() & ~lung_air & ~left & ~right
+    if airway is not None:
+        gas &= ~airway
+    solid = (left | right) & ~lung_air & (grid.hu.cpu().numpy() > SOLID_HU)
+    return Lungs(left, right, info, gas=gas, kept=notches | solid)

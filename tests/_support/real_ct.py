@@ -1,0 +1,143 @@
+"""The shared real CT scans (``../shared/real_ct`` beside the checkout) as ``CTVolume`` + reference masks.
+
+The scans are public data that must never be copied into the repository. Tests call
+:func:`require_real_ct` (or a loader, which calls it), and skip with a clear reason when the
+folder is absent. SimpleITK reads the NIfTI/NRRD files in LPS (ITK's convention); the DICOM
+series goes through ctpipe's own ingest. Reference masks are boolean ``[k, j, i]`` arrays on
+the volume's grid.
+
+Cases (see the folder's README.md):
+
+* ``copdgene``: COPDGene 10002K at 64×64×79 (4.2×4.2×4.0 mm), whole-lung mask split into left and
+  right by the CIP labelmap's lung-third regions (9–11 one lung, 12–14 the other; the side is
+  taken from the LPS x of each group, never from the region numbers).
+* ``totalseg_abdomen`` / ``totalseg_abdomen_sm``: abdomen with only the lung bases at the top
+  (TotalSegmentator model labels: left lung lobes 10, 11; right 12, 13, 14; stomach 6, small
+  bowel 18, duodenum 19, colon 20).
+* ``rt_planning_chest``: a full chest on a flat RT couch, 512×512×141, no annotations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.volume import CTVolume, Geometry
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REAL_CT_DIR = REPO_ROOT.parent / "shared" / "real_ct"
+SKIP_REASON = "../shared/real_ct not found: real-scan tests need the shared real CT folder beside the checkout"
+
+# TotalSegmentator "total" task label ids
+TS_LUNG_LEFT = (10, 11)
+TS_LUNG_RIGHT = (12, 13, 14)
+TS_GAS_ORGANS = (6, 18, 19, 20)  # stomach, small bowel, duodenum, colon
+
+
+@dataclass
+class RealCase:
+    """One real scan: the HU volume (LPS) and whatever reference masks it has (bool ``[k, j, i]``).
+
+    ``reference`` may hold ``lung_left``, ``lung_right`` (patient's left = larger LPS x) and
+    ``gas_organs`` (stomach, bowel and colon: organs whose gas must never be labelled lung).
+    """
+
+    name: str
+    volume: CTVolume
+    reference: dict[str, np.ndarray] = field(default_factory=dict)
+    description: str = ""
+
+
+def real_ct_dir() -> Path | None:
+    """The shared real CT folder, or None when it is not beside the checkout."""
+    return REAL_CT_DIR if (REAL_CT_DIR / "README.md").is_file() else None
+
+
+def require_real_ct() -> Path:
+    """The shared real CT folder; skips the calling test (pytest) when it is absent."""
+    root = real_ct_dir()
+    if root is None:
+        import pytest
+
+        pytest.skip(SKIP_REASON)
+    return root
+
+
+def read_image(path: Path, name: str) -> CTVolume:
+    """An image file SimpleITK reads (NIfTI, NRRD) as a ``CTVolume`` (LPS geometry, array ``[k, j, i]``)."""
+    import SimpleITK as sitk
+
+    return CTVolume.from_sitk(sitk.ReadImage(str(path)), metadata={"SeriesInstanceUID": name})
+
+
+def read_labels(path: Path, geometry: Geometry) -> np.ndarray:
+    """An integer label image on ``geometry``'s grid (raises AssertionError when the grids differ)."""
+    lab = read_image(path, path.name)
+    assert lab.geometry.same_grid(geometry, atol=1e-3), f"{path}: label grid {lab.geometry} differs from {geometry}"
+    return np.asarray(lab.array).astype(np.int32)
+
+
+def _mean_x(mask: np.ndarray, geometry: Geometry) -> float:
+    idx = np.argwhere(mask)[:, ::-1].mean(axis=0)
+    return float(geometry.index_to_lps(idx)[0])
+
+
+def copdgene(root: Path | None = None) -> RealCase:
+    """COPDGene 10002K (NRRD): reference lungs per side from ``wholeLung-64`` and the CIP labelmap."""
+    folder = (root or require_real_ct()) / "cip_copdgene_chest_64"
+    vol = read_image(folder / "ct-64.nrrd", "copdgene_10002K_64")
+    whole = read_labels(folder / "wholeLung-64.nrrd", vol.geometry) > 0
+    region = read_labels(folder / "lm-64.nrrd", vol.geometry) % 256
+    a = whole & np.isin(region, (9, 10, 11))
+    b = whole & np.isin(region, (12, 13, 14))
+    left, right = (a, b) if _mean_x(a, vol.geometry) > _mean_x(b, vol.geometry) else (b, a)
+    return RealCase("copdgene", vol, {"lung_left": left, "lung_right": right},
+                    "COPDGene chest 64x64x79, 4.2 mm; whole-lung reference (vessels inside, main airways outside)")
+
+
+def _totalseg(root: Path | None, ct: str, seg: str, name: str) -> RealCase:
+    folder = (root or require_real_ct()) / "totalseg_abdomen_lung_bases"
+    vol = read_image(folder / ct, name)
+    lab = read_labels(folder / seg, vol.geometry)
+    ref = {
+        "lung_left": np.isin(lab, TS_LUNG_LEFT),
+        "lung_right": np.isin(lab, TS_LUNG_RIGHT),
+        "gas_organs": np.isin(lab, TS_GAS_ORGANS),
+    }
+    return RealCase(name, vol, ref, f"TotalSegmentator abdomen ({ct}), lung bases at the top; model labels")
+
+
+def totalseg_abdomen(root: Path | None = None) -> RealCase:
+    """The full TotalSegmentator abdomen (122×101×112, 3 mm) with its ``fast_force_split`` labels."""
+    return _totalseg(root, "example_ct.nii.gz", "example_seg_fast_force_split.nii.gz", "totalseg_abdomen")
+
+
+def totalseg_abdomen_sm(root: Path | None = None) -> RealCase:
+    """The 30-slice crop of the TotalSegmentator abdomen with its labels."""
+    return _totalseg(root, "example_ct_sm.nii.gz", "example_seg.nii.gz", "totalseg_abdomen_sm")
+
+
+def rt_planning_chest(root: Path | None = None) -> RealCase:
+    """The RT-planning chest DICOM series (512×512×141, flat couch), read by ctpipe's ingest; no references."""
+    from pipeline.ingest import load_series
+
+    folder = (root or require_real_ct()) / "chest_ct_rt_planning_dicom"
+    vol = load_series(folder)
+    return RealCase("rt_planning_chest", vol, {}, "RT-planning chest DICOM 512x512x141, flat couch; no annotations")
+
+
+CASES: dict[str, Callable[..., RealCase]] = {
+    "copdgene": copdgene,
+    "totalseg_abdomen": totalseg_abdomen,
+    "totalseg_abdomen_sm": totalseg_abdomen_sm,
+    "rt_planning_chest": rt_planning_chest,
+}
+
+
+def all_cases(root: Path | None = None) -> Iterator[RealCase]:
+    """Every shared real scan, loaded one at a time."""
+    for load in CASES.values():
+        yield load(root)
