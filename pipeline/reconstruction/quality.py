@@ -68,7 +68,7 @@ METAL_HU = 2500.0
 METAL_ML = 0.05
 CONTRAST_HU = (150.0, 600.0)
 CONTRAST_MIN_ML = 15.0
-ARTERIAL_P90_HU = 260.0
+ARTERIAL_P90_HU = 240.0  # venous phantoms and scans: ~200-215 HU; arterial: 275-400 HU
 
 Coverage = Literal["complete", "partial", "absent"]
 ContrastPhase = Literal["non_contrast", "arterial", "venous"]

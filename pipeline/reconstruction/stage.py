@@ -204,11 +204,11 @@ def reconstruct(
 
 
 def _airway_in_scan(info: Mapping[str, Any], organs: Sequence[str]) -> bool | None:
-    """False when the segmentation found no trachea in the field of view; None when not asked or not known."""
+    """False when the segmentation found no trachea in the field of view; None when not asked or it failed."""
     if "airway" not in organs:
         return None
-    value = info.get("airway_in_scan")
-    return None if value is None else bool(value)
+    state = info.get("airway")  # "found", "not_in_scan" or "failed" (segment_organs)
+    return None if state in (None, "failed") else state != "not_in_scan"
 
 
 def _lungs(masks: Mapping[str, np.ndarray]) -> np.ndarray | None:
