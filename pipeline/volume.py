@@ -20,7 +20,7 @@ spatial operation (:meth:`resample`, :meth:`crop`) returns a new object.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
@@ -59,6 +59,24 @@ def _as_vec3(value: Sequence[float] | np.ndarray, name: str) -> tuple[float, flo
     if arr.shape != (3,) or not np.all(np.isfinite(arr)):
         raise GeometryError(f"{name} must be 3 finite numbers, got {value!r}")
     return (float(arr[0]), float(arr[1]), float(arr[2]))
+
+
+def float3(values: Iterable[Any]) -> tuple[float, float, float]:
+    """Exactly three floats from any iterable (ValueError when there are not three)."""
+    a, b, c = (float(v) for v in values)
+    return (a, b, c)
+
+
+def int3(values: Iterable[Any]) -> tuple[int, int, int]:
+    """Exactly three ints from any iterable (ValueError when there are not three)."""
+    a, b, c = (int(v) for v in values)
+    return (a, b, c)
+
+
+def bool3(values: Iterable[Any]) -> tuple[bool, bool, bool]:
+    """Exactly three bools from any iterable (ValueError when there are not three)."""
+    a, b, c = (bool(v) for v in values)
+    return (a, b, c)
 
 
 @dataclass(frozen=True)

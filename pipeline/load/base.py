@@ -185,4 +185,5 @@ def source_window(spec: PreprocessSpec) -> tuple[float, float, float, float, flo
     """Window constants ``(a_min, a_range, b_min, b_range, lo, hi)`` with clamp bounds (float32-rounded)."""
     a0, ar, b0, br = spec.scale_params()
     lo, hi = sorted(spec.output_range)
-    return tuple(float(np.float32(v)) for v in (a0, ar, b0, br, lo, hi))  # type: ignore[return-value]
+    f = [float(np.float32(v)) for v in (a0, ar, b0, br, lo, hi)]
+    return (f[0], f[1], f[2], f[3], f[4], f[5])

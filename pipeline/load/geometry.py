@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import LoaderError
-from ..volume import LPS_TO_RAS, Geometry
+from ..volume import LPS_TO_RAS, Geometry, bool3, float3, int3
 from .spec import PreprocessSpec, Roi
 
 __all__ = ["InputGeometry", "AxisPlan", "plan_input", "ras_orientation"]
@@ -113,7 +113,7 @@ class InputGeometry:
     def ratio(self) -> tuple[float, float, float]:
         """Source voxels per model voxel along x, y, z (``spacing / source spacing``)."""
         sp = self.source.spacing
-        return tuple(self.spacing[a] / sp[self.src_axis[a]] for a in range(3))  # type: ignore[return-value]
+        return float3(self.spacing[a] / sp[self.src_axis[a]] for a in range(3))
 
     def axis(self, a: int) -> AxisPlan:
         """The sampling plan of model axis ``a`` (0=x, 1=y, 2=z)."""
@@ -126,7 +126,7 @@ class InputGeometry:
     def valid_box(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """Tensor index box ``lo <= (x, y, z) < hi`` that holds image data (the rest is padding)."""
         plans = [self.axis(a) for a in range(3)]
-        return tuple(p.valid_lo for p in plans), tuple(p.valid_hi for p in plans)  # type: ignore[return-value]
+        return int3(p.valid_lo for p in plans), int3(p.valid_hi for p in plans)
 
     # -- mappings -----------------------------------------------------------------------------
     @property
@@ -216,12 +216,12 @@ class InputGeometry:
     def from_json(cls, data: dict[str, Any]) -> InputGeometry:
         return cls(
             source=Geometry.from_json(data["source"]),
-            src_axis=tuple(int(v) for v in data["src_axis"]),  # type: ignore[arg-type]
-            flip=tuple(bool(v) for v in data["flip"]),  # type: ignore[arg-type]
-            spacing=tuple(float(v) for v in data["spacing"]),  # type: ignore[arg-type]
-            resampled_shape=tuple(int(v) for v in data["resampled_shape"]),  # type: ignore[arg-type]
-            anchor=tuple(int(v) for v in data["anchor"]),  # type: ignore[arg-type]
-            shape=tuple(int(v) for v in data["shape"]),  # type: ignore[arg-type]
+            src_axis=int3(data["src_axis"]),
+            flip=bool3(data["flip"]),
+            spacing=float3(data["spacing"]),
+            resampled_shape=int3(data["resampled_shape"]),
+            anchor=int3(data["anchor"]),
+            shape=int3(data["shape"]),
         )
 
 
