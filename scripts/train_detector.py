@@ -204,8 +204,9 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
 
     Two runs from one network pass: the network's findings as they are, and the default pipeline's
     (:meth:`Detector.postprocess`: refined centres, then the model's false-positive reduction stage
-    or compact-blob rescoring), written as ``*.findings.json`` / ``froc.*`` and
-    ``*.pipeline.findings.json`` / ``froc_pipeline.*``. ``refine``: also centres refined without
+    or compact-blob rescoring), written as ``network/*.findings.json`` / ``froc.*`` and
+    ``pipeline/*.findings.json`` / ``froc_pipeline.*``, ground truth in ``phantom_NNN/``
+    (``ctpipe evaluate --pred OUT/pipeline --truth OUT``). ``refine``: also centres refined without
     re-scoring (``froc_refined.*``).
     """
     from pipeline.detection.bundle import LoadedModel, load_model, load_weights
@@ -219,8 +220,9 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
     if weights is not None:  # e.g. the training checkpoint
         load_weights(model.network, weights)
         model = LoadedModel(model.config, model.network.eval())
-    det = Detector(model=model, device="cpu", amp=amp, postprocess=False)
-    post = Detector(model=model, device="cpu", amp=amp)  # the default post-processing, applied to det's findings
+    # every candidate kept: evaluation scores the full lists, whatever the operating point
+    det = Detector(model=model, device="cpu", amp=amp, postprocess=False, all_candidates=True)
+    post = Detector(model=model, device="cpu", amp=amp, all_candidates=True)  # the default post-processing of det's findings
     log.info("evaluating in %s%s", det.precision, " with false-positive reduction" if post.fp_reduction else "")
     preds, pipeline, refined, truth = {}, {}, {}, {}
     for seed in seeds:
@@ -229,11 +231,11 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
         ph.save_ground_truth(case)
         region = quick_lung_mask(ph.volume)
         found = det.detect(ph.volume, lung_mask=region, case_id=f"phantom_{seed:03d}")
-        found.write_json(case / f"phantom_{seed:03d}.findings.json")
+        found.write_json(out / "network" / f"phantom_{seed:03d}.findings.json")
         sid = ph.volume.series_uid
         preds[sid] = found
         pipeline[sid] = post.postprocess(ph.volume, found, region=region)
-        pipeline[sid].write_json(case / f"phantom_{seed:03d}.pipeline.findings.json")
+        pipeline[sid].write_json(out / "pipeline" / f"phantom_{seed:03d}.findings.json")
         if refine:
             refined[sid] = refine_findings(ph.volume, found)
         truth[sid] = [(n.center_lps, n.diameter_mm) for n in ph.nodules]
@@ -246,30 +248,23 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
     for title, found_all, stem in runs:
         result = evaluate_froc(found_all, truth, scans=sorted(truth))
         result.write(out, stem=stem)
+        step = evaluate_froc(found_all, truth, scans=sorted(truth), reading="step", n_bootstrap=0)
         print(f"== {title} ({len(seeds)} held-out phantoms)")
         print(result.table())
+        print("step reading (best operating point at or below each rate): "
+              + " ".join(f"{v:.3f}" for v in step.sensitivity) + f"  CPM {step.cpm:.3f}")
         _print_by_size(result)
     return 0
 
 
 def _print_by_size(result) -> None:
-    thr = _score_at_fp_rate(result, 8.0)
+    thr = result.thresholds[result.fp_rates.index(8.0)][0]  # lowest score with at most 8 FPs/scan
     for lo, hi in ((3, 6), (6, 10), (10, 20), (20, 31)):
         sel = [p for p in result.per_nodule if lo <= p["diameter_mm"] < hi]
         hit = [p for p in sel if p["best_score"] is not None and p["best_score"] >= thr]
         print(f"nodules {lo}-{hi} mm: {len(hit)}/{len(sel)} found at <= 8 FPs/scan")
     missed = [p for p in result.per_nodule if p["best_score"] is None]
     print(f"missed nodules: {[(p['scan'][-6:], round(p['diameter_mm'], 1)) for p in missed]}")
-
-
-def _score_at_fp_rate(result, rate: float) -> float:
-    """Lowest score threshold whose operating point has at most ``rate`` FPs per scan."""
-    scores = sorted((p["best_score"] for p in result.per_nodule if p["best_score"] is not None), reverse=True)
-    fps = np.asarray(result.curve_fps)
-    sens = np.asarray(result.curve_sensitivity)
-    best = sens[fps <= rate].max() if np.any(fps <= rate) else 0.0
-    n_needed = int(round(best * result.n_nodules))
-    return scores[n_needed - 1] if n_needed > 0 else float("inf")
 
 
 EVAL_PHANTOM = {"matrix": 256, "pixel_spacing": 1.2, "slice_spacing": 2.0}

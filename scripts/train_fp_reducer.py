@@ -21,8 +21,17 @@ testing only, not for clinical use.
    the detector weight of :func:`pipeline.detection.fp_reduction.combine_scores` and the radius factor of
    :func:`pipeline.detection.fp_reduction.suppress_duplicates`; the model JSON's
    ``fp_reduction`` entry records them with the training settings.
+4. Operating point: the validation phantoms are scored with the full two-stage pipeline (the
+   RetinaNet, then :meth:`pipeline.detection.infer.Detector.postprocess`, every candidate kept) and the
+   lowest score with at most ``--op-fps`` false positives per scan (LUNA16 counting,
+   :func:`pipeline.detection.operating_point.calibrate`) becomes the model's default score threshold:
+   the model JSON's ``operating_point`` entry, with the sensitivity there, the seeds, the number format
+   and the command; ``network_only`` is the same for the RetinaNet's own scores (``--raw``).
+   ``--calibrate-only`` recomputes just this entry with the existing weights (findings and ground truth
+   are kept in ``--work``/calibration for ``ctpipe evaluate``).
 
     python scripts/train_fp_reducer.py --work /tmp/ctpipe_fpr
+    python scripts/train_fp_reducer.py --calibrate-only
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from pipeline.detection.fp_reduction import (
 from pipeline.detection.infer import Detector
 from pipeline.detection.lungs import quick_lung_mask
 from pipeline.detection.model_config import DEMO_MODEL_JSON
+from pipeline.detection.operating_point import calibrate
 
 log = logging.getLogger("train_fp_reducer")
 
@@ -215,6 +225,53 @@ def validate(net: PatchClassifier, cases: list[dict], args: argparse.Namespace) 
     return results
 
 
+def calibrate_operating_point(model_json: Path, seeds: list[int], *, fps_per_scan: float, out: Path,
+                              command: str) -> dict:
+    """The ``operating_point`` entry for ``model_json``: validation phantoms ``seeds`` (as :func:`phantom_candidates`
+    makes them) scored with the full two-stage pipeline and with the RetinaNet alone, every candidate kept; the lowest
+    score with at most ``fps_per_scan`` false positives per scan for each. Findings go to ``out``/pipeline and
+    ``out``/network, ground truth to ``out``/truth (``ctpipe evaluate --pred OUT/pipeline --truth OUT/truth``)."""
+    t0 = time.time()
+    model = load_model(model_json)
+    det = Detector(model=model, device="cpu", postprocess=False, all_candidates=True)
+    post = Detector(model=model, device="cpu", all_candidates=True)  # the default pipeline, applied to det's findings
+    if not post.fp_reduction:
+        raise SystemExit(f"{model_json} has no fp_reduction entry: train the classifier first")
+    network, pipeline, truth = {}, {}, {}
+    for n, seed in enumerate(seeds):
+        ph = training_phantom(seed, np.random.default_rng(seed))
+        region = quick_lung_mask(ph.volume)
+        ph.save_ground_truth(out / "truth" / f"phantom_{seed}")
+        found = det.detect(ph.volume, lung_mask=region, case_id=f"phantom_{seed}")
+        sid = ph.volume.series_uid
+        network[sid] = found
+        pipeline[sid] = post.postprocess(ph.volume, found, region=region)
+        found.write_json(out / "network" / f"phantom_{seed}.findings.json")
+        pipeline[sid].write_json(out / "pipeline" / f"phantom_{seed}.findings.json")
+        truth[sid] = [(nod.center_lps, nod.diameter_mm) for nod in ph.nodules]
+        log.info("calibration phantom %d (%d/%d): %d nodules, %d candidates", seed, n + 1, len(seeds), len(ph.nodules),
+                 len(pipeline[sid]))
+    minutes = round((time.time() - t0) / 60, 1)
+    rule = f"lowest score with at most {fps_per_scan:g} false positive(s) per scan (LUNA16 counting)"
+    where = f"validation phantoms, seeds {seeds[0]}-{seeds[-1]} (scripts/train_detector.py training_phantom protocol)"
+    entries = {}
+    for name, found_all, stages in (("pipeline", pipeline, "RetinaNet + false-positive reduction"),
+                                    ("network", network, "RetinaNet alone (--raw)")):
+        cal = calibrate(found_all, truth, fps_per_scan=fps_per_scan)
+        entries[name] = {"chosen_on": f"{where}, {stages}: {rule}", **cal.to_json(), "seeds": [seeds[0], seeds[-1]]}
+        log.info("operating point (%s): score >= %.4f gives sensitivity %.3f at %.3f FPs/scan (%d scans, %d nodules)",
+                 stages, cal.score_threshold, cal.sensitivity, cal.measured_fps_per_scan, cal.n_scans, cal.n_nodules)
+    return {**entries["pipeline"], "precision": post.precision, "device": "cpu", "compute_cpu_minutes": minutes,
+            "command": command, "network_only": entries["network"]}
+
+
+def write_operating_point(model_json: Path, entry: dict) -> None:
+    data = json.loads(model_json.read_text())
+    data["operating_point"] = entry
+    model_json.write_text(json.dumps(data, indent=1) + "\n")
+    log.info("wrote the operating_point entry of %s: score threshold %.4f", model_json, entry["score_threshold"])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ctpipe_fpr"))
@@ -245,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="mirrored views averaged at inference, validated against a single view")
     ap.add_argument("--flip-min-probability", type=float, default=0.02,
                     help="candidates scored below this on one view keep that score (no flipped views)")
+    ap.add_argument("--op-fps", type=float, default=1.0,
+                    help="false positives per scan on the validation phantoms at the model's operating point")
+    ap.add_argument("--calibrate-only", action="store_true",
+                    help="only recompute the model's operating point (validation phantoms, existing weights)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     torch.set_num_threads(args.threads)
@@ -255,8 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     if reserved & (set(train_seeds) | set(val_seeds)) or set(train_seeds) & set(val_seeds):
         raise SystemExit(f"training/validation seeds overlap the held-out ({HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}) or "
                          f"detector ({det_lo}..{det_hi}) seeds or each other")
+    command = "python scripts/train_fp_reducer.py --calibrate-only" + (
+        f" --val-seed0 {args.val_seed0} --n-val {args.n_val}" if (args.val_seed0, args.n_val) != (3000, 40) else "") + (
+        f" --op-fps {args.op_fps:g}" if args.op_fps != 1.0 else "")
+    if args.calibrate_only:
+        if not val_seeds:
+            raise SystemExit("--calibrate-only needs validation seeds (--n-val > 0)")
+        write_operating_point(args.model, calibrate_operating_point(args.model, val_seeds, fps_per_scan=args.op_fps,
+                                                                    out=args.work / "calibration", command=command))
+        return 0
     base = load_model(args.model)
-    det = Detector(model=base, device="cpu", postprocess=False)
+    det = Detector(model=base, device="cpu", postprocess=False, all_candidates=True)
     weights = args.model.with_name(args.model.stem.replace("retinanet", "fpr") + ".pt")
     cfg = FPReductionConfig(weights=weights, patch=args.patch, spacing_mm=1.0, channels=tuple(args.channels),  # type: ignore[arg-type]
                             hidden=args.hidden, blob_candidates=args.blobs, context_spacing_mm=args.context_spacing)
@@ -295,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     args.model.write_text(json.dumps(model_json, indent=1) + "\n")
     log.info("wrote %s and the fp_reduction entry of %s (%s view(s), detector weight %s, duplicate radius factor %s)",
              weights, args.model, views_s, weight, factor)
+    if val_seeds:  # the new classifier moves the operating point
+        write_operating_point(args.model, calibrate_operating_point(args.model, val_seeds, fps_per_scan=args.op_fps,
+                                                                    out=args.work / "calibration", command=command))
     return 0
 
 

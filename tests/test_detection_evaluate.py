@@ -126,3 +126,25 @@ def test_files_and_cli(tmp_path, capsys):
     assert load_predictions([tmp_path / "cand.csv"])["s1"][0][1] == 0.9
     with pytest.raises(ConfigError, match="lack"):
         load_predictions([tmp_path / "annotations.csv"])
+
+
+def test_findings_are_scored_on_all_candidates_whatever_the_threshold(tmp_path):
+    from pipeline.detection.evaluate_io import load_scans
+
+    every = _findings("s1", [((0.5, 0, 0), 0.9), ((90, 0, 0), 0.6), ((50, 0, 0), 0.2)])
+    reported = every.select(0.7, "test")
+    assert len(reported) == 1 and len(reported.below_threshold) == 2
+    a = evaluate_froc({"s1": every}, {"s1": TRUTH["s1"]}, n_bootstrap=0)
+    b = evaluate_froc({"s1": reported}, {"s1": TRUTH["s1"]}, n_bootstrap=0)
+    assert a.sensitivity == b.sensitivity and b.n_detected == 2 and b.n_candidates == 3
+    reported.write_json(tmp_path / "s1.findings.json")
+    assert len(load_predictions([tmp_path])["s1"]) == 3
+    # a mark exactly on the radius is no hit (LUNA16: distance < radius)
+    edge = evaluate_froc({"s": [((5.0, 0, 0), 0.9)]}, {"s": [((0.0, 0.0, 0.0), 10.0)]}, n_bootstrap=0)
+    assert edge.n_detected == 0
+    (tmp_path / "ids.csv").write_text("seriesuid\ns1\ns2\n\ns1\n")
+    assert load_scans(tmp_path / "ids.csv") == ["s1", "s2"]
+    with pytest.raises(ConfigError, match="max_marks"):
+        evaluate_froc({"s1": every}, {"s1": TRUTH["s1"]}, n_bootstrap=0, max_marks_per_scan=0)
+    with pytest.raises(ConfigError, match="reading"):
+        evaluate_froc({"s1": every}, {"s1": TRUTH["s1"]}, n_bootstrap=0, reading="nearest")

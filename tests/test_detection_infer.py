@@ -238,3 +238,115 @@ def test_cli_detect_and_evaluate_from_dicom(tmp_path, capsys):
     res = json.loads((tmp_path / "eval" / "froc.json").read_text())
     assert res["n_nodules"] == 2 and res["sensitivity"][-1] == 1.0
     assert "CPM" in capsys.readouterr().out
+
+
+# --- the scanner's slice numbers --------------------------------------------------------------
+def _written_series(tmp_path, numbers=None, *, enhanced=False):
+    """A small phantom written as DICOM (InstanceNumbers rewritten to ``numbers[k]`` when given), ingested again."""
+    import pydicom
+
+    from pipeline.ingest import load_series
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+
+    ph = generate_phantom(5, matrix=64, slices=24, pixel_spacing=2.0, slice_spacing=4.0, n_nodules=1)
+    paths = write_dicom_series(ph.volume, tmp_path / "dicom", enhanced=enhanced)
+    if numbers is not None:
+        for k, p in enumerate(paths):  # written in slice order k
+            ds = pydicom.dcmread(p)
+            ds.InstanceNumber = numbers[k]
+            ds.save_as(p)
+    return load_series(tmp_path / "dicom"), paths
+
+
+def _check_findings_name_their_slices(findings, volume):
+    md = volume.metadata
+    assert len(findings.candidates) > 0
+    for f in findings.candidates:
+        k = f.voxel_ijk[2]
+        assert f.slice_number == md["InstanceNumbers"][k] and f.sop_instance_uid == md["SOPInstanceUIDs"][k]
+
+
+def test_ingest_records_instance_numbers_in_volume_order(tmp_path):
+    from pipeline.ingest import load_series
+
+    # reversed InstanceNumbers (data_samples/phantom_00003): slice k = 0 is InstanceNumber 64
+    vol = load_series("data_samples/phantom_00003/dicom")
+    assert vol.metadata["InstanceNumbers"] == list(range(64, 0, -1))
+    assert len(set(vol.metadata["SOPInstanceUIDs"])) == 64
+    # numbers that neither start at 1 nor run in steps of 1, backwards; the cache sidecar keeps them
+    numbers = [300 - 5 * k for k in range(24)]
+    vol, paths = _written_series(tmp_path, numbers)
+    import pydicom
+
+    assert vol.metadata["InstanceNumbers"] == numbers
+    assert vol.metadata["SOPInstanceUIDs"] == [pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in paths]
+    cache = CaseCache(tmp_path / "cache")
+    cache.write("c", vol)
+    back = cache.read("c", mmap=True).metadata
+    assert back["InstanceNumbers"] == numbers and back["SOPInstanceUIDs"] == vol.metadata["SOPInstanceUIDs"]
+
+
+def test_multiframe_slices_are_frames_of_one_instance(tmp_path):
+    from pipeline.detection.findings import slice_number_source, slice_ref
+
+    vol, paths = _written_series(tmp_path, enhanced=True)
+    md = vol.metadata
+    assert len(paths) == 1 and len(set(md["SOPInstanceUIDs"])) == 1 and len(md["SOPInstanceUIDs"]) == 24
+    assert sorted(md["FrameNumbers"]) == list(range(1, 25)) and "InstanceNumbers" not in md
+    assert slice_number_source(md, 24) == "FrameNumber"
+    ref = slice_ref(3, md, 24)
+    assert ref.number == md["FrameNumbers"][3] == ref.frame_number and ref.sop_instance_uid == md["SOPInstanceUIDs"][0]
+
+
+def test_findings_give_instance_numbers_and_uids(tmp_path):
+    from pipeline.detection.figures import write_finding_pngs
+
+    numbers = [1000 - 3 * k for k in range(24)]
+    vol, _ = _written_series(tmp_path, numbers)
+    det = Detector(model=small_model(tmp_path, spacing=(2.0, 2.0, 4.0)), device="cpu", restrict_to_lungs=False,
+                   all_candidates=True)
+    res = det.detect(vol, case_id="offset")
+    assert res.slice_number_source == "InstanceNumber"
+    _check_findings_name_their_slices(res, vol)
+    doc = res.to_json()
+    assert doc["slice_number_source"] == "InstanceNumber" and doc["findings"][0]["sop_instance_uid"].startswith("1.")
+    res.write_csv(tmp_path / "f.csv")
+    rows = list(csv.DictReader(open(tmp_path / "f.csv")))
+    assert [int(r["slice_number"]) for r in rows] == [f.slice_number for f in res]
+    assert all(int(r["slice_number"]) in numbers for r in rows)
+    # the runner's path: metadata from the cache sidecar, the loader's input, then post-processing
+    cache = CaseCache(tmp_path / "cache")
+    cache.write("offset", vol)
+    from pipeline.load import preprocess_volume
+
+    case = preprocess_volume(cache.read("offset", mmap=True), det.spec, device="cpu", case_id="offset")
+    loaded = det.detect_loaded(case, metadata=cache.entry("offset").sidecar["metadata"])
+    _check_findings_name_their_slices(det.postprocess(cache.read("offset", mmap=True), loaded), vol)
+    assert write_finding_pngs(vol, res, tmp_path / "png", max_findings=1)
+
+
+@pytest.mark.slow
+def test_real_series_slice_numbers(tmp_path):
+    """The real RT-planning chest (InstanceNumber 1 at the top, so k = 0 is the last instance)."""
+    import pydicom
+
+    from tests._support.real_ct import require_real_ct, rt_planning_chest
+
+    case = rt_planning_chest()  # skips with a reason when ../shared/real_ct is absent
+    vol = case.volume
+    md = vol.metadata
+    nk = vol.shape[0]
+    assert md["InstanceNumbers"][0] == nk and md["InstanceNumbers"][-1] == 1  # runs against k
+    # each slice's numbers are those of the file at that slice's position
+    by_z = {}
+    for p in (require_real_ct() / "chest_ct_rt_planning_dicom").glob("*.dcm"):
+        ds = pydicom.dcmread(p, stop_before_pixels=True)
+        by_z[round(float(ds.ImagePositionPatient[2]), 2)] = (int(ds.InstanceNumber), str(ds.SOPInstanceUID))
+    for k in (0, nk // 2, nk - 1):
+        z = round(float(vol.geometry.index_to_lps([0, 0, k])[2]), 2)
+        assert by_z[z] == (md["InstanceNumbers"][k], md["SOPInstanceUIDs"][k])
+    det = Detector(model=small_model(tmp_path, spacing=(4.0, 4.0, 4.0)), device="cpu", all_candidates=True)
+    res = det.detect(vol, case_id="rt")
+    assert res.slice_number_source == "InstanceNumber"
+    _check_findings_name_their_slices(res, vol)

@@ -17,7 +17,8 @@ from tests._support.detection import SMALL_ARCH, bundle_state_dict, chest_volume
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _assert_same(ours, ref, spacing):
+def _assert_same(found, ref, spacing):
+    ours = found.candidates  # every candidate, reported or below the operating point: MONAI's full output
     assert len(ours) == len(ref["score"]) > 5
     c = np.array([f.center_lps for f in ours])
     s = np.array([f.score for f in ours])
@@ -60,6 +61,9 @@ def test_bundle_architecture_parity_with_monai(tmp_path):
     assert not ours.sliding_window
     ref = monai_detect(model, volume=vol)
     _assert_same(ours, ref, model.config.spacing)
+    # reported: those at or above ctpipe's operating point for bundles
+    assert ours.score_threshold == 0.5 and "MONAI" in ours.threshold_source
+    assert [f.score for f in ours] == [f.score for f in ours.candidates if f.score >= 0.5]
     # the same series read back by MONAI's LoadImage(ITKReader, affine_lps_to_ras=True)
     import SimpleITK as sitk
 

@@ -12,6 +12,9 @@ and, for models that ship one (the demo model), false-positive reduction: a smal
 re-scores the network's findings together with small-blob candidates (:mod:`.candidates`,
 :mod:`.fp_reduction`), the classic two-stage lung CAD scheme. A MONAI bundle runs exactly
 as MONAI's own pipeline does, then refinement and compact-blob rescoring.
+Findings scoring at or above the model's operating point (:mod:`.operating_point`: chosen on
+validation data, recorded in the model) are reported; the other candidates are kept beside them
+for evaluation (:mod:`.evaluate`, LUNA16's FROC as its evaluation script computes it).
 
 The embedded demo model is trained on synthetic phantoms, for demonstration and
 testing only, not for clinical use.
@@ -33,6 +36,7 @@ _LAZY = {
     "evaluate_froc": "pipeline.detection.evaluate",
     "FrocResult": "pipeline.detection.evaluate",
     "ModelConfig": "pipeline.detection.model_config",
+    "OperatingPoint": "pipeline.detection.operating_point",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,10 +1,18 @@
 """``ctpipe detect`` and ``ctpipe evaluate``.
 
     ctpipe detect SRC --out DIR [--bundle PATH] [--no-lung-crop] [--device cpu|cuda] [--fp32] [--raw] [--no-png]
+                  [--score-threshold P | --all-candidates]
     ctpipe evaluate --pred PATH [PATH ...] --truth PATH [PATH ...] --out DIR [--bootstrap 1000]
+                    [--scans seriesuids.csv] [--irrelevant annotations_excluded.csv] [--reading interpolate|step]
+                    [--max-marks 100]
 
 SRC is a DICOM folder (or an Enhanced CT file), a case-cache entry (``cache/<id>.npy`` or
 ``.json``), or an image file SimpleITK reads (``.nii.gz``, ``.mha``, ``.nrrd``).
+
+``detect`` reports the findings scoring at or above the model's operating point (or
+``--score-threshold``; every candidate with ``--all-candidates``): they fill the CSV and the
+PNGs; the findings JSON holds them and every other candidate (``below_threshold``), with the
+threshold used and where it came from. ``evaluate`` scores the full candidate lists.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ from __future__ import annotations
 import argparse
 import re
 from pathlib import Path
+
+from .evaluate import READINGS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,6 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--raw", action="store_true",
                    help="the network's boxes as MONAI returns them: no centre refinement, no re-scoring "
                         "(default: refined, and re-scored by the model's false-positive reduction stage if it has one)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--score-threshold", type=float, default=None, metavar="P",
+                       help="report findings scoring at or above P (0..1; default: the model's operating point)")
+    which.add_argument("--all-candidates", action="store_true",
+                       help="report every candidate the detector keeps, whatever its score")
     p.add_argument("--case-id", default=None, help="name of the output files (default: from the source)")
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
     p.add_argument("--max-png", type=int, default=20, help="PNGs for at most this many top findings")
@@ -37,6 +52,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--out", type=Path, required=True, help="folder for froc.json, froc.csv, froc.png")
     e.add_argument("--bootstrap", type=int, default=1000, help="bootstrap samples for the 95%% intervals")
     e.add_argument("--min-diameter", type=float, default=3.0, help="smaller reference nodules are irrelevant findings (mm)")
+    e.add_argument("--scans", type=Path, default=None,
+                   help="CSV of the test set's SeriesInstanceUIDs, as LUNA16's seriesuids.csv (default: every scan "
+                        "named by the predictions or the truth)")
+    e.add_argument("--irrelevant", nargs="+", type=Path, default=None,
+                   help="irrelevant findings (hits ignored), e.g. LUNA16's annotations_excluded.csv")
+    e.add_argument("--reading", choices=READINGS, default="interpolate",
+                   help="sensitivity at each FP rate: linear interpolation of the FROC curve as LUNA16's script "
+                        "(default), or step: the best operating point at or below the rate")
+    e.add_argument("--max-marks", type=int, default=None, metavar="N",
+                   help="keep only each scan's N highest-scoring candidates, as LUNA16's script (N=100); default: all")
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=_evaluate)
 
@@ -73,29 +98,34 @@ def _detect(args: argparse.Namespace) -> int:
     volume, case_id = _read_source(args.src)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
     det = Detector(bundle=args.bundle, device=args.device, amp=not args.fp32, restrict_to_lungs=not args.no_lung_crop,
-                   postprocess=not args.raw)
+                   postprocess=not args.raw, score_threshold=args.score_threshold, all_candidates=args.all_candidates)
     findings = det.detect(volume, case_id=case_id)
     out: Path = args.out
     j = findings.write_json(out / f"{case_id}.findings.json")
     c = findings.write_csv(out / f"{case_id}.findings.csv")
     pngs = [] if args.no_png else write_finding_pngs(volume, findings, out / f"{case_id}_png", max_findings=args.max_png)
-    print(f"{case_id}: {len(findings)} findings ({det.config.name}, {findings.device}, "
+    thr = "any score" if findings.score_threshold is None else f"score >= {findings.score_threshold:.4g}"
+    print(f"{case_id}: {len(findings)} findings reported of {len(findings.candidates)} candidates ({thr}; "
+          f"{findings.threshold_source}) ({det.config.name}, {findings.device}, "
           f"{findings.timings_ms.get('total', 0):.0f} ms){' — ' + findings.reason if findings.reason else ''}")
     for rank, f in enumerate(findings.findings[:10], 1):
         x, y, z = f.center_lps
-        print(f"  #{rank:<3d} score {f.score:.3f}  {f.diameter_mm:5.1f} mm  LPS ({x:7.1f}, {y:7.1f}, {z:7.1f})  slice {f.slice_number}")
+        print(f"  #{rank:<3d} score {f.score:.3f}  {f.diameter_mm:5.1f} mm  LPS ({x:7.1f}, {y:7.1f}, {z:7.1f})  "
+              f"{findings.slice_number_source} {f.slice_number}")
     print(f"wrote {j}, {c}" + (f" and {len(pngs)} PNGs in {out / (case_id + '_png')}" if pngs else ""))
     return 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from .evaluate import evaluate_froc
-    from .evaluate_io import load_predictions, load_truth
+    from .evaluate_io import load_predictions, load_scans, load_truth
 
     truth = load_truth(args.truth)
     preds = load_predictions(args.pred)
-    result = evaluate_froc(preds, truth, scans=sorted(truth), min_diameter_mm=args.min_diameter,
-                           n_bootstrap=args.bootstrap, seed=args.seed)
+    irrelevant = load_truth(args.irrelevant) if args.irrelevant else None
+    scans = load_scans(args.scans) if args.scans is not None else None
+    result = evaluate_froc(preds, truth, scans=scans, min_diameter_mm=args.min_diameter, n_bootstrap=args.bootstrap,
+                           seed=args.seed, reading=args.reading, irrelevant=irrelevant, max_marks_per_scan=args.max_marks)
     paths = result.write(args.out)
     print(result.table())
     print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}")

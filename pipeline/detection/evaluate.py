@@ -1,15 +1,29 @@
-"""LUNA16-style FROC evaluation of nodule findings.
+"""LUNA16 FROC evaluation of nodule findings, as LUNA16's evaluation script (``noduleCADEvaluationLUNA16.py``) scores them.
 
-Protocol (as LUNA16's evaluation script): a candidate is a hit when its centre
-lies within the radius (diameter / 2) of a reference nodule's centre (LPS mm).
-Each nodule counts once, with the highest score among its hits; further hits on
-the same nodule are neither true nor false positives. Reference nodules smaller
-than ``min_diameter_mm`` (3 mm, LUNA16's cut) are "irrelevant findings": hits on
-them are ignored and they are not counted as nodules to find. Every other
-candidate is a false positive. Sensitivity is read at 1/8, 1/4, 1/2, 1, 2, 4 and
-8 false positives per scan (the best operating point with at most that many),
-CPM is their mean, and 95 % intervals come from bootstrap resampling of scans
-(1000 samples by default).
+Protocol: a candidate is a hit when its centre lies strictly within the radius
+(diameter / 2) of a reference nodule's centre (LPS mm). Each nodule counts once, with
+the highest score among its hits; further hits on the same nodule are neither true nor
+false positives. "Irrelevant findings" (reference nodules smaller than ``min_diameter_mm``,
+3 mm as LUNA16's cut, and any given in ``irrelevant``, e.g. LUNA16's
+``annotations_excluded.csv``) are not counted as nodules to find, and candidates that hit
+only them are ignored. Every other candidate is a false positive. Every scan of the test
+set counts (``scans``; default: every scan named by the predictions or the truth), so scans
+without nodules add their false positives and scans without candidates their misses.
+Findings are scored on their full candidate list (:attr:`.findings.Findings.candidates`),
+whatever threshold they were reported at. Optionally (``max_marks_per_scan``, LUNA16's
+script uses 100) only the candidates scoring above the (N+1)-th highest score of each scan
+are kept, as the script does.
+
+The FROC curve has one operating point per distinct score (ties move together), starting
+at (0, 0). Sensitivity at 1/8, 1/4, 1/2, 1, 2, 4 and 8 false positives per scan is read,
+by default (``reading="interpolate"``), as the official script reads it: linear
+interpolation of that curve (``np.interp``; where the curve rises vertically at exactly a
+rate, the top of the rise; beyond the last point, its sensitivity). The script samples the
+interpolated curve on 10,001 points from 1/8 to 8 FPs/scan; the value at each rate is the
+same curve read at the rate itself. ``reading="step"`` gives instead the best operating
+point with at most that many false positives per scan (a threshold one can actually set).
+CPM is the mean of the seven; 95 % intervals come from bootstrap resampling of scans
+(1000 samples by default), each sample read the same way.
 """
 
 from __future__ import annotations
@@ -55,12 +69,17 @@ class FrocResult:
     n_candidates: int
     n_bootstrap: int
     per_nodule: list[dict[str, Any]] = field(default_factory=list)
+    reading: str = "interpolate"
+    max_marks_per_scan: int | None = None
+    #: per FP rate: (score threshold, sensitivity, FPs/scan) of the lowest threshold with at most that many FPs/scan
+    thresholds: list[tuple[float, float, float]] = field(default_factory=list)
 
     def table(self) -> str:
         """A plain-text table: FP/scan, sensitivity, 95 % CI; then CPM."""
-        lines = ["FPs/scan  sensitivity  95% CI"]
-        for r, s, (lo, hi) in zip(self.fp_rates, self.sensitivity, self.sensitivity_ci):
-            lines.append(f"{r:8.3f}  {s:11.3f}  [{lo:.3f}, {hi:.3f}]")
+        lines = [f"FPs/scan  sensitivity  95% CI          score threshold (reading: {self.reading})"]
+        thr = self.thresholds or [(float("nan"), float("nan"), float("nan"))] * len(self.fp_rates)
+        for r, s, (lo, hi), (t, _, _) in zip(self.fp_rates, self.sensitivity, self.sensitivity_ci, thr):
+            lines.append(f"{r:8.3f}  {s:11.3f}  [{lo:.3f}, {hi:.3f}]  {t:.4g}")
         lines.append(f"CPM       {self.cpm:11.3f}  [{self.cpm_ci[0]:.3f}, {self.cpm_ci[1]:.3f}]")
         lines.append(f"({self.n_scans} scans, {self.n_nodules} nodules, {self.n_detected} detected, {self.n_candidates} candidates)")
         return "\n".join(lines)
@@ -68,6 +87,10 @@ class FrocResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "protocol": "LUNA16 FROC (hit = candidate centre within nodule radius; CPM = mean sensitivity at 1/8..8 FPs/scan)",
+            "reading": self.reading,
+            "reading_note": ("sensitivity read by linear interpolation of the FROC curve from (0, 0), as LUNA16's script"
+                             if self.reading == "interpolate" else "best operating point at or below each FP rate"),
+            "max_marks_per_scan": self.max_marks_per_scan,
             "fp_rates": list(self.fp_rates),
             "sensitivity": self.sensitivity,
             "sensitivity_ci95": [list(c) for c in self.sensitivity_ci],
@@ -79,6 +102,8 @@ class FrocResult:
             "n_candidates": self.n_candidates,
             "n_bootstrap": self.n_bootstrap,
             "curve": {"fps_per_scan": self.curve_fps, "sensitivity": self.curve_sensitivity},
+            "operating_points": [{"fps_per_scan": r, "score_threshold": t, "sensitivity": s, "measured_fps_per_scan": f}
+                                 for r, (t, s, f) in zip(self.fp_rates, self.thresholds)],
             "per_nodule": self.per_nodule,
         }
 
@@ -105,7 +130,10 @@ class FrocResult:
 
         fig = Figure(figsize=(6, 4.5), dpi=100)
         ax = fig.add_subplot(111)
-        ax.step(np.maximum(self.curve_fps, 1e-3), self.curve_sensitivity, where="post", label="FROC")
+        if self.reading == "step":
+            ax.step(np.maximum(self.curve_fps, 1e-3), self.curve_sensitivity, where="post", label="FROC")
+        else:  # the curve LUNA16 reads: straight lines between operating points
+            ax.plot(np.maximum(self.curve_fps, 1e-3), self.curve_sensitivity, label="FROC")
         lo = [c[0] for c in self.sensitivity_ci]
         hi = [c[1] for c in self.sensitivity_ci]
         ax.fill_between(self.fp_rates, lo, hi, alpha=0.25, label="95% CI (bootstrap)")
@@ -123,45 +151,138 @@ class FrocResult:
         return buf.getvalue()
 
 
-def _match_scan(cands: Sequence[tuple[np.ndarray, float]], nodules: Sequence[tuple[np.ndarray, float]], min_d: float):
+READINGS = ("interpolate", "step")
+
+
+@dataclass(frozen=True)
+class Matched:
+    """Candidates matched to nodules (:func:`match_predictions`).
+
+    per_scan: per scan of the test set (sorted ids), the best score of each relevant nodule (``-inf`` when missed)
+        and the false positives' scores.
+    per_nodule: one record per relevant nodule (scan, centre LPS mm, diameter mm, best score or ``None``).
+    n_candidates: candidates evaluated (after the per-scan cap), in the test set's scans.
+    """
+
+    per_scan: list[tuple[np.ndarray, np.ndarray]]
+    n_scans: int
+    per_nodule: list[dict[str, Any]]
+    n_candidates: int
+
+
+def _keep_top_marks(cands: list[tuple[np.ndarray, float]], cap: int | None) -> list[tuple[np.ndarray, float]]:
+    """LUNA16's per-scan cap: with more than ``cap`` candidates, those scoring above the (cap+1)-th highest score."""
+    if cap is None or len(cands) <= cap:
+        return cands
+    limit = sorted((s for _, s in cands), reverse=True)[cap]
+    return [(c, s) for c, s in cands if s > limit]
+
+
+def _match_scan(cands: Sequence[tuple[np.ndarray, float]], relevant: Sequence[tuple[np.ndarray, float]],
+                irrelevant: Sequence[tuple[np.ndarray, float]]) -> tuple[np.ndarray, np.ndarray]:
     """Per scan: (best score per relevant nodule or -inf, FP scores)."""
-    relevant = [(c, d) for c, d in nodules if d >= min_d]
-    irrelevant = [(c, d) for c, d in nodules if d < min_d]
     best = np.full(len(relevant), -np.inf)
     fps = []
     for centre, score in cands:
         hit = False
         for n, (c, d) in enumerate(relevant):
-            if np.linalg.norm(centre - c) <= d / 2.0:
+            if np.linalg.norm(centre - c) < d / 2.0:
                 best[n] = max(best[n], score)
                 hit = True
         if hit:
             continue
-        if any(np.linalg.norm(centre - c) <= d / 2.0 for c, d in irrelevant):
+        if any(np.linalg.norm(centre - c) < d / 2.0 for c, d in irrelevant):
             continue
         fps.append(score)
     return best, np.asarray(fps, dtype=np.float64)
 
 
-def _froc(tp_scores: np.ndarray, fp_scores: np.ndarray, n_nodules: int, n_scans: int) -> tuple[np.ndarray, np.ndarray]:
-    """Operating points (FPs/scan, sensitivity) for every threshold, loosest last."""
+def _as_candidates(pred: Findings | Sequence[tuple[Point, float]]) -> list[tuple[np.ndarray, float]]:
+    if isinstance(pred, Findings):
+        return [(np.asarray(f.center_lps, float), float(f.score)) for f in pred.candidates]
+    return [(np.asarray(c, float), float(s)) for c, s in pred]
+
+
+def match_predictions(
+    predictions: Mapping[str, Findings | Sequence[tuple[Point, float]]],
+    truth: Mapping[str, Sequence[tuple[Point, float]]],
+    *,
+    scans: Iterable[str] | None = None,
+    min_diameter_mm: float = 3.0,
+    irrelevant: Mapping[str, Sequence[tuple[Point, float]]] | None = None,
+    max_marks_per_scan: int | None = None,
+) -> Matched:
+    """Match candidates to nodules per scan (see the module docstring and :class:`Matched`).
+
+    Raises :class:`ConfigError` when there is no scan or no relevant nodule.
+    """
+    cands = {sid: _keep_top_marks(_as_candidates(pred), max_marks_per_scan) for sid, pred in predictions.items()}
+    gt = {sid: [(np.asarray(c, float), float(d)) for c, d in nods] for sid, nods in truth.items()}
+    # as LUNA16's script: an irrelevant finding without a diameter (negative) counts as 10 mm
+    excl = {sid: [(np.asarray(c, float), float(d) if d >= 0 else 10.0) for c, d in nods]
+            for sid, nods in (irrelevant or {}).items()}
+    scan_ids = sorted(set(scans) if scans is not None else set(gt) | set(cands))
+    if not scan_ids:
+        raise ConfigError("no scans to evaluate", fix="pass predictions and ground truth for at least one scan")
+    for name, keys in (("predictions", cands), ("ground truth", gt)):
+        outside = sorted(set(keys) - set(scan_ids))
+        if outside:
+            log.warning("%s for %d scans outside the test set are ignored: %s", name, len(outside), outside[:5])
+    per_scan = []
+    per_nodule = []
+    for sid in scan_ids:
+        nods = gt.get(sid, [])
+        relevant = [(c, d) for c, d in nods if d >= min_diameter_mm]
+        small = [(c, d) for c, d in nods if d < min_diameter_mm]
+        best, fps = _match_scan(cands.get(sid, []), relevant, small + excl.get(sid, []))
+        per_scan.append((best, fps))
+        for (c, d), b in zip(relevant, best):
+            per_nodule.append({"scan": sid, "center_lps": c.tolist(), "diameter_mm": d,
+                               "best_score": float(b) if np.isfinite(b) else None})
+    if not per_nodule:
+        raise ConfigError(f"the ground truth holds no nodule of at least {min_diameter_mm} mm in the {len(scan_ids)} scans "
+                          "evaluated", fix="check the truth file and the scan list")
+    n_cands = sum(len(cands.get(sid, [])) for sid in scan_ids)
+    return Matched(per_scan=per_scan, n_scans=len(scan_ids), per_nodule=per_nodule, n_candidates=n_cands)
+
+
+def froc_curve(tp_scores: np.ndarray, fp_scores: np.ndarray, n_nodules: int, n_scans: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FROC operating points ``(fps_per_scan, sensitivity, threshold)``, one per distinct score, highest threshold
+    first, preceded by (0, 0) at threshold +inf. ``tp_scores``: best score of each nodule (``-inf`` = missed)."""
     found = tp_scores[np.isfinite(tp_scores)]
     scores = np.concatenate([found, fp_scores])
     is_tp = np.concatenate([np.ones(len(found)), np.zeros(len(fp_scores))])
     order = np.argsort(-scores, kind="stable")
     scores, is_tp = scores[order], is_tp[order]
-    if len(scores) == 0:
-        return np.zeros(1), np.zeros(1)
-    last_of_tie = np.r_[scores[1:] != scores[:-1], True]
+    last_of_tie = np.r_[scores[1:] != scores[:-1], True] if len(scores) else np.zeros(0, bool)
     ctp = np.cumsum(is_tp)[last_of_tie]
     cfp = np.cumsum(1 - is_tp)[last_of_tie]
     fps = np.r_[0.0, cfp / max(n_scans, 1)]
     sens = np.r_[0.0, ctp / max(n_nodules, 1)]
-    return fps, sens
+    return fps, sens, np.r_[np.inf, scores[last_of_tie]]
 
 
-def _sens_at(fps: np.ndarray, sens: np.ndarray, rates: Sequence[float]) -> np.ndarray:
-    return np.asarray([sens[fps <= r].max() if np.any(fps <= r) else 0.0 for r in rates])
+def sensitivity_at(fps: np.ndarray, sens: np.ndarray, rates: Sequence[float], *, reading: str = "interpolate") -> np.ndarray:
+    """Sensitivity of the FROC curve ``(fps, sens)`` (:func:`froc_curve`) at each false-positive rate in ``rates``:
+    ``"interpolate"`` (LUNA16's script) or ``"step"`` (best operating point at or below the rate)."""
+    if reading == "interpolate":
+        return np.interp(np.asarray(rates, float), fps, sens)
+    if reading == "step":
+        return np.asarray([sens[fps <= r].max() if np.any(fps <= r) else 0.0 for r in rates])
+    raise ConfigError(f"FROC reading {reading!r} is not one of {READINGS}", fix="use 'interpolate' (LUNA16) or 'step'")
+
+
+def threshold_at(fps: np.ndarray, sens: np.ndarray, thresholds: np.ndarray, rate: float) -> tuple[float, float, float]:
+    """``(score threshold, sensitivity, fps/scan)`` of the lowest threshold on the curve with at most ``rate`` false
+    positives per scan (reporting every candidate scoring at or above it). With none, the threshold lies just above the
+    highest score."""
+    ok = np.flatnonzero(fps <= rate + 1e-12)
+    n = int(ok[-1])
+    t = float(thresholds[n])
+    if not np.isfinite(t):
+        t = float(np.nextafter(thresholds[1], np.inf)) if len(thresholds) > 1 else 1.0
+    return t, float(sens[n]), float(fps[n])
 
 
 def evaluate_froc(
@@ -173,41 +294,29 @@ def evaluate_froc(
     n_bootstrap: int = 1000,
     seed: int = 0,
     fp_rates: Sequence[float] = FP_RATES,
+    reading: str = "interpolate",
+    irrelevant: Mapping[str, Sequence[tuple[Point, float]]] | None = None,
+    max_marks_per_scan: int | None = None,
 ) -> FrocResult:
-    """LUNA16 FROC/CPM of ``predictions`` (scan id → :class:`Findings` or [(centre LPS mm, score)])
-    against ``truth`` (scan id → [(centre LPS mm, diameter mm)]).
+    """LUNA16 FROC/CPM of ``predictions`` (scan id → :class:`Findings`, scored on all candidates, or
+    [(centre LPS mm, score)]) against ``truth`` (scan id → [(centre LPS mm, diameter mm)]).
 
-    ``scans``: all scan ids of the test set (default: the union of both mappings' keys).
+    ``scans``: all scan ids of the test set (default: the union of both mappings' keys); ``reading``:
+    ``"interpolate"`` (LUNA16) or ``"step"``; ``irrelevant``: further findings whose hits are ignored (scan id →
+    [(centre, diameter)]); ``max_marks_per_scan``: LUNA16's cap (100 in its script; default none).
     """
-    cands: Candidates = {}
-    for sid, pred in predictions.items():
-        if isinstance(pred, Findings):
-            cands[sid] = [(np.asarray(f.center_lps, float), float(f.score)) for f in pred]
-        else:
-            cands[sid] = [(np.asarray(c, float), float(s)) for c, s in pred]
-    gt: Truth = {sid: [(np.asarray(c, float), float(d)) for c, d in nods] for sid, nods in truth.items()}
-    scan_ids = sorted(set(scans) if scans is not None else set(gt) | set(cands))
-    if not scan_ids:
-        raise ConfigError("no scans to evaluate", fix="pass predictions and ground truth for at least one scan")
-    unknown = sorted(set(cands) - set(scan_ids))
-    if unknown:
-        log.warning("predictions for %d scans outside the test set are ignored: %s", len(unknown), unknown[:5])
-    per_scan = []
-    per_nodule = []
-    for sid in scan_ids:
-        best, fps = _match_scan(cands.get(sid, []), gt.get(sid, []), min_diameter_mm)
-        per_scan.append((best, fps))
-        rel = [(c, d) for c, d in gt.get(sid, []) if d >= min_diameter_mm]
-        for (c, d), b in zip(rel, best):
-            per_nodule.append({"scan": sid, "center_lps": c.tolist(), "diameter_mm": d,
-                               "best_score": float(b) if np.isfinite(b) else None})
-    n_nodules = sum(len(b) for b, _ in per_scan)
-    if n_nodules == 0:
-        raise ConfigError(f"the ground truth holds no nodule of at least {min_diameter_mm} mm", fix="check the truth file")
+    if reading not in READINGS:
+        raise ConfigError(f"FROC reading {reading!r} is not one of {READINGS}", fix="use 'interpolate' (LUNA16) or 'step'")
+    if max_marks_per_scan is not None and max_marks_per_scan < 1:
+        raise ConfigError(f"max_marks_per_scan is {max_marks_per_scan}; it must be at least 1 (LUNA16 uses 100)")
+    matched = match_predictions(predictions, truth, scans=scans, min_diameter_mm=min_diameter_mm,
+                                irrelevant=irrelevant, max_marks_per_scan=max_marks_per_scan)
+    per_scan, n_scans, per_nodule = matched.per_scan, matched.n_scans, matched.per_nodule
+    n_nodules = len(per_nodule)
     tp = np.concatenate([b for b, _ in per_scan])
-    fp = np.concatenate([f for _, f in per_scan]) if per_scan else np.zeros(0)
-    fps, sens = _froc(tp, fp, n_nodules, len(scan_ids))
-    at = _sens_at(fps, sens, fp_rates)
+    fp = np.concatenate([f for _, f in per_scan])
+    fps, sens, thr = froc_curve(tp, fp, n_nodules, n_scans)
+    at = sensitivity_at(fps, sens, fp_rates, reading=reading)
     rng = np.random.default_rng(seed)
     boot = np.zeros((n_bootstrap, len(fp_rates)))
     for b in range(n_bootstrap):
@@ -217,22 +326,30 @@ def evaluate_froc(
         if len(tp_b) == 0:
             boot[b] = np.nan
             continue
-        f_b, s_b = _froc(tp_b, fp_b, len(tp_b), len(pick))
-        boot[b] = _sens_at(f_b, s_b, fp_rates)
-    ci = [(float(np.nanpercentile(boot[:, r], 2.5)), float(np.nanpercentile(boot[:, r], 97.5))) for r in range(len(fp_rates))]
-    cpm_boot = np.nanmean(boot, axis=1)
+        f_b, s_b, _ = froc_curve(tp_b, fp_b, len(tp_b), len(pick))
+        boot[b] = sensitivity_at(f_b, s_b, fp_rates, reading=reading)
+    if n_bootstrap:
+        ci = [(float(np.nanpercentile(boot[:, r], 2.5)), float(np.nanpercentile(boot[:, r], 97.5))) for r in range(len(fp_rates))]
+        cpm_boot = np.nanmean(boot, axis=1)
+        cpm_ci = (float(np.nanpercentile(cpm_boot, 2.5)), float(np.nanpercentile(cpm_boot, 97.5)))
+    else:
+        ci = [(float("nan"), float("nan"))] * len(fp_rates)
+        cpm_ci = (float("nan"), float("nan"))
     return FrocResult(
         fp_rates=tuple(float(r) for r in fp_rates),
         sensitivity=[float(v) for v in at],
         cpm=float(np.mean(at)),
         sensitivity_ci=ci,
-        cpm_ci=(float(np.nanpercentile(cpm_boot, 2.5)), float(np.nanpercentile(cpm_boot, 97.5))),
+        cpm_ci=cpm_ci,
         curve_fps=[float(v) for v in fps],
         curve_sensitivity=[float(v) for v in sens],
-        n_scans=len(scan_ids),
+        n_scans=n_scans,
         n_nodules=n_nodules,
         n_detected=int(np.isfinite(tp).sum()),
-        n_candidates=int(sum(len(v) for v in cands.values())),
+        n_candidates=matched.n_candidates,
         n_bootstrap=n_bootstrap,
         per_nodule=per_nodule,
+        reading=reading,
+        max_marks_per_scan=max_marks_per_scan,
+        thresholds=[threshold_at(fps, sens, thr, r) for r in fp_rates],
     )

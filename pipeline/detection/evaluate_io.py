@@ -1,9 +1,13 @@
 """Read ground truth and predictions for :func:`.evaluate.evaluate_froc` (all positions LPS mm).
 
 Ground truth: a phantom's ``ground_truth.json`` (or a folder holding one or many,
-searched recursively), or a LUNA16-style CSV ``seriesuid,coordX,coordY,coordZ,diameter_mm``.
-Predictions: ctpipe findings JSON files (or folders of them), or a LUNA16-style
-candidates CSV ``seriesuid,coordX,coordY,coordZ,probability``.
+searched recursively), or a LUNA16-style CSV ``seriesuid,coordX,coordY,coordZ,diameter_mm``
+(also the form of LUNA16's ``annotations_excluded.csv``, the irrelevant findings).
+Predictions: ctpipe findings JSON files (or folders of them; every candidate, reported or
+below the score threshold), or a LUNA16-style candidates CSV
+``seriesuid,coordX,coordY,coordZ,probability``.
+Scan list: a CSV like LUNA16's ``seriesuids.csv`` (one SeriesInstanceUID per line, first column;
+a ``seriesuid`` header line is allowed).
 Folders are searched for ``ground_truth.json`` / ``*.findings.json``; CSV files are read when named.
 Scans are keyed by SeriesInstanceUID.
 """
@@ -98,5 +102,21 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
         scan_id = fnd.series_uid or fnd.case_id
         if not scan_id:
             raise ConfigError("findings name neither a series UID nor a case id", where=f)
-        preds.setdefault(scan_id, []).extend((np.asarray(x.center_lps, float), float(x.score)) for x in fnd)
+        preds.setdefault(scan_id, []).extend((np.asarray(x.center_lps, float), float(x.score)) for x in fnd.candidates)
     return preds
+
+
+def load_scans(path: str | Path) -> list[str]:
+    """The scan ids (SeriesInstanceUIDs) of a test set, from a CSV like LUNA16's ``seriesuids.csv``."""
+    path = Path(path)
+    try:
+        with open(path, newline="") as fh:
+            rows = [row for row in csv.reader(fh) if row and row[0].strip()]
+    except OSError as exc:
+        raise ConfigError(f"cannot read the scan list ({exc.strerror})", where=path) from exc
+    scans = [row[0].strip() for row in rows]
+    if scans and scans[0].lower() == "seriesuid":
+        scans = scans[1:]
+    if not scans:
+        raise ConfigError("the scan list is empty", where=path, fix="one SeriesInstanceUID per line, as LUNA16's seriesuids.csv")
+    return list(dict.fromkeys(scans))

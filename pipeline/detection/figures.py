@@ -2,7 +2,10 @@
 
 Images are drawn in the series' own index grid (rows j, columns i of slice k),
 as a viewer shows the original slice; the box is the finding's LPS box mapped
-to those indices. Rendering uses matplotlib's Agg backend (no display).
+to those indices. The title names the slice as the scanner numbered it (its
+InstanceNumber, or frame number, when the series metadata lists them; see
+:func:`.findings.slice_ref`). Only reported findings get a PNG. Rendering uses
+matplotlib's Agg backend (no display).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ def _box_ij(volume: CTVolume, f: Finding) -> tuple[float, float, float, float]:
     return float(ijk[:, 0].min()), float(ijk[:, 0].max()), float(ijk[:, 1].min()), float(ijk[:, 1].max())
 
 
-def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1) -> bytes:
-    """PNG bytes: axial slice k (left) and a ±5 mm MIP slab (right), lung window, box in red."""
+def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str = "slice") -> bytes:
+    """PNG bytes: axial slice k (left, titled ``slice_label`` and the finding's ``slice_number``) and a ±5 mm
+    MIP slab (right), lung window, box in red."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +50,7 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1) -> bytes:
     mip = np.asarray(volume.array[k0:k1], dtype=np.float32).max(axis=0)
     i0, i1, j0, j1 = _box_ij(volume, f)
     fig = Figure(figsize=(9, 4.8), dpi=90)
-    for n, (img, title) in enumerate(((axial, f"slice {f.slice_number} (k={k})"), (mip, f"MIP {k1 - k0} slices"))):
+    for n, (img, title) in enumerate(((axial, f"{slice_label} {f.slice_number} (k={k})"), (mip, f"MIP {k1 - k0} slices"))):
         ax = fig.add_subplot(1, 2, n + 1)
         ax.imshow(img, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], interpolation="nearest",
                   aspect=volume.spacing[1] / volume.spacing[0])
@@ -61,11 +65,12 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1) -> bytes:
 
 
 def write_finding_pngs(volume: CTVolume, findings: Findings, out_dir: str | Path, *, max_findings: int = 20) -> list[Path]:
-    """Write ``finding_<rank>.png`` for the top ``max_findings`` findings into ``out_dir`` (atomic)."""
+    """Write ``finding_<rank>.png`` for the top ``max_findings`` reported findings into ``out_dir`` (atomic)."""
     out = Path(out_dir)
     paths = []
+    label = "slice" if findings.slice_number_source == "index + 1" else findings.slice_number_source
     for rank, f in enumerate(findings.findings[:max_findings], 1):
         p = out / f"finding_{rank:03d}.png"
-        atomic_write_bytes(p, finding_png(volume, f, rank=rank))
+        atomic_write_bytes(p, finding_png(volume, f, rank=rank, slice_label=label))
         paths.append(p)
     return paths

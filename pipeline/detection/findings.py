@@ -2,7 +2,18 @@
 
 Every position is in DICOM patient coordinates (LPS, mm); voxel indices refer to
 the ORIGINAL series as loaded (``(i, j, k)`` = column, row, slice; arrays ``[k, j, i]``).
-JSON and CSV files are written atomically (:func:`pipeline.cache.atomic_write_bytes`).
+Each finding names the source slice nearest its centre as a viewer shows it: the slice's
+InstanceNumber (the frame number in an enhanced multi-frame object), with its SOP Instance UID,
+when the series metadata lists them (ingest records ``InstanceNumbers``, ``SOPInstanceUIDs`` and,
+for multi-frame objects, ``FrameNumbers`` in volume order k); ``k + 1`` otherwise.
+
+Reported findings and candidates: a :class:`Findings` holds every candidate the detector
+kept, split by the score threshold in force (the model's operating point unless configured
+otherwise, see :mod:`.operating_point`): ``findings`` are those scoring at or above it (what
+iteration, ``len``, the CSV and the PNGs give), ``below_threshold`` the rest. The JSON holds
+both lists and the threshold with its source, so ``ctpipe evaluate`` scores the full candidate
+list (:attr:`Findings.candidates`). JSON and CSV files are written atomically
+(:func:`pipeline.atomic.atomic_write_bytes`).
 """
 
 from __future__ import annotations
@@ -12,7 +23,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +38,59 @@ CSV_FIELDS = [
 ]
 
 
+#: What ``slice_number`` holds (:func:`slice_number_source`).
+SLICE_NUMBER_SOURCES = ("InstanceNumber", "FrameNumber", "index + 1")
+
+
+def _per_slice(metadata: Mapping[str, Any], key: str, n_slices: int, kind: type) -> list[Any] | None:
+    values = metadata.get(key)
+    if isinstance(values, (list, tuple)) and len(values) == n_slices \
+            and all(isinstance(v, kind) and not isinstance(v, bool) and v != "" for v in values):
+        return list(values)
+    return None
+
+
+def slice_number_source(metadata: Mapping[str, Any], n_slices: int) -> str:
+    """Where slice numbers of a series with ``n_slices`` slices come from (one of :data:`SLICE_NUMBER_SOURCES`):
+    the ``InstanceNumbers`` ingest recorded (one per slice, all present), else the ``FrameNumbers`` of a
+    multi-frame object, else the 1-based index ``k + 1``."""
+    if _per_slice(metadata, "InstanceNumbers", n_slices, int) is not None:
+        return "InstanceNumber"
+    if _per_slice(metadata, "FrameNumbers", n_slices, int) is not None:
+        return "FrameNumber"
+    return "index + 1"
+
+
+@dataclass(frozen=True)
+class SliceRef:
+    """The source slice at index ``k``: ``number`` as a viewer shows it (see :func:`slice_number_source`),
+    its ``sop_instance_uid`` (``None`` when unknown) and, in a multi-frame object, its 1-based ``frame_number``."""
+
+    number: int
+    sop_instance_uid: str | None = None
+    frame_number: int | None = None
+
+
+def slice_ref(k: int, metadata: Mapping[str, Any], n_slices: int) -> SliceRef:
+    """The :class:`SliceRef` of slice index ``k`` (0-based, volume order) of a series of ``n_slices`` slices."""
+    k = int(k)
+    uids = _per_slice(metadata, "SOPInstanceUIDs", n_slices, str)
+    frames = _per_slice(metadata, "FrameNumbers", n_slices, int)
+    numbers = _per_slice(metadata, "InstanceNumbers", n_slices, int)
+    number = numbers[k] if numbers is not None else frames[k] if frames is not None else k + 1
+    return SliceRef(number=int(number), sop_instance_uid=uids[k] if uids is not None else None,
+                    frame_number=int(frames[k]) if frames is not None else None)
+
+
 def slice_number_of(k: int, metadata: Mapping[str, Any], n_slices: int) -> int:
-    """The 1-based slice a viewer jumps to for index ``k``: the slice's InstanceNumber when the
-    metadata lists one per slice (``InstanceNumbers``), else ``k + 1``."""
-    numbers = metadata.get("InstanceNumbers")
-    if isinstance(numbers, (list, tuple)) and len(numbers) == n_slices:
-        return int(numbers[k])
-    return k + 1
+    """The slice number a viewer shows for index ``k``: :attr:`SliceRef.number` of :func:`slice_ref`."""
+    return slice_ref(k, metadata, n_slices).number
+
+
+def slice_fields(k: int, metadata: Mapping[str, Any], n_slices: int) -> dict[str, Any]:
+    """The slice fields of a :class:`Finding` whose centre's nearest slice is index ``k`` (``Finding(..., **fields)``)."""
+    ref = slice_ref(k, metadata, n_slices)
+    return {"slice_number": ref.number, "sop_instance_uid": ref.sop_instance_uid, "frame_number": ref.frame_number}
 
 
 @dataclass(frozen=True)
@@ -46,8 +103,10 @@ class Finding:
         sphere with the volume of the ellipsoid inscribed in the box).
     score: detector confidence, 0..1.
     voxel_ijk: nearest voxel of the centre in the original series, (i, j, k) = (column, row, slice index).
-    slice_number: 1-based slice position a viewer jumps to (``k + 1``, or the slice's InstanceNumber when
-        the series metadata lists them).
+    slice_number: the slice a viewer shows for ``k``: its InstanceNumber (frame number in a multi-frame
+        object) when the series metadata lists them, else ``k + 1`` (see :func:`slice_number_source`).
+    sop_instance_uid: SOP Instance UID of that slice (of the multi-frame object), when known.
+    frame_number: 1-based frame of that slice in a multi-frame object, else ``None``.
     """
 
     center_lps: tuple[float, float, float]
@@ -57,6 +116,8 @@ class Finding:
     score: float
     voxel_ijk: tuple[int, int, int]
     slice_number: int
+    sop_instance_uid: str | None = None
+    frame_number: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,10 +128,13 @@ class Finding:
             "score": float(self.score),
             "voxel_ijk": [int(v) for v in self.voxel_ijk],
             "slice_number": int(self.slice_number),
+            "sop_instance_uid": self.sop_instance_uid,
+            "frame_number": self.frame_number,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Finding:
+        frame = data.get("frame_number")
         return cls(
             center_lps=tuple(float(v) for v in data["center_lps"]),  # type: ignore[arg-type]
             box_min_lps=tuple(float(v) for v in data["box_min_lps"]),  # type: ignore[arg-type]
@@ -79,6 +143,8 @@ class Finding:
             score=float(data["score"]),
             voxel_ijk=tuple(int(v) for v in data["voxel_ijk"]),  # type: ignore[arg-type]
             slice_number=int(data["slice_number"]),
+            sop_instance_uid=data.get("sop_instance_uid"),
+            frame_number=int(frame) if frame is not None else None,
         )
 
 
@@ -86,8 +152,14 @@ class Finding:
 class Findings:
     """Findings of one case, highest score first.
 
-    ``reason`` explains an empty result that is not a plain "nothing found" (e.g. no lungs in the
-    series); ``timings_ms`` holds per-step times (model time measured with CUDA events on a GPU).
+    ``findings`` are the reported findings: every candidate when no threshold has been applied
+    (``score_threshold`` is ``None``), else those scoring at or above ``score_threshold``;
+    ``below_threshold`` holds the other candidates (:meth:`select` splits them, :attr:`candidates`
+    joins them). ``threshold_source`` says where the threshold came from (the model's operating
+    point, a configured value, or none with ``--all-candidates``). ``reason`` explains an empty
+    result that is not a plain "nothing found" (e.g. no lungs in the series); ``timings_ms`` holds
+    per-step times (model time measured with CUDA events on a GPU); ``slice_number_source`` says
+    what each finding's ``slice_number`` is (:func:`slice_number_source`).
     """
 
     findings: list[Finding]
@@ -101,6 +173,10 @@ class Findings:
     device: str = "cpu"
     sliding_window: bool = False
     precision: str = "float32"
+    score_threshold: float | None = None
+    threshold_source: str | None = None
+    below_threshold: list[Finding] = field(default_factory=list)
+    slice_number_source: str = "index + 1"
 
     def __len__(self) -> int:
         return len(self.findings)
@@ -110,6 +186,29 @@ class Findings:
 
     def __getitem__(self, index: int) -> Finding:
         return self.findings[index]
+
+    @property
+    def candidates(self) -> list[Finding]:
+        """Every candidate, reported or not, highest score first (what evaluation scores)."""
+        return sorted([*self.findings, *self.below_threshold], key=lambda f: -f.score)
+
+    def with_candidates(self, candidates: list[Finding], *, keep_threshold: bool = False) -> Findings:
+        """A copy holding ``candidates`` (in their order), every one reported: no threshold applied; with
+        ``keep_threshold``, split again by this object's threshold if one was applied (:meth:`select`)."""
+        out = replace(self, findings=list(candidates), below_threshold=[], score_threshold=None, threshold_source=None)
+        if keep_threshold and self.threshold_source is not None:
+            return out.select(self.score_threshold, self.threshold_source)
+        return out
+
+    def select(self, threshold: float | None, source: str) -> Findings:
+        """A copy reporting the candidates scoring at or above ``threshold`` (``None``: all of them), the
+        rest kept in ``below_threshold``; ``source`` says where the threshold came from."""
+        every = self.candidates
+        if threshold is None:
+            return replace(self, findings=every, below_threshold=[], score_threshold=None, threshold_source=source)
+        t = float(threshold)
+        return replace(self, findings=[f for f in every if f.score >= t], below_threshold=[f for f in every if f.score < t],
+                       score_threshold=t, threshold_source=source)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -125,11 +224,17 @@ class Findings:
             "input_shape_xyz": list(self.input_shape_xyz) if self.input_shape_xyz else None,
             "sliding_window": self.sliding_window,
             "timings_ms": self.timings_ms,
+            "score_threshold": self.score_threshold,
+            "score_threshold_source": self.threshold_source,
+            "slice_number_source": self.slice_number_source,
+            "n_candidates": len(self.findings) + len(self.below_threshold),
             "findings": [f.to_json() for f in self.findings],
+            "below_threshold": [f.to_json() for f in self.below_threshold],
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Findings:
+        thr = data.get("score_threshold")
         return cls(
             findings=[Finding.from_json(f) for f in data.get("findings", [])],
             case_id=data.get("case_id"),
@@ -142,9 +247,14 @@ class Findings:
             input_shape_xyz=tuple(int(v) for v in shape) if (shape := data.get("input_shape_xyz")) else None,  # type: ignore[arg-type]
             sliding_window=bool(data.get("sliding_window", False)),
             precision=str(data.get("precision", "float32")),
+            score_threshold=float(thr) if thr is not None else None,
+            threshold_source=data.get("score_threshold_source"),
+            below_threshold=[Finding.from_json(f) for f in data.get("below_threshold", [])],
+            slice_number_source=str(data.get("slice_number_source", "index + 1")),
         )
 
     def csv_rows(self) -> list[dict[str, Any]]:
+        """One row per reported finding (:attr:`findings`), ranked by score."""
         rows = []
         for rank, f in enumerate(self.findings, 1):
             rows.append({
@@ -163,6 +273,7 @@ class Findings:
         return path
 
     def write_csv(self, path: str | Path) -> Path:
+        """The reported findings as CSV (:data:`CSV_FIELDS`; ``slice_number`` as in :class:`Finding`)."""
         path = Path(path)
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")

@@ -35,7 +35,7 @@ from torch import nn
 from ..errors import BundleError
 from ..volume import CTVolume
 from .candidates import blob_candidates
-from .findings import Finding, Findings, slice_number_of
+from .findings import Finding, Findings, slice_fields
 from .lungs import LungRegion
 from .refine import refine_findings
 
@@ -237,9 +237,10 @@ class FPReducer:
 def candidate_findings(volume: CTVolume, findings: Findings, region: LungRegion | None, *,
                        blobs: int = 200) -> tuple[list[Finding], np.ndarray]:
     """The candidates the classifier scores, with the detector's score of each (-1 for blobs):
-    ``findings`` and up to ``blobs`` small-blob candidates (:func:`.candidates.blob_candidates`, boxes of
-    the blob's scale), all with centres refined on ``volume`` (:func:`.refine.refine_findings`)."""
-    items = list(findings)
+    every candidate of ``findings`` (reported or not) and up to ``blobs`` small-blob candidates
+    (:func:`.candidates.blob_candidates`, boxes of the blob's scale), all with centres refined on
+    ``volume`` (:func:`.refine.refine_findings`)."""
+    items = findings.candidates
     det = [f.score for f in items]
     found = blob_candidates(volume, region, max_candidates=blobs) if blobs > 0 else None
     if found is not None and len(found):
@@ -253,10 +254,10 @@ def candidate_findings(volume: CTVolume, findings: Findings, region: LungRegion 
                 box_max_lps=tuple(float(v) for v in c + r),  # type: ignore[arg-type]
                 diameter_mm=float(2.0 * r), score=0.0,
                 voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), int(vox[n, 2])),
-                slice_number=slice_number_of(int(vox[n, 2]), volume.metadata, int(size_ijk[2])),
+                **slice_fields(int(vox[n, 2]), volume.metadata, int(size_ijk[2])),
             ))
             det.append(-1.0)
-    refined = refine_findings(volume, replace(findings, findings=items), sort=False)
+    refined = refine_findings(volume, findings.with_candidates(items), sort=False)
     return list(refined), np.asarray(det, dtype=np.float64)
 
 
@@ -277,15 +278,16 @@ def suppress_duplicates(centers_lps: np.ndarray, diameters_mm: np.ndarray, score
 
 def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPReducer,
                            region: LungRegion | None) -> Findings:
-    """``findings`` re-scored by ``reducer`` together with small-blob candidates (LPS mm; see the module
-    docstring); duplicates of one nodule are merged; highest score first."""
+    """Every candidate of ``findings`` re-scored by ``reducer`` together with small-blob candidates (LPS mm; see
+    the module docstring); duplicates of one nodule are merged; highest score first, every candidate reported
+    (no threshold applied)."""
     items, det = candidate_findings(volume, findings, region, blobs=reducer.config.blob_candidates)
     if not items:
-        return replace(findings, findings=[])
+        return findings.with_candidates([])
     centers = np.array([f.center_lps for f in items])
     probs = reducer.probabilities(volume, centers)
     scores = combine_scores(probs, det, reducer.config.detector_weight)
     keep = suppress_duplicates(centers, np.array([f.diameter_mm for f in items]), scores,
                                radius_factor=reducer.config.duplicate_radius_factor)
     log.debug("false-positive reduction: %d candidates (%d blobs), %d kept", len(items), int((det < 0).sum()), len(keep))
-    return replace(findings, findings=[replace(items[n], score=float(scores[n])) for n in keep])
+    return findings.with_candidates([replace(items[n], score=float(scores[n])) for n in keep])

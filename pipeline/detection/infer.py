@@ -11,7 +11,12 @@ conversion to LPS exactly as ``AffineBoxToWorldCoordinate`` does, and the
 lung filter. Then, unless switched off: centres refined on the HU volume and, for models
 with a false-positive reduction stage (the demo model), candidates re-scored by its
 classifier together with small-blob candidates (:mod:`.fp_reduction`); other models get
-compact-blob rescoring (:mod:`.refine`). Mixed precision (see :mod:`.precision`); model time measured with CUDA events on a GPU.
+compact-blob rescoring (:mod:`.refine`). Last, the findings scoring at or above the score
+threshold are reported, the other candidates kept beside them (:meth:`Detector.apply_operating_point`;
+threshold from :func:`.operating_point.resolve_threshold`: the model's operating point unless
+configured). Each finding names the nearest source slice by InstanceNumber and SOP Instance UID
+when the series metadata lists them (:func:`.findings.slice_ref`). Mixed precision (see
+:mod:`.precision`); model time measured with CUDA events on a GPU.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from ..errors import InputTooSmallError, InvalidVolumeError
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
 from ..volume import CTVolume, LabelMap
 from .bundle import LoadedModel, load_model
-from .findings import Finding, Findings, slice_number_of
+from .findings import Finding, Findings, slice_fields, slice_number_source
 from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
 from .network import build_detector
+from .operating_point import resolve_threshold
 from .precision import autocast_dtype, precision_name
 from .refine import refine_findings
 
@@ -66,6 +72,10 @@ class Detector:
     restrict_to_lungs: default for :meth:`detect`.
     postprocess: refine centres on the HU volume and re-score (:meth:`postprocess`); ``False`` gives the
         network's boxes exactly as MONAI's pipeline returns them.
+    score_threshold: report findings scoring at or above this (0..1); ``None`` (default): the model's operating
+        point (:mod:`.operating_point`; for ``postprocess=False`` the one for the network's own scores).
+    all_candidates: report every candidate, whatever its score (overrides ``score_threshold``).
+    Candidates below the threshold are kept in :attr:`Findings.below_threshold` (and the findings JSON).
     """
 
     def __init__(
@@ -77,6 +87,8 @@ class Detector:
         amp: bool = True,
         restrict_to_lungs: bool = True,
         postprocess: bool = True,
+        score_threshold: float | None = None,
+        all_candidates: bool = False,
     ) -> None:
         self.model = model or load_model(bundle)
         #: post-process on the full-resolution HU volume (:meth:`postprocess`): refine each finding's centre, then
@@ -84,6 +96,9 @@ class Detector:
         #: else raise the scores of compact blobs (:mod:`pipeline.detection.refine`); off gives the network's raw boxes
         self.postprocessing = bool(postprocess)
         self.config = self.model.config
+        #: the score threshold findings are reported at (``None``: every candidate) and where it came from
+        self.score_threshold, self.threshold_source = resolve_threshold(
+            self.config, score_threshold=score_threshold, all_candidates=all_candidates, postprocess=self.postprocessing)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._autocast = autocast_dtype(self.device, bool(amp))
         self._fpr: FPReducer | None = None
@@ -108,7 +123,8 @@ class Detector:
             net, self.config.anchors, self.config.selector, sliding_window=self.config.sliding_window, device=self.device
         )
         self._detector.eval()
-        log.info("detector %s on %s (%s)", self.config.name, self.device, self.precision)
+        log.info("detector %s on %s (%s); findings reported at score >= %s (%s)", self.config.name, self.device,
+                 self.precision, "any" if self.score_threshold is None else f"{self.score_threshold:.4g}", self.threshold_source)
 
     @property
     def amp(self) -> bool:
@@ -202,7 +218,8 @@ class Detector:
 
         ``lung_mask`` (bool ``[k, j, i]`` on the volume grid, a :class:`LabelMap` or a dict of
         masks) is used when restricting to the lungs; without it a threshold mask is computed.
-        An empty lung mask gives no findings with a logged reason.
+        An empty lung mask gives no findings with a logged reason. The result reports the findings at
+        or above the score threshold (:meth:`apply_operating_point`), all candidates kept.
         """
         restrict = self.restrict_to_lungs if restrict_to_lungs is None else bool(restrict_to_lungs)
         where = f"case {case_id or volume.series_uid or '?'}"
@@ -220,12 +237,24 @@ class Detector:
                 result.reason = "no lung voxels found in the series (empty lung mask); nothing to search"
                 log.warning("%s: %s", where, result.reason)
                 result.timings_ms = timings
-                return result
+                return self.apply_operating_point(result)
         t0 = time.perf_counter()
         case = preprocess_volume(volume, self.spec, device=str(self.device), roi=roi, case_id=case_id or "volume")
         timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
         result = self._finish(result, case.unwrap(), case.geometry, region, volume.metadata, timings, t_all, where)  # type: ignore[arg-type]
-        return self.postprocess(volume, result, region=region)
+        return self.apply_operating_point(self.postprocess(volume, result, region=region))
+
+    def apply_operating_point(self, findings: Findings) -> Findings:
+        """``findings`` reporting the candidates scoring at or above :attr:`score_threshold` (every one when it is
+        ``None``), the others kept in ``below_threshold``; the threshold and its source are recorded. One log line
+        names the top findings' slices (InstanceNumber where the series lists them)."""
+        out = findings.select(self.score_threshold, self.threshold_source)
+        if not out.reason:
+            top = ", ".join(f"{f.score:.2f} at {out.slice_number_source} {f.slice_number}" for f in out.findings[:3])
+            log.info("case %s: %d of %d candidates reported (score >= %s, %s)%s", out.case_id or out.series_uid or "?",
+                     len(out), len(out.candidates), "any" if self.score_threshold is None else f"{self.score_threshold:.4g}",
+                     self.threshold_source, f"; top: {top}" if top else "")
+        return out
 
     @property
     def fp_reduction(self) -> bool:
@@ -235,10 +264,12 @@ class Detector:
     def postprocess(self, volume: CTVolume, findings: Findings, *, region: LungRegion | None = None) -> Findings:
         """Post-processing on ``volume`` (HU, LPS) when :attr:`postprocessing`: centre refinement, then
         false-positive reduction (models that have it; small-blob candidates searched in ``region``, the lungs,
-        computed when not given) or compact-blob rescoring.
+        computed when not given) or compact-blob rescoring, on every candidate of ``findings``.
 
-        :meth:`detect` applies it; callers of :meth:`detect_loaded` apply it with the case's HU volume.
+        :meth:`detect` applies it; callers of :meth:`detect_loaded` apply it with the case's HU volume, then
+        :meth:`apply_operating_point`. The result has no threshold applied (every candidate reported).
         """
+        findings = findings.with_candidates(findings.candidates)
         if not self.postprocessing or (not len(findings) and self._fpr is None) or findings.reason:
             return findings
         t0 = time.perf_counter()
@@ -263,8 +294,9 @@ class Detector:
 
         The loader must have been built with :attr:`spec` (possibly with a crop, e.g. from
         :meth:`lung_roi`). ``lung_mask`` (on the case's source grid) enables the lung filter;
-        ``metadata`` (the series' DICOM metadata) maps slices to instance numbers;
-        ``timings_ms`` (e.g. the lung-mask time) are reported with the model's.
+        ``metadata`` (the series' DICOM metadata) maps slices to InstanceNumbers and SOP Instance UIDs;
+        ``timings_ms`` (e.g. the lung-mask time) are reported with the model's. No score threshold is applied:
+        follow with :meth:`postprocess` and :meth:`apply_operating_point`.
         """
         t_all = time.perf_counter()
         tensor = case.unwrap()
@@ -291,6 +323,7 @@ class Detector:
                 fix="pass the whole chest series (not a single slice or a tiny crop)",
             )
         result.input_shape_xyz = grid.shape
+        result.slice_number_source = slice_number_source(metadata, int(grid.source.size_ijk[2]))
         out, model_ms, use_sw = self._run_network(tensor)
         timings["model"] = model_ms
         result.sliding_window = use_sw
@@ -336,7 +369,6 @@ class Detector:
         for n in order:
             ext = bmax[n] - bmin[n]
             k = int(vox[n, 2])
-            slice_number = slice_number_of(k, metadata, int(size_ijk[2]))
             findings.append(Finding(
                 center_lps=tuple(float(v) for v in centres[n]),  # type: ignore[arg-type]
                 box_min_lps=tuple(float(v) for v in bmin[n]),  # type: ignore[arg-type]
@@ -344,7 +376,7 @@ class Detector:
                 diameter_mm=float(np.cbrt(np.prod(np.maximum(ext, 0.0)))),
                 score=float(scores[n]),
                 voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
-                slice_number=slice_number,
+                **slice_fields(k, metadata, int(size_ijk[2])),
             ))
         return findings
 
@@ -361,11 +393,15 @@ def detect(
     restrict_to_lungs: bool = True,
     case_id: str | None = None,
     detector: Detector | None = None,
+    score_threshold: float | None = None,
+    all_candidates: bool = False,
 ) -> Findings:
     """Lung-nodule findings for ``volume`` (positions in LPS mm).
 
     The model is loaded once per (bundle, device) and kept for later calls; pass ``detector``
-    to use one you built yourself.
+    to use one you built yourself. Findings scoring at or above the model's operating point are
+    reported (``score_threshold``: another threshold, 0..1; ``all_candidates``: every candidate);
+    the other candidates are kept in ``below_threshold``.
     """
     det = detector
     if det is None:
@@ -373,4 +409,8 @@ def detect(
         det = _DETECTORS.get(key)
         if det is None:
             det = _DETECTORS[key] = Detector(bundle=bundle, device=device)
-    return det.detect(volume, lung_mask=lung_mask, restrict_to_lungs=restrict_to_lungs, case_id=case_id)
+    found = det.detect(volume, lung_mask=lung_mask, restrict_to_lungs=restrict_to_lungs, case_id=case_id)
+    if score_threshold is not None or all_candidates:
+        found = found.select(*resolve_threshold(det.config, score_threshold=score_threshold, all_candidates=all_candidates,
+                                                postprocess=det.postprocessing))
+    return found

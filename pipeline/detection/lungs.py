@@ -19,11 +19,11 @@ from functools import cached_property
 import numpy as np
 from scipy import ndimage
 
+from ..intensity import LUNG_AIR_HU
 from ..volume import CTVolume, LabelMap
 
 log = logging.getLogger(__name__)
 
-LUNG_HU_MAX = -400.0  # lung parenchyma is about -900..-500 HU
 MIN_LUNG_ML = 2.0
 
 
@@ -74,7 +74,7 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     """Threshold lung mask on a ~``step_mm`` grid: air inside the body, largest components, holes filled per slice."""
     sk, sj, si = _strides(volume.spacing, step_mm)
     arr = np.asarray(volume.array[::sk, ::sj, ::si], dtype=np.float32)
-    air = arr < LUNG_HU_MAX
+    air = arr < LUNG_AIR_HU  # air-filled lung (and the air around the patient)
     labels, n = ndimage.label(air)
     if n == 0:
         return LungRegion(np.zeros_like(air), (sk, sj, si), volume.spacing)

@@ -44,7 +44,7 @@ from scipy import ndimage
 
 from ..errors import ConfigError
 from ..volume import CTVolume
-from .findings import Finding, Findings, slice_number_of
+from .findings import Finding, Findings, slice_fields
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +197,12 @@ def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = Fal
     Boxes keep their extents (and diameters) and are re-centred on the refined centre; ``voxel_ijk`` and
     ``slice_number`` follow the new centre. Scores are unchanged unless ``rescore``
     (:func:`rescore_compact` with its defaults); the result is ordered by score, highest first
-    (``sort=False``: in the input's order).
+    (``sort=False``: in the input's order). Every candidate is refined, reported or not; a score threshold
+    applied to ``findings`` is applied again to the result.
     """
-    items = list(findings)
+    items = [*findings.findings, *findings.below_threshold]
     if not items:
-        return replace(findings, findings=[])
+        return findings.with_candidates([], keep_threshold=True)
     centers = np.array([f.center_lps for f in items], dtype=np.float64)
     extents = np.array([np.subtract(f.box_max_lps, f.box_min_lps) for f in items], dtype=np.float64)
     res = refine_centres(volume, centers, extents, **options)
@@ -222,8 +223,8 @@ def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = Fal
             diameter_mm=f.diameter_mm,  # the blob's core under-sizes part-solid nodules; keep the box's
             score=f.score if scores is None else float(scores[n]),
             voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
-            slice_number=slice_number_of(k, volume.metadata, int(size_ijk[2])),
+            **slice_fields(k, volume.metadata, int(size_ijk[2])),
         ))
     if sort:
         out.sort(key=lambda f: -f.score)
-    return replace(findings, findings=out)
+    return findings.with_candidates(out, keep_threshold=True)
