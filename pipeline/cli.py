@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "pipeline.detection.cli",  # ctpipe detect, ctpipe evaluate
     "pipeline.reconstruction.cli",  # ctpipe reconstruct
     "pipeline.runner.cli",  # ctpipe run, ctpipe report
+    "pipeline.pacs.cli",  # ctpipe listen, ctpipe send; PACS addresses as sources of ctpipe run (after runner.cli)
 )
 
 log = logging.getLogger("pipeline")

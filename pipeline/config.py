@@ -1,7 +1,7 @@
 """ctpipe configuration: schema, validation, and precedence of sources.
 
 Every option lives in a section (``ingest``, ``loader``, ``detector``,
-``reconstruct``, ``runner``, ``report``, ``metrics``) and is documented with its
+``reconstruct``, ``runner``, ``report``, ``privacy``, ``metrics``, ``pacs``) and is documented with its
 unit in ``configs/default.yaml``. Values come from, highest precedence first:
 
 1. explicit overrides (CLI flags, keyword arguments of :func:`pipeline.run_batch`),
@@ -32,7 +32,7 @@ class Option:
     """One option: its default, type, unit and allowed values."""
 
     default: Any
-    kind: str  # "int" | "float" | "bool" | "str" | "choice" | "path" | "choices"
+    kind: str  # "int" | "float" | "bool" | "str" | "choice" | "path" | "choices" | "strs"
     unit: str = ""
     help: str = ""
     lo: float | None = None
@@ -51,6 +51,8 @@ class Option:
             text = "true or false"
         elif self.kind == "choice":
             text = "one of " + ", ".join(self.choices)
+        elif self.kind == "strs":
+            text = "a list of strings"
         elif self.kind == "choices":
             text = "a list drawn from " + ", ".join(self.choices)
         elif self.kind == "path":
@@ -78,7 +80,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
     },
     "detector": {
         "bundle": Option(None, "path", "", "MONAI bundle folder; null uses the embedded demo weights", nullable=True),
-        "score_threshold": Option(0.0, "float", "probability", "findings scoring below this are left out of the outputs (0 keeps all the model returns)", lo=0.0, hi=1.0),
+        "score_threshold": Option(None, "float", "probability", "report findings scoring at or above this; null = the model's operating point (chosen on validation data); the other candidates stay in the findings JSON", lo=0.0, hi=1.0, nullable=True),
+        "all_candidates": Option(False, "bool", "", "report every candidate the detector keeps, whatever its score (overrides score_threshold)"),
         "lung_restriction": Option(True, "bool", "", "restrict detection to the lungs' region (crop the model input to the lungs' box and drop findings outside the lungs)"),
         "amp": Option(True, "bool", "", "mixed precision where the hardware runs it natively (float16 on a GPU, bfloat16 on CPUs with AVX512-BF16/AMX); false = float32"),
         "postprocess": Option(True, "bool", "", "refine centres on the HU volume and re-score (the demo model's false-positive reduction; compact-blob rescoring for bundles); false = the network's boxes as MONAI returns them"),
@@ -110,12 +113,34 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "bin_minutes": Option(60, "int", "minutes", "bin width of the throughput-over-time plot", lo=1, hi=1440),
         "hours_per_day": Option(24.0, "float", "hours", "operating hours per day used for the cases/day projection", lo=0.1, hi=24.0),
     },
+    "privacy": {
+        "keep_identifiers": Option(False, "bool", "", "keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber, ...) in the case cache and volume.json; by default they are left out of everything a run writes"),
+    },
     "metrics": {
         "port": Option(None, "int", "TCP port", "serve Prometheus metrics over HTTP during a run; null = off", lo=1, hi=65535, nullable=True),
         "bind": Option("127.0.0.1", "str", "", "address the metrics server listens on"),
         "textfile": Option(True, "bool", "", "write RUN_DIR/metrics.prom for node_exporter's textfile collector"),
         "textfile_dir": Option(None, "path", "", "also write ctpipe.prom into this folder (node_exporter --collector.textfile.directory)", nullable=True),
         "nvml_interval_s": Option(2.0, "float", "s", "GPU utilisation/memory sampling interval", lo=0.1, hi=3600.0),
+    },
+    "pacs": {
+        "ae_title": Option("CTPIPE", "str", "", "ctpipe's DICOM AE title: calling AE of queries and retrievals, called AE of ctpipe listen and of C-MOVE retrievals"),
+        "bind": Option("127.0.0.1", "str", "", "address ctpipe listen and the C-MOVE storage SCP listen on"),
+        "port": Option(11112, "int", "TCP port", "port of ctpipe listen", lo=1, hi=65535),
+        "move_port": Option(11113, "int", "TCP port", "port of the storage SCP that receives C-MOVE retrievals (the archive must know ae_title there)", lo=1, hi=65535),
+        "allowed_aets": Option([], "strs", "", "calling AE titles ctpipe listen accepts instances from; empty = none"),
+        "quiet_period_s": Option(30.0, "float", "s", "a received series is complete after this long without a new instance", lo=0.1, hi=86400.0),
+        "series_limit_s": Option(3600.0, "float", "s", "a received series still incomplete this long after its first instance is reported and processed as it is", lo=1.0, hi=604800.0),
+        "retrieve": Option("move", "choice", "", "DIMSE retrieval: C-MOVE to ctpipe's storage SCP, or C-GET", choices=("move", "get")),
+        "timeout_s": Option(30.0, "float", "s", "network timeout of a request, an association and each DIMSE message", lo=0.1, hi=3600.0),
+        "retries": Option(3, "int", "attempts", "extra attempts of a request that failed for a transient reason", lo=0, hi=20),
+        "backoff_s": Option(1.0, "float", "s", "wait before the first retry; doubled for each further one", lo=0.0, hi=600.0),
+        "tls_verify": Option(True, "bool", "", "verify HTTPS certificates of DICOMweb archives"),
+        "ca_bundle": Option(None, "path", "", "CA certificates for HTTPS; null = the system's", nullable=True),
+        "netrc": Option(None, "path", "", "netrc-style credentials file; null = $NETRC or ~/.netrc", nullable=True),
+        "send_to": Option(None, "str", "", "destination of the DICOM results (SR, SEG) of completed cases; null = none", nullable=True),
+        "send_retries": Option(5, "int", "attempts", "extra attempts to send a result file before it is recorded as failed", lo=0, hi=100),
+        "send_drain_s": Option(60.0, "float", "s", "at the end of ctpipe run, wait at most this long for results still being sent", lo=0.0, hi=86400.0),
     },
 }
 
@@ -126,6 +151,7 @@ ALIASES = {
     "bundle": "detector.bundle",
     "metrics_port": "metrics.port",
     "retry_failed": "runner.retry_failed",
+    "keep_identifiers": "privacy.keep_identifiers",
 }
 
 
@@ -169,6 +195,12 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
         if not isinstance(value, (list, tuple)) or any(v not in opt.choices for v in value):
             raise bad()
         return list(dict.fromkeys(value))
+    if k == "strs":
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise bad()
+        return list(dict.fromkeys(v.strip() for v in value))
     if k in ("str", "path"):
         if not isinstance(value, (str, os.PathLike)):
             raise bad()

@@ -1,0 +1,179 @@
+"""DICOMweb archives: QIDO-RS search, WADO-RS retrieval and STOW-RS storage (with ``dicomweb-client``).
+
+Series are retrieved in the transfer syntax the archive holds them in (``transfer-syntax=*``), so
+the files ctpipe reads are the archive's own. Every request has the timeout ``pacs.timeout_s``;
+connection errors, timeouts and HTTP 408/429/5xx raise :class:`~pipeline.errors.PacsUnavailableError`
+(retried by :mod:`pipeline.pacs.retry`), other HTTP errors :class:`~pipeline.errors.PacsRequestError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import PacsRequestError, PacsUnavailableError
+from .address import Endpoint, Query, valid_uid
+from .archive import RemoteSeries, StoreOutcome
+from .auth import http_session
+from .retry import TRANSIENT_HTTP, with_retries
+from .spool import write_instance
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_STUDY_UID = "0020000D"
+_SERIES_UID = "0020000E"
+_MODALITY = "00080060"
+_N_INSTANCES = "00201209"
+PAGE = 500  # results asked for per QIDO-RS request
+
+
+def _value(item: dict[str, Any], tag: str) -> Any:
+    values = (item.get(tag) or {}).get("Value") or []
+    return values[0] if values else None
+
+
+class DicomWebArchive:
+    """A DICOMweb archive at ``endpoint.url`` (QIDO-RS, WADO-RS and STOW-RS under that base URL)."""
+
+    def __init__(self, endpoint: Endpoint, cfg: Any):
+        from dicomweb_client.api import DICOMwebClient
+
+        self.endpoint = endpoint
+        self.cfg = cfg
+        self.session = http_session(endpoint, cfg)
+        self.client = DICOMwebClient(endpoint.url, session=self.session, timeout=float(cfg.pacs.timeout_s))
+        self.client.set_http_retry_params(retry=False)  # retries are ours (with_retries), for every transient failure
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` with requests' errors turned into PACS errors, retried while transient."""
+        def once() -> T:
+            import requests
+
+            try:
+                return fn()
+            except requests.exceptions.HTTPError as exc:
+                status = exc.response.status_code if exc.response is not None else 0
+                reason = exc.response.reason if exc.response is not None else ""
+                if status in TRANSIENT_HTTP:
+                    raise PacsUnavailableError(f"{what}: HTTP {status} {reason}", where=self.endpoint.redacted(),
+                                               fix="the archive is overloaded or down; try again later") from exc
+                fix = ("set CTPIPE_DICOMWEB_USER and CTPIPE_DICOMWEB_PASSWORD or a netrc entry for "
+                       f"{self.endpoint.host}" if status in (401, 403) else "check the address and the query")
+                raise PacsRequestError(f"{what}: HTTP {status} {reason}", where=self.endpoint.redacted(), fix=fix) from exc
+            except requests.exceptions.SSLError as exc:
+                raise PacsRequestError(f"{what}: TLS failed ({type(exc).__name__})", where=self.endpoint.redacted(),
+                                       fix="give the archive's CA in pacs.ca_bundle (pacs.tls_verify: false only for a test server)") from exc
+            except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
+                kind = "timed out" if isinstance(exc, requests.exceptions.Timeout) else "cannot connect"
+                raise PacsUnavailableError(f"{what}: {kind} ({type(exc).__name__}, timeout {self.cfg.pacs.timeout_s:g} s)",
+                                           where=self.endpoint.redacted(),
+                                           fix="check that the archive is running and reachable; raise pacs.timeout_s for a slow one") from exc
+            except (requests.exceptions.RequestException, ValueError) as exc:
+                raise PacsRequestError(f"{what}: {type(exc).__name__}: {exc}", where=self.endpoint.redacted(),
+                                       fix="check that the address is the archive's DICOMweb base URL") from exc
+
+        return with_retries(once, what=f"{what} at {self.endpoint.redacted()}", retries=self.cfg.pacs.retries,
+                            backoff_s=self.cfg.pacs.backoff_s)
+
+    def _paged(self, what: str, search: Callable[[int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Every result of a QIDO-RS search, a page of :data:`PAGE` at a time. Some archives ignore ``offset``
+        when they filter after the search (Orthanc with ModalitiesInStudy): a page with nothing new ends it."""
+        out: list[dict[str, Any]] = []
+        seen: set[tuple[Any, Any]] = set()
+        offset = 0
+        while True:
+            rows = self._call(what, functools.partial(search, PAGE, offset))
+            new = [r for r in rows if (_value(r, _STUDY_UID), _value(r, _SERIES_UID)) not in seen]
+            seen.update((_value(r, _STUDY_UID), _value(r, _SERIES_UID)) for r in rows)
+            out += new
+            if len(rows) < PAGE or not new:
+                return out
+            offset += len(rows)
+
+    # -- search ----------------------------------------------------------------------------
+    def find_studies(self, query: Query) -> list[str]:
+        """StudyInstanceUIDs matching the query's dates, accession numbers and modality (QIDO-RS /studies)."""
+        filters: dict[str, Any] = {}
+        if query.date_range:
+            filters["StudyDate"] = query.date_range
+        if query.modality:
+            filters["ModalitiesInStudy"] = query.modality
+        accessions: Sequence[str | None] = query.accessions or [None]
+        out: list[str] = []
+        for acc in accessions:
+            f = dict(filters)
+            if acc:
+                f["AccessionNumber"] = acc
+            def search(limit: int, offset: int, f: dict[str, Any] = f) -> list[dict[str, Any]]:
+                return self.client.search_for_studies(search_filters=f, limit=limit, offset=offset)
+
+            rows = self._paged("QIDO-RS study search", search)
+            out.extend(u for u in (_value(r, _STUDY_UID) for r in rows) if u)
+        return list(dict.fromkeys(out))
+
+    def find_series(self, study_uid: str | None, *, series_uid: str | None = None, modality: str = "CT") -> list[RemoteSeries]:
+        """Series of a study (or the one series ``series_uid``) with the given modality (QIDO-RS series search)."""
+        filters: dict[str, Any] = {}
+        if modality:
+            filters["Modality"] = modality
+        if series_uid:
+            filters["SeriesInstanceUID"] = series_uid
+        fields = ["NumberOfSeriesRelatedInstances", "StudyInstanceUID"]
+        def search(limit: int, offset: int) -> list[dict[str, Any]]:
+            return self.client.search_for_series(study_instance_uid=study_uid, search_filters=filters, fields=fields,
+                                                 limit=limit, offset=offset)
+
+        rows = self._paged("QIDO-RS series search", search)
+        out = []
+        for r in rows:
+            study = _value(r, _STUDY_UID) or study_uid
+            series = _value(r, _SERIES_UID)
+            if not (study and series) or not (valid_uid(study) and valid_uid(series)):
+                log.warning("DICOMweb %s listed a series without valid UIDs (%r, %r); ignored", self.endpoint, study, series)
+                continue
+            n = _value(r, _N_INSTANCES)
+            out.append(RemoteSeries(study, series, str(_value(r, _MODALITY) or modality), int(n) if n is not None else None))
+        return out
+
+    # -- retrieve --------------------------------------------------------------------------
+    def retrieve(self, series: RemoteSeries, dest: Path) -> int:
+        """WADO-RS the series into ``dest`` (one file per instance); returns the number of files written."""
+        def fetch() -> int:
+            import pydicom
+
+            # a retry starts again from an empty folder
+            for p in dest.glob("*.dcm"):
+                p.unlink()
+            n = 0
+            for ds in self.client.iter_series(series.study_uid, series.series_uid,
+                                              media_types=(("application/dicom", "*"),)):
+                buf = io.BytesIO()
+                pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+                write_instance(dest, str(ds.SOPInstanceUID), buf.getvalue())
+                n += 1
+            return n
+
+        return self._call(f"WADO-RS retrieval of series {series.series_uid}", fetch)
+
+    # -- store -----------------------------------------------------------------------------
+    def store(self, paths: Sequence[Path]) -> list[StoreOutcome]:
+        """STOW-RS the files (one request); the outcome of each, as the archive's response lists it."""
+        import pydicom
+
+        datasets = [pydicom.dcmread(p) for p in paths]
+        uids = [str(ds.SOPInstanceUID) for ds in datasets]
+        resp = self._call(f"STOW-RS of {len(datasets)} instance(s)", lambda: self.client.store_instances(datasets))
+        failed: dict[str, str] = {}
+        for item in resp.get("FailedSOPSequence", []) if resp is not None else []:
+            failed[str(item.get("ReferencedSOPInstanceUID", ""))] = f"failure reason {item.get('FailureReason', '?')}"
+        return [StoreOutcome(p, u, u not in failed, failed.get(u, "")) for p, u in zip(paths, uids)]
+
+    def close(self) -> None:
+        self.session.close()

@@ -1,0 +1,278 @@
+"""DIMSE archives (``pynetdicom``): C-FIND, then C-MOVE to ctpipe's own storage SCP or C-GET; C-STORE of results.
+
+ctpipe calls the archive as ``pacs.ae_title``; the archive must know that AE title (for C-MOVE, at
+``pacs.bind``:``pacs.move_port``, where :class:`MoveReceiver` listens while a retrieval runs and
+accepts instances from the archive's AE title only). Every association uses ``pacs.timeout_s`` for
+connecting, negotiating and each DIMSE message. An association that cannot be set up or is aborted
+raises :class:`~pipeline.errors.PacsUnavailableError` (retried); a rejected association or a
+failure status raises :class:`~pipeline.errors.PacsRequestError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import PacsRequestError, PacsUnavailableError
+from .address import Endpoint, Query, valid_uid
+from .archive import CT_SOP_CLASSES, RemoteSeries, StoreOutcome
+from .retry import with_retries
+from .scp import STATUS_OK, STATUS_OUT_OF_RESOURCES, STATUS_UNEXPECTED, build_ae, ct_storage_contexts, store_event
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Study Root Query/Retrieve Information Model: FIND, MOVE, GET
+FIND = "1.2.840.10008.5.1.4.1.2.2.1"
+MOVE = "1.2.840.10008.5.1.4.1.2.2.2"
+GET = "1.2.840.10008.5.1.4.1.2.2.3"
+_PENDING = (0xFF00, 0xFF01)
+_STORE_OK = (0x0000, 0xB000, 0xB006, 0xB007)
+
+
+class DimseArchive:
+    """A DIMSE archive at ``endpoint`` (AE title, host, port); ``mode`` "move" or "get" for retrievals."""
+
+    def __init__(self, endpoint: Endpoint, cfg: Any, *, mode: str = "move"):
+        self.endpoint = endpoint
+        self.cfg = cfg
+        self.mode = mode
+        self._receiver: MoveReceiver | None = None
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _where(self) -> str:
+        return self.endpoint.redacted()
+
+    @contextmanager
+    def _association(self, contexts: list[tuple[str, list[str]]], *, ext_neg: list[Any] | None = None,
+                     handlers: list[Any] | None = None) -> Iterator[Any]:
+        ae = build_ae(self.cfg)
+        for abstract, syntaxes in contexts:
+            ae.add_requested_context(abstract, syntaxes)
+        assoc = ae.associate(self.endpoint.host, self.endpoint.port, ae_title=self.endpoint.aet, ext_neg=ext_neg,
+                             evt_handlers=handlers)
+        if not assoc.is_established:
+            if assoc.is_rejected:
+                raise PacsRequestError(f"association rejected by {self.endpoint.aet} (calling AE title "
+                                       f"{self.cfg.pacs.ae_title})", where=self._where(),
+                                       fix=f"the archive must list ctpipe's AE title {self.cfg.pacs.ae_title!r} "
+                                       "(pacs.ae_title) among its modalities, with this host and pacs.move_port")
+            raise PacsUnavailableError(f"cannot open an association (timeout {self.cfg.pacs.timeout_s:g} s)",
+                                       where=self._where(), fix="check that the archive is running and reachable")
+        try:
+            yield assoc
+        finally:
+            if assoc.is_established:
+                assoc.release()
+            ae.shutdown()
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        return with_retries(fn, what=f"{what} at {self._where()}", retries=self.cfg.pacs.retries,
+                            backoff_s=self.cfg.pacs.backoff_s)
+
+    def _responses(self, what: str, responses: Any) -> Iterator[Any]:
+        """Identifiers of pending responses; raises on an aborted association or a failure status."""
+        last = time.monotonic()
+        for status, identifier in responses:
+            if not status:  # no response within the DIMSE timeout, or the archive aborted the association
+                if time.monotonic() - last < 0.9 * float(self.cfg.pacs.timeout_s):
+                    raise PacsRequestError(f"{what}: the archive aborted the association", where=self._where(),
+                                           fix=f"archives abort requests they refuse: check that the archive knows ctpipe's "
+                                           f"AE title {self.cfg.pacs.ae_title!r} (pacs.ae_title) and allows it this request")
+                raise PacsUnavailableError(f"{what}: no answer within {self.cfg.pacs.timeout_s:g} s", where=self._where(),
+                                           fix="the archive is slow or stopped; raise pacs.timeout_s or try later")
+            last = time.monotonic()
+            code = int(status.Status)
+            if code in _PENDING:
+                yield identifier
+            elif code == 0x0000:
+                return
+            elif code == 0xB000:  # C-MOVE / C-GET: some sub-operations failed; counted by the caller
+                log.warning("%s: warning status 0xB000 from %s (some sub-operations failed)", what, self._where())
+                return
+            else:
+                raise PacsRequestError(f"{what}: failure status 0x{code:04X}", where=self._where(),
+                                       fix="see the archive's log for why it refused the request")
+
+    # -- search ----------------------------------------------------------------------------
+    def find_studies(self, query: Query) -> list[str]:
+        """StudyInstanceUIDs matching the query's dates, accession numbers and modality (C-FIND, STUDY level)."""
+        from pydicom.dataset import Dataset
+
+        out: list[str] = []
+        for acc in query.accessions or [None]:
+            ds = Dataset()
+            ds.QueryRetrieveLevel = "STUDY"
+            ds.StudyInstanceUID = ""
+            ds.StudyDate = query.date_range or ""
+            ds.AccessionNumber = acc or ""
+            ds.ModalitiesInStudy = query.modality or ""
+
+            def find(ds: Dataset = ds) -> list[str]:
+                with self._association([(FIND, _UNCOMPRESSED)]) as assoc:
+                    return [str(i.StudyInstanceUID) for i in self._responses("C-FIND (study)", assoc.send_c_find(ds, FIND))
+                            if i is not None and i.get("StudyInstanceUID")]
+
+            out.extend(self._call("C-FIND (study)", find))
+        return list(dict.fromkeys(out))
+
+    def find_series(self, study_uid: str | None, *, series_uid: str | None = None, modality: str = "CT") -> list[RemoteSeries]:
+        """Series of a study (or the one series ``series_uid``, found at SERIES level) with the given modality."""
+        from pydicom.dataset import Dataset
+
+        ds = Dataset()
+        ds.QueryRetrieveLevel = "SERIES"
+        ds.StudyInstanceUID = study_uid or ""
+        ds.SeriesInstanceUID = series_uid or ""
+        ds.Modality = modality or ""
+        ds.NumberOfSeriesRelatedInstances = ""
+
+        def find() -> list[RemoteSeries]:
+            out = []
+            with self._association([(FIND, _UNCOMPRESSED)]) as assoc:
+                for i in self._responses("C-FIND (series)", assoc.send_c_find(ds, FIND)):
+                    if i is None:
+                        continue
+                    study, series = str(i.get("StudyInstanceUID", "") or study_uid or ""), str(i.get("SeriesInstanceUID", ""))
+                    if not (valid_uid(study) and valid_uid(series)):
+                        log.warning("%s listed a series without valid UIDs (%r, %r); ignored", self._where(), study, series)
+                        continue
+                    n = i.get("NumberOfSeriesRelatedInstances")
+                    out.append(RemoteSeries(study, series, str(i.get("Modality", "") or modality),
+                                            int(n) if n not in (None, "") else None))
+            return out
+
+        return self._call("C-FIND (series)", find)
+
+    # -- retrieve --------------------------------------------------------------------------
+    def retrieve(self, series: RemoteSeries, dest: Path) -> int:
+        """C-MOVE (to :class:`MoveReceiver`) or C-GET the series into ``dest``; returns the number of files there."""
+        from pydicom.dataset import Dataset
+
+        ds = Dataset()
+        ds.QueryRetrieveLevel = "SERIES"
+        ds.StudyInstanceUID = series.study_uid
+        ds.SeriesInstanceUID = series.series_uid
+
+        def once() -> int:
+            for p in dest.glob("*.dcm"):  # a retry starts again from an empty folder
+                p.unlink()
+            if self.mode == "get":
+                self._get(ds, dest)
+            else:
+                self._move(ds, series.series_uid, dest)
+            return sum(1 for _ in dest.glob("*.dcm"))
+
+        return self._call(f"C-{self.mode.upper()} of series {series.series_uid}", once)
+
+    def _move(self, ds: Any, series_uid: str, dest: Path) -> None:
+
+        if self._receiver is None:
+            self._receiver = MoveReceiver(self.cfg, archive_aet=self.endpoint.aet)
+        with self._receiver.route(series_uid, dest), self._association([(MOVE, _UNCOMPRESSED)]) as assoc:
+            for _ in self._responses("C-MOVE", assoc.send_c_move(ds, self.cfg.pacs.ae_title, MOVE)):
+                pass
+
+    def _get(self, ds: Any, dest: Path) -> None:
+        from pynetdicom import build_role, evt
+
+        roles = [build_role(uid, scp_role=True) for uid in CT_SOP_CLASSES]
+        contexts = [(GET, _UNCOMPRESSED), *ct_storage_contexts()]
+        handlers = [(evt.EVT_C_STORE, lambda event: store_event(event, lambda _ds: dest))]
+        with self._association(contexts, ext_neg=roles, handlers=handlers) as assoc:
+            for _ in self._responses("C-GET", assoc.send_c_get(ds, GET)):
+                pass
+
+    # -- store -----------------------------------------------------------------------------
+    def store(self, paths: Sequence[Path]) -> list[StoreOutcome]:
+        """C-STORE the files on one association; the status of each."""
+        import pydicom
+        from pydicom.uid import ExplicitVRLittleEndian
+
+        datasets = [pydicom.dcmread(p) for p in paths]
+        wanted: dict[str, set[str]] = {}
+        for ds in datasets:
+            wanted.setdefault(str(ds.SOPClassUID), set()).update({str(ds.file_meta.TransferSyntaxUID), ExplicitVRLittleEndian})
+        contexts = [(cls, sorted(ts)) for cls, ts in wanted.items()]
+
+        def send() -> list[StoreOutcome]:
+            out = []
+            with self._association(contexts) as assoc:
+                for p, ds in zip(paths, datasets):
+                    status = assoc.send_c_store(ds)
+                    if not status:
+                        raise PacsUnavailableError(f"C-STORE of {p.name}: no answer within {self.cfg.pacs.timeout_s:g} s",
+                                                   where=self._where(), fix="the destination is slow or stopped")
+                    code = int(status.Status)
+                    out.append(StoreOutcome(p, str(ds.SOPInstanceUID), code in _STORE_OK, f"status 0x{code:04X}"))
+            return out
+
+        return self._call(f"C-STORE of {len(paths)} instance(s)", send)
+
+    def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+
+
+_UNCOMPRESSED = ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"]  # explicit, implicit VR little endian
+
+
+class MoveReceiver:
+    """ctpipe's storage SCP for C-MOVE retrievals: ``pacs.ae_title`` at ``pacs.bind``:``pacs.move_port``.
+
+    Accepts CT instances from ``archive_aet`` only and writes each into the folder routed to its series
+    (:meth:`route`); instances of other series are refused (status 0xC000).
+    """
+
+    def __init__(self, cfg: Any, *, archive_aet: str):
+        from pynetdicom import evt
+
+        self.cfg = cfg
+        self._routes: dict[str, Path] = {}
+        self._lock = threading.Lock()
+        self.ae = build_ae(cfg)
+        for abstract, syntaxes in ct_storage_contexts(accept_all=True):
+            self.ae.add_supported_context(abstract, syntaxes)
+        self.ae.require_calling_aet = [archive_aet]
+        try:
+            self.server = self.ae.start_server((cfg.pacs.bind, cfg.pacs.move_port), block=False, ae_title=cfg.pacs.ae_title,
+                                               evt_handlers=[(evt.EVT_C_STORE, self._on_store)])
+        except OSError as exc:
+            raise PacsUnavailableError(f"cannot listen on {cfg.pacs.bind}:{cfg.pacs.move_port} for C-MOVE ({exc.strerror})",
+                                       where="pacs.move_port", fix="free the port, choose another pacs.move_port, or use "
+                                       "C-GET (retrieve=get)") from exc
+
+    @contextmanager
+    def route(self, series_uid: str, folder: Path) -> Iterator[None]:
+        with self._lock:
+            self._routes[series_uid] = folder
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._routes.pop(series_uid, None)
+
+    def _folder(self, ds: Any) -> Path | None:
+        with self._lock:
+            return self._routes.get(str(ds.get("SeriesInstanceUID", "")))
+
+    def _on_store(self, event: Any) -> int:
+        try:
+            return store_event(event, self._folder)
+        except OSError as exc:
+            log.error("C-MOVE receiver: cannot write an instance (%s)", exc)
+            return STATUS_OUT_OF_RESOURCES
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.ae.shutdown()
+
+
+__all__ = ["STATUS_OK", "STATUS_UNEXPECTED", "DimseArchive", "MoveReceiver"]

@@ -1,0 +1,143 @@
+"""PACS sources of a run: search, retrieve each series into the run folder's spool, record it in the ledger.
+
+:func:`fetch_sources` turns PACS source addresses (:mod:`pipeline.pacs.address`) into complete series
+folders under ``RUN_DIR/pacs/spool/`` that ``ctpipe run`` then processes like any DICOM folder.
+A series the ledger lists as fetched (and whose folder is there) is not retrieved again; the run
+store then skips it when it is already done, so a rerun neither fetches nor processes a series twice.
+A series retrieved with fewer instances than the archive listed is not handed on (recorded as
+``partial``; the next run tries again). One source or series failing does not stop the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CtpipeError, PacsError, PartialSeriesError
+from .address import PacsSource, Query, parse_source
+from .archive import Archive, RemoteSeries
+from .connect import open_archive
+from .ledger import Ledger
+from .spool import Spool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FetchResult:
+    """What fetching the PACS sources of a run did."""
+
+    folders: list[Path] = field(default_factory=list)  # complete series folders for the runner
+    fetched: int = 0  # series retrieved now
+    reused: int = 0  # series fetched by an earlier run, not retrieved again
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (SeriesInstanceUID, why)
+    failures: list[tuple[str, str, str]] = field(default_factory=list)  # (source or series, error class, message)
+
+    def lines(self) -> list[str]:
+        out = [f"PACS: {self.fetched} series retrieved, {self.reused} retrieved earlier, {len(self.skipped)} skipped, "
+               f"{len(self.failures)} failed"]
+        out += [f"  not retrieved {uid}: {why}" for uid, why in self.skipped]
+        out += [f"  PACS failure {what}: {cls}: {msg}" for what, cls, msg in self.failures]
+        return out
+
+
+def select_series(archive: Archive, query: Query) -> tuple[list[RemoteSeries], list[tuple[str, str, str]]]:
+    """The series a query selects (see :mod:`pipeline.pacs.address`), and named series that were not found."""
+    found: list[RemoteSeries] = []
+    missing: list[tuple[str, str, str]] = []
+    for study, series in query.series:
+        hits = archive.find_series(study, series_uid=series, modality=query.modality)
+        if not hits:
+            missing.append((series, "PacsRequestError", f"series not found in {archive.endpoint} (modality {query.modality})"))
+        found += hits
+    studies = list(query.studies)
+    if query.study_dates or query.accessions:
+        studies += archive.find_studies(query)
+    for study in dict.fromkeys(studies):
+        found += archive.find_series(study, modality=query.modality)
+    unique = {s.series_uid: s for s in found}
+    return list(unique.values()), missing
+
+
+def fetch_sources(sources: Sequence[str | PacsSource], *, run_dir: str | os.PathLike[str], cfg: Any,
+                  base: Path | None = None) -> FetchResult:
+    """Search and retrieve every PACS source into ``RUN_DIR/pacs/spool/`` (see the module docstring).
+
+    ``cfg`` is the run's :class:`~pipeline.config.Config`; ``base`` resolves relative worklist paths.
+    """
+    run = Path(run_dir)
+    spool = Spool(run)
+    spool.clean()
+    ledger = Ledger(run)
+    out = FetchResult()
+    seen: set[str] = set()
+    try:
+        for item in sources:
+            src = item if isinstance(item, PacsSource) else parse_source(item, base=base)
+            _fetch_one(src, cfg, run, spool, ledger, out, seen)
+    finally:
+        ledger.close()
+    for line in out.lines():
+        log.info("%s", line, extra={"event": "pacs_fetch"})
+    return out
+
+
+def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledger, out: FetchResult, seen: set[str]) -> None:
+    try:
+        archive = open_archive(src.endpoint, cfg, mode=src.query.retrieve)
+    except CtpipeError as exc:
+        out.failures.append((str(src), type(exc).__name__, str(exc)))
+        return
+    try:
+        try:
+            chosen, missing = select_series(archive, src.query)
+        except PacsError as exc:
+            log.error("PACS search failed for %s: %s", src, exc, extra={"event": "pacs_search_failed"})
+            out.failures.append((str(src), type(exc).__name__, str(exc)))
+            return
+        out.failures += missing
+        log.info("%s: %d series selected", src, len(chosen), extra={"event": "pacs_search"})
+        for s in chosen:
+            if s.series_uid in seen:
+                continue
+            seen.add(s.series_uid)
+            _fetch_series(s, src, archive, cfg, run, spool, ledger, out)
+    finally:
+        archive.close()
+
+
+def _fetch_series(s: RemoteSeries, src: PacsSource, archive: Archive, cfg: Any, run: Path, spool: Spool, ledger: Ledger,
+                  out: FetchResult) -> None:
+    if s.n_instances is not None and s.n_instances < cfg.ingest.min_slices:
+        out.skipped.append((s.series_uid, f"{s.n_instances} instance(s), fewer than ingest.min_slices = {cfg.ingest.min_slices}"))
+        return
+    row = ledger.fetched(s.series_uid)
+    if row is not None and row["state"] == "fetched" and (run / row["folder"]).is_dir():
+        out.folders.append(run / row["folder"])
+        out.reused += 1
+        return
+    part = spool.start(s.series_uid)
+    try:
+        n = archive.retrieve(s, part)
+        if n == 0 or (s.n_instances is not None and n < s.n_instances):
+            raise PartialSeriesError(f"{n} of {s.n_instances if s.n_instances is not None else '?'} instances retrieved",
+                                     where=f"series {s.series_uid} at {src.endpoint}",
+                                     fix="the archive may still be receiving it, or lost instances; the next run tries again")
+        final = spool.publish(s.series_uid)
+    except PacsError as exc:
+        spool.discard(s.series_uid)
+        state = "partial" if isinstance(exc, PartialSeriesError) else "failed"
+        ledger.record_fetch(s.series_uid, study_uid=s.study_uid, source=str(src.endpoint), state=state,
+                            n_expected=s.n_instances, n_files=None, folder=None, error=str(exc))
+        log.error("series %s not retrieved: %s", s.series_uid, exc, extra={"event": "pacs_fetch_failed"})
+        out.failures.append((s.series_uid, type(exc).__name__, str(exc)))
+        return
+    ledger.record_fetch(s.series_uid, study_uid=s.study_uid, source=str(src.endpoint), state="fetched",
+                        n_expected=s.n_instances, n_files=n, folder=str(final.relative_to(run)), error=None)
+    out.folders.append(final)
+    out.fetched += 1
+    log.info("series %s: %d instance(s) retrieved from %s", s.series_uid, n, src.endpoint, extra={"event": "pacs_fetched"})

@@ -1,0 +1,185 @@
+"""The listener's durable journal of received instances and series (tables ``instances`` and ``series``
+of :mod:`pipeline.pacs.ledger`), and its folders ``RUN_DIR/pacs/incoming/<SeriesInstanceUID>/g<N>/``.
+
+An instance is admitted (:meth:`ReceiveJournal.admit`: a duplicate SOPInstanceUID is recognised and
+not stored again), written to its series' open generation folder and synced, and then committed
+(:meth:`ReceiveJournal.commit`); only then is the sender told it was stored. A generation is
+``open`` while it receives, ``handed`` once given to the runner (its folder no longer changes) and
+``processed`` when the run has finished it. An instance of a series whose latest generation was
+already handed opens generation N+1, whose folder starts with hard links to generation N's files:
+the runner sees a changed series as a new case. After a crash, :meth:`ReceiveJournal.recover`
+registers instances written but not committed, drops empty generations, and restarts the quiet
+period of open series; handed generations are handed again (the run store skips done cases).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .address import valid_uid
+from .ledger import Ledger, now
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Where an admitted instance goes (``duplicate``: already stored, nothing to write)."""
+
+    duplicate: bool
+    series_uid: str
+    generation: int = 0
+    folder: Path | None = None
+
+
+class ReceiveJournal:
+    """The listener's journal in ``ledger``; series folders under ``root`` (``RUN_DIR/pacs/incoming``)."""
+
+    def __init__(self, ledger: Ledger, root: Path):
+        self.ledger = ledger
+        self.root = root
+        self._writing: dict[tuple[str, int], int] = {}  # instances being written, by (series, generation)
+
+    def folder(self, series_uid: str, generation: int) -> Path:
+        return self.root / series_uid / f"g{generation}"
+
+    # -- receiving -------------------------------------------------------------------------
+    def admit(self, sop_uid: str, series_uid: str) -> Admission:
+        """Decide where an incoming instance goes; opens a series or a new generation when needed."""
+        with self.ledger.tx() as db:
+            if db.execute("SELECT 1 FROM instances WHERE sop_uid = ?", (sop_uid,)).fetchone():
+                return Admission(True, series_uid)
+            row = db.execute("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,)).fetchone()
+            t = now()
+            if row is not None and row["state"] == "open":
+                gen = int(row["generation"])
+                db.execute("UPDATE series SET last_at = ? WHERE series_uid = ? AND generation = ?", (t, series_uid, gen))
+            else:
+                gen = 1 if row is None else int(row["generation"]) + 1
+                folder = self.folder(series_uid, gen)
+                n_before = self._link_previous(row, folder)
+                db.execute("INSERT INTO series (series_uid, generation, state, first_at, last_at, n_instances, folder) "
+                           "VALUES (?, ?, 'open', ?, ?, ?, ?)", (series_uid, gen, t, t, n_before, str(folder)))
+                if row is not None:
+                    log.warning("series %s grew after it was handed to the runner (generation %d); it is processed again "
+                                "as generation %d", series_uid, int(row["generation"]), gen, extra={"event": "listen_regrow"})
+            key = (series_uid, gen)
+            self._writing[key] = self._writing.get(key, 0) + 1
+            return Admission(False, series_uid, gen, self.folder(series_uid, gen))
+
+    def _link_previous(self, row: Any, folder: Path) -> int:
+        if folder.exists():  # left by a crash between creating it and committing the row
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        if row is None:
+            return 0
+        n = 0
+        for src in Path(row["folder"]).glob("*.dcm"):
+            try:
+                os.link(src, folder / src.name)
+            except OSError:
+                shutil.copy2(src, folder / src.name)
+            n += 1
+        return n
+
+    def commit(self, adm: Admission, *, sop_uid: str, sop_class: str, calling_aet: str) -> None:
+        """Record a written, synced instance (after :meth:`admit`)."""
+        with self.ledger.tx() as db:
+            cur = db.execute("INSERT OR IGNORE INTO instances (sop_uid, series_uid, generation, sop_class, calling_aet, "
+                             "received_at) VALUES (?, ?, ?, ?, ?, ?)",
+                             (sop_uid, adm.series_uid, adm.generation, sop_class, calling_aet, now()))
+            if cur.rowcount:
+                db.execute("UPDATE series SET n_instances = n_instances + 1, last_at = ? WHERE series_uid = ? AND generation = ?",
+                           (now(), adm.series_uid, adm.generation))
+            self._done_writing(adm)
+
+    def abandon(self, adm: Admission) -> None:
+        """An admitted instance that could not be written."""
+        with self.ledger.tx():
+            self._done_writing(adm)
+
+    def _done_writing(self, adm: Admission) -> None:
+        key = (adm.series_uid, adm.generation)
+        left = self._writing.get(key, 0) - 1
+        if left > 0:
+            self._writing[key] = left
+        else:
+            self._writing.pop(key, None)
+
+    # -- handing series to the runner ------------------------------------------------------
+    def quiet(self, quiet_s: float) -> list[dict[str, Any]]:
+        """Open generations with no instance for ``quiet_s`` and none being written."""
+        with self.ledger.tx() as db:
+            rows = [dict(r) for r in db.execute("SELECT * FROM series WHERE state = 'open' AND last_at <= ?", (now() - quiet_s,))]
+            return [r for r in rows if (r["series_uid"], r["generation"]) not in self._writing]
+
+    def hand(self, rows: list[dict[str, Any]], note: str | None = None) -> list[dict[str, Any]]:
+        """Mark generations handed to the runner (their folders are final from then on); returns those marked.
+
+        A generation that received an instance since ``rows`` were read (or is receiving one) stays open.
+        """
+        out = []
+        with self.ledger.tx() as db:
+            for r in rows:
+                if (r["series_uid"], r["generation"]) in self._writing:
+                    continue
+                cur = db.execute("UPDATE series SET state = 'handed', note = COALESCE(?, note) WHERE series_uid = ? "
+                                 "AND generation = ? AND state = 'open' AND last_at = ?",
+                                 (note, r["series_uid"], r["generation"], r["last_at"]))
+                if cur.rowcount:
+                    out.append(dict(r, state="handed", note=note or r.get("note")))
+        return out
+
+    def note(self, row: dict[str, Any], note: str) -> None:
+        with self.ledger.tx() as db:
+            db.execute("UPDATE series SET note = ? WHERE series_uid = ? AND generation = ?", (note, row["series_uid"], row["generation"]))
+
+    def handed(self) -> list[dict[str, Any]]:
+        return self.ledger.rows("SELECT * FROM series WHERE state = 'handed' ORDER BY last_at")
+
+    def processed(self, row: dict[str, Any], *, case_id: str | None, outcome: str) -> None:
+        with self.ledger.tx() as db:
+            db.execute("UPDATE series SET state = 'processed', case_id = ?, outcome = ? WHERE series_uid = ? AND generation = ?",
+                       (case_id, outcome, row["series_uid"], row["generation"]))
+
+    # -- after a crash ---------------------------------------------------------------------
+    def recover(self) -> dict[str, int]:
+        """Bring journal and folders into agreement after a crash (see the module docstring); counts of what was done."""
+        import pydicom
+        from pydicom.errors import InvalidDicomError
+
+        counts = {"registered": 0, "dropped": 0, "reopened": 0, "handed": 0}
+        for row in self.ledger.rows("SELECT * FROM series WHERE state = 'open'"):
+            folder = Path(row["folder"])
+            known = {r["sop_uid"] for r in self.ledger.rows("SELECT sop_uid FROM instances WHERE series_uid = ?", (row["series_uid"],))}
+            for tmp in folder.glob(".*.tmp"):  # a write cut short: never acknowledged
+                tmp.unlink(missing_ok=True)
+            for p in sorted(folder.glob("*.dcm")):
+                if p.stem in known or not valid_uid(p.stem):
+                    continue
+                try:  # written and synced, but the process died before committing it: keep it
+                    ds = pydicom.dcmread(p, stop_before_pixels=True, specific_tags=["SOPClassUID"])
+                except (InvalidDicomError, OSError, ValueError):
+                    p.unlink(missing_ok=True)
+                    continue
+                self.commit(Admission(False, row["series_uid"], int(row["generation"]), folder), sop_uid=p.stem,
+                            sop_class=str(ds.get("SOPClassUID", "")), calling_aet="(recovered)")
+                counts["registered"] += 1
+            with self.ledger.tx() as db:
+                n = sum(1 for _ in folder.glob("*.dcm")) if folder.is_dir() else 0
+                if n == 0:
+                    db.execute("DELETE FROM series WHERE series_uid = ? AND generation = ?", (row["series_uid"], row["generation"]))
+                    shutil.rmtree(folder, ignore_errors=True)
+                    counts["dropped"] += 1
+                else:  # the sender may be sending the rest again: give it a full quiet period from now
+                    db.execute("UPDATE series SET last_at = ?, n_instances = ? WHERE series_uid = ? AND generation = ?",
+                               (now(), n, row["series_uid"], row["generation"]))
+                    counts["reopened"] += 1
+        counts["handed"] = len(self.handed())
+        self._writing.clear()
+        return counts

@@ -1,0 +1,290 @@
+"""``ctpipe listen``: a C-STORE SCP that feeds received CT series into the crash-safe runner, continuously.
+
+The listener is ``pacs.ae_title`` at ``pacs.bind``:``pacs.port`` (127.0.0.1 by default). It accepts
+associations only from the calling AE titles in ``pacs.allowed_aets`` (others are rejected:
+"calling AE title not recognised"), takes CT Image Storage and Enhanced CT Image Storage, and
+answers any other SOP class with status 0x0122. Each instance is written to disk, synced and
+recorded in the journal (:mod:`pipeline.pacs.journal`) before success is answered; a duplicate
+SOPInstanceUID is answered with success and not stored again.
+
+A series is complete when no instance has arrived for ``pacs.quiet_period_s`` and its slices form
+a volume (no gap, at least ``ingest.min_slices``); one still incomplete ``pacs.series_limit_s``
+after its first instance is reported (log, ``RUN_DIR/pacs/incomplete/``) and handed over as it is
+(the runner quarantines it with the reason). Complete series are handed to
+:func:`pipeline.runner.run_batch` on the same run folder, in batches of what is complete at the
+time. With ``runner.workers: 0`` (the listener's default) every batch runs in this process and the
+detector is loaded once for the listener's lifetime; with worker processes each batch starts them
+(and loads the model) again. After a crash or ``kill -9``, a restart processes every instance
+received before it, none twice (the journal, then the run store, which skips done cases).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..atomic import atomic_write_bytes
+from ..errors import CtpipeError, PacsAddressError, PacsUnavailableError
+from .address import check_aet, valid_uid
+from .journal import ReceiveJournal
+from .ledger import Ledger, PacsLock, now
+from .scp import (
+    STATUS_DATASET_MISMATCH,
+    STATUS_OK,
+    STATUS_OUT_OF_RESOURCES,
+    accepted_storage_contexts,
+    build_ae,
+    check_instance,
+)
+from .spool import write_instance
+
+log = logging.getLogger(__name__)
+
+
+def incomplete_reason(folder: Path, cfg: Any) -> str | None:
+    """Why the series in ``folder`` does not form a volume yet (a gap, too few slices), or None."""
+    from ..errors import MissingSliceError, SingleSliceError
+    from ..ingest import SelectionRules, scan_directory
+
+    rules = SelectionRules(min_slices=cfg.ingest.min_slices, allow_derived=cfg.ingest.allow_derived)
+    scan = scan_directory([folder], rules=rules, spacing_tolerance=cfg.ingest.spacing_tolerance,
+                          allow_gantry_tilt=cfg.ingest.allow_gantry_tilt, workers=1)
+    for r in scan.rejected:
+        if isinstance(r.error, (MissingSliceError, SingleSliceError)):
+            return f"{type(r.error).__name__}: {r.error.problem}"
+    if not scan.selected:
+        # too few slices *so far*: a series left out by min_slices alone (localizers and the like are not waited for)
+        short = [s for s in scan.series if s.n_slices < cfg.ingest.min_slices and len(s.reasons) == 1
+                 and "min_slices" in s.reasons[0]]
+        if short:
+            return f"only {short[0].n_slices} slice(s) so far, fewer than ingest.min_slices = {cfg.ingest.min_slices}"
+    return None
+
+
+class Listener:
+    """The listener of a run folder (see the module docstring).
+
+    ``cfg``: the :class:`~pipeline.config.Config`; ``stages``: custom runner stages (default: the
+    standard pipeline); ``run_options``: extra keyword options of :func:`~pipeline.runner.run_batch`.
+    """
+
+    def __init__(self, run_dir: str | Path, cfg: Any, *, stages: Sequence[Any] | None = None,
+                 run_options: dict[str, Any] | None = None, poll_s: float = 0.5):
+        allowed = [check_aet(a, "pacs.allowed_aets") for a in cfg.pacs.allowed_aets]
+        if not allowed:
+            raise PacsAddressError("no calling AE title is allowed to send to the listener (pacs.allowed_aets is empty)",
+                                   where="pacs.allowed_aets", fix="name the senders: --allow AET (repeatable) or "
+                                   "pacs.allowed_aets: [MODALITY1, PACS]")
+        self.allowed = allowed
+        self.run_dir = Path(run_dir).resolve()
+        self.cfg = cfg
+        self.stages = list(stages) if stages is not None else None
+        self.run_options = dict(run_options or {})
+        self.poll_s = poll_s
+        self.batches = 0
+        self._lock: PacsLock | None = None
+        self._ledger: Ledger | None = None
+        self.journal: ReceiveJournal | None = None
+        self._ae: Any = None
+        self._server: Any = None
+        self._sender: Any = None
+        self._stop = threading.Event()
+        self._reported: set[tuple[str, int]] = set()
+        self._checked: dict[tuple[str, int], tuple[float, str | None]] = {}  # last_at when checked, why incomplete
+
+    # -- life cycle ------------------------------------------------------------------------
+    def start(self) -> Listener:
+        """Take the run folder's PACS lock, recover the journal, start the SCP (and the result sender)."""
+        from pynetdicom import evt
+
+        self._lock = PacsLock(self.run_dir, holder="ctpipe listen")
+        self._ledger = Ledger(self.run_dir)
+        self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
+        counts = self.journal.recover()
+        if any(counts.values()):
+            log.warning("listener restart: %d instance(s) recovered, %d open series resumed, %d empty dropped, "
+                        "%d series to hand to the runner again", counts["registered"], counts["reopened"], counts["dropped"],
+                        counts["handed"], extra={"event": "listen_recover"})
+        ae = build_ae(self.cfg)
+        ae.add_supported_context("1.2.840.10008.1.1")  # Verification (C-ECHO)
+        for abstract, syntaxes in accepted_storage_contexts():
+            ae.add_supported_context(abstract, syntaxes)
+        ae.require_calling_aet = self.allowed
+        ae.maximum_associations = 16
+        address = (self.cfg.pacs.bind, int(self.cfg.pacs.port))
+        try:
+            self._server = ae.start_server(address, block=False, ae_title=self.cfg.pacs.ae_title,
+                                           evt_handlers=[(evt.EVT_C_STORE, self._on_store)])
+        except OSError as exc:
+            self.close()
+            raise PacsUnavailableError(f"cannot listen on {address[0]}:{address[1]} ({exc.strerror})", where="pacs.port",
+                                       fix="choose a free port (--port) or stop the other listener") from exc
+        self._ae = ae
+        if self.cfg.pacs.send_to:
+            from .sender import ResultSender
+
+            self._sender = ResultSender(self.run_dir, self.cfg).start()
+        log.info("listening as %s on %s:%d for %s", self.cfg.pacs.ae_title, *address, ", ".join(self.allowed),
+                 extra={"event": "listen_start"})
+        return self
+
+    @property
+    def port(self) -> int:
+        """The TCP port the SCP listens on (useful with ``pacs.port`` taken from a free-port search)."""
+        return int(self._server.server_address[1]) if self._server is not None else int(self.cfg.pacs.port)
+
+    def stop(self) -> None:
+        """Ask :meth:`serve_forever` to return after the current step."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Stop receiving, stop the sender (pending results stay in the ledger), release the lock."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+        if self._ae is not None:
+            self._ae.shutdown()
+            self._ae = None
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def __enter__(self) -> Listener:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- receiving (pynetdicom's association threads) --------------------------------------
+    def _on_store(self, event: Any) -> int:
+        status, sop_class, sop_uid = check_instance(event)
+        calling = str(event.assoc.requestor.ae_title).strip()
+        if status != STATUS_OK:
+            log.warning("refused instance %s of SOP class %s from %s (status 0x%04X)", sop_uid[:64], sop_class, calling, status,
+                        extra={"event": "listen_refused"})
+            return status
+        try:
+            series_uid = str(event.dataset.SeriesInstanceUID)
+        except (AttributeError, KeyError, ValueError, TypeError) as exc:
+            log.warning("refused instance %s from %s: unreadable dataset (%s)", sop_uid, calling, exc)
+            return STATUS_DATASET_MISMATCH
+        if not valid_uid(series_uid):
+            log.warning("refused instance %s from %s: SeriesInstanceUID %r is not valid", sop_uid, calling, series_uid[:80])
+            return STATUS_DATASET_MISMATCH
+        assert self.journal is not None
+        adm = self.journal.admit(sop_uid, series_uid)
+        if adm.duplicate:
+            log.info("instance %s from %s was received before; not stored again", sop_uid, calling,
+                     extra={"event": "listen_duplicate"})
+            return STATUS_OK
+        assert adm.folder is not None
+        try:
+            write_instance(adm.folder, sop_uid, event.encoded_dataset(include_meta=True), sync_dir=True)
+        except OSError as exc:
+            self.journal.abandon(adm)
+            log.error("cannot store instance %s (%s); the sender is told to try again", sop_uid, exc)
+            return STATUS_OUT_OF_RESOURCES
+        self.journal.commit(adm, sop_uid=sop_uid, sop_class=sop_class, calling_aet=calling)
+        return STATUS_OK
+
+    # -- feeding the runner ----------------------------------------------------------------
+    def serve_forever(self) -> None:
+        """Hand complete series to the runner until :meth:`stop` (or SIGTERM/Ctrl-C in the CLI)."""
+        while not self._stop.is_set():
+            self.step()
+            self._stop.wait(self.poll_s)
+
+    def step(self) -> list[dict[str, Any]]:
+        """One round: hand over what is complete (and what a crash left handed); returns the series processed."""
+        assert self.journal is not None
+        batch = self.journal.handed()
+        ready, incomplete = [], []
+        quiet = self.journal.quiet(self.cfg.pacs.quiet_period_s)
+        self._checked = {k: v for k, v in self._checked.items() if k in {(r["series_uid"], int(r["generation"])) for r in quiet}}
+        for row in quiet:
+            key = (row["series_uid"], int(row["generation"]))
+            seen = self._checked.get(key)
+            why = seen[1] if seen is not None and seen[0] == row["last_at"] else incomplete_reason(Path(row["folder"]), self.cfg)
+            self._checked[key] = (row["last_at"], why)
+            if why is None:
+                ready.append(row)
+            elif now() - float(row["first_at"]) >= self.cfg.pacs.series_limit_s:
+                incomplete.append((row, why))
+            elif row.get("note") != why:
+                self.journal.note(row, why)
+                log.info("series %s (generation %d) is quiet but incomplete (%s); waiting up to pacs.series_limit_s",
+                         row["series_uid"], row["generation"], why, extra={"event": "listen_waiting"})
+        batch += self.journal.hand(ready)
+        for row, why in incomplete:
+            handed = self.journal.hand([row], note=f"incomplete after {self.cfg.pacs.series_limit_s:g} s: {why}")
+            if handed:
+                self._report_incomplete(row, why)
+                batch += handed
+        self._report_never_quiet()
+        if batch:
+            self._run(batch)
+        return batch
+
+    def _report_incomplete(self, row: dict[str, Any], why: str) -> None:
+        limit = self.cfg.pacs.series_limit_s
+        data = {"series_uid": row["series_uid"], "generation": row["generation"], "instances": row["n_instances"],
+                "first_at": row["first_at"], "last_at": row["last_at"], "limit_s": limit, "reason": why,
+                "folder": str(Path(row["folder"]).relative_to(self.run_dir))}
+        path = self.run_dir / "pacs" / "incomplete" / f"{row['series_uid']}.g{row['generation']}.json"
+        atomic_write_bytes(path, json.dumps(data, indent=1).encode())
+        log.error("series %s did not complete within pacs.series_limit_s = %g s (%s); processed as it is",
+                  row["series_uid"], limit, why, extra={"event": "listen_incomplete"})
+
+    def _report_never_quiet(self) -> None:
+        assert self._ledger is not None
+        limit = self.cfg.pacs.series_limit_s
+        for row in self._ledger.rows("SELECT * FROM series WHERE state = 'open' AND first_at <= ?", (now() - limit,)):
+            key = (row["series_uid"], int(row["generation"]))
+            if key not in self._reported:
+                self._reported.add(key)
+                log.error("series %s is still receiving instances %g s after its first one (%d so far); it is handed to the "
+                          "runner once it has been quiet for pacs.quiet_period_s", row["series_uid"], limit, row["n_instances"],
+                          extra={"event": "listen_never_quiet"})
+
+    def _run(self, batch: list[dict[str, Any]]) -> None:
+        from ..runner import open_run, run_batch
+
+        assert self.journal is not None
+        folders = [str(Path(r["folder"])) for r in batch]
+        log.info("handing %d series to the runner", len(batch), extra={"event": "listen_batch"})
+        try:
+            summary = run_batch(folders, out=self.run_dir, config=self.cfg, stages=self.stages,
+                                command="ctpipe listen", **self.run_options)
+        except CtpipeError as exc:  # e.g. another ctpipe run holds the run folder: the series stay handed, tried again
+            log.error("the runner could not take %d series: %s; trying again", len(batch), exc, extra={"event": "listen_run_error"})
+            self._stop.wait(max(5.0, self.poll_s))
+            return
+        self.batches += 1
+        if summary.fatal:
+            log.error("run stopped: %s; the %d series stay queued", summary.fatal, len(batch))
+            self._stop.wait(30.0)
+            return
+        cases = open_run(self.run_dir).cases
+        for row, folder in zip(batch, folders):
+            hits = cases[cases.source == folder]
+            if len(hits):
+                case = hits.iloc[-1]
+                self.journal.processed(row, case_id=str(case["case_id"]), outcome=str(case["status"]))
+            else:
+                why = next((n["why"] for n in summary.not_selected if n["source"] == folder), "no CT series found")
+                self.journal.processed(row, case_id=None, outcome=f"not selected: {why}")
+        for line in summary.lines():
+            log.info("%s", line, extra={"event": "listen_batch_done"})
+        if self._sender is not None:
+            self._sender.notify()
+

@@ -1,0 +1,91 @@
+"""Pieces shared by ctpipe's DICOM service users and providers (``pynetdicom``): the application
+entity, the CT storage presentation contexts, and writing a received C-STORE instance to disk.
+
+Only CT images are taken (CT Image Storage, Enhanced CT Image Storage); any other SOP class sent
+to ctpipe is answered with status 0x0122 ("SOP class not supported"), an instance whose UIDs are
+not valid with 0xA900, a write failure with 0xA700 ("out of resources").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .address import valid_uid
+from .archive import CT_SOP_CLASSES
+from .spool import write_instance
+
+log = logging.getLogger(__name__)
+
+STATUS_OK = 0x0000
+STATUS_SOP_CLASS_NOT_SUPPORTED = 0x0122
+STATUS_OUT_OF_RESOURCES = 0xA700
+STATUS_DATASET_MISMATCH = 0xA900
+STATUS_UNEXPECTED = 0xC000  # "cannot understand": an instance nobody asked for
+
+# transfer syntaxes offered, one presentation context each, when ctpipe asks for CT instances (C-GET):
+# uncompressed first, then the lossless compressed syntaxes archives keep CT in
+_OFFERED = (
+    ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"],  # explicit / implicit VR little endian
+    ["1.2.840.10008.1.2.4.90"],  # JPEG 2000 lossless
+    ["1.2.840.10008.1.2.4.70"],  # JPEG lossless, first-order prediction
+    ["1.2.840.10008.1.2.5"],  # RLE lossless
+    ["1.2.840.10008.1.2.4.80"],  # JPEG-LS lossless
+)
+
+
+def build_ae(cfg: Any) -> Any:
+    """A pynetdicom ``AE`` titled ``pacs.ae_title`` with every timeout set to ``pacs.timeout_s``."""
+    from pynetdicom import AE
+
+    ae = AE(ae_title=cfg.pacs.ae_title)
+    t = float(cfg.pacs.timeout_s)
+    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = ae.connection_timeout = t
+    return ae
+
+
+def ct_storage_contexts(*, accept_all: bool = False) -> list[tuple[str, list[str]]]:
+    """``(SOP class, transfer syntaxes)`` pairs for CT storage: to offer (C-GET), or to accept (``accept_all``)."""
+    if accept_all:
+        from pynetdicom import ALL_TRANSFER_SYNTAXES
+
+        return [(uid, list(ALL_TRANSFER_SYNTAXES)) for uid in CT_SOP_CLASSES]
+    return [(uid, list(ts)) for uid in CT_SOP_CLASSES for ts in _OFFERED]
+
+
+def accepted_storage_contexts() -> list[tuple[str, list[str]]]:
+    """Every storage SOP class (all transfer syntaxes): accepted at association so that a non-CT
+    instance gets a proper refusal status from :func:`check_instance` rather than no context at all."""
+    from pynetdicom import ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts
+
+    seen = set(CT_SOP_CLASSES)
+    extra = [str(c.abstract_syntax) for c in AllStoragePresentationContexts if str(c.abstract_syntax) not in seen]
+    return ct_storage_contexts(accept_all=True) + [(uid, list(ALL_TRANSFER_SYNTAXES)) for uid in extra]
+
+
+def check_instance(event: Any) -> tuple[int, str, str]:
+    """``(status, SOPClassUID, SOPInstanceUID)`` of a C-STORE request: STATUS_OK when ctpipe takes it."""
+    req = event.request
+    sop_class, sop_uid = str(req.AffectedSOPClassUID), str(req.AffectedSOPInstanceUID)
+    if sop_class not in CT_SOP_CLASSES:
+        return STATUS_SOP_CLASS_NOT_SUPPORTED, sop_class, sop_uid
+    if not valid_uid(sop_uid):
+        return STATUS_DATASET_MISMATCH, sop_class, sop_uid
+    return STATUS_OK, sop_class, sop_uid
+
+
+def store_event(event: Any, folder_for: Callable[[Any], Path | None], *, sync_dir: bool = False) -> int:
+    """Write a C-STORE request's instance into ``folder_for(dataset)`` (None: refused); returns the DIMSE status."""
+    status, sop_class, sop_uid = check_instance(event)
+    if status != STATUS_OK:
+        log.warning("refused an instance of SOP class %s from %s (status 0x%04X)", sop_class,
+                    event.assoc.requestor.ae_title, status)
+        return status
+    folder = folder_for(event.dataset)
+    if folder is None:
+        log.warning("refused instance %s from %s: not part of a retrieval in progress", sop_uid, event.assoc.requestor.ae_title)
+        return STATUS_UNEXPECTED
+    write_instance(folder, sop_uid, event.encoded_dataset(include_meta=True), sync_dir=sync_dir)
+    return STATUS_OK

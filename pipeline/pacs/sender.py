@@ -1,0 +1,255 @@
+"""Results back to a PACS: the DICOM outputs (SR, SEG) of completed cases, sent in a background thread.
+
+:class:`ResultSender` watches ``RUN_DIR/cases/``: a case folder is complete once its
+``manifest.json`` is there (the runner publishes case folders atomically). Every ``*.dcm`` file
+under it whose SOP class is a result class (:data:`RESULT_SOP_CLASSES`: structured reports and
+segmentations) is recorded ``pending`` in the ledger (:mod:`pipeline.pacs.ledger`, table ``sent``,
+keyed by SOPInstanceUID and destination) and sent by STOW-RS (``dicomweb+http(s)://``) or C-STORE
+(``dimse://``) to ``pacs.send_to``. A failed attempt is retried after ``pacs.backoff_s``, doubling,
+up to ``pacs.send_retries`` times, then recorded ``failed`` with the reason (``ctpipe send
+--retry-failed`` tries those again). A file is never sent twice to one destination; files still
+pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
+Sending runs beside the pipeline and never blocks it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import from_dict
+from ..errors import CtpipeError, PacsError
+from .address import Endpoint, parse_destination
+from .archive import Archive
+from .connect import open_archive
+from .ledger import Ledger, now
+from .retry import backoff_delay
+
+log = logging.getLogger(__name__)
+
+#: SOP classes of ctpipe's DICOM results (what is sent back)
+RESULT_SOP_CLASSES = {
+    "1.2.840.10008.5.1.4.1.1.88.11": "Basic Text SR",
+    "1.2.840.10008.5.1.4.1.1.88.22": "Enhanced SR",
+    "1.2.840.10008.5.1.4.1.1.88.33": "Comprehensive SR",
+    "1.2.840.10008.5.1.4.1.1.88.34": "Comprehensive 3D SR",
+    "1.2.840.10008.5.1.4.1.1.66.4": "Segmentation Storage",
+}
+MANIFEST = "manifest.json"
+
+
+def result_files(case_dir: Path) -> list[tuple[Path, str, str]]:
+    """``(path, SOPInstanceUID, SOPClassUID)`` of the result objects under a case folder (found by SOP class)."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    out = []
+    for p in sorted(case_dir.rglob("*.dcm")):
+        try:
+            ds = pydicom.dcmread(p, stop_before_pixels=True, specific_tags=["SOPClassUID", "SOPInstanceUID"])
+        except (InvalidDicomError, OSError, ValueError) as exc:
+            log.warning("%s is not a readable DICOM file (%s); not sent", p, exc)
+            continue
+        cls, uid = str(ds.get("SOPClassUID", "")), str(ds.get("SOPInstanceUID", ""))
+        if cls in RESULT_SOP_CLASSES and uid:
+            out.append((p, uid, cls))
+    return out
+
+
+@dataclass
+class SendCounts:
+    """Result files for one destination, by state."""
+
+    sent: int = 0
+    pending: int = 0
+    failed: int = 0
+
+    def line(self, destination: str) -> str:
+        return f"results to {destination}: {self.sent} sent, {self.pending} pending, {self.failed} failed"
+
+
+class ResultSender:
+    """Sends the result files of a run folder's completed cases (see the module docstring).
+
+    ``cfg``: the run's :class:`~pipeline.config.Config`; ``destination``: an address (default
+    ``pacs.send_to``). :meth:`start` runs it in a background thread; :meth:`close` stops it.
+    """
+
+    def __init__(self, run_dir: str | Path, cfg: Any, *, destination: str | None = None, poll_s: float = 1.0):
+        text = destination or cfg.pacs.send_to
+        if not text:
+            raise PacsError("no destination for results", where="pacs.send_to", fix="set pacs.send_to or pass --to")
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        # one retry policy: this sender's (send_retries, with backoff between passes), none inside each request
+        self._request_cfg = from_dict({**cfg.to_dict(), "pacs": {**dict(cfg.pacs), "retries": 0}}, source="pacs sender")
+        self.endpoint: Endpoint = parse_destination(text)
+        self.key = self.endpoint.redacted()
+        self.poll_s = poll_s
+        self.ledger = Ledger(self.run_dir)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._archive: Archive | None = None
+
+    # -- finding work ----------------------------------------------------------------------
+    def scan(self) -> int:
+        """Record the result files of complete cases not scanned yet as pending; returns how many were added."""
+        cases = self.run_dir / "cases"
+        if not cases.is_dir():
+            return 0
+        done = {r["case_id"] for r in self.ledger.rows("SELECT case_id FROM scanned WHERE destination = ?", (self.key,))}
+        added = 0
+        for folder in sorted(p for p in cases.iterdir() if p.is_dir() and p.name not in done):
+            if not (folder / MANIFEST).is_file():
+                continue
+            files = result_files(folder)
+            with self.ledger.tx() as db:
+                for path, uid, cls in files:
+                    cur = db.execute("INSERT OR IGNORE INTO sent (sop_uid, destination, case_id, path, sop_class, state, attempts, "
+                                     "next_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?)",
+                                     (uid, self.key, folder.name, str(path.relative_to(self.run_dir)), cls, now()))
+                    added += cur.rowcount
+                db.execute("INSERT OR REPLACE INTO scanned (case_id, destination, scanned_at) VALUES (?, ?, ?)",
+                           (folder.name, self.key, now()))
+            if files:
+                log.info("case %s: %d result file(s) queued for %s", folder.name, len(files), self.key,
+                         extra={"event": "send_queued"})
+        if added:
+            self._wake.set()
+        return added
+
+    def retry_failed(self) -> int:
+        """Put the files recorded ``failed`` for this destination back to ``pending``; returns how many."""
+        with self.ledger.tx() as db:
+            return db.execute("UPDATE sent SET state = 'pending', attempts = 0, next_at = 0 WHERE destination = ? "
+                              "AND state = 'failed'", (self.key,)).rowcount
+
+    def counts(self) -> SendCounts:
+        c = SendCounts()
+        for r in self.ledger.rows("SELECT state, COUNT(*) AS n FROM sent WHERE destination = ? GROUP BY state", (self.key,)):
+            setattr(c, r["state"], int(r["n"]))
+        return c
+
+    # -- sending ---------------------------------------------------------------------------
+    def send_due(self) -> int:
+        """Send every pending file whose retry time has come (one request per case); returns how many were sent."""
+        rows = self.ledger.rows("SELECT * FROM sent WHERE destination = ? AND state = 'pending' AND next_at <= ? "
+                                "ORDER BY case_id, path", (self.key, now()))
+        by_case: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in rows:
+            by_case[r["case_id"]].append(r)
+        n_sent = 0
+        for case_id, items in by_case.items():
+            if self._stop.is_set():
+                break
+            n_sent += self._send_case(case_id, items)
+        return n_sent
+
+    def _send_case(self, case_id: str, items: list[dict[str, Any]]) -> int:
+        paths = [self.run_dir / r["path"] for r in items]
+        missing = [p for p in paths if not p.is_file()]
+        if missing:
+            self._failed(items, f"file missing: {missing[0]}", final=True)
+            return 0
+        try:
+            if self._archive is None:
+                self._archive = open_archive(self.endpoint, self._request_cfg)
+            outcomes = self._archive.store(paths)
+        except (PacsError, CtpipeError) as exc:
+            self._failed(items, f"{type(exc).__name__}: {exc}")
+            self._drop_archive()
+            return 0
+        ok = {o.sop_instance_uid for o in outcomes if o.ok}
+        refused = {o.sop_instance_uid: o.detail for o in outcomes if not o.ok}
+        with self.ledger.tx() as db:
+            for r in items:
+                if r["sop_uid"] in ok:
+                    db.execute("UPDATE sent SET state = 'sent', attempts = attempts + 1, error = NULL, updated_at = ? "
+                               "WHERE sop_uid = ? AND destination = ?", (now(), r["sop_uid"], self.key))
+        if refused:
+            self._failed([r for r in items if r["sop_uid"] in refused], "refused: " + "; ".join(sorted(set(refused.values()))))
+        if ok:
+            log.info("case %s: %d result file(s) sent to %s", case_id, len(ok), self.key, extra={"event": "sent"})
+        return len(ok)
+
+    def _failed(self, items: list[dict[str, Any]], error: str, *, final: bool = False) -> None:
+        limit = int(self.cfg.pacs.send_retries)
+        with self.ledger.tx() as db:
+            for r in items:
+                attempts = int(r["attempts"]) + 1
+                give_up = final or attempts > limit
+                state = "failed" if give_up else "pending"
+                wait = backoff_delay(attempts, float(self.cfg.pacs.backoff_s))
+                db.execute("UPDATE sent SET state = ?, attempts = ?, error = ?, next_at = ?, updated_at = ? "
+                           "WHERE sop_uid = ? AND destination = ?", (state, attempts, error[:2000], now() + wait, now(),
+                                                                      r["sop_uid"], self.key))
+                if give_up:
+                    log.error("result %s of case %s not sent to %s after %d attempt(s): %s", r["path"], r["case_id"], self.key,
+                              attempts, error, extra={"event": "send_failed"})
+                else:
+                    log.warning("result %s of case %s: attempt %d to %s failed (%s); next in %.1f s", r["path"], r["case_id"],
+                                attempts, self.key, error, wait, extra={"event": "send_retry"})
+
+    def _drop_archive(self) -> None:
+        if self._archive is not None:
+            self._archive.close()
+            self._archive = None
+
+    def _next_due_in(self) -> float:
+        row = self.ledger.one("SELECT MIN(next_at) AS t FROM sent WHERE destination = ? AND state = 'pending'", (self.key,))
+        t = row["t"] if row else None
+        return self.poll_s if t is None else max(0.0, min(self.poll_s, float(t) - now()))
+
+    # -- the background thread -------------------------------------------------------------
+    def start(self) -> ResultSender:
+        """Send in a background thread (scanning for newly completed cases every ``poll_s``)."""
+        self._thread = threading.Thread(target=self._loop, name="ctpipe-result-sender", daemon=True)
+        self._thread.start()
+        return self
+
+    def notify(self) -> None:
+        """Look for newly completed cases now (e.g. after a batch of the listener)."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.scan()
+                self.send_due()
+            except CtpipeError as exc:  # the ledger or a case folder: log, keep the thread alive, try again later
+                log.error("result sender: %s", exc, extra={"event": "send_error"})
+            self._wake.wait(self._next_due_in())
+            self._wake.clear()
+
+    def drain(self, timeout_s: float) -> SendCounts:
+        """Scan once more and send until nothing is pending or ``timeout_s`` has passed; the counts."""
+        deadline = time.monotonic() + timeout_s
+        self.scan()
+        while time.monotonic() < deadline:
+            if self._thread is None:
+                self.send_due()
+            c = self.counts()
+            if not c.pending:
+                break
+            self._wake.set()
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        return self.counts()
+
+    def close(self, drain_s: float = 0.0) -> SendCounts:
+        """Send what is pending for up to ``drain_s``, stop the thread, and return the counts."""
+        counts = self.drain(drain_s) if drain_s > 0 else self.counts()
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, float(self.cfg.pacs.timeout_s) + 5.0))
+            self._thread = None
+        self._drop_archive()
+        counts = self.counts()
+        self.ledger.close()
+        return counts

@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""Benchmark: PACS retrieval (WADO-RS, C-MOVE, C-GET) from a local Orthanc, and ``ctpipe listen`` against dcmtk's storescp.
+
+Everything runs on 127.0.0.1 in this run, on the same phantom series, alternating the variants,
+``--repeats`` times each (medians reported):
+
+1. Retrieval: Debian's Orthanc (DICOMweb plugin on) holds ``--series`` phantom CT series;
+   :func:`pipeline.pacs.fetch_sources` retrieves all of them into a fresh run folder by WADO-RS
+   (``dicomweb+http://...``), C-MOVE (to ctpipe's storage SCP) and C-GET (``dimse://...``), search
+   included, each series published atomically into the spool. Figure: series per minute; ratios
+   against WADO-RS.
+2. Receiving: dcmtk's ``storescu`` pushes one series (``--instances`` files) to ctpipe's listener
+   (:class:`pipeline.pacs.Listener`: every instance written, fsynced and journalled before success is
+   answered) and to dcmtk's ``storescp`` (writes each file, no fsync). Figure: instances per second;
+   ratio ctpipe ÷ storescp.
+
+Needs Orthanc, its DICOMweb plugin and dcmtk: ``bash scripts/install_pacs_tools.sh`` (root) installs them.
+``--quick`` uses smaller series and fewer runs (about a minute); ``--json PATH`` saves the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.pacs import Listener, fetch_sources  # noqa: E402
+from tests._support.orthanc import OrthancServer, free_port, write_phantom_series  # noqa: E402
+
+
+def make_series(root: Path, n: int, matrix: int, slices: int) -> list[tuple[str, list[Path]]]:
+    out = []
+    for seed in range(n):
+        spacing = min(2.0, 320.0 / matrix)
+        out.append(write_phantom_series(root / f"case{seed:02d}", 900 + seed, matrix=matrix, slices=slices,
+                                        pixel_spacing=spacing, slice_spacing=2.5))
+    return out
+
+
+def bench_retrieval(srv: OrthancServer, uids: list[str], repeats: int, tmp: Path) -> dict:
+    os.environ.update(srv.env)
+    cfg = load_config(overrides={"pacs.move_port": srv.move_port, "pacs.retries": 0, "pacs.timeout_s": 120.0}, environ={})
+    listed = ",".join(uids)
+    sources = {"wado_rs": f"{srv.dicomweb}?series={listed}", "c_move": f"{srv.dimse}?series={listed}&retrieve=move",
+               "c_get": f"{srv.dimse}?series={listed}&retrieve=get"}
+    times: dict[str, list[float]] = {k: [] for k in sources}
+    for r in range(repeats):
+        for name, src in (sources.items() if r % 2 == 0 else reversed(sources.items())):
+            run = tmp / f"{name}{r}"
+            t0 = time.perf_counter()
+            res = fetch_sources([src], run_dir=run, cfg=cfg)
+            times[name].append(time.perf_counter() - t0)
+            if res.fetched != len(uids) or res.failures:
+                raise SystemExit(f"{name}: retrieved {res.fetched} of {len(uids)} series: {res.lines()}")
+            shutil.rmtree(run)
+    out: dict = {"series": len(uids), "runs_s": times}
+    for name, ts in times.items():
+        out[f"{name}_series_per_min"] = 60.0 * len(uids) / statistics.median(ts)
+    for name in ("c_move", "c_get"):
+        out[f"{name}_vs_wado_rs"] = out[f"{name}_series_per_min"] / out["wado_rs_series_per_min"]
+    return out
+
+
+def _wait_port(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise SystemExit(f"nothing listens on 127.0.0.1:{port}")
+
+
+def _push(storescu: str, called: str, port: int, folder: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([storescu, "-aet", "BENCH", "-aec", called, "+sd", "+r", "-xe", "127.0.0.1", str(port), str(folder)],
+                   check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
+    storescu, storescp = shutil.which("storescu"), shutil.which("storescp")
+    if not (storescu and storescp):
+        raise SystemExit("dcmtk's storescu/storescp not found: bash scripts/install_pacs_tools.sh")
+    ours: list[float] = []
+    peer: list[float] = []
+    for r in range(repeats):
+        port = free_port()
+        cfg = load_config(overrides={"pacs.port": port, "pacs.allowed_aets": ["BENCH"], "pacs.ae_title": "CTPIPE",
+                                     "pacs.quiet_period_s": 3600.0}, environ={})
+        run = tmp / f"listen{r}"
+        with Listener(run, cfg) as lst:
+            ours.append(_push(storescu, "CTPIPE", lst.port, folder))
+            got = lst._ledger.one("SELECT COUNT(*) AS n FROM instances")["n"] if lst._ledger else 0
+        if got != n:
+            raise SystemExit(f"ctpipe listen stored {got} of {n} instances")
+        shutil.rmtree(run)
+        port = free_port()
+        out_dir = tmp / f"storescp{r}"
+        out_dir.mkdir()
+        proc = subprocess.Popen([storescp, "-aet", "STORESCP", "-od", str(out_dir), str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_port(port)
+            peer.append(_push(storescu, "STORESCP", port, folder))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+        got = sum(1 for p in out_dir.iterdir() if p.is_file())
+        if got != n:
+            raise SystemExit(f"storescp stored {got} of {n} instances")
+        shutil.rmtree(out_dir)
+    o, p = statistics.median(ours), statistics.median(peer)
+    return {"instances": n, "ctpipe_runs_s": ours, "storescp_runs_s": peer, "ctpipe_instances_per_s": n / o,
+            "storescp_instances_per_s": n / p, "ratio_vs_storescp": p / o}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smaller series, fewer runs (about a minute)")
+    ap.add_argument("--repeats", type=int, default=None, help="runs of each variant (default 5; 3 with --quick)")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    repeats = args.repeats or (3 if args.quick else 5)
+    n_series, matrix, slices = (3, 128, 40) if args.quick else (6, 256, 100)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="bench_pacs_") as td:
+        tmp = Path(td)
+        series = make_series(tmp / "data", n_series, matrix, slices)
+        srv = OrthancServer(tmp / "orthanc").start()
+        try:
+            for _, files in series:
+                srv.upload(files)
+            retrieval = bench_retrieval(srv, [uid for uid, _ in series], repeats, tmp / "runs")
+        finally:
+            srv.stop()
+        files = series[0][1]
+        listener = bench_listener(files[0].parent, len(files), repeats, tmp / "listen")
+    result = {"benchmark": "pacs", "quick": args.quick, "repeats": repeats, "series_shape": [matrix, matrix, slices],
+              "retrieval": retrieval, "listener": listener}
+    r, li = retrieval, listener
+    print(f"Retrieval from a local Orthanc: {r['series']} series of {matrix}x{matrix}x{slices}, median of {repeats} runs")
+    print(f"  WADO-RS (dicomweb-client)   {r['wado_rs_series_per_min']:8.1f} series/min")
+    print(f"  C-MOVE (pynetdicom)         {r['c_move_series_per_min']:8.1f} series/min   ratio vs WADO-RS {r['c_move_vs_wado_rs']:.2f}x")
+    print(f"  C-GET (pynetdicom)          {r['c_get_series_per_min']:8.1f} series/min   ratio vs WADO-RS {r['c_get_vs_wado_rs']:.2f}x")
+    print(f"Receiving {li['instances']} instances pushed by dcmtk storescu, median of {repeats} runs")
+    print(f"  ctpipe listen (fsync + journal)  {li['ctpipe_instances_per_s']:8.1f} instances/s")
+    print(f"  dcmtk storescp (peer, no fsync)  {li['storescp_instances_per_s']:8.1f} instances/s   "
+          f"ratio {li['ratio_vs_storescp']:.2f}x")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

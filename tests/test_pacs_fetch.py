@@ -1,0 +1,203 @@
+"""PACS sources of ctpipe run against a real Orthanc: DICOMweb and DIMSE retrieval into the spool, reruns,
+partial series, an archive that is down or hangs, and runs whose findings match the folder run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pydicom
+import pytest
+
+from pipeline.config import load_config
+from pipeline.errors import PacsRequestError, PacsUnavailableError, PartialSeriesError
+from pipeline.pacs import fetch_sources
+from pipeline.pacs.address import parse_source
+from pipeline.pacs.connect import open_archive
+from pipeline.pacs.ledger import Ledger
+from pipeline.pacs.sender import result_files
+from tests._support.orthanc import SilentServer, free_port, write_phantom_series
+
+pytest_plugins = ["tests._support.orthanc"]
+pytestmark = pytest.mark.pacs
+
+
+def _cfg(orthanc, **extra):
+    opts = {"pacs.move_port": orthanc.move_port, "pacs.timeout_s": 10.0, "pacs.retries": 1, "pacs.backoff_s": 0.05}
+    opts.update(extra)
+    return load_config(overrides=opts, environ={})
+
+
+@pytest.fixture(scope="module")
+def stored(orthanc, tmp_path_factory):
+    """Two phantom series in Orthanc; {seed: (SeriesInstanceUID, files)}."""
+    root = tmp_path_factory.mktemp("stored")
+    out = {}
+    for seed in (1, 2):
+        uid, files = write_phantom_series(root / f"case{seed}", seed)
+        orthanc.upload(files)
+        out[seed] = (uid, files)
+    return out
+
+
+@pytest.fixture
+def creds(orthanc, monkeypatch):
+    for k, v in orthanc.env.items():
+        monkeypatch.setenv(k, v)
+
+
+def _same_instances(folder: Path, files: list[Path]) -> None:
+    got = {pydicom.dcmread(p).SOPInstanceUID: pydicom.dcmread(p) for p in folder.glob("*.dcm")}
+    want = {pydicom.dcmread(p).SOPInstanceUID: pydicom.dcmread(p) for p in files}
+    assert set(got) == set(want)
+    for uid, ds in want.items():
+        assert got[uid].PixelData == ds.PixelData
+        assert got[uid].ImagePositionPatient == ds.ImagePositionPatient
+
+
+@pytest.mark.parametrize("how", ["dicomweb", "move", "get"])
+def test_series_retrieved_into_the_spool_once(orthanc, stored, creds, tmp_path, how):
+    uid, files = stored[1]
+    if how == "dicomweb":
+        src = f"{orthanc.dicomweb}?series={uid}"
+    else:
+        src = f"{orthanc.dimse}?studydate=19000101-29991231&retrieve={how}"
+    run = tmp_path / "run"
+    res = fetch_sources([src], run_dir=run, cfg=_cfg(orthanc))
+    assert not res.failures, res.lines()
+    folders = {f.name: f for f in res.folders}
+    assert uid in folders and res.fetched == len(res.folders)
+    _same_instances(folders[uid], files)
+    assert not any((run / "pacs" / "partial").iterdir())
+    again = fetch_sources([src], run_dir=run, cfg=_cfg(orthanc))
+    assert again.fetched == 0 and again.reused == res.fetched and again.folders == res.folders
+    row = Ledger(run).fetched(uid)
+    assert row["state"] == "fetched" and row["attempts"] == 1 and row["n_files"] == len(files)
+    assert "password" not in json.dumps(row) and orthanc.password not in (run / "pacs" / "ledger.sqlite").read_bytes().decode("latin-1")
+
+
+def test_accession_and_worklist_queries(orthanc, stored, creds, tmp_path):
+    uid1, files = stored[1]
+    uid2, _ = stored[2]
+    acc = str(pydicom.dcmread(files[0]).get("AccessionNumber", ""))
+    wl = tmp_path / "wl.csv"
+    wl.write_text(f"SeriesInstanceUID\n{uid2}\n")
+    cfg = _cfg(orthanc)
+    res = fetch_sources([f"{orthanc.dimse}?worklist={wl}&retrieve=get"], run_dir=tmp_path / "wl", cfg=cfg)
+    assert [f.name for f in res.folders] == [uid2]
+    if acc:
+        res = fetch_sources([f"{orthanc.dicomweb}?accession={acc}"], run_dir=tmp_path / "acc", cfg=cfg)
+        assert uid1 in [f.name for f in res.folders]
+    res = fetch_sources([f"{orthanc.dicomweb}?series=1.2.3.999"], run_dir=tmp_path / "none", cfg=cfg)
+    assert res.folders == [] and "not found" in res.failures[0][2]
+
+
+def test_partial_series_is_not_handed_on_and_is_retried(orthanc, stored, creds, tmp_path, monkeypatch):
+    """The archive loses 4 instances between the search and the retrieval: the series is recorded partial."""
+    import pipeline.pacs.fetch as fetch
+
+    uid, files = stored[2]
+    real = fetch.select_series
+
+    def losing(archive, query):
+        found = real(archive, query)
+        for sop in orthanc.instances_of(uid)[:4]:
+            hit = [h for h in orthanc.rest("POST", "/tools/lookup", data=sop.encode()) if h["Type"] == "Instance"]
+            orthanc.rest("DELETE", f"/instances/{hit[0]['ID']}")
+        return found
+
+    monkeypatch.setattr(fetch, "select_series", losing)
+    run = tmp_path / "run"
+    res = fetch_sources([f"{orthanc.dicomweb}?series={uid}"], run_dir=run, cfg=_cfg(orthanc))
+    assert res.folders == [] and res.failures[0][1] == PartialSeriesError.__name__
+    assert "12 of 16 instances" in res.failures[0][2]
+    assert Ledger(run).fetched(uid)["state"] == "partial"
+    assert not (run / "pacs" / "spool" / uid).exists()
+    monkeypatch.setattr(fetch, "select_series", real)
+    orthanc.upload(files)  # the archive has them all again: the next run takes the series
+    res = fetch_sources([f"{orthanc.dicomweb}?series={uid}"], run_dir=run, cfg=_cfg(orthanc))
+    assert [f.name for f in res.folders] == [uid] and res.fetched == 1
+    assert len(list(res.folders[0].glob("*.dcm"))) == 16
+
+
+def test_archive_down_retries_with_backoff_and_the_others_go_on(orthanc, stored, creds, tmp_path):
+    uid, _ = stored[1]
+    dead = free_port()
+    cfg = _cfg(orthanc, **{"pacs.retries": 2, "pacs.backoff_s": 0.1})
+    t0 = time.monotonic()
+    res = fetch_sources([f"dicomweb+http://127.0.0.1:{dead}/dicom-web?series={uid}", f"dimse://PACS@127.0.0.1:{dead}?series={uid}",
+                         f"{orthanc.dicomweb}?series={uid}"], run_dir=tmp_path / "run", cfg=cfg)
+    assert time.monotonic() - t0 >= 2 * (0.1 + 0.2)  # two sources, backoff 0.1 s then 0.2 s each
+    assert [f.name for f in res.folders] == [uid]
+    assert len(res.failures) == 2
+    for what, cls, msg in res.failures:
+        assert cls == "PacsUnavailableError" and str(dead) in what
+        assert "gave up after 3 attempts" in msg and "Fix:" in msg
+
+
+def test_archive_that_hangs_times_out(tmp_path):
+    with SilentServer() as hang:
+        cfg = load_config(overrides={"pacs.timeout_s": 0.5, "pacs.retries": 1, "pacs.backoff_s": 0.0}, environ={})
+        for src in (f"dicomweb+http://127.0.0.1:{hang.port}/dw?studydate=today", f"dimse://PACS@127.0.0.1:{hang.port}?studydate=today"):
+            archive = open_archive(parse_source(src).endpoint, cfg)
+            t0 = time.monotonic()
+            with pytest.raises(PacsUnavailableError, match="gave up after 2 attempts") as ei:
+                archive.find_studies(parse_source(src).query)
+            archive.close()
+            assert 0.9 <= time.monotonic() - t0 < 10
+            assert "timed out" in str(ei.value) or "no answer" in str(ei.value) or "cannot open" in str(ei.value)
+
+
+def test_unknown_calling_ae_title_and_bad_credentials_are_clear_errors(orthanc, stored, tmp_path, monkeypatch):
+    uid, _ = stored[1]
+    stranger = load_config(overrides={"pacs.ae_title": "STRANGER", "pacs.retries": 0}, environ={})
+    archive = open_archive(parse_source(f"{orthanc.dimse}?series={uid}").endpoint, stranger)
+    with pytest.raises(PacsRequestError, match="STRANGER|0x"):
+        archive.find_series(None, series_uid=uid)
+    monkeypatch.setenv("CTPIPE_DICOMWEB_USER", orthanc.user)
+    monkeypatch.setenv("CTPIPE_DICOMWEB_PASSWORD", "wrong")
+    archive = open_archive(parse_source(f"{orthanc.dicomweb}?series={uid}").endpoint, load_config(environ={}))
+    with pytest.raises(PacsRequestError, match="HTTP 401") as ei:
+        archive.find_series(None, series_uid=uid)
+    assert "CTPIPE_DICOMWEB_USER" in str(ei.value) and "wrong" not in str(ei.value)
+
+
+@pytest.mark.slow
+def test_runs_from_dicomweb_and_dimse_find_what_the_folder_run_finds(orthanc, creds, tmp_path, capsys):
+    """ctpipe run on the folder, on DICOMweb and on DIMSE (C-MOVE): the same findings; a rerun retrieves and runs nothing."""
+    from pipeline.cli import main
+
+    uid, files = write_phantom_series(tmp_path / "case", 7)
+    orthanc.upload(files)
+    fast = ["--workers", "0", "--quiet", "--set", "reconstruct.enabled=false", "--set", "report.enabled=false",
+            "--set", "detector.write_png=false", "--set", f"pacs.move_port={orthanc.move_port}"]
+    sources = {"folder": str(tmp_path / "case" / "dicom"), "dicomweb": f"{orthanc.dicomweb}?series={uid}",
+               "dimse": f"{orthanc.dimse}?series={uid}&retrieve=move"}
+    findings = {}
+    for name, src in sources.items():
+        assert main(["run", src, "--out", str(tmp_path / name), *fast]) == 0
+        (case,) = (tmp_path / name / "cases").iterdir()
+        findings[name] = json.loads((case / "findings.json").read_text())
+    assert findings["folder"]["findings"], "the phantom should give findings"
+    for name in ("dicomweb", "dimse"):
+        a, b = findings["folder"], findings[name]
+        assert a["series_uid"] == b["series_uid"] == uid
+        for key in ("findings", "below_threshold"):
+            assert len(a[key]) == len(b[key])
+            for fa, fb in zip(a[key], b[key]):
+                assert fa["center_lps"] == pytest.approx(fb["center_lps"], abs=1e-6)
+                assert fa["score"] == pytest.approx(fb["score"], abs=1e-6)
+    capsys.readouterr()
+    send = ["--set", f"pacs.send_to={orthanc.dicomweb}"]
+    assert main(["run", sources["dicomweb"], "--out", str(tmp_path / "dicomweb"), *fast, *send]) == 0
+    out = capsys.readouterr().out
+    assert "0 series retrieved, 1 retrieved earlier" in out and "0 case(s) done" in out and "1 already done earlier" in out
+    # the case's DICOM results (SR, SEG: whatever the pipeline wrote) went to Orthanc in the background
+    results = result_files(case)
+    assert f"results to {orthanc.dicomweb}: {len(results)} sent, 0 pending, 0 failed" in out
+    assert all(orthanc.holds(uid) for _, uid, _ in results)
+    log = (tmp_path / "dicomweb" / "run.log").read_text()
+    assert orthanc.password not in log
+    shutil.rmtree(tmp_path / "case")

@@ -1,0 +1,220 @@
+"""ctpipe listen against a real Orthanc: each pushed series processed exactly once (duplicates, restarts,
+kill -9 mid-transfer), unknown AE titles and non-CT instances refused, series that never complete reported.
+
+The in-process tests run the listener with the runner's real ingest and write stages (no model: they
+test receiving, not detection); the slow test runs the ``ctpipe listen`` command with the full pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pydicom
+import pytest
+from pydicom.uid import generate_uid
+
+from pipeline.config import load_config
+from pipeline.errors import PacsAddressError
+from pipeline.pacs import Listener
+from pipeline.runner import open_run
+from pipeline.runner.stages import IngestStage, WriteStage
+from tests._support.orthanc import cstore, free_port, write_phantom_series
+
+pytest_plugins = ["tests._support.orthanc"]
+pytestmark = pytest.mark.pacs
+
+AET = "CTPIPE_L"
+
+
+@pytest.fixture(scope="module")
+def series(orthanc, tmp_path_factory):
+    """A phantom series stored in Orthanc: (SeriesInstanceUID, files)."""
+    uid, files = write_phantom_series(tmp_path_factory.mktemp("listen") / "case", 3)
+    orthanc.upload(files)
+    return uid, files
+
+
+def _listener(orthanc, run: Path, **extra) -> Listener:
+    port = free_port()
+    orthanc.add_modality("ctpipe-listen", AET, port)
+    opts = {"pacs.ae_title": AET, "pacs.port": port, "pacs.allowed_aets": ["ORTHANC"], "pacs.quiet_period_s": 1.0,
+            "pacs.series_limit_s": 60.0, "report.enabled": False, "workers": 0}
+    opts.update(extra)
+    return Listener(run, load_config(overrides=opts, environ={}), stages=[IngestStage(), WriteStage()], poll_s=0.1)
+
+
+def _until_processed(listener: Listener, timeout_s: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = listener.step()
+        if done:
+            return done
+        time.sleep(0.2)
+    raise AssertionError("no series was handed to the runner in time")
+
+
+def _journal(run: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(f"file:{run / 'pacs' / 'ledger.sqlite'}?mode=ro", uri=True) as db:
+        return db.execute(sql).fetchall()
+
+
+def test_pushed_series_processed_once_even_when_sent_twice(orthanc, series, tmp_path):
+    uid, files = series
+    run = tmp_path / "run"
+    with _listener(orthanc, run) as lst:
+        orthanc.push(uid, "ctpipe-listen")
+        orthanc.push(uid, "ctpipe-listen")  # the modality sends it again: duplicates are not stored twice
+        done = _until_processed(lst)
+        assert [(r["series_uid"], r["generation"], r["n_instances"]) for r in done] == [(uid, 1, len(files))]
+        orthanc.push(uid, "ctpipe-listen")  # after processing: still nothing new
+        time.sleep(1.3)
+        assert lst.step() == []
+    cases = open_run(run).cases
+    assert list(cases.series_uid) == [uid] and list(cases.status) == ["done"]
+    assert _journal(run, "SELECT state, n_instances, outcome FROM series") == [("processed", len(files), "done")]
+    assert _journal(run, "SELECT COUNT(*) FROM instances") == [(len(files),)]
+    folder = Path(_journal(run, "SELECT folder FROM series")[0][0])
+    assert sorted(p.stem for p in folder.glob("*.dcm")) == sorted(str(pydicom.dcmread(f).SOPInstanceUID) for f in files)
+
+
+def test_unknown_ae_titles_rejected_and_non_ct_refused_with_a_status(orthanc, series, tmp_path):
+    _, files = series
+    mr = tmp_path / "mr.dcm"
+    ds = pydicom.dcmread(files[0])
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.4"  # MR Image Storage
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    ds.Modality = "MR"
+    ds.save_as(mr)
+    with _listener(orthanc, tmp_path / "run") as lst:
+        assert cstore(files[:1], lst.port, calling="INTRUDER", called=AET) is None  # association rejected
+        assert cstore([mr], lst.port, calling="ORTHANC", called=AET) == [0x0122]  # SOP class not supported
+        assert cstore(files[:2], lst.port, calling="ORTHANC", called=AET) == [0, 0]
+    assert _journal(tmp_path / "run", "SELECT COUNT(*) FROM instances") == [(2,)]
+    with pytest.raises(PacsAddressError, match="allowed_aets is empty"):
+        Listener(tmp_path / "run2", load_config(environ={}))
+
+
+def test_restart_keeps_what_was_received_and_processes_it_once(orthanc, series, tmp_path):
+    """The listener stops (as after a crash) with half a series received; the sender sends all of it again."""
+    uid, files = series
+    run = tmp_path / "run"
+    with _listener(orthanc, run, **{"pacs.quiet_period_s": 2.0}) as first:
+        assert cstore(files[:8], first.port, called=AET) == [0] * 8
+    with _listener(orthanc, run, **{"pacs.quiet_period_s": 2.0}) as second:
+        time.sleep(1.0)
+        assert second.step() == []  # the quiet period starts again at the restart
+        assert cstore(files, second.port, called=AET) == [0] * len(files)
+        done = _until_processed(second)
+        assert [(r["generation"], r["n_instances"]) for r in done] == [(1, len(files))]
+    cases = open_run(run).cases
+    assert list(cases.status) == ["done"] and list(cases.series_uid) == [uid]
+
+
+def test_series_that_grows_after_processing_is_a_new_generation(orthanc, series, tmp_path):
+    uid, files = series
+    run = tmp_path / "run"
+    extra = tmp_path / "extra.dcm"
+    ds = pydicom.dcmread(files[-1])
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    last, before = (float(v) for v in (ds.ImagePositionPatient[2], pydicom.dcmread(files[-2]).ImagePositionPatient[2]))
+    ds.ImagePositionPatient[2] = last + (last - before)
+    ds.InstanceNumber = len(files) + 1
+    ds.save_as(extra)
+    with _listener(orthanc, run) as lst:
+        assert cstore(files, lst.port, called=AET) == [0] * len(files)
+        _until_processed(lst)
+        assert cstore([extra], lst.port, called=AET) == [0]
+        done = _until_processed(lst)
+        assert [(r["generation"], r["n_instances"]) for r in done] == [(2, len(files) + 1)]
+    cases = open_run(run).cases
+    assert len(cases) == 2 and set(cases.status) == {"done"}
+
+
+def test_series_that_never_completes_is_reported_after_the_limit(orthanc, series, tmp_path):
+    _, files = series
+    run = tmp_path / "run"
+    gap = files[:7] + files[8:]  # slice 8 never arrives
+    with _listener(orthanc, run, **{"pacs.quiet_period_s": 0.5, "pacs.series_limit_s": 3.0}) as lst:
+        t0 = time.monotonic()
+        assert cstore(gap, lst.port, called=AET) == [0] * len(gap)
+        time.sleep(0.8)
+        assert lst.step() == []  # quiet, but a slice is missing: it waits
+        assert "MissingSliceError" in _journal(run, "SELECT note FROM series")[0][0]
+        done = _until_processed(lst, timeout_s=20)
+        assert time.monotonic() - t0 >= 3.0
+    (report,) = (run / "pacs" / "incomplete").glob("*.json")
+    data = json.loads(report.read_text())
+    assert data["instances"] == len(gap) and "MissingSliceError" in data["reason"]
+    assert done[0]["note"].startswith("incomplete after 3 s")
+    cases = open_run(run).cases
+    assert list(cases.status) == ["failed"] and list(cases.error_class) == ["MissingSliceError"]
+
+
+@pytest.mark.slow
+def test_ctpipe_listen_killed_mid_transfer_then_restarted_processes_the_series_once(orthanc, series, tmp_path):
+    """Orthanc pushes to ``ctpipe listen`` (full pipeline); kill -9 mid-transfer; restart; Orthanc sends again."""
+    uid, files = series
+    run = tmp_path / "run"
+    port = free_port()
+    orthanc.add_modality("ctpipe-cli", AET, port)
+    cmd = [sys.executable, "-m", "pipeline", "listen", "--out", str(run), "--port", str(port), "--ae-title", AET,
+           "--allow", "ORTHANC", "--quiet-period", "3", "--set", "reconstruct.enabled=false", "--set", "report.enabled=false",
+           "--set", "detector.write_png=false"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTPIPE_")}
+
+    def start(log: Path) -> subprocess.Popen:
+        proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)  # noqa: SIM115
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "listening as" in log.read_text():
+                return proc
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+        raise AssertionError(log.read_text())
+
+    def received() -> int:
+        try:
+            return _journal(run, "SELECT COUNT(*) FROM instances")[0][0]
+        except sqlite3.Error:
+            return 0
+
+    first = start(tmp_path / "listen1.log")
+    try:
+        orthanc.push(uid, "ctpipe-cli", asynchronous=True)
+        deadline = time.monotonic() + 30
+        while received() < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        n_before = received()
+        assert 4 <= n_before < len(files), "the kill should come mid-transfer"
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = start(tmp_path / "listen2.log")
+    try:
+        orthanc.push(uid, "ctpipe-cli")  # the sender's retry: the whole series again
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            rows = _journal(run, "SELECT state FROM series")
+            if rows and all(r[0] == "processed" for r in rows):
+                break
+            assert second.poll() is None, (tmp_path / "listen2.log").read_text()
+            time.sleep(0.5)
+        time.sleep(4)  # a further quiet period: nothing else may be handed over
+        rows = _journal(run, "SELECT generation, state, n_instances, outcome FROM series")
+        assert rows == [(1, "processed", len(files), "done")], rows
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=30)
+    cases = open_run(run).cases
+    assert list(cases.series_uid) == [uid] and list(cases.status) == ["done"]
+    (case,) = (run / "cases").iterdir()
+    assert json.loads((case / "findings.json").read_text())["series_uid"] == uid

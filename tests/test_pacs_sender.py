@@ -1,0 +1,112 @@
+"""Results back to a real Orthanc: SR and SEG of completed cases sent by STOW-RS or C-STORE, once, in the
+background; failures retried with backoff and recorded; ``ctpipe send --retry-failed``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pydicom
+import pytest
+
+from pipeline.config import load_config
+from pipeline.dicom_out import write_dicom_outputs
+from pipeline.pacs.ledger import Ledger
+from pipeline.pacs.sender import ResultSender, result_files
+from tests._support.orthanc import free_port
+from tests.test_dicom_out_sources import phantom_case
+
+pytest_plugins = ["tests._support.orthanc"]
+pytestmark = pytest.mark.pacs
+
+
+def _completed_case(run: Path, name: str, source_case, *, manifest: bool = True) -> dict[str, str]:
+    """A case folder as the runner publishes it, with an SR, a SEG and a CT slice; {kind: SOPInstanceUID}."""
+    folder = run / "cases" / name
+    paths = write_dicom_outputs(folder / "dicom", source=source_case.source, volume=source_case.volume,
+                                findings=source_case.findings, model_name="demo", model_version="1", score_threshold=0.5,
+                                nodules=source_case.nodules)
+    shutil.copy(next(source_case.dicom.rglob("*.dcm")), folder / "dicom" / "ct_slice.dcm")  # not a result: not sent
+    if manifest:
+        (folder / "manifest.json").write_text(json.dumps({"case_id": name}))
+    return {k: str(pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID) for k, p in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def source_case(tmp_path_factory):
+    return phantom_case(tmp_path_factory.mktemp("sender") / "case", n_nodules=1)
+
+
+def _cfg(**extra):
+    opts = {"pacs.timeout_s": 10.0, "pacs.retries": 0, "pacs.backoff_s": 0.05, "pacs.send_retries": 2}
+    opts.update(extra)
+    return load_config(overrides=opts, environ={})
+
+
+def _wait(pred, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
+def test_result_files_found_by_sop_class(source_case, tmp_path):
+    uids = _completed_case(tmp_path, "c1", source_case)
+    found = {uid: cls for _, uid, cls in result_files(tmp_path / "cases" / "c1")}
+    assert set(found) == set(uids.values())
+    assert set(found.values()) <= {"1.2.840.10008.5.1.4.1.1.88.34", "1.2.840.10008.5.1.4.1.1.66.4"}
+
+
+@pytest.mark.parametrize("protocol", ["dicomweb", "dimse"])
+def test_results_of_completed_cases_reach_orthanc_once(orthanc, source_case, tmp_path, monkeypatch, protocol):
+    for k, v in orthanc.env.items():
+        monkeypatch.setenv(k, v)
+    run = tmp_path / "run"
+    dest = orthanc.dicomweb if protocol == "dicomweb" else orthanc.dimse
+    done = _completed_case(run, "c1", source_case)
+    in_progress = _completed_case(run, "c2", source_case, manifest=False)
+    sender = ResultSender(run, _cfg(), destination=dest, poll_s=0.2).start()
+    try:
+        assert _wait(lambda: sender.counts().sent == len(done))
+        assert all(orthanc.holds(uid) for uid in done.values())
+        assert not any(orthanc.holds(uid) for uid in in_progress.values())  # no manifest yet: still being written
+        (run / "cases" / "c2" / "manifest.json").write_text("{}")
+        assert _wait(lambda: sender.counts().sent == len(done) + len(in_progress))
+    finally:
+        counts = sender.close()
+    assert (counts.sent, counts.pending, counts.failed) == (4, 0, 0)
+    assert all(orthanc.holds(uid) for uid in in_progress.values())
+    again = ResultSender(run, _cfg(), destination=dest)
+    assert again.scan() == 0 and again.send_due() == 0  # nothing is sent twice
+    again.close()
+    rows = Ledger(run).rows("SELECT state, attempts FROM sent")
+    assert rows == [{"state": "sent", "attempts": 1}] * 4
+
+
+def test_failures_retried_with_backoff_recorded_then_sent_by_ctpipe_send(orthanc, source_case, tmp_path, monkeypatch):
+    from pipeline.cli import main
+
+    for k, v in orthanc.env.items():
+        monkeypatch.setenv(k, v)
+    run = tmp_path / "run"
+    uids = _completed_case(run, "c1", source_case)
+    dead = f"dicomweb+http://127.0.0.1:{free_port()}/dicom-web"
+    t0 = time.monotonic()
+    sender = ResultSender(run, _cfg(), destination=dead, poll_s=0.1).start()
+    assert time.monotonic() - t0 < 1.0  # sending happens beside the caller, never in its way
+    try:
+        assert _wait(lambda: sender.counts().failed == len(uids), timeout_s=30)
+    finally:
+        sender.close()
+    rows = Ledger(run).rows("SELECT state, attempts, error FROM sent")
+    assert all(r["state"] == "failed" and r["attempts"] == 3 for r in rows)
+    assert all("PacsUnavailableError" in r["error"] and "cannot connect" in r["error"] for r in rows)
+    assert main(["send", str(run), "--to", dead, "--set", "pacs.retries=0", "--timeout", "5"]) == 3  # still failed
+    assert main(["send", str(run), "--to", orthanc.dicomweb, "--retry-failed", "--timeout", "60"]) == 0
+    assert all(orthanc.holds(uid) for uid in uids.values())
+    log_text = "\n".join(r["error"] or "" for r in Ledger(run).rows("SELECT error FROM sent"))
+    assert orthanc.password not in log_text
