@@ -1,4 +1,9 @@
-"""The HU window of a model input: MONAI's ``ScaleIntensityRange`` as one small value type.
+"""Hounsfield units shared by the package: tissue levels and thresholds, and the HU window of a model input.
+
+The constants below are the HU levels and thresholds that more than one step uses (lung
+segmentation, the detector's lung region, airway growth, measurements); each is defined here
+once. A threshold with another meaning keeps its own name where it is used (e.g. the lung
+boundary half-way between the parenchyma and soft tissue, which depends on the scan).
 
 :class:`HUWindow` maps Hounsfield units ``a_min..a_max`` linearly to model units
 ``b_min..b_max`` (e.g. -1024..300 HU → 0..1), clamped to the output range when
@@ -15,7 +20,32 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["HUWindow"]
+__all__ = ["AIR_HU", "BODY_HU", "EMPHYSEMA_HU", "HUWindow", "LUNG_AIR_HU", "LUNG_PARENCHYMA_HU", "SOFT_TISSUE_HU"]
+
+AIR_HU = -1000.0
+"""Air, by the definition of the Hounsfield scale (HU): the level of calibrated air outside the patient
+and of pure gas inside it (trachea, stomach and bowel gas)."""
+
+LUNG_AIR_HU = -500.0
+"""Air-filled vs soft tissue (HU): a voxel darker than this is air or aerated lung (parenchyma about
+-900..-700 HU, airways and gas about -1000 HU); soft tissue, fluid, vessels and dense (collapsed or
+consolidated) lung are brighter. The threshold of every "air inside the patient" mask: lung air,
+airway growth's highest level, the detector's quick lung region."""
+
+LUNG_PARENCHYMA_HU = -850.0
+"""Typical level (HU) of normally aerated lung parenchyma, used where a scan's own level cannot be
+measured (no lung interior)."""
+
+BODY_HU = -500.0
+"""The patient vs the air around it (HU): the body outline is what is brighter than this (skin, fat
+at about -100 HU and everything inside). Not a lung threshold, though it has the same value today."""
+
+SOFT_TISSUE_HU = 40.0
+"""Typical level (HU) of soft tissue (muscle, airway wall, mediastinum): the far side of the
+partial-volume boundaries between air-filled structures and tissue."""
+
+EMPHYSEMA_HU = -950.0
+"""Low-attenuation lung (HU): the emphysema index is the share of lung voxels below this (LAA-950)."""
 
 _FIELDS = ("a_min", "a_max", "b_min", "b_max", "clip")
 

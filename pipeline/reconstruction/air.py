@@ -14,7 +14,8 @@ Per region: size (voxels, mL), the median HU of its interior (voxels whose whole
 neighbourhood is air: parenchyma is denser than pure gas there, whatever the partial volume
 at the rim), its LPS z range (mm), LPS centroid (mm) and whether it touches the image's side
 edges. ``air_level_hu`` is the median HU of the outside air's interior (the scanner's air
-value, from its voxels within :data:`AIR_RANGE_HU`), -1000 HU when the body fills the field of view.
+value, from its voxels within :data:`AIR_RANGE_HU`), :data:`~pipeline.intensity.AIR_HU` when the body fills
+the field of view.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
+from ..intensity import AIR_HU
 from . import morph
 from .grid import Grid
 from .organs import SegmentParams
@@ -33,10 +35,10 @@ log = logging.getLogger(__name__)
 
 _HIST_LO, _HIST_STEP = -1100.0, 5.0  # interior-HU histogram (HU), clipped at both ends
 ENCLOSED_DIRECTIONS = 3  # of the four in-plane rays, how many must meet tissue
-DEFAULT_AIR_HU = -1000.0
+DEFAULT_AIR_HU = AIR_HU  # the air level when no outside air can be measured
 MIN_REGION_ML = 0.02  # air components smaller than this (mL) are not regions (a neonate's trachea is larger)
 # outside-air HU counted for the air level: calibrated air, not foam pads (denser) or padding beyond the scan circle
-AIR_RANGE_HU = (-1015.0, -965.0)
+AIR_RANGE_HU = (AIR_HU - 15.0, AIR_HU + 35.0)
 
 
 @dataclass

@@ -27,6 +27,7 @@ import torch
 from scipy import ndimage
 
 from ..errors import ReconstructionError
+from ..intensity import AIR_HU, LUNG_PARENCHYMA_HU
 from ..volume import Geometry
 from . import morph
 from .air import AirRegions
@@ -41,6 +42,8 @@ ROUND_ASPECT = 3.0  # longest / shortest side of the seed blob's box
 ROUND_FILL = 0.45  # share of the seed blob's box that it fills (a disc fills 0.79)
 MIDLINE_FRACTION = 0.2  # seed within this share of the body's width from its x mid-line
 SEARCH_FRACTION = 0.45  # search the top share of the slices that hold internal air
+LEVEL_STEP_HU = 25.0  # growth thresholds tried, from lung_hu down in this step
+LOWEST_LEVEL_HU = AIR_HU + LEVEL_STEP_HU  # the lowest growth threshold: just above the lumen's air
 
 
 @dataclass
@@ -101,7 +104,7 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
     pixel_mm2 = float(np.prod([sp[i] for i in range(3) if i != c]))
     step_mm = float(sp[c])
     largest = int(np.argmax(regions.size * regions.internal))
-    lung_level = regions.interior_hu[largest] if np.isfinite(regions.interior_hu[largest]) else -850.0
+    lung_level = regions.interior_hu[largest] if np.isfinite(regions.interior_hu[largest]) else LUNG_PARENCHYMA_HU
     dark = 0.5 * (regions.air_level_hu + min(lung_level, regions.air_level_hu + 150.0))
     x = np.broadcast_to(geometry.lps_coordinate(0), air.shape)
     bx = x[body] if body.any() else x[air]
@@ -179,8 +182,9 @@ def grow_airway(hu: torch.Tensor, regions: AirRegions, body: np.ndarray, geometr
                 p: SegmentParams) -> Airway | None:
     """The airway on the working grid, or None when the scan holds no trachea.
 
-    The threshold is the highest one (from ``lung_hu`` down to -975 HU in 25 HU steps, by bisection)
-    whose region grown from the trachea seed stays below ``airway_leak_fraction`` of the internal air.
+    The threshold is the highest one (from ``lung_hu`` down to :data:`LOWEST_LEVEL_HU` in :data:`LEVEL_STEP_HU`
+    steps, by bisection) whose region grown from the trachea seed stays below ``airway_leak_fraction`` of
+    the internal air.
     Raises :class:`ReconstructionError` when every threshold leaks.
     """
     hu_np = hu.cpu().numpy()
@@ -191,7 +195,7 @@ def grow_airway(hu: torch.Tensor, regions: AirRegions, body: np.ndarray, geometr
     # air inside the patient with a margin: the growth cannot go elsewhere
     allowed = morph.dilate(morph.to_tensor(internal, hu.device), (1, 1, 1)).cpu().numpy() & (body | internal)
     limit = p.airway_leak_fraction * float(internal.sum())
-    levels = np.arange(p.lung_hu, -975.0 - 1e-6, -25.0)
+    levels = np.arange(p.lung_hu, LOWEST_LEVEL_HU - 1e-6, -LEVEL_STEP_HU)
     best: np.ndarray | None = None
     best_t = float(levels[-1])
     first = _grow(hu_np, allowed, seed, float(levels[0]))  # the usual case: a visible wall at lung_hu

@@ -18,7 +18,7 @@ from . import morph
 from .grid import bbox
 from .organs import SegmentParams
 
-BOUNDARY_MAX_HU = -350.0  # the lung boundary threshold never goes above this
+BOUNDARY_MAX_HU = -350.0  # the lung boundary threshold (half-way to soft tissue, not an air threshold) never goes above this
 NOTCH_GRID_MM = 2.0  # notches are looked for on a grid of about this voxel size
 NOTCH_CLOSE_MM = 15.0  # a ball closing of this radius finds the notches juxtapleural nodules make
 NOTCH_MAX_ML = 15.0  # a notch holds at most this much tissue (a 3 cm nodule)

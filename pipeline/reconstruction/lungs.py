@@ -22,8 +22,14 @@ nodules inside it, :func:`pleural_notches` the nodules on its pleura (as LUNA16-
 masks hold them). The final boundary lies where a voxel is half parenchyma, half soft tissue
 (:func:`boundary_threshold`).
 
+A lung on one side only, found without an airway, that runs through the whole scan (from its first
+slice to its last) without reaching the image's side edges is not a lung (:func:`lone_column`): a
+lung cut by the scan range at both ends lies at levels where both lungs are, so its partner would be
+in the scan too. Such a column is lung-density material of a test object (a calibration phantom's
+lung insert).
+
 No lung air at all is not an error: :func:`select_lungs` returns empty masks and
-``lungs = "absent"`` in its info.
+``lungs = "absent"`` in its info, and ``why`` says what was found instead.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ class Lungs:
     info: dict[str, float | str] = field(default_factory=dict)
     gas: np.ndarray | None = None
     kept: np.ndarray | None = None
+    why: str = ""  # why there are no lungs, when there are none
 
     @property
     def found(self) -> bool:
@@ -77,14 +84,24 @@ class Lungs:
 
 
 def lung_regions(regions: AirRegions, airway: np.ndarray | None, grid: Grid, p: SegmentParams) -> np.ndarray:
-    """Labels of the air regions that are lung (see the module docstring); empty when there is none."""
+    """Labels of the air regions that are lung (see the module docstring); empty when there is none.
+
+    A region connected to the airway counts for the air it holds beyond the airway: at least
+    ``min_lung_ml`` once the airway, its one-voxel rim and one more voxel of erosion are taken away.
+    A lone air tube (the pharynx and larynx of a head or neck scan, taken for a trachea) holds none.
+    """
     r = regions
     min_vox = p.min_lung_ml / r.voxel_ml
     lung_like = r.internal & (r.interior_hu > r.air_level_hu + PARENCHYMA_MARGIN_HU)
     if airway is not None and airway.any():
-        near = morph.dilate(morph.to_tensor(airway, grid.hu.device), (1, 1, 1)).cpu().numpy()
+        dev = grid.hu.device
+        near = morph.dilate(morph.to_tensor(airway, dev), (1, 1, 1)).cpu().numpy()
         touched = np.unique(r.labels[near])
-        lung_like[touched[touched > 0]] |= r.internal[touched[touched > 0]]
+        touched = touched[(touched > 0) & r.internal[touched]]
+        if touched.size:
+            beyond = morph.erode(morph.to_tensor(r.mask(touched) & ~near, dev), (1, 1, 1)).cpu().numpy()
+            beyond_vox = np.bincount(r.labels[beyond], minlength=r.n + 1)
+            lung_like[touched] |= beyond_vox[touched] >= min_vox
     lung_like[0] = False
     big = lung_like & (r.size >= min_vox)
     if not big.any():
@@ -273,21 +290,43 @@ def assign_sides(lung_air: np.ndarray, airway_x: float | None, body: np.ndarray,
     return left, right, how
 
 
+def lone_column(lung_air: np.ndarray, touches_side: bool, geometry: Geometry) -> bool:
+    """Whether lung air on one side only is a column through the whole scan (see the module docstring).
+
+    ``lung_air``: bool ``[k, j, i]``; ``touches_side``: whether it reaches the in-plane image edge.
+    """
+    if touches_side:
+        return False
+    axis = geometry.array_axis(2)
+    present = np.asarray(lung_air.any(axis=tuple(a for a in range(3) if a != axis)), dtype=bool)
+    return bool(present.size >= 2 and present.all())
+
+
 def select_lungs(regions: AirRegions, airway: np.ndarray | None, airway_x: float | None, body: np.ndarray,
-                 grid: Grid, p: SegmentParams) -> Lungs:
+                 grid: Grid, p: SegmentParams, ids: np.ndarray | None = None) -> Lungs:
     """The lungs on the working grid: lung regions minus the airway and bowel gas, split into left and right,
     filled (vessels and nodules inside, juxtapleural nodules) and described in ``info`` (``lungs``:
     ``found``, ``one_side`` or ``absent``; ``lung_sides_from``: the anatomical reference used).
+
+    ``ids``: the lung regions' labels when the caller has them (:func:`lung_regions`), else found here.
     """
-    ids = lung_regions(regions, airway, grid, p)
+    if ids is None:
+        ids = lung_regions(regions, airway, grid, p)
     empty = np.zeros(regions.labels.shape, dtype=bool)
     if ids.size == 0:
-        return Lungs(empty, empty.copy(), {"lungs": "absent"}, gas=regions.internal_mask())
+        return Lungs(empty, empty.copy(), {"lungs": "absent"}, gas=regions.internal_mask(),
+                     why="no lung parenchyma and no air connected to a trachea inside the patient")
     lung_air = regions.mask(ids)
     if airway is not None:
         lung_air &= ~airway
     lung_air = drop_gas_pockets(lung_air, grid.hu.cpu().numpy(), regions.air_level_hu, grid, p)
     left, right, how = assign_sides(lung_air, airway_x, body, grid)
+    if (airway is None or not airway.any()) and not (left.any() and right.any()) \
+            and lone_column(lung_air, bool(regions.touches_side[ids].any()), grid.geometry):
+        log.debug("lungs: one column of lung-density air through the whole scan, no airway: not lungs")
+        return Lungs(empty, empty.copy(), {"lungs": "absent"}, gas=regions.internal_mask(),
+                     why="lung-density air on one side only, through the whole scan, with no airway "
+                         "(a test object's insert, not a lung)")
     left = fill_lung(left, grid.geometry, grid.hu.device, other=right, close_mm=p.lung_close_mm)
     right = fill_lung(right, grid.geometry, grid.hu.device, other=left, close_mm=p.lung_close_mm)
     notches = pleural_notches(left, grid.geometry, airway, other=right)

@@ -13,12 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from ..intensity import EMPHYSEMA_HU
 from ..volume import Geometry
 from .mesh import Mesh
 
 log = logging.getLogger(__name__)
-
-EMPHYSEMA_HU = -950.0
 
 
 def bbox_lps(mask: np.ndarray, geometry: Geometry) -> tuple[list[float], list[float]]:
@@ -45,7 +44,7 @@ def organ_measurements(mask: np.ndarray, geometry: Geometry, mesh: Mesh | None =
 
 
 def lung_measurements(hu: np.ndarray, masks: Mapping[str, np.ndarray], geometry: Geometry) -> dict[str, Any]:
-    """Left, right and total lung volume (mL) and the emphysema index (% of lung voxels below -950 HU)."""
+    """Left, right and total lung volume (mL) and the emphysema index (% of lung voxels below :data:`EMPHYSEMA_HU`)."""
     voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
     out: dict[str, Any] = {}
     total = 0

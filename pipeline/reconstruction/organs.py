@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..intensity import BODY_HU, LUNG_AIR_HU, SOFT_TISSUE_HU
+
 ORGANS: tuple[str, ...] = ("body", "lung_left", "lung_right", "airway", "bone")
 
 
@@ -18,10 +20,10 @@ ORGANS: tuple[str, ...] = ("body", "lung_left", "lung_right", "airway", "bone")
 class SegmentParams:
     """Thresholds (HU) and sizes (mm, mL) of the classical segmentation."""
 
-    body_hu: float = -500.0  # tissue vs air outside the patient
-    lung_hu: float = -500.0  # aerated lung / airway vs soft tissue
+    body_hu: float = BODY_HU  # tissue vs air outside the patient
+    lung_hu: float = LUNG_AIR_HU  # air-filled (aerated lung, airway, gas) vs soft tissue
     bone_hu: float = 300.0  # bone vs soft tissue and blood
-    tissue_hu: float = 40.0  # soft tissue (airway wall) for the airway's edge threshold
+    tissue_hu: float = SOFT_TISSUE_HU  # soft tissue (airway wall): far side of the airway's and lungs' edges
     body_open_mm: float = 2.0  # detaches the table and blankets
     lung_close_mm: float = 3.0  # closes vessels at the lung hilum into the lung
     min_lung_ml: float = 2.0  # air components smaller than this are not lungs
