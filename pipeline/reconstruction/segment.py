@@ -22,11 +22,15 @@ import torch
 
 from ..errors import ReconstructionError
 from ..volume import CTVolume, Geometry, default_device
+from . import air as air_mod
 from . import airway as airway_mod
+from . import body as body_mod
+from . import bone as bone_mod
+from . import lung_surface, morph
 from . import lungs as lungs_mod
-from . import morph
 from .grid import Grid, bbox
 from .organs import ORGANS, SegmentParams
+from .quality import LUNGS_ABSENT_ML
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +139,15 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
     full_hu = morph.to_tensor(volume.array, dev).to(torch.float32) if grid.factors != (1, 1, 1) else grid.hu
     where = volume.series_uid or "volume"
 
-    body_c = _body(grid, p)
+    body_c = body_mod.segment_body(grid, p)
     if not body_c.any():
         for organ in wanted:
             seg.errors[organ] = ReconstructionError(
                 f"no body found (no voxels above {p.body_hu:g} HU)", where=where,
                 fix="check that the input is a CT in Hounsfield units (rescale slope/intercept applied)",
             )
+        if wanted & {"lung_left", "lung_right", "airway"}:  # nothing inside a patient: no lungs, no trachea
+            seg.info.update({"lungs": "absent", "airway": "not_in_scan"})
         return seg
     body_t = morph.to_tensor(body_c, dev)
     if "body" in wanted:
@@ -154,14 +160,16 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
         _lungs_and_airway(seg, grid, full_hu, body_c, wanted, p, where)
 
     if "bone" in wanted:
-        bone_c = _bone(grid, body_t, p)
+        bone_c = bone_mod.segment_bone(grid, body_t, full_hu, p)
         if not bone_c.any():
             seg.errors["bone"] = ReconstructionError(
-                f"no bone found (no component above {p.bone_hu:g} HU larger than {p.min_bone_ml} mL)", where=where,
+                f"no bone found (no cortical bone above {bone_mod.SEED_HU:g} HU in a component larger than "
+                f"{p.min_bone_ml} mL)", where=where,
                 fix="check the HU scaling; a scan of a phantom without bone has no bone surface",
             )
-        else:
-            seg.masks["bone"] = _refine(bone_c, grid, full_hu, True, p.bone_hu, inside=body_c)
+        else:  # the boundary band: above bone_hu, or above LOW_HU where the working voxel was bone
+            seg.masks["bone"] = (_refine(bone_c, grid, full_hu, True, p.bone_hu, inside=body_c)
+                                 | _refine(bone_c, grid, full_hu, True, bone_mod.LOW_HU, inside=bone_c))
     for organ in list(seg.masks):
         if organ not in wanted:
             del seg.masks[organ]
@@ -173,52 +181,107 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
 
 def _lungs_and_airway(seg: Segmentation, grid: Grid, full_hu: torch.Tensor, body_c: np.ndarray,
                       wanted: set[str], p: SegmentParams, where: str) -> None:
-    """Lung candidates → airway growth → left/right split, then full-resolution refinement."""
+    """Air regions → airway (or "not in scan") → lung regions and sides, then full-resolution refinement.
+
+    Records ``seg.info["airway"]`` ("found", "failed" or "not_in_scan": no trachea in the field of
+    view, no airway mask and no error) and ``seg.info["lungs"]`` ("found", "one_side" or "absent"; an
+    absent lung gets a "no lungs found" entry in ``seg.errors`` naming why, and no mask).
+
+    The airway is the chest's (trachea and bronchi): in a scan without lung (a head or neck scan,
+    whose pharynx and larynx look like a trachea) it is "not_in_scan". Without an airway, lungs of less
+    than :data:`~pipeline.reconstruction.quality.LUNGS_ABSENT_ML` together are "absent", as the quality
+    flags call them (e.g. sinus air that reads denser than air: not lungs to measure).
+    """
     dev = full_hu.device
-    body_t = morph.to_tensor(body_c, dev)
-    air_c = ((grid.hu < p.lung_hu) & body_t).cpu().numpy()
+    regions = air_mod.air_regions(grid, body_c, p)
+    seg.info["air_level_hu"] = regions.air_level_hu
+    aw: airway_mod.Airway | None = None
+    failure: ReconstructionError | None = None
     try:
-        cand = lungs_mod.lung_candidates(air_c, grid.geometry, p)
+        aw = airway_mod.grow_airway(grid.hu, regions, body_c, grid.geometry, p)
     except ReconstructionError as exc:
-        for organ in wanted & {"lung_left", "lung_right", "airway"}:
-            seg.errors[organ] = ReconstructionError(exc.problem, where=where, fix=exc.fix)
-        return
-    aw_c = np.zeros_like(cand)
-    try:
-        aw_c, aw_info = airway_mod.grow_airway(grid.hu, air_c, cand, body_c, grid.geometry, p)
-        seg.info.update(aw_info)
-    except ReconstructionError as exc:
-        seg.errors["airway"] = ReconstructionError(f"airway: {exc.problem}", where=where, fix=exc.fix)
+        failure = ReconstructionError(f"airway: {exc.problem}", where=where, fix=exc.fix)
+    lung_ids = lungs_mod.lung_regions(regions, None if aw is None else aw.mask, grid, p)
+    if lung_ids.size == 0 and (aw is not None or failure is not None):
+        log.debug("airway: a tube of air without lungs (%s): not the chest's airway",
+                  "grown" if aw is not None else "growth failed")
+        aw, failure = None, None
+    if failure is not None:
+        seg.info["airway"] = "failed"
+        seg.errors["airway"] = failure
+    else:
+        seg.info["airway"] = "not_in_scan" if aw is None else "found"
+        if aw is not None:
+            seg.info.update(aw.info)
     air_full = np.zeros(full_hu.shape, dtype=bool)
-    if aw_c.any():
-        thr = float(seg.info.get("airway_threshold_hu", p.lung_hu))
-        air_full = _regrow(aw_c, grid, full_hu, thr) if grid.factors != (1, 1, 1) else aw_c
-        edge = float(seg.info.get("airway_edge_hu", thr))
+    if aw is not None:
+        thr = float(aw.info["airway_threshold_hu"])
+        air_full = _regrow(aw.mask, grid, full_hu, thr) if grid.factors != (1, 1, 1) else aw.mask
         box = bbox(air_full, 1)
         if box is not None:
-            air_full[box] = airway_mod.add_edge_ring(air_full[box], full_hu[box].cpu().numpy(), edge)
+            air_full[box] = airway_mod.add_edge_ring(air_full[box], full_hu[box].cpu().numpy(),
+                                                     float(aw.info["airway_edge_hu"]))
         if "airway" in wanted:
             seg.masks["airway"] = air_full
     if not wanted & {"lung_left", "lung_right"}:
         return
-    try:
-        left_c, right_c = lungs_mod.split_lungs(cand & ~aw_c, grid, p)
-    except ReconstructionError as exc:
-        for organ in wanted & {"lung_left", "lung_right"}:
-            seg.errors[organ] = ReconstructionError(exc.problem, where=where, fix=exc.fix)
+    lungs = lungs_mod.select_lungs(regions, None if aw is None else aw.mask, None if aw is None else aw.seed_x_mm,
+                                   body_c, grid, p, ids=lung_ids)
+    seg.info.update(lungs.info)
+    if not lungs.found:
+        _no_lungs(seg, wanted, where, lungs.why)
         return
+    thr = lung_surface.boundary_threshold(grid.hu.cpu().numpy(), lungs.left | lungs.right, p)
+    seg.info["lung_boundary_hu"] = round(thr, 1)
+    not_gas = np.ones(lungs.left.shape, dtype=bool)
+    if lungs.gas is not None and lungs.gas.any():  # keep the boundary out of bowel gas's rim
+        not_gas = ~morph.dilate(morph.to_tensor(lungs.gas, dev), (1, 1, 1)).cpu().numpy()
     full: dict[str, np.ndarray] = {}
-    for name, m in (("lung_left", left_c), ("lung_right", right_c)):
-        near = morph.dilate(morph.to_tensor(m, dev), (1, 1, 1)).cpu().numpy()
-        fm = _refine(m, grid, full_hu, False, p.lung_hu, inside=near)
-        if grid.factors != (1, 1, 1):  # vessels the band threshold cut out of the lung's rim
-            box = bbox(fm, 1)
+    for name, m, other in (("lung_left", lungs.left, lungs.right), ("lung_right", lungs.right, lungs.left)):
+        if not m.any():
+            full[name] = np.zeros(full_hu.shape, dtype=bool)
+            continue
+        near = morph.dilate(morph.to_tensor(m, dev), (1, 1, 1)).cpu().numpy() & ~other & (m | not_gas)
+        if grid.factors != (1, 1, 1):
+            fm = _refine(m, grid, full_hu, False, thr, inside=near)
+            box = bbox(fm, 1)  # vessels the band threshold cut out of the lung's rim
             if box is not None:
                 fm[box] = morph.fill_holes(fm[box], slice_axis=seg.geometry.array_axis(2))
+        else:
+            fm = lung_surface.adjust_boundary(m, grid.hu.cpu().numpy(), thr, near)
+        if lungs.kept is not None and (lungs.kept & m).any():  # vessels and nodules at the pleura stay in
+            kept = lungs.kept & m
+            if grid.factors != (1, 1, 1):
+                kept = _upsample(morph.to_tensor(kept, dev), grid.factors, tuple(full_hu.shape)).cpu().numpy()
+            fm |= kept
         full[name] = fm & ~air_full
     full["lung_right"] &= ~full["lung_left"]
+    voxel_ml = float(np.prod(seg.geometry.spacing)) / 1000.0
+    total_ml = float(np.count_nonzero(full["lung_left"]) + np.count_nonzero(full["lung_right"])) * voxel_ml
+    if aw is None and total_ml < LUNGS_ABSENT_ML:  # air connected to a trachea is lung whatever its size
+        _no_lungs(seg, wanted, where, f"{total_ml:.1f} mL of lung-like air inside the patient, less than "
+                                      f"{LUNGS_ABSENT_ML:g} mL (not lungs to measure)")
+        return
     for name in wanted & {"lung_left", "lung_right"}:
-        seg.masks[name] = full[name]
+        if full[name].any():
+            seg.masks[name] = full[name]
+        else:
+            side = name.split("_")[1]
+            seg.errors[name] = ReconstructionError(
+                f"no {side} lung found: lung air on one side of the patient only", where=where,
+                fix="expected after a pneumonectomy or with a field of view on one lung; otherwise check the scan range",
+            )
+
+
+def _no_lungs(seg: Segmentation, wanted: set[str], where: str, why: str) -> None:
+    """Record ``lungs = "absent"``: an error naming ``why`` for each lung asked for, and no lung mask."""
+    seg.info["lungs"] = "absent"
+    seg.info.pop("lung_sides_from", None)
+    for organ in wanted & {"lung_left", "lung_right"}:
+        seg.errors[organ] = ReconstructionError(
+            f"no lungs found: {why}", where=where,
+            fix="nothing to do for a scan without lungs (e.g. an abdomen or head scan); check the HU scaling otherwise",
+        )
 
 
 def _regrow(coarse: np.ndarray, grid: Grid, full_hu: torch.Tensor, threshold: float) -> np.ndarray:
@@ -243,21 +306,3 @@ def _regrow(coarse: np.ndarray, grid: Grid, full_hu: torch.Tensor, threshold: fl
     out[fbox] = morph.keep_labels(labels, ids[ids > 0], sizes.size - 1)
     return out
 
-
-def _body(grid: Grid, p: SegmentParams) -> np.ndarray:
-    """Body outline on the working grid: tissue above ``body_hu``, largest component, holes filled per slice."""
-    tissue = grid.hu > p.body_hu
-    tissue = morph.opening(tissue, grid.radius(p.body_open_mm))
-    body = morph.largest_component(tissue.cpu().numpy())
-    if not body.any():
-        return body
-    return morph.fill_holes(body, slice_axis=grid.geometry.array_axis(2))
-
-
-def _bone(grid: Grid, body: torch.Tensor, p: SegmentParams) -> np.ndarray:
-    """Bone on the working grid: HU above ``bone_hu`` inside the body, small components dropped."""
-    bone = ((grid.hu > p.bone_hu) & body).cpu().numpy()
-    labels, sizes = morph.label(bone)
-    keep = np.nonzero(sizes * grid.voxel_ml >= p.min_bone_ml)[0]
-    bone = morph.keep_labels(labels, keep, sizes.size - 1)
-    return morph.fill_holes(bone, slice_axis=grid.geometry.array_axis(2))

@@ -1,0 +1,258 @@
+"""The patient's body on the working grid: without the table, couch, mattress or blankets; with the arms.
+
+Tissue is everything above ``body_hu``. What lies under the patient is found by its shape
+and its constancy along z (:func:`table_zone`): the shell of a diagnostic table or of a
+radiotherapy couch is thin tissue present in nearly every slice and spread from side to side,
+which also tells which way gravity points. Beside the patient, whatever rests on the shell
+(a mattress, a blanket) shows as a thin layer; its thickness is carried under the patient, and
+everything from that layer's top down is left out of the body, in every slice (a mattress
+pressed by the patient takes at most ``LAYER_MAX`` of the patient's depth). After an opening
+(``body_open_mm``) that detaches what still touches, the largest component is the trunk;
+other components are kept when they look like a patient (soft-tissue HU, and thick or cut by
+the image edge): arms at the sides, separated from the chest wall by air, or raised arms in
+the top slices.
+
+Air inside the outline is filled per slice (lungs, bowel gas), also where a small field of
+view cuts the patient and the lungs touch the image edge: an air region that touches the
+image edge belongs to the body when the patient encloses most of it along the rows or the
+columns of the slice.
+
+Masks are boolean ``[k, j, i]`` arrays on the grid's geometry (LPS mm); HU thresholds,
+sizes in mm and mL.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from scipy import ndimage
+
+from . import morph
+from .grid import Grid
+from .organs import SegmentParams
+
+log = logging.getLogger(__name__)
+
+TABLE_SHELL_MM = 1.5  # half-thickness (mm) below which z-persistent tissue is a table or couch shell
+TABLE_PERSIST = 0.9  # share of slices in which a pixel must be thin tissue to be table
+TABLE_ELONGATION = 4.0  # a table's shell spreads this much more (variance) across than along gravity
+TABLE_MIN_SLICES = 8  # fewer slices than this cannot tell a table from a thin body part
+TABLE_MIN_EXTENT_MM = 30.0  # nor a scan shorter than this along z (mm)
+PART_MIN_ML = 1.0  # body parts apart from the trunk (arms) smaller than this are dropped
+PART_THICK_MM = 4.0  # an arm survives an in-plane erosion by this radius (mm)
+PART_HU = (-250.0, 200.0)  # median HU of an arm (skin, fat, muscle, some bone)
+TRUNK_OPEN = 0.06  # in-plane opening radius for the trunk, as a share of the footprint's size (sqrt of area)
+LAYER_MAX = 0.15  # a mattress or blanket is thinner than this share of the patient's depth
+CUT_AIR_ENCLOSED = 0.5  # share of an edge-touching air region the patient must enclose to be inside
+
+
+def _inplane(radius_kji: tuple[int, int, int], slice_axis: int) -> tuple[int, int, int]:
+    r = list(radius_kji)
+    r[slice_axis] = 0
+    return r[0], r[1], r[2]
+
+
+def _persistent_footprint(mask: torch.Tensor, slice_axis: int) -> np.ndarray:
+    """2-D map (the two in-plane axes, in array order) of pixels set in at least :data:`TABLE_PERSIST` of the slices."""
+    return (mask.to(torch.float32).mean(dim=slice_axis) >= TABLE_PERSIST).cpu().numpy()
+
+
+def _layer_thickness(solid: np.ndarray, trunk: np.ndarray, below: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Thickness per column (pixels along axis 0, gravity downwards) of what rests on the table's shell.
+
+    Measured beside the patient (columns the trunk does not cross) where the first tissue
+    under the patient's centre line is a thin run (a mattress or blanket on the table, or
+    the table's own top; not an arm): the median distance from that first tissue down to
+    the shell's first thin pixel ``top`` (per column), carried under the patient as a
+    constant or, on a curved table, as ``a + b (w - centre)**2`` across the columns ``w``.
+    """
+    depth_n = solid.shape[0]
+    rows = trunk.any(axis=1)
+    cols = trunk.any(axis=0)
+    trunk_rows = np.nonzero(rows)[0]
+    if trunk_rows.size == 0:
+        return np.zeros(solid.shape[1], dtype=np.int64)
+    thick_max = max(2, int(LAYER_MAX * trunk_rows.size))
+    beside = (top < depth_n) & ~cols
+    sample = solid & below
+    first = np.argmax(sample, axis=0)
+    gap = ~solid & (np.arange(depth_n)[:, None] > first[None, :])
+    run = np.where(gap.any(axis=0), np.argmax(gap, axis=0), depth_n) - first  # the first tissue run's thickness
+    ok = beside & sample.any(axis=0) & (first <= top) & (run <= thick_max) & (top - first <= trunk_rows.size // 2)
+    width = solid.shape[1]
+    if not ok.any():
+        return np.zeros(width, dtype=np.int64)
+    w = np.nonzero(ok)[0].astype(np.float64)
+    t = (top[ok] - first[ok]).astype(np.float64)
+    cw = np.nonzero(cols)[0]
+    c = 0.5 * (cw[0] + cw[-1]) if cw.size else float(np.mean(w))
+    q = (w - c) ** 2
+    layer = np.full(width, float(np.median(t)))
+    if w.size >= 6 and q.min() < 0.5 * q.max():  # a curved table: the layer thickens towards the sides
+        design = np.stack([q, np.ones_like(q)], axis=1)
+        (a2, b0), *_ = np.linalg.lstsq(design, t, rcond=None)
+        layer = a2 * (np.arange(width) - c) ** 2 + b0
+    return np.clip(np.round(layer), 0, t.max()).astype(np.int64)
+
+
+def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
+    """The 2-D region (in-plane axes in array order) taken by the table and what lies on it, or None.
+
+    The table's shell is thin (thinner than ``TABLE_SHELL_MM`` in-plane) tissue present in
+    nearly every slice, spread from side to side. Gravity runs along the image axis across
+    which the shell spreads least, from the patient's centre towards the shell. Along that axis, each line of the
+    image crosses the shell's top at some depth; where the line misses the patient (beside
+    it), the tissue resting on the shell is a mattress or blanket, whose median thickness is
+    taken as the layer's thickness under the patient too. The zone is everything from that
+    layer's top down, in every slice.
+    """
+    geom = grid.geometry
+    sa = geom.array_axis(2)
+    n = tissue.shape[sa]
+    if n < TABLE_MIN_SLICES or n * geom.spacing[2 - sa] < TABLE_MIN_EXTENT_MM:
+        return None
+    rk, rj, ri = (0 if d == sa else max(1, x) for d, x in enumerate(grid.radius(TABLE_SHELL_MM)))
+    r = (rk, rj, ri)
+    thin = tissue & ~morph.opening(tissue, r)
+    shell = _persistent_footprint(thin, sa)
+    solid = _persistent_footprint(tissue, sa)
+    core = solid & ~shell
+    if shell.sum() < 3 or not core.any():
+        return None
+    # the patient's trunk: what stays of the footprint after an opening wider than any mattress
+    r_big = max(1, int(round(TRUNK_OPEN * np.sqrt(core.sum()))))
+    core_t = torch.from_numpy(core)[None]
+    opened = morph.opening(core_t, (0, r_big, r_big))[0].numpy()
+    labels, sizes = morph.label(opened if opened.any() else core, structure=ndimage.generate_binary_structure(2, 1))
+    trunk = labels == int(np.argmax(sizes))
+    c_trunk = np.argwhere(trunk).mean(axis=0)
+    pts = np.argwhere(shell)
+    c_shell = pts.mean(axis=0)
+    spread = pts.var(axis=0)
+    ax = int(np.argmin(spread))  # gravity: across the table, which is long from side to side
+    d = c_shell - c_trunk
+    if spread[1 - ax] < TABLE_ELONGATION * max(spread[ax], 1.0) or abs(d[ax]) < 1.0:
+        return None
+    down = 1 if d[ax] > 0 else -1
+    # put gravity on axis 0, increasing downwards
+    sh, so, tr = (np.moveaxis(a, ax, 0) for a in (shell, solid, trunk))
+    if down < 0:
+        sh, so, tr = sh[::-1], so[::-1], tr[::-1]
+    depth = np.arange(sh.shape[0])[:, None]
+    centre = int(round(c_trunk[ax])) if down > 0 else sh.shape[0] - 1 - int(round(c_trunk[ax]))
+    below = depth > centre
+    hit = np.asarray(sh & below)
+    has = np.asarray(hit.any(axis=0))
+    if not has.any():
+        return None
+    top = np.where(has, np.argmax(hit, axis=0), sh.shape[0])  # first shell pixel under the centre line
+    start = top - _layer_thickness(so, tr, below, top)
+    trunk_rows = np.nonzero(tr.any(axis=1))[0]
+    if trunk_rows.size:  # a mattress pressed by the patient takes at most LAYER_MAX of the trunk's depth
+        start = np.maximum(start, trunk_rows[-1] - int(LAYER_MAX * trunk_rows.size))
+    zone = (depth >= start[None, :]) & has[None, :]
+    if down < 0:
+        zone = zone[::-1]
+    return np.ascontiguousarray(np.moveaxis(zone, 0, ax))
+
+
+def _patient_like(labels: np.ndarray, sizes: np.ndarray, trunk: int, grid: Grid, hu: torch.Tensor) -> list[int]:
+    """Components besides the trunk that look like body parts: large enough, soft-tissue HU, thick or cut by the image edge."""
+    voxel_ml = grid.voxel_ml
+    cand = [n for n in np.nonzero(sizes * voxel_ml >= PART_MIN_ML)[0] if n != trunk]
+    if not cand:
+        return []
+    sa = grid.geometry.array_axis(2)
+    lab_t = morph.to_tensor(labels, hu.device)
+    keep_lut = np.zeros(sizes.size, dtype=bool)
+    keep_lut[cand] = True
+    cand_mask = morph.to_tensor(keep_lut[labels], hu.device)
+    thick = morph.erode(cand_mask, _inplane(grid.radius(PART_THICK_MM), sa)) & cand_mask
+    edge = torch.zeros_like(cand_mask)  # parts cut by the field of view need not be thick
+    for ax in range(3):
+        if ax != sa:
+            edge.narrow(ax, 0, 1).copy_(cand_mask.narrow(ax, 0, 1))
+            n_ax = cand_mask.shape[ax]
+            edge.narrow(ax, n_ax - 1, 1).copy_(cand_mask.narrow(ax, n_ax - 1, 1))
+    thick_ids = torch.unique(lab_t[thick | edge]).cpu().numpy()
+    out = []
+    flat_labels = labels.ravel()
+    flat_hu = hu.cpu().numpy().ravel()
+    for n in cand:
+        if n not in thick_ids:
+            continue
+        values = flat_hu[flat_labels == n]
+        med = float(np.median(values))
+        if PART_HU[0] <= med <= PART_HU[1]:
+            out.append(int(n))
+    return out
+
+
+def _enclosed(mask: np.ndarray, axes: list[int]) -> np.ndarray:
+    """Voxels with ``mask`` on both sides along at least one of ``axes`` (same line, any distance)."""
+    out = np.zeros(mask.shape, dtype=bool)
+    for ax in axes:
+        n = mask.shape[ax]
+        hit = mask.any(axis=ax, keepdims=True)
+        first = np.argmax(mask, axis=ax)
+        last = n - 1 - np.argmax(np.flip(mask, axis=ax), axis=ax)
+        shape = [1, 1, 1]
+        shape[ax] = n
+        idx = np.arange(n).reshape(shape)
+        out |= hit & (idx > np.expand_dims(first, ax)) & (idx < np.expand_dims(last, ax))
+    return out
+
+
+def fill_cut_air(mask: np.ndarray, slice_axis: int) -> np.ndarray:
+    """Fill air inside ``mask`` per slice, also where it touches the image edge (a small field of view).
+
+    A background region of a slice that does not touch the image edge is filled; one that
+    does is filled when ``mask`` encloses at least :data:`CUT_AIR_ENCLOSED` of its pixels
+    along the rows or the columns of the slice (mask on both sides).
+    """
+    structure = np.zeros((3, 3, 3), dtype=bool)
+    plane = [slice(None)] * 3
+    plane[slice_axis] = slice(1, 2)
+    structure[tuple(plane)] = ndimage.generate_binary_structure(3, 1)[tuple(plane)]
+    labels, n = ndimage.label(~mask, structure=structure)
+    if n == 0:
+        return mask
+    axes = [a for a in range(3) if a != slice_axis]
+    edge = np.zeros(n + 1, dtype=bool)
+    for ax in axes:
+        for end in (0, -1):
+            face: list[slice | int] = [slice(None)] * 3
+            face[ax] = end
+            edge[np.unique(labels[tuple(face)])] = True
+    size = np.bincount(labels.ravel(), minlength=n + 1)
+    take = ~edge
+    if edge[1:].any():
+        inside = np.bincount(labels.ravel(), weights=_enclosed(mask, axes).ravel(), minlength=n + 1)
+        take |= inside >= CUT_AIR_ENCLOSED * np.maximum(size, 1)
+    take[0] = False
+    return mask | take[labels]
+
+
+def segment_body(grid: Grid, p: SegmentParams) -> np.ndarray:
+    """The patient's body on the working grid (bool ``[k, j, i]``; all False when nothing is above ``body_hu``).
+
+    Table, couch, mattress and blankets are left out, arms kept, air inside the outline
+    filled per slice (see the module docstring).
+    """
+    sa = grid.geometry.array_axis(2)
+    tissue = grid.hu > p.body_hu
+    zone = table_zone(tissue, grid)
+    if zone is not None:
+        zone_t = morph.to_tensor(zone, tissue.device).unsqueeze(sa).expand_as(tissue)
+        log.debug("table zone: %d pixels per slice", int(zone.sum()))
+        tissue = tissue & ~zone_t
+    opened = morph.opening(tissue, grid.radius(p.body_open_mm))
+    labels, sizes = morph.label(opened.cpu().numpy())
+    if sizes.size <= 1 or sizes.max() == 0:
+        return np.zeros(tuple(grid.hu.shape), dtype=bool)
+    trunk = int(np.argmax(sizes))
+    keep = [trunk, *_patient_like(labels, sizes, trunk, grid, grid.hu)]
+    body = morph.keep_labels(labels, keep, sizes.size - 1)
+    return fill_cut_air(body, sa)

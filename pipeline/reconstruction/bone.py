@@ -1,0 +1,243 @@
+"""Bone on the working grid: cortex, trabecular bone and marrow; not contrast-enhanced blood.
+
+HU alone cannot tell bone from IV contrast: enhanced blood (150..500 HU) overlaps trabecular
+bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
+
+1. **Cortex seeds**: full-resolution voxels above ``SEED_HU`` with at least ``SEED_MIN_COUNT``
+   such voxels in their 3x3x3 neighbourhood (noise in bright blood does not cluster),
+   pooled onto the working grid.
+2. **Blood pools**: thick regions (in-plane smoothed HU above ``LOW_HU``, wider than
+   ``2 * POOL_MM``, cortex and its small gaps excluded) are taken slice by slice (so that
+   blood and bone never merge through a disc or a partial-volume bridge) and tested one by
+   one (each grown in-plane up to a rim brighter than ``SEED_HU - RIM_DELTA``): a heart
+   chamber, the aorta or a pulmonary artery is smooth inside (HU spread below
+   ``TEXTURE_RATIO`` times the image noise) and hardly rimmed by cortex or by anything
+   ``RIM_DELTA`` brighter than its inside (share of its in-plane rim below ``RIM_MIN``); a
+   vertebral body or the sternum is textured (trabecular bone) or rimmed by cortex. Pools
+   (and their partial-volume rim where they touch bone) are excluded from everything below;
+   textured or rimmed regions are bone.
+3. **Bone**: the seeds, grown one voxel into voxels above ``bone_hu``, the thick bone regions,
+   marrow enclosed by them in a slice (holes up to ``MARROW_MAX_MM2`` whose mean HU is above
+   ``MARROW_HU``: not the spinal canal), then grown up to ``GROW_MM`` into voxels above
+   ``LOW_HU`` that are not blood pools (trabecular bone behind a thin cortex). The outer
+   layer is then kept only where it passes ``bone_hu`` (partial volume), and components
+   smaller than ``min_bone_ml`` dropped.
+
+Masks are boolean ``[k, j, i]`` arrays on the grid's geometry (LPS mm).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from scipy import ndimage
+
+from . import morph
+from .grid import Grid, bbox
+from .organs import SegmentParams
+
+log = logging.getLogger(__name__)
+
+SEED_HU = 600.0  # cortical bone (HU, full resolution)
+SEED_MIN_COUNT = 4  # seed voxels in a 3x3x3 neighbourhood (the voxel included)
+LOW_HU = 150.0  # trabecular bone and enhanced blood are above this (HU); enhanced liver and spleen are below
+POOL_MM = 2.0  # a blood pool is wider than twice this in-plane (mm)
+RIM_MIN = 0.45  # share of an in-plane rim on cortex above which a thick region is bone
+RIM_DELTA = 100.0  # a rim voxel this much brighter (HU) than the region's inside is cortex too
+TEXTURE_RATIO = 2.0  # local HU spread (x image noise) above which a thick region is bone
+GROW_MM = 8.0  # trabecular bone reaches this far from cortex or a bone region (mm)
+MARROW_HU = 100.0  # mean HU of marrow enclosed by bone (the spinal canal is below)
+MARROW_MAX_MM2 = 3000.0  # largest enclosed marrow area per slice (mm²): not the chest cavity
+
+
+def _sum3(t: torch.Tensor, dims: tuple[int, ...], *, zero_edges: bool = False) -> torch.Tensor:
+    """Sum over a window of 3 along each of ``dims`` (edges replicated, or zero outside); separable."""
+    out = t
+    for d in dims:
+        n = out.shape[d]
+        first, last = out.narrow(d, 0, 1), out.narrow(d, n - 1, 1)
+        if zero_edges:
+            first, last = torch.zeros_like(first), torch.zeros_like(last)
+        pad = torch.cat([first, out, last], dim=d)
+        out = pad.narrow(d, 0, n) + pad.narrow(d, 1, n) + pad.narrow(d, 2, n)
+    return out
+
+
+def _pool_count(mask: torch.Tensor, factors: tuple[int, int, int]) -> torch.Tensor:
+    """How many voxels of ``mask`` lie under each working-grid voxel (uint8; the grid's ``ceil`` pooling)."""
+    m = mask.view(torch.uint8)
+    for d, f in enumerate(factors):
+        if f <= 1:
+            continue
+        pad = (-m.shape[d]) % f
+        if pad:
+            shape = list(m.shape)
+            shape[d] = pad
+            m = torch.cat([m, torch.zeros(shape, dtype=m.dtype, device=m.device)], dim=d)
+        lead = (slice(None),) * d
+        acc = m[(*lead, slice(0, None, f))].clone()
+        for o in range(1, f):
+            acc += m[(*lead, slice(o, None, f))]
+        m = acc
+    return m
+
+
+def cortex_seeds(full_hu: torch.Tensor, factors: tuple[int, int, int], *, seed_hu: float = SEED_HU,
+                 min_count: int = SEED_MIN_COUNT) -> torch.Tensor:
+    """Cortical bone on the working grid: clustered full-resolution voxels above ``seed_hu`` (HU).
+
+    A working voxel is a seed when it holds a voxel above ``seed_hu`` and its 3x3x3 working
+    neighbourhood holds at least ``min_count`` of them, plus one for each further
+    full-resolution voxel a working voxel pools.
+    """
+    count = _pool_count(full_hu > seed_hu, factors)
+    need = min_count + int(np.prod(factors)) - 1
+    return (count > 0) & (_sum3(count.to(torch.int16), (0, 1, 2), zero_edges=True) >= need)
+
+
+def geodesic(seed: torch.Tensor, allowed: torch.Tensor, steps: int) -> torch.Tensor:
+    """Grow ``seed`` by up to ``steps`` voxel layers (26-neighbourhood) inside ``allowed``."""
+    grown = seed & allowed
+    for _ in range(steps):
+        nxt = morph.dilate(grown, (1, 1, 1)) & allowed
+        if torch.equal(nxt, grown):
+            break
+        grown = nxt
+    return grown
+
+
+def _ring_labels(labels: torch.Tensor, region: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """For voxels outside ``region``: the largest label among their neighbours along ``dims`` (0 inside)."""
+    out = torch.zeros_like(labels)
+    for d in dims:
+        n = labels.shape[d]
+        a = out.narrow(d, 1, n - 1)
+        a.copy_(torch.maximum(a, labels.narrow(d, 0, n - 1)))
+        a = out.narrow(d, 0, n - 1)
+        a.copy_(torch.maximum(a, labels.narrow(d, 1, n - 1)))
+    return torch.where(region, torch.zeros_like(out), out)
+
+
+def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor,
+                grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    """(blood pools, thick bone regions) among the thick regions above ``LOW_HU`` (bool tensors like ``hu``).
+
+    See the module docstring (step 2). ``hu`` and the masks are ``[k, j, i]`` tensors on the
+    working grid (or a box of it).
+    """
+    sa = grid.geometry.array_axis(2)
+    inplane = tuple(d for d in range(3) if d != sa)
+    none = torch.zeros_like(body)
+    closing_r = tuple(0 if d == sa else 2 for d in range(3))
+    barrier = morph.dilate(morph.closing(cortex, closing_r), (1, 1, 1))  # cortex with its small gaps bridged
+    smooth = _sum3(hu, inplane) / 9.0
+    allowed = (smooth > LOW_HU) & body & ~barrier
+    rk, rj, ri = (0 if d == sa else max(1, v) for d, v in enumerate(grid.radius(POOL_MM)))
+    r = (rk, rj, ri)
+    one = tuple(0 if d == sa else 1 for d in range(3))
+    structure = np.zeros((3, 3, 3), dtype=bool)  # regions are taken slice by slice: no merging along z
+    plane = [slice(None)] * 3
+    plane[sa] = slice(1, 2)
+    structure[tuple(plane)] = ndimage.generate_binary_structure(3, 1)[tuple(plane)]
+    core = morph.erode(allowed, r)
+    if not bool(core.any()):
+        return none, none
+    box = bbox(core.cpu().numpy(), max(r) + 2)
+    if box is None:
+        return none, none
+    hu_b, core_b, allowed_b, body_b, barrier_b = hu[box], core[box], allowed[box], body[box], barrier[box]
+    # the region around each core, grown in-plane out to the rim
+    region = core_b
+    inner = allowed_b & (hu_b < SEED_HU - RIM_DELTA)  # a faint cortex stops the region (its rim)
+    for _ in range(max(r) + 2):
+        region = morph.dilate(region, one) & inner
+    lab_np, n = ndimage.label(region.cpu().numpy(), structure=structure)
+    labels = morph.to_tensor(lab_np, hu.device).to(torch.int64)
+    mean = _sum3(hu_b, inplane) / 9.0
+    spread = (_sum3(hu_b * hu_b, inplane) / 9.0 - mean * mean).clamp(min=0).sqrt()
+    soft = body_b & (mean > -100) & (mean < 100) & ~region
+    values = spread[soft]
+    values = values[:: max(1, values.numel() // 500_000)]
+    noise = float(torch.quantile(values, 0.25)) if values.numel() else 20.0
+    in_core = torch.where(core_b, labels, torch.zeros_like(labels)).ravel()
+    size = torch.bincount(in_core, minlength=n + 1).clamp(min=1)
+    texture = torch.bincount(in_core, weights=spread.ravel(), minlength=n + 1) / size
+    level = torch.bincount(in_core, weights=hu_b.ravel(), minlength=n + 1) / size
+    # the rim: in-plane neighbours outside the region; cortex, or brighter than the region's inside
+    ring = _ring_labels(labels, region, inplane)
+    on_ring = ring > 0
+    bright = barrier_b | (hu_b >= level[ring] + RIM_DELTA)
+    ring_n = torch.bincount(ring[on_ring], minlength=n + 1)
+    rim_n = torch.bincount(ring[on_ring & bright], minlength=n + 1)
+    rim = rim_n.to(torch.float32) / ring_n.clamp(min=1)
+    smooth_inside = texture < TEXTURE_RATIO * noise
+    is_pool = (rim < RIM_MIN) & smooth_inside
+    is_pool[0] = False
+    pool_b = is_pool[labels]
+    is_bone = ~is_pool & ((rim >= RIM_MIN) | ~smooth_inside)
+    is_bone[0] = False
+    pool_b |= morph.dilate(pool_b, (1, 1, 1)) & barrier_b & ~cortex[box] & (hu_b > LOW_HU)  # the pool's rim next to bone
+    log.debug("bone: noise %.1f HU, %d thick regions, %d blood pools", noise, n, int(is_pool.sum()))
+    pool, bone = none.clone(), none.clone()
+    pool[box] = pool_b
+    bone[box] = is_bone[labels]
+    return pool, bone
+
+
+def _fill_marrow(mask: np.ndarray, hu: np.ndarray, slice_axis: int, pixel_mm2: float) -> np.ndarray:
+    """Fill per-slice holes of ``mask`` that look like marrow (mean HU, area; see the module docstring)."""
+    structure = np.zeros((3, 3, 3), dtype=bool)
+    plane = [slice(None)] * 3
+    plane[slice_axis] = slice(1, 2)
+    structure[tuple(plane)] = ndimage.generate_binary_structure(3, 1)[tuple(plane)]
+    labels, n = ndimage.label(~mask, structure=structure)
+    if n == 0:
+        return mask
+    outside = np.zeros(n + 1, dtype=bool)
+    for ax in range(3):
+        if ax == slice_axis:
+            continue
+        for end in (0, -1):
+            face: list[slice | int] = [slice(None)] * 3
+            face[ax] = end
+            outside[np.unique(labels[tuple(face)])] = True
+    size = np.bincount(labels.ravel(), minlength=n + 1)
+    mean = np.bincount(labels.ravel(), weights=hu.ravel(), minlength=n + 1) / np.maximum(size, 1)
+    fill = ~outside & (size * pixel_mm2 <= MARROW_MAX_MM2) & (mean >= MARROW_HU)
+    fill[0] = False
+    return mask | fill[labels]
+
+
+def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: SegmentParams) -> np.ndarray:
+    """Bone on the working grid (bool ``[k, j, i]``), without contrast-enhanced blood.
+
+    ``body`` is the body mask on the working grid (tensor), ``full_hu`` the full-resolution
+    HU (the working grid's own HU when it is not pooled). See the module docstring.
+    """
+    sa = grid.geometry.array_axis(2)
+    out = np.zeros(tuple(grid.hu.shape), dtype=bool)
+    cortex_all = cortex_seeds(full_hu, grid.factors) & body
+    box = bbox((((grid.hu > LOW_HU) & body) | cortex_all).cpu().numpy(), 2)
+    if box is None:
+        return out
+    hu, body_b, cortex = grid.hu[box], body[box], cortex_all[box]
+    pool, regions = blood_pools(hu, body_b, cortex, grid)
+    above = (hu > p.bone_hu) & body_b & ~pool
+    shell = geodesic(cortex, above | cortex, 1)
+    closed = morph.closing(shell | regions, (1, 1, 1)) & body_b
+    spacing = grid.geometry.spacing  # (i, j, k)
+    pixel_mm2 = float(np.prod([spacing[2 - a] for a in range(3) if a != sa]))
+    filled = _fill_marrow(closed.cpu().numpy(), hu.cpu().numpy(), sa, pixel_mm2)
+    bone = shell | regions | (morph.to_tensor(filled, hu.device) & ~closed)
+    low = (hu > LOW_HU) & body_b & ~pool
+    steps = max(1, int(round(GROW_MM / min(spacing))))
+    bone = geodesic(bone, low | bone, steps)
+    outer = bone & ~morph.erode(bone, (1, 1, 1)) & ~(hu > p.bone_hu) & ~cortex
+    bone &= ~outer
+    b = bone.cpu().numpy()
+    labels, sizes = morph.label(b)
+    keep = np.nonzero(sizes * grid.voxel_ml >= p.min_bone_ml)[0]
+    out[box] = morph.keep_labels(labels, keep, sizes.size - 1)
+    return out

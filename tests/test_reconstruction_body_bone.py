@@ -1,0 +1,169 @@
+"""Body (no table, blanket or couch; arms kept; cut by a small field of view) and bone (not contrast blood).
+
+Phantoms with confounders (``generate_phantom(..., confounders=...)``: tables, blankets, arms,
+IV contrast phases, small fields of view) against their ground truth, plus unit checks of the
+pieces on small synthetic volumes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.phantom import generate_phantom
+from pipeline.phantom.confounders import CONFOUNDER_SCENARIOS, Confounders
+from pipeline.reconstruction import body as body_mod
+from pipeline.reconstruction import bone as bone_mod
+from pipeline.reconstruction.grid import Grid
+from pipeline.reconstruction.organs import SegmentParams
+from pipeline.reconstruction.segment import segment_organs
+from pipeline.volume import CTVolume, Geometry
+
+
+def dice(a: np.ndarray, b: np.ndarray) -> float:
+    return 2.0 * float((a & b).sum()) / max(1, int(a.sum()) + int(b.sum()))
+
+
+def _scenario(name: str, matrix: int):
+    s = CONFOUNDER_SCENARIOS[name]
+    return generate_phantom(s.seed, confounders=s.confounders, patient_position=s.patient_position, matrix=matrix)
+
+
+@pytest.mark.parametrize("name", ["routine_chest", "flat_couch_blanket", "arms_sides_gap", "small_fov_centred", "prone"])
+def test_body_leaves_out_the_table_and_keeps_arms(name):
+    """Curved table, flat couch with a blanket under the back, arms beside the chest, a small field of view, prone."""
+    ph = _scenario(name, 128)
+    seg = segment_organs(ph.volume, organs=("body",), device="cpu")
+    body, truth, table = seg.masks["body"], ph.masks["body"], ph.masks["table"]
+    assert dice(truth, body) >= 0.97, f"{name}: body Dice {dice(truth, body):.3f}"
+    # the table (and blanket) never in the body: at most a partial-volume rim, 0.1 % of the body
+    assert (body & table).sum() <= 0.001 * truth.sum(), f"{name}: {(body & table).sum()} table voxels in the body"
+
+
+def test_body_keeps_arms_separated_from_the_chest_by_air():
+    ph = generate_phantom(11, matrix=128, confounders=Confounders(table="none", arms="sides"))
+    seg = segment_organs(ph.volume, organs=("body",), device="cpu")
+    body, truth = seg.masks["body"], ph.masks["body"]
+    assert dice(truth, body) >= 0.98
+    assert (truth & ~body).sum() <= 0.01 * truth.sum()  # both arms are in
+
+
+@pytest.mark.parametrize("name", ["arterial_phase", "pulmonary_phase", "feet_first_venous"])
+def test_bone_is_not_contrast_blood(name):
+    """Arterial, pulmonary-arterial and venous phases: bone Dice >= 0.90, blood hardly ever bone."""
+    ph = _scenario(name, 256)
+    seg = segment_organs(ph.volume, organs=("body", "bone"), device="cpu")
+    bone, truth, blood = seg.masks["bone"], ph.masks["bone"], ph.masks["contrast_blood"]
+    assert blood.any()
+    assert dice(truth, bone) >= 0.90, f"{name}: bone Dice {dice(truth, bone):.3f}"
+    assert (bone & blood).sum() <= 0.10 * blood.sum(), f"{name}: {(bone & blood).sum()} of {blood.sum()} blood voxels are bone"
+    thresholded = ((ph.volume.array > 300) & blood).sum()
+    if thresholded > 0.1 * blood.sum():  # arterial phases: a plain HU threshold would take far more of the blood
+        assert (bone & blood).sum() < 0.5 * thresholded
+
+
+def test_bone_without_contrast_still_meets_the_plain_phantom_floor():
+    ph = generate_phantom(1, matrix=128)
+    seg = segment_organs(ph.volume, organs=("body", "bone"), device="cpu")
+    assert dice(ph.masks["bone"], seg.masks["bone"]) >= 0.88
+
+
+# -- unit checks on synthetic volumes ------------------------------------------------------
+
+def _grid(arr: np.ndarray, spacing=(1.0, 1.0, 1.0)) -> Grid:
+    geom = Geometry(shape=arr.shape, spacing=spacing, origin=(0.0, 0.0, 0.0))
+    return Grid(CTVolume(arr.astype(np.float32), geom), torch.device("cpu"), (1, 1, 1))
+
+
+def test_cortex_seeds_ignore_noise_in_bright_blood():
+    rng = np.random.default_rng(0)
+    arr = rng.normal(450.0, 60.0, (24, 48, 48))  # dense contrast with a sharp kernel's noise
+    arr[:, 10:14, 10:30] = 1000.0  # a cortical plate
+    seeds = bone_mod.cortex_seeds(torch.from_numpy(arr.astype(np.float32)), (1, 1, 1)).numpy()
+    assert seeds[:, 10:14, 10:30].mean() > 0.9
+    assert seeds[:, 25:, 25:].sum() == 0
+
+
+def test_cortex_seeds_on_a_pooled_grid_keep_the_grid_shape():
+    arr = np.zeros((9, 21, 21), np.float32)
+    arr[4, 5:15, 5:15] = 900.0
+    arr[3, 5:15, 5:15] = 900.0
+    seeds = bone_mod.cortex_seeds(torch.from_numpy(arr), (1, 2, 2))
+    assert tuple(seeds.shape) == (9, 11, 11)
+    assert bool(seeds[3:5, 3:7, 3:7].all())
+
+
+def _cylinders(rimmed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Soft tissue with a smooth 300 HU cylinder; ``rimmed`` adds a 1 mm cortex (1000 HU) around it."""
+    rng = np.random.default_rng(1)
+    nk, n = 30, 64
+    _, j, i = np.meshgrid(np.arange(nk), np.arange(n), np.arange(n), indexing="ij")
+    r = np.hypot(j - 32, i - 32)
+    arr = np.full((nk, n, n), 40.0)
+    arr[r < 12] = 300.0
+    if rimmed:
+        arr[(r >= 12) & (r < 13.5)] = 1000.0
+    arr += rng.normal(0, 15, arr.shape)
+    return arr, r < 12
+
+
+@pytest.mark.parametrize("rimmed", [False, True])
+def test_blood_pools_are_smooth_unrimmed_regions(rimmed):
+    arr, inside = _cylinders(rimmed)
+    grid = _grid(arr)
+    body = torch.ones(arr.shape, dtype=torch.bool)
+    cortex = bone_mod.cortex_seeds(grid.hu, (1, 1, 1))
+    pool, bone = bone_mod.blood_pools(grid.hu, body, cortex, grid)
+    core = inside & (np.hypot(*np.meshgrid(np.arange(64) - 32, np.arange(64) - 32, indexing="ij")) < 9)[None]
+    if rimmed:  # a marrow cavity inside cortex: bone, not blood
+        assert bone.numpy()[core].mean() > 0.9 and not pool.numpy()[core].any()
+    else:  # a vessel: blood
+        assert pool.numpy()[core].mean() > 0.9 and not bone.numpy()[core].any()
+
+
+def test_segment_bone_fills_marrow_inside_cortex_but_not_the_spinal_canal():
+    """A vertebral body (cortex around 250 HU marrow) and its arch (cortex around the CSF-filled canal)."""
+    rng = np.random.default_rng(2)
+    _, j, i = np.meshgrid(np.arange(30), np.arange(80), np.arange(64), indexing="ij")
+    r_body, r_arch = np.hypot(j - 28, i - 32), np.hypot(j - 52, i - 32)
+    arr = np.full((30, 80, 64), 40.0)
+    arr[r_body < 13.5] = 1000.0
+    arr[r_body < 12] = 250.0
+    arr[r_arch < 9.5] = 900.0
+    arr[r_arch < 8] = 10.0
+    arr += rng.normal(0, 15, arr.shape)
+    grid = _grid(arr)
+    bone = bone_mod.segment_bone(grid, torch.ones(arr.shape, dtype=torch.bool), grid.hu, SegmentParams())
+    assert bone[r_body < 13].mean() > 0.98  # cortex and marrow
+    assert not bone[r_arch < 7].any()  # the canal
+    assert bone[(r_arch >= 8) & (r_arch < 9.5)].mean() > 0.9
+
+
+def test_fill_cut_air_fills_lungs_cut_by_the_image_edge_but_not_outside_air():
+    mask = np.zeros((3, 40, 40), dtype=bool)
+    mask[:, 5:35, :] = True  # a chest wider than the image
+    mask[:, 10:30, 0:15] = False  # a lung reaching the left edge
+    mask[:, 0:5, :] = False  # outside air above
+    out = body_mod.fill_cut_air(mask, slice_axis=0)
+    assert out[:, 10:30, 0:15].all()
+    assert not out[:, 0:5, :].any() and not out[:, 35:, :].any()
+
+
+def test_table_zone_finds_a_couch_under_the_patient_and_nothing_without_one():
+    nk, n = 20, 80
+    _, j, i = np.meshgrid(np.arange(nk), np.arange(n), np.arange(n), indexing="ij")
+    arr = np.full((nk, n, n), -1000.0)
+    patient = ((i - 40) / 25.0) ** 2 + ((j - 35) / 18.0) ** 2 < 1
+    arr[patient] = 40.0
+    grid = _grid(arr, spacing=(2.0, 2.0, 3.0))
+    assert body_mod.table_zone(torch.from_numpy(arr > -500), grid) is None
+    arr[:, 60, 2:78] = 400.0  # a couch: two thin shells around foam, the whole scan long
+    arr[:, 61:68, 2:78] = -850.0
+    arr[:, 68, 2:78] = 400.0
+    grid = _grid(arr, spacing=(2.0, 2.0, 3.0))
+    zone = body_mod.table_zone(torch.from_numpy(arr > -500), grid)
+    assert zone is not None and zone[60:69, 10:70].all()
+    assert not (zone[None] & patient).any()
+    body = body_mod.segment_body(grid, SegmentParams())
+    assert dice(patient, body) > 0.97 and not body[:, 59:, :].any()

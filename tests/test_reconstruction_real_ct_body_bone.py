@@ -1,0 +1,128 @@
+"""Body and bone on the shared real CT scans (``../shared/real_ct``; skipped when the folder is absent).
+
+* RT-planning chest on a flat couch (no annotations): the couch is located from the image
+  itself, as the wide tissue rows below the patient beyond an air gap; the body must hold
+  none of it, and all of the patient's tissue.
+* TotalSegmentator abdomen (model labels): every labelled organ lies in the body; bone against
+  the spine, sacrum and rib labels (25-50, 92-115) and against all bone labels (adding hips,
+  femurs and sternum, 75-78 and 116).
+* COPDGene chest (small field of view, lungs near the image edge): the lungs lie in the body.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.reconstruction.segment import segment_organs
+from tests._support.real_ct import copdgene, read_labels, require_real_ct, rt_planning_chest, totalseg_abdomen
+
+TS_SPINE_RIBS = (*range(25, 51), *range(92, 116))  # sacrum, vertebrae S1..C1, ribs
+TS_ALL_BONE = (*TS_SPINE_RIBS, *range(69, 79), 116)  # + humeri, scapulae, clavicles, femurs, hips; sternum
+
+
+def dice(a: np.ndarray, b: np.ndarray) -> float:
+    return 2.0 * float((a & b).sum()) / max(1, int(a.sum()) + int(b.sum()))
+
+
+def couch_rows(hu: np.ndarray, denser_than_air_hu: float = -900.0) -> tuple[int, int]:
+    """(last patient row, first couch row) of a supine axial scan whose rows run posteriorly.
+
+    Per image row, the share of (slice, column) pixels denser than air (the couch's carbon-fibre
+    plates are only about -800 HU): from the middle row down, the patient's rows, then an air
+    gap (share below 1 %), then the couch (share of at least 30 %).
+    """
+    share = (hu > denser_than_air_hu).mean(axis=(0, 2))
+    mid = hu.shape[1] // 2
+    gap = mid + int(np.argmax(share[mid:] < 0.01))
+    assert share[gap] < 0.01, "no air gap under the patient"
+    wide = np.nonzero(share[gap:] >= 0.3)[0]
+    assert wide.size, "no couch under the patient"
+    return gap - 1, gap + int(wide[0])
+
+
+@pytest.fixture(scope="module")
+def rt():
+    require_real_ct()
+    case = rt_planning_chest()
+    seg = segment_organs(case.volume, organs=("body", "bone"), device="cpu")
+    return case, seg
+
+
+def test_rt_chest_body_has_no_voxel_on_the_couch(rt):
+    case, seg = rt
+    hu = np.asarray(case.volume.array)
+    assert np.allclose(case.volume.geometry.direction, np.eye(3))  # rows run posteriorly (supine, LPS +y)
+    patient_end, couch = couch_rows(hu)
+    body = seg.masks["body"]
+    assert not body[:, couch:, :].any(), f"{int(body[:, couch:, :].sum())} body voxels at or below the couch (row {couch})"
+    assert not body[:, patient_end + 1:, :].any()
+
+
+def test_rt_chest_body_covers_the_patient(rt):
+    case, seg = rt
+    hu = np.asarray(case.volume.array)
+    patient_end, _ = couch_rows(hu)
+    body = seg.masks["body"]
+    tissue = hu > -500.0
+    tissue[:, patient_end + 1:, :] = False
+    # the patient's tissue: everything above the gap but the side rails of the immobilisation board
+    from scipy import ndimage
+
+    labels, _ = ndimage.label(tissue)
+    centre = labels[hu.shape[0] // 2, hu.shape[1] // 2 - 60, hu.shape[2] // 2]
+    assert centre > 0
+    patient = labels == centre
+    assert (body & patient).sum() >= 0.995 * patient.sum()
+    # and the air inside it (lungs, airways), slice by slice
+    inside = np.stack([ndimage.binary_fill_holes(sl) for sl in patient]) & ~patient
+    assert inside.sum() > 2e6 and body[inside].mean() > 0.99
+
+
+def test_rt_chest_bone_is_not_the_heart(rt):
+    """No contrast here, but the heart and great vessels (40 HU) must stay out; ribs and spine in."""
+    case, seg = rt
+    hu = np.asarray(case.volume.array)
+    bone = seg.masks["bone"]
+    vml = float(np.prod(case.volume.geometry.spacing)) / 1000.0
+    assert 200.0 < bone.sum() * vml < 2500.0
+    assert np.median(hu[bone]) > 200.0
+    assert (hu[bone] < 0).mean() < 0.02
+
+
+@pytest.fixture(scope="module")
+def ts():
+    require_real_ct()
+    case = totalseg_abdomen()
+    root = require_real_ct()
+    labels = read_labels(root / "totalseg_abdomen_lung_bases" / "example_seg_fast_force_split.nii.gz", case.volume.geometry)
+    seg = segment_organs(case.volume, organs=("body", "bone"), device="cpu")
+    return case, labels, seg
+
+
+def test_totalseg_abdomen_body_holds_every_labelled_organ(ts):
+    _, labels, seg = ts
+    organs = labels > 0
+    assert seg.masks["body"][organs].mean() >= 0.995
+
+
+def test_totalseg_abdomen_bone_against_the_model_labels(ts):
+    """Dice against the spine, sacrum and ribs, and against all bone labels; bone is mostly labelled bone."""
+    _, labels, seg = ts
+    bone = seg.masks["bone"]
+    spine_ribs = np.isin(labels, TS_SPINE_RIBS)
+    all_bone = np.isin(labels, TS_ALL_BONE)
+    d_spine, d_all = dice(spine_ribs, bone), dice(all_bone, bone)
+    print(f"totalseg_abdomen bone Dice: spine/sacrum/ribs {d_spine:.3f}, all bone labels {d_all:.3f}")
+    from scipy import ndimage
+
+    near_bone = ndimage.binary_dilation(all_bone)
+    assert bone[near_bone].sum() >= 0.95 * bone.sum()  # no soft tissue or bowel taken for bone
+    assert d_all >= 0.40
+
+
+def test_copdgene_lungs_lie_in_the_body():
+    case = copdgene()
+    seg = segment_organs(case.volume, organs=("body",), device="cpu")
+    lungs = case.reference["lung_left"] | case.reference["lung_right"]
+    assert seg.masks["body"][lungs].mean() >= 0.99
