@@ -20,11 +20,15 @@ def _input_shapes(out) -> dict[str, list[int]]:
     return {d.name: json.loads((d / "findings.json").read_text())["input_shape_xyz"] for d in (out / "cases").iterdir()}
 
 
-def test_stage_order_puts_load_between_ingest_and_detect():
+def test_stage_order_puts_the_lungs_first_and_load_right_before_detect():
     from pipeline.config import load_config
 
-    names = [s.name for s in build_stages(load_config())]
-    assert names == ["ingest", "load", "detect", "reconstruct", "write"]
+    names = lambda **o: [s.name for s in build_stages(load_config(overrides=o, environ={}))]  # noqa: E731
+    # the lungs are segmented (with every organ) before the search, the findings measured in them after it
+    assert names() == ["ingest", "reconstruct", "load", "detect", "nodules", "write"]
+    # without reconstruction, or without both lungs among its organs, a lungs-only step comes first
+    assert names(**{"reconstruct.enabled": False}) == ["ingest", "lungs", "load", "detect", "write"]
+    assert names(**{"reconstruct.organs": ["body", "bone"]}) == ["ingest", "lungs", "load", "detect", "reconstruct", "write"]
 
 
 def test_loader_backend_and_lung_roi_are_respected(dicom_data, tmp_path):

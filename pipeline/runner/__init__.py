@@ -1,10 +1,13 @@
 """The batch runner: pipelined, crash-safe, resumable runs with per-stage latency and throughput reports.
 
 ``ctpipe run SRC... --out RUN_DIR`` (or :func:`run_batch`) discovers CT series
-under folders or in a worklist CSV and runs ingest → load (case cache → model
-input with the DALI or torch loader) → detect → reconstruct → write for each; ``ctpipe report RUN_DIR...`` (or :func:`build_report`) reports
-throughput and latency; :func:`open_run` gives the results as pandas
-DataFrames. All positions are DICOM patient coordinates (LPS, mm).
+under folders or in a worklist CSV and runs ingest → reconstruct (organs, one
+lung mask per case, quality flags) → load (case cache → model input with the
+DALI or torch loader) → detect (skipped when the lungs are absent) → nodules →
+write for each (see :mod:`.stages`); ``ctpipe report RUN_DIR...`` (or
+:func:`build_report`) reports throughput, latency and quality flags;
+:func:`open_run` gives the results as pandas DataFrames. All positions are
+DICOM patient coordinates (LPS, mm).
 
 The notebook example is in README.md ("Notebook API"); ``tests/test_api.py`` runs it.
 """

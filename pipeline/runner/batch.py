@@ -8,6 +8,7 @@ import logging
 import os
 import platform
 import socket
+import sqlite3
 import sys
 import time
 import uuid
@@ -22,6 +23,7 @@ from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import ConfigError, FatalRunError
 from .discover import Discovery, discover
 from .engine import Engine
+from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
 from .metrics import NvmlSampler, RunMetrics
 from .progress import Progress
@@ -37,11 +39,16 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_QUARANTINED = 3
+EXIT_ENVIRONMENT = 4
+#: Lines of the summary that name not-selected series one by one (the report and the store list them all).
+SHOWN = 20
 
 
 @dataclass
 class RunSummary:
-    """What a run did. ``exit_code``: 0 all cases done, 3 some quarantined, 1 the run could not proceed."""
+    """What a run did. ``exit_code``: 0 all cases done, 3 some quarantined, 4 the run folder could not be written
+    (disk full, read-only, no permission: the run stopped early; the same command resumes), 1 the run could not
+    proceed (bad source or configuration, a model that cannot load)."""
 
     run_dir: Path
     run_id: str
@@ -50,16 +57,29 @@ class RunSummary:
     skipped: int = 0  # done by an earlier run of this folder
     quarantined: list[tuple[str, str, str]] = field(default_factory=list)  # (case_id, error class, reason)
     not_selected: list[dict[str, Any]] = field(default_factory=list)
+    skipped_files: list[dict[str, str]] = field(default_factory=list)  # path, kind, reason
+    released: list[tuple[str, str]] = field(default_factory=list)  # (case_id, why): left for the next run
     elapsed_s: float = 0.0
     report_html: Path | None = None
     metrics_file: Path | None = None
     fatal: str | None = None
+    stopped: str | None = None  # the run folder could not be written: why
+    unfinished: int = 0  # cases of this run neither done nor quarantined (left for the next run)
+    notes: list[str] = field(default_factory=list)  # outputs of the run itself that could not be written
 
     @property
     def exit_code(self) -> int:
         if self.fatal:
             return EXIT_FATAL
+        if self.stopped:
+            return EXIT_ENVIRONMENT
         return EXIT_QUARANTINED if self.quarantined else EXIT_OK
+
+    @property
+    def skipped_where(self) -> str:
+        """Where the full list of what discovery left out is."""
+        rep = self.run_dir / "report" / "skipped.csv"
+        return f"{rep} and the run store (open_run(...).skipped)" if self.report_html else "the run store (open_run(...).skipped)"
 
     @property
     def cases_per_hour(self) -> float:
@@ -70,10 +90,23 @@ class RunSummary:
                f"{self.skipped} already done earlier, of {self.total}, in {self.elapsed_s:.1f} s"]
         if self.fatal:
             out.append(f"run stopped: {self.fatal}")
+        if self.stopped and self.unfinished:
+            out.append(f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: free the space (or fix "
+                       "the folder's permissions) and run the same command again to finish them (no --retry-failed needed)")
+        elif self.stopped:
+            out.append(f"the run folder could not be written: {self.stopped}")
         for cid, cls, reason in self.quarantined:
             out.append(f"  quarantined {cid}: {cls}: {reason}")
-        for ns in self.not_selected:
+        for ns in self.not_selected[:SHOWN]:
             out.append(f"  not selected {ns['series']} ({ns['source']}): {ns['why']}")
+        if self.skipped_files or len(self.not_selected) > SHOWN:
+            kinds: dict[str, int] = {}
+            for f in self.skipped_files:
+                kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+            what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(kinds.items()))
+            out.append(f"  skipped by discovery: {len(self.skipped_files)} file(s) ({what or 'none'}) and "
+                       f"{len(self.not_selected)} series not selected, listed with reasons in {self.skipped_where}")
+        out.extend(f"  {note}" for note in self.notes)
         return out
 
     def __repr__(self) -> str:
@@ -140,17 +173,34 @@ def run_batch(
         cfg = from_dict(merged, source="overrides")
     srcs = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     run_dir = Path(out)
+    check_writable(run_dir)  # a read-only or full --out: one clear error, before anything else
     lock = RunLock(run_dir)
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
     summary = RunSummary(run_dir, run_id)
     handler = attach_jsonl(run_dir / "run.log", process="main")
-    store = RunStore(run_dir)
+    try:
+        store = RunStore(run_dir)
+    except (OSError, sqlite3.Error) as exc:
+        detach(handler)
+        lock.release()
+        _raise_environment(exc, run_dir)
+        raise
     try:
         return _run(srcs, cfg, run_dir, run_id, store, summary, stages, progress, command, t0)
+    except (OSError, sqlite3.Error) as exc:  # the run folder failed before any case started
+        _raise_environment(exc, run_dir)
+        raise
     finally:
         store.close()
         detach(handler)
         lock.release()
+
+
+def _raise_environment(exc: BaseException, run_dir: Path) -> None:
+    """Raise :class:`RunEnvironmentError` for an environmental ``exc`` (the caller re-raises anything else)."""
+    env = environment_failure(exc, run_dir=run_dir)
+    if env is not None:
+        raise env.error() from exc
 
 
 def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, summary: RunSummary,
@@ -158,6 +208,7 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
     reconcile(store, run_dir)
     found: Discovery = discover(srcs, cfg)
     summary.not_selected = found.not_selected
+    summary.skipped_files = found.skipped_files
     pl = plan(store, found.cases, retry_failed=cfg.runner.retry_failed)
     summary.total = len(found.cases)
     summary.skipped = len(pl.done)
@@ -171,10 +222,12 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
     atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict()).encode())
     store.start_run(run_id, command=command or " ".join(sys.argv), sources=[str(s) for s in srcs], config=cfg.to_dict(),
                     versions=software_versions(), device=device_desc, host=socket.gethostname(), pid=os.getpid())
+    store.add_skipped(run_id, found.skipped_rows())
     log.info("run %s: %d case(s) to run, %d done earlier, %d quarantined earlier; device %s", run_id, len(pl.to_run),
              len(pl.done), len(pl.failed_before), device_desc, extra={"event": "run_start", "run_id": run_id})
     prog = Progress(total=len(pl.to_run) + len(pl.rejected), callback=progress_cb)
     metrics = RunMetrics()
+    metrics.files_skipped(len(found.skipped_files), len(found.not_selected))
     if cfg.metrics.port:
         metrics.serve(cfg.metrics.port, cfg.metrics.bind)
     sampler = NvmlSampler(cfg.metrics.nvml_interval_s, metrics) if device_desc != "cpu" else None
@@ -201,7 +254,10 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
                         retries=cfg.runner.retries, keep_cache=cfg.runner.keep_cache, observers=[metrics, prog])
         if progress_cb is not None:
             progress_cb(prog)  # show the bar before the first case finishes
-        summary.done = len(engine.run(pl.to_run, pl.rejected).done)
+        result = engine.run(pl.to_run, pl.rejected)
+        summary.done, summary.released = len(result.done), result.released
+        if result.stopped:
+            summary.stopped, status = result.stopped, "interrupted"
     except FatalRunError as exc:
         summary.fatal = str(exc)
         status = "failed"
@@ -209,30 +265,55 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
     except KeyboardInterrupt:
         status = "interrupted"
         raise
+    except (OSError, sqlite3.Error) as exc:  # the main process could not write the run folder (store, files)
+        env = environment_failure(exc, run_dir=run_dir)
+        if env is None:
+            raise
+        summary.stopped, status = env.describe(), "interrupted"
+        log.error("run stopped: %s", env.describe(), extra={"event": "run_stopped", "run_id": run_id})
     finally:
         if executor is not None:
             executor.close()
         if sampler:
             sampler.stop()
-            store.add_gpu_samples(run_id, sampler.drain())
+            _quietly(summary, run_dir, "GPU samples", lambda: store.add_gpu_samples(run_id, sampler.drain()))
         metrics.stop()
         summary.elapsed_s = time.monotonic() - t0
+        keys = {c.case_key for c in found.cases}
         failed_rows = store.cases_with_status("failed")
-        summary.quarantined = [(r["case_id"], r["error_class"], r["reason"]) for r in failed_rows
-                               if r["case_key"] in {c.case_key for c in found.cases}]
+        summary.quarantined = [(r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys]
+        summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
         done_now = len(store.cases_with_status("done"))
-        store.end_run(run_id, status=status, n_cases=summary.total, n_done=done_now, n_failed=len(failed_rows),
-                      n_skipped=summary.skipped)
+        _quietly(summary, run_dir, "the run's record", lambda: store.end_run(
+            run_id, status=status, n_cases=summary.total, n_done=done_now, n_failed=len(failed_rows), n_skipped=summary.skipped))
         if cfg.metrics.textfile:
-            summary.metrics_file = metrics.write_textfile(run_dir / "metrics.prom")
+            summary.metrics_file = _quietly(summary, run_dir, "metrics.prom",
+                                            lambda: metrics.write_textfile(run_dir / "metrics.prom"))
         if cfg.metrics.textfile_dir:
-            metrics.write_textfile(Path(cfg.metrics.textfile_dir) / "ctpipe.prom")
+            _quietly(summary, run_dir, "ctpipe.prom", lambda: metrics.write_textfile(Path(cfg.metrics.textfile_dir) / "ctpipe.prom"))
     if cfg.report.enabled:
-        summary.report_html = build_report([run_dir], run_dir / "report", bin_minutes=cfg.report.bin_minutes,
-                                           hours_per_day=cfg.report.hours_per_day).html
+        rep = _quietly(summary, run_dir, "the report", lambda: build_report(
+            [run_dir], run_dir / "report", bin_minutes=cfg.report.bin_minutes, hours_per_day=cfg.report.hours_per_day))
+        summary.report_html = rep.html if rep is not None else None
     log.info("run %s finished: %d done, %d quarantined, %.1f s", run_id, summary.done, len(summary.quarantined),
              summary.elapsed_s, extra={"event": "run_end", "run_id": run_id})
     return summary
+
+
+def _quietly(summary: RunSummary, run_dir: Path, what: str, write: Callable[[], Any]) -> Any:
+    """``write()``; when the run folder cannot take it (disk full, ...), a note in the summary instead of a traceback."""
+    try:
+        return write()
+    except (OSError, sqlite3.Error) as exc:
+        env = environment_failure(exc, run_dir=run_dir)
+        if env is None:
+            raise
+        note = f"not written: {what} ({env.describe()})"
+        summary.notes.append(note)
+        if summary.stopped is None:
+            summary.stopped = env.describe()
+        log.error("%s", note, extra={"event": "write_failed"})
+        return None
 
 
 def _yaml(data: Mapping[str, Any]) -> str:

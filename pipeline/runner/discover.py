@@ -7,7 +7,8 @@ pairs of its files, so a series that changed is a new case. Series the scan
 chose but could not validate (missing or duplicate slices, inconsistent
 geometry) become cases that are quarantined at once with their reason;
 series not chosen by the selection rules (localizers, too few slices, not CT)
-are listed with why, but are not cases.
+are listed with why, but are not cases; so are the files the scan skipped (not
+DICOM, unreadable, cut short, link loops, ...), each with its path and reason.
 
 A worklist CSV has a ``path`` column (a folder or file; relative paths are
 resolved against ``runner.worklist_root`` or the CSV's folder) and optional
@@ -35,12 +36,21 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Discovery:
-    """The cases found, plus the series and files that were not taken and why."""
+    """The cases found, plus the series (``not_selected``: series, source, why) and files (``skipped_files``:
+    path, kind, reason) that were not taken and why."""
 
     cases: list[CaseSpec] = field(default_factory=list)
     not_selected: list[dict[str, Any]] = field(default_factory=list)
-    skipped_files: int = 0
+    skipped_files: list[dict[str, str]] = field(default_factory=list)
     n_files: int = 0
+
+    def skipped_rows(self) -> list[dict[str, Any]]:
+        """Everything left out, as rows of the run store's ``skipped`` table (files first, then series)."""
+        rows = [{"what": "file", "item": f["path"], "kind": f["kind"], "reason": f["reason"], "source": None}
+                for f in self.skipped_files]
+        rows += [{"what": "series", "item": n["series"], "kind": "not_selected", "reason": n["why"], "source": n["source"]}
+                 for n in self.not_selected]
+        return rows
 
 
 def fingerprint_series(series: Any) -> str:
@@ -74,7 +84,11 @@ def _scan(paths: Sequence[str | os.PathLike[str]], cfg: Config, out: Discovery, 
     scan = scan_directory(list(paths), rules=_rules(cfg), spacing_tolerance=cfg.ingest.spacing_tolerance,
                           allow_gantry_tilt=cfg.ingest.allow_gantry_tilt)
     out.n_files += scan.n_files
-    out.skipped_files += len(scan.skipped_files)
+    seen = {f["path"] for f in out.skipped_files}
+    for f in scan.skipped_files:
+        if str(f.path) not in seen:
+            out.skipped_files.append({"path": str(f.path), "kind": f.kind, "reason": f.reason})
+            log.info("skipped file %s: %s", f.path, f.reason, extra={"event": "skipped_file"})
     errors = {r.series.key: r.error for r in scan.rejected}
     cases: list[CaseSpec] = []
     for s in scan.series:
@@ -133,5 +147,5 @@ def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discover
         out.cases.extend(_scan(folders, cfg, out))
     out.cases.sort(key=lambda c: (c.source, c.case_id))
     log.info("discovered %d case(s) in %d file(s); %d series not selected, %d file(s) skipped", len(out.cases), out.n_files,
-             len(out.not_selected), out.skipped_files, extra={"event": "discover"})
+             len(out.not_selected), len(out.skipped_files), extra={"event": "discover"})
     return out

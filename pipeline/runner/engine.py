@@ -5,8 +5,15 @@ and disk stay bounded whatever the number of cases), hands each ready stage of
 each case to a worker of the stage's group (CPU pool or the model worker of a
 device), records every stage attempt in the store as its result arrives, and
 publishes a case's outputs (atomic rename, then the store) when its last stage
-is done. Later stages of admitted cases are dispatched before first stages of
-new ones, so cases finish in order and the pipeline stays full.
+is done and every file its stages declared is there. Later stages of admitted
+cases are dispatched before first stages of new ones, so cases finish in order
+and the pipeline stays full.
+
+When the run folder cannot be written (disk full, read-only, no permission;
+see :mod:`.faults`), no new case is admitted; the cases in flight finish if
+they can, and those that cannot are released (back to pending, no verdict) for
+the next run. A failure of the run store itself stops the engine at once (its
+cases stay 'running' and are retried by the next run).
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import FatalRunError
-from .resume import publish, write_quarantine
+from ..errors import FatalRunError, IncompleteOutputError
+from .faults import environment_failure
+from .resume import drop_cached, publish, remove_quarantine, write_quarantine
 from .stage import CaseSpec, Stage, Task, TaskResult
 from .store import RunStore
 
@@ -34,6 +42,7 @@ class Observer(Protocol):
     def on_stage(self, result: TaskResult) -> None: ...
     def on_case_done(self, case: CaseSpec, latency_s: float, n_findings: int) -> None: ...
     def on_case_failed(self, case: CaseSpec, reason: str, error_class: str) -> None: ...
+    def on_case_released(self, case: CaseSpec, reason: str) -> None: ...
 
 
 class Executor(Protocol):
@@ -51,6 +60,7 @@ class _Live:
     index: int = 0
     state: dict[str, Any] = field(default_factory=dict)
     tries: int = 1
+    declared: list[str] = field(default_factory=list)  # files (relative to workdir) the stages promised
 
 
 @dataclass
@@ -58,6 +68,8 @@ class EngineResult:
     done: list[str] = field(default_factory=list)
     failed: list[tuple[str, str, str]] = field(default_factory=list)  # (case_id, error class, reason)
     fatal: str | None = None
+    released: list[tuple[str, str]] = field(default_factory=list)  # (case_id, why): left for the next run
+    stopped: str | None = None  # why no more cases were admitted (the run folder could not be written)
 
 
 def _file_entry(path: Path, root: Path) -> dict[str, Any]:
@@ -85,25 +97,29 @@ class Engine:
         self.keep_cache = keep_cache
         self.observers = list(observers)
         self._seq = itertools.count()
+        self.stopping: str | None = None
 
     # -- public --------------------------------------------------------------------------
     def run(self, cases: Sequence[CaseSpec], rejected: Sequence[CaseSpec] = ()) -> EngineResult:
         result = EngineResult()
         for case in rejected:
             assert case.rejected is not None
-            self._quarantine(case, case.rejected[1], case.rejected[0], "discover", result)
+            if self.stopping is None:
+                self._quarantine(case, case.rejected[1], case.rejected[0], "discover", result)
         todo = iter(cases)
         live: dict[str, _Live] = {}
         ready: list[Task] = []
         exhausted = False
         while True:
-            while not exhausted and len(live) < self.max_in_flight:
+            while not exhausted and self.stopping is None and len(live) < self.max_in_flight:
                 nxt = next(todo, None)
                 if nxt is None:
                     exhausted = True
                     break
-                live[nxt.case_key] = self._admit(nxt)
-                ready.append(self._task(live[nxt.case_key]))
+                lv = self._admit(nxt, result)
+                if lv is not None:
+                    live[nxt.case_key] = lv
+                    ready.append(self._task(lv))
             if not live:
                 break
             ready.sort(key=lambda t: (-t.stage_index, t.seq))
@@ -113,14 +129,21 @@ class Engine:
                     ready.remove(task)
             for res in self.executor.poll(0.05):
                 self._handle(res, live, ready, result)
+        result.stopped = self.stopping
         return result
 
     # -- steps -------------------------------------------------------------------------------
-    def _admit(self, case: CaseSpec, tries: int = 1) -> _Live:
+    def _admit(self, case: CaseSpec, result: EngineResult, tries: int = 1) -> _Live | None:
+        """Start an attempt of ``case`` (None when its staging folder cannot be made: the run stops admitting)."""
         attempt = self.store.begin_case(case.case_key, self.run_id)
         workdir = self.run_dir / "tmp" / f"{case.case_id}.a{attempt}"
         shutil.rmtree(workdir, ignore_errors=True)
-        workdir.mkdir(parents=True)
+        try:
+            remove_quarantine(self.run_dir, case.case_id)  # retried: an earlier verdict no longer stands
+            workdir.mkdir(parents=True)
+        except OSError as exc:
+            self._release_or_raise(_Live(case, attempt, workdir, time.time(), tries=tries), exc, "admit", result)
+            return None
         log.info("case %s started (attempt %d)", case.case_id, attempt,
                  extra={"event": "case_start", "case_id": case.case_id, "run_id": self.run_id})
         return _Live(case, attempt, workdir, time.time(), tries=tries)
@@ -136,9 +159,10 @@ class Engine:
         lv = live.get(res.case_key)
         if lv is None or lv.attempt != res.attempt:
             return  # a late answer about an abandoned attempt
+        interrupted = res.worker_died or res.environment
         self.store.record_attempt(
             run_id=self.run_id, case_key=res.case_key, stage=res.stage, attempt=res.attempt,
-            status="ok" if res.ok else ("interrupted" if res.worker_died else "failed"), worker=res.worker,
+            status="ok" if res.ok else ("interrupted" if interrupted else "failed"), worker=res.worker,
             device=res.device, ready_at=res.ready_at, started_at=res.started_at, ended_at=res.ended_at,
             wall_s=res.wall_s, peak_rss_mb=res.peak_rss_mb, peak_cuda_mb=res.peak_cuda_mb, error=res.error,
             detail=res.outputs.pop("timings", None),
@@ -148,36 +172,64 @@ class Engine:
         if not res.ok:
             del live[res.case_key]
             shutil.rmtree(lv.workdir, ignore_errors=True)
+            reason = res.error or "unknown error"
+            if res.environment:
+                self._stop(reason)
+            if self.stopping is not None:  # the run folder failed: no verdict on this case now, the next run retries it
+                why = reason if res.environment else f"{reason} (not judged: the run was stopping: {self.stopping})"
+                self._release(lv, why, res.stage, result)
+                return
             if res.worker_died and lv.tries <= self.retries:
                 log.warning("case %s: %s; retrying", lv.case.case_id, res.error,
                             extra={"event": "case_retry", "case_id": lv.case.case_id})
-                live[res.case_key] = self._admit(lv.case, tries=lv.tries + 1)
-                ready.append(self._task(live[res.case_key]))
+                again = self._admit(lv.case, result, tries=lv.tries + 1)
+                if again is not None:
+                    live[res.case_key] = again
+                    ready.append(self._task(again))
                 return
-            self._quarantine(lv.case, res.error or "unknown error", res.error_class or "Error", res.stage, result)
+            self._quarantine_live(lv, reason, res.error_class or "Error", res.stage, result)
             return
+        lv.declared.extend(res.outputs.pop("declared", None) or ())
         lv.state.update(res.outputs)
         lv.index += 1
         if lv.index < len(self.stages):
             ready.append(self._task(lv))
             return
         del live[res.case_key]
-        self._finish(lv, result)
+        try:
+            self._finish(lv, result)
+        except IncompleteOutputError as exc:
+            shutil.rmtree(lv.workdir, ignore_errors=True)
+            if self.stopping is not None:
+                self._release(lv, f"{exc} (not judged: the run was stopping: {self.stopping})", "publish", result)
+            else:
+                self._quarantine_live(lv, str(exc), type(exc).__name__, "publish", result)
+        except OSError as exc:
+            self._release_or_raise(lv, exc, "publish", result)
 
     def _finish(self, lv: _Live, result: EngineResult) -> None:
         case = lv.case
+        missing = [p for p in dict.fromkeys(lv.declared) if not (lv.workdir / p).is_file()]
+        if missing:
+            raise IncompleteOutputError(
+                f"{len(missing)} declared output file(s) were not written: {', '.join(missing[:5])}"
+                + (", ..." if len(missing) > 5 else ""), where=f"case {case.case_id}",
+                fix="see run.log for the stage that wrote them; the case was not published")
         findings = list(lv.state.get("findings", []))
         measurements = [tuple(m) for m in lv.state.get("measurements", [])]
+        quality = lv.state.get("quality")
+        skipped = lv.state.get("detect_skipped")
         files = sorted(p for p in lv.workdir.rglob("*") if p.is_file())
         manifest = {
             "case_id": case.case_id, "case_key": case.case_key, "series_uid": case.series_uid,
             "fingerprint": case.fingerprint, "files": [_file_entry(p, lv.workdir) for p in files],
             "findings": findings, "measurements": [list(m) for m in measurements],
+            "quality": quality, "detect_skipped": skipped,
         }
         final = self.run_dir / "cases" / case.case_id
         publish(lv.workdir, final, manifest)
         self.store.complete_case(case.case_key, output_dir=str(final.relative_to(self.run_dir)), findings=findings,
-                                 measurements=measurements)
+                                 measurements=measurements, quality=quality, detect_skipped=skipped)
         latency = time.time() - lv.started
         self._drop_cache(case)
         result.done.append(case.case_id)
@@ -185,14 +237,24 @@ class Engine:
                  extra={"event": "case_done", "case_id": case.case_id, "latency_s": round(latency, 4), "run_id": self.run_id})
         for obs in self.observers:
             obs.on_case_done(case, latency, len(findings))
+            hook = getattr(obs, "on_case_quality", None)
+            if hook is not None and quality:
+                hook(case, quality)
+
+    def _quarantine_live(self, lv: _Live, reason: str, error_class: str, stage: str | None, result: EngineResult) -> None:
+        try:
+            self._quarantine(lv.case, reason, error_class, stage, result)
+        except OSError as exc:
+            self._release_or_raise(lv, exc, "quarantine", result)
 
     def _quarantine(self, case: CaseSpec, reason: str, error_class: str, stage: str | None, result: EngineResult) -> None:
+        # the quarantine file first: should it fail (disk full), the case is still unjudged in the store
+        write_quarantine(self.run_dir, case, reason=reason, error_class=error_class, stage=stage)
         row = self.store.case(case.case_key) if case.case_key else None
         if row is not None:
             if row["status"] == "pending":
                 self.store.begin_case(case.case_key, self.run_id)
             self.store.fail_case(case.case_key, reason=reason, error_class=error_class, stage=stage)
-        write_quarantine(self.run_dir, case, reason=reason, error_class=error_class, stage=stage)
         self._drop_cache(case)
         result.failed.append((case.case_id, error_class, reason))
         log.error("case %s quarantined at stage %s: %s", case.case_id, stage, reason,
@@ -201,8 +263,37 @@ class Engine:
         for obs in self.observers:
             obs.on_case_failed(case, reason, error_class)
 
+    # -- the run folder failed ------------------------------------------------------------------------
+    def _stop(self, why: str) -> None:
+        if self.stopping is None:
+            self.stopping = why
+            log.error("run folder failure: %s; no new cases are started", why,
+                      extra={"event": "run_stopping", "run_id": self.run_id, "reason": why})
+
+    def _release_or_raise(self, lv: _Live, exc: OSError, step: str, result: EngineResult) -> None:
+        """An OSError of the main process: release the case if the run folder failed, else it is a bug (raise)."""
+        env = environment_failure(exc, run_dir=self.run_dir)
+        if env is None:
+            raise exc
+        why = f"{step}: {env.describe()}"
+        self._stop(why)
+        shutil.rmtree(lv.workdir, ignore_errors=True)
+        self._release(lv, why, step, result)
+
+    def _release(self, lv: _Live, why: str, stage: str | None, result: EngineResult) -> None:
+        row = self.store.case(lv.case.case_key)
+        if row is not None and row["status"] == "running":
+            self.store.release_case(lv.case.case_key, reason=why, stage=stage)
+        drop_cached(self.run_dir, lv.case.case_id)  # possibly half-written: the next run ingests it again
+        result.released.append((lv.case.case_id, why))
+        log.warning("case %s left for the next run: %s", lv.case.case_id, why,
+                    extra={"event": "case_released", "case_id": lv.case.case_id, "stage": stage, "reason": why,
+                           "run_id": self.run_id})
+        for obs in self.observers:
+            hook = getattr(obs, "on_case_released", None)
+            if hook is not None:
+                hook(lv.case, why)
+
     def _drop_cache(self, case: CaseSpec) -> None:
-        if self.keep_cache:
-            return
-        for suffix in (".json", ".npy"):  # sidecar first: a cache entry exists only while its sidecar does
-            (self.run_dir / "cache" / f"{case.case_id}{suffix}").unlink(missing_ok=True)
+        if not self.keep_cache:
+            drop_cached(self.run_dir, case.case_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import sys
 from pathlib import Path
 
 _FIELDS = ("event", "case_id", "case_key", "stage", "reason", "error_class", "run_id", "wall_s", "latency_s")
@@ -38,11 +39,36 @@ class JsonLinesFormatter(logging.Formatter):
 
 
 class _LineHandler(logging.FileHandler):
-    """Appends one line per record and flushes it at once."""
+    """Appends one line per record and flushes it at once.
+
+    A record that cannot be written (the disk is full, the folder became read-only) is dropped
+    without the traceback that ``logging`` prints by default: the run itself reports the failure in
+    one line. ``lost`` counts the records dropped.
+    """
+
+    lost = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         super().emit(record)
         self.flush()
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            self.lost += 1
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # its last lines could not be written
+            self.lost += 1
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            self.lost += 1
+        else:  # a record that cannot be formatted is a bug: logging's own report
+            super().handleError(record)
 
 
 def attach_jsonl(path: Path, *, process: str, level: int = logging.INFO) -> logging.Handler:

@@ -4,6 +4,11 @@ Metrics (one registry per run, so several runs in one process do not mix):
 
 * ``ctpipe_cases_processed_total`` — cases completed.
 * ``ctpipe_cases_failed_total{reason}`` — cases quarantined, by error class.
+* ``ctpipe_cases_released_total`` — cases left unfinished for the next run because the run folder could not be
+  written (disk full, read-only, no permission).
+* ``ctpipe_case_flags_total{flag,severity}`` — quality flags of completed cases (``severity``: warning or info).
+* ``ctpipe_discovery_skipped{what}`` — what discovery left out in this run: ``file`` (not DICOM, unreadable, ...)
+  and ``series`` (not selected: localizers, too few slices, not CT).
 * ``ctpipe_stage_latency_seconds{stage}`` — histogram of stage wall time (s).
 * ``ctpipe_stage_queue_wait_seconds{stage}`` — histogram of time a ready stage waited for a worker (s).
 * ``ctpipe_case_latency_seconds`` — histogram of a case's end-to-end time (s).
@@ -19,6 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,11 @@ class RunMetrics:
         r = self.registry
         self.processed = Counter("ctpipe_cases_processed", "Cases completed", registry=r)
         self.failed = Counter("ctpipe_cases_failed", "Cases quarantined, by error class", ["reason"], registry=r)
+        self.released = Counter("ctpipe_cases_released", "Cases left for the next run: the run folder could not be written",
+                                registry=r)
+        self.flags = Counter("ctpipe_case_flags", "Quality flags of completed cases", ["flag", "severity"], registry=r)
+        self.skipped = Gauge("ctpipe_discovery_skipped", "Files and series discovery left out in this run", ["what"],
+                             registry=r)
         self.stage_latency = Histogram("ctpipe_stage_latency_seconds", "Stage wall time per case", ["stage"],
                                        buckets=_BUCKETS, registry=r)
         self.queue_wait = Histogram("ctpipe_stage_queue_wait_seconds", "Time a ready stage waited for a worker",
@@ -75,6 +86,18 @@ class RunMetrics:
     def on_case_failed(self, case: CaseSpec, reason: str, error_class: str) -> None:
         self.failed.labels(error_class).inc()
         self.updated.set(time.time())
+
+    def on_case_released(self, case: CaseSpec, reason: str) -> None:
+        self.released.inc()
+        self.updated.set(time.time())
+
+    def on_case_quality(self, case: CaseSpec, quality: Mapping[str, Any]) -> None:
+        for flag in quality.get("flags", ()):
+            self.flags.labels(flag["code"], flag.get("severity", "warning")).inc()
+
+    def files_skipped(self, files: int, series: int) -> None:
+        self.skipped.labels("file").set(files)
+        self.skipped.labels("series").set(series)
 
     def gpu_sample(self, gpu: int, util_pct: float, mem_used_mb: float) -> None:
         self.gpu_util.labels(str(gpu)).set(util_pct)

@@ -8,7 +8,13 @@ model input (:meth:`Detector.detect_loaded`). Both run in the model worker of a
 device, so the model input (possibly on the GPU) is handed from one to the other
 inside that process, never pickled; only small facts travel in the case's state.
 When ``detect`` runs in a worker that does not hold the input (another device, a
-restarted worker), it loads the case again. Positions are LPS mm.
+restarted worker), it loads the case again.
+
+Both skip a case whose lungs are absent (the ``lungs_absent`` quality flag of an
+earlier stage): nothing is loaded, and its findings JSON says why no search ran
+(``reason``). Findings are reported at the model's operating point, or at
+``detector.score_threshold`` (every candidate with ``detector.all_candidates``);
+the other candidates stay in the findings JSON. Positions are LPS mm.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..cache import CaseCache
+from .recon_stages import detect_skip_reason
 from .stage import CaseContext, Stage, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -34,13 +41,15 @@ _HELD: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
 def shared_detector(worker: WorkerInfo) -> Any:
     """This worker's :class:`~pipeline.detection.Detector` (built once per process and device)."""
     cfg = worker.config.detector
-    key = (str(cfg.bundle), worker.device, bool(cfg.amp), bool(cfg.lung_restriction), bool(cfg.postprocess))
+    key = (str(cfg.bundle), worker.device, bool(cfg.amp), bool(cfg.lung_restriction), bool(cfg.postprocess),
+           cfg.score_threshold, bool(cfg.all_candidates))
     det = _DETECTORS.get(key)
     if det is None:
         from ..detection import Detector
 
         det = _DETECTORS[key] = Detector(bundle=cfg.bundle, device=worker.device, amp=cfg.amp,
-                                         restrict_to_lungs=cfg.lung_restriction, postprocess=cfg.postprocess)
+                                         restrict_to_lungs=cfg.lung_restriction, postprocess=cfg.postprocess,
+                                         score_threshold=cfg.score_threshold, all_candidates=cfg.all_candidates)
     return det
 
 
@@ -97,6 +106,8 @@ class LoadStage(Stage):
         return {"_loading": None}
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
+        if detect_skip_reason(ctx.state):  # no lungs: nothing to search, nothing to load
+            return {"model_input": None}
         # built on first use: the detect stage's setup (same worker) has loaded the model whose spec this needs
         if self._loading is None:
             self._loading = _Loading(ctx.worker)
@@ -131,29 +142,39 @@ class DetectStage(Stage):
         self._det = shared_detector(worker)
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
-        from ..detection.findings import Findings
-
+        case_id = ctx.case.case_id
+        skip = detect_skip_reason(ctx.state)
+        if skip is not None:  # never a search on gas: an empty result that says why
+            log.warning("case %s: detection skipped: %s", case_id, skip, extra={"case_id": case_id, "stage": self.name})
+            res = self._empty(ctx, skip)
+            data = res.to_json()
+            data.pop("timings_ms", None)
+            return {"findings": [], "findings_doc": data, "detect_skipped": skip}
         item = _HELD.pop((ctx.case.case_key, ctx.attempt), None)
         if item is None:
             log.info("case %s: model input not held by worker %s; loading it again", ctx.case.case_id, ctx.worker.name)
             if self._loading is None:
                 self._loading = _Loading(ctx.worker)
             item = self._loading(ctx)
-        case_id = ctx.case.case_id
         if item["case"] is None:
-            res = Findings([], case_id=case_id, series_uid=ctx.case.series_uid, model=self._det.config.name,
-                           restricted_to_lungs=True, device=str(self._det.device))
-            res.reason = item["reason"]
+            res = self._empty(ctx, item["reason"])
         else:
             cache = CaseCache(ctx.cache_dir)
             metadata = cache.entry(case_id).sidecar.get("metadata") or {}
             res = self._det.detect_loaded(item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid,
                                           metadata=metadata)
             res = self._det.postprocess(cache.read(case_id, mmap=True), res, region=item["region"])
-        thr = ctx.config.detector.score_threshold
+            res = self._det.apply_operating_point(res)
         data = res.to_json()
         timings = data.pop("timings_ms", {})
-        data["findings"] = [f for f in data["findings"] if f["score"] >= thr]
-        data["score_threshold"] = thr
         return {"findings": data["findings"], "findings_doc": data,
                 "timings": {k: round(v / 1000.0, 6) for k, v in timings.items()}}
+
+    def _empty(self, ctx: CaseContext, reason: str | None) -> Any:
+        """No findings, with the reason no search ran, the model and the threshold it would have reported at."""
+        from ..detection.findings import Findings
+
+        res = Findings([], case_id=ctx.case.case_id, series_uid=ctx.case.series_uid, model=self._det.config.name,
+                       restricted_to_lungs=bool(ctx.config.detector.lung_restriction), device=str(self._det.device),
+                       precision=self._det.precision, reason=reason)
+        return res.select(self._det.score_threshold, self._det.threshold_source)

@@ -22,12 +22,13 @@ class Progress:
     done: int = 0
     failed: int = 0
     skipped: int = 0
+    released: int = 0  # left for the next run (the run folder could not be written)
     started: float = field(default_factory=time.monotonic)
     callback: Callable[[Progress], Any] | None = None
 
     @property
     def finished(self) -> int:
-        return self.done + self.failed
+        return self.done + self.failed + self.released
 
     @property
     def elapsed_s(self) -> float:
@@ -67,6 +68,10 @@ class Progress:
 
     def on_case_failed(self, case: CaseSpec, reason: str, error_class: str) -> None:
         self.failed += 1
+        self._changed()
+
+    def on_case_released(self, case: CaseSpec, reason: str) -> None:
+        self.released += 1
         self._changed()
 
 

@@ -6,12 +6,23 @@ counted once) and its projection to cases per day; latency p50/p90/p99 per
 stage (wall time of successful attempts, s), queue waits, and end to end (case
 start to publication, s); failures by error class; GPU utilisation when NVML
 samples exist.
+
+The projection states how many completed cases and active minutes it rests on.
+A rate measured over fewer than :data:`MIN_CASES_TO_PROJECT` completed cases or
+:data:`MIN_MINUTES_TO_PROJECT` active minutes is dominated by start-up (model
+loading, worker start, the first case's cold caches) and by chance: the report
+then says it is too few to project from, and the figure is indicative only.
+
+Quality: each completed case's flags (:mod:`pipeline.reconstruction.quality`);
+the headline counts the cases with at least one warning flag. Per case: status,
+latency, findings, lung volumes (marked when a flag makes them unreliable),
+flags and links to the case's PNGs. What discovery left out (files and series,
+with reasons) is listed too (``skipped.csv``).
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import logging
@@ -25,11 +36,15 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write_bytes
+from .report_html import case_rows, render_html
 from .tables import read_tables
 
 log = logging.getLogger(__name__)
 
 PCTS = (50, 90, 99)
+#: The fewest completed cases, and active minutes, a cases/day projection is made from (see the module docstring).
+MIN_CASES_TO_PROJECT = 10
+MIN_MINUTES_TO_PROJECT = 5.0
 
 
 @dataclass
@@ -65,6 +80,43 @@ def _pct(values: Any) -> dict[str, float | None]:
     return {"n": int(len(v)), "mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in PCTS}}
 
 
+def _projection(rate_h: float, hours_per_day: float, n_done: int, minutes: float, enough: bool) -> str:
+    """The cases/day headline: the figure, what it rests on, and whether that is enough to project from."""
+    text = (f"at the measured rate this machine handles {rate_h * hours_per_day:,.0f} cases/day "
+            f"({rate_h:,.1f} cases/hour from {n_done} completed case(s) over "
+            + (f"{minutes / 60.0:.2f} active hours" if minutes >= 60 else f"{minutes:.1f} active minutes")
+            + f", {hours_per_day:g} operating hours/day)")
+    if not enough:
+        text += (f"; too few to project from (fewer than {MIN_CASES_TO_PROJECT} completed cases or "
+                 f"{MIN_MINUTES_TO_PROJECT:g} active minutes): indicative only")
+    return text
+
+
+def _quality_summary(done: Any, quality: Any) -> dict[str, Any]:
+    """Counts of flagged cases: ``flagged`` = completed cases with at least one warning flag."""
+    q = quality[quality.case_key.isin(set(done.case_key))] if len(quality) else quality
+    warn = q[q.severity == "warning"] if len(q) else q
+    by_flag = q.groupby("code").case_key.nunique().sort_values(ascending=False).to_dict() if len(q) else {}
+    return {"done": int(len(done)), "flagged": int(warn.case_key.nunique()) if len(warn) else 0,
+            "by_flag": {str(k): int(v) for k, v in by_flag.items()},
+            "detect_skipped": int(done.detect_skipped.notna().sum()) if "detect_skipped" in done else 0}
+
+
+def latest_skipped(t: dict) -> Any:
+    """The skipped files and series of each run folder's latest run."""
+    sk, runs = t["skipped"], t["runs"]
+    if not len(sk) or not len(runs):
+        return sk.iloc[0:0]
+    latest = runs.sort_values("started_at").groupby("run_dir").run_id.last()
+    return sk[sk.run_id.isin(set(latest))].reset_index(drop=True)
+
+
+def _skipped_summary(sk: Any) -> dict[str, Any]:
+    files = sk[sk.what == "file"] if len(sk) else sk
+    return {"files": int(len(files)), "series": int(len(sk) - len(files)),
+            "files_by_kind": {str(k): int(v) for k, v in files.groupby("kind").size().items()} if len(files) else {}}
+
+
 def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: float = 24.0) -> tuple[dict[str, Any], dict]:
     """Summary numbers (JSON-able) and the combined DataFrames of ``run_dirs``."""
     import pandas as pd
@@ -97,6 +149,8 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
     gpu_summary = {str(g): {"util_mean_pct": float(d.util_pct.mean()), "util_max_pct": float(d.util_pct.max()),
                             "mem_max_mb": float(d.mem_used_mb.max()), "samples": int(len(d))}
                    for g, d in gpu.groupby("gpu")} if len(gpu) else {}
+    minutes = active_s / 60.0
+    enough = len(done) >= MIN_CASES_TO_PROJECT and minutes >= MIN_MINUTES_TO_PROJECT
     summary = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run_dirs": [str(d) for d in run_dirs],
@@ -109,6 +163,10 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
             "cases_per_hour": rate_h,
             "cases_per_day_projected": rate_h * hours_per_day,
             "hours_per_day": hours_per_day,
+            "cases_done": int(len(done)),
+            "active_minutes": minutes,
+            "enough_to_project": enough,
+            "projection_rule": f"at least {MIN_CASES_TO_PROJECT} completed cases and {MIN_MINUTES_TO_PROJECT:g} active minutes",
             "per_hour_utc": {k.strftime("%Y-%m-%d %H:00"): int(v) for k, v in hourly.items()},
             "per_day_utc": {str(k): int(v) for k, v in daily.items()},
         },
@@ -118,11 +176,10 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
         "failures_by_reason": {str(k): int(v) for k, v in failures.items()},
         "failed_cases": [{"case_id": r.case_id, "stage": r.failed_stage, "error_class": r.error_class,
                           "reason": r.reason, "run_dir": r.run_dir} for r in failed.itertuples()],
+        "quality": _quality_summary(done, t["quality"]),
+        "skipped": _skipped_summary(latest_skipped(t)),
         "gpu": gpu_summary,
-        "projection": (f"at the measured rate this machine handles {rate_h * hours_per_day:,.0f} cases/day "
-                       f"({rate_h:,.1f} cases/hour over "
-                       + (f"{active_s / 3600.0:.2f} active hours" if active_s >= 3600 else f"{active_s / 60.0:.1f} active minutes")
-                       + f", {hours_per_day:g} operating hours/day)"),
+        "projection": _projection(rate_h, hours_per_day, len(done), minutes, enough),
     }
     return summary, t
 
@@ -166,7 +223,8 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     ax.set_xlabel("seconds")
     ax.set_ylabel("cases")
     ax.set_title("Latency histogram")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     out["latency"] = _png(fig)
 
     stages = [s for s in summary["latency_s"] if s != "end_to_end"]
@@ -196,48 +254,6 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     return out
 
 
-# -- writing ---------------------------------------------------------------------------------------------
-def _table(rows: dict[str, dict[str, Any]], first: str) -> str:
-    if not rows:
-        return "<p>none</p>"
-    cols = list(next(iter(rows.values())).keys())
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in [first, *cols])
-    body = ""
-    for name, r in rows.items():
-        cells = "".join(f"<td>{'' if r[c] is None else (f'{r[c]:.3f}' if isinstance(r[c], float) else r[c])}</td>" for c in cols)
-        body += f"<tr><td>{html.escape(str(name))}</td>{cells}</tr>"
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def _html(summary: dict[str, Any], plots: dict[str, str]) -> str:
-    s = summary
-    img = lambda k, alt: f'<img alt="{alt}" src="data:image/png;base64,{plots[k]}">' if k in plots else ""  # noqa: E731
-    fails = "".join(f"<tr><td>{html.escape(str(f['case_id']))}</td><td>{html.escape(str(f['stage']))}</td>"
-                    f"<td>{html.escape(str(f['error_class']))}</td><td>{html.escape(str(f['reason']))}</td></tr>"
-                    for f in s["failed_cases"])
-    daily = "".join(f"<tr><td>{d}</td><td>{n}</td></tr>" for d, n in s["throughput"]["per_day_utc"].items())
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>ctpipe throughput report</title>
-<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:right}}th{{background:#f4f4f4}}td:first-child{{text-align:left}}
-.big{{font-size:1.3em}}</style></head><body>
-<h1>ctpipe throughput report</h1>
-<p>Runs: {s['runs']} in {html.escape(', '.join(s['run_dirs']))} &middot; devices: {html.escape(', '.join(s['devices']) or '?')}
-&middot; generated {s['generated_at']}</p>
-<p class="big"><b>{html.escape(s['projection'])}</b></p>
-<p>Cases: {s['cases']['done']} done, {s['cases']['failed']} failed, {s['cases']['unfinished']} unfinished,
-of {s['cases']['total']}.</p>
-<h2>Throughput</h2>{img('throughput', 'throughput over time')}
-<table><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
-<h2>Latency (seconds)</h2>{_table(s['latency_s'], 'stage')}{img('latency', 'latency histogram')}
-<h2>Stage breakdown</h2>{img('stages', 'stage breakdown')}
-<h3>Queue wait (seconds)</h3>{_table(s['queue_wait_s'], 'stage')}
-<h2>Failures by reason</h2>{_table({k: {'cases': v} for k, v in s['failures_by_reason'].items()}, 'error class')}
-<table><tr><th>case</th><th>stage</th><th>error class</th><th>reason</th></tr>{fails}</table>
-{'<h2>GPU</h2>' + _table(s['gpu'], 'gpu') + img('gpu', 'GPU utilisation') if s['gpu'] else ''}
-</body></html>
-"""
-
-
 def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str], *, bin_minutes: int = 60,
                  hours_per_day: float = 24.0) -> Report:
     """Write ``report.html``, ``report.json`` and CSV tables for ``run_dirs`` into ``out_dir``."""
@@ -248,7 +264,9 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
     summary, t = summarize(run_dirs, hours_per_day=hours_per_day)
     plots = _plots(summary, t, bin_minutes)
     rep = Report(out, out / "report.html", out / "report.json")
-    atomic_write_bytes(rep.html, _html(summary, plots).encode())
+    rows = case_rows(t, out)
+    skipped = latest_skipped(t)
+    atomic_write_bytes(rep.html, render_html(summary, plots, rows, skipped).encode())
     atomic_write_bytes(rep.json, json.dumps(summary, indent=1).encode())
     lat = pd.DataFrame([{"stage": k, **v} for k, v in summary["latency_s"].items()])
     tables = {
@@ -256,8 +274,11 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
         "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
         "throughput_hourly.csv": pd.DataFrame(list(summary["throughput"]["per_hour_utc"].items()), columns=["hour_utc", "cases"]),
         "failures.csv": pd.DataFrame(summary["failed_cases"], columns=["case_id", "stage", "error_class", "reason", "run_dir"]),
-        "cases.csv": t["cases"][["run_dir", "case_id", "status", "latency_s", "n_findings", "error_class", "reason",
-                                 "started_at", "ended_at"]],
+        "cases.csv": t["cases"][["run_dir", "case_id", "status", "latency_s", "n_findings", "lung_coverage",
+                                 "contrast_phase", "flags", "detect_skipped", "error_class", "reason", "started_at",
+                                 "ended_at"]],
+        "quality_flags.csv": t["quality"][["run_dir", "case_id", "code", "severity", "message"]],
+        "skipped.csv": skipped[["run_dir", "run_id", "what", "item", "kind", "reason", "source"]],
         "stages.csv": t["stages"][["run_dir", "case_id", "stage", "attempt", "status", "worker", "device", "wall_s",
                                    "queue_wait_s", "peak_rss_mb", "peak_cuda_mb"]],
     }

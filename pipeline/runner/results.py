@@ -51,10 +51,19 @@ class RunResults:
 
     Attributes (pandas DataFrames)
     ------------------------------
-    cases: one row per case (status, reason, latency_s, n_findings, output_dir, ...).
+    cases: one row per case (status, reason, latency_s, n_findings, output_dir, ...), with its quality:
+        ``lung_coverage`` (complete, partial, absent), ``contrast_phase`` (non_contrast, arterial, venous),
+        ``flags`` (the flag codes, comma-separated; empty when none; read it as ``cases["flags"]``, since
+        ``cases.flags`` is a pandas attribute) and ``detect_skipped`` (why detection did not run, e.g. no
+        lungs in the scan).
+    quality: one row per quality flag of a completed case: case_id, code, severity (warning, info), message
+        (see :mod:`pipeline.reconstruction.quality` for the codes).
     stages: one row per stage attempt (stage, status, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb, ...).
     findings: one row per finding of a completed case (center_x/y/z in LPS mm, diameter_mm, score, ...).
-    measurements: one row per (case, measurement): name, value, unit.
+    measurements: one row per (case, measurement): name, value, unit, ``reliable`` (False for a figure a quality
+        flag makes meaningless, e.g. the volume of lungs cut by the scan range) and the ``reason``.
+    skipped: what discovery left out, per run: ``what`` (file or series), ``item`` (path or series key),
+        ``kind`` and ``reason``.
     runs: one row per invocation of ``ctpipe run`` on this folder (config, versions, device, start/end).
     """
 
@@ -67,6 +76,8 @@ class RunResults:
         self.findings: pd.DataFrame = t["findings"]
         self.measurements: pd.DataFrame = t["measurements"]
         self.gpu: pd.DataFrame = t["gpu"]
+        self.quality: pd.DataFrame = t["quality"]
+        self.skipped: pd.DataFrame = t["skipped"]
 
     @property
     def config(self) -> dict[str, Any]:
@@ -110,7 +121,7 @@ class RunResults:
 
     def _repr_html_(self) -> str:
         head = f"<p><b>{self.__repr__()}</b></p>"
-        cols = [c for c in ("case_id", "status", "latency_s", "n_findings", "reason") if c in self.cases]
+        cols = [c for c in ("case_id", "status", "latency_s", "n_findings", "flags", "reason") if c in self.cases]
         return head + self.cases[cols].head(20).to_html(index=False)
 
 

@@ -5,7 +5,7 @@ Layout of a run folder::
     RUN_DIR/runs.sqlite        the run store (see store.py)
     RUN_DIR/cases/<case_id>/   outputs of completed cases (each with manifest.json)
     RUN_DIR/tmp/               staging folders of cases in progress (deleted on start)
-    RUN_DIR/cache/             cached HU arrays of cases in progress
+    RUN_DIR/cache/             cached HU arrays (and lung masks) of cases in progress
     RUN_DIR/quarantine/        one JSON per quarantined case (reason, source, fix)
 
 A case's outputs are written into ``tmp/<case_id>.a<attempt>/``; when every
@@ -14,6 +14,15 @@ to ``cases/<case_id>`` (atomic), and only then is the case marked done in the
 store. So after a crash at any moment either the case is done in both places,
 or it has a complete folder not yet marked done (fixed here from its manifest),
 or it has no folder and is run again.
+
+Leftovers of a killed process are removed when the next run starts (it holds
+the folder's lock, so no other writer is there): the staging folders, the
+temporary files of unfinished atomic writes (``.<name>.<random>.tmp``, see
+:mod:`pipeline.atomic`, and the metrics text file's ``metrics.prom.<pid>.<tid>``)
+in the run folder, its report, cache and quarantine folders, and the quarantine
+files of cases that are no longer quarantined (retried, or done since).
+Published case folders never hold temporary files: they are renamed into place
+complete.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,6 +46,12 @@ from .store import RunStore
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+#: Cached files of a case: sidecar first (a cache entry exists only while its sidecar does), array, lung mask.
+CACHE_SUFFIXES = (".json", ".npy", ".lungs.npy")
+#: Temporary files: atomic writes (``tempfile.mkstemp``: 8 random characters) and prometheus_client's textfile.
+_TEMP_FILE = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$|^metrics\.prom\.\d+\.\d+$|^\.write-probe-\d+\.tmp$")
+#: Folders of the run folder that may hold temporary files (published case folders never do).
+_TEMP_FOLDERS = (".", "report", "cache", "quarantine")
 
 
 class RunLock:
@@ -94,12 +110,59 @@ class Reconciled:
     recovered: list[str] = field(default_factory=list)  # complete folders marked done
     redo: list[str] = field(default_factory=list)  # marked done but their folder is gone
     interrupted: list[str] = field(default_factory=list)  # left 'running' by a killed run
+    temp_files: list[Path] = field(default_factory=list)  # temporary files of killed writers, removed
+    stale_quarantine: list[str] = field(default_factory=list)  # quarantine files of cases not quarantined, removed
+
+
+def drop_cached(run_dir: Path, case_id: str) -> None:
+    """Remove a case's cached files (sidecar first)."""
+    for suffix in CACHE_SUFFIXES:
+        (run_dir / "cache" / f"{case_id}{suffix}").unlink(missing_ok=True)
+
+
+def remove_quarantine(run_dir: Path, case_id: str) -> None:
+    """Remove a case's quarantine file (the case is retried, or was done since)."""
+    (run_dir / "quarantine" / f"{case_id}.json").unlink(missing_ok=True)
+
+
+def remove_temp_files(run_dir: Path) -> list[Path]:
+    """Remove the temporary files that killed writers left in the run folder (see the module docstring)."""
+    removed: list[Path] = []
+    for sub in _TEMP_FOLDERS:
+        folder = run_dir / sub
+        try:
+            entries = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for e in entries:
+            if _TEMP_FILE.match(e.name) and e.is_file(follow_symlinks=False):
+                Path(e.path).unlink(missing_ok=True)
+                removed.append(Path(e.path))
+    if removed:
+        log.info("removed %d temporary file(s) left by an interrupted run: %s", len(removed),
+                 ", ".join(str(p.relative_to(run_dir)) for p in removed[:5]), extra={"event": "cleanup"})
+    return removed
+
+
+def _sync_quarantine(store: RunStore, run_dir: Path) -> list[str]:
+    """Quarantine files of cases that are not quarantined in the store are leftovers: remove them."""
+    folder = run_dir / "quarantine"
+    if not folder.is_dir():
+        return []
+    failed = {r["case_id"] for r in store.cases_with_status("failed")}
+    stale = [p for p in sorted(folder.glob("*.json")) if not p.name.startswith(".") and p.stem not in failed]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    if stale:
+        log.info("removed %d quarantine file(s) of cases no longer quarantined", len(stale), extra={"event": "cleanup"})
+    return [p.stem for p in stale]
 
 
 def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
     """Bring store and folders back in agreement after a crash (see the module docstring)."""
     out = Reconciled()
     shutil.rmtree(run_dir / "tmp", ignore_errors=True)
+    out.temp_files = remove_temp_files(run_dir)
     n = store.mark_abandoned_runs()
     if n:
         log.warning("%d earlier run(s) of this folder ended without finishing; resuming", n, extra={"event": "resume"})
@@ -109,18 +172,19 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
         if man is not None and man.get("case_key") == row["case_key"]:
             store.complete_case(row["case_key"], output_dir=str(folder.relative_to(run_dir)),
                                 findings=man.get("findings", []),
-                                measurements=[tuple(m) for m in man.get("measurements", [])])
+                                measurements=[tuple(m) for m in man.get("measurements", [])],
+                                quality=man.get("quality"), detect_skipped=man.get("detect_skipped"))
             out.recovered.append(row["case_id"])
         elif row["status"] == "running":
             out.interrupted.append(row["case_id"])
-            for suffix in (".json", ".npy"):  # its cached volume may be stale or half-made: ingest again
-                (run_dir / "cache" / f"{row['case_id']}{suffix}").unlink(missing_ok=True)
+            drop_cached(run_dir, row["case_id"])  # its cached volume may be stale or half-made: ingest again
     for row in store.cases_with_status("done"):
         folder = run_dir / "cases" / row["case_id"]
         man = read_manifest(folder)
         if man is None or man.get("case_key") != row["case_key"]:
             store.reset_case(row["case_key"])
             out.redo.append(row["case_id"])
+    out.stale_quarantine = _sync_quarantine(store, run_dir)
     if out.recovered or out.redo or out.interrupted:
         log.warning("resume: %d complete case(s) recovered, %d interrupted case(s) to retry, %d case(s) with missing outputs to redo",
                     len(out.recovered), len(out.interrupted), len(out.redo), extra={"event": "reconcile"})

@@ -6,18 +6,33 @@ device), ``setup(worker)`` called once per worker process before its first
 case, and ``process(ctx) -> dict`` called once per case. ``process`` writes
 its files under ``ctx.workdir`` (the case's private staging folder) and returns
 small, picklable outputs that later stages see in ``ctx.state``. The outputs
-``findings`` (list of dicts with ``center_lps`` in LPS mm) and ``measurements``
-(list of ``(name, value, unit)``) are stored in the run database when the case
-completes.
+``findings`` (list of dicts with ``center_lps`` in LPS mm), ``measurements``
+(list of :class:`Measurement` or plain ``(name, value, unit)``), ``quality``
+(the case's quality report, :meth:`QualityReport.to_json`) and
+``detect_skipped`` (why detection did not run) are stored in the run database
+when the case completes. ``declared`` (a list of paths relative to
+``ctx.workdir``) names files the stage wrote and promises: the case is
+published only when every declared file is there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..config import Config
+
+
+class Measurement(NamedTuple):
+    """One measurement of a case: dotted name, value, unit; ``reliable`` False (with the ``reason``) when a
+    quality flag makes the figure meaningless (e.g. the volume of lungs cut by the scan range)."""
+
+    name: str
+    value: float
+    unit: str
+    reliable: bool = True
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,3 +142,4 @@ class TaskResult:
     error: str | None = None
     fatal: bool = False  # the worker itself cannot work (setup failed): stop the run
     worker_died: bool = False
+    environment: bool = False  # the run folder could not be written (disk full, read-only, ...): not the case's fault

@@ -1,41 +1,78 @@
-"""The real stages of ``ctpipe run``: ingest → load → detect → reconstruct → write.
+"""The real stages of ``ctpipe run``, in the order :func:`build_stages` chains them.
 
-``load`` and ``detect`` (the model worker's stages) live in :mod:`.model_stages`.
+With reconstruction on (both lungs among ``reconstruct.organs``), the lungs come
+first::
 
-Each adapter turns the run's configuration into the stage library's options.
-Volumes travel between stages through the run's case cache
-(``RUN_DIR/cache/<case_id>.npy`` + sidecar, HU ``[k, j, i]`` with LPS geometry);
-stage outputs passed along are small (findings, measurements). Files are
-written under the case's staging folder only. Positions are LPS mm.
+    ingest → reconstruct → load → detect → nodules → write
+
+``reconstruct`` segments every organ once (one lung mask per case), measures and
+meshes them and assesses the case's quality (:mod:`pipeline.reconstruction.quality`);
+``load``/``detect`` then skip the search when the lungs are absent
+(``lungs_absent``: never a search on gas); ``nodules`` segments and measures each
+finding inside that same lung mask (kept in the case cache) and adds them to the
+measurements JSON. With reconstruction off (or without both lungs among its
+organs) a quick ``lungs`` stage segments the lungs alone and assesses their
+quality before the search (organs other than the lungs are then reconstructed
+after detection, with the findings)::
+
+    ingest → lungs → load → detect → [reconstruct] → write
+
+``load`` and ``detect`` (the model worker's stages) live in :mod:`.model_stages`,
+``lungs``, ``reconstruct`` and ``nodules`` in :mod:`.recon_stages`. Volumes
+travel between stages through the run's case cache (``RUN_DIR/cache/<case_id>.npy``
++ sidecar, HU ``[k, j, i]`` with LPS geometry); stage outputs passed along are
+small (findings, measurements, quality). Files are written under the case's
+staging folder only, and every stage declares the files it wrote (the case is
+published only when they are all there). Positions are LPS mm.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
-from collections.abc import Iterator, Mapping
+import os
 from typing import Any
 
 from ..atomic import atomic_write_bytes
 from ..cache import CaseCache
 from ..config import Config
 from ..errors import NoSeriesFoundError
+from .measurements import flatten_measurements
 from .model_stages import DetectStage, LoadStage
-from .stage import CaseContext, Stage, WorkerInfo
+from .recon_stages import LungsStage, NodulesStage, ReconstructStage, lungs_first, read_case_volume
+from .stage import CaseContext, CaseSpec, Stage, WorkerInfo
 
-__all__ = ["DetectStage", "IngestStage", "LoadStage", "ReconstructStage", "WriteStage", "build_stages",
-           "flatten_measurements"]
+__all__ = ["DetectStage", "IngestStage", "LoadStage", "LungsStage", "NodulesStage", "ReconstructStage", "WriteStage",
+           "build_stages", "flatten_measurements"]
 
 log = logging.getLogger(__name__)
-
-_UNITS = (("_ml", "mL"), ("_mm3", "mm3"), ("_mm2", "mm2"), ("_mm", "mm"), ("_pct", "%"), ("_percent", "%"),
-          ("_hu", "HU"), ("_fraction", "fraction"), ("_count", "count"))
-
 
 def _rules(cfg: Config) -> Any:
     from ..ingest import SelectionRules
 
     return SelectionRules(min_slices=cfg.ingest.min_slices, allow_derived=cfg.ingest.allow_derived)
+
+
+def _find_series(scan: Any, case: CaseSpec) -> tuple[Any, bool]:
+    """The case's series in a scan of its own files, and whether it is the scan's own (plan and verdict apply).
+
+    A part ``<uid>#<n>`` of a split series is split off at discovery by the other files of its series
+    (a scout under the same SeriesInstanceUID, a sub-stack at another pixel spacing); scanned alone, its
+    files form a whole series ``<uid>``. It is found by its files and keeps its part key, as
+    ``ctpipe ingest`` names it.
+    """
+    key = case.series_uid
+    found = [s for s in scan.series if s.key == key]
+    if found:
+        return found[0], True
+    uid, sep, part = (key or "").rpartition("#")
+    if not sep or not part.isdigit():
+        return None, False
+    mine = {os.path.abspath(f) for f in case.files}
+    same = [s for s in scan.series if s.uid == uid and {os.path.abspath(str(p)) for p in s.files} == mine]
+    if len(same) != 1:
+        return None, False
+    return dataclasses.replace(same[0], key=key, part=int(part)), False
 
 
 class IngestStage(Stage):
@@ -53,71 +90,27 @@ class IngestStage(Stage):
         from ..ingest.build import build_volume
 
         cfg = ctx.config.ingest
+        keep = ctx.config.privacy.keep_identifiers
         case = ctx.case
         scan = scan_directory([*case.files] or case.source, rules=_rules(ctx.config), spacing_tolerance=cfg.spacing_tolerance,
-                              allow_gantry_tilt=cfg.allow_gantry_tilt, workers=1)
-        key = case.series_uid
-        found = [s for s in scan.series if s.key == key]
-        if key is None or not found:
-            raise NoSeriesFoundError(f"series {key} is no longer among the files discovered for it", where=case.source,
-                                     fix="the folder changed during the run; run the same command again")
-        rejected = [r for r in scan.rejected if r.series.key == key]
-        if rejected:
-            raise rejected[0].error
-        plan = scan.plans.get(key)
+                              allow_gantry_tilt=cfg.allow_gantry_tilt, keep_identifiers=keep, workers=1)
+        series, own = _find_series(scan, case)
+        if series is None:
+            raise NoSeriesFoundError(f"series {case.series_uid} is no longer among the {len(case.files)} file(s) discovered "
+                                     "for it", where=case.source,
+                                     fix="the files changed during the run; run the same command again")
+        plan = None
+        if own:
+            rejected = [r for r in scan.rejected if r.series is series]
+            if rejected:
+                raise rejected[0].error
+            plan = scan.plans.get(series.key)
         vol = read_volume(plan, workers=1) if plan is not None else build_volume(
-            found[0], spacing_tolerance=cfg.spacing_tolerance, allow_gantry_tilt=cfg.allow_gantry_tilt, workers=1)
-        entry = CaseCache(ctx.cache_dir).write(case.case_id, vol, extra={"source": case.source, "series_key": key})
+            series, spacing_tolerance=cfg.spacing_tolerance, allow_gantry_tilt=cfg.allow_gantry_tilt,
+            keep_identifiers=keep, workers=1)
+        entry = CaseCache(ctx.cache_dir, keep_identifiers=keep).write(
+            case.case_id, vol, extra={"source": case.source, "series_key": series.key})
         return {"volume_fingerprint": entry.fingerprint, "shape_kji": list(vol.shape), "spacing_ijk": list(vol.spacing)}
-
-
-def _read_volume(ctx: CaseContext) -> Any:
-    """The case's HU volume from the run's cache (read into memory: stages may hand it to torch)."""
-    return CaseCache(ctx.cache_dir).read(ctx.case.case_id)
-
-
-def flatten_measurements(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float, str]]:
-    """Numeric leaves of a nested measurements dict as ``(dotted.name, value, unit)``; units from name suffixes."""
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            yield from flatten_measurements(value, name + ".")
-        elif isinstance(value, list) and all(isinstance(v, Mapping) for v in value):
-            for n, item in enumerate(value):
-                yield from flatten_measurements(item, f"{name}.{n}.")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
-            unit = next((u for suf, u in _UNITS if key.lower().endswith(suf)), "")
-            yield name, float(value), unit
-
-
-class ReconstructStage(Stage):
-    """Organ segmentation, meshes, measurements and renderings into ``<case>/recon/``."""
-
-    name = "reconstruct"
-    group = "cpu"
-    preload = ("pipeline.reconstruction",)
-
-    def __init__(self, *, group: str = "cpu"):
-        self.group = group
-        self._device = "cpu"
-
-    def setup(self, worker: WorkerInfo) -> None:
-        import pipeline.reconstruction  # noqa: F401
-
-        self._device = worker.device if self.group == "model" else "cpu"
-
-    def process(self, ctx: CaseContext) -> dict[str, Any]:
-        from ..reconstruction import reconstruct
-
-        cfg = ctx.config.reconstruct
-        vol = _read_volume(ctx)
-        rec = reconstruct(vol, organs=cfg.organs, findings=ctx.state.get("findings") or None, out_dir=ctx.workdir / "recon",
-                          mesh_formats=cfg.mesh_formats, smoothing=cfg.smoothing_iterations,
-                          target_triangles=cfg.target_triangles, device=self._device, render=cfg.renderings,
-                          stem=ctx.case.case_id)
-        meas = {k: v for k, v in rec.measurements.items() if k in ("organs", "lungs", "nodules")}
-        return {"measurements": list(flatten_measurements(meas)), "recon_errors": dict(rec.errors),
-                "timings": {k: round(v, 6) for k, v in rec.seconds.items()}}
 
 
 class WriteStage(Stage):
@@ -136,23 +129,28 @@ class WriteStage(Stage):
         findings.write_json(ctx.workdir / "findings.json")
         findings.write_csv(ctx.workdir / "findings.csv")
         # the volume's sidecar: geometry (LPS mm), DICOM metadata and content fingerprint of what was analysed
+        # (patient identifiers only where privacy.keep_identifiers kept them in the cache)
         sidecar = CaseCache(ctx.cache_dir).sidecar_path(ctx.case.case_id)
         atomic_write_bytes(ctx.workdir / "volume.json", sidecar.read_bytes())
+        declared = ["findings.json", "findings.csv", "volume.json"]
         if ctx.config.detector.write_png and len(findings):
-            _write_pngs(ctx, findings)
-        return {}
+            from ..detection.figures import write_finding_pngs
 
-
-def _write_pngs(ctx: CaseContext, findings: Any) -> None:
-    from ..detection.figures import write_finding_pngs
-
-    write_finding_pngs(_read_volume(ctx), findings, ctx.workdir / "findings_png")
+            paths = write_finding_pngs(read_case_volume(ctx), findings, ctx.workdir / "findings_png")
+            declared += [p.relative_to(ctx.workdir).as_posix() for p in paths]
+        return {"declared": declared}
 
 
 def build_stages(cfg: Config) -> list[Stage]:
-    """The stages of ``ctpipe run`` for this configuration, in order."""
-    stages: list[Stage] = [IngestStage(), LoadStage(), DetectStage()]
-    if cfg.reconstruct.enabled:
-        stages.append(ReconstructStage(group="model" if cfg.reconstruct.device == "model" else "cpu"))
+    """The stages of ``ctpipe run`` for this configuration, in order (see the module docstring)."""
+    rc = cfg.reconstruct
+    group = "model" if rc.device == "model" else "cpu"
+    first = lungs_first(cfg)
+    stages: list[Stage] = [IngestStage(), ReconstructStage(group=group, before_detect=True) if first else LungsStage(group=group),
+                           LoadStage(), DetectStage()]
+    if first:
+        stages.append(NodulesStage())
+    elif rc.enabled:
+        stages.append(ReconstructStage(group=group))
     stages.append(WriteStage())
     return stages

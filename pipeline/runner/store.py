@@ -7,8 +7,16 @@ Tables
 ``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB),
                     and ``detail``: the stage's own sub-step times (JSON, s; model time from CUDA events on a GPU).
 ``findings``        the detector's findings of completed cases (centres in LPS mm).
-``measurements``    per-case measurements (name, value, unit) of completed cases.
+``measurements``    per-case measurements (name, value, unit) of completed cases; ``reliable`` = 0 (with the
+                    ``reason``) for figures a quality flag makes meaningless.
+``quality_flags``   the quality flags of completed cases (code, severity, message); the case's lung coverage,
+                    contrast phase and flag codes are also columns of ``cases``.
+``skipped``         what discovery left out, per run: files (not DICOM, unreadable, link loops, ...) and series
+                    not selected (localizers, too few slices, not CT), with the reason.
 ``gpu_samples``     NVML utilisation (%) and memory (MB) sampled during runs.
+
+``meta.schema_version`` is :data:`SCHEMA_VERSION`; a store written by an earlier version is migrated
+when the runner opens it (new tables and columns added; nothing removed).
 
 A case's ``status`` moves only along these transitions (anything else raises
 :class:`~pipeline.errors.RunStoreError` and changes nothing)::
@@ -17,6 +25,7 @@ A case's ``status`` moves only along these transitions (anything else raises
     pending, running, failed → running     begin_case (a new attempt; ``failed`` only when failures are retried)
     pending, running → done                 complete_case (``pending``: recovered from a published folder)
     running, failed → failed                fail_case
+    running → pending                       release_case (the run folder could not be written: retried next run)
     done → pending                          reset_case (its published folder is gone)
 
 Only the runner's main process writes; readers (reports, notebooks) open it
@@ -34,17 +43,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunStoreError
+from .faults import environment_failure
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "runs.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: The case statuses each state change starts from (see the module docstring).
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     "begin": ("pending", "running", "failed"),
     "complete": ("pending", "running"),
     "fail": ("running", "failed"),
+    "release": ("running",),
     "reset": ("done",),
 }
 
@@ -59,7 +70,8 @@ CREATE TABLE IF NOT EXISTS cases (
     case_key TEXT PRIMARY KEY, case_id TEXT NOT NULL UNIQUE, series_uid TEXT, fingerprint TEXT NOT NULL,
     source TEXT, status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'done', 'failed')),
     reason TEXT, error_class TEXT, failed_stage TEXT, attempts INTEGER NOT NULL DEFAULT 0, run_id TEXT,
-    discovered_at REAL, started_at REAL, ended_at REAL, latency_s REAL, n_findings INTEGER, output_dir TEXT
+    discovered_at REAL, started_at REAL, ended_at REAL, latency_s REAL, n_findings INTEGER, output_dir TEXT,
+    lung_coverage TEXT, contrast_phase TEXT, flags TEXT, detect_skipped TEXT
 );
 CREATE TABLE IF NOT EXISTS stage_attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, case_key TEXT NOT NULL, stage TEXT NOT NULL,
@@ -74,14 +86,32 @@ CREATE TABLE IF NOT EXISTS findings (
     PRIMARY KEY (case_key, idx)
 );
 CREATE TABLE IF NOT EXISTS measurements (
-    case_key TEXT NOT NULL, name TEXT NOT NULL, value REAL, unit TEXT,
+    case_key TEXT NOT NULL, name TEXT NOT NULL, value REAL, unit TEXT, reliable INTEGER NOT NULL DEFAULT 1, reason TEXT,
     PRIMARY KEY (case_key, name)
+);
+CREATE TABLE IF NOT EXISTS quality_flags (
+    case_key TEXT NOT NULL, code TEXT NOT NULL, severity TEXT NOT NULL, message TEXT,
+    PRIMARY KEY (case_key, code)
+);
+CREATE TABLE IF NOT EXISTS skipped (
+    run_id TEXT NOT NULL, what TEXT NOT NULL, item TEXT NOT NULL, kind TEXT, reason TEXT, source TEXT,
+    PRIMARY KEY (run_id, what, item)
 );
 CREATE TABLE IF NOT EXISTS gpu_samples (
     run_id TEXT NOT NULL, t REAL NOT NULL, gpu INTEGER NOT NULL, util_pct REAL, mem_used_mb REAL, mem_total_mb REAL
 );
 CREATE INDEX IF NOT EXISTS attempts_by_case ON stage_attempts (case_key);
 """
+
+#: Columns added since schema version 1: (table, column, declaration), added by :meth:`RunStore._migrate`.
+ADDED_COLUMNS = (
+    ("cases", "lung_coverage", "TEXT"),
+    ("cases", "contrast_phase", "TEXT"),
+    ("cases", "flags", "TEXT"),
+    ("cases", "detect_skipped", "TEXT"),
+    ("measurements", "reliable", "INTEGER NOT NULL DEFAULT 1"),
+    ("measurements", "reason", "TEXT"),
+)
 
 
 def db_path(run_dir: str | Path) -> Path:
@@ -103,10 +133,31 @@ class RunStore:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(_SCHEMA)
-            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            else:
+                self._migrate(int(row[0]), path)
         except sqlite3.DatabaseError as exc:
+            if environment_failure(exc, run_dir=self.run_dir) is not None:
+                raise
             raise RunStoreError(f"the run database is unreadable ({exc})", where=path,
                                 fix="use a new --out folder; this file is damaged or not a ctpipe run store") from exc
+
+    def _migrate(self, version: int, path: Path) -> None:
+        """Bring a store of an earlier schema version up to :data:`SCHEMA_VERSION` (adds columns; removes nothing)."""
+        if version > SCHEMA_VERSION:
+            raise RunStoreError(f"the run database has schema version {version}; this ctpipe reads up to {SCHEMA_VERSION}",
+                                where=path, fix="use the ctpipe version that wrote this run folder, or a new --out folder")
+        if version == SCHEMA_VERSION:
+            return
+        with self.tx():
+            for table, column, decl in ADDED_COLUMNS:
+                have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            self.db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+        log.info("run store migrated from schema version %d to %d", version, SCHEMA_VERSION, extra={"event": "store_migrated"})
 
     def close(self) -> None:
         self.db.close()
@@ -187,13 +238,20 @@ class RunStore:
         )
 
     def complete_case(self, case_key: str, *, output_dir: str, findings: Iterable[Mapping[str, Any]],
-                      measurements: Iterable[tuple[str, float, str]], ended_at: float | None = None) -> None:
-        """Mark a case done with its findings and measurements, in one transaction."""
+                      measurements: Iterable[Sequence[Any]], ended_at: float | None = None,
+                      quality: Mapping[str, Any] | None = None, detect_skipped: str | None = None) -> None:
+        """Mark a case done with its findings, measurements and quality flags, in one transaction.
+
+        ``measurements``: ``(name, value, unit)`` or ``(name, value, unit, reliable, reason)`` each;
+        ``quality``: the case's :meth:`QualityReport.to_json` (lung coverage, contrast phase, flags);
+        ``detect_skipped``: why detection did not run (e.g. no lungs in the scan), or None.
+        """
         ended = time.time() if ended_at is None else ended_at
+        flags = list((quality or {}).get("flags") or [])
         with self.tx():
             self._expect(case_key, "complete")
-            self.db.execute("DELETE FROM findings WHERE case_key=?", (case_key,))
-            self.db.execute("DELETE FROM measurements WHERE case_key=?", (case_key,))
+            for table in ("findings", "measurements", "quality_flags"):
+                self.db.execute(f"DELETE FROM {table} WHERE case_key=?", (case_key,))
             n = 0
             for n, f in enumerate(findings, start=1):
                 c = f.get("center_lps") or [None, None, None]
@@ -202,14 +260,45 @@ class RunStore:
                     (case_key, n, json.dumps(f), c[0], c[1], c[2], f.get("diameter_mm"), f.get("score")),
                 )
             self.db.executemany(
-                "INSERT OR REPLACE INTO measurements VALUES (?,?,?,?)",
-                [(case_key, name, value, unit) for name, value, unit in measurements],
+                "INSERT OR REPLACE INTO measurements (case_key, name, value, unit, reliable, reason) VALUES (?,?,?,?,?,?)",
+                [(case_key, *_measurement_row(m)) for m in measurements],
+            )
+            self.db.executemany(
+                "INSERT OR REPLACE INTO quality_flags VALUES (?,?,?,?)",
+                [(case_key, f["code"], f.get("severity", "warning"), f.get("message")) for f in flags],
             )
             self.db.execute(
                 "UPDATE cases SET status='done', ended_at=?, latency_s=? - started_at, n_findings=?, output_dir=?,"
-                " reason=NULL, error_class=NULL, failed_stage=NULL WHERE case_key=?",
-                (ended, ended, n, output_dir, case_key),
+                " reason=NULL, error_class=NULL, failed_stage=NULL, lung_coverage=?, contrast_phase=?, flags=?,"
+                " detect_skipped=? WHERE case_key=?",
+                (ended, ended, n, output_dir, (quality or {}).get("lung_coverage"), (quality or {}).get("contrast_phase"),
+                 ",".join(f["code"] for f in flags) if quality is not None else None, detect_skipped, case_key),
             )
+
+    def release_case(self, case_key: str, *, reason: str, stage: str | None) -> None:
+        """Back to 'pending' without a verdict: the run folder could not be written while the case ran.
+
+        Not a quarantine: the next run retries the case (no ``--retry-failed`` needed); ``reason`` says why
+        it was left unfinished until then.
+        """
+        with self.tx():
+            self._expect(case_key, "release")
+            self.db.execute(
+                "UPDATE stage_attempts SET status='interrupted' WHERE case_key=? AND status='running'", (case_key,)
+            )
+            self.db.execute(
+                "UPDATE cases SET status='pending', reason=?, error_class='RunEnvironmentError', failed_stage=?,"
+                " ended_at=NULL, output_dir=NULL WHERE case_key=?",
+                (reason, stage, case_key),
+            )
+
+    def add_skipped(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Record what discovery left out in run ``run_id``: rows with ``what`` ('file' or 'series'), ``item``
+        (the path or series key), ``kind``, ``reason`` and ``source``."""
+        data = [(run_id, r["what"], str(r["item"]), r.get("kind"), r.get("reason"), r.get("source")) for r in rows]
+        if data:
+            with self.tx():
+                self.db.executemany("INSERT OR REPLACE INTO skipped VALUES (?,?,?,?,?,?)", data)
 
     def fail_case(self, case_key: str, *, reason: str, error_class: str, stage: str | None) -> None:
         """Mark a case failed (quarantined) with the stage, error class and reason."""
@@ -253,6 +342,12 @@ class RunStore:
         if rows:
             with self.tx():
                 self.db.executemany("INSERT INTO gpu_samples VALUES (?,?,?,?,?,?)", rows)
+
+
+def _measurement_row(m: Sequence[Any]) -> tuple[str, float, str, int, str | None]:
+    name, value, unit, *rest = m
+    reliable = bool(rest[0]) if rest else True
+    return str(name), float(value), str(unit), int(reliable), (rest[1] if len(rest) > 1 and not reliable else None)
 
 
 class _Tx:

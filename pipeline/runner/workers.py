@@ -27,6 +27,7 @@ from typing import Any
 
 from ..config import Config, from_dict
 from ..errors import ConfigError, CtpipeError, FatalRunError
+from .faults import environment_failure
 from .logs import attach_jsonl
 from .stage import CaseContext, Stage, Task, TaskResult, WorkerInfo
 
@@ -84,21 +85,33 @@ def run_task(stage: Stage, task: Task, worker: WorkerInfo) -> TaskResult:
             torch.cuda.synchronize(worker.device)  # the stage's GPU work is part of its wall time
         res.outputs = dict(out)
         res.ok = True
-    except CtpipeError as exc:
-        res.error_class, res.error = type(exc).__name__, str(exc)
-    except MemoryError as exc:
-        res.error_class, res.error = "MemoryError", f"out of memory in stage {task.stage}: {exc}"
     except Exception as exc:  # noqa: BLE001 - a bug or library error in one case must not stop the batch
-        res.error_class = type(exc).__name__
-        res.error = f"unexpected {type(exc).__name__} in stage {task.stage}: {exc}"
-        log.error("case %s stage %s raised\n%s", task.case.case_id, task.stage, traceback.format_exc(),
-                  extra={"case_id": task.case.case_id, "stage": task.stage, "event": "stage_error"})
+        _describe_failure(res, exc, task, worker)
     res.wall_s = time.perf_counter() - t0
     res.ended_at = time.time()
     res.peak_rss_mb = peak_rss_mb()
     if torch is not None:
         res.peak_cuda_mb = torch.cuda.max_memory_allocated(worker.device) / 2**20
     return res
+
+
+def _describe_failure(res: TaskResult, exc: Exception, task: Task, worker: WorkerInfo) -> None:
+    """Fill ``res`` with what went wrong: the run folder (environment), the case (its error), or a bug (traceback logged)."""
+    env = environment_failure(exc, run_dir=worker.run_dir)
+    if env is not None:  # not the case's fault: one line, no traceback; the case is retried by the next run
+        res.environment = True
+        res.error_class, res.error = "RunEnvironmentError", f"stage {task.stage}: {env.describe()}"
+        log.warning("case %s stage %s: %s", task.case.case_id, task.stage, env.describe(),
+                    extra={"case_id": task.case.case_id, "stage": task.stage, "event": "environment_failure"})
+    elif isinstance(exc, CtpipeError):
+        res.error_class, res.error = type(exc).__name__, str(exc)
+    elif isinstance(exc, MemoryError):
+        res.error_class, res.error = "MemoryError", f"out of memory in stage {task.stage}: {exc}"
+    else:
+        res.error_class = type(exc).__name__
+        res.error = f"unexpected {type(exc).__name__} in stage {task.stage}: {exc}"
+        log.error("case %s stage %s raised\n%s", task.case.case_id, task.stage, traceback.format_exc(),
+                  extra={"case_id": task.case.case_id, "stage": task.stage, "event": "stage_error"})
 
 
 def setup_stages(stages: Sequence[Stage], worker: WorkerInfo) -> None:

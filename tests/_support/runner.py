@@ -1,4 +1,5 @@
-"""Helpers and fixtures for the runner tests: tiny phantom series (good and corrupt), the command line, the store.
+"""Helpers and fixtures for the runner tests: tiny phantom series (good, corrupt, split, without lungs, with
+patient identifiers), the fault corpus, a full disk (injected writes or a small tmpfs), the command line, the store.
 
 The fixtures (``dicom_data``, ``full_run``) reach a test module through ``pytest_plugins =
 ["tests._support.runner"]``; as session fixtures they are made once per pytest run. Test modules
@@ -15,6 +16,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,9 @@ GOOD_SEEDS = (11, 12, 13)
 # fast settings for tests: no renderings, two organs (the real stages all run)
 FAST = ["--set", "reconstruct.renderings=false", "--set", "reconstruct.organs=lung_left,lung_right",
         "--set", "report.enabled=true"]
+# quicker still, as run_batch options: the network's own scores (no false-positive reduction), reported from 0.5
+QUICK = {"reconstruct.renderings": False, "reconstruct.organs": ["lung_left", "lung_right"],
+         "detector.score_threshold": 0.5, "detector.postprocess": False}
 
 
 def write_good(root: Path) -> list[str]:
@@ -141,3 +147,204 @@ class DieOnceStage(Stage):
             os.kill(os.getpid(), signal.SIGKILL)
         (ctx.workdir / "ok.txt").write_text(ctx.case.case_id)
         return {}
+
+
+# -- identifiers, split series, scans without lungs, the fault corpus ------------------------------------------------
+#: Patient identifiers written into test series: distinctive strings that no output may contain by default.
+PATIENT = {"PatientID": "ZQX-PRIV-77310", "PatientName": "Quillfeather^Zenobia", "AccessionNumber": "ACCZQ55213",
+           "PatientBirthDate": "19020304"}
+PRIVATE_STRINGS = ("ZQX-PRIV-77310", "Quillfeather", "Zenobia", "ACCZQ55213")
+
+
+def mark_patient(paths: list[Path]) -> None:
+    """Give every file the distinctive patient identifiers of :data:`PATIENT`."""
+    from tests._support.fault_corpus import set_values
+
+    set_values(paths, **PATIENT)
+
+
+def _uids(path: Path) -> dict[str, str]:
+    import pydicom
+
+    ds = pydicom.dcmread(path, stop_before_pixels=True)
+    return {k: str(ds[k].value) for k in ("StudyInstanceUID", "SeriesInstanceUID", "FrameOfReferenceUID") if k in ds}
+
+
+def write_split_scout(folder: Path, *, seed: int = 31, slices: int = 16) -> tuple[str, list[Path]]:
+    """A phantom CT series plus a scout (coronal LOCALIZER image) stored under the same SeriesInstanceUID.
+
+    Discovery splits it into ``<uid>#1`` (the axial stack, processed) and ``<uid>#2`` (the scout, not selected).
+    Returns the SeriesInstanceUID and the axial stack's files.
+    """
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from tests._support.fault_corpus import set_values
+
+    ph = generate_phantom(seed, n_nodules=1, **{**PHANTOM, "slices": slices})
+    files = write_dicom_series(ph.volume, folder, quirks=["localizer"], seed=seed)
+    main, extra = files[:slices], files[slices:]
+    set_values(extra, **_uids(main[0]))
+    return _uids(main[0])["SeriesInstanceUID"], main
+
+
+def write_split_spacing(folder: Path, *, seed: int = 32, slices: int = 16) -> tuple[str, list[Path], list[Path]]:
+    """Two phantom stacks at different pixel spacings (64 x 2 mm and 80 x 1.6 mm) under one SeriesInstanceUID.
+
+    Discovery splits it into ``<uid>#1`` and ``<uid>#2`` (sub-stacks differ in matrix/pixel spacing); both are
+    processed. Returns the SeriesInstanceUID and both stacks' files.
+    """
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from tests._support.fault_corpus import set_values
+
+    a = generate_phantom(seed, n_nodules=1, **{**PHANTOM, "slices": slices})
+    b = generate_phantom(seed + 1, n_nodules=1, **{**PHANTOM, "slices": slices, "matrix": 80, "pixel_spacing": 1.6})
+    first = write_dicom_series(a.volume, folder / "a", seed=seed)
+    second = write_dicom_series(b.volume, folder / "b", seed=seed + 1)
+    set_values(second, **_uids(first[0]))
+    return _uids(first[0])["SeriesInstanceUID"], first, second
+
+
+def write_no_lungs(folder: Path, *, seed: int = 41, slices: int = 16) -> list[Path]:
+    """A CT series of a body without lungs (soft tissue in air, e.g. an abdomen): nothing to search."""
+    import numpy as np
+
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.volume import CTVolume, Geometry
+
+    rng = np.random.default_rng(seed)
+    _, j, i = np.meshgrid(np.arange(slices), np.arange(64), np.arange(64), indexing="ij")
+    hu = np.full((slices, 64, 64), -1000.0)
+    hu[((i - 32) / 27.0) ** 2 + ((j - 34) / 20.0) ** 2 <= 1] = 40.0
+    hu += rng.normal(0, 10, hu.shape)
+    vol = CTVolume(hu.astype(np.int16), Geometry(shape=(slices, 64, 64), spacing=(2.0, 2.0, 5.0),
+                                                 origin=(-64.0, -64.0, -40.0), direction=np.eye(3)))
+    return write_dicom_series(vol, folder, seed=seed)
+
+
+def write_fault_corpus(root: Path) -> dict[str, Any]:
+    """Damaged and unusual inputs in one archive folder, and what a run must make of each.
+
+    Returns ``{"skipped_files": {path: kind}, "not_selected": {folder: words in the reason},
+    "quarantined": {folder: error class}, "done": {folder: number of cases}, "split": {...}}``; folders are
+    relative to ``root``.
+    """
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from tests._support.fault_corpus import (
+        MR_IMAGE_STORAGE,
+        edit,
+        junk_files,
+        set_values,
+        symlink_loop,
+        truncated_copy,
+        write_phantom,
+    )
+
+    # processed: a phantom under non-ASCII folder and file names (marked with patient identifiers)
+    ph = generate_phantom(51, n_nodules=1, **{**PHANTOM, "slices": 16})
+    files = write_dicom_series(ph.volume, root / "Patiënt_ñandú" / "série_1", seed=51)
+    renamed = []
+    for n, f in enumerate(files):
+        target = f.with_name(f"schicht_ä_{n:03d}.dcm")
+        f.rename(target)
+        renamed.append(target)
+    mark_patient(renamed)
+    split_uid, split_main = write_split_scout(root / "split_scout")
+    mark_patient(split_main)
+    spacing_uid, _, _ = write_split_spacing(root / "split_spacing")
+    # named skips: files that are no DICOM images, a header cut short, link loops
+    junk = junk_files(root / "junk")
+    cut = truncated_copy(files[0].with_name("schicht_ä_000.dcm"), root / "junk" / "cut.dcm")
+    loop, up = symlink_loop(root / "links")
+    # series that are not taken (named, with the reason)
+    mr = write_phantom(root / "mr", seed=4)
+    set_values(mr, Modality="MR", SOPClassUID=MR_IMAGE_STORAGE)
+    write_phantom(root / "one_slice", seed=5, keep=1)
+    write_phantom(root / "two_slices", seed=6, keep=2)
+    nopix = write_phantom(root / "no_pixels", seed=7)
+    edit(nopix, lambda ds: delattr(ds, "PixelData"))
+    # quarantined with its true reason: one slice of a series lacks its pixel data
+    holed = write_phantom(root / "one_file_no_pixels", seed=8)
+    edit(holed[5:6], lambda ds: delattr(ds, "PixelData"))
+    return {
+        "skipped_files": {junk["empty"]: "not_dicom", junk["random"]: "not_dicom", junk["text"]: "not_dicom",
+                          cut: "truncated", loop: "unreadable", up: "not_followed"},
+        "not_selected": {"mr": "modality is MR", "one_slice": "min_slices", "two_slices": "min_slices",
+                         "no_pixels": "no pixel data", "split_scout": "localizer"},
+        "quarantined": {"one_file_no_pixels": "MissingPixelDataError"},
+        "done": {"Patiënt_ñandú/série_1": 1, "split_scout": 1, "split_spacing": 2},
+        "split": {"scout": split_uid, "spacing": spacing_uid},
+    }
+
+
+# -- a full disk -------------------------------------------------------------------------------------------------------
+@contextmanager
+def disk_full_after(run_dir: Path, writes: int) -> Iterator[dict[str, int]]:
+    """Inside the block the disk under ``run_dir`` is full after ``writes`` more files: every later atomic write
+    (:mod:`pipeline.atomic`: cache arrays, case files, reports, quarantine files) fails with ENOSPC while writing,
+    as on a full disk (its temporary file is made, but its data go to ``/dev/full``). Leaving the block frees the
+    space. For runs in this process (``workers=0``); the run store and the log are not affected (a small tmpfs
+    fills those too, see :func:`small_tmpfs`). Yields counts: ``writes`` (atomic writes under ``run_dir``) and
+    ``failed``.
+    """
+    import tempfile
+    import types
+
+    import pipeline.atomic as atomic
+
+    root = os.path.abspath(run_dir)
+    counts = {"writes": 0, "failed": 0}
+
+    def mkstemp(*, dir: Any, prefix: str, suffix: str) -> tuple[int, str]:
+        fd, path = tempfile.mkstemp(dir=dir, prefix=prefix, suffix=suffix)
+        if os.path.abspath(dir).startswith(root):
+            counts["writes"] += 1
+            if counts["writes"] > writes:
+                counts["failed"] += 1
+                os.close(fd)
+                fd = os.open("/dev/full", os.O_WRONLY)
+        return fd, path
+
+    atomic.tempfile = types.SimpleNamespace(mkstemp=mkstemp)  # type: ignore[assignment]
+    try:
+        yield counts
+    finally:
+        atomic.tempfile = tempfile  # type: ignore[assignment]
+
+
+def can_mount() -> str | None:
+    """None when this process may mount a tmpfs (root with CAP_SYS_ADMIN), else why not."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "mounting a tmpfs needs root"
+    import tempfile
+
+    probe = Path(tempfile.gettempdir()) / f"ctpipe-mount-probe-{os.getpid()}"
+    probe.mkdir(exist_ok=True)
+    try:
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe)], capture_output=True, text=True)
+        if p.returncode != 0:
+            return f"mount is not permitted here: {p.stderr.strip() or p.returncode}"
+        subprocess.run(["umount", str(probe)], check=True)
+        return None
+    except FileNotFoundError:
+        return "no mount command"
+    finally:
+        probe.rmdir()
+
+
+@contextmanager
+def small_tmpfs(folder: Path, size_kb: int, *, read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of ``size_kb`` KiB mounted on ``folder`` for the block (unmounted after, whatever happens)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size_kb}k" + (",ro" if read_only else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(folder)], check=True, capture_output=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False, capture_output=True)
+
+
+def resize_tmpfs(folder: Path, size_kb: int) -> None:
+    """Give a mounted tmpfs more (or less) room."""
+    subprocess.run(["mount", "-o", f"remount,size={size_kb}k", str(folder)], check=True, capture_output=True)

@@ -1,0 +1,131 @@
+"""Environmental failures told apart from case defects.
+
+A case defect (a truncated file, a series with a gap) belongs to the case: it is
+quarantined with its reason. An environmental failure belongs to the machine:
+the run folder cannot be written because the disk is full (``ENOSPC``), the
+quota is spent (``EDQUOT``), the file system is read-only (``EROFS``), or this
+user may not write there (``EACCES``/``EPERM`` on a path inside the run folder;
+the same errors on an input file are the case's problem). A run that meets one
+stops admitting cases, records itself as interrupted and leaves the cases it
+could not finish to the next run, which retries them without
+``--retry-failed``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import RunEnvironmentError
+
+#: Errors that only writing can meet: environmental wherever they happen.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+#: Errors that are environmental when the path is inside the run folder (else an input file's problem).
+ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
+#: A short write reported without an error number (numpy's ``tofile``: "98304 requested and 12224 written").
+_SHORT_WRITE = re.compile(r"\b\d+ requested and \d+ written\b")
+
+
+@dataclass(frozen=True)
+class EnvironmentFailure:
+    """What stopped the run: the error number and the folder that could not be written."""
+
+    errno: int
+    folder: str
+
+    @property
+    def name(self) -> str:
+        return errno.errorcode.get(self.errno, str(self.errno))
+
+    def describe(self) -> str:
+        """One line: the folder, the system's words for the error and its symbol."""
+        return f"cannot write in {self.folder}: {os.strerror(self.errno)} ({self.name})"
+
+    def error(self) -> RunEnvironmentError:
+        fix = ("free disk space (or raise the quota) and run the same command again"
+               if self.errno in (errno.ENOSPC, errno.EDQUOT) else
+               "make the folder writable by this user (or give another --out) and run the same command again")
+        return RunEnvironmentError(f"{os.strerror(self.errno)} ({self.name})", where=self.folder, fix=fix)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend((e.__cause__, e.__context__))
+
+
+def _inside(path: str | os.PathLike[str], folder: Path) -> bool:
+    try:
+        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
+    except ValueError:
+        return False
+    return True
+
+
+def _folder_of(filename: object, run_dir: Path | None) -> str:
+    if isinstance(filename, (str, os.PathLike)) and str(filename):
+        p = Path(os.path.abspath(filename))
+        return str(p if p.is_dir() else p.parent)
+    return str(run_dir) if run_dir is not None else "the run folder"
+
+
+def environment_failure(exc: BaseException, *, run_dir: Path | None) -> EnvironmentFailure | None:
+    """The environmental failure behind ``exc`` (itself, its cause or its context), or None for a case defect.
+
+    SQLite's "database or disk is full" and "readonly database" count as ``ENOSPC`` and ``EROFS``
+    in ``run_dir`` (the run store lives there); so does a short write reported without an error number
+    (numpy writing an array to a full disk: "N requested and M written"): the runner writes only there.
+    """
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno is None and _SHORT_WRITE.search(str(e)):
+            return EnvironmentFailure(errno.ENOSPC, str(run_dir) if run_dir else "the run folder")
+        if isinstance(e, OSError) and e.errno is not None:
+            if e.errno in WRITE_ERRNOS:
+                return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir))
+            if e.errno in ACCESS_ERRNOS and run_dir is not None and e.filename and _inside(e.filename, run_dir):
+                return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir))
+        if isinstance(e, sqlite3.OperationalError):
+            text = str(e).lower()
+            if "disk is full" in text:
+                return EnvironmentFailure(errno.ENOSPC, str(run_dir) if run_dir else "the run folder")
+            if "readonly database" in text:
+                return EnvironmentFailure(errno.EROFS, str(run_dir) if run_dir else "the run folder")
+    return None
+
+
+def errno_in_text(text: str) -> int | None:
+    """The error number quoted in a recorded message (``... [Errno 28] No space left ...``), or None."""
+    m = _ERRNO_TEXT.search(text or "")
+    return int(m.group(1)) if m else None
+
+
+def is_environmental_errno(number: int | None) -> bool:
+    """Whether a write that failed with ``number`` failed because of the machine, not the case."""
+    return number is not None and (number in WRITE_ERRNOS or number in ACCESS_ERRNOS)
+
+
+def check_writable(run_dir: Path) -> None:
+    """Create ``run_dir`` if needed and prove that a file can be made in it; raise :class:`RunEnvironmentError` if not."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-probe-{os.getpid()}.tmp"
+        with open(probe, "wb") as fh:
+            fh.write(b"ctpipe")
+            fh.flush()
+            os.fsync(fh.fileno())
+        probe.unlink()
+    except OSError as exc:  # named by the run folder asked for (the folder that refused may be one of its parents)
+        raise EnvironmentFailure(exc.errno or errno.EIO, str(run_dir)).error() from exc

@@ -1,0 +1,227 @@
+"""The segmentation stages of ``ctpipe run``: ``lungs``, ``reconstruct`` and ``nodules`` (see :mod:`.stages`).
+
+One lung mask per case: when both lungs are reconstructed, ``reconstruct`` runs
+before detection, keeps the union of its lung masks in the case cache
+(``RUN_DIR/cache/<case_id>.lungs.npy``, bits packed, on the volume's ``[k, j, i]``
+grid) and hands its quality report to the later stages; ``nodules`` then segments
+the findings inside that mask. Without reconstruction, ``lungs`` segments the
+lungs alone for the quality report that decides whether to search.
+
+A file that cannot be written fails the stage (an environmental error such as a
+full disk stops the run; see :mod:`.faults`); an organ that cannot be segmented
+is a property of the case, recorded in its measurements JSON (``errors``).
+Positions are LPS mm.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..atomic import atomic_open, atomic_write_bytes
+from ..cache import CaseCache
+from ..config import Config
+from ..errors import IncompleteOutputError
+from .faults import errno_in_text, is_environmental_errno
+from .measurements import flatten_measurements
+from .stage import CaseContext, Stage, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+LUNGS = ("lung_left", "lung_right")
+#: Measurement groups of the reconstruction kept in the run store (``quality`` has its own table).
+MEASURED = ("organs", "lungs", "nodules")
+
+
+def lungs_first(cfg: Config) -> bool:
+    """Whether ``reconstruct`` runs before detection (it segments both lungs), else the ``lungs`` stage does."""
+    return bool(cfg.reconstruct.enabled) and set(LUNGS) <= set(cfg.reconstruct.organs)
+
+
+def read_case_volume(ctx: CaseContext) -> Any:
+    """The case's HU volume from the run's cache (read into memory: stages may hand it to torch)."""
+    return CaseCache(ctx.cache_dir).read(ctx.case.case_id)
+
+
+def lung_mask_path(cache_dir: Path, case_id: str) -> Path:
+    return cache_dir / f"{case_id}.lungs.npy"
+
+
+def save_lung_mask(cache_dir: Path, case_id: str, mask: np.ndarray) -> Path:
+    """Keep a case's lung mask (bool ``[k, j, i]``) in the cache, bits packed, atomically."""
+    path = lung_mask_path(cache_dir, case_id)
+    with atomic_open(path) as fh:
+        np.lib.format.write_array(fh, np.packbits(np.ascontiguousarray(mask, dtype=bool), axis=None), allow_pickle=False)
+    return path
+
+
+def load_lung_mask(cache_dir: Path, case_id: str, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The lung mask kept by :func:`save_lung_mask` (None when the case has none: no lung was segmented)."""
+    path = lung_mask_path(cache_dir, case_id)
+    if not path.is_file():
+        return None
+    packed = np.load(path, allow_pickle=False)
+    return np.unpackbits(packed, count=int(np.prod(shape))).astype(bool).reshape(shape)
+
+
+def _lungs_absent(quality: Mapping[str, Any] | None) -> str | None:
+    """Why there is nothing to search (the ``lungs_absent`` flag's message), or None."""
+    if not quality or quality.get("lung_coverage") != "absent":
+        return None
+    flag = next((f for f in quality.get("flags", ()) if f.get("code") == "lungs_absent"), None)
+    return str(flag["message"]) if flag else "no lungs in the scan"
+
+
+def detect_skip_reason(state: Mapping[str, Any]) -> str | None:
+    """Why detection must not run on this case (its lungs are absent), from the earlier stages' quality report."""
+    return _lungs_absent(state.get("quality"))
+
+
+def _write_failures(rec: Any, formats: list[str]) -> dict[str, str]:
+    """The entries of ``rec.errors`` that are files not written (mesh writes, OS errors), not case properties."""
+    out = {}
+    for key, msg in rec.errors.items():
+        organ, dot, fmt = key.rpartition(".")
+        if (dot and fmt in formats and organ in rec.meshes) or errno_in_text(msg) is not None:
+            out[key] = msg
+    return out
+
+
+def _raise_write_failures(failures: Mapping[str, str], where: Path) -> None:
+    if not failures:
+        return
+    text = "; ".join(f"{k}: {v}" for k, v in failures.items())
+    for msg in failures.values():
+        number = errno_in_text(msg)
+        if number is not None and is_environmental_errno(number):
+            raise OSError(number, f"could not write the reconstruction's files ({text})", str(where))
+    raise IncompleteOutputError(f"could not write the reconstruction's files ({text})", where=where,
+                                fix="see the error; the case was not published")
+
+
+class ReconstructStage(Stage):
+    """Organ segmentation, meshes, measurements, quality flags and renderings into ``<case>/recon/``.
+
+    ``before_detect``: run before detection (no findings yet): keep the lung mask in the cache for
+    ``nodules`` and hand the quality report to ``load``/``detect``.
+    """
+
+    name = "reconstruct"
+    group = "cpu"
+    preload = ("pipeline.reconstruction",)
+
+    def __init__(self, *, group: str = "cpu", before_detect: bool = False):
+        self.group = group
+        self.before_detect = before_detect
+        self._device = "cpu"
+
+    def setup(self, worker: WorkerInfo) -> None:
+        import pipeline.reconstruction  # noqa: F401
+
+        self._device = worker.device if self.group == "model" else "cpu"
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        from ..reconstruction import reconstruct
+
+        cfg = ctx.config.reconstruct
+        vol = read_case_volume(ctx)
+        out_dir = ctx.workdir / "recon"
+        findings = None if self.before_detect else (ctx.state.get("findings") or None)
+        rec = reconstruct(vol, organs=cfg.organs, findings=findings, out_dir=out_dir, mesh_formats=cfg.mesh_formats,
+                          smoothing=cfg.smoothing_iterations, target_triangles=cfg.target_triangles, device=self._device,
+                          render=cfg.renderings, stem=ctx.case.case_id)
+        failures = _write_failures(rec, list(cfg.mesh_formats))
+        _raise_write_failures(failures, out_dir)
+        for key, msg in rec.errors.items():  # properties of the case (an organ not found): recorded, not a failure
+            log.warning("case %s: %s: %s", ctx.case.case_id, key, msg, extra={"case_id": ctx.case.case_id, "stage": self.name})
+        if self.before_detect:
+            parts = [rec.mask(o) for o in LUNGS if o in rec.masks]
+            if parts:
+                save_lung_mask(ctx.cache_dir, ctx.case.case_id, np.logical_or.reduce(parts))
+        meas = {k: v for k, v in rec.measurements.items() if k in MEASURED}
+        declared = [p.relative_to(ctx.workdir).as_posix() for paths in rec.files.values() for p in paths]
+        out: dict[str, Any] = {"measurements": list(flatten_measurements(meas)), "recon_errors": dict(rec.errors),
+                               "declared": declared, "timings": {k: round(v, 6) for k, v in rec.seconds.items()}}
+        if rec.quality is not None and (self.before_detect or "quality" not in ctx.state):
+            out["quality"] = rec.quality.to_json()
+        return out
+
+
+class LungsStage(Stage):
+    """Both lungs segmented alone, and the quality report they give (lung coverage, slice thickness, contrast),
+    before detection: for runs that do not reconstruct the lungs."""
+
+    name = "lungs"
+    group = "cpu"
+    preload = ("pipeline.reconstruction",)
+
+    def __init__(self, *, group: str = "cpu"):
+        self.group = group
+        self._device = "cpu"
+
+    def setup(self, worker: WorkerInfo) -> None:
+        import pipeline.reconstruction  # noqa: F401
+
+        self._device = worker.device if self.group == "model" else "cpu"
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        from ..reconstruction.quality import assess_quality
+        from ..reconstruction.segment import segment_organs
+
+        vol = read_case_volume(ctx)
+        t0 = time.perf_counter()
+        seg = segment_organs(vol, organs=list(LUNGS), device=self._device)
+        t1 = time.perf_counter()
+        quality = assess_quality(np.asarray(vol.array), vol.geometry, seg.masks, metadata=vol.metadata)
+        t2 = time.perf_counter()
+        return {"quality": quality.to_json(), "timings": {"segment": round(t1 - t0, 6), "quality": round(t2 - t1, 6)}}
+
+
+def _with_nodules(doc: Mapping[str, Any], nodules: list[dict[str, Any]], errors: Mapping[str, str]) -> dict[str, Any]:
+    """The measurements JSON with ``nodules`` where :func:`~pipeline.reconstruction.reconstruct` puts them (after
+    ``lungs``) and their errors added to ``errors``."""
+    out: dict[str, Any] = {}
+    anchor = "lungs" if "lungs" in doc else "quality"
+    for key, value in doc.items():
+        if key == "nodules":
+            continue
+        out[key] = value
+        if key == anchor:
+            out["nodules"] = nodules
+    if "nodules" not in out:
+        out["nodules"] = nodules
+    out["errors"] = {**dict(doc.get("errors") or {}), **errors}
+    return out
+
+
+class NodulesStage(Stage):
+    """Each reported finding segmented and measured inside the case's lung mask; added to the measurements JSON."""
+
+    name = "nodules"
+    group = "cpu"
+    preload = ("pipeline.reconstruction.nodules",)
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        findings = list(ctx.state.get("findings") or [])
+        if not findings:
+            return {}
+        from ..reconstruction.nodules import segment_findings
+
+        vol = read_case_volume(ctx)
+        lungs = load_lung_mask(ctx.cache_dir, ctx.case.case_id, vol.shape)
+        t0 = time.perf_counter()
+        results = segment_findings(vol, findings, lung_mask=lungs)
+        seconds = time.perf_counter() - t0
+        nodules = [r.to_json() for r in results]
+        errors = {f"nodule:{r.index}": r.error for r in results if r.error}
+        path = ctx.workdir / "recon" / f"{ctx.case.case_id}_measurements.json"
+        doc = _with_nodules(json.loads(path.read_text()), nodules, errors)
+        atomic_write_bytes(path, json.dumps(doc, indent=1, default=float).encode())
+        measurements = [*ctx.state.get("measurements", []), *flatten_measurements({"nodules": nodules})]
+        return {"measurements": measurements, "timings": {"nodules": round(seconds, 6)}}

@@ -1,0 +1,153 @@
+"""The HTML page of a throughput report: headline, per-case table with quality flags and PNG links, plots.
+
+Self-contained (plots embedded as PNG, no scripts, nothing fetched); links to a
+case's PNGs are relative to the report's folder, so a run folder moved as a
+whole keeps them working. Every text from the run store is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+#: Lung volume measurements shown per case: (column title, measurement name).
+LUNG_VOLUMES = (("left lung mL", "lungs.lung_left_volume_ml"), ("right lung mL", "lungs.lung_right_volume_ml"),
+                ("lungs mL", "lungs.lungs_total_volume_ml"))
+#: Rows of the skipped list shown on the page (skipped.csv has them all).
+SKIPPED_SHOWN = 200
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _num(value: Any, fmt: str = "{:.2f}") -> str:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return ""
+    return "" if v != v else fmt.format(v)
+
+
+def case_rows(t: dict, out_dir: Path) -> list[dict[str, Any]]:
+    """One row per case of the report's runs: status, latency (s), findings, lung volumes (mL, with reliability),
+    quality flags and the case's PNGs (links relative to ``out_dir``)."""
+    cases, meas, quality = t["cases"], t["measurements"], t["quality"]
+    wanted = {name for _, name in LUNG_VOLUMES}
+    vols: dict[tuple[str, str], dict[str, tuple[float, bool, str | None]]] = {}
+    for m in meas[meas.name.isin(wanted)].itertuples():
+        vols.setdefault((m.run_dir, m.case_key), {})[m.name] = (m.value, bool(m.reliable), m.reason)
+    flags: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    for f in quality.itertuples():
+        flags.setdefault((f.run_dir, f.case_key), []).append((f.code, f.severity, f.message))
+    rows = []
+    for c in cases.itertuples():
+        key = (c.run_dir, c.case_key)
+        pngs: list[tuple[str, str]] = []
+        if c.status == "done" and isinstance(c.output_dir, str):
+            folder = Path(c.run_dir) / c.output_dir
+            for p in sorted(folder.rglob("*.png")) if folder.is_dir() else ():
+                pngs.append((p.relative_to(folder).as_posix(), quote(os.path.relpath(p, out_dir).replace(os.sep, "/"))))
+        rows.append({"case_id": c.case_id, "run_dir": c.run_dir, "status": c.status, "latency_s": c.latency_s,
+                     "n_findings": c.n_findings, "volumes": vols.get(key, {}), "flags": flags.get(key, []),
+                     "detect_skipped": c.detect_skipped if isinstance(c.detect_skipped, str) else None,
+                     "reason": c.reason if isinstance(c.reason, str) else None, "pngs": pngs})
+    return rows
+
+
+def _stat_table(rows: dict[str, dict[str, Any]], first: str) -> str:
+    if not rows:
+        return "<p>none</p>"
+    cols = list(next(iter(rows.values())).keys())
+    head = "".join(f"<th>{_e(c)}</th>" for c in [first, *cols])
+    body = ""
+    for name, r in rows.items():
+        cells = "".join(f"<td>{'' if r[c] is None else (f'{r[c]:.3f}' if isinstance(r[c], float) else _e(r[c]))}</td>"
+                        for c in cols)
+        body += f"<tr><td>{_e(name)}</td>{cells}</tr>"
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _case_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>no cases</p>"
+    head = "".join(f"<th>{t}</th>" for t in ["case", "status", "latency s", "findings", *(c for c, _ in LUNG_VOLUMES),
+                                              "flags", "images"])
+    body = []
+    for r in rows:
+        vols = []
+        for _, name in LUNG_VOLUMES:
+            v = r["volumes"].get(name)
+            if v is None:
+                vols.append("<td></td>")
+            elif v[1]:
+                vols.append(f"<td>{_num(v[0], '{:.0f}')}</td>")
+            else:
+                vols.append(f'<td class="unreliable" title="{_e(v[2])}">{_num(v[0], "{:.0f}")}*</td>')
+        flags = " ".join(f'<span class="{_e(sev)}" title="{_e(msg)}">{_e(code)}</span>' for code, sev, msg in r["flags"])
+        note = (f"detection skipped: {r['detect_skipped']}" if r["detect_skipped"] else
+                r["reason"] if r["status"] != "done" else None)
+        if note:
+            flags += f'<br><small>{_e(note)}</small>'
+        links = " ".join(f'<a href="{href}">{_e(name)}</a>' for name, href in r["pngs"])
+        body.append(f"<tr><td>{_e(r['case_id'])}</td><td>{_e(r['status'])}</td><td>{_num(r['latency_s'])}</td>"
+                    f"<td>{'' if r['n_findings'] is None or r['n_findings'] != r['n_findings'] else int(r['n_findings'])}</td>"
+                    f"{''.join(vols)}<td class=\"flags\">{flags}</td><td class=\"links\">{links}</td></tr>")
+    return f"<table class=\"cases\"><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _skipped_table(sk: Any) -> str:
+    if not len(sk):
+        return "<p>nothing was skipped</p>"
+    rows = "".join(f"<tr><td>{_e(r.what)}</td><td>{_e(r.item)}</td><td>{_e(r.kind)}</td><td>{_e(r.reason)}</td></tr>"
+                   for r in sk.head(SKIPPED_SHOWN).itertuples())
+    more = f"<p>and {len(sk) - SKIPPED_SHOWN} more in skipped.csv</p>" if len(sk) > SKIPPED_SHOWN else ""
+    return f"<table><tr><th>what</th><th>file or series</th><th>kind</th><th>reason</th></tr>{rows}</table>{more}"
+
+
+def _quality_headline(q: dict[str, Any]) -> str:
+    by = ", ".join(f"{_e(k)} {v}" for k, v in q["by_flag"].items())
+    text = f"{q['flagged']} of {q['done']} completed case(s) flagged (warnings)"
+    if q.get("detect_skipped"):
+        text += f"; detection skipped in {q['detect_skipped']} (no lungs in the scan)"
+    return text + (f". Flags: {by}." if by else ".")
+
+
+def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[str, Any]], skipped: Any) -> str:
+    """The report page (see the module docstring)."""
+    s = summary
+    img = lambda k, alt: f'<img alt="{alt}" src="data:image/png;base64,{plots[k]}">' if k in plots else ""  # noqa: E731
+    fails = "".join(f"<tr><td>{_e(f['case_id'])}</td><td>{_e(f['stage'])}</td><td>{_e(f['error_class'])}</td>"
+                    f"<td>{_e(f['reason'])}</td></tr>" for f in s["failed_cases"])
+    daily = "".join(f"<tr><td>{_e(d)}</td><td>{n}</td></tr>" for d, n in s["throughput"]["per_day_utc"].items())
+    sk = s["skipped"]
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>ctpipe throughput report</title>
+<style>body{{font-family:sans-serif;max-width:72em;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:right}}th{{background:#f4f4f4}}td:first-child{{text-align:left}}
+td.flags,td.links{{text-align:left}}.warning{{background:#fde2b8;padding:0 .3em}}.info{{background:#dde9f7;padding:0 .3em}}
+td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
+<h1>ctpipe throughput report</h1>
+<p>Runs: {s['runs']} in {_e(', '.join(s['run_dirs']))} &middot; devices: {_e(', '.join(s['devices']) or '?')}
+&middot; generated {_e(s['generated_at'])}</p>
+<p class="big"><b>{_e(s['projection'])}</b></p>
+<p class="big">{_quality_headline(s['quality'])}</p>
+<p>Cases: {s['cases']['done']} done, {s['cases']['failed']} failed, {s['cases']['unfinished']} unfinished,
+of {s['cases']['total']}. Discovery skipped {sk['files']} file(s) and {sk['series']} series (listed below).</p>
+<h2>Cases</h2>
+<p>Lung volumes marked * are unreliable (a quality flag, e.g. lungs cut by the scan range, makes them meaningless;
+hover for the reason). Flags: <span class="warning">warning</span> <span class="info">info</span>; hover for details.</p>
+{_case_table(rows)}
+<h2>Throughput</h2>{img('throughput', 'throughput over time')}
+<table><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
+<h2>Latency (seconds)</h2>{_stat_table(s['latency_s'], 'stage')}{img('latency', 'latency histogram')}
+<h2>Stage breakdown</h2>{img('stages', 'stage breakdown')}
+<h3>Queue wait (seconds)</h3>{_stat_table(s['queue_wait_s'], 'stage')}
+<h2>Failures by reason</h2>{_stat_table({k: {'cases': v} for k, v in s['failures_by_reason'].items()}, 'error class')}
+<table><tr><th>case</th><th>stage</th><th>error class</th><th>reason</th></tr>{fails}</table>
+<h2>Skipped by discovery</h2>{_skipped_table(skipped)}
+{'<h2>GPU</h2>' + _stat_table(s['gpu'], 'gpu') + img('gpu', 'GPU utilisation') if s['gpu'] else ''}
+</body></html>
+"""
