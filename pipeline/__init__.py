@@ -41,4 +41,3 @@ __all__ = sorted(_LAZY) + ["__version__"]
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
-

@@ -152,8 +152,7 @@ class BundleConfig:
     folder (``bundle_root`` in the config, and where ``models/`` is), when known.
     """
 
-    def __init__(self, data: Mapping[str, Any], *, path: Path | None = None, root: Path | None = None,
-                 evaluate: bool = False):
+    def __init__(self, data: Mapping[str, Any], *, path: Path | None = None, root: Path | None = None, evaluate: bool = False):
         self.where = str(path) if path is not None else "bundle config"
         if not isinstance(data, Mapping):
             raise BundleError(f"bundle config must be a JSON object, got {type(data).__name__}", where=self.where)
@@ -170,9 +169,11 @@ class BundleConfig:
         named_file = given.suffix.lower() == ".json" and not given.is_dir()
         file = given if named_file else given / INFERENCE_JSON
         if not file.is_file():
-            raise BundleError(f"cannot read the bundle config: {file.name if named_file else INFERENCE_JSON} does not exist",
-                              where=given, fix="pass the bundle's top folder (the one holding configs/ and models/) "
-                                               "or its configs/inference.json")
+            raise BundleError(
+                f"cannot read the bundle config: {file.name if named_file else INFERENCE_JSON} does not exist",
+                where=given,
+                fix="pass the bundle's top folder (the one holding configs/ and models/) or its configs/inference.json",
+            )
         root = file.parent.parent if file.parent.name == "configs" else file.parent
         return cls(_read_json(file), path=file, root=root, evaluate=evaluate)
 
@@ -216,8 +217,11 @@ class BundleConfig:
         try:
             return self.parser.get_parsed_content(id)
         except _VALUE_ERRORS as exc:
-            raise BundleError(f"{id} cannot be read ({type(exc).__name__}: {str(exc)[:300]})", where=self.where,
-                              fix="check the value and the entries it refers to") from exc
+            raise BundleError(
+                f"{id} cannot be read ({type(exc).__name__}: {str(exc)[:300]})",
+                where=self.where,
+                fix="check the value and the entries it refers to",
+            ) from exc
 
     def _resolve(self, value: Any, id: str, hops: int) -> Any:
         if isinstance(value, str) and value.startswith("@"):
@@ -228,8 +232,11 @@ class BundleConfig:
                 raise BundleError(f"{id}: the references starting at {value!r} go more than {_MAX_HOPS} deep", where=self.where)
             return self._resolve(target, id, hops + 1)
         if isinstance(value, str) and value.startswith(("$", "%")):
-            raise BundleError(f"{id} is an expression {value!r} that cannot be read without running it", where=self.where,
-                              fix="write its value into the config")
+            raise BundleError(
+                f"{id} is an expression {value!r} that cannot be read without running it",
+                where=self.where,
+                fix="write its value into the config",
+            )
         if isinstance(value, list):
             return [self._resolve(v, f"{id}#{n}", hops) for n, v in enumerate(value)]
         if isinstance(value, Mapping):
@@ -258,8 +265,9 @@ class BundleConfig:
         try:
             return self.parser.get_parsed_content(id, instantiate=True)
         except Exception as exc:  # noqa: BLE001 - ConfigParser wraps any constructor error in a bare Exception/RuntimeError
-            raise BundleError(f"{id} cannot be built ({type(exc).__name__}: {str(exc)[:300]})", where=self.where,
-                              fix=fix) from exc
+            raise BundleError(
+                f"{id} cannot be built ({type(exc).__name__}: {str(exc)[:300]})", where=self.where, fix=fix
+            ) from exc
 
     # -- components ----------------------------------------------------------------------------
     def components(self) -> Iterator[Component]:
@@ -291,8 +299,11 @@ class BundleConfig:
             if isinstance(node, Mapping):
                 node, base = node.get("transforms", []), f"{key}#transforms"
             if isinstance(node, list):
-                out.extend(Component(f"{base}#{n}", str(t["_target_"]).rsplit(".", 1)[-1], t)
-                           for n, t in enumerate(node) if isinstance(t, Mapping) and "_target_" in t)
+                out.extend(
+                    Component(f"{base}#{n}", str(t["_target_"]).rsplit(".", 1)[-1], t)
+                    for n, t in enumerate(node)
+                    if isinstance(t, Mapping) and "_target_" in t
+                )
         return out
 
     def transform(self, *names: str) -> Component | None:
@@ -313,8 +324,11 @@ class BundleConfig:
             return
         codes = str(self.arg(c, "axcodes", "RAS"))
         if codes.upper() != "RAS":
-            raise BundleError(f"{c.name}.axcodes ({c.id}#axcodes) is {codes!r}; only 'RAS' is supported", where=self.where,
-                              fix="use a bundle whose preprocessing has Orientationd(axcodes='RAS')")
+            raise BundleError(
+                f"{c.name}.axcodes ({c.id}#axcodes) is {codes!r}; only 'RAS' is supported",
+                where=self.where,
+                fix="use a bundle whose preprocessing has Orientationd(axcodes='RAS')",
+            )
 
     def spacing(self) -> tuple[float, float, float] | None:
         """``Spacingd``'s ``pixdim``: the model's voxel size in mm along RAS x, y, z; None without one."""
@@ -351,8 +365,13 @@ class BundleConfig:
         c = self.component("SlidingWindowInferer")
         if c is None:
             return None
-        return self._sliding(self.arg(c, "roi_size"), self.arg(c, "overlap", 0.25), self.arg(c, "sw_batch_size", 1),
-                             self.arg(c, "mode", "constant"), f"{c.name} ({c.id})")
+        return self._sliding(
+            self.arg(c, "roi_size"),
+            self.arg(c, "overlap", 0.25),
+            self.arg(c, "sw_batch_size", 1),
+            self.arg(c, "mode", "constant"),
+            f"{c.name} ({c.id})",
+        )
 
     def anchors(self) -> dict[str, list[Any]]:
         """``anchor_generator`` (MONAI's ``AnchorGeneratorWithAnchorShape``):
@@ -366,8 +385,10 @@ class BundleConfig:
         try:
             return {"feature_map_scales": [int(v) for v in scales], "base_anchor_shapes": [[float(x) for x in s] for s in shapes]}
         except (TypeError, ValueError) as exc:
-            raise BundleError(f"anchor_generator: feature_map_scales {scales!r} / base_anchor_shapes {shapes!r} are not numbers ({exc})",
-                              where=self.where) from exc
+            raise BundleError(
+                f"anchor_generator: feature_map_scales {scales!r} / base_anchor_shapes {shapes!r} are not numbers ({exc})",
+                where=self.where,
+            ) from exc
 
     def detector_call(self, method: str) -> dict[str, Any] | None:
         """Keyword arguments of the ``$@detector.<method>(...)`` entries of ``detector_ops`` (merged in order,
@@ -395,8 +416,13 @@ class BundleConfig:
             roi = self.get("infer_patch_size")
         else:
             raise BundleError("config sets no sliding-window roi_size nor infer_patch_size", where=self.where)
-        return self._sliding(roi, args.get("overlap", 0.25), args.get("sw_batch_size", 1), args.get("mode", "constant"),
-                             "set_sliding_window_inferer")
+        return self._sliding(
+            roi,
+            args.get("overlap", 0.25),
+            args.get("sw_batch_size", 1),
+            args.get("mode", "constant"),
+            "set_sliding_window_inferer",
+        )
 
     def _sliding(self, roi: Any, overlap: Any, batch: Any, mode: Any, key: str) -> SlidingWindow:
         try:
@@ -404,8 +430,9 @@ class BundleConfig:
         except (TypeError, ValueError):
             ov, nb = -1.0, 0
         if not 0.0 <= ov < 1.0 or nb < 1:
-            raise BundleError(f"{key}: overlap {overlap!r} must be in [0, 1) and sw_batch_size {batch!r} at least 1",
-                              where=self.where)
+            raise BundleError(
+                f"{key}: overlap {overlap!r} must be in [0, 1) and sw_batch_size {batch!r} at least 1", where=self.where
+            )
         return SlidingWindow(roi_size=_int3(roi, f"{key} roi_size", self.where), overlap=ov, sw_batch_size=nb, mode=str(mode))
 
     def _call_kwargs(self, text: str, id: str) -> dict[str, Any]:
@@ -428,6 +455,9 @@ class BundleConfig:
                     raise ValueError("**arguments cannot be read")
                 out[kw.arg] = refs[node.id] if isinstance(node, ast.Name) and node.id in refs else ast.literal_eval(node)
         except (SyntaxError, ValueError) as exc:
-            raise BundleError(f"{id}: the call's arguments cannot be read ({exc})", where=self.where,
-                              fix="write them as literals or @references") from exc
+            raise BundleError(
+                f"{id}: the call's arguments cannot be read ({exc})",
+                where=self.where,
+                fix="write them as literals or @references",
+            ) from exc
         return out

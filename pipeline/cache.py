@@ -184,8 +184,9 @@ class CaseCache:
     def __iter__(self) -> Iterator[str]:
         return iter(self.case_ids())
 
-    def write(self, case_id: str, volume: CTVolume, *, extra: Mapping[str, Any] | None = None,
-              keep_identifiers: bool | None = None) -> CacheEntry:
+    def write(
+        self, case_id: str, volume: CTVolume, *, extra: Mapping[str, Any] | None = None, keep_identifiers: bool | None = None
+    ) -> CacheEntry:
         """Store ``volume`` under ``case_id`` atomically; returns the entry.
 
         Patient identifiers in ``volume.metadata`` and ``extra`` are left out unless
@@ -292,7 +293,9 @@ class CaseCache:
         expected = data_offset + int(np.prod(shape)) * np.dtype(dtype).itemsize
         actual = apath.stat().st_size
         if actual < expected:
-            raise CacheError(f"array file is truncated: {actual} bytes, expected {expected}", where=apath, fix="ingest the case again")
+            raise CacheError(
+                f"array file is truncated: {actual} bytes, expected {expected}", where=apath, fix="ingest the case again"
+            )
         return CacheEntry(case_id, apath, spath, sidecar)
 
     def read(self, case_id: str, *, mmap: bool = False, verify: bool = False) -> CTVolume:
@@ -304,5 +307,7 @@ class CaseCache:
         entry = self.entry(case_id)
         arr = np.load(entry.array_path, mmap_mode="r" if mmap else None, allow_pickle=False)
         if verify and fingerprint_array(np.asarray(arr)) != entry.fingerprint:
-            raise CacheError("array content does not match the sidecar's fingerprint", where=entry.array_path, fix="ingest the case again")
+            raise CacheError(
+                "array content does not match the sidecar's fingerprint", where=entry.array_path, fix="ingest the case again"
+            )
         return CTVolume(arr, entry.geometry, metadata=entry.sidecar.get("metadata", {}))

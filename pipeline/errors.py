@@ -214,4 +214,3 @@ class PhantomError(CtpipeError, ValueError):
 
 class DicomWriteError(CtpipeError, ValueError):
     """A volume or an option cannot be written as a DICOM series (unknown quirk, transfer syntax, ...)."""
-

@@ -79,8 +79,10 @@ class HUWindow:
         a0 = _number(self.a_min, "intensity_window a_min (HU)", "intensity_window")
         a1 = _number(self.a_max, "intensity_window a_max (HU)", "intensity_window")
         if a1 <= a0:
-            raise ConfigError(f"intensity_window must be (a_min, a_max) with a_min < a_max HU, got ({self.a_min!r}, {self.a_max!r})",
-                              where="intensity_window")
+            raise ConfigError(
+                f"intensity_window must be (a_min, a_max) with a_min < a_max HU, got ({self.a_min!r}, {self.a_max!r})",
+                where="intensity_window",
+            )
         b0 = _number(self.b_min, "output_range b_min", "output_range")
         b1 = _number(self.b_max, "output_range b_max", "output_range")
         object.__setattr__(self, "a_min", a0)
@@ -112,6 +114,7 @@ class HUWindow:
         """Inverse of :meth:`to_json`; all five keys are required."""
         missing = [name for name in _FIELDS if name not in data]
         if missing:
-            raise ConfigError(f"intensity window has no {', '.join(missing)}", where="intensity_window",
-                              fix=f"give all of {', '.join(_FIELDS)}")
+            raise ConfigError(
+                f"intensity window has no {', '.join(missing)}", where="intensity_window", fix=f"give all of {', '.join(_FIELDS)}"
+            )
         return cls(data["a_min"], data["a_max"], data["b_min"], data["b_max"], bool(data["clip"]))

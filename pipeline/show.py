@@ -23,11 +23,13 @@ def _finding_rows(findings: Any) -> list[tuple[np.ndarray, float, float]]:
         return []
     if hasattr(findings, "columns"):  # a DataFrame from open_run(...).findings
         df = findings
-        return [(np.array([r.center_x, r.center_y, r.center_z], float), float(r.diameter_mm), float(r.score))
-                for r in df.itertuples()]
+        return [
+            (np.array([r.center_x, r.center_y, r.center_z], float), float(r.diameter_mm), float(r.score)) for r in df.itertuples()
+        ]
     items = getattr(findings, "findings", findings)
-    return [(np.asarray(_field(f, "center_lps"), float), float(_field(f, "diameter_mm")), float(_field(f, "score")))
-            for f in items]
+    return [
+        (np.asarray(_field(f, "center_lps"), float), float(_field(f, "diameter_mm")), float(_field(f, "score"))) for f in items
+    ]
 
 
 def _masks(recon: Any) -> dict[str, np.ndarray]:
@@ -39,8 +41,15 @@ def _masks(recon: Any) -> dict[str, np.ndarray]:
     return {k: (v.array.astype(bool) if isinstance(v, LabelMap) else np.asarray(v, bool)) for k, v in masks.items()}
 
 
-def show(volume: CTVolume, findings: Any = None, recon: Any = None, *, slice: int | None = None, ax: Any = None,
-         window: tuple[float, float] = (-1350.0, 150.0)) -> Any:
+def show(
+    volume: CTVolume,
+    findings: Any = None,
+    recon: Any = None,
+    *,
+    slice: int | None = None,
+    ax: Any = None,
+    window: tuple[float, float] = (-1350.0, 150.0),
+) -> Any:
     """Draw axial slice ``slice`` (index k) of ``volume`` in a lung window, with findings and organ outlines.
 
     findings: :class:`~pipeline.detection.Findings`, a list of findings/dicts with ``center_lps`` (LPS mm) and

@@ -41,12 +41,31 @@ _ORTHO_TOL = 1e-4
 #: Confidentiality Profile). They stay out of everything ctpipe writes outside DICOM (cache sidecars,
 #: ``volume.json``) unless a caller opts in (``keep_identifiers=True``). UIDs (study, series, frame of
 #: reference) and the study date are not among them: outputs need them to refer to the images.
-PATIENT_IDENTIFIERS = frozenset({
-    "PatientName", "PatientID", "IssuerOfPatientID", "OtherPatientIDs", "OtherPatientIDsSequence", "OtherPatientNames",
-    "PatientBirthDate", "PatientBirthTime", "PatientBirthName", "PatientMotherBirthName", "PatientAddress",
-    "PatientTelephoneNumbers", "MedicalRecordLocator", "AccessionNumber", "StudyID", "ReferringPhysicianName",
-    "PerformingPhysicianName", "OperatorsName", "InstitutionName", "InstitutionAddress", "StationName",
-})
+PATIENT_IDENTIFIERS = frozenset(
+    {
+        "PatientName",
+        "PatientID",
+        "IssuerOfPatientID",
+        "OtherPatientIDs",
+        "OtherPatientIDsSequence",
+        "OtherPatientNames",
+        "PatientBirthDate",
+        "PatientBirthTime",
+        "PatientBirthName",
+        "PatientMotherBirthName",
+        "PatientAddress",
+        "PatientTelephoneNumbers",
+        "MedicalRecordLocator",
+        "AccessionNumber",
+        "StudyID",
+        "ReferringPhysicianName",
+        "PerformingPhysicianName",
+        "OperatorsName",
+        "InstitutionName",
+        "InstitutionAddress",
+        "StationName",
+    }
+)
 
 
 def without_identifiers(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -252,7 +271,12 @@ class Geometry:
 
     def with_(self, **changes: Any) -> Geometry:
         """A copy with some fields replaced (validated again)."""
-        values: dict[str, Any] = {"shape": self.shape, "spacing": self.spacing, "origin": self.origin, "direction": self.direction}
+        values: dict[str, Any] = {
+            "shape": self.shape,
+            "spacing": self.spacing,
+            "origin": self.origin,
+            "direction": self.direction,
+        }
         values.update(changes)
         return Geometry(**values)
 

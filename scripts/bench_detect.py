@@ -46,7 +46,9 @@ from pipeline.detection.network import BUNDLE_ARCHITECTURE, build_network
 from pipeline.detection.preprocess import Window
 from pipeline.detection.reference import monai_detect
 
-PEER = "MONAI bundle-style pipeline (Orientation → Spacing → ScaleIntensityRange → RetinaNetDetector → AffineBoxToWorldCoordinate)"
+PEER = (
+    "MONAI bundle-style pipeline (Orientation → Spacing → ScaleIntensityRange → RetinaNetDetector → AffineBoxToWorldCoordinate)"
+)
 
 
 def bundle_model() -> LoadedModel:
@@ -93,8 +95,12 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
     n_ours = n_peer = 0
     for r in range(repeats + 1):  # the first round warms up every side and is not counted
         t_ours, f = _timed(device, lambda: det.detect(cache.read(case_id, mmap=True), case_id=case_id))
-        t_ours32 = _timed(device, lambda: det32.detect(cache.read(case_id, mmap=True), case_id=case_id))[0] if det32 else float("nan")
-        t_peer, ref = _timed(device, lambda: monai_detect(model, volume=cache.read(case_id), device=device, amp=device.startswith("cuda")))
+        t_ours32 = (
+            _timed(device, lambda: det32.detect(cache.read(case_id, mmap=True), case_id=case_id))[0] if det32 else float("nan")
+        )
+        t_peer, ref = _timed(
+            device, lambda: monai_detect(model, volume=cache.read(case_id), device=device, amp=device.startswith("cuda"))
+        )
         if r > 0:
             ours.append(t_ours)
             ours32.append(t_ours32)
@@ -105,11 +111,20 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
         logging.info("round %d: ctpipe %.2fs (%s), ctpipe float32 %.2fs, MONAI %.2fs", r, t_ours, det.precision, t_ours32, t_peer)
     m_ours, m_peer = statistics.median(ours), statistics.median(peer)
     res = {
-        "ctpipe_s": m_ours, "monai_s": m_peer, "ratio": m_peer / m_ours, "ctpipe_runs_s": ours, "monai_runs_s": peer,
-        "ctpipe_precision": det.precision, "monai_precision": "float16 (AMP)" if device.startswith("cuda") else "float32",
-        "ctpipe_model_ms_median": statistics.median(model_ms), "ctpipe_postprocess_ms_median": statistics.median(post_ms),
-        "ctpipe_fp_reduction": det.fp_reduction, "ctpipe_input_xyz": list(f.input_shape_xyz or []),
-        "ctpipe_findings": n_ours, "monai_findings": n_peer, "repeats": repeats,
+        "ctpipe_s": m_ours,
+        "monai_s": m_peer,
+        "ratio": m_peer / m_ours,
+        "ctpipe_runs_s": ours,
+        "monai_runs_s": peer,
+        "ctpipe_precision": det.precision,
+        "monai_precision": "float16 (AMP)" if device.startswith("cuda") else "float32",
+        "ctpipe_model_ms_median": statistics.median(model_ms),
+        "ctpipe_postprocess_ms_median": statistics.median(post_ms),
+        "ctpipe_fp_reduction": det.fp_reduction,
+        "ctpipe_input_xyz": list(f.input_shape_xyz or []),
+        "ctpipe_findings": n_ours,
+        "monai_findings": n_peer,
+        "repeats": repeats,
         "model_timer": "CUDA events" if device.startswith("cuda") else "perf_counter",
     }
     if det32 is not None:
@@ -139,14 +154,20 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 1 if args.quick else args.repeats
     # (model, phantom options): the bundle model works at 0.7 mm, so its phantom is smaller on CPU
     if args.device == "cuda":
-        cases = {"demo": dict(matrix=512, pixel_spacing=0.7, slice_spacing=1.25),
-                 "bundle": dict(matrix=512, pixel_spacing=0.7, slice_spacing=1.25)}
+        cases = {
+            "demo": dict(matrix=512, pixel_spacing=0.7, slice_spacing=1.25),
+            "bundle": dict(matrix=512, pixel_spacing=0.7, slice_spacing=1.25),
+        }
     elif args.quick:
-        cases = {"demo": dict(matrix=160, pixel_spacing=1.2, slice_spacing=2.0),
-                 "bundle": dict(matrix=64, pixel_spacing=1.2, slice_spacing=2.5, slices=24)}
+        cases = {
+            "demo": dict(matrix=160, pixel_spacing=1.2, slice_spacing=2.0),
+            "bundle": dict(matrix=64, pixel_spacing=1.2, slice_spacing=2.5, slices=24),
+        }
     else:  # bundle: ~256 x 256 x 112 voxels at 0.7 mm, where MONAI needs about a minute on 2 cores
-        cases = {"demo": dict(matrix=384, pixel_spacing=0.9, slice_spacing=1.25),
-                 "bundle": dict(matrix=128, pixel_spacing=1.4, slice_spacing=2.5, slices=56)}
+        cases = {
+            "demo": dict(matrix=384, pixel_spacing=0.9, slice_spacing=1.25),
+            "bundle": dict(matrix=128, pixel_spacing=1.4, slice_spacing=2.5, slices=56),
+        }
     results = {"peer": PEER, "device": args.device, "threads": torch.get_num_threads(), "quick": args.quick, "models": {}}
     with tempfile.TemporaryDirectory(prefix="bench_detect_") as tmp:
         cache = CaseCache(tmp)
@@ -164,13 +185,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name}] {model.config.name}; phantom {ph.volume.shape} [k,j,i] {opts}")
             print(f"  peer: {PEER}")
             post = "false-positive reduction" if res["ctpipe_fp_reduction"] else "refinement"
-            print(f"  ctpipe median {res['ctpipe_s']:.2f} s (model {res['ctpipe_model_ms_median']:.0f} ms, "
-                  f"{post} {res['ctpipe_postprocess_ms_median']:.0f} ms, input {res['ctpipe_input_xyz']}), "
-                  f"MONAI median {res['monai_s']:.2f} s, ratio {res['ratio']:.2f}x  (runs: ctpipe {_fmt(res['ctpipe_runs_s'])}, "
-                  f"MONAI {_fmt(res['monai_runs_s'])}); ctpipe {res['ctpipe_precision']}, MONAI {res['monai_precision']}")
+            print(
+                f"  ctpipe median {res['ctpipe_s']:.2f} s (model {res['ctpipe_model_ms_median']:.0f} ms, "
+                f"{post} {res['ctpipe_postprocess_ms_median']:.0f} ms, input {res['ctpipe_input_xyz']}), "
+                f"MONAI median {res['monai_s']:.2f} s, ratio {res['ratio']:.2f}x  (runs: ctpipe {_fmt(res['ctpipe_runs_s'])}, "
+                f"MONAI {_fmt(res['monai_runs_s'])}); ctpipe {res['ctpipe_precision']}, MONAI {res['monai_precision']}"
+            )
             if "ctpipe_float32_s" in res:
-                print(f"  ctpipe float32 (--fp32) median {res['ctpipe_float32_s']:.2f} s, ratio {res['ratio_float32']:.2f}x "
-                      f"(runs {_fmt(res['ctpipe_float32_runs_s'])})")
+                print(
+                    f"  ctpipe float32 (--fp32) median {res['ctpipe_float32_s']:.2f} s, ratio {res['ratio_float32']:.2f}x "
+                    f"(runs {_fmt(res['ctpipe_float32_runs_s'])})"
+                )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1))

@@ -48,8 +48,12 @@ def make_volume(matrix: int, slices: int) -> CTVolume:
     """A CT volume (all -1000 HU, a broadcast view: no memory) on an axial HFS grid centred on the scanner axis."""
     half = (matrix - 1) * SPACING[0] / 2
     geom = Geometry(shape=(slices, matrix, matrix), spacing=SPACING, origin=(-half, -half, -slices * SPACING[2]))
-    meta = {"SeriesInstanceUID": "2.25.1234567890123456789", "StudyInstanceUID": "2.25.987654321",
-            "FrameOfReferenceUID": "2.25.55555", "PatientID": "BENCH"}
+    meta = {
+        "SeriesInstanceUID": "2.25.1234567890123456789",
+        "StudyInstanceUID": "2.25.987654321",
+        "FrameOfReferenceUID": "2.25.55555",
+        "PatientID": "BENCH",
+    }
     return CTVolume(np.broadcast_to(np.int16(-1000), geom.shape), geom, metadata=meta)
 
 
@@ -94,7 +98,8 @@ def make_masks(volume: CTVolume, n_nodules: int, seed: int) -> tuple[dict[str, n
         "lung_left": (i - 0.68) ** 2 / 0.02 + (j - 0.5) ** 2 / 0.05 + (k - 0.55) ** 2 / 0.16 < 1,
         "lung_right": (i - 0.32) ** 2 / 0.02 + (j - 0.5) ** 2 / 0.05 + (k - 0.55) ** 2 / 0.16 < 1,
         "airway": ((i - 0.5) ** 2 + (j - 0.45) ** 2 < 0.0004) & (k > 0.5),
-        "bone": ((i - 0.5) ** 2 / 0.2 + (j - 0.5) ** 2 / 0.12 > 0.9) & ((i - 0.5) ** 2 / 0.2 + (j - 0.5) ** 2 / 0.12 < 1)
+        "bone": ((i - 0.5) ** 2 / 0.2 + (j - 0.5) ** 2 / 0.12 > 0.9)
+        & ((i - 0.5) ** 2 / 0.2 + (j - 0.5) ** 2 / 0.12 < 1)
         & (k >= 0),
     }
     masks = {name: np.ascontiguousarray(np.broadcast_to(m, g.shape)) for name, m in masks.items()}
@@ -103,20 +108,29 @@ def make_masks(volume: CTVolume, n_nodules: int, seed: int) -> tuple[dict[str, n
     for n in range(n_nodules):
         radius_mm = float(rng.uniform(3, 12))
         r = np.ceil(radius_mm / np.asarray(SPACING)).astype(int)  # (i, j, k)
-        centre = np.array([rng.integers(r[0] + 1, ni - r[0] - 1), rng.integers(r[1] + 1, nj - r[1] - 1),
-                           rng.integers(r[2] + 1, nk - r[2] - 1)])
+        centre = np.array(
+            [rng.integers(r[0] + 1, ni - r[0] - 1), rng.integers(r[1] + 1, nj - r[1] - 1), rng.integers(r[2] + 1, nk - r[2] - 1)]
+        )
         lo, hi = centre - r, centre + r + 1
         kk, jj, ii = np.indices((hi[2] - lo[2], hi[1] - lo[1], hi[0] - lo[0]))
-        rel = np.stack([(ii + lo[0] - centre[0]) * SPACING[0], (jj + lo[1] - centre[1]) * SPACING[1],
-                        (kk + lo[2] - centre[2]) * SPACING[2]])
-        crop = (rel ** 2).sum(0) <= radius_mm ** 2
+        rel = np.stack(
+            [(ii + lo[0] - centre[0]) * SPACING[0], (jj + lo[1] - centre[1]) * SPACING[1], (kk + lo[2] - centre[2]) * SPACING[2]]
+        )
+        crop = (rel**2).sum(0) <= radius_mm**2
         crop_geom = g.cropped(lo.tolist(), hi.tolist())
         c = g.index_to_lps(centre)
-        nodules.append(SimpleNamespace(index=n, mask=crop, geometry=crop_geom,
-                                       volume_mm3=float(crop.sum() * np.prod(SPACING))))
-        findings.append(Finding(center_lps=tuple(c), box_min_lps=tuple(c - radius_mm), box_max_lps=tuple(c + radius_mm),
-                                diameter_mm=2 * radius_mm, score=float(rng.uniform(0.55, 0.99)),
-                                voxel_ijk=(int(centre[0]), int(centre[1]), int(centre[2])), slice_number=int(centre[2]) + 1))
+        nodules.append(SimpleNamespace(index=n, mask=crop, geometry=crop_geom, volume_mm3=float(crop.sum() * np.prod(SPACING))))
+        findings.append(
+            Finding(
+                center_lps=tuple(c),
+                box_min_lps=tuple(c - radius_mm),
+                box_max_lps=tuple(c + radius_mm),
+                diameter_mm=2 * radius_mm,
+                score=float(rng.uniform(0.55, 0.99)),
+                voxel_ijk=(int(centre[0]), int(centre[1]), int(centre[2])),
+                slice_number=int(centre[2]) + 1,
+            )
+        )
     return masks, nodules, findings
 
 
@@ -129,15 +143,30 @@ def peer_seg(source: Any, masks: dict[str, np.ndarray], nodule_full: list[np.nda
     arrays = [masks[o] for o in ORGANS] + nodule_full
     stacked = np.stack(arrays, axis=-1)
     algo = hd.AlgorithmIdentificationSequence(name="ctpipe", family=codes.DCM.MorphologicalOperations, version="0")
-    descriptions = [hd.seg.SegmentDescription(segment_number=n + 1, segment_label=f"segment {n + 1}",
-                                              segmented_property_category=codes.SCT.AnatomicalStructure,
-                                              segmented_property_type=codes.SCT.Lung, algorithm_type="AUTOMATIC",
-                                              algorithm_identification=algo) for n in range(len(arrays))]
+    descriptions = [
+        hd.seg.SegmentDescription(
+            segment_number=n + 1,
+            segment_label=f"segment {n + 1}",
+            segmented_property_category=codes.SCT.AnatomicalStructure,
+            segmented_property_type=codes.SCT.Lung,
+            algorithm_type="AUTOMATIC",
+            algorithm_identification=algo,
+        )
+        for n in range(len(arrays))
+    ]
     seg = hd.seg.Segmentation(
-        source_images=list(source.datasets), pixel_array=stacked, segmentation_type="BINARY",
-        segment_descriptions=descriptions, series_instance_uid=generate_uid(), series_number=902,
-        sop_instance_uid=generate_uid(), instance_number=1, manufacturer="ctpipe", manufacturer_model_name="ctpipe",
-        software_versions="0", device_serial_number="0",
+        source_images=list(source.datasets),
+        pixel_array=stacked,
+        segmentation_type="BINARY",
+        segment_descriptions=descriptions,
+        series_instance_uid=generate_uid(),
+        series_number=902,
+        sop_instance_uid=generate_uid(),
+        instance_number=1,
+        manufacturer="ctpipe",
+        manufacturer_model_name="ctpipe",
+        software_versions="0",
+        device_serial_number="0",
     )
     seg.save_as(out)
     return int(seg.NumberOfFrames)
@@ -166,12 +195,27 @@ def main(argv: list[str] | None = None) -> int:
 
     volume = make_volume(matrix, slices)
     masks, nodules, findings = make_masks(volume, args.nodules, args.seed)
-    recon = SimpleNamespace(masks=masks, measurements={"lungs": {"lung_left_volume_ml": 1500.0, "lung_right_volume_ml": 1700.0,
-                                                                 "lungs_total_volume_ml": 3200.0, "emphysema_index_pct": 2.0}})
+    recon = SimpleNamespace(
+        masks=masks,
+        measurements={
+            "lungs": {
+                "lung_left_volume_ml": 1500.0,
+                "lung_right_volume_ml": 1700.0,
+                "lungs_total_volume_ml": 3200.0,
+                "emphysema_index_pct": 2.0,
+            }
+        },
+    )
     quality = {"lung_coverage": "complete", "contrast_phase": "non_contrast", "flags": [], "unreliable": []}
     print(f"case: {volume.shape} [k,j,i], {len(masks)} organs, {len(findings)} findings; {repeats} repeats")
-    results: dict[str, Any] = {"benchmark": "dicom_out", "quick": args.quick, "peer": PEER, "shape_kji": list(volume.shape),
-                               "repeats": repeats, "target_s": 2.0}
+    results: dict[str, Any] = {
+        "benchmark": "dicom_out",
+        "quick": args.quick,
+        "peer": PEER,
+        "shape_kji": list(volume.shape),
+        "repeats": repeats,
+        "target_s": 2.0,
+    }
     with tempfile.TemporaryDirectory(prefix="bench_dicom_out_") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "src").mkdir()
@@ -182,20 +226,42 @@ def main(argv: list[str] | None = None) -> int:
             source, t = timed(read_source_series, tmpdir / "src", volume)
             read_times.append(t)
         assert source is not None
-        options = dict(source=source, volume=volume, findings=findings, reconstruction=recon, nodules=nodules,
-                       quality=quality, model_name="bench", model_version="1", score_threshold=0.5)
+        options = dict(
+            source=source,
+            volume=volume,
+            findings=findings,
+            reconstruction=recon,
+            nodules=nodules,
+            quality=quality,
+            model_name="bench",
+            model_version="1",
+            score_threshold=0.5,
+        )
         write_dicom_outputs(tmpdir / "warm", **options)
         ours: list[float] = []
         paths: dict[str, Path] = {}
         for r in range(repeats):
             paths, t = timed(write_dicom_outputs, tmpdir / f"ours{r}", **options)
             ours.append(t)
-        reported = reported_findings(findings, volume.geometry, series_uid=source.series_instance_uid, score_threshold=0.5,
-                                     nodules=nodules, organ_masks=masks)
+        reported = reported_findings(
+            findings,
+            volume.geometry,
+            series_uid=source.series_instance_uid,
+            score_threshold=0.5,
+            nodules=nodules,
+            organ_masks=masks,
+        )
         omit = []
         for r in range(repeats):
-            _, t = timed(write_seg_object, tmpdir / f"omit{r}.dcm", source=source, volume=volume, organ_masks=masks,
-                         findings=reported, omit_empty_frames=True)
+            _, t = timed(
+                write_seg_object,
+                tmpdir / f"omit{r}.dcm",
+                source=source,
+                volume=volume,
+                organ_masks=masks,
+                findings=reported,
+                omit_empty_frames=True,
+            )
             omit.append(t)
         g = volume.geometry
         nodule_full = []
@@ -204,30 +270,43 @@ def main(argv: list[str] | None = None) -> int:
             full = np.zeros(g.shape, dtype=bool)
             k0, j0, i0 = f.mask.offset_kji
             nk, nj, ni = f.mask.mask.shape
-            full[k0:k0 + nk, j0:j0 + nj, i0:i0 + ni] = f.mask.mask
+            full[k0 : k0 + nk, j0 : j0 + nj, i0 : i0 + ni] = f.mask.mask
             nodule_full.append(full)
         peer, peer_frames = [], 0
         for r in range(repeats):
             peer_frames, t = timed(peer_seg, source, masks, nodule_full, tmpdir / f"peer{r}.dcm")
             peer.append(t)
-        sizes = {"sr": paths["sr"].stat().st_size, "seg": paths["seg"].stat().st_size,
-                 "seg_omit": (tmpdir / "omit0.dcm").stat().st_size, "peer": (tmpdir / "peer0.dcm").stat().st_size}
-    results.update({
-        "read_sources_s": statistics.median(read_times), "ctpipe_sr_seg_s": statistics.median(ours),
-        "ctpipe_seg_omit_empty_s": statistics.median(omit), "peer_seg_s": statistics.median(peer),
-        "peer_frames": peer_frames, "file_bytes": sizes,
-    })
+        sizes = {
+            "sr": paths["sr"].stat().st_size,
+            "seg": paths["seg"].stat().st_size,
+            "seg_omit": (tmpdir / "omit0.dcm").stat().st_size,
+            "peer": (tmpdir / "peer0.dcm").stat().st_size,
+        }
+    results.update(
+        {
+            "read_sources_s": statistics.median(read_times),
+            "ctpipe_sr_seg_s": statistics.median(ours),
+            "ctpipe_seg_omit_empty_s": statistics.median(omit),
+            "peer_seg_s": statistics.median(peer),
+            "peer_frames": peer_frames,
+            "file_bytes": sizes,
+        }
+    )
     results["ratio_peer_vs_ctpipe_sr_seg"] = results["peer_seg_s"] / results["ctpipe_sr_seg_s"]
     results["ratio_peer_vs_ctpipe_seg_omit"] = results["peer_seg_s"] / results["ctpipe_seg_omit_empty_s"]
     results["meets_target"] = results["ctpipe_sr_seg_s"] < results["target_s"]
     print(f"read_source_series:               {results['read_sources_s']:6.2f} s")
-    print(f"ctpipe SR + SEG (all frames):     {results['ctpipe_sr_seg_s']:6.2f} s  (target < 2 s: "
-          f"{'met' if results['meets_target'] else 'NOT met'}; SR {sizes['sr'] / 1e3:.0f} kB, SEG {sizes['seg'] / 1e6:.1f} MB)")
+    print(
+        f"ctpipe SR + SEG (all frames):     {results['ctpipe_sr_seg_s']:6.2f} s  (target < 2 s: "
+        f"{'met' if results['meets_target'] else 'NOT met'}; SR {sizes['sr'] / 1e3:.0f} kB, SEG {sizes['seg'] / 1e6:.1f} MB)"
+    )
     print(f"ctpipe SEG (empty frames omitted): {results['ctpipe_seg_omit_empty_s']:6.2f} s  ({sizes['seg_omit'] / 1e6:.1f} MB)")
     print(f"peer: {PEER}")
     print(f"peer SEG ({peer_frames} frames):       {results['peer_seg_s']:6.2f} s  ({sizes['peer'] / 1e6:.1f} MB)")
-    print(f"ratio peer / ctpipe: {results['ratio_peer_vs_ctpipe_sr_seg']:.1f}x (vs SR + SEG), "
-          f"{results['ratio_peer_vs_ctpipe_seg_omit']:.1f}x (vs the SEG with the same frames)")
+    print(
+        f"ratio peer / ctpipe: {results['ratio_peer_vs_ctpipe_sr_seg']:.1f}x (vs SR + SEG), "
+        f"{results['ratio_peer_vs_ctpipe_seg_omit']:.1f}x (vs the SEG with the same frames)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=args.json.parent, delete=False, suffix=".tmp") as fh:

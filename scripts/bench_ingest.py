@@ -75,8 +75,9 @@ def make_scan_tree(root: Path, n_series: int, slices: int) -> Path:
         md["SeriesInstanceUID"] = f"1.2.826.0.1.3680043.8.498.77.{s + 1}"
         md["StudyInstanceUID"] = f"1.2.826.0.1.3680043.8.498.78.{s // 4 + 1}"
         vol = CTVolume(base.array, base.geometry, metadata=md)
-        write_dicom_series(vol, root / f"batch{s % 10:02d}", seed=s, series_number=s + 1,
-                           transfer_syntax="rle" if s % 10 == 9 else "explicit_le")
+        write_dicom_series(
+            vol, root / f"batch{s % 10:02d}", seed=s, series_number=s + 1, transfer_syntax="rle" if s % 10 == 9 else "explicit_le"
+        )
     marker.touch()
     return root
 
@@ -118,11 +119,18 @@ def bench_series(folder: Path, runs: int) -> dict:
     )
     n_files = sum(1 for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     out = {
-        "shape_kji": list(vol.shape), "files": n_files, "megabytes": round(vol.array.nbytes / 1e6, 1),
-        "ctpipe_s": t_ours, "ctpipe_runs_s": runs_ours,
-        "simpleitk_s": t_sitk, "simpleitk_runs_s": runs_sitk,
-        "ratio_vs_simpleitk": t_sitk / t_ours, "identical_to_simpleitk": identical,
-        "listing_ctpipe_s": t_scan, "listing_simpleitk_s": t_list, "listing_ratio": t_list / t_scan,
+        "shape_kji": list(vol.shape),
+        "files": n_files,
+        "megabytes": round(vol.array.nbytes / 1e6, 1),
+        "ctpipe_s": t_ours,
+        "ctpipe_runs_s": runs_ours,
+        "simpleitk_s": t_sitk,
+        "simpleitk_runs_s": runs_sitk,
+        "ratio_vs_simpleitk": t_sitk / t_ours,
+        "identical_to_simpleitk": identical,
+        "listing_ctpipe_s": t_scan,
+        "listing_simpleitk_s": t_list,
+        "listing_ratio": t_list / t_scan,
         "listing_same_order": same_listing,
     }
     if shutil.which("dcm2niix"):
@@ -136,11 +144,16 @@ def _bench_dcm2niix(folder: Path, ours: np.ndarray, runs: int) -> dict:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_dcm2niix_"))
     try:
+
         def run():
             for p in tmp.iterdir():
                 p.unlink()
-            subprocess.run(["dcm2niix", "-z", "n", "-b", "n", "-o", str(tmp), "-f", "vol", str(folder)],
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                ["dcm2niix", "-z", "n", "-b", "n", "-o", str(tmp), "-f", "vol", str(folder)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
 
         run()
         t, all_runs, _ = _median_times(run, runs)
@@ -148,7 +161,9 @@ def _bench_dcm2niix(folder: Path, ours: np.ndarray, runs: int) -> dict:
         ref = ours.transpose(2, 1, 0)  # (i, j, k)
         same = any(
             nii.shape == ref.shape and np.array_equal(nii, ref[::fi, ::fj, ::fk])
-            for fi in (1, -1) for fj in (1, -1) for fk in (1, -1)
+            for fi in (1, -1)
+            for fj in (1, -1)
+            for fk in (1, -1)
         )
         return {"dcm2niix_s": t, "dcm2niix_runs_s": all_runs, "identical_to_dcm2niix": bool(same)}
     finally:
@@ -186,11 +201,22 @@ def bench_scan(root: Path, runs: int) -> dict:
     same_order = all([str(h.path) for h in plan.headers] == listing[plan.series.uid] for plan in scan.plans.values())
     n = scan.n_files
     return {
-        "files": n, "series": len(scan.series), "selected": len(scan.selected), "folders": len(folders),
-        "ctpipe_s": t_ours, "ctpipe_runs_s": runs_ours, "ctpipe_files_per_s": n / t_ours,
-        "simpleitk_s": t_sitk, "simpleitk_runs_s": runs_sitk, "simpleitk_files_per_s": n / t_sitk,
-        "ratio_vs_simpleitk": t_sitk / t_ours, "same_series_files": same_sets, "same_slice_order": same_order,
-        "simpleitk_ids_only_s": t_ids, "simpleitk_ids_only_files_per_s": n / t_ids, "ratio_vs_simpleitk_ids_only": t_ids / t_ours,
+        "files": n,
+        "series": len(scan.series),
+        "selected": len(scan.selected),
+        "folders": len(folders),
+        "ctpipe_s": t_ours,
+        "ctpipe_runs_s": runs_ours,
+        "ctpipe_files_per_s": n / t_ours,
+        "simpleitk_s": t_sitk,
+        "simpleitk_runs_s": runs_sitk,
+        "simpleitk_files_per_s": n / t_sitk,
+        "ratio_vs_simpleitk": t_sitk / t_ours,
+        "same_series_files": same_sets,
+        "same_slice_order": same_order,
+        "simpleitk_ids_only_s": t_ids,
+        "simpleitk_ids_only_files_per_s": n / t_ids,
+        "ratio_vs_simpleitk_ids_only": t_ids / t_ours,
     }
 
 
@@ -200,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="recorded only: ingest runs on the CPU")
     ap.add_argument("--runs", type=int, default=None, help="timed runs per tool (default 5, quick 3)")
-    ap.add_argument("--data", type=Path, default=None, help="keep/reuse the generated DICOM here (default: a temp folder, removed)")
+    ap.add_argument(
+        "--data", type=Path, default=None, help="keep/reuse the generated DICOM here (default: a temp folder, removed)"
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     import SimpleITK as sitk
@@ -221,27 +249,37 @@ def main(argv: list[str] | None = None) -> int:
         results["series_ingest"] = s
         print(f"series ingest {matrix}x{matrix}x{slices} ({s['files']} files, {s['megabytes']} MB HU), median of {runs}:")
         print(f"  ctpipe load_series                  {s['ctpipe_s']:.3f} s")
-        print(f"  SimpleITK ImageSeriesReader (peer)  {s['simpleitk_s']:.3f} s   ratio {s['ratio_vs_simpleitk']:.2f}x   "
-              f"identical output: {'yes' if s['identical_to_simpleitk'] else 'NO'}")
-        print(f"  series listing of the same folder: ctpipe scan_directory {s['listing_ctpipe_s']:.3f} s "
-              f"({s['files'] / s['listing_ctpipe_s']:.0f} files/s), SimpleITK GetGDCMSeriesIDs+FileNames (peer) "
-              f"{s['listing_simpleitk_s']:.3f} s ({s['files'] / s['listing_simpleitk_s']:.0f} files/s), "
-              f"ratio {s['listing_ratio']:.2f}x, same slice order: {'yes' if s['listing_same_order'] else 'NO'}")
+        print(
+            f"  SimpleITK ImageSeriesReader (peer)  {s['simpleitk_s']:.3f} s   ratio {s['ratio_vs_simpleitk']:.2f}x   "
+            f"identical output: {'yes' if s['identical_to_simpleitk'] else 'NO'}"
+        )
+        print(
+            f"  series listing of the same folder: ctpipe scan_directory {s['listing_ctpipe_s']:.3f} s "
+            f"({s['files'] / s['listing_ctpipe_s']:.0f} files/s), SimpleITK GetGDCMSeriesIDs+FileNames (peer) "
+            f"{s['listing_simpleitk_s']:.3f} s ({s['files'] / s['listing_simpleitk_s']:.0f} files/s), "
+            f"ratio {s['listing_ratio']:.2f}x, same slice order: {'yes' if s['listing_same_order'] else 'NO'}"
+        )
         if "dcm2niix_s" in s:
-            print(f"  dcm2niix (peer, to NIfTI)           {s['dcm2niix_s']:.3f} s   ratio {s['ratio_vs_dcm2niix']:.2f}x   "
-                  f"identical voxels: {'yes' if s['identical_to_dcm2niix'] else 'NO'}")
+            print(
+                f"  dcm2niix (peer, to NIfTI)           {s['dcm2niix_s']:.3f} s   ratio {s['ratio_vs_dcm2niix']:.2f}x   "
+                f"identical voxels: {'yes' if s['identical_to_dcm2niix'] else 'NO'}"
+            )
         else:
             print("  dcm2niix: not installed, skipped")
         h = bench_scan(scan_dir, runs)
         results["header_scan"] = h
         print(f"header scan of {h['files']} files, {h['series']} series in {h['folders']} folders, median of {runs}:")
         print(f"  ctpipe scan_directory               {h['ctpipe_s']:.3f} s  {h['ctpipe_files_per_s']:.0f} files/s")
-        print(f"  SimpleITK GDCM series listing (peer) {h['simpleitk_s']:.3f} s  {h['simpleitk_files_per_s']:.0f} files/s   "
-              f"ratio {h['ratio_vs_simpleitk']:.2f}x   same series/files: {'yes' if h['same_series_files'] else 'NO'}, "
-              f"same slice order: {'yes' if h['same_slice_order'] else 'NO'}")
-        print(f"  SimpleITK GetGDCMSeriesIDs only      {h['simpleitk_ids_only_s']:.3f} s  "
-              f"{h['simpleitk_ids_only_files_per_s']:.0f} files/s   ratio {h['ratio_vs_simpleitk_ids_only']:.2f}x "
-              "(series UIDs only, no file lists: a lower bound for the peer)")
+        print(
+            f"  SimpleITK GDCM series listing (peer) {h['simpleitk_s']:.3f} s  {h['simpleitk_files_per_s']:.0f} files/s   "
+            f"ratio {h['ratio_vs_simpleitk']:.2f}x   same series/files: {'yes' if h['same_series_files'] else 'NO'}, "
+            f"same slice order: {'yes' if h['same_slice_order'] else 'NO'}"
+        )
+        print(
+            f"  SimpleITK GetGDCMSeriesIDs only      {h['simpleitk_ids_only_s']:.3f} s  "
+            f"{h['simpleitk_ids_only_files_per_s']:.0f} files/s   ratio {h['ratio_vs_simpleitk_ids_only']:.2f}x "
+            "(series UIDs only, no file lists: a lower bound for the peer)"
+        )
     finally:
         if args.data is None:
             shutil.rmtree(data, ignore_errors=True)

@@ -42,8 +42,14 @@ def make_cases(cache: CaseCache, n: int, matrix: int, slices: int, fov: float) -
     for c in range(n):
         nslices = slices + 4 * c  # different sizes, as in a real batch
         if generate_phantom is not None:
-            vol = generate_phantom(100 + c, matrix=matrix, pixel_spacing=min(2.0, max(0.3, fov / matrix)), slice_spacing=2.5,
-                                   slices=nslices, n_nodules=3).volume
+            vol = generate_phantom(
+                100 + c,
+                matrix=matrix,
+                pixel_spacing=min(2.0, max(0.3, fov / matrix)),
+                slice_spacing=2.5,
+                slices=nslices,
+                n_nodules=3,
+            ).volume
         else:
             vol = synthetic_chest(matrix, nslices, fov, seed=c)
         cache.write(f"case{c:02d}", vol)
@@ -88,23 +94,41 @@ def monai_loader(cache: CaseCache, ids: list[str], workers: int):
             arr = np.load(img)
             geom = Geometry.from_json(json.loads(img.with_suffix(".json").read_text())["geometry"])
             data = arr.transpose(2, 1, 0)  # [k, j, i] → (i, j, k)
-            meta = {"affine": geom.affine_ras, "original_affine": geom.affine_ras, "spatial_shape": np.array(data.shape),
-                    "original_channel_dim": "no_channel", "space": "RAS"}
+            meta = {
+                "affine": geom.affine_ras,
+                "original_affine": geom.affine_ras,
+                "spatial_shape": np.array(data.shape),
+                "original_channel_dim": "no_channel",
+                "space": "RAS",
+            }
             return data, meta
 
     s = BUNDLE_LUNG_NODULE
-    transform = Compose([
-        LoadImaged(keys="image", reader=CachedCaseReader(), image_only=True),
-        EnsureChannelFirstd(keys="image"),
-        Orientationd(keys="image", axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
-        Spacingd(keys="image", pixdim=s.spacing, mode="bilinear"),
-        ScaleIntensityRanged(keys="image", a_min=s.intensity_window[0], a_max=s.intensity_window[1],
-                             b_min=s.output_range[0], b_max=s.output_range[1], clip=s.clip),
-        DivisiblePadd(keys="image", k=s.size_divisible),
-    ])
+    transform = Compose(
+        [
+            LoadImaged(keys="image", reader=CachedCaseReader(), image_only=True),
+            EnsureChannelFirstd(keys="image"),
+            Orientationd(keys="image", axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
+            Spacingd(keys="image", pixdim=s.spacing, mode="bilinear"),
+            ScaleIntensityRanged(
+                keys="image",
+                a_min=s.intensity_window[0],
+                a_max=s.intensity_window[1],
+                b_min=s.output_range[0],
+                b_max=s.output_range[1],
+                clip=s.clip,
+            ),
+            DivisiblePadd(keys="image", k=s.size_divisible),
+        ]
+    )
     data = [{"image": str(cache.array_path(i))} for i in ids]
-    return DataLoader(Dataset(data=data, transform=transform), batch_size=1, num_workers=workers,
-                      persistent_workers=workers > 0, collate_fn=lambda batch: batch)
+    return DataLoader(
+        Dataset(data=data, transform=transform),
+        batch_size=1,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        collate_fn=lambda batch: batch,
+    )
 
 
 def timed(fn: Callable[[], list[torch.Tensor]], device: str) -> tuple[float, list[torch.Tensor]]:
@@ -153,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         source = make_cases(cache, n, matrix, slices, fov)
         ids = cache.case_ids()
-        print(f"{n} cases, matrix {matrix}, FOV {fov:g} mm, {slices}..{slices + 4 * (n - 1)} slices at 2.5 mm ({source}); "
-              f"written in {time.perf_counter() - t0:.1f} s; device {args.device}; {args.threads} threads/workers; "
-              f"median of {repeats} passes after 1 warm-up")
+        print(
+            f"{n} cases, matrix {matrix}, FOV {fov:g} mm, {slices}..{slices + 4 * (n - 1)} slices at 2.5 mm ({source}); "
+            f"written in {time.perf_counter() - t0:.1f} s; device {args.device}; {args.threads} threads/workers; "
+            f"median of {repeats} passes after 1 warm-up"
+        )
         dev = args.device
         contenders: dict[str, Callable[[], list[torch.Tensor]]] = {}
         if run_dali:
@@ -199,12 +225,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"DALI skipped: {'--skip-dali' if args.skip_dali else dali_why}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "benchmark": "loader", "device": dev, "quick": args.quick, "cases": n, "matrix": matrix, "fov_mm": fov,
-            "slices_first": slices, "source": source, "threads": args.threads, "repeats": repeats,
-            "peer": "monai.data.DataLoader + bundle preprocessing transforms", "dali_skipped": not run_dali,
-            "results": results, "ratios": ratios,
-        }, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "loader",
+                    "device": dev,
+                    "quick": args.quick,
+                    "cases": n,
+                    "matrix": matrix,
+                    "fov_mm": fov,
+                    "slices_first": slices,
+                    "source": source,
+                    "threads": args.threads,
+                    "repeats": repeats,
+                    "peer": "monai.data.DataLoader + bundle preprocessing transforms",
+                    "dali_skipped": not run_dali,
+                    "results": results,
+                    "ratios": ratios,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

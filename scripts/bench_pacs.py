@@ -43,8 +43,11 @@ def make_series(root: Path, n: int, matrix: int, slices: int) -> list[tuple[str,
     out = []
     for seed in range(n):
         spacing = min(2.0, 320.0 / matrix)
-        out.append(write_phantom_series(root / f"case{seed:02d}", 900 + seed, matrix=matrix, slices=slices,
-                                        pixel_spacing=spacing, slice_spacing=2.5))
+        out.append(
+            write_phantom_series(
+                root / f"case{seed:02d}", 900 + seed, matrix=matrix, slices=slices, pixel_spacing=spacing, slice_spacing=2.5
+            )
+        )
     return out
 
 
@@ -52,11 +55,14 @@ def bench_retrieval(srv: OrthancServer, uids: list[str], repeats: int, tmp: Path
     os.environ.update(srv.env)
     cfg = load_config(overrides={"pacs.move_port": srv.move_port, "pacs.retries": 0, "pacs.timeout_s": 120.0}, environ={})
     listed = ",".join(uids)
-    sources = {"wado_rs": f"{srv.dicomweb}?series={listed}", "c_move": f"{srv.dimse}?series={listed}&retrieve=move",
-               "c_get": f"{srv.dimse}?series={listed}&retrieve=get"}
+    sources = {
+        "wado_rs": f"{srv.dicomweb}?series={listed}",
+        "c_move": f"{srv.dimse}?series={listed}&retrieve=move",
+        "c_get": f"{srv.dimse}?series={listed}&retrieve=get",
+    }
     times: dict[str, list[float]] = {k: [] for k in sources}
     for r in range(repeats):
-        for name, src in (sources.items() if r % 2 == 0 else reversed(sources.items())):
+        for name, src in sources.items() if r % 2 == 0 else reversed(sources.items()):
             run = tmp / f"{name}{r}"
             t0 = time.perf_counter()
             res = fetch_sources([src], run_dir=run, cfg=cfg)
@@ -84,8 +90,11 @@ def _wait_port(port: int, timeout_s: float = 20.0) -> None:
 
 def _push(storescu: str, called: str, port: int, folder: Path) -> float:
     t0 = time.perf_counter()
-    subprocess.run([storescu, "-aet", "BENCH", "-aec", called, "+sd", "+r", "-xe", "127.0.0.1", str(port), str(folder)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [storescu, "-aet", "BENCH", "-aec", called, "+sd", "+r", "-xe", "127.0.0.1", str(port), str(folder)],
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - t0
 
 
@@ -97,8 +106,15 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
     peer: list[float] = []
     for r in range(repeats):
         port = free_port()
-        cfg = load_config(overrides={"pacs.port": port, "pacs.allowed_aets": ["BENCH"], "pacs.ae_title": "CTPIPE",
-                                     "pacs.quiet_period_s": 3600.0}, environ={})
+        cfg = load_config(
+            overrides={
+                "pacs.port": port,
+                "pacs.allowed_aets": ["BENCH"],
+                "pacs.ae_title": "CTPIPE",
+                "pacs.quiet_period_s": 3600.0,
+            },
+            environ={},
+        )
         run = tmp / f"listen{r}"
         with Listener(run, cfg) as lst:
             ours.append(_push(storescu, "CTPIPE", lst.port, folder))
@@ -109,8 +125,9 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
         port = free_port()
         out_dir = tmp / f"storescp{r}"
         out_dir.mkdir()
-        proc = subprocess.Popen([storescp, "-aet", "STORESCP", "-od", str(out_dir), str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [storescp, "-aet", "STORESCP", "-od", str(out_dir), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             _wait_port(port)
             peer.append(_push(storescu, "STORESCP", port, folder))
@@ -122,8 +139,14 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
             raise SystemExit(f"storescp stored {got} of {n} instances")
         shutil.rmtree(out_dir)
     o, p = statistics.median(ours), statistics.median(peer)
-    return {"instances": n, "ctpipe_runs_s": ours, "storescp_runs_s": peer, "ctpipe_instances_per_s": n / o,
-            "storescp_instances_per_s": n / p, "ratio_vs_storescp": p / o}
+    return {
+        "instances": n,
+        "ctpipe_runs_s": ours,
+        "storescp_runs_s": peer,
+        "ctpipe_instances_per_s": n / o,
+        "storescp_instances_per_s": n / p,
+        "ratio_vs_storescp": p / o,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,17 +172,29 @@ def main(argv: list[str] | None = None) -> int:
             srv.stop()
         files = series[0][1]
         listener = bench_listener(files[0].parent, len(files), repeats, tmp / "listen")
-    result = {"benchmark": "pacs", "quick": args.quick, "repeats": repeats, "series_shape": [matrix, matrix, slices],
-              "retrieval": retrieval, "listener": listener}
+    result = {
+        "benchmark": "pacs",
+        "quick": args.quick,
+        "repeats": repeats,
+        "series_shape": [matrix, matrix, slices],
+        "retrieval": retrieval,
+        "listener": listener,
+    }
     r, li = retrieval, listener
     print(f"Retrieval from a local Orthanc: {r['series']} series of {matrix}x{matrix}x{slices}, median of {repeats} runs")
     print(f"  WADO-RS (dicomweb-client)   {r['wado_rs_series_per_min']:8.1f} series/min")
-    print(f"  C-MOVE (pynetdicom)         {r['c_move_series_per_min']:8.1f} series/min   ratio vs WADO-RS {r['c_move_vs_wado_rs']:.2f}x")
-    print(f"  C-GET (pynetdicom)          {r['c_get_series_per_min']:8.1f} series/min   ratio vs WADO-RS {r['c_get_vs_wado_rs']:.2f}x")
+    print(
+        f"  C-MOVE (pynetdicom)         {r['c_move_series_per_min']:8.1f} series/min   ratio vs WADO-RS {r['c_move_vs_wado_rs']:.2f}x"
+    )
+    print(
+        f"  C-GET (pynetdicom)          {r['c_get_series_per_min']:8.1f} series/min   ratio vs WADO-RS {r['c_get_vs_wado_rs']:.2f}x"
+    )
     print(f"Receiving {li['instances']} instances pushed by dcmtk storescu, median of {repeats} runs")
     print(f"  ctpipe listen (fsync + journal)  {li['ctpipe_instances_per_s']:8.1f} instances/s")
-    print(f"  dcmtk storescp (peer, no fsync)  {li['storescp_instances_per_s']:8.1f} instances/s   "
-          f"ratio {li['ratio_vs_storescp']:.2f}x")
+    print(
+        f"  dcmtk storescp (peer, no fsync)  {li['storescp_instances_per_s']:8.1f} instances/s   "
+        f"ratio {li['ratio_vs_storescp']:.2f}x"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))

@@ -131,20 +131,28 @@ def main(argv: list[str] | None = None) -> int:
         lung_total.append(s + m)
     assert seg is not None
     results: dict = {
-        "peer": PEER, "device": args.device, "shape_kji": list(vol.shape), "spacing_ijk_mm": list(vol.spacing),
-        "repeats": repeats, "lungs_segment_s": statistics.median(seg_times),
+        "peer": PEER,
+        "device": args.device,
+        "shape_kji": list(vol.shape),
+        "spacing_ijk_mm": list(vol.spacing),
+        "repeats": repeats,
+        "lungs_segment_s": statistics.median(seg_times),
         "lungs_segment_and_mesh_s": statistics.median(lung_total),
         "dice_lungs": {k: round(dice(seg.masks[k], ph.masks[k]), 4) for k in ("lung_left", "lung_right")},
         "organs": {},
     }
-    print(f"lungs segmented in {results['lungs_segment_s']:.2f} s, segmented + meshed in "
-          f"{results['lungs_segment_and_mesh_s']:.2f} s (median of {repeats}; target < 10 s on CPU); "
-          f"Dice {results['dice_lungs']}")
+    print(
+        f"lungs segmented in {results['lungs_segment_s']:.2f} s, segmented + meshed in "
+        f"{results['lungs_segment_and_mesh_s']:.2f} s (median of {repeats}; target < 10 s on CPU); "
+        f"Dice {results['dice_lungs']}"
+    )
     full = segment_organs(vol, organs, args.device)
 
     # 2. per organ: mesh + STL, ctpipe vs peer, on the same segmented mask
     print(f"peer: {PEER}")
-    print(f"{'organ':10s} {'ctpipe s':>9s} {'peer s':>9s} {'ratio':>6s} {'ctpipe vol err':>15s} {'peer vol err':>13s} {'triangles':>10s}")
+    print(
+        f"{'organ':10s} {'ctpipe s':>9s} {'peer s':>9s} {'ratio':>6s} {'ctpipe vol err':>15s} {'peer vol err':>13s} {'triangles':>10s}"
+    )
     for organ in organs:
         mask = full.masks.get(organ)
         if mask is None:
@@ -160,14 +168,19 @@ def main(argv: list[str] | None = None) -> int:
             peer_t.append(t)
         assert ours_out is not None and peer_out is not None
         row = {
-            "ctpipe_s": statistics.median(ours_t), "peer_s": statistics.median(peer_t),
-            "ctpipe_volume_error": abs(ours_out[1] / mask_mm3 - 1), "peer_volume_error": abs(peer_out[1] / mask_mm3 - 1),
-            "ctpipe_triangles": ours_out[2], "dice": round(dice(mask, ph.masks[organ]), 4),
+            "ctpipe_s": statistics.median(ours_t),
+            "peer_s": statistics.median(peer_t),
+            "ctpipe_volume_error": abs(ours_out[1] / mask_mm3 - 1),
+            "peer_volume_error": abs(peer_out[1] / mask_mm3 - 1),
+            "ctpipe_triangles": ours_out[2],
+            "dice": round(dice(mask, ph.masks[organ]), 4),
         }
         row["ratio"] = row["peer_s"] / row["ctpipe_s"]
         results["organs"][organ] = row
-        print(f"{organ:10s} {row['ctpipe_s']:9.2f} {row['peer_s']:9.2f} {row['ratio']:5.1f}x "
-              f"{row['ctpipe_volume_error']:14.3%} {row['peer_volume_error']:12.3%} {row['ctpipe_triangles']:10d}")
+        print(
+            f"{organ:10s} {row['ctpipe_s']:9.2f} {row['peer_s']:9.2f} {row['ratio']:5.1f}x "
+            f"{row['ctpipe_volume_error']:14.3%} {row['peer_volume_error']:12.3%} {row['ctpipe_triangles']:10d}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=args.json.parent, delete=False, suffix=".tmp") as fh:

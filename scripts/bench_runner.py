@@ -42,8 +42,9 @@ def make_cases(root: Path, n: int, matrix: int, slices: int) -> None:
     from pipeline.phantom.dicom_writer import write_phantom_case
 
     for seed in range(n):
-        ph = generate_phantom(500 + seed, matrix=matrix, slices=slices, pixel_spacing=min(2.0, 300.0 / matrix),
-                              slice_spacing=2.5, n_nodules=2)
+        ph = generate_phantom(
+            500 + seed, matrix=matrix, slices=slices, pixel_spacing=min(2.0, 300.0 / matrix), slice_spacing=2.5, n_nodules=2
+        )
         write_phantom_case(ph, root / f"case{seed:03d}")
 
 
@@ -77,8 +78,13 @@ def measure(run_dir: Path) -> dict:
     t0 = float(ok.started_at.min())
     t1 = float(done.ended_at.max())
     means = ok.groupby("stage", sort=False).wall_s.mean().to_dict()
-    return {"cases": int(len(done)), "window_s": t1 - t0, "cases_per_hour": 3600.0 * len(done) / (t1 - t0),
-            "stage_mean_s": means, "failed": int((run.cases.status == "failed").sum())}
+    return {
+        "cases": int(len(done)),
+        "window_s": t1 - t0,
+        "cases_per_hour": 3600.0 * len(done) / (t1 - t0),
+        "stage_mean_s": means,
+        "failed": int((run.cases.status == "failed").sum()),
+    }
 
 
 def main() -> int:
@@ -88,8 +94,9 @@ def main() -> int:
     ap.add_argument("--slices", type=int, default=64)
     ap.add_argument("--workers", type=int, default=2, help="CPU worker processes of the pipelined runner")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads per process, the same in both modes (0 = cores / processes)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads per process, the same in both modes (0 = cores / processes)"
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--renderings", action="store_true", help="include the PNG renderings in the reconstruct stage")
     ap.add_argument("--quick", action="store_true", help="small run (< 2 min): 6 cases of 64x64x32, 1 repeat")
@@ -102,8 +109,13 @@ def main() -> int:
     data = work / "dicom"
     if not data.exists():
         make_cases(data, args.cases, args.matrix, args.slices)
-    opts = {"device": args.device, "report.enabled": False, "metrics.textfile": False,
-            "reconstruct.renderings": bool(args.renderings), "runner.torch_threads": args.threads}
+    opts = {
+        "device": args.device,
+        "report.enabled": False,
+        "metrics.textfile": False,
+        "reconstruct.renderings": bool(args.renderings),
+        "runner.torch_threads": args.threads,
+    }
     results: dict[str, list[dict]] = {"sequential": [], "pipelined": []}
     for rep in range(args.repeats):
         for mode, workers in (("sequential", 0), ("pipelined", args.workers)):
@@ -117,8 +129,10 @@ def main() -> int:
                 print(f"{mode} run failed: {s.lines()}", file=sys.stderr)
                 return 1
             results[mode].append(m)
-            print(f"repeat {rep + 1} {mode:10s}: {m['cases_per_hour']:8.1f} cases/h over {m['window_s']:.1f} s; "
-                  f"stage means " + ", ".join(f"{k} {v:.2f} s" for k, v in m["stage_mean_s"].items()))
+            print(
+                f"repeat {rep + 1} {mode:10s}: {m['cases_per_hour']:8.1f} cases/h over {m['window_s']:.1f} s; "
+                f"stage means " + ", ".join(f"{k} {v:.2f} s" for k, v in m["stage_mean_s"].items())
+            )
     procs = args.workers + 1
     capacity = parallel_capacity(procs)
     seq = statistics.median(r["cases_per_hour"] for r in results["sequential"])
@@ -139,21 +153,45 @@ def main() -> int:
     eff_bound = statistics.median(bounds)
     slow_stage = max(results["pipelined"][0]["stage_mean_s"].items(), key=lambda kv: kv[1])
     print()
-    print(f"cases: {args.cases} phantoms {args.matrix}x{args.matrix}x{args.slices}, device {args.device}, "
-          f"{args.workers} CPU workers, {args.threads or 'auto'} torch thread(s)/process, repeats {args.repeats} (medians)")
-    print(f"parallel capacity now: {procs} CPU-bound processes run {capacity:.2f}x as fast as one "
-          f"(the most any pipelining can gain on this machine at this moment)")
+    print(
+        f"cases: {args.cases} phantoms {args.matrix}x{args.matrix}x{args.slices}, device {args.device}, "
+        f"{args.workers} CPU workers, {args.threads or 'auto'} torch thread(s)/process, repeats {args.repeats} (medians)"
+    )
+    print(
+        f"parallel capacity now: {procs} CPU-bound processes run {capacity:.2f}x as fast as one "
+        f"(the most any pipelining can gain on this machine at this moment)"
+    )
     print(f"peer  sequential (same stages, one case after another, workers=0): {seq:8.1f} cases/h")
     print(f"ctpipe pipelined runner:                                           {pip:8.1f} cases/h")
     print(f"ratio pipelined / sequential: {pip / seq:.2f}x")
-    print(f"pipeline efficiency (throughput x slowest stage mean, slowest = {slow_stage[0]} {slow_stage[1]:.2f} s): {eff:.2f}"
-          f"  (target >= 0.85)")
-    print(f"efficiency against the worker-aware bound (CPU stages share {args.workers} workers, load + detect share 1): "
-          f"{eff_bound:.2f}")
-    out = {"benchmark": "runner", "device": args.device, "cases": args.cases, "matrix": args.matrix, "slices": args.slices,
-           "workers": args.workers, "threads": args.threads, "repeats": args.repeats, "peer": "sequential (workers=0)",
-           "sequential_cases_per_hour": seq, "pipelined_cases_per_hour": pip, "ratio": pip / seq,
-           "efficiency": eff, "efficiencies": effs, "efficiency_worker_bound": eff_bound, "parallel_capacity": capacity, "slowest_stage": slow_stage[0], "runs": results}
+    print(
+        f"pipeline efficiency (throughput x slowest stage mean, slowest = {slow_stage[0]} {slow_stage[1]:.2f} s): {eff:.2f}"
+        f"  (target >= 0.85)"
+    )
+    print(
+        f"efficiency against the worker-aware bound (CPU stages share {args.workers} workers, load + detect share 1): "
+        f"{eff_bound:.2f}"
+    )
+    out = {
+        "benchmark": "runner",
+        "device": args.device,
+        "cases": args.cases,
+        "matrix": args.matrix,
+        "slices": args.slices,
+        "workers": args.workers,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "peer": "sequential (workers=0)",
+        "sequential_cases_per_hour": seq,
+        "pipelined_cases_per_hour": pip,
+        "ratio": pip / seq,
+        "efficiency": eff,
+        "efficiencies": effs,
+        "efficiency_worker_bound": eff_bound,
+        "parallel_capacity": capacity,
+        "slowest_stage": slow_stage[0],
+        "runs": results,
+    }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))

@@ -32,8 +32,19 @@ from pipeline.reconstruction.organs import ORGANS  # noqa: E402
 from pipeline.reconstruction.quality import IMBALANCE_RATIO, LUNG_VOLUME_RANGE_ML, assess_quality  # noqa: E402
 from pipeline.reconstruction.segment import segment_organs  # noqa: E402
 
-COMPARED = ("lungs_absent", "lungs_apex_cut", "lungs_base_cut", "lung_volume_out_of_range", "lung_imbalance", "thick_slices",
-            "fov_cuts_body", "metal_streaks", "contrast_arterial", "contrast_venous", "airway_not_in_scan")
+COMPARED = (
+    "lungs_absent",
+    "lungs_apex_cut",
+    "lungs_base_cut",
+    "lung_volume_out_of_range",
+    "lung_imbalance",
+    "thick_slices",
+    "fov_cuts_body",
+    "metal_streaks",
+    "contrast_arterial",
+    "contrast_venous",
+    "airway_not_in_scan",
+)
 
 
 def dice(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -77,8 +88,14 @@ def expected_flags(truth: dict[str, Any], masks: dict[str, np.ndarray], voxel_ml
 def evaluate(name: str, *, matrix: int, pixel_spacing: float, slice_spacing: float) -> dict[str, Any]:
     scenario = CONFOUNDER_SCENARIOS[name]
     t0 = time.perf_counter()
-    ph = generate_phantom(scenario.seed, matrix=matrix, pixel_spacing=pixel_spacing, slice_spacing=slice_spacing,
-                          n_nodules=None, confounders=scenario.confounders)
+    ph = generate_phantom(
+        scenario.seed,
+        matrix=matrix,
+        pixel_spacing=pixel_spacing,
+        slice_spacing=slice_spacing,
+        n_nodules=None,
+        confounders=scenario.confounders,
+    )
     t1 = time.perf_counter()
     seg = segment_organs(ph.volume, organs=ORGANS)
     t2 = time.perf_counter()
@@ -88,8 +105,13 @@ def evaluate(name: str, *, matrix: int, pixel_spacing: float, slice_spacing: flo
     quality = assess_quality(ph.volume.array, g, seg.masks, metadata=ph.volume.metadata, airway_in_scan=airway_in_scan)
     truth = ph.ground_truth()["truth"]
     voxel_ml = float(np.prod(g.spacing)) / 1000.0
-    row: dict[str, Any] = {"scenario": name, "seed": scenario.seed, "shape": list(g.shape),
-                           "generate_s": round(t1 - t0, 2), "segment_s": round(t2 - t1, 2)}
+    row: dict[str, Any] = {
+        "scenario": name,
+        "seed": scenario.seed,
+        "shape": list(g.shape),
+        "generate_s": round(t1 - t0, 2),
+        "segment_s": round(t2 - t1, 2),
+    }
     for organ in ORGANS:
         ours = seg.masks.get(organ, np.zeros(g.shape, dtype=bool))
         row[f"dice_{organ}"] = None if dice(ours, ph.masks[organ]) is None else round(float(dice(ours, ph.masks[organ])), 4)
@@ -100,7 +122,9 @@ def evaluate(name: str, *, matrix: int, pixel_spacing: float, slice_spacing: flo
     row["left_right_swapped"] = bool(swapped)
     lungs = lungs_found["lung_left"] | lungs_found["lung_right"]
     row["bowel_gas_as_lung_ml"] = round(float((lungs & ph.masks["bowel_gas"]).sum()) * voxel_ml, 2)
-    row["table_in_body_ml"] = round(float((seg.masks.get("body", np.zeros(g.shape, bool)) & ph.masks["table"]).sum()) * voxel_ml, 2)
+    row["table_in_body_ml"] = round(
+        float((seg.masks.get("body", np.zeros(g.shape, bool)) & ph.masks["table"]).sum()) * voxel_ml, 2
+    )
     want = expected_flags(truth, ph.masks, voxel_ml)
     got = set(quality.codes) & set(COMPARED)
     row["flags_expected"] = sorted(want)
@@ -123,19 +147,24 @@ def main(argv: list[str] | None = None) -> int:
         row = evaluate(name, matrix=args.matrix, pixel_spacing=args.pixel_spacing, slice_spacing=args.slice_spacing)
         rows.append(row)
         dices = " ".join(f"{o}={row[f'dice_{o}']}" for o in ORGANS)
-        print(f"{name:32s} {dices} swapped={row['left_right_swapped']} gas-as-lung={row['bowel_gas_as_lung_ml']} mL "
-              f"table-in-body={row['table_in_body_ml']} mL flags {'OK' if row['flags_right'] else 'WRONG'} "
-              f"expected={row['flags_expected']} found={row['flags_found']} ({row['segment_s']} s)", flush=True)
+        print(
+            f"{name:32s} {dices} swapped={row['left_right_swapped']} gas-as-lung={row['bowel_gas_as_lung_ml']} mL "
+            f"table-in-body={row['table_in_body_ml']} mL flags {'OK' if row['flags_right'] else 'WRONG'} "
+            f"expected={row['flags_expected']} found={row['flags_found']} ({row['segment_s']} s)",
+            flush=True,
+        )
     print("\nminimum Dice over scenarios where the truth has the organ:")
     for organ in ORGANS:
         values = [r[f"dice_{organ}"] for r in rows if r[f"dice_{organ}"] is not None]
         worst = min(values) if values else None
         where = next((r["scenario"] for r in rows if r[f"dice_{organ}"] == worst), "")
         print(f"  {organ:10s} min {worst} ({where}), median {float(np.median(values)) if values else None:.4f}")
-    print(f"flags right on {sum(r['flags_right'] for r in rows)}/{len(rows)} scenarios; "
-          f"left/right swapped on {sum(r['left_right_swapped'] for r in rows)}; "
-          f"max bowel gas as lung {max(r['bowel_gas_as_lung_ml'] for r in rows)} mL; "
-          f"max table in body {max(r['table_in_body_ml'] for r in rows)} mL")
+    print(
+        f"flags right on {sum(r['flags_right'] for r in rows)}/{len(rows)} scenarios; "
+        f"left/right swapped on {sum(r['left_right_swapped'] for r in rows)}; "
+        f"max bowel gas as lung {max(r['bowel_gas_as_lung_ml'] for r in rows)} mL; "
+        f"max table in body {max(r['table_in_body_ml'] for r in rows)} mL"
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

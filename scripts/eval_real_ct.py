@@ -63,8 +63,9 @@ def evaluate(case: RealCase, device: str) -> tuple[dict[str, Any], dict[str, np.
         both = ref["lung_left"] | ref["lung_right"]
         row["dice_lungs"] = round(dice(lungs, both), 4)
         row["lung_outside_ref_ml"] = round(float((lungs & ~both).sum()) * voxel_ml, 1)
-        row["swapped_ml"] = round(float((masks["lung_left"] & ref["lung_right"]).sum()
-                                        + (masks["lung_right"] & ref["lung_left"]).sum()) * voxel_ml, 1)
+        row["swapped_ml"] = round(
+            float((masks["lung_left"] & ref["lung_right"]).sum() + (masks["lung_right"] & ref["lung_left"]).sum()) * voxel_ml, 1
+        )
     if "gas_organs" in ref:
         row["gas_organs_as_lung_ml"] = round(float((lungs & ref["gas_organs"]).sum()) * voxel_ml, 2)
     row["flags"] = {k: v for k, v in seg.info.items() if isinstance(v, str) and not k.startswith("work_")}
@@ -81,11 +82,40 @@ def _fmt(v: Any) -> str:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    cols = ["scan", "dice_lung_left", "dice_lung_right", "dice_lungs", "swapped_ml", "gas_organs_as_lung_ml",
-            "lung_outside_ref_ml", "lung_left_ml", "ref_lung_left_ml", "lung_right_ml", "ref_lung_right_ml",
-            "airway_ml", "lung_left_x_mm", "lung_right_x_mm", "seconds"]
-    head = ["scan", "Dice L", "Dice R", "Dice both", "swap mL", "gut→lung mL", "extra mL", "L mL", "ref L", "R mL",
-            "ref R", "airway mL", "L x", "R x", "s"]
+    cols = [
+        "scan",
+        "dice_lung_left",
+        "dice_lung_right",
+        "dice_lungs",
+        "swapped_ml",
+        "gas_organs_as_lung_ml",
+        "lung_outside_ref_ml",
+        "lung_left_ml",
+        "ref_lung_left_ml",
+        "lung_right_ml",
+        "ref_lung_right_ml",
+        "airway_ml",
+        "lung_left_x_mm",
+        "lung_right_x_mm",
+        "seconds",
+    ]
+    head = [
+        "scan",
+        "Dice L",
+        "Dice R",
+        "Dice both",
+        "swap mL",
+        "gut→lung mL",
+        "extra mL",
+        "L mL",
+        "ref L",
+        "R mL",
+        "ref R",
+        "airway mL",
+        "L x",
+        "R x",
+        "s",
+    ]
     table = [head] + [[_fmt(r.get(c)) for c in cols] for r in rows]
     widths = [max(len(t[n]) for t in table) for n in range(len(head))]
     for n, t in enumerate(table):
@@ -134,12 +164,12 @@ def write_png(case: RealCase, masks: dict[str, np.ndarray], out: Path) -> Path:
                 if sl.any() and not sl.all():
                     xs = (np.arange(sl.shape[1]) + 0.5) * cs
                     ys = (np.arange(sl.shape[0]) + 0.5) * rs
-                    ax.contour(xs, ys, sl, levels=[0.5], colors=[COLORS.get(k, "#ffffff")], linewidths=1.0,
-                               linestyles=style)
+                    ax.contour(xs, ys, sl, levels=[0.5], colors=[COLORS.get(k, "#ffffff")], linewidths=1.0, linestyles=style)
         ax.set_title(f"{case.name} {title} (R on image left)", color="white", fontsize=9)
         ax.set_axis_off()
-    fig.suptitle("solid: ctpipe (blue left lung, green right, orange airway); dashed: reference (magenta gut)",
-                 color="white", fontsize=10)
+    fig.suptitle(
+        "solid: ctpipe (blue left lung, green right, orange airway); dashed: reference (magenta gut)", color="white", fontsize=10
+    )
     FigureCanvasAgg(fig)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{case.name}.png"

@@ -71,8 +71,13 @@ def training_phantom(seed: int, rng: np.random.Generator):  # -> pipeline.phanto
 
     matrix = int(rng.choice([160, 192, 256]))
     fov = float(rng.uniform(200.0, 360.0))
-    return generate_phantom(seed, matrix=matrix, pixel_spacing=min(2.0, fov / matrix),
-                            slice_spacing=float(rng.choice([1.25, 2.0, 2.5])), n_nodules=int(rng.integers(3, 9)))
+    return generate_phantom(
+        seed,
+        matrix=matrix,
+        pixel_spacing=min(2.0, fov / matrix),
+        slice_spacing=float(rng.choice([1.25, 2.0, 2.5])),
+        n_nodules=int(rng.integers(3, 9)),
+    )
 
 
 def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
@@ -87,13 +92,15 @@ def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
     lungs = ph.masks["lung_left"] | ph.masks["lung_right"]
     kji = np.argwhere(lungs)
     ijk_lo, ijk_hi = kji.min(0)[::-1], kji.max(0)[::-1]
-    corners = np.array([[a, b, c] for a in (ijk_lo[0], ijk_hi[0]) for b in (ijk_lo[1], ijk_hi[1]) for c in (ijk_lo[2], ijk_hi[2])], float)
+    corners = np.array(
+        [[a, b, c] for a in (ijk_lo[0], ijk_hi[0]) for b in (ijk_lo[1], ijk_hi[1]) for c in (ijk_lo[2], ijk_hi[2])], float
+    )
     xyz = grid.lps_to_xyz(ph.volume.geometry.index_to_lps(corners))
     image = tensor[0].numpy()
     # keep the lungs and a margin: training patches are drawn there, and the cache stays small
     lo = np.clip(np.floor(xyz.min(0)).astype(int) - CACHE_MARGIN, 0, None)
     hi = np.minimum(np.ceil(xyz.max(0)).astype(int) + CACHE_MARGIN + 1, image.shape)
-    image = image[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
+    image = image[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
     shift = np.concatenate([lo, lo]).astype(np.float32)
     return {
         "image": image.astype(np.float16),
@@ -116,8 +123,15 @@ def build_cache(work: Path, seeds: list[int]) -> list[Path]:
             tmp = cache / f".phantom_{seed}.tmp.npz"
             np.savez(tmp, **sample)
             tmp.replace(path)
-            log.info("cached phantom %d (%d/%d) %s, %d nodules, %.1fs", seed, n + 1, len(seeds), sample["image"].shape,
-                     len(sample["boxes"]), time.time() - t0)
+            log.info(
+                "cached phantom %d (%d/%d) %s, %d nodules, %.1fs",
+                seed,
+                n + 1,
+                len(seeds),
+                sample["image"].shape,
+                len(sample["boxes"]),
+                time.time() - t0,
+            )
         paths.append(path)
     return paths
 
@@ -165,7 +179,13 @@ def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, 
         "name": out_json.stem,
         "description": "Small MONAI RetinaNet trained on synthetic phantoms, for demonstration and testing only, not for clinical use.",
         "spacing_mm_ras": SPACING,
-        "intensity_window": {"a_min": WINDOW.a_min, "a_max": WINDOW.a_max, "b_min": WINDOW.b_min, "b_max": WINDOW.b_max, "clip": WINDOW.clip},
+        "intensity_window": {
+            "a_min": WINDOW.a_min,
+            "a_max": WINDOW.a_max,
+            "b_min": WINDOW.b_min,
+            "b_max": WINDOW.b_max,
+            "clip": WINDOW.clip,
+        },
         "network": ARCH,
         "anchors": ANCHORS,
         "box_selector": SELECTOR,
@@ -198,8 +218,9 @@ def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, 
     log.info("wrote %s and %s (%.1f MB)", out_json, weights, weights.stat().st_size / 1e6)
 
 
-def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None, refine: bool = False,
-                     amp: bool = True) -> int:
+def evaluate_heldout(
+    model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None, refine: bool = False, amp: bool = True
+) -> int:
     """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC tables.
 
     Two runs from one network pass: the network's findings as they are, and the default pipeline's
@@ -239,9 +260,15 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
         if refine:
             refined[sid] = refine_findings(ph.volume, found)
         truth[sid] = [(n.center_lps, n.diameter_mm) for n in ph.nodules]
-        log.info("held-out phantom %d: %d nodules %s, %d findings (top scores %s), %.1fs", seed, len(ph.nodules),
-                 [round(n.diameter_mm, 1) for n in ph.nodules], len(pipeline[sid]),
-                 [round(f.score, 2) for f in pipeline[sid].findings[:5]], found.timings_ms.get("total", 0) / 1000)
+        log.info(
+            "held-out phantom %d: %d nodules %s, %d findings (top scores %s), %.1fs",
+            seed,
+            len(ph.nodules),
+            [round(n.diameter_mm, 1) for n in ph.nodules],
+            len(pipeline[sid]),
+            [round(f.score, 2) for f in pipeline[sid].findings[:5]],
+            found.timings_ms.get("total", 0) / 1000,
+        )
     runs = [("network findings", preds, "froc"), ("default pipeline", pipeline, "froc_pipeline")]
     if refine:
         runs.append(("centres refined on the HU volume", refined, "froc_refined"))
@@ -251,8 +278,11 @@ def evaluate_heldout(model_json: Path, seeds: list[int], out: Path, *, weights: 
         step = evaluate_froc(found_all, truth, scans=sorted(truth), reading="step", n_bootstrap=0)
         print(f"== {title} ({len(seeds)} held-out phantoms)")
         print(result.table())
-        print("step reading (best operating point at or below each rate): "
-              + " ".join(f"{v:.3f}" for v in step.sensitivity) + f"  CPM {step.cpm:.3f}")
+        print(
+            "step reading (best operating point at or below each rate): "
+            + " ".join(f"{v:.3f}" for v in step.sensitivity)
+            + f"  CPM {step.cpm:.3f}"
+        )
         _print_by_size(result)
     return 0
 
@@ -286,14 +316,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--eval-seeds", type=int, default=0,
-                    help="after training, evaluate on N held-out phantoms: seeds --eval-seed0 .. --eval-seed0 + N - 1")
+    ap.add_argument(
+        "--eval-seeds",
+        type=int,
+        default=0,
+        help="after training, evaluate on N held-out phantoms: seeds --eval-seed0 .. --eval-seed0 + N - 1",
+    )
     ap.add_argument("--eval-seed0", type=int, default=1, help="first held-out seed (held-out seeds lie in 1..100)")
     ap.add_argument("--eval-only", action="store_true", help="skip training; evaluate --out (or --eval-checkpoint)")
     ap.add_argument("--eval-checkpoint", action="store_true", help="evaluate the training checkpoint's weights")
-    ap.add_argument("--eval-fp32", action="store_true", help="evaluate with the network in float32 (default: the detector's default)")
-    ap.add_argument("--eval-refine", action="store_true",
-                    help="also evaluate with finding centres refined on the original HU volume (pipeline.detection.refine)")
+    ap.add_argument(
+        "--eval-fp32", action="store_true", help="evaluate with the network in float32 (default: the detector's default)"
+    )
+    ap.add_argument(
+        "--eval-refine",
+        action="store_true",
+        help="also evaluate with finding centres refined on the original HU volume (pipeline.detection.refine)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     torch.set_num_threads(args.threads)
@@ -301,8 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     eval_seeds = list(range(args.eval_seed0, args.eval_seed0 + args.eval_seeds))
     if not set(eval_seeds) <= set(HELDOUT_SEEDS):
-        raise SystemExit(f"held-out seeds {eval_seeds[0]}..{eval_seeds[-1]} leave {HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}, "
-                         "the range no training script uses")
+        raise SystemExit(
+            f"held-out seeds {eval_seeds[0]}..{eval_seeds[-1]} leave {HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}, "
+            "the range no training script uses"
+        )
     if set(eval_seeds) & set(range(args.seed0, args.seed0 + args.n_train)):
         raise SystemExit("evaluation seeds overlap the training seeds")
     if args.eval_only:
@@ -310,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.eval_checkpoint:
             ckpt_w = args.work / "ckpt_weights.pt"
             torch.save(torch.load(args.work / "last.pt", map_location="cpu", weights_only=False)["model"], ckpt_w)
-        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", weights=ckpt_w, refine=args.eval_refine,
-                                amp=not args.eval_fp32)
+        return evaluate_heldout(
+            args.out, eval_seeds, args.work / "eval", weights=ckpt_w, refine=args.eval_refine, amp=not args.eval_fp32
+        )
     seeds = list(range(args.seed0, args.seed0 + args.n_train))
     t_cache = time.time()
     paths = build_cache(args.work, seeds)
@@ -361,7 +403,12 @@ def main(argv: list[str] | None = None) -> int:
                 sample = samples[int(rng.integers(len(samples)))]
                 img, boxes = random_patch(sample, rng, positive=b % 3 != 2)
                 imgs.append(torch.from_numpy(img)[None].to(device))
-                targets.append({"boxes": torch.from_numpy(boxes).to(device), "labels": torch.zeros(len(boxes), dtype=torch.long, device=device)})
+                targets.append(
+                    {
+                        "boxes": torch.from_numpy(boxes).to(device),
+                        "labels": torch.zeros(len(boxes), dtype=torch.long, device=device),
+                    }
+                )
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 losses = det(torch.stack(imgs), targets)
                 loss = (losses["classification"] + losses["box_regression"]) / args.accum
@@ -374,8 +421,15 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         ema = total if ema is None else 0.95 * ema + 0.05 * total
         if step % 20 == 0:
-            log.info("step %d lr %.2e loss %.4f (cls %.4f box %.4f) ema %.4f", step, lr, total, float(losses["classification"]),
-                     float(losses["box_regression"]), ema)
+            log.info(
+                "step %d lr %.2e loss %.4f (cls %.4f box %.4f) ema %.4f",
+                step,
+                lr,
+                total,
+                float(losses["classification"]),
+                float(losses["box_regression"]),
+                ema,
+            )
         if step % args.checkpoint_every == 0:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
@@ -383,8 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     minutes = {"cache": round(t_cache / 60, 1), "training": round((time.time() - t_start) / 60, 1)}  # this run's
-    write_model(net, args.out, args, {"step": step, "loss": ema, "compute_cpu_minutes": minutes,
-                                      "precision": precision_name(amp_dtype)})
+    write_model(
+        net, args.out, args, {"step": step, "loss": ema, "compute_cpu_minutes": minutes, "precision": precision_name(amp_dtype)}
+    )
     if eval_seeds:
         return evaluate_heldout(args.out, eval_seeds, args.work / "eval", refine=args.eval_refine, amp=not args.eval_fp32)
     return 0

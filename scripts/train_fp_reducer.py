@@ -100,10 +100,16 @@ def phantom_candidates(det: Detector, seed: int, cfg: FPReductionConfig, jitter:
         diam = np.concatenate([diam, np.array([e[1] for e in extra], np.float32)])
         sizes = np.concatenate([sizes, np.array([e[1] for e in extra], np.float32)])
     patches = classifier_input(ph.volume, centers, cfg)
-    return {"patches": np.round(patches * 255).astype(np.uint8), "labels": labels, "det": det_scores.astype(np.float32),
-            "diam": diam, "centers": centers, "sizes": sizes,
-            "nodule_centers": np.array([n.center_lps for n in ph.nodules]).reshape(-1, 3),
-            "nodule_diameters": np.array([n.diameter_mm for n in ph.nodules])}
+    return {
+        "patches": np.round(patches * 255).astype(np.uint8),
+        "labels": labels,
+        "det": det_scores.astype(np.float32),
+        "diam": diam,
+        "centers": centers,
+        "sizes": sizes,
+        "nodule_centers": np.array([n.center_lps for n in ph.nodules]).reshape(-1, 3),
+        "nodule_diameters": np.array([n.diameter_mm for n in ph.nodules]),
+    }
 
 
 def build_cache(work: Path, det: Detector, seeds: list[int], cfg: FPReductionConfig, jitter: int) -> list[dict]:
@@ -120,9 +126,16 @@ def build_cache(work: Path, det: Detector, seeds: list[int], cfg: FPReductionCon
             np.savez(tmp, **data)
             tmp.replace(path)
             lab = data["labels"]
-            log.info("phantom %d (%d/%d): %d candidates, %d positive (%d jittered), %.1fs", seed, n + 1, len(seeds),
-                     int((data["det"] > -2).sum()), int(((lab == 1) & (data["det"] > -2)).sum()),
-                     int((data["det"] == -2).sum()), time.time() - t0)
+            log.info(
+                "phantom %d (%d/%d): %d candidates, %d positive (%d jittered), %.1fs",
+                seed,
+                n + 1,
+                len(seeds),
+                int((data["det"] > -2).sum()),
+                int(((lab == 1) & (data["det"] > -2)).sum()),
+                int((data["det"] == -2).sum()),
+                time.time() - t0,
+            )
         out.append(dict(np.load(path)))
     return out
 
@@ -169,7 +182,9 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace) ->
             scores = probabilities(net, patches[neg])
             net.train()
             hard_p = (scores + 0.01) / (scores + 0.01).sum()
-            log.info("step %d: mined hard negatives (%d of %d negatives score >= 0.5)", step, int((scores >= 0.5).sum()), len(neg))
+            log.info(
+                "step %d: mined hard negatives (%d of %d negatives score >= 0.5)", step, int((scores >= 0.5).sum()), len(neg)
+            )
         lr = args.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -198,7 +213,7 @@ def probabilities(net: PatchClassifier, patches: np.ndarray, *, views: int = 1, 
     """Nodule probability of each cached patch (uint8), scored as the pipeline scores it (:func:`patch_logits`)."""
     out = []
     for a in range(0, len(patches), 256):
-        x = torch.from_numpy(patches[a:a + 256].astype(np.float32) / 255.0)
+        x = torch.from_numpy(patches[a : a + 256].astype(np.float32) / 255.0)
         out.append(torch.sigmoid(patch_logits(net, x, views=views, min_probability=min_probability)).numpy())
     return np.concatenate(out) if out else np.zeros(0)
 
@@ -220,13 +235,18 @@ def validate(net: PatchClassifier, cases: list[dict], args: argparse.Namespace) 
                     truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
                 res = evaluate_froc(preds, truth, n_bootstrap=0)
                 results[f"{views}/{w}/{factor}"] = round(float(res.cpm), 4)
-                log.info("validation (%d phantoms), %d view(s), detector weight %.2f, duplicate radius factor %.1f: CPM %.3f",
-                         len(cases), views, w, factor, res.cpm)
+                log.info(
+                    "validation (%d phantoms), %d view(s), detector weight %.2f, duplicate radius factor %.1f: CPM %.3f",
+                    len(cases),
+                    views,
+                    w,
+                    factor,
+                    res.cpm,
+                )
     return results
 
 
-def calibrate_operating_point(model_json: Path, seeds: list[int], *, fps_per_scan: float, out: Path,
-                              command: str) -> dict:
+def calibrate_operating_point(model_json: Path, seeds: list[int], *, fps_per_scan: float, out: Path, command: str) -> dict:
     """The ``operating_point`` entry for ``model_json``: validation phantoms ``seeds`` (as :func:`phantom_candidates`
     makes them) scored with the full two-stage pipeline and with the RetinaNet alone, every candidate kept; the lowest
     score with at most ``fps_per_scan`` false positives per scan for each. Findings go to ``out``/pipeline and
@@ -249,20 +269,41 @@ def calibrate_operating_point(model_json: Path, seeds: list[int], *, fps_per_sca
         found.write_json(out / "network" / f"phantom_{seed}.findings.json")
         pipeline[sid].write_json(out / "pipeline" / f"phantom_{seed}.findings.json")
         truth[sid] = [(nod.center_lps, nod.diameter_mm) for nod in ph.nodules]
-        log.info("calibration phantom %d (%d/%d): %d nodules, %d candidates", seed, n + 1, len(seeds), len(ph.nodules),
-                 len(pipeline[sid]))
+        log.info(
+            "calibration phantom %d (%d/%d): %d nodules, %d candidates",
+            seed,
+            n + 1,
+            len(seeds),
+            len(ph.nodules),
+            len(pipeline[sid]),
+        )
     minutes = round((time.time() - t0) / 60, 1)
     rule = f"lowest score with at most {fps_per_scan:g} false positive(s) per scan (LUNA16 counting)"
     where = f"validation phantoms, seeds {seeds[0]}-{seeds[-1]} (scripts/train_detector.py training_phantom protocol)"
     entries = {}
-    for name, found_all, stages in (("pipeline", pipeline, "RetinaNet + false-positive reduction"),
-                                    ("network", network, "RetinaNet alone (--raw)")):
+    for name, found_all, stages in (
+        ("pipeline", pipeline, "RetinaNet + false-positive reduction"),
+        ("network", network, "RetinaNet alone (--raw)"),
+    ):
         cal = calibrate(found_all, truth, fps_per_scan=fps_per_scan)
         entries[name] = {"chosen_on": f"{where}, {stages}: {rule}", **cal.to_json(), "seeds": [seeds[0], seeds[-1]]}
-        log.info("operating point (%s): score >= %.4f gives sensitivity %.3f at %.3f FPs/scan (%d scans, %d nodules)",
-                 stages, cal.score_threshold, cal.sensitivity, cal.measured_fps_per_scan, cal.n_scans, cal.n_nodules)
-    return {**entries["pipeline"], "precision": post.precision, "device": "cpu", "compute_cpu_minutes": minutes,
-            "command": command, "network_only": entries["network"]}
+        log.info(
+            "operating point (%s): score >= %.4f gives sensitivity %.3f at %.3f FPs/scan (%d scans, %d nodules)",
+            stages,
+            cal.score_threshold,
+            cal.sensitivity,
+            cal.measured_fps_per_scan,
+            cal.n_scans,
+            cal.n_nodules,
+        )
+    return {
+        **entries["pipeline"],
+        "precision": post.precision,
+        "device": "cpu",
+        "compute_cpu_minutes": minutes,
+        "command": command,
+        "network_only": entries["network"],
+    }
 
 
 def write_operating_point(model_json: Path, entry: dict) -> None:
@@ -281,8 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--val-seed0", type=int, default=3000)
     ap.add_argument("--n-val", type=int, default=40)
     ap.add_argument("--patch", type=int, default=24)
-    ap.add_argument("--context-spacing", type=float, default=None,
-                    help="grid spacing (mm) of a second, wider cube given to the classifier as a second channel")
+    ap.add_argument(
+        "--context-spacing",
+        type=float,
+        default=None,
+        help="grid spacing (mm) of a second, wider cube given to the classifier as a second channel",
+    )
     ap.add_argument("--channels", type=int, nargs=3, default=[8, 16, 32])
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--blobs", type=int, default=200, help="small-blob candidates per scan")
@@ -290,22 +335,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--hard-negatives", type=float, default=0.0,
-                    help="fraction of each batch's negatives drawn by score after hard-negative mining at 1/2 and 3/4 of training")
-    ap.add_argument("--small-nodule-weight", type=float, default=0.0,
-                    help="draw positives in proportion to diameter^-W (0: uniformly; 1: a 3 mm nodule 10x as often as a 30 mm one)")
+    ap.add_argument(
+        "--hard-negatives",
+        type=float,
+        default=0.0,
+        help="fraction of each batch's negatives drawn by score after hard-negative mining at 1/2 and 3/4 of training",
+    )
+    ap.add_argument(
+        "--small-nodule-weight",
+        type=float,
+        default=0.0,
+        help="draw positives in proportion to diameter^-W (0: uniformly; 1: a 3 mm nodule 10x as often as a 30 mm one)",
+    )
     ap.add_argument("--torch-seed", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--detector-weights", type=float, nargs="+", default=[0.0, 0.25, 0.5])
     ap.add_argument("--duplicate-factors", type=float, nargs="+", default=[1.0, 1.5, 2.0])
-    ap.add_argument("--flip-views", type=int, choices=sorted(FLIP_VIEWS), default=4,
-                    help="mirrored views averaged at inference, validated against a single view")
-    ap.add_argument("--flip-min-probability", type=float, default=0.02,
-                    help="candidates scored below this on one view keep that score (no flipped views)")
-    ap.add_argument("--op-fps", type=float, default=1.0,
-                    help="false positives per scan on the validation phantoms at the model's operating point")
-    ap.add_argument("--calibrate-only", action="store_true",
-                    help="only recompute the model's operating point (validation phantoms, existing weights)")
+    ap.add_argument(
+        "--flip-views",
+        type=int,
+        choices=sorted(FLIP_VIEWS),
+        default=4,
+        help="mirrored views averaged at inference, validated against a single view",
+    )
+    ap.add_argument(
+        "--flip-min-probability",
+        type=float,
+        default=0.02,
+        help="candidates scored below this on one view keep that score (no flipped views)",
+    )
+    ap.add_argument(
+        "--op-fps",
+        type=float,
+        default=1.0,
+        help="false positives per scan on the validation phantoms at the model's operating point",
+    )
+    ap.add_argument(
+        "--calibrate-only",
+        action="store_true",
+        help="only recompute the model's operating point (validation phantoms, existing weights)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     torch.set_num_threads(args.threads)
@@ -314,22 +383,37 @@ def main(argv: list[str] | None = None) -> int:
     det_lo, det_hi = json.loads(args.model.read_text()).get("training", {}).get("train_seeds", [1000, 1149])
     reserved = set(HELDOUT_SEEDS) | set(range(det_lo, det_hi + 1))  # held-out seeds and the detector's training seeds
     if reserved & (set(train_seeds) | set(val_seeds)) or set(train_seeds) & set(val_seeds):
-        raise SystemExit(f"training/validation seeds overlap the held-out ({HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}) or "
-                         f"detector ({det_lo}..{det_hi}) seeds or each other")
-    command = "python scripts/train_fp_reducer.py --calibrate-only" + (
-        f" --val-seed0 {args.val_seed0} --n-val {args.n_val}" if (args.val_seed0, args.n_val) != (3000, 40) else "") + (
-        f" --op-fps {args.op_fps:g}" if args.op_fps != 1.0 else "")
+        raise SystemExit(
+            f"training/validation seeds overlap the held-out ({HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}) or "
+            f"detector ({det_lo}..{det_hi}) seeds or each other"
+        )
+    command = (
+        "python scripts/train_fp_reducer.py --calibrate-only"
+        + (f" --val-seed0 {args.val_seed0} --n-val {args.n_val}" if (args.val_seed0, args.n_val) != (3000, 40) else "")
+        + (f" --op-fps {args.op_fps:g}" if args.op_fps != 1.0 else "")
+    )
     if args.calibrate_only:
         if not val_seeds:
             raise SystemExit("--calibrate-only needs validation seeds (--n-val > 0)")
-        write_operating_point(args.model, calibrate_operating_point(args.model, val_seeds, fps_per_scan=args.op_fps,
-                                                                    out=args.work / "calibration", command=command))
+        write_operating_point(
+            args.model,
+            calibrate_operating_point(
+                args.model, val_seeds, fps_per_scan=args.op_fps, out=args.work / "calibration", command=command
+            ),
+        )
         return 0
     base = load_model(args.model)
     det = Detector(model=base, device="cpu", postprocess=False, all_candidates=True)
     weights = args.model.with_name(args.model.stem.replace("retinanet", "fpr") + ".pt")
-    cfg = FPReductionConfig(weights=weights, patch=args.patch, spacing_mm=1.0, channels=tuple(args.channels),  # type: ignore[arg-type]
-                            hidden=args.hidden, blob_candidates=args.blobs, context_spacing_mm=args.context_spacing)
+    cfg = FPReductionConfig(
+        weights=weights,
+        patch=args.patch,
+        spacing_mm=1.0,
+        channels=tuple(args.channels),  # type: ignore[arg-type]
+        hidden=args.hidden,
+        blob_candidates=args.blobs,
+        context_spacing_mm=args.context_spacing,
+    )
     # candidates depend on the detector's weights: one cache folder per weights file
     work = args.work / f"detector_{hashlib.sha256(base.config.weights.read_bytes()).hexdigest()[:12]}"
     t0 = time.time()
@@ -345,29 +429,54 @@ def main(argv: list[str] | None = None) -> int:
     views_s, weight_s, factor_s = best.split("/")
     weight, factor = float(weight_s), float(factor_s)
     torch.save(net.state_dict(), weights)
-    cfg = replace(cfg, detector_weight=weight, duplicate_radius_factor=factor, flip_views=int(views_s),
-                  flip_min_probability=args.flip_min_probability)
+    cfg = replace(
+        cfg,
+        detector_weight=weight,
+        duplicate_radius_factor=factor,
+        flip_views=int(views_s),
+        flip_min_probability=args.flip_min_probability,
+    )
     model_json = json.loads(args.model.read_text())
     model_json["fp_reduction"] = {
         **cfg.to_json(),
         "intended_use": "trained on synthetic phantoms, for demonstration and testing only, not for clinical use",
         "training": {
             "data": "synthetic phantoms from pipeline.phantom.generate_phantom (protocol of scripts/train_detector.py)",
-            "train_seeds": [train_seeds[0], train_seeds[-1]], "validation_seeds": [val_seeds[0], val_seeds[-1]],
-            "jitter_positives_per_nodule": args.jitter, "hard_negative_fraction": args.hard_negatives, "steps": args.steps, "batch_size": args.batch, "lr": args.lr,
-            "optimizer": "AdamW (weight decay 1e-4), cosine schedule", "torch_seed": args.torch_seed,
-            "compute_cpu_minutes": {"candidates_and_patches": round(t_data / 60, 1), "training": round(t_train / 60, 1),
-                                    "validation": round(t_val / 60, 1)},
-            "threads": args.threads, "validation_cpm_by_flip_views_detector_weight_and_duplicate_factor": val,
+            "train_seeds": [train_seeds[0], train_seeds[-1]],
+            "validation_seeds": [val_seeds[0], val_seeds[-1]],
+            "jitter_positives_per_nodule": args.jitter,
+            "hard_negative_fraction": args.hard_negatives,
+            "steps": args.steps,
+            "batch_size": args.batch,
+            "lr": args.lr,
+            "optimizer": "AdamW (weight decay 1e-4), cosine schedule",
+            "torch_seed": args.torch_seed,
+            "compute_cpu_minutes": {
+                "candidates_and_patches": round(t_data / 60, 1),
+                "training": round(t_train / 60, 1),
+                "validation": round(t_val / 60, 1),
+            },
+            "threads": args.threads,
+            "validation_cpm_by_flip_views_detector_weight_and_duplicate_factor": val,
             "loss": history[-1:],
         },
     }
     args.model.write_text(json.dumps(model_json, indent=1) + "\n")
-    log.info("wrote %s and the fp_reduction entry of %s (%s view(s), detector weight %s, duplicate radius factor %s)",
-             weights, args.model, views_s, weight, factor)
+    log.info(
+        "wrote %s and the fp_reduction entry of %s (%s view(s), detector weight %s, duplicate radius factor %s)",
+        weights,
+        args.model,
+        views_s,
+        weight,
+        factor,
+    )
     if val_seeds:  # the new classifier moves the operating point
-        write_operating_point(args.model, calibrate_operating_point(args.model, val_seeds, fps_per_scan=args.op_fps,
-                                                                    out=args.work / "calibration", command=command))
+        write_operating_point(
+            args.model,
+            calibrate_operating_point(
+                args.model, val_seeds, fps_per_scan=args.op_fps, out=args.work / "calibration", command=command
+            ),
+        )
     return 0
 
 

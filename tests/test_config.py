@@ -88,8 +88,12 @@ def test_env_values_are_validated_with_the_variable_name():
 
 def test_overrides_by_short_dotted_and_section_names():
     layer = overrides_layer({"workers": 2, "detector.amp": False, "reconstruct__organs": ["body"], "report": {"enabled": False}})
-    assert layer == {"runner": {"workers": 2}, "detector": {"amp": False}, "reconstruct": {"organs": ["body"]},
-                     "report": {"enabled": False}}
+    assert layer == {
+        "runner": {"workers": 2},
+        "detector": {"amp": False},
+        "reconstruct": {"organs": ["body"]},
+        "report": {"enabled": False},
+    }
     cfg = load_config(overrides={"reconstruct.mesh_formats": "stl,glb,stl"}, environ={})
     assert cfg.reconstruct.mesh_formats == ["stl", "glb"]
     with pytest.raises(ConfigError, match="unknown override 'wrkers'"):

@@ -28,12 +28,16 @@ def test_perfect_detection_gives_cpm_one():
 
 def test_hand_computed_froc():
     preds = {
-        "s1": [((1.0, 1.0, 1.0), 0.9),      # hit nodule 1 (within 5 mm)
-               ((0.5, 0.0, 0.0), 0.95),      # second hit on nodule 1: not a FP, nodule takes 0.95
-               ((54.0, 0.0, 0.0), 0.5),      # 4 mm from nodule 2 (radius 3): FP
-               ((100.0, 0.0, 0.0), 0.8)],    # FP
-        "s2": [((10.0, 12.0, 10.0), 0.7),    # hit nodule 3
-               ((-30.0, 5.0, 9.0), 0.3)],    # hit nodule 4 (9 mm < 10 mm)
+        "s1": [
+            ((1.0, 1.0, 1.0), 0.9),  # hit nodule 1 (within 5 mm)
+            ((0.5, 0.0, 0.0), 0.95),  # second hit on nodule 1: not a FP, nodule takes 0.95
+            ((54.0, 0.0, 0.0), 0.5),  # 4 mm from nodule 2 (radius 3): FP
+            ((100.0, 0.0, 0.0), 0.8),
+        ],  # FP
+        "s2": [
+            ((10.0, 12.0, 10.0), 0.7),  # hit nodule 3
+            ((-30.0, 5.0, 9.0), 0.3),
+        ],  # hit nodule 4 (9 mm < 10 mm)
     }
     r = evaluate_froc(preds, TRUTH, n_bootstrap=0 or 10)
     # thresholds: 0.95 TP (1/4), 0.8 FP (0.5 FP/scan), 0.7 TP (2/4), 0.5 FP (1 FP/scan), 0.3 TP (3/4)
@@ -81,8 +85,18 @@ def test_empty_truth_is_an_error():
 
 
 def _findings(sid, centres_scores):
-    fs = [Finding(center_lps=tuple(c), box_min_lps=tuple(np.subtract(c, 3)), box_max_lps=tuple(np.add(c, 3)), diameter_mm=6.0,
-                  score=s, voxel_ijk=(1, 2, 3), slice_number=4) for c, s in centres_scores]
+    fs = [
+        Finding(
+            center_lps=tuple(c),
+            box_min_lps=tuple(np.subtract(c, 3)),
+            box_max_lps=tuple(np.add(c, 3)),
+            diameter_mm=6.0,
+            score=s,
+            voxel_ijk=(1, 2, 3),
+            slice_number=4,
+        )
+        for c, s in centres_scores
+    ]
     return Findings(fs, case_id=sid, series_uid=sid)
 
 
@@ -91,9 +105,16 @@ def test_files_and_cli(tmp_path, capsys):
 
     # ground truth: one phantom-style JSON and one LUNA16 CSV
     (tmp_path / "gt1").mkdir()
-    (tmp_path / "gt1" / "ground_truth.json").write_text(json.dumps({
-        "seed": 1, "geometry": {}, "series_uid": "s1",
-        "nodules": [{"center_lps": [0, 0, 0], "diameter_mm": 10.0}, {"center_lps": [50, 0, 0], "diameter_mm": 6.0}]}))
+    (tmp_path / "gt1" / "ground_truth.json").write_text(
+        json.dumps(
+            {
+                "seed": 1,
+                "geometry": {},
+                "series_uid": "s1",
+                "nodules": [{"center_lps": [0, 0, 0], "diameter_mm": 10.0}, {"center_lps": [50, 0, 0], "diameter_mm": 6.0}],
+            }
+        )
+    )
     with open(tmp_path / "annotations.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["seriesuid", "coordX", "coordY", "coordZ", "diameter_mm"])
@@ -107,8 +128,20 @@ def test_files_and_cli(tmp_path, capsys):
     preds = load_predictions([pred_dir])
     assert len(preds["s1"]) == 2
     out = tmp_path / "eval"
-    rc = main(["evaluate", "--pred", str(pred_dir), "--truth", str(tmp_path / "gt1"), str(tmp_path / "annotations.csv"),
-               "--out", str(out), "--bootstrap", "50"])
+    rc = main(
+        [
+            "evaluate",
+            "--pred",
+            str(pred_dir),
+            "--truth",
+            str(tmp_path / "gt1"),
+            str(tmp_path / "annotations.csv"),
+            "--out",
+            str(out),
+            "--bootstrap",
+            "50",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "CPM" in text

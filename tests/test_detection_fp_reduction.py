@@ -80,8 +80,9 @@ def test_blob_candidates_on_a_fine_grid_are_searched_coarser_but_placed_in_lps()
 def test_blob_candidates_stay_in_the_lungs_and_are_empty_without_blobs() -> None:
     vol = _lung_volume(np.eye(3))
     assert len(blob_candidates(vol, None, min_response_hu=60.0)) == 0  # noise only
-    ph = generate_phantom(4, matrix=96, pixel_spacing=2.0, slice_spacing=2.5, slices=48, n_nodules=3,
-                          nodule_diameter_mm=(4.0, 8.0))
+    ph = generate_phantom(
+        4, matrix=96, pixel_spacing=2.0, slice_spacing=2.5, slices=48, n_nodules=3, nodule_diameter_mm=(4.0, 8.0)
+    )
     region = quick_lung_mask(ph.volume)
     found = blob_candidates(ph.volume, region, max_candidates=50)
     ijk = ph.volume.lps_to_index(found.centers_lps)
@@ -121,8 +122,9 @@ def test_context_channel_sees_the_surroundings_on_the_same_centre(tmp_path: Path
     s_, p_, l_ = np.unravel_index(int(np.argmax(np.where(np.abs(np.arange(16) - mid)[None, None, :] > 4, wide, 0))), wide.shape)
     assert ((l_ - mid) * 2.5, s_ - mid) == pytest.approx((16.0, 0.0), abs=1.5)  # ... and in the wide one, to the left
     torch.save(PatchClassifier(16, (4, 8, 16), 8, in_channels=2).state_dict(), tmp_path / "w.pt")
-    cfg = FPReductionConfig.from_json({"weights": "w.pt", "patch": 16, "channels": [4, 8, 16], "hidden": 8,
-                                       "context_spacing_mm": 2.5}, weights_dir=tmp_path)
+    cfg = FPReductionConfig.from_json(
+        {"weights": "w.pt", "patch": 16, "channels": [4, 8, 16], "hidden": 8, "context_spacing_mm": 2.5}, weights_dir=tmp_path
+    )
     probs = FPReducer(cfg).probabilities(vol, np.stack([centre, far]))
     assert probs.shape == (2,) and np.all((probs > 0) & (probs < 1))
     with pytest.raises(BundleError, match="context_spacing_mm -1"):
@@ -195,8 +197,9 @@ def test_demo_model_ships_a_trained_fp_reduction_stage() -> None:
     assert cfg.weights.is_file() and cfg.weights.stat().st_size < 2_000_000
     assert set(entry["training"]["train_seeds"]).isdisjoint(range(1, 101))
     reducer = FPReducer(cfg)
-    ph = generate_phantom(5, matrix=128, pixel_spacing=1.5, slice_spacing=2.0, slices=80, n_nodules=4,
-                          nodule_diameter_mm=(6.0, 12.0))
+    ph = generate_phantom(
+        5, matrix=128, pixel_spacing=1.5, slice_spacing=2.0, slices=80, n_nodules=4, nodule_diameter_mm=(6.0, 12.0)
+    )
     nodules = np.array([n.center_lps for n in ph.nodules])
     rng = np.random.default_rng(0)
     lungs = np.argwhere(ph.masks["lung_left"] | ph.masks["lung_right"])

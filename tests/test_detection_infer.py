@@ -35,8 +35,15 @@ def demo():
 def test_demo_model_finds_phantom_nodules_in_lps(demo, position):
     from pipeline.phantom import generate_phantom
 
-    ph = generate_phantom(3, matrix=160, pixel_spacing=1.8, slice_spacing=2.5, n_nodules=3, nodule_diameter_mm=(10.0, 20.0),
-                          patient_position=position)
+    ph = generate_phantom(
+        3,
+        matrix=160,
+        pixel_spacing=1.8,
+        slice_spacing=2.5,
+        n_nodules=3,
+        nodule_diameter_mm=(10.0, 20.0),
+        patient_position=position,
+    )
     res = demo.detect(ph.volume, lung_mask=ph.masks)
     top = [f for f in res if f.score > 0.5]
     assert top, "no confident finding"
@@ -80,7 +87,11 @@ def test_quick_lung_mask_finds_both_lungs():
 
 def test_empty_lungs_give_no_findings_with_reason(tmp_path, caplog):
     model = small_model(tmp_path)
-    vol = CTVolume(np.full((30, 64, 64), 40, np.int16), chest_volume().geometry.with_(shape=(30, 64, 64)), metadata={"SeriesInstanceUID": "9.9"})
+    vol = CTVolume(
+        np.full((30, 64, 64), 40, np.int16),
+        chest_volume().geometry.with_(shape=(30, 64, 64)),
+        metadata={"SeriesInstanceUID": "9.9"},
+    )
     res = Detector(model=model, device="cpu").detect(vol)
     assert len(res) == 0 and "no lung" in res.reason
     assert "no lung" in caplog.text
@@ -187,7 +198,20 @@ def test_cli_detect_writes_json_csv_png(tmp_path, capsys):
     vol = chest_volume(shape_kji=(40, 80, 80))
     sitk.WriteImage(vol.to_sitk(), str(tmp_path / "ct.nii.gz"))
     out = tmp_path / "out"
-    rc = main(["detect", str(tmp_path / "ct.nii.gz"), "--out", str(out), "--bundle", str(model_json), "--device", "cpu", "--max-png", "2"])
+    rc = main(
+        [
+            "detect",
+            str(tmp_path / "ct.nii.gz"),
+            "--out",
+            str(out),
+            "--bundle",
+            str(model_json),
+            "--device",
+            "cpu",
+            "--max-png",
+            "2",
+        ]
+    )
     assert rc == 0
     data = json.loads((out / "ct.findings.json").read_text())
     assert data["restricted_to_lungs"] and "LPS" in data["coordinates"]
@@ -229,8 +253,9 @@ def test_cli_detect_and_evaluate_from_dicom(tmp_path, capsys):
 
     if not DEMO_MODEL_JSON.is_file():
         pytest.fail(f"demo model missing: {DEMO_MODEL_JSON}")
-    ph = generate_phantom(2, matrix=128, pixel_spacing=2.0, slice_spacing=2.5, n_nodules=2, nodule_diameter_mm=(12.0, 20.0),
-                          patient_position="FFS")
+    ph = generate_phantom(
+        2, matrix=128, pixel_spacing=2.0, slice_spacing=2.5, n_nodules=2, nodule_diameter_mm=(12.0, 20.0), patient_position="FFS"
+    )
     case = write_phantom_case(ph, tmp_path / "case", quirks=("shuffled_names",))
     out = tmp_path / "out"
     assert main(["detect", str(case / "dicom"), "--out", str(out), "--case-id", "c2", "--device", "cpu", "--no-png"]) == 0
@@ -304,8 +329,9 @@ def test_findings_give_instance_numbers_and_uids(tmp_path):
 
     numbers = [1000 - 3 * k for k in range(24)]
     vol, _ = _written_series(tmp_path, numbers)
-    det = Detector(model=small_model(tmp_path, spacing=(2.0, 2.0, 4.0)), device="cpu", restrict_to_lungs=False,
-                   all_candidates=True)
+    det = Detector(
+        model=small_model(tmp_path, spacing=(2.0, 2.0, 4.0)), device="cpu", restrict_to_lungs=False, all_candidates=True
+    )
     res = det.detect(vol, case_id="offset")
     assert res.slice_number_source == "InstanceNumber"
     _check_findings_name_their_slices(res, vol)

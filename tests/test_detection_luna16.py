@@ -77,7 +77,7 @@ def official_froc(series_uids: list[str], max_marks: int = -1, rates: list[float
                 gt_list.append(1.0)
                 prob_list.append(max(matches) if matches else -1e9)
                 exclude_list.append(not matches)
-        for (_, _, _, p) in remaining.values():
+        for _, _, _, p in remaining.values():
             gt_list.append(0.0)
             prob_list.append(p)
             exclude_list.append(False)
@@ -99,8 +99,12 @@ def official_froc(series_uids: list[str], max_marks: int = -1, rates: list[float
 
 @pytest.fixture(scope="module")
 def recorded():
-    return {"truth": load_truth([DATA / "annotations.csv"]), "irrelevant": load_truth([DATA / "annotations_excluded.csv"]),
-            "preds": load_predictions([DATA / "candidates.csv"]), "scans": load_scans(DATA / "seriesuids.csv")}
+    return {
+        "truth": load_truth([DATA / "annotations.csv"]),
+        "irrelevant": load_truth([DATA / "annotations_excluded.csv"]),
+        "preds": load_predictions([DATA / "candidates.csv"]),
+        "scans": load_scans(DATA / "seriesuids.csv"),
+    }
 
 
 def test_reference_implementation_gives_the_recorded_numbers():
@@ -114,17 +118,30 @@ def test_reference_implementation_gives_the_recorded_numbers():
 
 def test_ctpipe_reproduces_luna16_numbers(recorded):
     assert list(FP_RATES) == RATES
-    r = evaluate_froc(recorded["preds"], recorded["truth"], scans=recorded["scans"], irrelevant=recorded["irrelevant"],
-                      n_bootstrap=0)
+    r = evaluate_froc(
+        recorded["preds"], recorded["truth"], scans=recorded["scans"], irrelevant=recorded["irrelevant"], n_bootstrap=0
+    )
     assert r.reading == "interpolate" and r.n_scans == 7 and r.n_nodules == 6
     assert r.sensitivity == pytest.approx(EXPECTED_OFFICIAL, abs=1e-9)
     assert r.cpm == pytest.approx(np.mean(EXPECTED_OFFICIAL), abs=1e-9)
-    step = evaluate_froc(recorded["preds"], recorded["truth"], scans=recorded["scans"], irrelevant=recorded["irrelevant"],
-                         n_bootstrap=0, reading="step")
+    step = evaluate_froc(
+        recorded["preds"],
+        recorded["truth"],
+        scans=recorded["scans"],
+        irrelevant=recorded["irrelevant"],
+        n_bootstrap=0,
+        reading="step",
+    )
     assert step.sensitivity == pytest.approx(EXPECTED_STEP, abs=1e-9)
     assert step.sensitivity != pytest.approx(r.sensitivity, abs=1e-3)  # the two readings differ on this set
-    cap = evaluate_froc(recorded["preds"], recorded["truth"], scans=recorded["scans"], irrelevant=recorded["irrelevant"],
-                        n_bootstrap=0, max_marks_per_scan=3)
+    cap = evaluate_froc(
+        recorded["preds"],
+        recorded["truth"],
+        scans=recorded["scans"],
+        irrelevant=recorded["irrelevant"],
+        n_bootstrap=0,
+        max_marks_per_scan=3,
+    )
     assert cap.sensitivity == pytest.approx(EXPECTED_CAP3, abs=1e-9)
 
 
@@ -141,16 +158,54 @@ def test_cli_reads_luna16_files(tmp_path, capsys):
     from pipeline.cli import main
 
     out = tmp_path / "eval"
-    assert main(["evaluate", "--pred", str(DATA / "candidates.csv"), "--truth", str(DATA / "annotations.csv"),
-                 "--irrelevant", str(DATA / "annotations_excluded.csv"), "--scans", str(DATA / "seriesuids.csv"),
-                 "--bootstrap", "20", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--pred",
+                str(DATA / "candidates.csv"),
+                "--truth",
+                str(DATA / "annotations.csv"),
+                "--irrelevant",
+                str(DATA / "annotations_excluded.csv"),
+                "--scans",
+                str(DATA / "seriesuids.csv"),
+                "--bootstrap",
+                "20",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "froc.json").read_text())
     assert data["reading"] == "interpolate" and data["n_scans"] == 7
     assert data["sensitivity"] == pytest.approx(EXPECTED_OFFICIAL, abs=1e-9)
     assert len(data["operating_points"]) == 7 and data["operating_points"][3]["measured_fps_per_scan"] <= 1.0
-    assert main(["evaluate", "--pred", str(DATA / "candidates.csv"), "--truth", str(DATA / "annotations.csv"),
-                 "--irrelevant", str(DATA / "annotations_excluded.csv"), "--scans", str(DATA / "seriesuids.csv"),
-                 "--bootstrap", "0", "--reading", "step", "--max-marks", "100", "--out", str(tmp_path / "step")]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--pred",
+                str(DATA / "candidates.csv"),
+                "--truth",
+                str(DATA / "annotations.csv"),
+                "--irrelevant",
+                str(DATA / "annotations_excluded.csv"),
+                "--scans",
+                str(DATA / "seriesuids.csv"),
+                "--bootstrap",
+                "0",
+                "--reading",
+                "step",
+                "--max-marks",
+                "100",
+                "--out",
+                str(tmp_path / "step"),
+            ]
+        )
+        == 0
+    )
     step = json.loads((tmp_path / "step" / "froc.json").read_text())
     assert step["sensitivity"] == pytest.approx(EXPECTED_STEP, abs=1e-9) and step["max_marks_per_scan"] == 100
     assert "CPM" in capsys.readouterr().out

@@ -34,14 +34,20 @@ TRUTH = {
 
 def test_calibrate_picks_lowest_score_within_budget():
     preds = {
-        "a": [((0.0, 0.0, 1.0), 0.9),   # TP nodule 1
-              ((0.0, 1.0, 0.0), 0.95),  # second hit on nodule 1: no FP
-              ((100.0, 0, 0), 0.8),     # FP 1
-              ((50.0, 1.0, 0.0), 0.4)],  # TP nodule 2
-        "b": [((10.0, 10.0, 12.0), 0.6),  # TP nodule 3
-              ((200.0, 0, 0), 0.6)],      # FP 2, tied with the TP
-        "c": [((0.0, 0.0, 0.0), 0.7),     # FP 3 (nodule-free scan)
-              ((5.0, 0.0, 0.0), 0.3)],    # FP 4
+        "a": [
+            ((0.0, 0.0, 1.0), 0.9),  # TP nodule 1
+            ((0.0, 1.0, 0.0), 0.95),  # second hit on nodule 1: no FP
+            ((100.0, 0, 0), 0.8),  # FP 1
+            ((50.0, 1.0, 0.0), 0.4),
+        ],  # TP nodule 2
+        "b": [
+            ((10.0, 10.0, 12.0), 0.6),  # TP nodule 3
+            ((200.0, 0, 0), 0.6),
+        ],  # FP 2, tied with the TP
+        "c": [
+            ((0.0, 0.0, 0.0), 0.7),  # FP 3 (nodule-free scan)
+            ((5.0, 0.0, 0.0), 0.3),
+        ],  # FP 4
     }
     # 1 FP/scan over 3 scans = 3 FPs: scores 0.95, 0.8, 0.7, 0.6 (tie: TP + FP) reach 3 FPs; 0.4 keeps 3; 0.3 is the 4th
     cal = calibrate(preds, TRUTH, fps_per_scan=1.0)
@@ -68,9 +74,16 @@ def _with_operating_point(tmp_path, entry) -> LoadedModel:
 
 
 def test_threshold_precedence(tmp_path, caplog):
-    model = _with_operating_point(tmp_path, {
-        "score_threshold": 0.42, "chosen_on": "validation phantoms", "fps_per_scan": 1.0, "sensitivity": 0.9,
-        "network_only": {"score_threshold": 0.97, "chosen_on": "validation phantoms, network alone", "fps_per_scan": 1.0}})
+    model = _with_operating_point(
+        tmp_path,
+        {
+            "score_threshold": 0.42,
+            "chosen_on": "validation phantoms",
+            "fps_per_scan": 1.0,
+            "sensitivity": 0.9,
+            "network_only": {"score_threshold": 0.97, "chosen_on": "validation phantoms, network alone", "fps_per_scan": 1.0},
+        },
+    )
     cfg = model.config
     t, src = resolve_threshold(cfg)
     assert t == 0.42 and "operating point" in src and "1 FP/scan" in src
@@ -118,8 +131,23 @@ def test_outputs_report_findings_at_or_above_threshold(tmp_path):
 
     sitk.WriteImage(vol.to_sitk(), str(tmp_path / "ct.nii.gz"))
     out = tmp_path / "out"
-    assert main(["detect", str(tmp_path / "ct.nii.gz"), "--out", str(out), "--bundle", str(tmp_path / "small.json"),
-                 "--device", "cpu", "--max-png", "50"]) == 0
+    assert (
+        main(
+            [
+                "detect",
+                str(tmp_path / "ct.nii.gz"),
+                "--out",
+                str(out),
+                "--bundle",
+                str(tmp_path / "small.json"),
+                "--device",
+                "cpu",
+                "--max-png",
+                "50",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "ct.findings.json").read_text())
     rows = list(csv.DictReader(open(out / "ct.findings.csv")))
     pngs = list((out / "ct_png").glob("*.png"))
@@ -130,13 +158,44 @@ def test_outputs_report_findings_at_or_above_threshold(tmp_path):
     assert len(load_predictions([out])[data["series_uid"] or "ct"]) == data["n_candidates"] == len(full)
 
     out2 = tmp_path / "out2"
-    assert main(["detect", str(tmp_path / "ct.nii.gz"), "--out", str(out2), "--bundle", str(tmp_path / "small.json"),
-                 "--device", "cpu", "--no-png", "--all-candidates"]) == 0
+    assert (
+        main(
+            [
+                "detect",
+                str(tmp_path / "ct.nii.gz"),
+                "--out",
+                str(out2),
+                "--bundle",
+                str(tmp_path / "small.json"),
+                "--device",
+                "cpu",
+                "--no-png",
+                "--all-candidates",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out2 / "ct.findings.json").read_text())
     assert data["score_threshold"] is None and len(data["findings"]) == len(full) and data["below_threshold"] == []
     out3 = tmp_path / "out3"
-    assert main(["detect", str(tmp_path / "ct.nii.gz"), "--out", str(out3), "--bundle", str(tmp_path / "small.json"),
-                 "--device", "cpu", "--no-png", "--score-threshold", "0.999"]) == 0
+    assert (
+        main(
+            [
+                "detect",
+                str(tmp_path / "ct.nii.gz"),
+                "--out",
+                str(out3),
+                "--bundle",
+                str(tmp_path / "small.json"),
+                "--device",
+                "cpu",
+                "--no-png",
+                "--score-threshold",
+                "0.999",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out3 / "ct.findings.json").read_text())
     assert data["score_threshold"] == 0.999 and "configured" in data["score_threshold_source"]
     assert len(data["findings"]) + len(data["below_threshold"]) == len(full)

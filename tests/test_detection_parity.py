@@ -34,10 +34,22 @@ def _assert_same(found, ref, spacing):
 @pytest.mark.parametrize("dtype", [np.int16, np.float32])
 def test_preprocess_equals_monai_transforms(direction, dtype):
     vol = chest_volume(shape_kji=(23, 41, 37), spacing=(0.77, 0.9, 1.25), direction=direction, dtype=dtype)
-    model = LoadedModel(model_config_from_dict({
-        "format": FORMAT, "spacing_mm_ras": [1.5, 1.5, 2.0], "intensity_window": {"a_min": -1024, "a_max": 300, "b_min": 0, "b_max": 1, "clip": True},
-        "network": {}, "anchors": {}, "box_selector": {}, "sliding_window": {"roi_size": [8, 8, 8]}, "size_divisible": [16, 16, 8],
-    }, where=__import__("pathlib").Path("x.json")), torch.nn.Identity())
+    model = LoadedModel(
+        model_config_from_dict(
+            {
+                "format": FORMAT,
+                "spacing_mm_ras": [1.5, 1.5, 2.0],
+                "intensity_window": {"a_min": -1024, "a_max": 300, "b_min": 0, "b_max": 1, "clip": True},
+                "network": {},
+                "anchors": {},
+                "box_selector": {},
+                "sliding_window": {"roi_size": [8, 8, 8]},
+                "size_divisible": [16, 16, 8],
+            },
+            where=__import__("pathlib").Path("x.json"),
+        ),
+        torch.nn.Identity(),
+    )
     ref = monai_preprocess(model.config, volume=vol)
     spec = model.config.preprocess_spec(size_divisible=(1, 1, 1))
     for slab in (10**9, 500):  # whole volume and many small slabs give the same result
@@ -85,7 +97,9 @@ def test_sliding_window_parity_with_monai(tmp_path):
 def test_bundle_state_dict_keys_match_real_bundle_layout():
     state = bundle_state_dict()
     assert len(state) == 190
-    assert sum(v.numel() for k, v in state.items() if "running" not in k and "num_batches" not in k) == pytest.approx(20.9e6, rel=0.01)
+    assert sum(v.numel() for k, v in state.items() if "running" not in k and "num_batches" not in k) == pytest.approx(
+        20.9e6, rel=0.01
+    )
     assert "feature_extractor.body.conv1.weight" in state
     assert tuple(state["feature_extractor.body.conv1.weight"].shape) == (64, 1, 7, 7, 7)
 

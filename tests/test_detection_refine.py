@@ -98,8 +98,17 @@ def test_refine_findings_moves_boxes_and_is_fast() -> None:
     items = []
     for c, d in zip(start, diam):
         ijk = np.round(ph.volume.lps_to_index(c)).astype(int)
-        items.append(Finding(center_lps=tuple(c), box_min_lps=tuple(c - d / 2), box_max_lps=tuple(c + d / 2), diameter_mm=float(d),
-                             score=0.5, voxel_ijk=tuple(int(v) for v in ijk), slice_number=int(ijk[2]) + 1))
+        items.append(
+            Finding(
+                center_lps=tuple(c),
+                box_min_lps=tuple(c - d / 2),
+                box_max_lps=tuple(c + d / 2),
+                diameter_mm=float(d),
+                score=0.5,
+                voxel_ijk=tuple(int(v) for v in ijk),
+                slice_number=int(ijk[2]) + 1,
+            )
+        )
     found = Findings(items, case_id="p3")
     t0 = time.perf_counter()
     out = refine_findings(ph.volume, found)
@@ -119,11 +128,17 @@ def test_refine_findings_moves_boxes_and_is_fast() -> None:
 
 
 def test_rescore_raises_only_compact_refined_blobs() -> None:
-    ref = Refinement(centers_lps=np.zeros((4, 3)), diameters_mm=np.full(4, 5.0), refined=np.array([True, True, False, True]),
-                     shift_mm=np.zeros(4), contrast_hu=np.full(4, 500.0), elongation=np.array([1.2, 6.0, 0.0, 1.9]))
+    ref = Refinement(
+        centers_lps=np.zeros((4, 3)),
+        diameters_mm=np.full(4, 5.0),
+        refined=np.array([True, True, False, True]),
+        shift_mm=np.zeros(4),
+        contrast_hu=np.full(4, 500.0),
+        elongation=np.array([1.2, 6.0, 0.0, 1.9]),
+    )
     s = np.array([0.3, 0.3, 0.3, 0.9])
     out = rescore_compact(s, ref, boost=1.0, max_elongation=2.0)
-    assert np.allclose(out, [1 - 0.7 ** 2, 0.3, 0.3, 1 - 0.1 ** 2])
+    assert np.allclose(out, [1 - 0.7**2, 0.3, 0.3, 1 - 0.1**2])
     assert np.all((out >= s) & (out <= 1.0))
 
 

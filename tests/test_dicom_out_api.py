@@ -30,8 +30,17 @@ def test_outputs_from_ctpipe_results(tmp_path, one_torch_thread):
     assert [r.mask is not None for r in nodules[:2]] == [True, True]  # the phantom's two nodules are segmented
     quality = assess_quality(np.asarray(vol.array), vol.geometry, {o: rec.mask(o) for o in rec.masks}, metadata=vol.metadata)
     out = tmp_path / "out"
-    paths = write_dicom_outputs(out, source=case.dicom, volume=vol, findings=findings, reconstruction=rec, nodules=nodules,
-                                quality=quality, stem="case1", **MODEL)
+    paths = write_dicom_outputs(
+        out,
+        source=case.dicom,
+        volume=vol,
+        findings=findings,
+        reconstruction=rec,
+        nodules=nodules,
+        quality=quality,
+        stem="case1",
+        **MODEL,
+    )
     assert paths == {"sr": out / "case1_sr.dcm", "seg": out / "case1_seg.dcm"}
     assert sorted(p.name for p in out.iterdir()) == ["case1_seg.dcm", "case1_sr.dcm"]  # no temporary files left
     for path in paths.values():
@@ -61,21 +70,23 @@ def test_outputs_from_ctpipe_results(tmp_path, one_torch_thread):
         full = np.zeros(vol.shape, dtype=bool)
         i0, j0, k0 = (int(v) for v in np.rint(vol.geometry.lps_to_index(result.geometry.origin)))
         nk, nj, ni = result.mask.shape
-        full[k0:k0 + nk, j0:j0 + nj, i0:i0 + ni] = result.mask
+        full[k0 : k0 + nk, j0 : j0 + nj, i0 : i0 + ni] = result.mask
         assert np.array_equal(got[..., labels.index(f"Nodule {n + 1}")].astype(bool), full)
 
 
 def test_output_selection(tmp_path, caplog):
     case = phantom_case(tmp_path / "case")
-    paths = write_dicom_outputs(tmp_path / "a", source=case.source, volume=case.volume, findings=case.findings,
-                                outputs=["sr"], **MODEL)
+    paths = write_dicom_outputs(
+        tmp_path / "a", source=case.source, volume=case.volume, findings=case.findings, outputs=["sr"], **MODEL
+    )
     assert list(paths) == ["sr"] and paths["sr"].name.endswith("_sr.dcm")
     with caplog.at_level(logging.WARNING, logger="pipeline.dicom_out"):
         paths = write_dicom_outputs(tmp_path / "b", source=case.source, volume=case.volume, findings=case.findings, **MODEL)
     assert list(paths) == ["sr"] and "no SEG written" in caplog.text  # detection only: nothing to segment
     with pytest.raises(DicomOutputError, match=r"unknown DICOM output\(s\) \['rtstruct'\]"):
-        write_dicom_outputs(tmp_path / "c", source=case.source, volume=case.volume, findings=case.findings,
-                            outputs=["sr", "rtstruct"], **MODEL)
+        write_dicom_outputs(
+            tmp_path / "c", source=case.source, volume=case.volume, findings=case.findings, outputs=["sr", "rtstruct"], **MODEL
+        )
     other = Findings(case.findings, series_uid="1.2.3")
     with pytest.raises(DicomOutputError, match="the findings belong to series 1.2.3"):
         write_dicom_outputs(tmp_path / "d", source=case.source, volume=case.volume, findings=other, **MODEL)
@@ -95,16 +106,25 @@ def test_real_series(tmp_path):
     lungs = np.zeros(vol.shape, dtype=bool)
     lungs[:, 100:400, 80:430] = hu[:, 100:400, 80:430] < -600
     half = g.shape[2] // 2
-    masks = {"body": body, "lung_right": lungs & (np.arange(g.shape[2]) < half), "lung_left": lungs & (np.arange(g.shape[2]) >= half)}
+    masks = {
+        "body": body,
+        "lung_right": lungs & (np.arange(g.shape[2]) < half),
+        "lung_left": lungs & (np.arange(g.shape[2]) >= half),
+    }
     c = g.index_to_lps([150, 200, 100])  # the patient's right lung, upper half
     finding = Finding(tuple(c), tuple(c - 8), tuple(c + 8), 16.0, 0.93, (150, 200, 100), 101)
     nodule_mask = np.zeros((5, 9, 9), dtype=bool)
     nodule_mask[1:4, 2:7, 2:7] = True
-    nodule = SimpleNamespace(index=0, mask=nodule_mask, geometry=g.cropped([146, 196, 98], [155, 205, 103]),
-                             volume_mm3=float(nodule_mask.sum() * np.prod(g.spacing)))
+    nodule = SimpleNamespace(
+        index=0,
+        mask=nodule_mask,
+        geometry=g.cropped([146, 196, 98], [155, 205, 103]),
+        volume_mm3=float(nodule_mask.sum() * np.prod(g.spacing)),
+    )
     recon = SimpleNamespace(masks=masks, measurements={"lungs": {"lungs_total_volume_ml": 4321.0}})
-    paths = write_dicom_outputs(tmp_path, source=source, volume=vol, findings=[finding], reconstruction=recon, nodules=[nodule],
-                                **MODEL)
+    paths = write_dicom_outputs(
+        tmp_path, source=source, volume=vol, findings=[finding], reconstruction=recon, nodules=[nodule], **MODEL
+    )
     for path in paths.values():
         assert_valid(path, allowed_warnings=("<99CTPIPE>", "needed to build DICOMDIR"))  # the source has no PatientName
     row = read_sr_findings(paths["sr"]).iloc[0]

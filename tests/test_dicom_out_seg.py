@@ -21,8 +21,14 @@ from tests.test_dicom_out_sources import ORGANS, POSITIONS, assert_valid, dicom_
 
 
 def _seg(case, path, **options):
-    defaults = dict(source=case.source, volume=case.volume, score_threshold=0.5, organ_masks=case.organ_masks,
-                    findings=case.findings, nodules=case.nodules)
+    defaults = dict(
+        source=case.source,
+        volume=case.volume,
+        score_threshold=0.5,
+        organ_masks=case.organ_masks,
+        findings=case.findings,
+        nodules=case.nodules,
+    )
     defaults.update(options)
     return write_seg(path, **defaults)
 
@@ -30,8 +36,9 @@ def _seg(case, path, **options):
 def _by_slice(seg: hd.seg.Segmentation, source) -> np.ndarray:
     """The SEG's segments on the volume's slices [k, j, i, segment], through each slice's source image (or frame)."""
     if source.multiframe:
-        return seg.get_pixels_by_source_frame(source_sop_instance_uid=source.sop_instance_uids[0],
-                                              source_frame_numbers=list(source.frame_numbers))
+        return seg.get_pixels_by_source_frame(
+            source_sop_instance_uid=source.sop_instance_uids[0], source_frame_numbers=list(source.frame_numbers)
+        )
     return seg.get_pixels_by_source_instance(source_sop_instance_uids=list(source.sop_instance_uids))
 
 
@@ -86,15 +93,27 @@ def test_frames_reference_their_source_image_and_its_position(tmp_path):
     assert ds.StudyInstanceUID == case.source.study_instance_uid and ds.SeriesInstanceUID != case.source.series_instance_uid
     assert ds.PatientID == case.source.datasets[0].PatientID and ds.PatientName == case.source.datasets[0].PatientName
     shared = ds.SharedFunctionalGroupsSequence[0]
-    np.testing.assert_allclose([float(v) for v in shared.PlaneOrientationSequence[0].ImageOrientationPatient],
-                               np.concatenate([case.volume.direction[:, 0], case.volume.direction[:, 1]]), atol=1e-6)
+    np.testing.assert_allclose(
+        [float(v) for v in shared.PlaneOrientationSequence[0].ImageOrientationPatient],
+        np.concatenate([case.volume.direction[:, 0], case.volume.direction[:, 1]]),
+        atol=1e-6,
+    )
 
 
 def test_nodule_segments_share_tracking_with_the_sr(tmp_path):
     case = phantom_case(tmp_path / "case")
     seg = hd.seg.segread(_seg(case, tmp_path / "seg.dcm"))
-    sr = write_sr(tmp_path / "sr.dcm", source=case.source, volume=case.volume, findings=case.findings, model_name="m",
-                  model_version="1", score_threshold=0.5, nodules=case.nodules, organ_masks=case.organ_masks)
+    sr = write_sr(
+        tmp_path / "sr.dcm",
+        source=case.source,
+        volume=case.volume,
+        findings=case.findings,
+        model_name="m",
+        model_version="1",
+        score_threshold=0.5,
+        nodules=case.nodules,
+        organ_masks=case.organ_masks,
+    )
     table = read_sr_findings(sr)
     segments = {d.SegmentLabel: d for d in seg.SegmentSequence}
     for row in table.itertuples():
@@ -108,11 +127,19 @@ def test_nodule_segments_share_tracking_with_the_sr(tmp_path):
 def test_segment_codes(tmp_path):
     case = phantom_case(tmp_path / "case")
     ds = pydicom.dcmread(_seg(case, tmp_path / "seg.dcm"))
-    types = {d.SegmentLabel: (d.SegmentedPropertyCategoryCodeSequence[0].CodeValue, d.SegmentedPropertyTypeCodeSequence[0].CodeValue)
-             for d in ds.SegmentSequence}
-    assert types == {"Body": ("91723000", "38266002"), "Left lung": ("91723000", "44029006"),
-                     "Right lung": ("91723000", "3341006"), "Airway": ("91723000", "89187006"), "Bone": ("85756007", "3138006"),
-                     "Nodule 1": ("49755003", "27925004"), "Nodule 2": ("49755003", "27925004")}
+    types = {
+        d.SegmentLabel: (d.SegmentedPropertyCategoryCodeSequence[0].CodeValue, d.SegmentedPropertyTypeCodeSequence[0].CodeValue)
+        for d in ds.SegmentSequence
+    }
+    assert types == {
+        "Body": ("91723000", "38266002"),
+        "Left lung": ("91723000", "44029006"),
+        "Right lung": ("91723000", "3341006"),
+        "Airway": ("91723000", "89187006"),
+        "Bone": ("85756007", "3138006"),
+        "Nodule 1": ("49755003", "27925004"),
+        "Nodule 2": ("49755003", "27925004"),
+    }
     for d in ds.SegmentSequence:
         algo = d.SegmentationAlgorithmIdentificationSequence[0]
         assert algo.AlgorithmName == "ctpipe" and algo.AlgorithmVersion
@@ -136,11 +163,19 @@ def test_empty_segment_keeps_frames(tmp_path, caplog, omit):
 def test_label_maps_and_extra_codes(tmp_path, caplog):
     case = phantom_case(tmp_path / "case")
     g = case.volume.geometry
-    masks = {"lung_left": LabelMap(case.phantom.masks["lung_left"], g, labels={1: "lung_left"}),
-             "vessels": case.phantom.masks["vessels"], "heart": np.zeros(g.shape, dtype=bool)}
+    masks = {
+        "lung_left": LabelMap(case.phantom.masks["lung_left"], g, labels={1: "lung_left"}),
+        "vessels": case.phantom.masks["vessels"],
+        "heart": np.zeros(g.shape, dtype=bool),
+    }
     with caplog.at_level(logging.WARNING, logger="pipeline.dicom_out"):
-        path = _seg(case, tmp_path / "seg.dcm", organ_masks=masks, nodules=None,
-                    segment_codes={"vessels": (codes.SCT.AnatomicalStructure, codes.SCT.BloodVessel)})
+        path = _seg(
+            case,
+            tmp_path / "seg.dcm",
+            organ_masks=masks,
+            nodules=None,
+            segment_codes={"vessels": (codes.SCT.AnatomicalStructure, codes.SCT.BloodVessel)},
+        )
     assert "no codes for mask(s) ['heart']" in caplog.text
     seg = hd.seg.segread(path)
     assert [d.SegmentLabel for d in seg.SegmentSequence] == ["Left lung", "vessels"]
@@ -160,8 +195,14 @@ def test_unaligned_frames_and_oblique_source(tmp_path):
     masks = {"lung_left": rng.random(vol.shape) > 0.5, "lung_right": rng.random(vol.shape) > 0.7}
     masks["lung_right"][2] = False
     for omit in (False, True):
-        path = write_seg(tmp_path / f"seg{omit}.dcm", source=tmp_path / "dicom", volume=vol, score_threshold=0.5,
-                         organ_masks=masks, omit_empty_frames=omit)
+        path = write_seg(
+            tmp_path / f"seg{omit}.dcm",
+            source=tmp_path / "dicom",
+            volume=vol,
+            score_threshold=0.5,
+            organ_masks=masks,
+            omit_empty_frames=omit,
+        )
         source = read_source_series(tmp_path / "dicom", vol)
         got = _by_slice(hd.seg.segread(path), source).astype(bool)
         assert np.array_equal(got[..., 0], masks["lung_left"]) and np.array_equal(got[..., 1], masks["lung_right"])
@@ -184,15 +225,31 @@ def test_same_top_level_attributes_as_highdicom(tmp_path):
     ours = pydicom.dcmread(_seg(case, tmp_path / "seg.dcm"))
     stacked = np.stack(_expected(case), axis=-1)
     algo = hd.AlgorithmIdentificationSequence(name="ctpipe", family=codes.DCM.MorphologicalOperations, version="1")
-    descriptions = [hd.seg.SegmentDescription(segment_number=n + 1, segment_label=f"s{n}",
-                                              segmented_property_category=codes.SCT.AnatomicalStructure,
-                                              segmented_property_type=codes.SCT.Lung, algorithm_type="AUTOMATIC",
-                                              algorithm_identification=algo) for n in range(stacked.shape[-1])]
+    descriptions = [
+        hd.seg.SegmentDescription(
+            segment_number=n + 1,
+            segment_label=f"s{n}",
+            segmented_property_category=codes.SCT.AnatomicalStructure,
+            segmented_property_type=codes.SCT.Lung,
+            algorithm_type="AUTOMATIC",
+            algorithm_identification=algo,
+        )
+        for n in range(stacked.shape[-1])
+    ]
     peer = hd.seg.Segmentation(
-        source_images=list(case.source.datasets), pixel_array=stacked, segmentation_type="BINARY",
-        segment_descriptions=descriptions, series_instance_uid=pydicom.uid.generate_uid(), series_number=2,
-        sop_instance_uid=pydicom.uid.generate_uid(), instance_number=1, manufacturer="x", manufacturer_model_name="x",
-        software_versions="1", device_serial_number="1")
+        source_images=list(case.source.datasets),
+        pixel_array=stacked,
+        segmentation_type="BINARY",
+        segment_descriptions=descriptions,
+        series_instance_uid=pydicom.uid.generate_uid(),
+        series_number=2,
+        sop_instance_uid=pydicom.uid.generate_uid(),
+        instance_number=1,
+        manufacturer="x",
+        manufacturer_model_name="x",
+        software_versions="1",
+        device_serial_number="1",
+    )
     missing = {e.keyword for e in peer} - {e.keyword for e in ours} - {"ContributingEquipmentSequence"}
     assert missing == set()
     for kw in ("SOPClassUID", "SegmentationType", "BitsAllocated", "Rows", "Columns", "FrameOfReferenceUID", "StudyInstanceUID"):

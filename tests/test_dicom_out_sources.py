@@ -51,20 +51,43 @@ class Case:
         return {name: self.phantom.masks[name] for name in ORGANS}
 
 
-def phantom_case(folder: Path, *, position: str = "HFS", enhanced: bool = False, seed: int = 3, n_nodules: int = 2,
-                 matrix: int = 64, slices: int = 20, pixel_spacing: float = 2.0, slice_spacing: float = 5.0,
-                 **write_options: Any) -> Case:
+def phantom_case(
+    folder: Path,
+    *,
+    position: str = "HFS",
+    enhanced: bool = False,
+    seed: int = 3,
+    n_nodules: int = 2,
+    matrix: int = 64,
+    slices: int = 20,
+    pixel_spacing: float = 2.0,
+    slice_spacing: float = 5.0,
+    **write_options: Any,
+) -> Case:
     """A phantom (default 64×64×20, 2 mm pixels, 5 mm slices) with ``n_nodules`` nodules, written and loaded back.
 
     Findings: one per nodule at its true centre with a cube box 1.3 times its diameter, scores 0.9, 0.8, ...; plus one
     finding scoring 0.2 (below the 0.5 operating point used by the tests). Nodule results: the phantom's nodule
     labels cropped around each nodule, with their voxel volume.
     """
-    ph = generate_phantom(seed, matrix=matrix, slices=slices, pixel_spacing=pixel_spacing, slice_spacing=slice_spacing,
-                          n_nodules=n_nodules, nodule_diameter_mm=(8.0, 16.0), patient_position=position)
+    ph = generate_phantom(
+        seed,
+        matrix=matrix,
+        slices=slices,
+        pixel_spacing=pixel_spacing,
+        slice_spacing=slice_spacing,
+        n_nodules=n_nodules,
+        nodule_diameter_mm=(8.0, 16.0),
+        patient_position=position,
+    )
     write_phantom_case(ph, folder, enhanced=enhanced, **write_options)
-    main = next(ds for p in sorted((folder / "dicom").rglob("*")) if p.is_file()
-                for ds in [pydicom.dcmread(p, stop_before_pixels=True)] if int(ds.SeriesNumber) == 1)
+    main = next(
+        ds
+        for p in sorted((folder / "dicom").rglob("*"))
+        if p.is_file()
+        for ds in [pydicom.dcmread(p, stop_before_pixels=True)]
+        if int(ds.SeriesNumber) == 1
+    )
     vol = load_series(folder / "dicom", series_uid=str(main.SeriesInstanceUID))
     assert vol.geometry.same_grid(ph.volume.geometry)
     source = read_source_series(folder / "dicom", vol)
@@ -74,14 +97,30 @@ def phantom_case(folder: Path, *, position: str = "HFS", enhanced: bool = False,
         c = np.asarray(nod.center_lps)
         r = 1.3 * nod.diameter_mm / 2  # a detector's box is looser than the nodule
         ijk = np.rint(g.lps_to_index(c)).astype(int)
-        findings.append(Finding(tuple(c), tuple(c - r), tuple(c + r), nod.diameter_mm, 0.9 - 0.1 * n,
-                                (int(ijk[0]), int(ijk[1]), int(ijk[2])), int(ijk[2]) + 1))
+        findings.append(
+            Finding(
+                tuple(c),
+                tuple(c - r),
+                tuple(c + r),
+                nod.diameter_mm,
+                0.9 - 0.1 * n,
+                (int(ijk[0]), int(ijk[1]), int(ijk[2])),
+                int(ijk[2]) + 1,
+            )
+        )
         mask = ph.nodule_labels == n + 1
         idx = np.argwhere(mask)
         lo, hi = idx.min(0), idx.max(0) + 1
         crop = g.cropped(lo[::-1].tolist(), hi[::-1].tolist())
-        nodules.append(NoduleResult(index=n, center_lps=tuple(c), volume_mm3=float(mask.sum() * np.prod(g.spacing)),
-                                    mask=mask[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]], geometry=crop))
+        nodules.append(
+            NoduleResult(
+                index=n,
+                center_lps=tuple(c),
+                volume_mm3=float(mask.sum() * np.prod(g.spacing)),
+                mask=mask[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]],
+                geometry=crop,
+            )
+        )
     mid = (g.shape[2] // 2, g.shape[1] // 2, g.shape[0] // 2)
     c = g.index_to_lps(mid)
     findings.append(Finding(tuple(c), tuple(c - 3), tuple(c + 3), 6.0, 0.2, mid, mid[2] + 1))
@@ -92,8 +131,9 @@ def phantom_case(folder: Path, *, position: str = "HFS", enhanced: bool = False,
 @functools.cache
 def _install_tools() -> str:
     """Run scripts/install_dicom_tools.sh once; its stderr (empty on success)."""
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "install_dicom_tools.sh")], capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install_dicom_tools.sh")], capture_output=True, text=True, timeout=900
+    )
     return "" if result.returncode == 0 else (result.stderr or result.stdout).strip()
 
 
@@ -104,8 +144,10 @@ def dicom_tool(name: str) -> str:
         problem = _install_tools()
         path = shutil.which(name)
         if path is None:
-            pytest.skip(f"{name} is not installed and scripts/install_dicom_tools.sh could not install it: "
-                        f"{problem[-300:] or 'no reason given'}")
+            pytest.skip(
+                f"{name} is not installed and scripts/install_dicom_tools.sh could not install it: "
+                f"{problem[-300:] or 'no reason given'}"
+            )
     return path
 
 
@@ -217,8 +259,19 @@ def without_uids(volume: CTVolume) -> CTVolume:
     return CTVolume(volume.array, volume.geometry, metadata={k: v for k, v in volume.metadata.items() if k not in drop})
 
 
-NO_IDENTITY = ("FrameOfReferenceUID", "StudyInstanceUID", "PatientName", "PatientID", "PatientBirthDate", "PatientSex", "StudyDate",
-               "StudyTime", "StudyID", "AccessionNumber", "ReferringPhysicianName")
+NO_IDENTITY = (
+    "FrameOfReferenceUID",
+    "StudyInstanceUID",
+    "PatientName",
+    "PatientID",
+    "PatientBirthDate",
+    "PatientSex",
+    "StudyDate",
+    "StudyTime",
+    "StudyID",
+    "AccessionNumber",
+    "ReferringPhysicianName",
+)
 
 
 @pytest.mark.parametrize("enhanced", [False, True], ids=["classic", "multiframe"])
@@ -246,5 +299,10 @@ def test_source_of_another_grid_is_refused(tmp_path):
     other = case.volume.geometry.with_(origin=np.asarray(case.volume.origin) + [0, 0, 2.0])
     moved = CTVolume(case.volume.array, other, metadata=case.volume.metadata)
     with pytest.raises(SourceMismatchError, match=r"slice \d+ of the volume lies 2.000 mm from its source image"):
-        write_seg(tmp_path / "seg.dcm", source=case.source, volume=moved, score_threshold=0.5,
-                  organ_masks={"lung_left": case.phantom.masks["lung_left"]})
+        write_seg(
+            tmp_path / "seg.dcm",
+            source=case.source,
+            volume=moved,
+            score_threshold=0.5,
+            organ_masks={"lung_left": case.phantom.masks["lung_left"]},
+        )

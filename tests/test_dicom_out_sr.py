@@ -23,17 +23,37 @@ from tests.test_dicom_out_sources import (
     without_uids,
 )
 
-LUNGS = {"lung_left_volume_ml": 1234.5678, "lung_right_volume_ml": 1400.25, "lungs_total_volume_ml": 2634.8178,
-         "lung_left_emphysema_index_pct": 1.234, "lung_right_emphysema_index_pct": 0.5, "emphysema_index_pct": 0.845}
-QUALITY = QualityReport(lung_coverage="complete", contrast_phase="venous",
-                        flags=(QualityFlag("thick_slices", "warning", FLAGS["thick_slices"][1]),
-                               QualityFlag("contrast_venous", "info", FLAGS["contrast_venous"][1])))
+LUNGS = {
+    "lung_left_volume_ml": 1234.5678,
+    "lung_right_volume_ml": 1400.25,
+    "lungs_total_volume_ml": 2634.8178,
+    "lung_left_emphysema_index_pct": 1.234,
+    "lung_right_emphysema_index_pct": 0.5,
+    "emphysema_index_pct": 0.845,
+}
+QUALITY = QualityReport(
+    lung_coverage="complete",
+    contrast_phase="venous",
+    flags=(
+        QualityFlag("thick_slices", "warning", FLAGS["thick_slices"][1]),
+        QualityFlag("contrast_venous", "info", FLAGS["contrast_venous"][1]),
+    ),
+)
 
 
 def _write(case, path, **options):
-    defaults = dict(source=case.source, volume=case.volume, findings=case.findings, model_name="demo_phantom_retinanet",
-                    model_version="7", score_threshold=0.5, nodules=case.nodules, organ_masks=case.organ_masks,
-                    measurements={"lungs": LUNGS}, quality=QUALITY)
+    defaults = dict(
+        source=case.source,
+        volume=case.volume,
+        findings=case.findings,
+        model_name="demo_phantom_retinanet",
+        model_version="7",
+        score_threshold=0.5,
+        nodules=case.nodules,
+        organ_masks=case.organ_masks,
+        measurements={"lungs": LUNGS},
+        quality=QUALITY,
+    )
     defaults.update(options)
     return write_sr(path, **defaults)
 
@@ -90,9 +110,12 @@ def test_case_content_round_trip(tmp_path):
 
 def test_unreliable_measurements_are_left_out(tmp_path):
     case = phantom_case(tmp_path / "case")
-    quality = QualityReport(lung_coverage="partial", contrast_phase="non_contrast",
-                            flags=(QualityFlag("lungs_apex_cut", "warning", "cut"),),
-                            unreliable=("lungs_total_volume_ml", "emphysema_index_pct"))
+    quality = QualityReport(
+        lung_coverage="partial",
+        contrast_phase="non_contrast",
+        flags=(QualityFlag("lungs_apex_cut", "warning", "cut"),),
+        unreliable=("lungs_total_volume_ml", "emphysema_index_pct"),
+    )
     content = read_sr_case(_write(case, tmp_path / "sr.dcm", quality=quality))
     assert "lungs_total_volume_ml" not in content["measurements"] and "emphysema_index_pct" not in content["measurements"]
     assert content["measurements"]["lung_left_volume_ml"] == pytest.approx(LUNGS["lung_left_volume_ml"])
@@ -114,11 +137,15 @@ def test_no_findings_gives_an_explicit_report(tmp_path):
 
 def test_lobe_and_side_from_details(tmp_path):
     case = phantom_case(tmp_path / "case")
-    details = {0: NoduleDetail(side="right", lobe="middle", composition="ground_glass"),
-               1: NoduleDetail(side="left", lobe="upper", composition="solid")}
+    details = {
+        0: NoduleDetail(side="right", lobe="middle", composition="ground_glass"),
+        1: NoduleDetail(side="left", lobe="upper", composition="solid"),
+    }
     table = read_sr_findings(_write(case, tmp_path / "sr.dcm", details=details))
-    assert list(zip(table.side, table.lobe, table.composition)) == [("right", "middle", "ground_glass"),
-                                                                    ("left", "upper", "solid")]
+    assert list(zip(table.side, table.lobe, table.composition)) == [
+        ("right", "middle", "ground_glass"),
+        ("left", "upper", "solid"),
+    ]
     ds = pydicom.dcmread(tmp_path / "sr.dcm")
     assert {"72481006", "44714003"} <= {str(e.value) for e in ds.iterall() if e.keyword == "CodeValue"}  # SCT lobes
 
@@ -131,9 +158,17 @@ def test_valid_for_dciodvfy_and_printed_by_dsrdump(tmp_path, enhanced):
     result = subprocess.run([dicom_tool("dsrdump"), str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     tree = result.stdout
-    for text in ("Imaging Measurement Report", '"Device Observer Name")="ctpipe', "(27925004,SCT,\"Nodule\")",
-                 "SCOORD3D", "ELLIPSOID", 'NUM:(,,"Probability")="0.9" (1,UCUM,"no units")',
-                 '(24627-2,LN,"CT Chest")', '"Algorithm Parameters")="score_threshold=0.5"', "Part-solid"):
+    for text in (
+        "Imaging Measurement Report",
+        '"Device Observer Name")="ctpipe',
+        '(27925004,SCT,"Nodule")',
+        "SCOORD3D",
+        "ELLIPSOID",
+        'NUM:(,,"Probability")="0.9" (1,UCUM,"no units")',
+        '(24627-2,LN,"CT Chest")',
+        '"Algorithm Parameters")="score_threshold=0.5"',
+        "Part-solid",
+    ):
         assert text in tree, text
 
 
@@ -164,8 +199,11 @@ def test_source_without_frame_of_reference_or_patient_gives_a_valid_sr(tmp_path,
 def test_bad_options_are_refused(tmp_path):
     case = phantom_case(tmp_path / "case")
     with pytest.raises(DicomOutputError, match="unknown quality flag 'blurry'"):
-        _write(case, tmp_path / "a.dcm", quality={"lung_coverage": "complete", "contrast_phase": "non_contrast",
-                                                  "flags": [{"code": "blurry"}]})
+        _write(
+            case,
+            tmp_path / "a.dcm",
+            quality={"lung_coverage": "complete", "contrast_phase": "non_contrast", "flags": [{"code": "blurry"}]},
+        )
     with pytest.raises(DicomOutputError, match="model name '' and version"):
         _write(case, tmp_path / "b.dcm", model_name="")
     with pytest.raises(DicomOutputError, match="lobe 'middle' with side 'left'"):

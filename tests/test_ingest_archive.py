@@ -87,8 +87,10 @@ def test_ct_sop_class_without_modality_is_ct(tmp_path):
     vol = load_series(tmp_path / "pair")
     assert vol.shape == (2, 64, 64) and vol.metadata["Modality"] == "CT"
     warnings = vol.metadata["warnings"]
-    assert any("Modality (0008,0060) is missing; taken as CT from the SOP class 1.2.840.10008.5.1.4.1.1.2 "
-               "(CT Image Storage)" in w for w in warnings)
+    assert any(
+        "Modality (0008,0060) is missing; taken as CT from the SOP class 1.2.840.10008.5.1.4.1.1.2 (CT Image Storage)" in w
+        for w in warnings
+    )
     assert any("only 2 slices, fewer than min_slices=10" in w for w in warnings)
     # Enhanced CT likewise
     path, hu = write_enhanced(tmp_path / "mf" / "IMG0001", n=12)
@@ -210,8 +212,13 @@ def test_stale_temporary_files_are_removed(tmp_path):
 
 def _ingest(src: Path, cache: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "pipeline", "ingest", str(src), "--out", str(cache), "--workers", "1"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "ingest", str(src), "--out", str(cache), "--workers", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.slow

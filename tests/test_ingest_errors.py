@@ -252,7 +252,7 @@ def test_bits_stored_masks_unused_high_bits(tmp_path):
         ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 12, 11, 0
         ds.RescaleIntercept = "-1024"
         values = rng.integers(0, 4096, size=(16, 20)).astype(np.uint16)
-        values |= (rng.integers(0, 16, size=values.shape).astype(np.uint16) << 12)  # junk above bit 11
+        values |= rng.integers(0, 16, size=values.shape).astype(np.uint16) << 12  # junk above bit 11
         ds.PixelData = values.tobytes()
 
     paths = write_series(tmp_path, n=12, unsigned=True, tweak=tweak)

@@ -68,8 +68,12 @@ def test_junk_files_are_named_skips(tmp_path):
     for name in ("empty.dcm", "noise.bin", "notes.txt"):
         assert skips[name][0] == "not_dicom" and "not a DICOM file" in skips[name][1]
     report = scan.to_json()["skipped_files"]
-    assert {r["path"] for r in report} == {str(junk["empty"]), str(junk["random"]), str(junk["text"]),
-                                           str(tmp_path / "study" / "cut.dcm")}
+    assert {r["path"] for r in report} == {
+        str(junk["empty"]),
+        str(junk["random"]),
+        str(junk["text"]),
+        str(tmp_path / "study" / "cut.dcm"),
+    }
 
 
 def test_folder_of_junk_names_the_files(tmp_path):
@@ -149,8 +153,11 @@ def test_fifo_and_device_files_are_named_skips(tmp_path):
     assert len(result["scan"].selected) == 1
 
 
-@pytest.mark.skipif(running_as_root(), reason="running as root: chmod 000 does not stop root from reading a file "
-                                               "(test_unreadable_file_injected covers the same handling)")
+@pytest.mark.skipif(
+    running_as_root(),
+    reason="running as root: chmod 000 does not stop root from reading a file "
+    "(test_unreadable_file_injected covers the same handling)",
+)
 def test_unreadable_file_chmod(tmp_path):
     paths = write_phantom(tmp_path / "study")
     paths[6].chmod(0)
@@ -159,7 +166,10 @@ def test_unreadable_file_chmod(tmp_path):
             load_series(tmp_path / "study")
         text = _fix(err)
         assert str(paths[6]) in text and "permission denied" in text and "gap" in text
-        assert _skips(scan_directory(tmp_path / "study"))[paths[6].name] == ("unreadable", "cannot read the file: permission denied")
+        assert _skips(scan_directory(tmp_path / "study"))[paths[6].name] == (
+            "unreadable",
+            "cannot read the file: permission denied",
+        )
     finally:
         paths[6].chmod(0o644)
 

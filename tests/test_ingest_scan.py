@@ -53,7 +53,9 @@ def test_scan_reports_every_series_and_file(mixed_folder):
     kinds = {f.path.name: f.kind for f in scan.skipped_files}
     assert kinds == {"README.txt": "not_dicom", "thumb.png": "not_dicom", "cut": "truncated"}
     assert all(f.reason for f in scan.skipped_files)
-    assert [s.key for s in scan.selected] == sorted([ph.volume.series_uid, "1.2.3.4.2"], key=lambda k: [x.key for x in scan.series].index(k))
+    assert [s.key for s in scan.selected] == sorted(
+        [ph.volume.series_uid, "1.2.3.4.2"], key=lambda k: [x.key for x in scan.series].index(k)
+    )
     report = scan.to_json()
     assert report["rejected"][0]["error"] == "MissingSliceError"
     assert {f["kind"] for f in report["skipped_files"]} == {"not_dicom", "truncated"}
@@ -117,7 +119,9 @@ def test_selection_rules(tmp_path):
 def test_split_by_orientation_and_acquisition(tmp_path):
     uid = "1.2.840.99.1"
     write_series(tmp_path / "ax", n=12, series_uid=uid)
-    write_series(tmp_path / "scout", n=1, series_uid=uid, orientation=(1, 0, 0, 0, 0, -1), image_type="ORIGINAL\\PRIMARY\\LOCALIZER")
+    write_series(
+        tmp_path / "scout", n=1, series_uid=uid, orientation=(1, 0, 0, 0, 0, -1), image_type="ORIGINAL\\PRIMARY\\LOCALIZER"
+    )
     scan = scan_directory(tmp_path)
     keys = {s.key: s for s in scan.series}
     assert set(keys) == {f"{uid}#1", f"{uid}#2"}
@@ -151,6 +155,7 @@ def test_split_by_matrix(tmp_path):
 
 def test_raw_header_matches_pydicom(tmp_path):
     """The fast header reader agrees with pydicom on implicit and explicit VR files with sequences."""
+
     def tweak(k, ds):
         from pydicom.dataset import Dataset
         from pydicom.sequence import Sequence

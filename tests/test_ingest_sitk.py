@@ -49,8 +49,14 @@ def test_matches_simpleitk(tmp_path, phantom, options):
     assert vol.array.dtype == np.int16  # integral rescale that fits
     md = vol.metadata
     src = phantom.volume.metadata
-    for key in ("StudyInstanceUID", "SeriesInstanceUID", "ConvolutionKernel", "Manufacturer",
-                "SeriesDescription", "PatientPosition"):
+    for key in (
+        "StudyInstanceUID",
+        "SeriesInstanceUID",
+        "ConvolutionKernel",
+        "Manufacturer",
+        "SeriesDescription",
+        "PatientPosition",
+    ):
         assert md[key] == src[key], key
     assert "PatientID" not in md  # patient identifiers only with keep_identifiers=True
     assert md["SliceThickness"] == pytest.approx(1.25)
@@ -91,8 +97,7 @@ def test_lps_geometry_matches_phantom(tmp_path, position):
 )
 @pytest.mark.parametrize("step", [1.25, -2.0])
 def test_orientations_match_simpleitk(tmp_path, orientation, step):
-    write_series(tmp_path, n=12, orientation=orientation, step=step, implicit=step < 0,
-                 names=lambda k: f"{(k * 7919) % 101:03d}")
+    write_series(tmp_path, n=12, orientation=orientation, step=step, implicit=step < 0, names=lambda k: f"{(k * 7919) % 101:03d}")
     vol = load_series(tmp_path, rules=SelectionRules(axial_tolerance_deg=90))
     _compare(vol, tmp_path)
 

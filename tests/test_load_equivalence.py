@@ -37,8 +37,16 @@ def phantom(seed: int, matrix: int, slices: int, position: str = "HFS") -> CTVol
     except ImportError:
         flip = np.diag([-1.0, 1.0, -1.0]) if position == "FFS" else np.eye(3)
         return synthetic((slices, matrix, matrix), (0.7, 0.7, 1.25), flip, seed=seed)
-    return generate_phantom(seed, matrix=matrix, pixel_spacing=1.5, slice_spacing=2.5, slices=slices,
-                            patient_position=position, n_nodules=1, nodule_diameter_mm=(4.0, 8.0)).volume
+    return generate_phantom(
+        seed,
+        matrix=matrix,
+        pixel_spacing=1.5,
+        slice_spacing=2.5,
+        slices=slices,
+        patient_position=position,
+        n_nodules=1,
+        nodule_diameter_mm=(4.0, 8.0),
+    ).volume
 
 
 def monai_reference(volume: CTVolume, spec: PreprocessSpec, method: str = "symmetric"):
@@ -48,12 +56,14 @@ def monai_reference(volume: CTVolume, spec: PreprocessSpec, method: str = "symme
     arr, aff = volume.to_monai()
     data = {"image": MetaTensor(torch.from_numpy(arr.astype(np.float32)), affine=torch.from_numpy(aff))}
     (a_min, a_max), (b_min, b_max) = spec.intensity_window, spec.output_range
-    chain = Compose([
-        Orientationd(keys="image", axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
-        Spacingd(keys="image", pixdim=spec.spacing, mode="bilinear"),
-        ScaleIntensityRanged(keys="image", a_min=a_min, a_max=a_max, b_min=b_min, b_max=b_max, clip=spec.clip),
-        DivisiblePadd(keys="image", k=spec.size_divisible, method=method),
-    ])
+    chain = Compose(
+        [
+            Orientationd(keys="image", axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
+            Spacingd(keys="image", pixdim=spec.spacing, mode="bilinear"),
+            ScaleIntensityRanged(keys="image", a_min=a_min, a_max=a_max, b_min=b_min, b_max=b_max, clip=spec.clip),
+            DivisiblePadd(keys="image", k=spec.size_divisible, method=method),
+        ]
+    )
     return chain(data)["image"]
 
 
@@ -94,8 +104,9 @@ def test_matches_monai_transforms_and_affine(cache, loader):
         assert case.tensor.dtype == torch.float32 and case.tensor.device.type == "cpu"
         ref = monai_reference(cache.read(case.case_id), BUNDLE)
         assert_close(case.tensor, ref.as_tensor(), f"{loader} vs MONAI, case {case.case_id}")
-        np.testing.assert_allclose(case.geometry.affine_ras, ref.affine.numpy(), atol=1e-6,
-                                   err_msg=f"{case.case_id}: affine differs from MONAI's")
+        np.testing.assert_allclose(
+            case.geometry.affine_ras, ref.affine.numpy(), atol=1e-6, err_msg=f"{case.case_id}: affine differs from MONAI's"
+        )
         np.testing.assert_allclose(case.geometry.affine_lps, LPS_TO_RAS @ ref.affine.numpy(), atol=1e-6)
         assert all(s % d == 0 for s, d in zip(case.tensor.shape[1:], BUNDLE.size_divisible))
 
@@ -115,8 +126,9 @@ def test_dali_equals_torch_batch_of_different_sizes(cache):
 
 @pytest.mark.parametrize("loader", LOADERS)
 def test_end_padding_and_other_window(cache, loader):
-    spec = PreprocessSpec(spacing=(1.0, 0.8, 1.7), intensity_window=(-500, 500), output_range=(-1, 1),
-                          size_divisible=(8, 4, 4), pad_method="end")
+    spec = PreprocessSpec(
+        spacing=(1.0, 0.8, 1.7), intensity_window=(-500, 500), output_range=(-1, 1), size_divisible=(8, 4, 4), pad_method="end"
+    )
     for case in make_loader(cache, spec, loader=loader, device="cpu").load(["hfs_int16", "ffs_float32"]):
         ref = monai_reference(cache.read(case.case_id), spec, method="end")
         assert_close(case.tensor, ref.as_tensor(), f"{loader} end padding, case {case.case_id}")
@@ -186,7 +198,8 @@ def test_roi_from_sidecar_key(tmp_path, loader):
     ld = make_loader(cache, spec, loader=loader, device="cpu")
     with_box, without_box = ld.load(["with_box", "without_box"])
     explicit = make_loader(cache, spec.replace(roi_key=None), loader=loader, device="cpu").load_one(
-        "with_box", roi=Roi.from_json(box))
+        "with_box", roi=Roi.from_json(box)
+    )
     assert with_box.geometry == explicit.geometry and torch.equal(with_box.tensor, explicit.tensor)
     full = make_loader(cache, spec.replace(roi_key=None), loader=loader, device="cpu").load_one("without_box")
     assert without_box.geometry == full.geometry

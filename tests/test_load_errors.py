@@ -47,8 +47,13 @@ def test_bad_entries_are_reported_and_the_rest_load(tmp_path, loader, caplog):
     by_id = {c.case_id: c for c in out}
     for good in ("good1", "good2", "good3"):
         assert by_id[good].ok and by_id[good].tensor.shape[0] == 1
-    expect = {"missing": "missing", "truncated": "truncated", "mismatch": "sidecar says", "badjson": "not valid JSON",
-              "nosuchcase": "no sidecar"}
+    expect = {
+        "missing": "missing",
+        "truncated": "truncated",
+        "mismatch": "sidecar says",
+        "badjson": "not valid JSON",
+        "nosuchcase": "no sidecar",
+    }
     for bad, words in expect.items():
         case = by_id[bad]
         assert not case.ok and case.tensor is None

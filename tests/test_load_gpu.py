@@ -29,7 +29,9 @@ def _compare(a, b, what):
         assert x.ok and y.ok, (x.error, y.error)
         assert x.geometry == y.geometry
         diff = (x.tensor.cpu() - y.tensor.cpu()).abs()
-        assert float(diff.max()) < 1e-5, f"{what} {x.case_id}: max abs diff {float(diff.max()):.3g}, mean {float(diff.mean()):.3g}"
+        assert float(diff.max()) < 1e-5, (
+            f"{what} {x.case_id}: max abs diff {float(diff.max()):.3g}, mean {float(diff.mean()):.3g}"
+        )
 
 
 def test_torch_loader_gpu_equals_cpu(cache):

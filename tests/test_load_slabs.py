@@ -56,7 +56,7 @@ def test_roi_crop_reads_only_its_box_and_matches_the_uncropped_input():
     # the crop is a window of the full input, same values
     lo = np.round(full.geometry.lps_to_input_index(crop.geometry.input_index_to_lps([0, 0, 0]))).astype(int)
     x, y, z = crop.tensor.shape[1:]
-    assert torch.allclose(crop.tensor[0], full.tensor[0, lo[0]:lo[0] + x, lo[1]:lo[1] + y, lo[2]:lo[2] + z], atol=1e-6)
+    assert torch.allclose(crop.tensor[0], full.tensor[0, lo[0] : lo[0] + x, lo[1] : lo[1] + y, lo[2] : lo[2] + z], atol=1e-6)
 
 
 def test_torch_loader_reads_the_cache_memory_mapped(tmp_path):

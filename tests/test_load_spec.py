@@ -30,8 +30,15 @@ BUNDLE_CONFIG = {
             {"_target_": "EnsureChannelFirstd", "keys": "image"},
             {"_target_": "Orientationd", "keys": "image", "axcodes": "RAS"},
             {"_target_": "Spacingd", "keys": "image", "pixdim": "@spacing", "padding_mode": "border"},
-            {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": -1024.0, "a_max": 300.0,
-             "b_min": 0.0, "b_max": 1.0, "clip": True},
+            {
+                "_target_": "ScaleIntensityRanged",
+                "keys": "image",
+                "a_min": -1024.0,
+                "a_max": 300.0,
+                "b_min": 0.0,
+                "b_max": 1.0,
+                "clip": True,
+            },
             {"_target_": "EnsureTyped", "keys": "image"},
         ],
     },
@@ -74,24 +81,50 @@ ZOO_DETECTION_CONFIG = {
     "imports": ["$import glob", "$import os"],
     "bundle_root": "./",
     "infer_patch_size": [512, 512, 192],
-    "network_def": {"_target_": "RetinaNet", "spatial_dims": 3, "num_classes": 1, "num_anchors": 3,
-                    "feature_extractor": "@feature_extractor", "size_divisible": [16, 16, 8]},
+    "network_def": {
+        "_target_": "RetinaNet",
+        "spatial_dims": 3,
+        "num_classes": 1,
+        "num_anchors": 3,
+        "feature_extractor": "@feature_extractor",
+        "size_divisible": [16, 16, 8],
+    },
     "detector_ops": [
         "$@detector.set_target_keys(box_key='box', label_key='label')",
         "$@detector.set_box_selector_parameters(score_thresh=0.02,topk_candidates_per_level=1000,nms_thresh=0.22,detections_per_img=300)",
         "$@detector.set_sliding_window_inferer(roi_size=@infer_patch_size,overlap=0.25,sw_batch_size=1,mode='constant',device='cpu')",
     ],
-    "preprocessing": {"_target_": "Compose", "transforms": [
-        {"_target_": "LoadImaged", "keys": "image", "_disabled_": "@whether_raw_luna16"},
-        {"_target_": "LoadImaged", "keys": "image", "reader": "itkreader", "affine_lps_to_ras": True,
-         "_disabled_": "@whether_resampled_luna16"},
-        {"_target_": "EnsureChannelFirstd", "keys": "image"},
-        {"_target_": "Orientationd", "keys": "image", "axcodes": "RAS"},
-        {"_target_": "Spacingd", "keys": "image", "pixdim": [0.703125, 0.703125, 1.25], "_disabled_": "@whether_resampled_luna16"},
-        {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": -1024.0, "a_max": 300.0, "b_min": 0.0, "b_max": 1.0,
-         "clip": True},
-        {"_target_": "EnsureTyped", "keys": "image"},
-    ]},
+    "preprocessing": {
+        "_target_": "Compose",
+        "transforms": [
+            {"_target_": "LoadImaged", "keys": "image", "_disabled_": "@whether_raw_luna16"},
+            {
+                "_target_": "LoadImaged",
+                "keys": "image",
+                "reader": "itkreader",
+                "affine_lps_to_ras": True,
+                "_disabled_": "@whether_resampled_luna16",
+            },
+            {"_target_": "EnsureChannelFirstd", "keys": "image"},
+            {"_target_": "Orientationd", "keys": "image", "axcodes": "RAS"},
+            {
+                "_target_": "Spacingd",
+                "keys": "image",
+                "pixdim": [0.703125, 0.703125, 1.25],
+                "_disabled_": "@whether_resampled_luna16",
+            },
+            {
+                "_target_": "ScaleIntensityRanged",
+                "keys": "image",
+                "a_min": -1024.0,
+                "a_max": 300.0,
+                "b_min": 0.0,
+                "b_max": 1.0,
+                "clip": True,
+            },
+            {"_target_": "EnsureTyped", "keys": "image"},
+        ],
+    },
 }
 
 
@@ -101,8 +134,12 @@ def test_zoo_detection_config_gives_the_bundle_spec():
         cfg = BundleConfig(ZOO_DETECTION_CONFIG, evaluate=evaluate)
         assert cfg.spacing() == (0.703125, 0.703125, 1.25) and cfg.size_divisible() == (16, 16, 8)
         assert cfg.hu_window() == HUWindow(-1024.0, 300.0, 0.0, 1.0, clip=True)
-        assert cfg.box_selector() == {"score_thresh": 0.02, "topk_candidates_per_level": 1000, "nms_thresh": 0.22,
-                                      "detections_per_img": 300}
+        assert cfg.box_selector() == {
+            "score_thresh": 0.02,
+            "topk_candidates_per_level": 1000,
+            "nms_thresh": 0.22,
+            "detections_per_img": 300,
+        }
         assert cfg.detector_sliding_window() == SlidingWindow(roi_size=(512, 512, 192), overlap=0.25, sw_batch_size=1)
     # a transform is off only when "_disabled_" is literally true
     cfg = json.loads(json.dumps(ZOO_DETECTION_CONFIG))
@@ -111,19 +148,33 @@ def test_zoo_detection_config_gives_the_bundle_spec():
 
 
 def test_bundle_config_expressions_are_run_only_when_asked():
-    cfg = {"highres": True, "pixdim": "$[1.5, 1.5, 1.5] if @highres else [3.0, 3.0, 3.0]", "batch": {"n": 2},
-           "preprocessing": {"_target_": "Compose", "transforms": [
-               {"_target_": "Spacingd", "keys": "image", "pixdim": "@pixdim"},
-               {"_target_": "Orientationd", "keys": "image", "axcodes": "LPS"}]},
-           "inferer": {"_target_": "SlidingWindowInferer", "roi_size": 96, "sw_batch_size": "@batch#n", "overlap": 0.5,
-                       "mode": "gaussian"}}
+    cfg = {
+        "highres": True,
+        "pixdim": "$[1.5, 1.5, 1.5] if @highres else [3.0, 3.0, 3.0]",
+        "batch": {"n": 2},
+        "preprocessing": {
+            "_target_": "Compose",
+            "transforms": [
+                {"_target_": "Spacingd", "keys": "image", "pixdim": "@pixdim"},
+                {"_target_": "Orientationd", "keys": "image", "axcodes": "LPS"},
+            ],
+        },
+        "inferer": {
+            "_target_": "SlidingWindowInferer",
+            "roi_size": 96,
+            "sw_batch_size": "@batch#n",
+            "overlap": 0.5,
+            "mode": "gaussian",
+        },
+    }
     with pytest.raises(BundleError, match=r"preprocessing#transforms#0#pixdim is an expression") as err:
         BundleConfig(cfg).spacing()
     assert "bundle config" in str(err.value) and "Fix:" in str(err.value)
     evaluated = BundleConfig(cfg, evaluate=True)
     assert evaluated.spacing() == (1.5, 1.5, 1.5)
-    assert BundleConfig(cfg).sliding_window_inferer() == SlidingWindow(roi_size=(96, 96, 96), overlap=0.5, sw_batch_size=2,
-                                                                       mode="gaussian")
+    assert BundleConfig(cfg).sliding_window_inferer() == SlidingWindow(
+        roi_size=(96, 96, 96), overlap=0.5, sw_batch_size=2, mode="gaussian"
+    )
     with pytest.raises(BundleError, match=r"Orientationd.axcodes .* is 'LPS'"):
         evaluated.require_ras()
     with pytest.raises(ConfigError, match="LPS"):
@@ -167,16 +218,19 @@ def test_hu_window_is_validated_and_shared():
         HUWindow.from_json({"a_min": -1024, "a_max": 300, "b_min": 0, "b_max": 1})
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(spacing=(0.7, 0, 1.25)), "spacing"),
-    (dict(spacing=(0.7, 0.7)), "3 values"),
-    (dict(intensity_window=(300, -1024)), "a_min < a_max"),
-    (dict(size_divisible=(16, 0, 8)), "size_divisible"),
-    (dict(size_divisible=(16, 1.5, 8)), "size_divisible"),
-    (dict(pad_method="middle"), "pad_method"),
-    (dict(orientation="LPS"), "not supported"),
-    (dict(output_range=(0, float("nan"))), "output_range"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(spacing=(0.7, 0, 1.25)), "spacing"),
+        (dict(spacing=(0.7, 0.7)), "3 values"),
+        (dict(intensity_window=(300, -1024)), "a_min < a_max"),
+        (dict(size_divisible=(16, 0, 8)), "size_divisible"),
+        (dict(size_divisible=(16, 1.5, 8)), "size_divisible"),
+        (dict(pad_method="middle"), "pad_method"),
+        (dict(orientation="LPS"), "not supported"),
+        (dict(output_range=(0, float("nan"))), "output_range"),
+    ],
+)
 def test_spec_validation(kwargs, words):
     with pytest.raises(ConfigError, match=words):
         PreprocessSpec(**kwargs)

@@ -17,7 +17,9 @@ UID = "1.2.826.0.1.3680043.8.498.1"
 
 
 def test_dicomweb_source_with_dates_accessions_and_modality():
-    src = parse_source("dicomweb+https://pacs.example.org:8443/dicom-web/?studydate=20261101-20261130&accession=A1,A2&modality=ct")
+    src = parse_source(
+        "dicomweb+https://pacs.example.org:8443/dicom-web/?studydate=20261101-20261130&accession=A1,A2&modality=ct"
+    )
     assert src.endpoint.kind == "dicomweb"
     assert src.endpoint.url == "https://pacs.example.org:8443/dicom-web"
     assert src.query.date_range == "20261101-20261130"

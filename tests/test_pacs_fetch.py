@@ -75,7 +75,9 @@ def test_series_retrieved_into_the_spool_once(orthanc, stored, creds, tmp_path, 
     assert again.fetched == 0 and again.reused == res.fetched and again.folders == res.folders
     row = Ledger(run).fetched(uid)
     assert row["state"] == "fetched" and row["attempts"] == 1 and row["n_files"] == len(files)
-    assert "password" not in json.dumps(row) and orthanc.password not in (run / "pacs" / "ledger.sqlite").read_bytes().decode("latin-1")
+    assert "password" not in json.dumps(row) and orthanc.password not in (run / "pacs" / "ledger.sqlite").read_bytes().decode(
+        "latin-1"
+    )
 
 
 def test_accession_and_worklist_queries(orthanc, stored, creds, tmp_path):
@@ -127,8 +129,15 @@ def test_archive_down_retries_with_backoff_and_the_others_go_on(orthanc, stored,
     dead = free_port()
     cfg = _cfg(orthanc, **{"pacs.retries": 2, "pacs.backoff_s": 0.1})
     t0 = time.monotonic()
-    res = fetch_sources([f"dicomweb+http://127.0.0.1:{dead}/dicom-web?series={uid}", f"dimse://PACS@127.0.0.1:{dead}?series={uid}",
-                         f"{orthanc.dicomweb}?series={uid}"], run_dir=tmp_path / "run", cfg=cfg)
+    res = fetch_sources(
+        [
+            f"dicomweb+http://127.0.0.1:{dead}/dicom-web?series={uid}",
+            f"dimse://PACS@127.0.0.1:{dead}?series={uid}",
+            f"{orthanc.dicomweb}?series={uid}",
+        ],
+        run_dir=tmp_path / "run",
+        cfg=cfg,
+    )
     assert time.monotonic() - t0 >= 2 * (0.1 + 0.2)  # two sources, backoff 0.1 s then 0.2 s each
     assert [f.name for f in res.folders] == [uid]
     assert len(res.failures) == 2
@@ -140,7 +149,10 @@ def test_archive_down_retries_with_backoff_and_the_others_go_on(orthanc, stored,
 def test_archive_that_hangs_times_out(tmp_path):
     with SilentServer() as hang:
         cfg = load_config(overrides={"pacs.timeout_s": 0.5, "pacs.retries": 1, "pacs.backoff_s": 0.0}, environ={})
-        for src in (f"dicomweb+http://127.0.0.1:{hang.port}/dw?studydate=today", f"dimse://PACS@127.0.0.1:{hang.port}?studydate=today"):
+        for src in (
+            f"dicomweb+http://127.0.0.1:{hang.port}/dw?studydate=today",
+            f"dimse://PACS@127.0.0.1:{hang.port}?studydate=today",
+        ):
             archive = open_archive(parse_source(src).endpoint, cfg)
             t0 = time.monotonic()
             with pytest.raises(PacsUnavailableError, match="gave up after 2 attempts") as ei:
@@ -171,10 +183,24 @@ def test_runs_from_dicomweb_and_dimse_find_what_the_folder_run_finds(orthanc, cr
 
     uid, files = write_phantom_series(tmp_path / "case", 7)
     orthanc.upload(files)
-    fast = ["--workers", "0", "--quiet", "--set", "reconstruct.enabled=false", "--set", "report.enabled=false",
-            "--set", "detector.write_png=false", "--set", f"pacs.move_port={orthanc.move_port}"]
-    sources = {"folder": str(tmp_path / "case" / "dicom"), "dicomweb": f"{orthanc.dicomweb}?series={uid}",
-               "dimse": f"{orthanc.dimse}?series={uid}&retrieve=move"}
+    fast = [
+        "--workers",
+        "0",
+        "--quiet",
+        "--set",
+        "reconstruct.enabled=false",
+        "--set",
+        "report.enabled=false",
+        "--set",
+        "detector.write_png=false",
+        "--set",
+        f"pacs.move_port={orthanc.move_port}",
+    ]
+    sources = {
+        "folder": str(tmp_path / "case" / "dicom"),
+        "dicomweb": f"{orthanc.dicomweb}?series={uid}",
+        "dimse": f"{orthanc.dimse}?series={uid}&retrieve=move",
+    }
     findings = {}
     for name, src in sources.items():
         assert main(["run", src, "--out", str(tmp_path / name), *fast]) == 0

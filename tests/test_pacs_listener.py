@@ -44,8 +44,15 @@ def series(orthanc, tmp_path_factory):
 def _listener(orthanc, run: Path, **extra) -> Listener:
     port = free_port()
     orthanc.add_modality("ctpipe-listen", AET, port)
-    opts = {"pacs.ae_title": AET, "pacs.port": port, "pacs.allowed_aets": ["ORTHANC"], "pacs.quiet_period_s": 1.0,
-            "pacs.series_limit_s": 60.0, "report.enabled": False, "workers": 0}
+    opts = {
+        "pacs.ae_title": AET,
+        "pacs.port": port,
+        "pacs.allowed_aets": ["ORTHANC"],
+        "pacs.quiet_period_s": 1.0,
+        "pacs.series_limit_s": 60.0,
+        "report.enabled": False,
+        "workers": 0,
+    }
     opts.update(extra)
     return Listener(run, load_config(overrides=opts, environ={}), stages=[IngestStage(), WriteStage()], poll_s=0.1)
 
@@ -164,9 +171,28 @@ def test_ctpipe_listen_killed_mid_transfer_then_restarted_processes_the_series_o
     run = tmp_path / "run"
     port = free_port()
     orthanc.add_modality("ctpipe-cli", AET, port)
-    cmd = [sys.executable, "-m", "pipeline", "listen", "--out", str(run), "--port", str(port), "--ae-title", AET,
-           "--allow", "ORTHANC", "--quiet-period", "3", "--set", "reconstruct.enabled=false", "--set", "report.enabled=false",
-           "--set", "detector.write_png=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "listen",
+        "--out",
+        str(run),
+        "--port",
+        str(port),
+        "--ae-title",
+        AET,
+        "--allow",
+        "ORTHANC",
+        "--quiet-period",
+        "3",
+        "--set",
+        "reconstruct.enabled=false",
+        "--set",
+        "report.enabled=false",
+        "--set",
+        "detector.write_png=false",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTPIPE_")}
 
     def start(log: Path) -> subprocess.Popen:

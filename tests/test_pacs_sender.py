@@ -25,9 +25,16 @@ pytestmark = pytest.mark.pacs
 def _completed_case(run: Path, name: str, source_case, *, manifest: bool = True) -> dict[str, str]:
     """A case folder as the runner publishes it, with an SR, a SEG and a CT slice; {kind: SOPInstanceUID}."""
     folder = run / "cases" / name
-    paths = write_dicom_outputs(folder / "dicom", source=source_case.source, volume=source_case.volume,
-                                findings=source_case.findings, model_name="demo", model_version="1", score_threshold=0.5,
-                                nodules=source_case.nodules)
+    paths = write_dicom_outputs(
+        folder / "dicom",
+        source=source_case.source,
+        volume=source_case.volume,
+        findings=source_case.findings,
+        model_name="demo",
+        model_version="1",
+        score_threshold=0.5,
+        nodules=source_case.nodules,
+    )
     shutil.copy(next(source_case.dicom.rglob("*.dcm")), folder / "dicom" / "ct_slice.dcm")  # not a result: not sent
     if manifest:
         (folder / "manifest.json").write_text(json.dumps({"case_id": name}))

@@ -58,7 +58,15 @@ def test_volume_masks_and_metadata_types(ph):
         assert m.any(), f"mask {name} is empty"
     assert ph.nodule_labels.dtype == np.uint8 and ph.nodule_labels.shape == vol.shape
     meta = vol.metadata
-    for key in ("PatientID", "StudyInstanceUID", "SeriesInstanceUID", "SliceThickness", "ConvolutionKernel", "KVP", "PatientPosition"):
+    for key in (
+        "PatientID",
+        "StudyInstanceUID",
+        "SeriesInstanceUID",
+        "SliceThickness",
+        "ConvolutionKernel",
+        "KVP",
+        "PatientPosition",
+    ):
         assert meta.get(key) not in (None, ""), key
     assert meta["Manufacturer"] == "ctpipe-phantom"
     assert meta["PatientPosition"] == "HFS"

@@ -211,7 +211,13 @@ def test_bowel_gas_next_to_lung_bases_in_an_abdomen_scan():
 
 # -- coverage ------------------------------------------------------------------------------------
 
-EXPECTED = {"full": "complete", "chest_only": "complete", "apices_cut": "apex_cut", "bases_only": "apex_cut", "abdomen_only": "absent"}
+EXPECTED = {
+    "full": "complete",
+    "chest_only": "complete",
+    "apices_cut": "apex_cut",
+    "bases_only": "apex_cut",
+    "abdomen_only": "absent",
+}
 
 
 @pytest.mark.parametrize("coverage", COVERAGES)
@@ -245,7 +251,9 @@ def test_anatomy_keeps_its_size_whatever_the_coverage():
 
 def test_abdomen_only_refuses_nodules():
     with pytest.raises(PhantomError, match="abdomen_only"):
-        generate_phantom(1, matrix=96, pixel_spacing=2.0, slice_spacing=5.0, n_nodules=2, confounders=Confounders(coverage="abdomen_only"))
+        generate_phantom(
+            1, matrix=96, pixel_spacing=2.0, slice_spacing=5.0, n_nodules=2, confounders=Confounders(coverage="abdomen_only")
+        )
 
 
 # -- field of view -------------------------------------------------------------------------------
@@ -278,8 +286,16 @@ def test_off_centre_field_of_view_on_one_lung():
 
 @pytest.mark.parametrize("position", ["HFS", "FFS", "HFP"])
 def test_left_lung_at_larger_x_and_dependent_fluid_in_every_position(position):
-    ph = _make(10, position, table="curved", arms="sides", bowel_gas=True, effusion="both", contrast="venous",
-               small=dict(slice_spacing=5.0))
+    ph = _make(
+        10,
+        position,
+        table="curved",
+        arms="sides",
+        bowel_gas=True,
+        effusion="both",
+        contrast="venous",
+        small=dict(slice_spacing=5.0),
+    )
     g = ph.volume.geometry
     left, right = _centroid(ph, ph.masks["lung_left"]), _centroid(ph, ph.masks["lung_right"])
     assert left[0] > right[0] + 10
@@ -364,8 +380,12 @@ def test_metal_is_dense_not_bone_and_streaks(kind):
     assert np.median(hu[metal]) > 2000 and hu.max() == pytest.approx(3071.0)
     # streaks: soft tissue around the metal is far noisier on its slices than elsewhere
     body_core = ndimage.binary_erosion(ph.masks["body"], iterations=3) & ~ph.masks["lung_left"] & ~ph.masks["lung_right"]
-    near = ndimage.binary_dilation(metal, structure=np.ones((1, 3, 3), bool), iterations=int(20 / 1.5)) & ~ndimage.binary_dilation(
-        metal, structure=np.ones((1, 3, 3), bool), iterations=3) & body_core & ~bone
+    near = (
+        ndimage.binary_dilation(metal, structure=np.ones((1, 3, 3), bool), iterations=int(20 / 1.5))
+        & ~ndimage.binary_dilation(metal, structure=np.ones((1, 3, 3), bool), iterations=3)
+        & body_core
+        & ~bone
+    )
     slices = np.flatnonzero(metal.any(axis=(1, 2)))
     other = np.setdiff1d(np.arange(hu.shape[0]), np.arange(slices.min() - 4, slices.max() + 5))
     shifted = np.zeros_like(near)
@@ -414,8 +434,15 @@ def test_scenarios_cover_every_confounder_and_position():
     seeds = [s.seed for s in sc.values()]
     assert len(set(seeds)) == len(seeds) and all(s in SCENARIO_SEEDS for s in seeds)
     confs = [s.confounders for s in sc.values()]
-    for field, values in (("table", TABLES), ("arms", ARMS), ("contrast", CONTRAST_PHASES), ("coverage", COVERAGES),
-                          ("fov_centre", FOV_CENTRES), ("kernel", KERNELS), ("metal", METALS)):
+    for field, values in (
+        ("table", TABLES),
+        ("arms", ARMS),
+        ("contrast", CONTRAST_PHASES),
+        ("coverage", COVERAGES),
+        ("fov_centre", FOV_CENTRES),
+        ("kernel", KERNELS),
+        ("metal", METALS),
+    ):
         assert {getattr(c, field) for c in confs} == set(values), field
     assert {c.effusion for c in confs} == {"none", "left", "right", "both"}
     assert any(c.atelectasis != "none" for c in confs) and any(c.emphysema > 0 for c in confs)
@@ -441,9 +468,16 @@ def test_realistic_confounders_are_deterministic_and_varied():
     assert share(lambda c: c.table != "none") > 0.85
     assert share(lambda c: c.coverage == "full") > 0.6
     assert share(lambda c: c.arms != "none") > 0.8
-    for f in (lambda c: c.contrast != "none", lambda c: c.coverage != "full", lambda c: c.fov_factor < 1,
-              lambda c: c.emphysema > 0, lambda c: c.effusion != "none", lambda c: c.metal != "none",
-              lambda c: c.kernel == "sharp", lambda c: c.thick_slices_mm is not None):
+    for f in (
+        lambda c: c.contrast != "none",
+        lambda c: c.coverage != "full",
+        lambda c: c.fov_factor < 1,
+        lambda c: c.emphysema > 0,
+        lambda c: c.effusion != "none",
+        lambda c: c.metal != "none",
+        lambda c: c.kernel == "sharp",
+        lambda c: c.thick_slices_mm is not None,
+    ):
         assert 0.01 < share(f) < 0.5
     ph = generate_phantom(21, confounders=draws[21], **SMALL)
     assert ph.ground_truth()["options"]["confounders"] == dataclasses.asdict(draws[21])
@@ -454,10 +488,24 @@ def test_ground_truth_round_trip_with_confounders(supine, tmp_path):
     gt = load_ground_truth(tmp_path)
     assert gt == json.loads(json.dumps(supine.ground_truth()))
     assert Confounders.from_json(gt["options"]["confounders"]) == Confounders(
-        table="curved", blanket=True, arms="sides", contrast="arterial", bowel_gas=True, fov_factor=1.4)
+        table="curved", blanket=True, arms="sides", contrast="arterial", bowel_gas=True, fov_factor=1.4
+    )
     t = gt["truth"]
-    for key in ("lungs_in_scan", "lung_status", "contrast_phase", "slice_thickness_mm", "fov", "metal", "emphysema_index",
-                "bowel_gas_ml", "table", "arms", "effusion", "atelectasis", "gravity_lps"):
+    for key in (
+        "lungs_in_scan",
+        "lung_status",
+        "contrast_phase",
+        "slice_thickness_mm",
+        "fov",
+        "metal",
+        "emphysema_index",
+        "bowel_gas_ml",
+        "table",
+        "arms",
+        "effusion",
+        "atelectasis",
+        "gravity_lps",
+    ):
         assert key in t, key
     assert t["metal"]["present"] is False and isinstance(t["fov"]["cuts_body"], bool)
     masks = load_masks(tmp_path)

@@ -73,8 +73,11 @@ def test_round_trip_through_simpleitk(tmp_path, transfer_syntax, unsigned):
     paths = write_dicom_series(vol, tmp_path, transfer_syntax=transfer_syntax, unsigned=unsigned)
     assert len(paths) == vol.shape[0]
     ds = pydicom.dcmread(paths[3])
-    expected_ts = {"explicit_le": pydicom.uid.ExplicitVRLittleEndian, "rle": pydicom.uid.RLELossless,
-                   "jpeg2000": pydicom.uid.JPEG2000Lossless}[transfer_syntax]
+    expected_ts = {
+        "explicit_le": pydicom.uid.ExplicitVRLittleEndian,
+        "rle": pydicom.uid.RLELossless,
+        "jpeg2000": pydicom.uid.JPEG2000Lossless,
+    }[transfer_syntax]
     assert ds.file_meta.TransferSyntaxUID == expected_ts
     assert ds.SOPClassUID == CT_IMAGE_STORAGE == ds.file_meta.MediaStorageSOPClassUID
     assert ds.SOPInstanceUID == ds.file_meta.MediaStorageSOPInstanceUID
@@ -227,8 +230,7 @@ def test_localizer_and_second_series(tmp_path):
 
 def test_all_quirks_combine(tmp_path):
     vol = _volume()
-    quirks = ["shuffled_names", "reversed_order", "gantry_tilt", "missing_slice", "duplicate_slice", "localizer",
-              "second_series"]
+    quirks = ["shuffled_names", "reversed_order", "gantry_tilt", "missing_slice", "duplicate_slice", "localizer", "second_series"]
     paths = write_dicom_series(vol, tmp_path, quirks=quirks, transfer_syntax="rle")
     assert len(paths) == 8 - 1 + 1 + 2 + 1
     assert all(p.suffix == "" for p in paths)
@@ -277,8 +279,15 @@ def test_uids_are_deterministic(tmp_path):
 
 
 def test_volume_metadata_is_kept(tmp_path):
-    meta = {"PatientID": "P123", "StudyInstanceUID": "1.2.3.4", "SeriesInstanceUID": "1.2.3.4.5", "KVP": 100,
-            "ConvolutionKernel": "B30f", "PatientPosition": "FFS", "SliceThickness": 2.0}
+    meta = {
+        "PatientID": "P123",
+        "StudyInstanceUID": "1.2.3.4",
+        "SeriesInstanceUID": "1.2.3.4.5",
+        "KVP": 100,
+        "ConvolutionKernel": "B30f",
+        "PatientPosition": "FFS",
+        "SliceThickness": 2.0,
+    }
     vol = _volume(metadata=meta)
     ds = _headers(write_dicom_series(vol, tmp_path))[0]
     assert ds.PatientID == "P123" and ds.StudyInstanceUID == "1.2.3.4" and ds.SeriesInstanceUID == "1.2.3.4.5"
@@ -325,8 +334,14 @@ def test_cli_choices_match_the_writer():
     assert set(cli._TRANSFER_SYNTAXES) == set(TRANSFER_SYNTAXES)
 
 
-_SMALL = {"matrix": 64, "pixel_spacing": 2.0, "slice_spacing": 4.0, "slices": 16, "n_nodules": 1,
-          "nodule_diameter_mm": (6.0, 10.0)}
+_SMALL = {
+    "matrix": 64,
+    "pixel_spacing": 2.0,
+    "slice_spacing": 4.0,
+    "slices": 16,
+    "n_nodules": 1,
+    "nodule_diameter_mm": (6.0, 10.0),
+}
 
 
 @pytest.mark.parametrize("position", ["HFS", "FFP"])
@@ -355,9 +370,33 @@ def test_write_phantom_case_matches_volume_and_ground_truth(tmp_path, position):
 def test_cli_writes_cases(tmp_path, capsys):
     from pipeline.cli import main
 
-    argv = ["phantom", str(tmp_path), "--seed", "4", "--count", "2", "--matrix", "64", "--pixel-spacing", "2",
-            "--slice-spacing", "4", "--slices", "16", "--nodules", "1", "--nodule-diameter", "6", "10",
-            "--transfer-syntax", "rle", "--quirk", "shuffled_names", "--quirk", "localizer"]
+    argv = [
+        "phantom",
+        str(tmp_path),
+        "--seed",
+        "4",
+        "--count",
+        "2",
+        "--matrix",
+        "64",
+        "--pixel-spacing",
+        "2",
+        "--slice-spacing",
+        "4",
+        "--slices",
+        "16",
+        "--nodules",
+        "1",
+        "--nodule-diameter",
+        "6",
+        "10",
+        "--transfer-syntax",
+        "rle",
+        "--quirk",
+        "shuffled_names",
+        "--quirk",
+        "localizer",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     for seed in (4, 5):
@@ -373,8 +412,23 @@ def test_cli_writes_cases(tmp_path, capsys):
 def test_cli_reports_failing_cases(tmp_path, capsys):
     from pipeline.cli import main
 
-    argv = ["phantom", str(tmp_path), "--seed", "4", "--matrix", "64", "--pixel-spacing", "2", "--slices", "16",
-            "--nodules", "2", "--nodule-diameter", "50", "60"]
+    argv = [
+        "phantom",
+        str(tmp_path),
+        "--seed",
+        "4",
+        "--matrix",
+        "64",
+        "--pixel-spacing",
+        "2",
+        "--slices",
+        "16",
+        "--nodules",
+        "2",
+        "--nodule-diameter",
+        "50",
+        "60",
+    ]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "seed 4" in err and "nodule" in err

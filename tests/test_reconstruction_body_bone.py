@@ -71,6 +71,7 @@ def test_bone_without_contrast_still_meets_the_plain_phantom_floor():
 
 # -- unit checks on synthetic volumes ------------------------------------------------------
 
+
 def _grid(arr: np.ndarray, spacing=(1.0, 1.0, 1.0)) -> Grid:
     geom = Geometry(shape=arr.shape, spacing=spacing, origin=(0.0, 0.0, 0.0))
     return Grid(CTVolume(arr.astype(np.float32), geom), torch.device("cpu"), (1, 1, 1))

@@ -106,7 +106,7 @@ def middle_slices(volume: CTVolume, slices: int) -> CTVolume:
     g = volume.geometry
     origin = g.index_to_lps(np.array([0.0, 0.0, float(k0)]))
     geom = Geometry(shape=(slices, *g.shape[1:]), spacing=g.spacing, origin=tuple(origin), direction=g.direction)
-    return CTVolume(np.ascontiguousarray(volume.array[k0:k0 + slices]), geom, metadata=dict(volume.metadata))
+    return CTVolume(np.ascontiguousarray(volume.array[k0 : k0 + slices]), geom, metadata=dict(volume.metadata))
 
 
 def abdomen_only() -> CTVolume:
@@ -183,7 +183,7 @@ def test_a_few_slices_of_a_chest_keep_their_lungs_marked_partial():
     assert rec.quality is not None and rec.quality.has("lungs_apex_cut") and rec.quality.has("lungs_base_cut")
     assert rec.measurements["lungs"]["lung_left_volume_ml"]["reliable"] is False
     k0 = ph.volume.shape[0] // 2 - 1
-    truth = ph.masks["lung_left"][k0:k0 + 3]
+    truth = ph.masks["lung_left"][k0 : k0 + 3]
     overlap = 2.0 * (truth & rec.mask("lung_left")).sum() / (truth.sum() + rec.mask("lung_left").sum())
     assert overlap > 0.9
 

@@ -87,29 +87,38 @@ def test_small_blurred_ball_keeps_its_volume(value_hu):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("pixel", "slice_mm", "seeds"), [(0.7, 1.0, range(10, 18)), (0.9, 1.25, range(18, 26))],
-                         ids=["0.7mm-1mm", "0.9mm-1.25mm"])
+@pytest.mark.parametrize(
+    ("pixel", "slice_mm", "seeds"), [(0.7, 1.0, range(10, 18)), (0.9, 1.25, range(18, 26))], ids=["0.7mm-1mm", "0.9mm-1.25mm"]
+)
 def test_every_nodule_kind_within_15_percent_over_seeds(pixel, slice_mm, seeds):
     """Every nodule of 6 mm and more, of every kind and attachment, on eight phantoms per scan resolution."""
     errors = []
     for seed in seeds:
-        ph = generate_phantom(seed, matrix=256, pixel_spacing=pixel, slice_spacing=slice_mm, n_nodules=8,
-                              nodule_diameter_mm=(6.0, 20.0))
+        ph = generate_phantom(
+            seed, matrix=256, pixel_spacing=pixel, slice_spacing=slice_mm, n_nodules=8, nodule_diameter_mm=(6.0, 20.0)
+        )
         chosen = [(n, nod) for n, nod in enumerate(ph.nodules, start=1) if nod.diameter_mm >= 6.0]
         results = segment_findings(ph.volume, [_finding(nod) for _, nod in chosen])
         errors += _check(ph, chosen, results, where=f"seed {seed}: ")
     assert len(errors) >= 50
     # the seeds cover every kind with every attachment (free, pleural, vessel-attached)
     assert {(nod.kind, nod.attached_to) for nod, _ in errors} == {
-        (kind, attached) for kind in ("solid", "part_solid", "ground_glass") for attached in (None, "pleura", "vessel")}
+        (kind, attached) for kind in ("solid", "part_solid", "ground_glass") for attached in (None, "pleura", "vessel")
+    }
     # and the method is unbiased overall, not just inside the tolerance
     assert abs(float(np.median([e for _, e in errors]))) < 0.05
 
 
 def test_findings_go_through_reconstruct(case):
     ph, _ = case
-    rec = reconstruct(ph.volume, organs=("lung_left", "lung_right"), findings=[_finding(ph.nodules[0])], device="cpu",
-                      smoothing=0, target_triangles=2000)
+    rec = reconstruct(
+        ph.volume,
+        organs=("lung_left", "lung_right"),
+        findings=[_finding(ph.nodules[0])],
+        device="cpu",
+        smoothing=0,
+        target_triangles=2000,
+    )
     nod = rec.measurements["nodules"][0]
     assert nod["volume_mm3"] > 0 and nod["equivalent_diameter_mm"] > 5
 
@@ -117,8 +126,9 @@ def test_findings_go_through_reconstruct(case):
 def test_a_box_without_a_nodule_is_reported_not_raised(case):
     ph, lungs = case
     far = np.asarray(ph.nodules[0].center_lps) + np.array([0.0, 0.0, 400.0])
-    results = segment_findings(ph.volume, [{"center_lps": tuple(far), "diameter_mm": 8.0}, _finding(ph.nodules[0])],
-                               lung_mask=lungs)
+    results = segment_findings(
+        ph.volume, [{"center_lps": tuple(far), "diameter_mm": 8.0}, _finding(ph.nodules[0])], lung_mask=lungs
+    )
     assert "outside the volume" in results[0].error
     assert results[1].error is None and results[1].volume_mm3 > 0
 

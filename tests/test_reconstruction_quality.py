@@ -39,11 +39,14 @@ def _keep_slices(phantom, lo_frac: float, hi_frac: float):
     return sub, masks
 
 
-@pytest.mark.parametrize(("lo", "hi", "codes", "coverage"), [
-    (0.0, 0.55, {"lungs_apex_cut"}, "partial"),
-    (0.45, 1.0, {"lungs_base_cut"}, "partial"),
-    (0.35, 0.65, {"lungs_apex_cut", "lungs_base_cut"}, "partial"),
-])
+@pytest.mark.parametrize(
+    ("lo", "hi", "codes", "coverage"),
+    [
+        (0.0, 0.55, {"lungs_apex_cut"}, "partial"),
+        (0.45, 1.0, {"lungs_base_cut"}, "partial"),
+        (0.35, 0.65, {"lungs_apex_cut", "lungs_base_cut"}, "partial"),
+    ],
+)
 def test_partial_coverage_is_flagged_and_lung_figures_marked(phantom, lo, hi, codes, coverage):
     assert phantom.volume.geometry.array_axis(2) == 0
     sub, masks = _keep_slices(phantom, lo, hi)

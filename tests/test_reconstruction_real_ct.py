@@ -58,7 +58,9 @@ def test_loader_reads_lps_geometry_and_sided_references():
     for side, sign in (("lung_left", 1.0), ("lung_right", -1.0)):
         ref = case.reference[side]
         assert ref.shape == g.shape and ref.any()
-        assert sign * (g.centroid_lps(ref)[0] - g.centroid_lps(case.reference["lung_left"] | case.reference["lung_right"])[0]) > 30.0
+        assert (
+            sign * (g.centroid_lps(ref)[0] - g.centroid_lps(case.reference["lung_left"] | case.reference["lung_right"])[0]) > 30.0
+        )
 
 
 def test_copdgene_lungs_per_side(copdgene):
@@ -79,7 +81,8 @@ def test_abdomen_lung_bases_and_no_bowel_gas(abdomen):
     gut = _ml(lungs & case.reference["gas_organs"], case)
     assert gut <= MAX_GUT_AS_LUNG_ML, f"{case.name}: {gut:.2f} mL of stomach/bowel/colon labelled lung"
     swapped = _ml(seg.masks["lung_left"] & case.reference["lung_right"], case) + _ml(
-        seg.masks["lung_right"] & case.reference["lung_left"], case)
+        seg.masks["lung_right"] & case.reference["lung_left"], case
+    )
     assert swapped < 0.5
 
 

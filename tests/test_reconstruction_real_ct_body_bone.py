@@ -56,7 +56,7 @@ def test_rt_chest_body_has_no_voxel_on_the_couch(rt):
     patient_end, couch = couch_rows(hu)
     body = seg.masks["body"]
     assert not body[:, couch:, :].any(), f"{int(body[:, couch:, :].sum())} body voxels at or below the couch (row {couch})"
-    assert not body[:, patient_end + 1:, :].any()
+    assert not body[:, patient_end + 1 :, :].any()
 
 
 def test_rt_chest_body_covers_the_patient(rt):
@@ -65,7 +65,7 @@ def test_rt_chest_body_covers_the_patient(rt):
     patient_end, _ = couch_rows(hu)
     body = seg.masks["body"]
     tissue = hu > -500.0
-    tissue[:, patient_end + 1:, :] = False
+    tissue[:, patient_end + 1 :, :] = False
     # the patient's tissue: everything above the gap but the side rails of the immobilisation board
     from scipy import ndimage
 

@@ -52,7 +52,7 @@ def test_mpr_pngs_show_right_on_image_left_and_superior_on_top(tmp_path, pos):
     for p in paths:
         img = mpimg.imread(p)[..., :3]
         h, w, _ = img.shape
-        body = img[int(0.08 * h):]  # below the title
+        body = img[int(0.08 * h) :]  # below the title
         white = np.argwhere((body > 0.95).all(axis=-1))
         assert white.size, p.name
         row, col = white.mean(axis=0)
@@ -72,8 +72,10 @@ def test_preview_shows_the_left_lung_on_the_image_right():
     geom = Geometry(shape=(40, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -20.0))
     left = sphere_mask((40, 40, 60), (20, 20, 45), 9)  # i = 45 → x = +15 mm, the patient's left
     right = sphere_mask((40, 40, 60), (20, 20, 15), 9)
-    meshes = {"lung_left": mesh_from_mask(left, geom, name="lung_left"),
-              "lung_right": mesh_from_mask(right, geom, name="lung_right")}
+    meshes = {
+        "lung_left": mesh_from_mask(left, geom, name="lung_left"),
+        "lung_right": mesh_from_mask(right, geom, name="lung_right"),
+    }
     img = rasterise(meshes, view="anterior", size=128)
     blue = np.argwhere(img[..., 2] > img[..., 1] + 0.05)  # lung_left is drawn blue, lung_right green
     green = np.argwhere(img[..., 1] > img[..., 2] + 0.05)

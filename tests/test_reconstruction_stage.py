@@ -25,8 +25,9 @@ def phantom():
 @pytest.fixture(scope="module")
 def recon(phantom, tmp_path_factory):
     out = tmp_path_factory.mktemp("recon")
-    return reconstruct(phantom.volume, out_dir=out, mesh_formats=("stl", "ply", "obj", "glb"), device="cpu",
-                       stem="case4", target_triangles=20000), out
+    return reconstruct(
+        phantom.volume, out_dir=out, mesh_formats=("stl", "ply", "obj", "glb"), device="cpu", stem="case4", target_triangles=20000
+    ), out
 
 
 def test_every_output_appears(recon):
@@ -125,11 +126,24 @@ def _bundle(root, channel_def):
     torch.jit.script(_ThresholdNet()).save(str(root / "models" / "model.ts"))
     meta = {"network_data_format": {"outputs": {"pred": {"channel_def": channel_def}}}}
     (root / "configs" / "metadata.json").write_text(json.dumps(meta))
-    inference = {"preprocessing": {"_target_": "Compose", "transforms": [
-        {"_target_": "Spacingd", "keys": "image", "pixdim": [1.5, 1.5, 2.0]},
-        {"_target_": "ScaleIntensityRanged", "keys": "image", "a_min": -1000, "a_max": 1000, "b_min": 0.0,
-         "b_max": 1.0, "clip": True}]},
-        "inferer": {"_target_": "SlidingWindowInferer", "roi_size": [32, 32, 16], "sw_batch_size": 2, "overlap": 0.25}}
+    inference = {
+        "preprocessing": {
+            "_target_": "Compose",
+            "transforms": [
+                {"_target_": "Spacingd", "keys": "image", "pixdim": [1.5, 1.5, 2.0]},
+                {
+                    "_target_": "ScaleIntensityRanged",
+                    "keys": "image",
+                    "a_min": -1000,
+                    "a_max": 1000,
+                    "b_min": 0.0,
+                    "b_max": 1.0,
+                    "clip": True,
+                },
+            ],
+        },
+        "inferer": {"_target_": "SlidingWindowInferer", "roi_size": [32, 32, 16], "sw_batch_size": 2, "overlap": 0.25},
+    }
     (root / "configs" / "inference.json").write_text(json.dumps(inference))
     return root
 
@@ -157,8 +171,21 @@ def test_broken_seg_bundle_keeps_the_classical_outputs(tmp_path):
 def test_cli_on_a_cache_entry(tmp_path, phantom, capsys):
     CaseCache(tmp_path / "cache").write("case7", phantom.volume)
     out = tmp_path / "out"
-    rc = ctpipe_main(["reconstruct", str(tmp_path / "cache" / "case7.json"), "--out", str(out), "--formats", "stl,glb",
-                      "--organs", "lung_left,lung_right", "--no-render", "--target-triangles", "5000"])
+    rc = ctpipe_main(
+        [
+            "reconstruct",
+            str(tmp_path / "cache" / "case7.json"),
+            "--out",
+            str(out),
+            "--formats",
+            "stl,glb",
+            "--organs",
+            "lung_left,lung_right",
+            "--no-render",
+            "--target-triangles",
+            "5000",
+        ]
+    )
     assert rc == 0
     assert (out / "case7_lung_left.glb").is_file() and (out / "case7_lung_right.stl").is_file()
     assert "lungs total" in capsys.readouterr().out

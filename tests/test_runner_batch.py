@@ -44,8 +44,11 @@ def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):
     assert {json.loads(q.read_text())["error_class"] for q in qfiles} == {"MissingSliceError", "TruncatedFileError"}
 
     # every stage of every good case ran once and was measured
-    att = db_rows(out, "SELECT c.series_uid, a.stage, a.status, a.wall_s, a.queue_wait_s, a.peak_rss_mb FROM stage_attempts a"
-                       " JOIN cases c USING (case_key) WHERE c.status='done'")
+    att = db_rows(
+        out,
+        "SELECT c.series_uid, a.stage, a.status, a.wall_s, a.queue_wait_s, a.peak_rss_mb FROM stage_attempts a"
+        " JOIN cases c USING (case_key) WHERE c.status='done'",
+    )
     assert len(att) == 6 * len(done)
     assert {a[1] for a in att} == {"ingest", "reconstruct", "load", "detect", "nodules", "write"}
     assert all(a[2] == "ok" and a[3] > 0 and a[4] >= 0 and a[5] > 10 for a in att)
@@ -122,11 +125,13 @@ def test_worklist_csv_discovery(dicom_data, tmp_path):
     good = dicom_data["good"]
     uid = dicom_data["good_uids"][1]
     wl = tmp_path / "worklist.csv"
-    wl.write_text("path,series_uid,case_id\n"
-                  f"{good / 'case11'},,\n"  # every selected series under the folder
-                  f"{good},{uid},nightly-2\n"  # one series by UID, with a chosen case id
-                  f"{good / 'case12'},1.2.3.4,\n"  # UID not there
-                  "no/such/folder,,\n")  # relative to the CSV's folder, missing
+    wl.write_text(
+        "path,series_uid,case_id\n"
+        f"{good / 'case11'},,\n"  # every selected series under the folder
+        f"{good},{uid},nightly-2\n"  # one series by UID, with a chosen case id
+        f"{good / 'case12'},1.2.3.4,\n"  # UID not there
+        "no/such/folder,,\n"
+    )  # relative to the CSV's folder, missing
     found = discover([wl], load_config(environ={}))
     ok = [c for c in found.cases if c.rejected is None]
     bad = [c for c in found.cases if c.rejected is not None]
@@ -144,8 +149,9 @@ def test_worklist_csv_discovery(dicom_data, tmp_path):
 def test_a_model_that_cannot_load_stops_the_run_with_its_reason(dicom_data, tmp_path):
     from pipeline.runner import run_batch
 
-    s = run_batch([dicom_data["good"]], out=tmp_path / "r", workers=0, bundle=str(tmp_path / "no_such_bundle"),
-                  **{"report.enabled": False})
+    s = run_batch(
+        [dicom_data["good"]], out=tmp_path / "r", workers=0, bundle=str(tmp_path / "no_such_bundle"), **{"report.enabled": False}
+    )
     assert s.exit_code == 1 and s.done == 0
     assert "stage detect cannot start" in s.fatal and "no_such_bundle" in s.fatal
     assert db_rows(tmp_path / "r", "SELECT status FROM runs") == [("failed",)]
@@ -173,8 +179,13 @@ def test_gpu_run_one_model_worker_per_device(dicom_data, tmp_path):
 
     from pipeline.runner import open_run, run_batch
 
-    s = run_batch([dicom_data["good"]], out=tmp_path / "gpu", workers=1, device="cuda",
-                  **{"reconstruct.renderings": False, "report.enabled": False})
+    s = run_batch(
+        [dicom_data["good"]],
+        out=tmp_path / "gpu",
+        workers=1,
+        device="cuda",
+        **{"reconstruct.renderings": False, "report.enabled": False},
+    )
     assert s.exit_code == 0 and s.done == 3
     run = open_run(tmp_path / "gpu")
     det = run.stages[run.stages.stage.isin(["load", "detect"])]

@@ -32,8 +32,16 @@ class FakeExecutor:
     ``fatal``: a stage whose worker cannot start. ``late``: a dead worker's answer still arrives, one poll later.
     """
 
-    def __init__(self, stages: list[Stage], worker: WorkerInfo, *, capacity: dict[str, int] | None = None,
-                 deaths: dict[tuple[str, str], int] | None = None, fatal: str | None = None, late: bool = False):
+    def __init__(
+        self,
+        stages: list[Stage],
+        worker: WorkerInfo,
+        *,
+        capacity: dict[str, int] | None = None,
+        deaths: dict[tuple[str, str], int] | None = None,
+        fatal: str | None = None,
+        late: bool = False,
+    ):
         self.stages = {s.name: s for s in stages}
         self.group = {s.name: s.group for s in stages}
         self.worker = worker
@@ -76,13 +84,20 @@ class FakeExecutor:
             self.deaths[(task.case.case_id, task.stage)] -= 1
             if self.late:
                 self.pending.append(self._result(task, ok=True, outputs={"findings": [{"center_lps": [0, 0, 0]}]}))
-            return [*out, self._result(task, ok=False, error_class="WorkerDiedError", worker_died=True,
-                                       error=f"worker process cpu-1 died (signal 9) while running stage {task.stage}")]
+            return [
+                *out,
+                self._result(
+                    task,
+                    ok=False,
+                    error_class="WorkerDiedError",
+                    worker_died=True,
+                    error=f"worker process cpu-1 died (signal 9) while running stage {task.stage}",
+                ),
+            ]
         return [*out, run_task(self.stages[task.stage], task, self.worker)]
 
     def _result(self, task: Task, *, ok: bool, **kw: Any) -> TaskResult:
-        return TaskResult(task.case.case_key, task.stage, task.stage_index, task.attempt, ok, "cpu-1", "cpu",
-                          task.ready_at, **kw)
+        return TaskResult(task.case.case_key, task.stage, task.stage_index, task.attempt, ok, "cpu-1", "cpu", task.ready_at, **kw)
 
 
 # -- small real stages ---------------------------------------------------------------------------------------------
@@ -106,8 +121,11 @@ class Detect(Stage):
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
         z = float(ctx.state["slices"])  # an earlier stage's output
-        return {"findings": [{"center_lps": [1.0, 2.0, z], "diameter_mm": 5.0, "score": 0.75}],
-                "measurements": [("lungs.volume_ml", 4200.0, "mL")], "timings": {"model": 0.01}}
+        return {
+            "findings": [{"center_lps": [1.0, 2.0, z], "diameter_mm": 5.0, "score": 0.75}],
+            "measurements": [("lungs.volume_ml", 4200.0, "mL")],
+            "timings": {"model": 0.01},
+        }
 
 
 class Reconstruct(Stage):
@@ -151,9 +169,17 @@ def _spec(cid: str, rejected: tuple[str, str] | None = None) -> CaseSpec:
     return CaseSpec(cid, f"{cid}:fp", cid, "fp" * 12, f"/src/{cid}", (f"/src/{cid}/1.dcm",), rejected)
 
 
-def _run(tmp_path: Path, ids: list[str], *, stages: list[Stage] = STAGES, rejected: tuple[str, ...] = (),
-         max_in_flight: int = 2, retries: int = 1, keep_cache: bool = False,
-         **fake: Any) -> tuple[EngineResult, RunStore, FakeExecutor, Recorder]:
+def _run(
+    tmp_path: Path,
+    ids: list[str],
+    *,
+    stages: list[Stage] = STAGES,
+    rejected: tuple[str, ...] = (),
+    max_in_flight: int = 2,
+    retries: int = 1,
+    keep_cache: bool = False,
+    **fake: Any,
+) -> tuple[EngineResult, RunStore, FakeExecutor, Recorder]:
     run_dir = tmp_path / "run"
     store = RunStore(run_dir)
     store.start_run("r1", command="t", sources=[], config={}, versions={}, device="cpu", host="h", pid=1)
@@ -161,8 +187,17 @@ def _run(tmp_path: Path, ids: list[str], *, stages: list[Stage] = STAGES, reject
     chosen = plan_cases(store, specs, retry_failed=False)
     executor = FakeExecutor(stages, WorkerInfo("test", "cpu", load_config(environ={}), run_dir), **fake)
     rec = Recorder()
-    engine = Engine(stages, executor, store, run_dir=run_dir, run_id="r1", max_in_flight=max_in_flight,
-                    retries=retries, keep_cache=keep_cache, observers=[rec])
+    engine = Engine(
+        stages,
+        executor,
+        store,
+        run_dir=run_dir,
+        run_id="r1",
+        max_in_flight=max_in_flight,
+        retries=retries,
+        keep_cache=keep_cache,
+        observers=[rec],
+    )
     executor.watch.append(lambda task: _check_bounded(store, run_dir, max_in_flight))
     result = engine.run(chosen.to_run, chosen.rejected)
     return result, store, executor, rec
@@ -183,7 +218,9 @@ def test_every_case_goes_through_every_stage_and_is_published(tmp_path):
     result, store, _, rec = _run(tmp_path, ["a", "b", "c"])
     run_dir = store.run_dir
     assert result.done == ["a", "b", "c"] and result.failed == [] and result.fatal is None
-    assert rec.done == [("a", 1), ("b", 1), ("c", 1)] and sorted(rec.stages) == sorted((s.name, True) for s in STAGES for _ in "abc")
+    assert rec.done == [("a", 1), ("b", 1), ("c", 1)] and sorted(rec.stages) == sorted(
+        (s.name, True) for s in STAGES for _ in "abc"
+    )
     for cid in ("a", "b", "c"):
         folder = run_dir / "cases" / cid
         man = read_manifest(folder)
@@ -205,8 +242,9 @@ def test_every_case_goes_through_every_stage_and_is_published(tmp_path):
 
 def test_admission_keeps_at_most_max_in_flight_cases(tmp_path):
     # plenty of room in the executor: only max_in_flight limits how many cases are started
-    result, _, executor, _ = _run(tmp_path, [f"c{i}" for i in range(5)], max_in_flight=3,
-                                  capacity={"cpu": 10, "model": 10})  # _check_bounded runs at each submission
+    result, _, executor, _ = _run(
+        tmp_path, [f"c{i}" for i in range(5)], max_in_flight=3, capacity={"cpu": 10, "model": 10}
+    )  # _check_bounded runs at each submission
     assert len(result.done) == 5
     first_stage = [c for c, stage, _ in executor.submitted if stage == "ingest"]
     assert first_stage == [f"c{i}" for i in range(5)]
@@ -224,15 +262,27 @@ def test_later_stages_of_admitted_cases_go_before_new_cases(tmp_path):
     stages: list[Stage] = [Ingest(), Reconstruct()]  # both CPU stages, one CPU slot
     result, _, executor, _ = _run(tmp_path, ["a", "b", "c"], stages=stages, max_in_flight=2)
     # b's ingest was ready before a's reconstruct, yet a's reconstruct runs first: cases finish in order
-    assert executor.submitted == [("a", "ingest", 1), ("a", "reconstruct", 1), ("b", "ingest", 1),
-                                  ("b", "reconstruct", 1), ("c", "ingest", 1), ("c", "reconstruct", 1)]
+    assert executor.submitted == [
+        ("a", "ingest", 1),
+        ("a", "reconstruct", 1),
+        ("b", "ingest", 1),
+        ("b", "reconstruct", 1),
+        ("c", "ingest", 1),
+        ("c", "reconstruct", 1),
+    ]
     assert result.done == ["a", "b", "c"]
 
 
 def test_mixed_pipeline_order(tmp_path):
     _, _, executor, _ = _run(tmp_path, ["a", "b", "c"], stages=[Ingest(), Detect()], max_in_flight=3)
     assert [(c, s) for c, s, _ in executor.submitted] == [
-        ("a", "ingest"), ("a", "detect"), ("b", "ingest"), ("b", "detect"), ("c", "ingest"), ("c", "detect")]
+        ("a", "ingest"),
+        ("a", "detect"),
+        ("b", "ingest"),
+        ("b", "detect"),
+        ("c", "ingest"),
+        ("c", "detect"),
+    ]
 
 
 def test_a_worker_death_is_retried_and_the_case_completes(tmp_path):
@@ -241,8 +291,13 @@ def test_a_worker_death_is_retried_and_the_case_completes(tmp_path):
     assert store.case("b:fp")["attempts"] == 2 and store.case("a:fp")["attempts"] == 1
     assert ("b", "ingest", 2) in executor.submitted  # the retry starts the case again from its first stage
     rows = _rows(store, "SELECT attempt, stage, status FROM stage_attempts WHERE case_key = 'b:fp' ORDER BY id")
-    assert rows == [(1, "ingest", "superseded"), (1, "detect", "interrupted"),
-                    (2, "ingest", "ok"), (2, "detect", "ok"), (2, "reconstruct", "ok")]
+    assert rows == [
+        (1, "ingest", "superseded"),
+        (1, "detect", "interrupted"),
+        (2, "ingest", "ok"),
+        (2, "detect", "ok"),
+        (2, "reconstruct", "ok"),
+    ]
     assert _rows(store, "SELECT COUNT(*) FROM findings WHERE case_key = 'b:fp'") == [(1,)]
 
 
@@ -255,10 +310,15 @@ def test_a_case_whose_worker_keeps_dying_is_quarantined_after_the_configured_ret
     assert failed[:2] == ("b", "WorkerDiedError") and "died (signal 9) while running stage detect" in failed[2]
     row = store.case("b:fp")
     assert (row["status"], row["failed_stage"], row["error_class"], row["attempts"]) == (
-        "failed", "detect", "WorkerDiedError", retries + 1)
+        "failed",
+        "detect",
+        "WorkerDiedError",
+        retries + 1,
+    )
     assert sum(1 for c, s, _ in executor.submitted if (c, s) == ("b", "detect")) == retries + 1
     assert _rows(store, "SELECT COUNT(*) FROM stage_attempts WHERE case_key = 'b:fp' AND status = 'interrupted'") == [
-        (retries + 1,)]
+        (retries + 1,)
+    ]
     q = json.loads((run_dir / "quarantine" / "b.json").read_text())
     assert (q["case_id"], q["stage"], q["error_class"], q["source"]) == ("b", "detect", "WorkerDiedError", "/src/b")
     assert not (run_dir / "cases" / "b").exists() and not (run_dir / "cache" / "b.npy").exists()
@@ -274,7 +334,8 @@ def test_a_stage_error_quarantines_at_once_without_retrying(tmp_path):
     assert (row["status"], row["failed_stage"], row["attempts"]) == ("failed", "reconstruct", 1)
     assert [s for c, s, _ in executor.submitted if c == "b"] == ["ingest", "detect", "reconstruct"]
     assert _rows(store, "SELECT error FROM stage_attempts WHERE case_key = 'b:fp' AND status = 'failed'") == [
-        ("b: the lungs are empty. Fix: check the series",)]
+        ("b: the lungs are empty. Fix: check the series",)
+    ]
 
 
 def test_cases_refused_at_discovery_are_quarantined_without_running(tmp_path):

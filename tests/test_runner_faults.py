@@ -56,8 +56,7 @@ def test_environmental_errors_are_told_from_case_defects(tmp_path):
     full = environment_failure(OSError(errno.ENOSPC, "No space left on device"), run_dir=run_dir)
     assert full is not None and full.name == "ENOSPC" and full.folder == str(run_dir)
     assert full.describe() == f"cannot write in {run_dir}: No space left on device (ENOSPC)"
-    ro = environment_failure(OSError(errno.EROFS, "Read-only file system", str(run_dir / "cases" / "x.json")),
-                             run_dir=run_dir)
+    ro = environment_failure(OSError(errno.EROFS, "Read-only file system", str(run_dir / "cases" / "x.json")), run_dir=run_dir)
     assert ro is not None and ro.folder == str(run_dir / "cases")
     assert environment_failure(OSError(errno.EDQUOT, "Disk quota exceeded"), run_dir=None).name == "EDQUOT"
     # permission: the machine's fault inside the run folder, the case's on an input file
@@ -103,9 +102,14 @@ class _Write(Stage):
     def process(self, ctx: CaseContext) -> dict[str, Any]:
         if ctx.case.case_id != self.forget:
             atomic_write_bytes(ctx.workdir / "out" / "b.txt", b"b" + ctx.case.case_id.encode())
-        return {"declared": ["out/b.txt"], "quality": {"lung_coverage": "complete", "contrast_phase": "non_contrast",
-                                                       "flags": [{"code": "thick_slices", "severity": "warning",
-                                                                  "message": "thick slices"}]}}
+        return {
+            "declared": ["out/b.txt"],
+            "quality": {
+                "lung_coverage": "complete",
+                "contrast_phase": "non_contrast",
+                "flags": [{"code": "thick_slices", "severity": "warning", "message": "thick slices"}],
+            },
+        }
 
 
 def _spec(cid: str) -> CaseSpec:
@@ -119,8 +123,7 @@ def _engine_run(run_dir: Path, ids: list[str], run_id: str, stages: list[Stage] 
     store.start_run(run_id, command="t", sources=[], config={}, versions={}, device="cpu", host="h", pid=1)
     chosen = plan(store, [_spec(c) for c in ids], retry_failed=False)
     executor = InlineExecutor(stages, WorkerInfo("main", "cpu", load_config(environ={}), run_dir))
-    engine = Engine(stages, executor, store, run_dir=run_dir, run_id=run_id, max_in_flight=1, retries=1,
-                    keep_cache=False)
+    engine = Engine(stages, executor, store, run_dir=run_dir, run_id=run_id, max_in_flight=1, retries=1, keep_cache=False)
     result = engine.run(chosen.to_run, chosen.rejected)
     return result, store, chosen
 
@@ -140,13 +143,13 @@ def test_a_full_disk_stops_admission_and_a_plain_rerun_finishes_identically(tmp_
     assert counts["failed"] >= 1
     n_done = room // 4
     assert result.done == ["a", "b", "c"][:n_done] and result.failed == []
-    (released, why), = result.released  # the case at work when the disk filled: no verdict, kept for the next run
+    ((released, why),) = result.released  # the case at work when the disk filled: no verdict, kept for the next run
     assert released == "abc"[n_done]
     assert "No space left on device (ENOSPC)" in why and str(run_dir) in why
     assert result.stopped and "ENOSPC" in result.stopped
     rows = {r["case_id"]: r for r in store.cases_with_status("pending", "running", "done", "failed")}
     assert rows[released]["status"] == "pending" and rows[released]["error_class"] == "RunEnvironmentError"
-    for later in "abc"[n_done + 1:]:
+    for later in "abc"[n_done + 1 :]:
         assert rows[later]["status"] == "pending" and rows[later]["attempts"] == 0  # never admitted
     assert not store.cases_with_status("failed") and not (run_dir / "quarantine").exists()
     # nothing incomplete is published; nothing half-written of the released case is left in the cache
@@ -169,7 +172,7 @@ def test_a_full_disk_stops_admission_and_a_plain_rerun_finishes_identically(tmp_
 def test_a_case_missing_a_declared_output_is_not_published(tmp_path):
     result, store, _ = _engine_run(tmp_path / "run", ["a", "b"], "r1", [_Ingest(), _Write(forget="b")])
     assert result.done == ["a"]
-    (cid, cls, reason), = result.failed
+    ((cid, cls, reason),) = result.failed
     assert (cid, cls) == ("b", "IncompleteOutputError") and "out/b.txt" in reason
     row = store.case("b:fp")
     assert (row["status"], row["failed_stage"]) == ("failed", "publish")
@@ -203,11 +206,19 @@ def test_reconcile_removes_temporary_files_and_stale_quarantine_files(tmp_path):
         store.begin_case(f"{cid}:fp", "r1")
         store.fail_case(f"{cid}:fp", reason="slice 3 is missing", error_class="MissingSliceError", stage="discover")
     store.begin_case("retried:fp", "r1")  # a later run retried it (--retry-failed) and was killed
-    leftovers = [run_dir / ".config.yaml.a1b2c3d4.tmp", run_dir / "metrics.prom.4242.139912",
-                 run_dir / "report" / ".report.html.zz_9y8x7.tmp", run_dir / "cache" / ".x.npy.k3j4h5g6.tmp",
-                 run_dir / "quarantine" / ".bad.json.0a1b2c3d.tmp"]
-    keep = [run_dir / "report" / "report.html", run_dir / "cache" / "ok.npy", run_dir / "quarantine" / "bad.json",
-            run_dir / "notes.tmp"]
+    leftovers = [
+        run_dir / ".config.yaml.a1b2c3d4.tmp",
+        run_dir / "metrics.prom.4242.139912",
+        run_dir / "report" / ".report.html.zz_9y8x7.tmp",
+        run_dir / "cache" / ".x.npy.k3j4h5g6.tmp",
+        run_dir / "quarantine" / ".bad.json.0a1b2c3d.tmp",
+    ]
+    keep = [
+        run_dir / "report" / "report.html",
+        run_dir / "cache" / "ok.npy",
+        run_dir / "quarantine" / "bad.json",
+        run_dir / "notes.tmp",
+    ]
     for p in [*leftovers, *keep, run_dir / "quarantine" / "retried.json"]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"x")
@@ -276,7 +287,9 @@ def test_a_store_of_schema_version_1_reads_and_is_migrated(tmp_path):
 
     store = RunStore(run_dir)  # the runner migrates it
     assert store.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
-    assert {"flags", "lung_coverage", "contrast_phase", "detect_skipped"} <= {r[1] for r in store.db.execute("PRAGMA table_info(cases)")}
+    assert {"flags", "lung_coverage", "contrast_phase", "detect_skipped"} <= {
+        r[1] for r in store.db.execute("PRAGMA table_info(cases)")
+    }
     assert store.case("old:1")["status"] == "done"  # nothing lost
     store.close()
     new = open_run(run_dir)
@@ -340,8 +353,7 @@ def _recon_task(tmp_path: Path, volume) -> tuple[Task, WorkerInfo]:
     from pipeline.cache import CaseCache
 
     run_dir = tmp_path / "run"
-    cfg = load_config(overrides={"reconstruct.organs": ["lung_left", "lung_right"], "reconstruct.renderings": False},
-                      environ={})
+    cfg = load_config(overrides={"reconstruct.organs": ["lung_left", "lung_right"], "reconstruct.renderings": False}, environ={})
     CaseCache(run_dir / "cache").write("c1", volume)
     workdir = run_dir / "tmp" / "c1.a1"
     workdir.mkdir(parents=True)
@@ -409,8 +421,7 @@ def test_patient_identifiers_are_left_out_unless_kept(tmp_path):
     from pipeline.phantom.dicom_writer import write_dicom_series
     from pipeline.runner.stages import IngestStage, WriteStage
 
-    files = write_dicom_series(generate_phantom(61, n_nodules=0, **{**PHANTOM, "slices": 12}).volume,
-                               tmp_path / "src", seed=61)
+    files = write_dicom_series(generate_phantom(61, n_nodules=0, **{**PHANTOM, "slices": 12}).volume, tmp_path / "src", seed=61)
     mark_patient(files)
     opts = {"workers": 0, "report.enabled": True, "detector.write_png": False}
     for keep in (False, True):
@@ -448,8 +459,15 @@ def corpus_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
     expected = write_fault_corpus(root / "archive")
     out = root / "run"
-    args = ["run", str(root / "archive"), "--out", str(out), "--workers", "0",
-            *[x for k, v in QUICK.items() for x in ("--set", f"{k}={v if not isinstance(v, list) else ','.join(v)}")]]
+    args = [
+        "run",
+        str(root / "archive"),
+        "--out",
+        str(out),
+        "--workers",
+        "0",
+        *[x for k, v in QUICK.items() for x in ("--set", f"{k}={v if not isinstance(v, list) else ','.join(v)}")],
+    ]
     p = ctpipe(*args)
     return {"root": root / "archive", "out": out, "expected": expected, "proc": p, "args": args}
 
@@ -603,8 +621,15 @@ def test_a_full_disk_mid_run_on_the_command_line_says_so_in_one_line(two_cases, 
     if why:
         pytest.skip(f"needs a small tmpfs: {why}")
     out = tmp_path / "cli"
-    args = [str(two_cases["src"]), "--out", str(out), "--workers", "1", "--quiet",
-            *[x for k, v in QUICK.items() for x in ("--set", f"{k}={v if not isinstance(v, list) else ','.join(v)}")]]
+    args = [
+        str(two_cases["src"]),
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--quiet",
+        *[x for k, v in QUICK.items() for x in ("--set", f"{k}={v if not isinstance(v, list) else ','.join(v)}")],
+    ]
     with small_tmpfs(out, max(64, two_cases["bytes"] // 1024 // 3)):
         p = subprocess.run([sys.executable, "-m", "pipeline", "run", *args], capture_output=True, text=True, timeout=600)
         assert p.returncode == 4, p.stdout + p.stderr

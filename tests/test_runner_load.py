@@ -32,11 +32,20 @@ def test_stage_order_puts_the_lungs_first_and_load_right_before_detect():
 
 
 def test_loader_backend_and_lung_roi_are_respected(dicom_data, tmp_path):
-    whole = run_batch([dicom_data["good"]], out=tmp_path / "whole", workers=0, **QUICK,
-                      **{"loader.backend": "torch", "loader.roi": "none", "detector.lung_restriction": False})
-    lungs = run_batch([dicom_data["good"]], out=tmp_path / "lungs", workers=0, **QUICK,
-                      **{"loader.backend": "torch", "loader.roi": "lungs", "loader.roi_margin_mm": 2.0,
-                         "detector.lung_restriction": False})
+    whole = run_batch(
+        [dicom_data["good"]],
+        out=tmp_path / "whole",
+        workers=0,
+        **QUICK,
+        **{"loader.backend": "torch", "loader.roi": "none", "detector.lung_restriction": False},
+    )
+    lungs = run_batch(
+        [dicom_data["good"]],
+        out=tmp_path / "lungs",
+        workers=0,
+        **QUICK,
+        **{"loader.backend": "torch", "loader.roi": "lungs", "loader.roi_margin_mm": 2.0, "detector.lung_restriction": False},
+    )
     assert whole.exit_code == 0 and lungs.exit_code == 0 and whole.done == lungs.done == 3
     log = (tmp_path / "lungs" / "run.log").read_text()
     assert "loader: torch on CPU (asked for with loader='torch')" in log

@@ -47,8 +47,15 @@ def ingest_run(dicom_data, tmp_path_factory):
                 scraped.append(r.read().decode())
 
     textdir = out.parent / "node_exporter"
-    summary = run_batch([dicom_data["good"]], out=out, workers=0, stages=[IngestStage()], metrics_port=port,
-                        progress=scrape, **{"report.enabled": False, "metrics.textfile_dir": str(textdir)})
+    summary = run_batch(
+        [dicom_data["good"]],
+        out=out,
+        workers=0,
+        stages=[IngestStage()],
+        metrics_port=port,
+        progress=scrape,
+        **{"report.enabled": False, "metrics.textfile_dir": str(textdir)},
+    )
     return {"out": out, "summary": summary, "scraped": scraped, "port": port, "textdir": textdir}
 
 
@@ -71,8 +78,11 @@ def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):
     assert counts == {"ingest": 3.0, "reconstruct": 3.0, "load": 3.0, "detect": 3.0, "nodules": 3.0, "write": 3.0}
     assert s[("ctpipe_case_latency_seconds_count", ())] == 3.0
     # cumulative buckets never decrease and end at the count
-    buckets = sorted((float(dict(k[1])["le"]), v) for k, v in s.items()
-                     if k[0] == "ctpipe_stage_latency_seconds_bucket" and dict(k[1])["stage"] == "detect")
+    buckets = sorted(
+        (float(dict(k[1])["le"]), v)
+        for k, v in s.items()
+        if k[0] == "ctpipe_stage_latency_seconds_bucket" and dict(k[1])["stage"] == "detect"
+    )
     assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:])) and buckets[-1][1] == 3.0
     assert s[("ctpipe_stage_peak_rss_bytes", (("stage", "detect"),))] > 50e6
     s2 = _samples((ingest_run["out"] / "metrics.prom").read_text())

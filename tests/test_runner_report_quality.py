@@ -19,31 +19,56 @@ from tests._support.runner import QUICK, write_no_lungs
 
 pytest_plugins = ["tests._support.runner"]
 
-PARTIAL = {"lung_coverage": "partial", "contrast_phase": "venous",
-           "flags": [{"code": "lungs_apex_cut", "severity": "warning", "message": "the lung apices are cut by the scan range"},
-                     {"code": "contrast_venous", "severity": "info", "message": "IV contrast, venous phase (estimate)"}],
-           "unreliable": ["lungs_total_volume_ml"], "figures": {}}
+PARTIAL = {
+    "lung_coverage": "partial",
+    "contrast_phase": "venous",
+    "flags": [
+        {"code": "lungs_apex_cut", "severity": "warning", "message": "the lung apices are cut by the scan range"},
+        {"code": "contrast_venous", "severity": "info", "message": "IV contrast, venous phase (estimate)"},
+    ],
+    "unreliable": ["lungs_total_volume_ml"],
+    "figures": {},
+}
 COMPLETE = {"lung_coverage": "complete", "contrast_phase": "non_contrast", "flags": [], "unreliable": [], "figures": {}}
-CONTRAST = {"lung_coverage": "complete", "contrast_phase": "arterial",
-            "flags": [{"code": "contrast_arterial", "severity": "info", "message": "IV contrast, arterial phase"}],
-            "unreliable": [], "figures": {}}
+CONTRAST = {
+    "lung_coverage": "complete",
+    "contrast_phase": "arterial",
+    "flags": [{"code": "contrast_arterial", "severity": "info", "message": "IV contrast, arterial phase"}],
+    "unreliable": [],
+    "figures": {},
+}
 
 
 def test_unreliable_lung_figures_keep_their_name_and_value_and_are_marked():
-    tree = {"lungs": {"lung_left_volume_ml": {"value": 1200.5, "reliable": False, "reason": "lungs_apex_cut"},
-                      "lungs_total_volume_ml": 2500.0, "emphysema_index_pct": None},
-            "organs": {"body": {"volume_ml": 30000.0, "surface_mm2": float("nan")}},
-            "nodules": [{"volume_mm3": 33.5, "error": None}]}
+    tree = {
+        "lungs": {
+            "lung_left_volume_ml": {"value": 1200.5, "reliable": False, "reason": "lungs_apex_cut"},
+            "lungs_total_volume_ml": 2500.0,
+            "emphysema_index_pct": None,
+        },
+        "organs": {"body": {"volume_ml": 30000.0, "surface_mm2": float("nan")}},
+        "nodules": [{"volume_mm3": 33.5, "error": None}],
+    }
     rows = list(flatten_measurements(tree))
-    assert rows == [("lungs.lung_left_volume_ml", 1200.5, "mL", False, "lungs_apex_cut"),
-                    ("lungs.lungs_total_volume_ml", 2500.0, "mL", True, None),
-                    ("organs.body.volume_ml", 30000.0, "mL", True, None),
-                    ("nodules.0.volume_mm3", 33.5, "mm3", True, None)]
+    assert rows == [
+        ("lungs.lung_left_volume_ml", 1200.5, "mL", False, "lungs_apex_cut"),
+        ("lungs.lungs_total_volume_ml", 2500.0, "mL", True, None),
+        ("organs.body.volume_ml", 30000.0, "mL", True, None),
+        ("nodules.0.volume_mm3", 33.5, "mm3", True, None),
+    ]
     assert rows[0].reliable is False and rows[0].name == "lungs.lung_left_volume_ml"
 
 
-def _case(store: RunStore, run_dir: Path, cid: str, quality: dict | None, *, status: str = "done",
-          pngs: tuple[str, ...] = (), findings: int = 0) -> None:
+def _case(
+    store: RunStore,
+    run_dir: Path,
+    cid: str,
+    quality: dict | None,
+    *,
+    status: str = "done",
+    pngs: tuple[str, ...] = (),
+    findings: int = 0,
+) -> None:
     key = f"{cid}:fp"
     store.upsert_discovered(case_key=key, case_id=cid, series_uid=cid, fingerprint="f" * 24, source=f"/src/{cid}")
     store.begin_case(key, "r1")
@@ -54,13 +79,22 @@ def _case(store: RunStore, run_dir: Path, cid: str, quality: dict | None, *, sta
     for name in pngs:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(b"\x89PNG\r\n\x1a\n")
-    meas = [("lungs.lung_left_volume_ml", 1200.0, "mL"), ("lungs.lung_right_volume_ml", 1300.0, "mL"),
-            ("lungs.lungs_total_volume_ml", 2500.0, "mL", quality is not PARTIAL,
-             None if quality is not PARTIAL else "lungs_apex_cut")]
+    meas = [
+        ("lungs.lung_left_volume_ml", 1200.0, "mL"),
+        ("lungs.lung_right_volume_ml", 1300.0, "mL"),
+        (
+            "lungs.lungs_total_volume_ml",
+            2500.0,
+            "mL",
+            quality is not PARTIAL,
+            None if quality is not PARTIAL else "lungs_apex_cut",
+        ),
+    ]
     found = [{"center_lps": [1.0, 2.0, 3.0], "diameter_mm": 6.0, "score": 0.9}] * findings
     skipped = "no lungs in the scan (2 mL of lung)" if quality and quality["lung_coverage"] == "absent" else None
-    store.complete_case(key, output_dir=f"cases/{cid}", findings=found, measurements=meas, quality=quality,
-                        detect_skipped=skipped)
+    store.complete_case(
+        key, output_dir=f"cases/{cid}", findings=found, measurements=meas, quality=quality, detect_skipped=skipped
+    )
 
 
 @pytest.fixture
@@ -72,9 +106,13 @@ def flagged_run(tmp_path):
     _case(store, run_dir, "clean", COMPLETE, pngs=("recon/clean_mip.png",))
     _case(store, run_dir, "dye", CONTRAST)
     _case(store, run_dir, "bad", None, status="failed")
-    store.add_skipped("r1", [{"what": "file", "item": "/src/junk/notes.txt", "kind": "not_dicom", "reason": "not a DICOM file"},
-                             {"what": "series", "item": "1.2.3#2", "kind": "not_selected", "reason": "localizer/scout",
-                              "source": "/src/x"}])
+    store.add_skipped(
+        "r1",
+        [
+            {"what": "file", "item": "/src/junk/notes.txt", "kind": "not_dicom", "reason": "not a DICOM file"},
+            {"what": "series", "item": "1.2.3#2", "kind": "not_selected", "reason": "localizer/scout", "source": "/src/x"},
+        ],
+    )
     store.end_run("r1", status="completed", n_cases=4, n_done=3, n_failed=1, n_skipped=0)
     store.close()
     return run_dir
@@ -90,7 +128,10 @@ def test_flags_in_the_store_and_the_notebook_api(flagged_run):
     q = run.quality
     assert list(q.columns[:5]) == ["run_dir", "case_id", "code", "severity", "message"]
     assert sorted(zip(q.case_id, q.code, q.severity)) == [
-        ("cut", "contrast_venous", "info"), ("cut", "lungs_apex_cut", "warning"), ("dye", "contrast_arterial", "info")]
+        ("cut", "contrast_venous", "info"),
+        ("cut", "lungs_apex_cut", "warning"),
+        ("dye", "contrast_arterial", "info"),
+    ]
     total = run.measurements[run.measurements.name == "lungs.lungs_total_volume_ml"].set_index("case_id")
     assert not total.loc["cut", "reliable"] and total.loc["cut", "reason"] == "lungs_apex_cut"
     assert total.loc["cut", "value"] == 2500.0  # kept, marked
@@ -102,8 +143,12 @@ def test_report_per_case_table_flags_headline_and_png_links(flagged_run, tmp_pat
     rep = build_report([flagged_run], flagged_run / "report")
     html = rep.html.read_text()
     q = rep.summary["quality"]
-    assert q == {"done": 3, "flagged": 1, "by_flag": {"contrast_arterial": 1, "contrast_venous": 1, "lungs_apex_cut": 1},
-                 "detect_skipped": 0}
+    assert q == {
+        "done": 3,
+        "flagged": 1,
+        "by_flag": {"contrast_arterial": 1, "contrast_venous": 1, "lungs_apex_cut": 1},
+        "detect_skipped": 0,
+    }
     assert "1 of 3 completed case(s) flagged (warnings)" in html
     table = html.split('<table class="cases">', 1)[1].split("</table>", 1)[0]
     rows = {re.search(r"<td>([^<]*)</td>", r).group(1): r for r in table.split("<tr>")[2:]}

@@ -50,8 +50,9 @@ def _wait_group_gone(pgid: int, timeout: float) -> bool:
 def test_sigkill_then_rerun_every_case_exactly_once(dicom_data, full_run, tmp_path):
     out = tmp_path / "killed"
     args = ["run", str(dicom_data["good"]), "--out", str(out), "--workers", "1", "--quiet", *FAST]
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
     deadline = time.monotonic() + 240
     while _done_count(out) < 1:
         assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()
@@ -103,8 +104,15 @@ def test_reconcile_after_a_crash_between_rename_and_commit(tmp_path):
     staging = run_dir / "tmp" / "a.a1"
     staging.mkdir(parents=True)
     (staging / "findings.json").write_text("{}")
-    publish(staging, run_dir / "cases" / "a", {"case_key": "a:1", "findings": [{"center_lps": [1, 2, 3], "score": 0.9}],
-                                               "measurements": [["lungs.total_volume_ml", 5000.0, "mL"]]})
+    publish(
+        staging,
+        run_dir / "cases" / "a",
+        {
+            "case_key": "a:1",
+            "findings": [{"center_lps": [1, 2, 3], "score": 0.9}],
+            "measurements": [["lungs.total_volume_ml", 5000.0, "mL"]],
+        },
+    )
     # case b: killed while running (a staging folder, nothing published)
     _fake_case(store, "b:1", "b", "r1")
     (run_dir / "tmp" / "b.a1").mkdir()
@@ -137,8 +145,13 @@ def test_worker_death_retries_the_case_then_quarantines(dicom_data, tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()
     out = tmp_path / "run"
-    s = run_batch([dicom_data["good"]], out=out, workers=1, stages=[IngestStage(), DieOnceStage(str(markers), always)],
-                  **{"report.enabled": False, "runner.retries": 1})
+    s = run_batch(
+        [dicom_data["good"]],
+        out=out,
+        workers=1,
+        stages=[IngestStage(), DieOnceStage(str(markers), always)],
+        **{"report.enabled": False, "runner.retries": 1},
+    )
     assert s.exit_code == 3 and s.done == 2
     assert [q[0] for q in s.quarantined] == [always] and s.quarantined[0][1] == "WorkerDiedError"
     assert "died (signal 9) while running stage die_once" in s.quarantined[0][2]
@@ -167,7 +180,9 @@ def test_plan_registers_new_cases_and_runs_them(tmp_path):
     p = plan(store, [_spec("a", "a:1"), _spec("b", "b:1")], retry_failed=False)
     assert [c.case_id for c in p.to_run] == ["a", "b"] and p.done == [] and p.failed_before == [] and p.rejected == []
     assert [(r["case_id"], r["status"], r["source"]) for r in store.cases_with_status("pending")] == [
-        ("a", "pending", "/src/a"), ("b", "pending", "/src/b")]
+        ("a", "pending", "/src/a"),
+        ("b", "pending", "/src/b"),
+    ]
     store.close()
 
 
@@ -256,8 +271,15 @@ def test_reconcile_twice_changes_nothing_more(tmp_path):
     store.begin_case("a:1", "r1")
     staging = run_dir / "tmp" / "a.a1"
     staging.mkdir(parents=True)
-    publish(staging, run_dir / "cases" / "a", {"case_key": "a:1", "findings": [{"center_lps": [1, 2, 3], "score": 0.7}],
-                                               "measurements": [["lungs.volume_ml", 4000.0, "mL"]]})
+    publish(
+        staging,
+        run_dir / "cases" / "a",
+        {
+            "case_key": "a:1",
+            "findings": [{"center_lps": [1, 2, 3], "score": 0.7}],
+            "measurements": [["lungs.volume_ml", 4000.0, "mL"]],
+        },
+    )
     assert reconcile(store, run_dir).recovered == ["a"]
     second = reconcile(store, run_dir)
     assert second.recovered == second.interrupted == second.redo == []
@@ -287,9 +309,15 @@ def test_read_manifest_of_a_missing_or_damaged_manifest_is_none(tmp_path):
 
 def test_quarantine_file_says_why_and_where_from(tmp_path):
     case = _spec("bad", "bad:1")
-    path = write_quarantine(tmp_path, case, reason="slice 12 is missing", error_class="MissingSliceError",
-                            stage="discover")
+    path = write_quarantine(tmp_path, case, reason="slice 12 is missing", error_class="MissingSliceError", stage="discover")
     assert path == tmp_path / "quarantine" / "bad.json"
     assert json.loads(path.read_text()) == {
-        "case_id": "bad", "case_key": "bad:1", "series_uid": "bad", "source": "/src/bad", "stage": "discover",
-        "error_class": "MissingSliceError", "reason": "slice 12 is missing", "files": 1}
+        "case_id": "bad",
+        "case_key": "bad:1",
+        "series_uid": "bad",
+        "source": "/src/bad",
+        "stage": "discover",
+        "error_class": "MissingSliceError",
+        "reason": "slice 12 is missing",
+        "files": 1,
+    }

@@ -16,8 +16,16 @@ FINDING = {"center_lps": [-10.5, 20.0, 31.25], "diameter_mm": 6.0, "score": 0.91
 @pytest.fixture
 def store(tmp_path):
     s = RunStore(tmp_path / "run")
-    s.start_run("r1", command="ctpipe run x", sources=["x"], config={"runner": {"workers": 1}},
-                versions={"python": "3"}, device="cpu", host="h", pid=1)
+    s.start_run(
+        "r1",
+        command="ctpipe run x",
+        sources=["x"],
+        config={"runner": {"workers": 1}},
+        versions={"python": "3"},
+        device="cpu",
+        host="h",
+        pid=1,
+    )
     yield s
     s.close()
 
@@ -32,10 +40,18 @@ def _status(store: RunStore, key: str) -> str:
 
 
 def _attempt(store: RunStore, key: str, stage: str, attempt: int, status: str, **kw) -> None:
-    args = {"ready_at": 100.0, "started_at": 101.5, "ended_at": 103.0, "wall_s": 1.5, "peak_rss_mb": 50.0,
-            "peak_cuda_mb": None, **kw}
-    store.record_attempt(run_id="r1", case_key=key, stage=stage, attempt=attempt, status=status, worker="cpu-1",
-                         device="cpu", **args)
+    args = {
+        "ready_at": 100.0,
+        "started_at": 101.5,
+        "ended_at": 103.0,
+        "wall_s": 1.5,
+        "peak_rss_mb": 50.0,
+        "peak_cuda_mb": None,
+        **kw,
+    }
+    store.record_attempt(
+        run_id="r1", case_key=key, stage=stage, attempt=attempt, status=status, worker="cpu-1", device="cpu", **args
+    )
 
 
 # -- schema ---------------------------------------------------------------------------------------------------
@@ -44,8 +60,7 @@ def test_schema_tables_columns_and_journal(store):
     tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"meta", "runs", "cases", "stage_attempts", "findings", "measurements", "gpu_samples"} <= tables
     cols = {r[1] for r in db.execute("PRAGMA table_info(stage_attempts)")}
-    assert {"case_key", "stage", "attempt", "status", "wall_s", "queue_wait_s", "peak_rss_mb", "peak_cuda_mb",
-            "detail"} <= cols
+    assert {"case_key", "stage", "attempt", "status", "wall_s", "queue_wait_s", "peak_rss_mb", "peak_cuda_mb", "detail"} <= cols
     assert {r[1] for r in db.execute("PRAGMA table_info(findings)")} >= {"center_x", "center_y", "center_z", "data"}
     assert db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -91,9 +106,13 @@ def test_case_life_pending_running_done(store):
     row = store.case(key)
     assert row["status"] == "running" and row["run_id"] == "r1" and row["started_at"] is not None
     _attempt(store, key, "ingest", 1, "ok", detail={"read": 0.25})
-    store.complete_case(key, output_dir="cases/a", findings=[FINDING, {"center_lps": None, "score": 0.2}],
-                        measurements=[("lungs.volume_ml", 4500.0, "mL"), ("nodules.count", 2.0, "count")],
-                        ended_at=row["started_at"] + 2.5)
+    store.complete_case(
+        key,
+        output_dir="cases/a",
+        findings=[FINDING, {"center_lps": None, "score": 0.2}],
+        measurements=[("lungs.volume_ml", 4500.0, "mL"), ("nodules.count", 2.0, "count")],
+        ended_at=row["started_at"] + 2.5,
+    )
     row = store.case(key)
     assert row["status"] == "done" and row["output_dir"] == "cases/a" and row["n_findings"] == 2
     assert row["latency_s"] == pytest.approx(2.5)
@@ -101,7 +120,9 @@ def test_case_life_pending_running_done(store):
     assert [tuple(r)[:6] for r in f] == [(1, -10.5, 20.0, 31.25, 6.0, 0.91), (2, None, None, None, None, 0.2)]
     assert json.loads(f[0]["data"]) == FINDING
     assert sorted(tuple(r) for r in store.db.execute("SELECT name, value, unit FROM measurements")) == [
-        ("lungs.volume_ml", 4500.0, "mL"), ("nodules.count", 2.0, "count")]
+        ("lungs.volume_ml", 4500.0, "mL"),
+        ("nodules.count", 2.0, "count"),
+    ]
     att = store.db.execute("SELECT queue_wait_s, detail FROM stage_attempts").fetchone()
     assert att["queue_wait_s"] == pytest.approx(1.5) and json.loads(att["detail"]) == {"read": 0.25}
     assert [r["case_id"] for r in store.cases_with_status("done")] == ["a"]
@@ -150,7 +171,11 @@ def test_failing_records_stage_class_and_reason(store):
     store.fail_case(key, reason="pixel data cut short", error_class="TruncatedFileError", stage="ingest")
     row = store.case(key)
     assert (row["status"], row["failed_stage"], row["error_class"], row["reason"]) == (
-        "failed", "ingest", "TruncatedFileError", "pixel data cut short")
+        "failed",
+        "ingest",
+        "TruncatedFileError",
+        "pixel data cut short",
+    )
     assert row["latency_s"] >= 0
     store.begin_case(key, "r2")  # retried on request: the old reason is cleared
     row = store.case(key)
@@ -183,8 +208,9 @@ def test_an_illegal_transition_is_refused_and_changes_nothing(store, setup, chan
     n_findings = store.db.execute("SELECT COUNT(*) FROM findings").fetchone()[0]
     calls = {
         "begin": lambda: store.begin_case(key, "r2"),
-        "complete": lambda: store.complete_case(key, output_dir="cases/b", findings=[FINDING, FINDING],
-                                                measurements=[("m", 9.0, "mL")]),
+        "complete": lambda: store.complete_case(
+            key, output_dir="cases/b", findings=[FINDING, FINDING], measurements=[("m", 9.0, "mL")]
+        ),
         "fail": lambda: store.fail_case(key, reason="late", error_class="E2", stage="write"),
         "reset": lambda: store.reset_case(key),
     }
@@ -202,8 +228,9 @@ def test_an_illegal_transition_is_refused_and_changes_nothing(store, setup, chan
 def test_a_case_the_store_does_not_know_is_refused(store, change):
     calls = {
         "begin": lambda: store.begin_case("nope:1", "r1"),
-        "complete": lambda: store.complete_case("nope:1", output_dir="cases/x", findings=[FINDING],
-                                                measurements=[("m", 1.0, "mL")]),
+        "complete": lambda: store.complete_case(
+            "nope:1", output_dir="cases/x", findings=[FINDING], measurements=[("m", 1.0, "mL")]
+        ),
         "fail": lambda: store.fail_case("nope:1", reason="r", error_class="E", stage=None),
         "reset": lambda: store.reset_case("nope:1"),
     }

@@ -214,8 +214,9 @@ def _poll_until(ex: ProcessExecutor, n: int, timeout: float = 20.0) -> list[Task
 
 def test_process_executor_runs_tasks_in_worker_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", "0")  # the executor sets it for its workers; restored after the test
-    ex = ProcessExecutor([Echo()], config=CONFIG, run_dir=tmp_path, workers=1, devices=["cpu"], queue_depth=2,
-                         start_method="fork", torch_threads=0)
+    ex = ProcessExecutor(
+        [Echo()], config=CONFIG, run_dir=tmp_path, workers=1, devices=["cpu"], queue_depth=2, start_method="fork", torch_threads=0
+    )
     try:
         assert [w.name for w in ex.workers] == ["cpu-1"] and ex.devices() == ["cpu"]
         ex.submit(_task(tmp_path, "echo", "a"))
@@ -231,8 +232,16 @@ def test_process_executor_runs_tasks_in_worker_processes(tmp_path, monkeypatch):
 
 def test_a_dead_worker_is_replaced_and_its_queued_task_handed_on(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    ex = ProcessExecutor([Dies("a")], config=CONFIG, run_dir=tmp_path, workers=1, devices=["cpu"], queue_depth=1,
-                         start_method="fork", torch_threads=0)
+    ex = ProcessExecutor(
+        [Dies("a")],
+        config=CONFIG,
+        run_dir=tmp_path,
+        workers=1,
+        devices=["cpu"],
+        queue_depth=1,
+        start_method="fork",
+        torch_threads=0,
+    )
     try:
         first = ex.workers[0].proc.pid
         ex.submit(_task(tmp_path, "dies", "a"))
@@ -251,8 +260,16 @@ def test_a_dead_worker_is_replaced_and_its_queued_task_handed_on(tmp_path, monke
 
 def test_a_worker_that_cannot_start_is_reported_as_fatal(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", "0")
-    ex = ProcessExecutor([CannotStart()], config=CONFIG, run_dir=tmp_path, workers=1, devices=["cpu"], queue_depth=1,
-                         start_method="fork", torch_threads=0)
+    ex = ProcessExecutor(
+        [CannotStart()],
+        config=CONFIG,
+        run_dir=tmp_path,
+        workers=1,
+        devices=["cpu"],
+        queue_depth=1,
+        start_method="fork",
+        torch_threads=0,
+    )
     try:
         with pytest.raises(FatalRunError, match="stage detect cannot start on cpu: /models/x.pt: weights not found"):
             _poll_until(ex, 1)

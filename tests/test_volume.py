@@ -20,8 +20,12 @@ def _oblique_direction() -> np.ndarray:
 def _volume(shape=(6, 7, 9), direction=None, dtype=np.int16) -> CTVolume:
     rng = np.random.default_rng(0)
     arr = rng.integers(-1000, 1000, size=shape).astype(dtype)
-    geom = Geometry(shape=shape, spacing=(0.7, 0.8, 2.5), origin=(-120.0, -90.5, 33.0),
-                    direction=np.eye(3) if direction is None else direction)
+    geom = Geometry(
+        shape=shape,
+        spacing=(0.7, 0.8, 2.5),
+        origin=(-120.0, -90.5, 33.0),
+        direction=np.eye(3) if direction is None else direction,
+    )
     return CTVolume(arr, geom, metadata={"SeriesInstanceUID": "1.2.3"})
 
 
@@ -96,10 +100,12 @@ def test_nearest_resampling_of_labels_keeps_label_values_and_positions():
     out = labels.resample((0.5, 0.5, 1.0))
     assert set(np.unique(out.array)) == {0, 3}
     assert out.labels == {3: "lung_left"}
+
     # the centroid in LPS is preserved to within half an output voxel
     def centroid(lm):
         k, j, i = np.nonzero(lm.array)
         return lm.index_to_lps(np.stack([i, j, k], 1)).mean(0)
+
     np.testing.assert_allclose(centroid(out), centroid(labels), atol=0.5)
 
 

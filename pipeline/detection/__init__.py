@@ -43,4 +43,3 @@ __all__ = sorted(_LAZY)
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
-

@@ -43,7 +43,15 @@ def _read_state_dict(path: Path) -> Mapping[str, torch.Tensor]:
         raise ModelError("weights file does not exist", where=path, fix="reinstall ctpipe or pass a bundle with models/model.pt")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError, pickle.UnpicklingError) as exc:  # torch raises several kinds
+    except (
+        RuntimeError,
+        EOFError,
+        OSError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        pickle.UnpicklingError,
+    ) as exc:  # torch raises several kinds
         raise ModelError(
             f"weights file is not a readable torch state dict ({type(exc).__name__}: {str(exc)[:200]})",
             where=path,
@@ -68,6 +76,7 @@ def load_weights(network: torch.nn.Module, path: Path) -> None:
         if tuple(state[k].shape) != tuple(own[k].shape)
     )
     if missing or unexpected or shapes:
+
         def show(items: list[str]) -> str:
             return ", ".join(items[:12]) + (f" ... (+{len(items) - 12} more)" if len(items) > 12 else "")
 
@@ -120,12 +129,18 @@ def load_bundle(path: str | Path) -> LoadedModel:
     bundle = BundleConfig.read(root, evaluate=True)
     for key in ("network_def", "anchor_generator"):
         if key not in bundle:
-            raise BundleError(f"config has no {key!r}; this is not a RetinaNet detection bundle", where=bundle.where,
-                              fix="use a bundle like MONAI's lung_nodule_ct_detection")
+            raise BundleError(
+                f"config has no {key!r}; this is not a RetinaNet detection bundle",
+                where=bundle.where,
+                fix="use a bundle like MONAI's lung_nodule_ct_detection",
+            )
     spacing, window = bundle.spacing(), bundle.hu_window()
     if spacing is None or window is None:
-        raise BundleError("preprocessing has no Spacingd and ScaleIntensityRanged transforms", where=bundle.where,
-                          fix="ctpipe needs the bundle's spacing and intensity window in its preprocessing")
+        raise BundleError(
+            "preprocessing has no Spacingd and ScaleIntensityRanged transforms",
+            where=bundle.where,
+            fix="ctpipe needs the bundle's spacing and intensity window in its preprocessing",
+        )
     bundle.require_ras()
     anchors = bundle.anchors()
     selector = bundle.box_selector()
@@ -137,14 +152,18 @@ def load_bundle(path: str | Path) -> LoadedModel:
     if weights.suffix == ".pt":
         built = bundle.instantiate("network_def", fix=_NETWORK_FIX)
         if not isinstance(built, torch.nn.Module):
-            raise BundleError(f"network_def built a {type(built).__name__}, not a torch module", where=bundle.where, fix=_NETWORK_FIX)
+            raise BundleError(
+                f"network_def built a {type(built).__name__}, not a torch module", where=bundle.where, fix=_NETWORK_FIX
+            )
         load_weights(built, weights)
         network = built
     else:
         try:
             network = torch.jit.load(str(weights), map_location="cpu")
         except (RuntimeError, ValueError, OSError) as exc:
-            raise ModelError(f"TorchScript model cannot be loaded ({str(exc)[:200]})", where=weights, fix="copy the bundle again") from exc
+            raise ModelError(
+                f"TorchScript model cannot be loaded ({str(exc)[:200]})", where=weights, fix="copy the bundle again"
+            ) from exc
     name = root.name
     if (root / METADATA_JSON).is_file():
         try:

@@ -91,7 +91,9 @@ def blob_candidates(
         lo, hi = np.zeros(3, int), np.asarray(size_ijk)
     # sub-millimetre grids are sampled every few voxels (to about 1 mm): blobs of 3 mm and more stay visible
     step = np.maximum(1, (1.0 / np.asarray(volume.spacing) + 0.25).astype(int))  # (i, j, k)
-    arr = np.array(volume.array[lo[2]:hi[2]:step[2], lo[1]:hi[1]:step[1], lo[0]:hi[0]:step[0]], dtype=np.float32)  # a copy: clipped below
+    arr = np.array(
+        volume.array[lo[2] : hi[2] : step[2], lo[1] : hi[1] : step[1], lo[0] : hi[0] : step[0]], dtype=np.float32
+    )  # a copy: clipped below
     empty = BlobCandidates(np.zeros((0, 3)), np.zeros(0), np.zeros(0))
     if arr.size == 0 or min(arr.shape) < 3:
         return empty
@@ -128,8 +130,7 @@ def blob_candidates(
     order = _suppress(ijk * np.asarray(volume.spacing), strength, min_distance_mm, max_candidates)
     radii = np.asarray(radii_mm, dtype=np.float64)[which[order]]
     log.debug("%d blob candidates (of %d maxima)", len(order), len(resp))
-    return BlobCandidates(volume.index_to_lps(ijk[order].astype(np.float64)).reshape(-1, 3), 2.0 * radii,
-                          strength[order])
+    return BlobCandidates(volume.index_to_lps(ijk[order].astype(np.float64)).reshape(-1, 3), 2.0 * radii, strength[order])
 
 
 def _blobness(smoothed: np.ndarray, kji: np.ndarray, spacing_kji: np.ndarray) -> np.ndarray:

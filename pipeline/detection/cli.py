@@ -1,7 +1,7 @@
 """``ctpipe detect`` and ``ctpipe evaluate``.
 
     ctpipe detect SRC --out DIR [--bundle PATH] [--no-lung-crop] [--device cpu|cuda] [--fp32] [--raw] [--no-png]
-                  [--score-threshold P | --all-candidates]
+                  [--score-threshold P | --all-candidates] [--dicom none|sr | --no-dicom]
     ctpipe evaluate --pred PATH [PATH ...] --truth PATH [PATH ...] --out DIR [--bootstrap 1000]
                     [--scans seriesuids.csv] [--irrelevant annotations_excluded.csv] [--reading interpolate|step]
                     [--max-marks 100]
@@ -12,16 +12,26 @@ SRC is a DICOM folder (or an Enhanced CT file), a case-cache entry (``cache/<id>
 ``detect`` reports the findings scoring at or above the model's operating point (or
 ``--score-threshold``; every candidate with ``--all-candidates``): they fill the CSV and the
 PNGs; the findings JSON holds them and every other candidate (``below_threshold``), with the
-threshold used and where it came from. ``evaluate`` scores the full candidate lists.
+threshold used and where it came from. With a DICOM source (a DICOM folder or file, or a cache
+entry ingested from one), ``detect`` also writes ``<case>_sr.dcm``, a TID 1500 structured report of
+the reported findings (LPS mm, in the source's frame of reference), after the other files, so a
+failure to write it loses none of them (exit status 1). Detection makes no masks: no SEG
+(``ctpipe reconstruct --findings`` writes one). ``evaluate`` scores the full candidate lists.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import re
+import sys
 from pathlib import Path
+from typing import Any
 
+from ..dicom_out.kinds import add_dicom_options
 from .evaluate import READINGS
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,37 +41,70 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bundle", type=Path, default=None, help="MONAI detection bundle folder (default: the embedded demo model)")
     p.add_argument("--no-lung-crop", action="store_true", help="search the whole volume, not only the lungs")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--fp32", action="store_true",
-                   help="run the network in float32 (default: mixed precision where the hardware runs it natively)")
-    p.add_argument("--raw", action="store_true",
-                   help="the network's boxes as MONAI returns them: no centre refinement, no re-scoring "
-                        "(default: refined, and re-scored by the model's false-positive reduction stage if it has one)")
+    p.add_argument(
+        "--fp32",
+        action="store_true",
+        help="run the network in float32 (default: mixed precision where the hardware runs it natively)",
+    )
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="the network's boxes as MONAI returns them: no centre refinement, no re-scoring "
+        "(default: refined, and re-scored by the model's false-positive reduction stage if it has one)",
+    )
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--score-threshold", type=float, default=None, metavar="P",
-                       help="report findings scoring at or above P (0..1; default: the model's operating point)")
-    which.add_argument("--all-candidates", action="store_true",
-                       help="report every candidate the detector keeps, whatever its score")
+    which.add_argument(
+        "--score-threshold",
+        type=float,
+        default=None,
+        metavar="P",
+        help="report findings scoring at or above P (0..1; default: the model's operating point)",
+    )
+    which.add_argument(
+        "--all-candidates", action="store_true", help="report every candidate the detector keeps, whatever its score"
+    )
     p.add_argument("--case-id", default=None, help="name of the output files (default: from the source)")
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
     p.add_argument("--max-png", type=int, default=20, help="PNGs for at most this many top findings")
+    add_dicom_options(p, default="sr")
     p.set_defaults(func=_detect)
 
     e = subparsers.add_parser("evaluate", help="LUNA16 FROC/CPM of findings against ground truth")
     e.add_argument("--pred", nargs="+", required=True, type=Path, help="findings JSONs/folders or a LUNA16 candidates CSV")
-    e.add_argument("--truth", nargs="+", required=True, type=Path, help="phantom ground_truth.json files/folders or a LUNA16 annotations CSV")
+    e.add_argument(
+        "--truth", nargs="+", required=True, type=Path, help="phantom ground_truth.json files/folders or a LUNA16 annotations CSV"
+    )
     e.add_argument("--out", type=Path, required=True, help="folder for froc.json, froc.csv, froc.png")
     e.add_argument("--bootstrap", type=int, default=1000, help="bootstrap samples for the 95%% intervals")
     e.add_argument("--min-diameter", type=float, default=3.0, help="smaller reference nodules are irrelevant findings (mm)")
-    e.add_argument("--scans", type=Path, default=None,
-                   help="CSV of the test set's SeriesInstanceUIDs, as LUNA16's seriesuids.csv (default: every scan "
-                        "named by the predictions or the truth)")
-    e.add_argument("--irrelevant", nargs="+", type=Path, default=None,
-                   help="irrelevant findings (hits ignored), e.g. LUNA16's annotations_excluded.csv")
-    e.add_argument("--reading", choices=READINGS, default="interpolate",
-                   help="sensitivity at each FP rate: linear interpolation of the FROC curve as LUNA16's script "
-                        "(default), or step: the best operating point at or below the rate")
-    e.add_argument("--max-marks", type=int, default=None, metavar="N",
-                   help="keep only each scan's N highest-scoring candidates, as LUNA16's script (N=100); default: all")
+    e.add_argument(
+        "--scans",
+        type=Path,
+        default=None,
+        help="CSV of the test set's SeriesInstanceUIDs, as LUNA16's seriesuids.csv (default: every scan "
+        "named by the predictions or the truth)",
+    )
+    e.add_argument(
+        "--irrelevant",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="irrelevant findings (hits ignored), e.g. LUNA16's annotations_excluded.csv",
+    )
+    e.add_argument(
+        "--reading",
+        choices=READINGS,
+        default="interpolate",
+        help="sensitivity at each FP rate: linear interpolation of the FROC curve as LUNA16's script "
+        "(default), or step: the best operating point at or below the rate",
+    )
+    e.add_argument(
+        "--max-marks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep only each scan's N highest-scoring candidates, as LUNA16's script (N=100); default: all",
+    )
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=_evaluate)
 
@@ -97,22 +140,63 @@ def _detect(args: argparse.Namespace) -> int:
 
     volume, case_id = _read_source(args.src)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
-    det = Detector(bundle=args.bundle, device=args.device, amp=not args.fp32, restrict_to_lungs=not args.no_lung_crop,
-                   postprocess=not args.raw, score_threshold=args.score_threshold, all_candidates=args.all_candidates)
+    det = Detector(
+        bundle=args.bundle,
+        device=args.device,
+        amp=not args.fp32,
+        restrict_to_lungs=not args.no_lung_crop,
+        postprocess=not args.raw,
+        score_threshold=args.score_threshold,
+        all_candidates=args.all_candidates,
+    )
     findings = det.detect(volume, case_id=case_id)
     out: Path = args.out
     j = findings.write_json(out / f"{case_id}.findings.json")
     c = findings.write_csv(out / f"{case_id}.findings.csv")
     pngs = [] if args.no_png else write_finding_pngs(volume, findings, out / f"{case_id}_png", max_findings=args.max_png)
     thr = "any score" if findings.score_threshold is None else f"score >= {findings.score_threshold:.4g}"
-    print(f"{case_id}: {len(findings)} findings reported of {len(findings.candidates)} candidates ({thr}; "
-          f"{findings.threshold_source}) ({det.config.name}, {findings.device}, "
-          f"{findings.timings_ms.get('total', 0):.0f} ms){' — ' + findings.reason if findings.reason else ''}")
+    print(
+        f"{case_id}: {len(findings)} findings reported of {len(findings.candidates)} candidates ({thr}; "
+        f"{findings.threshold_source}) ({det.config.name}, {findings.device}, "
+        f"{findings.timings_ms.get('total', 0):.0f} ms){' — ' + findings.reason if findings.reason else ''}"
+    )
     for rank, f in enumerate(findings.findings[:10], 1):
         x, y, z = f.center_lps
-        print(f"  #{rank:<3d} score {f.score:.3f}  {f.diameter_mm:5.1f} mm  LPS ({x:7.1f}, {y:7.1f}, {z:7.1f})  "
-              f"{findings.slice_number_source} {f.slice_number}")
+        print(
+            f"  #{rank:<3d} score {f.score:.3f}  {f.diameter_mm:5.1f} mm  LPS ({x:7.1f}, {y:7.1f}, {z:7.1f})  "
+            f"{findings.slice_number_source} {f.slice_number}"
+        )
     print(f"wrote {j}, {c}" + (f" and {len(pngs)} PNGs in {out / (case_id + '_png')}" if pngs else ""))
+    return _write_dicom(args, volume, findings, case_id)
+
+
+def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: str) -> int:
+    """The SR of the findings (after every other output): 0 when written or not asked for, 1 when it failed."""
+    from ..dicom_out.case import dicom_source_of, write_case_dicom
+    from ..errors import DicomOutputError
+
+    outputs = tuple(args.dicom)
+    if "seg" in outputs:
+        log.warning("no SEG: detection makes no masks (ctpipe reconstruct --findings writes the SEG)")
+    else:
+        log.info("no SEG: detection makes no masks (ctpipe reconstruct --findings writes the SEG)")
+    outputs = tuple(o for o in outputs if o != "seg")
+    if not outputs:
+        return 0
+    source = dicom_source_of(args.src)
+    if source is None:
+        log.warning("%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM SR written", args.src)
+        return 0
+    try:
+        paths = write_case_dicom(args.out, source=source, volume=volume, findings=findings, outputs=outputs, stem=case_id)
+    except (DicomOutputError, OSError) as exc:
+        print(
+            f"ctpipe detect: error: the DICOM SR was not written ({exc}); the findings JSON, CSV and PNGs are "
+            f"written in {args.out}",
+            file=sys.stderr,
+        )
+        return 1
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 
 
@@ -124,8 +208,17 @@ def _evaluate(args: argparse.Namespace) -> int:
     preds = load_predictions(args.pred)
     irrelevant = load_truth(args.irrelevant) if args.irrelevant else None
     scans = load_scans(args.scans) if args.scans is not None else None
-    result = evaluate_froc(preds, truth, scans=scans, min_diameter_mm=args.min_diameter, n_bootstrap=args.bootstrap,
-                           seed=args.seed, reading=args.reading, irrelevant=irrelevant, max_marks_per_scan=args.max_marks)
+    result = evaluate_froc(
+        preds,
+        truth,
+        scans=scans,
+        min_diameter_mm=args.min_diameter,
+        n_bootstrap=args.bootstrap,
+        seed=args.seed,
+        reading=args.reading,
+        irrelevant=irrelevant,
+        max_marks_per_scan=args.max_marks,
+    )
     paths = result.write(args.out)
     print(result.table())
     print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}")

@@ -81,15 +81,20 @@ class FrocResult:
         for r, s, (lo, hi), (t, _, _) in zip(self.fp_rates, self.sensitivity, self.sensitivity_ci, thr):
             lines.append(f"{r:8.3f}  {s:11.3f}  [{lo:.3f}, {hi:.3f}]  {t:.4g}")
         lines.append(f"CPM       {self.cpm:11.3f}  [{self.cpm_ci[0]:.3f}, {self.cpm_ci[1]:.3f}]")
-        lines.append(f"({self.n_scans} scans, {self.n_nodules} nodules, {self.n_detected} detected, {self.n_candidates} candidates)")
+        lines.append(
+            f"({self.n_scans} scans, {self.n_nodules} nodules, {self.n_detected} detected, {self.n_candidates} candidates)"
+        )
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "protocol": "LUNA16 FROC (hit = candidate centre within nodule radius; CPM = mean sensitivity at 1/8..8 FPs/scan)",
             "reading": self.reading,
-            "reading_note": ("sensitivity read by linear interpolation of the FROC curve from (0, 0), as LUNA16's script"
-                             if self.reading == "interpolate" else "best operating point at or below each FP rate"),
+            "reading_note": (
+                "sensitivity read by linear interpolation of the FROC curve from (0, 0), as LUNA16's script"
+                if self.reading == "interpolate"
+                else "best operating point at or below each FP rate"
+            ),
             "max_marks_per_scan": self.max_marks_per_scan,
             "fp_rates": list(self.fp_rates),
             "sensitivity": self.sensitivity,
@@ -102,8 +107,10 @@ class FrocResult:
             "n_candidates": self.n_candidates,
             "n_bootstrap": self.n_bootstrap,
             "curve": {"fps_per_scan": self.curve_fps, "sensitivity": self.curve_sensitivity},
-            "operating_points": [{"fps_per_scan": r, "score_threshold": t, "sensitivity": s, "measured_fps_per_scan": f}
-                                 for r, (t, s, f) in zip(self.fp_rates, self.thresholds)],
+            "operating_points": [
+                {"fps_per_scan": r, "score_threshold": t, "sensitivity": s, "measured_fps_per_scan": f}
+                for r, (t, s, f) in zip(self.fp_rates, self.thresholds)
+            ],
             "per_nodule": self.per_nodule,
         }
 
@@ -178,8 +185,11 @@ def _keep_top_marks(cands: list[tuple[np.ndarray, float]], cap: int | None) -> l
     return [(c, s) for c, s in cands if s > limit]
 
 
-def _match_scan(cands: Sequence[tuple[np.ndarray, float]], relevant: Sequence[tuple[np.ndarray, float]],
-                irrelevant: Sequence[tuple[np.ndarray, float]]) -> tuple[np.ndarray, np.ndarray]:
+def _match_scan(
+    cands: Sequence[tuple[np.ndarray, float]],
+    relevant: Sequence[tuple[np.ndarray, float]],
+    irrelevant: Sequence[tuple[np.ndarray, float]],
+) -> tuple[np.ndarray, np.ndarray]:
     """Per scan: (best score per relevant nodule or -inf, FP scores)."""
     best = np.full(len(relevant), -np.inf)
     fps = []
@@ -219,8 +229,9 @@ def match_predictions(
     cands = {sid: _keep_top_marks(_as_candidates(pred), max_marks_per_scan) for sid, pred in predictions.items()}
     gt = {sid: [(np.asarray(c, float), float(d)) for c, d in nods] for sid, nods in truth.items()}
     # as LUNA16's script: an irrelevant finding without a diameter (negative) counts as 10 mm
-    excl = {sid: [(np.asarray(c, float), float(d) if d >= 0 else 10.0) for c, d in nods]
-            for sid, nods in (irrelevant or {}).items()}
+    excl = {
+        sid: [(np.asarray(c, float), float(d) if d >= 0 else 10.0) for c, d in nods] for sid, nods in (irrelevant or {}).items()
+    }
     scan_ids = sorted(set(scans) if scans is not None else set(gt) | set(cands))
     if not scan_ids:
         raise ConfigError("no scans to evaluate", fix="pass predictions and ground truth for at least one scan")
@@ -237,17 +248,21 @@ def match_predictions(
         best, fps = _match_scan(cands.get(sid, []), relevant, small + excl.get(sid, []))
         per_scan.append((best, fps))
         for (c, d), b in zip(relevant, best):
-            per_nodule.append({"scan": sid, "center_lps": c.tolist(), "diameter_mm": d,
-                               "best_score": float(b) if np.isfinite(b) else None})
+            per_nodule.append(
+                {"scan": sid, "center_lps": c.tolist(), "diameter_mm": d, "best_score": float(b) if np.isfinite(b) else None}
+            )
     if not per_nodule:
-        raise ConfigError(f"the ground truth holds no nodule of at least {min_diameter_mm} mm in the {len(scan_ids)} scans "
-                          "evaluated", fix="check the truth file and the scan list")
+        raise ConfigError(
+            f"the ground truth holds no nodule of at least {min_diameter_mm} mm in the {len(scan_ids)} scans evaluated",
+            fix="check the truth file and the scan list",
+        )
     n_cands = sum(len(cands.get(sid, [])) for sid in scan_ids)
     return Matched(per_scan=per_scan, n_scans=len(scan_ids), per_nodule=per_nodule, n_candidates=n_cands)
 
 
-def froc_curve(tp_scores: np.ndarray, fp_scores: np.ndarray, n_nodules: int, n_scans: int
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def froc_curve(
+    tp_scores: np.ndarray, fp_scores: np.ndarray, n_nodules: int, n_scans: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """FROC operating points ``(fps_per_scan, sensitivity, threshold)``, one per distinct score, highest threshold
     first, preceded by (0, 0) at threshold +inf. ``tp_scores``: best score of each nodule (``-inf`` = missed)."""
     found = tp_scores[np.isfinite(tp_scores)]
@@ -309,8 +324,14 @@ def evaluate_froc(
         raise ConfigError(f"FROC reading {reading!r} is not one of {READINGS}", fix="use 'interpolate' (LUNA16) or 'step'")
     if max_marks_per_scan is not None and max_marks_per_scan < 1:
         raise ConfigError(f"max_marks_per_scan is {max_marks_per_scan}; it must be at least 1 (LUNA16 uses 100)")
-    matched = match_predictions(predictions, truth, scans=scans, min_diameter_mm=min_diameter_mm,
-                                irrelevant=irrelevant, max_marks_per_scan=max_marks_per_scan)
+    matched = match_predictions(
+        predictions,
+        truth,
+        scans=scans,
+        min_diameter_mm=min_diameter_mm,
+        irrelevant=irrelevant,
+        max_marks_per_scan=max_marks_per_scan,
+    )
     per_scan, n_scans, per_nodule = matched.per_scan, matched.n_scans, matched.per_nodule
     n_nodules = len(per_nodule)
     tp = np.concatenate([b for b, _ in per_scan])

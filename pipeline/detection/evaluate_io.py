@@ -35,8 +35,11 @@ def _csv_rows(path: Path, value_key: str) -> dict[str, list[tuple[np.ndarray, fl
         fields = set(reader.fieldnames or [])
         need = {"seriesuid", "coordX", "coordY", "coordZ", value_key}
         if not need <= fields:
-            raise ConfigError(f"CSV columns {sorted(fields)} lack {sorted(need - fields)}", where=path,
-                              fix=f"use the LUNA16 layout: seriesuid,coordX,coordY,coordZ,{value_key}")
+            raise ConfigError(
+                f"CSV columns {sorted(fields)} lack {sorted(need - fields)}",
+                where=path,
+                fix=f"use the LUNA16 layout: seriesuid,coordX,coordY,coordZ,{value_key}",
+            )
         for n, row in enumerate(reader, 2):
             try:
                 c = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
@@ -74,8 +77,11 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
             sid = str(data["series_uid"])
             nods = [(np.asarray(n["center_lps"], float), float(n["diameter_mm"])) for n in data["nodules"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"not a phantom ground truth JSON ({type(exc).__name__}: {exc})", where=f,
-                              fix="pass ground_truth.json files written by the phantom generator, or a LUNA16 CSV") from exc
+            raise ConfigError(
+                f"not a phantom ground truth JSON ({type(exc).__name__}: {exc})",
+                where=f,
+                fix="pass ground_truth.json files written by the phantom generator, or a LUNA16 CSV",
+            ) from exc
         truth.setdefault(sid, []).extend(nods)
     if not truth:
         raise ConfigError("no ground truth found", where=", ".join(map(str, paths)))
@@ -88,8 +94,11 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
     # `ctpipe detect` writes <case>.findings.json; `ctpipe run` writes cases/<id>/findings.json
     files = _files(paths, ("*findings.json",))
     if not files:
-        raise ConfigError("no findings JSON or candidates CSV found", where=", ".join(map(str, paths)),
-                          fix="pass a run folder, findings JSON files or a LUNA16 candidates CSV")
+        raise ConfigError(
+            "no findings JSON or candidates CSV found",
+            where=", ".join(map(str, paths)),
+            fix="pass a run folder, findings JSON files or a LUNA16 candidates CSV",
+        )
     for f in files:
         if f.suffix == ".csv":
             for sid, rows in _csv_rows(f, "probability").items():

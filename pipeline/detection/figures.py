@@ -52,13 +52,21 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str
     fig = Figure(figsize=(9, 4.8), dpi=90)
     for n, (img, title) in enumerate(((axial, f"{slice_label} {f.slice_number} (k={k})"), (mip, f"MIP {k1 - k0} slices"))):
         ax = fig.add_subplot(1, 2, n + 1)
-        ax.imshow(img, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], interpolation="nearest",
-                  aspect=volume.spacing[1] / volume.spacing[0])
+        ax.imshow(
+            img,
+            cmap="gray",
+            vmin=LUNG_WINDOW[0],
+            vmax=LUNG_WINDOW[1],
+            interpolation="nearest",
+            aspect=volume.spacing[1] / volume.spacing[0],
+        )
         ax.add_patch(Rectangle((i0 - 0.5, j0 - 0.5), i1 - i0 + 1, j1 - j0 + 1, fill=False, edgecolor="red", linewidth=1.2))
         ax.set_title(title, fontsize=9)
         ax.set_axis_off()
     c = f.center_lps
-    fig.suptitle(f"#{rank} score {f.score:.2f}, {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm", fontsize=10)
+    fig.suptitle(
+        f"#{rank} score {f.score:.2f}, {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm", fontsize=10
+    )
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()

@@ -32,8 +32,23 @@ from ..atomic import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 CSV_FIELDS = [
-    "case_id", "series_uid", "rank", "score", "center_x_lps", "center_y_lps", "center_z_lps", "diameter_mm",
-    "box_min_x", "box_min_y", "box_min_z", "box_max_x", "box_max_y", "box_max_z", "voxel_i", "voxel_j", "voxel_k",
+    "case_id",
+    "series_uid",
+    "rank",
+    "score",
+    "center_x_lps",
+    "center_y_lps",
+    "center_z_lps",
+    "diameter_mm",
+    "box_min_x",
+    "box_min_y",
+    "box_min_z",
+    "box_max_x",
+    "box_max_y",
+    "box_max_z",
+    "voxel_i",
+    "voxel_j",
+    "voxel_k",
     "slice_number",
 ]
 
@@ -44,8 +59,11 @@ SLICE_NUMBER_SOURCES = ("InstanceNumber", "FrameNumber", "index + 1")
 
 def _per_slice(metadata: Mapping[str, Any], key: str, n_slices: int, kind: type) -> list[Any] | None:
     values = metadata.get(key)
-    if isinstance(values, (list, tuple)) and len(values) == n_slices \
-            and all(isinstance(v, kind) and not isinstance(v, bool) and v != "" for v in values):
+    if (
+        isinstance(values, (list, tuple))
+        and len(values) == n_slices
+        and all(isinstance(v, kind) and not isinstance(v, bool) and v != "" for v in values)
+    ):
         return list(values)
     return None
 
@@ -78,8 +96,11 @@ def slice_ref(k: int, metadata: Mapping[str, Any], n_slices: int) -> SliceRef:
     frames = _per_slice(metadata, "FrameNumbers", n_slices, int)
     numbers = _per_slice(metadata, "InstanceNumbers", n_slices, int)
     number = numbers[k] if numbers is not None else frames[k] if frames is not None else k + 1
-    return SliceRef(number=int(number), sop_instance_uid=uids[k] if uids is not None else None,
-                    frame_number=int(frames[k]) if frames is not None else None)
+    return SliceRef(
+        number=int(number),
+        sop_instance_uid=uids[k] if uids is not None else None,
+        frame_number=int(frames[k]) if frames is not None else None,
+    )
 
 
 def slice_number_of(k: int, metadata: Mapping[str, Any], n_slices: int) -> int:
@@ -207,8 +228,13 @@ class Findings:
         if threshold is None:
             return replace(self, findings=every, below_threshold=[], score_threshold=None, threshold_source=source)
         t = float(threshold)
-        return replace(self, findings=[f for f in every if f.score >= t], below_threshold=[f for f in every if f.score < t],
-                       score_threshold=t, threshold_source=source)
+        return replace(
+            self,
+            findings=[f for f in every if f.score >= t],
+            below_threshold=[f for f in every if f.score < t],
+            score_threshold=t,
+            threshold_source=source,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -257,14 +283,28 @@ class Findings:
         """One row per reported finding (:attr:`findings`), ranked by score."""
         rows = []
         for rank, f in enumerate(self.findings, 1):
-            rows.append({
-                "case_id": self.case_id or "", "series_uid": self.series_uid or "", "rank": rank, "score": f"{f.score:.5f}",
-                "center_x_lps": f"{f.center_lps[0]:.2f}", "center_y_lps": f"{f.center_lps[1]:.2f}", "center_z_lps": f"{f.center_lps[2]:.2f}",
-                "diameter_mm": f"{f.diameter_mm:.2f}",
-                "box_min_x": f"{f.box_min_lps[0]:.2f}", "box_min_y": f"{f.box_min_lps[1]:.2f}", "box_min_z": f"{f.box_min_lps[2]:.2f}",
-                "box_max_x": f"{f.box_max_lps[0]:.2f}", "box_max_y": f"{f.box_max_lps[1]:.2f}", "box_max_z": f"{f.box_max_lps[2]:.2f}",
-                "voxel_i": f.voxel_ijk[0], "voxel_j": f.voxel_ijk[1], "voxel_k": f.voxel_ijk[2], "slice_number": f.slice_number,
-            })
+            rows.append(
+                {
+                    "case_id": self.case_id or "",
+                    "series_uid": self.series_uid or "",
+                    "rank": rank,
+                    "score": f"{f.score:.5f}",
+                    "center_x_lps": f"{f.center_lps[0]:.2f}",
+                    "center_y_lps": f"{f.center_lps[1]:.2f}",
+                    "center_z_lps": f"{f.center_lps[2]:.2f}",
+                    "diameter_mm": f"{f.diameter_mm:.2f}",
+                    "box_min_x": f"{f.box_min_lps[0]:.2f}",
+                    "box_min_y": f"{f.box_min_lps[1]:.2f}",
+                    "box_min_z": f"{f.box_min_lps[2]:.2f}",
+                    "box_max_x": f"{f.box_max_lps[0]:.2f}",
+                    "box_max_y": f"{f.box_max_lps[1]:.2f}",
+                    "box_max_z": f"{f.box_max_lps[2]:.2f}",
+                    "voxel_i": f.voxel_ijk[0],
+                    "voxel_j": f.voxel_ijk[1],
+                    "voxel_k": f.voxel_ijk[2],
+                    "slice_number": f.slice_number,
+                }
+            )
         return rows
 
     def write_json(self, path: str | Path) -> Path:

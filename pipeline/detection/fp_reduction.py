@@ -55,16 +55,20 @@ FLIP_VIEWS: dict[int, tuple[tuple[int, ...], ...]] = {
 class PatchClassifier(nn.Module):
     """Input (N, in_channels, P, P, P) patches in 0..1 (P divisible by 8); output (N,) logits."""
 
-    def __init__(self, patch: int = 24, channels: tuple[int, int, int] = (8, 16, 32), hidden: int = 64,
-                 in_channels: int = 1) -> None:
+    def __init__(
+        self, patch: int = 24, channels: tuple[int, int, int] = (8, 16, 32), hidden: int = 64, in_channels: int = 1
+    ) -> None:
         super().__init__()
         c1, c2, c3 = channels
 
         def block(cin: int, cout: int, n: int) -> list[nn.Module]:
             layers: list[nn.Module] = []
             for m in range(n):
-                layers += [nn.Conv3d(cin if m == 0 else cout, cout, 3, padding=1, bias=False), nn.BatchNorm3d(cout),
-                           nn.ReLU(inplace=True)]
+                layers += [
+                    nn.Conv3d(cin if m == 0 else cout, cout, 3, padding=1, bias=False),
+                    nn.BatchNorm3d(cout),
+                    nn.ReLU(inplace=True),
+                ]
             return [*layers, nn.MaxPool3d(2)]
 
         self.features = nn.Sequential(*block(in_channels, c1, 1), *block(c1, c2, 2), *block(c2, c3, 2))
@@ -115,25 +119,45 @@ class FPReductionConfig:
                 flip_min_probability=float(data.get("flip_min_probability", 0.02)),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise BundleError(f"invalid fp_reduction entry: {exc!r}", where=where,
-                              fix="regenerate it with scripts/train_fp_reducer.py") from exc
-        if cfg.patch % 8 or cfg.patch <= 0 or cfg.spacing_mm <= 0 or len(cfg.channels) != 3 or not 0 <= cfg.detector_weight <= 1 \
-                or cfg.duplicate_radius_factor <= 0 or (cfg.context_spacing_mm is not None and cfg.context_spacing_mm <= 0) \
-                or cfg.flip_views not in FLIP_VIEWS or not 0 <= cfg.flip_min_probability < 1:
-            raise BundleError(f"fp_reduction entry out of range: patch {cfg.patch} (multiple of 8), spacing_mm "
-                              f"{cfg.spacing_mm} (> 0), detector_weight {cfg.detector_weight} (0..1), duplicate_radius_factor "
-                              f"{cfg.duplicate_radius_factor} (> 0), context_spacing_mm {cfg.context_spacing_mm} (> 0 or null), "
-                              f"flip_views {cfg.flip_views} (one of {sorted(FLIP_VIEWS)}), flip_min_probability "
-                              f"{cfg.flip_min_probability} (0..1)", where=where,
-                              fix="regenerate it with scripts/train_fp_reducer.py")
+            raise BundleError(
+                f"invalid fp_reduction entry: {exc!r}", where=where, fix="regenerate it with scripts/train_fp_reducer.py"
+            ) from exc
+        if (
+            cfg.patch % 8
+            or cfg.patch <= 0
+            or cfg.spacing_mm <= 0
+            or len(cfg.channels) != 3
+            or not 0 <= cfg.detector_weight <= 1
+            or cfg.duplicate_radius_factor <= 0
+            or (cfg.context_spacing_mm is not None and cfg.context_spacing_mm <= 0)
+            or cfg.flip_views not in FLIP_VIEWS
+            or not 0 <= cfg.flip_min_probability < 1
+        ):
+            raise BundleError(
+                f"fp_reduction entry out of range: patch {cfg.patch} (multiple of 8), spacing_mm "
+                f"{cfg.spacing_mm} (> 0), detector_weight {cfg.detector_weight} (0..1), duplicate_radius_factor "
+                f"{cfg.duplicate_radius_factor} (> 0), context_spacing_mm {cfg.context_spacing_mm} (> 0 or null), "
+                f"flip_views {cfg.flip_views} (one of {sorted(FLIP_VIEWS)}), flip_min_probability "
+                f"{cfg.flip_min_probability} (0..1)",
+                where=where,
+                fix="regenerate it with scripts/train_fp_reducer.py",
+            )
         return cfg
 
     def to_json(self) -> dict[str, Any]:
-        return {"weights": self.weights.name, "patch": self.patch, "spacing_mm": self.spacing_mm,
-                "channels": list(self.channels), "hidden": self.hidden, "blob_candidates": self.blob_candidates,
-                "detector_weight": self.detector_weight, "duplicate_radius_factor": self.duplicate_radius_factor,
-                "context_spacing_mm": self.context_spacing_mm, "flip_views": self.flip_views,
-                "flip_min_probability": self.flip_min_probability}
+        return {
+            "weights": self.weights.name,
+            "patch": self.patch,
+            "spacing_mm": self.spacing_mm,
+            "channels": list(self.channels),
+            "hidden": self.hidden,
+            "blob_candidates": self.blob_candidates,
+            "detector_weight": self.detector_weight,
+            "duplicate_radius_factor": self.duplicate_radius_factor,
+            "context_spacing_mm": self.context_spacing_mm,
+            "flip_views": self.flip_views,
+            "flip_min_probability": self.flip_min_probability,
+        }
 
 
 def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 24, spacing_mm: float = 1.0) -> np.ndarray:
@@ -158,7 +182,7 @@ def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 2
         c = np.round(centre_ijk[n][::-1]).astype(int)
         lo = np.clip(c - reach_vox, 0, shape_kji - 1)
         hi = np.clip(c + reach_vox + 1, lo + 1, shape_kji)
-        crop = np.asarray(arr[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]], dtype=np.float32)
+        crop = np.asarray(arr[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]], dtype=np.float32)
         kji = volume.lps_to_index(centers[n] + offsets)[:, ::-1] - lo
         vals = ndimage.map_coordinates(crop, kji.T, order=1, mode="nearest")
         out[n] = ((np.clip(vals, lo_hu, hi_hu) - lo_hu) / (hi_hu - lo_hu)).reshape(patch, patch, patch)
@@ -168,8 +192,7 @@ def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 2
 def classifier_input(volume: CTVolume, centers_lps: np.ndarray, config: FPReductionConfig) -> np.ndarray:
     """The classifier's input for positions ``centers_lps`` (N, 3; LPS mm): float32 ``(N, C, P, P, P)``, one
     channel per grid of ``config.spacings_mm`` (:func:`extract_patches`; the same centre, ``P = config.patch``)."""
-    return np.stack([extract_patches(volume, centers_lps, patch=config.patch, spacing_mm=s) for s in config.spacings_mm],
-                    axis=1)
+    return np.stack([extract_patches(volume, centers_lps, patch=config.patch, spacing_mm=s) for s in config.spacings_mm], axis=1)
 
 
 def patch_logits(network: nn.Module, x: torch.Tensor, *, views: int = 1, min_probability: float = 0.02) -> torch.Tensor:
@@ -203,21 +226,28 @@ def combine_scores(classifier_prob: np.ndarray, detector_score: np.ndarray, dete
 class FPReducer:
     """A loaded :class:`PatchClassifier` with its settings; :meth:`probabilities` scores positions (LPS mm)."""
 
-    def __init__(self, config: FPReductionConfig, *, device: str | torch.device = "cpu",
-                 autocast: torch.dtype | None = None) -> None:
+    def __init__(
+        self, config: FPReductionConfig, *, device: str | torch.device = "cpu", autocast: torch.dtype | None = None
+    ) -> None:
         self.config = config
         self.device = torch.device(device)
         self._autocast = autocast
         net = PatchClassifier(config.patch, config.channels, config.hidden, in_channels=len(config.spacings_mm))
         if not config.weights.is_file():
-            raise BundleError("false-positive reduction weights are missing", where=config.weights,
-                              fix="reinstall ctpipe or retrain them with scripts/train_fp_reducer.py")
+            raise BundleError(
+                "false-positive reduction weights are missing",
+                where=config.weights,
+                fix="reinstall ctpipe or retrain them with scripts/train_fp_reducer.py",
+            )
         try:
             state = torch.load(config.weights, map_location="cpu", weights_only=True)
             net.load_state_dict(state)
         except (RuntimeError, OSError, ValueError, KeyError) as exc:
-            raise BundleError(f"false-positive reduction weights do not load: {exc}", where=config.weights,
-                              fix="retrain them with scripts/train_fp_reducer.py") from exc
+            raise BundleError(
+                f"false-positive reduction weights do not load: {exc}",
+                where=config.weights,
+                fix="retrain them with scripts/train_fp_reducer.py",
+            ) from exc
         self.network = net.to(self.device).eval()
 
     @torch.no_grad()
@@ -227,15 +257,16 @@ class FPReducer:
         centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
         probs = np.zeros(len(centers))
         for a in range(0, len(centers), batch):
-            x = torch.from_numpy(classifier_input(volume, centers[a:a + batch], cfg)).to(self.device)
+            x = torch.from_numpy(classifier_input(volume, centers[a : a + batch], cfg)).to(self.device)
             with torch.autocast(self.device.type, dtype=self._autocast, enabled=self._autocast is not None):
                 logits = patch_logits(self.network, x, views=cfg.flip_views, min_probability=cfg.flip_min_probability)
-            probs[a:a + batch] = torch.sigmoid(logits).cpu().numpy()
+            probs[a : a + batch] = torch.sigmoid(logits).cpu().numpy()
         return probs
 
 
-def candidate_findings(volume: CTVolume, findings: Findings, region: LungRegion | None, *,
-                       blobs: int = 200) -> tuple[list[Finding], np.ndarray]:
+def candidate_findings(
+    volume: CTVolume, findings: Findings, region: LungRegion | None, *, blobs: int = 200
+) -> tuple[list[Finding], np.ndarray]:
     """The candidates the classifier scores, with the detector's score of each (-1 for blobs):
     every candidate of ``findings`` (reported or not) and up to ``blobs`` small-blob candidates
     (:func:`.candidates.blob_candidates`, boxes of the blob's scale), all with centres refined on
@@ -248,21 +279,30 @@ def candidate_findings(volume: CTVolume, findings: Findings, region: LungRegion 
         vox = np.clip(np.round(volume.lps_to_index(found.centers_lps)).astype(int), 0, size_ijk - 1).reshape(-1, 3)
         for n in range(len(found)):
             c, r = found.centers_lps[n], found.diameters_mm[n] / 2.0
-            items.append(Finding(
-                center_lps=tuple(float(v) for v in c),  # type: ignore[arg-type]
-                box_min_lps=tuple(float(v) for v in c - r),  # type: ignore[arg-type]
-                box_max_lps=tuple(float(v) for v in c + r),  # type: ignore[arg-type]
-                diameter_mm=float(2.0 * r), score=0.0,
-                voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), int(vox[n, 2])),
-                **slice_fields(int(vox[n, 2]), volume.metadata, int(size_ijk[2])),
-            ))
+            items.append(
+                Finding(
+                    center_lps=tuple(float(v) for v in c),  # type: ignore[arg-type]
+                    box_min_lps=tuple(float(v) for v in c - r),  # type: ignore[arg-type]
+                    box_max_lps=tuple(float(v) for v in c + r),  # type: ignore[arg-type]
+                    diameter_mm=float(2.0 * r),
+                    score=0.0,
+                    voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), int(vox[n, 2])),
+                    **slice_fields(int(vox[n, 2]), volume.metadata, int(size_ijk[2])),
+                )
+            )
             det.append(-1.0)
     refined = refine_findings(volume, findings.with_candidates(items), sort=False)
     return list(refined), np.asarray(det, dtype=np.float64)
 
 
-def suppress_duplicates(centers_lps: np.ndarray, diameters_mm: np.ndarray, scores: np.ndarray, *,
-                        min_distance_mm: float = 3.0, radius_factor: float = 1.0) -> np.ndarray:
+def suppress_duplicates(
+    centers_lps: np.ndarray,
+    diameters_mm: np.ndarray,
+    scores: np.ndarray,
+    *,
+    min_distance_mm: float = 3.0,
+    radius_factor: float = 1.0,
+) -> np.ndarray:
     """Indices kept, highest score first: a candidate is dropped when its centre lies within
     ``max(min_distance_mm, radius_factor * radius)`` of a higher-scoring kept one (the same nodule seen twice)."""
     order = np.argsort(-np.asarray(scores), kind="stable")
@@ -276,8 +316,7 @@ def suppress_duplicates(centers_lps: np.ndarray, diameters_mm: np.ndarray, score
     return np.asarray(kept, dtype=int)
 
 
-def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPReducer,
-                           region: LungRegion | None) -> Findings:
+def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPReducer, region: LungRegion | None) -> Findings:
     """Every candidate of ``findings`` re-scored by ``reducer`` together with small-blob candidates (LPS mm; see
     the module docstring); duplicates of one nodule are merged; highest score first, every candidate reported
     (no threshold applied)."""
@@ -287,7 +326,8 @@ def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPRedu
     centers = np.array([f.center_lps for f in items])
     probs = reducer.probabilities(volume, centers)
     scores = combine_scores(probs, det, reducer.config.detector_weight)
-    keep = suppress_duplicates(centers, np.array([f.diameter_mm for f in items]), scores,
-                               radius_factor=reducer.config.duplicate_radius_factor)
+    keep = suppress_duplicates(
+        centers, np.array([f.diameter_mm for f in items]), scores, radius_factor=reducer.config.duplicate_radius_factor
+    )
     log.debug("false-positive reduction: %d candidates (%d blobs), %d kept", len(items), int((det < 0).sum()), len(keep))
     return findings.with_candidates([replace(items[n], score=float(scores[n])) for n in keep])

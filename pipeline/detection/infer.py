@@ -98,7 +98,8 @@ class Detector:
         self.config = self.model.config
         #: the score threshold findings are reported at (``None``: every candidate) and where it came from
         self.score_threshold, self.threshold_source = resolve_threshold(
-            self.config, score_threshold=score_threshold, all_candidates=all_candidates, postprocess=self.postprocessing)
+            self.config, score_threshold=score_threshold, all_candidates=all_candidates, postprocess=self.postprocessing
+        )
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._autocast = autocast_dtype(self.device, bool(amp))
         self._fpr: FPReducer | None = None
@@ -123,8 +124,14 @@ class Detector:
             net, self.config.anchors, self.config.selector, sliding_window=self.config.sliding_window, device=self.device
         )
         self._detector.eval()
-        log.info("detector %s on %s (%s); findings reported at score >= %s (%s)", self.config.name, self.device,
-                 self.precision, "any" if self.score_threshold is None else f"{self.score_threshold:.4g}", self.threshold_source)
+        log.info(
+            "detector %s on %s (%s); findings reported at score >= %s (%s)",
+            self.config.name,
+            self.device,
+            self.precision,
+            "any" if self.score_threshold is None else f"{self.score_threshold:.4g}",
+            self.threshold_source,
+        )
 
     @property
     def amp(self) -> bool:
@@ -160,8 +167,9 @@ class Detector:
             return region_from_mask(lung_mask, volume)
         return quick_lung_mask(volume)
 
-    def lung_roi(self, volume: CTVolume, *, lung_mask: LungMask | None = None,
-                 margin_mm: float | None = None) -> tuple[LungRegion, Roi | None]:
+    def lung_roi(
+        self, volume: CTVolume, *, lung_mask: LungMask | None = None, margin_mm: float | None = None
+    ) -> tuple[LungRegion, Roi | None]:
         """The lungs of ``volume`` and the crop box around them (source indices, grown by ``margin_mm``).
 
         The box is ``None`` when no lung voxel is found. ``margin_mm`` defaults to the model's crop margin.
@@ -191,8 +199,10 @@ class Detector:
             if use_sw:
                 raise
             # as the bundle's inferer does: a volume too big for the GPU at once goes window by window
-            log.warning("whole-volume inference ran out of GPU memory for input %s; retrying with a sliding window",
-                        tuple(tensor.shape[1:]))
+            log.warning(
+                "whole-volume inference ran out of GPU memory for input %s; retrying with a sliding window",
+                tuple(tensor.shape[1:]),
+            )
             torch.cuda.empty_cache()
             use_sw = True
             with torch.inference_mode(), torch.autocast(self.device.type, dtype=self._autocast, enabled=self.amp):
@@ -225,8 +235,15 @@ class Detector:
         where = f"case {case_id or volume.series_uid or '?'}"
         timings: dict[str, float] = {}
         t_all = time.perf_counter()
-        result = Findings([], case_id=case_id, series_uid=volume.series_uid, model=self.config.name,
-                          restricted_to_lungs=restrict, device=str(self.device), precision=self.precision)
+        result = Findings(
+            [],
+            case_id=case_id,
+            series_uid=volume.series_uid,
+            model=self.config.name,
+            restricted_to_lungs=restrict,
+            device=str(self.device),
+            precision=self.precision,
+        )
         volume = self._clean_volume(volume, where)
         region = roi = None
         if restrict:
@@ -251,9 +268,15 @@ class Detector:
         out = findings.select(self.score_threshold, self.threshold_source)
         if not out.reason:
             top = ", ".join(f"{f.score:.2f} at {out.slice_number_source} {f.slice_number}" for f in out.findings[:3])
-            log.info("case %s: %d of %d candidates reported (score >= %s, %s)%s", out.case_id or out.series_uid or "?",
-                     len(out), len(out.candidates), "any" if self.score_threshold is None else f"{self.score_threshold:.4g}",
-                     self.threshold_source, f"; top: {top}" if top else "")
+            log.info(
+                "case %s: %d of %d candidates reported (score >= %s, %s)%s",
+                out.case_id or out.series_uid or "?",
+                len(out),
+                len(out.candidates),
+                "any" if self.score_threshold is None else f"{self.score_threshold:.4g}",
+                self.threshold_source,
+                f"; top: {top}" if top else "",
+            )
         return out
 
     @property
@@ -306,14 +329,28 @@ class Detector:
         if lung_mask is not None:
             shell = CTVolume(np.broadcast_to(np.int8(0), geom.source.shape), geom.source)  # grid only, no voxel data
             region = lung_mask if isinstance(lung_mask, LungRegion) else region_from_mask(lung_mask, shell)
-        result = Findings([], case_id=case.case_id, series_uid=series_uid, model=self.config.name,
-                          restricted_to_lungs=region is not None, device=str(self.device),
-                          precision=self.precision)
-        return self._finish(result, tensor, geom, region, metadata or {}, dict(timings_ms or {}), t_all,
-                            f"case {case.case_id}")
+        result = Findings(
+            [],
+            case_id=case.case_id,
+            series_uid=series_uid,
+            model=self.config.name,
+            restricted_to_lungs=region is not None,
+            device=str(self.device),
+            precision=self.precision,
+        )
+        return self._finish(result, tensor, geom, region, metadata or {}, dict(timings_ms or {}), t_all, f"case {case.case_id}")
 
-    def _finish(self, result: Findings, tensor: torch.Tensor, grid: InputGeometry, region: LungRegion | None,
-                metadata: Mapping[str, Any], timings: dict[str, float], t_all: float, where: str) -> Findings:
+    def _finish(
+        self,
+        result: Findings,
+        tensor: torch.Tensor,
+        grid: InputGeometry,
+        region: LungRegion | None,
+        metadata: Mapping[str, Any],
+        timings: dict[str, float],
+        t_all: float,
+        where: str,
+    ) -> Findings:
         lo, hi = grid.valid_box
         extent = (np.asarray(hi) - np.asarray(lo)) * np.asarray(grid.spacing)
         if np.any(extent < MIN_INPUT_MM):
@@ -335,8 +372,14 @@ class Detector:
         timings["postprocess"] = (time.perf_counter() - t0) * 1000.0
         timings["total"] = (time.perf_counter() - t_all) * 1000.0
         result.timings_ms = timings
-        log.info("%s: %d findings (input %s, %s, model %.0f ms)", where, len(result), grid.shape,
-                 "sliding window" if use_sw else "whole volume", model_ms)
+        log.info(
+            "%s: %d findings (input %s, %s, model %.0f ms)",
+            where,
+            len(result),
+            grid.shape,
+            "sliding window" if use_sw else "whole volume",
+            model_ms,
+        )
         return result
 
     def _to_findings(
@@ -369,15 +412,17 @@ class Detector:
         for n in order:
             ext = bmax[n] - bmin[n]
             k = int(vox[n, 2])
-            findings.append(Finding(
-                center_lps=tuple(float(v) for v in centres[n]),  # type: ignore[arg-type]
-                box_min_lps=tuple(float(v) for v in bmin[n]),  # type: ignore[arg-type]
-                box_max_lps=tuple(float(v) for v in bmax[n]),  # type: ignore[arg-type]
-                diameter_mm=float(np.cbrt(np.prod(np.maximum(ext, 0.0)))),
-                score=float(scores[n]),
-                voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
-                **slice_fields(k, metadata, int(size_ijk[2])),
-            ))
+            findings.append(
+                Finding(
+                    center_lps=tuple(float(v) for v in centres[n]),  # type: ignore[arg-type]
+                    box_min_lps=tuple(float(v) for v in bmin[n]),  # type: ignore[arg-type]
+                    box_max_lps=tuple(float(v) for v in bmax[n]),  # type: ignore[arg-type]
+                    diameter_mm=float(np.cbrt(np.prod(np.maximum(ext, 0.0)))),
+                    score=float(scores[n]),
+                    voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
+                    **slice_fields(k, metadata, int(size_ijk[2])),
+                )
+            )
         return findings
 
 
@@ -411,6 +456,9 @@ def detect(
             det = _DETECTORS[key] = Detector(bundle=bundle, device=device)
     found = det.detect(volume, lung_mask=lung_mask, restrict_to_lungs=restrict_to_lungs, case_id=case_id)
     if score_threshold is not None or all_candidates:
-        found = found.select(*resolve_threshold(det.config, score_threshold=score_threshold, all_candidates=all_candidates,
-                                                postprocess=det.postprocessing))
+        found = found.select(
+            *resolve_threshold(
+                det.config, score_threshold=score_threshold, all_candidates=all_candidates, postprocess=det.postprocessing
+            )
+        )
     return found

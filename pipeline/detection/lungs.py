@@ -79,7 +79,9 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     if n == 0:
         return LungRegion(np.zeros_like(air), (sk, sj, si), volume.spacing)
     # components touching the in-plane border are the air around the patient
-    border = np.unique(np.concatenate([labels[:, 0, :].ravel(), labels[:, -1, :].ravel(), labels[:, :, 0].ravel(), labels[:, :, -1].ravel()]))
+    border = np.unique(
+        np.concatenate([labels[:, 0, :].ravel(), labels[:, -1, :].ravel(), labels[:, :, 0].ravel(), labels[:, :, -1].ravel()])
+    )
     sizes = ndimage.sum_labels(np.ones_like(labels), labels, index=np.arange(1, n + 1))
     sizes[border[border > 0] - 1] = 0
     voxel_ml = float(np.prod(volume.spacing)) * sk * sj * si / 1000.0

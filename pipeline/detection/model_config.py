@@ -116,13 +116,27 @@ def model_config_from_dict(data: Mapping[str, Any], *, where: Path, weights_dir:
     except (KeyError, TypeError, ValueError) as exc:
         raise BundleError(f"invalid model config value: {exc}", where=where) from exc
     if len(spacing) != 3 or min(spacing) <= 0 or len(size_div) != 3 or len(sw.get("roi_size", [])) != 3:
-        raise BundleError(f"spacing {tuple(spacing)}, size_divisible {tuple(size_div)} or roi_size {sw.get('roi_size')} "
-                          "is not 3 positive values", where=where)
+        raise BundleError(
+            f"spacing {tuple(spacing)}, size_divisible {tuple(size_div)} or roi_size {sw.get('roi_size')} "
+            "is not 3 positive values",
+            where=where,
+        )
     weights_name = data.get("weights")
     weights = (weights_dir or where.parent) / weights_name if weights_name else None
     known = {
-        "format", "name", "description", "spacing_mm_ras", "intensity_window", "network", "anchors",
-        "box_selector", "sliding_window", "size_divisible", "lung_crop_margin_mm", "lung_filter_margin_mm", "weights",
+        "format",
+        "name",
+        "description",
+        "spacing_mm_ras",
+        "intensity_window",
+        "network",
+        "anchors",
+        "box_selector",
+        "sliding_window",
+        "size_divisible",
+        "lung_crop_margin_mm",
+        "lung_filter_margin_mm",
+        "weights",
     }
     return ModelConfig(
         name=str(data.get("name", where.stem)),

@@ -42,9 +42,11 @@ log = logging.getLogger(__name__)
 #: convention sits. Set ``detector.score_threshold`` to the score ``ctpipe evaluate`` reports at the
 #: false-positive rate wanted on one's own validation scans.
 BUNDLE_SCORE_THRESHOLD = 0.5
-BUNDLE_CHOSEN_ON = ("ctpipe default for MONAI detection bundles (the bundle ships no operating point): 0.5, the decision "
-                    "boundary of the bundle's classifier (BCE on hard-negative-sampled anchors, 30% positive); "
-                    "set detector.score_threshold to override")
+BUNDLE_CHOSEN_ON = (
+    "ctpipe default for MONAI detection bundles (the bundle ships no operating point): 0.5, the decision "
+    "boundary of the bundle's classifier (BCE on hard-negative-sampled anchors, 30% positive); "
+    "set detector.score_threshold to override"
+)
 
 SOURCE_ALL = "none: every candidate reported (all_candidates)"
 
@@ -70,23 +72,37 @@ class OperatingPoint:
         """Validate a model JSON's ``operating_point`` (or its ``network_only``) entry."""
         try:
             t = float(data["score_threshold"])
-            out = cls(score_threshold=t, chosen_on=str(data.get("chosen_on", "")),
-                      fps_per_scan=None if data.get("fps_per_scan") is None else float(data["fps_per_scan"]),
-                      sensitivity=None if data.get("sensitivity") is None else float(data["sensitivity"]),
-                      measured_fps_per_scan=None if data.get("measured_fps_per_scan") is None
-                      else float(data["measured_fps_per_scan"]),
-                      details={k: v for k, v in data.items() if k not in _FIELDS})
+            out = cls(
+                score_threshold=t,
+                chosen_on=str(data.get("chosen_on", "")),
+                fps_per_scan=None if data.get("fps_per_scan") is None else float(data["fps_per_scan"]),
+                sensitivity=None if data.get("sensitivity") is None else float(data["sensitivity"]),
+                measured_fps_per_scan=None if data.get("measured_fps_per_scan") is None else float(data["measured_fps_per_scan"]),
+                details={k: v for k, v in data.items() if k not in _FIELDS},
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise BundleError(f"invalid operating_point entry ({type(exc).__name__}: {exc})", where=where,
-                              fix="recompute it: python scripts/train_fp_reducer.py --calibrate-only") from exc
+            raise BundleError(
+                f"invalid operating_point entry ({type(exc).__name__}: {exc})",
+                where=where,
+                fix="recompute it: python scripts/train_fp_reducer.py --calibrate-only",
+            ) from exc
         if not math.isfinite(t) or not 0.0 <= t <= 1.0:
-            raise BundleError(f"operating_point score_threshold {t} is not in [0, 1]", where=where,
-                              fix="recompute it: python scripts/train_fp_reducer.py --calibrate-only")
+            raise BundleError(
+                f"operating_point score_threshold {t} is not in [0, 1]",
+                where=where,
+                fix="recompute it: python scripts/train_fp_reducer.py --calibrate-only",
+            )
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"score_threshold": self.score_threshold, "chosen_on": self.chosen_on, "fps_per_scan": self.fps_per_scan,
-                "sensitivity": self.sensitivity, "measured_fps_per_scan": self.measured_fps_per_scan, **dict(self.details)}
+        return {
+            "score_threshold": self.score_threshold,
+            "chosen_on": self.chosen_on,
+            "fps_per_scan": self.fps_per_scan,
+            "sensitivity": self.sensitivity,
+            "measured_fps_per_scan": self.measured_fps_per_scan,
+            **dict(self.details),
+        }
 
     def describe(self) -> str:
         """One line for logs and findings JSONs."""
@@ -119,8 +135,9 @@ def model_operating_point(config: ModelConfig, *, postprocess: bool = True) -> O
     return OperatingPoint.from_json(entry, where=where)
 
 
-def resolve_threshold(config: ModelConfig, *, score_threshold: float | None = None, all_candidates: bool = False,
-                      postprocess: bool = True) -> tuple[float | None, str]:
+def resolve_threshold(
+    config: ModelConfig, *, score_threshold: float | None = None, all_candidates: bool = False, postprocess: bool = True
+) -> tuple[float | None, str]:
     """``(threshold, source)``: the score threshold findings are reported at (``None``: every candidate) and a
     description of where it came from (see the module docstring for the precedence)."""
     if all_candidates:
@@ -128,14 +145,23 @@ def resolve_threshold(config: ModelConfig, *, score_threshold: float | None = No
     if score_threshold is not None:
         t = float(score_threshold)
         if not math.isfinite(t) or not 0.0 <= t <= 1.0:
-            raise BundleError(f"score threshold {score_threshold!r} is not in [0, 1]", where="detector.score_threshold",
-                              fix="pass a probability between 0 and 1, or null for the model's operating point")
+            raise BundleError(
+                f"score threshold {score_threshold!r} is not in [0, 1]",
+                where="detector.score_threshold",
+                fix="pass a probability between 0 and 1, or null for the model's operating point",
+            )
         return t, f"configured: {t:g} (detector.score_threshold)"
     op = model_operating_point(config, postprocess=postprocess)
     if op is None:
-        log.warning("model %s records no operating point%s: every candidate is reported", config.name,
-                    "" if postprocess else " for the network's own scores")
-        return None, f"none: model {config.name} records no operating point{'' if postprocess else ' for --raw'}; every candidate reported"
+        log.warning(
+            "model %s records no operating point%s: every candidate is reported",
+            config.name,
+            "" if postprocess else " for the network's own scores",
+        )
+        return (
+            None,
+            f"none: model {config.name} records no operating point{'' if postprocess else ' for --raw'}; every candidate reported",
+        )
     return op.score_threshold, op.describe()
 
 
@@ -152,9 +178,15 @@ class Calibration:
     n_false_positives: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"score_threshold": self.score_threshold, "fps_per_scan": self.fps_per_scan,
-                "sensitivity": round(self.sensitivity, 4), "measured_fps_per_scan": round(self.measured_fps_per_scan, 4),
-                "n_scans": self.n_scans, "n_nodules": self.n_nodules, "n_false_positives": self.n_false_positives}
+        return {
+            "score_threshold": self.score_threshold,
+            "fps_per_scan": self.fps_per_scan,
+            "sensitivity": round(self.sensitivity, 4),
+            "measured_fps_per_scan": round(self.measured_fps_per_scan, 4),
+            "n_scans": self.n_scans,
+            "n_nodules": self.n_nodules,
+            "n_false_positives": self.n_false_positives,
+        }
 
 
 def calibrate(
@@ -177,5 +209,12 @@ def calibrate(
     fp = np.concatenate([f for _, f in m.per_scan])
     fps, sens, thr = froc_curve(tp, fp, len(tp), m.n_scans)
     t, s, f = threshold_at(fps, sens, thr, fps_per_scan)
-    return Calibration(score_threshold=t, fps_per_scan=float(fps_per_scan), sensitivity=s, measured_fps_per_scan=f,
-                       n_scans=m.n_scans, n_nodules=len(tp), n_false_positives=int(np.count_nonzero(fp >= t)))
+    return Calibration(
+        score_threshold=t,
+        fps_per_scan=float(fps_per_scan),
+        sensitivity=s,
+        measured_fps_per_scan=f,
+        n_scans=m.n_scans,
+        n_nodules=len(tp),
+        n_false_positives=int(np.count_nonzero(fp >= t)),
+    )

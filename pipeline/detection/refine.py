@@ -75,7 +75,7 @@ class Refinement:
 def _ball(radius_vox: np.ndarray) -> np.ndarray:
     r = np.maximum(np.asarray(radius_vox, dtype=np.float64), 0.5)  # (k, j, i)
     h = np.ceil(r).astype(int)
-    kk, jj, ii = np.ogrid[-h[0]:h[0] + 1, -h[1]:h[1] + 1, -h[2]:h[2] + 1]
+    kk, jj, ii = np.ogrid[-h[0] : h[0] + 1, -h[1] : h[1] + 1, -h[2] : h[2] + 1]
     return (kk / r[0]) ** 2 + (jj / r[1]) ** 2 + (ii / r[2]) ** 2 <= 1.0
 
 
@@ -90,8 +90,9 @@ def _blob_nearest(mask: np.ndarray, centre_kji: np.ndarray, spacing_kji: np.ndar
 
 
 def _touches_border(blob: np.ndarray) -> bool:
-    return bool(blob[0].any() or blob[-1].any() or blob[:, 0].any() or blob[:, -1].any()
-                or blob[:, :, 0].any() or blob[:, :, -1].any())
+    return bool(
+        blob[0].any() or blob[-1].any() or blob[:, 0].any() or blob[:, -1].any() or blob[:, :, 0].any() or blob[:, :, -1].any()
+    )
 
 
 def refine_centres(
@@ -119,8 +120,9 @@ def refine_centres(
         sizes = np.cbrt(np.prod(np.maximum(sizes, 0.0), axis=1))
     sizes = sizes.reshape(-1)
     if len(sizes) != len(centers):
-        raise ConfigError(f"{len(centers)} centres but {len(sizes)} sizes", where="refine_centres",
-                          fix="pass one size (mm) per centre")
+        raise ConfigError(
+            f"{len(centers)} centres but {len(sizes)} sizes", where="refine_centres", fix="pass one size (mm) per centre"
+        )
     n = len(centers)
     out_c, out_d = centers.copy(), sizes.copy()
     ok = np.zeros(n, dtype=bool)
@@ -141,13 +143,13 @@ def refine_centres(
         hi = np.minimum(np.ceil(c_kji).astype(int) + half + 1, shape)
         if np.any(hi - lo < 3):
             continue
-        win = ndimage.gaussian_filter(arr[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]].astype(np.float32), sigma_vox)
+        win = ndimage.gaussian_filter(arr[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]].astype(np.float32), sigma_vox)
         rel = c_kji - lo
         bg = float(np.percentile(win, background_percentile))
         core_vox = np.maximum(core_fraction * radius / spacing_kji, 1.0)
         clo = np.clip(np.floor(rel - core_vox).astype(int), 0, np.asarray(win.shape) - 1)
         chi = np.clip(np.ceil(rel + core_vox).astype(int) + 1, clo + 1, win.shape)
-        peak = float(win[clo[0]:chi[0], clo[1]:chi[1], clo[2]:chi[2]].max())
+        peak = float(win[clo[0] : chi[0], clo[1] : chi[1], clo[2] : chi[2]].max())
         contrast[m] = peak - bg
         if contrast[m] < min_contrast_hu:
             continue
@@ -176,13 +178,13 @@ def refine_centres(
         else:
             elong[m] = 1.0
     shift_mm = np.linalg.norm(out_c - centers, axis=1)
-    log.debug("refined %d of %d centres (median shift %.2f mm)", int(ok.sum()), n,
-              float(np.median(shift_mm[ok])) if ok.any() else 0.0)
+    log.debug(
+        "refined %d of %d centres (median shift %.2f mm)", int(ok.sum()), n, float(np.median(shift_mm[ok])) if ok.any() else 0.0
+    )
     return Refinement(out_c, out_d, ok, shift_mm, contrast, elong)
 
 
-def rescore_compact(scores: np.ndarray, refinement: Refinement, *, boost: float = 1.0,
-                    max_elongation: float = 2.0) -> np.ndarray:
+def rescore_compact(scores: np.ndarray, refinement: Refinement, *, boost: float = 1.0, max_elongation: float = 2.0) -> np.ndarray:
     """Scores (0..1) with compact refined blobs raised: ``1 - (1 - s)^(1 + boost)`` where the
     refinement succeeded and the blob's elongation is below ``max_elongation``; others unchanged."""
     s = np.clip(np.asarray(scores, dtype=np.float64), 0.0, 1.0)
@@ -190,8 +192,9 @@ def rescore_compact(scores: np.ndarray, refinement: Refinement, *, boost: float 
     return np.where(compact, 1.0 - (1.0 - s) ** (1.0 + boost), s)
 
 
-def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = False, sort: bool = True,
-                    **options: float) -> Findings:
+def refine_findings(
+    volume: CTVolume, findings: Findings, *, rescore: bool = False, sort: bool = True, **options: float
+) -> Findings:
     """A copy of ``findings`` with centres refined on ``volume`` (HU; LPS mm in and out).
 
     Boxes keep their extents (and diameters) and are re-centred on the refined centre; ``voxel_ijk`` and
@@ -216,15 +219,17 @@ def refine_findings(volume: CTVolume, findings: Findings, *, rescore: bool = Fal
             continue
         delta = res.centers_lps[n] - centers[n]
         k = int(vox[n, 2])
-        out.append(Finding(
-            center_lps=tuple(float(v) for v in res.centers_lps[n]),  # type: ignore[arg-type]
-            box_min_lps=tuple(float(v) for v in np.add(f.box_min_lps, delta)),  # type: ignore[arg-type]
-            box_max_lps=tuple(float(v) for v in np.add(f.box_max_lps, delta)),  # type: ignore[arg-type]
-            diameter_mm=f.diameter_mm,  # the blob's core under-sizes part-solid nodules; keep the box's
-            score=f.score if scores is None else float(scores[n]),
-            voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
-            **slice_fields(k, volume.metadata, int(size_ijk[2])),
-        ))
+        out.append(
+            Finding(
+                center_lps=tuple(float(v) for v in res.centers_lps[n]),  # type: ignore[arg-type]
+                box_min_lps=tuple(float(v) for v in np.add(f.box_min_lps, delta)),  # type: ignore[arg-type]
+                box_max_lps=tuple(float(v) for v in np.add(f.box_max_lps, delta)),  # type: ignore[arg-type]
+                diameter_mm=f.diameter_mm,  # the blob's core under-sizes part-solid nodules; keep the box's
+                score=f.score if scores is None else float(scores[n]),
+                voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
+                **slice_fields(k, volume.metadata, int(size_ijk[2])),
+            )
+        )
     if sort:
         out.sort(key=lambda f: -f.score)
     return findings.with_candidates(out, keep_threshold=True)

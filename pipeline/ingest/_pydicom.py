@@ -15,8 +15,18 @@ from ..errors import UnsupportedTransferSyntaxError
 from .rawheader import DEFLATED_LE, EXPLICIT_BE, EXPLICIT_LE, IMPLICIT_LE
 
 #: What pydicom may raise, lazily, on a damaged file.
-PYDICOM_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, EOFError, OSError, struct.error,
-                  NotImplementedError, RuntimeError)
+PYDICOM_ERRORS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    EOFError,
+    OSError,
+    struct.error,
+    NotImplementedError,
+    RuntimeError,
+)
 
 #: Transfer syntaxes whose pixel data is read straight from the file, without a decoder.
 NATIVE_SYNTAXES = frozenset({IMPLICIT_LE, EXPLICIT_LE})
@@ -65,5 +75,6 @@ def check_decoder(uid: str, where: str | Path) -> None:
         raise UnsupportedTransferSyntaxError(
             f"pixel data is compressed with transfer syntax {uid} ({syntax_name(uid)}) and no installed decoder "
             f"handles it ({missing})",
-            where=where, fix=install,
+            where=where,
+            fix=install,
         )

@@ -53,23 +53,35 @@ def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
         kinds = Counter(f.kind for f in scan.skipped_files)
         n = len(scan.skipped_files)
         if set(kinds) == {"truncated"}:
-            return TruncatedFileError(f"all {n} DICOM file(s) are cut short ({scan.skipped_list()})",
-                                      where=where, fix="copy the files again from the archive/PACS; the transfer was incomplete")
+            return TruncatedFileError(
+                f"all {n} DICOM file(s) are cut short ({scan.skipped_list()})",
+                where=where,
+                fix="copy the files again from the archive/PACS; the transfer was incomplete",
+            )
         if set(kinds) <= {"unreadable", "not_regular", "not_followed"}:
-            return UnreadableFileError(f"none of the {n} entries found can be read as a file ({scan.skipped_list()})",
-                                       where=where, fix="make the files readable by this user (permissions, owner), "
-                                                        "resolve the links, or point ctpipe at the folder that holds the files")
+            return UnreadableFileError(
+                f"none of the {n} entries found can be read as a file ({scan.skipped_list()})",
+                where=where,
+                fix="make the files readable by this user (permissions, owner), "
+                "resolve the links, or point ctpipe at the folder that holds the files",
+            )
         fix = "point ctpipe at the folder holding the DICOM image files"
         if kinds.get("unreadable"):
             fix += "; the unreadable files may be them: check their permissions"
-        return NotDicomError(f"no DICOM image files found among {n} file(s) ({scan.skipped_summary()}: "
-                             f"{scan.skipped_list()})", where=where, fix=fix)
+        return NotDicomError(
+            f"no DICOM image files found among {n} file(s) ({scan.skipped_summary()}: {scan.skipped_list()})",
+            where=where,
+            fix=fix,
+        )
     if len(scan.series) == 1:
         s = scan.series[0]
         if s.modality not in rules.modalities:
-            return NotCTError(f"the only series, {s.key}, has Modality {s.modality or 'missing'} (SOP class "
-                              f"{s.first.sop_class or 'missing'}), not {'/'.join(rules.modalities)}", where=describe(s),
-                              fix="point ctpipe at a CT series")
+            return NotCTError(
+                f"the only series, {s.key}, has Modality {s.modality or 'missing'} (SOP class "
+                f"{s.first.sop_class or 'missing'}), not {'/'.join(rules.modalities)}",
+                where=describe(s),
+                fix="point ctpipe at a CT series",
+            )
         if s.n_slices < 2:
             try:  # raises SingleSliceError naming the series
                 build_volume(s)
@@ -80,11 +92,12 @@ def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
         lines = ["the folder holds no files"]
     skipped = f"{scan.skipped_summary()} ({scan.skipped_list()})" if scan.skipped_files else "none"
     return NoSeriesFoundError(
-        f"no series matches the selection rules ({rules}); series found: " + (" | ".join(lines) or "none")
+        f"no series matches the selection rules ({rules}); series found: "
+        + (" | ".join(lines) or "none")
         + f"; files skipped: {skipped}",
         where=where,
         fix="pick a series with series_uid=... (ctpipe ingest --series-uid), or relax the rules "
-            "(min_slices, allow_derived, axial_tolerance_deg)",
+        "(min_slices, allow_derived, axial_tolerance_deg)",
     )
 
 
@@ -135,8 +148,11 @@ def load_series(
     """
     rules = rules or SelectionRules()
     p = Path(path)
-    options: dict[str, Any] = {"spacing_tolerance": spacing_tolerance, "allow_gantry_tilt": allow_gantry_tilt,
-                               "keep_identifiers": keep_identifiers}
+    options: dict[str, Any] = {
+        "spacing_tolerance": spacing_tolerance,
+        "allow_gantry_tilt": allow_gantry_tilt,
+        "keep_identifiers": keep_identifiers,
+    }
     if p.is_file():
         header = read_header(p)
         series = group_series([header])[0]
@@ -154,7 +170,8 @@ def load_series(
     chosen = scan.selected
     if len(chosen) > 1:
         raise AmbiguousSeriesError(
-            f"{len(chosen)} CT series qualify: {_series_list(chosen)}", where=p,
+            f"{len(chosen)} CT series qualify: {_series_list(chosen)}",
+            where=p,
             fix="pass series_uid=<one of the keys above> (ctpipe ingest --series-uid), or use ingest_to_cache to take them all",
         )
     if not chosen:
@@ -169,14 +186,19 @@ def _pick(scan: ScanResult, series_uid: str) -> SeriesInfo:
     if not found:
         raise NoSeriesFoundError(
             f"no series with SeriesInstanceUID {series_uid!r}; found: {_series_list(scan.series) or 'none'}",
-            where=", ".join(str(r) for r in scan.roots), fix="use one of the series keys listed")
+            where=", ".join(str(r) for r in scan.roots),
+            fix="use one of the series keys listed",
+        )
     if len(found) == 1:
         return found[0]
     picked = [s for s in found if s.selected] or [s for s in found if not s.reasons]
     if len(picked) == 1:
         return picked[0]
-    raise AmbiguousSeriesError(f"series {series_uid} was split into {len(found)} parts: {_series_list(found)}",
-                               where=describe(found[0]), fix="pass the key of one part, e.g. series_uid='" + found[0].key + "'")
+    raise AmbiguousSeriesError(
+        f"series {series_uid} was split into {len(found)} parts: {_series_list(found)}",
+        where=describe(found[0]),
+        fix="pass the key of one part, e.g. series_uid='" + found[0].key + "'",
+    )
 
 
 @dataclass
@@ -219,8 +241,15 @@ def ingest_to_cache(
     paths: list[PathArg] = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     if lone_series_ok is None:
         lone_series_ok = len(paths) == 1
-    scan = scan_directory(paths, rules=rules, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
-                          lone_series_ok=lone_series_ok, keep_identifiers=keep_identifiers, workers=workers)
+    scan = scan_directory(
+        paths,
+        rules=rules,
+        spacing_tolerance=spacing_tolerance,
+        allow_gantry_tilt=allow_gantry_tilt,
+        lone_series_ok=lone_series_ok,
+        keep_identifiers=keep_identifiers,
+        workers=workers,
+    )
     report = IngestReport(scan)
     if series_uid is not None:
         targets = [_pick(scan, series_uid)]
@@ -231,17 +260,29 @@ def ingest_to_cache(
             continue  # already recorded with its reason
         try:
             plan = scan.plans.get(s.key)
-            vol = (read_volume(plan, workers=workers) if plan is not None else
-                   build_volume(s, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
-                                keep_identifiers=keep_identifiers, workers=workers))
+            vol = (
+                read_volume(plan, workers=workers)
+                if plan is not None
+                else build_volume(
+                    s,
+                    spacing_tolerance=spacing_tolerance,
+                    allow_gantry_tilt=allow_gantry_tilt,
+                    keep_identifiers=keep_identifiers,
+                    workers=workers,
+                )
+            )
             case_id = safe_case_id(s.key)
             folder = os.path.commonpath([str(f.parent) for f in s.files])
             try:
-                report.written[s.key] = cache.write(case_id, vol, extra={"source": folder, "series_key": s.key},
-                                                    keep_identifiers=keep_identifiers)
+                report.written[s.key] = cache.write(
+                    case_id, vol, extra={"source": folder, "series_key": s.key}, keep_identifiers=keep_identifiers
+                )
             except OSError as exc:
-                raise CacheError(f"cannot write case {case_id} ({exc.strerror or exc}); nothing was left behind",
-                                 where=cache.root, fix="free disk space or fix the folder's permissions, then ingest again") from exc
+                raise CacheError(
+                    f"cannot write case {case_id} ({exc.strerror or exc}); nothing was left behind",
+                    where=cache.root,
+                    fix="free disk space or fix the folder's permissions, then ingest again",
+                ) from exc
         except CtpipeError as exc:
             reject(scan, s, exc)
     return report

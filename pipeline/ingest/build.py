@@ -108,19 +108,33 @@ def _majority_check(headers, attr: str, label: str, where: str, close: float | N
 def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality: bool) -> None:
     h0 = headers[0]
     if check_modality and h0.modality != "CT":
-        raise NotCTError(f"Modality is {h0.modality or 'missing'} (SOP class {h0.sop_class}), not CT", where=where,
-                         fix="choose a CT series (see the series list of `ctpipe ingest` or scan_directory())")
+        raise NotCTError(
+            f"Modality is {h0.modality or 'missing'} (SOP class {h0.sop_class}), not CT",
+            where=where,
+            fix="choose a CT series (see the series list of `ctpipe ingest` or scan_directory())",
+        )
     for h in headers:
         check_readable(h)
         check_header_values(h)
         if h.samples_per_pixel != 1:
-            raise NotCTError(f"SamplesPerPixel is {h.samples_per_pixel} ({h.photometric}); CT images are grayscale", where=h.path,
-                             fix="this is a colour/secondary image; choose the CT series instead")
-        for name, value in (("ImagePositionPatient (0020,0032)", h.position), ("ImageOrientationPatient (0020,0037)", h.orientation),
-                            ("PixelSpacing (0028,0030)", h.pixel_spacing), ("Rows (0028,0010)", h.rows), ("Columns (0028,0011)", h.columns)):
+            raise NotCTError(
+                f"SamplesPerPixel is {h.samples_per_pixel} ({h.photometric}); CT images are grayscale",
+                where=h.path,
+                fix="this is a colour/secondary image; choose the CT series instead",
+            )
+        for name, value in (
+            ("ImagePositionPatient (0020,0032)", h.position),
+            ("ImageOrientationPatient (0020,0037)", h.orientation),
+            ("PixelSpacing (0028,0030)", h.pixel_spacing),
+            ("Rows (0028,0010)", h.rows),
+            ("Columns (0028,0011)", h.columns),
+        ):
             if value is None:
-                raise SeriesGeometryError(f"the image has no valid {name}", where=h.path,
-                                          fix="the file lacks geometry; re-export the series or remove this file")
+                raise SeriesGeometryError(
+                    f"the image has no valid {name}",
+                    where=h.path,
+                    fix="the file lacks geometry; re-export the series or remove this file",
+                )
     _majority_check(headers, "rows", "Rows", where)
     _majority_check(headers, "columns", "Columns", where)
     _majority_check(headers, "pixel_spacing", "PixelSpacing (mm)", where, close=1e-4)
@@ -131,9 +145,11 @@ def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality:
         check_decoder(ts, next(h.path for h in headers if h.transfer_syntax == ts))
 
 
-def _metadata(series: SeriesInfo, h0: SliceHeader, n_files: int, keep_identifiers: bool,
-              thickness: float | None = None) -> dict[str, Any]:
+def _metadata(
+    series: SeriesInfo, h0: SliceHeader, n_files: int, keep_identifiers: bool, thickness: float | None = None
+) -> dict[str, Any]:
     """The volume's metadata; patient identifiers only with ``keep_identifiers`` (see PATIENT_IDENTIFIERS)."""
+
     def num(text: str | None) -> float | None:
         try:
             return float(text) if text not in (None, "") else None
@@ -190,8 +206,13 @@ def plan_volume(
     stack = stack_geometry(
         _ShortNames(headers),
         np.array([h.position for h in headers], dtype=np.float64),
-        h0.orientation or (), h0.pixel_spacing or (), int(h0.rows or 0), int(h0.columns or 0),
-        where=where, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
+        h0.orientation or (),
+        h0.pixel_spacing or (),
+        int(h0.rows or 0),
+        int(h0.columns or 0),
+        where=where,
+        spacing_tolerance=spacing_tolerance,
+        allow_gantry_tilt=allow_gantry_tilt,
         gantry_tilt_attr=h0.extra_value("GantryDetectorTilt"),
     )
     ordered = tuple(headers[k] for k in stack.order)
@@ -201,8 +222,9 @@ def plan_volume(
     md["SOPInstanceUIDs"] = [h.sop_instance for h in ordered]
     if stack.shifts is not None:
         md["GantryTiltCorrectedDeg"] = round(stack.tilt_deg, 4)
-    return VolumePlan(series, where, stack, ordered, None,
-                      np.array([h.slope for h in ordered]), np.array([h.intercept for h in ordered]), md)
+    return VolumePlan(
+        series, where, stack, ordered, None, np.array([h.slope for h in ordered]), np.array([h.intercept for h in ordered]), md
+    )
 
 
 def _plan_multiframe(series: SeriesInfo, where: str, tol: float, allow_tilt: bool, keep_identifiers: bool) -> VolumePlan:
@@ -215,16 +237,30 @@ def _plan_multiframe(series: SeriesInfo, where: str, tol: float, allow_tilt: boo
     ori = np.array([f.orientation for f in frames])
     if not np.allclose(ori, ori[0], atol=1e-4):
         bad = next(f for f in frames if not np.allclose(f.orientation, ori[0], atol=1e-4))
-        raise InconsistentSeriesError(f"frames differ in ImageOrientationPatient: {bad.name} has {list(bad.orientation)} "
-                                      f"but frame 1 has {list(frames[0].orientation)}", where=where,
-                                      fix="the multi-frame object mixes orientations; load it with a tool that splits stacks")
+        raise InconsistentSeriesError(
+            f"frames differ in ImageOrientationPatient: {bad.name} has {list(bad.orientation)} "
+            f"but frame 1 has {list(frames[0].orientation)}",
+            where=where,
+            fix="the multi-frame object mixes orientations; load it with a tool that splits stacks",
+        )
     ps = np.array([f.pixel_spacing for f in frames])
     if not np.allclose(ps, ps[0], atol=1e-4):
-        raise InconsistentSeriesError(f"frames differ in PixelSpacing ({sorted({tuple(p) for p in ps.tolist()})})", where=where,
-                                      fix="the multi-frame object mixes pixel spacings; re-export it")
-    stack = stack_geometry([f.name for f in frames], np.array([f.position for f in frames]), frames[0].orientation,
-                           frames[0].pixel_spacing, int(h0.rows or 0), int(h0.columns or 0), where=where,
-                           spacing_tolerance=tol, allow_gantry_tilt=allow_tilt)
+        raise InconsistentSeriesError(
+            f"frames differ in PixelSpacing ({sorted({tuple(p) for p in ps.tolist()})})",
+            where=where,
+            fix="the multi-frame object mixes pixel spacings; re-export it",
+        )
+    stack = stack_geometry(
+        [f.name for f in frames],
+        np.array([f.position for f in frames]),
+        frames[0].orientation,
+        frames[0].pixel_spacing,
+        int(h0.rows or 0),
+        int(h0.columns or 0),
+        where=where,
+        spacing_tolerance=tol,
+        allow_gantry_tilt=allow_tilt,
+    )
     ordered = tuple(frames[k] for k in stack.order)
     md = _metadata(series, h0, len(series.headers), keep_identifiers, thickness=ordered[0].slice_thickness)
     md["NumberOfFrames"] = len(frames)
@@ -232,8 +268,16 @@ def _plan_multiframe(series: SeriesInfo, where: str, tol: float, allow_tilt: boo
     uids = {str(h.path): h.sop_instance for h in series.headers}
     md["FrameNumbers"] = [f.frame + 1 for f in ordered]
     md["SOPInstanceUIDs"] = [uids[str(f.path)] for f in ordered]
-    return VolumePlan(series, where, stack, series.headers, ordered,
-                      np.array([f.slope for f in ordered]), np.array([f.intercept for f in ordered]), md)
+    return VolumePlan(
+        series,
+        where,
+        stack,
+        series.headers,
+        ordered,
+        np.array([f.slope for f in ordered]),
+        np.array([f.intercept for f in ordered]),
+        md,
+    )
 
 
 def _read_multiframe(plan: VolumePlan) -> np.ndarray:
@@ -278,9 +322,21 @@ def read_volume(plan: VolumePlan, *, workers: int | None = None) -> CTVolume:
     return vol
 
 
-def build_volume(series: SeriesInfo, *, spacing_tolerance: float = 0.02, allow_gantry_tilt: bool = False,
-                 check_modality: bool = True, keep_identifiers: bool = False, workers: int | None = None) -> CTVolume:
+def build_volume(
+    series: SeriesInfo,
+    *,
+    spacing_tolerance: float = 0.02,
+    allow_gantry_tilt: bool = False,
+    check_modality: bool = True,
+    keep_identifiers: bool = False,
+    workers: int | None = None,
+) -> CTVolume:
     """:func:`plan_volume` then :func:`read_volume`."""
-    plan = plan_volume(series, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
-                       check_modality=check_modality, keep_identifiers=keep_identifiers)
+    plan = plan_volume(
+        series,
+        spacing_tolerance=spacing_tolerance,
+        allow_gantry_tilt=allow_gantry_tilt,
+        check_modality=check_modality,
+        keep_identifiers=keep_identifiers,
+    )
     return read_volume(plan, workers=workers)

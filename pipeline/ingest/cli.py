@@ -26,18 +26,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("sources", nargs="+", metavar="SRC", type=Path, help="DICOM folder(s) or file(s)")
     p.add_argument("--out", required=True, type=Path, metavar="CACHE_DIR", help="case cache folder")
     p.add_argument("--series-uid", default=None, help="ingest only this SeriesInstanceUID (or <uid>#<part> key)")
-    p.add_argument("--min-slices", type=int, default=10,
-                   help="fewest slices of a volume (default 10); with one SRC whose only CT series is shorter, "
-                        "that series is cached anyway, with a warning")
+    p.add_argument(
+        "--min-slices",
+        type=int,
+        default=10,
+        help="fewest slices of a volume (default 10); with one SRC whose only CT series is shorter, "
+        "that series is cached anyway, with a warning",
+    )
     p.add_argument("--allow-derived", action="store_true", help="also take DERIVED/SECONDARY image series")
-    p.add_argument("--axial-tolerance", type=float, default=30.0, metavar="DEG",
-                   help="largest angle between slice normal and patient z axis (default 30)")
-    p.add_argument("--spacing-tolerance", type=float, default=0.02,
-                   help="allowed slice step deviation as a fraction of the median step (default 0.02)")
+    p.add_argument(
+        "--axial-tolerance",
+        type=float,
+        default=30.0,
+        metavar="DEG",
+        help="largest angle between slice normal and patient z axis (default 30)",
+    )
+    p.add_argument(
+        "--spacing-tolerance",
+        type=float,
+        default=0.02,
+        help="allowed slice step deviation as a fraction of the median step (default 0.02)",
+    )
     p.add_argument("--allow-gantry-tilt", action="store_true", help="resample tilted-gantry series instead of rejecting them")
-    p.add_argument("--keep-identifiers", action="store_true",
-                   help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber) in the "
-                        "cache sidecars; left out by default")
+    p.add_argument(
+        "--keep-identifiers",
+        action="store_true",
+        help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber) in the "
+        "cache sidecars; left out by default",
+    )
     p.add_argument("--workers", type=int, default=None, help="I/O threads (default 2 x CPUs, at most 8)")
     p.add_argument("--json", type=Path, default=None, metavar="REPORT", help="also write the report as JSON")
     p.set_defaults(func=run)
@@ -53,12 +69,18 @@ def _row(cols: list[str], widths: list[int]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Scan, cache, print the table; 1 when a series was rejected or nothing was cached, else 0."""
-    rules = SelectionRules(min_slices=args.min_slices, allow_derived=args.allow_derived,
-                           axial_tolerance_deg=args.axial_tolerance)
+    rules = SelectionRules(min_slices=args.min_slices, allow_derived=args.allow_derived, axial_tolerance_deg=args.axial_tolerance)
     cache = CaseCache(args.out, keep_identifiers=args.keep_identifiers)
-    report = ingest_to_cache(args.sources, cache, series_uid=args.series_uid, rules=rules,
-                             spacing_tolerance=args.spacing_tolerance, allow_gantry_tilt=args.allow_gantry_tilt,
-                             keep_identifiers=args.keep_identifiers, workers=args.workers)
+    report = ingest_to_cache(
+        args.sources,
+        cache,
+        series_uid=args.series_uid,
+        rules=rules,
+        spacing_tolerance=args.spacing_tolerance,
+        allow_gantry_tilt=args.allow_gantry_tilt,
+        keep_identifiers=args.keep_identifiers,
+        workers=args.workers,
+    )
     scan = report.scan
     rejected = {r.series.key: r for r in scan.rejected}
     header = ["status", "series", "slices", "description", "case id / reason"]
@@ -75,8 +97,10 @@ def run(args: argparse.Namespace) -> int:
     print(_row(header, widths))
     for row in rows:
         print(_row(row, widths))
-    print(f"{scan.n_files} files, {len(scan.series)} series: {len(report.written)} cached in {args.out}, "
-          f"{len(scan.rejected)} rejected; files skipped: {scan.skipped_summary()} ({scan.seconds:.2f} s scan)")
+    print(
+        f"{scan.n_files} files, {len(scan.series)} series: {len(report.written)} cached in {args.out}, "
+        f"{len(scan.rejected)} rejected; files skipped: {scan.skipped_summary()} ({scan.seconds:.2f} s scan)"
+    )
     for r in scan.rejected:
         print(f"  rejected {r.series.key}: {r.error}")
     for s in scan.series:

@@ -50,9 +50,24 @@ class SkippedFile:
 
 # Header values kept as text on each SliceHeader. The patient identifiers among them stay in memory: they
 # reach volume metadata only when a caller asks for them (keep_identifiers=True, see pipeline.ingest.build).
-_EXTRA_KEYS = ("PatientID", "PatientName", "PatientBirthDate", "AccessionNumber", "StudyDate", "SeriesDate",
-               "SeriesTime", "FrameOfReferenceUID", "SliceThickness", "ConvolutionKernel", "KVP", "Manufacturer",
-               "PatientPosition", "GantryDetectorTilt", "RescaleSlope", "RescaleIntercept")
+_EXTRA_KEYS = (
+    "PatientID",
+    "PatientName",
+    "PatientBirthDate",
+    "AccessionNumber",
+    "StudyDate",
+    "SeriesDate",
+    "SeriesTime",
+    "FrameOfReferenceUID",
+    "SliceThickness",
+    "ConvolutionKernel",
+    "KVP",
+    "Manufacturer",
+    "PatientPosition",
+    "GantryDetectorTilt",
+    "RescaleSlope",
+    "RescaleIntercept",
+)
 
 
 @overload
@@ -116,9 +131,15 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
         modality = "CT"
         notes.append(f"Modality (0008,0060) is missing; taken as CT from the SOP class {sop_class} ({CT_SOPS[sop_class]})")
     single_frame = n_frames == 1 and sop_class not in (ENHANCED_CT_SOP, LEGACY_ENHANCED_CT_SOP)
-    if modality == "CT" and single_frame and raw.pixel_offset is not None and (not s("RescaleSlope") or not s("RescaleIntercept")):
-        notes.append("RescaleSlope/RescaleIntercept (0028,1053/1052) missing: slope 1, intercept 0 assumed "
-                     "(stored values taken as HU)")
+    if (
+        modality == "CT"
+        and single_frame
+        and raw.pixel_offset is not None
+        and (not s("RescaleSlope") or not s("RescaleIntercept"))
+    ):
+        notes.append(
+            "RescaleSlope/RescaleIntercept (0028,1053/1052) missing: slope 1, intercept 0 assumed (stored values taken as HU)"
+        )
     return SliceHeader(
         path=path,
         file_size=raw.file_size,
@@ -195,9 +216,11 @@ def os_reason(exc: OSError) -> str:
 
 def unreadable_error(path: str | os.PathLike[str], exc: OSError) -> UnreadableFileError:
     """The :class:`UnreadableFileError` for ``path`` after ``exc``, with the fix."""
-    return UnreadableFileError(f"cannot read the file: {os_reason(exc)}", where=os.fspath(path),
-                               fix="make the file readable by this user (check its permissions and owner), "
-                                   "or remove it from the input folder")
+    return UnreadableFileError(
+        f"cannot read the file: {os_reason(exc)}",
+        where=os.fspath(path),
+        fix="make the file readable by this user (check its permissions and owner), or remove it from the input folder",
+    )
 
 
 def read_header(path: str | os.PathLike[str]) -> SliceHeader:
@@ -214,15 +237,24 @@ def read_header(path: str | os.PathLike[str]) -> SliceHeader:
             return _pydicom_header(p)
     except RawHeaderError as exc:
         if exc.kind == "truncated":
-            raise TruncatedFileError(f"the DICOM header is cut short: {exc}", where=p,
-                                     fix="copy the file again from the archive/PACS; the transfer was incomplete") from exc
-        raise NotDicomError(f"not a DICOM file: {exc}", where=p,
-                            fix="remove the file from the input folder or point ctpipe at the DICOM files only") from exc
+            raise TruncatedFileError(
+                f"the DICOM header is cut short: {exc}",
+                where=p,
+                fix="copy the file again from the archive/PACS; the transfer was incomplete",
+            ) from exc
+        raise NotDicomError(
+            f"not a DICOM file: {exc}",
+            where=p,
+            fix="remove the file from the input folder or point ctpipe at the DICOM files only",
+        ) from exc
     except OSError as exc:
         raise unreadable_error(p, exc) from exc
     if raw.values.get("MediaStorageSOPClassUID") == DICOMDIR_SOP or raw.values.get("SOPClassUID") == DICOMDIR_SOP:
-        raise NotDicomError("this is a DICOMDIR (a media index), not an image", where=p,
-                            fix="nothing to do: ctpipe scans the image files themselves and ignores DICOMDIR")
+        raise NotDicomError(
+            "this is a DICOMDIR (a media index), not an image",
+            where=p,
+            fix="nothing to do: ctpipe scans the image files themselves and ignores DICOMDIR",
+        )
     hdr = header_from_values(p, raw)
     return _with_frame_geometry(hdr) if hdr.is_enhanced else hdr
 
@@ -299,8 +331,12 @@ def _classify(entry: os.DirEntry[str]) -> str | SkippedFile | None:
             except OSError as exc:
                 return SkippedFile(path, "unreadable", os_reason(exc))
             if stat.S_ISDIR(st.st_mode):
-                return SkippedFile(path, "not_followed", f"symbolic link to the folder {os.path.realpath(entry.path)} "
-                                                         "(links to folders are not followed; scan that folder directly)")
+                return SkippedFile(
+                    path,
+                    "not_followed",
+                    f"symbolic link to the folder {os.path.realpath(entry.path)} "
+                    "(links to folders are not followed; scan that folder directly)",
+                )
         else:
             st = entry.stat(follow_symlinks=False)
     except OSError as exc:
@@ -319,8 +355,12 @@ def _broken_link(path: str) -> SkippedFile:
 
 
 def _file_type(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO / named pipe"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO / named pipe"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return f"file type {stat.S_IFMT(mode):o}"
@@ -353,8 +393,9 @@ def _with_frame_geometry(hdr: SliceHeader) -> SliceHeader:
     if not frames:
         return hdr
     f = frames[0]
-    return replace(hdr, position=f.position, orientation=f.orientation, pixel_spacing=f.pixel_spacing,
-                   slope=f.slope, intercept=f.intercept)
+    return replace(
+        hdr, position=f.position, orientation=f.orientation, pixel_spacing=f.pixel_spacing, slope=f.slope, intercept=f.intercept
+    )
 
 
 #: Scans of at least this many files parse headers in worker processes (one per CPU, up to 8).

@@ -85,20 +85,26 @@ def stack_geometry(
     n = len(names)
     if n < 2:
         raise SingleSliceError(
-            f"the series has {n} image(s); a volume needs at least 2 slices", where=where,
+            f"the series has {n} image(s); a volume needs at least 2 slices",
+            where=where,
             fix="pick a multi-slice series (this is likely a scout or key image); see `ctpipe ingest` for the series list",
         )
     row = np.asarray(orientation[:3], dtype=np.float64)
     col = np.asarray(orientation[3:], dtype=np.float64)
     if np.linalg.norm(row) < 1e-6 or np.linalg.norm(col) < 1e-6:
-        raise InconsistentSeriesError(f"ImageOrientationPatient {list(orientation)} has a zero vector", where=where,
-                                      fix="the files' orientation tag is corrupt; re-export the series from the scanner/PACS")
+        raise InconsistentSeriesError(
+            f"ImageOrientationPatient {list(orientation)} has a zero vector",
+            where=where,
+            fix="the files' orientation tag is corrupt; re-export the series from the scanner/PACS",
+        )
     row /= np.linalg.norm(row)
     col /= np.linalg.norm(col)
     if abs(float(row @ col)) > 1e-4:
         raise InconsistentSeriesError(
             f"ImageOrientationPatient row and column cosines are not perpendicular (dot product {float(row @ col):.4f})",
-            where=where, fix="the orientation tag is corrupt; re-export the series from the scanner/PACS")
+            where=where,
+            fix="the orientation tag is corrupt; re-export the series from the scanner/PACS",
+        )
     normal = np.cross(row, col)
     pos = np.asarray(positions, dtype=np.float64).reshape(n, 3)
     dist = pos @ normal
@@ -115,7 +121,7 @@ def stack_geometry(
             f"{dups.size} pair(s) of slices share one position along the slice normal: {_list(pairs)}",
             where=where,
             fix="remove the duplicate files (keep one per position), or, if the series holds repeated acquisitions, "
-                "load each acquisition separately",
+            "load each acquisition separately",
         )
     # in-plane drift of the positions: a tilted gantry (or a corrupt series)
     rel = pos[order] - pos[order[0]]
@@ -129,7 +135,9 @@ def stack_geometry(
     if fit_err[worst] > max(0.05, 0.1 * min(pixel_spacing)):
         raise InconsistentSeriesError(
             f"slice positions do not lie on a line: {names[order[worst]]} is {fit_err[worst]:.2f} mm off it in-plane",
-            where=where, fix="the series mixes stacks or has corrupt ImagePositionPatient values; split or re-export it")
+            where=where,
+            fix="the series mixes stacks or has corrupt ImagePositionPatient values; split or re-export it",
+        )
     shifts = None
     if tilt_deg > TILT_TOLERANCE_DEG:
         drift = math.hypot(float(a[-1]), float(b[-1]))
@@ -163,8 +171,7 @@ def _check_spacing(names, order, d, steps, median, tol, where) -> None:
     for k in bad:
         q = steps[k] / median
         r = round(q)
-        entry = (f"{steps[k]:.3f} mm between {names[order[k]]} ({d[k]:.3f} mm) and "
-                 f"{names[order[k + 1]]} ({d[k + 1]:.3f} mm)")
+        entry = f"{steps[k]:.3f} mm between {names[order[k]]} ({d[k]:.3f} mm) and {names[order[k + 1]]} ({d[k + 1]:.3f} mm)"
         if r >= 2 and abs(q - r) <= tol * r:
             gaps.append((r - 1, entry))
         else:
@@ -172,15 +179,14 @@ def _check_spacing(names, order, d, steps, median, tol, where) -> None:
     if gaps:
         missing = sum(g for g, _ in gaps)
         raise MissingSliceError(
-            f"{missing} slice(s) missing: the slice step is {median:.3f} mm but there are gaps of "
-            f"{_list([e for _, e in gaps])}",
+            f"{missing} slice(s) missing: the slice step is {median:.3f} mm but there are gaps of {_list([e for _, e in gaps])}",
             where=where,
             fix="copy the missing files from the archive/PACS (the transfer was incomplete), "
-                "or raise spacing_tolerance only if the gap is intended",
+            "or raise spacing_tolerance only if the gap is intended",
         )
     raise NonUniformSpacingError(
         f"slice steps differ from the median step {median:.3f} mm by more than {tol:.1%}: {_list(odd)}",
         where=where,
         fix=f"raise spacing_tolerance (now {tol:g}; ctpipe ingest --spacing-tolerance) if the variation is "
-            "acceptable, or resample the series with a tool that handles variable spacing",
+        "acceptable, or resample the series with a tool that handles variable spacing",
     )

@@ -14,11 +14,19 @@ CT_IMAGE_SOP = "1.2.840.10008.5.1.4.1.1.2"
 ENHANCED_CT_SOP = "1.2.840.10008.5.1.4.1.1.2.1"
 LEGACY_ENHANCED_CT_SOP = "1.2.840.10008.5.1.4.1.1.2.2"
 #: SOP classes whose instances are CT images whatever their Modality (0008,0060) says or lacks.
-CT_SOPS = {CT_IMAGE_SOP: "CT Image Storage", ENHANCED_CT_SOP: "Enhanced CT Image Storage",
-           LEGACY_ENHANCED_CT_SOP: "Legacy Converted Enhanced CT Image Storage"}
+CT_SOPS = {
+    CT_IMAGE_SOP: "CT Image Storage",
+    ENHANCED_CT_SOP: "Enhanced CT Image Storage",
+    LEGACY_ENHANCED_CT_SOP: "Legacy Converted Enhanced CT Image Storage",
+}
 SECONDARY_CAPTURE_SOPS = frozenset(
-    {"1.2.840.10008.5.1.4.1.1.7", "1.2.840.10008.5.1.4.1.1.7.1", "1.2.840.10008.5.1.4.1.1.7.2",
-     "1.2.840.10008.5.1.4.1.1.7.3", "1.2.840.10008.5.1.4.1.1.7.4"}
+    {
+        "1.2.840.10008.5.1.4.1.1.7",
+        "1.2.840.10008.5.1.4.1.1.7.1",
+        "1.2.840.10008.5.1.4.1.1.7.2",
+        "1.2.840.10008.5.1.4.1.1.7.3",
+        "1.2.840.10008.5.1.4.1.1.7.4",
+    }
 )
 
 

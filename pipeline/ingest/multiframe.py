@@ -63,8 +63,11 @@ def read_frames(path: Path, ds: Any | None = None) -> list[FrameInfo]:
             ds = pydicom.dcmread(path, stop_before_pixels=True)
         return _frames(Path(path), ds)
     except PYDICOM_ERRORS as exc:
-        raise CorruptHeaderError(f"the multi-frame header is damaged ({type(exc).__name__}: {exc})", where=path,
-                                 fix="copy the file again from the archive/PACS, or re-export it from the scanner") from exc
+        raise CorruptHeaderError(
+            f"the multi-frame header is damaged ({type(exc).__name__}: {exc})",
+            where=path,
+            fix="copy the file again from the archive/PACS, or re-export it from the scanner",
+        ) from exc
 
 
 def _frames(path: Path, ds: Any) -> list[FrameInfo]:
@@ -73,8 +76,11 @@ def _frames(path: Path, ds: Any) -> list[FrameInfo]:
     shared = shared_seq[0] if shared_seq else None
     per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
     if per_frame and len(per_frame) != n:
-        raise InconsistentSeriesError(f"NumberOfFrames is {n} but PerFrameFunctionalGroupsSequence has {len(per_frame)} items",
-                                      where=path, fix="re-export the multi-frame object; it is inconsistent")
+        raise InconsistentSeriesError(
+            f"NumberOfFrames is {n} but PerFrameFunctionalGroupsSequence has {len(per_frame)} items",
+            where=path,
+            fix="re-export the multi-frame object; it is inconsistent",
+        )
     frames: list[FrameInfo] = []
     for f in range(n):
         item = per_frame[f] if per_frame else None
@@ -86,24 +92,39 @@ def _frames(path: Path, ds: Any) -> list[FrameInfo]:
         iop = ori.get("ImageOrientationPatient") if ori is not None else ds.get("ImageOrientationPatient")
         ps = meas.get("PixelSpacing") if meas is not None else ds.get("PixelSpacing")
         if ipp is None or iop is None or ps is None:
-            missing = [k for k, v in (("ImagePositionPatient", ipp), ("ImageOrientationPatient", iop), ("PixelSpacing", ps)) if v is None]
-            raise SeriesGeometryError(f"frame {f + 1} has no {', '.join(missing)} in its functional groups", where=path,
-                                      fix="re-export the multi-frame object with plane position/orientation and pixel measures")
-        for name, value, count in (("ImagePositionPatient", ipp, 3), ("ImageOrientationPatient", iop, 6), ("PixelSpacing", ps, 2)):
+            missing = [
+                k for k, v in (("ImagePositionPatient", ipp), ("ImageOrientationPatient", iop), ("PixelSpacing", ps)) if v is None
+            ]
+            raise SeriesGeometryError(
+                f"frame {f + 1} has no {', '.join(missing)} in its functional groups",
+                where=path,
+                fix="re-export the multi-frame object with plane position/orientation and pixel measures",
+            )
+        for name, value, count in (
+            ("ImagePositionPatient", ipp, 3),
+            ("ImageOrientationPatient", iop, 6),
+            ("PixelSpacing", ps, 2),
+        ):
             if len(value) != count:
-                raise SeriesGeometryError(f"frame {f + 1} has {name} {list(value)}: {len(value)} values, {count} expected",
-                                          where=path, fix="re-export the multi-frame object from the scanner/PACS; the tag is corrupt")
+                raise SeriesGeometryError(
+                    f"frame {f + 1} has {name} {list(value)}: {len(value)} values, {count} expected",
+                    where=path,
+                    fix="re-export the multi-frame object from the scanner/PACS; the tag is corrupt",
+                )
         src = trans if trans is not None else ds
         thick = meas.get("SliceThickness") if meas is not None else ds.get("SliceThickness")
-        frames.append(FrameInfo(
-            path=Path(path), frame=f,
-            position=(float(ipp[0]), float(ipp[1]), float(ipp[2])),
-            orientation=(float(iop[0]), float(iop[1]), float(iop[2]), float(iop[3]), float(iop[4]), float(iop[5])),
-            pixel_spacing=(float(ps[0]), float(ps[1])),
-            slope=_number(src.get("RescaleSlope"), 1.0),  # a 0 or NaN is kept: planning refuses it naming the frame
-            intercept=_number(src.get("RescaleIntercept"), 0.0),
-            slice_thickness=float(thick) if thick not in (None, "") else None,
-        ))
+        frames.append(
+            FrameInfo(
+                path=Path(path),
+                frame=f,
+                position=(float(ipp[0]), float(ipp[1]), float(ipp[2])),
+                orientation=(float(iop[0]), float(iop[1]), float(iop[2]), float(iop[3]), float(iop[4]), float(iop[5])),
+                pixel_spacing=(float(ps[0]), float(ps[1])),
+                slope=_number(src.get("RescaleSlope"), 1.0),  # a 0 or NaN is kept: planning refuses it naming the frame
+                intercept=_number(src.get("RescaleIntercept"), 0.0),
+                slice_thickness=float(thick) if thick not in (None, "") else None,
+            )
+        )
     return frames
 
 
@@ -125,16 +146,27 @@ def read_frame_pixels(path: Path, n_frames: int, rows: int, columns: int, transf
     try:
         ds = pydicom.dcmread(path)
     except PYDICOM_ERRORS as exc:
-        raise TruncatedFileError(f"the file cannot be read ({exc})", where=path, fix="copy the file again from the archive/PACS") from exc
+        raise TruncatedFileError(
+            f"the file cannot be read ({exc})", where=path, fix="copy the file again from the archive/PACS"
+        ) from exc
     if "PixelData" not in ds:
-        raise MissingPixelDataError("the multi-frame image has no PixelData (7FE0,0010)", where=path,
-                                    fix="re-export the object from the scanner/PACS with pixel data")
+        raise MissingPixelDataError(
+            "the multi-frame image has no PixelData (7FE0,0010)",
+            where=path,
+            fix="re-export the object from the scanner/PACS with pixel data",
+        )
     try:
         arr = ds.pixel_array
     except PYDICOM_ERRORS as exc:
-        raise TruncatedFileError(f"pixel data cannot be decoded ({exc}); transfer syntax {transfer_syntax} "
-                                 f"({syntax_name(transfer_syntax)})", where=path, fix="copy the file again from the archive/PACS") from exc
+        raise TruncatedFileError(
+            f"pixel data cannot be decoded ({exc}); transfer syntax {transfer_syntax} ({syntax_name(transfer_syntax)})",
+            where=path,
+            fix="copy the file again from the archive/PACS",
+        ) from exc
     if arr.size != n_frames * rows * columns:
-        raise TruncatedFileError(f"decoded pixel data has {arr.size} values, expected {n_frames}x{rows}x{columns}",
-                                 where=path, fix="copy the file again from the archive/PACS")
+        raise TruncatedFileError(
+            f"decoded pixel data has {arr.size} values, expected {n_frames}x{rows}x{columns}",
+            where=path,
+            fix="copy the file again from the archive/PACS",
+        )
     return np.asarray(arr).reshape(n_frames, rows, columns)

@@ -32,8 +32,11 @@ def stored_dtype(h: SliceHeader) -> np.dtype:
     """numpy dtype of the stored pixel values (little endian)."""
     bits = h.bits_allocated or 16
     if bits not in (8, 16, 32):
-        raise MissingPixelDataError(f"BitsAllocated={bits} is not supported for CT images (8, 16 or 32 expected)",
-                                    where=h.path, fix="re-export the series with 16-bit pixel data")
+        raise MissingPixelDataError(
+            f"BitsAllocated={bits} is not supported for CT images (8, 16 or 32 expected)",
+            where=h.path,
+            fix="re-export the series with 16-bit pixel data",
+        )
     kind = "i" if h.pixel_representation == 1 else "u"
     return np.dtype(f"<{kind}{bits // 8}")
 
@@ -41,8 +44,11 @@ def stored_dtype(h: SliceHeader) -> np.dtype:
 def _read_native(h: SliceHeader, out: np.ndarray) -> None:
     need = out.nbytes
     if h.pixel_length is not None and 0 <= h.pixel_length < need:
-        raise TruncatedFileError(f"pixel data holds {h.pixel_length} bytes but {h.rows}x{h.columns} pixels need {need}",
-                                 where=h.path, fix="copy the file again from the archive/PACS")
+        raise TruncatedFileError(
+            f"pixel data holds {h.pixel_length} bytes but {h.rows}x{h.columns} pixels need {need}",
+            where=h.path,
+            fix="copy the file again from the archive/PACS",
+        )
     try:
         with open(h.path, "rb") as fh:
             fh.seek(int(h.pixel_offset or 0))
@@ -50,8 +56,11 @@ def _read_native(h: SliceHeader, out: np.ndarray) -> None:
     except OSError as exc:
         raise _unreadable(h, exc) from exc
     if got != need:
-        raise TruncatedFileError(f"file ends after {got} of {need} pixel data bytes", where=h.path,
-                                 fix="copy the file again from the archive/PACS; the transfer was incomplete")
+        raise TruncatedFileError(
+            f"file ends after {got} of {need} pixel data bytes",
+            where=h.path,
+            fix="copy the file again from the archive/PACS; the transfer was incomplete",
+        )
 
 
 def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None:
@@ -63,23 +72,35 @@ def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None
     except OSError as exc:
         raise _unreadable(h, exc) from exc
     except PYDICOM_ERRORS as exc:
-        raise TruncatedFileError(f"the file cannot be read again ({type(exc).__name__}: {exc})", where=h.path,
-                                 fix="copy the file again from the archive/PACS; it may be damaged") from exc
+        raise TruncatedFileError(
+            f"the file cannot be read again ({type(exc).__name__}: {exc})",
+            where=h.path,
+            fix="copy the file again from the archive/PACS; it may be damaged",
+        ) from exc
     try:
         arr = ds.pixel_array
     except PYDICOM_ERRORS as exc:
-        raise TruncatedFileError(f"pixel data cannot be decoded ({type(exc).__name__}: {exc}); "
-                                 f"transfer syntax {h.transfer_syntax} ({syntax_name(h.transfer_syntax)})",
-                                 where=h.path, fix="copy the file again from the archive/PACS; it may be damaged") from exc
+        raise TruncatedFileError(
+            f"pixel data cannot be decoded ({type(exc).__name__}: {exc}); "
+            f"transfer syntax {h.transfer_syntax} ({syntax_name(h.transfer_syntax)})",
+            where=h.path,
+            fix="copy the file again from the archive/PACS; it may be damaged",
+        ) from exc
     if arr.size != out.size:
-        raise TruncatedFileError(f"decoded pixel data has {arr.size} values, expected {out.size}", where=h.path,
-                                 fix="copy the file again from the archive/PACS")
+        raise TruncatedFileError(
+            f"decoded pixel data has {arr.size} values, expected {out.size}",
+            where=h.path,
+            fix="copy the file again from the archive/PACS",
+        )
     out[...] = arr.reshape(out.shape)
 
 
 def _unreadable(h: SliceHeader, exc: OSError) -> UnreadableFileError:
-    return UnreadableFileError(f"cannot read the pixel data: {os_reason(exc)} (the header was read during the scan)",
-                               where=h.path, fix="make the file readable again (permissions, storage), then ingest again")
+    return UnreadableFileError(
+        f"cannot read the pixel data: {os_reason(exc)} (the header was read during the scan)",
+        where=h.path,
+        fix="make the file readable again (permissions, storage), then ingest again",
+    )
 
 
 def _fix_bits(stack: np.ndarray, h: SliceHeader) -> None:
@@ -98,10 +119,15 @@ def _fix_bits(stack: np.ndarray, h: SliceHeader) -> None:
 def check_readable(h: SliceHeader) -> None:
     """Raise if the file of ``h`` is truncated or has no pixel data (the errors name the file)."""
     if h.truncated:
-        raise TruncatedFileError(h.truncated, where=h.path, fix="copy the file again from the archive/PACS; the transfer was incomplete")
+        raise TruncatedFileError(
+            h.truncated, where=h.path, fix="copy the file again from the archive/PACS; the transfer was incomplete"
+        )
     if h.pixel_length is None:
-        raise MissingPixelDataError("the image has no PixelData (7FE0,0010) element", where=h.path,
-                                    fix="re-export the series from the scanner/PACS with pixel data, or remove this file")
+        raise MissingPixelDataError(
+            "the image has no PixelData (7FE0,0010) element",
+            where=h.path,
+            fix="re-export the series from the scanner/PACS with pixel data, or remove this file",
+        )
 
 
 def read_stored(headers: Sequence[SliceHeader], *, workers: int | None = None) -> np.ndarray:
@@ -164,8 +190,14 @@ def hu_range(ranges: tuple[np.ndarray, np.ndarray], slopes: np.ndarray, intercep
     return np.minimum(slopes * mins, slopes * maxs) + intercepts, np.maximum(slopes * mins, slopes * maxs) + intercepts
 
 
-def to_hu(stored: np.ndarray, slopes: Sequence[float] | np.ndarray, intercepts: Sequence[float] | np.ndarray, *,
-          workers: int | None = None, ranges: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def to_hu(
+    stored: np.ndarray,
+    slopes: Sequence[float] | np.ndarray,
+    intercepts: Sequence[float] | np.ndarray,
+    *,
+    workers: int | None = None,
+    ranges: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     """HU = stored × slope + intercept per slice (vectorised; may reuse ``stored``'s memory).
 
     ``ranges``: the :func:`stored_range` of ``stored`` when the caller has it (saves a pass).
@@ -177,6 +209,7 @@ def to_hu(stored: np.ndarray, slopes: Sequence[float] | np.ndarray, intercepts: 
     lo, hi = hu_range(ranges if ranges is not None else stored_range(stored, workers=workers), s, b)
     as_int = _integral(s) and _integral(b) and lo.min() >= -32768 and hi.max() <= 32767
     if as_int and stored.dtype == np.int16 and np.all(s == 1) and np.all(np.abs(b) <= 32767):
+
         def shift(k: int) -> None:  # in place, int16 wrap-around is exact because the result fits
             if b[k]:
                 np.add(stored[k], np.int16(b[k]), out=stored[k], casting="unsafe")
@@ -185,10 +218,13 @@ def to_hu(stored: np.ndarray, slopes: Sequence[float] | np.ndarray, intercepts: 
         return stored
     out = np.empty(stored.shape, dtype=np.int16 if as_int else np.float32)
     if as_int:
+
         def conv(k: int) -> None:
             out[k] = stored[k].astype(np.int32) * np.int32(s[k]) + np.int32(b[k])
     else:
+
         def conv(k: int) -> None:
             out[k] = stored[k].astype(np.float64) * s[k] + b[k]
+
     run_parallel(conv, n, workers)
     return out

@@ -273,4 +273,3 @@ def _walk(st: _Stream, pos: int, size: int, explicit: bool, out: RawHeader) -> N
         pos = vstart + length
         if pos > size:
             raise RawHeaderError("truncated", f"file ends at byte {size}, inside element ({tag >> 16:04X},{tag & 0xFFFF:04X})")
-

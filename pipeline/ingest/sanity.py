@@ -37,34 +37,48 @@ HU_REFUSED = (HU_PLAUSIBLE[0] - 65536, HU_PLAUSIBLE[1] + 65536)
 _REEXPORT = "re-export the series from the scanner/PACS; the header is damaged or was edited wrongly"
 
 
-def check_rescale(slope: float, intercept: float, *, where: str | Path, slope_text: str | None = None,
-                  intercept_text: str | None = None) -> None:
+def check_rescale(
+    slope: float, intercept: float, *, where: str | Path, slope_text: str | None = None, intercept_text: str | None = None
+) -> None:
     """Refuse a slope that is not finite, 0 or beyond ±SLOPE_MAX, and an intercept not finite or beyond ±INTERCEPT_MAX.
 
     ``*_text``: the header's text of the value, quoted in the message when it is not a number.
     """
+
     def shown(value: float, text: str | None) -> str:
         return repr(text) if text is not None and math.isnan(value) else f"{value:g}"
 
     if not math.isfinite(slope) or slope == 0 or abs(slope) > SLOPE_MAX:
         raise CorruptHeaderError(
             f"RescaleSlope (0028,1053) is {shown(slope, slope_text)}; a CT image needs a finite, non-zero slope "
-            f"within ±{SLOPE_MAX:g}", where=where, fix=_REEXPORT)
+            f"within ±{SLOPE_MAX:g}",
+            where=where,
+            fix=_REEXPORT,
+        )
     if not math.isfinite(intercept) or abs(intercept) > INTERCEPT_MAX:
         raise CorruptHeaderError(
             f"RescaleIntercept (0028,1052) is {shown(intercept, intercept_text)}; a CT image needs a finite intercept "
-            f"within ±{INTERCEPT_MAX:g}", where=where, fix=_REEXPORT)
+            f"within ±{INTERCEPT_MAX:g}",
+            where=where,
+            fix=_REEXPORT,
+        )
 
 
 def check_header_values(h: SliceHeader) -> None:
     """Rescale values (single-frame files) and the matrix size against the pixel data length (uncompressed files)."""
     if not h.is_enhanced:  # multi-frame rescale lives in the functional groups: checked per frame when planning
-        check_rescale(h.slope, h.intercept, where=h.path, slope_text=h.extra_value("RescaleSlope"),
-                      intercept_text=h.extra_value("RescaleIntercept"))
+        check_rescale(
+            h.slope,
+            h.intercept,
+            where=h.path,
+            slope_text=h.extra_value("RescaleSlope"),
+            intercept_text=h.extra_value("RescaleIntercept"),
+        )
     rows, cols = int(h.rows or 0), int(h.columns or 0)
     if rows <= 0 or cols <= 0:
-        raise CorruptHeaderError(f"Rows × Columns is {rows} × {cols}; an image needs at least one pixel", where=h.path,
-                                 fix=_REEXPORT)
+        raise CorruptHeaderError(
+            f"Rows × Columns is {rows} × {cols}; an image needs at least one pixel", where=h.path, fix=_REEXPORT
+        )
     native = h.transfer_syntax in NATIVE_SYNTAXES and not h.use_pydicom
     if not native or h.pixel_length is None or h.pixel_length < 0 or h.truncated:
         return
@@ -77,11 +91,14 @@ def check_header_values(h: SliceHeader) -> None:
     raise CorruptHeaderError(
         f"Rows × Columns = {rows} × {cols} ({h.samples_per_pixel} sample(s), {bits} bits{frames}) needs {need} bytes of "
         f"pixel data but PixelData (7FE0,0010) holds {h.pixel_length}: the header does not describe this image",
-        where=h.path, fix=_REEXPORT)
+        where=h.path,
+        fix=_REEXPORT,
+    )
 
 
-def check_hu_range(lo: np.ndarray, hi: np.ndarray, names: Sequence[str], slopes: np.ndarray, intercepts: np.ndarray,
-                   *, where: str) -> None:
+def check_hu_range(
+    lo: np.ndarray, hi: np.ndarray, names: Sequence[str], slopes: np.ndarray, intercepts: np.ndarray, *, where: str
+) -> None:
     """Refuse when a slice's HU range (``lo``/``hi`` per slice, after rescale) leaves :data:`HU_REFUSED`."""
     bad = np.flatnonzero((lo < HU_REFUSED[0]) | (hi > HU_REFUSED[1]))
     if not bad.size:
@@ -91,5 +108,7 @@ def check_hu_range(lo: np.ndarray, hi: np.ndarray, names: Sequence[str], slopes:
     raise CorruptHeaderError(
         f"{names[k]}: HU after rescale span {lo[k]:.6g}..{hi[k]:.6g} (RescaleSlope {slopes[k]:g}, RescaleIntercept "
         f"{intercepts[k]:g}){more}, far outside the CT range {HU_PLAUSIBLE[0]}..{HU_PLAUSIBLE[1]} "
-        f"(refused beyond {HU_REFUSED[0]}..{HU_REFUSED[1]})", where=where,
-        fix="check RescaleSlope/RescaleIntercept and the pixel data of that file; " + _REEXPORT)
+        f"(refused beyond {HU_REFUSED[0]}..{HU_REFUSED[1]})",
+        where=where,
+        fix="check RescaleSlope/RescaleIntercept and the pixel data of that file; " + _REEXPORT,
+    )

@@ -145,21 +145,35 @@ def scan_directory(
             near = _unreadable_near(s, unreadable)
             try:
                 # the rules already chose the modality, so a PT/MR series allowed by them is not refused here
-                result.plans[s.key] = plan_volume(s, spacing_tolerance=spacing_tolerance, allow_gantry_tilt=allow_gantry_tilt,
-                                                  check_modality=False, keep_identifiers=keep_identifiers)
+                result.plans[s.key] = plan_volume(
+                    s,
+                    spacing_tolerance=spacing_tolerance,
+                    allow_gantry_tilt=allow_gantry_tilt,
+                    check_modality=False,
+                    keep_identifiers=keep_identifiers,
+                )
             except (MissingSliceError, NonUniformSpacingError) as exc:
                 reject(result, s, _gap_from_unreadable(s, near, exc) if near else exc)
             except CtpipeError as exc:
                 reject(result, s, exc)
             else:
                 if near:
-                    note = (f"{_files_text(near)} in the series' folder cannot be read; if they belong to this series, "
-                            "the volume lacks them")
+                    note = (
+                        f"{_files_text(near)} in the series' folder cannot be read; if they belong to this series, "
+                        "the volume lacks them"
+                    )
                     s.warnings.append(note)
                     result.plans[s.key].metadata.setdefault("warnings", []).append(note)
     result.seconds = time.perf_counter() - t0
-    log.info("scanned %d files in %.2f s: %d series (%d selected, %d rejected), skipped: %s", len(files), result.seconds,
-             len(series), len(result.selected), len(result.rejected), result.skipped_summary())
+    log.info(
+        "scanned %d files in %.2f s: %d series (%d selected, %d rejected), skipped: %s",
+        len(files),
+        result.seconds,
+        len(series),
+        len(result.selected),
+        len(result.rejected),
+        result.skipped_summary(),
+    )
     return result
 
 
@@ -179,9 +193,10 @@ def _files_text(files: list[SkippedFile]) -> str:
 def _gap_from_unreadable(series: SeriesInfo, near: list[SkippedFile], gap: CtpipeError) -> UnreadableFileError:
     """A gap in the slice positions next to unreadable files: the true reason is that they cannot be read."""
     err = UnreadableFileError(
-        f"{_files_text(near)} in the series' folder cannot be read, and the readable slices have a gap "
-        f"({gap.problem})", where=describe(series),
-        fix="make those files readable by this user (check their permissions and owner), then scan again")
+        f"{_files_text(near)} in the series' folder cannot be read, and the readable slices have a gap ({gap.problem})",
+        where=describe(series),
+        fix="make those files readable by this user (check their permissions and owner), then scan again",
+    )
     err.__cause__ = gap
     return err
 
@@ -197,7 +212,9 @@ def _drop_copies(headers: list[SliceHeader], skipped: list[SkippedFile]) -> list
                 seen[h.sop_instance] = h
             kept.append(h)
         else:
-            skipped.append(SkippedFile(h.path, "duplicate_copy", f"another copy of SOP instance {h.sop_instance} (kept {first.path})"))
+            skipped.append(
+                SkippedFile(h.path, "duplicate_copy", f"another copy of SOP instance {h.sop_instance} (kept {first.path})")
+            )
     return kept
 
 

@@ -62,15 +62,24 @@ class SelectionRules:
     def __post_init__(self) -> None:
         mods = (self.modalities,) if isinstance(self.modalities, str) else tuple(self.modalities)
         if not mods or not all(isinstance(m, str) and m for m in mods):
-            raise ConfigError(f"modalities must be non-empty strings, got {self.modalities!r}", where="SelectionRules.modalities",
-                              fix='pass e.g. modalities=("CT",)')
+            raise ConfigError(
+                f"modalities must be non-empty strings, got {self.modalities!r}",
+                where="SelectionRules.modalities",
+                fix='pass e.g. modalities=("CT",)',
+            )
         object.__setattr__(self, "modalities", tuple(m.upper() for m in mods))
         if not (isinstance(self.axial_tolerance_deg, (int, float)) and 0 <= self.axial_tolerance_deg <= 90):
-            raise ConfigError(f"axial_tolerance_deg must be within 0..90 degrees, got {self.axial_tolerance_deg!r}",
-                              where="SelectionRules.axial_tolerance_deg", fix="use e.g. 30 (90 accepts any orientation)")
+            raise ConfigError(
+                f"axial_tolerance_deg must be within 0..90 degrees, got {self.axial_tolerance_deg!r}",
+                where="SelectionRules.axial_tolerance_deg",
+                fix="use e.g. 30 (90 accepts any orientation)",
+            )
         if isinstance(self.min_slices, bool) or not isinstance(self.min_slices, int) or self.min_slices < 2:
-            raise ConfigError(f"min_slices must be an integer >= 2, got {self.min_slices!r}", where="SelectionRules.min_slices",
-                              fix="a volume needs at least 2 slices; use e.g. 10")
+            raise ConfigError(
+                f"min_slices must be an integer >= 2, got {self.min_slices!r}",
+                where="SelectionRules.min_slices",
+                fix="a volume needs at least 2 slices; use e.g. 10",
+            )
         for name in ("exclude_localizers", "allow_derived"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}", where=f"SelectionRules.{name}")
@@ -124,10 +133,18 @@ class SeriesInfo:
     def summary(self) -> dict[str, object]:
         """JSON-able description for reports."""
         return {
-            "key": self.key, "series_uid": self.uid, "study_uid": self.study_uid, "part": self.part,
-            "description": self.description, "modality": self.modality, "n_files": len(self.headers),
-            "n_slices": self.n_slices, "selected": self.selected, "why_not": self.reasons,
-            "split_reason": self.split_reason, "warnings": self.warnings,
+            "key": self.key,
+            "series_uid": self.uid,
+            "study_uid": self.study_uid,
+            "part": self.part,
+            "description": self.description,
+            "modality": self.modality,
+            "n_files": len(self.headers),
+            "n_slices": self.n_slices,
+            "selected": self.selected,
+            "why_not": self.reasons,
+            "split_reason": self.split_reason,
+            "warnings": self.warnings,
         }
 
 
@@ -260,11 +277,14 @@ def group_series(headers: Sequence[SliceHeader]) -> list[SeriesInfo]:
         parts.sort(key=lambda p: (-sum(h.n_frames for h in p[0]), str(p[0][0].path)))
         for n, (part, reason) in enumerate(parts, start=1):
             key = uid if len(parts) == 1 else f"{uid}#{n}"
-            info = SeriesInfo(key=key, uid=uid, study_uid=study, part=n if len(parts) > 1 else 0,
-                              headers=tuple(part), split_reason=reason)
+            info = SeriesInfo(
+                key=key, uid=uid, study_uid=study, part=n if len(parts) > 1 else 0, headers=tuple(part), split_reason=reason
+            )
             if uid in generated:
-                info.warnings.append(f"the files have no SeriesInstanceUID (0020,000E): grouped by {generated[uid]}; "
-                                     f"series id {uid} generated from those values")
+                info.warnings.append(
+                    f"the files have no SeriesInstanceUID (0020,000E): grouped by {generated[uid]}; "
+                    f"series id {uid} generated from those values"
+                )
             info.warnings.extend(dict.fromkeys(note for h in part for note in h.notes))
             out.append(info)
     out.sort(key=lambda s: (s.study_uid, s.first.series_number or 0, s.uid, s.part))
@@ -318,13 +338,22 @@ def _rule_reasons(s: SeriesInfo, rules: SelectionRules) -> list[tuple[str, str]]
     if angle is None:
         reasons.append(("orientation", "no valid ImageOrientationPatient (0020,0037)"))
     elif angle > rules.axial_tolerance_deg:
-        reasons.append(("axial_tolerance_deg", f"not axial: slice normal is {angle:.1f} deg from the patient z axis "
-                                               f"(limit axial_tolerance_deg={rules.axial_tolerance_deg:g})"))
+        reasons.append(
+            (
+                "axial_tolerance_deg",
+                f"not axial: slice normal is {angle:.1f} deg from the patient z axis "
+                f"(limit axial_tolerance_deg={rules.axial_tolerance_deg:g})",
+            )
+        )
     n = s.n_slices
     if n < rules.min_slices:
-        how = (f"to include it: --min-slices {n} for ctpipe ingest, config key ingest.min_slices "
-               f"(--set ingest.min_slices={n}) for ctpipe run; load_series and ctpipe ingest/detect/reconstruct "
-               "of a folder holding no other CT series take it anyway" if n >= 2 else "a volume needs at least 2 slices")
+        how = (
+            f"to include it: --min-slices {n} for ctpipe ingest, config key ingest.min_slices "
+            f"(--set ingest.min_slices={n}) for ctpipe run; load_series and ctpipe ingest/detect/reconstruct "
+            "of a folder holding no other CT series take it anyway"
+            if n >= 2
+            else "a volume needs at least 2 slices"
+        )
         reasons.append(("min_slices", f"only {n} slice(s), fewer than min_slices={rules.min_slices} ({how})"))
     return reasons
 
@@ -354,6 +383,8 @@ def select_lone_series(series: Sequence[SeriesInfo], rules: SelectionRules) -> S
     if [r for r, _ in _rule_reasons(lone, rules)] != ["min_slices"] or lone.n_slices < 2:
         return None
     lone.selected, lone.reasons = True, []
-    lone.warnings.append(f"only {lone.n_slices} slices, fewer than min_slices={rules.min_slices}: loaded anyway because "
-                         "it is the only CT series where it was asked for")
+    lone.warnings.append(
+        f"only {lone.n_slices} slices, fewer than min_slices={rules.min_slices}: loaded anyway because "
+        "it is the only CT series where it was asked for"
+    )
     return lone

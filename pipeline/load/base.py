@@ -49,8 +49,11 @@ def resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if dev in ("gpu", "cuda") or dev.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise LoaderError(f"device {device!r} was asked for but torch sees no CUDA GPU", where="loader device",
-                              fix="use device='cpu' or 'auto'")
+            raise LoaderError(
+                f"device {device!r} was asked for but torch sees no CUDA GPU",
+                where="loader device",
+                fix="use device='cpu' or 'auto'",
+            )
         return "cuda" if dev == "gpu" else dev
     if dev == "cpu":
         return "cpu"
@@ -75,11 +78,21 @@ class BaseLoader:
 
     name = "base"
 
-    def __init__(self, cache: CaseCache | str | os.PathLike[str], spec: PreprocessSpec, *, device: str = "auto",
-                 batch_size: int = 1, num_threads: int | None = None):
+    def __init__(
+        self,
+        cache: CaseCache | str | os.PathLike[str],
+        spec: PreprocessSpec,
+        *,
+        device: str = "auto",
+        batch_size: int = 1,
+        num_threads: int | None = None,
+    ):
         if not isinstance(spec, PreprocessSpec):
-            raise LoaderError(f"spec must be a PreprocessSpec, got {type(spec).__name__}", where="loader",
-                              fix="build one with PreprocessSpec(...) or PreprocessSpec.from_bundle_config(...)")
+            raise LoaderError(
+                f"spec must be a PreprocessSpec, got {type(spec).__name__}",
+                where="loader",
+                fix="build one with PreprocessSpec(...) or PreprocessSpec.from_bundle_config(...)",
+            )
         if int(batch_size) < 1:
             raise LoaderError(f"batch_size must be >= 1, got {batch_size!r}", where="loader")
         self.cache = cache if isinstance(cache, CaseCache) else CaseCache(cache)
@@ -110,14 +123,23 @@ class BaseLoader:
         except CtpipeError as exc:
             if isinstance(exc, CacheError):
                 raise CacheError(f"case {case_id}: {exc.problem}", where=exc.where, fix=exc.fix) from exc
-            raise CacheError(f"case {case_id}: sidecar geometry is invalid ({exc.problem})", where=exc.where or case_id,
-                             fix="ingest the case again") from exc
+            raise CacheError(
+                f"case {case_id}: sidecar geometry is invalid ({exc.problem})",
+                where=exc.where or case_id,
+                fix="ingest the case again",
+            ) from exc
         except (KeyError, TypeError, ValueError) as exc:
-            raise CacheError(f"case {case_id}: sidecar is malformed ({type(exc).__name__}: {exc})",
-                             where=self.cache.sidecar_path(case_id), fix="ingest the case again") from exc
+            raise CacheError(
+                f"case {case_id}: sidecar is malformed ({type(exc).__name__}: {exc})",
+                where=self.cache.sidecar_path(case_id),
+                fix="ingest the case again",
+            ) from exc
         if entry.sidecar["dtype"] not in SUPPORTED_DTYPES:
-            raise LoaderError(f"case {case_id}: array dtype {entry.sidecar['dtype']!r} is not int16 or float32",
-                              where=entry.array_path, fix="write the case with CaseCache.write (it stores int16 or float32)")
+            raise LoaderError(
+                f"case {case_id}: array dtype {entry.sidecar['dtype']!r} is not int16 or float32",
+                where=entry.array_path,
+                fix="write the case with CaseCache.write (it stores int16 or float32)",
+            )
         chosen = roi if roi is not None else self._roi_for(entry, {})
         geometry = plan_input(entry.geometry, self.spec, roi=chosen, case=case_id)
         return Job(case_id, entry, geometry)
@@ -137,8 +159,9 @@ class BaseLoader:
         return items
 
     # -- iteration -------------------------------------------------------------------------------
-    def load(self, case_ids: Iterable[str] | None = None, *, rois: Mapping[str, Roi | Mapping[str, Any]] | None = None
-             ) -> Iterator[LoadedCase]:
+    def load(
+        self, case_ids: Iterable[str] | None = None, *, rois: Mapping[str, Roi | Mapping[str, Any]] | None = None
+    ) -> Iterator[LoadedCase]:
         """Yield one :class:`LoadedCase` per id (all cached cases when ``None``), in order.
 
         ``rois`` maps case ids to crop boxes (:class:`Roi` or its JSON), overriding the spec's.
@@ -157,8 +180,9 @@ class BaseLoader:
             else:
                 yield next(results)
 
-    def batches(self, case_ids: Iterable[str] | None = None, *, rois: Mapping[str, Any] | None = None
-                ) -> Iterator[list[LoadedCase]]:
+    def batches(
+        self, case_ids: Iterable[str] | None = None, *, rois: Mapping[str, Any] | None = None
+    ) -> Iterator[list[LoadedCase]]:
         """Like :meth:`load`, grouped in lists of ``batch_size`` (shapes may differ within a list)."""
         batch: list[LoadedCase] = []
         for case in self.load(case_ids, rois=rois):

@@ -100,11 +100,21 @@ class DaliLoader(BaseLoader):
 
     name = "dali"
 
-    def __init__(self, cache: CaseCache | str | os.PathLike[str], spec: PreprocessSpec, *, device: str = "auto",
-                 batch_size: int = 1, num_threads: int | None = None, prefetch: int = 2):
+    def __init__(
+        self,
+        cache: CaseCache | str | os.PathLike[str],
+        spec: PreprocessSpec,
+        *,
+        device: str = "auto",
+        batch_size: int = 1,
+        num_threads: int | None = None,
+        prefetch: int = 2,
+    ):
         ok, why = dali_available()
         if not ok:
-            raise LoaderError(why, where="DALI loader", fix="pip install nvidia-dali-cuda120 (Linux x86_64) or use loader='torch'")
+            raise LoaderError(
+                why, where="DALI loader", fix="pip install nvidia-dali-cuda120 (Linux x86_64) or use loader='torch'"
+            )
         super().__init__(cache, spec, device=device, batch_size=batch_size, num_threads=num_threads)
         self.prefetch = max(1, int(prefetch))
         self._gpu_reader = self.device != "cpu"
@@ -132,27 +142,50 @@ class DaliLoader(BaseLoader):
         a0, ar, b0, br, lo, hi = source_window(self.spec)
         src_axis = jobs[0].geometry.src_axis
         perm = [2 - src_axis[a] for a in range(3)]  # array [k, j, i] → model axes (x, y, z)
-        pipe = Pipeline(batch_size=batch_size, num_threads=self.num_threads, device_id=device_id,
-                        prefetch_queue_depth=self.prefetch, seed=0)
+        pipe = Pipeline(
+            batch_size=batch_size, num_threads=self.num_threads, device_id=device_id, prefetch_queue_depth=self.prefetch, seed=0
+        )
         with pipe:
             reader_dev = "gpu" if gpu and self._gpu_reader else "cpu"
-            x = fn.readers.numpy(files=files, device=reader_dev, name="reader", pad_last_batch=True,
-                                 shuffle_after_epoch=False, random_shuffle=False)
+            x = fn.readers.numpy(
+                files=files,
+                device=reader_dev,
+                name="reader",
+                pad_last_batch=True,
+                shuffle_after_epoch=False,
+                random_shuffle=False,
+            )
             size, roi_start, roi_end, anchor, shape = fn.external_source(
-                source=source, num_outputs=5, batch=True, batch_info=True)
+                source=source, num_outputs=5, batch=True, batch_info=True
+            )
             if gpu and reader_dev == "cpu":
                 x = x.gpu()
             x = fn.transpose(x, perm=perm)
             x = fn.reshape(x, layout="DHW")
             x = fn.expand_dims(x, axes=[3], new_axis_names="C")
-            x = fn.resize(x, size=size, roi_start=roi_start, roi_end=roi_end, antialias=False,  # type: ignore[assignment]
-                          interp_type=types.INTERP_LINEAR, dtype=types.FLOAT,  # type: ignore[attr-defined]
-                          subpixel_scale=False)
+            x = fn.resize(
+                x,
+                size=size,
+                roi_start=roi_start,
+                roi_end=roi_end,
+                antialias=False,  # type: ignore[assignment]
+                interp_type=types.INTERP_LINEAR,
+                dtype=types.FLOAT,  # type: ignore[attr-defined]
+                subpixel_scale=False,
+            )
             x = (x - a0) / ar * br + b0
             if self.spec.clip:
                 x = dmath.clamp(x, lo, hi)
-            x = fn.slice(x, anchor, shape, axes=[0, 1, 2], normalized_anchor=False, normalized_shape=False,
-                         out_of_bounds_policy="pad", fill_values=self.spec.pad_value)
+            x = fn.slice(
+                x,
+                anchor,
+                shape,
+                axes=[0, 1, 2],
+                normalized_anchor=False,
+                normalized_shape=False,
+                out_of_bounds_policy="pad",
+                fill_values=self.spec.pad_value,
+            )
             pipe.set_outputs(x)
         pipe.build()
         return pipe
@@ -190,12 +223,18 @@ class DaliLoader(BaseLoader):
                 pipe = self._build(rest, bs)
             except RuntimeError as exc:
                 if self._gpu_reader and self.device != "cpu":
-                    log.warning("DALI GPU numpy reader unavailable (%s); reading on the CPU and copying to the GPU",
-                                _summary(exc))
+                    log.warning(
+                        "DALI GPU numpy reader unavailable (%s); reading on the CPU and copying to the GPU", _summary(exc)
+                    )
                     self._gpu_reader = False
                     continue
-                log.warning("DALI pipeline for %d case(s) from %s could not be built (%s); loading the next %d one by one",
-                            len(rest), rest[0].case_id, _summary(exc), bs)
+                log.warning(
+                    "DALI pipeline for %d case(s) from %s could not be built (%s); loading the next %d one by one",
+                    len(rest),
+                    rest[0].case_id,
+                    _summary(exc),
+                    bs,
+                )
                 for job in rest[:bs]:
                     yield self._retry_single(job)
                 done += bs
@@ -207,12 +246,17 @@ class DaliLoader(BaseLoader):
                         (out,) = pipe.run()
                     except (RuntimeError, StopIteration) as exc:
                         if self._gpu_reader and self.device != "cpu" and done == 0 and b == 0:
-                            log.warning("DALI GPU numpy reader failed (%s); reading on the CPU and copying to the GPU",
-                                        _summary(exc))
+                            log.warning(
+                                "DALI GPU numpy reader failed (%s); reading on the CPU and copying to the GPU", _summary(exc)
+                            )
                             self._gpu_reader = False
                             break  # rebuild with the CPU reader for the same cases
-                        log.warning("DALI batch of %d case(s) from %s failed (%s); retrying them one by one",
-                                    len(batch), batch[0].case_id, _summary(exc))
+                        log.warning(
+                            "DALI batch of %d case(s) from %s failed (%s); retrying them one by one",
+                            len(batch),
+                            batch[0].case_id,
+                            _summary(exc),
+                        )
                         for job in batch:
                             yield self._retry_single(job)
                         done += len(batch)
@@ -233,14 +277,23 @@ class DaliLoader(BaseLoader):
             msg = _summary(exc) if str(exc) else type(exc).__name__
             err: CacheError | LoaderError
             if not job.entry.array_path.is_file():
-                err = CacheError(f"case {job.case_id}: the cached array file is gone (removed after it was validated)",
-                                 where=job.entry.array_path, fix="ingest the case again")
+                err = CacheError(
+                    f"case {job.case_id}: the cached array file is gone (removed after it was validated)",
+                    where=job.entry.array_path,
+                    fix="ingest the case again",
+                )
             elif "numpy" in msg.lower() or "file" in msg.lower():
-                err = CacheError(f"case {job.case_id}: the cached array cannot be read by DALI ({msg})",
-                                 where=job.entry.array_path, fix="ingest the case again")
+                err = CacheError(
+                    f"case {job.case_id}: the cached array cannot be read by DALI ({msg})",
+                    where=job.entry.array_path,
+                    fix="ingest the case again",
+                )
             else:
-                err = LoaderError(f"case {job.case_id}: DALI preprocessing failed ({msg})", where=job.entry.array_path,
-                                  fix="retry with loader='torch' to see whether the case itself is at fault")
+                err = LoaderError(
+                    f"case {job.case_id}: DALI preprocessing failed ({msg})",
+                    where=job.entry.array_path,
+                    fix="retry with loader='torch' to see whether the case itself is at fault",
+                )
             log.warning("%s", err)
             return LoadedCase(job.case_id, error=err, loader=self.name)
         return LoadedCase(job.case_id, tensor=tensor, geometry=job.geometry, loader=self.name)

@@ -198,8 +198,12 @@ class InputGeometry:
         """
         aff = self.affine_lps
         sp = np.asarray(self.spacing)
-        return Geometry(shape=(self.shape[2], self.shape[1], self.shape[0]), spacing=self.spacing,
-                        origin=tuple(aff[:3, 3]), direction=aff[:3, :3] / sp[None, :])
+        return Geometry(
+            shape=(self.shape[2], self.shape[1], self.shape[0]),
+            spacing=self.spacing,
+            origin=tuple(aff[:3, 3]),
+            direction=aff[:3, :3] / sp[None, :],
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -239,8 +243,15 @@ def _target_spacing(src: float, target: float | None) -> float:
     return float(target)
 
 
-def _roi_range(source: Geometry, roi: Roi, src_axis: Sequence[int], flip: Sequence[bool],
-               spacing: Sequence[float], n_res: Sequence[int], case: str) -> tuple[list[int], list[int]]:
+def _roi_range(
+    source: Geometry,
+    roi: Roi,
+    src_axis: Sequence[int],
+    flip: Sequence[bool],
+    spacing: Sequence[float],
+    n_res: Sequence[int],
+    case: str,
+) -> tuple[list[int], list[int]]:
     lo_c, hi_c = np.minimum(roi.lo, roi.hi), np.maximum(roi.lo, roi.hi)
     corners = np.array([[x, y, z] for x in (lo_c[0], hi_c[0]) for y in (lo_c[1], hi_c[1]) for z in (lo_c[2], hi_c[2])])
     ijk = source.lps_to_index(corners) if roi.space == "lps" else corners
@@ -256,7 +267,8 @@ def _roi_range(source: Geometry, roi: Roi, src_axis: Sequence[int], flip: Sequen
         if q1 <= q0:
             raise LoaderError(
                 f"the ROI {roi.to_json()} lies outside the image along model axis {'xyz'[a]}",
-                where=f"case {case}", fix="pass an ROI in LPS mm (space='lps') or source voxel indices (space='index') inside the volume",
+                where=f"case {case}",
+                fix="pass an ROI in LPS mm (space='lps') or source voxel indices (space='index') inside the volume",
             )
         lo.append(q0)
         hi.append(q1)

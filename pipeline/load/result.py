@@ -69,8 +69,9 @@ class LoadedCase:
 
     def _geom(self) -> InputGeometry:
         if self.geometry is None:
-            raise LoaderError("the case failed to load, so it has no geometry", where=f"case {self.case_id}",
-                              fix="check LoadedCase.error")
+            raise LoaderError(
+                "the case failed to load, so it has no geometry", where=f"case {self.case_id}", fix="check LoadedCase.error"
+            )
         return self.geometry
 
     def __repr__(self) -> str:

@@ -20,9 +20,15 @@ __all__ = ["make_loader", "LOADERS"]
 LOADERS = ("auto", "dali", "torch")
 
 
-def make_loader(cache: CaseCache | str | os.PathLike[str], spec: PreprocessSpec, *,
-                loader: Literal["auto", "dali", "torch"] = "auto", device: str = "auto", batch_size: int = 1,
-                num_threads: int | None = None) -> BaseLoader:
+def make_loader(
+    cache: CaseCache | str | os.PathLike[str],
+    spec: PreprocessSpec,
+    *,
+    loader: Literal["auto", "dali", "torch"] = "auto",
+    device: str = "auto",
+    batch_size: int = 1,
+    num_threads: int | None = None,
+) -> BaseLoader:
     """A loader for ``cache`` under ``spec``.
 
     ``loader="auto"`` takes DALI when ``nvidia.dali`` imports and the torch loader
@@ -41,8 +47,11 @@ def make_loader(cache: CaseCache | str | os.PathLike[str], spec: PreprocessSpec,
         return TorchLoader(cache, spec, device=dev, batch_size=batch_size, num_threads=num_threads)
     ok, why = dali_available()
     if choice == "dali" and not ok:
-        raise LoaderError(f"loader='dali' was asked for but {why}", where="loader",
-                          fix="pip install nvidia-dali-cuda120 (Linux x86_64 only) or use loader='auto' / 'torch'")
+        raise LoaderError(
+            f"loader='dali' was asked for but {why}",
+            where="loader",
+            fix="pip install nvidia-dali-cuda120 (Linux x86_64 only) or use loader='auto' / 'torch'",
+        )
     if not ok:
         log.info("loader: torch on %s (DALI unavailable: %s)", where, why)
         return TorchLoader(cache, spec, device=dev, batch_size=batch_size, num_threads=num_threads)

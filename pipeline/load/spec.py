@@ -127,25 +127,33 @@ class PreprocessSpec:
         object.__setattr__(self, "spacing", _triple(self.spacing, "spacing", allow_none=True))
         win, rng = tuple(self.intensity_window), tuple(self.output_range)
         if len(win) != 2:
-            raise ConfigError(f"intensity_window must be (a_min, a_max) with a_min < a_max HU, got {self.intensity_window!r}",
-                              where="intensity_window")
+            raise ConfigError(
+                f"intensity_window must be (a_min, a_max) with a_min < a_max HU, got {self.intensity_window!r}",
+                where="intensity_window",
+            )
         if len(rng) != 2:
-            raise ConfigError(f"output_range must be 2 finite numbers (b_min, b_max), got {self.output_range!r}", where="output_range")
+            raise ConfigError(
+                f"output_range must be 2 finite numbers (b_min, b_max), got {self.output_range!r}", where="output_range"
+            )
         window = HUWindow(win[0], win[1], rng[0], rng[1], self.clip)  # validates
         div = self.size_divisible
         if isinstance(div, int):
             div = (div, div, div)
         div_t = tuple(int(d) for d in div)
         if len(div_t) != 3 or min(div_t) < 1 or any(float(a) != float(b) for a, b in zip(div_t, div)):
-            raise ConfigError(f"size_divisible must be 3 positive integers (x, y, z), got {self.size_divisible!r}",
-                              where="size_divisible")
+            raise ConfigError(
+                f"size_divisible must be 3 positive integers (x, y, z), got {self.size_divisible!r}", where="size_divisible"
+            )
         if self.pad_method not in ("symmetric", "end"):
             raise ConfigError(f"pad_method must be 'symmetric' or 'end', got {self.pad_method!r}", where="pad_method")
         if not math.isfinite(float(self.pad_value)):
             raise ConfigError(f"pad_value must be finite, got {self.pad_value!r}", where="pad_value")
         if str(self.orientation).upper() != "RAS":
-            raise ConfigError(f"orientation {self.orientation!r} is not supported", where="orientation",
-                              fix="use 'RAS' (MONAI's Orientationd(axcodes='RAS'), which the detector bundle expects)")
+            raise ConfigError(
+                f"orientation {self.orientation!r} is not supported",
+                where="orientation",
+                fix="use 'RAS' (MONAI's Orientationd(axcodes='RAS'), which the detector bundle expects)",
+            )
         if self.roi is not None and not isinstance(self.roi, Roi):
             object.__setattr__(self, "roi", Roi.from_json(self.roi))
         object.__setattr__(self, "intensity_window", window.hu_range)
@@ -225,8 +233,11 @@ class PreprocessSpec:
             raise ConfigError(exc.problem, where=exc.where, fix=exc.fix) from exc
         missing = [name for name, value in (("pixdim", spacing), ("window", window)) if value is None]
         if spacing is None or window is None:
-            raise ConfigError(f"no {' / '.join(missing)} found (looked for Spacingd and ScaleIntensityRanged)", where=bundle.where,
-                              fix="pass the inference config of the detection bundle, or build PreprocessSpec(...) by hand")
+            raise ConfigError(
+                f"no {' / '.join(missing)} found (looked for Spacingd and ScaleIntensityRanged)",
+                where=bundle.where,
+                fix="pass the inference config of the detection bundle, or build PreprocessSpec(...) by hand",
+            )
         values: dict[str, Any] = {"spacing": spacing}
         if size_divisible is not None:
             values["size_divisible"] = size_divisible
@@ -250,4 +261,3 @@ def normalise_rois(rois: Mapping[str, Roi | Mapping[str, Any]] | None) -> dict[s
     for case_id, roi in (rois or {}).items():
         out[case_id] = roi if isinstance(roi, Roi) else Roi.from_json(roi)
     return out
-

@@ -57,8 +57,14 @@ def _source_range(pos: np.ndarray, n_src: int) -> tuple[int, int]:
     return int(np.floor(pos.min())), min(int(np.floor(pos.max())) + 2, n_src)
 
 
-def preprocess_array(array: torch.Tensor | np.ndarray, geometry: InputGeometry, spec: PreprocessSpec, *,
-                     device: str | torch.device = "cpu", slab_voxels: int = SLAB_VOXELS) -> torch.Tensor:
+def preprocess_array(
+    array: torch.Tensor | np.ndarray,
+    geometry: InputGeometry,
+    spec: PreprocessSpec,
+    *,
+    device: str | torch.device = "cpu",
+    slab_voxels: int = SLAB_VOXELS,
+) -> torch.Tensor:
     """HU array ``[k, j, i]`` on ``geometry.source`` → model input ``(1, X, Y, Z)`` float32 (RAS order).
 
     Steps: axis order (x, y, z) → cast → resample (with the RAS flips) → window/scale/clip →
@@ -74,8 +80,11 @@ def preprocess_array(array: torch.Tensor | np.ndarray, geometry: InputGeometry, 
     shape = tuple(p.size for p in plans)
     a0, ar, b0, br, lo_v, hi_v = source_window(spec)
     padded = any(p.valid_lo > 0 or p.valid_hi < p.size for p in plans)
-    out = (torch.full((1, *shape), spec.pad_value, dtype=torch.float32, device=device) if padded
-           else torch.empty((1, *shape), dtype=torch.float32, device=device))
+    out = (
+        torch.full((1, *shape), spec.pad_value, dtype=torch.float32, device=device)
+        if padded
+        else torch.empty((1, *shape), dtype=torch.float32, device=device)
+    )
     if not all(len(pos) for pos in positions):
         return out  # the crop holds no image voxel: padding only
     x0, x1, y0, y1, zb = plans[0].valid_lo, plans[0].valid_hi, plans[1].valid_lo, plans[1].valid_hi, plans[2].valid_lo
@@ -109,8 +118,15 @@ def preprocess_array(array: torch.Tensor | np.ndarray, geometry: InputGeometry, 
     return out
 
 
-def preprocess_volume(volume: CTVolume, spec: PreprocessSpec, *, device: str = "auto", roi: Roi | None = None,
-                      case_id: str = "volume", slab_voxels: int = SLAB_VOXELS) -> LoadedCase:
+def preprocess_volume(
+    volume: CTVolume,
+    spec: PreprocessSpec,
+    *,
+    device: str = "auto",
+    roi: Roi | None = None,
+    case_id: str = "volume",
+    slab_voxels: int = SLAB_VOXELS,
+) -> LoadedCase:
     """Preprocess an in-memory (or memory-mapped) :class:`CTVolume` (HU, LPS) exactly as the loaders do a cached case.
 
     ``roi`` crops (LPS mm or source indices, see :class:`Roi`); only the voxels the crop
@@ -135,18 +151,25 @@ class TorchLoader(BaseLoader):
         try:
             arr = np.load(job.entry.array_path, mmap_mode="r", allow_pickle=False)  # read slab by slab
         except (OSError, ValueError) as exc:
-            err = CacheError(f"case {job.case_id}: array cannot be read ({exc})", where=job.entry.array_path,
-                             fix="ingest the case again")
+            err = CacheError(
+                f"case {job.case_id}: array cannot be read ({exc})", where=job.entry.array_path, fix="ingest the case again"
+            )
             return LoadedCase(job.case_id, error=err, loader=self.name)
         if tuple(arr.shape) != job.entry.geometry.shape:
-            err = CacheError(f"case {job.case_id}: array is {arr.shape} but the sidecar says {job.entry.geometry.shape}",
-                             where=job.entry.array_path, fix="ingest the case again")
+            err = CacheError(
+                f"case {job.case_id}: array is {arr.shape} but the sidecar says {job.entry.geometry.shape}",
+                where=job.entry.array_path,
+                fix="ingest the case again",
+            )
             return LoadedCase(job.case_id, error=err, loader=self.name)
         try:
             tensor = preprocess_array(arr, job.geometry, self.spec, device=self.device)
         except (RuntimeError, MemoryError) as exc:
-            err = LoaderError(f"case {job.case_id}: preprocessing failed ({exc})", where=job.entry.array_path,
-                              fix="check free memory; try device='cpu' or a smaller batch")
+            err = LoaderError(
+                f"case {job.case_id}: preprocessing failed ({exc})",
+                where=job.entry.array_path,
+                fix="check free memory; try device='cpu' or a smaller batch",
+            )
             return LoadedCase(job.case_id, error=err, loader=self.name)
         return LoadedCase(job.case_id, tensor=tensor, geometry=job.geometry, loader=self.name)
 

@@ -54,8 +54,11 @@ def check_aet(aet: str, where: str) -> str:
     """An AE title: 1–16 printable ASCII characters, no backslash; returned stripped."""
     aet = aet.strip()
     if not _AET.match(aet) or "\\" in aet:
-        raise PacsAddressError(f"AE title {aet!r} is not valid", where=where,
-                               fix="use 1 to 16 printable ASCII characters without a backslash, e.g. ORTHANC")
+        raise PacsAddressError(
+            f"AE title {aet!r} is not valid",
+            where=where,
+            fix="use 1 to 16 printable ASCII characters without a backslash, e.g. ORTHANC",
+        )
     return aet
 
 
@@ -115,8 +118,11 @@ def _endpoint(text: str, where: str) -> tuple[Endpoint, str]:
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
-        raise PacsAddressError(f"unknown scheme {parts.scheme!r} in {redact(text)!r}", where=where,
-                               fix="use dicomweb+http://HOST:PORT/PATH, dicomweb+https://... or dimse://AET@HOST:PORT")
+        raise PacsAddressError(
+            f"unknown scheme {parts.scheme!r} in {redact(text)!r}",
+            where=where,
+            fix="use dicomweb+http://HOST:PORT/PATH, dicomweb+https://... or dimse://AET@HOST:PORT",
+        )
     try:
         port = parts.port
     except ValueError as exc:
@@ -128,16 +134,26 @@ def _endpoint(text: str, where: str) -> tuple[Endpoint, str]:
         raise PacsAddressError(f"a '#' fragment is not allowed in {redact(text)!r}", where=where, fix="remove it")
     if scheme == "dimse":
         if parts.password is not None or not parts.username:
-            raise PacsAddressError(f"{redact(text)!r} names no AE title (or holds a password)", where=where,
-                                   fix="write the archive's AE title before '@': dimse://AET@HOST:PORT")
+            raise PacsAddressError(
+                f"{redact(text)!r} names no AE title (or holds a password)",
+                where=where,
+                fix="write the archive's AE title before '@': dimse://AET@HOST:PORT",
+            )
         if port is None:
-            raise PacsAddressError(f"no port in {redact(text)!r}", where=where, fix="write dimse://AET@HOST:PORT (often 104 or 4242)")
+            raise PacsAddressError(
+                f"no port in {redact(text)!r}", where=where, fix="write dimse://AET@HOST:PORT (often 104 or 4242)"
+            )
         if parts.path not in ("", "/"):
-            raise PacsAddressError(f"a DIMSE address has no path (got {parts.path!r})", where=where, fix="dimse://AET@HOST:PORT?QUERY")
+            raise PacsAddressError(
+                f"a DIMSE address has no path (got {parts.path!r})", where=where, fix="dimse://AET@HOST:PORT?QUERY"
+            )
         return Endpoint("dimse", host, port, aet=check_aet(parts.username, where)), parts.query
     if parts.username is not None or parts.password is not None:
-        raise PacsAddressError(f"credentials in the address {redact(text)!r} are refused", where=where,
-                               fix="remove 'user:password@' and set CTPIPE_DICOMWEB_USER / CTPIPE_DICOMWEB_PASSWORD or a netrc file")
+        raise PacsAddressError(
+            f"credentials in the address {redact(text)!r} are refused",
+            where=where,
+            fix="remove 'user:password@' and set CTPIPE_DICOMWEB_USER / CTPIPE_DICOMWEB_PASSWORD or a netrc file",
+        )
     http = scheme.split("+", 1)[1]
     netloc = host if port is None else f"{host}:{port}"
     if ":" in host:  # IPv6 literal
@@ -168,8 +184,11 @@ def _dates(value: str, where: str, today: dt.date | None = None) -> tuple[str, s
         except ValueError:
             ok = False
         if not ok:
-            raise PacsAddressError(f"studydate={value!r} is not a date or range", where=where,
-                                   fix="write YYYYMMDD, YYYYMMDD-YYYYMMDD, today or yesterday")
+            raise PacsAddressError(
+                f"studydate={value!r} is not a date or range",
+                where=where,
+                fix="write YYYYMMDD, YYYYMMDD-YYYYMMDD, today or yesterday",
+            )
     if lo > hi:
         raise PacsAddressError(f"studydate={value!r} ends before it starts", where=where, fix="write the earlier date first")
     return lo, hi
@@ -179,8 +198,11 @@ def _uids(value: str, key: str, where: str) -> tuple[str, ...]:
     out = tuple(u.strip() for u in value.split(",") if u.strip())
     bad = [u for u in out if not valid_uid(u)]
     if bad or not out:
-        raise PacsAddressError(f"{key}={value!r} holds no valid UID list (bad: {bad[:3]})", where=where,
-                               fix="write UIDs of digits and dots, comma-separated")
+        raise PacsAddressError(
+            f"{key}={value!r} holds no valid UID list (bad: {bad[:3]})",
+            where=where,
+            fix="write UIDs of digits and dots, comma-separated",
+        )
     return out
 
 
@@ -190,14 +212,20 @@ def read_uid_worklist(path: Path, where: str) -> tuple[tuple[str | None, str], .
         with open(path, newline="") as fh:
             rows = list(csv.DictReader(fh))
     except (OSError, csv.Error, UnicodeDecodeError) as exc:
-        raise PacsAddressError(f"cannot read the worklist {path} ({exc})", where=where,
-                               fix="give a CSV file with a StudyInstanceUID and/or SeriesInstanceUID column") from exc
+        raise PacsAddressError(
+            f"cannot read the worklist {path} ({exc})",
+            where=where,
+            fix="give a CSV file with a StudyInstanceUID and/or SeriesInstanceUID column",
+        ) from exc
     names = {n.lower().replace("_", ""): n for n in (rows[0].keys() if rows else [])}
     study_col = names.get("studyinstanceuid") or names.get("studyuid")
     series_col = names.get("seriesinstanceuid") or names.get("seriesuid")
     if rows and not (study_col or series_col):
-        raise PacsAddressError(f"the worklist {path} has no StudyInstanceUID or SeriesInstanceUID column "
-                               f"(columns: {', '.join(rows[0])})", where=where, fix="name a column StudyInstanceUID or SeriesInstanceUID")
+        raise PacsAddressError(
+            f"the worklist {path} has no StudyInstanceUID or SeriesInstanceUID column (columns: {', '.join(rows[0])})",
+            where=where,
+            fix="name a column StudyInstanceUID or SeriesInstanceUID",
+        )
     pairs: list[tuple[str | None, str]] = []
     studies: list[str] = []
     for n, row in enumerate(rows, start=2):
@@ -205,14 +233,19 @@ def read_uid_worklist(path: Path, where: str) -> tuple[tuple[str | None, str], .
         series = (row.get(series_col) or "").strip() if series_col else ""
         for uid in (study, series):
             if uid and not valid_uid(uid):
-                raise PacsAddressError(f"row {n} of {path} holds {uid!r}, not a UID", where=where, fix="correct or remove the row")
+                raise PacsAddressError(
+                    f"row {n} of {path} holds {uid!r}, not a UID", where=where, fix="correct or remove the row"
+                )
         if series:
             pairs.append((study or None, series))
         elif study:
             studies.append(study)
     if series_col and studies:
-        raise PacsAddressError(f"rows of {path} mix series rows and study-only rows", where=where,
-                               fix="give every row a SeriesInstanceUID, or use a study-only worklist")
+        raise PacsAddressError(
+            f"rows of {path} mix series rows and study-only rows",
+            where=where,
+            fix="give every row a SeriesInstanceUID, or use a study-only worklist",
+        )
     return tuple(pairs) if series_col else tuple(studies)
 
 
@@ -226,12 +259,16 @@ def parse_source(text: str, *, base: Path | None = None, today: dt.date | None =
         if k not in QUERY_KEYS:
             raise PacsAddressError(f"unknown query key {key!r}", where=where, fix=f"use {', '.join(QUERY_KEYS)}")
         if k in q:
-            raise PacsAddressError(f"query key {key!r} given twice", where=where, fix="give each key once; lists are comma-separated")
+            raise PacsAddressError(
+                f"query key {key!r} given twice", where=where, fix="give each key once; lists are comma-separated"
+            )
         q[k] = value.strip()
     dates = _dates(q["studydate"], where, today) if "studydate" in q else None
     accessions = tuple(a.strip() for a in q.get("accession", "").split(",") if a.strip())
     studies = _uids(q["study"], "study", where) if "study" in q else ()
-    series: tuple[tuple[str | None, str], ...] = tuple((None, s) for s in _uids(q["series"], "series", where)) if "series" in q else ()
+    series: tuple[tuple[str | None, str], ...] = (
+        tuple((None, s) for s in _uids(q["series"], "series", where)) if "series" in q else ()
+    )
     if "worklist" in q:
         wl = Path(q["worklist"]).expanduser()
         if not wl.is_absolute() and base is not None:
@@ -248,10 +285,15 @@ def parse_source(text: str, *, base: Path | None = None, today: dt.date | None =
         if endpoint.kind != "dimse":
             raise PacsAddressError("retrieve= applies to dimse:// sources only", where=where, fix="remove it")
         if retrieve not in ("move", "get"):
-            raise PacsAddressError(f"retrieve={retrieve!r} is not move or get", where=where, fix="write retrieve=move or retrieve=get")
+            raise PacsAddressError(
+                f"retrieve={retrieve!r} is not move or get", where=where, fix="write retrieve=move or retrieve=get"
+            )
     if not (dates or accessions or studies or series):
-        raise PacsAddressError("the source selects nothing (no studydate, accession, study, series or worklist)", where=where,
-                               fix="add e.g. ?studydate=20261130 or ?accession=A123 (a bare address would pull the whole archive)")
+        raise PacsAddressError(
+            "the source selects nothing (no studydate, accession, study, series or worklist)",
+            where=where,
+            fix="add e.g. ?studydate=20261130 or ?accession=A123 (a bare address would pull the whole archive)",
+        )
     modality = q.get("modality", "CT").upper() or "CT"
     query = Query(dates, accessions, studies, series, modality, retrieve)
     return PacsSource(endpoint, query, text=where)

@@ -40,28 +40,38 @@ class Credentials:
         return f"Credentials(user={self.user!r}, password='***', origin={self.origin!r})"
 
 
-def find_credentials(host: str, *, netrc_file: str | os.PathLike[str] | None = None,
-                     environ: dict[str, str] | None = None) -> Credentials | None:
+def find_credentials(
+    host: str, *, netrc_file: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None
+) -> Credentials | None:
     """Credentials for ``host`` (see the module docstring), or None."""
     env = os.environ if environ is None else environ
     user, password = env.get(ENV_USER), env.get(ENV_PASSWORD)
     if user or password:
         if not (user and password):
             missing = ENV_PASSWORD if user else ENV_USER
-            raise PacsAddressError(f"{missing} is not set but its partner is", where="environment",
-                                   fix=f"set both {ENV_USER} and {ENV_PASSWORD}, or neither")
+            raise PacsAddressError(
+                f"{missing} is not set but its partner is",
+                where="environment",
+                fix=f"set both {ENV_USER} and {ENV_PASSWORD}, or neither",
+            )
         return Credentials(user, password, "environment")
     path = Path(netrc_file) if netrc_file else Path(env.get("NETRC") or Path.home() / ".netrc")
     if not path.is_file():
         if netrc_file:
-            raise PacsAddressError(f"the credentials file {path} does not exist", where="pacs.netrc",
-                                   fix="create it (machine HOST login USER password PASS) or set pacs.netrc to null")
+            raise PacsAddressError(
+                f"the credentials file {path} does not exist",
+                where="pacs.netrc",
+                fix="create it (machine HOST login USER password PASS) or set pacs.netrc to null",
+            )
         return None
     try:
         entry = netrc.netrc(str(path)).authenticators(host)
     except (netrc.NetrcParseError, OSError) as exc:
-        raise PacsAddressError(f"cannot read the credentials file {path} ({type(exc).__name__})", where="pacs.netrc",
-                               fix="write lines of the form: machine HOST login USER password PASS") from exc
+        raise PacsAddressError(
+            f"cannot read the credentials file {path} ({type(exc).__name__})",
+            where="pacs.netrc",
+            fix="write lines of the form: machine HOST login USER password PASS",
+        ) from exc
     if entry is None:
         return None
     login, _account, pw = entry

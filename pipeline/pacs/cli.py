@@ -18,12 +18,14 @@ from typing import Any
 
 EXIT_SOME_FAILED = 3
 
-RUN_EPILOG = ("SRC may also be a PACS: 'dicomweb+http(s)://HOST:PORT/PATH?QUERY' (QIDO-RS + WADO-RS) or "
-              "'dimse://AET@HOST:PORT?QUERY' (C-FIND + C-MOVE/C-GET), QUERY of studydate=YYYYMMDD[-YYYYMMDD]|today|yesterday, "
-              "accession=A,B, study=UID,UID, series=UID,UID, worklist=FILE.csv (StudyInstanceUID/SeriesInstanceUID "
-              "columns), modality=CT, retrieve=move|get. Retrieved series go to RUN_DIR/pacs/spool/; a rerun retrieves "
-              "and processes none twice. Credentials: CTPIPE_DICOMWEB_USER/CTPIPE_DICOMWEB_PASSWORD or a netrc file. "
-              "Exit status 3 also when some series could not be retrieved.")
+RUN_EPILOG = (
+    "SRC may also be a PACS: 'dicomweb+http(s)://HOST:PORT/PATH?QUERY' (QIDO-RS + WADO-RS) or "
+    "'dimse://AET@HOST:PORT?QUERY' (C-FIND + C-MOVE/C-GET), QUERY of studydate=YYYYMMDD[-YYYYMMDD]|today|yesterday, "
+    "accession=A,B, study=UID,UID, series=UID,UID, worklist=FILE.csv (StudyInstanceUID/SeriesInstanceUID "
+    "columns), modality=CT, retrieve=move|get. Retrieved series go to RUN_DIR/pacs/spool/; a rerun retrieves "
+    "and processes none twice. Credentials: CTPIPE_DICOMWEB_USER/CTPIPE_DICOMWEB_PASSWORD or a netrc file. "
+    "Exit status 3 also when some series could not be retrieved."
+)
 
 
 def register(sub: Any) -> None:
@@ -33,32 +35,47 @@ def register(sub: Any) -> None:
         run.epilog = RUN_EPILOG
         run.set_defaults(func=lambda args: _run_with_pacs(args, original))
 
-    p = sub.add_parser("listen", help="receive CT series by DICOM C-STORE and process each once (continuous)",
-                       description="A DICOM storage SCP (C-STORE) for CT that writes each instance durably, groups "
-                       "instances into series, and hands every complete series (quiet for pacs.quiet_period_s) to the "
-                       "crash-safe runner on RUN_DIR. Only calling AE titles named with --allow (or pacs.allowed_aets) may "
-                       "send. Restarting after a crash processes every instance received before it, none twice.")
+    p = sub.add_parser(
+        "listen",
+        help="receive CT series by DICOM C-STORE and process each once (continuous)",
+        description="A DICOM storage SCP (C-STORE) for CT that writes each instance durably, groups "
+        "instances into series, and hands every complete series (quiet for pacs.quiet_period_s) to the "
+        "crash-safe runner on RUN_DIR. Only calling AE titles named with --allow (or pacs.allowed_aets) may "
+        "send. Restarting after a crash processes every instance received before it, none twice.",
+    )
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused on restart)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml, section pacs)")
     p.add_argument("--ae-title", metavar="AET", help="this listener's AE title (pacs.ae_title)")
     p.add_argument("--bind", metavar="ADDR", help="address to listen on (pacs.bind; default 127.0.0.1)")
     p.add_argument("--port", type=int, metavar="N", help="TCP port (pacs.port)")
-    p.add_argument("--allow", action="append", metavar="AET", help="calling AE title allowed to send (repeatable; pacs.allowed_aets)")
+    p.add_argument(
+        "--allow", action="append", metavar="AET", help="calling AE title allowed to send (repeatable; pacs.allowed_aets)"
+    )
     p.add_argument("--quiet-period", type=float, metavar="S", help="seconds without a new instance before a series is complete")
     p.add_argument("--send-to", metavar="ADDRESS", help="send DICOM results (SR, SEG) here (pacs.send_to)")
-    p.add_argument("--workers", type=int, metavar="N", help="CPU worker processes per batch (default 0: every stage in this "
-                   "process, the model loaded once for the listener's lifetime)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="CPU worker processes per batch (default 0: every stage in this "
+        "process, the model loaded once for the listener's lifetime)",
+    )
     p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda or cuda:N")
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="set any option (repeatable)")
     p.set_defaults(func=_listen)
 
-    s = sub.add_parser("send", help="send the DICOM results (SR, SEG) of a run folder's completed cases to a PACS",
-                       description="Send every result file of RUN_DIR's completed cases not yet sent to the destination "
-                       "(STOW-RS or C-STORE), retrying with backoff; what was sent is recorded and never sent twice. "
-                       "Exit status 0 all sent, 3 some pending or failed.")
+    s = sub.add_parser(
+        "send",
+        help="send the DICOM results (SR, SEG) of a run folder's completed cases to a PACS",
+        description="Send every result file of RUN_DIR's completed cases not yet sent to the destination "
+        "(STOW-RS or C-STORE), retrying with backoff; what was sent is recorded and never sent twice. "
+        "Exit status 0 all sent, 3 some pending or failed.",
+    )
     s.add_argument("run_dir", metavar="RUN_DIR")
-    s.add_argument("--to", metavar="ADDRESS", help="dicomweb+http(s)://HOST:PORT/PATH or dimse://AET@HOST:PORT (default pacs.send_to)")
+    s.add_argument(
+        "--to", metavar="ADDRESS", help="dicomweb+http(s)://HOST:PORT/PATH or dimse://AET@HOST:PORT (default pacs.send_to)"
+    )
     s.add_argument("--config", metavar="FILE", help="YAML config")
     s.add_argument("--retry-failed", action="store_true", help="try again the files recorded as failed")
     s.add_argument("--timeout", type=float, default=300.0, metavar="S", help="give up after this long (default 300 s)")
@@ -120,15 +137,26 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
 def _listen(args: argparse.Namespace) -> int:
     from .listener import Listener
 
-    extra = {"pacs.ae_title": args.ae_title, "pacs.bind": args.bind, "pacs.port": args.port, "pacs.allowed_aets": args.allow,
-             "pacs.quiet_period_s": args.quiet_period, "pacs.send_to": args.send_to, "device": args.device,
-             "bundle": args.bundle, "workers": 0 if args.workers is None else args.workers}
+    extra = {
+        "pacs.ae_title": args.ae_title,
+        "pacs.bind": args.bind,
+        "pacs.port": args.port,
+        "pacs.allowed_aets": args.allow,
+        "pacs.quiet_period_s": args.quiet_period,
+        "pacs.send_to": args.send_to,
+        "device": args.device,
+        "bundle": args.bundle,
+        "workers": 0 if args.workers is None else args.workers,
+    }
     cfg = _config(args, extra)
     listener = Listener(args.out, cfg)
     signal.signal(signal.SIGTERM, _on_term)
     listener.start()
-    print(f"listening as {cfg.pacs.ae_title} on {cfg.pacs.bind}:{listener.port} for {', '.join(listener.allowed)}; "
-          f"run folder {listener.run_dir}", flush=True)
+    print(
+        f"listening as {cfg.pacs.ae_title} on {cfg.pacs.bind}:{listener.port} for {', '.join(listener.allowed)}; "
+        f"run folder {listener.run_dir}",
+        flush=True,
+    )
     try:
         listener.serve_forever()
     except KeyboardInterrupt:

@@ -53,6 +53,7 @@ class DicomWebArchive:
     # -- plumbing --------------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` with requests' errors turned into PACS errors, retried while transient."""
+
         def once() -> T:
             import requests
 
@@ -62,25 +63,40 @@ class DicomWebArchive:
                 status = exc.response.status_code if exc.response is not None else 0
                 reason = exc.response.reason if exc.response is not None else ""
                 if status in TRANSIENT_HTTP:
-                    raise PacsUnavailableError(f"{what}: HTTP {status} {reason}", where=self.endpoint.redacted(),
-                                               fix="the archive is overloaded or down; try again later") from exc
-                fix = ("set CTPIPE_DICOMWEB_USER and CTPIPE_DICOMWEB_PASSWORD or a netrc entry for "
-                       f"{self.endpoint.host}" if status in (401, 403) else "check the address and the query")
+                    raise PacsUnavailableError(
+                        f"{what}: HTTP {status} {reason}",
+                        where=self.endpoint.redacted(),
+                        fix="the archive is overloaded or down; try again later",
+                    ) from exc
+                fix = (
+                    f"set CTPIPE_DICOMWEB_USER and CTPIPE_DICOMWEB_PASSWORD or a netrc entry for {self.endpoint.host}"
+                    if status in (401, 403)
+                    else "check the address and the query"
+                )
                 raise PacsRequestError(f"{what}: HTTP {status} {reason}", where=self.endpoint.redacted(), fix=fix) from exc
             except requests.exceptions.SSLError as exc:
-                raise PacsRequestError(f"{what}: TLS failed ({type(exc).__name__})", where=self.endpoint.redacted(),
-                                       fix="give the archive's CA in pacs.ca_bundle (pacs.tls_verify: false only for a test server)") from exc
+                raise PacsRequestError(
+                    f"{what}: TLS failed ({type(exc).__name__})",
+                    where=self.endpoint.redacted(),
+                    fix="give the archive's CA in pacs.ca_bundle (pacs.tls_verify: false only for a test server)",
+                ) from exc
             except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
                 kind = "timed out" if isinstance(exc, requests.exceptions.Timeout) else "cannot connect"
-                raise PacsUnavailableError(f"{what}: {kind} ({type(exc).__name__}, timeout {self.cfg.pacs.timeout_s:g} s)",
-                                           where=self.endpoint.redacted(),
-                                           fix="check that the archive is running and reachable; raise pacs.timeout_s for a slow one") from exc
+                raise PacsUnavailableError(
+                    f"{what}: {kind} ({type(exc).__name__}, timeout {self.cfg.pacs.timeout_s:g} s)",
+                    where=self.endpoint.redacted(),
+                    fix="check that the archive is running and reachable; raise pacs.timeout_s for a slow one",
+                ) from exc
             except (requests.exceptions.RequestException, ValueError) as exc:
-                raise PacsRequestError(f"{what}: {type(exc).__name__}: {exc}", where=self.endpoint.redacted(),
-                                       fix="check that the address is the archive's DICOMweb base URL") from exc
+                raise PacsRequestError(
+                    f"{what}: {type(exc).__name__}: {exc}",
+                    where=self.endpoint.redacted(),
+                    fix="check that the address is the archive's DICOMweb base URL",
+                ) from exc
 
-        return with_retries(once, what=f"{what} at {self.endpoint.redacted()}", retries=self.cfg.pacs.retries,
-                            backoff_s=self.cfg.pacs.backoff_s)
+        return with_retries(
+            once, what=f"{what} at {self.endpoint.redacted()}", retries=self.cfg.pacs.retries, backoff_s=self.cfg.pacs.backoff_s
+        )
 
     def _paged(self, what: str, search: Callable[[int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
         """Every result of a QIDO-RS search, a page of :data:`PAGE` at a time. Some archives ignore ``offset``
@@ -111,6 +127,7 @@ class DicomWebArchive:
             f = dict(filters)
             if acc:
                 f["AccessionNumber"] = acc
+
             def search(limit: int, offset: int, f: dict[str, Any] = f) -> list[dict[str, Any]]:
                 return self.client.search_for_studies(search_filters=f, limit=limit, offset=offset)
 
@@ -126,9 +143,11 @@ class DicomWebArchive:
         if series_uid:
             filters["SeriesInstanceUID"] = series_uid
         fields = ["NumberOfSeriesRelatedInstances", "StudyInstanceUID"]
+
         def search(limit: int, offset: int) -> list[dict[str, Any]]:
-            return self.client.search_for_series(study_instance_uid=study_uid, search_filters=filters, fields=fields,
-                                                 limit=limit, offset=offset)
+            return self.client.search_for_series(
+                study_instance_uid=study_uid, search_filters=filters, fields=fields, limit=limit, offset=offset
+            )
 
         rows = self._paged("QIDO-RS series search", search)
         out = []
@@ -145,6 +164,7 @@ class DicomWebArchive:
     # -- retrieve --------------------------------------------------------------------------
     def retrieve(self, series: RemoteSeries, dest: Path) -> int:
         """WADO-RS the series into ``dest`` (one file per instance); returns the number of files written."""
+
         def fetch() -> int:
             import pydicom
 
@@ -152,8 +172,7 @@ class DicomWebArchive:
             for p in dest.glob("*.dcm"):
                 p.unlink()
             n = 0
-            for ds in self.client.iter_series(series.study_uid, series.series_uid,
-                                              media_types=(("application/dicom", "*"),)):
+            for ds in self.client.iter_series(series.study_uid, series.series_uid, media_types=(("application/dicom", "*"),)):
                 buf = io.BytesIO()
                 pydicom.dcmwrite(buf, ds, enforce_file_format=True)
                 write_instance(dest, str(ds.SOPInstanceUID), buf.getvalue())

@@ -50,21 +50,28 @@ class DimseArchive:
         return self.endpoint.redacted()
 
     @contextmanager
-    def _association(self, contexts: list[tuple[str, list[str]]], *, ext_neg: list[Any] | None = None,
-                     handlers: list[Any] | None = None) -> Iterator[Any]:
+    def _association(
+        self, contexts: list[tuple[str, list[str]]], *, ext_neg: list[Any] | None = None, handlers: list[Any] | None = None
+    ) -> Iterator[Any]:
         ae = build_ae(self.cfg)
         for abstract, syntaxes in contexts:
             ae.add_requested_context(abstract, syntaxes)
-        assoc = ae.associate(self.endpoint.host, self.endpoint.port, ae_title=self.endpoint.aet, ext_neg=ext_neg,
-                             evt_handlers=handlers)
+        assoc = ae.associate(
+            self.endpoint.host, self.endpoint.port, ae_title=self.endpoint.aet, ext_neg=ext_neg, evt_handlers=handlers
+        )
         if not assoc.is_established:
             if assoc.is_rejected:
-                raise PacsRequestError(f"association rejected by {self.endpoint.aet} (calling AE title "
-                                       f"{self.cfg.pacs.ae_title})", where=self._where(),
-                                       fix=f"the archive must list ctpipe's AE title {self.cfg.pacs.ae_title!r} "
-                                       "(pacs.ae_title) among its modalities, with this host and pacs.move_port")
-            raise PacsUnavailableError(f"cannot open an association (timeout {self.cfg.pacs.timeout_s:g} s)",
-                                       where=self._where(), fix="check that the archive is running and reachable")
+                raise PacsRequestError(
+                    f"association rejected by {self.endpoint.aet} (calling AE title {self.cfg.pacs.ae_title})",
+                    where=self._where(),
+                    fix=f"the archive must list ctpipe's AE title {self.cfg.pacs.ae_title!r} "
+                    "(pacs.ae_title) among its modalities, with this host and pacs.move_port",
+                )
+            raise PacsUnavailableError(
+                f"cannot open an association (timeout {self.cfg.pacs.timeout_s:g} s)",
+                where=self._where(),
+                fix="check that the archive is running and reachable",
+            )
         try:
             yield assoc
         finally:
@@ -73,8 +80,9 @@ class DimseArchive:
             ae.shutdown()
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        return with_retries(fn, what=f"{what} at {self._where()}", retries=self.cfg.pacs.retries,
-                            backoff_s=self.cfg.pacs.backoff_s)
+        return with_retries(
+            fn, what=f"{what} at {self._where()}", retries=self.cfg.pacs.retries, backoff_s=self.cfg.pacs.backoff_s
+        )
 
     def _responses(self, what: str, responses: Any) -> Iterator[Any]:
         """Identifiers of pending responses; raises on an aborted association or a failure status."""
@@ -82,11 +90,17 @@ class DimseArchive:
         for status, identifier in responses:
             if not status:  # no response within the DIMSE timeout, or the archive aborted the association
                 if time.monotonic() - last < 0.9 * float(self.cfg.pacs.timeout_s):
-                    raise PacsRequestError(f"{what}: the archive aborted the association", where=self._where(),
-                                           fix=f"archives abort requests they refuse: check that the archive knows ctpipe's "
-                                           f"AE title {self.cfg.pacs.ae_title!r} (pacs.ae_title) and allows it this request")
-                raise PacsUnavailableError(f"{what}: no answer within {self.cfg.pacs.timeout_s:g} s", where=self._where(),
-                                           fix="the archive is slow or stopped; raise pacs.timeout_s or try later")
+                    raise PacsRequestError(
+                        f"{what}: the archive aborted the association",
+                        where=self._where(),
+                        fix=f"archives abort requests they refuse: check that the archive knows ctpipe's "
+                        f"AE title {self.cfg.pacs.ae_title!r} (pacs.ae_title) and allows it this request",
+                    )
+                raise PacsUnavailableError(
+                    f"{what}: no answer within {self.cfg.pacs.timeout_s:g} s",
+                    where=self._where(),
+                    fix="the archive is slow or stopped; raise pacs.timeout_s or try later",
+                )
             last = time.monotonic()
             code = int(status.Status)
             if code in _PENDING:
@@ -97,8 +111,11 @@ class DimseArchive:
                 log.warning("%s: warning status 0xB000 from %s (some sub-operations failed)", what, self._where())
                 return
             else:
-                raise PacsRequestError(f"{what}: failure status 0x{code:04X}", where=self._where(),
-                                       fix="see the archive's log for why it refused the request")
+                raise PacsRequestError(
+                    f"{what}: failure status 0x{code:04X}",
+                    where=self._where(),
+                    fix="see the archive's log for why it refused the request",
+                )
 
     # -- search ----------------------------------------------------------------------------
     def find_studies(self, query: Query) -> list[str]:
@@ -116,8 +133,11 @@ class DimseArchive:
 
             def find(ds: Dataset = ds) -> list[str]:
                 with self._association([(FIND, _UNCOMPRESSED)]) as assoc:
-                    return [str(i.StudyInstanceUID) for i in self._responses("C-FIND (study)", assoc.send_c_find(ds, FIND))
-                            if i is not None and i.get("StudyInstanceUID")]
+                    return [
+                        str(i.StudyInstanceUID)
+                        for i in self._responses("C-FIND (study)", assoc.send_c_find(ds, FIND))
+                        if i is not None and i.get("StudyInstanceUID")
+                    ]
 
             out.extend(self._call("C-FIND (study)", find))
         return list(dict.fromkeys(out))
@@ -144,8 +164,11 @@ class DimseArchive:
                         log.warning("%s listed a series without valid UIDs (%r, %r); ignored", self._where(), study, series)
                         continue
                     n = i.get("NumberOfSeriesRelatedInstances")
-                    out.append(RemoteSeries(study, series, str(i.get("Modality", "") or modality),
-                                            int(n) if n not in (None, "") else None))
+                    out.append(
+                        RemoteSeries(
+                            study, series, str(i.get("Modality", "") or modality), int(n) if n not in (None, "") else None
+                        )
+                    )
             return out
 
         return self._call("C-FIND (series)", find)
@@ -207,8 +230,11 @@ class DimseArchive:
                 for p, ds in zip(paths, datasets):
                     status = assoc.send_c_store(ds)
                     if not status:
-                        raise PacsUnavailableError(f"C-STORE of {p.name}: no answer within {self.cfg.pacs.timeout_s:g} s",
-                                                   where=self._where(), fix="the destination is slow or stopped")
+                        raise PacsUnavailableError(
+                            f"C-STORE of {p.name}: no answer within {self.cfg.pacs.timeout_s:g} s",
+                            where=self._where(),
+                            fix="the destination is slow or stopped",
+                        )
                     code = int(status.Status)
                     out.append(StoreOutcome(p, str(ds.SOPInstanceUID), code in _STORE_OK, f"status 0x{code:04X}"))
             return out
@@ -242,12 +268,18 @@ class MoveReceiver:
             self.ae.add_supported_context(abstract, syntaxes)
         self.ae.require_calling_aet = [archive_aet]
         try:
-            self.server = self.ae.start_server((cfg.pacs.bind, cfg.pacs.move_port), block=False, ae_title=cfg.pacs.ae_title,
-                                               evt_handlers=[(evt.EVT_C_STORE, self._on_store)])
+            self.server = self.ae.start_server(
+                (cfg.pacs.bind, cfg.pacs.move_port),
+                block=False,
+                ae_title=cfg.pacs.ae_title,
+                evt_handlers=[(evt.EVT_C_STORE, self._on_store)],
+            )
         except OSError as exc:
-            raise PacsUnavailableError(f"cannot listen on {cfg.pacs.bind}:{cfg.pacs.move_port} for C-MOVE ({exc.strerror})",
-                                       where="pacs.move_port", fix="free the port, choose another pacs.move_port, or use "
-                                       "C-GET (retrieve=get)") from exc
+            raise PacsUnavailableError(
+                f"cannot listen on {cfg.pacs.bind}:{cfg.pacs.move_port} for C-MOVE ({exc.strerror})",
+                where="pacs.move_port",
+                fix="free the port, choose another pacs.move_port, or use C-GET (retrieve=get)",
+            ) from exc
 
     @contextmanager
     def route(self, series_uid: str, folder: Path) -> Iterator[None]:

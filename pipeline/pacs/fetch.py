@@ -38,8 +38,10 @@ class FetchResult:
     failures: list[tuple[str, str, str]] = field(default_factory=list)  # (source or series, error class, message)
 
     def lines(self) -> list[str]:
-        out = [f"PACS: {self.fetched} series retrieved, {self.reused} retrieved earlier, {len(self.skipped)} skipped, "
-               f"{len(self.failures)} failed"]
+        out = [
+            f"PACS: {self.fetched} series retrieved, {self.reused} retrieved earlier, {len(self.skipped)} skipped, "
+            f"{len(self.failures)} failed"
+        ]
         out += [f"  not retrieved {uid}: {why}" for uid, why in self.skipped]
         out += [f"  PACS failure {what}: {cls}: {msg}" for what, cls, msg in self.failures]
         return out
@@ -63,8 +65,9 @@ def select_series(archive: Archive, query: Query) -> tuple[list[RemoteSeries], l
     return list(unique.values()), missing
 
 
-def fetch_sources(sources: Sequence[str | PacsSource], *, run_dir: str | os.PathLike[str], cfg: Any,
-                  base: Path | None = None) -> FetchResult:
+def fetch_sources(
+    sources: Sequence[str | PacsSource], *, run_dir: str | os.PathLike[str], cfg: Any, base: Path | None = None
+) -> FetchResult:
     """Search and retrieve every PACS source into ``RUN_DIR/pacs/spool/`` (see the module docstring).
 
     ``cfg`` is the run's :class:`~pipeline.config.Config`; ``base`` resolves relative worklist paths.
@@ -110,8 +113,9 @@ def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledge
         archive.close()
 
 
-def _fetch_series(s: RemoteSeries, src: PacsSource, archive: Archive, cfg: Any, run: Path, spool: Spool, ledger: Ledger,
-                  out: FetchResult) -> None:
+def _fetch_series(
+    s: RemoteSeries, src: PacsSource, archive: Archive, cfg: Any, run: Path, spool: Spool, ledger: Ledger, out: FetchResult
+) -> None:
     if s.n_instances is not None and s.n_instances < cfg.ingest.min_slices:
         out.skipped.append((s.series_uid, f"{s.n_instances} instance(s), fewer than ingest.min_slices = {cfg.ingest.min_slices}"))
         return
@@ -124,20 +128,38 @@ def _fetch_series(s: RemoteSeries, src: PacsSource, archive: Archive, cfg: Any, 
     try:
         n = archive.retrieve(s, part)
         if n == 0 or (s.n_instances is not None and n < s.n_instances):
-            raise PartialSeriesError(f"{n} of {s.n_instances if s.n_instances is not None else '?'} instances retrieved",
-                                     where=f"series {s.series_uid} at {src.endpoint}",
-                                     fix="the archive may still be receiving it, or lost instances; the next run tries again")
+            raise PartialSeriesError(
+                f"{n} of {s.n_instances if s.n_instances is not None else '?'} instances retrieved",
+                where=f"series {s.series_uid} at {src.endpoint}",
+                fix="the archive may still be receiving it, or lost instances; the next run tries again",
+            )
         final = spool.publish(s.series_uid)
     except PacsError as exc:
         spool.discard(s.series_uid)
         state = "partial" if isinstance(exc, PartialSeriesError) else "failed"
-        ledger.record_fetch(s.series_uid, study_uid=s.study_uid, source=str(src.endpoint), state=state,
-                            n_expected=s.n_instances, n_files=None, folder=None, error=str(exc))
+        ledger.record_fetch(
+            s.series_uid,
+            study_uid=s.study_uid,
+            source=str(src.endpoint),
+            state=state,
+            n_expected=s.n_instances,
+            n_files=None,
+            folder=None,
+            error=str(exc),
+        )
         log.error("series %s not retrieved: %s", s.series_uid, exc, extra={"event": "pacs_fetch_failed"})
         out.failures.append((s.series_uid, type(exc).__name__, str(exc)))
         return
-    ledger.record_fetch(s.series_uid, study_uid=s.study_uid, source=str(src.endpoint), state="fetched",
-                        n_expected=s.n_instances, n_files=n, folder=str(final.relative_to(run)), error=None)
+    ledger.record_fetch(
+        s.series_uid,
+        study_uid=s.study_uid,
+        source=str(src.endpoint),
+        state="fetched",
+        n_expected=s.n_instances,
+        n_files=n,
+        folder=str(final.relative_to(run)),
+        error=None,
+    )
     out.folders.append(final)
     out.fetched += 1
     log.info("series %s: %d instance(s) retrieved from %s", s.series_uid, n, src.endpoint, extra={"event": "pacs_fetched"})

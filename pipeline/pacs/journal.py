@@ -54,7 +54,9 @@ class ReceiveJournal:
         with self.ledger.tx() as db:
             if db.execute("SELECT 1 FROM instances WHERE sop_uid = ?", (sop_uid,)).fetchone():
                 return Admission(True, series_uid)
-            row = db.execute("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,)).fetchone()
+            row = db.execute(
+                "SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,)
+            ).fetchone()
             t = now()
             if row is not None and row["state"] == "open":
                 gen = int(row["generation"])
@@ -63,11 +65,20 @@ class ReceiveJournal:
                 gen = 1 if row is None else int(row["generation"]) + 1
                 folder = self.folder(series_uid, gen)
                 n_before = self._link_previous(row, folder)
-                db.execute("INSERT INTO series (series_uid, generation, state, first_at, last_at, n_instances, folder) "
-                           "VALUES (?, ?, 'open', ?, ?, ?, ?)", (series_uid, gen, t, t, n_before, str(folder)))
+                db.execute(
+                    "INSERT INTO series (series_uid, generation, state, first_at, last_at, n_instances, folder) "
+                    "VALUES (?, ?, 'open', ?, ?, ?, ?)",
+                    (series_uid, gen, t, t, n_before, str(folder)),
+                )
                 if row is not None:
-                    log.warning("series %s grew after it was handed to the runner (generation %d); it is processed again "
-                                "as generation %d", series_uid, int(row["generation"]), gen, extra={"event": "listen_regrow"})
+                    log.warning(
+                        "series %s grew after it was handed to the runner (generation %d); it is processed again "
+                        "as generation %d",
+                        series_uid,
+                        int(row["generation"]),
+                        gen,
+                        extra={"event": "listen_regrow"},
+                    )
             key = (series_uid, gen)
             self._writing[key] = self._writing.get(key, 0) + 1
             return Admission(False, series_uid, gen, self.folder(series_uid, gen))
@@ -90,12 +101,16 @@ class ReceiveJournal:
     def commit(self, adm: Admission, *, sop_uid: str, sop_class: str, calling_aet: str) -> None:
         """Record a written, synced instance (after :meth:`admit`)."""
         with self.ledger.tx() as db:
-            cur = db.execute("INSERT OR IGNORE INTO instances (sop_uid, series_uid, generation, sop_class, calling_aet, "
-                             "received_at) VALUES (?, ?, ?, ?, ?, ?)",
-                             (sop_uid, adm.series_uid, adm.generation, sop_class, calling_aet, now()))
+            cur = db.execute(
+                "INSERT OR IGNORE INTO instances (sop_uid, series_uid, generation, sop_class, calling_aet, "
+                "received_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (sop_uid, adm.series_uid, adm.generation, sop_class, calling_aet, now()),
+            )
             if cur.rowcount:
-                db.execute("UPDATE series SET n_instances = n_instances + 1, last_at = ? WHERE series_uid = ? AND generation = ?",
-                           (now(), adm.series_uid, adm.generation))
+                db.execute(
+                    "UPDATE series SET n_instances = n_instances + 1, last_at = ? WHERE series_uid = ? AND generation = ?",
+                    (now(), adm.series_uid, adm.generation),
+                )
             self._done_writing(adm)
 
     def abandon(self, adm: Admission) -> None:
@@ -128,24 +143,30 @@ class ReceiveJournal:
             for r in rows:
                 if (r["series_uid"], r["generation"]) in self._writing:
                     continue
-                cur = db.execute("UPDATE series SET state = 'handed', note = COALESCE(?, note) WHERE series_uid = ? "
-                                 "AND generation = ? AND state = 'open' AND last_at = ?",
-                                 (note, r["series_uid"], r["generation"], r["last_at"]))
+                cur = db.execute(
+                    "UPDATE series SET state = 'handed', note = COALESCE(?, note) WHERE series_uid = ? "
+                    "AND generation = ? AND state = 'open' AND last_at = ?",
+                    (note, r["series_uid"], r["generation"], r["last_at"]),
+                )
                 if cur.rowcount:
                     out.append(dict(r, state="handed", note=note or r.get("note")))
         return out
 
     def note(self, row: dict[str, Any], note: str) -> None:
         with self.ledger.tx() as db:
-            db.execute("UPDATE series SET note = ? WHERE series_uid = ? AND generation = ?", (note, row["series_uid"], row["generation"]))
+            db.execute(
+                "UPDATE series SET note = ? WHERE series_uid = ? AND generation = ?", (note, row["series_uid"], row["generation"])
+            )
 
     def handed(self) -> list[dict[str, Any]]:
         return self.ledger.rows("SELECT * FROM series WHERE state = 'handed' ORDER BY last_at")
 
     def processed(self, row: dict[str, Any], *, case_id: str | None, outcome: str) -> None:
         with self.ledger.tx() as db:
-            db.execute("UPDATE series SET state = 'processed', case_id = ?, outcome = ? WHERE series_uid = ? AND generation = ?",
-                       (case_id, outcome, row["series_uid"], row["generation"]))
+            db.execute(
+                "UPDATE series SET state = 'processed', case_id = ?, outcome = ? WHERE series_uid = ? AND generation = ?",
+                (case_id, outcome, row["series_uid"], row["generation"]),
+            )
 
     # -- after a crash ---------------------------------------------------------------------
     def recover(self) -> dict[str, int]:
@@ -156,7 +177,9 @@ class ReceiveJournal:
         counts = {"registered": 0, "dropped": 0, "reopened": 0, "handed": 0}
         for row in self.ledger.rows("SELECT * FROM series WHERE state = 'open'"):
             folder = Path(row["folder"])
-            known = {r["sop_uid"] for r in self.ledger.rows("SELECT sop_uid FROM instances WHERE series_uid = ?", (row["series_uid"],))}
+            known = {
+                r["sop_uid"] for r in self.ledger.rows("SELECT sop_uid FROM instances WHERE series_uid = ?", (row["series_uid"],))
+            }
             for tmp in folder.glob(".*.tmp"):  # a write cut short: never acknowledged
                 tmp.unlink(missing_ok=True)
             for p in sorted(folder.glob("*.dcm")):
@@ -167,18 +190,26 @@ class ReceiveJournal:
                 except (InvalidDicomError, OSError, ValueError):
                     p.unlink(missing_ok=True)
                     continue
-                self.commit(Admission(False, row["series_uid"], int(row["generation"]), folder), sop_uid=p.stem,
-                            sop_class=str(ds.get("SOPClassUID", "")), calling_aet="(recovered)")
+                self.commit(
+                    Admission(False, row["series_uid"], int(row["generation"]), folder),
+                    sop_uid=p.stem,
+                    sop_class=str(ds.get("SOPClassUID", "")),
+                    calling_aet="(recovered)",
+                )
                 counts["registered"] += 1
             with self.ledger.tx() as db:
                 n = sum(1 for _ in folder.glob("*.dcm")) if folder.is_dir() else 0
                 if n == 0:
-                    db.execute("DELETE FROM series WHERE series_uid = ? AND generation = ?", (row["series_uid"], row["generation"]))
+                    db.execute(
+                        "DELETE FROM series WHERE series_uid = ? AND generation = ?", (row["series_uid"], row["generation"])
+                    )
                     shutil.rmtree(folder, ignore_errors=True)
                     counts["dropped"] += 1
                 else:  # the sender may be sending the rest again: give it a full quiet period from now
-                    db.execute("UPDATE series SET last_at = ?, n_instances = ? WHERE series_uid = ? AND generation = ?",
-                               (now(), n, row["series_uid"], row["generation"]))
+                    db.execute(
+                        "UPDATE series SET last_at = ?, n_instances = ? WHERE series_uid = ? AND generation = ?",
+                        (now(), n, row["series_uid"], row["generation"]),
+                    )
                     counts["reopened"] += 1
         counts["handed"] = len(self.handed())
         self._writing.clear()

@@ -61,8 +61,11 @@ class Ledger:
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(_SCHEMA)
         except sqlite3.Error as exc:
-            raise RunStoreError(f"cannot open the PACS ledger ({exc})", where=self.path,
-                                fix="check that the run folder is writable and not on a network file system") from exc
+            raise RunStoreError(
+                f"cannot open the PACS ledger ({exc})",
+                where=self.path,
+                fix="check that the run folder is writable and not on a network file system",
+            ) from exc
         self._lock = threading.RLock()
 
     @contextmanager
@@ -93,15 +96,26 @@ class Ledger:
     def fetched(self, series_uid: str) -> dict[str, Any] | None:
         return self.one("SELECT * FROM fetched WHERE series_uid = ?", (series_uid,))
 
-    def record_fetch(self, series_uid: str, *, study_uid: str, source: str, state: str, n_expected: int | None,
-                     n_files: int | None, folder: str | None, error: str | None) -> None:
+    def record_fetch(
+        self,
+        series_uid: str,
+        *,
+        study_uid: str,
+        source: str,
+        state: str,
+        n_expected: int | None,
+        n_files: int | None,
+        folder: str | None,
+        error: str | None,
+    ) -> None:
         with self.tx() as db:
             db.execute(
                 "INSERT INTO fetched (series_uid, study_uid, source, state, n_expected, n_files, folder, error, attempts, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?) ON CONFLICT(series_uid) DO UPDATE SET study_uid = excluded.study_uid, "
                 "source = excluded.source, state = excluded.state, n_expected = excluded.n_expected, n_files = excluded.n_files, "
                 "folder = excluded.folder, error = excluded.error, attempts = fetched.attempts + 1, updated_at = excluded.updated_at",
-                (series_uid, study_uid, source, state, n_expected, n_files, folder, error, time.time()))
+                (series_uid, study_uid, source, state, n_expected, n_files, folder, error, time.time()),
+            )
 
 
 def now() -> float:
@@ -125,8 +139,11 @@ class PacsLock:
             self.fh.seek(0)
             other = self.fh.read().strip()
             self.fh.close()
-            raise RunStoreError(f"another ctpipe process ({other or 'unknown'}) is fetching into or listening for this run "
-                                "folder", where=path.parent.parent, fix="wait for it to finish, or choose another --out folder") from exc
+            raise RunStoreError(
+                f"another ctpipe process ({other or 'unknown'}) is fetching into or listening for this run folder",
+                where=path.parent.parent,
+                fix="wait for it to finish, or choose another --out folder",
+            ) from exc
         self.fh.seek(0)
         self.fh.truncate()
         self.fh.write(f"{holder} pid {os.getpid()}")

@@ -51,15 +51,21 @@ def incomplete_reason(folder: Path, cfg: Any) -> str | None:
     from ..ingest import SelectionRules, scan_directory
 
     rules = SelectionRules(min_slices=cfg.ingest.min_slices, allow_derived=cfg.ingest.allow_derived)
-    scan = scan_directory([folder], rules=rules, spacing_tolerance=cfg.ingest.spacing_tolerance,
-                          allow_gantry_tilt=cfg.ingest.allow_gantry_tilt, workers=1)
+    scan = scan_directory(
+        [folder],
+        rules=rules,
+        spacing_tolerance=cfg.ingest.spacing_tolerance,
+        allow_gantry_tilt=cfg.ingest.allow_gantry_tilt,
+        workers=1,
+    )
     for r in scan.rejected:
         if isinstance(r.error, (MissingSliceError, SingleSliceError)):
             return f"{type(r.error).__name__}: {r.error.problem}"
     if not scan.selected:
         # too few slices *so far*: a series left out by min_slices alone (localizers and the like are not waited for)
-        short = [s for s in scan.series if s.n_slices < cfg.ingest.min_slices and len(s.reasons) == 1
-                 and "min_slices" in s.reasons[0]]
+        short = [
+            s for s in scan.series if s.n_slices < cfg.ingest.min_slices and len(s.reasons) == 1 and "min_slices" in s.reasons[0]
+        ]
         if short:
             return f"only {short[0].n_slices} slice(s) so far, fewer than ingest.min_slices = {cfg.ingest.min_slices}"
     return None
@@ -72,13 +78,22 @@ class Listener:
     standard pipeline); ``run_options``: extra keyword options of :func:`~pipeline.runner.run_batch`.
     """
 
-    def __init__(self, run_dir: str | Path, cfg: Any, *, stages: Sequence[Any] | None = None,
-                 run_options: dict[str, Any] | None = None, poll_s: float = 0.5):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        cfg: Any,
+        *,
+        stages: Sequence[Any] | None = None,
+        run_options: dict[str, Any] | None = None,
+        poll_s: float = 0.5,
+    ):
         allowed = [check_aet(a, "pacs.allowed_aets") for a in cfg.pacs.allowed_aets]
         if not allowed:
-            raise PacsAddressError("no calling AE title is allowed to send to the listener (pacs.allowed_aets is empty)",
-                                   where="pacs.allowed_aets", fix="name the senders: --allow AET (repeatable) or "
-                                   "pacs.allowed_aets: [MODALITY1, PACS]")
+            raise PacsAddressError(
+                "no calling AE title is allowed to send to the listener (pacs.allowed_aets is empty)",
+                where="pacs.allowed_aets",
+                fix="name the senders: --allow AET (repeatable) or pacs.allowed_aets: [MODALITY1, PACS]",
+            )
         self.allowed = allowed
         self.run_dir = Path(run_dir).resolve()
         self.cfg = cfg
@@ -106,9 +121,15 @@ class Listener:
         self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
         counts = self.journal.recover()
         if any(counts.values()):
-            log.warning("listener restart: %d instance(s) recovered, %d open series resumed, %d empty dropped, "
-                        "%d series to hand to the runner again", counts["registered"], counts["reopened"], counts["dropped"],
-                        counts["handed"], extra={"event": "listen_recover"})
+            log.warning(
+                "listener restart: %d instance(s) recovered, %d open series resumed, %d empty dropped, "
+                "%d series to hand to the runner again",
+                counts["registered"],
+                counts["reopened"],
+                counts["dropped"],
+                counts["handed"],
+                extra={"event": "listen_recover"},
+            )
         ae = build_ae(self.cfg)
         ae.add_supported_context("1.2.840.10008.1.1")  # Verification (C-ECHO)
         for abstract, syntaxes in accepted_storage_contexts():
@@ -117,19 +138,28 @@ class Listener:
         ae.maximum_associations = 16
         address = (self.cfg.pacs.bind, int(self.cfg.pacs.port))
         try:
-            self._server = ae.start_server(address, block=False, ae_title=self.cfg.pacs.ae_title,
-                                           evt_handlers=[(evt.EVT_C_STORE, self._on_store)])
+            self._server = ae.start_server(
+                address, block=False, ae_title=self.cfg.pacs.ae_title, evt_handlers=[(evt.EVT_C_STORE, self._on_store)]
+            )
         except OSError as exc:
             self.close()
-            raise PacsUnavailableError(f"cannot listen on {address[0]}:{address[1]} ({exc.strerror})", where="pacs.port",
-                                       fix="choose a free port (--port) or stop the other listener") from exc
+            raise PacsUnavailableError(
+                f"cannot listen on {address[0]}:{address[1]} ({exc.strerror})",
+                where="pacs.port",
+                fix="choose a free port (--port) or stop the other listener",
+            ) from exc
         self._ae = ae
         if self.cfg.pacs.send_to:
             from .sender import ResultSender
 
             self._sender = ResultSender(self.run_dir, self.cfg).start()
-        log.info("listening as %s on %s:%d for %s", self.cfg.pacs.ae_title, *address, ", ".join(self.allowed),
-                 extra={"event": "listen_start"})
+        log.info(
+            "listening as %s on %s:%d for %s",
+            self.cfg.pacs.ae_title,
+            *address,
+            ", ".join(self.allowed),
+            extra={"event": "listen_start"},
+        )
         return self
 
     @property
@@ -170,8 +200,14 @@ class Listener:
         status, sop_class, sop_uid = check_instance(event)
         calling = str(event.assoc.requestor.ae_title).strip()
         if status != STATUS_OK:
-            log.warning("refused instance %s of SOP class %s from %s (status 0x%04X)", sop_uid[:64], sop_class, calling, status,
-                        extra={"event": "listen_refused"})
+            log.warning(
+                "refused instance %s of SOP class %s from %s (status 0x%04X)",
+                sop_uid[:64],
+                sop_class,
+                calling,
+                status,
+                extra={"event": "listen_refused"},
+            )
             return status
         try:
             series_uid = str(event.dataset.SeriesInstanceUID)
@@ -184,8 +220,9 @@ class Listener:
         assert self.journal is not None
         adm = self.journal.admit(sop_uid, series_uid)
         if adm.duplicate:
-            log.info("instance %s from %s was received before; not stored again", sop_uid, calling,
-                     extra={"event": "listen_duplicate"})
+            log.info(
+                "instance %s from %s was received before; not stored again", sop_uid, calling, extra={"event": "listen_duplicate"}
+            )
             return STATUS_OK
         assert adm.folder is not None
         try:
@@ -222,8 +259,13 @@ class Listener:
                 incomplete.append((row, why))
             elif row.get("note") != why:
                 self.journal.note(row, why)
-                log.info("series %s (generation %d) is quiet but incomplete (%s); waiting up to pacs.series_limit_s",
-                         row["series_uid"], row["generation"], why, extra={"event": "listen_waiting"})
+                log.info(
+                    "series %s (generation %d) is quiet but incomplete (%s); waiting up to pacs.series_limit_s",
+                    row["series_uid"],
+                    row["generation"],
+                    why,
+                    extra={"event": "listen_waiting"},
+                )
         batch += self.journal.hand(ready)
         for row, why in incomplete:
             handed = self.journal.hand([row], note=f"incomplete after {self.cfg.pacs.series_limit_s:g} s: {why}")
@@ -237,13 +279,25 @@ class Listener:
 
     def _report_incomplete(self, row: dict[str, Any], why: str) -> None:
         limit = self.cfg.pacs.series_limit_s
-        data = {"series_uid": row["series_uid"], "generation": row["generation"], "instances": row["n_instances"],
-                "first_at": row["first_at"], "last_at": row["last_at"], "limit_s": limit, "reason": why,
-                "folder": str(Path(row["folder"]).relative_to(self.run_dir))}
+        data = {
+            "series_uid": row["series_uid"],
+            "generation": row["generation"],
+            "instances": row["n_instances"],
+            "first_at": row["first_at"],
+            "last_at": row["last_at"],
+            "limit_s": limit,
+            "reason": why,
+            "folder": str(Path(row["folder"]).relative_to(self.run_dir)),
+        }
         path = self.run_dir / "pacs" / "incomplete" / f"{row['series_uid']}.g{row['generation']}.json"
         atomic_write_bytes(path, json.dumps(data, indent=1).encode())
-        log.error("series %s did not complete within pacs.series_limit_s = %g s (%s); processed as it is",
-                  row["series_uid"], limit, why, extra={"event": "listen_incomplete"})
+        log.error(
+            "series %s did not complete within pacs.series_limit_s = %g s (%s); processed as it is",
+            row["series_uid"],
+            limit,
+            why,
+            extra={"event": "listen_incomplete"},
+        )
 
     def _report_never_quiet(self) -> None:
         assert self._ledger is not None
@@ -252,9 +306,14 @@ class Listener:
             key = (row["series_uid"], int(row["generation"]))
             if key not in self._reported:
                 self._reported.add(key)
-                log.error("series %s is still receiving instances %g s after its first one (%d so far); it is handed to the "
-                          "runner once it has been quiet for pacs.quiet_period_s", row["series_uid"], limit, row["n_instances"],
-                          extra={"event": "listen_never_quiet"})
+                log.error(
+                    "series %s is still receiving instances %g s after its first one (%d so far); it is handed to the "
+                    "runner once it has been quiet for pacs.quiet_period_s",
+                    row["series_uid"],
+                    limit,
+                    row["n_instances"],
+                    extra={"event": "listen_never_quiet"},
+                )
 
     def _run(self, batch: list[dict[str, Any]]) -> None:
         from ..runner import open_run, run_batch
@@ -263,10 +322,13 @@ class Listener:
         folders = [str(Path(r["folder"])) for r in batch]
         log.info("handing %d series to the runner", len(batch), extra={"event": "listen_batch"})
         try:
-            summary = run_batch(folders, out=self.run_dir, config=self.cfg, stages=self.stages,
-                                command="ctpipe listen", **self.run_options)
+            summary = run_batch(
+                folders, out=self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options
+            )
         except CtpipeError as exc:  # e.g. another ctpipe run holds the run folder: the series stay handed, tried again
-            log.error("the runner could not take %d series: %s; trying again", len(batch), exc, extra={"event": "listen_run_error"})
+            log.error(
+                "the runner could not take %d series: %s; trying again", len(batch), exc, extra={"event": "listen_run_error"}
+            )
             self._stop.wait(max(5.0, self.poll_s))
             return
         self.batches += 1
@@ -287,4 +349,3 @@ class Listener:
             log.info("%s", line, extra={"event": "listen_batch_done"})
         if self._sender is not None:
             self._sender.notify()
-

@@ -30,8 +30,9 @@ def backoff_delay(attempt: int, backoff_s: float, cap_s: float = 300.0) -> float
     return min(cap_s, backoff_s * (2 ** max(0, attempt - 1)))
 
 
-def with_retries(fn: Callable[[], T], *, what: str, retries: int, backoff_s: float,
-                 sleep: Callable[[float], None] = time.sleep) -> T:
+def with_retries(
+    fn: Callable[[], T], *, what: str, retries: int, backoff_s: float, sleep: Callable[[float], None] = time.sleep
+) -> T:
     """``fn()``, attempted up to ``1 + retries`` times while it raises :class:`PacsUnavailableError`."""
     attempt = 0
     while True:
@@ -41,10 +42,18 @@ def with_retries(fn: Callable[[], T], *, what: str, retries: int, backoff_s: flo
         except PacsUnavailableError as exc:
             if attempt > retries:
                 if retries:
-                    raise PacsUnavailableError(f"{exc.problem} (gave up after {attempt} attempts)", where=exc.where,
-                                               fix=exc.fix) from exc
+                    raise PacsUnavailableError(
+                        f"{exc.problem} (gave up after {attempt} attempts)", where=exc.where, fix=exc.fix
+                    ) from exc
                 raise
             delay = backoff_delay(attempt, backoff_s)
-            log.warning("%s failed (attempt %d of %d): %s; retrying in %.1f s", what, attempt, retries + 1, exc.problem,
-                        delay, extra={"event": "pacs_retry"})
+            log.warning(
+                "%s failed (attempt %d of %d): %s; retrying in %.1f s",
+                what,
+                attempt,
+                retries + 1,
+                exc.problem,
+                delay,
+                extra={"event": "pacs_retry"},
+            )
             sleep(delay)

@@ -80,8 +80,9 @@ def store_event(event: Any, folder_for: Callable[[Any], Path | None], *, sync_di
     """Write a C-STORE request's instance into ``folder_for(dataset)`` (None: refused); returns the DIMSE status."""
     status, sop_class, sop_uid = check_instance(event)
     if status != STATUS_OK:
-        log.warning("refused an instance of SOP class %s from %s (status 0x%04X)", sop_class,
-                    event.assoc.requestor.ae_title, status)
+        log.warning(
+            "refused an instance of SOP class %s from %s (status 0x%04X)", sop_class, event.assoc.requestor.ae_title, status
+        )
         return status
     folder = folder_for(event.dataset)
     if folder is None:

@@ -111,15 +111,20 @@ class ResultSender:
             files = result_files(folder)
             with self.ledger.tx() as db:
                 for path, uid, cls in files:
-                    cur = db.execute("INSERT OR IGNORE INTO sent (sop_uid, destination, case_id, path, sop_class, state, attempts, "
-                                     "next_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?)",
-                                     (uid, self.key, folder.name, str(path.relative_to(self.run_dir)), cls, now()))
+                    cur = db.execute(
+                        "INSERT OR IGNORE INTO sent (sop_uid, destination, case_id, path, sop_class, state, attempts, "
+                        "next_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?)",
+                        (uid, self.key, folder.name, str(path.relative_to(self.run_dir)), cls, now()),
+                    )
                     added += cur.rowcount
-                db.execute("INSERT OR REPLACE INTO scanned (case_id, destination, scanned_at) VALUES (?, ?, ?)",
-                           (folder.name, self.key, now()))
+                db.execute(
+                    "INSERT OR REPLACE INTO scanned (case_id, destination, scanned_at) VALUES (?, ?, ?)",
+                    (folder.name, self.key, now()),
+                )
             if files:
-                log.info("case %s: %d result file(s) queued for %s", folder.name, len(files), self.key,
-                         extra={"event": "send_queued"})
+                log.info(
+                    "case %s: %d result file(s) queued for %s", folder.name, len(files), self.key, extra={"event": "send_queued"}
+                )
         if added:
             self._wake.set()
         return added
@@ -127,8 +132,10 @@ class ResultSender:
     def retry_failed(self) -> int:
         """Put the files recorded ``failed`` for this destination back to ``pending``; returns how many."""
         with self.ledger.tx() as db:
-            return db.execute("UPDATE sent SET state = 'pending', attempts = 0, next_at = 0 WHERE destination = ? "
-                              "AND state = 'failed'", (self.key,)).rowcount
+            return db.execute(
+                "UPDATE sent SET state = 'pending', attempts = 0, next_at = 0 WHERE destination = ? AND state = 'failed'",
+                (self.key,),
+            ).rowcount
 
     def counts(self) -> SendCounts:
         c = SendCounts()
@@ -139,8 +146,10 @@ class ResultSender:
     # -- sending ---------------------------------------------------------------------------
     def send_due(self) -> int:
         """Send every pending file whose retry time has come (one request per case); returns how many were sent."""
-        rows = self.ledger.rows("SELECT * FROM sent WHERE destination = ? AND state = 'pending' AND next_at <= ? "
-                                "ORDER BY case_id, path", (self.key, now()))
+        rows = self.ledger.rows(
+            "SELECT * FROM sent WHERE destination = ? AND state = 'pending' AND next_at <= ? ORDER BY case_id, path",
+            (self.key, now()),
+        )
         by_case: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for r in rows:
             by_case[r["case_id"]].append(r)
@@ -170,8 +179,11 @@ class ResultSender:
         with self.ledger.tx() as db:
             for r in items:
                 if r["sop_uid"] in ok:
-                    db.execute("UPDATE sent SET state = 'sent', attempts = attempts + 1, error = NULL, updated_at = ? "
-                               "WHERE sop_uid = ? AND destination = ?", (now(), r["sop_uid"], self.key))
+                    db.execute(
+                        "UPDATE sent SET state = 'sent', attempts = attempts + 1, error = NULL, updated_at = ? "
+                        "WHERE sop_uid = ? AND destination = ?",
+                        (now(), r["sop_uid"], self.key),
+                    )
         if refused:
             self._failed([r for r in items if r["sop_uid"] in refused], "refused: " + "; ".join(sorted(set(refused.values()))))
         if ok:
@@ -186,15 +198,32 @@ class ResultSender:
                 give_up = final or attempts > limit
                 state = "failed" if give_up else "pending"
                 wait = backoff_delay(attempts, float(self.cfg.pacs.backoff_s))
-                db.execute("UPDATE sent SET state = ?, attempts = ?, error = ?, next_at = ?, updated_at = ? "
-                           "WHERE sop_uid = ? AND destination = ?", (state, attempts, error[:2000], now() + wait, now(),
-                                                                      r["sop_uid"], self.key))
+                db.execute(
+                    "UPDATE sent SET state = ?, attempts = ?, error = ?, next_at = ?, updated_at = ? "
+                    "WHERE sop_uid = ? AND destination = ?",
+                    (state, attempts, error[:2000], now() + wait, now(), r["sop_uid"], self.key),
+                )
                 if give_up:
-                    log.error("result %s of case %s not sent to %s after %d attempt(s): %s", r["path"], r["case_id"], self.key,
-                              attempts, error, extra={"event": "send_failed"})
+                    log.error(
+                        "result %s of case %s not sent to %s after %d attempt(s): %s",
+                        r["path"],
+                        r["case_id"],
+                        self.key,
+                        attempts,
+                        error,
+                        extra={"event": "send_failed"},
+                    )
                 else:
-                    log.warning("result %s of case %s: attempt %d to %s failed (%s); next in %.1f s", r["path"], r["case_id"],
-                                attempts, self.key, error, wait, extra={"event": "send_retry"})
+                    log.warning(
+                        "result %s of case %s: attempt %d to %s failed (%s); next in %.1f s",
+                        r["path"],
+                        r["case_id"],
+                        attempts,
+                        self.key,
+                        error,
+                        wait,
+                        extra={"event": "send_retry"},
+                    )
 
     def _drop_archive(self) -> None:
         if self._archive is not None:

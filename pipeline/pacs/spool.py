@@ -36,8 +36,11 @@ def fsync_dir(path: Path) -> None:
 def instance_path(folder: Path, sop_instance_uid: str) -> Path:
     """``folder/<SOPInstanceUID>.dcm``; refuses a UID that is not digits and dots (it names a file)."""
     if not valid_uid(sop_instance_uid):
-        raise PacsRequestError(f"SOPInstanceUID {sop_instance_uid[:80]!r} is not a valid UID", where=folder,
-                               fix="the sender must use UIDs of digits and dots (at most 64 characters)")
+        raise PacsRequestError(
+            f"SOPInstanceUID {sop_instance_uid[:80]!r} is not a valid UID",
+            where=folder,
+            fix="the sender must use UIDs of digits and dots (at most 64 characters)",
+        )
     return folder / f"{sop_instance_uid}.dcm"
 
 
@@ -98,6 +101,9 @@ class Spool:
 
 def _uid_name(uid: str) -> str:
     if not valid_uid(uid):
-        raise PacsRequestError(f"SeriesInstanceUID {uid[:80]!r} is not a valid UID", where="PACS answer",
-                               fix="the archive must use UIDs of digits and dots (at most 64 characters)")
+        raise PacsRequestError(
+            f"SeriesInstanceUID {uid[:80]!r} is not a valid UID",
+            where="PACS answer",
+            fix="the archive must use UIDs of digits and dots (at most 64 characters)",
+        )
     return uid

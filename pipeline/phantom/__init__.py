@@ -104,4 +104,3 @@ _LAZY = {
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
-

@@ -56,7 +56,11 @@ def _regions(scene: Scene, painter: AnatomyPainter, hu: np.ndarray, slab: int = 
         k1 = min(k0 + slab, hu.shape[0])
         zs = scene.grid.zs[k0:k1].astype(np.float32)[:, None, None]
         sub = hu[k0:k1]
-        f = painter.cavity(scene.grid.zs[k0:k1]) & (zs <= painter.dz2[None]) & ((sub == np.float32(LIVER)) | (sub == np.float32(ABDOMEN)))
+        f = (
+            painter.cavity(scene.grid.zs[k0:k1])
+            & (zs <= painter.dz2[None])
+            & ((sub == np.float32(LIVER)) | (sub == np.float32(ABDOMEN)))
+        )
         fill[k0:k1] = f
         deep[k0:k1] = f & (zs < painter.dz2[None] - np.float32(dia))
     return fill, deep
@@ -128,14 +132,16 @@ def _paint_colon(scene: Scene, hu: np.ndarray, deep: np.ndarray, gas: np.ndarray
     U = rng.uniform
     a, ba, bp = L.cav_a, L.cav_b_ant, L.cav_b_post
     base = L.z_of_u(-1.0)
-    pts = np.array([
-        [-0.66 * a, -0.1 * ba, base - 230.0 * s],
-        [-0.62 * a, -0.1 * ba, base - 95.0 * s],
-        [-0.3 * a, -0.58 * ba, base - 110.0 * s],
-        [0.3 * a, -0.58 * ba, base - 100.0 * s],
-        [0.66 * a, -0.15 * ba, base - 55.0 * s],
-        [0.68 * a, -0.1 * ba, base - 230.0 * s],
-    ])
+    pts = np.array(
+        [
+            [-0.66 * a, -0.1 * ba, base - 230.0 * s],
+            [-0.62 * a, -0.1 * ba, base - 95.0 * s],
+            [-0.3 * a, -0.58 * ba, base - 110.0 * s],
+            [0.3 * a, -0.58 * ba, base - 100.0 * s],
+            [0.66 * a, -0.15 * ba, base - 55.0 * s],
+            [0.68 * a, -0.1 * ba, base - 230.0 * s],
+        ]
+    )
     pts[:, :2] += rng.normal(0.0, 4.0 * s, (len(pts), 2))
     colon = Tubes()
     colon.add_polyline(pts, U(18.0, 24.0) * s)

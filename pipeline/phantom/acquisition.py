@@ -73,7 +73,11 @@ def paint_metal(scene: Scene, hu: np.ndarray, bone: np.ndarray) -> None:
         r_rod = max(3.0 * s, 1.0 * ps)
         r_screw = max(2.5 * s, 1.0 * ps)
         for side in (-1.0, 1.0):
-            tubes.add(np.array([side * x_rod, y_rod, levels[0] - 0.3 * period]), np.array([side * x_rod, y_rod, levels[-1] + 0.3 * period]), r_rod)
+            tubes.add(
+                np.array([side * x_rod, y_rod, levels[0] - 0.3 * period]),
+                np.array([side * x_rod, y_rod, levels[-1] + 0.3 * period]),
+                r_rod,
+            )
             for zl in levels:
                 tubes.add(np.array([side * x_rod, y_rod, zl]), np.array([side * 0.3 * L.vb_axes[0], L.spine_y, zl]), r_screw)
         centre = [0.0, y_rod, float(np.mean(levels))]
@@ -117,7 +121,9 @@ def add_streaks(scene: Scene, hu: np.ndarray) -> None:
         for idx in range(1, n + 1):
             j, i = center_of_mass(lab == idx)
             area = float(np.count_nonzero(lab == idx)) * px_area
-            pieces.append((float(np.interp(i, np.arange(g.xs.size), g.xs)), float(np.interp(j, np.arange(g.ys.size), g.ys)), area))
+            pieces.append(
+                (float(np.interp(i, np.arange(g.xs.size), g.xs)), float(np.interp(j, np.arange(g.ys.size), g.ys)), area)
+            )
         field = np.zeros(hu.shape[1:], dtype=np.float32)
         for xc, yc, area in pieces:
             amp = strength * min(1.0, np.sqrt(area / ref_area))
@@ -150,7 +156,9 @@ def _sharp_filter(img: np.ndarray, pixel: float) -> np.ndarray:
     return narrow
 
 
-def sharp_blur_and_noise(hu: np.ndarray, rng: np.random.Generator, *, sigma_z: float, pixel: float, noise_hu: float, slab: int = 16) -> float:
+def sharp_blur_and_noise(
+    hu: np.ndarray, rng: np.random.Generator, *, sigma_z: float, pixel: float, noise_hu: float, slab: int = 16
+) -> float:
     """Slice profile (Gaussian of ``sigma_z`` slices), then white noise and the sharp kernel per slab, in place.
 
     The noise is scaled to a standard deviation of ``4 * noise_hu`` after the
@@ -172,4 +180,3 @@ def sharp_blur_and_noise(hu: np.ndarray, rng: np.random.Generator, *, sigma_z: f
             part += noise
         part[:] = _sharp_filter(part, pixel)
     return target
-

@@ -57,9 +57,7 @@ class AnatomyPainter:
         body = _superellipse(x, y, L.body_a, L.body_b_ant, L.body_b_post)
         dermis = _superellipse(x, y, L.body_a - t1, L.body_b_ant - t1, L.body_b_post - t1)
         muscle = _superellipse(x, y, L.body_a - t2, L.body_b_ant - t2, L.body_b_post - t2)
-        wall = _superellipse(
-            x, y, L.body_a - t2 - L.muscle, L.body_b_ant - t2 - L.muscle, L.body_b_post - t2 - L.muscle_post
-        )
+        wall = _superellipse(x, y, L.body_a - t2 - L.muscle, L.body_b_ant - t2 - L.muscle, L.body_b_post - t2 - L.muscle_post)
         hu2 = np.full(body.shape, AIR, dtype=np.float32)
         hu2[body] = SKIN
         hu2[dermis] = FAT

@@ -55,8 +55,10 @@ def _arm_tubes(scene: Scene, side: float) -> tuple[Tubes, Tubes]:
     x = side * xc
     z_el = z_sh - U(280.0, 320.0) * s
     z_wr = z_el - U(230.0, 260.0) * s
-    arm.add_polyline(np.array([[x, yc, z_sh + 10.0 * s], [x, yc, z_el], [x + side * 4.0 * s, yc - 12.0 * s, z_wr]]),
-                     np.array([r_arm, 0.88 * r_arm, 0.62 * r_arm]))
+    arm.add_polyline(
+        np.array([[x, yc, z_sh + 10.0 * s], [x, yc, z_el], [x + side * 4.0 * s, yc - 12.0 * s, z_wr]]),
+        np.array([r_arm, 0.88 * r_arm, 0.62 * r_arm]),
+    )
     bones.add(np.array([x, yc, z_sh]), np.array([x, yc, z_sh - 30.0 * s]), 1.8 * r_hum, r_hum)
     bones.add(np.array([x, yc, z_sh - 30.0 * s]), np.array([x, yc, z_el + 8.0 * s]), r_hum, 1.3 * r_hum)
     for off, r in ((-9.0, 0.55), (9.0, 0.6)):

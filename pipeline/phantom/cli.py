@@ -26,8 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="folder that receives one sub-folder per case")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seed of the first case (cases are deterministic); required unless --scenario is given")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the first case (cases are deterministic); required unless --scenario is given",
+    )
     p.add_argument("--count", type=int, default=1, help="number of cases (default 1)")
     p.add_argument("--matrix", type=int, default=256, help="rows = columns per slice (default 256)")
     p.add_argument("--pixel-spacing", type=float, default=0.7, help="in-plane spacing in mm (default 0.7)")
@@ -35,22 +39,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slice-thickness", type=float, default=None, help="reconstructed slice thickness in mm")
     p.add_argument("--slices", type=int, default=None, help="number of slices (default: whole chest)")
     p.add_argument("--nodules", type=int, default=None, help="nodules per case (default: random 0-6)")
-    p.add_argument("--nodule-diameter", type=float, nargs=2, default=(3.0, 30.0), metavar=("MIN", "MAX"),
-                   help="range of nodule diameters in mm (default 3 30)")
+    p.add_argument(
+        "--nodule-diameter",
+        type=float,
+        nargs=2,
+        default=(3.0, 30.0),
+        metavar=("MIN", "MAX"),
+        help="range of nodule diameters in mm (default 3 30)",
+    )
     p.add_argument("--noise-hu", type=float, default=20.0, help="image noise standard deviation in HU (default 20)")
-    p.add_argument("--patient-position", default=None,
-                   help="DICOM PatientPosition (default HFS, or the scenario's; given, it overrides the scenario's)")
+    p.add_argument(
+        "--patient-position",
+        default=None,
+        help="DICOM PatientPosition (default HFS, or the scenario's; given, it overrides the scenario's)",
+    )
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--scenario", choices=[*CONFOUNDER_SCENARIOS, "all"], default=None, metavar="NAME",
-                       help=f"confounders (and patient position) of a named scenario: {', '.join(CONFOUNDER_SCENARIOS)}; "
-                            f"without --seed, the scenario's held-out seed ({SCENARIO_SEEDS[0]}-{SCENARIO_SEEDS[-1]}); "
-                            "'all' writes every scenario with its own seed")
-    group.add_argument("--realistic", action="store_true",
-                       help="each case gets a realistic random mix of confounders drawn from its seed")
+    group.add_argument(
+        "--scenario",
+        choices=[*CONFOUNDER_SCENARIOS, "all"],
+        default=None,
+        metavar="NAME",
+        help=f"confounders (and patient position) of a named scenario: {', '.join(CONFOUNDER_SCENARIOS)}; "
+        f"without --seed, the scenario's held-out seed ({SCENARIO_SEEDS[0]}-{SCENARIO_SEEDS[-1]}); "
+        "'all' writes every scenario with its own seed",
+    )
+    group.add_argument(
+        "--realistic", action="store_true", help="each case gets a realistic random mix of confounders drawn from its seed"
+    )
     p.add_argument("--transfer-syntax", choices=_TRANSFER_SYNTAXES, default="explicit_le", help="default explicit_le")
     p.add_argument("--unsigned", action="store_true", help="store uint16 with RescaleIntercept -1024")
-    p.add_argument("--quirk", dest="quirks", action="append", choices=_QUIRKS, default=[], metavar="QUIRK",
-                   help=f"add a quirk (repeatable): {', '.join(_QUIRKS)}")
+    p.add_argument(
+        "--quirk",
+        dest="quirks",
+        action="append",
+        choices=_QUIRKS,
+        default=[],
+        metavar="QUIRK",
+        help=f"add a quirk (repeatable): {', '.join(_QUIRKS)}",
+    )
     p.add_argument("--enhanced", action="store_true", help="one Enhanced CT multi-frame file instead of one file per slice")
     p.set_defaults(func=run)
 
@@ -61,12 +87,17 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
     from .confounders import CONFOUNDER_SCENARIOS, realistic_confounders
 
     if args.count < 1:
-        raise DicomWriteError(f"--count must be at least 1, got {args.count}", where="ctpipe phantom", fix="pass --count 1 or more")
+        raise DicomWriteError(
+            f"--count must be at least 1, got {args.count}", where="ctpipe phantom", fix="pass --count 1 or more"
+        )
     position = args.patient_position
     if args.scenario == "all":
         if args.seed is not None or args.count != 1:
-            raise PhantomError("--scenario all uses each scenario's own seed", where="ctpipe phantom --seed/--count",
-                                  fix="drop --seed and --count, or name one scenario")
+            raise PhantomError(
+                "--scenario all uses each scenario's own seed",
+                where="ctpipe phantom --seed/--count",
+                fix="drop --seed and --count, or name one scenario",
+            )
         return [(sc.seed, sc.confounders, position or sc.patient_position, name) for name, sc in CONFOUNDER_SCENARIOS.items()]
     if args.scenario is not None:
         sc = CONFOUNDER_SCENARIOS[args.scenario]

@@ -34,8 +34,14 @@ STREAMS = ("frame", "table", "arms", "contrast", "abdomen", "disease", "metal")
 """Independent random streams of a confounded case (one per group, so one option does not move the others)."""
 
 
-def new_scene(conf: Confounders, layout: Layout, grid: CanonicalGrid, patient_position: str,
-              rngs: dict[str, np.random.Generator], framing: dict[str, Any]) -> Scene:
+def new_scene(
+    conf: Confounders,
+    layout: Layout,
+    grid: CanonicalGrid,
+    patient_position: str,
+    rngs: dict[str, np.random.Generator],
+    framing: dict[str, Any],
+) -> Scene:
     """The shared state of one confounded case; gravity from ``patient_position``."""
     down3 = floor_direction(patient_position)
     scene = Scene(layout=layout, grid=grid, conf=conf, down=down3[:2].copy(), rngs=rngs)
@@ -44,8 +50,11 @@ def new_scene(conf: Confounders, layout: Layout, grid: CanonicalGrid, patient_po
         patient_position=patient_position,
         gravity_lps=[float(v) for v in down3],
         coverage=conf.coverage,
-        fov={**{k: framing[k] for k in ("fov_mm", "anatomy_fov_mm", "patient_width_mm")}, "factor": conf.fov_factor,
-             "centre": conf.fov_centre},
+        fov={
+            **{k: framing[k] for k in ("fov_mm", "anatomy_fov_mm", "patient_width_mm")},
+            "factor": conf.fov_factor,
+            "centre": conf.fov_centre,
+        },
         scan_z_mm=framing["scan_z_mm"],
         lung_z_mm=framing["lung_z_mm"],
         contrast_phase=conf.contrast,
@@ -54,7 +63,9 @@ def new_scene(conf: Confounders, layout: Layout, grid: CanonicalGrid, patient_po
     return scene
 
 
-def before_tubes(scene: Scene, painter: AnatomyPainter, hu: np.ndarray, lung: np.ndarray, bone: np.ndarray, body: np.ndarray) -> None:
+def before_tubes(
+    scene: Scene, painter: AnatomyPainter, hu: np.ndarray, lung: np.ndarray, bone: np.ndarray, body: np.ndarray
+) -> None:
     """Emphysema, abdomen, heart chambers (with contrast), arms and table, painted over the analytic anatomy."""
     paint_emphysema(scene, hu, lung)
     paint_abdomen(scene, painter, hu)
@@ -65,8 +76,15 @@ def before_tubes(scene: Scene, painter: AnatomyPainter, hu: np.ndarray, lung: np
     paint_table(scene, hu, body, np.concatenate([body_outline(scene.layout), arm_points]))
 
 
-def after_tubes(scene: Scene, hu: np.ndarray, lung: np.ndarray, bone: np.ndarray, vessels: np.ndarray, body: np.ndarray,
-                blood_mask: np.ndarray | None) -> None:
+def after_tubes(
+    scene: Scene,
+    hu: np.ndarray,
+    lung: np.ndarray,
+    bone: np.ndarray,
+    vessels: np.ndarray,
+    body: np.ndarray,
+    blood_mask: np.ndarray | None,
+) -> None:
     """Contrast blood of the vessels, effusion and atelectasis, metal."""
     if scene.conf.contrast != "none" and blood_mask is not None:
         scene.add_mask("contrast_blood", blood_mask & body)
@@ -93,7 +111,9 @@ def _lung_status(mask: np.ndarray) -> str:
     if not mask.any():
         return "absent"
     apex, base = bool(mask[-1].any()), bool(mask[0].any())
-    return {(False, False): "complete", (True, False): "apex_cut", (False, True): "base_cut"}.get((apex, base), "apex_and_base_cut")
+    return {(False, False): "complete", (True, False): "apex_cut", (False, True): "base_cut"}.get(
+        (apex, base), "apex_and_base_cut"
+    )
 
 
 def _edge(mask: np.ndarray) -> bool:
@@ -101,15 +121,24 @@ def _edge(mask: np.ndarray) -> bool:
     return bool(mask[:, 0, :].any() or mask[:, -1, :].any() or mask[:, :, 0].any() or mask[:, :, -1].any())
 
 
-def finish(scene: Scene, masks: dict[str, np.ndarray], labels: np.ndarray, *, slice_thickness: float, slice_spacing: float,
-           noise_hu: float) -> dict[str, np.ndarray]:
+def finish(
+    scene: Scene,
+    masks: dict[str, np.ndarray],
+    labels: np.ndarray,
+    *,
+    slice_thickness: float,
+    slice_spacing: float,
+    noise_hu: float,
+) -> dict[str, np.ndarray]:
     """The confounder masks (canonical, :data:`CONFOUNDER_MASK_NAMES`) and the rest of ``scene.truth``."""
     g = scene.grid
     lungs = masks["lung_left"] | masks["lung_right"]
     out = {name: scene.masks.get(name, np.zeros(g.shape, dtype=bool)) for name in CONFOUNDER_MASK_NAMES}
     nodule = labels > 0
     out["emphysema"] = out["emphysema"] & lungs & ~masks["vessels"] & ~nodule
-    out["contrast_blood"] = out["contrast_blood"] & ~(masks["bone"] | out["metal"] | out["effusion"] | out["atelectasis"] | nodule)
+    out["contrast_blood"] = out["contrast_blood"] & ~(
+        masks["bone"] | out["metal"] | out["effusion"] | out["atelectasis"] | nodule
+    )
     out["table"] = out["table"] & ~masks["body"]
     out["bowel_gas"] = out["bowel_gas"] & ~lungs
     voxel_ml = g.pixel_spacing**2 * g.slice_spacing / 1000.0

@@ -143,7 +143,9 @@ class Confounders:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise PhantomError(f"unknown confounder options {unknown}", where="Confounders.from_json", fix=f"use only {sorted(names)}")
+            raise PhantomError(
+                f"unknown confounder options {unknown}", where="Confounders.from_json", fix=f"use only {sorted(names)}"
+            )
         return cls(**data)
 
     @property
@@ -168,26 +170,64 @@ SCENARIO_SEEDS = range(5000, 5100)
 _TYPICAL = dict(table="curved", arms="raised", bowel_gas=True)
 _SCENARIO_LIST: list[tuple[str, str, str, dict[str, Any]]] = [
     ("routine_chest", "HFS", "diagnostic chest CT: curved table, arms raised, stomach gas", {}),
-    ("flat_couch_blanket", "HFS", "radiotherapy couch with a blanket under the back, arms at the sides", dict(table="flat", blanket=True, arms="sides")),
-    ("arms_touching_blanket", "HFS", "arms at the sides touching the chest wall, mattress on the table, large field of view",
-     dict(blanket=True, arms="sides_touching", fov_factor=1.3)),
-    ("arms_sides_gap", "HFS", "arms at the sides, a thin air gap from the chest wall, large field of view",
-     dict(arms="sides", fov_factor=1.4)),
+    (
+        "flat_couch_blanket",
+        "HFS",
+        "radiotherapy couch with a blanket under the back, arms at the sides",
+        dict(table="flat", blanket=True, arms="sides"),
+    ),
+    (
+        "arms_touching_blanket",
+        "HFS",
+        "arms at the sides touching the chest wall, mattress on the table, large field of view",
+        dict(blanket=True, arms="sides_touching", fov_factor=1.3),
+    ),
+    (
+        "arms_sides_gap",
+        "HFS",
+        "arms at the sides, a thin air gap from the chest wall, large field of view",
+        dict(arms="sides", fov_factor=1.4),
+    ),
     ("no_table_arms_sides", "HFS", "no table in the image, arms at the sides", dict(table="none", arms="sides")),
     ("arterial_phase", "HFS", "systemic arterial phase: aorta and left heart 250-400 HU", dict(contrast="arterial")),
     ("pulmonary_phase", "HFS", "CT pulmonary angiography: right heart and pulmonary arteries bright", dict(contrast="pulmonary")),
-    ("venous_bases_only", "HFS", "portal venous abdomen scan with the lung bases at the top", dict(contrast="venous", coverage="bases_only")),
+    (
+        "venous_bases_only",
+        "HFS",
+        "portal venous abdomen scan with the lung bases at the top",
+        dict(contrast="venous", coverage="bases_only"),
+    ),
     ("bases_only_bowel_gas", "HFS", "abdomen scan: lung bases next to stomach and colon gas", dict(coverage="bases_only")),
     ("abdomen_only", "HFS", "upper abdomen, no lung in the scan", dict(coverage="abdomen_only", contrast="venous")),
     ("apices_cut", "HFS", "chest scan starting below the lung apices", dict(coverage="apices_cut")),
-    ("chest_only_tight", "HFS", "tight chest range, lungs complete, little abdomen, arms out of the scan", dict(coverage="chest_only", arms="none")),
-    ("small_fov_centred", "HFS", "reconstruction field of view 60 % of the nominal one: body and both lungs cut", dict(fov_factor=0.6)),
+    (
+        "chest_only_tight",
+        "HFS",
+        "tight chest range, lungs complete, little abdomen, arms out of the scan",
+        dict(coverage="chest_only", arms="none"),
+    ),
+    (
+        "small_fov_centred",
+        "HFS",
+        "reconstruction field of view 60 % of the nominal one: body and both lungs cut",
+        dict(fov_factor=0.6),
+    ),
     ("small_fov_left_lung", "HFS", "small field of view centred on the left lung", dict(fov_factor=0.65, fov_centre="left_lung")),
-    ("small_fov_right_lung_arms", "HFS", "small field of view on the right lung, arms at the sides", dict(fov_factor=0.6, fov_centre="right_lung", arms="sides")),
+    (
+        "small_fov_right_lung_arms",
+        "HFS",
+        "small field of view on the right lung, arms at the sides",
+        dict(fov_factor=0.6, fov_centre="right_lung", arms="sides"),
+    ),
     ("emphysema_moderate", "HFS", "emphysema in 12 % of the lungs", dict(emphysema=0.12)),
     ("emphysema_severe", "HFS", "emphysema in 35 % of the lungs, sharp kernel", dict(emphysema=0.35, kernel="sharp")),
     ("effusion_both", "HFS", "bilateral pleural effusions", dict(effusion="both")),
-    ("effusion_atelectasis_right", "HFS", "right effusion with compressive atelectasis, venous phase", dict(effusion="right", atelectasis="right", contrast="venous")),
+    (
+        "effusion_atelectasis_right",
+        "HFS",
+        "right effusion with compressive atelectasis, venous phase",
+        dict(effusion="right", atelectasis="right", contrast="venous"),
+    ),
     ("atelectasis_left", "HFS", "dependent atelectasis of the left lower lobe", dict(atelectasis="left")),
     ("sharp_kernel", "HFS", "sharp (lung) reconstruction kernel", dict(kernel="sharp")),
     ("thick_slices_5mm", "HFS", "5 mm slices", dict(thick_slices_mm=5.0)),
@@ -195,15 +235,50 @@ _SCENARIO_LIST: list[tuple[str, str, str, dict[str, Any]]] = [
     ("metal_port", "HFS", "chest port with streak artefacts", dict(metal="port", contrast="venous")),
     ("metal_spine", "HFS", "spinal rods and screws with streak artefacts", dict(metal="spine")),
     ("prone", "HFP", "prone: table under the anterior chest, gas and fluid levels flipped", dict(blanket=True)),
-    ("prone_effusion_small_fov", "HFP", "prone with bilateral effusion and a small field of view", dict(effusion="both", fov_factor=0.75)),
-    ("prone_bases_only_arms_sides", "HFP", "prone abdomen scan with lung bases, arms at the sides", dict(coverage="bases_only", arms="sides")),
+    (
+        "prone_effusion_small_fov",
+        "HFP",
+        "prone with bilateral effusion and a small field of view",
+        dict(effusion="both", fov_factor=0.75),
+    ),
+    (
+        "prone_bases_only_arms_sides",
+        "HFP",
+        "prone abdomen scan with lung bases, arms at the sides",
+        dict(coverage="bases_only", arms="sides"),
+    ),
     ("feet_first_venous", "FFS", "feet first supine, venous phase", dict(contrast="venous")),
-    ("feet_first_small_fov_metal", "FFS", "feet first, small field of view on the left lung, chest port", dict(fov_factor=0.65, fov_centre="left_lung", metal="port")),
-    ("feet_first_apices_cut_sharp", "FFS", "feet first, apices cut, sharp kernel, emphysema", dict(coverage="apices_cut", kernel="sharp", emphysema=0.2)),
-    ("everything", "HFS", "all at once: blanket, arms touching, arterial phase, bases only, small FOV, left effusion, "
-     "atelectasis, emphysema, sharp thick slices, spine hardware",
-     dict(blanket=True, arms="sides_touching", contrast="arterial", coverage="bases_only", fov_factor=0.8, effusion="left",
-          atelectasis="both", emphysema=0.1, kernel="sharp", thick_slices_mm=3.0, metal="spine")),
+    (
+        "feet_first_small_fov_metal",
+        "FFS",
+        "feet first, small field of view on the left lung, chest port",
+        dict(fov_factor=0.65, fov_centre="left_lung", metal="port"),
+    ),
+    (
+        "feet_first_apices_cut_sharp",
+        "FFS",
+        "feet first, apices cut, sharp kernel, emphysema",
+        dict(coverage="apices_cut", kernel="sharp", emphysema=0.2),
+    ),
+    (
+        "everything",
+        "HFS",
+        "all at once: blanket, arms touching, arterial phase, bases only, small FOV, left effusion, "
+        "atelectasis, emphysema, sharp thick slices, spine hardware",
+        dict(
+            blanket=True,
+            arms="sides_touching",
+            contrast="arterial",
+            coverage="bases_only",
+            fov_factor=0.8,
+            effusion="left",
+            atelectasis="both",
+            emphysema=0.1,
+            kernel="sharp",
+            thick_slices_mm=3.0,
+            metal="spine",
+        ),
+    ),
 ]
 
 CONFOUNDER_SCENARIOS: dict[str, Scenario] = {
@@ -229,7 +304,9 @@ def realistic_confounders(seed: int) -> Confounders:
     import numpy as np
 
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise PhantomError(f"seed must be an integer, got {seed!r}", where="realistic_confounders(seed=...)", fix="pass a whole number")
+        raise PhantomError(
+            f"seed must be an integer, got {seed!r}", where="realistic_confounders(seed=...)", fix="pass a whole number"
+        )
     seed = int(seed)
     rng = np.random.default_rng([abs(seed), int(seed < 0), 20251105])
 
@@ -251,7 +328,11 @@ def realistic_confounders(seed: int) -> Confounders:
         contrast=pick({"none": 0.55, "venous": 0.25, "arterial": 0.14, "pulmonary": 0.06}),
         bowel_gas=chance(0.9),
         coverage=pick({"full": 0.72, "chest_only": 0.1, "apices_cut": 0.07, "bases_only": 0.08, "abdomen_only": 0.03}),
-        fov_factor={"nominal": 1.0, "small": round(float(rng.uniform(0.6, 0.85)), 2), "large": round(float(rng.uniform(1.15, 1.4)), 2)}[fov],
+        fov_factor={
+            "nominal": 1.0,
+            "small": round(float(rng.uniform(0.6, 0.85)), 2),
+            "large": round(float(rng.uniform(1.15, 1.4)), 2),
+        }[fov],
         fov_centre=pick({"body": 0.5, "left_lung": 0.25, "right_lung": 0.25}) if fov == "small" else "body",
         emphysema=round(float(rng.uniform(0.03, 0.3)), 3) if chance(0.15) else 0.0,
         effusion=pick({"left": 0.3, "right": 0.35, "both": 0.35}) if chance(0.1) else "none",

@@ -47,21 +47,54 @@ def blood_values(phase: str, rng: np.random.Generator) -> dict[str, float]:
     v = dict(BASE)
     if phase == "arterial":
         a = U(250.0, 400.0)
-        v.update(aorta=a, left_heart=a * U(0.92, 1.0), pulmonary_vein=a * U(0.85, 1.0), right_heart=U(120.0, 200.0),
-                 pulmonary_artery=U(150.0, 250.0), lung_vessels=U(180.0, 260.0), myocardium=U(90.0, 130.0),
-                 liver=U(65.0, 80.0), spleen=U(90.0, 130.0), kidney_cortex=U(180.0, 250.0), kidney_medulla=U(70.0, 100.0),
-                 bowel_wall=U(70.0, 100.0), atelectasis_gain=U(40.0, 70.0))
+        v.update(
+            aorta=a,
+            left_heart=a * U(0.92, 1.0),
+            pulmonary_vein=a * U(0.85, 1.0),
+            right_heart=U(120.0, 200.0),
+            pulmonary_artery=U(150.0, 250.0),
+            lung_vessels=U(180.0, 260.0),
+            myocardium=U(90.0, 130.0),
+            liver=U(65.0, 80.0),
+            spleen=U(90.0, 130.0),
+            kidney_cortex=U(180.0, 250.0),
+            kidney_medulla=U(70.0, 100.0),
+            bowel_wall=U(70.0, 100.0),
+            atelectasis_gain=U(40.0, 70.0),
+        )
     elif phase == "pulmonary":
         p = U(300.0, 500.0)
-        v.update(pulmonary_artery=p, right_heart=p * U(0.85, 1.0), left_heart=U(150.0, 250.0), pulmonary_vein=U(150.0, 250.0),
-                 lung_vessels=U(220.0, 320.0), myocardium=U(70.0, 100.0), liver=U(60.0, 70.0), spleen=U(60.0, 80.0),
-                 kidney_cortex=U(80.0, 120.0), kidney_medulla=U(40.0, 60.0), bowel_wall=U(50.0, 70.0), atelectasis_gain=U(30.0, 50.0))
+        v.update(
+            pulmonary_artery=p,
+            right_heart=p * U(0.85, 1.0),
+            left_heart=U(150.0, 250.0),
+            pulmonary_vein=U(150.0, 250.0),
+            lung_vessels=U(220.0, 320.0),
+            myocardium=U(70.0, 100.0),
+            liver=U(60.0, 70.0),
+            spleen=U(60.0, 80.0),
+            kidney_cortex=U(80.0, 120.0),
+            kidney_medulla=U(40.0, 60.0),
+            bowel_wall=U(50.0, 70.0),
+            atelectasis_gain=U(30.0, 50.0),
+        )
         v["aorta"] = v["left_heart"]
     elif phase == "venous":
         b = U(150.0, 200.0)
-        v.update(aorta=b, left_heart=b, right_heart=b, pulmonary_artery=b, pulmonary_vein=b, lung_vessels=b * U(0.9, 1.0),
-                 myocardium=U(90.0, 120.0), liver=U(100.0, 130.0), spleen=U(110.0, 130.0), kidney_cortex=U(150.0, 200.0),
-                 bowel_wall=U(80.0, 110.0), atelectasis_gain=U(50.0, 80.0))
+        v.update(
+            aorta=b,
+            left_heart=b,
+            right_heart=b,
+            pulmonary_artery=b,
+            pulmonary_vein=b,
+            lung_vessels=b * U(0.9, 1.0),
+            myocardium=U(90.0, 120.0),
+            liver=U(100.0, 130.0),
+            spleen=U(110.0, 130.0),
+            kidney_cortex=U(150.0, 200.0),
+            bowel_wall=U(80.0, 110.0),
+            atelectasis_gain=U(50.0, 80.0),
+        )
         v["kidney_medulla"] = v["kidney_cortex"] * U(0.9, 1.0)
     return {k: round(float(x), 1) for k, x in v.items()}
 

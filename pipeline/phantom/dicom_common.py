@@ -219,5 +219,3 @@ def save_dataset(path: Path, ds: Dataset) -> Path:
     with atomic_open(path) as fh:
         dcmwrite(fh, ds, enforce_file_format=True)
     return path
-
-

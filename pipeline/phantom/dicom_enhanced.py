@@ -60,8 +60,7 @@ def write_enhanced(stack: Stack, base: Dataset, *, seed: int, unsigned: bool, ts
     centre = centre + stack.col_dir * (rows - 1) / 2 * stack.pixel_spacing[0]
     image_type = ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"]
     ds = Dataset(dict(base._dict))
-    for keyword in ("RescaleIntercept", "RescaleSlope", "RescaleType", "WindowCenter", "WindowWidth", "KVP",
-                    "ConvolutionKernel"):
+    for keyword in ("RescaleIntercept", "RescaleSlope", "RescaleType", "WindowCenter", "WindowWidth", "KVP", "ConvolutionKernel"):
         del ds[keyword]  # these live in the functional groups of the enhanced IOD
     ds.file_meta = make_file_meta(ENHANCED_CT_IMAGE_STORAGE, sop_uid, ts)
     ds.SOPClassUID, ds.SOPInstanceUID, ds.ImageType = ENHANCED_CT_IMAGE_STORAGE, sop_uid, image_type
@@ -80,52 +79,87 @@ def write_enhanced(stack: Stack, base: Dataset, *, seed: int, unsigned: bool, ts
     ds.DimensionOrganizationSequence = _seq(DimensionOrganizationUID=dim_uid)
     ds.DimensionIndexSequence = DicomSequence(
         [
-            _item(DimensionOrganizationUID=dim_uid, DimensionIndexPointer=0x00209056, FunctionalGroupPointer=0x00209111,
-                  DimensionDescriptionLabel="Stack ID"),
-            _item(DimensionOrganizationUID=dim_uid, DimensionIndexPointer=0x00209057, FunctionalGroupPointer=0x00209111,
-                  DimensionDescriptionLabel="In-Stack Position Number"),
+            _item(
+                DimensionOrganizationUID=dim_uid,
+                DimensionIndexPointer=0x00209056,
+                FunctionalGroupPointer=0x00209111,
+                DimensionDescriptionLabel="Stack ID",
+            ),
+            _item(
+                DimensionOrganizationUID=dim_uid,
+                DimensionIndexPointer=0x00209057,
+                FunctionalGroupPointer=0x00209111,
+                DimensionDescriptionLabel="In-Stack Position Number",
+            ),
         ]
     )
     ds.SharedFunctionalGroupsSequence = _seq(
-        PixelMeasuresSequence=_seq(PixelSpacing=fmt_ds_list(stack.pixel_spacing), SliceThickness=fmt_ds(stack.thickness or 0.0),
-                                   SpacingBetweenSlices=fmt_ds(stack.spacing_between or 0.0)),
+        PixelMeasuresSequence=_seq(
+            PixelSpacing=fmt_ds_list(stack.pixel_spacing),
+            SliceThickness=fmt_ds(stack.thickness or 0.0),
+            SpacingBetweenSlices=fmt_ds(stack.spacing_between or 0.0),
+        ),
         PlaneOrientationSequence=_seq(ImageOrientationPatient=fmt_ds_list(np.concatenate([stack.row_dir, stack.col_dir]))),
         PixelValueTransformationSequence=_seq(RescaleIntercept=fmt_ds(intercept), RescaleSlope="1", RescaleType="HU"),
         FrameVOILUTSequence=_seq(WindowCenter=["-600", "40"], WindowWidth=["1500", "400"]),
-        FrameAnatomySequence=_seq(FrameLaterality="U", AnatomicRegionSequence=_seq(
-            CodeValue="51185008", CodingSchemeDesignator="SCT", CodeMeaning="Chest")),
+        FrameAnatomySequence=_seq(
+            FrameLaterality="U",
+            AnatomicRegionSequence=_seq(CodeValue="51185008", CodingSchemeDesignator="SCT", CodeMeaning="Chest"),
+        ),
         IrradiationEventIdentificationSequence=_seq(IrradiationEventUID=make_uid(seed, stack.series_uid, "irradiation")),
-        CTImageFrameTypeSequence=_seq(FrameType=image_type, PixelPresentation="MONOCHROME", VolumetricProperties="VOLUME",
-                                      VolumeBasedCalculationTechnique="NONE"),
+        CTImageFrameTypeSequence=_seq(
+            FrameType=image_type,
+            PixelPresentation="MONOCHROME",
+            VolumetricProperties="VOLUME",
+            VolumeBasedCalculationTechnique="NONE",
+        ),
         CTAcquisitionTypeSequence=_seq(AcquisitionType="SPIRAL", ConstantVolumeFlag="NO", FluoroscopyFlag="NO"),
-        CTAcquisitionDetailsSequence=_seq(DataCollectionDiameter=fov, GantryDetectorTilt=0.0,
-                                          TotalCollimationWidth=40.0, SingleCollimationWidth=0.625, TableHeight=150.0,
-                                          RotationDirection="CW", RevolutionTime=0.5),
+        CTAcquisitionDetailsSequence=_seq(
+            DataCollectionDiameter=fov,
+            GantryDetectorTilt=0.0,
+            TotalCollimationWidth=40.0,
+            SingleCollimationWidth=0.625,
+            TableHeight=150.0,
+            RotationDirection="CW",
+            RevolutionTime=0.5,
+        ),
         CTTableDynamicsSequence=_seq(TableSpeed=80.0, TableFeedPerRotation=40.0, SpiralPitchFactor=1.0),
         CTGeometrySequence=_seq(DistanceSourceToDetector=1040.0, DistanceSourceToDataCollectionCenter=570.0),
-        CTReconstructionSequence=_seq(ReconstructionAlgorithm="FILTER_BACK_PROJ", ConvolutionKernel=base.ConvolutionKernel,
-                                      ConvolutionKernelGroup="LUNG", ReconstructionDiameter=fov,
-                                      ReconstructionPixelSpacing=stack.pixel_spacing, ReconstructionAngle=0.0,
-                                      ImageFilter="NONE"),
-        CTExposureSequence=_seq(ExposureTimeInms=500.0, XRayTubeCurrentInmA=200.0, ExposureInmAs=100.0,
-                                ExposureModulationType="NONE"),
+        CTReconstructionSequence=_seq(
+            ReconstructionAlgorithm="FILTER_BACK_PROJ",
+            ConvolutionKernel=base.ConvolutionKernel,
+            ConvolutionKernelGroup="LUNG",
+            ReconstructionDiameter=fov,
+            ReconstructionPixelSpacing=stack.pixel_spacing,
+            ReconstructionAngle=0.0,
+            ImageFilter="NONE",
+        ),
+        CTExposureSequence=_seq(
+            ExposureTimeInms=500.0, XRayTubeCurrentInmA=200.0, ExposureInmAs=100.0, ExposureModulationType="NONE"
+        ),
         CTXRayDetailsSequence=_seq(KVP=base.KVP, FocalSpots=[1.2], FilterType="BODY", FilterMaterial=["ALUMINUM"]),
     )
     ds.PerFrameFunctionalGroupsSequence = DicomSequence(
         [
             _item(
                 PlanePositionSequence=_seq(ImagePositionPatient=fmt_ds_list(stack.positions[k])),
-                FrameContentSequence=_seq(FrameAcquisitionNumber=1, FrameReferenceDateTime=when,
-                                          FrameAcquisitionDateTime=when, FrameAcquisitionDuration=500.0, StackID="1",
-                                          InStackPositionNumber=k + 1, DimensionIndexValues=[1, k + 1]),
-                CTPositionSequence=_seq(TablePosition=-stack.positions[k][2],
-                                        ReconstructionTargetCenterPatient=centre,
-                                        DataCollectionCenterPatient=centre),
+                FrameContentSequence=_seq(
+                    FrameAcquisitionNumber=1,
+                    FrameReferenceDateTime=when,
+                    FrameAcquisitionDateTime=when,
+                    FrameAcquisitionDuration=500.0,
+                    StackID="1",
+                    InStackPositionNumber=k + 1,
+                    DimensionIndexValues=[1, k + 1],
+                ),
+                CTPositionSequence=_seq(
+                    TablePosition=-stack.positions[k][2],
+                    ReconstructionTargetCenterPatient=centre,
+                    DataCollectionCenterPatient=centre,
+                ),
             )
             for k in range(n)
         ]
     )
     set_pixels(ds, to_stored(stack.hu, unsigned), ts)
     return save_dataset(path, ds)
-
-

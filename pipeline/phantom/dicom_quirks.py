@@ -133,5 +133,3 @@ class FileNamer:
             if path not in self.used:
                 self.used.add(path)
                 return path
-
-

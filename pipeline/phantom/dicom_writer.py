@@ -126,8 +126,17 @@ def _check_options(transfer_syntax: str, quirks: Sequence[str], enhanced: bool, 
         raise DicomWriteError("the HU array holds NaN or infinite values", where=where, fix="fill them before writing")
 
 
-def _write_stack(stack: Stack, base: Dataset, *, seed: int, unsigned: bool, ts: UID, namer: FileNamer,
-                 order: Sequence[int] | None = None, extra: Sequence[tuple[int, int]] = ()) -> list[Path]:
+def _write_stack(
+    stack: Stack,
+    base: Dataset,
+    *,
+    seed: int,
+    unsigned: bool,
+    ts: UID,
+    namer: FileNamer,
+    order: Sequence[int] | None = None,
+    extra: Sequence[tuple[int, int]] = (),
+) -> list[Path]:
     """Write one classic CT Image Storage instance per slice (in ``order``) plus ``extra`` (slice, instance) copies."""
     normal = np.cross(stack.row_dir, stack.col_dir)
     orientation = fmt_ds_list(np.concatenate([stack.row_dir, stack.col_dir]))

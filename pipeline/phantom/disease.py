@@ -123,5 +123,7 @@ def paint_pleura(scene: Scene, hu: np.ndarray, lung: np.ndarray, vessels: np.nda
     for name, m in (("effusion", eff), ("atelectasis", atel)):
         scene.truth[name] = {
             "sides": getattr(conf, name),
-            "volume_ml": {side: round(float(np.count_nonzero(m & sides[side][None])) * voxel_ml, 1) for side in ("left", "right")},
+            "volume_ml": {
+                side: round(float(np.count_nonzero(m & sides[side][None])) * voxel_ml, 1) for side in ("left", "right")
+            },
         }

@@ -37,7 +37,9 @@ def _check(name: str, value: float, lo: float, hi: float, fix: str) -> None:
 
 def _validate(matrix, pixel_spacing, slice_spacing, slice_thickness, slices, n_nodules, nodule_diameter_mm, noise_hu) -> None:
     if not isinstance(matrix, (int, np.integer)) or isinstance(matrix, bool):
-        raise PhantomError(f"matrix must be an integer, got {matrix!r}", where="generate_phantom(matrix=...)", fix="use e.g. 128, 256 or 512")
+        raise PhantomError(
+            f"matrix must be an integer, got {matrix!r}", where="generate_phantom(matrix=...)", fix="use e.g. 128, 256 or 512"
+        )
     _check("matrix", int(matrix), 64, 1024, "use a matrix between 64 and 1024 (typically 128..512)")
     _check("pixel_spacing", pixel_spacing, 0.3, 2.0, "use a pixel spacing between 0.3 and 2.0 mm (typically 0.5..1.0)")
     _check("slice_spacing", slice_spacing, 0.3, 10.0, "use a slice spacing between 0.3 and 10 mm")
@@ -45,11 +47,19 @@ def _validate(matrix, pixel_spacing, slice_spacing, slice_thickness, slices, n_n
         _check("slice_thickness", slice_thickness, 0.3, 10.0, "use a slice thickness between 0.3 and 10 mm")
     if slices is not None:
         if not isinstance(slices, (int, np.integer)) or isinstance(slices, bool):
-            raise PhantomError(f"slices must be an integer, got {slices!r}", where="generate_phantom(slices=...)", fix="pass a whole number of slices")
+            raise PhantomError(
+                f"slices must be an integer, got {slices!r}",
+                where="generate_phantom(slices=...)",
+                fix="pass a whole number of slices",
+            )
         _check("slices", int(slices), 8, MAX_SLICES, f"use 8..{MAX_SLICES} slices")
     if n_nodules is not None:
         if not isinstance(n_nodules, (int, np.integer)) or isinstance(n_nodules, bool):
-            raise PhantomError(f"n_nodules must be an integer, got {n_nodules!r}", where="generate_phantom(n_nodules=...)", fix="pass 0..20 or None")
+            raise PhantomError(
+                f"n_nodules must be an integer, got {n_nodules!r}",
+                where="generate_phantom(n_nodules=...)",
+                fix="pass 0..20 or None",
+            )
         _check("n_nodules", int(n_nodules), 0, 20, "ask for 0..20 nodules, or None for a random 0..6")
     try:
         lo, hi = (float(v) for v in nodule_diameter_mm)
@@ -129,7 +139,9 @@ def generate_phantom(
     t0 = time.perf_counter()
     _validate(matrix, pixel_spacing, slice_spacing, slice_thickness, slices, n_nodules, nodule_diameter_mm, noise_hu)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise PhantomError(f"seed must be an integer, got {seed!r}", where="generate_phantom(seed=...)", fix="pass a whole number")
+        raise PhantomError(
+            f"seed must be an integer, got {seed!r}", where="generate_phantom(seed=...)", fix="pass a whole number"
+        )
     if confounders is not None and not isinstance(confounders, Confounders):
         raise PhantomError(
             f"confounders must be a Confounders or None, got {type(confounders).__name__}",
@@ -173,7 +185,14 @@ def generate_phantom(
     else:
         rngs = {name: np.random.default_rng(s) for name, s in zip(confounded.STREAMS, root.spawn(len(confounded.STREAMS)))}
         grid, layout, framing = frame(
-            r_layout, rngs["frame"], conf, matrix=matrix, pixel_spacing=ps, slice_spacing=ss, slices=slices, max_slices=DEFAULT_MAX_SLICES
+            r_layout,
+            rngs["frame"],
+            conf,
+            matrix=matrix,
+            pixel_spacing=ps,
+            slice_spacing=ss,
+            slices=slices,
+            max_slices=DEFAULT_MAX_SLICES,
         )
         scene = confounded.new_scene(conf, layout, grid, str(patient_position).upper(), rngs, framing)
         scale = layout.scale
@@ -196,7 +215,9 @@ def generate_phantom(
 
     # 2. tubes: mediastinal vessels, lung vessels, airways, ribs
     blood = None if scene is None else scene.blood
-    vessels, airway, inner, blood_mask = paint_tubes(layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body, painter.inner2, blood)
+    vessels, airway, inner, blood_mask = paint_tubes(
+        layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body, painter.inner2, blood
+    )
     if scene is not None:
         confounded.after_tubes(scene, hu, lung, bone, vessels, body, blood_mask)
     t2 = time.perf_counter()
@@ -261,7 +282,9 @@ def generate_phantom(
     }
     truth: dict[str, Any] = {}
     if scene is not None:
-        masks.update(confounded.finish(scene, masks, labels, slice_thickness=thickness, slice_spacing=ss, noise_hu=float(noise_hu)))
+        masks.update(
+            confounded.finish(scene, masks, labels, slice_thickness=thickness, slice_spacing=ss, noise_hu=float(noise_hu))
+        )
         metadata.update(confounded.metadata(scene))
         truth = scene.truth
     volume = CTVolume(to_scanner_order(hu, direction), geom, metadata=metadata)

@@ -182,4 +182,6 @@ def load_masks(path: str | Path) -> dict[str, np.ndarray]:
         with np.load(p, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise PhantomError(f"unreadable mask archive ({exc})", where=p, fix="regenerate it with Phantom.save_ground_truth") from exc
+        raise PhantomError(
+            f"unreadable mask archive ({exc})", where=p, fix="regenerate it with Phantom.save_ground_truth"
+        ) from exc

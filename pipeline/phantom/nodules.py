@@ -64,7 +64,9 @@ def _shape_sd(grid: CanonicalGrid, spec: NoduleSpec, box: tuple[slice, slice, sl
     return (dist - spec.radius * scale * f).astype(np.float32)
 
 
-def _fits(grid: CanonicalGrid, spec: NoduleSpec, lung: np.ndarray, labels: np.ndarray, margin_mm: float, touch: bool = False) -> bool:
+def _fits(
+    grid: CanonicalGrid, spec: NoduleSpec, lung: np.ndarray, labels: np.ndarray, margin_mm: float, touch: bool = False
+) -> bool:
     """True when the nodule (grown by ``margin_mm``) lies inside ``lung`` and clear of other nodules.
 
     With ``touch``, the nodule must also come within one voxel of the lung's edge (the pleura).
@@ -205,7 +207,9 @@ class NodulePlacer:
         v /= max(float(np.linalg.norm(v)), 1e-9)
         return p + v * (rv[n] + 0.8 * radius)
 
-    def place(self, specs: list[NoduleSpec], labels: np.ndarray, radius: float, kind: str, attached: str | None) -> NoduleSpec | None:
+    def place(
+        self, specs: list[NoduleSpec], labels: np.ndarray, radius: float, kind: str, attached: str | None
+    ) -> NoduleSpec | None:
         """One nodule of ``radius`` mm, or None when 60 tries found no room."""
         g = self.grid
         for _ in range(60):
@@ -248,7 +252,9 @@ def place_nodules(
     fit = 2.0 * placer.max_radius / 1.2 - 2 * grid.pixel_spacing
     if count and placer.inscribed_mm < lo:
         if not strict:
-            log.warning("no nodule of %.1f mm fits in these lungs (largest inscribed sphere about %.1f mm)", lo, placer.inscribed_mm)
+            log.warning(
+                "no nodule of %.1f mm fits in these lungs (largest inscribed sphere about %.1f mm)", lo, placer.inscribed_mm
+            )
             return []
         raise PhantomError(
             f"a nodule of the minimum diameter {lo:g} mm does not fit in lungs whose largest inscribed sphere is "
@@ -286,7 +292,9 @@ def place_nodules(
     return specs
 
 
-def paint_nodule(grid: CanonicalGrid, spec: NoduleSpec, hu: np.ndarray | None, labels: np.ndarray, label: int) -> tuple[float, int]:
+def paint_nodule(
+    grid: CanonicalGrid, spec: NoduleSpec, hu: np.ndarray | None, labels: np.ndarray, label: int
+) -> tuple[float, int]:
     """Write the nodule into ``labels`` (and ``hu`` when given); return (mean HU inside, voxel count)."""
     reach = spec.radius * 1.3 + 3 * max(grid.pixel_spacing, grid.slice_spacing)
     box = _crop(grid, spec.center, reach)

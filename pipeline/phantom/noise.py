@@ -29,7 +29,9 @@ class SmoothField:
     depend on the BLAS library or its threads).
     """
 
-    def __init__(self, rng: np.random.Generator, shape: tuple[int, int, int], feature_vox: tuple[float, float, float], amplitude: float):
+    def __init__(
+        self, rng: np.random.Generator, shape: tuple[int, int, int], feature_vox: tuple[float, float, float], amplitude: float
+    ):
         steps = [max(float(f), 1.0) for f in feature_vox]
         coarse = [int(np.ceil(n / st)) + 3 for n, st in zip(shape, steps)]
         g = rng.standard_normal(coarse).astype(np.float32)
@@ -94,4 +96,6 @@ def blur_and_noise(
             noise *= gain
             part += noise
         if blur:
-            gaussian_filter(part, (0.0, sy if sy >= 0.15 else 0.0, sx if sx >= 0.15 else 0.0), output=part, mode="nearest", truncate=truncate)
+            gaussian_filter(
+                part, (0.0, sy if sy >= 0.15 else 0.0, sx if sx >= 0.15 else 0.0), output=part, mode="nearest", truncate=truncate
+            )

@@ -35,7 +35,11 @@ def arch_branches(layout: Layout, z_top: float) -> Tubes:
     s = layout.scale
     z0 = layout.z_of_u(layout.u_arch) + layout.arch_rise
     tubes = Tubes()
-    for (x0, y0), (x1, y1), r in (((-4.0, -16.0), (-16.0, -10.0), 6.5), ((3.0, -12.0), (12.0, -6.0), 4.5), ((10.0, -8.0), (24.0, 0.0), 5.0)):
+    for (x0, y0), (x1, y1), r in (
+        ((-4.0, -16.0), (-16.0, -10.0), 6.5),
+        ((3.0, -12.0), (12.0, -6.0), 4.5),
+        ((10.0, -8.0), (24.0, 0.0), 5.0),
+    ):
         if z_top > z0:
             tubes.add(np.array([x0 * s, y0 * s, z0]), np.array([x1 * s, y1 * s, max(z_top, z0 + 1.0)]), r * s)
     return tubes

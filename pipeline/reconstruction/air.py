@@ -171,15 +171,32 @@ def air_regions(grid: Grid, body: np.ndarray, p: SegmentParams) -> AirRegions:
     for lab, sl in enumerate(ndimage.find_objects(labels), start=1):
         if sl is None:
             continue
-        corners = np.array([[i, j, k] for i in (sl[2].start, sl[2].stop - 1) for j in (sl[1].start, sl[1].stop - 1)
-                            for k in (sl[0].start, sl[0].stop - 1)], dtype=np.float64)
+        corners = np.array(
+            [
+                [i, j, k]
+                for i in (sl[2].start, sl[2].stop - 1)
+                for j in (sl[1].start, sl[1].stop - 1)
+                for k in (sl[0].start, sl[0].stop - 1)
+            ],
+            dtype=np.float64,
+        )
         z = g.index_to_lps(corners)[:, 2]
         z_lo[lab], z_hi[lab] = float(z.min()), float(z.max())
         if internal[lab]:
             idx = np.argwhere(labels[sl] == lab).mean(axis=0) + [s.start for s in sl]
             centroid[lab] = g.index_to_lps(idx[::-1])
-    regions = AirRegions(labels=labels, size=size, internal=internal, interior_hu=interior_hu,
-                         interior_fraction=interior_n / np.maximum(size, 1), z_lo=z_lo, z_hi=z_hi,
-                         centroid=centroid, touches_side=side, air_level_hu=air_level, voxel_ml=grid.voxel_ml)
+    regions = AirRegions(
+        labels=labels,
+        size=size,
+        internal=internal,
+        interior_hu=interior_hu,
+        interior_fraction=interior_n / np.maximum(size, 1),
+        z_lo=z_lo,
+        z_hi=z_hi,
+        centroid=centroid,
+        touches_side=side,
+        air_level_hu=air_level,
+        voxel_ml=grid.voxel_ml,
+    )
     log.debug("air: %d regions, %d internal, air level %.0f HU", n, int(internal.sum()), air_level)
     return regions

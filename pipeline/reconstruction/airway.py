@@ -68,12 +68,22 @@ def _plane(a: np.ndarray, axis: int, s: int) -> np.ndarray:
     return a[tuple(sl)]
 
 
-def _tube_length(air: np.ndarray, blob: np.ndarray, order: np.ndarray, start: int, axis: int,
-                 area_mm2: float, pixel_mm2: float, step_mm: float, enough_mm: float, max_area_mm2: float) -> float:
+def _tube_length(
+    air: np.ndarray,
+    blob: np.ndarray,
+    order: np.ndarray,
+    start: int,
+    axis: int,
+    area_mm2: float,
+    pixel_mm2: float,
+    step_mm: float,
+    enough_mm: float,
+    max_area_mm2: float,
+) -> float:
     """How far (mm, up to ``enough_mm``) the blob continues downwards as one tube of similar cross-section."""
     cur = blob
     length = 0.0
-    for s in order[start + 1:]:
+    for s in order[start + 1 :]:
         plane = _plane(air, axis, s)
         labels, n = ndimage.label(plane)
         ids = np.unique(labels[cur & plane])
@@ -178,8 +188,7 @@ def _grow(hu: np.ndarray, allowed: np.ndarray, seed: np.ndarray, thr: float) -> 
     return morph.keep_labels(labels, ids[ids > 0], n)
 
 
-def grow_airway(hu: torch.Tensor, regions: AirRegions, body: np.ndarray, geometry: Geometry,
-                p: SegmentParams) -> Airway | None:
+def grow_airway(hu: torch.Tensor, regions: AirRegions, body: np.ndarray, geometry: Geometry, p: SegmentParams) -> Airway | None:
     """The airway on the working grid, or None when the scan holds no trachea.
 
     The threshold is the highest one (from ``lung_hu`` down to :data:`LOWEST_LEVEL_HU` in :data:`LEVEL_STEP_HU`
@@ -217,8 +226,11 @@ def grow_airway(hu: torch.Tensor, regions: AirRegions, body: np.ndarray, geometr
         )
     lumen = float(np.median(hu_np[best]))
     seed_x = float(geometry.centroid_lps(seed)[0])
-    info: dict[str, float | str] = {"airway_threshold_hu": best_t, "airway_lumen_hu": round(lumen, 1),
-                                    "airway_edge_hu": round(0.5 * (lumen + p.tissue_hu), 1)}
+    info: dict[str, float | str] = {
+        "airway_threshold_hu": best_t,
+        "airway_lumen_hu": round(lumen, 1),
+        "airway_edge_hu": round(0.5 * (lumen + p.tissue_hu), 1),
+    }
     return Airway(mask=best, info=info, seed_x_mm=seed_x)
 
 

@@ -84,8 +84,9 @@ def _pool_count(mask: torch.Tensor, factors: tuple[int, int, int]) -> torch.Tens
     return m
 
 
-def cortex_seeds(full_hu: torch.Tensor, factors: tuple[int, int, int], *, seed_hu: float = SEED_HU,
-                 min_count: int = SEED_MIN_COUNT) -> torch.Tensor:
+def cortex_seeds(
+    full_hu: torch.Tensor, factors: tuple[int, int, int], *, seed_hu: float = SEED_HU, min_count: int = SEED_MIN_COUNT
+) -> torch.Tensor:
     """Cortical bone on the working grid: clustered full-resolution voxels above ``seed_hu`` (HU).
 
     A working voxel is a seed when it holds a voxel above ``seed_hu`` and its 3x3x3 working
@@ -120,8 +121,7 @@ def _ring_labels(labels: torch.Tensor, region: torch.Tensor, dims: tuple[int, ..
     return torch.where(region, torch.zeros_like(out), out)
 
 
-def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor,
-                grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
     """(blood pools, thick bone regions) among the thick regions above ``LOW_HU`` (bool tensors like ``hu``).
 
     See the module docstring (step 2). ``hu`` and the masks are ``[k, j, i]`` tensors on the

@@ -39,8 +39,23 @@ SYNONYMS = {
     "body": ("body", "body_outline", "skin"),
 }
 OTHER_ORGANS = (
-    "heart", "aorta", "esophagus", "liver", "spleen", "stomach", "pancreas", "kidney_left", "kidney_right",
-    "gallbladder", "vertebrae", "ribs", "sternum", "pulmonary_artery", "vessels", "lungs", "lung",
+    "heart",
+    "aorta",
+    "esophagus",
+    "liver",
+    "spleen",
+    "stomach",
+    "pancreas",
+    "kidney_left",
+    "kidney_right",
+    "gallbladder",
+    "vertebrae",
+    "ribs",
+    "sternum",
+    "pulmonary_artery",
+    "vessels",
+    "lungs",
+    "lung",
 )
 
 
@@ -88,16 +103,24 @@ def read_bundle(path: str | Path) -> SegBundle:
         channel_def = meta["network_data_format"]["outputs"]["pred"]["channel_def"]
         labels = {int(k): str(v) for k, v in channel_def.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise BundleError("metadata.json has no network_data_format.outputs.pred.channel_def (label names)",
-                          where=meta_path, fix="add channel_def, e.g. {\"0\": \"background\", \"1\": \"lung_left\"}") from exc
-    model = model_file(root, "model.ts",
-                       fix="export the network with `python -m monai.bundle ckpt_export` to models/model.ts")
+        raise BundleError(
+            "metadata.json has no network_data_format.outputs.pred.channel_def (label names)",
+            where=meta_path,
+            fix='add channel_def, e.g. {"0": "background", "1": "lung_left"}',
+        ) from exc
+    model = model_file(root, "model.ts", fix="export the network with `python -m monai.bundle ckpt_export` to models/model.ts")
     spacing, window, sliding = None, None, None
     if (root / INFERENCE_JSON).is_file():
         config = BundleConfig.read(root, evaluate=True)
         spacing, window, sliding = config.spacing(), config.hu_window(), config.sliding_window_inferer()
-    return SegBundle(root=root, model=model, labels=labels, spacing=spacing, window=window,
-                     sliding=sliding or SlidingWindow(roi_size=(96, 96, 96), overlap=0.25, sw_batch_size=1))
+    return SegBundle(
+        root=root,
+        model=model,
+        labels=labels,
+        spacing=spacing,
+        window=window,
+        sliding=sliding or SlidingWindow(roi_size=(96, 96, 96), overlap=0.25, sw_batch_size=1),
+    )
 
 
 def _to_ras(array: np.ndarray, volume: CTVolume) -> tuple[np.ndarray, np.ndarray]:
@@ -121,8 +144,7 @@ def _starts(n: int, roi: int, step: int) -> list[int]:
     return sorted(set(out))
 
 
-def sliding_window(x: torch.Tensor, roi: list[int], predictor: Any, *, overlap: float = 0.25,
-                   batch: int = 1) -> torch.Tensor:
+def sliding_window(x: torch.Tensor, roi: list[int], predictor: Any, *, overlap: float = 0.25, batch: int = 1) -> torch.Tensor:
     """Tile ``x`` (1, C, X, Y, Z) into ``roi`` windows overlapping by ``overlap``, run ``predictor`` on batches
     of windows and blend the outputs with Gaussian weights (σ = roi / 8). Inputs smaller than the roi are
     zero-padded. Returns (1, K, X, Y, Z)."""
@@ -139,21 +161,22 @@ def sliding_window(x: torch.Tensor, roi: list[int], predictor: Any, *, overlap: 
     out: torch.Tensor | None = None
     norm = torch.zeros(full, device=x.device)
     for n0 in range(0, len(corners), batch):
-        chunk = corners[n0:n0 + batch]
-        tiles = torch.cat([x[:, :, a:a + roi[0], b:b + roi[1], c:c + roi[2]] for a, b, c in chunk])
+        chunk = corners[n0 : n0 + batch]
+        tiles = torch.cat([x[:, :, a : a + roi[0], b : b + roi[1], c : c + roi[2]] for a, b, c in chunk])
         pred = predictor(tiles)
         if out is None:
             out = torch.zeros([1, pred.shape[1]] + full, device=x.device)
         for t, (a, b, c) in enumerate(chunk):
-            out[0, :, a:a + roi[0], b:b + roi[1], c:c + roi[2]] += pred[t] * weight
-            norm[a:a + roi[0], b:b + roi[1], c:c + roi[2]] += weight
+            out[0, :, a : a + roi[0], b : b + roi[1], c : c + roi[2]] += pred[t] * weight
+            norm[a : a + roi[0], b : b + roi[1], c : c + roi[2]] += weight
     assert out is not None
     out = out / norm
     return out[:, :, : size[0], : size[1], : size[2]]
 
 
-def run_seg_bundle(volume: CTVolume, bundle: str | Path, *, device: torch.device | str = "cpu") -> tuple[
-        dict[str, np.ndarray], dict[str, str]]:
+def run_seg_bundle(
+    volume: CTVolume, bundle: str | Path, *, device: torch.device | str = "cpu"
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Organ masks (bool ``[k, j, i]`` on the volume grid) from a bundle, and per-label error messages.
 
     Raises :class:`BundleError` when the bundle cannot be used at all.
@@ -191,15 +214,23 @@ def run_seg_bundle(volume: CTVolume, bundle: str | Path, *, device: torch.device
             continue
         name = b.labels.get(value)
         if name is None:
-            errors[f"seg_bundle:label_{value}"] = str(ReconstructionError(
-                f"the network outputs label {value}, which channel_def does not name", where=where,
-                fix="add the label's name to network_data_format.outputs.pred.channel_def"))
+            errors[f"seg_bundle:label_{value}"] = str(
+                ReconstructionError(
+                    f"the network outputs label {value}, which channel_def does not name",
+                    where=where,
+                    fix="add the label's name to network_data_format.outputs.pred.channel_def",
+                )
+            )
             continue
         organ = organ_name(name)
         if organ is None:
-            errors[f"seg_bundle:label_{value}"] = str(ReconstructionError(
-                f"label {value} {name!r} is not an organ name ctpipe knows", where=where,
-                fix=f"rename it in channel_def to one of {sorted(SYNONYMS) + sorted(OTHER_ORGANS)}"))
+            errors[f"seg_bundle:label_{value}"] = str(
+                ReconstructionError(
+                    f"label {value} {name!r} is not an organ name ctpipe knows",
+                    where=where,
+                    fix=f"rename it in channel_def to one of {sorted(SYNONYMS) + sorted(OTHER_ORGANS)}",
+                )
+            )
             continue
         masks[organ] = masks.get(organ, np.zeros(labels.shape, dtype=bool)) | (labels == value)
     log.info("bundle %s: organs %s, %d label errors", b.root, sorted(masks), len(errors))

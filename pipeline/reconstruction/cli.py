@@ -1,5 +1,13 @@
 """``ctpipe reconstruct``: organ masks, meshes, measurements and renderings of one CT series.
 
+With a DICOM source (a DICOM folder, or a cache entry ingested from one) it also writes the DICOM
+results, after every other file (a failure to write them loses none of those; exit status 1):
+``<stem>_seg.dcm``, a SEG of the organ masks and of the nodule masks of ``--findings``, and
+``<stem>_sr.dcm``, a TID 1500 SR of those findings (at the operating point their JSON names) with
+the nodules' volumes, the lung volumes, the emphysema index and the quality flags; without
+``--findings`` the SR reports the measurements and flags and makes no statement on nodules.
+``--dicom none|sr|seg|sr,seg`` or ``--no-dicom`` chooses them.
+
 The loaders and the reconstruction stage (numpy, torch, pydicom) are imported inside the
 command's functions, so ``ctpipe --help`` starts without them.
 """
@@ -8,12 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import CtpipeError
+from ..dicom_out.kinds import add_dicom_options
+from ..errors import CtpipeError, DicomOutputError
 from .organs import ORGANS
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,13 +44,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--formats", default="stl", help="comma-separated mesh formats: stl,ply,obj,glb (default stl)")
     p.add_argument("--organs", default=",".join(ORGANS), help=f"comma-separated organs (default {','.join(ORGANS)})")
     p.add_argument("--seg-bundle", type=Path, default=None, help="MONAI segmentation bundle folder (optional)")
-    p.add_argument("--findings", type=Path, default=None,
-                   help="findings JSON (from `ctpipe detect`: a list, or an object with 'findings') to segment nodules")
+    p.add_argument(
+        "--findings",
+        type=Path,
+        default=None,
+        help="findings JSON (from `ctpipe detect`: a list, or an object with 'findings') to segment nodules",
+    )
     p.add_argument("--smoothing", type=int, default=20, help="Taubin smoothing iterations (default 20, 0 = none)")
     p.add_argument("--target-triangles", type=int, default=None, help="at most this many triangles per organ")
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--no-render", action="store_true", help="skip the PNG renderings")
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
+    add_dicom_options(p, default="sr,seg")
     p.set_defaults(func=run)
 
 
@@ -52,11 +69,16 @@ def _load(src: Path, series_uid: str | None) -> tuple[Any, str]:
 
         vol = load_series(src, series_uid=series_uid)
         return vol, (vol.series_uid or src.name)
-    raise CtpipeError("is neither a DICOM folder nor a case-cache .json/.npy file", where=src,
-                      fix="pass a folder of DICOM files or a file written by `ctpipe ingest`")
+    raise CtpipeError(
+        "is neither a DICOM folder nor a case-cache .json/.npy file",
+        where=src,
+        fix="pass a folder of DICOM files or a file written by `ctpipe ingest`",
+    )
 
 
-def _findings(path: Path) -> list[Any]:
+def _findings(path: Path) -> tuple[list[Any], Any]:
+    """The findings of a JSON as a list of objects (LPS mm), and what the SR reports: the ``Findings`` of a
+    ``ctpipe detect`` JSON (its operating point and model), else the same list (every finding reported)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -64,7 +86,18 @@ def _findings(path: Path) -> list[Any]:
     items = data.get("findings", []) if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise CtpipeError("findings must be a list of objects with box_min_lps/box_max_lps", where=path)
-    return items
+    if isinstance(data, dict) and str(data.get("format", "")).startswith("ctpipe-findings/"):
+        from ..detection.findings import Findings
+
+        try:
+            return items, Findings.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CtpipeError(
+                f"findings JSON is incomplete ({type(exc).__name__}: {exc})",
+                where=path,
+                fix="pass the JSON written by `ctpipe detect`",
+            ) from exc
+    return items, items
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,13 +106,26 @@ def run(args: argparse.Namespace) -> int:
     formats = [f for f in args.formats.split(",") if f]
     organs = [o for o in args.organs.split(",") if o]
     volume, stem = _load(args.src, args.series_uid)
-    findings = _findings(args.findings) if args.findings else None
+    findings, reported = _findings(args.findings) if args.findings else (None, None)
     if args.target_triangles is not None and args.target_triangles < 100:
-        raise CtpipeError(f"--target-triangles {args.target_triangles} is too small", where="--target-triangles",
-                          fix="use at least 100 triangles per organ")
-    rec = reconstruct(volume, organs=organs, findings=findings, out_dir=args.out, mesh_formats=formats,
-                      smoothing=args.smoothing, target_triangles=args.target_triangles, device=args.device,
-                      seg_bundle=args.seg_bundle, render=not args.no_render, stem=stem)
+        raise CtpipeError(
+            f"--target-triangles {args.target_triangles} is too small",
+            where="--target-triangles",
+            fix="use at least 100 triangles per organ",
+        )
+    rec = reconstruct(
+        volume,
+        organs=organs,
+        findings=findings,
+        out_dir=args.out,
+        mesh_formats=formats,
+        smoothing=args.smoothing,
+        target_triangles=args.target_triangles,
+        device=args.device,
+        seg_bundle=args.seg_bundle,
+        render=not args.no_render,
+        stem=stem,
+    )
     organ_meas = rec.measurements.get("organs", {})
     for organ, m in organ_meas.items():
         mesh = rec.meshes.get(organ)
@@ -87,10 +133,49 @@ def run(args: argparse.Namespace) -> int:
         print(f"{organ:12s} {m['volume_ml']:10.1f} mL  {tri}")
     lungs = rec.measurements.get("lungs")
     if lungs and lungs.get("lungs_total_volume_ml"):
-        print(f"lungs total {lungs['lungs_total_volume_ml']:.1f} mL, emphysema index {lungs['emphysema_index_pct']:.2f} % "
-              f"(< {lungs['emphysema_threshold_hu']:.0f} HU)")
+        print(
+            f"lungs total {lungs['lungs_total_volume_ml']:.1f} mL, emphysema index {lungs['emphysema_index_pct']:.2f} % "
+            f"(< {lungs['emphysema_threshold_hu']:.0f} HU)"
+        )
     for what, msg in rec.errors.items():
         print(f"ctpipe reconstruct: {what}: {msg}", file=sys.stderr)
     n_files = sum(len(v) for v in rec.files.values())
     print(f"wrote {n_files} files to {args.out}")
-    return 0 if rec.meshes else 1
+    status = 0 if rec.meshes else 1
+    return max(status, _write_dicom(args, volume, rec, reported, stem))
+
+
+def _write_dicom(args: argparse.Namespace, volume: Any, rec: Any, findings: Any, stem: str) -> int:
+    """The SR and SEG (after every other output): 0 when written or not asked for, 1 when they failed."""
+    from ..dicom_out.case import dicom_source_of, write_case_dicom
+
+    outputs = tuple(args.dicom)
+    if not outputs:
+        return 0
+    source = dicom_source_of(args.src)
+    if source is None:
+        log.warning("%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM results written", args.src)
+        return 0
+    if findings is None and "sr" in outputs:
+        log.info("no findings given (--findings): the SR reports the measurements and quality flags, no nodules")
+    try:
+        paths = write_case_dicom(
+            args.out,
+            source=source,
+            volume=volume,
+            findings=findings,
+            outputs=outputs,
+            reconstruction=rec,
+            nodules=rec.nodules,
+            stem=stem,
+        )
+    except (DicomOutputError, OSError) as exc:
+        print(
+            f"ctpipe reconstruct: error: the DICOM results were not written ({exc}); the meshes, measurements and "
+            f"renderings are written in {args.out}",
+            file=sys.stderr,
+        )
+        return 1
+    if paths:
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0

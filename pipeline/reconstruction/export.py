@@ -27,9 +27,9 @@ log = logging.getLogger(__name__)
 FORMATS = ("stl", "ply", "obj", "glb")
 
 # LPS mm → glTF metres: X = L, Y = S, Z = A (= -P); a proper rotation (det +1) times 0.001
-GLTF_FROM_LPS = np.array(
-    [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, -1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
-) @ np.diag([0.001, 0.001, 0.001, 1.0])
+GLTF_FROM_LPS = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, -1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]) @ np.diag(
+    [0.001, 0.001, 0.001, 1.0]
+)
 
 
 def stl_bytes(mesh: Mesh) -> bytes:
@@ -85,10 +85,18 @@ def glb_bytes(mesh: Mesh, *, color: tuple[float, float, float] = (0.8, 0.5, 0.45
         "scene": 0,
         "scenes": [{"nodes": [0]}],
         "nodes": [{"name": f"{mesh.name} (LPS mm)", "mesh": 0, "matrix": GLTF_FROM_LPS.T.ravel().tolist()}],
-        "meshes": [{"name": mesh.name, "primitives": [{"attributes": {"POSITION": 0, "NORMAL": 1}, "indices": 2,
-                                                       "material": 0, "mode": 4}]}],
-        "materials": [{"name": mesh.name, "pbrMetallicRoughness": {"baseColorFactor": [*color, 1.0],
-                                                                   "metallicFactor": 0.0, "roughnessFactor": 0.8}}],
+        "meshes": [
+            {
+                "name": mesh.name,
+                "primitives": [{"attributes": {"POSITION": 0, "NORMAL": 1}, "indices": 2, "material": 0, "mode": 4}],
+            }
+        ],
+        "materials": [
+            {
+                "name": mesh.name,
+                "pbrMetallicRoughness": {"baseColorFactor": [*color, 1.0], "metallicFactor": 0.0, "roughnessFactor": 0.8},
+            }
+        ],
         "buffers": [{"byteLength": len(bin_chunk)}],
         "bufferViews": [
             {"buffer": 0, "byteOffset": offsets[0], "byteLength": len(blobs[0]), "target": 34962},
@@ -96,8 +104,14 @@ def glb_bytes(mesh: Mesh, *, color: tuple[float, float, float] = (0.8, 0.5, 0.45
             {"buffer": 0, "byteOffset": offsets[2], "byteLength": len(blobs[2]), "target": 34963},
         ],
         "accessors": [
-            {"bufferView": 0, "componentType": 5126, "count": int(pos.shape[0]), "type": "VEC3",
-             "min": pos.min(axis=0).tolist(), "max": pos.max(axis=0).tolist()},
+            {
+                "bufferView": 0,
+                "componentType": 5126,
+                "count": int(pos.shape[0]),
+                "type": "VEC3",
+                "min": pos.min(axis=0).tolist(),
+                "max": pos.max(axis=0).tolist(),
+            },
             {"bufferView": 1, "componentType": 5126, "count": int(nrm.shape[0]), "type": "VEC3"},
             {"bufferView": 2, "componentType": 5125, "count": int(idx.size), "type": "SCALAR"},
         ],
@@ -106,8 +120,10 @@ def glb_bytes(mesh: Mesh, *, color: tuple[float, float, float] = (0.8, 0.5, 0.45
     total = 12 + 8 + len(json_chunk) + 8 + len(bin_chunk)
     return (
         struct.pack("<4sII", b"glTF", 2, total)
-        + struct.pack("<I4s", len(json_chunk), b"JSON") + json_chunk
-        + struct.pack("<I4s", len(bin_chunk), b"BIN\x00") + bin_chunk
+        + struct.pack("<I4s", len(json_chunk), b"JSON")
+        + json_chunk
+        + struct.pack("<I4s", len(bin_chunk), b"BIN\x00")
+        + bin_chunk
     )
 
 

@@ -70,8 +70,9 @@ def _unpool(coarse: np.ndarray, f: tuple[int, int, int], shape: tuple[int, ...])
     return out[: shape[0], : shape[1], : shape[2]]
 
 
-def pleural_notches(mask: np.ndarray, geometry: Geometry, airway: np.ndarray | None,
-                    other: np.ndarray | None = None) -> np.ndarray:
+def pleural_notches(
+    mask: np.ndarray, geometry: Geometry, airway: np.ndarray | None, other: np.ndarray | None = None
+) -> np.ndarray:
     """Tissue in the notches that juxtapleural nodules make in a lung's surface (bool, same grid).
 
     A closing with a ball of :data:`NOTCH_CLOSE_MM` (exact, by distance transforms, on a grid of
@@ -123,8 +124,9 @@ def pleural_notches(mask: np.ndarray, geometry: Geometry, airway: np.ndarray | N
     return out
 
 
-def fill_lung(mask: np.ndarray, geometry: Geometry, device: torch.device | str,
-              other: np.ndarray | None = None, close_mm: float = 3.0) -> np.ndarray:
+def fill_lung(
+    mask: np.ndarray, geometry: Geometry, device: torch.device | str, other: np.ndarray | None = None, close_mm: float = 3.0
+) -> np.ndarray:
     """Close and fill one lung so vessels and nodules inside it belong to it (never into ``other``).
 
     A closing of ``close_mm`` takes in the small concavities vessels make at the lung surface;

@@ -142,8 +142,7 @@ def _grow_back(cores: list[torch.Tensor], mask: torch.Tensor, steps: int) -> lis
     return cores
 
 
-def drop_gas_pockets(lung_air: np.ndarray, hu: np.ndarray, air_level_hu: float, grid: Grid,
-                     p: SegmentParams) -> np.ndarray:
+def drop_gas_pockets(lung_air: np.ndarray, hu: np.ndarray, air_level_hu: float, grid: Grid, p: SegmentParams) -> np.ndarray:
     """Lung air without bowel gas that joins it through a thin, partial-volume diaphragm.
 
     Eroding the lung air by one (then two) voxels parts such a pocket from the lung; a part of at
@@ -170,8 +169,10 @@ def drop_gas_pockets(lung_air: np.ndarray, hu: np.ndarray, air_level_hu: float, 
         gas[0] = False
         if not gas.any() or not (big & ~gas).any():
             continue
-        cores = [morph.to_tensor(morph.keep_labels(labels, np.nonzero(gas)[0], n), grid.hu.device),
-                 morph.to_tensor(morph.keep_labels(labels, np.nonzero(~gas & (sizes > 0))[0], n), grid.hu.device)]
+        cores = [
+            morph.to_tensor(morph.keep_labels(labels, np.nonzero(gas)[0], n), grid.hu.device),
+            morph.to_tensor(morph.keep_labels(labels, np.nonzero(~gas & (sizes > 0))[0], n), grid.hu.device),
+        ]
         claimed = _grow_back(cores, t, depth)[0].cpu().numpy()
         log.debug("gas pockets parted from the lungs: %.1f mL", float(claimed.sum()) * grid.voxel_ml)
         out = lung_air.copy()
@@ -180,8 +181,9 @@ def drop_gas_pockets(lung_air: np.ndarray, hu: np.ndarray, air_level_hu: float, 
     return lung_air
 
 
-def _erosion_split(mask: np.ndarray, geometry: Geometry, device: torch.device, min_dx_mm: float
-                   ) -> tuple[np.ndarray, np.ndarray] | None:
+def _erosion_split(
+    mask: np.ndarray, geometry: Geometry, device: torch.device, min_dx_mm: float
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Two lungs joined at a thin junction: erode in-plane until two comparable parts appear, then grow them back."""
     m = morph.to_tensor(mask, device)
     cur = m
@@ -233,8 +235,9 @@ def _body_midline(body: np.ndarray, lung: np.ndarray, geometry: Geometry) -> flo
     return float(np.median(bx))
 
 
-def assign_sides(lung_air: np.ndarray, airway_x: float | None, body: np.ndarray, grid: Grid
-                 ) -> tuple[np.ndarray, np.ndarray, str]:
+def assign_sides(
+    lung_air: np.ndarray, airway_x: float | None, body: np.ndarray, grid: Grid
+) -> tuple[np.ndarray, np.ndarray, str]:
     """``(left, right, how)``: the lung air split into the patient's left and right lungs (working grid).
 
     ``how`` names the anatomical reference used: ``airway``, ``pair``, ``erosion``, ``body_midline``
@@ -274,8 +277,12 @@ def assign_sides(lung_air: np.ndarray, airway_x: float | None, body: np.ndarray,
                 x_ref = float(np.median(x[body])) if body.any() else _centroid_x(first, g)
                 how = "body_centre"
     share_left = np.bincount(labels[(x > x_ref) & (labels > 0)], minlength=n + 1) / np.maximum(sizes, 1)
-    joined = active & (sizes >= MAIN_FRACTION * float(sizes.sum())) & (share_left >= JUNCTION_FRACTION) \
+    joined = (
+        active
+        & (sizes >= MAIN_FRACTION * float(sizes.sum()))
+        & (share_left >= JUNCTION_FRACTION)
         & (share_left <= 1.0 - JUNCTION_FRACTION)
+    )
     left |= morph.keep_labels(labels, np.nonzero(active & ~joined & (share_left >= 0.5))[0], n)
     right |= morph.keep_labels(labels, np.nonzero(active & ~joined & (share_left < 0.5))[0], n)
     for lab in np.nonzero(joined)[0]:
@@ -302,8 +309,15 @@ def lone_column(lung_air: np.ndarray, touches_side: bool, geometry: Geometry) ->
     return bool(present.size >= 2 and present.all())
 
 
-def select_lungs(regions: AirRegions, airway: np.ndarray | None, airway_x: float | None, body: np.ndarray,
-                 grid: Grid, p: SegmentParams, ids: np.ndarray | None = None) -> Lungs:
+def select_lungs(
+    regions: AirRegions,
+    airway: np.ndarray | None,
+    airway_x: float | None,
+    body: np.ndarray,
+    grid: Grid,
+    p: SegmentParams,
+    ids: np.ndarray | None = None,
+) -> Lungs:
     """The lungs on the working grid: lung regions minus the airway and bowel gas, split into left and right,
     filled (vessels and nodules inside, juxtapleural nodules) and described in ``info`` (``lungs``:
     ``found``, ``one_side`` or ``absent``; ``lung_sides_from``: the anatomical reference used).
@@ -314,19 +328,31 @@ def select_lungs(regions: AirRegions, airway: np.ndarray | None, airway_x: float
         ids = lung_regions(regions, airway, grid, p)
     empty = np.zeros(regions.labels.shape, dtype=bool)
     if ids.size == 0:
-        return Lungs(empty, empty.copy(), {"lungs": "absent"}, gas=regions.internal_mask(),
-                     why="no lung parenchyma and no air connected to a trachea inside the patient")
+        return Lungs(
+            empty,
+            empty.copy(),
+            {"lungs": "absent"},
+            gas=regions.internal_mask(),
+            why="no lung parenchyma and no air connected to a trachea inside the patient",
+        )
     lung_air = regions.mask(ids)
     if airway is not None:
         lung_air &= ~airway
     lung_air = drop_gas_pockets(lung_air, grid.hu.cpu().numpy(), regions.air_level_hu, grid, p)
     left, right, how = assign_sides(lung_air, airway_x, body, grid)
-    if (airway is None or not airway.any()) and not (left.any() and right.any()) \
-            and lone_column(lung_air, bool(regions.touches_side[ids].any()), grid.geometry):
+    if (
+        (airway is None or not airway.any())
+        and not (left.any() and right.any())
+        and lone_column(lung_air, bool(regions.touches_side[ids].any()), grid.geometry)
+    ):
         log.debug("lungs: one column of lung-density air through the whole scan, no airway: not lungs")
-        return Lungs(empty, empty.copy(), {"lungs": "absent"}, gas=regions.internal_mask(),
-                     why="lung-density air on one side only, through the whole scan, with no airway "
-                         "(a test object's insert, not a lung)")
+        return Lungs(
+            empty,
+            empty.copy(),
+            {"lungs": "absent"},
+            gas=regions.internal_mask(),
+            why="lung-density air on one side only, through the whole scan, with no airway (a test object's insert, not a lung)",
+        )
     left = fill_lung(left, grid.geometry, grid.hu.device, other=right, close_mm=p.lung_close_mm)
     right = fill_lung(right, grid.geometry, grid.hu.device, other=left, close_mm=p.lung_close_mm)
     notches = pleural_notches(left, grid.geometry, airway, other=right)

@@ -91,8 +91,9 @@ def _adjacency(faces: np.ndarray, n: int) -> sp.csr_matrix:
     return sp.csr_matrix((data, (rows, cols)), shape=(n, n))
 
 
-def taubin_smooth(vertices: np.ndarray, faces: np.ndarray, *, iterations: int = 20, lam: float = 0.5,
-                  mu: float = -0.53) -> np.ndarray:
+def taubin_smooth(
+    vertices: np.ndarray, faces: np.ndarray, *, iterations: int = 20, lam: float = 0.5, mu: float = -0.53
+) -> np.ndarray:
     """Taubin λ|μ smoothing (low-pass, nearly shrink-free), vectorised as sparse matrix products."""
     if iterations <= 0:
         return vertices
@@ -126,8 +127,9 @@ def _restore_volume(vertices: np.ndarray, faces: np.ndarray, target: float, roun
             break
         n = v.shape[0]
         idx = faces.ravel()
-        vn = np.stack([np.bincount(idx, weights=np.repeat(cross[:, c], 3), minlength=n) for c in range(3)],
-                      axis=1).astype(np.float64, copy=False)
+        vn = np.stack([np.bincount(idx, weights=np.repeat(cross[:, c], 3), minlength=n) for c in range(3)], axis=1).astype(
+            np.float64, copy=False
+        )
         vn /= np.maximum(np.linalg.norm(vn, axis=1, keepdims=True), 1e-12)
         v = v + ((target - vol) / area) * vn
     return v
@@ -144,7 +146,9 @@ def _field(mask: np.ndarray, factor: float, device: torch.device | str) -> tuple
     size = [max(2, int(np.ceil((n - 1) / factor)) + 1) for n in padded.shape]
     # sample at old positions 0, factor, 2*factor, ... (align_corners=True over the stretched range)
     span = [(s - 1) * factor for s in size]
-    grid_axes = [torch.linspace(0, sp_, s, device=t.device) / max(n - 1, 1) * 2 - 1 for sp_, s, n in zip(span, size, padded.shape)]
+    grid_axes = [
+        torch.linspace(0, sp_, s, device=t.device) / max(n - 1, 1) * 2 - 1 for sp_, s, n in zip(span, size, padded.shape)
+    ]
     gk, gj, gi = torch.meshgrid(*grid_axes, indexing="ij")
     grid = torch.stack([gi, gj, gk], dim=-1)[None]
     out = F.grid_sample(t, grid, mode="bilinear", padding_mode="zeros", align_corners=True)[0, 0]
@@ -174,11 +178,13 @@ def mesh_from_mask(
         raise ReconstructionError(f"{name}: mask shape {mask.shape} differs from the volume grid {geometry.shape}")
     nz = [np.nonzero(mask.any(axis=tuple(a for a in range(3) if a != ax)))[0] for ax in range(3)]
     if any(x.size == 0 for x in nz):
-        raise ReconstructionError(f"{name}: mask is empty, there is no surface to extract",
-                                  fix="check the segmentation of this organ; the other organs are still meshed")
+        raise ReconstructionError(
+            f"{name}: mask is empty, there is no surface to extract",
+            fix="check the segmentation of this organ; the other organs are still meshed",
+        )
     lo = np.array([x[0] for x in nz])
     hi = np.array([x[-1] + 1 for x in nz])
-    crop = mask[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]]
+    crop = mask[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
     target_vox = float(crop.sum())
     factor = 1.0
     if target_triangles:

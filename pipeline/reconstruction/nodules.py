@@ -176,8 +176,7 @@ def _crossings(rays: _Rays, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     return lengths, found & (first > 0)
 
 
-def _glass_edge_ok(rays: _Rays, lengths: np.ndarray, found: np.ndarray, solid_dist: np.ndarray,
-                   geom: Geometry) -> np.ndarray:
+def _glass_edge_ok(rays: _Rays, lengths: np.ndarray, found: np.ndarray, solid_dist: np.ndarray, geom: Geometry) -> np.ndarray:
     """Rays whose crossing is a ground-glass edge into lung, not one lifted by a solid neighbour's blur.
 
     ``solid_dist`` (mm, on ``geom``) is the distance to the nearest solid voxel (> ``SOLID_HU``). A ray is refused
@@ -194,8 +193,9 @@ def _glass_edge_ok(rays: _Rays, lengths: np.ndarray, found: np.ndarray, solid_di
     return ~reentry & (d_end >= near)
 
 
-def _fit_radius(dirs: np.ndarray, lengths: np.ndarray, found: np.ndarray, tol_mm: float,
-                reach: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+def _fit_radius(
+    dirs: np.ndarray, lengths: np.ndarray, found: np.ndarray, tol_mm: float, reach: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray]:
     """Coefficients of ``r(u) = basis(u) @ coef`` fitted to the ray lengths, dropping rays that run on too far.
 
     Rays longer than ``reach`` (mm, per ray: the ellipsoid inscribed in the finding's box) ran into an attachment and are
@@ -297,8 +297,10 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     i0 = np.maximum(i0, 0)
     i1 = np.minimum(i1, list(g.size_ijk))
     if np.any(i1 - i0 < 2):
-        raise ReconstructionError(f"finding box {lo.round(1).tolist()}..{hi.round(1).tolist()} mm lies outside the volume",
-                                  fix="check that the findings belong to this series (LPS mm)")
+        raise ReconstructionError(
+            f"finding box {lo.round(1).tolist()}..{hi.round(1).tolist()} mm lies outside the volume",
+            fix="check that the findings belong to this series (LPS mm)",
+        )
     crop = volume.crop(i0.tolist(), i1.tolist())
     cg = crop.geometry
     hu = np.asarray(crop.array, dtype=np.float32)
@@ -310,7 +312,7 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     # 1. lung level from the dark voxels around the box
     dark = (rho2 >= 1.0) & (hu < LUNG_MAX_HU)
     if lung_mask is not None:
-        lung_local = lung_mask[i0[2]:i0[2] + hu.shape[0], i0[1]:i0[1] + hu.shape[1], i0[0]:i0[0] + hu.shape[2]]
+        lung_local = lung_mask[i0[2] : i0[2] + hu.shape[0], i0[1] : i0[1] + hu.shape[1], i0[0] : i0[0] + hu.shape[2]]
         if (dark & lung_local).sum() >= 20:
             dark &= lung_local
     if dark.sum() < 20:
@@ -320,8 +322,10 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     bg = float(np.median(hu[dark]))
     core = float(np.median(hu[rho2 <= max(0.25**2, float(rho2.min()) + 1e-6)]))
     if core - bg < 100.0:
-        raise ReconstructionError(f"no nodule in the box: centre {core:.0f} HU vs surrounding lung {bg:.0f} HU",
-                                  fix="the finding may be a false positive")
+        raise ReconstructionError(
+            f"no nodule in the box: centre {core:.0f} HU vs surrounding lung {bg:.0f} HU",
+            fix="the finding may be a false positive",
+        )
 
     dirs = _directions(N_RAYS)
     reach = 1.0 / np.sqrt(np.sum((dirs / half) ** 2, axis=1))  # the box-inscribed ellipsoid along each ray
@@ -332,8 +336,10 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     lengths, found = _crossings(rays, rough_thr)
     coef, _ = _fit_radius(dirs, lengths, found, tol, reach)
     if coef is None:
-        raise ReconstructionError("no nodule boundary inside the finding's box",
-                                  fix="the box may be too small for the nodule, or the finding a false positive")
+        raise ReconstructionError(
+            "no nodule boundary inside the finding's box",
+            fix="the box may be too small for the nodule, or the finding a false positive",
+        )
     dist, r_fit = _star_radius(cg, centre, coef)
     interior = hu[dist < 0.8 * r_fit]
     if interior.size < 8:
@@ -376,9 +382,14 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     voxel = float(np.prod(g.spacing))
     vol = float(nod.sum()) * voxel
     return NoduleResult(
-        index=index, center_lps=_point(centre), volume_mm3=vol,
-        diameter_mm=float((6.0 * vol / np.pi) ** (1.0 / 3.0)), centroid_lps=_point(cg.centroid_lps(nod)),
-        threshold_hu=round(thr, 1), mask=nod, geometry=cg,
+        index=index,
+        center_lps=_point(centre),
+        volume_mm3=vol,
+        diameter_mm=float((6.0 * vol / np.pi) ** (1.0 / 3.0)),
+        centroid_lps=_point(cg.centroid_lps(nod)),
+        threshold_hu=round(thr, 1),
+        mask=nod,
+        geometry=cg,
     )
 
 

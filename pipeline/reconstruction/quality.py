@@ -164,14 +164,19 @@ def _fov_cut_fraction(body: np.ndarray, geometry: Geometry) -> float:
     view = geometry.to_lps_view(body)  # [z, y, x]
     sx, sy, _ = geometry.spacing_lps()
     contact = (
-        view[:, 0, :].sum(axis=1) * sx + view[:, -1, :].sum(axis=1) * sx + view[:, :, 0].sum(axis=1) * sy + view[:, :, -1].sum(axis=1) * sy
+        view[:, 0, :].sum(axis=1) * sx
+        + view[:, -1, :].sum(axis=1) * sx
+        + view[:, :, 0].sum(axis=1) * sy
+        + view[:, :, -1].sum(axis=1) * sy
     )
     present = view.reshape(view.shape[0], -1).any(axis=1)
     n = int(present.sum())
     return float(np.count_nonzero(contact[present] >= FOV_CUT_CONTACT_MM)) / n if n else 0.0
 
 
-def _contrast(hu: np.ndarray, body: np.ndarray | None, bone: np.ndarray | None, geometry: Geometry) -> tuple[ContrastPhase, float, float]:
+def _contrast(
+    hu: np.ndarray, body: np.ndarray | None, bone: np.ndarray | None, geometry: Geometry
+) -> tuple[ContrastPhase, float, float]:
     """Enhanced-blood volume (mL) and its 90th percentile HU, from non-bone soft tissue at 150–600 HU.
 
     Computed on a grid of about 2 mm (strided), which is plenty for vessels and heart chambers.
@@ -231,12 +236,20 @@ def assess_quality(
     if base_cut:
         flags.append(_flag("lungs_base_cut", "lung on the last slice"))
     if coverage != "complete":
-        unreliable += ["lung_left_volume_ml", "lung_right_volume_ml", "lungs_total_volume_ml", "emphysema_index_pct",
-                       "lung_left_emphysema_index_pct", "lung_right_emphysema_index_pct"]
+        unreliable += [
+            "lung_left_volume_ml",
+            "lung_right_volume_ml",
+            "lungs_total_volume_ml",
+            "emphysema_index_pct",
+            "lung_left_emphysema_index_pct",
+            "lung_right_emphysema_index_pct",
+        ]
     else:
         lo, hi = LUNG_VOLUME_RANGE_ML
         if not lo <= total_ml <= hi:
-            flags.append(_flag("lung_volume_out_of_range", f"{total_ml / 1000:.2f} L, expected {lo / 1000:.1f}–{hi / 1000:.1f} L"))
+            flags.append(
+                _flag("lung_volume_out_of_range", f"{total_ml / 1000:.2f} L, expected {lo / 1000:.1f}–{hi / 1000:.1f} L")
+            )
         voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
         l_ml, r_ml = float(np.count_nonzero(left)) * voxel_ml, float(np.count_nonzero(right)) * voxel_ml
         ratio = min(l_ml, r_ml) / max(l_ml, r_ml)
@@ -267,7 +280,9 @@ def assess_quality(
 
     if airway_in_scan is False:
         flags.append(_flag("airway_not_in_scan", ""))
-    report = QualityReport(lung_coverage=coverage, contrast_phase=phase, flags=tuple(flags), unreliable=tuple(unreliable), figures=figures)
+    report = QualityReport(
+        lung_coverage=coverage, contrast_phase=phase, flags=tuple(flags), unreliable=tuple(unreliable), figures=figures
+    )
     log.info("quality: lungs %s, contrast %s, flags %s", coverage, phase, ", ".join(report.codes) or "none")
     return report
 

@@ -23,10 +23,15 @@ from .mesh import Mesh, mesh_from_mask
 log = logging.getLogger(__name__)
 
 COLORS = {
-    "body": "#d9c27a", "lung_left": "#3fa7ff", "lung_right": "#39d98a", "airway": "#ff7f0e",
-    "bone": "#f0f0f0", "vessels": "#e0443e", "nodules": "#ff3df5",
+    "body": "#d9c27a",
+    "lung_left": "#3fa7ff",
+    "lung_right": "#39d98a",
+    "airway": "#ff7f0e",
+    "bone": "#f0f0f0",
+    "vessels": "#e0443e",
+    "nodules": "#ff3df5",
 }
-_RGB = {k: tuple(int(v[i:i + 2], 16) / 255.0 for i in (1, 3, 5)) for k, v in COLORS.items()}
+_RGB = {k: tuple(int(v[i : i + 2], 16) / 255.0 for i in (1, 3, 5)) for k, v in COLORS.items()}
 LUNG_WINDOW = (-1350.0, 150.0)  # W 1500 / L -600
 SOFT_WINDOW = (-160.0, 240.0)  # W 400 / L 40
 
@@ -86,8 +91,9 @@ def _plane(view: np.ndarray, plane: str, index: int) -> np.ndarray:
     return img[::-1] if flip else img
 
 
-def render_mpr(volume: CTVolume, masks: Mapping[str, np.ndarray], out: Path, *, stem: str,
-               center_lps: np.ndarray | None = None) -> list[Path]:
+def render_mpr(
+    volume: CTVolume, masks: Mapping[str, np.ndarray], out: Path, *, stem: str, center_lps: np.ndarray | None = None
+) -> list[Path]:
     """Axial, coronal and sagittal PNGs through ``center_lps`` (default: the lungs' or the volume's centre)."""
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
@@ -117,17 +123,21 @@ def render_mpr(volume: CTVolume, masks: Mapping[str, np.ndarray], out: Path, *, 
             if sl.any() and not sl.all():
                 xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
                 ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
-                ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[COLORS.get(organ, "#ffffff")],
-                           linewidths=1.0)
+                ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[COLORS.get(organ, "#ffffff")], linewidths=1.0)
         pos = lo[fixed] + center_idx[fixed] * spacing[fixed]
-        _labels(ax, *letters, f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS) — patient's "
-                + ("right on image left" if plane != "sagittal" else "anterior on image left"))
+        _labels(
+            ax,
+            *letters,
+            f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS) — patient's "
+            + ("right on image left" if plane != "sagittal" else "anterior on image left"),
+        )
         paths.append(_save(fig, out / f"{stem}_mpr_{plane}.png"))
     return paths
 
 
-def render_mip(volume: CTVolume, out: Path, *, stem: str, lung_mask: np.ndarray | None = None,
-               slab_mm: float = 10.0, n_slabs: int = 3) -> list[Path]:
+def render_mip(
+    volume: CTVolume, out: Path, *, stem: str, lung_mask: np.ndarray | None = None, slab_mm: float = 10.0, n_slabs: int = 3
+) -> list[Path]:
     """Axial lung-window (W1500/L-600) maximum-intensity projections of ``slab_mm`` slabs across the lungs."""
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     nz = view.shape[0]
@@ -211,7 +221,7 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
     for organ, m in parts:
         rgb = np.asarray(_RGB.get(organ, (0.8, 0.8, 0.8)))
         for f0 in range(0, m.n_triangles, _CHUNK):  # bounded memory for large meshes
-            tri = m.vertices[m.faces[f0:f0 + _CHUNK]]
+            tri = m.vertices[m.faces[f0 : f0 + _CHUNK]]
             n_hat = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
             n_hat /= np.maximum(np.linalg.norm(n_hat, axis=1, keepdims=True), 1e-12)
             shade = 0.25 + 0.75 * np.clip(n_hat @ light, 0.0, 1.0)
@@ -234,16 +244,18 @@ def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: in
     shown = {k: m for k, m in meshes.items() if k != "body"} or dict(meshes)
     views = [rasterise(shown, view="anterior", size=size), rasterise(shown, view="left", size=size)]
     fig = _figure(2 * size, size + 40)
-    for n, (img, title, letters) in enumerate(zip(views, ("anterior view", "left lateral view"),
-                                                  (("R", "L", "S", "I"), ("A", "P", "S", "I")))):
+    for n, (img, title, letters) in enumerate(
+        zip(views, ("anterior view", "left lateral view"), (("R", "L", "S", "I"), ("A", "P", "S", "I")))
+    ):
         ax = fig.add_axes((n / 2, 0, 0.5, size / (size + 40)))
         ax.imshow(img, interpolation="nearest")
         _labels(ax, *letters, f"{title}: {', '.join(shown)}")
     return _save(fig, out / f"{stem}_preview3d.png")
 
 
-def render_all(volume: CTVolume, masks: Mapping[str, np.ndarray], meshes: Mapping[str, Mesh], out: Path, *,
-               stem: str) -> list[Path]:
+def render_all(
+    volume: CTVolume, masks: Mapping[str, np.ndarray], meshes: Mapping[str, Mesh], out: Path, *, stem: str
+) -> list[Path]:
     """MPRs, lung-window MIP slabs and (with meshes) the 3-D preview; returns the written PNG paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = render_mpr(volume, masks, out, stem=stem)
@@ -253,8 +265,14 @@ def render_all(volume: CTVolume, masks: Mapping[str, np.ndarray], meshes: Mappin
         shown = {}
         for organ, mesh in meshes.items():
             if mesh.n_triangles > PREVIEW_TRIANGLES and organ in masks:  # a lighter copy is enough for a picture
-                mesh = mesh_from_mask(masks[organ], volume.geometry, name=organ, target_triangles=PREVIEW_TRIANGLES,
-                                      smoothing_iterations=10, preserve_volume=False)
+                mesh = mesh_from_mask(
+                    masks[organ],
+                    volume.geometry,
+                    name=organ,
+                    target_triangles=PREVIEW_TRIANGLES,
+                    smoothing_iterations=10,
+                    preserve_volume=False,
+                )
             shown[organ] = mesh
         paths.append(render_preview(shown, out, stem=stem))
     return paths

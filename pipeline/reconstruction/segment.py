@@ -61,14 +61,14 @@ def _upsample(t: torch.Tensor, factors: tuple[int, int, int], shape: tuple[int, 
     return t[: shape[0], : shape[1], : shape[2]]
 
 
-def _full_box(box: tuple[slice, slice, slice], factors: tuple[int, int, int],
-              shape: tuple[int, ...]) -> tuple[slice, ...]:
+def _full_box(box: tuple[slice, slice, slice], factors: tuple[int, int, int], shape: tuple[int, ...]) -> tuple[slice, ...]:
     """The full-resolution slices covered by a working-grid box (clipped to ``shape``)."""
     return tuple(slice(b.start * f, min(n, b.stop * f)) for b, f, n in zip(box, factors, shape))
 
 
-def _refine(coarse: np.ndarray, grid: Grid, full_hu: torch.Tensor, above: bool, threshold: float,
-            inside: np.ndarray | None = None) -> np.ndarray:
+def _refine(
+    coarse: np.ndarray, grid: Grid, full_hu: torch.Tensor, above: bool, threshold: float, inside: np.ndarray | None = None
+) -> np.ndarray:
     """Up-sample a working-grid mask to full resolution, redoing the threshold in its boundary band.
 
     Only the bounding box of the mask (plus one working voxel) is touched. In the band
@@ -143,7 +143,8 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
     if not body_c.any():
         for organ in wanted:
             seg.errors[organ] = ReconstructionError(
-                f"no body found (no voxels above {p.body_hu:g} HU)", where=where,
+                f"no body found (no voxels above {p.body_hu:g} HU)",
+                where=where,
                 fix="check that the input is a CT in Hounsfield units (rescale slope/intercept applied)",
             )
         if wanted & {"lung_left", "lung_right", "airway"}:  # nothing inside a patient: no lungs, no trachea
@@ -163,13 +164,14 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
         bone_c = bone_mod.segment_bone(grid, body_t, full_hu, p)
         if not bone_c.any():
             seg.errors["bone"] = ReconstructionError(
-                f"no bone found (no cortical bone above {bone_mod.SEED_HU:g} HU in a component larger than "
-                f"{p.min_bone_ml} mL)", where=where,
+                f"no bone found (no cortical bone above {bone_mod.SEED_HU:g} HU in a component larger than {p.min_bone_ml} mL)",
+                where=where,
                 fix="check the HU scaling; a scan of a phantom without bone has no bone surface",
             )
         else:  # the boundary band: above bone_hu, or above LOW_HU where the working voxel was bone
-            seg.masks["bone"] = (_refine(bone_c, grid, full_hu, True, p.bone_hu, inside=body_c)
-                                 | _refine(bone_c, grid, full_hu, True, bone_mod.LOW_HU, inside=bone_c))
+            seg.masks["bone"] = _refine(bone_c, grid, full_hu, True, p.bone_hu, inside=body_c) | _refine(
+                bone_c, grid, full_hu, True, bone_mod.LOW_HU, inside=bone_c
+            )
     for organ in list(seg.masks):
         if organ not in wanted:
             del seg.masks[organ]
@@ -179,8 +181,9 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
     return seg
 
 
-def _lungs_and_airway(seg: Segmentation, grid: Grid, full_hu: torch.Tensor, body_c: np.ndarray,
-                      wanted: set[str], p: SegmentParams, where: str) -> None:
+def _lungs_and_airway(
+    seg: Segmentation, grid: Grid, full_hu: torch.Tensor, body_c: np.ndarray, wanted: set[str], p: SegmentParams, where: str
+) -> None:
     """Air regions → airway (or "not in scan") → lung regions and sides, then full-resolution refinement.
 
     Records ``seg.info["airway"]`` ("found", "failed" or "not_in_scan": no trachea in the field of
@@ -203,8 +206,9 @@ def _lungs_and_airway(seg: Segmentation, grid: Grid, full_hu: torch.Tensor, body
         failure = ReconstructionError(f"airway: {exc.problem}", where=where, fix=exc.fix)
     lung_ids = lungs_mod.lung_regions(regions, None if aw is None else aw.mask, grid, p)
     if lung_ids.size == 0 and (aw is not None or failure is not None):
-        log.debug("airway: a tube of air without lungs (%s): not the chest's airway",
-                  "grown" if aw is not None else "growth failed")
+        log.debug(
+            "airway: a tube of air without lungs (%s): not the chest's airway", "grown" if aw is not None else "growth failed"
+        )
         aw, failure = None, None
     if failure is not None:
         seg.info["airway"] = "failed"
@@ -219,14 +223,14 @@ def _lungs_and_airway(seg: Segmentation, grid: Grid, full_hu: torch.Tensor, body
         air_full = _regrow(aw.mask, grid, full_hu, thr) if grid.factors != (1, 1, 1) else aw.mask
         box = bbox(air_full, 1)
         if box is not None:
-            air_full[box] = airway_mod.add_edge_ring(air_full[box], full_hu[box].cpu().numpy(),
-                                                     float(aw.info["airway_edge_hu"]))
+            air_full[box] = airway_mod.add_edge_ring(air_full[box], full_hu[box].cpu().numpy(), float(aw.info["airway_edge_hu"]))
         if "airway" in wanted:
             seg.masks["airway"] = air_full
     if not wanted & {"lung_left", "lung_right"}:
         return
-    lungs = lungs_mod.select_lungs(regions, None if aw is None else aw.mask, None if aw is None else aw.seed_x_mm,
-                                   body_c, grid, p, ids=lung_ids)
+    lungs = lungs_mod.select_lungs(
+        regions, None if aw is None else aw.mask, None if aw is None else aw.seed_x_mm, body_c, grid, p, ids=lung_ids
+    )
     seg.info.update(lungs.info)
     if not lungs.found:
         _no_lungs(seg, wanted, where, lungs.why)
@@ -259,8 +263,12 @@ def _lungs_and_airway(seg: Segmentation, grid: Grid, full_hu: torch.Tensor, body
     voxel_ml = float(np.prod(seg.geometry.spacing)) / 1000.0
     total_ml = float(np.count_nonzero(full["lung_left"]) + np.count_nonzero(full["lung_right"])) * voxel_ml
     if aw is None and total_ml < LUNGS_ABSENT_ML:  # air connected to a trachea is lung whatever its size
-        _no_lungs(seg, wanted, where, f"{total_ml:.1f} mL of lung-like air inside the patient, less than "
-                                      f"{LUNGS_ABSENT_ML:g} mL (not lungs to measure)")
+        _no_lungs(
+            seg,
+            wanted,
+            where,
+            f"{total_ml:.1f} mL of lung-like air inside the patient, less than {LUNGS_ABSENT_ML:g} mL (not lungs to measure)",
+        )
         return
     for name in wanted & {"lung_left", "lung_right"}:
         if full[name].any():
@@ -268,7 +276,8 @@ def _lungs_and_airway(seg: Segmentation, grid: Grid, full_hu: torch.Tensor, body
         else:
             side = name.split("_")[1]
             seg.errors[name] = ReconstructionError(
-                f"no {side} lung found: lung air on one side of the patient only", where=where,
+                f"no {side} lung found: lung air on one side of the patient only",
+                where=where,
                 fix="expected after a pneumonectomy or with a field of view on one lung; otherwise check the scan range",
             )
 
@@ -279,7 +288,8 @@ def _no_lungs(seg: Segmentation, wanted: set[str], where: str, why: str) -> None
     seg.info.pop("lung_sides_from", None)
     for organ in wanted & {"lung_left", "lung_right"}:
         seg.errors[organ] = ReconstructionError(
-            f"no lungs found: {why}", where=where,
+            f"no lungs found: {why}",
+            where=where,
             fix="nothing to do for a scan without lungs (e.g. an abdomen or head scan); check the HU scaling otherwise",
         )
 
@@ -305,4 +315,3 @@ def _regrow(coarse: np.ndarray, grid: Grid, full_hu: torch.Tensor, threshold: fl
     ids = np.unique(labels[core_np])
     out[fbox] = morph.keep_labels(labels, ids[ids > 0], sizes.size - 1)
     return out
-

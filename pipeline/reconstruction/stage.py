@@ -26,7 +26,7 @@ from ..volume import CTVolume, Geometry, LabelMap, default_device
 from . import export, measure
 from .bundle_seg import run_seg_bundle
 from .mesh import Mesh, mesh_from_mask
-from .nodules import segment_findings
+from .nodules import NoduleResult, segment_findings
 from .organs import ORGANS
 from .quality import QualityReport, assess_quality, mark_unreliable
 from .render import render_all
@@ -56,8 +56,7 @@ class StageTimer:
                 end.record()
                 torch.cuda.synchronize(self.device)
                 # host-side work (labelling, marching cubes) is not in the events; take the larger
-                self.seconds[step] = self.seconds.get(step, 0.0) + max(start.elapsed_time(end) / 1000.0,
-                                                                        time.perf_counter() - t0)
+                self.seconds[step] = self.seconds.get(step, 0.0) + max(start.elapsed_time(end) / 1000.0, time.perf_counter() - t0)
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
@@ -77,6 +76,8 @@ class Reconstruction:
     quality: the case's quality flags (:mod:`pipeline.reconstruction.quality`), also under
         ``measurements["quality"]``; lung figures they make meaningless are marked there (see
         :func:`~pipeline.reconstruction.quality.mark_unreliable`).
+    nodules: the segmentation of each finding (:class:`~pipeline.reconstruction.nodules.NoduleResult`, masks
+        included; their JSON is ``measurements["nodules"]``), empty without findings.
     """
 
     geometry: Geometry
@@ -88,6 +89,7 @@ class Reconstruction:
     seconds: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     quality: QualityReport | None = None
+    nodules: list[NoduleResult] = field(default_factory=list)
 
     def mask(self, organ: str) -> np.ndarray:
         """Boolean mask ``[k, j, i]`` of ``organ`` (KeyError when it was not produced)."""
@@ -153,8 +155,11 @@ def reconstruct(
     stem = stem or (volume.series_uid or "case")
     classical = [o for o in organs if o in ORGANS]
     if seg_bundle is None and len(classical) != len(organs):
-        raise ReconstructionError(f"unknown organ name(s) {sorted(set(organs) - set(ORGANS))}", where="organs",
-                                  fix=f"choose from {list(ORGANS)} (other organs need --seg-bundle)")
+        raise ReconstructionError(
+            f"unknown organ name(s) {sorted(set(organs) - set(ORGANS))}",
+            where="organs",
+            fix=f"choose from {list(ORGANS)} (other organs need --seg-bundle)",
+        )
     seg = timer.run("segment", segment_organs, volume, organs=classical, device=dev)
     masks: dict[str, np.ndarray] = dict(seg.masks)
     rec.info.update(seg.info)
@@ -176,14 +181,28 @@ def reconstruct(
     organ_meas: dict[str, Any] = {}
     for organ, m in masks.items():
         try:
-            rec.meshes[organ] = timer.run(f"mesh:{organ}", mesh_from_mask, m, volume.geometry, name=organ,
-                                          smoothing_iterations=smoothing, target_triangles=target_triangles)
+            rec.meshes[organ] = timer.run(
+                f"mesh:{organ}",
+                mesh_from_mask,
+                m,
+                volume.geometry,
+                name=organ,
+                smoothing_iterations=smoothing,
+                target_triangles=target_triangles,
+            )
         except ReconstructionError as exc:
             rec.errors[organ] = _error_text(exc)
         organ_meas[organ] = measure.organ_measurements(m, volume.geometry, rec.meshes.get(organ))
     rec.measurements["organs"] = organ_meas
-    quality = timer.run("quality", assess_quality, np.asarray(volume.array), volume.geometry, masks,
-                        metadata=volume.metadata, airway_in_scan=_airway_in_scan(seg.info, organs))
+    quality = timer.run(
+        "quality",
+        assess_quality,
+        np.asarray(volume.array),
+        volume.geometry,
+        masks,
+        metadata=volume.metadata,
+        airway_in_scan=_airway_in_scan(seg.info, organs),
+    )
     rec.quality = quality
     rec.measurements["quality"] = quality.to_json()
     if any(o in organs for o in ("lung_left", "lung_right")):
@@ -191,6 +210,7 @@ def reconstruct(
         rec.measurements["lungs"] = mark_unreliable(lungs, quality)
     if findings:
         results = timer.run("nodules", segment_findings, volume, findings, lung_mask=_lungs(masks))
+        rec.nodules = list(results)
         rec.measurements["nodules"] = [r.to_json() for r in results]
         for r in results:
             if r.error:
@@ -198,8 +218,13 @@ def reconstruct(
     if out_dir is not None:
         timer.run("write", _write_outputs, rec, volume, Path(out_dir), stem, formats, render, where)
     rec.measurements["errors"] = dict(rec.errors)
-    log.info("reconstruction of %s: %d organs meshed, %d errors, %.2f s", where, len(rec.meshes), len(rec.errors),
-             sum(rec.seconds.values()))
+    log.info(
+        "reconstruction of %s: %d organs meshed, %d errors, %.2f s",
+        where,
+        len(rec.meshes),
+        len(rec.errors),
+        sum(rec.seconds.values()),
+    )
     return rec
 
 
@@ -218,8 +243,9 @@ def _lungs(masks: Mapping[str, np.ndarray]) -> np.ndarray | None:
     return np.logical_or.reduce(parts)
 
 
-def _write_outputs(rec: Reconstruction, volume: CTVolume, out: Path, stem: str, formats: Sequence[str], render: bool,
-                   where: str) -> None:
+def _write_outputs(
+    rec: Reconstruction, volume: CTVolume, out: Path, stem: str, formats: Sequence[str], render: bool, where: str
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for organ, mesh in rec.meshes.items():
         for fmt in formats:
@@ -230,15 +256,18 @@ def _write_outputs(rec: Reconstruction, volume: CTVolume, out: Path, stem: str, 
     if rec.masks:
         lm = rec.label_map()
         buf = io.BytesIO()
-        np.savez_compressed(buf, labels=lm.array, geometry=json.dumps(lm.geometry.to_json()),
-                            names=json.dumps({str(k): v for k, v in lm.labels.items()}))
+        np.savez_compressed(
+            buf,
+            labels=lm.array,
+            geometry=json.dumps(lm.geometry.to_json()),
+            names=json.dumps({str(k): v for k, v in lm.labels.items()}),
+        )
         path = out / f"{stem}_labels.npz"
         atomic_write_bytes(path, buf.getvalue())
         rec.add_file("mask", path)
     if render:
         try:
-            for path in render_all(volume, {o: lm.array.astype(bool) for o, lm in rec.masks.items()}, rec.meshes,
-                                   out, stem=stem):
+            for path in render_all(volume, {o: lm.array.astype(bool) for o, lm in rec.masks.items()}, rec.meshes, out, stem=stem):
                 rec.add_file("render", path)
         except (CtpipeError, ValueError, OSError) as exc:
             rec.errors["render"] = _error_text(exc)

@@ -86,13 +86,17 @@ class RunSummary:
         return 3600.0 * self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def lines(self) -> list[str]:
-        out = [f"run {self.run_id}: {self.done} case(s) done, {len(self.quarantined)} quarantined, "
-               f"{self.skipped} already done earlier, of {self.total}, in {self.elapsed_s:.1f} s"]
+        out = [
+            f"run {self.run_id}: {self.done} case(s) done, {len(self.quarantined)} quarantined, "
+            f"{self.skipped} already done earlier, of {self.total}, in {self.elapsed_s:.1f} s"
+        ]
         if self.fatal:
             out.append(f"run stopped: {self.fatal}")
         if self.stopped and self.unfinished:
-            out.append(f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: free the space (or fix "
-                       "the folder's permissions) and run the same command again to finish them (no --retry-failed needed)")
+            out.append(
+                f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: free the space (or fix "
+                "the folder's permissions) and run the same command again to finish them (no --retry-failed needed)"
+            )
         elif self.stopped:
             out.append(f"the run folder could not be written: {self.stopped}")
         for cid, cls, reason in self.quarantined:
@@ -104,8 +108,10 @@ class RunSummary:
             for f in self.skipped_files:
                 kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
             what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(kinds.items()))
-            out.append(f"  skipped by discovery: {len(self.skipped_files)} file(s) ({what or 'none'}) and "
-                       f"{len(self.not_selected)} series not selected, listed with reasons in {self.skipped_where}")
+            out.append(
+                f"  skipped by discovery: {len(self.skipped_files)} file(s) ({what or 'none'}) and "
+                f"{len(self.not_selected)} series not selected, listed with reasons in {self.skipped_where}"
+            )
         out.extend(f"  {note}" for note in self.notes)
         return out
 
@@ -135,13 +141,17 @@ def resolve_devices(device: str, need_model: bool) -> tuple[list[str], str]:
     if device == "cpu":
         return ["cpu"], "cpu"
     if not n:
-        raise ConfigError(f"runner.device = {device!r} but torch sees no CUDA GPU", where="runner.device",
-                          fix="use --device cpu or auto")
+        raise ConfigError(
+            f"runner.device = {device!r} but torch sees no CUDA GPU", where="runner.device", fix="use --device cpu or auto"
+        )
     ids = list(range(n)) if device == "cuda" else [int(x) for x in device[5:].split(",")]
     bad = [i for i in ids if i >= n]
     if bad:
-        raise ConfigError(f"runner.device = {device!r} names GPU(s) {bad} but only {n} exist", where="runner.device",
-                          fix=f"use cuda:0..cuda:{n - 1}")
+        raise ConfigError(
+            f"runner.device = {device!r} names GPU(s) {bad} but only {n} exist",
+            where="runner.device",
+            fix=f"use cuda:0..cuda:{n - 1}",
+        )
     devs = [f"cuda:{i}" for i in ids]
     return devs, ", ".join(f"{d} ({torch.cuda.get_device_name(int(d[5:]))})" for d in devs)
 
@@ -203,8 +213,18 @@ def _raise_environment(exc: BaseException, run_dir: Path) -> None:
         raise env.error() from exc
 
 
-def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, summary: RunSummary,
-         stages: Sequence[Stage] | None, progress_cb: Callable | None, command: str | None, t0: float) -> RunSummary:
+def _run(
+    srcs: list,
+    cfg: Config,
+    run_dir: Path,
+    run_id: str,
+    store: RunStore,
+    summary: RunSummary,
+    stages: Sequence[Stage] | None,
+    progress_cb: Callable | None,
+    command: str | None,
+    t0: float,
+) -> RunSummary:
     reconcile(store, run_dir)
     found: Discovery = discover(srcs, cfg)
     summary.not_selected = found.not_selected
@@ -220,11 +240,26 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = cfg.runner.torch_threads or max(1, cores // n_procs)
     atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict()).encode())
-    store.start_run(run_id, command=command or " ".join(sys.argv), sources=[str(s) for s in srcs], config=cfg.to_dict(),
-                    versions=software_versions(), device=device_desc, host=socket.gethostname(), pid=os.getpid())
+    store.start_run(
+        run_id,
+        command=command or " ".join(sys.argv),
+        sources=[str(s) for s in srcs],
+        config=cfg.to_dict(),
+        versions=software_versions(),
+        device=device_desc,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+    )
     store.add_skipped(run_id, found.skipped_rows())
-    log.info("run %s: %d case(s) to run, %d done earlier, %d quarantined earlier; device %s", run_id, len(pl.to_run),
-             len(pl.done), len(pl.failed_before), device_desc, extra={"event": "run_start", "run_id": run_id})
+    log.info(
+        "run %s: %d case(s) to run, %d done earlier, %d quarantined earlier; device %s",
+        run_id,
+        len(pl.to_run),
+        len(pl.done),
+        len(pl.failed_before),
+        device_desc,
+        extra={"event": "run_start", "run_id": run_id},
+    )
     prog = Progress(total=len(pl.to_run) + len(pl.rejected), callback=progress_cb)
     metrics = RunMetrics()
     metrics.files_skipped(len(found.skipped_files), len(found.not_selected))
@@ -246,12 +281,28 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
             executor = InlineExecutor(pipeline, WorkerInfo("main", devices[0], cfg, run_dir))
             in_flight = 1
         else:
-            executor = ProcessExecutor(pipeline, config=cfg, run_dir=run_dir, workers=workers, devices=devices,
-                                       queue_depth=cfg.runner.queue_depth, start_method=cfg.runner.start_method,
-                                       torch_threads=threads)
+            executor = ProcessExecutor(
+                pipeline,
+                config=cfg,
+                run_dir=run_dir,
+                workers=workers,
+                devices=devices,
+                queue_depth=cfg.runner.queue_depth,
+                start_method=cfg.runner.start_method,
+                torch_threads=threads,
+            )
             in_flight = cfg.runner.max_in_flight or 2 * (workers + len(devices)) + 2
-        engine = Engine(pipeline, executor, store, run_dir=run_dir, run_id=run_id, max_in_flight=in_flight,
-                        retries=cfg.runner.retries, keep_cache=cfg.runner.keep_cache, observers=[metrics, prog])
+        engine = Engine(
+            pipeline,
+            executor,
+            store,
+            run_dir=run_dir,
+            run_id=run_id,
+            max_in_flight=in_flight,
+            retries=cfg.runner.retries,
+            keep_cache=cfg.runner.keep_cache,
+            observers=[metrics, prog],
+        )
         if progress_cb is not None:
             progress_cb(prog)  # show the bar before the first case finishes
         result = engine.run(pl.to_run, pl.rejected)
@@ -284,19 +335,45 @@ def _run(srcs: list, cfg: Config, run_dir: Path, run_id: str, store: RunStore, s
         summary.quarantined = [(r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys]
         summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
         done_now = len(store.cases_with_status("done"))
-        _quietly(summary, run_dir, "the run's record", lambda: store.end_run(
-            run_id, status=status, n_cases=summary.total, n_done=done_now, n_failed=len(failed_rows), n_skipped=summary.skipped))
+        _quietly(
+            summary,
+            run_dir,
+            "the run's record",
+            lambda: store.end_run(
+                run_id,
+                status=status,
+                n_cases=summary.total,
+                n_done=done_now,
+                n_failed=len(failed_rows),
+                n_skipped=summary.skipped,
+            ),
+        )
         if cfg.metrics.textfile:
-            summary.metrics_file = _quietly(summary, run_dir, "metrics.prom",
-                                            lambda: metrics.write_textfile(run_dir / "metrics.prom"))
+            summary.metrics_file = _quietly(
+                summary, run_dir, "metrics.prom", lambda: metrics.write_textfile(run_dir / "metrics.prom")
+            )
         if cfg.metrics.textfile_dir:
-            _quietly(summary, run_dir, "ctpipe.prom", lambda: metrics.write_textfile(Path(cfg.metrics.textfile_dir) / "ctpipe.prom"))
+            _quietly(
+                summary, run_dir, "ctpipe.prom", lambda: metrics.write_textfile(Path(cfg.metrics.textfile_dir) / "ctpipe.prom")
+            )
     if cfg.report.enabled:
-        rep = _quietly(summary, run_dir, "the report", lambda: build_report(
-            [run_dir], run_dir / "report", bin_minutes=cfg.report.bin_minutes, hours_per_day=cfg.report.hours_per_day))
+        rep = _quietly(
+            summary,
+            run_dir,
+            "the report",
+            lambda: build_report(
+                [run_dir], run_dir / "report", bin_minutes=cfg.report.bin_minutes, hours_per_day=cfg.report.hours_per_day
+            ),
+        )
         summary.report_html = rep.html if rep is not None else None
-    log.info("run %s finished: %d done, %d quarantined, %.1f s", run_id, summary.done, len(summary.quarantined),
-             summary.elapsed_s, extra={"event": "run_end", "run_id": run_id})
+    log.info(
+        "run %s finished: %d done, %d quarantined, %.1f s",
+        run_id,
+        summary.done,
+        len(summary.quarantined),
+        summary.elapsed_s,
+        extra={"event": "run_end", "run_id": run_id},
+    )
     return summary
 
 

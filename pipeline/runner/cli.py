@@ -9,15 +9,18 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("run", help="run the pipeline over DICOM folders or worklist CSVs (resumable)",
-                       description="Discover CT series under SRC folders (or rows of a worklist .csv) and run "
-                       "ingest -> segment the lungs (reconstruct) -> load -> detect -> measure nodules -> write for each, into "
-                       "RUN_DIR (a scan without lungs is not searched). Running the same command "
-                       "again resumes: completed cases are skipped, interrupted ones retried. Exit status: 0 all "
-                       "cases done, 3 some cases quarantined (listed with their reasons), 4 the run folder could not be "
-                       "written (disk full, read-only, no permission, quota): the run stopped early or could not "
-                       "start, nothing is lost, and the same command finishes the rest once it can write, 1 the run "
-                       "could not proceed (bad source or configuration, a model that cannot load).")
+    p = sub.add_parser(
+        "run",
+        help="run the pipeline over DICOM folders or worklist CSVs (resumable)",
+        description="Discover CT series under SRC folders (or rows of a worklist .csv) and run "
+        "ingest -> segment the lungs (reconstruct) -> load -> detect -> measure nodules -> write for each, into "
+        "RUN_DIR (a scan without lungs is not searched). Running the same command "
+        "again resumes: completed cases are skipped, interrupted ones retried. Exit status: 0 all "
+        "cases done, 3 some cases quarantined (listed with their reasons), 4 the run folder could not be "
+        "written (disk full, read-only, no permission, quota): the run stopped early or could not "
+        "start, nothing is lost, and the same command finishes the rest once it can write, 1 the run "
+        "could not proceed (bad source or configuration, a model that cannot load).",
+    )
     p.add_argument("sources", nargs="+", metavar="SRC", help="DICOM folder(s) or worklist CSV file(s) (column 'path')")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused to resume)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml)")
@@ -26,16 +29,28 @@ def register(sub: Any) -> None:
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on 127.0.0.1:N during the run")
     p.add_argument("--retry-failed", action="store_true", default=None, help="re-attempt cases quarantined earlier")
-    p.add_argument("--keep-identifiers", action="store_true", default=None,
-                   help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber, ...) in "
-                        "the case cache and volume.json; by default they appear nowhere in the run folder")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="set any option, e.g. --set reconstruct.mesh_formats=stl,glb (repeatable)")
+    p.add_argument(
+        "--keep-identifiers",
+        action="store_true",
+        default=None,
+        help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber, ...) in "
+        "the case cache and volume.json; by default they appear nowhere in the run folder",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="set any option, e.g. --set reconstruct.mesh_formats=stl,glb (repeatable)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar; print only the summary's last line and errors")
     p.set_defaults(func=_run)
 
-    r = sub.add_parser("report", help="throughput/latency report over one or more run folders",
-                       description="Write report.html (plots embedded), report.json and CSV tables for RUN_DIRs.")
+    r = sub.add_parser(
+        "report",
+        help="throughput/latency report over one or more run folders",
+        description="Write report.html (plots embedded), report.json and CSV tables for RUN_DIRs.",
+    )
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
     r.add_argument("--bin-minutes", type=int, default=60, help="bin width of the throughput plot (minutes)")
@@ -63,9 +78,16 @@ def _run(args: argparse.Namespace) -> int:
     from .progress import TqdmBar
 
     overrides: dict[str, Any] = _parse_set(args.set)
-    overrides.update({"workers": args.workers, "device": args.device, "bundle": args.bundle,
-                      "metrics_port": args.metrics_port, "retry_failed": args.retry_failed,
-                      "keep_identifiers": args.keep_identifiers})
+    overrides.update(
+        {
+            "workers": args.workers,
+            "device": args.device,
+            "bundle": args.bundle,
+            "metrics_port": args.metrics_port,
+            "retry_failed": args.retry_failed,
+            "keep_identifiers": args.keep_identifiers,
+        }
+    )
     bar: TqdmBar | None = None
 
     def on_progress(p: Any) -> None:
@@ -81,8 +103,14 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        summary = run_batch(args.sources, out=args.out, config=args.config, progress=on_progress,
-                            command="ctpipe " + " ".join(sys.argv[1:]), **overrides)
+        summary = run_batch(
+            args.sources,
+            out=args.out,
+            config=args.config,
+            progress=on_progress,
+            command="ctpipe " + " ".join(sys.argv[1:]),
+            **overrides,
+        )
     except RunEnvironmentError as exc:  # the run folder cannot be written at all: one line, its own exit status
         print(f"ctpipe run: error: cannot write the run folder: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT

@@ -46,10 +46,14 @@ class Discovery:
 
     def skipped_rows(self) -> list[dict[str, Any]]:
         """Everything left out, as rows of the run store's ``skipped`` table (files first, then series)."""
-        rows = [{"what": "file", "item": f["path"], "kind": f["kind"], "reason": f["reason"], "source": None}
-                for f in self.skipped_files]
-        rows += [{"what": "series", "item": n["series"], "kind": "not_selected", "reason": n["why"], "source": n["source"]}
-                 for n in self.not_selected]
+        rows = [
+            {"what": "file", "item": f["path"], "kind": f["kind"], "reason": f["reason"], "source": None}
+            for f in self.skipped_files
+        ]
+        rows += [
+            {"what": "series", "item": n["series"], "kind": "not_selected", "reason": n["why"], "source": n["source"]}
+            for n in self.not_selected
+        ]
         return rows
 
 
@@ -65,8 +69,15 @@ def _case(series: Any, source: str, case_id: str | None = None, error: Exception
 
     fp = fingerprint_series(series)
     rejected = (type(error).__name__, str(error)) if error is not None else None
-    return CaseSpec(case_id or safe_case_id(series.key), f"{series.key}:{fp}", series.key, fp, source,
-                    tuple(str(p) for p in series.files), rejected)
+    return CaseSpec(
+        case_id or safe_case_id(series.key),
+        f"{series.key}:{fp}",
+        series.key,
+        fp,
+        source,
+        tuple(str(p) for p in series.files),
+        rejected,
+    )
 
 
 def _missing(source: str, reason: str, case_id: str | None = None) -> CaseSpec:
@@ -76,13 +87,24 @@ def _missing(source: str, reason: str, case_id: str | None = None) -> CaseSpec:
     return CaseSpec(cid, f"missing:{fp}", None, fp, source, (), (type(err).__name__, str(err)))
 
 
-def _scan(paths: Sequence[str | os.PathLike[str]], cfg: Config, out: Discovery, *, series_uid: str | None = None,
-          case_id: str | None = None, source: str | None = None) -> list[CaseSpec]:
+def _scan(
+    paths: Sequence[str | os.PathLike[str]],
+    cfg: Config,
+    out: Discovery,
+    *,
+    series_uid: str | None = None,
+    case_id: str | None = None,
+    source: str | None = None,
+) -> list[CaseSpec]:
     from ..ingest import scan_directory
     from .stages import _rules
 
-    scan = scan_directory(list(paths), rules=_rules(cfg), spacing_tolerance=cfg.ingest.spacing_tolerance,
-                          allow_gantry_tilt=cfg.ingest.allow_gantry_tilt)
+    scan = scan_directory(
+        list(paths),
+        rules=_rules(cfg),
+        spacing_tolerance=cfg.ingest.spacing_tolerance,
+        allow_gantry_tilt=cfg.ingest.allow_gantry_tilt,
+    )
     out.n_files += scan.n_files
     seen = {f["path"] for f in out.skipped_files}
     for f in scan.skipped_files:
@@ -112,8 +134,11 @@ def read_worklist(path: Path, cfg: Config) -> list[dict[str, str]]:
     except (OSError, csv.Error, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the worklist ({exc})", where=path, fix="give a CSV file with a 'path' column") from exc
     if rows and "path" not in rows[0]:
-        raise ConfigError(f"the worklist has no 'path' column (columns: {', '.join(rows[0])})", where=path,
-                          fix="name the column holding folders/files 'path'; optional columns: series_uid, case_id")
+        raise ConfigError(
+            f"the worklist has no 'path' column (columns: {', '.join(rows[0])})",
+            where=path,
+            fix="name the column holding folders/files 'path'; optional columns: series_uid, case_id",
+        )
     root = Path(cfg.runner.worklist_root) if cfg.runner.worklist_root else path.parent
     for r in rows:
         p = Path((r.get("path") or "").strip())
@@ -137,7 +162,9 @@ def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discover
                     continue
                 found = _scan([row["path"]], cfg, out, series_uid=uid, case_id=cid)
                 if not found:
-                    out.cases.append(_missing(where, "no CT series found" + (f" with SeriesInstanceUID {uid}" if uid else ""), cid))
+                    out.cases.append(
+                        _missing(where, "no CT series found" + (f" with SeriesInstanceUID {uid}" if uid else ""), cid)
+                    )
                 out.cases.extend(found)
         elif not p.exists():
             raise ConfigError("no such file or folder", where=p, fix="check the sources given to ctpipe run")
@@ -146,6 +173,12 @@ def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discover
     if folders:
         out.cases.extend(_scan(folders, cfg, out))
     out.cases.sort(key=lambda c: (c.source, c.case_id))
-    log.info("discovered %d case(s) in %d file(s); %d series not selected, %d file(s) skipped", len(out.cases), out.n_files,
-             len(out.not_selected), len(out.skipped_files), extra={"event": "discover"})
+    log.info(
+        "discovered %d case(s) in %d file(s); %d series not selected, %d file(s) skipped",
+        len(out.cases),
+        out.n_files,
+        len(out.not_selected),
+        len(out.skipped_files),
+        extra={"event": "discover"},
+    )
     return out

@@ -84,8 +84,19 @@ def _file_entry(path: Path, root: Path) -> dict[str, Any]:
 class Engine:
     """Drives cases through ``stages`` on ``executor``, recording everything in ``store``."""
 
-    def __init__(self, stages: Sequence[Stage], executor: Executor, store: RunStore, *, run_dir: Path, run_id: str,
-                 max_in_flight: int, retries: int, keep_cache: bool, observers: Sequence[Observer] = ()):
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        executor: Executor,
+        store: RunStore,
+        *,
+        run_dir: Path,
+        run_id: str,
+        max_in_flight: int,
+        retries: int,
+        keep_cache: bool,
+        observers: Sequence[Observer] = (),
+    ):
         self.stages = list(stages)
         self.groups = [s.group for s in self.stages]
         self.executor = executor
@@ -144,14 +155,17 @@ class Engine:
         except OSError as exc:
             self._release_or_raise(_Live(case, attempt, workdir, time.time(), tries=tries), exc, "admit", result)
             return None
-        log.info("case %s started (attempt %d)", case.case_id, attempt,
-                 extra={"event": "case_start", "case_id": case.case_id, "run_id": self.run_id})
+        log.info(
+            "case %s started (attempt %d)",
+            case.case_id,
+            attempt,
+            extra={"event": "case_start", "case_id": case.case_id, "run_id": self.run_id},
+        )
         return _Live(case, attempt, workdir, time.time(), tries=tries)
 
     def _task(self, lv: _Live) -> Task:
         stage = self.stages[lv.index]
-        return Task(lv.case, lv.index, stage.name, lv.attempt, str(lv.workdir), dict(lv.state), time.time(),
-                    next(self._seq))
+        return Task(lv.case, lv.index, stage.name, lv.attempt, str(lv.workdir), dict(lv.state), time.time(), next(self._seq))
 
     def _handle(self, res: TaskResult, live: dict[str, _Live], ready: list[Task], result: EngineResult) -> None:
         if res.fatal:
@@ -161,10 +175,20 @@ class Engine:
             return  # a late answer about an abandoned attempt
         interrupted = res.worker_died or res.environment
         self.store.record_attempt(
-            run_id=self.run_id, case_key=res.case_key, stage=res.stage, attempt=res.attempt,
-            status="ok" if res.ok else ("interrupted" if interrupted else "failed"), worker=res.worker,
-            device=res.device, ready_at=res.ready_at, started_at=res.started_at, ended_at=res.ended_at,
-            wall_s=res.wall_s, peak_rss_mb=res.peak_rss_mb, peak_cuda_mb=res.peak_cuda_mb, error=res.error,
+            run_id=self.run_id,
+            case_key=res.case_key,
+            stage=res.stage,
+            attempt=res.attempt,
+            status="ok" if res.ok else ("interrupted" if interrupted else "failed"),
+            worker=res.worker,
+            device=res.device,
+            ready_at=res.ready_at,
+            started_at=res.started_at,
+            ended_at=res.ended_at,
+            wall_s=res.wall_s,
+            peak_rss_mb=res.peak_rss_mb,
+            peak_cuda_mb=res.peak_cuda_mb,
+            error=res.error,
             detail=res.outputs.pop("timings", None),
         )
         for obs in self.observers:
@@ -180,8 +204,9 @@ class Engine:
                 self._release(lv, why, res.stage, result)
                 return
             if res.worker_died and lv.tries <= self.retries:
-                log.warning("case %s: %s; retrying", lv.case.case_id, res.error,
-                            extra={"event": "case_retry", "case_id": lv.case.case_id})
+                log.warning(
+                    "case %s: %s; retrying", lv.case.case_id, res.error, extra={"event": "case_retry", "case_id": lv.case.case_id}
+                )
                 again = self._admit(lv.case, result, tries=lv.tries + 1)
                 if again is not None:
                     live[res.case_key] = again
@@ -213,28 +238,46 @@ class Engine:
         if missing:
             raise IncompleteOutputError(
                 f"{len(missing)} declared output file(s) were not written: {', '.join(missing[:5])}"
-                + (", ..." if len(missing) > 5 else ""), where=f"case {case.case_id}",
-                fix="see run.log for the stage that wrote them; the case was not published")
+                + (", ..." if len(missing) > 5 else ""),
+                where=f"case {case.case_id}",
+                fix="see run.log for the stage that wrote them; the case was not published",
+            )
         findings = list(lv.state.get("findings", []))
         measurements = [tuple(m) for m in lv.state.get("measurements", [])]
         quality = lv.state.get("quality")
         skipped = lv.state.get("detect_skipped")
         files = sorted(p for p in lv.workdir.rglob("*") if p.is_file())
         manifest = {
-            "case_id": case.case_id, "case_key": case.case_key, "series_uid": case.series_uid,
-            "fingerprint": case.fingerprint, "files": [_file_entry(p, lv.workdir) for p in files],
-            "findings": findings, "measurements": [list(m) for m in measurements],
-            "quality": quality, "detect_skipped": skipped,
+            "case_id": case.case_id,
+            "case_key": case.case_key,
+            "series_uid": case.series_uid,
+            "fingerprint": case.fingerprint,
+            "files": [_file_entry(p, lv.workdir) for p in files],
+            "findings": findings,
+            "measurements": [list(m) for m in measurements],
+            "quality": quality,
+            "detect_skipped": skipped,
         }
         final = self.run_dir / "cases" / case.case_id
         publish(lv.workdir, final, manifest)
-        self.store.complete_case(case.case_key, output_dir=str(final.relative_to(self.run_dir)), findings=findings,
-                                 measurements=measurements, quality=quality, detect_skipped=skipped)
+        self.store.complete_case(
+            case.case_key,
+            output_dir=str(final.relative_to(self.run_dir)),
+            findings=findings,
+            measurements=measurements,
+            quality=quality,
+            detect_skipped=skipped,
+        )
         latency = time.time() - lv.started
         self._drop_cache(case)
         result.done.append(case.case_id)
-        log.info("case %s done in %.2f s, %d finding(s)", case.case_id, latency, len(findings),
-                 extra={"event": "case_done", "case_id": case.case_id, "latency_s": round(latency, 4), "run_id": self.run_id})
+        log.info(
+            "case %s done in %.2f s, %d finding(s)",
+            case.case_id,
+            latency,
+            len(findings),
+            extra={"event": "case_done", "case_id": case.case_id, "latency_s": round(latency, 4), "run_id": self.run_id},
+        )
         for obs in self.observers:
             obs.on_case_done(case, latency, len(findings))
             hook = getattr(obs, "on_case_quality", None)
@@ -257,9 +300,20 @@ class Engine:
             self.store.fail_case(case.case_key, reason=reason, error_class=error_class, stage=stage)
         self._drop_cache(case)
         result.failed.append((case.case_id, error_class, reason))
-        log.error("case %s quarantined at stage %s: %s", case.case_id, stage, reason,
-                  extra={"event": "case_failed", "case_id": case.case_id, "stage": stage, "reason": reason,
-                         "error_class": error_class, "run_id": self.run_id})
+        log.error(
+            "case %s quarantined at stage %s: %s",
+            case.case_id,
+            stage,
+            reason,
+            extra={
+                "event": "case_failed",
+                "case_id": case.case_id,
+                "stage": stage,
+                "reason": reason,
+                "error_class": error_class,
+                "run_id": self.run_id,
+            },
+        )
         for obs in self.observers:
             obs.on_case_failed(case, reason, error_class)
 
@@ -267,8 +321,11 @@ class Engine:
     def _stop(self, why: str) -> None:
         if self.stopping is None:
             self.stopping = why
-            log.error("run folder failure: %s; no new cases are started", why,
-                      extra={"event": "run_stopping", "run_id": self.run_id, "reason": why})
+            log.error(
+                "run folder failure: %s; no new cases are started",
+                why,
+                extra={"event": "run_stopping", "run_id": self.run_id, "reason": why},
+            )
 
     def _release_or_raise(self, lv: _Live, exc: OSError, step: str, result: EngineResult) -> None:
         """An OSError of the main process: release the case if the run folder failed, else it is a bug (raise)."""
@@ -286,9 +343,12 @@ class Engine:
             self.store.release_case(lv.case.case_key, reason=why, stage=stage)
         drop_cached(self.run_dir, lv.case.case_id)  # possibly half-written: the next run ingests it again
         result.released.append((lv.case.case_id, why))
-        log.warning("case %s left for the next run: %s", lv.case.case_id, why,
-                    extra={"event": "case_released", "case_id": lv.case.case_id, "stage": stage, "reason": why,
-                           "run_id": self.run_id})
+        log.warning(
+            "case %s left for the next run: %s",
+            lv.case.case_id,
+            why,
+            extra={"event": "case_released", "case_id": lv.case.case_id, "stage": stage, "reason": why, "run_id": self.run_id},
+        )
         for obs in self.observers:
             hook = getattr(obs, "on_case_released", None)
             if hook is not None:

@@ -49,9 +49,11 @@ class EnvironmentFailure:
         return f"cannot write in {self.folder}: {os.strerror(self.errno)} ({self.name})"
 
     def error(self) -> RunEnvironmentError:
-        fix = ("free disk space (or raise the quota) and run the same command again"
-               if self.errno in (errno.ENOSPC, errno.EDQUOT) else
-               "make the folder writable by this user (or give another --out) and run the same command again")
+        fix = (
+            "free disk space (or raise the quota) and run the same command again"
+            if self.errno in (errno.ENOSPC, errno.EDQUOT)
+            else "make the folder writable by this user (or give another --out) and run the same command again"
+        )
         return RunEnvironmentError(f"{os.strerror(self.errno)} ({self.name})", where=self.folder, fix=fix)
 
 

@@ -14,8 +14,17 @@ from typing import Any
 
 from .stage import Measurement
 
-_UNITS = (("_ml", "mL"), ("_mm3", "mm3"), ("_mm2", "mm2"), ("_mm", "mm"), ("_pct", "%"), ("_percent", "%"),
-          ("_hu", "HU"), ("_fraction", "fraction"), ("_count", "count"))
+_UNITS = (
+    ("_ml", "mL"),
+    ("_mm3", "mm3"),
+    ("_mm2", "mm2"),
+    ("_mm", "mm"),
+    ("_pct", "%"),
+    ("_percent", "%"),
+    ("_hu", "HU"),
+    ("_fraction", "fraction"),
+    ("_count", "count"),
+)
 
 
 def flatten_measurements(tree: Mapping[str, Any], prefix: str = "") -> Iterator[Measurement]:

@@ -45,19 +45,19 @@ class RunMetrics:
         r = self.registry
         self.processed = Counter("ctpipe_cases_processed", "Cases completed", registry=r)
         self.failed = Counter("ctpipe_cases_failed", "Cases quarantined, by error class", ["reason"], registry=r)
-        self.released = Counter("ctpipe_cases_released", "Cases left for the next run: the run folder could not be written",
-                                registry=r)
+        self.released = Counter(
+            "ctpipe_cases_released", "Cases left for the next run: the run folder could not be written", registry=r
+        )
         self.flags = Counter("ctpipe_case_flags", "Quality flags of completed cases", ["flag", "severity"], registry=r)
-        self.skipped = Gauge("ctpipe_discovery_skipped", "Files and series discovery left out in this run", ["what"],
-                             registry=r)
-        self.stage_latency = Histogram("ctpipe_stage_latency_seconds", "Stage wall time per case", ["stage"],
-                                       buckets=_BUCKETS, registry=r)
-        self.queue_wait = Histogram("ctpipe_stage_queue_wait_seconds", "Time a ready stage waited for a worker",
-                                    ["stage"], buckets=_BUCKETS, registry=r)
-        self.case_latency = Histogram("ctpipe_case_latency_seconds", "End-to-end time per case", buckets=_BUCKETS,
-                                      registry=r)
-        self.peak_rss = Gauge("ctpipe_stage_peak_rss_bytes", "Largest peak resident memory per stage", ["stage"],
-                              registry=r)
+        self.skipped = Gauge("ctpipe_discovery_skipped", "Files and series discovery left out in this run", ["what"], registry=r)
+        self.stage_latency = Histogram(
+            "ctpipe_stage_latency_seconds", "Stage wall time per case", ["stage"], buckets=_BUCKETS, registry=r
+        )
+        self.queue_wait = Histogram(
+            "ctpipe_stage_queue_wait_seconds", "Time a ready stage waited for a worker", ["stage"], buckets=_BUCKETS, registry=r
+        )
+        self.case_latency = Histogram("ctpipe_case_latency_seconds", "End-to-end time per case", buckets=_BUCKETS, registry=r)
+        self.peak_rss = Gauge("ctpipe_stage_peak_rss_bytes", "Largest peak resident memory per stage", ["stage"], registry=r)
         self.gpu_util = Gauge("ctpipe_gpu_utilization_percent", "GPU utilisation (NVML)", ["gpu"], registry=r)
         self.gpu_mem = Gauge("ctpipe_gpu_memory_used_bytes", "GPU memory used (NVML)", ["gpu"], registry=r)
         self.started = Gauge("ctpipe_run_start_time_seconds", "Start of the run (Unix time)", registry=r)

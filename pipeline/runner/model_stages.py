@@ -41,15 +41,28 @@ _HELD: OrderedDict[tuple[str, int], dict[str, Any]] = OrderedDict()
 def shared_detector(worker: WorkerInfo) -> Any:
     """This worker's :class:`~pipeline.detection.Detector` (built once per process and device)."""
     cfg = worker.config.detector
-    key = (str(cfg.bundle), worker.device, bool(cfg.amp), bool(cfg.lung_restriction), bool(cfg.postprocess),
-           cfg.score_threshold, bool(cfg.all_candidates))
+    key = (
+        str(cfg.bundle),
+        worker.device,
+        bool(cfg.amp),
+        bool(cfg.lung_restriction),
+        bool(cfg.postprocess),
+        cfg.score_threshold,
+        bool(cfg.all_candidates),
+    )
     det = _DETECTORS.get(key)
     if det is None:
         from ..detection import Detector
 
-        det = _DETECTORS[key] = Detector(bundle=cfg.bundle, device=worker.device, amp=cfg.amp,
-                                         restrict_to_lungs=cfg.lung_restriction, postprocess=cfg.postprocess,
-                                         score_threshold=cfg.score_threshold, all_candidates=cfg.all_candidates)
+        det = _DETECTORS[key] = Detector(
+            bundle=cfg.bundle,
+            device=worker.device,
+            amp=cfg.amp,
+            restrict_to_lungs=cfg.lung_restriction,
+            postprocess=cfg.postprocess,
+            score_threshold=cfg.score_threshold,
+            all_candidates=cfg.all_candidates,
+        )
     return det
 
 
@@ -64,8 +77,7 @@ class _Loading:
         cfg = worker.config
         self.crop = cfg.loader.roi == "lungs" or cfg.detector.lung_restriction
         self.margin_mm = cfg.loader.roi_margin_mm if cfg.loader.roi == "lungs" else None
-        self.loader = make_loader(CaseCache(worker.cache_dir), self.det.spec, loader=cfg.loader.backend,
-                                  device=worker.device)
+        self.loader = make_loader(CaseCache(worker.cache_dir), self.det.spec, loader=cfg.loader.backend, device=worker.device)
 
     def __call__(self, ctx: CaseContext) -> dict[str, Any]:
         """``{"case": LoadedCase | None, "region": LungRegion | None, "reason": str | None, "timings": {s}}``."""
@@ -118,9 +130,11 @@ class LoadStage(Stage):
             old, _ = _HELD.popitem(last=False)
             log.warning("dropped the held model input of %s (attempt %d): more than %d waiting", old[0], old[1], MAX_HELD)
         case = item["case"]
-        info: dict[str, Any] = {"loader": case.loader if case is not None else None,
-                                "shape_xyz": list(case.unwrap().shape[1:]) if case is not None else None,
-                                "spacing_mm": list(case.geometry.spacing) if case is not None else None}
+        info: dict[str, Any] = {
+            "loader": case.loader if case is not None else None,
+            "shape_xyz": list(case.unwrap().shape[1:]) if case is not None else None,
+            "spacing_mm": list(case.geometry.spacing) if case is not None else None,
+        }
         return {"model_input": info, "timings": {k: round(v, 6) for k, v in item["timings"].items()}}
 
 
@@ -161,20 +175,31 @@ class DetectStage(Stage):
         else:
             cache = CaseCache(ctx.cache_dir)
             metadata = cache.entry(case_id).sidecar.get("metadata") or {}
-            res = self._det.detect_loaded(item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid,
-                                          metadata=metadata)
+            res = self._det.detect_loaded(
+                item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid, metadata=metadata
+            )
             res = self._det.postprocess(cache.read(case_id, mmap=True), res, region=item["region"])
             res = self._det.apply_operating_point(res)
         data = res.to_json()
         timings = data.pop("timings_ms", {})
-        return {"findings": data["findings"], "findings_doc": data,
-                "timings": {k: round(v / 1000.0, 6) for k, v in timings.items()}}
+        return {
+            "findings": data["findings"],
+            "findings_doc": data,
+            "timings": {k: round(v / 1000.0, 6) for k, v in timings.items()},
+        }
 
     def _empty(self, ctx: CaseContext, reason: str | None) -> Any:
         """No findings, with the reason no search ran, the model and the threshold it would have reported at."""
         from ..detection.findings import Findings
 
-        res = Findings([], case_id=ctx.case.case_id, series_uid=ctx.case.series_uid, model=self._det.config.name,
-                       restricted_to_lungs=bool(ctx.config.detector.lung_restriction), device=str(self._det.device),
-                       precision=self._det.precision, reason=reason)
+        res = Findings(
+            [],
+            case_id=ctx.case.case_id,
+            series_uid=ctx.case.series_uid,
+            model=self._det.config.name,
+            restricted_to_lungs=bool(ctx.config.detector.lung_restriction),
+            device=str(self._det.device),
+            precision=self._det.precision,
+            reason=reason,
+        )
         return res.select(self._det.score_threshold, self._det.threshold_source)

@@ -51,8 +51,7 @@ class Progress:
     def describe(self) -> str:
         eta = self.eta_s
         eta_txt = "?" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta))
-        return (f"{self.done} done, {self.failed} failed of {self.total}"
-                f" | {self.cases_per_hour:.1f} cases/h | ETA {eta_txt}")
+        return f"{self.done} done, {self.failed} failed of {self.total} | {self.cases_per_hour:.1f} cases/h | ETA {eta_txt}"
 
     def _changed(self) -> None:
         if self.callback is not None:

@@ -101,8 +101,9 @@ def _raise_write_failures(failures: Mapping[str, str], where: Path) -> None:
         number = errno_in_text(msg)
         if number is not None and is_environmental_errno(number):
             raise OSError(number, f"could not write the reconstruction's files ({text})", str(where))
-    raise IncompleteOutputError(f"could not write the reconstruction's files ({text})", where=where,
-                                fix="see the error; the case was not published")
+    raise IncompleteOutputError(
+        f"could not write the reconstruction's files ({text})", where=where, fix="see the error; the case was not published"
+    )
 
 
 class ReconstructStage(Stage):
@@ -133,9 +134,18 @@ class ReconstructStage(Stage):
         vol = read_case_volume(ctx)
         out_dir = ctx.workdir / "recon"
         findings = None if self.before_detect else (ctx.state.get("findings") or None)
-        rec = reconstruct(vol, organs=cfg.organs, findings=findings, out_dir=out_dir, mesh_formats=cfg.mesh_formats,
-                          smoothing=cfg.smoothing_iterations, target_triangles=cfg.target_triangles, device=self._device,
-                          render=cfg.renderings, stem=ctx.case.case_id)
+        rec = reconstruct(
+            vol,
+            organs=cfg.organs,
+            findings=findings,
+            out_dir=out_dir,
+            mesh_formats=cfg.mesh_formats,
+            smoothing=cfg.smoothing_iterations,
+            target_triangles=cfg.target_triangles,
+            device=self._device,
+            render=cfg.renderings,
+            stem=ctx.case.case_id,
+        )
         failures = _write_failures(rec, list(cfg.mesh_formats))
         _raise_write_failures(failures, out_dir)
         for key, msg in rec.errors.items():  # properties of the case (an organ not found): recorded, not a failure
@@ -146,8 +156,12 @@ class ReconstructStage(Stage):
                 save_lung_mask(ctx.cache_dir, ctx.case.case_id, np.logical_or.reduce(parts))
         meas = {k: v for k, v in rec.measurements.items() if k in MEASURED}
         declared = [p.relative_to(ctx.workdir).as_posix() for paths in rec.files.values() for p in paths]
-        out: dict[str, Any] = {"measurements": list(flatten_measurements(meas)), "recon_errors": dict(rec.errors),
-                               "declared": declared, "timings": {k: round(v, 6) for k, v in rec.seconds.items()}}
+        out: dict[str, Any] = {
+            "measurements": list(flatten_measurements(meas)),
+            "recon_errors": dict(rec.errors),
+            "declared": declared,
+            "timings": {k: round(v, 6) for k, v in rec.seconds.items()},
+        }
         if rec.quality is not None and (self.before_detect or "quality" not in ctx.state):
             out["quality"] = rec.quality.to_json()
         return out

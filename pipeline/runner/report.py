@@ -82,13 +82,17 @@ def _pct(values: Any) -> dict[str, float | None]:
 
 def _projection(rate_h: float, hours_per_day: float, n_done: int, minutes: float, enough: bool) -> str:
     """The cases/day headline: the figure, what it rests on, and whether that is enough to project from."""
-    text = (f"at the measured rate this machine handles {rate_h * hours_per_day:,.0f} cases/day "
-            f"({rate_h:,.1f} cases/hour from {n_done} completed case(s) over "
-            + (f"{minutes / 60.0:.2f} active hours" if minutes >= 60 else f"{minutes:.1f} active minutes")
-            + f", {hours_per_day:g} operating hours/day)")
+    text = (
+        f"at the measured rate this machine handles {rate_h * hours_per_day:,.0f} cases/day "
+        f"({rate_h:,.1f} cases/hour from {n_done} completed case(s) over "
+        + (f"{minutes / 60.0:.2f} active hours" if minutes >= 60 else f"{minutes:.1f} active minutes")
+        + f", {hours_per_day:g} operating hours/day)"
+    )
     if not enough:
-        text += (f"; too few to project from (fewer than {MIN_CASES_TO_PROJECT} completed cases or "
-                 f"{MIN_MINUTES_TO_PROJECT:g} active minutes): indicative only")
+        text += (
+            f"; too few to project from (fewer than {MIN_CASES_TO_PROJECT} completed cases or "
+            f"{MIN_MINUTES_TO_PROJECT:g} active minutes): indicative only"
+        )
     return text
 
 
@@ -97,9 +101,12 @@ def _quality_summary(done: Any, quality: Any) -> dict[str, Any]:
     q = quality[quality.case_key.isin(set(done.case_key))] if len(quality) else quality
     warn = q[q.severity == "warning"] if len(q) else q
     by_flag = q.groupby("code").case_key.nunique().sort_values(ascending=False).to_dict() if len(q) else {}
-    return {"done": int(len(done)), "flagged": int(warn.case_key.nunique()) if len(warn) else 0,
-            "by_flag": {str(k): int(v) for k, v in by_flag.items()},
-            "detect_skipped": int(done.detect_skipped.notna().sum()) if "detect_skipped" in done else 0}
+    return {
+        "done": int(len(done)),
+        "flagged": int(warn.case_key.nunique()) if len(warn) else 0,
+        "by_flag": {str(k): int(v) for k, v in by_flag.items()},
+        "detect_skipped": int(done.detect_skipped.notna().sum()) if "detect_skipped" in done else 0,
+    }
 
 
 def latest_skipped(t: dict) -> Any:
@@ -113,8 +120,11 @@ def latest_skipped(t: dict) -> Any:
 
 def _skipped_summary(sk: Any) -> dict[str, Any]:
     files = sk[sk.what == "file"] if len(sk) else sk
-    return {"files": int(len(files)), "series": int(len(sk) - len(files)),
-            "files_by_kind": {str(k): int(v) for k, v in files.groupby("kind").size().items()} if len(files) else {}}
+    return {
+        "files": int(len(files)),
+        "series": int(len(sk) - len(files)),
+        "files_by_kind": {str(k): int(v) for k, v in files.groupby("kind").size().items()} if len(files) else {},
+    }
 
 
 def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: float = 24.0) -> tuple[dict[str, Any], dict]:
@@ -142,13 +152,25 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
     stage_order = list(dict.fromkeys(ok.sort_values("id").stage)) if len(ok) else []
     latency = {s: _pct(ok[ok.stage == s].wall_s) for s in stage_order}
     waits = {s: _pct(ok[ok.stage == s].queue_wait_s) for s in stage_order}
-    peak = {s: float(ok[ok.stage == s].peak_rss_mb.max()) if ok[ok.stage == s].peak_rss_mb.notna().any() else None
-            for s in stage_order}
+    peak = {
+        s: float(ok[ok.stage == s].peak_rss_mb.max()) if ok[ok.stage == s].peak_rss_mb.notna().any() else None
+        for s in stage_order
+    }
     failures = failed.groupby("error_class").size().sort_values(ascending=False).to_dict() if len(failed) else {}
     gpu = t["gpu"]
-    gpu_summary = {str(g): {"util_mean_pct": float(d.util_pct.mean()), "util_max_pct": float(d.util_pct.max()),
-                            "mem_max_mb": float(d.mem_used_mb.max()), "samples": int(len(d))}
-                   for g, d in gpu.groupby("gpu")} if len(gpu) else {}
+    gpu_summary = (
+        {
+            str(g): {
+                "util_mean_pct": float(d.util_pct.mean()),
+                "util_max_pct": float(d.util_pct.max()),
+                "mem_max_mb": float(d.mem_used_mb.max()),
+                "samples": int(len(d)),
+            }
+            for g, d in gpu.groupby("gpu")
+        }
+        if len(gpu)
+        else {}
+    )
     minutes = active_s / 60.0
     enough = len(done) >= MIN_CASES_TO_PROJECT and minutes >= MIN_MINUTES_TO_PROJECT
     summary = {
@@ -156,8 +178,12 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
         "run_dirs": [str(d) for d in run_dirs],
         "runs": int(len(runs)),
         "devices": sorted(set(runs.device.dropna())),
-        "cases": {"total": int(len(cases)), "done": int(len(done)), "failed": int(len(failed)),
-                  "unfinished": int(len(cases) - len(done) - len(failed))},
+        "cases": {
+            "total": int(len(cases)),
+            "done": int(len(done)),
+            "failed": int(len(failed)),
+            "unfinished": int(len(cases) - len(done) - len(failed)),
+        },
         "active_hours": active_s / 3600.0,
         "throughput": {
             "cases_per_hour": rate_h,
@@ -174,8 +200,16 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
         "queue_wait_s": waits,
         "peak_rss_mb": peak,
         "failures_by_reason": {str(k): int(v) for k, v in failures.items()},
-        "failed_cases": [{"case_id": r.case_id, "stage": r.failed_stage, "error_class": r.error_class,
-                          "reason": r.reason, "run_dir": r.run_dir} for r in failed.itertuples()],
+        "failed_cases": [
+            {
+                "case_id": r.case_id,
+                "stage": r.failed_stage,
+                "error_class": r.error_class,
+                "reason": r.reason,
+                "run_dir": r.run_dir,
+            }
+            for r in failed.itertuples()
+        ],
         "quality": _quality_summary(done, t["quality"]),
         "skipped": _skipped_summary(latest_skipped(t)),
         "gpu": gpu_summary,
@@ -254,8 +288,13 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     return out
 
 
-def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str], *, bin_minutes: int = 60,
-                 hours_per_day: float = 24.0) -> Report:
+def build_report(
+    run_dirs: Sequence[str | os.PathLike[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    bin_minutes: int = 60,
+    hours_per_day: float = 24.0,
+) -> Report:
     """Write ``report.html``, ``report.json`` and CSV tables for ``run_dirs`` into ``out_dir``."""
     import pandas as pd
 
@@ -274,13 +313,40 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
         "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
         "throughput_hourly.csv": pd.DataFrame(list(summary["throughput"]["per_hour_utc"].items()), columns=["hour_utc", "cases"]),
         "failures.csv": pd.DataFrame(summary["failed_cases"], columns=["case_id", "stage", "error_class", "reason", "run_dir"]),
-        "cases.csv": t["cases"][["run_dir", "case_id", "status", "latency_s", "n_findings", "lung_coverage",
-                                 "contrast_phase", "flags", "detect_skipped", "error_class", "reason", "started_at",
-                                 "ended_at"]],
+        "cases.csv": t["cases"][
+            [
+                "run_dir",
+                "case_id",
+                "status",
+                "latency_s",
+                "n_findings",
+                "lung_coverage",
+                "contrast_phase",
+                "flags",
+                "detect_skipped",
+                "error_class",
+                "reason",
+                "started_at",
+                "ended_at",
+            ]
+        ],
         "quality_flags.csv": t["quality"][["run_dir", "case_id", "code", "severity", "message"]],
         "skipped.csv": skipped[["run_dir", "run_id", "what", "item", "kind", "reason", "source"]],
-        "stages.csv": t["stages"][["run_dir", "case_id", "stage", "attempt", "status", "worker", "device", "wall_s",
-                                   "queue_wait_s", "peak_rss_mb", "peak_cuda_mb"]],
+        "stages.csv": t["stages"][
+            [
+                "run_dir",
+                "case_id",
+                "stage",
+                "attempt",
+                "status",
+                "worker",
+                "device",
+                "wall_s",
+                "queue_wait_s",
+                "peak_rss_mb",
+                "peak_cuda_mb",
+            ]
+        ],
     }
     for name, df in tables.items():
         atomic_write_bytes(out / name, df.to_csv(index=False).encode())

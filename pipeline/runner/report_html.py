@@ -14,8 +14,11 @@ from typing import Any
 from urllib.parse import quote
 
 #: Lung volume measurements shown per case: (column title, measurement name).
-LUNG_VOLUMES = (("left lung mL", "lungs.lung_left_volume_ml"), ("right lung mL", "lungs.lung_right_volume_ml"),
-                ("lungs mL", "lungs.lungs_total_volume_ml"))
+LUNG_VOLUMES = (
+    ("left lung mL", "lungs.lung_left_volume_ml"),
+    ("right lung mL", "lungs.lung_right_volume_ml"),
+    ("lungs mL", "lungs.lungs_total_volume_ml"),
+)
 #: Rows of the skipped list shown on the page (skipped.csv has them all).
 SKIPPED_SHOWN = 200
 
@@ -51,10 +54,20 @@ def case_rows(t: dict, out_dir: Path) -> list[dict[str, Any]]:
             folder = Path(c.run_dir) / c.output_dir
             for p in sorted(folder.rglob("*.png")) if folder.is_dir() else ():
                 pngs.append((p.relative_to(folder).as_posix(), quote(os.path.relpath(p, out_dir).replace(os.sep, "/"))))
-        rows.append({"case_id": c.case_id, "run_dir": c.run_dir, "status": c.status, "latency_s": c.latency_s,
-                     "n_findings": c.n_findings, "volumes": vols.get(key, {}), "flags": flags.get(key, []),
-                     "detect_skipped": c.detect_skipped if isinstance(c.detect_skipped, str) else None,
-                     "reason": c.reason if isinstance(c.reason, str) else None, "pngs": pngs})
+        rows.append(
+            {
+                "case_id": c.case_id,
+                "run_dir": c.run_dir,
+                "status": c.status,
+                "latency_s": c.latency_s,
+                "n_findings": c.n_findings,
+                "volumes": vols.get(key, {}),
+                "flags": flags.get(key, []),
+                "detect_skipped": c.detect_skipped if isinstance(c.detect_skipped, str) else None,
+                "reason": c.reason if isinstance(c.reason, str) else None,
+                "pngs": pngs,
+            }
+        )
     return rows
 
 
@@ -65,8 +78,9 @@ def _stat_table(rows: dict[str, dict[str, Any]], first: str) -> str:
     head = "".join(f"<th>{_e(c)}</th>" for c in [first, *cols])
     body = ""
     for name, r in rows.items():
-        cells = "".join(f"<td>{'' if r[c] is None else (f'{r[c]:.3f}' if isinstance(r[c], float) else _e(r[c]))}</td>"
-                        for c in cols)
+        cells = "".join(
+            f"<td>{'' if r[c] is None else (f'{r[c]:.3f}' if isinstance(r[c], float) else _e(r[c]))}</td>" for c in cols
+        )
         body += f"<tr><td>{_e(name)}</td>{cells}</tr>"
     return f"<table><tr>{head}</tr>{body}</table>"
 
@@ -74,8 +88,9 @@ def _stat_table(rows: dict[str, dict[str, Any]], first: str) -> str:
 def _case_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "<p>no cases</p>"
-    head = "".join(f"<th>{t}</th>" for t in ["case", "status", "latency s", "findings", *(c for c, _ in LUNG_VOLUMES),
-                                              "flags", "images"])
+    head = "".join(
+        f"<th>{t}</th>" for t in ["case", "status", "latency s", "findings", *(c for c, _ in LUNG_VOLUMES), "flags", "images"]
+    )
     body = []
     for r in rows:
         vols = []
@@ -88,22 +103,27 @@ def _case_table(rows: list[dict[str, Any]]) -> str:
             else:
                 vols.append(f'<td class="unreliable" title="{_e(v[2])}">{_num(v[0], "{:.0f}")}*</td>')
         flags = " ".join(f'<span class="{_e(sev)}" title="{_e(msg)}">{_e(code)}</span>' for code, sev, msg in r["flags"])
-        note = (f"detection skipped: {r['detect_skipped']}" if r["detect_skipped"] else
-                r["reason"] if r["status"] != "done" else None)
+        note = (
+            f"detection skipped: {r['detect_skipped']}" if r["detect_skipped"] else r["reason"] if r["status"] != "done" else None
+        )
         if note:
-            flags += f'<br><small>{_e(note)}</small>'
+            flags += f"<br><small>{_e(note)}</small>"
         links = " ".join(f'<a href="{href}">{_e(name)}</a>' for name, href in r["pngs"])
-        body.append(f"<tr><td>{_e(r['case_id'])}</td><td>{_e(r['status'])}</td><td>{_num(r['latency_s'])}</td>"
-                    f"<td>{'' if r['n_findings'] is None or r['n_findings'] != r['n_findings'] else int(r['n_findings'])}</td>"
-                    f"{''.join(vols)}<td class=\"flags\">{flags}</td><td class=\"links\">{links}</td></tr>")
-    return f"<table class=\"cases\"><tr>{head}</tr>{''.join(body)}</table>"
+        body.append(
+            f"<tr><td>{_e(r['case_id'])}</td><td>{_e(r['status'])}</td><td>{_num(r['latency_s'])}</td>"
+            f"<td>{'' if r['n_findings'] is None or r['n_findings'] != r['n_findings'] else int(r['n_findings'])}</td>"
+            f'{"".join(vols)}<td class="flags">{flags}</td><td class="links">{links}</td></tr>'
+        )
+    return f'<table class="cases"><tr>{head}</tr>{"".join(body)}</table>'
 
 
 def _skipped_table(sk: Any) -> str:
     if not len(sk):
         return "<p>nothing was skipped</p>"
-    rows = "".join(f"<tr><td>{_e(r.what)}</td><td>{_e(r.item)}</td><td>{_e(r.kind)}</td><td>{_e(r.reason)}</td></tr>"
-                   for r in sk.head(SKIPPED_SHOWN).itertuples())
+    rows = "".join(
+        f"<tr><td>{_e(r.what)}</td><td>{_e(r.item)}</td><td>{_e(r.kind)}</td><td>{_e(r.reason)}</td></tr>"
+        for r in sk.head(SKIPPED_SHOWN).itertuples()
+    )
     more = f"<p>and {len(sk) - SKIPPED_SHOWN} more in skipped.csv</p>" if len(sk) > SKIPPED_SHOWN else ""
     return f"<table><tr><th>what</th><th>file or series</th><th>kind</th><th>reason</th></tr>{rows}</table>{more}"
 
@@ -120,8 +140,10 @@ def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[
     """The report page (see the module docstring)."""
     s = summary
     img = lambda k, alt: f'<img alt="{alt}" src="data:image/png;base64,{plots[k]}">' if k in plots else ""  # noqa: E731
-    fails = "".join(f"<tr><td>{_e(f['case_id'])}</td><td>{_e(f['stage'])}</td><td>{_e(f['error_class'])}</td>"
-                    f"<td>{_e(f['reason'])}</td></tr>" for f in s["failed_cases"])
+    fails = "".join(
+        f"<tr><td>{_e(f['case_id'])}</td><td>{_e(f['stage'])}</td><td>{_e(f['error_class'])}</td><td>{_e(f['reason'])}</td></tr>"
+        for f in s["failed_cases"]
+    )
     daily = "".join(f"<tr><td>{_e(d)}</td><td>{n}</td></tr>" for d, n in s["throughput"]["per_day_utc"].items())
     sk = s["skipped"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ctpipe throughput report</title>
@@ -130,24 +152,24 @@ td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:right}}th{{background
 td.flags,td.links{{text-align:left}}.warning{{background:#fde2b8;padding:0 .3em}}.info{{background:#dde9f7;padding:0 .3em}}
 td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
 <h1>ctpipe throughput report</h1>
-<p>Runs: {s['runs']} in {_e(', '.join(s['run_dirs']))} &middot; devices: {_e(', '.join(s['devices']) or '?')}
-&middot; generated {_e(s['generated_at'])}</p>
-<p class="big"><b>{_e(s['projection'])}</b></p>
-<p class="big">{_quality_headline(s['quality'])}</p>
-<p>Cases: {s['cases']['done']} done, {s['cases']['failed']} failed, {s['cases']['unfinished']} unfinished,
-of {s['cases']['total']}. Discovery skipped {sk['files']} file(s) and {sk['series']} series (listed below).</p>
+<p>Runs: {s["runs"]} in {_e(", ".join(s["run_dirs"]))} &middot; devices: {_e(", ".join(s["devices"]) or "?")}
+&middot; generated {_e(s["generated_at"])}</p>
+<p class="big"><b>{_e(s["projection"])}</b></p>
+<p class="big">{_quality_headline(s["quality"])}</p>
+<p>Cases: {s["cases"]["done"]} done, {s["cases"]["failed"]} failed, {s["cases"]["unfinished"]} unfinished,
+of {s["cases"]["total"]}. Discovery skipped {sk["files"]} file(s) and {sk["series"]} series (listed below).</p>
 <h2>Cases</h2>
 <p>Lung volumes marked * are unreliable (a quality flag, e.g. lungs cut by the scan range, makes them meaningless;
 hover for the reason). Flags: <span class="warning">warning</span> <span class="info">info</span>; hover for details.</p>
 {_case_table(rows)}
-<h2>Throughput</h2>{img('throughput', 'throughput over time')}
+<h2>Throughput</h2>{img("throughput", "throughput over time")}
 <table><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
-<h2>Latency (seconds)</h2>{_stat_table(s['latency_s'], 'stage')}{img('latency', 'latency histogram')}
-<h2>Stage breakdown</h2>{img('stages', 'stage breakdown')}
-<h3>Queue wait (seconds)</h3>{_stat_table(s['queue_wait_s'], 'stage')}
-<h2>Failures by reason</h2>{_stat_table({k: {'cases': v} for k, v in s['failures_by_reason'].items()}, 'error class')}
+<h2>Latency (seconds)</h2>{_stat_table(s["latency_s"], "stage")}{img("latency", "latency histogram")}
+<h2>Stage breakdown</h2>{img("stages", "stage breakdown")}
+<h3>Queue wait (seconds)</h3>{_stat_table(s["queue_wait_s"], "stage")}
+<h2>Failures by reason</h2>{_stat_table({k: {"cases": v} for k, v in s["failures_by_reason"].items()}, "error class")}
 <table><tr><th>case</th><th>stage</th><th>error class</th><th>reason</th></tr>{fails}</table>
 <h2>Skipped by discovery</h2>{_skipped_table(skipped)}
-{'<h2>GPU</h2>' + _stat_table(s['gpu'], 'gpu') + img('gpu', 'GPU utilisation') if s['gpu'] else ''}
+{"<h2>GPU</h2>" + _stat_table(s["gpu"], "gpu") + img("gpu", "GPU utilisation") if s["gpu"] else ""}
 </body></html>
 """

@@ -42,8 +42,10 @@ class CaseResult:
     def __repr__(self) -> str:
         if self.status != "done":
             return f"CaseResult({self.case_id!r}, status={self.status!r}, reason={self.reason!r})"
-        return (f"CaseResult({self.case_id!r}, status='done', findings={len(self.findings)}, "
-                f"measurements={len(self.measurements)}, files={len(self.files)}, folder='{self.folder}')")
+        return (
+            f"CaseResult({self.case_id!r}, status='done', findings={len(self.findings)}, "
+            f"measurements={len(self.measurements)}, files={len(self.files)}, folder='{self.folder}')"
+        )
 
 
 class RunResults:
@@ -95,13 +97,21 @@ class RunResults:
     def case(self, case_id: str) -> CaseResult:
         rows = self.cases[self.cases.case_id == case_id]
         if not len(rows):
-            raise RunStoreError(f"no case {case_id!r} in this run; cases are {', '.join(self.cases.case_id[:10])}",
-                                where=self.run_dir, fix="pick an id from RunResults.cases.case_id")
+            raise RunStoreError(
+                f"no case {case_id!r} in this run; cases are {', '.join(self.cases.case_id[:10])}",
+                where=self.run_dir,
+                fix="pick an id from RunResults.cases.case_id",
+            )
         row = rows.iloc[0]
         folder = self.run_dir / row["output_dir"] if isinstance(row["output_dir"], str) else None
-        return CaseResult(case_id, row["status"], row["reason"] if isinstance(row["reason"], str) else None, folder,
-                          self.findings[self.findings.case_id == case_id].reset_index(drop=True),
-                          self.measurements[self.measurements.case_id == case_id].reset_index(drop=True))
+        return CaseResult(
+            case_id,
+            row["status"],
+            row["reason"] if isinstance(row["reason"], str) else None,
+            folder,
+            self.findings[self.findings.case_id == case_id].reset_index(drop=True),
+            self.measurements[self.measurements.case_id == case_id].reset_index(drop=True),
+        )
 
     def stage_latency(self) -> pd.DataFrame:
         """Per-stage wall time (s) of successful attempts: count, mean, p50, p90, p99."""
@@ -115,9 +125,11 @@ class RunResults:
 
     def __repr__(self) -> str:
         counts = self.cases.status.value_counts().to_dict()
-        return (f"RunResults('{self.run_dir}'): {len(self.cases)} cases ({counts.get('done', 0)} done, "
-                f"{counts.get('failed', 0)} failed, {counts.get('running', 0) + counts.get('pending', 0)} unfinished), "
-                f"{len(self.findings)} findings, {len(self.runs)} run(s)")
+        return (
+            f"RunResults('{self.run_dir}'): {len(self.cases)} cases ({counts.get('done', 0)} done, "
+            f"{counts.get('failed', 0)} failed, {counts.get('running', 0) + counts.get('pending', 0)} unfinished), "
+            f"{len(self.findings)} findings, {len(self.runs)} run(s)"
+        )
 
     def _repr_html_(self) -> str:
         head = f"<p><b>{self.__repr__()}</b></p>"

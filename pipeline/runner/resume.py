@@ -65,8 +65,11 @@ class RunLock:
             fcntl.flock(self.fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
             self.fh.close()
-            raise RunStoreError("another ctpipe run is using this folder", where=run_dir,
-                                fix="wait for it to finish, or choose another --out folder") from exc
+            raise RunStoreError(
+                "another ctpipe run is using this folder",
+                where=run_dir,
+                fix="wait for it to finish, or choose another --out folder",
+            ) from exc
         self.fh.seek(0)
         self.fh.truncate()
         self.fh.write(str(os.getpid()))
@@ -139,8 +142,12 @@ def remove_temp_files(run_dir: Path) -> list[Path]:
                 Path(e.path).unlink(missing_ok=True)
                 removed.append(Path(e.path))
     if removed:
-        log.info("removed %d temporary file(s) left by an interrupted run: %s", len(removed),
-                 ", ".join(str(p.relative_to(run_dir)) for p in removed[:5]), extra={"event": "cleanup"})
+        log.info(
+            "removed %d temporary file(s) left by an interrupted run: %s",
+            len(removed),
+            ", ".join(str(p.relative_to(run_dir)) for p in removed[:5]),
+            extra={"event": "cleanup"},
+        )
     return removed
 
 
@@ -170,10 +177,14 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
         folder = run_dir / "cases" / row["case_id"]
         man = read_manifest(folder)
         if man is not None and man.get("case_key") == row["case_key"]:
-            store.complete_case(row["case_key"], output_dir=str(folder.relative_to(run_dir)),
-                                findings=man.get("findings", []),
-                                measurements=[tuple(m) for m in man.get("measurements", [])],
-                                quality=man.get("quality"), detect_skipped=man.get("detect_skipped"))
+            store.complete_case(
+                row["case_key"],
+                output_dir=str(folder.relative_to(run_dir)),
+                findings=man.get("findings", []),
+                measurements=[tuple(m) for m in man.get("measurements", [])],
+                quality=man.get("quality"),
+                detect_skipped=man.get("detect_skipped"),
+            )
             out.recovered.append(row["case_id"])
         elif row["status"] == "running":
             out.interrupted.append(row["case_id"])
@@ -186,8 +197,13 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
             out.redo.append(row["case_id"])
     out.stale_quarantine = _sync_quarantine(store, run_dir)
     if out.recovered or out.redo or out.interrupted:
-        log.warning("resume: %d complete case(s) recovered, %d interrupted case(s) to retry, %d case(s) with missing outputs to redo",
-                    len(out.recovered), len(out.interrupted), len(out.redo), extra={"event": "reconcile"})
+        log.warning(
+            "resume: %d complete case(s) recovered, %d interrupted case(s) to retry, %d case(s) with missing outputs to redo",
+            len(out.recovered),
+            len(out.interrupted),
+            len(out.redo),
+            extra={"event": "reconcile"},
+        )
     return out
 
 
@@ -219,8 +235,13 @@ def plan(store: RunStore, cases: Iterable[CaseSpec], *, retry_failed: bool) -> P
                     cid = f"{cid}-{case.fingerprint[:8]}"
                 case = case.with_id(cid)
                 ids[cid] = case.case_key
-                store.upsert_discovered(case_key=case.case_key, case_id=cid, series_uid=case.series_uid,
-                                        fingerprint=case.fingerprint, source=case.source)
+                store.upsert_discovered(
+                    case_key=case.case_key,
+                    case_id=cid,
+                    series_uid=case.series_uid,
+                    fingerprint=case.fingerprint,
+                    source=case.source,
+                )
             else:
                 case = case.with_id(row["case_id"])
                 if row["status"] == "done":
@@ -239,7 +260,15 @@ def plan(store: RunStore, cases: Iterable[CaseSpec], *, retry_failed: bool) -> P
 def write_quarantine(run_dir: Path, case: CaseSpec, *, reason: str, error_class: str, stage: str | None) -> Path:
     """``RUN_DIR/quarantine/<case_id>.json``: why a case was set aside, and where it came from."""
     path = run_dir / "quarantine" / f"{case.case_id}.json"
-    data = {"case_id": case.case_id, "case_key": case.case_key, "series_uid": case.series_uid, "source": case.source,
-            "stage": stage, "error_class": error_class, "reason": reason, "files": len(case.files)}
+    data = {
+        "case_id": case.case_id,
+        "case_key": case.case_key,
+        "series_uid": case.series_uid,
+        "source": case.source,
+        "stage": stage,
+        "error_class": error_class,
+        "reason": reason,
+        "files": len(case.files),
+    }
     atomic_write_bytes(path, json.dumps(data, indent=1).encode())
     return path

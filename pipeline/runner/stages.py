@@ -42,10 +42,20 @@ from .model_stages import DetectStage, LoadStage
 from .recon_stages import LungsStage, NodulesStage, ReconstructStage, lungs_first, read_case_volume
 from .stage import CaseContext, CaseSpec, Stage, WorkerInfo
 
-__all__ = ["DetectStage", "IngestStage", "LoadStage", "LungsStage", "NodulesStage", "ReconstructStage", "WriteStage",
-           "build_stages", "flatten_measurements"]
+__all__ = [
+    "DetectStage",
+    "IngestStage",
+    "LoadStage",
+    "LungsStage",
+    "NodulesStage",
+    "ReconstructStage",
+    "WriteStage",
+    "build_stages",
+    "flatten_measurements",
+]
 
 log = logging.getLogger(__name__)
+
 
 def _rules(cfg: Config) -> Any:
     from ..ingest import SelectionRules
@@ -92,24 +102,41 @@ class IngestStage(Stage):
         cfg = ctx.config.ingest
         keep = ctx.config.privacy.keep_identifiers
         case = ctx.case
-        scan = scan_directory([*case.files] or case.source, rules=_rules(ctx.config), spacing_tolerance=cfg.spacing_tolerance,
-                              allow_gantry_tilt=cfg.allow_gantry_tilt, keep_identifiers=keep, workers=1)
+        scan = scan_directory(
+            [*case.files] or case.source,
+            rules=_rules(ctx.config),
+            spacing_tolerance=cfg.spacing_tolerance,
+            allow_gantry_tilt=cfg.allow_gantry_tilt,
+            keep_identifiers=keep,
+            workers=1,
+        )
         series, own = _find_series(scan, case)
         if series is None:
-            raise NoSeriesFoundError(f"series {case.series_uid} is no longer among the {len(case.files)} file(s) discovered "
-                                     "for it", where=case.source,
-                                     fix="the files changed during the run; run the same command again")
+            raise NoSeriesFoundError(
+                f"series {case.series_uid} is no longer among the {len(case.files)} file(s) discovered for it",
+                where=case.source,
+                fix="the files changed during the run; run the same command again",
+            )
         plan = None
         if own:
             rejected = [r for r in scan.rejected if r.series is series]
             if rejected:
                 raise rejected[0].error
             plan = scan.plans.get(series.key)
-        vol = read_volume(plan, workers=1) if plan is not None else build_volume(
-            series, spacing_tolerance=cfg.spacing_tolerance, allow_gantry_tilt=cfg.allow_gantry_tilt,
-            keep_identifiers=keep, workers=1)
+        vol = (
+            read_volume(plan, workers=1)
+            if plan is not None
+            else build_volume(
+                series,
+                spacing_tolerance=cfg.spacing_tolerance,
+                allow_gantry_tilt=cfg.allow_gantry_tilt,
+                keep_identifiers=keep,
+                workers=1,
+            )
+        )
         entry = CaseCache(ctx.cache_dir, keep_identifiers=keep).write(
-            case.case_id, vol, extra={"source": case.source, "series_key": series.key})
+            case.case_id, vol, extra={"source": case.source, "series_key": series.key}
+        )
         return {"volume_fingerprint": entry.fingerprint, "shape_kji": list(vol.shape), "spacing_ijk": list(vol.spacing)}
 
 
@@ -146,8 +173,12 @@ def build_stages(cfg: Config) -> list[Stage]:
     rc = cfg.reconstruct
     group = "model" if rc.device == "model" else "cpu"
     first = lungs_first(cfg)
-    stages: list[Stage] = [IngestStage(), ReconstructStage(group=group, before_detect=True) if first else LungsStage(group=group),
-                           LoadStage(), DetectStage()]
+    stages: list[Stage] = [
+        IngestStage(),
+        ReconstructStage(group=group, before_detect=True) if first else LungsStage(group=group),
+        LoadStage(),
+        DetectStage(),
+    ]
     if first:
         stages.append(NodulesStage())
     elif rc.enabled:

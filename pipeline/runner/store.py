@@ -141,14 +141,20 @@ class RunStore:
         except sqlite3.DatabaseError as exc:
             if environment_failure(exc, run_dir=self.run_dir) is not None:
                 raise
-            raise RunStoreError(f"the run database is unreadable ({exc})", where=path,
-                                fix="use a new --out folder; this file is damaged or not a ctpipe run store") from exc
+            raise RunStoreError(
+                f"the run database is unreadable ({exc})",
+                where=path,
+                fix="use a new --out folder; this file is damaged or not a ctpipe run store",
+            ) from exc
 
     def _migrate(self, version: int, path: Path) -> None:
         """Bring a store of an earlier schema version up to :data:`SCHEMA_VERSION` (adds columns; removes nothing)."""
         if version > SCHEMA_VERSION:
-            raise RunStoreError(f"the run database has schema version {version}; this ctpipe reads up to {SCHEMA_VERSION}",
-                                where=path, fix="use the ctpipe version that wrote this run folder, or a new --out folder")
+            raise RunStoreError(
+                f"the run database has schema version {version}; this ctpipe reads up to {SCHEMA_VERSION}",
+                where=path,
+                fix="use the ctpipe version that wrote this run folder, or a new --out folder",
+            )
         if version == SCHEMA_VERSION:
             return
         with self.tx():
@@ -168,14 +174,33 @@ class RunStore:
         return _Tx(self.db)
 
     # -- runs ------------------------------------------------------------------------
-    def start_run(self, run_id: str, *, command: str, sources: Sequence[str], config: Mapping[str, Any],
-                  versions: Mapping[str, str], device: str, host: str, pid: int) -> None:
+    def start_run(
+        self,
+        run_id: str,
+        *,
+        command: str,
+        sources: Sequence[str],
+        config: Mapping[str, Any],
+        versions: Mapping[str, str],
+        device: str,
+        host: str,
+        pid: int,
+    ) -> None:
         with self.tx():
             self.db.execute(
                 "INSERT INTO runs (run_id, started_at, status, command, sources, config, versions, device, host, pid)"
                 " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, time.time(), command, json.dumps(list(sources)), json.dumps(config), json.dumps(versions),
-                 device, host, pid),
+                (
+                    run_id,
+                    time.time(),
+                    command,
+                    json.dumps(list(sources)),
+                    json.dumps(config),
+                    json.dumps(versions),
+                    device,
+                    host,
+                    pid,
+                ),
             )
 
     def end_run(self, run_id: str, *, status: str, n_cases: int, n_done: int, n_failed: int, n_skipped: int) -> None:
@@ -221,10 +246,25 @@ class RunStore:
             )
             return int(self.db.execute("SELECT attempts FROM cases WHERE case_key=?", (case_key,)).fetchone()[0])
 
-    def record_attempt(self, *, run_id: str, case_key: str, stage: str, attempt: int, status: str, worker: str,
-                       device: str, ready_at: float | None, started_at: float | None, ended_at: float | None,
-                       wall_s: float | None, peak_rss_mb: float | None, peak_cuda_mb: float | None,
-                       error: str | None = None, detail: Mapping[str, Any] | None = None) -> None:
+    def record_attempt(
+        self,
+        *,
+        run_id: str,
+        case_key: str,
+        stage: str,
+        attempt: int,
+        status: str,
+        worker: str,
+        device: str,
+        ready_at: float | None,
+        started_at: float | None,
+        ended_at: float | None,
+        wall_s: float | None,
+        peak_rss_mb: float | None,
+        peak_cuda_mb: float | None,
+        error: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
         wait = None if ready_at is None or started_at is None else max(0.0, started_at - ready_at)
         self.db.execute(
             "INSERT INTO stage_attempts (run_id, case_key, stage, attempt, status, worker, device, ready_at, started_at,"
@@ -233,13 +273,37 @@ class RunStore:
             " device=excluded.device, started_at=excluded.started_at, ended_at=excluded.ended_at, wall_s=excluded.wall_s,"
             " queue_wait_s=excluded.queue_wait_s, peak_rss_mb=excluded.peak_rss_mb, peak_cuda_mb=excluded.peak_cuda_mb,"
             " error=excluded.error, detail=excluded.detail",
-            (run_id, case_key, stage, attempt, status, worker, device, ready_at, started_at, ended_at, wall_s, wait,
-             peak_rss_mb, peak_cuda_mb, error, json.dumps(detail) if detail else None),
+            (
+                run_id,
+                case_key,
+                stage,
+                attempt,
+                status,
+                worker,
+                device,
+                ready_at,
+                started_at,
+                ended_at,
+                wall_s,
+                wait,
+                peak_rss_mb,
+                peak_cuda_mb,
+                error,
+                json.dumps(detail) if detail else None,
+            ),
         )
 
-    def complete_case(self, case_key: str, *, output_dir: str, findings: Iterable[Mapping[str, Any]],
-                      measurements: Iterable[Sequence[Any]], ended_at: float | None = None,
-                      quality: Mapping[str, Any] | None = None, detect_skipped: str | None = None) -> None:
+    def complete_case(
+        self,
+        case_key: str,
+        *,
+        output_dir: str,
+        findings: Iterable[Mapping[str, Any]],
+        measurements: Iterable[Sequence[Any]],
+        ended_at: float | None = None,
+        quality: Mapping[str, Any] | None = None,
+        detect_skipped: str | None = None,
+    ) -> None:
         """Mark a case done with its findings, measurements and quality flags, in one transaction.
 
         ``measurements``: ``(name, value, unit)`` or ``(name, value, unit, reliable, reason)`` each;
@@ -271,8 +335,17 @@ class RunStore:
                 "UPDATE cases SET status='done', ended_at=?, latency_s=? - started_at, n_findings=?, output_dir=?,"
                 " reason=NULL, error_class=NULL, failed_stage=NULL, lung_coverage=?, contrast_phase=?, flags=?,"
                 " detect_skipped=? WHERE case_key=?",
-                (ended, ended, n, output_dir, (quality or {}).get("lung_coverage"), (quality or {}).get("contrast_phase"),
-                 ",".join(f["code"] for f in flags) if quality is not None else None, detect_skipped, case_key),
+                (
+                    ended,
+                    ended,
+                    n,
+                    output_dir,
+                    (quality or {}).get("lung_coverage"),
+                    (quality or {}).get("contrast_phase"),
+                    ",".join(f["code"] for f in flags) if quality is not None else None,
+                    detect_skipped,
+                    case_key,
+                ),
             )
 
     def release_case(self, case_key: str, *, reason: str, stage: str | None) -> None:
@@ -283,9 +356,7 @@ class RunStore:
         """
         with self.tx():
             self._expect(case_key, "release")
-            self.db.execute(
-                "UPDATE stage_attempts SET status='interrupted' WHERE case_key=? AND status='running'", (case_key,)
-            )
+            self.db.execute("UPDATE stage_attempts SET status='interrupted' WHERE case_key=? AND status='running'", (case_key,))
             self.db.execute(
                 "UPDATE cases SET status='pending', reason=?, error_class='RunEnvironmentError', failed_stage=?,"
                 " ended_at=NULL, output_dir=NULL WHERE case_key=?",
@@ -324,13 +395,18 @@ class RunStore:
         row = self.db.execute("SELECT case_id, status FROM cases WHERE case_key=?", (case_key,)).fetchone()
         allowed = TRANSITIONS[change]
         if row is None:
-            raise RunStoreError(f"cannot {change} case {case_key!r}: no such case in the run store",
-                                where=db_path(self.run_dir), fix="register the case (upsert_discovered) first")
+            raise RunStoreError(
+                f"cannot {change} case {case_key!r}: no such case in the run store",
+                where=db_path(self.run_dir),
+                fix="register the case (upsert_discovered) first",
+            )
         if row["status"] not in allowed:
             raise RunStoreError(
                 f"cannot {change} case {row['case_id']} ({case_key}): its status is {row['status']!r}, "
                 f"and {change} starts from {' or '.join(repr(s) for s in allowed)}",
-                where=db_path(self.run_dir), fix="check the case's status first; see the transitions in pipeline/runner/store.py")
+                where=db_path(self.run_dir),
+                fix="check the case's status first; see the transitions in pipeline/runner/store.py",
+            )
 
     def cases_with_status(self, *statuses: str) -> list[sqlite3.Row]:
         marks = ",".join("?" * len(statuses))
@@ -375,5 +451,7 @@ def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
         db.row_factory = sqlite3.Row
         db.execute("SELECT 1 FROM cases LIMIT 1")
     except sqlite3.DatabaseError as exc:
-        raise RunStoreError(f"the run database is unreadable ({exc})", where=path, fix="check that it is a ctpipe run store") from exc
+        raise RunStoreError(
+            f"the run database is unreadable ({exc})", where=path, fix="check that it is a ctpipe run store"
+        ) from exc
     return db

@@ -53,10 +53,16 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
         fnd = q("SELECT f.*, c.case_id FROM findings f JOIN cases c USING (case_key) ORDER BY c.case_id, f.idx")
         meas = q("SELECT m.*, c.case_id FROM measurements m JOIN cases c USING (case_key) ORDER BY c.case_id, m.name")
         gpu = q("SELECT * FROM gpu_samples ORDER BY t")
-        quality = (q("SELECT f.*, c.case_id FROM quality_flags f JOIN cases c USING (case_key) ORDER BY c.case_id, f.code")
-                   if "quality_flags" in have else pd.DataFrame(columns=_EMPTY["quality"]))
-        skipped = (q("SELECT s.* FROM skipped s LEFT JOIN runs r USING (run_id) ORDER BY r.started_at, s.what, s.item")
-                   if "skipped" in have else pd.DataFrame(columns=_EMPTY["skipped"]))
+        quality = (
+            q("SELECT f.*, c.case_id FROM quality_flags f JOIN cases c USING (case_key) ORDER BY c.case_id, f.code")
+            if "quality_flags" in have
+            else pd.DataFrame(columns=_EMPTY["quality"])
+        )
+        skipped = (
+            q("SELECT s.* FROM skipped s LEFT JOIN runs r USING (run_id) ORDER BY r.started_at, s.what, s.item")
+            if "skipped" in have
+            else pd.DataFrame(columns=_EMPTY["skipped"])
+        )
     finally:
         db.close()
     for name, df in (("cases", cases), ("measurements", meas)):
@@ -80,5 +86,13 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
     fnd = fnd[cols] if len(fnd.columns) else fnd
     qcols = ["run_dir", "case_id", "code", "severity", "message", "case_key"]
     quality = quality[qcols]
-    return {"runs": runs, "cases": cases, "stages": stages, "findings": fnd, "measurements": meas, "gpu": gpu,
-            "quality": quality, "skipped": skipped}
+    return {
+        "runs": runs,
+        "cases": cases,
+        "stages": stages,
+        "findings": fnd,
+        "measurements": meas,
+        "gpu": gpu,
+        "quality": quality,
+        "skipped": skipped,
+    }

@@ -70,8 +70,9 @@ def _cuda_device(device: str) -> Any:
 
 def run_task(stage: Stage, task: Task, worker: WorkerInfo) -> TaskResult:
     """Run one stage of one case, measuring wall time (s) and peak memory (MB)."""
-    res = TaskResult(task.case.case_key, task.stage, task.stage_index, task.attempt, False, worker.name, worker.device,
-                     task.ready_at)
+    res = TaskResult(
+        task.case.case_key, task.stage, task.stage_index, task.attempt, False, worker.name, worker.device, task.ready_at
+    )
     torch = _cuda_device(worker.device)
     if torch is not None:
         torch.cuda.reset_peak_memory_stats(worker.device)
@@ -101,8 +102,13 @@ def _describe_failure(res: TaskResult, exc: Exception, task: Task, worker: Worke
     if env is not None:  # not the case's fault: one line, no traceback; the case is retried by the next run
         res.environment = True
         res.error_class, res.error = "RunEnvironmentError", f"stage {task.stage}: {env.describe()}"
-        log.warning("case %s stage %s: %s", task.case.case_id, task.stage, env.describe(),
-                    extra={"case_id": task.case.case_id, "stage": task.stage, "event": "environment_failure"})
+        log.warning(
+            "case %s stage %s: %s",
+            task.case.case_id,
+            task.stage,
+            env.describe(),
+            extra={"case_id": task.case.case_id, "stage": task.stage, "event": "environment_failure"},
+        )
     elif isinstance(exc, CtpipeError):
         res.error_class, res.error = type(exc).__name__, str(exc)
     elif isinstance(exc, MemoryError):
@@ -110,8 +116,13 @@ def _describe_failure(res: TaskResult, exc: Exception, task: Task, worker: Worke
     else:
         res.error_class = type(exc).__name__
         res.error = f"unexpected {type(exc).__name__} in stage {task.stage}: {exc}"
-        log.error("case %s stage %s raised\n%s", task.case.case_id, task.stage, traceback.format_exc(),
-                  extra={"case_id": task.case.case_id, "stage": task.stage, "event": "stage_error"})
+        log.error(
+            "case %s stage %s raised\n%s",
+            task.case.case_id,
+            task.stage,
+            traceback.format_exc(),
+            extra={"case_id": task.case.case_id, "stage": task.stage, "event": "stage_error"},
+        )
 
 
 def setup_stages(stages: Sequence[Stage], worker: WorkerInfo) -> None:
@@ -122,8 +133,13 @@ def setup_stages(stages: Sequence[Stage], worker: WorkerInfo) -> None:
             stage.setup(worker)
         except CtpipeError as exc:
             raise FatalRunError(f"stage {stage.name} cannot start on {worker.device}: {exc}") from exc
-        log.info("%s: stage %s ready in %.2f s", worker.name, stage.name, time.perf_counter() - t0,
-                 extra={"event": "stage_setup", "stage": stage.name, "wall_s": round(time.perf_counter() - t0, 4)})
+        log.info(
+            "%s: stage %s ready in %.2f s",
+            worker.name,
+            stage.name,
+            time.perf_counter() - t0,
+            extra={"event": "stage_setup", "stage": stage.name, "wall_s": round(time.perf_counter() - t0, 4)},
+        )
 
 
 # -- inline ------------------------------------------------------------------------------------
@@ -167,8 +183,17 @@ def _watch_parent(parent_pid: int) -> None:
             pass
 
 
-def worker_main(name: str, device: str, stages: list[Stage], config: dict, run_dir: str, inq: Any, outq: Any,
-                parent_pid: int, torch_threads: int) -> None:
+def worker_main(
+    name: str,
+    device: str,
+    stages: list[Stage],
+    config: dict,
+    run_dir: str,
+    inq: Any,
+    outq: Any,
+    parent_pid: int,
+    torch_threads: int,
+) -> None:
     """Entry point of a worker process: set up stages lazily, then run tasks until told to stop."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     attach_jsonl(Path(run_dir) / "run.log", process=name)
@@ -230,8 +255,11 @@ def mp_context(start_method: str) -> ForkContext | ForkServerContext | SpawnCont
         return mp.get_context("spawn")
     if start_method == "fork":
         return mp.get_context("fork")
-    raise ConfigError(f"runner.start_method = {start_method!r} is not a way to start worker processes",
-                      where="runner.start_method", fix="use forkserver, spawn or fork")
+    raise ConfigError(
+        f"runner.start_method = {start_method!r} is not a way to start worker processes",
+        where="runner.start_method",
+        fix="use forkserver, spawn or fork",
+    )
 
 
 @dataclass
@@ -247,8 +275,18 @@ class _Worker:
 class ProcessExecutor:
     """CPU worker processes plus one model worker per device, each with a bounded queue."""
 
-    def __init__(self, stages: Sequence[Stage], *, config: Config, run_dir: Path, workers: int, devices: Sequence[str],
-                 queue_depth: int, start_method: str, torch_threads: int):
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        *,
+        config: Config,
+        run_dir: Path,
+        workers: int,
+        devices: Sequence[str],
+        queue_depth: int,
+        start_method: str,
+        torch_threads: int,
+    ):
         self.stages = list(stages)
         self.config = config
         self.run_dir = run_dir
@@ -284,9 +322,20 @@ class ProcessExecutor:
         stages = [s for s in self.stages if s.group == group]
         inq = self.ctx.Queue(maxsize=self.depth + 1)
         proc = self.ctx.Process(
-            target=worker_main, name=f"ctpipe-{name}", daemon=True,
-            args=(name, device, stages, self.config.to_dict(), str(self.run_dir), inq, self.outq, os.getpid(),
-                  self.torch_threads),
+            target=worker_main,
+            name=f"ctpipe-{name}",
+            daemon=True,
+            args=(
+                name,
+                device,
+                stages,
+                self.config.to_dict(),
+                str(self.run_dir),
+                inq,
+                self.outq,
+                os.getpid(),
+                self.torch_threads,
+            ),
         )
         with _main_module_hidden(any(type(s).__module__ == "__main__" for s in stages)):
             proc.start()
@@ -351,10 +400,21 @@ class ProcessExecutor:
                     new.held.append(t)
                     new.inq.put(t)
                     continue
-                out.append(TaskResult(t.case.case_key, t.stage, t.stage_index, t.attempt, False, w.name, w.device,
-                                      t.ready_at, error_class="WorkerDiedError",
-                                      error=f"worker process {w.name} died ({how}) while running stage {t.stage}",
-                                      worker_died=True))
+                out.append(
+                    TaskResult(
+                        t.case.case_key,
+                        t.stage,
+                        t.stage_index,
+                        t.attempt,
+                        False,
+                        w.name,
+                        w.device,
+                        t.ready_at,
+                        error_class="WorkerDiedError",
+                        error=f"worker process {w.name} died ({how}) while running stage {t.stage}",
+                        worker_died=True,
+                    )
+                )
         return out
 
     def close(self) -> None:

@@ -14,8 +14,9 @@ from pipeline.detection.network import BUNDLE_ARCHITECTURE, build_network
 from pipeline.volume import CTVolume, Geometry
 
 
-def chest_volume(shape_kji=(40, 64, 64), spacing=(1.4, 1.4, 2.5), seed=0, nodules=((0.3, 0.0, 0.0, 8.0),),
-                 direction=None, dtype=np.int16) -> CTVolume:
+def chest_volume(
+    shape_kji=(40, 64, 64), spacing=(1.4, 1.4, 2.5), seed=0, nodules=((0.3, 0.0, 0.0, 8.0),), direction=None, dtype=np.int16
+) -> CTVolume:
     """Body (soft tissue) in air, two lungs (-850 HU), solid spheres (nodules, +30 HU) in the lungs.
 
     ``nodules``: (fx, fy, fz, diameter_mm) with f* the position as a fraction (-1..1) of the half-extent.
@@ -37,8 +38,12 @@ def chest_volume(shape_kji=(40, 64, 64), spacing=(1.4, 1.4, 2.5), seed=0, nodule
         c = np.array([fx * ax, fy * ay, fz * az])
         arr[(x - c[0]) ** 2 + (y - c[1]) ** 2 + (z - c[2]) ** 2 <= (d / 2) ** 2] = 30.0
     arr += rng.normal(0, 15, arr.shape)
-    geom = Geometry(shape=shape_kji, spacing=spacing, origin=(-ax + spacing[0] / 2, -ay + spacing[1] / 2, -az + spacing[2] / 2),
-                    direction=np.eye(3) if direction is None else direction)
+    geom = Geometry(
+        shape=shape_kji,
+        spacing=spacing,
+        origin=(-ax + spacing[0] / 2, -ay + spacing[1] / 2, -az + spacing[2] / 2),
+        direction=np.eye(3) if direction is None else direction,
+    )
     return CTVolume(arr.astype(dtype), geom, metadata={"SeriesInstanceUID": f"1.2.3.{seed}"})
 
 
@@ -63,13 +68,23 @@ def inference_json(pixdim=(2.0, 2.0, 2.5), score_thresh=0.02, patch=(512, 512, 1
         "backbone": f"$monai.networks.nets.resnet.resnet{depth}(spatial_dims=3,n_input_channels=1,conv1_t_stride=[2,2,1],conv1_t_size=[7,7,7])",
         "feature_extractor": "$monai.apps.detection.networks.retinanet_network.resnet_fpn_feature_extractor(@backbone,3,False,[1,2],None)",
         "network_def": {
-            "_target_": "RetinaNet", "spatial_dims": "@spatial_dims", "num_classes": "@num_classes", "num_anchors": 3,
-            "feature_extractor": "@feature_extractor", "size_divisible": "@size_divisible", "use_list_output": False,
+            "_target_": "RetinaNet",
+            "spatial_dims": "@spatial_dims",
+            "num_classes": "@num_classes",
+            "num_anchors": 3,
+            "feature_extractor": "@feature_extractor",
+            "size_divisible": "@size_divisible",
+            "use_list_output": False,
         },
         "network": "$@network_def.to(@device)",
         "detector": {
-            "_target_": "RetinaNetDetector", "network": "@network", "anchor_generator": "@anchor_generator", "debug": False,
-            "spatial_dims": "@spatial_dims", "num_classes": "@num_classes", "size_divisible": "@size_divisible",
+            "_target_": "RetinaNetDetector",
+            "network": "@network",
+            "anchor_generator": "@anchor_generator",
+            "debug": False,
+            "spatial_dims": "@spatial_dims",
+            "num_classes": "@num_classes",
+            "size_divisible": "@size_divisible",
         },
         "detector_ops": [
             "$@detector.set_target_keys(box_key='box', label_key='label')",
@@ -83,20 +98,47 @@ def inference_json(pixdim=(2.0, 2.0, 2.5), score_thresh=0.02, patch=(512, 512, 1
                 {"_target_": "EnsureChannelFirstd", "keys": "@image_key"},
                 {"_target_": "Orientationd", "keys": "@image_key", "axcodes": "RAS"},
                 {"_target_": "Spacingd", "keys": "@image_key", "pixdim": list(pixdim), "padding_mode": "border"},
-                {"_target_": "ScaleIntensityRanged", "keys": "@image_key", "a_min": -1024.0, "a_max": 300.0, "b_min": 0.0, "b_max": 1.0, "clip": True},
+                {
+                    "_target_": "ScaleIntensityRanged",
+                    "keys": "@image_key",
+                    "a_min": -1024.0,
+                    "a_max": 300.0,
+                    "b_min": 0.0,
+                    "b_max": 1.0,
+                    "clip": True,
+                },
                 {"_target_": "EnsureTyped", "keys": "@image_key"},
             ],
         },
-        "inferer": {"_target_": "scripts.detection_inferer.RetinaNetInferer", "detector": "@detector", "force_sliding_window": False},
+        "inferer": {
+            "_target_": "scripts.detection_inferer.RetinaNetInferer",
+            "detector": "@detector",
+            "force_sliding_window": False,
+        },
         "postprocessing": {
             "_target_": "Compose",
             "transforms": [
-                {"_target_": "ClipBoxToImaged", "box_keys": "box", "label_keys": "label", "box_ref_image_keys": "@image_key", "remove_empty": True},
-                {"_target_": "AffineBoxToWorldCoordinated", "box_keys": "box", "box_ref_image_keys": "@image_key", "affine_lps_to_ras": True},
+                {
+                    "_target_": "ClipBoxToImaged",
+                    "box_keys": "box",
+                    "label_keys": "label",
+                    "box_ref_image_keys": "@image_key",
+                    "remove_empty": True,
+                },
+                {
+                    "_target_": "AffineBoxToWorldCoordinated",
+                    "box_keys": "box",
+                    "box_ref_image_keys": "@image_key",
+                    "affine_lps_to_ras": True,
+                },
                 {"_target_": "ConvertBoxModed", "box_keys": "box", "src_mode": "xyzxyz", "dst_mode": "cccwhd"},
             ],
         },
-        "checkpointloader": {"_target_": "CheckpointLoader", "load_path": "$@bundle_root + '/models/model.pt'", "load_dict": {"model": "@network"}},
+        "checkpointloader": {
+            "_target_": "CheckpointLoader",
+            "load_path": "$@bundle_root + '/models/model.pt'",
+            "load_dict": {"model": "@network"},
+        },
     }
 
 
@@ -120,9 +162,17 @@ def write_bundle(root: Path, *, state=None, config=None, **cfg_kwargs) -> Path:
 
 
 SMALL_ARCH = {
-    "kind": "small_resnet_fpn", "block": "basic", "layers": [1, 1, 1, 1], "block_inplanes": [16, 32, 64, 128],
-    "conv1_t_stride": [2, 2, 1], "conv1_t_size": [7, 7, 5], "returned_layers": [1, 2], "fpn_channels": 16,
-    "num_classes": 1, "num_anchors": 3, "size_divisible": [16, 16, 8],
+    "kind": "small_resnet_fpn",
+    "block": "basic",
+    "layers": [1, 1, 1, 1],
+    "block_inplanes": [16, 32, 64, 128],
+    "conv1_t_stride": [2, 2, 1],
+    "conv1_t_size": [7, 7, 5],
+    "returned_layers": [1, 2],
+    "fpn_channels": 16,
+    "num_classes": 1,
+    "num_anchors": 3,
+    "size_divisible": [16, 16, 8],
 }
 
 
@@ -134,13 +184,16 @@ def small_model(tmp_path: Path, *, roi=(192, 192, 160), spacing=(1.5, 1.5, 2.0),
         net.classification_head.cls_logits.bias.zero_()
     torch.save(net.state_dict(), tmp_path / "small.pt")
     data = {
-        "format": FORMAT, "name": "small-test", "spacing_mm_ras": list(spacing),
+        "format": FORMAT,
+        "name": "small-test",
+        "spacing_mm_ras": list(spacing),
         "intensity_window": {"a_min": -1024, "a_max": 300, "b_min": 0, "b_max": 1, "clip": True},
         "network": SMALL_ARCH,
         "anchors": {"feature_map_scales": [1, 2, 4], "base_anchor_shapes": [[3, 3, 2], [5, 5, 4], [8, 8, 6]]},
         "box_selector": {"score_thresh": 0.05, "topk_candidates_per_level": 1000, "nms_thresh": 0.22, "detections_per_img": 100},
         "sliding_window": {"roi_size": list(roi), "overlap": 0.25, "mode": "constant"},
-        "size_divisible": [16, 16, 8], "weights": "small.pt",
+        "size_divisible": [16, 16, 8],
+        "weights": "small.pt",
     }
     (tmp_path / "small.json").write_text(json.dumps(data))
     return load_model(tmp_path / "small.json")

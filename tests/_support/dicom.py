@@ -88,7 +88,7 @@ def write_series(
         ds.SeriesInstanceUID = series_uid
         ds.SeriesNumber = series_number
         ds.AcquisitionNumber = 1
-        ds.InstanceNumber = (instance_numbers[k] if instance_numbers is not None else k + 1)
+        ds.InstanceNumber = instance_numbers[k] if instance_numbers is not None else k + 1
         ds.ImagePositionPatient = [f"{v:.6f}" for v in positions[k]]
         ds.ImageOrientationPatient = [f"{v:.6f}" for v in orientation]
         ds.SamplesPerPixel = 1
@@ -112,9 +112,20 @@ def write_series(
     return paths
 
 
-def write_enhanced(path: Path, *, n: int = 12, rows: int = 16, cols: int = 20, pixel_spacing=(0.7, 0.8), step: float = 1.25,
-                   origin=(-10.0, -20.0, 30.0), hu: np.ndarray | None = None, shuffle: bool = True,
-                   slope: float = 1.0, intercept: float = -1024.0) -> tuple[Path, np.ndarray]:
+def write_enhanced(
+    path: Path,
+    *,
+    n: int = 12,
+    rows: int = 16,
+    cols: int = 20,
+    pixel_spacing=(0.7, 0.8),
+    step: float = 1.25,
+    origin=(-10.0, -20.0, 30.0),
+    hu: np.ndarray | None = None,
+    shuffle: bool = True,
+    slope: float = 1.0,
+    intercept: float = -1024.0,
+) -> tuple[Path, np.ndarray]:
     """One Enhanced CT file whose frames are stored in a shuffled order; returns (path, hu in slice order)."""
     hu = hu_pattern(n, rows, cols, 3) if hu is None else hu
     order = np.random.default_rng(5).permutation(n) if shuffle else np.arange(n)
@@ -184,6 +195,9 @@ def read_sitk(folder: Path, uid: str | None = None):
     reader = sitk.ImageSeriesReader()
     reader.SetFileNames(files)
     img = reader.Execute()
-    return (sitk.GetArrayFromImage(img), np.array(img.GetOrigin()), np.array(img.GetSpacing()),
-            np.array(img.GetDirection()).reshape(3, 3))
-
+    return (
+        sitk.GetArrayFromImage(img),
+        np.array(img.GetOrigin()),
+        np.array(img.GetSpacing()),
+        np.array(img.GetDirection()).reshape(3, 3),
+    )

@@ -54,6 +54,7 @@ def edit(paths: Iterable[Path], change: Callable[[Dataset], None]) -> None:
 
 def delete_tags(paths: Iterable[Path], *keywords: str) -> None:
     """Remove ``keywords`` (data set and file meta) from every file."""
+
     def change(ds: Dataset) -> None:
         for kw in keywords:
             if kw in ds:
@@ -66,6 +67,7 @@ def delete_tags(paths: Iterable[Path], *keywords: str) -> None:
 
 def set_values(paths: Iterable[Path], **values: Any) -> None:
     """Set data set elements on every file (e.g. ``RescaleSlope="NaN"``)."""
+
     def change(ds: Dataset) -> None:
         for kw, v in values.items():
             setattr(ds, kw, v)
@@ -76,6 +78,7 @@ def set_values(paths: Iterable[Path], **values: Any) -> None:
 def set_text(paths: Iterable[Path], tag: int, text: str) -> None:
     """Store ``text`` in element ``tag`` as a long string (LO), whatever the tag's own VR: for values
     pydicom refuses to write in their VR, such as a RescaleSlope of 'abc'."""
+
     def change(ds: Dataset) -> None:
         if tag in ds:
             del ds[tag]

@@ -94,8 +94,12 @@ def copdgene(root: Path | None = None) -> RealCase:
     a = whole & np.isin(region, (9, 10, 11))
     b = whole & np.isin(region, (12, 13, 14))
     left, right = (a, b) if _mean_x(a, vol.geometry) > _mean_x(b, vol.geometry) else (b, a)
-    return RealCase("copdgene", vol, {"lung_left": left, "lung_right": right},
-                    "COPDGene chest 64x64x79, 4.2 mm; whole-lung reference (vessels inside, main airways outside)")
+    return RealCase(
+        "copdgene",
+        vol,
+        {"lung_left": left, "lung_right": right},
+        "COPDGene chest 64x64x79, 4.2 mm; whole-lung reference (vessels inside, main airways outside)",
+    )
 
 
 def _totalseg(root: Path | None, ct: str, seg: str, name: str) -> RealCase:

@@ -29,11 +29,21 @@ from pipeline.runner.stage import CaseContext, Stage
 PHANTOM = {"matrix": 64, "slices": 24, "pixel_spacing": 2.0, "slice_spacing": 5.0}
 GOOD_SEEDS = (11, 12, 13)
 # fast settings for tests: no renderings, two organs (the real stages all run)
-FAST = ["--set", "reconstruct.renderings=false", "--set", "reconstruct.organs=lung_left,lung_right",
-        "--set", "report.enabled=true"]
+FAST = [
+    "--set",
+    "reconstruct.renderings=false",
+    "--set",
+    "reconstruct.organs=lung_left,lung_right",
+    "--set",
+    "report.enabled=true",
+]
 # quicker still, as run_batch options: the network's own scores (no false-positive reduction), reported from 0.5
-QUICK = {"reconstruct.renderings": False, "reconstruct.organs": ["lung_left", "lung_right"],
-         "detector.score_threshold": 0.5, "detector.postprocess": False}
+QUICK = {
+    "reconstruct.renderings": False,
+    "reconstruct.organs": ["lung_left", "lung_right"],
+    "detector.score_threshold": 0.5,
+    "detector.postprocess": False,
+}
 
 
 def write_good(root: Path) -> list[str]:
@@ -92,8 +102,7 @@ def ctpipe(*args: str, env: dict | None = None, timeout: float = 300) -> subproc
     """Run the ctpipe command line in a subprocess."""
     e = dict(os.environ)
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, env=e,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, env=e, timeout=timeout)
 
 
 def db_rows(run_dir: Path, sql: str, params: tuple = ()) -> list[tuple]:
@@ -125,8 +134,7 @@ def manifest(case_dir: Path) -> dict:
 def full_run(dicom_data, tmp_path_factory) -> dict:
     """One uninterrupted run over the good and the corrupt cases (shared by several test modules)."""
     out = tmp_path_factory.mktemp("runs") / "all"
-    p = ctpipe("run", str(dicom_data["good"]), str(dicom_data["bad"]), "--out", str(out), "--workers", "1", "--quiet",
-               *FAST)
+    p = ctpipe("run", str(dicom_data["good"]), str(dicom_data["bad"]), "--out", str(out), "--workers", "1", "--quiet", *FAST)
     return {"out": out, "proc": p}
 
 
@@ -151,8 +159,12 @@ class DieOnceStage(Stage):
 
 # -- identifiers, split series, scans without lungs, the fault corpus ------------------------------------------------
 #: Patient identifiers written into test series: distinctive strings that no output may contain by default.
-PATIENT = {"PatientID": "ZQX-PRIV-77310", "PatientName": "Quillfeather^Zenobia", "AccessionNumber": "ACCZQ55213",
-           "PatientBirthDate": "19020304"}
+PATIENT = {
+    "PatientID": "ZQX-PRIV-77310",
+    "PatientName": "Quillfeather^Zenobia",
+    "AccessionNumber": "ACCZQ55213",
+    "PatientBirthDate": "19020304",
+}
 PRIVATE_STRINGS = ("ZQX-PRIV-77310", "Quillfeather", "Zenobia", "ACCZQ55213")
 
 
@@ -217,8 +229,10 @@ def write_no_lungs(folder: Path, *, seed: int = 41, slices: int = 16) -> list[Pa
     hu = np.full((slices, 64, 64), -1000.0)
     hu[((i - 32) / 27.0) ** 2 + ((j - 34) / 20.0) ** 2 <= 1] = 40.0
     hu += rng.normal(0, 10, hu.shape)
-    vol = CTVolume(hu.astype(np.int16), Geometry(shape=(slices, 64, 64), spacing=(2.0, 2.0, 5.0),
-                                                 origin=(-64.0, -64.0, -40.0), direction=np.eye(3)))
+    vol = CTVolume(
+        hu.astype(np.int16),
+        Geometry(shape=(slices, 64, 64), spacing=(2.0, 2.0, 5.0), origin=(-64.0, -64.0, -40.0), direction=np.eye(3)),
+    )
     return write_dicom_series(vol, folder, seed=seed)
 
 
@@ -268,10 +282,21 @@ def write_fault_corpus(root: Path) -> dict[str, Any]:
     holed = write_phantom(root / "one_file_no_pixels", seed=8)
     edit(holed[5:6], lambda ds: delattr(ds, "PixelData"))
     return {
-        "skipped_files": {junk["empty"]: "not_dicom", junk["random"]: "not_dicom", junk["text"]: "not_dicom",
-                          cut: "truncated", loop: "unreadable", up: "not_followed"},
-        "not_selected": {"mr": "modality is MR", "one_slice": "min_slices", "two_slices": "min_slices",
-                         "no_pixels": "no pixel data", "split_scout": "localizer"},
+        "skipped_files": {
+            junk["empty"]: "not_dicom",
+            junk["random"]: "not_dicom",
+            junk["text"]: "not_dicom",
+            cut: "truncated",
+            loop: "unreadable",
+            up: "not_followed",
+        },
+        "not_selected": {
+            "mr": "modality is MR",
+            "one_slice": "min_slices",
+            "two_slices": "min_slices",
+            "no_pixels": "no pixel data",
+            "split_scout": "localizer",
+        },
         "quarantined": {"one_file_no_pixels": "MissingPixelDataError"},
         "done": {"Patiënt_ñandú/série_1": 1, "split_scout": 1, "split_spacing": 2},
         "split": {"scout": split_uid, "spacing": spacing_uid},

@@ -23,8 +23,15 @@ def sphere_mask(shape=(40, 40, 40), center=(20, 20, 20), radius=12.0) -> np.ndar
 
 
 def synthetic_chest(
-    *, n: int = 96, spacing: float = 1.5, slices: int = 64, slice_spacing: float = 2.0,
-    direction: np.ndarray | None = None, noise: float = 15.0, seed: int = 0, merged: bool = False,
+    *,
+    n: int = 96,
+    spacing: float = 1.5,
+    slices: int = 64,
+    slice_spacing: float = 2.0,
+    direction: np.ndarray | None = None,
+    noise: float = 15.0,
+    seed: int = 0,
+    merged: bool = False,
     with_airway: bool = True,
 ) -> tuple[CTVolume, dict[str, np.ndarray]]:
     """A chest-like volume (HU) and its true masks, built in LPS mm so any direction works.
@@ -69,7 +76,7 @@ def synthetic_chest(
     from scipy import ndimage
 
     airway_wall = ndimage.binary_dilation(airway, iterations=1) & ~airway & body
-    spine = ((x / (0.12 * w)) ** 2 + ((y - 0.42 * w) / (0.1 * w)) ** 2 <= 1.0)
+    spine = (x / (0.12 * w)) ** 2 + ((y - 0.42 * w) / (0.1 * w)) ** 2 <= 1.0
     ring = (x / (0.8 * w)) ** 2 + (y / (0.55 * w)) ** 2
     ribs = (ring <= 1.0) & (ring >= 0.86) & (np.cos(z / (0.12 * size[2]) * np.pi) > 0.3) & (y > -0.4 * w)
     bone = (spine | ribs) & body
