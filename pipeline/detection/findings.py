@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_bytes
+from ..volume import float3, int3
 
 log = logging.getLogger(__name__)
 
@@ -157,12 +158,12 @@ class Finding:
     def from_json(cls, data: Mapping[str, Any]) -> Finding:
         frame = data.get("frame_number")
         return cls(
-            center_lps=tuple(float(v) for v in data["center_lps"]),  # type: ignore[arg-type]
-            box_min_lps=tuple(float(v) for v in data["box_min_lps"]),  # type: ignore[arg-type]
-            box_max_lps=tuple(float(v) for v in data["box_max_lps"]),  # type: ignore[arg-type]
+            center_lps=float3(data["center_lps"]),
+            box_min_lps=float3(data["box_min_lps"]),
+            box_max_lps=float3(data["box_max_lps"]),
             diameter_mm=float(data["diameter_mm"]),
             score=float(data["score"]),
-            voxel_ijk=tuple(int(v) for v in data["voxel_ijk"]),  # type: ignore[arg-type]
+            voxel_ijk=int3(data["voxel_ijk"]),
             slice_number=int(data["slice_number"]),
             sop_instance_uid=data.get("sop_instance_uid"),
             frame_number=int(frame) if frame is not None else None,
@@ -270,7 +271,7 @@ class Findings:
             restricted_to_lungs=bool(data.get("restricted_to_lungs", False)),
             timings_ms=dict(data.get("timings_ms", {})),
             device=str(data.get("device", "cpu")),
-            input_shape_xyz=tuple(int(v) for v in shape) if (shape := data.get("input_shape_xyz")) else None,  # type: ignore[arg-type]
+            input_shape_xyz=int3(shape) if (shape := data.get("input_shape_xyz")) else None,
             sliding_window=bool(data.get("sliding_window", False)),
             precision=str(data.get("precision", "float32")),
             score_threshold=float(thr) if thr is not None else None,

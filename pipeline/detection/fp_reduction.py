@@ -33,7 +33,7 @@ from scipy import ndimage
 from torch import nn
 
 from ..errors import BundleError
-from ..volume import CTVolume
+from ..volume import CTVolume, float3, int3
 from .candidates import blob_candidates
 from .findings import Finding, Findings, slice_fields
 from .lungs import LungRegion
@@ -109,7 +109,7 @@ class FPReductionConfig:
                 weights=weights_dir / str(data["weights"]),
                 patch=int(data.get("patch", 24)),
                 spacing_mm=float(data.get("spacing_mm", 1.0)),
-                channels=tuple(int(c) for c in data.get("channels", (8, 16, 32))),  # type: ignore[arg-type]
+                channels=int3(data.get("channels", (8, 16, 32))),
                 hidden=int(data.get("hidden", 64)),
                 blob_candidates=int(data.get("blob_candidates", 200)),
                 detector_weight=float(data.get("detector_weight", 0.5)),
@@ -281,9 +281,9 @@ def candidate_findings(
             c, r = found.centers_lps[n], found.diameters_mm[n] / 2.0
             items.append(
                 Finding(
-                    center_lps=tuple(float(v) for v in c),  # type: ignore[arg-type]
-                    box_min_lps=tuple(float(v) for v in c - r),  # type: ignore[arg-type]
-                    box_max_lps=tuple(float(v) for v in c + r),  # type: ignore[arg-type]
+                    center_lps=float3(c),
+                    box_min_lps=float3(c - r),
+                    box_max_lps=float3(c + r),
                     diameter_mm=float(2.0 * r),
                     score=0.0,
                     voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), int(vox[n, 2])),

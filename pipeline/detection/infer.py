@@ -33,7 +33,7 @@ import torch
 
 from ..errors import InputTooSmallError, InvalidVolumeError
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
-from ..volume import CTVolume, LabelMap
+from ..volume import CTVolume, LabelMap, float3
 from .bundle import LoadedModel, load_model
 from .findings import Finding, Findings, slice_fields, slice_number_source
 from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
@@ -179,7 +179,7 @@ class Detector:
             return region, None
         margin = self.config.lung_crop_margin_mm if margin_mm is None else float(margin_mm)
         lo, hi = region.bbox_ijk(margin, volume.geometry.size_ijk)
-        roi = Roi(lo=tuple(float(v) for v in lo), hi=tuple(float(v - 1) for v in hi), space="index")  # type: ignore[arg-type]
+        roi = Roi(lo=float3(lo), hi=float3(v - 1 for v in hi), space="index")
         return region, roi
 
     def _run_network(self, tensor: torch.Tensor) -> tuple[list[dict[str, torch.Tensor]], float, bool]:
@@ -258,7 +258,9 @@ class Detector:
         t0 = time.perf_counter()
         case = preprocess_volume(volume, self.spec, device=str(self.device), roi=roi, case_id=case_id or "volume")
         timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
-        result = self._finish(result, case.unwrap(), case.geometry, region, volume.metadata, timings, t_all, where)  # type: ignore[arg-type]
+        tensor = case.unwrap()  # raises the case's error, so a geometry is there from here on
+        assert case.geometry is not None
+        result = self._finish(result, tensor, case.geometry, region, volume.metadata, timings, t_all, where)
         return self.apply_operating_point(self.postprocess(volume, result, region=region))
 
     def apply_operating_point(self, findings: Findings) -> Findings:
@@ -414,9 +416,9 @@ class Detector:
             k = int(vox[n, 2])
             findings.append(
                 Finding(
-                    center_lps=tuple(float(v) for v in centres[n]),  # type: ignore[arg-type]
-                    box_min_lps=tuple(float(v) for v in bmin[n]),  # type: ignore[arg-type]
-                    box_max_lps=tuple(float(v) for v in bmax[n]),  # type: ignore[arg-type]
+                    center_lps=float3(centres[n]),
+                    box_min_lps=float3(bmin[n]),
+                    box_max_lps=float3(bmax[n]),
                     diameter_mm=float(np.cbrt(np.prod(np.maximum(ext, 0.0)))),
                     score=float(scores[n]),
                     voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),

@@ -43,7 +43,7 @@ import numpy as np
 from scipy import ndimage
 
 from ..errors import ConfigError
-from ..volume import CTVolume
+from ..volume import CTVolume, float3
 from .findings import Finding, Findings, slice_fields
 
 log = logging.getLogger(__name__)
@@ -221,9 +221,9 @@ def refine_findings(
         k = int(vox[n, 2])
         out.append(
             Finding(
-                center_lps=tuple(float(v) for v in res.centers_lps[n]),  # type: ignore[arg-type]
-                box_min_lps=tuple(float(v) for v in np.add(f.box_min_lps, delta)),  # type: ignore[arg-type]
-                box_max_lps=tuple(float(v) for v in np.add(f.box_max_lps, delta)),  # type: ignore[arg-type]
+                center_lps=float3(res.centers_lps[n]),
+                box_min_lps=float3(np.add(f.box_min_lps, delta)),
+                box_max_lps=float3(np.add(f.box_max_lps, delta)),
                 diameter_mm=f.diameter_mm,  # the blob's core under-sizes part-solid nodules; keep the box's
                 score=f.score if scores is None else float(scores[n]),
                 voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),

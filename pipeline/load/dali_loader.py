@@ -163,13 +163,13 @@ class DaliLoader(BaseLoader):
             x = fn.transpose(x, perm=perm)
             x = fn.reshape(x, layout="DHW")
             x = fn.expand_dims(x, axes=[3], new_axis_names="C")
-            x = fn.resize(
+            x = fn.resize(  # type: ignore[assignment]
                 x,
                 size=size,
                 roi_start=roi_start,
                 roi_end=roi_end,
-                antialias=False,  # type: ignore[assignment]
-                interp_type=types.INTERP_LINEAR,
+                antialias=False,
+                interp_type=types.INTERP_LINEAR,  # type: ignore[attr-defined]
                 dtype=types.FLOAT,  # type: ignore[attr-defined]
                 subpixel_scale=False,
             )
