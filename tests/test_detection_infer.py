@@ -372,7 +372,7 @@ def test_real_series_slice_numbers(tmp_path):
     for k in (0, nk // 2, nk - 1):
         z = round(float(vol.geometry.index_to_lps([0, 0, k])[2]), 2)
         assert by_z[z] == (md["InstanceNumbers"][k], md["SOPInstanceUIDs"][k])
-    det = Detector(model=small_model(tmp_path, spacing=(4.0, 4.0, 4.0)), device="cpu", all_candidates=True)
+    det = Detector(model=small_model(tmp_path, spacing=(4.0, 4.0, 4.0)), device="cpu", all_candidates=True, postprocess=False)
     res = det.detect(vol, case_id="rt")
     assert res.slice_number_source == "InstanceNumber"
     _check_findings_name_their_slices(res, vol)
