@@ -332,8 +332,8 @@ class Listener:
             self._stop.wait(max(5.0, self.poll_s))
             return
         self.batches += 1
-        if summary.fatal:
-            log.error("run stopped: %s; the %d series stay queued", summary.fatal, len(batch))
+        if summary.fatal or summary.stopped:  # run folder unwritable (disk full...): the cases left pending stay queued
+            log.error("run stopped: %s; the %d series stay queued", summary.fatal or summary.stopped, len(batch))
             self._stop.wait(30.0)
             return
         cases = open_run(self.run_dir).cases
