@@ -10,6 +10,7 @@ LPS, in mm)::
     summary = ctp.run_batch(["dicom/"], out="runs/r1")   # the batch runner
     run = ctp.open_run("runs/r1")                        # results as DataFrames
     ctp.show(vol, findings=findings, recon=recon)        # a slice with findings and outlines
+    ctp.read_sr_findings(run.dicom_outputs.sr[0])        # a case's DICOM SR back as a findings table
 
 Names are imported lazily, so ``import pipeline`` stays fast.
 """
@@ -34,6 +35,7 @@ _LAZY = {
     "reconstruct": "pipeline.reconstruction",
     "run_batch": "pipeline.runner",
     "open_run": "pipeline.runner",
+    "read_sr_findings": "pipeline.dicom_out",
     "show": "pipeline.show",
 }
 

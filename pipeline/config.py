@@ -1,7 +1,7 @@
 """ctpipe configuration: schema, validation, and precedence of sources.
 
 Every option lives in a section (``ingest``, ``loader``, ``detector``,
-``reconstruct``, ``runner``, ``report``, ``privacy``, ``metrics``, ``pacs``) and is documented with its
+``reconstruct``, ``outputs``, ``runner``, ``report``, ``privacy``, ``metrics``, ``pacs``) and is documented with its
 unit in ``configs/default.yaml``. Values come from, highest precedence first:
 
 1. explicit overrides (CLI flags, keyword arguments of :func:`pipeline.run_batch`),
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .dicom_out.kinds import OUTPUTS as DICOM_OUTPUTS
 from .errors import ConfigError
 from .reconstruction.organs import ORGANS
 
@@ -70,21 +71,56 @@ SCHEMA: dict[str, dict[str, Option]] = {
     "ingest": {
         "min_slices": Option(10, "int", "slices", "fewest slices a series needs to be processed", lo=2),
         "allow_derived": Option(False, "bool", "", "also accept DERIVED/SECONDARY image types"),
-        "spacing_tolerance": Option(0.02, "float", "fraction", "tolerated deviation of each slice step from the median step (0.02 = 2 %)", lo=0.0, hi=1.0),
+        "spacing_tolerance": Option(
+            0.02, "float", "fraction", "tolerated deviation of each slice step from the median step (0.02 = 2 %)", lo=0.0, hi=1.0
+        ),
         "allow_gantry_tilt": Option(False, "bool", "", "resample tilted-gantry series instead of refusing them"),
     },
     "loader": {
-        "backend": Option("auto", "choice", "", "model-input loader (auto picks DALI when installed)", choices=("auto", "dali", "torch")),
-        "roi": Option("none", "choice", "", "crop the model input to a region of interest (lungs: their box + roi_margin_mm)", choices=("none", "lungs")),
+        "backend": Option(
+            "auto", "choice", "", "model-input loader (auto picks DALI when installed)", choices=("auto", "dali", "torch")
+        ),
+        "roi": Option(
+            "none",
+            "choice",
+            "",
+            "crop the model input to a region of interest (lungs: their box + roi_margin_mm)",
+            choices=("none", "lungs"),
+        ),
         "roi_margin_mm": Option(10.0, "float", "mm", "margin around the region of interest", lo=0.0, hi=200.0),
     },
     "detector": {
         "bundle": Option(None, "path", "", "MONAI bundle folder; null uses the embedded demo weights", nullable=True),
-        "score_threshold": Option(None, "float", "probability", "report findings scoring at or above this; null = the model's operating point (chosen on validation data); the other candidates stay in the findings JSON", lo=0.0, hi=1.0, nullable=True),
-        "all_candidates": Option(False, "bool", "", "report every candidate the detector keeps, whatever its score (overrides score_threshold)"),
-        "lung_restriction": Option(True, "bool", "", "restrict detection to the lungs' region (crop the model input to the lungs' box and drop findings outside the lungs)"),
-        "amp": Option(True, "bool", "", "mixed precision where the hardware runs it natively (float16 on a GPU, bfloat16 on CPUs with AVX512-BF16/AMX); false = float32"),
-        "postprocess": Option(True, "bool", "", "refine centres on the HU volume and re-score (the demo model's false-positive reduction; compact-blob rescoring for bundles); false = the network's boxes as MONAI returns them"),
+        "score_threshold": Option(
+            None,
+            "float",
+            "probability",
+            "report findings scoring at or above this; null = the model's operating point (chosen on validation data); the other candidates stay in the findings JSON",
+            lo=0.0,
+            hi=1.0,
+            nullable=True,
+        ),
+        "all_candidates": Option(
+            False, "bool", "", "report every candidate the detector keeps, whatever its score (overrides score_threshold)"
+        ),
+        "lung_restriction": Option(
+            True,
+            "bool",
+            "",
+            "restrict detection to the lungs' region (crop the model input to the lungs' box and drop findings outside the lungs)",
+        ),
+        "amp": Option(
+            True,
+            "bool",
+            "",
+            "mixed precision where the hardware runs it natively (float16 on a GPU, bfloat16 on CPUs with AVX512-BF16/AMX); false = float32",
+        ),
+        "postprocess": Option(
+            True,
+            "bool",
+            "",
+            "refine centres on the HU volume and re-score (the demo model's false-positive reduction; compact-blob rescoring for bundles); false = the network's boxes as MONAI returns them",
+        ),
         "write_png": Option(True, "bool", "", "write a PNG (slice and MIP slab) per finding"),
     },
     "reconstruct": {
@@ -92,55 +128,140 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "organs": Option(list(ORGANS), "choices", "", "organs to segment and mesh", choices=ORGANS),
         "mesh_formats": Option(["stl"], "choices", "", "mesh file formats to write", choices=_MESH_FORMATS),
         "smoothing_iterations": Option(20, "int", "iterations", "mesh smoothing passes", lo=0, hi=500),
-        "target_triangles": Option(None, "int", "triangles", "decimate each mesh to about this many triangles", lo=100, nullable=True),
+        "target_triangles": Option(
+            None, "int", "triangles", "decimate each mesh to about this many triangles", lo=100, nullable=True
+        ),
         "renderings": Option(True, "bool", "", "write MPR, MIP and 3D preview PNGs"),
-        "device": Option("cpu", "choice", "", "where segmentation runs: cpu (CPU workers) or model (the model worker's device)", choices=("cpu", "model")),
+        "device": Option(
+            "cpu",
+            "choice",
+            "",
+            "where segmentation runs: cpu (CPU workers) or model (the model worker's device)",
+            choices=("cpu", "model"),
+        ),
+    },
+    "outputs": {
+        "dicom": Option(
+            list(DICOM_OUTPUTS),
+            "choices",
+            "",
+            "DICOM results of each case (<case>/dicom/): sr = TID 1500 structured report of the findings, measurements and quality flags; seg = segmentation of the organ and nodule masks; [] or none = no DICOM results; patient identifiers written empty unless privacy.keep_identifiers",
+            choices=DICOM_OUTPUTS,
+        ),
+        "seg_omit_empty_frames": Option(
+            False,
+            "bool",
+            "",
+            "leave the frames without any segmented voxel out of the SEG (smaller; viewers then show those slices without a segment)",
+        ),
     },
     "runner": {
-        "workers": Option(2, "int", "processes", "CPU worker processes (0 runs every stage in this process, one case after another)", lo=0, hi=256),
+        "workers": Option(
+            2,
+            "int",
+            "processes",
+            "CPU worker processes (0 runs every stage in this process, one case after another)",
+            lo=0,
+            hi=256,
+        ),
         "device": Option("auto", "str", "", "model device: auto, cpu, cuda (every GPU) or cuda:N"),
         "queue_depth": Option(2, "int", "cases", "model inputs queued per model worker ahead of the one it runs", lo=1, hi=64),
-        "max_in_flight": Option(0, "int", "cases", "cases admitted at once; 0 = 2 x (workers + model workers) + 2", lo=0, hi=4096),
+        "max_in_flight": Option(
+            0, "int", "cases", "cases admitted at once; 0 = 2 x (workers + model workers) + 2", lo=0, hi=4096
+        ),
         "retries": Option(1, "int", "attempts", "extra attempts for a case whose worker process died", lo=0, hi=10),
         "retry_failed": Option(False, "bool", "", "re-attempt cases quarantined by an earlier run of the same folder"),
         "keep_cache": Option(False, "bool", "", "keep each case's cached HU array after the case completes"),
         "torch_threads": Option(0, "int", "threads", "torch threads per worker; 0 = cores / processes", lo=0, hi=256),
         "start_method": Option("forkserver", "choice", "", "how worker processes start", choices=("forkserver", "spawn", "fork")),
-        "worklist_root": Option(None, "path", "", "base folder for relative paths in a worklist CSV (default: the CSV's folder)", nullable=True),
+        "worklist_root": Option(
+            None, "path", "", "base folder for relative paths in a worklist CSV (default: the CSV's folder)", nullable=True
+        ),
     },
     "report": {
         "enabled": Option(True, "bool", "", "write the report at the end of every run"),
         "bin_minutes": Option(60, "int", "minutes", "bin width of the throughput-over-time plot", lo=1, hi=1440),
-        "hours_per_day": Option(24.0, "float", "hours", "operating hours per day used for the cases/day projection", lo=0.1, hi=24.0),
+        "hours_per_day": Option(
+            24.0, "float", "hours", "operating hours per day used for the cases/day projection", lo=0.1, hi=24.0
+        ),
     },
     "privacy": {
-        "keep_identifiers": Option(False, "bool", "", "keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber, ...) in the case cache and volume.json; by default they are left out of everything a run writes"),
+        "keep_identifiers": Option(
+            False,
+            "bool",
+            "",
+            "keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber, ...) in the case cache and volume.json; by default they are left out of everything a run writes",
+        ),
     },
     "metrics": {
-        "port": Option(None, "int", "TCP port", "serve Prometheus metrics over HTTP during a run; null = off", lo=1, hi=65535, nullable=True),
+        "port": Option(
+            None, "int", "TCP port", "serve Prometheus metrics over HTTP during a run; null = off", lo=1, hi=65535, nullable=True
+        ),
         "bind": Option("127.0.0.1", "str", "", "address the metrics server listens on"),
         "textfile": Option(True, "bool", "", "write RUN_DIR/metrics.prom for node_exporter's textfile collector"),
-        "textfile_dir": Option(None, "path", "", "also write ctpipe.prom into this folder (node_exporter --collector.textfile.directory)", nullable=True),
+        "textfile_dir": Option(
+            None,
+            "path",
+            "",
+            "also write ctpipe.prom into this folder (node_exporter --collector.textfile.directory)",
+            nullable=True,
+        ),
         "nvml_interval_s": Option(2.0, "float", "s", "GPU utilisation/memory sampling interval", lo=0.1, hi=3600.0),
     },
     "pacs": {
-        "ae_title": Option("CTPIPE", "str", "", "ctpipe's DICOM AE title: calling AE of queries and retrievals, called AE of ctpipe listen and of C-MOVE retrievals"),
+        "ae_title": Option(
+            "CTPIPE",
+            "str",
+            "",
+            "ctpipe's DICOM AE title: calling AE of queries and retrievals, called AE of ctpipe listen and of C-MOVE retrievals",
+        ),
         "bind": Option("127.0.0.1", "str", "", "address ctpipe listen and the C-MOVE storage SCP listen on"),
         "port": Option(11112, "int", "TCP port", "port of ctpipe listen", lo=1, hi=65535),
-        "move_port": Option(11113, "int", "TCP port", "port of the storage SCP that receives C-MOVE retrievals (the archive must know ae_title there)", lo=1, hi=65535),
+        "move_port": Option(
+            11113,
+            "int",
+            "TCP port",
+            "port of the storage SCP that receives C-MOVE retrievals (the archive must know ae_title there)",
+            lo=1,
+            hi=65535,
+        ),
         "allowed_aets": Option([], "strs", "", "calling AE titles ctpipe listen accepts instances from; empty = none"),
-        "quiet_period_s": Option(30.0, "float", "s", "a received series is complete after this long without a new instance", lo=0.1, hi=86400.0),
-        "series_limit_s": Option(3600.0, "float", "s", "a received series still incomplete this long after its first instance is reported and processed as it is", lo=1.0, hi=604800.0),
-        "retrieve": Option("move", "choice", "", "DIMSE retrieval: C-MOVE to ctpipe's storage SCP, or C-GET", choices=("move", "get")),
-        "timeout_s": Option(30.0, "float", "s", "network timeout of a request, an association and each DIMSE message", lo=0.1, hi=3600.0),
+        "quiet_period_s": Option(
+            30.0, "float", "s", "a received series is complete after this long without a new instance", lo=0.1, hi=86400.0
+        ),
+        "series_limit_s": Option(
+            3600.0,
+            "float",
+            "s",
+            "a received series still incomplete this long after its first instance is reported and processed as it is",
+            lo=1.0,
+            hi=604800.0,
+        ),
+        "retrieve": Option(
+            "move", "choice", "", "DIMSE retrieval: C-MOVE to ctpipe's storage SCP, or C-GET", choices=("move", "get")
+        ),
+        "timeout_s": Option(
+            30.0, "float", "s", "network timeout of a request, an association and each DIMSE message", lo=0.1, hi=3600.0
+        ),
         "retries": Option(3, "int", "attempts", "extra attempts of a request that failed for a transient reason", lo=0, hi=20),
         "backoff_s": Option(1.0, "float", "s", "wait before the first retry; doubled for each further one", lo=0.0, hi=600.0),
         "tls_verify": Option(True, "bool", "", "verify HTTPS certificates of DICOMweb archives"),
         "ca_bundle": Option(None, "path", "", "CA certificates for HTTPS; null = the system's", nullable=True),
         "netrc": Option(None, "path", "", "netrc-style credentials file; null = $NETRC or ~/.netrc", nullable=True),
-        "send_to": Option(None, "str", "", "destination of the DICOM results (SR, SEG) of completed cases; null = none", nullable=True),
-        "send_retries": Option(5, "int", "attempts", "extra attempts to send a result file before it is recorded as failed", lo=0, hi=100),
-        "send_drain_s": Option(60.0, "float", "s", "at the end of ctpipe run, wait at most this long for results still being sent", lo=0.0, hi=86400.0),
+        "send_to": Option(
+            None, "str", "", "destination of the DICOM results (SR, SEG) of completed cases; null = none", nullable=True
+        ),
+        "send_retries": Option(
+            5, "int", "attempts", "extra attempts to send a result file before it is recorded as failed", lo=0, hi=100
+        ),
+        "send_drain_s": Option(
+            60.0,
+            "float",
+            "s",
+            "at the end of ctpipe run, wait at most this long for results still being sent",
+            lo=0.0,
+            hi=86400.0,
+        ),
     },
 }
 
@@ -190,6 +311,8 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
             raise bad()
         return value
     if k == "choices":
+        if path == "outputs.dicom" and isinstance(value, str) and value.strip().lower() == "none":
+            value = []
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)) or any(v not in opt.choices for v in value):
@@ -286,8 +409,11 @@ def defaults() -> dict[str, dict[str, Any]]:
 
 def _merge(data: dict, layer: Mapping[str, Any], source: str, sources: dict[str, str]) -> None:
     if not isinstance(layer, Mapping):
-        raise ConfigError(f"the top level must be a mapping of sections, got {type(layer).__name__}", where=source,
-                          fix="write sections such as 'runner:' with options indented below them")
+        raise ConfigError(
+            f"the top level must be a mapping of sections, got {type(layer).__name__}",
+            where=source,
+            fix="write sections such as 'runner:' with options indented below them",
+        )
     for sec, values in layer.items():
         if sec not in SCHEMA:
             raise ConfigError(f"unknown section {sec!r}; allowed: {', '.join(SCHEMA)}", where=source, fix="remove or rename it")
@@ -299,8 +425,11 @@ def _merge(data: dict, layer: Mapping[str, Any], source: str, sources: dict[str,
             path = f"{sec}.{key}"
             opt = SCHEMA[sec].get(key)
             if opt is None:
-                raise ConfigError(f"unknown option {path!r} (value {value!r}); allowed in {sec}: {', '.join(SCHEMA[sec])}",
-                                  where=source, fix="remove it or correct its spelling (see configs/default.yaml)")
+                raise ConfigError(
+                    f"unknown option {path!r} (value {value!r}); allowed in {sec}: {', '.join(SCHEMA[sec])}",
+                    where=source,
+                    fix="remove it or correct its spelling (see configs/default.yaml)",
+                )
             data[sec][key] = _check(path, opt, value, source)
             sources[path] = source
 
@@ -313,7 +442,9 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         text = p.read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read the config file ({exc.strerror})", where=p, fix="check the path given to --config") from exc
+        raise ConfigError(
+            f"cannot read the config file ({exc.strerror})", where=p, fix="check the path given to --config"
+        ) from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -330,14 +461,17 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, A
     for name, raw in env.items():
         if not name.startswith("CTPIPE_"):
             continue
-        rest = name[len("CTPIPE_"):].lower()
+        rest = name[len("CTPIPE_") :].lower()
         sec = next((s for s in SCHEMA if rest.startswith(s + "_")), None)
         if sec is None:
             continue  # other CTPIPE_* variables are not configuration
-        key = rest[len(sec) + 1:]
+        key = rest[len(sec) + 1 :]
         if key not in SCHEMA[sec]:
-            raise ConfigError(f"unknown option {sec}.{key!r} (value {raw!r}); allowed in {sec}: {', '.join(SCHEMA[sec])}",
-                              where=f"environment variable {name}", fix="unset it or correct its name")
+            raise ConfigError(
+                f"unknown option {sec}.{key!r} (value {raw!r}); allowed in {sec}: {', '.join(SCHEMA[sec])}",
+                where=f"environment variable {name}",
+                fix="unset it or correct its name",
+            )
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
@@ -355,8 +489,11 @@ def overrides_layer(overrides: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         dotted = ALIASES.get(key, key.replace("__", "."))
         if "." not in dotted:
-            raise ConfigError(f"unknown override {key!r} (value {value!r}); allowed: {', '.join(ALIASES)} or 'section.option'",
-                              where="overrides", fix="use a dotted name such as runner.workers")
+            raise ConfigError(
+                f"unknown override {key!r} (value {value!r}); allowed: {', '.join(ALIASES)} or 'section.option'",
+                where="overrides",
+                fix="use a dotted name such as runner.workers",
+            )
         sec, opt = dotted.split(".", 1)
         layer.setdefault(sec, {})[opt] = value
     return layer

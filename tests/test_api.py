@@ -51,7 +51,7 @@ def test_readme_notebook_example_runs(tmp_path):
     assert (tmp_path / facts["report"]).is_file()
     assert "2 cases (2 done, 0 failed" in facts["repr"]
     assert facts["statuses"] == ["done"] and facts["latency_ok"]
-    assert facts["stages"] == ["ingest", "reconstruct", "load", "detect", "nodules", "write"]
+    assert facts["stages"] == ["ingest", "reconstruct", "load", "detect", "nodules", "write", "dicom"]
     assert len(facts["lungs"]) == 2 and all(v > 0 and u == "mL" for v, u in facts["lungs"])
     # the case folder holds what the results point to
     assert facts["case_status"] == "done" and "findings.json" in facts["case_files"]

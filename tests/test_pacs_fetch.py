@@ -221,7 +221,8 @@ def test_runs_from_dicomweb_and_dimse_find_what_the_folder_run_finds(orthanc, cr
     out = capsys.readouterr().out
     assert "0 series retrieved, 1 retrieved earlier" in out and "0 case(s) done" in out and "1 already done earlier" in out
     # the case's DICOM results (SR, SEG: whatever the pipeline wrote) went to Orthanc in the background
-    results = result_files(case)
+    (sent_case,) = (tmp_path / "dicomweb" / "cases").iterdir()
+    results = result_files(sent_case)
     assert f"results to {orthanc.dicomweb}: {len(results)} sent, 0 pending, 0 failed" in out
     assert all(orthanc.holds(uid) for _, uid, _ in results)
     log = (tmp_path / "dicomweb" / "run.log").read_text()

@@ -49,8 +49,8 @@ def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):
         "SELECT c.series_uid, a.stage, a.status, a.wall_s, a.queue_wait_s, a.peak_rss_mb FROM stage_attempts a"
         " JOIN cases c USING (case_key) WHERE c.status='done'",
     )
-    assert len(att) == 6 * len(done)
-    assert {a[1] for a in att} == {"ingest", "reconstruct", "load", "detect", "nodules", "write"}
+    assert len(att) == 7 * len(done)
+    assert {a[1] for a in att} == {"ingest", "reconstruct", "load", "detect", "nodules", "write", "dicom"}
     assert all(a[2] == "ok" and a[3] > 0 and a[4] >= 0 and a[5] > 10 for a in att)
 
     # outputs: published folders only, each with its manifest; nothing half-written left behind
@@ -80,7 +80,7 @@ def test_run_record_log_and_results(full_run, dicom_data):
     assert "renderings: false" in (out / "config.yaml").read_text()
     assert "6 cases (3 done, 3 failed" in repr(run)
     lat = run.stage_latency()
-    assert list(lat.index) == ["ingest", "reconstruct", "load", "detect", "nodules", "write"]
+    assert list(lat.index) == ["ingest", "reconstruct", "load", "detect", "nodules", "write", "dicom"]
     assert (lat["50%"] <= lat["90%"]).all() and (lat["90%"] <= lat["99%"]).all()
     # measurements: both lungs with a volume in mL; findings (if any) inside the volume, LPS mm
     vols = run.measurements[run.measurements.name.str.endswith("volume_ml")]

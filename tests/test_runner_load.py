@@ -25,10 +25,20 @@ def test_stage_order_puts_the_lungs_first_and_load_right_before_detect():
 
     names = lambda **o: [s.name for s in build_stages(load_config(overrides=o, environ={}))]  # noqa: E731
     # the lungs are segmented (with every organ) before the search, the findings measured in them after it
-    assert names() == ["ingest", "reconstruct", "load", "detect", "nodules", "write"]
+    assert names() == ["ingest", "reconstruct", "load", "detect", "nodules", "write", "dicom"]
     # without reconstruction, or without both lungs among its organs, a lungs-only step comes first
-    assert names(**{"reconstruct.enabled": False}) == ["ingest", "lungs", "load", "detect", "write"]
-    assert names(**{"reconstruct.organs": ["body", "bone"]}) == ["ingest", "lungs", "load", "detect", "reconstruct", "write"]
+    assert names(**{"reconstruct.enabled": False}) == ["ingest", "lungs", "load", "detect", "write", "dicom"]
+    assert names(**{"reconstruct.organs": ["body", "bone"]}) == [
+        "ingest",
+        "lungs",
+        "load",
+        "detect",
+        "reconstruct",
+        "write",
+        "dicom",
+    ]
+    # the DICOM results (SR, SEG) come last, and not at all when none is asked for
+    assert names(**{"outputs.dicom": []}) == ["ingest", "reconstruct", "load", "detect", "nodules", "write"]
 
 
 def test_loader_backend_and_lung_roi_are_respected(dicom_data, tmp_path):

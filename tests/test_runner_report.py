@@ -75,7 +75,7 @@ def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):
     failed = {dict(k[1])["reason"]: v for k, v in s.items() if k[0] == "ctpipe_cases_failed_total"}
     assert failed == {"MissingSliceError": 1.0, "TruncatedFileError": 2.0}
     counts = {dict(k[1])["stage"]: v for k, v in s.items() if k[0] == "ctpipe_stage_latency_seconds_count"}
-    assert counts == {"ingest": 3.0, "reconstruct": 3.0, "load": 3.0, "detect": 3.0, "nodules": 3.0, "write": 3.0}
+    assert counts == {"ingest": 3.0, "reconstruct": 3.0, "load": 3.0, "detect": 3.0, "nodules": 3.0, "write": 3.0, "dicom": 3.0}
     assert s[("ctpipe_case_latency_seconds_count", ())] == 3.0
     # cumulative buckets never decrease and end at the count
     buckets = sorted(
@@ -104,7 +104,7 @@ def test_report_over_two_runs(full_run, ingest_run, tmp_path):
     assert tp["cases_per_hour"] == pytest.approx(6 / summary["active_hours"])
     assert f"{tp['cases_per_day_projected']:,.0f} cases/day" in summary["projection"]
     lat = summary["latency_s"]
-    assert set(lat) == {"end_to_end", "ingest", "reconstruct", "load", "detect", "nodules", "write"}
+    assert set(lat) == {"end_to_end", "ingest", "reconstruct", "load", "detect", "nodules", "write", "dicom"}
     assert lat["ingest"]["n"] == 6 and lat["detect"]["n"] == 3  # ingest ran in both runs
     assert lat["end_to_end"]["n"] == 6
     for v in lat.values():

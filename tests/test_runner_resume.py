@@ -75,7 +75,7 @@ def test_sigkill_then_rerun_every_case_exactly_once(dicom_data, full_run, tmp_pa
     rows = db_rows(out, "SELECT case_key, status FROM cases")
     assert len(rows) == 3 and all(r[1] == "done" for r in rows)
     ok = db_rows(out, "SELECT case_key, stage, COUNT(*) FROM stage_attempts WHERE status='ok' GROUP BY case_key, stage")
-    assert len(ok) == 3 * 6 and all(r[2] == 1 for r in ok)  # one successful attempt per case and stage (6 stages)
+    assert len(ok) == 3 * 7 and all(r[2] == 1 for r in ok)  # one successful attempt per case and stage (7 stages)
     assert {r[0] for r in db_rows(out, "SELECT status FROM runs")} == {"interrupted", "completed"}
     assert db_rows(out, "SELECT COUNT(*) FROM stage_attempts WHERE status='running'") == [(0,)]
     assert not list((out / "tmp").iterdir()) if (out / "tmp").exists() else True

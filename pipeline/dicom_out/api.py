@@ -6,6 +6,7 @@ volume's grid. Files appear atomically (:mod:`pipeline.atomic`).
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import re
@@ -15,16 +16,20 @@ from typing import Any
 
 import numpy as np
 
+from .. import __version__
 from ..errors import DicomOutputError
 from ..volume import CTVolume, LabelMap
+from .kinds import OUTPUTS
 from .model import NoduleDetail, ReportedFinding, reported_findings
 from .seg import write_seg_object
 from .sources import SourceSeries, check_source, read_source_series
 from .sr import build_sr, save
+from .uids import stable_uid
 
 log = logging.getLogger(__name__)
 
-OUTPUTS = ("sr", "seg")
+__all__ = ["OUTPUTS", "write_dicom_outputs", "write_seg", "write_sr"]
+
 SourceArg = SourceSeries | str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 
@@ -36,10 +41,16 @@ def _source(source: SourceArg, volume: CTVolume) -> SourceSeries:
 
 
 def _findings(findings: Any, volume: CTVolume) -> list[Any]:
+    """The reported findings as a list (``Findings`` iterates over those at its operating point); None gives []."""
     series = getattr(findings, "series_uid", None)
-    if series and volume.series_uid and series != volume.series_uid:
-        raise DicomOutputError(f"the findings belong to series {series}, the volume to {volume.series_uid}",
-                               where="findings", fix="pass the findings detected on this volume")
+    # a part of a split series is named by its series key (``<uid>#<n>``)
+    names = {volume.series_uid, volume.metadata.get("SeriesKey")} - {None}
+    if series and volume.series_uid and series not in names:
+        raise DicomOutputError(
+            f"the findings belong to series {series}, the volume to {volume.series_uid}",
+            where="findings",
+            fix="pass the findings detected on this volume",
+        )
     return list(findings or [])
 
 
@@ -51,7 +62,7 @@ def write_sr(
     findings: Any,
     model_name: str,
     model_version: str,
-    score_threshold: float,
+    score_threshold: float | None,
     nodules: Sequence[Any] | None = None,
     organ_masks: Mapping[str, np.ndarray | LabelMap] | None = None,
     measurements: Mapping[str, Any] | None = None,
@@ -64,24 +75,51 @@ def write_sr(
 
     source: the source series (a :class:`SourceSeries`, or its folder / files, read with :func:`read_source_series`).
     findings: the detector's findings (``Findings`` or a list of ``Finding``; LPS mm); those scoring at least
-    ``score_threshold`` (the operating point) are reported, and with none the report says "Nodule: Absent".
+    ``score_threshold`` (the operating point; None: every finding) are reported, and with none the report says
+    "Nodule: Absent". ``findings=None`` means no detector ran (a reconstruction alone): the report then makes no
+    statement on nodules, and ``model_name`` / ``model_version`` name the reconstruction.
     nodules: nodule segmentations (``NoduleResult`` or their JSON) for volumes and long axes. organ_masks: the lung
     masks give each finding's side. measurements: the reconstruction's measurements (lung volumes, emphysema
     index). quality: a ``QualityReport``. details: finding index → :class:`NoduleDetail` (side, lobe, composition).
     image_library: add a TID 1600 Image Library of the referenced images (see :func:`.sr.build_sr`).
     """
     src = _source(source, volume)
-    reported = reported_findings(_findings(findings, volume), volume.geometry, series_uid=src.series_instance_uid,
-                                 score_threshold=score_threshold, nodules=nodules, organ_masks=organ_masks, details=details)
-    return _write_sr(Path(path), src, reported, model_name=model_name, model_version=model_version,
-                     score_threshold=score_threshold, measurements=measurements, quality=quality, series_number=series_number,
-                     image_library=image_library)
+    reported = reported_findings(
+        _findings(findings, volume),
+        volume.geometry,
+        series_uid=src.series_instance_uid,
+        score_threshold=_threshold(score_threshold),
+        nodules=nodules,
+        organ_masks=organ_masks,
+        details=details,
+    )
+    return _write_sr(
+        Path(path),
+        src,
+        reported,
+        model_name=model_name,
+        model_version=model_version,
+        score_threshold=_threshold(score_threshold),
+        measurements=measurements,
+        quality=quality,
+        series_number=series_number,
+        image_library=image_library,
+        nodules_assessed=findings is not None,
+    )
+
+
+def _threshold(score_threshold: float | None) -> float:
+    """The operating point of the report: ``None`` (no threshold applied, ``--all-candidates``) reports every finding."""
+    return 0.0 if score_threshold is None else float(score_threshold)
 
 
 def _write_sr(path: Path, source: SourceSeries, reported: Sequence[ReportedFinding], **options: Any) -> Path:
     sr = build_sr(reported, source, **options)
     out = save(sr, path)
-    log.info("SR %s: %d finding(s) at score >= %.3g", out, len(reported), options["score_threshold"])
+    if options.get("nodules_assessed", True):
+        log.info("SR %s: %d finding(s) at score >= %.3g", out, len(reported), options["score_threshold"])
+    else:
+        log.info("SR %s: measurements and quality flags; no detection, no statement on nodules", out)
     return out
 
 
@@ -90,7 +128,7 @@ def write_seg(
     *,
     source: SourceArg,
     volume: CTVolume,
-    score_threshold: float,
+    score_threshold: float | None,
     organ_masks: Mapping[str, np.ndarray | LabelMap] | None = None,
     findings: Any = (),
     nodules: Sequence[Any] | None = None,
@@ -106,10 +144,25 @@ def write_seg(
     See :mod:`pipeline.dicom_out.seg` for ``omit_empty_frames`` and ``segment_codes``.
     """
     src = _source(source, volume)
-    reported = reported_findings(_findings(findings, volume), volume.geometry, series_uid=src.series_instance_uid,
-                                 score_threshold=score_threshold, nodules=nodules, organ_masks=organ_masks, details=details)
-    return write_seg_object(Path(path), source=src, volume=volume, organ_masks=organ_masks, findings=reported,
-                            omit_empty_frames=omit_empty_frames, series_number=series_number, segment_codes=segment_codes)
+    reported = reported_findings(
+        _findings(findings, volume),
+        volume.geometry,
+        series_uid=src.series_instance_uid,
+        score_threshold=_threshold(score_threshold),
+        nodules=nodules,
+        organ_masks=organ_masks,
+        details=details,
+    )
+    return write_seg_object(
+        Path(path),
+        source=src,
+        volume=volume,
+        organ_masks=organ_masks,
+        findings=reported,
+        omit_empty_frames=omit_empty_frames,
+        series_number=series_number,
+        segment_codes=segment_codes,
+    )
 
 
 def _stem(volume: CTVolume) -> str:
@@ -125,42 +178,99 @@ def write_dicom_outputs(
     findings: Any,
     model_name: str,
     model_version: str,
-    score_threshold: float,
+    score_threshold: float | None,
     reconstruction: Any = None,
     nodules: Sequence[Any] | None = None,
     quality: Any = None,
+    measurements: Mapping[str, Any] | None = None,
+    organ_masks: Mapping[str, np.ndarray | LabelMap] | None = None,
     details: Mapping[int, NoduleDetail] | None = None,
     outputs: Sequence[str] = OUTPUTS,
     stem: str | None = None,
+    names: Mapping[str, str] | None = None,
     omit_empty_frames: bool = False,
+    keep_identifiers: bool = True,
+    uid_seed: str | None = None,
+    created: datetime.datetime | None = None,
 ) -> dict[str, Path]:
     """Write the requested DICOM results of one case into ``out_dir``: ``{"sr": <stem>_sr.dcm, "seg": <stem>_seg.dcm}``.
 
-    reconstruction: a ``Reconstruction`` (its organ masks go to the SEG, its measurements to the SR). nodules: the
-    ``NoduleResult`` list of its nodule segmentation (masks and volumes); without it the volumes are taken from
-    ``reconstruction.measurements["nodules"]`` and the SEG has no nodule segments. The source headers are read once
-    for both objects. A SEG with nothing to hold (no organ mask, no nodule mask) is skipped with a warning.
+    findings: as for :func:`write_sr` (``None``: no detector ran; the SR makes no statement on nodules).
+    reconstruction: a ``Reconstruction`` (its organ masks go to the SEG, its measurements and quality report to the
+    SR). nodules: the ``NoduleResult`` list of its nodule segmentation (masks and volumes); without it the volumes are
+    taken from the measurements' ``nodules`` and the SEG has no nodule segments. measurements, organ_masks, quality:
+    the same parts given separately (they take precedence over the reconstruction's; e.g. as a run keeps them on
+    disk). names: file name per output (default ``<stem>_sr.dcm``, ``<stem>_seg.dcm``). The source headers are read
+    once for both objects. A SEG with nothing to hold (no organ mask, no nodule mask) is skipped with a warning.
+    keep_identifiers: False writes both without the source's patient identifiers (see
+    :meth:`SourceSeries.without_identifiers`; the study and frame of reference stay the source's).
+    uid_seed: derive the series and instance UIDs from this text (and ctpipe's version) instead of making new ones;
+    with ``created`` (creation and content date and time, default now) the files are then the same bytes whenever
+    the same results are written again, and an archive keeps one copy of each.
+    Raises :class:`~pipeline.errors.DicomOutputError` (:class:`~pipeline.errors.SourceMismatchError` for the source).
     """
     unknown = [o for o in outputs if o not in OUTPUTS]
     if unknown:
         raise DicomOutputError(f"unknown DICOM output(s) {unknown}", where="outputs", fix=f"choose from {list(OUTPUTS)}")
     out = Path(out_dir)
     stem = stem or _stem(volume)
+    files = {o: (names or {}).get(o) or f"{stem}_{o}.dcm" for o in OUTPUTS}
     src = _source(source, volume)
-    masks = dict(getattr(reconstruction, "masks", {}) or {})
-    measurements = getattr(reconstruction, "measurements", None)
+    if not keep_identifiers:
+        src = src.without_identifiers()
+    masks = dict(organ_masks if organ_masks is not None else (getattr(reconstruction, "masks", {}) or {}))
+    if measurements is None:
+        measurements = getattr(reconstruction, "measurements", None)
+    if quality is None:
+        quality = getattr(reconstruction, "quality", None)
     if nodules is None and measurements:
         nodules = measurements.get("nodules")
-    reported = reported_findings(_findings(findings, volume), volume.geometry, series_uid=src.series_instance_uid,
-                                 score_threshold=score_threshold, nodules=nodules, organ_masks=masks, details=details)
+    threshold = _threshold(score_threshold)
+    reported = reported_findings(
+        _findings(findings, volume),
+        volume.geometry,
+        series_uid=src.series_instance_uid,
+        score_threshold=threshold,
+        nodules=nodules,
+        organ_masks=masks,
+        details=details,
+    )
     written: dict[str, Path] = {}
     if "sr" in outputs:
-        written["sr"] = _write_sr(out / f"{stem}_sr.dcm", src, reported, model_name=model_name, model_version=model_version,
-                                  score_threshold=score_threshold, measurements=measurements, quality=quality)
+        written["sr"] = _write_sr(
+            out / files["sr"],
+            src,
+            reported,
+            model_name=model_name,
+            model_version=model_version,
+            score_threshold=threshold,
+            measurements=measurements,
+            quality=quality,
+            nodules_assessed=findings is not None,
+            created=created,
+            series_uid=_uids("sr", uid_seed)[0],
+            sop_instance_uid=_uids("sr", uid_seed)[1],
+        )
     if "seg" in outputs:
         if not masks and not any(f.mask is not None for f in reported):
             log.warning("%s: no organ or nodule masks: no SEG written (run the reconstruction to get one)", out)
         else:
-            written["seg"] = write_seg_object(out / f"{stem}_seg.dcm", source=src, volume=volume, organ_masks=masks,
-                                              findings=reported, omit_empty_frames=omit_empty_frames)
+            written["seg"] = write_seg_object(
+                out / files["seg"],
+                source=src,
+                volume=volume,
+                organ_masks=masks,
+                findings=reported,
+                omit_empty_frames=omit_empty_frames,
+                created=created,
+                series_uid=_uids("seg", uid_seed)[0],
+                sop_instance_uid=_uids("seg", uid_seed)[1],
+            )
     return written
+
+
+def _uids(kind: str, seed: str | None) -> tuple[str | None, str | None]:
+    """(series UID, instance UID) of output ``kind`` derived from ``seed``; (None, None) without one: new UIDs."""
+    if seed is None:
+        return None, None
+    return stable_uid(f"ctpipe-{kind}-series", __version__, seed), stable_uid(f"ctpipe-{kind}", __version__, seed)

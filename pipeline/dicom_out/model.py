@@ -49,8 +49,11 @@ class NoduleDetail:
         if self.lobe is not None:
             allowed = LOBES.get(self.side or "", ("upper", "middle", "lower"))
             if self.side is None or self.lobe not in allowed:
-                raise DicomOutputError(f"lobe {self.lobe!r} with side {self.side!r} is not a lung lobe", where="NoduleDetail",
-                                       fix="give side='left' with upper/lower, or side='right' with upper/middle/lower")
+                raise DicomOutputError(
+                    f"lobe {self.lobe!r} with side {self.side!r} is not a lung lobe",
+                    where="NoduleDetail",
+                    fix="give side='left' with upper/lower, or side='right' with upper/middle/lower",
+                )
         if self.composition is not None and self.composition not in COMPOSITIONS:
             raise DicomOutputError(f"composition {self.composition!r} is not one of {COMPOSITIONS}", where="NoduleDetail")
 
@@ -106,13 +109,19 @@ def as_bool_mask(mask: np.ndarray | LabelMap, geometry: Geometry, name: str) -> 
     """A boolean ``[k, j, i]`` array on ``geometry`` from an array or a binary :class:`LabelMap`."""
     if isinstance(mask, LabelMap):
         if not mask.geometry.same_grid(geometry):
-            raise DicomOutputError(f"the {name} mask's grid differs from the volume's", where=name,
-                                   fix="pass masks on the volume's geometry (as reconstruct() returns them)")
+            raise DicomOutputError(
+                f"the {name} mask's grid differs from the volume's",
+                where=name,
+                fix="pass masks on the volume's geometry (as reconstruct() returns them)",
+            )
         mask = mask.array
     arr = np.asarray(mask)
     if arr.shape != geometry.shape:
-        raise DicomOutputError(f"the {name} mask has shape {arr.shape}, the volume {geometry.shape} [k, j, i]", where=name,
-                               fix="pass masks on the volume's geometry")
+        raise DicomOutputError(
+            f"the {name} mask has shape {arr.shape}, the volume {geometry.shape} [k, j, i]",
+            where=name,
+            fix="pass masks on the volume's geometry",
+        )
     return arr if arr.dtype == bool else arr.astype(bool)
 
 
@@ -123,10 +132,16 @@ def _nodule_mask(result: Any, geometry: Geometry) -> NoduleMask | None:
     mask = np.asarray(mask, dtype=bool)
     off = geometry.lps_to_index(crop.origin)
     off_r = np.rint(off)
-    if np.abs(off - off_r).max() > 1e-3 or not np.allclose(crop.spacing, geometry.spacing, rtol=1e-6) \
-            or not np.allclose(crop.direction, geometry.direction, atol=1e-6):
-        raise DicomOutputError(f"nodule {_get(result, 'index')}: its mask is not a crop of the volume's grid",
-                               where="nodules", fix="pass the NoduleResult objects segment_findings() made on this volume")
+    if (
+        np.abs(off - off_r).max() > 1e-3
+        or not np.allclose(crop.spacing, geometry.spacing, rtol=1e-6)
+        or not np.allclose(crop.direction, geometry.direction, atol=1e-6)
+    ):
+        raise DicomOutputError(
+            f"nodule {_get(result, 'index')}: its mask is not a crop of the volume's grid",
+            where="nodules",
+            fix="pass the NoduleResult objects segment_findings() made on this volume",
+        )
     i0, j0, k0 = (int(v) for v in off_r)
     lo = np.array([k0, j0, i0])
     hi = lo + np.array(mask.shape)
@@ -174,7 +189,7 @@ def _side(center: np.ndarray, geometry: Geometry, lungs: Mapping[str, np.ndarray
         m = lungs.get(f"lung_{side}")
         if m is None:
             continue
-        sub = np.argwhere(m[lo[0]:hi[0], lo[1]:hi[1], lo[2]:hi[2]])
+        sub = np.argwhere(m[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]])
         if sub.size == 0:
             continue
         d = np.sqrt((((geometry.index_to_lps((sub + lo)[:, ::-1])) - center) ** 2).sum(-1)).min()
@@ -206,14 +221,21 @@ def reported_findings(
         when ``details`` does not. details: finding index → :class:`NoduleDetail`.
     """
     by_index = {int(_get(n, "index")): n for n in (nodules or ()) if _get(n, "index") is not None}
-    lungs = {name: as_bool_mask(organ_masks[name], geometry, name) for name in ("lung_left", "lung_right")
-             if organ_masks and name in organ_masks}
+    lungs = {
+        name: as_bool_mask(organ_masks[name], geometry, name)
+        for name in ("lung_left", "lung_right")
+        if organ_masks and name in organ_masks
+    }
     details = details or {}
     kept = [(n, f) for n, f in enumerate(findings) if float(_get(f, "score")) >= score_threshold]
     kept.sort(key=lambda nf: -float(_get(nf[1], "score")))
     if len(kept) < len(findings):
-        log.info("%d of %d findings below the operating point %.3g are not reported", len(findings) - len(kept),
-                 len(findings), score_threshold)
+        log.info(
+            "%d of %d findings below the operating point %.3g are not reported",
+            len(findings) - len(kept),
+            len(findings),
+            score_threshold,
+        )
     out = []
     for rank, (n, f) in enumerate(kept, 1):
         where = f"finding {n}"
@@ -233,11 +255,23 @@ def reported_findings(
         detail = details.get(n, NoduleDetail())
         side = detail.side or (_side(center, geometry, lungs) if lungs else None)
         k = int(np.clip(np.rint(geometry.lps_to_index(center)[2]), 0, geometry.shape[0] - 1))
-        out.append(ReportedFinding(
-            rank=rank, index=n, tracking_id=f"Nodule {rank}", tracking_uid=tracking_uid(series_uid, center),
-            center_lps=(float(center[0]), float(center[1]), float(center[2])),
-            half_axes_mm=(float(half[0]), float(half[1]), float(half[2])), diameter_mm=diameter, long_axis_mm=long_axis,
-            volume_mm3=None if volume is None else float(volume), score=float(_get(f, "score")), side=side,
-            lobe=detail.lobe, composition=detail.composition, slice_k=k, mask=nm,
-        ))
+        out.append(
+            ReportedFinding(
+                rank=rank,
+                index=n,
+                tracking_id=f"Nodule {rank}",
+                tracking_uid=tracking_uid(series_uid, center),
+                center_lps=(float(center[0]), float(center[1]), float(center[2])),
+                half_axes_mm=(float(half[0]), float(half[1]), float(half[2])),
+                diameter_mm=diameter,
+                long_axis_mm=long_axis,
+                volume_mm3=None if volume is None else float(volume),
+                score=float(_get(f, "score")),
+                side=side,
+                lobe=detail.lobe,
+                composition=detail.composition,
+                slice_k=k,
+                mask=nm,
+            )
+        )
     return out

@@ -43,6 +43,7 @@ from .seg_encode import (
     write_seg_file,
 )
 from .sources import SourceSeries, check_source
+from .uids import stable_uid
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,9 @@ def _frame_sources(source: SourceSeries) -> list[FrameSource]:
             pos = tuple(str(v.original_string).strip() for v in ipp)
         else:
             pos = tuple(_ds(v) for v in source.positions[k])
-        out.append(FrameSource(source.sop_class_uids[k], source.sop_instance_uids[k], source.frame_of(k),
-                               (pos[0], pos[1], pos[2])))
+        out.append(
+            FrameSource(source.sop_class_uids[k], source.sop_instance_uids[k], source.frame_of(k), (pos[0], pos[1], pos[2]))
+        )
     return out
 
 
@@ -89,16 +91,31 @@ def _slice_thickness(source: SourceSeries, volume: CTVolume) -> float:
     return thickness if thickness > 0 else float(volume.geometry.spacing[2])
 
 
-def _description(number: int, label: str, category: Any, kind: Any, family: tuple[str, str, str], rgb: tuple[int, int, int],
-                 *, tracking: tuple[str, str] | None = None, regions: Sequence[Any] | None = None) -> Any:
+def _description(
+    number: int,
+    label: str,
+    category: Any,
+    kind: Any,
+    family: tuple[str, str, str],
+    rgb: tuple[int, int, int],
+    *,
+    tracking: tuple[str, str] | None = None,
+    regions: Sequence[Any] | None = None,
+) -> Any:
     import highdicom as hd
 
     algorithm = hd.AlgorithmIdentificationSequence(name="ctpipe", family=hd.sr.CodedConcept(*family), version=__version__)
     return hd.seg.SegmentDescription(
-        segment_number=number, segment_label=label, segmented_property_category=category, segmented_property_type=kind,
-        algorithm_type="AUTOMATIC", algorithm_identification=algorithm,
-        tracking_uid=tracking[1] if tracking else None, tracking_id=tracking[0] if tracking else None,
-        anatomic_regions=regions, display_color=hd.color.CIELabColor.from_rgb(*rgb),
+        segment_number=number,
+        segment_label=label,
+        segmented_property_category=category,
+        segmented_property_type=kind,
+        algorithm_type="AUTOMATIC",
+        algorithm_identification=algorithm,
+        tracking_uid=tracking[1] if tracking else None,
+        tracking_id=tracking[0] if tracking else None,
+        anatomic_regions=regions,
+        display_color=hd.color.CIELabColor.from_rgb(*rgb),
     )
 
 
@@ -122,15 +139,24 @@ def _dimension(organisation_uid: str, pointer: int, group: int, label: str) -> A
     return item
 
 
-def _header(source: SourceSeries, volume: CTVolume, descriptions: list[Any], n_frames: int, *, series_uid: str,
-            sop_uid: str, series_number: int) -> Any:
+def _header(
+    source: SourceSeries,
+    volume: CTVolume,
+    descriptions: list[Any],
+    n_frames: int,
+    *,
+    series_uid: str,
+    sop_uid: str,
+    series_number: int,
+    created: datetime.datetime | None = None,
+) -> Any:
     import highdicom as hd
     from pydicom.dataset import Dataset, FileMetaDataset
-    from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian, generate_uid
+    from pydicom.uid import PYDICOM_IMPLEMENTATION_UID, UID, ExplicitVRLittleEndian
 
     first = source.datasets[0]
     g = volume.geometry
-    now = datetime.datetime.now()
+    now = created or datetime.datetime.now()
     ds = Dataset()
     ds.file_meta = FileMetaDataset()
     ds.file_meta.MediaStorageSOPClassUID = UID(SEG_STORAGE)
@@ -174,16 +200,18 @@ def _header(source: SourceSeries, volume: CTVolume, descriptions: list[Any], n_f
     ds.PixelRepresentation = 0
     ds.LossyImageCompression = "00"
     organisation = Dataset()
-    organisation.DimensionOrganizationUID = generate_uid()
+    organisation.DimensionOrganizationUID = stable_uid("ctpipe-seg-dimensions", sop_uid)
     ds.DimensionOrganizationSequence = [organisation]
     ds.DimensionIndexSequence = [_dimension(organisation.DimensionOrganizationUID, *d) for d in DIMENSIONS]
     shared = Dataset()
     si, sj, sk = g.spacing
-    shared.PixelMeasuresSequence = hd.PixelMeasuresSequence(pixel_spacing=(sj, si), slice_thickness=_slice_thickness(source, volume),
-                                                            spacing_between_slices=sk)
+    shared.PixelMeasuresSequence = hd.PixelMeasuresSequence(
+        pixel_spacing=(sj, si), slice_thickness=_slice_thickness(source, volume), spacing_between_slices=sk
+    )
     orientation = np.concatenate([g.direction[:, 0], g.direction[:, 1]])
-    shared.PlaneOrientationSequence = hd.PlaneOrientationSequence(coordinate_system="PATIENT",
-                                                                  image_orientation=[float(v) for v in orientation])
+    shared.PlaneOrientationSequence = hd.PlaneOrientationSequence(
+        coordinate_system="PATIENT", image_orientation=[float(v) for v in orientation]
+    )
     ds.SharedFunctionalGroupsSequence = [shared]
     refs = instance_refs(dict.fromkeys(zip(source.sop_class_uids, source.sop_instance_uids)))
     series = sequence(0x0008114A, refs) + element(0x0020000E, "UI", text(source.series_instance_uid, uid=True))
@@ -204,12 +232,14 @@ def write_seg_object(
     series_uid: str | None = None,
     sop_instance_uid: str | None = None,
     segment_codes: Mapping[str, tuple[Any, Any]] | None = None,
+    created: datetime.datetime | None = None,
 ) -> Path:
     """Write the SEG of one case to ``path`` (atomically) and return it; see the module notes.
 
     organ_masks: organ name → bool ``[k, j, i]`` mask (or :class:`LabelMap`) on ``volume``'s grid; names outside
     :data:`.codes.ORGAN_SEGMENTS` need ``segment_codes`` (name → (category, type) codes) and are skipped without.
-    findings: the reported findings; those with a nodule mask get a segment.
+    findings: the reported findings; those with a nodule mask get a segment. series_uid, sop_instance_uid, created:
+    the new series' and instance's UIDs (default: new ones) and creation date and time (default: now).
     """
     from pydicom.uid import generate_uid
 
@@ -236,27 +266,51 @@ def write_seg_object(
         mask = as_bool_mask((organ_masks or {})[name], g, name)
         category, kind = known[name]
         label = ORGAN_LABELS.get(name, name)
-        descriptions.append(_description(len(descriptions) + 1, label, category, kind, MORPHOLOGICAL_OPERATIONS,
-                                         C.ORGAN_COLOURS.get(name, (200, 200, 200))))
+        descriptions.append(
+            _description(
+                len(descriptions) + 1, label, category, kind, MORPHOLOGICAL_OPERATIONS, C.ORGAN_COLOURS.get(name, (200, 200, 200))
+            )
+        )
         segments.append(SegmentFrames(shape=g.shape, ks=frames_of(mask.any(axis=(1, 2)), label), full=mask))
     for f in findings:
         if f.mask is None:
             continue
         present = np.zeros(g.shape[0], dtype=bool)
         k0 = f.mask.offset_kji[0]
-        present[k0:k0 + f.mask.mask.shape[0]] = f.mask.mask.any(axis=(1, 2))
-        descriptions.append(_description(len(descriptions) + 1, f.tracking_id, C.MORPHOLOGICALLY_ABNORMAL_STRUCTURE, C.NODULE,
-                                         EDGE_DETECTION, C.ORGAN_COLOURS["nodule"], tracking=(f.tracking_id, f.tracking_uid),
-                                         regions=_nodule_region(f)))
-        segments.append(SegmentFrames(shape=g.shape, ks=frames_of(present, f.tracking_id), crop=f.mask.mask,
-                                      offset_kji=f.mask.offset_kji))
+        present[k0 : k0 + f.mask.mask.shape[0]] = f.mask.mask.any(axis=(1, 2))
+        descriptions.append(
+            _description(
+                len(descriptions) + 1,
+                f.tracking_id,
+                C.MORPHOLOGICALLY_ABNORMAL_STRUCTURE,
+                C.NODULE,
+                EDGE_DETECTION,
+                C.ORGAN_COLOURS["nodule"],
+                tracking=(f.tracking_id, f.tracking_uid),
+                regions=_nodule_region(f),
+            )
+        )
+        segments.append(
+            SegmentFrames(shape=g.shape, ks=frames_of(present, f.tracking_id), crop=f.mask.mask, offset_kji=f.mask.offset_kji)
+        )
     if not segments:
-        raise DicomOutputError("nothing to segment: no organ mask with a code and no nodule mask", where=str(path),
-                               fix="pass the reconstruction's organ masks or the nodule segmentations")
+        raise DicomOutputError(
+            "nothing to segment: no organ mask with a code and no nodule mask",
+            where=str(path),
+            fix="pass the reconstruction's organ masks or the nodule segmentations",
+        )
     frames = [(s + 1, k) for s, seg in enumerate(segments) for k in seg.ks]
     sop_uid = sop_instance_uid or generate_uid()
-    head = _header(source, volume, descriptions, len(frames), series_uid=series_uid or generate_uid(), sop_uid=sop_uid,
-                   series_number=series_number)
+    head = _header(
+        source,
+        volume,
+        descriptions,
+        len(frames),
+        series_uid=series_uid or generate_uid(),
+        sop_uid=sop_uid,
+        series_number=series_number,
+        created=created,
+    )
     out = write_seg_file(Path(path), head, per_frame_groups(frames, _frame_sources(source)), pack_frames(segments))
     log.info("SEG %s: %d segments, %d frames", out, len(segments), len(frames))
     return out

@@ -59,8 +59,11 @@ def sequence(tag: int, items: Iterable[bytes]) -> bytes:
 
 def code_item(value: str, scheme: str, meaning: str) -> bytes:
     """The content of a code sequence item (CodeValue, CodingSchemeDesignator, CodeMeaning)."""
-    return (element(0x00080100, "SH", text(value)) + element(0x00080102, "SH", text(scheme))
-            + element(0x00080104, "LO", text(meaning)))
+    return (
+        element(0x00080100, "SH", text(value))
+        + element(0x00080102, "SH", text(scheme))
+        + element(0x00080104, "LO", text(meaning))
+    )
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,9 @@ class FrameSource:
 
 def _slice_parts(src: FrameSource) -> tuple[bytes, bytes]:
     """(Derivation Image Sequence, Plane Position Sequence) elements of a frame at this source slice."""
-    ref = element(0x00081150, "UI", text(src.sop_class_uid, uid=True)) + element(0x00081155, "UI", text(src.sop_instance_uid, uid=True))
+    ref = element(0x00081150, "UI", text(src.sop_class_uid, uid=True)) + element(
+        0x00081155, "UI", text(src.sop_instance_uid, uid=True)
+    )
     if src.frame_number is not None:
         ref += element(0x00081160, "IS", text(str(src.frame_number)))
     ref += element(0x0028135A, "CS", text("YES")) + sequence(0x0040A170, [code_item(*SOURCE_PURPOSE)])
@@ -124,8 +129,15 @@ class SegmentFrames:
     (slices outside the crop are empty).
     """
 
-    def __init__(self, *, shape: tuple[int, int, int], ks: Sequence[int], full: np.ndarray | None = None,
-                 crop: np.ndarray | None = None, offset_kji: tuple[int, int, int] = (0, 0, 0)):
+    def __init__(
+        self,
+        *,
+        shape: tuple[int, int, int],
+        ks: Sequence[int],
+        full: np.ndarray | None = None,
+        crop: np.ndarray | None = None,
+        offset_kji: tuple[int, int, int] = (0, 0, 0),
+    ):
         self.shape = shape
         self.ks = list(ks)
         self.full = full
@@ -147,14 +159,14 @@ class SegmentFrames:
         """Bool frames ``[len(ks), rows, cols]`` at slices ``ks``."""
         _, rows, cols = self.shape
         if self.full is not None:
-            return self.full[ks[0]:ks[-1] + 1] if list(ks) == list(range(ks[0], ks[-1] + 1)) else self.full[list(ks)]
+            return self.full[ks[0] : ks[-1] + 1] if list(ks) == list(range(ks[0], ks[-1] + 1)) else self.full[list(ks)]
         out = np.zeros((len(ks), rows, cols), dtype=bool)
         if self.crop is not None:
             k0, j0, i0 = self.offset
             nk, nj, ni = self.crop.shape
             for n, k in enumerate(ks):
                 if k0 <= k < k0 + nk:
-                    out[n, j0:j0 + nj, i0:i0 + ni] = self.crop[k - k0]
+                    out[n, j0 : j0 + nj, i0 : i0 + ni] = self.crop[k - k0]
         return out
 
     def packed(self) -> Iterator[bytes | np.ndarray]:
@@ -164,7 +176,7 @@ class SegmentFrames:
         frame_bytes = rows * cols // 8
         for run in self._runs():
             if self.full is not None:
-                yield np.packbits(self.full[run[0]:run[-1] + 1], bitorder="little")
+                yield np.packbits(self.full[run[0] : run[-1] + 1], bitorder="little")
                 continue
             k0 = self.offset[0]
             k1 = k0 + (self.crop.shape[0] if self.crop is not None else 0)
@@ -200,8 +212,11 @@ def write_seg_file(path: Path, head: Any, per_frame: bytes, pixels: Sequence[byt
 
     late = [elem.tag for elem in head if elem.tag >= PER_FRAME_TAG]
     if late:
-        raise DicomOutputError(f"header elements {late} would follow the per-frame functional groups (5200,9230)",
-                               where=str(path), fix="keep such attributes out of the SEG header")
+        raise DicomOutputError(
+            f"header elements {late} would follow the per-frame functional groups (5200,9230)",
+            where=str(path),
+            fix="keep such attributes out of the SEG header",
+        )
     path = Path(path)
     with atomic_open(path) as fh:
         dcmwrite(fh, head, enforce_file_format=True)

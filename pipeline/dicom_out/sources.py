@@ -9,23 +9,29 @@ land on the slices the viewer shows.
 Sources missing attributes that the results must repeat are repaired in the headers kept here
 (never on disk), each with a warning: a missing StudyInstanceUID or FrameOfReferenceUID is
 generated, missing patient and study attributes of DICOM type 2 are written empty. Without
-SOPInstanceUID, SeriesInstanceUID or ImagePositionPatient an image cannot be referenced:
-:class:`~pipeline.errors.SourceMismatchError` names the attribute and the file.
+SOPInstanceUID or ImagePositionPatient an image cannot be referenced:
+:class:`~pipeline.errors.SourceMismatchError` names the attribute and the file. Images without
+SeriesInstanceUID (de-identified archives) belong to a volume that ingest gave a generated series id
+(``SeriesInstanceUIDGenerated`` in its metadata): they are picked by the SOP Instance UIDs ingest
+recorded per slice (``SOPInstanceUIDs``; else every image without SeriesInstanceUID, matched by
+position) and the results name that generated id as the source series, with a warning.
 """
 
 from __future__ import annotations
 
+import copy
+import datetime
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import SourceMismatchError
-from ..volume import CTVolume
+from ..volume import PATIENT_IDENTIFIERS, CTVolume
 from .uids import stable_uid
 
 log = logging.getLogger(__name__)
@@ -34,15 +40,41 @@ ENHANCED_CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"
 
 #: patient, general study and patient study attributes copied from the source into the results
 PATIENT_STUDY_KEYWORDS = (
-    "PatientName", "PatientID", "IssuerOfPatientID", "PatientBirthDate", "PatientBirthTime", "PatientSex",
-    "OtherPatientIDsSequence", "PatientComments", "PatientIdentityRemoved", "DeidentificationMethod",
-    "DeidentificationMethodCodeSequence", "StudyInstanceUID", "StudyDate", "StudyTime", "ReferringPhysicianName",
-    "StudyID", "AccessionNumber", "IssuerOfAccessionNumberSequence", "StudyDescription", "PatientAge", "PatientSize",
+    "PatientName",
+    "PatientID",
+    "IssuerOfPatientID",
+    "PatientBirthDate",
+    "PatientBirthTime",
+    "PatientSex",
+    "OtherPatientIDsSequence",
+    "PatientComments",
+    "PatientIdentityRemoved",
+    "DeidentificationMethod",
+    "DeidentificationMethodCodeSequence",
+    "StudyInstanceUID",
+    "StudyDate",
+    "StudyTime",
+    "ReferringPhysicianName",
+    "StudyID",
+    "AccessionNumber",
+    "IssuerOfAccessionNumberSequence",
+    "StudyDescription",
+    "PatientAge",
+    "PatientSize",
     "PatientWeight",
 )
 #: type 2 attributes (present, possibly empty) that the results need from the source
-_TYPE2 = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "StudyDate", "StudyTime", "ReferringPhysicianName",
-          "StudyID", "AccessionNumber")
+_TYPE2 = (
+    "PatientName",
+    "PatientID",
+    "PatientBirthDate",
+    "PatientSex",
+    "StudyDate",
+    "StudyTime",
+    "ReferringPhysicianName",
+    "StudyID",
+    "AccessionNumber",
+)
 #: along the slice normal, a source image matches slice k within this fraction of the slice spacing
 NORMAL_TOLERANCE = 0.25
 #: in the slice plane, a source image's position matches within this fraction of the pixel spacing
@@ -92,6 +124,34 @@ class SourceSeries:
         ds = self.datasets[0]
         return {kw: ds[kw].value for kw in PATIENT_STUDY_KEYWORDS if kw in ds}
 
+    def acquired(self) -> datetime.datetime | None:
+        """The source series' date and time (SeriesDate/SeriesTime, else StudyDate/StudyTime; midnight when only the
+        date is known), or None when the headers hold no valid date."""
+        ds = self.datasets[0]
+        for date_kw, time_kw in (("SeriesDate", "SeriesTime"), ("StudyDate", "StudyTime")):
+            date = str(ds.get(date_kw) or "").strip()
+            if not date:
+                continue
+            digits = "".join(c for c in str(ds.get(time_kw) or "").split(".")[0] if c.isdigit())[:6]
+            try:
+                return datetime.datetime.strptime(date + digits.ljust(6, "0"), "%Y%m%d%H%M%S")
+            except ValueError:
+                continue
+        return None
+
+    def without_identifiers(self) -> SourceSeries:
+        """A copy whose headers hold no patient identifier (:data:`pipeline.volume.PATIENT_IDENTIFIERS`): those the
+        results must carry (type 2: PatientName, PatientID, ...) are empty, the others absent. Study, series and frame
+        of reference UIDs are kept, so results written from it still belong to the source's study."""
+        datasets = tuple(copy.deepcopy(ds) for ds in self.datasets)
+        for ds in datasets:
+            for kw in PATIENT_IDENTIFIERS:
+                if kw in _TYPE2:
+                    setattr(ds, kw, "")
+                elif kw in ds:
+                    delattr(ds, kw)
+        return replace(self, datasets=datasets)
+
 
 def _list_files(files: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]) -> list[Path]:
     if isinstance(files, (str, os.PathLike)):
@@ -135,11 +195,17 @@ def _repair(datasets: list[Any], volume: CTVolume, where: str) -> tuple[str, ...
             for ds in datasets:
                 setattr(ds, keyword, uid)
             repaired.append(keyword)
-            log.warning("%s: the source has no %s; the results use %s (the %s cannot be matched to other objects)",
-                        where, keyword, uid, label)
+            log.warning(
+                "%s: the source has no %s; the results use %s (the %s cannot be matched to other objects)",
+                where,
+                keyword,
+                uid,
+                label,
+            )
         elif len(values) > 1:
-            raise SourceMismatchError(f"the source images disagree in {keyword}: {sorted(values)}", where=where,
-                                      fix="pass the files of one series")
+            raise SourceMismatchError(
+                f"the source images disagree in {keyword}: {sorted(values)}", where=where, fix="pass the files of one series"
+            )
     empty = [kw for kw in _TYPE2 if kw not in first]
     for ds in datasets:
         for kw in empty:
@@ -160,8 +226,11 @@ def _positions(path: Path, ds: Any) -> tuple[np.ndarray, list[int] | None]:
         return np.array([f.position for f in info], dtype=np.float64).reshape(-1, 3), [f.frame for f in info]
     ipp = ds.get("ImagePositionPatient")
     if ipp is None or len(ipp) != 3:
-        raise SourceMismatchError(f"the image has no valid ImagePositionPatient ({ipp!r})", where=path,
-                                  fix="pass the original CT files; without a position the image cannot be referenced")
+        raise SourceMismatchError(
+            f"the image has no valid ImagePositionPatient ({ipp!r})",
+            where=path,
+            fix="pass the original CT files; without a position the image cannot be referenced",
+        )
     return np.array([[float(v) for v in ipp]], dtype=np.float64), None
 
 
@@ -182,8 +251,10 @@ def _match(volume: CTVolume, positions: np.ndarray, names: list[str], where: str
         if rows[k] >= 0:
             raise SourceMismatchError(
                 f"two source images lie at slice {k} ({g.index_to_lps([0, 0, k]).round(3).tolist()} mm): "
-                f"{names[rows[k]]} and {names[row]}", where=where,
-                fix="remove the duplicate image from the source files (the volume was built from one of them)")
+                f"{names[rows[k]]} and {names[row]}",
+                where=where,
+                fix="remove the duplicate image from the source files (the volume was built from one of them)",
+            )
         rows[k] = row
     missing = np.flatnonzero(rows < 0)
     if missing.size:
@@ -195,33 +266,95 @@ def _match(volume: CTVolume, positions: np.ndarray, names: list[str], where: str
             f"{g.index_to_lps([0, 0, k]).round(3).tolist()} mm (LPS, normal {normal.round(4).tolist()}){hint}",
             where=where,
             fix="pass the files the volume was loaded from; a volume resampled from a tilted-gantry or irregular "
-                "series has no source image per slice")
+            "series has no source image per slice",
+        )
     unused = int(positions.shape[0] - np.count_nonzero(rows >= 0))
     if unused:
         log.warning("%s: %d source image(s) match no volume slice and are not referenced", where, unused)
     return rows
 
 
+def _recorded_sop_uids(volume: CTVolume) -> set[str]:
+    """The SOP Instance UIDs ingest recorded for the volume's slices (``SOPInstanceUIDs``), or an empty set."""
+    values = volume.metadata.get("SOPInstanceUIDs")
+    if not isinstance(values, (list, tuple)):
+        return set()
+    return {_uid(v) for v in values if isinstance(v, str) and _uid(v)}
+
+
+def _of_volume(headers: list[tuple[Path, Any]], volume: CTVolume, where: str) -> tuple[list[tuple[Path, Any]], tuple[str, ...]]:
+    """The headers of the volume's series, and ``("SeriesInstanceUID",)`` when the series id is a generated one.
+
+    A volume whose series id ingest generated (the files have no SeriesInstanceUID) takes the images with the SOP
+    Instance UIDs it recorded, else every image without SeriesInstanceUID (matched by position later); those headers
+    get the generated id as their SeriesInstanceUID (here only, never on disk).
+    """
+    series_uid = volume.series_uid
+    if not series_uid:
+        return headers, ()
+    of_series = [(p, ds) for p, ds in headers if _uid(ds.get("SeriesInstanceUID")) == series_uid]
+    if of_series:
+        return of_series, ()
+    found = sorted({_uid(ds.get("SeriesInstanceUID")) or "none" for _, ds in headers})
+    if volume.metadata.get("SeriesInstanceUIDGenerated"):
+        recorded = _recorded_sop_uids(volume)
+        unnamed = [(p, ds) for p, ds in headers if not _uid(ds.get("SeriesInstanceUID"))]
+        if recorded:
+            mine, how = [(p, ds) for p, ds in unnamed if _uid(ds.get("SOPInstanceUID")) in recorded], "SOP Instance UIDs"
+        else:
+            mine, how = unnamed, "positions"
+        if mine:
+            log.warning(
+                "%s: the source images have no SeriesInstanceUID; %d image(s) matched to the volume by their %s, "
+                "the results name the generated series id %s as their source series",
+                where,
+                len(mine),
+                how,
+                series_uid,
+            )
+            for _, ds in mine:
+                ds.SeriesInstanceUID = series_uid
+            return mine, ("SeriesInstanceUID",)
+        raise SourceMismatchError(
+            f"no source image without SeriesInstanceUID matches the volume's generated series "
+            f"{series_uid} (by its recorded SOP Instance UIDs); found series {found}",
+            where=where,
+            fix="pass the files the volume was loaded from",
+        )
+    raise SourceMismatchError(
+        f"no source file belongs to the volume's series {series_uid}; found {found}",
+        where=where,
+        fix="pass the files of the series the volume was loaded from",
+    )
+
+
 def check_source(source: SourceSeries, volume: CTVolume, *, where: str = "source") -> None:
     """Raise :class:`~pipeline.errors.SourceMismatchError` unless ``source`` was matched to a volume on ``volume``'s grid."""
     g = volume.geometry
     if len(source) != g.shape[0]:
-        raise SourceMismatchError(f"the source has {len(source)} slices, the volume {g.shape[0]}", where=where,
-                                  fix="match the source files to this volume with read_source_series(files, volume)")
+        raise SourceMismatchError(
+            f"the source has {len(source)} slices, the volume {g.shape[0]}",
+            where=where,
+            fix="match the source files to this volume with read_source_series(files, volume)",
+        )
     ks = np.arange(g.shape[0], dtype=np.float64)
     expected = g.index_to_lps(np.stack([np.zeros_like(ks), np.zeros_like(ks), ks], axis=1))
     off = np.linalg.norm(source.positions - expected, axis=1)
     tol = max(NORMAL_TOLERANCE * g.spacing[2], INPLANE_TOLERANCE * min(g.spacing[0], g.spacing[1]))
     if off.max() > tol:
         k = int(np.argmax(off))
-        raise SourceMismatchError(f"slice {k} of the volume lies {off[k]:.3f} mm from its source image's position",
-                                  where=where, fix="match the source files to this volume with read_source_series(files, volume)")
+        raise SourceMismatchError(
+            f"slice {k} of the volume lies {off[k]:.3f} mm from its source image's position",
+            where=where,
+            fix="match the source files to this volume with read_source_series(files, volume)",
+        )
 
 
 def read_source_series(files: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], volume: CTVolume) -> SourceSeries:
     """Read the headers of ``files`` (a folder, searched recursively, or a list of files) and match them to ``volume``.
 
-    Only files of the volume's series (``volume.series_uid``) are used when the volume names one. Each slice ``k``
+    Only files of the volume's series (``volume.series_uid``) are used when the volume names one (for a generated
+    series id, the images ingest recorded, see the module docstring). Each slice ``k``
     of the volume is matched to the image (or multi-frame frame) whose ImagePositionPatient (LPS mm) lies within
     :data:`NORMAL_TOLERANCE` slice spacings along the slice normal and :data:`INPLANE_TOLERANCE` pixel spacings in
     the slice plane. Raises :class:`~pipeline.errors.SourceMismatchError` naming the slice, file or attribute when
@@ -231,26 +364,31 @@ def read_source_series(files: str | os.PathLike[str] | Iterable[str | os.PathLik
     where = str(paths[0].parent if paths else files)
     headers = _read_headers(paths)
     if not headers:
-        raise SourceMismatchError("no DICOM files among the source files", where=where,
-                                  fix="pass the folder or the files of the CT series the volume was loaded from")
-    series_uid = volume.series_uid
-    if series_uid:
-        of_series = [(p, ds) for p, ds in headers if _uid(ds.get("SeriesInstanceUID")) == series_uid]
-        if not of_series:
-            found = sorted({_uid(ds.get("SeriesInstanceUID")) or "none" for _, ds in headers})
-            raise SourceMismatchError(f"no source file belongs to the volume's series {series_uid}; found {found}",
-                                      where=where, fix="pass the files of the series the volume was loaded from")
-        headers = of_series
+        raise SourceMismatchError(
+            "no DICOM files among the source files",
+            where=where,
+            fix="pass the folder or the files of the CT series the volume was loaded from",
+        )
+    headers, series_generated = _of_volume(headers, volume, where)
     for path, ds in headers:
         for keyword in ("SOPInstanceUID", "SOPClassUID", "SeriesInstanceUID"):
             if not _uid(ds.get(keyword)):
-                raise SourceMismatchError(f"the image has no {keyword}", where=path,
-                                          fix="pass the original CT files; an image without it cannot be referenced")
-    multi = [(p, ds) for p, ds in headers if int(ds.get("NumberOfFrames", 1) or 1) > 1
-             or str(ds.get("SOPClassUID", "")) == ENHANCED_CT_STORAGE]
+                raise SourceMismatchError(
+                    f"the image has no {keyword}",
+                    where=path,
+                    fix="pass the original CT files; an image without it cannot be referenced",
+                )
+    multi = [
+        (p, ds)
+        for p, ds in headers
+        if int(ds.get("NumberOfFrames", 1) or 1) > 1 or str(ds.get("SOPClassUID", "")) == ENHANCED_CT_STORAGE
+    ]
     if multi and len(headers) > 1:
-        raise SourceMismatchError(f"{len(headers)} files of one series, {len(multi)} of them multi-frame",
-                                  where=where, fix="pass the one multi-frame file, or the single-frame files alone")
+        raise SourceMismatchError(
+            f"{len(headers)} files of one series, {len(multi)} of them multi-frame",
+            where=where,
+            fix="pass the one multi-frame file, or the single-frame files alone",
+        )
     names: list[str] = []
     pos_rows: list[np.ndarray] = []
     frames_of_rows: list[int] = []
@@ -275,12 +413,17 @@ def read_source_series(files: str | os.PathLike[str] | Iterable[str | os.PathLik
         frame_numbers = None
         sop_classes = tuple(str(d.SOPClassUID) for d in datasets)
         sop_uids = tuple(str(d.SOPInstanceUID) for d in datasets)
-    generated = _repair(datasets, volume, where)
+    generated = series_generated + _repair(datasets, volume, where)
     first = datasets[0]
     log.debug("%s: %d slices matched to %s", where, len(rows), "frames" if multi else "images")
     return SourceSeries(
-        datasets=tuple(datasets), sop_class_uids=sop_classes, sop_instance_uids=sop_uids, frame_numbers=frame_numbers,
-        positions=positions[rows], frame_of_reference_uid=str(first.FrameOfReferenceUID),
-        study_instance_uid=str(first.StudyInstanceUID), series_instance_uid=str(first.SeriesInstanceUID),
+        datasets=tuple(datasets),
+        sop_class_uids=sop_classes,
+        sop_instance_uids=sop_uids,
+        frame_numbers=frame_numbers,
+        positions=positions[rows],
+        frame_of_reference_uid=str(first.FrameOfReferenceUID),
+        study_instance_uid=str(first.StudyInstanceUID),
+        series_instance_uid=str(first.SeriesInstanceUID),
         generated=generated,
     )

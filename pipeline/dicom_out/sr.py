@@ -13,14 +13,16 @@ series' frame of reference):
   nodule was segmented), Probability (the detector score, unit 1) and the composition when known;
   every group carries the algorithm identification (detector name, version, parameters
   ``score_threshold=<operating point>`` and ``ctpipe=<version>``);
-* one TID 1501 case group: Nodule Present/Absent (the explicit no-findings statement), lung volumes
-  (ml, per side and both) and the emphysema index (%) where the quality report does not mark them
+* one TID 1501 case group: Nodule Present/Absent (the explicit no-findings statement; no statement in
+  a report of a reconstruction that no detector ran on, whose algorithm is then the reconstruction and
+  names no operating point), lung volumes (ml, per side and both) and the emphysema index (%) where the quality report does not mark them
   unreliable, and the quality assessment as coded evaluations (lung coverage, contrast phase, one
   "Quality Finding" per flag).
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -55,9 +57,11 @@ def device_uid(model_name: str, model_version: str) -> str:
     return stable_uid("ctpipe-device", __version__, model_name, model_version)
 
 
-def algorithm_parameters(score_threshold: float) -> list[str]:
-    """The TID 4019 algorithm parameters every group carries: the operating point and ctpipe's version."""
-    return [f"score_threshold={score_threshold:.6g}", f"ctpipe={__version__}"]
+def algorithm_parameters(score_threshold: float | None) -> list[str]:
+    """The TID 4019 algorithm parameters every group carries: the operating point (when a detector ran) and ctpipe's
+    version."""
+    threshold = [] if score_threshold is None else [f"score_threshold={score_threshold:.6g}"]
+    return [*threshold, f"ctpipe={__version__}"]
 
 
 def _finding_site(f: ReportedFinding) -> Any:
@@ -74,8 +78,9 @@ def _surface(f: ReportedFinding, source: SourceSeries) -> Any:
     k = f.slice_k
     frame = source.frame_of(k)
     frames = [frame] if frame is not None else None
-    image = hd.sr.SourceImageForSegmentation(source.sop_class_uids[k], source.sop_instance_uids[k],
-                                             referenced_frame_numbers=frames)
+    image = hd.sr.SourceImageForSegmentation(
+        source.sop_class_uids[k], source.sop_instance_uids[k], referenced_frame_numbers=frames
+    )
     c = np.asarray(f.center_lps, dtype=np.float64)
     half = np.asarray(f.half_axes_mm, dtype=np.float64)
     if half.min() <= 0:
@@ -87,8 +92,9 @@ def _surface(f: ReportedFinding, source: SourceSeries) -> Any:
             step[axis] = half[axis]
             points += [c - step, c + step]
         graphic_type, data = hd.sr.GraphicTypeValues3D.ELLIPSOID, np.array(points)
-    return hd.sr.VolumeSurface(graphic_type=graphic_type, graphic_data=data,
-                               frame_of_reference_uid=source.frame_of_reference_uid, source_images=[image])
+    return hd.sr.VolumeSurface(
+        graphic_type=graphic_type, graphic_data=data, frame_of_reference_uid=source.frame_of_reference_uid, source_images=[image]
+    )
 
 
 def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> Any:
@@ -125,8 +131,14 @@ def _quality_parts(quality: Any) -> tuple[str | None, str | None, list[str], set
     return get("lung_coverage"), get("contrast_phase"), flags, set(get("unreliable", ()) or ())
 
 
-def _case_group(findings: Sequence[ReportedFinding], measurements: Mapping[str, Any] | None, quality: Any,
-                source: SourceSeries, algorithm: Any) -> Any:
+def _case_group(
+    findings: Sequence[ReportedFinding],
+    measurements: Mapping[str, Any] | None,
+    quality: Any,
+    source: SourceSeries,
+    algorithm: Any,
+    nodules_assessed: bool = True,
+) -> Any:
     import highdicom as hd
 
     from ..reconstruction.quality import FLAGS
@@ -143,20 +155,27 @@ def _case_group(findings: Sequence[ReportedFinding], measurements: Mapping[str, 
             continue
         site = hd.sr.FindingSite(anatomic_location=C.LUNG, laterality=C.LATERALITY[side])
         items.append(hd.sr.Measurement(name=concept, value=float(value), unit=unit, finding_sites=[site]))
-    evaluations = [hd.sr.QualitativeEvaluation(C.NODULE, C.PRESENT if findings else C.ABSENT)]
+    evaluations = []
+    if nodules_assessed:
+        evaluations.append(hd.sr.QualitativeEvaluation(C.NODULE, C.PRESENT if findings else C.ABSENT))
     if coverage in C.COVERAGES:
         evaluations.append(hd.sr.QualitativeEvaluation(C.LUNG_COVERAGE, C.COVERAGES[coverage]))
     if phase in C.PHASES:
         evaluations.append(hd.sr.QualitativeEvaluation(C.CONTRAST_PHASE, C.PHASES[phase]))
     for code in flags:
         if code not in FLAGS:
-            raise DicomOutputError(f"unknown quality flag {code!r}", where="quality",
-                                   fix=f"flags come from pipeline.reconstruction.quality.FLAGS: {sorted(FLAGS)}")
+            raise DicomOutputError(
+                f"unknown quality flag {code!r}",
+                where="quality",
+                fix=f"flags come from pipeline.reconstruction.quality.FLAGS: {sorted(FLAGS)}",
+            )
         evaluations.append(hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.quality_flag_code(code, FLAGS[code][1])))
     uid = stable_uid("ctpipe-case", source.series_instance_uid)
     return hd.sr.MeasurementsAndQualitativeEvaluations(
         tracking_identifier=hd.sr.TrackingIdentifier(uid=uid, identifier="Case"),
-        algorithm_id=algorithm, measurements=items or None, qualitative_evaluations=evaluations,
+        algorithm_id=algorithm,
+        measurements=items or None,
+        qualitative_evaluations=evaluations or None,
     )
 
 
@@ -166,13 +185,15 @@ def build_sr(
     *,
     model_name: str,
     model_version: str,
-    score_threshold: float,
+    score_threshold: float | None,
     measurements: Mapping[str, Any] | None = None,
     quality: Any = None,
     series_number: int = 901,
     series_uid: str | None = None,
     sop_instance_uid: str | None = None,
     image_library: bool = False,
+    nodules_assessed: bool = True,
+    created: datetime.datetime | None = None,
 ) -> Any:
     """The Comprehensive 3D SR dataset (a ``highdicom.sr.Comprehensive3DSR``) of one case; see the module notes.
 
@@ -181,40 +202,80 @@ def build_sr(
     ``QualityReport`` (or its JSON). New UIDs are made for the series and instance unless given.
     image_library: add a TID 1600 Image Library describing the referenced images (optional in TID 1500; a
     single-frame source only; about 0.2 s more for five findings).
+    created: the instance's creation and content date and time, and highdicom's contribution date and time
+    (default: now).
+    nodules_assessed: False when no detector ran (a reconstruction alone): the report then makes no statement on
+    nodules (neither Present nor Absent) and names no operating point; ``findings`` must be empty.
     """
     import highdicom as hd
     from pydicom.dataset import Dataset
     from pydicom.uid import generate_uid
 
     if not model_name or not model_version:
-        raise DicomOutputError(f"model name {model_name!r} and version {model_version!r} must both be given",
-                               where="write_sr", fix="pass the detector's name and version")
-    algorithm = hd.sr.AlgorithmIdentification(name=model_name, version=model_version,
-                                              parameters=algorithm_parameters(score_threshold))
+        raise DicomOutputError(
+            f"model name {model_name!r} and version {model_version!r} must both be given",
+            where="write_sr",
+            fix="pass the detector's name and version",
+        )
+    if not nodules_assessed and findings:
+        raise DicomOutputError(
+            f"{len(findings)} finding(s) given with nodules_assessed=False",
+            where="write_sr",
+            fix="pass the findings with nodules_assessed=True, or none",
+        )
+    if nodules_assessed and score_threshold is None:
+        raise DicomOutputError(
+            "no score threshold given for the findings",
+            where="write_sr",
+            fix="pass the operating point the findings were reported at",
+        )
+    algorithm = hd.sr.AlgorithmIdentification(
+        name=model_name, version=model_version, parameters=algorithm_parameters(score_threshold if nodules_assessed else None)
+    )
     observer = hd.sr.ObserverContext(
         observer_type=hd.sr.CodedConcept("121007", "DCM", "Device"),
         observer_identifying_attributes=hd.sr.DeviceObserverIdentifyingAttributes(
-            uid=device_uid(model_name, model_version), name=f"ctpipe {__version__}"[:64], manufacturer_name="ctpipe",
-            model_name=f"{model_name} {model_version}"[:64]),
+            uid=device_uid(model_name, model_version),
+            name=f"ctpipe {__version__}"[:64],
+            manufacturer_name="ctpipe",
+            model_name=f"{model_name} {model_version}"[:64],
+        ),
     )
     groups: list[Any] = [_finding_group(f, source, algorithm) for f in findings]
-    groups.append(_case_group(findings, measurements, quality, source, algorithm))
+    groups.append(_case_group(findings, measurements, quality, source, algorithm, nodules_assessed))
     referenced = sorted({f.slice_k for f in findings})
     library = None
     if image_library and referenced and not source.multiframe:
         library = [source.datasets[k] for k in referenced]
     report = hd.sr.MeasurementReport(
         observation_context=hd.sr.ObservationContext(observer_device_context=observer),
-        procedure_reported=C.CT_CHEST, imaging_measurements=groups, referenced_images=library,
+        procedure_reported=C.CT_CHEST,
+        imaging_measurements=groups,
+        referenced_images=library,
     )
     # evidence: the images the content references (the first slice for a no-findings report, naming the series)
     evidence = [source.datasets[0]] if source.multiframe else [source.datasets[k] for k in referenced or [0]]
     sr = hd.sr.Comprehensive3DSR(
-        evidence=evidence, content=report, series_instance_uid=series_uid or generate_uid(), series_number=series_number,
-        sop_instance_uid=sop_instance_uid or generate_uid(), instance_number=1, manufacturer="ctpipe", is_complete=True,
-        is_final=False, is_verified=False,
+        evidence=evidence,
+        content=report,
+        series_instance_uid=series_uid or generate_uid(),
+        series_number=series_number,
+        sop_instance_uid=sop_instance_uid or generate_uid(),
+        instance_number=1,
+        manufacturer="ctpipe",
+        is_complete=True,
+        is_final=False,
+        is_verified=False,
     )
     sr.SeriesDescription = SR_SERIES_DESCRIPTION
+    if created is not None:
+        from pydicom.valuerep import DA, DT, TM
+
+        sr.InstanceCreationDate = sr.ContentDate = DA(created.strftime("%Y%m%d"))
+        sr.InstanceCreationTime = sr.ContentTime = TM(created.strftime("%H%M%S"))
+        for item in sr.get("ContributingEquipmentSequence", []):  # highdicom stamps its own contribution
+            if "ContributionDateTime" in item:
+                item.ContributionDateTime = DT(created.strftime("%Y%m%d%H%M%S"))
     sr.SoftwareVersions = __version__
     scheme = Dataset()
     scheme.CodingSchemeDesignator = C.PRIVATE_SCHEME

@@ -21,9 +21,29 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 FINDING_COLUMNS = [
-    "rank", "tracking_id", "tracking_uid", "center_x", "center_y", "center_z", "box_min_x", "box_min_y", "box_min_z",
-    "box_max_x", "box_max_y", "box_max_z", "diameter_mm", "long_axis_mm", "volume_mm3", "score", "side", "lobe",
-    "composition", "graphic_type", "frame_of_reference_uid", "sop_instance_uid", "frame_number",
+    "rank",
+    "tracking_id",
+    "tracking_uid",
+    "center_x",
+    "center_y",
+    "center_z",
+    "box_min_x",
+    "box_min_y",
+    "box_min_z",
+    "box_max_x",
+    "box_max_y",
+    "box_max_z",
+    "diameter_mm",
+    "long_axis_mm",
+    "volume_mm3",
+    "score",
+    "side",
+    "lobe",
+    "composition",
+    "graphic_type",
+    "frame_of_reference_uid",
+    "sop_instance_uid",
+    "frame_number",
 ]
 _ALGORITHM_NAME = ("111001", "DCM")
 _ALGORITHM_VERSION = ("111003", "DCM")
@@ -40,21 +60,29 @@ def _report(path: str | os.PathLike[str]) -> Any:
     try:
         sr = hd.sr.srread(path)
     except (ValueError, TypeError, AttributeError, OSError) as exc:
-        raise DicomOutputError(f"not a readable structured report ({type(exc).__name__}: {exc})", where=str(path),
-                               fix="pass an SR written by ctpipe (write_sr)") from exc
+        raise DicomOutputError(
+            f"not a readable structured report ({type(exc).__name__}: {exc})",
+            where=str(path),
+            fix="pass an SR written by ctpipe (write_sr)",
+        ) from exc
     content = getattr(sr, "content", None)
     if content is None or not hasattr(content, "get_volumetric_roi_measurement_groups"):
-        raise DicomOutputError("the SR holds no TID 1500 measurement report", where=str(path),
-                               fix="pass an SR written by ctpipe (write_sr)")
+        raise DicomOutputError(
+            "the SR holds no TID 1500 measurement report", where=str(path), fix="pass an SR written by ctpipe (write_sr)"
+        )
     return content
 
 
 def _text(group: Any, code: tuple[str, str]) -> list[str]:
     """The TEXT values of the group's container items named ``code``."""
     items = [child for container in group for child in container.get("ContentSequence", [])]
-    return [str(item.TextValue) for item in items if "ConceptNameCodeSequence" in item
-            and (str(item.ConceptNameCodeSequence[0].CodeValue), str(item.ConceptNameCodeSequence[0].CodingSchemeDesignator)) == code
-            and "TextValue" in item]
+    return [
+        str(item.TextValue)
+        for item in items
+        if "ConceptNameCodeSequence" in item
+        and (str(item.ConceptNameCodeSequence[0].CodeValue), str(item.ConceptNameCodeSequence[0].CodingSchemeDesignator)) == code
+        and "TextValue" in item
+    ]
 
 
 def _site(group: Any) -> tuple[str | None, str | None]:
@@ -73,8 +101,13 @@ def _site(group: Any) -> tuple[str | None, str | None]:
 def _geometry(roi: Any) -> dict[str, Any]:
     data = np.asarray(roi.graphic_data, dtype=np.float64).reshape(-1, 3)
     center = data.mean(axis=0)
-    out: dict[str, Any] = {"center_x": center[0], "center_y": center[1], "center_z": center[2],
-                           "graphic_type": str(roi.graphic_type.value), "frame_of_reference_uid": str(roi.frame_of_reference_uid)}
+    out: dict[str, Any] = {
+        "center_x": center[0],
+        "center_y": center[1],
+        "center_z": center[2],
+        "graphic_type": str(roi.graphic_type.value),
+        "frame_of_reference_uid": str(roi.frame_of_reference_uid),
+    }
     half = np.full(3, np.nan)
     if len(data) == 6:
         half = np.zeros(3)
@@ -94,8 +127,12 @@ def _geometry(roi: Any) -> dict[str, Any]:
 
 
 def _measurements(group: Any) -> dict[str, float]:
-    names = {_key(C.DIAMETER): "diameter_mm", _key(C.LONG_AXIS): "long_axis_mm", _key(C.VOLUME): "volume_mm3",
-             _key(C.PROBABILITY): "score"}
+    names = {
+        _key(C.DIAMETER): "diameter_mm",
+        _key(C.LONG_AXIS): "long_axis_mm",
+        _key(C.VOLUME): "volume_mm3",
+        _key(C.PROBABILITY): "score",
+    }
     out = {}
     for m in group.get_measurements():
         column = names.get(_key(m.name))
@@ -123,8 +160,11 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
             continue
         ident = str(group.tracking_identifier or "")
         match = re.fullmatch(r"Nodule (\d+)", ident)
-        row: dict[str, Any] = {"rank": int(match.group(1)) if match else None, "tracking_id": ident,
-                               "tracking_uid": str(group.tracking_uid or "")}
+        row: dict[str, Any] = {
+            "rank": int(match.group(1)) if match else None,
+            "tracking_id": ident,
+            "tracking_uid": str(group.tracking_uid or ""),
+        }
         row.update(_geometry(group.roi))
         row.update(_measurements(group))
         row["side"], row["lobe"] = _site(group)
@@ -150,10 +190,16 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
     groups = report.get_image_measurement_groups()
     case = next((g for g in groups if str(g.tracking_identifier or "") == "Case"), None)
     if case is None:
-        raise DicomOutputError("the SR has no case measurement group", where=str(path),
-                               fix="pass an SR written by ctpipe (write_sr)")
-    out: dict[str, Any] = {"measurements": {}, "quality_flags": [], "lung_coverage": None, "contrast_phase": None,
-                           "nodules_present": None}
+        raise DicomOutputError(
+            "the SR has no case measurement group", where=str(path), fix="pass an SR written by ctpipe (write_sr)"
+        )
+    out: dict[str, Any] = {
+        "measurements": {},
+        "quality_flags": [],
+        "lung_coverage": None,
+        "contrast_phase": None,
+        "nodules_present": None,
+    }
     names = _text(case, _ALGORITHM_NAME)
     versions = _text(case, _ALGORITHM_VERSION)
     out["model_name"] = names[0] if names else None
@@ -163,7 +209,8 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
     out["ctpipe_version"] = params.get("ctpipe")
     sides = {_key(v): k for k, v in C.LATERALITY.items()}
     by_key: dict[tuple[tuple[str, str], str | None], str] = {
-        (_key(concept), side): name for name, (side, concept, _) in LUNG_MEASUREMENTS.items()}
+        (_key(concept), side): name for name, (side, concept, _) in LUNG_MEASUREMENTS.items()
+    }
     for m in case.get_measurements():
         side: str | None = None
         for site in m.finding_sites:

@@ -7,13 +7,16 @@ import signal
 import sys
 from typing import Any
 
+from ..dicom_out.kinds import add_dicom_options
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help="run the pipeline over DICOM folders or worklist CSVs (resumable)",
         description="Discover CT series under SRC folders (or rows of a worklist .csv) and run "
-        "ingest -> segment the lungs (reconstruct) -> load -> detect -> measure nodules -> write for each, into "
+        "ingest -> segment the lungs (reconstruct) -> load -> detect -> measure nodules -> write -> DICOM SR and "
+        "SEG (outputs.dicom) for each, into "
         "RUN_DIR (a scan without lungs is not searched). Running the same command "
         "again resumes: completed cases are skipped, interrupted ones retried. Exit status: 0 all "
         "cases done, 3 some cases quarantined (listed with their reasons), 4 the run folder could not be "
@@ -44,6 +47,7 @@ def register(sub: Any) -> None:
         help="set any option, e.g. --set reconstruct.mesh_formats=stl,glb (repeatable)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar; print only the summary's last line and errors")
+    add_dicom_options(p, default=None)
     p.set_defaults(func=_run)
 
     r = sub.add_parser(
@@ -86,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
             "metrics_port": args.metrics_port,
             "retry_failed": args.retry_failed,
             "keep_identifiers": args.keep_identifiers,
+            "outputs.dicom": None if args.dicom is None else list(args.dicom),
         }
     )
     bar: TqdmBar | None = None

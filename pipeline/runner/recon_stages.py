@@ -5,7 +5,10 @@ before detection, keeps the union of its lung masks in the case cache
 (``RUN_DIR/cache/<case_id>.lungs.npy``, bits packed, on the volume's ``[k, j, i]``
 grid) and hands its quality report to the later stages; ``nodules`` then segments
 the findings inside that mask. Without reconstruction, ``lungs`` segments the
-lungs alone for the quality report that decides whether to search.
+lungs alone for the quality report that decides whether to search. When the
+DICOM SEG is among ``outputs.dicom``, ``reconstruct`` also keeps every organ mask
+in the cache (``RUN_DIR/cache/<case_id>.organs.npz``, bits packed) for the
+``dicom`` stage (:mod:`.dicom_stage`).
 
 A file that cannot be written fails the stage (an environmental error such as a
 full disk stops the run; see :mod:`.faults`); an organ that cannot be segmented
@@ -68,6 +71,31 @@ def load_lung_mask(cache_dir: Path, case_id: str, shape: tuple[int, ...]) -> np.
         return None
     packed = np.load(path, allow_pickle=False)
     return np.unpackbits(packed, count=int(np.prod(shape))).astype(bool).reshape(shape)
+
+
+def organ_masks_path(cache_dir: Path, case_id: str) -> Path:
+    return cache_dir / f"{case_id}.organs.npz"
+
+
+def save_organ_masks(cache_dir: Path, case_id: str, masks: Mapping[str, np.ndarray]) -> Path:
+    """Keep a case's organ masks (organ → bool ``[k, j, i]``) in the cache, bits packed, atomically."""
+    path = organ_masks_path(cache_dir, case_id)
+    names = list(masks)
+    packed = [np.packbits(np.ascontiguousarray(masks[o], dtype=bool), axis=None) for o in names]
+    with atomic_open(path) as fh:
+        np.savez(fh, names=np.array(names, dtype=str), masks=np.stack(packed) if packed else np.zeros((0, 0), np.uint8))
+    return path
+
+
+def load_organ_masks(cache_dir: Path, case_id: str, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """The organ masks kept by :func:`save_organ_masks` (empty when the case has none)."""
+    path = organ_masks_path(cache_dir, case_id)
+    if not path.is_file():
+        return {}
+    n = int(np.prod(shape))
+    with np.load(path, allow_pickle=False) as data:
+        names, packed = [str(x) for x in data["names"]], data["masks"]
+    return {organ: np.unpackbits(packed[i], count=n).astype(bool).reshape(shape) for i, organ in enumerate(names)}
 
 
 def _lungs_absent(quality: Mapping[str, Any] | None) -> str | None:
@@ -154,6 +182,8 @@ class ReconstructStage(Stage):
             parts = [rec.mask(o) for o in LUNGS if o in rec.masks]
             if parts:
                 save_lung_mask(ctx.cache_dir, ctx.case.case_id, np.logical_or.reduce(parts))
+        if "seg" in ctx.config.outputs.dicom and rec.masks:  # for the dicom stage's SEG
+            save_organ_masks(ctx.cache_dir, ctx.case.case_id, {o: rec.mask(o) for o in rec.masks})
         meas = {k: v for k, v in rec.measurements.items() if k in MEASURED}
         declared = [p.relative_to(ctx.workdir).as_posix() for paths in rec.files.values() for p in paths]
         out: dict[str, Any] = {

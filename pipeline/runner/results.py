@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunStoreError
+from .dicom_stage import FILES as DICOM_FILES
 from .report import build_report
 from .tables import read_tables
 
@@ -67,6 +68,8 @@ class RunResults:
     skipped: what discovery left out, per run: ``what`` (file or series), ``item`` (path or series key),
         ``kind`` and ``reason``.
     runs: one row per invocation of ``ctpipe run`` on this folder (config, versions, device, start/end).
+    dicom_outputs: one row per completed case: ``case_id``, ``sr`` and ``seg`` (paths of ``<case>/dicom/sr.dcm`` and
+        ``seg.dcm``, None where the case has none); :func:`pipeline.dicom_out.read_sr_findings` reads an SR back.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str]):
@@ -87,6 +90,22 @@ class RunResults:
         if not len(self.runs):
             return {}
         return json.loads(self.runs.iloc[-1]["config"] or "{}")
+
+    @property
+    def dicom_outputs(self) -> pd.DataFrame:
+        """The DICOM results of the completed cases (see the class docstring)."""
+        import pandas as pd
+
+        rows = []
+        done = self.cases[self.cases.status == "done"]
+        for case_id, output_dir in zip(done.case_id, done.output_dir):
+            folder = self.run_dir / output_dir if isinstance(output_dir, str) else None
+            row: dict[str, Any] = {"case_id": case_id}
+            for kind, rel in DICOM_FILES.items():
+                path = folder / rel if folder is not None else None
+                row[kind] = path if path is not None and path.is_file() else None
+            rows.append(row)
+        return pd.DataFrame(rows, columns=["case_id", *DICOM_FILES])
 
     @property
     def failures(self) -> pd.DataFrame:

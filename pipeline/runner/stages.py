@@ -17,6 +17,9 @@ after detection, with the findings)::
 
     ingest → lungs → load → detect → [reconstruct] → write
 
+When ``outputs.dicom`` names any DICOM result, a last ``dicom`` stage
+(:mod:`.dicom_stage`) writes the case's SR and SEG into ``<case>/dicom/``.
+
 ``load`` and ``detect`` (the model worker's stages) live in :mod:`.model_stages`,
 ``lungs``, ``reconstruct`` and ``nodules`` in :mod:`.recon_stages`. Volumes
 travel between stages through the run's case cache (``RUN_DIR/cache/<case_id>.npy``
@@ -37,6 +40,7 @@ from ..atomic import atomic_write_bytes
 from ..cache import CaseCache
 from ..config import Config
 from ..errors import NoSeriesFoundError
+from .dicom_stage import DicomStage
 from .measurements import flatten_measurements
 from .model_stages import DetectStage, LoadStage
 from .recon_stages import LungsStage, NodulesStage, ReconstructStage, lungs_first, read_case_volume
@@ -44,6 +48,7 @@ from .stage import CaseContext, CaseSpec, Stage, WorkerInfo
 
 __all__ = [
     "DetectStage",
+    "DicomStage",
     "IngestStage",
     "LoadStage",
     "LungsStage",
@@ -184,4 +189,6 @@ def build_stages(cfg: Config) -> list[Stage]:
     elif rc.enabled:
         stages.append(ReconstructStage(group=group))
     stages.append(WriteStage())
+    if cfg.outputs.dicom:
+        stages.append(DicomStage())
     return stages

@@ -1,0 +1,106 @@
+"""A case's DICOM results from what ctpipe's commands produce (``ctpipe detect``, ``reconstruct``, ``run``).
+
+:func:`dicom_source_of` finds the DICOM files a command's input was loaded from; :func:`write_case_dicom`
+writes the SR and the SEG of one case from its :class:`~pipeline.detection.findings.Findings` (the
+operating point and the model name come from them) and its reconstruction. Positions are DICOM
+patient coordinates (LPS, mm).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..volume import CTVolume
+from .api import SourceArg, write_dicom_outputs
+
+log = logging.getLogger(__name__)
+
+#: the algorithm an SR names when no detector ran (a reconstruction alone)
+RECONSTRUCTION_ALGORITHM = "ctpipe reconstruction"
+_IMAGE_SUFFIXES = (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd")
+
+
+def dicom_source_of(src: str | os.PathLike[str]) -> Path | None:
+    """The DICOM folder or file a command's input ``src`` holds or was ingested from, or None.
+
+    A DICOM folder or file is its own source; a case-cache entry (``<case>.json`` / ``<case>.npy``) names the
+    folder it was ingested from in its sidecar (``extra.source``); an image file (NIfTI, MHA, NRRD) has none.
+    """
+    path = Path(src)
+    if path.is_dir():
+        return path
+    if path.name.endswith(_IMAGE_SUFFIXES):
+        return None
+    if path.suffix in (".npy", ".json") and path.is_file():
+        from ..cache import CaseCache
+
+        extra = CaseCache(path.parent).entry(path.stem).sidecar.get("extra") or {}
+        source = extra.get("source") if isinstance(extra, Mapping) else None
+        return Path(source) if source else None
+    return path if path.is_file() else None
+
+
+def model_identity(findings: Any) -> tuple[str, str]:
+    """(name, version) of the algorithm an SR names: the detector of ``findings`` (``Findings.model``), or the
+    reconstruction when there are no findings; the version is ctpipe's (the demo weights ship with it; a bundle's
+    own version is part of its model name)."""
+    name = str(getattr(findings, "model", "") or "") if findings is not None else ""
+    return (name or (RECONSTRUCTION_ALGORITHM if findings is None else "ctpipe detector")), __version__
+
+
+def write_case_dicom(
+    out_dir: str | os.PathLike[str],
+    *,
+    source: SourceArg,
+    volume: CTVolume,
+    findings: Any,
+    outputs: Sequence[str],
+    reconstruction: Any = None,
+    nodules: Sequence[Any] | None = None,
+    measurements: Mapping[str, Any] | None = None,
+    organ_masks: Mapping[str, Any] | None = None,
+    quality: Any = None,
+    stem: str | None = None,
+    names: Mapping[str, str] | None = None,
+    omit_empty_frames: bool = False,
+    keep_identifiers: bool = True,
+    uid_seed: str | None = None,
+    created: datetime.datetime | None = None,
+) -> dict[str, Path]:
+    """Write the ``outputs`` (``"sr"``, ``"seg"``) of one case into ``out_dir``; returns output → path.
+
+    findings: the case's ``Findings`` (its reported findings at its ``score_threshold``, the operating point; None
+    when no threshold was applied: every finding), or None when no detector ran. The other arguments are those of
+    :func:`~pipeline.dicom_out.api.write_dicom_outputs`. Raises :class:`~pipeline.errors.DicomOutputError`.
+    """
+    if not outputs:
+        return {}
+    name, version = model_identity(findings)
+    threshold = getattr(findings, "score_threshold", None)
+    return write_dicom_outputs(
+        out_dir,
+        source=source,
+        volume=volume,
+        findings=findings,
+        model_name=name,
+        model_version=version,
+        score_threshold=threshold,
+        reconstruction=reconstruction,
+        nodules=nodules,
+        measurements=measurements,
+        organ_masks=organ_masks,
+        quality=quality,
+        outputs=outputs,
+        stem=stem,
+        names=names,
+        omit_empty_frames=omit_empty_frames,
+        keep_identifiers=keep_identifiers,
+        uid_seed=uid_seed,
+        created=created,
+    )

@@ -1,0 +1,155 @@
+"""The ``dicom`` stage of ``ctpipe run``: each case's DICOM results, ``<case>/dicom/sr.dcm`` and ``seg.dcm``.
+
+It runs last, once the case's other files are in its staging folder, when ``outputs.dicom``
+names any result (:mod:`pipeline.dicom_out`):
+
+* ``sr.dcm``: a TID 1500 Comprehensive 3D SR of the findings at the operating point (those of
+  the findings JSON), with the nodule volumes and the lung volumes of the measurements JSON and
+  the case's quality flags; when detection was skipped (no lungs) it makes no statement on nodules;
+* ``seg.dcm``: a binary SEG of the organ masks (kept in the case cache by ``reconstruct``) and of
+  the nodule masks, segmented again from the findings inside the same lung mask as ``nodules``
+  did (the same volume, findings and mask give the same masks as the measurements JSON's). A run
+  without reconstruction has no masks: no SEG, one warning per case.
+
+Both reference the case's source files (matched slice by slice to the cached volume) and are new
+series in the source's study and frame of reference. Their UIDs derive from the case and what its
+results hold, their creation date and time are the source series' (:meth:`SourceSeries.acquired`),
+so a case processed again (a resumed or repeated run) gives the same files, byte for byte, and an
+archive they are sent to keeps one copy. Like everything in a run folder they carry no
+patient identifier unless ``privacy.keep_identifiers`` (PatientName, PatientID, AccessionNumber, ...
+are written empty); an archive that files objects by patient (a ``pacs.send_to`` destination)
+needs them kept, and the stage says so once per worker. The files are declared: the case is
+published only with them. A source that no longer matches (a file deleted or changed since ingest, a header
+without what the results must repeat) raises :class:`~pipeline.errors.DicomOutputError`, which
+quarantines the case with that reason; a run folder that cannot be written stops the run as for
+any stage (:mod:`.faults`). Positions are LPS mm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .recon_stages import LUNGS, load_lung_mask, load_organ_masks, read_case_volume
+from .stage import CaseContext, Stage, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+#: file names of the results in the case folder, by output
+FILES = {"sr": "dicom/sr.dcm", "seg": "dicom/seg.dcm"}
+
+
+def _measurements(ctx: CaseContext) -> dict[str, Any] | None:
+    """The reconstruction's measurements JSON of the case (lungs, nodules, quality), or None without one."""
+    path = ctx.workdir / "recon" / f"{ctx.case.case_id}_measurements.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return data if isinstance(data, dict) else None
+
+
+def _findings(ctx: CaseContext) -> Any:
+    """The case's ``Findings`` at its operating point, or None when no search ran (detection skipped)."""
+    from ..detection.findings import Findings
+
+    skipped = ctx.state.get("detect_skipped")
+    doc = ctx.state.get("findings_doc")
+    if skipped or doc is None:
+        log.info("case %s: no detection (%s): the SR makes no statement on nodules", ctx.case.case_id, skipped or "not run")
+        return None
+    return Findings.from_json(doc)
+
+
+def _uid_seed(ctx: CaseContext, measurements: Any) -> str:
+    """A digest of what the case's results are made of: its series and files (the case key), findings, quality,
+    measurements and the options that shape them. The results' UIDs derive from it."""
+    cfg = ctx.config.to_dict()
+    parts = {
+        "case": ctx.case.case_key,
+        "findings": ctx.state.get("findings_doc"),
+        "quality": ctx.state.get("quality"),
+        "measurements": measurements,
+        "options": {k: cfg[k] for k in ("detector", "reconstruct", "outputs", "privacy")},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class DicomStage(Stage):
+    """The case's SR and SEG into ``<case>/dicom/`` (see the module docstring)."""
+
+    name = "dicom"
+    group = "cpu"
+    preload = ("pipeline.dicom_out.api",)
+
+    def setup(self, worker: WorkerInfo) -> None:
+        import pipeline.dicom_out.api  # noqa: F401 - pydicom and highdicom once per worker, not per case
+
+        cfg = worker.config
+        if cfg.outputs.dicom and cfg.pacs.send_to and not cfg.privacy.keep_identifiers:
+            log.warning(
+                "the DICOM results are sent to %s without patient identifiers (privacy.keep_identifiers is false): "
+                "an archive that files objects by patient may not show them with their study",
+                cfg.pacs.send_to,
+            )
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        from ..dicom_out import read_source_series
+        from ..dicom_out.case import write_case_dicom
+
+        outputs = tuple(ctx.config.outputs.dicom)
+        if not outputs:
+            return {}
+        case_id = ctx.case.case_id
+        t0 = time.perf_counter()
+        volume = read_case_volume(ctx)
+        findings = _findings(ctx)
+        masks: dict[str, np.ndarray] = {}
+        nodules = None
+        if "seg" in outputs:
+            masks = load_organ_masks(ctx.cache_dir, case_id, volume.shape)
+            if findings is not None and len(findings) and (masks or ctx.config.reconstruct.enabled):
+                nodules = self._nodules(ctx, volume, findings, masks)
+            if not masks and not nodules:
+                log.warning(
+                    "case %s: no organ or nodule masks (reconstruction off): no SEG written",
+                    case_id,
+                    extra={"case_id": case_id, "stage": self.name},
+                )
+                outputs = tuple(o for o in outputs if o != "seg")
+        source = read_source_series(list(ctx.case.files) or ctx.case.source, volume)
+        measurements = _measurements(ctx)
+        paths = write_case_dicom(
+            ctx.workdir / "dicom",
+            source=source,
+            volume=volume,
+            findings=findings,
+            outputs=outputs,
+            measurements=measurements,
+            organ_masks=masks,
+            nodules=nodules,
+            quality=ctx.state.get("quality"),
+            names={o: Path(f).name for o, f in FILES.items()},
+            omit_empty_frames=ctx.config.outputs.seg_omit_empty_frames,
+            keep_identifiers=ctx.config.privacy.keep_identifiers,
+            uid_seed=_uid_seed(ctx, measurements),
+            created=source.acquired(),
+        )
+        declared = [FILES[o] for o in paths]
+        return {"declared": declared, "timings": {"dicom": round(time.perf_counter() - t0, 6)}}
+
+    @staticmethod
+    def _nodules(ctx: CaseContext, volume: Any, findings: Any, masks: dict[str, np.ndarray]) -> list[Any]:
+        """The nodule masks of the findings, inside the lung mask the ``nodules`` stage (or the reconstruction) used."""
+        from ..reconstruction.nodules import segment_findings
+
+        lungs = load_lung_mask(ctx.cache_dir, ctx.case.case_id, volume.shape)
+        if lungs is None:
+            parts = [masks[o] for o in LUNGS if o in masks]
+            lungs = np.logical_or.reduce(parts) if parts else None
+        return [r for r in segment_findings(volume, list(findings), lung_mask=lungs) if r.mask is not None]
