@@ -15,10 +15,9 @@ Both reference the case's source files (matched slice by slice to the cached vol
 series in the source's study and frame of reference. Their UIDs derive from the case and what its
 results hold, their creation date and time are the source series' (:meth:`SourceSeries.acquired`),
 so a case processed again (a resumed or repeated run) gives the same files, byte for byte, and an
-archive they are sent to keeps one copy. Like everything in a run folder they carry no
-patient identifier unless ``privacy.keep_identifiers`` (PatientName, PatientID, AccessionNumber, ...
-are written empty); an archive that files objects by patient (a ``pacs.send_to`` destination)
-needs them kept, and the stage says so once per worker. The files are declared: the case is
+archive they are sent to keeps one copy. They copy Patient and Study from the source, as DICOM
+results must to be filed with their study; they are the only files of a run folder that carry
+patient identifiers (``privacy.keep_identifiers`` governs everything else). The files are declared: the case is
 published only with them. A source that no longer matches (a file deleted or changed since ingest, a header
 without what the results must repeat) raises :class:`~pipeline.errors.DicomOutputError`, which
 quarantines the case with that reason; a run folder that cannot be written stops the run as for
@@ -90,14 +89,6 @@ class DicomStage(Stage):
     def setup(self, worker: WorkerInfo) -> None:
         import pipeline.dicom_out.api  # noqa: F401 - pydicom and highdicom once per worker, not per case
 
-        cfg = worker.config
-        if cfg.outputs.dicom and cfg.pacs.send_to and not cfg.privacy.keep_identifiers:
-            log.warning(
-                "the DICOM results are sent to %s without patient identifiers (privacy.keep_identifiers is false): "
-                "an archive that files objects by patient may not show them with their study",
-                cfg.pacs.send_to,
-            )
-
     def process(self, ctx: CaseContext) -> dict[str, Any]:
         from ..dicom_out import read_source_series
         from ..dicom_out.case import write_case_dicom
@@ -136,7 +127,7 @@ class DicomStage(Stage):
             quality=ctx.state.get("quality"),
             names={o: Path(f).name for o, f in FILES.items()},
             omit_empty_frames=ctx.config.outputs.seg_omit_empty_frames,
-            keep_identifiers=ctx.config.privacy.keep_identifiers,
+            keep_identifiers=True,  # DICOM results belong with their study: Patient and Study copied from the source
             uid_seed=_uid_seed(ctx, measurements),
             created=source.acquired(),
         )
