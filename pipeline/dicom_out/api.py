@@ -84,15 +84,7 @@ def write_sr(
     image_library: add a TID 1600 Image Library of the referenced images (see :func:`.sr.build_sr`).
     """
     src = _source(source, volume)
-    reported = reported_findings(
-        _findings(findings, volume),
-        volume.geometry,
-        series_uid=src.series_instance_uid,
-        score_threshold=_threshold(score_threshold),
-        nodules=nodules,
-        organ_masks=organ_masks,
-        details=details,
-    )
+    reported = _reported(findings, volume, src, _threshold(score_threshold), nodules, organ_masks, details)
     return _write_sr(
         Path(path),
         src,
@@ -105,6 +97,27 @@ def write_sr(
         series_number=series_number,
         image_library=image_library,
         nodules_assessed=findings is not None,
+    )
+
+
+def _reported(
+    findings: Any,
+    volume: CTVolume,
+    source: SourceSeries,
+    threshold: float,
+    nodules: Sequence[Any] | None,
+    organ_masks: Mapping[str, np.ndarray | LabelMap] | None,
+    details: Mapping[int, NoduleDetail] | None,
+) -> list[ReportedFinding]:
+    """The findings at or above ``threshold`` as the SR and the SEG both report them (same ranks, same UIDs)."""
+    return reported_findings(
+        _findings(findings, volume),
+        volume.geometry,
+        series_uid=source.series_instance_uid,
+        score_threshold=threshold,
+        nodules=nodules,
+        organ_masks=organ_masks,
+        details=details,
     )
 
 
@@ -144,15 +157,7 @@ def write_seg(
     See :mod:`pipeline.dicom_out.seg` for ``omit_empty_frames`` and ``segment_codes``.
     """
     src = _source(source, volume)
-    reported = reported_findings(
-        _findings(findings, volume),
-        volume.geometry,
-        series_uid=src.series_instance_uid,
-        score_threshold=_threshold(score_threshold),
-        nodules=nodules,
-        organ_masks=organ_masks,
-        details=details,
-    )
+    reported = _reported(findings, volume, src, _threshold(score_threshold), nodules, organ_masks, details)
     return write_seg_object(
         Path(path),
         source=src,
@@ -226,15 +231,7 @@ def write_dicom_outputs(
     if nodules is None and measurements:
         nodules = measurements.get("nodules")
     threshold = _threshold(score_threshold)
-    reported = reported_findings(
-        _findings(findings, volume),
-        volume.geometry,
-        series_uid=src.series_instance_uid,
-        score_threshold=threshold,
-        nodules=nodules,
-        organ_masks=masks,
-        details=details,
-    )
+    reported = _reported(findings, volume, src, threshold, nodules, masks, details)
     written: dict[str, Path] = {}
     if "sr" in outputs:
         written["sr"] = _write_sr(
