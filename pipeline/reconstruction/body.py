@@ -212,10 +212,7 @@ def fill_cut_air(mask: np.ndarray, slice_axis: int) -> np.ndarray:
     does is filled when ``mask`` encloses at least :data:`CUT_AIR_ENCLOSED` of its pixels
     along the rows or the columns of the slice (mask on both sides).
     """
-    structure = np.zeros((3, 3, 3), dtype=bool)
-    plane = [slice(None)] * 3
-    plane[slice_axis] = slice(1, 2)
-    structure[tuple(plane)] = ndimage.generate_binary_structure(3, 1)[tuple(plane)]
+    structure = morph.in_plane_cross(slice_axis)
     labels, n = ndimage.label(~mask, structure=structure)
     if n == 0:
         return mask

@@ -137,10 +137,7 @@ def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid
     rk, rj, ri = (0 if d == sa else max(1, v) for d, v in enumerate(grid.radius(POOL_MM)))
     r = (rk, rj, ri)
     one = tuple(0 if d == sa else 1 for d in range(3))
-    structure = np.zeros((3, 3, 3), dtype=bool)  # regions are taken slice by slice: no merging along z
-    plane = [slice(None)] * 3
-    plane[sa] = slice(1, 2)
-    structure[tuple(plane)] = ndimage.generate_binary_structure(3, 1)[tuple(plane)]
+    structure = morph.in_plane_cross(sa)  # regions are taken slice by slice: no merging along z
     core = morph.erode(allowed, r)
     if not bool(core.any()):
         return none, none
@@ -188,10 +185,7 @@ def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid
 
 def _fill_marrow(mask: np.ndarray, hu: np.ndarray, slice_axis: int, pixel_mm2: float) -> np.ndarray:
     """Fill per-slice holes of ``mask`` that look like marrow (mean HU, area; see the module docstring)."""
-    structure = np.zeros((3, 3, 3), dtype=bool)
-    plane = [slice(None)] * 3
-    plane[slice_axis] = slice(1, 2)
-    structure[tuple(plane)] = ndimage.generate_binary_structure(3, 1)[tuple(plane)]
+    structure = morph.in_plane_cross(slice_axis)
     labels, n = ndimage.label(~mask, structure=structure)
     if n == 0:
         return mask

@@ -114,6 +114,15 @@ def keep_labels(labels: np.ndarray, keep: Sequence[int] | np.ndarray, n_labels: 
     return lut[labels]
 
 
+def in_plane_cross(slice_axis: int) -> np.ndarray:
+    """3×3×3 structure of 4-connectivity within each slice across array axis ``slice_axis`` (no link between slices)."""
+    structure = np.zeros((3, 3, 3), dtype=bool)
+    plane: list[slice] = [slice(None)] * 3
+    plane[slice_axis] = slice(1, 2)
+    structure[tuple(plane)] = CONN6[tuple(plane)]
+    return structure
+
+
 def fill_holes(mask: np.ndarray, *, slice_axis: int | None = None) -> np.ndarray:
     """Fill background regions not connected to the array border.
 
@@ -127,11 +136,7 @@ def fill_holes(mask: np.ndarray, *, slice_axis: int | None = None) -> np.ndarray
         structure = CONN6
         faces = [np.s_[0, :, :], np.s_[-1, :, :], np.s_[:, 0, :], np.s_[:, -1, :], np.s_[:, :, 0], np.s_[:, :, -1]]
     else:
-        structure = np.zeros((3, 3, 3), dtype=bool)
-        plane = [slice(None)] * 3
-        plane[slice_axis] = slice(1, 2)
-        cross = ndimage.generate_binary_structure(3, 1)
-        structure[tuple(plane)] = cross[tuple(plane)]
+        structure = in_plane_cross(slice_axis)
         faces = []
         for ax in range(3):
             if ax == slice_axis:
