@@ -33,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.atomic import atomic_write_bytes  # noqa: E402
 from pipeline.detection.findings import Finding  # noqa: E402
 from pipeline.dicom_out import read_source_series, write_dicom_outputs  # noqa: E402
 from pipeline.dicom_out.model import reported_findings  # noqa: E402
@@ -308,10 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{results['ratio_peer_vs_ctpipe_seg_omit']:.1f}x (vs the SEG with the same frames)"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=args.json.parent, delete=False, suffix=".tmp") as fh:
-            json.dump(results, fh, indent=1)
-        Path(fh.name).replace(args.json)
+        atomic_write_bytes(args.json, json.dumps(results, indent=1).encode())
         print(f"results written to {args.json}")
     return 0
 

@@ -22,7 +22,6 @@ import io
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.atomic import atomic_write_bytes  # noqa: E402
 from pipeline.phantom import generate_phantom  # noqa: E402
 from pipeline.reconstruction.export import stl_bytes  # noqa: E402
 from pipeline.reconstruction.mesh import mesh_from_mask  # noqa: E402
@@ -182,10 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['ctpipe_volume_error']:14.3%} {row['peer_volume_error']:12.3%} {row['ctpipe_triangles']:10d}"
         )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=args.json.parent, delete=False, suffix=".tmp") as fh:
-            json.dump(results, fh, indent=1)
-        Path(fh.name).replace(args.json)
+        atomic_write_bytes(args.json, json.dumps(results, indent=1).encode())
         print(f"results written to {args.json}")
     return 0
 
