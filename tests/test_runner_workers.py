@@ -146,14 +146,19 @@ def test_running_out_of_memory_fails_the_case(tmp_path):
 
 
 def test_peak_memory_is_reset_and_follows_an_allocation():
-    high = b"\x01" * (96 << 20)
-    del high
+    import mmap
+
+    # fresh anonymous mappings: their pages become resident when written, whatever the heap already holds
+    high = mmap.mmap(-1, 96 << 20)
+    high.write(b"\x01" * (96 << 20))
+    high.close()
     _reset_peak_rss()  # the mark drops back to what is resident now
     before = peak_rss_mb()
-    block = b"\x01" * (64 << 20)  # 64 MB, written
+    block = mmap.mmap(-1, 64 << 20)
+    block.write(b"\x01" * (64 << 20))  # 64 MB, written
     after = peak_rss_mb()
     assert before is not None and after is not None and after >= before + 50
-    del block
+    block.close()
 
 
 # -- setup ---------------------------------------------------------------------------------------------------------
