@@ -177,6 +177,29 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "worklist_root": Option(
             None, "path", "", "base folder for relative paths in a worklist CSV (default: the CSV's folder)", nullable=True
         ),
+        "engine": Option(
+            "local",
+            "choice",
+            "",
+            "where stages run: local (worker processes on this machine) or ray (actors across a Ray cluster)",
+            choices=("local", "ray"),
+        ),
+        "ray_address": Option(
+            None,
+            "str",
+            "",
+            "Ray cluster of runner.engine = ray: auto (the one this machine joined with ray start), HOST:PORT of its "
+            "head, or local / null (a private Ray instance on this machine for the run)",
+            nullable=True,
+        ),
+        "ray_timeout_s": Option(
+            60.0,
+            "float",
+            "s",
+            "runner.engine = ray: longest wait to connect to the cluster and to place the actors a stage needs",
+            lo=1.0,
+            hi=86400.0,
+        ),
     },
     "report": {
         "enabled": Option(True, "bool", "", "write the report at the end of every run"),
@@ -251,6 +274,13 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "send_to": Option(
             None, "str", "", "destination of the DICOM results (SR, SEG) of completed cases; null = none", nullable=True
         ),
+        "keep_received": Option(
+            "none",
+            "choice",
+            "",
+            "received DICOM kept after its case was processed: none, failed (quarantined cases only) or all",
+            choices=("none", "failed", "all"),
+        ),
         "send_retries": Option(
             5, "int", "attempts", "extra attempts to send a result file before it is recorded as failed", lo=0, hi=100
         ),
@@ -273,6 +303,8 @@ ALIASES = {
     "metrics_port": "metrics.port",
     "retry_failed": "runner.retry_failed",
     "keep_identifiers": "privacy.keep_identifiers",
+    "engine": "runner.engine",
+    "ray_address": "runner.ray_address",
 }
 
 
@@ -330,6 +362,8 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
         value = str(value)
         if path == "runner.device":
             _check_device(value, path, source)
+        if path == "runner.ray_address":
+            _check_ray_address(value, path, source)
         return value
     raise AssertionError(k)
 
@@ -341,6 +375,17 @@ def _check_device(value: str, path: str, source: str) -> None:
             f"{path} = {value!r} is not allowed; allowed: auto, cpu, cuda (every GPU) or cuda:N[,M...]",
             where=source,
             fix="pick a device torch knows, e.g. cuda:0",
+        )
+
+
+def _check_ray_address(value: str, path: str, source: str) -> None:
+    host, sep, port = value.rpartition(":")
+    ok = value in ("auto", "local") or (bool(sep) and bool(host.strip("[]")) and port.isdigit() and 0 < int(port) < 65536)
+    if not ok:
+        raise ConfigError(
+            f"{path} = {value!r} is not allowed; allowed: auto, local or HOST:PORT of the Ray head (e.g. 10.0.0.5:6379)",
+            where=source,
+            fix="give the address `ray start --head` printed, or auto on a machine of the cluster",
         )
 
 

@@ -202,6 +202,10 @@ class IncompleteOutputError(CtpipeError):
     """A case's stage did not write every output file it declares: the case is not published."""
 
 
+class ClusterError(CtpipeError):
+    """The Ray cluster of ``runner.engine = ray`` cannot be reached, joined or used (address, token, resources)."""
+
+
 # --- configuration ----------------------------------------------------------------------
 class ConfigError(CtpipeError, ValueError):
     """A configuration key or value is invalid."""

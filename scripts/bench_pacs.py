@@ -98,10 +98,20 @@ def _push(storescu: str, called: str, port: int, folder: Path) -> float:
     return time.perf_counter() - t0
 
 
+def dcmtk(name: str) -> str:
+    """dcmtk's ``name`` (pynetdicom installs Python apps of the same names in the virtualenv: skipped)."""
+    for folder in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin"]:
+        exe = shutil.which(name, path=folder)
+        if exe is None:
+            continue
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+        if "dcmtk" in (out.stdout + out.stderr).lower():
+            return exe
+    raise SystemExit(f"dcmtk's {name} not found: bash scripts/install_pacs_tools.sh")
+
+
 def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
-    storescu, storescp = shutil.which("storescu"), shutil.which("storescp")
-    if not (storescu and storescp):
-        raise SystemExit("dcmtk's storescu/storescp not found: bash scripts/install_pacs_tools.sh")
+    storescu, storescp = dcmtk("storescu"), dcmtk("storescp")
     ours: list[float] = []
     peer: list[float] = []
     for r in range(repeats):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if needed) and install ctpipe with its dev tools into it.
+# Create .venv (if needed) and install ctpipe with its dev tools and the cluster extra (Ray) into it.
 # Idempotent: re-installs only when pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # torch and torchvision first, pinned together so that torchvision's operators match torch
   .venv/bin/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1" \
     || .venv/bin/python -m pip install --quiet torch torchvision
-  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  # dev tools, and Ray for runner.engine = ray (its tests start a small cluster on this machine)
+  .venv/bin/python -m pip install --quiet -e ".[dev,cluster]"
   echo "$want" > "$stamp"
 fi

@@ -9,4 +9,6 @@ bash scripts/setup.sh
 .venv/bin/mypy
 bash scripts/install_dicom_tools.sh || echo "dciodvfy/dsrdump unavailable: their checks in tests/test_dicom_out_* will be skipped" >&2
 bash scripts/install_pacs_tools.sh || echo "Orthanc/dcmtk unavailable: the pacs-marked tests in tests/test_pacs_* will be skipped" >&2
-.venv/bin/python -m pytest "$@"
+bash scripts/install_monitoring_tools.sh || echo "prometheus/promtool unavailable: their checks in tests/test_runner_prometheus.py will be skipped" >&2
+# one pytest-xdist worker per core (CTPIPE_TEST_WORKERS=0 runs them in this process); each test module stays on one worker, so its module fixtures are built once
+.venv/bin/python -m pytest -n "${CTPIPE_TEST_WORKERS:-auto}" --dist loadscope "$@"

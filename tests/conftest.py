@@ -1,6 +1,8 @@
-"""Shared pytest setup: `gpu` tests are skipped without CUDA; torch uses at most 2 threads."""
+"""Shared pytest setup: `gpu` tests are skipped without CUDA; torch uses at most 2 threads (1 per pytest-xdist worker)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -29,7 +31,8 @@ def _torch_threads():
     except ImportError:
         yield
         return
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    # several xdist workers share the cores: one thread each keeps them from oversubscribing the machine
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
     yield
 
 

@@ -1,5 +1,6 @@
 """PACS sources of ctpipe run against a real Orthanc: DICOMweb and DIMSE retrieval into the spool, reruns,
-partial series, an archive that is down or hangs, and runs whose findings match the folder run."""
+partial series, an archive that is down or hangs, and runs whose findings match the folder run; the run store
+records each case's origin, the spool is emptied once cases are processed, and a rerun skips by remote UID."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from pipeline.errors import PacsRequestError, PacsUnavailableError, PartialSerie
 from pipeline.pacs import fetch_sources
 from pipeline.pacs.address import parse_source
 from pipeline.pacs.connect import open_archive
+from pipeline.pacs.fetch import release_spool
 from pipeline.pacs.ledger import Ledger
 from pipeline.pacs.sender import result_files
+from pipeline.runner import open_run, run_batch
+from pipeline.runner.stages import IngestStage, WriteStage
 from tests._support.orthanc import SilentServer, free_port, write_phantom_series
 
 pytest_plugins = ["tests._support.orthanc"]
@@ -78,6 +82,36 @@ def test_series_retrieved_into_the_spool_once(orthanc, stored, creds, tmp_path, 
     assert "password" not in json.dumps(row) and orthanc.password not in (run / "pacs" / "ledger.sqlite").read_bytes().decode(
         "latin-1"
     )
+
+
+def test_run_store_records_origins_spool_emptied_and_rerun_skips_by_remote_uid(orthanc, stored, creds, tmp_path):
+    """Retrieve two series, run them (one quarantined), empty the spool; the rerun retrieves nothing."""
+    (uid1, files1), (uid2, _) = stored[1], stored[2]
+    study1 = str(pydicom.dcmread(files1[0]).StudyInstanceUID)
+    run = tmp_path / "run"
+    cfg = _cfg(orthanc, **{"report.enabled": False, "workers": 0, "pacs.keep_received": "failed"})
+    src = f"{orthanc.dicomweb}?series={uid1},{uid2}"
+    res = fetch_sources([src], run_dir=run, cfg=cfg)
+    assert res.fetched == 2 and set(res.origins) == {str(f) for f in res.folders}
+    slices = sorted(
+        (run / "pacs" / "spool" / uid2).glob("*.dcm"), key=lambda f: float(pydicom.dcmread(f).ImagePositionPatient[2])
+    )
+    slices[len(slices) // 2].write_bytes(b"not DICOM any more")  # a middle slice damaged on disk: the case is quarantined
+    run_batch(res.folders, out=run, config=cfg, stages=[IngestStage(), WriteStage()], origins=res.origins)
+    cases = open_run(run).cases.set_index("origin_series_uid")
+    assert dict(cases.status) == {uid1: "done", uid2: "failed"}
+    assert cases.loc[uid1, "origin"] == orthanc.dicomweb and cases.loc[uid1, "origin_via"] == "wado-rs"
+    assert cases.loc[uid1, "origin_study_uid"] == study1
+    store = (run / "runs.sqlite").read_bytes().decode("latin-1")
+    assert orthanc.password not in store and orthanc.user not in store
+    assert release_spool(run, cfg) == 1  # keep_received: failed keeps the quarantined series' files
+    assert not (run / "pacs" / "spool" / uid1).exists() and (run / "pacs" / "spool" / uid2).is_dir()
+    assert Ledger(run).fetched(uid1)["state"] == "removed"
+    again = fetch_sources([src], run_dir=run, cfg=cfg)  # done and quarantined: neither retrieved nor handed on
+    assert (again.fetched, again.reused, again.done_before, again.folders) == (0, 0, 2, [])
+    assert "2 processed earlier" in again.lines()[0]
+    retry = fetch_sources([src], run_dir=run, cfg=_cfg(orthanc, **{"runner.retry_failed": True}))
+    assert [f.name for f in retry.folders] == [uid2] and retry.done_before == 1
 
 
 def test_accession_and_worklist_queries(orthanc, stored, creds, tmp_path):
@@ -215,16 +249,22 @@ def test_runs_from_dicomweb_and_dimse_find_what_the_folder_run_finds(orthanc, cr
             for fa, fb in zip(a[key], b[key]):
                 assert fa["center_lps"] == pytest.approx(fb["center_lps"], abs=1e-6)
                 assert fa["score"] == pytest.approx(fb["score"], abs=1e-6)
+    for name, via in (("dicomweb", "wado-rs"), ("dimse", "c-move")):
+        (case,) = open_run(tmp_path / name).cases.itertuples()
+        assert (case.origin_series_uid, case.origin_via) == (uid, via)
+        assert not (tmp_path / name / "pacs" / "spool" / uid).exists()  # processed: removed from the spool
     capsys.readouterr()
     send = ["--set", f"pacs.send_to={orthanc.dicomweb}"]
     assert main(["run", sources["dicomweb"], "--out", str(tmp_path / "dicomweb"), *fast, *send]) == 0
     out = capsys.readouterr().out
-    assert "0 series retrieved, 1 retrieved earlier" in out and "0 case(s) done" in out and "1 already done earlier" in out
+    assert "0 series retrieved, 0 retrieved earlier, 1 processed earlier" in out and "nothing to run" in out
     # the case's DICOM results (SR, SEG: whatever the pipeline wrote) went to Orthanc in the background
     (sent_case,) = (tmp_path / "dicomweb" / "cases").iterdir()
     results = result_files(sent_case)
     assert f"results to {orthanc.dicomweb}: {len(results)} sent, 0 pending, 0 failed" in out
     assert all(orthanc.holds(uid) for _, uid, _ in results)
+    deliveries = open_run(tmp_path / "dicomweb").deliveries  # recorded in the run store too
+    assert sorted(deliveries.sop_uid) == sorted(uid for _, uid, _ in results) and set(deliveries.state) == {"sent"}
     log = (tmp_path / "dicomweb" / "run.log").read_text()
     assert orthanc.password not in log
     shutil.rmtree(tmp_path / "case")

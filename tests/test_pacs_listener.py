@@ -1,5 +1,7 @@
 """ctpipe listen against a real Orthanc: each pushed series processed exactly once (duplicates, restarts,
-kill -9 mid-transfer), unknown AE titles and non-CT instances refused, series that never complete reported.
+kill -9 mid-transfer), unknown AE titles and non-CT instances refused, series that never complete reported,
+received files removed once processed (pacs.keep_received), leftovers of a crash cleaned on restart, the
+origin of each case in the run store, and the model worker started once for series arriving at different times.
 
 The in-process tests run the listener with the runner's real ingest and write stages (no model: they
 test receiving, not detection); the slow test runs the ``ctpipe listen`` command with the full pipeline.
@@ -25,7 +27,7 @@ from pipeline.errors import PacsAddressError
 from pipeline.pacs import Listener
 from pipeline.runner import open_run
 from pipeline.runner.stages import IngestStage, WriteStage
-from tests._support.orthanc import cstore, free_port, write_phantom_series
+from tests._support.orthanc import SetupCountingStage, cstore, free_port, write_phantom_series
 
 pytest_plugins = ["tests._support.orthanc"]
 pytestmark = pytest.mark.pacs
@@ -41,7 +43,7 @@ def series(orthanc, tmp_path_factory):
     return uid, files
 
 
-def _listener(orthanc, run: Path, **extra) -> Listener:
+def _listener(orthanc, run: Path, *, stages=None, **extra) -> Listener:
     port = free_port()
     orthanc.add_modality("ctpipe-listen", AET, port)
     opts = {
@@ -54,7 +56,8 @@ def _listener(orthanc, run: Path, **extra) -> Listener:
         "workers": 0,
     }
     opts.update(extra)
-    return Listener(run, load_config(overrides=opts, environ={}), stages=[IngestStage(), WriteStage()], poll_s=0.1)
+    stages = stages or [IngestStage(), WriteStage()]
+    return Listener(run, load_config(overrides=opts, environ={}), stages=stages, poll_s=0.1)
 
 
 def _until_processed(listener: Listener, timeout_s: float = 30.0) -> list[dict]:
@@ -73,9 +76,10 @@ def _journal(run: Path, sql: str) -> list[tuple]:
 
 
 def test_pushed_series_processed_once_even_when_sent_twice(orthanc, series, tmp_path):
+    """pacs.keep_received: all keeps the received files; a resend after processing is not stored again."""
     uid, files = series
     run = tmp_path / "run"
-    with _listener(orthanc, run) as lst:
+    with _listener(orthanc, run, **{"pacs.keep_received": "all"}) as lst:
         orthanc.push(uid, "ctpipe-listen")
         orthanc.push(uid, "ctpipe-listen")  # the modality sends it again: duplicates are not stored twice
         done = _until_processed(lst)
@@ -89,6 +93,55 @@ def test_pushed_series_processed_once_even_when_sent_twice(orthanc, series, tmp_
     assert _journal(run, "SELECT COUNT(*) FROM instances") == [(len(files),)]
     folder = Path(_journal(run, "SELECT folder FROM series")[0][0])
     assert sorted(p.stem for p in folder.glob("*.dcm")) == sorted(str(pydicom.dcmread(f).SOPInstanceUID) for f in files)
+
+
+def test_received_files_removed_once_processed_origin_recorded_resend_not_processed_again(orthanc, series, tmp_path):
+    """The default pacs.keep_received (none): the series' files go once its case is published; the run store
+    says where the case came from; the same series sent again is stored again but not processed again."""
+    uid, files = series
+    study = str(pydicom.dcmread(files[0]).StudyInstanceUID)
+    run = tmp_path / "run"
+    with _listener(orthanc, run) as lst:
+        orthanc.push(uid, "ctpipe-listen")
+        _until_processed(lst)
+        folder = Path(_journal(run, "SELECT folder FROM series")[0][0])
+        assert not folder.exists() and not (run / "pacs" / "incoming" / uid).exists()
+        assert _journal(run, "SELECT removed_at IS NOT NULL FROM series") == [(1,)]
+        attempts = len(open_run(run).stages)
+        orthanc.push(uid, "ctpipe-listen")  # the files are gone: stored again, a case the run store has done
+        again = _until_processed(lst)
+        assert [(r["generation"], r["n_instances"]) for r in again] == [(2, len(files))]
+    res = open_run(run)
+    assert len(res.stages) == attempts, "the resent series must not be processed again"
+    (case,) = res.cases.itertuples()
+    assert (case.status, case.origin, case.origin_via) == ("done", "C-STORE from AE ORTHANC", "c-store")
+    assert (case.origin_series_uid, case.origin_study_uid) == (uid, study)
+    assert _journal(run, "SELECT generation, outcome, removed_at IS NOT NULL FROM series ORDER BY generation") == [
+        (1, "done", 1),
+        (2, "done", 1),
+    ]
+    assert not (run / "pacs" / "incoming").exists() or not any((run / "pacs" / "incoming").iterdir())
+
+
+def test_model_worker_started_once_for_series_arriving_at_different_times(orthanc, series, tmp_path):
+    """With worker processes, the listener keeps them (and the model they load) from batch to batch."""
+    uid, files = series
+    other, other_files = write_phantom_series(tmp_path / "other", 4)
+    counter = SetupCountingStage(tmp_path / "setups.txt")
+    run = tmp_path / "run"
+    stages = [IngestStage(), counter, WriteStage()]
+    with _listener(orthanc, run, stages=stages, workers=1) as lst:
+        assert cstore(files, lst.port, called=AET) == [0] * len(files)
+        assert [r["series_uid"] for r in _until_processed(lst, 60)] == [uid]
+        time.sleep(1.5)  # the second series arrives later, in a batch of its own
+        assert cstore(other_files, lst.port, called=AET) == [0] * len(other_files)
+        assert [r["series_uid"] for r in _until_processed(lst, 60)] == [other]
+        assert lst.batches == 2
+        workers_pid = counter.setups()
+    assert len(workers_pid) == 1, f"the model stage was set up {len(workers_pid)} times: {workers_pid}"
+    cases = open_run(run).cases
+    assert sorted(cases.series_uid) == sorted([uid, other]) and set(cases.status) == {"done"}
+    assert set(open_run(run).stages.query("stage == 'count_setups'").worker) == {"model-cpu"}
 
 
 def test_unknown_ae_titles_rejected_and_non_ct_refused_with_a_status(orthanc, series, tmp_path):
@@ -114,7 +167,15 @@ def test_restart_keeps_what_was_received_and_processes_it_once(orthanc, series, 
     run = tmp_path / "run"
     with _listener(orthanc, run, **{"pacs.quiet_period_s": 2.0}) as first:
         assert cstore(files[:8], first.port, called=AET) == [0] * 8
+    # leftovers of a crash: a write cut short (never acknowledged), a folder created but never recorded
+    g1 = run / "pacs" / "incoming" / uid / "g1"
+    (g1 / ".cut-short.dcm.abcd1234.tmp").write_bytes(b"\0" * 100)
+    (run / "pacs" / "incoming" / uid / "g7").mkdir()
+    (run / "pacs" / "incoming" / "1.2.3.4" / "g1").mkdir(parents=True)
     with _listener(orthanc, run, **{"pacs.quiet_period_s": 2.0}) as second:
+        assert sorted(p.name for p in g1.iterdir()) == sorted(f"{pydicom.dcmread(f).SOPInstanceUID}.dcm" for f in files[:8])
+        assert sorted(p.name for p in (run / "pacs" / "incoming").iterdir()) == [uid]
+        assert [p.name for p in (run / "pacs" / "incoming" / uid).iterdir()] == ["g1"]
         time.sleep(1.0)
         assert second.step() == []  # the quiet period starts again at the restart
         assert cstore(files, second.port, called=AET) == [0] * len(files)
@@ -124,7 +185,9 @@ def test_restart_keeps_what_was_received_and_processes_it_once(orthanc, series, 
     assert list(cases.status) == ["done"] and list(cases.series_uid) == [uid]
 
 
-def test_series_that_grows_after_processing_is_a_new_generation(orthanc, series, tmp_path):
+@pytest.mark.parametrize("keep", ["all", "none"])
+def test_series_that_grows_after_processing_is_a_new_generation(orthanc, series, tmp_path, keep):
+    """Kept files: the new instance alone makes generation 2 whole; removed files: the sender sends the series again."""
     uid, files = series
     run = tmp_path / "run"
     extra = tmp_path / "extra.dcm"
@@ -134,10 +197,11 @@ def test_series_that_grows_after_processing_is_a_new_generation(orthanc, series,
     ds.ImagePositionPatient[2] = last + (last - before)
     ds.InstanceNumber = len(files) + 1
     ds.save_as(extra)
-    with _listener(orthanc, run) as lst:
+    with _listener(orthanc, run, **{"pacs.keep_received": keep}) as lst:
         assert cstore(files, lst.port, called=AET) == [0] * len(files)
         _until_processed(lst)
-        assert cstore([extra], lst.port, called=AET) == [0]
+        resend = [extra] if keep == "all" else [*files[:5], extra, *files[5:]]
+        assert cstore(resend, lst.port, called=AET) == [0] * len(resend)
         done = _until_processed(lst)
         assert [(r["generation"], r["n_instances"]) for r in done] == [(2, len(files) + 1)]
     cases = open_run(run).cases
@@ -148,7 +212,9 @@ def test_series_that_never_completes_is_reported_after_the_limit(orthanc, series
     _, files = series
     run = tmp_path / "run"
     gap = files[:7] + files[8:]  # slice 8 never arrives
-    with _listener(orthanc, run, **{"pacs.quiet_period_s": 0.5, "pacs.series_limit_s": 3.0}) as lst:
+    with _listener(
+        orthanc, run, **{"pacs.quiet_period_s": 0.5, "pacs.series_limit_s": 3.0, "pacs.keep_received": "failed"}
+    ) as lst:
         t0 = time.monotonic()
         assert cstore(gap, lst.port, called=AET) == [0] * len(gap)
         time.sleep(0.8)
@@ -162,6 +228,8 @@ def test_series_that_never_completes_is_reported_after_the_limit(orthanc, series
     assert done[0]["note"].startswith("incomplete after 3 s")
     cases = open_run(run).cases
     assert list(cases.status) == ["failed"] and list(cases.error_class) == ["MissingSliceError"]
+    kept = Path(_journal(run, "SELECT folder FROM series")[0][0])  # keep_received: failed keeps a quarantined series
+    assert len(list(kept.glob("*.dcm"))) == len(gap)
 
 
 @pytest.mark.slow

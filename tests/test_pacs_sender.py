@@ -15,6 +15,8 @@ from pipeline.config import load_config
 from pipeline.dicom_out import write_dicom_outputs
 from pipeline.pacs.ledger import Ledger
 from pipeline.pacs.sender import ResultSender, result_files
+from pipeline.runner import open_run
+from pipeline.runner.store import RunStore
 from tests._support.orthanc import free_port
 from tests.test_dicom_out_sources import phantom_case
 
@@ -101,6 +103,7 @@ def test_failures_retried_with_backoff_recorded_then_sent_by_ctpipe_send(orthanc
         monkeypatch.setenv(k, v)
     run = tmp_path / "run"
     uids = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
     dead = f"dicomweb+http://127.0.0.1:{free_port()}/dicom-web"
     t0 = time.monotonic()
     sender = ResultSender(run, _cfg(), destination=dead, poll_s=0.1).start()
@@ -112,8 +115,14 @@ def test_failures_retried_with_backoff_recorded_then_sent_by_ctpipe_send(orthanc
     rows = Ledger(run).rows("SELECT state, attempts, error FROM sent")
     assert all(r["state"] == "failed" and r["attempts"] == 3 for r in rows)
     assert all("PacsUnavailableError" in r["error"] and "cannot connect" in r["error"] for r in rows)
+    recorded = open_run(run).deliveries  # the failures are in the run store too, with the reason
+    assert sorted(recorded.sop_uid) == sorted(uids.values())
+    assert set(recorded.state) == {"failed"} and set(recorded.attempts) == {3}
+    assert all("cannot connect" in e for e in recorded.error)
     assert main(["send", str(run), "--to", dead, "--set", "pacs.retries=0", "--timeout", "5"]) == 3  # still failed
     assert main(["send", str(run), "--to", orthanc.dicomweb, "--retry-failed", "--timeout", "60"]) == 0
     assert all(orthanc.holds(uid) for uid in uids.values())
+    final = open_run(run).deliveries.set_index("destination").state
+    assert set(final[orthanc.dicomweb]) == {"sent"} and set(final[dead]) == {"failed"}
     log_text = "\n".join(r["error"] or "" for r in Ledger(run).rows("SELECT error FROM sent"))
     assert orthanc.password not in log_text

@@ -42,21 +42,22 @@ def test_stage_order_puts_the_lungs_first_and_load_right_before_detect():
 
 
 def test_loader_backend_and_lung_roi_are_respected(dicom_data, tmp_path):
+    one = dicom_data["good"] / "case11"  # one case: the crop is per case
     whole = run_batch(
-        [dicom_data["good"]],
+        [one],
         out=tmp_path / "whole",
         workers=0,
         **QUICK,
         **{"loader.backend": "torch", "loader.roi": "none", "detector.lung_restriction": False},
     )
     lungs = run_batch(
-        [dicom_data["good"]],
+        [one],
         out=tmp_path / "lungs",
         workers=0,
         **QUICK,
         **{"loader.backend": "torch", "loader.roi": "lungs", "loader.roi_margin_mm": 2.0, "detector.lung_restriction": False},
     )
-    assert whole.exit_code == 0 and lungs.exit_code == 0 and whole.done == lungs.done == 3
+    assert whole.exit_code == 0 and lungs.exit_code == 0 and whole.done == lungs.done == 1
     log = (tmp_path / "lungs" / "run.log").read_text()
     assert "loader: torch on CPU (asked for with loader='torch')" in log
     big, small = _input_shapes(tmp_path / "whole"), _input_shapes(tmp_path / "lungs")
@@ -65,7 +66,7 @@ def test_loader_backend_and_lung_roi_are_respected(dicom_data, tmp_path):
         assert np.prod(small[case]) < 0.9 * np.prod(big[case]), (case, small[case], big[case])
     run = open_run(tmp_path / "lungs")
     load = run.stages[run.stages.stage == "load"]
-    assert len(load) == 3 and (load.status == "ok").all()
+    assert len(load) == 1 and (load.status == "ok").all()
     details = [json.loads(d) for d in load.detail]
     assert all(d["lung_mask"] > 0 and d["load"] > 0 for d in details)  # per-step times (s) of the load stage
     whole_load = open_run(tmp_path / "whole").stages.query("stage == 'load'")

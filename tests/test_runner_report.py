@@ -27,10 +27,11 @@ def _free_port() -> int:
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    """Samples by (name, labels); the ``node`` label every series carries is left out (tests/test_runner_prometheus.py)."""
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "node")))] = s.value
     return out
 
 

@@ -22,8 +22,9 @@ RUN_EPILOG = (
     "SRC may also be a PACS: 'dicomweb+http(s)://HOST:PORT/PATH?QUERY' (QIDO-RS + WADO-RS) or "
     "'dimse://AET@HOST:PORT?QUERY' (C-FIND + C-MOVE/C-GET), QUERY of studydate=YYYYMMDD[-YYYYMMDD]|today|yesterday, "
     "accession=A,B, study=UID,UID, series=UID,UID, worklist=FILE.csv (StudyInstanceUID/SeriesInstanceUID "
-    "columns), modality=CT, retrieve=move|get. Retrieved series go to RUN_DIR/pacs/spool/; a rerun retrieves "
-    "and processes none twice. Credentials: CTPIPE_DICOMWEB_USER/CTPIPE_DICOMWEB_PASSWORD or a netrc file. "
+    "columns), modality=CT, retrieve=move|get. Retrieved series go to RUN_DIR/pacs/spool/ (removed once "
+    "their case is published or quarantined, see pacs.keep_received); the run store records each case's origin "
+    "(archive, Study/Series Instance UID), and a rerun retrieves and processes none twice. Credentials: CTPIPE_DICOMWEB_USER/CTPIPE_DICOMWEB_PASSWORD or a netrc file. "
     "Exit status 3 also when some series could not be retrieved."
 )
 
@@ -57,8 +58,8 @@ def register(sub: Any) -> None:
         "--workers",
         type=int,
         metavar="N",
-        help="CPU worker processes per batch (default 0: every stage in this "
-        "process, the model loaded once for the listener's lifetime)",
+        help="CPU worker processes (default 0: every stage in this process); either way the "
+        "workers and the model are started once for the listener's lifetime",
     )
     p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda or cuda:N")
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
@@ -100,10 +101,10 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
     from .address import is_pacs_address
 
     pacs_sources = [s for s in args.sources if is_pacs_address(s)]
-    cfg = _config(args, {})
+    cfg = _config(args, {"retry_failed": getattr(args, "retry_failed", None) or None})
     if not pacs_sources and not cfg.pacs.send_to:
         return original(args)
-    from .fetch import fetch_sources
+    from .fetch import fetch_sources, release_spool
     from .ledger import PacsLock
 
     lock = PacsLock(args.out, holder="ctpipe run")
@@ -115,20 +116,24 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
             for line in result.lines():
                 print(line, file=sys.stderr if line.lstrip().startswith("PACS failure") else sys.stdout)
             args.sources = [s for s in args.sources if not is_pacs_address(s)] + [str(f) for f in result.folders]
-            if not args.sources:
-                print("nothing to run: the PACS sources selected no series that could be retrieved")
-                return EXIT_SOME_FAILED if failures else 0
+            args.pacs_origins = result.origins
         sender = None
         if cfg.pacs.send_to:
             from .sender import ResultSender
 
             sender = ResultSender(args.out, cfg).start()
         try:
-            rc = original(args)
+            if args.sources:
+                rc = original(args)
+            else:
+                print("nothing to run: the PACS sources selected no series to retrieve or process")
+                rc = 0
         finally:
             if sender is not None:
                 counts = sender.close(drain_s=cfg.pacs.send_drain_s)
                 print(counts.line(sender.key))
+            if pacs_sources:
+                release_spool(args.out, cfg)
         return EXIT_SOME_FAILED if rc == 0 and failures else rc
     finally:
         lock.release()

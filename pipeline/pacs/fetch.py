@@ -1,9 +1,13 @@
 """PACS sources of a run: search, retrieve each series into the run folder's spool, record it in the ledger.
 
 :func:`fetch_sources` turns PACS source addresses (:mod:`pipeline.pacs.address`) into complete series
-folders under ``RUN_DIR/pacs/spool/`` that ``ctpipe run`` then processes like any DICOM folder.
-A series the ledger lists as fetched (and whose folder is there) is not retrieved again; the run
-store then skips it when it is already done, so a rerun neither fetches nor processes a series twice.
+folders under ``RUN_DIR/pacs/spool/`` that ``ctpipe run`` then processes like any DICOM folder, with
+their origins (:attr:`FetchResult.origins`: the archive, how, the Study and Series Instance UIDs) for
+the run store. A series whose case the run store lists as done (by remote SeriesInstanceUID, with
+at least as many instances as the archive now lists), or as quarantined unless
+``runner.retry_failed``, is neither retrieved nor processed again; a series the ledger lists as
+fetched (and whose folder is there) is not retrieved again. Once a case is published or
+quarantined, :func:`release_spool` removes its spool folder unless ``pacs.keep_received`` keeps it.
 A series retrieved with fewer instances than the archive listed is not handed on (recorded as
 ``partial``; the next run tries again). One source or series failing does not stop the others.
 """
@@ -12,17 +16,19 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import CtpipeError, PacsError, PartialSeriesError
+from ..runner.store import remote_series
 from .address import PacsSource, Query, parse_source
 from .archive import Archive, RemoteSeries
 from .connect import open_archive
-from .ledger import Ledger
-from .spool import Spool
+from .ledger import Ledger, now
+from .spool import Spool, fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +38,17 @@ class FetchResult:
     """What fetching the PACS sources of a run did."""
 
     folders: list[Path] = field(default_factory=list)  # complete series folders for the runner
+    origins: dict[str, dict[str, Any]] = field(default_factory=dict)  # folder → origin (run_batch(origins=...))
     fetched: int = 0  # series retrieved now
     reused: int = 0  # series fetched by an earlier run, not retrieved again
+    done_before: int = 0  # series whose case the run store lists as done (or quarantined): not retrieved
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (SeriesInstanceUID, why)
     failures: list[tuple[str, str, str]] = field(default_factory=list)  # (source or series, error class, message)
 
     def lines(self) -> list[str]:
         out = [
-            f"PACS: {self.fetched} series retrieved, {self.reused} retrieved earlier, {len(self.skipped)} skipped, "
-            f"{len(self.failures)} failed"
+            f"PACS: {self.fetched} series retrieved, {self.reused} retrieved earlier, {self.done_before} processed "
+            f"earlier, {len(self.skipped)} skipped, {len(self.failures)} failed"
         ]
         out += [f"  not retrieved {uid}: {why}" for uid, why in self.skipped]
         out += [f"  PACS failure {what}: {cls}: {msg}" for what, cls, msg in self.failures]
@@ -75,6 +83,7 @@ def fetch_sources(
     run = Path(run_dir)
     spool = Spool(run)
     spool.clean()
+    release_spool(run, cfg)  # what a crash left between processing and removal
     ledger = Ledger(run)
     out = FetchResult()
     seen: set[str] = set()
@@ -104,13 +113,88 @@ def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledge
             return
         out.failures += missing
         log.info("%s: %d series selected", src, len(chosen), extra={"event": "pacs_search"})
+        known = remote_series(run, [s.series_uid for s in chosen])
         for s in chosen:
             if s.series_uid in seen:
                 continue
             seen.add(s.series_uid)
+            if _processed_before(s, known.get(s.series_uid), cfg, out):
+                continue
             _fetch_series(s, src, archive, cfg, run, spool, ledger, out)
     finally:
         archive.close()
+
+
+def _processed_before(s: RemoteSeries, case: dict[str, Any] | None, cfg: Any, out: FetchResult) -> bool:
+    """Whether the run store lists the series' case as done (or quarantined, unless retried): not retrieved again."""
+    if case is None:
+        return False
+    grown = s.n_instances is not None and case["n_instances"] is not None and s.n_instances > int(case["n_instances"])
+    if grown:
+        log.info(
+            "series %s: the archive now lists %d instances, %s were processed (case %s); retrieved again",
+            s.series_uid,
+            s.n_instances,
+            case["n_instances"],
+            case["case_id"],
+            extra={"event": "pacs_grown"},
+        )
+        return False
+    if case["status"] == "done" or (case["status"] == "failed" and not cfg.runner.retry_failed):
+        out.done_before += 1
+        log.info(
+            "series %s: case %s is %s in the run store; not retrieved again",
+            s.series_uid,
+            case["case_id"],
+            case["status"],
+            extra={"event": "pacs_done_before"},
+        )
+        return True
+    return False
+
+
+def origin(s: RemoteSeries, src: PacsSource, n_files: int | None) -> dict[str, Any]:
+    """The run store's record of where a retrieved series came from (UIDs and the address, no patient data)."""
+    via = "wado-rs" if src.endpoint.kind == "dicomweb" else f"c-{src.query.retrieve or 'move'}"
+    return {
+        "remote": src.endpoint.redacted(),
+        "via": via,
+        "study_uid": s.study_uid,
+        "series_uid": s.series_uid,
+        "n_instances": n_files,
+    }
+
+
+def release_spool(run_dir: str | os.PathLike[str], cfg: Any) -> int:
+    """Remove the spool folders of series whose case is published or quarantined (see ``pacs.keep_received``);
+    how many were removed. Their ledger rows become ``removed``; the run store keeps their origin."""
+    from .journal import should_remove
+
+    run = Path(run_dir)
+    if cfg.pacs.keep_received == "all" or not (run / "pacs" / "ledger.sqlite").is_file():
+        return 0
+    ledger = Ledger(run)
+    n = 0
+    try:
+        rows = ledger.rows("SELECT * FROM fetched WHERE state = 'fetched'")
+        cases = remote_series(run, [r["series_uid"] for r in rows])
+        for r in rows:
+            case = cases.get(r["series_uid"])
+            if case is None or not should_remove(str(case["status"]), cfg.pacs.keep_received):
+                continue
+            if r["folder"]:
+                folder = run / r["folder"]
+                if folder.is_dir():
+                    shutil.rmtree(folder)
+                    fsync_dir(folder.parent)
+            with ledger.tx() as db:
+                db.execute("UPDATE fetched SET state = 'removed', updated_at = ? WHERE series_uid = ?", (now(), r["series_uid"]))
+            n += 1
+    finally:
+        ledger.close()
+    if n:
+        log.info("%d processed series removed from the spool", n, extra={"event": "pacs_spool_released"})
+    return n
 
 
 def _fetch_series(
@@ -122,6 +206,7 @@ def _fetch_series(
     row = ledger.fetched(s.series_uid)
     if row is not None and row["state"] == "fetched" and (run / row["folder"]).is_dir():
         out.folders.append(run / row["folder"])
+        out.origins[str(run / row["folder"])] = origin(s, src, row["n_files"])
         out.reused += 1
         return
     part = spool.start(s.series_uid)
@@ -161,5 +246,6 @@ def _fetch_series(
         error=None,
     )
     out.folders.append(final)
+    out.origins[str(final)] = origin(s, src, n)
     out.fetched += 1
     log.info("series %s: %d instance(s) retrieved from %s", s.series_uid, n, src.endpoint, extra={"event": "pacs_fetched"})

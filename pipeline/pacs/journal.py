@@ -10,6 +10,16 @@ already handed opens generation N+1, whose folder starts with hard links to gene
 the runner sees a changed series as a new case. After a crash, :meth:`ReceiveJournal.recover`
 registers instances written but not committed, drops empty generations, and restarts the quiet
 period of open series; handed generations are handed again (the run store skips done cases).
+
+Once a generation is processed, its folder is removed (:meth:`ReceiveJournal.release`) unless
+``pacs.keep_received`` keeps it (``all``; ``failed`` keeps those of quarantined or not selected
+series); the instances stay in the journal. A duplicate of an instance whose file is still kept is
+answered with success and not stored again; one whose file was removed is stored again, into the
+series' open generation or a new one: a series sent again in full after its files were removed
+forms the same case (the run store skips it as done), and one sent again with more instances forms
+a new case with all of them. :meth:`ReceiveJournal.recover` also removes generation folders the
+journal does not know (a crash between creating one and recording it), temporary files of cut-short
+writes in every generation folder, and folders of processed generations a crash left unremoved.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from typing import Any
 
 from .address import valid_uid
 from .ledger import Ledger, now
+from .spool import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +60,15 @@ class ReceiveJournal:
         return self.root / series_uid / f"g{generation}"
 
     # -- receiving -------------------------------------------------------------------------
-    def admit(self, sop_uid: str, series_uid: str) -> Admission:
+    def admit(self, sop_uid: str, series_uid: str, *, study_uid: str | None = None) -> Admission:
         """Decide where an incoming instance goes; opens a series or a new generation when needed."""
         with self.ledger.tx() as db:
-            if db.execute("SELECT 1 FROM instances WHERE sop_uid = ?", (sop_uid,)).fetchone():
+            seen = db.execute(
+                "SELECT s.removed_at FROM instances i LEFT JOIN series s ON s.series_uid = i.series_uid "
+                "AND s.generation = i.generation WHERE i.sop_uid = ?",
+                (sop_uid,),
+            ).fetchone()
+            if seen is not None and seen["removed_at"] is None:
                 return Admission(True, series_uid)
             row = db.execute(
                 "SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,)
@@ -66,9 +82,9 @@ class ReceiveJournal:
                 folder = self.folder(series_uid, gen)
                 n_before = self._link_previous(row, folder)
                 db.execute(
-                    "INSERT INTO series (series_uid, generation, state, first_at, last_at, n_instances, folder) "
-                    "VALUES (?, ?, 'open', ?, ?, ?, ?)",
-                    (series_uid, gen, t, t, n_before, str(folder)),
+                    "INSERT INTO series (series_uid, generation, state, first_at, last_at, n_instances, folder, study_uid) "
+                    "VALUES (?, ?, 'open', ?, ?, ?, ?, ?)",
+                    (series_uid, gen, t, t, n_before, str(folder), study_uid),
                 )
                 if row is not None:
                     log.warning(
@@ -87,7 +103,7 @@ class ReceiveJournal:
         if folder.exists():  # left by a crash between creating it and committing the row
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        if row is None:
+        if row is None or row["removed_at"] is not None:
             return 0
         n = 0
         for src in Path(row["folder"]).glob("*.dcm"):
@@ -101,9 +117,11 @@ class ReceiveJournal:
     def commit(self, adm: Admission, *, sop_uid: str, sop_class: str, calling_aet: str) -> None:
         """Record a written, synced instance (after :meth:`admit`)."""
         with self.ledger.tx() as db:
-            cur = db.execute(
-                "INSERT OR IGNORE INTO instances (sop_uid, series_uid, generation, sop_class, calling_aet, "
-                "received_at) VALUES (?, ?, ?, ?, ?, ?)",
+            cur = db.execute(  # an instance stored again after its earlier file was removed moves to this generation
+                "INSERT INTO instances (sop_uid, series_uid, generation, sop_class, calling_aet, received_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(sop_uid) DO UPDATE SET series_uid = excluded.series_uid, "
+                "generation = excluded.generation, received_at = excluded.received_at "
+                "WHERE instances.generation != excluded.generation OR instances.series_uid != excluded.series_uid",
                 (sop_uid, adm.series_uid, adm.generation, sop_class, calling_aet, now()),
             )
             if cur.rowcount:
@@ -168,13 +186,53 @@ class ReceiveJournal:
                 (case_id, outcome, row["series_uid"], row["generation"]),
             )
 
+    def release(self, row: dict[str, Any], *, keep: str) -> bool:
+        """Remove a processed generation's folder unless ``keep`` (``pacs.keep_received``) keeps it; True if removed."""
+        if not should_remove(str(row.get("outcome") or ""), keep):
+            return False
+        folder = Path(row["folder"])
+        if folder.is_dir():
+            shutil.rmtree(folder)
+            fsync_dir(folder.parent)
+        if folder.parent.is_dir() and not any(folder.parent.iterdir()):
+            folder.parent.rmdir()
+        with self.ledger.tx() as db:
+            db.execute(
+                "UPDATE series SET removed_at = ? WHERE series_uid = ? AND generation = ?",
+                (now(), row["series_uid"], row["generation"]),
+            )
+        log.info(
+            "series %s (generation %d, %s): received files removed",
+            row["series_uid"],
+            row["generation"],
+            row.get("outcome"),
+            extra={"event": "listen_released"},
+        )
+        return True
+
+    def origin(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Where a generation came from, for the run store: the calling AE title, C-STORE, the UIDs, the count."""
+        sender = self.ledger.one(
+            "SELECT calling_aet FROM instances WHERE series_uid = ? AND generation = ? AND calling_aet != '(recovered)' "
+            "ORDER BY received_at LIMIT 1",
+            (row["series_uid"], row["generation"]),
+        )
+        return {
+            "remote": f"C-STORE from AE {sender['calling_aet'] if sender else '(unknown)'}",
+            "via": "c-store",
+            "study_uid": row.get("study_uid"),
+            "series_uid": row["series_uid"],
+            "n_instances": row.get("n_instances"),
+        }
+
     # -- after a crash ---------------------------------------------------------------------
     def recover(self) -> dict[str, int]:
         """Bring journal and folders into agreement after a crash (see the module docstring); counts of what was done."""
         import pydicom
         from pydicom.errors import InvalidDicomError
 
-        counts = {"registered": 0, "dropped": 0, "reopened": 0, "handed": 0}
+        counts = {"registered": 0, "dropped": 0, "reopened": 0, "handed": 0, "orphans": 0}
+        counts["orphans"] = self._remove_orphans()
         for row in self.ledger.rows("SELECT * FROM series WHERE state = 'open'"):
             folder = Path(row["folder"])
             known = {
@@ -214,3 +272,34 @@ class ReceiveJournal:
         counts["handed"] = len(self.handed())
         self._writing.clear()
         return counts
+
+    def _remove_orphans(self) -> int:
+        """Generation folders the journal does not know, and temporary files of cut-short writes; how many removed."""
+        if not self.root.is_dir():
+            return 0
+        rows = self.ledger.rows("SELECT series_uid, generation FROM series WHERE removed_at IS NULL")
+        known = {(r["series_uid"], f"g{r['generation']}") for r in rows}
+        n = 0
+        for series_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            for gen_dir in sorted(p for p in series_dir.iterdir() if p.is_dir()):
+                if (series_dir.name, gen_dir.name) not in known:
+                    log.info("removing %s: not in the journal (left by a crash)", gen_dir, extra={"event": "listen_orphan"})
+                    shutil.rmtree(gen_dir, ignore_errors=True)
+                    n += 1
+                    continue
+                for tmp in gen_dir.glob(".*.tmp"):  # a write cut short: never acknowledged
+                    tmp.unlink(missing_ok=True)
+                    n += 1
+            if not any(series_dir.iterdir()):
+                series_dir.rmdir()
+        return n
+
+
+def should_remove(outcome: str, keep: str) -> bool:
+    """Whether ``pacs.keep_received = keep`` removes received files whose case ended with ``outcome``
+    (``done``; ``failed`` or ``not selected: ...``; anything else, e.g. unfinished, is always kept)."""
+    if keep == "all":
+        return False
+    if outcome == "done":
+        return True
+    return keep == "none" and (outcome == "failed" or outcome.startswith("not selected"))

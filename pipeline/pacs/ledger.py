@@ -5,10 +5,12 @@ crash or ``kill -9``), what crossed the network, by remote UID, so that nothing 
 processed or sent twice:
 
 ``fetched``    one row per series retrieved from a PACS source: state ``fetched`` (complete, in
-               ``pacs/spool/``), ``partial`` or ``failed`` (retried by the next run), with counts;
+               ``pacs/spool/``), ``partial`` or ``failed`` (retried by the next run), ``removed`` (its case
+               was processed and its spool folder removed, ``pacs.keep_received``), with counts;
 ``instances``  one row per instance the listener received (SOPInstanceUID, series, generation);
 ``series``     the listener's series: one row per generation (a series that grows after it was
-               handed to the runner gets a new generation), state ``open`` → ``handed`` → ``processed``;
+               handed to the runner gets a new generation), state ``open`` → ``handed`` → ``processed``,
+               and ``removed_at`` once its received files were removed (``pacs.keep_received``);
 ``sent``       one row per result file and destination: ``pending``, ``sent`` or ``failed``;
 ``scanned``    case folders whose results have been queued for a destination.
 
@@ -39,13 +41,15 @@ CREATE INDEX IF NOT EXISTS instances_series ON instances(series_uid);
 CREATE TABLE IF NOT EXISTS series (
     series_uid TEXT NOT NULL, generation INTEGER NOT NULL, state TEXT NOT NULL, first_at REAL, last_at REAL,
     n_instances INTEGER NOT NULL DEFAULT 0, folder TEXT, case_id TEXT, outcome TEXT, note TEXT,
-    PRIMARY KEY (series_uid, generation));
+    study_uid TEXT, removed_at REAL, PRIMARY KEY (series_uid, generation));
 CREATE TABLE IF NOT EXISTS sent (
     sop_uid TEXT NOT NULL, destination TEXT NOT NULL, case_id TEXT, path TEXT, sop_class TEXT, state TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0, next_at REAL, error TEXT, updated_at REAL, PRIMARY KEY (sop_uid, destination));
 CREATE TABLE IF NOT EXISTS scanned (
     case_id TEXT NOT NULL, destination TEXT NOT NULL, scanned_at REAL, PRIMARY KEY (case_id, destination));
 """
+#: Columns added to ledgers written before them: (table, column, declaration).
+_ADDED_COLUMNS = (("series", "study_uid", "TEXT"), ("series", "removed_at", "REAL"))
 
 
 class Ledger:
@@ -60,6 +64,9 @@ class Ledger:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(_SCHEMA)
+            for table, column, decl in _ADDED_COLUMNS:
+                if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         except sqlite3.Error as exc:
             raise RunStoreError(
                 f"cannot open the PACS ledger ({exc})",

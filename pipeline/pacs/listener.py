@@ -10,12 +10,19 @@ SOPInstanceUID is answered with success and not stored again.
 A series is complete when no instance has arrived for ``pacs.quiet_period_s`` and its slices form
 a volume (no gap, at least ``ingest.min_slices``); one still incomplete ``pacs.series_limit_s``
 after its first instance is reported (log, ``RUN_DIR/pacs/incomplete/``) and handed over as it is
-(the runner quarantines it with the reason). Complete series are handed to
-:func:`pipeline.runner.run_batch` on the same run folder, in batches of what is complete at the
-time. With ``runner.workers: 0`` (the listener's default) every batch runs in this process and the
-detector is loaded once for the listener's lifetime; with worker processes each batch starts them
-(and loads the model) again. After a crash or ``kill -9``, a restart processes every instance
-received before it, none twice (the journal, then the run store, which skips done cases).
+(the runner quarantines it with the reason). A hospital thus gets every series processed: a
+complete one after the quiet period, an incomplete one after ``pacs.series_limit_s``, reported.
+
+Complete series are handed to the crash-safe runner on the same run folder, in batches of what is
+complete at the time, through one :class:`~pipeline.runner.session.RunSession`: the executor the
+first batch starts (with ``runner.workers: 0``, the listener's default, this process; otherwise the
+worker processes) and the detector it loads are kept for every later batch, so the model is loaded
+once for the listener's lifetime. The run store records where each case came from (the calling AE
+title, the Study and Series Instance UIDs; :meth:`~pipeline.runner.store.RunStore.record_origins`).
+Once a case is published or quarantined, its received files are removed unless
+``pacs.keep_received`` keeps them (see :mod:`pipeline.pacs.journal`). After a crash or ``kill -9``,
+a restart processes every instance received before it, none twice (the journal, then the run
+store, which skips done cases), and removes what a crash left half-written.
 """
 
 from __future__ import annotations
@@ -75,7 +82,8 @@ class Listener:
     """The listener of a run folder (see the module docstring).
 
     ``cfg``: the :class:`~pipeline.config.Config`; ``stages``: custom runner stages (default: the
-    standard pipeline); ``run_options``: extra keyword options of :func:`~pipeline.runner.run_batch`.
+    standard pipeline); ``run_options``: extra options of every batch (short or dotted names, as for
+    :func:`~pipeline.runner.run_batch`), applied once to the listener's :class:`~pipeline.runner.session.RunSession`.
     """
 
     def __init__(
@@ -107,6 +115,7 @@ class Listener:
         self._ae: Any = None
         self._server: Any = None
         self._sender: Any = None
+        self.session: Any = None  # the RunSession feeding the runner (from start)
         self._stop = threading.Event()
         self._reported: set[tuple[str, int]] = set()
         self._checked: dict[tuple[str, int], tuple[float, str | None]] = {}  # last_at when checked, why incomplete
@@ -116,20 +125,28 @@ class Listener:
         """Take the run folder's PACS lock, recover the journal, start the SCP (and the result sender)."""
         from pynetdicom import evt
 
+        from ..runner.session import RunSession
+
         self._lock = PacsLock(self.run_dir, holder="ctpipe listen")
         self._ledger = Ledger(self.run_dir)
         self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
         counts = self.journal.recover()
+        for row in self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL"):
+            counts["released"] = counts.get("released", 0) + self.journal.release(row, keep=self.cfg.pacs.keep_received)
         if any(counts.values()):
             log.warning(
                 "listener restart: %d instance(s) recovered, %d open series resumed, %d empty dropped, "
-                "%d series to hand to the runner again",
+                "%d series to hand to the runner again, %d leftover folder(s) or temporary file(s) removed, "
+                "%d processed series' files removed",
                 counts["registered"],
                 counts["reopened"],
                 counts["dropped"],
                 counts["handed"],
+                counts["orphans"],
+                counts.get("released", 0),
                 extra={"event": "listen_recover"},
             )
+        self.session = RunSession(self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options)
         ae = build_ae(self.cfg)
         ae.add_supported_context("1.2.840.10008.1.1")  # Verification (C-ECHO)
         for abstract, syntaxes in accepted_storage_contexts():
@@ -182,6 +199,9 @@ class Listener:
         if self._sender is not None:
             self._sender.close()
             self._sender = None
+        if self.session is not None:
+            self.session.close()
+            self.session = None
         if self._ledger is not None:
             self._ledger.close()
             self._ledger = None
@@ -211,6 +231,7 @@ class Listener:
             return status
         try:
             series_uid = str(event.dataset.SeriesInstanceUID)
+            study_uid = str(event.dataset.get("StudyInstanceUID", "")) or None
         except (AttributeError, KeyError, ValueError, TypeError) as exc:
             log.warning("refused instance %s from %s: unreadable dataset (%s)", sop_uid, calling, exc)
             return STATUS_DATASET_MISMATCH
@@ -218,7 +239,7 @@ class Listener:
             log.warning("refused instance %s from %s: SeriesInstanceUID %r is not valid", sop_uid, calling, series_uid[:80])
             return STATUS_DATASET_MISMATCH
         assert self.journal is not None
-        adm = self.journal.admit(sop_uid, series_uid)
+        adm = self.journal.admit(sop_uid, series_uid, study_uid=study_uid if study_uid and valid_uid(study_uid) else None)
         if adm.duplicate:
             log.info(
                 "instance %s from %s was received before; not stored again", sop_uid, calling, extra={"event": "listen_duplicate"}
@@ -318,12 +339,18 @@ class Listener:
     def _run(self, batch: list[dict[str, Any]]) -> None:
         from ..runner import open_run, run_batch
 
-        assert self.journal is not None
+        assert self.journal is not None and self.session is not None
         folders = [str(Path(r["folder"])) for r in batch]
         log.info("handing %d series to the runner", len(batch), extra={"event": "listen_batch"})
         try:
             summary = run_batch(
-                folders, out=self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options
+                folders,
+                out=self.run_dir,
+                config=self.session.config,
+                stages=self.session.stages,
+                command=self.session.command,
+                session=self.session,
+                origins={f: self.journal.origin(r) for r, f in zip(batch, folders)},
             )
         except CtpipeError as exc:  # e.g. another ctpipe run holds the run folder: the series stay handed, tried again
             log.error(
@@ -339,12 +366,17 @@ class Listener:
         cases = open_run(self.run_dir).cases
         for row, folder in zip(batch, folders):
             hits = cases[cases.source == folder]
+            why = next((n["why"] for n in summary.not_selected if n["source"] == folder), None)
+            if not len(hits) and why is None:  # the same instances as an earlier generation: that generation's case
+                hits = cases[cases.series_uid == row["series_uid"]].sort_values("discovered_at")
             if len(hits):
                 case = hits.iloc[-1]
                 self.journal.processed(row, case_id=str(case["case_id"]), outcome=str(case["status"]))
             else:
-                why = next((n["why"] for n in summary.not_selected if n["source"] == folder), "no CT series found")
-                self.journal.processed(row, case_id=None, outcome=f"not selected: {why}")
+                self.journal.processed(row, case_id=None, outcome=f"not selected: {why or 'no CT series found'}")
+        assert self._ledger is not None
+        for row in self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL"):
+            self.journal.release(row, keep=self.cfg.pacs.keep_received)
         for line in summary.lines():
             log.info("%s", line, extra={"event": "listen_batch_done"})
         if self._sender is not None:

@@ -7,7 +7,9 @@ segmentations) is recorded ``pending`` in the ledger (:mod:`pipeline.pacs.ledger
 keyed by SOPInstanceUID and destination) and sent by STOW-RS (``dicomweb+http(s)://``) or C-STORE
 (``dimse://``) to ``pacs.send_to``. A failed attempt is retried after ``pacs.backoff_s``, doubling,
 up to ``pacs.send_retries`` times, then recorded ``failed`` with the reason (``ctpipe send
---retry-failed`` tries those again). A file is never sent twice to one destination; files still
+--retry-failed`` tries those again). Every outcome (sent; a failed attempt with the retry due;
+failed for good, with the error) is also recorded in the run store (table ``deliveries``, read as
+``open_run(RUN_DIR).deliveries``). A file is never sent twice to one destination; files still
 pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
 Sending runs beside the pipeline and never blocks it.
 """
@@ -15,15 +17,18 @@ Sending runs beside the pipeline and never blocks it.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config import from_dict
-from ..errors import CtpipeError, PacsError
+from ..errors import CtpipeError, PacsError, RunStoreError
+from ..runner.store import RunStore, db_path
 from .address import Endpoint, parse_destination
 from .archive import Archive
 from .connect import open_archive
@@ -184,6 +189,7 @@ class ResultSender:
                         "WHERE sop_uid = ? AND destination = ?",
                         (now(), r["sop_uid"], self.key),
                     )
+        self._record([(r, "sent", int(r["attempts"]) + 1, None) for r in items if r["sop_uid"] in ok])
         if refused:
             self._failed([r for r in items if r["sop_uid"] in refused], "refused: " + "; ".join(sorted(set(refused.values()))))
         if ok:
@@ -192,11 +198,13 @@ class ResultSender:
 
     def _failed(self, items: list[dict[str, Any]], error: str, *, final: bool = False) -> None:
         limit = int(self.cfg.pacs.send_retries)
+        outcomes = []
         with self.ledger.tx() as db:
             for r in items:
                 attempts = int(r["attempts"]) + 1
                 give_up = final or attempts > limit
                 state = "failed" if give_up else "pending"
+                outcomes.append((r, state, attempts, error[:2000]))
                 wait = backoff_delay(attempts, float(self.cfg.pacs.backoff_s))
                 db.execute(
                     "UPDATE sent SET state = ?, attempts = ?, error = ?, next_at = ?, updated_at = ? "
@@ -224,6 +232,33 @@ class ResultSender:
                         wait,
                         extra={"event": "send_retry"},
                     )
+
+        self._record(outcomes)
+
+    def _record(self, outcomes: Sequence[tuple[dict[str, Any], str, int, str | None]]) -> None:
+        """Mirror outcomes ``(ledger row, state, attempts, error)`` into the run store's ``deliveries`` table."""
+        if not outcomes or not db_path(self.run_dir).is_file():
+            return
+        try:
+            store = RunStore(self.run_dir, create=False)
+        except (RunStoreError, sqlite3.Error) as exc:
+            log.error("result deliveries not recorded in the run store: %s", exc, extra={"event": "send_record_failed"})
+            return
+        try:
+            for r, state, attempts, error in outcomes:
+                store.record_delivery(
+                    sop_uid=r["sop_uid"],
+                    destination=self.key,
+                    case_id=r["case_id"],
+                    sop_class=RESULT_SOP_CLASSES.get(str(r["sop_class"]), r["sop_class"]),
+                    state=state,
+                    attempts=attempts,
+                    error=error,
+                )
+        except sqlite3.Error as exc:
+            log.error("result deliveries not recorded in the run store: %s", exc, extra={"event": "send_record_failed"})
+        finally:
+            store.close()
 
     def _drop_archive(self) -> None:
         if self._archive is not None:

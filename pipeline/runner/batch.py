@@ -29,6 +29,7 @@ from .metrics import NvmlSampler, RunMetrics
 from .progress import Progress
 from .report import build_report
 from .resume import RunLock, plan, reconcile
+from .session import RunSession, origins_of
 from .stage import Stage, WorkerInfo
 from .stages import build_stages
 from .store import RunStore
@@ -164,6 +165,8 @@ def run_batch(
     stages: Sequence[Stage] | None = None,
     progress: Callable[[Progress], Any] | None = None,
     command: str | None = None,
+    session: RunSession | None = None,
+    origins: Mapping[str, Mapping[str, Any]] | None = None,
     **overrides: Any,
 ) -> RunSummary:
     """Run the pipeline over DICOM folders / worklist CSVs into the run folder ``out``.
@@ -172,6 +175,9 @@ def run_batch(
     ones retried. ``overrides`` set options by short name (``workers=4``, ``device="cuda"``)
     or dotted name (``**{"report.enabled": False}``); they win over the environment and
     the ``config`` file. ``stages`` replaces the standard stages (for custom pipelines).
+    ``session``: a :class:`~pipeline.runner.session.RunSession` whose executor (and loaded models)
+    is reused and kept for its next batch; ``origins``: where PACS-delivered source folders came
+    from (folder → origin, see :meth:`RunStore.record_origins`), recorded for their cases.
     Returns a :class:`RunSummary`; positions in all outputs are LPS mm.
     """
     t0 = time.monotonic()
@@ -196,7 +202,7 @@ def run_batch(
         _raise_environment(exc, run_dir)
         raise
     try:
-        return _run(srcs, cfg, run_dir, run_id, store, summary, stages, progress, command, t0)
+        return _run(srcs, cfg, run_dir, run_id, store, summary, stages, progress, command, t0, session, origins)
     except (OSError, sqlite3.Error) as exc:  # the run folder failed before any case started
         _raise_environment(exc, run_dir)
         raise
@@ -224,6 +230,8 @@ def _run(
     progress_cb: Callable | None,
     command: str | None,
     t0: float,
+    session: RunSession | None = None,
+    origins: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunSummary:
     reconcile(store, run_dir)
     found: Discovery = discover(srcs, cfg)
@@ -234,7 +242,14 @@ def _run(
     summary.skipped = len(pl.done)
     pipeline = list(stages) if stages is not None else build_stages(cfg)
     need_model = any(s.group == "model" for s in pipeline)
-    devices, device_desc = resolve_devices(cfg.runner.device, need_model and bool(pl.to_run))
+    cluster: Any = None  # runner.engine = ray: the Ray connection (joined before the run is recorded)
+    if cfg.runner.engine == "ray" and pl.to_run:
+        from .ray_connect import connect
+
+        cluster = connect(cfg.runner.ray_address, timeout_s=cfg.runner.ray_timeout_s)
+        devices, device_desc = ["cpu"], cluster.describe()
+    else:
+        devices, device_desc = resolve_devices(cfg.runner.device, need_model and bool(pl.to_run))
     workers = cfg.runner.workers
     n_procs = (max(1, workers) + (len(devices) if need_model else 0)) if workers else 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -251,6 +266,8 @@ def _run(
         pid=os.getpid(),
     )
     store.add_skipped(run_id, found.skipped_rows())
+    if origins:
+        store.record_origins(run_id, origins_of(found.cases, origins))
     log.info(
         "run %s: %d case(s) to run, %d done earlier, %d quarantined earlier; device %s",
         run_id,
@@ -265,15 +282,30 @@ def _run(
     metrics.files_skipped(len(found.skipped_files), len(found.not_selected))
     if cfg.metrics.port:
         metrics.serve(cfg.metrics.port, cfg.metrics.bind)
-    sampler = NvmlSampler(cfg.metrics.nvml_interval_s, metrics) if device_desc != "cpu" else None
+    sampler = NvmlSampler(cfg.metrics.nvml_interval_s, metrics) if device_desc != "cpu" and cluster is None else None
     if sampler:
         sampler.start()
     executor: Any = None
+    in_flight = 1
     status = "completed"
     try:
         if not pl.to_run:  # nothing for the stages: no workers, no model
             executor = InlineExecutor([], WorkerInfo("main", "cpu", cfg, run_dir))
             in_flight = 1
+        elif session is not None and session.executor is not None:  # started by an earlier batch of the session
+            executor, in_flight = session.executor, session.in_flight
+        elif cluster is not None:
+            from .ray_executor import RayExecutor
+
+            executor = RayExecutor(
+                pipeline,
+                config=cfg,
+                run_dir=run_dir,
+                cluster=cluster,
+                queue_depth=cfg.runner.queue_depth,
+                timeout_s=cfg.runner.ray_timeout_s,
+            )
+            in_flight = cfg.runner.max_in_flight or 2 * executor.capacity() + 2
         elif workers == 0:
             import torch
 
@@ -323,8 +355,12 @@ def _run(
         summary.stopped, status = env.describe(), "interrupted"
         log.error("run stopped: %s", env.describe(), extra={"event": "run_stopped", "run_id": run_id})
     finally:
-        if executor is not None:
+        if executor is not None and session is not None:
+            session.after_batch(executor, in_flight, keep=bool(pl.to_run) and status == "completed")
+        elif executor is not None:
             executor.close()
+        if cluster is not None and (session is None or session.executor is not executor):
+            cluster.close()
         if sampler:
             sampler.stop()
             _quietly(summary, run_dir, "GPU samples", lambda: store.add_gpu_samples(run_id, sampler.drain()))

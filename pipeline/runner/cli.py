@@ -30,6 +30,14 @@ def register(sub: Any) -> None:
     p.add_argument("--workers", type=int, metavar="N", help="CPU worker processes (0 = all stages in one process)")
     p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda (every GPU) or cuda:N[,M]")
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        metavar="ADDRESS",
+        help="run the stages as Ray actors across a cluster: auto (the cluster this machine joined with ray start; "
+        "the default), HEAD:PORT, or local (a private Ray instance); needs ctpipe[cluster], see README 'Scale out'",
+    )
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on 127.0.0.1:N during the run")
     p.add_argument("--retry-failed", action="store_true", default=None, help="re-attempt cases quarantined earlier")
     p.add_argument(
@@ -59,6 +67,9 @@ def register(sub: Any) -> None:
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
     r.add_argument("--bin-minutes", type=int, default=60, help="bin width of the throughput plot (minutes)")
     r.add_argument("--hours-per-day", type=float, default=24.0, help="operating hours per day for the projection")
+    r.add_argument("--gpus", type=int, metavar="N", help="capacity model: GPUs in all (default: the runs' own)")
+    r.add_argument("--nodes", type=int, default=1, metavar="M", help="capacity model: nodes the GPUs are spread over")
+    r.add_argument("--cpu-workers", type=int, metavar="W", help="capacity model: CPU workers per node (default: the runs' own)")
     r.set_defaults(func=_report)
 
 
@@ -93,6 +104,8 @@ def _run(args: argparse.Namespace) -> int:
             "outputs.dicom": None if args.dicom is None else list(args.dicom),
         }
     )
+    if args.ray is not None:
+        overrides.update({"engine": "ray", "ray_address": args.ray})
     bar: TqdmBar | None = None
 
     def on_progress(p: Any) -> None:
@@ -114,6 +127,7 @@ def _run(args: argparse.Namespace) -> int:
             config=args.config,
             progress=on_progress,
             command="ctpipe " + " ".join(sys.argv[1:]),
+            origins=getattr(args, "pacs_origins", None),  # set by pipeline.pacs.cli for PACS sources
             **overrides,
         )
     except RunEnvironmentError as exc:  # the run folder cannot be written at all: one line, its own exit status
@@ -139,7 +153,16 @@ def _run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from .report import build_report
 
-    rep = build_report(args.run_dirs, args.out, bin_minutes=args.bin_minutes, hours_per_day=args.hours_per_day)
+    rep = build_report(
+        args.run_dirs,
+        args.out,
+        bin_minutes=args.bin_minutes,
+        hours_per_day=args.hours_per_day,
+        gpus=args.gpus,
+        nodes=args.nodes,
+        cpu_workers=args.cpu_workers,
+    )
     print(rep.summary["projection"])
+    print(rep.summary["capacity"]["text"])
     print(f"report: {rep.html}")
     return 0

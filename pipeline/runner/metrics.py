@@ -16,11 +16,16 @@ Metrics (one registry per run, so several runs in one process do not mix):
 * ``ctpipe_gpu_utilization_percent{gpu}``, ``ctpipe_gpu_memory_used_bytes{gpu}`` — NVML samples
   (only where a GPU and ``pynvml``/``nvidia-ml-py`` are present).
 * ``ctpipe_run_start_time_seconds``, ``ctpipe_run_last_update_time_seconds`` — Unix time.
+
+Every series also carries ``node``: the node's id, from ``$CTPIPE_NODE`` or else the host name, so that one
+Prometheus scraping every node of a cluster tells them apart (``sum by (node) (...)``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from collections import deque
@@ -33,35 +38,54 @@ from .stage import CaseSpec, TaskResult
 log = logging.getLogger(__name__)
 
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+#: Environment variable naming this node in the metrics' ``node`` label (default: the host name).
+NODE_ENV = "CTPIPE_NODE"
+
+
+def node_id(node: str | None = None) -> str:
+    """The ``node`` label: ``node`` if given, else ``$CTPIPE_NODE``, else the host name."""
+    return node or os.environ.get(NODE_ENV) or socket.gethostname()
 
 
 class RunMetrics:
-    """Engine observer that keeps Prometheus metrics for one run."""
+    """Engine observer that keeps Prometheus metrics for one run, every series labelled with ``node``
+    (:func:`node_id`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, node: str | None = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+        self.node = node_id(node)
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.processed = Counter("ctpipe_cases_processed", "Cases completed", registry=r)
-        self.failed = Counter("ctpipe_cases_failed", "Cases quarantined, by error class", ["reason"], registry=r)
+        r, n = self.registry, self.node
+        self.processed = Counter("ctpipe_cases_processed", "Cases completed", ["node"], registry=r).labels(n)
+        self.failed = Counter("ctpipe_cases_failed", "Cases quarantined, by error class", ["node", "reason"], registry=r)
         self.released = Counter(
-            "ctpipe_cases_released", "Cases left for the next run: the run folder could not be written", registry=r
+            "ctpipe_cases_released", "Cases left for the next run: the run folder could not be written", ["node"], registry=r
+        ).labels(n)
+        self.flags = Counter("ctpipe_case_flags", "Quality flags of completed cases", ["node", "flag", "severity"], registry=r)
+        self.skipped = Gauge(
+            "ctpipe_discovery_skipped", "Files and series discovery left out in this run", ["node", "what"], registry=r
         )
-        self.flags = Counter("ctpipe_case_flags", "Quality flags of completed cases", ["flag", "severity"], registry=r)
-        self.skipped = Gauge("ctpipe_discovery_skipped", "Files and series discovery left out in this run", ["what"], registry=r)
         self.stage_latency = Histogram(
-            "ctpipe_stage_latency_seconds", "Stage wall time per case", ["stage"], buckets=_BUCKETS, registry=r
+            "ctpipe_stage_latency_seconds", "Stage wall time per case", ["node", "stage"], buckets=_BUCKETS, registry=r
         )
         self.queue_wait = Histogram(
-            "ctpipe_stage_queue_wait_seconds", "Time a ready stage waited for a worker", ["stage"], buckets=_BUCKETS, registry=r
+            "ctpipe_stage_queue_wait_seconds",
+            "Time a ready stage waited for a worker",
+            ["node", "stage"],
+            buckets=_BUCKETS,
+            registry=r,
         )
-        self.case_latency = Histogram("ctpipe_case_latency_seconds", "End-to-end time per case", buckets=_BUCKETS, registry=r)
-        self.peak_rss = Gauge("ctpipe_stage_peak_rss_bytes", "Largest peak resident memory per stage", ["stage"], registry=r)
-        self.gpu_util = Gauge("ctpipe_gpu_utilization_percent", "GPU utilisation (NVML)", ["gpu"], registry=r)
-        self.gpu_mem = Gauge("ctpipe_gpu_memory_used_bytes", "GPU memory used (NVML)", ["gpu"], registry=r)
-        self.started = Gauge("ctpipe_run_start_time_seconds", "Start of the run (Unix time)", registry=r)
-        self.updated = Gauge("ctpipe_run_last_update_time_seconds", "Last case event (Unix time)", registry=r)
+        self.case_latency = Histogram(
+            "ctpipe_case_latency_seconds", "End-to-end time per case", ["node"], buckets=_BUCKETS, registry=r
+        ).labels(n)
+        self.peak_rss = Gauge(
+            "ctpipe_stage_peak_rss_bytes", "Largest peak resident memory per stage", ["node", "stage"], registry=r
+        )
+        self.gpu_util = Gauge("ctpipe_gpu_utilization_percent", "GPU utilisation (NVML)", ["node", "gpu"], registry=r)
+        self.gpu_mem = Gauge("ctpipe_gpu_memory_used_bytes", "GPU memory used (NVML)", ["node", "gpu"], registry=r)
+        self.started = Gauge("ctpipe_run_start_time_seconds", "Start of the run (Unix time)", ["node"], registry=r).labels(n)
+        self.updated = Gauge("ctpipe_run_last_update_time_seconds", "Last case event (Unix time)", ["node"], registry=r).labels(n)
         self.started.set(time.time())
         self._server: Any = None
         self._peaks: dict[str, float] = {}
@@ -70,13 +94,13 @@ class RunMetrics:
     def on_stage(self, result: TaskResult) -> None:
         if not result.ok or result.wall_s is None:
             return
-        self.stage_latency.labels(result.stage).observe(result.wall_s)
+        self.stage_latency.labels(self.node, result.stage).observe(result.wall_s)
         if result.started_at is not None:
-            self.queue_wait.labels(result.stage).observe(max(0.0, result.started_at - result.ready_at))
+            self.queue_wait.labels(self.node, result.stage).observe(max(0.0, result.started_at - result.ready_at))
         if result.peak_rss_mb is not None:
             peak = max(self._peaks.get(result.stage, 0.0), result.peak_rss_mb * 2**20)
             self._peaks[result.stage] = peak
-            self.peak_rss.labels(result.stage).set(peak)
+            self.peak_rss.labels(self.node, result.stage).set(peak)
 
     def on_case_done(self, case: CaseSpec, latency_s: float, n_findings: int) -> None:
         self.processed.inc()
@@ -84,7 +108,7 @@ class RunMetrics:
         self.updated.set(time.time())
 
     def on_case_failed(self, case: CaseSpec, reason: str, error_class: str) -> None:
-        self.failed.labels(error_class).inc()
+        self.failed.labels(self.node, error_class).inc()
         self.updated.set(time.time())
 
     def on_case_released(self, case: CaseSpec, reason: str) -> None:
@@ -93,15 +117,15 @@ class RunMetrics:
 
     def on_case_quality(self, case: CaseSpec, quality: Mapping[str, Any]) -> None:
         for flag in quality.get("flags", ()):
-            self.flags.labels(flag["code"], flag.get("severity", "warning")).inc()
+            self.flags.labels(self.node, flag["code"], flag.get("severity", "warning")).inc()
 
     def files_skipped(self, files: int, series: int) -> None:
-        self.skipped.labels("file").set(files)
-        self.skipped.labels("series").set(series)
+        self.skipped.labels(self.node, "file").set(files)
+        self.skipped.labels(self.node, "series").set(series)
 
     def gpu_sample(self, gpu: int, util_pct: float, mem_used_mb: float) -> None:
-        self.gpu_util.labels(str(gpu)).set(util_pct)
-        self.gpu_mem.labels(str(gpu)).set(mem_used_mb * 2**20)
+        self.gpu_util.labels(self.node, str(gpu)).set(util_pct)
+        self.gpu_mem.labels(self.node, str(gpu)).set(mem_used_mb * 2**20)
 
     # exposure
     def serve(self, port: int, bind: str = "127.0.0.1") -> None:

@@ -5,7 +5,8 @@ rate (completed cases ÷ hours during which runs were active, overlapping runs
 counted once) and its projection to cases per day; latency p50/p90/p99 per
 stage (wall time of successful attempts, s), queue waits, and end to end (case
 start to publication, s); failures by error class; GPU utilisation when NVML
-samples exist.
+samples exist; the capacity model (:mod:`.capacity`): cases/day for N GPUs over M nodes
+from the runs' own stage times, beside the seed class.
 
 The projection states how many completed cases and active minutes it rests on.
 A rate measured over fewer than :data:`MIN_CASES_TO_PROJECT` completed cases or
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write_bytes
+from .capacity import estimate
 from .report_html import case_rows, render_html
 from .tables import read_tables
 
@@ -127,8 +129,19 @@ def _skipped_summary(sk: Any) -> dict[str, Any]:
     }
 
 
-def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: float = 24.0) -> tuple[dict[str, Any], dict]:
-    """Summary numbers (JSON-able) and the combined DataFrames of ``run_dirs``."""
+def summarize(
+    run_dirs: Sequence[str | os.PathLike[str]],
+    *,
+    hours_per_day: float = 24.0,
+    gpus: int | None = None,
+    nodes: int = 1,
+    cpu_workers: int | None = None,
+) -> tuple[dict[str, Any], dict]:
+    """Summary numbers (JSON-able) and the combined DataFrames of ``run_dirs``.
+
+    ``gpus``, ``nodes``, ``cpu_workers`` (per node): the capacity model's cluster (see :func:`.capacity.estimate`;
+    defaults: the runs' own GPUs and CPU workers, one node).
+    """
     import pandas as pd
 
     tables = [read_tables(d) for d in run_dirs]
@@ -137,12 +150,14 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
     done = cases[cases.status == "done"].copy()
     failed = cases[cases.status == "failed"].copy()
     intervals = []
+    durations: dict[str, float] = {}
     for _, r in runs.iterrows():
         end = r["ended_at"]
         if not np.isfinite(end if end is not None else np.nan):  # killed run: up to its last recorded stage
             sub = stages[(stages.run_id == r["run_id"]) & stages.ended_at.notna()]
             end = float(sub.ended_at.max()) if len(sub) else float(r["started_at"])
         intervals.append((float(r["started_at"]), float(end)))
+        durations[str(r["run_id"])] = max(0.0, float(end) - float(r["started_at"]))
     active_s = _active_seconds(intervals)
     rate_h = 3600.0 * len(done) / active_s if active_s > 0 else 0.0
     ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
@@ -173,6 +188,7 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
     )
     minutes = active_s / 60.0
     enough = len(done) >= MIN_CASES_TO_PROJECT and minutes >= MIN_MINUTES_TO_PROJECT
+    capacity = estimate(t, durations, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers, hours_per_day=hours_per_day, enough=enough)
     summary = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run_dirs": [str(d) for d in run_dirs],
@@ -214,6 +230,7 @@ def summarize(run_dirs: Sequence[str | os.PathLike[str]], *, hours_per_day: floa
         "skipped": _skipped_summary(latest_skipped(t)),
         "gpu": gpu_summary,
         "projection": _projection(rate_h, hours_per_day, len(done), minutes, enough),
+        "capacity": capacity.to_dict(),
     }
     return summary, t
 
@@ -294,13 +311,20 @@ def build_report(
     *,
     bin_minutes: int = 60,
     hours_per_day: float = 24.0,
+    gpus: int | None = None,
+    nodes: int = 1,
+    cpu_workers: int | None = None,
 ) -> Report:
-    """Write ``report.html``, ``report.json`` and CSV tables for ``run_dirs`` into ``out_dir``."""
+    """Write ``report.html``, ``report.json`` and CSV tables for ``run_dirs`` into ``out_dir``.
+
+    ``gpus``, ``nodes`` and ``cpu_workers`` (per node) set the cluster of the capacity model (``summary["capacity"]``;
+    defaults: the runs' own GPUs and CPU workers, one node).
+    """
     import pandas as pd
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summary, t = summarize(run_dirs, hours_per_day=hours_per_day)
+    summary, t = summarize(run_dirs, hours_per_day=hours_per_day, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers)
     plots = _plots(summary, t, bin_minutes)
     rep = Report(out, out / "report.html", out / "report.json")
     rows = case_rows(t, out)
@@ -312,6 +336,9 @@ def build_report(
         "latency.csv": lat,
         "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
         "throughput_hourly.csv": pd.DataFrame(list(summary["throughput"]["per_hour_utc"].items()), columns=["hour_utc", "cases"]),
+        "capacity.csv": pd.DataFrame(
+            [{"stage": k, **v} for k, v in summary["capacity"]["stages"].items()], columns=["stage", "group", "busy_s", "passes"]
+        ),
         "failures.csv": pd.DataFrame(summary["failed_cases"], columns=["case_id", "stage", "error_class", "reason", "run_dir"]),
         "cases.csv": t["cases"][
             [
@@ -326,6 +353,10 @@ def build_report(
                 "detect_skipped",
                 "error_class",
                 "reason",
+                "origin",  # where a PACS delivered the case from (no credentials), and its remote UIDs
+                "origin_via",
+                "origin_study_uid",
+                "origin_series_uid",
                 "started_at",
                 "ended_at",
             ]

@@ -136,6 +136,29 @@ def _quality_headline(q: dict[str, Any]) -> str:
     return text + (f". Flags: {by}." if by else ".")
 
 
+def _capacity(c: dict[str, Any]) -> str:
+    """The capacity model's section: per-stage busy time, the two groups' rates, the assumptions."""
+    rows = "".join(
+        f"<tr><td>{_e(name)}</td><td>{_e(v['group'])}</td><td>{v['busy_s']:.3f}</td><td>{v['passes']}</td></tr>"
+        for name, v in c["stages"].items()
+    )
+    seed = c["seed_class"]
+    figures = (
+        f"<p>{c['gpus']} GPU(s) over {c['nodes']} node(s), {c['cpu_workers_per_node']} CPU worker(s) per node: "
+        f"<b>{_num(c['cases_per_day'], '{:,.0f}')}</b> cases/day, {_num(c['cases_per_gpu_day'], '{:,.0f}')} "
+        f"cases/GPU/day; seed class {seed['cases_per_day']:,} cases/day on {seed['gpus']} {_e(seed['gpu'])}s = "
+        f"{seed['cases_per_gpu_day']:,.0f} cases/GPU/day. Bottleneck: {_e(c['bottleneck'] or 'none')} stages "
+        f"(model {c['model_busy_s_per_case']:.2f} s/case per GPU, CPU {c['cpu_busy_s_per_case']:.2f} core-s/case).</p>"
+    )
+    notes = "".join(f"<li>{_e(a)}</li>" for a in c["assumptions"])
+    if not c["enough_to_project"]:
+        notes += "<li>too few to project from (see the cases/day headline): indicative only</li>"
+    return (
+        f"{figures}<table><tr><th>stage</th><th>group</th><th>busy s/case</th><th>successful attempts</th></tr>{rows}</table>"
+        f"<ul>{notes}</ul>"
+    )
+
+
 def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[str, Any]], skipped: Any) -> str:
     """The report page (see the module docstring)."""
     s = summary
@@ -155,6 +178,7 @@ td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
 <p>Runs: {s["runs"]} in {_e(", ".join(s["run_dirs"]))} &middot; devices: {_e(", ".join(s["devices"]) or "?")}
 &middot; generated {_e(s["generated_at"])}</p>
 <p class="big"><b>{_e(s["projection"])}</b></p>
+<p>{_e(s["capacity"]["text"])}</p>
 <p class="big">{_quality_headline(s["quality"])}</p>
 <p>Cases: {s["cases"]["done"]} done, {s["cases"]["failed"]} failed, {s["cases"]["unfinished"]} unfinished,
 of {s["cases"]["total"]}. Discovery skipped {sk["files"]} file(s) and {sk["series"]} series (listed below).</p>
@@ -162,6 +186,7 @@ of {s["cases"]["total"]}. Discovery skipped {sk["files"]} file(s) and {sk["serie
 <p>Lung volumes marked * are unreliable (a quality flag, e.g. lungs cut by the scan range, makes them meaningless;
 hover for the reason). Flags: <span class="warning">warning</span> <span class="info">info</span>; hover for details.</p>
 {_case_table(rows)}
+<h2>Capacity model</h2>{_capacity(s["capacity"])}
 <h2>Throughput</h2>{img("throughput", "throughput over time")}
 <table><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
 <h2>Latency (seconds)</h2>{_stat_table(s["latency_s"], "stage")}{img("latency", "latency histogram")}

@@ -68,6 +68,10 @@ class RunResults:
     skipped: what discovery left out, per run: ``what`` (file or series), ``item`` (path or series key),
         ``kind`` and ``reason``.
     runs: one row per invocation of ``ctpipe run`` on this folder (config, versions, device, start/end).
+    deliveries: one row per DICOM result (SR, SEG) and PACS destination: ``state`` (sent, pending: a retry is due,
+        failed), ``attempts``, the last ``error``. A case a PACS delivered has its origin in ``cases``: ``origin``
+        (the archive's address without credentials, or the sending AE title), ``origin_via`` (wado-rs, c-move, c-get,
+        c-store), ``origin_study_uid`` and ``origin_series_uid``.
     dicom_outputs: one row per completed case: ``case_id``, ``sr`` and ``seg`` (paths of ``<case>/dicom/sr.dcm`` and
         ``seg.dcm``, None where the case has none); :func:`pipeline.dicom_out.read_sr_findings` reads an SR back.
     """
@@ -83,6 +87,7 @@ class RunResults:
         self.gpu: pd.DataFrame = t["gpu"]
         self.quality: pd.DataFrame = t["quality"]
         self.skipped: pd.DataFrame = t["skipped"]
+        self.deliveries: pd.DataFrame = t["deliveries"]
 
     @property
     def config(self) -> dict[str, Any]:

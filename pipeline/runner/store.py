@@ -14,6 +14,13 @@ Tables
 ``skipped``         what discovery left out, per run: files (not DICOM, unreadable, link loops, ...) and series
                     not selected (localizers, too few slices, not CT), with the reason.
 ``gpu_samples``     NVML utilisation (%) and memory (MB) sampled during runs.
+``origins``         where a case came from when a PACS delivered it: the archive or sender (``remote``: a DICOMweb
+                    URL or ``dimse://AET@HOST:PORT`` as written to logs, never with credentials; the calling AE title
+                    for ``ctpipe listen``), how (``via``: wado-rs, c-move, c-get, c-store), the remote Study and
+                    Series Instance UIDs and the number of instances. UIDs only: no patient ID, name or accession.
+                    A rerun looks series up here by remote UID (:func:`remote_series`) and skips those done.
+``deliveries``      the DICOM results (SR, SEG) sent to a PACS: per SOPInstanceUID and destination, ``sent``,
+                    ``pending`` (a retry is due) or ``failed``, with the attempts and the last error.
 
 ``meta.schema_version`` is :data:`SCHEMA_VERSION`; a store written by an earlier version is migrated
 when the runner opens it (new tables and columns added; nothing removed).
@@ -48,7 +55,7 @@ from .faults import environment_failure
 log = logging.getLogger(__name__)
 
 DB_NAME = "runs.sqlite"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: The case statuses each state change starts from (see the module docstring).
 TRANSITIONS: dict[str, tuple[str, ...]] = {
@@ -101,9 +108,21 @@ CREATE TABLE IF NOT EXISTS gpu_samples (
     run_id TEXT NOT NULL, t REAL NOT NULL, gpu INTEGER NOT NULL, util_pct REAL, mem_used_mb REAL, mem_total_mb REAL
 );
 CREATE INDEX IF NOT EXISTS attempts_by_case ON stage_attempts (case_key);
+CREATE TABLE IF NOT EXISTS origins (
+    case_key TEXT PRIMARY KEY, remote TEXT NOT NULL, via TEXT NOT NULL, study_uid TEXT, series_uid TEXT NOT NULL,
+    n_instances INTEGER, run_id TEXT, recorded_at REAL
+);
+CREATE INDEX IF NOT EXISTS origins_by_series ON origins (series_uid);
+CREATE TABLE IF NOT EXISTS deliveries (
+    sop_uid TEXT NOT NULL, destination TEXT NOT NULL, case_id TEXT, sop_class TEXT, state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0, error TEXT, updated_at REAL, PRIMARY KEY (sop_uid, destination)
+);
 """
 
-#: Columns added since schema version 1: (table, column, declaration), added by :meth:`RunStore._migrate`.
+#: Keys of an origin (``run_batch(origins=...)``, :meth:`RunStore.record_origins`); nothing else is stored.
+ORIGIN_KEYS = ("remote", "via", "study_uid", "series_uid", "n_instances")
+
+#: Columns added since schema version 1 (version 3 added the tables ``origins`` and ``deliveries`` only): (table, column, declaration), added by :meth:`RunStore._migrate`.
 ADDED_COLUMNS = (
     ("cases", "lung_coverage", "TEXT"),
     ("cases", "contrast_phase", "TEXT"),
@@ -148,7 +167,10 @@ class RunStore:
             ) from exc
 
     def _migrate(self, version: int, path: Path) -> None:
-        """Bring a store of an earlier schema version up to :data:`SCHEMA_VERSION` (adds columns; removes nothing)."""
+        """Bring a store of an earlier schema version up to :data:`SCHEMA_VERSION` (adds columns; removes nothing).
+
+        New tables are created by the schema script itself (``CREATE TABLE IF NOT EXISTS``) before this runs.
+        """
         if version > SCHEMA_VERSION:
             raise RunStoreError(
                 f"the run database has schema version {version}; this ctpipe reads up to {SCHEMA_VERSION}",
@@ -412,6 +434,48 @@ class RunStore:
         marks = ",".join("?" * len(statuses))
         return list(self.db.execute(f"SELECT * FROM cases WHERE status IN ({marks}) ORDER BY case_id", statuses))
 
+    # -- PACS: origins of cases, deliveries of results ------------------------------------
+    def record_origins(self, run_id: str, origins: Iterable[tuple[str, Mapping[str, Any]]]) -> int:
+        """Record where cases came from: ``(case_key, origin)`` pairs, ``origin`` with the keys of
+        :data:`ORIGIN_KEYS` (other keys are ignored, so no patient data can slip in); returns how many."""
+        rows = []
+        for case_key, o in origins:
+            remote, via, series = o.get("remote"), o.get("via"), o.get("series_uid")
+            if not (remote and via and series):
+                raise RunStoreError(
+                    f"origin of case {case_key!r} lacks remote, via or series_uid: {sorted(o)}",
+                    where=db_path(self.run_dir),
+                    fix="give every origin remote, via and series_uid (see ORIGIN_KEYS)",
+                )
+            n = o.get("n_instances")
+            rows.append((case_key, str(remote), str(via), o.get("study_uid"), str(series), None if n is None else int(n), run_id))
+        if rows:
+            with self.tx():
+                self.db.executemany(
+                    "INSERT OR REPLACE INTO origins (case_key, remote, via, study_uid, series_uid, n_instances, run_id,"
+                    " recorded_at) SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM cases WHERE case_key = ?)",
+                    [(*r, time.time(), r[0]) for r in rows],
+                )
+        return len(rows)
+
+    def record_delivery(
+        self,
+        *,
+        sop_uid: str,
+        destination: str,
+        case_id: str | None,
+        sop_class: str | None,
+        state: str,
+        attempts: int,
+        error: str | None,
+    ) -> None:
+        """Record the state of one result file sent to ``destination`` (a redacted address)."""
+        with self.tx():
+            self.db.execute(
+                "INSERT OR REPLACE INTO deliveries VALUES (?,?,?,?,?,?,?,?)",
+                (sop_uid, destination, case_id, sop_class, state, attempts, error, time.time()),
+            )
+
     # -- GPU samples -------------------------------------------------------------------
     def add_gpu_samples(self, run_id: str, samples: Iterable[tuple[float, int, float, float, float]]) -> None:
         rows = [(run_id, *s) for s in samples]
@@ -455,3 +519,30 @@ def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
             f"the run database is unreadable ({exc})", where=path, fix="check that it is a ctpipe run store"
         ) from exc
     return db
+
+
+def remote_series(run_dir: str | Path, series_uids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """What the run store knows of remote series, by SeriesInstanceUID: the latest case made from each
+    (``case_id``, ``status``, ``n_instances``, ``remote``, ``via``). Series never seen are absent, and so is
+    everything when the folder has no store (or one older than schema version 3). Read-only."""
+    wanted = list(dict.fromkeys(series_uids))
+    if not wanted or not db_path(run_dir).is_file():
+        return {}
+    db = open_readonly(run_dir)
+    try:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='origins'").fetchone():
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i : i + 500]
+            rows = db.execute(
+                "SELECT o.series_uid, o.remote, o.via, o.n_instances, c.case_id, c.status FROM origins o"
+                f" JOIN cases c USING (case_key) WHERE o.series_uid IN ({','.join('?' * len(chunk))})"
+                " ORDER BY o.recorded_at",
+                chunk,
+            )
+            for r in rows:  # the latest origin of a series wins
+                out[r["series_uid"]] = {k: r[k] for k in ("case_id", "status", "n_instances", "remote", "via")}
+        return out
+    finally:
+        db.close()

@@ -21,13 +21,28 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Columns of later schema versions, with the value older stores read as.
 _LATER_COLUMNS: dict[str, dict[str, object]] = {
-    "cases": {"lung_coverage": None, "contrast_phase": None, "flags": None, "detect_skipped": None},
+    "cases": {
+        "lung_coverage": None,
+        "contrast_phase": None,
+        "flags": None,
+        "detect_skipped": None,
+        "origin": None,
+        "origin_via": None,
+        "origin_study_uid": None,
+        "origin_series_uid": None,
+    },
     "measurements": {"reliable": 1, "reason": None},
 }
 _EMPTY = {
     "quality": ["case_key", "code", "severity", "message", "case_id"],
     "skipped": ["run_id", "what", "item", "kind", "reason", "source"],
+    "deliveries": ["sop_uid", "destination", "case_id", "sop_class", "state", "attempts", "error", "updated_at"],
 }
+#: A case's origin (schema version 3: where a PACS delivered it from), joined to its row of ``cases``.
+_CASES_WITH_ORIGIN = (
+    "SELECT c.*, o.remote AS origin, o.via AS origin_via, o.study_uid AS origin_study_uid,"
+    " o.series_uid AS origin_series_uid FROM cases c LEFT JOIN origins o USING (case_key) ORDER BY c.case_id"
+)
 
 
 def _tables(db: sqlite3.Connection) -> set[str]:
@@ -36,7 +51,9 @@ def _tables(db: sqlite3.Connection) -> set[str]:
 
 def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
     """The store's tables as DataFrames: runs, cases, stages (attempts), findings, measurements, gpu,
-    quality (one row per flag of a completed case) and skipped (what discovery left out, per run)."""
+    quality (one row per flag of a completed case), skipped (what discovery left out, per run) and
+    deliveries (DICOM results sent to a PACS); ``cases`` has the origin of PACS-delivered cases
+    (``origin``, ``origin_via``, ``origin_study_uid``, ``origin_series_uid``; empty for folders)."""
     import pandas as pd
 
     run_dir = Path(run_dir)
@@ -48,7 +65,7 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
     try:
         have = _tables(db)
         runs = q("SELECT * FROM runs ORDER BY started_at")
-        cases = q("SELECT * FROM cases ORDER BY case_id")
+        cases = q(_CASES_WITH_ORIGIN if "origins" in have else "SELECT * FROM cases ORDER BY case_id")
         stages = q("SELECT a.*, c.case_id FROM stage_attempts a JOIN cases c USING (case_key) ORDER BY a.id")
         fnd = q("SELECT f.*, c.case_id FROM findings f JOIN cases c USING (case_key) ORDER BY c.case_id, f.idx")
         meas = q("SELECT m.*, c.case_id FROM measurements m JOIN cases c USING (case_key) ORDER BY c.case_id, m.name")
@@ -63,6 +80,11 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
             if "skipped" in have
             else pd.DataFrame(columns=_EMPTY["skipped"])
         )
+        deliveries = (
+            q("SELECT * FROM deliveries ORDER BY updated_at, sop_uid")
+            if "deliveries" in have
+            else pd.DataFrame(columns=_EMPTY["deliveries"])
+        )
     finally:
         db.close()
     for name, df in (("cases", cases), ("measurements", meas)):
@@ -76,7 +98,7 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
         fnd = pd.concat([fnd.reset_index(drop=True), extra], axis=1)
     else:
         fnd = fnd.drop(columns=["data"])
-    for df in (runs, cases, stages, fnd, meas, quality, skipped):
+    for df in (runs, cases, stages, fnd, meas, quality, skipped, deliveries):
         df.insert(0, "run_dir", str(run_dir))
     for col in ("started_at", "ended_at"):
         for df in (runs, cases, stages):
@@ -95,4 +117,5 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
         "gpu": gpu,
         "quality": quality,
         "skipped": skipped,
+        "deliveries": deliveries,
     }

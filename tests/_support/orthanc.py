@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from pipeline.runner.stage import Stage
+
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
 HOST = "127.0.0.1"
@@ -285,3 +287,29 @@ def cstore(files: Iterable[Path], port: int, *, calling: str = "ORTHANC", called
     finally:
         assoc.release()
         ae.shutdown()
+
+
+class SetupCountingStage(Stage):
+    """A model-group runner stage that does no work and appends its process id to ``marker`` each time it is
+    set up (as loading the detector would be): how often a listener started its model worker."""
+
+    name = "count_setups"
+    group = "model"
+    preload: tuple[str, ...] = ()
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def setup(self, worker: Any) -> None:
+        import os
+
+        with open(self.marker, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+
+    def process(self, ctx: Any) -> dict[str, Any]:
+        return {}
+
+    def setups(self) -> list[int]:
+        """The process ids of every setup so far."""
+        p = Path(self.marker)
+        return [int(x) for x in p.read_text().split()] if p.is_file() else []

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from pipeline.runner.stage import CaseContext, Stage
+from tests._support.shared import build_once
 
 # tiny but complete chests: 64 x 64 pixels of 2 mm, 24 slices of 5 mm (128 x 128 x 120 mm)
 PHANTOM = {"matrix": 64, "slices": 24, "pixel_spacing": 2.0, "slice_spacing": 5.0}
@@ -89,13 +90,15 @@ def write_bad(root: Path) -> dict[str, str]:
     return out
 
 
+def _write_dicom_data(root: Path) -> dict[str, Any]:
+    return {"good_uids": write_good(root / "good"), "bad_kinds": write_bad(root / "bad")}
+
+
 @pytest.fixture(scope="session")
 def dicom_data(tmp_path_factory) -> dict:
-    """The good and the corrupt phantom cases, written once per pytest run."""
-    root = tmp_path_factory.mktemp("dicom")
-    good = write_good(root / "good")
-    bad = write_bad(root / "bad")
-    return {"root": root, "good": root / "good", "bad": root / "bad", "good_uids": good, "bad_kinds": bad}
+    """The good and the corrupt phantom cases, written once per pytest run (read-only for the tests)."""
+    root, data = build_once(tmp_path_factory, "dicom", _write_dicom_data)
+    return {"root": root, "good": root / "good", "bad": root / "bad", **data}
 
 
 def ctpipe(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -132,10 +135,24 @@ def manifest(case_dir: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def full_run(dicom_data, tmp_path_factory) -> dict:
-    """One uninterrupted run over the good and the corrupt cases (shared by several test modules)."""
-    out = tmp_path_factory.mktemp("runs") / "all"
-    p = ctpipe("run", str(dicom_data["good"]), str(dicom_data["bad"]), "--out", str(out), "--workers", "1", "--quiet", *FAST)
-    return {"out": out, "proc": p}
+    """One uninterrupted run over the good and the corrupt cases (shared by several test modules; read-only)."""
+
+    def run(folder: Path) -> dict[str, Any]:
+        p = ctpipe(
+            "run",
+            str(dicom_data["good"]),
+            str(dicom_data["bad"]),
+            "--out",
+            str(folder / "all"),
+            "--workers",
+            "1",
+            "--quiet",
+            *FAST,
+        )
+        return {"args": p.args, "returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+
+    folder, p = build_once(tmp_path_factory, "full_run", run)
+    return {"out": folder / "all", "proc": subprocess.CompletedProcess(**p)}
 
 
 class DieOnceStage(Stage):

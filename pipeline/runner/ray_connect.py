@@ -1,0 +1,184 @@
+"""Joining a run to a Ray cluster (``runner.engine = ray``): the address, the token, bounded waits.
+
+Ray is imported here, and only when a run uses it, so ctpipe works without Ray installed
+(``pip install 'ctpipe[cluster]'`` adds it). ``runner.ray_address`` is
+
+* ``auto``: the cluster this machine joined with ``ray start`` (or ``RAY_ADDRESS``),
+* ``HOST:PORT``: the head's GCS address that ``ray start --head`` printed,
+* ``local`` or null: a private Ray instance on this machine, started for the run and stopped after it.
+
+Before Ray is asked to connect, the head's port is probed with a plain TCP connection, so a wrong
+address or a head that is down is one :class:`~pipeline.errors.ClusterError` within seconds (Ray
+itself retries such a connection for minutes). Ray's token authentication (``RAY_AUTH_MODE=token``;
+the token in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) is passed through
+from the environment; a refused token is a ClusterError naming those variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..errors import ClusterError
+
+log = logging.getLogger(__name__)
+
+#: Environment of every Ray worker of a run: the same hash seed as the local worker processes (reproducible outputs).
+WORKER_ENV = {"PYTHONHASHSEED": "0"}
+_SCALE_OUT = "see README 'Scale out'"
+
+
+def import_ray() -> ModuleType:
+    """The ``ray`` module, or a ClusterError saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ClusterError(
+            "runner.engine = ray needs Ray, which is not installed",
+            where="runner.engine",
+            fix="pip install 'ctpipe[cluster]' (or bash scripts/setup.sh), or use runner.engine = local",
+        ) from exc
+    return ray
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 hosts in brackets) → (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def resolve_address(address: str | None) -> str | None:
+    """The head's ``HOST:PORT`` for ``address`` (``auto`` looked up on this machine); None for a private instance."""
+    if address in (None, "local"):
+        return None
+    if address != "auto":
+        return address
+    ray = import_ray()
+    try:
+        found = ray._private.services.canonicalize_bootstrap_address("auto")
+    except (ConnectionError, ValueError) as exc:
+        raise ClusterError(
+            f"runner.ray_address = auto but no Ray cluster was found on this machine ({exc})",
+            where="runner.ray_address",
+            fix=f"start one with `ray start --head` (or join one with `ray start --address=HEAD:6379`), "
+            f"or give the head's address: ctpipe run --ray HEAD:6379 ({_SCALE_OUT})",
+        ) from exc
+    if found is None:
+        raise ClusterError(
+            "runner.ray_address = auto but no Ray cluster was found on this machine",
+            where="runner.ray_address",
+            fix=f"start one with `ray start --head`, or give the head's address: ctpipe run --ray HEAD:6379 ({_SCALE_OUT})",
+        )
+    return str(found)
+
+
+def probe(address: str, *, timeout_s: float) -> None:
+    """Raise ClusterError unless a TCP connection to ``address`` (HOST:PORT) opens within ``timeout_s``."""
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise ClusterError(
+            f"cannot reach the Ray head at {address} ({why})",
+            where="runner.ray_address",
+            fix=f"start the head there (`ray start --head --port={port}`) or pass the address it printed, "
+            f"e.g. ctpipe run --ray HEAD:6379; `--ray auto` finds the cluster this machine joined ({_SCALE_OUT})",
+        ) from exc
+
+
+class _WithoutSigtermNote(logging.Filter):
+    """Drops Ray's note that a driver joining from a helper thread has no SIGTERM handler (ctpipe run sets its own)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+@dataclass
+class RaySession:
+    """This run's connection to Ray: what it joined and whether the run owns it (shut down at the end)."""
+
+    address: str  # HOST:PORT of the head, or "local" for a private instance
+    owned: bool
+
+    def describe(self) -> str:
+        """The cluster in words for the run record: address, nodes, CPUs, GPUs."""
+        ray = import_ray()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        cpus = sum(n["Resources"].get("CPU", 0.0) for n in nodes)
+        gpus = sum(n["Resources"].get("GPU", 0.0) for n in nodes)
+        return f"ray {self.address}: {len(nodes)} node(s), {cpus:g} CPU(s), {gpus:g} GPU(s)"
+
+    def close(self) -> None:
+        if self.owned:
+            ray = import_ray()
+            ray.shutdown()
+
+
+def connect(address: str | None, *, timeout_s: float, init_options: dict[str, Any] | None = None) -> RaySession:
+    """Connect this process to the cluster of ``runner.ray_address`` (see the module docstring).
+
+    A process already connected (``ray.init`` called by the caller) keeps its connection, which the
+    run then neither changes nor shuts down. ``init_options`` go to ``ray.init`` (e.g. ``num_cpus``
+    or ``object_store_memory`` of a private instance). Waits at most about ``timeout_s`` seconds.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return RaySession(address="connected", owned=False)
+    target = resolve_address(address)
+    if target is not None:
+        probe(target, timeout_s=min(timeout_s, 10.0))
+    options: dict[str, Any] = {
+        "address": target or "local",
+        "log_to_driver": False,  # the workers write RUN_DIR/run.log; the console stays the run's own
+        "logging_level": logging.WARNING,
+        "runtime_env": {"env_vars": dict(WORKER_ENV)},
+        **(init_options or {}),
+    }
+    if target is None:
+        options.setdefault("include_dashboard", False)
+    outcome: dict[str, BaseException | None] = {}
+
+    def init() -> None:
+        try:
+            ray.init(**options)
+            outcome["error"] = None
+        except Exception as exc:  # noqa: BLE001 - reported below as one ClusterError with the address and the fix
+            outcome["error"] = exc
+
+    if target is None:  # a private instance: started here (its processes die with the thread that starts them)
+        init()
+    else:  # joining: bounded, since Ray retries a connection that opens but never answers for minutes
+        quiet = _WithoutSigtermNote()
+        ray_log = logging.getLogger("ray._private.worker")
+        ray_log.addFilter(quiet)
+        t = threading.Thread(target=init, name="ray-connect", daemon=True)
+        t.start()
+        t.join(timeout_s)
+        ray_log.removeFilter(quiet)
+    where = target or "a private Ray instance on this machine"
+    if "error" not in outcome:
+        raise ClusterError(
+            f"{where} accepted a connection but did not answer as a Ray cluster within {timeout_s:g} s",
+            where="runner.ray_address",
+            fix="check that the address is the head's GCS port (6379 unless `ray start --head --port` said otherwise) and that "
+            f"RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token) are set here ({_SCALE_OUT})",
+        )
+    err = outcome["error"]
+    if err is not None:
+        token = "auth" in type(err).__name__.lower() or "token" in str(err).lower()
+        fix = (
+            "set RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; "
+            f"`ray get-auth-token` on the head prints it) ({_SCALE_OUT})"
+            if token
+            else f"check the address and that this machine runs the cluster's Ray and Python versions ({_SCALE_OUT})"
+        )
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ClusterError(f"cannot join {where}: {first}", where="runner.ray_address", fix=fix) from err
+    log.info("joined %s", where, extra={"event": "ray_connected"})
+    return RaySession(address=target or "local", owned=True)

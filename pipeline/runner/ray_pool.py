@@ -1,0 +1,193 @@
+"""The actors of a run on Ray: how many of each kind, where, and their start (placed, then set up).
+
+:class:`ActorPool` follows the cluster (see :mod:`.ray_executor` for the layout): every
+:data:`REFRESH_S` seconds it compares the actors with the live nodes' resources and starts actors for
+what no actor of the run uses yet (a node that joined, a GPU freed by a dead actor). An actor starts in
+two steps, each answered through a Ray reference the executor waits on with its tasks: ``place()``
+(where Ray put it, which device) and ``setup()`` (stages set up, model loaded); only then does it take
+tasks. A group left without any placed actor for ``runner.ray_timeout_s`` stops the run with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from ..errors import FatalRunError
+from .ray_actors import StageActor
+from .ray_connect import RaySession
+from .stage import Stage, Task
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at the cluster's nodes (actors for joined nodes, none for departed ones).
+REFRESH_S = 2.0
+
+
+@dataclass
+class PoolActor:
+    """One actor of the run and the tasks it holds."""
+
+    name: str
+    group: str
+    handle: Any
+    pending: Any  # the ref of place() then of setup(); None once ready
+    phase: str = "placing"  # placing -> setting_up -> ready
+    node: str | None = None
+    pinned: str | None = None  # node id of a model actor pinned to a node without GPUs
+    device: str = "cpu"
+    held: deque[tuple[Task, Any]] = field(default_factory=deque)  # in order of execution: the first runs
+
+
+class ActorPool:
+    """The CPU and model actors of one run (see the module docstring)."""
+
+    def __init__(
+        self, ray: Any, stages: Sequence[Stage], *, config: Config, run_dir: Path, cluster: RaySession, timeout_s: float
+    ):
+        self.ray = ray
+        self.stages = list(stages)
+        self.config = config
+        self.run_dir = run_dir
+        self.cluster = cluster
+        self.timeout_s = timeout_s
+        self.groups = {s.group for s in self.stages}
+        self.actors: list[PoolActor] = []
+        self._n = 0
+        self._refreshed = 0.0
+        self._unserved: dict[str, float] = {g: time.monotonic() for g in self.groups}
+        self._remote = ray.remote(StageActor)
+        self.refresh(force=True)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The cluster's live nodes (``ray.nodes()`` records)."""
+        return [n for n in self.ray.nodes() if n.get("Alive")]
+
+    def ready(self, group: str) -> list[PoolActor]:
+        return [a for a in self.actors if a.group == group and a.phase == "ready"]
+
+    def pending_refs(self) -> list[Any]:
+        return [a.pending for a in self.actors if a.pending is not None]
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Start actors for resources the cluster offers and no actor of this run uses yet."""
+        now = time.monotonic()
+        if not force and now - self._refreshed < REFRESH_S:
+            return
+        self._refreshed = now
+        nodes = self.nodes()
+        if "cpu" in self.groups:
+            cpus = sum(int(n["Resources"].get("CPU", 0)) for n in nodes)
+            for _ in range(cpus - sum(a.group == "cpu" for a in self.actors)):
+                self._start("cpu", {"num_cpus": 1})
+        if "model" in self.groups:
+            gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes) if self.config.runner.device != "cpu" else 0
+            if gpus:
+                for _ in range(gpus - sum(a.group == "model" and a.pinned is None for a in self.actors)):
+                    self._start("model", {"num_gpus": 1, "num_cpus": 0})
+            else:
+                from ray.util.scheduling_strategies import (
+                    NodeAffinitySchedulingStrategy,
+                )
+
+                have = {a.pinned for a in self.actors if a.group == "model"}
+                for n in nodes:
+                    if n["Resources"].get("CPU", 0) >= 1 and n["NodeID"] not in have:
+                        where = NodeAffinitySchedulingStrategy(node_id=n["NodeID"], soft=False)
+                        self._start("model", {"num_cpus": 0, "scheduling_strategy": where}, pinned=n["NodeID"])
+
+    def _start(self, group: str, resources: dict[str, Any], *, pinned: str | None = None) -> None:
+        self._n += 1
+        name = f"{group}-{self._n}"
+        handle = self._remote.options(max_restarts=0, **resources).remote(
+            name=name,
+            group=group,
+            stages=[s for s in self.stages if s.group == group],
+            config=self.config.to_dict(),
+            run_dir=str(self.run_dir),
+            device=self.config.runner.device,
+            torch_threads=self.config.runner.torch_threads,
+        )
+        self.actors.append(PoolActor(name, group, handle, handle.place.remote(), pinned=pinned))
+        log.info("started Ray actor %s (%s)", name, resources, extra={"event": "worker_start"})
+
+    def advance(self, actor: PoolActor) -> None:
+        """place() or setup() of ``actor`` answered."""
+        try:
+            info = self.ray.get(actor.pending)
+        except self.ray.exceptions.RayError as exc:  # its node went away while it started: the pool refills
+            log.warning("Ray actor %s did not start: %s", actor.name, first_line(exc), extra={"event": "worker_died"})
+            self.drop(actor)
+            return
+        if actor.phase == "placing":
+            actor.node, actor.device, actor.phase = info["node"], info["device"], "setting_up"
+            if info.get("note"):
+                log.warning("Ray actor %s on node %s: %s", actor.name, info["ip"], info["note"])
+            log.info(
+                "Ray actor %s placed on node %s (%s, pid %s), device %s",
+                actor.name,
+                info["ip"],
+                actor.node[:8],
+                info["pid"],
+                actor.device,
+                extra={"event": "worker_placed"},
+            )
+            actor.pending = actor.handle.setup.remote()
+            return
+        if info["fatal"]:
+            raise FatalRunError(info["fatal"])
+        actor.phase, actor.pending = "ready", None
+
+    def drop(self, actor: PoolActor) -> None:
+        if actor in self.actors:
+            self.actors.remove(actor)
+        self.ray.kill(actor.handle, no_restart=True)
+        self._refreshed = 0.0  # look at the cluster again at the next poll
+
+    def check_served(self) -> None:
+        """A group without any ready actor for longer than ``runner.ray_timeout_s`` stops the run (clear reason)."""
+        now = time.monotonic()
+        for g in self.groups:
+            if any(a.group == g and a.phase == "ready" for a in self.actors):
+                self._unserved[g] = now
+            elif any(a.group == g and a.phase == "setting_up" for a in self.actors):
+                continue  # placed, loading its model: setup has no deadline here (a failed setup is fatal anyway)
+            elif now - self._unserved[g] > self.timeout_s:
+                need = "one GPU (num_gpus=1) per model actor" if g == "model" else "one CPU per CPU actor"
+                raise FatalRunError(
+                    f"no Ray actor for the {g} stages could be placed within {self.timeout_s:g} s "
+                    f"({self.cluster.describe()}; each needs {need}); add nodes to the cluster or raise runner.ray_timeout_s"
+                )
+
+    def node_dead(self, node: str | None, grace_s: float = 2.0) -> bool:
+        """Whether Ray marked ``node`` dead, waiting up to ``grace_s`` for its verdict."""
+        if node is None:
+            return False
+        end = time.monotonic() + grace_s
+        while True:
+            alive = {n["NodeID"] for n in self.nodes()}
+            if node not in alive:
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        """Stop every actor of the run."""
+        for actor in self.actors:
+            self.ray.kill(actor.handle, no_restart=True)
+        self.actors.clear()
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # Ray's actor-death messages put the reason after the actor's details ("The actor is dead because ...")
+    reason = next((ln for ln in lines if "because" in ln), lines[0] if lines else type(exc).__name__)
+    return reason[:300]

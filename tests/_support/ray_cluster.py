@@ -1,0 +1,221 @@
+"""A real multi-node Ray cluster on this machine for the runner's Ray tests and ``scripts/bench_scale.py``.
+
+:class:`LocalCluster` starts a head node and extra nodes with ``ray.cluster_utils.Cluster`` (each
+node its own raylet, object store and worker processes; GPUs declared with ``num_gpus`` exist only
+as Ray resources), with token authentication on (``RAY_AUTH_MODE=token`` and a random
+``RAY_AUTH_TOKEN`` for this process and everything it starts), usage statistics off and small object
+stores. ``stop()`` ends every Ray process the cluster started and :meth:`LocalCluster.leftovers`
+lists any still alive (found by the cluster's session folder in their command lines).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+OBJECT_STORE_BYTES = 80 * 2**20
+# one token per process: Ray caches the token it first reads, so every cluster this process starts uses the same
+_TOKEN = os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(16)
+
+
+def ray_environment() -> dict[str, str]:
+    """The environment every Ray process of a test cluster and its driver need (token authentication on)."""
+    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": _TOKEN}
+
+
+class LocalCluster:
+    """A head node with ``head_cpus`` CPUs plus one node per entry of ``nodes`` (``num_cpus``, ``num_gpus``)."""
+
+    def __init__(self, *, head_cpus: int = 1, nodes: Sequence[dict[str, Any]] = (), object_store_bytes: int = OBJECT_STORE_BYTES):
+        self.head_cpus = head_cpus
+        self.node_specs = list(nodes)
+        self.object_store_bytes = object_store_bytes
+        self.cluster: Any = None
+        self.session_dir: str | None = None
+        self._saved_env: dict[str, str | None] = {}
+        self.pids: set[int] = set()
+
+    def start(self, timeout_s: float = 90.0) -> LocalCluster:
+        env = ray_environment()
+        self._saved_env = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        if "ray" in sys.modules:  # Ray read the authentication mode when first used: make it read it again
+            from ray._raylet import AuthenticationTokenLoader, Config
+
+            Config.initialize("")
+            AuthenticationTokenLoader.instance().reset_cache()
+        from ray.cluster_utils import Cluster
+
+        t0 = time.monotonic()
+        self.cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": self.head_cpus,
+                "include_dashboard": False,
+                "object_store_memory": self.object_store_bytes,
+            },
+        )
+        self.session_dir = self.cluster.head_node.get_session_dir_path()
+        for spec in self.node_specs:
+            self.add_node(**spec)
+        self.cluster.wait_for_nodes(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+        self._remember()
+        return self
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def add_node(self, **spec: Any) -> Any:
+        node = self.cluster.add_node(object_store_memory=self.object_store_bytes, **spec)
+        self._remember()
+        return node
+
+    def remove_node(self, node_id: str, *, graceful: bool = False) -> None:
+        """Kill the node ``node_id`` (hex), as a machine that fails (SIGKILL unless ``graceful``)."""
+        node = next(n for n in self.cluster.worker_nodes if n.node_id == node_id)
+        self._remember()
+        self.cluster.remove_node(node, allow_graceful=graceful)
+
+    def worker_node_ids(self) -> list[str]:
+        return [n.node_id for n in self.cluster.worker_nodes]
+
+    def _remember(self) -> None:
+        for node in self.cluster.list_all_nodes():
+            for infos in node.all_processes.values():
+                self.pids.update(info.process.pid for info in infos if info.process is not None)
+        self.pids.update(_session_pids(self.session_dir))
+        self.pids.update(_descendants(self.pids))  # worker processes and agents rename themselves (ray::...)
+
+    def stop(self) -> None:
+        """Disconnect this process and end every process of the cluster (nodes, workers, GCS)."""
+        import ray
+
+        if self.cluster is None:
+            return
+        self._remember()
+        if ray.is_initialized():
+            ray.shutdown()
+        self.cluster.shutdown()
+        self.cluster = None
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        deadline = time.monotonic() + 20
+        while self.leftovers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def leftovers(self) -> list[str]:
+        """``pid command`` of every process the cluster started that is still alive (zombies excepted)."""
+        alive = []
+        for pid in sorted(self.pids | _session_pids(self.session_dir)):
+            cmd = _cmdline(pid)
+            if cmd is not None:
+                alive.append(f"{pid} {cmd[:120]}")
+        return alive
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _cmdline(pid: int) -> str | None:
+    """The command line of a live, non-zombie process, else None."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        if proc.joinpath("stat").read_text().split(") ", 1)[1].startswith("Z"):
+            return None
+        return proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (OSError, IndexError):
+        return None
+
+
+def _session_pids(session_dir: str | None) -> set[int]:
+    """Processes whose command line names the cluster's session folder (raylets, GCS, agents, workers)."""
+    if not session_dir:
+        return set()
+    name = os.path.basename(session_dir.rstrip("/"))
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            cmd = _cmdline(int(entry.name))
+            if cmd and name in cmd:
+                out.add(int(entry.name))
+    return out
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    """Every live process below ``roots`` in the process tree."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int(entry.joinpath("stat").read_text().split(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+# -- stages for the fault tests (model group: they run in the model actors, one per declared GPU) -----------------------
+from pipeline.runner.stage import CaseContext, Stage  # noqa: E402
+
+
+class HoldOnce(Stage):
+    """A model stage that, the first time it runs anywhere, writes ``<marker_dir>/held`` (the node id) and waits
+    ``hold_s`` seconds, so that a test can take that node away while the stage runs; afterwards it does nothing."""
+
+    name = "hold"
+    group = "model"
+
+    def __init__(self, marker_dir: str, hold_s: float = 20.0):
+        self.marker_dir = marker_dir
+        self.hold_s = hold_s
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        import ray
+
+        marker = Path(self.marker_dir) / "held"
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return {}
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{ray.get_runtime_context().get_node_id()} {ctx.case.case_id}")
+        time.sleep(self.hold_s)
+        return {}
+
+
+class CrashOn(Stage):
+    """A model stage whose process dies (SIGKILL) whenever it meets the series ``series_uid``."""
+
+    name = "crash"
+    group = "model"
+
+    def __init__(self, series_uid: str):
+        self.series_uid = series_uid
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        import signal
+
+        if ctx.case.series_uid == self.series_uid:
+            os.kill(os.getpid(), signal.SIGKILL)
+        (ctx.workdir / "crash_checked.txt").write_text(ctx.case.case_id)
+        return {"declared": ["crash_checked.txt"]}

@@ -1,0 +1,217 @@
+"""The batch runner on Ray (runner.engine = ray): configuration, connection errors, and a real multi-node cluster
+on this machine (tests/_support/ray_cluster.py) with faults: an actor crashing on one case, a node lost mid-run.
+
+The cluster has a head node (one CPU: the CPU actor) and two nodes declaring one GPU each and no CPU (a model
+actor each; torch sees no CUDA here, so they run the model on cpu). Cases are tiny phantoms and the detector a
+small random network, so the cluster tests take about a minute on two cores, cluster start included.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.errors import ClusterError, ConfigError
+from pipeline.runner.ray_actors import pick_device
+from tests._support.runner import PHANTOM, QUICK, ctpipe, db_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _needs_ray() -> None:
+    """Skip without Ray (scripts/setup.sh installs it), without importing it here (it reads its settings then)."""
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed: pip install 'ctpipe[cluster]'")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- without a cluster --------------------------------------------------------------------------------------------------
+def test_engine_and_address_are_validated_with_precedence(tmp_path):
+    assert load_config(environ={}).runner.engine == "local"  # the local executor stays the default
+    f = tmp_path / "c.yaml"
+    f.write_text("runner:\n  engine: ray\n  ray_address: 10.0.0.5:6379\n")
+    assert load_config(f, environ={}).runner.ray_address == "10.0.0.5:6379"
+    env = {"CTPIPE_RUNNER_RAY_ADDRESS": "auto"}
+    assert load_config(f, environ=env).runner.ray_address == "auto"
+    cfg = load_config(f, environ=env, overrides={"engine": "local", "ray_address": "local"})
+    assert (cfg.runner.engine, cfg.runner.ray_address) == ("local", "local")
+    with pytest.raises(ConfigError, match=r"runner.engine = 'dask'.*one of local, ray"):
+        load_config(environ={"CTPIPE_RUNNER_ENGINE": "dask"})
+    for bad in ("10.0.0.5", "head:port", ":6379", "h:70000"):
+        with pytest.raises(ConfigError, match=r"runner.ray_address.*HOST:PORT"):
+            load_config(environ={}, overrides={"ray_address": bad})
+
+
+def test_model_device_follows_torch_not_the_gpu_id_ray_grants():
+    assert pick_device(group="model", wanted="auto", gpu_ids=[0], cuda_available=True) == ("cuda:0", None)
+    device, note = pick_device(group="model", wanted="auto", gpu_ids=[0], cuda_available=False)
+    assert device == "cpu" and "torch sees no CUDA" in note
+    assert pick_device(group="model", wanted="cpu", gpu_ids=[0], cuda_available=True) == ("cpu", None)
+    assert pick_device(group="model", wanted="auto", gpu_ids=[], cuda_available=True) == ("cpu", None)
+    assert pick_device(group="cpu", wanted="cuda", gpu_ids=[], cuda_available=True) == ("cpu", None)
+
+
+def test_the_package_works_without_ray(monkeypatch):
+    code = (
+        "import sys; import pipeline.runner.batch, pipeline.runner.ray_executor, pipeline.runner.ray_connect; "
+        "assert 'ray' not in sys.modules, 'ray imported eagerly'"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0, p.stderr
+    from pipeline.runner.ray_connect import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(ClusterError, match=r"ctpipe\[cluster\]"):
+        import_ray()
+
+
+def test_an_unreachable_head_is_one_clear_line_and_exit_1(tmp_path):
+    _needs_ray()
+    port = _closed_port()
+    src = ROOT / "data_samples" / "phantom_00001" / "dicom"
+    t0 = time.monotonic()
+    p = ctpipe("run", str(src), "--out", str(tmp_path / "r"), "--ray", f"127.0.0.1:{port}", "--quiet", timeout=120)
+    took = time.monotonic() - t0
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    assert f"127.0.0.1:{port}" in lines[0] and "ray start --head" in lines[0] and "Fix:" in lines[0]
+    assert "Traceback" not in p.stderr + p.stdout
+    assert took < 60
+    assert db_rows(tmp_path / "r", "SELECT COUNT(*) FROM runs") == [(0,)]  # nothing was recorded as a run
+
+
+# -- on a cluster ---------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    _needs_ray()
+    from tests._support.ray_cluster import LocalCluster
+
+    c = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1}])
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    """Two tiny phantom cases and a small detector (random weights): the options of a quick, deterministic run."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_phantom_case
+    from tests._support.detection import small_model
+
+    root = tmp_path_factory.mktemp("ray_cases")
+    uids = []
+    for seed in (11, 12):
+        ph = generate_phantom(seed, n_nodules=1, **PHANTOM)
+        write_phantom_case(ph, root / "src" / f"case{seed}")
+        uids.append(ph.volume.series_uid)
+    (root / "model").mkdir()
+    small_model(root / "model")
+    opts = {
+        **QUICK,
+        "report.enabled": False,
+        "detector.bundle": str(root / "model" / "small.json"),
+        "detector.write_png": False,
+        "outputs.dicom": [],
+        "runner.torch_threads": 1,  # the same arithmetic in every process: findings comparable bit for bit
+        "runner.ray_timeout_s": 60.0,
+    }
+    return {"src": root / "src", "uids": uids, "opts": opts}
+
+
+def _findings(run_dir: Path) -> dict[str, list]:
+    """{series UID: the case's findings (LPS mm, scores), in the store's order}."""
+    rows = db_rows(
+        run_dir, "SELECT c.series_uid, f.data FROM findings f JOIN cases c USING (case_key) ORDER BY c.series_uid, f.idx"
+    )
+    out: dict[str, list] = {}
+    for uid, data in rows:
+        out.setdefault(uid, []).append(json.loads(data))
+    return out
+
+
+@pytest.mark.slow
+def test_an_actor_crashing_on_one_case_is_quarantined_and_the_others_go_on(cluster, cases, tmp_path):
+    from pipeline.runner import run_batch
+    from pipeline.runner.stages import IngestStage, WriteStage
+    from tests._support.ray_cluster import CrashOn
+
+    victim = cases["uids"][0]
+    out = tmp_path / "crash"
+    stages = [IngestStage(), CrashOn(victim), WriteStage()]
+    s = run_batch([cases["src"]], out=out, stages=stages, engine="ray", ray_address=cluster.address, **cases["opts"])
+    assert s.exit_code == 3 and s.done == 1, s.lines()
+    assert len(s.quarantined) == 1 and s.quarantined[0][1] == "WorkerDiedError"
+    assert "crashed" in s.quarantined[0][2] and "stage crash" in s.quarantined[0][2]
+    rows = db_rows(out, "SELECT c.series_uid, a.status FROM stage_attempts a JOIN cases c USING (case_key) WHERE a.stage='crash'")
+    assert sorted(st for uid, st in rows if uid == victim) == ["interrupted", "interrupted"]  # 1 + runner.retries tries
+    assert [st for uid, st in rows if uid != victim] == ["ok"]
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases, tmp_path):
+    from pipeline.config import load_config
+    from pipeline.runner import run_batch
+    from pipeline.runner.stages import build_stages
+    from tests._support.ray_cluster import HoldOnce
+
+    ref = run_batch([cases["src"]], out=tmp_path / "local", workers=0, **cases["opts"])
+    assert ref.exit_code == 0 and ref.done == 2, ref.lines()
+
+    marker_dir = tmp_path / "markers"
+    marker_dir.mkdir()
+    stages = build_stages(load_config(environ={}, overrides=cases["opts"]))
+    at = next(i for i, s in enumerate(stages) if s.name == "detect")
+    stages.insert(at, HoldOnce(str(marker_dir)))
+    removed: list[str] = []
+
+    def take_the_node_away() -> None:
+        marker = marker_dir / "held"
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if marker.exists():
+            time.sleep(0.3)
+            node = marker.read_text().split()[0]
+            cluster.remove_node(node)
+            removed.append(node)
+
+    watcher = threading.Thread(target=take_the_node_away, daemon=True)
+    watcher.start()
+    out = tmp_path / "ray"
+    s = run_batch([cases["src"]], out=out, stages=stages, engine="ray", ray_address=cluster.address, **cases["opts"])
+    watcher.join(timeout=30)
+    assert removed, "the hold stage never ran"
+    assert s.exit_code == 0 and s.done == 2 and not s.quarantined, s.lines()
+    # every case once: one published folder, one successful attempt per stage, no attempt of the lost run recorded
+    assert sorted(p.name for p in (out / "cases").iterdir()) == sorted(p.name for p in (tmp_path / "local" / "cases").iterdir())
+    att = db_rows(out, "SELECT case_key, stage, status, worker FROM stage_attempts")
+    assert len(att) == 2 * len(stages) and {a[2] for a in att} == {"ok"}
+    hold = [a for a in att if a[1] == "hold"]
+    assert all(removed[0][:8] not in a[3] for a in hold)  # the held stage finished on the node that was left
+    events = [json.loads(ln).get("event") for ln in (out / "run.log").read_text().splitlines()]
+    assert "node_lost" in events
+    assert _findings(out) == _findings(tmp_path / "local")
+    assert all(len(f) > 0 for f in _findings(out).values())
+
+
+@pytest.mark.slow
+def test_every_ray_process_started_by_the_tests_is_stopped(cluster):
+    assert cluster.leftovers(), "the cluster's processes were not found (the check below would prove nothing)"
+    cluster.stop()
+    assert cluster.leftovers() == []
