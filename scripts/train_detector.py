@@ -1,12 +1,15 @@
 #!/usr/bin/env python
-"""Train ctpipe's demo nodule detector (a small MONAI RetinaNet) on synthetic phantoms.
+"""Train ctpipe's demo nodule detector (a small MONAI RetinaNet) on realistic synthetic phantoms.
 
 The weights it writes are trained on synthetic phantoms, for demonstration and
 testing only, not for clinical use.
 
-Steps: generate the training phantoms once (seeds ``--seed0 ..``; never the
-held-out seeds 1..100) and cache their network inputs and boxes; then train on
-random patches (two thirds centred near a nodule) with MONAI's detection
+Steps: generate the training phantoms once (:func:`training_phantom`: realistic
+confounders, vessel trees, a fifth without any nodule; seeds ``--seed0 ..``, never
+the held-out seeds 1..100 or the scenario seeds 5000..5099) and cache their network
+inputs, boxes and lung-vessel points; then train (from ``--init`` weights or from
+scratch) on random patches (two thirds centred near a nodule, the rest negatives,
+half of those centred on a lung vessel) with MONAI's detection
 training utilities: ATSS matcher, hard-negative sampler, box coder (encoded
 regression targets, smooth-L1), BCE classification. Mixed precision (float16 on
 a GPU, bfloat16 on CPUs that run it natively; ``--fp32`` turns it off) and gradient
@@ -41,6 +44,8 @@ log = logging.getLogger("train_detector")
 
 #: Seeds of the held-out evaluation phantoms: no training or validation script uses them.
 HELDOUT_SEEDS = range(1, 101)
+#: Seeds of the named confounder scenarios (pipeline.phantom.SCENARIO_SEEDS), held out as well.
+SCENARIO_SEEDS = range(5000, 5100)
 
 ARCH = {
     "kind": "small_resnet_fpn",
@@ -63,25 +68,62 @@ SELECTOR = {"score_thresh": 0.02, "topk_candidates_per_level": 1000, "nms_thresh
 SLIDING = {"roi_size": [256, 256, 256], "overlap": 0.25, "mode": "constant"}
 PATCH = [64, 64, 48]
 CACHE_MARGIN = 24  # voxels kept around the lungs in the cached training inputs
+VESSEL_NEGATIVES = 0.5  # share of the negative patches centred on a lung vessel point
+
+
+#: Share of the training, validation and evaluation phantoms drawn without any nodule (vessels, bifurcations and
+#: the confounders are then the only things the detector sees there: negatives to learn).
+NO_NODULE_FRACTION = 0.2
+#: Patient positions of the training phantoms and their shares (the network input is reoriented to RAS).
+POSITIONS = {"HFS": 0.85, "FFS": 0.1, "HFP": 0.05}
 
 
 def training_phantom(seed: int, rng: np.random.Generator):  # -> pipeline.phantom.Phantom
-    """A training phantom with a random protocol: matrix 160-256, field of view 200-360 mm, slices 1.25-2.5 mm."""
-    from pipeline.phantom import generate_phantom
+    """A realistic training phantom, deterministic from ``seed`` (``rng`` = ``default_rng(seed)``).
+
+    Random protocol (matrix 160-256, field of view 200-360 mm, slices 1.25-2.5 mm), a patient position
+    (:data:`POSITIONS`) and the realistic confounders of ``realistic_confounders(seed)`` (table, blanket, arms,
+    contrast, bowel gas, partial coverage, small or large field of view, emphysema, effusion, atelectasis, sharp
+    kernel, thick slices, metal) over the vessel trees (bifurcating, tapering from the hila); a share
+    :data:`NO_NODULE_FRACTION` has no nodule at all, the rest 3-8 (fewer where the lungs hold fewer).
+    """
+    from pipeline.errors import PhantomError
+    from pipeline.phantom import generate_phantom, realistic_confounders
 
     matrix = int(rng.choice([160, 192, 256]))
     fov = float(rng.uniform(200.0, 360.0))
-    return generate_phantom(
-        seed,
-        matrix=matrix,
-        pixel_spacing=min(2.0, fov / matrix),
-        slice_spacing=float(rng.choice([1.25, 2.0, 2.5])),
-        n_nodules=int(rng.integers(3, 9)),
+    slice_spacing = float(rng.choice([1.25, 2.0, 2.5]))
+    n_nodules = 0 if rng.random() < NO_NODULE_FRACTION else int(rng.integers(3, 9))
+    position = str(rng.choice(list(POSITIONS), p=np.asarray(list(POSITIONS.values()))))
+    conf = realistic_confounders(seed)
+    if not conf.has_lungs:
+        n_nodules = 0
+    options = {
+        "matrix": matrix,
+        "pixel_spacing": min(2.0, fov / matrix),
+        "slice_spacing": slice_spacing,
+        "patient_position": position,
+        "confounders": conf,
+    }
+    try:
+        return generate_phantom(seed, n_nodules=n_nodules, **options)
+    except PhantomError:  # the cropped lungs hold fewer nodules: as many as fit
+        return generate_phantom(seed, n_nodules=None if n_nodules else 0, **options)
+
+
+def _xyz_box(grid, geometry, kji: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Network-input (x, y, z) box of source voxels ``kji`` (n, 3)."""
+    ijk_lo, ijk_hi = kji.min(0)[::-1], kji.max(0)[::-1]
+    corners = np.array(
+        [[a, b, c] for a in (ijk_lo[0], ijk_hi[0]) for b in (ijk_lo[1], ijk_hi[1]) for c in (ijk_lo[2], ijk_hi[2])], float
     )
+    xyz = grid.lps_to_xyz(geometry.index_to_lps(corners))
+    return xyz.min(0), xyz.max(0)
 
 
 def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
-    """One training phantom's network input (float16) and nodule boxes (input voxels, xyzxyz)."""
+    """One training phantom's network input (float16), nodule boxes (input voxels, xyzxyz), the lungs' box
+    and up to 400 points on its lung vessels (input voxels; centres of vessel negatives)."""
     ph = training_phantom(seed, rng)
     tensor, grid = prepare_input(ph.volume, spacing=SPACING, window=WINDOW)
     boxes = []
@@ -90,23 +132,29 @@ def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
         half = nod.diameter_mm / 2.0 / np.asarray(SPACING)
         boxes.append(np.concatenate([c - half, c + half]))
     lungs = ph.masks["lung_left"] | ph.masks["lung_right"]
-    kji = np.argwhere(lungs)
-    ijk_lo, ijk_hi = kji.min(0)[::-1], kji.max(0)[::-1]
-    corners = np.array(
-        [[a, b, c] for a in (ijk_lo[0], ijk_hi[0]) for b in (ijk_lo[1], ijk_hi[1]) for c in (ijk_lo[2], ijk_hi[2])], float
-    )
-    xyz = grid.lps_to_xyz(ph.volume.geometry.index_to_lps(corners))
+    geom = ph.volume.geometry
     image = tensor[0].numpy()
+    if lungs.any():
+        xyz_lo, xyz_hi = _xyz_box(grid, geom, np.argwhere(lungs))
+    else:  # no lung in the scan (abdomen only): the whole image is negative
+        xyz_lo, xyz_hi = np.zeros(3), np.asarray(image.shape, float) - 1
+    vessels = np.argwhere(ph.masks["vessels"])
+    if len(vessels):
+        pick = vessels[rng.choice(len(vessels), min(400, len(vessels)), replace=False)]
+        vessel_xyz = grid.lps_to_xyz(geom.index_to_lps(pick[:, ::-1].astype(float)))
+    else:
+        vessel_xyz = np.zeros((0, 3))
     # keep the lungs and a margin: training patches are drawn there, and the cache stays small
-    lo = np.clip(np.floor(xyz.min(0)).astype(int) - CACHE_MARGIN, 0, None)
-    hi = np.minimum(np.ceil(xyz.max(0)).astype(int) + CACHE_MARGIN + 1, image.shape)
+    lo = np.clip(np.floor(xyz_lo).astype(int) - CACHE_MARGIN, 0, None)
+    hi = np.minimum(np.ceil(xyz_hi).astype(int) + CACHE_MARGIN + 1, image.shape)
     image = image[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
     shift = np.concatenate([lo, lo]).astype(np.float32)
     return {
         "image": image.astype(np.float16),
         "boxes": (np.asarray(boxes, np.float32).reshape(-1, 6) - shift),
-        "lung_lo": (xyz.min(0) - lo).astype(np.float32),
-        "lung_hi": (xyz.max(0) - lo).astype(np.float32),
+        "lung_lo": (xyz_lo - lo).astype(np.float32),
+        "lung_hi": (xyz_hi - lo).astype(np.float32),
+        "vessels": (vessel_xyz - lo).astype(np.float32).reshape(-1, 3),
         "diam": np.asarray([n.diameter_mm for n in ph.nodules], np.float32),
     }
 
@@ -146,6 +194,9 @@ def random_patch(sample: dict, rng: np.random.Generator, positive: bool) -> tupl
         weight = 1.0 / size  # small nodules are the hard ones: sample them more often
         b = boxes[rng.choice(len(boxes), p=weight / weight.sum())]
         centre = (b[:3] + b[3:]) / 2 + rng.uniform(-0.35, 0.35, 3) * patch
+    elif len(sample["vessels"]) and rng.random() < VESSEL_NEGATIVES:
+        # a vessel (branch, bifurcation, hilum) near the patch centre: the confusers to learn as negatives
+        centre = sample["vessels"][int(rng.integers(len(sample["vessels"])))] + rng.uniform(-0.25, 0.25, 3) * patch
     else:
         lo, hi = sample["lung_lo"], sample["lung_hi"]
         centre = rng.uniform(np.minimum(lo, hi), np.maximum(lo, hi))
@@ -195,7 +246,12 @@ def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, 
         "lung_filter_margin_mm": 8.0,
         "weights": weights.name,
         "training": {
-            "data": "synthetic phantoms from pipeline.phantom.generate_phantom",
+            "data": (
+                "realistic synthetic phantoms: pipeline.phantom.generate_phantom with realistic_confounders(seed), "
+                f"{NO_NODULE_FRACTION:.0%} without any nodule, positions {POSITIONS} (scripts/train_detector.py "
+                f"training_phantom); {VESSEL_NEGATIVES:.0%} of the negative patches centred on a lung vessel"
+            ),
+            "initial_weights": str(args.init) if args.init is not None else None,
             "train_seeds": [args.seed0, args.seed0 + args.n_train - 1],
             "evaluation_seeds_must_avoid": f"{args.seed0}..{args.seed0 + args.n_train - 1}",
             "torch_seed": args.torch_seed,
@@ -204,7 +260,7 @@ def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, 
             "batch_size": args.batch,
             "grad_accumulation": args.accum,
             "precision": history.get("precision"),
-            "optimizer": f"AdamW (weight decay 1e-4), lr {args.lr}, cosine over {args.steps} steps with 100 warm-up steps",
+            "optimizer": f"AdamW (weight decay 1e-4), lr {args.lr}, cosine over {args.steps} steps with {args.warmup} warm-up steps",
             "matcher": "ATSS (num_candidates=4)",
             "sampler": "hard negative (batch 128, positive fraction 0.25)",
             "final_loss": history.get("loss"),
@@ -235,7 +291,6 @@ def evaluate_heldout(
     from pipeline.detection.infer import Detector
     from pipeline.detection.lungs import quick_lung_mask
     from pipeline.detection.refine import refine_findings
-    from pipeline.phantom import generate_phantom
 
     model = load_model(model_json)
     if weights is not None:  # e.g. the training checkpoint
@@ -247,7 +302,7 @@ def evaluate_heldout(
     log.info("evaluating in %s%s", det.precision, " with false-positive reduction" if post.fp_reduction else "")
     preds, pipeline, refined, truth = {}, {}, {}, {}
     for seed in seeds:
-        ph = generate_phantom(seed, **EVAL_PHANTOM)
+        ph = heldout_phantom(seed)
         case = out / f"phantom_{seed:03d}"
         ph.save_ground_truth(case)
         region = quick_lung_mask(ph.volume)
@@ -300,6 +355,14 @@ def _print_by_size(result) -> None:
 EVAL_PHANTOM = {"matrix": 256, "pixel_spacing": 1.2, "slice_spacing": 2.0}
 
 
+def heldout_phantom(seed: int):  # -> pipeline.phantom.Phantom
+    """A held-out evaluation phantom (seeds 1..100 only): :data:`EVAL_PHANTOM`'s protocol with the realistic
+    confounders of ``realistic_confounders(seed)`` and 0-6 nodules (``n_nodules=None``), head first supine."""
+    from pipeline.phantom import generate_phantom, realistic_confounders
+
+    return generate_phantom(seed, confounders=realistic_confounders(seed), **EVAL_PHANTOM)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ctpipe_train"))
@@ -312,6 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accum", type=int, default=1, help="gradient accumulation steps (GPU)")
     ap.add_argument("--fp32", action="store_true", help="train in float32 (default: mixed precision where native)")
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="start from these RetinaNet weights (a state dict of the same architecture) instead of random ones",
+    )
+    ap.add_argument("--warmup", type=int, default=100, help="linear learning-rate warm-up steps")
     ap.add_argument("--torch-seed", type=int, default=7)
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -346,6 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if set(eval_seeds) & set(range(args.seed0, args.seed0 + args.n_train)):
         raise SystemExit("evaluation seeds overlap the training seeds")
+    if set(range(args.seed0, args.seed0 + args.n_train)) & (set(HELDOUT_SEEDS) | set(SCENARIO_SEEDS)):
+        raise SystemExit(
+            f"training seeds {args.seed0}..{args.seed0 + args.n_train - 1} overlap the held-out seeds "
+            f"({HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}, {SCENARIO_SEEDS[0]}..{SCENARIO_SEEDS[-1]})"
+        )
     if args.eval_only:
         ckpt_w = None
         if args.eval_checkpoint:
@@ -378,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     log.info("training in %s", precision_name(amp_dtype))
     ckpt = args.work / "last.pt"
     step = 0
+    if args.init is not None and not ckpt.is_file():
+        net.load_state_dict(torch.load(args.init, map_location=device, weights_only=True))
+        log.info("starting from the weights %s", args.init)
     rng = np.random.default_rng(args.torch_seed)
     if ckpt.is_file():
         state = torch.load(ckpt, map_location=device, weights_only=False)
@@ -391,8 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     ema = None
     while step < args.steps and (time.time() - t_start) < args.minutes * 60:
         lr = args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * step / args.steps)))
-        if step < 100:
-            lr *= (step + 1) / 100
+        if step < args.warmup:
+            lr *= (step + 1) / args.warmup
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)

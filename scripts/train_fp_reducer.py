@@ -1,34 +1,39 @@
 #!/usr/bin/env python
-"""Train the demo pipeline's false-positive reduction classifier on synthetic phantoms.
+"""Train the demo pipeline's false-positive reduction classifier on realistic synthetic phantoms.
 
 The weights it writes are trained on synthetic phantoms, for demonstration and
 testing only, not for clinical use.
 
-1. Candidates: for each training phantom (seeds ``--seed0 ..``, never the evaluation
-   seeds 1..100, nor the detector's training seeds 1000..1149, so the detector scores them
-   as unseen scans), the demo RetinaNet's findings (centres refined) and the small-blob
-   candidates, as the pipeline makes them (:func:`pipeline.detection.fp_reduction.candidate_findings`).
+1. Candidates: for each training phantom (``scripts/train_detector.py``'s ``training_phantom``:
+   realistic confounders, vessel trees, some phantoms without any nodule; seeds ``--seed0 ..``,
+   never the evaluation seeds 1..100 or the scenario seeds 5000..5099, nor the detector's training
+   seeds, so the detector scores them as unseen scans), the demo RetinaNet's findings (centres
+   refined) and the small-blob candidates, as the pipeline makes them
+   (:func:`pipeline.detection.fp_reduction.candidate_findings`).
    A candidate within a nodule's radius is positive (LUNA16's hit rule); one within 1.5 radii
-   (or 3 mm) but not within the radius is left out; the rest are negative. Each nodule also
-   gives ``--jitter`` positives around its true centre. Patches (``--patch`` voxels of 1 mm,
-   axes L, P, S, and with ``--context-spacing`` a second, wider cube as a second channel) are
-   cached per phantom in ``--work``, as are the validation phantoms' candidates.
-2. Training: balanced batches, random flips and in-plane transposes, AdamW, cosine schedule,
-   BCE; optionally (``--hard-negatives F``) a fraction F of each batch's negatives drawn, after
-   mining at 1/2 and 3/4 of training, in proportion to the network's current score; losses logged.
+   (or 3 mm) but not within the radius is left out; the rest are negative (vessels, bifurcations,
+   the confounders). Each nodule also gives ``--jitter`` positives around its true centre. Patches
+   (``--patch`` voxels of 1 mm, axes L, P, S, and with ``--context-spacing`` a second, wider cube as a
+   second channel) are cached per phantom in ``--work``, as are the validation phantoms' candidates.
+2. Training (from ``--init`` weights or from scratch): balanced batches, random flips and in-plane
+   transposes, AdamW, cosine schedule, BCE; optionally (``--hard-negatives F``) a fraction F of each
+   batch's negatives drawn, after mining at 1/2 and 3/4 of training, in proportion to the network's
+   current score; losses logged.
 3. Validation seeds (``--val-seed0``, also unseen by both) choose, by CPM, whether candidates are scored
    on one view or averaged over ``--flip-views`` mirrored views (:func:`pipeline.detection.fp_reduction.patch_logits`),
    the detector weight of :func:`pipeline.detection.fp_reduction.combine_scores` and the radius factor of
    :func:`pipeline.detection.fp_reduction.suppress_duplicates`; the model JSON's
    ``fp_reduction`` entry records them with the training settings.
-4. Operating point: the validation phantoms are scored with the full two-stage pipeline (the
-   RetinaNet, then :meth:`pipeline.detection.infer.Detector.postprocess`, every candidate kept) and the
-   lowest score with at most ``--op-fps`` false positives per scan (LUNA16 counting,
-   :func:`pipeline.detection.operating_point.calibrate`) becomes the model's default score threshold:
-   the model JSON's ``operating_point`` entry, with the sensitivity there, the seeds, the number format
-   and the command; ``network_only`` is the same for the RetinaNet's own scores (``--raw``).
-   ``--calibrate-only`` recomputes just this entry with the existing weights (findings and ground truth
-   are kept in ``--work``/calibration for ``ctpipe evaluate``).
+4. Operating point: the lowest score with at most ``--op-fps`` false positives per scan on the validation
+   phantoms (LUNA16 counting, :func:`pipeline.detection.operating_point.calibrate`) becomes the model's
+   default score threshold: the model JSON's ``operating_point`` entry, with the sensitivity there, the
+   seeds, the number format and the command; ``network_only`` is the same for the RetinaNet's own
+   scores (``--raw``). After training it is computed on the validation candidates cached in step 1
+   (the pipeline's candidates of one RetinaNet pass, scored as
+   :func:`pipeline.detection.fp_reduction.reduce_false_positives` scores them);
+   ``--calibrate-only`` recomputes it with the existing weights through the full two-stage pipeline
+   (the RetinaNet, then :meth:`pipeline.detection.infer.Detector.postprocess`, every candidate kept;
+   findings and ground truth are kept in ``--work``/calibration for ``ctpipe evaluate``).
 
     python scripts/train_fp_reducer.py --work /tmp/ctpipe_fpr
     python scripts/train_fp_reducer.py --calibrate-only
@@ -48,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from train_detector import HELDOUT_SEEDS, training_phantom
+from train_detector import HELDOUT_SEEDS, SCENARIO_SEEDS, training_phantom
 
 from pipeline.detection.bundle import load_model
 from pipeline.detection.evaluate import evaluate_froc
@@ -167,6 +172,9 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace) ->
     gen = torch.Generator().manual_seed(args.torch_seed)
     rng = np.random.default_rng(args.torch_seed)
     net = PatchClassifier(cfg.patch, cfg.channels, cfg.hidden, in_channels=len(cfg.spacings_mm))
+    if args.init is not None:
+        net.load_state_dict(torch.load(args.init, map_location="cpu", weights_only=True))
+        log.info("starting from the weights %s", args.init)
     net = net.to(memory_format=torch.channels_last_3d)
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
     history = []
@@ -306,6 +314,52 @@ def calibrate_operating_point(model_json: Path, seeds: list[int], *, fps_per_sca
     }
 
 
+def operating_point_from_cache(
+    net: PatchClassifier, cases: list[dict], cfg: FPReductionConfig, seeds: list[int], *, fps_per_scan: float, command: str
+) -> dict:
+    """The ``operating_point`` entry from the validation phantoms' cached candidates (:func:`phantom_candidates`
+    without jitter: the pipeline's candidates of one RetinaNet pass each), scored as
+    :func:`pipeline.detection.fp_reduction.reduce_false_positives` scores them with ``cfg``'s views, detector weight
+    and duplicate merging; ``network_only`` from the RetinaNet's own scores at its (refined) finding centres. The
+    same rule as :func:`calibrate_operating_point`, without a second detector pass per phantom."""
+    t0 = time.time()
+    pipeline, network, truth = {}, {}, {}
+    for n, case in enumerate(cases):
+        probs = probabilities(net, case["patches"], views=cfg.flip_views, min_probability=cfg.flip_min_probability)
+        scores = combine_scores(probs, case["det"], cfg.detector_weight)
+        keep = suppress_duplicates(case["centers"], case["sizes"], scores, radius_factor=cfg.duplicate_radius_factor)
+        pipeline[str(n)] = [(case["centers"][k], float(scores[k])) for k in keep]
+        net_idx = np.flatnonzero(case["det"] >= 0)
+        network[str(n)] = [(case["centers"][k], float(case["det"][k])) for k in net_idx]
+        truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
+    rule = f"lowest score with at most {fps_per_scan:g} false positive(s) per scan (LUNA16 counting)"
+    where = f"validation phantoms, seeds {seeds[0]}-{seeds[-1]} (scripts/train_detector.py training_phantom protocol)"
+    entries = {}
+    for name, found_all, stages in (
+        ("pipeline", pipeline, "RetinaNet + false-positive reduction, candidates cached at training"),
+        ("network", network, "RetinaNet alone at its refined finding centres"),
+    ):
+        cal = calibrate(found_all, truth, fps_per_scan=fps_per_scan)
+        entries[name] = {"chosen_on": f"{where}, {stages}: {rule}", **cal.to_json(), "seeds": [seeds[0], seeds[-1]]}
+        log.info(
+            "operating point (%s): score >= %.4f gives sensitivity %.3f at %.3f FPs/scan (%d scans, %d nodules)",
+            stages,
+            cal.score_threshold,
+            cal.sensitivity,
+            cal.measured_fps_per_scan,
+            cal.n_scans,
+            cal.n_nodules,
+        )
+    return {
+        **entries["pipeline"],
+        "precision": "float32",
+        "device": "cpu",
+        "compute_cpu_minutes": round((time.time() - t0) / 60, 1),
+        "command": command,
+        "network_only": entries["network"],
+    }
+
+
 def write_operating_point(model_json: Path, entry: dict) -> None:
     data = json.loads(model_json.read_text())
     data["operating_point"] = entry
@@ -347,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="draw positives in proportion to diameter^-W (0: uniformly; 1: a 3 mm nodule 10x as often as a 30 mm one)",
     )
+    ap.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="start from these classifier weights (a state dict of the same architecture) instead of random ones",
+    )
     ap.add_argument("--torch-seed", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--detector-weights", type=float, nargs="+", default=[0.0, 0.25, 0.5])
@@ -381,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     train_seeds = list(range(args.seed0, args.seed0 + args.n_train))
     val_seeds = list(range(args.val_seed0, args.val_seed0 + args.n_val))
     det_lo, det_hi = json.loads(args.model.read_text()).get("training", {}).get("train_seeds", [1000, 1149])
-    reserved = set(HELDOUT_SEEDS) | set(range(det_lo, det_hi + 1))  # held-out seeds and the detector's training seeds
+    # held-out seeds (evaluation, confounder scenarios) and the detector's training seeds
+    reserved = set(HELDOUT_SEEDS) | set(SCENARIO_SEEDS) | set(range(det_lo, det_hi + 1))
     if reserved & (set(train_seeds) | set(val_seeds)) or set(train_seeds) & set(val_seeds):
         raise SystemExit(
             f"training/validation seeds overlap the held-out ({HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}) or "
@@ -423,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     net, history = train(data, cfg, args)
     t_train = time.time() - t0
     t0 = time.time()
-    val = validate(net, build_cache(work, det, val_seeds, cfg, 0), args) if val_seeds else {}
+    val_cases = build_cache(work, det, val_seeds, cfg, 0) if val_seeds else []
+    val = validate(net, val_cases, args) if val_seeds else {}
     t_val = time.time() - t0
     best = max(val, key=lambda k: val[k]) if val else "1/0.5/1.0"
     views_s, weight_s, factor_s = best.split("/")
@@ -441,7 +503,11 @@ def main(argv: list[str] | None = None) -> int:
         **cfg.to_json(),
         "intended_use": "trained on synthetic phantoms, for demonstration and testing only, not for clinical use",
         "training": {
-            "data": "synthetic phantoms from pipeline.phantom.generate_phantom (protocol of scripts/train_detector.py)",
+            "data": (
+                "realistic synthetic phantoms: pipeline.phantom.generate_phantom with realistic_confounders(seed), "
+                "some without any nodule (scripts/train_detector.py training_phantom)"
+            ),
+            "initial_weights": str(args.init) if args.init is not None else None,
             "train_seeds": [train_seeds[0], train_seeds[-1]],
             "validation_seeds": [val_seeds[0], val_seeds[-1]],
             "jitter_positives_per_nodule": args.jitter,
@@ -470,12 +536,9 @@ def main(argv: list[str] | None = None) -> int:
         weight,
         factor,
     )
-    if val_seeds:  # the new classifier moves the operating point
+    if val_seeds:  # the new classifier moves the operating point: calibrated on the cached validation candidates
         write_operating_point(
-            args.model,
-            calibrate_operating_point(
-                args.model, val_seeds, fps_per_scan=args.op_fps, out=args.work / "calibration", command=command
-            ),
+            args.model, operating_point_from_cache(net, val_cases, cfg, val_seeds, fps_per_scan=args.op_fps, command=command)
         )
     return 0
 

@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# Ray clusters started by tests stay on the loopback interface (tests/_support/ray_cluster.py, ray_environment)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 
 def _cuda() -> bool:
     try:

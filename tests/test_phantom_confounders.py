@@ -24,7 +24,16 @@ from pipeline.phantom import (
     realistic_confounders,
 )
 from pipeline.phantom.acquisition import sharp_blur_and_noise
-from pipeline.phantom.confounders import ARMS, CONTRAST_PHASES, COVERAGES, FOV_CENTRES, KERNELS, METALS, TABLES
+from pipeline.phantom.confounders import (
+    ARMS,
+    CONTRAST_PHASES,
+    COVERAGES,
+    FOV_CENTRES,
+    KERNELS,
+    METALS,
+    TABLES,
+    scenarios_at,
+)
 
 SMALL = dict(matrix=112, pixel_spacing=2.0, slice_spacing=4.0, n_nodules=0, noise_hu=10.0)
 TYPICAL = dict(table="curved", arms="raised", bowel_gas=True)
@@ -452,6 +461,27 @@ def test_scenarios_cover_every_confounder_and_position():
     assert all(s.description for s in sc.values())
 
 
+def test_scenarios_at_an_offset_are_the_same_scenarios_with_new_seeds():
+    held_out = scenarios_at(2000)
+    assert list(held_out) == list(CONFOUNDER_SCENARIOS)
+    for name, s in CONFOUNDER_SCENARIOS.items():
+        h = held_out[name]
+        assert h.seed == s.seed + 2000 and 7000 <= h.seed < 7100
+        assert h.confounders == s.confounders and h.patient_position == s.patient_position
+    assert not {h.seed for h in held_out.values()} & set(SCENARIO_SEEDS)
+    assert scenarios_at(0) == CONFOUNDER_SCENARIOS
+    with pytest.raises(PhantomError, match="seed_offset"):
+        scenarios_at(1.5)  # type: ignore[arg-type]
+
+
+def test_bone_truth_leaves_out_the_spinal_canal():
+    """The vertebral arch's bars cross the canal, which is painted CSF: that is not bone."""
+    ph = _make(2, table="none", arms="none", small={"noise_hu": 0.0})
+    hu, bone = ph.volume.array, ph.masks["bone"]
+    assert bone.any()
+    assert (bone & (hu < 50.0)).sum() <= 0.001 * bone.sum()
+
+
 @pytest.mark.parametrize("name", ["everything", "prone_bases_only_arms_sides", "feet_first_small_fov_metal"])
 def test_scenarios_generate(name):
     s = CONFOUNDER_SCENARIOS[name]
@@ -528,6 +558,11 @@ def test_cli_scenario_and_realistic(tmp_path, capsys):
     seed = CONFOUNDER_SCENARIOS["prone"].seed
     gt = load_ground_truth(tmp_path / f"phantom_{seed:05d}")
     assert gt["truth"]["scenario"] == "prone" and gt["patient_position"] == "HFP"
+    assert main(["phantom", str(tmp_path), "--scenario", "prone", "--seed-offset", "2000", *small]) == 0
+    gt = load_ground_truth(tmp_path / f"phantom_{seed + 2000:05d}")
+    assert gt["truth"]["scenario"] == "prone" and gt["patient_position"] == "HFP"
+    assert main(["phantom", str(tmp_path), "--seed", "3", "--seed-offset", "2000", *small]) == 1
+    assert "--seed-offset" in capsys.readouterr().err
     assert main(["phantom", str(tmp_path), "--seed", "40", "--count", "2", "--realistic", *small]) == 0
     for s in (40, 41):
         gt = load_ground_truth(tmp_path / f"phantom_{s:05d}")

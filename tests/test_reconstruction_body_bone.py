@@ -63,6 +63,16 @@ def test_bone_is_not_contrast_blood(name):
         assert (bone & blood).sum() < 0.5 * thresholded
 
 
+@pytest.mark.parametrize("name", ["sharp_kernel", "arms_sides_gap", "metal_spine"])
+def test_bone_meets_the_target_with_a_sharp_kernel_arms_and_metal(name):
+    """Sharp-kernel noise, humeri with fatty marrow beside the chest, spinal hardware: bone Dice >= 0.90, metal not bone."""
+    ph = _scenario(name, 256)
+    seg = segment_organs(ph.volume, organs=("body", "bone"), device="cpu")
+    bone, truth = seg.masks["bone"], ph.masks["bone"]
+    assert dice(truth, bone) >= 0.90, f"{name}: bone Dice {dice(truth, bone):.3f}"
+    assert (bone & ph.masks["metal"]).sum() <= 0.05 * max(1, int(ph.masks["metal"].sum()))
+
+
 def test_bone_without_contrast_still_meets_the_plain_phantom_floor():
     ph = generate_phantom(1, matrix=128)
     seg = segment_organs(ph.volume, organs=("body", "bone"), device="cpu")
@@ -168,3 +178,40 @@ def test_table_zone_finds_a_couch_under_the_patient_and_nothing_without_one():
     assert not (zone[None] & patient).any()
     body = body_mod.segment_body(grid, SegmentParams())
     assert dice(patient, body) > 0.97 and not body[:, 59:, :].any()
+
+
+def test_segment_bone_fills_a_long_bone_cavity_of_any_hu_but_not_the_spinal_canal():
+    """A humerus beside the chest (cortex around fatty marrow at soft-tissue HU) and a canal (CSF) on the mid-line."""
+    rng = np.random.default_rng(3)
+    _, j, i = np.meshgrid(np.arange(20), np.arange(96), np.arange(160), indexing="ij")
+    arr = np.full((20, 96, 160), -1000.0)
+    arr[((i - 80) / 75.0) ** 2 + ((j - 48) / 40.0) ** 2 < 1] = 40.0  # the body, 150 mm wide
+    r_canal, r_hum = np.hypot(j - 60, i - 80), np.hypot(j - 48, i - 140)
+    arr[r_canal < 10] = 900.0
+    arr[r_canal < 7] = 10.0  # the canal, enclosed by the arch
+    arr[r_hum < 10] = 950.0
+    arr[r_hum < 7] = 20.0  # the humerus's marrow
+    arr += rng.normal(0, 15, arr.shape)
+    grid = _grid(arr)
+    body = torch.from_numpy(body_mod.segment_body(grid, SegmentParams()))
+    bone = bone_mod.segment_bone(grid, body, grid.hu, SegmentParams())
+    assert bone[r_hum < 9.5].mean() > 0.98  # cortex and marrow
+    assert not bone[r_canal < 6].any()
+    assert bone[(r_canal >= 7.5) & (r_canal < 9.5)].mean() > 0.9
+
+
+def test_sharp_kernel_noise_leaves_no_holes_in_bone_and_metal_is_not_bone():
+    """Cancellous bone (360 HU) in a cortex under sharp-kernel noise (80 HU) is bone throughout; a rod of metal is not."""
+    rng = np.random.default_rng(4)
+    _, j, i = np.meshgrid(np.arange(20), np.arange(80), np.arange(80), indexing="ij")
+    r = np.hypot(j - 40, i - 40)
+    arr = np.full((20, 80, 80), 40.0)
+    arr[r < 15] = 950.0
+    arr[r < 13.5] = 360.0
+    rod = np.hypot(j - 40, i - 62) < 2.5
+    arr[rod] = 6000.0
+    arr += rng.normal(0, 80, arr.shape)
+    grid = _grid(arr)
+    bone = bone_mod.segment_bone(grid, torch.ones(arr.shape, dtype=torch.bool), grid.hu, SegmentParams())
+    assert bone[r < 14].mean() > 0.99
+    assert not bone[rod].any()

@@ -211,6 +211,52 @@ def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases
 
 
 @pytest.mark.slow
+def test_a_driver_killed_with_sigkill_then_a_plain_rerun_finishes_every_case_once(cluster, cases, tmp_path):
+    import os
+    import signal
+
+    from tests._support.ray_cluster import ray_environment
+
+    out = tmp_path / "killed"
+    sets = [x for k, v in cases["opts"].items() for x in ("--set", f"{k}={','.join(v) if isinstance(v, list) else v}")]
+    args = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "run",
+        str(cases["src"]),
+        "--out",
+        str(out),
+        "--ray",
+        cluster.address,
+        "--quiet",
+        *sets,
+    ]
+    env = {**os.environ, **ray_environment()}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (out / "runs.sqlite").exists() or not db_rows(out, "SELECT 1 FROM cases WHERE status='running'"):
+        assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "no case started in time"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)  # the driver, with a case admitted: its actors die with it
+    proc.wait()
+    assert db_rows(out, "SELECT status FROM runs") == [("running",)]
+    assert db_rows(out, "SELECT COUNT(*) FROM cases WHERE status='done'")[0][0] < 2, (
+        "the kill came too late to interrupt anything"
+    )
+
+    p = subprocess.run(args, capture_output=True, text=True, env=env, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert {r[0] for r in db_rows(out, "SELECT status FROM runs")} == {"interrupted", "completed"}
+    assert sorted(r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(cases["uids"])
+    ok = db_rows(out, "SELECT case_key, stage, COUNT(*) FROM stage_attempts WHERE status='ok' GROUP BY case_key, stage")
+    assert ok and all(r[2] == 1 for r in ok)  # one successful attempt per case and stage
+    assert db_rows(out, "SELECT COUNT(*) FROM stage_attempts WHERE status='running'") == [(0,)]
+    assert len(list((out / "cases").iterdir())) == 2
+
+
+@pytest.mark.slow
 def test_every_ray_process_started_by_the_tests_is_stopped(cluster):
     assert cluster.leftovers(), "the cluster's processes were not found (the check below would prove nothing)"
     cluster.stop()

@@ -25,6 +25,9 @@ from ..volume import CTVolume, LabelMap
 log = logging.getLogger(__name__)
 
 MIN_LUNG_ML = 2.0
+#: Median HU below which an air region touching the image's in-plane border is the air around the patient (about
+#: -1000 HU); a lung cut by a small field of view touches the border too, with a median well above it (about -850 HU).
+OUTSIDE_AIR_MAX_MEDIAN_HU = -950.0
 
 
 @dataclass(frozen=True)
@@ -70,20 +73,37 @@ def _strides(spacing_ijk: tuple[float, float, float], step_mm: float) -> tuple[i
     return (max(1, int(round(step_mm / sk))), max(1, int(round(step_mm / sj))), max(1, int(round(step_mm / si))))
 
 
+def _spanning(air: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Labels of the 3-D components of ``air`` ``[k, j, i]`` that, within one slice, reach from one side of the image
+    to the other (a table's foam core, air around the patient); lungs never do: the mediastinum parts them."""
+    in_slice = np.zeros((3, 3, 3), bool)
+    in_slice[1] = ndimage.generate_binary_structure(2, 1)
+    flat, _ = ndimage.label(air, structure=in_slice)
+    across = np.union1d(np.intersect1d(flat[:, :, 0], flat[:, :, -1]), np.intersect1d(flat[:, 0, :], flat[:, -1, :]))
+    across = across[across > 0]
+    return np.unique(labels[np.isin(flat, across)]) if len(across) else np.zeros(0, labels.dtype)
+
+
 def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
-    """Threshold lung mask on a ~``step_mm`` grid: air inside the body, largest components, holes filled per slice."""
+    """Threshold lung mask on a ~``step_mm`` grid: air inside the body (and lung cut by the field of view: air
+    touching the image border whose median is above :data:`OUTSIDE_AIR_MAX_MEDIAN_HU` and that does not span the image
+    from side to side), largest components, holes filled per slice."""
     sk, sj, si = _strides(volume.spacing, step_mm)
     arr = np.asarray(volume.array[::sk, ::sj, ::si], dtype=np.float32)
     air = arr < LUNG_AIR_HU  # air-filled lung (and the air around the patient)
     labels, n = ndimage.label(air)
     if n == 0:
         return LungRegion(np.zeros_like(air), (sk, sj, si), volume.spacing)
-    # components touching the in-plane border are the air around the patient
+    # components touching the in-plane border are the air around the patient, unless they are lung parenchyma
+    # cut by a small field of view: outside air has a median of about -1000 HU, aerated lung well above it
     border = np.unique(
         np.concatenate([labels[:, 0, :].ravel(), labels[:, -1, :].ravel(), labels[:, :, 0].ravel(), labels[:, :, -1].ravel()])
     )
+    border = border[border > 0]
     sizes = ndimage.sum_labels(np.ones_like(labels), labels, index=np.arange(1, n + 1))
-    sizes[border[border > 0] - 1] = 0
+    if len(border):
+        median_hu = np.asarray(ndimage.median(arr, labels, index=border))
+        sizes[border[(median_hu < OUTSIDE_AIR_MAX_MEDIAN_HU) | np.isin(border, _spanning(air, labels))] - 1] = 0
     voxel_ml = float(np.prod(volume.spacing)) * sk * sj * si / 1000.0
     keep = np.flatnonzero((sizes * voxel_ml >= MIN_LUNG_ML) & (sizes >= 0.1 * sizes.max()))
     keep = keep[np.argsort(sizes[keep])[::-1][:3]] + 1

@@ -66,6 +66,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument(
         "--realistic", action="store_true", help="each case gets a realistic random mix of confounders drawn from its seed"
     )
+    p.add_argument(
+        "--seed-offset",
+        type=int,
+        default=0,
+        help="with --scenario and no --seed: move the scenarios' seeds by this much "
+        "(2000: the same scenarios as new held-out cases, seeds 7000-7031)",
+    )
     p.add_argument("--transfer-syntax", choices=_TRANSFER_SYNTAXES, default="explicit_le", help="default explicit_le")
     p.add_argument("--unsigned", action="store_true", help="store uint16 with RescaleIntercept -1024")
     p.add_argument(
@@ -84,13 +91,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
     """(seed, confounders or None, patient position, scenario name or None) of each case to write."""
     from ..errors import DicomWriteError, PhantomError
-    from .confounders import CONFOUNDER_SCENARIOS, realistic_confounders
+    from .confounders import realistic_confounders, scenarios_at
 
     if args.count < 1:
         raise DicomWriteError(
             f"--count must be at least 1, got {args.count}", where="ctpipe phantom", fix="pass --count 1 or more"
         )
     position = args.patient_position
+    scenarios = scenarios_at(args.seed_offset)
+    if args.seed_offset and (args.scenario is None or args.seed is not None):
+        raise PhantomError(
+            "--seed-offset moves the scenarios' own seeds",
+            where="ctpipe phantom --seed-offset",
+            fix="use it with --scenario and without --seed",
+        )
     if args.scenario == "all":
         if args.seed is not None or args.count != 1:
             raise PhantomError(
@@ -98,9 +112,9 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
                 where="ctpipe phantom --seed/--count",
                 fix="drop --seed and --count, or name one scenario",
             )
-        return [(sc.seed, sc.confounders, position or sc.patient_position, name) for name, sc in CONFOUNDER_SCENARIOS.items()]
+        return [(sc.seed, sc.confounders, position or sc.patient_position, name) for name, sc in scenarios.items()]
     if args.scenario is not None:
-        sc = CONFOUNDER_SCENARIOS[args.scenario]
+        sc = scenarios[args.scenario]
         seeds = [sc.seed] if args.seed is None else list(range(args.seed, args.seed + args.count))
         if args.seed is None and args.count != 1:
             raise PhantomError("--count needs --seed with a scenario", where="ctpipe phantom --count", fix="pass --seed too")

@@ -5,7 +5,8 @@ after framing; :func:`before_tubes` after the analytic anatomy (emphysema,
 abdomen, heart chambers, arms, table); :func:`after_tubes` after vessels,
 airways and ribs (contrast blood, effusion, atelectasis, metal);
 :func:`acquire` instead of the plain blur and noise (streaks, kernel);
-:func:`finish` for the extra masks and ``phantom.truth``; :func:`metadata`
+:func:`finish` for the extra masks and ``phantom.truth`` (and the ``bone`` mask without the spinal
+canal, which the painter's vertebral arch crosses but paints as CSF); :func:`metadata`
 for the DICOM attributes that change.
 """
 
@@ -67,6 +68,7 @@ def before_tubes(
     scene: Scene, painter: AnatomyPainter, hu: np.ndarray, lung: np.ndarray, bone: np.ndarray, body: np.ndarray
 ) -> None:
     """Emphysema, abdomen, heart chambers (with contrast), arms and table, painted over the analytic anatomy."""
+    scene.spinal_canal = painter.canal2
     paint_emphysema(scene, hu, lung)
     paint_abdomen(scene, painter, hu)
     scene.add_mask("contrast_blood", np.zeros(scene.grid.shape, dtype=bool))
@@ -132,6 +134,9 @@ def finish(
 ) -> dict[str, np.ndarray]:
     """The confounder masks (canonical, :data:`CONFOUNDER_MASK_NAMES`) and the rest of ``scene.truth``."""
     g = scene.grid
+    if scene.spinal_canal is not None:
+        # the vertebral arch's bars cross the canal in the painter's bone map, but the canal is painted CSF
+        masks["bone"] &= ~scene.spinal_canal[None]
     lungs = masks["lung_left"] | masks["lung_right"]
     out = {name: scene.masks.get(name, np.zeros(g.shape, dtype=bool)) for name in CONFOUNDER_MASK_NAMES}
     nodule = labels > 0

@@ -49,7 +49,7 @@ training. :func:`realistic_confounders` draws a realistic mix for training.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ..errors import PhantomError
@@ -165,7 +165,8 @@ class Scenario:
 
 
 SCENARIO_SEEDS = range(5000, 5100)
-"""Seeds of the evaluation scenarios (held out: never train on them)."""
+"""Seeds of the evaluation scenarios (held out: never train on them); :func:`scenarios_at` moves them
+to another block (``scenarios_at(2000)``: seeds 7000..7031, also never to be trained on)."""
 
 _TYPICAL = dict(table="curved", arms="raised", bowel_gas=True)
 _SCENARIO_LIST: list[tuple[str, str, str, dict[str, Any]]] = [
@@ -291,6 +292,20 @@ Each is a typical diagnostic chest CT (curved table, arms raised, stomach gas,
 full coverage) changed by its own options; ``generate_phantom(s.seed,
 confounders=s.confounders, patient_position=s.patient_position)`` makes it.
 """
+
+
+def scenarios_at(seed_offset: int = 0) -> dict[str, Scenario]:
+    """:data:`CONFOUNDER_SCENARIOS` with every seed moved by ``seed_offset`` (same confounders and positions).
+
+    ``scenarios_at(2000)`` makes the same 32 scenarios as new cases (seeds 7000..7031): the anatomy,
+    framing and every random draw change, the confounders do not. Raises
+    :class:`~pipeline.errors.PhantomError` for an offset that is not a whole number.
+    """
+    if not isinstance(seed_offset, int) or isinstance(seed_offset, bool):
+        raise PhantomError(
+            f"seed_offset must be an integer, got {seed_offset!r}", where="scenarios_at(seed_offset=...)", fix="pass e.g. 2000"
+        )
+    return {name: replace(s, seed=s.seed + seed_offset) for name, s in CONFOUNDER_SCENARIOS.items()}
 
 
 def realistic_confounders(seed: int) -> Confounders:

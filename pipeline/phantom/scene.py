@@ -30,6 +30,7 @@ class Scene:
     masks: dict[str, np.ndarray] = field(default_factory=dict)
     truth: dict[str, Any] = field(default_factory=dict)
     blood: dict[str, float] = field(default_factory=dict)  # HU of blood pools by name (contrast phase)
+    spinal_canal: np.ndarray | None = None  # 2-D (y, x) map of the spinal canal (painted CSF, never bone)
 
     @property
     def x(self) -> np.ndarray:

@@ -39,6 +39,7 @@ DEFAULT_AIR_HU = AIR_HU  # the air level when no outside air can be measured
 MIN_REGION_ML = 0.02  # air components smaller than this (mL) are not regions (a neonate's trachea is larger)
 # outside-air HU counted for the air level: calibrated air, not foam pads (denser) or padding beyond the scan circle
 AIR_RANGE_HU = (AIR_HU - 15.0, AIR_HU + 35.0)
+PARENCHYMA_MARGIN_HU = 50.0  # lung interior is at least this much denser than air (gas: 0..45 HU)
 
 
 @dataclass
@@ -78,6 +79,13 @@ class AirRegions:
 
     def ml(self, label: int) -> float:
         return float(self.size[label]) * self.voxel_ml
+
+    def parenchyma(self) -> np.ndarray:
+        """Per region (bool, index 0 False): internal air whose interior is at least
+        :data:`PARENCHYMA_MARGIN_HU` denser than the scan's air (lung, not pure gas)."""
+        out = self.internal & (self.interior_hu > self.air_level_hu + PARENCHYMA_MARGIN_HU)
+        out[0] = False
+        return out
 
 
 def enclosure(body: np.ndarray, slice_axis: int) -> np.ndarray:

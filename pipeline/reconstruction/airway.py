@@ -6,9 +6,13 @@ blob whose area is within :data:`SEED_AREA` of the body's squared width (40–1,
 level and the lung parenchyma), continues downwards as a tube of similar cross-section for at
 least :data:`TUBE_LENGTH` of the body's width (24 mm in an adult), and lies near the body's
 LPS x mid-line (unless the field of view cuts the body at that level, where the mid-line is
-unknown). Bowel gas fails these tests
-(stomach: too wide; colon: not a vertical tube near the mid-line), so a scan without a trachea
-(an abdomen scan with the lung bases, a small field of view below the carina) has no seed:
+unknown). A trachea also leads somewhere: its air region either holds lung parenchyma (the
+bronchi join the lungs) or reaches the scan's most superior slice (towards the larynx; within
+:data:`TOP_MARGIN_MM`);
+a closed pocket of pure gas does neither. Bowel gas fails these tests
+(stomach: too wide, or a closed pocket of gas under the diaphragm; colon: not a vertical tube
+near the mid-line), so a scan without a trachea (an abdomen scan with the lung bases, a small
+field of view below the carina) has no seed:
 :func:`grow_airway` then returns None, which the caller records as "airway not in scan".
 
 The airway is the connected region of voxels darker than a threshold half-way between the
@@ -44,6 +48,7 @@ MIDLINE_FRACTION = 0.2  # seed within this share of the body's width from its x 
 SEARCH_FRACTION = 0.45  # search the top share of the slices that hold internal air
 LEVEL_STEP_HU = 25.0  # growth thresholds tried, from lung_hu down in this step
 LOWEST_LEVEL_HU = AIR_HU + LEVEL_STEP_HU  # the lowest growth threshold: just above the lumen's air
+TOP_MARGIN_MM = 5.0  # a trachea's air region reaches this close to the scan's top (mm), unless it holds lung
 
 
 @dataclass
@@ -122,6 +127,7 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
     area_lo = max(SEED_AREA[0] * width**2, MIN_SEED_PIXELS * pixel_mm2)
     area_hi = SEED_AREA[1] * width**2
     tube_mm = TUBE_LENGTH * width
+    leads_on = _leads_on(regions, geometry)
     span = max(1, int(np.ceil(SEARCH_FRACTION * len(order))))
     for n, s in enumerate(order[:span]):
         plane = _plane(air, axis, s)
@@ -135,7 +141,8 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
         area = np.bincount(labels.ravel(), minlength=count + 1)[1:] * pixel_mm2
         darkest = np.asarray(ndimage.minimum(hu_p, labels, idx))
         cx = np.asarray(ndimage.mean(xs, labels, idx))
-        ok = (area >= area_lo) & (area <= area_hi) & (darkest < dark) & _round(labels, count)
+        region = np.asarray(ndimage.maximum(_plane(regions.labels, axis, s), labels, idx)).astype(np.int64)
+        ok = (area >= area_lo) & (area <= area_hi) & (darkest < dark) & _round(labels, count) & leads_on[region]
         if not ok.any():
             continue
         if body_p.any() and not _touches_x_edges(body_p, xs, 0.5 * max(sp)):
@@ -156,6 +163,15 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
                 seed[tuple(sl)] = blob
                 return seed
     return None
+
+
+def _leads_on(regions: AirRegions, geometry: Geometry) -> np.ndarray:
+    """Per air region (bool): one a trachea can lie in: it holds lung parenchyma or reaches the most superior
+    slice (within :data:`TOP_MARGIN_MM`)."""
+    top = float(geometry.bounds_lps()[1][2]) - max(TOP_MARGIN_MM, 0.5 * float(geometry.spacing_lps()[2]))
+    out = regions.parenchyma() | (regions.z_hi >= top)
+    out[0] = False
+    return out
 
 
 def _round(labels: np.ndarray, count: int) -> np.ndarray:

@@ -10,18 +10,25 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
    ``2 * POOL_MM``, cortex and its small gaps excluded) are taken slice by slice (so that
    blood and bone never merge through a disc or a partial-volume bridge) and tested one by
    one (each grown in-plane up to a rim brighter than ``SEED_HU - RIM_DELTA``): a heart
-   chamber, the aorta or a pulmonary artery is smooth inside (HU spread below
-   ``TEXTURE_RATIO`` times the image noise) and hardly rimmed by cortex or by anything
+   chamber, the aorta or a pulmonary artery is smooth inside (HU spread, away from its
+   partial-volume edge, below ``TEXTURE_RATIO`` times the image noise) and hardly rimmed by cortex or by anything
    ``RIM_DELTA`` brighter than its inside (share of its in-plane rim below ``RIM_MIN``); a
    vertebral body or the sternum is textured (trabecular bone) or rimmed by cortex. Pools
    (and their partial-volume rim where they touch bone) are excluded from everything below;
    textured or rimmed regions are bone.
 3. **Bone**: the seeds, grown one voxel into voxels above ``bone_hu``, the thick bone regions,
    marrow enclosed by them in a slice (holes up to ``MARROW_MAX_MM2`` whose mean HU is above
-   ``MARROW_HU``: not the spinal canal), then grown up to ``GROW_MM`` into voxels above
-   ``LOW_HU`` that are not blood pools (trabecular bone behind a thin cortex). The outer
-   layer is then kept only where it passes ``bone_hu`` (partial volume), and components
-   smaller than ``min_bone_ml`` dropped.
+   ``MARROW_HU``, or fatty marrow of any HU away from the body's x mid-line: a long bone's
+   medullary cavity, not the spinal canal), then grown up to ``GROW_MM`` into voxels above
+   ``LOW_HU`` that are not blood pools (trabecular bone behind a thin cortex). Holes left in a
+   slice are filled again (noise specks up to ``SPECK_MM2`` whatever their HU, and marrow as
+   before); the outer layer is then kept only where it passes ``bone_hu`` (partial volume),
+   metal (above ``METAL_HU``, with its one-voxel partial-volume rim) is taken out, and
+   components smaller than ``min_bone_ml`` dropped.
+
+A noisy image (a sharp reconstruction kernel: the image noise measured in soft tissue above
+``NOISY_HU``) is segmented on its in-plane 3x3 mean, as a radiologist reads bone on a
+soft-tissue reconstruction; the cortex seeds still come from the full-resolution voxels.
 
 Masks are boolean ``[k, j, i]`` arrays on the grid's geometry (LPS mm).
 """
@@ -47,9 +54,14 @@ POOL_MM = 2.0  # a blood pool is wider than twice this in-plane (mm)
 RIM_MIN = 0.45  # share of an in-plane rim on cortex above which a thick region is bone
 RIM_DELTA = 100.0  # a rim voxel this much brighter (HU) than the region's inside is cortex too
 TEXTURE_RATIO = 2.0  # local HU spread (x image noise) above which a thick region is bone
+DEEP_MIN_MM2 = 600.0  # area a region needs two voxels inside its edge for its texture to be measured there (a heart chamber)
 GROW_MM = 8.0  # trabecular bone reaches this far from cortex or a bone region (mm)
 MARROW_HU = 100.0  # mean HU of marrow enclosed by bone (the spinal canal is below)
 MARROW_MAX_MM2 = 3000.0  # largest enclosed marrow area per slice (mm²): not the chest cavity
+CANAL_FRACTION = 0.2  # the spinal canal lies within this share of the body's x extent of its mid-line
+SPECK_MM2 = 12.0  # holes in a slice of bone up to this area (mm²) are noise, filled whatever their HU
+NOISY_HU = 45.0  # image noise (HU, soft tissue) above which bone is segmented on the in-plane mean
+METAL_HU = 2500.0  # metal (not bone) is above this (HU); cortical bone stays below
 
 
 def _sum3(t: torch.Tensor, dims: tuple[int, ...], *, zero_edges: bool = False) -> torch.Tensor:
@@ -160,8 +172,17 @@ def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid
     noise = float(torch.quantile(values, 0.25)) if values.numel() else 20.0
     in_core = torch.where(core_b, labels, torch.zeros_like(labels)).ravel()
     size = torch.bincount(in_core, minlength=n + 1).clamp(min=1)
-    texture = torch.bincount(in_core, weights=spread.ravel(), minlength=n + 1) / size
     level = torch.bincount(in_core, weights=hu_b.ravel(), minlength=n + 1) / size
+    # texture away from the region's partial-volume edge (whose 3x3 spread is the edge's contrast, not texture)
+    deep = morph.erode(core_b, one) & core_b
+    in_deep = torch.where(deep, labels, torch.zeros_like(labels)).ravel()
+    deep_n = torch.bincount(in_deep, minlength=n + 1)
+    pixel_mm2 = float(np.prod([grid.geometry.spacing[2 - d] for d in inplane]))
+    texture = torch.where(
+        deep_n * pixel_mm2 >= DEEP_MIN_MM2,
+        torch.bincount(in_deep, weights=spread.ravel(), minlength=n + 1) / deep_n.clamp(min=1),
+        torch.bincount(in_core, weights=spread.ravel(), minlength=n + 1) / size,
+    )
     # the rim: in-plane neighbours outside the region; cortex, or brighter than the region's inside
     ring = _ring_labels(labels, region, inplane)
     on_ring = ring > 0
@@ -183,8 +204,57 @@ def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid
     return pool, bone
 
 
-def _fill_marrow(mask: np.ndarray, hu: np.ndarray, slice_axis: int, pixel_mm2: float) -> np.ndarray:
-    """Fill per-slice holes of ``mask`` that look like marrow (mean HU, area; see the module docstring)."""
+def in_plane_mean(hu: torch.Tensor, slice_axis: int) -> torch.Tensor:
+    """The 3x3 in-plane mean of ``hu`` (edges replicated); ``slice_axis`` is the array axis across the slices."""
+    return _sum3(hu, tuple(d for d in range(3) if d != slice_axis)) / 9.0
+
+
+def image_noise(hu: torch.Tensor, body: torch.Tensor, slice_axis: int) -> float:
+    """Image noise (HU): the lower quartile of the in-plane 3x3 standard deviation in soft tissue of ``body``."""
+    inplane = tuple(d for d in range(3) if d != slice_axis)
+    mean = _sum3(hu, inplane) / 9.0
+    spread = (_sum3(hu * hu, inplane) / 9.0 - mean * mean).clamp(min=0).sqrt()
+    values = spread[body & (mean > -100) & (mean < 100)]
+    values = values[:: max(1, values.numel() // 500_000)]
+    return float(torch.quantile(values, 0.25)) if values.numel() else 20.0
+
+
+def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -> np.ndarray:
+    """Per slice ``(n, 2)``: the body's median LPS x and half its x extent (mm).
+
+    NaN where the slice holds no body or the body reaches the image's x edges (within ``tol_mm``):
+    there the mid-line is unknown. ``x`` is the LPS x (mm) of every voxel, shaped like ``body``.
+    """
+    n = body.shape[slice_axis]
+    out = np.full((n, 2), np.nan)
+    lo, hi = float(x.min()), float(x.max())
+    for k in range(n):
+        b = np.take(body, k, axis=slice_axis)
+        if not b.any():
+            continue
+        bx = np.take(x, k, axis=slice_axis)[b]
+        if bx.min() <= lo + tol_mm or bx.max() >= hi - tol_mm:
+            continue
+        out[k] = float(np.median(bx)), 0.5 * float(bx.max() - bx.min())
+    return out
+
+
+def _fill_marrow(
+    mask: np.ndarray,
+    hu: np.ndarray,
+    slice_axis: int,
+    pixel_mm2: float,
+    *,
+    midline: np.ndarray | None = None,
+    x: np.ndarray | None = None,
+    speck_mm2: float = 0.0,
+) -> np.ndarray:
+    """Fill per-slice holes of ``mask`` that are marrow or noise (mean HU, area, position; see the module docstring).
+
+    With ``midline`` (per slice of ``mask``: :func:`midline_x`) and ``x`` (LPS x of every voxel,
+    mm, shaped like ``mask``), a hole of any HU more than :data:`CANAL_FRACTION` of the body's x
+    extent from its mid-line is marrow too (where the mid-line is known).
+    """
     structure = morph.in_plane_cross(slice_axis)
     labels, n = ndimage.label(~mask, structure=structure)
     if n == 0:
@@ -197,9 +267,25 @@ def _fill_marrow(mask: np.ndarray, hu: np.ndarray, slice_axis: int, pixel_mm2: f
             face: list[slice | int] = [slice(None)] * 3
             face[ax] = end
             outside[np.unique(labels[tuple(face)])] = True
-    size = np.bincount(labels.ravel(), minlength=n + 1)
-    mean = np.bincount(labels.ravel(), weights=hu.ravel(), minlength=n + 1) / np.maximum(size, 1)
-    fill = ~outside & (size * pixel_mm2 <= MARROW_MAX_MM2) & (mean >= MARROW_HU)
+    flat = labels.ravel()
+    size = np.bincount(flat, minlength=n + 1)
+    mean = np.bincount(flat, weights=hu.ravel(), minlength=n + 1) / np.maximum(size, 1)
+    area = size * pixel_mm2
+    fill = ~outside & (area <= MARROW_MAX_MM2) & (mean >= MARROW_HU)
+    fill |= ~outside & (area <= speck_mm2)
+    if midline is not None and x is not None:
+        xb = np.broadcast_to(x, mask.shape)
+        mid = midline
+        k = np.broadcast_to(
+            np.arange(mask.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)]), mask.shape
+        ).ravel()
+        cx = np.bincount(flat, weights=xb.ravel(), minlength=n + 1) / np.maximum(size, 1)
+        ks = np.zeros(n + 1, dtype=np.int64)
+        ks[flat] = k
+        centre, half = mid[ks, 0], mid[ks, 1]
+        with np.errstate(invalid="ignore"):
+            lateral = np.abs(cx - centre) > CANAL_FRACTION * 2.0 * half
+        fill |= ~outside & (area <= MARROW_MAX_MM2) & lateral
     fill[0] = False
     return mask | fill[labels]
 
@@ -213,23 +299,38 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     sa = grid.geometry.array_axis(2)
     out = np.zeros(tuple(grid.hu.shape), dtype=bool)
     cortex_all = cortex_seeds(full_hu, grid.factors) & body
-    box = bbox((((grid.hu > LOW_HU) & body) | cortex_all).cpu().numpy(), 2)
+    hu_all = grid.hu
+    noise = image_noise(hu_all, body, sa)
+    if noise > NOISY_HU:
+        log.debug("bone: image noise %.0f HU, segmented on the in-plane mean", noise)
+        hu_all = in_plane_mean(hu_all, sa)
+    box = bbox((((hu_all > LOW_HU) & body) | cortex_all).cpu().numpy(), 2)
     if box is None:
         return out
-    hu, body_b, cortex = grid.hu[box], body[box], cortex_all[box]
+    hu, body_b, cortex = hu_all[box], body[box], cortex_all[box]
     pool, regions = blood_pools(hu, body_b, cortex, grid)
     above = (hu > p.bone_hu) & body_b & ~pool
     shell = geodesic(cortex, above | cortex, 1)
     closed = morph.closing(shell | regions, (1, 1, 1)) & body_b
     spacing = grid.geometry.spacing  # (i, j, k)
     pixel_mm2 = float(np.prod([spacing[2 - a] for a in range(3) if a != sa]))
-    filled = _fill_marrow(closed.cpu().numpy(), hu.cpu().numpy(), sa, pixel_mm2)
+    hu_np = hu.cpu().numpy()
+    x_all = np.broadcast_to(grid.geometry.lps_coordinate(0), tuple(grid.hu.shape))
+    mid = midline_x(body.cpu().numpy(), x_all, sa, 0.5 * max(spacing))[box[sa]]
+    x = x_all[box]
+    filled = _fill_marrow(closed.cpu().numpy(), hu_np, sa, pixel_mm2, midline=mid, x=x)
     bone = shell | regions | (morph.to_tensor(filled, hu.device) & ~closed)
     low = (hu > LOW_HU) & body_b & ~pool
     steps = max(1, int(round(GROW_MM / min(spacing))))
     bone = geodesic(bone, low | bone, steps)
+    bone_np = _fill_marrow(bone.cpu().numpy(), hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)
+    bone = morph.to_tensor(bone_np, hu.device) & body_b
     outer = bone & ~morph.erode(bone, (1, 1, 1)) & ~(hu > p.bone_hu) & ~cortex
     bone &= ~outer
+    metal = full_hu > METAL_HU
+    if bool(metal.any()):
+        metal_c = _pool_count(metal, grid.factors)[box] > 0
+        bone &= ~morph.dilate(metal_c, tuple(0 if d == sa else 1 for d in range(3)))
     b = bone.cpu().numpy()
     labels, sizes = morph.label(b)
     keep = np.nonzero(sizes * grid.voxel_ml >= p.min_bone_ml)[0]

@@ -50,7 +50,7 @@ from .organs import SegmentParams
 
 log = logging.getLogger(__name__)
 
-PARENCHYMA_MARGIN_HU = 50.0  # lung interior is at least this much denser than air (gas: 0..45 HU)
+PARENCHYMA_MARGIN_HU = air_mod.PARENCHYMA_MARGIN_HU  # lung interior is at least this much denser than air
 MAIN_FRACTION = 0.1  # lung regions of this share of the largest one are main lungs
 REACH_MM = 4.0  # smaller lung pieces must lie this close to a main lung
 PAIR_MIN_DX = 0.12  # two regions this far apart in x (share of the body's width) are a left and a right lung
@@ -92,7 +92,7 @@ def lung_regions(regions: AirRegions, airway: np.ndarray | None, grid: Grid, p: 
     """
     r = regions
     min_vox = p.min_lung_ml / r.voxel_ml
-    lung_like = r.internal & (r.interior_hu > r.air_level_hu + PARENCHYMA_MARGIN_HU)
+    lung_like = r.parenchyma()
     if airway is not None and airway.any():
         dev = grid.hu.device
         near = morph.dilate(morph.to_tensor(airway, dev), (1, 1, 1)).cpu().numpy()

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..cache import CaseCache
-from .recon_stages import detect_skip_reason
+from .recon_stages import detect_skip_reason, load_lung_mask
 from .stage import CaseContext, Stage, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -80,20 +80,24 @@ class _Loading:
         self.loader = make_loader(CaseCache(worker.cache_dir), self.det.spec, loader=cfg.loader.backend, device=worker.device)
 
     def __call__(self, ctx: CaseContext) -> dict[str, Any]:
-        """``{"case": LoadedCase | None, "region": LungRegion | None, "reason": str | None, "timings": {s}}``."""
+        """``{"case": LoadedCase | None, "region": LungRegion | None, "lungs": LungRegion | None, "reason": str | None,
+        "timings": {s}}``: ``region`` restricts findings (``detector.lung_restriction``), ``lungs`` is the region the
+        crop used (the case's lung mask, kept by the reconstruction or lungs stage, else the detector's quick mask)."""
         case_id = ctx.case.case_id
         timings: dict[str, float] = {}
         region = roi = None
         if self.crop:
             t0 = time.perf_counter()
             volume = CaseCache(ctx.cache_dir).read(case_id, mmap=True)  # the mask reads a coarse subsample only
-            region, roi = self.det.lung_roi(volume, margin_mm=self.margin_mm)
+            # the case's lung mask (segmented once, before detection) when there is one; else the detector's quick one
+            case_mask = load_lung_mask(ctx.cache_dir, case_id, volume.shape)
+            region, roi = self.det.lung_roi(volume, lung_mask=case_mask, margin_mm=self.margin_mm)
             timings["lung_mask"] = time.perf_counter() - t0
             if roi is None:
                 reason = "no lung voxels found in the series (empty lung mask); nothing to search"
                 if ctx.config.detector.lung_restriction:
                     log.warning("case %s: %s", case_id, reason)
-                    return {"case": None, "region": region, "reason": reason, "timings": timings}
+                    return {"case": None, "region": region, "lungs": region, "reason": reason, "timings": timings}
                 log.warning("case %s: %s; loading the whole volume", case_id, reason)
                 region = None
         t0 = time.perf_counter()
@@ -101,7 +105,7 @@ class _Loading:
         loaded.unwrap()  # a case the loader refused raises its CacheError/LoaderError (naming the case) here
         timings["load"] = time.perf_counter() - t0
         keep_region = region if ctx.config.detector.lung_restriction else None
-        return {"case": loaded, "region": keep_region, "reason": None, "timings": timings}
+        return {"case": loaded, "region": keep_region, "lungs": region, "reason": None, "timings": timings}
 
 
 class LoadStage(Stage):
@@ -178,7 +182,8 @@ class DetectStage(Stage):
             res = self._det.detect_loaded(
                 item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid, metadata=metadata
             )
-            res = self._det.postprocess(cache.read(case_id, mmap=True), res, region=item["region"])
+            # small-blob candidates are searched in the lungs the crop used (the case's lung mask when it has one)
+            res = self._det.postprocess(cache.read(case_id, mmap=True), res, region=item.get("lungs"))
             res = self._det.apply_operating_point(res)
         data = res.to_json()
         timings = data.pop("timings_ms", {})

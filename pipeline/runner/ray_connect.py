@@ -142,6 +142,9 @@ def connect(address: str | None, *, timeout_s: float, init_options: dict[str, An
     }
     if target is None:
         options.setdefault("include_dashboard", False)
+    if target is None or target.rsplit(":", 1)[0] in ("127.0.0.1", "localhost"):
+        # a private instance, or a head on the loopback interface: this process's node is on it too
+        options.setdefault("_node_ip_address", "127.0.0.1")
     outcome: dict[str, BaseException | None] = {}
 
     def init() -> None:

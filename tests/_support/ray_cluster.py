@@ -23,9 +23,20 @@ OBJECT_STORE_BYTES = 80 * 2**20
 _TOKEN = os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(16)
 
 
+SINGLE_MACHINE = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
 def ray_environment() -> dict[str, str]:
-    """The environment every Ray process of a test cluster and its driver need (token authentication on)."""
-    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": _TOKEN}
+    """The environment every Ray process of a test cluster and its driver need (token authentication on).
+
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is Ray's single-machine mode: every node takes the loopback
+    address as its own, so no Ray service listens on, or is reached through, another interface. Ray reads it
+    when first imported, so tests/conftest.py sets it for the whole pytest process.
+    """
+    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": _TOKEN, **SINGLE_MACHINE}
+
+
+LOOPBACK = "127.0.0.1"  # every node of a test cluster listens on the loopback interface only
 
 
 class LocalCluster:
@@ -56,6 +67,7 @@ class LocalCluster:
             initialize_head=True,
             head_node_args={
                 "num_cpus": self.head_cpus,
+                "node_ip_address": LOOPBACK,
                 "include_dashboard": False,
                 "object_store_memory": self.object_store_bytes,
             },
@@ -72,7 +84,7 @@ class LocalCluster:
         return str(self.cluster.address)
 
     def add_node(self, **spec: Any) -> Any:
-        node = self.cluster.add_node(object_store_memory=self.object_store_bytes, **spec)
+        node = self.cluster.add_node(object_store_memory=self.object_store_bytes, node_ip_address=LOOPBACK, **spec)
         self._remember()
         return node
 

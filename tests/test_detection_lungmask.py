@@ -1,0 +1,85 @@
+"""One lung mask per case: detection crops and restricts with the case's lung mask when it has one.
+
+The detector's quick threshold mask is only the fallback for a bare volume. The synthetic chest
+below has two air-filled "lungs" (right: small i, left: large i); the case mask names only the
+right one, so a crop that used the quick mask would reach the left lung.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.volume import CTVolume, Geometry
+
+
+def _chest() -> tuple[CTVolume, np.ndarray]:
+    """A 40 x 64 x 64 volume (2.5 x 2 x 2 mm): soft-tissue body, two air lungs; the right lung's mask."""
+    hu = np.full((40, 64, 64), -1000.0, np.float32)
+    hu[2:38, 8:56, 4:60] = 40.0  # body
+    hu[6:34, 16:48, 8:28] = -850.0  # right lung (patient's right: small x, small i)
+    hu[6:34, 16:48, 36:56] = -850.0  # left lung
+    right = np.zeros(hu.shape, bool)
+    right[6:34, 16:48, 8:28] = True
+    geom = Geometry(hu.shape, (2.0, 2.0, 2.5), (-64.0, -64.0, -50.0))
+    return CTVolume(hu, geom), right
+
+
+@pytest.fixture(scope="module")
+def detector():
+    from pipeline.detection import Detector
+
+    return Detector(device="cpu")
+
+
+def test_lung_roi_uses_the_case_mask_and_falls_back_to_the_quick_mask(detector):
+    vol, right = _chest()
+    region, roi = detector.lung_roi(vol, lung_mask=right, margin_mm=0.0)
+    assert roi is not None
+    lo_i, hi_i = roi.lo[0], roi.hi[0]
+    assert lo_i <= 8 and 24 <= hi_i < 36, (lo_i, hi_i)  # the right lung only, never the left one (i >= 36)
+    quick, roi_quick = detector.lung_roi(vol, margin_mm=0.0)  # bare volume: the quick threshold mask finds both lungs
+    assert roi_quick is not None and roi_quick.hi[0] >= 52
+    assert int(region.mask.sum()) < int(quick.mask.sum())
+
+
+def test_runner_load_crops_to_the_saved_case_lung_mask(tmp_path, detector):
+    from pipeline.cache import CaseCache
+    from pipeline.config import load_config
+    from pipeline.runner.model_stages import _Loading
+    from pipeline.runner.recon_stages import save_lung_mask
+    from pipeline.runner.stage import CaseContext, CaseSpec, WorkerInfo
+
+    vol, right = _chest()
+    cfg = load_config(overrides={"detector.lung_restriction": True}, environ={})
+    worker = WorkerInfo(name="w0", device="cpu", config=cfg, run_dir=tmp_path)
+    spec = CaseSpec(case_id="c1", case_key="1.2.3:abc", series_uid="1.2.3", fingerprint="abc", source=str(tmp_path))
+    ctx = CaseContext(case=spec, attempt=0, workdir=tmp_path / "work", worker=worker)
+    CaseCache(worker.cache_dir).write("c1", vol)
+
+    quick = _Loading(worker)(ctx)  # no case mask kept: the quick mask, both lungs
+    save_lung_mask(worker.cache_dir, "c1", right)
+    item = _Loading(worker)(ctx)
+    assert item["region"] is item["lungs"]  # lung restriction on: findings are restricted to the case's lungs
+    assert int(item["lungs"].mask.sum()) < int(quick["lungs"].mask.sum())
+    # the model input is cropped to the right lung's box: narrower along L than the quick mask's
+    assert item["case"].unwrap().shape[1] < quick["case"].unwrap().shape[1]
+
+
+def test_quick_mask_keeps_a_lung_cut_by_a_small_field_of_view_and_drops_a_table_foam_core():
+    from pipeline.detection.lungs import quick_lung_mask
+
+    rng = np.random.default_rng(0)
+    hu = np.full((40, 64, 64), 40.0, np.float32)  # small field of view: the body fills the image
+    hu[:, :4, :] = -1000.0  # air in front of the patient, across the whole width
+    hu[6:34, 16:48, 0:24] = -850.0  # right lung, cut by the image's left edge
+    hu[6:34, 16:48, 36:56] = -850.0  # left lung, inside the body
+    hu[:, 56:60, :] = -880.0  # a table's foam core below the patient, from side to side
+    hu += rng.normal(0.0, 15.0, hu.shape).astype(np.float32)
+    vol = CTVolume(hu, Geometry(hu.shape, (2.0, 2.0, 2.5), (-64.0, -64.0, -50.0)))
+    region = quick_lung_mask(vol, step_mm=4.0)
+    assert region.stride == (2, 2, 2)
+    full = np.kron(region.mask, np.ones((2, 2, 2), bool))[:40, :64, :64]  # back on the source grid
+    assert full[20, 30, 5] and full[20, 30, 45]  # both lungs, the cut one too
+    assert not full[:, 56:60, :].any()  # never the table's foam core
+    assert not full[:, :4, :].any()  # nor the air around the patient
