@@ -232,3 +232,25 @@ def test_detector_runs_the_fp_reduction_stage_unless_postprocessing_is_off() -> 
     top = a.findings[: len(ph.nodules)]
     hits = [any(np.linalg.norm(np.subtract(f.center_lps, n.center_lps)) <= n.diameter_mm / 2 for n in ph.nodules) for f in top]
     assert sum(hits) >= len(ph.nodules) - 1
+
+
+def test_a_kept_blob_inside_a_merged_network_box_takes_the_box_size():
+    from pipeline.detection.findings import Finding
+    from pipeline.detection.fp_reduction import _sized
+
+    def finding(c, d):
+        c = np.asarray(c, dtype=float)
+        return Finding(tuple(c), tuple(c - d / 2), tuple(c + d / 2), d, 0.0, (0, 0, 0), 1)
+
+    # a part-solid nodule: the network's 18 mm box, its 6.5 mm solid core found as a blob 2 mm off centre,
+    # and a far 5 mm blob that no box covers
+    items = [finding((10, 20, 30), 18.0), finding((12, 20, 30), 6.5), finding((60, 20, 30), 5.0)]
+    det = np.array([0.9, -1.0, -1.0])
+    scores = np.array([0.97, 0.99, 0.4])
+    out = _sized(items, det, scores, np.array([1, 2]))  # the core outscored the box, which was merged into it
+    assert [f.score for f in out] == [0.99, 0.4]
+    assert out[0].center_lps == (12.0, 20.0, 30.0) and out[0].diameter_mm == 18.0  # the core's centre, the box's size
+    assert out[0].box_min_lps == (3.0, 11.0, 21.0) and out[0].box_max_lps == (21.0, 29.0, 39.0)
+    assert out[1].diameter_mm == 5.0  # no box around it: the blob's own size
+    # a network box that was kept itself lends its size to nothing
+    assert _sized(items, det, scores, np.array([0, 1]))[1].diameter_mm == 6.5

@@ -330,4 +330,26 @@ def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPRedu
         centers, np.array([f.diameter_mm for f in items]), scores, radius_factor=reducer.config.duplicate_radius_factor
     )
     log.debug("false-positive reduction: %d candidates (%d blobs), %d kept", len(items), int((det < 0).sum()), len(keep))
-    return findings.with_candidates([replace(items[n], score=float(scores[n])) for n in keep])
+    return findings.with_candidates(_sized(items, det, scores, keep))
+
+
+def _sized(items: list[Finding], det: np.ndarray, scores: np.ndarray, keep: np.ndarray) -> list[Finding]:
+    """The kept candidates with their combined scores. A kept blob whose centre lies inside a network box that
+    was merged into it takes that box's extents (re-centred on the blob, LPS mm) and diameter: the blob
+    measures only the solid core of a part-solid nodule, the network's box the whole nodule."""
+    merged = np.setdiff1d(np.flatnonzero(det >= 0), keep)  # network boxes dropped as duplicates
+    lo = np.array([items[m].box_min_lps for m in merged]).reshape(-1, 3)
+    hi = np.array([items[m].box_max_lps for m in merged]).reshape(-1, 3)
+    size = np.array([items[m].diameter_mm for m in merged])
+    out = []
+    for n in keep:
+        f = replace(items[n], score=float(scores[n]))
+        c = np.asarray(f.center_lps)
+        covers = np.all(lo <= c, axis=1) & np.all(c <= hi, axis=1) & (size > f.diameter_mm)
+        inside = np.flatnonzero(covers) if det[n] < 0 else np.zeros(0, dtype=int)
+        if len(inside):
+            k = inside[int(np.argmax(scores[merged[inside]]))]
+            half = (hi[k] - lo[k]) / 2.0
+            f = replace(f, box_min_lps=float3(c - half), box_max_lps=float3(c + half), diameter_mm=float(size[k]))
+        out.append(f)
+    return out
