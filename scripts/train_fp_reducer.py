@@ -254,6 +254,27 @@ def validate(net: PatchClassifier, cases: list[dict], args: argparse.Namespace) 
     return results
 
 
+def _calibrated(found: dict[str, dict], truth: dict, stages: dict[str, str], seeds: list[int], *, fps_per_scan: float) -> dict:
+    """``{name: operating-point entry}`` for each set of findings in ``found`` (described by ``stages[name]``):
+    the lowest score with at most ``fps_per_scan`` false positives per scan on the validation phantoms ``seeds``."""
+    rule = f"lowest score with at most {fps_per_scan:g} false positive(s) per scan (LUNA16 counting)"
+    where = f"validation phantoms, seeds {seeds[0]}-{seeds[-1]} (scripts/train_detector.py training_phantom protocol)"
+    entries = {}
+    for name, found_all in found.items():
+        cal = calibrate(found_all, truth, fps_per_scan=fps_per_scan)
+        entries[name] = {"chosen_on": f"{where}, {stages[name]}: {rule}", **cal.to_json(), "seeds": [seeds[0], seeds[-1]]}
+        log.info(
+            "operating point (%s): score >= %.4f gives sensitivity %.3f at %.3f FPs/scan (%d scans, %d nodules)",
+            stages[name],
+            cal.score_threshold,
+            cal.sensitivity,
+            cal.measured_fps_per_scan,
+            cal.n_scans,
+            cal.n_nodules,
+        )
+    return entries
+
+
 def calibrate_operating_point(model_json: Path, seeds: list[int], *, fps_per_scan: float, out: Path, command: str) -> dict:
     """The ``operating_point`` entry for ``model_json``: validation phantoms ``seeds`` (as :func:`phantom_candidates`
     makes them) scored with the full two-stage pipeline and with the RetinaNet alone, every candidate kept; the lowest
@@ -286,24 +307,13 @@ def calibrate_operating_point(model_json: Path, seeds: list[int], *, fps_per_sca
             len(pipeline[sid]),
         )
     minutes = round((time.time() - t0) / 60, 1)
-    rule = f"lowest score with at most {fps_per_scan:g} false positive(s) per scan (LUNA16 counting)"
-    where = f"validation phantoms, seeds {seeds[0]}-{seeds[-1]} (scripts/train_detector.py training_phantom protocol)"
-    entries = {}
-    for name, found_all, stages in (
-        ("pipeline", pipeline, "RetinaNet + false-positive reduction"),
-        ("network", network, "RetinaNet alone (--raw)"),
-    ):
-        cal = calibrate(found_all, truth, fps_per_scan=fps_per_scan)
-        entries[name] = {"chosen_on": f"{where}, {stages}: {rule}", **cal.to_json(), "seeds": [seeds[0], seeds[-1]]}
-        log.info(
-            "operating point (%s): score >= %.4f gives sensitivity %.3f at %.3f FPs/scan (%d scans, %d nodules)",
-            stages,
-            cal.score_threshold,
-            cal.sensitivity,
-            cal.measured_fps_per_scan,
-            cal.n_scans,
-            cal.n_nodules,
-        )
+    entries = _calibrated(
+        {"pipeline": pipeline, "network": network},
+        truth,
+        {"pipeline": "RetinaNet + false-positive reduction", "network": "RetinaNet alone (--raw)"},
+        seeds,
+        fps_per_scan=fps_per_scan,
+    )
     return {
         **entries["pipeline"],
         "precision": post.precision,
@@ -332,24 +342,16 @@ def operating_point_from_cache(
         net_idx = np.flatnonzero(case["det"] >= 0)
         network[str(n)] = [(case["centers"][k], float(case["det"][k])) for k in net_idx]
         truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
-    rule = f"lowest score with at most {fps_per_scan:g} false positive(s) per scan (LUNA16 counting)"
-    where = f"validation phantoms, seeds {seeds[0]}-{seeds[-1]} (scripts/train_detector.py training_phantom protocol)"
-    entries = {}
-    for name, found_all, stages in (
-        ("pipeline", pipeline, "RetinaNet + false-positive reduction, candidates cached at training"),
-        ("network", network, "RetinaNet alone at its refined finding centres"),
-    ):
-        cal = calibrate(found_all, truth, fps_per_scan=fps_per_scan)
-        entries[name] = {"chosen_on": f"{where}, {stages}: {rule}", **cal.to_json(), "seeds": [seeds[0], seeds[-1]]}
-        log.info(
-            "operating point (%s): score >= %.4f gives sensitivity %.3f at %.3f FPs/scan (%d scans, %d nodules)",
-            stages,
-            cal.score_threshold,
-            cal.sensitivity,
-            cal.measured_fps_per_scan,
-            cal.n_scans,
-            cal.n_nodules,
-        )
+    entries = _calibrated(
+        {"pipeline": pipeline, "network": network},
+        truth,
+        {
+            "pipeline": "RetinaNet + false-positive reduction, candidates cached at training",
+            "network": "RetinaNet alone at its refined finding centres",
+        },
+        seeds,
+        fps_per_scan=fps_per_scan,
+    )
     return {
         **entries["pipeline"],
         "precision": "float32",

@@ -154,17 +154,8 @@ class RayExecutor:
         except self.ray.exceptions.RayTaskError as exc:  # raised past run_task (e.g. the task could not be unpickled)
             actor.held.popleft()
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-            return TaskResult(
-                task.case.case_key,
-                task.stage,
-                task.stage_index,
-                task.attempt,
-                False,
-                actor.name,
-                actor.device,
-                task.ready_at,
-                error_class=type(cause).__name__,
-                error=f"stage {task.stage} failed on Ray actor {actor.name}: {first_line(cause)}",
+            return _failed(
+                task, actor, type(cause).__name__, f"stage {task.stage} failed on Ray actor {actor.name}: {first_line(cause)}"
             )
         except self.ray.exceptions.RayError as exc:  # the actor (its process or its node) is gone
             return self._lost(actor, exc)
@@ -215,17 +206,11 @@ class RayExecutor:
             extra={"event": "worker_died", "case_id": task.case.case_id, "stage": task.stage},
         )
         where = "its node was lost" if node_lost else f"the case crashed it: {why}"
-        return TaskResult(
-            task.case.case_key,
-            task.stage,
-            task.stage_index,
-            task.attempt,
-            False,
-            actor.name,
-            actor.device,
-            task.ready_at,
-            error_class="WorkerDiedError",
-            error=f"Ray actor {actor.name} died while running stage {task.stage} ({where})",
+        return _failed(
+            task,
+            actor,
+            "WorkerDiedError",
+            f"Ray actor {actor.name} died while running stage {task.stage} ({where})",
             worker_died=True,
         )
 
@@ -235,3 +220,20 @@ def _clear_partial_files(workdir: Path) -> None:
     if workdir.is_dir():
         for tmp in workdir.rglob(".*.tmp"):
             tmp.unlink(missing_ok=True)
+
+
+def _failed(task: Task, actor: PoolActor, error_class: str, error: str, *, worker_died: bool = False) -> TaskResult:
+    """The failed result of ``task`` on ``actor``, as a worker would have reported it."""
+    return TaskResult(
+        task.case.case_key,
+        task.stage,
+        task.stage_index,
+        task.attempt,
+        False,
+        actor.name,
+        actor.device,
+        task.ready_at,
+        error_class=error_class,
+        error=error,
+        worker_died=worker_died,
+    )

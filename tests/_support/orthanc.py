@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from pipeline.runner.stage import Stage
+from tests._support.processes import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
@@ -142,15 +143,7 @@ class OrthancServer:
 
     def stop(self) -> None:
         """Terminate the Orthanc process started here (by its PID)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        terminate(self.proc)
         self.proc = None
 
     # -- REST ------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests._support.orthanc import HOST, free_port
+from tests._support.processes import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Prometheus answers at once but scrapes a target first 6-10 s after it starts.
@@ -131,13 +132,5 @@ class PrometheusServer:
 
     def stop(self) -> None:
         """Terminate the Prometheus process started here (by its PID)."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        terminate(self.proc)
         self.proc = None
