@@ -37,15 +37,32 @@ from pipeline.runner import open_run, run_batch  # noqa: E402
 MODEL_STAGES = ("load", "detect")  # the stages of the model worker (one per device)
 
 
-def make_cases(root: Path, n: int, matrix: int, slices: int) -> None:
+def make_cases(
+    root: Path,
+    n: int,
+    matrix: int,
+    slices: int,
+    *,
+    seed0: int = 500,
+    fov_mm: float = 300.0,
+    slice_spacing: float = 2.5,
+    n_nodules: int = 2,
+) -> None:
+    """``n`` phantom cases (DICOM + ground truth) in ``root``/caseNNN: seeds ``seed0``.., ``matrix`` pixels
+    over ``fov_mm`` (at most 2 mm each), ``slices`` slices ``slice_spacing`` mm apart, ``n_nodules`` each."""
     from pipeline.phantom import generate_phantom
     from pipeline.phantom.dicom_writer import write_phantom_case
 
-    for seed in range(n):
+    for k in range(n):
         ph = generate_phantom(
-            500 + seed, matrix=matrix, slices=slices, pixel_spacing=min(2.0, 300.0 / matrix), slice_spacing=2.5, n_nodules=2
+            seed0 + k,
+            matrix=matrix,
+            slices=slices,
+            pixel_spacing=min(2.0, fov_mm / matrix),
+            slice_spacing=slice_spacing,
+            n_nodules=n_nodules,
         )
-        write_phantom_case(ph, root / f"case{seed:03d}")
+        write_phantom_case(ph, root / f"case{k:03d}")
 
 
 def _spin(n: int) -> float:

@@ -44,18 +44,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_runner import make_cases  # noqa: E402  (scripts/, this script's folder, is on the path)
+
 from pipeline.atomic import atomic_write_bytes  # noqa: E402
-
-
-def make_cases(root: Path, n: int, matrix: int, slices: int) -> None:
-    from pipeline.phantom import generate_phantom
-    from pipeline.phantom.dicom_writer import write_phantom_case
-
-    for seed in range(n):
-        ph = generate_phantom(
-            700 + seed, matrix=matrix, slices=slices, pixel_spacing=min(2.0, 128.0 / matrix), slice_spacing=5.0, n_nodules=1
-        )
-        write_phantom_case(ph, root / f"case{seed:03d}")
 
 
 def steady_s_per_case(run_dir: Path) -> float:
@@ -179,7 +170,7 @@ def main() -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench_scale_"))
     src = work / "cases"
     if not src.exists():
-        make_cases(src, args.cases, args.matrix, args.slices)
+        make_cases(src, args.cases, args.matrix, args.slices, seed0=700, fov_mm=128.0, slice_spacing=5.0, n_nodules=1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the clusters on the way out
     opts: dict[str, Any] = {
         "reconstruct.renderings": False,
