@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,19 @@ class Dies(Stage):
         if ctx.case.case_id == self.victim:
             os._exit(9)
         return {"pid": os.getpid()}
+
+
+class Big(Stage):
+    """Returns ``size`` bytes for case ``big`` (more than a pipe holds, so the worker blocks while sending them)."""
+
+    name = "big"
+    group = "cpu"
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        return {"blob": b"x" * (self.size if ctx.case.case_id == "big" else 1), "pid": os.getpid()}
 
 
 class CannotStart(Stage):
@@ -261,6 +277,61 @@ def test_a_dead_worker_is_replaced_and_its_queued_task_handed_on(tmp_path, monke
         assert w.name == "model-cpu" and w.proc.pid != first and w.proc.is_alive() and not w.held
     finally:
         ex.close()
+
+
+def test_a_worker_killed_while_sending_its_result_does_not_block_the_others(tmp_path, monkeypatch):
+    # a worker killed (OOM killer, SIGKILL) half-way through writing a result must not hold any lock or
+    # channel the other workers need: every worker has its own result pipe
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    ex = ProcessExecutor(
+        [Big(8 << 20)],
+        config=CONFIG,
+        run_dir=tmp_path,
+        workers=2,
+        devices=["cpu"],
+        queue_depth=1,
+        start_method="fork",
+        torch_threads=0,
+    )
+    try:
+        ex.submit(_task(tmp_path, "big", "big"))
+        victim = next(w for w in ex.workers if w.held)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not _blocked_in_write(victim.proc.pid):
+            time.sleep(0.05)
+        assert _blocked_in_write(victim.proc.pid), "the worker never started sending its 8 MiB result"
+        os.kill(victim.proc.pid, 9)
+        victim.proc.join(10)
+        ex.submit(_task(tmp_path, "big", "small"))
+        with _fails_after(30):  # a half-written message on a shared channel would block this read for ever
+            results = {r.case_key: r for r in _poll_until(ex, 2)}
+        assert results["small:fp"].ok and results["small:fp"].outputs["blob"] == b"x"
+        assert results["big:fp"].worker_died and results["big:fp"].error_class == "WorkerDiedError"
+        assert len(ex.workers) == 2 and all(w.proc.is_alive() and not w.held for w in ex.workers)
+    finally:
+        ex.close()
+
+
+@contextmanager
+def _fails_after(seconds: int) -> Iterator[None]:
+    def _expired(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"still blocked after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, _expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _blocked_in_write(pid: int) -> bool:
+    """Whether a thread of process ``pid`` sleeps in a pipe write (Linux /proc)."""
+    try:
+        return any("pipe_write" in (t / "wchan").read_text() for t in Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
 
 
 def test_a_worker_that_cannot_start_is_reported_as_fatal(tmp_path, monkeypatch):

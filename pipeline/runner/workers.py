@@ -3,14 +3,17 @@
 ``InlineExecutor`` runs every stage in the calling process, one task at a
 time (the sequential mode, ``runner.workers = 0``). ``ProcessExecutor`` keeps a
 pool of CPU worker processes and one model worker per device; each worker has
-its own bounded task queue, so the main process always knows which task a
-worker holds and can recover when a worker dies.
+its own bounded task queue and its own result pipe, so the main process always
+knows which task a worker holds and can recover when a worker dies: a worker
+killed in the middle of a write damages only its own pipe, never the results
+of the others.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import multiprocessing.connection as mpc
 import os
 import queue
 import sys
@@ -190,7 +193,7 @@ def worker_main(
     config: dict,
     run_dir: str,
     inq: Any,
-    outq: Any,
+    out: Any,
     parent_pid: int,
     torch_threads: int,
 ) -> None:
@@ -211,16 +214,16 @@ def worker_main(
     try:
         setup_stages(stages, info)
     except FatalRunError as exc:
-        outq.put(("fatal", name, str(exc)))
+        out.send(("fatal", name, str(exc)))
         return
-    outq.put(("ready", name, None))
+    out.send(("ready", name, None))
     by_name = {s.name: s for s in stages}
     try:
         while True:
             task: Task | None = inq.get()
             if task is None:
                 break
-            outq.put(("result", name, run_task(by_name[task.stage], task, info)))
+            out.send(("result", name, run_task(by_name[task.stage], task, info)))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the main process records the interruption
         return
 
@@ -269,6 +272,7 @@ class _Worker:
     device: str
     proc: Any
     inq: Any
+    conn: Any  # the receiving end of the worker's result pipe
     held: deque[Task] = field(default_factory=deque)
 
 
@@ -302,7 +306,6 @@ class ProcessExecutor:
         if start_method == "forkserver":
             mods = sorted({m for s in stages for m in s.preload} | {"pipeline.runner.workers"})
             self.ctx.set_forkserver_preload(mods)
-        self.outq = self.ctx.Queue()
         self.workers: list[_Worker] = []
         self._n = 0
         groups = {s.group for s in stages}
@@ -321,6 +324,7 @@ class ProcessExecutor:
         name = f"{group}-{self._n}" if group == "cpu" else f"model-{device}"
         stages = [s for s in self.stages if s.group == group]
         inq = self.ctx.Queue(maxsize=self.depth + 1)
+        conn, send = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(
             target=worker_main,
             name=f"ctpipe-{name}",
@@ -332,14 +336,15 @@ class ProcessExecutor:
                 self.config.to_dict(),
                 str(self.run_dir),
                 inq,
-                self.outq,
+                send,
                 os.getpid(),
                 self.torch_threads,
             ),
         )
         with _main_module_hidden(any(type(s).__module__ == "__main__" for s in stages)):
             proc.start()
-        w = _Worker(name, group, device, proc, inq)
+        send.close()  # only the worker writes: its death then reads as end-of-file here
+        w = _Worker(name, group, device, proc, inq, conn)
         self.workers.append(w)
         log.info("started worker %s (pid %s) on %s", name, proc.pid, device, extra={"event": "worker_start"})
         return w
@@ -364,31 +369,40 @@ class ProcessExecutor:
 
     def poll(self, timeout: float) -> list[TaskResult]:
         results: list[TaskResult] = []
-        deadline = time.monotonic() + timeout
+        ready = mpc.wait([w.conn for w in self.workers], timeout=max(0.0, timeout))
+        for w in list(self.workers):
+            if w.conn in ready:
+                results.extend(self._drain(w))
+        results.extend(self._check_alive())
+        return results
+
+    def _drain(self, w: _Worker) -> list[TaskResult]:
+        """Every message the worker has written so far; stops at end-of-file (the worker is gone)."""
+        out: list[TaskResult] = []
         while True:
             try:
-                msg = self.outq.get(timeout=max(0.0, deadline - time.monotonic()) if not results else 0.0)
-            except queue.Empty:
-                break
+                if not w.conn.poll():
+                    return out
+                msg = w.conn.recv()
+            except (EOFError, OSError):  # the worker exited; a message it was writing when killed is lost
+                return out
             if msg[0] == "fatal":
                 raise FatalRunError(msg[2])
             if msg[0] == "result":
-                w = next((w for w in self.workers if w.name == msg[1]), None)
                 res: TaskResult = msg[2]
-                if w is not None:
-                    for i, t in enumerate(w.held):
-                        if t.case.case_key == res.case_key and t.stage == res.stage:
-                            del w.held[i]
-                            break
-                results.append(res)
-        results.extend(self._check_alive())
-        return results
+                for i, t in enumerate(w.held):
+                    if t.case.case_key == res.case_key and t.stage == res.stage:
+                        del w.held[i]
+                        break
+                out.append(res)
 
     def _check_alive(self) -> list[TaskResult]:
         out: list[TaskResult] = []
         for w in list(self.workers):
             if w.proc.is_alive():
                 continue
+            out.extend(self._drain(w))  # results it sent before it died still count
+            w.conn.close()
             code = w.proc.exitcode
             self.workers.remove(w)
             how = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
@@ -428,4 +442,5 @@ class ProcessExecutor:
             if w.proc.is_alive():
                 w.proc.terminate()
                 w.proc.join(timeout=5)
-        self.outq.close()
+        for w in self.workers:
+            w.conn.close()
