@@ -4,6 +4,7 @@ import each other, directly or through others (imports inside functions included
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -125,11 +126,65 @@ def test_no_import_cycles_between_modules():
     assert not cycles, "import cycles (move the shared piece into a lower module): " + "; ".join(" ↔ ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize(
-    "package",
-    sorted(_module_name(p.parent) for p in ROOT.rglob("__init__.py")),
-)
-def test_each_subpackage_imports_alone(package):
-    code = f"import importlib, {package} as m; [getattr(m, n) for n in getattr(m, '__all__', [])]"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"import {package} alone failed:\n{proc.stderr[-2000:]}"
+PACKAGES = sorted(_module_name(p.parent) for p in ROOT.rglob("__init__.py"))
+# third-party libraries imported once in a parent process, which then forks one child per subpackage: the
+# children see none of the package's own modules, so the order of its imports is tested as if alone
+THIRD_PARTY = ("numpy", "scipy.ndimage", "torch", "monai", "pydicom", "SimpleITK", "pandas", "matplotlib.pyplot", "yaml")
+_FORKER = """
+import importlib, json, os, sys, traceback
+for name in sys.argv[2:]:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+assert not [m for m in sys.modules if m == "pipeline" or m.startswith("pipeline.")]
+out = {}
+for package in sys.argv[1].split(","):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            m = importlib.import_module(package)
+            [getattr(m, n) for n in getattr(m, "__all__", [])]
+            msg = b""
+        except BaseException:
+            msg = traceback.format_exc().encode()
+        os.write(w, msg[-4000:])
+        os._exit(1 if msg else 0)
+    os.close(w)
+    text = b"".join(iter(lambda: os.read(r, 65536), b"")).decode()
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    out[package] = [os.waitstatus_to_exitcode(status), text]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def imported_alone() -> dict[str, list]:
+    """{subpackage: [exit code, traceback]} of importing each subpackage (and its ``__all__``) in a fresh process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORKER, ",".join(PACKAGES), *THIRD_PARTY], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_subpackage_imports_alone(package, imported_alone):
+    code, text = imported_alone[package]
+    assert code == 0, f"import {package} alone failed:\n{text}"
+
+
+def test_an_import_that_fails_alone_is_reported(tmp_path):
+    (tmp_path / "brokenpkg").mkdir()
+    (tmp_path / "brokenpkg" / "__init__.py").write_text("from .a import x\n")
+    (tmp_path / "brokenpkg" / "a.py").write_text("from . import b\nx = 1\n")
+    (tmp_path / "brokenpkg" / "b.py").write_text("from .a import x\n")  # a cycle that breaks when a is imported first
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORKER, "brokenpkg,json"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["json"] == [0, ""]
+    assert result["brokenpkg"][0] == 1 and "ImportError" in result["brokenpkg"][1]

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import RunEnvironmentError
-from pipeline.runner import run_batch
+from pipeline.runner import open_run, run_batch
 from tests._support.runner import (
     QUICK,
+    as_cli,
     can_mount,
     case_hashes,
     db_rows,
@@ -31,17 +32,27 @@ pytest_plugins = ["tests._support.runner"]
 # -- a full disk during real runs, then one plain rerun ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def two_cases(dicom_data, tmp_path_factory):
-    """Two of the good phantom cases, and one undisturbed in-process run over them (the reference)."""
+    """Two of the good phantom cases, and one undisturbed in-process run over them (the reference).
+
+    The runs use a small RetinaNet (random weights, fixed seed): every stage and every kind of output file
+    is written, a few findings with their PNGs among them, at a fraction of the demo model's cost.
+    """
     import shutil
+
+    from tests._support.detection import small_model
 
     root = tmp_path_factory.mktemp("full")
     src = root / "src"
     for name in ("case11", "case12"):
         shutil.copytree(dicom_data["good"] / name, src / name)
+    (root / "model").mkdir()
+    small_model(root / "model")
+    opts = {**QUICK, "detector.bundle": str(root / "model" / "small.json"), "detector.score_threshold": 0.568}
     ref = root / "reference"
-    s = run_batch([src], out=ref, workers=0, **QUICK)
+    s = run_batch([src], out=ref, workers=0, **opts)
     assert s.exit_code == 0 and s.done == 2
-    return {"src": src, "ref": ref, "bytes": sum(f.stat().st_size for f in ref.rglob("*") if f.is_file())}
+    assert 0 < len(open_run(ref).findings) < 30  # a few findings, each with its PNG
+    return {"src": src, "ref": ref, "opts": opts, "bytes": sum(f.stat().st_size for f in ref.rglob("*") if f.is_file())}
 
 
 def _check_stopped(s, out: Path, *, store_ok: bool = True) -> None:
@@ -59,8 +70,9 @@ def _check_stopped(s, out: Path, *, store_ok: bool = True) -> None:
         assert "failed" not in statuses
 
 
-def _check_rerun(out: Path, src: Path, ref: Path) -> None:
-    s = run_batch([src], out=out, workers=0, **QUICK)
+def _check_rerun(out: Path, cases: dict) -> None:
+    src, ref = cases["src"], cases["ref"]
+    s = run_batch([src], out=out, workers=0, **cases["opts"])
     assert s.exit_code == 0 and s.done + s.skipped == 2 and s.quarantined == [], s.lines()
     assert {r[0] for r in db_rows(out, "SELECT status FROM cases")} == {"done"}
     assert case_hashes(out) == case_hashes(ref)
@@ -73,11 +85,11 @@ def _check_rerun(out: Path, src: Path, ref: Path) -> None:
 def test_disk_full_injected_at_several_points_then_a_plain_rerun(two_cases, tmp_path, room):
     out = tmp_path / "run"
     with disk_full_after(out, room) as counts:
-        s = run_batch([two_cases["src"]], out=out, workers=0, **QUICK)
+        s = run_batch([two_cases["src"]], out=out, workers=0, **two_cases["opts"])
     assert counts["failed"] >= 1, counts
     _check_stopped(s, out)
     assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
-    _check_rerun(out, two_cases["src"], two_cases["ref"])
+    _check_rerun(out, two_cases)
 
 
 @pytest.mark.slow
@@ -90,7 +102,7 @@ def test_disk_full_on_a_small_tmpfs_at_several_points_then_a_plain_rerun(two_cas
         out = tmp_path / f"tmpfs_{fraction}"
         with small_tmpfs(out, max(64, int(total_kb * fraction))):
             try:
-                s = run_batch([two_cases["src"]], out=out, workers=0, **QUICK)
+                s = run_batch([two_cases["src"]], out=out, workers=0, **two_cases["opts"])
             except RunEnvironmentError as exc:  # full before the first case: the run could not start
                 assert "No space left on device (ENOSPC)" in str(exc) and str(out) in str(exc)
             else:
@@ -98,7 +110,7 @@ def test_disk_full_on_a_small_tmpfs_at_several_points_then_a_plain_rerun(two_cas
                     continue  # it fitted after all (cache files come and go): nothing to check at this point
                 _check_stopped(s, out, store_ok=False)
             resize_tmpfs(out, 64 * 1024)  # space is back
-            _check_rerun(out, two_cases["src"], two_cases["ref"])
+            _check_rerun(out, two_cases)
 
 
 @pytest.mark.slow
@@ -114,7 +126,7 @@ def test_a_full_disk_mid_run_on_the_command_line_says_so_in_one_line(two_cases, 
         "--workers",
         "1",
         "--quiet",
-        *[x for k, v in QUICK.items() for x in ("--set", f"{k}={v if not isinstance(v, list) else ','.join(v)}")],
+        *as_cli(two_cases["opts"]),
     ]
     with small_tmpfs(out, max(64, two_cases["bytes"] // 1024 // 3)):
         p = subprocess.run([sys.executable, "-m", "pipeline", "run", *args], capture_output=True, text=True, timeout=600)

@@ -35,6 +35,7 @@ from tests._support.runner import (
     PHANTOM,
     PRIVATE_STRINGS,
     QUICK,
+    as_cli,
     can_mount,
     case_hashes,
     ctpipe,
@@ -463,7 +464,7 @@ def corpus_run(tmp_path_factory):
         str(out),
         "--workers",
         "0",
-        *[x for k, v in QUICK.items() for x in ("--set", f"{k}={v if not isinstance(v, list) else ','.join(v)}")],
+        *as_cli(QUICK),
     ]
     p = ctpipe(*args)
     return {"root": root / "archive", "out": out, "expected": expected, "proc": p, "args": args}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -134,6 +135,14 @@ def cases(tmp_path_factory):
     return {"src": root / "src", "uids": uids, "opts": opts}
 
 
+def _a_case_running(run_dir: Path) -> bool:
+    """Whether the run store in ``run_dir`` lists a running case (False while the store is still being created)."""
+    try:
+        return bool(db_rows(run_dir, "SELECT 1 FROM cases WHERE status='running'"))
+    except sqlite3.OperationalError:  # no file yet, or its tables not yet created
+        return False
+
+
 def _findings(run_dir: Path) -> dict[str, list]:
     """{series UID: the case's findings (LPS mm, scores), in the store's order}."""
     rows = db_rows(
@@ -235,7 +244,7 @@ def test_a_driver_killed_with_sigkill_then_a_plain_rerun_finishes_every_case_onc
     env = {**os.environ, **ray_environment()}
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     deadline = time.monotonic() + 120
-    while not (out / "runs.sqlite").exists() or not db_rows(out, "SELECT 1 FROM cases WHERE status='running'"):
+    while not _a_case_running(out):
         assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no case started in time"
         time.sleep(0.05)
