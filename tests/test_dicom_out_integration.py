@@ -25,18 +25,11 @@ from pipeline.errors import ConfigError, DicomOutputError
 from pipeline.runner import open_run, run_batch
 from pipeline.runner.stage import CaseContext, Stage
 from pipeline.runner.stages import DicomStage, IngestStage, build_stages
-from tests._support.runner import mark_patient
+from tests._support.runner import QUICK, mark_patient
 from tests.test_dicom_out_sources import assert_valid, phantom_case, strip_attributes
 
 #: centres in the SR equal the findings JSON's within this (mm)
 CENTRE_TOL_MM = 0.01
-#: run_batch options: no renderings, the lungs only, the network's own scores reported from 0.5
-QUICK = {
-    "reconstruct.renderings": False,
-    "reconstruct.organs": ["lung_left", "lung_right"],
-    "detector.score_threshold": 0.5,
-    "detector.postprocess": False,
-}
 ORGAN_LABELS = {"lung_left": "Left lung", "lung_right": "Right lung"}
 
 
@@ -100,7 +93,7 @@ def test_detect_writes_an_sr_of_the_reported_findings(detected):
 
 def test_detect_says_why_there_is_no_seg_and_no_dicom_turns_it_off(detected, tmp_path, capsys):
     dicom = detected["case"].dicom
-    rc = main(["-v", "detect", str(dicom), "--out", str(tmp_path / "a"), "--case-id", "c", "--no-png", "--no-dicom"])
+    rc = main(["-v", "detect", str(dicom), "--out", str(tmp_path / "a"), "--case-id", "c", "--no-png", "--no-dicom", "--raw"])
     assert rc == 0
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["c.findings.csv", "c.findings.json"]
     assert "no SEG: detection makes no masks" in capsys.readouterr().err

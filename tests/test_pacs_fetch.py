@@ -228,6 +228,8 @@ def test_runs_from_dicomweb_and_dimse_find_what_the_folder_run_finds(orthanc, cr
         "--set",
         "detector.write_png=false",
         "--set",
+        "detector.postprocess=false",
+        "--set",
         f"pacs.move_port={orthanc.move_port}",
     ]
     sources = {

@@ -260,6 +260,8 @@ def test_ctpipe_listen_killed_mid_transfer_then_restarted_processes_the_series_o
         "report.enabled=false",
         "--set",
         "detector.write_png=false",
+        "--set",
+        "detector.postprocess=false",
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTPIPE_")}
 

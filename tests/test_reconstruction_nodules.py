@@ -88,14 +88,14 @@ def test_small_blurred_ball_keeps_its_volume(value_hu):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("pixel", "slice_mm", "seeds"), [(0.7, 1.0, range(10, 18)), (0.9, 1.25, range(18, 26))], ids=["0.7mm-1mm", "0.9mm-1.25mm"]
+    ("pixel", "slice_mm", "seeds"), [(0.7, 1.0, range(10, 15)), (0.9, 1.25, range(18, 23))], ids=["0.7mm-1mm", "0.9mm-1.25mm"]
 )
 def test_every_nodule_kind_within_15_percent_over_seeds(pixel, slice_mm, seeds):
-    """Every nodule of 6 mm and more, of every kind and attachment, on eight phantoms per scan resolution."""
+    """Every nodule of 6 mm and more, of every kind and attachment, on five phantoms per scan resolution."""
     errors = []
     for seed in seeds:
         ph = generate_phantom(
-            seed, matrix=256, pixel_spacing=pixel, slice_spacing=slice_mm, n_nodules=8, nodule_diameter_mm=(6.0, 20.0)
+            seed, matrix=256, pixel_spacing=pixel, slice_spacing=slice_mm, n_nodules=13, nodule_diameter_mm=(6.0, 20.0)
         )
         chosen = [(n, nod) for n, nod in enumerate(ph.nodules, start=1) if nod.diameter_mm >= 6.0]
         results = segment_findings(ph.volume, [_finding(nod) for _, nod in chosen])
