@@ -13,7 +13,7 @@ from pipeline.runner.stages import build_stages
 pytest_plugins = ["tests._support.runner"]
 pytestmark = pytest.mark.slow
 
-QUICK = {"reconstruct.enabled": False, "report.enabled": False, "detector.write_png": False}
+QUICK = {"reconstruct.enabled": False, "report.enabled": False, "detector.write_png": False, "detector.postprocess": False}
 
 
 def _input_shapes(out) -> dict[str, list[int]]:
