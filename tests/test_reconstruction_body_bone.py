@@ -180,6 +180,54 @@ def test_table_zone_finds_a_couch_under_the_patient_and_nothing_without_one():
     assert dice(patient, body) > 0.97 and not body[:, 59:, :].any()
 
 
+def test_table_zone_finds_the_shell_under_a_mattress_the_field_of_view_cuts():
+    """A small field of view: a mattress on the table's bright upper shell from edge to edge, the patient sunk into it.
+
+    No thin tissue persists (the mattress makes the shell part of a thick layer, the lower
+    shell is outside the image) and sharp-kernel noise blurs the threshold; the zone still
+    starts at the mattress's top, and the body holds neither mattress nor shell.
+    """
+    rng = np.random.default_rng(5)
+    nk, nj, ni = 20, 78, 90
+    _, j, i = np.meshgrid(np.arange(nk), np.arange(nj), np.arange(ni), indexing="ij")
+    arr = np.full((nk, nj, ni), -1000.0)
+    patient = ((i - 45) / 32.0) ** 2 + ((j - 40) / 26.0) ** 2 < 1
+    arr[patient] = 40.0
+    arr[(j >= 63) & (j < 70) & ~patient] = -40.0  # the mattress, 14 mm, up to the image's edges
+    arr[j == 70] = 600.0  # the upper shell
+    arr[j > 70] = -850.0  # foam, cut by the image's edge
+    arr += rng.normal(0, 60, arr.shape)
+    grid = _grid(arr, spacing=(2.0, 2.0, 3.0))
+    zone = body_mod.table_zone(torch.from_numpy(arr > -500), grid)
+    assert zone is not None and zone[63:, :].all() and not zone[:62].any()
+    body = body_mod.segment_body(grid, SegmentParams())
+    assert dice(patient, body) > 0.97
+    assert not (body & ~patient)[:, 62:, :].any() and not body[:, 67:, :].any()
+
+
+@pytest.mark.parametrize("fov", [0.8, 1.0])
+def test_body_and_bone_leave_out_a_blanket_under_touching_arms_with_a_sharp_kernel(fov):
+    """Blanket on a curved table, arms resting against the chest wall, sharp-kernel noise, a small or standard field of view."""
+    conf = Confounders(table="curved", blanket=True, arms="sides_touching", kernel="sharp", fov_factor=fov)
+    ph = generate_phantom(22, matrix=128, confounders=conf)
+    seg = segment_organs(ph.volume, organs=("body", "bone"), device="cpu")
+    body, truth, table = seg.masks["body"], ph.masks["body"], ph.masks["table"]
+    assert dice(truth, body) >= 0.97, f"body Dice {dice(truth, body):.3f}"
+    assert (body & table).sum() <= 0.001 * truth.sum(), f"{(body & table).sum()} table voxels in the body"
+    assert dice(ph.masks["bone"], seg.masks["bone"]) >= 0.88, f"bone Dice {dice(ph.masks['bone'], seg.masks['bone']):.3f}"
+
+
+def test_midline_is_known_when_arms_reach_the_image_edges():
+    """Arms at the sides touching both x edges: the trunk in front of and behind them gives the mid-line."""
+    _, j, i = np.meshgrid(np.arange(3), np.arange(60), np.arange(100), indexing="ij")
+    body = ((i - 56) / 36.0) ** 2 + ((j - 30) / 25.0) ** 2 < 1
+    body |= ((j - 30) / 8.0) ** 2 + (np.minimum(i, 99 - i) / 14.0) ** 2 < 1  # the arms, cut by the image edges
+    x = i.astype(np.float64)  # 1 mm columns along LPS x
+    mid = bone_mod.midline_x(body, x, 0, 0.5)
+    assert np.allclose(mid[:, 0], 56.0, atol=1.0) and np.all(mid[:, 1] > 30.0)
+    assert np.isnan(bone_mod.midline_x(np.ones_like(body), x, 0, 0.5)).all()  # the body fills the image: unknown
+
+
 def test_segment_bone_fills_a_long_bone_cavity_of_any_hu_but_not_the_spinal_canal():
     """A humerus beside the chest (cortex around fatty marrow at soft-tissue HU) and a canal (CSF) on the mid-line."""
     rng = np.random.default_rng(3)

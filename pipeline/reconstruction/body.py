@@ -3,9 +3,11 @@
 Tissue is everything above ``body_hu``. What lies under the patient is found by its shape
 and its constancy along z (:func:`table_zone`): the shell of a diagnostic table or of a
 radiotherapy couch is thin tissue present in nearly every slice and spread from side to side,
-which also tells which way gravity points. Beside the patient, whatever rests on the shell
-(a mattress, a blanket) shows as a thin layer; its thickness is carried under the patient, and
-everything from that layer's top down is left out of the body, in every slice (a mattress
+which also tells which way gravity points; under a mattress the shell is no longer thin
+tissue, and is found as thin bright tissue (carbon fibre) next to the table's foam core.
+Beside the patient, whatever rests on the shell (a mattress, a blanket) shows as a thin layer;
+its thickness is carried under the patient, and everything from that layer's top down is
+left out of the body, in every slice (a mattress
 pressed by the patient takes at most ``LAYER_MAX`` of the patient's depth). After an opening
 (``body_open_mm``) that detaches what still touches, the largest component is the trunk;
 other components are kept when they look like a patient (soft-tissue HU, and thick or cut by
@@ -45,6 +47,15 @@ PART_THICK_MM = 4.0  # an arm survives an in-plane erosion by this radius (mm)
 PART_HU = (-250.0, 200.0)  # median HU of an arm (skin, fat, muscle, some bone)
 TRUNK_OPEN = 0.06  # in-plane opening radius for the trunk, as a share of the footprint's size (sqrt of area)
 LAYER_MAX = 0.15  # a mattress or blanket is thinner than this share of the patient's depth
+TOP_WINDOW_MM = (
+    80.0  # gaps up to this width (mm) in a bright shell under a mattress are bridged (a sag of 1.5 mm on a 550 mm curve)
+)
+TOP_TOL_MM = 4.0  # a shell's column more than this (mm) off its neighbours' median row is not on the shell
+SHELL_MEDIAN = 7  # columns in that median
+BARE_GAP = 0.08  # under the patient, air thinner than this share of the patient's depth lies on a bare shell (not foam)
+LAYER_COVER = 0.5  # share of the columns beside the patient that must carry a layer for it to count
+SHELL_HU = 350.0  # a table's shell under a mattress is brighter than this (HU; carbon fibre, not skin's edge)
+SHELL_NEAR = 2  # pixels between a bright shell and the foam or air it bounds
 CUT_AIR_ENCLOSED = 0.5  # share of an edge-touching air region the patient must enclose to be inside
 
 
@@ -59,21 +70,22 @@ def _persistent_footprint(mask: torch.Tensor, slice_axis: int) -> np.ndarray:
     return (mask.to(torch.float32).mean(dim=slice_axis) >= TABLE_PERSIST).cpu().numpy()
 
 
-def _layer_thickness(solid: np.ndarray, trunk: np.ndarray, below: np.ndarray, top: np.ndarray) -> np.ndarray:
-    """Thickness per column (pixels along axis 0, gravity downwards) of what rests on the table's shell.
+def _layer_beside(solid: np.ndarray, trunk: np.ndarray, below: np.ndarray, top: np.ndarray) -> np.ndarray | None:
+    """Thickness per column (pixels along axis 0, gravity downwards) of the table's top and what rests on it, or None.
 
     Measured beside the patient (columns the trunk does not cross) where the first tissue
     under the patient's centre line is a thin run (a mattress or blanket on the table, or
-    the table's own top; not an arm): the median distance from that first tissue down to
-    the shell's first thin pixel ``top`` (per column), carried under the patient as a
-    constant or, on a curved table, as ``a + b (w - centre)**2`` across the columns ``w``.
+    the table's own top; not an arm): the distance from that first tissue down to the
+    shell's pixel ``top`` (per column; the lower shell where the upper one was not seen),
+    carried under the patient as the median or, with columns on both sides of the patient
+    on a curved table, as ``a + b (w - centre)**2`` across the columns ``w``. None without
+    such columns.
     """
     depth_n = solid.shape[0]
-    rows = trunk.any(axis=1)
     cols = trunk.any(axis=0)
-    trunk_rows = np.nonzero(rows)[0]
+    trunk_rows = np.nonzero(trunk.any(axis=1))[0]
     if trunk_rows.size == 0:
-        return np.zeros(solid.shape[1], dtype=np.int64)
+        return None
     thick_max = max(2, int(LAYER_MAX * trunk_rows.size))
     beside = (top < depth_n) & ~cols
     sample = solid & below
@@ -81,32 +93,108 @@ def _layer_thickness(solid: np.ndarray, trunk: np.ndarray, below: np.ndarray, to
     gap = ~solid & (np.arange(depth_n)[:, None] > first[None, :])
     run = np.where(gap.any(axis=0), np.argmax(gap, axis=0), depth_n) - first  # the first tissue run's thickness
     ok = beside & sample.any(axis=0) & (first <= top) & (run <= thick_max) & (top - first <= trunk_rows.size // 2)
-    width = solid.shape[1]
     if not ok.any():
-        return np.zeros(width, dtype=np.int64)
+        return None
+    width = solid.shape[1]
     w = np.nonzero(ok)[0].astype(np.float64)
     t = (top[ok] - first[ok]).astype(np.float64)
     cw = np.nonzero(cols)[0]
     c = 0.5 * (cw[0] + cw[-1]) if cw.size else float(np.mean(w))
     q = (w - c) ** 2
     layer = np.full(width, float(np.median(t)))
-    if w.size >= 6 and q.min() < 0.5 * q.max():  # a curved table: the layer thickens towards the sides
+    both_sides = (w < c).sum() >= 3 and (w > c).sum() >= 3
+    if both_sides and q.min() < 0.5 * q.max():  # a curved table: its top and the layer thicken towards the sides
         design = np.stack([q, np.ones_like(q)], axis=1)
         (a2, b0), *_ = np.linalg.lstsq(design, t, rcond=None)
         layer = a2 * (np.arange(width) - c) ** 2 + b0
     return np.clip(np.round(layer), 0, t.max()).astype(np.int64)
 
 
+def _layer_on_shell(solid: np.ndarray, top: np.ndarray, depth: int) -> int:
+    """Thickness (pixels along axis 0, gravity downwards) of the mattress or blanket on the table's upper shell.
+
+    For a field of view with no column beside the patient that misses the patient: per
+    column, the run of persistent tissue resting directly on the shell (ending at the
+    shell's first pixel ``top``); a run thinner than ``LAYER_MAX`` of the patient's ``depth``
+    is what lies on the table beside the patient (under the patient or an arm resting on the
+    table, the run is the patient). The layer is the median of the runs where most such
+    columns carry one, else zero (a bare table).
+    """
+    depth_n = solid.shape[0]
+    thick_max = max(2, int(LAYER_MAX * depth))
+    rows = np.arange(depth_n)[:, None]
+    above = (rows < top[None, :]) & ~solid  # the first non-tissue pixel above the shell ends the run
+    last_gap = np.where(above.any(axis=0), depth_n - 1 - np.argmax(above[::-1], axis=0), -1)
+    has = top < depth_n
+    run = np.where(has, top - 1 - last_gap, 0)
+    ok = has & (run <= thick_max)
+    if not ok.any():
+        return 0
+    runs = run[ok]
+    covered = runs[runs > 0]
+    if covered.size < LAYER_COVER * runs.size:
+        return 0
+    return int(np.median(covered))
+
+
+def _first_below(mask: np.ndarray, below: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column (axis 1): the first row of ``mask`` under the centre line, and whether there is one."""
+    hit = mask & below
+    has = hit.any(axis=0)
+    return np.where(has, np.argmax(hit, axis=0), mask.shape[0]), has
+
+
+def _shell_under_layer(
+    bright: np.ndarray, solid: np.ndarray, below: np.ndarray, contact: np.ndarray, *, window: int, tol: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The table's upper shell under a mattress (row of its top per column, and where known), or None.
+
+    Columns whose first thin bright pixel under the centre line carries tissue directly on
+    it (two pixels: a mattress, or the patient on the bare shell) and lies within ``tol``
+    pixels of the median row of the neighbouring such columns see the upper shell; the others (a
+    gap in a shell split by partial volume, which shows the lower shell with foam above it,
+    or nothing) take its row interpolated from the nearest seeing columns, across gaps of
+    at most ``window`` columns. None unless every ``contact`` column (where the patient's
+    back rests) is known: then the lower shell is all that is seen under the patient.
+    """
+    top, has = _first_below(bright, below)
+    width = top.size
+    cols = np.arange(width)
+    ok = has & (top >= 2)
+    ok[ok] = solid[top[ok] - 1, cols[ok]] & solid[top[ok] - 2, cols[ok]]  # not a partial-volume pixel over foam
+    seen = np.nonzero(ok)[0]
+    if seen.size >= 3:  # a shell is smooth: drop columns off the curve of their neighbours
+        med = ndimage.median_filter(top[seen], size=SHELL_MEDIAN, mode="nearest")
+        seen = seen[np.abs(top[seen] - med) <= tol]
+        ok = np.isin(cols, seen)
+    if seen.size < 2:
+        return None
+    known = ok.copy()
+    for a, b in zip(seen[:-1], seen[1:], strict=True):
+        if 1 < b - a <= window + 1:
+            known[a + 1 : b] = True
+    if not known[contact].all():
+        return None
+    rows = np.round(np.interp(cols, seen, top[seen])).astype(np.int64)
+    return np.where(known, rows, solid.shape[0]), known
+
+
 def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     """The 2-D region (in-plane axes in array order) taken by the table and what lies on it, or None.
 
     The table's shell is thin (thinner than ``TABLE_SHELL_MM`` in-plane) tissue present in
-    nearly every slice, spread from side to side. Gravity runs along the image axis across
-    which the shell spreads least, from the patient's centre towards the shell. Along that axis, each line of the
-    image crosses the shell's top at some depth; where the line misses the patient (beside
-    it), the tissue resting on the shell is a mattress or blanket, whose median thickness is
-    taken as the layer's thickness under the patient too. The zone is everything from that
-    layer's top down, in every slice.
+    nearly every slice, spread from side to side; under a mattress, which makes it part of a
+    thick layer of tissue, it is thin tissue brighter than ``SHELL_HU`` next to the table's
+    foam core or the air under it. Gravity runs along the image axis across which the shell
+    spreads least, from the patient's centre towards the shell. Along that axis, each line
+    of the image crosses the shell's top at some depth (the upper shell where a mattress
+    lies on it under the whole patient, see :func:`_shell_under_layer`; else the first thin
+    tissue: the bare upper shell, or the lower one under a mattress). Where the line misses
+    the patient (beside it), the tissue resting on the shell is a mattress or blanket,
+    whose thickness is carried under the patient (:func:`_layer_beside`); with no such line
+    (a small field of view), the thin runs of tissue resting on the upper shell tell it
+    (:func:`_layer_on_shell`). The zone is everything from that layer's top down, in every
+    slice.
     """
     geom = grid.geometry
     sa = geom.array_axis(2)
@@ -115,8 +203,12 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
         return None
     rk, rj, ri = (0 if d == sa else max(1, x) for d, x in enumerate(grid.radius(TABLE_SHELL_MM)))
     r = (rk, rj, ri)
-    thin = tissue & ~morph.opening(tissue, r)
-    shell = _persistent_footprint(thin, sa)
+    thin_shell = _persistent_footprint(tissue & ~morph.opening(tissue, r), sa)
+    bright = grid.hu > SHELL_HU
+    bright_shell = _persistent_footprint(bright & ~morph.opening(bright, r), sa)
+    hollow = torch.from_numpy(_persistent_footprint(~tissue, sa))[None]
+    bright_shell &= morph.dilate(hollow, (0, SHELL_NEAR, SHELL_NEAR))[0].numpy()
+    shell = thin_shell | bright_shell
     solid = _persistent_footprint(tissue, sa)
     core = solid & ~shell
     if shell.sum() < 3 or not core.any():
@@ -137,21 +229,39 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
         return None
     down = 1 if d[ax] > 0 else -1
     # put gravity on axis 0, increasing downwards
-    sh, so, tr = (np.moveaxis(a, ax, 0) for a in (shell, solid, trunk))
+    th, br, so, tr = (np.moveaxis(a, ax, 0) for a in (thin_shell, bright_shell, solid, trunk))
     if down < 0:
-        sh, so, tr = sh[::-1], so[::-1], tr[::-1]
-    depth = np.arange(sh.shape[0])[:, None]
-    centre = int(round(c_trunk[ax])) if down > 0 else sh.shape[0] - 1 - int(round(c_trunk[ax]))
+        th, br, so, tr = th[::-1], br[::-1], so[::-1], tr[::-1]
+    depth = np.arange(so.shape[0])[:, None]
+    centre = int(round(c_trunk[ax])) if down > 0 else so.shape[0] - 1 - int(round(c_trunk[ax]))
     below = depth > centre
-    hit = np.asarray(sh & below)
-    has = np.asarray(hit.any(axis=0))
-    if not has.any():
-        return None
-    top = np.where(has, np.argmax(hit, axis=0), sh.shape[0])  # first shell pixel under the centre line
-    start = top - _layer_thickness(so, tr, below, top)
+    top, has = _first_below(th, below)
     trunk_rows = np.nonzero(tr.any(axis=1))[0]
-    if trunk_rows.size:  # a mattress pressed by the patient takes at most LAYER_MAX of the trunk's depth
-        start = np.maximum(start, trunk_rows[-1] - int(LAYER_MAX * trunk_rows.size))
+    if trunk_rows.size == 0:
+        return None
+    t_depth = trunk_rows.size
+    lowest = np.where(tr.any(axis=0), so.shape[0] - 1 - np.argmax(tr[::-1], axis=0), -1)
+    contact = lowest >= trunk_rows[-1] - LAYER_MAX * t_depth  # columns where the patient's back rests
+    pixel = min(geom.spacing[2 - a] for a in range(3) if a != sa)
+    window, tol = max(2, int(round(TOP_WINDOW_MM / pixel))), max(1, int(round(TOP_TOL_MM / pixel)))
+    upper = _shell_under_layer(br, so, below, contact, window=window, tol=tol)
+    if upper is not None:  # the upper shell under the mattress: the runs resting on it are the layer
+        top, has = upper
+        start = top - _layer_on_shell(so, top, t_depth)
+    else:  # the bare upper shell, or the lower one under a mattress whose upper shell was not seen
+        if not has.any():
+            return None
+        rows = np.arange(so.shape[0])[:, None]
+        tissue_above = (rows < top[None, :]) & so
+        last = np.where(tissue_above.any(axis=0), so.shape[0] - 1 - np.argmax(tissue_above[::-1], axis=0), -1)
+        gap = (top - 1 - last)[contact & has]  # what separates the shell from the patient resting on the table
+        if gap.size and np.median(gap) <= BARE_GAP * t_depth:  # an air gap: the bare upper shell
+            start = top - _layer_on_shell(so, top, t_depth)
+        else:  # the table's foam core: the lower shell, and the layer is measured beside the patient
+            layer = _layer_beside(so, tr, below, top)
+            start = top - (layer if layer is not None else 0)
+    # a mattress pressed by the patient takes at most LAYER_MAX of the trunk's depth
+    start = np.maximum(start, trunk_rows[-1] - int(LAYER_MAX * t_depth))
     zone = (depth >= start[None, :]) & has[None, :]
     if down < 0:
         zone = zone[::-1]

@@ -11,7 +11,8 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
    blood and bone never merge through a disc or a partial-volume bridge) and tested one by
    one (each grown in-plane up to a rim brighter than ``SEED_HU - RIM_DELTA``): a heart
    chamber, the aorta or a pulmonary artery is smooth inside (HU spread, away from its
-   partial-volume edge, below ``TEXTURE_RATIO`` times the image noise) and hardly rimmed by cortex or by anything
+   partial-volume edge, below ``TEXTURE_RATIO`` times the image noise of its slice, which streaks
+   from metal raise) and hardly rimmed by cortex or by anything
    ``RIM_DELTA`` brighter than its inside (share of its in-plane rim below ``RIM_MIN``); a
    vertebral body or the sternum is textured (trabecular bone) or rimmed by cortex. Pools
    (and their partial-volume rim where they touch bone) are excluded from everything below;
@@ -28,7 +29,9 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
 
 A noisy image (a sharp reconstruction kernel: the image noise measured in soft tissue above
 ``NOISY_HU``) is segmented on its in-plane 3x3 mean, as a radiologist reads bone on a
-soft-tissue reconstruction; the cortex seeds still come from the full-resolution voxels.
+soft-tissue reconstruction; the cortex seeds still come from the full-resolution voxels, and
+the outer layer is kept where the in-plane 3x3 median (which, unlike the mean, does not spread a
+bright cortex one voxel out) passes ``bone_hu``.
 
 Masks are boolean ``[k, j, i]`` arrays on the grid's geometry (LPS mm).
 """
@@ -54,14 +57,16 @@ POOL_MM = 2.0  # a blood pool is wider than twice this in-plane (mm)
 RIM_MIN = 0.45  # share of an in-plane rim on cortex above which a thick region is bone
 RIM_DELTA = 100.0  # a rim voxel this much brighter (HU) than the region's inside is cortex too
 TEXTURE_RATIO = 2.0  # local HU spread (x image noise) above which a thick region is bone
-DEEP_MIN_MM2 = 600.0  # area a region needs two voxels inside its edge for its texture to be measured there (a heart chamber)
+DEEP_MIN_MM2 = 40.0  # area a region needs two voxels inside its edge for its texture to be measured there (a heart chamber)
 GROW_MM = 8.0  # trabecular bone reaches this far from cortex or a bone region (mm)
 MARROW_HU = 100.0  # mean HU of marrow enclosed by bone (the spinal canal is below)
 MARROW_MAX_MM2 = 3000.0  # largest enclosed marrow area per slice (mm²): not the chest cavity
 CANAL_FRACTION = 0.2  # the spinal canal lies within this share of the body's x extent of its mid-line
 SPECK_MM2 = 12.0  # holes in a slice of bone up to this area (mm²) are noise, filled whatever their HU
 NOISY_HU = 45.0  # image noise (HU, soft tissue) above which bone is segmented on the in-plane mean
+SLICE_NOISE_MIN = 200  # soft-tissue pixels a slice needs for its own noise estimate
 METAL_HU = 2500.0  # metal (not bone) is above this (HU); cortical bone stays below
+MIDLINE_FREE_SHARE = 0.25  # share of a slice's body clear of the image's x edges that still tells its mid-line
 
 
 def _sum3(t: torch.Tensor, dims: tuple[int, ...], *, zero_edges: bool = False) -> torch.Tensor:
@@ -190,7 +195,17 @@ def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid
     ring_n = torch.bincount(ring[on_ring], minlength=n + 1)
     rim_n = torch.bincount(ring[on_ring & bright], minlength=n + 1)
     rim = rim_n.to(torch.float32) / ring_n.clamp(min=1)
-    smooth_inside = texture < TEXTURE_RATIO * noise
+    # streaks from metal raise the noise of their slices: each region is judged against its slice's noise
+    sa_b = grid.geometry.array_axis(2)
+    slice_noise = torch.full((hu_b.shape[sa_b],), noise, dtype=spread.dtype, device=spread.device)
+    for k in range(hu_b.shape[sa_b]):
+        v = spread.select(sa_b, k)[soft.select(sa_b, k)]
+        if v.numel() >= SLICE_NOISE_MIN:
+            slice_noise[k] = max(noise, float(torch.quantile(v, 0.25)))
+    k_idx = torch.arange(hu_b.shape[sa_b], device=labels.device).view([-1 if d == sa_b else 1 for d in range(3)])
+    first_k = torch.zeros(n + 1, dtype=torch.int64, device=labels.device)
+    first_k[labels.ravel()] = k_idx.expand_as(labels).ravel()
+    smooth_inside = texture < TEXTURE_RATIO * slice_noise[first_k]
     is_pool = (rim < RIM_MIN) & smooth_inside
     is_pool[0] = False
     pool_b = is_pool[labels]
@@ -209,6 +224,25 @@ def in_plane_mean(hu: torch.Tensor, slice_axis: int) -> torch.Tensor:
     return _sum3(hu, tuple(d for d in range(3) if d != slice_axis)) / 9.0
 
 
+def in_plane_median_at(hu: torch.Tensor, where: torch.Tensor, slice_axis: int) -> torch.Tensor:
+    """The 3x3 in-plane median of ``hu`` (edges replicated) at the voxels of ``where``, NaN elsewhere."""
+    inplane = [d for d in range(3) if d != slice_axis]
+    pad = [0, 0, 0, 0, 0, 0]  # F.pad order: last dim first
+    for d in inplane:
+        pad[2 * (2 - d)] = pad[2 * (2 - d) + 1] = 1
+    padded = torch.nn.functional.pad(hu[None, None], pad, mode="replicate")[0, 0]
+    n0, n1 = (hu.shape[d] for d in inplane)
+    values = []
+    for a in range(3):
+        for b in range(3):
+            view = padded.narrow(inplane[0], a, n0).narrow(inplane[1], b, n1)
+            values.append(view[where])
+    out = torch.full_like(hu, float("nan"))
+    if values[0].numel():
+        out[where] = torch.stack(values).median(dim=0).values
+    return out
+
+
 def image_noise(hu: torch.Tensor, body: torch.Tensor, slice_axis: int) -> float:
     """Image noise (HU): the lower quartile of the in-plane 3x3 standard deviation in soft tissue of ``body``."""
     inplane = tuple(d for d in range(3) if d != slice_axis)
@@ -222,8 +256,12 @@ def image_noise(hu: torch.Tensor, body: torch.Tensor, slice_axis: int) -> float:
 def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -> np.ndarray:
     """Per slice ``(n, 2)``: the body's median LPS x and half its x extent (mm).
 
-    NaN where the slice holds no body or the body reaches the image's x edges (within ``tol_mm``):
-    there the mid-line is unknown. ``x`` is the LPS x (mm) of every voxel, shaped like ``body``.
+    Where the body reaches the image's x edges (within ``tol_mm``: arms at the sides, a small
+    field of view), only the lines of the slice along x that stay inside the image count
+    (the trunk in front of and behind the arms), when they hold at least
+    :data:`MIDLINE_FREE_SHARE` of the slice's body. NaN where the slice holds no body or too
+    little of it is clear of the x edges: there the mid-line is unknown. ``x`` is the LPS x
+    (mm) of every voxel, shaped like ``body``.
     """
     n = body.shape[slice_axis]
     out = np.full((n, 2), np.nan)
@@ -232,9 +270,16 @@ def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -
         b = np.take(body, k, axis=slice_axis)
         if not b.any():
             continue
-        bx = np.take(x, k, axis=slice_axis)[b]
-        if bx.min() <= lo + tol_mm or bx.max() >= hi - tol_mm:
-            continue
+        xs = np.take(x, k, axis=slice_axis)
+        cut = b & ((xs <= lo + tol_mm) | (xs >= hi - tol_mm))
+        if cut.any():
+            steps = [float(np.abs(np.diff(xs, axis=a)).mean()) if xs.shape[a] > 1 else 0.0 for a in (0, 1)]
+            along = int(np.argmax(steps))  # the in-plane array axis along which x runs
+            free = b & ~cut.any(axis=along, keepdims=True)
+            if free.sum() < MIDLINE_FREE_SHARE * b.sum():
+                continue
+            b = free
+        bx = xs[b]
         out[k] = float(np.median(bx)), 0.5 * float(bx.max() - bx.min())
     return out
 
@@ -301,7 +346,9 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     cortex_all = cortex_seeds(full_hu, grid.factors) & body
     hu_all = grid.hu
     noise = image_noise(hu_all, body, sa)
-    if noise > NOISY_HU:
+    raw_all = hu_all
+    noisy = noise > NOISY_HU
+    if noisy:
         log.debug("bone: image noise %.0f HU, segmented on the in-plane mean", noise)
         hu_all = in_plane_mean(hu_all, sa)
     box = bbox((((hu_all > LOW_HU) & body) | cortex_all).cpu().numpy(), 2)
@@ -325,7 +372,11 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     bone = geodesic(bone, low | bone, steps)
     bone_np = _fill_marrow(bone.cpu().numpy(), hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)
     bone = morph.to_tensor(bone_np, hu.device) & body_b
-    outer = bone & ~morph.erode(bone, (1, 1, 1)) & ~(hu > p.bone_hu) & ~cortex
+    outer = bone & ~morph.erode(bone, (1, 1, 1)) & ~cortex
+    if noisy:  # the in-plane mean spreads a bright cortex one voxel out; the median does not
+        outer &= ~(in_plane_median_at(raw_all[box], outer, sa) > p.bone_hu)
+    else:
+        outer &= ~(hu > p.bone_hu)
     bone &= ~outer
     metal = full_hu > METAL_HU
     if bool(metal.any()):
