@@ -147,6 +147,24 @@ def test_duplicates_and_score_combination() -> None:
     assert np.all((out >= 0) & (out <= 1))
 
 
+def test_candidates_sharing_one_box_are_one_finding_with_box_merging() -> None:
+    # a 26 mm nodule (box centred at 0) with three 6 mm candidates on its rim, scoring above it; a separate
+    # 6 mm candidate outside its box; and a large, low-scoring box that reaches none of the kept centres
+    centers = np.array([[9.0, 9.0, 0.0], [-9.0, 8.0, 2.0], [2.0, -10.0, -5.0], [0.0, 0.0, 0.0], [25.0, 0.0, 0.0]])
+    diam = np.array([6.0, 6.0, 6.0, 26.0, 6.0])
+    extents = np.repeat(diam[:, None], 3, axis=1)
+    scores = np.array([0.97, 0.95, 0.94, 0.90, 0.80])
+    # by distance alone, every rim candidate and the box itself survive (each 12-13 mm from the others)
+    assert suppress_duplicates(centers, diam, scores, radius_factor=1.5).tolist() == [0, 1, 2, 3, 4]
+    # the 26 mm box holds the best rim candidate and the other two: one finding; the one outside stays
+    assert suppress_duplicates(centers, diam, scores, radius_factor=1.5, extents_mm=extents).tolist() == [0, 4]
+    # a box is only a link where it holds both centres: the rim candidates alone (no wide box) stay apart
+    alone = suppress_duplicates(centers[[0, 1, 2, 4]], diam[[0, 1, 2, 4]], scores[[0, 1, 2, 4]], extents_mm=extents[[0, 1, 2, 4]])
+    assert alone.tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="one box size per centre"):
+        suppress_duplicates(centers, diam, scores, extents_mm=extents[:2])
+
+
 class _Lopsided(torch.nn.Module):
     """Logit = sum of the patch's first half along L minus its second half: not mirror-invariant."""
 
@@ -182,6 +200,11 @@ def test_fp_reduction_config_and_weights_errors(tmp_path: Path) -> None:
     four = FPReductionConfig.from_json({"weights": "w.pt", "flip_views": 4, "flip_min_probability": 0.05}, weights_dir=tmp_path)
     assert (four.flip_views, four.flip_min_probability) == (4, 0.05)
     assert FPReductionConfig.from_json(four.to_json(), weights_dir=tmp_path) == four
+    merged = FPReductionConfig.from_json({"weights": "w.pt", "box_merge": True}, weights_dir=tmp_path)
+    assert merged.box_merge and not four.box_merge
+    assert FPReductionConfig.from_json(merged.to_json(), weights_dir=tmp_path) == merged
+    with pytest.raises(BundleError, match="box_merge must be true or false, got 'yes'"):
+        FPReductionConfig.from_json({"weights": "w.pt", "box_merge": "yes"}, weights_dir=tmp_path)
     cfg = FPReductionConfig.from_json({"weights": "w.pt"}, weights_dir=tmp_path)
     with pytest.raises(BundleError, match="missing") as exc:
         FPReducer(cfg)

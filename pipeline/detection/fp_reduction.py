@@ -12,7 +12,8 @@ reject are scored again on mirrored copies of their patches and the logits avera
 (:func:`patch_logits`: the network is not exactly mirror-invariant, and the mean ranks candidates more
 reliably). Scores of candidates the network also proposed may be combined with its score
 (:func:`combine_scores`, weight chosen on validation phantoms); duplicates of one nodule are merged
-(:func:`suppress_duplicates`).
+(:func:`suppress_duplicates`; with ``box_merge``, also candidates whose centres share one candidate's box, such
+as several candidates on the rim of one large nodule).
 
 The classifier's weights are trained by ``scripts/train_fp_reducer.py`` on synthetic
 phantoms (for demonstration and testing only, not for clinical use); a model JSON names
@@ -94,6 +95,7 @@ class FPReductionConfig:
     context_spacing_mm: float | None = None
     flip_views: int = 1
     flip_min_probability: float = 0.02
+    box_merge: bool = False
 
     @property
     def spacings_mm(self) -> tuple[float, ...]:
@@ -117,6 +119,7 @@ class FPReductionConfig:
                 context_spacing_mm=None if data.get("context_spacing_mm") is None else float(data["context_spacing_mm"]),
                 flip_views=int(data.get("flip_views", 1)),
                 flip_min_probability=float(data.get("flip_min_probability", 0.02)),
+                box_merge=_flag(data.get("box_merge", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(
@@ -157,7 +160,15 @@ class FPReductionConfig:
             "context_spacing_mm": self.context_spacing_mm,
             "flip_views": self.flip_views,
             "flip_min_probability": self.flip_min_probability,
+            "box_merge": self.box_merge,
         }
+
+
+def _flag(value: Any) -> bool:
+    """A JSON boolean (``true``/``false``), refused otherwise."""
+    if not isinstance(value, bool):
+        raise ValueError(f"box_merge must be true or false, got {value!r}")
+    return value
 
 
 def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 24, spacing_mm: float = 1.0) -> np.ndarray:
@@ -302,15 +313,31 @@ def suppress_duplicates(
     *,
     min_distance_mm: float = 3.0,
     radius_factor: float = 1.0,
+    extents_mm: np.ndarray | None = None,
 ) -> np.ndarray:
     """Indices kept, highest score first: a candidate is dropped when its centre lies within
-    ``max(min_distance_mm, radius_factor * radius)`` of a higher-scoring kept one (the same nodule seen twice)."""
+    ``max(min_distance_mm, radius_factor * radius)`` of a higher-scoring kept one (the same nodule seen twice).
+
+    With ``extents_mm`` (N, 3: each candidate's box size along L, P, S, mm; the box centred on its centre, LPS), a
+    candidate is also dropped when one box holds both its centre and a higher-scoring kept one's: its own box (a
+    wider box around a nodule already kept), or any candidate's (several small candidates on the rim of one large
+    nodule, which the wide box covers whole, are one finding, not several)."""
+    centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
     order = np.argsort(-np.asarray(scores), kind="stable")
+    shared: np.ndarray | None = None
+    if extents_mm is not None and len(centers):
+        half = np.asarray(extents_mm, dtype=np.float64).reshape(-1, 3) / 2.0
+        if half.shape != centers.shape:
+            raise ValueError(f"extents_mm has shape {half.shape}, the centres {centers.shape}: give one box size per centre")
+        inside = np.all(np.abs(centers[None, :, :] - centers[:, None, :]) <= half[:, None, :], axis=2)  # [box, centre]
+        shared = (inside.T.astype(np.float32) @ inside.astype(np.float32)) > 0  # centres sharing a box
     kept: list[int] = []
     for n in order:
         if kept:
-            d = np.linalg.norm(centers_lps[kept] - centers_lps[n], axis=1)
+            d = np.linalg.norm(centers[kept] - centers[n], axis=1)
             if np.any(d < np.maximum(min_distance_mm, radius_factor * diameters_mm[kept] / 2.0)):
+                continue
+            if shared is not None and bool(shared[kept, n].any()):
                 continue
         kept.append(int(n))
     return np.asarray(kept, dtype=int)
@@ -326,8 +353,13 @@ def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPRedu
     centers = np.array([f.center_lps for f in items])
     probs = reducer.probabilities(volume, centers)
     scores = combine_scores(probs, det, reducer.config.detector_weight)
+    extents = np.array([np.subtract(f.box_max_lps, f.box_min_lps) for f in items]) if reducer.config.box_merge else None
     keep = suppress_duplicates(
-        centers, np.array([f.diameter_mm for f in items]), scores, radius_factor=reducer.config.duplicate_radius_factor
+        centers,
+        np.array([f.diameter_mm for f in items]),
+        scores,
+        radius_factor=reducer.config.duplicate_radius_factor,
+        extents_mm=extents,
     )
     log.debug("false-positive reduction: %d candidates (%d blobs), %d kept", len(items), int((det < 0).sum()), len(keep))
     return findings.with_candidates(_sized(items, det, scores, keep))
