@@ -65,6 +65,7 @@ from train_detector import HELDOUT_SEEDS, SCENARIO_SEEDS, training_phantom
 
 from pipeline.detection.bundle import load_model
 from pipeline.detection.evaluate import evaluate_froc
+from pipeline.detection.findings import box_extents
 from pipeline.detection.fp_reduction import (
     FLIP_VIEWS,
     FPReductionConfig,
@@ -94,7 +95,7 @@ def phantom_candidates(det: Detector, seed: int, cfg: FPReductionConfig, jitter:
     items, det_scores = candidate_findings(ph.volume, findings, region, blobs=cfg.blob_candidates)
     centers = np.array([f.center_lps for f in items]).reshape(-1, 3)
     sizes = np.array([f.diameter_mm for f in items], np.float32)
-    extents = np.array([np.subtract(f.box_max_lps, f.box_min_lps) for f in items], np.float32).reshape(-1, 3)
+    extents = box_extents(items).astype(np.float32)
     labels = np.zeros(len(items), np.int8)
     diam = np.zeros(len(items), np.float32)
     extra = []
@@ -211,11 +212,23 @@ def anatomy_negatives(ph, rng: np.random.Generator, count: int, *, clearance_mm:
     return np.concatenate(centres)[:count], np.concatenate(kinds)[:count]
 
 
+def _patch_key(cfg: FPReductionConfig) -> str:
+    """The part of a cache file's name set by the patches' size and spacings."""
+    return f"p{cfg.patch}_s{'-'.join(f'{s:g}' for s in cfg.spacings_mm)}"
+
+
+def _save_npz(path: Path, **arrays: np.ndarray) -> None:
+    """Write ``arrays`` to ``path`` (.npz) whole or not at all: a killed run leaves no half-written cache file."""
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
 def anatomy_cache(work: Path, seeds: list[int], cfg: FPReductionConfig, count: int) -> list[dict]:
     """For each training seed, :func:`anatomy_negatives` as cached patches (uint8), labels (0), detector score -3,
     centres (LPS mm), sizes (the patch side) and kinds; cached in ``work``."""
     out = []
-    key = f"p{cfg.patch}_s{'-'.join(f'{s:g}' for s in cfg.spacings_mm)}_n{count}"
+    key = f"{_patch_key(cfg)}_n{count}"
     for n, seed in enumerate(seeds):
         path = work / "cache" / f"anatomy_{seed}_{key}.npz"
         if not path.is_file():
@@ -223,9 +236,8 @@ def anatomy_cache(work: Path, seeds: list[int], cfg: FPReductionConfig, count: i
             ph = training_phantom(seed, np.random.default_rng(seed))
             centres, kinds = anatomy_negatives(ph, np.random.default_rng([seed, 1]), count)
             patches = classifier_input(ph.volume, centres, cfg)
-            tmp = path.with_suffix(".tmp.npz")
-            np.savez(
-                tmp,
+            _save_npz(
+                path,
                 patches=np.round(patches * 255).astype(np.uint8),
                 labels=np.zeros(len(centres), np.int8),
                 det=np.full(len(centres), -3.0, np.float32),
@@ -234,7 +246,6 @@ def anatomy_cache(work: Path, seeds: list[int], cfg: FPReductionConfig, count: i
                 sizes=np.full(len(centres), float(cfg.patch), np.float32),
                 kinds=kinds,
             )
-            tmp.replace(path)
             log.info(
                 "phantom %d (%d/%d): %d anatomy negatives (%s), %.1fs",
                 seed,
@@ -252,15 +263,13 @@ def build_cache(work: Path, det: Detector, seeds: list[int], cfg: FPReductionCon
     """:func:`phantom_candidates` of each seed, cached in ``work`` (keyed by the settings that change them)."""
     out = []
     (work / "cache").mkdir(parents=True, exist_ok=True)
-    key = f"p{cfg.patch}_s{'-'.join(f'{s:g}' for s in cfg.spacings_mm)}_b{cfg.blob_candidates}_j{jitter}_x"
+    key = f"{_patch_key(cfg)}_b{cfg.blob_candidates}_j{jitter}_x"
     for n, seed in enumerate(seeds):
         path = work / "cache" / f"fpr_{seed}_{key}.npz"
         if not path.is_file():
             t0 = time.time()
             data = phantom_candidates(det, seed, cfg, jitter)
-            tmp = path.with_suffix(".tmp.npz")
-            np.savez(tmp, **data)
-            tmp.replace(path)
+            _save_npz(path, **data)
             lab = data["labels"]
             log.info(
                 "phantom %d (%d/%d): %d candidates, %d positive (%d jittered), %.1fs",

@@ -23,7 +23,7 @@ import pytest
 from pipeline.config import load_config
 from pipeline.errors import ClusterError, ConfigError
 from pipeline.runner.ray_actors import pick_device
-from tests._support.runner import PHANTOM, QUICK, ctpipe, db_rows
+from tests._support.runner import PHANTOM, QUICK, as_cli, ctpipe, db_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -227,7 +227,7 @@ def test_a_driver_killed_with_sigkill_then_a_plain_rerun_finishes_every_case_onc
     from tests._support.ray_cluster import ray_environment
 
     out = tmp_path / "killed"
-    sets = [x for k, v in cases["opts"].items() for x in ("--set", f"{k}={','.join(v) if isinstance(v, list) else v}")]
+    sets = as_cli(cases["opts"])
     args = [
         sys.executable,
         "-m",

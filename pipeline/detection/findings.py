@@ -22,10 +22,12 @@ import csv
 import io
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..atomic import atomic_write_bytes
 from ..volume import float3, int3
@@ -56,6 +58,11 @@ CSV_FIELDS = [
 
 #: What ``slice_number`` holds (:func:`slice_number_source`).
 SLICE_NUMBER_SOURCES = ("InstanceNumber", "FrameNumber", "index + 1")
+
+
+def box_extents(items: Sequence[Finding]) -> np.ndarray:
+    """The box size of each finding along L, P, S (mm), as an ``(N, 3)`` float64 array."""
+    return np.array([np.subtract(f.box_max_lps, f.box_min_lps) for f in items], dtype=np.float64).reshape(-1, 3)
 
 
 def _per_slice(metadata: Mapping[str, Any], key: str, n_slices: int, kind: type) -> list[Any] | None:

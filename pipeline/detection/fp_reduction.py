@@ -36,7 +36,7 @@ from torch import nn
 from ..errors import BundleError
 from ..volume import CTVolume, float3, int3
 from .candidates import blob_candidates
-from .findings import Finding, Findings, slice_fields
+from .findings import Finding, Findings, box_extents, slice_fields
 from .lungs import LungRegion
 from .refine import refine_findings
 
@@ -353,7 +353,7 @@ def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPRedu
     centers = np.array([f.center_lps for f in items])
     probs = reducer.probabilities(volume, centers)
     scores = combine_scores(probs, det, reducer.config.detector_weight)
-    extents = np.array([np.subtract(f.box_max_lps, f.box_min_lps) for f in items]) if reducer.config.box_merge else None
+    extents = box_extents(items) if reducer.config.box_merge else None
     keep = suppress_duplicates(
         centers,
         np.array([f.diameter_mm for f in items]),

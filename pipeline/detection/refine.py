@@ -44,7 +44,7 @@ from scipy import ndimage
 
 from ..errors import ConfigError
 from ..volume import CTVolume, float3
-from .findings import Finding, Findings, slice_fields
+from .findings import Finding, Findings, box_extents, slice_fields
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def refine_findings(
     if not items:
         return findings.with_candidates([], keep_threshold=True)
     centers = np.array([f.center_lps for f in items], dtype=np.float64)
-    extents = np.array([np.subtract(f.box_max_lps, f.box_min_lps) for f in items], dtype=np.float64)
+    extents = box_extents(items)
     res = refine_centres(volume, centers, extents, **options)
     scores = rescore_compact(np.array([f.score for f in items]), res) if rescore else None
     size_ijk = np.asarray(volume.geometry.size_ijk)

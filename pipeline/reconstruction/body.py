@@ -47,9 +47,8 @@ PART_THICK_MM = 4.0  # an arm survives an in-plane erosion by this radius (mm)
 PART_HU = (-250.0, 200.0)  # median HU of an arm (skin, fat, muscle, some bone)
 TRUNK_OPEN = 0.06  # in-plane opening radius for the trunk, as a share of the footprint's size (sqrt of area)
 LAYER_MAX = 0.15  # a mattress or blanket is thinner than this share of the patient's depth
-TOP_WINDOW_MM = (
-    80.0  # gaps up to this width (mm) in a bright shell under a mattress are bridged (a sag of 1.5 mm on a 550 mm curve)
-)
+# gaps up to this width (mm) in a bright shell under a mattress are bridged (a sag of 1.5 mm on a 550 mm curve)
+TOP_WINDOW_MM = 80.0
 TOP_TOL_MM = 4.0  # a shell's column more than this (mm) off its neighbours' median row is not on the shell
 SHELL_MEDIAN = 7  # columns in that median
 BARE_GAP = 0.08  # under the patient, air thinner than this share of the patient's depth lies on a bare shell (not foam)
@@ -123,8 +122,7 @@ def _layer_on_shell(solid: np.ndarray, top: np.ndarray, depth: int) -> int:
     depth_n = solid.shape[0]
     thick_max = max(2, int(LAYER_MAX * depth))
     rows = np.arange(depth_n)[:, None]
-    above = (rows < top[None, :]) & ~solid  # the first non-tissue pixel above the shell ends the run
-    last_gap = np.where(above.any(axis=0), depth_n - 1 - np.argmax(above[::-1], axis=0), -1)
+    last_gap = _last_row((rows < top[None, :]) & ~solid)  # the first non-tissue pixel above the shell ends the run
     has = top < depth_n
     run = np.where(has, top - 1 - last_gap, 0)
     ok = has & (run <= thick_max)
@@ -135,6 +133,11 @@ def _layer_on_shell(solid: np.ndarray, top: np.ndarray, depth: int) -> int:
     if covered.size < LAYER_COVER * runs.size:
         return 0
     return int(np.median(covered))
+
+
+def _last_row(mask: np.ndarray) -> np.ndarray:
+    """Per column (axis 1): the last row (axis 0) of ``mask``, -1 where the column holds none."""
+    return np.where(mask.any(axis=0), mask.shape[0] - 1 - np.argmax(mask[::-1], axis=0), -1)
 
 
 def _first_below(mask: np.ndarray, below: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -240,7 +243,7 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     if trunk_rows.size == 0:
         return None
     t_depth = trunk_rows.size
-    lowest = np.where(tr.any(axis=0), so.shape[0] - 1 - np.argmax(tr[::-1], axis=0), -1)
+    lowest = _last_row(tr)
     contact = lowest >= trunk_rows[-1] - LAYER_MAX * t_depth  # columns where the patient's back rests
     pixel = min(geom.spacing[2 - a] for a in range(3) if a != sa)
     window, tol = max(2, int(round(TOP_WINDOW_MM / pixel))), max(1, int(round(TOP_TOL_MM / pixel)))
@@ -251,9 +254,7 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     else:  # the bare upper shell, or the lower one under a mattress whose upper shell was not seen
         if not has.any():
             return None
-        rows = np.arange(so.shape[0])[:, None]
-        tissue_above = (rows < top[None, :]) & so
-        last = np.where(tissue_above.any(axis=0), so.shape[0] - 1 - np.argmax(tissue_above[::-1], axis=0), -1)
+        last = _last_row((depth < top[None, :]) & so)
         gap = (top - 1 - last)[contact & has]  # what separates the shell from the patient resting on the table
         if gap.size and np.median(gap) <= BARE_GAP * t_depth:  # an air gap: the bare upper shell
             start = top - _layer_on_shell(so, top, t_depth)
