@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.phantom import generate_phantom
-from pipeline.phantom.confounders import CONFOUNDER_SCENARIOS, Confounders
+from pipeline.phantom.confounders import CONFOUNDER_SCENARIOS, Confounders, scenarios_at
 from pipeline.reconstruction import body as body_mod
 from pipeline.reconstruction import bone as bone_mod
 from pipeline.reconstruction.grid import Grid
@@ -73,6 +73,25 @@ def test_bone_meets_the_target_with_a_sharp_kernel_arms_and_metal(name):
     assert (bone & ph.masks["metal"]).sum() <= 0.05 * max(1, int(ph.masks["metal"].sum()))
 
 
+def test_bone_leaves_out_an_aorta_against_the_spine_under_arterial_contrast_sharp_kernel_and_metal():
+    """All confounders at once (seed 13031, a tuning case): the enhanced descending aorta touches a
+    vertebral body and streaks from spinal hardware cross it; it is a blood pool, not bone."""
+    s = scenarios_at(8000)["everything"]
+    ph = generate_phantom(
+        s.seed,
+        confounders=s.confounders,
+        patient_position=s.patient_position,
+        matrix=180,
+        pixel_spacing=2.0,
+        slice_spacing=2.5,
+        n_nodules=None,
+    )
+    seg = segment_organs(ph.volume, organs=("body", "bone"), device="cpu")
+    bone, truth, blood = seg.masks["bone"], ph.masks["bone"], ph.masks["contrast_blood"]
+    assert dice(truth, bone) >= 0.90, f"bone Dice {dice(truth, bone):.3f}"
+    assert (bone & blood).sum() <= 0.12 * blood.sum(), f"{(bone & blood).sum()} of {blood.sum()} blood voxels are bone"
+
+
 def test_bone_without_contrast_still_meets_the_plain_phantom_floor():
     ph = generate_phantom(1, matrix=128)
     seg = segment_organs(ph.volume, organs=("body", "bone"), device="cpu")
@@ -131,6 +150,28 @@ def test_blood_pools_are_smooth_unrimmed_regions(rimmed):
         assert bone.numpy()[core].mean() > 0.9 and not pool.numpy()[core].any()
     else:  # a vessel: blood
         assert pool.numpy()[core].mean() > 0.9 and not bone.numpy()[core].any()
+
+
+def test_a_vertebral_body_and_the_aorta_touching_it_through_its_cortex_are_judged_apart():
+    """A cortex-rimmed 300 HU body whose cortex is missing where a 300 HU vessel touches it. Judged as one thick
+    region, half its ring is cortex and the vessel would be bone with the body; split at the neck, the body is
+    rimmed (bone) and the vessel is not (blood)."""
+    rng = np.random.default_rng(2)
+    nk, n = 20, 72
+    _, j, i = np.meshgrid(np.arange(nk), np.arange(n), np.arange(n), indexing="ij")
+    r_body, r_vessel = np.hypot(j - 36, i - 28), np.hypot(j - 36, i - 48)  # joined by a 7 mm neck
+    arr = np.full((nk, n, n), 40.0)
+    arr[(r_body >= 12) & (r_body < 13.5) & (i < 36)] = 1000.0  # the cortex, open on the vessel's side
+    arr[r_body < 12] = 300.0
+    arr[r_vessel < 9] = 300.0
+    arr += rng.normal(0, 15, arr.shape)
+    grid = _grid(arr)
+    body = torch.ones(arr.shape, dtype=torch.bool)
+    cortex = bone_mod.cortex_seeds(grid.hu, (1, 1, 1))
+    pool, bone = (m.numpy() for m in bone_mod.blood_pools(grid.hu, body, cortex, grid))
+    body_core, vessel_core = r_body < 8, r_vessel < 6
+    assert bone[body_core].mean() > 0.9 and not pool[body_core].any()
+    assert pool[vessel_core].mean() > 0.9 and not bone[vessel_core].any()
 
 
 def test_segment_bone_fills_marrow_inside_cortex_but_not_the_spinal_canal():

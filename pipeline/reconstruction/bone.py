@@ -9,10 +9,14 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
 2. **Blood pools**: thick regions (in-plane smoothed HU above ``LOW_HU``, wider than
    ``2 * POOL_MM``, cortex and its small gaps excluded) are taken slice by slice (so that
    blood and bone never merge through a disc or a partial-volume bridge) and tested one by
-   one (each grown in-plane up to a rim brighter than ``SEED_HU - RIM_DELTA``): a heart
-   chamber, the aorta or a pulmonary artery is smooth inside (HU spread, away from its
-   partial-volume edge, below ``TEXTURE_RATIO`` times the image noise of its slice, which streaks
-   from metal raise) and hardly rimmed by cortex or by anything
+   one (each grown in-plane from its own seed up to a rim brighter than ``SEED_HU - RIM_DELTA``,
+   a voxel joining the seed that reaches it first; regions joined by a neck narrower than
+   ``2 * SPLIT_MM`` have a seed each, so that a vertebral body and the aorta touching it where
+   its cortex is faint stay two regions): a heart
+   chamber, the aorta or a pulmonary artery is smooth inside (the median HU spread inside its
+   core, from core voxels only, so that neither its partial-volume edge, nor a thin bright wall
+   touching it, nor a streak across it counts, below ``TEXTURE_RATIO`` times the image noise of
+   its slice, which streaks from metal raise) and hardly rimmed by cortex or by anything
    ``RIM_DELTA`` brighter than its inside (share of its in-plane rim below ``RIM_MIN``); a
    vertebral body or the sternum is textured (trabecular bone) or rimmed by cortex. Pools
    (and their partial-volume rim where they touch bone) are excluded from everything below;
@@ -23,7 +27,7 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
    medullary cavity, not the spinal canal), then grown up to ``GROW_MM`` into voxels above
    ``LOW_HU`` that are not blood pools (trabecular bone behind a thin cortex). Holes left in a
    slice are filled again (noise specks up to ``SPECK_MM2`` whatever their HU, and marrow as
-   before); the outer layer is then kept only where it passes ``bone_hu`` (partial volume),
+   before); the in-plane outer layer is then kept only where it passes ``bone_hu`` (partial volume),
    metal (above ``METAL_HU``, with its one-voxel partial-volume rim) is taken out, and
    components smaller than ``min_bone_ml`` dropped.
 
@@ -54,10 +58,11 @@ SEED_HU = 600.0  # cortical bone (HU, full resolution)
 SEED_MIN_COUNT = 4  # seed voxels in a 3x3x3 neighbourhood (the voxel included)
 LOW_HU = 150.0  # trabecular bone and enhanced blood are above this (HU); enhanced liver and spleen are below
 POOL_MM = 2.0  # a blood pool is wider than twice this in-plane (mm)
+SPLIT_MM = 4.0  # thick regions joined by a neck narrower than twice this in-plane (mm) are judged apart
 RIM_MIN = 0.45  # share of an in-plane rim on cortex above which a thick region is bone
 RIM_DELTA = 100.0  # a rim voxel this much brighter (HU) than the region's inside is cortex too
 TEXTURE_RATIO = 2.0  # local HU spread (x image noise) above which a thick region is bone
-DEEP_MIN_MM2 = 40.0  # area a region needs two voxels inside its edge for its texture to be measured there (a heart chamber)
+CORE_NEIGHBOURS_MIN = 6  # in-plane 3x3 neighbours (in a region's core) a voxel needs for its texture to count
 GROW_MM = 8.0  # trabecular bone reaches this far from cortex or a bone region (mm)
 MARROW_HU = 100.0  # mean HU of marrow enclosed by bone (the spinal canal is below)
 MARROW_MAX_MM2 = 3000.0  # largest enclosed marrow area per slice (mm²): not the chest cavity
@@ -138,6 +143,45 @@ def _ring_labels(labels: torch.Tensor, region: torch.Tensor, dims: tuple[int, ..
     return torch.where(region, torch.zeros_like(out), out)
 
 
+def _label_median(labels: torch.Tensor, values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per label ``0..n``: (median of ``values`` over its voxels, voxel count); 1-D tensors of equal length in."""
+    v = values.to(torch.float64)
+    span = float(v.max() - v.min()) + 1.0 if v.numel() else 1.0
+    order = torch.argsort(labels.to(torch.float64) * span + (v - v.min() if v.numel() else v))  # by label, then value
+    sorted_values = values[order]
+    count = torch.bincount(labels, minlength=n + 1)
+    start = torch.cumsum(count, 0) - count
+    mid = (start + (count - 1).clamp(min=0) // 2).clamp(max=max(0, sorted_values.numel() - 1))
+    med = sorted_values[mid] if sorted_values.numel() else torch.zeros(n + 1, dtype=values.dtype, device=values.device)
+    return torch.where(count > 0, med, torch.zeros_like(med)), count
+
+
+def _core_texture(
+    hu: torch.Tensor, spread: torch.Tensor, core: torch.Tensor, labels: torch.Tensor, n: int, inplane: tuple[int, ...]
+) -> torch.Tensor:
+    """Per label ``0..n``: the median in-plane 3x3 HU spread (HU) inside ``core``, from core neighbours only.
+
+    Neither the region's partial-volume edge nor a thin bright structure touching it (an enhanced
+    vessel wall) enters the spread: only voxels of ``core`` with at least
+    :data:`CORE_NEIGHBOURS_MIN` in-plane neighbours (themselves included) in ``core`` count, each
+    with the spread of those neighbours; the median keeps the few streaks from metal that cross
+    a blood pool from making it textured (trabecular bone is textured throughout). Labels without
+    such a voxel get the mean plain 3x3 spread over their core voxels (``spread``: the in-plane
+    3x3 standard deviation of ``hu``).
+    """
+    w = core.to(hu.dtype)
+    count = _sum3(w, inplane, zero_edges=True)
+    c = count.clamp(min=1)
+    m1 = _sum3(hu * w, inplane, zero_edges=True) / c
+    inside_spread = (_sum3(hu * hu * w, inplane, zero_edges=True) / c - m1 * m1).clamp(min=0).sqrt()
+    use = core & (count >= CORE_NEIGHBOURS_MIN)
+    texture, use_n = _label_median(labels[use], inside_spread[use], n)
+    in_core = torch.where(core, labels, torch.zeros_like(labels)).ravel()
+    core_n = torch.bincount(in_core, minlength=n + 1).clamp(min=1)
+    plain = torch.bincount(in_core, weights=spread.ravel(), minlength=n + 1) / core_n
+    return torch.where(use_n > 0, texture, plain)
+
+
 def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
     """(blood pools, thick bone regions) among the thick regions above ``LOW_HU`` (bool tensors like ``hu``).
 
@@ -153,7 +197,6 @@ def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid
     allowed = (smooth > LOW_HU) & body & ~barrier
     rk, rj, ri = (0 if d == sa else max(1, v) for d, v in enumerate(grid.radius(POOL_MM)))
     r = (rk, rj, ri)
-    one = tuple(0 if d == sa else 1 for d in range(3))
     structure = morph.in_plane_cross(sa)  # regions are taken slice by slice: no merging along z
     core = morph.erode(allowed, r)
     if not bool(core.any()):
@@ -162,13 +205,29 @@ def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid
     if box is None:
         return none, none
     hu_b, core_b, allowed_b, body_b, barrier_b = hu[box], core[box], allowed[box], body[box], barrier[box]
-    # the region around each core, grown in-plane out to the rim
-    region = core_b
-    inner = allowed_b & (hu_b < SEED_HU - RIM_DELTA)  # a faint cortex stops the region (its rim)
-    for _ in range(max(r) + 2):
-        region = morph.dilate(region, one) & inner
-    lab_np, n = ndimage.label(region.cpu().numpy(), structure=structure)
+    # each core's region, grown in-plane out to its rim. Cores are split at necks narrower than 2 * SPLIT_MM
+    # (a vertebral body and the aorta touching it, where its cortex is faint or missing): each part grows from
+    # its own seed (the core eroded by SPLIT_MM, or the whole core where nothing survives that), a voxel
+    # joining the seed that reaches it first
+    inner = (allowed_b & (hu_b < SEED_HU - RIM_DELTA)).cpu().numpy()  # a faint cortex stops the region (its rim)
+    core_np = core_b.cpu().numpy()
+    split_r = tuple(0 if d == sa else max(1, v) for d, v in enumerate(grid.radius(SPLIT_MM)))
+    seeds = morph.erode(core_b, split_r).cpu().numpy()
+    lab_np, n = ndimage.label(seeds, structure=structure)
+    core_lab, n_core = ndimage.label(core_np, structure=structure)
+    seeded = np.zeros(n_core + 1, dtype=bool)
+    seeded[core_lab[seeds]] = True
+    unseeded = core_np & ~seeded[core_lab]
+    extra, n_extra = ndimage.label(unseeded, structure=structure)
+    lab_np = np.where(unseeded, extra + n, lab_np)
+    n += n_extra
+    footprint = np.ones(tuple(1 if d == sa else 3 for d in range(3)), dtype=bool)
+    for within, steps in ((core_np, max(split_r) + 1), (inner, max(r) + 2)):
+        for _ in range(steps):
+            reach = ndimage.grey_dilation(lab_np, footprint=footprint)
+            lab_np = np.where(within, np.where(lab_np > 0, lab_np, reach), 0)
     labels = morph.to_tensor(lab_np, hu.device).to(torch.int64)
+    region = labels > 0
     mean = _sum3(hu_b, inplane) / 9.0
     spread = (_sum3(hu_b * hu_b, inplane) / 9.0 - mean * mean).clamp(min=0).sqrt()
     soft = body_b & (mean > -100) & (mean < 100) & ~region
@@ -178,16 +237,7 @@ def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid
     in_core = torch.where(core_b, labels, torch.zeros_like(labels)).ravel()
     size = torch.bincount(in_core, minlength=n + 1).clamp(min=1)
     level = torch.bincount(in_core, weights=hu_b.ravel(), minlength=n + 1) / size
-    # texture away from the region's partial-volume edge (whose 3x3 spread is the edge's contrast, not texture)
-    deep = morph.erode(core_b, one) & core_b
-    in_deep = torch.where(deep, labels, torch.zeros_like(labels)).ravel()
-    deep_n = torch.bincount(in_deep, minlength=n + 1)
-    pixel_mm2 = float(np.prod([grid.geometry.spacing[2 - d] for d in inplane]))
-    texture = torch.where(
-        deep_n * pixel_mm2 >= DEEP_MIN_MM2,
-        torch.bincount(in_deep, weights=spread.ravel(), minlength=n + 1) / deep_n.clamp(min=1),
-        torch.bincount(in_core, weights=spread.ravel(), minlength=n + 1) / size,
-    )
+    texture = _core_texture(hu_b, spread, core_b, labels, n, inplane)
     # the rim: in-plane neighbours outside the region; cortex, or brighter than the region's inside
     ring = _ring_labels(labels, region, inplane)
     on_ring = ring > 0
@@ -372,7 +422,8 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     bone = geodesic(bone, low | bone, steps)
     bone_np = _fill_marrow(bone.cpu().numpy(), hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)
     bone = morph.to_tensor(bone_np, hu.device) & body_b
-    outer = bone & ~morph.erode(bone, (1, 1, 1)) & ~cortex
+    # the outer layer in-plane: a hole in the next slice makes no edge inside a vertebral body
+    outer = bone & ~morph.erode(bone, tuple(0 if d == sa else 1 for d in range(3))) & ~cortex
     if noisy:  # the in-plane mean spreads a bright cortex one voxel out; the median does not
         outer &= ~(in_plane_median_at(raw_all[box], outer, sa) > p.bone_hu)
     else:
