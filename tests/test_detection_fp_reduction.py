@@ -257,23 +257,29 @@ def test_detector_runs_the_fp_reduction_stage_unless_postprocessing_is_off() -> 
     assert sum(hits) >= len(ph.nodules) - 1
 
 
-def test_a_kept_blob_inside_a_merged_network_box_takes_the_box_size():
+def test_a_kept_blob_inside_a_merged_network_box_is_reported_as_that_box():
     from pipeline.detection.findings import Finding
     from pipeline.detection.fp_reduction import _sized
 
-    def finding(c, d):
+    def finding(c, d, k):
         c = np.asarray(c, dtype=float)
-        return Finding(tuple(c), tuple(c - d / 2), tuple(c + d / 2), d, 0.0, (0, 0, 0), 1)
+        return Finding(tuple(c), tuple(c - d / 2), tuple(c + d / 2), d, 0.0, (0, 0, k), k + 1)
 
-    # a part-solid nodule: the network's 18 mm box, its 6.5 mm solid core found as a blob 2 mm off centre,
-    # and a far 5 mm blob that no box covers
-    items = [finding((10, 20, 30), 18.0), finding((12, 20, 30), 6.5), finding((60, 20, 30), 5.0)]
+    # a large nodule: the network's 18 mm box, a 6.5 mm spot on its rim found as a blob 7 mm off centre (another
+    # slice), and a far 5 mm blob that no box covers
+    items = [finding((10, 20, 30), 18.0, 6), finding((17, 20, 30), 6.5, 8), finding((60, 20, 30), 5.0, 2)]
     det = np.array([0.9, -1.0, -1.0])
     scores = np.array([0.97, 0.99, 0.4])
-    out = _sized(items, det, scores, np.array([1, 2]))  # the core outscored the box, which was merged into it
+    out = _sized(items, det, scores, np.array([1, 2]))  # the spot outscored the box, which was merged into it
     assert [f.score for f in out] == [0.99, 0.4]
-    assert out[0].center_lps == (12.0, 20.0, 30.0) and out[0].diameter_mm == 18.0  # the core's centre, the box's size
-    assert out[0].box_min_lps == (3.0, 11.0, 21.0) and out[0].box_max_lps == (21.0, 29.0, 39.0)
-    assert out[1].diameter_mm == 5.0  # no box around it: the blob's own size
-    # a network box that was kept itself lends its size to nothing
+    # the whole nodule, where the network saw it: its centre, box, size and slice, with the spot's score
+    assert out[0].center_lps == (10.0, 20.0, 30.0) and out[0].diameter_mm == 18.0
+    assert out[0].box_min_lps == (1.0, 11.0, 21.0) and out[0].box_max_lps == (19.0, 29.0, 39.0)
+    assert out[0].voxel_ijk == (0, 0, 6) and out[0].slice_number == 7
+    assert out[1].diameter_mm == 5.0 and out[1].center_lps == (60.0, 20.0, 30.0)  # no box around it: the blob itself
+    # a network box that was kept itself stands for nothing else
     assert _sized(items, det, scores, np.array([0, 1]))[1].diameter_mm == 6.5
+    # a box the network hardly believes (its score under half the blob's) is a poor guess beside the nodule the
+    # blob found: the blob is reported as it is
+    weak = _sized(items, np.array([0.2, -1.0, -1.0]), np.array([0.3, 0.99, 0.4]), np.array([1, 2]))
+    assert weak[0].center_lps == (17.0, 20.0, 30.0) and weak[0].diameter_mm == 6.5 and weak[0].score == 0.99

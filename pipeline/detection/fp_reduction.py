@@ -43,6 +43,7 @@ from .refine import refine_findings
 log = logging.getLogger(__name__)
 
 HU_WINDOW = (-1000.0, 400.0)
+BOX_TRUST = 0.5  # a merged network box stands for the blob inside it when it scores at least this share of the blob's score
 
 #: Flipped copies averaged for ``flip_views`` views, as dims of an (N, C, S, P, L) tensor: the patch itself, then
 #: each axis (S, P, L) mirrored, then (8 views) every other combination.
@@ -366,22 +367,23 @@ def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPRedu
 
 
 def _sized(items: list[Finding], det: np.ndarray, scores: np.ndarray, keep: np.ndarray) -> list[Finding]:
-    """The kept candidates with their combined scores. A kept blob whose centre lies inside a network box that
-    was merged into it takes that box's extents (re-centred on the blob, LPS mm) and diameter: the blob
-    measures only the solid core of a part-solid nodule, the network's box the whole nodule."""
+    """The kept candidates with their combined scores. A kept blob whose centre lies inside a larger network box
+    that was merged into it, scoring at least :data:`BOX_TRUST` times the blob's score, is reported as that box
+    (its centre, extents, diameter and slice; LPS mm) with the blob's score: the blob measures only part of the
+    nodule (the solid core of a part-solid nodule, a spot on the rim of a large one), the network's box the whole
+    nodule. A box scoring less is the network's poor guess beside a nodule the blob found; the blob stands."""
     merged = np.setdiff1d(np.flatnonzero(det >= 0), keep)  # network boxes dropped as duplicates
     lo = np.array([items[m].box_min_lps for m in merged]).reshape(-1, 3)
     hi = np.array([items[m].box_max_lps for m in merged]).reshape(-1, 3)
     size = np.array([items[m].diameter_mm for m in merged])
     out = []
     for n in keep:
-        f = replace(items[n], score=float(scores[n]))
+        f = items[n]
         c = np.asarray(f.center_lps)
         covers = np.all(lo <= c, axis=1) & np.all(c <= hi, axis=1) & (size > f.diameter_mm)
+        covers &= scores[merged] >= BOX_TRUST * scores[n]  # a box the network hardly believes is not the nodule
         inside = np.flatnonzero(covers) if det[n] < 0 else np.zeros(0, dtype=int)
         if len(inside):
-            k = inside[int(np.argmax(scores[merged[inside]]))]
-            half = (hi[k] - lo[k]) / 2.0
-            f = replace(f, box_min_lps=float3(c - half), box_max_lps=float3(c + half), diameter_mm=float(size[k]))
-        out.append(f)
+            f = items[merged[inside[int(np.argmax(scores[merged[inside]]))]]]
+        out.append(replace(f, score=float(scores[n])))
     return out
