@@ -181,3 +181,24 @@ def test_no_lungs_is_a_flag_not_an_exception():
     assert seg.info["lungs"] == "absent" and seg.info["airway"] == "not_in_scan"
     assert not ({"lung_left", "lung_right", "airway"} & set(seg.masks))
     assert "airway" not in seg.errors
+
+
+def test_a_liver_dome_surrounded_by_a_lung_base_is_not_lung_but_nodules_and_hilar_vessels_are():
+    """Per-slice hole filling on a synthetic lung (1 mm voxels): a 24 mm dome rising from below into the base,
+    a 22 mm nodule inside, a 4 mm vessel and a 22 mm hilar vessel beside a bronchus, both running on past the lung."""
+    from pipeline.reconstruction.lung_surface import fill_slice_holes
+    from pipeline.volume import Geometry
+
+    k, j, i = np.meshgrid(np.arange(50), np.arange(100), np.arange(100), indexing="ij")
+    lung = (k >= 10) & (k < 45) & (j >= 5) & (j < 95) & (i >= 5) & (i < 95)
+    dome = (np.hypot(j - 30, i - 30) < 12) & (k < 15)
+    nodule = np.sqrt((k - 28) ** 2 + (j - 30) ** 2 + (i - 70) ** 2) < 11
+    vessel = np.hypot(j - 70, i - 30) < 2
+    hilar = np.hypot(j - 70, i - 70) < 11
+    airway = np.hypot(j - 70, i - 86) < 3
+    mask = lung & ~dome & ~nodule & ~vessel & ~hilar & ~airway
+    geometry = Geometry(shape=mask.shape, spacing=(1.0, 1.0, 1.0), origin=(0.0, 0.0, 0.0))
+    filled = fill_slice_holes(mask, geometry, airway)
+    assert not filled[dome & lung].any()  # below the diaphragm, whatever the slice shows
+    assert filled[nodule].all() and filled[vessel & lung].all() and filled[hilar & lung].all()
+    assert not fill_slice_holes(mask, geometry)[hilar & lung].any()  # without the bronchus: a large open hole

@@ -26,6 +26,8 @@ NOTCH_MIN_ML = 0.05  # and at least this much (not the gaps between vessels at t
 NOTCH_WRAPPED = 0.6  # and lung makes at least this share of its outer shell
 NOTCH_MAX_EXTENT_MM = 40.0  # and spans at most this much along every axis (not a wedge along the aorta)
 NOTCH_AIRWAY_MM = 15.0  # nor comes this close to the airway (the hilum's vessels and bronchi)
+HOLE_MAX_MM2 = 300.0  # a lung's in-plane hole larger than this (mm²) is filled only where enclosed in 3-D or at the hilum
+HILUM_MM = 20.0  # a large in-plane hole this close to the airway is a hilar vessel (filled)
 
 
 def boundary_threshold(hu: np.ndarray, lungs: np.ndarray, p: SegmentParams) -> float:
@@ -124,13 +126,45 @@ def pleural_notches(
     return out
 
 
+def fill_slice_holes(mask: np.ndarray, geometry: Geometry, airway: np.ndarray | None = None) -> np.ndarray:
+    """``mask`` (one lung, bool ``[k, j, i]``) with what it surrounds in each slice: vessels and nodules.
+
+    A hole of more than :data:`HOLE_MAX_MM2` in a slice is filled only where the lung also encloses it in
+    3-D (a large nodule) or where it comes within :data:`HILUM_MM` of ``airway`` (a hilar vessel beside
+    its bronchus; same grid as ``mask``): the dome of the liver or of the spleen, surrounded by a lung base
+    in the slices at its top, continues below the diaphragm (or past the scan's end) and is not lung.
+    """
+    sa = geometry.array_axis(2)
+    holes = morph.fill_holes(mask, slice_axis=sa) & ~mask
+    if not holes.any():
+        return mask.copy()
+    labels, n = ndimage.label(holes, structure=morph.in_plane_cross(sa))
+    pixel_mm2 = float(np.prod([geometry.spacing[2 - a] for a in range(3) if a != sa]))
+    big = np.bincount(labels.ravel(), minlength=n + 1) * pixel_mm2 > HOLE_MAX_MM2
+    big[0] = False
+    if big.any():
+        keep = morph.fill_holes(mask)  # enclosed in 3-D
+        if airway is not None and airway.any():
+            near = morph.dilate(morph.to_tensor(airway, "cpu"), morph.radius_vox(HILUM_MM, geometry.spacing)).numpy()
+            hilar = np.zeros(n + 1, dtype=bool)
+            hilar[np.unique(labels[near & (labels > 0)])] = True
+            keep |= hilar[labels]
+        holes &= ~big[labels] | keep
+    return mask | holes
+
+
 def fill_lung(
-    mask: np.ndarray, geometry: Geometry, device: torch.device | str, other: np.ndarray | None = None, close_mm: float = 3.0
+    mask: np.ndarray,
+    geometry: Geometry,
+    device: torch.device | str,
+    other: np.ndarray | None = None,
+    close_mm: float = 3.0,
+    airway: np.ndarray | None = None,
 ) -> np.ndarray:
     """Close and fill one lung so vessels and nodules inside it belong to it (never into ``other``).
 
     A closing of ``close_mm`` takes in the small concavities vessels make at the lung surface;
-    per-slice hole filling takes in what the lung surrounds.
+    per-slice hole filling takes in what the lung surrounds (:func:`fill_slice_holes`).
     """
     r = morph.radius_vox(close_mm, geometry.spacing)
     box = bbox(mask, max(r) + 1)
@@ -139,7 +173,7 @@ def fill_lung(
         return out
     sub = mask[box]
     closed = morph.closing(morph.to_tensor(sub, device), r).cpu().numpy()
-    out[box] = morph.fill_holes(closed | sub, slice_axis=geometry.array_axis(2))
+    out[box] = fill_slice_holes(closed | sub, geometry, None if airway is None else airway[box])
     if other is not None:
         out &= ~other
     return out

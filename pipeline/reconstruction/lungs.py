@@ -353,8 +353,8 @@ def select_lungs(
             gas=regions.internal_mask(),
             why="lung-density air on one side only, through the whole scan, with no airway (a test object's insert, not a lung)",
         )
-    left = fill_lung(left, grid.geometry, grid.hu.device, other=right, close_mm=p.lung_close_mm)
-    right = fill_lung(right, grid.geometry, grid.hu.device, other=left, close_mm=p.lung_close_mm)
+    left = fill_lung(left, grid.geometry, grid.hu.device, other=right, close_mm=p.lung_close_mm, airway=airway)
+    right = fill_lung(right, grid.geometry, grid.hu.device, other=left, close_mm=p.lung_close_mm, airway=airway)
     notches = pleural_notches(left, grid.geometry, airway, other=right)
     left |= notches
     right_notches = pleural_notches(right, grid.geometry, airway, other=left)

@@ -250,7 +250,9 @@ def _lungs_and_airway(
             fm = _refine(m, grid, full_hu, False, thr, inside=near)
             box = bbox(fm, 1)  # vessels the band threshold cut out of the lung's rim
             if box is not None:
-                fm[box] = morph.fill_holes(fm[box], slice_axis=seg.geometry.array_axis(2))
+                near_full = _upsample(morph.to_tensor(near, dev), grid.factors, tuple(full_hu.shape)).cpu().numpy()
+                filled = morph.fill_holes(fm[box], slice_axis=seg.geometry.array_axis(2))
+                fm[box] |= filled & near_full[box]  # not what the working grid left out (a liver dome)
         else:
             fm = lung_surface.adjust_boundary(m, grid.hu.cpu().numpy(), thr, near)
         if lungs.kept is not None and (lungs.kept & m).any():  # vessels and nodules at the pleura stay in
