@@ -18,7 +18,8 @@ lungs, else a single lung's side of the body's x mid-line (where the field of vi
 body whole). Never from which half of the image a region lies in.
 
 Each lung is then filled: a small closing and per-slice hole filling take in vessels and
-nodules inside it, :func:`pleural_notches` the nodules on its pleura (as LUNA16-style lung
+nodules inside it (a large hole only where the lung encloses it in 3-D or beside the airway: the
+liver dome that a lung base surrounds in a slice is not lung), :func:`pleural_notches` the nodules on its pleura (as LUNA16-style lung
 masks hold them). The final boundary lies where a voxel is half parenchyma, half soft tissue
 (:func:`boundary_threshold`).
 
