@@ -41,6 +41,17 @@ def test_body_leaves_out_the_table_and_keeps_arms(name):
     assert (body & table).sum() <= 0.001 * truth.sum(), f"{name}: {(body & table).sum()} table voxels in the body"
 
 
+def test_the_table_where_it_leaves_the_field_of_view_beside_a_prone_patient_is_not_a_body_part():
+    """Seed 13025 (prone, raised arms, curved table and blanket; a tuning case): the table's shell, cut by the
+    image edge beside the patient, is a thin piece of its own; it is not kept as an arm, so the body neither
+    holds table voxels nor touches the image edge (no false "field of view cuts the body")."""
+    s = scenarios_at(8000)["prone"]
+    ph = generate_phantom(s.seed, confounders=s.confounders, patient_position=s.patient_position, matrix=180, pixel_spacing=2.0)
+    body = segment_organs(ph.volume, organs=("body",), device="cpu").masks["body"]
+    assert (body & ph.masks["table"]).sum() == 0
+    assert not body[:, :, [0, -1]].any() and not body[:, [0, -1], :].any()
+
+
 def test_body_keeps_arms_separated_from_the_chest_by_air():
     ph = generate_phantom(11, matrix=128, confounders=Confounders(table="none", arms="sides"))
     seg = segment_organs(ph.volume, organs=("body",), device="cpu")

@@ -269,8 +269,12 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     return np.ascontiguousarray(np.moveaxis(zone, 0, ax))
 
 
-def _patient_like(labels: np.ndarray, sizes: np.ndarray, trunk: int, grid: Grid, hu: torch.Tensor) -> list[int]:
-    """Components besides the trunk that look like body parts: large enough, soft-tissue HU, thick or cut by the image edge."""
+def _patient_like(
+    labels: np.ndarray, sizes: np.ndarray, trunk: int, grid: Grid, hu: torch.Tensor, zone: torch.Tensor | None = None
+) -> list[int]:
+    """Components besides the trunk that look like body parts: large enough, soft-tissue HU, thick or cut by the
+    image edge; a thin part cut by the image edge that touches the table ``zone`` (bool like ``hu``) is the
+    table's own edge, where it leaves the field of view beside the patient, not a body part."""
     voxel_ml = grid.voxel_ml
     cand = [n for n in np.nonzero(sizes * voxel_ml >= PART_MIN_ML)[0] if n != trunk]
     if not cand:
@@ -287,6 +291,10 @@ def _patient_like(labels: np.ndarray, sizes: np.ndarray, trunk: int, grid: Grid,
             edge.narrow(ax, 0, 1).copy_(cand_mask.narrow(ax, 0, 1))
             n_ax = cand_mask.shape[ax]
             edge.narrow(ax, n_ax - 1, 1).copy_(cand_mask.narrow(ax, n_ax - 1, 1))
+    if zone is not None and bool(zone.any()):  # thin, cut by the edge and touching the table: the table's edge
+        near_table = morph.dilate(zone, _inplane((1, 1, 1), sa)) & cand_mask
+        table_edge = np.intersect1d(torch.unique(lab_t[edge]).cpu().numpy(), torch.unique(lab_t[near_table]).cpu().numpy())
+        edge &= ~morph.to_tensor(np.isin(labels, table_edge), hu.device)
     thick_ids = torch.unique(lab_t[thick | edge]).cpu().numpy()
     out = []
     flat_labels = labels.ravel()
@@ -352,6 +360,7 @@ def segment_body(grid: Grid, p: SegmentParams) -> np.ndarray:
     sa = grid.geometry.array_axis(2)
     tissue = grid.hu > p.body_hu
     zone = table_zone(tissue, grid)
+    zone_t = None
     if zone is not None:
         zone_t = morph.to_tensor(zone, tissue.device).unsqueeze(sa).expand_as(tissue)
         log.debug("table zone: %d pixels per slice", int(zone.sum()))
@@ -361,6 +370,6 @@ def segment_body(grid: Grid, p: SegmentParams) -> np.ndarray:
     if sizes.size <= 1 or sizes.max() == 0:
         return np.zeros(tuple(grid.hu.shape), dtype=bool)
     trunk = int(np.argmax(sizes))
-    keep = [trunk, *_patient_like(labels, sizes, trunk, grid, grid.hu)]
+    keep = [trunk, *_patient_like(labels, sizes, trunk, grid, grid.hu, zone_t)]
     body = morph.keep_labels(labels, keep, sizes.size - 1)
     return fill_cut_air(body, sa)
