@@ -12,9 +12,10 @@ flags found, and a summary with the minimum Dice per organ and the targets met.
     .venv/bin/python scripts/eval_phantom_scenarios.py --only prone,abdomen_only --json out.json
     .venv/bin/python scripts/eval_phantom_scenarios.py --seed-offset 2000 --matrix 256 --pixel-spacing 1.4
 
-The airway is scored where the truth holds a trachea in the field of view (at least
-``MIN_AIRWAY_ML``); with less (the tip of a segmental bronchus at the top of an abdomen scan) the
-expected outcome is the flag ``airway_not_in_scan``, and Dice is not computed.
+The airway is scored where the truth holds a trachea in the field of view
+(``Phantom.trachea_in_scan``: one connected piece of airway of at least 1 mL); with less (the tips of segmental bronchi at the top of an abdomen or
+lung-base scan, however many) the expected outcome is the flag ``airway_not_in_scan``, and Dice is
+not computed.
 
 Flags compared: lung coverage (absent / apex cut / base cut), contrast (arterial, venous), thick
 slices, field of view cutting the body, metal, airway not in scan. Volume-range and imbalance flags
@@ -53,7 +54,6 @@ COMPARED = (
     "contrast_venous",
     "airway_not_in_scan",
 )
-MIN_AIRWAY_ML = 1.0  # a truth airway smaller than this is not a trachea in the field of view
 TARGETS = {"body": 0.97, "lung_left": 0.97, "lung_right": 0.97, "airway": 0.85, "bone": 0.90}
 
 
@@ -62,8 +62,8 @@ def dice(a: np.ndarray, b: np.ndarray) -> float | None:
     return None if total == 0 else 2.0 * float(np.logical_and(a, b).sum()) / total
 
 
-def expected_flags(truth: dict[str, Any], masks: dict[str, np.ndarray], voxel_ml: float) -> set[str]:
-    """The flags the phantom's truth calls for."""
+def expected_flags(truth: dict[str, Any], masks: dict[str, np.ndarray], voxel_ml: float, *, trachea: bool) -> set[str]:
+    """The flags the phantom's truth calls for (``trachea``: whether its field of view holds one)."""
     out: set[str] = set()
     coverage = truth["lungs_in_scan"]
     if coverage == "absent":
@@ -90,7 +90,7 @@ def expected_flags(truth: dict[str, Any], masks: dict[str, np.ndarray], voxel_ml
         out.add("contrast_arterial")
     elif phase == "venous":
         out.add("contrast_venous")
-    if float(masks["airway"].sum()) * voxel_ml < MIN_AIRWAY_ML:
+    if not trachea:
         out.add("airway_not_in_scan")
     return out
 
@@ -127,7 +127,7 @@ def evaluate(name: str, *, matrix: int, pixel_spacing: float, slice_spacing: flo
     for organ in ORGANS:
         ours = seg.masks.get(organ, np.zeros(g.shape, dtype=bool))
         d = dice(ours, ph.masks[organ])
-        if organ == "airway" and float(ph.masks[organ].sum()) * voxel_ml < MIN_AIRWAY_ML:
+        if organ == "airway" and not ph.trachea_in_scan():
             d = None  # no trachea in the field of view: scored by the flag
         row[f"dice_{organ}"] = None if d is None else round(float(d), 4)
     lungs_found = {s: seg.masks.get(s, np.zeros(g.shape, bool)) for s in ("lung_left", "lung_right")}
@@ -140,7 +140,7 @@ def evaluate(name: str, *, matrix: int, pixel_spacing: float, slice_spacing: flo
     row["table_in_body_ml"] = round(
         float((seg.masks.get("body", np.zeros(g.shape, bool)) & ph.masks["table"]).sum()) * voxel_ml, 2
     )
-    want = expected_flags(truth, ph.masks, voxel_ml)
+    want = expected_flags(truth, ph.masks, voxel_ml, trachea=ph.trachea_in_scan())
     got = set(quality.codes) & set(COMPARED)
     row["flags_expected"] = sorted(want)
     row["flags_found"] = sorted(got)

@@ -571,3 +571,14 @@ def test_cli_scenario_and_realistic(tmp_path, capsys):
     assert main(["phantom", str(tmp_path), *small]) == 1
     assert "--seed" in capsys.readouterr().err
     assert main(["phantom", str(tmp_path), "--scenario", "all", "--seed", "3", *small]) == 1
+
+
+def test_trachea_in_scan_needs_one_connected_airway_not_scattered_bronchi():
+    from pipeline.phantom.confounders import scenarios_at
+
+    s = scenarios_at(14000)["bases_only_bowel_gas"]  # 1.2 mL of airway at the top: four segmental bronchi
+    ph = generate_phantom(s.seed, confounders=s.confounders, matrix=180, pixel_spacing=2.0, slice_spacing=2.5)
+    voxel_ml = float(np.prod(ph.volume.geometry.spacing)) / 1000.0
+    assert ph.masks["airway"].sum() * voxel_ml > 1.0 and not ph.trachea_in_scan()
+    r = scenarios_at(14000)["routine_chest"]
+    assert generate_phantom(r.seed, confounders=r.confounders, matrix=180, pixel_spacing=2.0).trachea_in_scan()

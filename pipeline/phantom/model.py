@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import ndimage
 
 from ..atomic import atomic_write_bytes
 from ..errors import PhantomError
@@ -28,6 +29,7 @@ GROUND_TRUTH_FILE = "ground_truth.json"
 MASKS_FILE = "masks.npz"
 FORMAT_VERSION = 1
 MASK_NAMES = ("body", "lung_left", "lung_right", "airway", "bone", "vessels")
+TRACHEA_MIN_ML = 1.0  # the largest connected piece of the airway truth holds a trachea from this volume (mL)
 """Masks every phantom has."""
 CONFOUNDER_MASK_NAMES = ("table", "bowel_gas", "contrast_blood", "effusion", "atelectasis", "emphysema", "metal")
 """Masks a phantom made with confounders has as well (each present, possibly empty)."""
@@ -97,6 +99,16 @@ class Phantom:
     seed: int
     options: dict[str, Any] = field(default_factory=dict)
     truth: dict[str, Any] = field(default_factory=dict)
+
+    def trachea_in_scan(self) -> bool:
+        """Whether the field of view holds a trachea: one connected piece of the ``airway`` truth of at least
+        :data:`TRACHEA_MIN_ML` (the tips of segmental bronchi at the top of a lung-base scan are not one)."""
+        airway = self.masks.get("airway")
+        if airway is None or not airway.any():
+            return False
+        labels, _ = ndimage.label(airway, structure=np.ones((3, 3, 3), dtype=bool))
+        voxel_ml = float(np.prod(self.volume.geometry.spacing)) / 1000.0
+        return float(np.bincount(labels.ravel())[1:].max()) * voxel_ml >= TRACHEA_MIN_ML
 
     def ground_truth(self) -> dict[str, Any]:
         """JSON-able ground truth: seed, options, geometry, UIDs, nodules (LPS mm), mask volumes (mm³).
