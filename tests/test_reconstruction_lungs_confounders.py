@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline.phantom import generate_phantom
-from pipeline.phantom.confounders import CONFOUNDER_SCENARIOS
+from pipeline.phantom.confounders import CONFOUNDER_SCENARIOS, scenarios_at
 from pipeline.reconstruction import reconstruct
 from pipeline.reconstruction.segment import segment_organs
 from pipeline.volume import CTVolume
@@ -142,6 +142,22 @@ def test_gas_pocket_under_a_thin_diaphragm_is_not_lung():
     lungs = seg.masks["lung_left"] | seg.masks["lung_right"]
     assert float((lungs & gas).sum()) * voxel_ml <= 1.0
     assert dice(seg.masks["lung_left"], lung & ~gas & ~diaphragm) >= MIN_LUNG_DICE
+
+
+@pytest.mark.parametrize(("offset", "name"), [(16000, "venous_bases_only"), (8000, "prone_bases_only_arms_sides")])
+def test_a_stomach_dome_near_the_top_of_a_lung_base_scan_is_not_a_trachea(offset, name):
+    """Seeds 21007 (portal venous abdomen scan, lung bases at the top) and 13027 (the same, prone; tuning cases):
+    the stomach's gas is a tube for 25 mm under a dome whose apex lies 5 mm (one slice) below the scan's top. It
+    is no trachea (a trachea's tube stays open to the top, or joins the lungs): airway not in scan, neither found
+    nor failed, and the lungs' sides from their own pair (with the stomach as the trachea the right lung took
+    half the left)."""
+    s = scenarios_at(offset)[name]
+    ph = generate_phantom(s.seed, confounders=s.confounders, patient_position=s.patient_position, matrix=180, pixel_spacing=2.0)
+    assert not ph.trachea_in_scan()
+    seg = segment_organs(ph.volume, organs=ORGANS, device="cpu")
+    assert seg.info["airway"] == "not_in_scan"
+    for side in ("lung_left", "lung_right"):
+        assert dice(seg.masks[side], ph.masks[side]) >= MIN_LUNG_DICE, side
 
 
 @pytest.mark.parametrize("diameter_mm", [8.0, 12.0])

@@ -7,11 +7,11 @@ level and the lung parenchyma), continues downwards as a tube of similar cross-s
 least :data:`TUBE_LENGTH` of the body's width (24 mm in an adult), and lies near the body's
 LPS x mid-line (unless the field of view cuts the body at that level, where the mid-line is
 unknown). A trachea also leads somewhere: its air region either holds lung parenchyma (the
-bronchi join the lungs) or reaches the scan's most superior slice (towards the larynx; within
-:data:`TOP_MARGIN_MM`);
-a closed pocket of pure gas does neither. Bowel gas fails these tests
-(stomach: too wide, or a closed pocket of gas under the diaphragm; colon: not a vertical tube
-near the mid-line), so a scan without a trachea (an abdomen scan with the lung bases, a small
+bronchi join the lungs) or its tube continues upwards, at least 0.4 of the seed's cross-section
+in every slice, to the scan's top (or ends within :data:`TOP_MARGIN_MM` of it; towards the larynx);
+a pocket of pure gas closed above does neither. Bowel gas fails these tests
+(stomach: too wide, or a gas pocket whose dome narrows and closes under the diaphragm; colon: not a
+vertical tube near the mid-line), so a scan without a trachea (an abdomen scan with the lung bases, a small
 field of view below the carina) has no seed:
 :func:`grow_airway` then returns None, which the caller records as "airway not in scan".
 
@@ -127,7 +127,8 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
     area_lo = max(SEED_AREA[0] * width**2, MIN_SEED_PIXELS * pixel_mm2)
     area_hi = SEED_AREA[1] * width**2
     tube_mm = TUBE_LENGTH * width
-    leads_on = _leads_on(regions, geometry)
+    parenchyma = regions.parenchyma()
+    top_band = _top_band(geometry, axis)
     span = max(1, int(np.ceil(SEARCH_FRACTION * len(order))))
     for n, s in enumerate(order[:span]):
         plane = _plane(air, axis, s)
@@ -142,7 +143,7 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
         darkest = np.asarray(ndimage.minimum(hu_p, labels, idx))
         cx = np.asarray(ndimage.mean(xs, labels, idx))
         region = np.asarray(ndimage.maximum(_plane(regions.labels, axis, s), labels, idx)).astype(np.int64)
-        ok = (area >= area_lo) & (area <= area_hi) & (darkest < dark) & _round(labels, count) & leads_on[region]
+        ok = (area >= area_lo) & (area <= area_hi) & (darkest < dark) & _round(labels, count)
         if not ok.any():
             continue
         if body_p.any() and not _touches_x_edges(body_p, xs, 0.5 * max(sp)):
@@ -155,6 +156,8 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
             if not ok[b]:
                 break
             blob = labels == idx[b]
+            if not (parenchyma[region[b]] or _open_above(air, blob, s, axis, float(area[b]), pixel_mm2, geometry, top_band)):
+                continue
             length = _tube_length(air, blob, order, n, axis, float(area[b]), pixel_mm2, step_mm, tube_mm, area_hi)
             if length >= tube_mm - 1e-6:
                 seed = np.zeros_like(air)
@@ -165,13 +168,37 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
     return None
 
 
-def _leads_on(regions: AirRegions, geometry: Geometry) -> np.ndarray:
-    """Per air region (bool): one a trachea can lie in: it holds lung parenchyma or reaches the most superior
-    slice (within :data:`TOP_MARGIN_MM`)."""
-    top = float(geometry.bounds_lps()[1][2]) - max(TOP_MARGIN_MM, 0.5 * float(geometry.spacing_lps()[2]))
-    out = regions.parenchyma() | (regions.z_hi >= top)
-    out[0] = False
-    return out
+def _top_band(geometry: Geometry, axis: int) -> int:
+    """How many of the most superior slices lie within :data:`TOP_MARGIN_MM` of the scan's top (at least one)."""
+    step = float(geometry.spacing_lps()[2])
+    return max(1, 1 + int(np.floor(TOP_MARGIN_MM / step + 1e-6)))
+
+
+def _open_above(
+    air: np.ndarray, blob: np.ndarray, s: int, axis: int, area_mm2: float, pixel_mm2: float, geometry: Geometry, top_band: int
+) -> bool:
+    """Whether the blob's air continues upwards as a tube to the scan's top.
+
+    Every slice above the blob's holds air overlapping the tube with at least 0.4 of the blob's
+    cross-section, up to the top slice or up to the most superior ``top_band`` slices, where the tube may
+    have ended: a trachea leaves through the top of a chest scan, while the dome of a gas pocket (the
+    stomach's fundus under the diaphragm) narrows towards its apex, also where the apex is just under the top.
+    """
+    sup = list(_superior_order(geometry, axis))
+    pos = sup.index(int(s))
+    cur = blob
+    for n in range(pos - 1, -1, -1):  # from the slice above the blob up to the top
+        plane = _plane(air, axis, sup[n])
+        labels, _ = ndimage.label(plane)
+        ids = np.unique(labels[cur & plane])
+        ids = ids[ids > 0]
+        if ids.size == 0:
+            return n < top_band
+        nxt = np.isin(labels, ids)
+        if float(nxt.sum()) * pixel_mm2 < 0.4 * area_mm2:
+            return False
+        cur = nxt
+    return True
 
 
 def _round(labels: np.ndarray, count: int) -> np.ndarray:
