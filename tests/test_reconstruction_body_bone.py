@@ -52,6 +52,18 @@ def test_the_table_where_it_leaves_the_field_of_view_beside_a_prone_patient_is_n
     assert not body[:, :, [0, -1]].any() and not body[:, [0, -1], :].any()
 
 
+def test_a_mattress_rising_with_a_curved_table_under_arms_at_the_sides_is_not_body():
+    """Seed 21002 (arms touching the chest, mattress on a curved table, large field of view; a tuning case):
+    beside the patient's back the table and its mattress curve up above the back's lowest row; the mattress
+    there is not body (665 mL of it was, when the table's zone was capped at one row for every column)."""
+    s = scenarios_at(16000)["arms_touching_blanket"]
+    ph = generate_phantom(s.seed, confounders=s.confounders, patient_position=s.patient_position, matrix=180, pixel_spacing=2.0)
+    body = segment_organs(ph.volume, organs=("body",), device="cpu").masks["body"]
+    voxel_ml = float(np.prod(ph.volume.geometry.spacing)) / 1000.0
+    assert float((body & ph.masks["table"]).sum()) * voxel_ml < 10.0
+    assert dice(ph.masks["body"], body) >= 0.99
+
+
 def test_body_keeps_arms_separated_from_the_chest_by_air():
     ph = generate_phantom(11, matrix=128, confounders=Confounders(table="none", arms="sides"))
     seg = segment_organs(ph.volume, organs=("body",), device="cpu")

@@ -261,8 +261,11 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
         else:  # the table's foam core: the lower shell, and the layer is measured beside the patient
             layer = _layer_beside(so, tr, below, top)
             start = top - (layer if layer is not None else 0)
-    # a mattress pressed by the patient takes at most LAYER_MAX of the trunk's depth
-    start = np.maximum(start, trunk_rows[-1] - int(LAYER_MAX * t_depth))
+    # a mattress pressed by the patient takes at most LAYER_MAX of the trunk's depth, under the patient's back
+    # and under its flanks; beside the patient a curved table and its mattress rise above the back's lowest row
+    pressed = int(LAYER_MAX * t_depth)
+    floor = np.where(tr.any(axis=0), lowest - pressed, 0)
+    start = np.maximum(start, np.where(contact, trunk_rows[-1] - pressed, floor))
     zone = (depth >= start[None, :]) & has[None, :]
     if down < 0:
         zone = zone[::-1]
