@@ -18,8 +18,9 @@ lung-base scan, however many) the expected outcome is the flag ``airway_not_in_s
 not computed.
 
 Flags compared: lung coverage (absent / apex cut / base cut), contrast (arterial, venous), thick
-slices, field of view cutting the body, metal, airway not in scan. Volume-range and imbalance flags
-are checked against the same rule applied to the true lung masks.
+slices, field of view cutting the body, metal, airway not in scan. Volume-range, imbalance and
+field-of-view flags are checked against the same rule applied to the true lung and body masks (a
+body touching the image edge with a few pixels does not call for "field of view cuts the body").
 """
 
 from __future__ import annotations
@@ -38,8 +39,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.phantom import generate_phantom  # noqa: E402  (the repository root is put on the path first)
 from pipeline.phantom.confounders import scenarios_at  # noqa: E402
 from pipeline.reconstruction.organs import ORGANS  # noqa: E402
-from pipeline.reconstruction.quality import IMBALANCE_RATIO, LUNG_VOLUME_RANGE_ML, assess_quality  # noqa: E402
+from pipeline.reconstruction.quality import (  # noqa: E402
+    FOV_CUT_AREA_CM2,
+    IMBALANCE_RATIO,
+    LUNG_VOLUME_RANGE_ML,
+    assess_quality,
+    fov_cut_area_cm2,
+)
 from pipeline.reconstruction.segment import segment_organs  # noqa: E402
+from pipeline.volume import Geometry  # noqa: E402
 
 COMPARED = (
     "lungs_absent",
@@ -62,8 +70,10 @@ def dice(a: np.ndarray, b: np.ndarray) -> float | None:
     return None if total == 0 else 2.0 * float(np.logical_and(a, b).sum()) / total
 
 
-def expected_flags(truth: dict[str, Any], masks: dict[str, np.ndarray], voxel_ml: float, *, trachea: bool) -> set[str]:
-    """The flags the phantom's truth calls for (``trachea``: whether its field of view holds one)."""
+def expected_flags(truth: dict[str, Any], masks: dict[str, np.ndarray], geometry: Geometry, *, trachea: bool) -> set[str]:
+    """The flags the phantom's truth calls for (``trachea``: whether its field of view holds one; the rules of the
+    volume, imbalance and field-of-view flags applied to the true masks)."""
+    voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
     out: set[str] = set()
     coverage = truth["lungs_in_scan"]
     if coverage == "absent":
@@ -81,7 +91,7 @@ def expected_flags(truth: dict[str, Any], masks: dict[str, np.ndarray], voxel_ml
             out.add("lung_imbalance")
     if truth["slice_thickness_mm"] > 2.5:
         out.add("thick_slices")
-    if truth["fov"]["cuts_body"]:
+    if fov_cut_area_cm2(masks["body"], geometry) >= FOV_CUT_AREA_CM2:  # a few edge pixels are not a cut body
         out.add("fov_cuts_body")
     if truth["metal"]["present"]:
         out.add("metal_streaks")
@@ -140,7 +150,7 @@ def evaluate(name: str, *, matrix: int, pixel_spacing: float, slice_spacing: flo
     row["table_in_body_ml"] = round(
         float((seg.masks.get("body", np.zeros(g.shape, bool)) & ph.masks["table"]).sum()) * voxel_ml, 2
     )
-    want = expected_flags(truth, ph.masks, voxel_ml, trachea=ph.trachea_in_scan())
+    want = expected_flags(truth, ph.masks, g, trachea=ph.trachea_in_scan())
     got = set(quality.codes) & set(COMPARED)
     row["flags_expected"] = sorted(want)
     row["flags_found"] = sorted(got)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.phantom import generate_phantom
-from pipeline.reconstruction.quality import FLAGS, QualityReport, assess_quality
+from pipeline.reconstruction.quality import FLAGS, FOV_CUT_AREA_CM2, QualityReport, assess_quality, fov_cut_area_cm2
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,22 @@ def test_fov_cut_and_metal(phantom):
     hu[k - 1 : k + 2, j - 2 : j + 3, i - 2 : i + 3] = 3000.0
     q = _assess(phantom, hu=hu)
     assert q.has("metal_streaks") and not _assess(phantom).has("metal_streaks")
+
+
+@pytest.mark.parametrize(("slices", "pixels", "flagged"), [(3, 5, False), (1, 20, False), (12, 10, True), (3, 40, True)])
+def test_fov_cut_is_the_area_of_skin_on_the_image_edge(phantom, slices, pixels, flagged):
+    """An arm grazing the edge (3 slices × 10 mm × 2.5 mm = 0.75 cm²) is no cut; 6 cm² or 3 cm² is, whatever the
+    number of slices (1.5 cm²: the gap between grazes and cuts on the phantoms)."""
+    g = phantom.volume.geometry
+    body = phantom.masks["body"].copy()
+    assert not (body[:, :, 0].any() or body[:, :, -1].any() or body[:, 0, :].any() or body[:, -1, :].any())
+    k0, j0 = g.shape[0] // 2, g.shape[1] // 2
+    body[k0 : k0 + slices, j0 : j0 + pixels, :1] = True  # skin on the edge: pixels × 2 mm long, in `slices` slices
+    area = fov_cut_area_cm2(body, g)
+    assert area == pytest.approx(slices * pixels * 2.0 * 2.5 / 100.0)
+    q = _assess(phantom, masks={**phantom.masks, "body": body})
+    assert q.has("fov_cuts_body") == flagged == (area >= FOV_CUT_AREA_CM2)
+    assert q.figures["fov_cut_area_cm2"] == pytest.approx(area)
 
 
 def test_vocabulary_and_json_round_trip(phantom):

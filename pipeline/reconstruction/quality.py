@@ -13,7 +13,7 @@ code                        severity meaning
 ``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together
 ``lung_imbalance``          warning  the smaller lung is less than half the larger one
 ``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules unreliable
-``fov_cuts_body``           warning  the field of view cuts the body on at least 2 % of slices
+``fov_cuts_body``           warning  the body meets the image edge over at least 1.5 cm² (all slices)
 ``metal_streaks``           warning  metal in the body (≥ 0.05 mL at ≥ 2,500 HU): streak artefacts likely
 ``contrast_arterial``       info     IV contrast, arterial phase (estimate)
 ``contrast_venous``         info     IV contrast, venous phase (estimate)
@@ -62,8 +62,9 @@ LUNG_CUT_AREA_MM2 = 100.0  # lung cross-section on the first/last slice that mea
 LUNG_VOLUME_RANGE_ML = (1500.0, 9000.0)
 IMBALANCE_RATIO = 0.5
 THICK_SLICE_MM = 2.5
-FOV_CUT_FRACTION = 0.02  # raised arms cut at the image edge reach 3-10 % of slices; an uncut scan 0
-FOV_CUT_CONTACT_MM = 10.0
+# cut surface (cm²: skin on the image edge × slice spacing, summed): a raised arm grazing the edge for a few
+# slices makes under 1 cm², arms or a chest cut by the field of view from 2.5 cm² to hundreds
+FOV_CUT_AREA_CM2 = 1.5
 METAL_HU = 2500.0
 METAL_ML = 0.05
 CONTRAST_HU = (150.0, 600.0)
@@ -160,18 +161,20 @@ def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, boo
     return ("partial" if apex_cut or base_cut else "complete"), apex_cut, base_cut, total_ml
 
 
-def _fov_cut_fraction(body: np.ndarray, geometry: Geometry) -> float:
+def fov_cut_area_cm2(body: np.ndarray, geometry: Geometry) -> float:
+    """Where ``body`` (bool ``[k, j, i]``) meets the in-plane image edge: its length on the four edges (mm) times
+    the slice spacing (mm), summed over the slices, in cm²; ``fov_cuts_body`` is raised from
+    :data:`FOV_CUT_AREA_CM2`. An area, not a count of slices, so that a pixel more or less of a grazing arm
+    does not decide."""
     view = geometry.to_lps_view(body)  # [z, y, x]
-    sx, sy, _ = geometry.spacing_lps()
+    sx, sy, sz = geometry.spacing_lps()
     contact = (
         view[:, 0, :].sum(axis=1) * sx
         + view[:, -1, :].sum(axis=1) * sx
         + view[:, :, 0].sum(axis=1) * sy
         + view[:, :, -1].sum(axis=1) * sy
     )
-    present = view.reshape(view.shape[0], -1).any(axis=1)
-    n = int(present.sum())
-    return float(np.count_nonzero(contact[present] >= FOV_CUT_CONTACT_MM)) / n if n else 0.0
+    return float(contact.sum()) * float(sz) / 100.0
 
 
 def _contrast(
@@ -263,10 +266,10 @@ def assess_quality(
         flags.append(_flag("thick_slices", f"{thickness:.2f} mm > {THICK_SLICE_MM} mm"))
 
     if body is not None and body.any():
-        fraction = _fov_cut_fraction(body, geometry)
-        figures["fov_cut_slice_fraction"] = fraction
-        if fraction >= FOV_CUT_FRACTION:
-            flags.append(_flag("fov_cuts_body", f"on {100 * fraction:.0f} % of slices"))
+        cut_cm2 = fov_cut_area_cm2(body, geometry)
+        figures["fov_cut_area_cm2"] = cut_cm2
+        if cut_cm2 >= FOV_CUT_AREA_CM2:
+            flags.append(_flag("fov_cuts_body", f"the body meets the image edge over {cut_cm2:.1f} cm²"))
         metal_ml = float(np.count_nonzero(body & (hu >= METAL_HU))) * float(np.prod(geometry.spacing)) / 1000.0
         figures["metal_ml"] = metal_ml
         if metal_ml >= METAL_ML:
