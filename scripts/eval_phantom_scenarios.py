@@ -165,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matrix", type=int, default=180, help="image matrix (default 180)")
     ap.add_argument("--pixel-spacing", type=float, default=2.0, help="mm (default 2.0: a 360 mm field of view)")
     ap.add_argument("--slice-spacing", type=float, default=2.5, help="mm (default 2.5; thick-slice scenarios set their own)")
-    ap.add_argument("--seed-offset", type=int, default=0, help="move every scenario's seed (18000: the held-out block 23000..23031)")
+    ap.add_argument(
+        "--seed-offset", type=int, default=0, help="move every scenario's seed (18000: the held-out block 23000..23031)"
+    )
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args(argv)
     scenarios = scenarios_at(args.seed_offset)
