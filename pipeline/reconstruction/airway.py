@@ -73,6 +73,15 @@ def _plane(a: np.ndarray, axis: int, s: int) -> np.ndarray:
     return a[tuple(sl)]
 
 
+def _overlapping(air: np.ndarray, axis: int, s: int, cur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The in-plane air blobs of slice ``s`` (labels) and the labels of those overlapping ``cur`` (a blob of
+    the neighbouring slice, bool like the plane)."""
+    plane = _plane(air, axis, s)
+    labels, _ = ndimage.label(plane)
+    ids = np.unique(labels[cur & plane])
+    return labels, ids[ids > 0]
+
+
 def _tube_length(
     air: np.ndarray,
     blob: np.ndarray,
@@ -89,10 +98,7 @@ def _tube_length(
     cur = blob
     length = 0.0
     for s in order[start + 1 :]:
-        plane = _plane(air, axis, s)
-        labels, n = ndimage.label(plane)
-        ids = np.unique(labels[cur & plane])
-        ids = ids[ids > 0]
+        labels, ids = _overlapping(air, axis, s, cur)
         if ids.size != 1:
             break
         nxt = labels == ids[0]
@@ -188,10 +194,7 @@ def _open_above(
     pos = sup.index(int(s))
     cur = blob
     for n in range(pos - 1, -1, -1):  # from the slice above the blob up to the top
-        plane = _plane(air, axis, sup[n])
-        labels, _ = ndimage.label(plane)
-        ids = np.unique(labels[cur & plane])
-        ids = ids[ids > 0]
+        labels, ids = _overlapping(air, axis, sup[n], cur)
         if ids.size == 0:
             return n < top_band
         nxt = np.isin(labels, ids)
