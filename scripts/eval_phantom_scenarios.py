@@ -14,9 +14,9 @@ figures are reported, measured once.
     .venv/bin/python scripts/eval_phantom_scenarios.py --seed-offset 18000  # the held-out block
 
 The airway is scored where the truth holds a trachea in the field of view
-(``Phantom.trachea_in_scan``: one connected piece of airway of at least 1 mL); with less (the tips of segmental bronchi at the top of an abdomen or
-lung-base scan, however many) the expected outcome is the flag ``airway_not_in_scan``, and Dice is
-not computed.
+(``Phantom.trachea_in_scan``: one connected piece of airway of at least 1 mL); with less (the tips
+of segmental bronchi at the top of an abdomen or lung-base scan, however many) the expected outcome
+is the flag ``airway_not_in_scan``, and Dice is not computed.
 
 Flags compared: lung coverage (absent / apex cut / base cut), contrast (arterial, venous), thick
 slices, field of view cutting the body, metal, airway not in scan. Volume-range, imbalance and
@@ -127,6 +127,7 @@ def evaluate(name: str, *, matrix: int, pixel_spacing: float, slice_spacing: flo
     quality = assess_quality(ph.volume.array, g, seg.masks, metadata=ph.volume.metadata, airway_in_scan=airway_in_scan)
     truth = ph.ground_truth()["truth"]
     voxel_ml = float(np.prod(g.spacing)) / 1000.0
+    trachea = ph.trachea_in_scan()
     row: dict[str, Any] = {
         "scenario": name,
         "seed": scenario.seed,
@@ -138,7 +139,7 @@ def evaluate(name: str, *, matrix: int, pixel_spacing: float, slice_spacing: flo
     for organ in ORGANS:
         ours = seg.masks.get(organ, np.zeros(g.shape, dtype=bool))
         d = dice(ours, ph.masks[organ])
-        if organ == "airway" and not ph.trachea_in_scan():
+        if organ == "airway" and not trachea:
             d = None  # no trachea in the field of view: scored by the flag
         row[f"dice_{organ}"] = None if d is None else round(float(d), 4)
     lungs_found = {s: seg.masks.get(s, np.zeros(g.shape, bool)) for s in ("lung_left", "lung_right")}
@@ -151,7 +152,7 @@ def evaluate(name: str, *, matrix: int, pixel_spacing: float, slice_spacing: flo
     row["table_in_body_ml"] = round(
         float((seg.masks.get("body", np.zeros(g.shape, bool)) & ph.masks["table"]).sum()) * voxel_ml, 2
     )
-    want = expected_flags(truth, ph.masks, g, trachea=ph.trachea_in_scan())
+    want = expected_flags(truth, ph.masks, g, trachea=trachea)
     got = set(quality.codes) & set(COMPARED)
     row["flags_expected"] = sorted(want)
     row["flags_found"] = sorted(got)

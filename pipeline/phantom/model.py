@@ -29,11 +29,11 @@ GROUND_TRUTH_FILE = "ground_truth.json"
 MASKS_FILE = "masks.npz"
 FORMAT_VERSION = 1
 MASK_NAMES = ("body", "lung_left", "lung_right", "airway", "bone", "vessels")
-TRACHEA_MIN_ML = 1.0  # the largest connected piece of the airway truth holds a trachea from this volume (mL)
 """Masks every phantom has."""
 CONFOUNDER_MASK_NAMES = ("table", "bowel_gas", "contrast_blood", "effusion", "atelectasis", "emphysema", "metal")
 """Masks a phantom made with confounders has as well (each present, possibly empty)."""
 ALL_MASK_NAMES = MASK_NAMES + CONFOUNDER_MASK_NAMES
+TRACHEA_MIN_ML = 1.0  # the largest connected piece of the airway truth holds a trachea from this volume (mL)
 NODULE_KINDS = ("solid", "part_solid", "ground_glass")
 
 

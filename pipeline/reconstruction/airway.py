@@ -134,7 +134,7 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
     area_hi = SEED_AREA[1] * width**2
     tube_mm = TUBE_LENGTH * width
     parenchyma = regions.parenchyma()
-    top_band = _top_band(geometry, axis)
+    top_band = _top_band(geometry)
     span = max(1, int(np.ceil(SEARCH_FRACTION * len(order))))
     for n, s in enumerate(order[:span]):
         plane = _plane(air, axis, s)
@@ -174,7 +174,7 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
     return None
 
 
-def _top_band(geometry: Geometry, axis: int) -> int:
+def _top_band(geometry: Geometry) -> int:
     """How many of the most superior slices lie within :data:`TOP_MARGIN_MM` of the scan's top (at least one)."""
     step = float(geometry.spacing_lps()[2])
     return max(1, 1 + int(np.floor(TOP_MARGIN_MM / step + 1e-6)))
