@@ -10,5 +10,9 @@ bash scripts/setup.sh
 bash scripts/install_dicom_tools.sh || echo "dciodvfy/dsrdump unavailable: their checks in tests/test_dicom_out_* will be skipped" >&2
 bash scripts/install_pacs_tools.sh || echo "Orthanc/dcmtk unavailable: the pacs-marked tests in tests/test_pacs_* will be skipped" >&2
 bash scripts/install_monitoring_tools.sh || echo "prometheus/promtool unavailable: their checks in tests/test_runner_prometheus.py will be skipped" >&2
+# bytecode caches on (__pycache__, ignored by git) even where the environment turns them off: the suite starts
+# many Python processes (workers, command-line runs), and each would otherwise compile the package and pytest
+# rewrite every test module again
+unset PYTHONDONTWRITEBYTECODE
 # one pytest-xdist worker per core (CTPIPE_TEST_WORKERS=0 runs them in this process); each test module stays on one worker, so its module fixtures are built once
 .venv/bin/python -m pytest -n "${CTPIPE_TEST_WORKERS:-auto}" --dist loadscope "$@"

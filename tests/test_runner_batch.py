@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -171,6 +173,24 @@ def test_device_resolution_without_a_gpu_is_explicit():
         assert resolve_devices("auto", True) == (["cpu"], "cpu")
         with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
             resolve_devices("cuda:0", True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="device nodes are read on Linux only")
+def test_a_host_without_gpu_device_nodes_runs_on_cpu_without_importing_torch(tmp_path):
+    from pipeline.runner.batch import no_gpu_here
+
+    assert no_gpu_here(tmp_path)
+    (tmp_path / "nvidiactl").touch()  # the control node alone is no GPU
+    assert no_gpu_here(tmp_path)
+    for node in ("nvidia0", "dxg"):  # a GPU of the NVIDIA driver, WSL's GPU
+        (tmp_path / node).touch()
+        assert not no_gpu_here(tmp_path)
+        (tmp_path / node).unlink()
+    if no_gpu_here():  # this host: the run's main process learns it without torch
+        code = "import sys\nfrom pipeline.runner.batch import resolve_devices\n"
+        code += "print(resolve_devices('auto', True), 'torch' in sys.modules)"
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert p.stdout.split() == ["(['cpu'],", "'cpu')", "False"], p.stdout + p.stderr
 
 
 @pytest.mark.gpu
