@@ -119,7 +119,8 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
     if not air.any():
         return None
     per_slice = air.sum(axis=tuple(a for a in range(3) if a != axis))
-    order = np.array([s for s in _superior_order(geometry, axis) if per_slice[s] > 0])
+    superior = _superior_order(geometry, axis)
+    order = superior[per_slice[superior] > 0]
     sp = list(geometry.spacing)
     c = 2 - axis
     pixel_mm2 = float(np.prod([sp[i] for i in range(3) if i != c]))
@@ -162,7 +163,7 @@ def find_trachea_seed(hu: np.ndarray, regions: AirRegions, body: np.ndarray, geo
             if not ok[b]:
                 break
             blob = labels == idx[b]
-            if not (parenchyma[region[b]] or _open_above(air, blob, s, axis, float(area[b]), pixel_mm2, geometry, top_band)):
+            if not (parenchyma[region[b]] or _open_above(air, blob, s, axis, float(area[b]), pixel_mm2, superior, top_band)):
                 continue
             length = _tube_length(air, blob, order, n, axis, float(area[b]), pixel_mm2, step_mm, tube_mm, area_hi)
             if length >= tube_mm - 1e-6:
@@ -181,20 +182,20 @@ def _top_band(geometry: Geometry) -> int:
 
 
 def _open_above(
-    air: np.ndarray, blob: np.ndarray, s: int, axis: int, area_mm2: float, pixel_mm2: float, geometry: Geometry, top_band: int
+    air: np.ndarray, blob: np.ndarray, s: int, axis: int, area_mm2: float, pixel_mm2: float, superior: np.ndarray, top_band: int
 ) -> bool:
-    """Whether the blob's air continues upwards as a tube to the scan's top.
+    """Whether the blob's air (in slice ``s``) continues upwards as a tube to the scan's top (``superior``: every
+    slice index from the most superior down, :func:`_superior_order`).
 
     Every slice above the blob's holds air overlapping the tube with at least 0.4 of the blob's
     cross-section, up to the top slice or up to the most superior ``top_band`` slices, where the tube may
     have ended: a trachea leaves through the top of a chest scan, while the dome of a gas pocket (the
     stomach's fundus under the diaphragm) narrows towards its apex, also where the apex is just under the top.
     """
-    sup = list(_superior_order(geometry, axis))
-    pos = sup.index(int(s))
+    pos = int(np.flatnonzero(superior == s)[0])
     cur = blob
     for n in range(pos - 1, -1, -1):  # from the slice above the blob up to the top
-        labels, ids = _overlapping(air, axis, sup[n], cur)
+        labels, ids = _overlapping(air, axis, int(superior[n]), cur)
         if ids.size == 0:
             return n < top_band
         nxt = np.isin(labels, ids)
