@@ -68,6 +68,23 @@ PATIENT_IDENTIFIERS = frozenset(
 )
 
 
+#: Slices thicker than this (mm) are "thick": LUNA16's limit, above which small nodules are unreliable (the
+#: reconstruction's ``thick_slices`` quality flag; the detector's thick-slice score calibration)
+THICK_SLICE_MM = 2.5
+
+
+def slice_thickness_mm(geometry: Geometry, metadata: Mapping[str, Any]) -> float:
+    """A series' slice thickness (mm): its SliceThickness when the metadata holds a positive one, else the spacing
+    along the patient's long axis (S in LPS)."""
+    value = metadata.get("SliceThickness")
+    try:
+        thickness = float(value) if value not in (None, "") else float("nan")
+    except (TypeError, ValueError):
+        thickness = float("nan")
+    spacing_z = geometry.spacing_lps()[2]
+    return thickness if np.isfinite(thickness) and thickness > 0 else spacing_z
+
+
 def without_identifiers(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` less the keys in :data:`PATIENT_IDENTIFIERS` (a new dict)."""
     return {k: v for k, v in values.items() if k not in PATIENT_IDENTIFIERS}

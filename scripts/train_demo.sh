@@ -10,7 +10,8 @@
 # metal) over bifurcating, tapering vessel trees from the hila; 20 % of the training and validation phantoms
 # have no nodule at all, and half of the RetinaNet's negative patches are centred on a lung vessel.
 # Seeds, never overlapping: RetinaNet training 1000-1079, classifier training 2000-2039, validation and
-# operating point 3000-3039, held-out evaluation 1-48 (1..100 is never trained on; the segmentation
+# operating point 3000-3039 (with the first 40 thick-slice seeds from 3040 for the thick-slice score
+# calibration), held-out evaluation 1-48 (1..999 is never trained on; the segmentation
 # scenarios 5000-5099 neither).
 #
 # Both stages start from the plain-phantom demo model of commit f001359 (trained from scratch on plain
@@ -42,5 +43,6 @@ start=$(date +%s)
 .venv/bin/python scripts/train_fp_reducer.py --work "$WORK/fp_reduction" --seed0 2000 --n-train 40 \
   --val-seed0 3000 --n-val 40 --steps 1200 --lr 1e-3 --hard-negatives 0.5 --threads 1 \
   --init "$WORK/init/plain_fpr.pt"
+.venv/bin/python scripts/calibrate_operating_point.py --work "$WORK/calibration" --threads 1
 echo "training took $(( ($(date +%s) - start) / 60 )) min"
 .venv/bin/python scripts/train_detector.py --eval-only --eval-seeds 48 --threads 1 --work "$WORK/detector"

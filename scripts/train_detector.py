@@ -6,7 +6,7 @@ testing only, not for clinical use.
 
 Steps: generate the training phantoms once (:func:`training_phantom`: realistic
 confounders, vessel trees, a fifth without any nodule; seeds ``--seed0 ..``, never
-the held-out seeds 1..100 or the scenario seeds 5000..5099) and cache their network
+the held-out seeds 1..999 or the scenario seeds 5000..5099) and cache their network
 inputs, boxes and lung-vessel points; then train (from ``--init`` weights or from
 scratch) on random patches (two thirds centred near a nodule, the rest negatives,
 half of those centred on a lung vessel) with MONAI's detection
@@ -43,7 +43,7 @@ from pipeline.detection.preprocess import Window, prepare_input
 log = logging.getLogger("train_detector")
 
 #: Seeds of the held-out evaluation phantoms: no training or validation script uses them.
-HELDOUT_SEEDS = range(1, 101)
+HELDOUT_SEEDS = range(1, 1000)
 #: Seeds of the named confounder scenarios (pipeline.phantom.SCENARIO_SEEDS), held out as well.
 SCENARIO_SEEDS = range(5000, 5100)
 
@@ -356,7 +356,7 @@ EVAL_PHANTOM = {"matrix": 256, "pixel_spacing": 1.2, "slice_spacing": 2.0}
 
 
 def heldout_phantom(seed: int):  # -> pipeline.phantom.Phantom
-    """A held-out evaluation phantom (seeds 1..100 only): :data:`EVAL_PHANTOM`'s protocol with the realistic
+    """A held-out evaluation phantom (seeds 1..999 only): :data:`EVAL_PHANTOM`'s protocol with the realistic
     confounders of ``realistic_confounders(seed)`` and 0-6 nodules (``n_nodules=None``), head first supine."""
     from pipeline.phantom import generate_phantom, realistic_confounders
 
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("/tmp/ctpipe_train"))
     ap.add_argument("--out", type=Path, default=DEMO_MODEL_JSON, help="model JSON to write (weights next to it, .pt)")
-    ap.add_argument("--seed0", type=int, default=1000, help="first training phantom seed (held-out evaluation uses 1..100)")
+    ap.add_argument("--seed0", type=int, default=1000, help="first training phantom seed (held-out evaluation uses 1..999)")
     ap.add_argument("--n-train", type=int, default=150)
     ap.add_argument("--steps", type=int, default=7000)
     ap.add_argument("--minutes", type=float, default=90.0, help="stop training after this wall time")
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="after training, evaluate on N held-out phantoms: seeds --eval-seed0 .. --eval-seed0 + N - 1",
     )
-    ap.add_argument("--eval-seed0", type=int, default=1, help="first held-out seed (held-out seeds lie in 1..100)")
+    ap.add_argument("--eval-seed0", type=int, default=1, help="first held-out seed (held-out seeds lie in 1..999)")
     ap.add_argument("--eval-only", action="store_true", help="skip training; evaluate --out (or --eval-checkpoint)")
     ap.add_argument("--eval-checkpoint", action="store_true", help="evaluate the training checkpoint's weights")
     ap.add_argument(

@@ -6,7 +6,7 @@ testing only, not for clinical use.
 
 1. Candidates: for each training phantom (``scripts/train_detector.py``'s ``training_phantom``:
    realistic confounders, vessel trees, some phantoms without any nodule; seeds ``--seed0 ..``,
-   never the evaluation seeds 1..100 or the scenario seeds 5000..5099, nor the detector's training
+   never the evaluation seeds 1..999 or the scenario seeds 5000..5099, nor the detector's training
    seeds, so the detector scores them as unseen scans), the demo RetinaNet's findings (centres
    refined) and the small-blob candidates, as the pipeline makes them
    (:func:`pipeline.detection.fp_reduction.candidate_findings`).
@@ -37,12 +37,11 @@ testing only, not for clinical use.
    scores (``--raw``). After training it is computed on the validation candidates cached in step 1
    (the pipeline's candidates of one RetinaNet pass, scored as
    :func:`pipeline.detection.fp_reduction.reduce_false_positives` scores them);
-   ``--calibrate-only`` recomputes it with the existing weights through the full two-stage pipeline
-   (the RetinaNet, then :meth:`pipeline.detection.infer.Detector.postprocess`, every candidate kept;
-   findings and ground truth are kept in ``--work``/calibration for ``ctpipe evaluate``).
+   ``scripts/calibrate_operating_point.py`` (also ``--calibrate-only`` here) recomputes it with the existing
+   weights through the full two-stage pipeline, with the thick-slice score calibration.
 
     python scripts/train_fp_reducer.py --work /tmp/ctpipe_fpr
-    python scripts/train_fp_reducer.py --calibrate-only
+    python scripts/calibrate_operating_point.py
 """
 
 from __future__ import annotations
@@ -57,6 +56,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import calibrate_operating_point
 import numpy as np
 import torch
 from scipy import ndimage
@@ -79,7 +79,6 @@ from pipeline.detection.fp_reduction import (
 from pipeline.detection.infer import Detector
 from pipeline.detection.lungs import quick_lung_mask
 from pipeline.detection.model_config import DEMO_MODEL_JSON
-from pipeline.detection.operating_point import calibrate
 
 log = logging.getLogger("train_fp_reducer")
 
@@ -430,76 +429,6 @@ def validate(net: PatchClassifier, cases: list[dict], args: argparse.Namespace) 
     return results
 
 
-def _calibrated(found: dict[str, dict], truth: dict, stages: dict[str, str], seeds: list[int], *, fps_per_scan: float) -> dict:
-    """``{name: operating-point entry}`` for each set of findings in ``found`` (described by ``stages[name]``):
-    the lowest score with at most ``fps_per_scan`` false positives per scan on the validation phantoms ``seeds``."""
-    rule = f"lowest score with at most {fps_per_scan:g} false positive(s) per scan (LUNA16 counting)"
-    where = f"validation phantoms, seeds {seeds[0]}-{seeds[-1]} (scripts/train_detector.py training_phantom protocol)"
-    entries = {}
-    for name, found_all in found.items():
-        cal = calibrate(found_all, truth, fps_per_scan=fps_per_scan)
-        entries[name] = {"chosen_on": f"{where}, {stages[name]}: {rule}", **cal.to_json(), "seeds": [seeds[0], seeds[-1]]}
-        log.info(
-            "operating point (%s): score >= %.4f gives sensitivity %.3f at %.3f FPs/scan (%d scans, %d nodules)",
-            stages[name],
-            cal.score_threshold,
-            cal.sensitivity,
-            cal.measured_fps_per_scan,
-            cal.n_scans,
-            cal.n_nodules,
-        )
-    return entries
-
-
-def calibrate_operating_point(model_json: Path, seeds: list[int], *, fps_per_scan: float, out: Path, command: str) -> dict:
-    """The ``operating_point`` entry for ``model_json``: validation phantoms ``seeds`` (as :func:`phantom_candidates`
-    makes them) scored with the full two-stage pipeline and with the RetinaNet alone, every candidate kept; the lowest
-    score with at most ``fps_per_scan`` false positives per scan for each. Findings go to ``out``/pipeline and
-    ``out``/network, ground truth to ``out``/truth (``ctpipe evaluate --pred OUT/pipeline --truth OUT/truth``)."""
-    t0 = time.time()
-    model = load_model(model_json)
-    det = Detector(model=model, device="cpu", postprocess=False, all_candidates=True)
-    post = Detector(model=model, device="cpu", all_candidates=True)  # the default pipeline, applied to det's findings
-    if not post.fp_reduction:
-        raise SystemExit(f"{model_json} has no fp_reduction entry: train the classifier first")
-    network, pipeline, truth = {}, {}, {}
-    for n, seed in enumerate(seeds):
-        ph = training_phantom(seed, np.random.default_rng(seed))
-        region = quick_lung_mask(ph.volume)
-        ph.save_ground_truth(out / "truth" / f"phantom_{seed}")
-        found = det.detect(ph.volume, lung_mask=region, case_id=f"phantom_{seed}")
-        sid = ph.volume.series_uid
-        network[sid] = found
-        pipeline[sid] = post.postprocess(ph.volume, found, region=region)
-        found.write_json(out / "network" / f"phantom_{seed}.findings.json")
-        pipeline[sid].write_json(out / "pipeline" / f"phantom_{seed}.findings.json")
-        truth[sid] = [(nod.center_lps, nod.diameter_mm) for nod in ph.nodules]
-        log.info(
-            "calibration phantom %d (%d/%d): %d nodules, %d candidates",
-            seed,
-            n + 1,
-            len(seeds),
-            len(ph.nodules),
-            len(pipeline[sid]),
-        )
-    minutes = round((time.time() - t0) / 60, 1)
-    entries = _calibrated(
-        {"pipeline": pipeline, "network": network},
-        truth,
-        {"pipeline": "RetinaNet + false-positive reduction", "network": "RetinaNet alone (--raw)"},
-        seeds,
-        fps_per_scan=fps_per_scan,
-    )
-    return {
-        **entries["pipeline"],
-        "precision": post.precision,
-        "device": "cpu",
-        "compute_cpu_minutes": minutes,
-        "command": command,
-        "network_only": entries["network"],
-    }
-
-
 def operating_point_from_cache(
     net: PatchClassifier, cases: list[dict], cfg: FPReductionConfig, seeds: list[int], *, fps_per_scan: float, command: str
 ) -> dict:
@@ -507,7 +436,8 @@ def operating_point_from_cache(
     without jitter: the pipeline's candidates of one RetinaNet pass each), scored as
     :func:`pipeline.detection.fp_reduction.reduce_false_positives` scores them with ``cfg``'s views, detector weight
     and duplicate merging; ``network_only`` from the RetinaNet's own scores at its (refined) finding centres. The
-    same rule as :func:`calibrate_operating_point`, without a second detector pass per phantom."""
+    same rule as ``scripts/calibrate_operating_point.py``, without a second detector pass per phantom (and without its
+    thick-slice score calibration, which that script adds)."""
     t0 = time.time()
     pipeline, network, truth = {}, {}, {}
     for n, case in enumerate(cases):
@@ -524,16 +454,13 @@ def operating_point_from_cache(
         net_idx = np.flatnonzero(case["det"] >= 0)
         network[str(n)] = [(case["centers"][k], float(case["det"][k])) for k in net_idx]
         truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
-    entries = _calibrated(
-        {"pipeline": pipeline, "network": network},
-        truth,
-        {
-            "pipeline": "RetinaNet + false-positive reduction, candidates cached at training",
-            "network": "RetinaNet alone at its refined finding centres",
-        },
-        seeds,
-        fps_per_scan=fps_per_scan,
-    )
+    entries = {
+        name: calibrate_operating_point.operating_point_entry(found, truth, seeds, stage=stage, fps_per_scan=fps_per_scan)
+        for name, found, stage in (
+            ("pipeline", pipeline, "RetinaNet + false-positive reduction, candidates cached at training"),
+            ("network", network, "RetinaNet alone at its refined finding centres"),
+        )
+    }
     return {
         **entries["pipeline"],
         "precision": "float32",
@@ -542,13 +469,6 @@ def operating_point_from_cache(
         "command": command,
         "network_only": entries["network"],
     }
-
-
-def write_operating_point(model_json: Path, entry: dict) -> None:
-    data = json.loads(model_json.read_text())
-    data["operating_point"] = entry
-    model_json.write_text(json.dumps(data, indent=1) + "\n")
-    log.info("wrote the operating_point entry of %s: score threshold %.4f", model_json, entry["score_threshold"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -646,20 +566,23 @@ def main(argv: list[str] | None = None) -> int:
             f"detector ({det_lo}..{det_hi}) seeds or each other"
         )
     command = (
-        "python scripts/train_fp_reducer.py --calibrate-only"
+        "python scripts/calibrate_operating_point.py"
         + (f" --val-seed0 {args.val_seed0} --n-val {args.n_val}" if (args.val_seed0, args.n_val) != (3000, 40) else "")
         + (f" --op-fps {args.op_fps:g}" if args.op_fps != 1.0 else "")
     )
-    if args.calibrate_only:
-        if not val_seeds:
-            raise SystemExit("--calibrate-only needs validation seeds (--n-val > 0)")
-        write_operating_point(
-            args.model,
-            calibrate_operating_point(
-                args.model, val_seeds, fps_per_scan=args.op_fps, out=args.work / "calibration", command=command
-            ),
+    if args.calibrate_only:  # the full-pipeline calibration, with the thick-slice score calibration
+        return calibrate_operating_point.main(
+            [
+                "--model",
+                str(args.model),
+                "--val-seed0",
+                str(args.val_seed0),
+                "--n-val",
+                str(args.n_val),
+                "--op-fps",
+                f"{args.op_fps:g}",
+            ]
         )
-        return 0
     base = load_model(args.model)
     det = Detector(model=base, device="cpu", postprocess=False, all_candidates=True)
     weights = args.model.with_name(args.model.stem.replace("retinanet", "fpr") + ".pt")
@@ -748,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
         factor,
     )
     if val_seeds:  # the new classifier moves the operating point: calibrated on the cached validation candidates
-        write_operating_point(
+        calibrate_operating_point.write_operating_point(
             args.model, operating_point_from_cache(net, val_cases, cfg, val_seeds, fps_per_scan=args.op_fps, command=command)
         )
     return 0

@@ -188,7 +188,8 @@ class Findings:
     point, a configured value, or none with ``--all-candidates``). ``reason`` explains an empty
     result that is not a plain "nothing found" (e.g. no lungs in the series); ``timings_ms`` holds
     per-step times (model time measured with CUDA events on a GPU); ``slice_number_source`` says
-    what each finding's ``slice_number`` is (:func:`slice_number_source`).
+    what each finding's ``slice_number`` is (:func:`slice_number_source`); ``score_calibration`` names the map
+    applied to the scores of a thick-slice series (:mod:`.score_calibration`), ``None`` when none was.
     """
 
     findings: list[Finding]
@@ -206,6 +207,7 @@ class Findings:
     threshold_source: str | None = None
     below_threshold: list[Finding] = field(default_factory=list)
     slice_number_source: str = "index + 1"
+    score_calibration: str | None = None
 
     def __len__(self) -> int:
         return len(self.findings)
@@ -261,6 +263,7 @@ class Findings:
             "score_threshold": self.score_threshold,
             "score_threshold_source": self.threshold_source,
             "slice_number_source": self.slice_number_source,
+            "score_calibration": self.score_calibration,
             "n_candidates": len(self.findings) + len(self.below_threshold),
             "findings": [f.to_json() for f in self.findings],
             "below_threshold": [f.to_json() for f in self.below_threshold],
@@ -285,6 +288,7 @@ class Findings:
             threshold_source=data.get("score_threshold_source"),
             below_threshold=[Finding.from_json(f) for f in data.get("below_threshold", [])],
             slice_number_source=str(data.get("slice_number_source", "index + 1")),
+            score_calibration=data.get("score_calibration"),
         )
 
     def csv_rows(self) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ import copy
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 
 from ..errors import InputTooSmallError, InvalidVolumeError
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
-from ..volume import CTVolume, LabelMap, float3
+from ..volume import CTVolume, LabelMap, float3, slice_thickness_mm
 from .bundle import LoadedModel, load_model
 from .findings import Finding, Findings, slice_fields, slice_number_source
 from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
@@ -42,6 +43,7 @@ from .network import build_detector
 from .operating_point import resolve_threshold
 from .precision import autocast_dtype, precision_name
 from .refine import refine_findings
+from .score_calibration import ScoreCalibration, model_score_calibration
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,9 @@ class Detector:
         self.score_threshold, self.threshold_source = resolve_threshold(
             self.config, score_threshold=score_threshold, all_candidates=all_candidates, postprocess=self.postprocessing
         )
+        #: the map of thick-slice series' final scores onto the thin-slice scale (:mod:`.score_calibration`), applied
+        #: by :meth:`postprocess`; ``None`` for the network's own scores and for models that record none
+        self.score_calibration: ScoreCalibration | None = model_score_calibration(self.config) if self.postprocessing else None
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self._autocast = autocast_dtype(self.device, bool(amp))
         self._fpr: FPReducer | None = None
@@ -289,7 +294,8 @@ class Detector:
     def postprocess(self, volume: CTVolume, findings: Findings, *, region: LungRegion | None = None) -> Findings:
         """Post-processing on ``volume`` (HU, LPS) when :attr:`postprocessing`: centre refinement, then
         false-positive reduction (models that have it; small-blob candidates searched in ``region``, the lungs,
-        computed when not given) or compact-blob rescoring, on every candidate of ``findings``.
+        computed when not given) or compact-blob rescoring, on every candidate of ``findings``; then, for a series
+        with thick slices, the model's score calibration (:attr:`score_calibration`).
 
         :meth:`detect` applies it; callers of :meth:`detect_loaded` apply it with the case's HU volume, then
         :meth:`apply_operating_point`. The result has no threshold applied (every candidate reported).
@@ -304,6 +310,20 @@ class Detector:
         else:
             out = refine_findings(volume, findings, rescore=True)
             out.timings_ms["refine"] = (time.perf_counter() - t0) * 1000.0
+        return self._calibrate(volume, out)
+
+    def _calibrate(self, volume: CTVolume, findings: Findings) -> Findings:
+        """``findings`` with every candidate's score mapped by :attr:`score_calibration` when ``volume``'s slices are
+        thick enough for it (:func:`pipeline.volume.slice_thickness_mm`), else as they are."""
+        cal = self.score_calibration
+        thickness = slice_thickness_mm(volume.geometry, volume.metadata)
+        if cal is None or not cal.applies_to(thickness) or not len(findings.candidates):
+            return findings
+        every = findings.candidates
+        scores = cal([f.score for f in every])
+        mapped = sorted((replace(f, score=float(s)) for f, s in zip(every, scores)), key=lambda f: -f.score)
+        out = replace(findings.with_candidates(mapped), score_calibration=cal.describe(thickness))
+        log.info("case %s: %s", findings.case_id or findings.series_uid or "?", out.score_calibration)
         return out
 
     def detect_loaded(

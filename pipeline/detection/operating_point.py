@@ -3,11 +3,11 @@
 Each model carries one threshold chosen on validation data, recorded with how it was chosen:
 
 * ctpipe's own models (the demo model) hold an ``operating_point`` entry in their model JSON, written
-  by ``scripts/train_fp_reducer.py`` (``--calibrate-only`` recomputes it with the existing weights):
-  the lowest score at which the two-stage pipeline makes at most ``fps_per_scan`` false positives per
-  scan on the validation phantoms (LUNA16 counting, :func:`calibrate`), with the sensitivity reached
-  there, the seeds, the number format and the command. Its ``network_only`` entry is the same for the
-  RetinaNet's own scores (``postprocess=False``, ``ctpipe detect --raw``).
+  by ``scripts/calibrate_operating_point.py`` with the existing weights: the lowest score at which the
+  two-stage pipeline makes at most ``fps_per_scan`` false positives per scan on the validation phantoms
+  (LUNA16 counting, :func:`calibrate`; thick-slice series' scores mapped first, :mod:`.score_calibration`),
+  with the sensitivity reached there, the seeds, the number format and the command. Its ``network_only``
+  entry is the same for the RetinaNet's own scores (``postprocess=False``, ``ctpipe detect --raw``).
 * MONAI bundles ship no operating point: ctpipe uses :data:`BUNDLE_SCORE_THRESHOLD` (see there why),
   overridden by ``detector.score_threshold``. ``ctpipe evaluate`` reports the score at each false-positive
   rate of the FROC (``froc.json``), the way to choose a threshold for a bundle on one's own validation scans.
@@ -84,13 +84,13 @@ class OperatingPoint:
             raise BundleError(
                 f"invalid operating_point entry ({type(exc).__name__}: {exc})",
                 where=where,
-                fix="recompute it: python scripts/train_fp_reducer.py --calibrate-only",
+                fix="recompute it: python scripts/calibrate_operating_point.py",
             ) from exc
         if not math.isfinite(t) or not 0.0 <= t <= 1.0:
             raise BundleError(
                 f"operating_point score_threshold {t} is not in [0, 1]",
                 where=where,
-                fix="recompute it: python scripts/train_fp_reducer.py --calibrate-only",
+                fix="recompute it: python scripts/calibrate_operating_point.py",
             )
         return out
 

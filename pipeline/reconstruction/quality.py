@@ -36,7 +36,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import ndimage
 
-from ..volume import Geometry
+from ..volume import THICK_SLICE_MM, Geometry, slice_thickness_mm
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,6 @@ LUNGS_ABSENT_ML = 20.0
 LUNG_CUT_AREA_MM2 = 100.0  # lung cross-section on the first/last slice that means "cut" (1 cm²)
 LUNG_VOLUME_RANGE_ML = (1500.0, 9000.0)
 IMBALANCE_RATIO = 0.5
-THICK_SLICE_MM = 2.5
 # cut surface (cm²: skin on the image edge × slice spacing, summed): a raised arm grazing the edge for a few
 # slices makes under 1 cm², arms or a chest cut by the field of view from 2.5 cm² to hundreds
 FOV_CUT_AREA_CM2 = 1.5
@@ -135,17 +134,6 @@ class QualityReport:
 def _flag(code: str, detail: str) -> QualityFlag:
     severity, text = FLAGS[code]
     return QualityFlag(code, severity, f"{text} ({detail})" if detail else text)
-
-
-def slice_thickness_mm(geometry: Geometry, metadata: Mapping[str, Any]) -> float:
-    """SliceThickness from the metadata when present, else the spacing along the patient's long axis (mm)."""
-    value = metadata.get("SliceThickness")
-    try:
-        thickness = float(value) if value not in (None, "") else float("nan")
-    except (TypeError, ValueError):
-        thickness = float("nan")
-    spacing_z = geometry.spacing_lps()[2]
-    return thickness if np.isfinite(thickness) and thickness > 0 else spacing_z
 
 
 def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, bool, bool, float]:

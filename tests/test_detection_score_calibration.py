@@ -1,0 +1,120 @@
+"""Thick-slice score calibration: the map, its fit on validation findings, the detector applying it, the demo model's entry."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipeline.detection.bundle import load_model
+from pipeline.detection.infer import Detector
+from pipeline.detection.model_config import DEMO_MODEL_JSON
+from pipeline.detection.operating_point import calibrate
+from pipeline.detection.score_calibration import ScoreCalibration, fit_knots, model_score_calibration
+from pipeline.errors import BundleError
+from pipeline.volume import THICK_SLICE_MM, CTVolume, slice_thickness_mm
+from tests._support.detection import chest_volume, small_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+KNOTS = ((0.0, 0.0), (0.9, 0.5), (0.99, 0.8), (1.0, 1.0))
+
+
+def test_map_is_monotone_from_zero_to_one_and_only_for_thick_slices():
+    cal = ScoreCalibration(min_slice_thickness_mm=2.5, knots=KNOTS)
+    s = np.linspace(0, 1, 101)
+    out = cal(s)
+    assert out[0] == 0.0 and out[-1] == 1.0 and np.all(np.diff(out) >= 0)
+    assert cal([0.9, 0.945, 0.99]) == pytest.approx([0.5, 0.65, 0.8])
+    assert cal([-0.1, 1.2]).tolist() == [0.0, 1.0]  # clipped into 0..1
+    assert not cal.applies_to(2.5) and cal.applies_to(3.0)
+    assert "3 mm slices (> 2.5 mm)" in cal.describe(3.0)
+
+
+@pytest.mark.parametrize(
+    "knots",
+    [
+        ((0.0, 0.0), (0.5, 0.6)),  # does not end at (1, 1)
+        ((0.1, 0.0), (1.0, 1.0)),  # does not start at (0, 0)
+        ((0.0, 0.0), (0.5, 0.6), (0.5, 0.7), (1.0, 1.0)),  # thick-slice scores not increasing
+        ((0.0, 0.0), (0.5, 0.6), (0.7, 0.4), (1.0, 1.0)),  # thin-slice scores decreasing
+    ],
+)
+def test_invalid_knots_are_refused_naming_the_entry_and_the_fix(knots):
+    with pytest.raises(ValueError):
+        ScoreCalibration(min_slice_thickness_mm=2.5, knots=knots)
+    with pytest.raises(BundleError, match="thick_slice_calibration") as err:
+        ScoreCalibration.from_json({"min_slice_thickness_mm": 2.5, "knots": knots}, where="m.json: thick_slice_calibration")
+    assert "calibrate_operating_point.py" in str(err.value)
+
+
+def _scans(rng, n_scans, n_fp, fp_high):
+    """n_scans scans each with one nodule at the origin (score 0.95) and n_fp false positives scoring uniformly up to fp_high."""
+    preds, truth = {}, {}
+    for s in range(n_scans):
+        fps = [((100.0 + 20 * f, 0.0, 0.0), float(rng.uniform(0, fp_high))) for f in range(n_fp)]
+        preds[f"s{s}"] = [((0.0, 0.0, 0.0), 0.95), *fps]
+        truth[f"s{s}"] = [((0.0, 0.0, 0.0), 8.0)]
+    return preds, truth
+
+
+def test_fitted_map_gives_thick_scans_the_thin_false_positive_rate():
+    rng = np.random.default_rng(0)
+    thin = _scans(rng, 30, 10, 0.6)  # thin: false positives below 0.6
+    thick = _scans(rng, 30, 10, 0.99)  # thick: false positives up to 0.99, above the nodules' 0.95
+    knots = fit_knots(thin, thick)
+    cal = ScoreCalibration(min_slice_thickness_mm=THICK_SLICE_MM, knots=knots)
+    mapped = {k: [(c, float(s)) for c, s in zip([p[0] for p in v], cal([p[1] for p in v]))] for k, v in thick[0].items()}
+    for rate in (0.25, 1.0, 4.0):
+        t_thin = calibrate(*thin, fps_per_scan=rate).score_threshold
+        after = sum(s >= t_thin for v in mapped.values() for _, s in v[1:]) / len(mapped)
+        raw = sum(s >= t_thin for v in thick[0].values() for _, s in v[1:]) / len(mapped)
+        assert after <= rate * 1.5 + 1 / len(mapped), (rate, after)
+        assert raw >= 1.5 * after, (rate, raw, after)
+
+
+def test_detector_maps_the_scores_of_thick_slice_series_only(tmp_path):
+    small_model(tmp_path)
+    data = json.loads((tmp_path / "small.json").read_text())
+    data["operating_point"] = {
+        "score_threshold": 0.5,
+        "chosen_on": "test",
+        "thick_slice_calibration": {"min_slice_thickness_mm": 2.5, "knots": [[0, 0], [0.9, 0.3], [1, 1]], "chosen_on": "t"},
+    }
+    (tmp_path / "small.json").write_text(json.dumps(data))
+    model = load_model(tmp_path / "small.json")
+    det = Detector(model=model, device="cpu", all_candidates=True)
+    assert det.score_calibration is not None
+    assert Detector(model=model, device="cpu", postprocess=False).score_calibration is None  # raw scores: never mapped
+    thin = chest_volume(shape_kji=(40, 80, 80), spacing=(1.4, 1.4, 2.5))
+    thick = CTVolume(thin.array, thin.geometry, metadata={**thin.metadata, "SliceThickness": "5.0"})
+    assert slice_thickness_mm(thick.geometry, thick.metadata) == 5.0 and slice_thickness_mm(thin.geometry, {}) == 2.5
+    a, b = det.detect(thin), det.detect(thick)
+    assert a.score_calibration is None and b.score_calibration is not None and "5 mm slices" in b.score_calibration
+    assert len(a.candidates) == len(b.candidates) > 0
+    sa = np.array([f.score for f in a.candidates])
+    sb = np.array([f.score for f in b.candidates])
+    assert sb == pytest.approx(np.interp(sa, [0, 0.9, 1], [0, 0.3, 1]))
+    again = type(b).from_json(json.loads(json.dumps(b.to_json())))
+    assert again.score_calibration == b.score_calibration
+
+
+def test_demo_model_records_a_thick_slice_calibration_chosen_on_validation_seeds():
+    data = json.loads(DEMO_MODEL_JSON.read_text())
+    entry = data["operating_point"]["thick_slice_calibration"]
+    cal = model_score_calibration(load_model(DEMO_MODEL_JSON).config)
+    assert cal is not None and cal.min_slice_thickness_mm == THICK_SLICE_MM
+    assert entry["n_thick_scans"] >= 40 and entry["n_thin_scans"] >= 30
+    used = set(range(1, 1000)) | set(range(*data["training"]["train_seeds"]))
+    assert not set(entry["thick_seeds"]) & used, "calibrated on held-out or training seeds"
+    # a thick-slice score maps to a lower one over the range where the operating point lies
+    op = data["operating_point"]["score_threshold"]
+    assert cal([op])[0] < op
+    # a model without the entry has no calibration, and a bad entry is refused
+    bare = replace(load_model(DEMO_MODEL_JSON).config, extra={"operating_point": {"score_threshold": 0.5}})
+    assert model_score_calibration(bare) is None
+    bad = replace(bare, extra={"operating_point": {"score_threshold": 0.5, "thick_slice_calibration": [1, 2]}})
+    with pytest.raises(BundleError, match="not a mapping"):
+        model_score_calibration(bad)
