@@ -204,17 +204,48 @@ def calibrate(
     list. When even the highest-scoring candidate is a false positive beyond the budget, the threshold lies just
     above it (nothing reported).
     """
-    m = match_predictions(predictions, truth, scans=scans, min_diameter_mm=min_diameter_mm)
-    tp = np.concatenate([b for b, _ in m.per_scan])
-    fp = np.concatenate([f for _, f in m.per_scan])
-    fps, sens, thr = froc_curve(tp, fp, len(tp), m.n_scans)
-    t, s, f = threshold_at(fps, sens, thr, fps_per_scan)
+    froc = Froc.of(predictions, truth, scans=scans, min_diameter_mm=min_diameter_mm)
+    t, s, f = froc.threshold_at(fps_per_scan)
     return Calibration(
         score_threshold=t,
         fps_per_scan=float(fps_per_scan),
         sensitivity=s,
         measured_fps_per_scan=f,
-        n_scans=m.n_scans,
-        n_nodules=len(tp),
-        n_false_positives=int(np.count_nonzero(fp >= t)),
+        n_scans=froc.n_scans,
+        n_nodules=len(froc.tp_scores),
+        n_false_positives=int(np.count_nonzero(froc.fp_scores >= t)),
     )
+
+
+@dataclass(frozen=True)
+class Froc:
+    """The FROC curve of a set of predictions (:func:`.evaluate.froc_curve`, LUNA16 counting), with the best score
+    of each nodule (``-inf``: missed) and the false positives' scores it was made from."""
+
+    fps: np.ndarray
+    sensitivity: np.ndarray
+    thresholds: np.ndarray
+    tp_scores: np.ndarray
+    fp_scores: np.ndarray
+    n_scans: int
+
+    @classmethod
+    def of(
+        cls,
+        predictions: Mapping[str, Findings | Sequence[tuple[Point, float]]],
+        truth: Mapping[str, Sequence[tuple[Point, float]]],
+        *,
+        scans: Iterable[str] | None = None,
+        min_diameter_mm: float = 3.0,
+    ) -> Froc:
+        """The curve of ``predictions`` against ``truth`` (as :func:`calibrate` takes them)."""
+        m = match_predictions(predictions, truth, scans=scans, min_diameter_mm=min_diameter_mm)
+        tp = np.concatenate([b for b, _ in m.per_scan])
+        fp = np.concatenate([f for _, f in m.per_scan])
+        fps, sens, thr = froc_curve(tp, fp, len(tp), m.n_scans)
+        return cls(fps, sens, thr, tp, fp, m.n_scans)
+
+    def threshold_at(self, fps_per_scan: float) -> tuple[float, float, float]:
+        """``(score threshold, sensitivity, fps/scan)`` of the lowest threshold with at most ``fps_per_scan``
+        false positives per scan (:func:`.evaluate.threshold_at`)."""
+        return threshold_at(self.fps, self.sensitivity, self.thresholds, fps_per_scan)

@@ -26,7 +26,7 @@ from ..errors import BundleError
 from .evaluate import FP_RATES, Point
 from .findings import Findings
 from .model_config import ModelConfig
-from .operating_point import calibrate
+from .operating_point import Froc
 
 FIX = "recompute it: python scripts/calibrate_operating_point.py"
 
@@ -131,13 +131,11 @@ def fit_knots(
 ) -> tuple[tuple[float, float], ...]:
     """Knots for :class:`ScoreCalibration`: at each false-positive rate of ``fp_rates`` (per scan), the lowest
     score with at most that rate on the thick-slice scans ``thick`` (predictions scored on all their candidates,
-    truth) paired with the same on the thin-slice scans ``thin`` (:func:`.operating_point.calibrate`, LUNA16
-    counting); pairs that would break monotonicity are dropped, (0, 0) and (1, 1) added."""
-    pairs = []
-    for rate in sorted(fp_rates, reverse=True):  # from the lowest thresholds up
-        x = calibrate(thick[0], thick[1], fps_per_scan=rate, min_diameter_mm=min_diameter_mm).score_threshold
-        y = calibrate(thin[0], thin[1], fps_per_scan=rate, min_diameter_mm=min_diameter_mm).score_threshold
-        pairs.append((float(x), float(y)))
+    truth) paired with the same on the thin-slice scans ``thin`` (:class:`.operating_point.Froc`, LUNA16
+    counting, as :func:`.operating_point.calibrate` chooses an operating point); pairs that would break
+    monotonicity are dropped, (0, 0) and (1, 1) added."""
+    curves = [Froc.of(p, t, min_diameter_mm=min_diameter_mm) for p, t in (thick, thin)]
+    pairs = [tuple(c.threshold_at(rate)[0] for c in curves) for rate in sorted(fp_rates, reverse=True)]
     knots = [(0.0, 0.0)]
     for x, y in pairs:
         if knots[-1][0] < x < 1.0 and knots[-1][1] <= y < 1.0:
