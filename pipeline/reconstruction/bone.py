@@ -316,11 +316,13 @@ def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -
     n = body.shape[slice_axis]
     out = np.full((n, 2), np.nan)
     lo, hi = float(x.min()), float(x.max())
+    # slices as views (x is often a broadcast array: np.take would copy all of it for every slice)
+    body_by_slice, x_by_slice = np.moveaxis(body, slice_axis, 0), np.moveaxis(x, slice_axis, 0)
     for k in range(n):
-        b = np.take(body, k, axis=slice_axis)
+        b = body_by_slice[k]
         if not b.any():
             continue
-        xs = np.take(x, k, axis=slice_axis)
+        xs = x_by_slice[k]
         cut = b & ((xs <= lo + tol_mm) | (xs >= hi - tol_mm))
         if cut.any():
             steps = [float(np.abs(np.diff(xs, axis=a)).mean()) if xs.shape[a] > 1 else 0.0 for a in (0, 1)]
