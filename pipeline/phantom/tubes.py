@@ -55,26 +55,38 @@ class Tubes:
     def split(self, max_len: float) -> Tubes:
         """The same tubes cut into pieces no longer than ``max_len`` mm (tighter bounding boxes)."""
         out = Tubes()
+        steps: dict[int, np.ndarray] = {}  # np.linspace(0, 1, n + 1) by n: few distinct piece counts
         for a, b, ra, rb in zip(self.a, self.b, self.ra, self.rb):
             n = max(1, int(np.ceil(np.linalg.norm(b - a) / max_len)))
-            ts = np.linspace(0.0, 1.0, n + 1)
-            for t0, t1 in zip(ts[:-1], ts[1:]):
-                out.add(a + (b - a) * t0, a + (b - a) * t1, ra + (rb - ra) * t0, ra + (rb - ra) * t1)
+            ts = steps.get(n)
+            if ts is None:
+                ts = steps[n] = np.linspace(0.0, 1.0, n + 1)
+            d = b - a
+            out.a.extend(a + d * ts[:-1, None])
+            out.b.extend(a + d * ts[1:, None])
+            out.ra.extend((ra + (rb - ra) * ts[:-1]).tolist())
+            out.rb.extend((ra + (rb - ra) * ts[1:]).tolist())
         return out
+
+
+def _index_boxes(grid: CanonicalGrid, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Canonical-array index ranges ``[i0, i1)`` along ``(z, y, x)`` of the LPS boxes ``lo..hi`` (mm, shape
+    ``(n, 3)`` in x, y, z), clipped to the grid: two ``(n, 3)`` int arrays (empty where ``i1 <= i0``)."""
+    i0 = np.empty((len(lo), 3), dtype=np.int64)
+    i1 = np.empty((len(lo), 3), dtype=np.int64)
+    for col, (coords, a) in enumerate(((grid.zs, 2), (grid.ys, 1), (grid.xs, 0))):
+        step = coords[1] - coords[0] if coords.size > 1 else 1.0
+        i0[:, col] = np.maximum(np.floor((lo[:, a] - coords[0]) / step), 0)
+        i1[:, col] = np.minimum(np.ceil((hi[:, a] - coords[0]) / step) + 1, coords.size)
+    return i0, i1
 
 
 def index_box(grid: CanonicalGrid, lo: np.ndarray, hi: np.ndarray) -> tuple[slice, slice, slice] | None:
     """Canonical-array slices ``[z, y, x]`` covering the LPS box lo..hi (mm), or None if outside."""
-    out = []
-    for coords, a in ((grid.zs, 2), (grid.ys, 1), (grid.xs, 0)):
-        step = coords[1] - coords[0] if coords.size > 1 else 1.0
-        i0 = int(np.floor((lo[a] - coords[0]) / step))
-        i1 = int(np.ceil((hi[a] - coords[0]) / step)) + 1
-        i0, i1 = max(i0, 0), min(i1, coords.size)
-        if i1 <= i0:
-            return None
-        out.append(slice(i0, i1))
-    return out[0], out[1], out[2]
+    i0, i1 = _index_boxes(grid, np.asarray(lo, dtype=np.float64)[None], np.asarray(hi, dtype=np.float64)[None])
+    if np.any(i1[0] <= i0[0]):
+        return None
+    return slice(int(i0[0, 0]), int(i1[0, 0])), slice(int(i0[0, 1]), int(i1[0, 1])), slice(int(i0[0, 2]), int(i1[0, 2]))
 
 
 def union_box(grid: CanonicalGrid, tubes: Tubes, pad: float) -> tuple[slice, slice, slice] | None:
@@ -102,11 +114,11 @@ def signed_distance(grid: CanonicalGrid, tubes: Tubes, out: np.ndarray, *, pad: 
     ys = grid.ys.astype(np.float32)
     zs = grid.zs.astype(np.float32)
     a_all, b_all, ra_all, rb_all = tubes.arrays()
-    for a, b, ra, rb in zip(a_all, b_all, ra_all, rb_all):
-        r = max(ra, rb) + pad
-        bb = index_box(grid, np.minimum(a, b) - r, np.maximum(a, b) + r)
-        if bb is None:
-            continue
+    r_all = (np.maximum(ra_all, rb_all) + pad)[:, None]
+    i0_all, i1_all = _index_boxes(grid, np.minimum(a_all, b_all) - r_all, np.maximum(a_all, b_all) + r_all)
+    inside = np.all(i1_all > i0_all, axis=1)
+    for a, b, ra, rb, i0, i1 in zip(a_all[inside], b_all[inside], ra_all[inside], rb_all[inside], i0_all[inside], i1_all[inside]):
+        bb = (slice(i0[0], i1[0]), slice(i0[1], i1[1]), slice(i0[2], i1[2]))
         e = (b - a).astype(np.float32)
         ee = float(e @ e)
         dx = (xs[bb[2]] - np.float32(a[0]))[None, None, :]
@@ -115,7 +127,7 @@ def signed_distance(grid: CanonicalGrid, tubes: Tubes, out: np.ndarray, *, pad: 
         if ee > 0:
             t = dx * (e[0] / ee) + dy * (e[1] / ee)
             t = t + dz * (e[2] / ee)
-            np.clip(t, 0.0, 1.0, out=t)
+            np.minimum(np.maximum(t, 0.0, out=t), 1.0, out=t)  # np.clip, without its Python-level overhead
             qx = dx - t * e[0]
             qy = dy - t * e[1]
             qz = dz - t * e[2]
