@@ -316,10 +316,12 @@ class Detector:
         """``findings`` with every candidate's score mapped by :attr:`score_calibration` when ``volume``'s slices are
         thick enough for it (:func:`pipeline.volume.slice_thickness_mm`), else as they are."""
         cal = self.score_calibration
-        thickness = slice_thickness_mm(volume.geometry, volume.metadata)
-        if cal is None or not cal.applies_to(thickness) or not len(findings.candidates):
+        if cal is None:
             return findings
+        thickness = slice_thickness_mm(volume.geometry, volume.metadata)
         every = findings.candidates
+        if not cal.applies_to(thickness) or not every:
+            return findings
         scores = cal([f.score for f in every])
         mapped = sorted((replace(f, score=float(s)) for f, s in zip(every, scores)), key=lambda f: -f.score)
         out = replace(findings.with_candidates(mapped), score_calibration=cal.describe(thickness))

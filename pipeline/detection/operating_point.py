@@ -49,6 +49,8 @@ BUNDLE_CHOSEN_ON = (
 )
 
 SOURCE_ALL = "none: every candidate reported (all_candidates)"
+#: The fix for a ctpipe model JSON's invalid operating-point entries
+RECOMPUTE = "recompute it: python scripts/calibrate_operating_point.py"
 
 
 @dataclass(frozen=True)
@@ -84,13 +86,13 @@ class OperatingPoint:
             raise BundleError(
                 f"invalid operating_point entry ({type(exc).__name__}: {exc})",
                 where=where,
-                fix="recompute it: python scripts/calibrate_operating_point.py",
+                fix=RECOMPUTE,
             ) from exc
         if not math.isfinite(t) or not 0.0 <= t <= 1.0:
             raise BundleError(
                 f"operating_point score_threshold {t} is not in [0, 1]",
                 where=where,
-                fix="recompute it: python scripts/calibrate_operating_point.py",
+                fix=RECOMPUTE,
             )
         return out
 

@@ -26,9 +26,7 @@ from ..errors import BundleError
 from .evaluate import FP_RATES, Point
 from .findings import Findings
 from .model_config import ModelConfig
-from .operating_point import Froc
-
-FIX = "recompute it: python scripts/calibrate_operating_point.py"
+from .operating_point import RECOMPUTE, Froc
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,7 @@ class ScoreCalibration:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(
-                f"invalid thick_slice_calibration entry ({type(exc).__name__}: {exc})", where=where, fix=FIX
+                f"invalid thick_slice_calibration entry ({type(exc).__name__}: {exc})", where=where, fix=RECOMPUTE
             ) from exc
 
 
@@ -114,7 +112,7 @@ def model_score_calibration(config: ModelConfig) -> ScoreCalibration | None:
         return None
     where = f"{config.weights.parent if config.weights else config.name}: {config.name} operating_point.thick_slice_calibration"
     if not isinstance(cal, Mapping):
-        raise BundleError(f"thick_slice_calibration is a {type(cal).__name__}, not a mapping", where=where, fix=FIX)
+        raise BundleError(f"thick_slice_calibration is a {type(cal).__name__}, not a mapping", where=where, fix=RECOMPUTE)
     return ScoreCalibration.from_json(cal, where=where)
 
 
