@@ -247,6 +247,8 @@ def place_nodules(
 
     When they cannot all fit, raise PhantomError if ``strict``, else return those that fit (a warning is logged).
     """
+    if count == 0:
+        return []
     placer = NodulePlacer(rng, grid, lung, vessels)
     lo, hi = diameter_mm
     fit = 2.0 * placer.max_radius / 1.2 - 2 * grid.pixel_spacing

@@ -53,20 +53,25 @@ class Tubes:
         return np.array(self.a), np.array(self.b), np.array(self.ra), np.array(self.rb)
 
     def split(self, max_len: float) -> Tubes:
-        """The same tubes cut into pieces no longer than ``max_len`` mm (tighter bounding boxes)."""
-        out = Tubes()
-        steps: dict[int, np.ndarray] = {}  # np.linspace(0, 1, n + 1) by n: few distinct piece counts
-        for a, b, ra, rb in zip(self.a, self.b, self.ra, self.rb):
-            n = max(1, int(np.ceil(np.linalg.norm(b - a) / max_len)))
-            ts = steps.get(n)
-            if ts is None:
-                ts = steps[n] = np.linspace(0.0, 1.0, n + 1)
-            d = b - a
-            out.a.extend(a + d * ts[:-1, None])
-            out.b.extend(a + d * ts[1:, None])
-            out.ra.extend((ra + (rb - ra) * ts[:-1]).tolist())
-            out.rb.extend((ra + (rb - ra) * ts[1:]).tolist())
-        return out
+        """The same tubes cut into pieces no longer than ``max_len`` mm (tighter bounding boxes), in order."""
+        a, b, ra, rb = self.arrays()
+        d = b - a
+        n = np.maximum(1, np.ceil(np.sqrt((d * d).sum(axis=1)) / max_len).astype(np.int64))
+        first = np.cumsum(n) - n  # index of each tube's first piece
+        pa = np.empty((int(n.sum()), 3))
+        pb = np.empty_like(pa)
+        pra = np.empty(len(pa))
+        prb = np.empty(len(pa))
+        for k in np.unique(n):  # few distinct piece counts
+            idx = np.flatnonzero(n == k)
+            ts = np.linspace(0.0, 1.0, k + 1)
+            at = (first[idx, None] + np.arange(k)).ravel()
+            pa[at] = (a[idx, None] + d[idx, None] * ts[None, :-1, None]).reshape(-1, 3)
+            pb[at] = (a[idx, None] + d[idx, None] * ts[None, 1:, None]).reshape(-1, 3)
+            dr = (rb - ra)[idx, None]
+            pra[at] = (ra[idx, None] + dr * ts[None, :-1]).ravel()
+            prb[at] = (ra[idx, None] + dr * ts[None, 1:]).ravel()
+        return Tubes(list(pa), list(pb), pra.tolist(), prb.tolist())
 
 
 def _index_boxes(grid: CanonicalGrid, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -125,14 +130,26 @@ def signed_distance(grid: CanonicalGrid, tubes: Tubes, out: np.ndarray, *, pad: 
         dy = (ys[bb[1]] - np.float32(a[1]))[None, :, None]
         dz = (zs[bb[0]] - np.float32(a[2]))[:, None, None]
         if ee > 0:
+            # the distance to the segment, with each full-box intermediate written into one of two buffers
+            # (the same operations in the same order as the plain expressions, so the same float32 values)
             t = dx * (e[0] / ee) + dy * (e[1] / ee)
             t = t + dz * (e[2] / ee)
             np.minimum(np.maximum(t, 0.0, out=t), 1.0, out=t)  # np.clip, without its Python-level overhead
-            qx = dx - t * e[0]
-            qy = dy - t * e[1]
-            qz = dz - t * e[2]
-            d = np.sqrt(qx * qx + qy * qy + qz * qz)
-            d -= np.float32(ra) + t * np.float32(rb - ra)
+            d = np.multiply(t, e[0])
+            np.subtract(dx, d, out=d)
+            np.multiply(d, d, out=d)  # qx²
+            tmp = np.multiply(t, e[1])
+            np.subtract(dy, tmp, out=tmp)
+            np.multiply(tmp, tmp, out=tmp)
+            d += tmp  # + qy²
+            np.multiply(t, e[2], out=tmp)
+            np.subtract(dz, tmp, out=tmp)
+            np.multiply(tmp, tmp, out=tmp)
+            d += tmp  # + qz²
+            np.sqrt(d, out=d)
+            np.multiply(t, np.float32(rb - ra), out=tmp)
+            tmp += np.float32(ra)
+            d -= tmp  # minus the radius at t
         else:
             d = np.sqrt(dx * dx + dy * dy + dz * dz) - np.float32(ra)
         view = out[bb]

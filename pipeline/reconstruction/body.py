@@ -348,7 +348,7 @@ def fill_cut_air(mask: np.ndarray, slice_axis: int) -> np.ndarray:
     size = np.bincount(labels.ravel(), minlength=n + 1)
     take = ~edge
     if edge[1:].any():
-        inside = np.bincount(labels.ravel(), weights=_enclosed(mask, axes).ravel(), minlength=n + 1)
+        inside = np.bincount(labels[_enclosed(mask, axes)], minlength=n + 1)
         take |= inside >= CUT_AIR_ENCLOSED * np.maximum(size, 1)
     take[0] = False
     return mask | take[labels]
