@@ -35,7 +35,6 @@ import torch
 from train_detector import HELDOUT_SEEDS, SCENARIO_SEEDS, training_phantom
 
 from pipeline.detection.bundle import load_model
-from pipeline.detection.findings import Findings
 from pipeline.detection.infer import Detector
 from pipeline.detection.lungs import quick_lung_mask
 from pipeline.detection.model_config import DEMO_MODEL_JSON
@@ -123,10 +122,6 @@ def run_phantoms(model_json: Path, seeds: Sequence[int], out: Path) -> tuple[dic
     return results, post.precision
 
 
-def _apply(cal: ScoreCalibration, findings: Findings) -> list[tuple[Any, float]]:
-    return [(f.center_lps, float(s)) for f, s in zip(findings.candidates, cal([f.score for f in findings.candidates]))]
-
-
 def calibrate_operating_point(
     model_json: Path, val_seeds: Sequence[int], extra_thick: Sequence[int], *, fps_per_scan: float, out: Path, command: str
 ) -> dict:
@@ -137,9 +132,8 @@ def calibrate_operating_point(
     def split(seeds: Sequence[int], key: str) -> tuple[dict, dict]:
         return {str(s): res[s][key] for s in seeds}, {str(s): res[s]["truth"] for s in seeds}
 
-    every = [*val_seeds, *extra_thick]
-    thin = [s for s in every if res[s]["thickness_mm"] <= THICK_SLICE_MM and s in val_seeds]
-    thick = [s for s in every if res[s]["thickness_mm"] > THICK_SLICE_MM]
+    thin = [s for s in val_seeds if res[s]["thickness_mm"] <= THICK_SLICE_MM]
+    thick = [s for s in [*val_seeds, *extra_thick] if res[s]["thickness_mm"] > THICK_SLICE_MM]
     if not thick:
         raise SystemExit("no validation phantom has thick slices: raise --n-thick")
     knots = fit_knots(split(thin, "pipeline"), split(thick, "pipeline"))
@@ -156,10 +150,7 @@ def calibrate_operating_point(
         details={"n_thick_scans": len(thick), "n_thin_scans": len(thin), "thick_seeds": thick},
     )
     log.info("thick-slice calibration knots (thick -> thin score): %s", [(round(x, 4), round(y, 4)) for x, y in knots])
-    pipeline = {
-        str(s): (_apply(cal, res[s]["pipeline"]) if res[s]["thickness_mm"] > THICK_SLICE_MM else res[s]["pipeline"])
-        for s in val_seeds
-    }
+    pipeline = {str(s): cal.apply(res[s]["pipeline"], res[s]["thickness_mm"]) for s in val_seeds}
     network, truth = split(val_seeds, "network")
     entry = operating_point_entry(
         pipeline,

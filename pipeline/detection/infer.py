@@ -25,7 +25,6 @@ import copy
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -318,14 +317,9 @@ class Detector:
         cal = self.score_calibration
         if cal is None:
             return findings
-        thickness = slice_thickness_mm(volume.geometry, volume.metadata)
-        every = findings.candidates
-        if not cal.applies_to(thickness) or not every:
-            return findings
-        scores = cal([f.score for f in every])
-        mapped = sorted((replace(f, score=float(s)) for f, s in zip(every, scores)), key=lambda f: -f.score)
-        out = replace(findings.with_candidates(mapped), score_calibration=cal.describe(thickness))
-        log.info("case %s: %s", findings.case_id or findings.series_uid or "?", out.score_calibration)
+        out = cal.apply(findings, slice_thickness_mm(volume.geometry, volume.metadata))
+        if out is not findings:
+            log.info("case %s: %s", findings.case_id or findings.series_uid or "?", out.score_calibration)
         return out
 
     def detect_loaded(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -67,6 +67,16 @@ class ScoreCalibration:
         """The thin-slice-scale scores (float64, 0..1) of thick-slice ``scores``."""
         xs, ys = self._xy()
         return np.interp(np.clip(np.asarray(scores, dtype=np.float64), 0.0, 1.0), xs, ys)
+
+    def apply(self, findings: Findings, slice_thickness_mm: float) -> Findings:
+        """``findings`` of a series with slices ``slice_thickness_mm`` thick (mm): when :meth:`applies_to` it, every
+        candidate's score mapped (highest first) and :attr:`Findings.score_calibration` set; else as they are."""
+        every = findings.candidates
+        if not self.applies_to(slice_thickness_mm) or not every:
+            return findings
+        scores = self([f.score for f in every])
+        mapped = sorted((replace(f, score=float(s)) for f, s in zip(every, scores)), key=lambda f: -f.score)
+        return replace(findings.with_candidates(mapped), score_calibration=self.describe(slice_thickness_mm))
 
     def describe(self, slice_thickness_mm: float) -> str:
         """One line for the findings JSON and logs."""
