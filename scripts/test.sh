@@ -14,5 +14,9 @@ bash scripts/install_monitoring_tools.sh || echo "prometheus/promtool unavailabl
 # many Python processes (workers, command-line runs), and each would otherwise compile the package and pytest
 # rewrite every test module again
 unset PYTHONDONTWRITEBYTECODE
-# one pytest-xdist worker per core (CTPIPE_TEST_WORKERS=0 runs them in this process); each test module stays on one worker, so its module fixtures are built once
-.venv/bin/python -m pytest -n "${CTPIPE_TEST_WORKERS:-auto}" --dist loadscope "$@"
+# pytest-xdist workers: one per core, plus one kept for the test modules that mostly wait on a PACS (see
+# tests/_support/scheduling.py); CTPIPE_TEST_WORKERS=0 runs the tests in this process. Each test module stays
+# on one worker, so its module fixtures are built once.
+cores=$(nproc 2>/dev/null || echo 1)
+default_workers=$(( cores >= 2 ? cores + 1 : 1 ))
+.venv/bin/python -m pytest -n "${CTPIPE_TEST_WORKERS:-$default_workers}" --dist loadscope "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -33,6 +34,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    # the modules imported while collecting (torch, MONAI, the package, the tests) live until the end: frozen,
+    # the garbage collector stops walking them at every full collection and at the process's exit
+    gc.freeze()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    gc.freeze()  # what the tests left alive need no collection when the process exits
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _torch_threads():
     try:
@@ -54,3 +65,13 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope``, with a worker kept for the modules that mostly wait (tests/_support/scheduling.py)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from tests._support.scheduling import WaitAwareScheduling
+
+    return WaitAwareScheduling(config, log)

@@ -218,7 +218,7 @@ def test_batch_run_does_not_quarantine_scans_without_a_chest(tmp_path):
         vol = CASES[name]()
         md = {k: v for k, v in vol.metadata.items() if k != "SeriesInstanceUID"}
         write_dicom_series(CTVolume(vol.array, vol.geometry, metadata=md), src / name, seed=100 + n)
-    summary = run_batch([src], out=tmp_path / "run", workers=1, reconstruct={"renderings": False})
+    summary = run_batch([src], out=tmp_path / "run", workers=0, reconstruct={"renderings": False})
     assert summary.total == 3 and summary.done == 3 and not summary.quarantined, summary
     flags = []
     for meas in sorted((tmp_path / "run").glob("cases/*/recon/*_measurements.json")):

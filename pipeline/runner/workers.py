@@ -305,7 +305,7 @@ class ProcessExecutor:
         self.ctx = mp_context(start_method)
         if start_method == "forkserver":
             mods = sorted({m for s in stages for m in s.preload} | {"pipeline.runner.workers"})
-            self.ctx.set_forkserver_preload(mods)
+            self.ctx.set_forkserver_preload([*mods, "pipeline.runner.forkserver_freeze"])  # imported in this order
         self.workers: list[_Worker] = []
         self._n = 0
         groups = {s.group for s in stages}

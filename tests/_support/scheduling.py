@@ -1,0 +1,69 @@
+"""How the test command spreads test modules over pytest-xdist workers.
+
+Most test modules keep a core busy. A few mostly wait, on a PACS and its quiet periods, with little
+computing of their own; run on one of the core-bound workers, they would leave its core idle. The test command
+therefore starts one worker more than there are cores, and :class:`WaitAwareScheduling` keeps that worker for
+the waiting modules, so that they wait beside the core-bound ones instead of in their place.
+
+Each module still runs whole on one worker (as with ``--dist loadscope``), so its module fixtures are built
+once. The kept worker stops once the waiting modules are done (the others then have the cores to themselves);
+the others take a waiting module only when nothing else is left.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xdist.scheduler import LoadScopeScheduling
+
+#: Modules that spend most of their time waiting (on Orthanc, a DICOM listener's quiet period, Prometheus)
+#: with little CPU of their own, longest first.
+WAITING_MODULES = (
+    "tests/test_pacs_listener.py",
+    "tests/test_pacs_fetch.py",
+    "tests/test_runner_prometheus.py",
+    "tests/test_pacs_sender.py",
+)
+
+
+def is_waiting(scope: str) -> bool:
+    """Whether a loadscope work unit (a module's node id prefix) is one of :data:`WAITING_MODULES`."""
+    return scope.split("::", 1)[0] in WAITING_MODULES
+
+
+class WaitAwareScheduling(LoadScopeScheduling):
+    """``--dist loadscope`` with one worker (the last, when there are three or more) kept for the waiting modules.
+
+    The other workers take modules in xdist's order (most tests first).
+    """
+
+    _keeper: Any = None
+    _chosen = False
+
+    def _waiting_node(self) -> Any:
+        """The kept worker, chosen once (at the first assignment, when every worker has collected)."""
+        if not self._chosen:
+            self._chosen = True
+            if len(self.nodes) >= 3:
+                self._keeper = max(self.nodes, key=lambda n: int(n.gateway.id.removeprefix("gw")))
+        return self._keeper
+
+    def _assign_work_unit(self, node: Any) -> None:
+        assert self.workqueue
+        scopes = list(self.workqueue)
+        keeper = self._waiting_node()
+        if keeper is not None:
+            if node is keeper:
+                # only waiting modules: once they are done the keeper stops, leaving the cores to the others
+                scopes = sorted((s for s in scopes if is_waiting(s)), key=lambda s: WAITING_MODULES.index(s.split("::")[0]))
+                if not scopes:
+                    if self._pending_of(self.assigned_work.get(node, {})) == 0:
+                        node.shutdown()
+                    return
+            else:
+                scopes = [s for s in scopes if not is_waiting(s)] or scopes
+        scope = scopes[0]
+        work_unit = self.workqueue.pop(scope)
+        self.assigned_work.setdefault(node, {})[scope] = work_unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])

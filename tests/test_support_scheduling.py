@@ -1,0 +1,67 @@
+"""The test command's scheduler: one worker kept for the modules that mostly wait, the others for the rest."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests._support.scheduling import WAITING_MODULES, WaitAwareScheduling
+
+BUSY = ("tests/test_a.py", "tests/test_b.py", "tests/test_c.py")
+
+
+class _Worker:
+    """Stands in for xdist's WorkerController: records the test indices it is sent and whether it was stopped."""
+
+    def __init__(self, n: int):
+        self.gateway = SimpleNamespace(id=f"gw{n}")
+        self.sent: list[int] = []
+        self.shutting_down = False
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += indices
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def _run(n_workers: int) -> tuple[list[str], dict[str, list[str]]]:
+    collection = [f"{m}::test_{i}" for m in (*BUSY, *WAITING_MODULES[:2]) for i in range(3)]
+    config = SimpleNamespace(getvalue=lambda name: [f"{n_workers}*popen"], option=SimpleNamespace(loadscopereorder=True))
+    sched = WaitAwareScheduling(config)
+    workers = [_Worker(n) for n in range(n_workers)]
+    for w in workers:
+        sched.add_node(w)
+        sched.add_node_collection(w, collection)
+    sched.schedule()
+    done: dict[str, list[str]] = {w.gateway.id: [] for w in workers}
+    while sched.has_pending:  # complete every test sent so far, one at a time, as the workers would
+        for w in workers:
+            while w.sent:
+                i = w.sent.pop(0)
+                done[w.gateway.id].append(collection[i])
+                sched.mark_test_complete(w, i)
+    # each worker's modules in the order it ran them
+    return collection, {k: list(dict.fromkeys(t.split("::")[0] for t in v)) for k, v in done.items()}
+
+
+def test_the_last_of_three_workers_runs_waiting_modules_only_and_the_others_take_them_last():
+    collection, modules = _run(3)
+    assert modules["gw2"] and set(modules["gw2"]) <= set(WAITING_MODULES)
+    assert modules["gw2"][0] == WAITING_MODULES[0]  # the longest first
+    assert set(BUSY) <= set(modules["gw0"]) | set(modules["gw1"])
+    for worker in ("gw0", "gw1"):
+        kinds = [m in WAITING_MODULES for m in modules[worker]]
+        assert kinds == sorted(kinds), f"{worker} took a waiting module before a busy one: {modules[worker]}"
+    ran = [m for ms in modules.values() for m in ms]
+    assert sorted(ran) == sorted({t.split("::")[0] for t in collection})  # each module whole, on one worker
+
+
+@pytest.mark.parametrize("n_workers", [1, 2])
+def test_with_fewer_than_three_workers_every_worker_takes_any_module(n_workers):
+    collection, modules = _run(n_workers)
+    everything = sorted({t.split("::")[0] for t in collection})
+    assert sorted({m for ms in modules.values() for m in ms}) == everything
+    if n_workers == 2:
+        assert all(modules.values())
