@@ -57,8 +57,7 @@ class WaitAwareScheduling(LoadScopeScheduling):
                 # only waiting modules: once they are done the keeper stops, leaving the cores to the others
                 scopes = sorted((s for s in scopes if is_waiting(s)), key=lambda s: WAITING_MODULES.index(s.split("::")[0]))
                 if not scopes:
-                    if self._pending_of(self.assigned_work.get(node, {})) == 0:
-                        node.shutdown()
+                    node.shutdown()  # no more work for it; it still runs the tests it holds, then exits
                     return
             else:
                 scopes = [s for s in scopes if not is_waiting(s)] or scopes
