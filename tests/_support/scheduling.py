@@ -26,9 +26,13 @@ WAITING_MODULES = (
 )
 
 
+def _module(scope: str) -> str:
+    return scope.split("::", 1)[0]
+
+
 def is_waiting(scope: str) -> bool:
     """Whether a loadscope work unit (a module's node id prefix) is one of :data:`WAITING_MODULES`."""
-    return scope.split("::", 1)[0] in WAITING_MODULES
+    return _module(scope) in WAITING_MODULES
 
 
 class WaitAwareScheduling(LoadScopeScheduling):
@@ -49,20 +53,17 @@ class WaitAwareScheduling(LoadScopeScheduling):
         return self._keeper
 
     def _assign_work_unit(self, node: Any) -> None:
-        assert self.workqueue
-        scopes = list(self.workqueue)
+        """Put the unit this worker should take at the front of the queue; xdist then hands it over."""
         keeper = self._waiting_node()
         if keeper is not None:
+            scopes = list(self.workqueue)
             if node is keeper:
                 # only waiting modules: once they are done the keeper stops, leaving the cores to the others
-                scopes = sorted((s for s in scopes if is_waiting(s)), key=lambda s: WAITING_MODULES.index(s.split("::")[0]))
-                if not scopes:
+                mine = sorted((s for s in scopes if is_waiting(s)), key=lambda s: WAITING_MODULES.index(_module(s)))
+                if not mine:
                     node.shutdown()  # no more work for it; it still runs the tests it holds, then exits
                     return
             else:
-                scopes = [s for s in scopes if not is_waiting(s)] or scopes
-        scope = scopes[0]
-        work_unit = self.workqueue.pop(scope)
-        self.assigned_work.setdefault(node, {})[scope] = work_unit
-        collection = self.registered_collections[node]
-        node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+                mine = [s for s in scopes if not is_waiting(s)] or scopes
+            self.workqueue.move_to_end(mine[0], last=False)
+        super()._assign_work_unit(node)
