@@ -20,12 +20,6 @@ def _cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    # modules with the most slow tests first (order within a module kept): spread over pytest-xdist
-    # workers module by module, the long ones then start early instead of finishing last on one worker
-    slow: dict[str, int] = {}
-    for item in items:
-        slow[item.module.__name__] = slow.get(item.module.__name__, 0) + ("slow" in item.keywords)
-    items.sort(key=lambda item: -slow[item.module.__name__])
     if _cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run scripts/gpu_check.sh on a GPU machine)")

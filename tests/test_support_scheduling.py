@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests._support.scheduling import WAITING_MODULES, WaitAwareScheduling
+from tests._support.scheduling import LONG_MODULES, WAITING_MODULES, WaitAwareScheduling
 
 BUSY = ("tests/test_a.py", "tests/test_b.py", "tests/test_c.py")
+LONGEST, SECOND = sorted(LONG_MODULES, key=lambda m: -LONG_MODULES[m])[:2]
 
 
 class _Worker:
@@ -27,7 +28,9 @@ class _Worker:
 
 
 def _run(n_workers: int) -> tuple[list[str], dict[str, list[str]], dict[str, bool]]:
+    # the long modules with fewer tests than the others: xdist alone would hand them out last
     collection = [f"{m}::test_{i}" for m in (*BUSY, *WAITING_MODULES[:2]) for i in range(3)]
+    collection += [f"{m}::test_0" for m in (SECOND, LONGEST)]
     config = SimpleNamespace(getvalue=lambda name: [f"{n_workers}*popen"], option=SimpleNamespace(loadscopereorder=True))
     sched = WaitAwareScheduling(config)
     workers = [_Worker(n) for n in range(n_workers)]
@@ -64,6 +67,7 @@ def test_the_last_of_three_workers_runs_waiting_modules_only_and_the_others_take
     assert stopped_early["gw2"] and not stopped_early["gw0"] and not stopped_early["gw1"]
     assert modules["gw2"][0] == WAITING_MODULES[0]  # the longest first
     assert set(BUSY) <= set(modules["gw0"]) | set(modules["gw1"])
+    assert (modules["gw0"][0], modules["gw1"][0]) == (LONGEST, SECOND)  # the long modules first, longest first
     for worker in ("gw0", "gw1"):
         kinds = [m in WAITING_MODULES for m in modules[worker]]
         assert kinds == sorted(kinds), f"{worker} took a waiting module before a busy one: {modules[worker]}"
@@ -76,5 +80,6 @@ def test_with_fewer_than_three_workers_every_worker_takes_any_module(n_workers):
     collection, modules, _ = _run(n_workers)
     everything = sorted({t.split("::")[0] for t in collection})
     assert sorted({m for ms in modules.values() for m in ms}) == everything
+    assert [ms[0] for ms in modules.values()] == [LONGEST, SECOND][:n_workers]
     if n_workers == 2:
         assert all(modules.values())

@@ -7,7 +7,9 @@ the waiting modules, so that they wait beside the core-bound ones instead of in 
 
 Each module still runs whole on one worker (as with ``--dist loadscope``), so its module fixtures are built
 once. The kept worker stops once the waiting modules are done (the others then have the cores to themselves);
-the others take a waiting module only when nothing else is left.
+the others take the modules of :data:`LONG_MODULES` first, longest first, then the rest in xdist's order (most
+tests first), so that the run does not end with one worker on a long module while the other core idles; they
+take a waiting module only when nothing else is left.
 """
 
 from __future__ import annotations
@@ -26,6 +28,22 @@ WAITING_MODULES = (
 )
 
 
+#: The longest of the other modules, with their seconds on two cores beside the rest of the suite (measured with
+#: per-test timings; only their order matters): started first, longest first.
+LONG_MODULES = {
+    "tests/test_runner_ray.py": 80,
+    "tests/test_runner_resume.py": 49,
+    "tests/test_runner_disk_full.py": 38,
+    "tests/test_reconstruction_body_bone.py": 37,
+    "tests/test_reconstruction_lungs_confounders.py": 30,
+    "tests/test_detection_infer.py": 29,
+    "tests/test_api.py": 29,
+    "tests/test_runner_faults.py": 25,
+    "tests/test_reconstruction_nodules.py": 21,
+    "tests/test_dicom_out_integration.py": 18,
+}
+
+
 def _module(scope: str) -> str:
     return scope.split("::", 1)[0]
 
@@ -38,7 +56,8 @@ def is_waiting(scope: str) -> bool:
 class WaitAwareScheduling(LoadScopeScheduling):
     """``--dist loadscope`` with one worker (the last, when there are three or more) kept for the waiting modules.
 
-    The other workers take modules in xdist's order (most tests first).
+    The other workers take the :data:`LONG_MODULES` first, longest first, then the rest in xdist's order (most
+    tests first). With fewer than three workers, every worker works that way, waiting modules included.
     """
 
     _keeper: Any = None
@@ -55,15 +74,16 @@ class WaitAwareScheduling(LoadScopeScheduling):
     def _assign_work_unit(self, node: Any) -> None:
         """Put the unit this worker should take at the front of the queue; xdist then hands it over."""
         keeper = self._waiting_node()
-        if keeper is not None:
-            scopes = list(self.workqueue)
-            if node is keeper:
-                # only waiting modules: once they are done the keeper stops, leaving the cores to the others
-                mine = sorted((s for s in scopes if is_waiting(s)), key=lambda s: WAITING_MODULES.index(_module(s)))
-                if not mine:
-                    node.shutdown()  # no more work for it; it still runs the tests it holds, then exits
-                    return
-            else:
-                mine = [s for s in scopes if not is_waiting(s)] or scopes
-            self.workqueue.move_to_end(mine[0], last=False)
+        scopes = list(self.workqueue)
+        if node is keeper:
+            # only waiting modules: once they are done the keeper stops, leaving the cores to the others
+            mine = sorted((s for s in scopes if is_waiting(s)), key=lambda s: WAITING_MODULES.index(_module(s)))
+            if not mine:
+                node.shutdown()  # no more work for it; it still runs the tests it holds, then exits
+                return
+        else:
+            mine = ([s for s in scopes if not is_waiting(s)] if keeper is not None else []) or scopes
+            # the longest known module first (stable: the others keep xdist's order)
+            mine.sort(key=lambda s: -LONG_MODULES.get(_module(s), 0))
+        self.workqueue.move_to_end(mine[0], last=False)
         super()._assign_work_unit(node)
