@@ -63,7 +63,8 @@ def one_torch_thread():
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadscope``, with a worker kept for the modules that mostly wait (tests/_support/scheduling.py)."""
+    """``--dist loadscope``, with a worker kept for the modules that mostly wait and the longest modules first
+    (tests/_support/scheduling.py)."""
     if config.getoption("dist") != "loadscope":
         return None
     from tests._support.scheduling import WaitAwareScheduling

@@ -82,7 +82,7 @@ class WaitAwareScheduling(LoadScopeScheduling):
                 node.shutdown()  # no more work for it; it still runs the tests it holds, then exits
                 return
         else:
-            mine = ([s for s in scopes if not is_waiting(s)] if keeper is not None else []) or scopes
+            mine = [s for s in scopes if keeper is None or not is_waiting(s)] or scopes
             # the longest known module first (stable: the others keep xdist's order)
             mine.sort(key=lambda s: -LONG_MODULES.get(_module(s), 0))
         self.workqueue.move_to_end(mine[0], last=False)
