@@ -420,6 +420,7 @@ def test_metal_is_dense_not_bone_and_streaks(kind):
         (dict(thick_slices_mm=20.0), ["thick_slices_mm", "10"]),
         (dict(metal="gold"), ["metal", "port"]),
         (dict(bowel_gas="yes"), ["bowel_gas", "True"]),
+        (dict(fine_vessels=1), ["fine_vessels", "True"]),
         (dict(blanket=True), ["blanket", "table"]),
     ],
 )
@@ -568,6 +569,14 @@ def test_cli_scenario_and_realistic(tmp_path, capsys):
         gt = load_ground_truth(tmp_path / f"phantom_{s:05d}")
         assert Confounders.from_json(gt["options"]["confounders"]) == realistic_confounders(s)
     assert "realistic confounders" in capsys.readouterr().out
+    fine = tmp_path / "fine"
+    assert main(["phantom", str(fine), "--seed", "40", "--realistic", "--fine-vessels", *small]) == 0
+    conf = Confounders.from_json(load_ground_truth(fine / "phantom_00040")["options"]["confounders"])
+    assert conf == dataclasses.replace(realistic_confounders(40), fine_vessels=True)
+    capsys.readouterr()
+    assert main(["phantom", str(fine), "--seed", "41", "--fine-vessels", *small]) == 1
+    err = capsys.readouterr().err
+    assert "--fine-vessels" in err and "--realistic" in err and not (fine / "phantom_00041").exists()
     assert main(["phantom", str(tmp_path), *small]) == 1
     assert "--seed" in capsys.readouterr().err
     assert main(["phantom", str(tmp_path), "--scenario", "all", "--seed", "3", *small]) == 1

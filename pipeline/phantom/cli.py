@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--realistic", action="store_true", help="each case gets a realistic random mix of confounders drawn from its seed"
     )
     p.add_argument(
+        "--fine-vessels",
+        action="store_true",
+        help="with --scenario or --realistic: add the lungs' sub-voxel peripheral vessels (faint dots of about "
+        "-700..-150 HU, as on real CT; the detector's training phantoms have them)",
+    )
+    p.add_argument(
         "--seed-offset",
         type=int,
         default=0,
@@ -127,12 +134,21 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
 
 def run(args: argparse.Namespace) -> int:
     """Generate and write the cases; print where each went. A failing case is reported and the others go on."""
-    from ..errors import CtpipeError
+    from ..errors import CtpipeError, PhantomError
     from . import generate_phantom
     from .dicom_writer import write_phantom_case
 
     failed = 0
-    for seed, confounders, position, scenario in _cases(args):
+    cases = _cases(args)
+    if args.fine_vessels:
+        if any(conf is None for _, conf, _, _ in cases):
+            raise PhantomError(
+                "--fine-vessels adds to the confounders of real scans, and a plain phantom has none",
+                where="ctpipe phantom --fine-vessels",
+                fix="add --realistic or --scenario NAME",
+            )
+        cases = [(seed, replace(conf, fine_vessels=True), position, sc) for seed, conf, position, sc in cases]
+    for seed, confounders, position, scenario in cases:
         case_dir = args.out_dir / f"phantom_{seed:05d}"
         try:
             phantom = generate_phantom(

@@ -37,6 +37,10 @@ have and the plain phantom lacks, each with ground truth:
   of the standard kernel at the same dose), ``thick_slices_mm`` (the series'
   slice thickness and spacing), ``metal`` (a chest ``port`` or ``spine``
   hardware above 2000 HU with streak artefacts): mask ``metal``.
+* ``fine_vessels``: peripheral vessels finer than a voxel, painted by their
+  partial volume (faint dots and short lines of about -700..-150 HU, as real
+  lungs are full of; :mod:`.fine_vessels`). Not in the ``vessels`` mask,
+  which holds the resolved trees.
 
 Gravity follows ``patient_position`` (supine: posterior is down, prone:
 anterior); everything is built in patient coordinates (LPS, mm).
@@ -108,13 +112,14 @@ class Confounders:
     kernel: str = "standard"
     thick_slices_mm: float | None = None
     metal: str = "none"
+    fine_vessels: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
                 raise _bad(name, value, "one of " + ", ".join(repr(a) for a in allowed))
-        for name in ("blanket", "bowel_gas"):
+        for name in ("blanket", "bowel_gas", "fine_vessels"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "True or False")
         for name, (lo, hi) in _RANGES.items():

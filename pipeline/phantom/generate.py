@@ -13,8 +13,9 @@ from pydicom.uid import generate_uid
 from ..errors import PhantomError
 from ..volume import CTVolume
 from . import confounded
-from .anatomy import AnatomyPainter
+from .anatomy import VESSEL, AnatomyPainter
 from .confounders import Confounders
+from .fine_vessels import paint_fine_vessels
 from .framing import frame
 from .layout import draw_layout
 from .model import Nodule, Phantom
@@ -220,6 +221,10 @@ def generate_phantom(
     )
     if scene is not None:
         confounded.after_tubes(scene, hu, lung, bone, vessels, body, blood_mask)
+    if conf is not None and conf.fine_vessels:
+        r_fine = np.random.default_rng(root.spawn(1)[0])
+        lung_blood = VESSEL if blood is None else blood["lung_vessels"]
+        paint_fine_vessels(layout, grid, hu, lung, r_fine, blood_hu=lung_blood)
     t2 = time.perf_counter()
 
     # 3. nodules
