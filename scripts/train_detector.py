@@ -78,24 +78,35 @@ NO_NODULE_FRACTION = 0.2
 POSITIONS = {"HFS": 0.85, "FFS": 0.1, "HFP": 0.05}
 
 
+def phantom_confounders(seed: int):  # -> pipeline.phantom.Confounders
+    """The confounders of every training, validation and held-out phantom: ``realistic_confounders(seed)`` with
+    the lungs' sub-voxel peripheral vessels (``fine_vessels``: the faint dots real lungs are full of)."""
+    from dataclasses import replace
+
+    from pipeline.phantom import realistic_confounders
+
+    return replace(realistic_confounders(seed), fine_vessels=True)
+
+
 def training_phantom(seed: int, rng: np.random.Generator):  # -> pipeline.phantom.Phantom
     """A realistic training phantom, deterministic from ``seed`` (``rng`` = ``default_rng(seed)``).
 
     Random protocol (matrix 160-256, field of view 200-360 mm, slices 1.25-2.5 mm), a patient position
     (:data:`POSITIONS`) and the realistic confounders of ``realistic_confounders(seed)`` (table, blanket, arms,
     contrast, bowel gas, partial coverage, small or large field of view, emphysema, effusion, atelectasis, sharp
-    kernel, thick slices, metal) over the vessel trees (bifurcating, tapering from the hila); a share
+    kernel, thick slices, metal) over the vessel trees (bifurcating, tapering from the hila) and the lungs' sub-voxel
+    peripheral vessels (:func:`phantom_confounders`); a share
     :data:`NO_NODULE_FRACTION` has no nodule at all, the rest 3-8 (fewer where the lungs hold fewer).
     """
     from pipeline.errors import PhantomError
-    from pipeline.phantom import generate_phantom, realistic_confounders
+    from pipeline.phantom import generate_phantom
 
     matrix = int(rng.choice([160, 192, 256]))
     fov = float(rng.uniform(200.0, 360.0))
     slice_spacing = float(rng.choice([1.25, 2.0, 2.5]))
     n_nodules = 0 if rng.random() < NO_NODULE_FRACTION else int(rng.integers(3, 9))
     position = str(rng.choice(list(POSITIONS), p=np.asarray(list(POSITIONS.values()))))
-    conf = realistic_confounders(seed)
+    conf = phantom_confounders(seed)
     if not conf.has_lungs:
         n_nodules = 0
     options = {
@@ -247,7 +258,8 @@ def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, 
         "weights": weights.name,
         "training": {
             "data": (
-                "realistic synthetic phantoms: pipeline.phantom.generate_phantom with realistic_confounders(seed), "
+                "realistic synthetic phantoms: pipeline.phantom.generate_phantom with realistic_confounders(seed) and "
+                "sub-voxel peripheral lung vessels (fine_vessels; scripts/train_detector.py phantom_confounders), "
                 f"{NO_NODULE_FRACTION:.0%} without any nodule, positions {POSITIONS} (scripts/train_detector.py "
                 f"training_phantom); {VESSEL_NEGATIVES:.0%} of the negative patches centred on a lung vessel"
             ),
@@ -357,10 +369,10 @@ EVAL_PHANTOM = {"matrix": 256, "pixel_spacing": 1.2, "slice_spacing": 2.0}
 
 def heldout_phantom(seed: int):  # -> pipeline.phantom.Phantom
     """A held-out evaluation phantom (seeds 1..999 only): :data:`EVAL_PHANTOM`'s protocol with the realistic
-    confounders of ``realistic_confounders(seed)`` and 0-6 nodules (``n_nodules=None``), head first supine."""
-    from pipeline.phantom import generate_phantom, realistic_confounders
+    confounders of :func:`phantom_confounders` and 0-6 nodules (``n_nodules=None``), head first supine."""
+    from pipeline.phantom import generate_phantom
 
-    return generate_phantom(seed, confounders=realistic_confounders(seed), **EVAL_PHANTOM)
+    return generate_phantom(seed, confounders=phantom_confounders(seed), **EVAL_PHANTOM)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -629,7 +629,8 @@ def main(argv: list[str] | None = None) -> int:
         "intended_use": "trained on synthetic phantoms, for demonstration and testing only, not for clinical use",
         "training": {
             "data": (
-                "realistic synthetic phantoms: pipeline.phantom.generate_phantom with realistic_confounders(seed), "
+                "realistic synthetic phantoms: pipeline.phantom.generate_phantom with realistic_confounders(seed) and "
+                "sub-voxel peripheral lung vessels (fine_vessels; scripts/train_detector.py phantom_confounders), "
                 "some without any nodule (scripts/train_detector.py training_phantom)"
                 + (
                     f"; besides the detector's candidates, {args.anatomy_negatives} negatives per phantom from its own "
