@@ -24,9 +24,9 @@
 # phantom are taken from its own anatomy (bifurcations, vessel cross-sections of every calibre, hila, bronchi,
 # vessels and pleura by the chest wall and spine). Measured on 2 shared CPU cores (Xeon, AVX-512, no bfloat16:
 # float32), another training job running beside it: RetinaNet stage 7.3 min (phantom cache 2.9, 600 steps 4.3),
-# classifier stage 29.4 min (candidates, anatomy negatives and patches 8.4, 2,400 steps 13.5, validation and
-# operating point 7.3), operating point with the thick-slice calibration 11 min; then the evaluation (48
-# held-out phantoms, 6 minutes).
+# classifier stage 29.4 min (candidates, anatomy negatives and patches 8.3, 2,400 steps 13.6, validation and
+# interim operating point 6.5, the rest phantom generation), operating point with the thick-slice calibration
+# 10.6 min; then the evaluation (48 held-out phantoms, 8 minutes).
 # The classifier's validation also chooses whether candidates sharing one candidate's box (several candidates on
 # the rim of one large nodule) are merged into one finding (fp_reduction.box_merge; on a CPM tie, merged).
 # WORK (default /tmp/ctpipe_demo_training) holds the caches, the initial weights and the checkpoint; a rerun
