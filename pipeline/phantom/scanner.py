@@ -73,14 +73,15 @@ class CanonicalGrid:
         return (self.slice_spacing, self.pixel_spacing, self.pixel_spacing)
 
     def index_of(self, point_lps: np.ndarray) -> np.ndarray:
-        """Continuous canonical array index ``(z, y, x)`` of an LPS point (mm)."""
+        """Continuous canonical array index ``(z, y, x)`` of LPS points (mm): shape ``(..., 3)`` in, ``(..., 3)`` out."""
         p = np.asarray(point_lps, dtype=np.float64)
-        return np.array(
+        return np.stack(
             [
-                (p[2] - self.zs[0]) / self.slice_spacing,
-                (p[1] - self.ys[0]) / self.pixel_spacing,
-                (p[0] - self.xs[0]) / self.pixel_spacing,
-            ]
+                (p[..., 2] - self.zs[0]) / self.slice_spacing,
+                (p[..., 1] - self.ys[0]) / self.pixel_spacing,
+                (p[..., 0] - self.xs[0]) / self.pixel_spacing,
+            ],
+            axis=-1,
         )
 
 
