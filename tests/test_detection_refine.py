@@ -81,6 +81,26 @@ def test_off_grid_sphere_with_rotated_axes_is_found_exactly() -> None:
     assert res.contrast_hu[0] > 800
 
 
+def test_a_ground_glass_nodule_on_the_chest_wall_is_refined_without_the_wall() -> None:
+    """A -600 HU ball of 6 mm touching a +40 HU wall: half way between background and the ball's own peak, the wall
+    is above threshold too and the blob reaches the window's border; voxels much brighter than the ball's peak
+    (``bright_cap``) are not part of it, so the centre moves onto the ball."""
+    geo = Geometry(shape=(40, 48, 48), spacing=(0.8, 0.8, 1.0), origin=(0.0, 0.0, 0.0), direction=np.eye(3))
+    k, j, i = np.indices(geo.shape)
+    lps = geo.index_to_lps(np.stack([i, j, k], axis=-1))
+    centre = np.array([19.0, 19.2, 20.0])
+    ball = np.linalg.norm(lps - centre, axis=-1) <= 3.0
+    wall = lps[..., 0] >= centre[0] + 3.0  # the wall's surface touches the ball (L side)
+    arr = np.where(wall, 40.0, np.where(ball, -600.0, -850.0)).astype(np.float32)
+    vol = CTVolume(arr, geo)
+    start = centre[None] + np.array([[-1.2, -1.0, 0.8]])  # a candidate off the ball, on its lung side
+    capped = refine_centres(vol, start, np.array([6.0]))
+    assert capped.refined[0]
+    assert np.linalg.norm(capped.centers_lps[0] - centre) < 0.5
+    uncapped = refine_centres(vol, start, np.array([6.0]), bright_cap=None)
+    assert np.linalg.norm(uncapped.centers_lps[0] - centre) > 1.0  # the wall drew it away, or it was left
+
+
 def test_flat_noise_and_bad_sizes() -> None:
     geo = Geometry(shape=(30, 30, 30), spacing=(1.0, 1.0, 1.0), origin=(0.0, 0.0, 0.0), direction=np.eye(3))
     noise = np.random.default_rng(0).normal(-850, 20, geo.shape).astype(np.float32)

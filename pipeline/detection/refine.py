@@ -14,6 +14,8 @@ series:
    (``core_fraction`` × box radius, at least one voxel) around the predicted centre.
 3. Threshold at half way between background and peak (a half-maximum contour, so
    solid and ground-glass nodules are both segmented relative to their own contrast).
+   Voxels brighter than the peak by more than ``bright_cap`` × (peak − background) are
+   left out: the chest wall or a vessel beside a ground-glass nodule is not part of it.
 4. Keep the connected component (26-connectivity) nearest the predicted centre.
    If it reaches the window border it is attached to a larger structure (pleura,
    vessel); a morphological opening with a ball of about half the nodule radius
@@ -107,12 +109,14 @@ def refine_centres(
     background_percentile: float = 30.0,
     min_contrast_hu: float = 80.0,
     max_shift_factor: float = 1.0,
+    bright_cap: float | None = 0.5,
 ) -> Refinement:
     """Refine nodule centres (LPS mm) on ``volume`` (HU, any direction); see the module docstring.
 
     centers_lps: (N, 3) predicted centres, LPS mm. sizes_mm: (N,) diameters or (N, 3) box extents
     (L, P, S) in mm. Returns a :class:`Refinement` (LPS mm). Blobs fainter than ``min_contrast_hu``
-    above the local background are not refined.
+    above the local background are not refined. ``bright_cap``: see step 3 of the module docstring (None: no
+    upper limit).
     """
     centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
     sizes = np.asarray(sizes_mm, dtype=np.float64)
@@ -154,6 +158,8 @@ def refine_centres(
         if contrast[m] < min_contrast_hu:
             continue
         fg = win >= bg + 0.5 * (peak - bg)
+        if bright_cap is not None:
+            fg &= win <= peak + bright_cap * (peak - bg)
         blob = _blob_nearest(fg, rel, spacing_kji)
         if blob is not None and _touches_border(blob):
             opened = ndimage.binary_opening(fg, structure=_ball(0.5 * radius / spacing_kji))
