@@ -28,8 +28,12 @@ testing only, not for clinical use.
    on one view or averaged over ``--flip-views`` mirrored views (:func:`pipeline.detection.fp_reduction.patch_logits`),
    the detector weight of :func:`pipeline.detection.fp_reduction.combine_scores`, the radius factor of
    :func:`pipeline.detection.fp_reduction.suppress_duplicates` and whether candidates sharing one candidate's box
-   are merged (``box_merge``: on a tie, since CPM does not count duplicate findings; they are logged); the model JSON's
-   ``fp_reduction`` entry records them with the training settings.
+   are merged (``box_merge``: on a tie, since CPM does not count duplicate findings; they are logged) and whether
+   small-blob candidates are combined with the network's support for them (``blob_support``,
+   :func:`pipeline.detection.fp_reduction.network_support`); settings within one nodule's share of the best CPM
+   count as tied, and among them the detector weight nearest 0.5 wins (:func:`choose_setting`); the model JSON's
+   ``fp_reduction`` entry records them with the training settings. ``--validate-only`` redoes this choice for the
+   weights a model JSON already names.
 4. Operating point: the lowest score with at most ``--op-fps`` false positives per scan on the validation
    phantoms (LUNA16 counting, :func:`pipeline.detection.operating_point.calibrate`) becomes the model's
    default score threshold: the model JSON's ``operating_point`` entry, with the sensitivity there, the
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -55,6 +60,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import calibrate_operating_point
 import numpy as np
@@ -73,6 +79,7 @@ from pipeline.detection.fp_reduction import (
     candidate_findings,
     classifier_input,
     combine_scores,
+    network_support,
     patch_logits,
     suppress_duplicates,
 )
@@ -128,6 +135,8 @@ def phantom_candidates(det: Detector, seed: int, cfg: FPReductionConfig, jitter:
     }
 
 
+#: The training record's entry holding :func:`validate`'s results.
+VALIDATION_KEY = "validation_cpm_by_flip_views_detector_weight_duplicate_factor_box_merge_and_blob_support"
 #: Kinds of anatomy negatives (:func:`anatomy_negatives`), sampled in equal shares where a phantom has them.
 ANATOMY_KINDS = ("bifurcation", "cross_section", "vessel_at_pleura", "pleura_by_bone", "hilum", "bronchus")
 #: Vessel calibre bins (diameter, mm) sampled equally often among the cross-sections.
@@ -388,44 +397,81 @@ def duplicate_findings(preds: list[tuple[np.ndarray, float]], case: dict, *, min
     return extra
 
 
+def choose_setting(val: dict[str, float], *, tolerance: float) -> str:
+    """The key of :func:`validate`'s results to use: among the settings whose validation CPM lies within
+    ``tolerance`` of the best (ties: by default one nodule's share of the validation sensitivity, a difference
+    the validation phantoms cannot resolve), the one weighting both stages most evenly (detector weight nearest
+    0.5: both stages are trained on phantoms only, and on scans unlike them either can be wrong alone, so the
+    even geometric mean asks both to agree), then small-blob candidates with the network's support (the same
+    reason), then the best CPM, then merging shared boxes (fewer duplicate findings, which CPM does not count)."""
+    if not val:
+        raise ValueError("no validation results to choose from: give validation seeds (--n-val above 0)")
+    top = max(val.values())
+
+    def rank(key: str) -> tuple[float, bool, float, bool]:
+        setting = parse_setting(key)
+        return (-abs(setting["detector_weight"] - 0.5), setting["blob_support"], val[key], setting["box_merge"])
+
+    return max((k for k in val if val[k] >= top - tolerance), key=rank)
+
+
+def parse_setting(key: str) -> dict[str, Any]:
+    """The :class:`FPReductionConfig` fields a key of :func:`validate`'s results stands for."""
+    views, weight, factor, *flags = key.split("/")
+    unknown = set(flags) - {"box", "support"}
+    if unknown:
+        raise ValueError(f"validation setting {key!r} has unknown parts {sorted(unknown)}: expected box and/or support")
+    return {
+        "flip_views": int(views),
+        "detector_weight": float(weight),
+        "duplicate_radius_factor": float(factor),
+        "box_merge": "box" in flags,
+        "blob_support": "support" in flags,
+    }
+
+
 def validate(net: PatchClassifier, cases: list[dict], args: argparse.Namespace) -> dict[str, float]:
     """CPM on validation phantoms (:func:`phantom_candidates` without jitter) for one view and ``--flip-views``
-    views, each detector weight, each duplicate radius factor, and duplicates merged by distance alone or also by
-    shared boxes (keys ``views/weight/factor`` and ``views/weight/factor/box``), candidates scored as the pipeline
-    scores them; the duplicate findings (:func:`duplicate_findings`) of each are logged."""
+    views, each detector weight, each duplicate radius factor, duplicates merged by distance alone or also by
+    shared boxes, and small-blob candidates scored by the classifier alone or with the network's support (keys
+    ``views/weight/factor``, then ``/box`` and ``/support`` where on: :func:`parse_setting`), candidates scored as
+    the pipeline scores them; the duplicate findings (:func:`duplicate_findings`) of each are logged."""
     results = {}
+    supported = [network_support(c["centers"], c["det"], c["extents"]) for c in cases]
     for views in sorted({1, args.flip_views}):
         probs = [probabilities(net, c["patches"], views=views, min_probability=args.flip_min_probability) for c in cases]
-        for w in args.detector_weights:
-            for factor in args.duplicate_factors:
-                for box in (False, True):
-                    preds, truth = {}, {}
-                    duplicates = 0
-                    for n, (case, p) in enumerate(zip(cases, probs)):
-                        scores = combine_scores(p, case["det"], w)
-                        keep = suppress_duplicates(
-                            case["centers"],
-                            case["sizes"],
-                            scores,
-                            radius_factor=factor,
-                            extents_mm=case["extents"] if box else None,
-                        )
-                        preds[str(n)] = [(case["centers"][k], float(scores[k])) for k in keep]
-                        truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
-                        duplicates += duplicate_findings(preds[str(n)], case)
-                    res = evaluate_froc(preds, truth, n_bootstrap=0)
-                    results[f"{views}/{w}/{factor}" + ("/box" if box else "")] = round(float(res.cpm), 4)
-                    log.info(
-                        "validation (%d phantoms), %d view(s), detector weight %.2f, duplicate radius factor %.1f%s: "
-                        "CPM %.3f, %d duplicate findings scoring 0.5 or more",
-                        len(cases),
-                        views,
-                        w,
-                        factor,
-                        ", shared boxes merged" if box else "",
-                        res.cpm,
-                        duplicates,
-                    )
+        for w, factor, box, support in itertools.product(
+            args.detector_weights, args.duplicate_factors, (False, True), (False, True)
+        ):
+            preds, truth = {}, {}
+            duplicates = 0
+            for n, (case, p) in enumerate(zip(cases, probs)):
+                scores = combine_scores(p, supported[n] if support else case["det"], w)
+                keep = suppress_duplicates(
+                    case["centers"],
+                    case["sizes"],
+                    scores,
+                    radius_factor=factor,
+                    extents_mm=case["extents"] if box else None,
+                )
+                preds[str(n)] = [(case["centers"][k], float(scores[k])) for k in keep]
+                truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
+                duplicates += duplicate_findings(preds[str(n)], case)
+            res = evaluate_froc(preds, truth, n_bootstrap=0)
+            key = f"{views}/{w}/{factor}" + ("/box" if box else "") + ("/support" if support else "")
+            results[key] = round(float(res.cpm), 4)
+            log.info(
+                "validation (%d phantoms), %d view(s), detector weight %.2f, duplicate radius factor %.1f%s%s: "
+                "CPM %.3f, %d duplicate findings scoring 0.5 or more",
+                len(cases),
+                views,
+                w,
+                factor,
+                ", shared boxes merged" if box else "",
+                ", blobs with the network's support" if support else "",
+                res.cpm,
+                duplicates,
+            )
     return results
 
 
@@ -442,7 +488,8 @@ def operating_point_from_cache(
     pipeline, network, truth = {}, {}, {}
     for n, case in enumerate(cases):
         probs = probabilities(net, case["patches"], views=cfg.flip_views, min_probability=cfg.flip_min_probability)
-        scores = combine_scores(probs, case["det"], cfg.detector_weight)
+        det = network_support(case["centers"], case["det"], case["extents"]) if cfg.blob_support else case["det"]
+        scores = combine_scores(probs, det, cfg.detector_weight)
         keep = suppress_duplicates(
             case["centers"],
             case["sizes"],
@@ -469,6 +516,33 @@ def operating_point_from_cache(
         "command": command,
         "network_only": entries["network"],
     }
+
+
+def revalidate(args: argparse.Namespace, det: Detector, work: Path, val_seeds: list[int], command: str) -> int:
+    """``--validate-only``: the validation choice (:func:`validate`, :func:`choose_setting`) for the classifier the
+    model JSON already names, written to its ``fp_reduction`` entry (the training record kept, its validation
+    results replaced), then the interim operating point on the cached validation candidates."""
+    model_json = json.loads(args.model.read_text())
+    cfg = FPReductionConfig.from_json(model_json["fp_reduction"], weights_dir=args.model.parent)
+    net = PatchClassifier(cfg.patch, cfg.channels, cfg.hidden, in_channels=len(cfg.spacings_mm))
+    net.load_state_dict(torch.load(cfg.weights, map_location="cpu", weights_only=True))
+    net.eval()
+    t0 = time.time()
+    val_cases = build_cache(work, det, val_seeds, cfg, 0)
+    val = validate(net, val_cases, args)
+    best = choose_setting(val, tolerance=1.0 / max(sum(len(c["nodule_diameters"]) for c in val_cases), 1))
+    cfg = replace(cfg, **parse_setting(best), flip_min_probability=args.flip_min_probability)
+    entry = model_json["fp_reduction"]
+    training = {k: v for k, v in entry.get("training", {}).items() if not k.startswith("validation_cpm_by")}
+    training[VALIDATION_KEY] = val
+    training["validation_command"] = " ".join(["python scripts/train_fp_reducer.py", *sys.argv[1:]])
+    entry.update(cfg.to_json(), training=training)
+    args.model.write_text(json.dumps(model_json, indent=1) + "\n")
+    log.info("validated %s in %.1f min: setting %s", cfg.weights, (time.time() - t0) / 60, best)
+    calibrate_operating_point.write_operating_point(
+        args.model, operating_point_from_cache(net, val_cases, cfg, val_seeds, fps_per_scan=args.op_fps, command=command)
+    )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -548,6 +622,12 @@ def main(argv: list[str] | None = None) -> int:
         help="false positives per scan on the validation phantoms at the model's operating point",
     )
     ap.add_argument(
+        "--validate-only",
+        action="store_true",
+        help="only redo the validation choice of views, detector weight, duplicate merging and blob support for the "
+        "model's existing classifier weights, then the interim operating point",
+    )
+    ap.add_argument(
         "--calibrate-only",
         action="store_true",
         help="only recompute the model's operating point (validation phantoms, existing weights)",
@@ -597,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     # candidates depend on the detector's weights: one cache folder per weights file
     work = args.work / f"detector_{hashlib.sha256(base.config.weights.read_bytes()).hexdigest()[:12]}"
+    if args.validate_only:
+        return revalidate(args, det, work, val_seeds, command)
     t0 = time.time()
     data = build_cache(work, det, train_seeds, cfg, args.jitter)
     if args.anatomy_negatives > 0:
@@ -610,19 +692,10 @@ def main(argv: list[str] | None = None) -> int:
     val_cases = build_cache(work, det, val_seeds, cfg, 0) if val_seeds else []
     val = validate(net, val_cases, args) if val_seeds else {}
     t_val = time.time() - t0
-    # the best CPM; on a tie, merging shared boxes (fewer duplicate findings, which CPM does not count)
-    best = max(val, key=lambda k: (val[k], k.endswith("/box"))) if val else "1/0.5/1.0"
-    views_s, weight_s, factor_s = best.split("/")[:3]
-    weight, factor, box_merge = float(weight_s), float(factor_s), best.endswith("/box")
+    n_val_nodules = sum(len(c["nodule_diameters"]) for c in val_cases)
+    best = choose_setting(val, tolerance=1.0 / max(n_val_nodules, 1)) if val else "1/0.5/1.0"
     torch.save(net.state_dict(), weights)
-    cfg = replace(
-        cfg,
-        detector_weight=weight,
-        duplicate_radius_factor=factor,
-        flip_views=int(views_s),
-        flip_min_probability=args.flip_min_probability,
-        box_merge=box_merge,
-    )
+    cfg = replace(cfg, **parse_setting(best), flip_min_probability=args.flip_min_probability)
     model_json = json.loads(args.model.read_text())
     model_json["fp_reduction"] = {
         **cfg.to_json(),
@@ -658,19 +731,12 @@ def main(argv: list[str] | None = None) -> int:
                 "validation": round(t_val / 60, 1),
             },
             "threads": args.threads,
-            "validation_cpm_by_flip_views_detector_weight_duplicate_factor_and_box_merge": val,
+            VALIDATION_KEY: val,
             "loss": history[-1:],
         },
     }
     args.model.write_text(json.dumps(model_json, indent=1) + "\n")
-    log.info(
-        "wrote %s and the fp_reduction entry of %s (%s view(s), detector weight %s, duplicate radius factor %s)",
-        weights,
-        args.model,
-        views_s,
-        weight,
-        factor,
-    )
+    log.info("wrote %s and the fp_reduction entry of %s (setting %s)", weights, args.model, best)
     if val_seeds:  # the new classifier moves the operating point: calibrated on the cached validation candidates
         calibrate_operating_point.write_operating_point(
             args.model, operating_point_from_cache(net, val_cases, cfg, val_seeds, fps_per_scan=args.op_fps, command=command)

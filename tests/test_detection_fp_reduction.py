@@ -18,6 +18,7 @@ from pipeline.detection.fp_reduction import (
     classifier_input,
     combine_scores,
     extract_patches,
+    network_support,
     patch_logits,
     suppress_duplicates,
 )
@@ -147,6 +148,25 @@ def test_duplicates_and_score_combination() -> None:
     assert np.all((out >= 0) & (out <= 1))
 
 
+def test_network_support_of_blob_candidates() -> None:
+    """A blob inside network boxes takes the best of them; a blob outside every box the lowest score the network
+    reported (its belief there is no higher); network candidates keep their own scores (LPS mm)."""
+    centers = np.array([[0.0, 0, 0], [0.0, 0, 0.5], [40.0, 0, 0], [2.0, 0, 0], [0.5, 0, 0]])
+    det = np.array([0.6, 0.9, 0.05, -1.0, -1.0])
+    extents = np.array([[10.0, 10, 10], [2.0, 2, 2], [6.0, 6, 6], [3.0, 3, 3], [3.0, 3, 3]])
+    s = network_support(centers, det, extents)
+    assert s[:3].tolist() == det[:3].tolist()
+    assert s[3] == 0.6  # (2, 0, 0) lies in the 10 mm box only (the 2 mm box ends at x = 1)
+    assert s[4] == 0.9  # (0.5, 0, 0) lies in both boxes
+    far = network_support(np.array([[0.0, 0, 0], [90.0, 0, 0]]), np.array([0.3, -1.0]), np.full((2, 3), 4.0))
+    assert far[1] == 0.3  # outside every box: the network's lowest score
+    alone = network_support(np.zeros((2, 3)), np.array([-1.0, -1.0]), np.ones((2, 3)))
+    assert alone.tolist() == [-1.0, -1.0]  # no network candidates: the classifier alone, as before
+    # combined, a blob the network does not support scores far below the classifier's own probability
+    out = combine_scores(np.array([0.8, 0.8]), np.array([far[1], -1.0]), 0.5)
+    assert out[0] == pytest.approx(np.sqrt(0.8 * 0.3)) and out[1] == pytest.approx(0.8)
+
+
 def test_candidates_sharing_one_box_are_one_finding_with_box_merging() -> None:
     # a 26 mm nodule (box centred at 0) with three 6 mm candidates on its rim, scoring above it; a separate
     # 6 mm candidate outside its box; and a large, low-scoring box that reaches none of the kept centres
@@ -205,6 +225,11 @@ def test_fp_reduction_config_and_weights_errors(tmp_path: Path) -> None:
     assert FPReductionConfig.from_json(merged.to_json(), weights_dir=tmp_path) == merged
     with pytest.raises(BundleError, match="box_merge must be true or false, got 'yes'"):
         FPReductionConfig.from_json({"weights": "w.pt", "box_merge": "yes"}, weights_dir=tmp_path)
+    supported = FPReductionConfig.from_json({"weights": "w.pt", "blob_support": True}, weights_dir=tmp_path)
+    assert supported.blob_support and not merged.blob_support
+    assert FPReductionConfig.from_json(supported.to_json(), weights_dir=tmp_path) == supported
+    with pytest.raises(BundleError, match="blob_support must be true or false, got 1"):
+        FPReductionConfig.from_json({"weights": "w.pt", "blob_support": 1}, weights_dir=tmp_path)
     cfg = FPReductionConfig.from_json({"weights": "w.pt"}, weights_dir=tmp_path)
     with pytest.raises(BundleError, match="missing") as exc:
         FPReducer(cfg)

@@ -11,7 +11,9 @@ spot continue as a vessel, does it sit on the chest wall) as a second channel. T
 reject are scored again on mirrored copies of their patches and the logits averaged
 (:func:`patch_logits`: the network is not exactly mirror-invariant, and the mean ranks candidates more
 reliably). Scores of candidates the network also proposed may be combined with its score
-(:func:`combine_scores`, weight chosen on validation phantoms); duplicates of one nodule are merged
+(:func:`combine_scores`, weight chosen on validation phantoms); with ``blob_support``, a small-blob candidate's too,
+with the network's support for it (:func:`network_support`: the best network box holding it, else the lowest score
+the network reported), so that a finding needs both stages to agree; duplicates of one nodule are merged
 (:func:`suppress_duplicates`; with ``box_merge``, also candidates whose centres share one candidate's box, such
 as several candidates on the rim of one large nodule).
 
@@ -97,6 +99,7 @@ class FPReductionConfig:
     flip_views: int = 1
     flip_min_probability: float = 0.02
     box_merge: bool = False
+    blob_support: bool = False
 
     @property
     def spacings_mm(self) -> tuple[float, ...]:
@@ -120,7 +123,8 @@ class FPReductionConfig:
                 context_spacing_mm=None if data.get("context_spacing_mm") is None else float(data["context_spacing_mm"]),
                 flip_views=int(data.get("flip_views", 1)),
                 flip_min_probability=float(data.get("flip_min_probability", 0.02)),
-                box_merge=_flag(data.get("box_merge", False)),
+                box_merge=_flag(data.get("box_merge", False), "box_merge"),
+                blob_support=_flag(data.get("blob_support", False), "blob_support"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(
@@ -162,13 +166,14 @@ class FPReductionConfig:
             "flip_views": self.flip_views,
             "flip_min_probability": self.flip_min_probability,
             "box_merge": self.box_merge,
+            "blob_support": self.blob_support,
         }
 
 
-def _flag(value: Any) -> bool:
+def _flag(value: Any, name: str) -> bool:
     """A JSON boolean (``true``/``false``), refused otherwise."""
     if not isinstance(value, bool):
-        raise ValueError(f"box_merge must be true or false, got {value!r}")
+        raise ValueError(f"{name} must be true or false, got {value!r}")
     return value
 
 
@@ -224,6 +229,23 @@ def patch_logits(network: nn.Module, x: torch.Tensor, *, views: int = 1, min_pro
     out = logits.clone()
     out[again] = total / views
     return out
+
+
+def network_support(centers_lps: np.ndarray, detector_score: np.ndarray, extents_mm: np.ndarray) -> np.ndarray:
+    """``detector_score`` with each small-blob candidate's entry (``< 0``) replaced by the network's support for it:
+    the highest score of the network's candidates (``>= 0``) whose box (``extents_mm`` along L, P, S, centred on the
+    candidate's centre; LPS mm) holds the blob's centre, else the lowest score the network reported anywhere (its
+    belief there is at most that: it reports every box down to it). Unchanged when the network reported nothing."""
+    s = np.asarray(detector_score, dtype=np.float64).copy()
+    centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
+    net, blobs = np.flatnonzero(s >= 0), np.flatnonzero(s < 0)
+    if len(net) == 0 or len(blobs) == 0:
+        return s
+    half = np.asarray(extents_mm, dtype=np.float64).reshape(-1, 3)[net] / 2.0
+    inside = np.all(np.abs(centers[blobs][:, None, :] - centers[net][None, :, :]) <= half[None], axis=2)  # [blob, box]
+    held = np.where(inside, s[net][None, :], -np.inf).max(axis=1)
+    s[blobs] = np.where(np.isfinite(held), held, s[net].min())
+    return s
 
 
 def combine_scores(classifier_prob: np.ndarray, detector_score: np.ndarray, detector_weight: float) -> np.ndarray:
@@ -353,14 +375,15 @@ def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPRedu
         return findings.with_candidates([])
     centers = np.array([f.center_lps for f in items])
     probs = reducer.probabilities(volume, centers)
-    scores = combine_scores(probs, det, reducer.config.detector_weight)
-    extents = box_extents(items) if reducer.config.box_merge else None
+    extents = box_extents(items)
+    support = network_support(centers, det, extents) if reducer.config.blob_support else det
+    scores = combine_scores(probs, support, reducer.config.detector_weight)
     keep = suppress_duplicates(
         centers,
         np.array([f.diameter_mm for f in items]),
         scores,
         radius_factor=reducer.config.duplicate_radius_factor,
-        extents_mm=extents,
+        extents_mm=extents if reducer.config.box_merge else None,
     )
     log.debug("false-positive reduction: %d candidates (%d blobs), %d kept", len(items), int((det < 0).sum()), len(keep))
     return findings.with_candidates(_sized(items, det, scores, keep))
