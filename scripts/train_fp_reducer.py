@@ -415,6 +415,11 @@ def choose_setting(val: dict[str, float], *, tolerance: float) -> str:
     return max((k for k in val if val[k] >= top - tolerance), key=rank)
 
 
+def one_nodule_share(cases: list[dict]) -> float:
+    """One nodule's share of the sensitivity on validation ``cases``: :func:`choose_setting`'s tie tolerance."""
+    return 1.0 / max(sum(len(c["nodule_diameters"]) for c in cases), 1)
+
+
 def parse_setting(key: str) -> dict[str, Any]:
     """The :class:`FPReductionConfig` fields a key of :func:`validate`'s results stands for."""
     views, weight, factor, *flags = key.split("/")
@@ -530,7 +535,7 @@ def revalidate(args: argparse.Namespace, det: Detector, work: Path, val_seeds: l
     t0 = time.time()
     val_cases = build_cache(work, det, val_seeds, cfg, 0)
     val = validate(net, val_cases, args)
-    best = choose_setting(val, tolerance=1.0 / max(sum(len(c["nodule_diameters"]) for c in val_cases), 1))
+    best = choose_setting(val, tolerance=one_nodule_share(val_cases))
     cfg = replace(cfg, **parse_setting(best), flip_min_probability=args.flip_min_probability)
     entry = model_json["fp_reduction"]
     training = {k: v for k, v in entry.get("training", {}).items() if not k.startswith("validation_cpm_by")}
@@ -692,8 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     val_cases = build_cache(work, det, val_seeds, cfg, 0) if val_seeds else []
     val = validate(net, val_cases, args) if val_seeds else {}
     t_val = time.time() - t0
-    n_val_nodules = sum(len(c["nodule_diameters"]) for c in val_cases)
-    best = choose_setting(val, tolerance=1.0 / max(n_val_nodules, 1)) if val else "1/0.5/1.0"
+    best = choose_setting(val, tolerance=one_nodule_share(val_cases)) if val else "1/0.5/1.0"
     torch.save(net.state_dict(), weights)
     cfg = replace(cfg, **parse_setting(best), flip_min_probability=args.flip_min_probability)
     model_json = json.loads(args.model.read_text())
