@@ -95,3 +95,20 @@ def test_fine_vessel_phantom_lungs_look_like_a_real_chest_ct(pair):
     ratio_plain = faint_peaks_per_litre(plain.volume, lungs) / real
     assert np.all((ratio_fine > 1 / 2.5) & (ratio_fine < 2.5)), (real, ratio_fine)
     assert np.any((ratio_plain < 1 / 2.5) | (ratio_plain > 2.5)), (real, ratio_plain)
+
+
+def test_canonical_grid_index_and_lps_are_inverse() -> None:
+    """``index_of`` and ``lps_of`` map LPS mm to continuous (z, y, x) indices and back, for any batch shape."""
+    grid = CanonicalGrid(
+        xs=-50.0 + 0.8 * np.arange(20),
+        ys=-30.0 + 0.8 * np.arange(16),
+        zs=10.0 + 2.0 * np.arange(8),
+        pixel_spacing=0.8,
+        slice_spacing=2.0,
+    )
+    points = np.random.default_rng(0).uniform(-40.0, 20.0, (4, 5, 3))
+    idx = grid.index_of(points)
+    assert idx.shape == (4, 5, 3)
+    assert np.allclose(grid.lps_of(idx), points)
+    assert np.allclose(grid.lps_of([0.0, 0.0, 0.0]), [-50.0, -30.0, 10.0])  # the first voxel centre, (x, y, z)
+    assert np.allclose(grid.lps_of([1.0, 2.0, 3.0]), [-50.0 + 2.4, -30.0 + 1.6, 12.0])

@@ -45,15 +45,8 @@ def fine_vessel_segments(
     if n_trees == 0:
         return np.zeros((0, 3)), np.zeros((0, 3)), np.zeros(0)
     k, j, i = np.unravel_index(rng.choice(cells, size=n_trees), lung.shape)
-    jitter = rng.uniform(-0.5, 0.5, (n_trees, 3))
-    start = np.stack(
-        [
-            grid.xs[0] + (i + jitter[:, 0]) * grid.pixel_spacing,
-            grid.ys[0] + (j + jitter[:, 1]) * grid.pixel_spacing,
-            grid.zs[0] + (k + jitter[:, 2]) * grid.slice_spacing,
-        ],
-        axis=1,
-    )
+    jitter = rng.uniform(-0.5, 0.5, (n_trees, 3))  # (x, y, z)
+    start = grid.lps_of(np.stack([k + jitter[:, 2], j + jitter[:, 1], i + jitter[:, 0]], axis=1))
     hila = np.stack([hilum(layout, -1.0), hilum(layout, 1.0)])
     side = (start[:, 0] > 0).astype(int)  # +x is the patient's left
     direction = _unit(_unit(start - hila[side]) + 0.7 * rng.normal(size=(n_trees, 3)))

@@ -150,11 +150,8 @@ class NodulePlacer:
         sz, sy, sx = self.steps
         g = self.grid
         k, j, i = int(idx[0]) * sz, int(idx[1]) * sy, int(idx[2]) * sx
-        jit = self.rng.uniform(-0.5, 0.5, 3)
-        x = g.xs[0] + (i + jit[0] * sx) * g.pixel_spacing
-        y = g.ys[0] + (j + jit[1] * sy) * g.pixel_spacing
-        z = g.zs[0] + (k + jit[2] * sz) * g.slice_spacing
-        return np.array([x, y, z])
+        jit = self.rng.uniform(-0.5, 0.5, 3)  # (x, y, z)
+        return g.lps_of(np.array([k + jit[2] * sz, j + jit[1] * sy, i + jit[0] * sx]))
 
     def _free_center(self, radius: float) -> np.ndarray | None:
         cand = np.flatnonzero(self.edt >= radius + self.coarse_err + 2 * self.grid.pixel_spacing)

@@ -84,6 +84,18 @@ class CanonicalGrid:
             axis=-1,
         )
 
+    def lps_of(self, index_zyx: np.ndarray) -> np.ndarray:
+        """LPS points (mm) of continuous canonical indices ``(z, y, x)``: the inverse of :meth:`index_of`, ``(..., 3)``."""
+        q = np.asarray(index_zyx, dtype=np.float64)
+        return np.stack(
+            [
+                self.xs[0] + q[..., 2] * self.pixel_spacing,
+                self.ys[0] + q[..., 1] * self.pixel_spacing,
+                self.zs[0] + q[..., 0] * self.slice_spacing,
+            ],
+            axis=-1,
+        )
+
 
 def _axis_map(direction: np.ndarray) -> list[tuple[int, int]]:
     """For index axis c = 0 (i), 1 (j), 2 (k): (LPS axis it follows, sign)."""
