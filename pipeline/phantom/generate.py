@@ -119,6 +119,7 @@ def generate_phantom(
     compresses the chest along z so it stays complete. ``slice_thickness``
     defaults to ``slice_spacing``. ``n_nodules=None`` draws 0..6 (fewer when a
     tiny chest has no room for them); an explicit count is placed or an error raised.
+    Nodules lie inside the lungs, never three-quarters or more inside a lung vessel (no reader could see them there).
     ``patient_position`` (HFS, HFP, FFS, FFP, HFDR, HFDL, FFDR, FFDL) sets the
     direction cosines and voxel order as a scanner would; the anatomy and all
     ground truth stay in patient coordinates (LPS, mm).
@@ -234,7 +235,9 @@ def generate_phantom(
     if scene is not None and not lung.any():
         n_nodules = 0  # no lung in the scan (abdomen only)
     labels = np.zeros(shape, dtype=np.uint8)
-    specs = place_nodules(r_nod, grid, lung, inner, labels, count=int(n_nodules), diameter_mm=(lo_d, hi_d), strict=strict)
+    specs = place_nodules(
+        r_nod, grid, lung, inner, labels, count=int(n_nodules), diameter_mm=(lo_d, hi_d), strict=strict, vessel_mask=vessels
+    )
     nodules = []
     for n, spec in enumerate(specs, start=1):
         mean_hu, count = paint_nodule(grid, spec, hu, labels, n)

@@ -1,4 +1,5 @@
-"""Lung nodules: placement fully inside the lungs (free, touching the pleura, or touching a vessel) and rendering.
+"""Lung nodules: placement fully inside the lungs (free, touching the pleura, or touching a vessel; never nearly
+inside a vessel) and rendering.
 
 A nodule is a centrally symmetric, gently lobulated sphere:
 ``r(u) = r · (1 + Σ w_j ((u · v_j)² - 1/3))`` for unit direction u, so its
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 
 KIND_P = {"solid": 0.55, "part_solid": 0.2, "ground_glass": 0.25}
 ATTACH_P = {None: 0.5, "pleura": 0.3, "vessel": 0.2}
+#: Largest share of a nodule's volume that may already be lung vessel where it is placed. A nodule three-quarters
+#: inside a vessel is no nodule a reader could see (a solid one merges with the vessel, a ground-glass one disappears
+#: under it), so the ground truth would list a nodule that is not in the image: such places are refused.
+MAX_VESSEL_SHARE = 0.75
 
 
 @dataclass
@@ -65,9 +70,16 @@ def _shape_sd(grid: CanonicalGrid, spec: NoduleSpec, box: tuple[slice, slice, sl
 
 
 def _fits(
-    grid: CanonicalGrid, spec: NoduleSpec, lung: np.ndarray, labels: np.ndarray, margin_mm: float, touch: bool = False
+    grid: CanonicalGrid,
+    spec: NoduleSpec,
+    lung: np.ndarray,
+    labels: np.ndarray,
+    margin_mm: float,
+    touch: bool = False,
+    vessels: np.ndarray | None = None,
 ) -> bool:
-    """True when the nodule (grown by ``margin_mm``) lies inside ``lung`` and clear of other nodules.
+    """True when the nodule (grown by ``margin_mm``) lies inside ``lung`` and clear of other nodules, and (with the
+    lung ``vessels`` mask) at most :data:`MAX_VESSEL_SHARE` of its own volume is vessel.
 
     With ``touch``, the nodule must also come within one voxel of the lung's edge (the pleura).
     """
@@ -86,10 +98,18 @@ def _fits(
     sub = lung[box]
     if not sub[inside].all() or labels[box][sd < margin_mm + 2 * grid.pixel_spacing].any():
         return False
+    if vessels is not None and _vessel_share(vessels[box], sd) > MAX_VESSEL_SHARE:
+        return False
     if touch:
         grown = binary_dilation(inside, structure=np.ones((3, 3, 3), dtype=bool))
         return bool((grown & ~sub).any())
     return True
+
+
+def _vessel_share(vessels: np.ndarray, sd: np.ndarray) -> float:
+    """Share of the nodule's voxels (``sd < 0``) that are vessel in ``vessels`` (the same crop)."""
+    body = sd < 0
+    return float(vessels[body].mean()) if body.any() else 0.0
 
 
 def _random_kind(rng: np.random.Generator) -> str:
@@ -128,11 +148,19 @@ def _make_spec(rng: np.random.Generator, center: np.ndarray, radius: float, kind
 class NodulePlacer:
     """Chooses nodule positions inside the lung masks of a canonical grid."""
 
-    def __init__(self, rng: np.random.Generator, grid: CanonicalGrid, lung: np.ndarray, vessels: Tubes):
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        grid: CanonicalGrid,
+        lung: np.ndarray,
+        vessels: Tubes,
+        vessel_mask: np.ndarray | None = None,
+    ):
         self.rng = rng
         self.grid = grid
         self.lung = lung
         self.vessel_arrays = vessels.arrays()
+        self.vessel_mask = vessel_mask
         # a coarse grid of about 4e5 voxels, as isotropic as the slice spacing allows
         ps, ss = grid.pixel_spacing, grid.slice_spacing
         extent = np.asarray(lung.shape) * np.array([ss, ps, ps])
@@ -224,7 +252,7 @@ class NodulePlacer:
                     continue
                 spec = _make_spec(self.rng, c, radius, kind, attached)
                 margin = 0.0 if attached else 1.5 * g.pixel_spacing
-                if _fits(g, spec, self.lung, labels, margin, touch=attached == "pleura"):
+                if _fits(g, spec, self.lung, labels, margin, touch=attached == "pleura", vessels=self.vessel_mask):
                     return spec
         return None
 
@@ -239,14 +267,16 @@ def place_nodules(
     count: int,
     diameter_mm: tuple[float, float],
     strict: bool = True,
+    vessel_mask: np.ndarray | None = None,
 ) -> list[NoduleSpec]:
-    """Place ``count`` nodules in ``lung`` (canonical grid).
+    """Place ``count`` nodules in ``lung`` (canonical grid); with ``vessel_mask`` (the lung vessels, same grid), none
+    where more than :data:`MAX_VESSEL_SHARE` of its volume would be vessel.
 
     When they cannot all fit, raise PhantomError if ``strict``, else return those that fit (a warning is logged).
     """
     if count == 0:
         return []
-    placer = NodulePlacer(rng, grid, lung, vessels)
+    placer = NodulePlacer(rng, grid, lung, vessels, vessel_mask)
     lo, hi = diameter_mm
     fit = 2.0 * placer.max_radius / 1.2 - 2 * grid.pixel_spacing
     if count and placer.inscribed_mm < lo:
