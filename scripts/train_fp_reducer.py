@@ -74,11 +74,13 @@ from pipeline.detection.evaluate import evaluate_froc
 from pipeline.detection.findings import box_extents
 from pipeline.detection.fp_reduction import (
     FLIP_VIEWS,
+    FPReducer,
     FPReductionConfig,
     PatchClassifier,
     candidate_findings,
     classifier_input,
     combine_scores,
+    final_scores,
     network_support,
     patch_logits,
     suppress_duplicates,
@@ -493,8 +495,7 @@ def operating_point_from_cache(
     pipeline, network, truth = {}, {}, {}
     for n, case in enumerate(cases):
         probs = probabilities(net, case["patches"], views=cfg.flip_views, min_probability=cfg.flip_min_probability)
-        det = network_support(case["centers"], case["det"], case["extents"]) if cfg.blob_support else case["det"]
-        scores = combine_scores(probs, det, cfg.detector_weight)
+        scores = final_scores(cfg, probs, case["det"], case["centers"], case["extents"])
         keep = suppress_duplicates(
             case["centers"],
             case["sizes"],
@@ -529,9 +530,7 @@ def revalidate(args: argparse.Namespace, det: Detector, work: Path, val_seeds: l
     results replaced), then the interim operating point on the cached validation candidates."""
     model_json = json.loads(args.model.read_text())
     cfg = FPReductionConfig.from_json(model_json["fp_reduction"], weights_dir=args.model.parent)
-    net = PatchClassifier(cfg.patch, cfg.channels, cfg.hidden, in_channels=len(cfg.spacings_mm))
-    net.load_state_dict(torch.load(cfg.weights, map_location="cpu", weights_only=True))
-    net.eval()
+    net = FPReducer(cfg).network  # loaded as the pipeline loads it, errors included
     t0 = time.time()
     val_cases = build_cache(work, det, val_seeds, cfg, 0)
     val = validate(net, val_cases, args)

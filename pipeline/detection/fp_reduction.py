@@ -248,6 +248,19 @@ def network_support(centers_lps: np.ndarray, detector_score: np.ndarray, extents
     return s
 
 
+def final_scores(
+    config: FPReductionConfig,
+    classifier_prob: np.ndarray,
+    detector_score: np.ndarray,
+    centers_lps: np.ndarray,
+    extents_mm: np.ndarray,
+) -> np.ndarray:
+    """The candidates' final scores under ``config``: :func:`combine_scores` with its ``detector_weight``, small-blob
+    candidates given the network's support first when ``blob_support`` is on (:func:`network_support`; LPS mm)."""
+    support = network_support(centers_lps, detector_score, extents_mm) if config.blob_support else detector_score
+    return combine_scores(classifier_prob, support, config.detector_weight)
+
+
 def combine_scores(classifier_prob: np.ndarray, detector_score: np.ndarray, detector_weight: float) -> np.ndarray:
     """Final scores (0..1): ``p^(1-w) * s^w`` (``w = detector_weight``) where the detector proposed the
     candidate (its score ``s >= 0``), the classifier's probability ``p`` alone where it did not (``s < 0``)."""
@@ -376,8 +389,7 @@ def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPRedu
     centers = np.array([f.center_lps for f in items])
     probs = reducer.probabilities(volume, centers)
     extents = box_extents(items)
-    support = network_support(centers, det, extents) if reducer.config.blob_support else det
-    scores = combine_scores(probs, support, reducer.config.detector_weight)
+    scores = final_scores(reducer.config, probs, det, centers, extents)
     keep = suppress_duplicates(
         centers,
         np.array([f.diameter_mm for f in items]),
