@@ -23,7 +23,9 @@ testing only, not for clinical use.
 2. Training (from ``--init`` weights or from scratch): balanced batches, random flips and in-plane
    transposes, AdamW, cosine schedule, BCE; optionally (``--hard-negatives F``) a fraction F of each
    batch's negatives drawn, after mining at 1/2 and 3/4 of training, in proportion to the network's
-   current score; losses logged.
+   current score; losses logged. With ``--members K``, K classifiers are trained so on the same patches, each
+   from its own torch seed (``--torch-seed``, +1, ...), and the model is their ensemble (their logits averaged,
+   :class:`pipeline.detection.fp_reduction.PatchEnsemble`); each member's own validation CPM is recorded.
 3. Validation seeds (``--val-seed0``, also unseen by both) choose, by CPM, whether candidates are scored
    on one view or averaged over ``--flip-views`` mirrored views (:func:`pipeline.detection.fp_reduction.patch_logits`),
    the detector weight of :func:`pipeline.detection.fp_reduction.combine_scores`, the radius factor of
@@ -77,6 +79,7 @@ from pipeline.detection.fp_reduction import (
     FPReducer,
     FPReductionConfig,
     PatchClassifier,
+    PatchEnsemble,
     candidate_findings,
     classifier_input,
     combine_scores,
@@ -310,7 +313,8 @@ def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out
 
 
-def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace) -> tuple[PatchClassifier, list[dict]]:
+def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace, *, seed: int) -> tuple[PatchClassifier, list[dict]]:
+    """One classifier trained on ``data`` (random initialisation, batch order and augmentation from ``seed``)."""
     patches = np.concatenate([d["patches"] for d in data])
     labels = np.concatenate([d["labels"] for d in data])
     det = np.concatenate([d["det"] for d in data])
@@ -326,9 +330,9 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace) ->
         len(anat),
         int((labels < 0).sum()),
     )
-    torch.manual_seed(args.torch_seed)
-    gen = torch.Generator().manual_seed(args.torch_seed)
-    rng = np.random.default_rng(args.torch_seed)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
     net = PatchClassifier(cfg.patch, cfg.channels, cfg.hidden, in_channels=len(cfg.spacings_mm))
     if args.init is not None:
         net.load_state_dict(torch.load(args.init, map_location="cpu", weights_only=True))
@@ -375,7 +379,7 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace) ->
 
 
 @torch.no_grad()
-def probabilities(net: PatchClassifier, patches: np.ndarray, *, views: int = 1, min_probability: float = 0.02) -> np.ndarray:
+def probabilities(net: torch.nn.Module, patches: np.ndarray, *, views: int = 1, min_probability: float = 0.02) -> np.ndarray:
     """Nodule probability of each cached patch (uint8), scored as the pipeline scores it (:func:`patch_logits`)."""
     out = []
     for a in range(0, len(patches), 256):
@@ -437,7 +441,7 @@ def parse_setting(key: str) -> dict[str, Any]:
     }
 
 
-def validate(net: PatchClassifier, cases: list[dict], args: argparse.Namespace) -> dict[str, float]:
+def validate(net: torch.nn.Module, cases: list[dict], args: argparse.Namespace) -> dict[str, float]:
     """CPM on validation phantoms (:func:`phantom_candidates` without jitter) for one view and ``--flip-views``
     views, each detector weight, each duplicate radius factor, duplicates merged by distance alone or also by
     shared boxes, and small-blob candidates scored by the classifier alone or with the network's support (keys
@@ -482,8 +486,30 @@ def validate(net: PatchClassifier, cases: list[dict], args: argparse.Namespace) 
     return results
 
 
+def member_validation(
+    trained: list[tuple[PatchClassifier, list[dict]]], cases: list[dict], key: str, args: argparse.Namespace
+) -> list[float]:
+    """Each ensemble member's own validation CPM at the ensemble's chosen setting ``key`` (:func:`parse_setting`):
+    what averaging them gains."""
+    setting = parse_setting(key)
+    one = argparse.Namespace(
+        **{
+            **vars(args),
+            "flip_views": setting["flip_views"],
+            "detector_weights": [setting["detector_weight"]],
+            "duplicate_factors": [setting["duplicate_radius_factor"]],
+        }
+    )
+    out = []
+    for n, (net, _) in enumerate(trained):
+        cpm = validate(net, cases, one)[key]
+        log.info("ensemble member %d alone: validation CPM %.4f at setting %s", n, cpm, key)
+        out.append(cpm)
+    return out
+
+
 def operating_point_from_cache(
-    net: PatchClassifier, cases: list[dict], cfg: FPReductionConfig, seeds: list[int], *, fps_per_scan: float, command: str
+    net: torch.nn.Module, cases: list[dict], cfg: FPReductionConfig, seeds: list[int], *, fps_per_scan: float, command: str
 ) -> dict:
     """The ``operating_point`` entry from the validation phantoms' cached candidates (:func:`phantom_candidates`
     without jitter: the pipeline's candidates of one RetinaNet pass each), scored as
@@ -603,6 +629,12 @@ def main(argv: list[str] | None = None) -> int:
         help="start from these classifier weights (a state dict of the same architecture) instead of random ones",
     )
     ap.add_argument("--torch-seed", type=int, default=11)
+    ap.add_argument(
+        "--members",
+        type=int,
+        default=1,
+        help="classifiers trained on the same patches with torch seeds --torch-seed, +1, ...; their logits averaged",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--detector-weights", type=float, nargs="+", default=[0.0, 0.25, 0.5])
     ap.add_argument("--duplicate-factors", type=float, nargs="+", default=[1.0, 1.5, 2.0])
@@ -637,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
         help="only recompute the model's operating point (validation phantoms, existing weights)",
     )
     args = ap.parse_args(argv)
+    if args.members < 1:
+        ap.error(f"--members {args.members}: give 1 or more classifiers")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     torch.set_num_threads(args.threads)
     train_seeds = list(range(args.seed0, args.seed0 + args.n_train))
@@ -678,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         hidden=args.hidden,
         blob_candidates=args.blobs,
         context_spacing_mm=args.context_spacing,
+        members=args.members,
     )
     # candidates depend on the detector's weights: one cache folder per weights file
     work = args.work / f"detector_{hashlib.sha256(base.config.weights.read_bytes()).hexdigest()[:12]}"
@@ -690,13 +725,16 @@ def main(argv: list[str] | None = None) -> int:
         data = [{k: np.concatenate([d[k], a[k]]) for k in ("patches", "labels", "det", "diam")} for d, a in zip(data, anatomy)]
     t_data = time.time() - t0
     t0 = time.time()
-    net, history = train(data, cfg, args)
+    seeds = [args.torch_seed + m for m in range(args.members)]
+    trained = [train(data, cfg, args, seed=seed) for seed in seeds]
+    net = trained[0][0] if args.members == 1 else PatchEnsemble([m for m, _ in trained]).eval()
     t_train = time.time() - t0
     t0 = time.time()
     val_cases = build_cache(work, det, val_seeds, cfg, 0) if val_seeds else []
     val = validate(net, val_cases, args) if val_seeds else {}
-    t_val = time.time() - t0
     best = choose_setting(val, tolerance=one_nodule_share(val_cases)) if val else "1/0.5/1.0"
+    members_cpm = member_validation(trained, val_cases, best, args) if val and args.members > 1 else []
+    t_val = time.time() - t0
     torch.save(net.state_dict(), weights)
     cfg = replace(cfg, **parse_setting(best), flip_min_probability=args.flip_min_probability)
     model_json = json.loads(args.model.read_text())
@@ -728,6 +766,10 @@ def main(argv: list[str] | None = None) -> int:
             "lr": args.lr,
             "optimizer": "AdamW (weight decay 1e-4), cosine schedule",
             "torch_seed": args.torch_seed,
+            "ensemble_members": [
+                {"torch_seed": seed, **({"validation_cpm": members_cpm[m]} if members_cpm else {}), "loss": history[-1:]}
+                for m, (seed, (_, history)) in enumerate(zip(seeds, trained))
+            ],
             "compute_cpu_minutes": {
                 "candidates_and_patches": round(t_data / 60, 1),
                 "training": round(t_train / 60, 1),
@@ -735,7 +777,6 @@ def main(argv: list[str] | None = None) -> int:
             },
             "threads": args.threads,
             VALIDATION_KEY: val,
-            "loss": history[-1:],
         },
     }
     args.model.write_text(json.dumps(model_json, indent=1) + "\n")

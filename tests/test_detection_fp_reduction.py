@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from pipeline.detection.fp_reduction import (
     FPReducer,
     FPReductionConfig,
     PatchClassifier,
+    PatchEnsemble,
     classifier_input,
     combine_scores,
     extract_patches,
@@ -308,3 +310,29 @@ def test_a_kept_blob_inside_a_merged_network_box_is_reported_as_that_box():
     # blob found: the blob is reported as it is
     weak = _sized(items, np.array([0.2, -1.0, -1.0]), np.array([0.3, 0.99, 0.4]), np.array([1, 2]))
     assert weak[0].center_lps == (17.0, 20.0, 30.0) and weak[0].diameter_mm == 6.5 and weak[0].score == 0.99
+
+
+def test_an_ensemble_scores_the_mean_logit_of_its_members(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    members = [PatchClassifier(8, (2, 2, 2), 4, in_channels=2).eval() for _ in range(2)]
+    torch.save(PatchEnsemble(members).state_dict(), tmp_path / "pair.pt")
+    cfg = FPReductionConfig.from_json(
+        {"weights": "pair.pt", "patch": 8, "channels": [2, 2, 2], "hidden": 4, "context_spacing_mm": 2.5, "members": 2},
+        weights_dir=tmp_path,
+    )
+    assert cfg.members == 2 and FPReductionConfig.from_json(cfg.to_json(), weights_dir=tmp_path) == cfg
+    reducer = FPReducer(cfg)
+    assert isinstance(reducer.network, PatchEnsemble) and len(reducer.network.members) == 2
+    vol = _lung_volume(np.eye(3))
+    centres = np.array([[42.0, 12.0, 60.0], [30.0, 25.0, 45.0]])  # LPS mm, inside the volume
+    _paint_ball(vol, centres[0], 3.0, 40.0)
+    x = torch.from_numpy(classifier_input(vol, centres, cfg))
+    with torch.no_grad():
+        mean_logit = (members[0](x) + members[1](x)) / 2
+    assert reducer.probabilities(vol, centres) == pytest.approx(torch.sigmoid(mean_logit).numpy(), rel=1e-5)
+    # a one-classifier weights file named as an ensemble, and an ensemble of none, are refused with the fix
+    torch.save(members[0].state_dict(), tmp_path / "one.pt")
+    with pytest.raises(BundleError, match="do not load"):
+        FPReducer(replace(cfg, weights=tmp_path / "one.pt"))
+    with pytest.raises(BundleError, match=r"members 0 \(1 or more\)"):
+        FPReductionConfig.from_json({**cfg.to_json(), "members": 0}, weights_dir=tmp_path)

@@ -7,7 +7,8 @@ it, axes along the patient's L, P and S directions whatever the series' orientat
 (patch array ``[S, P, L]``); with ``context_spacing_mm`` set, a second cube of the same number of
 voxels on a coarser grid, centred on the same point, shows the surroundings (does a bright
 spot continue as a vessel, does it sit on the chest wall) as a second channel. The
-:class:`PatchClassifier` scores the result; with ``flip_views`` above 1, candidates it does not clearly
+:class:`PatchClassifier` scores the result (or, with ``members`` above 1, a :class:`PatchEnsemble` of several
+trained apart, their logits averaged); with ``flip_views`` above 1, candidates it does not clearly
 reject are scored again on mirrored copies of their patches and the logits averaged
 (:func:`patch_logits`: the network is not exactly mirror-invariant, and the mean ranks candidates more
 reliably). Scores of candidates the network also proposed may be combined with its score
@@ -83,6 +84,21 @@ class PatchClassifier(nn.Module):
         return self.head(self.features(x)).squeeze(1)
 
 
+class PatchEnsemble(nn.Module):
+    """Several :class:`PatchClassifier` of one architecture, trained apart (other random seeds); output the mean of
+    their (N,) logits. Classifiers trained on phantoms alone disagree on anatomy unlike the phantoms' (one calls a
+    real vessel crossing a nodule, another does not); the mean asks them to agree."""
+
+    def __init__(self, members: list[PatchClassifier]) -> None:
+        super().__init__()
+        if not members:
+            raise ValueError("an ensemble needs at least one classifier")
+        self.members = nn.ModuleList(members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(x) for m in self.members]).mean(dim=0)
+
+
 @dataclass(frozen=True)
 class FPReductionConfig:
     """The ``fp_reduction`` entry of a model JSON (sizes in mm, patch in voxels)."""
@@ -100,6 +116,7 @@ class FPReductionConfig:
     flip_min_probability: float = 0.02
     box_merge: bool = False
     blob_support: bool = False
+    members: int = 1
 
     @property
     def spacings_mm(self) -> tuple[float, ...]:
@@ -125,6 +142,7 @@ class FPReductionConfig:
                 flip_min_probability=float(data.get("flip_min_probability", 0.02)),
                 box_merge=_flag(data.get("box_merge", False), "box_merge"),
                 blob_support=_flag(data.get("blob_support", False), "blob_support"),
+                members=int(data.get("members", 1)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(
@@ -140,13 +158,14 @@ class FPReductionConfig:
             or (cfg.context_spacing_mm is not None and cfg.context_spacing_mm <= 0)
             or cfg.flip_views not in FLIP_VIEWS
             or not 0 <= cfg.flip_min_probability < 1
+            or cfg.members < 1
         ):
             raise BundleError(
                 f"fp_reduction entry out of range: patch {cfg.patch} (multiple of 8), spacing_mm "
                 f"{cfg.spacing_mm} (> 0), detector_weight {cfg.detector_weight} (0..1), duplicate_radius_factor "
                 f"{cfg.duplicate_radius_factor} (> 0), context_spacing_mm {cfg.context_spacing_mm} (> 0 or null), "
                 f"flip_views {cfg.flip_views} (one of {sorted(FLIP_VIEWS)}), flip_min_probability "
-                f"{cfg.flip_min_probability} (0..1)",
+                f"{cfg.flip_min_probability} (0..1), members {cfg.members} (1 or more)",
                 where=where,
                 fix="regenerate it with scripts/train_fp_reducer.py",
             )
@@ -167,6 +186,7 @@ class FPReductionConfig:
             "flip_min_probability": self.flip_min_probability,
             "box_merge": self.box_merge,
             "blob_support": self.blob_support,
+            "members": self.members,
         }
 
 
@@ -175,6 +195,16 @@ def _flag(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be true or false, got {value!r}")
     return value
+
+
+def build_classifier(config: FPReductionConfig) -> nn.Module:
+    """The untrained network ``config`` describes: one :class:`PatchClassifier`, or a :class:`PatchEnsemble` of
+    ``config.members`` of them (the weights file holds the ensemble's state dict)."""
+
+    def one() -> PatchClassifier:
+        return PatchClassifier(config.patch, config.channels, config.hidden, in_channels=len(config.spacings_mm))
+
+    return one() if config.members == 1 else PatchEnsemble([one() for _ in range(config.members)])
 
 
 def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 24, spacing_mm: float = 1.0) -> np.ndarray:
@@ -271,7 +301,8 @@ def combine_scores(classifier_prob: np.ndarray, detector_score: np.ndarray, dete
 
 
 class FPReducer:
-    """A loaded :class:`PatchClassifier` with its settings; :meth:`probabilities` scores positions (LPS mm)."""
+    """A loaded classifier (:func:`build_classifier`) with its settings; :meth:`probabilities` scores positions
+    (LPS mm)."""
 
     def __init__(
         self, config: FPReductionConfig, *, device: str | torch.device = "cpu", autocast: torch.dtype | None = None
@@ -279,7 +310,7 @@ class FPReducer:
         self.config = config
         self.device = torch.device(device)
         self._autocast = autocast
-        net = PatchClassifier(config.patch, config.channels, config.hidden, in_channels=len(config.spacings_mm))
+        net = build_classifier(config)
         if not config.weights.is_file():
             raise BundleError(
                 "false-positive reduction weights are missing",
