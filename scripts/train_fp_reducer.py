@@ -80,6 +80,7 @@ from pipeline.detection.fp_reduction import (
     FPReductionConfig,
     PatchClassifier,
     PatchEnsemble,
+    build_classifier,
     candidate_findings,
     classifier_input,
     combine_scores,
@@ -333,7 +334,8 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace, *,
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
-    net = PatchClassifier(cfg.patch, cfg.channels, cfg.hidden, in_channels=len(cfg.spacings_mm))
+    net = build_classifier(replace(cfg, members=1))
+    assert isinstance(net, PatchClassifier)
     if args.init is not None:
         net.load_state_dict(torch.load(args.init, map_location="cpu", weights_only=True))
         log.info("starting from the weights %s", args.init)
