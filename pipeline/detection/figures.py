@@ -1,8 +1,12 @@
-"""One PNG per finding: the axial slice through its centre and a lung-window MIP slab, box drawn.
+"""One PNG per finding: the axial slice through its centre and a lung-window MIP slab, box drawn, then
+a close-up of the finding in three planes.
 
-Images are drawn in the series' own index grid (rows j, columns i of slice k),
+The top row is drawn in the series' own index grid (rows j, columns i of slice k),
 as a viewer shows the original slice; the box is the finding's LPS box mapped
-to those indices. The title names the slice as the scanner numbered it (its
+to those indices. The close-ups (:func:`patient_planes`) are resampled around the
+finding's centre in patient axes, in the radiological display convention whatever
+the series' storage order, so that a reader can tell a nodule (round in all three
+planes) from a vessel (a line in at least one). The title names the slice as the scanner numbered it (its
 InstanceNumber, or frame number, when the series metadata lists them; see
 :func:`.findings.slice_ref`). Only reported findings get a PNG. Rendering uses
 matplotlib's Agg backend (no display).
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +24,40 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from ..volume import CTVolume
 from .findings import Finding, Findings
+from .fp_reduction import HU_WINDOW, sample_windowed
 
 log = logging.getLogger(__name__)
 
 LUNG_WINDOW = (-1350.0, 150.0)  # level -600, width 1500 HU
 SLAB_MM = 10.0
+CLOSE_UP_MM = 50.0  # field of view of the close-ups
+CLOSE_UP_PIXELS = 81  # odd, so that the finding's centre is a pixel's centre
+_LABEL_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
+#: The close-ups: name, the letters at the image's left and right edges, and what is up.
+PLANES = (("axial", "R", "L", "anterior"), ("coronal", "R", "L", "superior"), ("sagittal", "A", "P", "superior"))
+
+
+def patient_planes(
+    volume: CTVolume, center_lps: Sequence[float], *, field_mm: float = CLOSE_UP_MM, pixels: int = CLOSE_UP_PIXELS
+) -> dict[str, np.ndarray]:
+    """HU images (``pixels`` square, ``field_mm`` across, trilinear, HU clipped to ``HU_WINDOW``) of the axial,
+    coronal and sagittal planes through ``center_lps`` (LPS mm), in the radiological display convention: axial
+    seen from the feet (patient's right on the image's left, anterior up), coronal from the front (right on the
+    left, superior up), sagittal from the patient's left (anterior on the left, superior up). Row 0 is the top."""
+    ax = (np.arange(pixels) - (pixels - 1) / 2.0) * (field_mm / pixels)
+    across, down = np.meshgrid(ax, ax)  # column and row offsets (mm), increasing right and down
+    zero = np.zeros_like(across)
+    offsets = {  # (L, P, S) offsets of each pixel
+        "axial": (across, down, zero),
+        "coronal": (across, zero, -down),
+        "sagittal": (zero, across, -down),
+    }
+    centre = np.asarray(center_lps, dtype=np.float64)
+    out = {}
+    for name, (dl, dp, ds) in offsets.items():
+        unit = sample_windowed(volume, centre, np.stack([dl.ravel(), dp.ravel(), ds.ravel()], axis=1))
+        out[name] = (HU_WINDOW[0] + unit * (HU_WINDOW[1] - HU_WINDOW[0])).reshape(pixels, pixels)
+    return out
 
 
 def _box_ij(volume: CTVolume, f: Finding) -> tuple[float, float, float, float]:
@@ -35,12 +69,13 @@ def _box_ij(volume: CTVolume, f: Finding) -> tuple[float, float, float, float]:
 
 def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str = "slice") -> bytes:
     """PNG bytes: axial slice k (left, titled ``slice_label`` and the finding's ``slice_number``) and a ±5 mm
-    MIP slab (right), lung window, box in red."""
+    MIP slab (right), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle
+    a little wider than its diameter around its centre."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Circle, Rectangle
 
     i, j, k = f.voxel_ijk
     nk = volume.shape[0]
@@ -49,9 +84,10 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str
     axial = np.asarray(volume.array[k], dtype=np.float32)
     mip = np.asarray(volume.array[k0:k1], dtype=np.float32).max(axis=0)
     i0, i1, j0, j1 = _box_ij(volume, f)
-    fig = Figure(figsize=(9, 4.8), dpi=90)
+    fig = Figure(figsize=(9, 7.6), dpi=90)
+    grid = fig.add_gridspec(2, 2, height_ratios=(4.6, 3.0), top=0.93, bottom=0.02, left=0.02, right=0.98, hspace=0.12)
     for n, (img, title) in enumerate(((axial, f"{slice_label} {f.slice_number} (k={k})"), (mip, f"MIP {k1 - k0} slices"))):
-        ax = fig.add_subplot(1, 2, n + 1)
+        ax = fig.add_subplot(grid[0, n])
         ax.imshow(
             img,
             cmap="gray",
@@ -63,6 +99,22 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str
         ax.add_patch(Rectangle((i0 - 0.5, j0 - 0.5), i1 - i0 + 1, j1 - j0 + 1, fill=False, edgecolor="red", linewidth=1.2))
         ax.set_title(title, fontsize=9)
         ax.set_axis_off()
+    # the close-ups side by side in one image (one axes draws far faster than three)
+    planes = patient_planes(volume, f.center_lps)
+    n_px, gap = CLOSE_UP_PIXELS, 3
+    strip = np.full((n_px, 3 * n_px + 2 * gap), np.nan, dtype=np.float32)
+    ax = fig.add_subplot(grid[1, :])
+    radius = max(f.diameter_mm / 2.0 / (CLOSE_UP_MM / n_px), 2.0) + 2.0
+    for n, (name, left, right, up) in enumerate(PLANES):
+        x0 = n * (n_px + gap)
+        strip[:, x0 : x0 + n_px] = planes[name]
+        ax.add_patch(Circle((x0 + n_px // 2, n_px // 2), radius, fill=False, edgecolor="red", linewidth=1.0))
+        for x, letter in ((x0 + 2, left), (x0 + n_px - 3, right)):
+            ax.text(x, n_px // 2, letter, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
+        ax.text(x0 + n_px / 2, -2, f"{name}, {CLOSE_UP_MM:.0f} mm, {up} up", fontsize=8, ha="center", va="bottom")
+    cmap = matplotlib.colormaps["gray"].with_extremes(bad="white")
+    ax.imshow(strip, cmap=cmap, vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], interpolation="bilinear")
+    ax.set_axis_off()
     c = f.center_lps
     fig.suptitle(
         f"#{rank} score {f.score:.2f}, {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm", fontsize=10

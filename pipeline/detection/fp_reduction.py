@@ -215,25 +215,28 @@ def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 2
     """
     centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
     out = np.empty((len(centers), patch, patch, patch), dtype=np.float32)
-    if not len(centers):
-        return out
     ax = (np.arange(patch) - (patch - 1) / 2.0) * spacing_mm
     zz, yy, xx = np.meshgrid(ax, ax, ax, indexing="ij")
     offsets = np.stack([xx.ravel(), yy.ravel(), zz.ravel()], axis=1)  # (P^3, 3) L, P, S
+    for n in range(len(centers)):
+        out[n] = sample_windowed(volume, centers[n], offsets).reshape(patch, patch, patch)
+    return out
+
+
+def sample_windowed(volume: CTVolume, center_lps: np.ndarray, offsets_mm: np.ndarray) -> np.ndarray:
+    """HU of ``volume`` (trilinear; outside the series the edge value) at ``center_lps + offsets_mm`` (LPS mm;
+    offsets (M, 3)), windowed to ``HU_WINDOW`` and scaled to 0..1, float32 (M,)."""
     arr = volume.array
     shape_kji = np.asarray(arr.shape)
-    reach_vox = np.ceil(np.abs(offsets).max() * np.sqrt(3) / np.asarray(volume.spacing)[::-1]).astype(int) + 2
-    centre_ijk = volume.lps_to_index(centers).reshape(-1, 3)
+    reach_vox = np.ceil(np.abs(offsets_mm).max() * np.sqrt(3) / np.asarray(volume.spacing)[::-1]).astype(int) + 2
+    c = np.round(volume.lps_to_index(center_lps).reshape(3)[::-1]).astype(int)
+    lo = np.clip(c - reach_vox, 0, shape_kji - 1)
+    hi = np.clip(c + reach_vox + 1, lo + 1, shape_kji)
+    crop = np.asarray(arr[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]], dtype=np.float32)
+    kji = volume.lps_to_index(np.asarray(center_lps, np.float64) + offsets_mm)[:, ::-1] - lo
+    vals = ndimage.map_coordinates(crop, kji.T, order=1, mode="nearest")
     lo_hu, hi_hu = HU_WINDOW
-    for n in range(len(centers)):
-        c = np.round(centre_ijk[n][::-1]).astype(int)
-        lo = np.clip(c - reach_vox, 0, shape_kji - 1)
-        hi = np.clip(c + reach_vox + 1, lo + 1, shape_kji)
-        crop = np.asarray(arr[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]], dtype=np.float32)
-        kji = volume.lps_to_index(centers[n] + offsets)[:, ::-1] - lo
-        vals = ndimage.map_coordinates(crop, kji.T, order=1, mode="nearest")
-        out[n] = ((np.clip(vals, lo_hu, hi_hu) - lo_hu) / (hi_hu - lo_hu)).reshape(patch, patch, patch)
-    return out
+    return ((np.clip(vals, lo_hu, hi_hu) - lo_hu) / (hi_hu - lo_hu)).astype(np.float32)
 
 
 def classifier_input(volume: CTVolume, centers_lps: np.ndarray, config: FPReductionConfig) -> np.ndarray:

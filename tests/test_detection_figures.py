@@ -1,0 +1,80 @@
+"""Finding close-ups are in patient orientation (radiological convention) whatever the series' storage order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.detection.figures import CLOSE_UP_MM, CLOSE_UP_PIXELS, finding_png, patient_planes
+from pipeline.detection.findings import Finding
+from pipeline.volume import CTVolume, Geometry
+
+CENTRE = np.array([10.0, -20.0, 30.0])  # LPS mm
+OFFSET_MM = 12.0
+#: Storage orders: plain (i along L, j along P, k along S); rows and columns flipped (i along R, j along A, as
+#: a feet-first prone series may be stored); and k running from head to feet with i and j swapped.
+DIRECTIONS = {
+    "LPS": np.eye(3),
+    "RAS rows and columns": np.diag([-1.0, -1.0, 1.0]),
+    "swapped, feet last": np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, -1.0]]),
+}
+
+
+def _volume_with_markers(direction: np.ndarray) -> CTVolume:
+    """Lung (-850 HU) with a 4 mm ball at ``CENTRE`` and one marker ball each 12 mm towards the patient's left (+L),
+    back (+P) and head (+S), of 100, 200 and 300 HU."""
+    spacing = (0.8, 0.8, 1.0)
+    shape = (64, 80, 80)  # k, j, i
+    geom = Geometry(shape=shape, spacing=spacing, origin=(0.0, 0.0, 0.0), direction=direction)
+    half = (np.array(shape[::-1]) - 1) / 2.0 * np.array(spacing)  # i, j, k extents / 2 (mm)
+    geom = geom.with_(origin=tuple(CENTRE - direction @ half))
+    kk, jj, ii = np.indices(shape)
+    lps = geom.index_to_lps(np.stack([ii.ravel(), jj.ravel(), kk.ravel()], axis=1)).reshape(*shape, 3)
+    arr = np.full(shape, -850.0, np.float32)
+    for offset, hu in ((np.zeros(3), 50.0), (np.array([OFFSET_MM, 0, 0]), 100.0), (np.array([0, OFFSET_MM, 0]), 200.0)):
+        arr[np.linalg.norm(lps - (CENTRE + offset), axis=-1) <= 2.5] = hu
+    arr[np.linalg.norm(lps - (CENTRE + np.array([0, 0, OFFSET_MM])), axis=-1) <= 2.5] = 300.0
+    return CTVolume(arr, geom)
+
+
+def _at(img: np.ndarray, row: float, col: float) -> float:
+    return float(img[int(round(row)), int(round(col))])
+
+
+@pytest.mark.parametrize("name", sorted(DIRECTIONS))
+def test_close_ups_are_in_patient_orientation(name):
+    vol = _volume_with_markers(DIRECTIONS[name])
+    planes = patient_planes(vol, CENTRE)
+    mid = CLOSE_UP_PIXELS // 2
+    shift = OFFSET_MM / (CLOSE_UP_MM / CLOSE_UP_PIXELS)  # pixels
+    for img in planes.values():
+        assert img.shape == (CLOSE_UP_PIXELS, CLOSE_UP_PIXELS)
+        assert img[mid, mid] == pytest.approx(50.0, abs=5.0)  # the finding's centre is the image's centre
+    cases = (  # image, marker HU, its (row, column) offset from the centre in pixels
+        ("axial", 100.0, (0, shift)),  # from the feet: the patient's left on the image's right
+        ("axial", 200.0, (shift, 0)),  # posterior down
+        ("coronal", 100.0, (0, shift)),  # from the front: left on the right
+        ("coronal", 300.0, (-shift, 0)),  # head up
+        ("sagittal", 200.0, (0, shift)),  # from the left: posterior on the right
+        ("sagittal", 300.0, (-shift, 0)),  # head up
+    )
+    for plane, hu, (dr, dc) in cases:
+        img = planes[plane]
+        assert _at(img, mid + dr, mid + dc) == pytest.approx(hu, abs=5.0), f"{plane}: {hu} HU marker not where expected"
+        assert _at(img, mid - dr, mid - dc) == pytest.approx(-850.0, abs=5.0), f"{plane}: mirrored"
+
+
+def test_finding_png_renders_the_close_ups():
+    vol = _volume_with_markers(DIRECTIONS["RAS rows and columns"])
+    ijk = np.round(vol.lps_to_index(CENTRE)).astype(int)
+    f = Finding(
+        center_lps=tuple(CENTRE),
+        box_min_lps=tuple(CENTRE - 2.5),
+        box_max_lps=tuple(CENTRE + 2.5),
+        diameter_mm=5.0,
+        score=0.9,
+        voxel_ijk=(int(ijk[0]), int(ijk[1]), int(ijk[2])),
+        slice_number=int(ijk[2]) + 1,
+    )
+    png = finding_png(vol, f)
+    assert png.startswith(b"\x89PNG")
