@@ -28,6 +28,8 @@ MIN_LUNG_ML = 2.0
 #: Median HU below which an air region touching the image's in-plane border is the air around the patient (about
 #: -1000 HU); a lung cut by a small field of view touches the border too, with a median well above it (about -850 HU).
 OUTSIDE_AIR_MAX_MEDIAN_HU = -950.0
+_IN_SLICE_CROSS = np.zeros((3, 3, 3), bool)
+_IN_SLICE_CROSS[1] = ndimage.generate_binary_structure(2, 1)
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def _spanning(air: np.ndarray, labels: np.ndarray) -> np.ndarray:
 def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     """Threshold lung mask on a ~``step_mm`` grid: air inside the body (and lung cut by the field of view: air
     touching the image border whose median is above :data:`OUTSIDE_AIR_MAX_MEDIAN_HU` and that does not span the image
-    from side to side), largest components, holes filled per slice."""
+    from side to side), largest components, holes filled per slice, grown by one coarse voxel in each slice."""
     sk, sj, si = _strides(volume.spacing, step_mm)
     arr = np.asarray(volume.array[::sk, ::sj, ::si], dtype=np.float32)
     air = arr < LUNG_AIR_HU  # air-filled lung (and the air around the patient)
@@ -111,6 +113,9 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     for z in range(mask.shape[0]):
         if mask[z].any():
             mask[z] = ndimage.binary_fill_holes(mask[z])
+    # sampled every stride, the mask's edge lies up to one coarse voxel inside the lungs' (a nodule against the
+    # mediastinum or chest wall would fall that much further out): grown by one coarse voxel in each slice
+    mask = ndimage.binary_dilation(mask, structure=_IN_SLICE_CROSS)
     log.debug("quick lung mask: %d components kept, %.0f mL", len(keep), mask.sum() * voxel_ml)
     return LungRegion(mask, (sk, sj, si), volume.spacing)
 
