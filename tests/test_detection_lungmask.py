@@ -91,18 +91,10 @@ def test_quick_mask_keeps_a_nodule_against_the_mediastinum_within_the_filter_mar
     lungs' edge: it put that nodule's centre 8.9 mm from the lungs, beyond the detector's 8 mm filter margin
     (``lung_filter_margin_mm``), and the nodule was never a candidate. Every nodule must be within the margin, and
     the mask no larger than a quarter beyond the true lungs and airway sampled alike."""
-    import sys
-    from pathlib import Path
-
     from pipeline.detection.lungs import quick_lung_mask, region_from_mask
+    from tests._support.scripts import import_script
 
-    scripts = str(Path(__file__).resolve().parents[1] / "scripts")
-    sys.path.insert(0, scripts)
-    try:
-        from train_detector import heldout_phantom
-    finally:
-        sys.path.remove(scripts)
-    ph = heldout_phantom(247)
+    ph = import_script("train_detector").heldout_phantom(247)
     vol = ph.volume
     region = quick_lung_mask(vol)
     centres = vol.lps_to_index(np.array([n.center_lps for n in ph.nodules]))

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_fp_reducer.py"
+from tests._support.scripts import import_script
 
 
 @pytest.fixture(scope="module")
-def trainer() -> Iterator[ModuleType]:
-    sys.path.insert(0, str(SCRIPT.parent))  # the script imports its sibling scripts
-    try:
-        spec = importlib.util.spec_from_file_location("train_fp_reducer", SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+def trainer() -> ModuleType:
+    return import_script("train_fp_reducer")
 
 
 def test_a_clear_winner_is_chosen_whatever_its_weight(trainer: ModuleType) -> None:

@@ -78,9 +78,7 @@ def _strides(spacing_ijk: tuple[float, float, float], step_mm: float) -> tuple[i
 def _spanning(air: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """Labels of the 3-D components of ``air`` ``[k, j, i]`` that, within one slice, reach from one side of the image
     to the other (a table's foam core, air around the patient); lungs never do: the mediastinum parts them."""
-    in_slice = np.zeros((3, 3, 3), bool)
-    in_slice[1] = ndimage.generate_binary_structure(2, 1)
-    flat, _ = ndimage.label(air, structure=in_slice)
+    flat, _ = ndimage.label(air, structure=_IN_SLICE_CROSS)
     across = np.union1d(np.intersect1d(flat[:, :, 0], flat[:, :, -1]), np.intersect1d(flat[:, 0, :], flat[:, -1, :]))
     across = across[across > 0]
     return np.unique(labels[np.isin(flat, across)]) if len(across) else np.zeros(0, labels.dtype)
