@@ -102,3 +102,22 @@ def test_quick_mask_keeps_a_nodule_against_the_mediastinum_within_the_filter_mar
     assert region.near(centres, 8.0).all()
     truth = region_from_mask(ph.masks["lung_left"] | ph.masks["lung_right"] | ph.masks["airway"], vol)
     assert region.mask.sum() <= 1.25 * truth.mask.sum()  # grown by a sample, not into the mediastinum
+
+
+def test_region_from_a_dict_of_label_maps_is_the_lungs_not_the_whole_volume():
+    """``reconstruct(...).masks`` is a dict of :class:`LabelMap`: its lungs, not every voxel, are the region."""
+    from pipeline.detection.lungs import region_from_mask
+    from pipeline.volume import LabelMap
+
+    vol, right = _chest()
+    left = np.zeros_like(right)
+    left[6:34, 16:48, 36:56] = True
+    masks = {
+        "lung_right": LabelMap(right.astype(np.uint8), vol.geometry, labels={1: "lung_right"}),
+        "lung_left": LabelMap(left.astype(np.uint8), vol.geometry, labels={1: "lung_left"}),
+        "heart": LabelMap(np.ones(right.shape, np.uint8), vol.geometry, labels={1: "heart"}),
+    }
+    from_maps = region_from_mask(masks, vol)
+    from_array = region_from_mask(right | left, vol)
+    assert np.array_equal(from_maps.mask, from_array.mask)
+    assert from_maps.mask.sum() < 0.5 * from_maps.mask.size  # the lungs, not the whole grid

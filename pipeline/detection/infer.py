@@ -464,7 +464,10 @@ def detect(
     The model is loaded once per (bundle, device) and kept for later calls; pass ``detector``
     to use one you built yourself. Findings scoring at or above the model's operating point are
     reported (``score_threshold``: another threshold, 0..1; ``all_candidates``: every candidate);
-    the other candidates are kept in ``below_threshold``.
+    the other candidates are kept in ``below_threshold``. ``lung_mask`` (on ``volume``'s grid: a bool
+    array ``[k, j, i]``, a :class:`LabelMap` or a dict of lung masks such as ``reconstruct(volume).masks``)
+    crops and restricts the search as the batch runner does with the case's segmented lungs; without it,
+    the detector's own coarse threshold mask.
     """
     det = detector
     if det is None:

@@ -124,8 +124,8 @@ def region_from_mask(
     """A :class:`LungRegion` from a full-resolution mask on ``volume``'s grid.
 
     ``mask`` is a bool/int array ``[k, j, i]``, a :class:`LabelMap` (labels whose
-    name contains "lung") or a dict of masks (keys containing "lung", e.g. a
-    phantom's ``masks``).
+    name contains "lung") or a dict of masks (keys containing "lung", arrays or
+    :class:`LabelMap`; e.g. a phantom's or a reconstruction's ``masks``).
     """
     if isinstance(mask, LabelMap):
         names = [v for v in mask.labels.values() if "lung" in v]
@@ -137,8 +137,8 @@ def region_from_mask(
     elif isinstance(mask, Mapping):
         full = np.zeros(volume.shape, bool)
         for name, m in mask.items():
-            if "lung" in name:
-                full |= np.asarray(m, bool)
+            if "lung" in name:  # a bool/int array or a LabelMap (e.g. ``reconstruct(...).masks``)
+                full |= (m.array if isinstance(m, LabelMap) else np.asarray(m)) > 0
     else:
         full = np.asarray(mask) > 0
     if full.shape != volume.shape:
