@@ -118,8 +118,17 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     return LungRegion(mask, (sk, sj, si), volume.spacing)
 
 
+def _lung_voxels(mask: np.ndarray | LabelMap) -> np.ndarray:
+    """Bool ``[k, j, i]``: a :class:`LabelMap`'s labels whose name contains "lung" (all its labels when none does),
+    or an array's non-zero voxels."""
+    if isinstance(mask, LabelMap):
+        names = [v for v in mask.labels.values() if "lung" in v]
+        return np.logical_or.reduce([mask.mask(n) for n in names]) if names else mask.array > 0
+    return np.asarray(mask) > 0
+
+
 def region_from_mask(
-    mask: np.ndarray | LabelMap | Mapping[str, np.ndarray], volume: CTVolume, *, step_mm: float = 4.0
+    mask: np.ndarray | LabelMap | Mapping[str, np.ndarray | LabelMap], volume: CTVolume, *, step_mm: float = 4.0
 ) -> LungRegion:
     """A :class:`LungRegion` from a full-resolution mask on ``volume``'s grid.
 
@@ -127,27 +136,19 @@ def region_from_mask(
     name contains "lung") or a dict of masks (keys containing "lung", arrays or
     :class:`LabelMap`; e.g. a phantom's or a reconstruction's ``masks``).
     """
-    if isinstance(mask, LabelMap):
-        names = [v for v in mask.labels.values() if "lung" in v]
-        full = np.zeros(mask.shape, bool)
-        for name in names:
-            full |= mask.mask(name)
-        if not names:
-            full = mask.array > 0
-    elif isinstance(mask, Mapping):
-        full = np.zeros(volume.shape, bool)
-        for name, m in mask.items():
-            if "lung" in name:  # a bool/int array or a LabelMap (e.g. ``reconstruct(...).masks``)
-                full |= (m.array if isinstance(m, LabelMap) else np.asarray(m)) > 0
+    if isinstance(mask, Mapping):
+        parts = [_lung_voxels(m) for name, m in mask.items() if "lung" in name]
     else:
-        full = np.asarray(mask) > 0
-    if full.shape != volume.shape:
-        from ..errors import GeometryError
+        parts = [_lung_voxels(mask)]
+    for part in parts:
+        if part.shape != volume.shape:
+            from ..errors import GeometryError
 
-        raise GeometryError(
-            f"lung mask shape {full.shape} differs from the volume's {volume.shape}",
-            fix="pass a mask on the same grid as the volume ([k, j, i])",
-        )
+            raise GeometryError(
+                f"lung mask shape {part.shape} differs from the volume's {volume.shape}",
+                fix="pass a mask on the same grid as the volume ([k, j, i])",
+            )
+    full = np.logical_or.reduce(parts) if parts else np.zeros(volume.shape, bool)
     st = _strides(volume.spacing, step_mm)
     pad = [(0, (-n) % s) for n, s in zip(full.shape, st)]
     padded = np.pad(full, pad)
