@@ -1,8 +1,9 @@
-"""One lung mask per case: detection crops and restricts with the case's lung mask when it has one.
+"""One lung mask per case: detection restricts the search to the case's lung mask when it has one.
 
-The detector's quick threshold mask is only the fallback for a bare volume. The synthetic chest
-below has two air-filled "lungs" (right: small i, left: large i); the case mask names only the
-right one, so a crop that used the quick mask would reach the left lung.
+The search stays within the detector's quick threshold mask (the region its operating point was calibrated
+with); the case's mask limits it further. The network input is cropped to the quick mask's box in every path.
+The synthetic chest below has two air-filled "lungs" (right: small i, left: large i); the case mask names only
+the right one, so a search with the quick mask alone would reach the left lung.
 """
 
 from __future__ import annotations
@@ -32,18 +33,40 @@ def detector():
     return Detector(device="cpu")
 
 
-def test_lung_roi_uses_the_case_mask_and_falls_back_to_the_quick_mask(detector):
+def test_lung_roi_searches_the_case_mask_within_the_box_of_the_quick_mask(detector):
     vol, right = _chest()
     region, roi = detector.lung_roi(vol, lung_mask=right, margin_mm=0.0)
-    assert roi is not None
-    lo_i, hi_i = roi.lo[0], roi.hi[0]
-    assert lo_i <= 8 and 24 <= hi_i < 36, (lo_i, hi_i)  # the right lung only, never the left one (i >= 36)
     quick, roi_quick = detector.lung_roi(vol, margin_mm=0.0)  # bare volume: the quick threshold mask finds both lungs
     assert roi_quick is not None and roi_quick.hi[0] >= 52
     assert int(region.mask.sum()) < int(quick.mask.sum())
+    left_lung = np.array([[46.0, 32.0, 20.0]])  # (i, j, k) in the left lung; the right lung is i < 28
+    assert quick.near(left_lung, 0.0)[0] and not region.near(left_lung, 4.0)[0]  # the search: the right lung only
+    # the network input: the quick mask's box whatever the case mask (its scores depend on where the input starts)
+    assert roi is not None and (roi.lo, roi.hi) == (roi_quick.lo, roi_quick.hi)
 
 
-def test_runner_load_crops_to_the_saved_case_lung_mask(tmp_path, detector):
+def test_a_case_mask_limits_the_quick_mask_and_never_widens_it(detector):
+    from pipeline.detection.lungs import quick_lung_mask, region_from_mask
+
+    vol, right = _chest()
+    quick = quick_lung_mask(vol)
+    generous = right.copy()
+    generous[6:34, 16:48, 8:36] = True  # the right lung and the soft tissue up to the left lung (mediastinum)
+    region, _ = detector.lung_roi(vol, lung_mask=generous, margin_mm=0.0)
+    assert np.array_equal(region.mask, quick.mask & region_from_mask(generous, vol).mask)
+    assert int(region.mask.sum()) < int(region_from_mask(generous, vol).mask.sum())
+    mediastinum = vol.index_to_lps(np.array([[32.0, 32.0, 20.0]]))  # i = 32: soft tissue between the lungs
+    assert not region.near(vol.lps_to_index(mediastinum[0])[None], 0.0)[0]
+    # a mask that misses the air entirely (e.g. one made for another series) is searched as it is, with a warning
+    body_only = np.zeros(vol.shape, bool)
+    body_only[2:6, 8:16, 4:60] = True
+    alone, roi = detector.lung_roi(vol, lung_mask=body_only, margin_mm=0.0)
+    assert roi is not None and np.array_equal(alone.mask, region_from_mask(body_only, vol).mask)
+
+
+def test_runner_load_restricts_to_the_saved_case_lung_mask_with_the_detect_input(tmp_path, detector):
+    import torch
+
     from pipeline.cache import CaseCache
     from pipeline.config import load_config
     from pipeline.runner.model_stages import _Loading
@@ -62,8 +85,8 @@ def test_runner_load_crops_to_the_saved_case_lung_mask(tmp_path, detector):
     item = _Loading(worker)(ctx)
     assert item["region"] is item["lungs"]  # lung restriction on: findings are restricted to the case's lungs
     assert int(item["lungs"].mask.sum()) < int(quick["lungs"].mask.sum())
-    # the model input is cropped to the right lung's box: narrower along L than the quick mask's
-    assert item["case"].unwrap().shape[1] < quick["case"].unwrap().shape[1]
+    # the model input is the one `ctpipe detect` gives the network: the quick mask's box
+    assert torch.equal(item["case"].unwrap(), quick["case"].unwrap())
 
 
 def test_quick_mask_keeps_a_lung_cut_by_a_small_field_of_view_and_drops_a_table_foam_core():

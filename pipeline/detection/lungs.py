@@ -61,6 +61,16 @@ class LungRegion:
         coarse_sp = np.asarray(self.source_spacing)[::-1] * np.asarray(self.stride)  # (k, j, i) mm
         return ndimage.distance_transform_edt(~self.mask, sampling=coarse_sp)
 
+    def intersect(self, other: LungRegion) -> LungRegion:
+        """The coarse voxels in both regions (same source grid and stride, as :func:`quick_lung_mask` and
+        :func:`region_from_mask` give for one volume)."""
+        if self.mask.shape != other.mask.shape or self.stride != other.stride:
+            raise ValueError(
+                f"lung regions on different coarse grids: {self.mask.shape} every {self.stride} voxels "
+                f"vs {other.mask.shape} every {other.stride}"
+            )
+        return LungRegion(self.mask & other.mask, self.stride, self.source_spacing)
+
     def near(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
         """True for source indices ``(n, 3)`` within ``margin_mm`` of the lungs."""
         ijk = np.atleast_2d(np.asarray(ijk, dtype=np.float64))
