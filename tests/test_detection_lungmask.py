@@ -1,7 +1,7 @@
-"""One lung mask per case: detection restricts the search to the case's lung mask when it has one.
+"""One lung mask per case: detection keeps the findings in the case's lung mask when it has one.
 
-The search stays within the detector's quick threshold mask (the region its operating point was calibrated
-with); the case's mask limits it further. The network input is cropped to the quick mask's box in every path.
+The search (network input, small-blob candidates) is the detector's quick threshold mask's in every path (the
+search its operating point was calibrated with); the case's mask drops the findings outside it.
 The synthetic chest below has two air-filled "lungs" (right: small i, left: large i); the case mask names only
 the right one, so a search with the quick mask alone would reach the left lung.
 """
@@ -33,16 +33,18 @@ def detector():
     return Detector(device="cpu")
 
 
-def test_lung_roi_searches_the_case_mask_within_the_box_of_the_quick_mask(detector):
+def test_lung_roi_limits_the_findings_to_the_case_mask_and_searches_the_quick_mask(detector):
     vol, right = _chest()
     region, roi = detector.lung_roi(vol, lung_mask=right, margin_mm=0.0)
     quick, roi_quick = detector.lung_roi(vol, margin_mm=0.0)  # bare volume: the quick threshold mask finds both lungs
-    assert roi_quick is not None and roi_quick.hi[0] >= 52
-    assert int(region.mask.sum()) < int(quick.mask.sum())
-    left_lung = np.array([[46.0, 32.0, 20.0]])  # (i, j, k) in the left lung; the right lung is i < 28
-    assert quick.near(left_lung, 0.0)[0] and not region.near(left_lung, 4.0)[0]  # the search: the right lung only
-    # the network input: the quick mask's box whatever the case mask (its scores depend on where the input starts)
+    assert roi_quick is not None and roi_quick.hi[0] >= 52 and quick.limit is None
+    # the search (candidates, network input) is the quick mask's, whatever the case mask
+    assert np.array_equal(region.mask, quick.mask)
     assert roi is not None and (roi.lo, roi.hi) == (roi_quick.lo, roi_quick.hi)
+    # the findings kept: the right lung only
+    left_lung, right_lung = np.array([[46.0, 32.0, 20.0]]), np.array([[16.0, 32.0, 20.0]])  # (i, j, k)
+    assert quick.keeps(left_lung, 4.0)[0] and not region.keeps(left_lung, 4.0)[0] and region.keeps(right_lung, 0.0)[0]
+    assert region.near(left_lung, 0.0)[0]  # searched there all the same
 
 
 def test_a_case_mask_limits_the_quick_mask_and_never_widens_it(detector):
@@ -53,15 +55,20 @@ def test_a_case_mask_limits_the_quick_mask_and_never_widens_it(detector):
     generous = right.copy()
     generous[6:34, 16:48, 8:36] = True  # the right lung and the soft tissue up to the left lung (mediastinum)
     region, _ = detector.lung_roi(vol, lung_mask=generous, margin_mm=0.0)
-    assert np.array_equal(region.mask, quick.mask & region_from_mask(generous, vol).mask)
-    assert int(region.mask.sum()) < int(region_from_mask(generous, vol).mask.sum())
-    mediastinum = vol.index_to_lps(np.array([[32.0, 32.0, 20.0]]))  # i = 32: soft tissue between the lungs
-    assert not region.near(vol.lps_to_index(mediastinum[0])[None], 0.0)[0]
+    assert region.limit is not None and np.array_equal(region.limit, quick.mask & region_from_mask(generous, vol).mask)
+    assert int(region.limit.sum()) < int(region_from_mask(generous, vol).mask.sum())
+    mediastinum = np.array([[32.0, 32.0, 20.0]])  # (i, j, k): soft tissue between the lungs, in the case mask
+    assert not region.keeps(mediastinum, 0.0)[0]
     # a mask that misses the air entirely (e.g. one made for another series) is searched as it is, with a warning
     body_only = np.zeros(vol.shape, bool)
     body_only[2:6, 8:16, 4:60] = True
     alone, roi = detector.lung_roi(vol, lung_mask=body_only, margin_mm=0.0)
     assert roi is not None and np.array_equal(alone.mask, region_from_mask(body_only, vol).mask)
+    # an empty case mask (no lungs segmented): no search at all, though the quick mask finds air
+    none, roi = detector.lung_roi(vol, lung_mask=np.zeros(vol.shape, bool), margin_mm=0.0)
+    assert none.empty and roi is None
+    found = detector.detect(vol, lung_mask=np.zeros(vol.shape, bool))
+    assert len(found) == 0 and "no lung" in found.reason
 
 
 def test_runner_load_restricts_to_the_saved_case_lung_mask_with_the_detect_input(tmp_path, detector):
@@ -84,7 +91,7 @@ def test_runner_load_restricts_to_the_saved_case_lung_mask_with_the_detect_input
     save_lung_mask(worker.cache_dir, "c1", right)
     item = _Loading(worker)(ctx)
     assert item["region"] is item["lungs"]  # lung restriction on: findings are restricted to the case's lungs
-    assert int(item["lungs"].mask.sum()) < int(quick["lungs"].mask.sum())
+    assert item["lungs"].limit is not None and int(item["lungs"].limit.sum()) < int(quick["lungs"].mask.sum())
     # the model input is the one `ctpipe detect` gives the network: the quick mask's box
     assert torch.equal(item["case"].unwrap(), quick["case"].unwrap())
 

@@ -164,37 +164,41 @@ class Detector:
         log.warning("%s: %d NaN/infinite voxels set to -1024 HU (air)", where, n_bad)
         return volume.with_array(np.where(bad, np.float32(-1024.0), arr).astype(arr.dtype))
 
-    def _lung_regions(self, volume: CTVolume, lung_mask: LungMask | None) -> tuple[LungRegion, LungRegion]:
-        """(the lungs to search, the lungs to crop the network input around): see :meth:`lung_roi`."""
+    def _lung_region(self, volume: CTVolume, lung_mask: LungMask | None) -> LungRegion:
         if isinstance(lung_mask, LungRegion):
-            return lung_mask, lung_mask
+            return lung_mask
         quick = quick_lung_mask(volume)
         if lung_mask is None:
-            return quick, quick
+            return quick
         given = region_from_mask(lung_mask, volume)
-        both = given.intersect(quick)
-        if both.empty and not given.empty:
+        if given.empty:  # no lungs: no search (the caller records why)
+            return given
+        limited = quick.limited_to(given)
+        if limited.limit is None or not limited.limit.any():
             log.warning("the given lung mask and the air in the body do not overlap; searching the given lung mask")
-            return given, given
-        return both, quick
+            return given
+        return limited
 
     def lung_roi(
         self, volume: CTVolume, *, lung_mask: LungMask | None = None, margin_mm: float | None = None
     ) -> tuple[LungRegion, Roi | None]:
-        """The lungs to search in ``volume`` and the box to crop the network input to (source indices, around the
-        lungs, grown by ``margin_mm``; ``None`` when no lung voxel is found).
+        """The lungs of ``volume`` and the box to crop the network input to (source indices, around the lungs,
+        grown by ``margin_mm``; ``None`` when no lung voxel is found).
 
-        The lungs are the threshold mask of the air-filled lungs (:func:`quick_lung_mask`), within ``lung_mask``
-        when one is given (a :class:`LungRegion` is taken as it is; the given mask alone when the two do not
-        overlap). The box is always the threshold mask's: the network's scores depend on where its input starts
-        (by up to 0.25 on a real chest for a crop 3 voxels narrower), and the operating point was calibrated on
-        that box. ``margin_mm`` defaults to the model's crop margin.
+        Candidates are searched in the threshold mask of the air-filled lungs (:func:`quick_lung_mask`, the search
+        the operating point was calibrated with), and the input cropped to its box, whether or not ``lung_mask`` is
+        given; a given mask (e.g. a reconstruction's segmented lungs) is the region's ``limit``: findings outside it
+        are dropped at the end (:meth:`postprocess`). So the network sees the same input and the false-positive
+        reduction the same candidates either way: its scores depend on where the input starts (by up to 0.25 on a
+        real chest for a crop 3 voxels narrower), and the small-blob candidates are the strongest in the region
+        searched. A :class:`LungRegion` is taken as it is; the given mask alone is searched when it does not
+        overlap the threshold mask. ``margin_mm`` defaults to the model's crop margin.
         """
-        region, crop = self._lung_regions(volume, lung_mask)
+        region = self._lung_region(volume, lung_mask)
         if region.empty:
             return region, None
         margin = self.config.lung_crop_margin_mm if margin_mm is None else float(margin_mm)
-        lo, hi = crop.bbox_ijk(margin, volume.geometry.size_ijk)
+        lo, hi = region.bbox_ijk(margin, volume.geometry.size_ijk)
         roi = Roi(lo=float3(lo), hi=float3(v - 1 for v in hi), space="index")
         return region, roi
 
@@ -244,8 +248,8 @@ class Detector:
 
         Restricting to the lungs searches the threshold mask of the air-filled lungs (:func:`quick_lung_mask`, the
         region the operating point was calibrated with); a ``lung_mask`` (bool ``[k, j, i]`` on the volume grid, a
-        :class:`LabelMap` or a dict of masks, e.g. a reconstruction's segmented lungs) limits it further to those
-        lungs.
+        :class:`LabelMap` or a dict of masks, e.g. a reconstruction's segmented lungs) drops the findings outside
+        those lungs (:meth:`lung_roi`).
         An empty lung mask gives no findings with a logged reason. The result reports the findings at
         or above the score threshold (:meth:`apply_operating_point`), all candidates kept.
         """
@@ -315,7 +319,7 @@ class Detector:
         """
         findings = findings.with_candidates(findings.candidates)
         if not self.postprocessing or (not len(findings) and self._fpr is None) or findings.reason:
-            return findings
+            return self._limit(volume, findings, region)
         t0 = time.perf_counter()
         if self._fpr is not None:
             out = reduce_false_positives(volume, findings, self._fpr, region if region is not None else quick_lung_mask(volume))
@@ -323,7 +327,15 @@ class Detector:
         else:
             out = refine_findings(volume, findings, rescore=True)
             out.timings_ms["refine"] = (time.perf_counter() - t0) * 1000.0
-        return self._calibrate(volume, out)
+        return self._limit(volume, self._calibrate(volume, out), region)
+
+    def _limit(self, volume: CTVolume, findings: Findings, region: LungRegion | None) -> Findings:
+        """``findings`` less the candidates farther than the lung filter margin from ``region``'s ``limit``."""
+        if region is None or region.limit is None or not len(findings.candidates):
+            return findings
+        ijk = volume.lps_to_index(np.array([f.center_lps for f in findings.candidates]))
+        keep = region.keeps(ijk, self.config.lung_filter_margin_mm)
+        return findings.with_candidates([f for f, k in zip(findings.candidates, keep) if k])
 
     def _calibrate(self, volume: CTVolume, findings: Findings) -> Findings:
         """``findings`` with every candidate's score mapped by :attr:`score_calibration` when ``volume``'s slices are

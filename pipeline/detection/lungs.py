@@ -2,9 +2,10 @@
 
 The detector only needs the lungs' extent (to crop the network input) and a
 tolerant inside/outside test (to drop findings outside the lungs), so it works
-on a coarse grid (about 4 mm voxels). A caller may pass a full-resolution mask
-(the reconstruction stage's, or a phantom's); without one, :func:`quick_lung_mask`
-thresholds the air inside the body.
+on a coarse grid (about 4 mm voxels). :func:`quick_lung_mask` thresholds the air
+inside the body; a full-resolution mask (the reconstruction stage's, or a
+phantom's) becomes a region with :func:`region_from_mask`, and the detector uses
+it as the quick mask's ``limit`` (:meth:`LungRegion.limited_to`).
 
 All index triples are (i, j, k) of the source series; arrays are ``[k, j, i]``.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -34,11 +35,17 @@ _IN_SLICE_CROSS[1] = ndimage.generate_binary_structure(2, 1)
 
 @dataclass(frozen=True)
 class LungRegion:
-    """Coarse lung mask ``[k, j, i]`` sampled every ``stride`` (k, j, i) voxels of the source grid."""
+    """Coarse lung mask ``[k, j, i]`` sampled every ``stride`` (k, j, i) voxels of the source grid.
+
+    ``mask`` is where candidates are searched. ``limit`` (optional, same coarse grid) is where findings must also
+    lie (:meth:`keeps`): a case's segmented lungs within ``mask``, so that a search limited to them finds the same
+    candidates, scored the same, as one without them (the search the operating point was calibrated with).
+    """
 
     mask: np.ndarray
     stride: tuple[int, int, int]
     source_spacing: tuple[float, float, float]  # (si, sj, sk) mm
+    limit: np.ndarray | None = None
 
     @property
     def empty(self) -> bool:
@@ -55,29 +62,49 @@ class LungRegion:
         hi = np.minimum(hi + grow, np.asarray(size_ijk))
         return lo, hi
 
+    def _distance(self, mask: np.ndarray) -> np.ndarray:
+        coarse_sp = np.asarray(self.source_spacing)[::-1] * np.asarray(self.stride)  # (k, j, i) mm
+        return ndimage.distance_transform_edt(~mask, sampling=coarse_sp)
+
     @cached_property
     def _distance_mm(self) -> np.ndarray:
         """Distance (mm) of each coarse voxel to the lungs (0 inside); computed once per region."""
-        coarse_sp = np.asarray(self.source_spacing)[::-1] * np.asarray(self.stride)  # (k, j, i) mm
-        return ndimage.distance_transform_edt(~self.mask, sampling=coarse_sp)
+        return self._distance(self.mask)
 
-    def intersect(self, other: LungRegion) -> LungRegion:
-        """The coarse voxels in both regions (same source grid and stride, as :func:`quick_lung_mask` and
-        :func:`region_from_mask` give for one volume)."""
+    @cached_property
+    def _limit_distance_mm(self) -> np.ndarray | None:
+        return None if self.limit is None else self._distance(self.limit)
+
+    def _lookup(self, dist: np.ndarray, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
+        ijk = np.atleast_2d(np.asarray(ijk, dtype=np.float64))
+        idx = np.round(ijk[:, ::-1] / np.asarray(self.stride)).astype(int)
+        idx = np.clip(idx, 0, np.asarray(dist.shape) - 1)
+        return dist[idx[:, 0], idx[:, 1], idx[:, 2]] <= margin_mm
+
+    def near(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
+        """True for source indices ``(n, 3)`` within ``margin_mm`` of the searched lungs (``mask``)."""
+        return self._lookup(self._distance_mm, ijk, margin_mm)
+
+    def keeps(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
+        """True for source indices ``(n, 3)`` within ``margin_mm`` of the lungs and of the ``limit`` if any."""
+        near = self.near(ijk, margin_mm)
+        if self._limit_distance_mm is None:
+            return near
+        return near & self._lookup(self._limit_distance_mm, ijk, margin_mm)
+
+    def limited_to(self, other: LungRegion) -> LungRegion:
+        """This region searched as it is, its findings limited to ``other`` (within this mask; same coarse grid, as
+        :func:`quick_lung_mask` and :func:`region_from_mask` give for one volume)."""
         if self.mask.shape != other.mask.shape or self.stride != other.stride:
             raise ValueError(
                 f"lung regions on different coarse grids: {self.mask.shape} every {self.stride} voxels "
                 f"vs {other.mask.shape} every {other.stride}"
             )
-        return LungRegion(self.mask & other.mask, self.stride, self.source_spacing)
+        return replace(self, limit=self.mask & other.mask)
 
-    def near(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
-        """True for source indices ``(n, 3)`` within ``margin_mm`` of the lungs."""
-        ijk = np.atleast_2d(np.asarray(ijk, dtype=np.float64))
-        dist = self._distance_mm
-        idx = np.round(ijk[:, ::-1] / np.asarray(self.stride)).astype(int)
-        idx = np.clip(idx, 0, np.asarray(self.mask.shape) - 1)
-        return dist[idx[:, 0], idx[:, 1], idx[:, 2]] <= margin_mm
+    def unlimited(self) -> LungRegion:
+        """This region without its ``limit``."""
+        return self if self.limit is None else replace(self, limit=None)
 
 
 def _strides(spacing_ijk: tuple[float, float, float], step_mm: float) -> tuple[int, int, int]:

@@ -104,8 +104,10 @@ class _Loading:
         loaded = self.loader.load_one(case_id, roi=roi)
         loaded.unwrap()  # a case the loader refused raises its CacheError/LoaderError (naming the case) here
         timings["load"] = time.perf_counter() - t0
-        keep_region = region if ctx.config.detector.lung_restriction else None
-        return {"case": loaded, "region": keep_region, "lungs": region, "reason": None, "timings": timings}
+        restrict = ctx.config.detector.lung_restriction
+        keep_region = region if restrict else None
+        lungs = region if restrict or region is None else region.unlimited()  # no restriction: nothing dropped
+        return {"case": loaded, "region": keep_region, "lungs": lungs, "reason": None, "timings": timings}
 
 
 class LoadStage(Stage):
@@ -182,7 +184,7 @@ class DetectStage(Stage):
             res = self._det.detect_loaded(
                 item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid, metadata=metadata
             )
-            # small-blob candidates are searched in the lungs the crop used (the case's lung mask when it has one)
+            # small-blob candidates are searched in the lungs the crop used; findings outside the case's lungs dropped
             res = self._det.postprocess(cache.read(case_id, mmap=True), res, region=item.get("lungs"))
             res = self._det.apply_operating_point(res)
         data = res.to_json()
