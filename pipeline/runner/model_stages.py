@@ -82,14 +82,15 @@ class _Loading:
     def __call__(self, ctx: CaseContext) -> dict[str, Any]:
         """``{"case": LoadedCase | None, "region": LungRegion | None, "lungs": LungRegion | None, "reason": str | None,
         "timings": {s}}``: ``region`` restricts findings (``detector.lung_restriction``), ``lungs`` is the region the
-        crop used (the case's lung mask, kept by the reconstruction or lungs stage, else the detector's quick mask)."""
+        crop and the small-blob search used (the detector's quick mask), limited to the case's lung mask (kept by the
+        reconstruction or lungs stage) when there is one and findings are restricted."""
         case_id = ctx.case.case_id
         timings: dict[str, float] = {}
         region = roi = None
         if self.crop:
             t0 = time.perf_counter()
             volume = CaseCache(ctx.cache_dir).read(case_id, mmap=True)  # the mask reads a coarse subsample only
-            # the case's lung mask (segmented once, before detection) when there is one; else the detector's quick one
+            # the detector's quick mask, limited to the case's lung mask (segmented once, before detection) if any
             case_mask = load_lung_mask(ctx.cache_dir, case_id, volume.shape)
             region, roi = self.det.lung_roi(volume, lung_mask=case_mask, margin_mm=self.margin_mm)
             timings["lung_mask"] = time.perf_counter() - t0
