@@ -22,6 +22,7 @@ from pipeline.detection.fp_reduction import (
     extract_patches,
     network_support,
     patch_logits,
+    sample_windowed,
     suppress_duplicates,
 )
 from pipeline.detection.lungs import quick_lung_mask
@@ -105,6 +106,37 @@ def test_patches_are_cut_along_l_p_s_whatever_the_array_orientation(direction: n
     mid = 7.5
     assert (l_ - mid, p_ - mid, s_ - mid) == pytest.approx((5.0, -3.0, 2.0), abs=0.6)
     assert patch.min() >= 0.0 and patch.max() <= 1.0
+
+
+_C, _S = np.cos(0.3), np.sin(0.3)
+
+
+@pytest.mark.parametrize(
+    "direction",
+    [
+        np.eye(3),
+        np.diag([-1.0, 1.0, -1.0]),
+        np.array([[0.0, 0, 1], [-1, 0, 0], [0, 1, 0]]),  # i along S, j along -L, k along P (a sagittal stack)
+        np.array([[_C, -_S, 0.0], [_S, _C, 0], [0, 0, 1]]),  # oblique: sampled point by point
+    ],
+)
+def test_patches_are_trilinear_samples_with_the_edge_repeated(direction: np.ndarray) -> None:
+    """Cubes cut on an axis-aligned grid axis by axis hold the trilinear samples of :func:`sample_windowed` (HU
+    windowed to 0..1), at centres inside, at the edge and outside the series, on 1-mm and 2.5-mm grids."""
+    vol = _lung_volume(direction, shape=(30, 41, 37), spacing=(0.7, 0.9, 1.6), seed=3)
+    vol.array[:] += np.linspace(-100.0, 1200.0, vol.array.size).reshape(vol.shape)  # a ramp: every axis matters
+    lo, hi = vol.geometry.bounds_lps()
+    rng = np.random.default_rng(5)
+    centres = np.concatenate([rng.uniform(lo - 12.0, hi + 12.0, size=(12, 3)), [lo, hi, (lo + hi) / 2]])
+    for spacing_mm, patch in ((1.0, 16), (2.5, 8)):
+        cubes = extract_patches(vol, centres, patch=patch, spacing_mm=spacing_mm)
+        ax = (np.arange(patch) - (patch - 1) / 2.0) * spacing_mm
+        zz, yy, xx = np.meshgrid(ax, ax, ax, indexing="ij")
+        offsets = np.stack([xx.ravel(), yy.ravel(), zz.ravel()], axis=1)  # L, P, S: cubes are [S, P, L]
+        for cube, centre in zip(cubes, centres):
+            expected = sample_windowed(vol, centre, offsets).reshape(patch, patch, patch)
+            np.testing.assert_allclose(cube, expected, atol=1e-6)
+        assert cubes.min() >= 0.0 and cubes.max() <= 1.0 and cubes.std() > 0.05
 
 
 def test_context_channel_sees_the_surroundings_on_the_same_centre(tmp_path: Path) -> None:

@@ -211,16 +211,48 @@ def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 2
     """Cubes around ``centers_lps`` (N, 3; LPS mm) as float32 ``(N, patch, patch, patch)`` in 0..1.
 
     Each cube is sampled (trilinear) on a grid of ``spacing_mm`` along L, P, S, stored ``[S, P, L]``;
-    HU are windowed to ``HU_WINDOW``. Outside the series the edge value is repeated.
+    HU are windowed to ``HU_WINDOW``. Outside the series the edge value is repeated. On a grid whose axes run along
+    L, P and S (in any order and sense) trilinear sampling on such a cube is three 1-D linear interpolations, one per
+    axis (:func:`_axis_weights`); an oblique grid is sampled point by point (:func:`sample_windowed`). Both give the
+    same values.
     """
     centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
     out = np.empty((len(centers), patch, patch, patch), dtype=np.float32)
     ax = (np.arange(patch) - (patch - 1) / 2.0) * spacing_mm
-    zz, yy, xx = np.meshgrid(ax, ax, ax, indexing="ij")
-    offsets = np.stack([xx.ravel(), yy.ravel(), zz.ravel()], axis=1)  # (P^3, 3) L, P, S
-    for n in range(len(centers)):
-        out[n] = sample_windowed(volume, centers[n], offsets).reshape(patch, patch, patch)
+    direction = np.asarray(volume.direction, dtype=np.float64)
+    if not np.all((np.abs(direction) < 1e-6) | (np.abs(direction) > 1.0 - 1e-6)):
+        zz, yy, xx = np.meshgrid(ax, ax, ax, indexing="ij")
+        offsets = np.stack([xx.ravel(), yy.ravel(), zz.ravel()], axis=1)  # (P^3, 3) L, P, S
+        for n in range(len(centers)):
+            out[n] = sample_windowed(volume, centers[n], offsets).reshape(patch, patch, patch)
+        return out
+    lps_axis = np.abs(direction).argmax(axis=0)  # the L/P/S axis (0, 1, 2) each index axis i, j, k runs along
+    step = direction[lps_axis, [0, 1, 2]] / np.asarray(volume.spacing, dtype=np.float64)  # index per mm along it
+    order = [int(np.flatnonzero(lps_axis[::-1] == q)[0]) for q in (2, 1, 0)]  # (k, j, i) axes to S, P, L
+    size_kji = volume.array.shape
+    lo_hu, hi_hu = HU_WINDOW
+    for n, centre in enumerate(volume.lps_to_index(centers).reshape(-1, 3)):
+        (ki, wk), (ji, wj), (ii, wi) = (_axis_weights(centre[a] + ax * step[a], size_kji[2 - a]) for a in (2, 1, 0))
+        crop = np.asarray(volume.array[ki : ki + wk.shape[1], ji : ji + wj.shape[1], ii : ii + wi.shape[1]], dtype=np.float32)
+        cube = np.tensordot(wk, np.tensordot(wj, crop @ wi.T, axes=([1], [1])), axes=([1], [1]))  # (a, b, c) of k, j, i
+        cube = cube.transpose(order)
+        out[n] = (np.clip(cube, lo_hu, hi_hu) - lo_hu) / (hi_hu - lo_hu)
     return out
+
+
+def _axis_weights(coords: np.ndarray, size: int) -> tuple[int, np.ndarray]:
+    """Linear interpolation at continuous indices ``coords`` (M,) along an axis of ``size`` voxels, outside it the
+    edge voxel: the first voxel used and the weights (M, W) on voxels ``first .. first + W - 1``."""
+    below = np.floor(coords)
+    frac = coords - below
+    i0 = np.clip(below.astype(int), 0, size - 1)
+    i1 = np.clip(below.astype(int) + 1, 0, size - 1)
+    first = int(min(i0.min(), i1.min()))
+    weights = np.zeros((len(coords), int(max(i0.max(), i1.max())) - first + 1), dtype=np.float32)
+    rows = np.arange(len(coords))
+    np.add.at(weights, (rows, i0 - first), 1.0 - frac)
+    np.add.at(weights, (rows, i1 - first), frac)
+    return first, weights
 
 
 def sample_windowed(volume: CTVolume, center_lps: np.ndarray, offsets_mm: np.ndarray) -> np.ndarray:
