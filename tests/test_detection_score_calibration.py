@@ -152,10 +152,10 @@ def test_real_thick_slice_chest_reports_fewer_findings_calibrated():
 def test_real_planning_chest_reports_its_two_lesions_first():
     """The real RT-planning chest (512 x 512 x 141, 0.98 x 0.98 x 2 mm, no annotations): at the demo model's operating
     point its two visible lesions, the 26 mm rounded lesion of the right upper lobe and the 13 mm round opacity of the
-    posterior right lower lobe (both on the patient's right: LPS x < 0), are the top two findings, and at most 7
-    findings are reported in all (measured: 7, the seventh a 4.5 mm pleural focus at 0.379 just above the operating
-    point 0.371; at the earlier operating point 0.385: 6; the model before the sub-voxel vessels and the context
-    channel: 16).
+    posterior right lower lobe (both on the patient's right: LPS x < 0), are the top two findings, and at most 6
+    findings are reported in all (measured: 6, the sixth a vessel seen end-on at 0.576; with the network in 256-voxel
+    tiles and their operating point 0.371 a 4.5 mm pleural focus at 0.379 was a seventh, below the whole-input
+    operating point 0.404; the model before the sub-voxel vessels and the context channel: 16).
 
     Limited to the reconstruction's segmented lungs, as the batch runner does, it reports the same findings: the
     network input stays the threshold mask's box (cropped to the segmented lungs' box, 3 voxels narrower, two vessels
@@ -173,7 +173,7 @@ def test_real_planning_chest_reports_its_two_lesions_first():
     ]
     lesions = np.array([[-86.1, 82.4, -9.2], [-43.5, 135.0, -90.4]])  # LPS mm, centres read on the images
     top = np.array([f.center_lps for f in found.findings[:2]])
-    assert len(found.findings) <= 7, [(round(f.score, 3), f.center_lps) for f in found.findings]
+    assert len(found.findings) <= 6, [(round(f.score, 3), f.center_lps) for f in found.findings]
     assert len(top) == 2
     dist = np.linalg.norm(top[:, None] - lesions[None], axis=2)
     assert sorted(dist.argmin(axis=1).tolist()) == [0, 1] and dist.min(axis=1).max() < 8.0, dist
