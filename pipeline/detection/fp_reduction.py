@@ -226,9 +226,10 @@ def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 2
         for n in range(len(centers)):
             out[n] = sample_windowed(volume, centers[n], offsets).reshape(patch, patch, patch)
         return out
-    lps_axis = np.abs(direction).argmax(axis=0)  # the L/P/S axis (0, 1, 2) each index axis i, j, k runs along
-    step = direction[lps_axis, [0, 1, 2]] / np.asarray(volume.spacing, dtype=np.float64)  # index per mm along it
-    order = [int(np.flatnonzero(lps_axis[::-1] == q)[0]) for q in (2, 1, 0)]  # (k, j, i) axes to S, P, L
+    geometry = volume.geometry
+    # index i, j, k per mm along the L, P or S axis each runs along; the array axes ([k, j, i]) along S, P, L
+    step = np.array([sign for _, sign in geometry.axis_map()]) / np.asarray(volume.spacing, dtype=np.float64)
+    order = [geometry.array_axis(q) for q in (2, 1, 0)]
     size_kji = volume.array.shape
     lo_hu, hi_hu = HU_WINDOW
     for n, centre in enumerate(volume.lps_to_index(centers).reshape(-1, 3)):
