@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scipy import ndimage
 
+from pipeline.detection import candidates as candidates_module
 from pipeline.detection.candidates import blob_candidates
 from pipeline.detection.fp_reduction import (
     FLIP_VIEWS,
@@ -92,6 +94,27 @@ def test_blob_candidates_stay_in_the_lungs_and_are_empty_without_blobs() -> None
     ijk = ph.volume.lps_to_index(found.centers_lps)
     assert region.near(ijk, 8.0).all()
     assert np.all(np.diff(found.response_hu) <= 0)  # strongest first
+
+
+@pytest.mark.parametrize("slabs", [2, 5])
+def test_blob_search_in_slabs_side_by_side_equals_one_pass(slabs: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    ph = generate_phantom(
+        4, matrix=96, pixel_spacing=2.0, slice_spacing=1.25, slices=48, n_nodules=3, nodule_diameter_mm=(4.0, 8.0)
+    )
+    region = quick_lung_mask(ph.volume)
+    monkeypatch.setattr(candidates_module, "cpu_workers", lambda: 1)
+    one = blob_candidates(ph.volume, region, max_candidates=60)
+    monkeypatch.setattr(candidates_module, "cpu_workers", lambda: slabs)
+    split = blob_candidates(ph.volume, region, max_candidates=60)
+    assert len(one) == 60
+    for field in ("centers_lps", "diameters_mm", "response_hu"):  # the same values, not close ones
+        assert np.array_equal(getattr(one, field), getattr(split, field)), field
+
+
+def test_local_maxima_are_those_of_scipys_maximum_filter() -> None:
+    values = np.random.default_rng(3).integers(0, 4, size=(7, 9, 11)).astype(np.float32)  # many ties, edges
+    expected = ndimage.maximum_filter(values, size=3, mode="nearest") == values
+    assert np.array_equal(candidates_module._local_maxima(values), expected)
 
 
 @pytest.mark.parametrize("direction", [np.eye(3), np.diag([-1.0, -1.0, -1.0]), np.array([[0.0, 1, 0], [1, 0, 0], [0, 0, 1]])])

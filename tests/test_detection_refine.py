@@ -6,9 +6,10 @@ import time
 
 import numpy as np
 import pytest
+from scipy import ndimage
 
 from pipeline.detection.findings import Finding, Findings
-from pipeline.detection.refine import Refinement, refine_centres, refine_findings, rescore_compact
+from pipeline.detection.refine import Refinement, _ball, _open, refine_centres, refine_findings, rescore_compact
 from pipeline.errors import ConfigError
 from pipeline.phantom import generate_phantom
 from pipeline.volume import CTVolume, Geometry
@@ -173,3 +174,12 @@ def test_sphere_is_compact_and_a_tube_is_not() -> None:
         res.append(refine_centres(vol, np.array([[20.5, 19.5, 20.5]]), np.array([8.0]), window_factor=2.5))
     assert res[0].refined[0] and res[0].elongation[0] < 1.3
     assert res[1].refined[0] and res[1].elongation[0] > 2.5
+
+
+@pytest.mark.parametrize("radius_vox", [(0.5, 1.6, 1.6), (1.0, 1.4, 1.4), (2.4, 3.3, 2.0)])
+def test_opening_equals_scipys_binary_opening(radius_vox: tuple[float, float, float]) -> None:
+    rng = np.random.default_rng(5)
+    ball = _ball(np.array(radius_vox))
+    for shape in [(9, 31, 27), (17, 21, 21)]:  # blobs reaching the window's edge included
+        mask = ndimage.gaussian_filter(rng.random(shape), 1.5) > 0.5
+        assert np.array_equal(_open(mask, ball), ndimage.binary_opening(mask, structure=ball))

@@ -16,7 +16,9 @@ is in HU, comparable across scales. At each local maximum in the lungs (a
 similar curvatures) from a vessel (one near zero) or a wall (two near zero): the response
 is weighted by the smallest over the largest curvature. The strongest maxima, at least
 ``min_distance_mm`` apart, are the candidates. Grids finer than about 1 mm are searched
-every second (third...) voxel along those axes.
+every second (third...) voxel along those axes. The filters run on slabs of slices side by
+side (:mod:`.parallel`), each slab reading enough slices beyond its ends that the result is
+the same as in one pass.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from scipy.spatial import cKDTree
 
 from ..volume import CTVolume
 from .lungs import LungRegion
+from .parallel import cpu_workers, run_all
 
 log = logging.getLogger(__name__)
 
 HU_CLIP = (-1000.0, 200.0)
+GAUSS_TRUNCATE = 4.0  # Gaussian kernels reach this many sigma (SciPy's default)
 
 
 @dataclass(frozen=True)
@@ -57,15 +61,62 @@ def _laplacian_mm(smoothed: np.ndarray, spacing_kji: np.ndarray) -> np.ndarray:
     f = smoothed
     out = np.zeros_like(f)
     inner = (slice(1, -1),) * 3
-    c = f[inner]
+    twice_c = 2.0 * f[inner]
     for axis in range(3):
         lo = tuple(slice(0, -2) if a == axis else slice(1, -1) for a in range(3))
         hi = tuple(slice(2, None) if a == axis else slice(1, -1) for a in range(3))
-        d2 = f[lo] + f[hi]
-        d2 -= 2.0 * c
+        d2 = np.add(f[lo], f[hi])
+        d2 -= twice_c
         d2 *= np.float32(1.0 / float(spacing_kji[axis]) ** 2)
         out[inner] += d2
     return out
+
+
+def _fill_rows(
+    arr: np.ndarray,
+    radii_mm: tuple[float, ...],
+    spacing_kji: np.ndarray,
+    rows: tuple[int, int],
+    smoothed_out: list[np.ndarray],
+    best_out: np.ndarray,
+    scale_out: np.ndarray,
+) -> None:
+    """Rows ``rows[0] <= k < rows[1]`` of the outputs: ``arr`` smoothed at each scale (Gaussian, sigma ``r / sqrt(3)``
+    mm), the strongest scale-normalised response ``-sigma^2 * Laplacian`` (HU) and the index of its scale (a tie
+    keeps the smaller). Enough rows beyond each end are read (the Gaussian's reach plus one) that the values equal
+    those of the whole array."""
+    first, stop = rows
+    for n, r in enumerate(radii_mm):
+        sigma_mm = r / np.sqrt(3.0)
+        sigma_vox = sigma_mm / spacing_kji
+        halo = int(GAUSS_TRUNCATE * float(sigma_vox[0]) + 0.5) + 1
+        lo, hi = max(first - halo, 0), min(stop + halo, arr.shape[0])
+        smoothed = ndimage.gaussian_filter(arr[lo:hi], sigma_vox, mode="nearest", truncate=GAUSS_TRUNCATE)
+        resp = _laplacian_mm(smoothed, spacing_kji)[first - lo : stop - lo]
+        resp *= np.float32(-(sigma_mm**2))
+        smoothed_out[n][first:stop] = smoothed[first - lo : stop - lo]
+        if n == 0:
+            best_out[first:stop] = resp
+            continue
+        better = np.greater(resp, best_out[first:stop])
+        np.copyto(best_out[first:stop], resp, where=better)
+        np.copyto(scale_out[first:stop], np.uint8(n), where=better)
+
+
+def _local_maxima(values: np.ndarray) -> np.ndarray:
+    """True where ``values`` equals the maximum of its 3 x 3 x 3 neighbourhood (at the edge, of the voxels there):
+    ``ndimage.maximum_filter(values, size=3, mode="nearest") == values``, as shifted maxima along each axis."""
+    top = values.copy()
+    for axis in range(3):
+        n = top.shape[axis]
+        if n < 2:
+            continue
+        head = tuple(slice(0, n - 1) if a == axis else slice(None) for a in range(3))
+        tail = tuple(slice(1, n) if a == axis else slice(None) for a in range(3))
+        prev = top.copy()
+        np.maximum(top[tail], prev[head], out=top[tail])
+        np.maximum(top[head], prev[tail], out=top[head])
+    return np.equal(values, top)
 
 
 def blob_candidates(
@@ -99,19 +150,17 @@ def blob_candidates(
         return empty
     np.clip(arr, *HU_CLIP, out=arr)
     spacing_kji = (np.asarray(volume.spacing, dtype=np.float64) * step)[::-1]
-    best = np.full(arr.shape, -np.inf, dtype=np.float32)
+    # filtered in slabs of rows side by side (:mod:`.parallel`)
+    smoothed_by_scale = [np.empty_like(arr) for _ in radii_mm]
+    best = np.empty_like(arr)
     scale = np.zeros(arr.shape, dtype=np.uint8)
-    smoothed_by_scale = []
-    for n, r in enumerate(radii_mm):
-        sigma_mm = r / np.sqrt(3.0)
-        smoothed = ndimage.gaussian_filter(arr, sigma_mm / spacing_kji, mode="nearest")
-        smoothed_by_scale.append(smoothed)
-        resp = _laplacian_mm(smoothed, spacing_kji)
-        resp *= np.float32(-(sigma_mm**2))
-        better = np.greater(resp, best)
-        np.copyto(best, resp, where=better)
-        scale[better] = n
-    peaks = (best == ndimage.maximum_filter(best, size=3, mode="nearest")) & (best >= min_response_hu)
+    cuts = np.linspace(0, arr.shape[0], min(cpu_workers(), arr.shape[0]) + 1).astype(int)
+    run_all(
+        lambda rows: _fill_rows(arr, radii_mm, spacing_kji, rows, smoothed_by_scale, best, scale),
+        [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])],
+        workers=len(cuts) - 1,
+    )
+    peaks = _local_maxima(best) & (best >= min_response_hu)
     kji = np.argwhere(peaks)
     if len(kji) == 0:
         return empty

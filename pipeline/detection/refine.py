@@ -81,6 +81,29 @@ def _ball(radius_vox: np.ndarray) -> np.ndarray:
     return (kk / r[0]) ** 2 + (jj / r[1]) ** 2 + (ii / r[2]) ** 2 <= 1.0
 
 
+def _open(mask: np.ndarray, ball: np.ndarray) -> np.ndarray:
+    """Morphological opening of ``mask`` by the symmetric structuring element ``ball`` (odd sides), outside the
+    window counted as background: ``ndimage.binary_opening(mask, structure=ball)``, as AND then OR of shifted copies
+    (several times faster on a candidate's small window)."""
+    half = np.asarray(ball.shape) // 2
+    offsets = np.argwhere(ball) - half
+    inner = tuple(slice(int(h), int(h) + n) for h, n in zip(half, mask.shape))
+    padded = np.zeros(tuple(np.asarray(mask.shape) + 2 * half), dtype=bool)
+
+    def shifted(d: np.ndarray) -> tuple[slice, ...]:
+        return tuple(slice(int(h + e), int(h + e) + n) for h, e, n in zip(half, d, mask.shape))
+
+    padded[inner] = mask
+    eroded = np.ones(mask.shape, dtype=bool)
+    for d in offsets:
+        eroded &= padded[shifted(d)]
+    padded[inner] = eroded
+    opened = np.zeros(mask.shape, dtype=bool)
+    for d in offsets:  # the element is symmetric: dilation by its reflection is dilation by itself
+        opened |= padded[shifted(d)]
+    return opened
+
+
 def _blob_nearest(mask: np.ndarray, centre_kji: np.ndarray, spacing_kji: np.ndarray) -> np.ndarray | None:
     """Boolean mask of the 26-connected component of ``mask`` nearest ``centre_kji`` (None if empty)."""
     labels, n = ndimage.label(mask, structure=_STRUCT26)
@@ -162,7 +185,7 @@ def refine_centres(
             fg &= win <= peak + bright_cap * (peak - bg)
         blob = _blob_nearest(fg, rel, spacing_kji)
         if blob is not None and _touches_border(blob):
-            opened = ndimage.binary_opening(fg, structure=_ball(0.5 * radius / spacing_kji))
+            opened = _open(fg, _ball(0.5 * radius / spacing_kji))
             blob = _blob_nearest(opened, rel, spacing_kji)
             if blob is not None and _touches_border(blob):
                 blob = None
