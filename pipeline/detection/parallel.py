@@ -1,7 +1,8 @@
-"""Threads for the detector's CPU post-processing (blob search, centre refinement).
+"""Threads for the detector's CPU post-processing (the small-blob search of :mod:`.candidates`).
 
 SciPy's filters and NumPy's arithmetic on large arrays release the GIL, so independent pieces of work (slabs of a
-volume, windows around candidates) run side by side in threads of one process. The number of threads is torch's
+volume) run side by side in threads of one process; work that is mostly Python (one small window per candidate)
+does not gain from threads and stays on one. The number of threads is torch's
 intra-op thread count (``torch.set_num_threads``): the share of the cores this process was given (the batch runner
 gives each worker process its share), so post-processing never uses more cores than the network does.
 """
