@@ -8,7 +8,7 @@ import torch
 
 from pipeline.detection import precision
 from pipeline.detection.infer import Detector
-from pipeline.detection.precision import autocast_dtype, native_bf16_in, precision_name
+from pipeline.detection.precision import autocast_dtype, conv_layout, native_bf16_in, precision_name
 
 
 def test_cpuinfo_flags_decide_bf16():
@@ -27,6 +27,11 @@ def test_autocast_dtype_by_device(monkeypatch):
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     assert autocast_dtype(torch.device("cpu"), True) is None
     assert [precision_name(d) for d in (None, torch.float16, torch.bfloat16)] == ["float32", "float16", "bfloat16"]
+
+
+def test_convolutions_run_channels_last_on_a_cpu_only():
+    assert conv_layout(torch.device("cpu")) == torch.channels_last_3d
+    assert conv_layout(torch.device("cuda")) == torch.contiguous_format
 
 
 @pytest.mark.slow

@@ -41,6 +41,7 @@ from ..volume import CTVolume, float3, int3
 from .candidates import blob_candidates
 from .findings import Finding, Findings, box_extents, slice_fields
 from .lungs import LungRegion
+from .precision import conv_layout
 from .refine import refine_findings
 
 log = logging.getLogger(__name__)
@@ -231,11 +232,11 @@ def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 2
     step = np.array([sign for _, sign in geometry.axis_map()]) / np.asarray(volume.spacing, dtype=np.float64)
     order = [geometry.array_axis(q) for q in (2, 1, 0)]
     size_kji = volume.array.shape
-    centres = volume.lps_to_index(centers).reshape(-1, 3)
+    ijk = volume.lps_to_index(centers).reshape(-1, 3)
     # per array axis (k, j, i): each cube's first voxel (N,), width (N,) and weights (N, P, widest)
-    axes = [_axis_weights(centres[:, a, None] + ax[None, :] * step[a], size_kji[2 - a]) for a in (2, 1, 0)]
+    axes = [_axis_weights(ijk[:, a, None] + ax[None, :] * step[a], size_kji[2 - a]) for a in (2, 1, 0)]
     lo_hu, hi_hu = HU_WINDOW
-    for n in range(len(centres)):
+    for n in range(len(ijk)):
         (fk, nk, wk), (fj, nj, wj), (fi, ni, wi) = ((int(f[n]), int(w[n]), wt[n, :, : w[n]]) for f, w, wt in axes)
         crop = np.asarray(volume.array[fk : fk + nk, fj : fj + nj, fi : fi + ni], dtype=np.float32)
         cube = np.tensordot(wk, np.tensordot(wj, crop @ wi.T, axes=([1], [1])), axes=([1], [1]))  # (a, b, c) of k, j, i
@@ -368,10 +369,8 @@ class FPReducer:
                 where=config.weights,
                 fix="retrain them with scripts/train_fp_reducer.py",
             ) from exc
-        net = net.to(self.device).eval()
-        #: oneDNN's 3-D convolutions on a CPU run faster channels-last (the same logits)
-        self._channels_last = self.device.type == "cpu"
-        self.network = net.to(memory_format=torch.channels_last_3d) if self._channels_last else net
+        self._layout = conv_layout(self.device)
+        self.network = net.to(self.device).to(memory_format=self._layout).eval()
 
     @torch.no_grad()
     def probabilities(self, volume: CTVolume, centers_lps: np.ndarray, *, batch: int = 64) -> np.ndarray:
@@ -380,9 +379,9 @@ class FPReducer:
         centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
         probs = np.zeros(len(centers))
         for a in range(0, len(centers), batch):
-            x = torch.from_numpy(classifier_input(volume, centers[a : a + batch], cfg)).to(self.device)
-            if self._channels_last:
-                x = x.contiguous(memory_format=torch.channels_last_3d)
+            x = torch.from_numpy(classifier_input(volume, centers[a : a + batch], cfg)).to(
+                self.device, memory_format=self._layout
+            )
             with torch.autocast(self.device.type, dtype=self._autocast, enabled=self._autocast is not None):
                 logits = patch_logits(self.network, x, views=cfg.flip_views, min_probability=cfg.flip_min_probability)
             probs[a : a + batch] = torch.sigmoid(logits).cpu().numpy()

@@ -40,7 +40,7 @@ from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
 from .network import build_detector
 from .operating_point import resolve_threshold
-from .precision import autocast_dtype, precision_name
+from .precision import autocast_dtype, conv_layout, precision_name
 from .refine import refine_findings
 from .score_calibration import ScoreCalibration, model_score_calibration
 
@@ -117,9 +117,10 @@ class Detector:
         #: The loader settings this model needs (MONAI's RetinaNetDetector pads to the network's divisibility itself).
         self.spec: PreprocessSpec = self.config.preprocess_spec(size_divisible=(1, 1, 1))
         net = self.model.network
-        if self.device.type == "cpu" and isinstance(net, torch.nn.Module) and not isinstance(net, torch.jit.ScriptModule):
-            # oneDNN's 3-D convolutions run ~25 % faster channels-last; a copy leaves the caller's network as it is
-            net = copy.deepcopy(net).to(memory_format=torch.channels_last_3d)
+        layout = conv_layout(self.device)
+        if layout == torch.channels_last_3d and isinstance(net, torch.nn.Module) and not isinstance(net, torch.jit.ScriptModule):
+            # a copy leaves the caller's network as it is
+            net = copy.deepcopy(net).to(memory_format=layout)
             self._channels_last = True
         else:
             self._channels_last = False
