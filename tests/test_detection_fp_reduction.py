@@ -111,6 +111,15 @@ def test_blob_search_in_slabs_side_by_side_equals_one_pass(slabs: int, monkeypat
         assert np.array_equal(getattr(one, field), getattr(split, field)), field
 
 
+def test_laplacian_of_a_few_rows_equals_those_rows_of_the_whole() -> None:
+    smoothed = np.random.default_rng(4).normal(0.0, 100.0, size=(11, 8, 9)).astype(np.float32)
+    spacing_kji = np.array([2.5, 0.7, 0.8])
+    whole = candidates_module._laplacian_mm(smoothed, spacing_kji)
+    assert not whole[0].any() and not whole[-1].any() and whole[1:-1, 1:-1, 1:-1].all()
+    pieces = [candidates_module._laplacian_mm(smoothed, spacing_kji, rows) for rows in ((0, 1), (1, 4), (4, 5), (5, 11))]
+    assert np.array_equal(np.concatenate(pieces), whole)  # the same values, not close ones
+
+
 def test_local_maxima_are_those_of_scipys_maximum_filter() -> None:
     values = np.random.default_rng(3).integers(0, 4, size=(7, 9, 11)).astype(np.float32)  # many ties, edges
     expected = ndimage.maximum_filter(values, size=3, mode="nearest") == values

@@ -176,7 +176,7 @@ def test_sphere_is_compact_and_a_tube_is_not() -> None:
     assert res[1].refined[0] and res[1].elongation[0] > 2.5
 
 
-@pytest.mark.parametrize("radius_vox", [(0.5, 1.6, 1.6), (1.0, 1.4, 1.4), (2.4, 3.3, 2.0)])
+@pytest.mark.parametrize("radius_vox", [(0.5, 1.6, 1.6), (1.0, 1.4, 1.4), (2.4, 3.3, 2.0), (3.0, 4.2, 4.6)])
 def test_opening_equals_scipys_binary_opening(radius_vox: tuple[float, float, float]) -> None:
     rng = np.random.default_rng(5)
     ball = _ball(np.array(radius_vox))

@@ -39,6 +39,7 @@ order within each group unchanged. Its defaults were chosen on training phantoms
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -83,25 +84,45 @@ def _ball(radius_vox: np.ndarray) -> np.ndarray:
 
 def _open(mask: np.ndarray, ball: np.ndarray) -> np.ndarray:
     """Morphological opening of ``mask`` by the symmetric structuring element ``ball`` (odd sides), outside the
-    window counted as background: ``ndimage.binary_opening(mask, structure=ball)``, as AND then OR of shifted copies
-    (several times faster on a candidate's small window)."""
+    window counted as background: ``ndimage.binary_opening(mask, structure=ball)``.
+
+    The element is taken row by row: each of its rows along the last axis is a run of ``2w + 1`` voxels centred on
+    the row (a ball's are), so the erosion is the AND, over the rows' offsets, of the mask eroded along that axis by
+    a run of the row's width (:func:`_runs`), and the dilation likewise with OR. Several times faster than SciPy's
+    on a candidate's small window."""
     half = np.asarray(ball.shape) // 2
-    offsets = np.argwhere(ball) - half
     inner = tuple(slice(int(h), int(h) + n) for h, n in zip(half, mask.shape))
     padded = np.zeros(tuple(np.asarray(mask.shape) + 2 * half), dtype=bool)
+    widths = ball.sum(axis=2) // 2  # (k, j): each row's half-width; rows with no voxel are left out below
+    rows = [(int(k), int(j), int(widths[k, j])) for k, j in np.argwhere(ball.any(axis=2))]
+    widest = max(w for _, _, w in rows)
 
-    def shifted(d: np.ndarray) -> tuple[slice, ...]:
-        return tuple(slice(int(h + e), int(h + e) + n) for h, e, n in zip(half, d, mask.shape))
+    def combine(source: np.ndarray, start: np.ndarray, op: Callable[..., np.ndarray]) -> np.ndarray:
+        runs = _runs(source, widest, op)
+        for k, j, w in rows:  # the row at offset (k - half[0], j - half[1])
+            op(start, runs[w][k : k + mask.shape[0], j : j + mask.shape[1], inner[2]], out=start)
+        return start
 
     padded[inner] = mask
-    eroded = np.ones(mask.shape, dtype=bool)
-    for d in offsets:
-        eroded &= padded[shifted(d)]
+    eroded = combine(padded, np.ones(mask.shape, dtype=bool), np.logical_and)
     padded[inner] = eroded
-    opened = np.zeros(mask.shape, dtype=bool)
-    for d in offsets:  # the element is symmetric: dilation by its reflection is dilation by itself
-        opened |= padded[shifted(d)]
-    return opened
+    return combine(padded, np.zeros(mask.shape, dtype=bool), np.logical_or)  # the element is symmetric
+
+
+def _runs(x: np.ndarray, widest: int, op: Callable[..., np.ndarray]) -> list[np.ndarray]:
+    """``runs[w][..., i] = op`` over ``x[..., i - w : i + w + 1]`` (``op``: AND for erosion, OR for dilation) for
+    ``w = 0 .. widest``, where the run lies inside ``x`` along its last axis (the rest is not used)."""
+    runs = [x]
+    for w in range(1, widest + 1):
+        prev = runs[w - 1]  # from w = 2, run w is two runs of w - 1 one voxel either side (they overlap)
+        nxt = prev.copy()
+        if w == 1:
+            op(x[..., :-1], x[..., 1:], out=nxt[..., 1:])  # x[i-1] op x[i] ...
+            op(nxt[..., 1:-1], x[..., 2:], out=nxt[..., 1:-1])  # ... op x[i+1]
+        else:
+            op(prev[..., :-2], prev[..., 2:], out=nxt[..., 1:-1])
+        runs.append(nxt)
+    return runs
 
 
 def _blob_nearest(mask: np.ndarray, centre_kji: np.ndarray, spacing_kji: np.ndarray) -> np.ndarray | None:
