@@ -9,7 +9,7 @@ import torch
 from pipeline.detection.bundle import LoadedModel, load_bundle
 from pipeline.detection.infer import Detector
 from pipeline.detection.model_config import FORMAT, model_config_from_dict
-from pipeline.detection.network import build_network
+from pipeline.detection.network import box_iou_float32, build_detector, build_network
 from pipeline.detection.reference import monai_detect, monai_preprocess
 from pipeline.load import preprocess_volume
 from tests._support.detection import SMALL_ARCH, bundle_state_dict, chest_volume, small_model, write_bundle
@@ -92,6 +92,24 @@ def test_sliding_window_parity_with_monai(tmp_path):
     assert ours.sliding_window
     ref = monai_detect(model, volume=vol)
     _assert_same(ours, ref, model.config.spacing)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_detector_iou_equals_monais_and_keeps_the_same_boxes(seed, tmp_path):
+    from monai.data.box_utils import box_iou, non_max_suppression
+
+    g = torch.Generator().manual_seed(seed)
+    lower = torch.rand(1500, 3, generator=g) * 120.0
+    boxes = torch.cat([lower, lower + torch.rand(1500, 3, generator=g) * 15.0 + 0.5], dim=1)
+    for i in range(0, 1500, 150):  # values that round
+        assert torch.equal(box_iou_float32(boxes, boxes[i : i + 1]), box_iou(boxes, boxes[i : i + 1]))
+    boxes = (boxes * 4).round() / 4  # shared edges and equal boxes
+    scores = (torch.rand(1500, generator=g) * 20).round() / 20  # tied scores
+    kept = non_max_suppression(boxes, scores, 0.22, 300, box_overlap_metric=box_iou_float32)
+    assert 50 < len(kept) and torch.equal(kept, non_max_suppression(boxes, scores, 0.22, 300))
+    model = small_model(tmp_path)
+    assert Detector(model=model, device="cpu")._detector.box_selector.box_overlap_metric is box_iou_float32
+    assert build_detector(model.network, model.config.anchors, model.config.selector).box_selector.box_overlap_metric is box_iou
 
 
 def test_bundle_state_dict_keys_match_real_bundle_layout():

@@ -38,7 +38,7 @@ from .bundle import LoadedModel, load_model
 from .findings import Finding, Findings, slice_fields, slice_number_source
 from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
-from .network import build_detector
+from .network import box_iou_float32, build_detector
 from .operating_point import resolve_threshold
 from .precision import autocast_dtype, conv_layout, precision_name
 from .refine import refine_findings
@@ -129,6 +129,8 @@ class Detector:
             net, self.config.anchors, self.config.selector, sliding_window=self.config.sliding_window, device=self.device
         )
         self._detector.eval()
+        # MONAI's IoU without its per-call checks: the same values, so the same boxes kept (MONAI's peer keeps its own)
+        self._detector.box_selector.box_overlap_metric = box_iou_float32
         log.info(
             "detector %s on %s (%s); findings reported at score >= %s (%s)",
             self.config.name,
