@@ -313,6 +313,7 @@ def evaluate_heldout(
     post = Detector(model=model, device="cpu", amp=amp, all_candidates=True)  # the default post-processing of det's findings
     log.info("evaluating in %s%s", det.precision, " with false-positive reduction" if post.fp_reduction else "")
     preds, pipeline, refined, truth = {}, {}, {}, {}
+    kinds: dict[str, list[tuple[np.ndarray, str, str]]] = {}  # each nodule's centre (LPS mm), kind, attachment
     for seed in seeds:
         ph = heldout_phantom(seed)
         case = out / f"phantom_{seed:03d}"
@@ -327,6 +328,7 @@ def evaluate_heldout(
         if refine:
             refined[sid] = refine_findings(ph.volume, found)
         truth[sid] = [(n.center_lps, n.diameter_mm) for n in ph.nodules]
+        kinds[sid] = [(np.asarray(n.center_lps), n.kind, n.attached_to or "isolated") for n in ph.nodules]
         log.info(
             "held-out phantom %d: %d nodules %s, %d findings (top scores %s), %.1fs",
             seed,
@@ -350,16 +352,32 @@ def evaluate_heldout(
             + " ".join(f"{v:.3f}" for v in step.sensitivity)
             + f"  CPM {step.cpm:.3f}"
         )
-        _print_by_size(result)
+        _print_by_size(result, kinds)
     return 0
 
 
-def _print_by_size(result) -> None:
+def _print_by_size(result, kinds: dict[str, list[tuple[np.ndarray, str, str]]]) -> None:
+    """Nodules found at <= 8 FPs/scan by size; those under 10 mm also by kind and by what they touch (``kinds``: per
+    scan, each nodule's centre LPS mm, kind and attachment); the nodules no candidate hit."""
     thr = result.thresholds[result.fp_rates.index(8.0)][0]  # lowest score with at most 8 FPs/scan
+
+    def found(p: dict) -> bool:
+        return p["best_score"] is not None and p["best_score"] >= thr
+
     for lo, hi in ((3, 6), (6, 10), (10, 20), (20, 31)):
         sel = [p for p in result.per_nodule if lo <= p["diameter_mm"] < hi]
-        hit = [p for p in sel if p["best_score"] is not None and p["best_score"] >= thr]
-        print(f"nodules {lo}-{hi} mm: {len(hit)}/{len(sel)} found at <= 8 FPs/scan")
+        print(f"nodules {lo}-{hi} mm: {sum(map(found, sel))}/{len(sel)} found at <= 8 FPs/scan")
+    small = []
+    for p in result.per_nodule:
+        if p["diameter_mm"] < 10:
+            near = min(kinds[p["scan"]], key=lambda k: float(np.linalg.norm(k[0] - np.asarray(p["center_lps"]))))
+            small.append((found(p), near[1], near[2]))
+    for what, col in (("kind", 1), ("attached to", 2)):
+        groups = sorted({s[col] for s in small})
+        counts = ", ".join(
+            f"{g} {sum(s[0] for s in small if s[col] == g)}/{sum(1 for s in small if s[col] == g)}" for g in groups
+        )
+        print(f"nodules under 10 mm by {what}: {counts}")
     missed = [p for p in result.per_nodule if p["best_score"] is None]
     print(f"missed nodules: {[(p['scan'][-6:], round(p['diameter_mm'], 1)) for p in missed]}")
 
