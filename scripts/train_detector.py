@@ -65,7 +65,9 @@ WINDOW = Window(-1024.0, 300.0, 0.0, 1.0, True)
 # anchor shapes in voxels of SPACING at the finest level; levels scale them by 1, 2, 4
 ANCHORS = {"feature_map_scales": [1, 2, 4], "base_anchor_shapes": [[4, 4, 3], [6, 6, 5], [10, 10, 8]]}
 SELECTOR = {"score_thresh": 0.02, "topk_candidates_per_level": 1000, "nms_thresh": 0.22, "detections_per_img": 300}
-SLIDING = {"roi_size": [256, 256, 256], "overlap": 0.25, "mode": "constant"}
+# the network sees the lungs' whole box at once where it fits (448 voxels per axis at SPACING; larger inputs are
+# tiled): the operating point is calibrated, and the held-out figures measured, that way
+SLIDING = {"roi_size": [448, 448, 448], "overlap": 0.25, "mode": "constant"}
 PATCH = [64, 64, 48]
 CACHE_MARGIN = 24  # voxels kept around the lungs in the cached training inputs
 VESSEL_NEGATIVES = 0.5  # share of the negative patches centred on a lung vessel point
