@@ -8,24 +8,12 @@ import json
 
 import torch
 
-from pipeline.detection.bundle import DEMO_MODEL_JSON
+from pipeline.detection.model_config import DEMO_MODEL_JSON, MODEL_KEYS
 from pipeline.detection.network import build_network
 from tests._support.scripts import import_script
 
-INFERENCE_KEYS = (
-    "spacing_mm_ras",
-    "intensity_window",
-    "network",
-    "anchors",
-    "box_selector",
-    "sliding_window",
-    "size_divisible",
-    "lung_crop_margin_mm",
-    "lung_filter_margin_mm",
-)
 
-
-def test_the_trainer_writes_the_shipped_models_inference_settings(tmp_path) -> None:
+def test_the_trainer_writes_the_shipped_models_settings(tmp_path) -> None:
     trainer = import_script("train_detector")
     shipped = json.loads(DEMO_MODEL_JSON.read_text())
     torch.manual_seed(0)
@@ -33,8 +21,9 @@ def test_the_trainer_writes_the_shipped_models_inference_settings(tmp_path) -> N
     args = argparse.Namespace(
         init=None, seed0=1000, n_train=80, torch_seed=7, batch=4, accum=1, lr=5e-4, steps=600, warmup=20, threads=1
     )
-    out = tmp_path / "model.json"
+    out = tmp_path / DEMO_MODEL_JSON.name
     trainer.write_model(net, out, args, {"step": 600, "loss": 0.3, "precision": "float32"})
     written = json.loads(out.read_text())
-    for key in INFERENCE_KEYS:
+    assert MODEL_KEYS <= set(shipped)
+    for key in sorted(MODEL_KEYS):
         assert written[key] == shipped[key], f"{key}: the trainer writes {written[key]}, the shipped model has {shipped[key]}"

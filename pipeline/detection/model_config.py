@@ -27,6 +27,25 @@ log = logging.getLogger(__name__)
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 DEMO_MODEL_JSON = WEIGHTS_DIR / "demo_phantom_retinanet.json"
 FORMAT = "ctpipe-detector/1"
+#: The keys of a model JSON that :func:`model_config_from_dict` reads into a :class:`ModelConfig`; the others
+#: (training record, ``fp_reduction``, ``operating_point``...) are kept as its ``extra``.
+MODEL_KEYS = frozenset(
+    {
+        "format",
+        "name",
+        "description",
+        "spacing_mm_ras",
+        "intensity_window",
+        "network",
+        "anchors",
+        "box_selector",
+        "sliding_window",
+        "size_divisible",
+        "lung_crop_margin_mm",
+        "lung_filter_margin_mm",
+        "weights",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -123,21 +142,6 @@ def model_config_from_dict(data: Mapping[str, Any], *, where: Path, weights_dir:
         )
     weights_name = data.get("weights")
     weights = (weights_dir or where.parent) / weights_name if weights_name else None
-    known = {
-        "format",
-        "name",
-        "description",
-        "spacing_mm_ras",
-        "intensity_window",
-        "network",
-        "anchors",
-        "box_selector",
-        "sliding_window",
-        "size_divisible",
-        "lung_crop_margin_mm",
-        "lung_filter_margin_mm",
-        "weights",
-    }
     return ModelConfig(
         name=str(data.get("name", where.stem)),
         spacing=(spacing[0], spacing[1], spacing[2]),
@@ -152,7 +156,7 @@ def model_config_from_dict(data: Mapping[str, Any], *, where: Path, weights_dir:
         lung_crop_margin_mm=float(data.get("lung_crop_margin_mm", 10.0)),
         lung_filter_margin_mm=float(data.get("lung_filter_margin_mm", 8.0)),
         description=str(data.get("description", "")),
-        extra={k: v for k, v in data.items() if k not in known},
+        extra={k: v for k, v in data.items() if k not in MODEL_KEYS},
     )
 
 
