@@ -16,10 +16,11 @@ testing only, not for clinical use.
    (``--patch`` voxels of 1 mm, axes L, P, S, and with ``--context-spacing`` a second, wider cube as a
    second channel) are cached per phantom in ``--work``, as are the validation phantoms' candidates.
    With ``--anatomy-negatives N``, each training phantom also gives up to N negatives taken from its own
-   anatomy rather than from the detector (:func:`anatomy_negatives`: vessel bifurcations, cross-sections of
-   every calibre, vessels at the pleura, mediastinum and spine, pleura beside the spine and ribs), so the
-   classifier sees every kind of vessel point, not only those the detector happens to propose;
-   ``--anatomy-share`` of each batch's other negatives is drawn from them.
+   anatomy rather than from the detector (``scripts/fpr_anatomy.py`` :func:`anatomy_negatives`: vessel
+   bifurcations, cross-sections of every calibre, vessels at the pleura, mediastinum and spine, pleura beside
+   the spine and ribs), so the classifier sees every kind of vessel point, not only those the detector happens
+   to propose; ``--anatomy-share`` of each batch's other negatives is drawn from them. The patches and their
+   caches: ``scripts/fpr_cache.py``.
 2. Training (from ``--init`` weights or from scratch): balanced batches, random flips and in-plane
    transposes, AdamW, cosine schedule, BCE; optionally (``--hard-negatives F``) a fraction F of each
    batch's negatives drawn, after mining at 1/2 and 3/4 of training, in proportion to the network's
@@ -33,9 +34,9 @@ testing only, not for clinical use.
    are merged (``box_merge``: on a tie, since CPM does not count duplicate findings; they are logged) and whether
    small-blob candidates are combined with the network's support for them (``blob_support``,
    :func:`pipeline.detection.fp_reduction.network_support`); settings within one nodule's share of the best CPM
-   count as tied, and among them the detector weight nearest 0.5 wins (:func:`choose_setting`); the model JSON's
-   ``fp_reduction`` entry records them with the training settings. ``--validate-only`` redoes this choice for the
-   weights a model JSON already names.
+   count as tied, and among them the detector weight nearest 0.5 wins (``scripts/fpr_validation.py``
+   :func:`choose_setting`); the model JSON's ``fp_reduction`` entry records them with the training settings.
+   ``--validate-only`` redoes this choice for the weights a model JSON already names.
 4. Operating point: the lowest score with at most ``--op-fps`` false positives per scan on the validation
    phantoms (LUNA16 counting, :func:`pipeline.detection.operating_point.calibrate`) becomes the model's
    default score threshold: the model JSON's ``operating_point`` entry, with the sensitivity there, the
@@ -54,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import json
 import logging
 import math
@@ -62,18 +62,25 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import calibrate_operating_point
 import numpy as np
 import torch
-from scipy import ndimage
-from skimage.morphology import skeletonize
-from train_detector import HELDOUT_SEEDS, SCENARIO_SEEDS, training_phantom
+from fpr_anatomy import ANATOMY_KINDS
+from fpr_cache import anatomy_cache, build_cache
+from fpr_validation import (
+    VALIDATION_KEY,
+    choose_setting,
+    member_validation,
+    one_nodule_share,
+    operating_point_from_cache,
+    parse_setting,
+    probabilities,
+    validate,
+)
+from train_detector import HELDOUT_SEEDS, SCENARIO_SEEDS
 
 from pipeline.detection.bundle import load_model
-from pipeline.detection.evaluate import evaluate_froc
-from pipeline.detection.findings import box_extents
 from pipeline.detection.fp_reduction import (
     FLIP_VIEWS,
     FPReducer,
@@ -81,222 +88,11 @@ from pipeline.detection.fp_reduction import (
     PatchClassifier,
     PatchEnsemble,
     build_classifier,
-    candidate_findings,
-    classifier_input,
-    combine_scores,
-    final_scores,
-    network_support,
-    patch_logits,
-    suppress_duplicates,
 )
 from pipeline.detection.infer import Detector
-from pipeline.detection.lungs import quick_lung_mask
 from pipeline.detection.model_config import DEMO_MODEL_JSON
 
 log = logging.getLogger("train_fp_reducer")
-
-
-def phantom_candidates(det: Detector, seed: int, cfg: FPReductionConfig, jitter: int) -> dict[str, np.ndarray]:
-    """One phantom's candidates as the pipeline makes them, plus ``jitter`` positives per nodule: patches
-    (uint8, N x channels x P^3), labels (1, 0, or -1 = left out), detector scores (-1 blob, -2 jittered),
-    centres (LPS mm), diameters, box extents (mm along L, P, S), the diameter of the nodule each positive hits, and the nodules themselves."""
-    rng = np.random.default_rng(seed)
-    ph = training_phantom(seed, rng)
-    region = quick_lung_mask(ph.volume)
-    findings = det.detect(ph.volume, lung_mask=region)
-    items, det_scores = candidate_findings(ph.volume, findings, region, blobs=cfg.blob_candidates)
-    centers = np.array([f.center_lps for f in items]).reshape(-1, 3)
-    sizes = np.array([f.diameter_mm for f in items], np.float32)
-    extents = box_extents(items).astype(np.float32)
-    labels = np.zeros(len(items), np.int8)
-    diam = np.zeros(len(items), np.float32)
-    extra = []
-    for nod in ph.nodules:
-        c, r = np.asarray(nod.center_lps), nod.diameter_mm / 2.0
-        d = np.linalg.norm(centers - c, axis=1)
-        labels[(d >= r) & (d < max(1.5 * r, 3.0)) & (labels == 0)] = -1
-        labels[d < r] = 1
-        diam[d < r] = nod.diameter_mm
-        for _ in range(jitter):
-            v = rng.normal(size=3)
-            extra.append((c + v / np.linalg.norm(v) * rng.uniform(0, 0.5 * r), nod.diameter_mm))
-    if extra:
-        centers = np.concatenate([centers, np.array([e[0] for e in extra])])
-        labels = np.concatenate([labels, np.ones(len(extra), np.int8)])
-        det_scores = np.concatenate([det_scores, np.full(len(extra), -2.0)])
-        diam = np.concatenate([diam, np.array([e[1] for e in extra], np.float32)])
-        sizes = np.concatenate([sizes, np.array([e[1] for e in extra], np.float32)])
-        extents = np.concatenate([extents, np.repeat(np.array([[e[1]] for e in extra], np.float32), 3, axis=1)])
-    patches = classifier_input(ph.volume, centers, cfg)
-    return {
-        "patches": np.round(patches * 255).astype(np.uint8),
-        "labels": labels,
-        "det": det_scores.astype(np.float32),
-        "diam": diam,
-        "centers": centers,
-        "sizes": sizes,
-        "extents": extents,
-        "nodule_centers": np.array([n.center_lps for n in ph.nodules]).reshape(-1, 3),
-        "nodule_diameters": np.array([n.diameter_mm for n in ph.nodules]),
-    }
-
-
-#: The training record's entry holding :func:`validate`'s results.
-VALIDATION_KEY = "validation_cpm_by_flip_views_detector_weight_duplicate_factor_box_merge_and_blob_support"
-#: Kinds of anatomy negatives (:func:`anatomy_negatives`), sampled in equal shares where a phantom has them.
-ANATOMY_KINDS = ("bifurcation", "cross_section", "vessel_at_pleura", "pleura_by_bone", "hilum", "bronchus")
-#: Vessel calibre bins (diameter, mm) sampled equally often among the cross-sections.
-CALIBRE_BINS_MM = (0.0, 2.0, 3.5, 5.5, 8.0, np.inf)
-
-
-def _coarse_distance(mask: np.ndarray, spacing_kji: np.ndarray) -> np.ndarray:
-    """Distance (mm) of every voxel of ``mask``'s grid to the nearest ``False`` voxel, computed on every second voxel
-    (a few tenths of a second on a 256² x 150 volume instead of seconds) and repeated back to full size."""
-    coarse = ndimage.distance_transform_edt(mask[::2, ::2, ::2], sampling=2.0 * spacing_kji)
-    full = np.repeat(np.repeat(np.repeat(coarse, 2, 0), 2, 1), 2, 2)
-    return full[: mask.shape[0], : mask.shape[1], : mask.shape[2]]
-
-
-def anatomy_negatives(ph, rng: np.random.Generator, count: int, *, clearance_mm: float = 6.0) -> tuple[np.ndarray, np.ndarray]:
-    """Up to ``count`` negative positions (LPS mm) taken from a training phantom's own anatomy, not from the
-    detector's candidates, with the index of their kind in :data:`ANATOMY_KINDS`: vessel bifurcations, vessel
-    cross-sections (centreline points, every calibre of :data:`CALIBRE_BINS_MM` equally often), vessels within
-    6 mm of the pleura (mediastinum, chest wall, spine), lung just inside the pleura where bone (spine, ribs) lies
-    within 12 mm, the hila (vessels of 4 mm or more within 10 mm of the lung's surface, where the trees enter it)
-    and bronchi (airway centreline points within 4 mm of the lung: the bronchus beside its artery). Centrelines are the skeleton of the phantom's vessel mask (its
-    truth), calibres twice the distance to the vessel wall. Positions within ``clearance_mm`` of a nodule's surface
-    are left out; each is moved by up to 1 mm at random, as a refined candidate centre would be."""
-    lung = ph.masks["lung_left"] | ph.masks["lung_right"]
-    vessels = ph.masks["vessels"] & lung
-    if count <= 0 or not lung.any():
-        return np.zeros((0, 3)), np.zeros(0, np.int8)
-    spacing = np.asarray(ph.volume.spacing, dtype=np.float64)[::-1]  # k, j, i
-    depth = _coarse_distance(lung, spacing)  # mm inside the lung
-    skeleton = skeletonize(vessels) if vessels.any() else np.zeros_like(vessels)
-    points = np.argwhere(skeleton)
-    pools: list[np.ndarray] = []
-    weights: list[np.ndarray | None] = []
-    if len(points):
-        box = tuple(slice(int(a), int(b) + 1) for a, b in zip(points.min(0), points.max(0)))
-        radius = ndimage.distance_transform_edt(vessels[box], sampling=spacing)
-        calibre = 2.0 * radius[tuple((points - points.min(0)).T)]
-        degree = ndimage.convolve(skeleton.astype(np.uint8), np.ones((3, 3, 3), np.uint8), mode="constant")
-        branching = degree[tuple(points.T)] >= 4  # itself and three or more skeleton neighbours
-        pools.append(points[branching])
-        weights.append(None)
-        bins = np.digitize(calibre, CALIBRE_BINS_MM) - 1
-        share = np.bincount(bins, minlength=len(CALIBRE_BINS_MM) - 1).astype(np.float64)
-        w = 1.0 / np.maximum(share[bins], 1.0)
-        pools.append(points)
-        weights.append(w / w.sum())
-        pools.append(points[depth[tuple(points.T)] <= 6.0])
-        weights.append(None)
-    else:
-        pools += [np.zeros((0, 3), int)] * 3
-        weights += [None] * 3
-    near_bone = _coarse_distance(~ph.masks["bone"], spacing) <= 12.0
-    pools.append(np.argwhere(lung & (depth >= 2.0) & (depth <= 5.0) & near_bone))
-    weights.append(None)
-    if len(points):
-        pools.append(points[(depth[tuple(points.T)] <= 10.0) & (calibre >= 4.0)])
-    else:
-        pools.append(np.zeros((0, 3), int))
-    weights.append(None)
-    airway = ph.masks["airway"]
-    bronchi = np.argwhere(skeletonize(airway)) if airway.any() else np.zeros((0, 3), int)
-    if len(bronchi):
-        bronchi = bronchi[_coarse_distance(~lung, spacing)[tuple(bronchi.T)] <= 4.0]
-    pools.append(bronchi)
-    weights.append(None)
-    nodules = [(np.asarray(n.center_lps), n.diameter_mm / 2.0 + clearance_mm) for n in ph.nodules]
-    centres, kinds = [], []
-    per_kind = int(math.ceil(count / len(ANATOMY_KINDS)))
-    for kind, (pool, w) in enumerate(zip(pools, weights)):
-        if not len(pool):
-            continue
-        pick = pool[rng.choice(len(pool), min(per_kind, len(pool)), replace=False, p=w)]
-        lps = ph.volume.index_to_lps(pick[:, ::-1].astype(np.float64)).reshape(-1, 3)
-        lps = lps + rng.uniform(-1.0, 1.0, lps.shape)
-        for c, r in nodules:
-            lps = lps[np.linalg.norm(lps - c, axis=1) > r]
-        centres.append(lps)
-        kinds.append(np.full(len(lps), kind, np.int8))
-    if not centres:
-        return np.zeros((0, 3)), np.zeros(0, np.int8)
-    return np.concatenate(centres)[:count], np.concatenate(kinds)[:count]
-
-
-def _patch_key(cfg: FPReductionConfig) -> str:
-    """The part of a cache file's name set by the patches' size and spacings."""
-    return f"p{cfg.patch}_s{'-'.join(f'{s:g}' for s in cfg.spacings_mm)}"
-
-
-def _save_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Write ``arrays`` to ``path`` (.npz) whole or not at all: a killed run leaves no half-written cache file."""
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
-
-
-def anatomy_cache(work: Path, seeds: list[int], cfg: FPReductionConfig, count: int) -> list[dict]:
-    """For each training seed, :func:`anatomy_negatives` as cached patches (uint8), labels (0), detector score -3,
-    centres (LPS mm), sizes (the patch side) and kinds; cached in ``work``."""
-    out = []
-    key = f"{_patch_key(cfg)}_n{count}"
-    for n, seed in enumerate(seeds):
-        path = work / "cache" / f"anatomy_{seed}_{key}.npz"
-        if not path.is_file():
-            t0 = time.time()
-            ph = training_phantom(seed, np.random.default_rng(seed))
-            centres, kinds = anatomy_negatives(ph, np.random.default_rng([seed, 1]), count)
-            patches = classifier_input(ph.volume, centres, cfg)
-            _save_npz(
-                path,
-                patches=np.round(patches * 255).astype(np.uint8),
-                labels=np.zeros(len(centres), np.int8),
-                det=np.full(len(centres), -3.0, np.float32),
-                diam=np.zeros(len(centres), np.float32),
-                centers=centres,
-                sizes=np.full(len(centres), float(cfg.patch), np.float32),
-                kinds=kinds,
-            )
-            log.info(
-                "phantom %d (%d/%d): %d anatomy negatives (%s), %.1fs",
-                seed,
-                n + 1,
-                len(seeds),
-                len(centres),
-                ", ".join(f"{ANATOMY_KINDS[k]} {int((kinds == k).sum())}" for k in range(len(ANATOMY_KINDS))),
-                time.time() - t0,
-            )
-        out.append(dict(np.load(path)))
-    return out
-
-
-def build_cache(work: Path, det: Detector, seeds: list[int], cfg: FPReductionConfig, jitter: int) -> list[dict]:
-    """:func:`phantom_candidates` of each seed, cached in ``work`` (keyed by the settings that change them)."""
-    out = []
-    (work / "cache").mkdir(parents=True, exist_ok=True)
-    key = f"{_patch_key(cfg)}_b{cfg.blob_candidates}_j{jitter}_x"
-    for n, seed in enumerate(seeds):
-        path = work / "cache" / f"fpr_{seed}_{key}.npz"
-        if not path.is_file():
-            t0 = time.time()
-            data = phantom_candidates(det, seed, cfg, jitter)
-            _save_npz(path, **data)
-            lab = data["labels"]
-            log.info(
-                "phantom %d (%d/%d): %d candidates, %d positive (%d jittered), %.1fs",
-                seed,
-                n + 1,
-                len(seeds),
-                int((data["det"] > -2).sum()),
-                int(((lab == 1) & (data["det"] > -2)).sum()),
-                int((data["det"] == -2).sum()),
-                time.time() - t0,
-            )
-        out.append(dict(np.load(path)))
-    return out
 
 
 def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -320,6 +116,11 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace, *,
     labels = np.concatenate([d["labels"] for d in data])
     det = np.concatenate([d["det"] for d in data])
     pos, neg = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
+    if not len(pos) or not len(neg):
+        raise SystemExit(
+            f"the training phantoms gave {len(pos)} positive and {len(neg)} negative patches: the classifier needs both; "
+            "give more training phantoms (--n-train; a fifth of them hold no nodule)"
+        )
     anat = np.flatnonzero((labels == 0) & (det == -3.0))  # anatomy negatives (:func:`anatomy_negatives`)
     diam = np.concatenate([d["diam"] for d in data])[pos]
     pos_p = np.maximum(diam, 1.0) ** -args.small_nodule_weight  # exponent 0: every positive equally often
@@ -378,178 +179,6 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace, *,
             history.append({"step": step + 1, "loss_ema": round(ema, 4), "seconds": round(time.time() - t0, 1)})
             log.info("step %d/%d loss %.4f (%.2f s/step)", step + 1, args.steps, ema, (time.time() - t0) / (step + 1))
     return net.eval(), history
-
-
-@torch.no_grad()
-def probabilities(net: torch.nn.Module, patches: np.ndarray, *, views: int = 1, min_probability: float = 0.02) -> np.ndarray:
-    """Nodule probability of each cached patch (uint8), scored as the pipeline scores it (:func:`patch_logits`)."""
-    out = []
-    for a in range(0, len(patches), 256):
-        x = torch.from_numpy(patches[a : a + 256].astype(np.float32) / 255.0)
-        out.append(torch.sigmoid(patch_logits(net, x, views=views, min_probability=min_probability)).numpy())
-    return np.concatenate(out) if out else np.zeros(0)
-
-
-def duplicate_findings(preds: list[tuple[np.ndarray, float]], case: dict, *, min_score: float = 0.5) -> int:
-    """Findings scoring ``min_score`` or more that hit a nodule (LPS mm, within its radius) a higher-scoring finding
-    already hit: the same nodule reported twice (LUNA16 counting ignores them; a reader sees two findings)."""
-    hit: set[int] = set()
-    extra = 0
-    for centre, score in sorted(preds, key=lambda p: -p[1]):
-        if score < min_score:
-            break
-        d = np.linalg.norm(case["nodule_centers"] - centre, axis=1) < case["nodule_diameters"] / 2.0
-        for m in np.flatnonzero(d):
-            extra += int(m in hit)
-            hit.add(int(m))
-    return extra
-
-
-def choose_setting(val: dict[str, float], *, tolerance: float) -> str:
-    """The key of :func:`validate`'s results to use: among the settings whose validation CPM lies within
-    ``tolerance`` of the best (ties: by default one nodule's share of the validation sensitivity, a difference
-    the validation phantoms cannot resolve), the one weighting both stages most evenly (detector weight nearest
-    0.5: both stages are trained on phantoms only, and on scans unlike them either can be wrong alone, so the
-    even geometric mean asks both to agree), then small-blob candidates with the network's support (the same
-    reason), then the best CPM, then merging shared boxes (fewer duplicate findings, which CPM does not count)."""
-    if not val:
-        raise ValueError("no validation results to choose from: give validation seeds (--n-val above 0)")
-    top = max(val.values())
-
-    def rank(key: str) -> tuple[float, bool, float, bool]:
-        setting = parse_setting(key)
-        return (-abs(setting["detector_weight"] - 0.5), setting["blob_support"], val[key], setting["box_merge"])
-
-    return max((k for k in val if val[k] >= top - tolerance), key=rank)
-
-
-def one_nodule_share(cases: list[dict]) -> float:
-    """One nodule's share of the sensitivity on validation ``cases``: :func:`choose_setting`'s tie tolerance."""
-    return 1.0 / max(sum(len(c["nodule_diameters"]) for c in cases), 1)
-
-
-def parse_setting(key: str) -> dict[str, Any]:
-    """The :class:`FPReductionConfig` fields a key of :func:`validate`'s results stands for."""
-    views, weight, factor, *flags = key.split("/")
-    unknown = set(flags) - {"box", "support"}
-    if unknown:
-        raise ValueError(f"validation setting {key!r} has unknown parts {sorted(unknown)}: expected box and/or support")
-    return {
-        "flip_views": int(views),
-        "detector_weight": float(weight),
-        "duplicate_radius_factor": float(factor),
-        "box_merge": "box" in flags,
-        "blob_support": "support" in flags,
-    }
-
-
-def validate(net: torch.nn.Module, cases: list[dict], args: argparse.Namespace) -> dict[str, float]:
-    """CPM on validation phantoms (:func:`phantom_candidates` without jitter) for one view and ``--flip-views``
-    views, each detector weight, each duplicate radius factor, duplicates merged by distance alone or also by
-    shared boxes, and small-blob candidates scored by the classifier alone or with the network's support (keys
-    ``views/weight/factor``, then ``/box`` and ``/support`` where on: :func:`parse_setting`), candidates scored as
-    the pipeline scores them; the duplicate findings (:func:`duplicate_findings`) of each are logged."""
-    results = {}
-    supported = [network_support(c["centers"], c["det"], c["extents"]) for c in cases]
-    for views in sorted({1, args.flip_views}):
-        probs = [probabilities(net, c["patches"], views=views, min_probability=args.flip_min_probability) for c in cases]
-        for w, factor, box, support in itertools.product(
-            args.detector_weights, args.duplicate_factors, (False, True), (False, True)
-        ):
-            preds, truth = {}, {}
-            duplicates = 0
-            for n, (case, p) in enumerate(zip(cases, probs)):
-                scores = combine_scores(p, supported[n] if support else case["det"], w)
-                keep = suppress_duplicates(
-                    case["centers"],
-                    case["sizes"],
-                    scores,
-                    radius_factor=factor,
-                    extents_mm=case["extents"] if box else None,
-                )
-                preds[str(n)] = [(case["centers"][k], float(scores[k])) for k in keep]
-                truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
-                duplicates += duplicate_findings(preds[str(n)], case)
-            res = evaluate_froc(preds, truth, n_bootstrap=0)
-            key = f"{views}/{w}/{factor}" + ("/box" if box else "") + ("/support" if support else "")
-            results[key] = round(float(res.cpm), 4)
-            log.info(
-                "validation (%d phantoms), %d view(s), detector weight %.2f, duplicate radius factor %.1f%s%s: "
-                "CPM %.3f, %d duplicate findings scoring 0.5 or more",
-                len(cases),
-                views,
-                w,
-                factor,
-                ", shared boxes merged" if box else "",
-                ", blobs with the network's support" if support else "",
-                res.cpm,
-                duplicates,
-            )
-    return results
-
-
-def member_validation(
-    trained: list[tuple[PatchClassifier, list[dict]]], cases: list[dict], key: str, args: argparse.Namespace
-) -> list[float]:
-    """Each ensemble member's own validation CPM at the ensemble's chosen setting ``key`` (:func:`parse_setting`):
-    what averaging them gains."""
-    setting = parse_setting(key)
-    one = argparse.Namespace(
-        **{
-            **vars(args),
-            "flip_views": setting["flip_views"],
-            "detector_weights": [setting["detector_weight"]],
-            "duplicate_factors": [setting["duplicate_radius_factor"]],
-        }
-    )
-    out = []
-    for n, (net, _) in enumerate(trained):
-        cpm = validate(net, cases, one)[key]
-        log.info("ensemble member %d alone: validation CPM %.4f at setting %s", n, cpm, key)
-        out.append(cpm)
-    return out
-
-
-def operating_point_from_cache(
-    net: torch.nn.Module, cases: list[dict], cfg: FPReductionConfig, seeds: list[int], *, fps_per_scan: float, command: str
-) -> dict:
-    """The ``operating_point`` entry from the validation phantoms' cached candidates (:func:`phantom_candidates`
-    without jitter: the pipeline's candidates of one RetinaNet pass each), scored as
-    :func:`pipeline.detection.fp_reduction.reduce_false_positives` scores them with ``cfg``'s views, detector weight
-    and duplicate merging; ``network_only`` from the RetinaNet's own scores at its (refined) finding centres. The
-    same rule as ``scripts/calibrate_operating_point.py``, without a second detector pass per phantom (and without its
-    thick-slice score calibration, which that script adds)."""
-    t0 = time.time()
-    pipeline, network, truth = {}, {}, {}
-    for n, case in enumerate(cases):
-        probs = probabilities(net, case["patches"], views=cfg.flip_views, min_probability=cfg.flip_min_probability)
-        scores = final_scores(cfg, probs, case["det"], case["centers"], case["extents"])
-        keep = suppress_duplicates(
-            case["centers"],
-            case["sizes"],
-            scores,
-            radius_factor=cfg.duplicate_radius_factor,
-            extents_mm=case["extents"] if cfg.box_merge else None,
-        )
-        pipeline[str(n)] = [(case["centers"][k], float(scores[k])) for k in keep]
-        net_idx = np.flatnonzero(case["det"] >= 0)
-        network[str(n)] = [(case["centers"][k], float(case["det"][k])) for k in net_idx]
-        truth[str(n)] = list(zip(case["nodule_centers"], case["nodule_diameters"]))
-    entries = {
-        name: calibrate_operating_point.operating_point_entry(found, truth, seeds, stage=stage, fps_per_scan=fps_per_scan)
-        for name, found, stage in (
-            ("pipeline", pipeline, "RetinaNet + false-positive reduction, candidates cached at training"),
-            ("network", network, "RetinaNet alone at its refined finding centres"),
-        )
-    }
-    return {
-        **entries["pipeline"],
-        "precision": "float32",
-        "device": "cpu",
-        "compute_cpu_minutes": round((time.time() - t0) / 60, 1),
-        "command": command,
-        "network_only": entries["network"],
-    }
 
 
 def revalidate(args: argparse.Namespace, det: Detector, work: Path, val_seeds: list[int], command: str) -> int:
@@ -750,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                 "some without any nodule (scripts/train_detector.py training_phantom)"
                 + (
                     f"; besides the detector's candidates, {args.anatomy_negatives} negatives per phantom from its own "
-                    "vessel mask and pleura (scripts/train_fp_reducer.py anatomy_negatives)"
+                    "vessel mask and pleura (scripts/fpr_anatomy.py anatomy_negatives)"
                     if args.anatomy_negatives > 0
                     else ""
                 )

@@ -11,7 +11,7 @@ from tests._support.scripts import import_script
 
 @pytest.fixture(scope="module")
 def trainer() -> ModuleType:
-    return import_script("train_fp_reducer")
+    return import_script("fpr_validation")
 
 
 def test_a_clear_winner_is_chosen_whatever_its_weight(trainer: ModuleType) -> None:
