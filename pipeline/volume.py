@@ -71,6 +71,8 @@ PATIENT_IDENTIFIERS = frozenset(
 #: Slices thicker than this (mm) are "thick": LUNA16's limit, above which small nodules are unreliable (the
 #: reconstruction's ``thick_slices`` quality flag; the detector's thick-slice score calibration)
 THICK_SLICE_MM = 2.5
+#: What a reader is told about a series whose slices are thicker than :data:`THICK_SLICE_MM`.
+THICK_SLICE_NOTE = "thick slices: small nodules unreliable"
 
 
 def slice_thickness_mm(geometry: Geometry, metadata: Mapping[str, Any]) -> float:

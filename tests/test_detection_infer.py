@@ -229,6 +229,32 @@ def test_cli_detect_writes_json_csv_png(tmp_path, capsys):
     assert rc == 1
 
 
+@pytest.mark.parametrize(
+    ("spacing", "metadata", "flagged"),
+    [
+        ((1.4, 1.4, 2.5), {}, False),  # 2.5 mm: LUNA16's limit, not above it
+        ((1.4, 1.4, 3.0), {}, True),
+        ((1.4, 1.4, 2.0), {"SliceThickness": "5.0"}, True),  # thick slices reconstructed at a finer spacing
+        ((1.4, 1.4, 3.0), {"SliceThickness": 1.0}, False),  # thin slices, spaced apart
+    ],
+)
+def test_thick_slices_flag_the_findings(tmp_path, spacing, metadata, flagged):
+    from pipeline.detection.findings import Findings
+
+    det = Detector(model=small_model(tmp_path), device="cpu")
+    base = chest_volume(shape_kji=(32, 80, 80), spacing=spacing)
+    res = det.detect(CTVolume(base.array, base.geometry, metadata=metadata))
+    assert ("thick_slices" in res.flags) is flagged, res.flags
+    data = res.to_json()
+    if flagged:
+        assert res.flags["thick_slices"].startswith("thick slices: small nodules unreliable (")
+        assert data["flags"] == [{"code": "thick_slices", "message": res.flags["thick_slices"]}]
+        assert len(res) and all(row["flags"] == "thick_slices" for row in res.csv_rows())
+    else:
+        assert data["flags"] == [] and all(row["flags"] == "" for row in res.csv_rows())
+    assert Findings.from_json(json.loads(json.dumps(data))).flags == res.flags
+
+
 @pytest.mark.gpu
 def test_cuda_amp_matches_cpu(tmp_path):
     model = small_model(tmp_path)

@@ -88,6 +88,9 @@ def test_detect_writes_an_sr_of_the_reported_findings(detected):
     table = read_sr_findings(sr_path)
     assert set(table.sop_instance_uid) <= set(case.source.sop_instance_uids)
     assert table.sop_instance_uid.tolist() == [f["sop_instance_uid"] for f in doc["findings"]]
+    # 5 mm slices: the findings and, without a reconstruction's quality report, the SR carry the thick-slice flag
+    assert [f["code"] for f in doc["flags"]] == ["thick_slices"]
+    assert read_sr_case(sr_path)["quality_flags"] == ["thick_slices"]
     assert_valid(sr_path)
 
 

@@ -160,6 +160,8 @@ def _detect(args: argparse.Namespace) -> int:
         f"{findings.threshold_source}) ({det.config.name}, {findings.device}, "
         f"{findings.timings_ms.get('total', 0):.0f} ms){' — ' + findings.reason if findings.reason else ''}"
     )
+    for message in findings.flags.values():
+        print(f"  warning: {message}")
     for rank, f in enumerate(findings.findings[:10], 1):
         x, y, z = f.center_lps
         print(

@@ -67,10 +67,11 @@ def _box_ij(volume: CTVolume, f: Finding) -> tuple[float, float, float, float]:
     return float(ijk[:, 0].min()), float(ijk[:, 0].max()), float(ijk[:, 1].min()), float(ijk[:, 1].max())
 
 
-def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str = "slice") -> bytes:
+def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str = "slice", warning: str | None = None) -> bytes:
     """PNG bytes: axial slice k (left, titled ``slice_label`` and the finding's ``slice_number``) and a ±5 mm
     MIP slab (right), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle
-    a little wider than its diameter around its centre."""
+    a little wider than its diameter around its centre. ``warning`` (e.g. the thick-slice flag) is written under
+    the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,7 +86,9 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str
     mip = np.asarray(volume.array[k0:k1], dtype=np.float32).max(axis=0)
     i0, i1, j0, j1 = _box_ij(volume, f)
     fig = Figure(figsize=(9, 7.6), dpi=90)
-    grid = fig.add_gridspec(2, 2, height_ratios=(4.6, 3.0), top=0.93, bottom=0.02, left=0.02, right=0.98, hspace=0.12)
+    grid = fig.add_gridspec(
+        2, 2, height_ratios=(4.6, 3.0), top=0.88 if warning else 0.93, bottom=0.02, left=0.02, right=0.98, hspace=0.12
+    )
     for n, (img, title) in enumerate(((axial, f"{slice_label} {f.slice_number} (k={k})"), (mip, f"MIP {k1 - k0} slices"))):
         ax = fig.add_subplot(grid[0, n])
         ax.imshow(
@@ -116,9 +119,8 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str
     ax.imshow(strip, cmap=cmap, vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], interpolation="bilinear")
     ax.set_axis_off()
     c = f.center_lps
-    fig.suptitle(
-        f"#{rank} score {f.score:.2f}, {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm", fontsize=10
-    )
+    title = f"#{rank} score {f.score:.2f}, {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"
+    fig.suptitle(title + (f"\n{warning}" if warning else ""), fontsize=10, color="black" if not warning else "#a05a00")
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
@@ -129,8 +131,9 @@ def write_finding_pngs(volume: CTVolume, findings: Findings, out_dir: str | Path
     out = Path(out_dir)
     paths = []
     label = "slice" if findings.slice_number_source == "index + 1" else findings.slice_number_source
+    warning = "; ".join(findings.flags.values()) or None
     for rank, f in enumerate(findings.findings[:max_findings], 1):
         p = out / f"finding_{rank:03d}.png"
-        atomic_write_bytes(p, finding_png(volume, f, rank=rank, slice_label=label))
+        atomic_write_bytes(p, finding_png(volume, f, rank=rank, slice_label=label, warning=warning))
         paths.append(p)
     return paths

@@ -53,6 +53,7 @@ CSV_FIELDS = [
     "voxel_j",
     "voxel_k",
     "slice_number",
+    "flags",
 ]
 
 
@@ -189,7 +190,10 @@ class Findings:
     result that is not a plain "nothing found" (e.g. no lungs in the series); ``timings_ms`` holds
     per-step times (model time measured with CUDA events on a GPU); ``slice_number_source`` says
     what each finding's ``slice_number`` is (:func:`slice_number_source`); ``score_calibration`` names the map
-    applied to the scores of a thick-slice series (:mod:`.score_calibration`), ``None`` when none was.
+    applied to the scores of a thick-slice series (:mod:`.score_calibration`), ``None`` when none was; ``flags`` maps
+    the code of each quality flag that bears on the findings to its sentence (codes and sentences as the
+    reconstruction's, :data:`pipeline.reconstruction.quality.FLAGS`): ``thick_slices`` when the series' slices are
+    thicker than :data:`pipeline.volume.THICK_SLICE_MM` (2.5 mm), so small nodules are unreliable.
     """
 
     findings: list[Finding]
@@ -208,6 +212,7 @@ class Findings:
     below_threshold: list[Finding] = field(default_factory=list)
     slice_number_source: str = "index + 1"
     score_calibration: str | None = None
+    flags: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.findings)
@@ -254,6 +259,7 @@ class Findings:
             "series_uid": self.series_uid,
             "model": self.model,
             "reason": self.reason,
+            "flags": [{"code": code, "message": message} for code, message in self.flags.items()],
             "restricted_to_lungs": self.restricted_to_lungs,
             "device": self.device,
             "precision": self.precision,
@@ -289,6 +295,7 @@ class Findings:
             below_threshold=[Finding.from_json(f) for f in data.get("below_threshold", [])],
             slice_number_source=str(data.get("slice_number_source", "index + 1")),
             score_calibration=data.get("score_calibration"),
+            flags={str(f["code"]): str(f["message"]) for f in data.get("flags", [])},
         )
 
     def csv_rows(self) -> list[dict[str, Any]]:
@@ -315,6 +322,7 @@ class Findings:
                     "voxel_j": f.voxel_ijk[1],
                     "voxel_k": f.voxel_ijk[2],
                     "slice_number": f.slice_number,
+                    "flags": ";".join(self.flags),
                 }
             )
         return rows

@@ -205,7 +205,8 @@ def write_dicom_outputs(
     SR). nodules: the ``NoduleResult`` list of its nodule segmentation (masks and volumes); without it the volumes are
     taken from the measurements' ``nodules`` and the SEG has no nodule segments. measurements, organ_masks, quality:
     the same parts given separately (they take precedence over the reconstruction's; e.g. as a run keeps them on
-    disk). names: file name per output (default ``<stem>_sr.dcm``, ``<stem>_seg.dcm``). The source headers are read
+    disk); with neither quality report, the SR carries the findings' own quality flags (``Findings.flags``: thick
+    slices). names: file name per output (default ``<stem>_sr.dcm``, ``<stem>_seg.dcm``). The source headers are read
     once for both objects. A SEG with nothing to hold (no organ mask, no nodule mask) is skipped with a warning.
     keep_identifiers: False writes both without the source's patient identifiers (see
     :meth:`SourceSeries.without_identifiers`; the study and frame of reference stay the source's).
@@ -228,6 +229,8 @@ def write_dicom_outputs(
         measurements = getattr(reconstruction, "measurements", None)
     if quality is None:
         quality = getattr(reconstruction, "quality", None)
+    if quality is None and getattr(findings, "flags", None):  # no quality report: the findings' own flags (thick slices)
+        quality = {"flags": [{"code": code} for code in findings.flags]}
     if nodules is None and measurements:
         nodules = measurements.get("nodules")
     threshold = _threshold(score_threshold)

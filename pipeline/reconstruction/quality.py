@@ -36,7 +36,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import ndimage
 
-from ..volume import THICK_SLICE_MM, Geometry, slice_thickness_mm
+from ..volume import THICK_SLICE_MM, THICK_SLICE_NOTE, Geometry, slice_thickness_mm
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ FLAGS: dict[str, tuple[Severity, str]] = {
     "lungs_base_cut": ("warning", "the lung bases are cut by the scan range"),
     "lung_volume_out_of_range": ("warning", "lung volume outside the physiological range"),
     "lung_imbalance": ("warning", "strong left/right lung volume imbalance"),
-    "thick_slices": ("warning", "thick slices: small nodules unreliable"),
+    "thick_slices": ("warning", THICK_SLICE_NOTE),
     "fov_cuts_body": ("warning", "the field of view cuts the body"),
     "metal_streaks": ("warning", "metal in the body: streak artefacts likely"),
     "contrast_arterial": ("info", "IV contrast, arterial phase (estimate)"),
