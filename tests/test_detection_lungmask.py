@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.detection.lungs import region_from_mask, segmented_lungs
 from pipeline.volume import CTVolume, Geometry
 
 
@@ -37,7 +38,9 @@ def test_lung_roi_limits_the_findings_to_the_case_mask_and_searches_the_quick_ma
     vol, right = _chest()
     region, roi = detector.lung_roi(vol, lung_mask=right, margin_mm=0.0)
     quick, roi_quick = detector.lung_roi(vol, margin_mm=0.0)  # bare volume: the quick threshold mask finds both lungs
-    assert roi_quick is not None and roi_quick.hi[0] >= 52 and quick.limit is None
+    assert roi_quick is not None and roi_quick.hi[0] >= 52
+    # ... and the lung segmentation limits the findings to both lungs
+    assert quick.limit is not None and np.array_equal(quick.limit, quick.mask & region_from_mask(segmented_lungs(vol), vol).mask)
     # the search (candidates, network input) is the quick mask's, whatever the case mask
     assert np.array_equal(region.mask, quick.mask)
     assert roi is not None and (roi.lo, roi.hi) == (roi_quick.lo, roi_quick.hi)
@@ -45,6 +48,19 @@ def test_lung_roi_limits_the_findings_to_the_case_mask_and_searches_the_quick_ma
     left_lung, right_lung = np.array([[46.0, 32.0, 20.0]]), np.array([[16.0, 32.0, 20.0]])  # (i, j, k)
     assert quick.keeps(left_lung, 4.0)[0] and not region.keeps(left_lung, 4.0)[0] and region.keeps(right_lung, 0.0)[0]
     assert region.near(left_lung, 0.0)[0]  # searched there all the same
+
+
+def test_without_a_case_mask_bowel_gas_below_the_lungs_is_searched_but_never_reported(detector):
+    """Pure gas (colon, -1000 HU) below the lungs: the quick threshold mask holds it, the segmented lungs do not."""
+    vol, _ = _chest()
+    hu = np.array(vol.array)
+    hu[3:5, 12:52, 6:58] = -1000.0  # gas under the lung bases (small k = inferior), a 2.5 mm diaphragm between
+    gas_vol = CTVolume(hu, vol.geometry)
+    region, roi = detector.lung_roi(gas_vol, margin_mm=0.0)
+    gas = np.array([[32.0, 32.0, 3.0]])  # (i, j, k): in the gas, 7.5 mm below the lung bases
+    lungs = np.array([[16.0, 32.0, 20.0], [46.0, 32.0, 20.0]])
+    assert roi is not None and region.near(gas, 0.0)[0]  # searched there (the calibrated search)
+    assert region.limit is not None and not region.keeps(gas, 0.0)[0] and region.keeps(lungs, 0.0).all()
 
 
 def test_a_case_mask_limits_the_quick_mask_and_never_widens_it(detector):
@@ -151,3 +167,24 @@ def test_region_from_a_dict_of_label_maps_is_the_lungs_not_the_whole_volume():
     from_array = region_from_mask(right | left, vol)
     assert np.array_equal(from_maps.mask, from_array.mask)
     assert from_maps.mask.sum() < 0.5 * from_maps.mask.size  # the lungs, not the whole grid
+
+
+def test_real_abdomen_with_the_lung_bases_reports_nothing_in_the_bowel(detector):
+    """The real TotalSegmentator abdomen (122 x 101 x 112 at 3 mm; lung bases at its top, colon and bowel gas below):
+    the quick threshold mask holds the colon's gas, and before the segmented lungs limited the findings the demo model
+    reported three findings in the colon. Every candidate now lies within the filter margin of the reference lungs."""
+    from scipy import ndimage
+
+    from tests._support.real_ct import totalseg_abdomen
+
+    case = totalseg_abdomen()  # skips with a reason when ../shared/real_ct is absent
+    vol, ref = case.volume, case.reference
+    found = detector.detect(vol, case_id=case.name)
+    assert found.reason is None and found.candidates, "the lung bases are searched"
+    lungs = ref["lung_left"] | ref["lung_right"]
+    dist_mm = ndimage.distance_transform_edt(~lungs, sampling=vol.spacing[::-1])
+    ijk = np.rint(vol.lps_to_index(np.array([f.center_lps for f in found.candidates]))).astype(int)
+    far = dist_mm[ijk[:, 2], ijk[:, 1], ijk[:, 0]]
+    margin = detector.config.lung_filter_margin_mm + 4.0  # the coarse 4 mm grid of the limit
+    assert far.max() <= margin, f"{int((far > margin).sum())} candidates up to {far.max():.0f} mm from the lungs"
+    assert not ref["gas_organs"][ijk[:, 2], ijk[:, 1], ijk[:, 0]].any()

@@ -3,9 +3,10 @@
 The detector only needs the lungs' extent (to crop the network input) and a
 tolerant inside/outside test (to drop findings outside the lungs), so it works
 on a coarse grid (about 4 mm voxels). :func:`quick_lung_mask` thresholds the air
-inside the body; a full-resolution mask (the reconstruction stage's, or a
-phantom's) becomes a region with :func:`region_from_mask`, and the detector uses
-it as the quick mask's ``limit`` (:meth:`LungRegion.limited_to`).
+inside the body (bowel gas included); a full-resolution mask (the reconstruction
+stage's, :func:`segmented_lungs`, or a phantom's) becomes a region with
+:func:`region_from_mask`, and the detector uses it as the quick mask's ``limit``
+(:meth:`LungRegion.limited_to`).
 
 All index triples are (i, j, k) of the source series; arrays are ``[k, j, i]``.
 """
@@ -153,6 +154,25 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     mask = ndimage.binary_dilation(mask, structure=_IN_SLICE_CROSS)
     log.debug("quick lung mask: %d components kept, %.0f mL", len(keep), mask.sum() * voxel_ml)
     return LungRegion(mask, (sk, sj, si), volume.spacing)
+
+
+def segmented_lungs(volume: CTVolume, *, device: str | None = None, step_mm: float = 4.0) -> dict[str, np.ndarray]:
+    """The reconstruction's left and right lungs of ``volume`` (bool ``[k, j, i]`` on its grid, keys ``lung_left``,
+    ``lung_right``; a lung it could not find is missing), segmented on a ``step_mm`` working grid: the coarse grid
+    of :class:`LungRegion` needs no finer one (about 1 s for a 512 × 512 × 141 chest on 2 CPU cores).
+
+    Unlike :func:`quick_lung_mask`, it tells lung parenchyma from pure gas (bowel, stomach, colon) and keeps the
+    lungs apart from air below the diaphragm (:mod:`pipeline.reconstruction.lungs`): the detector limits its
+    findings to it when no lung mask is given (:meth:`pipeline.detection.infer.Detector.lung_roi`).
+    """
+    from ..reconstruction.organs import SegmentParams
+    from ..reconstruction.segment import segment_organs
+
+    params = SegmentParams(work_voxel_mm=step_mm, work_min_voxels=0, cpu_threads=None)
+    seg = segment_organs(volume, organs=("lung_left", "lung_right"), device=device, params=params)
+    for organ, error in seg.errors.items():
+        log.info("lung segmentation: %s: %s", organ, error)
+    return {organ: mask for organ, mask in seg.masks.items() if organ in ("lung_left", "lung_right")}
 
 
 def _lung_voxels(mask: np.ndarray | LabelMap) -> np.ndarray:

@@ -171,5 +171,6 @@ def torch_threads(device: torch.device, n: int | None) -> Iterator[None]:
 
 
 def to_tensor(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
-    """A torch tensor on ``device`` sharing memory with ``array`` on the CPU when possible."""
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    """A torch tensor on ``device`` sharing memory with ``array`` on the CPU when possible: a read-only array (a
+    cached case read as a memory map) is copied, since torch cannot keep a tensor from writing into it."""
+    return torch.from_numpy(np.ascontiguousarray(array) if array.flags.writeable else np.array(array)).to(device)
