@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.detection.figures import CLOSE_UP_MM, CLOSE_UP_PIXELS, finding_png, patient_planes
+from pipeline.detection.figures import CLOSE_UP_MM, CLOSE_UP_PIXELS, axial_view, finding_png, patient_planes
 from pipeline.detection.findings import Finding
 from pipeline.volume import CTVolume, Geometry
 
@@ -62,6 +62,29 @@ def test_close_ups_are_in_patient_orientation(name):
         img = planes[plane]
         assert _at(img, mid + dr, mid + dc) == pytest.approx(hu, abs=5.0), f"{plane}: {hu} HU marker not where expected"
         assert _at(img, mid - dr, mid - dc) == pytest.approx(-850.0, abs=5.0), f"{plane}: mirrored"
+
+
+@pytest.mark.parametrize("name", sorted(DIRECTIONS))
+def test_the_axial_slice_is_in_patient_orientation_whatever_the_storage_order(name):
+    vol = _volume_with_markers(DIRECTIONS[name])
+    ijk = np.rint(vol.lps_to_index(CENTRE)).astype(int)
+    f = Finding(
+        center_lps=tuple(CENTRE),
+        box_min_lps=tuple(CENTRE - 2.0),
+        box_max_lps=tuple(CENTRE + 2.0),
+        diameter_mm=4.0,
+        score=0.9,
+        voxel_ijk=tuple(int(v) for v in ijk),
+        slice_number=int(ijk[2]) + 1,
+    )
+    axial, mip, n_slab, (x0, x1, y0, y1) = axial_view(vol, f)
+    assert axial.shape == (80, 80) and n_slab == 11  # 10 mm of 1 mm slices around the finding's
+    row, col = (y0 + y1) / 2.0, (x0 + x1) / 2.0
+    assert x1 - x0 == pytest.approx(4.0 / 0.8, abs=0.01) and axial[int(round(row)), int(round(col))] == 50.0
+    shift = OFFSET_MM / 0.8  # pixels
+    assert _at(axial, row, col + shift) == 100.0  # the patient's left on the image's right
+    assert _at(axial, row + shift, col) == 200.0  # posterior down
+    assert _at(mip, row, col) == 50.0 and 300.0 not in mip  # the head marker lies 12 mm up, outside the slab
 
 
 def test_finding_png_renders_the_close_ups():

@@ -1,12 +1,12 @@
 """One PNG per finding: the axial slice through its centre and a lung-window MIP slab, box drawn, then
 a close-up of the finding in three planes.
 
-The top row is drawn in the series' own index grid (rows j, columns i of slice k),
-as a viewer shows the original slice; the box is the finding's LPS box mapped
-to those indices. The close-ups (:func:`patient_planes`) are resampled around the
-finding's centre in patient axes, in the radiological display convention whatever
-the series' storage order, so that a reader can tell a nodule (round in all three
-planes) from a vessel (a line in at least one). The title names the slice as the scanner numbered it (its
+The top row shows the axial plane through the finding in the radiological display convention (the patient's
+right on the image's left, anterior up), whatever the series' storage order (a NIfTI file written in RAS order
+would otherwise show up upside down and mirrored): the series' voxels, transposed and flipped only
+(:meth:`pipeline.volume.Geometry.to_lps_view`), the box the finding's LPS box mapped to them. The close-ups
+(:func:`patient_planes`) are resampled around the finding's centre in patient axes, in the same convention, so that
+a reader can tell a nodule (round in all three planes) from a vessel (a line in at least one). The title names the slice as the scanner numbered it (its
 InstanceNumber, or frame number, when the series metadata lists them; see
 :func:`.findings.slice_ref`). Only reported findings get a PNG. Rendering uses
 matplotlib's Agg backend (no display).
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..atomic import atomic_write_bytes
-from ..volume import CTVolume
+from ..volume import CTVolume, Geometry
 from .findings import Finding, Findings
 from .fp_reduction import HU_WINDOW, sample_windowed
 
@@ -60,16 +60,41 @@ def patient_planes(
     return out
 
 
-def _box_ij(volume: CTVolume, f: Finding) -> tuple[float, float, float, float]:
+def _view_index(geometry: Geometry, ijk: np.ndarray) -> np.ndarray:
+    """Source indices ``(n, 3)`` (i, j, k) as indices ``(n, 3)`` (x, y, z) of :meth:`Geometry.to_lps_view`'s array."""
+    out = np.zeros_like(np.asarray(ijk, dtype=np.float64).reshape(-1, 3))
+    for c, (a, sign) in enumerate(geometry.axis_map()):
+        n = geometry.size_ijk[c]
+        out[:, a] = ijk[:, c] if sign > 0 else (n - 1) - ijk[:, c]
+    return out
+
+
+def _box_xy(volume: CTVolume, f: Finding) -> tuple[float, float, float, float]:
+    """The finding's LPS box as column and row ranges (x0, x1, y0, y1) of the axial view."""
     lo, hi = np.asarray(f.box_min_lps), np.asarray(f.box_max_lps)
     corners = np.array([[x, y, z] for x in (lo[0], hi[0]) for y in (lo[1], hi[1]) for z in (lo[2], hi[2])])
-    ijk = volume.lps_to_index(corners)
-    return float(ijk[:, 0].min()), float(ijk[:, 0].max()), float(ijk[:, 1].min()), float(ijk[:, 1].max())
+    xyz = _view_index(volume.geometry, volume.lps_to_index(corners))
+    return float(xyz[:, 0].min()), float(xyz[:, 0].max()), float(xyz[:, 1].min()), float(xyz[:, 1].max())
+
+
+def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, int, tuple[float, float, float, float]]:
+    """The axial plane through finding ``f`` (HU) and a ±5 mm MIP slab around it, in the radiological display
+    convention (row 0 anterior, column 0 the patient's right; the series' voxels transposed and flipped only), how
+    many slices the slab holds, and the finding's box as (x0, x1, y0, y1) column and row ranges of those images."""
+    geometry = volume.geometry
+    view = geometry.to_lps_view(volume.array)  # [z, y, x], LPS ascending
+    z = int(_view_index(geometry, np.asarray([f.voxel_ijk], dtype=np.float64))[0, 2])
+    half = max(0, int(round(SLAB_MM / 2 / geometry.spacing_lps()[2])))
+    z0, z1 = max(0, z - half), min(view.shape[0], z + half + 1)
+    axial = np.asarray(view[z], dtype=np.float32)
+    mip = np.asarray(view[z0:z1], dtype=np.float32).max(axis=0)
+    return axial, mip, z1 - z0, _box_xy(volume, f)
 
 
 def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str = "slice", warning: str | None = None) -> bytes:
-    """PNG bytes: axial slice k (left, titled ``slice_label`` and the finding's ``slice_number``) and a ±5 mm
-    MIP slab (right), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle
+    """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
+    ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`), lung window, box in
+    red; below, the finding's :func:`patient_planes` side by side, a circle
     a little wider than its diameter around its centre. ``warning`` (e.g. the thick-slice flag) is written under
     the title."""
     import matplotlib
@@ -78,18 +103,14 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str
     from matplotlib.figure import Figure
     from matplotlib.patches import Circle, Rectangle
 
-    i, j, k = f.voxel_ijk
-    nk = volume.shape[0]
-    half = max(0, int(round(SLAB_MM / 2 / volume.spacing[2])))
-    k0, k1 = max(0, k - half), min(nk, k + half + 1)
-    axial = np.asarray(volume.array[k], dtype=np.float32)
-    mip = np.asarray(volume.array[k0:k1], dtype=np.float32).max(axis=0)
-    i0, i1, j0, j1 = _box_ij(volume, f)
+    k = f.voxel_ijk[2]
+    axial, mip, n_slab, (i0, i1, j0, j1) = axial_view(volume, f)
+    sx, sy, _ = volume.geometry.spacing_lps()
     fig = Figure(figsize=(9, 7.6), dpi=90)
     grid = fig.add_gridspec(
         2, 2, height_ratios=(4.6, 3.0), top=0.88 if warning else 0.93, bottom=0.02, left=0.02, right=0.98, hspace=0.12
     )
-    for n, (img, title) in enumerate(((axial, f"{slice_label} {f.slice_number} (k={k})"), (mip, f"MIP {k1 - k0} slices"))):
+    for n, (img, title) in enumerate(((axial, f"{slice_label} {f.slice_number} (k={k})"), (mip, f"MIP {n_slab} slices"))):
         ax = fig.add_subplot(grid[0, n])
         ax.imshow(
             img,
@@ -97,9 +118,11 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str
             vmin=LUNG_WINDOW[0],
             vmax=LUNG_WINDOW[1],
             interpolation="nearest",
-            aspect=volume.spacing[1] / volume.spacing[0],
+            aspect=sy / sx,
         )
         ax.add_patch(Rectangle((i0 - 0.5, j0 - 0.5), i1 - i0 + 1, j1 - j0 + 1, fill=False, edgecolor="red", linewidth=1.2))
+        for x, letter in ((0.02, "R"), (0.98, "L")):
+            ax.text(x, 0.5, letter, transform=ax.transAxes, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
         ax.set_title(title, fontsize=9)
         ax.set_axis_off()
     # the close-ups side by side in one image (one axes draws far faster than three)
