@@ -309,6 +309,17 @@ class Geometry:
         size = [max(1, int(round(n * s / t))) for n, s, t in zip(self.size_ijk, self.spacing, new)]
         return self.with_(shape=(size[2], size[1], size[0]), spacing=new)
 
+    def binned(self, step_kji: Sequence[int]) -> Geometry:
+        """The grid of blocks of ``step`` voxels along k, j, i (the last block of an axis may be partial): the spacing
+        (mm) grows by the step and voxel 0 lies at the centre of the first block."""
+        sk, sj, si = (int(s) for s in step_kji)
+        if min(sk, sj, si) < 1:
+            raise GeometryError(f"steps must be 1 or more voxels along k, j, i, got {tuple(step_kji)!r}")
+        nk, nj, ni = self.shape
+        spacing = (self.spacing[0] * si, self.spacing[1] * sj, self.spacing[2] * sk)
+        origin = self.index_to_lps([(si - 1) / 2.0, (sj - 1) / 2.0, (sk - 1) / 2.0]).reshape(3)
+        return self.with_(shape=(-(-nk // sk), -(-nj // sj), -(-ni // si)), spacing=spacing, origin=origin)
+
     def cropped(self, lo_ijk: Sequence[int], hi_ijk: Sequence[int]) -> Geometry:
         """The sub-grid ``lo <= (i, j, k) < hi`` (indices clipped to the grid)."""
         lo, hi = _clip_box(self.size_ijk, lo_ijk, hi_ijk)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.detection.lungs import region_from_mask, segmented_lungs
+from pipeline.detection.lungs import segmented_lung_region
 from pipeline.volume import CTVolume, Geometry
 
 
@@ -40,7 +40,7 @@ def test_lung_roi_limits_the_findings_to_the_case_mask_and_searches_the_quick_ma
     quick, roi_quick = detector.lung_roi(vol, margin_mm=0.0)  # bare volume: the quick threshold mask finds both lungs
     assert roi_quick is not None and roi_quick.hi[0] >= 52
     # ... and the lung segmentation limits the findings to both lungs
-    assert quick.limit is not None and np.array_equal(quick.limit, quick.mask & region_from_mask(segmented_lungs(vol), vol).mask)
+    assert quick.limit is not None and np.array_equal(quick.limit, quick.mask & segmented_lung_region(vol).mask)
     # the search (candidates, network input) is the quick mask's, whatever the case mask
     assert np.array_equal(region.mask, quick.mask)
     assert roi is not None and (roi.lo, roi.hi) == (roi_quick.lo, roi_quick.hi)

@@ -193,3 +193,15 @@ def test_axis_map_refuses_45_degree_grids():
     g = Geometry(shape=(2, 2, 2), spacing=(1.0, 1.0, 1.0), origin=(0.0, 0.0, 0.0), direction=rotated_45)
     with pytest.raises(GeometryError, match="axis-aligned"):
         g.axis_map()
+
+
+def test_binned_grid_puts_each_voxel_at_its_blocks_centre():
+    direction = np.array([[0.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])  # i along -y, j along +x
+    g = Geometry(shape=(9, 10, 11), spacing=(0.8, 0.9, 2.0), origin=(5.0, -3.0, 40.0), direction=direction)
+    b = g.binned((2, 4, 4))
+    assert b.shape == (5, 3, 3) and b.spacing == pytest.approx((3.2, 3.6, 4.0))
+    assert np.allclose(b.direction, g.direction)
+    block = np.array([[i, j, k] for i in range(4, 8) for j in range(4, 8) for k in range(2, 4)], dtype=float)
+    assert np.allclose(b.index_to_lps([1, 1, 1]), g.index_to_lps(block).mean(axis=0))  # block (1, 1, 1): a full one
+    with pytest.raises(GeometryError, match="steps must be 1 or more"):
+        g.binned((0, 1, 1))

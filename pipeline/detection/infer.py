@@ -37,7 +37,7 @@ from ..volume import THICK_SLICE_MM, THICK_SLICE_NOTE, CTVolume, LabelMap, float
 from .bundle import LoadedModel, load_model
 from .findings import Finding, Findings, slice_fields, slice_number_source
 from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
-from .lungs import LungRegion, quick_lung_mask, region_from_mask, segmented_lungs
+from .lungs import LungRegion, quick_lung_mask, region_from_mask, segmented_lung_region
 from .network import box_iou_float32, build_detector
 from .operating_point import resolve_threshold
 from .precision import autocast_dtype, conv_layout, precision_name
@@ -171,10 +171,10 @@ class Detector:
         if isinstance(lung_mask, LungRegion):
             return lung_mask
         quick = quick_lung_mask(volume)
-        source = "given"
         if lung_mask is None:  # the threshold mask holds bowel gas too: findings limited to the segmented lungs
-            lung_mask, source = segmented_lungs(volume, device=str(self.device)), "segmented"
-        given = region_from_mask(lung_mask, volume)
+            given, source = segmented_lung_region(volume, device=str(self.device)), "segmented"
+        else:
+            given, source = region_from_mask(lung_mask, volume), "given"
         if given.empty:  # no lungs: no search (the caller records why)
             return given
         limited = quick.limited_to(given)
@@ -197,7 +197,7 @@ class Detector:
         are dropped at the end (:meth:`postprocess`). So the network sees the same input and the false-positive
         reduction the same candidates either way: its scores depend on where the input starts (by up to 0.25 on a
         real chest for a crop 3 voxels narrower), and the small-blob candidates are the strongest in the region
-        searched. Without ``lung_mask``, the limit is the lungs :func:`segmented_lungs` finds: the threshold mask
+        searched. Without ``lung_mask``, the limit is the lungs :func:`segmented_lung_region` finds: the threshold mask
         holds bowel and stomach gas as well, and a scan of the abdomen with the lung bases at its top would otherwise
         report the colon's contents. A :class:`LungRegion` is taken as it is (no limit unless it has one); the given
         mask alone is searched when it does not overlap the threshold mask. ``margin_mm`` defaults to the model's crop
@@ -258,7 +258,7 @@ class Detector:
         Restricting to the lungs searches the threshold mask of the air-filled lungs (:func:`quick_lung_mask`, the
         region the operating point was calibrated with); a ``lung_mask`` (bool ``[k, j, i]`` on the volume grid, a
         :class:`LabelMap` or a dict of masks, e.g. a reconstruction's segmented lungs) drops the findings outside
-        those lungs; without one, those outside the lungs :func:`segmented_lungs` finds (:meth:`lung_roi`).
+        those lungs; without one, those outside the lungs :func:`segmented_lung_region` finds (:meth:`lung_roi`).
         An empty lung mask gives no findings with a logged reason. The result reports the findings at
         or above the score threshold (:meth:`apply_operating_point`), all candidates kept.
         """
@@ -506,7 +506,7 @@ def detect(
     the other candidates are kept in ``below_threshold``. ``lung_mask`` (on ``volume``'s grid: a bool
     array ``[k, j, i]``, a :class:`LabelMap` or a dict of lung masks such as ``reconstruct(volume).masks``)
     restricts the findings as the batch runner does with the case's segmented lungs; without it, the lungs
-    :func:`~pipeline.detection.lungs.segmented_lungs` finds. The search itself is always the detector's coarse
+    :func:`~pipeline.detection.lungs.segmented_lung_region` finds. The search itself is always the detector's coarse
     threshold mask (the region its operating point was calibrated on).
     """
     det = detector
