@@ -63,6 +63,15 @@ def test_without_a_case_mask_bowel_gas_below_the_lungs_is_searched_but_never_rep
     assert region.limit is not None and not region.keeps(gas, 0.0)[0] and region.keeps(lungs, 0.0).all()
 
 
+def test_gas_alone_is_not_searched_and_the_reason_says_so(detector):
+    """Pure gas in the body (an abdomen below the lungs): the threshold mask holds it, the segmentation finds no lung."""
+    vol, _ = _chest()
+    gas = CTVolume(np.where(np.asarray(vol.array) < -500, np.float32(-1000.0), vol.array), vol.geometry)
+    found = detector.detect(gas)
+    assert len(found) == 0 and not found.candidates
+    assert found.reason is not None and found.reason.startswith("no lungs found in the series") and "gas" in found.reason
+
+
 def test_a_case_mask_limits_the_quick_mask_and_never_widens_it(detector):
     from pipeline.detection.lungs import quick_lung_mask, region_from_mask
 

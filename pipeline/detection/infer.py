@@ -282,7 +282,12 @@ class Detector:
             region, roi = self.lung_roi(volume, lung_mask=lung_mask)
             timings["lung_mask"] = (time.perf_counter() - t0) * 1000.0
             if roi is None:
-                result.reason = "no lung voxels found in the series (empty lung mask); nothing to search"
+                result.reason = (
+                    "no lungs found in the series (the lung segmentation found no lung parenchyma: the air in the body, "
+                    "if any, is bowel or stomach gas); nothing to search"
+                    if lung_mask is None
+                    else "no lung voxels in the given lung mask; nothing to search"
+                )
                 log.warning("%s: %s", where, result.reason)
                 result.timings_ms = timings
                 return self.apply_operating_point(result)
