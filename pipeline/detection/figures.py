@@ -6,10 +6,10 @@ right on the image's left, anterior up), whatever the series' storage order (a N
 would otherwise show up upside down and mirrored): the series' voxels, transposed and flipped only
 (:meth:`pipeline.volume.Geometry.to_lps_view`), the box the finding's LPS box mapped to them. The close-ups
 (:func:`patient_planes`) are resampled around the finding's centre in patient axes, in the same convention, so that
-a reader can tell a nodule (round in all three planes) from a vessel (a line in at least one). The title names the slice as the scanner numbered it (its
-InstanceNumber, or frame number, when the series metadata lists them; see
-:func:`.findings.slice_ref`). Only reported findings get a PNG. Rendering uses
-matplotlib's Agg backend (no display).
+a reader can tell a nodule (round in all three planes) from a vessel (a line in at least one). The title names the
+slice as the scanner numbered it (its InstanceNumber, or frame number, when the series metadata lists them; see
+:func:`.findings.slice_ref`) and any quality flag of the findings (thick slices). Only reported findings get a PNG.
+Rendering uses matplotlib's Agg backend (no display).
 """
 
 from __future__ import annotations
@@ -94,9 +94,8 @@ def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, in
 def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str = "slice", warning: str | None = None) -> bytes:
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
     ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`), lung window, box in
-    red; below, the finding's :func:`patient_planes` side by side, a circle
-    a little wider than its diameter around its centre. ``warning`` (e.g. the thick-slice flag) is written under
-    the title."""
+    red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
+    its centre. ``warning`` (e.g. the thick-slice flag) is written under the title."""
     import matplotlib
 
     matplotlib.use("Agg")

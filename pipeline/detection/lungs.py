@@ -3,10 +3,11 @@
 The detector only needs the lungs' extent (to crop the network input) and a
 tolerant inside/outside test (to drop findings outside the lungs), so it works
 on a coarse grid (about 4 mm voxels). :func:`quick_lung_mask` thresholds the air
-inside the body (bowel gas included); a full-resolution mask (the reconstruction
-stage's, :func:`segmented_lung_region`, or a phantom's) becomes a region with
-:func:`region_from_mask`, and the detector uses it as the quick mask's ``limit``
-(:meth:`LungRegion.limited_to`).
+inside the body (bowel gas included); the segmented lungs limit the findings, as
+the quick mask's ``limit`` (:meth:`LungRegion.limited_to`): a full-resolution mask
+(the reconstruction stage's, or a phantom's) becomes a region with
+:func:`region_from_mask`; without one, :func:`segmented_lung_region` segments the
+lungs on the coarse grid itself.
 
 All index triples are (i, j, k) of the source series; arrays are ``[k, j, i]``.
 """
