@@ -37,6 +37,20 @@ def _volume_with_markers(direction: np.ndarray) -> CTVolume:
     return CTVolume(arr, geom)
 
 
+def _finding_at_centre(vol: CTVolume, size_mm: float) -> Finding:
+    """A finding at ``CENTRE`` with a cube box ``size_mm`` across (LPS mm)."""
+    ijk = np.rint(vol.lps_to_index(CENTRE)).astype(int)
+    return Finding(
+        center_lps=tuple(CENTRE),
+        box_min_lps=tuple(CENTRE - size_mm / 2),
+        box_max_lps=tuple(CENTRE + size_mm / 2),
+        diameter_mm=size_mm,
+        score=0.9,
+        voxel_ijk=(int(ijk[0]), int(ijk[1]), int(ijk[2])),
+        slice_number=int(ijk[2]) + 1,
+    )
+
+
 def _at(img: np.ndarray, row: float, col: float) -> float:
     return float(img[int(round(row)), int(round(col))])
 
@@ -67,16 +81,7 @@ def test_close_ups_are_in_patient_orientation(name):
 @pytest.mark.parametrize("name", sorted(DIRECTIONS))
 def test_the_axial_slice_is_in_patient_orientation_whatever_the_storage_order(name):
     vol = _volume_with_markers(DIRECTIONS[name])
-    ijk = np.rint(vol.lps_to_index(CENTRE)).astype(int)
-    f = Finding(
-        center_lps=tuple(CENTRE),
-        box_min_lps=tuple(CENTRE - 2.0),
-        box_max_lps=tuple(CENTRE + 2.0),
-        diameter_mm=4.0,
-        score=0.9,
-        voxel_ijk=tuple(int(v) for v in ijk),
-        slice_number=int(ijk[2]) + 1,
-    )
+    f = _finding_at_centre(vol, 4.0)
     axial, mip, n_slab, (x0, x1, y0, y1) = axial_view(vol, f)
     assert axial.shape == (80, 80) and n_slab == 11  # 10 mm of 1 mm slices around the finding's
     row, col = (y0 + y1) / 2.0, (x0 + x1) / 2.0
@@ -89,15 +94,5 @@ def test_the_axial_slice_is_in_patient_orientation_whatever_the_storage_order(na
 
 def test_finding_png_renders_the_close_ups():
     vol = _volume_with_markers(DIRECTIONS["RAS rows and columns"])
-    ijk = np.round(vol.lps_to_index(CENTRE)).astype(int)
-    f = Finding(
-        center_lps=tuple(CENTRE),
-        box_min_lps=tuple(CENTRE - 2.5),
-        box_max_lps=tuple(CENTRE + 2.5),
-        diameter_mm=5.0,
-        score=0.9,
-        voxel_ijk=(int(ijk[0]), int(ijk[1]), int(ijk[2])),
-        slice_number=int(ijk[2]) + 1,
-    )
-    png = finding_png(vol, f)
+    png = finding_png(vol, _finding_at_centre(vol, 5.0))
     assert png.startswith(b"\x89PNG")
