@@ -75,6 +75,12 @@ THICK_SLICE_MM = 2.5
 THICK_SLICE_NOTE = "thick slices: small nodules unreliable"
 
 
+def thick_slice_detail(thickness_mm: float) -> str | None:
+    """For slices ``thickness_mm`` thick: "3.00 mm > 2.5 mm" when they are thicker than :data:`THICK_SLICE_MM` (the
+    figure the ``thick_slices`` flag states), else ``None``."""
+    return f"{thickness_mm:.2f} mm > {THICK_SLICE_MM} mm" if thickness_mm > THICK_SLICE_MM else None
+
+
 def slice_thickness_mm(geometry: Geometry, metadata: Mapping[str, Any]) -> float:
     """A series' slice thickness (mm): its SliceThickness when the metadata holds a positive one, else the spacing
     along the patient's long axis (S in LPS)."""
@@ -262,6 +268,15 @@ class Geometry:
             if sign < 0:
                 view = np.flip(view, axis=2 - a)
         return view
+
+    def lps_view_index(self, ijk: np.ndarray | Sequence[float]) -> np.ndarray:
+        """Indices ``(n, 3)`` (i, j, k) of this grid as indices ``(n, 3)`` (x, y, z) of :meth:`to_lps_view`'s array
+        (fractional indices stay fractional)."""
+        src = np.asarray(ijk, dtype=np.float64).reshape(-1, 3)
+        out = np.zeros_like(src)
+        for c, (a, sign) in enumerate(self.axis_map()):
+            out[:, a] = src[:, c] if sign > 0 else (self.size_ijk[c] - 1) - src[:, c]
+        return out
 
     def from_lps_view(self, view: np.ndarray) -> np.ndarray:
         """Inverse of :meth:`to_lps_view`: an ``[z, y, x]`` LPS-ascending array back in this grid's ``[k, j, i]`` order."""

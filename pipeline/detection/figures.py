@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..atomic import atomic_write_bytes
-from ..volume import CTVolume, Geometry
+from ..volume import CTVolume
 from .findings import Finding, Findings
 from .fp_reduction import HU_WINDOW, sample_windowed
 
@@ -60,20 +60,11 @@ def patient_planes(
     return out
 
 
-def _view_index(geometry: Geometry, ijk: np.ndarray) -> np.ndarray:
-    """Source indices ``(n, 3)`` (i, j, k) as indices ``(n, 3)`` (x, y, z) of :meth:`Geometry.to_lps_view`'s array."""
-    out = np.zeros_like(np.asarray(ijk, dtype=np.float64).reshape(-1, 3))
-    for c, (a, sign) in enumerate(geometry.axis_map()):
-        n = geometry.size_ijk[c]
-        out[:, a] = ijk[:, c] if sign > 0 else (n - 1) - ijk[:, c]
-    return out
-
-
 def _box_xy(volume: CTVolume, f: Finding) -> tuple[float, float, float, float]:
     """The finding's LPS box as column and row ranges (x0, x1, y0, y1) of the axial view."""
     lo, hi = np.asarray(f.box_min_lps), np.asarray(f.box_max_lps)
     corners = np.array([[x, y, z] for x in (lo[0], hi[0]) for y in (lo[1], hi[1]) for z in (lo[2], hi[2])])
-    xyz = _view_index(volume.geometry, volume.lps_to_index(corners))
+    xyz = volume.geometry.lps_view_index(volume.lps_to_index(corners))
     return float(xyz[:, 0].min()), float(xyz[:, 0].max()), float(xyz[:, 1].min()), float(xyz[:, 1].max())
 
 
@@ -83,7 +74,7 @@ def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, in
     many slices the slab holds, and the finding's box as (x0, x1, y0, y1) column and row ranges of those images."""
     geometry = volume.geometry
     view = geometry.to_lps_view(volume.array)  # [z, y, x], LPS ascending
-    z = int(_view_index(geometry, np.asarray([f.voxel_ijk], dtype=np.float64))[0, 2])
+    z = int(geometry.lps_view_index(f.voxel_ijk)[0, 2])
     half = max(0, int(round(SLAB_MM / 2 / geometry.spacing_lps()[2])))
     z0, z1 = max(0, z - half), min(view.shape[0], z + half + 1)
     axial = np.asarray(view[z], dtype=np.float32)

@@ -33,7 +33,7 @@ import torch
 
 from ..errors import InputTooSmallError, InvalidVolumeError
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
-from ..volume import THICK_SLICE_MM, THICK_SLICE_NOTE, CTVolume, LabelMap, float3, slice_thickness_mm
+from ..volume import THICK_SLICE_NOTE, CTVolume, LabelMap, float3, slice_thickness_mm, thick_slice_detail
 from .bundle import LoadedModel, load_model
 from .findings import Finding, Findings, slice_fields, slice_number_source
 from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
@@ -419,9 +419,9 @@ class Detector:
             )
         result.input_shape_xyz = grid.shape
         result.slice_number_source = slice_number_source(metadata, int(grid.source.size_ijk[2]))
-        thickness = slice_thickness_mm(grid.source, metadata)
-        if thickness > THICK_SLICE_MM:  # the reconstruction's thick_slices flag, on the findings themselves
-            result.flags = {**result.flags, "thick_slices": f"{THICK_SLICE_NOTE} ({thickness:.2f} mm > {THICK_SLICE_MM} mm)"}
+        thick = thick_slice_detail(slice_thickness_mm(grid.source, metadata))
+        if thick is not None:  # the reconstruction's thick_slices flag, on the findings themselves
+            result.flags = {**result.flags, "thick_slices": f"{THICK_SLICE_NOTE} ({thick})"}
             log.warning("%s: %s", where, result.flags["thick_slices"])
         out, model_ms, use_sw = self._run_network(tensor)
         timings["model"] = model_ms

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import ndimage
 
-from ..volume import THICK_SLICE_MM, THICK_SLICE_NOTE, Geometry, slice_thickness_mm
+from ..volume import THICK_SLICE_NOTE, Geometry, slice_thickness_mm, thick_slice_detail
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +250,9 @@ def assess_quality(
 
     thickness = slice_thickness_mm(geometry, metadata)
     figures["slice_thickness_mm"] = thickness
-    if thickness > THICK_SLICE_MM:
-        flags.append(_flag("thick_slices", f"{thickness:.2f} mm > {THICK_SLICE_MM} mm"))
+    thick = thick_slice_detail(thickness)
+    if thick is not None:
+        flags.append(_flag("thick_slices", thick))
 
     if body is not None and body.any():
         cut_cm2 = fov_cut_area_cm2(body, geometry)

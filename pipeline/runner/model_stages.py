@@ -91,8 +91,12 @@ class _Loading:
             t0 = time.perf_counter()
             volume = CaseCache(ctx.cache_dir).read(case_id, mmap=True)  # the mask reads a coarse subsample only
             # the detector's quick mask, limited to the case's lung mask (segmented once, before detection) if any
-            case_mask = load_lung_mask(ctx.cache_dir, case_id, volume.shape)
-            region, roi = self.det.lung_roi(volume, lung_mask=case_mask, margin_mm=self.margin_mm)
+            lung_mask: Any = load_lung_mask(ctx.cache_dir, case_id, volume.shape)
+            if lung_mask is None and not ctx.config.detector.lung_restriction:
+                from ..detection.lungs import quick_lung_mask
+
+                lung_mask = quick_lung_mask(volume)  # nothing is dropped: the crop alone, no lung segmentation
+            region, roi = self.det.lung_roi(volume, lung_mask=lung_mask, margin_mm=self.margin_mm)
             timings["lung_mask"] = time.perf_counter() - t0
             if roi is None:
                 reason = "no lung voxels found in the series (empty lung mask); nothing to search"
