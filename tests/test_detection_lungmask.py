@@ -197,3 +197,35 @@ def test_real_abdomen_with_the_lung_bases_reports_nothing_in_the_bowel(detector)
     margin = detector.config.lung_filter_margin_mm + 4.0  # the coarse 4 mm grid of the limit
     assert far.max() <= margin, f"{int((far > margin).sum())} candidates up to {far.max():.0f} mm from the lungs"
     assert not ref["gas_organs"][ijk[:, 2], ijk[:, 1], ijk[:, 0]].any()
+
+
+def test_distances_to_the_lungs_are_the_euclidean_distance_transform_and_nothing_is_near_an_empty_mask():
+    from scipy import ndimage
+
+    from pipeline.detection.lungs import LungRegion
+
+    rng = np.random.default_rng(3)
+    mask = ndimage.binary_opening(rng.random((14, 18, 22)) > 0.8) | (rng.random((14, 18, 22)) > 0.995)
+    mask[5:9, 6:12, 4:9] = True
+    region = LungRegion(mask, (2, 3, 3), (1.3, 1.3, 2.0))  # coarse voxels 4 x 3.9 x 3.9 mm (k, j, i)
+    edt = ndimage.distance_transform_edt(~mask, sampling=np.array([2.0, 1.3, 1.3]) * [2, 3, 3])
+    kji = np.argwhere(np.ones(mask.shape, bool))
+    ijk = kji[:, ::-1] * np.array([3, 3, 2])  # the source index each coarse voxel stands for
+    for margin in (0.0, 3.0, 5.0, 8.0, 12.5):  # none on a distance the grid has (rounding could tip it)
+        np.testing.assert_array_equal(region.near(ijk, margin), edt[tuple(kji.T)] <= margin)
+    empty = LungRegion(np.zeros_like(mask), (2, 3, 3), (1.3, 1.3, 2.0))
+    assert not empty.near(ijk, 1e6).any()
+    assert not region.limited_to(empty).keeps(ijk, 1e6).any()
+
+
+def test_median_of_each_border_component_is_ndimage_median():
+    from scipy import ndimage
+
+    from pipeline.detection.lungs import _label_medians
+
+    rng = np.random.default_rng(5)
+    hu = rng.normal(-900.0, 80.0, (12, 30, 30)).astype(np.float32)
+    labels, n = ndimage.label(hu < -950.0)
+    index = np.unique(labels[:, 0, :])[1:]
+    assert n > 20 and len(index) > 5
+    np.testing.assert_array_equal(_label_medians(hu, labels, index), ndimage.median(hu, labels, index=index))

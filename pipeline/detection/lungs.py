@@ -21,6 +21,7 @@ from functools import cached_property
 
 import numpy as np
 from scipy import ndimage
+from scipy.spatial import cKDTree
 
 from ..intensity import LUNG_AIR_HU
 from ..volume import CTVolume, LabelMap
@@ -64,35 +65,35 @@ class LungRegion:
         hi = np.minimum(hi + grow, np.asarray(size_ijk))
         return lo, hi
 
-    def _distance(self, mask: np.ndarray) -> np.ndarray:
-        coarse_sp = np.asarray(self.source_spacing)[::-1] * np.asarray(self.stride)  # (k, j, i) mm
-        return ndimage.distance_transform_edt(~mask, sampling=coarse_sp)
+    @property
+    def _coarse_spacing_kji(self) -> np.ndarray:
+        return np.asarray(self.source_spacing)[::-1] * np.asarray(self.stride)  # (k, j, i) mm
 
     @cached_property
-    def _distance_mm(self) -> np.ndarray:
-        """Distance (mm) of each coarse voxel to the lungs (0 inside); computed once per region."""
-        return self._distance(self.mask)
+    def _mask_distance(self) -> _Distance:
+        """Distances (mm) to the lungs (``mask``); built once per region."""
+        return _Distance(self.mask, self._coarse_spacing_kji)
 
     @cached_property
-    def _limit_distance_mm(self) -> np.ndarray | None:
-        return None if self.limit is None else self._distance(self.limit)
+    def _limit_distance(self) -> _Distance | None:
+        return None if self.limit is None else _Distance(self.limit, self._coarse_spacing_kji)
 
-    def _lookup(self, dist: np.ndarray, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
+    def _lookup(self, dist: _Distance, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
         ijk = np.atleast_2d(np.asarray(ijk, dtype=np.float64))
         idx = np.round(ijk[:, ::-1] / np.asarray(self.stride)).astype(int)
-        idx = np.clip(idx, 0, np.asarray(dist.shape) - 1)
-        return dist[idx[:, 0], idx[:, 1], idx[:, 2]] <= margin_mm
+        idx = np.clip(idx, 0, np.asarray(self.mask.shape) - 1)
+        return dist.at(idx) <= margin_mm
 
     def near(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
         """True for source indices ``(n, 3)`` within ``margin_mm`` of the searched lungs (``mask``)."""
-        return self._lookup(self._distance_mm, ijk, margin_mm)
+        return self._lookup(self._mask_distance, ijk, margin_mm)
 
     def keeps(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
         """True for source indices ``(n, 3)`` within ``margin_mm`` of the lungs and of the ``limit`` if any."""
         near = self.near(ijk, margin_mm)
-        if self._limit_distance_mm is None:
+        if self._limit_distance is None:
             return near
-        return near & self._lookup(self._limit_distance_mm, ijk, margin_mm)
+        return near & self._lookup(self._limit_distance, ijk, margin_mm)
 
     def limited_to(self, other: LungRegion) -> LungRegion:
         """This region searched as it is, its findings limited to ``other`` (within this mask; same coarse grid, as
@@ -109,6 +110,31 @@ class LungRegion:
         return self if self.limit is None else replace(self, limit=None)
 
 
+class _Distance:
+    """Euclidean distance (mm) from voxels of a coarse grid ``[k, j, i]`` (voxel sides ``spacing_kji`` mm) to the
+    nearest voxel of ``mask`` (0 inside; infinite when ``mask`` is empty), as ``distance_transform_edt(~mask)``
+    gives, for the few voxels asked: the nearest mask voxel to one outside is always on the mask's surface (one of
+    its six neighbours is nearer otherwise), so a k-d tree holds the surface voxels only."""
+
+    def __init__(self, mask: np.ndarray, spacing_kji: np.ndarray) -> None:
+        self._mask = np.asarray(mask, bool)
+        self._spacing = np.asarray(spacing_kji, dtype=np.float64)
+        surface = self._mask & ~ndimage.binary_erosion(self._mask, border_value=0)
+        points = np.argwhere(surface) * self._spacing
+        self._tree = cKDTree(points) if len(points) else None
+
+    def at(self, kji: np.ndarray) -> np.ndarray:
+        """Distance (mm) of the voxels ``kji`` (n, 3; integer indices within the grid)."""
+        kji = np.asarray(kji, dtype=int).reshape(-1, 3)
+        out = np.zeros(len(kji))
+        outside = ~self._mask[kji[:, 0], kji[:, 1], kji[:, 2]]
+        if self._tree is None:
+            out[outside] = np.inf
+        elif outside.any():
+            out[outside] = self._tree.query(kji[outside] * self._spacing)[0]
+        return out
+
+
 def _strides(spacing_ijk: tuple[float, float, float], step_mm: float) -> tuple[int, int, int]:
     si, sj, sk = spacing_ijk
     return (max(1, int(round(step_mm / sk))), max(1, int(round(step_mm / sj))), max(1, int(round(step_mm / si))))
@@ -121,6 +147,13 @@ def _spanning(air: np.ndarray, labels: np.ndarray) -> np.ndarray:
     across = np.union1d(np.intersect1d(flat[:, :, 0], flat[:, :, -1]), np.intersect1d(flat[:, 0, :], flat[:, -1, :]))
     across = across[across > 0]
     return np.unique(labels[np.isin(flat, across)]) if len(across) else np.zeros(0, labels.dtype)
+
+
+def _label_medians(values: np.ndarray, labels: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Median of ``values`` over each label of ``index`` (as ``ndimage.median``, which sorts every labelled voxel;
+    this reads each label's bounding box only)."""
+    boxes = ndimage.find_objects(labels, max_label=int(index.max()))
+    return np.array([np.median(values[boxes[n - 1]][labels[boxes[n - 1]] == n]) for n in index])
 
 
 def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
@@ -141,7 +174,7 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     border = border[border > 0]
     sizes = ndimage.sum_labels(np.ones_like(labels), labels, index=np.arange(1, n + 1))
     if len(border):
-        median_hu = np.asarray(ndimage.median(arr, labels, index=border))
+        median_hu = _label_medians(arr, labels, border)
         sizes[border[(median_hu < OUTSIDE_AIR_MAX_MEDIAN_HU) | np.isin(border, _spanning(air, labels))] - 1] = 0
     voxel_ml = float(np.prod(volume.spacing)) * sk * sj * si / 1000.0
     keep = np.flatnonzero((sizes * voxel_ml >= MIN_LUNG_ML) & (sizes >= 0.1 * sizes.max()))
