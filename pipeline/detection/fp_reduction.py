@@ -47,6 +47,9 @@ from .refine import refine_findings
 log = logging.getLogger(__name__)
 
 HU_WINDOW = (-1000.0, 400.0)
+#: Candidates the classifier scores at once: a scan's 300 to 550 in one to three batches (on 2 CPU cores about a
+#: fifth faster than 64 at a time, the same probabilities; 256 two-channel patches of 24^3 are 28 MB as float32).
+PATCH_BATCH = 256
 BOX_TRUST = 0.5  # a merged network box stands for the blob inside it when it scores at least this share of the blob's score
 
 #: Flipped copies averaged for ``flip_views`` views, as dims of an (N, C, S, P, L) tensor: the patch itself, then
@@ -373,8 +376,9 @@ class FPReducer:
         self.network = net.to(self.device).to(memory_format=self._layout).eval()
 
     @torch.no_grad()
-    def probabilities(self, volume: CTVolume, centers_lps: np.ndarray, *, batch: int = 64) -> np.ndarray:
-        """Nodule probability (0..1) of each position (N, 3; LPS mm) in ``volume`` (HU)."""
+    def probabilities(self, volume: CTVolume, centers_lps: np.ndarray, *, batch: int = PATCH_BATCH) -> np.ndarray:
+        """Nodule probability (0..1) of each position (N, 3; LPS mm) in ``volume`` (HU), ``batch`` patches at a
+        time."""
         cfg = self.config
         centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
         probs = np.zeros(len(centers))
