@@ -15,6 +15,7 @@ from pipeline.detection import candidates as candidates_module
 from pipeline.detection.candidates import blob_candidates
 from pipeline.detection.fp_reduction import (
     FLIP_VIEWS,
+    HU_WINDOW,
     FPReducer,
     FPReductionConfig,
     PatchClassifier,
@@ -153,10 +154,12 @@ _C, _S = np.cos(0.3), np.sin(0.3)
     ],
 )
 def test_patches_are_trilinear_samples_with_the_edge_repeated(direction: np.ndarray) -> None:
-    """Cubes cut on an axis-aligned grid axis by axis hold the trilinear samples of :func:`sample_windowed` (HU
-    windowed to 0..1), at centres inside, at the edge and outside the series, on 1-mm and 2.5-mm grids."""
+    """Cubes (and :func:`sample_windowed`) hold the trilinear samples of the whole array at ``centre + offset``
+    (LPS mm mapped to indices by the inverse of the series' affine, HU windowed to 0..1), at centres inside, at the
+    edge and outside the series, on 1-mm and 2.5-mm grids, axis-aligned or oblique."""
     vol = _lung_volume(direction, shape=(30, 41, 37), spacing=(0.7, 0.9, 1.6), seed=3)
     vol.array[:] += np.linspace(-100.0, 1200.0, vol.array.size).reshape(vol.shape)  # a ramp: every axis matters
+    lps_to_ijk = np.linalg.inv(np.asarray(vol.direction) * np.asarray(vol.spacing)[None, :])
     lo, hi = vol.geometry.bounds_lps()
     rng = np.random.default_rng(5)
     centres = np.concatenate([rng.uniform(lo - 12.0, hi + 12.0, size=(12, 3)), [lo, hi, (lo + hi) / 2]])
@@ -166,8 +169,11 @@ def test_patches_are_trilinear_samples_with_the_edge_repeated(direction: np.ndar
         zz, yy, xx = np.meshgrid(ax, ax, ax, indexing="ij")
         offsets = np.stack([xx.ravel(), yy.ravel(), zz.ravel()], axis=1)  # L, P, S: cubes are [S, P, L]
         for cube, centre in zip(cubes, centres):
-            expected = sample_windowed(vol, centre, offsets).reshape(patch, patch, patch)
-            np.testing.assert_allclose(cube, expected, atol=1e-6)
+            ijk = (centre + offsets - np.asarray(vol.origin)) @ lps_to_ijk.T
+            hu = ndimage.map_coordinates(np.asarray(vol.array, np.float64), ijk[:, ::-1].T, order=1, mode="nearest")
+            expected = ((np.clip(hu, *HU_WINDOW) - HU_WINDOW[0]) / (HU_WINDOW[1] - HU_WINDOW[0])).reshape(cube.shape)
+            np.testing.assert_allclose(cube, expected, atol=1e-5)
+            np.testing.assert_allclose(sample_windowed(vol, centre, offsets).reshape(cube.shape), expected, atol=1e-5)
         assert cubes.min() >= 0.0 and cubes.max() <= 1.0 and cubes.std() > 0.05
 
 
@@ -309,7 +315,8 @@ def test_demo_model_ships_a_trained_fp_reduction_stage() -> None:
     entry = json.loads(DEMO_MODEL_JSON.read_text())["fp_reduction"]
     cfg = FPReductionConfig.from_json(entry, weights_dir=DEMO_MODEL_JSON.parent)
     assert cfg.weights.is_file() and cfg.weights.stat().st_size < 2_000_000
-    assert set(entry["training"]["train_seeds"]).isdisjoint(range(1, 1000))
+    first, last = entry["training"]["train_seeds"]  # the range of training seeds, both ends included
+    assert first <= last and set(range(first, last + 1)).isdisjoint(range(1, 1000))
     reducer = FPReducer(cfg)
     ph = generate_phantom(
         5, matrix=128, pixel_spacing=1.5, slice_spacing=2.0, slices=80, n_nodules=4, nodule_diameter_mm=(6.0, 12.0)

@@ -55,6 +55,7 @@ def test_outputs_from_ctpipe_results(tmp_path, one_torch_thread):
             assert row.volume_mm3 == pytest.approx(result.volume_mm3, rel=1e-12)
     content = read_sr_case(paths["sr"])
     lung_meas = rec.measurements["lungs"]
+    assert content["measurements"], "the SR holds no lung measurement"
     for name, value in content["measurements"].items():
         assert value == pytest.approx(lung_meas[name], rel=1e-12), name
     assert content["quality_flags"] == list(quality.codes)

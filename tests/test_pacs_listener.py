@@ -1,4 +1,5 @@
-"""ctpipe listen against a real Orthanc: each pushed series processed exactly once (duplicates, restarts,
+"""ctpipe listen against real DICOM senders: Orthanc's C-STORE pushes, and pynetdicom's C-STORE client (with Orthanc's
+AE title) where a test needs a partial or broken send. Each pushed series processed exactly once (duplicates, restarts,
 kill -9 mid-transfer), unknown AE titles and non-CT instances refused, series that never complete reported,
 received files removed once processed (pacs.keep_received), leftovers of a crash cleaned on restart, the
 origin of each case in the run store, and the model worker started once for series arriving at different times.
