@@ -145,7 +145,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
             list(DICOM_OUTPUTS),
             "choices",
             "",
-            "DICOM results of each case (<case>/dicom/): sr = TID 1500 structured report of the findings, measurements and quality flags; seg = segmentation of the organ and nodule masks; [] or none = no DICOM results; patient identifiers written empty unless privacy.keep_identifiers",
+            "DICOM results of each case (<case>/dicom/): sr = TID 1500 structured report of the findings, measurements and quality flags; seg = segmentation of the organ and nodule masks; [] or none = no DICOM results; they copy Patient and Study from the source (to be filed with their study) and are the only run files with patient identifiers",
             choices=DICOM_OUTPUTS,
         ),
         "seg_omit_empty_frames": Option(
@@ -213,7 +213,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
             False,
             "bool",
             "",
-            "keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber, ...) in the case cache and volume.json; by default they are left out of everything a run writes",
+            "keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber, ...) in the case cache and volume.json; by default they are left out of everything a run writes but its DICOM results",
         ),
     },
     "metrics": {

@@ -1,17 +1,18 @@
 #!/usr/bin/env python
 """Benchmark: the pipelined runner against the same stages run one case after another.
 
-Both modes run the real stages (ingest → load → detect → reconstruct → write) of
-``ctpipe run`` on the same phantom cases, in this process's run, alternating,
-``--repeats`` times each:
+Both modes run the real stages of ``ctpipe run`` (``pipeline.runner.stages.build_stages``: ingest, the lungs or
+the reconstruction, load, detect, then the nodules or the reconstruction, write and the DICOM results) on the same
+phantom cases, in this process's run, alternating, ``--repeats`` times each:
 
 * peer: "sequential" — ``runner.workers = 0``: every stage of a case in one process, then the next case;
 * ctpipe: "pipelined" — CPU worker processes plus a model worker per device, bounded queues.
 
 Throughput (cases/hour) is measured over the processing window of each run:
-from the first stage start to the last case's completion (model loading and
-process start-up happen before the window; pipeline fill and drain are inside
-it). Pipeline efficiency = pipelined throughput ÷ (1 / mean wall time of the
+from the first stage start to the last case's completion (pipeline fill and drain
+are inside it). Process start-up comes before the window; a pipelined run's model
+worker may still be loading its model when the CPU workers start the first cases,
+and that part of the loading counts against the pipelined run. Pipeline efficiency = pipelined throughput ÷ (1 / mean wall time of the
 slowest stage in that same pipelined run); since the CPU stages run on several
 workers, the efficiency against the worker-aware bound (CPU stage times summed
 and divided by the CPU workers, against the model stage's time) is printed too.
