@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -59,12 +61,23 @@ def test_roi_crop_reads_only_its_box_and_matches_the_uncropped_input():
     assert torch.allclose(crop.tensor[0], full.tensor[0, lo[0] : lo[0] + x, lo[1] : lo[1] + y, lo[2] : lo[2] + z], atol=1e-6)
 
 
-def test_torch_loader_reads_the_cache_memory_mapped(tmp_path):
+def test_torch_loader_reads_the_cache_memory_mapped(tmp_path, monkeypatch):
     vol = synthetic((80, 32, 32), (1.0, 1.0, 1.0))
     cache = CaseCache(tmp_path / "cache")
     cache.write("long", vol)
     spec = BUNDLE_LUNG_NODULE.replace(spacing=(1.5, 1.5, 2.0), size_divisible=(1, 1, 1))
+    reads: list[tuple[Path, object]] = []
+    np_load = np.load
+
+    def recording_load(path, *args, **kwargs):  # the real np.load, its file and mmap_mode recorded
+        reads.append((Path(path), kwargs.get("mmap_mode")))
+        return np_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(np, "load", recording_load)
     loaded = TorchLoader(cache, spec, device="cpu", num_threads=1).load_one("long")
+    monkeypatch.undo()
+    arrays = [mode for path, mode in reads if path.suffix == ".npy"]
+    assert arrays == ["r"], reads  # the case's array read once, memory-mapped
     mm = cache.read("long", mmap=True)
     assert not mm.array.flags.owndata
     ref = preprocess_volume(mm, spec, device="cpu", slab_voxels=500)
