@@ -292,6 +292,56 @@ def test_missing_frame_of_reference_and_patient_attributes_are_generated(tmp_pat
     assert (again.frame_of_reference_uid, again.study_instance_uid) == (src.frame_of_reference_uid, src.study_instance_uid)
 
 
+#: values seen in archives that DICOM results cannot repeat (keyword: VR, value)
+MALFORMED = {
+    "PatientBirthDate": ("DA", "1970-01-01"),
+    "StudyTime": ("TM", "10:10:10"),
+    "PatientSex": ("CS", "U"),
+    "PatientAge": ("AS", "45 years"),
+}
+
+
+def test_malformed_patient_and_study_values_are_emptied_and_never_quoted(tmp_path, caplog):
+    """A birth date as 1970-01-01, a time with colons, PatientSex U: the SR and SEG are still written, valid, with
+    those attributes empty (type 2) or left out; the warning names the attributes, never a value."""
+    import warnings
+
+    from pipeline.dicom_out import write_dicom_outputs
+
+    case = phantom_case(tmp_path / "case")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydicom warns (and logs) as they are set and written
+        for path in sorted(case.dicom.rglob("*.dcm")):
+            ds = pydicom.dcmread(path)
+            for kw, (vr, value) in MALFORMED.items():
+                ds[kw] = pydicom.DataElement(pydicom.datadict.tag_for_keyword(kw), vr, value)
+            ds.save_as(path, enforce_file_format=True)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipeline.dicom_out"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        source = read_source_series(case.dicom, case.volume)
+        paths = write_dicom_outputs(
+            tmp_path / "out",
+            source=source,
+            volume=case.volume,
+            findings=case.findings,
+            organ_masks=case.organ_masks,
+            nodules=case.nodules,
+            model_name="m",
+            model_version="1",
+            score_threshold=0.5,
+        )
+    assert set(MALFORMED) <= set(source.generated)
+    said = caplog.text + "".join(str(w.message) for w in caught)
+    assert "PatientAge, PatientBirthDate, PatientSex, StudyTime are not valid DICOM" in caplog.text
+    assert not [value for _, value in MALFORMED.values() if value in said]
+    for kind in ("sr", "seg"):
+        ds = pydicom.dcmread(paths[kind])
+        assert (ds.PatientBirthDate, ds.StudyTime, ds.PatientSex) == ("", "", ""), kind
+        assert "PatientAge" not in ds and ds.PatientID == case.source.datasets[0].PatientID, kind
+        assert_valid(paths[kind], allowed_warnings=("<99CTPIPE>", "needed to build DICOMDIR - Study Time"))
+
+
 def test_source_of_another_grid_is_refused(tmp_path):
     from pipeline.dicom_out import write_seg
 

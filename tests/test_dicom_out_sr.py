@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import warnings
 
 import numpy as np
 import pydicom
@@ -194,6 +195,23 @@ def test_source_without_frame_of_reference_or_patient_gives_a_valid_sr(tmp_path,
     assert (table.frame_of_reference_uid == source.frame_of_reference_uid).all()
     ds = pydicom.dcmread(path)
     assert ds.PatientID == "" and ds.StudyInstanceUID == source.study_instance_uid
+
+
+def test_one_component_names_are_copied_without_a_warning_that_quotes_them(tmp_path):
+    """highdicom warns about a person name of one component and quotes it; the SR copies the source's names as they
+    are, and no warning carries a patient's name to the console or the logs."""
+    case = phantom_case(tmp_path / "case")
+    for path in sorted(case.dicom.rglob("*.dcm")):
+        ds = pydicom.dcmread(path)
+        ds.PatientName, ds.ReferringPhysicianName = "Quillfeather", "Zenobia"
+        ds.save_as(path, enforce_file_format=True)
+    source = read_source_series(case.dicom, case.volume)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = _write(case, tmp_path / "sr.dcm", source=source)
+    assert not [str(w.message) for w in caught if "Quillfeather" in str(w.message) or "Zenobia" in str(w.message)]
+    ds = pydicom.dcmread(path)
+    assert (str(ds.PatientName), str(ds.ReferringPhysicianName)) == ("Quillfeather", "Zenobia")
 
 
 def test_bad_options_are_refused(tmp_path):

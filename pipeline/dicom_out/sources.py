@@ -8,8 +8,10 @@ land on the slices the viewer shows.
 
 Sources missing attributes that the results must repeat are repaired in the headers kept here
 (never on disk), each with a warning: a missing StudyInstanceUID or FrameOfReferenceUID is
-generated, missing patient and study attributes of DICOM type 2 are written empty. Without
-SOPInstanceUID or ImagePositionPatient an image cannot be referenced:
+generated, missing patient and study attributes of DICOM type 2 are written empty. Patient and study
+values the results cannot repeat (a date such as ``1970-01-01``, PatientSex ``U``, a value too long for
+its VR) are written empty, or left out where optional, with a warning that names the attribute, never
+the value. Without SOPInstanceUID or ImagePositionPatient an image cannot be referenced:
 :class:`~pipeline.errors.SourceMismatchError` names the attribute and the file. Images without
 SeriesInstanceUID (de-identified archives) belong to a volume that ingest gave a generated series id
 (``SeriesInstanceUIDGenerated`` in its metadata): they are picked by the SOP Instance UIDs ingest
@@ -213,7 +215,45 @@ def _repair(datasets: list[Any], volume: CTVolume, where: str) -> tuple[str, ...
     if empty:
         repaired += empty
         log.warning("%s: the source has no %s; written empty in the results", where, ", ".join(empty))
+    invalid = sorted({kw for ds in datasets for kw in PATIENT_STUDY_KEYWORDS if kw in ds and not _valid_value(ds[kw])})
+    for ds in datasets:
+        for kw in invalid:
+            if kw in _TYPE2:
+                setattr(ds, kw, "")
+            elif kw in ds:
+                delattr(ds, kw)
+    if invalid:
+        repaired += invalid
+        # the values themselves are not logged: most of them identify the patient
+        log.warning(
+            "%s: the source's %s %s not valid DICOM; written empty in the results (or left out where optional)",
+            where,
+            ", ".join(invalid),
+            "is" if len(invalid) == 1 else "are",
+        )
     return tuple(repaired)
+
+
+def _valid_value(element: Any) -> bool:
+    """Whether a copied patient or study attribute holds a value of its VR that the results can repeat: the VR's
+    format and length (pydicom's validation), dates and times pydicom can parse, PatientSex M, F or O (or empty)."""
+    from pydicom import config
+    from pydicom.valuerep import DA, DT, TM, validate_value
+
+    if element.VR == "SQ":
+        return True
+    value = element.value
+    if value in (None, ""):
+        return True
+    values = list(value) if element.VM > 1 else [value]
+    try:
+        for v in values:
+            validate_value(element.VR, v, config.RAISE)
+            if element.VR in ("DA", "DT", "TM"):
+                {"DA": DA, "DT": DT, "TM": TM}[element.VR](str(v))
+    except (ValueError, TypeError):
+        return False
+    return element.keyword != "PatientSex" or str(value) in ("M", "F", "O")
 
 
 def _positions(path: Path, ds: Any) -> tuple[np.ndarray, list[int] | None]:

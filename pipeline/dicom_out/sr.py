@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ from .sources import SourceSeries
 from .uids import stable_uid
 
 log = logging.getLogger(__name__)
+
+#: highdicom's warning about a person name of one component, which quotes the name
+PERSON_NAME_WARNING = r"The string .* is unlikely to represent the intended person name"
 
 SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit)
@@ -255,18 +259,22 @@ def build_sr(
     )
     # evidence: the images the content references (the first slice for a no-findings report, naming the series)
     evidence = [source.datasets[0]] if source.multiframe else [source.datasets[k] for k in referenced or [0]]
-    sr = hd.sr.Comprehensive3DSR(
-        evidence=evidence,
-        content=report,
-        series_instance_uid=series_uid or generate_uid(),
-        series_number=series_number,
-        sop_instance_uid=sop_instance_uid or generate_uid(),
-        instance_number=1,
-        manufacturer="ctpipe",
-        is_complete=True,
-        is_final=False,
-        is_verified=False,
-    )
+    with warnings.catch_warnings():
+        # highdicom warns about a one-component person name of the source (copied as it is, as results must) and
+        # quotes it: a patient's name in the console and the logs
+        warnings.filterwarnings("ignore", message=PERSON_NAME_WARNING, category=UserWarning)
+        sr = hd.sr.Comprehensive3DSR(
+            evidence=evidence,
+            content=report,
+            series_instance_uid=series_uid or generate_uid(),
+            series_number=series_number,
+            sop_instance_uid=sop_instance_uid or generate_uid(),
+            instance_number=1,
+            manufacturer="ctpipe",
+            is_complete=True,
+            is_final=False,
+            is_verified=False,
+        )
     sr.SeriesDescription = SR_SERIES_DESCRIPTION
     if created is not None:
         from pydicom.valuerep import DA, DT, TM
