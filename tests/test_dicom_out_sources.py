@@ -153,8 +153,9 @@ def dicom_tool(name: str) -> str:
 
 def dciodvfy(path: Path) -> tuple[list[str], list[str]]:
     """(errors, warnings) that dicom3tools' ``dciodvfy`` reports for ``path``."""
-    result = subprocess.run([dicom_tool("dciodvfy"), str(path)], capture_output=True, text=True, timeout=120)
-    lines = (result.stdout + result.stderr).splitlines()
+    result = subprocess.run([dicom_tool("dciodvfy"), str(path)], capture_output=True, timeout=120)
+    # it quotes values in the file's own character set, which need not be UTF-8
+    lines = (result.stdout + result.stderr).decode("utf-8", errors="replace").splitlines()
     return [x for x in lines if x.startswith("Error")], [x for x in lines if x.startswith("Warning")]
 
 
@@ -340,6 +341,40 @@ def test_malformed_patient_and_study_values_are_emptied_and_never_quoted(tmp_pat
         assert (ds.PatientBirthDate, ds.StudyTime, ds.PatientSex) == ("", "", ""), kind
         assert "PatientAge" not in ds and ds.PatientID == case.source.datasets[0].PatientID, kind
         assert_valid(paths[kind], allowed_warnings=("<99CTPIPE>", "needed to build DICOMDIR - Study Time"))
+
+
+@pytest.mark.parametrize(
+    ("charset", "name"),
+    [
+        ("ISO_IR 100", "Müller^Jürgen"),
+        ("ISO_IR 192", "李^雷"),
+        ("ISO_IR 144", "Иванов^Иван"),
+        (["", "ISO 2022 IR 87"], "Yamada^Tarou=山田^太郎=やまだ^たろう"),  # PS3.5 H.3.2: an empty first value
+    ],
+    ids=["latin1", "utf8", "cyrillic", "japanese"],
+)
+def test_names_in_the_source_character_set_reach_the_results(tmp_path, charset, name):
+    from pipeline.dicom_out import write_dicom_outputs
+
+    case = phantom_case(tmp_path / "case")
+    for path in sorted(case.dicom.rglob("*.dcm")):
+        ds = pydicom.dcmread(path)
+        ds.SpecificCharacterSet, ds.PatientName = charset, name
+        ds.save_as(path, enforce_file_format=True)
+    paths = write_dicom_outputs(
+        tmp_path / "out",
+        source=read_source_series(case.dicom, case.volume),
+        volume=case.volume,
+        findings=case.findings,
+        organ_masks=case.organ_masks,
+        nodules=case.nodules,
+        model_name="m",
+        model_version="1",
+        score_threshold=0.5,
+    )
+    for kind in ("sr", "seg"):
+        assert str(pydicom.dcmread(paths[kind]).PatientName) == name, kind
+        assert_valid(paths[kind])
 
 
 def test_source_of_another_grid_is_refused(tmp_path):

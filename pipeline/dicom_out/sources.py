@@ -208,6 +208,12 @@ def _repair(datasets: list[Any], volume: CTVolume, where: str) -> tuple[str, ...
             raise SourceMismatchError(
                 f"the source images disagree in {keyword}: {sorted(values)}", where=where, fix="pass the files of one series"
             )
+    for ds in datasets:
+        charset = ds.get("SpecificCharacterSet")
+        if charset is not None and not isinstance(charset, str) and len(charset) > 1 and not charset[0]:
+            # an empty first value is the default repertoire with code extensions (PS3.3 C.12.1.1.2), as Japanese
+            # archives write it ("\ISO 2022 IR 87"); named, so that the results' writers accept it
+            ds.SpecificCharacterSet = ["ISO 2022 IR 6", *charset[1:]]
     empty = [kw for kw in _TYPE2 if kw not in first]
     for ds in datasets:
         for kw in empty:
