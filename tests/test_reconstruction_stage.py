@@ -191,6 +191,22 @@ def test_cli_on_a_cache_entry(tmp_path, phantom, capsys):
     assert "lungs total" in capsys.readouterr().out
 
 
+def test_cli_on_lungs_cut_by_the_scan_range_prints_their_figures_as_unreliable(tmp_path, capsys):
+    chest = generate_phantom(5, matrix=128, pixel_spacing=2.0, slice_spacing=5.0, n_nodules=0).volume
+    g = chest.geometry
+    z = g.index_to_lps(np.stack([np.zeros(g.shape[0]), np.zeros(g.shape[0]), np.arange(g.shape[0])], axis=1))[:, 2]
+    k = np.flatnonzero(z >= z.min() + 0.45 * (z.max() - z.min()))  # the upper 55 % (S): no lung bases
+    upper = chest.crop((0, 0, int(k.min())), (g.shape[2], g.shape[1], int(k.max()) + 1))
+    CaseCache(tmp_path / "cache").write("upper", upper)
+    rc = ctpipe_main(
+        ["reconstruct", str(tmp_path / "cache" / "upper.json"), "--out", str(tmp_path / "out"), "--no-render"]
+        + ["--organs", "lung_left,lung_right", "--no-dicom"]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "lungs total" in out and "(unreliable: lungs_base_cut)" in out
+
+
 def test_cli_bad_source_is_a_clear_error(tmp_path, capsys):
     rc = ctpipe_main(["reconstruct", str(tmp_path / "missing.nii"), "--out", str(tmp_path / "o")])
     assert rc == 1

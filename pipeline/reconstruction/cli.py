@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
     lungs = rec.measurements.get("lungs")
     if lungs and lungs.get("lungs_total_volume_ml"):
         print(
-            f"lungs total {lungs['lungs_total_volume_ml']:.1f} mL, emphysema index {lungs['emphysema_index_pct']:.2f} % "
-            f"(< {lungs['emphysema_threshold_hu']:.0f} HU)"
+            f"lungs total {_figure(lungs['lungs_total_volume_ml'], '.1f')} mL, emphysema index "
+            f"{_figure(lungs.get('emphysema_index_pct'), '.2f')} % (< {lungs['emphysema_threshold_hu']:.0f} HU)"
         )
     for what, msg in rec.errors.items():
         print(f"ctpipe reconstruct: {what}: {msg}", file=sys.stderr)
@@ -143,6 +143,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {n_files} files to {args.out}")
     status = 0 if rec.meshes else 1
     return max(status, _write_dicom(args, volume, rec, reported, stem))
+
+
+def _figure(value: Any, spec: str) -> str:
+    """A lung figure as the summary prints it: the number, "n/a" for none, and a figure a quality flag makes
+    unreliable (``{"value", "reliable": False, "reason"}``, :func:`.quality.mark_unreliable`) with that reason."""
+    if isinstance(value, dict):
+        return f"{_figure(value.get('value'), spec)} (unreliable: {value.get('reason')})"
+    return "n/a" if value is None else format(value, spec)
 
 
 def _write_dicom(args: argparse.Namespace, volume: Any, rec: Any, findings: Any, stem: str) -> int:
