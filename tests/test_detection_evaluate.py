@@ -157,6 +157,9 @@ def test_files_and_cli(tmp_path, capsys):
         w.writerow(["seriesuid", "coordX", "coordY", "coordZ", "probability"])
         w.writerow(["s1", 0, 0, 0, 0.9])
     assert load_predictions([tmp_path / "cand.csv"])["s1"][0][1] == 0.9
+    # the same saved from a spreadsheet (byte-order mark, semicolons, CRLF)
+    (tmp_path / "excel.csv").write_bytes(b"\xef\xbb\xbfseriesuid;coordX;coordY;coordZ;probability\r\ns1;0;0;0;0.9\r\n")
+    assert load_predictions([tmp_path / "excel.csv"])["s1"][0][1] == 0.9
     with pytest.raises(ConfigError, match="lack"):
         load_predictions([tmp_path / "annotations.csv"])
 
@@ -175,7 +178,7 @@ def test_findings_are_scored_on_all_candidates_whatever_the_threshold(tmp_path):
     # a mark exactly on the radius is no hit (LUNA16: distance < radius)
     edge = evaluate_froc({"s": [((5.0, 0, 0), 0.9)]}, {"s": [((0.0, 0.0, 0.0), 10.0)]}, n_bootstrap=0)
     assert edge.n_detected == 0
-    (tmp_path / "ids.csv").write_text("seriesuid\ns1\ns2\n\ns1\n")
+    (tmp_path / "ids.csv").write_text("\ufeffseriesuid\r\ns1\r\ns2\r\n\r\ns1\r\n", encoding="utf-8")
     assert load_scans(tmp_path / "ids.csv") == ["s1", "s2"]
     with pytest.raises(ConfigError, match="max_marks"):
         evaluate_froc({"s1": every}, {"s1": TRUTH["s1"]}, n_bootstrap=0, max_marks_per_scan=0)

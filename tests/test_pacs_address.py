@@ -42,7 +42,7 @@ def test_worklist_of_series_and_of_studies(tmp_path):
     src = parse_source("dimse://PACS@localhost:104?worklist=wl.csv", base=tmp_path)
     assert src.query.series == ((f"{UID}.1", f"{UID}.2"), (None, f"{UID}.3"))
     studies = tmp_path / "studies.csv"
-    studies.write_text(f"study_uid\n{UID}.7\n")
+    studies.write_text(f"\ufeffstudy_uid\r\n{UID}.7\r\n", encoding="utf-8")  # a spreadsheet's export
     assert parse_source(f"dimse://PACS@localhost:104?worklist={studies}").query.studies == (f"{UID}.7",)
 
 

@@ -148,6 +148,17 @@ def test_worklist_csv_discovery(dicom_data, tmp_path):
     assert len(keys) == 5 and len(set(keys)) == 3
 
 
+def test_worklist_exported_from_a_spreadsheet(dicom_data, tmp_path):
+    from pipeline.config import load_config
+    from pipeline.runner.discover import discover
+
+    good = dicom_data["good"]
+    wl = tmp_path / "worklist.csv"  # Excel's "CSV UTF-8" where commas are decimal separators: BOM, semicolons, CRLF
+    wl.write_bytes(f"\ufeffPath;Case_ID\r\n{good / 'case11'};nightly-1\r\n".encode())
+    (case,) = discover([wl], load_config(environ={})).cases
+    assert case.rejected is None and case.case_id == "nightly-1" and case.series_uid == dicom_data["good_uids"][0]
+
+
 def test_a_model_that_cannot_load_stops_the_run_with_its_reason(dicom_data, tmp_path):
     from pipeline.runner import run_batch
 

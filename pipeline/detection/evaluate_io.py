@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..csvfile import read_table
 from ..errors import ConfigError
 from .findings import Findings
 
@@ -30,23 +31,25 @@ log = logging.getLogger(__name__)
 
 def _csv_rows(path: Path, value_key: str) -> dict[str, list[tuple[np.ndarray, float]]]:
     out: dict[str, list[tuple[np.ndarray, float]]] = {}
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        fields = set(reader.fieldnames or [])
-        need = {"seriesuid", "coordX", "coordY", "coordZ", value_key}
-        if not need <= fields:
-            raise ConfigError(
-                f"CSV columns {sorted(fields)} lack {sorted(need - fields)}",
-                where=path,
-                fix=f"use the LUNA16 layout: seriesuid,coordX,coordY,coordZ,{value_key}",
-            )
-        for n, row in enumerate(reader, 2):
-            try:
-                c = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
-                v = float(row[value_key])
-            except ValueError as exc:
-                raise ConfigError(f"line {n}: not a number ({exc})", where=path) from exc
-            out.setdefault(row["seriesuid"], []).append((c, v))
+    try:
+        table = read_table(path)
+    except (OSError, csv.Error, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the CSV ({exc})", where=path, fix="save it as a UTF-8 CSV file") from exc
+    fields = set(table.columns)
+    need = {"seriesuid", "coordX", "coordY", "coordZ", value_key}
+    if not need <= fields:
+        raise ConfigError(
+            f"CSV columns {sorted(fields)} lack {sorted(need - fields)}",
+            where=path,
+            fix=f"use the LUNA16 layout: seriesuid,coordX,coordY,coordZ,{value_key}",
+        )
+    for n, row in enumerate(table.rows, 2):
+        try:
+            c = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
+            v = float(row[value_key])
+        except ValueError as exc:
+            raise ConfigError(f"row {n}: not a number ({exc})", where=path) from exc
+        out.setdefault(row["seriesuid"].strip(), []).append((c, v))
     return out
 
 
@@ -119,7 +122,7 @@ def load_scans(path: str | Path) -> list[str]:
     """The scan ids (SeriesInstanceUIDs) of a test set, from a CSV like LUNA16's ``seriesuids.csv``."""
     path = Path(path)
     try:
-        with open(path, newline="") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # a spreadsheet's byte-order mark is not the UID's
             rows = [row for row in csv.reader(fh) if row and row[0].strip()]
     except OSError as exc:
         raise ConfigError(f"cannot read the scan list ({exc.strerror})", where=path) from exc

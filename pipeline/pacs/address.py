@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
+from ..csvfile import read_table
 from ..errors import PacsAddressError
 
 SCHEMES = ("dicomweb+http", "dicomweb+https", "dimse")
@@ -209,8 +210,7 @@ def _uids(value: str, key: str, where: str) -> tuple[str, ...]:
 def read_uid_worklist(path: Path, where: str) -> tuple[tuple[str | None, str], ...] | tuple[str, ...]:
     """Rows of a UID worklist CSV: ``((study, series), ...)`` when it has a series column, else ``(study, ...)``."""
     try:
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
+        rows = read_table(path).rows
     except (OSError, csv.Error, UnicodeDecodeError) as exc:
         raise PacsAddressError(
             f"cannot read the worklist {path} ({exc})",

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
+from ..csvfile import read_table
 from ..errors import ConfigError, NoSeriesFoundError
 from .stage import CaseSpec
 
@@ -128,14 +129,21 @@ def _scan(
 
 
 def read_worklist(path: Path, cfg: Config) -> list[dict[str, str]]:
+    """The rows of a worklist CSV (:func:`pipeline.csvfile.read_table`: a spreadsheet's export reads too), keyed by
+    the lower-case column names, each ``path`` made absolute (relative to ``runner.worklist_root`` or the CSV's
+    folder)."""
     try:
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
+        table = read_table(path)
     except (OSError, csv.Error, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the worklist ({exc})", where=path, fix="give a CSV file with a 'path' column") from exc
+        raise ConfigError(
+            f"cannot read the worklist ({exc})",
+            where=path,
+            fix="save it as a UTF-8 CSV file (in Excel: CSV UTF-8) with a 'path' column",
+        ) from exc
+    rows = [{k.lower(): v for k, v in r.items()} for r in table.rows]
     if rows and "path" not in rows[0]:
         raise ConfigError(
-            f"the worklist has no 'path' column (columns: {', '.join(rows[0])})",
+            f"the worklist has no 'path' column (columns: {', '.join(table.columns)})",
             where=path,
             fix="name the column holding folders/files 'path'; optional columns: series_uid, case_id",
         )
