@@ -291,6 +291,25 @@ def test_cli_detect_and_evaluate_from_dicom(tmp_path, capsys):
     assert "CPM" in capsys.readouterr().out
 
 
+def test_cli_detect_picks_one_series_of_a_study_folder(tmp_path, capsys):
+    """A study folder with two CT series: ctpipe detect names both and the flag that picks one; --series-uid runs it."""
+    from pipeline.cli import main
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+
+    uids = []
+    for seed in (3, 4):
+        vol = generate_phantom(seed, matrix=64, pixel_spacing=2.0, slice_spacing=5.0, n_nodules=0).volume
+        write_dicom_series(vol, tmp_path / "study" / f"series{seed}", seed=seed)
+        uids.append(vol.series_uid)
+    args = ["detect", str(tmp_path / "study"), "--out", str(tmp_path / "out"), "--no-png", "--no-dicom"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "2 CT series qualify" in err and all(u in err for u in uids) and "--series-uid" in err
+    assert main([*args, "--series-uid", uids[1]]) == 0
+    assert (tmp_path / "out" / f"{uids[1]}.findings.json").is_file()
+
+
 # --- the scanner's slice numbers --------------------------------------------------------------
 def _written_series(tmp_path, numbers=None, *, enhanced=False):
     """A small phantom written as DICOM (InstanceNumbers rewritten to ``numbers[k]`` when given), ingested again."""

@@ -207,11 +207,22 @@ def test_cli_on_lungs_cut_by_the_scan_range_prints_their_figures_as_unreliable(t
     assert "lungs total" in out and "(unreliable: lungs_base_cut)" in out
 
 
+def test_cli_reads_a_nifti_image_as_ctpipe_detect_does(tmp_path, phantom, capsys):
+    import SimpleITK as sitk
+
+    sitk.WriteImage(phantom.volume.to_sitk(), str(tmp_path / "chest.nii.gz"))
+    args = ["reconstruct", str(tmp_path / "chest.nii.gz"), "--out", str(tmp_path / "out"), "--no-render"]
+    assert ctpipe_main([*args, "--organs", "lung_left,lung_right", "--no-dicom"]) == 0
+    assert (tmp_path / "out" / "chest_lung_left.stl").is_file() and "lungs total" in capsys.readouterr().out
+    assert ctpipe_main([*args, "--series-uid", "1.2.3", "--no-dicom"]) == 1
+    assert "leave out --series-uid" in capsys.readouterr().err
+
+
 def test_cli_bad_source_is_a_clear_error(tmp_path, capsys):
     rc = ctpipe_main(["reconstruct", str(tmp_path / "missing.nii"), "--out", str(tmp_path / "o")])
     assert rc == 1
     err = capsys.readouterr().err
-    assert "missing.nii" in err and "neither a DICOM folder" in err
+    assert "missing.nii" in err and "no such file or folder; a source is a DICOM folder" in err
 
 
 @pytest.mark.parametrize("shape", [(40, 37, 20), (20, 20, 8)])

@@ -63,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument(
         "--all-candidates", action="store_true", help="report every candidate the detector keeps, whatever its score"
     )
+    p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
     p.add_argument("--case-id", default=None, help="name of the output files (default: from the source)")
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
     p.add_argument("--max-png", type=int, default=20, help="PNGs for at most this many top findings")
@@ -109,36 +110,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.set_defaults(func=_evaluate)
 
 
-def _read_source(src: Path):
-    from ..errors import CtpipeError
-
-    if src.suffix in (".npy", ".json") and src.is_file():
-        from ..cache import CaseCache
-
-        return CaseCache(src.parent).read(src.stem, mmap=True), src.stem
-    name = src.name
-    for ext in (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd"):
-        if name.endswith(ext) and src.is_file():
-            import SimpleITK as sitk
-
-            from ..volume import CTVolume
-
-            try:
-                img = sitk.ReadImage(str(src))
-            except RuntimeError as exc:
-                raise CtpipeError(f"image cannot be read ({str(exc).splitlines()[0]})", where=src) from exc
-            return CTVolume.from_sitk(img, metadata={"SeriesInstanceUID": name[: -len(ext)]}), name[: -len(ext)]
-    from ..ingest import load_series
-
-    vol = load_series(src)
-    return vol, (vol.series_uid or src.name)
-
-
 def _detect(args: argparse.Namespace) -> int:
+    from ..ingest.source import read_source
     from .figures import write_finding_pngs
     from .infer import Detector
 
-    volume, case_id = _read_source(args.src)
+    volume, case_id = read_source(args.src, series_uid=args.series_uid, mmap=True)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
     det = Detector(
         bundle=args.bundle,

@@ -96,7 +96,7 @@ def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
         + (" | ".join(lines) or "none")
         + f"; files skipped: {skipped}",
         where=where,
-        fix="pick a series with series_uid=... (ctpipe ingest --series-uid), or relax the rules "
+        fix="pick a series with series_uid=... (--series-uid on the command line), or relax the rules "
         "(min_slices, allow_derived, axial_tolerance_deg)",
     )
 
@@ -172,7 +172,8 @@ def load_series(
         raise AmbiguousSeriesError(
             f"{len(chosen)} CT series qualify: {_series_list(chosen)}",
             where=p,
-            fix="pass series_uid=<one of the keys above> (ctpipe ingest --series-uid), or use ingest_to_cache to take them all",
+            fix="pass series_uid=<one of the keys above> (--series-uid on the command line), or use ingest_to_cache "
+            "(ctpipe ingest, ctpipe run) to take them all",
         )
     if not chosen:
         raise _explain_nothing(scan, rules)

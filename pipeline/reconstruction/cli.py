@@ -39,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "patient coordinates (LPS, mm), <stem>_measurements.json, <stem>_labels.npz and PNG renderings into --out."
         ),
     )
-    p.add_argument("src", metavar="SRC", type=Path, help="DICOM folder or case-cache .json/.npy file")
+    p.add_argument(
+        "src", metavar="SRC", type=Path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image"
+    )
     p.add_argument("--out", required=True, type=Path, help="output folder")
     p.add_argument("--formats", default="stl", help="comma-separated mesh formats: stl,ply,obj,glb (default stl)")
     p.add_argument("--organs", default=",".join(ORGANS), help=f"comma-separated organs (default {','.join(ORGANS)})")
@@ -57,23 +59,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
     add_dicom_options(p, default="sr,seg")
     p.set_defaults(func=run)
-
-
-def _load(src: Path, series_uid: str | None) -> tuple[Any, str]:
-    from ..cache import CaseCache
-
-    if src.is_file() and src.suffix in (".json", ".npy"):
-        return CaseCache(src.parent).read(src.stem), src.stem
-    if src.is_dir():
-        from ..ingest import load_series
-
-        vol = load_series(src, series_uid=series_uid)
-        return vol, (vol.series_uid or src.name)
-    raise CtpipeError(
-        "is neither a DICOM folder nor a case-cache .json/.npy file",
-        where=src,
-        fix="pass a folder of DICOM files or a file written by `ctpipe ingest`",
-    )
 
 
 def _findings(path: Path) -> tuple[list[Any], Any]:
@@ -101,11 +86,12 @@ def _findings(path: Path) -> tuple[list[Any], Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..ingest.source import read_source
     from .stage import reconstruct
 
     formats = [f for f in args.formats.split(",") if f]
     organs = [o for o in args.organs.split(",") if o]
-    volume, stem = _load(args.src, args.series_uid)
+    volume, stem = read_source(args.src, series_uid=args.series_uid)
     findings, reported = _findings(args.findings) if args.findings else (None, None)
     if args.target_triangles is not None and args.target_triangles < 100:
         raise CtpipeError(
@@ -134,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
     lungs = rec.measurements.get("lungs")
     if lungs and lungs.get("lungs_total_volume_ml"):
         print(
-            f"lungs total {_figure(lungs['lungs_total_volume_ml'], '.1f')} mL, emphysema index "
-            f"{_figure(lungs.get('emphysema_index_pct'), '.2f')} % (< {lungs['emphysema_threshold_hu']:.0f} HU)"
+            f"lungs total {_figure(lungs['lungs_total_volume_ml'], '.1f', 'mL')}, emphysema index "
+            f"{_figure(lungs.get('emphysema_index_pct'), '.2f', '%')} (< {lungs['emphysema_threshold_hu']:.0f} HU)"
         )
     for what, msg in rec.errors.items():
         print(f"ctpipe reconstruct: {what}: {msg}", file=sys.stderr)
@@ -145,12 +131,12 @@ def run(args: argparse.Namespace) -> int:
     return max(status, _write_dicom(args, volume, rec, reported, stem))
 
 
-def _figure(value: Any, spec: str) -> str:
-    """A lung figure as the summary prints it: the number, "n/a" for none, and a figure a quality flag makes
-    unreliable (``{"value", "reliable": False, "reason"}``, :func:`.quality.mark_unreliable`) with that reason."""
+def _figure(value: Any, spec: str, unit: str) -> str:
+    """A lung figure as the summary prints it: the number and its unit, "n/a" for none, and a figure a quality flag
+    makes unreliable (``{"value", "reliable": False, "reason"}``, :func:`.quality.mark_unreliable`) with the reason."""
     if isinstance(value, dict):
-        return f"{_figure(value.get('value'), spec)} (unreliable: {value.get('reason')})"
-    return "n/a" if value is None else format(value, spec)
+        return f"{_figure(value.get('value'), spec, unit)} (unreliable: {value.get('reason')})"
+    return "n/a" if value is None else f"{value:{spec}} {unit}"
 
 
 def _write_dicom(args: argparse.Namespace, volume: Any, rec: Any, findings: Any, stem: str) -> int:

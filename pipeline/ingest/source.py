@@ -1,0 +1,56 @@
+"""The CT volume a command-line source names: a DICOM folder or file, a case-cache entry, or a NIfTI/MHA/NRRD image.
+
+``ctpipe detect`` and ``ctpipe reconstruct`` take the same sources through :func:`read_source`. Volumes are HU with
+their geometry in DICOM patient coordinates (LPS, mm); SimpleITK reads the image files in LPS (a NIfTI stored RAS
+on disk included).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import CtpipeError
+from ..volume import CTVolume
+
+#: file name endings read as images by SimpleITK
+IMAGE_SUFFIXES = (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd")
+#: what a source may be, for error messages
+SOURCE_KINDS = "a DICOM folder or file, a case-cache .json/.npy file (ctpipe ingest) or a NIfTI/MHA/NRRD image"
+
+
+def read_source(src: str | Path, *, series_uid: str | None = None, mmap: bool = False) -> tuple[CTVolume, str]:
+    """The volume at ``src`` and a name for its outputs (the series UID, the cache entry's or the image's name).
+
+    ``series_uid`` picks one series of a DICOM folder holding several (a SeriesInstanceUID or ingest's
+    ``<uid>#<part>`` key); ``mmap``: a case-cache entry's array is memory-mapped (read-only) instead of read.
+    """
+    src = Path(src)
+    if not src.exists():
+        raise CtpipeError(f"no such file or folder; a source is {SOURCE_KINDS}", where=src, fix="check the path")
+    image_suffix = next((s for s in IMAGE_SUFFIXES if src.name.endswith(s)), None) if src.is_file() else None
+    cache_entry = src.is_file() and src.suffix in (".npy", ".json")
+    if series_uid is not None and (image_suffix or cache_entry):
+        raise CtpipeError(
+            f"a series UID ({series_uid}) picks a series of a DICOM folder; this source holds one volume",
+            where=src,
+            fix="leave out --series-uid",
+        )
+    if cache_entry:
+        from ..cache import CaseCache
+
+        return CaseCache(src.parent).read(src.stem, mmap=mmap), src.stem
+    if image_suffix:
+        import SimpleITK as sitk
+
+        stem = src.name[: -len(image_suffix)]
+        try:
+            img = sitk.ReadImage(str(src))
+        except RuntimeError as exc:
+            raise CtpipeError(
+                f"image cannot be read ({str(exc).strip().splitlines()[0]})", where=src, fix=f"pass {SOURCE_KINDS}"
+            ) from exc
+        return CTVolume.from_sitk(img, metadata={"SeriesInstanceUID": stem}), stem
+    from .api import load_series
+
+    vol = load_series(src, series_uid=series_uid)
+    return vol, (vol.series_uid or src.name)
