@@ -39,3 +39,22 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and an atomic rename."""
     with atomic_open(path) as fh:
         fh.write(data)
+
+
+def ensure_dir(path: str | os.PathLike[str], *, what: str = "--out") -> Path:
+    """The folder ``path``, created with its parents if missing; a :class:`~pipeline.errors.CtpipeError` naming
+    ``what`` (the option or setting that gave it) when it is a file or cannot be created or written."""
+    from .errors import CtpipeError
+
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise CtpipeError(f"{what}: this is a file, not a folder", where=folder, fix=f"give {what} a folder path")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CtpipeError(
+            f"{what}: the folder cannot be created ({exc.strerror})", where=folder, fix="choose a folder this user can write"
+        ) from exc
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CtpipeError(f"{what}: the folder is not writable", where=folder, fix="choose a folder this user can write")
+    return folder

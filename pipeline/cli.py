@@ -84,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CtpipeError as exc:
         print(f"ctpipe {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a file or folder the command reads or writes: named, with the system's reason
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"ctpipe {args.command}: error: {where}{exc.strerror or exc}. Fix: check the path", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -485,10 +485,14 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(
             f"cannot read the config file ({exc.strerror})", where=p, fix="check the path given to --config"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"not a text file (byte {exc.start} is not UTF-8)", where=p, fix="pass a YAML file, e.g. configs/default.yaml"
         ) from exc
     try:
         data = yaml.safe_load(text)
@@ -558,9 +562,15 @@ def load_config(
     sources: dict[str, str] = {}
     if path is not None:
         _merge(data, read_file(path), str(path), sources)
-    _merge(data, env_layer(environ), "environment", sources)
-    if overrides:
-        _merge(data, overrides_layer({k: v for k, v in overrides.items() if v is not None}), "overrides", sources)
+    given = overrides_layer({k: v for k, v in (overrides or {}).items() if v is not None})
+    for sec, values in env_layer(environ).items():
+        for key, value in values.items():
+            if key in given.get(sec, {}):
+                continue  # the command line (or caller) sets it: the variable does not count, whatever its value
+            name = f"CTPIPE_{sec}_{key}".upper()
+            _merge(data, {sec: {key: value}}, f"environment variable {name}", sources)
+    if given:
+        _merge(data, given, "overrides", sources)
     return Config(data, sources)
 
 

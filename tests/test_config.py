@@ -73,7 +73,7 @@ def test_precedence_cli_over_env_over_file_over_defaults(tmp_path):
     assert cfg.runner.device == "auto"  # an unset flag (None) changes nothing
     assert cfg.metrics.bind == "127.0.0.1"  # default
     assert cfg.sources["runner.workers"] == "overrides"
-    assert cfg.sources["report.hours_per_day"] == "environment"
+    assert cfg.sources["report.hours_per_day"] == "environment variable CTPIPE_REPORT_HOURS_PER_DAY"
     cfg2 = load_config(f, environ=env)
     assert cfg2.runner.workers == 6
 
@@ -81,7 +81,9 @@ def test_precedence_cli_over_env_over_file_over_defaults(tmp_path):
 def test_env_values_are_validated_with_the_variable_name():
     with pytest.raises(ConfigError) as ei:
         load_config(environ={"CTPIPE_RUNNER_WORKERS": "many"})
-    assert "runner.workers" in str(ei.value) and "'many'" in str(ei.value) and "environment" in str(ei.value)
+    assert "runner.workers" in str(ei.value) and "'many'" in str(ei.value) and "CTPIPE_RUNNER_WORKERS" in str(ei.value)
+    # the command line (an override) takes precedence: the variable does not count, whatever its value
+    assert load_config(environ={"CTPIPE_RUNNER_WORKERS": "many"}, overrides={"workers": 0}).runner.workers == 0
     with pytest.raises(ConfigError, match="CTPIPE_RUNNER_WORKRES"):
         load_config(environ={"CTPIPE_RUNNER_WORKRES": "2"})
 

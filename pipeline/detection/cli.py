@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import number_in
 from ..dicom_out.kinds import add_dicom_options
 from .evaluate import READINGS
 
@@ -55,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--score-threshold",
-        type=float,
+        type=number_in(float, 0.0, 1.0),
         default=None,
         metavar="P",
         help="report findings scoring at or above P (0..1; default: the model's operating point)",
@@ -66,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
     p.add_argument("--case-id", default=None, help="name of the output files (default: from the source)")
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
-    p.add_argument("--max-png", type=int, default=20, help="PNGs for at most this many top findings")
+    p.add_argument("--max-png", type=number_in(int, 0), default=20, help="PNGs for at most this many top findings")
     add_dicom_options(p, default="sr")
     p.set_defaults(func=_detect)
 
@@ -76,8 +77,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--truth", nargs="+", required=True, type=Path, help="phantom ground_truth.json files/folders or a LUNA16 annotations CSV"
     )
     e.add_argument("--out", type=Path, required=True, help="folder for froc.json, froc.csv, froc.png")
-    e.add_argument("--bootstrap", type=int, default=1000, help="bootstrap samples for the 95%% intervals")
-    e.add_argument("--min-diameter", type=float, default=3.0, help="smaller reference nodules are irrelevant findings (mm)")
+    e.add_argument("--bootstrap", type=number_in(int, 0), default=1000, help="bootstrap samples for the 95%% intervals")
+    e.add_argument(
+        "--min-diameter", type=number_in(float, 0.0), default=3.0, help="smaller reference nodules are irrelevant findings (mm)"
+    )
     e.add_argument(
         "--scans",
         type=Path,
@@ -101,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     e.add_argument(
         "--max-marks",
-        type=int,
+        type=number_in(int, 1),
         default=None,
         metavar="N",
         help="keep only each scan's N highest-scoring candidates, as LUNA16's script (N=100); default: all",
@@ -111,10 +114,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _detect(args: argparse.Namespace) -> int:
+    from ..atomic import ensure_dir
     from ..ingest.source import read_source
+    from ..load.base import resolve_device
     from .figures import write_finding_pngs
     from .infer import Detector
 
+    if args.case_id is not None:
+        _check_case_id(args.case_id)
+    if args.device is not None:
+        resolve_device(args.device, where="--device")
+    ensure_dir(args.out)
     volume, case_id = read_source(args.src, series_uid=args.series_uid, mmap=True)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
     det = Detector(
@@ -179,14 +189,38 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
     return 0
 
 
+def _check_case_id(case_id: str) -> None:
+    """Refuse a ``--case-id`` that would name a file outside ``--out`` (a path, or a name starting with a dot)."""
+    from ..errors import CtpipeError
+
+    if not case_id or case_id.startswith(".") or any(c in case_id for c in "/\\\0"):
+        raise CtpipeError(
+            f"{case_id!r} is not a plain file name",
+            where="--case-id",
+            fix="use letters, digits, '.', '_' and '-' (not first '.'); the outputs go to --out",
+        )
+
+
 def _evaluate(args: argparse.Namespace) -> int:
+    from ..atomic import ensure_dir
     from .evaluate import evaluate_froc
     from .evaluate_io import load_predictions, load_scans, load_truth
+
+    ensure_dir(args.out)
 
     truth = load_truth(args.truth)
     preds = load_predictions(args.pred)
     irrelevant = load_truth(args.irrelevant) if args.irrelevant else None
     scans = load_scans(args.scans) if args.scans is not None else None
+    if not set(preds) & set(truth):
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            f"the predictions ({len(preds)} scan(s), e.g. {sorted(preds)[:2]}) and the truth ({len(truth)} scan(s), "
+            f"e.g. {sorted(truth)[:2]}) share no scan",
+            where="--pred/--truth",
+            fix="pass the truth of the scans the predictions are of (both name scans by SeriesInstanceUID)",
+        )
     result = evaluate_froc(
         preds,
         truth,

@@ -108,8 +108,19 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
                 preds.setdefault(sid, []).extend(rows)
             continue
         try:
-            fnd = Findings.from_json(json.loads(f.read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"not a ctpipe findings JSON ({type(exc).__name__}: {exc})", where=f) from exc
+        kind = data.get("format") if isinstance(data, dict) else None
+        if not str(kind).startswith("ctpipe-findings/"):
+            raise ConfigError(
+                f"not a ctpipe findings JSON (format {kind!r})",
+                where=f,
+                fix="pass the findings of `ctpipe detect` or `ctpipe run` (ground truth goes to --truth)",
+            )
+        try:
+            fnd = Findings.from_json(data)
+        except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"not a ctpipe findings JSON ({type(exc).__name__}: {exc})", where=f) from exc
         scan_id = fnd.series_uid or fnd.case_id
         if not scan_id:

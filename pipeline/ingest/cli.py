@@ -6,7 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ..atomic import atomic_write_bytes
+from ..argtypes import number_in
+from ..atomic import atomic_write_bytes, ensure_dir
 from ..cache import CaseCache
 from .api import ingest_to_cache, safe_case_id
 from .series import SelectionRules
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber) in the "
         "cache sidecars; left out by default",
     )
-    p.add_argument("--workers", type=int, default=None, help="I/O threads (default 2 x CPUs, at most 8)")
+    p.add_argument("--workers", type=number_in(int, 1), default=None, help="I/O threads (default 2 x CPUs, at most 8)")
     p.add_argument("--json", type=Path, default=None, metavar="REPORT", help="also write the report as JSON")
     p.set_defaults(func=run)
 
@@ -70,6 +71,9 @@ def _row(cols: list[str], widths: list[int]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Scan, cache, print the table; 1 when a series was rejected or nothing was cached, else 0."""
     rules = SelectionRules(min_slices=args.min_slices, allow_derived=args.allow_derived, axial_tolerance_deg=args.axial_tolerance)
+    ensure_dir(args.out)
+    if args.json is not None:
+        ensure_dir(args.json.parent, what="the folder of --json")
     cache = CaseCache(args.out, keep_identifiers=args.keep_identifiers)
     report = ingest_to_cache(
         args.sources,

@@ -40,8 +40,9 @@ class Job:
         return self.geometry.src_axis
 
 
-def resolve_device(device: str) -> str:
-    """``"auto"`` → ``"cuda"`` when torch sees a GPU, else ``"cpu"``; ``"gpu"`` is ``"cuda"``."""
+def resolve_device(device: str, *, where: str = "loader device") -> str:
+    """``"auto"`` → ``"cuda"`` when torch sees a GPU, else ``"cpu"``; ``"gpu"`` is ``"cuda"``; ``where`` names the
+    setting in errors."""
     import torch
 
     dev = str(device).lower()
@@ -51,13 +52,13 @@ def resolve_device(device: str) -> str:
         if not torch.cuda.is_available():
             raise LoaderError(
                 f"device {device!r} was asked for but torch sees no CUDA GPU",
-                where="loader device",
+                where=where,
                 fix="use device='cpu' or 'auto'",
             )
         return "cuda" if dev == "gpu" else dev
     if dev == "cpu":
         return "cpu"
-    raise LoaderError(f"unknown device {device!r}", where="loader device", fix="use 'auto', 'cpu' or 'gpu'")
+    raise LoaderError(f"unknown device {device!r}", where=where, fix="use 'auto', 'cpu', 'cuda' or 'cuda:N'")
 
 
 def default_threads() -> int:

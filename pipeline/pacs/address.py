@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 from ..csvfile import read_table
-from ..errors import PacsAddressError
+from ..errors import PacsAddressError, PacsUnavailableError
 
 SCHEMES = ("dicomweb+http", "dicomweb+https", "dimse")
 QUERY_KEYS = ("studydate", "accession", "study", "series", "worklist", "modality", "retrieve")
@@ -297,3 +297,18 @@ def parse_source(text: str, *, base: Path | None = None, today: dt.date | None =
     modality = q.get("modality", "CT").upper() or "CT"
     query = Query(dates, accessions, studies, series, modality, retrieve)
     return PacsSource(endpoint, query, text=where)
+
+
+def listen_error(exc: OSError, bind: str, port: int, *, port_key: str, port_fix: str) -> PacsUnavailableError:
+    """The error of a server that cannot listen on ``bind:port``: the address (``pacs.bind``) when it is none of
+    this machine's, else the port (``port_key``, with ``port_fix``)."""
+    import errno
+    import socket
+
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return PacsUnavailableError(
+            f"cannot listen on {bind}:{port}: {bind!r} is not an address of this machine ({exc.strerror})",
+            where="pacs.bind",
+            fix="give --bind an address of this machine: 127.0.0.1, 0.0.0.0 (every interface) or one of its own",
+        )
+    return PacsUnavailableError(f"cannot listen on {bind}:{port} ({exc.strerror})", where=port_key, fix=port_fix)

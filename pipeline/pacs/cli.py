@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import number_in
+
 EXIT_SOME_FAILED = 3
 
 RUN_EPILOG = (
@@ -79,7 +81,9 @@ def register(sub: Any) -> None:
     )
     s.add_argument("--config", metavar="FILE", help="YAML config")
     s.add_argument("--retry-failed", action="store_true", help="try again the files recorded as failed")
-    s.add_argument("--timeout", type=float, default=300.0, metavar="S", help="give up after this long (default 300 s)")
+    s.add_argument(
+        "--timeout", type=number_in(float, 0.1), default=300.0, metavar="S", help="give up after this long (default 300 s)"
+    )
     s.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="set any option (repeatable)")
     s.set_defaults(func=_send)
 
@@ -101,7 +105,8 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
     from .address import is_pacs_address
 
     pacs_sources = [s for s in args.sources if is_pacs_address(s)]
-    cfg = _config(args, {"retry_failed": getattr(args, "retry_failed", None) or None})
+    run_flags = {"workers": args.workers, "device": args.device, "bundle": args.bundle, "metrics_port": args.metrics_port}
+    cfg = _config(args, {"retry_failed": getattr(args, "retry_failed", None) or None, **run_flags})
     if not pacs_sources and not cfg.pacs.send_to:
         return original(args)
     from .fetch import fetch_sources, release_spool
@@ -140,6 +145,7 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
 
 
 def _listen(args: argparse.Namespace) -> int:
+    from ..atomic import ensure_dir
     from .listener import Listener
 
     extra = {
@@ -154,6 +160,7 @@ def _listen(args: argparse.Namespace) -> int:
         "workers": 0 if args.workers is None else args.workers,
     }
     cfg = _config(args, extra)
+    ensure_dir(args.out)
     listener = Listener(args.out, cfg)
     signal.signal(signal.SIGTERM, _on_term)
     listener.start()
@@ -172,8 +179,14 @@ def _listen(args: argparse.Namespace) -> int:
 
 
 def _send(args: argparse.Namespace) -> int:
+    from ..errors import CtpipeError
+    from ..runner.store import DB_NAME
     from .sender import ResultSender
 
+    if not (Path(args.run_dir) / DB_NAME).is_file():
+        raise CtpipeError(
+            f"not a ctpipe run folder (no {DB_NAME})", where=args.run_dir, fix="pass the --out folder of a ctpipe run"
+        )
     cfg = _config(args, {})
     sender = ResultSender(args.run_dir, cfg, destination=args.to)
     if args.retry_failed:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import PacsRequestError, PacsUnavailableError
-from .address import Endpoint, Query, valid_uid
+from .address import Endpoint, Query, listen_error, valid_uid
 from .archive import CT_SOP_CLASSES, RemoteSeries, StoreOutcome
 from .retry import with_retries
 from .scp import STATUS_OK, STATUS_OUT_OF_RESOURCES, STATUS_UNEXPECTED, build_ae, ct_storage_contexts, store_event
@@ -275,10 +275,12 @@ class MoveReceiver:
                 evt_handlers=[(evt.EVT_C_STORE, self._on_store)],
             )
         except OSError as exc:
-            raise PacsUnavailableError(
-                f"cannot listen on {cfg.pacs.bind}:{cfg.pacs.move_port} for C-MOVE ({exc.strerror})",
-                where="pacs.move_port",
-                fix="free the port, choose another pacs.move_port, or use C-GET (retrieve=get)",
+            raise listen_error(
+                exc,
+                cfg.pacs.bind,
+                cfg.pacs.move_port,
+                port_key="pacs.move_port",
+                port_fix="free the port, choose another pacs.move_port, or use C-GET (retrieve=get) (C-MOVE's receiver)",
             ) from exc
 
     @contextmanager

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_bytes
-from ..errors import CtpipeError, PacsAddressError, PacsUnavailableError
-from .address import check_aet, valid_uid
+from ..errors import CtpipeError, PacsAddressError
+from .address import check_aet, listen_error, valid_uid
 from .journal import ReceiveJournal
 from .ledger import Ledger, PacsLock, now
 from .scp import (
@@ -95,6 +95,7 @@ class Listener:
         run_options: dict[str, Any] | None = None,
         poll_s: float = 0.5,
     ):
+        check_aet(cfg.pacs.ae_title, "pacs.ae_title (--ae-title)")
         allowed = [check_aet(a, "pacs.allowed_aets") for a in cfg.pacs.allowed_aets]
         if not allowed:
             raise PacsAddressError(
@@ -160,10 +161,12 @@ class Listener:
             )
         except OSError as exc:
             self.close()
-            raise PacsUnavailableError(
-                f"cannot listen on {address[0]}:{address[1]} ({exc.strerror})",
-                where="pacs.port",
-                fix="choose a free port (--port) or stop the other listener",
+            raise listen_error(
+                exc,
+                address[0],
+                address[1],
+                port_key="pacs.port",
+                port_fix="choose a free port (--port) or stop the other listener",
             ) from exc
         self._ae = ae
         if self.cfg.pacs.send_to:

@@ -8,6 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import number_in
+
 _TRANSFER_SYNTAXES = ("explicit_le", "rle", "jpeg2000")
 _QUIRKS = ("shuffled_names", "reversed_order", "gantry_tilt", "missing_slice", "duplicate_slice", "localizer", "second_series")
 
@@ -33,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="seed of the first case (cases are deterministic); required unless --scenario is given",
     )
-    p.add_argument("--count", type=int, default=1, help="number of cases (default 1)")
+    p.add_argument("--count", type=number_in(int, 1), default=1, help="number of cases (default 1)")
     p.add_argument("--matrix", type=int, default=256, help="rows = columns per slice (default 256)")
     p.add_argument("--pixel-spacing", type=float, default=0.7, help="in-plane spacing in mm (default 0.7)")
     p.add_argument("--slice-spacing", type=float, default=1.25, help="distance between slices in mm (default 1.25)")

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import number_in
 from ..dicom_out.kinds import add_dicom_options
 from ..errors import CtpipeError, DicomOutputError
 from .organs import ORGANS
@@ -52,7 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="findings JSON (from `ctpipe detect`: a list, or an object with 'findings') to segment nodules",
     )
-    p.add_argument("--smoothing", type=int, default=20, help="Taubin smoothing iterations (default 20, 0 = none)")
+    p.add_argument(
+        "--smoothing", type=number_in(int, 0, 500), default=20, help="Taubin smoothing iterations (default 20, 0 = none)"
+    )
     p.add_argument("--target-triangles", type=int, default=None, help="at most this many triangles per organ")
     p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
     p.add_argument("--no-render", action="store_true", help="skip the PNG renderings")
@@ -68,6 +71,12 @@ def _findings(path: Path) -> tuple[list[Any], Any]:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CtpipeError(f"cannot read findings ({exc})", where=path, fix="pass the JSON written by `ctpipe detect`") from exc
+    if isinstance(data, dict) and not str(data.get("format", "")).startswith("ctpipe-findings/"):
+        raise CtpipeError(
+            f"not a ctpipe findings JSON (format {data.get('format')!r})",
+            where=path,
+            fix="pass the JSON written by `ctpipe detect`, or a list of objects with box_min_lps/box_max_lps",
+        )
     items = data.get("findings", []) if isinstance(data, dict) else data
     if not isinstance(items, list):
         raise CtpipeError("findings must be a list of objects with box_min_lps/box_max_lps", where=path)
@@ -86,11 +95,19 @@ def _findings(path: Path) -> tuple[list[Any], Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..atomic import ensure_dir
     from ..ingest.source import read_source
+    from ..load.base import resolve_device
     from .stage import reconstruct
 
+    if args.device is not None:
+        resolve_device(args.device, where="--device")
+    ensure_dir(args.out)
+
     formats = [f for f in args.formats.split(",") if f]
-    organs = [o for o in args.organs.split(",") if o]
+    organs = [o.strip() for o in args.organs.split(",") if o.strip()]
+    if not organs:
+        raise CtpipeError("names no organ", where="--organs", fix=f"choose from {','.join(ORGANS)}")
     volume, stem = read_source(args.src, series_uid=args.series_uid)
     findings, reported = _findings(args.findings) if args.findings else (None, None)
     if args.target_triangles is not None and args.target_triangles < 100:

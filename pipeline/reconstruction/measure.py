@@ -44,7 +44,8 @@ def organ_measurements(mask: np.ndarray, geometry: Geometry, mesh: Mesh | None =
 
 
 def lung_measurements(hu: np.ndarray, masks: Mapping[str, np.ndarray], geometry: Geometry) -> dict[str, Any]:
-    """Left, right and total lung volume (mL) and the emphysema index (% of lung voxels below :data:`EMPHYSEMA_HU`)."""
+    """Left, right and total lung volume (mL) and the emphysema index (% of lung voxels below :data:`EMPHYSEMA_HU`),
+    per lung and of both; the totals are ``None`` unless both lungs were segmented (one lung is not the lungs)."""
     voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
     out: dict[str, Any] = {}
     total = 0
@@ -60,7 +61,8 @@ def lung_measurements(hu: np.ndarray, masks: Mapping[str, np.ndarray], geometry:
         out[f"{side}_emphysema_index_pct"] = round(100.0 * n_low / n, 3) if n else None
         total += n
         low += n_low
-    out["lungs_total_volume_ml"] = round(total * voxel_ml, 4) if total else None
-    out["emphysema_index_pct"] = round(100.0 * low / total, 3) if total else None
+    both = all(masks.get(side) is not None for side in ("lung_left", "lung_right"))
+    out["lungs_total_volume_ml"] = round(total * voxel_ml, 4) if total and both else None
+    out["emphysema_index_pct"] = round(100.0 * low / total, 3) if total and both else None
     out["emphysema_threshold_hu"] = EMPHYSEMA_HU
     return out

@@ -264,6 +264,8 @@ def _run(
     n_procs = (max(1, workers) + (len(devices) if need_model else 0)) if workers else 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = cfg.runner.torch_threads or max(1, cores // n_procs)
+    if cfg.metrics.port:
+        RunMetrics.check_port(cfg.metrics.port, cfg.metrics.bind)  # a port in use stops the run before it is recorded
     atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict()).encode())
     store.start_run(
         run_id,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
+from ..argtypes import number_in
 from ..dicom_out.kinds import add_dicom_options
 
 
@@ -65,11 +67,17 @@ def register(sub: Any) -> None:
     )
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
-    r.add_argument("--bin-minutes", type=int, default=60, help="bin width of the throughput plot (minutes)")
-    r.add_argument("--hours-per-day", type=float, default=24.0, help="operating hours per day for the projection")
-    r.add_argument("--gpus", type=int, metavar="N", help="capacity model: GPUs in all (default: the runs' own)")
-    r.add_argument("--nodes", type=int, default=1, metavar="M", help="capacity model: nodes the GPUs are spread over")
-    r.add_argument("--cpu-workers", type=int, metavar="W", help="capacity model: CPU workers per node (default: the runs' own)")
+    r.add_argument("--bin-minutes", type=number_in(int, 1, 1440), default=60, help="bin width of the throughput plot (minutes)")
+    r.add_argument(
+        "--hours-per-day", type=number_in(float, 0.1, 24.0), default=24.0, help="operating hours per day for the projection"
+    )
+    r.add_argument("--gpus", type=number_in(int, 1), metavar="N", help="capacity model: GPUs in all (default: the runs' own)")
+    r.add_argument(
+        "--nodes", type=number_in(int, 1), default=1, metavar="M", help="capacity model: nodes the GPUs are spread over"
+    )
+    r.add_argument(
+        "--cpu-workers", type=number_in(int, 0), metavar="W", help="capacity model: CPU workers per node (default: the runs' own)"
+    )
     r.set_defaults(func=_report)
 
 
@@ -106,6 +114,10 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.ray is not None:
         overrides.update({"engine": "ray", "ray_address": args.ray})
+    if Path(args.out).is_file():
+        from ..errors import CtpipeError
+
+        raise CtpipeError("--out is a file, not a run folder", where=args.out, fix="give --out a folder (created if missing)")
     bar: TqdmBar | None = None
 
     def on_progress(p: Any) -> None:
@@ -151,7 +163,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from ..atomic import ensure_dir
     from .report import build_report
+
+    ensure_dir(args.out)
 
     rep = build_report(
         args.run_dirs,

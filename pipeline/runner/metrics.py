@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from .stage import CaseSpec, TaskResult
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,24 @@ class RunMetrics:
         self.gpu_mem.labels(self.node, str(gpu)).set(mem_used_mb * 2**20)
 
     # exposure
+    @staticmethod
+    def check_port(port: int, bind: str = "127.0.0.1") -> None:
+        """Raise :class:`~pipeline.errors.ConfigError` when ``bind:port`` cannot be listened on (in use, no such
+        address), before a run is recorded; :meth:`serve` takes the port moments later."""
+        try:
+            with socket.create_server((bind, port)):
+                pass
+        except OSError as exc:
+            raise _port_error(bind, port, exc) from exc
+
     def serve(self, port: int, bind: str = "127.0.0.1") -> None:
         """Expose ``/metrics`` over HTTP on ``bind:port`` for the rest of the run."""
         from prometheus_client import start_http_server
 
-        out = start_http_server(port, addr=bind, registry=self.registry)
+        try:
+            out = start_http_server(port, addr=bind, registry=self.registry)
+        except OSError as exc:
+            raise _port_error(bind, port, exc) from exc
         self._server = out[0] if isinstance(out, tuple) else None
         log.info("metrics on http://%s:%d/metrics", bind, port, extra={"event": "metrics_server"})
 
@@ -216,3 +230,11 @@ class NvmlSampler:
                 self._nvml.nvmlShutdown()
             except self._nvml.NVMLError:
                 pass
+
+
+def _port_error(bind: str, port: int, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"cannot serve metrics on {bind}:{port} ({os.strerror(exc.errno) if exc.errno else exc})",
+        where="metrics.port",
+        fix="choose a free port (--metrics-port) or stop what holds it",
+    )

@@ -144,7 +144,9 @@ def summarize(
     """
     import pandas as pd
 
-    tables = [read_tables(d) for d in run_dirs]
+    # a run folder named twice (or by two paths) is one run: counted once
+    unique = list(dict.fromkeys(Path(d).resolve() for d in run_dirs))
+    tables = [read_tables(d) for d in unique]
     t = {k: pd.concat([x[k] for x in tables], ignore_index=True) for k in tables[0]}
     runs, cases, stages = t["runs"], t["cases"], t["stages"]
     done = cases[cases.status == "done"].copy()

@@ -1,0 +1,125 @@
+"""Ordinary mistakes on the command line: each is a one-line error naming the value and the fix, before any work."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / "phantom_00003"
+
+
+def _err(capsys, *argv: str) -> tuple[int, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return rc, out.err
+
+
+@pytest.fixture
+def a_file(tmp_path) -> Path:
+    path = tmp_path / "afile"
+    path.write_text("x")
+    return path
+
+
+def test_an_output_that_is_a_file_or_cannot_be_made(tmp_path, capsys, a_file):
+    for argv in (
+        ["detect", str(SAMPLE / "dicom"), "--out", str(a_file)],
+        ["reconstruct", str(SAMPLE / "dicom"), "--out", str(a_file)],
+        ["evaluate", "--pred", str(tmp_path), "--truth", str(tmp_path), "--out", str(a_file)],
+        ["run", str(SAMPLE / "dicom"), "--out", str(a_file)],
+    ):
+        rc, err = _err(capsys, *argv)
+        assert rc == 1 and f"{a_file}: --out" in err and "a file, not a" in err, argv
+    rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", str(a_file / "sub"))
+    assert rc == 1 and "--out: the folder cannot be created" in err
+    rc, err = _err(capsys, "phantom", str(a_file), "--seed", "1", "--matrix", "64", "--slices", "12")
+    assert rc == 1 and str(a_file) in err and "Not a directory" in err
+
+
+def test_values_out_of_range_and_unknown_devices(tmp_path, capsys):
+    out = str(tmp_path / "o")
+    with pytest.raises(SystemExit) as ei:
+        main(["evaluate", "--pred", out, "--truth", out, "--out", out, "--bootstrap", "-1"])
+    assert ei.value.code == 2 and "--bootstrap: -1 is out of range (>= 0)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["report", out, "--out", out, "--hours-per-day", "30"])
+    assert "30 is out of range (0.1..24.0)" in capsys.readouterr().err
+    rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", out, "--device", "cdua")
+    assert rc == 1 and "--device: unknown device 'cdua'" in err
+    rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", out, "--case-id", "../../escape")
+    assert (
+        rc == 1 and "'../../escape' is not a plain file name" in err and not (tmp_path.parent / "escape.findings.json").exists()
+    )
+
+
+def test_evaluate_refuses_ground_truth_as_predictions_and_scans_in_no_common(tmp_path, capsys):
+    truth = SAMPLE.parent / "phantom_00001"
+    rc, err = _err(capsys, "evaluate", "--pred", str(truth / "ground_truth.json"), "--truth", str(truth), "--out", str(tmp_path))
+    assert rc == 1 and "not a ctpipe findings JSON" in err and "ground truth goes to --truth" in err
+    (tmp_path / "p").mkdir()
+    findings = {"format": "ctpipe-findings/1", "series_uid": "9.9.9", "findings": []}
+    (tmp_path / "p" / "a.findings.json").write_text(json.dumps(findings))
+    rc, err = _err(capsys, "evaluate", "--pred", str(tmp_path / "p"), "--truth", str(truth), "--out", str(tmp_path / "e"))
+    assert rc == 1 and "share no scan" in err and "9.9.9" in err
+
+
+def test_reconstruct_refuses_junk_findings_and_no_organ_and_one_lung_is_not_the_lungs(tmp_path, capsys):
+    (tmp_path / "junk.json").write_text('{"foo": 1}')
+    rc, err = _err(
+        capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--findings", str(tmp_path / "junk.json")
+    )
+    assert rc == 1 and "not a ctpipe findings JSON" in err
+    rc, err = _err(capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--organs", " , ")
+    assert rc == 1 and "--organs: names no organ" in err
+    argv = ["reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r1"), "--no-render", "--no-dicom"]
+    assert main([*argv, "--organs", "lung_left , lung_right"]) == 0  # spaces around the names
+    assert "lungs total" in capsys.readouterr().out
+    assert main([*argv, "--organs", "lung_left"]) == 0
+    assert "lungs total" not in capsys.readouterr().out
+    meas = json.loads(next((tmp_path / "r1").glob("*_measurements.json")).read_text())
+    assert meas["lungs"]["lungs_total_volume_ml"] is None and meas["lungs"]["lung_left_volume_ml"] > 0
+
+
+def test_a_binary_config_and_a_metrics_port_in_use_stop_the_run_before_it_is_recorded(tmp_path, capsys):
+    rc, err = _err(capsys, "run", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--config", str(SAMPLE / "masks.npz"))
+    assert rc == 1 and "not a text file" in err
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        argv = ["run", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r2"), "--workers", "0", "--metrics-port", str(port)]
+        rc, err = _err(capsys, *argv)
+    assert rc == 1 and f"cannot serve metrics on 127.0.0.1:{port}" in err
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "r2" / "runs.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)
+
+
+def test_send_and_listen_refuse_what_is_not_theirs(tmp_path, capsys):
+    rc, err = _err(capsys, "send", str(SAMPLE), "--to", "dimse://PACS@127.0.0.1:1")
+    assert rc == 1 and "not a ctpipe run folder" in err and not (SAMPLE / "pacs").exists()
+    rc, err = _err(capsys, "listen", "--out", str(tmp_path / "l"), "--allow", "X", "--ae-title", "THIS_TITLE_IS_WAY_TOO_LONG")
+    assert rc == 1 and "pacs.ae_title (--ae-title): AE title 'THIS_TITLE_IS_WAY_TOO_LONG' is not valid" in err
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # an address of no interface here (TEST-NET-1): binding fails at once, nothing is sent anywhere
+    rc, err = _err(capsys, "listen", "--out", str(tmp_path / "l"), "--allow", "X", "--bind", "192.0.2.1", "--port", str(port))
+    assert rc == 1 and "pacs.bind" in err and "not an address of this machine" in err
+
+
+def test_report_counts_a_run_named_twice_once(tmp_path, capsys):
+    from pipeline.runner.report import summarize
+
+    assert main(["run", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--workers", "0", "--dicom", "none", "--quiet"]) == 0
+    once, _ = summarize([tmp_path / "r"])
+    twice, _ = summarize([tmp_path / "r", str(tmp_path / "r") + "/"])
+    assert twice["cases"] == once["cases"]
+    assert twice["runs"] == once["runs"] and twice["throughput"]["cases_done"] == once["throughput"]["cases_done"] == 1
