@@ -50,6 +50,10 @@ class GeometryError(CtpipeError, ValueError):
     """Spacing, origin or direction cosines are not a valid LPS geometry."""
 
 
+class NotAVolumeError(CtpipeError, TypeError):
+    """A function that takes a :class:`~pipeline.volume.CTVolume` was given something else (a path, an array)."""
+
+
 # --- DICOM ingest -----------------------------------------------------------------------
 class DicomError(CtpipeError):
     """Base class for problems with DICOM input."""

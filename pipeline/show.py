@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .volume import CTVolume, LabelMap
+from .errors import GeometryError
+from .volume import CTVolume, Geometry, LabelMap, require_volume
 
 _COLORS = {"body": "#f5d142", "lung_left": "#3a9ad9", "lung_right": "#45c46b", "airway": "#e377c2", "bone": "#ffffff"}
 
@@ -27,9 +28,40 @@ def _finding_rows(findings: Any) -> list[tuple[np.ndarray, float, float]]:
             (np.array([r.center_x, r.center_y, r.center_z], float), float(r.diameter_mm), float(r.score)) for r in df.itertuples()
         ]
     items = getattr(findings, "findings", findings)
-    return [
-        (np.asarray(_field(f, "center_lps"), float), float(_field(f, "diameter_mm")), float(_field(f, "score"))) for f in items
-    ]
+    if isinstance(items, Mapping) or hasattr(items, "center_lps"):  # one finding
+        items = [items]
+    out = []
+    for f in items:
+        score = _field(f, "score")
+        out.append(
+            (
+                np.asarray(_field(f, "center_lps"), float),
+                float(_field(f, "diameter_mm")),
+                np.nan if score is None else float(score),
+            )
+        )
+    return out
+
+
+def _same_series(volume: CTVolume, findings: Any) -> Any:
+    """``findings`` limited to ``volume``'s series: the rows of a run's findings table with its series UID; a
+    :class:`~pipeline.detection.Findings` of another series is refused (drawn on this anatomy it would mislead)."""
+    uid = volume.series_uid
+    if findings is None or not uid:
+        return findings
+    if hasattr(findings, "columns") and "series_uid" in findings.columns:
+        mine = findings[findings["series_uid"] == uid]
+        if len(findings) and not len(mine):
+            raise GeometryError(
+                f"none of the {len(findings)} findings is of series {uid} (they are of "
+                f"{sorted(set(findings['series_uid']))[:3]})",
+                fix="pass that volume's findings, e.g. run.findings[run.findings.series_uid == vol.series_uid]",
+            )
+        return mine
+    other = getattr(findings, "series_uid", None)
+    if other and other != uid:
+        raise GeometryError(f"the findings are of series {other}, the volume is series {uid}", fix="pass that volume's findings")
+    return findings
 
 
 def _masks(recon: Any) -> dict[str, np.ndarray]:
@@ -63,7 +95,16 @@ def show(
     """
     import matplotlib.pyplot as plt
 
-    rows = _finding_rows(findings)
+    volume = require_volume(volume)
+    rows = _finding_rows(_same_series(volume, findings))
+    masks = _masks(recon)
+    wrong = sorted(organ for organ, m in masks.items() if m.shape != volume.shape)
+    grid = getattr(recon, "geometry", None)
+    if wrong or (isinstance(grid, Geometry) and not grid.same_grid(volume.geometry)):
+        raise GeometryError(
+            f"the reconstruction's masks {wrong or sorted(masks)} lie on another grid than the volume {volume.shape} [k, j, i]",
+            fix="pass the reconstruction of this volume",
+        )
     nk = volume.shape[0]
     if slice is None:
         if rows:
@@ -78,8 +119,8 @@ def show(
     si, sj, sk = volume.spacing
     img = np.asarray(volume.array[slice], dtype=np.float32)
     ax.imshow(img, cmap="gray", vmin=window[0], vmax=window[1], aspect=sj / si, interpolation="nearest")
-    for organ, m in _masks(recon).items():
-        if m.shape != volume.shape or not m[slice].any():
+    for organ, m in masks.items():
+        if not m[slice].any():
             continue
         ax.contour(m[slice].astype(np.float32), levels=[0.5], colors=[_COLORS.get(organ, "#ff7f0e")], linewidths=1.0)
         ax.plot([], [], color=_COLORS.get(organ, "#ff7f0e"), label=organ)
@@ -91,10 +132,11 @@ def show(
             continue
         r_vox = np.sqrt(max(r_mm**2 - dz**2, 0.0)) / si
         ax.add_patch(plt.Circle((i, j), max(r_vox, 2.0), fill=False, color="#ff3030", linewidth=1.5))
-        ax.text(i + r_vox + 2, j, f"{score:.2f}", color="#ff3030", fontsize=8)
+        if np.isfinite(score):
+            ax.text(i + r_vox + 2, j, f"{score:.2f}", color="#ff3030", fontsize=8)
     uid = volume.series_uid or ""
     ax.set_title(f"slice k={slice} ({len(rows)} finding(s)) {uid[-24:]}", fontsize=9)
     ax.set_axis_off()
-    if _masks(recon):
+    if masks:
         ax.legend(loc="lower right", fontsize=7)
     return ax

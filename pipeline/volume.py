@@ -20,6 +20,7 @@ spatial operation (:meth:`resample`, :meth:`crop`) returns a new object.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .errors import GeometryError
+from .errors import GeometryError, NotAVolumeError
 
 if TYPE_CHECKING:  # pragma: no cover
     import SimpleITK as sitk
@@ -36,6 +37,10 @@ log = logging.getLogger(__name__)
 
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 _ORTHO_TOL = 1e-4
+
+#: metadata lists with one entry per slice k that ingest records (the source image of each slice): a crop keeps
+#: the kept slices' entries, a resampled volume has none
+PER_SLICE_METADATA = ("InstanceNumbers", "SOPInstanceUIDs", "FrameNumbers")
 
 #: DICOM attributes that identify a patient or a visit (from the PS3.15 Basic Application Level
 #: Confidentiality Profile). They stay out of everything ctpipe writes outside DICOM (cache sidecars,
@@ -164,6 +169,17 @@ class Geometry:
         object.__setattr__(self, "spacing", spacing)
         object.__setattr__(self, "origin", _as_vec3(self.origin, "origin"))
         object.__setattr__(self, "direction", direction)
+
+    def __eq__(self, other: object) -> bool:
+        """The same grid exactly (see :meth:`same_grid` for a tolerance)."""
+        if not isinstance(other, Geometry):
+            return NotImplemented
+        return (self.shape, self.spacing, self.origin) == (other.shape, other.spacing, other.origin) and bool(
+            np.array_equal(self.direction, other.direction)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.spacing, self.origin, tuple(self.direction.ravel().tolist())))
 
     # -- mappings ----------------------------------------------------------------
     @property
@@ -383,6 +399,11 @@ class _SpatialArray:
     geometry: Geometry
 
     def _check(self) -> None:
+        if not isinstance(self.geometry, Geometry):
+            raise GeometryError(
+                f"geometry must be a Geometry, got {type(self.geometry).__name__} {self.geometry!r}",
+                fix="build one: Geometry(shape=array.shape, spacing=(i, j, k) mm, origin=(x, y, z) LPS mm)",
+            )
         if self.array.ndim != 3:
             raise GeometryError(f"array must be 3-D [k, j, i], got shape {self.array.shape}")
         if tuple(self.array.shape) != self.geometry.shape:
@@ -390,18 +411,22 @@ class _SpatialArray:
 
     @property
     def shape(self) -> tuple[int, int, int]:
+        """Array shape ``(nk, nj, ni)``: slices, rows, columns (the array is indexed ``[k, j, i]``)."""
         return self.geometry.shape
 
     @property
     def spacing(self) -> tuple[float, float, float]:
+        """Voxel size in mm along ``(i, j, k)``: the reverse of :attr:`shape`'s order."""
         return self.geometry.spacing
 
     @property
     def origin(self) -> tuple[float, float, float]:
+        """LPS position (mm) of the centre of voxel ``(i, j, k) = (0, 0, 0)``."""
         return self.geometry.origin
 
     @property
     def direction(self) -> np.ndarray:
+        """3×3 matrix whose column c is the LPS direction of index axis c (i, j, k)."""
         return self.geometry.direction
 
     def index_to_lps(self, ijk: np.ndarray | Sequence[float]) -> np.ndarray:
@@ -452,6 +477,9 @@ class CTVolume(_SpatialArray):
         self.metadata: Mapping[str, Any] = MappingProxyType(dict(metadata or {}))
         self._check()
 
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable (multiprocessing, joblib): the metadata as a plain dict
+        return (_rebuild_volume, (self.array, self.geometry, dict(self.metadata)))
+
     def __repr__(self) -> str:
         uid = self.metadata.get("SeriesInstanceUID", "?")
         sp = ", ".join(f"{s:.3g}" for s in self.spacing)
@@ -492,7 +520,9 @@ class CTVolume(_SpatialArray):
         out = resample_array(self.array, self.geometry, geom, order=order, device=device)
         if order == "linear" and self.array.dtype.kind in "iu":
             out = out.astype(np.float32)
-        return CTVolume(out, geom, metadata=self.metadata)
+        # the new slices are none of the source's: their per-slice references go
+        metadata = {k: v for k, v in self.metadata.items() if k not in PER_SLICE_METADATA}
+        return CTVolume(out, geom, metadata=metadata)
 
     def crop(self, lo_ijk: Sequence[int], hi_ijk: Sequence[int]) -> CTVolume:
         """The sub-volume ``lo <= (i, j, k) < hi`` with its own origin (a copy)."""
@@ -500,7 +530,12 @@ class CTVolume(_SpatialArray):
         lo, _ = _clip_box(self.geometry.size_ijk, lo_ijk, hi_ijk)
         k0, j0, i0 = lo[2], lo[1], lo[0]
         arr = self.array[k0 : k0 + geom.shape[0], j0 : j0 + geom.shape[1], i0 : i0 + geom.shape[2]].copy()
-        return CTVolume(arr, geom, metadata=self.metadata)
+        metadata = dict(self.metadata)
+        for key in PER_SLICE_METADATA:  # the kept slices' own source references
+            values = metadata.get(key)
+            if isinstance(values, (list, tuple)) and len(values) == self.shape[0]:
+                metadata[key] = list(values[k0 : k0 + geom.shape[0]])
+        return CTVolume(arr, geom, metadata=metadata)
 
 
 class LabelMap(_SpatialArray):
@@ -519,6 +554,9 @@ class LabelMap(_SpatialArray):
         self.geometry = geometry
         self.labels: Mapping[int, str] = MappingProxyType({int(k): str(v) for k, v in (labels or {}).items()})
         self._check()
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable: the labels as a plain dict
+        return (_rebuild_labels, (self.array, self.geometry, dict(self.labels)))
 
     def __repr__(self) -> str:
         return f"LabelMap(shape={self.shape} [k,j,i], labels={dict(self.labels)})"
@@ -590,3 +628,24 @@ def resample_array(
         w = w.view(shape)
         t = t.index_select(dim, lo) * (1 - w) + t.index_select(dim, hi) * w
     return t.cpu().numpy()
+
+
+def _rebuild_volume(array: np.ndarray, geometry: Geometry, metadata: dict[str, Any]) -> CTVolume:
+    return CTVolume(array, geometry, metadata=metadata)
+
+
+def _rebuild_labels(array: np.ndarray, geometry: Geometry, labels: dict[int, str]) -> LabelMap:
+    return LabelMap(array, geometry, labels=labels)
+
+
+def require_volume(obj: Any, *, name: str = "volume") -> CTVolume:
+    """``obj`` when it is a :class:`CTVolume`; else :class:`~pipeline.errors.NotAVolumeError` saying how to make one."""
+    if isinstance(obj, CTVolume):
+        return obj
+    if isinstance(obj, (str, os.PathLike)):
+        fix = f"load it first: pipeline.load_series({str(obj)!r}) (a DICOM folder)"
+    elif isinstance(obj, np.ndarray):
+        fix = "wrap the HU array [k, j, i] with its grid: CTVolume(array, Geometry(shape, spacing=(i, j, k) mm, origin=LPS mm))"
+    else:
+        fix = "pass a CTVolume (pipeline.load_series(folder) returns one)"
+    raise NotAVolumeError(f"must be a CTVolume, got {type(obj).__name__}", where=name, fix=fix)

@@ -95,3 +95,41 @@ def test_show_draws_findings_on_the_right_slice():
     assert not ax.patches
     with pytest.raises(IndexError, match="outside the volume"):
         show(vol, slice=20)
+    assert len(show(vol, findings=f[0]).patches) == 1  # one finding, not in a list
+    assert len(show(vol, findings=[{"center_lps": centre.tolist(), "diameter_mm": 6.0}]).patches) == 1  # no score
+
+
+def test_show_refuses_findings_and_masks_of_another_series():
+    import numpy as np
+    import pandas as pd
+
+    from pipeline.detection.findings import Finding, Findings
+    from pipeline.errors import GeometryError
+    from pipeline.show import show
+    from pipeline.volume import CTVolume, Geometry
+
+    geom = Geometry(shape=(20, 32, 32), spacing=(1.0, 1.0, 2.0), origin=(-16.0, -16.0, 100.0))
+    vol = CTVolume(np.full((20, 32, 32), -800, np.int16), geom, metadata={"SeriesInstanceUID": "1.2.3"})
+    centre = geom.index_to_lps([10, 12, 7])
+    c = tuple(float(v) for v in centre)
+    lo, hi = tuple(v - 3 for v in c), tuple(v + 3 for v in c)
+    other = Findings([Finding(c, lo, hi, 6.0, 0.9, (10, 12, 7), 8)], series_uid="4.5.6")
+    with pytest.raises(GeometryError, match="series 4.5.6, the volume is series 1.2.3"):
+        show(vol, findings=other)
+    # a run's findings table of several cases: only this series' rows are drawn
+    x, y, z = centre
+    table = pd.DataFrame(
+        {
+            "series_uid": ["1.2.3", "4.5.6"],
+            "center_x": [x, x + 4],
+            "center_y": [y, y],
+            "center_z": [z, z],
+            "diameter_mm": [6.0, 6.0],
+            "score": [0.8, 0.7],
+        }
+    )
+    assert len(show(vol, findings=table, slice=7).patches) == 1
+    with pytest.raises(GeometryError, match="none of the 1 findings"):
+        show(vol, findings=table[table.series_uid == "4.5.6"])
+    with pytest.raises(GeometryError, match="another grid"):
+        show(vol, recon={"lung_left": np.zeros((10, 32, 32), bool)})

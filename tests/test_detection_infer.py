@@ -291,6 +291,15 @@ def test_cli_detect_and_evaluate_from_dicom(tmp_path, capsys):
     assert "CPM" in capsys.readouterr().out
 
 
+def test_findings_repr_is_one_short_line():
+    from pipeline.detection.findings import Finding, Findings
+
+    items = [Finding((0.0, 0.0, 0.0), (-1.0, -1.0, -1.0), (1.0, 1.0, 1.0), 2.0, s, (0, 0, 0), 1) for s in np.linspace(1, 0, 400)]
+    f = Findings(items[:3], series_uid="1.2.3", model="m", score_threshold=0.99, below_threshold=items[3:])
+    text = repr(f)
+    assert text.startswith("Findings(3 reported [1.00, 1.00, 0.99], 397 below 0.99, series=1.2.3") and len(text) < 200
+
+
 def test_cli_detect_picks_one_series_of_a_study_folder(tmp_path, capsys):
     """A study folder with two CT series: ctpipe detect names both and the flag that picks one; --series-uid runs it."""
     from pipeline.cli import main

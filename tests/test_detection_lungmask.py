@@ -176,6 +176,17 @@ def test_region_from_a_dict_of_label_maps_is_the_lungs_not_the_whole_volume():
     from_array = region_from_mask(right | left, vol)
     assert np.array_equal(from_maps.mask, from_array.mask)
     assert from_maps.mask.sum() < 0.5 * from_maps.mask.size  # the lungs, not the whole grid
+    # keys in any case; a dict naming no lung, a mask on another grid and a file name are refused, not taken as empty
+    assert np.array_equal(region_from_mask({"Lungs": right | left}, vol).mask, from_array.mask)
+    from pipeline.errors import GeometryError
+
+    with pytest.raises(GeometryError, match=r"no key .* names a lung \(keys: \['left', 'right'\]\)"):
+        region_from_mask({"left": left, "right": right}, vol)
+    far = LabelMap(right.astype(np.uint8), vol.geometry.with_(origin=(500.0, 500.0, 500.0)), labels={1: "lungs"})
+    with pytest.raises(GeometryError, match="another grid than the volume"):
+        region_from_mask(far, vol)
+    with pytest.raises(GeometryError, match="is a str, not an array"):
+        region_from_mask("lungs.nii.gz", vol)  # type: ignore[arg-type]
 
 
 def test_real_abdomen_with_the_lung_bases_reports_nothing_in_the_bowel(detector):

@@ -134,6 +134,51 @@ def test_crop_outside_the_grid_is_an_error():
         vol.crop((20, 0, 0), (30, 2, 2))
 
 
+def test_crop_keeps_the_kept_slices_source_references_and_resampling_drops_them():
+    vol = _volume()
+    nk = vol.shape[0]
+    md = {
+        "SeriesInstanceUID": "1.2.3",
+        "InstanceNumbers": list(range(101, 101 + nk)),
+        "SOPInstanceUIDs": [f"9.{k}" for k in range(nk)],
+    }
+    vol = CTVolume(vol.array, vol.geometry, metadata=md)
+    sub = vol.crop((0, 0, 2), (9, 7, 5))
+    assert sub.metadata["InstanceNumbers"] == [103, 104, 105] and sub.metadata["SOPInstanceUIDs"] == ["9.2", "9.3", "9.4"]
+    coarse = vol.resample((1.4, 1.6, 5.0))
+    assert "InstanceNumbers" not in coarse.metadata and "SOPInstanceUIDs" not in coarse.metadata
+    assert coarse.series_uid == "1.2.3"
+
+
+def test_volumes_label_maps_and_geometries_pickle_copy_compare_and_hash():
+    import copy
+    import pickle
+
+    vol = _volume(direction=_oblique_direction())
+    labels = LabelMap(vol.array > 0, vol.geometry, labels={1: "lung_left"})
+    for obj in (vol, labels):
+        back = pickle.loads(pickle.dumps(obj))
+        np.testing.assert_array_equal(back.array, obj.array)
+        assert back.geometry == obj.geometry and hash(back.geometry) == hash(obj.geometry)
+        assert copy.deepcopy(obj).geometry == obj.geometry
+    assert pickle.loads(pickle.dumps(vol)).metadata == dict(vol.metadata)
+    assert dict(pickle.loads(pickle.dumps(labels)).labels) == {1: "lung_left"}
+    moved = vol.geometry.with_(origin=(0.0, 0.0, 0.0))
+    assert moved != vol.geometry and {vol.geometry, copy.deepcopy(vol.geometry)} == {vol.geometry}
+
+
+def test_a_path_or_array_where_a_volume_belongs_says_how_to_make_one():
+    from pipeline.errors import NotAVolumeError
+    from pipeline.volume import require_volume
+
+    with pytest.raises(NotAVolumeError, match=r"load_series\('scans/case1'\)"):
+        require_volume("scans/case1")
+    with pytest.raises(TypeError, match="CTVolume\\(array, Geometry"):  # a TypeError, as Python's own would be
+        require_volume(np.zeros((2, 2, 2)))
+    with pytest.raises(GeometryError, match="geometry must be a Geometry, got tuple"):
+        CTVolume(np.zeros((3, 3, 3)), (2.0, 2.0, 3.0))  # type: ignore[arg-type]
+
+
 def test_metadata_is_read_only():
     vol = _volume()
     with pytest.raises(TypeError):

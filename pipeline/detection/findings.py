@@ -217,6 +217,16 @@ class Findings:
     def __len__(self) -> int:
         return len(self.findings)
 
+    def __repr__(self) -> str:  # short: a notebook shows it for every Findings it echoes
+        thr = "no threshold" if self.score_threshold is None else f"{len(self.below_threshold)} below {self.score_threshold:.3g}"
+        top = ", ".join(f"{f.score:.2f}" for f in self.findings[:5]) + (", ..." if len(self.findings) > 5 else "")
+        extra = f", reason={self.reason!r}" if self.reason else ""
+        flags = f", flags={sorted(self.flags)}" if self.flags else ""
+        return (
+            f"Findings({len(self.findings)} reported [{top}], {thr}, series={self.series_uid}, "
+            f"model={self.model!r}{extra}{flags})"
+        )
+
     def __iter__(self) -> Iterator[Finding]:
         return iter(self.findings)
 

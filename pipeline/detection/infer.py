@@ -33,7 +33,7 @@ import torch
 
 from ..errors import InputTooSmallError, InvalidVolumeError
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
-from ..volume import THICK_SLICE_NOTE, CTVolume, LabelMap, float3, slice_thickness_mm, thick_slice_detail
+from ..volume import THICK_SLICE_NOTE, CTVolume, LabelMap, float3, require_volume, slice_thickness_mm, thick_slice_detail
 from .bundle import LoadedModel, load_model
 from .findings import Finding, Findings, slice_fields, slice_number_source
 from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
@@ -262,6 +262,7 @@ class Detector:
         An empty lung mask gives no findings with a logged reason. The result reports the findings at
         or above the score threshold (:meth:`apply_operating_point`), all candidates kept.
         """
+        volume = require_volume(volume)
         restrict = self.restrict_to_lungs if restrict_to_lungs is None else bool(restrict_to_lungs)
         where = f"case {case_id or volume.series_uid or '?'}"
         timings: dict[str, float] = {}

@@ -227,7 +227,7 @@ def _lung_voxels(mask: np.ndarray | LabelMap) -> np.ndarray:
     """Bool ``[k, j, i]``: a :class:`LabelMap`'s labels whose name contains "lung" (all its labels when none does),
     or an array's non-zero voxels."""
     if isinstance(mask, LabelMap):
-        names = [v for v in mask.labels.values() if "lung" in v]
+        names = [v for v in mask.labels.values() if "lung" in v.lower()]
         return np.logical_or.reduce([mask.mask(n) for n in names]) if names else mask.array > 0
     return np.asarray(mask) > 0
 
@@ -241,14 +241,31 @@ def region_from_mask(
     name contains "lung") or a dict of masks (keys containing "lung", arrays or
     :class:`LabelMap`; e.g. a phantom's or a reconstruction's ``masks``).
     """
+    from ..errors import GeometryError
+
+    items = list(mask.items()) if isinstance(mask, Mapping) else [("mask", mask)]
     if isinstance(mask, Mapping):
-        parts = [_lung_voxels(m) for name, m in mask.items() if "lung" in name]
-    else:
-        parts = [_lung_voxels(mask)]
+        items = [(name, m) for name, m in items if "lung" in str(name).lower()]
+        if not items:
+            raise GeometryError(
+                f"no key of the lung mask dict names a lung (keys: {sorted(map(str, mask))})",
+                fix="name the lung masks with 'lung' in their keys (e.g. lung_left, lung_right), or pass one mask",
+            )
+    for name, m in items:
+        if isinstance(m, LabelMap) and not m.geometry.same_grid(volume.geometry):
+            raise GeometryError(
+                f"the lung mask {name!r} lies on another grid than the volume (origin {m.geometry.origin} vs "
+                f"{volume.geometry.origin} mm LPS, spacing {m.geometry.spacing} vs {volume.geometry.spacing} mm)",
+                fix="resample the mask onto the volume's grid (nearest neighbour) before passing it",
+            )
+        if not isinstance(m, (np.ndarray, LabelMap)):
+            raise GeometryError(
+                f"the lung mask {name!r} is a {type(m).__name__}, not an array [k, j, i] or a LabelMap",
+                fix="read it first, e.g. LabelMap(sitk.GetArrayFromImage(img), volume.geometry) for an image file",
+            )
+    parts = [_lung_voxels(m) for _, m in items]
     for part in parts:
         if part.shape != volume.shape:
-            from ..errors import GeometryError
-
             raise GeometryError(
                 f"lung mask shape {part.shape} differs from the volume's {volume.shape}",
                 fix="pass a mask on the same grid as the volume ([k, j, i])",

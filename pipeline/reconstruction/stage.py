@@ -22,7 +22,7 @@ import torch
 
 from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, ReconstructionError
-from ..volume import CTVolume, Geometry, LabelMap, default_device
+from ..volume import CTVolume, Geometry, LabelMap, default_device, require_volume
 from . import export, measure
 from .bundle_seg import run_seg_bundle
 from .mesh import Mesh, mesh_from_mask
@@ -146,6 +146,7 @@ def reconstruct(
     device: torch device for segmentation ("cuda" when present by default).
     seg_bundle: a MONAI segmentation bundle folder whose labels replace or add organs.
     """
+    volume = require_volume(volume)
     formats = export.check_formats(mesh_formats)
     organs = tuple(organs)
     dev = torch.device(device or default_device())
