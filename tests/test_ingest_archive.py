@@ -121,12 +121,10 @@ def test_lone_short_series_is_loaded_where_named(tmp_path, capsys):
     rc = main(["ingest", str(tmp_path / "short"), "--out", str(tmp_path / "c3")])
     out = capsys.readouterr().out
     assert rc == 0 and f"cached  {s.key}" in out and f"warning {s.key}: only 3 slices, fewer than min_slices=10" in out
-    # ctpipe detect and ctpipe reconstruct read a DICOM folder through load_series
-    from pipeline.detection.cli import _read_source
-    from pipeline.reconstruction.cli import _load
+    # ctpipe detect and ctpipe reconstruct read a DICOM folder through read_source (load_series)
+    from pipeline.ingest.source import read_source
 
-    assert _read_source(tmp_path / "short")[0].shape == (3, 64, 64)
-    assert _load(tmp_path / "short", None)[0].shape == (3, 64, 64)
+    assert read_source(tmp_path / "short")[0].shape == (3, 64, 64)
 
 
 def test_short_series_among_others_keeps_the_rule(tmp_path):

@@ -432,5 +432,6 @@ def test_cli_reports_failing_cases(tmp_path, capsys):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "seed 4" in err and "nodule" in err
-    assert main(["phantom", str(tmp_path), "--seed", "1", "--count", "0"]) == 1
-    assert "--count" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse refuses it, with the range
+        main(["phantom", str(tmp_path), "--seed", "1", "--count", "0"])
+    assert exc.value.code == 2 and "argument --count: 0 is out of range (>= 1)" in capsys.readouterr().err

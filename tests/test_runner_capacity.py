@@ -230,8 +230,9 @@ def test_report_says_too_few_cases_back_the_capacity_figure(tmp_path, capsys):
 
     run = tmp_path / "run"
     _write_run(run, n_cases=3, duration_s=400.0)
-    assert main(["report", str(run), "--out", str(tmp_path / "rep"), "--gpus", "0"]) == 1
-    assert "gpus = 0 is not a positive whole number" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse refuses it, with the range
+        main(["report", str(run), "--out", str(tmp_path / "rep"), "--gpus", "0"])
+    assert exc.value.code == 2 and "argument --gpus: 0 is out of range (>= 1)" in capsys.readouterr().err
     assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
     printed = capsys.readouterr().out.splitlines()
     capacity = next(line for line in printed if line.startswith("capacity model"))
