@@ -270,7 +270,11 @@ class CaseCache:
         except (OSError, json.JSONDecodeError) as exc:
             raise CacheError(f"sidecar is not valid JSON ({exc})", where=spath, fix="ingest the case again") from exc
         if sidecar.get("format") != FORMAT:
-            raise CacheError(f"sidecar format is {sidecar.get('format')!r}, expected {FORMAT!r}", where=spath)
+            raise CacheError(
+                f"not a case-cache sidecar (format {sidecar.get('format')!r}, expected {FORMAT!r})",
+                where=spath,
+                fix="pass a .json written by ctpipe ingest (or the case's DICOM folder)",
+            )
         if not apath.is_file():
             raise CacheError("array file is missing", where=apath, fix="ingest the case again (ctpipe ingest)")
         try:

@@ -95,6 +95,23 @@ def test_empty_lungs_give_no_findings_with_reason(tmp_path, caplog):
     res = Detector(model=model, device="cpu").detect(vol)
     assert len(res) == 0 and "no lung" in res.reason
     assert "no lung" in caplog.text
+    assert "stored pixel values" in res.reason  # nothing near -1000 HU in it
+    # a chest given as stored values (unsigned, RescaleIntercept not applied): the reason says so
+    chest = chest_volume()
+    stored = CTVolume((np.asarray(chest.array) + 1024).clip(0).astype(np.uint16), chest.geometry)
+    res = Detector(model=model, device="cpu").detect(stored)
+    assert len(res) == 0 and "apply RescaleSlope/RescaleIntercept" in res.reason
+    assert "stored pixel values" not in (Detector(model=model, device="cpu").detect(chest).reason or "")
+
+
+def test_a_json_that_is_not_a_cache_sidecar_says_what_to_pass(tmp_path):
+    from pipeline.errors import CacheError
+    from pipeline.ingest.source import read_source
+
+    (tmp_path / "ground_truth.json").write_text('{"format_version": 1}')
+    (tmp_path / "ground_truth.npy").write_bytes(b"")
+    with pytest.raises(CacheError, match=r"not a case-cache sidecar .* Fix: pass a \.json written by ctpipe ingest"):
+        read_source(tmp_path / "ground_truth.json")
 
 
 # --- bad input ------------------------------------------------------------------------------
