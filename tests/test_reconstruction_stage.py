@@ -216,6 +216,13 @@ def test_cli_reads_a_nifti_image_as_ctpipe_detect_does(tmp_path, phantom, capsys
     assert (tmp_path / "out" / "chest_lung_left.stl").is_file() and "lungs total" in capsys.readouterr().out
     assert ctpipe_main([*args, "--series-uid", "1.2.3", "--no-dicom"]) == 1
     assert "leave out --series-uid" in capsys.readouterr().err
+    # its folder, given instead of the file: the error names the image and how to pass it
+    assert ctpipe_main(["reconstruct", str(tmp_path), "--out", str(tmp_path / "o2"), "--no-dicom"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "no DICOM series but 1 image file(s): chest.nii.gz" in err
+        and f"pass one image file, e.g. {tmp_path / 'chest.nii.gz'}" in err
+    )
 
 
 def test_cli_bad_source_is_a_clear_error(tmp_path, capsys):

@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--series-uid", default=None, help="ingest only this SeriesInstanceUID (or <uid>#<part> key)")
     p.add_argument(
         "--min-slices",
-        type=int,
+        type=number_in(int, 2),
         default=10,
         help="fewest slices of a volume (default 10); with one SRC whose only CT series is shorter, "
         "that series is cached anyway, with a warning",

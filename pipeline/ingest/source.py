@@ -50,7 +50,19 @@ def read_source(src: str | Path, *, series_uid: str | None = None, mmap: bool = 
                 f"image cannot be read ({str(exc).strip().splitlines()[0]})", where=src, fix=f"pass {SOURCE_KINDS}"
             ) from exc
         return CTVolume.from_sitk(img, metadata={"SeriesInstanceUID": stem}), stem
+    from ..errors import NoSeriesFoundError, NotDicomError
     from .api import load_series
 
-    vol = load_series(src, series_uid=series_uid)
+    try:
+        vol = load_series(src, series_uid=series_uid)
+    except (NoSeriesFoundError, NotDicomError) as exc:
+        images = sorted(p.name for p in src.iterdir() if p.is_file() and p.name.endswith(IMAGE_SUFFIXES)) if src.is_dir() else []
+        if not images:
+            raise
+        raise NoSeriesFoundError(
+            f"the folder holds no DICOM series but {len(images)} image file(s): {', '.join(images[:5])}"
+            + (", ..." if len(images) > 5 else ""),
+            where=src,
+            fix=f"pass one image file, e.g. {src / images[0]}",
+        ) from exc
     return vol, (vol.series_uid or src.name)

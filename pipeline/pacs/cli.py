@@ -50,15 +50,20 @@ def register(sub: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml, section pacs)")
     p.add_argument("--ae-title", metavar="AET", help="this listener's AE title (pacs.ae_title)")
     p.add_argument("--bind", metavar="ADDR", help="address to listen on (pacs.bind; default 127.0.0.1)")
-    p.add_argument("--port", type=int, metavar="N", help="TCP port (pacs.port)")
+    p.add_argument("--port", type=number_in(int, 1, 65535), metavar="N", help="TCP port (pacs.port)")
     p.add_argument(
         "--allow", action="append", metavar="AET", help="calling AE title allowed to send (repeatable; pacs.allowed_aets)"
     )
-    p.add_argument("--quiet-period", type=float, metavar="S", help="seconds without a new instance before a series is complete")
+    p.add_argument(
+        "--quiet-period",
+        type=number_in(float, 0.1, 86400.0),
+        metavar="S",
+        help="seconds without a new instance before a series is complete",
+    )
     p.add_argument("--send-to", metavar="ADDRESS", help="send DICOM results (SR, SEG) here (pacs.send_to)")
     p.add_argument(
         "--workers",
-        type=int,
+        type=number_in(int, 0, 256),
         metavar="N",
         help="CPU worker processes (default 0: every stage in this process); either way the "
         "workers and the model are started once for the listener's lifetime",

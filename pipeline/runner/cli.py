@@ -29,7 +29,9 @@ def register(sub: Any) -> None:
     p.add_argument("sources", nargs="+", metavar="SRC", help="DICOM folder(s) or worklist CSV file(s) (column 'path')")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused to resume)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml)")
-    p.add_argument("--workers", type=int, metavar="N", help="CPU worker processes (0 = all stages in one process)")
+    p.add_argument(
+        "--workers", type=number_in(int, 0, 256), metavar="N", help="CPU worker processes (0 = all stages in one process)"
+    )
     p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda (every GPU) or cuda:N[,M]")
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
     p.add_argument(
@@ -40,7 +42,12 @@ def register(sub: Any) -> None:
         help="run the stages as Ray actors across a cluster: auto (the cluster this machine joined with ray start; "
         "the default), HEAD:PORT, or local (a private Ray instance); needs ctpipe[cluster], see README 'Scale out'",
     )
-    p.add_argument("--metrics-port", type=int, metavar="N", help="serve Prometheus metrics on 127.0.0.1:N during the run")
+    p.add_argument(
+        "--metrics-port",
+        type=number_in(int, 1, 65535),
+        metavar="N",
+        help="serve Prometheus metrics on 127.0.0.1:N during the run",
+    )
     p.add_argument("--retry-failed", action="store_true", default=None, help="re-attempt cases quarantined earlier")
     p.add_argument(
         "--keep-identifiers",
