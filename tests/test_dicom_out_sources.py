@@ -293,6 +293,23 @@ def test_missing_frame_of_reference_and_patient_attributes_are_generated(tmp_pat
     assert (again.frame_of_reference_uid, again.study_instance_uid) == (src.frame_of_reference_uid, src.study_instance_uid)
 
 
+def _write_results(case: Any, source: SourceSeries, out: Path) -> dict[str, Path]:
+    """The SR and SEG of the phantom ``case`` from the headers ``source``."""
+    from pipeline.dicom_out import write_dicom_outputs
+
+    return write_dicom_outputs(
+        out,
+        source=source,
+        volume=case.volume,
+        findings=case.findings,
+        organ_masks=case.organ_masks,
+        nodules=case.nodules,
+        model_name="m",
+        model_version="1",
+        score_threshold=0.5,
+    )
+
+
 #: values seen in archives that DICOM results cannot repeat (keyword: VR, value)
 MALFORMED = {
     "PatientBirthDate": ("DA", "1970-01-01"),
@@ -307,8 +324,6 @@ def test_malformed_patient_and_study_values_are_emptied_and_never_quoted(tmp_pat
     those attributes empty (type 2) or left out; the warning names the attributes, never a value."""
     import warnings
 
-    from pipeline.dicom_out import write_dicom_outputs
-
     case = phantom_case(tmp_path / "case")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pydicom warns (and logs) as they are set and written
@@ -321,17 +336,7 @@ def test_malformed_patient_and_study_values_are_emptied_and_never_quoted(tmp_pat
     with caplog.at_level(logging.WARNING, logger="pipeline.dicom_out"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         source = read_source_series(case.dicom, case.volume)
-        paths = write_dicom_outputs(
-            tmp_path / "out",
-            source=source,
-            volume=case.volume,
-            findings=case.findings,
-            organ_masks=case.organ_masks,
-            nodules=case.nodules,
-            model_name="m",
-            model_version="1",
-            score_threshold=0.5,
-        )
+        paths = _write_results(case, source, tmp_path / "out")
     assert set(MALFORMED) <= set(source.generated)
     said = caplog.text + "".join(str(w.message) for w in caught)
     assert "PatientAge, PatientBirthDate, PatientSex, StudyTime are not valid DICOM" in caplog.text
@@ -354,24 +359,13 @@ def test_malformed_patient_and_study_values_are_emptied_and_never_quoted(tmp_pat
     ids=["latin1", "utf8", "cyrillic", "japanese"],
 )
 def test_names_in_the_source_character_set_reach_the_results(tmp_path, charset, name):
-    from pipeline.dicom_out import write_dicom_outputs
 
     case = phantom_case(tmp_path / "case")
     for path in sorted(case.dicom.rglob("*.dcm")):
         ds = pydicom.dcmread(path)
         ds.SpecificCharacterSet, ds.PatientName = charset, name
         ds.save_as(path, enforce_file_format=True)
-    paths = write_dicom_outputs(
-        tmp_path / "out",
-        source=read_source_series(case.dicom, case.volume),
-        volume=case.volume,
-        findings=case.findings,
-        organ_masks=case.organ_masks,
-        nodules=case.nodules,
-        model_name="m",
-        model_version="1",
-        score_threshold=0.5,
-    )
+    paths = _write_results(case, read_source_series(case.dicom, case.volume), tmp_path / "out")
     for kind in ("sr", "seg"):
         assert str(pydicom.dcmread(paths[kind]).PatientName) == name, kind
         assert_valid(paths[kind])

@@ -146,12 +146,7 @@ class SourceSeries:
         results must carry (type 2: PatientName, PatientID, ...) are empty, the others absent. Study, series and frame
         of reference UIDs are kept, so results written from it still belong to the source's study."""
         datasets = tuple(copy.deepcopy(ds) for ds in self.datasets)
-        for ds in datasets:
-            for kw in PATIENT_IDENTIFIERS:
-                if kw in _TYPE2:
-                    setattr(ds, kw, "")
-                elif kw in ds:
-                    delattr(ds, kw)
+        _clear(datasets, PATIENT_IDENTIFIERS)
         return replace(self, datasets=datasets)
 
 
@@ -222,12 +217,7 @@ def _repair(datasets: list[Any], volume: CTVolume, where: str) -> tuple[str, ...
         repaired += empty
         log.warning("%s: the source has no %s; written empty in the results", where, ", ".join(empty))
     invalid = sorted({kw for ds in datasets for kw in PATIENT_STUDY_KEYWORDS if kw in ds and not _valid_value(ds[kw])})
-    for ds in datasets:
-        for kw in invalid:
-            if kw in _TYPE2:
-                setattr(ds, kw, "")
-            elif kw in ds:
-                delattr(ds, kw)
+    _clear(datasets, invalid)
     if invalid:
         repaired += invalid
         # the values themselves are not logged: most of them identify the patient
@@ -238,6 +228,17 @@ def _repair(datasets: list[Any], volume: CTVolume, where: str) -> tuple[str, ...
             "is" if len(invalid) == 1 else "are",
         )
     return tuple(repaired)
+
+
+def _clear(datasets: Iterable[Any], keywords: Iterable[str]) -> None:
+    """``keywords`` emptied in every header: written empty where the results must carry them (type 2), else left
+    out."""
+    for ds in datasets:
+        for kw in keywords:
+            if kw in _TYPE2:
+                setattr(ds, kw, "")
+            elif kw in ds:
+                delattr(ds, kw)
 
 
 def _valid_value(element: Any) -> bool:
