@@ -227,6 +227,66 @@ def test_plan_sets_cases_refused_at_discovery_aside(tmp_path):
     store.close()
 
 
+def _series(cid: str, key: str, series: str, *, fingerprint: str) -> CaseSpec:
+    return CaseSpec(cid, key, series, fingerprint, f"/src/{cid}", (f"/src/{cid}/1.dcm",), None)
+
+
+def test_plan_runs_a_quarantined_series_again_under_its_id_once_its_content_changed(tmp_path):
+    store = _store(tmp_path)
+    plan(store, [_series("s", "uid:old", "uid", fingerprint="a" * 24)], retry_failed=False)
+    store.begin_case("uid:old", "r1")
+    store.fail_case("uid:old", reason="slice 12 is missing", error_class="MissingSliceError", stage="ingest")
+    fixed = _series("s", "uid:new", "uid", fingerprint="b" * 24)
+    p = plan(store, [fixed], retry_failed=False)  # no --retry-failed needed: it is other content
+    assert [(c.case_id, c.case_key) for c in p.to_run] == [("s", "uid:new")]
+    assert p.replaced == ["s"] and p.failed_before == [] and p.changed_done == []
+    assert store.case_ids_in_use() == {"s": "uid:new"} and store.case("uid:old") is None
+    assert store.case("uid:new")["status"] == "pending"
+    assert plan(store, [fixed], retry_failed=False).replaced == []  # seen now: nothing changes on a rerun
+    store.close()
+
+
+def test_plan_keeps_the_results_of_an_analysed_series_whose_content_changed(tmp_path):
+    store = _store(tmp_path)
+    plan(store, [_series("s", "uid:old", "uid", fingerprint="a" * 24)], retry_failed=False)
+    store.begin_case("uid:old", "r1")
+    store.complete_case("uid:old", output_dir="cases/s", findings=[], measurements=[])
+    p = plan(store, [_series("s", "uid:new", "uid", fingerprint="b" * 24)], retry_failed=False)
+    assert [c.case_id for c in p.to_run] == ["s-bbbbbbbb"] and p.changed_done == [("s", "s-bbbbbbbb")]
+    assert p.replaced == [] and store.case("uid:old")["status"] == "done"
+    store.close()
+
+
+def test_plan_takes_two_copies_of_a_series_in_one_run_as_two_cases_and_counts_cases_not_found(tmp_path):
+    store = _store(tmp_path)
+    plan(store, [_series("gone", "g:1", "g", fingerprint="c" * 24)], retry_failed=False)
+    copies = [_series("s", "uid:a", "uid", fingerprint="a" * 24), _series("s", "uid:b", "uid", fingerprint="b" * 24)]
+    p = plan(store, copies, retry_failed=False)
+    assert [c.case_id for c in p.to_run] == ["s", "s-bbbbbbbb"] and p.replaced == [] and p.changed_done == []
+    assert p.not_found == 1  # 'gone' is no longer among the sources
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_series_quarantined_for_a_missing_slice_is_analysed_once_the_slice_arrives(tmp_path):
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from tests._support.runner import PHANTOM
+
+    src, out = tmp_path / "src", tmp_path / "run"
+    ph = generate_phantom(21, **PHANTOM)
+    write_dicom_series(ph.volume, src, quirks=["missing_slice"], seed=21)
+    first = run_batch([src], out=out, workers=0, stages=[IngestStage()], **{"report.enabled": False})
+    assert first.done == 0 and len(first.quarantined) == 1 and first.quarantined[0][1] == "MissingSliceError"
+    cid = first.quarantined[0][0]
+    assert (out / "quarantine" / f"{cid}.json").is_file()
+    write_dicom_series(ph.volume, src, seed=21)  # the whole series: the missing file arrives
+    second = run_batch([src], out=out, workers=0, stages=[IngestStage()], **{"report.enabled": False})
+    assert second.done == 1 and second.quarantined == []
+    assert db_rows(out, "SELECT case_id, status FROM cases") == [(cid, "done")]
+    assert not (out / "quarantine" / f"{cid}.json").exists() and (out / "cases" / cid).is_dir()
+
+
 # -- stale leftovers after a crash --------------------------------------------------------------------------------
 def test_reconcile_clears_staging_and_the_cache_of_interrupted_cases_only(tmp_path):
     store = _store(tmp_path)

@@ -28,7 +28,7 @@ from .logs import attach_jsonl, detach
 from .metrics import NvmlSampler, RunMetrics
 from .progress import Progress
 from .report import build_report
-from .resume import RunLock, plan, reconcile
+from .resume import RunLock, drop_cached, plan, reconcile, remove_quarantine
 from .session import RunSession, origins_of
 from .stage import Stage, WorkerInfo
 from .stages import build_stages
@@ -248,6 +248,16 @@ def _run(
     summary.not_selected = found.not_selected
     summary.skipped_files = found.skipped_files
     pl = plan(store, found.cases, retry_failed=cfg.runner.retry_failed)
+    for cid in pl.replaced:  # run again with the series' new content: no verdict or cached volume of the old one
+        remove_quarantine(run_dir, cid)
+        drop_cached(run_dir, cid)
+    if pl.not_found:
+        log.info(
+            "%d case(s) recorded in this run folder are not among this run's sources (moved, deleted or not given); "
+            "their results and records stay",
+            pl.not_found,
+            extra={"event": "not_found"},
+        )
     summary.total = len(found.cases)
     summary.skipped = len(pl.done)
     pipeline = list(stages) if stages is not None else build_stages(cfg)

@@ -3,7 +3,8 @@
 Each selected CT series becomes a :class:`~pipeline.runner.stage.CaseSpec`
 keyed by its SeriesInstanceUID (``<uid>#<n>`` for a part of a split series) and
 a content fingerprint: SHA-256 over the sorted (SOPInstanceUID, file size)
-pairs of its files, so a series that changed is a new case. Series the scan
+pairs of its files, so a series that changed is a new case key (see
+:func:`pipeline.runner.resume.plan` for what a rerun does with it). Series the scan
 chose but could not validate (missing or duplicate slices, inconsistent
 geometry) become cases that are quarantined at once with their reason;
 series not chosen by the selection rules (localizers, too few slices, not CT)

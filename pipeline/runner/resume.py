@@ -210,20 +210,70 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
 
 @dataclass
 class Plan:
+    """What a run does with the cases it found: ``to_run``; ``done`` and ``failed_before`` (ids, left as they are);
+    ``rejected`` (quarantined at once); ``replaced``: ids of unfinished or failed cases whose series came back with
+    other content, run again under the same id; ``changed_done``: ``(earlier id, new id)`` of analysed series whose
+    content changed since (the earlier results stay); ``not_found``: how many recorded cases this run's sources no
+    longer hold (moved, deleted, or not among the sources given)."""
+
     to_run: list[CaseSpec]
     done: list[str]
     failed_before: list[str]
     rejected: list[CaseSpec]
+    replaced: list[str] = field(default_factory=list)
+    changed_done: list[tuple[str, str]] = field(default_factory=list)
+    not_found: int = 0
+
+
+def _register(store: RunStore, case: CaseSpec, ids: dict[str, str], seen: set[str], out: Plan) -> CaseSpec:
+    """Record a case seen for the first time. A series seen before with other content replaces its unfinished or
+    failed case (same id, run again); an analysed one keeps its results and the new content gets its own case.
+    ``seen``: the keys found earlier in this run (another copy of the series among the sources is not a change)."""
+    earlier = [r for r in store.cases_of_series(case.series_uid) if r["case_key"] not in seen] if case.series_uid else []
+    unfinished = [r for r in earlier if r["status"] != "done"]
+    if unfinished:
+        row = unfinished[-1]
+        store.replace_case(row["case_key"], case_key=case.case_key, fingerprint=case.fingerprint, source=case.source)
+        ids[row["case_id"]] = case.case_key
+        out.replaced.append(row["case_id"])
+        log.warning(
+            "series %s has other content than when case %s was %s (files added, removed or replaced): it is run again as case %s",
+            case.series_uid,
+            row["case_id"],
+            "quarantined" if row["status"] == "failed" else "started",
+            row["case_id"],
+            extra={"event": "series_changed", "case_id": row["case_id"]},
+        )
+        return case.with_id(row["case_id"])
+    cid = case.case_id
+    if cid in ids and ids[cid] != case.case_key:
+        cid = f"{cid}-{case.fingerprint[:8]}"
+    case = case.with_id(cid)
+    ids[cid] = case.case_key
+    store.upsert_discovered(
+        case_key=case.case_key, case_id=cid, series_uid=case.series_uid, fingerprint=case.fingerprint, source=case.source
+    )
+    for row in earlier:  # all done here
+        out.changed_done.append((row["case_id"], cid))
+        log.warning(
+            "series %s has other content than when case %s was analysed (files added, removed or replaced): it is "
+            "analysed again as case %s; the results of %s stay in cases/%s",
+            case.series_uid,
+            row["case_id"],
+            cid,
+            row["case_id"],
+            row["case_id"],
+            extra={"event": "series_changed", "case_id": cid},
+        )
+    return case
 
 
 def plan(store: RunStore, cases: Iterable[CaseSpec], *, retry_failed: bool) -> Plan:
-    """Register discovered cases and pick those to run: skip done ones (and earlier failures unless asked)."""
+    """Register discovered cases and pick those to run: skip done ones (and earlier failures unless asked); a series
+    whose content changed is run again (see :class:`Plan`)."""
     ids = store.case_ids_in_use()
     seen_keys: set[str] = set()
-    to_run: list[CaseSpec] = []
-    done: list[str] = []
-    failed: list[str] = []
-    rejected: list[CaseSpec] = []
+    out = Plan([], [], [], [])
     with store.tx():
         for case in cases:
             if case.case_key in seen_keys:
@@ -231,31 +281,21 @@ def plan(store: RunStore, cases: Iterable[CaseSpec], *, retry_failed: bool) -> P
             seen_keys.add(case.case_key)
             row = store.case(case.case_key)
             if row is None:
-                cid = case.case_id
-                if cid in ids and ids[cid] != case.case_key:
-                    cid = f"{cid}-{case.fingerprint[:8]}"
-                case = case.with_id(cid)
-                ids[cid] = case.case_key
-                store.upsert_discovered(
-                    case_key=case.case_key,
-                    case_id=cid,
-                    series_uid=case.series_uid,
-                    fingerprint=case.fingerprint,
-                    source=case.source,
-                )
+                case = _register(store, case, ids, seen_keys, out)
             else:
                 case = case.with_id(row["case_id"])
                 if row["status"] == "done":
-                    done.append(case.case_id)
+                    out.done.append(case.case_id)
                     continue
                 if row["status"] == "failed" and not retry_failed:
-                    failed.append(case.case_id)
+                    out.failed_before.append(case.case_id)
                     continue
             if case.rejected is not None:
-                rejected.append(case)
+                out.rejected.append(case)
             else:
-                to_run.append(case)
-    return Plan(to_run, done, failed, rejected)
+                out.to_run.append(case)
+    out.not_found = len(set(store.case_ids_in_use().values()) - seen_keys)
+    return out
 
 
 def write_quarantine(run_dir: Path, case: CaseSpec, *, reason: str, error_class: str, stage: str | None) -> Path:

@@ -34,6 +34,8 @@ A case's ``status`` moves only along these transitions (anything else raises
     running, failed → failed                fail_case
     running → pending                       release_case (the run folder could not be written: retried next run)
     done → pending                          reset_case (its published folder is gone)
+    pending, running, failed → (replaced)  replace_case (its series was found again with other content: the
+                                            new content takes the case's id, the old attempts stay as history)
 
 Only the runner's main process writes; readers (reports, notebooks) open it
 read-only and see committed state only, thanks to WAL. Times are Unix seconds (UTC).
@@ -64,6 +66,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     "fail": ("running", "failed"),
     "release": ("running",),
     "reset": ("done",),
+    "replace": ("pending", "running", "failed"),
 }
 
 _SCHEMA = """
@@ -250,6 +253,26 @@ class RunStore:
             "INSERT INTO cases (case_key, case_id, series_uid, fingerprint, source, status, discovered_at)"
             " VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT (case_key) DO UPDATE SET source=excluded.source",
             (case_key, case_id, series_uid, fingerprint, source, time.time()),
+        )
+
+    def cases_of_series(self, series_uid: str) -> list[sqlite3.Row]:
+        """The cases recorded for one series (its key: SeriesInstanceUID, ``#n`` for a part), oldest first."""
+        return list(self.db.execute("SELECT * FROM cases WHERE series_uid=? ORDER BY discovered_at, case_id", (series_uid,)))
+
+    def replace_case(self, old_key: str, *, case_key: str, fingerprint: str, source: str) -> None:
+        """An unfinished case (pending, interrupted or failed) whose series now has other content (slices added,
+        removed or replaced): the new content becomes a pending case under the same ``case_id``; the old case's
+        attempts stay as history, marked ``superseded``. Call inside :meth:`tx`, with the registration of the
+        other cases found (as :func:`pipeline.runner.resume.plan` does)."""
+        self._expect(old_key, "replace")
+        row = self.db.execute("SELECT case_id, series_uid FROM cases WHERE case_key=?", (old_key,)).fetchone()
+        self.db.execute(
+            "UPDATE stage_attempts SET status='superseded' WHERE case_key=? AND status IN ('ok', 'running')", (old_key,)
+        )
+        for table in ("cases", "findings", "measurements", "quality_flags", "origins"):
+            self.db.execute(f"DELETE FROM {table} WHERE case_key=?", (old_key,))
+        self.upsert_discovered(
+            case_key=case_key, case_id=row["case_id"], series_uid=row["series_uid"], fingerprint=fingerprint, source=source
         )
 
     def begin_case(self, case_key: str, run_id: str) -> int:
