@@ -90,6 +90,27 @@ def test_sigkill_then_rerun_every_case_exactly_once(dicom_data, full_run, tmp_pa
     assert dup == []
 
 
+@pytest.mark.slow
+def test_a_stopped_run_says_how_to_resume_and_is_recorded_as_interrupted(dicom_data, tmp_path):
+    out = tmp_path / "stopped"
+    args = ["run", str(dicom_data["good"]), "--out", str(out), "--workers", "1", "--quiet", *FAST]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    deadline = time.monotonic() + 240
+    while _done_count(out) < 1:
+        assert proc.poll() is None, "the run ended before it could be stopped: " + proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "no case completed in time"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # what systemd or a scheduler sends; Ctrl-C takes the same path
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()
+    assert "interrupted; run the same command again to resume" in err.decode()
+    assert "Traceback" not in err.decode()
+    assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
+    assert _wait_group_gone(proc.pid, 15), "worker processes outlived the stopped run"
+
+
 def _fake_case(store: RunStore, key: str, cid: str, run_id: str) -> None:
     store.upsert_discovered(case_key=key, case_id=cid, series_uid=cid, fingerprint="f" * 24, source="src")
     store.begin_case(key, run_id)

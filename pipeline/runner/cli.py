@@ -152,6 +152,16 @@ def _run(args: argparse.Namespace) -> int:
     except RunEnvironmentError as exc:  # the run folder cannot be written at all: one line, its own exit status
         print(f"ctpipe run: error: cannot write the run folder: {exc}", file=sys.stderr)
         return EXIT_ENVIRONMENT
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+            bar = None
+        print(
+            f"ctpipe run: interrupted; run the same command again to resume (completed cases in {args.out} are kept "
+            "and skipped, the interrupted ones run again)",
+            file=sys.stderr,
+        )
+        return 130
     finally:
         if bar is not None:
             bar.close()
