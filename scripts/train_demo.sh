@@ -44,7 +44,8 @@ mkdir -p "$WORK/init"
 [ -f "$WORK/init/plain_retinanet.pt" ] || git show "$INIT_COMMIT:pipeline/detection/weights/demo_phantom_retinanet.pt" > "$WORK/init/plain_retinanet.pt"
 start=$(date +%s)
 .venv/bin/python scripts/train_detector.py --work "$WORK/detector" --seed0 1000 --n-train 80 \
-  --steps 600 --minutes 20 --lr 5e-4 --warmup 20 --threads 1 --init "$WORK/init/plain_retinanet.pt"
+  --steps 600 --minutes 20 --lr 5e-4 --warmup 20 --threads 1 --init "$WORK/init/plain_retinanet.pt" \
+  --init-label "the plain-phantom demo RetinaNet of commit $INIT_COMMIT"
 .venv/bin/python scripts/train_fp_reducer.py --work "$WORK/fp_reduction" --seed0 2000 --n-train 40 \
   --val-seed0 3000 --n-val 40 --steps 2400 --lr 1e-3 --hard-negatives 0.5 --threads 1 \
   --context-spacing 2.5 --anatomy-negatives 80

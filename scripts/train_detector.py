@@ -265,7 +265,7 @@ def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, 
                 f"{NO_NODULE_FRACTION:.0%} without any nodule, positions {POSITIONS} (scripts/train_detector.py "
                 f"training_phantom); {VESSEL_NEGATIVES:.0%} of the negative patches centred on a lung vessel"
             ),
-            "initial_weights": str(args.init) if args.init is not None else None,
+            "initial_weights": args.init_label or (args.init.name if args.init is not None else None),
             "train_seeds": [args.seed0, args.seed0 + args.n_train - 1],
             "evaluation_seeds_must_avoid": f"{args.seed0}..{args.seed0 + args.n_train - 1}",
             "torch_seed": args.torch_seed,
@@ -412,6 +412,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         help="start from these RetinaNet weights (a state dict of the same architecture) instead of random ones",
+    )
+    ap.add_argument(
+        "--init-label",
+        default=None,
+        help="where the --init weights come from, as the model's training record says it (default: the file's name)",
     )
     ap.add_argument("--warmup", type=int, default=100, help="linear learning-rate warm-up steps")
     ap.add_argument("--torch-seed", type=int, default=7)
