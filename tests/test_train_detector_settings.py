@@ -19,7 +19,17 @@ def test_the_trainer_writes_the_shipped_models_settings(tmp_path) -> None:
     torch.manual_seed(0)
     net = build_network(trainer.ARCH)
     args = argparse.Namespace(
-        init=None, seed0=1000, n_train=80, torch_seed=7, batch=4, accum=1, lr=5e-4, steps=600, warmup=20, threads=1
+        init=None,
+        init_label=None,
+        seed0=1000,
+        n_train=80,
+        torch_seed=7,
+        batch=4,
+        accum=1,
+        lr=5e-4,
+        steps=600,
+        warmup=20,
+        threads=1,
     )
     out = tmp_path / DEMO_MODEL_JSON.name
     trainer.write_model(net, out, args, {"step": 600, "loss": 0.3, "precision": "float32"})
