@@ -95,15 +95,21 @@ def test_report_over_two_runs(full_run, ingest_run, tmp_path):
     out = tmp_path / "report"
     p = ctpipe("report", str(full_run["out"]), str(ingest_run["out"]), "--out", str(out), "--hours-per-day", "20")
     assert p.returncode == 0, p.stderr
-    assert "at the measured rate this machine handles" in p.stdout and "report: " in p.stdout
+    assert p.stdout.startswith("measured ") and "cases/day projection: not enough data" in p.stdout and "report: " in p.stdout
     summary = json.loads((out / "report.json").read_text())
     assert summary["runs"] == 2
-    assert summary["cases"] == {"total": 9, "done": 6, "failed": 3, "unfinished": 0}
+    assert summary["cases"] == {"total": 9, "done": 6, "failed": 3, "unfinished": 0, "interrupted": 0}
+    assert [(r["status"], r["n_done"], r["n_failed"]) for r in summary["runs_table"]] == [
+        ("completed", 3, 3),
+        ("completed", 3, 0),
+    ]
     tp = summary["throughput"]
     assert sum(tp["per_day_utc"].values()) == 6 and sum(tp["per_hour_utc"].values()) == 6
     assert tp["cases_per_day_projected"] == pytest.approx(tp["cases_per_hour"] * 20)
     assert tp["cases_per_hour"] == pytest.approx(6 / summary["active_hours"])
-    assert f"{tp['cases_per_day_projected']:,.0f} cases/day" in summary["projection"]
+    assert not tp["enough_to_project"]  # 6 cases: the headline leads with the measured rate, no cases/day figure
+    assert f"{tp['cases_per_hour']:,.1f} cases/hour from 6 completed case(s)" in summary["projection"]
+    assert f"{tp['cases_per_day_projected']:,.0f} cases/day" not in summary["projection"]
     lat = summary["latency_s"]
     assert set(lat) == {"end_to_end", "ingest", "reconstruct", "load", "detect", "nodules", "write", "dicom"}
     assert lat["ingest"]["n"] == 6 and lat["detect"]["n"] == 3  # ingest ran in both runs
@@ -119,7 +125,7 @@ def test_report_over_two_runs(full_run, ingest_run, tmp_path):
     assert base64.b64decode(first)[:8] == b"\x89PNG\r\n\x1a\n"
     # CSV tables
     latency = pd.read_csv(out / "latency.csv")
-    assert set(latency.stage) == set(lat) and {"p50", "p90", "p99"} <= set(latency.columns)
+    assert set(latency.stage) == set(lat) and {"mean_s", "p50_s", "p90_s", "p99_s"} <= set(latency.columns)
     assert len(pd.read_csv(out / "failures.csv")) == 3
     assert pd.read_csv(out / "throughput_daily.csv").cases.sum() == 6
     assert len(pd.read_csv(out / "cases.csv")) == 9

@@ -392,7 +392,6 @@ def _run(
         failed_rows = store.cases_with_status("failed")
         summary.quarantined = [(r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys]
         summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
-        done_now = len(store.cases_with_status("done"))
         _quietly(
             summary,
             run_dir,
@@ -401,8 +400,8 @@ def _run(
                 run_id,
                 status=status,
                 n_cases=summary.total,
-                n_done=done_now,
-                n_failed=len(failed_rows),
+                n_done=summary.done,
+                n_failed=len(summary.quarantined),
                 n_skipped=summary.skipped,
             ),
         )

@@ -19,6 +19,20 @@ the headline counts the cases with at least one warning flag. Per case: status,
 latency, findings, lung volumes (marked when a flag makes them unreliable),
 flags and links to the case's PNGs. What discovery left out (files and series,
 with reasons) is listed too (``skipped.csv``).
+
+Runs (``runs.csv``): each case is counted once, in the run of its latest attempt
+(:func:`.tables.finishing_run`), with its outcome there: a run resumed after a
+kill does not count again what the killed run finished, and a killed run (no end
+record) shows what it finished. A run without an end record that a later run of
+its folder followed, or whose process is gone, is shown ``interrupted``, and so
+is a case it left ``running`` (:func:`.tables.run_status`).
+
+The CSV files are UTF-8 with a byte-order mark (Excel reads them as UTF-8), their
+times ISO 8601 UTC (``2026-12-04T10:15:03Z``, columns named ``..._utc``), their
+column names carry the unit (``p50_s``: seconds).
+
+The per-GPU figures and the seed-class comparison appear only when a run recorded a
+GPU device; without one the capacity model speaks of model workers.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import io
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +54,7 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from .capacity import estimate
 from .report_html import case_rows, render_html
-from .tables import read_tables
+from .tables import case_status, finishing_run, read_tables, run_status, utc_text
 
 log = logging.getLogger(__name__)
 
@@ -82,20 +97,68 @@ def _pct(values: Any) -> dict[str, float | None]:
     return {"n": int(len(v)), "mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in PCTS}}
 
 
+def _span(minutes: float) -> str:
+    """Active time in words: minutes below an hour, else hours."""
+    return f"{minutes / 60.0:.2f} active hours" if minutes >= 60 else f"{minutes:.1f} active minutes"
+
+
 def _projection(rate_h: float, hours_per_day: float, n_done: int, minutes: float, enough: bool) -> str:
-    """The cases/day headline: the figure, what it rests on, and whether that is enough to project from."""
-    text = (
-        f"at the measured rate this machine handles {rate_h * hours_per_day:,.0f} cases/day "
-        f"({rate_h:,.1f} cases/hour from {n_done} completed case(s) over "
-        + (f"{minutes / 60.0:.2f} active hours" if minutes >= 60 else f"{minutes:.1f} active minutes")
-        + f", {hours_per_day:g} operating hours/day)"
-    )
+    """The cases/day headline: the figure, what it rests on, and whether that is enough to project from.
+
+    ``rate_h``: measured cases/hour; ``minutes``: active minutes. When ``enough`` is false the headline leads with
+    the measured rate and says the cases/day projection has not enough data, without its figure.
+    """
+    basis = f"{rate_h:,.1f} cases/hour from {n_done} completed case(s) over {_span(minutes)}"
     if not enough:
-        text += (
-            f"; too few to project from (fewer than {MIN_CASES_TO_PROJECT} completed cases or "
-            f"{MIN_MINUTES_TO_PROJECT:g} active minutes): indicative only"
+        return (
+            f"measured {basis}; cases/day projection: not enough data (too few to project from: fewer than "
+            f"{MIN_CASES_TO_PROJECT} completed cases or {MIN_MINUTES_TO_PROJECT:g} active minutes)"
         )
-    return text
+    return (
+        f"at the measured rate this machine handles {rate_h * hours_per_day:,.0f} cases/day "
+        f"({basis}, {hours_per_day:g} operating hours/day)"
+    )
+
+
+#: Devices a run records with a GPU: ``cuda:0 (NVIDIA A100...)``; a Ray cluster's ``..., 4 GPU(s)``.
+_CUDA_DEVICE = re.compile(r"\bcuda:\d+")
+_RAY_GPUS = re.compile(r"(\d+(?:\.\d+)?) GPU\(s\)")
+
+
+def _gpu_recorded(runs: Any) -> bool:
+    """Whether any run recorded a GPU device (a CUDA device, or a Ray cluster with GPUs)."""
+    for device in runs.device.dropna().astype(str):
+        ray = _RAY_GPUS.search(device)
+        if _CUDA_DEVICE.search(device) or (ray is not None and float(ray.group(1)) > 0):
+            return True
+    return False
+
+
+def _cpu_capacity_text(c: dict[str, Any]) -> str:
+    """The capacity headline of runs that recorded no GPU: model workers, no per-GPU figure, no seed class."""
+    where = f"{c['gpus']} model worker(s) over {c['nodes']} node(s), {c['cpu_workers_per_node']} CPU worker(s) per node"
+    if c["cases_per_day"] is None:
+        return f"capacity model for {where}: no completed stage attempts to project from"
+    rate = (
+        f"{c['cases_per_day']:,.0f} cases/day ({c['hours_per_day']:g} operating hours/day); bottleneck: {c['bottleneck']} "
+        f"stages (model {c['model_busy_s_per_case']:.2f} s/case per model worker, CPU {c['cpu_busy_s_per_case']:.2f} core-s/case)"
+    )
+    parts = [f"capacity model for {where} (no GPU recorded: the model stages ran on the CPU)"]
+    parts.append(
+        f"too few to project from (see the cases/day headline); indicative only: {rate}" if not c["enough_to_project"] else rate
+    )
+    parts.append("model stages scale per model worker, CPU stages per CPU worker (one per core), over every node")
+    parts += [a for a in c["assumptions"] if "GPU" not in a]
+    parts.append("no per-GPU figure or seed-class comparison without a GPU")
+    return "; ".join(parts)
+
+
+def _capacity_summary(capacity: Any, *, gpu: bool) -> dict[str, Any]:
+    """The capacity model's JSON, ``gpu_recorded`` added; its text speaks of model workers when ``gpu`` is false."""
+    out = {**capacity.to_dict(), "gpu_recorded": gpu}
+    if not gpu:
+        out["text"] = _cpu_capacity_text(out)
+    return out
 
 
 def _quality_summary(done: Any, quality: Any) -> dict[str, Any]:
@@ -129,6 +192,31 @@ def _skipped_summary(sk: Any) -> dict[str, Any]:
     }
 
 
+def _runs_table(runs: Any, cases: Any, finished_in: Any, durations: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per run: status as the report shows it, start and end (ISO 8601 UTC; no end record: None), active
+    time (s) and the cases of its latest attempts by outcome (``finished_in``: :func:`.tables.finishing_run`),
+    so that each case is counted in one run only."""
+    outcome = cases.status.map({"done": "n_done", "failed": "n_failed"}).fillna("n_unfinished")
+    counts = outcome.groupby([cases.run_dir, finished_in]).value_counts().to_dict() if len(cases) else {}
+    started, ended = utc_text(runs.started_at), utc_text(runs.ended_at)
+    rows = []
+    for i, r in runs.iterrows():
+        rows.append(
+            {
+                "run_dir": r["run_dir"],
+                "run_id": r["run_id"],
+                "status": r["status"],
+                "started_utc": started[i],
+                "ended_utc": ended[i],
+                "active_s": durations.get(str(r["run_id"]), 0.0),
+                "device": r["device"],
+                "host": r["host"],
+                **{k: int(counts.get((r["run_dir"], r["run_id"], k), 0)) for k in ("n_done", "n_failed", "n_unfinished")},
+            }
+        )
+    return rows
+
+
 def summarize(
     run_dirs: Sequence[str | os.PathLike[str]],
     *,
@@ -139,8 +227,10 @@ def summarize(
 ) -> tuple[dict[str, Any], dict]:
     """Summary numbers (JSON-able) and the combined DataFrames of ``run_dirs``.
 
-    ``gpus``, ``nodes``, ``cpu_workers`` (per node): the capacity model's cluster (see :func:`.capacity.estimate`;
-    defaults: the runs' own GPUs and CPU workers, one node).
+    ``run_dirs`` are resolved and named once each, in the order given. In the DataFrames, ``runs.status`` and
+    ``cases.status`` are as the report shows them (killed runs and their cases ``interrupted``; see
+    :func:`.tables.run_status`). ``gpus``, ``nodes``, ``cpu_workers`` (per node): the capacity model's cluster
+    (see :func:`.capacity.estimate`; defaults: the runs' own GPUs and CPU workers, one node).
     """
     import pandas as pd
 
@@ -149,6 +239,8 @@ def summarize(
     tables = [read_tables(d) for d in unique]
     t = {k: pd.concat([x[k] for x in tables], ignore_index=True) for k in tables[0]}
     runs, cases, stages = t["runs"], t["cases"], t["stages"]
+    runs["status"] = run_status(runs)
+    cases["status"] = case_status(cases, runs)
     done = cases[cases.status == "done"].copy()
     failed = cases[cases.status == "failed"].copy()
     intervals = []
@@ -191,9 +283,10 @@ def summarize(
     minutes = active_s / 60.0
     enough = len(done) >= MIN_CASES_TO_PROJECT and minutes >= MIN_MINUTES_TO_PROJECT
     capacity = estimate(t, durations, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers, hours_per_day=hours_per_day, enough=enough)
+    interrupted = int((cases.status == "interrupted").sum())
     summary = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "run_dirs": [str(d) for d in run_dirs],
+        "run_dirs": [str(d) for d in unique],
         "runs": int(len(runs)),
         "devices": sorted(set(runs.device.dropna())),
         "cases": {
@@ -201,7 +294,9 @@ def summarize(
             "done": int(len(done)),
             "failed": int(len(failed)),
             "unfinished": int(len(cases) - len(done) - len(failed)),
+            "interrupted": interrupted,
         },
+        "runs_table": _runs_table(runs, cases, finishing_run(cases, stages), durations),
         "active_hours": active_s / 3600.0,
         "throughput": {
             "cases_per_hour": rate_h,
@@ -232,7 +327,7 @@ def summarize(
         "skipped": _skipped_summary(latest_skipped(t)),
         "gpu": gpu_summary,
         "projection": _projection(rate_h, hours_per_day, len(done), minutes, enough),
-        "capacity": capacity.to_dict(),
+        "capacity": _capacity_summary(capacity, gpu=_gpu_recorded(runs)),
     }
     return summary, t
 
@@ -307,6 +402,68 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     return out
 
 
+#: Columns of ``runs.csv`` (see :func:`_runs_table`).
+RUNS_COLUMNS = [
+    "run_dir",
+    "run_id",
+    "status",
+    "started_utc",
+    "ended_utc",
+    "active_s",
+    "device",
+    "host",
+    "n_done",
+    "n_failed",
+    "n_unfinished",
+]
+#: Columns of ``cases.csv``: times ISO 8601 UTC, latency in s.
+CASES_COLUMNS = [
+    "run_dir",
+    "case_id",
+    "status",
+    "latency_s",
+    "n_findings",
+    "lung_coverage",
+    "contrast_phase",
+    "flags",
+    "detect_skipped",
+    "error_class",
+    "reason",
+    "origin",  # where a PACS delivered the case from (no credentials), and its remote UIDs
+    "origin_via",
+    "origin_study_uid",
+    "origin_series_uid",
+    "started_utc",
+    "ended_utc",
+]
+
+
+def _csv_bytes(df: Any) -> bytes:
+    """``df`` as a CSV file: UTF-8 with a byte-order mark (Excel on Windows reads it as UTF-8), no index."""
+    return df.to_csv(index=False).encode("utf-8-sig")
+
+
+def _latency_table(latency: dict[str, dict[str, Any]]) -> Any:
+    """``latency.csv``: per stage (and end to end) the count and the mean and percentiles in seconds (``_s``)."""
+    import pandas as pd
+
+    cols = ["n", "mean", *(f"p{p}" for p in PCTS)]
+    rows = [{"stage": k, **{(c if c == "n" else f"{c}_s"): v.get(c) for c in cols}} for k, v in latency.items()]
+    return pd.DataFrame(rows, columns=["stage", "n", "mean_s", *(f"p{p}_s" for p in PCTS)])
+
+
+def _cases_table(cases: Any) -> Any:
+    """``cases.csv``: times as ISO 8601 UTC text, findings as whole numbers (empty where the case is not done)."""
+    import pandas as pd
+
+    out = cases.assign(
+        started_utc=utc_text(cases.started_at),
+        ended_utc=utc_text(cases.ended_at),
+        n_findings=pd.to_numeric(cases.n_findings, errors="coerce").round().astype("Int64").where(cases.status == "done"),
+    )
+    return out[CASES_COLUMNS]
+
+
 def build_report(
     run_dirs: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
@@ -333,36 +490,19 @@ def build_report(
     skipped = latest_skipped(t)
     atomic_write_bytes(rep.html, render_html(summary, plots, rows, skipped).encode())
     atomic_write_bytes(rep.json, json.dumps(summary, indent=1).encode())
-    lat = pd.DataFrame([{"stage": k, **v} for k, v in summary["latency_s"].items()])
     tables = {
-        "latency.csv": lat,
+        "runs.csv": pd.DataFrame(summary["runs_table"], columns=RUNS_COLUMNS),
+        "latency.csv": _latency_table(summary["latency_s"]),
         "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
-        "throughput_hourly.csv": pd.DataFrame(list(summary["throughput"]["per_hour_utc"].items()), columns=["hour_utc", "cases"]),
+        "throughput_hourly.csv": pd.DataFrame(
+            [(f"{hour.replace(' ', 'T')}:00Z", n) for hour, n in summary["throughput"]["per_hour_utc"].items()],
+            columns=["hour_utc", "cases"],
+        ),
         "capacity.csv": pd.DataFrame(
             [{"stage": k, **v} for k, v in summary["capacity"]["stages"].items()], columns=["stage", "group", "busy_s", "passes"]
         ),
         "failures.csv": pd.DataFrame(summary["failed_cases"], columns=["case_id", "stage", "error_class", "reason", "run_dir"]),
-        "cases.csv": t["cases"][
-            [
-                "run_dir",
-                "case_id",
-                "status",
-                "latency_s",
-                "n_findings",
-                "lung_coverage",
-                "contrast_phase",
-                "flags",
-                "detect_skipped",
-                "error_class",
-                "reason",
-                "origin",  # where a PACS delivered the case from (no credentials), and its remote UIDs
-                "origin_via",
-                "origin_study_uid",
-                "origin_series_uid",
-                "started_at",
-                "ended_at",
-            ]
-        ],
+        "cases.csv": _cases_table(t["cases"]),
         "quality_flags.csv": t["quality"][["run_dir", "case_id", "code", "severity", "message"]],
         "skipped.csv": skipped[["run_dir", "run_id", "what", "item", "kind", "reason", "source"]],
         "stages.csv": t["stages"][
@@ -382,7 +522,7 @@ def build_report(
         ],
     }
     for name, df in tables.items():
-        atomic_write_bytes(out / name, df.to_csv(index=False).encode())
+        atomic_write_bytes(out / name, _csv_bytes(df))
         rep.csv.append(out / name)
     rep.summary = summary
     log.info("report written to %s", rep.html, extra={"event": "report"})

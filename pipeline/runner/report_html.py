@@ -60,7 +60,7 @@ def case_rows(t: dict, out_dir: Path) -> list[dict[str, Any]]:
                 "run_dir": c.run_dir,
                 "status": c.status,
                 "latency_s": c.latency_s,
-                "n_findings": c.n_findings,
+                "n_findings": c.n_findings if c.status == "done" else None,
                 "volumes": vols.get(key, {}),
                 "flags": flags.get(key, []),
                 "detect_skipped": c.detect_skipped if isinstance(c.detect_skipped, str) else None,
@@ -128,6 +128,28 @@ def _skipped_table(sk: Any) -> str:
     return f"<table><tr><th>what</th><th>file or series</th><th>kind</th><th>reason</th></tr>{rows}</table>{more}"
 
 
+def _runs_table(runs: list[dict[str, Any]], cases: dict[str, int]) -> str:
+    """Per run: status, start and end (UTC), active minutes, device and its cases by outcome; the last row counts
+    each case once over all runs (``cases``: the summary's case counts)."""
+    if not runs:
+        return "<p>no runs</p>"
+    head = "".join(
+        f"<th>{t}</th>"
+        for t in ("run", "status", "started (UTC)", "ended (UTC)", "active min", "device", "done", "failed", "unfinished")
+    )
+    body = "".join(
+        f"<tr><td>{_e(r['run_id'])}</td><td>{_e(r['status'])}</td><td>{_e(r['started_utc'])}</td>"
+        f"<td>{_e(r['ended_utc'] or 'no end record')}</td><td>{r['active_s'] / 60.0:.1f}</td><td>{_e(r['device'])}</td>"
+        f"<td>{r['n_done']}</td><td>{r['n_failed']}</td><td>{r['n_unfinished']}</td></tr>"
+        for r in runs
+    )
+    total = (
+        f'<tr><td>all runs (each case once)</td><td colspan="5"></td><td>{cases["done"]}</td><td>{cases["failed"]}</td>'
+        f"<td>{cases['unfinished']}</td></tr>"
+    )
+    return f"<table><tr>{head}</tr>{body}{total}</table>"
+
+
 def _quality_headline(q: dict[str, Any]) -> str:
     by = ", ".join(f"{_e(k)} {v}" for k, v in q["by_flag"].items())
     text = f"{q['flagged']} of {q['done']} completed case(s) flagged (warnings)"
@@ -143,14 +165,23 @@ def _capacity(c: dict[str, Any]) -> str:
         for name, v in c["stages"].items()
     )
     seed = c["seed_class"]
-    figures = (
-        f"<p>{c['gpus']} GPU(s) over {c['nodes']} node(s), {c['cpu_workers_per_node']} CPU worker(s) per node: "
-        f"<b>{_num(c['cases_per_day'], '{:,.0f}')}</b> cases/day, {_num(c['cases_per_gpu_day'], '{:,.0f}')} "
-        f"cases/GPU/day; seed class {seed['cases_per_day']:,} cases/day on {seed['gpus']} {_e(seed['gpu'])}s = "
-        f"{seed['cases_per_gpu_day']:,.0f} cases/GPU/day. Bottleneck: {_e(c['bottleneck'] or 'none')} stages "
-        f"(model {c['model_busy_s_per_case']:.2f} s/case per GPU, CPU {c['cpu_busy_s_per_case']:.2f} core-s/case).</p>"
-    )
-    notes = "".join(f"<li>{_e(a)}</li>" for a in c["assumptions"])
+    where = f"{c['cpu_workers_per_node']} CPU worker(s) per node"
+    if c.get("gpu_recorded", True):
+        figures = (
+            f"<p>{c['gpus']} GPU(s) over {c['nodes']} node(s), {where}: "
+            f"<b>{_num(c['cases_per_day'], '{:,.0f}')}</b> cases/day, {_num(c['cases_per_gpu_day'], '{:,.0f}')} "
+            f"cases/GPU/day; seed class {seed['cases_per_day']:,} cases/day on {seed['gpus']} {_e(seed['gpu'])}s = "
+            f"{seed['cases_per_gpu_day']:,.0f} cases/GPU/day. Bottleneck: {_e(c['bottleneck'] or 'none')} stages "
+            f"(model {c['model_busy_s_per_case']:.2f} s/case per GPU, CPU {c['cpu_busy_s_per_case']:.2f} core-s/case).</p>"
+        )
+    else:
+        figures = (
+            f"<p>{c['gpus']} model worker(s) over {c['nodes']} node(s), {where}: "
+            f"<b>{_num(c['cases_per_day'], '{:,.0f}')}</b> cases/day. Bottleneck: {_e(c['bottleneck'] or 'none')} stages "
+            f"(model {c['model_busy_s_per_case']:.2f} s/case per model worker, CPU {c['cpu_busy_s_per_case']:.2f} "
+            "core-s/case). No GPU recorded: the model stages ran on the CPU; no per-GPU figure or seed-class comparison.</p>"
+        )
+    notes = "".join(f"<li>{_e(a)}</li>" for a in c["assumptions"] if c.get("gpu_recorded", True) or "GPU" not in a)
     if not c["enough_to_project"]:
         notes += "<li>too few to project from (see the cases/day headline): indicative only</li>"
     return (
@@ -180,8 +211,12 @@ td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
 <p class="big"><b>{_e(s["projection"])}</b></p>
 <p>{_e(s["capacity"]["text"])}</p>
 <p class="big">{_quality_headline(s["quality"])}</p>
-<p>Cases: {s["cases"]["done"]} done, {s["cases"]["failed"]} failed, {s["cases"]["unfinished"]} unfinished,
-of {s["cases"]["total"]}. Discovery skipped {sk["files"]} file(s) and {sk["series"]} series (listed below).</p>
+<p>Cases: {s["cases"]["done"]} done, {s["cases"]["failed"]} failed, {s["cases"]["unfinished"]} unfinished
+({s["cases"].get("interrupted", 0)} interrupted), of {s["cases"]["total"]}. Discovery skipped {sk["files"]} file(s) and {sk["series"]} series (listed below).</p>
+<h2>Runs</h2>
+<p>Each case is counted in the run that last worked on it. A run killed without an end record is interrupted
+once a later run started or its process is gone; so is the case it was working on.</p>
+{_runs_table(s["runs_table"], s["cases"])}
 <h2>Cases</h2>
 <p>Lung volumes marked * are unreliable (a quality flag, e.g. lungs cut by the scan range, makes them meaningless;
 hover for the reason). Flags: <span class="warning">warning</span> <span class="info">info</span>; hover for details.</p>

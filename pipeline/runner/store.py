@@ -2,7 +2,9 @@
 
 Tables
 ------
-``runs``            one row per invocation of the runner on this folder (config, versions, device, start/end).
+``runs``            one row per invocation of the runner on this folder (config, versions, device, start/end;
+                    ``n_cases`` found, ``n_done`` completed by this run, ``n_failed`` of its cases quarantined at its
+                    end, ``n_skipped`` done by earlier runs).
 ``cases``           one row per case, keyed by ``case_key`` = SeriesInstanceUID + content fingerprint.
 ``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB),
                     and ``detail``: the stage's own sub-step times (JSON, s; model time from CUDA events on a GPU).

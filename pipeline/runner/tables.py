@@ -4,12 +4,17 @@ Times are Unix seconds (UTC), with ``started``/``ended`` columns added as UTC
 timestamps; finding centres are DICOM patient coordinates (LPS, mm). A store of
 an earlier schema version (before quality flags and skipped files were kept)
 reads with those columns empty.
+
+:func:`run_status`, :func:`case_status` and :func:`finishing_run` read the tables as a report shows them: a run
+killed without an end record is ``interrupted`` once a later run of its folder started or its process is gone,
+and so is a case it left ``running``; each case belongs to the run of its latest attempt.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -119,3 +124,91 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
         "skipped": skipped,
         "deliveries": deliveries,
     }
+
+
+# -- the tables as a report shows them -------------------------------------------------------------------------------
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` of this host started (Unix s), or None where that cannot be read (not Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def process_gone(pid: object, host: object, *, since: float) -> bool:
+    """Whether the process ``pid`` of ``host`` that started a run at ``since`` (Unix s) has certainly ended.
+
+    Only this host's processes can be checked (another host's: False); a process of that id that started
+    after the run did is another one (the id was reused).
+    """
+    try:
+        n = int(pid)  # type: ignore[call-overload]  # a number from the runs table, or None / NaN
+    except (TypeError, ValueError):  # none recorded
+        return False
+    if host != socket.gethostname() or n <= 0:
+        return False
+    try:
+        os.kill(n, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, as another user's process
+        pass
+    except OSError:
+        return False
+    started = _process_start(n)
+    return started is not None and started > since + 1.0
+
+
+def run_status(runs: pd.DataFrame) -> pd.Series:
+    """Each run's status (index of ``runs``): as recorded, except that a run without an end record that a later
+    run of its folder followed, or whose process is gone, is ``interrupted`` (it was killed)."""
+    out = runs.status.copy()
+    for i, r in runs.iterrows():
+        if r["status"] != "running" or _finite(r["ended_at"]):
+            continue
+        later = (runs.run_dir == r["run_dir"]) & (runs.started_at > r["started_at"])
+        if later.any() or process_gone(r.get("pid"), r.get("host"), since=float(r["started_at"])):
+            out.at[i] = "interrupted"
+    return out
+
+
+def case_status(cases: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
+    """Each case's status (index of ``cases``): as recorded, except that a case left ``running`` by a run that is
+    no longer running (``runs.status`` as :func:`run_status` gives it) is ``interrupted``."""
+    import pandas as pd
+
+    status = dict(zip(zip(runs.run_dir, runs.run_id), runs.status))
+    stopped = [
+        s == "running" and status.get((d, r), "running") != "running"
+        for d, r, s in zip(cases.run_dir, cases.run_id, cases.status)
+    ]
+    return cases.status.mask(pd.Series(stopped, index=cases.index, dtype=bool), "interrupted")
+
+
+def finishing_run(cases: pd.DataFrame, stages: pd.DataFrame) -> pd.Series:
+    """The run id of each case's latest attempt (index of ``cases``): the run whose stage attempts carry the case's
+    attempt number (``cases.attempts``), else the case's own ``run_id`` (that attempt recorded no stage yet)."""
+    import pandas as pd
+
+    latest: dict[tuple[str, str], tuple[int, str]] = {}
+    for d, k, n, r in stages.sort_values(["attempt", "id"])[["run_dir", "case_key", "attempt", "run_id"]].itertuples(index=False):
+        latest[(d, k)] = (int(n), r)
+    runs = []
+    for d, k, n, r in zip(cases.run_dir, cases.case_key, cases.attempts, cases.run_id):
+        seen = latest.get((d, k))
+        runs.append(seen[1] if seen is not None and seen[0] >= n else r)
+    return pd.Series(runs, index=cases.index, dtype=object)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")
+
+
+def utc_text(seconds: pd.Series) -> pd.Series:
+    """Unix seconds as ISO 8601 UTC text (``2026-12-04T10:15:03Z``, whole seconds); missing times as None."""
+    import pandas as pd
+
+    stamps = pd.to_datetime(pd.to_numeric(seconds, errors="coerce"), unit="s", utc=True)
+    return stamps.dt.strftime("%Y-%m-%dT%H:%M:%SZ").astype(object).where(stamps.notna(), None)

@@ -1,0 +1,241 @@
+"""The report's tables as managers and hospital IT open them: runs counted per run (an interrupted run and its
+resumed run count each case once), killed runs and their cases shown as interrupted, CSV times in ISO 8601 UTC,
+UTF-8 with a byte-order mark, whole numbers, units in the column names; the cases/day headline of a short CPU
+run; run folders named twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.csvfile import read_table
+from pipeline.runner import build_report
+from pipeline.runner.report import summarize
+from pipeline.runner.store import RunStore, db_path
+
+T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+BOM = b"\xef\xbb\xbf"
+
+
+def _dead_pid() -> int:
+    """The id of a process of this host that has exited."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _start(store: RunStore, run_id: str, *, pid: int, device: str = "cpu") -> None:
+    store.start_run(
+        run_id, command="ctpipe run", sources=["/src"], config={}, versions={}, device=device, host=socket.gethostname(), pid=pid
+    )
+
+
+def _begin(store: RunStore, cid: str, run_id: str, stages: dict[str, str], *, device: str = "cpu") -> int:
+    """Begin case ``cid`` in ``run_id`` and record its stage attempts (stage -> status); returns the attempt number."""
+    key = f"{cid}:fp"
+    if store.case(key) is None:
+        store.upsert_discovered(case_key=key, case_id=cid, series_uid=cid, fingerprint="f", source=f"/src/{cid}")
+    attempt = store.begin_case(key, run_id)
+    for n, (stage, status) in enumerate(stages.items()):
+        done = status != "running"
+        store.record_attempt(
+            run_id=run_id,
+            case_key=key,
+            stage=stage,
+            attempt=attempt,
+            status=status,
+            worker="main",
+            device=device if stage == "detect" else "cpu",
+            ready_at=T0 + n,
+            started_at=T0 + n,
+            ended_at=T0 + n + 2.0 if done else None,
+            wall_s=2.0 if done else None,
+            peak_rss_mb=100.0,
+            peak_cuda_mb=None,
+        )
+    return attempt
+
+
+def _done(store: RunStore, cid: str, run_id: str, *, findings: int = 0, device: str = "cpu") -> None:
+    _begin(store, cid, run_id, {"ingest": "ok", "detect": "ok"}, device=device)
+    found = [{"center_lps": [1.0, 2.0, 3.0], "diameter_mm": 6.0, "score": 0.9}] * findings
+    store.complete_case(f"{cid}:fp", output_dir=f"cases/{cid}", findings=found, measurements=[])
+
+
+def _clock(run_dir: Path, sql: str, params: tuple = ()) -> None:
+    """Set the store's times (Unix s), as the runs' own clocks would have written them."""
+    import sqlite3
+
+    with sqlite3.connect(db_path(run_dir)) as db:
+        db.execute(sql, params)
+
+
+@pytest.fixture
+def resumed(tmp_path) -> Path:
+    """Run r1 is killed (no end record) after finishing case a, with case b half done; run r2 resumes: b again,
+    then c, and records n_done = 3 (every case done in the folder) at its end."""
+    run_dir = tmp_path / "resumed"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    _done(store, "a", "r1", findings=2)
+    _begin(store, "b", "r1", {"ingest": "ok", "detect": "running"})
+    store.mark_abandoned_runs()  # what the next run does first
+    _start(store, "r2", pid=_dead_pid())
+    _done(store, "b", "r2", findings=1)
+    _done(store, "c", "r2")
+    store.end_run("r2", status="completed", n_cases=3, n_done=3, n_failed=0, n_skipped=0)
+    store.close()
+    _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ? WHERE run_id = 'r2'", (T0 + 600, T0 + 900))
+    _clock(run_dir, "UPDATE runs SET started_at = ? WHERE run_id='r1'", (T0,))
+    return run_dir
+
+
+def _runs(summary: dict) -> dict[str, dict]:
+    return {r["run_id"]: r for r in summary["runs_table"]}
+
+
+def test_each_case_counts_once_in_the_run_that_finished_it(resumed, tmp_path):
+    summary, _ = summarize([resumed])
+    runs = _runs(summary)
+    assert (runs["r1"]["n_done"], runs["r2"]["n_done"]) == (1, 2)  # not 0 (no end record) and 3 (a counted twice)
+    assert sum(r["n_done"] for r in runs.values()) == summary["cases"]["done"] == 3
+    assert runs["r1"]["status"] == "interrupted" and runs["r1"]["ended_utc"] is None
+    assert runs["r2"]["status"] == "completed" and runs["r2"]["ended_utc"] == "2027-01-15T08:15:00Z"
+    rep = build_report([resumed], tmp_path / "rep")
+    table = read_table(rep.out_dir / "runs.csv")
+    assert [(r["run_id"], r["status"], r["n_done"]) for r in table.rows] == [("r1", "interrupted", "1"), ("r2", "completed", "2")]
+    assert table.rows[0]["started_utc"] == "2027-01-15T08:00:00Z" and table.rows[0]["ended_utc"] == ""
+    html = rep.html.read_text()
+    runs_html = html.split("<h2>Runs</h2>", 1)[1].split("</table>", 1)[0]
+    assert "<td>all runs (each case once)</td>" in runs_html and re.search(r"<td>3</td><td>0</td><td>0</td></tr>$", runs_html)
+
+
+def test_a_killed_runs_case_is_interrupted_once_another_run_started(tmp_path):
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=os.getpid())  # its process lives on: only the later run tells
+    _begin(store, "x", "r1", {"ingest": "ok", "detect": "running"})
+    _start(store, "r2", pid=_dead_pid())  # a later run that never reached x (other sources)
+    _done(store, "y", "r2")
+    store.end_run("r2", status="completed", n_cases=1, n_done=1, n_failed=0, n_skipped=0)
+    store.close()
+    _clock(run_dir, "UPDATE runs SET started_at = started_at + 60 WHERE run_id = 'r2'")
+    rep = build_report([run_dir], tmp_path / "rep")
+    cases = {r["case_id"]: r["status"] for r in read_table(rep.out_dir / "cases.csv").rows}
+    assert cases == {"x": "interrupted", "y": "done"}
+    assert ">interrupted<" in rep.html.read_text() and ">running<" not in rep.html.read_text()
+    assert rep.summary["cases"] == {"total": 2, "done": 1, "failed": 0, "unfinished": 1, "interrupted": 1}
+    assert _runs(rep.summary)["r1"]["status"] == "interrupted"
+
+
+def test_a_killed_runs_case_is_interrupted_once_its_process_is_gone(tmp_path):
+    def one_run(name: str, pid: int) -> dict:
+        run_dir = tmp_path / name
+        store = RunStore(run_dir)
+        _start(store, "r1", pid=pid)
+        _begin(store, "x", "r1", {"ingest": "ok", "detect": "running"})
+        store.close()
+        _, t = summarize([run_dir])
+        return {"case": t["cases"].status.tolist(), "run": t["runs"].status.tolist()}
+
+    assert one_run("gone", _dead_pid()) == {"case": ["interrupted"], "run": ["interrupted"]}
+    assert one_run("alive", os.getpid()) == {"case": ["running"], "run": ["running"]}  # still at work
+
+
+@pytest.fixture
+def report_dir(resumed, tmp_path) -> Path:
+    """The report of ``resumed`` and a third run with a failed case whose reason has a non-ASCII dash."""
+    store = RunStore(resumed)
+    _start(store, "r3", pid=_dead_pid())
+    _begin(store, "bad", "r3", {"ingest": "failed"})
+    store.fail_case("bad:fp", reason="slices 3–5 are missing", error_class="MissingSliceError", stage="ingest")
+    store.end_run("r3", status="completed", n_cases=1, n_done=0, n_failed=1, n_skipped=0)
+    store.close()
+    return build_report([resumed], tmp_path / "rep").out_dir
+
+
+def test_csv_files_have_a_bom_and_read_back(report_dir):
+    paths = sorted(report_dir.glob("*.csv"))
+    assert {"cases.csv", "latency.csv", "stages.csv"} <= {p.name for p in paths}
+    for path in paths:
+        raw = path.read_bytes()
+        assert raw.startswith(BOM), path.name  # Excel on Windows reads UTF-8 only with it
+        assert read_table(path).columns[0] == raw[3:].decode().split(",", 1)[0].strip(), path.name
+    rows = {r["case_id"]: r for r in read_table(report_dir / "cases.csv").rows}
+    assert rows["bad"]["reason"] == "slices 3–5 are missing"
+
+
+def test_csv_times_are_iso_utc(report_dir):
+    cases = read_table(report_dir / "cases.csv")
+    assert {"started_utc", "ended_utc"} <= set(cases.columns) and not {"started_at", "ended_at"} & set(cases.columns)
+    assert all(ISO_UTC.match(r["started_utc"]) and ISO_UTC.match(r["ended_utc"]) for r in cases.rows)
+    hourly = read_table(report_dir / "throughput_hourly.csv")
+    assert hourly.columns == ["hour_utc", "cases"] and all(ISO_UTC.match(r["hour_utc"]) for r in hourly.rows)
+
+
+def test_csv_findings_are_whole_numbers_and_empty_for_failed_cases(report_dir):
+    rows = read_table(report_dir / "cases.csv").rows
+    assert {r["case_id"]: r["n_findings"] for r in rows} == {"a": "2", "b": "1", "c": "0", "bad": ""}
+
+
+def test_csv_latency_columns_name_their_unit(report_dir):
+    latency = read_table(report_dir / "latency.csv")
+    assert latency.columns == ["stage", "n", "mean_s", "p50_s", "p90_s", "p99_s"]
+    assert {r["stage"]: r["p50_s"] for r in latency.rows}["ingest"] == "2.0"
+
+
+def _short_run(tmp_path: Path, device: str) -> dict:
+    run_dir = tmp_path / device.split(":")[0]
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid(), device=device)
+    for cid in ("a", "b", "c"):
+        _done(store, cid, "r1", device="cuda:0" if device.startswith("cuda") else "cpu")
+    store.end_run("r1", status="completed", n_cases=3, n_done=3, n_failed=0, n_skipped=0)
+    store.close()
+    _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ?", (T0, T0 + 30))
+    return build_report([run_dir], tmp_path / f"rep-{run_dir.name}").summary
+
+
+def test_a_short_cpu_run_leads_with_what_it_measured(tmp_path):
+    s = _short_run(tmp_path, "cpu")
+    tp = s["throughput"]
+    assert not tp["enough_to_project"] and tp["cases_per_hour"] == pytest.approx(360.0)
+    assert s["projection"].startswith("measured 360.0 cases/hour from 3 completed case(s) over 0.5 active minutes")
+    assert "cases/day projection: not enough data" in s["projection"]
+    assert f"{tp['cases_per_day_projected']:,.0f}" not in s["projection"]  # 8,640: no big number
+    cap = s["capacity"]
+    assert not cap["gpu_recorded"] and cap["text"].startswith("capacity model")
+    for gpu_words in ("GPU/day", "per GPU", "seed class", "×"):
+        assert gpu_words not in cap["text"], gpu_words
+    assert "no GPU recorded" in cap["text"] and "too few to project from" in cap["text"]
+    html = (tmp_path / "rep-cpu" / "report.html").read_text()
+    section = html.split("<h2>Capacity model</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "cases/GPU/day" not in section and "seed class" not in section and "No GPU recorded" in section
+
+
+def test_a_gpu_run_keeps_its_per_gpu_figures(tmp_path):
+    s = _short_run(tmp_path, "cuda:0 (NVIDIA A100-SXM4-80GB)")
+    assert s["capacity"]["gpu_recorded"] and "cases/GPU/day" in s["capacity"]["text"]
+    html = (tmp_path / "rep-cuda" / "report.html").read_text()
+    assert "cases/GPU/day; seed class" in html
+
+
+def test_run_dirs_named_twice_are_listed_once_in_order(resumed, tmp_path, monkeypatch):
+    other = tmp_path / "other"
+    store = RunStore(other)
+    _start(store, "o1", pid=_dead_pid())
+    store.end_run("o1", status="completed", n_cases=0, n_done=0, n_failed=0, n_skipped=0)
+    store.close()
+    monkeypatch.chdir(tmp_path)
+    rep = build_report(["resumed", str(other), str(resumed) + "/", "./resumed", other], tmp_path / "rep")
+    want = [str(resumed.resolve()), str(other.resolve())]
+    assert rep.summary["run_dirs"] == want
+    assert json.loads(rep.json.read_text())["run_dirs"] == want and rep.summary["runs"] == 3
