@@ -61,6 +61,7 @@ def test_cpu_bound_cluster_with_efficiency_assumed():
     text = cap.text()
     assert "efficiency 1.00 assumed" in text
     assert "too few to project from" in text and "indicative only" in text
+    assert text.index("too few") < text.index("288,000 cases/day")  # the caveat comes before the figure
 
 
 def test_efficiency_above_one_counts_as_one_and_cpu_measured_model_is_said():

@@ -98,16 +98,15 @@ class Capacity:
             f"seed class: {SEED_CASES_PER_DAY:,} cases/day on {SEED_GPUS} {SEED_GPU}s = "
             f"{SEED_CASES_PER_GPU_DAY:,.0f} cases/GPU/day"
         )
+        caveat = "" if self.enough else "too few to project from (see the cases/day headline), indicative only: "
         parts = [
-            f"capacity model for {where}: {self.cases_per_day:,.0f} cases/day ({self.hours_per_day:g} operating hours/day), "
+            f"capacity model for {where}: {caveat}{self.cases_per_day:,.0f} cases/day ({self.hours_per_day:g} operating hours/day), "
             f"{self.per_gpu_day:,.0f} cases/GPU/day ({self.per_gpu_day / SEED_CASES_PER_GPU_DAY:.2f}× the {seed})",
             f"bottleneck: {self.bottleneck} stages (model {self.busy('model'):.2f} s/case per GPU -> "
             f"{_fmt(self.model_cases_per_day)} cases/day; CPU {self.busy('cpu'):.2f} core-s/case -> "
             f"{_fmt(self.cpu_cases_per_day)} cases/day)",
         ]
         parts += self.assumptions
-        if not self.enough:
-            parts.append("too few to project from (see the cases/day headline): indicative only")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
