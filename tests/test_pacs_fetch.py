@@ -270,3 +270,51 @@ def test_runs_from_dicomweb_and_dimse_find_what_the_folder_run_finds(orthanc, cr
     log = (tmp_path / "dicomweb" / "run.log").read_text()
     assert orthanc.password not in log
     shutil.rmtree(tmp_path / "case")
+
+
+def test_named_study_accession_or_non_ct_series_that_select_nothing_are_failures(orthanc, stored, creds, tmp_path):
+    """A study UID or accession number that matches nothing, and a series of another modality, are reported."""
+    uid, files = stored[1]
+    study = str(pydicom.dcmread(files[0]).StudyInstanceUID)
+    cfg = _cfg(orthanc)
+    for base in (orthanc.dicomweb, orthanc.dimse):
+        res = fetch_sources([f"{base}?study=1.2.3.998&accession=NO-SUCH-ACC"], run_dir=tmp_path / "none", cfg=cfg)
+        assert res.folders == [] and len(res.failures) == 2, res.failures
+        failures = {what: msg for what, _, msg in res.failures}
+        assert "not found" in failures["1.2.3.998"]
+        assert "no study" in failures["accession NO-SUCH-ACC"]
+    res = fetch_sources([f"{orthanc.dicomweb}?series={uid}&modality=MR"], run_dir=tmp_path / "mr", cfg=cfg)
+    assert res.folders == [] and "its modality is CT, not MR" in res.failures[0][2]
+    res = fetch_sources([f"{orthanc.dimse}?study={study}&modality=MR"], run_dir=tmp_path / "mr", cfg=cfg)
+    assert res.folders == [] and "its series are CT" in res.failures[0][2]
+
+
+def test_c_move_the_archive_cannot_deliver_names_the_move_destination(orthanc, stored, creds, tmp_path):
+    """The archive knows ctpipe's C-MOVE receiver at another port than pacs.move_port: nothing arrives."""
+    uid, _ = stored[1]
+    cfg = _cfg(orthanc, **{"pacs.move_port": free_port(), "pacs.retries": 0})
+    res = fetch_sources([f"{orthanc.dimse}?series={uid}"], run_dir=tmp_path / "run", cfg=cfg)
+    assert res.folders == [] and res.failures[0][1] == "PacsRequestError"
+    msg = res.failures[0][2]
+    assert "no instance reached ctpipe's C-MOVE receiver" in msg
+    assert f"port {cfg.pacs.move_port} (pacs.move_port)" in msg and "retrieve=get" in msg
+
+
+def test_wrong_credentials_are_told_apart_from_none(orthanc, stored, tmp_path, monkeypatch):
+    uid, _ = stored[1]
+    monkeypatch.setenv("CTPIPE_DICOMWEB_USER", orthanc.user)
+    monkeypatch.setenv("CTPIPE_DICOMWEB_PASSWORD", "not-the-password")
+    archive = open_archive(parse_source(f"{orthanc.dicomweb}?series={uid}").endpoint, load_config(environ={}))
+    with pytest.raises(PacsRequestError, match="HTTP 401") as ei:
+        archive.find_series(None, series_uid=uid)
+    archive.close()
+    assert f"credentials of user '{orthanc.user}' sent; the archive refused them" in str(ei.value)
+    assert "correct CTPIPE_DICOMWEB_USER" in str(ei.value) and "not-the-password" not in str(ei.value)
+    monkeypatch.delenv("CTPIPE_DICOMWEB_USER")
+    monkeypatch.delenv("CTPIPE_DICOMWEB_PASSWORD")
+    cfg = load_config(overrides={"pacs.netrc": None}, environ={})
+    monkeypatch.setenv("NETRC", str(tmp_path / "absent"))
+    archive = open_archive(parse_source(f"{orthanc.dicomweb}?series={uid}").endpoint, cfg)
+    with pytest.raises(PacsRequestError, match="no credentials were sent"):
+        archive.find_series(None, series_uid=uid)
+    archive.close()

@@ -126,3 +126,56 @@ def test_failures_retried_with_backoff_recorded_then_sent_by_ctpipe_send(orthanc
     assert set(final[orthanc.dicomweb]) == {"sent"} and set(final[dead]) == {"failed"}
     log_text = "\n".join(r["error"] or "" for r in Ledger(run).rows("SELECT error FROM sent"))
     assert orthanc.password not in log_text
+
+
+class _PickyStore:
+    """A storage SCP on 127.0.0.1 that accepts only the SOP classes given (none: it accepts no context at all)."""
+
+    def __init__(self, sop_classes: list[str]):
+        from pynetdicom import AE, evt
+
+        self.ae = AE(ae_title="PICKY")
+        for cls in sop_classes or ["1.2.840.10008.5.1.4.1.1.2"]:  # CT only when nothing of ctpipe's results is taken
+            self.ae.add_supported_context(cls, ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"])
+        self.received: list[str] = []
+        self.port = free_port()
+        self.server = self.ae.start_server(("127.0.0.1", self.port), block=False, evt_handlers=[(evt.EVT_C_STORE, self._store)])
+
+    def _store(self, event) -> int:
+        self.received.append(str(event.request.AffectedSOPInstanceUID))
+        return 0x0000
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.ae.shutdown()
+
+
+def test_destination_refusing_a_result_sop_class_fails_those_files_clearly(source_case, tmp_path, capsys):
+    """A PACS that takes the SR but not the SEG: the SR is sent, the SEG recorded failed with the reason, no crash;
+    one that takes neither is named as refusing both SOP classes (not as unreachable)."""
+    from pipeline.cli import main
+
+    run = tmp_path / "run"
+    uids = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    sr_only = _PickyStore(["1.2.840.10008.5.1.4.1.1.88.34"])
+    try:
+        dest = f"dimse://PICKY@127.0.0.1:{sr_only.port}"
+        rc = main(["send", str(run), "--to", dest, "--set", "pacs.send_retries=0", "--timeout", "20"])
+    finally:
+        sr_only.close()
+    assert rc == 3 and sr_only.received == [uids["sr"]]
+    err = capsys.readouterr().err
+    assert "Segmentation Storage not accepted by the destination" in err and "--retry-failed" in err
+    state = open_run(run).deliveries.set_index("sop_uid").state
+    assert state[uids["sr"]] == "sent" and state[uids["seg"]] == "failed"
+    neither = _PickyStore([])
+    try:
+        dest = f"dimse://PICKY@127.0.0.1:{neither.port}"
+        rc = main(["send", str(run), "--to", dest, "--set", "pacs.send_retries=0", "--timeout", "20"])
+    finally:
+        neither.close()
+    assert rc == 3 and neither.received == []
+    err = capsys.readouterr().err
+    assert "accepts none of the SOP classes offered (Comprehensive 3D SR Storage, Segmentation Storage)" in err
+    assert "running and reachable" not in err

@@ -198,4 +198,24 @@ def _send(args: argparse.Namespace) -> int:
         sender.retry_failed()
     counts = sender.close(drain_s=args.timeout)
     print(counts.line(sender.key))
+    if counts.failed:
+        _print_send_failures(args.run_dir, sender.key, counts.failed, retried=args.retry_failed)
     return EXIT_SOME_FAILED if counts.pending or counts.failed else 0
+
+
+def _print_send_failures(run_dir: str, key: str, n: int, *, retried: bool) -> None:
+    """Why result files failed for good (one line per distinct reason), and how to try them again."""
+    from .ledger import Ledger
+
+    again = "" if retried else "; add --retry-failed to try them again"
+    print(f"{n} result file(s) not sent to {key}{again}:", file=sys.stderr)
+    ledger = Ledger(run_dir)
+    try:
+        rows = ledger.rows(
+            "SELECT error, COUNT(*) AS n FROM sent WHERE destination = ? AND state = 'failed' GROUP BY error ORDER BY n DESC",
+            (key,),
+        )
+    finally:
+        ledger.close()
+    for r in rows[:5]:
+        print(f"  {r['n']} file(s): {r['error']}", file=sys.stderr)

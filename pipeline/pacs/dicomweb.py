@@ -68,12 +68,22 @@ class DicomWebArchive:
                         where=self.endpoint.redacted(),
                         fix="the archive is overloaded or down; try again later",
                     ) from exc
-                fix = (
-                    f"set CTPIPE_DICOMWEB_USER and CTPIPE_DICOMWEB_PASSWORD or a netrc entry for {self.endpoint.host}"
-                    if status in (401, 403)
-                    else "check the address and the query"
-                )
-                raise PacsRequestError(f"{what}: HTTP {status} {reason}", where=self.endpoint.redacted(), fix=fix) from exc
+                problem, fix = f"{what}: HTTP {status} {reason}", "check the address and the query"
+                if status in (401, 403) and self.session.auth:
+                    user = self.session.auth[0]
+                    problem += f" (credentials of user {user!r} sent; the archive " + (
+                        "refused them)" if status == 401 else "does not allow this user the request)"
+                    )
+                    fix = (
+                        "correct CTPIPE_DICOMWEB_USER and CTPIPE_DICOMWEB_PASSWORD (they come first) or the netrc entry "
+                        f"for {self.endpoint.host}"
+                        if status == 401
+                        else f"ask the archive's administrators to give user {user!r} access to DICOMweb"
+                    )
+                elif status in (401, 403):
+                    problem += " (no credentials were sent)"
+                    fix = f"set CTPIPE_DICOMWEB_USER and CTPIPE_DICOMWEB_PASSWORD or a netrc entry for {self.endpoint.host}"
+                raise PacsRequestError(problem, where=self.endpoint.redacted(), fix=fix) from exc
             except requests.exceptions.SSLError as exc:
                 raise PacsRequestError(
                     f"{what}: TLS failed ({type(exc).__name__})",

@@ -51,7 +51,12 @@ class DimseArchive:
 
     @contextmanager
     def _association(
-        self, contexts: list[tuple[str, list[str]]], *, ext_neg: list[Any] | None = None, handlers: list[Any] | None = None
+        self,
+        contexts: list[tuple[str, list[str]]],
+        *,
+        ext_neg: list[Any] | None = None,
+        handlers: list[Any] | None = None,
+        storing: bool = False,
     ) -> Iterator[Any]:
         ae = build_ae(self.cfg)
         for abstract, syntaxes in contexts:
@@ -61,11 +66,19 @@ class DimseArchive:
         )
         if not assoc.is_established:
             if assoc.is_rejected:
+                listed = "with this host" + (" and pacs.move_port" if self.mode == "move" and not storing else "")
                 raise PacsRequestError(
                     f"association rejected by {self.endpoint.aet} (calling AE title {self.cfg.pacs.ae_title})",
                     where=self._where(),
                     fix=f"the archive must list ctpipe's AE title {self.cfg.pacs.ae_title!r} "
-                    "(pacs.ae_title) among its modalities, with this host and pacs.move_port",
+                    f"(pacs.ae_title) among its modalities, {listed}",
+                )
+            if assoc.rejected_contexts:  # the peer answered, but accepted none of the SOP classes offered
+                names = sorted({_sop_name(cx.abstract_syntax) for cx in assoc.rejected_contexts})
+                raise PacsRequestError(
+                    f"{self.endpoint.aet} accepts none of the SOP classes offered ({', '.join(names)})",
+                    where=self._where(),
+                    fix=f"configure the archive to accept {', '.join(names)} from {self.cfg.pacs.ae_title!r}, or send elsewhere",
                 )
             raise PacsUnavailableError(
                 f"cannot open an association (timeout {self.cfg.pacs.timeout_s:g} s)",
@@ -199,8 +212,21 @@ class DimseArchive:
         if self._receiver is None:
             self._receiver = MoveReceiver(self.cfg, archive_aet=self.endpoint.aet)
         with self._receiver.route(series_uid, dest), self._association([(MOVE, _UNCOMPRESSED)]) as assoc:
-            for _ in self._responses("C-MOVE", assoc.send_c_move(ds, self.cfg.pacs.ae_title, MOVE)):
-                pass
+            try:
+                for _ in self._responses("C-MOVE", assoc.send_c_move(ds, self.cfg.pacs.ae_title, MOVE)):
+                    pass
+            except PacsRequestError as exc:
+                if any(dest.glob("*.dcm")):
+                    raise
+                # nothing arrived: most often the archive cannot reach ctpipe's storage SCP (the move destination)
+                raise PacsRequestError(
+                    f"{exc.problem}; no instance reached ctpipe's C-MOVE receiver "
+                    f"({self.cfg.pacs.ae_title} at {self.cfg.pacs.bind}:{self.cfg.pacs.move_port})",
+                    where=exc.where,
+                    fix=f"the archive must list AE title {self.cfg.pacs.ae_title!r} (pacs.ae_title) at this host and "
+                    f"port {self.cfg.pacs.move_port} (pacs.move_port), and send as {self.endpoint.aet!r} (the AE title "
+                    "of the address); or retrieve by C-GET (retrieve=get)",
+                ) from exc
 
     def _get(self, ds: Any, dest: Path) -> None:
         from pynetdicom import build_role, evt
@@ -226,9 +252,20 @@ class DimseArchive:
 
         def send() -> list[StoreOutcome]:
             out = []
-            with self._association(contexts) as assoc:
+            with self._association(contexts, storing=True) as assoc:
+                accepted = {str(cx.abstract_syntax) for cx in assoc.accepted_contexts}
                 for p, ds in zip(paths, datasets):
-                    status = assoc.send_c_store(ds)
+                    cls = str(ds.SOPClassUID)
+                    if cls not in accepted:
+                        out.append(
+                            StoreOutcome(p, str(ds.SOPInstanceUID), False, f"{_sop_name(cls)} not accepted by the destination")
+                        )
+                        continue
+                    try:
+                        status = assoc.send_c_store(ds)
+                    except ValueError as exc:  # no accepted transfer syntax fits the file, or it cannot be encoded
+                        out.append(StoreOutcome(p, str(ds.SOPInstanceUID), False, f"not sent: {exc}"))
+                        continue
                     if not status:
                         raise PacsUnavailableError(
                             f"C-STORE of {p.name}: no answer within {self.cfg.pacs.timeout_s:g} s",
@@ -236,7 +273,7 @@ class DimseArchive:
                             fix="the destination is slow or stopped",
                         )
                     code = int(status.Status)
-                    out.append(StoreOutcome(p, str(ds.SOPInstanceUID), code in _STORE_OK, f"status 0x{code:04X}"))
+                    out.append(StoreOutcome(p, str(ds.SOPInstanceUID), code in _STORE_OK, _store_status(code)))
             return out
 
         return self._call(f"C-STORE of {len(paths)} instance(s)", send)
@@ -248,6 +285,32 @@ class DimseArchive:
 
 
 _UNCOMPRESSED = ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"]  # explicit, implicit VR little endian
+
+
+def _sop_name(uid: Any) -> str:
+    """A SOP class's name (e.g. "Comprehensive 3D SR Storage"), or its UID when pydicom does not know it."""
+    from pydicom.uid import UID
+
+    name = UID(str(uid)).name
+    return name if name and name != str(uid) else str(uid)
+
+
+def _store_status(code: int) -> str:
+    """A C-STORE status as written to the ledger: the code and, for a refusal, what it means."""
+    meaning = {
+        0x0122: "SOP class not supported",
+        0x0124: "not authorised",
+        0x0210: "duplicate invocation",
+        0x0211: "unrecognised operation",
+        0x0212: "mistyped argument",
+    }.get(code)
+    if meaning is None and code >> 8 == 0xA7:
+        meaning = "out of resources"
+    elif meaning is None and code >> 8 == 0xA9:
+        meaning = "data set does not match SOP class"
+    elif meaning is None and code >> 12 == 0xC:
+        meaning = "cannot understand"
+    return f"status 0x{code:04X}" + (f" ({meaning})" if meaning and code not in _STORE_OK else "")
 
 
 class MoveReceiver:

@@ -18,7 +18,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,21 +56,47 @@ class FetchResult:
 
 
 def select_series(archive: Archive, query: Query) -> tuple[list[RemoteSeries], list[tuple[str, str, str]]]:
-    """The series a query selects (see :mod:`pipeline.pacs.address`), and named series that were not found."""
+    """The series a query selects (see :mod:`pipeline.pacs.address`), and what the query names that was not
+    found: series, studies (or studies without a series of the modality) and accession numbers."""
     found: list[RemoteSeries] = []
     missing: list[tuple[str, str, str]] = []
     for study, series in query.series:
         hits = archive.find_series(study, series_uid=series, modality=query.modality)
         if not hits:
-            missing.append((series, "PacsRequestError", f"series not found in {archive.endpoint} (modality {query.modality})"))
+            missing.append((series, "PacsRequestError", _not_found(archive, query.modality, study, series)))
         found += hits
     studies = list(query.studies)
-    if query.study_dates or query.accessions:
+    for acc in query.accessions:
+        matched = archive.find_studies(replace(query, accessions=(acc,)))
+        if not matched:
+            dates = f" dated {query.date_range}" if query.date_range else ""
+            missing.append(
+                (f"accession {acc}", "PacsRequestError", f"no study{dates} with a {query.modality} series in {archive.endpoint}")
+            )
+        studies += matched
+    if query.study_dates and not query.accessions:
         studies += archive.find_studies(query)
     for study in dict.fromkeys(studies):
-        found += archive.find_series(study, modality=query.modality)
+        hits = archive.find_series(study, modality=query.modality)
+        if not hits and study in query.studies:
+            missing.append((study, "PacsRequestError", _not_found(archive, query.modality, study, None)))
+        found += hits
     unique = {s.series_uid: s for s in found}
     return list(unique.values()), missing
+
+
+def _not_found(archive: Archive, modality: str, study: str | None, series: str | None) -> str:
+    """Why a named study or series selected nothing: not in the archive, or none of it is of ``modality``."""
+    what = "series" if series else "study"
+    try:
+        other = archive.find_series(study, series_uid=series, modality="")
+    except PacsError:
+        other = []
+    if not other:
+        return f"{what} not found in {archive.endpoint}"
+    kinds = ", ".join(sorted({s.modality for s in other if s.modality})) or "?"
+    held = f"its modality is {kinds}" if series else f"its series are {kinds}"
+    return f"{what} found in {archive.endpoint}, but {held}, not {modality} (the source's modality={modality})"
 
 
 def fetch_sources(
