@@ -68,7 +68,7 @@ def phantom_case(
 
     Findings: one per nodule at its true centre with a cube box 1.3 times its diameter, scores 0.9, 0.8, ...; plus one
     finding scoring 0.2 (below the 0.5 operating point used by the tests). Nodule results: the phantom's nodule
-    labels cropped around each nodule, with their voxel volume.
+    labels cropped around each nodule, with their voxel volume and its sphere's diameter.
     """
     ph = generate_phantom(
         seed,
@@ -112,11 +112,13 @@ def phantom_case(
         idx = np.argwhere(mask)
         lo, hi = idx.min(0), idx.max(0) + 1
         crop = g.cropped(lo[::-1].tolist(), hi[::-1].tolist())
+        volume_mm3 = float(mask.sum() * np.prod(g.spacing))
         nodules.append(
             NoduleResult(
                 index=n,
                 center_lps=tuple(c),
-                volume_mm3=float(mask.sum() * np.prod(g.spacing)),
+                volume_mm3=volume_mm3,
+                diameter_mm=float(np.cbrt(6 * volume_mm3 / np.pi)),
                 mask=mask[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]],
                 geometry=crop,
             )

@@ -80,15 +80,25 @@ def test_findings_round_trip(tmp_path, position, enhanced):
         assert row.graphic_type == "ELLIPSOID"
         assert row.frame_of_reference_uid == case.source.frame_of_reference_uid
         assert row.score == pytest.approx(f.score, rel=1e-12)
-        assert row.diameter_mm == pytest.approx(f.diameter_mm, rel=1e-12)
+        # the size of the nodule's segmentation (its volume's sphere), not the detector box's estimate
+        assert row.diameter_mm == pytest.approx(case.nodules[n].diameter_mm, rel=1e-12)
         assert row.volume_mm3 == pytest.approx(case.nodules[n].volume_mm3, rel=1e-12)
-        assert f.diameter_mm * 0.5 < row.long_axis_mm < f.diameter_mm * 1.6
+        assert row.diameter_mm == pytest.approx((6 * row.volume_mm3 / np.pi) ** (1 / 3), rel=0.02)
+        assert row.diameter_mm <= row.long_axis_mm < f.diameter_mm * 1.6
         assert row.side == case.phantom.nodules[n].lung.removeprefix("lung_")
         k = int(np.rint(g.lps_to_index(f.center_lps)[2]))
         assert row.sop_instance_uid == case.source.sop_instance_uids[k]
         assert row.frame_number == (k + 1 if enhanced else None)
     assert table.composition[0] == case.phantom.nodules[0].kind
     assert table.composition[1:].isna().all()
+
+
+def test_without_a_nodule_segmentation_the_diameter_is_the_detector_boxs(tmp_path):
+    case = phantom_case(tmp_path / "case")
+    table = read_sr_findings(_write(case, tmp_path / "sr.dcm", nodules=None))
+    kept = [f for f in case.findings if f.score >= 0.5]
+    assert list(table.diameter_mm) == pytest.approx([f.diameter_mm for f in kept], rel=1e-12)
+    assert table.volume_mm3.isna().all()
 
 
 def test_case_content_round_trip(tmp_path):

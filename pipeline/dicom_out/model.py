@@ -72,7 +72,8 @@ class ReportedFinding:
 
     rank: 1-based, by score. index: position in the detector's findings list. tracking_id / tracking_uid:
     name and UID of the nodule in the SR and the SEG. half_axes_mm: half the detector box's extent along
-    LPS x, y, z. diameter_mm: the detector's equivalent diameter. long_axis_mm: the longest extent of the nodule
+    LPS x, y, z. diameter_mm: the equivalent-sphere diameter of the nodule segmentation when there is one (the
+    volume's sphere), else the detector box's equivalent diameter (an estimate, often larger). long_axis_mm: the longest extent of the nodule
     mask's voxel cells when there is a mask, else the box's longest edge. volume_mm3: from the nodule
     segmentation, else None. slice_k: the volume slice nearest the centre.
     """
@@ -249,6 +250,9 @@ def reported_findings(
         nod = by_index.get(n)
         nm = _nodule_mask(nod, geometry) if nod is not None else None
         volume = _get(nod, "volume_mm3") if nod is not None else None
+        measured = (_get(nod, "diameter_mm") or _get(nod, "equivalent_diameter_mm")) if nod is not None else None
+        if measured is not None and np.isfinite(float(measured)) and float(measured) > 0:
+            diameter = float(measured)  # the segmentation's, consistent with the volume and the long axis
         long_axis = _long_axis(nm, geometry) if nm is not None else None
         if long_axis is None:
             long_axis = float(2 * half.max())
