@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import ndimage
 
 from pipeline.phantom import generate_phantom
 from pipeline.reconstruction.quality import FLAGS, FOV_CUT_AREA_CM2, QualityReport, assess_quality, fov_cut_area_cm2
@@ -80,6 +81,32 @@ def test_thick_slices_from_metadata_or_spacing(phantom):
     assert _assess(phantom, metadata={"SliceThickness": "5.0"}).has("thick_slices")
     assert not _assess(phantom, metadata={"SliceThickness": 1.0}).has("thick_slices")
     assert _assess(phantom, metadata={}).figures["slice_thickness_mm"] == pytest.approx(2.5)
+
+
+def test_scattered_bright_pieces_are_not_a_blood_pool(phantom):
+    """Pieces of 150-600 HU tissue of a few mL each (bone the bone mask missed, calcifications), 30 mL in all: no
+    contrast; one pool of the same volume is."""
+    hu = phantom.volume.array.astype(np.float32)
+    g = phantom.volume.geometry
+    soft = phantom.masks["body"] & ~phantom.masks["bone"] & ~(phantom.masks["lung_left"] | phantom.masks["lung_right"])
+    soft = ndimage.binary_erosion(soft, iterations=4)
+    side = max(3, int(round(np.cbrt(5000.0 / np.prod(g.spacing)))))  # cubes of about 5 mL
+    pieces = np.zeros_like(soft)
+    placed = 0
+    for k, j, i in np.argwhere(soft)[:: max(1, int(soft.sum()) // 4000)]:
+        cube = (slice(k, k + side), slice(j, j + side), slice(i, i + side))
+        grown = (slice(max(0, k - 3), k + side + 3), slice(max(0, j - 3), j + side + 3), slice(max(0, i - 3), i + side + 3))
+        if soft[cube].all() and not pieces[grown].any():
+            pieces[cube] = True
+            placed += 1
+        if placed == 6:
+            break
+    assert placed == 6, "the phantom has no room for six separate pieces"
+    spotted = hu.copy()
+    spotted[pieces] = 300.0
+    q = _assess(phantom, hu=spotted)
+    assert q.contrast_phase == "non_contrast", q.flags
+    assert q.figures["enhanced_blood_ml"] == 0.0
 
 
 @pytest.mark.parametrize(("blood_hu", "phase"), [(330.0, "arterial"), (180.0, "venous"), (40.0, "non_contrast")])

@@ -126,3 +126,15 @@ def test_copdgene_lungs_lie_in_the_body():
     seg = segment_organs(case.volume, organs=("body",), device="cpu")
     lungs = case.reference["lung_left"] | case.reference["lung_right"]
     assert seg.masks["body"][lungs].mean() >= 0.99
+
+
+def test_copdgene_without_contrast_is_not_called_enhanced():
+    """COPDGene's inspiratory chests are scanned without IV contrast. On its 4 mm slices the bone mask misses parts
+    of vertebral bodies and ribs, whose 150-600 HU pieces (21 mL in all) once made it "arterial"."""
+    from pipeline.reconstruction.quality import assess_quality
+
+    case = copdgene()
+    seg = segment_organs(case.volume, organs=("lung_left", "lung_right", "body", "bone"), device="cpu")
+    q = assess_quality(case.volume.array, case.volume.geometry, seg.masks)
+    assert q.contrast_phase == "non_contrast", q.flags
+    assert not any(f.code.startswith("contrast_") for f in q.flags)
