@@ -7,7 +7,15 @@ import pytest
 from scipy import ndimage
 
 from pipeline.phantom import generate_phantom
-from pipeline.reconstruction.quality import FLAGS, FOV_CUT_AREA_CM2, QualityReport, assess_quality, fov_cut_area_cm2
+from pipeline.reconstruction.quality import (
+    EMPHYSEMA_FIGURES,
+    FLAGS,
+    FOV_CUT_AREA_CM2,
+    QualityReport,
+    assess_quality,
+    fov_cut_area_cm2,
+    mark_unreliable,
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +89,16 @@ def test_thick_slices_from_metadata_or_spacing(phantom):
     assert _assess(phantom, metadata={"SliceThickness": "5.0"}).has("thick_slices")
     assert not _assess(phantom, metadata={"SliceThickness": 1.0}).has("thick_slices")
     assert _assess(phantom, metadata={}).figures["slice_thickness_mm"] == pytest.approx(2.5)
+
+
+def test_emphysema_index_on_thick_slices_is_marked_unreliable_and_lung_volumes_are_not(phantom):
+    thick = _assess(phantom, metadata={"SliceThickness": "4.0"})
+    assert set(EMPHYSEMA_FIGURES) <= set(thick.unreliable)
+    assert "lungs_total_volume_ml" not in thick.unreliable
+    marked = mark_unreliable({"emphysema_index_pct": 19.6, "lungs_total_volume_ml": 5200.0}, thick)
+    assert marked["emphysema_index_pct"] == {"value": 19.6, "reliable": False, "reason": "thick_slices"}
+    assert marked["lungs_total_volume_ml"] == 5200.0
+    assert not set(EMPHYSEMA_FIGURES) & set(_assess(phantom, metadata={"SliceThickness": "1.0"}).unreliable)
 
 
 def test_scattered_bright_pieces_are_not_a_blood_pool(phantom):

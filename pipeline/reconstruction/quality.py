@@ -12,7 +12,7 @@ code                        severity meaning
 ``lungs_base_cut``          warning  the lungs continue below the last slice
 ``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together
 ``lung_imbalance``          warning  the smaller lung is less than half the larger one
-``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules unreliable
+``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules and emphysema index unreliable
 ``fov_cuts_body``           warning  the body meets the image edge over at least 1.5 cm² (all slices)
 ``metal_streaks``           warning  metal in the body (≥ 0.05 mL at ≥ 2,500 HU): streak artefacts likely
 ``contrast_arterial``       info     IV contrast, arterial phase (estimate)
@@ -21,8 +21,8 @@ code                        severity meaning
 =========================== ======== ==========================================================
 
 Lung coverage is ``complete``, ``partial`` (apex or base cut) or ``absent``. Measurements that a
-flag makes meaningless are listed in :attr:`QualityReport.unreliable` (e.g. the emphysema index
-and lung volumes of partial lungs); the measurements JSON marks them instead of reporting a plain
+flag makes meaningless are listed in :attr:`QualityReport.unreliable` (the emphysema index and lung
+volumes of partial lungs, the emphysema index on slices thicker than 2.5 mm); the measurements JSON marks them instead of reporting a plain
 number. All thresholds are in mm, mL and HU.
 """
 
@@ -68,6 +68,8 @@ METAL_HU = 2500.0
 METAL_ML = 0.05
 CONTRAST_HU = (150.0, 600.0)
 CONTRAST_MIN_ML = 15.0
+#: The emphysema index figures (% of lung below -950 HU): meaningless for partial lungs and on thick slices.
+EMPHYSEMA_FIGURES = ("emphysema_index_pct", "lung_left_emphysema_index_pct", "lung_right_emphysema_index_pct")
 ARTERIAL_P90_HU = 240.0  # venous phantoms and scans: ~200-215 HU; arterial: 275-400 HU
 
 Coverage = Literal["complete", "partial", "absent"]
@@ -234,14 +236,7 @@ def assess_quality(
     if base_cut:
         flags.append(_flag("lungs_base_cut", "lung on the last slice"))
     if coverage != "complete":
-        unreliable += [
-            "lung_left_volume_ml",
-            "lung_right_volume_ml",
-            "lungs_total_volume_ml",
-            "emphysema_index_pct",
-            "lung_left_emphysema_index_pct",
-            "lung_right_emphysema_index_pct",
-        ]
+        unreliable += ["lung_left_volume_ml", "lung_right_volume_ml", "lungs_total_volume_ml", *EMPHYSEMA_FIGURES]
     else:
         lo, hi = LUNG_VOLUME_RANGE_ML
         if not lo <= total_ml <= hi:
@@ -260,6 +255,8 @@ def assess_quality(
     thick = thick_slice_detail(thickness)
     if thick is not None:
         flags.append(_flag("thick_slices", thick))
+        # partial volume lifts emphysematous lung above -950 HU on thick slices: the index reads too low
+        unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
 
     if body is not None and body.any():
         cut_cm2 = fov_cut_area_cm2(body, geometry)
@@ -292,10 +289,12 @@ def mark_unreliable(figures: Mapping[str, Any], quality: QualityReport) -> dict[
     A figure that a flag makes meaningless (the emphysema index of partial lungs) is then never
     read as a plain number; the reason names the flags.
     """
-    reason = ", ".join(f.code for f in quality.warnings if f.code.startswith("lungs_")) or "quality flags"
+    cut = [f.code for f in quality.warnings if f.code.startswith("lungs_")]
+    thick = [f.code for f in quality.warnings if f.code == "thick_slices"]
     out: dict[str, Any] = {}
     for name, value in figures.items():
         if name in quality.unreliable and value is not None:
+            reason = ", ".join(cut + thick if name in EMPHYSEMA_FIGURES else cut) or "quality flags"
             out[name] = {"value": value, "reliable": False, "reason": reason}
         else:
             out[name] = value
