@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.csvfile import read_table
@@ -239,3 +240,12 @@ def test_run_dirs_named_twice_are_listed_once_in_order(resumed, tmp_path, monkey
     want = [str(resumed.resolve()), str(other.resolve())]
     assert rep.summary["run_dirs"] == want
     assert json.loads(rep.json.read_text())["run_dirs"] == want and rep.summary["runs"] == 3
+
+
+def test_latency_histograms_share_one_scale_so_a_single_case_shows():
+    from pipeline.runner.report import shared_bins
+
+    edges = shared_bins([np.array([51.0]), np.array([15.0]), np.array([])])
+    assert edges[0] == 0.0 and edges[-1] >= 51.0 and len(edges) == 31
+    assert np.diff(edges).min() > 1.0  # a bar of about 1.7 s on a 52 s axis, not 0.03 s
+    assert shared_bins([])[-1] > 0.0

@@ -342,6 +342,13 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def shared_bins(series: Sequence[Any], *, n: int = 30) -> np.ndarray:
+    """``n`` equal bins (edges, s) from 0 to just past the largest value of any of ``series``: every histogram of a
+    plot on one scale, so that one case's bar is as wide as a thirtieth of the axis, not of its own zero range."""
+    longest = max((float(np.max(v)) for v in series if len(v)), default=0.0)
+    return np.linspace(0.0, max(longest, 1e-3) * 1.02, n + 1)
+
+
 def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]:
     import matplotlib
 
@@ -363,16 +370,19 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
 
     ok = t["stages"][t["stages"].status == "ok"]
     fig, ax = plt.subplots(figsize=(8, 3))
-    if len(done):
-        ax.hist(done.latency_s.dropna(), bins=30, alpha=0.8, label="end to end", color="#333333")
-    for stage in summary["latency_s"]:
-        if stage != "end_to_end":
-            ax.hist(ok[ok.stage == stage].wall_s.dropna(), bins=30, alpha=0.5, label=stage)
+    series = [("end to end", done.latency_s.dropna())] if len(done) else []
+    series += [(s, ok[ok.stage == s].wall_s.dropna()) for s in summary["latency_s"] if s != "end_to_end"]
+    edges = shared_bins([v for _, v in series])
+    for n, (label, values) in enumerate(series):
+        if len(values):
+            color = {"color": "#333333"} if n == 0 and len(done) else {}
+            ax.hist(values, bins=edges, alpha=0.8 if color else 0.5, label=label, **color)
     ax.set_xlabel("seconds")
     ax.set_ylabel("cases")
     ax.set_title("Latency histogram")
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: no bar hidden
+        fig.tight_layout()
     out["latency"] = _png(fig)
 
     stages = [s for s in summary["latency_s"] if s != "end_to_end"]
