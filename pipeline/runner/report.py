@@ -372,11 +372,11 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     fig, ax = plt.subplots(figsize=(8, 3))
     series = [("end to end", done.latency_s.dropna())] if len(done) else []
     series += [(s, ok[ok.stage == s].wall_s.dropna()) for s in summary["latency_s"] if s != "end_to_end"]
-    edges = shared_bins([v for _, v in series])
+    edges = [float(e) for e in shared_bins([v for _, v in series])]
     for n, (label, values) in enumerate(series):
         if len(values):
-            color = {"color": "#333333"} if n == 0 and len(done) else {}
-            ax.hist(values, bins=edges, alpha=0.8 if color else 0.5, label=label, **color)
+            end_to_end = n == 0 and len(done) > 0
+            ax.hist(values, bins=edges, alpha=0.8 if end_to_end else 0.5, label=label, color="#333333" if end_to_end else None)
     ax.set_xlabel("seconds")
     ax.set_ylabel("cases")
     ax.set_title("Latency histogram")
