@@ -64,7 +64,7 @@ def test_mpr_pngs_show_right_on_image_left_and_superior_on_top(tmp_path, pos):
 
 def test_mip_slab_pngs(tmp_path):
     vol, cube = _marked_volume(np.eye(3))
-    paths = render_mip(vol, tmp_path, stem="m", lung_mask=cube, n_slabs=2, slab_mm=4.0)
+    paths = render_mip(vol, tmp_path, stem="m", lung_mask=cube, n_slabs=2, slab_mm=2.0)
     assert len(paths) == 2 and all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
 
 
@@ -82,3 +82,11 @@ def test_preview_shows_the_left_lung_on_the_image_right():
     assert blue[:, 1].mean() > 64 > green[:, 1].mean()  # radiological: patient's left on the image right
     covered = (img.sum(axis=-1) > 0).mean()
     assert 0.1 < covered < 0.6  # two closed discs, no holes to the background inside them
+
+
+def test_mip_slabs_never_overlap_on_short_lungs(tmp_path):
+    vol, cube = _marked_volume(np.eye(3))  # "lungs" 7 slices of 1 mm
+    paths = render_mip(vol, tmp_path, stem="m", lung_mask=cube, n_slabs=3, slab_mm=2.0)  # slabs of 3 slices: 2 fit
+    assert len(paths) == 2
+    one = render_mip(vol, tmp_path / "one", stem="m", lung_mask=cube, n_slabs=3, slab_mm=40.0)
+    assert len(one) == 1

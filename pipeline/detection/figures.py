@@ -100,7 +100,12 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str
     grid = fig.add_gridspec(
         2, 2, height_ratios=(4.6, 3.0), top=0.88 if warning else 0.93, bottom=0.02, left=0.02, right=0.98, hspace=0.12
     )
-    for n, (img, title) in enumerate(((axial, f"{slice_label} {f.slice_number} (k={k})"), (mip, f"MIP {n_slab} slices"))):
+    for n, (img, title) in enumerate(
+        (
+            (axial, f"{slice_label} {f.slice_number} (k={k})"),
+            (mip, f"MIP {n_slab} slices ({n_slab * volume.geometry.spacing_lps()[2]:.0f} mm)"),
+        )
+    ):
         ax = fig.add_subplot(grid[0, n])
         ax.imshow(
             img,

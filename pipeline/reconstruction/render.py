@@ -138,7 +138,8 @@ def render_mpr(
 def render_mip(
     volume: CTVolume, out: Path, *, stem: str, lung_mask: np.ndarray | None = None, slab_mm: float = 10.0, n_slabs: int = 3
 ) -> list[Path]:
-    """Axial lung-window (W1500/L-600) maximum-intensity projections of ``slab_mm`` slabs across the lungs."""
+    """Axial lung-window (W1500/L-600) maximum-intensity projections of ``slab_mm`` slabs across the lungs: ``n_slabs``
+    evenly spaced, fewer where the lungs are too short to hold them without overlap."""
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     nz = view.shape[0]
     z0, z1 = 0, nz - 1
@@ -147,6 +148,7 @@ def render_mip(
         zs = np.nonzero(lv.any(axis=(1, 2)))[0]
         z0, z1 = int(zs[0]), int(zs[-1])
     half = max(0, int(round(slab_mm / spacing[2] / 2)))
+    n_slabs = max(1, min(n_slabs, (z1 - z0 + 1) // (2 * half + 1)))  # as many as fit side by side: none overlaps
     centres = np.linspace(z0, z1, n_slabs + 2)[1:-1].round().astype(int)
     paths = []
     for n, zc in enumerate(centres):
