@@ -179,3 +179,55 @@ def test_destination_refusing_a_result_sop_class_fails_those_files_clearly(sourc
     err = capsys.readouterr().err
     assert "accepts none of the SOP classes offered (Comprehensive 3D SR Storage, Segmentation Storage)" in err
     assert "running and reachable" not in err
+
+
+class _AbortingStore(_PickyStore):
+    """Takes SR and SEG, one per association: it aborts the association at the second C-STORE request."""
+
+    def _store(self, event) -> int:
+        if not hasattr(self, "stores"):
+            self.stores: dict[int, int] = {}
+        seen = self.stores.get(id(event.assoc), 0)
+        self.stores[id(event.assoc)] = seen + 1
+        if seen:
+            event.assoc.abort()
+            return 0xA700
+        self.received.append(str(event.request.AffectedSOPInstanceUID))
+        return 0x0000
+
+
+def test_a_destination_that_drops_the_association_mid_case_gets_the_rest_on_a_new_one(source_case, tmp_path):
+    from pipeline.cli import main
+
+    run = tmp_path / "run"
+    uids = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    dest = _AbortingStore(["1.2.840.10008.5.1.4.1.1.88.34", "1.2.840.10008.5.1.4.1.1.66.4"])
+    try:
+        rc = main(["send", str(run), "--to", f"dimse://PICKY@127.0.0.1:{dest.port}", "--timeout", "20"])
+    finally:
+        dest.close()
+    assert rc == 0 and sorted(dest.received) == sorted(uids.values())
+    deliveries = open_run(run).deliveries
+    assert set(deliveries.state) == {"sent"}
+    # the file answered is recorded sent at once, the other goes on the next association (no file sent twice)
+    assert sorted(deliveries.attempts) == [1, 2]
+
+
+def test_a_damaged_result_file_fails_for_good_and_the_sender_goes_on(source_case, tmp_path):
+    run = tmp_path / "run"
+    _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    dest = _PickyStore(["1.2.840.10008.5.1.4.1.1.88.34", "1.2.840.10008.5.1.4.1.1.66.4"])
+    sender = ResultSender(run, _cfg(), destination=f"dimse://PICKY@127.0.0.1:{dest.port}")
+    try:
+        sender.scan()  # recorded as due; then the file is damaged on disk before it is sent
+        next((run / "cases" / "c1" / "dicom").glob("*_sr.dcm")).write_bytes(b"not DICOM any more")
+        sender.start()
+        assert _wait(lambda: sender.counts().failed >= 1 and not sender.counts().pending)
+        assert sender._thread is not None and sender._thread.is_alive()
+    finally:
+        sender.close()
+        dest.close()
+    errors = [r["error"] or "" for r in Ledger(run).rows("SELECT error FROM sent WHERE state = 'failed'")]
+    assert errors and all("cannot read a result file of the case" in e for e in errors)

@@ -254,7 +254,7 @@ class DimseArchive:
             out = []
             with self._association(contexts, storing=True) as assoc:
                 accepted = {str(cx.abstract_syntax) for cx in assoc.accepted_contexts}
-                for p, ds in zip(paths, datasets):
+                for n, (p, ds) in enumerate(zip(paths, datasets)):
                     cls = str(ds.SOPClassUID)
                     if cls not in accepted:
                         out.append(
@@ -262,10 +262,17 @@ class DimseArchive:
                         )
                         continue
                     try:
-                        status = assoc.send_c_store(ds)
+                        status = assoc.send_c_store(ds) if assoc.is_established else None
                     except ValueError as exc:  # no accepted transfer syntax fits the file, or it cannot be encoded
                         out.append(StoreOutcome(p, str(ds.SOPInstanceUID), False, f"not sent: {exc}"))
                         continue
+                    except RuntimeError:  # the association ended between two requests
+                        status = None
+                    if not status and _ended(assoc):  # aborted or released by the destination
+                        why = f"the destination closed the association after {n} of {len(paths)} file(s): not sent"
+                        out += [StoreOutcome(q, str(d.SOPInstanceUID), False, why) for q, d in zip(paths[n:], datasets[n:])]
+                        log.warning("%s: %s", self._where(), why, extra={"event": "association_closed"})
+                        break
                     if not status:
                         raise PacsUnavailableError(
                             f"C-STORE of {p.name}: no answer within {self.cfg.pacs.timeout_s:g} s",
@@ -282,6 +289,15 @@ class DimseArchive:
         if self._receiver is not None:
             self._receiver.close()
             self._receiver = None
+
+
+def _ended(assoc: Any, *, wait_s: float = 1.0) -> bool:
+    """Whether an association that left a request unanswered was ended by the peer (its A-ABORT or A-RELEASE is
+    processed by pynetdicom's own thread, so it is given up to ``wait_s`` to arrive)."""
+    deadline = time.monotonic() + wait_s
+    while assoc.is_established and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not assoc.is_established
 
 
 _UNCOMPRESSED = ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"]  # explicit, implicit VR little endian

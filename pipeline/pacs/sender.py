@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydicom.errors import InvalidDicomError
+
 from ..config import from_dict
 from ..errors import CtpipeError, PacsError, RunStoreError
 from ..runner.store import RunStore, db_path
@@ -179,6 +181,9 @@ class ResultSender:
             self._failed(items, f"{type(exc).__name__}: {exc}")
             self._drop_archive()
             return 0
+        except (OSError, InvalidDicomError) as exc:  # a result file damaged since it was published: sending cannot mend it
+            self._failed(items, f"cannot read a result file of the case: {exc}", final=True)
+            return 0
         ok = {o.sop_instance_uid for o in outcomes if o.ok}
         refused = {o.sop_instance_uid: o.detail for o in outcomes if not o.ok}
         with self.ledger.tx() as db:
@@ -288,6 +293,8 @@ class ResultSender:
                 self.send_due()
             except CtpipeError as exc:  # the ledger or a case folder: log, keep the thread alive, try again later
                 log.error("result sender: %s", exc, extra={"event": "send_error"})
+            except Exception:  # anything else must not end sending for the rest of the run: logged with its traceback
+                log.exception("result sender: unexpected error; trying again later", extra={"event": "send_error"})
             self._wake.wait(self._next_due_in())
             self._wake.clear()
 
