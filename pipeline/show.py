@@ -1,67 +1,116 @@
-"""``show``: draw an axial slice of a CT volume with findings and organ outlines (matplotlib)."""
+"""``show``: draw an axial plane of a CT volume with findings and organ outlines (matplotlib).
+
+The plane is drawn in the radiological convention whatever the series' storage order (a NIfTI file in RAS
+order, a feet-first or prone series): seen from the feet, the patient's right on the image's left and anterior
+at the top, edges lettered R, L, A, P. The voxels are transposed and flipped only
+(:meth:`pipeline.volume.Geometry.to_lps_view`; an oblique series in its nearest axis-aligned order), and the
+findings (LPS mm) and organ masks follow the same mapping.
+"""
 
 from __future__ import annotations
 
+import logging
+import operator
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .detection.findings import slice_number_of, slice_number_source
 from .errors import GeometryError
 from .volume import CTVolume, Geometry, LabelMap, require_volume
 
+log = logging.getLogger(__name__)
+
 _COLORS = {"body": "#f5d142", "lung_left": "#3a9ad9", "lung_right": "#45c46b", "airway": "#e377c2", "bone": "#ffffff"}
+#: Orientation letters of the axial view and where they sit (axes fraction x, y): the patient's right on the
+#: image's left, left on its right, anterior at the top, posterior at the bottom.
+EDGE_LETTERS = (("R", 0.025, 0.5), ("L", 0.975, 0.5), ("A", 0.5, 0.975), ("P", 0.5, 0.025))
+_LETTER_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
+_SLICE_LABELS = {"InstanceNumber": "InstanceNumber", "FrameNumber": "FrameNumber", "index + 1": "slice"}
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One finding to draw: centre (LPS mm), diameter (mm), score (NaN when none), its series UID (None: unknown)."""
+
+    centre: np.ndarray
+    diameter_mm: float
+    score: float
+    series_uid: str | None
 
 
 def _field(finding: Any, key: str) -> Any:
-    """``finding[key]`` of a dict (None when absent), else the attribute ``key`` of a Finding."""
-    return finding.get(key) if isinstance(finding, Mapping) else getattr(finding, key)
+    """``finding[key]`` of a dict, else the attribute ``key`` of a Finding (None when absent)."""
+    return finding.get(key) if isinstance(finding, Mapping) else getattr(finding, key, None)
 
 
-def _finding_rows(findings: Any) -> list[tuple[np.ndarray, float, float]]:
-    """(centre LPS mm, diameter mm, score) of findings given as Findings, Finding/dict list or a DataFrame."""
+def _uid(value: Any) -> str | None:
+    """A series UID as text; None for a missing one (None, NaN, empty)."""
+    return str(value) if isinstance(value, str) and value else None
+
+
+def _finding_rows(findings: Any) -> list[_Row]:
+    """The findings given as :class:`~pipeline.detection.Findings`, a Finding/dict or a list of them, or a DataFrame
+    (``open_run(...).findings``: ``center_x/y/z`` LPS mm, ``diameter_mm``, ``score``, ``series_uid``)."""
     if findings is None:
         return []
-    if hasattr(findings, "columns"):  # a DataFrame from open_run(...).findings
-        df = findings
+    if hasattr(findings, "columns"):  # a DataFrame
+        uids = findings["series_uid"] if "series_uid" in findings.columns else [None] * len(findings)
         return [
-            (np.array([r.center_x, r.center_y, r.center_z], float), float(r.diameter_mm), float(r.score)) for r in df.itertuples()
+            _Row(np.array([r.center_x, r.center_y, r.center_z], float), float(r.diameter_mm), float(r.score), _uid(u))
+            for r, u in zip(findings.itertuples(), uids)
         ]
     items = getattr(findings, "findings", findings)
     if isinstance(items, Mapping) or hasattr(items, "center_lps"):  # one finding
         items = [items]
+    common = _uid(getattr(findings, "series_uid", None))  # a Findings' own series
     out = []
     for f in items:
         score = _field(f, "score")
         out.append(
-            (
+            _Row(
                 np.asarray(_field(f, "center_lps"), float),
                 float(_field(f, "diameter_mm")),
                 np.nan if score is None else float(score),
+                _uid(_field(f, "series_uid")) or common,
             )
         )
     return out
 
 
-def _same_series(volume: CTVolume, findings: Any) -> Any:
-    """``findings`` limited to ``volume``'s series: the rows of a run's findings table with its series UID; a
-    :class:`~pipeline.detection.Findings` of another series is refused (drawn on this anatomy it would mislead)."""
+def _same_series(volume: CTVolume, rows: list[_Row]) -> list[_Row]:
+    """The findings of ``volume``'s series. Findings of another series are refused (circles drawn on this anatomy
+    would point at another patient's nodules), unless some are of this series (a run's table of several cases: only
+    those are kept, not those without a series UID). Findings without a series UID, or a volume without one, cannot
+    be checked: a warning says so."""
     uid = volume.series_uid
-    if findings is None or not uid:
-        return findings
-    if hasattr(findings, "columns") and "series_uid" in findings.columns:
-        mine = findings[findings["series_uid"] == uid]
-        if len(findings) and not len(mine):
-            raise GeometryError(
-                f"none of the {len(findings)} findings is of series {uid} (they are of "
-                f"{sorted(set(findings['series_uid']))[:3]})",
-                fix="pass that volume's findings, e.g. run.findings[run.findings.series_uid == vol.series_uid]",
-            )
+    if not rows:
+        return rows
+    if not uid:
+        log.warning("the volume has no SeriesInstanceUID: cannot check that the %d finding(s) are of its series", len(rows))
+        return rows
+    mine = [r for r in rows if r.series_uid == uid]
+    other = sorted({r.series_uid for r in rows if r.series_uid not in (None, uid)})
+    if other and not mine:
+        raise GeometryError(
+            f"the findings are of series {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}, "
+            f"the volume is series {uid}: drawn on this volume they would mark another scan",
+            fix="filter the findings by series, e.g. run.findings[run.findings.series_uid == vol.series_uid], "
+            "or load the volume they belong to",
+        )
+    unknown = [r for r in rows if r.series_uid is None]
+    if unknown and other:  # a table of several series: those of no known series may be any case's
+        log.warning("%d finding(s) without a series UID among findings of several series: not drawn", len(unknown))
         return mine
-    other = getattr(findings, "series_uid", None)
-    if other and other != uid:
-        raise GeometryError(f"the findings are of series {other}, the volume is series {uid}", fix="pass that volume's findings")
-    return findings
+    if unknown:
+        log.warning(
+            "%d finding(s) carry no series UID (no series_uid column or value): cannot check they are of series %s",
+            len(unknown),
+            uid,
+        )
+    return mine + unknown
 
 
 def _masks(recon: Any) -> dict[str, np.ndarray]:
@@ -73,69 +122,156 @@ def _masks(recon: Any) -> dict[str, np.ndarray]:
     return {k: (v.array.astype(bool) if isinstance(v, LabelMap) else np.asarray(v, bool)) for k, v in masks.items()}
 
 
+def _series_label(volume: CTVolume) -> str:
+    """A short name of the series: its SeriesNumber and SeriesDescription, else the end of its UID."""
+    number, text = volume.metadata.get("SeriesNumber"), str(volume.metadata.get("SeriesDescription") or "").strip()
+    parts = ([f"series {number}"] if number not in (None, "") else []) + ([text] if text else [])
+    if not parts and volume.series_uid:
+        parts = [f"series …{volume.series_uid[-12:]}"]
+    return " ".join(parts)
+
+
+def _slice_k(volume: CTVolume, slice: int | None, k: int | None) -> int | None:
+    """The array index k that ``slice=`` (the slice number findings give: InstanceNumber, else k + 1) or ``k=``
+    names; None when neither is given."""
+    nk = volume.shape[0]
+    if slice is not None and k is not None:
+        raise ValueError(
+            f"pass slice= (the slice number the findings give: InstanceNumber) or k= (the array index), not both "
+            f"(got slice={slice}, k={k})"
+        )
+    if k is not None:
+        k = operator.index(k)
+        if not 0 <= k < nk:
+            raise IndexError(f"k={k} is outside the volume's {nk} slices (k = 0..{nk - 1})")
+        return k
+    if slice is None:
+        return None
+    slice = operator.index(slice)
+    source = slice_number_source(volume.metadata, nk)
+    label = _SLICE_LABELS.get(source, source)
+    numbers = [slice_number_of(kk, volume.metadata, nk) for kk in range(nk)]
+    matches = [kk for kk, n in enumerate(numbers) if n == slice]
+    if not matches:
+        how = (
+            "slice= counts from 1 (k + 1) as the series has no InstanceNumbers"
+            if source == "index + 1"
+            else f"slice= is the {label}; k= takes the array index"
+        )
+        raise IndexError(
+            f"{label} {slice} is not in this series: its {nk} slices have {label}s {min(numbers)}..{max(numbers)} ({how})"
+        )
+    if len(matches) > 1:
+        raise ValueError(f"{label} {slice} names {len(matches)} slices of this series (k = {matches}): pass k= instead")
+    return matches[0]
+
+
+def _plane(volume: CTVolume, k: int | None, scored_z: list[tuple[float, float]]) -> tuple[int, int | None]:
+    """The axial plane to draw, as an index z of :meth:`~pipeline.volume.Geometry.to_lps_view`'s ``[z, y, x]``, and
+    its array index k (None for a series whose slices are not axial): slice ``k`` when given, else the plane of the
+    highest-scoring finding (``scored_z``: score and view z of each), else the middle plane."""
+    geometry = volume.geometry
+    nk = volume.shape[0]
+    amap = geometry.axis_map()  # (LPS axis, sign) of index axes i, j, k
+    axial = amap[2][0] == 2  # index axis k runs along the patient's long axis (LPS z)
+    nz = geometry.size_ijk[next(c for c, (a, _) in enumerate(amap) if a == 2)]  # planes of the view along z
+    if k is not None:
+        if not axial:
+            raise GeometryError(
+                "the series' slices are not axial: slice= and k= name no axial plane", fix="pass neither (show picks the plane)"
+            )
+        return int(np.rint(geometry.lps_view_index([0, 0, k])[0, 2])), k
+    if scored_z:
+        best = max(scored_z, key=lambda sz: sz[0] if np.isfinite(sz[0]) else -np.inf)
+        z = int(np.clip(np.rint(best[1]), 0, nz - 1))
+    else:
+        z = nz // 2
+    if not axial:
+        return z, None
+    k_of_plane = geometry.to_lps_view(np.broadcast_to(np.arange(nk).reshape(nk, 1, 1), volume.shape))[:, 0, 0]
+    return z, int(k_of_plane[z])
+
+
+def _title(volume: CTVolume, z: int, k: int | None, n_findings: int) -> str:
+    """``InstanceNumber 63 (k=62) · 2 finding(s) · series 3 Chest``: the slice as findings and viewers number it."""
+    nk = volume.shape[0]
+    if k is None:
+        where = f"axial plane {z + 1} (series not stored in axial slices)"
+    else:
+        source = slice_number_source(volume.metadata, nk)
+        where = f"{_SLICE_LABELS.get(source, source)} {slice_number_of(k, volume.metadata, nk)} (k={k})"
+    return " · ".join(part for part in (where, f"{n_findings} finding(s)", _series_label(volume)) if part)
+
+
 def show(
     volume: CTVolume,
+    *,
     findings: Any = None,
     recon: Any = None,
-    *,
     slice: int | None = None,
+    k: int | None = None,
     ax: Any = None,
     window: tuple[float, float] = (-1350.0, 150.0),
 ) -> Any:
-    """Draw axial slice ``slice`` (index k) of ``volume`` in a lung window, with findings and organ outlines.
+    """Draw one axial plane of ``volume`` in a lung window, with findings and organ outlines, in the radiological
+    convention: seen from the feet, the patient's right on the image's left, anterior at the top (edges lettered
+    R, L, A, P), whatever the series' storage order or direction cosines (an oblique series in its nearest
+    axis-aligned order). Pixels are square in mm.
 
-    findings: :class:`~pipeline.detection.Findings`, a list of findings/dicts with ``center_lps`` (LPS mm) and
-        ``diameter_mm``, or ``open_run(...).findings`` rows; each finding whose sphere crosses the slice is
-        circled and labelled with its score.
+    findings: :class:`~pipeline.detection.Findings`, a finding or list of findings/dicts with ``center_lps``
+        (LPS mm) and ``diameter_mm``, or ``open_run(...).findings`` (``center_x/y/z`` LPS mm); each finding whose
+        sphere crosses the plane is circled and labelled with its score. Findings of another series than the
+        volume's are refused (a table of several series: only this series' rows are drawn); findings without a
+        series UID are drawn with a logged warning that they could not be checked.
     recon: a :class:`~pipeline.reconstruction.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
         ``[k, j, i]`` on the volume's grid; outlines are drawn per organ.
-    slice: the slice index k; default the slice of the highest-scoring finding, else the middle slice.
+    slice: the slice as the findings' ``slice_number`` (CSV, JSON, PNG titles) and a DICOM viewer name it: its
+        InstanceNumber (a multi-frame object's FrameNumber) when the volume's metadata lists them, else ``k + 1``.
+    k: the array index k (0-based, ``volume.array[k]``) instead. At most one of ``slice`` and ``k``; with
+        neither, the plane of the highest-scoring finding, else the middle plane. Both need an axial series.
+    ax: the matplotlib Axes to draw in (default a new 6 × 6 inch figure).
     window: HU range shown (default lung window, W 1500 / L -600).
-    Returns the matplotlib Axes. Image columns are i (patient left at larger i for an LPS-aligned series).
+    Returns the matplotlib Axes; its title names the slice (``InstanceNumber 63 (k=62)``) and the series.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Ellipse
 
     volume = require_volume(volume)
-    rows = _finding_rows(_same_series(volume, findings))
+    geometry = volume.geometry
+    rows = _same_series(volume, _finding_rows(findings))
     masks = _masks(recon)
     wrong = sorted(organ for organ, m in masks.items() if m.shape != volume.shape)
     grid = getattr(recon, "geometry", None)
-    if wrong or (isinstance(grid, Geometry) and not grid.same_grid(volume.geometry)):
+    if wrong or (isinstance(grid, Geometry) and not grid.same_grid(geometry)):
         raise GeometryError(
             f"the reconstruction's masks {wrong or sorted(masks)} lie on another grid than the volume {volume.shape} [k, j, i]",
             fix="pass the reconstruction of this volume",
         )
-    nk = volume.shape[0]
-    if slice is None:
-        if rows:
-            best = max(rows, key=lambda r: r[2])
-            slice = int(np.clip(np.round(volume.lps_to_index(best[0])[2]), 0, nk - 1))
-        else:
-            slice = nk // 2
-    if not 0 <= slice < nk:
-        raise IndexError(f"slice {slice} is outside the volume's {nk} slices (0..{nk - 1})")
+    xyz = geometry.lps_view_index(volume.lps_to_index(np.array([r.centre for r in rows]).reshape(-1, 3)))
+    z, k_here = _plane(volume, _slice_k(volume, slice, k), [(r.score, p[2]) for r, p in zip(rows, xyz)])
+    view = geometry.to_lps_view(volume.array)  # [z, y, x], LPS ascending: rows run anterior → posterior, columns R → L
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 6))
-    si, sj, sk = volume.spacing
-    img = np.asarray(volume.array[slice], dtype=np.float32)
-    ax.imshow(img, cmap="gray", vmin=window[0], vmax=window[1], aspect=sj / si, interpolation="nearest")
+    sx, sy, sz = geometry.spacing_lps()
+    ax.imshow(
+        np.asarray(view[z], np.float32), cmap="gray", vmin=window[0], vmax=window[1], aspect=sy / sx, interpolation="nearest"
+    )
     for organ, m in masks.items():
-        if not m[slice].any():
-            continue
-        ax.contour(m[slice].astype(np.float32), levels=[0.5], colors=[_COLORS.get(organ, "#ff7f0e")], linewidths=1.0)
-        ax.plot([], [], color=_COLORS.get(organ, "#ff7f0e"), label=organ)
-    for centre, diam, score in rows:
-        i, j, k = volume.lps_to_index(centre)
-        r_mm = diam / 2.0
-        dz = abs(k - slice) * sk
+        plane = geometry.to_lps_view(m)[z]
+        if plane.any():
+            ax.contour(plane.astype(np.float32), levels=[0.5], colors=[_COLORS.get(organ, "#ff7f0e")], linewidths=1.0)
+            ax.plot([], [], color=_COLORS.get(organ, "#ff7f0e"), label=organ)
+    for row, (x, y, zf) in zip(rows, xyz):
+        r_mm, dz = row.diameter_mm / 2.0, abs(zf - z) * sz
         if dz > r_mm:
             continue
-        r_vox = np.sqrt(max(r_mm**2 - dz**2, 0.0)) / si
-        ax.add_patch(plt.Circle((i, j), max(r_vox, 2.0), fill=False, color="#ff3030", linewidth=1.5))
-        if np.isfinite(score):
-            ax.text(i + r_vox + 2, j, f"{score:.2f}", color="#ff3030", fontsize=8)
-    uid = volume.series_uid or ""
-    ax.set_title(f"slice k={slice} ({len(rows)} finding(s)) {uid[-24:]}", fontsize=9)
+        r = max(np.sqrt(r_mm**2 - dz**2), 2.0 * sx)  # radius (mm) in this plane, at least 2 pixels
+        ax.add_patch(Ellipse((x, y), 2 * r / sx, 2 * r / sy, fill=False, color="#ff3030", linewidth=1.5))
+        if np.isfinite(row.score):
+            ax.text(x + r / sx + 2, y, f"{row.score:.2f}", color="#ff3030", fontsize=8)
+    for letter, fx, fy in EDGE_LETTERS:
+        ax.text(fx, fy, letter, transform=ax.transAxes, color="yellow", fontsize=9, ha="center", va="center", bbox=_LETTER_BOX)
+    ax.set_title(_title(volume, z, k_here, len(rows)), fontsize=9)
     ax.set_axis_off()
     if masks:
         ax.legend(loc="lower right", fontsize=7)

@@ -74,7 +74,8 @@ def test_readme_notebook_example_runs(tmp_path):
             near = [s2 for s2, c2 in theirs if max(abs(a - b) for a, b in zip(c1, c2)) <= 1.0]
             assert near and min(abs(s1 - s2) for s2 in near) <= 0.08, (s1, c1)
     assert facts["recon_masks"] == ["lung_left", "lung_right"]
-    assert facts["title"].startswith("slice k=") and facts["outlines"] >= 1
+    # the title names the slice as the findings and a DICOM viewer do (the series' InstanceNumber), then k
+    assert facts["title"].startswith("InstanceNumber ") and "(k=" in facts["title"] and facts["outlines"] >= 1
 
 
 def test_show_draws_findings_on_the_right_slice():
@@ -88,13 +89,13 @@ def test_show_draws_findings_on_the_right_slice():
     centre = geom.index_to_lps([10, 12, 7])  # (i, j, k) → LPS mm
     f = [{"center_lps": centre.tolist(), "diameter_mm": 6.0, "score": 0.8}]
     ax = show(vol, findings=f)
-    assert ax.get_title().startswith("slice k=7 ")
+    assert ax.get_title().startswith("slice 8 (k=7) ")  # no InstanceNumbers: slice = k + 1
     (circle,) = ax.patches
     assert circle.center == pytest.approx((10.0, 12.0))
-    ax = show(vol, findings=f, slice=15)  # far from the finding: nothing drawn
+    ax = show(vol, findings=f, k=15)  # far from the finding: nothing drawn
     assert not ax.patches
     with pytest.raises(IndexError, match="outside the volume"):
-        show(vol, slice=20)
+        show(vol, k=20)
     assert len(show(vol, findings=f[0]).patches) == 1  # one finding, not in a list
     assert len(show(vol, findings=[{"center_lps": centre.tolist(), "diameter_mm": 6.0}]).patches) == 1  # no score
 
@@ -128,8 +129,8 @@ def test_show_refuses_findings_and_masks_of_another_series():
             "score": [0.8, 0.7],
         }
     )
-    assert len(show(vol, findings=table, slice=7).patches) == 1
-    with pytest.raises(GeometryError, match="none of the 1 findings"):
+    assert len(show(vol, findings=table, k=7).patches) == 1
+    with pytest.raises(GeometryError, match="findings are of series 4.5.6, the volume is series 1.2.3"):
         show(vol, findings=table[table.series_uid == "4.5.6"])
     with pytest.raises(GeometryError, match="another grid"):
         show(vol, recon={"lung_left": np.zeros((10, 32, 32), bool)})

@@ -62,7 +62,9 @@ class RunResults:
     quality: one row per quality flag of a completed case: case_id, code, severity (warning, info), message
         (see :mod:`pipeline.reconstruction.quality` for the codes).
     stages: one row per stage attempt (stage, status, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb, ...).
-    findings: one row per finding of a completed case (center_x/y/z in LPS mm, diameter_mm, score, ...).
+    findings: one row per finding of a completed case: ``case_id`` and ``series_uid`` (the SeriesInstanceUID of
+        the case's series, None where it has none) then center_x/y/z in LPS mm, diameter_mm, score, ...; filter it by
+        series before drawing a volume's findings (``run.findings[run.findings.series_uid == vol.series_uid]``).
     measurements: one row per (case, measurement): name, value, unit, ``reliable`` (False for a figure a quality
         flag makes meaningless, e.g. the volume of lungs cut by the scan range) and the ``reason``.
     skipped: what discovery left out, per run: ``what`` (file or series), ``item`` (path or series key),
@@ -82,7 +84,7 @@ class RunResults:
         self.runs: pd.DataFrame = t["runs"]
         self.cases: pd.DataFrame = t["cases"]
         self.stages: pd.DataFrame = t["stages"]
-        self.findings: pd.DataFrame = t["findings"]
+        self.findings: pd.DataFrame = _with_series(t["findings"], self.cases)
         self.measurements: pd.DataFrame = t["measurements"]
         self.gpu: pd.DataFrame = t["gpu"]
         self.quality: pd.DataFrame = t["quality"]
@@ -159,6 +161,17 @@ class RunResults:
         head = f"<p><b>{self.__repr__()}</b></p>"
         cols = [c for c in ("case_id", "status", "latency_s", "n_findings", "flags", "reason") if c in self.cases]
         return head + self.cases[cols].head(20).to_html(index=False)
+
+
+def _with_series(findings: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
+    """``findings`` with the ``series_uid`` of each finding's case (from ``cases``, by ``case_key``) after ``case_id``."""
+    if "series_uid" in findings.columns or "case_key" not in findings.columns:
+        return findings
+    uids = dict(zip(cases.case_key, cases.series_uid)) if "series_uid" in cases.columns else {}
+    out = findings.copy()
+    out.insert(list(out.columns).index("case_id") + 1 if "case_id" in out.columns else 0, "series_uid", None)
+    out["series_uid"] = [uids.get(key) for key in out.case_key]
+    return out
 
 
 def open_run(run_dir: str | os.PathLike[str]) -> RunResults:

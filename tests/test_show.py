@@ -1,0 +1,242 @@
+"""``show``: the radiological display convention whatever the storage order, the series check of findings
+(run tables included) and the slice the caller names (InstanceNumber or array index)."""
+
+from __future__ import annotations
+
+import logging
+
+import matplotlib
+import numpy as np
+import pytest
+
+from pipeline.errors import GeometryError
+from pipeline.show import show
+from pipeline.volume import CTVolume, Geometry
+
+matplotlib.use("Agg")
+
+SHAPE = (20, 24, 32)  # [k, j, i]: every axis a different length, so that a transposed image cannot pass
+SPACING = (1.0, 1.5, 2.0)  # mm along i, j, k
+ORIGIN = (-16.0, -18.0, 100.0)  # LPS mm
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def _lps_volume(**metadata) -> CTVolume:
+    """An LPS-ordered (HFS-like) volume: air with a bright anterior-left block and a dimmer posterior strip."""
+    arr = np.full(SHAPE, -800, np.int16)
+    arr[:, 2:6, 20:30] = 300  # small j = anterior, large i = the patient's left
+    arr[:, 20:23, :] = 0  # posterior strip ("the spine side")
+    return CTVolume(arr, Geometry(shape=SHAPE, spacing=SPACING, origin=ORIGIN), metadata=metadata)
+
+
+def _reordered(vol: CTVolume, perm_ijk: tuple[int, int, int], signs: tuple[int, int, int], **metadata) -> CTVolume:
+    """The same voxels in LPS space stored in another order: new index axis c is old axis ``perm_ijk[c]`` read in
+    direction ``signs[c]`` (what a NIfTI in RAS order, a feet-first or a prone series, or a sagittal stack gives)."""
+    g = vol.geometry
+    arr = vol.array.transpose([2 - perm_ijk[2 - d] for d in range(3)])  # array dims are [k, j, i]
+    for c, s in enumerate(signs):
+        if s < 0:
+            arr = np.flip(arr, axis=2 - c)
+    old_first = [0 if s > 0 else g.size_ijk[perm_ijk[c]] - 1 for c, s in enumerate(signs)]
+    first = [0, 0, 0]
+    for c, p in enumerate(perm_ijk):
+        first[p] = old_first[c]
+    direction = np.stack([g.direction[:, p] * s for p, s in zip(perm_ijk, signs)], axis=1)
+    geom = Geometry(
+        shape=arr.shape,
+        spacing=tuple(g.spacing[p] for p in perm_ijk),
+        origin=tuple(g.index_to_lps(first)),
+        direction=direction,
+    )
+    out = CTVolume(np.ascontiguousarray(arr), geom, metadata=metadata)
+    probe = np.array([[3.0, 5.0, 7.0]])  # the same LPS point holds the same value in both
+    assert out.array[tuple(np.rint(out.lps_to_index(vol.index_to_lps(probe)))[0, ::-1].astype(int))] == vol.array[7, 5, 3]
+    return out
+
+
+def _image(ax) -> np.ndarray:
+    return np.asarray(ax.images[0].get_array())
+
+
+def _circles(ax) -> np.ndarray:
+    """(x, y, width, height) of each circle drawn, in image pixels."""
+    return np.array([(*p.center, p.width, p.height) for p in ax.patches], dtype=float)
+
+
+REORDERINGS = {
+    "RAS (NIfTI)": ((0, 1, 2), (-1, -1, 1)),
+    "feet first": ((0, 1, 2), (-1, 1, -1)),
+    "prone feet first": ((0, 1, 2), (1, -1, -1)),
+    "all flipped": ((0, 1, 2), (-1, -1, -1)),
+    "rows and columns swapped": ((1, 0, 2), (1, -1, 1)),
+}
+
+
+def test_an_lps_series_is_drawn_right_on_left_anterior_up_with_letters():
+    vol = _lps_volume()
+    ax = show(vol)  # the middle plane, k=10
+    img = _image(ax)
+    assert img.shape == (24, 32)  # rows = y (A → P), columns = x (R → L)
+    bright = np.argwhere(img == 300)
+    assert bright[:, 0].max() < 12 and bright[:, 1].min() >= 16  # anterior (top) and the patient's left (image right)
+    letters = {t.get_text(): t.get_position() for t in ax.texts if t.get_text() in "RLAP"}
+    assert letters["R"][0] < 0.5 < letters["L"][0]
+    assert letters["A"][1] > 0.5 > letters["P"][1]  # axes fraction: y grows upwards
+
+
+@pytest.mark.parametrize("name", sorted(REORDERINGS))
+def test_any_storage_order_gives_the_same_image_circles_and_outlines(name):
+    vol = _lps_volume()
+    perm, signs = REORDERINGS[name]
+    other = _reordered(vol, perm, signs)
+    centre = vol.index_to_lps([24.0, 4.0, 10.0])  # in the anterior-left block, slice k=10 of the LPS volume
+    finding = [{"center_lps": centre.tolist(), "diameter_mm": 8.0, "score": 0.9}]
+    mask = np.zeros(SHAPE, bool)
+    mask[8:13, 2:6, 20:30] = True
+    other_mask = _reordered(CTVolume(mask.astype(np.int16), vol.geometry), perm, signs).array.astype(bool)
+    a = show(vol, findings=finding, recon={"lung_left": mask})
+    b = show(other, findings=finding, recon={"lung_left": other_mask})
+    np.testing.assert_array_equal(_image(a), _image(b))
+    # the finding lands on the pixel of its LPS position: column x = 24 (left of centre: image right), row y = 4
+    assert _circles(a) == pytest.approx(_circles(b))
+    assert _circles(b)[0][:2] == pytest.approx((24.0, 4.0))
+    assert _image(b)[4, 24] == 300
+    va = np.concatenate([p.vertices for p in a.collections[0].get_paths()])
+    vb = np.concatenate([p.vertices for p in b.collections[0].get_paths()])
+    assert np.sort(va, axis=0) == pytest.approx(np.sort(vb, axis=0))
+    assert vb[:, 0].min() >= 19 and vb[:, 1].max() <= 6  # the outline is around the anterior-left block
+
+
+def test_a_ras_nifti_read_through_simpleitk_is_not_upside_down(tmp_path):
+    sitk = pytest.importorskip("SimpleITK")
+    vol = _lps_volume()
+    ras = _reordered(vol, (0, 1, 2), (-1, -1, 1))
+    path = tmp_path / "ras.nii.gz"
+    sitk.WriteImage(ras.to_sitk(), str(path))
+    back = CTVolume.from_sitk(sitk.ReadImage(str(path)))
+    assert np.allclose(np.diag(back.direction), (-1, -1, 1))  # stored in RAS order
+    np.testing.assert_array_equal(_image(show(back)), _image(show(vol)))
+
+
+def test_an_oblique_series_is_drawn_in_its_nearest_axis_aligned_order():
+    vol = _lps_volume()
+    flipped = _reordered(vol, (0, 1, 2), (-1, -1, 1))
+    t = np.radians(8.0)
+    tilt = np.array([[np.cos(t), -np.sin(t), 0.0], [np.sin(t), np.cos(t), 0.0], [0.0, 0.0, 1.0]])
+    oblique = CTVolume(flipped.array, flipped.geometry.with_(direction=tilt @ flipped.direction))
+    np.testing.assert_array_equal(_image(show(oblique)), _image(show(vol)))
+
+
+# -- findings of another series -------------------------------------------------------------------------------
+def _run_with_two_series(tmp_path):
+    from pipeline.runner.store import RunStore
+
+    store = RunStore(tmp_path / "run")
+    store.start_run("r1", command="ctpipe run x", sources=["x"], config={}, versions={}, device="cpu", host="h", pid=1)
+    for key, cid, uid, centre in (("ka", "a", "1.2.3", [-10.0, -8.0, 110.0]), ("kb", "b", "4.5.6", [5.0, 2.0, 120.0])):
+        store.upsert_discovered(case_key=key, case_id=cid, series_uid=uid, fingerprint="f", source=f"/src/{cid}")
+        store.begin_case(key, "r1")
+        finding = {"center_lps": centre, "diameter_mm": 6.0, "score": 0.9}
+        store.complete_case(key, output_dir=f"cases/{cid}", findings=[finding], measurements=[])
+    store.close()
+    return tmp_path / "run"
+
+
+def test_open_run_findings_carry_case_and_series(tmp_path):
+    from pipeline.runner.results import open_run
+
+    run = open_run(_run_with_two_series(tmp_path))
+    f = run.findings
+    assert list(f.columns[:3]) == ["run_dir", "case_id", "series_uid"]
+    assert dict(zip(f.case_id, f.series_uid)) == {"a": "1.2.3", "b": "4.5.6"}
+    assert list(run.case("b").findings.series_uid) == ["4.5.6"]
+
+
+def test_show_refuses_another_series_findings_from_a_run_table(tmp_path):
+    from pipeline.runner.results import open_run
+
+    run = open_run(_run_with_two_series(tmp_path))
+    vol_b = _lps_volume(SeriesInstanceUID="4.5.6")
+    with pytest.raises(GeometryError, match=r"series 1\.2\.3, the volume is series 4\.5\.6") as err:
+        show(vol_b, findings=run.findings[run.findings.case_id == "a"])
+    assert "run.findings.series_uid == vol.series_uid" in str(err.value)
+    # the whole table: only this series' finding is drawn
+    ax = show(vol_b, findings=run.findings, k=10)
+    assert len(ax.patches) == 1 and ax.patches[0].center == pytest.approx(
+        tuple(vol_b.geometry.lps_view_index(vol_b.lps_to_index([5.0, 2.0, 120.0]))[0, :2])
+    )
+
+
+def test_findings_without_a_series_uid_are_drawn_with_a_warning(caplog):
+    import pandas as pd
+
+    vol = _lps_volume(SeriesInstanceUID="1.2.3")
+    x, y, z = vol.index_to_lps([10.0, 12.0, 7.0])
+    table = pd.DataFrame({"center_x": [x], "center_y": [y], "center_z": [z], "diameter_mm": [6.0], "score": [0.8]})
+    with caplog.at_level(logging.WARNING, logger="pipeline.show"):
+        ax = show(vol, findings=table)
+    assert len(ax.patches) == 1
+    assert "cannot check" in caplog.text and "1.2.3" in caplog.text
+
+
+# -- which slice ------------------------------------------------------------------------------------------------
+def test_slice_is_the_instance_number_and_k_the_array_index():
+    numbers = [120 - 3 * k for k in range(SHAPE[0])]  # descending, as many scanners number a head-first stack
+    vol = _lps_volume(InstanceNumbers=numbers, SeriesDescription="Chest 1.0 B70f", SeriesNumber=3, SeriesInstanceUID="1.2.3.4")
+    k = numbers.index(63)
+    ax = show(vol, slice=63)
+    assert ax.get_title().startswith(f"InstanceNumber 63 (k={k})")
+    assert "series 3 Chest 1.0 B70f" in ax.get_title()
+    np.testing.assert_array_equal(_image(ax), _image(show(vol, k=k)))
+    assert show(vol, k=0).get_title().startswith("InstanceNumber 120 (k=0)")
+    with pytest.raises(ValueError, match="not both"):
+        show(vol, slice=63, k=k)
+    with pytest.raises(
+        IndexError, match=r"InstanceNumber 64 is not in this series: its 20 slices have InstanceNumbers 63\.\.120"
+    ):
+        show(vol, slice=64)
+    with pytest.raises(IndexError, match="outside"):
+        show(vol, k=20)
+
+
+def test_without_instance_numbers_slice_counts_from_one():
+    vol = _lps_volume()
+    assert show(vol, slice=8).get_title().startswith("slice 8 (k=7)")
+    with pytest.raises(IndexError, match=r"slice 21 is not in this series.*1\.\.20"):
+        show(vol, slice=21)
+
+
+def test_a_feet_first_series_names_the_slice_of_its_own_order():
+    vol = _lps_volume(InstanceNumbers=list(range(1, SHAPE[0] + 1)))
+    ffs = _reordered(vol, (0, 1, 2), (-1, 1, -1), InstanceNumbers=list(range(1, SHAPE[0] + 1)))
+    ax = show(ffs, k=4)  # k=4 of the feet-first stack is k=15 of the head-first one
+    assert ax.get_title().startswith("InstanceNumber 5 (k=4)")
+    np.testing.assert_array_equal(_image(ax), _image(show(vol, k=15)))
+
+
+def test_a_table_of_several_series_keeps_only_this_series_rows(caplog):
+    import pandas as pd
+
+    vol = _lps_volume(SeriesInstanceUID="1.2.3")
+    x, y, z = vol.index_to_lps([10.0, 12.0, 7.0])
+    table = pd.DataFrame(
+        {
+            "series_uid": ["1.2.3", "4.5.6", None],
+            "center_x": [x, x - 6, x + 6],
+            "center_y": [y] * 3,
+            "center_z": [z] * 3,
+            "diameter_mm": [6.0] * 3,
+            "score": [0.8, 0.7, 0.6],
+        }
+    )
+    with caplog.at_level(logging.WARNING, logger="pipeline.show"):
+        ax = show(vol, findings=table)  # the plane of this series' finding, k=7
+    assert _circles(ax)[:, :2].tolist() == [[10.0, 12.0]]
+    assert "1 finding(s) without a series UID among findings of several series: not drawn" in caplog.text
