@@ -9,6 +9,10 @@ boundary half-way between the parenchyma and soft tissue, which depends on the s
 ``b_min..b_max`` (e.g. -1024..300 HU → 0..1), clamped to the output range when
 ``clip`` is set. The loader's :class:`pipeline.load.PreprocessSpec`, the detector's
 model settings and the bundle reader (:mod:`pipeline.bundle`) all use it.
+
+:func:`not_hu_hint` says when a volume's values cannot be Hounsfield units (stored pixel values
+before the rescale, or intensities normalised to 0..1); detection and reconstruction add it to
+their "no lungs" messages.
 """
 
 from __future__ import annotations
@@ -16,11 +20,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 
-__all__ = ["AIR_HU", "BODY_HU", "EMPHYSEMA_HU", "HUWindow", "LUNG_AIR_HU", "LUNG_PARENCHYMA_HU", "SOFT_TISSUE_HU"]
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+__all__ = [
+    "AIR_HU",
+    "BODY_HU",
+    "EMPHYSEMA_HU",
+    "HUWindow",
+    "LUNG_AIR_HU",
+    "LUNG_PARENCHYMA_HU",
+    "SOFT_TISSUE_HU",
+    "not_hu_hint",
+]
 
 AIR_HU = -1000.0
 """Air, by the definition of the Hounsfield scale (HU): the level of calibrated air outside the patient
@@ -46,6 +62,35 @@ partial-volume boundaries between air-filled structures and tissue."""
 
 EMPHYSEMA_HU = -950.0
 """Low-attenuation lung (HU): the emphysema index is the share of lung voxels below this (LAA-950)."""
+
+
+def not_hu_hint(values: np.ndarray) -> str:
+    """A note (starting with a space, in parentheses) for voxel values that cannot be Hounsfield units, else ``""``.
+
+    ``values`` is a volume's array ``[k, j, i]``; a few slices (every ``k // 16``-th) are looked at. A CT in HU
+    has air (-1000 HU) around and inside the patient and fat (-100 HU), so nothing below 0 means the values are
+    stored pixel values before RescaleSlope/RescaleIntercept, or intensities normalised to 0..1 (when none
+    is above 1). Used where a step found no lungs, to say why.
+    """
+    import numpy as np
+
+    arr = np.asarray(values)
+    if arr.size == 0:
+        return ""
+    sample = arr[:: max(1, arr.shape[0] // 16)] if arr.ndim else arr
+    low, high = float(np.nanmin(sample)), float(np.nanmax(sample))
+    if not low >= 0.0:  # negative (HU has air and fat below 0) or NaN
+        return ""
+    if high <= 1.0:
+        return (
+            f" (its values lie in {low:.3g}..{high:.3g}: normalised intensities, not HU; pass the volume in HU "
+            "(air -1000, water 0) as load_series returns it, before any normalisation)"
+        )
+    return (
+        f" (its lowest value is {low:.0f}: no air or fat, the values look like stored pixel values, not HU; "
+        "apply RescaleSlope/RescaleIntercept, as load_series does)"
+    )
+
 
 _FIELDS = ("a_min", "a_max", "b_min", "b_max", "clip")
 

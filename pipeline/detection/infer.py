@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import InputTooSmallError, InvalidVolumeError
+from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
 from ..volume import THICK_SLICE_NOTE, CTVolume, LabelMap, float3, require_volume, slice_thickness_mm, thick_slice_detail
 from .bundle import LoadedModel, load_model
@@ -288,7 +289,7 @@ class Detector:
                     "if any, is bowel or stomach gas); nothing to search"
                     if lung_mask is None
                     else "no lung voxels in the given lung mask; nothing to search"
-                ) + _not_hu_hint(volume)
+                ) + not_hu_hint(volume.array)
                 log.warning("%s: %s", where, result.reason)
                 result.timings_ms = timings
                 return self.apply_operating_point(result)
@@ -529,15 +530,3 @@ def detect(
             )
         )
     return found
-
-
-def _not_hu_hint(volume: CTVolume) -> str:
-    """A note for a volume whose values cannot be Hounsfield units (none below 0: no air, no fat, as stored pixel
-    values before RescaleSlope/RescaleIntercept would be), else ``""``."""
-    low = float(np.min(volume.array[:: max(1, volume.shape[0] // 16)]))  # a few slices suffice
-    if low >= 0.0:
-        return (
-            f" (its lowest value is {low:.0f}: no air or fat, the values look like stored pixel values, not HU; "
-            "apply RescaleSlope/RescaleIntercept, as load_series does)"
-        )
-    return ""

@@ -4,6 +4,7 @@ Public API::
 
     from pipeline.ingest import load_series, scan_directory, SelectionRules, ingest_to_cache
     vol = load_series("study/")                       # the one selected CT series
+    vol = load_series("chest.nii.gz")                 # a NIfTI/MHA/NRRD image (read with SimpleITK, in LPS)
     scan = scan_directory("archive/")                 # every series, chosen or not, and why
     report = ingest_to_cache("archive/", CaseCache("cache/"))
 

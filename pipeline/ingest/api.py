@@ -19,12 +19,15 @@ from ..errors import (
     NoSeriesFoundError,
     NotCTError,
     NotDicomError,
+    SingleSliceError,
     TruncatedFileError,
     UnreadableFileError,
 )
 from ..volume import CTVolume
 from .build import build_volume, describe, read_volume
-from .discover import read_header
+from .discover import find_files, read_header, read_headers
+from .headers import SliceHeader
+from .image import image_suffix, read_image
 from .scan import PathArg, ScanResult, reject, scan_directory
 from .series import SelectionRules, SeriesInfo, group_series
 
@@ -101,6 +104,55 @@ def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
     )
 
 
+def _images_instead(scan: ScanResult, where: Path) -> NoSeriesFoundError | None:
+    """The error for a folder that holds NIfTI/MHA/NRRD images and no DICOM series, or None."""
+    if scan.series:
+        return None
+    images = sorted(str(f.path) for f in scan.skipped_files if f.kind == "not_dicom" and image_suffix(f.path))
+    if not images:
+        return None
+    names = ", ".join(Path(i).name for i in images[:5]) + (", ..." if len(images) > 5 else "")
+    return NoSeriesFoundError(
+        f"the folder holds no DICOM series but {len(images)} image file(s): {names}",
+        where=where,
+        fix=f"load one image file: load_series({images[0]!r}) reads NIfTI/MHA/NRRD images",
+    )
+
+
+def _one_file_of_a_series(path: Path, header: SliceHeader, exc: SingleSliceError, workers: int | None) -> CtpipeError:
+    """For one file of a multi-slice series: the error naming its folder's other slices and how to load them all.
+
+    ``exc`` itself when the file's folder holds no other slice of its series.
+    """
+    folder = path.parent
+    try:
+        files, _ = find_files([folder])
+    except CtpipeError:
+        return exc
+    others = [f for f in files if f.parent == folder and f != path]
+    if not others:
+        return exc
+    headers, _ = read_headers(others, workers=workers)
+    groups = group_series([header, *headers])
+    mine = next((g for g in groups if any(h.path == header.path for h in g.headers)), None)
+    if mine is None or mine.n_slices < 2:
+        return exc
+    series = {g.key for g in groups}
+    if len(series) > 1:
+        fix = (
+            f"pass the folder and pick the series: load_series({str(folder)!r}, series_uid={mine.key!r}) "
+            f"(the folder holds {len(series)} series)"
+        )
+    else:
+        fix = f"pass the folder: load_series({str(folder)!r})"
+    return SingleSliceError(
+        f"the file is one slice of series {mine.key}, whose {mine.n_slices} slices are in its folder; "
+        "one file loads only a multi-frame (Enhanced CT) object",
+        where=path,
+        fix=fix,
+    )
+
+
 def load_series(
     path: PathArg,
     *,
@@ -115,8 +167,12 @@ def load_series(
 
     Parameters
     ----------
-    path: a folder (searched recursively, any file names) holding the series, or one
-        file (an Enhanced CT multi-frame object).
+    path: a folder (searched recursively, any file names) holding the series, one
+        file (an Enhanced CT multi-frame object), or a NIfTI/MHA/NRRD image file
+        (``.nii``, ``.nii.gz``, ``.mha``, ``.mhd``, ``.nrrd``) holding HU values. An image
+        file is read with SimpleITK, which gives its geometry in LPS (a NIfTI's RAS
+        affine is converted); ``series_uid`` and the DICOM options do not apply to it
+        and its ``metadata["SeriesInstanceUID"]`` is the file name without the ending.
     series_uid: the SeriesInstanceUID (or ``<uid>#<part>`` key of a split series) to
         load. It bypasses the selection rules except that the series must be CT.
         Without it the folder must hold exactly one series that the rules select;
@@ -144,7 +200,7 @@ def load_series(
     each is also logged.
 
     Raises a :class:`~pipeline.errors.DicomError` subclass naming the file or series,
-    the problem and the fix.
+    the problem and the fix (e.g. for one slice file of a series: the folder to pass).
     """
     rules = rules or SelectionRules()
     p = Path(path)
@@ -153,10 +209,24 @@ def load_series(
         "allow_gantry_tilt": allow_gantry_tilt,
         "keep_identifiers": keep_identifiers,
     }
+    if p.is_file() and image_suffix(p):
+        if series_uid is not None:
+            raise NoSeriesFoundError(
+                f"series_uid={series_uid!r} picks a series of a DICOM folder; this image file holds one volume",
+                where=p,
+                fix="leave out series_uid",
+            )
+        return read_image(p)
     if p.is_file():
         header = read_header(p)
         series = group_series([header])[0]
-        return build_volume(series, **options, workers=workers)
+        try:
+            return build_volume(series, **options, workers=workers)
+        except SingleSliceError as exc:
+            err = _one_file_of_a_series(p, header, exc, workers)
+            if err is exc:
+                raise
+            raise err from exc
     if not p.exists() and not p.is_symlink():
         raise NotDicomError("no such file or folder", where=p, fix="check the path")
     scan = scan_directory(p, rules=rules, lone_series_ok=True, **options, workers=workers)
@@ -176,7 +246,7 @@ def load_series(
             "(ctpipe ingest, ctpipe run) to take them all",
         )
     if not chosen:
-        raise _explain_nothing(scan, rules)
+        raise _images_instead(scan, p) or _explain_nothing(scan, rules)
     for r in scan.rejected:
         log.warning("not loaded: %s", r.reason)
     return read_volume(scan.plans[chosen[0].key], workers=workers)

@@ -27,6 +27,7 @@ from typing import Literal, overload
 from ..errors import CtpipeError, NotDicomError, TruncatedFileError, UnreadableFileError
 from ._pydicom import PYDICOM_ERRORS
 from .headers import CT_SOPS, ENHANCED_CT_SOP, LEGACY_ENHANCED_CT_SOP, SliceHeader
+from .image import image_suffix
 from .multiframe import read_frames
 from .rawheader import DICOMDIR_SOP, WANTED, RawHeader, RawHeaderError, RawHeaderUnsupported, read_raw_header
 
@@ -241,6 +242,13 @@ def read_header(path: str | os.PathLike[str]) -> SliceHeader:
                 f"the DICOM header is cut short: {exc}",
                 where=p,
                 fix="copy the file again from the archive/PACS; the transfer was incomplete",
+            ) from exc
+        if image_suffix(p):
+            raise NotDicomError(
+                f"not a DICOM file but a NIfTI/MHA/NRRD image ({exc})",
+                where=p,
+                fix=f"load the image on its own: load_series({str(p)!r}) reads it (ctpipe detect and ctpipe reconstruct "
+                "take the file too); or remove it from the input folder",
             ) from exc
         raise NotDicomError(
             f"not a DICOM file: {exc}",

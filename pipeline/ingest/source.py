@@ -1,8 +1,9 @@
 """The CT volume a command-line source names: a DICOM folder or file, a case-cache entry, or a NIfTI/MHA/NRRD image.
 
-``ctpipe detect`` and ``ctpipe reconstruct`` take the same sources through :func:`read_source`. Volumes are HU with
-their geometry in DICOM patient coordinates (LPS, mm); SimpleITK reads the image files in LPS (a NIfTI stored RAS
-on disk included).
+``ctpipe detect`` and ``ctpipe reconstruct`` take the same sources through :func:`read_source`;
+:func:`~pipeline.ingest.load_series` reads an image file as they do (:func:`~pipeline.ingest.image.read_image`).
+Volumes are HU with their geometry in DICOM patient coordinates (LPS, mm); SimpleITK reads the image files in
+LPS (a NIfTI stored RAS on disk included).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from pathlib import Path
 
 from ..errors import CtpipeError
 from ..volume import CTVolume
+from .image import IMAGE_SUFFIXES, image_suffix, read_image
 
-#: file name endings read as images by SimpleITK
-IMAGE_SUFFIXES = (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd")
+__all__ = ["IMAGE_SUFFIXES", "SOURCE_KINDS", "image_suffix", "read_image", "read_source"]
+
 #: what a source may be, for error messages
 SOURCE_KINDS = "a DICOM folder or file, a case-cache .json/.npy file (ctpipe ingest) or a NIfTI/MHA/NRRD image"
 
@@ -27,9 +29,9 @@ def read_source(src: str | Path, *, series_uid: str | None = None, mmap: bool = 
     src = Path(src)
     if not src.exists():
         raise CtpipeError(f"no such file or folder; a source is {SOURCE_KINDS}", where=src, fix="check the path")
-    image_suffix = next((s for s in IMAGE_SUFFIXES if src.name.endswith(s)), None) if src.is_file() else None
+    image = src.is_file() and image_suffix(src) is not None
     cache_entry = src.is_file() and src.suffix in (".npy", ".json")
-    if series_uid is not None and (image_suffix or cache_entry):
+    if series_uid is not None and (image or cache_entry):
         raise CtpipeError(
             f"a series UID ({series_uid}) picks a series of a DICOM folder; this source holds one volume",
             where=src,
@@ -39,24 +41,16 @@ def read_source(src: str | Path, *, series_uid: str | None = None, mmap: bool = 
         from ..cache import CaseCache
 
         return CaseCache(src.parent).read(src.stem, mmap=mmap), src.stem
-    if image_suffix:
-        import SimpleITK as sitk
-
-        stem = src.name[: -len(image_suffix)]
-        try:
-            img = sitk.ReadImage(str(src))
-        except RuntimeError as exc:
-            raise CtpipeError(
-                f"image cannot be read ({str(exc).strip().splitlines()[0]})", where=src, fix=f"pass {SOURCE_KINDS}"
-            ) from exc
-        return CTVolume.from_sitk(img, metadata={"SeriesInstanceUID": stem}), stem
+    if image:
+        vol = read_image(src)
+        return vol, str(vol.series_uid)
     from ..errors import NoSeriesFoundError, NotDicomError
     from .api import load_series
 
     try:
         vol = load_series(src, series_uid=series_uid)
     except (NoSeriesFoundError, NotDicomError) as exc:
-        images = sorted(p.name for p in src.iterdir() if p.is_file() and p.name.endswith(IMAGE_SUFFIXES)) if src.is_dir() else []
+        images = sorted(p.name for p in src.iterdir() if p.is_file() and image_suffix(p)) if src.is_dir() else []
         if not images:
             raise
         raise NoSeriesFoundError(

@@ -34,6 +34,13 @@ class Mesh:
     vertices: np.ndarray
     faces: np.ndarray
 
+    def __repr__(self) -> str:
+        return f"Mesh({self.name!r}, {self.n_vertices:,} vertices, {self.n_triangles:,} faces, LPS mm)"
+
+    @property
+    def n_vertices(self) -> int:
+        return int(self.vertices.shape[0])
+
     @property
     def n_triangles(self) -> int:
         return int(self.faces.shape[0])

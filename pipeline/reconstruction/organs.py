@@ -9,11 +9,22 @@ names from here without loading torch.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..intensity import BODY_HU, LUNG_AIR_HU, SOFT_TISSUE_HU
 
 ORGANS: tuple[str, ...] = ("body", "lung_left", "lung_right", "airway", "bone")
+
+
+def organ_names(organs: str | Iterable[str]) -> tuple[str, ...]:
+    """``organs`` as a tuple of names, in the order given, each once.
+
+    A string is one organ name (``"lung_left"``) or several separated by commas (``"lung_left,lung_right"``,
+    as on the command line), never a sequence of letters. The names are not checked here.
+    """
+    items = organs.split(",") if isinstance(organs, str) else organs
+    return tuple(dict.fromkeys(str(o).strip() for o in items if str(o).strip()))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ReconstructionError
+from ..intensity import not_hu_hint
 from ..volume import CTVolume, Geometry, default_device
 from . import air as air_mod
 from . import airway as airway_mod
@@ -29,7 +30,7 @@ from . import bone as bone_mod
 from . import lung_surface, morph
 from . import lungs as lungs_mod
 from .grid import Grid, bbox
-from .organs import ORGANS, SegmentParams
+from .organs import ORGANS, SegmentParams, organ_names
 from .quality import LUNGS_ABSENT_ML
 
 log = logging.getLogger(__name__)
@@ -104,14 +105,18 @@ def segment_organs(
 ) -> Segmentation:
     """Segment the chest organs of ``volume`` (HU, LPS) with thresholds, morphology and components.
 
+    ``organs``: names from :data:`ORGANS`; a string is one name (or several separated by commas).
     Returns a :class:`Segmentation` whose ``masks`` are on the volume's own grid.
     An organ that cannot be found gets a :class:`ReconstructionError` in ``errors``
-    instead of a mask; the other organs are still segmented.
+    instead of a mask; the other organs are still segmented. When no lungs are found in
+    values that cannot be HU (none below 0), the lungs' errors say so
+    (:func:`~pipeline.intensity.not_hu_hint`).
     """
     p = params or SegmentParams()
     dev = torch.device(device or default_device())
     with morph.torch_threads(dev, p.cpu_threads):
-        seg = _segment(volume, set(organs), dev, p)
+        seg = _segment(volume, set(organ_names(organs)), dev, p)
+    _add_not_hu_hint(seg, volume)
     # a stable organ order (ORGANS), whatever the set iteration order was
     order = {name: n for n, name in enumerate(ORGANS)}
     seg.masks = dict(sorted(seg.masks.items(), key=lambda kv: order.get(kv[0], len(order))))
@@ -294,6 +299,22 @@ def _no_lungs(seg: Segmentation, wanted: set[str], where: str, why: str) -> None
             where=where,
             fix="nothing to do for a scan without lungs (e.g. an abdomen or head scan); check the HU scaling otherwise",
         )
+
+
+def _add_not_hu_hint(seg: Segmentation, volume: CTVolume) -> None:
+    """Append :func:`~pipeline.intensity.not_hu_hint` to the lungs' "no lungs found" errors when it applies."""
+    if seg.info.get("lungs") != "absent":
+        return
+    hint = not_hu_hint(volume.array)
+    if not hint:
+        return
+    for organ, exc in list(seg.errors.items()):
+        if organ in ("lung_left", "lung_right") and exc.problem.startswith("no lungs found"):
+            seg.errors[organ] = ReconstructionError(
+                exc.problem + hint,
+                where=exc.where,
+                fix="pass the volume in Hounsfield units (load_series returns HU)",
+            )
 
 
 def _regrow(coarse: np.ndarray, grid: Grid, full_hu: torch.Tensor, threshold: float) -> np.ndarray:

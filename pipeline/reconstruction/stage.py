@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,13 @@ import torch
 
 from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, ReconstructionError
+from ..intensity import not_hu_hint
 from ..volume import CTVolume, Geometry, LabelMap, default_device, require_volume
 from . import export, measure
 from .bundle_seg import run_seg_bundle
 from .mesh import Mesh, mesh_from_mask
 from .nodules import NoduleResult, segment_findings
-from .organs import ORGANS
+from .organs import ORGANS, organ_names
 from .quality import QualityReport, assess_quality, mark_unreliable
 from .render import render_all
 from .segment import segment_organs
@@ -78,6 +79,9 @@ class Reconstruction:
         :func:`~pipeline.reconstruction.quality.mark_unreliable`).
     nodules: the segmentation of each finding (:class:`~pipeline.reconstruction.nodules.NoduleResult`, masks
         included; their JSON is ``measurements["nodules"]``), empty without findings.
+
+    ``repr()`` is a short summary (one line per organ: voxels, mL, mesh vertex and face counts; the quality
+    flags; which outputs failed), not the arrays.
     """
 
     geometry: Geometry
@@ -113,6 +117,31 @@ class Reconstruction:
     def add_file(self, kind: str, path: Path) -> None:
         self.files.setdefault(kind, []).append(Path(path))
 
+    def __repr__(self) -> str:
+        sp = ", ".join(f"{s:.3g}" for s in self.geometry.spacing)
+        lines = [f"Reconstruction(shape={self.geometry.shape} [k,j,i], spacing=({sp}) mm [i,j,k]"]
+        voxel_ml = float(np.prod(self.geometry.spacing)) / 1000.0
+        organ_meas = self.measurements.get("organs", {})
+        width = max((len(o) for o in self.masks), default=0)
+        for organ, lm in self.masks.items():
+            meas = organ_meas.get(organ, {})
+            voxels = int(meas["voxels"]) if "voxels" in meas else int(np.count_nonzero(lm.array))
+            mesh = self.meshes.get(organ)
+            surface = f"mesh {mesh.n_vertices:,} vertices, {mesh.n_triangles:,} faces" if mesh is not None else "no mesh"
+            lines.append(f"  {organ:<{width}}  {voxels:>11,} voxels  {voxels * voxel_ml:>9.1f} mL  {surface}")
+        if not self.masks:
+            lines.append("  no organ masks")
+        if self.nodules:
+            lines.append(f"  nodules: {len(self.nodules)} segmented")
+        if self.quality is not None:
+            flags = ", ".join(self.quality.codes) or "none"
+            lines.append(f"  quality: lungs {self.quality.lung_coverage}, flags: {flags}")
+        if self.errors:
+            lines.append(f"  errors: {', '.join(self.errors)} (messages in .errors)")
+        if self.files:
+            lines.append("  files: " + ", ".join(f"{len(v)} {k}" for k, v in self.files.items()))
+        return "\n".join(lines) + "\n)"
+
 
 def _error_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, CtpipeError) else f"{type(exc).__name__}: {exc}"
@@ -136,7 +165,8 @@ def reconstruct(
 
     Parameters
     ----------
-    organs: organ names from :data:`ORGANS` (plus any a ``seg_bundle`` provides).
+    organs: organ names from :data:`ORGANS` (plus any a ``seg_bundle`` provides); one name as a string
+        (``"lung_left"``) is that organ alone, several may be separated by commas (``"lung_left,lung_right"``).
     findings: detector findings (LPS centres / boxes, mm) whose nodules are segmented and measured.
     out_dir: where to write meshes (``<stem>_<organ>.<fmt>``), ``<stem>_measurements.json``,
         ``<stem>_labels.npz`` and PNG renderings; nothing is written without it.
@@ -145,10 +175,14 @@ def reconstruct(
     target_triangles: cap on triangles per organ (coarser surface extraction), None = full resolution.
     device: torch device for segmentation ("cuda" when present by default).
     seg_bundle: a MONAI segmentation bundle folder whose labels replace or add organs.
+
+    Raises :class:`~pipeline.errors.ReconstructionError` for an unknown organ name (listing the known ones)
+    or mesh format. Values that cannot be HU (none below 0: stored pixel values, intensities normalised to
+    0..1) find no lungs; the ``lungs_absent`` quality flag, the lungs' errors and the log then say so.
     """
     volume = require_volume(volume)
     formats = export.check_formats(mesh_formats)
-    organs = tuple(organs)
+    organs = organ_names(organs)
     dev = torch.device(device or default_device())
     timer = StageTimer(dev)
     rec = Reconstruction(geometry=volume.geometry, seconds=timer.seconds)
@@ -157,9 +191,10 @@ def reconstruct(
     classical = [o for o in organs if o in ORGANS]
     if seg_bundle is None and len(classical) != len(organs):
         raise ReconstructionError(
-            f"unknown organ name(s) {sorted(set(organs) - set(ORGANS))}",
+            f"unknown organ name(s) {sorted(set(organs) - set(ORGANS))}; the organs are {', '.join(ORGANS)}",
             where="organs",
-            fix=f"choose from {list(ORGANS)} (other organs need --seg-bundle)",
+            fix=f"choose from {list(ORGANS)}, e.g. organs=['lung_left', 'lung_right'] "
+            "(other organs need a segmentation bundle: seg_bundle=..., --seg-bundle on the command line)",
         )
     seg = timer.run("segment", segment_organs, volume, organs=classical, device=dev)
     masks: dict[str, np.ndarray] = dict(seg.masks)
@@ -204,6 +239,8 @@ def reconstruct(
         metadata=volume.metadata,
         airway_in_scan=_airway_in_scan(seg.info, organs),
     )
+    if quality.lungs_absent:
+        quality = _with_not_hu_hint(quality, volume, where)
     rec.quality = quality
     rec.measurements["quality"] = quality.to_json()
     if any(o in organs for o in ("lung_left", "lung_right")):
@@ -227,6 +264,17 @@ def reconstruct(
         sum(rec.seconds.values()),
     )
     return rec
+
+
+def _with_not_hu_hint(quality: QualityReport, volume: CTVolume, where: str) -> QualityReport:
+    """``quality`` with :func:`~pipeline.intensity.not_hu_hint` added to its ``lungs_absent`` flag (and logged),
+    when the volume's values cannot be HU; else ``quality`` itself."""
+    hint = not_hu_hint(volume.array)
+    if not hint:
+        return quality
+    log.warning("%s: no lungs found%s", where, hint)
+    flags = tuple(replace(f, message=f.message + hint) if f.code == "lungs_absent" else f for f in quality.flags)
+    return replace(quality, flags=flags)
 
 
 def _airway_in_scan(info: Mapping[str, Any], organs: Sequence[str]) -> bool | None:
