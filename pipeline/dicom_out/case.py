@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..ingest.image import image_suffix
 from ..volume import CTVolume
 from .api import SourceArg, write_dicom_outputs
 
@@ -23,7 +24,6 @@ log = logging.getLogger(__name__)
 
 #: the algorithm an SR names when no detector ran (a reconstruction alone)
 RECONSTRUCTION_ALGORITHM = "ctpipe reconstruction"
-_IMAGE_SUFFIXES = (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd")
 
 
 def dicom_source_of(src: str | os.PathLike[str]) -> Path | None:
@@ -35,7 +35,7 @@ def dicom_source_of(src: str | os.PathLike[str]) -> Path | None:
     path = Path(src)
     if path.is_dir():
         return path
-    if path.name.endswith(_IMAGE_SUFFIXES):
+    if image_suffix(path) is not None:
         return None
     if path.suffix in (".npy", ".json") and path.is_file():
         from ..cache import CaseCache
