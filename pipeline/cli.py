@@ -12,6 +12,7 @@ import gc
 import importlib
 import logging
 import sys
+import time
 from collections.abc import Sequence
 
 from . import __version__
@@ -31,7 +32,7 @@ log = logging.getLogger("pipeline")
 
 
 def setup_logging(verbosity: int, *, quiet: bool = False, log_file: str | None = None) -> None:
-    """Console logging for the CLI (warnings by default, -v info, -vv debug)."""
+    """Console logging for the CLI (warnings by default, -v info, -vv debug), timestamps in UTC (``...Z``)."""
     level = logging.WARNING
     if verbosity == 1:
         level = logging.INFO
@@ -45,12 +46,11 @@ def setup_logging(verbosity: int, *, quiet: bool = False, log_file: str | None =
         fh = logging.FileHandler(log_file)
         fh.setLevel(logging.DEBUG)
         handlers.append(fh)
-    logging.basicConfig(
-        level=min(h.level for h in handlers) if log_file else level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=handlers,
-        force=True,
-    )
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%Y-%m-%dT%H:%M:%SZ")
+    formatter.converter = time.gmtime  # UTC, as in run.log, the run store and the reports, whatever TZ says
+    for h in handlers:
+        h.setFormatter(formatter)
+    logging.basicConfig(level=min(h.level for h in handlers) if log_file else level, handlers=handlers, force=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -497,8 +497,30 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML: {exc}", where=p, fix="correct the file's syntax") from exc
+        raise _yaml_error(exc, text, p) from exc
     return data or {}
+
+
+def _yaml_error(exc: Exception, text: str, path: Path) -> ConfigError:
+    """The YAML parser's complaint as one line naming the line and column (tabs, the usual culprit, said plainly)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return ConfigError(f"not valid YAML: {problem}", where=path, fix="correct the file's syntax")
+    line = text.splitlines()[mark.line] if mark.line < len(text.splitlines()) else ""
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}"
+    if "\t" in line[: mark.column + 1] or "'\\t'" in problem:
+        return ConfigError(
+            "not valid YAML: a tab character where YAML allows only spaces (indentation)",
+            where=where,
+            fix="indent with spaces instead of tabs (e.g. expand -t 2 FILE)",
+        )
+    context = getattr(exc, "context", None)
+    return ConfigError(
+        f"not valid YAML: {problem}" + (f" ({context})" if context else "") + (f": {line.strip()!r}" if line.strip() else ""),
+        where=where,
+        fix="correct the file's syntax (see configs/default.yaml)",
+    )
 
 
 def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
@@ -513,6 +535,7 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, A
         rest = name[len("CTPIPE_") :].lower()
         sec = next((s for s in SCHEMA if rest.startswith(s + "_")), None)
         if sec is None:
+            _refuse_misspelt_option(name)
             continue  # other CTPIPE_* variables are not configuration
         key = rest[len(sec) + 1 :]
         if key not in SCHEMA[sec]:
@@ -527,6 +550,29 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, A
             value = raw
         layer.setdefault(sec, {})[key] = value
     return layer
+
+
+#: CTPIPE_* variables that are not options (the metrics' node label, DICOMweb credentials).
+OTHER_VARIABLES = ("CTPIPE_NODE", "CTPIPE_DICOMWEB_USER", "CTPIPE_DICOMWEB_PASSWORD")
+
+
+def _refuse_misspelt_option(name: str) -> None:
+    """Raise :class:`ConfigError` when the variable ``name`` (no known section) reads like a misspelt option's
+    variable (``CTPIPE_RUNNR_WORKERS``, ``CTPIPE_WORKERS``): silently ignored, it would leave the default in force."""
+    import difflib
+
+    if name in OTHER_VARIABLES:
+        return
+    known = {f"CTPIPE_{sec}_{key}".upper(): f"{sec}.{key}" for sec, opts in SCHEMA.items() for key in opts}
+    rest = name[len("CTPIPE_") :].lower()
+    by_key = [v for v, dotted in known.items() if dotted.split(".", 1)[1] == rest]
+    close = by_key or difflib.get_close_matches(name, [*known, *OTHER_VARIABLES], n=1, cutoff=0.85)
+    if close and close[0] not in OTHER_VARIABLES:
+        raise ConfigError(
+            f"{name} is not a ctpipe option (did you mean {close[0]}, option {known[close[0]]})",
+            where=f"environment variable {name}",
+            fix=f"rename it to {close[0]}, or unset it",
+        )
 
 
 def overrides_layer(overrides: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

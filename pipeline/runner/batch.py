@@ -41,6 +41,7 @@ EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_QUARANTINED = 3
 EXIT_ENVIRONMENT = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM, SIGHUP: the same command resumes
 #: Lines of the summary that name not-selected series one by one (the report and the store list them all).
 SHOWN = 20
 
@@ -67,6 +68,7 @@ class RunSummary:
     stopped: str | None = None  # the run folder could not be written: why
     unfinished: int = 0  # cases of this run neither done nor quarantined (left for the next run)
     notes: list[str] = field(default_factory=list)  # outputs of the run itself that could not be written
+    sources: list[str] = field(default_factory=list)  # as given to the run
 
     @property
     def exit_code(self) -> int:
@@ -93,6 +95,9 @@ class RunSummary:
         ]
         if self.fatal:
             out.append(f"run stopped: {self.fatal}")
+        elif not self.total and not self.stopped:
+            where = ", ".join(self.sources) or "the sources"
+            out.append(f"no CT series found in {where}: nothing to do")
         if self.stopped and self.unfinished:
             out.append(
                 f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: free the space (or fix "
@@ -245,6 +250,7 @@ def _run(
 ) -> RunSummary:
     reconcile(store, run_dir)
     found: Discovery = discover(srcs, cfg)
+    summary.sources = [str(s) for s in srcs]
     summary.not_selected = found.not_selected
     summary.skipped_files = found.skipped_files
     pl = plan(store, found.cases, retry_failed=cfg.runner.retry_failed)
@@ -274,6 +280,15 @@ def _run(
     n_procs = (max(1, workers) + (len(devices) if need_model else 0)) if workers else 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = cfg.runner.torch_threads or max(1, cores // n_procs)
+    if workers > cores and cluster is None:
+        log.warning(
+            "runner.workers = %d but this machine gives the run %d CPU core(s): the workers compete for them (no "
+            "faster, more memory); use --workers %d or fewer",
+            workers,
+            cores,
+            cores,
+            extra={"event": "config_warning"},
+        )
     if cfg.metrics.port:
         RunMetrics.check_port(cfg.metrics.port, cfg.metrics.bind)  # a port in use stops the run before it is recorded
     atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict()).encode())
@@ -405,6 +420,7 @@ def _run(
                 n_skipped=summary.skipped,
             ),
         )
+        metrics.run_ended(EXIT_INTERRUPTED if status == "interrupted" and not summary.stopped else summary.exit_code)
         if cfg.metrics.textfile:
             summary.metrics_file = _quietly(
                 summary, run_dir, "metrics.prom", lambda: metrics.write_textfile(run_dir / "metrics.prom")

@@ -24,7 +24,9 @@ def register(sub: Any) -> None:
         "cases done, 3 some cases quarantined (listed with their reasons), 4 the run folder could not be "
         "written (disk full, read-only, no permission, quota): the run stopped early or could not "
         "start, nothing is lost, and the same command finishes the rest once it can write, 1 the run "
-        "could not proceed (bad source or configuration, a model that cannot load).",
+        "could not proceed (bad source or configuration, a model that cannot load, another run using RUN_DIR), "
+        "2 bad command-line arguments, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the same command resumes). "
+        "A run that finds no CT series in its sources says so and exits 0.",
     )
     p.add_argument("sources", nargs="+", metavar="SRC", help="DICOM folder(s) or worklist CSV file(s) (column 'path')")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused to resume)")
@@ -63,7 +65,12 @@ def register(sub: Any) -> None:
         metavar="SECTION.KEY=VALUE",
         help="set any option, e.g. --set reconstruct.mesh_formats=stl,glb (repeatable)",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar; print only the summary's last line and errors")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="for cron: no progress bar; on success only the summary line (and what discovery skipped), otherwise "
+        "also the problems (quarantined cases, why the run stopped) and the log's path; errors on stderr",
+    )
     add_dicom_options(p, default=None)
     p.set_defaults(func=_run)
 
@@ -104,7 +111,7 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     from ..errors import RunEnvironmentError
-    from .batch import EXIT_ENVIRONMENT, run_batch
+    from .batch import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, run_batch
     from .progress import TqdmBar
 
     overrides: dict[str, Any] = _parse_set(args.set)
@@ -129,7 +136,7 @@ def _run(args: argparse.Namespace) -> int:
 
     def on_progress(p: Any) -> None:
         nonlocal bar
-        if args.quiet:
+        if args.quiet or not sys.stderr.isatty():  # no bar in a cron mail or a log file
             return
         if bar is None:
             bar = TqdmBar(p.total)
@@ -139,6 +146,8 @@ def _run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt  # stop like Ctrl-C: the run is recorded as interrupted and resumes next time
 
     signal.signal(signal.SIGTERM, on_term)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # not under nohup
+        signal.signal(signal.SIGHUP, on_term)  # the terminal closed: stop cleanly, as for SIGTERM
     try:
         summary = run_batch(
             args.sources,
@@ -156,27 +165,33 @@ def _run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
             bar = None
-        print(
-            f"ctpipe run: interrupted; run the same command again to resume (completed cases in {args.out} are kept "
-            "and skipped, the interrupted ones run again)",
-            file=sys.stderr,
-        )
-        return 130
+        try:
+            print(
+                f"ctpipe run: interrupted; run the same command again to resume (completed cases in {args.out} are "
+                "kept and skipped, the interrupted ones run again)",
+                file=sys.stderr,
+            )
+        except OSError:  # SIGHUP: the terminal is gone; the run is recorded as interrupted all the same
+            pass
+        return EXIT_INTERRUPTED
     finally:
         if bar is not None:
             bar.close()
     lines = summary.lines()
+    code = summary.exit_code
     if args.quiet:
-        keep = ("quarantined", "run stopped", "the run folder", "not written", "skipped by discovery")
+        keep = ("quarantined", "run stopped", "the run folder", "not written", "skipped by discovery", "no CT series")
         lines = lines[:1] + [ln for ln in lines[1:] if ln.lstrip().startswith(keep)]
     for line in lines:
         print(line)
-    if summary.metrics_file:
+    if args.quiet and code == 0:  # cron: the summary line is all a run that went well has to say
+        return code
+    if summary.metrics_file and not args.quiet:
         print(f"metrics: {summary.metrics_file}")
     print(f"log: {summary.run_dir / 'run.log'}")
     if summary.report_html:
         print(f"report: {summary.report_html}")
-    return summary.exit_code
+    return code
 
 
 def _report(args: argparse.Namespace) -> int:

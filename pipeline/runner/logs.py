@@ -2,19 +2,37 @@
 
 Every record has ``t`` (ISO 8601, UTC), ``level``, ``logger``, ``process``,
 ``msg``, and the ``extra`` fields a caller passes (``event``, ``case_id``,
-``stage``, ...). Each process appends whole lines, so the main process and the
-workers can share the file.
+``stage``, ...). A record logged while a stage runs (:func:`log_context`) carries
+that case's ``case_id`` and ``stage`` even when its caller knows neither. Each
+process appends whole lines, so the main process and the workers can share the file.
 """
 
 from __future__ import annotations
 
+import contextvars
 import datetime as dt
 import json
 import logging
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 _FIELDS = ("event", "case_id", "case_key", "stage", "reason", "error_class", "run_id", "wall_s", "latency_s")
+
+
+_CONTEXT: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("ctpipe_log_context", default=None)
+
+
+@contextmanager
+def log_context(**fields: Any) -> Iterator[None]:
+    """Add ``fields`` (``case_id``, ``stage``, ...) to every JSON record logged inside the block."""
+    token = _CONTEXT.set({**(_CONTEXT.get() or {}), **fields})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
 
 
 class JsonLinesFormatter(logging.Formatter):
@@ -30,9 +48,12 @@ class JsonLinesFormatter(logging.Formatter):
             "process": self.process,
             "msg": record.getMessage(),
         }
+        context = _CONTEXT.get() or {}
         for key in _FIELDS:
             if hasattr(record, key):
                 data[key] = getattr(record, key)
+            elif key in context:
+                data[key] = context[key]
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
         return json.dumps(data, default=str)

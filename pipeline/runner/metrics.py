@@ -15,7 +15,11 @@ Metrics (one registry per run, so several runs in one process do not mix):
 * ``ctpipe_stage_peak_rss_bytes{stage}`` — largest peak RSS seen per stage.
 * ``ctpipe_gpu_utilization_percent{gpu}``, ``ctpipe_gpu_memory_used_bytes{gpu}`` — NVML samples
   (only where a GPU and ``pynvml``/``nvidia-ml-py`` are present).
-* ``ctpipe_run_start_time_seconds``, ``ctpipe_run_last_update_time_seconds`` — Unix time.
+* ``ctpipe_run_start_time_seconds``, ``ctpipe_run_last_update_time_seconds`` — Unix time (the last case event;
+  the start until the first one).
+* ``ctpipe_run_end_time_seconds``, ``ctpipe_run_exit_status`` — when the run ended (Unix time) and its exit status
+  (0 all done, 3 some quarantined, 4 the run folder could not be written, 1 could not proceed, 130 interrupted);
+  only in the textfiles written at the end (alert on a nightly run that did not end, or did not end with 0).
 
 Every series also carries ``node``: the node's id, from ``$CTPIPE_NODE`` or else the host name, so that one
 Prometheus scraping every node of a cluster tells them apart (``sum by (node) (...)``).
@@ -86,8 +90,18 @@ class RunMetrics:
         self.gpu_util = Gauge("ctpipe_gpu_utilization_percent", "GPU utilisation (NVML)", ["node", "gpu"], registry=r)
         self.gpu_mem = Gauge("ctpipe_gpu_memory_used_bytes", "GPU memory used (NVML)", ["node", "gpu"], registry=r)
         self.started = Gauge("ctpipe_run_start_time_seconds", "Start of the run (Unix time)", ["node"], registry=r).labels(n)
-        self.updated = Gauge("ctpipe_run_last_update_time_seconds", "Last case event (Unix time)", ["node"], registry=r).labels(n)
+        self.updated = Gauge(
+            "ctpipe_run_last_update_time_seconds", "Last case event, the start before the first (Unix time)", ["node"], registry=r
+        ).labels(n)
+        self._ended = Gauge("ctpipe_run_end_time_seconds", "End of the run (Unix time)", ["node"], registry=r)
+        self._exit = Gauge(
+            "ctpipe_run_exit_status",
+            "Exit status of the run: 0 done, 3 quarantined, 4 folder, 1 failed, 130 interrupted",
+            ["node"],
+            registry=r,
+        )
         self.started.set(time.time())
+        self.updated.set(time.time())  # a run without case events (nothing new tonight) is not "last updated in 1970"
         self._server: Any = None
         self._peaks: dict[str, float] = {}
 
@@ -123,6 +137,11 @@ class RunMetrics:
     def files_skipped(self, files: int, series: int) -> None:
         self.skipped.labels(self.node, "file").set(files)
         self.skipped.labels(self.node, "series").set(series)
+
+    def run_ended(self, exit_status: int) -> None:
+        """The run is over, with ``exit_status`` (``ctpipe run``'s): for the textfiles written next."""
+        self._ended.labels(self.node).set(time.time())
+        self._exit.labels(self.node).set(exit_status)
 
     def gpu_sample(self, gpu: int, util_pct: float, mem_used_mb: float) -> None:
         self.gpu_util.labels(self.node, str(gpu)).set(util_pct)

@@ -31,7 +31,7 @@ from typing import Any
 from ..config import Config, from_dict
 from ..errors import ConfigError, CtpipeError, FatalRunError
 from .faults import environment_failure
-from .logs import attach_jsonl
+from .logs import attach_jsonl, log_context
 from .stage import CaseContext, Stage, Task, TaskResult, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,8 @@ def run_task(stage: Stage, task: Task, worker: WorkerInfo) -> TaskResult:
     res.started_at = time.time()
     t0 = time.perf_counter()
     try:
-        out = stage.process(ctx) or {}
+        with log_context(case_id=task.case.case_id, stage=task.stage):  # the stage's own records name the case
+            out = stage.process(ctx) or {}
         if torch is not None:
             torch.cuda.synchronize(worker.device)  # the stage's GPU work is part of its wall time
         res.outputs = dict(out)

@@ -1,0 +1,223 @@
+"""``ctpipe run`` under cron, systemd and Prometheus: what an operator sees (quiet output, exit statuses, signals,
+log records, configuration mistakes, metrics of a run with nothing to do)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.cli import build_parser, main
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+from pipeline.runner.logs import attach_jsonl, detach
+from pipeline.runner.metrics import RunMetrics
+from pipeline.runner.stage import CaseContext, CaseSpec, Stage, Task, WorkerInfo
+from pipeline.runner.workers import run_task
+
+
+@pytest.fixture
+def own_signals():
+    """``ctpipe run`` installs SIGTERM/SIGHUP handlers in this process: put the previous ones back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def test_quiet_run_with_nothing_to_do_prints_the_summary_and_why(tmp_path, capsys, own_signals):
+    """A nightly cron run on a folder without new studies: exit 0, the summary line and why nothing ran; no paths."""
+    (tmp_path / "incoming").mkdir()
+    out = tmp_path / "run"
+    assert main(["run", str(tmp_path / "incoming"), "--out", str(out), "--workers", "0", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("run ") and "0 case(s) done" in lines[0]
+    assert lines[1] == f"no CT series found in {tmp_path / 'incoming'}: nothing to do"
+    assert (out / "metrics.prom").is_file() and (out / "run.log").is_file()  # written, only not announced
+
+
+def test_run_help_lists_every_exit_status():
+    run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    text = " ".join(run.format_help().split())
+    for status in ("0 all cases done", "3 some cases quarantined", "4 the run folder could not be written", "1 the run"):
+        assert status in text
+    assert "130 interrupted" in text and "SIGHUP" in text and "2 bad command-line arguments" in text
+
+
+def test_sighup_stops_the_run_like_sigterm(tmp_path, monkeypatch, capsys, own_signals):
+    """The terminal of an interactive run closes (SIGHUP): recorded as interrupted, exit 130, resumable."""
+    import pipeline.runner.batch as batch
+
+    def fake_run_batch(*args: Any, **kwargs: Any) -> None:
+        assert signal.getsignal(signal.SIGHUP) not in (signal.SIG_DFL, signal.SIG_IGN), "SIGHUP would kill the run"
+        os.kill(os.getpid(), signal.SIGHUP)
+        raise AssertionError("SIGHUP did not stop the run")
+
+    monkeypatch.setattr(batch, "run_batch", fake_run_batch)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    assert main(["run", str(tmp_path), "--out", str(tmp_path / "run"), "--quiet"]) == 130
+    assert "interrupted; run the same command again to resume" in capsys.readouterr().err
+
+
+def test_sighup_ignored_under_nohup_stays_ignored(tmp_path, monkeypatch, own_signals):
+    import pipeline.runner.batch as batch
+
+    seen = []
+    monkeypatch.setattr(batch, "run_batch", lambda *a, **k: seen.append(signal.getsignal(signal.SIGHUP)) or 1 / 0)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with pytest.raises(ZeroDivisionError):
+        main(["run", str(tmp_path), "--out", str(tmp_path / "run")])
+    assert seen == [signal.SIG_IGN]
+
+
+def test_console_log_timestamps_are_utc_with_zone(tmp_path):
+    """Cron mails and journald lines carry the same UTC times as run.log, whatever TZ the job runs under."""
+    code = (
+        "import logging, time; from pipeline.cli import setup_logging; setup_logging(0); "
+        "print(time.strftime('%Y-%m-%dT%H', time.gmtime()), flush=True); logging.getLogger('pipeline.x').warning('hello')"
+    )
+    env = {**os.environ, "TZ": "Pacific/Kiritimati"}  # UTC+14: never the same hour as UTC
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
+    utc_hour = p.stdout.strip()
+    line = p.stderr.strip()
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ WARNING pipeline.x: hello$", line), line
+    assert line.startswith(utc_hour), (utc_hour, line)
+
+
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("CTPIPE_RUNNR_WORKERS", "CTPIPE_RUNNER_WORKERS"),  # a letter missing in the section
+        ("CTPIPE_WORKERS", "CTPIPE_RUNNER_WORKERS"),  # the section left out
+        ("CTPIPE_METRIC_PORT", "CTPIPE_METRICS_PORT"),
+    ],
+)
+def test_misspelt_environment_variable_is_refused_not_ignored(name, meant):
+    with pytest.raises(ConfigError, match=meant) as err:
+        load_config(environ={name: "4"})
+    assert name in str(err.value)
+
+
+def test_other_ctpipe_variables_are_not_configuration():
+    env = {
+        "CTPIPE_NODE": "gpu7",
+        "CTPIPE_DICOMWEB_USER": "u",
+        "CTPIPE_DICOMWEB_PASSWORD": "p",
+        "CTPIPE_UNRELATED": "x",
+        "CTPIPE_TEST_WORKERS": "2",
+    }
+    assert load_config(environ=env).runner.workers == 2
+
+
+def test_config_file_indented_with_a_tab_names_line_and_fix(tmp_path):
+    f = tmp_path / "site.yaml"
+    f.write_text("runner:\n\tworkers: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(f, environ={})
+    msg = str(err.value)
+    assert f"{f}, line 2, column 1" in msg and "tab" in msg and "spaces" in msg
+    assert "\n" not in msg and "<unicode string>" not in msg
+
+
+def test_config_file_with_a_byte_order_mark_and_crlf_reads(tmp_path):
+    f = tmp_path / "site.yaml"
+    f.write_bytes(b"\xef\xbb\xbfrunner:\r\n  workers: 1\r\n")
+    assert load_config(f, environ={}).runner.workers == 1
+
+
+def test_last_update_metric_of_a_run_without_cases_is_its_start():
+    """An alert on ``time() - ctpipe_run_last_update_time_seconds`` must not fire for a quiet night (no cases)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    m = RunMetrics(node="n")
+    values = {s.name: s.value for fam in text_string_to_metric_families(m.text()) for s in fam.samples}
+    assert values["ctpipe_run_last_update_time_seconds"] == pytest.approx(values["ctpipe_run_start_time_seconds"], abs=5)
+
+
+class _Chatty(Stage):
+    name = "chatty"
+    group = "cpu"
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        logging.getLogger("pipeline.reconstruction.nodules").warning("nodule 0: no nodule voxels near the centre")
+        return {}
+
+
+def test_records_logged_inside_a_stage_name_their_case(tmp_path):
+    """A worker's warning from deep inside a stage is traceable to its case in run.log."""
+    case = CaseSpec("c1", "1.2.3:fp", "1.2.3", "fp", str(tmp_path))
+    task = Task(case, 0, "chatty", 0, str(tmp_path / "w"), {}, 0.0)
+    (tmp_path / "w").mkdir()
+    handler = attach_jsonl(tmp_path / "run.log", process="cpu-1")
+    try:
+        res = run_task(_Chatty(), task, WorkerInfo("cpu-1", "cpu", load_config(environ={}), tmp_path))
+        logging.getLogger("pipeline.runner.x").warning("between cases")
+    finally:
+        detach(handler)
+    assert res.ok
+    records = [json.loads(line) for line in (tmp_path / "run.log").read_text().splitlines()]
+    inside = next(r for r in records if r["msg"].startswith("nodule 0"))
+    assert inside["case_id"] == "c1" and inside["stage"] == "chatty"
+    outside = next(r for r in records if r["msg"] == "between cases")
+    assert "case_id" not in outside and "stage" not in outside
+
+
+def _metric(path: Path, name: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = [s for fam in text_string_to_metric_families(path.read_text()) for s in fam.samples if s.name == name]
+    return samples[0].value if samples else None
+
+
+def test_textfile_says_when_the_run_ended_and_how(tmp_path):
+    """node_exporter's textfile carries the run's end and exit status: 0 for a quiet night, 3 with a quarantined case."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner.batch import run_batch
+    from tests._support.runner import PHANTOM
+
+    (tmp_path / "empty").mkdir()
+    opts: dict[str, Any] = {"workers": 0, "report.enabled": False, "metrics.textfile_dir": str(tmp_path / "textfiles")}
+    quiet = run_batch(tmp_path / "empty", out=tmp_path / "quiet", **opts)
+    assert quiet.exit_code == 0
+    for path in (tmp_path / "quiet" / "metrics.prom", tmp_path / "textfiles" / "ctpipe.prom"):
+        assert _metric(path, "ctpipe_run_exit_status") == 0
+        end = _metric(path, "ctpipe_run_end_time_seconds")
+        assert end is not None and end >= (_metric(path, "ctpipe_run_start_time_seconds") or 0) > 0
+
+    write_dicom_series(generate_phantom(21, **PHANTOM).volume, tmp_path / "gap", quirks=["missing_slice"], seed=21)
+    bad = run_batch(tmp_path / "gap", out=tmp_path / "bad", **opts)
+    assert bad.exit_code == 3
+    assert _metric(tmp_path / "bad" / "metrics.prom", "ctpipe_run_exit_status") == 3
+    assert _metric(tmp_path / "textfiles" / "ctpipe.prom", "ctpipe_run_exit_status") == 3  # the latest run's
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path, capsys, own_signals):
+    """Without --quiet under cron or systemd (stderr a file or pipe), tqdm's carriage-return frames stay out of the mail."""
+    (tmp_path / "incoming").mkdir()
+    assert main(["run", str(tmp_path / "incoming"), "--out", str(tmp_path / "run"), "--workers", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "\r" not in captured.err and "case/s" not in captured.err, captured.err
+    assert "log: " in captured.out  # without --quiet the paths are printed
+
+
+def test_more_workers_than_cores_is_said(tmp_path, monkeypatch):
+    from pipeline.runner.batch import run_batch
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    (tmp_path / "src").mkdir()
+    run_batch(tmp_path / "src", out=tmp_path / "run", workers=16, **{"report.enabled": False})
+    records = [json.loads(line) for line in (tmp_path / "run" / "run.log").read_text().splitlines()]
+    warned = [r for r in records if r.get("event") == "config_warning"]
+    assert len(warned) == 1 and "runner.workers = 16" in warned[0]["msg"] and "2 CPU core(s)" in warned[0]["msg"]
+    assert "--workers 2 or fewer" in warned[0]["msg"]
