@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pipeline.cli import build_parser, main
@@ -43,6 +44,20 @@ def test_quiet_run_with_nothing_to_do_prints_the_summary_and_why(tmp_path, capsy
     assert lines[0].startswith("run ") and "0 case(s) done" in lines[0]
     assert lines[1] == f"no CT series found in {tmp_path / 'incoming'}: nothing to do"
     assert (out / "metrics.prom").is_file() and (out / "run.log").is_file()  # written, only not announced
+
+
+def test_a_folder_of_nifti_images_says_how_to_analyse_them(tmp_path, capsys, own_signals):
+    import SimpleITK as sitk
+
+    (tmp_path / "incoming").mkdir()
+    image = sitk.GetImageFromArray(np.full((4, 8, 8), -1000, np.int16))
+    sitk.WriteImage(image, str(tmp_path / "incoming" / "chest.nii.gz"))
+    out = tmp_path / "run"
+    assert main(["run", str(tmp_path / "incoming"), "--out", str(out), "--workers", "0", "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("no CT series found")
+    assert "NIfTI/MHA/NRRD images are not DICOM series (1, such as" in lines[2] and "chest.nii.gz" in lines[2]
+    assert "`ctpipe detect FILE` or `ctpipe reconstruct FILE`" in lines[2]
 
 
 def test_run_help_lists_every_exit_status():

@@ -21,6 +21,7 @@ from .. import __version__
 from ..atomic import atomic_write_bytes
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import ConfigError, FatalRunError
+from ..ingest.image import image_suffix
 from .discover import Discovery, discover
 from .engine import Engine
 from .faults import check_writable, environment_failure
@@ -98,6 +99,12 @@ class RunSummary:
         elif not self.total and not self.stopped:
             where = ", ".join(self.sources) or "the sources"
             out.append(f"no CT series found in {where}: nothing to do")
+            images = [f["path"] for f in self.skipped_files if image_suffix(f["path"])]
+            if images:
+                out.append(
+                    f"  NIfTI/MHA/NRRD images are not DICOM series ({len(images)}, such as {images[0]}): ctpipe run "
+                    "reads DICOM; analyse an image with `ctpipe detect FILE` or `ctpipe reconstruct FILE`"
+                )
         if self.stopped and self.unfinished:
             out.append(
                 f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: free the space (or fix "

@@ -180,7 +180,15 @@ def _run(args: argparse.Namespace) -> int:
     lines = summary.lines()
     code = summary.exit_code
     if args.quiet:
-        keep = ("quarantined", "run stopped", "the run folder", "not written", "skipped by discovery", "no CT series")
+        keep = (
+            "quarantined",
+            "run stopped",
+            "the run folder",
+            "not written",
+            "skipped by discovery",
+            "no CT series",
+            "NIfTI/MHA/NRRD",
+        )
         lines = lines[:1] + [ln for ln in lines[1:] if ln.lstrip().startswith(keep)]
     for line in lines:
         print(line)
