@@ -152,7 +152,7 @@ def _detect(args: argparse.Namespace) -> int:
     for rank, f in enumerate(findings.findings[:10], 1):
         x, y, z = f.center_lps
         print(
-            f"  #{rank:<3d} score {f.score:.3f}  {f.diameter_mm:5.1f} mm  LPS ({x:7.1f}, {y:7.1f}, {z:7.1f})  "
+            f"  #{rank:<3d} score {f.score:.3f}  box {f.diameter_mm:5.1f} mm  LPS ({x:7.1f}, {y:7.1f}, {z:7.1f})  "
             f"{findings.slice_number_source} {f.slice_number}"
         )
     print(f"wrote {j}, {c}" + (f" and {len(pngs)} PNGs in {out / (case_id + '_png')}" if pngs else ""))
