@@ -46,18 +46,25 @@ def _wait_group_gone(pgid: int, timeout: float) -> bool:
     return False
 
 
-@pytest.mark.slow
-def test_sigkill_then_rerun_every_case_exactly_once(dicom_data, full_run, tmp_path):
-    out = tmp_path / "killed"
+def _run_until_a_case_is_done(dicom_data, out: Path) -> tuple[subprocess.Popen, list[str]]:
+    """``ctpipe run`` of the good cases into ``out`` in its own process group, once its first case is done; the
+    process and its arguments."""
     args = ["run", str(dicom_data["good"]), "--out", str(out), "--workers", "1", "--quiet", *FAST]
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
     deadline = time.monotonic() + 240
     while _done_count(out) < 1:
-        assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()
+        assert proc.poll() is None, "the run ended before its first case was done: " + proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no case completed in time"
         time.sleep(0.05)
+    return proc, args
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_every_case_exactly_once(dicom_data, full_run, tmp_path):
+    out = tmp_path / "killed"
+    proc, args = _run_until_a_case_is_done(dicom_data, out)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     # the workers notice that the main process is gone and exit on their own
@@ -93,15 +100,7 @@ def test_sigkill_then_rerun_every_case_exactly_once(dicom_data, full_run, tmp_pa
 @pytest.mark.slow
 def test_a_stopped_run_says_how_to_resume_and_is_recorded_as_interrupted(dicom_data, tmp_path):
     out = tmp_path / "stopped"
-    args = ["run", str(dicom_data["good"]), "--out", str(out), "--workers", "1", "--quiet", *FAST]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-    )
-    deadline = time.monotonic() + 240
-    while _done_count(out) < 1:
-        assert proc.poll() is None, "the run ended before it could be stopped: " + proc.stderr.read().decode()
-        assert time.monotonic() < deadline, "no case completed in time"
-        time.sleep(0.05)
+    proc, _ = _run_until_a_case_is_done(dicom_data, out)
     proc.send_signal(signal.SIGTERM)  # what systemd or a scheduler sends; Ctrl-C takes the same path
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err.decode()
