@@ -60,6 +60,21 @@ def test_a_folder_of_nifti_images_says_how_to_analyse_them(tmp_path, capsys, own
     assert "`ctpipe detect FILE` or `ctpipe reconstruct FILE`" in lines[2]
 
 
+def test_quiet_run_names_a_quarantined_case_once(tmp_path, capsys, own_signals):
+    """Cron mails stdout and stderr together: the quarantined case is in the summary, not also as a log line."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+
+    ph = generate_phantom(21, matrix=64, slices=24, pixel_spacing=2.0, slice_spacing=5.0)
+    write_dicom_series(ph.volume, tmp_path / "incoming" / "gap", quirks=["missing_slice"], seed=21)
+    out = tmp_path / "run"
+    assert main(["run", str(tmp_path / "incoming"), "--out", str(out), "--workers", "0", "--quiet"]) == 3
+    captured = capsys.readouterr()
+    assert sum("1 slice(s) missing" in line for line in (captured.out + captured.err).splitlines()) == 1
+    assert "quarantined" in captured.out
+    assert "MissingSliceError" in (out / "run.log").read_text()  # the log keeps it
+
+
 def test_run_help_lists_every_exit_status():
     run = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
     text = " ".join(run.format_help().split())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -109,11 +110,29 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
+#: Log events the run's summary repeats (a quarantined case with its reason, the run folder failing): with
+#: ``--quiet`` the console leaves them to the summary, so that a cron mail names each once (run.log keeps them).
+SUMMARISED_EVENTS = frozenset({"case_failed", "run_stopping"})
+
+
+def _leave_to_the_summary(events: frozenset[str]) -> None:
+    """Drop the records of ``events`` from the console handlers (those writing to stderr)."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return getattr(record, "event", None) not in events
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and getattr(handler, "stream", None) is sys.stderr:
+            handler.addFilter(keep)
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..errors import RunEnvironmentError
     from .batch import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, run_batch
     from .progress import TqdmBar
 
+    if args.quiet:
+        _leave_to_the_summary(SUMMARISED_EVENTS)
     overrides: dict[str, Any] = _parse_set(args.set)
     overrides.update(
         {
