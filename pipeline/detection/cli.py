@@ -71,10 +71,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_dicom_options(p, default="sr")
     p.set_defaults(func=_detect)
 
-    e = subparsers.add_parser("evaluate", help="LUNA16 FROC/CPM of findings against ground truth")
-    e.add_argument("--pred", nargs="+", required=True, type=Path, help="findings JSONs/folders or a LUNA16 candidates CSV")
+    e = subparsers.add_parser(
+        "evaluate",
+        help="LUNA16 FROC/CPM of findings against ground truth",
+        description="LUNA16 FROC/CPM of findings against ground truth. Positions are world coordinates in mm, LPS "
+        "(x to the patient's left, y posterior, z superior), as ctpipe's findings and ground truth and as LUNA16's "
+        "CSVs (coordX, coordY, coordZ: the world coordinates of the .mhd scans, which ITK gives in LPS); not voxel "
+        "indices, not RAS (a warning says so when the candidates look like either). Scans are matched by "
+        "SeriesInstanceUID.",
+    )
     e.add_argument(
-        "--truth", nargs="+", required=True, type=Path, help="phantom ground_truth.json files/folders or a LUNA16 annotations CSV"
+        "--pred",
+        nargs="+",
+        required=True,
+        type=Path,
+        help="findings JSONs/folders or a LUNA16 candidates CSV (seriesuid,coordX,coordY,coordZ,probability; LPS mm)",
+    )
+    e.add_argument(
+        "--truth",
+        nargs="+",
+        required=True,
+        type=Path,
+        help="phantom ground_truth.json files/folders or a LUNA16 annotations CSV "
+        "(seriesuid,coordX,coordY,coordZ,diameter_mm; LPS mm)",
     )
     e.add_argument("--out", type=Path, required=True, help="folder for froc.json, froc.csv, froc.png")
     e.add_argument("--bootstrap", type=number_in(int, 0), default=1000, help="bootstrap samples for the 95%% intervals")
@@ -203,7 +222,7 @@ def _check_case_id(case_id: str) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from ..atomic import ensure_dir
-    from .evaluate import evaluate_froc
+    from .evaluate import coordinate_warnings, evaluate_froc
     from .evaluate_io import load_predictions, load_scans, load_truth
 
     ensure_dir(args.out)
@@ -220,6 +239,16 @@ def _evaluate(args: argparse.Namespace) -> int:
             f"e.g. {sorted(truth)[:2]}) share no scan",
             where="--pred/--truth",
             fix="pass the truth of the scans the predictions are of (both name scans by SeriesInstanceUID)",
+        )
+    for message in coordinate_warnings(preds, truth):
+        print(f"ctpipe evaluate: warning: {message}", file=sys.stderr)
+    unknown = sorted(set(preds) - set(truth))
+    if unknown and scans is None:
+        print(
+            f"ctpipe evaluate: warning: {len(unknown)} scan(s) of the predictions have no ground truth (e.g. "
+            f"{unknown[:2]}) and count as scans without nodules; pass --scans with the test set's SeriesInstanceUIDs "
+            "(LUNA16's seriesuids.csv) to fix which scans count",
+            file=sys.stderr,
         )
     result = evaluate_froc(
         preds,

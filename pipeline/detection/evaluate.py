@@ -260,6 +260,43 @@ def match_predictions(
     return Matched(per_scan=per_scan, n_scans=len(scan_ids), per_nodule=per_nodule, n_candidates=n_cands)
 
 
+def _nodules_hit(cands: Mapping[str, Sequence[tuple[Point, float]]], truth: Truth, flip: np.ndarray) -> int:
+    """How many nodules of ``truth`` some candidate hits once its centre is multiplied by ``flip``."""
+    hit = 0
+    for sid, nods in truth.items():
+        if not nods or not cands.get(sid):
+            continue
+        pts = np.asarray([c for c, _ in cands[sid]], float) * flip
+        for c, d in nods:
+            hit += bool(np.any(np.linalg.norm(pts - np.asarray(c, float), axis=1) < float(d) / 2.0))
+    return hit
+
+
+def coordinate_warnings(predictions: Mapping[str, Sequence[tuple[Point, float]]], truth: Truth) -> list[str]:
+    """Signs that the candidates' centres are not LPS millimetres (as the truth's): whole non-negative numbers that
+    hit no nodule (voxel indices), or centres that hit more nodules with x and y negated (RAS world coordinates)."""
+    common = {sid: list(predictions[sid]) for sid in set(predictions) & set(truth) if predictions[sid]}
+    if not common or not any(truth[sid] for sid in common):
+        return []
+    pts = np.concatenate([np.asarray([c for c, _ in cands], float) for cands in common.values()])
+    hits = _nodules_hit(common, truth, np.ones(3))
+    warnings = []
+    if hits == 0 and np.all(pts >= 0) and np.all(pts == np.round(pts)):
+        warnings.append(
+            f"the {len(pts)} candidates of the scans with truth hit no nodule and every coordinate is a whole number "
+            ">= 0: they look like voxel indices (i, j, k). ctpipe evaluate takes world coordinates in mm (LPS, as "
+            "the MHD/ITK world coordinates of LUNA16's CSVs): convert them with the scan's origin, spacing and direction"
+        )
+    mirrored = _nodules_hit(common, truth, np.array([-1.0, -1.0, 1.0]))
+    if mirrored >= 2 and mirrored > 2 * hits:  # not one chance hit of a mirrored candidate
+        warnings.append(
+            f"with x and y negated the candidates hit {mirrored} nodules instead of {hits}: their coordinates look "
+            "like RAS (x to the patient's right, y anterior). ctpipe evaluate takes LPS mm, as DICOM, ITK and "
+            "LUNA16's CSVs: negate coordX and coordY"
+        )
+    return warnings
+
+
 def froc_curve(
     tp_scores: np.ndarray, fp_scores: np.ndarray, n_nodules: int, n_scans: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -38,33 +38,54 @@ def _csv_rows(path: Path, value_key: str) -> dict[str, list[tuple[np.ndarray, fl
     fields = set(table.columns)
     need = {"seriesuid", "coordX", "coordY", "coordZ", value_key}
     if not need <= fields:
+        ours = {"series_uid", "center_x_lps", "score"} <= fields  # `ctpipe detect`'s findings CSV: the reported ones only
         raise ConfigError(
             f"CSV columns {sorted(fields)} lack {sorted(need - fields)}",
             where=path,
-            fix=f"use the LUNA16 layout: seriesuid,coordX,coordY,coordZ,{value_key}",
+            fix="pass the .findings.json beside it (it holds every candidate, the CSV only the reported findings)"
+            if ours
+            else f"use the LUNA16 layout: seriesuid,coordX,coordY,coordZ,{value_key}",
         )
     for n, row in enumerate(table.rows, 2):
-        try:
-            c = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
-            v = float(row[value_key])
-        except ValueError as exc:
-            raise ConfigError(f"row {n}: not a number ({exc})", where=path) from exc
-        out.setdefault(row["seriesuid"].strip(), []).append((c, v))
+        values = [_number(row, key, n, path) for key in ("coordX", "coordY", "coordZ", value_key)]
+        out.setdefault(row["seriesuid"].strip(), []).append((np.array(values[:3]), values[3]))
     return out
 
 
+def _number(row: dict[str, str], key: str, n: int, path: Path) -> float:
+    """The finite number in column ``key`` of CSV row ``n`` (a line number), else :class:`ConfigError` naming both."""
+    text = row[key].strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not np.isfinite(value):
+        comma = "," in text and "." not in text
+        raise ConfigError(
+            f"row {n}: {key} {text!r} is not a finite number",
+            where=path,
+            fix="write numbers with a decimal point (1.5, not 1,5)"
+            if comma
+            else f"give every row a finite number in {key}" + (" (world coordinates, mm)" if key.startswith("coord") else ""),
+        )
+    return value
+
+
 def _files(paths: Iterable[str | Path], patterns: tuple[str, ...]) -> list[Path]:
-    """Files given directly (any kind), plus those matching ``patterns`` under given folders (recursive)."""
-    files: list[Path] = []
+    """Files given directly (any kind), plus those matching ``patterns`` under given folders (recursive); each file
+    once, however often it is named (a folder and a file in it, a folder twice): read twice, its nodules or
+    candidates would count twice."""
+    files: dict[Path, Path] = {}
     for p in map(Path, paths):
         if p.is_dir():
-            for pat in patterns:
-                files.extend(sorted(p.rglob(pat)))
+            found = [f for pat in patterns for f in sorted(p.rglob(pat))]
         elif p.is_file():
-            files.append(p)
+            found = [p]
         else:
             raise ConfigError("path does not exist", where=p)
-    return files
+        for f in found:
+            files.setdefault(f.resolve(), f)
+    return list(files.values())
 
 
 def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
@@ -94,6 +115,7 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
 def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
     """Scan id → [(centre LPS mm, score)] from findings JSONs and/or LUNA16 candidate CSVs."""
     preds: dict[str, list[tuple[np.ndarray, float]]] = {}
+    source: dict[str, Path] = {}  # scan id → the findings JSON it came from
     # `ctpipe detect` writes <case>.findings.json; `ctpipe run` writes cases/<id>/findings.json
     files = _files(paths, ("*findings.json",))
     if not files:
@@ -125,6 +147,13 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
         scan_id = fnd.series_uid or fnd.case_id
         if not scan_id:
             raise ConfigError("findings name neither a series UID nor a case id", where=f)
+        if scan_id in source:
+            raise ConfigError(
+                f"scan {scan_id} has findings here and in {source[scan_id]}: its candidates would count twice",
+                where=f,
+                fix="pass one findings JSON per scan (name the files, or the folder of one run, instead of both)",
+            )
+        source[scan_id] = f
         preds.setdefault(scan_id, []).extend((np.asarray(x.center_lps, float), float(x.score)) for x in fnd.candidates)
     return preds
 

@@ -37,16 +37,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-derived", action="store_true", help="also take DERIVED/SECONDARY image series")
     p.add_argument(
         "--axial-tolerance",
-        type=float,
+        type=number_in(float, 0.0, 90.0),
         default=30.0,
         metavar="DEG",
         help="largest angle between slice normal and patient z axis (default 30)",
     )
     p.add_argument(
         "--spacing-tolerance",
-        type=float,
+        type=number_in(float, 0.0, 1.0),
         default=0.02,
-        help="allowed slice step deviation as a fraction of the median step (default 0.02)",
+        help="allowed slice step deviation as a fraction of the median step, 0..1 (default 0.02)",
     )
     p.add_argument("--allow-gantry-tilt", action="store_true", help="resample tilted-gantry series instead of rejecting them")
     p.add_argument(
@@ -121,5 +121,6 @@ def run(args: argparse.Namespace) -> int:
         data["cache"] = str(args.out)
         atomic_write_bytes(args.json, json.dumps(data, indent=1).encode())
     if not report.written:
-        print("no series was cached: nothing matched the selection rules (see the reasons above)")
+        why = f"{len(scan.rejected)} rejected" if scan.rejected else "nothing matched the selection rules"
+        print(f"no series was cached: {why} (see the reasons above)")
     return 1 if scan.rejected or not report.written else 0

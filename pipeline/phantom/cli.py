@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 from ..argtypes import number_in
 
 _TRANSFER_SYNTAXES = ("explicit_le", "rle", "jpeg2000")
+_MAX_SLICES = 1024  # pipeline.phantom.generate.MAX_SLICES (not imported: `ctpipe --help` stays fast)
 _QUIRKS = ("shuffled_names", "reversed_order", "gantry_tilt", "missing_slice", "duplicate_slice", "localizer", "second_series")
 
 
@@ -25,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Write COUNT phantom cases with seeds SEED, SEED+1, ... into OUT_DIR/phantom_<seed>/: "
             "the DICOM series in dicom/, ground_truth.json (nodule centres in LPS mm, diameters, types) and masks.npz. "
             "--scenario or --realistic add the confounders of real scans (table, arms, contrast, bowel gas, partial "
-            "coverage, small field of view, lung disease, kernel, thick slices, metal) with their ground truth."
+            "coverage, small field of view, lung disease, kernel, thick slices, metal) with their ground truth. "
+            "A case written there before (same seed) is replaced, its DICOM files removed first."
         ),
     )
     p.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="folder that receives one sub-folder per case")
@@ -36,21 +40,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="seed of the first case (cases are deterministic); required unless --scenario is given",
     )
     p.add_argument("--count", type=number_in(int, 1), default=1, help="number of cases (default 1)")
-    p.add_argument("--matrix", type=int, default=256, help="rows = columns per slice (default 256)")
-    p.add_argument("--pixel-spacing", type=float, default=0.7, help="in-plane spacing in mm (default 0.7)")
-    p.add_argument("--slice-spacing", type=float, default=1.25, help="distance between slices in mm (default 1.25)")
-    p.add_argument("--slice-thickness", type=float, default=None, help="reconstructed slice thickness in mm")
-    p.add_argument("--slices", type=int, default=None, help="number of slices (default: whole chest)")
-    p.add_argument("--nodules", type=int, default=None, help="nodules per case (default: random 0-6)")
+    # the ranges generate_phantom accepts, refused here once (exit status 2) rather than once per case
+    p.add_argument("--matrix", type=number_in(int, 64, 1024), default=256, help="rows = columns per slice (default 256)")
+    p.add_argument(
+        "--pixel-spacing", type=number_in(float, 0.3, 2.0), default=0.7, help="in-plane spacing in mm, 0.3..2 (default 0.7)"
+    )
+    p.add_argument(
+        "--slice-spacing",
+        type=number_in(float, 0.3, 10.0),
+        default=1.25,
+        help="distance between slices in mm, 0.3..10 (default 1.25)",
+    )
+    p.add_argument(
+        "--slice-thickness", type=number_in(float, 0.3, 10.0), default=None, help="reconstructed slice thickness in mm"
+    )
+    p.add_argument("--slices", type=number_in(int, 8, _MAX_SLICES), default=None, help="number of slices (default: whole chest)")
+    p.add_argument("--nodules", type=number_in(int, 0, 20), default=None, help="nodules per case, 0..20 (default: random 0-6)")
     p.add_argument(
         "--nodule-diameter",
-        type=float,
+        type=number_in(float, 1.0, 60.0),
         nargs=2,
         default=(3.0, 30.0),
         metavar=("MIN", "MAX"),
         help="range of nodule diameters in mm (default 3 30)",
     )
-    p.add_argument("--noise-hu", type=float, default=20.0, help="image noise standard deviation in HU (default 20)")
+    p.add_argument(
+        "--noise-hu", type=number_in(float, 0.0, 500.0), default=20.0, help="image noise standard deviation in HU (default 20)"
+    )
     p.add_argument(
         "--patient-position",
         default=None,
@@ -106,6 +122,13 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
         raise DicomWriteError(
             f"--count must be at least 1, got {args.count}", where="ctpipe phantom", fix="pass --count 1 or more"
         )
+    lo, hi = args.nodule_diameter
+    if lo > hi:
+        raise PhantomError(
+            f"--nodule-diameter {lo:g} {hi:g}: the minimum is larger than the maximum",
+            where="ctpipe phantom --nodule-diameter",
+            fix=f"give MIN then MAX, e.g. --nodule-diameter {hi:g} {lo:g}",
+        )
     position = args.patient_position
     scenarios = scenarios_at(args.seed_offset)
     if args.seed_offset and (args.scenario is None or args.seed is not None):
@@ -132,6 +155,28 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
         raise PhantomError("--seed is required without --scenario", where="ctpipe phantom", fix="pass --seed N")
     seeds = list(range(args.seed, args.seed + args.count))
     return [(seed, realistic_confounders(seed) if args.realistic else None, position or "HFS", None) for seed in seeds]
+
+
+def _clear_earlier_case(case_dir: Path) -> bool:
+    """Remove the DICOM files of the phantom case written into ``case_dir`` before (True), so that no file of its
+    series stays beside the new one's; False when there is none. A folder that holds other files is refused."""
+    from ..errors import PhantomError
+
+    if not case_dir.is_dir() or not any(case_dir.iterdir()):
+        return False
+    try:
+        earlier = json.loads((case_dir / "ground_truth.json").read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if not (isinstance(earlier, dict) and "series_uid" in earlier):
+        raise PhantomError(
+            "the case folder already holds files, and no phantom ground_truth.json",
+            where=case_dir,
+            fix="choose another OUT_DIR, or move those files away",
+        )
+    if (case_dir / "dicom").is_dir():
+        shutil.rmtree(case_dir / "dicom")
+    return True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
             )
             if scenario is not None:
                 phantom.truth["scenario"] = scenario
+            replaced = _clear_earlier_case(case_dir)
             case = write_phantom_case(
                 phantom,
                 case_dir,
@@ -183,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
         n_files = sum(1 for p in (case / "dicom").rglob("*") if p.is_file())
         what = f"scenario {scenario}, " if scenario else ("realistic confounders, " if confounders is not None else "")
         print(
-            f"{case}: {n_files} DICOM files in {case / 'dicom'}, shape {phantom.volume.shape} [k,j,i], "
+            f"{case}: {'replaced the earlier case: ' if replaced else ''}{n_files} DICOM files in {case / 'dicom'}, shape {phantom.volume.shape} [k,j,i], "
             f"{what}{len(phantom.nodules)} nodules, ground truth {case / 'ground_truth.json'}"
         )
     return 1 if failed else 0

@@ -1,0 +1,170 @@
+"""Mistakes made with ``ctpipe phantom``, ``ctpipe evaluate`` and ``ctpipe ingest``: refused once, with the value,
+where it is and the fix, or warned about; never a silent wrong result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+SAMPLES = Path(__file__).resolve().parents[1] / "data_samples"
+HEADER = "seriesuid,coordX,coordY,coordZ,"
+
+
+def _usage_error(capsys, *argv: str) -> str:
+    """argparse's refusal: exit status 2 and one error line, before any work."""
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def _csv(path: Path, value: str, rows: list[tuple]) -> Path:
+    path.write_text(HEADER + value + "\n" + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    return path
+
+
+# --- ctpipe phantom ---------------------------------------------------------------------------------------------------
+def test_phantom_out_of_range_option_is_one_usage_error_not_one_failure_per_case(tmp_path, capsys):
+    line = _usage_error(capsys, "phantom", str(tmp_path), "--seed", "1", "--count", "3", "--pixel-spacing", "50")
+    assert line == "ctpipe phantom: error: argument --pixel-spacing: 50 is out of range (0.3..2.0)"
+    assert "--matrix: 8 is out of range" in _usage_error(capsys, "phantom", str(tmp_path), "--seed", "1", "--matrix", "8")
+    assert "--nodules: 50 is out of range" in _usage_error(capsys, "phantom", str(tmp_path), "--seed", "1", "--nodules", "50")
+    assert not any(tmp_path.iterdir())
+
+
+def test_nan_is_refused_where_a_number_in_a_range_is_expected(tmp_path, capsys):
+    line = _usage_error(capsys, "phantom", str(tmp_path), "--seed", "1", "--slice-spacing", "nan")
+    assert "argument --slice-spacing: 'nan' is not a finite number" in line
+    line = _usage_error(capsys, "ingest", str(tmp_path), "--out", str(tmp_path / "c"), "--axial-tolerance", "nan")
+    assert "--axial-tolerance: 'nan' is not a finite number" in line
+
+
+def test_phantom_nodule_diameters_in_the_wrong_order(tmp_path, capsys):
+    assert main(["phantom", str(tmp_path), "--seed", "1", "--count", "2", "--nodule-diameter", "30", "3"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "minimum is larger than the maximum" in err and "--nodule-diameter 3 30" in err
+
+
+def test_phantom_rewritten_with_other_options_leaves_no_slice_of_the_earlier_series(tmp_path, capsys):
+    small = ["phantom", str(tmp_path), "--seed", "1", "--matrix", "64", "--pixel-spacing", "2", "--nodules", "0"]
+    assert main([*small, "--slices", "12"]) == 0
+    assert main([*small, "--slices", "8"]) == 0
+    assert "replaced the earlier case" in capsys.readouterr().out
+    case = tmp_path / "phantom_00001"
+    assert len(list((case / "dicom").iterdir())) == 8
+    # a folder of the same name that is not a phantom case is left alone
+    other = tmp_path / "other" / "phantom_00001"
+    other.mkdir(parents=True)
+    (other / "notes.txt").write_text("mine")
+    assert main(["phantom", str(tmp_path / "other"), *small[2:], "--slices", "8"]) == 1
+    assert "no phantom ground_truth.json" in capsys.readouterr().err and (other / "notes.txt").is_file()
+
+
+# --- ctpipe evaluate --------------------------------------------------------------------------------------------------
+TRUTH_ROWS = [("s1", 10.0, -20.0, -100.0, 10.0), ("s1", -40.0, 30.0, -150.0, 8.0), ("s2", 20.0, 25.0, -120.0, 12.0)]
+
+
+def _evaluate(capsys, tmp_path, *pred: Path) -> tuple[int, str, str]:
+    truth = _csv(tmp_path / "annotations.csv", "diameter_mm", TRUTH_ROWS)
+    argv = ["evaluate", "--pred", *map(str, pred), "--truth", str(truth), "--out", str(tmp_path / "eval"), "--bootstrap", "5"]
+    rc = main(argv)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return rc, out.out, out.err
+
+
+def test_evaluate_refuses_nan_probabilities_and_decimal_commas(tmp_path, capsys):
+    pred = _csv(tmp_path / "c.csv", "probability", [("s1", 10, -20, -100, 0.9), ("s1", 0, 0, 0, "nan")])
+    rc, _, err = _evaluate(capsys, tmp_path, pred)
+    assert rc == 1 and "row 3: probability 'nan' is not a finite number" in err
+    (tmp_path / "semi.csv").write_text("seriesuid;coordX;coordY;coordZ;probability\ns1;10,5;-20;-100;0,9\n")
+    rc, _, err = _evaluate(capsys, tmp_path, tmp_path / "semi.csv")
+    assert rc == 1 and "coordX '10,5'" in err and "decimal point" in err
+
+
+def test_evaluate_counts_a_file_named_twice_once(tmp_path):
+    from pipeline.detection.evaluate_io import load_predictions, load_truth
+
+    pred = _csv(tmp_path / "c.csv", "probability", [("s1", 10, -20, -100, 0.9)])
+    truth = _csv(tmp_path / "annotations.csv", "diameter_mm", TRUTH_ROWS)
+    assert len(load_predictions([pred, tmp_path / "." / "c.csv"])["s1"]) == 1
+    assert len(load_truth([truth, truth])["s1"]) == 2
+    (tmp_path / "case").mkdir()
+    (tmp_path / "case" / "ground_truth.json").write_text(
+        json.dumps({"series_uid": "s9", "nodules": [{"center_lps": [0, 0, 0], "diameter_mm": 6.0}]})
+    )
+    assert len(load_truth([tmp_path / "case", tmp_path / "case" / "ground_truth.json"])["s9"]) == 1
+
+
+def test_evaluate_refuses_two_findings_files_of_one_scan(tmp_path, capsys):
+    from pipeline.detection.findings import Finding, Findings
+
+    box = {"box_min_lps": (7.0, -23.0, -103.0), "box_max_lps": (13.0, -17.0, -97.0), "diameter_mm": 6.0}
+    finding = Finding(center_lps=(10.0, -20.0, -100.0), score=0.9, voxel_ijk=(1, 2, 3), slice_number=4, **box)
+    findings = Findings(case_id="s1", series_uid="s1", findings=[finding])
+    findings.write_json(tmp_path / "run1" / "s1.findings.json")
+    findings.write_json(tmp_path / "run2" / "s1.findings.json")
+    rc, _, err = _evaluate(capsys, tmp_path, tmp_path / "run1", tmp_path / "run2")
+    assert rc == 1 and "scan s1 has findings here and in" in err and "count twice" in err
+    rc, _, _ = _evaluate(capsys, tmp_path, tmp_path / "run1", tmp_path / "run1" / "s1.findings.json")
+    assert rc == 0
+
+
+def test_evaluate_warns_of_voxel_indices_and_ras_coordinates(tmp_path, capsys):
+    voxel = _csv(tmp_path / "v.csv", "probability", [("s1", 120, 88, 40, 0.9), ("s2", 100, 100, 30, 0.8)])
+    rc, out, err = _evaluate(capsys, tmp_path, voxel)
+    assert rc == 0 and "look like voxel indices" in err and "CPM" in out
+    ras = [(s, -x, -y, z, 0.9) for s, x, y, z, _ in TRUTH_ROWS]
+    rc, _, err = _evaluate(capsys, tmp_path, _csv(tmp_path / "r.csv", "probability", ras))
+    assert rc == 0 and "look like RAS" in err and "negate coordX and coordY" in err
+    lps = [(s, x, y, z, 0.9) for s, x, y, z, _ in TRUTH_ROWS]
+    rc, _, err = _evaluate(capsys, tmp_path, _csv(tmp_path / "l.csv", "probability", lps))
+    assert rc == 0 and "warning" not in err
+
+
+def test_evaluate_warns_of_prediction_scans_without_truth(tmp_path, capsys):
+    rows = [("s1", 10, -20, -100, 0.9), ("s1x", 0, 0, 0, 0.5)]
+    rc, _, err = _evaluate(capsys, tmp_path, _csv(tmp_path / "c.csv", "probability", rows))
+    assert rc == 0 and "1 scan(s) of the predictions have no ground truth" in err and "s1x" in err and "--scans" in err
+
+
+def test_evaluate_points_from_ctpipe_findings_csv_to_its_json(tmp_path, capsys):
+    (tmp_path / "a.findings.csv").write_text("case_id,series_uid,rank,score,center_x_lps,center_y_lps,center_z_lps\n")
+    rc, _, err = _evaluate(capsys, tmp_path, tmp_path / "a.findings.csv")
+    assert rc == 1 and "pass the .findings.json beside it" in err
+
+
+# --- ctpipe ingest ----------------------------------------------------------------------------------------------------
+def test_ingest_refuses_a_spacing_tolerance_out_of_range(tmp_path, capsys):
+    line = _usage_error(capsys, "ingest", str(tmp_path), "--out", str(tmp_path / "c"), "--spacing-tolerance", "-1")
+    assert "argument --spacing-tolerance: -1 is out of range (0.0..1.0)" in line
+    assert "--axial-tolerance: 500 is out of range" in _usage_error(
+        capsys, "ingest", str(tmp_path), "--out", str(tmp_path / "c"), "--axial-tolerance", "500"
+    )
+
+
+def test_ingest_of_a_rejected_series_does_not_say_nothing_matched(tmp_path, capsys):
+    src = tmp_path / "src"
+    for f in sorted((SAMPLES / "phantom_00003" / "dicom").rglob("*")):
+        if f.is_file():
+            (src / f.relative_to(SAMPLES / "phantom_00003" / "dicom")).parent.mkdir(parents=True, exist_ok=True)
+            (src / f.relative_to(SAMPLES / "phantom_00003" / "dicom")).write_bytes(f.read_bytes())
+    victim = sorted(p for p in src.rglob("*") if p.is_file())[5]
+    victim.write_bytes(victim.read_bytes()[:-100])  # a transfer cut short
+    assert main(["ingest", str(src), "--out", str(tmp_path / "cache")]) == 1
+    out = capsys.readouterr().out
+    assert "no series was cached: 1 rejected" in out and "nothing matched" not in out
+
+
+def test_ingest_twice_into_the_same_cache_gives_the_same_entries(tmp_path, capsys):
+    argv = ["ingest", str(SAMPLES / "phantom_00001" / "dicom"), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    first = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert main(argv) == 0
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == first
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["format"]
