@@ -35,6 +35,8 @@ def test_phantom_out_of_range_option_is_one_usage_error_not_one_failure_per_case
     assert "--matrix: 8 is out of range" in _usage_error(capsys, "phantom", str(tmp_path), "--seed", "1", "--matrix", "8")
     assert "--nodules: 50 is out of range" in _usage_error(capsys, "phantom", str(tmp_path), "--seed", "1", "--nodules", "50")
     assert not any(tmp_path.iterdir())
+    line = _usage_error(capsys, "phantom", str(tmp_path), "--seed", "1", "--patient-position", "HSF")
+    assert "argument --patient-position: invalid choice: 'HSF'" in line and "'FFS'" in line
 
 
 def test_nan_is_refused_where_a_number_in_a_range_is_expected(tmp_path, capsys):

@@ -20,6 +20,7 @@ _QUIRKS = ("shuffled_names", "reversed_order", "gantry_tilt", "missing_slice", "
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``phantom`` sub-command."""
     from .confounders import CONFOUNDER_SCENARIOS, SCENARIO_SEEDS
+    from .scanner import PATIENT_POSITIONS
 
     p = subparsers.add_parser(
         "phantom",
@@ -70,6 +71,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--patient-position",
         default=None,
+        type=str.upper,
+        choices=PATIENT_POSITIONS,
         help="DICOM PatientPosition (default HFS, or the scenario's; given, it overrides the scenario's)",
     )
     group = p.add_mutually_exclusive_group()
