@@ -19,11 +19,11 @@ import numpy as np
 
 from .detection.findings import slice_number_of, slice_number_source
 from .errors import GeometryError
+from .reconstruction.organs import OUTLINE_COLORS
 from .volume import CTVolume, Geometry, LabelMap, require_volume
 
 log = logging.getLogger(__name__)
 
-_COLORS = {"body": "#f5d142", "lung_left": "#3a9ad9", "lung_right": "#45c46b", "airway": "#e377c2", "bone": "#ffffff"}
 #: Orientation letters of the axial view and where they sit (axes fraction x, y): the patient's right on the
 #: image's left, left on its right, anterior at the top, posterior at the bottom.
 EDGE_LETTERS = (("R", 0.025, 0.5), ("L", 0.975, 0.5), ("A", 0.5, 0.975), ("P", 0.5, 0.025))
@@ -259,8 +259,8 @@ def show(
     for organ, m in masks.items():
         plane = geometry.to_lps_view(m)[z]
         if plane.any():
-            ax.contour(plane.astype(np.float32), levels=[0.5], colors=[_COLORS.get(organ, "#ff7f0e")], linewidths=1.0)
-            ax.plot([], [], color=_COLORS.get(organ, "#ff7f0e"), label=organ)
+            ax.contour(plane.astype(np.float32), levels=[0.5], colors=[OUTLINE_COLORS.get(organ, "#ffffff")], linewidths=1.0)
+            ax.plot([], [], color=OUTLINE_COLORS.get(organ, "#ffffff"), label=organ)
     for row, (x, y, zf) in zip(rows, xyz):
         r_mm, dz = row.diameter_mm / 2.0, abs(zf - z) * sz
         if dz > r_mm:

@@ -90,3 +90,18 @@ def test_mip_slabs_never_overlap_on_short_lungs(tmp_path):
     assert len(paths) == 2
     one = render_mip(vol, tmp_path / "one", stem="m", lung_mask=cube, n_slabs=3, slab_mm=40.0)
     assert len(one) == 1
+
+
+def test_bone_outline_stands_out_on_white_bone_and_show_uses_the_same_colours(tmp_path):
+    import matplotlib.image as mpimg
+
+    from pipeline.reconstruction.organs import ORGAN_COLORS, OUTLINE_COLORS
+    from pipeline.show import OUTLINE_COLORS as SHOWN
+
+    vol, cube = _marked_volume(np.eye(3))  # the bright cube (1500 HU): white in the soft-tissue window
+    centre = vol.geometry.index_to_lps(np.argwhere(cube)[:, ::-1].mean(axis=0))
+    paths = render_mpr(vol, {"bone": cube}, tmp_path, stem="m", center_lps=centre)
+    rgb = mpimg.imread(paths[0])[..., :3]
+    cyan = (rgb[..., 0] < 0.2) & (rgb[..., 1] > 0.7) & (rgb[..., 2] > 0.7)
+    assert cyan.sum() > 20  # the outline (and the legend's line), not white on white
+    assert OUTLINE_COLORS["bone"] != ORGAN_COLORS["bone"] and SHOWN is OUTLINE_COLORS

@@ -16,6 +16,19 @@ from ..intensity import BODY_HU, LUNG_AIR_HU, SOFT_TISSUE_HU
 
 ORGANS: tuple[str, ...] = ("body", "lung_left", "lung_right", "airway", "bone")
 
+#: Display colours (RGB hex) of the organs, nodules and vessels in every rendering, 3-D preview and ``show()``.
+ORGAN_COLORS: dict[str, str] = {
+    "body": "#d9c27a",
+    "lung_left": "#3fa7ff",
+    "lung_right": "#39d98a",
+    "airway": "#ff7f0e",
+    "bone": "#f0f0f0",
+    "vessels": "#e0443e",
+    "nodules": "#ff3df5",
+}
+#: Outline colours on grey CT slices: as :data:`ORGAN_COLORS`, but bone, white on white bone, drawn cyan.
+OUTLINE_COLORS: dict[str, str] = {**ORGAN_COLORS, "bone": "#00d8d8"}
+
 
 def organ_names(organs: str | Iterable[str]) -> tuple[str, ...]:
     """``organs`` as a tuple of names, in the order given, each once.

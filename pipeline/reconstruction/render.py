@@ -19,19 +19,11 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from ..volume import CTVolume, Geometry
 from .mesh import Mesh, mesh_from_mask
+from .organs import ORGAN_COLORS, OUTLINE_COLORS
 
 log = logging.getLogger(__name__)
 
-COLORS = {
-    "body": "#d9c27a",
-    "lung_left": "#3fa7ff",
-    "lung_right": "#39d98a",
-    "airway": "#ff7f0e",
-    "bone": "#f0f0f0",
-    "vessels": "#e0443e",
-    "nodules": "#ff3df5",
-}
-_RGB = {k: tuple(int(v[i : i + 2], 16) / 255.0 for i in (1, 3, 5)) for k, v in COLORS.items()}
+_RGB = {k: tuple(int(v[i : i + 2], 16) / 255.0 for i in (1, 3, 5)) for k, v in ORGAN_COLORS.items()}  # the 3-D preview's surfaces
 LUNG_WINDOW = (-1350.0, 150.0)  # W 1500 / L -600
 SOFT_WINDOW = (-160.0, 240.0)  # W 400 / L 40
 
@@ -64,7 +56,13 @@ def _save(fig, path: Path) -> Path:
 
 
 def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
-    kw = {"color": "yellow", "fontsize": 11, "fontweight": "bold", "transform": ax.transAxes}
+    kw = {
+        "color": "yellow",
+        "fontsize": 11,
+        "fontweight": "bold",
+        "transform": ax.transAxes,
+        "bbox": {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},  # legible on bright tissue
+    }
     ax.text(0.01, 0.5, left, ha="left", va="center", **kw)
     ax.text(0.99, 0.5, right, ha="right", va="center", **kw)
     ax.text(0.5, 0.99, top, ha="center", va="top", **kw)
@@ -94,7 +92,10 @@ def _plane(view: np.ndarray, plane: str, index: int) -> np.ndarray:
 def render_mpr(
     volume: CTVolume, masks: Mapping[str, np.ndarray], out: Path, *, stem: str, center_lps: np.ndarray | None = None
 ) -> list[Path]:
-    """Axial, coronal and sagittal PNGs through ``center_lps`` (default: the lungs' or the volume's centre)."""
+    """Axial, coronal and sagittal PNGs through ``center_lps`` (default: the lungs' or the volume's centre), soft-tissue
+    window, each mask outlined in its :data:`~.organs.OUTLINE_COLORS` colour with a legend."""
+    from matplotlib.lines import Line2D
+
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
     if center_lps is None:
@@ -118,12 +119,17 @@ def render_mpr(
         ax = fig.add_axes((0, 0, 1, 0.94))
         extent = (0, w_mm, h_mm, 0)
         ax.imshow(img, cmap="gray", vmin=SOFT_WINDOW[0], vmax=SOFT_WINDOW[1], extent=extent, interpolation="nearest")
+        drawn = []
         for organ, mv in mviews.items():
             sl = _plane(mv, plane, int(center_idx[fixed]))
             if sl.any() and not sl.all():
                 xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
                 ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
-                ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[COLORS.get(organ, "#ffffff")], linewidths=1.0)
+                colour = OUTLINE_COLORS.get(organ, "#ffffff")
+                ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
+                drawn.append(Line2D([], [], color=colour, label=organ.replace("_", " ")))
+        if drawn:  # which outline is which organ
+            ax.legend(handles=drawn, loc="lower right", fontsize=7, facecolor="black", edgecolor="none", labelcolor="white")
         pos = lo[fixed] + center_idx[fixed] * spacing[fixed]
         _labels(
             ax,
