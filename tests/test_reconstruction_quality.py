@@ -11,6 +11,7 @@ from pipeline.reconstruction.quality import (
     EMPHYSEMA_FIGURES,
     FLAGS,
     FOV_CUT_AREA_CM2,
+    LUNG_CUT_AREA_MM2,
     QualityReport,
     assess_quality,
     fov_cut_area_cm2,
@@ -65,6 +66,30 @@ def test_partial_coverage_is_flagged_and_lung_figures_marked(phantom, lo, hi, co
     assert {"lungs_apex_cut", "lungs_base_cut"} - codes & set(q.codes) == set()
     assert "emphysema_index_pct" in q.unreliable and "lungs_total_volume_ml" in q.unreliable
     assert "lung_volume_out_of_range" not in q.codes  # meaningless for partial lungs
+
+
+def test_a_scan_ending_a_few_cm2_into_the_lung_bases_keeps_its_lung_figures(phantom):
+    """Flagged, as the lungs reach the last slice; but a few cm² there leave at most a few mL beyond the scan, far
+    under 2 % of the lungs: the volumes and the emphysema index stay reported."""
+    g = phantom.volume.geometry
+    assert g.array_axis(2) == 0 and g.direction[2][2] > 0  # k = 0 is the most inferior slice
+    lungs = phantom.masks["lung_left"] | phantom.masks["lung_right"]
+    first = int(np.argmax(lungs.any(axis=(1, 2))))  # the lowest slice with lung
+    masks = {name: m[first:].copy() for name, m in phantom.masks.items()}
+    # the phantom's lung bases are flat: leave a posterior recess of 60 pixels (2.4 cm²) on the scan's last slice
+    for name in ("lung_left", "lung_right"):
+        pixels = np.argwhere(masks[name][0])
+        masks[name][0] = False
+        if name == "lung_right":
+            keep = pixels[np.argsort(-pixels[:, 0])[:60]]  # the most posterior rows
+            masks[name][0][tuple(keep.T)] = True
+    area_mm2 = float((masks["lung_left"][0] | masks["lung_right"][0]).sum()) * g.spacing[0] * g.spacing[1]
+    assert LUNG_CUT_AREA_MM2 <= area_mm2 <= 300.0
+    sub = phantom.volume.crop((0, 0, first), (g.shape[2], g.shape[1], g.shape[0]))
+    q = assess_quality(sub.array, sub.geometry, masks)
+    assert q.has("lungs_base_cut") and q.lung_coverage == "partial"
+    assert q.unreliable == ()
+    assert 0 < q.figures["lungs_missing_ml_bound"] < 0.02 * q.figures["lungs_total_volume_ml"]
 
 
 def test_no_lungs_is_absent(phantom):

@@ -60,6 +60,11 @@ FLAGS: dict[str, tuple[Severity, str]] = {
 LUNGS_ABSENT_ML = 20.0
 LUNG_CUT_AREA_MM2 = 100.0  # lung cross-section on the first/last slice that means "cut" (1 cm²)
 LUNG_VOLUME_RANGE_ML = (1500.0, 9000.0)
+# Lung beyond a cut end: at most its cross-section on the end slice times this depth (mm; a lung tapers to its apex
+# or into the costophrenic recesses within a few cm). Lung figures stay reliable while that bound is under
+# MAX_MISSING_FRACTION of the lung measured: a scan ending a few cm² into the recesses misses a few mL of 5 L.
+MISSING_DEPTH_MM = 40.0
+MAX_MISSING_FRACTION = 0.02
 IMBALANCE_RATIO = 0.5
 # cut surface (cm²: skin on the image edge × slice spacing, summed): a raised arm grazing the edge for a few
 # slices makes under 1 cm², arms or a chest cut by the field of view from 2.5 cm² to hundreds
@@ -138,17 +143,20 @@ def _flag(code: str, detail: str) -> QualityFlag:
     return QualityFlag(code, severity, f"{text} ({detail})" if detail else text)
 
 
-def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, bool, bool, float]:
+def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, bool, bool, float, float]:
+    """Coverage, apex cut, base cut, lung volume (mL) and a generous bound on the lung beyond the cut ends (mL):
+    the cross-section on each cut end slice (mm²) times :data:`MISSING_DEPTH_MM`."""
     voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
     total_ml = float(np.count_nonzero(lungs)) * voxel_ml
     if total_ml < LUNGS_ABSENT_ML:
-        return "absent", False, False, total_ml
+        return "absent", False, False, total_ml, 0.0
     view = geometry.to_lps_view(lungs)  # [z, y, x], z ascending = inferior → superior
     sx, sy, _ = geometry.spacing_lps()
     area = view.reshape(view.shape[0], -1).sum(axis=1) * sx * sy
     base_cut = bool(area[0] >= LUNG_CUT_AREA_MM2)
     apex_cut = bool(area[-1] >= LUNG_CUT_AREA_MM2)
-    return ("partial" if apex_cut or base_cut else "complete"), apex_cut, base_cut, total_ml
+    missing_ml = (float(area[0]) * base_cut + float(area[-1]) * apex_cut) * MISSING_DEPTH_MM / 1000.0
+    return ("partial" if apex_cut or base_cut else "complete"), apex_cut, base_cut, total_ml, missing_ml
 
 
 def fov_cut_area_cm2(body: np.ndarray, geometry: Geometry) -> float:
@@ -227,15 +235,17 @@ def assess_quality(
     unreliable: list[str] = []
     figures: dict[str, float | None] = {}
 
-    coverage, apex_cut, base_cut, total_ml = _lung_coverage(left | right, geometry)
+    coverage, apex_cut, base_cut, total_ml, missing_ml = _lung_coverage(left | right, geometry)
     figures["lungs_total_volume_ml"] = total_ml
+    if coverage == "partial":
+        figures["lungs_missing_ml_bound"] = missing_ml
     if coverage == "absent":
         flags.append(_flag("lungs_absent", f"{total_ml:.0f} mL of lung"))
     if apex_cut:
         flags.append(_flag("lungs_apex_cut", "lung on the first slice"))
     if base_cut:
         flags.append(_flag("lungs_base_cut", "lung on the last slice"))
-    if coverage != "complete":
+    if coverage == "absent" or missing_ml > MAX_MISSING_FRACTION * total_ml:
         unreliable += ["lung_left_volume_ml", "lung_right_volume_ml", "lungs_total_volume_ml", *EMPHYSEMA_FIGURES]
     else:
         lo, hi = LUNG_VOLUME_RANGE_ML
