@@ -266,6 +266,32 @@ def test_a_driver_killed_with_sigkill_then_a_plain_rerun_finishes_every_case_onc
 
 
 @pytest.mark.slow
+def test_sigterm_of_the_driver_stops_its_actors_and_asks_for_a_rerun(cluster, cases, tmp_path):
+    import os
+    import signal
+
+    from tests._support.ray_cluster import ray_environment
+
+    out = tmp_path / "stopped"
+    args = [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", cluster.address]
+    env = {**os.environ, **ray_environment()}
+    proc = subprocess.Popen([*args, "--quiet", *as_cli(cases["opts"])], stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not _a_case_running(out):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in err and "SIGTERM received" not in err, err  # no native stack dump
+    assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pgrep", "-f", "ray::StageActor"], capture_output=True).stdout and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not subprocess.run(["pgrep", "-f", "ray::StageActor"], capture_output=True).stdout, "the run's actors live on"
+
+
+@pytest.mark.slow
 def test_every_ray_process_started_by_the_tests_is_stopped(cluster):
     assert cluster.leftovers(), "the cluster's processes were not found (the check below would prove nothing)"
     cluster.stop()

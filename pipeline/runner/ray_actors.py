@@ -43,6 +43,21 @@ def pick_device(*, group: str, wanted: str, gpu_ids: Sequence[Any], cuda_availab
     return "cpu", None
 
 
+def software() -> dict[str, str]:
+    """The versions of ctpipe and of the packages that decide its findings in this process's environment."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    out = {"ctpipe": __version__}
+    for dist in ("torch", "monai"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
 class StageActor:
     """The stages of one group (``cpu`` or ``model``) in one Ray worker process (see the module docstring)."""
 
@@ -73,7 +88,14 @@ class StageActor:
         device, note = pick_device(group=self.group, wanted=self.wanted, gpu_ids=gpu_ids, cuda_available=cuda)
         node = ctx.get_node_id()
         self.info = WorkerInfo(f"{self.name}@{node[:8]}", device, from_dict(self.config), Path(self.run_dir))
-        return {"node": node, "ip": ray.util.get_node_ip_address(), "pid": os.getpid(), "device": device, "note": note}
+        return {
+            "node": node,
+            "ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+            "device": device,
+            "note": note,
+            "software": software(),
+        }
 
     def setup(self) -> dict[str, Any]:
         """Set up the stages (load the model) once; ``fatal`` says why this actor cannot work, else None."""

@@ -17,6 +17,8 @@ from the environment; a refused token is a ClusterError naming those variables.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import threading
 from dataclasses import dataclass
@@ -132,7 +134,24 @@ def connect(address: str | None, *, timeout_s: float, init_options: dict[str, An
         return RaySession(address="connected", owned=False)
     target = resolve_address(address)
     if target is not None:
-        probe(target, timeout_s=min(timeout_s, 10.0))
+        try:
+            probe(target, timeout_s=min(timeout_s, 10.0))
+        except ClusterError as exc:
+            if address != "auto":
+                raise
+            # auto took the address from RAY_ADDRESS or from Ray's record of the last cluster started here, which
+            # outlives a head that crashed or a machine that rebooted
+            source = (
+                "RAY_ADDRESS" if os.environ.get("RAY_ADDRESS") else "Ray's record of the last cluster started on this machine"
+            )
+            cause = exc.__cause__
+            why = getattr(cause, "strerror", None) or type(cause).__name__
+            raise ClusterError(
+                f"runner.ray_address = auto found the head {target} through {source}, but nothing answers there ({why})",
+                where="runner.ray_address",
+                fix="start the cluster again (`ray start --head`), or give the head's address: ctpipe run --ray HEAD:6379; "
+                f"if that cluster is gone, `ray stop` here clears the record (and unset RAY_ADDRESS) ({_SCALE_OUT})",
+            ) from exc
     options: dict[str, Any] = {
         "address": target or "local",
         "log_to_driver": False,  # the workers write RUN_DIR/run.log; the console stays the run's own
@@ -145,6 +164,11 @@ def connect(address: str | None, *, timeout_s: float, init_options: dict[str, An
     if target is None or target.rsplit(":", 1)[0] in ("127.0.0.1", "localhost"):
         # a private instance, or a head on the loopback interface: this process's node is on it too
         options.setdefault("_node_ip_address", "127.0.0.1")
+    # Ray's crash handler would print a native stack dump ("*** SIGTERM received ***") on every SIGTERM of the run
+    # (systemd, kill, a closed terminal): a normal stop, answered with exit 130 and a line saying to rerun
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    if constants is not None and "RAY_DISABLE_FAILURE_SIGNAL_HANDLER" not in os.environ:  # read when Ray was imported
+        constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     outcome: dict[str, BaseException | None] = {}
 
     def init() -> None:
@@ -155,7 +179,12 @@ def connect(address: str | None, *, timeout_s: float, init_options: dict[str, An
             outcome["error"] = exc
 
     if target is None:  # a private instance: started here (its processes die with the thread that starts them)
+        # ray.init in the main thread replaces the SIGTERM handler with one that exits at once (status 1, run left
+        # recorded as completed); the caller's handler (ctpipe run: stop as for Ctrl-C, exit 130) stays
+        on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
         init()
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
     else:  # joining: bounded, since Ray retries a connection that opens but never answers for minutes
         quiet = _WithoutSigtermNote()
         ray_log = logging.getLogger("ray._private.worker")
@@ -174,14 +203,28 @@ def connect(address: str | None, *, timeout_s: float, init_options: dict[str, An
         )
     err = outcome["error"]
     if err is not None:
-        token = "auth" in type(err).__name__.lower() or "token" in str(err).lower()
-        fix = (
+        # Ray's message on one line: a version mismatch lists the cluster's and this process's versions on later lines
+        text = " ".join(str(err).split())[:400] or type(err).__name__
+        token_fix = (
             "set RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token; "
-            f"`ray get-auth-token` on the head prints it) ({_SCALE_OUT})"
-            if token
-            else f"check the address and that this machine runs the cluster's Ray and Python versions ({_SCALE_OUT})"
+            "`ray get-auth-token` on the head prints it)"
         )
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ClusterError(f"cannot join {where}: {first}", where="runner.ray_address", fix=fix) from err
+        if "auth" in type(err).__name__.lower() or "token" in text.lower():
+            fix = f"{token_fix} ({_SCALE_OUT})"
+        elif "version mismatch" in text.lower():
+            fix = (
+                f"install the cluster's Ray and Python versions on this machine (or run ctpipe on a cluster node) ({_SCALE_OUT})"
+            )
+        elif os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            # a head that wants a token refuses a driver without one with nothing but "Failed to connect";
+            # `ray start` turns token authentication on by itself where ~/.ray/auth_token exists
+            fix = (
+                f"if the cluster uses token authentication (`ray start` turns it on where ~/.ray/auth_token exists), "
+                f"{token_fix}; otherwise check the address and that this machine runs the cluster's Ray and Python "
+                f"versions ({_SCALE_OUT})"
+            )
+        else:
+            fix = f"check the address, the token and that this machine runs the cluster's Ray and Python versions ({_SCALE_OUT})"
+        raise ClusterError(f"cannot join {where}: {text}", where="runner.ray_address", fix=fix) from err
     log.info("joined %s", where, extra={"event": "ray_connected"})
     return RaySession(address=target or "local", owned=True)

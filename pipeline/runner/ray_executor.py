@@ -8,9 +8,9 @@ resume after a killed driver work as with the local executor.
 Actors (:class:`.ray_actors.StageActor`, one worker process each, set up once):
 
 * model stages: one actor per GPU of the cluster (``num_gpus=1``); on a cluster without GPUs (or
-  ``runner.device = cpu``) one model actor per node. Each holds at most ``runner.queue_depth`` + 1
-  tasks (backpressure through ``has_room``); a case's later model stages go to the actor that ran its
-  earlier one when it has room (the loaded model input stays in that process).
+  ``runner.device = cpu``) one model actor per node (``runner.device = cuda`` waits for GPUs instead).
+  Each holds at most ``runner.queue_depth`` + 1 tasks (backpressure through ``has_room``); a case's later
+  model stages go to the actor that ran its earlier one when it has room (the loaded model input stays in that process).
 * CPU stages: one actor per CPU of the cluster (``num_cpus=1``), one task at a time.
 
 The pools follow the cluster: a node that joins gets actors, a node that leaves takes its actors along.
@@ -230,7 +230,7 @@ def _failed(task: Task, actor: PoolActor, error_class: str, error: str, *, worke
         task.stage_index,
         task.attempt,
         False,
-        actor.name,
+        f"{actor.name}@{actor.node[:8]}" if actor.node else actor.name,  # as the actor names itself in its results
         actor.device,
         task.ready_at,
         error_class=error_class,

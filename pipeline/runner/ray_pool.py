@@ -20,7 +20,7 @@ from typing import Any
 
 from ..config import Config
 from ..errors import FatalRunError
-from .ray_actors import StageActor
+from .ray_actors import StageActor, software
 from .ray_connect import RaySession
 from .stage import Stage, Task
 
@@ -63,6 +63,7 @@ class ActorPool:
         self._refreshed = 0.0
         self._unserved: dict[str, float] = {g: time.monotonic() for g in self.groups}
         self._remote = ray.remote(StageActor)
+        self.software = software()  # every actor must run the same (see advance)
         self.refresh(force=True)
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -91,7 +92,7 @@ class ActorPool:
             if gpus:
                 for _ in range(gpus - sum(a.group == "model" and a.pinned is None for a in self.actors)):
                     self._start("model", {"num_gpus": 1, "num_cpus": 0})
-            else:
+            elif not self.config.runner.device.startswith("cuda"):  # runner.device = cuda: no model on a CPU
                 from ray.util.scheduling_strategies import (
                     NodeAffinitySchedulingStrategy,
                 )
@@ -126,6 +127,16 @@ class ActorPool:
             self.drop(actor)
             return
         if actor.phase == "placing":
+            theirs = info.get("software", self.software)
+            if theirs != self.software:  # other code on that node: other findings, or failures no retry cures
+                differ = ", ".join(
+                    f"{k} {theirs.get(k, 'missing')} there, {v} here" for k, v in self.software.items() if theirs.get(k) != v
+                )
+                raise FatalRunError(
+                    f"the Ray node {info['ip']} ({info['node'][:8]}) runs other software than this driver ({differ}); "
+                    "install the same ctpipe and packages on every node (pip install on each, or one shared environment) "
+                    "and run the same command again"
+                )
             actor.node, actor.device, actor.phase = info["node"], info["device"], "setting_up"
             if info.get("note"):
                 log.warning("Ray actor %s on node %s: %s", actor.name, info["ip"], info["note"])
@@ -159,11 +170,31 @@ class ActorPool:
             elif any(a.group == g and a.phase == "setting_up" for a in self.actors):
                 continue  # placed, loading its model: setup has no deadline here (a failed setup is fatal anyway)
             elif now - self._unserved[g] > self.timeout_s:
-                need = "one GPU (num_gpus=1) per model actor" if g == "model" else "one CPU per CPU actor"
                 raise FatalRunError(
                     f"no Ray actor for the {g} stages could be placed within {self.timeout_s:g} s "
-                    f"({self.cluster.describe()}; each needs {need}); add nodes to the cluster or raise runner.ray_timeout_s"
+                    f"({self.cluster.describe()}; {self._why_unplaced(g)}"
                 )
+
+    def _why_unplaced(self, group: str) -> str:
+        """What the actors of ``group`` need that the cluster does not offer now, and what to do."""
+        nodes = self.nodes()
+        later = "raise runner.ray_timeout_s"
+        if not nodes:
+            return "no node of the cluster is alive); start its nodes again (`ray start`) and rerun the same command"
+        device = self.config.runner.device
+        gpus = sum(n["Resources"].get("GPU", 0.0) for n in nodes)
+        if group == "model" and not gpus and not device.startswith("cuda"):
+            return f"each node with a CPU runs one model actor); add nodes to the cluster or {later}"
+        res, need = ("GPU", "one GPU (num_gpus=1) per model actor") if group == "model" else ("CPU", "one CPU per CPU actor")
+        total = gpus if res == "GPU" else sum(n["Resources"].get("CPU", 0.0) for n in nodes)
+        free = self.ray.available_resources().get(res, 0.0)
+        if total > 0 and free < 1:
+            return (
+                f"each needs {need}, {free:g} {res}(s) free: other Ray jobs, e.g. another ctpipe run, hold the rest); "
+                f"run again when they end, add nodes to the cluster or {later}"
+            )
+        alt = f", or use --device auto (runner.device = {device})" if group == "model" and device.startswith("cuda") else ""
+        return f"each needs {need}); add nodes to the cluster or {later}{alt}"
 
     def node_dead(self, node: str | None, grace_s: float = 2.0) -> bool:
         """Whether Ray marked ``node`` dead, waiting up to ``grace_s`` for its verdict."""

@@ -1,0 +1,269 @@
+"""What an operator sees when a Ray cluster is not what the run needs: a head that refuses the driver (no token, another
+Ray or Python version), a cluster whose CPUs another run holds, ``--device cuda`` on a cluster without GPUs.
+
+Ray itself is replaced by small stand-ins here (no cluster is started): these are the messages and decisions of
+pipeline/runner/ray_connect.py and ray_pool.py, each for an answer the real Ray gives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.errors import ClusterError, FatalRunError
+from pipeline.runner import ray_connect
+from pipeline.runner.ray_connect import RaySession, connect
+from pipeline.runner.ray_pool import ActorPool
+from pipeline.runner.stages import build_stages
+from tests._support.runner import QUICK, as_cli, db_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _RefusingRay:
+    """A ``ray`` whose ``init`` fails as the real one does for a head that answers but refuses this driver."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **options: Any) -> None:
+        raise self.exc
+
+
+@pytest.fixture
+def head():
+    """HOST:PORT of a listening socket (the TCP probe passes; what Ray answers is up to the stand-in)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def _refused(monkeypatch, address: str, exc: BaseException) -> str:
+    monkeypatch.setattr(ray_connect, "import_ray", lambda: _RefusingRay(exc))
+    with pytest.raises(ClusterError) as info:
+        connect(address, timeout_s=10)
+    return str(info.value)
+
+
+def test_a_head_wanting_a_token_the_driver_lacks_is_named_in_the_fix(monkeypatch, head):
+    # `ray start --head` turns token authentication on where ~/.ray/auth_token exists; a driver without
+    # RAY_AUTH_MODE=token then gets only "Failed to connect to Ray cluster at ..." from ray.init
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    msg = _refused(monkeypatch, head, ConnectionError(f"Failed to connect to Ray cluster at {head}"))
+    assert head in msg and "RAY_AUTH_MODE=token" in msg and "auth_token" in msg
+    assert "\n" not in msg
+
+
+def test_a_ray_or_python_version_mismatch_shows_both_versions(monkeypatch, head):
+    exc = RuntimeError(
+        "Version mismatch: The cluster was started with:\n    Ray: 2.60.0\n    Python: 3.11.7\n"
+        "This process on node 127.0.0.1 was started with:\n    Ray: 2.59.0\n    Python: 3.12.1\n"
+    )
+    msg = _refused(monkeypatch, head, exc)
+    assert "Ray: 2.60.0" in msg and "Ray: 2.59.0" in msg and "Python: 3.12.1" in msg
+    assert "\n" not in msg and "install the cluster's Ray and Python versions" in msg
+
+
+class _Remote:
+    def __init__(self, started: list[dict[str, Any]]):
+        self.started = started
+
+    def options(self, **resources: Any) -> _Remote:
+        self.started.append(resources)
+        return self
+
+    def remote(self, **kwargs: Any) -> Any:
+        call = SimpleNamespace(remote=lambda: object())
+        return SimpleNamespace(place=call, setup=call)
+
+
+class _ClusterRay:
+    """A ``ray`` connected to a cluster of ``nodes`` (``ray.nodes()`` records) with ``free`` resources left."""
+
+    def __init__(self, nodes: list[dict[str, Any]], free: dict[str, float]):
+        self._nodes, self.free = nodes, free
+        self.started: list[dict[str, Any]] = []
+
+    def remote(self, cls: type) -> _Remote:
+        return _Remote(self.started)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self._nodes
+
+    def available_resources(self) -> dict[str, float]:
+        return self.free
+
+    def kill(self, handle: Any, no_restart: bool = True) -> None:
+        pass
+
+
+class _Session(RaySession):
+    def describe(self) -> str:
+        return "ray 127.0.0.1:6379: 1 node(s), 2 CPU(s), 0 GPU(s)"
+
+
+def _pool(ray: _ClusterRay, tmp_path, **overrides: Any) -> ActorPool:
+    pytest.importorskip("ray")
+    cfg = load_config(environ={}, overrides=overrides)
+    return ActorPool(
+        ray, build_stages(cfg), config=cfg, run_dir=tmp_path, cluster=_Session("127.0.0.1:6379", owned=False), timeout_s=0.0
+    )
+
+
+CPU_NODE = {"Alive": True, "NodeID": "a" * 56, "Resources": {"CPU": 2.0}}
+
+
+def test_a_run_whose_cpus_another_run_holds_says_so(tmp_path):
+    ray = _ClusterRay([CPU_NODE], free={"CPU": 0.0})
+    pool = _pool(ray, tmp_path)
+    for a in pool.actors:
+        if a.group == "model":
+            a.phase = "ready"  # needs no CPU of its own; the CPU actors wait for CPUs the other run holds
+    time.sleep(0.01)
+    with pytest.raises(FatalRunError) as info:
+        pool.check_served()
+    msg = str(info.value)
+    assert "0 CPU(s) free" in msg and "another ctpipe run" in msg and "runner.ray_timeout_s" in msg
+
+
+def test_device_cuda_on_a_cluster_without_gpus_runs_no_model_on_a_cpu(tmp_path):
+    ray = _ClusterRay([CPU_NODE], free={"CPU": 2.0})
+    pool = _pool(ray, tmp_path, device="cuda")
+    assert not [a for a in pool.actors if a.group == "model"], ray.started
+    for a in pool.actors:
+        a.phase = "ready"  # the CPU actors started; the model stages have none
+    time.sleep(0.01)
+    with pytest.raises(FatalRunError, match=r"model stages.*0 GPU\(s\).*--device auto"):
+        pool.check_served()
+    # runner.device = auto on the same cluster: the model runs on a CPU of the node, as before
+    assert [a for a in _pool(_ClusterRay([CPU_NODE], free={}), tmp_path).actors if a.group == "model"]
+
+
+def test_a_cluster_without_live_nodes_is_named_as_such(tmp_path):
+    # the only node's raylet was killed mid-run: the head answers but lists no live node
+    ray = _ClusterRay([CPU_NODE], free={"CPU": 2.0})
+    pool = _pool(ray, tmp_path)
+    ray._nodes = []
+    pool.actors.clear()
+    time.sleep(0.01)
+    with pytest.raises(FatalRunError) as info:
+        pool.check_served()
+    msg = str(info.value)
+    assert "no node of the cluster is alive" in msg and "rerun the same command" in msg and "GPU (num_gpus" not in msg
+
+
+def test_a_failed_attempt_names_the_node_as_the_successful_ones_do():
+    # stages.csv and the run store group attempts by worker: a crashed actor's attempt keeps its node
+    from pipeline.runner.ray_executor import _failed
+    from pipeline.runner.ray_pool import PoolActor
+    from pipeline.runner.stage import Task
+
+    actor = PoolActor("cpu-2", "cpu", handle=None, pending=None, phase="ready", node="52559417" + "f" * 48)
+    task = Task(SimpleNamespace(case_key="k"), 1, "reconstruct", 1, "/nowhere", {}, 0.0)  # type: ignore[arg-type]
+    res = _failed(task, actor, "WorkerDiedError", "died", worker_died=True)
+    assert res.worker == "cpu-2@52559417"
+    actor.node = None  # lost before place() answered
+    assert _failed(task, actor, "WorkerDiedError", "died").worker == "cpu-2"
+
+
+def test_a_private_instance_keeps_the_runs_sigterm_handler(monkeypatch):
+    # ray.init in the main thread sets a SIGTERM handler that exits with status 1 at once: ctpipe run's own (stop as
+    # for Ctrl-C, record the run as interrupted, exit 130) must stay
+    import signal
+
+    class _PrivateRay(_RefusingRay):
+        def init(self, **options: Any) -> None:
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as ray.init does
+
+    def ours(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray_connect, "import_ray", lambda: _PrivateRay(RuntimeError()))
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        session = connect("local", timeout_s=10)
+        assert session.owned and signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_node_with_another_ctpipe_stops_the_run_before_it_takes_a_case(tmp_path):
+    from pipeline.runner.ray_actors import software
+
+    ray = _ClusterRay([CPU_NODE], free={"CPU": 2.0})
+    pool = _pool(ray, tmp_path)
+    actor = pool.actors[0]
+    info = {"node": CPU_NODE["NodeID"], "ip": "10.1.2.3", "pid": 1, "device": "cpu", "note": None}
+    ray.get = lambda ref: {**info, "software": software()}  # type: ignore[attr-defined]
+    pool.advance(actor)
+    assert actor.phase == "setting_up"
+    other = pool.actors[1]
+    ray.get = lambda ref: {**info, "software": {**software(), "ctpipe": "0.0.9"}}  # type: ignore[attr-defined]
+    with pytest.raises(FatalRunError, match=r"10\.1\.2\.3.*ctpipe 0\.0\.9 there, .* here.*same ctpipe"):
+        pool.advance(other)
+
+
+def _ray_pids() -> set[int]:
+    p = subprocess.run(["pgrep", "-f", "raylet|gcs_server|ray::"], capture_output=True, text=True)
+    return {int(x) for x in p.stdout.split()}
+
+
+@pytest.mark.slow
+def test_sigterm_of_a_run_on_a_private_instance_is_an_interruption_to_resume(tmp_path):
+    pytest.importorskip("ray")
+    from tests._support.ray_cluster import ray_environment
+
+    before = _ray_pids()
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "pipeline", "run", str(ROOT / "data_samples"), "--out", str(out), "--ray", "local"]
+    args += [*as_cli({**QUICK, "report.enabled": False, "runner.torch_threads": 1}), "--quiet"]
+    env = {**os.environ, **ray_environment()}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "runs.sqlite").exists() or not db_rows(out, "SELECT 1 FROM cases WHERE status='running'"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)  # the driver alone, as systemd or kill would
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in err and "SIGTERM received" not in err, err
+    assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
+    deadline = time.monotonic() + 20
+    while _ray_pids() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _ray_pids() - before == set(), "processes of the run's private Ray instance were left running"
+
+
+def test_auto_with_a_stale_record_of_a_dead_head_says_where_the_address_came_from(monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    ray = _RefusingRay(RuntimeError("not reached"))
+    ray._private = SimpleNamespace(services=SimpleNamespace(canonicalize_bootstrap_address=lambda a: dead))  # type: ignore[attr-defined]
+    monkeypatch.setattr(ray_connect, "import_ray", lambda: ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ClusterError) as info:
+        connect("auto", timeout_s=10)
+    msg = str(info.value)
+    assert f"auto found the head {dead}" in msg and "record of the last cluster" in msg and "ray stop" in msg
+    monkeypatch.setenv("RAY_ADDRESS", dead)
+    with pytest.raises(ClusterError, match="through RAY_ADDRESS"):
+        connect("auto", timeout_s=10)
