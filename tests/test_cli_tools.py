@@ -170,3 +170,16 @@ def test_ingest_twice_into_the_same_cache_gives_the_same_entries(tmp_path, capsy
     assert main(argv) == 0
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == first
     assert json.loads(next(tmp_path.glob("*.json")).read_text())["format"]
+
+
+def test_evaluate_refuses_two_ground_truths_of_one_scan(tmp_path):
+    from pipeline.detection.evaluate_io import load_truth
+    from pipeline.errors import ConfigError
+
+    gt = {"series_uid": "s1", "nodules": [{"center_lps": [10.0, -20.0, -100.0], "diameter_mm": 6.0}]}
+    for copy in ("phantom", "phantom copy"):
+        (tmp_path / copy).mkdir()
+        (tmp_path / copy / "ground_truth.json").write_text(json.dumps(gt))
+    with pytest.raises(ConfigError, match="scan s1 has a ground truth here and in .*count twice"):
+        load_truth([tmp_path / "phantom", tmp_path / "phantom copy"])
+    assert len(load_truth([tmp_path / "phantom", tmp_path / "phantom" / "ground_truth.json"])["s1"]) == 1

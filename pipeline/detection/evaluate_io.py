@@ -91,6 +91,7 @@ def _files(paths: Iterable[str | Path], patterns: tuple[str, ...]) -> list[Path]
 def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
     """Scan id → [(centre LPS mm, diameter mm)] from phantom JSONs and/or LUNA16 annotation CSVs."""
     truth: dict[str, list[tuple[np.ndarray, float]]] = {}
+    source: dict[str, Path] = {}  # scan id → the ground truth JSON it came from
     for f in _files(paths, ("ground_truth.json",)):
         if f.suffix == ".csv":
             for sid, rows in _csv_rows(f, "diameter_mm").items():
@@ -106,6 +107,13 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
                 where=f,
                 fix="pass ground_truth.json files written by the phantom generator, or a LUNA16 CSV",
             ) from exc
+        if sid in source:
+            raise ConfigError(
+                f"scan {sid} has a ground truth here and in {source[sid]}: its nodules would count twice",
+                where=f,
+                fix="pass one ground truth per scan (a copy of a phantom folder holds the same series)",
+            )
+        source[sid] = f
         truth.setdefault(sid, []).extend(nods)
     if not truth:
         raise ConfigError("no ground truth found", where=", ".join(map(str, paths)))
