@@ -156,11 +156,14 @@ def test_ingest_of_a_rejected_series_does_not_say_nothing_matched(tmp_path, caps
         if f.is_file():
             (src / f.relative_to(SAMPLES / "phantom_00003" / "dicom")).parent.mkdir(parents=True, exist_ok=True)
             (src / f.relative_to(SAMPLES / "phantom_00003" / "dicom")).write_bytes(f.read_bytes())
+    assert main(["ingest", str(src), "--out", str(tmp_path / "cache")]) == 0  # cached while the series was whole
+    capsys.readouterr()
     victim = sorted(p for p in src.rglob("*") if p.is_file())[5]
     victim.write_bytes(victim.read_bytes()[:-100])  # a transfer cut short
     assert main(["ingest", str(src), "--out", str(tmp_path / "cache")]) == 1
     out = capsys.readouterr().out
     assert "no series was cached: 1 rejected" in out and "nothing matched" not in out
+    assert "still holds case" in out and "from an earlier ingest of this series; it was not replaced" in out
 
 
 def test_ingest_twice_into_the_same_cache_gives_the_same_entries(tmp_path, capsys):

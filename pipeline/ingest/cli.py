@@ -107,6 +107,11 @@ def run(args: argparse.Namespace) -> int:
     )
     for r in scan.rejected:
         print(f"  rejected {r.series.key}: {r.error}")
+        if safe_case_id(r.series.key) in cache:  # cached by an earlier ingest, before the series went wrong
+            print(
+                f"  note: {args.out} still holds case {safe_case_id(r.series.key)} from an earlier ingest of this "
+                f"series; it was not replaced (remove {safe_case_id(r.series.key)}.npy and .json to drop it)"
+            )
     for s in scan.series:
         for w in s.warnings if s.key in report.written else ():
             print(f"  warning {s.key}: {w}")
