@@ -39,7 +39,7 @@ def _start(store: RunStore, run_id: str, *, pid: int, device: str = "cpu") -> No
     )
 
 
-def _begin(store: RunStore, cid: str, run_id: str, stages: dict[str, str], *, device: str = "cpu") -> int:
+def _begin(store: RunStore, cid: str, run_id: str, stages: dict[str, str], *, device: str = "cpu", worker: str = "main") -> int:
     """Begin case ``cid`` in ``run_id`` and record its stage attempts (stage -> status); returns the attempt number."""
     key = f"{cid}:fp"
     if store.case(key) is None:
@@ -53,7 +53,7 @@ def _begin(store: RunStore, cid: str, run_id: str, stages: dict[str, str], *, de
             stage=stage,
             attempt=attempt,
             status=status,
-            worker="main",
+            worker=worker,
             device=device if stage == "detect" else "cpu",
             ready_at=T0 + n,
             started_at=T0 + n,
@@ -249,3 +249,20 @@ def test_latency_histograms_share_one_scale_so_a_single_case_shows():
     assert edges[0] == 0.0 and edges[-1] >= 51.0 and len(edges) == 31
     assert np.diff(edges).min() > 1.0  # a bar of about 1.7 s on a 52 s axis, not 0.03 s
     assert shared_bins([])[-1] > 0.0
+
+
+def test_latency_per_node_names_ray_nodes_and_the_local_host(tmp_path):
+    run = tmp_path / "run"
+    store = RunStore(run)
+    _start(store, "r1", pid=_dead_pid())
+    for cid, worker in (("a", "cpu-1@10.0.0.1"), ("b", "cpu-1@10.0.0.2"), ("c", "main")):
+        _begin(store, cid, "r1", {"ingest": "ok", "detect": "ok"}, worker=worker)
+        store.complete_case(f"{cid}:fp", output_dir=f"cases/{cid}", findings=[], measurements=[])
+    store.end_run("r1", status="completed", n_cases=3, n_done=3, n_failed=0, n_skipped=0)
+    store.close()
+    rep = build_report([run], tmp_path / "rep")
+    table = read_table(tmp_path / "rep" / "latency_by_node.csv")
+    nodes = {(r["node"], r["stage"]): r for r in table.rows}
+    assert set(nodes) == {(n, s) for n in ("10.0.0.1", "10.0.0.2", socket.gethostname()) for s in ("ingest", "detect")}
+    assert all(r["n"] == "1" and float(r["p50_s"]) == 2.0 for r in table.rows)
+    assert set(rep.summary["latency_by_node_s"]) == {"10.0.0.1", "10.0.0.2", socket.gethostname()}

@@ -260,6 +260,7 @@ def summarize(
     ok = stages[stages.status == "ok"]
     stage_order = list(dict.fromkeys(ok.sort_values("id").stage)) if len(ok) else []
     latency = {s: _pct(ok[ok.stage == s].wall_s) for s in stage_order}
+    by_node = _node_latency(ok, runs, stage_order)
     waits = {s: _pct(ok[ok.stage == s].queue_wait_s) for s in stage_order}
     peak = {
         s: float(ok[ok.stage == s].peak_rss_mb.max()) if ok[ok.stage == s].peak_rss_mb.notna().any() else None
@@ -310,6 +311,7 @@ def summarize(
             "per_day_utc": {str(k): int(v) for k, v in daily.items()},
         },
         "latency_s": {"end_to_end": _pct(done.latency_s), **latency},
+        "latency_by_node_s": by_node,
         "queue_wait_s": waits,
         "peak_rss_mb": peak,
         "failures_by_reason": {str(k): int(v) for k, v in failures.items()},
@@ -448,6 +450,33 @@ CASES_COLUMNS = [
 ]
 
 
+def _node_latency(ok: Any, runs: Any, stage_order: list[str]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Stage wall times (s) per node: the node of a Ray actor (its worker is ``name@node``), else the host of the
+    run (local workers). {node: {stage: percentiles}}."""
+    if not len(ok):
+        return {}
+    host = {(d, r): h for d, r, h in zip(runs.run_dir, runs.run_id, runs.host)}
+    workers = ok.worker.fillna("").astype(str)
+    nodes = [w.partition("@")[2] or str(host.get((d, r)) or "unknown") for w, d, r in zip(workers, ok.run_dir, ok.run_id)]
+    ok = ok.assign(node=nodes)
+    return {
+        node: {s: _pct(grp[grp.stage == s].wall_s) for s in stage_order if (grp.stage == s).any()}
+        for node, grp in ok.groupby("node", sort=True)
+    }
+
+
+def _node_latency_table(by_node: dict[str, dict[str, dict[str, Any]]]) -> Any:
+    """``latency_by_node.csv``: per node and stage the count and the mean and percentiles in seconds."""
+    import pandas as pd
+
+    rows = [
+        {"node": node, **_latency_table({stage: pct}).iloc[0].to_dict()}
+        for node, stages in by_node.items()
+        for stage, pct in stages.items()
+    ]
+    return pd.DataFrame(rows, columns=["node", "stage", "n", "mean_s", *(f"p{p}_s" for p in PCTS)])
+
+
 def _csv_bytes(df: Any) -> bytes:
     """``df`` as a CSV file: UTF-8 with a byte-order mark (Excel on Windows reads it as UTF-8), no index."""
     return df.to_csv(index=False).encode("utf-8-sig")
@@ -503,6 +532,7 @@ def build_report(
     tables = {
         "runs.csv": pd.DataFrame(summary["runs_table"], columns=RUNS_COLUMNS),
         "latency.csv": _latency_table(summary["latency_s"]),
+        "latency_by_node.csv": _node_latency_table(summary["latency_by_node_s"]),
         "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
         "throughput_hourly.csv": pd.DataFrame(
             [(f"{hour.replace(' ', 'T')}:00Z", n) for hour, n in summary["throughput"]["per_hour_utc"].items()],
