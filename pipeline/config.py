@@ -230,6 +230,15 @@ SCHEMA: dict[str, dict[str, Option]] = {
             nullable=True,
         ),
         "nvml_interval_s": Option(2.0, "float", "s", "GPU utilisation/memory sampling interval", lo=0.1, hi=3600.0),
+        "linger_s": Option(
+            0.0,
+            "float",
+            "s",
+            "keep serving the metrics this long after the run ends, so that a scrape takes the final values "
+            "(at least Prometheus' scrape interval; 0 = stop at once, the textfile holds them)",
+            lo=0.0,
+            hi=600.0,
+        ),
     },
     "pacs": {
         "ae_title": Option(

@@ -251,3 +251,32 @@ def test_more_workers_than_cores_is_said(tmp_path, monkeypatch):
     warned = [r for r in records if r.get("event") == "config_warning"]
     assert len(warned) == 1 and "runner.workers = 16" in warned[0]["msg"] and "2 CPU core(s)" in warned[0]["msg"]
     assert "--workers 2 or fewer" in warned[0]["msg"]
+
+
+def test_metrics_linger_after_the_run_for_a_last_scrape(tmp_path):
+    """metrics.linger_s: the endpoint still answers, with the final counters, after the run's cases are done."""
+    import threading
+    import time
+    import urllib.request
+
+    from pipeline.runner import run_batch
+    from tests._support.orthanc import free_port
+
+    (tmp_path / "incoming").mkdir()
+    port = free_port()
+    options = {"metrics.port": port, "metrics.linger_s": 2.0, "report.enabled": False}
+    started = time.monotonic()
+    worker = threading.Thread(target=run_batch, args=([tmp_path / "incoming"],), kwargs={"out": tmp_path / "run", **options})
+    worker.start()
+    seen = []
+    while worker.is_alive():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+                seen.append((time.monotonic() - started, r.read().decode()))
+        except OSError:
+            pass
+        time.sleep(0.1)
+    worker.join()
+    assert time.monotonic() - started >= 2.0
+    late = [text for t, text in seen if t >= 1.5]  # well after an empty run's own work
+    assert late and "ctpipe_cases_processed_total" in late[-1]

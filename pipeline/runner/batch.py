@@ -408,6 +408,10 @@ def _run(
         if sampler:
             sampler.stop()
             _quietly(summary, run_dir, "GPU samples", lambda: store.add_gpu_samples(run_id, sampler.drain()))
+        if cfg.metrics.port and cfg.metrics.linger_s > 0 and status != "interrupted":
+            # the counters are final now: one more scrape takes them, else the run's last cases never reach Prometheus
+            log.info("serving the final metrics for %g s", cfg.metrics.linger_s, extra={"event": "metrics_linger"})
+            time.sleep(cfg.metrics.linger_s)
         metrics.stop()
         summary.elapsed_s = time.monotonic() - t0
         keys = {c.case_key for c in found.cases}
