@@ -88,6 +88,16 @@ def _files(paths: Iterable[str | Path], patterns: tuple[str, ...]) -> list[Path]
     return list(files.values())
 
 
+def _claim(source: dict[str, Path], scan_id: str, f: Path, *, what: str, items: str, fix: str) -> None:
+    """Record that ``f`` holds scan ``scan_id``; refuse a second file of the same scan, whose ``items`` would count
+    twice."""
+    if scan_id in source:
+        raise ConfigError(
+            f"scan {scan_id} has {what} here and in {source[scan_id]}: its {items} would count twice", where=f, fix=fix
+        )
+    source[scan_id] = f
+
+
 def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
     """Scan id → [(centre LPS mm, diameter mm)] from phantom JSONs and/or LUNA16 annotation CSVs."""
     truth: dict[str, list[tuple[np.ndarray, float]]] = {}
@@ -107,13 +117,14 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
                 where=f,
                 fix="pass ground_truth.json files written by the phantom generator, or a LUNA16 CSV",
             ) from exc
-        if sid in source:
-            raise ConfigError(
-                f"scan {sid} has a ground truth here and in {source[sid]}: its nodules would count twice",
-                where=f,
-                fix="pass one ground truth per scan (a copy of a phantom folder holds the same series)",
-            )
-        source[sid] = f
+        _claim(
+            source,
+            sid,
+            f,
+            what="a ground truth",
+            items="nodules",
+            fix="pass one ground truth per scan (a copy of a phantom folder holds the same series)",
+        )
         truth.setdefault(sid, []).extend(nods)
     if not truth:
         raise ConfigError("no ground truth found", where=", ".join(map(str, paths)))
@@ -155,13 +166,14 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
         scan_id = fnd.series_uid or fnd.case_id
         if not scan_id:
             raise ConfigError("findings name neither a series UID nor a case id", where=f)
-        if scan_id in source:
-            raise ConfigError(
-                f"scan {scan_id} has findings here and in {source[scan_id]}: its candidates would count twice",
-                where=f,
-                fix="pass one findings JSON per scan (name the files, or the folder of one run, instead of both)",
-            )
-        source[scan_id] = f
+        _claim(
+            source,
+            scan_id,
+            f,
+            what="findings",
+            items="candidates",
+            fix="pass one findings JSON per scan (name the files, or the folder of one run, instead of both)",
+        )
         preds.setdefault(scan_id, []).extend((np.asarray(x.center_lps, float), float(x.score)) for x in fnd.candidates)
     return preds
 
