@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import logging
 import os
@@ -17,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..atomic import atomic_write_bytes
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import ConfigError, FatalRunError
 from ..ingest.image import image_suffix
+from ..versions import package_versions
 from .discover import Discovery, discover
 from .engine import Engine
 from .faults import check_writable, environment_failure
@@ -133,13 +132,8 @@ class RunSummary:
 
 
 def software_versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "ctpipe": __version__, "platform": platform.platform()}
-    for dist in ("torch", "monai", "pydicom", "numpy", "SimpleITK", "nvidia-dali-cuda120", "pandas", "prometheus-client"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return out
+    dists = ("torch", "monai", "pydicom", "numpy", "SimpleITK", "nvidia-dali-cuda120", "pandas", "prometheus-client")
+    return {"python": platform.python_version(), "platform": platform.platform(), **package_versions(dists)}
 
 
 def no_gpu_here(dev: Path = Path("/dev")) -> bool:

@@ -45,17 +45,9 @@ def pick_device(*, group: str, wanted: str, gpu_ids: Sequence[Any], cuda_availab
 
 def software() -> dict[str, str]:
     """The versions of ctpipe and of the packages that decide its findings in this process's environment."""
-    from importlib import metadata
+    from ..versions import package_versions
 
-    from .. import __version__
-
-    out = {"ctpipe": __version__}
-    for dist in ("torch", "monai"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    return package_versions(("torch", "monai"))
 
 
 class StageActor:
