@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -223,6 +224,14 @@ def _ray_pids() -> set[int]:
 
 
 @pytest.mark.slow
+def _a_case_running(out: Path) -> bool:
+    """Whether the run store in ``out`` records a case running (False while the store is not made yet)."""
+    try:
+        return bool(db_rows(out, "SELECT 1 FROM cases WHERE status='running'"))
+    except sqlite3.Error:  # no file yet, or its tables not yet created
+        return False
+
+
 def test_sigterm_of_a_run_on_a_private_instance_is_an_interruption_to_resume(tmp_path):
     pytest.importorskip("ray")
     from tests._support.ray_cluster import ray_environment
@@ -235,7 +244,7 @@ def test_sigterm_of_a_run_on_a_private_instance_is_an_interruption_to_resume(tmp
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not (out / "runs.sqlite").exists() or not db_rows(out, "SELECT 1 FROM cases WHERE status='running'"):
+        while not _a_case_running(out):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)  # the driver alone, as systemd or kill would
