@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download, into .whl/ (git-ignored, about 10 MB), the wheels that scripts/gpu_check.sh needs on a GPU
+# Download, into .whl/ (git-ignored, about 17 MB), the wheels that scripts/gpu_check.sh needs on a GPU
 # machine whose Python (3.12) has torch, numpy, scipy, scikit-image, pandas, matplotlib, pyyaml,
 # prometheus-client and tqdm but not the DICOM and MONAI packages (pydicom, highdicom for the DICOM results,
 # nibabel for MONAI's Orientation transform). The GPU tests and benchmarks do not
