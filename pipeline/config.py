@@ -258,6 +258,12 @@ SCHEMA: dict[str, dict[str, Option]] = {
             hi=65535,
         ),
         "allowed_aets": Option([], "strs", "", "calling AE titles ctpipe listen accepts instances from; empty = none"),
+        "check_called_aet": Option(
+            True,
+            "bool",
+            "",
+            "ctpipe listen and the C-MOVE storage SCP reject associations addressed to another AE title than ae_title",
+        ),
         "quiet_period_s": Option(
             30.0, "float", "s", "a received series is complete after this long without a new instance", lo=0.1, hi=86400.0
         ),

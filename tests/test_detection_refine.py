@@ -183,3 +183,20 @@ def test_opening_equals_scipys_binary_opening(radius_vox: tuple[float, float, fl
     for shape in [(9, 31, 27), (17, 21, 21)]:  # blobs reaching the window's edge included
         mask = ndimage.gaussian_filter(rng.random(shape), 1.5) > 0.5
         assert np.array_equal(_open(mask, ball), ndimage.binary_opening(mask, structure=ball))
+
+
+def test_boxes_beyond_nodule_size_keep_their_centre_and_cost_little() -> None:
+    """A 120 mm box (an untrained network's) is not refined: its window would take about a second per box."""
+    ph = generate_phantom(3, **PHANTOM)
+    true, diam, start = _perturbed(ph, 11)
+    sizes = np.where(np.arange(len(diam)) % 2 == 0, 120.0, diam)
+    t0 = time.perf_counter()
+    res = refine_centres(ph.volume, start, sizes)
+    took = time.perf_counter() - t0
+    big = sizes > 40.0
+    assert not res.refined[big].any() and np.array_equal(res.centers_lps[big], start[big])
+    assert np.array_equal(res.diameters_mm[big], sizes[big]) and np.all(res.shift_mm[big] == 0.0)
+    assert res.refined[~big].sum() >= (~big).sum() - 1  # the nodule-sized ones are refined as before
+    assert took < 0.5, f"{took:.2f} s for {len(sizes)} boxes"
+    at_limit = refine_centres(ph.volume, start, np.minimum(sizes, 40.0), max_diameter_mm=40.0)
+    assert at_limit.refined[big].any()  # the limit is inclusive: 40 mm boxes are still refined

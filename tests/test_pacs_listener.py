@@ -11,6 +11,7 @@ test receiving, not detection); the slow test runs the ``ctpipe listen`` command
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -145,7 +146,7 @@ def test_model_worker_started_once_for_series_arriving_at_different_times(orthan
     assert set(open_run(run).stages.query("stage == 'count_setups'").worker) == {"model-cpu"}
 
 
-def test_unknown_ae_titles_rejected_and_non_ct_refused_with_a_status(orthanc, series, tmp_path):
+def test_unknown_ae_titles_rejected_and_non_ct_refused_with_a_status(orthanc, series, tmp_path, caplog):
     _, files = series
     mr = tmp_path / "mr.dcm"
     ds = pydicom.dcmread(files[0])
@@ -154,12 +155,20 @@ def test_unknown_ae_titles_rejected_and_non_ct_refused_with_a_status(orthanc, se
     ds.Modality = "MR"
     ds.save_as(mr)
     with _listener(orthanc, tmp_path / "run") as lst:
-        assert cstore(files[:1], lst.port, calling="INTRUDER", called=AET) is None  # association rejected
+        with caplog.at_level(logging.WARNING, logger="pipeline.pacs.listener"):
+            assert cstore(files[:1], lst.port, calling="INTRUDER", called=AET) is None  # association rejected
+            assert cstore(files[:1], lst.port, calling="ORTHANC", called="OTHERNODE") is None  # addressed elsewhere
+        rejected = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "listen_rejected"]
+        assert len(rejected) == 2, rejected
+        assert "'INTRUDER' is not among pacs.allowed_aets" in rejected[0]
+        assert f"called AE title 'OTHERNODE' is not this listener's '{AET}'" in rejected[1]
         assert cstore([mr], lst.port, calling="ORTHANC", called=AET) == [0x0122]  # SOP class not supported
         assert cstore(files[:2], lst.port, calling="ORTHANC", called=AET) == [0, 0]
     assert _journal(tmp_path / "run", "SELECT COUNT(*) FROM instances") == [(2,)]
     with pytest.raises(PacsAddressError, match="allowed_aets is empty"):
         Listener(tmp_path / "run2", load_config(environ={}))
+    with _listener(orthanc, tmp_path / "run3", **{"pacs.check_called_aet": False}) as lst:  # the check turned off
+        assert cstore(files[:1], lst.port, calling="ORTHANC", called="OTHERNODE") == [0]
 
 
 def test_restart_keeps_what_was_received_and_processes_it_once(orthanc, series, tmp_path):

@@ -346,6 +346,7 @@ class MoveReceiver:
         for abstract, syntaxes in ct_storage_contexts(accept_all=True):
             self.ae.add_supported_context(abstract, syntaxes)
         self.ae.require_calling_aet = [archive_aet]
+        self.ae.require_called_aet = bool(cfg.pacs.check_called_aet)
         try:
             self.server = self.ae.start_server(
                 (cfg.pacs.bind, cfg.pacs.move_port),

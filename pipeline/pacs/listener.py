@@ -2,7 +2,8 @@
 
 The listener is ``pacs.ae_title`` at ``pacs.bind``:``pacs.port`` (127.0.0.1 by default). It accepts
 associations only from the calling AE titles in ``pacs.allowed_aets`` (others are rejected:
-"calling AE title not recognised"), takes CT Image Storage and Enhanced CT Image Storage, and
+"calling AE title not recognised") and, with ``pacs.check_called_aet`` (the default), only those addressed to
+``pacs.ae_title`` ("called AE title not recognised"; each rejection is logged with the AE titles), takes CT Image Storage and Enhanced CT Image Storage, and
 answers any other SOP class with status 0x0122. Each instance is written to disk, synced and
 recorded in the journal (:mod:`pipeline.pacs.journal`) before success is answered; a duplicate
 SOPInstanceUID is answered with success and not stored again.
@@ -153,11 +154,15 @@ class Listener:
         for abstract, syntaxes in accepted_storage_contexts():
             ae.add_supported_context(abstract, syntaxes)
         ae.require_calling_aet = self.allowed
+        ae.require_called_aet = bool(self.cfg.pacs.check_called_aet)
         ae.maximum_associations = 16
         address = (self.cfg.pacs.bind, int(self.cfg.pacs.port))
         try:
             self._server = ae.start_server(
-                address, block=False, ae_title=self.cfg.pacs.ae_title, evt_handlers=[(evt.EVT_C_STORE, self._on_store)]
+                address,
+                block=False,
+                ae_title=self.cfg.pacs.ae_title,
+                evt_handlers=[(evt.EVT_C_STORE, self._on_store), (evt.EVT_REJECTED, self._on_rejected)],
             )
         except OSError as exc:
             self.close()
@@ -219,6 +224,27 @@ class Listener:
         self.close()
 
     # -- receiving (pynetdicom's association threads) --------------------------------------
+    def _on_rejected(self, event: Any) -> None:
+        """Log why an association was rejected: the operator of the sending node needs the AE titles."""
+        calling = str(event.assoc.requestor.ae_title).strip()
+        called = str(getattr(event.assoc.requestor.primitive, "called_ae_title", "") or "").strip()
+        if calling not in self.allowed:
+            why = f"calling AE title {calling!r} is not among pacs.allowed_aets ({', '.join(self.allowed)})"
+            fix = f"add {calling!r} to pacs.allowed_aets (--allow) if that node may send"
+        elif self.cfg.pacs.check_called_aet and called != self.cfg.pacs.ae_title:
+            why = f"called AE title {called!r} is not this listener's {self.cfg.pacs.ae_title!r}"
+            fix = f"configure {calling} to send to AE title {self.cfg.pacs.ae_title!r}, or set pacs.check_called_aet: false"
+        else:
+            why, fix = "the association request was not acceptable", "see the sender's log"
+        log.warning(
+            "rejected an association from %s at %s: %s; fix: %s",
+            calling,
+            getattr(event.assoc.requestor, "address", "?"),
+            why,
+            fix,
+            extra={"event": "listen_rejected"},
+        )
+
     def _on_store(self, event: Any) -> int:
         status, sop_class, sop_uid = check_instance(event)
         calling = str(event.assoc.requestor.ae_title).strip()
