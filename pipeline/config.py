@@ -192,6 +192,23 @@ SCHEMA: dict[str, dict[str, Option]] = {
             "head, or local / null (a private Ray instance on this machine for the run)",
             nullable=True,
         ),
+        "ray_max_cpus": Option(
+            0,
+            "int",
+            "CPUs",
+            "runner.engine = ray: CPU actors of this run at most (one CPU each), leaving the rest of the cluster to other "
+            "runs; 0 = every CPU",
+            lo=0,
+            hi=1_000_000,
+        ),
+        "ray_max_gpus": Option(
+            0,
+            "int",
+            "GPUs",
+            "runner.engine = ray: model actors on GPUs of this run at most (one GPU each); 0 = every GPU",
+            lo=0,
+            hi=100_000,
+        ),
         "ray_timeout_s": Option(
             60.0,
             "float",

@@ -292,6 +292,43 @@ def test_sigterm_of_the_driver_stops_its_actors_and_asks_for_a_rerun(cluster, ca
 
 
 @pytest.mark.slow
+def test_two_runs_given_shares_of_one_cluster_run_side_by_side(cluster, cases, tmp_path):
+    """runner.ray_max_cpus / ray_max_gpus: with a node of one more CPU the cluster has 2 CPUs and 2 GPUs; two runs
+    started together each take one of each and both finish (without the shares the first takes all of them)."""
+    import os
+
+    from tests._support.ray_cluster import ray_environment
+
+    extra = cluster.add_node(num_cpus=1)
+    try:
+        env = {**os.environ, **ray_environment()}
+        shares = ["--set", "runner.ray_max_cpus=1", "--set", "runner.ray_max_gpus=1"]
+        procs = {
+            name: subprocess.Popen(
+                [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(tmp_path / name)]
+                + ["--ray", cluster.address, "--quiet", *as_cli(cases["opts"]), *shares],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for name in ("nightly", "listener")
+        }
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=240)
+            assert proc.returncode == 0, f"{name}: {out}{err}"
+            records = [json.loads(line) for line in (tmp_path / name / "run.log").read_text().splitlines()]
+            started = [r["msg"] for r in records if r.get("event") == "worker_start"]
+            assert sum("actor cpu-" in m for m in started) == 1, started
+            assert sum("actor model-" in m and "num_gpus" in m for m in started) == 1, started
+            assert sorted(r[0] for r in db_rows(tmp_path / name, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(
+                cases["uids"]
+            )
+    finally:
+        cluster.cluster.remove_node(extra, allow_graceful=True)
+
+
+@pytest.mark.slow
 def test_every_ray_process_started_by_the_tests_is_stopped(cluster):
     assert cluster.leftovers(), "the cluster's processes were not found (the check below would prove nothing)"
     cluster.stop()

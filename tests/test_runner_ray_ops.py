@@ -141,6 +141,28 @@ def test_a_run_whose_cpus_another_run_holds_says_so(tmp_path):
     assert "0 CPU(s) free" in msg and "another ctpipe run" in msg and "runner.ray_timeout_s" in msg
 
 
+def test_a_runs_share_of_the_cluster_caps_its_actors(tmp_path):
+    nodes = [{"Alive": True, "NodeID": c * 56, "Resources": {"CPU": 4.0, "GPU": 2.0}} for c in "ab"]
+
+    def started(**overrides: Any) -> tuple[int, int]:
+        ray = _ClusterRay(nodes, free={"CPU": 8.0, "GPU": 4.0})
+        pool = _pool(ray, tmp_path, **overrides)
+        pool.refresh(force=True)  # a second look at the cluster starts nothing more
+        return sum(r.get("num_cpus") == 1 for r in ray.started), sum(r.get("num_gpus") == 1 for r in ray.started)
+
+    assert started() == (8, 4)  # the whole cluster
+    assert started(**{"runner.ray_max_cpus": 3, "runner.ray_max_gpus": 1}) == (3, 1)
+    assert started(**{"runner.ray_max_cpus": 20}) == (8, 4)  # a share larger than the cluster is the cluster
+    ray = _ClusterRay([CPU_NODE], free={"CPU": 0.0})
+    pool = _pool(ray, tmp_path)
+    for a in pool.actors:
+        if a.group == "model":
+            a.phase = "ready"
+    time.sleep(0.01)
+    with pytest.raises(FatalRunError, match=r"runner\.ray_max_cpus"):  # the fix names the shares
+        pool.check_served()
+
+
 def test_device_cuda_on_a_cluster_without_gpus_runs_no_model_on_a_cpu(tmp_path):
     ray = _ClusterRay([CPU_NODE], free={"CPU": 2.0})
     pool = _pool(ray, tmp_path, device="cuda")

@@ -5,7 +5,8 @@
 what no actor of the run uses yet (a node that joined, a GPU freed by a dead actor). An actor starts in
 two steps, each answered through a Ray reference the executor waits on with its tasks: ``place()``
 (where Ray put it, which device) and ``setup()`` (stages set up, model loaded); only then does it take
-tasks. A group left without any placed actor for ``runner.ray_timeout_s`` stops the run with the reason.
+tasks. ``runner.ray_max_cpus`` / ``runner.ray_max_gpus`` cap the run's CPU and GPU actors (0: the whole cluster), so
+that runs sharing a cluster each keep a part of it. A group left without any placed actor for ``runner.ray_timeout_s`` stops the run with the reason.
 """
 
 from __future__ import annotations
@@ -83,12 +84,15 @@ class ActorPool:
             return
         self._refreshed = now
         nodes = self.nodes()
+        share = self.config.runner
         if "cpu" in self.groups:
             cpus = sum(int(n["Resources"].get("CPU", 0)) for n in nodes)
+            cpus = min(cpus, share.ray_max_cpus) if share.ray_max_cpus else cpus
             for _ in range(cpus - sum(a.group == "cpu" for a in self.actors)):
                 self._start("cpu", {"num_cpus": 1})
         if "model" in self.groups:
             gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes) if self.config.runner.device != "cpu" else 0
+            gpus = min(gpus, share.ray_max_gpus) if share.ray_max_gpus else gpus
             if gpus:
                 for _ in range(gpus - sum(a.group == "model" and a.pinned is None for a in self.actors)):
                     self._start("model", {"num_gpus": 1, "num_cpus": 0})
@@ -191,7 +195,8 @@ class ActorPool:
         if total > 0 and free < 1:
             return (
                 f"each needs {need}, {free:g} {res}(s) free: other Ray jobs, e.g. another ctpipe run, hold the rest); "
-                f"run again when they end, add nodes to the cluster or {later}"
+                f"run again when they end, give each run a share of the cluster (runner.ray_max_cpus / "
+                f"runner.ray_max_gpus), add nodes to the cluster or {later}"
             )
         alt = f", or use --device auto (runner.device = {device})" if group == "model" and device.startswith("cuda") else ""
         return f"each needs {need}); add nodes to the cluster or {later}{alt}"
