@@ -306,6 +306,15 @@ SCHEMA: dict[str, dict[str, Option]] = {
         "send_to": Option(
             None, "str", "", "destination of the DICOM results (SR, SEG) of completed cases; null = none", nullable=True
         ),
+        "incomplete_keep_s": Option(
+            259200.0,
+            "float",
+            "s",
+            "a series ctpipe listen quarantined incomplete keeps its received files this long after its last instance "
+            "(whatever keep_received says), so that its missing instances, sent later, complete it; 0 = no wait",
+            lo=0.0,
+            hi=31_536_000.0,
+        ),
         "keep_received": Option(
             "none",
             "choice",

@@ -244,6 +244,41 @@ def test_series_that_never_completes_is_reported_after_the_limit(orthanc, series
     assert len(list(kept.glob("*.dcm"))) == len(gap)
 
 
+@pytest.mark.parametrize("hold_s", [259200.0, 0.0, 10.0])
+def test_missing_slice_sent_after_the_limit_completes_the_quarantined_series(orthanc, series, tmp_path, hold_s):
+    """keep_received none (the default): the incomplete series' files wait pacs.incomplete_keep_s for the missing
+    instance, which then completes it as the same case; with no wait they go at once, as keep_received says."""
+    uid, files = series
+    run = tmp_path / "run"
+    gap = files[:7] + files[8:]
+    opts = {"pacs.quiet_period_s": 0.5, "pacs.series_limit_s": 3.0, "pacs.incomplete_keep_s": hold_s}
+    with _listener(orthanc, run, **opts) as lst:
+        assert cstore(gap, lst.port, called=AET) == [0] * len(gap)
+        (first,) = _until_processed(lst, timeout_s=20)
+        assert first["note"].startswith("incomplete after")
+        (case,) = open_run(run).cases.itertuples()
+        assert case.status == "failed" and case.error_class == "MissingSliceError"
+        g1 = Path(first["folder"])
+        if not hold_s:
+            assert not g1.exists()  # nothing waits: removed once quarantined
+            return
+        assert len(list(g1.glob("*.dcm"))) == len(gap)
+        lst._swept = 0.0
+        assert lst.step() == [] and g1.exists()  # a sweep before the time is up keeps them
+        if hold_s < 60:  # no missing slice within the wait: the next sweep after it removes them
+            time.sleep(max(0.0, first["last_at"] + hold_s - time.time()) + 0.2)
+            lst._swept = 0.0
+            assert lst.step() == [] and not g1.exists()
+            return
+        assert cstore(files[7:8], lst.port, called=AET) == [0]  # the missing slice, later
+        done = _until_processed(lst, timeout_s=20)
+        assert [(r["generation"], r["n_instances"]) for r in done] == [(2, len(files))]
+    cases = open_run(run).cases
+    assert len(cases) == 1 and cases.iloc[0]["case_id"] == case.case_id and cases.iloc[0]["status"] == "done"
+    assert not g1.exists() and not Path(done[0]["folder"]).exists()  # both generations' files go once it is done
+    assert not (run / "pacs" / "incoming" / uid).exists()
+
+
 @pytest.mark.slow
 def test_ctpipe_listen_killed_mid_transfer_then_restarted_processes_the_series_once(orthanc, series, tmp_path):
     """Orthanc pushes to ``ctpipe listen`` (full pipeline); kill -9 mid-transfer; restart; Orthanc sends again."""

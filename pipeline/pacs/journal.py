@@ -13,7 +13,11 @@ period of open series; handed generations are handed again (the run store skips 
 
 Once a generation is processed, its folder is removed (:meth:`ReceiveJournal.release`) unless
 ``pacs.keep_received`` keeps it (``all``; ``failed`` keeps those of quarantined or not selected
-series); the instances stay in the journal. A duplicate of an instance whose file is still kept is
+series); the instances stay in the journal. A generation handed over incomplete (missing slices after
+``pacs.series_limit_s``, note :data:`INCOMPLETE_NOTE`) and quarantined keeps its folder for
+``pacs.incomplete_keep_s`` after its last instance, while no newer generation exists: a sender that
+sends the missing instances later (a modality's queue after a network outage) then completes it, since
+the new generation starts from its files. A duplicate of an instance whose file is still kept is
 answered with success and not stored again; one whose file was removed is stored again, into the
 series' open generation or a new one: a series sent again in full after its files were removed
 forms the same case (the run store skips it as done), and one sent again with more instances forms
@@ -36,6 +40,9 @@ from .ledger import Ledger, now
 from .spool import fsync_dir
 
 log = logging.getLogger(__name__)
+
+#: Start of the note of a generation handed to the runner incomplete, after ``pacs.series_limit_s``.
+INCOMPLETE_NOTE = "incomplete after"
 
 
 @dataclass(frozen=True)
@@ -186,9 +193,22 @@ class ReceiveJournal:
                 (case_id, outcome, row["series_uid"], row["generation"]),
             )
 
-    def release(self, row: dict[str, Any], *, keep: str) -> bool:
-        """Remove a processed generation's folder unless ``keep`` (``pacs.keep_received``) keeps it; True if removed."""
-        if not should_remove(str(row.get("outcome") or ""), keep):
+    def held(self, row: dict[str, Any], *, hold_s: float) -> bool:
+        """Whether a processed generation's files wait for the rest of its series: handed over incomplete, quarantined,
+        its last instance less than ``hold_s`` (s, ``pacs.incomplete_keep_s``) ago, and no newer generation yet."""
+        if hold_s <= 0 or str(row.get("outcome")) != "failed" or not str(row.get("note") or "").startswith(INCOMPLETE_NOTE):
+            return False
+        if now() - float(row["last_at"]) >= hold_s:
+            return False
+        newer = self.ledger.one(
+            "SELECT 1 FROM series WHERE series_uid = ? AND generation > ?", (row["series_uid"], row["generation"])
+        )
+        return newer is None
+
+    def release(self, row: dict[str, Any], *, keep: str, hold_s: float = 0.0) -> bool:
+        """Remove a processed generation's folder unless ``keep`` (``pacs.keep_received``) keeps it or it is
+        :meth:`held` (``hold_s``: ``pacs.incomplete_keep_s``); True if removed."""
+        if not should_remove(str(row.get("outcome") or ""), keep) or self.held(row, hold_s=hold_s):
             return False
         folder = Path(row["folder"])
         if folder.is_dir():

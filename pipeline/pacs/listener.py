@@ -11,8 +11,9 @@ SOPInstanceUID is answered with success and not stored again.
 A series is complete when no instance has arrived for ``pacs.quiet_period_s`` and its slices form
 a volume (no gap, at least ``ingest.min_slices``); one still incomplete ``pacs.series_limit_s``
 after its first instance is reported (log, ``RUN_DIR/pacs/incomplete/``) and handed over as it is
-(the runner quarantines it with the reason). A hospital thus gets every series processed: a
-complete one after the quiet period, an incomplete one after ``pacs.series_limit_s``, reported.
+(the runner quarantines it with the reason); its files are kept for ``pacs.incomplete_keep_s``, so that the
+missing instances, sent later, complete it as a new generation (the same case). A hospital thus gets every series
+processed: a complete one after the quiet period, an incomplete one after ``pacs.series_limit_s``, reported.
 
 Complete series are handed to the crash-safe runner on the same run folder, in batches of what is
 complete at the time, through one :class:`~pipeline.runner.session.RunSession`: the executor the
@@ -38,7 +39,7 @@ from typing import Any
 from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, PacsAddressError
 from .address import check_aet, listen_error, valid_uid
-from .journal import ReceiveJournal
+from .journal import INCOMPLETE_NOTE, ReceiveJournal
 from .ledger import Ledger, PacsLock, now
 from .scp import (
     STATUS_DATASET_MISMATCH,
@@ -51,6 +52,9 @@ from .scp import (
 from .spool import write_instance
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two looks for held incomplete series whose pacs.incomplete_keep_s is over (between batches).
+SWEEP_S = 60.0
 
 
 def incomplete_reason(folder: Path, cfg: Any) -> str | None:
@@ -121,6 +125,7 @@ class Listener:
         self._stop = threading.Event()
         self._reported: set[tuple[str, int]] = set()
         self._checked: dict[tuple[str, int], tuple[float, str | None]] = {}  # last_at when checked, why incomplete
+        self._swept = 0.0  # when processed series' files were last released
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self) -> Listener:
@@ -134,7 +139,7 @@ class Listener:
         self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
         counts = self.journal.recover()
         for row in self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL"):
-            counts["released"] = counts.get("released", 0) + self.journal.release(row, keep=self.cfg.pacs.keep_received)
+            counts["released"] = counts.get("released", 0) + self._release(row)
         if any(counts.values()):
             log.warning(
                 "listener restart: %d instance(s) recovered, %d open series resumed, %d empty dropped, "
@@ -318,14 +323,27 @@ class Listener:
                 )
         batch += self.journal.hand(ready)
         for row, why in incomplete:
-            handed = self.journal.hand([row], note=f"incomplete after {self.cfg.pacs.series_limit_s:g} s: {why}")
+            handed = self.journal.hand([row], note=f"{INCOMPLETE_NOTE} {self.cfg.pacs.series_limit_s:g} s: {why}")
             if handed:
                 self._report_incomplete(row, why)
                 batch += handed
         self._report_never_quiet()
         if batch:
             self._run(batch)
+        elif now() - self._swept >= SWEEP_S:  # held incomplete series whose time is up
+            self._release_processed()
         return batch
+
+    def _release(self, row: dict[str, Any]) -> bool:
+        assert self.journal is not None
+        return self.journal.release(row, keep=self.cfg.pacs.keep_received, hold_s=self.cfg.pacs.incomplete_keep_s)
+
+    def _release_processed(self) -> None:
+        """Remove the received files of processed series that nothing keeps any more (see :meth:`ReceiveJournal.release`)."""
+        assert self._ledger is not None
+        self._swept = now()
+        for row in self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL"):
+            self._release(row)
 
     def _report_incomplete(self, row: dict[str, Any], why: str) -> None:
         limit = self.cfg.pacs.series_limit_s
@@ -401,11 +419,18 @@ class Listener:
             if len(hits):
                 case = hits.iloc[-1]
                 self.journal.processed(row, case_id=str(case["case_id"]), outcome=str(case["status"]))
+                if self.journal.held(dict(row, outcome=str(case["status"])), hold_s=self.cfg.pacs.incomplete_keep_s):
+                    log.warning(
+                        "series %s was quarantined incomplete; its %d received file(s) are kept for "
+                        "pacs.incomplete_keep_s = %g s, so that the missing instances, when sent, complete it",
+                        row["series_uid"],
+                        row["n_instances"],
+                        self.cfg.pacs.incomplete_keep_s,
+                        extra={"event": "listen_held"},
+                    )
             else:
                 self.journal.processed(row, case_id=None, outcome=f"not selected: {why or 'no CT series found'}")
-        assert self._ledger is not None
-        for row in self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL"):
-            self.journal.release(row, keep=self.cfg.pacs.keep_received)
+        self._release_processed()
         for line in summary.lines():
             log.info("%s", line, extra={"event": "listen_batch_done"})
         if self._sender is not None:
