@@ -2,9 +2,9 @@
 
 The listener is ``pacs.ae_title`` at ``pacs.bind``:``pacs.port`` (127.0.0.1 by default). It accepts
 associations only from the calling AE titles in ``pacs.allowed_aets`` (others are rejected:
-"calling AE title not recognised") and, with ``pacs.check_called_aet`` (the default), only those addressed to
-``pacs.ae_title`` ("called AE title not recognised"; each rejection is logged with the AE titles), takes CT Image Storage and Enhanced CT Image Storage, and
-answers any other SOP class with status 0x0122. Each instance is written to disk, synced and
+"calling AE title not recognised") and, with ``pacs.check_called_aet`` (the default), only those
+addressed to ``pacs.ae_title`` ("called AE title not recognised"; each rejection is logged with both
+AE titles). It takes CT Image Storage and Enhanced CT Image Storage, and answers any other SOP class with status 0x0122. Each instance is written to disk, synced and
 recorded in the journal (:mod:`pipeline.pacs.journal`) before success is answered; a duplicate
 SOPInstanceUID is answered with success and not stored again.
 
@@ -138,8 +138,7 @@ class Listener:
         self._ledger = Ledger(self.run_dir)
         self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
         counts = self.journal.recover()
-        for row in self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL"):
-            counts["released"] = counts.get("released", 0) + self._release(row)
+        counts["released"] = self._release_processed()
         if any(counts.values()):
             log.warning(
                 "listener restart: %d instance(s) recovered, %d open series resumed, %d empty dropped, "
@@ -150,7 +149,7 @@ class Listener:
                 counts["dropped"],
                 counts["handed"],
                 counts["orphans"],
-                counts.get("released", 0),
+                counts["released"],
                 extra={"event": "listen_recover"},
             )
         self.session = RunSession(self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options)
@@ -338,12 +337,13 @@ class Listener:
         assert self.journal is not None
         return self.journal.release(row, keep=self.cfg.pacs.keep_received, hold_s=self.cfg.pacs.incomplete_keep_s)
 
-    def _release_processed(self) -> None:
-        """Remove the received files of processed series that nothing keeps any more (see :meth:`ReceiveJournal.release`)."""
+    def _release_processed(self) -> int:
+        """Remove the received files of processed series that nothing keeps any more (see
+        :meth:`ReceiveJournal.release`); returns how many generations' files were removed."""
         assert self._ledger is not None
         self._swept = now()
-        for row in self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL"):
-            self._release(row)
+        rows = self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL")
+        return sum(self._release(row) for row in rows)
 
     def _report_incomplete(self, row: dict[str, Any], why: str) -> None:
         limit = self.cfg.pacs.series_limit_s
