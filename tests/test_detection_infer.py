@@ -315,6 +315,8 @@ def test_findings_repr_is_one_short_line():
     f = Findings(items[:3], series_uid="1.2.3", model="m", score_threshold=0.99, below_threshold=items[3:])
     text = repr(f)
     assert text.startswith("Findings(3 reported [1.00, 1.00, 0.99], 397 below 0.99, series=1.2.3") and len(text) < 200
+    one = Finding((-86.11248, 82.4484, -9.1852), (-103.1, 67.4, -23.2), (-69.1, 97.4, 4.9), 30.6124, 0.99885, (168, 252, 78), 63)
+    assert repr(one) == "Finding(score=0.999, center_lps=(-86.1, 82.4, -9.2) mm, box 30.6 mm, slice_number=63)"
 
 
 def test_cli_detect_picks_one_series_of_a_study_folder(tmp_path, capsys):

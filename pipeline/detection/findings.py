@@ -149,6 +149,14 @@ class Finding:
     sop_instance_uid: str | None = None
     frame_number: int | None = None
 
+    def __repr__(self) -> str:  # short: a notebook echoes findings[0]; to_json() has every field at full precision
+        c = ", ".join(f"{v:.1f}" for v in self.center_lps)
+        uid = f", sop_instance_uid=...{self.sop_instance_uid[-8:]}" if self.sop_instance_uid else ""
+        return (
+            f"Finding(score={self.score:.3f}, center_lps=({c}) mm, box {self.diameter_mm:.1f} mm, "
+            f"slice_number={self.slice_number}{uid})"
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "center_lps": [float(v) for v in self.center_lps],
