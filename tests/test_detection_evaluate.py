@@ -79,6 +79,22 @@ def test_bootstrap_interval_brackets_estimate():
         assert lo <= s + 1e-9 and s <= hi + 1e-9
 
 
+def test_without_bootstrap_the_files_are_strict_json_and_csv_and_say_so(tmp_path):
+    preds = {sid: [(c, 0.9) for c, _ in nods[:1]] for sid, nods in TRUTH.items()}
+    r = evaluate_froc(preds, TRUTH, n_bootstrap=0)
+    paths = r.write(tmp_path)
+
+    def no_nan(token: str) -> float:
+        raise AssertionError(f"{token} in froc.json: not JSON")
+
+    data = json.loads(paths["json"].read_text(), parse_constant=no_nan)
+    assert data["cpm_ci95"] == [None, None] and all(c == [None, None] for c in data["sensitivity_ci95"])
+    rows = list(csv.reader(paths["csv"].read_text().splitlines()))
+    assert rows[-1][0] == "CPM" and rows[-1][2:] == ["", ""] and "nan" not in paths["csv"].read_text()
+    table = r.table()
+    assert "nan" not in table and "bootstrap resampling was turned off" in table
+
+
 def test_empty_truth_is_an_error():
     with pytest.raises(ConfigError):
         evaluate_froc({"a": []}, {"a": [((0, 0, 0), 2.0)]}, n_bootstrap=5)

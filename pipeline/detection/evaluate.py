@@ -32,6 +32,7 @@ import csv
 import io
 import json
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,22 @@ FP_RATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 Truth = dict[str, list[tuple[np.ndarray, float]]]  # scan id → [(centre LPS mm, diameter mm)]
 Candidates = dict[str, list[tuple[np.ndarray, float]]]  # scan id → [(centre LPS mm, score)]
 Point = Sequence[float] | np.ndarray  # a centre (x, y, z) in LPS mm
+
+
+def _finite(v: float) -> float | None:
+    """``v``, or None (JSON null) where it is NaN or infinite: JSON has no NaN."""
+    return float(v) if math.isfinite(v) else None
+
+
+def _csv_number(v: float) -> str:
+    """``v`` with 4 decimals, or an empty cell where it is not a number (no bootstrap, say)."""
+    return f"{v:.4f}" if math.isfinite(v) else ""
+
+
+def _ci_text(ci: tuple[float, float]) -> str:
+    """A 95 % interval as ``[lo, hi]``, or a dash of the same width where there is none."""
+    lo, hi = ci
+    return f"[{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else f"{'-':^14}"
 
 
 @dataclass
@@ -78,9 +95,11 @@ class FrocResult:
         """A plain-text table: FP/scan, sensitivity, 95 % CI; then CPM."""
         lines = [f"FPs/scan  sensitivity  95% CI          score threshold (reading: {self.reading})"]
         thr = self.thresholds or [(float("nan"), float("nan"), float("nan"))] * len(self.fp_rates)
-        for r, s, (lo, hi), (t, _, _) in zip(self.fp_rates, self.sensitivity, self.sensitivity_ci, thr):
-            lines.append(f"{r:8.3f}  {s:11.3f}  [{lo:.3f}, {hi:.3f}]  {t:.4g}")
-        lines.append(f"CPM       {self.cpm:11.3f}  [{self.cpm_ci[0]:.3f}, {self.cpm_ci[1]:.3f}]")
+        for r, s, ci, (t, _, _) in zip(self.fp_rates, self.sensitivity, self.sensitivity_ci, thr):
+            lines.append(f"{r:8.3f}  {s:11.3f}  {_ci_text(ci)}  {t:.4g}")
+        lines.append(f"CPM       {self.cpm:11.3f}  {_ci_text(self.cpm_ci)}".rstrip())
+        if self.n_bootstrap == 0:
+            lines.append("(no confidence intervals: bootstrap resampling was turned off, --bootstrap 0)")
         lines.append(
             f"({self.n_scans} scans, {self.n_nodules} nodules, {self.n_detected} detected, {self.n_candidates} candidates)"
         )
@@ -98,9 +117,9 @@ class FrocResult:
             "max_marks_per_scan": self.max_marks_per_scan,
             "fp_rates": list(self.fp_rates),
             "sensitivity": self.sensitivity,
-            "sensitivity_ci95": [list(c) for c in self.sensitivity_ci],
+            "sensitivity_ci95": [[_finite(v) for v in c] for c in self.sensitivity_ci],
             "cpm": self.cpm,
-            "cpm_ci95": list(self.cpm_ci),
+            "cpm_ci95": [_finite(v) for v in self.cpm_ci],
             "n_scans": self.n_scans,
             "n_nodules": self.n_nodules,
             "n_detected": self.n_detected,
@@ -108,7 +127,7 @@ class FrocResult:
             "n_bootstrap": self.n_bootstrap,
             "curve": {"fps_per_scan": self.curve_fps, "sensitivity": self.curve_sensitivity},
             "operating_points": [
-                {"fps_per_scan": r, "score_threshold": t, "sensitivity": s, "measured_fps_per_scan": f}
+                {"fps_per_scan": r, "score_threshold": _finite(t), "sensitivity": s, "measured_fps_per_scan": f}
                 for r, (t, s, f) in zip(self.fp_rates, self.thresholds)
             ],
             "per_nodule": self.per_nodule,
@@ -122,9 +141,9 @@ class FrocResult:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(["fps_per_scan", "sensitivity", "ci95_low", "ci95_high"])
-        for r, s, (lo, hi) in zip(self.fp_rates, self.sensitivity, self.sensitivity_ci):
-            w.writerow([r, f"{s:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
-        w.writerow(["CPM", f"{self.cpm:.4f}", f"{self.cpm_ci[0]:.4f}", f"{self.cpm_ci[1]:.4f}"])
+        for r, s, ci in zip(self.fp_rates, self.sensitivity, self.sensitivity_ci):
+            w.writerow([r, f"{s:.4f}", *(_csv_number(v) for v in ci)])
+        w.writerow(["CPM", f"{self.cpm:.4f}", *(_csv_number(v) for v in self.cpm_ci)])
         atomic_write_bytes(paths["csv"], buf.getvalue().encode())
         atomic_write_bytes(paths["png"], self._png())
         return paths
@@ -141,9 +160,10 @@ class FrocResult:
             ax.step(np.maximum(self.curve_fps, 1e-3), self.curve_sensitivity, where="post", label="FROC")
         else:  # the curve LUNA16 reads: straight lines between operating points
             ax.plot(np.maximum(self.curve_fps, 1e-3), self.curve_sensitivity, label="FROC")
-        lo = [c[0] for c in self.sensitivity_ci]
-        hi = [c[1] for c in self.sensitivity_ci]
-        ax.fill_between(self.fp_rates, lo, hi, alpha=0.25, label="95% CI (bootstrap)")
+        if self.n_bootstrap:
+            lo = [c[0] for c in self.sensitivity_ci]
+            hi = [c[1] for c in self.sensitivity_ci]
+            ax.fill_between(self.fp_rates, lo, hi, alpha=0.25, label="95% CI (bootstrap)")
         ax.plot(self.fp_rates, self.sensitivity, "o")
         ax.set_xscale("log", base=2)
         ax.set_xlim(0.1, 10)
