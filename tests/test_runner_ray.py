@@ -320,6 +320,8 @@ def test_two_runs_given_shares_of_one_cluster_run_side_by_side(cluster, cases, t
             records = [json.loads(line) for line in (tmp_path / name / "run.log").read_text().splitlines()]
             started = [r["msg"] for r in records if r.get("event") == "worker_start"]
             assert sum("actor cpu-" in m for m in started) == 1, started
+            start = next(r["msg"] for r in records if r.get("event") == "run_start")
+            assert "this run's share: at most 1 CPU(s) and 1 GPU(s)" in start, start
             assert sum("actor model-" in m and "num_gpus" in m for m in started) == 1, started
             assert sorted(r[0] for r in db_rows(tmp_path / name, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(
                 cases["uids"]

@@ -275,6 +275,9 @@ def _run(
 
         cluster = connect(cfg.runner.ray_address, timeout_s=cfg.runner.ray_timeout_s)
         devices, device_desc = ["cpu"], cluster.describe()
+        share = [f"{n} {what}" for n, what in ((cfg.runner.ray_max_cpus, "CPU(s)"), (cfg.runner.ray_max_gpus, "GPU(s)")) if n]
+        if share:  # runner.ray_max_cpus / ray_max_gpus: the run's part of a shared cluster
+            device_desc += f"; this run's share: at most {' and '.join(share)}"
     else:
         devices, device_desc = resolve_devices(cfg.runner.device, need_model and bool(pl.to_run))
     workers = cfg.runner.workers
