@@ -5,8 +5,9 @@
 what no actor of the run uses yet (a node that joined, a GPU freed by a dead actor). An actor starts in
 two steps, each answered through a Ray reference the executor waits on with its tasks: ``place()``
 (where Ray put it, which device) and ``setup()`` (stages set up, model loaded); only then does it take
-tasks. ``runner.ray_max_cpus`` / ``runner.ray_max_gpus`` cap the run's CPU and GPU actors (0: the whole cluster), so
-that runs sharing a cluster each keep a part of it. A group left without any placed actor for ``runner.ray_timeout_s`` stops the run with the reason.
+tasks. ``runner.ray_max_cpus`` / ``runner.ray_max_gpus`` cap the run's CPU and GPU actors (0: the whole
+cluster), so that runs sharing a cluster each keep a part of it. A group left without any placed actor for
+``runner.ray_timeout_s`` stops the run with the reason.
 """
 
 from __future__ import annotations
@@ -84,19 +85,18 @@ class ActorPool:
             return
         self._refreshed = now
         nodes = self.nodes()
-        share = self.config.runner
+        runner = self.config.runner
         if "cpu" in self.groups:
-            cpus = sum(int(n["Resources"].get("CPU", 0)) for n in nodes)
-            cpus = min(cpus, share.ray_max_cpus) if share.ray_max_cpus else cpus
+            cpus = _capped(sum(int(n["Resources"].get("CPU", 0)) for n in nodes), runner.ray_max_cpus)
             for _ in range(cpus - sum(a.group == "cpu" for a in self.actors)):
                 self._start("cpu", {"num_cpus": 1})
         if "model" in self.groups:
-            gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes) if self.config.runner.device != "cpu" else 0
-            gpus = min(gpus, share.ray_max_gpus) if share.ray_max_gpus else gpus
+            gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes) if runner.device != "cpu" else 0
+            gpus = _capped(gpus, runner.ray_max_gpus)
             if gpus:
                 for _ in range(gpus - sum(a.group == "model" and a.pinned is None for a in self.actors)):
                     self._start("model", {"num_gpus": 1, "num_cpus": 0})
-            elif not self.config.runner.device.startswith("cuda"):  # runner.device = cuda: no model on a CPU
+            elif not runner.device.startswith("cuda"):  # runner.device = cuda: no model on a CPU
                 from ray.util.scheduling_strategies import (
                     NodeAffinitySchedulingStrategy,
                 )
@@ -219,6 +219,11 @@ class ActorPool:
         for actor in self.actors:
             self.ray.kill(actor.handle, no_restart=True)
         self.actors.clear()
+
+
+def _capped(total: int, cap: int) -> int:
+    """``total`` limited to a run's share ``cap`` (``runner.ray_max_cpus`` / ``ray_max_gpus``; 0 = no limit)."""
+    return min(total, cap) if cap else total
 
 
 def first_line(exc: BaseException) -> str:
