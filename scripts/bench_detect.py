@@ -92,6 +92,7 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
     det = Detector(model=model, device=device)
     det32 = Detector(model=model, device=device, amp=False) if det.precision != "float32" else None
     ours, ours32, peer, model_ms, post_ms = [], [], [], [], []
+    steps_ms: dict[str, list[float]] = {}  # the false-positive reduction's steps (fpr_blobs, fpr_refine, ...)
     n_ours = n_reported = n_peer = 0
     for r in range(repeats + 1):  # the first round warms up every side and is not counted
         t_ours, f = _timed(device, lambda: det.detect(cache.read(case_id, mmap=True), case_id=case_id))
@@ -107,6 +108,9 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
             peer.append(t_peer)
             model_ms.append(f.timings_ms["model"])
             post_ms.append(f.timings_ms.get("fp_reduction", f.timings_ms.get("refine", 0.0)))
+            for key, ms in f.timings_ms.items():
+                if key.startswith("fpr_"):
+                    steps_ms.setdefault(key, []).append(ms)
         # candidates against candidates: MONAI keeps every box above the selector's score_thresh, ctpipe reports
         # those above the operating point (len(f)) and keeps the rest (f.candidates: all of them)
         n_ours, n_reported, n_peer = len(f.candidates), len(f), len(ref["score"])
@@ -122,6 +126,7 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
         "monai_precision": "float16 (AMP)" if device.startswith("cuda") else "float32",
         "ctpipe_model_ms_median": statistics.median(model_ms),
         "ctpipe_postprocess_ms_median": statistics.median(post_ms),
+        "ctpipe_postprocess_steps_ms_median": {k: statistics.median(v) for k, v in steps_ms.items()},
         "ctpipe_fp_reduction": det.fp_reduction,
         "ctpipe_input_xyz": list(f.input_shape_xyz or []),
         "ctpipe_findings": n_ours,
@@ -194,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"MONAI median {res['monai_s']:.2f} s, ratio {res['ratio']:.2f}x  (runs: ctpipe {_fmt(res['ctpipe_runs_s'])}, "
                 f"MONAI {_fmt(res['monai_runs_s'])}); ctpipe {res['ctpipe_precision']}, MONAI {res['monai_precision']}"
             )
+            if res["ctpipe_postprocess_steps_ms_median"]:
+                steps = res["ctpipe_postprocess_steps_ms_median"]
+                print("  of which " + ", ".join(f"{k.removeprefix('fpr_')} {v:.0f} ms" for k, v in steps.items()))
             print(
                 f"  candidates: ctpipe {res['ctpipe_findings']} ({res['ctpipe_reported_at_operating_point']} at the "
                 f"operating point), MONAI {res['monai_findings']}"

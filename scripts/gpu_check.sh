@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# GPU check: runs the `gpu`-marked tests and the GPU benchmarks on a machine with a CUDA GPU,
-# writing every result under $OUT (default ./gpu_check_out) and a summary $OUT/gpu_check.json.
+# GPU check: runs the `gpu`-marked tests and the GPU benchmarks on a machine with a CUDA GPU, writing six files
+# under $OUT (default ./gpu_check_out): each benchmark's JSON, every command's output in gpu_check.log, and the
+# summary gpu_check.json (the device, then each step's exit status and seconds).
 #
-# Budget: under 8 minutes in all. Each benchmark runs in --quick mode with --device cuda.
+# Budget: under 8 minutes in all. With --device cuda: the loader and reconstruction benchmarks in --quick mode;
+# detection with medians of 3 rounds; the runner on 20 small cases, medians of 3 (enough cases that filling and
+# draining the pipeline weigh little in its efficiency).
 # Python packages missing on the machine (monai, pydicom, ...) may be supplied as wheels in .whl/
 # (bash scripts/gpu_wheels.sh, see README.md); DALI's wheels are too large to carry, so where DALI is not
 # importable its GPU mode is reported as skipped and everything else still runs.
@@ -20,7 +23,9 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
-$PY - <<'PYEOF' > "$OUT/device.json"
+LOG=$OUT/gpu_check.log
+: > "$LOG"
+DEVICE_JSON=$($PY - <<'PYEOF'
 import json, torch
 info = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available()}
 if info["available"]:
@@ -33,32 +38,38 @@ except ImportError:
     info["dali"] = None
 print(json.dumps(info))
 PYEOF
-cat "$OUT/device.json"
+)
+DEVICE_JSON=${DEVICE_JSON:-null}
+echo "$DEVICE_JSON" | tee -a "$LOG"
 
 declare -A status
 run() {  # run NAME TIMEOUT CMD...
   local name=$1 limit=$2; shift 2
-  echo "=== $name"
+  echo "=== $name: $*" | tee -a "$LOG"
   local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$limit" "$@" > "$OUT/$name.part" 2>&1
   local rc=$?
   status[$name]="$rc $((SECONDS - t0))"
-  tail -n 25 "$OUT/$name.log"
+  cat "$OUT/$name.part" >> "$LOG"
+  tail -n 25 "$OUT/$name.part"
+  rm -f "$OUT/$name.part"
 }
 
 run gpu_tests 120 $PY -m pytest -m gpu -q -p no:cacheprovider $(grep -l 'mark.gpu' tests/test_*.py)
 if $PY -c "import nvidia.dali" 2>/dev/null; then
   run bench_loader 60 $PY scripts/bench_loader.py --quick --device cuda --json "$OUT/bench_loader.json"
 else
-  echo "=== bench_loader: DALI is not installed here; its GPU mode was skipped (torch loader measured instead)"
+  echo "=== bench_loader: DALI is not installed here; its GPU mode was skipped (torch loader measured instead)" | tee -a "$LOG"
   run bench_loader 60 $PY scripts/bench_loader.py --quick --device cuda --skip-dali --json "$OUT/bench_loader.json"
 fi
-run bench_detect 120 $PY scripts/bench_detect.py --quick --device cuda --json "$OUT/bench_detect.json"
+run bench_detect 180 $PY scripts/bench_detect.py --repeats 3 --device cuda --json "$OUT/bench_detect.json"
 run bench_recon 60 $PY scripts/bench_recon.py --quick --device cuda --json "$OUT/bench_recon.json"
-run bench_runner 100 $PY scripts/bench_runner.py --quick --device cuda --json "$OUT/bench_runner.json"
+run bench_runner 240 $PY scripts/bench_runner.py --cases 20 --matrix 64 --slices 32 --repeats 3 --device cuda \
+  --json "$OUT/bench_runner.json"
 
 {
   echo "{"
+  echo "  \"device\": $DEVICE_JSON,"
   first=1
   for k in "${!status[@]}"; do
     read -r rc secs <<< "${status[$k]}"

@@ -39,10 +39,10 @@ from train_detector import training_phantom
 from pipeline.detection.bundle import load_model
 from pipeline.detection.evaluate import FrocResult, evaluate_froc
 from pipeline.detection.findings import Findings
-from pipeline.detection.fp_reduction import extract_patches
 from pipeline.detection.infer import Detector
 from pipeline.detection.lungs import quick_lung_mask
 from pipeline.detection.model_config import DEMO_MODEL_JSON
+from pipeline.detection.patches import extract_patches
 from pipeline.volume import CTVolume
 
 log = logging.getLogger("shape_stacking")

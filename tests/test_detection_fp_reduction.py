@@ -13,23 +13,22 @@ from scipy import ndimage
 
 from pipeline.detection import candidates as candidates_module
 from pipeline.detection.candidates import blob_candidates
+from pipeline.detection.candidates_device import device_maxima
 from pipeline.detection.fp_reduction import (
     FLIP_VIEWS,
-    HU_WINDOW,
     FPReducer,
     FPReductionConfig,
     PatchClassifier,
     PatchEnsemble,
     classifier_input,
     combine_scores,
-    extract_patches,
     network_support,
     patch_logits,
-    sample_windowed,
     suppress_duplicates,
 )
 from pipeline.detection.lungs import quick_lung_mask
 from pipeline.detection.model_config import DEMO_MODEL_JSON
+from pipeline.detection.patches import HU_WINDOW, DevicePatches, extract_patches, sample_windowed
 from pipeline.errors import BundleError
 from pipeline.phantom import generate_phantom
 from pipeline.volume import CTVolume, Geometry
@@ -95,6 +94,39 @@ def test_blob_candidates_stay_in_the_lungs_and_are_empty_without_blobs() -> None
     ijk = ph.volume.lps_to_index(found.centers_lps)
     assert region.near(ijk, 8.0).all()
     assert np.all(np.diff(found.response_hu) <= 0)  # strongest first
+
+
+@pytest.mark.parametrize("spacing", [(2.0, 2.0, 1.25), (0.7, 0.7, 2.5)])
+def test_blob_filters_on_a_torch_device_give_the_cpu_candidates(spacing, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device filters (:func:`device_maxima`, run here on the CPU through torch) find the CPU filters' maxima,
+    with their responses, scales and Hessian ratios, and so the same candidates."""
+    ph = generate_phantom(
+        4, matrix=96, pixel_spacing=spacing[0], slice_spacing=spacing[2], slices=40, n_nodules=3, nodule_diameter_mm=(4.0, 8.0)
+    )
+    arr = np.clip(ph.volume.array[:, 10:80, 5:90].astype(np.float32), *candidates_module.HU_CLIP)
+    sp = np.asarray(spacing, dtype=np.float64)[::-1]
+    radii = (1.5, 2.25, 3.25)
+    cpu = candidates_module._cpu_maxima(arr, radii, sp, 40.0)
+    dev = device_maxima(arr, radii, sp, min_response_hu=40.0, truncate=candidates_module.GAUSS_TRUNCATE, device="cpu")
+    assert len(cpu[0]) > 50
+    # a maximum whose response ties a neighbour's to float32 rounding may appear on one side only
+    cpu_at = {tuple(p): n for n, p in enumerate(cpu[0])}
+    common = [(cpu_at[tuple(p)], n) for n, p in enumerate(dev[0]) if tuple(p) in cpu_at]
+    assert len(common) >= 0.99 * max(len(cpu[0]), len(dev[0]))
+    c, d = np.asarray(common).T
+    assert np.array_equal(cpu[2][c], dev[2][d])
+    np.testing.assert_allclose(dev[1][d], cpu[1][c], rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dev[3][d], cpu[3][c], rtol=1e-3, atol=1e-4)
+    region = quick_lung_mask(ph.volume)
+    want = blob_candidates(ph.volume, region, max_candidates=60)
+    monkeypatch.setattr(
+        candidates_module,
+        "_cpu_maxima",
+        lambda a, r, s, m: device_maxima(a, r, s, min_response_hu=m, truncate=candidates_module.GAUSS_TRUNCATE, device="cpu"),
+    )
+    got = blob_candidates(ph.volume, region, max_candidates=60)
+    assert np.array_equal(got.centers_lps, want.centers_lps) and np.array_equal(got.diameters_mm, want.diameters_mm)
+    np.testing.assert_allclose(got.response_hu, want.response_hu, rtol=1e-3)
 
 
 @pytest.mark.parametrize("slabs", [2, 5])
@@ -198,8 +230,13 @@ def test_context_channel_sees_the_surroundings_on_the_same_centre(tmp_path: Path
     cfg = FPReductionConfig.from_json(
         {"weights": "w.pt", "patch": 16, "channels": [4, 8, 16], "hidden": 8, "context_spacing_mm": 2.5}, weights_dir=tmp_path
     )
-    probs = FPReducer(cfg).probabilities(vol, np.stack([centre, far]))
+    reducer = FPReducer(cfg)
+    probs = reducer.probabilities(vol, np.stack([centre, far]))
     assert probs.shape == (2,) and np.all((probs > 0) & (probs < 1))
+    # the cubes cut as on a GPU (DevicePatches) give the same probabilities, in one batch or several
+    for batch in (1, 2):
+        same = reducer.probabilities(vol, np.stack([centre, far]), batch=batch, cut_on_device=True)
+        np.testing.assert_allclose(same, probs, atol=1e-5)
     with pytest.raises(BundleError, match="context_spacing_mm -1"):
         FPReductionConfig.from_json({"weights": "w.pt", "context_spacing_mm": -1}, weights_dir=tmp_path)
 
@@ -407,3 +444,62 @@ def test_an_ensemble_scores_the_mean_logit_of_its_members(tmp_path: Path) -> Non
         FPReducer(replace(cfg, weights=tmp_path / "one.pt"))
     with pytest.raises(BundleError, match=r"members 0 \(1 or more\)"):
         FPReductionConfig.from_json({**cfg.to_json(), "members": 0}, weights_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    "direction",
+    [
+        np.diag([-1.0, 1.0, -1.0]),
+        np.array([[0.0, 0, 1], [-1, 0, 0], [0, 1, 0]]),  # a sagittal stack
+        np.array([[_C, -_S, 0.0], [_S, _C, 0], [0, 0, 1]]),  # oblique
+    ],
+)
+def test_device_patches_equal_the_cpu_cubes(direction: np.ndarray) -> None:
+    """:class:`DevicePatches` (torch ``grid_sample``, run here on the CPU) cuts the cubes of :func:`extract_patches`:
+    centres inside, on the edge and outside the series, both channels, any batch split."""
+    vol = _lung_volume(direction, shape=(30, 41, 37), spacing=(0.7, 0.9, 1.6), seed=3)
+    vol.array[:] += np.linspace(-100.0, 1200.0, vol.array.size).reshape(vol.shape)
+    lo, hi = vol.geometry.bounds_lps()
+    rng = np.random.default_rng(8)
+    centres = np.concatenate([rng.uniform(lo - 12.0, hi + 12.0, size=(9, 3)), [lo, hi, (lo + hi) / 2]])
+    cut = DevicePatches(vol, centres, patch=8, spacings_mm=(1.0, 2.5), device="cpu")
+    assert len(cut) == len(centres)
+    got = torch.cat([cut.cubes(0, 5), cut.cubes(5)]).numpy()
+    assert got.shape == (len(centres), 2, 8, 8, 8)
+    for c, spacing in enumerate((1.0, 2.5)):
+        np.testing.assert_allclose(got[:, c], extract_patches(vol, centres, patch=8, spacing_mm=spacing), atol=2e-5)
+    inner = DevicePatches(vol, centres[-1:], patch=8, spacings_mm=(1.0,), device="cpu")  # a copy of a few voxels only
+    assert inner._voxels.numel() < vol.array.size / 4
+    np.testing.assert_allclose(inner.cubes()[:, 0].numpy(), extract_patches(vol, centres[-1:], patch=8), atol=2e-5)
+    assert DevicePatches(vol, np.zeros((0, 3)), patch=8, spacings_mm=(1.0,), device="cpu").cubes().shape == (0, 1, 8, 8, 8)
+
+
+@pytest.mark.gpu
+def test_cuda_demo_pipeline_cuts_its_cubes_and_searches_its_blobs_on_the_gpu_as_on_the_cpu() -> None:
+    """On a CUDA device the classifier's cubes are cut there (:class:`DevicePatches`) and the blob search's filters
+    run there (:func:`device_maxima`): the same cubes and blobs as the CPU's, and the demo pipeline (float32 on both
+    sides) reports the same findings."""
+    from pipeline.detection.infer import Detector
+
+    vol = _lung_volume(np.diag([-1.0, 1.0, -1.0]), shape=(30, 41, 37), spacing=(0.7, 0.9, 1.6), seed=3)
+    vol.array[:] += np.linspace(-100.0, 1200.0, vol.array.size).reshape(vol.shape)
+    lo, hi = vol.geometry.bounds_lps()
+    centres = np.random.default_rng(8).uniform(lo - 12.0, hi + 12.0, size=(40, 3))
+    cut = DevicePatches(vol, centres, patch=8, spacings_mm=(1.0, 2.5), device="cuda").cubes()
+    assert cut.is_cuda
+    np.testing.assert_allclose(cut[:, 1].cpu().numpy(), extract_patches(vol, centres, patch=8, spacing_mm=2.5), atol=2e-5)
+    ph = generate_phantom(4, matrix=160, pixel_spacing=1.2, slice_spacing=2.0)
+    region = quick_lung_mask(ph.volume)
+    blobs_cpu = blob_candidates(ph.volume, region, max_candidates=200)
+    blobs_gpu = blob_candidates(ph.volume, region, max_candidates=200, device="cuda")
+    same = (np.linalg.norm(blobs_cpu.centers_lps[:, None] - blobs_gpu.centers_lps[None], axis=2) < 1e-6).any(axis=1)
+    assert len(blobs_gpu) == len(blobs_cpu) == 200 and same.mean() >= 0.98
+    cpu = Detector(device="cpu", amp=False).detect(ph.volume)
+    gpu = Detector(device="cuda", amp=False).detect(ph.volume)
+    assert {"fpr_blobs", "fpr_refine", "fpr_classifier"} <= set(gpu.timings_ms)
+    top = [f for f in cpu.candidates if f.score > 0.1]
+    assert len(top) >= 3
+    for f in top:  # each has a twin on the GPU (its convolutions differ in the last bits)
+        d = [np.linalg.norm(np.subtract(f.center_lps, g.center_lps)) for g in gpu.candidates]
+        n = int(np.argmin(d))
+        assert d[n] < 1.0 and abs(gpu.candidates[n].score - f.score) < 0.03

@@ -19,7 +19,8 @@ is weighted by the smallest over the largest curvature. The strongest maxima, at
 every second (third...) voxel along those axes. The filters run on slabs of slices side by
 side (:mod:`.parallel`), each slab reading enough slices beyond its ends that the result is
 the same as in one pass; within a slab the Laplacian and the best scale are taken a few
-slices at a time (``ROW_BLOCK``), so that their temporaries stay in the CPU's cache.
+slices at a time (``ROW_BLOCK``), so that their temporaries stay in the CPU's cache. Given a GPU (``device``), the
+filters run there instead (:mod:`.candidates_device`: the same maxima to float32 rounding).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from scipy import ndimage
 from scipy.spatial import cKDTree
 
 from ..volume import CTVolume
+from .candidates_device import device_maxima
 from .lungs import LungRegion
 from .parallel import cpu_workers, run_all
 
@@ -140,12 +143,15 @@ def blob_candidates(
     min_response_hu: float = 40.0,
     min_distance_mm: float = 2.5,
     lung_margin_mm: float = 4.0,
+    device: str | torch.device | None = None,
 ) -> BlobCandidates:
     """Bright blobs of radius ``radii_mm`` in ``volume`` (HU) near the lungs; see the module docstring.
 
     ``region`` limits the search to the lungs' box and keeps maxima within ``lung_margin_mm``
     of the lung mask (``None``: the whole volume). Returns at most ``max_candidates``
-    (LPS mm), strongest first; responses below ``min_response_hu`` are dropped.
+    (LPS mm), strongest first; responses below ``min_response_hu`` are dropped. ``device``: a torch device
+    other than the CPU filters there (:mod:`.candidates_device`, the same maxima); ``None`` or a CPU: NumPy and
+    SciPy in threads.
     """
     size_ijk = volume.geometry.size_ijk
     if region is not None and not region.empty:
@@ -162,7 +168,30 @@ def blob_candidates(
         return empty
     np.clip(arr, *HU_CLIP, out=arr)
     spacing_kji = (np.asarray(volume.spacing, dtype=np.float64) * step)[::-1]
-    # filtered in slabs of rows side by side (:mod:`.parallel`)
+    if device is not None and torch.device(device).type != "cpu":
+        kji, resp, which, ratio = device_maxima(
+            arr, radii_mm, spacing_kji, min_response_hu=min_response_hu, truncate=GAUSS_TRUNCATE, device=device
+        )
+    else:
+        kji, resp, which, ratio = _cpu_maxima(arr, radii_mm, spacing_kji, min_response_hu)
+    if len(kji) == 0:
+        return empty
+    ijk = kji[:, ::-1] * step + lo
+    if region is not None and not region.empty:
+        keep = region.near(ijk, lung_margin_mm)
+        ijk, resp, which, ratio = ijk[keep], resp[keep], which[keep], ratio[keep]
+    strength = resp * ratio
+    order = _suppress(ijk * np.asarray(volume.spacing), strength, min_distance_mm, max_candidates)
+    radii = np.asarray(radii_mm, dtype=np.float64)[which[order]]
+    log.debug("%d blob candidates (of %d maxima)", len(order), len(resp))
+    return BlobCandidates(volume.index_to_lps(ijk[order].astype(np.float64)).reshape(-1, 3), 2.0 * radii, strength[order])
+
+
+def _cpu_maxima(
+    arr: np.ndarray, radii_mm: tuple[float, ...], spacing_kji: np.ndarray, min_response_hu: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The local maxima (M, 3; k, j, i) of the best response of ``arr`` at or above ``min_response_hu``, their
+    response (HU), scale index and Hessian ratio, filtered in slabs of rows side by side (:mod:`.parallel`)."""
     smoothed_by_scale = [np.empty_like(arr) for _ in radii_mm]
     best = np.empty_like(arr)
     scale = np.zeros(arr.shape, dtype=np.uint8)
@@ -179,12 +208,6 @@ def blob_candidates(
 
     run_all(find_peaks, slabs, workers=len(slabs))
     kji = np.argwhere(peaks)
-    if len(kji) == 0:
-        return empty
-    ijk = kji[:, ::-1] * step + lo
-    if region is not None and not region.empty:
-        keep = region.near(ijk, lung_margin_mm)
-        kji, ijk = kji[keep], ijk[keep]
     resp = best[tuple(kji.T)].astype(np.float64)
     which = scale[tuple(kji.T)]
     ratio = np.zeros(len(kji))
@@ -192,11 +215,7 @@ def blob_candidates(
         sel = which == n
         if sel.any():
             ratio[sel] = _blobness(smoothed_by_scale[n], kji[sel], spacing_kji)
-    strength = resp * ratio
-    order = _suppress(ijk * np.asarray(volume.spacing), strength, min_distance_mm, max_candidates)
-    radii = np.asarray(radii_mm, dtype=np.float64)[which[order]]
-    log.debug("%d blob candidates (of %d maxima)", len(order), len(resp))
-    return BlobCandidates(volume.index_to_lps(ijk[order].astype(np.float64)).reshape(-1, 3), 2.0 * radii, strength[order])
+    return kji, resp, which, ratio
 
 
 def _blobness(smoothed: np.ndarray, kji: np.ndarray, spacing_kji: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from ..volume import CTVolume
 from .findings import Finding, Findings
-from .fp_reduction import HU_WINDOW, sample_windowed
+from .patches import HU_WINDOW, sample_windowed
 
 log = logging.getLogger(__name__)
 

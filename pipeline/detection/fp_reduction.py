@@ -26,6 +26,7 @@ them in its ``fp_reduction`` entry. Positions are DICOM patient coordinates (LPS
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import ndimage
 from torch import nn
 
 from ..errors import BundleError
@@ -41,12 +41,12 @@ from ..volume import CTVolume, float3, int3
 from .candidates import blob_candidates
 from .findings import Finding, Findings, box_extents, slice_fields
 from .lungs import LungRegion
+from .patches import DevicePatches, extract_patches
 from .precision import conv_layout
 from .refine import refine_findings
 
 log = logging.getLogger(__name__)
 
-HU_WINDOW = (-1000.0, 400.0)
 #: Candidates the classifier scores at once: a scan's 300 to 550 in one to three batches (on 2 CPU cores about a
 #: fifth faster than 64 at a time, the same probabilities; 256 two-channel patches of 24^3 are 28 MB as float32).
 PATCH_BATCH = 256
@@ -211,77 +211,6 @@ def build_classifier(config: FPReductionConfig) -> nn.Module:
     return one() if config.members == 1 else PatchEnsemble([one() for _ in range(config.members)])
 
 
-def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 24, spacing_mm: float = 1.0) -> np.ndarray:
-    """Cubes around ``centers_lps`` (N, 3; LPS mm) as float32 ``(N, patch, patch, patch)`` in 0..1.
-
-    Each cube is sampled (trilinear) on a grid of ``spacing_mm`` along L, P, S, stored ``[S, P, L]``;
-    HU are windowed to ``HU_WINDOW``. Outside the series the edge value is repeated. On a grid whose axes run along
-    L, P and S (in any order and sense) trilinear sampling on such a cube is three 1-D linear interpolations, one per
-    axis (:func:`_axis_weights`); an oblique grid is sampled point by point (:func:`sample_windowed`). Both give the
-    same values.
-    """
-    centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
-    out = np.empty((len(centers), patch, patch, patch), dtype=np.float32)
-    ax = (np.arange(patch) - (patch - 1) / 2.0) * spacing_mm
-    direction = np.asarray(volume.direction, dtype=np.float64)
-    if not np.all((np.abs(direction) < 1e-6) | (np.abs(direction) > 1.0 - 1e-6)):
-        zz, yy, xx = np.meshgrid(ax, ax, ax, indexing="ij")
-        offsets = np.stack([xx.ravel(), yy.ravel(), zz.ravel()], axis=1)  # (P^3, 3) L, P, S
-        for n in range(len(centers)):
-            out[n] = sample_windowed(volume, centers[n], offsets).reshape(patch, patch, patch)
-        return out
-    geometry = volume.geometry
-    # index i, j, k per mm along the L, P or S axis each runs along; the array axes ([k, j, i]) along S, P, L
-    step = np.array([sign for _, sign in geometry.axis_map()]) / np.asarray(volume.spacing, dtype=np.float64)
-    order = [geometry.array_axis(q) for q in (2, 1, 0)]
-    size_kji = volume.array.shape
-    ijk = volume.lps_to_index(centers).reshape(-1, 3)
-    # per array axis (k, j, i): each cube's first voxel (N,), width (N,) and weights (N, P, widest)
-    axes = [_axis_weights(ijk[:, a, None] + ax[None, :] * step[a], size_kji[2 - a]) for a in (2, 1, 0)]
-    lo_hu, hi_hu = HU_WINDOW
-    for n in range(len(ijk)):
-        (fk, nk, wk), (fj, nj, wj), (fi, ni, wi) = ((int(f[n]), int(w[n]), wt[n, :, : w[n]]) for f, w, wt in axes)
-        crop = np.asarray(volume.array[fk : fk + nk, fj : fj + nj, fi : fi + ni], dtype=np.float32)
-        cube = np.tensordot(wk, np.tensordot(wj, crop @ wi.T, axes=([1], [1])), axes=([1], [1]))  # (a, b, c) of k, j, i
-        cube = cube.transpose(order)
-        out[n] = (np.clip(cube, lo_hu, hi_hu) - lo_hu) / (hi_hu - lo_hu)
-    return out
-
-
-def _axis_weights(coords: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Linear interpolation at continuous indices ``coords`` (N, M) along an axis of ``size`` voxels, outside it the
-    edge voxel: for each of the N rows, the first voxel used (N,), the number of voxels used (N,) and the weights
-    (N, M, widest) on voxels ``first .. first + used - 1`` (zero beyond)."""
-    below = np.floor(coords)
-    frac = coords - below
-    i0 = np.clip(below.astype(int), 0, size - 1)
-    i1 = np.clip(below.astype(int) + 1, 0, size - 1)
-    first = np.minimum(i0.min(axis=1), i1.min(axis=1))
-    used = np.maximum(i0.max(axis=1), i1.max(axis=1)) - first + 1
-    weights = np.zeros((*coords.shape, int(used.max())), dtype=np.float32)
-    rows, cols = np.indices(coords.shape)
-    # one entry per (row, col) in each statement; both land on the edge voxel outside the series
-    weights[rows, cols, i0 - first[:, None]] += (1.0 - frac).astype(np.float32)
-    weights[rows, cols, i1 - first[:, None]] += frac.astype(np.float32)
-    return first, used, weights
-
-
-def sample_windowed(volume: CTVolume, center_lps: np.ndarray, offsets_mm: np.ndarray) -> np.ndarray:
-    """HU of ``volume`` (trilinear; outside the series the edge value) at ``center_lps + offsets_mm`` (LPS mm;
-    offsets (M, 3)), windowed to ``HU_WINDOW`` and scaled to 0..1, float32 (M,)."""
-    arr = volume.array
-    shape_kji = np.asarray(arr.shape)
-    reach_vox = np.ceil(np.abs(offsets_mm).max() * np.sqrt(3) / np.asarray(volume.spacing)[::-1]).astype(int) + 2
-    c = np.round(volume.lps_to_index(center_lps).reshape(3)[::-1]).astype(int)
-    lo = np.clip(c - reach_vox, 0, shape_kji - 1)
-    hi = np.clip(c + reach_vox + 1, lo + 1, shape_kji)
-    crop = np.asarray(arr[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]], dtype=np.float32)
-    kji = volume.lps_to_index(np.asarray(center_lps, np.float64) + offsets_mm)[:, ::-1] - lo
-    vals = ndimage.map_coordinates(crop, kji.T, order=1, mode="nearest")
-    lo_hu, hi_hu = HU_WINDOW
-    return ((np.clip(vals, lo_hu, hi_hu) - lo_hu) / (hi_hu - lo_hu)).astype(np.float32)
-
-
 def classifier_input(volume: CTVolume, centers_lps: np.ndarray, config: FPReductionConfig) -> np.ndarray:
     """The classifier's input for positions ``centers_lps`` (N, 3; LPS mm): float32 ``(N, C, P, P, P)``, one
     channel per grid of ``config.spacings_mm`` (:func:`extract_patches`; the same centre, ``P = config.patch``)."""
@@ -376,16 +305,29 @@ class FPReducer:
         self.network = net.to(self.device).to(memory_format=self._layout).eval()
 
     @torch.no_grad()
-    def probabilities(self, volume: CTVolume, centers_lps: np.ndarray, *, batch: int = PATCH_BATCH) -> np.ndarray:
+    def probabilities(
+        self, volume: CTVolume, centers_lps: np.ndarray, *, batch: int = PATCH_BATCH, cut_on_device: bool | None = None
+    ) -> np.ndarray:
         """Nodule probability (0..1) of each position (N, 3; LPS mm) in ``volume`` (HU), ``batch`` patches at a
-        time."""
+        time. The patches are cut on the classifier's device (:class:`.patches.DevicePatches`) where that is not
+        the CPU, on the CPU (:func:`.patches.extract_patches`) otherwise; ``cut_on_device`` overrides that choice
+        (the same values either way, up to float32 rounding)."""
         cfg = self.config
         centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
         probs = np.zeros(len(centers))
+        # off the CPU the cubes are cut where the network runs (DevicePatches), from one copy of the voxels
+        on_device = (
+            DevicePatches(volume, centers, patch=cfg.patch, spacings_mm=cfg.spacings_mm, device=self.device)
+            if (self.device.type != "cpu" if cut_on_device is None else cut_on_device) and len(centers)
+            else None
+        )
         for a in range(0, len(centers), batch):
-            x = torch.from_numpy(classifier_input(volume, centers[a : a + batch], cfg)).to(
-                self.device, memory_format=self._layout
-            )
+            if on_device is not None:
+                x = on_device.cubes(a, a + batch).contiguous(memory_format=self._layout)
+            else:
+                x = torch.from_numpy(classifier_input(volume, centers[a : a + batch], cfg)).to(
+                    self.device, memory_format=self._layout
+                )
             with torch.autocast(self.device.type, dtype=self._autocast, enabled=self._autocast is not None):
                 logits = patch_logits(self.network, x, views=cfg.flip_views, min_probability=cfg.flip_min_probability)
             probs[a : a + batch] = torch.sigmoid(logits).cpu().numpy()
@@ -393,15 +335,26 @@ class FPReducer:
 
 
 def candidate_findings(
-    volume: CTVolume, findings: Findings, region: LungRegion | None, *, blobs: int = 200
+    volume: CTVolume,
+    findings: Findings,
+    region: LungRegion | None,
+    *,
+    blobs: int = 200,
+    timings_ms: dict[str, float] | None = None,
+    device: str | torch.device | None = None,
 ) -> tuple[list[Finding], np.ndarray]:
     """The candidates the classifier scores, with the detector's score of each (-1 for blobs):
     every candidate of ``findings`` (reported or not) and up to ``blobs`` small-blob candidates
     (:func:`.candidates.blob_candidates`, boxes of the blob's scale), all with centres refined on
-    ``volume`` (:func:`.refine.refine_findings`)."""
+    ``volume`` (:func:`.refine.refine_findings`). The blob search's filters run on ``device`` when it is not the
+    CPU (a GPU: :mod:`.candidates_device`). ``timings_ms``, when given, receives the wall time of the blob
+    search (``fpr_blobs``; it ends with the maxima copied to the host) and of the refinement (``fpr_refine``), in
+    ms."""
     items = findings.candidates
     det = [f.score for f in items]
-    found = blob_candidates(volume, region, max_candidates=blobs) if blobs > 0 else None
+    t0 = time.perf_counter()
+    found = blob_candidates(volume, region, max_candidates=blobs, device=device) if blobs > 0 else None
+    t1 = time.perf_counter()
     if found is not None and len(found):
         size_ijk = np.asarray(volume.geometry.size_ijk)
         vox = np.clip(np.round(volume.lps_to_index(found.centers_lps)).astype(int), 0, size_ijk - 1).reshape(-1, 3)
@@ -420,6 +373,9 @@ def candidate_findings(
             )
             det.append(-1.0)
     refined = refine_findings(volume, findings.with_candidates(items), sort=False)
+    if timings_ms is not None:
+        timings_ms["fpr_blobs"] = (t1 - t0) * 1000.0
+        timings_ms["fpr_refine"] = (time.perf_counter() - t1) * 1000.0
     return list(refined), np.asarray(det, dtype=np.float64)
 
 
@@ -463,12 +419,19 @@ def suppress_duplicates(
 def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPReducer, region: LungRegion | None) -> Findings:
     """Every candidate of ``findings`` re-scored by ``reducer`` together with small-blob candidates (LPS mm; see
     the module docstring); duplicates of one nodule are merged; highest score first, every candidate reported
-    (no threshold applied)."""
-    items, det = candidate_findings(volume, findings, region, blobs=reducer.config.blob_candidates)
+    (no threshold applied). The result's ``timings_ms`` gains the wall time (ms) of the blob search, the centre
+    refinement and the classifier (cutting the cubes and scoring them): ``fpr_blobs``, ``fpr_refine``,
+    ``fpr_classifier``."""
+    timings: dict[str, float] = {}
+    items, det = candidate_findings(
+        volume, findings, region, blobs=reducer.config.blob_candidates, timings_ms=timings, device=reducer.device
+    )
     if not items:
         return findings.with_candidates([])
     centers = np.array([f.center_lps for f in items])
-    probs = reducer.probabilities(volume, centers)
+    t0 = time.perf_counter()
+    probs = reducer.probabilities(volume, centers)  # ends by copying the probabilities to the host: synchronised
+    timings["fpr_classifier"] = (time.perf_counter() - t0) * 1000.0
     extents = box_extents(items)
     scores = final_scores(reducer.config, probs, det, centers, extents)
     keep = suppress_duplicates(
@@ -479,7 +442,9 @@ def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPRedu
         extents_mm=extents if reducer.config.box_merge else None,
     )
     log.debug("false-positive reduction: %d candidates (%d blobs), %d kept", len(items), int((det < 0).sum()), len(keep))
-    return findings.with_candidates(_sized(items, det, scores, keep))
+    out = findings.with_candidates(_sized(items, det, scores, keep))
+    out.timings_ms.update(timings)
+    return out
 
 
 def _sized(items: list[Finding], det: np.ndarray, scores: np.ndarray, keep: np.ndarray) -> list[Finding]:
