@@ -34,7 +34,7 @@ from scipy import ndimage
 from scipy.spatial import cKDTree
 
 from ..volume import CTVolume
-from .candidates_device import device_maxima
+from .candidates_device import device_maxima, hessian_ratio
 from .lungs import LungRegion
 from .parallel import cpu_workers, run_all
 
@@ -214,26 +214,8 @@ def _cpu_maxima(
     for n in range(len(radii_mm)):
         sel = which == n
         if sel.any():
-            ratio[sel] = _blobness(smoothed_by_scale[n], kji[sel], spacing_kji)
+            ratio[sel] = hessian_ratio(smoothed_by_scale[n], kji[sel], spacing_kji)
     return kji, resp, which, ratio
-
-
-def _blobness(smoothed: np.ndarray, kji: np.ndarray, spacing_kji: np.ndarray) -> np.ndarray:
-    """Smallest over largest Hessian eigenvalue magnitude at ``kji`` (1: a ball, about 0: a tube or a
-    wall), 0 where the intensity is not a maximum along every direction (an eigenvalue >= 0)."""
-    k, j, i = (np.clip(kji[:, a], 1, smoothed.shape[a] - 2) for a in range(3))
-    f = smoothed
-    h = np.empty((len(k), 3, 3))
-    c = f[k, j, i]
-    h[:, 0, 0] = f[k + 1, j, i] + f[k - 1, j, i] - 2 * c
-    h[:, 1, 1] = f[k, j + 1, i] + f[k, j - 1, i] - 2 * c
-    h[:, 2, 2] = f[k, j, i + 1] + f[k, j, i - 1] - 2 * c
-    h[:, 0, 1] = h[:, 1, 0] = (f[k + 1, j + 1, i] - f[k + 1, j - 1, i] - f[k - 1, j + 1, i] + f[k - 1, j - 1, i]) / 4
-    h[:, 0, 2] = h[:, 2, 0] = (f[k + 1, j, i + 1] - f[k + 1, j, i - 1] - f[k - 1, j, i + 1] + f[k - 1, j, i - 1]) / 4
-    h[:, 1, 2] = h[:, 2, 1] = (f[k, j + 1, i + 1] - f[k, j + 1, i - 1] - f[k, j - 1, i + 1] + f[k, j - 1, i - 1]) / 4
-    h /= np.outer(spacing_kji, spacing_kji)[None]
-    ev = np.linalg.eigvalsh(h)  # ascending: most negative first
-    return np.where(ev[:, 2] < 0, ev[:, 2] / np.minimum(ev[:, 0], -1e-9), 0.0)
 
 
 def _suppress(points_mm: np.ndarray, strength: np.ndarray, min_distance_mm: float, limit: int) -> np.ndarray:

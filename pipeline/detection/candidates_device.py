@@ -6,7 +6,9 @@ response, the index of its scale and the Hessian's eigenvalue ratio there. Each 
 (``ndimage.gaussian_filter`` with ``mode="nearest"``: the same kernel, truncated at the same radius, the edge
 voxel repeated), applied axis by axis as sums of shifted copies in float32, so no convolution routine's reduced
 precision (TF32 on recent NVIDIA GPUs) enters; the Laplacian, the best scale (a tie keeps the smaller) and the
-3 × 3 × 3 maxima follow the CPU code step by step. Only the maxima's positions and values come back to the host.
+3 × 3 × 3 maxima follow the CPU code step by step. Only the maxima's positions and values come back to the host,
+with each maximum's neighbourhood, whose Hessian measure (:func:`hessian_ratio`, shared with the CPU search) is
+taken there.
 Values agree with the CPU's to float32 rounding; a maximum whose response ties a neighbour's to the last bits may
 differ.
 """
@@ -62,28 +64,38 @@ def _laplacian(f: torch.Tensor, spacing_kji: np.ndarray) -> torch.Tensor:
     return out
 
 
-def _hessian_ratio(f: torch.Tensor, kji: torch.Tensor, spacing_kji: np.ndarray) -> np.ndarray:
-    """As :func:`.candidates._blobness` at ``kji`` (M, 3) of ``f``: the 3 x 3 x 3 neighbourhoods are gathered on the
-    device, the eigenvalues taken on the host in float64."""
-    shape = torch.tensor(f.shape, device=f.device)
-    centre = torch.minimum(torch.clamp(kji, min=1), shape - 2)  # (M, 3)
-    d = torch.arange(-1, 2, device=f.device)
-    dk, dj, di = torch.meshgrid(d, d, d, indexing="ij")
-    k = (centre[:, 0, None] + dk.reshape(-1)).reshape(-1)
-    j = (centre[:, 1, None] + dj.reshape(-1)).reshape(-1)
-    i = (centre[:, 2, None] + di.reshape(-1)).reshape(-1)
-    nb = f[k, j, i].reshape(-1, 3, 3, 3).double().cpu().numpy()  # [m, 1 + dk, 1 + dj, 1 + di]
-    c = nb[:, 1, 1, 1]
-    h = np.empty((len(nb), 3, 3))
-    h[:, 0, 0] = nb[:, 2, 1, 1] + nb[:, 0, 1, 1] - 2 * c
-    h[:, 1, 1] = nb[:, 1, 2, 1] + nb[:, 1, 0, 1] - 2 * c
-    h[:, 2, 2] = nb[:, 1, 1, 2] + nb[:, 1, 1, 0] - 2 * c
-    h[:, 0, 1] = h[:, 1, 0] = (nb[:, 2, 2, 1] - nb[:, 2, 0, 1] - nb[:, 0, 2, 1] + nb[:, 0, 0, 1]) / 4
-    h[:, 0, 2] = h[:, 2, 0] = (nb[:, 2, 1, 2] - nb[:, 2, 1, 0] - nb[:, 0, 1, 2] + nb[:, 0, 1, 0]) / 4
-    h[:, 1, 2] = h[:, 2, 1] = (nb[:, 1, 2, 2] - nb[:, 1, 2, 0] - nb[:, 1, 0, 2] + nb[:, 1, 0, 0]) / 4
+def hessian_ratio(smoothed: np.ndarray, kji: np.ndarray, spacing_kji: np.ndarray) -> np.ndarray:
+    """Smallest over largest Hessian eigenvalue magnitude of ``smoothed`` (K, J, I; a grid of ``spacing_kji`` mm) at
+    ``kji`` (M, 3) (1: a ball, about 0: a tube or a wall), 0 where the intensity is not a maximum along every
+    direction (an eigenvalue >= 0); positions on the outermost voxels are taken one voxel inside. Shared by the CPU
+    search and :func:`device_maxima`."""
+    k, j, i = (np.clip(kji[:, a], 1, smoothed.shape[a] - 2) for a in range(3))
+    f = smoothed
+    h = np.empty((len(k), 3, 3))
+    c = f[k, j, i]
+    h[:, 0, 0] = f[k + 1, j, i] + f[k - 1, j, i] - 2 * c
+    h[:, 1, 1] = f[k, j + 1, i] + f[k, j - 1, i] - 2 * c
+    h[:, 2, 2] = f[k, j, i + 1] + f[k, j, i - 1] - 2 * c
+    h[:, 0, 1] = h[:, 1, 0] = (f[k + 1, j + 1, i] - f[k + 1, j - 1, i] - f[k - 1, j + 1, i] + f[k - 1, j - 1, i]) / 4
+    h[:, 0, 2] = h[:, 2, 0] = (f[k + 1, j, i + 1] - f[k + 1, j, i - 1] - f[k - 1, j, i + 1] + f[k - 1, j, i - 1]) / 4
+    h[:, 1, 2] = h[:, 2, 1] = (f[k, j + 1, i + 1] - f[k, j + 1, i - 1] - f[k, j - 1, i + 1] + f[k, j - 1, i - 1]) / 4
     h /= np.outer(spacing_kji, spacing_kji)[None]
-    ev = np.linalg.eigvalsh(h)
+    ev = np.linalg.eigvalsh(h)  # ascending: most negative first
     return np.where(ev[:, 2] < 0, ev[:, 2] / np.minimum(ev[:, 0], -1e-9), 0.0)
+
+
+def _device_hessian_ratio(f: torch.Tensor, kji: torch.Tensor, spacing_kji: np.ndarray) -> np.ndarray:
+    """:func:`hessian_ratio` of ``f`` at ``kji`` (M, 3): each position's 3 x 3 x 3 neighbourhood is gathered on the
+    device and the ratio taken on the host, with the neighbourhoods stacked along k (neighbourhood m's centre at
+    k = 3m + 1)."""
+    shape = torch.tensor(f.shape, device=f.device)
+    centre = torch.minimum(torch.clamp(kji, min=1), shape - 2)  # as hessian_ratio: one voxel inside the edge
+    d = torch.arange(-1, 2, device=f.device)
+    dk, dj, di = (x.reshape(-1) for x in torch.meshgrid(d, d, d, indexing="ij"))
+    nb = f[centre[:, 0, None] + dk, centre[:, 1, None] + dj, centre[:, 2, None] + di]  # (M, 27)
+    stacked = nb.reshape(-1, 3, 3).double().cpu().numpy()  # (3M, 3, 3)
+    m = np.arange(len(kji))
+    return hessian_ratio(stacked, np.stack([3 * m + 1, np.ones_like(m), np.ones_like(m)], axis=1), spacing_kji)
 
 
 @torch.no_grad()
@@ -127,5 +139,5 @@ def device_maxima(
     for n in range(len(radii_mm)):
         sel = which == n
         if sel.any():
-            ratio[sel] = _hessian_ratio(smoothed[n], kji[torch.from_numpy(sel).to(kji.device)], spacing_kji)
+            ratio[sel] = _device_hessian_ratio(smoothed[n], kji[torch.from_numpy(sel).to(kji.device)], spacing_kji)
     return kji.cpu().numpy(), best[k, j, i].double().cpu().numpy(), which, ratio
