@@ -12,6 +12,7 @@ import torch
 from scipy import ndimage
 
 from pipeline.detection import candidates as candidates_module
+from pipeline.detection import fp_reduction as fp_reduction_module
 from pipeline.detection.candidates import blob_candidates
 from pipeline.detection.candidates_device import device_maxima
 from pipeline.detection.fp_reduction import (
@@ -127,6 +128,38 @@ def test_blob_filters_on_a_torch_device_give_the_cpu_candidates(spacing, monkeyp
     got = blob_candidates(ph.volume, region, max_candidates=60)
     assert np.array_equal(got.centers_lps, want.centers_lps) and np.array_equal(got.diameters_mm, want.diameters_mm)
     np.testing.assert_allclose(got.response_hu, want.response_hu, rtol=1e-3)
+
+
+def test_a_device_out_of_memory_searches_and_cuts_on_the_cpu_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the GPU runs out of memory for the blob search's filters or for the voxels the cubes are cut from, the
+    same work is done on the CPU, with a warning: the same candidates and probabilities, not a failed case."""
+    ph = generate_phantom(
+        4, matrix=96, pixel_spacing=2.0, slice_spacing=2.5, slices=40, n_nodules=3, nodule_diameter_mm=(4.0, 8.0)
+    )
+    region = quick_lung_mask(ph.volume)
+    want = blob_candidates(ph.volume, region, max_candidates=40)
+
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(candidates_module, "device_maxima", out_of_memory)
+    with caplog.at_level("WARNING"):
+        got = blob_candidates(ph.volume, region, max_candidates=40, device="cuda")
+    assert np.array_equal(got.centers_lps, want.centers_lps) and np.array_equal(got.response_hu, want.response_hu)
+    assert "ran out of memory filtering" in caplog.text and "searched on the CPU instead" in caplog.text
+    torch.save(PatchClassifier(16, (4, 8, 16), 8).state_dict(), tmp_path / "w.pt")
+    reducer = FPReducer(
+        FPReductionConfig.from_json({"weights": "w.pt", "patch": 16, "channels": [4, 8, 16], "hidden": 8}, weights_dir=tmp_path)
+    )
+    probs = reducer.probabilities(ph.volume, want.centers_lps)
+    monkeypatch.setattr(fp_reduction_module, "DevicePatches", out_of_memory)
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        again = reducer.probabilities(ph.volume, want.centers_lps, cut_on_device=True)
+    np.testing.assert_array_equal(again, probs)
+    assert "ran out of memory for the voxels around 40 candidates" in caplog.text
 
 
 @pytest.mark.parametrize("slabs", [2, 5])

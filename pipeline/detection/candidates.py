@@ -150,8 +150,8 @@ def blob_candidates(
     ``region`` limits the search to the lungs' box and keeps maxima within ``lung_margin_mm``
     of the lung mask (``None``: the whole volume). Returns at most ``max_candidates``
     (LPS mm), strongest first; responses below ``min_response_hu`` are dropped. ``device``: a torch device
-    other than the CPU filters there (:mod:`.candidates_device`, the same maxima); ``None`` or a CPU: NumPy and
-    SciPy in threads.
+    other than the CPU filters there (:mod:`.candidates_device`, the same maxima; on the CPU after all, with a
+    warning, where the device runs out of memory); ``None`` or a CPU: NumPy and SciPy in threads.
     """
     size_ijk = volume.geometry.size_ijk
     if region is not None and not region.empty:
@@ -168,12 +168,20 @@ def blob_candidates(
         return empty
     np.clip(arr, *HU_CLIP, out=arr)
     spacing_kji = (np.asarray(volume.spacing, dtype=np.float64) * step)[::-1]
+    maxima = None
     if device is not None and torch.device(device).type != "cpu":
-        kji, resp, which, ratio = device_maxima(
-            arr, radii_mm, spacing_kji, min_response_hu=min_response_hu, truncate=GAUSS_TRUNCATE, device=device
-        )
-    else:
-        kji, resp, which, ratio = _cpu_maxima(arr, radii_mm, spacing_kji, min_response_hu)
+        try:
+            maxima = device_maxima(
+                arr, radii_mm, spacing_kji, min_response_hu=min_response_hu, truncate=GAUSS_TRUNCATE, device=device
+            )
+        except torch.OutOfMemoryError:
+            log.warning(
+                "small-blob search: %s ran out of memory filtering %s voxels; searched on the CPU instead (the same candidates)",
+                device,
+                "x".join(str(n) for n in arr.shape),
+            )
+            torch.cuda.empty_cache()
+    kji, resp, which, ratio = maxima if maxima is not None else _cpu_maxima(arr, radii_mm, spacing_kji, min_response_hu)
     if len(kji) == 0:
         return empty
     ijk = kji[:, ::-1] * step + lo

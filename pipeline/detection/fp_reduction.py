@@ -310,17 +310,25 @@ class FPReducer:
     ) -> np.ndarray:
         """Nodule probability (0..1) of each position (N, 3; LPS mm) in ``volume`` (HU), ``batch`` patches at a
         time. The patches are cut on the classifier's device (:class:`.patches.DevicePatches`) where that is not
-        the CPU, on the CPU (:func:`.patches.extract_patches`) otherwise; ``cut_on_device`` overrides that choice
-        (the same values either way, up to float32 rounding)."""
+        the CPU (on the CPU after all, with a warning, where the device runs out of memory for the voxels), on the
+        CPU (:func:`.patches.extract_patches`) otherwise; ``cut_on_device`` overrides that choice (the same values
+        either way, up to float32 rounding)."""
         cfg = self.config
         centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
         probs = np.zeros(len(centers))
         # off the CPU the cubes are cut where the network runs (DevicePatches), from one copy of the voxels
-        on_device = (
-            DevicePatches(volume, centers, patch=cfg.patch, spacings_mm=cfg.spacings_mm, device=self.device)
-            if (self.device.type != "cpu" if cut_on_device is None else cut_on_device) and len(centers)
-            else None
-        )
+        on_device = None
+        if (self.device.type != "cpu" if cut_on_device is None else cut_on_device) and len(centers):
+            try:
+                on_device = DevicePatches(volume, centers, patch=cfg.patch, spacings_mm=cfg.spacings_mm, device=self.device)
+            except torch.OutOfMemoryError:
+                log.warning(
+                    "false-positive reduction: %s ran out of memory for the voxels around %d candidates; their cubes "
+                    "are cut on the CPU instead (the same values)",
+                    self.device,
+                    len(centers),
+                )
+                torch.cuda.empty_cache()
         for a in range(0, len(centers), batch):
             if on_device is not None:
                 x = on_device.cubes(a, a + batch).contiguous(memory_format=self._layout)
