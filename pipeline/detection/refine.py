@@ -59,8 +59,8 @@ log = logging.getLogger(__name__)
 
 _STRUCT26 = np.ones((3, 3, 3), dtype=bool)
 #: A window wider than this many voxels along an axis is sampled every second (third, ...) voxel along it: a wide
-#: box's window on a fine grid (a 40 mm box on 0.7 mm pixels is 92 voxels across) then costs what a 48-voxel one
-#: does. Narrower windows (every box up to 21 mm on 0.7 mm pixels, 36 mm on 1.2 mm) are taken whole.
+#: box's window on a fine grid (a 40 mm box on 0.7 mm pixels is about 93 voxels across) then costs what a 48-voxel
+#: one does. Narrower windows (every box up to about 20 mm on 0.7 mm pixels, 34 mm on 1.2 mm) are taken whole.
 MAX_WINDOW_VOXELS = 48
 
 
