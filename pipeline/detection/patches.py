@@ -123,9 +123,8 @@ class DevicePatches:
         self.spacings_mm = tuple(float(s) for s in spacings_mm)
         self.device = torch.device(device)
         centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
-        # LPS mm (row vector) -> index (i, j, k) steps: lps_to_index is (lps - origin) @ direction / spacing
-        to_index = np.asarray(volume.direction, dtype=np.float64) / np.asarray(volume.spacing, dtype=np.float64)[None, :]
-        unit = _unit_offsets(self.patch) @ to_index  # (P^3, 3): index steps per mm of grid spacing
+        # (P^3, 3): index (i, j, k) steps per mm of grid spacing, the series' affine being linear
+        unit = volume.lps_to_index(_unit_offsets(self.patch)) - volume.lps_to_index(np.zeros(3))
         ijk = volume.lps_to_index(centers).reshape(-1, 3)
         size_ijk = np.asarray(volume.array.shape[::-1])
         if len(centers):
