@@ -5,7 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+  if ! "$PY" -m venv .venv; then
+    # Debian and Ubuntu ship venv's pip bootstrap apart from Python (python3-venv)
+    rm -rf .venv
+    . scripts/_apt_install.sh
+    apt_install setup.sh python3-venv
+    "$PY" -m venv .venv
+  fi
 fi
 stamp=.venv/.ctpipe-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)

@@ -19,7 +19,8 @@
 #
 # The RetinaNet starts from the plain-phantom demo model of commit f001359 (trained from scratch on plain
 # phantoms by this script's previous version) and is fine-tuned on the realistic phantoms: a step takes 0.4-2.5 s
-# on 2 CPU cores without bfloat16 support, so training it from scratch does not fit the budget. The classifier
+# on 2 CPU cores without bfloat16 support, so training it from scratch does not fit in the
+# 45 minutes both stages may take. The classifier
 # is trained from scratch: a second input channel shows a 60 mm cube at 2.5 mm around each candidate (does a
 # bright spot continue as a vessel into the hilum, does it sit on the chest wall), and 80 negatives per training
 # phantom are taken from its own anatomy (bifurcations, vessel cross-sections of every calibre, hila, bronchi,

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.runner.capacity import (
-    SEED_CASES_PER_GPU_DAY,
+    REFERENCE_CASES_PER_GPU_DAY,
     StageLoad,
     ideal_rate,
     measured_efficiency,
@@ -27,8 +27,8 @@ LOADS = [
 ]  # model 4 s per case per GPU, CPU 8 core-s per case
 
 
-def test_seed_class_is_15000_cases_on_32_gpus():
-    assert SEED_CASES_PER_GPU_DAY == 468.75  # 15,000 / 32
+def test_reference_deployment_is_15000_cases_on_32_gpus():
+    assert REFERENCE_CASES_PER_GPU_DAY == 468.75  # 15,000 / 32
 
 
 def test_model_bound_cluster():
@@ -39,7 +39,7 @@ def test_model_bound_cluster():
     assert cap.model_cases_per_day == pytest.approx(86_400)
     assert cap.cpu_cases_per_day == pytest.approx(172_800)
     assert cap.cases_per_day == pytest.approx(86_400)
-    assert cap.per_gpu_day == pytest.approx(10_800)  # 86,400 / 8; 10,800 / 468.75 = 23.04 x the seed class
+    assert cap.per_gpu_day == pytest.approx(10_800)  # 86,400 / 8; 10,800 / 468.75 = 23.04 x the reference deployment
     text = cap.text()
     assert "86,400 cases/day" in text and "10,800 cases/GPU/day (23.04×" in text
     assert "15,000 cases/day on 32 A100s = 469 cases/GPU/day" in text
@@ -216,7 +216,7 @@ def test_ctpipe_report_projects_from_the_runs_own_stage_times(tmp_path, capsys):
     assert cap["cases_per_day"] == pytest.approx(0.02 * 86_400 * 0.8)  # 1,382.4
     assert cap["enough_to_project"]  # 12 cases over 12.5 active minutes
     # 8 GPUs over 2 nodes of 16 CPU workers: model 8 / 40 = 0.2 cases/s, CPU 32 / 100 = 0.32 cases/s -> model bound,
-    # 0.2 x 86,400 x 0.8 = 13,824 cases/day, 1,728 per GPU = 3.69 x the seed class's 468.75.
+    # 0.2 x 86,400 x 0.8 = 13,824 cases/day, 1,728 per GPU = 3.69 x the reference deployment's 468.75.
     out = tmp_path / "rep8"
     assert main(["report", str(run), "--out", str(out), "--gpus", "8", "--nodes", "2", "--cpu-workers", "16"]) == 0
     printed = capsys.readouterr().out

@@ -214,19 +214,19 @@ def test_a_short_cpu_run_leads_with_what_it_measured(tmp_path):
     assert f"{tp['cases_per_day_projected']:,.0f}" not in s["projection"]  # 8,640: no big number
     cap = s["capacity"]
     assert not cap["gpu_recorded"] and cap["text"].startswith("capacity model")
-    for gpu_words in ("GPU/day", "per GPU", "seed class", "×"):
+    for gpu_words in ("GPU/day", "per GPU", "reference deployment", "×"):
         assert gpu_words not in cap["text"], gpu_words
     assert "no GPU recorded" in cap["text"] and "too few to project from" in cap["text"]
     html = (tmp_path / "rep-cpu" / "report.html").read_text()
     section = html.split("<h2>Capacity model</h2>", 1)[1].split("<h2>", 1)[0]
-    assert "cases/GPU/day" not in section and "seed class" not in section and "No GPU recorded" in section
+    assert "cases/GPU/day" not in section and "reference deployment" not in section and "No GPU recorded" in section
 
 
 def test_a_gpu_run_keeps_its_per_gpu_figures(tmp_path):
     s = _short_run(tmp_path, "cuda:0 (NVIDIA A100-SXM4-80GB)")
     assert s["capacity"]["gpu_recorded"] and "cases/GPU/day" in s["capacity"]["text"]
     html = (tmp_path / "rep-cuda" / "report.html").read_text()
-    assert "cases/GPU/day; seed class" in html
+    assert "cases/GPU/day; reference deployment" in html
 
 
 def test_run_dirs_named_twice_are_listed_once_in_order(resumed, tmp_path, monkeypatch):

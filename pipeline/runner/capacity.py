@@ -22,7 +22,7 @@ queueing and imperfect overlap. Where no run can measure it, 1.0 is assumed and
 the text says so. Cross-node traffic is not measured: nodes are assumed to add
 capacity as the measured node does.
 
-The seed class to compare with: 15,000 cases/day on 32 A100 GPUs, about 469
+The reference deployment to compare with: 15,000 cases/day on 32 A100 GPUs, about 469
 cases per GPU per day.
 """
 
@@ -39,11 +39,11 @@ from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SEED_CASES_PER_DAY = 15_000
-SEED_GPUS = 32
-SEED_GPU = "A100"
-#: Cases per GPU per day of the seed class (15,000 / 32 = 468.75).
-SEED_CASES_PER_GPU_DAY = SEED_CASES_PER_DAY / SEED_GPUS
+REFERENCE_CASES_PER_DAY = 15_000
+REFERENCE_GPUS = 32
+REFERENCE_GPU = "A100"
+#: Cases per GPU per day of the reference deployment (15,000 / 32 = 468.75).
+REFERENCE_CASES_PER_GPU_DAY = REFERENCE_CASES_PER_DAY / REFERENCE_GPUS
 #: Stages that run on the model worker whatever the configuration.
 MODEL_STAGES = ("load", "detect")
 #: Stages that run on the model worker when ``reconstruct.device`` is ``model``.
@@ -90,18 +90,18 @@ class Capacity:
         return None if self.cases_per_day is None else self.cases_per_day / self.gpus
 
     def text(self) -> str:
-        """The capacity headline: the figure, the seed class beside it, the bottleneck and the efficiency."""
+        """The capacity headline: the figure, the reference deployment beside it, the bottleneck and the efficiency."""
         where = f"{self.gpus} GPU(s) over {self.nodes} node(s), {self.cpu_workers_per_node} CPU worker(s) per node"
         if self.cases_per_day is None or self.per_gpu_day is None:
             return f"capacity model for {where}: no completed stage attempts to project from"
-        seed = (
-            f"seed class: {SEED_CASES_PER_DAY:,} cases/day on {SEED_GPUS} {SEED_GPU}s = "
-            f"{SEED_CASES_PER_GPU_DAY:,.0f} cases/GPU/day"
+        ref = (
+            f"reference deployment: {REFERENCE_CASES_PER_DAY:,} cases/day on {REFERENCE_GPUS} {REFERENCE_GPU}s = "
+            f"{REFERENCE_CASES_PER_GPU_DAY:,.0f} cases/GPU/day"
         )
         caveat = "" if self.enough else "too few to project from (see the cases/day headline), indicative only: "
         parts = [
             f"capacity model for {where}: {caveat}{self.cases_per_day:,.0f} cases/day ({self.hours_per_day:g} operating hours/day), "
-            f"{self.per_gpu_day:,.0f} cases/GPU/day ({self.per_gpu_day / SEED_CASES_PER_GPU_DAY:.2f}× the {seed})",
+            f"{self.per_gpu_day:,.0f} cases/GPU/day ({self.per_gpu_day / REFERENCE_CASES_PER_GPU_DAY:.2f}× the {ref})",
             f"bottleneck: {self.bottleneck} stages (model {self.busy('model'):.2f} s/case per GPU -> "
             f"{_fmt(self.model_cases_per_day)} cases/day; CPU {self.busy('cpu'):.2f} core-s/case -> "
             f"{_fmt(self.cpu_cases_per_day)} cases/day)",
@@ -127,11 +127,11 @@ class Capacity:
             "efficiency_measured": self.efficiency_measured,
             "model_device": self.model_device,
             "enough_to_project": self.enough,
-            "seed_class": {
-                "cases_per_day": SEED_CASES_PER_DAY,
-                "gpus": SEED_GPUS,
-                "gpu": SEED_GPU,
-                "cases_per_gpu_day": SEED_CASES_PER_GPU_DAY,
+            "reference_deployment": {
+                "cases_per_day": REFERENCE_CASES_PER_DAY,
+                "gpus": REFERENCE_GPUS,
+                "gpu": REFERENCE_GPU,
+                "cases_per_gpu_day": REFERENCE_CASES_PER_GPU_DAY,
             },
             "assumptions": list(self.assumptions),
             "text": self.text(),

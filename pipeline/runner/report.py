@@ -6,7 +6,7 @@ counted once) and its projection to cases per day; latency p50/p90/p99 per
 stage (wall time of successful attempts, s), queue waits, and end to end (case
 start to publication, s); failures by error class; GPU utilisation when NVML
 samples exist; the capacity model (:mod:`.capacity`): cases/day for N GPUs over M nodes
-from the runs' own stage times, beside the seed class.
+from the runs' own stage times, beside the reference deployment.
 
 The projection states how many completed cases and active minutes it rests on.
 A rate measured over fewer than :data:`MIN_CASES_TO_PROJECT` completed cases or
@@ -31,7 +31,7 @@ The CSV files are UTF-8 with a byte-order mark (Excel reads them as UTF-8), thei
 times ISO 8601 UTC (``2026-12-04T10:15:03Z``, columns named ``..._utc``), their
 column names carry the unit (``p50_s``: seconds).
 
-The per-GPU figures and the seed-class comparison appear only when a run recorded a
+The per-GPU figures and the comparison with the reference deployment appear only when a run recorded a
 GPU device; without one the capacity model speaks of model workers.
 """
 
@@ -135,7 +135,7 @@ def _gpu_recorded(runs: Any) -> bool:
 
 
 def _cpu_capacity_text(c: dict[str, Any]) -> str:
-    """The capacity headline of runs that recorded no GPU: model workers, no per-GPU figure, no seed class."""
+    """The capacity headline of runs that recorded no GPU: model workers, no per-GPU figure, no reference deployment."""
     where = f"{c['gpus']} model worker(s) over {c['nodes']} node(s), {c['cpu_workers_per_node']} CPU worker(s) per node"
     if c["cases_per_day"] is None:
         return f"capacity model for {where}: no completed stage attempts to project from"
@@ -149,7 +149,7 @@ def _cpu_capacity_text(c: dict[str, Any]) -> str:
     )
     parts.append("model stages scale per model worker, CPU stages per CPU worker (one per core), over every node")
     parts += [a for a in c["assumptions"] if "GPU" not in a]
-    parts.append("no per-GPU figure or seed-class comparison without a GPU")
+    parts.append("no per-GPU figure or comparison with the reference without a GPU")
     return "; ".join(parts)
 
 

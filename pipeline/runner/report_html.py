@@ -164,14 +164,14 @@ def _capacity(c: dict[str, Any]) -> str:
         f"<tr><td>{_e(name)}</td><td>{_e(v['group'])}</td><td>{v['busy_s']:.3f}</td><td>{v['passes']}</td></tr>"
         for name, v in c["stages"].items()
     )
-    seed = c["seed_class"]
+    ref = c["reference_deployment"]
     where = f"{c['cpu_workers_per_node']} CPU worker(s) per node"
     if c.get("gpu_recorded", True):
         figures = (
             f"<p>{c['gpus']} GPU(s) over {c['nodes']} node(s), {where}: "
             f"<b>{_num(c['cases_per_day'], '{:,.0f}')}</b> cases/day, {_num(c['cases_per_gpu_day'], '{:,.0f}')} "
-            f"cases/GPU/day; seed class {seed['cases_per_day']:,} cases/day on {seed['gpus']} {_e(seed['gpu'])}s = "
-            f"{seed['cases_per_gpu_day']:,.0f} cases/GPU/day. Bottleneck: {_e(c['bottleneck'] or 'none')} stages "
+            f"cases/GPU/day; reference deployment {ref['cases_per_day']:,} cases/day on {ref['gpus']} {_e(ref['gpu'])}s = "
+            f"{ref['cases_per_gpu_day']:,.0f} cases/GPU/day. Bottleneck: {_e(c['bottleneck'] or 'none')} stages "
             f"(model {c['model_busy_s_per_case']:.2f} s/case per GPU, CPU {c['cpu_busy_s_per_case']:.2f} core-s/case).</p>"
         )
     else:
@@ -179,7 +179,7 @@ def _capacity(c: dict[str, Any]) -> str:
             f"<p>{c['gpus']} model worker(s) over {c['nodes']} node(s), {where}: "
             f"<b>{_num(c['cases_per_day'], '{:,.0f}')}</b> cases/day. Bottleneck: {_e(c['bottleneck'] or 'none')} stages "
             f"(model {c['model_busy_s_per_case']:.2f} s/case per model worker, CPU {c['cpu_busy_s_per_case']:.2f} "
-            "core-s/case). No GPU recorded: the model stages ran on the CPU; no per-GPU figure or seed-class comparison.</p>"
+            "core-s/case). No GPU recorded: the model stages ran on the CPU; no per-GPU figure or comparison with the reference.</p>"
         )
     notes = "".join(f"<li>{_e(a)}</li>" for a in c["assumptions"] if c.get("gpu_recorded", True) or "GPU" not in a)
     if not c["enough_to_project"]:
