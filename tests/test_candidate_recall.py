@@ -8,6 +8,8 @@ import pytest
 
 from tests._support.scripts import import_script
 
+pytestmark = pytest.mark.slow
+
 
 def test_more_blob_candidates_never_reach_fewer_nodules(capsys):
     script = import_script("candidate_recall")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from scipy import ndimage
@@ -114,7 +112,7 @@ def test_flat_noise_and_bad_sizes() -> None:
     assert empty.centers_lps.shape == (0, 3)
 
 
-def test_refine_findings_moves_boxes_and_is_fast() -> None:
+def test_refine_findings_moves_boxes() -> None:
     ph = generate_phantom(3, **PHANTOM)
     true, diam, start = _perturbed(ph, 2)
     items = []
@@ -132,10 +130,7 @@ def test_refine_findings_moves_boxes_and_is_fast() -> None:
             )
         )
     found = Findings(items, case_id="p3")
-    t0 = time.perf_counter()
     out = refine_findings(ph.volume, found)
-    ms = (time.perf_counter() - t0) * 1000 / len(items)
-    assert ms < 20.0
     assert out.case_id == "p3" and len(out) == len(found) and [f.score for f in out] == [f.score for f in found]
     moved = 0
     for f, g, t in zip(found, out, true):
@@ -186,19 +181,19 @@ def test_opening_equals_scipys_binary_opening(radius_vox: tuple[float, float, fl
         assert np.array_equal(_open(mask, ball), ndimage.binary_opening(mask, structure=ball))
 
 
-def test_boxes_beyond_nodule_size_keep_their_centre_and_cost_little() -> None:
+def test_boxes_beyond_nodule_size_keep_their_centre() -> None:
     """A 120 mm box (an untrained network's) is not refined: its window would take about a second per box."""
     ph = generate_phantom(3, **PHANTOM)
     true, diam, start = _perturbed(ph, 11)
     sizes = np.where(np.arange(len(diam)) % 2 == 0, 120.0, diam)
-    t0 = time.perf_counter()
     res = refine_centres(ph.volume, start, sizes)
-    took = time.perf_counter() - t0
     big = sizes > 40.0
+    assert big.any() and (~big).any()
     assert not res.refined[big].any() and np.array_equal(res.centers_lps[big], start[big])
     assert np.array_equal(res.diameters_mm[big], sizes[big]) and np.all(res.shift_mm[big] == 0.0)
+    # no window is read for them: neither contrast nor elongation is measured
+    assert np.all(res.contrast_hu[big] == 0.0) and np.all(res.elongation[big] == 0.0)
     assert res.refined[~big].sum() >= (~big).sum() - 1  # the nodule-sized ones are refined as before
-    assert took < 0.5, f"{took:.2f} s for {len(sizes)} boxes"
     at_limit = refine_centres(ph.volume, start, np.minimum(sizes, 40.0), max_diameter_mm=40.0)
     assert at_limit.refined[big].any()  # the limit is inclusive: 40 mm boxes are still refined
 

@@ -93,6 +93,7 @@ def test_output_selection(tmp_path, caplog):
         write_dicom_outputs(tmp_path / "d", source=case.source, volume=case.volume, findings=other, **MODEL)
 
 
+@pytest.mark.slow
 def test_real_series(tmp_path):
     """The RT-planning chest (512×512×141, InstanceNumbers against the slice order): headers matched, SR and SEG
     valid and read back."""

@@ -131,12 +131,12 @@ def test_gantry_tilt_from_phantom_writer_lands_in_lps(tmp_path):
     assert np.median(np.abs(got - want)) < 15.0
 
 
-SAMPLES = sorted((Path(__file__).resolve().parents[1] / "data_samples").glob("*/dicom"))
+SAMPLES = Path(__file__).resolve().parents[1] / "data_samples"  # committed (see data_samples/README.md)
 
 
-@pytest.mark.skipif(not SAMPLES, reason="data_samples/ not generated (bash scripts/make_samples.sh)")
-@pytest.mark.parametrize("case", SAMPLES, ids=[p.parent.name for p in SAMPLES])
-def test_data_samples_match_simpleitk(case):
+@pytest.mark.parametrize("name", ["phantom_00001", "phantom_00002", "phantom_00003"])
+def test_data_samples_match_simpleitk(name):
+    case = SAMPLES / name / "dicom"
     vol = load_series(case)
     _compare(vol, case)
     gt = json.loads((case.parent / "ground_truth.json").read_text())

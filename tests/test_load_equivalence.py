@@ -13,6 +13,7 @@ import torch
 
 from pipeline.cache import CaseCache
 from pipeline.load import DaliLoader, PreprocessSpec, Roi, TorchLoader, dali_available, make_loader
+from pipeline.phantom import generate_phantom
 from pipeline.volume import LPS_TO_RAS, CTVolume
 from tests._support.volumes import synthetic
 
@@ -31,12 +32,7 @@ def rotation(axis: int, degrees: float) -> np.ndarray:
 
 
 def phantom(seed: int, matrix: int, slices: int, position: str = "HFS") -> CTVolume:
-    """A phantom chest when pipeline.phantom is available, else a synthetic volume of the same grid."""
-    try:
-        from pipeline.phantom import generate_phantom
-    except ImportError:
-        flip = np.diag([-1.0, 1.0, -1.0]) if position == "FFS" else np.eye(3)
-        return synthetic((slices, matrix, matrix), (0.7, 0.7, 1.25), flip, seed=seed)
+    """A phantom chest (one small nodule) on a ``slices`` × ``matrix`` × ``matrix`` grid."""
     return generate_phantom(
         seed,
         matrix=matrix,

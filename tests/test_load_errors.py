@@ -96,10 +96,10 @@ def test_roi_outside_the_image_is_an_error_for_that_case_only(tmp_path, loader):
     assert out[1].ok
 
 
-def test_batches_keep_order_and_size_with_errors(tmp_path):
+@pytest.mark.parametrize("loader", LOADERS)
+def test_batches_keep_order_and_size_with_errors(tmp_path, loader):
     cache = build(tmp_path)
     ids = ["good1", "missing", "good2", "truncated", "good3"]
-    loader = "dali" if HAVE_DALI else "torch"
     batches = list(make_loader(cache, SPEC, loader=loader, device="cpu", batch_size=2).batches(ids))
     assert [[c.case_id for c in b] for b in batches] == [["good1", "missing"], ["good2", "truncated"], ["good3"]]
     assert [c.ok for b in batches for c in b] == [True, False, True, False, True]

@@ -258,14 +258,17 @@ def cache(tmp_path) -> CaseCache:
     return c
 
 
+@pytest.mark.skipif(not HAVE_DALI, reason="nvidia-dali not installed")
+def test_make_loader_picks_dali_by_default_when_installed(cache, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.load.select")
+    ld = make_loader(cache, BUNDLE_LUNG_NODULE, device="cpu")
+    assert isinstance(ld, DaliLoader) and "loader: DALI on CPU" in caplog.text and "installed" in caplog.text
+
+
 def test_make_loader_choice_and_log_line(cache, caplog, monkeypatch):
     caplog.set_level(logging.INFO, logger="pipeline.load.select")
     ld = make_loader(cache, BUNDLE_LUNG_NODULE, loader="torch", device="cpu")
     assert isinstance(ld, TorchLoader) and "loader: torch on CPU (asked for" in caplog.text
-    if HAVE_DALI:
-        caplog.clear()
-        ld = make_loader(cache, BUNDLE_LUNG_NODULE, device="cpu")
-        assert isinstance(ld, DaliLoader) and "loader: DALI on CPU" in caplog.text and "installed" in caplog.text
     caplog.clear()
     monkeypatch.setattr(select_mod, "dali_available", lambda: (False, "nvidia-dali is not installed (test)"))
     ld = make_loader(cache, BUNDLE_LUNG_NODULE, loader="auto", device="cpu")

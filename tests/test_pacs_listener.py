@@ -218,6 +218,7 @@ def test_series_that_grows_after_processing_is_a_new_generation(orthanc, series,
     assert len(cases) == 2 and set(cases.status) == {"done"}
 
 
+@pytest.mark.slow
 def test_series_that_never_completes_is_reported_after_the_limit(orthanc, series, tmp_path):
     _, files = series
     run = tmp_path / "run"
@@ -244,7 +245,7 @@ def test_series_that_never_completes_is_reported_after_the_limit(orthanc, series
     assert len(list(kept.glob("*.dcm"))) == len(gap)
 
 
-@pytest.mark.parametrize("hold_s", [259200.0, 0.0, 10.0])
+@pytest.mark.parametrize("hold_s", [259200.0, 0.0, pytest.param(10.0, marks=pytest.mark.slow)])
 def test_missing_slice_sent_after_the_limit_completes_the_quarantined_series(orthanc, series, tmp_path, hold_s):
     """keep_received none (the default): the incomplete series' files wait pacs.incomplete_keep_s for the missing
     instance, which then completes it as the same case; with no wait they go at once, as keep_received says."""

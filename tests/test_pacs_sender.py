@@ -1,5 +1,11 @@
-"""Results back to a real Orthanc: SR and SEG of completed cases sent by STOW-RS or C-STORE, once, in the
-background; failures retried with backoff and recorded; ``ctpipe send --retry-failed``."""
+"""Results back to a PACS: SR and SEG of completed cases sent by STOW-RS or C-STORE, once, in the
+background; failures retried with backoff and recorded; ``ctpipe send --retry-failed``.
+
+Delivery and retries are checked against a real Orthanc (``tests._support.orthanc``). The destinations that
+misbehave on purpose (refusing a SOP class, aborting the association mid-case) and the one that receives
+around a damaged result file are pynetdicom storage SCPs on 127.0.0.1 defined here (``_PickyStore``,
+``_AbortingStore``).
+"""
 
 from __future__ import annotations
 

@@ -76,8 +76,6 @@ def test_plain_phantom_is_unchanged():
     assert set(ph.masks) == set(MASK_NAMES) and ph.truth == {}
     gt = ph.ground_truth()
     assert "truth" not in gt and "confounders" not in gt["options"]
-    if not sample.is_dir():
-        pytest.skip("data_samples/ not generated (bash scripts/make_samples.sh)")
     assert load_ground_truth(sample) == json.loads(json.dumps(gt))
     masks = load_masks(sample)
     for name in MASK_NAMES:

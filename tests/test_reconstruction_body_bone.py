@@ -30,6 +30,7 @@ def _scenario(name: str, matrix: int):
     return generate_phantom(s.seed, confounders=s.confounders, patient_position=s.patient_position, matrix=matrix)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["routine_chest", "flat_couch_blanket", "arms_sides_gap", "small_fov_centred", "prone"])
 def test_body_leaves_out_the_table_and_keeps_arms(name):
     """Curved table, flat couch with a blanket under the back, arms beside the chest, a small field of view, prone."""
@@ -41,6 +42,7 @@ def test_body_leaves_out_the_table_and_keeps_arms(name):
     assert (body & table).sum() <= 0.001 * truth.sum(), f"{name}: {(body & table).sum()} table voxels in the body"
 
 
+@pytest.mark.slow
 def test_the_table_where_it_leaves_the_field_of_view_beside_a_prone_patient_is_not_a_body_part():
     """Seed 13025 (prone, raised arms, curved table and blanket; a tuning case): the table's shell, cut by the
     image edge beside the patient, is a thin piece of its own; it is not kept as an arm, so the body neither
@@ -52,6 +54,7 @@ def test_the_table_where_it_leaves_the_field_of_view_beside_a_prone_patient_is_n
     assert not body[:, :, [0, -1]].any() and not body[:, [0, -1], :].any()
 
 
+@pytest.mark.slow
 def test_a_mattress_rising_with_a_curved_table_under_arms_at_the_sides_is_not_body():
     """Seed 21002 (arms touching the chest, mattress on a curved table, large field of view; a tuning case):
     beside the patient's back the table and its mattress curve up above the back's lowest row; the mattress
@@ -72,6 +75,7 @@ def test_body_keeps_arms_separated_from_the_chest_by_air():
     assert (truth & ~body).sum() <= 0.01 * truth.sum()  # both arms are in
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["arterial_phase", "pulmonary_phase", "feet_first_venous"])
 def test_bone_is_not_contrast_blood(name):
     """Arterial, pulmonary-arterial and venous phases: bone Dice >= 0.90, blood hardly ever bone."""
@@ -86,6 +90,7 @@ def test_bone_is_not_contrast_blood(name):
         assert (bone & blood).sum() < 0.5 * thresholded
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sharp_kernel", "arms_sides_gap", "metal_spine"])
 def test_bone_meets_the_target_with_a_sharp_kernel_arms_and_metal(name):
     """Sharp-kernel noise, humeri with fatty marrow beside the chest, spinal hardware: bone Dice >= 0.90, metal not bone."""
@@ -96,6 +101,7 @@ def test_bone_meets_the_target_with_a_sharp_kernel_arms_and_metal(name):
     assert (bone & ph.masks["metal"]).sum() <= 0.05 * max(1, int(ph.masks["metal"].sum()))
 
 
+@pytest.mark.slow
 def test_bone_leaves_out_an_aorta_against_the_spine_under_arterial_contrast_sharp_kernel_and_metal():
     """All confounders at once (seed 13031, a tuning case): the enhanced descending aorta touches a
     vertebral body and streaks from spinal hardware cross it; it is a blood pool, not bone."""

@@ -188,12 +188,36 @@ def test_a_few_slices_of_a_chest_keep_their_lungs_marked_partial():
     assert overlap > 0.9
 
 
-@pytest.mark.parametrize("slices", [1, 2])
-def test_one_or_two_slices_never_raise(slices, tmp_path):
-    vol = middle_slices(generate_phantom(3, **GRID).volume, slices)
+LUNG_ML = ("lung_left_volume_ml", "lung_right_volume_ml", "lungs_total_volume_ml")
+
+
+def test_one_slice_is_not_segmented_and_reports_no_lungs(tmp_path):
+    """One slice has no 3-D organs: every organ is an error (not an exception) and the lungs count as absent."""
+    vol = middle_slices(generate_phantom(3, **GRID).volume, 1)
     rec = reconstruct(vol, device="cpu", out_dir=tmp_path, stem="thin", smoothing=0)
-    assert rec.quality is not None
-    assert (tmp_path / "thin_measurements.json").is_file()
+    assert rec.masks == {} and rec.meshes == {}
+    assert {"body", *LUNGS} <= set(rec.errors)
+    assert all("too thin for 3-D segmentation" in msg for msg in rec.errors.values()), rec.errors
+    assert rec.quality.lung_coverage == "absent" and rec.quality.has("lungs_absent"), rec.quality.codes
+    assert set(LUNG_ML) <= set(rec.quality.unreliable)
+    meas = json.loads((tmp_path / "thin_measurements.json").read_text())
+    assert "lungs_absent" in [f["code"] for f in meas["quality"]["flags"]]
+    assert all(meas["lungs"][k] is None for k in LUNG_ML), meas["lungs"]
+    assert not list(tmp_path.glob("thin_lung_*"))
+
+
+def test_two_slices_keep_their_lungs_cut_at_both_ends(tmp_path):
+    """Two slices are segmented: the lungs are found, cut at the apex and the base, their volumes marked unreliable."""
+    vol = middle_slices(generate_phantom(3, **GRID).volume, 2)
+    rec = reconstruct(vol, device="cpu", out_dir=tmp_path, stem="thin", smoothing=0)
+    assert set(LUNGS) <= set(rec.masks) and not rec.errors, rec.errors
+    assert rec.quality.lung_coverage == "partial"
+    assert rec.quality.has("lungs_apex_cut") and rec.quality.has("lungs_base_cut"), rec.quality.codes
+    assert not rec.quality.has("lungs_absent")
+    assert set(LUNG_ML) <= set(rec.quality.unreliable)
+    meas = json.loads((tmp_path / "thin_measurements.json").read_text())
+    for k in LUNG_ML:
+        assert meas["lungs"][k]["reliable"] is False and meas["lungs"][k]["value"] > 0, (k, meas["lungs"][k])
 
 
 def test_one_lung_without_airway_is_kept():

@@ -148,4 +148,9 @@ def test_detector_style_finding_object(case):
             self.box_max_lps = d["box_max_lps"]
 
     res = segment_nodule(ph.volume, Finding(_finding(ph.nodules[1])), lung_mask=lungs)
-    assert res.volume_mm3 > 0
+    ref = segment_nodule(ph.volume, _finding(ph.nodules[1]), lung_mask=lungs)
+    assert ref.error is None and ref.volume_mm3 > 0
+    assert res.error is None
+    assert res.volume_mm3 == pytest.approx(ref.volume_mm3)
+    assert res.centroid_lps == pytest.approx(ref.centroid_lps)
+    assert np.array_equal(res.mask, ref.mask)

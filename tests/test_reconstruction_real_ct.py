@@ -16,6 +16,8 @@ from pipeline.reconstruction.segment import segment_organs
 from tests._support import real_ct
 from tests._support.shapes import dice
 
+pytestmark = pytest.mark.slow
+
 ORGANS = ("lung_left", "lung_right", "airway")
 MIN_DICE = 0.95
 MAX_GUT_AS_LUNG_ML = 1.0

@@ -17,6 +17,8 @@ import pytest
 from pipeline.reconstruction.segment import segment_organs
 from tests._support.real_ct import copdgene, read_labels, require_real_ct, rt_planning_chest, totalseg_abdomen
 
+pytestmark = pytest.mark.slow
+
 TS_SPINE_RIBS = (*range(25, 51), *range(92, 116))  # sacrum, vertebrae S1..C1, ribs
 TS_ALL_BONE = (*TS_SPINE_RIBS, *range(69, 79), 116)  # + humeri, scapulae, clavicles, femurs, hips; sternum
 

@@ -257,10 +257,10 @@ def test_metrics_linger_after_the_run_for_a_last_scrape(tmp_path):
     """metrics.linger_s: the endpoint still answers, with the final counters, after the run's cases are done."""
     import threading
     import time
-    import urllib.request
 
     from pipeline.runner import run_batch
     from tests._support.orthanc import free_port
+    from tests._support.prometheus import local_opener
 
     (tmp_path / "incoming").mkdir()
     port = free_port()
@@ -271,7 +271,7 @@ def test_metrics_linger_after_the_run_for_a_last_scrape(tmp_path):
     seen = []
     while worker.is_alive():
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+            with local_opener().open(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
                 seen.append((time.monotonic() - started, r.read().decode()))
         except OSError:
             pass

@@ -245,7 +245,6 @@ def _ray_pids() -> set[int]:
     return {int(x) for x in p.stdout.split()}
 
 
-@pytest.mark.slow
 def _a_case_running(out: Path) -> bool:
     """Whether the run store in ``out`` records a case running (False while the store is not made yet)."""
     try:
@@ -254,6 +253,7 @@ def _a_case_running(out: Path) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_of_a_run_on_a_private_instance_is_an_interruption_to_resume(tmp_path):
     pytest.importorskip("ray")
     from tests._support.ray_cluster import ray_environment

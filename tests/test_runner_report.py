@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import urllib.request
+import urllib.error
 
 import pandas as pd
 import pytest
@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.runner import run_batch
 from pipeline.runner.stages import IngestStage
+from tests._support.prometheus import local_opener
 from tests._support.runner import ctpipe
 
 pytest_plugins = ["tests._support.runner"]
@@ -44,7 +45,7 @@ def ingest_run(dicom_data, tmp_path_factory):
 
     def scrape(progress) -> None:
         if progress.done == 1 and not scraped:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            with local_opener().open(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 scraped.append(r.read().decode())
 
     textdir = out.parent / "node_exporter"
@@ -66,8 +67,9 @@ def test_metrics_served_during_the_run_and_closed_after(ingest_run):
     live = _samples(ingest_run["scraped"][0])
     assert live[("ctpipe_cases_processed_total", ())] == 1.0
     assert live[("ctpipe_stage_latency_seconds_count", (("stage", "ingest"),))] >= 1.0
-    with pytest.raises(OSError):
-        urllib.request.urlopen(f"http://127.0.0.1:{ingest_run['port']}/metrics", timeout=2)
+    with pytest.raises(urllib.error.URLError) as refused:
+        local_opener().open(f"http://127.0.0.1:{ingest_run['port']}/metrics", timeout=2)
+    assert isinstance(refused.value.reason, ConnectionRefusedError), refused.value
 
 
 def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):

@@ -1,12 +1,12 @@
 """A real PACS for the tests: Debian's Orthanc with its DICOMweb plugin, run as a plain process.
 
-:func:`orthanc_binary` finds ``Orthanc`` (running ``scripts/install_pacs_tools.sh`` once when it or the
-plugin is missing) or skips the test with the reason. :class:`OrthancServer` writes a config (free
-ports on 127.0.0.1, storage in a temporary folder, one test user with a random password,
-``DicomModalities`` naming ctpipe's AE titles), starts Orthanc, polls ``/system`` until it answers,
-and terminates it by PID. Orthanc listens on every interface (1.10 has no bind setting): the ports are
-free ephemeral ones, HTTP remote access is off and every request needs the test user. All traffic stays
-on 127.0.0.1.
+:func:`orthanc_binary` finds ``Orthanc`` and its plugin or skips the test, naming
+``scripts/install_pacs_tools.sh`` (which ``scripts/test.sh`` runs before pytest). :class:`OrthancServer`
+writes a config (free ports on 127.0.0.1, storage in a temporary folder, one test user with a random
+password, ``DicomModalities`` naming ctpipe's AE titles), starts Orthanc, polls ``/system`` until it
+answers, and terminates it by PID. Orthanc listens on every interface (1.10 has no bind setting): the
+ports are free ephemeral ones, HTTP remote access is off and every request needs the test user. All
+traffic stays on 127.0.0.1.
 
 The session fixture ``orthanc`` reaches a test module through ``pytest_plugins =
 ["tests._support.orthanc"]``. Test modules also import the helpers directly, so pytest is told not
@@ -15,7 +15,6 @@ to rewrite this module: PYTEST_DONT_REWRITE.
 
 from __future__ import annotations
 
-import functools
 import json
 import secrets
 import shutil
@@ -31,26 +30,17 @@ import pytest
 from pipeline.runner.stage import Stage
 from tests._support.processes import terminate
 
-ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
 HOST = "127.0.0.1"
 
 
-@functools.cache
-def _install() -> str:
-    """Run scripts/install_pacs_tools.sh once; its stderr (empty on success)."""
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "install_pacs_tools.sh")], capture_output=True, text=True, timeout=600)
-    return "" if proc.returncode == 0 else (proc.stderr.strip() or f"exit status {proc.returncode}")
-
-
 def orthanc_binary() -> str:
-    """The Orthanc executable (installing the packages when missing), or skip with the reason."""
+    """The Orthanc executable, or skip (naming the install script) when it or its DICOMweb plugin is missing."""
     exe = shutil.which("Orthanc")
-    if exe is None or not PLUGIN.is_file():
-        err = _install()
-        exe = shutil.which("Orthanc")
-        if exe is None or not PLUGIN.is_file():
-            pytest.skip(f"Orthanc and its DICOMweb plugin could not be installed (scripts/install_pacs_tools.sh: {err})")
+    if exe is None:
+        pytest.skip("Orthanc not installed: run `bash scripts/install_pacs_tools.sh`")
+    if not PLUGIN.is_file():
+        pytest.skip(f"Orthanc's DICOMweb plugin ({PLUGIN}) not installed: run `bash scripts/install_pacs_tools.sh`")
     return exe
 
 

@@ -1,17 +1,16 @@
 """A real Prometheus for the tests: Debian's ``prometheus`` run as a plain process, and its ``promtool``.
 
-:func:`prometheus_tool` finds ``prometheus`` or ``promtool`` (running ``scripts/install_monitoring_tools.sh``
-once when one is missing) or skips the test with the reason. :class:`PrometheusServer` writes a config
-(scrape every second, the given ``127.0.0.1`` targets), starts Prometheus on a free port of 127.0.0.1
-with its database in a temporary folder, waits until every target has been scraped, answers
-``/api/v1/query`` and is terminated by PID. All traffic stays on 127.0.0.1.
+:func:`prometheus_tool` finds ``prometheus`` or ``promtool`` or skips the test, naming
+``scripts/install_monitoring_tools.sh`` (which ``scripts/test.sh`` runs before pytest).
+:class:`PrometheusServer` writes a config (scrape every second, the given ``127.0.0.1`` targets), starts
+Prometheus on a free port of 127.0.0.1 with its database in a temporary folder, waits until every target
+has been scraped, answers ``/api/v1/query`` and is terminated by PID. All traffic stays on 127.0.0.1.
 
 Test modules import the helpers directly, so pytest is told not to rewrite this module: PYTEST_DONT_REWRITE.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import subprocess
@@ -26,37 +25,25 @@ import pytest
 from tests._support.orthanc import HOST, free_port
 from tests._support.processes import terminate
 
-ROOT = Path(__file__).resolve().parents[2]
 #: Prometheus answers at once but scrapes a target first 6-10 s after it starts.
 FIRST_SCRAPE_S = 60.0
 
 
-@functools.cache
-def _install() -> str:
-    """Run scripts/install_monitoring_tools.sh once; its stderr (empty on success)."""
-    proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "install_monitoring_tools.sh")], capture_output=True, text=True, timeout=900
-    )
-    return "" if proc.returncode == 0 else (proc.stderr.strip() or f"exit status {proc.returncode}")
-
-
 def prometheus_tool(name: str) -> str:
-    """The ``prometheus`` or ``promtool`` executable (installing Debian's prometheus when missing), or skip."""
+    """The ``prometheus`` or ``promtool`` executable, or skip (naming the install script) when it is missing."""
     exe = shutil.which(name)
     if exe is None:
-        err = _install()
-        exe = shutil.which(name)
-        if exe is None:
-            pytest.skip(f"{name} could not be installed (scripts/install_monitoring_tools.sh: {err})")
+        pytest.skip(f"{name} not installed: run `bash scripts/install_monitoring_tools.sh`")
     return exe
 
 
-def _opener() -> urllib.request.OpenerDirector:
+def local_opener() -> urllib.request.OpenerDirector:
+    """A urllib opener that ignores ``http_proxy`` and friends, for requests to 127.0.0.1."""
     return urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy: localhost only, whatever the environment
 
 
 def _get(url: str, timeout: float = 5.0) -> Any:
-    with _opener().open(url, timeout=timeout) as r:
+    with local_opener().open(url, timeout=timeout) as r:
         return json.loads(r.read().decode())
 
 
@@ -103,7 +90,7 @@ class PrometheusServer:
     def _ready(self) -> bool:
         """``/-/ready`` answers 200 (plain text); before that the port refuses or answers 503."""
         try:
-            with _opener().open(self.url + "/-/ready", timeout=2) as r:
+            with local_opener().open(self.url + "/-/ready", timeout=2) as r:
                 return bool(r.status == 200)
         except OSError:
             return False
