@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from .dicom_out.kinds import OUTPUTS as DICOM_OUTPUTS
-from .errors import ConfigError
+from .errors import ConfigError, PacsAddressError
+from .pacs.address import check_aet, parse_destination, redact
 from .reconstruction.organs import ORGANS
 
 
@@ -405,6 +406,10 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
             _check_device(value, path, source)
         if path == "runner.ray_address":
             _check_ray_address(value, path, source)
+        if path == "pacs.ae_title":
+            value = _check_pacs(check_aet, value, path, source)
+        if path == "pacs.send_to":
+            _check_pacs(parse_destination, value, path, source)
         return value
     raise AssertionError(k)
 
@@ -428,6 +433,17 @@ def _check_ray_address(value: str, path: str, source: str) -> None:
             where=source,
             fix="give the address `ray start --head` printed, or auto on a machine of the cluster",
         )
+
+
+def _check_pacs(check: Any, value: str, path: str, source: str) -> str:
+    """``check(value, where)`` (an AE title or a PACS address check of :mod:`pipeline.pacs.address`) with its
+    :class:`PacsAddressError` turned into a :class:`ConfigError` naming the option; the checked value (an AE title
+    stripped)."""
+    try:
+        checked = check(value, where=path)
+    except PacsAddressError as exc:
+        raise ConfigError(f"{path} = {redact(value)!r}: {exc.problem}", where=source, fix=exc.fix) from exc
+    return checked if isinstance(checked, str) else value
 
 
 class Section(Mapping[str, Any]):
@@ -640,13 +656,18 @@ def load_config(
     *,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
+    defaults_of: Mapping[str, Any] | None = None,
 ) -> Config:
     """Build the effective configuration: defaults < file < environment < overrides.
 
-    ``overrides`` with a value of ``None`` are ignored (an unset CLI flag).
+    ``overrides`` with a value of ``None`` are ignored (an unset CLI flag). ``defaults_of``: a command's own
+    defaults (names as in ``overrides``, e.g. ``{"workers": 0}`` for ``ctpipe listen``), in force where neither
+    the file, the environment nor an override sets the option.
     """
     data = defaults()
     sources: dict[str, str] = {}
+    if defaults_of:
+        _merge(data, overrides_layer({k: v for k, v in defaults_of.items() if v is not None}), "the command's defaults", sources)
     if path is not None:
         _merge(data, read_file(path), str(path), sources)
     given = overrides_layer({k: v for k, v in (overrides or {}).items() if v is not None})

@@ -106,7 +106,7 @@ def test_send_and_listen_refuse_what_is_not_theirs(tmp_path, capsys):
     rc, err = _err(capsys, "send", str(SAMPLE), "--to", "dimse://PACS@127.0.0.1:1")
     assert rc == 1 and "not a ctpipe run folder" in err and not (SAMPLE / "pacs").exists()
     rc, err = _err(capsys, "listen", "--out", str(tmp_path / "l"), "--allow", "X", "--ae-title", "THIS_TITLE_IS_WAY_TOO_LONG")
-    assert rc == 1 and "pacs.ae_title (--ae-title): AE title 'THIS_TITLE_IS_WAY_TOO_LONG' is not valid" in err
+    assert rc == 1 and "pacs.ae_title = 'THIS_TITLE_IS_WAY_TOO_LONG': AE title 'THIS_TITLE_IS_WAY_TOO_LONG' is not valid" in err
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -109,8 +109,13 @@ def load_ctpipe_model(path: str | Path) -> LoadedModel:
     """Load a ctpipe model JSON and the weights named in it."""
     cfg = load_model_config(path)
     if cfg.weights is None:
-        raise BundleError("model config names no weights file", where=path)
-    net = build_network(cfg.arch or {})
+        raise BundleError(
+            "model config names no weights file",
+            where=path,
+            fix='add a "weights" entry naming the state dict (.pt) beside the JSON, or regenerate it with '
+            "scripts/train_detector.py",
+        )
+    net = build_network(cfg.arch or {}, where=path)
     load_weights(net, cfg.weights)
     return LoadedModel(cfg, net.eval())
 

@@ -254,7 +254,11 @@ def match_predictions(
     }
     scan_ids = sorted(set(scans) if scans is not None else set(gt) | set(cands))
     if not scan_ids:
-        raise ConfigError("no scans to evaluate", fix="pass predictions and ground truth for at least one scan")
+        raise ConfigError(
+            "no scans to evaluate (scans, predictions and truth are all empty)",
+            where="match_predictions(predictions, truth, scans=...)",
+            fix="pass predictions and ground truth for at least one scan",
+        )
     for name, keys in (("predictions", cands), ("ground truth", gt)):
         outside = sorted(set(keys) - set(scan_ids))
         if outside:
@@ -274,6 +278,7 @@ def match_predictions(
     if not per_nodule:
         raise ConfigError(
             f"the ground truth holds no nodule of at least {min_diameter_mm} mm in the {len(scan_ids)} scans evaluated",
+            where="match_predictions(truth, scans=..., min_diameter_mm=...)",
             fix="check the truth file and the scan list",
         )
     n_cands = sum(len(cands.get(sid, [])) for sid in scan_ids)
@@ -342,7 +347,11 @@ def sensitivity_at(fps: np.ndarray, sens: np.ndarray, rates: Sequence[float], *,
         return np.interp(np.asarray(rates, float), fps, sens)
     if reading == "step":
         return np.asarray([sens[fps <= r].max() if np.any(fps <= r) else 0.0 for r in rates])
-    raise ConfigError(f"FROC reading {reading!r} is not one of {READINGS}", fix="use 'interpolate' (LUNA16) or 'step'")
+    raise ConfigError(
+        f"FROC reading {reading!r} is not one of {READINGS}",
+        where="sensitivity_at(reading=...)",
+        fix="use 'interpolate' (LUNA16) or 'step'",
+    )
 
 
 def threshold_at(fps: np.ndarray, sens: np.ndarray, thresholds: np.ndarray, rate: float) -> tuple[float, float, float]:
@@ -378,9 +387,17 @@ def evaluate_froc(
     [(centre, diameter)]); ``max_marks_per_scan``: LUNA16's cap (100 in its script; default none).
     """
     if reading not in READINGS:
-        raise ConfigError(f"FROC reading {reading!r} is not one of {READINGS}", fix="use 'interpolate' (LUNA16) or 'step'")
+        raise ConfigError(
+            f"FROC reading {reading!r} is not one of {READINGS}",
+            where="evaluate_froc(reading=...)",
+            fix="use 'interpolate' (LUNA16) or 'step'",
+        )
     if max_marks_per_scan is not None and max_marks_per_scan < 1:
-        raise ConfigError(f"max_marks_per_scan is {max_marks_per_scan}; it must be at least 1 (LUNA16 uses 100)")
+        raise ConfigError(
+            f"max_marks_per_scan is {max_marks_per_scan}; it must be at least 1",
+            where="evaluate_froc(max_marks_per_scan=...)",
+            fix="pass None (no cap) or a positive number of marks per scan (LUNA16's script uses 100)",
+        )
     matched = match_predictions(
         predictions,
         truth,

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..devicetime import DeviceTimer
 from ..errors import InputTooSmallError, InvalidVolumeError
 from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
@@ -51,12 +52,6 @@ MIN_INPUT_MM = 16.0  # inputs smaller than this on any axis cannot hold a nodule
 MAX_BAD_VOXEL_FRACTION = 0.01
 
 LungMask = np.ndarray | LabelMap | Mapping[str, np.ndarray] | LungRegion
-
-
-def _sync_timer(device: torch.device) -> tuple[Any, Any]:
-    if device.type == "cuda":
-        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    return None, None
 
 
 class Detector:
@@ -218,32 +213,23 @@ class Detector:
         x = tensor[None].to(self.device, non_blocking=True)
         if self._channels_last:
             x = x.contiguous(memory_format=torch.channels_last_3d)
-        start, end = _sync_timer(self.device)
-        t0 = time.perf_counter()
-        if start is not None:
-            start.record()
-        try:
-            with torch.inference_mode(), torch.autocast(self.device.type, dtype=self._autocast, enabled=self.amp):
-                out = self._detector(x, use_inferer=use_sw)
-        except torch.cuda.OutOfMemoryError:
-            if use_sw:
-                raise
-            # as the bundle's inferer does: a volume too big for the GPU at once goes window by window
-            log.warning(
-                "whole-volume inference ran out of GPU memory for input %s; retrying with a sliding window",
-                tuple(tensor.shape[1:]),
-            )
-            torch.cuda.empty_cache()
-            use_sw = True
-            with torch.inference_mode(), torch.autocast(self.device.type, dtype=self._autocast, enabled=self.amp):
-                out = self._detector(x, use_inferer=True)
-        if end is not None:
-            end.record()
-            torch.cuda.synchronize(self.device)
-            ms = float(start.elapsed_time(end))
-        else:
-            ms = (time.perf_counter() - t0) * 1000.0
-        return out, ms, use_sw
+        with DeviceTimer(self.device) as clock:
+            try:
+                with torch.inference_mode(), torch.autocast(self.device.type, dtype=self._autocast, enabled=self.amp):
+                    out = self._detector(x, use_inferer=use_sw)
+            except torch.cuda.OutOfMemoryError:
+                if use_sw:
+                    raise
+                # as the bundle's inferer does: a volume too big for the GPU at once goes window by window
+                log.warning(
+                    "whole-volume inference ran out of GPU memory for input %s; retrying with a sliding window",
+                    tuple(tensor.shape[1:]),
+                )
+                torch.cuda.empty_cache()
+                use_sw = True
+                with torch.inference_mode(), torch.autocast(self.device.type, dtype=self._autocast, enabled=self.amp):
+                    out = self._detector(x, use_inferer=True)
+        return out, clock.ms, use_sw
 
     # -- main entry --------------------------------------------------------------------
     def detect(
@@ -293,9 +279,9 @@ class Detector:
                 log.warning("%s: %s", where, result.reason)
                 result.timings_ms = timings
                 return self.apply_operating_point(result)
-        t0 = time.perf_counter()
-        case = preprocess_volume(volume, self.spec, device=str(self.device), roi=roi, case_id=case_id or "volume")
-        timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
+        with DeviceTimer(self.device) as clock:  # the last steps run queued on a GPU
+            case = preprocess_volume(volume, self.spec, device=str(self.device), roi=roi, case_id=case_id or "volume")
+        timings["preprocess"] = clock.ms
         tensor = case.unwrap()  # raises the case's error, so a geometry is there from here on
         assert case.geometry is not None
         result = self._finish(result, tensor, case.geometry, region, volume.metadata, timings, t_all, where)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,32 +46,46 @@ BUNDLE_ARCHITECTURE: dict[str, Any] = {
 _RESNETS = {10: resnet.resnet10, 18: resnet.resnet18, 34: resnet.resnet34, 50: resnet.resnet50, 101: resnet.resnet101}
 
 
-def _int3(value: Any, name: str) -> list[int]:
+#: what to do about invalid network options of a model JSON (its "network" entry)
+_OPTIONS_FIX = "correct the model JSON's 'network' entry, or regenerate the model with scripts/train_detector.py"
+
+
+def _int3(value: Any, name: str, where: str) -> list[int]:
     if isinstance(value, (int, float)):
         value = [value] * 3
     vals = [int(v) for v in value]
     if len(vals) != 3:
-        raise BundleError(f"network option {name} must have 3 values, got {value!r}")
+        raise BundleError(
+            f"network option {name} must have 3 values (x, y, z), got {value!r}",
+            where=where,
+            fix=f"give {name} one number or three; {_OPTIONS_FIX}",
+        )
     return vals
 
 
-def build_network(arch: Mapping[str, Any]) -> RetinaNet:
+def build_network(arch: Mapping[str, Any], *, where: str | Path = "build_network(arch=...)") -> RetinaNet:
     """Build the RetinaNet network (untrained) described by ``arch``.
 
+    ``where``: what ``arch`` came from (a model JSON's path), named in errors.
     Raises :class:`BundleError` for an unknown kind or invalid options.
     """
+    where = str(where)
     kind = arch.get("kind")
     try:
-        stride = _int3(arch.get("conv1_t_stride", [2, 2, 1]), "conv1_t_stride")
-        size = _int3(arch.get("conv1_t_size", [7, 7, 7]), "conv1_t_size")
+        stride = _int3(arch.get("conv1_t_stride", [2, 2, 1]), "conv1_t_stride", where)
+        size = _int3(arch.get("conv1_t_size", [7, 7, 7]), "conv1_t_size", where)
         returned = [int(v) for v in arch.get("returned_layers", [1, 2])]
         num_classes = int(arch.get("num_classes", 1))
         num_anchors = int(arch.get("num_anchors", 3))
-        size_div = _int3(arch.get("size_divisible", [16, 16, 8]), "size_divisible")
+        size_div = _int3(arch.get("size_divisible", [16, 16, 8]), "size_divisible", where)
         if kind == "monai_resnet_fpn":
             depth = int(arch.get("depth", 50))
             if depth not in _RESNETS:
-                raise BundleError(f"ResNet depth {depth} is not one of {sorted(_RESNETS)}")
+                raise BundleError(
+                    f"ResNet depth {depth} is not one of {sorted(_RESNETS)}",
+                    where=where,
+                    fix=f"set depth to one of {sorted(_RESNETS)} (MONAI's bundle uses 50)",
+                )
             backbone = _RESNETS[depth](spatial_dims=3, n_input_channels=1, conv1_t_stride=stride, conv1_t_size=size)
             extractor = resnet_fpn_feature_extractor(backbone, 3, False, returned, None)
         elif kind == "small_resnet_fpn":
@@ -102,10 +117,12 @@ def build_network(arch: Mapping[str, Any]) -> RetinaNet:
         else:
             raise BundleError(
                 f"network kind {kind!r} is not supported",
+                where=where,
                 fix="use 'monai_resnet_fpn' (MONAI bundle architecture) or 'small_resnet_fpn'",
             )
     except (KeyError, TypeError, ValueError) as exc:
-        raise BundleError(f"invalid network options {dict(arch)!r}: {exc}") from exc
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise BundleError(f"invalid network options {dict(arch)!r} ({what})", where=where, fix=_OPTIONS_FIX) from exc
     return RetinaNet(
         spatial_dims=3,
         num_classes=num_classes,

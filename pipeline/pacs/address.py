@@ -19,7 +19,9 @@ study, series or worklist is required, so that a bare address never pulls a whol
 
 Destinations (``pacs.send_to``) use the same forms without a query. Addresses never carry credentials
 (``user:password@`` is refused): DICOMweb credentials come from the environment or a netrc file
-(:mod:`pipeline.pacs.auth`). :func:`redact` gives the form written to logs and ledgers.
+(:mod:`pipeline.pacs.auth`). :func:`redact` gives the form written to logs and ledgers; :func:`redact_identifiers`
+also withholds the query values that identify a patient (accession numbers), for records kept without
+``privacy.keep_identifiers``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote_plus, urlsplit
 
 from ..csvfile import read_table
 from ..errors import PacsAddressError, PacsUnavailableError
@@ -39,6 +41,11 @@ QUERY_KEYS = ("studydate", "accession", "study", "series", "worklist", "modality
 _UID = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 _AET = re.compile(r"^[\x21-\x7e]([\x20-\x7e]{0,14}[\x21-\x7e])?$")  # 1-16 printable characters, no backslash rule here
 _DATE = re.compile(r"^\d{8}$")
+#: query keys whose values identify a patient or a visit (AccessionNumber, see pipeline.volume.PATIENT_IDENTIFIERS);
+#: study dates and UIDs are not among them (outputs need them to refer to the images)
+IDENTIFYING_QUERY_KEYS = ("accession",)
+WITHHELD = "***"
+_ADDRESS = re.compile(r"(?i)(?:dicomweb\+https?|dimse)://[^\s'\"]*")
 
 
 def is_pacs_address(text: str) -> bool:
@@ -113,6 +120,29 @@ class PacsSource:
 def redact(text: str) -> str:
     """``text`` with the password of any ``user:password@`` part of a URL replaced by ``***``."""
     return re.sub(r"(://[^/@:\s]*):[^/@\s]*@", r"\1:***@", str(text))
+
+
+def redact_identifiers(text: str) -> str:
+    """``text`` (an address, or a command line holding addresses) as :func:`redact` gives it, with the values of
+    the query keys that identify a patient (:data:`IDENTIFYING_QUERY_KEYS`: ``accession``) replaced by ``***``.
+
+    ``dimse://PACS@host:104?accession=A123&modality=CT`` becomes ``dimse://PACS@host:104?accession=***&modality=CT``;
+    text outside PACS addresses is left as it is.
+    """
+
+    def withhold(match: re.Match[str]) -> str:
+        base, sep, query = match.group(0).partition("?")
+        if not sep:
+            return base
+        pairs = []
+        for pair in query.split("&"):
+            key, eq, value = pair.partition("=")
+            if eq and value and unquote_plus(key).strip().lower() in IDENTIFYING_QUERY_KEYS:
+                pair = f"{key}={WITHHELD}"
+            pairs.append(pair)
+        return f"{base}?{'&'.join(pairs)}"
+
+    return _ADDRESS.sub(withhold, redact(text))
 
 
 def _endpoint(text: str, where: str) -> tuple[Endpoint, str]:

@@ -65,8 +65,8 @@ def register(sub: Any) -> None:
         "--workers",
         type=number_in(int, 0, 256),
         metavar="N",
-        help="CPU worker processes (default 0: every stage in this process); either way the "
-        "workers and the model are started once for the listener's lifetime",
+        help="CPU worker processes (default: runner.workers of --config, CTPIPE_RUNNER_WORKERS or --set, else 0: "
+        "every stage in this process); either way the workers and the model are started once for the listener's lifetime",
     )
     p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda or cuda:N")
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
@@ -93,13 +93,17 @@ def register(sub: Any) -> None:
     s.set_defaults(func=_send)
 
 
-def _config(args: argparse.Namespace, extra: dict[str, Any]) -> Any:
+#: ``ctpipe listen``'s own defaults: below the config file, the environment and --set (see load_config)
+LISTEN_DEFAULTS: dict[str, Any] = {"workers": 0}
+
+
+def _config(args: argparse.Namespace, extra: dict[str, Any], *, defaults_of: dict[str, Any] | None = None) -> Any:
     from ..config import load_config
     from ..runner.cli import _parse_set
 
     overrides = _parse_set(getattr(args, "set", []) or [])
     overrides.update({k: v for k, v in extra.items() if v is not None})
-    return load_config(getattr(args, "config", None), overrides=overrides)
+    return load_config(getattr(args, "config", None), overrides=overrides, defaults_of=defaults_of)
 
 
 def _on_term(signum: int, frame: Any) -> None:
@@ -111,7 +115,8 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
 
     pacs_sources = [s for s in args.sources if is_pacs_address(s)]
     run_flags = {"workers": args.workers, "device": args.device, "bundle": args.bundle, "metrics_port": args.metrics_port}
-    cfg = _config(args, {"retry_failed": getattr(args, "retry_failed", None) or None, **run_flags})
+    flags = {k: getattr(args, k, None) or None for k in ("retry_failed", "keep_identifiers")}  # unset: not an override
+    cfg = _config(args, {**flags, **run_flags})
     if not pacs_sources and not cfg.pacs.send_to:
         return original(args)
     from .fetch import fetch_sources, release_spool
@@ -162,9 +167,9 @@ def _listen(args: argparse.Namespace) -> int:
         "pacs.send_to": args.send_to,
         "device": args.device,
         "bundle": args.bundle,
-        "workers": 0 if args.workers is None else args.workers,
+        "workers": args.workers,
     }
-    cfg = _config(args, extra)
+    cfg = _config(args, extra, defaults_of=LISTEN_DEFAULTS)
     ensure_dir(args.out)
     listener = Listener(args.out, cfg)
     signal.signal(signal.SIGTERM, _on_term)

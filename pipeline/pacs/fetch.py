@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import CtpipeError, PacsError, PartialSeriesError
 from ..runner.store import remote_series
-from .address import PacsSource, Query, parse_source
+from .address import PacsSource, Query, parse_source, redact_identifiers
 from .archive import Archive, RemoteSeries
 from .connect import open_archive
 from .ledger import Ledger, now
@@ -44,14 +44,18 @@ class FetchResult:
     done_before: int = 0  # series whose case the run store lists as done (or quarantined): not retrieved
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (SeriesInstanceUID, why)
     failures: list[tuple[str, str, str]] = field(default_factory=list)  # (source or series, error class, message)
+    #: the names :meth:`lines` gives failures' subjects (source, accession number) instead, so that the printed and
+    #: logged lines hold no accession number unless privacy.keep_identifiers
+    shown: dict[str, str] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
+        """The summary line and one line per series skipped or failure, as printed and logged."""
         out = [
             f"PACS: {self.fetched} series retrieved, {self.reused} retrieved earlier, {self.done_before} processed "
             f"earlier, {len(self.skipped)} skipped, {len(self.failures)} failed"
         ]
         out += [f"  not retrieved {uid}: {why}" for uid, why in self.skipped]
-        out += [f"  PACS failure {what}: {cls}: {msg}" for what, cls, msg in self.failures]
+        out += [f"  PACS failure {self.shown.get(what, what)}: {cls}: {msg}" for what, cls, msg in self.failures]
         return out
 
 
@@ -124,7 +128,19 @@ def fetch_sources(
     return out
 
 
+def _withhold_accessions(src: PacsSource, out: FetchResult) -> str:
+    """The form of ``src`` for logs and printed lines without its accession numbers; records in ``out.shown`` how
+    a failure names the source and each of its accession numbers (by position: ``accession 2 of 3 in SOURCE``)."""
+    shown = redact_identifiers(str(src))
+    out.shown[str(src)] = shown
+    n = len(src.query.accessions)
+    for k, acc in enumerate(src.query.accessions, start=1):
+        out.shown[f"accession {acc}"] = f"accession {k} of {n} in {shown}"
+    return shown
+
+
 def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledger, out: FetchResult, seen: set[str]) -> None:
+    shown = str(src) if cfg.privacy.keep_identifiers else _withhold_accessions(src, out)
     try:
         archive = open_archive(src.endpoint, cfg, mode=src.query.retrieve)
     except CtpipeError as exc:
@@ -134,11 +150,11 @@ def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledge
         try:
             chosen, missing = select_series(archive, src.query)
         except PacsError as exc:
-            log.error("PACS search failed for %s: %s", src, exc, extra={"event": "pacs_search_failed"})
+            log.error("PACS search failed for %s: %s", shown, exc, extra={"event": "pacs_search_failed"})
             out.failures.append((str(src), type(exc).__name__, str(exc)))
             return
         out.failures += missing
-        log.info("%s: %d series selected", src, len(chosen), extra={"event": "pacs_search"})
+        log.info("%s: %d series selected", shown, len(chosen), extra={"event": "pacs_search"})
         known = remote_series(run, [s.series_uid for s in chosen])
         for s in chosen:
             if s.series_uid in seen:

@@ -30,7 +30,7 @@ def bbox_lps(mask: np.ndarray, geometry: Geometry) -> tuple[list[float], list[fl
     return pts.min(axis=0).round(3).tolist(), pts.max(axis=0).round(3).tolist()
 
 
-def organ_measurements(mask: np.ndarray, geometry: Geometry, mesh: Mesh | None = None) -> dict[str, Any]:
+def organ_measurements(mask: np.ndarray, geometry: Geometry, *, mesh: Mesh | None = None) -> dict[str, Any]:
     """``volume_ml``, ``voxels``, ``surface_area_mm2`` (mesh; None without one), ``bbox_lps_mm`` {min, max}."""
     voxels = int(np.count_nonzero(mask))
     voxel_mm3 = float(np.prod(geometry.spacing))

@@ -104,10 +104,11 @@ def _point(values: np.ndarray) -> tuple[float, float, float]:
     return x, y, z
 
 
-def finding_box(finding: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def finding_box(finding: Any, *, where: str = "finding") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(centre, box min, box max) in LPS mm from a detector ``Finding`` or a mapping with the same keys.
 
     Accepts ``box_min_lps``/``box_max_lps`` (and optional ``center_lps``), or ``center_lps`` with ``diameter_mm``.
+    ``where`` (e.g. ``case c1, finding 2``) is named in the error of a finding without a box.
     """
     c, lo, hi = _get(finding, "center_lps"), _get(finding, "box_min_lps"), _get(finding, "box_max_lps")
     if lo is not None and hi is not None:
@@ -121,8 +122,17 @@ def finding_box(finding: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return centre, centre - float(d) / 2, centre + float(d) / 2
     raise ReconstructionError(
         f"finding {finding!r} has no box",
+        where=where,
         fix="give box_min_lps/box_max_lps (LPS mm), or center_lps with diameter_mm",
     )
+
+
+def _where(volume: CTVolume, index: int, case_id: str | None) -> str:
+    """``case C, finding N`` (or ``series UID, finding N`` without a case id): where a finding's error is."""
+    if case_id:
+        return f"case {case_id}, finding {index}"
+    uid = volume.series_uid
+    return f"series {uid}, finding {index}" if uid else f"finding {index}"
 
 
 def _directions(n: int) -> np.ndarray:
@@ -281,12 +291,22 @@ def _star_radius(geom: Geometry, origin: np.ndarray, coef: np.ndarray) -> tuple[
     return dist, _basis(u) @ coef
 
 
-def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask: np.ndarray | None = None) -> NoduleResult:
+def segment_nodule(
+    volume: CTVolume,
+    finding: Any,
+    *,
+    index: int = 0,
+    lung_mask: np.ndarray | None = None,
+    case_id: str | None = None,
+) -> NoduleResult:
     """Segment the nodule of one finding (box in LPS mm; see the module notes). Errors raise ReconstructionError.
 
     ``lung_mask`` (bool ``[k, j, i]`` on ``volume``'s grid, optional) restricts the voxels that set the lung level.
+    ``index`` (the finding's position in its list) and ``case_id`` (else the volume's series) name the finding in
+    errors.
     """
-    centre, lo, hi = finding_box(finding)
+    where = _where(volume, index, case_id)
+    centre, lo, hi = finding_box(finding, where=where)
     g = volume.geometry
     size = hi - lo
     corners = np.array([[a, b, c] for a in (lo[0], hi[0]) for b in (lo[1], hi[1]) for c in (lo[2], hi[2])])
@@ -299,6 +319,7 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     if np.any(i1 - i0 < 2):
         raise ReconstructionError(
             f"finding box {lo.round(1).tolist()}..{hi.round(1).tolist()} mm lies outside the volume",
+            where=where,
             fix="check that the findings belong to this series (LPS mm)",
         )
     crop = volume.crop(i0.tolist(), i1.tolist())
@@ -318,12 +339,18 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     if dark.sum() < 20:
         dark = hu < LUNG_MAX_HU
     if dark.sum() < 20:
-        raise ReconstructionError("no lung parenchyma around the finding", fix="check the finding's box (LPS mm)")
+        raise ReconstructionError(
+            f"no lung parenchyma (below {LUNG_MAX_HU:g} HU) around the finding's box "
+            f"{lo.round(1).tolist()}..{hi.round(1).tolist()} mm",
+            where=where,
+            fix="check the finding's box (LPS mm)",
+        )
     bg = float(np.median(hu[dark]))
     core = float(np.median(hu[rho2 <= max(0.25**2, float(rho2.min()) + 1e-6)]))
     if core - bg < 100.0:
         raise ReconstructionError(
             f"no nodule in the box: centre {core:.0f} HU vs surrounding lung {bg:.0f} HU",
+            where=where,
             fix="the finding may be a false positive",
         )
 
@@ -338,6 +365,7 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     if coef is None:
         raise ReconstructionError(
             "no nodule boundary inside the finding's box",
+            where=where,
             fix="the box may be too small for the nodule, or the finding a false positive",
         )
     dist, r_fit = _star_radius(cg, centre, coef)
@@ -374,10 +402,18 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     inside = (hu > thr) & (dist <= r_fit)
     labels, n = ndimage.label(inside, structure=morph.CONN6)
     if n == 0:
-        raise ReconstructionError("no nodule voxels near the finding's centre", fix="the finding may be a false positive")
+        raise ReconstructionError(
+            f"no nodule voxels above {thr:.0f} HU near the finding's centre",
+            where=where,
+            fix="the finding may be a false positive",
+        )
     near = labels[(dist <= 0.5 * np.maximum(r_fit, 0)) & (labels > 0)]
     if near.size == 0:
-        raise ReconstructionError("no nodule voxels near the finding's centre", fix="the finding may be a false positive")
+        raise ReconstructionError(
+            f"no nodule voxels above {thr:.0f} HU near the finding's centre",
+            where=where,
+            fix="the finding may be a false positive",
+        )
     nod = ndimage.binary_fill_holes(labels == np.bincount(near).argmax())
     voxel = float(np.prod(g.spacing))
     vol = float(nod.sum()) * voxel
@@ -393,17 +429,33 @@ def segment_nodule(volume: CTVolume, finding: Any, *, index: int = 0, lung_mask:
     )
 
 
-def segment_findings(volume: CTVolume, findings: Sequence[Any], *, lung_mask: np.ndarray | None = None) -> list[NoduleResult]:
-    """Segment every finding; a finding that fails gets its ``error`` set and the others go on."""
+def segment_findings(
+    volume: CTVolume, findings: Sequence[Any], *, lung_mask: np.ndarray | None = None, case_id: str | None = None
+) -> list[NoduleResult]:
+    """Segment the nodule of every finding of ``volume`` (HU, LPS geometry); one :class:`NoduleResult` per finding,
+    in the order given (``index`` = position in ``findings``).
+
+    Each finding is a detector :class:`~pipeline.detection.findings.Finding` or a mapping with the same keys
+    (attributes or items); read are ``box_min_lps`` and ``box_max_lps`` (the box's opposite corners) with
+    ``center_lps`` optional, or else ``center_lps`` with ``diameter_mm`` (a cube of that side): all DICOM patient
+    coordinates (LPS), mm. ``lung_mask`` (optional): bool, indexed ``[k, j, i]`` on the volume's own grid (the shape
+    of ``volume.array``); it restricts the voxels that set the lung level around each finding. ``case_id`` (else the
+    volume's series) names the finding in errors and the log.
+
+    Results: ``center_lps`` and ``centroid_lps`` in LPS mm, ``volume_mm3`` in mm³, ``diameter_mm`` (the diameter of
+    the sphere of that volume) in mm, ``threshold_hu`` in HU, ``mask`` bool ``[k, j, i]`` on ``geometry`` (a crop of
+    the volume's grid). A finding that fails gets its ``error`` set (the other fields ``None``; its centre NaN when
+    the finding gives none) and the others go on.
+    """
     out = []
     for n, f in enumerate(findings):
         try:
-            out.append(segment_nodule(volume, f, index=n, lung_mask=lung_mask))
+            out.append(segment_nodule(volume, f, index=n, lung_mask=lung_mask, case_id=case_id))
         except ReconstructionError as exc:
             centre = _get(f, "center_lps")
             c = np.full(3, np.nan) if centre is None else np.asarray(centre, dtype=float).ravel()
             if c.size != 3:  # a centre that is not three numbers is reported as unknown beside the error
                 c = np.full(3, np.nan)
             out.append(NoduleResult(index=n, center_lps=_point(c), error=str(exc)))
-            log.warning("nodule %d: %s", n, exc)
+            log.warning("nodule not segmented: %s", exc if exc.where else f"{_where(volume, n, case_id)}: {exc}")
     return out

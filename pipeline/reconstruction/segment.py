@@ -127,7 +127,9 @@ def segment_organs(
 def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentParams) -> Segmentation:
     unknown = wanted - set(ORGANS)
     if unknown:
-        raise ReconstructionError(f"unknown organ name(s) {sorted(unknown)}", fix=f"choose from {list(ORGANS)}")
+        raise ReconstructionError(
+            f"unknown organ name(s) {sorted(unknown)}", where="segment_organs(organs=...)", fix=f"choose from {list(ORGANS)}"
+        )
     geom = volume.geometry
     seg = Segmentation(geometry=geom)
     if min(geom.shape) < 2:

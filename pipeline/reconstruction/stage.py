@@ -228,7 +228,7 @@ def reconstruct(
             )
         except ReconstructionError as exc:
             rec.errors[organ] = _error_text(exc)
-        organ_meas[organ] = measure.organ_measurements(m, volume.geometry, rec.meshes.get(organ))
+        organ_meas[organ] = measure.organ_measurements(m, volume.geometry, mesh=rec.meshes.get(organ))
     rec.measurements["organs"] = organ_meas
     quality = timer.run(
         "quality",

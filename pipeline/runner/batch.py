@@ -20,6 +20,7 @@ from ..atomic import atomic_write_bytes
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import ConfigError, FatalRunError
 from ..ingest.image import image_suffix
+from ..pacs.address import redact, redact_identifiers
 from ..versions import package_versions
 from .discover import Discovery, discover
 from .engine import Engine
@@ -228,6 +229,12 @@ def run_batch(
         lock.release()
 
 
+def _recorded(text: str, cfg: Config) -> str:
+    """``text`` (a command line, a source) as the run store keeps it: never a password, and PACS query values that
+    identify a patient (accession numbers) withheld unless ``privacy.keep_identifiers``."""
+    return redact(text) if cfg.privacy.keep_identifiers else redact_identifiers(text)
+
+
 def _raise_environment(exc: BaseException, run_dir: Path) -> None:
     """Raise :class:`RunEnvironmentError` for an environmental ``exc`` (the caller re-raises anything else)."""
     env = environment_failure(exc, run_dir=run_dir)
@@ -298,8 +305,8 @@ def _run(
     atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict()).encode())
     store.start_run(
         run_id,
-        command=command or " ".join(sys.argv),
-        sources=[str(s) for s in srcs],
+        command=_recorded(command or " ".join(sys.argv), cfg),
+        sources=[_recorded(str(s), cfg) for s in srcs],
         config=cfg.to_dict(),
         versions=software_versions(),
         device=device_desc,

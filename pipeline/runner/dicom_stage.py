@@ -143,4 +143,5 @@ class DicomStage(Stage):
         if lungs is None:
             parts = [masks[o] for o in LUNGS if o in masks]
             lungs = np.logical_or.reduce(parts) if parts else None
-        return [r for r in segment_findings(volume, list(findings), lung_mask=lungs) if r.mask is not None]
+        found = segment_findings(volume, list(findings), lung_mask=lungs, case_id=ctx.case.case_id)
+        return [r for r in found if r.mask is not None]

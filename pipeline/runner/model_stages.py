@@ -25,6 +25,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..cache import CaseCache
+from ..devicetime import DeviceTimer
 from .recon_stages import detect_skip_reason, load_lung_mask
 from .stage import CaseContext, Stage, WorkerInfo
 
@@ -105,10 +106,10 @@ class _Loading:
                     return {"case": None, "region": region, "lungs": region, "reason": reason, "timings": timings}
                 log.warning("case %s: %s; loading the whole volume", case_id, reason)
                 region = None
-        t0 = time.perf_counter()
-        loaded = self.loader.load_one(case_id, roi=roi)
-        loaded.unwrap()  # a case the loader refused raises its CacheError/LoaderError (naming the case) here
-        timings["load"] = time.perf_counter() - t0
+        with DeviceTimer(self.worker.device) as clock:  # on a GPU, the loader's last steps run queued
+            loaded = self.loader.load_one(case_id, roi=roi)
+            loaded.unwrap()  # a case the loader refused raises its CacheError/LoaderError (naming the case) here
+        timings["load"] = clock.seconds
         restrict = ctx.config.detector.lung_restriction
         keep_region = region if restrict else None
         lungs = region if restrict or region is None else region.unlimited()  # no restriction: nothing dropped

@@ -260,7 +260,7 @@ class NodulesStage(Stage):
         vol = read_case_volume(ctx)
         lungs = load_lung_mask(ctx.cache_dir, ctx.case.case_id, vol.shape)
         t0 = time.perf_counter()
-        results = segment_findings(vol, findings, lung_mask=lungs)
+        results = segment_findings(vol, findings, lung_mask=lungs, case_id=ctx.case.case_id)
         seconds = time.perf_counter() - t0
         nodules = [r.to_json() for r in results]
         errors = {f"nodule:{r.index}": r.error for r in results if r.error}

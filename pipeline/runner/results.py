@@ -145,7 +145,7 @@ class RunResults:
         g = ok.groupby("stage", sort=False)["wall_s"]
         return g.describe(percentiles=[0.5, 0.9, 0.99])[["count", "mean", "50%", "90%", "99%"]]
 
-    def report(self, out: str | os.PathLike[str] | None = None) -> Path:
+    def report(self, *, out: str | os.PathLike[str] | None = None) -> Path:
         """Write the HTML/CSV/JSON report (default ``RUN_DIR/report``); returns the HTML path."""
         return build_report([self.run_dir], Path(out) if out else self.run_dir / "report").html
 

@@ -1,0 +1,101 @@
+"""pacs.send_to and pacs.ae_title are checked when the configuration is read, from every layer; ``ctpipe listen``'s
+own default of runner.workers = 0 gives way to the config file, the environment and --set."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+
+BAD = {
+    "send_to": ["dimse://host:104", "ftp://pacs.example.org", "dimse://PACS@h:104?studydate=today"],
+    "ae_title": ["THIS_TITLE_IS_WAY_TOO_LONG", "BACK\\SLASH"],
+}
+
+
+@pytest.mark.parametrize("key,value", [(k, v) for k, vs in BAD.items() for v in vs])
+def test_a_bad_pacs_value_is_refused_when_read_naming_the_option(tmp_path, key, value):
+    path = f"pacs.{key}"
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text(f"pacs:\n  {key}: '{value}'\n")
+    layers: list[tuple[dict[str, Any], str]] = [
+        ({"path": yaml_file, "environ": {}}, str(yaml_file)),
+        ({"environ": {f"CTPIPE_PACS_{key.upper()}": value}}, f"environment variable CTPIPE_PACS_{key.upper()}"),
+        ({"overrides": {path: value}, "environ": {}}, "overrides"),
+    ]
+    for kwargs, source in layers:
+        with pytest.raises(ConfigError) as err:
+            load_config(**kwargs)
+        assert err.value.where == source
+        assert f"{path} = {value!r}" in err.value.problem
+        assert err.value.fix
+
+
+def test_good_pacs_values_pass_and_an_ae_title_is_stripped():
+    cfg = load_config(overrides={"pacs.ae_title": " CTPIPE2 ", "pacs.send_to": "dimse://ORTHANC@127.0.0.1:4242"}, environ={})
+    assert cfg.pacs.ae_title == "CTPIPE2" and cfg.pacs.send_to == "dimse://ORTHANC@127.0.0.1:4242"
+    assert load_config(overrides={"pacs.send_to": "dicomweb+https://pacs.example.org/dicom-web"}, environ={}).pacs.send_to
+
+
+def test_a_bad_send_to_stops_ctpipe_run_before_any_retrieval(tmp_path, capsys):
+    rc = main(
+        ["run", "dimse://PACS@127.0.0.1:1?accession=A1", "--out", str(tmp_path / "r"), "--set", "pacs.send_to=dimse://h:104"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 1 and "pacs.send_to = 'dimse://h:104'" in err and "names no AE title" in err
+    assert not (tmp_path / "r" / "pacs").exists()
+
+
+class _Listener:
+    """Records the configuration ``ctpipe listen`` built, then stops at once."""
+
+    seen: list[Any] = []
+
+    def __init__(self, run_dir: Path, cfg: Any):
+        self.seen.append(cfg)
+        self.run_dir, self.port, self.allowed = run_dir, 0, ["X"]
+
+    def start(self) -> None:
+        pass
+
+    def serve_forever(self) -> None:
+        raise KeyboardInterrupt
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def listen(tmp_path, monkeypatch, capsys):
+    import pipeline.pacs.listener
+
+    monkeypatch.setattr(pipeline.pacs.listener, "Listener", _Listener)
+    monkeypatch.delenv("CTPIPE_RUNNER_WORKERS", raising=False)
+    term = signal.getsignal(signal.SIGTERM)
+
+    def workers(*argv: str) -> int:
+        _Listener.seen.clear()
+        assert main(["listen", "--out", str(tmp_path / "l"), "--allow", "X", *argv]) == 0
+        capsys.readouterr()
+        return int(_Listener.seen[-1].runner.workers)
+
+    yield workers
+    signal.signal(signal.SIGTERM, term)
+
+
+def test_listen_workers_default_zero_yields_to_every_layer(listen, tmp_path, monkeypatch):
+    assert listen() == 0  # the listener's own default (the schema's is 2)
+    conf = tmp_path / "c.yaml"
+    conf.write_text("runner:\n  workers: 3\n")
+    assert listen("--config", str(conf)) == 3
+    monkeypatch.setenv("CTPIPE_RUNNER_WORKERS", "5")
+    assert listen("--config", str(conf)) == 5
+    assert listen("--set", "runner.workers=4") == 4
+    assert listen("--set", "runner.workers=4", "--workers", "1") == 1
+    assert listen("--workers", "0") == 0

@@ -1,0 +1,102 @@
+"""Accession numbers in PACS sources stay out of the run store's command line and the PACS logs unless
+``privacy.keep_identifiers`` (no archive needed: a stub stands in for it)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.pacs import fetch
+from pipeline.pacs.address import Endpoint, parse_source, redact_identifiers
+from pipeline.runner.batch import run_batch
+
+SOURCE = "dimse://PACS@pacs.example.org:104?studydate=20261130&accession=A123,B456&modality=CT"
+
+
+def test_redact_identifiers_withholds_accession_values_only():
+    assert redact_identifiers(SOURCE) == "dimse://PACS@pacs.example.org:104?studydate=20261130&accession=***&modality=CT"
+    line = f"ctpipe run '{SOURCE}' dicomweb+https://h/dicom-web?Accession=Z9 --out runs/a --set privacy.x=accession=1"
+    shown = redact_identifiers(line)
+    assert "A123" not in shown and "B456" not in shown and "Z9" not in shown
+    assert "dicomweb+https://h/dicom-web?Accession=***" in shown
+    assert shown.endswith("--out runs/a --set privacy.x=accession=1")  # text outside addresses is left alone
+    assert redact_identifiers("dimse://PACS@h:104?study=1.2.3&series=1.2.3.4") == "dimse://PACS@h:104?study=1.2.3&series=1.2.3.4"
+    assert redact_identifiers("dicomweb+http://u:secret@h/x?accession=A1") == "dicomweb+http://u:***@h/x?accession=***"
+
+
+def _stored_command(tmp_path: Path, **opts) -> tuple[str, str]:
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    out = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+    run_batch([src], out=out, stages=[], workers=0, **{"report.enabled": False}, **opts)
+    with sqlite3.connect(out / "runs.sqlite") as db:
+        command, sources = db.execute("SELECT command, sources FROM runs").fetchone()
+    return command, sources
+
+
+def test_the_run_store_keeps_no_accession_number_unless_keep_identifiers(tmp_path, monkeypatch):
+    command = f"ctpipe run {SOURCE} --out runs/a"
+    stored, _ = _stored_command(tmp_path, command=command)
+    assert "A123" not in stored and "B456" not in stored
+    assert stored == "ctpipe run dimse://PACS@pacs.example.org:104?studydate=20261130&accession=***&modality=CT --out runs/a"
+    monkeypatch.setattr(sys, "argv", ["ctpipe", "run", SOURCE])  # the command line itself when none is given
+    stored, _ = _stored_command(tmp_path)
+    assert "A123" not in stored and "accession=***" in stored
+    stored, _ = _stored_command(tmp_path, command=command, keep_identifiers=True)
+    assert stored == command
+
+
+class _NoStudies:
+    """An archive that finds nothing."""
+
+    def __init__(self, endpoint: Endpoint):
+        self.endpoint = endpoint
+
+    def find_studies(self, query):
+        return []
+
+    def find_series(self, study_uid, *, series_uid=None, modality="CT"):
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_pacs_fetch_logs_and_lines_name_accessions_only_with_keep_identifiers(tmp_path, monkeypatch, caplog, keep):
+    monkeypatch.setattr(fetch, "open_archive", lambda endpoint, cfg, mode=None: _NoStudies(endpoint))
+    cfg = load_config(overrides={"keep_identifiers": keep}, environ={})
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs"):
+        res = fetch.fetch_sources([parse_source(SOURCE)], run_dir=tmp_path / "run", cfg=cfg)
+    assert [what for what, _, _ in res.failures] == ["accession A123", "accession B456"]  # the caller's own values
+    text = "\n".join(res.lines()) + "\n" + caplog.text
+    assert "0 series selected" in caplog.text
+    if keep:
+        assert "accession A123" in text and "accession=A123,B456" in text
+    else:
+        assert "A123" not in text and "B456" not in text
+        assert "PACS failure accession 2 of 2 in dimse://PACS@pacs.example.org:104?studydate=20261130&accession=***" in text
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_ctpipe_run_of_a_pacs_source_records_and_prints_no_accession_unless_kept(tmp_path, monkeypatch, capsys, keep):
+    from pipeline.cli import main
+
+    monkeypatch.setattr(fetch, "open_archive", lambda endpoint, cfg, mode=None: _NoStudies(endpoint))
+    (tmp_path / "src").mkdir()
+    argv = ["run", SOURCE, str(tmp_path / "src"), "--out", str(tmp_path / "run"), "--workers", "0"]
+    argv += ["--set", "report.enabled=false", *(["--keep-identifiers"] if keep else [])]
+    monkeypatch.setattr(sys, "argv", ["ctpipe", *argv])
+    assert main(argv) == 3  # the accession numbers selected nothing
+    printed = capsys.readouterr()
+    assert "PACS failure accession" in printed.err
+    with sqlite3.connect(tmp_path / "run" / "runs.sqlite") as db:
+        (command,) = db.execute("SELECT command FROM runs").fetchone()
+    text = command + printed.out + printed.err + (tmp_path / "run" / "run.log").read_text()
+    assert command.startswith("ctpipe run dimse://PACS@pacs.example.org:104?studydate=20261130&accession=")
+    assert ("A123" in text and "B456" in command) if keep else ("A123" not in text and "B456" not in text)
