@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "CTVolume": "pipeline.volume",
-    "Geometry": "pipeline.volume",
+    "Geometry": "pipeline.geometry",
     "LabelMap": "pipeline.volume",
     "CaseCache": "pipeline.cache",
     "CtpipeError": "pipeline.errors",

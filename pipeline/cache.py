@@ -1,7 +1,7 @@
 """The case cache: one ``<case_id>.npy`` HU array plus a ``<case_id>.json`` sidecar per case.
 
 The ``.npy`` holds the HU array ``[k, j, i]`` (C order, int16 or float32); the
-sidecar holds its geometry (LPS, mm; see :mod:`pipeline.volume`), the DICOM
+sidecar holds its geometry (LPS, mm; see :mod:`pipeline.geometry`), the DICOM
 metadata and a content fingerprint. Both files are written to a temporary
 name and renamed into place, array first, sidecar last: a case exists only
 when its sidecar does, so a crash never leaves a half-written entry.

@@ -3,7 +3,7 @@
 The plane is drawn in the radiological convention whatever the series' storage order (a NIfTI file in RAS
 order, a feet-first or prone series): seen from the feet, the patient's right on the image's left and anterior
 at the top, edges lettered R, L, A, P. The voxels are transposed and flipped only
-(:meth:`pipeline.volume.Geometry.to_lps_view`; an oblique series in its nearest axis-aligned order), and the
+(:meth:`pipeline.geometry.Geometry.to_lps_view`; an oblique series in its nearest axis-aligned order), and the
 findings (LPS mm) and organ masks follow the same mapping.
 """
 
@@ -167,7 +167,7 @@ def _slice_k(volume: CTVolume, slice: int | None, k: int | None) -> int | None:
 
 
 def _plane(volume: CTVolume, k: int | None, scored_z: list[tuple[float, float]]) -> tuple[int, int | None]:
-    """The axial plane to draw, as an index z of :meth:`~pipeline.volume.Geometry.to_lps_view`'s ``[z, y, x]``, and
+    """The axial plane to draw, as an index z of :meth:`~pipeline.geometry.Geometry.to_lps_view`'s ``[z, y, x]``, and
     its array index k (None for a series whose slices are not axial): slice ``k`` when given, else the plane of the
     highest-scoring finding (``scored_z``: score and view z of each), else the middle plane."""
     geometry = volume.geometry

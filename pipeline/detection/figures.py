@@ -4,7 +4,7 @@ a close-up of the finding in three planes.
 The top row shows the axial plane through the finding in the radiological display convention (the patient's
 right on the image's left, anterior up), whatever the series' storage order (a NIfTI file written in RAS order
 would otherwise show up upside down and mirrored): the series' voxels, transposed and flipped only
-(:meth:`pipeline.volume.Geometry.to_lps_view`), the box the finding's LPS box mapped to them. The close-ups
+(:meth:`pipeline.geometry.Geometry.to_lps_view`), the box the finding's LPS box mapped to them. The close-ups
 (:func:`patient_planes`) are resampled around the finding's centre in patient axes, in the same convention, so that
 a reader can tell a nodule (round in all three planes) from a vessel (a line in at least one). The title names the
 slice as the scanner numbered it (its InstanceNumber, or frame number, when the series metadata lists them; see

@@ -2,7 +2,7 @@
 
 :class:`Grid` is the working grid a segmentation runs on: the volume's HU as a
 torch tensor, average-pooled by integer factors for large volumes, with the
-pooled grid's own :class:`~pipeline.volume.Geometry`. The functions map between
+pooled grid's own :class:`~pipeline.geometry.Geometry`. The functions map between
 array axes, voxel indices and DICOM patient coordinates (LPS, mm).
 """
 

@@ -1,0 +1,323 @@
+"""The voxel grid of a volume in DICOM patient space: :class:`Geometry`.
+
+Conventions (the same as SimpleITK / ITK / DICOM):
+
+* Arrays on a grid are indexed ``[k, j, i]`` = ``[slice, row, column]``.
+* Index triples in every public function are ``(i, j, k)`` = (column, row, slice).
+* ``spacing`` is ``(si, sj, sk)`` in mm along i, j, k.
+* ``origin`` is the centre of voxel ``(0, 0, 0)`` in DICOM patient coordinates
+  (LPS: +x to the patient's Left, +y Posterior, +z Superior), in mm.
+* ``direction`` is a 3×3 matrix whose *column* c is the LPS unit vector of
+  index axis c (SimpleITK's ``GetDirection()`` read row-major).
+
+So a voxel index maps to patient coordinates as
+``lps = origin + direction @ (spacing * ijk)``.
+
+A grid is valid once constructed and immutable: :meth:`Geometry.resampled`, :meth:`Geometry.cropped` and
+:meth:`Geometry.binned` return new grids. The volumes on a grid are :mod:`pipeline.volume`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import GeometryError
+
+LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+#: Tolerance on direction cosines: of a grid's orthonormality, and of two grids' directions being equal.
+DIRECTION_TOL = 1e-4
+
+
+def _as_vec3(value: Sequence[float] | np.ndarray, name: str) -> tuple[float, float, float]:
+    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    if arr.shape != (3,) or not np.all(np.isfinite(arr)):
+        raise GeometryError(f"{name} must be 3 finite numbers, got {value!r}")
+    return (float(arr[0]), float(arr[1]), float(arr[2]))
+
+
+def float3(values: Iterable[Any]) -> tuple[float, float, float]:
+    """Exactly three floats from any iterable (ValueError when there are not three)."""
+    a, b, c = (float(v) for v in values)
+    return (a, b, c)
+
+
+def int3(values: Iterable[Any]) -> tuple[int, int, int]:
+    """Exactly three ints from any iterable (ValueError when there are not three)."""
+    a, b, c = (int(v) for v in values)
+    return (a, b, c)
+
+
+def bool3(values: Iterable[Any]) -> tuple[bool, bool, bool]:
+    """Exactly three bools from any iterable (ValueError when there are not three)."""
+    a, b, c = (bool(v) for v in values)
+    return (a, b, c)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Voxel grid in DICOM patient space (LPS, mm).
+
+    Attributes
+    ----------
+    shape: array shape ``(nk, nj, ni)`` = (slices, rows, columns).
+    spacing: voxel size ``(si, sj, sk)`` in mm, all > 0.
+    origin: LPS position (mm) of the centre of voxel ``(i, j, k) = (0, 0, 0)``.
+    direction: 3×3 orthonormal matrix, column c = LPS direction of index axis c.
+    """
+
+    shape: tuple[int, int, int]
+    spacing: tuple[float, float, float]
+    origin: tuple[float, float, float]
+    direction: np.ndarray = field(default_factory=lambda: np.eye(3))
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(s) for s in self.shape)
+        if len(shape) != 3 or min(shape) < 1:
+            raise GeometryError(f"shape must be 3 positive sizes (k, j, i), got {self.shape!r}")
+        spacing = _as_vec3(self.spacing, "spacing")
+        if min(spacing) <= 0:
+            raise GeometryError(
+                f"spacing must be > 0 mm on every axis, got {spacing}",
+                fix="check PixelSpacing and the slice positions of the series",
+            )
+        direction = np.asarray(self.direction, dtype=np.float64)
+        if direction.size != 9 or not np.all(np.isfinite(direction)):
+            raise GeometryError(f"direction must be a 3x3 matrix, got {self.direction!r}")
+        direction = direction.reshape(3, 3).copy()
+        if not np.allclose(direction.T @ direction, np.eye(3), atol=DIRECTION_TOL):
+            raise GeometryError(
+                f"direction cosines are not orthonormal: {direction.tolist()}",
+                fix="a sheared grid (e.g. gantry tilt) must be resampled before building a volume",
+            )
+        direction.setflags(write=False)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "spacing", spacing)
+        object.__setattr__(self, "origin", _as_vec3(self.origin, "origin"))
+        object.__setattr__(self, "direction", direction)
+
+    def __eq__(self, other: object) -> bool:
+        """The same grid exactly (see :meth:`same_grid` for a tolerance)."""
+        if not isinstance(other, Geometry):
+            return NotImplemented
+        return (self.shape, self.spacing, self.origin) == (other.shape, other.spacing, other.origin) and bool(
+            np.array_equal(self.direction, other.direction)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.spacing, self.origin, tuple(self.direction.ravel().tolist())))
+
+    # -- mappings ----------------------------------------------------------------
+    @property
+    def size_ijk(self) -> tuple[int, int, int]:
+        """Number of voxels along (i, j, k)."""
+        return (self.shape[2], self.shape[1], self.shape[0])
+
+    @property
+    def affine_lps(self) -> np.ndarray:
+        """4×4 matrix mapping homogeneous ``(i, j, k, 1)`` to LPS mm."""
+        aff = np.eye(4)
+        aff[:3, :3] = self.direction * np.asarray(self.spacing)[None, :]
+        aff[:3, 3] = self.origin
+        return aff
+
+    @property
+    def affine_ras(self) -> np.ndarray:
+        """4×4 matrix mapping ``(i, j, k, 1)`` to RAS mm (MONAI/NIfTI convention)."""
+        return LPS_TO_RAS @ self.affine_lps
+
+    def index_to_lps(self, ijk: np.ndarray | Sequence[float]) -> np.ndarray:
+        """Map voxel indices ``(..., 3)`` in (i, j, k) order to LPS mm ``(..., 3)``."""
+        ijk = np.asarray(ijk, dtype=np.float64)
+        m = self.direction * np.asarray(self.spacing)[None, :]
+        return ijk @ m.T + np.asarray(self.origin)
+
+    def lps_to_index(self, lps: np.ndarray | Sequence[float]) -> np.ndarray:
+        """Map LPS points ``(..., 3)`` in mm to continuous (i, j, k) indices."""
+        lps = np.asarray(lps, dtype=np.float64)
+        rel = lps - np.asarray(self.origin)
+        return (rel @ self.direction) / np.asarray(self.spacing)
+
+    # -- axes ----------------------------------------------------------------------
+    def axis_map(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """For index axis c = 0 (i), 1 (j), 2 (k): the LPS axis (0=x, 1=y, 2=z) it runs along and its sign.
+
+        Each index axis is read as the LPS axis of its largest direction cosine (the nearest
+        axis-aligned reading of an oblique grid). Raises :class:`GeometryError` when two index
+        axes would read as the same LPS axis (a grid rotated by about 45°).
+        """
+        out = []
+        for c in range(3):
+            col = self.direction[:, c]
+            a = int(np.argmax(np.abs(col)))
+            out.append((a, 1 if col[a] > 0 else -1))
+        if sorted(a for a, _ in out) != [0, 1, 2]:
+            raise GeometryError(
+                f"direction {self.direction.tolist()} has no axis-aligned reading",
+                fix="resample the volume onto an axis-aligned grid first",
+            )
+        return (out[0], out[1], out[2])
+
+    def array_axis(self, lps_axis: int) -> int:
+        """The array axis (0..2 of ``[k, j, i]``) that runs most nearly along LPS axis ``lps_axis`` (0=x, 1=y, 2=z).
+
+        ``array_axis(2)`` is the slice axis of an axial series (0 for an axial ``[k, j, i]`` array).
+        """
+        if lps_axis not in (0, 1, 2):
+            raise GeometryError(f"lps_axis must be 0 (x), 1 (y) or 2 (z), got {lps_axis!r}")
+        c = int(np.argmax(np.abs(self.direction[lps_axis, :])))  # index axis c of (i, j, k)
+        return 2 - c
+
+    def lps_coordinate(self, lps_axis: int) -> np.ndarray:
+        """LPS coordinate ``lps_axis`` (0=x, 1=y, 2=z) in mm of every voxel, as an array that broadcasts to ``shape``.
+
+        Exact for oblique grids; the result has shape ``shape`` only where the axis is oblique,
+        otherwise one or two of its dimensions are 1.
+        """
+        if lps_axis not in (0, 1, 2):
+            raise GeometryError(f"lps_axis must be 0 (x), 1 (y) or 2 (z), got {lps_axis!r}")
+        m = self.direction * np.asarray(self.spacing)[None, :]
+        nk, nj, ni = self.shape
+        total = np.asarray(self.origin[lps_axis], dtype=np.float64).reshape(1, 1, 1)
+        for c, n, shape in ((0, ni, (1, 1, ni)), (1, nj, (1, nj, 1)), (2, nk, (nk, 1, 1))):
+            if m[lps_axis, c] != 0.0:
+                total = total + m[lps_axis, c] * np.arange(n, dtype=np.float64).reshape(shape)
+        return total
+
+    def centroid_lps(self, mask: np.ndarray) -> np.ndarray:
+        """Centre of mass (LPS mm, shape ``(3,)``) of the true voxels of ``mask`` (``[k, j, i]``, this grid's shape)."""
+        if mask.shape != self.shape:
+            raise GeometryError(f"mask shape {mask.shape} is not the grid's shape {self.shape}")
+        idx = np.argwhere(mask)
+        if idx.size == 0:
+            raise GeometryError("the mask is empty: an empty region has no centroid")
+        return self.index_to_lps(idx[:, ::-1].mean(axis=0))
+
+    def to_lps_view(self, array: np.ndarray) -> np.ndarray:
+        """View of ``array [k, j, i]`` as ``[z, y, x]`` with LPS coordinates ascending along each axis.
+
+        No copy: transposes and flips only (the nearest axis-aligned reading for oblique grids,
+        see :meth:`axis_map`). The view's voxel ``[0, 0, 0]`` lies at the LPS minimum corner of
+        :meth:`bounds_lps` (exactly for axis-aligned grids).
+        """
+        amap = self.axis_map()
+        # view dim (2 - a) takes array dim (2 - c) for index axis c running along LPS axis a
+        perm = [0, 0, 0]
+        for c, (a, _) in enumerate(amap):
+            perm[2 - a] = 2 - c
+        view = array.transpose(perm)
+        for a, sign in amap:
+            if sign < 0:
+                view = np.flip(view, axis=2 - a)
+        return view
+
+    def lps_view_index(self, ijk: np.ndarray | Sequence[float]) -> np.ndarray:
+        """Indices ``(n, 3)`` (i, j, k) of this grid as indices ``(n, 3)`` (x, y, z) of :meth:`to_lps_view`'s array
+        (fractional indices stay fractional)."""
+        src = np.asarray(ijk, dtype=np.float64).reshape(-1, 3)
+        out = np.zeros_like(src)
+        for c, (a, sign) in enumerate(self.axis_map()):
+            out[:, a] = src[:, c] if sign > 0 else (self.size_ijk[c] - 1) - src[:, c]
+        return out
+
+    def from_lps_view(self, view: np.ndarray) -> np.ndarray:
+        """Inverse of :meth:`to_lps_view`: an ``[z, y, x]`` LPS-ascending array back in this grid's ``[k, j, i]`` order."""
+        amap = self.axis_map()
+        for a, sign in amap:
+            if sign < 0:
+                view = np.flip(view, axis=2 - a)
+        perm = [0, 0, 0]
+        for c, (a, _) in enumerate(amap):
+            perm[2 - c] = 2 - a
+        return view.transpose(perm)
+
+    def spacing_lps(self) -> tuple[float, float, float]:
+        """Voxel size (mm) along LPS x, y, z in the axis-aligned reading of :meth:`axis_map`."""
+        out = [0.0, 0.0, 0.0]
+        for c, (a, _) in enumerate(self.axis_map()):
+            out[a] = self.spacing[c]
+        return (out[0], out[1], out[2])
+
+    def bounds_lps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Axis-aligned LPS box (min, max) in mm enclosing all voxel centres."""
+        ni, nj, nk = self.size_ijk
+        corners = np.array([[i, j, k] for i in (0, ni - 1) for j in (0, nj - 1) for k in (0, nk - 1)])
+        pts = self.index_to_lps(corners)
+        return pts.min(axis=0), pts.max(axis=0)
+
+    def with_(self, **changes: Any) -> Geometry:
+        """A copy with some fields replaced (validated again)."""
+        values: dict[str, Any] = {
+            "shape": self.shape,
+            "spacing": self.spacing,
+            "origin": self.origin,
+            "direction": self.direction,
+        }
+        values.update(changes)
+        return Geometry(**values)
+
+    def resampled(self, spacing: Sequence[float]) -> Geometry:
+        """The grid covering the same extent with a new ``spacing`` (i, j, k) in mm.
+
+        Voxel 0 keeps its position; the size along each axis is
+        ``max(1, round(n * old / new))``.
+        """
+        new = _as_vec3(spacing, "spacing")
+        size = [max(1, int(round(n * s / t))) for n, s, t in zip(self.size_ijk, self.spacing, new)]
+        return self.with_(shape=(size[2], size[1], size[0]), spacing=new)
+
+    def binned(self, step_kji: Sequence[int]) -> Geometry:
+        """The grid of blocks of ``step`` voxels along k, j, i (the last block of an axis may be partial): the spacing
+        (mm) grows by the step and voxel 0 lies at the centre of the first block."""
+        sk, sj, si = (int(s) for s in step_kji)
+        if min(sk, sj, si) < 1:
+            raise GeometryError(f"steps must be 1 or more voxels along k, j, i, got {tuple(step_kji)!r}")
+        nk, nj, ni = self.shape
+        spacing = (self.spacing[0] * si, self.spacing[1] * sj, self.spacing[2] * sk)
+        origin = self.index_to_lps([(si - 1) / 2.0, (sj - 1) / 2.0, (sk - 1) / 2.0]).reshape(3)
+        return self.with_(shape=(-(-nk // sk), -(-nj // sj), -(-ni // si)), spacing=spacing, origin=origin)
+
+    def cropped(self, lo_ijk: Sequence[int], hi_ijk: Sequence[int]) -> Geometry:
+        """The sub-grid ``lo <= (i, j, k) < hi`` (indices clipped to the grid)."""
+        lo, hi = clip_box(self.size_ijk, lo_ijk, hi_ijk)
+        origin = self.index_to_lps(lo)
+        return self.with_(shape=(hi[2] - lo[2], hi[1] - lo[1], hi[0] - lo[0]), origin=origin)
+
+    def same_grid(self, other: Geometry, *, atol: float = 1e-4) -> bool:
+        """True when both grids have equal shape and equal geometry within ``atol`` mm."""
+        return (
+            self.shape == other.shape
+            and np.allclose(self.spacing, other.spacing, atol=atol)
+            and np.allclose(self.origin, other.origin, atol=atol)
+            and np.allclose(self.direction, other.direction, atol=atol)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "shape": list(self.shape),
+            "spacing": list(self.spacing),
+            "origin": list(self.origin),
+            "direction": self.direction.reshape(-1).tolist(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Geometry:
+        return cls(
+            shape=tuple(data["shape"]),
+            spacing=tuple(data["spacing"]),
+            origin=tuple(data["origin"]),
+            direction=np.asarray(data["direction"], dtype=np.float64).reshape(3, 3),
+        )
+
+
+def clip_box(size_ijk: Sequence[int], lo: Sequence[int], hi: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The box ``lo <= (i, j, k) < hi`` clipped to a grid of ``size_ijk`` voxels, as ``(lo, hi)`` lists of (i, j, k);
+    :class:`GeometryError` when nothing of it is left."""
+    lo_c = [int(max(0, min(int(a), n))) for a, n in zip(lo, size_ijk)]
+    hi_c = [int(max(0, min(int(b), n))) for b, n in zip(hi, size_ijk)]
+    if any(b <= a for a, b in zip(lo_c, hi_c)):
+        raise GeometryError(f"empty crop box lo={list(lo)} hi={list(hi)} for a grid of size (i, j, k)={list(size_ijk)}")
+    return lo_c, hi_c

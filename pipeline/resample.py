@@ -1,0 +1,67 @@
+"""Resampling of voxel arrays from one :class:`~pipeline.geometry.Geometry` to another (torch, on the GPU when
+one is present); :meth:`CTVolume.resample <pipeline.volume.CTVolume.resample>` and
+:meth:`LabelMap.resample <pipeline.volume.LabelMap.resample>` use it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from .errors import GeometryError
+from .geometry import DIRECTION_TOL, Geometry
+
+
+def default_device() -> str:
+    """``"cuda"`` when torch sees a GPU, else ``"cpu"``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resample_array(
+    array: np.ndarray,
+    src: Geometry,
+    dst: Geometry,
+    *,
+    order: Literal["linear", "nearest"] = "linear",
+    device: str | None = None,
+) -> np.ndarray:
+    """Resample ``array`` from grid ``src`` to grid ``dst`` (same direction, any spacing/origin).
+
+    Trilinear (``order="linear"``) or nearest-neighbour interpolation done
+    separably along each axis with torch, on the GPU when one is present.
+    Samples outside ``src`` take the value of the nearest edge voxel.
+    """
+    import torch
+
+    if not np.allclose(src.direction, dst.direction, atol=DIRECTION_TOL):
+        raise GeometryError("resample_array needs grids with equal direction cosines")
+    if order not in ("linear", "nearest"):
+        raise ValueError(f"order must be 'linear' or 'nearest', got {order!r}")
+    dev = torch.device(device or default_device())
+    # continuous source index of each destination voxel, per axis (i, j, k)
+    offset = src.lps_to_index(dst.origin)
+    ratio = np.asarray(dst.spacing) / np.asarray(src.spacing)
+    t = torch.from_numpy(np.ascontiguousarray(array)).to(dev)
+    if order == "linear":
+        t = t.to(torch.float32)
+    # tensor dims are [k, j, i]; axis c of (i, j, k) is tensor dim 2 - c
+    for c in range(3):
+        dim = 2 - c
+        n_src = src.size_ijk[c]
+        n_dst = dst.size_ijk[c]
+        pos = torch.arange(n_dst, dtype=torch.float64, device=dev) * float(ratio[c]) + float(offset[c])
+        pos = pos.clamp(0, n_src - 1)
+        if order == "nearest":
+            idx = torch.floor(pos + 0.5).long().clamp(0, n_src - 1)
+            t = t.index_select(dim, idx)
+            continue
+        lo = torch.floor(pos).long().clamp(0, n_src - 1)
+        hi = (lo + 1).clamp(max=n_src - 1)
+        w = (pos - lo.to(torch.float64)).to(torch.float32)
+        shape = [1, 1, 1]
+        shape[dim] = n_dst
+        w = w.view(shape)
+        t = t.index_select(dim, lo) * (1 - w) + t.index_select(dim, hi) * w
+    return t.cpu().numpy()

@@ -1,0 +1,227 @@
+"""The run store's database file, ``RUN_DIR/runs.sqlite`` (SQLite, WAL mode): its tables, schema version and
+migrations, the connections to it, and :func:`remote_series`, the read-only lookup of remote series. The runner's
+reads and writes of cases and runs are :class:`.store.RunStore`.
+
+Tables
+------
+``runs``            one row per invocation of the runner on this folder (config, versions, device, start/end;
+                    ``n_cases`` found, ``n_done`` completed by this run, ``n_failed`` of its cases quarantined at its
+                    end, ``n_skipped`` done by earlier runs).
+``cases``           one row per case, keyed by ``case_key`` = SeriesInstanceUID + content fingerprint.
+``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB),
+                    and ``detail``: the stage's own sub-step times (JSON, s; model time from CUDA events on a GPU).
+``findings``        the detector's findings of completed cases (centres in LPS mm).
+``measurements``    per-case measurements (name, value, unit) of completed cases; ``reliable`` = 0 (with the
+                    ``reason``) for figures a quality flag makes meaningless.
+``quality_flags``   the quality flags of completed cases (code, severity, message); the case's lung coverage,
+                    contrast phase and flag codes are also columns of ``cases``.
+``skipped``         what discovery left out, per run: files (not DICOM, unreadable, link loops, ...) and series
+                    not selected (localizers, too few slices, not CT), with the reason.
+``gpu_samples``     NVML utilisation (%) and memory (MB) sampled during runs.
+``origins``         where a case came from when a PACS delivered it: the archive or sender (``remote``: a DICOMweb
+                    URL or ``dimse://AET@HOST:PORT`` as written to logs, never with credentials; the calling AE title
+                    for ``ctpipe listen``), how (``via``: wado-rs, c-move, c-get, c-store), the remote Study and
+                    Series Instance UIDs and the number of instances. UIDs only: no patient ID, name or accession.
+                    A rerun looks series up here by remote UID (:func:`remote_series`) and skips those done.
+``deliveries``      the DICOM results (SR, SEG) sent to a PACS: per SOPInstanceUID and destination, ``sent``,
+                    ``pending`` (a retry is due) or ``failed``, with the attempts and the last error.
+
+``meta.schema_version`` is :data:`SCHEMA_VERSION`; a store written by an earlier version is migrated
+when the runner opens it (new tables and columns added; nothing removed).
+
+Only the runner's main process writes (:class:`.store.RunStore`, over :func:`connect`); readers (reports,
+notebooks) open it with :func:`open_readonly` and see committed state only, thanks to WAL. Times are Unix seconds
+(UTC).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunStoreError
+from .faults import environment_failure
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "runs.sqlite"
+SCHEMA_VERSION = 3
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, started_at REAL NOT NULL, ended_at REAL, status TEXT NOT NULL,
+    command TEXT, sources TEXT, config TEXT, versions TEXT, device TEXT, host TEXT, pid INTEGER,
+    n_cases INTEGER DEFAULT 0, n_done INTEGER DEFAULT 0, n_failed INTEGER DEFAULT 0, n_skipped INTEGER DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS cases (
+    case_key TEXT PRIMARY KEY, case_id TEXT NOT NULL UNIQUE, series_uid TEXT, fingerprint TEXT NOT NULL,
+    source TEXT, status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'done', 'failed')),
+    reason TEXT, error_class TEXT, failed_stage TEXT, attempts INTEGER NOT NULL DEFAULT 0, run_id TEXT,
+    discovered_at REAL, started_at REAL, ended_at REAL, latency_s REAL, n_findings INTEGER, output_dir TEXT,
+    lung_coverage TEXT, contrast_phase TEXT, flags TEXT, detect_skipped TEXT
+);
+CREATE TABLE IF NOT EXISTS stage_attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, case_key TEXT NOT NULL, stage TEXT NOT NULL,
+    attempt INTEGER NOT NULL, status TEXT NOT NULL, worker TEXT, device TEXT,
+    ready_at REAL, started_at REAL, ended_at REAL, wall_s REAL, queue_wait_s REAL,
+    peak_rss_mb REAL, peak_cuda_mb REAL, error TEXT, detail TEXT,
+    UNIQUE (case_key, stage, attempt)
+);
+CREATE TABLE IF NOT EXISTS findings (
+    case_key TEXT NOT NULL, idx INTEGER NOT NULL, data TEXT NOT NULL,
+    center_x REAL, center_y REAL, center_z REAL, diameter_mm REAL, score REAL,
+    PRIMARY KEY (case_key, idx)
+);
+CREATE TABLE IF NOT EXISTS measurements (
+    case_key TEXT NOT NULL, name TEXT NOT NULL, value REAL, unit TEXT, reliable INTEGER NOT NULL DEFAULT 1, reason TEXT,
+    PRIMARY KEY (case_key, name)
+);
+CREATE TABLE IF NOT EXISTS quality_flags (
+    case_key TEXT NOT NULL, code TEXT NOT NULL, severity TEXT NOT NULL, message TEXT,
+    PRIMARY KEY (case_key, code)
+);
+CREATE TABLE IF NOT EXISTS skipped (
+    run_id TEXT NOT NULL, what TEXT NOT NULL, item TEXT NOT NULL, kind TEXT, reason TEXT, source TEXT,
+    PRIMARY KEY (run_id, what, item)
+);
+CREATE TABLE IF NOT EXISTS gpu_samples (
+    run_id TEXT NOT NULL, t REAL NOT NULL, gpu INTEGER NOT NULL, util_pct REAL, mem_used_mb REAL, mem_total_mb REAL
+);
+CREATE INDEX IF NOT EXISTS attempts_by_case ON stage_attempts (case_key);
+CREATE TABLE IF NOT EXISTS origins (
+    case_key TEXT PRIMARY KEY, remote TEXT NOT NULL, via TEXT NOT NULL, study_uid TEXT, series_uid TEXT NOT NULL,
+    n_instances INTEGER, run_id TEXT, recorded_at REAL
+);
+CREATE INDEX IF NOT EXISTS origins_by_series ON origins (series_uid);
+CREATE TABLE IF NOT EXISTS deliveries (
+    sop_uid TEXT NOT NULL, destination TEXT NOT NULL, case_id TEXT, sop_class TEXT, state TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0, error TEXT, updated_at REAL, PRIMARY KEY (sop_uid, destination)
+);
+"""
+
+#: Columns added since schema version 1 (version 3 added the tables ``origins`` and ``deliveries`` only): (table, column, declaration), added by :func:`migrate`.
+ADDED_COLUMNS = (
+    ("cases", "lung_coverage", "TEXT"),
+    ("cases", "contrast_phase", "TEXT"),
+    ("cases", "flags", "TEXT"),
+    ("cases", "detect_skipped", "TEXT"),
+    ("measurements", "reliable", "INTEGER NOT NULL DEFAULT 1"),
+    ("measurements", "reason", "TEXT"),
+)
+
+
+def db_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / DB_NAME
+
+
+def connect(run_dir: Path) -> sqlite3.Connection:
+    """A read-write connection to ``run_dir``'s store (created when absent): WAL mode, every table of
+    :data:`SCHEMA_SQL`, a store of an earlier schema version migrated. :class:`RunStoreError` when the file is not
+    a readable run store (an environment failure, such as a full disk, is raised as it is)."""
+    path = db_path(run_dir)
+    try:
+        db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(SCHEMA_SQL)
+        row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        else:
+            migrate(db, int(row[0]), path)
+    except sqlite3.DatabaseError as exc:
+        if environment_failure(exc, run_dir=run_dir) is not None:
+            raise
+        raise RunStoreError(
+            f"the run database is unreadable ({exc})",
+            where=path,
+            fix="use a new --out folder; this file is damaged or not a ctpipe run store",
+        ) from exc
+    return db
+
+
+def migrate(db: sqlite3.Connection, version: int, path: Path) -> None:
+    """Bring a store of an earlier schema version up to :data:`SCHEMA_VERSION` (adds columns; removes nothing).
+
+    New tables are created by the schema script itself (``CREATE TABLE IF NOT EXISTS``) before this runs.
+    """
+    if version > SCHEMA_VERSION:
+        raise RunStoreError(
+            f"the run database has schema version {version}; this ctpipe reads up to {SCHEMA_VERSION}",
+            where=path,
+            fix="use the ctpipe version that wrote this run folder, or a new --out folder",
+        )
+    if version == SCHEMA_VERSION:
+        return
+    with Transaction(db):
+        for table, column, decl in ADDED_COLUMNS:
+            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+    log.info("run store migrated from schema version %d to %d", version, SCHEMA_VERSION, extra={"event": "store_migrated"})
+
+
+class Transaction:
+    """``with Transaction(db):`` runs the statements inside as one atomic transaction (rolled back on an exception)."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.db.execute("COMMIT")
+        else:
+            self.db.execute("ROLLBACK")
+
+
+def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
+    """A read-only connection to a run store (safe while a run is writing)."""
+    path = db_path(run_dir)
+    if not path.is_file():
+        raise RunStoreError("no run database here", where=path, fix="give a folder written by `ctpipe run --out`")
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+        db.row_factory = sqlite3.Row
+        db.execute("SELECT 1 FROM cases LIMIT 1")
+    except sqlite3.DatabaseError as exc:
+        raise RunStoreError(
+            f"the run database is unreadable ({exc})", where=path, fix="check that it is a ctpipe run store"
+        ) from exc
+    return db
+
+
+def remote_series(run_dir: str | Path, series_uids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """What the run store knows of remote series, by SeriesInstanceUID: the latest case made from each
+    (``case_id``, ``status``, ``n_instances``, ``remote``, ``via``). Series never seen are absent, and so is
+    everything when the folder has no store (or one older than schema version 3). Read-only."""
+    wanted = list(dict.fromkeys(series_uids))
+    if not wanted or not db_path(run_dir).is_file():
+        return {}
+    db = open_readonly(run_dir)
+    try:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='origins'").fetchone():
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i : i + 500]
+            rows = db.execute(
+                "SELECT o.series_uid, o.remote, o.via, o.n_instances, c.case_id, c.status FROM origins o"
+                f" JOIN cases c USING (case_key) WHERE o.series_uid IN ({','.join('?' * len(chunk))})"
+                " ORDER BY o.recorded_at",
+                chunk,
+            )
+            for r in rows:  # the latest origin of a series wins
+                out[r["series_uid"]] = {k: r[k] for k in ("case_id", "status", "n_instances", "remote", "via")}
+        return out
+    finally:
+        db.close()
