@@ -181,8 +181,8 @@ def timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a 256×256×120 case and 2 repeats (< 1 min)")
-    ap.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default 5, quick 2)")
+    ap.add_argument("--quick", action="store_true", help="a 256×256×120 case and 3 repeats (< 1 min)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default 5, quick 3)")
     ap.add_argument("--matrix", type=int, default=None, help="rows = columns (default 512, quick 256)")
     ap.add_argument("--slices", type=int, default=None, help="slices (default 300, quick 120)")
     ap.add_argument("--nodules", type=int, default=5)
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     matrix = args.matrix or (256 if args.quick else 512)
     slices = args.slices or (120 if args.quick else 300)
-    repeats = args.repeats or (2 if args.quick else 5)
+    repeats = args.repeats or (3 if args.quick else 5)
 
     volume = make_volume(matrix, slices)
     masks, nodules, findings = make_masks(volume, args.nodules, args.seed)

@@ -5,9 +5,12 @@ lung-nodule bundle's model input: Orientation RAS → Spacing 0.703125 × 0.7031
 (bilinear) → ScaleIntensityRange -1024..300 → 0..1 (clip) → DivisiblePad (16, 16, 8).
 The peer is ``monai.data.DataLoader`` over ``LoadImaged`` (a reader for the cache:
 the .npy array with the sidecar's affine) + ``EnsureChannelFirstd`` and those transforms,
-with as many worker processes as the DALI loader has threads. Each figure is the median
-of several full passes (after one warm-up pass); ratios are printed. Outputs of the
-three are compared on one case so that all three do the same work.
+with as many worker processes as the DALI loader has threads. With ``--device cuda``, where
+ctpipe's loaders preprocess on the GPU, the first peer is MONAI's GPU recipe: ``EnsureTyped(device=cuda)``
+right after reading, so the transforms run on the GPU, in a ``ThreadDataLoader`` without workers; the
+CPU-worker ``DataLoader`` (its output moved to the GPU) is measured as a second peer. Each figure is the median
+of several full passes (after one warm-up pass), the contenders in turn; ratios against every peer are
+printed. Every output is compared with the CPU-worker peer's, case by case, so that all do the same work.
 
     python scripts/bench_loader.py [--quick] [--device cpu|cuda] [--json out.json] [--skip-dali]
 """
@@ -31,6 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.cache import CaseCache  # noqa: E402
 from pipeline.load import BUNDLE_LUNG_NODULE, DaliLoader, TorchLoader, dali_available  # noqa: E402
 from pipeline.volume import CTVolume, Geometry  # noqa: E402
+
+CPU_PEER = "monai_dataloader"
+GPU_PEER = "monai_thread_gpu"
+PEERS = {
+    GPU_PEER: "monai.data.ThreadDataLoader, no workers, EnsureTyped(device=cuda) after reading: the transforms on the GPU",
+    CPU_PEER: "monai.data.DataLoader, worker processes running the transforms on the CPU",
+}
 
 
 def make_cases(cache: CaseCache, n: int, matrix: int, slices: int, fov: float) -> str:
@@ -67,12 +77,20 @@ def synthetic_chest(matrix: int, slices: int, fov: float, *, seed: int) -> CTVol
     return CTVolume(arr, Geometry(shape=arr.shape, spacing=(sp, sp, 2.5), origin=(-fov / 2, -fov / 2, -300.0)))
 
 
-def monai_loader(cache: CaseCache, ids: list[str], workers: int):
-    from monai.data import DataLoader, Dataset, ImageReader
+def monai_loader(cache: CaseCache, ids: list[str], workers: int, device: str | None = None):
+    """MONAI's loader with the bundle's transforms.
+
+    ``device=None``: ``DataLoader`` with ``workers`` processes running the transforms on the CPU.
+    ``device="cuda"``: MONAI's GPU recipe: the array moved to the device by ``EnsureTyped`` right after reading,
+    so Orientation, Spacing, the intensity window and the padding run there, in a ``ThreadDataLoader`` (no worker
+    processes: CUDA work stays in this process).
+    """
+    from monai.data import DataLoader, Dataset, ImageReader, ThreadDataLoader
     from monai.transforms import (
         Compose,
         DivisiblePadd,
         EnsureChannelFirstd,
+        EnsureTyped,
         LoadImaged,
         Orientationd,
         ScaleIntensityRanged,
@@ -104,10 +122,12 @@ def monai_loader(cache: CaseCache, ids: list[str], workers: int):
             return data, meta
 
     s = BUNDLE_LUNG_NODULE
+    to_device = [] if device is None else [EnsureTyped(keys="image", device=torch.device(device), track_meta=True)]
     transform = Compose(
         [
             LoadImaged(keys="image", reader=CachedCaseReader(), image_only=True),
             EnsureChannelFirstd(keys="image"),
+            *to_device,
             Orientationd(keys="image", axcodes="RAS", labels=(("L", "R"), ("P", "A"), ("I", "S"))),
             Spacingd(keys="image", pixdim=s.spacing, mode="bilinear"),
             ScaleIntensityRanged(
@@ -122,6 +142,10 @@ def monai_loader(cache: CaseCache, ids: list[str], workers: int):
         ]
     )
     data = [{"image": str(cache.array_path(i))} for i in ids]
+    if device is not None:
+        return ThreadDataLoader(
+            Dataset(data=data, transform=transform), batch_size=1, num_workers=0, collate_fn=lambda batch: batch
+        )
     return DataLoader(
         Dataset(data=data, transform=transform),
         batch_size=1,
@@ -129,6 +153,14 @@ def monai_loader(cache: CaseCache, ids: list[str], workers: int):
         persistent_workers=workers > 0,
         collate_fn=lambda batch: batch,
     )
+
+
+def compare(outputs: list[torch.Tensor], ref: list[torch.Tensor]) -> tuple[bool, float]:
+    """Whether every output has its reference's shape, and then the largest absolute difference (else NaN)."""
+    same_shape = len(outputs) == len(ref) and all(a.shape == b.shape for a, b in zip(outputs, ref))
+    if not same_shape:
+        return False, float("nan")
+    return True, max((float((a.cpu() - b.cpu()).abs().max()) for a, b in zip(outputs, ref)), default=0.0)
 
 
 def timed(fn: Callable[[], list[torch.Tensor]], device: str) -> tuple[float, list[torch.Tensor]]:
@@ -190,7 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         tl = TorchLoader(cache, BUNDLE_LUNG_NODULE, device=dev, num_threads=args.threads)
         contenders["torch"] = lambda: [c.unwrap() for c in tl.load(ids)]
         ml = monai_loader(cache, ids, args.threads)
-        contenders["monai_dataloader"] = lambda: [b[0]["image"].as_tensor().to(dev) for b in ml]
+        contenders[CPU_PEER] = lambda: [b[0]["image"].as_tensor().to(dev) for b in ml]
+        moved = "; output moved to the GPU with .to(device)" if dev == "cuda" else ""
+        peers = {CPU_PEER: f"{PEERS[CPU_PEER]} ({args.threads} workers){moved}"}
+        if dev == "cuda":
+            mg = monai_loader(cache, ids, 0, device=dev)
+            contenders[GPU_PEER] = lambda: [b[0]["image"].as_tensor() for b in mg]
+            peers = {GPU_PEER: PEERS[GPU_PEER], **peers}
+        for name, what in peers.items():
+            print(f"peer {name}: {what}")
 
         results: dict[str, dict] = {}
         outputs: dict[str, list[torch.Tensor]] = {}
@@ -206,17 +246,19 @@ def main(argv: list[str] | None = None) -> int:
             runs = ", ".join(f"{x:.2f}" for x in secs[name])
             print(f"{name:>17}: {n / med:7.3f} volumes/s  (median {med:.2f} s per pass of {n}; runs {runs})")
 
-        ref = outputs["monai_dataloader"]
+        ref = outputs[CPU_PEER]
         for name in outputs:
-            if name == "monai_dataloader":
+            if name == CPU_PEER:
                 continue
-            diffs = [(a.cpu() - b.cpu()).abs() for a, b in zip(outputs[name], ref)]
-            same_shape = all(a.shape == b.shape for a, b in zip(outputs[name], ref))
-            mx = max(float(d.max()) for d in diffs) if same_shape else float("nan")
+            same_shape, mx = compare(outputs[name], ref)
             results[name]["max_abs_diff_vs_monai"] = mx
-            print(f"{name:>17}: same shapes as MONAI: {same_shape}; max abs difference {mx:.2e}")
-        base = results["monai_dataloader"]["volumes_per_s"]
-        ratios = {f"{k}_vs_monai_dataloader": v["volumes_per_s"] / base for k, v in results.items() if k != "monai_dataloader"}
+            print(f"{name:>17}: same shapes as {CPU_PEER}: {same_shape}; max abs difference {mx:.2e}")
+        ratios = {
+            f"{k}_vs_{p}": v["volumes_per_s"] / results[p]["volumes_per_s"]
+            for p in peers
+            for k, v in results.items()
+            if k not in peers
+        }
         if "dali" in results:
             ratios["dali_vs_torch"] = results["dali"]["volumes_per_s"] / results["torch"]["volumes_per_s"]
         for k, v in ratios.items():
@@ -238,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                     "source": source,
                     "threads": args.threads,
                     "repeats": repeats,
-                    "peer": "monai.data.DataLoader + bundle preprocessing transforms",
+                    "peer": next(iter(peers.values())),
+                    "peers": peers,
                     "dali_skipped": not run_dali,
                     "results": results,
                     "ratios": ratios,

@@ -4,18 +4,20 @@
 Everything runs on 127.0.0.1 in this run, on the same phantom series, alternating the variants,
 ``--repeats`` times each (medians reported):
 
-1. Retrieval: Debian's Orthanc (DICOMweb plugin on) holds ``--series`` phantom CT series;
+1. Retrieval: Debian's Orthanc (DICOMweb plugin on) holds the phantom CT series;
    :func:`pipeline.pacs.fetch_sources` retrieves all of them into a fresh run folder by WADO-RS
    (``dicomweb+http://...``), C-MOVE (to ctpipe's storage SCP) and C-GET (``dimse://...``), search
-   included, each series published atomically into the spool. Figure: series per minute; ratios
-   against WADO-RS.
-2. Receiving: dcmtk's ``storescu`` pushes one series (``--instances`` files) to ctpipe's listener
+   included, each series published atomically into the spool. Peers, in the same loop: dcmtk's
+   ``findscu`` + ``getscu`` (C-GET) and ``findscu`` + ``movescu`` (C-MOVE to its own storage SCP), one
+   search and one retrieval per series into a folder (:func:`dcmtk_retrieve`). dcmtk has no DICOMweb
+   client, so WADO-RS has no peer. Figure: series per minute; ratios ctpipe ÷ dcmtk, and against WADO-RS.
+2. Receiving: dcmtk's ``storescu`` pushes one series (all its files) to ctpipe's listener
    (:class:`pipeline.pacs.Listener`: every instance written, fsynced and journalled before success is
    answered) and to dcmtk's ``storescp`` (writes each file, no fsync). Figure: instances per second;
    ratio ctpipe ÷ storescp.
 
 Needs Orthanc, its DICOMweb plugin and dcmtk: ``bash scripts/install_pacs_tools.sh`` (root) installs them.
-``--quick`` uses smaller series and fewer runs (about a minute); ``--json PATH`` saves the results.
+``--quick`` uses 3 smaller series and 3 runs instead of 6 and 5 (about a minute); ``--json PATH`` saves the results.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -36,7 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.pacs import Listener, fetch_sources  # noqa: E402
-from tests._support.orthanc import OrthancServer, free_port, write_phantom_series  # noqa: E402
+from tests._support.orthanc import HOST, OrthancServer, free_port, write_phantom_series  # noqa: E402
+
+RETRIEVE_TIMEOUT_S = 120.0
 
 
 def make_series(root: Path, n: int, matrix: int, slices: int) -> list[tuple[str, list[Path]]]:
@@ -51,30 +56,90 @@ def make_series(root: Path, n: int, matrix: int, slices: int) -> list[tuple[str,
     return out
 
 
+def dcmtk_retrieve(mode: str, srv: OrthancServer, uids: list[str], dest: Path) -> int:
+    """The peer of ctpipe's C-GET / C-MOVE retrieval: dcmtk's command-line tools doing the same steps per series.
+
+    ``findscu`` searches the series at SERIES level (study UID, modality, number of instances, as ctpipe's C-FIND),
+    then ``getscu`` (C-GET, storage on the same association) or ``movescu`` (C-MOVE to AE title CTPIPE, received by
+    its own storage SCP on the port Orthanc knows for CTPIPE) retrieves it into ``dest/<series UID>``; the number of
+    files is checked against the search's count. Returns the number of files retrieved.
+    """
+    findscu, tool = dcmtk("findscu"), dcmtk("getscu" if mode == "get" else "movescu")
+    peer = [HOST, str(srv.dicom_port)]
+    total = 0
+    for uid in uids:
+        found = subprocess.run(
+            [
+                findscu,
+                "-aet",
+                "CTPIPE",
+                "-aec",
+                srv.aet,
+                "-S",
+                "-k",
+                "QueryRetrieveLevel=SERIES",
+                "-k",
+                f"SeriesInstanceUID={uid}",
+            ]
+            + ["-k", "StudyInstanceUID", "-k", "Modality=CT", "-k", "NumberOfSeriesRelatedInstances", *peer],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=RETRIEVE_TIMEOUT_S,
+            env=dcmtk_env(),
+        )
+        text = found.stdout + found.stderr
+        study = re.search(r"\(0020,000d\) UI \[([0-9.]+)", text)
+        count = re.search(r"\(0020,1209\) IS \[(\d+)", text)
+        if study is None or count is None:
+            raise SystemExit(f"findscu did not find series {uid}: {text[-2000:]}")
+        out = dest / uid
+        out.mkdir(parents=True)
+        cmd = [tool, "-aet", "CTPIPE", "-aec", srv.aet, "-S", "-k", "QueryRetrieveLevel=SERIES"]
+        cmd += ["-k", f"StudyInstanceUID={study.group(1)}", "-k", f"SeriesInstanceUID={uid}", "-od", str(out)]
+        if mode == "move":
+            cmd += ["-aem", "CTPIPE", "--port", str(srv.move_port)]
+        subprocess.run([*cmd, *peer], check=True, capture_output=True, timeout=RETRIEVE_TIMEOUT_S, env=dcmtk_env())
+        got = sum(1 for p in out.iterdir() if p.is_file())
+        if got != int(count.group(1)):
+            raise SystemExit(f"dcmtk {tool}: {got} of {count.group(1)} instances of series {uid}")
+        total += got
+    return total
+
+
 def bench_retrieval(srv: OrthancServer, uids: list[str], repeats: int, tmp: Path) -> dict:
     os.environ.update(srv.env)
-    cfg = load_config(overrides={"pacs.move_port": srv.move_port, "pacs.retries": 0, "pacs.timeout_s": 120.0}, environ={})
+    cfg = load_config(
+        overrides={"pacs.move_port": srv.move_port, "pacs.retries": 0, "pacs.timeout_s": RETRIEVE_TIMEOUT_S}, environ={}
+    )
     listed = ",".join(uids)
     sources = {
         "wado_rs": f"{srv.dicomweb}?series={listed}",
         "c_move": f"{srv.dimse}?series={listed}&retrieve=move",
         "c_get": f"{srv.dimse}?series={listed}&retrieve=get",
     }
-    times: dict[str, list[float]] = {k: [] for k in sources}
+    peers = {"dcmtk_c_move": "move", "dcmtk_c_get": "get"}  # dcmtk has no DICOMweb client: WADO-RS has no peer here
+    variants = [*sources, *peers]
+    times: dict[str, list[float]] = {k: [] for k in variants}
     for r in range(repeats):
-        for name, src in sources.items() if r % 2 == 0 else reversed(sources.items()):
+        for name in variants if r % 2 == 0 else reversed(variants):
             run = tmp / f"{name}{r}"
             t0 = time.perf_counter()
-            res = fetch_sources([src], run_dir=run, cfg=cfg)
-            times[name].append(time.perf_counter() - t0)
-            if res.fetched != len(uids) or res.failures:
-                raise SystemExit(f"{name}: retrieved {res.fetched} of {len(uids)} series: {res.lines()}")
+            if name in sources:
+                res = fetch_sources([sources[name]], run_dir=run, cfg=cfg)
+                times[name].append(time.perf_counter() - t0)
+                if res.fetched != len(uids) or res.failures:
+                    raise SystemExit(f"{name}: retrieved {res.fetched} of {len(uids)} series: {res.lines()}")
+            else:
+                dcmtk_retrieve(peers[name], srv, uids, run)
+                times[name].append(time.perf_counter() - t0)
             shutil.rmtree(run)
     out: dict = {"series": len(uids), "runs_s": times}
     for name, ts in times.items():
         out[f"{name}_series_per_min"] = 60.0 * len(uids) / statistics.median(ts)
     for name in ("c_move", "c_get"):
         out[f"{name}_vs_wado_rs"] = out[f"{name}_series_per_min"] / out["wado_rs_series_per_min"]
+        out[f"{name}_vs_dcmtk"] = out[f"{name}_series_per_min"] / out[f"dcmtk_{name}_series_per_min"]
     return out
 
 
@@ -94,8 +159,17 @@ def _push(storescu: str, called: str, port: int, folder: Path) -> float:
         [storescu, "-aet", "BENCH", "-aec", called, "+sd", "+r", "-xe", "127.0.0.1", str(port), str(folder)],
         check=True,
         capture_output=True,
+        env=dcmtk_env(),
     )
     return time.perf_counter() - t0
+
+
+def dcmtk_env() -> dict[str, str]:
+    """The environment of every dcmtk tool run here: ``TCP_NODELAY=1``, dcmtk's switch that disables Nagle's
+    algorithm. dcmtk leaves it on since 3.6.2 and writes a PDU's header and body in separate calls, so with it a
+    message can wait for the other side's delayed ACK (about twice as slow here); pynetdicom, on ctpipe's side,
+    sends each PDU in one write."""
+    return {**os.environ, "TCP_NODELAY": "1"}
 
 
 def dcmtk(name: str) -> str:
@@ -136,7 +210,10 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
         out_dir = tmp / f"storescp{r}"
         out_dir.mkdir()
         proc = subprocess.Popen(
-            [storescp, "-aet", "STORESCP", "-od", str(out_dir), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [storescp, "-aet", "STORESCP", "-od", str(out_dir), str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=dcmtk_env(),
         )
         try:
             _wait_port(port)
@@ -192,13 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     r, li = retrieval, listener
     print(f"Retrieval from a local Orthanc: {r['series']} series of {matrix}x{matrix}x{slices}, median of {repeats} runs")
-    print(f"  WADO-RS (dicomweb-client)   {r['wado_rs_series_per_min']:8.1f} series/min")
+    print("  peers: dcmtk findscu + getscu (C-GET) and findscu + movescu (C-MOVE, its own storage SCP), per series")
     print(
-        f"  C-MOVE (pynetdicom)         {r['c_move_series_per_min']:8.1f} series/min   ratio vs WADO-RS {r['c_move_vs_wado_rs']:.2f}x"
+        f"  WADO-RS (dicomweb-client)   {r['wado_rs_series_per_min']:8.1f} series/min   (no peer: dcmtk has no DICOMweb client)"
     )
-    print(
-        f"  C-GET (pynetdicom)          {r['c_get_series_per_min']:8.1f} series/min   ratio vs WADO-RS {r['c_get_vs_wado_rs']:.2f}x"
-    )
+    for name, label in (("c_move", "C-MOVE"), ("c_get", "C-GET")):
+        print(
+            f"  {label + ' (pynetdicom)':<27} {r[f'{name}_series_per_min']:8.1f} series/min   "
+            f"ratio vs dcmtk {r[f'{name}_vs_dcmtk']:.2f}x, vs WADO-RS {r[f'{name}_vs_wado_rs']:.2f}x"
+        )
+        tool = "getscu" if name == "c_get" else "movescu"
+        print(f"  {'dcmtk findscu + ' + tool + ' (peer)':<27} {r[f'dcmtk_{name}_series_per_min']:8.1f} series/min")
     print(f"Receiving {li['instances']} instances pushed by dcmtk storescu, median of {repeats} runs")
     print(f"  ctpipe listen (fsync + journal)  {li['ctpipe_instances_per_s']:8.1f} instances/s")
     print(

@@ -95,10 +95,10 @@ def dice(a: np.ndarray, b: np.ndarray) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--quick", action="store_true", help="a 256×256 phantom and 2 repeats (< 2 min)")
-    ap.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default 3, quick 2)")
-    ap.add_argument("--matrix", type=int, default=None, help="rows = columns (default 512, quick 256)")
-    ap.add_argument("--slices", type=int, default=None, help="slices (default 300, quick 120)")
+    ap.add_argument("--quick", action="store_true", help="a 192×192×96 phantom, 3 repeats (< 2 min)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (default 3)")
+    ap.add_argument("--matrix", type=int, default=None, help="rows = columns (default 512, quick 192)")
+    ap.add_argument("--slices", type=int, default=None, help="slices (default 300, quick 96)")
     ap.add_argument("--organs", default="lung_left,lung_right,airway,bone,body")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -106,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device visible", file=sys.stderr)
         return 2
-    matrix = args.matrix or (256 if args.quick else 512)
-    slices = args.slices or (120 if args.quick else 300)
-    repeats = args.repeats or (2 if args.quick else 3)
+    matrix = args.matrix or (192 if args.quick else 512)
+    slices = args.slices or (96 if args.quick else 300)
+    repeats = args.repeats
+    if repeats < 1:
+        ap.error("--repeats must be at least 1")
     organs = [o for o in args.organs.split(",") if o]
     if args.device == "cpu":
         torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -117,12 +117,12 @@ def main() -> int:
     )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--renderings", action="store_true", help="include the PNG renderings in the reconstruct stage")
-    ap.add_argument("--quick", action="store_true", help="small run (< 2 min): 6 cases of 64x64x32, 1 repeat")
+    ap.add_argument("--quick", action="store_true", help="small run: 6 cases of 64x64x32, 3 repeats")
     ap.add_argument("--keep", type=Path, help="keep the cases and run folders here")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
     if args.quick:
-        args.cases, args.matrix, args.slices, args.repeats = 6, 64, 32, 1
+        args.cases, args.matrix, args.slices, args.repeats = 6, 64, 32, 3
     work = args.keep or Path(tempfile.mkdtemp(prefix="ctpipe-bench-runner-"))
     data = work / "dicom"
     if not data.exists():

@@ -150,7 +150,7 @@ def handover(run_dir: Path, shape: tuple[int, int, int], repeats: int) -> dict[s
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", type=int, default=16)
+    ap.add_argument("--cases", type=int, default=None, help="phantom cases (default 16; --quick 6)")
     ap.add_argument("--matrix", type=int, default=64, help="phantom matrix (pixels per side)")
     ap.add_argument("--slices", type=int, default=24)
     ap.add_argument("--workers", type=int, default=2, help="CPU cores given to every configuration")
@@ -158,12 +158,21 @@ def main() -> int:
     ap.add_argument(
         "--small-model", action="store_true", help="a small random network instead of the demo detector (overhead at its largest)"
     )
-    ap.add_argument("--handover-shape", default="300,512,512", help="slices,rows,columns of the handed-over volume")
+    ap.add_argument(
+        "--handover-shape",
+        default=None,
+        help="slices,rows,columns of the handed-over volume (default 300,512,512; --quick 100,256,256)",
+    )
+    ap.add_argument("--quick", action="store_true", help="6 cases and a smaller hand-over volume, same repeats")
     ap.add_argument("--keep", type=Path, help="keep the cases and run folders here")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
     if args.workers < 2:
         ap.error("--workers must be at least 2 (the 2-node configuration splits them)")
+    args.cases = args.cases or (6 if args.quick else 16)
+    args.handover_shape = args.handover_shape or ("100,256,256" if args.quick else "300,512,512")
+    if args.cases < 2 or args.repeats < 1:
+        ap.error("--cases must be at least 2 (the steady state spans first to last completion) and --repeats at least 1")
 
     from tests._support.ray_cluster import LocalCluster
 
@@ -198,7 +207,18 @@ def main() -> int:
     ]
     shape = tuple(int(x) for x in args.handover_shape.split(","))
     model = "small random network" if args.small_model else "demo detector"
-    results: dict[str, Any] = {"cases": args.cases, "cores": args.workers, "model": model, "configs": {}}
+    peer = (
+        f"local executor (runner.engine = local: {args.workers} CPU worker processes + 1 model worker), "
+        "same cases, same cores, same invocation"
+    )
+    results: dict[str, Any] = {
+        "cases": args.cases,
+        "cores": args.workers,
+        "model": model,
+        "quick": args.quick,
+        "peer": peer,
+        "configs": {},
+    }
     store_bytes = 3 * 2**20 * int(2 * shape[0] * shape[1] * shape[2] / 2**20 + 64)
     clusters: dict[str, Any] = {}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name, _ in configs}
@@ -238,6 +258,7 @@ def main() -> int:
     print(
         f"\n{args.cases} cases, {model}, {args.workers} cores per configuration, medians of {args.repeats} runs (fresh ctpipe run each)"
     )
+    print(f"peer: {peer}; ratios = configuration ÷ local")
     print(f"{'configuration':<14} {'wall s':>7} {'cases/h':>8} {'ratio':>6} {'steady s/case':>14} {'cases/h':>8} {'ratio':>6}")
     for name in results["configs"]:
         m = results["configs"][name]["median"]

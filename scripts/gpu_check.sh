@@ -3,9 +3,11 @@
 # under $OUT (default ./gpu_check_out): each benchmark's JSON, every command's output in gpu_check.log, and the
 # summary gpu_check.json (the device, then each step's exit status and seconds).
 #
-# Budget: under 8 minutes in all. With --device cuda: the loader and reconstruction benchmarks in --quick mode;
-# detection with medians of 3 rounds; the runner on 20 small cases, medians of 3 (enough cases that filling and
-# draining the pipeline weigh little in its efficiency).
+# Budget: the steps' timeouts below sum to 660 s, so the check ends within 11 minutes (a full run took about
+# 6: tests 54 s, loader 22 s, detection 98 s, reconstruction 31 s, runner 155 s). With --device cuda: the loader
+# and reconstruction benchmarks in --quick mode; detection with medians of 3 rounds (lung crop, whole volume, float32
+# and MONAI per round); the runner on 20 small cases, medians of 3 (enough cases that filling and draining the
+# pipeline weigh little in its efficiency).
 # Python packages missing on the machine (monai, pydicom, ...) may be supplied as wheels in .whl/
 # (bash scripts/gpu_wheels.sh, see README.md); DALI's wheels are too large to carry, so where DALI is not
 # importable its GPU mode is reported as skipped and everything else still runs.

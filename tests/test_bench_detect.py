@@ -1,0 +1,23 @@
+"""scripts/bench_detect.py's peer: MONAI's pipeline with its detector built once, outside the timed calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.detection.reference import monai_detect, monai_detector
+from tests._support.detection import chest_volume, small_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_a_detector_built_once_gives_what_one_built_per_call_gives(tmp_path):
+    model = small_model(tmp_path, roi=(32, 32, 16))
+    vol = chest_volume(shape_kji=(30, 56, 56), spacing=(1.4, 1.4, 2.5), seed=1)
+    det = monai_detector(model, "cpu")
+    once = [monai_detect(model, volume=vol, detector=det) for _ in range(2)]
+    per_call = monai_detect(model, volume=vol)
+    assert len(per_call["score"]) > 0
+    for out in once:
+        for key, value in per_call.items():
+            np.testing.assert_array_equal(out[key], value)
