@@ -24,10 +24,11 @@ def test_a_block_that_raises_is_timed_and_the_error_passes():
     assert clock.seconds >= 0.015
 
 
+@pytest.mark.gpu
 def test_on_a_gpu_the_queued_work_counts():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU")
+        pytest.skip("needs a CUDA GPU (run scripts/gpu_check.sh on a GPU machine)")
     dev = torch.device("cuda:0")
     torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
