@@ -168,6 +168,12 @@ class BundleConfig:
         given = Path(path)
         named_file = given.suffix.lower() == ".json" and not given.is_dir()
         file = given if named_file else given / INFERENCE_JSON
+        if not given.exists() and not named_file:
+            raise BundleError(
+                f"no such bundle folder, so its {INFERENCE_JSON} does not exist",
+                where=given,
+                fix="check the path; a bundle is the folder holding configs/ and models/",
+            )
         if not file.is_file():
             raise BundleError(
                 f"cannot read the bundle config: {file.name if named_file else INFERENCE_JSON} does not exist",

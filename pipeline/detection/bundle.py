@@ -38,6 +38,18 @@ class LoadedModel:
     network: torch.nn.Module
 
 
+def _load_reason(exc: BaseException) -> str:
+    """Why ``torch.load`` failed, in a few words: its own text advises ``weights_only=False`` (unsafe on a file of
+    unknown origin) for a file that is not a checkpoint at all, and runs on over many lines for a truncated one."""
+    if isinstance(exc, pickle.UnpicklingError):
+        return "UnpicklingError: not a torch checkpoint, or one holding more than tensors"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "central directory" in text or isinstance(exc, EOFError):
+        return f"{type(exc).__name__}: the file ends early (truncated)"
+    first = text.split(". ")[0].rstrip(".")
+    return f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
+
+
 def _read_state_dict(path: Path) -> Mapping[str, torch.Tensor]:
     if not path.is_file():
         raise ModelError("weights file does not exist", where=path, fix="reinstall ctpipe or pass a bundle with models/model.pt")
@@ -53,7 +65,7 @@ def _read_state_dict(path: Path) -> Mapping[str, torch.Tensor]:
         pickle.UnpicklingError,
     ) as exc:  # torch raises several kinds
         raise ModelError(
-            f"weights file is not a readable torch state dict ({type(exc).__name__}: {str(exc)[:200]})",
+            f"weights file is not a readable torch state dict ({_load_reason(exc)})",
             where=path,
             fix="the file is corrupt or truncated; download or copy it again",
         ) from exc

@@ -71,10 +71,18 @@ def _number(row: dict[str, str], key: str, n: int, path: Path) -> float:
     return value
 
 
-def _files(paths: Iterable[str | Path], patterns: tuple[str, ...]) -> list[Path]:
+#: what --truth and --pred take, for the fixes of their errors
+_TRUTH = "phantom ground_truth.json files or their folders, or a LUNA16 annotations CSV"
+_PRED = "findings JSONs of `ctpipe detect`, run folders of `ctpipe run`, or a LUNA16 candidates CSV"
+
+
+def _files(
+    paths: Iterable[str | Path], patterns: tuple[str, ...], *, what: str = "a path", takes: str = "existing paths"
+) -> list[Path]:
     """Files given directly (any kind), plus those matching ``patterns`` under given folders (recursive); each file
     once, however often it is named (a folder and a file in it, a folder twice): read twice, its nodules or
-    candidates would count twice."""
+    candidates would count twice. A path that does not exist is refused, naming ``what`` (the option) and what it
+    ``takes``."""
     files: dict[Path, Path] = {}
     for p in map(Path, paths):
         if p.is_dir():
@@ -82,7 +90,7 @@ def _files(paths: Iterable[str | Path], patterns: tuple[str, ...]) -> list[Path]
         elif p.is_file():
             found = [p]
         else:
-            raise ConfigError("path does not exist", where=p)
+            raise ConfigError(f"no such file or folder (given as {what})", where=p, fix=f"check the path; {what} takes {takes}")
         for f in found:
             files.setdefault(f.resolve(), f)
     return list(files.values())
@@ -102,7 +110,7 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
     """Scan id → [(centre LPS mm, diameter mm)] from phantom JSONs and/or LUNA16 annotation CSVs."""
     truth: dict[str, list[tuple[np.ndarray, float]]] = {}
     source: dict[str, Path] = {}  # scan id → the ground truth JSON it came from
-    for f in _files(paths, ("ground_truth.json",)):
+    for f in _files(paths, ("ground_truth.json",), what="--truth", takes=_TRUTH):
         if f.suffix == ".csv":
             for sid, rows in _csv_rows(f, "diameter_mm").items():
                 truth.setdefault(sid, []).extend(rows)
@@ -127,7 +135,11 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
         )
         truth.setdefault(sid, []).extend(nods)
     if not truth:
-        raise ConfigError("no ground truth found", where=", ".join(map(str, paths)))
+        raise ConfigError(
+            "no ground truth found (no ground_truth.json, no annotations CSV)",
+            where=", ".join(map(str, paths)),
+            fix=f"--truth takes {_TRUTH}",
+        )
     return truth
 
 
@@ -136,12 +148,12 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
     preds: dict[str, list[tuple[np.ndarray, float]]] = {}
     source: dict[str, Path] = {}  # scan id → the findings JSON it came from
     # `ctpipe detect` writes <case>.findings.json; `ctpipe run` writes cases/<id>/findings.json
-    files = _files(paths, ("*findings.json",))
+    files = _files(paths, ("*findings.json",), what="--pred", takes=_PRED)
     if not files:
         raise ConfigError(
             "no findings JSON or candidates CSV found",
             where=", ".join(map(str, paths)),
-            fix="pass a run folder, findings JSON files or a LUNA16 candidates CSV",
+            fix=f"--pred takes {_PRED}",
         )
     for f in files:
         if f.suffix == ".csv":
@@ -151,7 +163,9 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
         try:
             data = json.loads(f.read_text())
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"not a ctpipe findings JSON ({type(exc).__name__}: {exc})", where=f) from exc
+            raise ConfigError(
+                f"not a ctpipe findings JSON ({type(exc).__name__}: {exc})", where=f, fix=f"--pred takes {_PRED}"
+            ) from exc
         kind = data.get("format") if isinstance(data, dict) else None
         if not str(kind).startswith("ctpipe-findings/"):
             raise ConfigError(
@@ -162,7 +176,9 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
         try:
             fnd = Findings.from_json(data)
         except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"not a ctpipe findings JSON ({type(exc).__name__}: {exc})", where=f) from exc
+            raise ConfigError(
+                f"not a ctpipe findings JSON ({type(exc).__name__}: {exc})", where=f, fix=f"--pred takes {_PRED}"
+            ) from exc
         scan_id = fnd.series_uid or fnd.case_id
         if not scan_id:
             raise ConfigError("findings name neither a series UID nor a case id", where=f)

@@ -54,6 +54,20 @@ MAX_BAD_VOXEL_FRACTION = 0.01
 LungMask = np.ndarray | LabelMap | Mapping[str, np.ndarray] | LungRegion
 
 
+def _require_min_extent(volume: CTVolume, where: str) -> None:
+    """Raise :class:`InputTooSmallError` when ``volume`` spans less than :data:`MIN_INPUT_MM` on an axis (a single
+    slice, a tiny crop): checked first, so such a volume is refused by name rather than failing inside a later step."""
+    size = volume.geometry.size_ijk
+    extent = np.asarray(size) * np.asarray(volume.spacing)
+    if np.any(extent < MIN_INPUT_MM):
+        raise InputTooSmallError(
+            f"the volume covers only {extent.round(1).tolist()} mm (columns, rows, slices: {list(size)} voxels); "
+            f"the detector needs at least {MIN_INPUT_MM} mm per axis",
+            where=where,
+            fix="pass the whole chest series (not a single slice or a tiny crop)",
+        )
+
+
 class Detector:
     """A loaded nodule detector. Build once per device; call :meth:`detect` per case.
 
@@ -264,6 +278,7 @@ class Detector:
             precision=self.precision,
         )
         volume = self._clean_volume(volume, where)
+        _require_min_extent(volume, where)  # before the lung mask, whose coarse grid needs a few voxels per axis
         region = roi = None
         if restrict:
             t0 = time.perf_counter()

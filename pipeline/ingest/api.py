@@ -90,9 +90,13 @@ def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
                 build_volume(s)
             except CtpipeError as exc:
                 return exc
+    if not scan.n_files and not scan.skipped_files and not scan.series:
+        return NoSeriesFoundError(
+            "the folder holds no files (searched recursively)",
+            where=where,
+            fix="point ctpipe at the folder holding the DICOM series (or wait until its transfer has finished)",
+        )
     lines = [f"{s.key}: {s.why_not}" for s in scan.series]
-    if not scan.n_files and not scan.skipped_files:
-        lines = ["the folder holds no files"]
     skipped = f"{scan.skipped_summary()} ({scan.skipped_list()})" if scan.skipped_files else "none"
     return NoSeriesFoundError(
         f"no series matches the selection rules ({rules}); series found: "

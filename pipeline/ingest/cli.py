@@ -126,6 +126,14 @@ def run(args: argparse.Namespace) -> int:
         data["cache"] = str(args.out)
         atomic_write_bytes(args.json, json.dumps(data, indent=1).encode())
     if not report.written:
-        why = f"{len(scan.rejected)} rejected" if scan.rejected else "nothing matched the selection rules"
-        print(f"no series was cached: {why} (see the reasons above)")
+        if scan.rejected:
+            why = f"{len(scan.rejected)} rejected (see the reasons above)"
+        elif scan.series:
+            why = "no series matched the selection rules (see the reasons above)"
+        elif scan.skipped_files:
+            why = "no DICOM series among the files (see the skipped files above). Fix: give the folder holding the DICOM series"
+        else:
+            sources = ", ".join(map(str, args.sources))
+            why = f"{sources} holds no files. Fix: give the folder holding the DICOM series (or wait until its transfer ends)"
+        print(f"no series was cached: {why}")
     return 1 if scan.rejected or not report.written else 0

@@ -35,12 +35,37 @@ def read_image(path: str | Path) -> CTVolume:
     path = Path(path)
     suffix = image_suffix(path) or path.suffix
     stem = path.name[: -len(suffix)] if suffix else path.name
+    if _is_dicom(path):  # SimpleITK would read it as a one-slice image, whatever its name says
+        raise UnreadableFileError(
+            f"this is a DICOM file, not a NIfTI/MHA/NRRD image (its name ends in {suffix!r})",
+            where=path,
+            fix="pass the folder holding the whole DICOM series (rename the file to .dcm if the name is wrong)",
+        )
     try:
         img = sitk.ReadImage(str(path))
     except RuntimeError as exc:
         raise UnreadableFileError(
-            f"image cannot be read ({str(exc).strip().splitlines()[0]})",
+            f"image cannot be read ({_sitk_reason(exc)})",
             where=path,
             fix="check that the file is a complete NIfTI/MHA/NRRD image (an .mhd needs its .raw/.zraw data file next to it)",
         ) from exc
     return CTVolume.from_sitk(img, metadata={"SeriesInstanceUID": stem})
+
+
+def _is_dicom(path: Path) -> bool:
+    """Whether ``path`` starts like a DICOM Part 10 file ('DICM' at byte 128); False when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(132)[128:132] == b"DICM"
+    except OSError:
+        return False
+
+
+def _sitk_reason(exc: Exception) -> str:
+    """SimpleITK's reason for a failed read, without its source-file prefix line."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    detail = [line for line in lines if not line.startswith("Exception thrown in SimpleITK")]
+    reason = (detail[-1] if detail else lines[0] if lines else type(exc).__name__).removeprefix("sitk::ERROR:").strip()
+    if reason.startswith("Unable to determine ImageIO reader"):
+        return "no NIfTI/MHA/NRRD reader recognises its content"
+    return reason

@@ -99,14 +99,25 @@ def register(sub: Any) -> None:
 def _parse_set(items: list[str]) -> dict[str, Any]:
     import yaml
 
+    from ..config import from_dict, overrides_layer
     from ..errors import ConfigError
 
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or "." not in key:
-            raise ConfigError(f"--set {item!r} is not SECTION.KEY=VALUE", where="--set", fix="e.g. --set runner.workers=4")
-        out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+            raise ConfigError(f"{item!r} is not SECTION.KEY=VALUE", where="--set", fix="e.g. --set runner.workers=4")
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(
+                f"the value {value!r} is not valid YAML ({type(exc).__name__})",
+                where=f"--set {item}",
+                fix="write the value as YAML, brackets closed and quotes paired, e.g. --set 'reconstruct.mesh_formats=[stl, glb]'",
+            ) from exc
+        if parsed is not None:  # name and value checked here, so that the error names this --set
+            from_dict(overrides_layer({key.strip(): parsed}), source=f"--set {item}")
+        out[key.strip()] = parsed
     return out
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunStoreError
-from .store_db import DB_NAME, SCHEMA_VERSION, Transaction, connect, db_path, open_readonly, remote_series
+from .store_db import DB_NAME, SCHEMA_VERSION, Transaction, connect, db_path, not_a_run, open_readonly, remote_series
 
 __all__ = [
     "DB_NAME",
@@ -61,7 +61,7 @@ class RunStore:
         self.run_dir = Path(run_dir)
         path = db_path(self.run_dir)
         if not create and not path.is_file():
-            raise RunStoreError("no run database here", where=path, fix="give a folder written by `ctpipe run --out`")
+            raise not_a_run(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.db = connect(self.run_dir)
 

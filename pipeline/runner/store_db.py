@@ -184,11 +184,24 @@ class Transaction:
             self.db.execute("ROLLBACK")
 
 
+def not_a_run(run_dir: str | Path) -> RunStoreError:
+    """The error for a run folder without a run database, saying whether the folder is missing or a file."""
+    run_dir = Path(run_dir)
+    fix = "give a folder written by `ctpipe run --out`"
+    if not run_dir.exists():
+        return RunStoreError(
+            "no run database here: the folder does not exist", where=db_path(run_dir), fix=f"check the path; {fix}"
+        )
+    if not run_dir.is_dir():
+        return RunStoreError("no run database here: this is a file, not a run folder", where=run_dir, fix=fix)
+    return RunStoreError("no run database here", where=db_path(run_dir), fix=fix)
+
+
 def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
     """A read-only connection to a run store (safe while a run is writing)."""
     path = db_path(run_dir)
     if not path.is_file():
-        raise RunStoreError("no run database here", where=path, fix="give a folder written by `ctpipe run --out`")
+        raise not_a_run(run_dir)
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
         db.row_factory = sqlite3.Row

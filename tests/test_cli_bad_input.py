@@ -1,0 +1,116 @@
+"""Bad input as a new user gives it: each is a one-line error naming the file or option, the problem and the fix."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.cli import main
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / "phantom_00003"
+TRUTH = SAMPLE.parent / "phantom_00001"
+
+
+def _err(capsys, *argv: str) -> tuple[int, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err
+    return rc, out.err
+
+
+def test_a_dicom_file_named_like_a_nifti_and_a_junk_image_are_refused_by_name(tmp_path, capsys):
+    dicom = tmp_path / "chest.nii.gz"
+    shutil.copyfile(next(iter(sorted((TRUTH / "dicom").glob("*.dcm")))), dicom)
+    for cmd in ("detect", "reconstruct"):  # was: a torch RuntimeError traceback (a one-slice volume) in detect
+        rc, err = _err(capsys, cmd, str(dicom), "--out", str(tmp_path / cmd))
+        assert rc == 1 and f"{dicom}: this is a DICOM file, not a NIfTI/MHA/NRRD image" in err and "Fix: pass the folder" in err
+    junk = tmp_path / "junk.nii.gz"
+    junk.write_text("not an image")
+    rc, err = _err(capsys, "detect", str(junk), "--out", str(tmp_path / "o"))
+    assert rc == 1 and "no NIfTI/MHA/NRRD reader recognises its content" in err and "sitkImageReaderBase" not in err
+
+
+def test_a_one_slice_image_is_too_small_for_the_detector(tmp_path, capsys):
+    import SimpleITK as sitk
+
+    img = sitk.GetImageFromArray(np.full((1, 64, 64), -1000, np.int16))
+    img.SetSpacing((1.0, 1.0, 1.0))
+    sitk.WriteImage(img, str(tmp_path / "slice.nii.gz"))
+    rc, err = _err(capsys, "detect", str(tmp_path / "slice.nii.gz"), "--out", str(tmp_path / "o"), "--device", "cpu")
+    assert rc == 1 and "case slice: the volume covers only" in err and "needs at least 16.0 mm" in err
+    assert "Fix: pass the whole chest series" in err
+
+
+def test_an_empty_folder_says_so_in_detect_and_ingest(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    rc, err = _err(capsys, "detect", str(tmp_path / "empty"), "--out", str(tmp_path / "o"))
+    assert rc == 1 and f"{tmp_path / 'empty'}: the folder holds no files" in err
+    assert "SelectionRules(" not in err and "series_uid" not in err  # was: the rules' repr and a fix to pick a series
+    rc = main(["ingest", str(tmp_path / "empty"), "--out", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert rc == 1 and f"no series was cached: {tmp_path / 'empty'} holds no files. Fix:" in out
+    assert "see the reasons above" not in out
+
+
+def test_a_missing_bundle_and_corrupt_or_truncated_weights(tmp_path, capsys):
+    import torch
+
+    from tests._support.detection import write_bundle
+
+    src = str(SAMPLE / "dicom")
+    rc, err = _err(capsys, "detect", src, "--out", str(tmp_path / "o"), "--bundle", str(tmp_path / "nope"))
+    assert rc == 1 and f"{tmp_path / 'nope'}: no such bundle folder" in err and "Fix: check the path" in err
+    bundle = write_bundle(tmp_path / "b", state={"w": torch.zeros(1000)})
+    weights = bundle / "models" / "model.pt"
+    good = weights.read_bytes()
+    weights.write_bytes(b"not a torch file at all")
+    rc, err = _err(capsys, "detect", src, "--out", str(tmp_path / "o"), "--bundle", str(bundle), "--device", "cpu")
+    assert rc == 1 and f"{weights}: weights file is not a readable torch state dict" in err
+    assert "weights_only" not in err and "not a torch checkpoint" in err  # was: torch's advice to load it unsafely
+    weights.write_bytes(good[: len(good) // 2])
+    rc, err = _err(capsys, "detect", src, "--out", str(tmp_path / "o"), "--bundle", str(bundle), "--device", "cpu")
+    assert rc == 1 and "the file ends early (truncated)" in err and "Fix: the file is corrupt or truncated" in err
+
+
+def test_set_with_a_bad_yaml_value_or_unknown_option_names_the_set(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for cmd in (["run", str(tmp_path / "empty")], ["listen", "--allow", "X"]):
+        rc, err = _err(capsys, *cmd, "--out", str(tmp_path / "r"), "--set", "reconstruct.mesh_formats=[stl")
+        assert rc == 1 and "--set reconstruct.mesh_formats=[stl: the value '[stl' is not valid YAML" in err, cmd
+    rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "runner.wrkers=2")
+    assert rc == 1 and "--set runner.wrkers=2: unknown option 'runner.wrkers'" in err and "overrides" not in err
+    rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "workers")
+    assert rc == 1 and "--set: 'workers' is not SECTION.KEY=VALUE" in err
+    assert not (tmp_path / "r").exists()  # refused before the run folder is made
+
+
+def test_report_on_a_missing_folder_or_a_file(tmp_path, capsys):
+    rc, err = _err(capsys, "report", str(tmp_path / "nope"), "--out", str(tmp_path / "rep"))
+    assert rc == 1 and "no run database here: the folder does not exist" in err and "Fix: check the path" in err
+    (tmp_path / "afile").write_text("x")
+    rc, err = _err(capsys, "report", str(tmp_path / "afile"), "--out", str(tmp_path / "rep"))
+    assert rc == 1 and f"{tmp_path / 'afile'}: no run database here: this is a file, not a run folder" in err
+
+
+@pytest.mark.parametrize("option", ["--pred", "--truth"])
+def test_evaluate_names_the_option_of_a_missing_path(tmp_path, capsys, option):
+    paths = {"--pred": str(tmp_path / "p"), "--truth": str(TRUTH)}
+    (tmp_path / "p").mkdir()
+    paths[option] = str(tmp_path / "nope")
+    rc, err = _err(capsys, "evaluate", "--pred", paths["--pred"], "--truth", paths["--truth"], "--out", str(tmp_path / "e"))
+    assert rc == 1 and f"{tmp_path / 'nope'}: no such file or folder (given as {option}). Fix: check the path" in err
+
+
+def test_evaluate_without_ground_truth_or_with_junk_predictions_says_what_the_option_takes(tmp_path, capsys):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "t").mkdir()
+    rc, err = _err(
+        capsys, "evaluate", "--pred", str(tmp_path / "p"), "--truth", str(tmp_path / "t"), "--out", str(tmp_path / "e")
+    )
+    assert rc == 1 and "no ground truth found" in err and "Fix: --truth takes phantom ground_truth.json" in err
+    (tmp_path / "p" / "a.findings.json").write_text("not json")
+    rc, err = _err(capsys, "evaluate", "--pred", str(tmp_path / "p"), "--truth", str(TRUTH), "--out", str(tmp_path / "e"))
+    assert rc == 1 and "not a ctpipe findings JSON" in err and "Fix: --pred takes findings JSONs" in err
