@@ -51,7 +51,7 @@ def test_an_empty_folder_says_so_in_detect_and_ingest(tmp_path, capsys):
     assert "SelectionRules(" not in err and "series_uid" not in err  # was: the rules' repr and a fix to pick a series
     rc = main(["ingest", str(tmp_path / "empty"), "--out", str(tmp_path / "c")])
     out = capsys.readouterr().out
-    assert rc == 1 and f"no series was cached: {tmp_path / 'empty'} holds no files. Fix:" in out
+    assert rc == 1 and f"no series was cached: {tmp_path / 'empty'}: the folder holds no files" in out and "Fix:" in out
     assert "see the reasons above" not in out
 
 

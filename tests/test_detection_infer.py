@@ -136,6 +136,10 @@ def test_too_small_volume(tmp_path):
     # small but above the minimum: padded to the network's divisibility and run
     res = det.detect(chest_volume(shape_kji=(8, 20, 20)))
     assert res.input_shape_xyz is not None
+    # the runner's route (the lung box first, then the loader) refuses it as well, naming the series
+    with pytest.raises(InputTooSmallError, match="covers only") as err:
+        det.lung_roi(vol)
+    assert str(vol.series_uid) in str(err.value)
 
 
 @pytest.mark.slow

@@ -54,18 +54,20 @@ MAX_BAD_VOXEL_FRACTION = 0.01
 LungMask = np.ndarray | LabelMap | Mapping[str, np.ndarray] | LungRegion
 
 
-def _require_min_extent(volume: CTVolume, where: str) -> None:
-    """Raise :class:`InputTooSmallError` when ``volume`` spans less than :data:`MIN_INPUT_MM` on an axis (a single
-    slice, a tiny crop): checked first, so such a volume is refused by name rather than failing inside a later step."""
-    size = volume.geometry.size_ijk
-    extent = np.asarray(size) * np.asarray(volume.spacing)
-    if np.any(extent < MIN_INPUT_MM):
+def _refuse_small(extent_mm: np.ndarray, where: str, what: str, axes: str) -> None:
+    """Raise :class:`InputTooSmallError` when ``extent_mm`` (mm along ``axes`` of the ``what``) is
+    under :data:`MIN_INPUT_MM` on an axis: a single slice or a tiny crop is refused by name, not left to fail in a
+    later step (the lung mask's coarse grid needs a few voxels per axis)."""
+    if np.any(extent_mm < MIN_INPUT_MM):
         raise InputTooSmallError(
-            f"the volume covers only {extent.round(1).tolist()} mm (columns, rows, slices: {list(size)} voxels); "
-            f"the detector needs at least {MIN_INPUT_MM} mm per axis",
+            f"the {what} covers only {np.round(extent_mm, 1).tolist()} mm ({axes}); the detector needs at least {MIN_INPUT_MM} mm per axis",
             where=where,
             fix="pass the whole chest series (not a single slice or a tiny crop)",
         )
+
+
+def _volume_extent_mm(volume: CTVolume) -> np.ndarray:
+    return np.asarray(volume.geometry.size_ijk) * np.asarray(volume.spacing)
 
 
 class Detector:
@@ -213,6 +215,7 @@ class Detector:
         mask alone is searched when it does not overlap the threshold mask. ``margin_mm`` defaults to the model's crop
         margin.
         """
+        _refuse_small(_volume_extent_mm(volume), f"series {volume.series_uid}", "volume", "columns, rows, slices")
         region = self._lung_region(volume, lung_mask)
         if region.empty:
             return region, None
@@ -278,7 +281,7 @@ class Detector:
             precision=self.precision,
         )
         volume = self._clean_volume(volume, where)
-        _require_min_extent(volume, where)  # before the lung mask, whose coarse grid needs a few voxels per axis
+        _refuse_small(_volume_extent_mm(volume), where, "volume", "columns, rows, slices")
         region = roi = None
         if restrict:
             t0 = time.perf_counter()
@@ -413,13 +416,7 @@ class Detector:
         where: str,
     ) -> Findings:
         lo, hi = grid.valid_box
-        extent = (np.asarray(hi) - np.asarray(lo)) * np.asarray(grid.spacing)
-        if np.any(extent < MIN_INPUT_MM):
-            raise InputTooSmallError(
-                f"the input covers only {extent.round(1).tolist()} mm (x, y, z); the detector needs at least {MIN_INPUT_MM} mm per axis",
-                where=where,
-                fix="pass the whole chest series (not a single slice or a tiny crop)",
-            )
+        _refuse_small((np.asarray(hi) - np.asarray(lo)) * np.asarray(grid.spacing), where, "input", "x, y, z")
         result.input_shape_xyz = grid.shape
         result.slice_number_source = slice_number_source(metadata, int(grid.source.size_ijk[2]))
         thick = thick_slice_detail(slice_thickness_mm(grid.source, metadata))

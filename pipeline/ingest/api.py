@@ -47,7 +47,7 @@ def _series_list(series: Iterable[SeriesInfo]) -> str:
     return "; ".join(f"{s.key} ({s.description or 'no description'}, {s.n_slices} slices)" for s in series)
 
 
-def _explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
+def explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
     """The most specific error for a scan in which no series qualifies."""
     where = ", ".join(str(r) for r in scan.roots)
     if len(scan.rejected) == 1:  # the one series the rules chose is broken: say exactly how
@@ -250,7 +250,7 @@ def load_series(
             "(ctpipe ingest, ctpipe run) to take them all",
         )
     if not chosen:
-        raise _images_instead(scan, p) or _explain_nothing(scan, rules)
+        raise _images_instead(scan, p) or explain_nothing(scan, rules)
     for r in scan.rejected:
         log.warning("not loaded: %s", r.reason)
     return read_volume(scan.plans[chosen[0].key], workers=workers)

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..argtypes import number_in
 from ..atomic import atomic_write_bytes, ensure_dir
 from ..cache import CaseCache
-from .api import ingest_to_cache, safe_case_id
+from .api import explain_nothing, ingest_to_cache, safe_case_id
 from .series import SelectionRules
 
 
@@ -130,10 +130,7 @@ def run(args: argparse.Namespace) -> int:
             why = f"{len(scan.rejected)} rejected (see the reasons above)"
         elif scan.series:
             why = "no series matched the selection rules (see the reasons above)"
-        elif scan.skipped_files:
-            why = "no DICOM series among the files (see the skipped files above). Fix: give the folder holding the DICOM series"
-        else:
-            sources = ", ".join(map(str, args.sources))
-            why = f"{sources} holds no files. Fix: give the folder holding the DICOM series (or wait until its transfer ends)"
+        else:  # no files, or none of them DICOM: the same explanation as the library's error
+            why = str(explain_nothing(scan, rules))
         print(f"no series was cached: {why}")
     return 1 if scan.rejected or not report.written else 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import UnreadableFileError
 from ..volume import CTVolume
+from .rawheader import dicom_data_start
 
 #: file name endings read as images by SimpleITK
 IMAGE_SUFFIXES = (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd")
@@ -53,10 +54,10 @@ def read_image(path: str | Path) -> CTVolume:
 
 
 def _is_dicom(path: Path) -> bool:
-    """Whether ``path`` starts like a DICOM Part 10 file ('DICM' at byte 128); False when it cannot be read."""
+    """Whether ``path`` starts like a DICOM file (:func:`.rawheader.dicom_data_start`); False when it cannot be read."""
     try:
         with open(path, "rb") as f:
-            return f.read(132)[128:132] == b"DICM"
+            return dicom_data_start(f.read(132)) is not None
     except OSError:
         return False
 

@@ -124,6 +124,17 @@ def _decode(raw: bytes, kind: str) -> object:
     return text
 
 
+def dicom_data_start(head: bytes) -> int | None:
+    """Where the DICOM content of a file whose first bytes are ``head`` (132 or more) begins: 132, after the preamble
+    and its 'DICM' marker; 0 for a bare data set without them (old ACR-NEMA style files, first tag in group 0002 or
+    0008); ``None`` when the file is not DICOM."""
+    if len(head) >= 132 and head[128:132] == b"DICM":
+        return 132
+    if len(head) >= 8 and head[0:2] in (b"\x02\x00", b"\x08\x00"):
+        return 0
+    return None
+
+
 def read_raw_header(path: str | os.PathLike[str]) -> RawHeader:
     """Parse the header of ``path`` up to the pixel data.
 
@@ -134,12 +145,10 @@ def read_raw_header(path: str | os.PathLike[str]) -> RawHeader:
         size = os.fstat(fh.fileno()).st_size
         first = fh.read(_CHUNK)
         out = RawHeader(file_size=size)
-        if len(first) >= 132 and first[128:132] == b"DICM":
-            pos = 132
-        elif len(first) >= 8 and first[0:2] in (b"\x02\x00", b"\x08\x00"):
-            pos = 0  # no preamble: a bare data set (old ACR-NEMA style files)
-        else:
+        start = dicom_data_start(first)
+        if start is None:
             raise RawHeaderError("not_dicom", "no 'DICM' marker at byte 128 and no DICOM data set at byte 0")
+        pos = start
         st = _Stream(fh, size, first)
         pos = _read_meta(st, pos, out)
         ts = str(out.values.get("TransferSyntaxUID") or "")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_write_bytes
+from ..devicetime import DeviceTimer
 from ..errors import CtpipeError, ReconstructionError
 from ..intensity import not_hu_hint
 from ..volume import CTVolume, Geometry, LabelMap, default_device, require_volume
@@ -40,29 +40,19 @@ LABEL_VALUES = {"body": 1, "lung_left": 2, "lung_right": 3, "airway": 4, "bone":
 
 
 class StageTimer:
-    """Wall-clock seconds per step; synchronises CUDA (events) so asynchronous GPU work is counted."""
+    """Seconds per step (:class:`~pipeline.devicetime.DeviceTimer`: on CUDA the work a step queued counts too)."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.seconds: dict[str, float] = {}
 
     def run(self, step: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0 = time.perf_counter()
-            start.record()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                end.record()
-                torch.cuda.synchronize(self.device)
-                # host-side work (labelling, marching cubes) is not in the events; take the larger
-                self.seconds[step] = self.seconds.get(step, 0.0) + max(start.elapsed_time(end) / 1000.0, time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        clock = DeviceTimer(self.device)
         try:
-            return fn(*args, **kwargs)
+            with clock:
+                return fn(*args, **kwargs)
         finally:
-            self.seconds[step] = self.seconds.get(step, 0.0) + time.perf_counter() - t0
+            self.seconds[step] = self.seconds.get(step, 0.0) + clock.seconds
 
 
 @dataclass
