@@ -299,7 +299,10 @@ def test_two_runs_given_shares_of_one_cluster_run_side_by_side(cluster, cases, t
 
     from tests._support.ray_cluster import ray_environment
 
-    extra = cluster.add_node(num_cpus=1)
+    # a GPU node that an earlier test of this module took away comes back with the extra CPU, so that both runs find
+    # their GPU at once rather than the second waiting for the first to end
+    lost_gpus = 2 - len(cluster.worker_node_ids())
+    extra = cluster.add_node(num_cpus=1, num_gpus=lost_gpus)
     try:
         env = {**os.environ, **ray_environment()}
         shares = ["--set", "runner.ray_max_cpus=1", "--set", "runner.ray_max_gpus=1"]
