@@ -182,7 +182,12 @@ class Config(Mapping[str, Section]):
         return "Config(" + ", ".join(f"{n}={dict(s)}" for n, s in self._sections.items()) + ")"
 
 
-def _merge(data: dict, layer: Mapping[str, Any], source: str, sources: dict[str, str]) -> None:
+def _merge(
+    data: dict, layer: Mapping[str, Any], source: str, sources: dict[str, str], labels: Mapping[str, str] | None = None
+) -> None:
+    """Validate ``layer`` into ``data``, recording each option's source: ``labels[path]`` where given (e.g. the
+    ``--set`` item that set the option ``path``), else ``source``; errors name the same."""
+    labels = labels or {}
     if not isinstance(layer, Mapping):
         raise ConfigError(
             f"the top level must be a mapping of sections, got {type(layer).__name__}",
@@ -191,22 +196,28 @@ def _merge(data: dict, layer: Mapping[str, Any], source: str, sources: dict[str,
         )
     for sec, values in layer.items():
         if sec not in SCHEMA:
-            raise ConfigError(f"unknown section {sec!r}; allowed: {', '.join(SCHEMA)}", where=source, fix="remove or rename it")
+            named = [labels[f"{sec}.{k}"] for k in values if f"{sec}.{k}" in labels] if isinstance(values, Mapping) else []
+            raise ConfigError(
+                f"unknown section {sec!r}; allowed: {', '.join(SCHEMA)}",
+                where=named[0] if named else source,
+                fix="remove or rename it",
+            )
         if values is None:
             continue
         if not isinstance(values, Mapping):
             raise ConfigError(f"section {sec} must be a mapping of options, got {values!r}", where=source)
         for key, value in values.items():
             path = f"{sec}.{key}"
+            where = labels.get(path, source)
             opt = SCHEMA[sec].get(key)
             if opt is None:
                 raise ConfigError(
                     f"unknown option {path!r} (value {value!r}); allowed in {sec}: {', '.join(SCHEMA[sec])}",
-                    where=source,
+                    where=where,
                     fix="remove it or correct its spelling (see configs/default.yaml)",
                 )
-            data[sec][key] = _check(path, opt, value, source)
-            sources[path] = source
+            data[sec][key] = _check(path, opt, value, where)
+            sources[path] = where
 
 
 def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -305,6 +316,30 @@ def _refuse_misspelt_option(name: str) -> None:
         )
 
 
+def _dotted(key: str) -> str:
+    """An override's name as ``section.option`` (``workers`` → ``runner.workers``, ``runner__workers`` too)."""
+    return ALIASES.get(key, key.replace("__", "."))
+
+
+def _override_labels(overrides: Mapping[str, Any], override_sources: Mapping[str, str]) -> dict[str, str]:
+    """``section.option`` → the label of the override that sets it last (as :func:`overrides_layer` applies them);
+    options set by an override without a label are left out (their source is ``"overrides"``)."""
+    labels: dict[str, str] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in SCHEMA and isinstance(value, Mapping):
+            paths = {f"{key}.{opt}": override_sources.get(f"{key}.{opt}", override_sources.get(key)) for opt in value}
+        else:
+            paths = {_dotted(key): override_sources.get(key)}
+        for path, label in paths.items():
+            if label is None:
+                labels.pop(path, None)
+            else:
+                labels[path] = label
+    return labels
+
+
 def overrides_layer(overrides: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Turn ``{"workers": 4, "runner.device": "cpu", "detector": {...}}`` into sections."""
     layer: dict[str, dict[str, Any]] = {}
@@ -312,7 +347,7 @@ def overrides_layer(overrides: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         if key in SCHEMA and isinstance(value, Mapping):
             layer.setdefault(key, {}).update(value)
             continue
-        dotted = ALIASES.get(key, key.replace("__", "."))
+        dotted = _dotted(key)
         if "." not in dotted:
             raise ConfigError(
                 f"unknown override {key!r} (value {value!r}); allowed: {', '.join(ALIASES)} or 'section.option'",
@@ -330,12 +365,16 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     defaults_of: Mapping[str, Any] | None = None,
+    override_sources: Mapping[str, str] | None = None,
 ) -> Config:
     """Build the effective configuration: defaults < file < environment < overrides.
 
     ``overrides`` with a value of ``None`` are ignored (an unset CLI flag). ``defaults_of``: a command's own
     defaults (names as in ``overrides``, e.g. ``{"workers": 0}`` for ``ctpipe listen``), in force where neither
-    the file, the environment nor an override sets the option.
+    the file, the environment nor an override sets the option. ``override_sources``: where each override came
+    from, keyed by its name in ``overrides`` (e.g. ``{"runner.workers": "--set runner.workers=4", "device":
+    "--device"}``): the source recorded for the option, and named by an error in its name or value (overrides
+    without one: ``"overrides"``).
     """
     data = defaults()
     sources: dict[str, str] = {}
@@ -344,6 +383,7 @@ def load_config(
     if path is not None:
         _merge(data, read_file(path), str(path), sources)
     given = overrides_layer({k: v for k, v in (overrides or {}).items() if v is not None})
+    labels = _override_labels(overrides or {}, override_sources or {})
     for sec, values in env_layer(environ).items():
         for key, value in values.items():
             if key in given.get(sec, {}):
@@ -351,7 +391,7 @@ def load_config(
             name = f"CTPIPE_{sec}_{key}".upper()
             _merge(data, {sec: {key: value}}, f"environment variable {name}", sources)
     if given:
-        _merge(data, given, "overrides", sources)
+        _merge(data, given, "overrides", sources, labels)
     return Config(data, sources)
 
 

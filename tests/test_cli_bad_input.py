@@ -87,6 +87,29 @@ def test_set_with_a_bad_yaml_value_or_unknown_option_names_the_set(tmp_path, cap
     assert not (tmp_path / "r").exists()  # refused before the run folder is made
 
 
+def test_a_bad_value_set_on_the_command_line_is_checked_once_and_names_the_set_item_or_flag(tmp_path, capsys, monkeypatch):
+    import pipeline.config as config
+
+    checked: list[tuple[str, str]] = []
+    real_check = config._check
+    monkeypatch.setattr(
+        config, "_check", lambda path, opt, value, source: checked.append((path, source)) or real_check(path, opt, value, source)
+    )
+    monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
+    (tmp_path / "empty").mkdir()
+    for cmd in (["run", str(tmp_path / "empty")], ["listen", "--allow", "X"]):
+        checked.clear()
+        rc, err = _err(capsys, *cmd, "--out", str(tmp_path / "r"), "--set", "runner.device=gpu0")
+        assert rc == 1 and "--set runner.device=gpu0: runner.device = 'gpu0' is not allowed" in err, cmd
+        assert err.count("gpu0") == 2 and "overrides" not in err  # reported once
+        assert [c for c in checked if c[0] == "runner.device"] == [("runner.device", "--set runner.device=gpu0")], cmd
+        rc, err = _err(capsys, *cmd, "--out", str(tmp_path / "r"), "--set", "runner.device=cpu", "--device", "gpu0")
+        assert rc == 1 and "--device: runner.device = 'gpu0' is not allowed" in err and "--set" not in err, cmd
+    rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "runnr.workers=2")
+    assert rc == 1 and "--set runnr.workers=2: unknown section 'runnr'" in err
+    assert not (tmp_path / "r").exists()  # refused before the run folder is made
+
+
 def test_report_on_a_missing_folder_or_a_file(tmp_path, capsys):
     rc, err = _err(capsys, "report", str(tmp_path / "nope"), "--out", str(tmp_path / "rep"))
     assert rc == 1 and "no run database here: the folder does not exist" in err and "Fix: check the path" in err

@@ -104,6 +104,22 @@ def test_overrides_by_short_dotted_and_section_names():
         load_config(overrides={"workers": True}, environ={})
 
 
+def test_override_sources_label_each_option_and_its_errors():
+    overrides = {"runner.workers": 2, "runner.device": "cpu", "device": "cuda", "report": {"enabled": False}, "bundle": None}
+    labels = {"runner.workers": "--set runner.workers=2", "runner.device": "--set runner.device=cpu", "device": "--device"}
+    cfg = load_config(overrides=overrides, override_sources=labels, environ={})
+    assert cfg.runner.workers == 2 and cfg.runner.device == "cuda"
+    assert cfg.sources["runner.workers"] == "--set runner.workers=2"
+    assert cfg.sources["runner.device"] == "--device"  # the later override sets it, and names it
+    assert cfg.sources["report.enabled"] == "overrides"  # no label: as before
+    with pytest.raises(ConfigError) as ei:
+        load_config(overrides={"runner.workers": -1}, override_sources={"runner.workers": "--set runner.workers=-1"}, environ={})
+    assert str(ei.value).startswith("--set runner.workers=-1: runner.workers = -1 is not allowed (out of range)")
+    with pytest.raises(ConfigError) as ei:
+        load_config(overrides={"runner.wrkers": 1}, override_sources={"runner.wrkers": "--set runner.wrkers=1"}, environ={})
+    assert str(ei.value).startswith("--set runner.wrkers=1: unknown option 'runner.wrkers'")
+
+
 def test_config_object_is_read_only_and_round_trips():
     cfg = load_config(environ={})
     with pytest.raises(AttributeError):
@@ -112,3 +128,24 @@ def test_config_object_is_read_only_and_round_trips():
     d["runner"]["workers"] = 99
     assert cfg.runner.workers == 2  # to_dict returns a copy
     assert cfg.get_path("metrics.nvml_interval_s") == 2.0
+
+
+def test_cli_overrides_flags_win_over_set_and_an_unset_flag_leaves_the_set_alone():
+    from pipeline.runner.cli import cli_overrides
+
+    overrides, labels = cli_overrides(
+        ["outputs.dicom=none", "runner.workers=4"], {"outputs.dicom": ("--dicom", None), "workers": ("--workers", 1)}
+    )
+    cfg = load_config(overrides=overrides, override_sources=labels, environ={})
+    assert cfg.outputs.dicom == [] and cfg.sources["outputs.dicom"] == "--set outputs.dicom=none"  # was: dropped
+    assert cfg.runner.workers == 1 and cfg.sources["runner.workers"] == "--workers"
+
+
+def test_a_password_typed_into_a_set_address_is_not_echoed():
+    from pipeline.runner.cli import _parse_set
+
+    overrides, labels = _parse_set(["pacs.send_to=dicomweb+http://u:secret@127.0.0.1:8042/dicom-web"])
+    assert "secret" not in labels["pacs.send_to"]
+    with pytest.raises(ConfigError, match="credentials") as err:
+        load_config(overrides=overrides, override_sources=labels, environ={})
+    assert "secret" not in str(err.value) and "--set pacs.send_to=" in str(err.value)

@@ -97,13 +97,14 @@ def register(sub: Any) -> None:
 LISTEN_DEFAULTS: dict[str, Any] = {"workers": 0}
 
 
-def _config(args: argparse.Namespace, extra: dict[str, Any], *, defaults_of: dict[str, Any] | None = None) -> Any:
+def _config(args: argparse.Namespace, flags: dict[str, tuple[str, Any]], *, defaults_of: dict[str, Any] | None = None) -> Any:
+    """The configuration of --config, the environment, --set and ``flags`` (option name → (flag, value); None: not
+    given); an error in an option set on the command line names its --set item or flag."""
     from ..config import load_config
-    from ..runner.cli import _parse_set
+    from ..runner.cli import cli_overrides
 
-    overrides = _parse_set(getattr(args, "set", []) or [])
-    overrides.update({k: v for k, v in extra.items() if v is not None})
-    return load_config(getattr(args, "config", None), overrides=overrides, defaults_of=defaults_of)
+    overrides, labels = cli_overrides(getattr(args, "set", []) or [], flags)
+    return load_config(getattr(args, "config", None), overrides=overrides, override_sources=labels, defaults_of=defaults_of)
 
 
 def _on_term(signum: int, frame: Any) -> None:
@@ -114,9 +115,16 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
     from .address import is_pacs_address
 
     pacs_sources = [s for s in args.sources if is_pacs_address(s)]
-    run_flags = {"workers": args.workers, "device": args.device, "bundle": args.bundle, "metrics_port": args.metrics_port}
-    flags = {k: getattr(args, k, None) or None for k in ("retry_failed", "keep_identifiers")}  # unset: not an override
-    cfg = _config(args, {**flags, **run_flags})
+    flags = {
+        "workers": ("--workers", args.workers),
+        "device": ("--device", args.device),
+        "bundle": ("--bundle", args.bundle),
+        "metrics_port": ("--metrics-port", args.metrics_port),
+        # unset: not an override
+        "retry_failed": ("--retry-failed", getattr(args, "retry_failed", None) or None),
+        "keep_identifiers": ("--keep-identifiers", getattr(args, "keep_identifiers", None) or None),
+    }
+    cfg = _config(args, flags)
     if not pacs_sources and not cfg.pacs.send_to:
         return original(args)
     from .fetch import fetch_sources, release_spool
@@ -158,18 +166,18 @@ def _listen(args: argparse.Namespace) -> int:
     from ..atomic import ensure_dir
     from .listener import Listener
 
-    extra = {
-        "pacs.ae_title": args.ae_title,
-        "pacs.bind": args.bind,
-        "pacs.port": args.port,
-        "pacs.allowed_aets": args.allow,
-        "pacs.quiet_period_s": args.quiet_period,
-        "pacs.send_to": args.send_to,
-        "device": args.device,
-        "bundle": args.bundle,
-        "workers": args.workers,
+    flags = {
+        "pacs.ae_title": ("--ae-title", args.ae_title),
+        "pacs.bind": ("--bind", args.bind),
+        "pacs.port": ("--port", args.port),
+        "pacs.allowed_aets": ("--allow", args.allow),
+        "pacs.quiet_period_s": ("--quiet-period", args.quiet_period),
+        "pacs.send_to": ("--send-to", args.send_to),
+        "device": ("--device", args.device),
+        "bundle": ("--bundle", args.bundle),
+        "workers": ("--workers", args.workers),
     }
-    cfg = _config(args, extra, defaults_of=LISTEN_DEFAULTS)
+    cfg = _config(args, flags, defaults_of=LISTEN_DEFAULTS)
     ensure_dir(args.out)
     listener = Listener(args.out, cfg)
     signal.signal(signal.SIGTERM, _on_term)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,29 +97,45 @@ def register(sub: Any) -> None:
     r.set_defaults(func=_report)
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
+def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``--set SECTION.KEY=VALUE`` items as overrides (values parsed as YAML) and each one's source label
+    (``"--set runner.workers=4"``), for :func:`~pipeline.config.load_config`'s ``overrides`` and
+    ``override_sources``: it checks names and values, its errors naming the ``--set`` item. Here only the syntax."""
     import yaml
 
-    from ..config import from_dict, overrides_layer
     from ..errors import ConfigError
+    from ..pacs.address import redact
 
     out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
+    labels: dict[str, str] = {}
+    for raw in items:
+        item = redact(raw)  # as errors and the run record show it: never a password typed into an address
+        key, sep, value = raw.partition("=")
         if not sep or "." not in key:
             raise ConfigError(f"{item!r} is not SECTION.KEY=VALUE", where="--set", fix="e.g. --set runner.workers=4")
         try:
             parsed = yaml.safe_load(value) if value.strip() else None
         except yaml.YAMLError as exc:
             raise ConfigError(
-                f"the value {value!r} is not valid YAML ({type(exc).__name__})",
+                f"the value {redact(value)!r} is not valid YAML ({type(exc).__name__})",
                 where=f"--set {item}",
                 fix="write the value as YAML, brackets closed and quotes paired, e.g. --set 'reconstruct.mesh_formats=[stl, glb]'",
             ) from exc
-        if parsed is not None:  # name and value checked here, so that the error names this --set
-            from_dict(overrides_layer({key.strip(): parsed}), source=f"--set {item}")
         out[key.strip()] = parsed
-    return out
+        labels[key.strip()] = f"--set {item}"
+    return out, labels
+
+
+def cli_overrides(set_items: list[str], flags: Mapping[str, tuple[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A command line's overrides and their source labels (for ``load_config(overrides=, override_sources=)``):
+    the ``--set`` items, then ``flags`` (option name → (flag, value), a value of None: the flag not given), which
+    win over a ``--set`` of the same option."""
+    overrides, labels = _parse_set(set_items)
+    for name, (flag, value) in flags.items():
+        if value is not None:
+            overrides[name] = value
+            labels[name] = flag
+    return overrides, labels
 
 
 #: Log events the run's summary repeats (a quarantined case with its reason, the run folder failing): with
@@ -138,30 +155,30 @@ def _leave_to_the_summary(events: frozenset[str]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..config import load_config
     from ..errors import RunEnvironmentError
     from .batch import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, run_batch
     from .progress import TqdmBar
 
     if args.quiet:
         _leave_to_the_summary(SUMMARISED_EVENTS)
-    overrides: dict[str, Any] = _parse_set(args.set)
-    overrides.update(
-        {
-            "workers": args.workers,
-            "device": args.device,
-            "bundle": args.bundle,
-            "metrics_port": args.metrics_port,
-            "retry_failed": args.retry_failed,
-            "keep_identifiers": args.keep_identifiers,
-            "outputs.dicom": None if args.dicom is None else list(args.dicom),
-        }
-    )
+    flags: dict[str, tuple[str, Any]] = {
+        "workers": ("--workers", args.workers),
+        "device": ("--device", args.device),
+        "bundle": ("--bundle", args.bundle),
+        "metrics_port": ("--metrics-port", args.metrics_port),
+        "retry_failed": ("--retry-failed", args.retry_failed),
+        "keep_identifiers": ("--keep-identifiers", args.keep_identifiers),
+        "outputs.dicom": ("--dicom", None if args.dicom is None else list(args.dicom)),
+    }
     if args.ray is not None:
-        overrides.update({"engine": "ray", "ray_address": args.ray})
+        flags.update({"engine": ("--ray", "ray"), "ray_address": ("--ray", args.ray)})
+    overrides, labels = cli_overrides(args.set, flags)
     if Path(args.out).is_file():
         from ..errors import CtpipeError
 
         raise CtpipeError("--out is a file, not a run folder", where=args.out, fix="give --out a folder (created if missing)")
+    cfg = load_config(args.config, overrides=overrides, override_sources=labels)  # errors name the --set item or flag
     bar: TqdmBar | None = None
 
     def on_progress(p: Any) -> None:
@@ -182,11 +199,10 @@ def _run(args: argparse.Namespace) -> int:
         summary = run_batch(
             args.sources,
             out=args.out,
-            config=args.config,
+            config=cfg,
             progress=on_progress,
             command="ctpipe " + " ".join(sys.argv[1:]),
             origins=getattr(args, "pacs_origins", None),  # set by pipeline.pacs.cli for PACS sources
-            **overrides,
         )
     except RunEnvironmentError as exc:  # the run folder cannot be written at all: one line, its own exit status
         print(f"ctpipe run: error: cannot write the run folder: {exc}", file=sys.stderr)
