@@ -25,21 +25,31 @@ unless its ``_disabled_`` is literally ``true``: ctpipe resamples every series i
 switch such as the LUNA16 bundle's ``"_disabled_": "@whether_resampled_luna16"`` (for data
 resampled beforehand) does not turn its ``Spacingd`` off.
 
-Every problem raises :class:`~pipeline.errors.BundleError` naming the file and the config key.
+The bundle's file paths, its metadata and model files and the plain values returned here are
+:mod:`pipeline.bundle_files`'s. Every problem raises :class:`~pipeline.errors.BundleError` naming the file and the
+config key.
 """
 
 from __future__ import annotations
 
 import ast
 import copy
-import json
-import math
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .bundle_files import (
+    INFERENCE_JSON,
+    METADATA_JSON,
+    Component,
+    SlidingWindow,
+    int3_value,
+    mm3_value,
+    model_file,
+    read_json,
+    read_metadata,
+)
 from .errors import BundleError, ConfigError
 from .intensity import HUWindow
 
@@ -57,9 +67,6 @@ __all__ = [
     "read_metadata",
 ]
 
-INFERENCE_JSON = "configs/inference.json"
-METADATA_JSON = "configs/metadata.json"
-
 #: Config keys of the preprocessing chain, in the order they are searched.
 PREPROCESSING_KEYS = ("preprocessing", "test_transforms", "val_transforms", "preprocessing_transforms")
 
@@ -68,81 +75,6 @@ _REF = re.compile(r"@([A-Za-z0-9_#]+)")
 # what evaluating a config value may raise (ConfigParser passes through the expression's own errors)
 _VALUE_ERRORS = (KeyError, IndexError, TypeError, ValueError, SyntaxError, AttributeError, NameError)
 _REQUIRED: Any = object()
-
-
-@dataclass(frozen=True)
-class Component:
-    """One ``{"_target_": ...}`` entry of a config: its id (``"preprocessing#transforms#3"``),
-    its class name (the last part of ``_target_``) and its raw, unresolved arguments."""
-
-    id: str
-    name: str
-    args: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class SlidingWindow:
-    """Sliding-window inference: patch size ``roi_size`` (voxels along x, y, z), overlap (fraction
-    of the patch), patches per batch and MONAI's blend mode."""
-
-    roi_size: tuple[int, int, int]
-    overlap: float = 0.25
-    sw_batch_size: int = 1
-    mode: str = "constant"
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
-        raise BundleError(f"{path.name} is not valid JSON ({exc})", where=path) from exc
-    if not isinstance(data, dict):
-        raise BundleError(f"{path.name} must hold a JSON object, got {type(data).__name__}", where=path)
-    return data
-
-
-def read_metadata(root: str | Path) -> dict[str, Any]:
-    """The bundle's ``configs/metadata.json``; :class:`BundleError` when it is missing or not a JSON object."""
-    path = Path(root) / METADATA_JSON
-    if not path.is_file():
-        raise BundleError(f"{METADATA_JSON} is missing", where=root, fix="pass the bundle's root folder")
-    return _read_json(path)
-
-
-def model_file(root: str | Path, *names: str, fix: str = "copy the bundle's models folder too") -> Path:
-    """The first of ``models/<name>`` (e.g. ``"model.pt", "model.ts"``) that exists in the bundle ``root``."""
-    models = Path(root) / "models"
-    for name in names:
-        if (models / name).is_file():
-            return models / name
-    wanted = " nor ".join(f"models/{name}" for name in names)
-    raise BundleError(f"bundle has {'neither ' if len(names) > 1 else 'no '}{wanted}", where=models, fix=fix)
-
-
-def _int3(value: Any, key: str, where: str) -> tuple[int, int, int]:
-    """Three positive integers (x, y, z); one number stands for all three."""
-    items = [value] * 3 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-    try:
-        out = [int(v) for v in items]
-        exact = len(out) == 3 and all(float(v) == o and o >= 1 for v, o in zip(items, out))
-    except (TypeError, ValueError):
-        exact = False
-    if not exact:
-        raise BundleError(f"{key} must be 3 positive integers (x, y, z), got {value!r}", where=where)
-    return out[0], out[1], out[2]
-
-
-def _mm3(value: Any, key: str, where: str) -> tuple[float, float, float]:
-    """Three positive finite sizes in mm (x, y, z); one number stands for all three."""
-    items = [value] * 3 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-    try:
-        out = [float(v) for v in items]
-        ok = len(out) == 3 and all(math.isfinite(v) and v > 0 for v in out)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise BundleError(f"{key} must be 3 positive sizes in mm (x, y, z), got {value!r}", where=where)
-    return out[0], out[1], out[2]
 
 
 class BundleConfig:
@@ -181,7 +113,7 @@ class BundleConfig:
                 fix="pass the bundle's top folder (the one holding configs/ and models/) or its configs/inference.json",
             )
         root = file.parent.parent if file.parent.name == "configs" else file.parent
-        return cls(_read_json(file), path=file, root=root, evaluate=evaluate)
+        return cls(read_json(file), path=file, root=root, evaluate=evaluate)
 
     def __contains__(self, key: object) -> bool:
         return key in self.data
@@ -341,7 +273,7 @@ class BundleConfig:
         c = self.transform("Spacingd", "Spacing")
         if c is None:
             return None
-        return _mm3(self.arg(c, "pixdim"), f"{c.name}.pixdim ({c.id}#pixdim)", self.where)
+        return mm3_value(self.arg(c, "pixdim"), f"{c.name}.pixdim ({c.id}#pixdim)", self.where)
 
     def hu_window(self) -> HUWindow | None:
         """``ScaleIntensityRanged``'s window (``b_min``/``b_max`` 0/1 and ``clip`` false when not given); None without one."""
@@ -360,11 +292,11 @@ class BundleConfig:
         ``network_def`` or ``detector``, else ``DivisiblePadd``'s ``k``; None when the config sets none."""
         for id in ("size_divisible", "network_def#size_divisible", "detector#size_divisible"):
             if self.has(id):
-                return _int3(self.get(id), id, self.where)
+                return int3_value(self.get(id), id, self.where)
         c = self.transform("DivisiblePadd", "DivisiblePad")
         if c is None:
             return None
-        return _int3(self.arg(c, "k"), f"{c.name}.k ({c.id}#k)", self.where)
+        return int3_value(self.arg(c, "k"), f"{c.name}.k ({c.id}#k)", self.where)
 
     def sliding_window_inferer(self) -> SlidingWindow | None:
         """The ``SlidingWindowInferer`` component's settings; None without one."""
@@ -439,7 +371,9 @@ class BundleConfig:
             raise BundleError(
                 f"{key}: overlap {overlap!r} must be in [0, 1) and sw_batch_size {batch!r} at least 1", where=self.where
             )
-        return SlidingWindow(roi_size=_int3(roi, f"{key} roi_size", self.where), overlap=ov, sw_batch_size=nb, mode=str(mode))
+        return SlidingWindow(
+            roi_size=int3_value(roi, f"{key} roi_size", self.where), overlap=ov, sw_batch_size=nb, mode=str(mode)
+        )
 
     def _call_kwargs(self, text: str, id: str) -> dict[str, Any]:
         """``a=1, b=@ref`` → ``{"a": 1, "b": <ref's value>}``; values must be literals or references."""

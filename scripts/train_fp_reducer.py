@@ -26,9 +26,9 @@ testing only, not for clinical use.
    batch's negatives drawn, after mining at 1/2 and 3/4 of training, in proportion to the network's
    current score; losses logged. With ``--members K``, K classifiers are trained so on the same patches, each
    from its own torch seed (``--torch-seed``, +1, ...), and the model is their ensemble (their logits averaged,
-   :class:`pipeline.detection.fp_reduction.PatchEnsemble`); each member's own validation CPM is recorded.
+   :class:`pipeline.detection.fp_classifier.PatchEnsemble`); each member's own validation CPM is recorded.
 3. Validation seeds (``--val-seed0``, also unseen by both) choose, by CPM, whether candidates are scored
-   on one view or averaged over ``--flip-views`` mirrored views (:func:`pipeline.detection.fp_reduction.patch_logits`),
+   on one view or averaged over ``--flip-views`` mirrored views (:func:`pipeline.detection.fp_classifier.patch_logits`),
    the detector weight of :func:`pipeline.detection.fp_reduction.combine_scores`, the radius factor of
    :func:`pipeline.detection.fp_reduction.suppress_duplicates` and whether candidates sharing one candidate's box
    are merged (``box_merge``: on a tie, since CPM does not count duplicate findings; they are logged) and whether

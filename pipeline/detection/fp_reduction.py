@@ -7,11 +7,11 @@ it, axes along the patient's L, P and S directions whatever the series' orientat
 (patch array ``[S, P, L]``); with ``context_spacing_mm`` set, a second cube of the same number of
 voxels on a coarser grid, centred on the same point, shows the surroundings (does a bright
 spot continue as a vessel, does it sit on the chest wall) as a second channel. The
-:class:`PatchClassifier` scores the result (or, with ``members`` above 1, a :class:`PatchEnsemble` of several
-trained apart, their logits averaged); with ``flip_views`` above 1, candidates it does not clearly
-reject are scored again on mirrored copies of their patches and the logits averaged
-(:func:`patch_logits`: the network is not exactly mirror-invariant, and the mean ranks candidates more
-reliably). Scores of candidates the network also proposed may be combined with its score
+:class:`~.fp_classifier.PatchClassifier` scores the result (or, with ``members`` above 1, a
+:class:`~.fp_classifier.PatchEnsemble` of several trained apart, their logits averaged; :mod:`.fp_classifier`); with
+``flip_views`` above 1, candidates it does not clearly reject are scored again on mirrored copies of their patches
+and the logits averaged (:func:`~.fp_classifier.patch_logits`: the network is not exactly mirror-invariant, and the
+mean ranks candidates more reliably). Scores of candidates the network also proposed may be combined with its score
 (:func:`combine_scores`, weight chosen on validation phantoms); with ``blob_support``, a small-blob candidate's too,
 with the network's support for it (:func:`network_support`: the best network box holding it, else the lowest score
 the network reported), so that a finding needs both stages to agree; duplicates of one nodule are merged
@@ -27,23 +27,46 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..errors import BundleError
-from ..volume import CTVolume, float3, int3
+from ..volume import CTVolume, float3
 from .candidates import blob_candidates
 from .findings import Finding, Findings, box_extents, slice_fields
+from .fp_classifier import (
+    FLIP_VIEWS,
+    FPReductionConfig,
+    PatchClassifier,
+    PatchEnsemble,
+    build_classifier,
+    patch_logits,
+)
 from .lungs import LungRegion
 from .patches import DevicePatches, extract_patches
 from .precision import conv_layout
 from .refine import refine_findings
+
+__all__ = [
+    "BOX_TRUST",
+    "FLIP_VIEWS",
+    "PATCH_BATCH",
+    "FPReducer",
+    "FPReductionConfig",
+    "PatchClassifier",
+    "PatchEnsemble",
+    "build_classifier",
+    "candidate_findings",
+    "classifier_input",
+    "combine_scores",
+    "final_scores",
+    "network_support",
+    "patch_logits",
+    "reduce_false_positives",
+    "suppress_duplicates",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,188 +75,11 @@ log = logging.getLogger(__name__)
 PATCH_BATCH = 256
 BOX_TRUST = 0.5  # a merged network box stands for the blob inside it when it scores at least this share of the blob's score
 
-#: Flipped copies averaged for ``flip_views`` views, as dims of an (N, C, S, P, L) tensor: the patch itself, then
-#: each axis (S, P, L) mirrored, then (8 views) every other combination.
-FLIP_VIEWS: dict[int, tuple[tuple[int, ...], ...]] = {
-    1: ((),),
-    4: ((), (2,), (3,), (4,)),
-    8: ((), (2,), (3,), (4,), (2, 3), (2, 4), (3, 4), (2, 3, 4)),
-}
-
-
-class PatchClassifier(nn.Module):
-    """Input (N, in_channels, P, P, P) patches in 0..1 (P divisible by 8); output (N,) logits."""
-
-    def __init__(
-        self, patch: int = 24, channels: tuple[int, int, int] = (8, 16, 32), hidden: int = 64, in_channels: int = 1
-    ) -> None:
-        super().__init__()
-        c1, c2, c3 = channels
-
-        def block(cin: int, cout: int, n: int) -> list[nn.Module]:
-            layers: list[nn.Module] = []
-            for m in range(n):
-                layers += [
-                    nn.Conv3d(cin if m == 0 else cout, cout, 3, padding=1, bias=False),
-                    nn.BatchNorm3d(cout),
-                    nn.ReLU(inplace=True),
-                ]
-            return [*layers, nn.MaxPool3d(2)]
-
-        self.features = nn.Sequential(*block(in_channels, c1, 1), *block(c1, c2, 2), *block(c2, c3, 2))
-        side = patch // 8
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(c3 * side**3, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x)).squeeze(1)
-
-
-class PatchEnsemble(nn.Module):
-    """Several :class:`PatchClassifier` of one architecture, trained apart (other random seeds); output the mean of
-    their (N,) logits. Classifiers trained on phantoms alone disagree on anatomy unlike the phantoms' (one calls a
-    real vessel crossing a nodule, another does not); the mean asks them to agree."""
-
-    def __init__(self, members: list[PatchClassifier]) -> None:
-        super().__init__()
-        if not members:
-            raise ValueError("an ensemble needs at least one classifier")
-        self.members = nn.ModuleList(members)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([m(x) for m in self.members]).mean(dim=0)
-
-
-@dataclass(frozen=True)
-class FPReductionConfig:
-    """The ``fp_reduction`` entry of a model JSON (sizes in mm, patch in voxels)."""
-
-    weights: Path
-    patch: int = 24
-    spacing_mm: float = 1.0
-    channels: tuple[int, int, int] = (8, 16, 32)
-    hidden: int = 64
-    blob_candidates: int = 200
-    detector_weight: float = 0.5
-    duplicate_radius_factor: float = 1.0
-    context_spacing_mm: float | None = None
-    flip_views: int = 1
-    flip_min_probability: float = 0.02
-    box_merge: bool = False
-    blob_support: bool = False
-    members: int = 1
-
-    @property
-    def spacings_mm(self) -> tuple[float, ...]:
-        """Grid spacing (mm) of each input channel: the patch, then the wider context cube if any."""
-        return (self.spacing_mm,) if self.context_spacing_mm is None else (self.spacing_mm, self.context_spacing_mm)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], *, weights_dir: Path) -> FPReductionConfig:
-        """Validate the entry; ``weights`` is a file name in ``weights_dir`` (the model JSON's folder)."""
-        where = weights_dir / "fp_reduction"
-        try:
-            cfg = cls(
-                weights=weights_dir / str(data["weights"]),
-                patch=int(data.get("patch", 24)),
-                spacing_mm=float(data.get("spacing_mm", 1.0)),
-                channels=int3(data.get("channels", (8, 16, 32))),
-                hidden=int(data.get("hidden", 64)),
-                blob_candidates=int(data.get("blob_candidates", 200)),
-                detector_weight=float(data.get("detector_weight", 0.5)),
-                duplicate_radius_factor=float(data.get("duplicate_radius_factor", 1.0)),
-                context_spacing_mm=None if data.get("context_spacing_mm") is None else float(data["context_spacing_mm"]),
-                flip_views=int(data.get("flip_views", 1)),
-                flip_min_probability=float(data.get("flip_min_probability", 0.02)),
-                box_merge=_flag(data.get("box_merge", False), "box_merge"),
-                blob_support=_flag(data.get("blob_support", False), "blob_support"),
-                members=int(data.get("members", 1)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BundleError(
-                f"invalid fp_reduction entry: {exc!r}", where=where, fix="regenerate it with scripts/train_fp_reducer.py"
-            ) from exc
-        if (
-            cfg.patch % 8
-            or cfg.patch <= 0
-            or cfg.spacing_mm <= 0
-            or len(cfg.channels) != 3
-            or not 0 <= cfg.detector_weight <= 1
-            or cfg.duplicate_radius_factor <= 0
-            or (cfg.context_spacing_mm is not None and cfg.context_spacing_mm <= 0)
-            or cfg.flip_views not in FLIP_VIEWS
-            or not 0 <= cfg.flip_min_probability < 1
-            or cfg.members < 1
-        ):
-            raise BundleError(
-                f"fp_reduction entry out of range: patch {cfg.patch} (multiple of 8), spacing_mm "
-                f"{cfg.spacing_mm} (> 0), detector_weight {cfg.detector_weight} (0..1), duplicate_radius_factor "
-                f"{cfg.duplicate_radius_factor} (> 0), context_spacing_mm {cfg.context_spacing_mm} (> 0 or null), "
-                f"flip_views {cfg.flip_views} (one of {sorted(FLIP_VIEWS)}), flip_min_probability "
-                f"{cfg.flip_min_probability} (0..1), members {cfg.members} (1 or more)",
-                where=where,
-                fix="regenerate it with scripts/train_fp_reducer.py",
-            )
-        return cfg
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "weights": self.weights.name,
-            "patch": self.patch,
-            "spacing_mm": self.spacing_mm,
-            "channels": list(self.channels),
-            "hidden": self.hidden,
-            "blob_candidates": self.blob_candidates,
-            "detector_weight": self.detector_weight,
-            "duplicate_radius_factor": self.duplicate_radius_factor,
-            "context_spacing_mm": self.context_spacing_mm,
-            "flip_views": self.flip_views,
-            "flip_min_probability": self.flip_min_probability,
-            "box_merge": self.box_merge,
-            "blob_support": self.blob_support,
-            "members": self.members,
-        }
-
-
-def _flag(value: Any, name: str) -> bool:
-    """A JSON boolean (``true``/``false``), refused otherwise."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value
-
-
-def build_classifier(config: FPReductionConfig) -> nn.Module:
-    """The untrained network ``config`` describes: one :class:`PatchClassifier`, or a :class:`PatchEnsemble` of
-    ``config.members`` of them (the weights file holds the ensemble's state dict)."""
-
-    def one() -> PatchClassifier:
-        return PatchClassifier(config.patch, config.channels, config.hidden, in_channels=len(config.spacings_mm))
-
-    return one() if config.members == 1 else PatchEnsemble([one() for _ in range(config.members)])
-
 
 def classifier_input(volume: CTVolume, centers_lps: np.ndarray, config: FPReductionConfig) -> np.ndarray:
     """The classifier's input for positions ``centers_lps`` (N, 3; LPS mm): float32 ``(N, C, P, P, P)``, one
     channel per grid of ``config.spacings_mm`` (:func:`extract_patches`; the same centre, ``P = config.patch``)."""
     return np.stack([extract_patches(volume, centers_lps, patch=config.patch, spacing_mm=s) for s in config.spacings_mm], axis=1)
-
-
-def patch_logits(network: nn.Module, x: torch.Tensor, *, views: int = 1, min_probability: float = 0.02) -> torch.Tensor:
-    """Float32 logits (N,) of ``network`` for patches ``x`` (N, C, S, P, L). With ``views`` > 1 (a key of
-    :data:`FLIP_VIEWS`), patches whose unflipped probability is at least ``min_probability`` get the mean logit
-    of their ``views`` flipped copies; the rest, clear negatives, keep the unflipped logit."""
-    logits = network(x).float()
-    if views == 1:
-        return logits
-    again = torch.sigmoid(logits) >= min_probability
-    if not bool(again.any()):
-        return logits
-    xs = x[again]
-    total = logits[again]
-    for dims in FLIP_VIEWS[views][1:]:
-        total = total + network(torch.flip(xs, dims)).float()
-    out = logits.clone()
-    out[again] = total / views
-    return out
 
 
 def network_support(centers_lps: np.ndarray, detector_score: np.ndarray, extents_mm: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The nodule :class:`Detector`: model loaded once, then one call per case.
 
-Per case: optional lung restriction (crop to the lungs' box + margin), the
+Per case: input checks and optional lung restriction (crop to the lungs' box + margin; :mod:`.infer_input`), the
 loader's MONAI-equivalent preprocessing (:mod:`pipeline.load`: slab-wise straight
 from the possibly memory-mapped source array; :meth:`Detector.detect` calls
 :func:`pipeline.load.preprocess_volume`, the batch runner feeds the loader's
@@ -8,7 +8,7 @@ output to :meth:`Detector.detect_loaded`), the RetinaNet on the whole input when
 the model's patch size, MONAI's sliding-window inferer (the model's overlap)
 otherwise, box selection (MONAI's ``RetinaNetDetector``), clipping to the image,
 conversion to LPS exactly as ``AffineBoxToWorldCoordinate`` does, and the
-lung filter. Then, unless switched off: centres refined on the HU volume and, for models
+lung filter (:mod:`.postprocess`). Then, unless switched off: centres refined on the HU volume and, for models
 with a false-positive reduction stage (the demo model), candidates re-scored by its
 classifier together with small-blob candidates (:mod:`.fp_reduction`); other models get
 compact-blob rescoring (:mod:`.refine`). Last, the findings scoring at or above the score
@@ -32,42 +32,33 @@ import numpy as np
 import torch
 
 from ..devicetime import DeviceTimer
-from ..errors import InputTooSmallError, InvalidVolumeError
 from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
-from ..volume import THICK_SLICE_NOTE, CTVolume, LabelMap, float3, require_volume, slice_thickness_mm, thick_slice_detail
+from ..volume import THICK_SLICE_NOTE, CTVolume, require_volume, slice_thickness_mm, thick_slice_detail
 from .bundle import LoadedModel, load_model
-from .findings import Finding, Findings, slice_fields, slice_number_source
+from .findings import Findings, slice_number_source
 from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
-from .lungs import LungRegion, quick_lung_mask, region_from_mask, segmented_lung_region
-from .network import box_iou_float32, build_detector
+from .infer_input import (
+    MAX_BAD_VOXEL_FRACTION,
+    MIN_INPUT_MM,
+    LungMask,
+    clean_volume,
+    lung_box,
+    lung_region,
+    refuse_small,
+    volume_extent_mm,
+)
+from .lungs import LungRegion, quick_lung_mask, region_from_mask
+from .network import box_iou_float32, build_detector, run_detector
 from .operating_point import resolve_threshold
+from .postprocess import boxes_to_findings, calibrate_scores, limit_to_lungs
 from .precision import autocast_dtype, conv_layout, precision_name
 from .refine import refine_findings
 from .score_calibration import ScoreCalibration, model_score_calibration
 
 log = logging.getLogger(__name__)
 
-MIN_INPUT_MM = 16.0  # inputs smaller than this on any axis cannot hold a nodule with context
-MAX_BAD_VOXEL_FRACTION = 0.01
-
-LungMask = np.ndarray | LabelMap | Mapping[str, np.ndarray] | LungRegion
-
-
-def _refuse_small(extent_mm: np.ndarray, where: str, what: str, axes: str) -> None:
-    """Raise :class:`InputTooSmallError` when ``extent_mm`` (mm along ``axes`` of the ``what``) is
-    under :data:`MIN_INPUT_MM` on an axis: a single slice or a tiny crop is refused by name, not left to fail in a
-    later step (the lung mask's coarse grid needs a few voxels per axis)."""
-    if np.any(extent_mm < MIN_INPUT_MM):
-        raise InputTooSmallError(
-            f"the {what} covers only {np.round(extent_mm, 1).tolist()} mm ({axes}); the detector needs at least {MIN_INPUT_MM} mm per axis",
-            where=where,
-            fix="pass the whole chest series (not a single slice or a tiny crop)",
-        )
-
-
-def _volume_extent_mm(volume: CTVolume) -> np.ndarray:
-    return np.asarray(volume.geometry.size_ijk) * np.asarray(volume.spacing)
+__all__ = ["MAX_BAD_VOXEL_FRACTION", "MIN_INPUT_MM", "Detector", "LungMask", "detect"]
 
 
 class Detector:
@@ -161,42 +152,6 @@ class Detector:
         return f"Detector(model={self.config.name!r}, device={self.device}, spacing={self.config.spacing})"
 
     # -- helpers -----------------------------------------------------------------------
-    def _clean_volume(self, volume: CTVolume, where: str) -> CTVolume:
-        arr = volume.array
-        if arr.dtype.kind != "f":
-            return volume
-        bad = ~np.isfinite(arr)
-        n_bad = int(bad.sum())
-        if n_bad == 0:
-            return volume
-        frac = n_bad / arr.size
-        if frac > MAX_BAD_VOXEL_FRACTION:
-            raise InvalidVolumeError(
-                f"{n_bad} of {arr.size} voxels ({frac:.1%}) are NaN or infinite",
-                where=where,
-                fix="the series' pixel data is corrupt; ingest it again or exclude it",
-            )
-        log.warning("%s: %d NaN/infinite voxels set to -1024 HU (air)", where, n_bad)
-        return volume.with_array(np.where(bad, np.float32(-1024.0), arr).astype(arr.dtype))
-
-    def _lung_region(self, volume: CTVolume, lung_mask: LungMask | None) -> LungRegion:
-        if isinstance(lung_mask, LungRegion):
-            return lung_mask
-        quick = quick_lung_mask(volume)
-        if lung_mask is None:  # the threshold mask holds bowel gas too: findings limited to the segmented lungs
-            given, source = segmented_lung_region(volume, device=str(self.device)), "segmented"
-        else:
-            given, source = region_from_mask(lung_mask, volume), "given"
-        if given.empty:  # no lungs: no search (the caller records why)
-            return given
-        limited = quick.limited_to(given)
-        if limited.limit is None or not limited.limit.any():
-            log.warning(
-                "the lung mask (%s) and the threshold mask of the air in the body do not overlap; searching the lung mask", source
-            )
-            return given
-        return limited
-
     def lung_roi(
         self, volume: CTVolume, *, lung_mask: LungMask | None = None, margin_mm: float | None = None
     ) -> tuple[LungRegion, Roi | None]:
@@ -215,38 +170,12 @@ class Detector:
         mask alone is searched when it does not overlap the threshold mask. ``margin_mm`` defaults to the model's crop
         margin.
         """
-        _refuse_small(_volume_extent_mm(volume), f"series {volume.series_uid}", "volume", "columns, rows, slices")
-        region = self._lung_region(volume, lung_mask)
+        refuse_small(volume_extent_mm(volume), f"series {volume.series_uid}", "volume", "columns, rows, slices")
+        region = lung_region(volume, lung_mask, device=str(self.device))
         if region.empty:
             return region, None
         margin = self.config.lung_crop_margin_mm if margin_mm is None else float(margin_mm)
-        lo, hi = region.bbox_ijk(margin, volume.geometry.size_ijk)
-        roi = Roi(lo=float3(lo), hi=float3(v - 1 for v in hi), space="index")
-        return region, roi
-
-    def _run_network(self, tensor: torch.Tensor) -> tuple[list[dict[str, torch.Tensor]], float, bool]:
-        roi = self.config.roi_size
-        use_sw = any(int(s) > int(r) for s, r in zip(tensor.shape[1:], roi))
-        x = tensor[None].to(self.device, non_blocking=True)
-        if self._channels_last:
-            x = x.contiguous(memory_format=torch.channels_last_3d)
-        with DeviceTimer(self.device) as clock:
-            try:
-                with torch.inference_mode(), torch.autocast(self.device.type, dtype=self._autocast, enabled=self.amp):
-                    out = self._detector(x, use_inferer=use_sw)
-            except torch.cuda.OutOfMemoryError:
-                if use_sw:
-                    raise
-                # as the bundle's inferer does: a volume too big for the GPU at once goes window by window
-                log.warning(
-                    "whole-volume inference ran out of GPU memory for input %s; retrying with a sliding window",
-                    tuple(tensor.shape[1:]),
-                )
-                torch.cuda.empty_cache()
-                use_sw = True
-                with torch.inference_mode(), torch.autocast(self.device.type, dtype=self._autocast, enabled=self.amp):
-                    out = self._detector(x, use_inferer=True)
-        return out, clock.ms, use_sw
+        return region, lung_box(region, volume, margin)
 
     # -- main entry --------------------------------------------------------------------
     def detect(
@@ -280,8 +209,8 @@ class Detector:
             device=str(self.device),
             precision=self.precision,
         )
-        volume = self._clean_volume(volume, where)
-        _refuse_small(_volume_extent_mm(volume), where, "volume", "columns, rows, slices")
+        volume = clean_volume(volume, where)
+        refuse_small(volume_extent_mm(volume), where, "volume", "columns, rows, slices")
         region = roi = None
         if restrict:
             t0 = time.perf_counter()
@@ -339,7 +268,7 @@ class Detector:
         """
         findings = findings.with_candidates(findings.candidates)
         if not self.postprocessing or (not len(findings) and self._fpr is None) or findings.reason:
-            return self._limit(volume, findings, region)
+            return limit_to_lungs(volume, findings, region, margin_mm=self.config.lung_filter_margin_mm)
         t0 = time.perf_counter()
         if self._fpr is not None:
             out = reduce_false_positives(volume, findings, self._fpr, region if region is not None else quick_lung_mask(volume))
@@ -347,26 +276,8 @@ class Detector:
         else:
             out = refine_findings(volume, findings, rescore=True)
             out.timings_ms["refine"] = (time.perf_counter() - t0) * 1000.0
-        return self._limit(volume, self._calibrate(volume, out), region)
-
-    def _limit(self, volume: CTVolume, findings: Findings, region: LungRegion | None) -> Findings:
-        """``findings`` less the candidates farther than the lung filter margin from ``region``'s ``limit``."""
-        if region is None or region.limit is None or not len(findings.candidates):
-            return findings
-        ijk = volume.lps_to_index(np.array([f.center_lps for f in findings.candidates]))
-        keep = region.keeps(ijk, self.config.lung_filter_margin_mm)
-        return findings.with_candidates([f for f, k in zip(findings.candidates, keep) if k])
-
-    def _calibrate(self, volume: CTVolume, findings: Findings) -> Findings:
-        """``findings`` with every candidate's score mapped by :attr:`score_calibration` when ``volume``'s slices are
-        thick enough for it (:func:`pipeline.volume.slice_thickness_mm`), else as they are."""
-        cal = self.score_calibration
-        if cal is None:
-            return findings
-        out = cal.apply(findings, slice_thickness_mm(volume.geometry, volume.metadata))
-        if out is not findings:
-            log.info("case %s: %s", findings.case_id or findings.series_uid or "?", out.score_calibration)
-        return out
+        out = calibrate_scores(volume, out, self.score_calibration)
+        return limit_to_lungs(volume, out, region, margin_mm=self.config.lung_filter_margin_mm)
 
     def detect_loaded(
         self,
@@ -416,21 +327,30 @@ class Detector:
         where: str,
     ) -> Findings:
         lo, hi = grid.valid_box
-        _refuse_small((np.asarray(hi) - np.asarray(lo)) * np.asarray(grid.spacing), where, "input", "x, y, z")
+        refuse_small((np.asarray(hi) - np.asarray(lo)) * np.asarray(grid.spacing), where, "input", "x, y, z")
         result.input_shape_xyz = grid.shape
         result.slice_number_source = slice_number_source(metadata, int(grid.source.size_ijk[2]))
         thick = thick_slice_detail(slice_thickness_mm(grid.source, metadata))
         if thick is not None:  # the reconstruction's thick_slices flag, on the findings themselves
             result.flags = {**result.flags, "thick_slices": f"{THICK_SLICE_NOTE} ({thick})"}
             log.warning("%s: %s", where, result.flags["thick_slices"])
-        out, model_ms, use_sw = self._run_network(tensor)
+        out, model_ms, use_sw = run_detector(
+            self._detector,
+            tensor,
+            roi_size=self.config.roi_size,
+            device=self.device,
+            autocast=self._autocast,
+            channels_last=self._channels_last,
+        )
         timings["model"] = model_ms
         result.sliding_window = use_sw
         t0 = time.perf_counter()
         det = out[0]
         boxes = det["boxes"].float().cpu().numpy().reshape(-1, 6)
         scores = det[self._detector.pred_score_key].float().cpu().numpy().reshape(-1)
-        result.findings = self._to_findings(boxes, scores, grid, metadata, region)
+        result.findings = boxes_to_findings(
+            boxes, scores, grid, metadata, region, lung_filter_margin_mm=self.config.lung_filter_margin_mm
+        )
         timings["postprocess"] = (time.perf_counter() - t0) * 1000.0
         timings["total"] = (time.perf_counter() - t_all) * 1000.0
         result.timings_ms = timings
@@ -443,49 +363,6 @@ class Detector:
             model_ms,
         )
         return result
-
-    def _to_findings(
-        self, boxes: np.ndarray, scores: np.ndarray, grid: InputGeometry, metadata: Mapping[str, Any], region: LungRegion | None
-    ) -> list[Finding]:
-        # ClipBoxToImage (remove_empty) as the bundle's postprocessing does
-        size = np.asarray(grid.shape, dtype=np.float64)
-        boxes = boxes.astype(np.float64)
-        boxes[:, :3] = np.clip(boxes[:, :3], 0, size)
-        boxes[:, 3:] = np.clip(boxes[:, 3:], 0, size)
-        keep = np.all(boxes[:, 3:] > boxes[:, :3], axis=1)
-        boxes, scores = boxes[keep], scores[keep]
-        if len(boxes) == 0:
-            return []
-        centres_xyz = (boxes[:, :3] + boxes[:, 3:]) / 2.0
-        a = grid.input_index_to_lps(boxes[:, :3])
-        b = grid.input_index_to_lps(boxes[:, 3:])
-        bmin, bmax = np.minimum(a, b), np.maximum(a, b)
-        centres = grid.input_index_to_lps(centres_xyz)
-        ijk = grid.input_index_to_source_index(centres_xyz)
-        if region is not None:
-            inside = region.near(ijk, self.config.lung_filter_margin_mm)
-            if not inside.all():
-                log.debug("lung filter dropped %d of %d candidates", int((~inside).sum()), len(inside))
-            centres, bmin, bmax, ijk, scores = centres[inside], bmin[inside], bmax[inside], ijk[inside], scores[inside]
-        size_ijk = np.asarray(grid.source.size_ijk)
-        vox = np.clip(np.round(ijk).astype(int), 0, size_ijk - 1)
-        findings = []
-        order = np.argsort(-scores, kind="stable")
-        for n in order:
-            ext = bmax[n] - bmin[n]
-            k = int(vox[n, 2])
-            findings.append(
-                Finding(
-                    center_lps=float3(centres[n]),
-                    box_min_lps=float3(bmin[n]),
-                    box_max_lps=float3(bmax[n]),
-                    diameter_mm=float(np.cbrt(np.prod(np.maximum(ext, 0.0)))),
-                    score=float(scores[n]),
-                    voxel_ijk=(int(vox[n, 0]), int(vox[n, 1]), k),
-                    **slice_fields(k, metadata, int(size_ijk[2])),
-                )
-            )
-        return findings
 
 
 _DETECTORS: dict[tuple[str | None, str], Detector] = {}

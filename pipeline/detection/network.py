@@ -1,4 +1,5 @@
-"""RetinaNet builders (MONAI ``monai.apps.detection``) for the nodule detector.
+"""RetinaNet builders (MONAI ``monai.apps.detection``) for the nodule detector, and one timed run of the detector
+on a model input (:func:`run_detector`).
 
 Two families, both described by a plain JSON-able dict (see :mod:`.model_config`):
 
@@ -27,6 +28,7 @@ from monai.networks.blocks.backbone_fpn_utils import BackboneWithFPN
 from monai.networks.blocks.feature_pyramid_network import LastLevelMaxPool
 from monai.networks.nets import resnet
 
+from ..devicetime import DeviceTimer
 from ..errors import BundleError
 
 log = logging.getLogger(__name__)
@@ -201,3 +203,38 @@ def count_parameters(network: torch.nn.Module) -> int:
 def min_input_size(size_divisible: Sequence[int]) -> list[int]:
     """The smallest (x, y, z) input in voxels the network accepts (one step of ``size_divisible``)."""
     return [int(v) for v in size_divisible]
+
+
+def run_detector(
+    detector: RetinaNetDetector,
+    tensor: torch.Tensor,
+    *,
+    roi_size: Sequence[int],
+    device: torch.device,
+    autocast: torch.dtype | None,
+    channels_last: bool,
+) -> tuple[list[dict[str, torch.Tensor]], float, bool]:
+    """``detector``'s output for the model input ``tensor`` (C, X, Y, Z) on ``device``, the model time (ms) and
+    whether it ran window by window: the whole input when it fits ``roi_size`` (the patch size), MONAI's sliding-window
+    inferer otherwise or when the whole input runs out of GPU memory. Mixed precision with ``autocast`` when set."""
+    use_sw = any(int(s) > int(r) for s, r in zip(tensor.shape[1:], roi_size))
+    x = tensor[None].to(device, non_blocking=True)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    with DeviceTimer(device) as clock:
+        try:
+            with torch.inference_mode(), torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+                out = detector(x, use_inferer=use_sw)
+        except torch.cuda.OutOfMemoryError:
+            if use_sw:
+                raise
+            # as the bundle's inferer does: a volume too big for the GPU at once goes window by window
+            log.warning(
+                "whole-volume inference ran out of GPU memory for input %s; retrying with a sliding window",
+                tuple(tensor.shape[1:]),
+            )
+            torch.cuda.empty_cache()
+            use_sw = True
+            with torch.inference_mode(), torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+                out = detector(x, use_inferer=True)
+    return out, clock.ms, use_sw

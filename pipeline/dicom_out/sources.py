@@ -7,7 +7,7 @@ The results written from a volume reference those images: the SEG frames and the
 land on the slices the viewer shows.
 
 Sources missing attributes that the results must repeat are repaired in the headers kept here
-(never on disk), each with a warning: a missing StudyInstanceUID or FrameOfReferenceUID is
+(never on disk; :mod:`.source_headers`), each with a warning: a missing StudyInstanceUID or FrameOfReferenceUID is
 generated, missing patient and study attributes of DICOM type 2 are written empty. Patient and study
 values the results cannot repeat (a date such as ``1970-01-01``, PatientSex ``U``, a value too long for
 its VR) are written empty, or left out where optional, with a warning that names the attribute, never
@@ -34,49 +34,22 @@ import numpy as np
 
 from ..errors import SourceMismatchError
 from ..volume import PATIENT_IDENTIFIERS, CTVolume
-from .uids import stable_uid
+from .source_headers import PATIENT_STUDY_KEYWORDS, clear_attributes, repair_headers, uid_text
+
+__all__ = [
+    "ENHANCED_CT_STORAGE",
+    "INPLANE_TOLERANCE",
+    "NORMAL_TOLERANCE",
+    "PATIENT_STUDY_KEYWORDS",
+    "SourceSeries",
+    "check_source",
+    "read_source_series",
+]
 
 log = logging.getLogger(__name__)
 
 ENHANCED_CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2.1"
 
-#: patient, general study and patient study attributes copied from the source into the results
-PATIENT_STUDY_KEYWORDS = (
-    "PatientName",
-    "PatientID",
-    "IssuerOfPatientID",
-    "PatientBirthDate",
-    "PatientBirthTime",
-    "PatientSex",
-    "OtherPatientIDsSequence",
-    "PatientComments",
-    "PatientIdentityRemoved",
-    "DeidentificationMethod",
-    "DeidentificationMethodCodeSequence",
-    "StudyInstanceUID",
-    "StudyDate",
-    "StudyTime",
-    "ReferringPhysicianName",
-    "StudyID",
-    "AccessionNumber",
-    "IssuerOfAccessionNumberSequence",
-    "StudyDescription",
-    "PatientAge",
-    "PatientSize",
-    "PatientWeight",
-)
-#: type 2 attributes (present, possibly empty) that the results need from the source
-_TYPE2 = (
-    "PatientName",
-    "PatientID",
-    "PatientBirthDate",
-    "PatientSex",
-    "StudyDate",
-    "StudyTime",
-    "ReferringPhysicianName",
-    "StudyID",
-    "AccessionNumber",
-)
 #: along the slice normal, a source image matches slice k within this fraction of the slice spacing
 NORMAL_TOLERANCE = 0.25
 #: in the slice plane, a source image's position matches within this fraction of the pixel spacing
@@ -146,7 +119,7 @@ class SourceSeries:
         results must carry (type 2: PatientName, PatientID, ...) are empty, the others absent. Study, series and frame
         of reference UIDs are kept, so results written from it still belong to the source's study."""
         datasets = tuple(copy.deepcopy(ds) for ds in self.datasets)
-        _clear(datasets, PATIENT_IDENTIFIERS)
+        clear_attributes(datasets, PATIENT_IDENTIFIERS)
         return replace(self, datasets=datasets)
 
 
@@ -174,93 +147,6 @@ def _read_headers(paths: list[Path]) -> list[tuple[Path, Any]]:
             raise SourceMismatchError(f"cannot read the file ({exc})", where=path, fix="check the path and permissions") from exc
         out.append((path, ds))
     return out
-
-
-def _uid(value: Any) -> str:
-    return str(value).strip() if value not in (None, "") else ""
-
-
-def _repair(datasets: list[Any], volume: CTVolume, where: str) -> tuple[str, ...]:
-    """Fill what the results need and the source lacks, in every header; returns the repaired attribute names."""
-    first = datasets[0]
-    seed = [_uid(first.get("SeriesInstanceUID")) or where]
-    repaired: list[str] = []
-    for keyword, label in (("StudyInstanceUID", "study"), ("FrameOfReferenceUID", "frame of reference")):
-        values = {_uid(ds.get(keyword)) for ds in datasets}
-        if values == {""}:
-            uid = _uid(volume.metadata.get(keyword)) or stable_uid(*seed, keyword)
-            for ds in datasets:
-                setattr(ds, keyword, uid)
-            repaired.append(keyword)
-            log.warning(
-                "%s: the source has no %s; the results use %s (the %s cannot be matched to other objects)",
-                where,
-                keyword,
-                uid,
-                label,
-            )
-        elif len(values) > 1:
-            raise SourceMismatchError(
-                f"the source images disagree in {keyword}: {sorted(values)}", where=where, fix="pass the files of one series"
-            )
-    for ds in datasets:
-        charset = ds.get("SpecificCharacterSet")
-        if charset is not None and not isinstance(charset, str) and len(charset) > 1 and not charset[0]:
-            # an empty first value is the default repertoire with code extensions (PS3.3 C.12.1.1.2), as Japanese
-            # archives write it ("\ISO 2022 IR 87"); named, so that the results' writers accept it
-            ds.SpecificCharacterSet = ["ISO 2022 IR 6", *charset[1:]]
-    empty = [kw for kw in _TYPE2 if kw not in first]
-    for ds in datasets:
-        for kw in empty:
-            setattr(ds, kw, "")
-    if empty:
-        repaired += empty
-        log.warning("%s: the source has no %s; written empty in the results", where, ", ".join(empty))
-    invalid = sorted({kw for ds in datasets for kw in PATIENT_STUDY_KEYWORDS if kw in ds and not _valid_value(ds[kw])})
-    _clear(datasets, invalid)
-    if invalid:
-        repaired += invalid
-        # the values themselves are not logged: most of them identify the patient
-        log.warning(
-            "%s: the source's %s %s not valid DICOM; written empty in the results (or left out where optional)",
-            where,
-            ", ".join(invalid),
-            "is" if len(invalid) == 1 else "are",
-        )
-    return tuple(repaired)
-
-
-def _clear(datasets: Iterable[Any], keywords: Iterable[str]) -> None:
-    """``keywords`` emptied in every header: written empty where the results must carry them (type 2), else left
-    out."""
-    for ds in datasets:
-        for kw in keywords:
-            if kw in _TYPE2:
-                setattr(ds, kw, "")
-            elif kw in ds:
-                delattr(ds, kw)
-
-
-def _valid_value(element: Any) -> bool:
-    """Whether a copied patient or study attribute holds a value of its VR that the results can repeat: the VR's
-    format and length (pydicom's validation), dates and times pydicom can parse, PatientSex M, F or O (or empty)."""
-    from pydicom import config
-    from pydicom.valuerep import DA, DT, TM, validate_value
-
-    if element.VR == "SQ":
-        return True
-    value = element.value
-    if value in (None, ""):
-        return True
-    values = list(value) if element.VM > 1 else [value]
-    try:
-        for v in values:
-            validate_value(element.VR, v, config.RAISE)
-            if element.VR in ("DA", "DT", "TM"):
-                {"DA": DA, "DT": DT, "TM": TM}[element.VR](str(v))
-    except (ValueError, TypeError):
-        return False
-    return element.keyword != "PatientSex" or str(value) in ("M", "F", "O")
 
 
 def _positions(path: Path, ds: Any) -> tuple[np.ndarray, list[int] | None]:
@@ -326,7 +212,7 @@ def _recorded_sop_uids(volume: CTVolume) -> set[str]:
     values = volume.metadata.get("SOPInstanceUIDs")
     if not isinstance(values, (list, tuple)):
         return set()
-    return {_uid(v) for v in values if isinstance(v, str) and _uid(v)}
+    return {uid_text(v) for v in values if isinstance(v, str) and uid_text(v)}
 
 
 def _of_volume(headers: list[tuple[Path, Any]], volume: CTVolume, where: str) -> tuple[list[tuple[Path, Any]], tuple[str, ...]]:
@@ -339,15 +225,15 @@ def _of_volume(headers: list[tuple[Path, Any]], volume: CTVolume, where: str) ->
     series_uid = volume.series_uid
     if not series_uid:
         return headers, ()
-    of_series = [(p, ds) for p, ds in headers if _uid(ds.get("SeriesInstanceUID")) == series_uid]
+    of_series = [(p, ds) for p, ds in headers if uid_text(ds.get("SeriesInstanceUID")) == series_uid]
     if of_series:
         return of_series, ()
-    found = sorted({_uid(ds.get("SeriesInstanceUID")) or "none" for _, ds in headers})
+    found = sorted({uid_text(ds.get("SeriesInstanceUID")) or "none" for _, ds in headers})
     if volume.metadata.get("SeriesInstanceUIDGenerated"):
         recorded = _recorded_sop_uids(volume)
-        unnamed = [(p, ds) for p, ds in headers if not _uid(ds.get("SeriesInstanceUID"))]
+        unnamed = [(p, ds) for p, ds in headers if not uid_text(ds.get("SeriesInstanceUID"))]
         if recorded:
-            mine, how = [(p, ds) for p, ds in unnamed if _uid(ds.get("SOPInstanceUID")) in recorded], "SOP Instance UIDs"
+            mine, how = [(p, ds) for p, ds in unnamed if uid_text(ds.get("SOPInstanceUID")) in recorded], "SOP Instance UIDs"
         else:
             mine, how = unnamed, "positions"
         if mine:
@@ -419,7 +305,7 @@ def read_source_series(files: str | os.PathLike[str] | Iterable[str | os.PathLik
     headers, series_generated = _of_volume(headers, volume, where)
     for path, ds in headers:
         for keyword in ("SOPInstanceUID", "SOPClassUID", "SeriesInstanceUID"):
-            if not _uid(ds.get(keyword)):
+            if not uid_text(ds.get(keyword)):
                 raise SourceMismatchError(
                     f"the image has no {keyword}",
                     where=path,
@@ -460,7 +346,7 @@ def read_source_series(files: str | os.PathLike[str] | Iterable[str | os.PathLik
         frame_numbers = None
         sop_classes = tuple(str(d.SOPClassUID) for d in datasets)
         sop_uids = tuple(str(d.SOPInstanceUID) for d in datasets)
-    generated = series_generated + _repair(datasets, volume, where)
+    generated = series_generated + repair_headers(datasets, volume, where)
     first = datasets[0]
     log.debug("%s: %d slices matched to %s", where, len(rows), "frames" if multi else "images")
     return SourceSeries(

@@ -1,0 +1,92 @@
+"""What the :class:`~pipeline.detection.infer.Detector` checks and prepares on a case's volume before the network runs.
+
+Inputs too small to hold a nodule with context are refused by name (:func:`refuse_small`), NaN or infinite voxels
+set to air or, when too many, refused (:func:`clean_volume`), and the lungs to search found (:func:`lung_region`:
+the threshold mask of the air-filled lungs limited to the given or segmented lungs) with the box the network input
+is cropped to (:func:`lung_box`, source indices).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..errors import InputTooSmallError, InvalidVolumeError
+from ..load import Roi
+from ..volume import CTVolume, LabelMap, float3
+from .lungs import LungRegion, quick_lung_mask, region_from_mask, segmented_lung_region
+
+log = logging.getLogger(__name__)
+
+MIN_INPUT_MM = 16.0  # inputs smaller than this on any axis cannot hold a nodule with context
+MAX_BAD_VOXEL_FRACTION = 0.01
+
+LungMask = np.ndarray | LabelMap | Mapping[str, np.ndarray] | LungRegion
+
+
+def refuse_small(extent_mm: np.ndarray, where: str, what: str, axes: str) -> None:
+    """Raise :class:`InputTooSmallError` when ``extent_mm`` (mm along ``axes`` of the ``what``) is
+    under :data:`MIN_INPUT_MM` on an axis: a single slice or a tiny crop is refused by name, not left to fail in a
+    later step (the lung mask's coarse grid needs a few voxels per axis)."""
+    if np.any(extent_mm < MIN_INPUT_MM):
+        raise InputTooSmallError(
+            f"the {what} covers only {np.round(extent_mm, 1).tolist()} mm ({axes}); the detector needs at least {MIN_INPUT_MM} mm per axis",
+            where=where,
+            fix="pass the whole chest series (not a single slice or a tiny crop)",
+        )
+
+
+def volume_extent_mm(volume: CTVolume) -> np.ndarray:
+    """The volume's size in mm along its columns, rows and slices."""
+    return np.asarray(volume.geometry.size_ijk) * np.asarray(volume.spacing)
+
+
+def clean_volume(volume: CTVolume, where: str) -> CTVolume:
+    """``volume`` with its NaN or infinite voxels set to -1024 HU (air), with a warning; refused
+    (:class:`InvalidVolumeError`) when more than :data:`MAX_BAD_VOXEL_FRACTION` of them are."""
+    arr = volume.array
+    if arr.dtype.kind != "f":
+        return volume
+    bad = ~np.isfinite(arr)
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return volume
+    frac = n_bad / arr.size
+    if frac > MAX_BAD_VOXEL_FRACTION:
+        raise InvalidVolumeError(
+            f"{n_bad} of {arr.size} voxels ({frac:.1%}) are NaN or infinite",
+            where=where,
+            fix="the series' pixel data is corrupt; ingest it again or exclude it",
+        )
+    log.warning("%s: %d NaN/infinite voxels set to -1024 HU (air)", where, n_bad)
+    return volume.with_array(np.where(bad, np.float32(-1024.0), arr).astype(arr.dtype))
+
+
+def lung_region(volume: CTVolume, lung_mask: LungMask | None, *, device: str) -> LungRegion:
+    """The lungs to search in ``volume``: the threshold mask of the air-filled lungs (:func:`quick_lung_mask`) limited
+    to ``lung_mask`` (the lungs :func:`segmented_lung_region` finds on ``device`` when it is ``None``); a
+    :class:`LungRegion` is taken as it is, and the given mask alone is searched when the two do not overlap."""
+    if isinstance(lung_mask, LungRegion):
+        return lung_mask
+    quick = quick_lung_mask(volume)
+    if lung_mask is None:  # the threshold mask holds bowel gas too: findings limited to the segmented lungs
+        given, source = segmented_lung_region(volume, device=device), "segmented"
+    else:
+        given, source = region_from_mask(lung_mask, volume), "given"
+    if given.empty:  # no lungs: no search (the caller records why)
+        return given
+    limited = quick.limited_to(given)
+    if limited.limit is None or not limited.limit.any():
+        log.warning(
+            "the lung mask (%s) and the threshold mask of the air in the body do not overlap; searching the lung mask", source
+        )
+        return given
+    return limited
+
+
+def lung_box(region: LungRegion, volume: CTVolume, margin_mm: float) -> Roi:
+    """The box (source indices) of ``region``'s lungs in ``volume``, grown by ``margin_mm``: the network input's crop."""
+    lo, hi = region.bbox_ijk(margin_mm, volume.geometry.size_ijk)
+    return Roi(lo=float3(lo), hi=float3(v - 1 for v in hi), space="index")

@@ -1,0 +1,103 @@
+"""What a run of the batch runner did (:class:`RunSummary`, returned by :func:`~pipeline.runner.batch.run_batch`) and
+the exit codes of ``ctpipe run`` it maps to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ingest.image import image_suffix
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_QUARANTINED = 3
+EXIT_ENVIRONMENT = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM, SIGHUP: the same command resumes
+#: Lines of the summary that name not-selected series one by one (the report and the store list them all).
+SHOWN = 20
+
+
+@dataclass
+class RunSummary:
+    """What a run did. ``exit_code``: 0 all cases done, 3 some quarantined, 4 the run folder could not be written
+    (disk full, read-only, no permission: the run stopped early; the same command resumes), 1 the run could not
+    proceed (bad source or configuration, a model that cannot load)."""
+
+    run_dir: Path
+    run_id: str
+    total: int = 0
+    done: int = 0
+    skipped: int = 0  # done by an earlier run of this folder
+    quarantined: list[tuple[str, str, str]] = field(default_factory=list)  # (case_id, error class, reason)
+    not_selected: list[dict[str, Any]] = field(default_factory=list)
+    skipped_files: list[dict[str, str]] = field(default_factory=list)  # path, kind, reason
+    released: list[tuple[str, str]] = field(default_factory=list)  # (case_id, why): left for the next run
+    elapsed_s: float = 0.0
+    report_html: Path | None = None
+    metrics_file: Path | None = None
+    fatal: str | None = None
+    stopped: str | None = None  # the run folder could not be written: why
+    unfinished: int = 0  # cases of this run neither done nor quarantined (left for the next run)
+    notes: list[str] = field(default_factory=list)  # outputs of the run itself that could not be written
+    sources: list[str] = field(default_factory=list)  # as given to the run
+
+    @property
+    def exit_code(self) -> int:
+        if self.fatal:
+            return EXIT_FATAL
+        if self.stopped:
+            return EXIT_ENVIRONMENT
+        return EXIT_QUARANTINED if self.quarantined else EXIT_OK
+
+    @property
+    def skipped_where(self) -> str:
+        """Where the full list of what discovery left out is."""
+        rep = self.run_dir / "report" / "skipped.csv"
+        return f"{rep} and the run store (open_run(...).skipped)" if self.report_html else "the run store (open_run(...).skipped)"
+
+    @property
+    def cases_per_hour(self) -> float:
+        return 3600.0 * self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def lines(self) -> list[str]:
+        out = [
+            f"run {self.run_id}: {self.done} case(s) done, {len(self.quarantined)} quarantined, "
+            f"{self.skipped} already done earlier, of {self.total}, in {self.elapsed_s:.1f} s"
+        ]
+        if self.fatal:
+            out.append(f"run stopped: {self.fatal}")
+        elif not self.total and not self.stopped:
+            where = ", ".join(self.sources) or "the sources"
+            out.append(f"no CT series found in {where}: nothing to do")
+            images = [f["path"] for f in self.skipped_files if image_suffix(f["path"])]
+            if images:
+                out.append(
+                    f"  NIfTI/MHA/NRRD images are not DICOM series ({len(images)}, such as {images[0]}): ctpipe run "
+                    "reads DICOM; analyse an image with `ctpipe detect FILE` or `ctpipe reconstruct FILE`"
+                )
+        if self.stopped and self.unfinished:
+            out.append(
+                f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: free the space (or fix "
+                "the folder's permissions) and run the same command again to finish them (no --retry-failed needed)"
+            )
+        elif self.stopped:
+            out.append(f"the run folder could not be written: {self.stopped}")
+        for cid, cls, reason in self.quarantined:
+            out.append(f"  quarantined {cid}: {cls}: {reason}")
+        for ns in self.not_selected[:SHOWN]:
+            out.append(f"  not selected {ns['series']} ({ns['source']}): {ns['why']}")
+        if self.skipped_files or len(self.not_selected) > SHOWN:
+            kinds: dict[str, int] = {}
+            for f in self.skipped_files:
+                kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+            what = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(kinds.items()))
+            out.append(
+                f"  skipped by discovery: {len(self.skipped_files)} file(s) ({what or 'none'}) and "
+                f"{len(self.not_selected)} series not selected, listed with reasons in {self.skipped_where}"
+            )
+        out.extend(f"  {note}" for note in self.notes)
+        return out
+
+    def __repr__(self) -> str:
+        return "RunSummary(" + "; ".join(self.lines()) + f"; report={self.report_html})"
