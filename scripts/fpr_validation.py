@@ -164,14 +164,22 @@ def member_validation(
 
 
 def operating_point_from_cache(
-    net: torch.nn.Module, cases: list[dict], cfg: FPReductionConfig, seeds: list[int], *, fps_per_scan: float, command: str
+    net: torch.nn.Module,
+    cases: list[dict],
+    cfg: FPReductionConfig,
+    seeds: list[int],
+    *,
+    fps_per_scan: float,
+    command: str,
+    precision: str,
 ) -> dict:
     """The ``operating_point`` entry from the validation phantoms' cached candidates (:func:`phantom_candidates`
     without jitter: the pipeline's candidates of one RetinaNet pass each), scored as
     :func:`pipeline.detection.fp_reduction.reduce_false_positives` scores them with ``cfg``'s views, detector weight
     and duplicate merging; ``network_only`` from the RetinaNet's own scores at its (refined) finding centres. The
     same rule as ``scripts/calibrate_operating_point.py``, without a second detector pass per phantom (and without its
-    thick-slice score calibration, which that script adds)."""
+    thick-slice score calibration, which that script adds). ``precision``: the number format of the RetinaNet pass
+    that made the candidates (the detector's ``precision``)."""
     t0 = time.time()
     pipeline, network, truth = {}, {}, {}
     for n, case in enumerate(cases):
@@ -197,7 +205,7 @@ def operating_point_from_cache(
     }
     return {
         **entries["pipeline"],
-        "precision": "float32",
+        "precision": precision,
         "device": "cpu",
         "compute_cpu_minutes": round((time.time() - t0) / 60, 1),
         "command": command,

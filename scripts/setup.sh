@@ -19,7 +19,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # torch and torchvision first, pinned together so that torchvision's operators match torch
   .venv/bin/python -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1" \
-    || .venv/bin/python -m pip install --quiet torch torchvision
+    || { echo "setup.sh: torch 2.14.1 / torchvision 0.29.1 not installable here; installing the newest matching pair" >&2
+         .venv/bin/python -m pip install --quiet torch torchvision; }
   # dev tools, and Ray for runner.engine = ray (its tests start a small cluster on this machine)
   .venv/bin/python -m pip install --quiet -e ".[dev,cluster]"
   echo "$want" > "$stamp"

@@ -550,6 +550,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
             tmp.replace(ckpt)
     torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
+    if step < args.steps:  # the time limit came first: no half-trained weights in the model file
+        raise SystemExit(
+            f"training stopped at step {step} of {args.steps} after --minutes {args.minutes:g}; {args.out} was not "
+            f"written. The checkpoint {ckpt} holds the progress: run the same command again to resume, or raise --minutes"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     minutes = {"cache": round(t_cache / 60, 1), "training": round((time.time() - t_start) / 60, 1)}  # this run's
     write_model(

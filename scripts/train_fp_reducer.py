@@ -201,7 +201,10 @@ def revalidate(args: argparse.Namespace, det: Detector, work: Path, val_seeds: l
     args.model.write_text(json.dumps(model_json, indent=1) + "\n")
     log.info("validated %s in %.1f min: setting %s", cfg.weights, (time.time() - t0) / 60, best)
     calibrate_operating_point.write_operating_point(
-        args.model, operating_point_from_cache(net, val_cases, cfg, val_seeds, fps_per_scan=args.op_fps, command=command)
+        args.model,
+        operating_point_from_cache(
+            net, val_cases, cfg, val_seeds, fps_per_scan=args.op_fps, command=command, precision=det.precision
+        ),
     )
     return 0
 
@@ -330,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.n_val),
                 "--op-fps",
                 f"{args.op_fps:g}",
+                "--threads",
+                str(args.threads),
+                "--work",
+                str(args.work / "calibration"),
             ]
         )
     base = load_model(args.model)
@@ -414,7 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     log.info("wrote %s and the fp_reduction entry of %s (setting %s)", weights, args.model, best)
     if val_seeds:  # the new classifier moves the operating point: calibrated on the cached validation candidates
         calibrate_operating_point.write_operating_point(
-            args.model, operating_point_from_cache(net, val_cases, cfg, val_seeds, fps_per_scan=args.op_fps, command=command)
+            args.model,
+            operating_point_from_cache(
+                net, val_cases, cfg, val_seeds, fps_per_scan=args.op_fps, command=command, precision=det.precision
+            ),
         )
     return 0
 
