@@ -115,16 +115,11 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
     from .address import is_pacs_address
 
     pacs_sources = [s for s in args.sources if is_pacs_address(s)]
-    flags = {
-        "workers": ("--workers", args.workers),
-        "device": ("--device", args.device),
-        "bundle": ("--bundle", args.bundle),
-        "metrics_port": ("--metrics-port", args.metrics_port),
-        # unset: not an override
-        "retry_failed": ("--retry-failed", getattr(args, "retry_failed", None) or None),
-        "keep_identifiers": ("--keep-identifiers", getattr(args, "keep_identifiers", None) or None),
-    }
-    cfg = _config(args, flags)
+    from ..config import load_config
+    from ..runner.cli import run_overrides
+
+    overrides, labels = run_overrides(args)  # the same configuration as the run it wraps
+    cfg = load_config(args.config, overrides=overrides, override_sources=labels)
     if not pacs_sources and not cfg.pacs.send_to:
         return original(args)
     from .fetch import fetch_sources, release_spool

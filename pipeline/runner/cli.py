@@ -138,6 +138,23 @@ def cli_overrides(set_items: list[str], flags: Mapping[str, tuple[str, Any]]) ->
     return overrides, labels
 
 
+def run_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """``ctpipe run``'s command-line overrides and their source labels (:func:`cli_overrides`): its ``--set`` items
+    and flags."""
+    flags: dict[str, tuple[str, Any]] = {
+        "workers": ("--workers", args.workers),
+        "device": ("--device", args.device),
+        "bundle": ("--bundle", args.bundle),
+        "metrics_port": ("--metrics-port", args.metrics_port),
+        "retry_failed": ("--retry-failed", args.retry_failed),
+        "keep_identifiers": ("--keep-identifiers", args.keep_identifiers),
+        "outputs.dicom": ("--dicom", None if args.dicom is None else list(args.dicom)),
+    }
+    if args.ray is not None:
+        flags.update({"engine": ("--ray", "ray"), "ray_address": ("--ray", args.ray)})
+    return cli_overrides(args.set, flags)
+
+
 #: Log events the run's summary repeats (a quarantined case with its reason, the run folder failing): with
 #: ``--quiet`` the console leaves them to the summary, so that a cron mail names each once (run.log keeps them).
 SUMMARISED_EVENTS = frozenset({"case_failed", "run_stopping"})
@@ -162,18 +179,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.quiet:
         _leave_to_the_summary(SUMMARISED_EVENTS)
-    flags: dict[str, tuple[str, Any]] = {
-        "workers": ("--workers", args.workers),
-        "device": ("--device", args.device),
-        "bundle": ("--bundle", args.bundle),
-        "metrics_port": ("--metrics-port", args.metrics_port),
-        "retry_failed": ("--retry-failed", args.retry_failed),
-        "keep_identifiers": ("--keep-identifiers", args.keep_identifiers),
-        "outputs.dicom": ("--dicom", None if args.dicom is None else list(args.dicom)),
-    }
-    if args.ray is not None:
-        flags.update({"engine": ("--ray", "ray"), "ray_address": ("--ray", args.ray)})
-    overrides, labels = cli_overrides(args.set, flags)
+    overrides, labels = run_overrides(args)
     if Path(args.out).is_file():
         from ..errors import CtpipeError
 
