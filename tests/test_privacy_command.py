@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.pacs import fetch
-from pipeline.pacs.address import Endpoint, parse_source, redact_identifiers
+from pipeline.pacs.address import Endpoint, for_records, parse_source, redact_identifiers
 from pipeline.runner.batch import run_batch
 
 SOURCE = "dimse://PACS@pacs.example.org:104?studydate=20261130&accession=A123,B456&modality=CT"
@@ -27,6 +27,12 @@ def test_redact_identifiers_withholds_accession_values_only():
     assert shown.endswith("--out runs/a --set privacy.x=accession=1")  # text outside addresses is left alone
     assert redact_identifiers("dimse://PACS@h:104?study=1.2.3&series=1.2.3.4") == "dimse://PACS@h:104?study=1.2.3&series=1.2.3.4"
     assert redact_identifiers("dicomweb+http://u:secret@h/x?accession=A1") == "dicomweb+http://u:***@h/x?accession=***"
+
+
+def test_for_records_withholds_identifiers_unless_kept_and_never_shows_passwords():
+    text = "dicomweb+http://u:secret@h/x?accession=A1&modality=CT"
+    assert for_records(text, keep_identifiers=False) == "dicomweb+http://u:***@h/x?accession=***&modality=CT"
+    assert for_records(text, keep_identifiers=True) == "dicomweb+http://u:***@h/x?accession=A1&modality=CT"
 
 
 def _stored_command(tmp_path: Path, **opts) -> tuple[str, str]:

@@ -19,9 +19,9 @@ study, series or worklist is required, so that a bare address never pulls a whol
 
 Destinations (``pacs.send_to``) use the same forms without a query. Addresses never carry credentials
 (``user:password@`` is refused): DICOMweb credentials come from the environment or a netrc file
-(:mod:`pipeline.pacs.auth`). :func:`redact` gives the form written to logs and ledgers; :func:`redact_identifiers`
-also withholds the query values that identify a patient (accession numbers), for records kept without
-``privacy.keep_identifiers``.
+(:mod:`pipeline.pacs.auth`). :func:`redact` removes passwords; :func:`redact_identifiers` also withholds the query values that identify a
+patient (accession numbers); :func:`for_records` gives the form logs, ledgers and the run store keep (the
+second unless ``privacy.keep_identifiers``).
 """
 
 from __future__ import annotations
@@ -143,6 +143,13 @@ def redact_identifiers(text: str) -> str:
         return f"{base}?{'&'.join(pairs)}"
 
     return _ADDRESS.sub(withhold, redact(text))
+
+
+def for_records(text: str, *, keep_identifiers: bool) -> str:
+    """``text`` (an address, a command line) as logs, ledgers and the run store keep it: never a password
+    (:func:`redact`), and the query values that identify a patient withheld (:func:`redact_identifiers`) unless
+    ``keep_identifiers`` (``privacy.keep_identifiers``)."""
+    return redact(text) if keep_identifiers else redact_identifiers(text)
 
 
 def _endpoint(text: str, where: str) -> tuple[Endpoint, str]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import CtpipeError, PacsError, PartialSeriesError
 from ..runner.store import remote_series
-from .address import PacsSource, Query, parse_source, redact_identifiers
+from .address import PacsSource, Query, for_records, parse_source
 from .archive import Archive, RemoteSeries
 from .connect import open_archive
 from .ledger import Ledger, now
@@ -131,7 +131,7 @@ def fetch_sources(
 def _withhold_accessions(src: PacsSource, out: FetchResult) -> str:
     """The form of ``src`` for logs and printed lines without its accession numbers; records in ``out.shown`` how
     a failure names the source and each of its accession numbers (by position: ``accession 2 of 3 in SOURCE``)."""
-    shown = redact_identifiers(str(src))
+    shown = for_records(str(src), keep_identifiers=False)
     out.shown[str(src)] = shown
     n = len(src.query.accessions)
     for k, acc in enumerate(src.query.accessions, start=1):
@@ -140,7 +140,7 @@ def _withhold_accessions(src: PacsSource, out: FetchResult) -> str:
 
 
 def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledger, out: FetchResult, seen: set[str]) -> None:
-    shown = str(src) if cfg.privacy.keep_identifiers else _withhold_accessions(src, out)
+    shown = for_records(str(src), keep_identifiers=True) if cfg.privacy.keep_identifiers else _withhold_accessions(src, out)
     try:
         archive = open_archive(src.endpoint, cfg, mode=src.query.retrieve)
     except CtpipeError as exc:

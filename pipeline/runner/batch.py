@@ -17,7 +17,7 @@ from typing import Any
 from ..atomic import atomic_write_bytes
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import FatalRunError
-from ..pacs.address import redact, redact_identifiers
+from ..pacs.address import for_records
 from .discover import Discovery, discover
 from .engine import Engine
 from .faults import check_writable, environment_failure
@@ -109,7 +109,7 @@ def run_batch(
 def _recorded(text: str, cfg: Config) -> str:
     """``text`` (a command line, a source) as the run store keeps it: never a password, and PACS query values that
     identify a patient (accession numbers) withheld unless ``privacy.keep_identifiers``."""
-    return redact(text) if cfg.privacy.keep_identifiers else redact_identifiers(text)
+    return for_records(text, keep_identifiers=cfg.privacy.keep_identifiers)
 
 
 def _raise_environment(exc: BaseException, run_dir: Path) -> None:
