@@ -257,6 +257,11 @@ class Detector:
         """Whether :meth:`postprocess` re-scores candidates with a false-positive reduction classifier."""
         return self._fpr is not None
 
+    @property
+    def fp_reducer(self) -> FPReducer | None:
+        """The false-positive reduction classifier :meth:`postprocess` re-scores candidates with (``None``: none)."""
+        return self._fpr
+
     def postprocess(self, volume: CTVolume, findings: Findings, *, region: LungRegion | None = None) -> Findings:
         """Post-processing on ``volume`` (HU, LPS) when :attr:`postprocessing`: centre refinement, then
         false-positive reduction (models that have it; small-blob candidates searched in ``region``, the lungs,
