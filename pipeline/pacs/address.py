@@ -19,9 +19,9 @@ study, series or worklist is required, so that a bare address never pulls a whol
 
 Destinations (``pacs.send_to``) use the same forms without a query. Addresses never carry credentials
 (``user:password@`` is refused): DICOMweb credentials come from the environment or a netrc file
-(:mod:`pipeline.pacs.auth`). :func:`redact` removes passwords; :func:`redact_identifiers` also withholds the query values that identify a
-patient (accession numbers); :func:`for_records` gives the form logs, ledgers and the run store keep (the
-second unless ``privacy.keep_identifiers``).
+(:mod:`pipeline.pacs.auth`). :func:`redact` removes passwords; :func:`redact_identifiers` also withholds the
+query values that identify a patient (accession numbers); :func:`for_records` gives the form logs, ledgers and
+the run store keep (the second unless ``privacy.keep_identifiers``).
 """
 
 from __future__ import annotations
