@@ -42,8 +42,9 @@ MISS_CLASSES = ("no candidate", "classifier", "combined score")
 
 
 def _hits(centres: np.ndarray, nodule_lps: np.ndarray, radius_mm: float) -> np.ndarray:
-    """Which of ``centres`` (N, 3; LPS mm) lie within ``radius_mm`` of ``nodule_lps``."""
-    return np.linalg.norm(centres.reshape(-1, 3) - nodule_lps, axis=1) <= radius_mm
+    """Which of ``centres`` (N, 3; LPS mm) lie strictly within ``radius_mm`` of ``nodule_lps`` (the hit rule of
+    :mod:`pipeline.detection.evaluate`, LUNA16's)."""
+    return np.linalg.norm(centres.reshape(-1, 3) - nodule_lps, axis=1) < radius_mm
 
 
 def main(argv: list[str] | None = None) -> int:
