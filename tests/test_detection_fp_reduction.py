@@ -206,6 +206,15 @@ def test_patches_are_cut_along_l_p_s_whatever_the_array_orientation(direction: n
     assert patch.min() >= 0.0 and patch.max() <= 1.0
 
 
+@pytest.mark.parametrize(
+    "direction", [np.eye(3), np.array([[np.cos(0.3), -np.sin(0.3), 0.0], [np.sin(0.3), np.cos(0.3), 0.0], [0.0, 0.0, 1.0]])]
+)
+def test_no_positions_give_no_patches(direction: np.ndarray) -> None:
+    # a phantom or series with no candidate (or no anatomy negative) anywhere: an empty stack, not an error
+    vol = _lung_volume(direction, spacing=(1.0, 1.0, 1.0))
+    assert extract_patches(vol, np.zeros((0, 3)), patch=8, spacing_mm=2.5).shape == (0, 8, 8, 8)
+
+
 _C, _S = np.cos(0.3), np.sin(0.3)
 
 

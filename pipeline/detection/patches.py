@@ -33,6 +33,8 @@ def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 2
     """
     centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
     out = np.empty((len(centers), patch, patch, patch), dtype=np.float32)
+    if not len(centers):
+        return out
     ax = (np.arange(patch) - (patch - 1) / 2.0) * spacing_mm
     direction = np.asarray(volume.direction, dtype=np.float64)
     if not np.all((np.abs(direction) < 1e-6) | (np.abs(direction) > 1.0 - 1e-6)):
