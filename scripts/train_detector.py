@@ -301,7 +301,7 @@ def evaluate_heldout(
     re-scoring (``froc_refined.*``).
     """
     from pipeline.detection.bundle import LoadedModel, load_model, load_weights
-    from pipeline.detection.evaluate import evaluate_froc
+    from pipeline.detection.evaluate import at_score_threshold, evaluate_froc, match_predictions
     from pipeline.detection.infer import Detector
     from pipeline.detection.lungs import quick_lung_mask
     from pipeline.detection.refine import refine_findings
@@ -313,6 +313,11 @@ def evaluate_heldout(
     # every candidate kept: evaluation scores the full lists, whatever the operating point
     det = Detector(model=model, device="cpu", amp=amp, postprocess=False, all_candidates=True)
     post = Detector(model=model, device="cpu", amp=amp, all_candidates=True)  # the default post-processing of det's findings
+    # the model's operating points: the pipeline's and the network's own (``--raw``)
+    op_threshold = {
+        "froc": Detector(model=model, device="cpu", amp=amp, postprocess=False).score_threshold,
+        "froc_pipeline": Detector(model=model, device="cpu", amp=amp).score_threshold,
+    }
     log.info("evaluating in %s%s", det.precision, " with false-positive reduction" if post.fp_reduction else "")
     preds, pipeline, refined, truth = {}, {}, {}, {}
     kinds: dict[str, list[tuple[np.ndarray, str, str]]] = {}  # each nodule's centre (LPS mm), kind, attachment
@@ -354,6 +359,13 @@ def evaluate_heldout(
             + " ".join(f"{v:.3f}" for v in step.sensitivity)
             + f"  CPM {step.cpm:.3f}"
         )
+        if op_threshold.get(stem) is not None:
+            op = at_score_threshold(match_predictions(found_all, truth, scans=sorted(truth)), op_threshold[stem])
+            (out / f"{stem}_operating_point.json").write_text(json.dumps(op, indent=1) + "\n")
+            print(
+                f"at the model's operating point (score >= {op['score_threshold']:.4f}): sensitivity "
+                f"{op['sensitivity']:.3f} ({op['nodules_found']}/{op['n_nodules']}) at {op['fps_per_scan']:.2f} FPs/scan"
+            )
         _print_by_size(result, kinds)
     return 0
 

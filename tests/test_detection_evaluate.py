@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.detection.evaluate import FP_RATES, evaluate_froc
+from pipeline.detection.evaluate import FP_RATES, at_score_threshold, evaluate_froc, match_predictions
 from pipeline.detection.evaluate_io import load_predictions, load_truth
 from pipeline.detection.findings import Finding, Findings
 from pipeline.errors import ConfigError
@@ -200,3 +200,28 @@ def test_findings_are_scored_on_all_candidates_whatever_the_threshold(tmp_path):
         evaluate_froc({"s1": every}, {"s1": TRUTH["s1"]}, n_bootstrap=0, max_marks_per_scan=0)
     with pytest.raises(ConfigError, match="reading"):
         evaluate_froc({"s1": every}, {"s1": TRUTH["s1"]}, n_bootstrap=0, reading="nearest")
+
+
+def test_operating_point_figures_count_as_luna16_does() -> None:
+    # LPS mm; scan a: two nodules (10 mm, 6 mm), scan b: one 8 mm nodule and a 2 mm one (below LUNA16's 3 mm: its
+    # hits count neither way), scan c: none
+    truth = {
+        "a": [((0.0, 0.0, 0.0), 10.0), ((40.0, 0.0, 0.0), 6.0)],
+        "b": [((0.0, 50.0, 0.0), 8.0), ((0.0, -50.0, 0.0), 2.0)],
+        "c": [],
+    }
+    pred = {
+        "a": [((1.0, 0.0, 0.0), 0.9), ((-2.0, 1.0, 0.0), 0.95), ((40.0, 2.9, 0.0), 0.5), ((80.0, 0.0, 0.0), 0.6)],
+        "b": [((0.0, 50.0, 3.0), 0.7), ((0.0, -50.0, 0.0), 0.99), ((0.0, 0.0, 90.0), 0.4)],
+        "c": [((5.0, 5.0, 5.0), 0.6), ((9.0, 9.0, 9.0), 0.59)],
+    }
+    matched = match_predictions(pred, truth, scans=["a", "b", "c"])
+    # at 0.6 (inclusive): nodules a1 (0.95; the second hit 0.9 is no false positive) and b1 (0.7) found, a2 (0.5) not;
+    # false positives: a's 0.6 and c's 0.6 (b's 0.99 hits the 2 mm nodule: neither)
+    op = at_score_threshold(matched, 0.6)
+    assert (op["nodules_found"], op["n_nodules"]) == (2, 3)
+    assert op["sensitivity"] == pytest.approx(2 / 3)
+    assert op["fps_per_scan"] == pytest.approx(2 / 3)
+    low = at_score_threshold(matched, 0.4)
+    assert (low["nodules_found"], low["fps_per_scan"]) == (3, pytest.approx(4 / 3))
+    assert at_score_threshold(matched, 1.0)["nodules_found"] == 0

@@ -354,6 +354,22 @@ def sensitivity_at(fps: np.ndarray, sens: np.ndarray, rates: Sequence[float], *,
     )
 
 
+def at_score_threshold(matched: Matched, threshold: float) -> dict[str, float]:
+    """What reporting every candidate scoring at or above ``threshold`` gives on ``matched`` (:func:`match_predictions`,
+    LUNA16's counting): ``sensitivity``, ``nodules_found`` of ``n_nodules`` and ``fps_per_scan`` (false positives per
+    scan of the test set), with ``score_threshold``. The figures of a model's operating point on a test set."""
+    found = sum(int(np.sum(best >= threshold)) for best, _ in matched.per_scan)
+    false = sum(int(np.sum(fps >= threshold)) for _, fps in matched.per_scan)
+    n_nodules = len(matched.per_nodule)
+    return {
+        "score_threshold": float(threshold),
+        "sensitivity": found / max(n_nodules, 1),
+        "nodules_found": found,
+        "n_nodules": n_nodules,
+        "fps_per_scan": false / max(matched.n_scans, 1),
+    }
+
+
 def threshold_at(fps: np.ndarray, sens: np.ndarray, thresholds: np.ndarray, rate: float) -> tuple[float, float, float]:
     """``(score threshold, sensitivity, fps/scan)`` of the lowest threshold on the curve with at most ``rate`` false
     positives per scan (reporting every candidate scoring at or above it). With none, the threshold lies just above the
