@@ -186,3 +186,24 @@ def test_evaluate_refuses_two_ground_truths_of_one_scan(tmp_path):
     with pytest.raises(ConfigError, match="scan s1 has a ground truth here and in .*count twice"):
         load_truth([tmp_path / "phantom", tmp_path / "phantom copy"])
     assert len(load_truth([tmp_path / "phantom", tmp_path / "phantom" / "ground_truth.json"])["s1"]) == 1
+
+
+def test_evaluate_reports_the_figures_at_a_score_threshold(tmp_path, capsys):
+    # s1's first nodule hit at 0.9 and again at 0.3 (no false positive), s2's nodule at 0.5; false positives 0.7, 0.2
+    rows = [
+        ("s1", 10, -20, -100, 0.9),
+        ("s1", 11, -20, -100, 0.3),
+        ("s1", 80, 80, -100, 0.7),
+        ("s2", 20, 25, -120, 0.5),
+        ("s2", -60, 0, -120, 0.2),
+    ]
+    truth = _csv(tmp_path / "annotations.csv", "diameter_mm", TRUTH_ROWS)
+    pred = _csv(tmp_path / "c.csv", "probability", rows)
+    argv = ["evaluate", "--pred", str(pred), "--truth", str(truth), "--out", str(tmp_path / "eval"), "--bootstrap", "0"]
+    assert main([*argv, "--at-score", "0.5", "0.95"]) == 0
+    out = capsys.readouterr().out
+    assert "at score >= 0.5: sensitivity 0.667 (2/3) at 0.50 FPs/scan" in out
+    assert "at score >= 0.95: sensitivity 0.000 (0/3) at 0.00 FPs/scan" in out
+    saved = json.loads((tmp_path / "eval" / "at_score.json").read_text())
+    assert [(f["nodules_found"], f["fps_per_scan"]) for f in saved] == [(2, 0.5), (0, 0.0)]
+    assert "--at-score: 1.5 is out of range" in _usage_error(capsys, *argv, "--at-score", "1.5")

@@ -4,7 +4,7 @@
                   [--score-threshold P | --all-candidates] [--dicom none|sr | --no-dicom]
     ctpipe evaluate --pred PATH [PATH ...] --truth PATH [PATH ...] --out DIR [--bootstrap 1000]
                     [--scans seriesuids.csv] [--irrelevant annotations_excluded.csv] [--reading interpolate|step]
-                    [--max-marks 100]
+                    [--max-marks 100] [--at-score P ...]
 
 SRC is a DICOM folder (or an Enhanced CT file), a case-cache entry (``cache/<id>.npy`` or
 ``.json``), or an image file SimpleITK reads (``.nii.gz``, ``.mha``, ``.nrrd``).
@@ -22,6 +22,7 @@ failure to write it loses none of them (exit status 1). Detection makes no masks
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
@@ -128,6 +129,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="keep only each scan's N highest-scoring candidates, as LUNA16's script (N=100); default: all",
     )
+    e.add_argument(
+        "--at-score",
+        nargs="+",
+        type=number_in(float, 0.0, 1.0),
+        default=[],
+        metavar="P",
+        help="also report the sensitivity and false positives per scan of the findings scoring at or above each P "
+        "(0..1), e.g. the model's operating point (the score_threshold of the findings JSONs); written to "
+        "at_score.json",
+    )
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=_evaluate)
 
@@ -221,8 +232,8 @@ def _check_case_id(case_id: str) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from ..atomic import ensure_dir
-    from .evaluate import coordinate_warnings, evaluate_froc
+    from ..atomic import atomic_write_bytes, ensure_dir
+    from .evaluate import at_score_threshold, coordinate_warnings, evaluate_froc, match_predictions
     from .evaluate_io import load_predictions, load_scans, load_truth
 
     ensure_dir(args.out)
@@ -263,5 +274,24 @@ def _evaluate(args: argparse.Namespace) -> int:
     )
     paths = result.write(args.out)
     print(result.table())
-    print(f"wrote {paths['json']}, {paths['csv']}, {paths['png']}")
+    written = [str(paths["json"]), str(paths["csv"]), str(paths["png"])]
+    if args.at_score:
+        matched = match_predictions(
+            preds,
+            truth,
+            scans=scans,
+            min_diameter_mm=args.min_diameter,
+            irrelevant=irrelevant,
+            max_marks_per_scan=args.max_marks,
+        )
+        figures = [at_score_threshold(matched, p) for p in args.at_score]
+        for op in figures:
+            print(
+                f"at score >= {op['score_threshold']:.4g}: sensitivity {op['sensitivity']:.3f} "
+                f"({op['nodules_found']}/{op['n_nodules']}) at {op['fps_per_scan']:.2f} FPs/scan"
+            )
+        at_path = Path(args.out) / "at_score.json"
+        atomic_write_bytes(at_path, (json.dumps(figures, indent=1) + "\n").encode())
+        written.append(str(at_path))
+    print("wrote " + ", ".join(written))
     return 0
