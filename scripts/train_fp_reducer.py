@@ -24,7 +24,9 @@ testing only, not for clinical use.
 2. Training (from ``--init`` weights or from scratch): balanced batches, random flips and in-plane
    transposes, AdamW, cosine schedule, BCE; optionally (``--hard-negatives F``) a fraction F of each
    batch's negatives drawn, after mining at 1/2 and 3/4 of training, in proportion to the network's
-   current score; losses logged. With ``--members K``, K classifiers are trained so on the same patches, each
+   current score; losses logged. With ``--pasted-nodules F``, a fraction F of each batch's positives are the batch's
+   own negatives with a synthetic nodule drawn into them (``scripts/fpr_paste.py``): the same vessel, bifurcation or
+   pleura seen with and without a nodule. With ``--members K``, K classifiers are trained so on the same patches, each
    from its own torch seed (``--torch-seed``, +1, ...), and the model is their ensemble (their logits averaged,
    :class:`pipeline.detection.fp_classifier.PatchEnsemble`); each member's own validation CPM is recorded.
 3. Validation seeds (``--val-seed0``, also unseen by both) choose, by CPM, whether candidates are scored
@@ -68,6 +70,7 @@ import numpy as np
 import torch
 from fpr_anatomy import ANATOMY_KINDS
 from fpr_cache import anatomy_cache, build_cache
+from fpr_paste import NoduleBank, paste
 from fpr_validation import (
     VALIDATION_KEY,
     choose_setting,
@@ -150,6 +153,13 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace, *,
     n_neg = args.batch - args.batch // 2
     n_hard = int(round(args.hard_negatives * n_neg))
     n_anat = int(round(args.anatomy_share * (n_neg - n_hard))) if len(anat) else 0
+    n_paste = int(round(args.pasted_nodules * (args.batch // 2)))
+    bank = None
+    if n_paste:
+        spacings = (cfg.spacing_mm,) + ((cfg.context_spacing_mm,) if cfg.context_spacing_mm else ())
+        t_bank = time.time()
+        bank = NoduleBank(size=args.paste_bank, patch=cfg.patch, spacings_mm=spacings, seed=seed)
+        log.info("drew %d nodules to paste into negatives (%.1f s)", len(bank), time.time() - t_bank)
     for step in range(args.steps):
         if n_hard and step in (args.steps // 2, 3 * args.steps // 4):
             net.eval()
@@ -165,10 +175,15 @@ def train(data: list[dict], cfg: FPReductionConfig, args: argparse.Namespace, *,
         hard = rng.choice(neg, n_hard, p=hard_p) if hard_p is not None else rng.choice(neg, n_hard)
         anatomy = rng.choice(anat, n_anat) if n_anat else hard[:0]
         negs = np.concatenate([hard, anatomy, rng.choice(neg, n_neg - n_hard - n_anat)])
-        idx = np.concatenate([rng.choice(pos, args.batch // 2, p=pos_p), negs])
+        idx = np.concatenate([rng.choice(pos, args.batch // 2 - n_paste, p=pos_p), negs])
         x = torch.from_numpy(patches[idx].astype(np.float32) / 255.0)
-        x = augment(x, gen).contiguous(memory_format=torch.channels_last_3d)
         y = torch.from_numpy((labels[idx] == 1).astype(np.float32))
+        if n_paste:  # the same surroundings with and without a nodule in one batch
+            bases = (len(idx) - len(negs)) + rng.choice(len(negs), n_paste, replace=False)  # rows of the batch's negatives
+            pasted, visible = paste(x[bases], bank, rng.integers(0, len(bank), n_paste), gen)
+            x = torch.cat([x, pasted])
+            y = torch.cat([y, visible.float()])
+        x = augment(x, gen).contiguous(memory_format=torch.channels_last_3d)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(net(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -256,6 +271,14 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="draw positives in proportion to diameter^-W (0: uniformly; 1: a 3 mm nodule 10x as often as a 30 mm one)",
     )
+    ap.add_argument(
+        "--pasted-nodules",
+        type=float,
+        default=0.0,
+        help="fraction of each batch's positives made by drawing a synthetic nodule into one of the batch's negatives "
+        "(scripts/fpr_paste.py): the same vessel or pleura seen with and without a nodule",
+    )
+    ap.add_argument("--paste-bank", type=int, default=2000, help="synthetic nodules drawn once for --pasted-nodules")
     ap.add_argument(
         "--init",
         type=Path,
@@ -396,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
             "validation_seeds": [val_seeds[0], val_seeds[-1]],
             "jitter_positives_per_nodule": args.jitter,
             "hard_negative_fraction": args.hard_negatives,
+            "pasted_nodule_fraction": args.pasted_nodules,
+            "pasted_nodule_bank": args.paste_bank if args.pasted_nodules > 0 else 0,
             "anatomy_negatives_per_phantom": args.anatomy_negatives,
             "anatomy_negative_kinds": list(ANATOMY_KINDS) if args.anatomy_negatives > 0 else [],
             "anatomy_negative_share": args.anatomy_share if args.anatomy_negatives > 0 else 0.0,

@@ -57,9 +57,15 @@ def _crop(grid: CanonicalGrid, center: np.ndarray, half_mm: float) -> tuple[slic
 
 def _shape_sd(grid: CanonicalGrid, spec: NoduleSpec, box: tuple[slice, slice, slice], scale: float = 1.0) -> np.ndarray:
     """Signed distance (mm, approximate) to the lobulated surface, scaled by ``scale``, in ``box``."""
-    dz = (grid.zs[box[0]] - spec.center[2])[:, None, None]
-    dy = (grid.ys[box[1]] - spec.center[1])[None, :, None]
-    dx = (grid.xs[box[2]] - spec.center[0])[None, None, :]
+    return nodule_signed_distance(grid.xs[box[2]], grid.ys[box[1]], grid.zs[box[0]], spec, scale=scale)
+
+
+def nodule_signed_distance(xs: np.ndarray, ys: np.ndarray, zs: np.ndarray, spec: NoduleSpec, *, scale: float = 1.0) -> np.ndarray:
+    """Signed distance (mm, approximate; negative inside) from the points of the grid ``xs`` (L), ``ys`` (P), ``zs``
+    (S) (LPS mm, 1-D each) to the nodule's lobulated surface, its radius scaled by ``scale``; array ``[S, P, L]``."""
+    dz = (np.asarray(zs) - spec.center[2])[:, None, None]
+    dy = (np.asarray(ys) - spec.center[1])[None, :, None]
+    dx = (np.asarray(xs) - spec.center[0])[None, None, :]
     dist = np.sqrt(dx * dx + dy * dy + dz * dz)
     inv = 1.0 / np.maximum(dist, 1e-6)
     f = np.ones_like(dist)
@@ -122,7 +128,10 @@ def _random_attach(rng: np.random.Generator) -> str | None:
     return keys[int(rng.choice(len(keys), p=list(ATTACH_P.values())))]
 
 
-def _make_spec(rng: np.random.Generator, center: np.ndarray, radius: float, kind: str, attached: str | None) -> NoduleSpec:
+def random_nodule_spec(
+    rng: np.random.Generator, center: np.ndarray, radius: float, kind: str, attached: str | None
+) -> NoduleSpec:
+    """A nodule of ``kind`` (:data:`KIND_P`) at ``center`` (LPS mm) of ``radius`` mm: random lobulation and HU."""
     k = 3
     lobes = rng.standard_normal((k, 3))
     lobes /= np.linalg.norm(lobes, axis=1, keepdims=True)
@@ -250,7 +259,7 @@ class NodulePlacer:
                     return None
                 if any(np.linalg.norm(c - o.center) < 1.3 * (radius + o.radius) + 2 * g.pixel_spacing for o in specs):
                     continue
-                spec = _make_spec(self.rng, c, radius, kind, attached)
+                spec = random_nodule_spec(self.rng, c, radius, kind, attached)
                 margin = 0.0 if attached else 1.5 * g.pixel_spacing
                 if _fits(g, spec, self.lung, labels, margin, touch=attached == "pleura", vessels=self.vessel_mask):
                     return spec
