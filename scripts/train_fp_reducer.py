@@ -328,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.members < 1:
         ap.error(f"--members {args.members}: give 1 or more classifiers")
+    if not 0.0 <= args.pasted_nodules <= 1.0:
+        ap.error(f"--pasted-nodules {args.pasted_nodules}: give a fraction of each batch's positives, 0..1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     torch.set_num_threads(args.threads)
     train_seeds = list(range(args.seed0, args.seed0 + args.n_train))
