@@ -207,3 +207,41 @@ def test_evaluate_reports_the_figures_at_a_score_threshold(tmp_path, capsys):
     saved = json.loads((tmp_path / "eval" / "at_score.json").read_text())
     assert [(f["nodules_found"], f["fps_per_scan"]) for f in saved] == [(2, 0.5), (0, 0.0)]
     assert "--at-score: 1.5 is out of range" in _usage_error(capsys, *argv, "--at-score", "1.5")
+
+
+def _findings_file(path: Path, scan: str, rows: list[tuple[tuple[float, float, float], float]], threshold: float | None):
+    from pipeline.detection.findings import Finding, Findings
+
+    items = [
+        Finding(
+            center_lps=c,
+            score=s,
+            voxel_ijk=(1, 2, 3),
+            slice_number=4,
+            box_min_lps=tuple(v - 3.0 for v in c),
+            box_max_lps=tuple(v + 3.0 for v in c),
+            diameter_mm=6.0,
+        )
+        for c, s in rows
+    ]
+    Findings(case_id=scan, series_uid=scan, findings=items).select(threshold, "test").write_json(path)
+
+
+def test_evaluate_reports_the_threshold_the_findings_were_reported_at(tmp_path, capsys):
+    # LPS mm; the truth of TRUTH_ROWS: s1 two nodules (10 and 8 mm), s2 one (12 mm)
+    s1 = [((10.0, -20.0, -100.0), 0.9), ((-40.0, 30.0, -150.0), 0.4), ((80.0, 80.0, -100.0), 0.7)]
+    s2 = [((20.0, 25.0, -120.0), 0.6), ((-60.0, 0.0, -120.0), 0.3)]
+    for threshold in (0.5, 0.35):
+        run = tmp_path / f"run{threshold}"
+        _findings_file(run / "s1.findings.json", "s1", s1, threshold)
+        _findings_file(run / "s2.findings.json", "s2", s2, threshold)
+    rc, out, _ = _evaluate(capsys, tmp_path, tmp_path / "run0.5")
+    assert rc == 0 and "at score >= 0.5: sensitivity 0.667 (2/3) at 0.50 FPs/scan (the threshold the findings" in out
+    rc, out, _ = _evaluate(capsys, tmp_path, tmp_path / "run0.35" / "s1.findings.json", tmp_path / "run0.35" / "s2.findings.json")
+    assert rc == 0 and "at score >= 0.35: sensitivity 1.000 (3/3) at 0.50 FPs/scan" in out
+    # reported at different thresholds (or every candidate, or a CSV): no single operating point to report
+    rc, out, _ = _evaluate(capsys, tmp_path, tmp_path / "run0.5" / "s1.findings.json", tmp_path / "run0.35" / "s2.findings.json")
+    assert rc == 0 and "CPM" in out and "at score >=" not in out
+    _findings_file(tmp_path / "all" / "s1.findings.json", "s1", s1, None)
+    rc, out, _ = _evaluate(capsys, tmp_path, tmp_path / "all")
+    assert rc == 0 and "at score >=" not in out

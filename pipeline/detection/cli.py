@@ -136,8 +136,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         metavar="P",
         help="also report the sensitivity and false positives per scan of the findings scoring at or above each P "
-        "(0..1), e.g. the model's operating point (the score_threshold of the findings JSONs); written to "
-        "at_score.json",
+        "(0..1), written to at_score.json (default: the score threshold the findings JSONs were reported at, the "
+        "model's operating point, when they share one)",
     )
     e.add_argument("--seed", type=int, default=0)
     e.set_defaults(func=_evaluate)
@@ -234,12 +234,13 @@ def _check_case_id(case_id: str) -> None:
 def _evaluate(args: argparse.Namespace) -> int:
     from ..atomic import atomic_write_bytes, ensure_dir
     from .evaluate import at_score_threshold, coordinate_warnings, evaluate_froc, match_predictions
-    from .evaluate_io import load_predictions, load_scans, load_truth
+    from .evaluate_io import load_scans, load_truth, read_predictions
 
     ensure_dir(args.out)
 
     truth = load_truth(args.truth)
-    preds = load_predictions(args.pred)
+    predictions = read_predictions(args.pred)
+    preds = predictions.candidates
     irrelevant = load_truth(args.irrelevant) if args.irrelevant else None
     scans = load_scans(args.scans) if args.scans is not None else None
     if not set(preds) & set(truth):
@@ -275,7 +276,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     paths = result.write(args.out)
     print(result.table())
     written = [str(paths["json"]), str(paths["csv"]), str(paths["png"])]
-    if args.at_score:
+    # by default, the threshold the findings JSONs were reported at (a model's operating point), when they share one
+    reported = predictions.reported_threshold()
+    at_scores = list(args.at_score) or ([reported] if reported is not None else [])
+    if at_scores:
         matched = match_predictions(
             preds,
             truth,
@@ -284,11 +288,12 @@ def _evaluate(args: argparse.Namespace) -> int:
             irrelevant=irrelevant,
             max_marks_per_scan=args.max_marks,
         )
-        figures = [at_score_threshold(matched, p) for p in args.at_score]
+        figures = [at_score_threshold(matched, p) for p in at_scores]
         for op in figures:
             print(
                 f"at score >= {op['score_threshold']:.4g}: sensitivity {op['sensitivity']:.3f} "
                 f"({op['nodules_found']}/{op['n_nodules']}) at {op['fps_per_scan']:.2f} FPs/scan"
+                + ("" if args.at_score else " (the threshold the findings were reported at)")
             )
         at_path = Path(args.out) / "at_score.json"
         atomic_write_bytes(at_path, (json.dumps(figures, indent=1) + "\n").encode())

@@ -18,6 +18,7 @@ import csv
 import json
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -145,7 +146,29 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
 
 def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
     """Scan id → [(centre LPS mm, score)] from findings JSONs and/or LUNA16 candidate CSVs."""
+    return read_predictions(paths).candidates
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """What ``--pred`` holds: ``candidates``, scan id → [(centre LPS mm, score)], every candidate of each scan; and
+    ``thresholds``, scan id → the score threshold its findings JSON was reported at (``None``: every candidate was
+    reported), for the scans read from findings JSONs (a LUNA16 CSV records none)."""
+
+    candidates: dict[str, list[tuple[np.ndarray, float]]]
+    thresholds: dict[str, float | None]
+
+    def reported_threshold(self) -> float | None:
+        """The one score threshold every findings JSON was reported at, or ``None`` when there is none (CSV
+        predictions, every candidate reported) or they differ."""
+        values = set(self.thresholds.values())
+        return values.pop() if len(values) == 1 and None not in values else None
+
+
+def read_predictions(paths: Iterable[str | Path]) -> Predictions:
+    """:class:`Predictions` from findings JSONs and/or LUNA16 candidate CSVs (positions LPS mm)."""
     preds: dict[str, list[tuple[np.ndarray, float]]] = {}
+    thresholds: dict[str, float | None] = {}
     source: dict[str, Path] = {}  # scan id → the findings JSON it came from
     # `ctpipe detect` writes <case>.findings.json; `ctpipe run` writes cases/<id>/findings.json
     files = _files(paths, ("*findings.json",), what="--pred", takes=_PRED)
@@ -191,7 +214,8 @@ def load_predictions(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.nda
             fix="pass one findings JSON per scan (name the files, or the folder of one run, instead of both)",
         )
         preds.setdefault(scan_id, []).extend((np.asarray(x.center_lps, float), float(x.score)) for x in fnd.candidates)
-    return preds
+        thresholds[scan_id] = None if fnd.score_threshold is None else float(fnd.score_threshold)
+    return Predictions(candidates=preds, thresholds=thresholds)
 
 
 def load_scans(path: str | Path) -> list[str]:
