@@ -301,9 +301,10 @@ def evaluate_heldout(
     re-scoring (``froc_refined.*``).
     """
     from pipeline.detection.bundle import LoadedModel, load_model, load_weights
-    from pipeline.detection.evaluate import at_score_threshold, evaluate_froc, match_predictions
+    from pipeline.detection.evaluate import at_score_threshold, froc_of_matched, match_predictions
     from pipeline.detection.infer import Detector
     from pipeline.detection.lungs import quick_lung_mask
+    from pipeline.detection.operating_point import resolve_threshold
     from pipeline.detection.refine import refine_findings
 
     model = load_model(model_json)
@@ -315,8 +316,8 @@ def evaluate_heldout(
     post = Detector(model=model, device="cpu", amp=amp, all_candidates=True)  # the default post-processing of det's findings
     # the model's operating points: the pipeline's and the network's own (``--raw``)
     op_threshold = {
-        "froc": Detector(model=model, device="cpu", amp=amp, postprocess=False).score_threshold,
-        "froc_pipeline": Detector(model=model, device="cpu", amp=amp).score_threshold,
+        "froc": resolve_threshold(model.config, postprocess=False)[0],
+        "froc_pipeline": resolve_threshold(model.config, postprocess=True)[0],
     }
     log.info("evaluating in %s%s", det.precision, " with false-positive reduction" if post.fp_reduction else "")
     preds, pipeline, refined, truth = {}, {}, {}, {}
@@ -349,9 +350,10 @@ def evaluate_heldout(
     if refine:
         runs.append(("centres refined on the HU volume", refined, "froc_refined"))
     for title, found_all, stem in runs:
-        result = evaluate_froc(found_all, truth, scans=sorted(truth))
+        matched = match_predictions(found_all, truth, scans=sorted(truth))
+        result = froc_of_matched(matched)
         result.write(out, stem=stem)
-        step = evaluate_froc(found_all, truth, scans=sorted(truth), reading="step", n_bootstrap=0)
+        step = froc_of_matched(matched, reading="step", n_bootstrap=0)
         print(f"== {title} ({len(seeds)} held-out phantoms)")
         print(result.table())
         print(
@@ -360,7 +362,7 @@ def evaluate_heldout(
             + f"  CPM {step.cpm:.3f}"
         )
         if op_threshold.get(stem) is not None:
-            op = at_score_threshold(match_predictions(found_all, truth, scans=sorted(truth)), op_threshold[stem])
+            op = at_score_threshold(matched, op_threshold[stem])
             (out / f"{stem}_operating_point.json").write_text(json.dumps(op, indent=1) + "\n")
             print(
                 f"at the model's operating point (score >= {op['score_threshold']:.4f}): sensitivity "

@@ -233,7 +233,7 @@ def _check_case_id(case_id: str) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from ..atomic import atomic_write_bytes, ensure_dir
-    from .evaluate import at_score_threshold, coordinate_warnings, evaluate_froc, match_predictions
+    from .evaluate import at_score_threshold, coordinate_warnings, froc_of_matched, match_predictions
     from .evaluate_io import load_scans, load_truth, read_predictions
 
     ensure_dir(args.out)
@@ -262,16 +262,12 @@ def _evaluate(args: argparse.Namespace) -> int:
             "(LUNA16's seriesuids.csv) to fix which scans count",
             file=sys.stderr,
         )
-    result = evaluate_froc(
-        preds,
-        truth,
-        scans=scans,
-        min_diameter_mm=args.min_diameter,
-        n_bootstrap=args.bootstrap,
-        seed=args.seed,
-        reading=args.reading,
-        irrelevant=irrelevant,
-        max_marks_per_scan=args.max_marks,
+    # matched once: the FROC and the figures at a score threshold count the same hits and false positives
+    matched = match_predictions(
+        preds, truth, scans=scans, min_diameter_mm=args.min_diameter, irrelevant=irrelevant, max_marks_per_scan=args.max_marks
+    )
+    result = froc_of_matched(
+        matched, n_bootstrap=args.bootstrap, seed=args.seed, reading=args.reading, max_marks_per_scan=args.max_marks
     )
     paths = result.write(args.out)
     print(result.table())
@@ -280,14 +276,6 @@ def _evaluate(args: argparse.Namespace) -> int:
     reported = predictions.reported_threshold()
     at_scores = list(args.at_score) or ([reported] if reported is not None else [])
     if at_scores:
-        matched = match_predictions(
-            preds,
-            truth,
-            scans=scans,
-            min_diameter_mm=args.min_diameter,
-            irrelevant=irrelevant,
-            max_marks_per_scan=args.max_marks,
-        )
         figures = [at_score_threshold(matched, p) for p in at_scores]
         for op in figures:
             print(

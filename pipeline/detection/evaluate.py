@@ -422,6 +422,22 @@ def evaluate_froc(
         irrelevant=irrelevant,
         max_marks_per_scan=max_marks_per_scan,
     )
+    return froc_of_matched(
+        matched, n_bootstrap=n_bootstrap, seed=seed, fp_rates=fp_rates, reading=reading, max_marks_per_scan=max_marks_per_scan
+    )
+
+
+def froc_of_matched(
+    matched: Matched,
+    *,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+    fp_rates: Sequence[float] = FP_RATES,
+    reading: str = "interpolate",
+    max_marks_per_scan: int | None = None,
+) -> FrocResult:
+    """The FROC/CPM of :func:`evaluate_froc` from candidates already matched to nodules (:func:`match_predictions`,
+    which ``max_marks_per_scan`` capped, recorded here), so one matching also serves :func:`at_score_threshold`."""
     per_scan, n_scans, per_nodule = matched.per_scan, matched.n_scans, matched.per_nodule
     n_nodules = len(per_nodule)
     tp = np.concatenate([b for b, _ in per_scan])
