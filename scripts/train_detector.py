@@ -301,7 +301,7 @@ def evaluate_heldout(
     re-scoring (``froc_refined.*``).
     """
     from pipeline.detection.bundle import LoadedModel, load_model, load_weights
-    from pipeline.detection.evaluate import at_score_threshold, froc_of_matched, match_predictions
+    from pipeline.detection.evaluate import at_score_threshold, froc_of_matched, match_predictions, size_band_text
     from pipeline.detection.infer import Detector
     from pipeline.detection.lungs import quick_lung_mask
     from pipeline.detection.operating_point import resolve_threshold
@@ -366,7 +366,8 @@ def evaluate_heldout(
             (out / f"{stem}_operating_point.json").write_text(json.dumps(op, indent=1) + "\n")
             print(
                 f"at the model's operating point (score >= {op['score_threshold']:.4f}): sensitivity "
-                f"{op['sensitivity']:.3f} ({op['nodules_found']}/{op['n_nodules']}) at {op['fps_per_scan']:.2f} FPs/scan"
+                f"{op['sensitivity']:.3f} ({op['nodules_found']}/{op['n_nodules']}) at {op['fps_per_scan']:.2f} FPs/scan; "
+                f"by size: {size_band_text(op['by_size'])}"
             )
         _print_by_size(result, kinds)
     return 0
@@ -375,14 +376,14 @@ def evaluate_heldout(
 def _print_by_size(result, kinds: dict[str, list[tuple[np.ndarray, str, str]]]) -> None:
     """Nodules found at <= 8 FPs/scan by size; those under 10 mm also by kind and by what they touch (``kinds``: per
     scan, each nodule's centre LPS mm, kind and attachment); the nodules no candidate hit."""
+    from pipeline.detection.evaluate import found_by_size, size_band_text
+
     thr = result.thresholds[result.fp_rates.index(8.0)][0]  # lowest score with at most 8 FPs/scan
 
     def found(p: dict) -> bool:
         return p["best_score"] is not None and p["best_score"] >= thr
 
-    for lo, hi in ((3, 6), (6, 10), (10, 20), (20, 31)):
-        sel = [p for p in result.per_nodule if lo <= p["diameter_mm"] < hi]
-        print(f"nodules {lo}-{hi} mm: {sum(map(found, sel))}/{len(sel)} found at <= 8 FPs/scan")
+    print(f"nodules found at <= 8 FPs/scan by size: {size_band_text(found_by_size(result.per_nodule, thr))}")
     small = []
     for p in result.per_nodule:
         if p["diameter_mm"] < 10:

@@ -204,8 +204,15 @@ def test_evaluate_reports_the_figures_at_a_score_threshold(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "at score >= 0.5: sensitivity 0.667 (2/3) at 0.50 FPs/scan" in out
     assert "at score >= 0.95: sensitivity 0.000 (0/3) at 0.00 FPs/scan" in out
+    assert "nodules found by size: 6-10 mm 0/1, 10-20 mm 2/2" in out  # the 8 mm nodule missed at 0.5
     saved = json.loads((tmp_path / "eval" / "at_score.json").read_text())
     assert [(f["nodules_found"], f["fps_per_scan"]) for f in saved] == [(2, 0.5), (0, 0.0)]
+    assert [(b["min_mm"], b["nodules_found"], b["n_nodules"]) for b in saved[0]["by_size"]] == [
+        (0.0, 0, 0),
+        (6.0, 0, 1),
+        (10.0, 2, 2),
+        (20.0, 0, 0),
+    ]
     assert "--at-score: 1.5 is out of range" in _usage_error(capsys, *argv, "--at-score", "1.5")
 
 

@@ -8,7 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.detection.evaluate import FP_RATES, at_score_threshold, evaluate_froc, match_predictions
+from pipeline.detection.evaluate import (
+    FP_RATES,
+    at_score_threshold,
+    evaluate_froc,
+    found_by_size,
+    match_predictions,
+    size_band_text,
+)
 from pipeline.detection.evaluate_io import load_predictions, load_truth
 from pipeline.detection.findings import Finding, Findings
 from pipeline.errors import ConfigError
@@ -225,3 +232,10 @@ def test_operating_point_figures_count_as_luna16_does() -> None:
     low = at_score_threshold(matched, 0.4)
     assert (low["nodules_found"], low["fps_per_scan"]) == (3, pytest.approx(4 / 3))
     assert at_score_threshold(matched, 1.0)["nodules_found"] == 0
+    # by size: the 6 mm nodule opens the 6-10 mm band (its lower edge is inclusive), the 2 mm one is in no band
+    bands = {(b["min_mm"], b["max_mm"]): (b["nodules_found"], b["n_nodules"]) for b in op["by_size"]}
+    assert bands == {(0.0, 6.0): (0, 0), (6.0, 10.0): (1, 2), (10.0, 20.0): (1, 1), (20.0, None): (0, 0)}
+    assert [b["sensitivity"] for b in op["by_size"]] == [None, 0.5, 1.0, None]
+    assert size_band_text(op["by_size"]) == "6-10 mm 1/2, 10-20 mm 1/1"
+    assert size_band_text(low["by_size"]) == "6-10 mm 2/2, 10-20 mm 1/1"
+    assert size_band_text(found_by_size(matched.per_nodule, 0.6, edges_mm=(7.0,))) == "under 7 mm 0/1, 7 mm and over 2/2"

@@ -233,7 +233,7 @@ def _check_case_id(case_id: str) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from ..atomic import atomic_write_bytes, ensure_dir
-    from .evaluate import at_score_threshold, coordinate_warnings, froc_of_matched, match_predictions
+    from .evaluate import at_score_threshold, coordinate_warnings, froc_of_matched, match_predictions, size_band_text
     from .evaluate_io import load_scans, load_truth, read_predictions
 
     ensure_dir(args.out)
@@ -283,6 +283,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                 f"({op['nodules_found']}/{op['n_nodules']}) at {op['fps_per_scan']:.2f} FPs/scan"
                 + ("" if args.at_score else " (the threshold the findings were reported at)")
             )
+            print(f"  nodules found by size: {size_band_text(op['by_size'])}")
         at_path = Path(args.out) / "at_score.json"
         atomic_write_bytes(at_path, (json.dumps(figures, indent=1) + "\n").encode())
         written.append(str(at_path))

@@ -47,6 +47,8 @@ from .findings import Findings
 log = logging.getLogger(__name__)
 
 FP_RATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+#: upper edges (mm, exclusive) of the nodule size bands of :func:`found_by_size`: under 6, 6-10, 10-20, 20 mm and over
+SIZE_EDGES_MM = (6.0, 10.0, 20.0)
 
 Truth = dict[str, list[tuple[np.ndarray, float]]]  # scan id → [(centre LPS mm, diameter mm)]
 Candidates = dict[str, list[tuple[np.ndarray, float]]]  # scan id → [(centre LPS mm, score)]
@@ -354,10 +356,11 @@ def sensitivity_at(fps: np.ndarray, sens: np.ndarray, rates: Sequence[float], *,
     )
 
 
-def at_score_threshold(matched: Matched, threshold: float) -> dict[str, float]:
+def at_score_threshold(matched: Matched, threshold: float) -> dict[str, Any]:
     """What reporting every candidate scoring at or above ``threshold`` gives on ``matched`` (:func:`match_predictions`,
     LUNA16's counting): ``sensitivity``, ``nodules_found`` of ``n_nodules`` and ``fps_per_scan`` (false positives per
-    scan of the test set), with ``score_threshold``. The figures of a model's operating point on a test set."""
+    scan of the test set), with ``score_threshold``, and the nodules found by size (``by_size``, :func:`found_by_size`).
+    The figures of a model's operating point on a test set."""
     found = sum(int(np.sum(best >= threshold)) for best, _ in matched.per_scan)
     false = sum(int(np.sum(fps >= threshold)) for _, fps in matched.per_scan)
     n_nodules = len(matched.per_nodule)
@@ -367,7 +370,46 @@ def at_score_threshold(matched: Matched, threshold: float) -> dict[str, float]:
         "nodules_found": found,
         "n_nodules": n_nodules,
         "fps_per_scan": false / max(matched.n_scans, 1),
+        "by_size": found_by_size(matched.per_nodule, threshold),
     }
+
+
+def found_by_size(
+    per_nodule: Sequence[Mapping[str, Any]], threshold: float, *, edges_mm: Sequence[float] = SIZE_EDGES_MM
+) -> list[dict[str, Any]]:
+    """Reference nodules found at score ``threshold`` (a hit scoring at or above it) per size band: one record per band
+    ``min_mm <= diameter < max_mm`` (``max_mm`` None for the last, open band) with ``nodules_found``, ``n_nodules`` and
+    ``sensitivity`` (None for a band without nodules). ``per_nodule``: :attr:`Matched.per_nodule` (diameters in mm).
+    Small nodules are where detectors differ most (LUNA16's smallest are 3 mm); the bands show it."""
+    bounds = [0.0, *(float(e) for e in edges_mm)]
+    out = []
+    for n, lo in enumerate(bounds):
+        hi = bounds[n + 1] if n + 1 < len(bounds) else None
+        band = [p for p in per_nodule if p["diameter_mm"] >= lo and (hi is None or p["diameter_mm"] < hi)]
+        found = sum(1 for p in band if p["best_score"] is not None and p["best_score"] >= threshold)
+        out.append(
+            {
+                "min_mm": lo,
+                "max_mm": hi,
+                "nodules_found": found,
+                "n_nodules": len(band),
+                "sensitivity": found / len(band) if band else None,
+            }
+        )
+    return out
+
+
+def size_band_text(bands: Sequence[Mapping[str, Any]]) -> str:
+    """``found_by_size``'s bands on one line, e.g. ``under 6 mm 9/20, 6-10 mm 18/19, 20 mm and over 3/3`` (bands
+    without nodules left out)."""
+    parts = []
+    for b in bands:
+        if not b["n_nodules"]:
+            continue
+        lo, hi = f"{b['min_mm']:g}", b["max_mm"]
+        name = f"under {hi:g} mm" if b["min_mm"] == 0 else (f"{lo} mm and over" if hi is None else f"{lo}-{hi:g} mm")
+        parts.append(f"{name} {b['nodules_found']}/{b['n_nodules']}")
+    return ", ".join(parts)
 
 
 def threshold_at(fps: np.ndarray, sens: np.ndarray, thresholds: np.ndarray, rate: float) -> tuple[float, float, float]:
