@@ -239,3 +239,6 @@ def test_operating_point_figures_count_as_luna16_does() -> None:
     assert size_band_text(op["by_size"]) == "6-10 mm 1/2, 10-20 mm 1/1"
     assert size_band_text(low["by_size"]) == "6-10 mm 2/2, 10-20 mm 1/1"
     assert size_band_text(found_by_size(matched.per_nodule, 0.6, edges_mm=(7.0,))) == "under 7 mm 0/1, 7 mm and over 2/2"
+    for bad in ((10.0, 6.0), (0.0, 6.0), (6.0, 6.0)):
+        with pytest.raises(ConfigError, match=r"size band edges .* not positive and increasing"):
+            found_by_size(matched.per_nodule, 0.6, edges_mm=bad)

@@ -135,8 +135,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=number_in(float, 0.0, 1.0),
         default=[],
         metavar="P",
-        help="also report the sensitivity and false positives per scan of the findings scoring at or above each P "
-        "(0..1), written to at_score.json (default: the score threshold the findings JSONs were reported at, the "
+        help="also report the sensitivity, false positives per scan and nodules found by size of the findings scoring at "
+        "or above each P (0..1), written to at_score.json (default: the score threshold the findings JSONs were reported at, the "
         "model's operating point, when they share one)",
     )
     e.add_argument("--seed", type=int, default=0)

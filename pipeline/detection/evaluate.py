@@ -380,8 +380,15 @@ def found_by_size(
     """Reference nodules found at score ``threshold`` (a hit scoring at or above it) per size band: one record per band
     ``min_mm <= diameter < max_mm`` (``max_mm`` None for the last, open band) with ``nodules_found``, ``n_nodules`` and
     ``sensitivity`` (None for a band without nodules). ``per_nodule``: :attr:`Matched.per_nodule` (diameters in mm).
-    Small nodules are where detectors differ most (LUNA16's smallest are 3 mm); the bands show it."""
+    Small nodules are where detectors differ most (LUNA16's smallest are 3 mm); the bands show it. Raises
+    :class:`ConfigError` unless ``edges_mm`` are positive and increasing."""
     bounds = [0.0, *(float(e) for e in edges_mm)]
+    if any(not b < a for b, a in zip(bounds, bounds[1:])):
+        raise ConfigError(
+            f"size band edges {list(edges_mm)} are not positive and increasing",
+            where="found_by_size(edges_mm=...)",
+            fix="pass the bands' upper edges in mm, smallest first, e.g. (6.0, 10.0, 20.0)",
+        )
     out = []
     for n, lo in enumerate(bounds):
         hi = bounds[n + 1] if n + 1 < len(bounds) else None
