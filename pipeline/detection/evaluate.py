@@ -413,8 +413,8 @@ def size_band_text(bands: Sequence[Mapping[str, Any]]) -> str:
     for b in bands:
         if not b["n_nodules"]:
             continue
-        lo, hi = f"{b['min_mm']:g}", b["max_mm"]
-        name = f"under {hi:g} mm" if b["min_mm"] == 0 else (f"{lo} mm and over" if hi is None else f"{lo}-{hi:g} mm")
+        lo, hi = b["min_mm"], b["max_mm"]
+        name = f"under {hi:g} mm" if lo == 0 else f"{lo:g} mm and over" if hi is None else f"{lo:g}-{hi:g} mm"
         parts.append(f"{name} {b['nodules_found']}/{b['n_nodules']}")
     return ", ".join(parts)
 
