@@ -419,6 +419,7 @@ def test_metal_is_dense_not_bone_and_streaks(kind):
         (dict(metal="gold"), ["metal", "port"]),
         (dict(bowel_gas="yes"), ["bowel_gas", "True"]),
         (dict(fine_vessels=1), ["fine_vessels", "True"]),
+        (dict(bronchovascular="yes"), ["bronchovascular", "True"]),
         (dict(blanket=True), ["blanket", "table"]),
     ],
 )
@@ -571,10 +572,15 @@ def test_cli_scenario_and_realistic(tmp_path, capsys):
     assert main(["phantom", str(fine), "--seed", "40", "--realistic", "--fine-vessels", *small]) == 0
     conf = Confounders.from_json(load_ground_truth(fine / "phantom_00040")["options"]["confounders"])
     assert conf == dataclasses.replace(realistic_confounders(40), fine_vessels=True)
+    assert main(["phantom", str(fine), "--seed", "42", "--realistic", "--fine-vessels", "--bronchovascular", *small]) == 0
+    conf = Confounders.from_json(load_ground_truth(fine / "phantom_00042")["options"]["confounders"])
+    assert conf == dataclasses.replace(realistic_confounders(42), fine_vessels=True, bronchovascular=True)
     capsys.readouterr()
     assert main(["phantom", str(fine), "--seed", "41", "--fine-vessels", *small]) == 1
     err = capsys.readouterr().err
     assert "--fine-vessels" in err and "--realistic" in err and not (fine / "phantom_00041").exists()
+    assert main(["phantom", str(fine), "--seed", "41", "--bronchovascular", *small]) == 1
+    assert "--bronchovascular" in capsys.readouterr().err
     assert main(["phantom", str(tmp_path), *small]) == 1
     assert "--seed" in capsys.readouterr().err
     assert main(["phantom", str(tmp_path), "--scenario", "all", "--seed", "3", *small]) == 1

@@ -95,6 +95,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-700..-150 HU, as on real CT; the detector's training phantoms have them)",
     )
     p.add_argument(
+        "--bronchovascular",
+        action="store_true",
+        help="with --scenario or --realistic: add the bronchi beside the lung arteries (the hilum's bronchovascular "
+        "bundles; the detector's training phantoms have them)",
+    )
+    p.add_argument(
         "--seed-offset",
         type=int,
         default=0,
@@ -190,14 +196,16 @@ def run(args: argparse.Namespace) -> int:
 
     failed = 0
     cases = _cases(args)
-    if args.fine_vessels:
+    extra = {name: True for name in ("fine_vessels", "bronchovascular") if getattr(args, name)}
+    if extra:
         if any(conf is None for _, conf, _, _ in cases):
+            flags = " ".join("--" + name.replace("_", "-") for name in extra)
             raise PhantomError(
-                "--fine-vessels adds to the confounders of real scans, and a plain phantom has none",
-                where="ctpipe phantom --fine-vessels",
+                f"{flags} adds to the confounders of real scans, and a plain phantom has none",
+                where=f"ctpipe phantom {flags}",
                 fix="add --realistic or --scenario NAME",
             )
-        cases = [(seed, replace(conf, fine_vessels=True), position, sc) for seed, conf, position, sc in cases]
+        cases = [(seed, replace(conf, **extra), position, sc) for seed, conf, position, sc in cases]
     for seed, confounders, position, scenario in cases:
         case_dir = args.out_dir / f"phantom_{seed:05d}"
         try:

@@ -41,6 +41,9 @@ have and the plain phantom lacks, each with ground truth:
   partial volume (faint dots and short lines of about -700..-150 HU, as real
   lungs are full of; :mod:`.fine_vessels`). Not in the ``vessels`` mask,
   which holds the resolved trees.
+* ``bronchovascular``: segmental and subsegmental bronchi beside the lung
+  arteries (walls of soft tissue, air lumens in the ``airway`` mask), the
+  bronchovascular bundles of a real hilum (:mod:`.bronchi`).
 
 Gravity follows ``patient_position`` (supine: posterior is down, prone:
 anterior); everything is built in patient coordinates (LPS, mm).
@@ -113,13 +116,14 @@ class Confounders:
     thick_slices_mm: float | None = None
     metal: str = "none"
     fine_vessels: bool = False
+    bronchovascular: bool = False
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if not isinstance(value, str) or value not in allowed:
                 raise _bad(name, value, "one of " + ", ".join(repr(a) for a in allowed))
-        for name in ("blanket", "bowel_gas", "fine_vessels"):
+        for name in ("blanket", "bowel_gas", "fine_vessels", "bronchovascular"):
             if not isinstance(getattr(self, name), bool):
                 raise _bad(name, getattr(self, name), "True or False")
         for name, (lo, hi) in _RANGES.items():

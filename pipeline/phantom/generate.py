@@ -217,8 +217,9 @@ def generate_phantom(
 
     # 2. tubes: mediastinal vessels, lung vessels, airways, ribs
     blood = None if scene is None else scene.blood
+    r_bronchi = np.random.default_rng(root.spawn(1)[0]) if conf is not None and conf.bronchovascular else None
     vessels, airway, inner, blood_mask = paint_tubes(
-        layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body, painter.inner2, blood
+        layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body, painter.inner2, blood, bronchi=r_bronchi
     )
     if scene is not None:
         confounded.after_tubes(scene, hu, lung, bone, vessels, body, blood_mask)

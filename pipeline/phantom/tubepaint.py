@@ -12,10 +12,11 @@ import numpy as np
 from scipy.ndimage import binary_dilation
 
 from . import anatomy as T
+from .bronchi import bronchus_tubes, paint_bronchi
 from .layout import Layout
 from .scanner import CanonicalGrid
 from .tubes import Tubes, coverage, signed_distance
-from .vessels import airway_tubes, aorta_tubes, rib_tubes, split_trunks, vessel_trees
+from .vessels import airway_tubes, aorta_tubes, is_artery_tree, rib_tubes, split_trunks, vessel_trees
 
 
 def _near(sd: np.ndarray, box: tuple[slice, slice, slice], limit: float) -> np.ndarray:
@@ -55,6 +56,7 @@ def paint_tubes(
     body: np.ndarray,
     inner2: np.ndarray,
     blood: dict[str, float] | None = None,
+    bronchi: np.random.Generator | None = None,
 ) -> tuple[np.ndarray, np.ndarray, Tubes, np.ndarray | None]:
     """Paint aorta, pulmonary vessels, airways and ribs into ``hu`` (canonical grid, in place).
 
@@ -62,7 +64,8 @@ def paint_tubes(
     bone) and ``bone`` (ribs and clavicles added, within the 2-D ``inner2`` region); returns the vessel and airway-lumen masks,
     the intrapulmonary vessel tubes and, with ``blood`` (HU by group: ``aorta``,
     ``pulmonary_artery``, ``pulmonary_vein``, ``lung_vessels``), the blood voxels of
-    every vessel (not bone). Only voxels near a tube surface are touched.
+    every vessel (not bone). With ``bronchi`` (a generator), the lung arteries get their bronchi
+    (:mod:`.bronchi`; their lumens join the airway mask). Only voxels near a tube surface are touched.
     """
     r_vessel, r_air, r_rib = rngs
     ps = grid.pixel_spacing
@@ -78,7 +81,8 @@ def paint_tubes(
     aorta = aorta_tubes(layout, grid.zs[0] - 20.0)
     medi = Tubes()
     medi.extend(aorta)
-    inner, trunks = vessel_trees(layout, r_vessel)
+    roots: list[int] = []
+    inner, trunks = vessel_trees(layout, r_vessel, roots=roots)
     medi.extend(trunks)
     if blood is not None:
         aorta.extend(arch_branches(layout, grid.zs[-1] + 20.0))
@@ -106,6 +110,14 @@ def paint_tubes(
         d = flat_sd[idx]
         _blend(flat_hu, idx, coverage(d, ps) * ~flat_bone[idx], T.VESSEL if blood is None else blood["lung_vessels"])
         vessels.reshape(-1)[idx[d < 0]] = True
+    if bronchi is not None:
+        arteries, tree = Tubes(), []
+        for a, b, ra, rb, root in zip(inner.a, inner.b, inner.ra, inner.rb, roots):
+            if is_artery_tree(root):
+                arteries.add(a, b, ra, rb)
+                tree.append(root)
+        outer, lumen = bronchus_tubes(arteries, tree, bronchi)
+        airway |= paint_bronchi(grid, outer, lumen, hu, lung & body, vessels, max_piece=max_piece)
     air = airway_tubes(layout, r_air, grid.zs[-1] + 20.0)
     wall = layout.trachea_wall
     box = signed_distance(grid, air.split(max_piece), sd, pad=pad + wall)

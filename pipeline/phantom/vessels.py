@@ -39,6 +39,7 @@ def grow_forest(
     length_factor: tuple[float, float] = (5.0, 9.0),
     max_generations: int = 64,
     asymmetry: tuple[float, float] = (0.55, 1.0),
+    roots: list[int] | None = None,
 ) -> Tubes:
     """Bifurcating trees grown from ``starts`` (n, 3) along ``directions`` (n, 3), LPS mm.
 
@@ -48,12 +49,14 @@ def grow_forest(
     into two thinner children (Murray's law, asymmetric) that bend away from
     their tree's ``centres`` point. Growth stops below ``min_radius`` mm or at
     ``max_segments`` segments (the thinnest branches are the ones missing).
+    With ``roots`` (a list), the index of each tube's start in ``starts`` is appended to it, tube by tube.
     """
     tubes = Tubes()
     p = np.asarray(starts, dtype=np.float64).reshape(-1, 3)
     d = _units(np.asarray(directions, dtype=np.float64).reshape(-1, 3))
     r = np.asarray(radii, dtype=np.float64).reshape(-1)
     c = np.asarray(centres, dtype=np.float64).reshape(-1, 3)
+    tree = np.arange(len(p))
     gen = 0
     while len(p) and len(tubes) < max_segments and gen < max_generations:
         length = np.maximum(r * rng.uniform(*length_factor, size=len(r)), min_length)
@@ -72,14 +75,16 @@ def grow_forest(
             end = np.where(ok3[:, None], end3, end)
             d = np.where(ok3[:, None], d3, d)
             keep = ok | ok2 | ok3
-            p, d, r, c, end = p[keep], d[keep], r[keep], c[keep], end[keep]
+            p, d, r, c, end, tree = p[keep], d[keep], r[keep], c[keep], end[keep], tree[keep]
         room = max_segments - len(tubes)
         if len(p) > room:
             order = np.argsort(-r)[:room]
-            p, d, r, c, end = p[order], d[order], r[order], c[order], end[order]
+            p, d, r, c, end, tree = p[order], d[order], r[order], c[order], end[order], tree[order]
         r_end = 0.95 * r
         for n in range(len(p)):
             tubes.add(p[n], end[n], r[n], r_end[n])
+        if roots is not None:
+            roots.extend(int(t) for t in tree)
         n = len(p)
         alpha = rng.uniform(*asymmetry, n)
         r1 = r_end / (1.0 + alpha**3) ** (1.0 / 3.0)
@@ -96,6 +101,7 @@ def grow_forest(
         p = np.concatenate([end, end])[keep]
         d = np.concatenate([d1, d2])[keep]
         c = np.concatenate([c, c])[keep]
+        tree = np.concatenate([tree, tree])[keep]
         r = nr[keep]
         gen += 1
     return tubes
@@ -112,10 +118,12 @@ def hilum(layout: Layout, side: float) -> np.ndarray:
     return np.array([side * (layout.band_w + layout.gap + 6.0 * s), ty + 10.0 * s, layout.z_of_u(layout.u_carina - 0.14)])
 
 
-def vessel_trees(layout: Layout, rng: np.random.Generator) -> tuple[Tubes, Tubes]:
+def vessel_trees(layout: Layout, rng: np.random.Generator, *, roots: list[int] | None = None) -> tuple[Tubes, Tubes]:
     """Pulmonary arteries and veins: (branches inside the lungs, trunks in the mediastinum).
 
-    The trunks alternate artery, vein (right lung, then left): see :func:`split_trunks`.
+    The trunks alternate artery, vein (right lung, then left): see :func:`split_trunks`. With ``roots`` (a
+    list), the tree of each branch inside the lungs is appended to it, branch by branch
+    (:func:`is_artery_tree` tells the arteries' trees).
     """
     s = layout.scale
     px = layout.pixel
@@ -149,8 +157,15 @@ def vessel_trees(layout: Layout, rng: np.random.Generator) -> tuple[Tubes, Tubes
         trunk_steps=2,
         length_factor=(4.5, 8.0),
         asymmetry=(0.7, 1.0),
+        roots=roots,
     )
     return inner, trunks
+
+
+def is_artery_tree(root: int) -> bool:
+    """Whether tree ``root`` of :func:`vessel_trees` is an artery's (its starts: per lung, the arteries' then
+    the veins', one per trunk direction)."""
+    return (root // len(_TRUNK_DIRECTIONS)) % 2 == 0
 
 
 def split_trunks(trunks: Tubes) -> tuple[Tubes, Tubes]:
