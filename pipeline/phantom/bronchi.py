@@ -22,6 +22,7 @@ import numpy as np
 from . import anatomy as T
 from .scanner import CanonicalGrid
 from .tubes import Tubes, coverage, signed_distance
+from .vessels import _units
 
 #: Artery branches thinner than this (radius, mm) have no visible bronchus beside them.
 MIN_ARTERY_RADIUS_MM = 1.0
@@ -32,16 +33,12 @@ WALL_RATIO = 0.45
 MIN_WALL_MM = 0.4
 
 
-def _unit(v: np.ndarray) -> np.ndarray:
-    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
-
-
 def _side_of(axis: np.ndarray, towards: np.ndarray) -> np.ndarray:
     """``towards`` made perpendicular to ``axis`` (unit; any perpendicular when they are parallel)."""
     v = towards - (towards @ axis) * axis
     if np.linalg.norm(v) < 1e-6:
         v = np.cross(axis, np.array([1.0, 0.0, 0.0]) if abs(axis[0]) < 0.9 else np.array([0.0, 1.0, 0.0]))
-    return _unit(v)
+    return _units(v)
 
 
 def bronchus_tubes(arteries: Tubes, tree: list[int], rng: np.random.Generator) -> tuple[Tubes, Tubes]:
@@ -52,13 +49,13 @@ def bronchus_tubes(arteries: Tubes, tree: list[int], rng: np.random.Generator) -
     """
     outer, lumen = Tubes(), Tubes()
     trees = sorted(set(tree))
-    towards = {t: _unit(rng.normal(size=3)) for t in trees}
+    towards = {t: _units(rng.normal(size=3)) for t in trees}
     ratio = {t: float(rng.uniform(*LUMEN_RATIO)) for t in trees}
     at_node: dict[tuple[float, ...], tuple[np.ndarray, float]] = {}  # a branch's end: (bronchus axis point, lumen radius)
     for a, b, ra, rb, t in zip(arteries.a, arteries.b, arteries.ra, arteries.rb, tree):
         if ra < MIN_ARTERY_RADIUS_MM:
             continue
-        axis = _unit(b - a)
+        axis = _units(b - a)
         side = _side_of(axis, towards[t])
         r0, r1 = ratio[t] * ra, ratio[t] * rb
         w0, w1 = max(MIN_WALL_MM, WALL_RATIO * r0), max(MIN_WALL_MM, WALL_RATIO * r1)
