@@ -12,16 +12,15 @@ a classifier trained on such phantoms has never seen the real hilum's pattern as
 touching it (their walls share the adventitia). The bronchus keeps to one side of its artery, chosen at random
 per tree: its axis is offset from the artery's towards a fixed direction made perpendicular to each branch,
 and a branch starts where its parent ended, so the bronchial tree is continuous through the bifurcations.
-:func:`paint_bronchi` paints walls (soft tissue) and lumens (air) inside the lung only, leaving vessels alone.
+:func:`.tubepaint.paint_tubes` paints their walls (soft tissue) and lumens (air) inside the lung only, leaving
+vessels alone.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import anatomy as T
-from .scanner import CanonicalGrid
-from .tubes import Tubes, coverage, signed_distance
+from .tubes import Tubes
 from .vessels import _units
 
 #: Artery branches thinner than this (radius, mm) have no visible bronchus beside them.
@@ -31,6 +30,11 @@ LUMEN_RATIO = (0.6, 0.9)
 #: Wall thickness over the lumen's radius, and its least value (mm).
 WALL_RATIO = 0.45
 MIN_WALL_MM = 0.4
+
+
+def _wall(lumen_radius: float) -> float:
+    """Wall thickness (mm) of a bronchus of ``lumen_radius`` mm."""
+    return max(MIN_WALL_MM, WALL_RATIO * lumen_radius)
 
 
 def _side_of(axis: np.ndarray, towards: np.ndarray) -> np.ndarray:
@@ -58,48 +62,12 @@ def bronchus_tubes(arteries: Tubes, tree: list[int], rng: np.random.Generator) -
         axis = _units(b - a)
         side = _side_of(axis, towards[t])
         r0, r1 = ratio[t] * ra, ratio[t] * rb
-        w0, w1 = max(MIN_WALL_MM, WALL_RATIO * r0), max(MIN_WALL_MM, WALL_RATIO * r1)
         start = at_node.get(tuple(np.round(a, 6)))
         if start is None:
-            start = (a + side * (ra + w0 + r0), r0)
-        end = b + side * (rb + w1 + r1)
+            start = (a + side * (ra + _wall(r0) + r0), r0)
+        end = b + side * (rb + _wall(r1) + r1)
         at_node.setdefault(tuple(np.round(b, 6)), (end, r1))
         p0, q0 = start
-        outer.add(p0, end, q0 + max(MIN_WALL_MM, WALL_RATIO * q0), r1 + w1)
+        outer.add(p0, end, q0 + _wall(q0), r1 + _wall(r1))
         lumen.add(p0, end, q0, r1)
     return outer, lumen
-
-
-def paint_bronchi(
-    grid: CanonicalGrid,
-    outer: Tubes,
-    lumen: Tubes,
-    hu: np.ndarray,
-    lung: np.ndarray,
-    vessels: np.ndarray,
-    *,
-    max_piece: float,
-) -> np.ndarray:
-    """Paint the bronchi's walls (soft tissue) and lumens (air) into ``hu`` (canonical grid, in place).
-
-    Only voxels of ``lung`` outside ``vessels`` are touched. Returns the lumen's voxels (for the ``airway``
-    truth); the caller takes them out of the lung.
-    """
-    ps = grid.pixel_spacing
-    sd = np.empty(grid.shape, dtype=np.float32)
-    flat_hu, flat_sd = hu.reshape(-1), sd.reshape(-1)
-    free = (lung & ~vessels).reshape(-1)
-    inside = np.zeros(grid.shape, dtype=bool)
-    for tubes, value in ((outer, T.AIRWAY_WALL), (lumen, T.AIR)):
-        box = signed_distance(grid, tubes.split(max_piece), sd, pad=1.5 * ps)
-        if box is None:
-            continue
-        k, j, i = np.nonzero(sd[box] < 0.5 * ps)
-        idx = np.ravel_multi_index((k + box[0].start, j + box[1].start, i + box[2].start), sd.shape)
-        idx = idx[free[idx]]
-        d = flat_sd[idx]
-        old = flat_hu[idx]
-        flat_hu[idx] = old + coverage(d, ps) * (np.float32(value) - old)
-        if value == T.AIR:
-            inside.reshape(-1)[idx[d < 0]] = True
-    return inside

@@ -12,7 +12,7 @@ import numpy as np
 from scipy.ndimage import binary_dilation
 
 from . import anatomy as T
-from .bronchi import bronchus_tubes, paint_bronchi
+from .bronchi import bronchus_tubes
 from .layout import Layout
 from .scanner import CanonicalGrid
 from .tubes import Tubes, coverage, signed_distance
@@ -116,8 +116,17 @@ def paint_tubes(
             if is_artery_tree(root):
                 arteries.add(a, b, ra, rb)
                 tree.append(root)
-        outer, lumen = bronchus_tubes(arteries, tree, bronchi)
-        airway |= paint_bronchi(grid, outer, lumen, hu, lung & body, vessels, max_piece=max_piece)
+        free = (lung & body & ~vessels).reshape(-1)  # the bronchi are painted in the lung, around its vessels
+        for tubes, value in zip(bronchus_tubes(arteries, tree, bronchi), (T.AIRWAY_WALL, T.AIR)):
+            box = signed_distance(grid, tubes.split(max_piece), sd, pad=pad)
+            if box is None:
+                continue
+            idx = _near(sd, box, edge)
+            idx = idx[free[idx]]
+            d = flat_sd[idx]
+            _blend(flat_hu, idx, coverage(d, ps), value)
+            if value == T.AIR:  # the lumens join the airway truth
+                airway.reshape(-1)[idx[d < 0]] = True
     air = airway_tubes(layout, r_air, grid.zs[-1] + 20.0)
     wall = layout.trachea_wall
     box = signed_distance(grid, air.split(max_piece), sd, pad=pad + wall)
