@@ -117,15 +117,15 @@ def paint_tubes(
                 arteries.add(a, b, ra, rb)
                 tree.append(root)
         free = (lung & body & ~vessels).reshape(-1)  # the bronchi are painted in the lung, around its vessels
-        for tubes, value in zip(bronchus_tubes(arteries, tree, bronchi), (T.AIRWAY_WALL, T.AIR)):
+        for tubes, tissue in zip(bronchus_tubes(arteries, tree, bronchi), (T.AIRWAY_WALL, T.AIR)):
             box = signed_distance(grid, tubes.split(max_piece), sd, pad=pad)
             if box is None:
                 continue
             idx = _near(sd, box, edge)
             idx = idx[free[idx]]
             d = flat_sd[idx]
-            _blend(flat_hu, idx, coverage(d, ps), value)
-            if value == T.AIR:  # the lumens join the airway truth
+            _blend(flat_hu, idx, coverage(d, ps), tissue)
+            if tissue == T.AIR:  # the lumens join the airway truth
                 airway.reshape(-1)[idx[d < 0]] = True
     air = airway_tubes(layout, r_air, grid.zs[-1] + 20.0)
     wall = layout.trachea_wall
