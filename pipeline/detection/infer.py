@@ -213,9 +213,9 @@ class Detector:
         refuse_small(volume_extent_mm(volume), where, "volume", "columns, rows, slices")
         region = roi = None
         if restrict:
-            t0 = time.perf_counter()
-            region, roi = self.lung_roi(volume, lung_mask=lung_mask)
-            timings["lung_mask"] = (time.perf_counter() - t0) * 1000.0
+            with DeviceTimer(self.device) as clock:  # the lung segmentation runs on the detector's device
+                region, roi = self.lung_roi(volume, lung_mask=lung_mask)
+            timings["lung_mask"] = clock.ms
             if roi is None:
                 result.reason = (
                     "no lungs found in the series (the lung segmentation found no lung parenchyma: the air in the body, "
@@ -274,13 +274,14 @@ class Detector:
         findings = findings.with_candidates(findings.candidates)
         if not self.postprocessing or (not len(findings) and self._fpr is None) or findings.reason:
             return limit_to_lungs(volume, findings, region, margin_mm=self.config.lung_filter_margin_mm)
-        t0 = time.perf_counter()
-        if self._fpr is not None:
-            out = reduce_false_positives(volume, findings, self._fpr, region if region is not None else quick_lung_mask(volume))
-            out.timings_ms["fp_reduction"] = (time.perf_counter() - t0) * 1000.0
-        else:
-            out = refine_findings(volume, findings, rescore=True)
-            out.timings_ms["refine"] = (time.perf_counter() - t0) * 1000.0
+        with DeviceTimer(self.device) as clock:  # the blob search and the classifier run on the device
+            if self._fpr is not None:
+                out = reduce_false_positives(
+                    volume, findings, self._fpr, region if region is not None else quick_lung_mask(volume)
+                )
+            else:
+                out = refine_findings(volume, findings, rescore=True)
+        out.timings_ms["fp_reduction" if self._fpr is not None else "refine"] = clock.ms
         out = calibrate_scores(volume, out, self.score_calibration)
         return limit_to_lungs(volume, out, region, margin_mm=self.config.lung_filter_margin_mm)
 

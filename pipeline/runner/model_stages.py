@@ -20,7 +20,6 @@ the other candidates stay in the findings JSON. Positions are LPS mm.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from typing import Any
 
@@ -89,16 +88,16 @@ class _Loading:
         timings: dict[str, float] = {}
         region = roi = None
         if self.crop:
-            t0 = time.perf_counter()
-            volume = CaseCache(ctx.cache_dir).read(case_id, mmap=True)  # the mask reads a coarse subsample only
-            # the detector's quick mask, limited to the case's lung mask (segmented once, before detection) if any
-            lung_mask: Any = load_lung_mask(ctx.cache_dir, case_id, volume.shape)
-            if lung_mask is None and not ctx.config.detector.lung_restriction:
-                from ..detection.lungs import quick_lung_mask
+            with DeviceTimer(self.det.device) as clock:  # the lung segmentation runs on the detector's device
+                volume = CaseCache(ctx.cache_dir).read(case_id, mmap=True)  # the mask reads a coarse subsample only
+                # the detector's quick mask, limited to the case's lung mask (segmented once, before detection) if any
+                lung_mask: Any = load_lung_mask(ctx.cache_dir, case_id, volume.shape)
+                if lung_mask is None and not ctx.config.detector.lung_restriction:
+                    from ..detection.lungs import quick_lung_mask
 
-                lung_mask = quick_lung_mask(volume)  # nothing is dropped: the crop alone, no lung segmentation
-            region, roi = self.det.lung_roi(volume, lung_mask=lung_mask, margin_mm=self.margin_mm)
-            timings["lung_mask"] = time.perf_counter() - t0
+                    lung_mask = quick_lung_mask(volume)  # nothing is dropped: the crop alone, no lung segmentation
+                region, roi = self.det.lung_roi(volume, lung_mask=lung_mask, margin_mm=self.margin_mm)
+            timings["lung_mask"] = clock.seconds
             if roi is None:
                 reason = "no lung voxels found in the series (empty lung mask); nothing to search"
                 if ctx.config.detector.lung_restriction:
