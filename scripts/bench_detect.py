@@ -99,7 +99,7 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
     det = Detector(model=model, device=device)
     det32 = Detector(model=model, device=device, amp=False) if det.precision != "float32" else None
     on_cuda = device.startswith("cuda")  # MONAI then runs with AMP (float16)
-    monai_det = monai_detector(model, device)  # loaded once, as ctpipe's Detector is
+    monai_det = monai_detector(model, device=device)  # loaded once, as ctpipe's Detector is
     ours, whole, ours32, peer, model_ms, whole_model_ms, post_ms = [], [], [], [], [], [], []
     steps_ms: dict[str, list[float]] = {}  # the false-positive reduction's steps (fpr_blobs, fpr_refine, ...)
     n_ours = n_reported = n_whole = n_peer = 0

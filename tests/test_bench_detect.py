@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_a_detector_built_once_gives_what_one_built_per_call_gives(tmp_path):
     model = small_model(tmp_path, roi=(32, 32, 16))
     vol = chest_volume(shape_kji=(30, 56, 56), spacing=(1.4, 1.4, 2.5), seed=1)
-    det = monai_detector(model, "cpu")
+    det = monai_detector(model, device="cpu")
     once = [monai_detect(model, volume=vol, detector=det) for _ in range(2)]
     per_call = monai_detect(model, volume=vol)
     assert len(per_call["score"]) > 0

@@ -103,7 +103,7 @@ def test_phantom_organ_surfaces(phantom128, organ):
 @pytest.mark.parametrize("fmt", ["stl", "ply", "obj", "glb"])
 def test_export_round_trip_through_trimesh(tmp_path, fmt, phantom128):
     mesh = mesh_from_mask(phantom128.masks["lung_right"], phantom128.volume.geometry, name="lung_right", target_triangles=4000)
-    path = write_mesh(mesh, tmp_path, fmt, stem="case1")
+    path = write_mesh(mesh, tmp_path, fmt=fmt, stem="case1")
     assert path.name == f"case1_lung_right.{fmt}"
     loaded = trimesh.load(path, force="mesh", process=False)
     assert len(loaded.faces) == mesh.n_triangles

@@ -73,7 +73,9 @@ def _ci_text(ci: tuple[float, float]) -> str:
 
 @dataclass
 class FrocResult:
-    """FROC numbers; sensitivities are fractions of the reference nodules (≥ min diameter)."""
+    """FROC numbers; sensitivities are fractions of the reference nodules (≥ min diameter). ``per_nodule``: one
+    record per relevant nodule (scan, centre in DICOM patient coordinates (LPS) mm, diameter mm, best score or
+    ``None``)."""
 
     fp_rates: tuple[float, ...]
     sensitivity: list[float]

@@ -270,6 +270,8 @@ class Findings:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The findings document (``ctpipe-findings/1``): centres and box corners in DICOM patient coordinates
+        (LPS), mm; sizes in mm; ``voxel_ijk`` the (column, row, slice) index in the original series."""
         return {
             "format": "ctpipe-findings/1",
             "coordinates": "LPS mm (DICOM patient coordinates); voxel_ijk = (column, row, slice) of the original series",
@@ -317,7 +319,8 @@ class Findings:
         )
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        """One row per reported finding (:attr:`findings`), ranked by score."""
+        """One row per reported finding (:attr:`findings`), ranked by score; ``center_*_lps`` and the box corners in
+        DICOM patient coordinates (LPS), mm."""
         rows = []
         for rank, f in enumerate(self.findings, 1):
             rows.append(
@@ -346,12 +349,14 @@ class Findings:
         return rows
 
     def write_json(self, path: str | Path) -> Path:
+        """Write :meth:`to_json` to ``path`` atomically (positions LPS mm); returns the path."""
         path = Path(path)
         atomic_write_bytes(path, (json.dumps(self.to_json(), indent=1) + "\n").encode())
         return path
 
     def write_csv(self, path: str | Path) -> Path:
-        """The reported findings as CSV (:data:`CSV_FIELDS`; ``slice_number`` as in :class:`Finding`)."""
+        """The reported findings as CSV (:data:`CSV_FIELDS`: positions in DICOM patient coordinates, LPS mm;
+        ``slice_number`` as in :class:`Finding`)."""
         path = Path(path)
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")

@@ -25,6 +25,7 @@ import torch
 
 from ..volume import CTVolume
 from .bundle import LoadedModel
+from .model_config import ModelConfig
 from .network import build_detector
 
 if TYPE_CHECKING:
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def monai_preprocess(config, *, volume: CTVolume | None = None, image_path: str | Path | None = None) -> torch.Tensor:
+def monai_preprocess(
+    config: ModelConfig, *, volume: CTVolume | None = None, image_path: str | Path | None = None
+) -> torch.Tensor:
     """The bundle's preprocessing; returns the MetaTensor ``(1, X, Y, Z)`` with its RAS affine."""
     from monai.data import MetaTensor
     from monai.transforms import Compose, EnsureChannelFirst, LoadImage, Orientation, ScaleIntensityRange, Spacing
@@ -54,7 +57,7 @@ def monai_preprocess(config, *, volume: CTVolume | None = None, image_path: str 
     return Compose(tail)(img)
 
 
-def monai_detector(model: LoadedModel, device: str | torch.device = "cpu") -> RetinaNetDetector:
+def monai_detector(model: LoadedModel, *, device: str | torch.device = "cpu") -> RetinaNetDetector:
     """MONAI's ``RetinaNetDetector`` around ``model``'s network (moved to ``device``) with its box-selector and
     sliding-window settings, in eval mode: the model loaded once, for any number of :func:`monai_detect` calls."""
     cfg = model.config
@@ -82,7 +85,7 @@ def monai_detect(
     cfg = model.config
     dev = torch.device(device)
     image = monai_preprocess(cfg, volume=volume, image_path=image_path)
-    det = detector if detector is not None else monai_detector(model, dev)
+    det = detector if detector is not None else monai_detector(model, device=dev)
     use_sw = any(int(s) > int(r) for s, r in zip(image.shape[1:], cfg.roi_size))
     with torch.no_grad(), torch.autocast(dev.type, enabled=amp and dev.type == "cuda"):
         out = det([image.to(dev)], use_inferer=use_sw)[0]

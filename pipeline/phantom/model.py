@@ -57,7 +57,10 @@ class Nodule:
     mean_hu: float = 0.0
     volume_mm3: float = 0.0
 
-    def to_json(self, geometry: Geometry | None = None, label: int | None = None) -> dict[str, Any]:
+    def to_json(self, *, geometry: Geometry | None = None, label: int | None = None) -> dict[str, Any]:
+        """The nodule as JSON: ``center_lps`` in DICOM patient coordinates (LPS), mm; with ``geometry``, also
+        ``center_ijk``, the continuous voxel index (i, j, k) of the centre on that grid; ``label``, its value in
+        the phantom's nodule label map."""
         out: dict[str, Any] = {
             "center_lps": [round(float(v), 4) for v in self.center_lps],
             "diameter_mm": round(float(self.diameter_mm), 4),
@@ -130,7 +133,7 @@ class Phantom:
             "study_uid": meta.get("StudyInstanceUID"),
             "series_uid": meta.get("SeriesInstanceUID"),
             "frame_of_reference_uid": meta.get("FrameOfReferenceUID"),
-            "nodules": [n.to_json(geom, label=i + 1) for i, n in enumerate(self.nodules)],
+            "nodules": [n.to_json(geometry=geom, label=i + 1) for i, n in enumerate(self.nodules)],
             "masks": {
                 "file": MASKS_FILE,
                 "names": sorted(self.masks),

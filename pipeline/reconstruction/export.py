@@ -139,8 +139,9 @@ def check_formats(formats: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
-def write_mesh(mesh: Mesh, out_dir: Path, fmt: str, *, stem: str = "") -> Path:
-    """Write ``mesh`` as ``<out_dir>/<stem>_<organ>.<fmt>`` (atomically) and return the path."""
+def write_mesh(mesh: Mesh, out_dir: Path, *, fmt: str, stem: str = "") -> Path:
+    """Write ``mesh`` as ``<out_dir>/<stem>_<organ>.<fmt>`` (atomically) and return the path. Vertices are in DICOM
+    patient coordinates (LPS), mm; a GLB maps them to glTF's frame in its root node (see the module's docstring)."""
     (fmt,) = check_formats([fmt])
     name = f"{stem}_{mesh.name}" if stem else mesh.name
     path = Path(out_dir) / f"{name}.{fmt}"

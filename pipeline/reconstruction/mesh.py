@@ -46,6 +46,8 @@ class Mesh:
         return int(self.faces.shape[0])
 
     def face_normals(self, *, unit: bool = True) -> np.ndarray:
+        """Per-face normals ``(m, 3)`` along LPS x, y, z: unit length, or with ``unit=False`` of length twice the
+        face's area in mm²."""
         v = self.vertices[self.faces]
         n = np.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
         if unit:

@@ -68,7 +68,9 @@ SOLID_NEAR_MM = 1.5  # a ground-glass edge point this close to solid tissue is l
 
 @dataclass
 class NoduleResult:
-    """One segmented finding. ``mask`` is bool ``[k, j, i]`` on ``geometry`` (a crop of the volume's grid, LPS)."""
+    """One segmented finding. ``center_lps`` (the finding's centre) and ``centroid_lps`` (the segmented blob's) are
+    DICOM patient coordinates (LPS), mm; ``volume_mm3`` in mm³, ``diameter_mm`` that of the sphere of that volume.
+    ``mask`` is bool ``[k, j, i]`` on ``geometry`` (a crop of the volume's grid, LPS)."""
 
     index: int
     center_lps: tuple[float, float, float]
@@ -81,6 +83,7 @@ class NoduleResult:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """JSON form (the mask and geometry left out): ``center_lps_mm`` and ``centroid_lps_mm`` in LPS, mm."""
         return {
             "index": self.index,
             "center_lps_mm": [round(float(v), 3) for v in self.center_lps],

@@ -289,7 +289,7 @@ def _write_outputs(
     for organ, mesh in rec.meshes.items():
         for fmt in formats:
             try:
-                rec.add_file("mesh", export.write_mesh(mesh, out, fmt, stem=stem))
+                rec.add_file("mesh", export.write_mesh(mesh, out, fmt=fmt, stem=stem))
             except OSError as exc:
                 rec.errors[f"{organ}.{fmt}"] = f"{out}: could not write the {fmt} mesh ({exc})"
     if rec.masks:
