@@ -16,9 +16,17 @@ def test_default_yaml_matches_schema_and_documents_every_option():
     data = yaml.safe_load(text)
     assert set(data) == set(SCHEMA)
     assert data == defaults()  # the shipped file is exactly the defaults
+    lines_of: dict[str, list[str]] = {}  # each top-level section's own lines (several sections share key names)
+    section_now = None
+    for ln in text.splitlines():
+        head = re.match(r"(\w+):", ln)
+        if head:
+            section_now = head.group(1)
+        elif section_now is not None:
+            lines_of.setdefault(section_now, []).append(ln)
     for section, opts in SCHEMA.items():
         for key, opt in opts.items():
-            line = next(ln for ln in text.splitlines() if re.match(rf"\s+{key}:", ln))
+            line = next(ln for ln in lines_of[section] if re.match(rf"\s+{key}:", ln))
             assert "#" in line, f"{section}.{key} has no comment"
             if opt.unit and opt.kind in ("int", "float"):
                 assert opt.unit.split()[0].rstrip(";") in line, f"{section}.{key}: unit {opt.unit!r} not documented"

@@ -222,7 +222,8 @@ def test_demo_model_records_its_operating_point():
     assert 0.0 < op["sensitivity"] <= 1.0 and op["measured_fps_per_scan"] <= 1.0
     lo, hi = op["seeds"]
     assert not set(range(lo, hi + 1)) & set(range(1, 1000)), "chosen on held-out seeds"
-    assert not set(range(lo, hi + 1)) & set(range(*data["training"]["train_seeds"])), "chosen on training seeds"
+    first, last = data["training"]["train_seeds"]  # both ends included
+    assert not set(range(lo, hi + 1)) & set(range(first, last + 1)), "chosen on training seeds"
     assert "calibrate_operating_point.py" in op["command"] and op["network_only"]["score_threshold"] > 0
     cfg = load_model(DEMO_MODEL_JSON).config
     assert resolve_threshold(cfg)[0] == op["score_threshold"]

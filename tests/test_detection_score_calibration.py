@@ -107,7 +107,8 @@ def test_demo_model_records_a_thick_slice_calibration_chosen_on_validation_seeds
     cal = model_score_calibration(load_model(DEMO_MODEL_JSON).config)
     assert cal is not None and cal.min_slice_thickness_mm == THICK_SLICE_MM
     assert entry["n_thick_scans"] >= 40 and entry["n_thin_scans"] >= 30
-    used = set(range(1, 1000)) | set(range(*data["training"]["train_seeds"]))
+    first, last = data["training"]["train_seeds"]  # both ends included
+    used = set(range(1, 1000)) | set(range(first, last + 1))
     assert not set(entry["thick_seeds"]) & used, "calibrated on held-out or training seeds"
     # a thick-slice score maps to a lower one over the range where the operating point lies
     op = data["operating_point"]["score_threshold"]
