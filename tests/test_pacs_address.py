@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, PacsAddressError, PacsUnavailableError
-from pipeline.pacs.address import is_pacs_address, parse_destination, parse_source, redact
+from pipeline.pacs.address import is_pacs_address, parse_destination, parse_source, redact, without_url_queries
 from pipeline.pacs.auth import find_credentials, http_session
 from pipeline.pacs.retry import backoff_delay, with_retries
 
@@ -94,6 +94,28 @@ def test_credentials_from_environment_then_netrc(tmp_path):
     assert find_credentials("pacs", environ={"NETRC": str(rc)}).user == "bob"
     with pytest.raises(PacsAddressError, match="does not exist"):
         find_credentials("pacs", netrc_file=tmp_path / "missing", environ={})
+
+
+def test_archive_errors_never_quote_a_search_query():
+    said = "Exceeded 30 redirects: 'http://u:pw@127.0.0.1:8042/dicom-web/studies?AccessionNumber=A123&limit=100' (x)"
+    assert without_url_queries(said) == "Exceeded 30 redirects: 'http://u:***@127.0.0.1:8042/dicom-web/studies?***' (x)"
+    assert without_url_queries("no URL here?AccessionNumber=A1") == "no URL here?AccessionNumber=A1"
+
+
+def test_archive_request_error_message_withholds_the_query():
+    import requests
+
+    from pipeline.errors import PacsRequestError
+    from pipeline.pacs.dicomweb import DicomWebArchive
+
+    archive = DicomWebArchive(parse_destination("dicomweb+http://127.0.0.1:9/dicom-web"), load_config(environ={}))
+
+    def fail():
+        raise requests.exceptions.TooManyRedirects("too many for http://127.0.0.1:9/dicom-web/studies?AccessionNumber=A123")
+
+    with pytest.raises(PacsRequestError) as err:
+        archive._call("QIDO-RS study search", fail)
+    assert "A123" not in str(err.value) and "studies?***" in str(err.value)
 
 
 def test_tls_verification_is_on_unless_switched_off(monkeypatch, caplog):

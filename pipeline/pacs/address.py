@@ -122,6 +122,12 @@ def redact(text: str) -> str:
     return re.sub(r"(://[^/@:\s]*):[^/@\s]*@", r"\1:***@", str(text))
 
 
+def without_url_queries(text: str) -> str:
+    """``text`` (e.g. an HTTP library's error message) as :func:`redact` gives it, with the query of every http(s)
+    URL in it replaced by ``?***``: a QIDO-RS search puts its filters there, an ``AccessionNumber`` among them."""
+    return re.sub(r"(https?://[^\s?#'\"]*)\?[^\s'\"]*", rf"\1?{WITHHELD}", redact(text))
+
+
 def redact_identifiers(text: str) -> str:
     """``text`` (an address, or a command line holding addresses) as :func:`redact` gives it, with the values of
     the query keys that identify a patient (:data:`IDENTIFYING_QUERY_KEYS`: ``accession``) replaced by ``***``.

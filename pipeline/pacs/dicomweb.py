@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import PacsRequestError, PacsUnavailableError
-from .address import Endpoint, Query, valid_uid
+from .address import Endpoint, Query, valid_uid, without_url_queries
 from .archive import RemoteSeries, StoreOutcome
 from .auth import http_session
 from .retry import TRANSIENT_HTTP, with_retries
@@ -99,7 +99,7 @@ class DicomWebArchive:
                 ) from exc
             except (requests.exceptions.RequestException, ValueError) as exc:
                 raise PacsRequestError(
-                    f"{what}: {type(exc).__name__}: {exc}",
+                    f"{what}: {type(exc).__name__}: {without_url_queries(str(exc))}",  # its URL may hold a query
                     where=self.endpoint.redacted(),
                     fix="check that the address is the archive's DICOMweb base URL",
                 ) from exc
