@@ -67,7 +67,7 @@ def test_readme_notebook_example_runs(tmp_path):
     # memory against 0.681 in the batch for the second finding).
     threshold = json.loads(DEMO_MODEL_JSON.read_text())["operating_point"]["score_threshold"]
     for ours, theirs in ((facts["mem"], facts["batch"]), (facts["batch"], facts["mem"])):
-        assert ours
+        assert any(s1 >= threshold + 0.08 for s1, _ in ours), ours  # something to compare
         for s1, c1 in ours:
             if s1 < threshold + 0.08:
                 continue
