@@ -19,13 +19,13 @@
 #
 # The RetinaNet starts from the plain-phantom demo model of commit f001359 (trained from scratch on plain
 # phantoms by this script's previous version) and is fine-tuned on the realistic phantoms: a step takes 0.4-2.5 s
-# on 2 CPU cores without bfloat16 support, so training it from scratch does not fit in the
+# on 2 CPU cores (bfloat16 where the CPU has AVX512-BF16 or AMX), so training it from scratch does not fit in the
 # 45 minutes both stages may take. The classifier
 # is trained from scratch: a second input channel shows a 60 mm cube at 2.5 mm around each candidate (does a
 # bright spot continue as a vessel into the hilum, does it sit on the chest wall), and 80 negatives per training
 # phantom are taken from its own anatomy (bifurcations, vessel cross-sections of every calibre, hila, bronchi,
-# vessels and pleura by the chest wall and spine). Measured on 2 shared CPU cores (Xeon, AVX-512, no bfloat16:
-# float32), another training job running beside it: RetinaNet stage 7.3 min (phantom cache 2.9, 600 steps 4.3),
+# vessels and pleura by the chest wall and spine). Measured on 2 shared CPU cores (Xeon with AVX512-BF16: the
+# RetinaNet and the detection passes in bfloat16, the classifier in float32), another training job running beside it: RetinaNet stage 7.3 min (phantom cache 2.9, 600 steps 4.3),
 # classifier stage 29.4 min (candidates, anatomy negatives and patches 8.3, 2,400 steps 13.6, validation and
 # interim operating point 6.5, the rest phantom generation), operating point with the thick-slice calibration
 # 10.6 min; then the evaluation (48 held-out phantoms, 8 minutes).
