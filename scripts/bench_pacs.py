@@ -13,7 +13,8 @@ Everything runs on 127.0.0.1 in this run, on the same phantom series, alternatin
    client, so WADO-RS has no peer. Figure: series per minute; ratios ctpipe ÷ dcmtk, and against WADO-RS.
 2. Receiving: dcmtk's ``storescu`` pushes one series (all its files) to ctpipe's listener
    (:class:`pipeline.pacs.Listener`: every instance written, fsynced and journalled before success is
-   answered) and to dcmtk's ``storescp`` (writes each file, no fsync). Figure: instances per second;
+   answered) and to dcmtk's ``storescp`` (writes each file, no fsync); then its first 20 instances one
+   ``storescu`` (one association) each, as senders that route per image do. Figure: instances per second;
    ratio ctpipe ÷ storescp.
 
 Needs Orthanc, its DICOMweb plugin and dcmtk: ``bash scripts/install_pacs_tools.sh`` (root) installs them.
@@ -164,6 +165,19 @@ def _push(storescu: str, called: str, port: int, folder: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _push_each(storescu: str, called: str, port: int, files: list[Path]) -> float:
+    """Seconds to push ``files`` one ``storescu`` (one association) each, as senders that route per image do."""
+    t0 = time.perf_counter()
+    for f in files:
+        subprocess.run(
+            [storescu, "-aet", "BENCH", "-aec", called, "-xe", "127.0.0.1", str(port), str(f)],
+            check=True,
+            capture_output=True,
+            env=dcmtk_env(),
+        )
+    return time.perf_counter() - t0
+
+
 def dcmtk_env() -> dict[str, str]:
     """The environment of every dcmtk tool run here: ``TCP_NODELAY=1``, dcmtk's switch that disables Nagle's
     algorithm. dcmtk leaves it on since 3.6.2 and writes a PDU's header and body in separate calls, so with it a
@@ -184,10 +198,15 @@ def dcmtk(name: str) -> str:
     raise SystemExit(f"dcmtk's {name} not found: bash scripts/install_pacs_tools.sh")
 
 
-def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
+def bench_listener(folder: Path, n: int, repeats: int, tmp: Path, *, each: int = 20) -> dict:
+    """ctpipe's listener against ``storescp``: ``n`` instances of ``folder`` in one association, then its first
+    ``each`` instances one association each (``storescu`` started per instance, for both)."""
     storescu, storescp = dcmtk("storescu"), dcmtk("storescp")
+    singles = sorted(p for p in folder.iterdir() if p.is_file())[:each]
     ours: list[float] = []
     peer: list[float] = []
+    ours_each: list[float] = []
+    peer_each: list[float] = []
     for r in range(repeats):
         port = free_port()
         cfg = load_config(
@@ -206,6 +225,12 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
         if got != n:
             raise SystemExit(f"ctpipe listen stored {got} of {n} instances")
         shutil.rmtree(run)
+        with Listener(run, cfg) as lst:
+            ours_each.append(_push_each(storescu, "CTPIPE", lst.port, singles))
+            got = lst._ledger.one("SELECT COUNT(*) AS n FROM instances")["n"] if lst._ledger else 0
+        if got != len(singles):
+            raise SystemExit(f"ctpipe listen stored {got} of {len(singles)} instances sent one association each")
+        shutil.rmtree(run)
         port = free_port()
         out_dir = tmp / f"storescp{r}"
         out_dir.mkdir()
@@ -218,14 +243,16 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
         try:
             _wait_port(port)
             peer.append(_push(storescu, "STORESCP", port, folder))
+            peer_each.append(_push_each(storescu, "STORESCP", port, singles))
         finally:
             proc.terminate()
             proc.wait(timeout=10)
         got = sum(1 for p in out_dir.iterdir() if p.is_file())
-        if got != n:
+        if got != n:  # the singles are the same instances again: storescp overwrites their files
             raise SystemExit(f"storescp stored {got} of {n} instances")
         shutil.rmtree(out_dir)
     o, p = statistics.median(ours), statistics.median(peer)
+    oe, pe = statistics.median(ours_each), statistics.median(peer_each)
     return {
         "instances": n,
         "ctpipe_runs_s": ours,
@@ -233,6 +260,12 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path) -> dict:
         "ctpipe_instances_per_s": n / o,
         "storescp_instances_per_s": n / p,
         "ratio_vs_storescp": p / o,
+        "instances_one_association_each": len(singles),
+        "ctpipe_each_runs_s": ours_each,
+        "storescp_each_runs_s": peer_each,
+        "ctpipe_each_instances_per_s": len(singles) / oe,
+        "storescp_each_instances_per_s": len(singles) / pe,
+        "ratio_each_vs_storescp": pe / oe,
     }
 
 
@@ -285,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  dcmtk storescp (peer, no fsync)  {li['storescp_instances_per_s']:8.1f} instances/s   "
         f"ratio {li['ratio_vs_storescp']:.2f}x"
+    )
+    print(f"The first {li['instances_one_association_each']} of them, one storescu (one association) per instance:")
+    print(f"  ctpipe listen                    {li['ctpipe_each_instances_per_s']:8.1f} instances/s")
+    print(
+        f"  dcmtk storescp (peer)            {li['storescp_each_instances_per_s']:8.1f} instances/s   "
+        f"ratio {li['ratio_each_vs_storescp']:.2f}x"
     )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
