@@ -5,6 +5,7 @@ records each case's origin, the spool is emptied once cases are processed, and a
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -114,7 +115,7 @@ def test_run_store_records_origins_spool_emptied_and_rerun_skips_by_remote_uid(o
     assert [f.name for f in retry.folders] == [uid2] and retry.done_before == 1
 
 
-def test_accession_and_worklist_queries(orthanc, stored, creds, tmp_path):
+def test_accession_and_worklist_queries(orthanc, stored, creds, tmp_path, caplog):
     uid1, files = stored[1]
     uid2, _ = stored[2]
     acc = str(pydicom.dcmread(files[0]).get("AccessionNumber", ""))
@@ -124,8 +125,13 @@ def test_accession_and_worklist_queries(orthanc, stored, creds, tmp_path):
     res = fetch_sources([f"{orthanc.dimse}?worklist={wl}&retrieve=get"], run_dir=tmp_path / "wl", cfg=cfg)
     assert [f.name for f in res.folders] == [uid2]
     assert acc, "the phantom writer sets AccessionNumber"
-    res = fetch_sources([f"{orthanc.dicomweb}?accession={acc}"], run_dir=tmp_path / "acc", cfg=cfg)
+    with caplog.at_level(logging.DEBUG, logger="pipeline"):
+        res = fetch_sources([f"{orthanc.dicomweb}?accession={acc}"], run_dir=tmp_path / "acc", cfg=cfg)
     assert uid1 in [f.name for f in res.folders] and uid2 not in [f.name for f in res.folders]
+    # the accession number stays in the DICOM files: not in the logs, the summary or the PACS ledger
+    assert acc not in caplog.text and acc not in "\n".join(res.lines())
+    records = [p for p in (tmp_path / "acc").rglob("*") if p.is_file() and p.suffix != ".dcm" and "spool" not in p.parts]
+    assert records and not [p for p in records if acc.encode() in p.read_bytes()], records
     res = fetch_sources([f"{orthanc.dicomweb}?series=1.2.3.999"], run_dir=tmp_path / "none", cfg=cfg)
     assert res.folders == [] and "not found" in res.failures[0][2]
 
