@@ -109,6 +109,29 @@ def test_mixed_pixel_spacing(tmp_path):
     assert paths[7].name in text and "PixelSpacing" in text and "0.5" in text
 
 
+def test_a_field_of_view_larger_than_any_scanner_is_refused_before_any_work(tmp_path):
+    """40 mm pixels (an edited header): 20 columns cover 800 mm, 30 rows 1200 mm; resampled to 1 mm voxels such a
+    series exhausts the memory, so it is refused at ingest, and so by the detector when it comes as an image file."""
+    from pipeline.detection.infer_input import check_volume_extent
+    from pipeline.errors import SeriesGeometryError
+    from pipeline.volume import CTVolume, Geometry
+
+    write_series(tmp_path / "wide", n=4, rows=30, cols=20, pixel_spacing=(40.0, 40.0))
+    with pytest.raises(SeriesGeometryError) as err:
+        load_series(tmp_path / "wide")
+    text = _msg(err)
+    assert "800 × 1200 mm in-plane" in text and "30 rows × 40 mm" in text and "PixelSpacing (0028,0030)" in text
+    write_series(tmp_path / "long", n=12, step=250.0)  # 2,750 mm along the table
+    with pytest.raises(SeriesGeometryError, match="2750 mm along the slices"):
+        load_series(tmp_path / "long")
+    vol = load_series(write_series(tmp_path / "ok", n=16, rows=32, cols=32)[0].parent)
+    g = vol.geometry
+    wide = CTVolume(vol.array, Geometry(shape=vol.shape, spacing=(60.0, 60.0, 1.25), origin=g.origin, direction=g.direction))
+    with pytest.raises(SeriesGeometryError, match="1920 × 1920 mm in-plane"):
+        check_volume_extent(wide, "image wide.nii.gz")
+    check_volume_extent(vol, "series ok")  # a real field of view passes
+
+
 def test_missing_slice(tmp_path):
     paths = write_series(tmp_path, n=12, step=2.0)
     paths[6].unlink()

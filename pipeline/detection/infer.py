@@ -42,11 +42,11 @@ from .infer_input import (
     MAX_BAD_VOXEL_FRACTION,
     MIN_INPUT_MM,
     LungMask,
+    check_volume_extent,
     clean_volume,
     lung_box,
     lung_region,
     refuse_small,
-    volume_extent_mm,
 )
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
 from .network import box_iou_float32, build_detector, run_detector
@@ -170,7 +170,7 @@ class Detector:
         mask alone is searched when it does not overlap the threshold mask. ``margin_mm`` defaults to the model's crop
         margin.
         """
-        refuse_small(volume_extent_mm(volume), f"series {volume.series_uid}", "volume", "columns, rows, slices")
+        check_volume_extent(volume, f"series {volume.series_uid}")
         region = lung_region(volume, lung_mask, device=str(self.device))
         if region.empty:
             return region, None
@@ -210,7 +210,7 @@ class Detector:
             precision=self.precision,
         )
         volume = clean_volume(volume, where)
-        refuse_small(volume_extent_mm(volume), where, "volume", "columns, rows, slices")
+        check_volume_extent(volume, where)
         region = roi = None
         if restrict:
             with DeviceTimer(self.device) as clock:  # the lung segmentation runs on the detector's device

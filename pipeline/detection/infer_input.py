@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import InputTooSmallError, InvalidVolumeError
+from ..ingest.geometry import check_extent
 from ..load import Roi
 from ..volume import CTVolume, LabelMap, float3
 from .lungs import LungRegion, quick_lung_mask, region_from_mask, segmented_lung_region
@@ -41,6 +42,17 @@ def refuse_small(extent_mm: np.ndarray, where: str, what: str, axes: str) -> Non
 def volume_extent_mm(volume: CTVolume) -> np.ndarray:
     """The volume's size in mm along its columns, rows and slices."""
     return np.asarray(volume.geometry.size_ijk) * np.asarray(volume.spacing)
+
+
+def check_volume_extent(volume: CTVolume, where: str) -> None:
+    """Refuse a volume too small for the detector (:func:`refuse_small`) or larger than any CT scanner's field of
+    view (:func:`pipeline.ingest.geometry.check_extent`: wrong spacing, which resampled to the model's grid would
+    exhaust the memory) by name, before any work."""
+    extent = volume_extent_mm(volume)
+    refuse_small(extent, where, "volume", "columns, rows, slices")
+    size, spacing = volume.geometry.size_ijk, volume.spacing
+    how = ", ".join(f"{n} × {s:g} mm" for n, s in zip(size, spacing))
+    check_extent(extent, where=where, how=f"columns, rows, slices: {how}")
 
 
 def clean_volume(volume: CTVolume, where: str) -> CTVolume:

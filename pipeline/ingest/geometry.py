@@ -22,6 +22,7 @@ from ..errors import (
     InconsistentSeriesError,
     MissingSliceError,
     NonUniformSpacingError,
+    SeriesGeometryError,
     SingleSliceError,
 )
 from ..volume import Geometry
@@ -30,6 +31,27 @@ log = logging.getLogger(__name__)
 
 #: Largest gantry tilt (degrees) treated as no tilt: about 0.07 mm drift over 400 mm.
 TILT_TOLERANCE_DEG = 0.01
+#: Largest extent (mm) a CT series may cover in-plane (a scanner's bore is at most about 90 cm, its extended field of
+#: view about 80 cm) and along the slices (a whole-body scan of a tall patient is about 2 m). Beyond them PixelSpacing
+#: or ImagePositionPatient is wrong, and a volume resampled to 1 mm voxels would need tens of gigabytes.
+MAX_IN_PLANE_MM = 1000.0
+MAX_LENGTH_MM = 2500.0
+
+
+def check_extent(extent_mm: Sequence[float] | np.ndarray, *, where: str, how: str) -> None:
+    """Raise :class:`SeriesGeometryError` when ``extent_mm`` (mm along the columns, rows and slices) exceeds
+    :data:`MAX_IN_PLANE_MM` in-plane or :data:`MAX_LENGTH_MM` along the slices; ``how`` says where the figures come
+    from (e.g. the matrix and PixelSpacing)."""
+    e = [float(v) for v in extent_mm]
+    if max(e[0], e[1]) <= MAX_IN_PLANE_MM and e[2] <= MAX_LENGTH_MM:
+        return
+    raise SeriesGeometryError(
+        f"the series covers {e[0]:.0f} × {e[1]:.0f} mm in-plane and {e[2]:.0f} mm along the slices ({how}): more "
+        f"than any CT scanner's field of view ({MAX_IN_PLANE_MM:.0f} mm in-plane, {MAX_LENGTH_MM:.0f} mm along the "
+        "table), so its PixelSpacing (0028,0030) or ImagePositionPatient (0020,0032) values are wrong",
+        where=where,
+        fix="re-export the series from the scanner/PACS (the header was damaged or edited wrongly)",
+    )
 
 
 @dataclass(frozen=True)
@@ -80,7 +102,8 @@ def stack_geometry(
         return per-slice shifts that resample the stack onto an orthogonal grid.
 
     Raises SingleSliceError, InconsistentSeriesError, DuplicateSliceError,
-    GantryTiltError, MissingSliceError or NonUniformSpacingError.
+    GantryTiltError, MissingSliceError, NonUniformSpacingError, or SeriesGeometryError for a series larger than
+    any scanner's field of view (:func:`check_extent`).
     """
     n = len(names)
     if n < 2:
@@ -154,6 +177,12 @@ def stack_geometry(
         shifts = np.stack([ta * fitted / pixel_spacing[1], tb * fitted / pixel_spacing[0]], axis=1)
         log.info("%s: gantry tilt %.2f deg, resampling onto an orthogonal grid", where, tilt_deg)
     _check_spacing(names, order, d, steps, median, spacing_tolerance, where)
+    check_extent(
+        (columns * float(pixel_spacing[1]), rows * float(pixel_spacing[0]), extent),
+        where=where,
+        how=f"{columns} columns × {float(pixel_spacing[1]):g} mm, {rows} rows × {float(pixel_spacing[0]):g} mm, "
+        f"{n} slices over {extent:.1f} mm",
+    )
     geom = Geometry(
         shape=(n, int(rows), int(columns)),
         spacing=(float(pixel_spacing[1]), float(pixel_spacing[0]), median),
