@@ -338,6 +338,22 @@ def test_padding_values_of_real_scanners_still_load(tmp_path):
 # --- everything at once: one scan of the whole corpus ------------------------------------------------
 
 
+def test_a_series_sent_again_after_a_broken_transfer_loads_from_its_whole_copy(tmp_path):
+    """The first transfer left one file with half its pixel data; the archive sent the series again: the whole
+    copy of that instance is kept (whichever folder sorts first), the truncated one skipped with the reason."""
+    first = write_phantom(tmp_path / "a_first_partial")
+    shutil.copytree(tmp_path / "a_first_partial", tmp_path / "b_resent")
+    cut = first[5]
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    scan = scan_directory(tmp_path)
+    skips = {f.path: f for f in scan.skipped_files if f.kind == "duplicate_copy"}
+    assert cut in skips and "b_resent" in skips[cut].reason and "not truncated" in skips[cut].reason
+    assert len(skips) == len(first) and scan.series[0].selected
+    vol = load_series(tmp_path)
+    again = load_series(tmp_path / "b_resent")
+    assert np.array_equal(vol.array, again.array)
+
+
 def test_whole_corpus_scan_never_raises(tmp_path):
     root = tmp_path / "archive"
     good = write_phantom(root / "good")

@@ -202,20 +202,36 @@ def _gap_from_unreadable(series: SeriesInfo, near: list[SkippedFile], gap: Ctpip
 
 
 def _drop_copies(headers: list[SliceHeader], skipped: list[SkippedFile]) -> list[SliceHeader]:
-    """Keep one file per SOPInstanceUID; the other copies are skipped with a reason."""
-    seen: dict[str, SliceHeader] = {}
-    kept = []
+    """Keep one file per SOPInstanceUID; the other copies are skipped with a reason. A whole copy is kept rather than
+    a truncated one or one without pixel data (a series sent again after a broken transfer), else the first."""
+
+    def whole(h: SliceHeader) -> tuple[bool, bool]:
+        return h.truncated is None, h.pixel_length is not None
+
+    kept: dict[str, SliceHeader] = {}
+    order: list[SliceHeader | str] = []  # headers without a UID, and the UIDs in the order first seen
     for h in headers:
-        first = seen.get(h.sop_instance) if h.sop_instance else None
+        if not h.sop_instance:
+            order.append(h)
+            continue
+        first = kept.get(h.sop_instance)
         if first is None:
-            if h.sop_instance:
-                seen[h.sop_instance] = h
-            kept.append(h)
-        else:
-            skipped.append(
-                SkippedFile(h.path, "duplicate_copy", f"another copy of SOP instance {h.sop_instance} (kept {first.path})")
-            )
-    return kept
+            kept[h.sop_instance] = h
+            order.append(h.sop_instance)
+            continue
+        keep, drop = (h, first) if whole(h) > whole(first) else (first, h)
+        kept[h.sop_instance] = keep
+        why = (
+            ", not truncated"
+            if drop.truncated and not keep.truncated
+            else ", with pixel data"
+            if whole(keep) > whole(drop)
+            else ""
+        )
+        skipped.append(
+            SkippedFile(drop.path, "duplicate_copy", f"another copy of SOP instance {h.sop_instance} (kept {keep.path}{why})")
+        )
+    return [kept[x] if isinstance(x, str) else x for x in order]
 
 
 def reject(result: ScanResult, series: SeriesInfo, error: CtpipeError) -> None:
