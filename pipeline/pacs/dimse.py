@@ -61,6 +61,7 @@ class DimseArchive:
         ae = build_ae(self.cfg)
         for abstract, syntaxes in contexts:
             ae.add_requested_context(abstract, syntaxes)
+        t0 = time.monotonic()
         assoc = ae.associate(
             self.endpoint.host, self.endpoint.port, ae_title=self.endpoint.aet, ext_neg=ext_neg, evt_handlers=handlers
         )
@@ -80,10 +81,18 @@ class DimseArchive:
                     where=self._where(),
                     fix=f"configure the archive to accept {', '.join(names)} from {self.cfg.pacs.ae_title!r}, or send elsewhere",
                 )
+            waited = time.monotonic() - t0
+            timeout = float(self.cfg.pacs.timeout_s)
+            how = (
+                f"no answer within pacs.timeout_s = {timeout:g} s"
+                if waited >= 0.9 * timeout
+                else f"the connection was refused or dropped after {waited:.1f} s"
+            )
             raise PacsUnavailableError(
-                f"cannot open an association (timeout {self.cfg.pacs.timeout_s:g} s)",
+                f"cannot open an association: {how}",
                 where=self._where(),
-                fix="check that the archive is running and reachable",
+                fix="check that the archive is running and reachable"
+                + (" (or raise pacs.timeout_s)" if waited >= 0.9 * timeout else ""),
             )
         try:
             yield assoc

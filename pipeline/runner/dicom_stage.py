@@ -108,8 +108,9 @@ class DicomStage(Stage):
                 nodules = self._nodules(ctx, volume, findings, masks)
             if not masks and not nodules:
                 log.warning(
-                    "case %s: no organ or nodule masks (reconstruction off): no SEG written",
+                    "case %s: no organ or nodule masks (%s): no SEG written",
                     case_id,
+                    "the reconstruction segmented none" if ctx.config.reconstruct.enabled else "reconstruction off",
                     extra={"case_id": case_id, "stage": self.name},
                 )
                 outputs = tuple(o for o in outputs if o != "seg")
