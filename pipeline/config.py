@@ -340,6 +340,17 @@ def _override_labels(overrides: Mapping[str, Any], override_sources: Mapping[str
     return labels
 
 
+class _Null:
+    """The type of :data:`NULL`."""
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+#: An override that sets an option to null (``--set metrics.port=null``), where ``None`` means "not given".
+NULL = _Null()
+
+
 def overrides_layer(overrides: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Turn ``{"workers": 4, "runner.device": "cpu", "detector": {...}}`` into sections."""
     layer: dict[str, dict[str, Any]] = {}
@@ -369,7 +380,7 @@ def load_config(
 ) -> Config:
     """Build the effective configuration: defaults < file < environment < overrides.
 
-    ``overrides`` with a value of ``None`` are ignored (an unset CLI flag). ``defaults_of``: a command's own
+    ``overrides`` with a value of ``None`` are ignored (an unset CLI flag); :data:`NULL` sets an option to null. ``defaults_of``: a command's own
     defaults (names as in ``overrides``, e.g. ``{"workers": 0}`` for ``ctpipe listen``), in force where neither
     the file, the environment nor an override sets the option. ``override_sources``: where each override came
     from, keyed by its name in ``overrides`` (e.g. ``{"runner.workers": "--set runner.workers=4", "device":
@@ -382,7 +393,7 @@ def load_config(
         _merge(data, overrides_layer({k: v for k, v in defaults_of.items() if v is not None}), "the command's defaults", sources)
     if path is not None:
         _merge(data, read_file(path), str(path), sources)
-    given = overrides_layer({k: v for k, v in (overrides or {}).items() if v is not None})
+    given = overrides_layer({k: None if v is NULL else v for k, v in (overrides or {}).items() if v is not None})
     labels = _override_labels(overrides or {}, override_sources or {})
     for sec, values in env_layer(environ).items():
         for key, value in values.items():

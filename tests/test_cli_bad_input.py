@@ -84,6 +84,8 @@ def test_set_with_a_bad_yaml_value_or_unknown_option_names_the_set(tmp_path, cap
     assert rc == 1 and "--set runner.wrkers=2: unknown option 'runner.wrkers'" in err and "overrides" not in err
     rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "workers")
     assert rc == 1 and "--set: 'workers' is not SECTION.KEY=VALUE" in err
+    rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "runner.workers=")
+    assert rc == 1 and "'runner.workers=' gives no value" in err and "runner.workers=null" in err
     assert not (tmp_path / "r").exists()  # refused before the run folder is made
 
 

@@ -157,3 +157,16 @@ def test_a_password_typed_into_a_set_address_is_not_echoed():
     with pytest.raises(ConfigError, match="credentials") as err:
         load_config(overrides=overrides, override_sources=labels, environ={})
     assert "secret" not in str(err.value) and "--set pacs.send_to=" in str(err.value)
+
+
+def test_set_null_sets_a_nullable_option_to_null_over_the_config_file(tmp_path):
+    from pipeline.runner.cli import cli_overrides
+
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("metrics:\n  port: 9100\n")
+    overrides, labels = cli_overrides(["metrics.port=null"], {})
+    assert load_config(cfg_file, environ={}).metrics.port == 9100
+    assert load_config(cfg_file, overrides=overrides, override_sources=labels, environ={}).metrics.port is None
+    overrides, labels = cli_overrides(["runner.workers=~"], {})
+    with pytest.raises(ConfigError, match="--set runner.workers=~"):
+        load_config(overrides=overrides, override_sources=labels, environ={})

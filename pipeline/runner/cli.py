@@ -103,6 +103,7 @@ def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     ``override_sources``: it checks names and values, its errors naming the ``--set`` item. Here only the syntax."""
     import yaml
 
+    from ..config import NULL
     from ..errors import ConfigError
     from ..pacs.address import redact
 
@@ -113,15 +114,19 @@ def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
         key, sep, value = raw.partition("=")
         if not sep or "." not in key:
             raise ConfigError(f"{item!r} is not SECTION.KEY=VALUE", where="--set", fix="e.g. --set runner.workers=4")
+        if not value.strip():
+            raise ConfigError(
+                f"{item!r} gives no value", where="--set", fix=f"write the value after '=', or {key.strip()}=null for none"
+            )
         try:
-            parsed = yaml.safe_load(value) if value.strip() else None
+            parsed = yaml.safe_load(value)
         except yaml.YAMLError as exc:
             raise ConfigError(
                 f"the value {redact(value)!r} is not valid YAML ({type(exc).__name__})",
                 where=f"--set {item}",
                 fix="write the value as YAML, brackets closed and quotes paired, e.g. --set 'reconstruct.mesh_formats=[stl, glb]'",
             ) from exc
-        out[key.strip()] = parsed
+        out[key.strip()] = NULL if parsed is None else parsed  # an explicit null, not "not given"
         labels[key.strip()] = f"--set {item}"
     return out, labels
 
