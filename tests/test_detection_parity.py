@@ -161,3 +161,41 @@ def test_no_max_pool_option_doubles_the_finest_feature_map():
         sizes[flag] = tuple(next(iter(feats.values())).shape[2:])
     assert sizes[False] == (16, 16, 16)  # conv1 stride (2, 2, 1), then the pool halves every axis
     assert sizes[True] == (32, 32, 32)
+
+
+def test_the_bundle_pipeline_built_by_monais_own_config_parser_finds_the_same(tmp_path):
+    """The reference above runs MONAI's classes on ctpipe's reading of the bundle; here MONAI's ``ConfigParser``
+    builds the network, the detector (its ``detector_ops`` run) and the pre- and post-processing from the bundle's
+    own ``inference.json``, as ``monai.bundle`` does, with its checkpoint loaded: the same findings as ctpipe's."""
+    import SimpleITK as sitk
+    from monai.bundle import ConfigParser
+
+    root = write_bundle(tmp_path / "bundle", patch=(96, 96, 48))
+    parser = ConfigParser()
+    parser.read_config(str(root / "configs" / "inference.json"))
+    parser["bundle_root"] = str(root)
+    parser["device"] = "$torch.device('cpu')"
+    network = parser.get_parsed_content("network")
+    network.load_state_dict(torch.load(root / "models" / "model.pt", map_location="cpu", weights_only=True))
+    network.eval()
+    detector = parser.get_parsed_content("detector")
+    parser.get_parsed_content("detector_ops")  # evaluating its expressions applies them to the parsed detector
+    detector.eval()
+    vol = chest_volume(shape_kji=(30, 48, 48), spacing=(1.6, 1.6, 2.5), direction=np.diag([1.0, -1.0, 1.0]))
+    sitk.WriteImage(vol.to_sitk(), str(tmp_path / "ct.nii.gz"))
+    data = parser.get_parsed_content("preprocessing")({"image": str(tmp_path / "ct.nii.gz")})
+    image = data["image"]
+    with torch.no_grad():
+        out = detector([image], use_inferer=any(int(s) > int(r) for s, r in zip(image.shape[1:], (96, 96, 48))))[0]
+    scores = out[detector.pred_score_key].float()  # the bundle's target keys: "box", "label", "label_scores"
+    data.update(box=out["box"].float(), label=out["label"], score=scores)
+    # clip to the image, to world coordinates (affine_lps_to_ras: back to the file's LPS), xyzxyz -> cccwhd
+    data = parser.get_parsed_content("postprocessing")(data)
+    ref_centres = np.asarray(data["box"], dtype=np.float64).reshape(-1, 6)[:, :3]  # LPS mm
+    ours = Detector(model=load_bundle(root), device="cpu", amp=False, restrict_to_lungs=False, postprocess=False)
+    found = ours.detect(vol).candidates
+    assert len(found) == len(ref_centres) > 5
+    order = np.argsort(-np.asarray(data["score"], dtype=np.float64), kind="stable")
+    np.testing.assert_allclose([f.score for f in found], np.asarray(data["score"], dtype=np.float64)[order], atol=1e-3)
+    dist_vox = np.abs(np.array([f.center_lps for f in found]) - ref_centres[order]) / np.asarray((2.0, 2.0, 2.5))
+    assert dist_vox.max() < 1.0
