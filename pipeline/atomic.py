@@ -6,6 +6,7 @@ through these helpers, so that a crash or kill never leaves a half-written file 
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -22,17 +23,31 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
     renamed over ``path``; on any error the temporary file is removed and ``path``
     is left as it was.
     """
+    if path.is_dir():  # found before anything is written, and named: not the temporary file's rename failing
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _naming(exc, path) from exc
     try:
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename == tmp:  # the rename's error: about ``path``, not ``tmp``
+            raise _naming(exc, path) from exc
         raise
+
+
+def _naming(exc: OSError, path: Path) -> OSError:
+    """``exc`` (an error about a temporary file beside ``path``) as the same kind of error, about ``path``."""
+    if exc.errno is None:
+        return exc
+    return OSError(exc.errno, exc.strerror, str(path))  # OSError(errno, ...) makes the subclass of that errno
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -58,3 +73,18 @@ def ensure_dir(path: str | os.PathLike[str], *, what: str = "--out") -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise CtpipeError(f"{what}: the folder is not writable", where=folder, fix="choose a folder this user can write")
     return folder
+
+
+def ensure_file_path(path: str | os.PathLike[str], *, what: str) -> Path:
+    """The file path ``path``, checked before any work, its folder created (:func:`ensure_dir`); a
+    :class:`~pipeline.errors.CtpipeError` naming ``what`` (the option that gave it) when it is an existing folder,
+    or its folder cannot be made or written."""
+    from .errors import CtpipeError
+
+    target = Path(path)
+    if target.is_dir():
+        raise CtpipeError(
+            f"{what}: this is a folder, not a file", where=target, fix=f"give {what} a file path, e.g. {target / 'report.json'}"
+        )
+    ensure_dir(target.parent, what=f"the folder of {what}")
+    return target

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from ..argtypes import number_in
-from ..atomic import atomic_write_bytes, ensure_dir
+from ..atomic import atomic_write_bytes, ensure_dir, ensure_file_path
 from ..cache import CaseCache
+from ..errors import CtpipeError
 from .api import explain_nothing, ingest_to_cache, safe_case_id
 from .series import SelectionRules
 
@@ -71,9 +72,13 @@ def _row(cols: list[str], widths: list[int]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Scan, cache, print the table; 1 when a series was rejected or nothing was cached, else 0."""
     rules = SelectionRules(min_slices=args.min_slices, allow_derived=args.allow_derived, axial_tolerance_deg=args.axial_tolerance)
+    if args.json is not None:  # refused before the scan and the cache writes, not when the report is written at the end
+        if args.json.resolve() == args.out.resolve():
+            raise CtpipeError(
+                "--json names the --out cache folder", where=args.json, fix="give --json a file path, e.g. ingest.json"
+            )
+        ensure_file_path(args.json, what="--json")
     ensure_dir(args.out)
-    if args.json is not None:
-        ensure_dir(args.json.parent, what="the folder of --json")
     cache = CaseCache(args.out, keep_identifiers=args.keep_identifiers)
     report = ingest_to_cache(
         args.sources,
