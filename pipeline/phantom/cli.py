@@ -15,6 +15,9 @@ from ..argtypes import number_in
 _TRANSFER_SYNTAXES = ("explicit_le", "rle", "jpeg2000")
 _MAX_SLICES = 1024  # pipeline.phantom.generate.MAX_SLICES (not imported: `ctpipe --help` stays fast)
 _QUIRKS = ("shuffled_names", "reversed_order", "gantry_tilt", "missing_slice", "duplicate_slice", "localizer", "second_series")
+#: the seeds a case can have: numpy's random generators take no negative seed, and 10 digits keep the DICOM
+#: identifiers made from it (PatientID, AccessionNumber) within their lengths
+_SEED_MAX = 2**32 - 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,9 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="folder that receives one sub-folder per case")
     p.add_argument(
         "--seed",
-        type=int,
+        type=number_in(int, 0, _SEED_MAX),
         default=None,
-        help="seed of the first case (cases are deterministic); required unless --scenario is given",
+        help=f"seed of the first case, 0..{_SEED_MAX} (cases are deterministic); required unless --scenario is given",
     )
     p.add_argument("--count", type=number_in(int, 1), default=1, help="number of cases (default 1)")
     # the ranges generate_phantom accepts, refused here once (exit status 2) rather than once per case
@@ -105,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         help="with --scenario and no --seed: move the scenarios' seeds by this much "
-        "(2000: the same scenarios as new held-out cases, seeds 7000-7031)",
+        f"(2000: the same scenarios as new held-out cases, seeds 7000-7031; at least -{SCENARIO_SEEDS[0]})",
     )
     p.add_argument("--transfer-syntax", choices=_TRANSFER_SYNTAXES, default="explicit_le", help="default explicit_le")
     p.add_argument("--unsigned", action="store_true", help="store uint16 with RescaleIntercept -1024")
@@ -153,17 +156,46 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
                 where="ctpipe phantom --seed/--count",
                 fix="drop --seed and --count, or name one scenario",
             )
+        _check_seeds(args, [sc.seed for sc in scenarios.values()])
         return [(sc.seed, sc.confounders, position or sc.patient_position, name) for name, sc in scenarios.items()]
     if args.scenario is not None:
         sc = scenarios[args.scenario]
-        seeds = [sc.seed] if args.seed is None else list(range(args.seed, args.seed + args.count))
         if args.seed is None and args.count != 1:
             raise PhantomError("--count needs --seed with a scenario", where="ctpipe phantom --count", fix="pass --seed too")
+        _check_seeds(args, [sc.seed])
+        seeds = [sc.seed] if args.seed is None else list(range(args.seed, args.seed + args.count))
         return [(seed, sc.confounders, position or sc.patient_position, args.scenario) for seed in seeds]
     if args.seed is None:
         raise PhantomError("--seed is required without --scenario", where="ctpipe phantom", fix="pass --seed N")
+    _check_seeds(args, [])
     seeds = list(range(args.seed, args.seed + args.count))
     return [(seed, realistic_confounders(seed) if args.realistic else None, position or "HFS", None) for seed in seeds]
+
+
+def _check_seeds(args: argparse.Namespace, scenario_seeds: list[int]) -> None:
+    """Refuse cases whose seeds would leave 0.._SEED_MAX (numpy takes no negative seed): with --seed, the last one,
+    --seed + --count - 1 (argparse keeps --seed itself in range); without, the scenarios' ``scenario_seeds``, moved by
+    --seed-offset."""
+    from ..errors import PhantomError
+
+    if args.seed is not None:
+        last = args.seed + args.count - 1
+        if last > _SEED_MAX:
+            raise PhantomError(
+                f"--seed {args.seed} --count {args.count} runs up to seed {last}, above the largest seed {_SEED_MAX}",
+                where="ctpipe phantom --count",
+                fix=f"pass --count {_SEED_MAX - args.seed + 1} or less, or a smaller --seed",
+            )
+        return
+    lo, hi = min(scenario_seeds), max(scenario_seeds)
+    if lo < 0 or hi > _SEED_MAX:
+        raise PhantomError(
+            f"--seed-offset {args.seed_offset} moves the scenario seeds to {lo}..{hi}, outside 0..{_SEED_MAX}",
+            where="ctpipe phantom --seed-offset",
+            fix=f"use a --seed-offset of {args.seed_offset - lo} or more"
+            if lo < 0
+            else f"use a --seed-offset of {args.seed_offset - (hi - _SEED_MAX)} or less",
+        )
 
 
 def _clear_earlier_case(case_dir: Path) -> bool:
