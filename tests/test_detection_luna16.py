@@ -101,7 +101,7 @@ def official_froc(series_uids: list[str], max_marks: int = -1, rates: list[float
 def recorded():
     return {
         "truth": load_truth([DATA / "annotations.csv"]),
-        "irrelevant": load_truth([DATA / "annotations_excluded.csv"]),
+        "irrelevant": load_truth([DATA / "annotations_excluded.csv"], what="--irrelevant"),
         "preds": load_predictions([DATA / "candidates.csv"]),
         "scans": load_scans(DATA / "seriesuids.csv"),
     }

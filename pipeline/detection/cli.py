@@ -233,6 +233,7 @@ def _check_case_id(case_id: str) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from ..atomic import atomic_write_bytes, ensure_dir
+    from ..errors import ConfigError
     from .evaluate import at_score_threshold, coordinate_warnings, froc_of_matched, match_predictions, size_band_text
     from .evaluate_io import load_scans, load_truth, read_predictions
 
@@ -241,11 +242,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     truth = load_truth(args.truth)
     predictions = read_predictions(args.pred)
     preds = predictions.candidates
-    irrelevant = load_truth(args.irrelevant) if args.irrelevant else None
-    scans = load_scans(args.scans) if args.scans is not None else None
+    irrelevant = load_truth(args.irrelevant, what="--irrelevant") if args.irrelevant else None
+    scans = load_scans(args.scans, known=set(preds) | set(truth)) if args.scans is not None else None
     if not set(preds) & set(truth):
-        from ..errors import ConfigError
-
         raise ConfigError(
             f"the predictions ({len(preds)} scan(s), e.g. {sorted(preds)[:2]}) and the truth ({len(truth)} scan(s), "
             f"e.g. {sorted(truth)[:2]}) share no scan",
@@ -262,6 +261,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             "(LUNA16's seriesuids.csv) to fix which scans count",
             file=sys.stderr,
         )
+    _check_relevant_nodules(args, truth, sorted(scans) if scans is not None else sorted(set(preds) | set(truth)))
     # matched once: the FROC and the figures at a score threshold count the same hits and false positives
     matched = match_predictions(
         preds, truth, scans=scans, min_diameter_mm=args.min_diameter, irrelevant=irrelevant, max_marks_per_scan=args.max_marks
@@ -289,3 +289,35 @@ def _evaluate(args: argparse.Namespace) -> int:
         written.append(str(at_path))
     print("wrote " + ", ".join(written))
     return 0
+
+
+def _check_relevant_nodules(args: argparse.Namespace, truth: dict[str, list[Any]], scans: list[str]) -> None:
+    """Refuse an evaluation without a nodule of at least --min-diameter among the ``scans`` evaluated (no
+    sensitivity to measure), saying in the options' terms why: the nodules are all smaller, or in other scans."""
+    from ..errors import ConfigError
+
+    in_scans = [float(d) for sid in scans for _, d in truth.get(sid, [])]
+    if any(d >= args.min_diameter for d in in_scans):
+        return
+    evaluated = (
+        f"the {len(scans)} scan(s) of --scans {args.scans}"
+        if args.scans is not None
+        else f"the {len(scans)} scan(s) named by --pred and --truth"
+    )
+    if in_scans:
+        problem = (
+            f"no nodule of at least {args.min_diameter:g} mm (--min-diameter) in {evaluated}: its {len(in_scans)} "
+            f"nodule(s) there measure {min(in_scans):g} to {max(in_scans):g} mm"
+        )
+        fix = f"pass --min-diameter {max(in_scans):g} or less, or the ground truth of the test set"
+    else:
+        n_all = sum(len(nods) for nods in truth.values())
+        problem = f"no nodule in {evaluated}" + (
+            f" (its {n_all} nodule(s) are in {sum(1 for n in truth.values() if n)} other scan(s))" if n_all else ""
+        )
+        fix = (
+            "pass --scans listing the scans of --truth (by SeriesInstanceUID), or the truth of those scans"
+            if args.scans is not None
+            else "pass the ground truth of the scans the predictions are of, with their nodules"
+        )
+    raise ConfigError(f"the ground truth holds {problem}", where="--truth " + " ".join(map(str, args.truth)), fix=fix)

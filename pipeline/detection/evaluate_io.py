@@ -6,8 +6,10 @@ searched recursively), or a LUNA16-style CSV ``seriesuid,coordX,coordY,coordZ,di
 Predictions: ctpipe findings JSON files (or folders of them; every candidate, reported or
 below the score threshold), or a LUNA16-style candidates CSV
 ``seriesuid,coordX,coordY,coordZ,probability``.
-Scan list: a CSV like LUNA16's ``seriesuids.csv`` (one SeriesInstanceUID per line, first column;
-a ``seriesuid`` header line is allowed).
+Scan list: a CSV like LUNA16's ``seriesuids.csv``: one SeriesInstanceUID per line in the first column, with no
+header line (as LUNA16 ships it), or under a ``seriesuid`` header column (any column). Without that header every line
+must hold a SeriesInstanceUID (digits and dots) or a scan the predictions or truth name: a first line that is neither
+is a header under another name, refused rather than counted as a scan.
 Folders are searched for ``ground_truth.json`` / ``*.findings.json``; CSV files are read when named.
 Scans are keyed by SeriesInstanceUID.
 """
@@ -17,7 +19,8 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from collections.abc import Iterable
+import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +33,9 @@ from .findings import Findings
 log = logging.getLogger(__name__)
 
 
-def _csv_rows(path: Path, value_key: str) -> dict[str, list[tuple[np.ndarray, float]]]:
+def _csv_rows(path: Path, value_key: str, *, what: str = "") -> dict[str, list[tuple[np.ndarray, float]]]:
+    """Scan id → [(centre, ``value_key``)] of a LUNA16-style CSV; a ``diameter_mm`` must be positive for ``what`` =
+    ``"--truth"`` (a nodule); ``--irrelevant`` takes LUNA16's -1 (no diameter) too."""
     out: dict[str, list[tuple[np.ndarray, float]]] = {}
     try:
         table = read_table(path)
@@ -49,6 +54,13 @@ def _csv_rows(path: Path, value_key: str) -> dict[str, list[tuple[np.ndarray, fl
         )
     for n, row in enumerate(table.rows, 2):
         values = [_number(row, key, n, path) for key in ("coordX", "coordY", "coordZ", value_key)]
+        if value_key == "diameter_mm" and what == "--truth" and values[3] <= 0:
+            raise ConfigError(
+                f"row {n}: diameter_mm {row[value_key].strip()!r} is not positive: a nodule of the ground truth needs "
+                "its diameter",
+                where=path,
+                fix="give every nodule its diameter in mm (findings without one, LUNA16's -1, go to --irrelevant)",
+            )
         out.setdefault(row["seriesuid"].strip(), []).append((np.array(values[:3]), values[3]))
     return out
 
@@ -107,13 +119,19 @@ def _claim(source: dict[str, Path], scan_id: str, f: Path, *, what: str, items: 
     source[scan_id] = f
 
 
-def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, float]]]:
-    """Scan id → [(centre LPS mm, diameter mm)] from phantom JSONs and/or LUNA16 annotation CSVs."""
+def load_truth(paths: Iterable[str | Path], *, what: str = "--truth") -> dict[str, list[tuple[np.ndarray, float]]]:
+    """Scan id → [(centre LPS mm, diameter mm)] from phantom JSONs and/or LUNA16 annotation CSVs.
+
+    ``what`` names the option the paths came from in errors: for ``--truth`` every diameter must be a positive
+    number; ``--irrelevant`` (irrelevant findings, LUNA16's ``annotations_excluded.csv``) also takes a negative one,
+    LUNA16's "no diameter".
+    """
+    paths = list(paths)
     truth: dict[str, list[tuple[np.ndarray, float]]] = {}
     source: dict[str, Path] = {}  # scan id → the ground truth JSON it came from
-    for f in _files(paths, ("ground_truth.json",), what="--truth", takes=_TRUTH):
+    for f in _files(paths, ("ground_truth.json",), what=what, takes=_TRUTH):
         if f.suffix == ".csv":
-            for sid, rows in _csv_rows(f, "diameter_mm").items():
+            for sid, rows in _csv_rows(f, "diameter_mm", what=what).items():
                 truth.setdefault(sid, []).extend(rows)
             continue
         try:
@@ -126,6 +144,13 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
                 where=f,
                 fix="pass ground_truth.json files written by the phantom generator, or a LUNA16 CSV",
             ) from exc
+        for n, (_, diameter) in enumerate(nods):
+            if not (np.isfinite(diameter) and diameter > 0):
+                raise ConfigError(
+                    f"nodule {n} (counting from 0): diameter_mm {diameter!r} is not a positive number",
+                    where=f,
+                    fix="give every nodule its diameter in mm (the phantom generator writes them)",
+                )
         _claim(
             source,
             sid,
@@ -139,7 +164,7 @@ def load_truth(paths: Iterable[str | Path]) -> dict[str, list[tuple[np.ndarray, 
         raise ConfigError(
             "no ground truth found (no ground_truth.json, no annotations CSV)",
             where=", ".join(map(str, paths)),
-            fix=f"--truth takes {_TRUTH}",
+            fix=f"{what} takes {_TRUTH}",
         )
     return truth
 
@@ -218,17 +243,52 @@ def read_predictions(paths: Iterable[str | Path]) -> Predictions:
     return Predictions(candidates=preds, thresholds=thresholds)
 
 
-def load_scans(path: str | Path) -> list[str]:
-    """The scan ids (SeriesInstanceUIDs) of a test set, from a CSV like LUNA16's ``seriesuids.csv``."""
+#: the header names a scan list's column of SeriesInstanceUIDs may have (any case): LUNA16's, ctpipe's, DICOM's
+_SCAN_HEADERS = ("seriesuid", "series_uid", "seriesinstanceuid")
+#: a DICOM UID: numbers separated by dots, at most 64 characters
+_UID = re.compile(r"[0-9]+(\.[0-9]+)+")
+
+
+def load_scans(path: str | Path, *, known: Collection[str] = ()) -> list[str]:
+    """The scan ids (SeriesInstanceUIDs) of a test set, from a CSV like LUNA16's ``seriesuids.csv``.
+
+    With a ``seriesuid`` header (or ``series_uid``, ``SeriesInstanceUID``) the scans are that column's values,
+    whatever they look like. Without a header (LUNA16's file has none), the first column, and each value must be a
+    DICOM UID or one of the ``known`` scan ids (those the predictions and truth name): anything else, a header under
+    another name in particular, is refused with its line number rather than counted as a scan without nodules.
+    """
     path = Path(path)
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:  # a spreadsheet's byte-order mark is not the UID's
-            rows = [row for row in csv.reader(fh) if row and row[0].strip()]
-    except OSError as exc:
-        raise ConfigError(f"cannot read the scan list ({exc.strerror})", where=path) from exc
-    scans = [row[0].strip() for row in rows]
-    if scans and scans[0].lower() == "seriesuid":
-        scans = scans[1:]
+            rows = [(n, row) for n, row in enumerate(csv.reader(fh), 1) if any(cell.strip() for cell in row)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise ConfigError(
+            f"cannot read the scan list ({why})", where=path, fix="--scans takes a CSV file of SeriesInstanceUIDs"
+        ) from exc
+    header = [cell.strip().lower() for cell in rows[0][1]] if rows else []
+    column = next((header.index(name) for name in _SCAN_HEADERS if name in header), None)
+    if column is not None:
+        scans = [row[column].strip() for _, row in rows[1:] if column < len(row) and row[column].strip()]
+    else:
+        rows = [(n, row) for n, row in rows if row[0].strip()]
+        scans = [row[0].strip() for _, row in rows]
+        known = set(known)
+        for n, row in rows:
+            value = row[0].strip()
+            if value in known or (len(value) <= 64 and _UID.fullmatch(value)):
+                continue
+            first = n == rows[0][0]
+            raise ConfigError(
+                f"line {n}: {value!r} is neither a SeriesInstanceUID nor a scan of --pred or --truth"
+                + (", and the file has no seriesuid header column" if first else ""),
+                where=path,
+                fix="if line 1 is a header, name its scan column seriesuid; else list one SeriesInstanceUID per line, "
+                "as LUNA16's seriesuids.csv"
+                if first
+                else "check that scan: one SeriesInstanceUID per line, as LUNA16's seriesuids.csv (under a seriesuid "
+                "header line, other scan names are taken too)",
+            )
     if not scans:
         raise ConfigError("the scan list is empty", where=path, fix="one SeriesInstanceUID per line, as LUNA16's seriesuids.csv")
     return list(dict.fromkeys(scans))
