@@ -9,7 +9,8 @@ from scipy import ndimage
 from pipeline.errors import ReconstructionError
 from pipeline.phantom import generate_phantom
 from pipeline.reconstruction import reconstruct
-from pipeline.reconstruction.nodules import finding_box, segment_findings, segment_nodule
+from pipeline.reconstruction.findings_in import finding_box
+from pipeline.reconstruction.nodules import segment_findings, segment_nodule
 from pipeline.reconstruction.segment import segment_organs
 from pipeline.volume import CTVolume, Geometry
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ from pipeline.phantom import generate_phantom
 from pipeline.reconstruction import reconstruct
 from pipeline.volume import CTVolume, Geometry
 from tests._support.shapes import dice, synthetic_chest
+
+SAMPLES = Path(__file__).resolve().parents[1] / "data_samples"
 
 
 @pytest.fixture(scope="module")
@@ -160,12 +163,59 @@ def test_seg_bundle_labels_map_to_organs_and_unknown_labels_are_reported(tmp_pat
     assert dice(rec.mask("lung_left"), truth["lung_left"]) > 0.95  # classical organs still there
 
 
-def test_broken_seg_bundle_keeps_the_classical_outputs(tmp_path):
+class _FailingNet(torch.nn.Module):
+    """A segmentation network that fails on every input (as one built for other inputs does)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] == 1:
+            raise RuntimeError("expected 2 input channels")
+        return x
+
+
+def test_a_bundle_whose_network_fails_keeps_the_classical_outputs(tmp_path):
     vol, _ = synthetic_chest(n=32, slices=16)
-    (tmp_path / "empty_bundle").mkdir()
-    rec = reconstruct(vol, organs=("body",), device="cpu", seg_bundle=tmp_path / "empty_bundle", render=False)
-    assert "metadata.json is missing" in rec.errors["seg_bundle"]
+    bundle = _bundle(tmp_path / "bundle", {"0": "background", "1": "body"})
+    torch.jit.script(_FailingNet()).save(str(bundle / "models" / "model.ts"))
+    rec = reconstruct(vol, organs=("body",), device="cpu", seg_bundle=bundle, render=False)
+    msg = rec.errors["seg_bundle"]  # was: torch.jit.Error out of reconstruct(), a traceback from the command
+    assert "model.ts: the network of models/model.ts failed on the volume" in msg and "expected 2 input channels" in msg
     assert "body" in rec.meshes
+    (bundle / "models" / "model.ts").write_bytes(b"not a TorchScript file")
+    rec = reconstruct(vol, organs=("body",), device="cpu", seg_bundle=bundle, render=False)
+    assert "cannot load models/model.ts" in rec.errors["seg_bundle"] and "body" in rec.meshes
+
+
+def test_a_seg_bundle_that_does_not_exist_or_is_no_bundle_is_refused_before_any_work(tmp_path, monkeypatch):
+    import pipeline.reconstruction.stage as stage
+    from pipeline.errors import BundleError
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("segmented before the bundle was checked")
+
+    monkeypatch.setattr(stage, "segment_organs", no_work)
+    vol, _ = synthetic_chest(n=32, slices=16)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.json").write_text("{}")
+    expected = {
+        "nope": "no such segmentation bundle folder",  # was: a warning in rec.errors, the classical organs written
+        "empty": "configs/metadata.json is missing",
+        "file.json": "is a file, not a segmentation bundle folder",
+    }
+    for name, problem in expected.items():
+        with pytest.raises(BundleError) as err:
+            reconstruct(vol, organs=("body",), device="cpu", seg_bundle=tmp_path / name, out_dir=tmp_path / "out")
+        assert err.value.where == str(tmp_path / name) and err.value.problem == problem and err.value.fix
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_a_seg_bundle_that_does_not_exist_before_writing(tmp_path, capsys):
+    dicom = SAMPLES / "phantom_00003" / "dicom"
+    out = tmp_path / "out"
+    rc = ctpipe_main(["reconstruct", str(dicom), "--out", str(out), "--seg-bundle", str(tmp_path / "nope"), "--no-render"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err  # was: exit status 0, the bundle only a warning
+    assert f"ctpipe reconstruct: error: {tmp_path / 'nope'}: no such segmentation bundle folder. Fix: check the path" in err
+    assert not out.exists()
 
 
 def test_cli_on_a_cache_entry(tmp_path, phantom, capsys):

@@ -94,9 +94,22 @@ def read_bundle(path: str | Path) -> SegBundle:
     """Check a bundle folder and read its label names, pre-processing and inferer settings.
 
     ``configs/inference.json`` is read with MONAI's ``ConfigParser`` (:class:`pipeline.bundle.BundleConfig`);
-    without one the volume is used at its own spacing and in HU, with 96³ patches.
+    without one the volume is used at its own spacing and in HU, with 96³ patches. Raises :class:`BundleError`
+    for a path that does not exist, is not a folder, or is a folder without the bundle's files.
     """
     root = Path(path)
+    if not root.exists():
+        raise BundleError(
+            "no such segmentation bundle folder",
+            where=root,
+            fix="check the path; a bundle is the folder holding configs/metadata.json and models/model.ts",
+        )
+    if not root.is_dir():
+        raise BundleError(
+            "is a file, not a segmentation bundle folder",
+            where=root,
+            fix="pass the bundle's root folder (the one holding configs/ and models/)",
+        )
     meta = read_metadata(root)
     meta_path = root / METADATA_JSON
     try:
@@ -175,13 +188,15 @@ def sliding_window(x: torch.Tensor, roi: list[int], predictor: Any, *, overlap: 
 
 
 def run_seg_bundle(
-    volume: CTVolume, bundle: str | Path, *, device: torch.device | str = "cpu"
+    volume: CTVolume, bundle: str | Path | SegBundle, *, device: torch.device | str = "cpu"
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Organ masks (bool ``[k, j, i]`` on the volume grid) from a bundle, and per-label error messages.
+    """Organ masks (bool ``[k, j, i]`` on the volume grid) from a bundle (its folder, or what :func:`read_bundle`
+    read of it), and per-label error messages.
 
-    Raises :class:`BundleError` when the bundle cannot be used at all.
+    Raises :class:`BundleError` when the bundle cannot be used at all (not a bundle, its network fails to load or
+    to run on the volume).
     """
-    b = read_bundle(bundle)
+    b = bundle if isinstance(bundle, SegBundle) else read_bundle(bundle)
     dev = torch.device(device)
     try:
         net = torch.jit.load(str(b.model), map_location=dev).eval()
@@ -198,8 +213,16 @@ def run_seg_bundle(
         x = (x - a0) / a_range * b_range + b0
         if b.window.clip:
             x = x.clamp(min(b.window.output_range), max(b.window.output_range))
-    with torch.no_grad():
-        logits = sliding_window(x, list(b.sliding.roi_size), net, overlap=b.sliding.overlap, batch=b.sliding.sw_batch_size)
+    try:
+        with torch.no_grad():
+            logits = sliding_window(x, list(b.sliding.roi_size), net, overlap=b.sliding.overlap, batch=b.sliding.sw_batch_size)
+    except (RuntimeError, torch.jit.Error) as exc:  # an error raised in TorchScript, a shape it refuses, out of memory
+        last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]  # TorchScript puts its traceback first
+        raise BundleError(
+            f"the network of models/model.ts failed on the volume ({last[:300]})",
+            where=b.model,
+            fix="check that the bundle is a segmentation bundle for CT volumes (its roi_size and channels)",
+        ) from exc
     pred = torch.argmax(logits, dim=1, keepdim=True).to(torch.float32)
     if tuple(pred.shape[2:]) != native:
         pred = F.interpolate(pred, size=native, mode="nearest")

@@ -15,7 +15,6 @@ command's functions, so ``ctpipe --help`` starts without them.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -51,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--findings",
         type=Path,
         default=None,
-        help="findings JSON (from `ctpipe detect`: a list, or an object with 'findings') to segment nodules",
+        help="findings JSON to segment nodules: what `ctpipe detect` writes, or a list of objects with center_lps "
+        "and diameter_mm or box_min_lps/box_max_lps (LPS mm) and score (0-1, for the DICOM results)",
     )
     p.add_argument(
         "--smoothing", type=number_in(int, 0, 500), default=20, help="Taubin smoothing iterations (default 20, 0 = none)"
@@ -64,58 +64,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _findings(path: Path) -> tuple[list[Any], Any]:
-    """The findings of a JSON as a list of objects (LPS mm), and what the SR reports: the ``Findings`` of a
-    ``ctpipe detect`` JSON (its operating point and model), else the same list (every finding reported)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CtpipeError(f"cannot read findings ({exc})", where=path, fix="pass the JSON written by `ctpipe detect`") from exc
-    if isinstance(data, dict) and not str(data.get("format", "")).startswith("ctpipe-findings/"):
-        raise CtpipeError(
-            f"not a ctpipe findings JSON (format {data.get('format')!r})",
-            where=path,
-            fix="pass the JSON written by `ctpipe detect`, or a list of objects with box_min_lps/box_max_lps",
-        )
-    items = data.get("findings", []) if isinstance(data, dict) else data
-    if not isinstance(items, list):
-        raise CtpipeError("findings must be a list of objects with box_min_lps/box_max_lps", where=path)
-    if isinstance(data, dict) and str(data.get("format", "")).startswith("ctpipe-findings/"):
-        from ..detection.findings import Findings
-
-        try:
-            return items, Findings.from_json(data)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CtpipeError(
-                f"findings JSON is incomplete ({type(exc).__name__}: {exc})",
-                where=path,
-                fix="pass the JSON written by `ctpipe detect`",
-            ) from exc
-    return items, items
-
-
 def run(args: argparse.Namespace) -> int:
     from ..atomic import ensure_dir
     from ..ingest.source import read_source
     from ..load.base import resolve_device
+    from .bundle_seg import read_bundle
+    from .findings_in import read_findings
     from .stage import reconstruct
 
+    # every input is checked before any work, so a mistake leaves no half-written --out folder
     if args.device is not None:
         resolve_device(args.device, where="--device")
-    ensure_dir(args.out)
-
     formats = [f for f in args.formats.split(",") if f]
     organs = [o.strip() for o in args.organs.split(",") if o.strip()]
     if not organs:
         raise CtpipeError("names no organ", where="--organs", fix=f"choose from {','.join(ORGANS)}")
-    volume, stem = read_source(args.src, series_uid=args.series_uid)
-    findings, reported = _findings(args.findings) if args.findings else (None, None)
     if args.target_triangles is not None and args.target_triangles < 100:
         raise CtpipeError(
             f"--target-triangles {args.target_triangles} is too small",
             where="--target-triangles",
             fix="use at least 100 triangles per organ",
         )
+    findings, reported = None, None
+    if args.findings is not None:  # the DICOM results report each finding's score: a list must give them then
+        from ..dicom_out.case import dicom_source_of
+
+        need_score = bool(args.dicom) and dicom_source_of(args.src) is not None
+        findings, reported = read_findings(args.findings, need_score=need_score)
+    bundle = read_bundle(args.seg_bundle) if args.seg_bundle is not None else None
+    volume, stem = read_source(args.src, series_uid=args.series_uid)
+    ensure_dir(args.out)
     rec = reconstruct(
         volume,
         organs=organs,
@@ -125,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         smoothing=args.smoothing,
         target_triangles=args.target_triangles,
         device=args.device,
-        seg_bundle=args.seg_bundle,
+        seg_bundle=bundle,
         render=not args.no_render,
         stem=stem,
     )

@@ -41,7 +41,7 @@ All positions are DICOM patient coordinates (LPS, mm).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ from scipy import ndimage
 from ..errors import ReconstructionError
 from ..volume import CTVolume, Geometry
 from . import morph
+from .findings_in import as_point, field_of, finding_box, finite_vec3
 
 log = logging.getLogger(__name__)
 
@@ -93,41 +94,6 @@ class NoduleResult:
             "threshold_hu": self.threshold_hu,
             "error": self.error,
         }
-
-
-def _get(finding: Any, name: str) -> Any:
-    if isinstance(finding, Mapping):
-        return finding.get(name)
-    return getattr(finding, name, None)
-
-
-def _point(values: np.ndarray) -> tuple[float, float, float]:
-    """Three coordinates (LPS mm) as plain floats."""
-    x, y, z = (float(v) for v in values)
-    return x, y, z
-
-
-def finding_box(finding: Any, *, where: str = "finding") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(centre, box min, box max) in LPS mm from a detector ``Finding`` or a mapping with the same keys.
-
-    Accepts ``box_min_lps``/``box_max_lps`` (and optional ``center_lps``), or ``center_lps`` with ``diameter_mm``.
-    ``where`` (e.g. ``case c1, finding 2``) is named in the error of a finding without a box.
-    """
-    c, lo, hi = _get(finding, "center_lps"), _get(finding, "box_min_lps"), _get(finding, "box_max_lps")
-    if lo is not None and hi is not None:
-        lo_a = np.minimum(np.asarray(lo, float), np.asarray(hi, float))
-        hi_a = np.maximum(np.asarray(lo, float), np.asarray(hi, float))
-        centre = np.asarray(c, float) if c is not None else (lo_a + hi_a) / 2
-        return centre, lo_a, hi_a
-    d = _get(finding, "diameter_mm")
-    if c is not None and d is not None and float(d) > 0:
-        centre = np.asarray(c, float)
-        return centre, centre - float(d) / 2, centre + float(d) / 2
-    raise ReconstructionError(
-        f"finding {finding!r} has no box",
-        where=where,
-        fix="give box_min_lps/box_max_lps (LPS mm), or center_lps with diameter_mm",
-    )
 
 
 def _where(volume: CTVolume, index: int, case_id: str | None) -> str:
@@ -422,10 +388,10 @@ def segment_nodule(
     vol = float(nod.sum()) * voxel
     return NoduleResult(
         index=index,
-        center_lps=_point(centre),
+        center_lps=as_point(centre),
         volume_mm3=vol,
         diameter_mm=float((6.0 * vol / np.pi) ** (1.0 / 3.0)),
-        centroid_lps=_point(cg.centroid_lps(nod)),
+        centroid_lps=as_point(cg.centroid_lps(nod)),
         threshold_hu=round(thr, 1),
         mask=nod,
         geometry=cg,
@@ -455,10 +421,10 @@ def segment_findings(
         try:
             out.append(segment_nodule(volume, f, index=n, lung_mask=lung_mask, case_id=case_id))
         except ReconstructionError as exc:
-            centre = _get(f, "center_lps")
-            c = np.full(3, np.nan) if centre is None else np.asarray(centre, dtype=float).ravel()
-            if c.size != 3:  # a centre that is not three numbers is reported as unknown beside the error
+            try:
+                c = finite_vec3(field_of(f, "center_lps"), "center_lps", "", "")
+            except ReconstructionError:  # no centre, or not three numbers: reported as unknown beside the error
                 c = np.full(3, np.nan)
-            out.append(NoduleResult(index=n, center_lps=_point(c), error=str(exc)))
+            out.append(NoduleResult(index=n, center_lps=as_point(c), error=str(exc)))
             log.warning("nodule not segmented: %s", exc if exc.where else f"{_where(volume, n, case_id)}: {exc}")
     return out

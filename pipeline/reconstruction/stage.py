@@ -25,7 +25,8 @@ from ..errors import CtpipeError, ReconstructionError
 from ..intensity import not_hu_hint
 from ..volume import CTVolume, Geometry, LabelMap, default_device, require_volume
 from . import export, measure
-from .bundle_seg import run_seg_bundle
+from .bundle_seg import SegBundle, read_bundle, run_seg_bundle
+from .findings_in import check_findings, read_findings
 from .mesh import Mesh, mesh_from_mask
 from .nodules import NoduleResult, segment_findings
 from .organs import ORGANS, organ_names
@@ -141,13 +142,13 @@ def reconstruct(
     volume: CTVolume,
     *,
     organs: Iterable[str] = ORGANS,
-    findings: Sequence[Any] | None = None,
+    findings: Sequence[Any] | str | Path | None = None,
     out_dir: str | Path | None = None,
     mesh_formats: Iterable[str] = ("stl",),
     smoothing: int = 20,
     target_triangles: int | None = None,
     device: str | None = None,
-    seg_bundle: str | Path | None = None,
+    seg_bundle: str | Path | SegBundle | None = None,
     render: bool = True,
     stem: str | None = None,
 ) -> Reconstruction:
@@ -157,17 +158,23 @@ def reconstruct(
     ----------
     organs: organ names from :data:`ORGANS` (plus any a ``seg_bundle`` provides); one name as a string
         (``"lung_left"``) is that organ alone, several may be separated by commas (``"lung_left,lung_right"``).
-    findings: detector findings (LPS centres / boxes, mm) whose nodules are segmented and measured.
+    findings: detector findings (LPS centres / boxes, mm) whose nodules are segmented and measured, or the path of
+        a findings JSON (:func:`~pipeline.reconstruction.findings_in.read_findings`: what ``ctpipe detect`` writes, or a
+        list of findings). Each finding is checked before any work (a centre and a positive size).
     out_dir: where to write meshes (``<stem>_<organ>.<fmt>``), ``<stem>_measurements.json``,
         ``<stem>_labels.npz`` and PNG renderings; nothing is written without it.
     mesh_formats: any of ``stl``, ``ply``, ``obj``, ``glb``.
     smoothing: Taubin smoothing iterations (0 = raw marching cubes).
     target_triangles: cap on triangles per organ (coarser surface extraction), None = full resolution.
     device: torch device for segmentation ("cuda" when present by default).
-    seg_bundle: a MONAI segmentation bundle folder whose labels replace or add organs.
+    seg_bundle: a MONAI segmentation bundle folder whose labels replace or add organs (or the bundle
+        :func:`~pipeline.reconstruction.bundle_seg.read_bundle` read). A bundle that cannot segment (its network fails
+        to load or to run) or labels it cannot name are reported in ``errors`` and the classical organs stay.
 
     Raises :class:`~pipeline.errors.ReconstructionError` for an unknown organ name (listing the known ones)
-    or mesh format. Values that cannot be HU (none below 0: stored pixel values, intensities normalised to
+    or mesh format, or a finding without a usable centre and size; :class:`~pipeline.errors.BundleError` for a
+    ``seg_bundle`` that does not exist or is not a bundle (no ``configs/metadata.json``, ``models/model.ts``).
+    Both are raised before any work. Values that cannot be HU (none below 0: stored pixel values, intensities normalised to
     0..1) find no lungs; the ``lungs_absent`` quality flag, the lungs' errors and the log then say so.
     """
     volume = require_volume(volume)
@@ -186,14 +193,19 @@ def reconstruct(
             fix=f"choose from {list(ORGANS)}, e.g. organs=['lung_left', 'lung_right'] "
             "(other organs need a segmentation bundle: seg_bundle=..., --seg-bundle on the command line)",
         )
+    if isinstance(findings, (str, Path)):
+        findings = read_findings(findings)[0]
+    elif findings:
+        findings = check_findings(findings)
+    bundle = None if seg_bundle is None else seg_bundle if isinstance(seg_bundle, SegBundle) else read_bundle(seg_bundle)
     seg = timer.run("segment", segment_organs, volume, organs=classical, device=dev)
     masks: dict[str, np.ndarray] = dict(seg.masks)
     rec.info.update(seg.info)
     for organ, exc in seg.errors.items():
         rec.errors[organ] = _error_text(exc)
-    if seg_bundle is not None:
+    if bundle is not None:
         try:
-            bundle_masks, bundle_errors = timer.run("seg_bundle", run_seg_bundle, volume, seg_bundle, device=dev)
+            bundle_masks, bundle_errors = timer.run("seg_bundle", run_seg_bundle, volume, bundle, device=dev)
         except CtpipeError as exc:
             rec.errors["seg_bundle"] = _error_text(exc)
         else:
