@@ -98,6 +98,7 @@ def test_disk_full_on_a_small_tmpfs_at_several_points_then_a_plain_rerun(two_cas
     if why:
         pytest.skip(f"the tmpfs variant needs to mount one: {why} (the injected variant covers the same ground)")
     total_kb = two_cases["bytes"] // 1024
+    filled = []
     for fraction in (0.15, 0.45, 0.8):
         out = tmp_path / f"tmpfs_{fraction}"
         with small_tmpfs(out, max(64, int(total_kb * fraction))):
@@ -109,8 +110,10 @@ def test_disk_full_on_a_small_tmpfs_at_several_points_then_a_plain_rerun(two_cas
                 if s.exit_code == 0:
                     continue  # it fitted after all (cache files come and go): nothing to check at this point
                 _check_stopped(s, out, store_ok=False)
+            filled.append(fraction)
             resize_tmpfs(out, 64 * 1024)  # space is back
             _check_rerun(out, two_cases)
+    assert filled, "the run fitted on every tmpfs size: no full disk was exercised"
 
 
 @pytest.mark.slow
