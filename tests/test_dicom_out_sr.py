@@ -93,12 +93,16 @@ def test_findings_round_trip(tmp_path, position, enhanced):
     assert table.composition[1:].isna().all()
 
 
-def test_without_a_nodule_segmentation_the_diameter_is_the_detector_boxs(tmp_path):
+def test_without_a_nodule_segmentation_no_size_is_stated_only_the_detectors_box(tmp_path):
+    """A detector box's size read as a measured diameter would be a falsified one (the Fleischner and Lung-RADS
+    categories turn on 6 mm): without the nodule's segmentation the SR gives the box as its ellipsoid alone."""
     case = phantom_case(tmp_path / "case")
     table = read_sr_findings(_write(case, tmp_path / "sr.dcm", nodules=None))
     kept = [f for f in case.findings if f.score >= 0.5]
-    assert list(table.diameter_mm) == pytest.approx([f.diameter_mm for f in kept], rel=1e-12)
-    assert table.volume_mm3.isna().all()
+    assert len(table) == len(kept) > 0
+    assert table.diameter_mm.isna().all() and table.long_axis_mm.isna().all() and table.volume_mm3.isna().all()
+    np.testing.assert_allclose(table[["box_min_x", "box_min_y", "box_min_z"]], [f.box_min_lps for f in kept], atol=0.01)
+    assert list(table.score) == pytest.approx([f.score for f in kept], rel=1e-12)
 
 
 def test_case_content_round_trip(tmp_path):

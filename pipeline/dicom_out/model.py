@@ -73,9 +73,11 @@ class ReportedFinding:
     rank: 1-based, by score. index: position in the detector's findings list. tracking_id / tracking_uid:
     name and UID of the nodule in the SR and the SEG. half_axes_mm: half the detector box's extent along
     LPS x, y, z. diameter_mm: the equivalent-sphere diameter of the nodule segmentation when there is one (the
-    volume's sphere), else the detector box's equivalent diameter (an estimate, often larger). long_axis_mm: the longest extent of the nodule
-    mask's voxel cells when there is a mask, else the box's longest edge. volume_mm3: from the nodule
-    segmentation, else None. slice_k: the volume slice nearest the centre.
+    volume's sphere), else the detector box's equivalent diameter (an estimate, often larger). long_axis_mm: the
+    longest extent of the nodule mask's voxel cells when there is a mask, else the box's longest edge. measured:
+    whether those two come from a segmentation of the nodule; the SR states them only then (a box's size is no
+    measurement a reader should take for one). volume_mm3: from the nodule segmentation, else None. slice_k: the
+    volume slice nearest the centre.
     """
 
     rank: int
@@ -93,6 +95,7 @@ class ReportedFinding:
     composition: str | None
     slice_k: int
     mask: NoduleMask | None = None
+    measured: bool = False
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -251,9 +254,11 @@ def reported_findings(
         nm = _nodule_mask(nod, geometry) if nod is not None else None
         volume = _get(nod, "volume_mm3") if nod is not None else None
         measured = (_get(nod, "diameter_mm") or _get(nod, "equivalent_diameter_mm")) if nod is not None else None
-        if measured is not None and np.isfinite(float(measured)) and float(measured) > 0:
+        is_measured = measured is not None and np.isfinite(float(measured)) and float(measured) > 0
+        if is_measured:
             diameter = float(measured)  # the segmentation's, consistent with the volume and the long axis
         long_axis = _long_axis(nm, geometry) if nm is not None else None
+        is_measured = is_measured and long_axis is not None
         if long_axis is None:
             long_axis = float(2 * half.max())
         detail = details.get(n, NoduleDetail())
@@ -276,6 +281,7 @@ def reported_findings(
                 composition=detail.composition,
                 slice_k=k,
                 mask=nm,
+                measured=is_measured,
             )
         )
     return out

@@ -9,8 +9,9 @@ series' frame of reference):
   identifier ``Nodule <rank>`` and UID (the same as the SEG segment's), finding type Nodule, finding
   site (lung or lobe, with laterality when known), the detector's box as a SCOORD3D ELLIPSOID (axes
   along LPS x, y, z, longest first; a POINT when the box has no extent) referencing the source image
-  nearest the centre, and the measurements Diameter (mm), Long axis (mm), Volume (mm³, when the
-  nodule was segmented), Probability (the detector score, unit 1) and the composition when known;
+  nearest the centre, and the measurements Diameter (mm), Long axis (mm) and Volume (mm³) when the
+  nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid shows the box),
+  Probability (the detector score, unit 1) and the composition when known;
   every group carries the algorithm identification (detector name, version, parameters
   ``score_threshold=<operating point>`` and ``ctpipe=<version>``);
 * one TID 1501 case group: Nodule Present/Absent (the explicit no-findings statement; no statement in
@@ -105,10 +106,12 @@ def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> 
     import highdicom as hd
 
     site = _finding_site(f)
-    measurements = [
-        hd.sr.Measurement(name=C.DIAMETER, value=f.diameter_mm, unit=C.MM),
-        hd.sr.Measurement(name=C.LONG_AXIS, value=f.long_axis_mm, unit=C.MM),
-    ]
+    measurements = []
+    if f.measured:  # from the nodule's segmentation; a detector box's size is not stated as a measurement
+        measurements += [
+            hd.sr.Measurement(name=C.DIAMETER, value=f.diameter_mm, unit=C.MM),
+            hd.sr.Measurement(name=C.LONG_AXIS, value=f.long_axis_mm, unit=C.MM),
+        ]
     if f.volume_mm3 is not None:
         measurements.append(hd.sr.Measurement(name=C.VOLUME, value=f.volume_mm3, unit=C.MM3))
     measurements.append(hd.sr.Measurement(name=C.PROBABILITY, value=f.score, unit=C.NO_UNITS))
