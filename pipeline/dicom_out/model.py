@@ -254,9 +254,10 @@ def reported_findings(
         nm = _nodule_mask(nod, geometry) if nod is not None else None
         volume = _get(nod, "volume_mm3") if nod is not None else None
         measured = (_get(nod, "diameter_mm") or _get(nod, "equivalent_diameter_mm")) if nod is not None else None
-        is_measured = measured is not None and np.isfinite(float(measured)) and float(measured) > 0
+        seg_diameter = float(measured) if measured is not None else float("nan")
+        is_measured = bool(np.isfinite(seg_diameter) and seg_diameter > 0)
         if is_measured:
-            diameter = float(measured)  # the segmentation's, consistent with the volume and the long axis
+            diameter = seg_diameter  # the segmentation's, consistent with the volume and the long axis
         long_axis = _long_axis(nm, geometry) if nm is not None else None
         is_measured = is_measured and long_axis is not None
         if long_axis is None:
