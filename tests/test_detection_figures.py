@@ -96,3 +96,16 @@ def test_finding_png_renders_the_close_ups():
     vol = _volume_with_markers(DIRECTIONS["RAS rows and columns"])
     png = finding_png(vol, _finding_at_centre(vol, 5.0))
     assert png.startswith(b"\x89PNG")
+
+
+def test_the_demo_models_findings_say_on_their_pngs_that_it_learned_from_phantoms_alone():
+    from pipeline.detection.figures import model_footer
+    from pipeline.detection.model_config import load_model_config
+
+    demo = load_model_config().name
+    assert "not for clinical use" in (model_footer(demo) or "") and "synthetic phantoms" in (model_footer(demo) or "")
+    assert model_footer("lung_nodule_ct_detection") == "model lung_nodule_ct_detection" and model_footer("") is None
+    vol = _volume_with_markers(DIRECTIONS["RAS rows and columns"])
+    f = _finding_at_centre(vol, 5.0)
+    plain, footed = finding_png(vol, f), finding_png(vol, f, footer=model_footer(demo))
+    assert footed != plain and footed.startswith(b"\x89PNG")

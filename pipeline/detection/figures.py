@@ -24,6 +24,7 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from ..volume import CTVolume
 from .findings import Finding, Findings
+from .model_config import DEMO_MODEL_JSON
 from .patches import HU_WINDOW, sample_windowed
 
 log = logging.getLogger(__name__)
@@ -82,11 +83,20 @@ def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, in
     return axial, mip, z1 - z0, _box_xy(volume, f)
 
 
-def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str = "slice", warning: str | None = None) -> bytes:
+def finding_png(
+    volume: CTVolume,
+    f: Finding,
+    *,
+    rank: int = 1,
+    slice_label: str = "slice",
+    warning: str | None = None,
+    footer: str | None = None,
+) -> bytes:
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
     ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`), lung window, box in
     red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
-    its centre. ``warning`` (e.g. the thick-slice flag) is written under the title."""
+    its centre. ``warning`` (e.g. the thick-slice flag) is written under the title, ``footer`` (the model) at the
+    bottom."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -139,9 +149,21 @@ def finding_png(volume: CTVolume, f: Finding, *, rank: int = 1, slice_label: str
     c = f.center_lps
     title = f"#{rank} score {f.score:.2f}, box {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"
     fig.suptitle(title + (f"\n{warning}" if warning else ""), fontsize=10, color="black" if not warning else "#a05a00")
+    if footer:
+        fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=7, color="#555555")
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+def model_footer(model: str) -> str | None:
+    """The footer of a finding's PNG: the model that found it, and for the embedded demo model that it learned from
+    synthetic phantoms alone (a reader must not take its findings for a clinical tool's)."""
+    if not model:
+        return None
+    if model == DEMO_MODEL_JSON.stem:
+        return f"model {model}: trained on synthetic phantoms only, for demonstration and testing, not for clinical use"
+    return f"model {model}"
 
 
 def write_finding_pngs(volume: CTVolume, findings: Findings, out_dir: str | Path, *, max_findings: int = 20) -> list[Path]:
@@ -150,8 +172,9 @@ def write_finding_pngs(volume: CTVolume, findings: Findings, out_dir: str | Path
     paths = []
     label = "slice" if findings.slice_number_source == "index + 1" else findings.slice_number_source
     warning = "; ".join(findings.flags.values()) or None
+    footer = model_footer(findings.model)
     for rank, f in enumerate(findings.findings[:max_findings], 1):
         p = out / f"finding_{rank:03d}.png"
-        atomic_write_bytes(p, finding_png(volume, f, rank=rank, slice_label=label, warning=warning))
+        atomic_write_bytes(p, finding_png(volume, f, rank=rank, slice_label=label, warning=warning, footer=footer))
         paths.append(p)
     return paths
