@@ -55,9 +55,15 @@ STALE_TMP_AGE_S = 2.0
 STALE_TMP_AGE_NO_LOCK_S = 3600.0
 
 
+def is_safe_case_id(case_id: str) -> bool:
+    """Whether ``case_id`` can name the files and folders of a case (no path separator, no '..', no suffix of the
+    cache's own files)."""
+    return bool(_CASE_ID.match(case_id)) and not case_id.endswith((".json", ".npy"))
+
+
 def check_case_id(case_id: str) -> str:
     """Return ``case_id`` if it is a safe file stem, else raise :class:`CacheError`."""
-    if not _CASE_ID.match(case_id) or case_id.endswith((".json", ".npy")):
+    if not is_safe_case_id(case_id):
         raise CacheError(
             f"case id {case_id!r} is not a safe file name",
             fix="use letters, digits, '.', '_' and '-' only (a SeriesInstanceUID is fine)",

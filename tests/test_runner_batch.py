@@ -159,6 +159,34 @@ def test_worklist_exported_from_a_spreadsheet(dicom_data, tmp_path):
     assert case.rejected is None and case.case_id == "nightly-1" and case.series_uid == dicom_data["good_uids"][0]
 
 
+def test_a_worklist_case_id_that_is_a_path_touches_nothing_outside_the_run(dicom_data, tmp_path):
+    """A case id names the case's files and folders: '../../outside/settings' would have the runner clear and write
+    beside it. The row is quarantined with the reason, nothing outside the run folder changes, the others run."""
+    from pipeline.runner import run_batch
+    from tests._support.runner import QUICK
+
+    outside = tmp_path / "outside"
+    (outside / "settings.a1").mkdir(parents=True)
+    for name in ("settings.json", "settings.npy", "settings.a1/file.txt"):
+        (outside / name).write_text("keep me")
+    good = dicom_data["good"]
+    wl = tmp_path / "wl" / "worklist.csv"
+    wl.parent.mkdir()
+    wl.write_text(f"path,case_id\n{good / 'case11'},../../outside/settings\n{good / 'case12'},nightly-1\n")
+    s = run_batch([wl], out=tmp_path / "run", workers=0, **{**QUICK, "report.enabled": False, "outputs.dicom": []})
+    assert s.done == 1 and len(s.quarantined) == 1 and s.exit_code == 3
+    assert sorted(p.relative_to(outside).as_posix() for p in outside.rglob("*")) == [
+        "settings.a1",
+        "settings.a1/file.txt",
+        "settings.json",
+        "settings.npy",
+    ]
+    assert all(p.read_text() == "keep me" for p in outside.rglob("*") if p.is_file())
+    failures = open_run(tmp_path / "run").failures
+    assert "'../../outside/settings' is not a safe file name" in failures.reason.iloc[0]
+    assert "worklist.csv:2" in failures.reason.iloc[0]
+
+
 def test_a_model_that_cannot_load_stops_the_run_with_its_reason(dicom_data, tmp_path):
     from pipeline.runner import run_batch
 

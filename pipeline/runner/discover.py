@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cache import is_safe_case_id
 from ..config import Config
 from ..csvfile import read_table
 from ..errors import ConfigError, NoSeriesFoundError
@@ -82,9 +83,9 @@ def _case(series: Any, source: str, case_id: str | None = None, error: Exception
     )
 
 
-def _missing(source: str, reason: str, case_id: str | None = None) -> CaseSpec:
+def _missing(source: str, reason: str, case_id: str | None = None, *, fix: str | None = None) -> CaseSpec:
     fp = hashlib.sha256(source.encode()).hexdigest()[:24]
-    err = NoSeriesFoundError(reason, where=source, fix="check the worklist row's path and series_uid")
+    err = NoSeriesFoundError(reason, where=source, fix=fix or "check the worklist row's path and series_uid")
     cid = case_id or f"missing-{fp[:12]}"
     return CaseSpec(cid, f"missing:{fp}", None, fp, source, (), (type(err).__name__, str(err)))
 
@@ -166,6 +167,16 @@ def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discover
                 where = f"{p}:{n} ({row['path']})"
                 uid = (row.get("series_uid") or "").strip() or None
                 cid = (row.get("case_id") or "").strip() or None
+                if cid is not None and not is_safe_case_id(cid):  # it names files and folders: never a path
+                    out.cases.append(
+                        _missing(
+                            where,
+                            f"the case_id {cid!r} is not a safe file name",
+                            fix="use letters, digits, '.', '_' and '-' only in the worklist's case_id column "
+                            "(or leave it empty: the SeriesInstanceUID is used)",
+                        )
+                    )
+                    continue
                 if not Path(row["path"]).exists():
                     out.cases.append(_missing(where, "the path does not exist", cid))
                     continue
