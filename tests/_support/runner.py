@@ -40,8 +40,8 @@ QUICK = {
 
 
 def as_cli(options: dict[str, Any]) -> list[str]:
-    """``run_batch`` options as ``--set key=value`` command-line arguments (lists joined with commas)."""
-    return [x for k, v in options.items() for x in ("--set", f"{k}={','.join(v) if isinstance(v, list) else v}")]
+    """``run_batch`` options as ``--set key=value`` command-line arguments (lists as YAML flow lists: ``[]``, ``[sr]``)."""
+    return [x for k, v in options.items() for x in ("--set", f"{k}={'[' + ', '.join(v) + ']' if isinstance(v, list) else v}")]
 
 
 # the same on the command line, with the report
