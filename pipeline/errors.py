@@ -87,6 +87,10 @@ class NotCTError(DicomError):
     """The series is not a CT image series (e.g. MR, SR, SEG)."""
 
 
+class MixedPatientsError(DicomError):
+    """The files of one series name different patients (a misfiled image): never processed as one case."""
+
+
 class SeriesGeometryError(DicomError):
     """Slices of one series do not form a regular volume."""
 

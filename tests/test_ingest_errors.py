@@ -132,6 +132,22 @@ def test_a_field_of_view_larger_than_any_scanner_is_refused_before_any_work(tmp_
     check_volume_extent(vol, "series ok")  # a real field of view passes
 
 
+def test_a_series_holding_another_patients_image_is_refused_without_naming_either(tmp_path):
+    from pipeline.errors import MixedPatientsError
+
+    def tweak(k, ds):
+        ds.PatientID, ds.PatientName = "MRN554433", "ROE^RICHARD"
+        if k == 7:  # a misfiled image: the same SeriesInstanceUID, another patient
+            ds.PatientID, ds.PatientName = "MRN000111", "WRONG^PATIENT"
+
+    paths = write_series(tmp_path, n=12, tweak=tweak)
+    with pytest.raises(MixedPatientsError) as err:
+        load_series(tmp_path)
+    text = _msg(err)
+    assert "PatientID differs within the series: 11 file(s) have one value, 1 another" in text and paths[7].name in text
+    assert not any(v in text for v in ("MRN554433", "ROE", "MRN000111", "WRONG"))  # identifiers stay in the files
+
+
 def test_missing_slice(tmp_path):
     paths = write_series(tmp_path, n=12, step=2.0)
     paths[6].unlink()

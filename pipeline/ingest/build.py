@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import (
     InconsistentSeriesError,
+    MixedPatientsError,
     NotCTError,
     SeriesGeometryError,
 )
@@ -84,6 +85,29 @@ class _ShortNames(Sequence[str]):
         return os.path.relpath(self._headers[int(k)].path, self._root)
 
 
+#: the attributes that must be the same in every file of a series: one patient, one study
+ONE_PATIENT = ("PatientID", "PatientName", "PatientBirthDate", "StudyInstanceUID")
+
+
+def _check_one_patient(headers: Sequence[SliceHeader], where: str) -> None:
+    """Raise :class:`MixedPatientsError` when the series' files differ in :data:`ONE_PATIENT`. The message names the
+    attribute and the odd files, never the values (patient identifiers stay in the DICOM files)."""
+    for key in ONE_PATIENT:
+        values = [(h.extra_value(key) or "").strip() for h in headers]
+        if len(set(values)) == 1:
+            continue
+        common = Counter(values).most_common(1)[0][0]
+        odd = [h.path.name for h, v in zip(headers, values) if v != common]
+        raise MixedPatientsError(
+            f"{key} differs within the series: {len(values) - len(odd)} file(s) have one value, {len(odd)} another "
+            f"({', '.join(odd[:4])}{' and more' if len(odd) > 4 else ''}): images of two patients or studies under "
+            "one SeriesInstanceUID",
+            where=where,
+            fix="do not process it as one case: have the archive's administrator correct the misfiled image(s), or "
+            "remove the odd file(s) from the folder",
+        )
+
+
 def _majority_check(headers, attr: str, label: str, where: str, close: float | None = None) -> None:
     values = [getattr(h, attr) for h in headers]
     common = Counter(values).most_common(1)[0][0]
@@ -135,6 +159,7 @@ def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality:
                     where=h.path,
                     fix="the file lacks geometry; re-export the series or remove this file",
                 )
+    _check_one_patient(headers, where)
     _majority_check(headers, "rows", "Rows", where)
     _majority_check(headers, "columns", "Columns", where)
     _majority_check(headers, "pixel_spacing", "PixelSpacing (mm)", where, close=1e-4)
