@@ -120,3 +120,19 @@ def test_rt_planning_chest_lungs_hold_no_gas_pocket(rt_chest):
         labels, n = ndimage.label(seg.masks[side])
         sizes = np.sort(np.bincount(labels.ravel())[1:])[::-1]
         assert sizes[1:].sum() < 0.01 * sizes[0], side
+
+
+def test_rt_planning_chest_lungs_are_one_piece_each_their_apex_below_the_scan_top(rt_chest):
+    """No partial-volume specks beside the trachea and mediastinum (they split a lung's mesh into hundreds of parts
+    and put its top at the scan's first slice): each lung is one 26-connected piece, and its apex lies well below the
+    scan's top (this scan reaches about 40 mm above the apices)."""
+    case, seg = rt_chest
+    g = case.volume.geometry
+    z = [float(g.index_to_lps(np.array([0.0, 0.0, k]))[2]) for k in range(g.shape[0])]
+    for side in ("lung_left", "lung_right"):
+        m = seg.masks[side]
+        _, n = ndimage.label(m, structure=np.ones((3, 3, 3)))
+        assert n == 1, f"{side}: {n} pieces"
+        slices = np.flatnonzero(m.any(axis=(1, 2)))
+        apex = max(z[slices[0]], z[slices[-1]])
+        assert apex < max(z) - 20.0, f"{side}: top at z = {apex:.1f} mm, the scan's top {max(z):.1f} mm"

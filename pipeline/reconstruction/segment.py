@@ -270,6 +270,8 @@ def _lungs_and_airway(
         full[name] = fm & ~air_full
     full["lung_right"] &= ~full["lung_left"]
     voxel_ml = float(np.prod(seg.geometry.spacing)) / 1000.0
+    for name in full:
+        full[name] = _drop_specks(full[name], voxel_ml)
     total_ml = float(np.count_nonzero(full["lung_left"]) + np.count_nonzero(full["lung_right"])) * voxel_ml
     if aw is None and total_ml < LUNGS_ABSENT_ML:  # air connected to a trachea is lung whatever its size
         _no_lungs(
@@ -289,6 +291,26 @@ def _lungs_and_airway(
                 where=where,
                 fix="expected after a pneumonectomy or with a field of view on one lung; otherwise check the scan range",
             )
+
+
+#: Pieces of a full-resolution lung mask smaller than this (mL) are dropped: partial-volume voxels the boundary
+#: band takes beside the trachea, the oesophagus and the mediastinum (on a real planning chest 381 pieces of 1-2
+#: voxels, 1.3 mL in all), which split a lung's mesh into hundreds of parts and put its top at the scan's first slice.
+MIN_LUNG_PIECE_ML = 0.5
+
+
+def _drop_specks(mask: np.ndarray, voxel_ml: float) -> np.ndarray:
+    """``mask`` without its 26-connected pieces under :data:`MIN_LUNG_PIECE_ML` (the largest always kept)."""
+    box = bbox(mask, 0)
+    if box is None:
+        return mask
+    labels, sizes = morph.label(mask[box], structure=np.ones((3, 3, 3), dtype=bool))
+    keep = np.flatnonzero((sizes * voxel_ml >= MIN_LUNG_PIECE_ML) | (sizes == sizes.max()))
+    if keep.size == sizes.size - 1:  # every piece stays
+        return mask
+    out = np.zeros_like(mask)
+    out[box] = morph.keep_labels(labels, keep, sizes.size - 1)
+    return out
 
 
 def _no_lungs(seg: Segmentation, wanted: set[str], where: str, why: str) -> None:
