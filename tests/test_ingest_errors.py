@@ -176,7 +176,7 @@ def test_non_uniform_spacing(tmp_path):
     with pytest.raises(NonUniformSpacingError) as err:
         load_series(tmp_path)
     text = _msg(err)
-    assert "1.500 mm" in text and "spacing_tolerance" in text
+    assert "1.500 mm" in text and "ctpipe run --set ingest.spacing_tolerance=" in text
     # a looser tolerance accepts the series
     vol = load_series(tmp_path, spacing_tolerance=0.6)
     assert vol.shape[0] == 12
@@ -198,7 +198,12 @@ def test_gantry_tilt_rejected_then_resampled(tmp_path):
     with pytest.raises(GantryTiltError) as err:
         load_series(tmp_path)
     text = _msg(err)
-    assert "gantry tilt of 10.00 deg" in text and "GantryDetectorTilt=10" in text and "allow_gantry_tilt=True" in text
+    assert (
+        "gantry tilt of 10.00 deg" in text
+        and "GantryDetectorTilt=10" in text
+        and "allow_gantry_tilt=True" in text
+        and "--set ingest.allow_gantry_tilt=true" in text
+    )
     vol = load_series(tmp_path, allow_gantry_tilt=True)
     assert vol.array.dtype == np.float32
     assert vol.metadata["GantryTiltCorrectedDeg"] == pytest.approx(10.0, abs=1e-3)

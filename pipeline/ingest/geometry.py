@@ -170,7 +170,8 @@ def stack_geometry(
                 f"slice positions drift {drift:.2f} mm in-plane over {extent:.1f} mm along the normal: "
                 f"gantry tilt of {tilt_deg:.2f} deg{attr}",
                 where=where,
-                fix="pass allow_gantry_tilt=True (ctpipe ingest --allow-gantry-tilt) to resample it onto an orthogonal grid",
+                fix="resample it onto an orthogonal grid: ctpipe ingest --allow-gantry-tilt, ctpipe run --set "
+                "ingest.allow_gantry_tilt=true, or allow_gantry_tilt=True in Python",
             )
         fitted = d - d[0]
         # output voxel (i, j, k) samples input slice k at (i - ta*z/sx, j - tb*z/sy): shift by +ta*z/sx, +tb*z/sy
@@ -211,11 +212,13 @@ def _check_spacing(names, order, d, steps, median, tol, where) -> None:
             f"{missing} slice(s) missing: the slice step is {median:.3f} mm but there are gaps of {_list([e for _, e in gaps])}",
             where=where,
             fix="copy the missing files from the archive/PACS (the transfer was incomplete), "
-            "or raise spacing_tolerance only if the gap is intended",
+            "or, only if the gap is intended, raise the spacing tolerance (ctpipe ingest --spacing-tolerance, "
+            "ctpipe run --set ingest.spacing_tolerance=..., spacing_tolerance= in Python)",
         )
     raise NonUniformSpacingError(
         f"slice steps differ from the median step {median:.3f} mm by more than {tol:.1%}: {_list(odd)}",
         where=where,
-        fix=f"raise spacing_tolerance (now {tol:g}; ctpipe ingest --spacing-tolerance) if the variation is "
-        "acceptable, or resample the series with a tool that handles variable spacing",
+        fix=f"raise spacing_tolerance (now {tol:g}: ctpipe ingest --spacing-tolerance, ctpipe run --set "
+        "ingest.spacing_tolerance=..., spacing_tolerance= in Python) if the variation is acceptable, or resample the "
+        "series with a tool that handles variable spacing",
     )
