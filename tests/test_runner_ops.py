@@ -280,3 +280,19 @@ def test_metrics_linger_after_the_run_for_a_last_scrape(tmp_path):
     assert time.monotonic() - started >= 2.0
     late = [text for t, text in seen if t >= 1.5]  # well after an empty run's own work
     assert late and "ctpipe_cases_processed_total" in late[-1]
+
+
+def test_a_log_line_an_earlier_run_left_cut_short_does_not_swallow_the_next_runs_first_line(tmp_path):
+    log_path = tmp_path / "run.log"
+    log_path.write_text('{"t": 1, "msg": "case done"}\n{"t": 2, "msg": "case sta')  # the disk filled mid-line
+    handler = attach_jsonl(log_path, process="main")
+    try:
+        logging.getLogger("pipeline.runner").warning("earlier run(s) found: resuming")
+    finally:
+        detach(handler)
+    lines = log_path.read_text().splitlines()
+    assert lines[1] == '{"t": 2, "msg": "case sta'  # the cut line stands alone
+    assert json.loads(lines[0])["msg"] == "case done" and json.loads(lines[2])["msg"] == "earlier run(s) found: resuming"
+    handler = attach_jsonl(log_path, process="main")  # a whole last line is left as it is
+    detach(handler)
+    assert log_path.read_text().splitlines() == lines

@@ -13,6 +13,7 @@ import contextvars
 import datetime as dt
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -93,8 +94,11 @@ class _LineHandler(logging.FileHandler):
 
 
 def attach_jsonl(path: Path, *, process: str, level: int = logging.INFO) -> logging.Handler:
-    """Send the ``pipeline`` loggers' records (``level`` and above) to ``path`` as JSON lines."""
+    """Send the ``pipeline`` loggers' records (``level`` and above) to ``path`` as JSON lines. The run's main process
+    first ends a last line that an earlier run left cut short (a full disk), so every later line parses."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if process == "main":
+        end_last_line(path)
     handler = _LineHandler(path, mode="a", encoding="utf-8")
     handler.setFormatter(JsonLinesFormatter(process))
     handler.setLevel(level)
@@ -103,6 +107,21 @@ def attach_jsonl(path: Path, *, process: str, level: int = logging.INFO) -> logg
     if root.getEffectiveLevel() > level:
         root.setLevel(level)
     return handler
+
+
+def end_last_line(path: Path) -> bool:
+    """Append a newline to ``path`` when its last byte is not one (a line cut short); whether one was added."""
+    try:
+        with open(path, "rb+") as fh:
+            if fh.seek(0, os.SEEK_END) == 0:
+                return False
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) == b"\n":
+                return False
+            fh.write(b"\n")
+            return True
+    except FileNotFoundError:
+        return False
 
 
 def detach(handler: logging.Handler) -> None:
