@@ -251,3 +251,28 @@ def test_gpu_run_one_model_worker_per_device(dicom_data, tmp_path):
     assert set(det.device) <= {f"cuda:{i}" for i in range(torch.cuda.device_count())}
     assert (det.peak_cuda_mb > 0).all()
     assert "cuda:0" in run.runs.device[0]
+
+
+def test_a_source_file_changed_after_discovery_is_seen_before_results_are_published(dicom_data, tmp_path):
+    """The DICOM stage compares the case's files with what discovery fingerprinted (SOPInstanceUIDs and sizes): a
+    file truncated or removed since is a SourceMismatchError (the case is quarantined), an untouched series passes."""
+    import shutil
+    from types import SimpleNamespace
+
+    from pipeline.config import load_config
+    from pipeline.errors import SourceMismatchError
+    from pipeline.runner.dicom_stage import _check_unchanged
+    from pipeline.runner.discover import discover
+
+    src = tmp_path / "case"
+    shutil.copytree(dicom_data["good"] / "case11", src)
+    (case,) = [c for c in discover([src], load_config(environ={})).cases if c.rejected is None]
+    ctx = SimpleNamespace(case=case)
+    _check_unchanged(ctx)  # as discovered
+    victim = sorted(src.rglob("*.dcm"))[5]
+    victim.write_bytes(victim.read_bytes()[:-1000])  # the archive rewrote it, cut short
+    with pytest.raises(SourceMismatchError, match="changed since they were ingested"):
+        _check_unchanged(ctx)
+    victim.unlink()
+    with pytest.raises(SourceMismatchError, match="changed since they were ingested"):
+        _check_unchanged(ctx)

@@ -79,6 +79,25 @@ def _uid_seed(ctx: CaseContext, measurements: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _check_unchanged(ctx: CaseContext) -> None:
+    """Raise :class:`~pipeline.errors.SourceMismatchError` when the case's files differ from what discovery
+    fingerprinted (a file truncated, replaced or removed since: SOPInstanceUIDs and sizes), so that no result is
+    published that its source no longer holds."""
+    from ..errors import SourceMismatchError
+    from .discover import files_fingerprint_now
+
+    case = ctx.case
+    if not case.files or case.series_uid is None:
+        return
+    if files_fingerprint_now(case.series_uid, case.files) != case.fingerprint:
+        raise SourceMismatchError(
+            f"the series' {len(case.files)} file(s) changed since they were ingested (a file's size or SOPInstanceUID "
+            "differs, or a file is gone)",
+            where=case.source,
+            fix="run the case again once the archive has written the series completely: a changed series is a new case",
+        )
+
+
 class DicomStage(Stage):
     """The case's SR and SEG into ``<case>/dicom/`` (see the module docstring)."""
 
@@ -115,6 +134,7 @@ class DicomStage(Stage):
                 )
                 outputs = tuple(o for o in outputs if o != "seg")
         source = read_source_series(list(ctx.case.files) or ctx.case.source, volume)
+        _check_unchanged(ctx)
         measurements = _measurements(ctx)
         paths = write_case_dicom(
             ctx.workdir / "dicom",
