@@ -66,8 +66,9 @@ def _check_stopped(s, out: Path, *, store_ok: bool = True) -> None:
         for f in man["files"]:
             assert (case_dir / f["path"]).stat().st_size == f["bytes"]
     if store_ok:
-        statuses = {r[0] for r in db_rows(out, "SELECT status FROM cases")}
+        statuses = [r[0] for r in db_rows(out, "SELECT status FROM cases")]
         assert "failed" not in statuses
+        assert s.done == statuses.count("done"), s.lines()  # the summary counts what the store holds as done
 
 
 def _check_rerun(out: Path, cases: dict) -> None:

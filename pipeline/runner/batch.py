@@ -299,6 +299,8 @@ def _run(
         failed_rows = store.cases_with_status("failed")
         summary.quarantined = [(r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys]
         summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
+        if summary.stopped and not summary.done:  # stopped before the engine could count: the store's own record
+            summary.done = sum(r["case_key"] in keys and r["run_id"] == run_id for r in store.cases_with_status("done"))
         _quietly(
             summary,
             run_dir,
