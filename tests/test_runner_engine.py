@@ -299,6 +299,10 @@ def test_a_worker_death_is_retried_and_the_case_completes(tmp_path):
         (2, "reconstruct", "ok"),
     ]
     assert _rows(store, "SELECT COUNT(*) FROM findings WHERE case_key = 'b:fp'") == [(1,)]
+    # its latency runs end to end, from the first attempt (the crashed one) to the completion
+    ((started, ended, latency),) = _rows(store, "SELECT started_at, ended_at, latency_s FROM cases WHERE case_key = 'b:fp'")
+    ((first_stage,),) = _rows(store, "SELECT MIN(started_at) FROM stage_attempts WHERE case_key = 'b:fp'")
+    assert started <= first_stage and latency == pytest.approx(ended - started)
 
 
 @pytest.mark.parametrize("retries", [0, 1, 2])

@@ -209,6 +209,7 @@ class Engine:
                 )
                 again = self._admit(lv.case, result, tries=lv.tries + 1)
                 if again is not None:
+                    again.started = lv.started  # end to end: from the first attempt, the crashed one included
                     live[res.case_key] = again
                     ready.append(self._task(again))
                 return

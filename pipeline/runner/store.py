@@ -159,10 +159,12 @@ class RunStore:
                 " WHERE case_key=? AND status IN ('running', 'ok')",
                 (case_key,),
             )
+            # a retry within the same run keeps the first attempt's start: the case's latency runs end to end
             self.db.execute(
-                "UPDATE cases SET status='running', attempts=attempts+1, run_id=?, started_at=?, ended_at=NULL,"
-                " reason=NULL, error_class=NULL, failed_stage=NULL WHERE case_key=?",
-                (run_id, time.time(), case_key),
+                "UPDATE cases SET status='running', attempts=attempts+1,"
+                " started_at=CASE WHEN run_id=? AND started_at IS NOT NULL AND status != 'done' THEN started_at ELSE ? END,"
+                " run_id=?, ended_at=NULL, reason=NULL, error_class=NULL, failed_stage=NULL WHERE case_key=?",
+                (run_id, time.time(), run_id, case_key),
             )
             return int(self.db.execute("SELECT attempts FROM cases WHERE case_key=?", (case_key,)).fetchone()[0])
 
