@@ -9,16 +9,10 @@ import numpy as np
 import pytest
 
 from pipeline.cli import main
+from tests._support.cli import cli_error as _err
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / "phantom_00003"
 TRUTH = SAMPLE.parent / "phantom_00001"
-
-
-def _err(capsys, *argv: str) -> tuple[int, str]:
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return rc, out.err
 
 
 def test_a_dicom_file_named_like_a_nifti_and_a_junk_image_are_refused_by_name(tmp_path, capsys):

@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from tests._support.cli import cli_error as _err
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / "phantom_00003"
-
-
-def _err(capsys, *argv: str) -> tuple[int, str]:
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return rc, out.err
 
 
 @pytest.fixture

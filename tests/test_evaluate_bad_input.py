@@ -8,18 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
 from pipeline.detection.evaluate_io import load_scans, load_truth
 from pipeline.errors import ConfigError
+from tests._support.cli import cli_error as _err
 
 HEADER = "seriesuid,coordX,coordY,coordZ,diameter_mm\n"
-
-
-def _err(capsys, *argv: str) -> tuple[int, str]:
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return rc, out.err
 
 
 @pytest.fixture

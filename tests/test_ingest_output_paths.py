@@ -10,17 +10,10 @@ from pathlib import Path
 import pytest
 
 from pipeline.atomic import atomic_write_bytes
-from pipeline.cli import main
 from pipeline.errors import CtpipeError
+from tests._support.cli import cli_error as _err
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / "phantom_00003"
-
-
-def _err(capsys, *argv: str) -> tuple[int, str]:
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return rc, out.err
 
 
 def test_ingest_json_that_is_a_folder_is_refused_before_any_work(tmp_path, capsys):

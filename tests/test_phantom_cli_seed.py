@@ -5,13 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.cli import main
-
-
-def _err(capsys, *argv: str) -> tuple[int, str]:
-    rc = main(list(argv))
-    out = capsys.readouterr()
-    assert "Traceback" not in out.err
-    return rc, out.err
+from tests._support.cli import cli_error as _err
 
 
 def test_a_negative_seed_is_refused_naming_seed_and_its_range(tmp_path, capsys):
