@@ -84,7 +84,7 @@ def _check_unchanged(ctx: CaseContext) -> None:
     fingerprinted (a file truncated, replaced or removed since: SOPInstanceUIDs and sizes), so that no result is
     published that its source no longer holds."""
     from ..errors import SourceMismatchError
-    from .discover import files_fingerprint_now
+    from .fingerprint import files_fingerprint_now
 
     case = ctx.case
     if not case.files or case.series_uid is None:

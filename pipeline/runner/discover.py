@@ -23,7 +23,7 @@ import csv
 import hashlib
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from ..cache import is_safe_case_id
 from ..config import Config
 from ..csvfile import read_table
 from ..errors import ConfigError, NoSeriesFoundError
+from .fingerprint import fingerprint_series
 from .stage import CaseSpec
 
 log = logging.getLogger(__name__)
@@ -58,29 +59,6 @@ class Discovery:
             for n in self.not_selected
         ]
         return rows
-
-
-def fingerprint_series(series: Any) -> str:
-    """The fingerprint of a scanned series (:func:`fingerprint_files`' of its key and its files' headers)."""
-    return fingerprint_files(str(series.key), [(hh.sop_instance, hh.file_size) for hh in series.headers])
-
-
-def fingerprint_files(series_key: str, files: Iterable[tuple[str, int]]) -> str:
-    """A series' fingerprint: its key and the (SOPInstanceUID, size in bytes) of each of its files, in any order."""
-    h = hashlib.sha256(series_key.encode())
-    for sop, size in sorted(files):
-        h.update(f"|{sop}:{size}".encode())
-    return h.hexdigest()[:24]
-
-
-def files_fingerprint_now(series_key: str, paths: Sequence[str | os.PathLike[str]]) -> str:
-    """:func:`fingerprint_files` of ``paths`` as they are on disk now, their headers read as discovery reads them
-    (:func:`pipeline.ingest.read_headers`; a file that is gone or no longer DICOM counts as changed)."""
-    from ..ingest import read_headers
-
-    headers, skipped = read_headers([Path(p) for p in paths], processes=False)
-    pairs = [(h.sop_instance, h.file_size) for h in headers] + [(f"skipped:{f.path}", -1) for f in skipped]
-    return fingerprint_files(series_key, pairs)
 
 
 def _case(series: Any, source: str, case_id: str | None = None, error: Exception | None = None) -> CaseSpec:
