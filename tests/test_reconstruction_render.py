@@ -105,3 +105,27 @@ def test_bone_outline_stands_out_on_white_bone_and_show_uses_the_same_colours(tm
     cyan = (rgb[..., 0] < 0.2) & (rgb[..., 1] > 0.7) & (rgb[..., 2] > 0.7)
     assert cyan.sum() > 20  # the outline (and the legend's line), not white on white
     assert OUTLINE_COLORS["bone"] != ORGAN_COLORS["bone"] and SHOWN is OUTLINE_COLORS
+
+
+@pytest.mark.parametrize("pos", ["HFS", "FFS"])
+def test_axial_overviews_name_the_source_slices_as_a_viewer_numbers_them(pos):
+    """The scanner's InstanceNumbers (here counting down from 500 along k) name the axial planes: the top plane of
+    the LPS view (superior) is the slice whose z is highest, whichever way the series runs."""
+    from pipeline.reconstruction.render import source_slices
+
+    vol, _ = _marked_volume(DIRECTIONS[pos])
+    n = vol.shape[0]
+    vol = CTVolume(vol.array, vol.geometry, metadata={**vol.metadata, "InstanceNumbers": [500 - k for k in range(n)]})
+    z_of_k = [float(vol.geometry.index_to_lps(np.array([0.0, 0.0, k]))[2]) for k in range(n)]
+    top_k = int(np.argmax(z_of_k))
+    assert source_slices(vol, n - 1, n - 1) == f"InstanceNumber {500 - top_k}"
+    assert source_slices(vol, 0, 4) == (
+        "InstanceNumber 496-500" if pos == "HFS" else f"InstanceNumber {500 - (n - 1)}-{500 - (n - 5)}"
+    )
+    plain = CTVolume(vol.array, vol.geometry, metadata={})
+    assert source_slices(plain, 3, 3) == f"slice {int(np.argsort(z_of_k)[3]) + 1}"
+    sideways = CTVolume(
+        vol.array,
+        Geometry(shape=vol.shape, spacing=(1.0, 1.0, 1.0), origin=(0.0, 0.0, 0.0), direction=DIRECTIONS["HFDR"][:, [2, 0, 1]]),
+    )
+    assert source_slices(sideways, 0, 0) == ""  # slices not along the patient's long axis: no slice to name

@@ -37,6 +37,23 @@ def lps_aligned(array: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.n
     return geometry.to_lps_view(array), np.asarray(geometry.spacing_lps()), geometry.bounds_lps()[0]
 
 
+def source_slices(volume: CTVolume, za: int, zb: int) -> str:
+    """The source slices of the axial view planes ``za``..``zb`` (indices of :func:`lps_aligned`'s z) as a viewer
+    numbers them (``InstanceNumber 78``, ``InstanceNumber 105-109``; see
+    :func:`pipeline.detection.findings.slice_ref`), or "" for a series whose slices are not axial."""
+    from ..detection.findings import slice_number_of, slice_number_source
+
+    g = volume.geometry
+    if g.axis_map()[2][0] != 2:  # the slices do not run along the patient's long axis (LPS z)
+        return ""
+    nk = volume.shape[0]
+    k_of_z = g.to_lps_view(np.broadcast_to(np.arange(nk).reshape(nk, 1, 1), volume.shape))[:, 0, 0]
+    numbers = sorted({slice_number_of(int(k), volume.metadata, nk) for k in k_of_z[min(za, zb) : max(za, zb) + 1]})
+    source = slice_number_source(volume.metadata, nk)
+    label = "slice" if source == "index + 1" else source
+    return f"{label} {numbers[0]}" if len(numbers) == 1 else f"{label} {numbers[0]}-{numbers[-1]}"
+
+
 def _figure(width_px: int, height_px: int):
     from matplotlib.figure import Figure
 
@@ -131,10 +148,11 @@ def render_mpr(
         if drawn:  # which outline is which organ
             ax.legend(handles=drawn, loc="lower right", fontsize=7, facecolor="black", edgecolor="none", labelcolor="white")
         pos = lo[fixed] + center_idx[fixed] * spacing[fixed]
+        slices = source_slices(volume, int(center_idx[fixed]), int(center_idx[fixed])) if plane == "axial" else ""
         _labels(
             ax,
             *letters,
-            f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS) — patient's "
+            f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''} — patient's "
             + ("right on image left" if plane != "sagittal" else "anterior on image left"),
         )
         paths.append(_save(fig, out / f"{stem}_mpr_{plane}.png"))
@@ -166,7 +184,16 @@ def render_mip(
         ax = fig.add_axes((0, 0, 1, 0.94))
         ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
         za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
-        _labels(ax, "R", "L", "A", "P", f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z), lung window — patient's right on image left")
+        slices = source_slices(volume, a, b - 1)
+        _labels(
+            ax,
+            "R",
+            "L",
+            "A",
+            "P",
+            f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}, lung window — patient's right on "
+            "image left",
+        )
         paths.append(_save(fig, out / f"{stem}_mip_axial_{n + 1}.png"))
     return paths
 
