@@ -223,6 +223,15 @@ class Geometry:
             out[:, a] = src[:, c] if sign > 0 else (self.size_ijk[c] - 1) - src[:, c]
         return out
 
+    def view_plane_slices(self) -> np.ndarray | None:
+        """For each axial plane z of :meth:`to_lps_view` (inferior to superior), the slice index k it is; ``None``
+        when the slices do not run along the patient's long axis (LPS z), so that no axial plane is one slice."""
+        amap = self.axis_map()
+        if amap[2][0] != 2:
+            return None
+        k = np.arange(self.size_ijk[2])
+        return k if amap[2][1] > 0 else k[::-1]
+
     def from_lps_view(self, view: np.ndarray) -> np.ndarray:
         """Inverse of :meth:`to_lps_view`: an ``[z, y, x]`` LPS-ascending array back in this grid's ``[k, j, i]`` order."""
         amap = self.axis_map()

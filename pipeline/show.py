@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .detection.findings import slice_number_of, slice_number_source
+from .detection.findings import slice_label, slice_number_of, slice_number_source
 from .errors import GeometryError
 from .reconstruction.organs import OUTLINE_COLORS
 from .volume import CTVolume, Geometry, LabelMap, require_volume
@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 #: image's left, left on its right, anterior at the top, posterior at the bottom.
 EDGE_LETTERS = (("R", 0.025, 0.5), ("L", 0.975, 0.5), ("A", 0.5, 0.975), ("P", 0.5, 0.025))
 _LETTER_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
-_SLICE_LABELS = {"InstanceNumber": "InstanceNumber", "FrameNumber": "FrameNumber", "index + 1": "slice"}
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def _slice_k(volume: CTVolume, slice: int | None, k: int | None) -> int | None:
         return None
     slice = operator.index(slice)
     source = slice_number_source(volume.metadata, nk)
-    label = _SLICE_LABELS.get(source, source)
+    label = slice_label(source)
     numbers = [slice_number_of(kk, volume.metadata, nk) for kk in range(nk)]
     matches = [kk for kk, n in enumerate(numbers) if n == slice]
     if not matches:
@@ -171,7 +170,6 @@ def _plane(volume: CTVolume, k: int | None, scored_z: list[tuple[float, float]])
     its array index k (None for a series whose slices are not axial): slice ``k`` when given, else the plane of the
     highest-scoring finding (``scored_z``: score and view z of each), else the middle plane."""
     geometry = volume.geometry
-    nk = volume.shape[0]
     amap = geometry.axis_map()  # (LPS axis, sign) of index axes i, j, k
     axial = amap[2][0] == 2  # index axis k runs along the patient's long axis (LPS z)
     nz = geometry.size_ijk[next(c for c, (a, _) in enumerate(amap) if a == 2)]  # planes of the view along z
@@ -186,10 +184,8 @@ def _plane(volume: CTVolume, k: int | None, scored_z: list[tuple[float, float]])
         z = int(np.clip(np.rint(best[1]), 0, nz - 1))
     else:
         z = nz // 2
-    if not axial:
-        return z, None
-    k_of_plane = geometry.to_lps_view(np.broadcast_to(np.arange(nk).reshape(nk, 1, 1), volume.shape))[:, 0, 0]
-    return z, int(k_of_plane[z])
+    k_of_plane = geometry.view_plane_slices()
+    return z, None if k_of_plane is None else int(k_of_plane[z])
 
 
 def _title(volume: CTVolume, z: int, k: int | None, n_findings: int) -> str:
@@ -199,7 +195,7 @@ def _title(volume: CTVolume, z: int, k: int | None, n_findings: int) -> str:
         where = f"axial plane {z + 1} (series not stored in axial slices)"
     else:
         source = slice_number_source(volume.metadata, nk)
-        where = f"{_SLICE_LABELS.get(source, source)} {slice_number_of(k, volume.metadata, nk)} (k={k})"
+        where = f"{slice_label(source)} {slice_number_of(k, volume.metadata, nk)} (k={k})"
     return " · ".join(part for part in (where, f"{n_findings} finding(s)", _series_label(volume)) if part)
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..atomic import atomic_write_bytes
 from ..volume import CTVolume
-from .findings import Finding, Findings
+from .findings import Finding, Findings, slice_label
 from .model_config import DEMO_MODEL_JSON
 from .patches import HU_WINDOW, sample_windowed
 
@@ -170,7 +170,7 @@ def write_finding_pngs(volume: CTVolume, findings: Findings, out_dir: str | Path
     """Write ``finding_<rank>.png`` for the top ``max_findings`` reported findings into ``out_dir`` (atomic)."""
     out = Path(out_dir)
     paths = []
-    label = "slice" if findings.slice_number_source == "index + 1" else findings.slice_number_source
+    label = slice_label(findings.slice_number_source)
     warning = "; ".join(findings.flags.values()) or None
     footer = model_footer(findings.model)
     for rank, f in enumerate(findings.findings[:max_findings], 1):

@@ -77,6 +77,12 @@ def _per_slice(metadata: Mapping[str, Any], key: str, n_slices: int, kind: type)
     return None
 
 
+def slice_label(source: str) -> str:
+    """How a title names a slice whose number comes from ``source`` (:func:`slice_number_source`): ``InstanceNumber``,
+    ``FrameNumber``, or ``slice`` for the 1-based index."""
+    return "slice" if source == "index + 1" else source
+
+
 def slice_number_source(metadata: Mapping[str, Any], n_slices: int) -> str:
     """Where slice numbers of a series with ``n_slices`` slices come from (one of :data:`SLICE_NUMBER_SOURCES`):
     the ``InstanceNumbers`` ingest recorded (one per slice, all present), else the ``FrameNumbers`` of a

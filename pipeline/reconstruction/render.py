@@ -41,16 +41,14 @@ def source_slices(volume: CTVolume, za: int, zb: int) -> str:
     """The source slices of the axial view planes ``za``..``zb`` (indices of :func:`lps_aligned`'s z) as a viewer
     numbers them (``InstanceNumber 78``, ``InstanceNumber 105-109``; see
     :func:`pipeline.detection.findings.slice_ref`), or "" for a series whose slices are not axial."""
-    from ..detection.findings import slice_number_of, slice_number_source
+    from ..detection.findings import slice_label, slice_number_of, slice_number_source
 
-    g = volume.geometry
-    if g.axis_map()[2][0] != 2:  # the slices do not run along the patient's long axis (LPS z)
+    k_of_z = volume.geometry.view_plane_slices()
+    if k_of_z is None:
         return ""
     nk = volume.shape[0]
-    k_of_z = g.to_lps_view(np.broadcast_to(np.arange(nk).reshape(nk, 1, 1), volume.shape))[:, 0, 0]
     numbers = sorted({slice_number_of(int(k), volume.metadata, nk) for k in k_of_z[min(za, zb) : max(za, zb) + 1]})
-    source = slice_number_source(volume.metadata, nk)
-    label = "slice" if source == "index + 1" else source
+    label = slice_label(slice_number_source(volume.metadata, nk))
     return f"{label} {numbers[0]}" if len(numbers) == 1 else f"{label} {numbers[0]}-{numbers[-1]}"
 
 
