@@ -14,6 +14,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__
 from .errors import CtpipeError
@@ -79,18 +80,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     setup_logging(args.verbose, quiet=getattr(args, "quiet", False))
+    out = getattr(args, "out", None)
+    new_out = Path(out) if isinstance(out, (str, Path)) and not Path(out).exists() else None
+    code = 1
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
     except CtpipeError as exc:
         print(f"ctpipe {args.command}: error: {exc}", file=sys.stderr)
-        return 1
     except OSError as exc:  # a file or folder the command reads or writes: named, with the system's reason
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"ctpipe {args.command}: error: {where}{exc.strerror or exc}. Fix: check the path", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    if code != 0 and new_out is not None:
+        _remove_if_empty(new_out)
+    return code
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove the ``--out`` folder a failed command created, when it holds nothing (no empty output folder stays
+    behind a mistyped source); a folder with anything in it is kept."""
+    try:
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    except OSError as exc:
+        log.debug("the empty folder %s stays (%s)", folder, exc.strerror or exc)
 
 
 def console_main() -> None:

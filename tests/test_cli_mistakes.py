@@ -61,6 +61,17 @@ def test_evaluate_refuses_ground_truth_as_predictions_and_scans_in_no_common(tmp
     (tmp_path / "p" / "a.findings.json").write_text(json.dumps(findings))
     rc, err = _err(capsys, "evaluate", "--pred", str(tmp_path / "p"), "--truth", str(truth), "--out", str(tmp_path / "e"))
     assert rc == 1 and "share no scan" in err and "9.9.9" in err
+    assert not (tmp_path / "e").exists()  # a failed command leaves no empty --out folder behind
+
+
+def test_evaluate_scores_a_model_that_found_nothing(tmp_path, capsys):
+    """Zero predictions are a result (sensitivity 0), not a mismatch of scan names: a LUNA16 candidates CSV with
+    no rows is scored against the truth's scans, and with --scans against the listed ones."""
+    truth = SAMPLE.parent / "phantom_00001"
+    (tmp_path / "none.csv").write_text("seriesuid,coordX,coordY,coordZ,probability\n")
+    rc, _ = _err(capsys, "evaluate", "--pred", str(tmp_path / "none.csv"), "--truth", str(truth), "--out", str(tmp_path / "e"))
+    froc = json.loads((tmp_path / "e" / "froc.json").read_text())
+    assert rc == 0 and froc["cpm"] == 0.0 and froc["n_scans"] == 1 and froc["n_nodules"] > 0
 
 
 def test_reconstruct_refuses_junk_findings_and_no_organ_and_one_lung_is_not_the_lungs(tmp_path, capsys):

@@ -75,8 +75,11 @@ def test_findings_round_trip(tmp_path, position, enhanced):
         assert np.abs(centre - np.asarray(f.center_lps)).max() < 0.01  # LPS mm
         lo = np.array([row.box_min_x, row.box_min_y, row.box_min_z])
         hi = np.array([row.box_max_x, row.box_max_y, row.box_max_z])
-        np.testing.assert_allclose(lo, f.box_min_lps, atol=0.01)
-        np.testing.assert_allclose(hi, f.box_max_lps, atol=0.01)
+        # the ellipsoid is drawn around the segmented nodule (its voxel cells), centred on the finding
+        cells = _cell_extent(case.nodules[n], g)
+        np.testing.assert_allclose((lo + hi) / 2, centre, atol=0.01)
+        assert np.all(lo <= cells[0] + 0.01) and np.all(hi >= cells[1] - 0.01)
+        np.testing.assert_allclose(np.minimum(hi - cells[1], cells[0] - lo), 0.0, atol=0.01)  # and no larger
         assert row.graphic_type == "ELLIPSOID"
         assert row.frame_of_reference_uid == case.source.frame_of_reference_uid
         assert row.score == pytest.approx(f.score, rel=1e-12)
@@ -91,6 +94,15 @@ def test_findings_round_trip(tmp_path, position, enhanced):
         assert row.frame_number == (k + 1 if enhanced else None)
     assert table.composition[0] == case.phantom.nodules[0].kind
     assert table.composition[1:].isna().all()
+
+
+def _cell_extent(nodule, geometry):
+    """(min, max) LPS mm of the corners of a nodule mask's voxel cells, from the mask's crop geometry."""
+    kji = np.argwhere(nodule.mask)
+    offsets = np.indices((2, 2, 2)).reshape(3, -1).T - 0.5
+    corners = (kji[:, None, ::-1] + offsets[None]).reshape(-1, 3)
+    pts = nodule.geometry.index_to_lps(corners)
+    return pts.min(axis=0), pts.max(axis=0)
 
 
 def test_without_a_nodule_segmentation_no_size_is_stated_only_the_detectors_box(tmp_path):

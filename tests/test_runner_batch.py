@@ -113,6 +113,11 @@ def test_bad_source_and_bad_config_are_refused_before_running(tmp_path, dicom_da
 
     assert main(["run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r")]) == 1
     assert "no such file or folder" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # no run folder, store or log behind a mistyped source
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine.txt").write_text("x")
+    assert main(["run", str(tmp_path / "nowhere"), "--out", str(tmp_path / "kept")]) == 1
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["mine.txt"]  # a folder that was there stays
     cfg = tmp_path / "c.yaml"
     cfg.write_text("runner:\n  workers: lots\n")
     assert main(["run", str(dicom_data["good"]), "--out", str(tmp_path / "r2"), "--config", str(cfg)]) == 1

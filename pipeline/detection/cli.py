@@ -244,7 +244,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     preds = predictions.candidates
     irrelevant = load_truth(args.irrelevant, what="--irrelevant") if args.irrelevant else None
     scans = load_scans(args.scans, known=set(preds) | set(truth)) if args.scans is not None else None
-    if not set(preds) & set(truth):
+    if preds and scans is None and not set(preds) & set(truth):  # a model that found nothing is scored all the same
         raise ConfigError(
             f"the predictions ({len(preds)} scan(s), e.g. {sorted(preds)[:2]}) and the truth ({len(truth)} scan(s), "
             f"e.g. {sorted(truth)[:2]}) share no scan",

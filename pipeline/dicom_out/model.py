@@ -71,8 +71,9 @@ class ReportedFinding:
     """One finding as the DICOM results report it (LPS mm throughout).
 
     rank: 1-based, by score. index: position in the detector's findings list. tracking_id / tracking_uid:
-    name and UID of the nodule in the SR and the SEG. half_axes_mm: half the detector box's extent along
-    LPS x, y, z. diameter_mm: the equivalent-sphere diameter of the nodule segmentation when there is one (the
+    name and UID of the nodule in the SR and the SEG. half_axes_mm: the SR ellipsoid's half axes along LPS x, y, z
+    (mm), centred on ``center_lps``: around the nodule segmentation's voxel cells when ``measured``, else half the
+    detector box's extent. diameter_mm: the equivalent-sphere diameter of the nodule segmentation when there is one (the
     volume's sphere), else the detector box's equivalent diameter (an estimate, often larger). long_axis_mm: the
     longest extent of the nodule mask's voxel cells when there is a mask, else the box's longest edge. measured:
     whether those two come from a segmentation of the nodule; the SR states them only then (a box's size is no
@@ -154,18 +155,32 @@ def _nodule_mask(result: Any, geometry: Geometry) -> NoduleMask | None:
     return NoduleMask(mask, (k0, j0, i0))
 
 
+def _cell_corners(nm: NoduleMask, geometry: Geometry) -> np.ndarray:
+    """The corners (LPS mm, ``[n, 3]``) of the mask's boundary voxel cells: their hull is the hull of all its cells."""
+    from scipy import ndimage
+
+    boundary = nm.mask & ~ndimage.binary_erosion(nm.mask)
+    kji = np.argwhere(boundary) + np.asarray(nm.offset_kji)
+    corners = (kji[:, None, ::-1] + (np.indices((2, 2, 2)).reshape(3, -1).T - 0.5)[None]).reshape(-1, 3)
+    return np.asarray(geometry.index_to_lps(corners), dtype=np.float64)
+
+
+def _half_axes_around(nm: NoduleMask, geometry: Geometry, center: np.ndarray) -> np.ndarray | None:
+    """Half axes (mm, along LPS x, y, z) of the box centred on ``center`` (LPS mm) that holds every voxel cell of
+    the mask: the SR's ellipsoid drawn around a segmented nodule, not around the detector's box."""
+    if not nm.mask.any():
+        return None
+    pts = _cell_corners(nm, geometry)
+    return np.maximum(pts.max(axis=0) - center, center - pts.min(axis=0))
+
+
 def _long_axis(nm: NoduleMask, geometry: Geometry) -> float | None:
     """Longest distance (mm) between two corners of the mask's voxel cells (convex hull, LPS)."""
-    from scipy import ndimage
     from scipy.spatial import ConvexHull, QhullError
 
     if not nm.mask.any():
         return None
-    # the hull of all voxel cells is the hull of the boundary voxels' cells
-    boundary = nm.mask & ~ndimage.binary_erosion(nm.mask)
-    kji = np.argwhere(boundary) + np.asarray(nm.offset_kji)
-    corners = (kji[:, None, ::-1] + (np.indices((2, 2, 2)).reshape(3, -1).T - 0.5)[None]).reshape(-1, 3)
-    pts = geometry.index_to_lps(corners)
+    pts = _cell_corners(nm, geometry)
     try:
         pts = pts[ConvexHull(pts).vertices]
     except QhullError:
@@ -260,6 +275,8 @@ def reported_findings(
             diameter = seg_diameter  # the segmentation's, consistent with the volume and the long axis
         long_axis = _long_axis(nm, geometry) if nm is not None else None
         is_measured = is_measured and long_axis is not None
+        if is_measured and nm is not None:  # the ellipsoid around the segmented nodule, as its measurements
+            half = _half_axes_around(nm, geometry, center)
         if long_axis is None:
             long_axis = float(2 * half.max())
         detail = details.get(n, NoduleDetail())

@@ -7,10 +7,11 @@ series' frame of reference):
   version of the detector), UID derived from those;
 * one TID 1411 volumetric group per reported finding (:func:`.model.reported_findings`): tracking
   identifier ``Nodule <rank>`` and UID (the same as the SEG segment's), finding type Nodule, finding
-  site (lung or lobe, with laterality when known), the detector's box as a SCOORD3D ELLIPSOID (axes
-  along LPS x, y, z, longest first; a POINT when the box has no extent) referencing the source image
+  site (lung or lobe, with laterality when known), a SCOORD3D ELLIPSOID centred on the finding (axes
+  along LPS x, y, z, longest first; around the nodule's segmentation when it was segmented, else the
+  detector's box; a POINT when the box has no extent) referencing the source image
   nearest the centre, and the measurements Diameter (mm), Long axis (mm) and Volume (mm³) when the
-  nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid shows the box),
+  nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid then shows the box),
   Probability (the detector score, unit 1) and the composition when known;
   every group carries the algorithm identification (detector name, version, parameters
   ``score_threshold=<operating point>`` and ``ctpipe=<version>``);

@@ -150,8 +150,16 @@ def read_worklist(path: Path, cfg: Config) -> list[dict[str, str]]:
     return rows
 
 
+def check_sources(sources: Sequence[str | os.PathLike[str]]) -> None:
+    """:class:`ConfigError` naming the first of ``sources`` that does not exist (checked before a run folder is made)."""
+    for src in sources:
+        if not Path(src).exists():
+            raise ConfigError("no such file or folder", where=Path(src), fix="check the sources given to ctpipe run")
+
+
 def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discovery:
     """Cases under ``sources`` (folders, files, or worklist ``.csv`` files), in a stable order."""
+    check_sources(sources)
     out = Discovery()
     folders: list[str] = []
     for src in sources:
@@ -180,8 +188,6 @@ def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discover
                         _missing(where, "no CT series found" + (f" with SeriesInstanceUID {uid}" if uid else ""), cid)
                     )
                 out.cases.extend(found)
-        elif not p.exists():
-            raise ConfigError("no such file or folder", where=p, fix="check the sources given to ctpipe run")
         else:
             folders.append(str(p))
     if folders:
