@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from scipy import ndimage
@@ -66,6 +68,11 @@ def test_partial_coverage_is_flagged_and_lung_figures_marked(phantom, lo, hi, co
     assert {"lungs_apex_cut", "lungs_base_cut"} - codes & set(q.codes) == set()
     assert "emphysema_index_pct" in q.unreliable and "lungs_total_volume_ml" in q.unreliable
     assert "lung_volume_out_of_range" not in q.codes  # meaningless for partial lungs
+    # the message names the end by anatomy (a scanner's first slice may be either end) and the lung area there
+    messages = {f.code: f.message for f in q.flags}
+    ends = {"lungs_apex_cut": "on the most superior slice", "lungs_base_cut": "on the most inferior slice"}
+    for code in codes:
+        assert re.search(r"\(\d+\.\d cm² of lung " + ends[code] + r"\)$", messages[code]), messages[code]
 
 
 def test_a_scan_ending_a_few_cm2_into_the_lung_bases_keeps_its_lung_figures(phantom):

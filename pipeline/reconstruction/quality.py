@@ -8,8 +8,8 @@ or ``info`` (a property of the scan worth knowing, e.g. its contrast phase).
 code                        severity meaning
 =========================== ======== ==========================================================
 ``lungs_absent``            warning  no lungs in the scan (less than 20 mL of lung); no search
-``lungs_apex_cut``          warning  the lungs continue above the first slice
-``lungs_base_cut``          warning  the lungs continue below the last slice
+``lungs_apex_cut``          warning  the lungs continue above the most superior slice
+``lungs_base_cut``          warning  the lungs continue below the most inferior slice
 ``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together
 ``lung_imbalance``          warning  the smaller lung is less than half the larger one
 ``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules and emphysema index unreliable
@@ -58,7 +58,7 @@ FLAGS: dict[str, tuple[Severity, str]] = {
 }
 
 LUNGS_ABSENT_ML = 20.0
-LUNG_CUT_AREA_MM2 = 100.0  # lung cross-section on the first/last slice that means "cut" (1 cm²)
+LUNG_CUT_AREA_MM2 = 100.0  # lung cross-section on the most superior/inferior slice that means "cut" (1 cm²)
 LUNG_VOLUME_RANGE_ML = (1500.0, 9000.0)
 # Lung beyond a cut end: at most its cross-section on the end slice times this depth (mm; a lung tapers to its apex
 # or into the costophrenic recesses within a few cm). Lung figures stay reliable while that bound is under
@@ -143,20 +143,22 @@ def _flag(code: str, detail: str) -> QualityFlag:
     return QualityFlag(code, severity, f"{text} ({detail})" if detail else text)
 
 
-def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, bool, bool, float, float]:
-    """Coverage, apex cut, base cut, lung volume (mL) and a generous bound on the lung beyond the cut ends (mL):
-    the cross-section on each cut end slice (mm²) times :data:`MISSING_DEPTH_MM`."""
+def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, float, float, float, float]:
+    """Coverage, the lung cross-section (mm²) on the most superior slice where the apex is cut (else 0), the same
+    on the most inferior slice where the base is cut, lung volume (mL) and a generous bound on the lung beyond the
+    cut ends (mL): the cross-section on each cut end slice (mm²) times :data:`MISSING_DEPTH_MM`."""
     voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
     total_ml = float(np.count_nonzero(lungs)) * voxel_ml
     if total_ml < LUNGS_ABSENT_ML:
-        return "absent", False, False, total_ml, 0.0
+        return "absent", 0.0, 0.0, total_ml, 0.0
     view = geometry.to_lps_view(lungs)  # [z, y, x], z ascending = inferior → superior
     sx, sy, _ = geometry.spacing_lps()
     area = view.reshape(view.shape[0], -1).sum(axis=1) * sx * sy
     base_cut = bool(area[0] >= LUNG_CUT_AREA_MM2)
     apex_cut = bool(area[-1] >= LUNG_CUT_AREA_MM2)
-    missing_ml = (float(area[0]) * base_cut + float(area[-1]) * apex_cut) * MISSING_DEPTH_MM / 1000.0
-    return ("partial" if apex_cut or base_cut else "complete"), apex_cut, base_cut, total_ml, missing_ml
+    apex_mm2, base_mm2 = float(area[-1]) * apex_cut, float(area[0]) * base_cut
+    missing_ml = (apex_mm2 + base_mm2) * MISSING_DEPTH_MM / 1000.0
+    return ("partial" if apex_cut or base_cut else "complete"), apex_mm2, base_mm2, total_ml, missing_ml
 
 
 def fov_cut_area_cm2(body: np.ndarray, geometry: Geometry) -> float:
@@ -235,16 +237,16 @@ def assess_quality(
     unreliable: list[str] = []
     figures: dict[str, float | None] = {}
 
-    coverage, apex_cut, base_cut, total_ml, missing_ml = _lung_coverage(left | right, geometry)
+    coverage, apex_mm2, base_mm2, total_ml, missing_ml = _lung_coverage(left | right, geometry)
     figures["lungs_total_volume_ml"] = total_ml
     if coverage == "partial":
         figures["lungs_missing_ml_bound"] = missing_ml
     if coverage == "absent":
         flags.append(_flag("lungs_absent", f"{total_ml:.0f} mL of lung"))
-    if apex_cut:
-        flags.append(_flag("lungs_apex_cut", "lung on the first slice"))
-    if base_cut:
-        flags.append(_flag("lungs_base_cut", "lung on the last slice"))
+    if apex_mm2:
+        flags.append(_flag("lungs_apex_cut", f"{apex_mm2 / 100:.1f} cm² of lung on the most superior slice"))
+    if base_mm2:
+        flags.append(_flag("lungs_base_cut", f"{base_mm2 / 100:.1f} cm² of lung on the most inferior slice"))
     if coverage == "absent" or missing_ml > MAX_MISSING_FRACTION * total_ml:
         unreliable += ["lung_left_volume_ml", "lung_right_volume_ml", "lungs_total_volume_ml", *EMPHYSEMA_FIGURES]
     else:
