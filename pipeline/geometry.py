@@ -39,6 +39,17 @@ def _as_vec3(value: Sequence[float] | np.ndarray, name: str) -> tuple[float, flo
     return (float(arr[0]), float(arr[1]), float(arr[2]))
 
 
+def _points(values: np.ndarray | Sequence[float], what: str) -> np.ndarray:
+    """``values`` as a float array whose last axis holds 3 coordinates; :class:`GeometryError` otherwise."""
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.ndim == 0 or arr.shape[-1] != 3:
+        raise GeometryError(
+            f"{what} must have 3 coordinates on their last axis, got shape {arr.shape}",
+            fix="pass one point as 3 numbers or n points as an (n, 3) array",
+        )
+    return arr
+
+
 def float3(values: Iterable[Any]) -> tuple[float, float, float]:
     """Exactly three floats from any iterable (ValueError when there are not three)."""
     a, b, c = (float(v) for v in values)
@@ -131,13 +142,13 @@ class Geometry:
 
     def index_to_lps(self, ijk: np.ndarray | Sequence[float]) -> np.ndarray:
         """Map voxel indices ``(..., 3)`` in (i, j, k) order to LPS mm ``(..., 3)``."""
-        ijk = np.asarray(ijk, dtype=np.float64)
+        ijk = _points(ijk, "voxel indices (i, j, k)")
         m = self.direction * np.asarray(self.spacing)[None, :]
         return ijk @ m.T + np.asarray(self.origin)
 
     def lps_to_index(self, lps: np.ndarray | Sequence[float]) -> np.ndarray:
         """Map LPS points ``(..., 3)`` in mm to continuous (i, j, k) indices."""
-        lps = np.asarray(lps, dtype=np.float64)
+        lps = _points(lps, "LPS points (x, y, z) in mm")
         rel = lps - np.asarray(self.origin)
         return (rel @ self.direction) / np.asarray(self.spacing)
 
@@ -275,6 +286,11 @@ class Geometry:
         ``max(1, round(n * old / new))``.
         """
         new = _as_vec3(spacing, "spacing")
+        if min(new) <= 0:
+            raise GeometryError(
+                f"the new spacing must be > 0 mm on every axis (i, j, k), got {new}",
+                fix="pass the voxel size wanted in mm, e.g. (1.0, 1.0, 1.0)",
+            )
         size = [max(1, int(round(n * s / t))) for n, s, t in zip(self.size_ijk, self.spacing, new)]
         return self.with_(shape=(size[2], size[1], size[0]), spacing=new)
 
@@ -324,7 +340,14 @@ class Geometry:
 
 def clip_box(size_ijk: Sequence[int], lo: Sequence[int], hi: Sequence[int]) -> tuple[list[int], list[int]]:
     """The box ``lo <= (i, j, k) < hi`` clipped to a grid of ``size_ijk`` voxels, as ``(lo, hi)`` lists of (i, j, k);
-    :class:`GeometryError` when nothing of it is left."""
+    :class:`GeometryError` when a corner is not 3 indices or nothing of the box is left."""
+    try:
+        lo, hi = int3(lo), int3(hi)
+    except (TypeError, ValueError) as exc:
+        raise GeometryError(
+            f"a box's corners must be 3 voxel indices (i, j, k) each, got lo={lo!r} hi={hi!r}",
+            fix="pass lo=(i0, j0, k0) and hi=(i1, j1, k1): column, row, slice, the reverse of the array's [k, j, i] order",
+        ) from exc
     lo_c = [int(max(0, min(int(a), n))) for a, n in zip(lo, size_ijk)]
     hi_c = [int(max(0, min(int(b), n))) for b, n in zip(hi, size_ijk)]
     if any(b <= a for a, b in zip(lo_c, hi_c)):

@@ -134,6 +134,23 @@ def test_crop_outside_the_grid_is_an_error():
         vol.crop((20, 0, 0), (30, 2, 2))
 
 
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda v: v.crop((0, 0), (3, 3)), r"corners must be 3 voxel indices \(i, j, k\).*lo=\(0, 0\)"),
+        (lambda v: v.crop((0, 0, 0), (3, 3, 3, 3)), r"hi=\(3, 3, 3, 3\)"),
+        (lambda v: v.resample((0.0, 1.0, 1.0)), r"new spacing must be > 0 mm.*\(0\.0, 1\.0, 1\.0\)"),
+        (lambda v: v.resample((-1.0, 1.0, 1.0)), r"new spacing must be > 0 mm.*\(-1\.0, 1\.0, 1\.0\)"),
+        (lambda v: v.index_to_lps([[1, 2]]), r"voxel indices \(i, j, k\) must have 3 coordinates.*shape \(1, 2\)"),
+        (lambda v: v.lps_to_index((1.0, 2.0)), r"LPS points \(x, y, z\) in mm must have 3 coordinates.*shape \(2,\)"),
+    ],
+)
+def test_wrong_corners_spacings_and_points_are_refused_with_the_value(call, words):
+    with pytest.raises(GeometryError, match=words) as err:
+        call(_volume())
+    assert err.value.fix
+
+
 def test_crop_keeps_the_kept_slices_source_references_and_resampling_drops_them():
     vol = _volume()
     nk = vol.shape[0]
