@@ -218,9 +218,27 @@ class CTVolume(_SpatialArray):
 
     @classmethod
     def from_sitk(cls, image: sitk.Image, *, metadata: Mapping[str, Any] | None = None) -> CTVolume:
-        """Build from a SimpleITK image (whose geometry is LPS by ITK convention)."""
+        """Build from a 3-D scalar SimpleITK image (whose geometry is LPS by ITK convention).
+
+        Raises :class:`~pipeline.errors.GeometryError` for an image of another dimension or with several
+        components per voxel, saying how to take one 3-D scalar volume out of it.
+        """
         import SimpleITK as sitk
 
+        dim, components = image.GetDimension(), image.GetNumberOfComponentsPerPixel()
+        if dim != 3 or components != 1:
+            size = "x".join(str(n) for n in image.GetSize())
+            if dim == 2:
+                fix = "stack the 2-D slices into one 3-D image first (sitk.JoinSeries)"
+            elif dim > 3:
+                fix = "take one 3-D volume out of it first, e.g. image[:, :, :, 0] (SimpleITK indexes x, y, z, t)"
+            else:
+                fix = "take one component first, e.g. sitk.VectorIndexSelectionCast(image, 0)"
+            raise GeometryError(
+                f"a CTVolume is a 3-D image of one value per voxel; this image is {dim}-D ({size}) with "
+                f"{components} component(s) per voxel",
+                fix=fix,
+            )
         arr = sitk.GetArrayFromImage(image)
         geom = Geometry(
             shape=arr.shape,

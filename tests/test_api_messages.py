@@ -86,6 +86,40 @@ def test_load_series_reads_an_image_file_in_lps(tmp_path, chest, name):
     assert "leave out series_uid" in _fix(err)
 
 
+def _not_one_volume(kind: str):
+    import SimpleITK as sitk
+
+    if kind == "2-D":
+        return sitk.GetImageFromArray(np.zeros((10, 12), np.int16))
+    if kind == "4-D":
+        return sitk.JoinSeries([sitk.GetImageFromArray(np.zeros((3, 10, 12), np.int16))] * 2)
+    return sitk.GetImageFromArray(np.zeros((3, 10, 12, 3), np.int16), isVector=True)
+
+
+@pytest.mark.parametrize(
+    "kind, words, fix",
+    [
+        ("2-D", r"this image is 2-D \(12x10\)", "sitk.JoinSeries"),
+        ("4-D", r"this image is 4-D \(12x10x3x2\)", "image[:, :, :, 0]"),
+        ("vector", r"3-D \(12x10x3\) with 3 component\(s\) per voxel", "sitk.VectorIndexSelectionCast"),
+    ],
+)
+def test_an_image_that_is_not_one_3d_volume_is_refused_naming_the_file(tmp_path, kind, words, fix):
+    import SimpleITK as sitk
+
+    from pipeline.errors import GeometryError
+
+    image = _not_one_volume(kind)
+    with pytest.raises(GeometryError, match=words) as err:
+        CTVolume.from_sitk(image)
+    assert fix in _fix(err)
+    path = tmp_path / "scan.nrrd"
+    sitk.WriteImage(image, str(path))
+    with pytest.raises(GeometryError, match=words) as err:
+        load_series(path)
+    assert str(err.value).startswith(f"{path}: ") and fix in _fix(err)
+
+
 def test_a_folder_of_images_says_which_file_to_load(tmp_path, chest):
     import SimpleITK as sitk
 

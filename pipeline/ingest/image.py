@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UnreadableFileError
+from ..errors import GeometryError, UnreadableFileError
 from ..volume import CTVolume
 from .rawheader import dicom_data_start
 
@@ -29,7 +29,9 @@ def read_image(path: str | Path) -> CTVolume:
     SimpleITK reads the file and gives its geometry in LPS (mm), whatever the file's convention (a NIfTI
     is RAS on disk; its affine is converted). ``metadata["SeriesInstanceUID"]`` is the file's name without
     the ending (``chest`` for ``chest.nii.gz``), the name of the case's outputs.
-    Raises :class:`~pipeline.errors.UnreadableFileError` when SimpleITK cannot read the file.
+    Raises :class:`~pipeline.errors.UnreadableFileError` when SimpleITK cannot read the file,
+    :class:`~pipeline.errors.GeometryError` naming the file when it holds no 3-D scalar volume (a 2-D, 4-D or
+    vector image).
     """
     import SimpleITK as sitk
 
@@ -50,7 +52,10 @@ def read_image(path: str | Path) -> CTVolume:
             where=path,
             fix="check that the file is a complete NIfTI/MHA/NRRD image (an .mhd needs its .raw/.zraw data file next to it)",
         ) from exc
-    return CTVolume.from_sitk(img, metadata={"SeriesInstanceUID": stem})
+    try:
+        return CTVolume.from_sitk(img, metadata={"SeriesInstanceUID": stem})
+    except GeometryError as exc:  # not one 3-D scalar volume: say which file
+        raise GeometryError(exc.problem, where=path, fix=exc.fix) from exc
 
 
 def _is_dicom(path: Path) -> bool:
