@@ -93,6 +93,19 @@ def test_output_selection(tmp_path, caplog):
         write_dicom_outputs(tmp_path / "d", source=case.source, volume=case.volume, findings=other, **MODEL)
 
 
+def test_reading_a_file_that_is_no_sr_names_it_and_what_it_is(tmp_path):
+    from tests._support.dicom import write_series
+
+    ct_slice = write_series(tmp_path / "ct", n=2)[0]
+    text = tmp_path / "ground_truth.json"
+    text.write_text('{"nodules": []}\n' * 20)
+    for path, what in ((ct_slice, r"CT Image Storage"), (text, r"InvalidDicomError"), (tmp_path / "ct", r"directory")):
+        for read in (read_sr_findings, read_sr_case):
+            with pytest.raises(DicomOutputError, match=f"not a readable structured report.*{what}") as err:
+                read(path)
+            assert str(err.value).startswith(f"{path}: ") and "dicom_outputs.sr" in (err.value.fix or "")
+
+
 @pytest.mark.slow
 def test_real_series(tmp_path):
     """The RT-planning chest (512×512×141, InstanceNumbers against the slice order): headers matched, SR and SEG

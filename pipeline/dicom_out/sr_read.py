@@ -56,14 +56,16 @@ def _key(code: Any) -> tuple[str, str]:
 
 def _report(path: str | os.PathLike[str]) -> Any:
     import highdicom as hd
+    from pydicom.errors import InvalidDicomError
 
     try:
         sr = hd.sr.srread(path)
-    except (ValueError, TypeError, AttributeError, OSError) as exc:
+    except (ValueError, TypeError, AttributeError, OSError, RuntimeError, InvalidDicomError) as exc:
+        # RuntimeError: another DICOM object (a CT image, a SEG) whose SOP class highdicom reads as no SR
         raise DicomOutputError(
             f"not a readable structured report ({type(exc).__name__}: {exc})",
             where=str(path),
-            fix="pass an SR written by ctpipe (write_sr)",
+            fix="pass an SR written by ctpipe (write_sr; a run's are in open_run(...).dicom_outputs.sr)",
         ) from exc
     content = getattr(sr, "content", None)
     if content is None or not hasattr(content, "get_volumetric_roi_measurement_groups"):
