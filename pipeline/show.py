@@ -50,6 +50,24 @@ def _uid(value: Any) -> str | None:
     return str(value) if isinstance(value, str) and value else None
 
 
+def _table_diameter(row: Any) -> float:
+    """A table row's ``diameter_mm``; where it is missing or NaN (an SR read back by
+    :func:`~pipeline.dicom_out.read_sr_findings` states no size for an unsegmented finding), the equivalent diameter
+    of its box (``box_min/max_x/y/z``, LPS mm), as a finding's own; 0 when neither is known (a point)."""
+    diameter = float(getattr(row, "diameter_mm", np.nan))
+    if np.isfinite(diameter):
+        return diameter
+    lo = np.array([getattr(row, f"box_min_{a}", np.nan) for a in "xyz"], float)
+    hi = np.array([getattr(row, f"box_max_{a}", np.nan) for a in "xyz"], float)
+    from_box = float(np.cbrt(np.prod(hi - lo)))
+    return from_box if np.isfinite(from_box) and from_box > 0 else 0.0
+
+
+def _table_score(row: Any) -> float:
+    value = getattr(row, "score", None)
+    return np.nan if value is None else float(value)
+
+
 def _finding_rows(findings: Any) -> list[_Row]:
     """The findings given as :class:`~pipeline.detection.Findings`, a Finding/dict or a list of them, or a DataFrame
     (``open_run(...).findings``: ``center_x/y/z`` LPS mm, ``diameter_mm``, ``score``, ``series_uid``)."""
@@ -58,7 +76,7 @@ def _finding_rows(findings: Any) -> list[_Row]:
     if hasattr(findings, "columns"):  # a DataFrame
         uids = findings["series_uid"] if "series_uid" in findings.columns else [None] * len(findings)
         return [
-            _Row(np.array([r.center_x, r.center_y, r.center_z], float), float(r.diameter_mm), float(r.score), _uid(u))
+            _Row(np.array([r.center_x, r.center_y, r.center_z], float), _table_diameter(r), _table_score(r), _uid(u))
             for r, u in zip(findings.itertuples(), uids)
         ]
     items = getattr(findings, "findings", findings)
@@ -215,10 +233,12 @@ def show(
     axis-aligned order). Pixels are square in mm.
 
     findings: :class:`~pipeline.detection.Findings`, a finding or list of findings/dicts with ``center_lps``
-        (LPS mm) and ``diameter_mm``, or ``open_run(...).findings`` (``center_x/y/z`` LPS mm); each finding whose
-        sphere crosses the plane is circled and labelled with its score. Findings of another series than the
-        volume's are refused (a table of several series: only this series' rows are drawn); findings without a
-        series UID are drawn with a logged warning that they could not be checked.
+        (LPS mm) and ``diameter_mm``, or a table: ``open_run(...).findings`` or
+        :func:`~pipeline.dicom_out.read_sr_findings` (``center_x/y/z`` LPS mm; where ``diameter_mm`` is NaN, the
+        box's equivalent diameter); each finding whose sphere crosses the plane, or whose centre is nearest to it, is
+        circled and labelled with its score. Findings of another series than the volume's are refused (a table of
+        several series: only this series' rows are drawn); findings without a series UID are drawn with a logged
+        warning that they could not be checked.
     recon: a :class:`~pipeline.reconstruction.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
         ``[k, j, i]`` on the volume's grid; outlines are drawn per organ.
     slice: the slice as the findings' ``slice_number`` (CSV, JSON, PNG titles) and a DICOM viewer name it: its
@@ -259,9 +279,9 @@ def show(
             ax.plot([], [], color=OUTLINE_COLORS.get(organ, "#ffffff"), label=organ)
     for row, (x, y, zf) in zip(rows, xyz):
         r_mm, dz = row.diameter_mm / 2.0, abs(zf - z) * sz
-        if dz > r_mm:
+        if dz > max(r_mm, sz / 2.0):  # the sphere misses this plane, and its centre is nearer another plane
             continue
-        r = max(np.sqrt(r_mm**2 - dz**2), 2.0 * sx)  # radius (mm) in this plane, at least 2 pixels
+        r = max(np.sqrt(max(r_mm**2 - dz**2, 0.0)), 2.0 * sx)  # radius (mm) in this plane, at least 2 pixels
         ax.add_patch(Ellipse((x, y), 2 * r / sx, 2 * r / sy, fill=False, color="#ff3030", linewidth=1.5))
         if np.isfinite(row.score):
             ax.text(x + r / sx + 2, y, f"{row.score:.2f}", color="#ff3030", fontsize=8)

@@ -240,3 +240,36 @@ def test_a_table_of_several_series_keeps_only_this_series_rows(caplog):
         ax = show(vol, findings=table)  # the plane of this series' finding, k=7
     assert _circles(ax)[:, :2].tolist() == [[10.0, 12.0]]
     assert "1 finding(s) without a series UID among findings of several series: not drawn" in caplog.text
+
+
+def test_an_sr_table_without_sizes_is_drawn_with_its_boxes_and_points():
+    """``read_sr_findings`` states no diameter for a finding that was not segmented (NaN) and no box for a point:
+    the box's equivalent diameter sizes the circle, and a point is marked on the plane nearest its centre."""
+    import pandas as pd
+
+    vol = _lps_volume(SeriesInstanceUID="1.2.3")
+    x, y, z = vol.index_to_lps([10.0, 12.0, 7.0])
+    px, py, pz = vol.index_to_lps([20.0, 6.0, 7.3])  # 0.6 mm above plane k=7 (2 mm slices)
+    nan = float("nan")
+    table = pd.DataFrame(
+        {
+            "center_x": [x, px],
+            "center_y": [y, py],
+            "center_z": [z, pz],
+            "box_min_x": [x - 3.0, nan],
+            "box_min_y": [y - 3.0, nan],
+            "box_min_z": [z - 3.0, nan],
+            "box_max_x": [x + 3.0, nan],
+            "box_max_y": [y + 3.0, nan],
+            "box_max_z": [z + 3.0, nan],
+            "diameter_mm": [nan, nan],
+            "score": [0.9, 0.8],
+            "graphic_type": ["ELLIPSOID", "POINT"],
+        }
+    )
+    ax = show(vol, findings=table, k=7)
+    circles = _circles(ax)
+    assert np.all(np.isfinite(circles))
+    # a 6 mm box: a 6 mm circle, 6 pixels wide (1.0 mm) and 4 high (1.5 mm); the point: the 2-pixel minimum radius
+    np.testing.assert_allclose(circles, [[10.0, 12.0, 6.0, 4.0], [20.0, 6.0, 4.0, 4.0 / 1.5]])
+    assert len(show(vol, findings=table, k=9).patches) == 0  # 3.4 mm from the point, 4 mm from the box centre
