@@ -28,7 +28,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -141,12 +141,12 @@ def _jsonable(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """Paths and sidecar of one cached case."""
+    """Paths and sidecar of one cached case (``repr()`` leaves the sidecar out: it lists every slice's UIDs)."""
 
     case_id: str
     array_path: Path
     sidecar_path: Path
-    sidecar: Mapping[str, Any]
+    sidecar: Mapping[str, Any] = field(repr=False)
 
     @property
     def geometry(self) -> Geometry:

@@ -101,3 +101,15 @@ def test_float_volumes_are_stored_as_float32(tmp_path):
     entry = cache.write("f", vol)
     assert entry.sidecar["dtype"] == "<f4"
     assert cache.read("f").array.dtype == np.float32
+
+
+def test_an_entry_echoes_in_one_short_line(tmp_path):
+    vol = _vol()
+    n = vol.shape[0]
+    uids = [f"1.2.840.10008.999.{10**40 + k}" for k in range(n)]  # a real series lists hundreds of these
+    big = CTVolume(vol.array, vol.geometry, metadata={**vol.metadata, "SOPInstanceUIDs": uids})
+    entry = CaseCache(tmp_path).write("case-1", big)
+    text = repr(entry)
+    assert text.startswith("CacheEntry(case_id='case-1'") and "case-1.npy" in text
+    assert uids[0] not in text and "\n" not in text
+    assert entry.sidecar["metadata"]["SOPInstanceUIDs"] == uids  # still there, only not echoed
