@@ -1,7 +1,7 @@
 """Notebook API mistakes: each gives a message that names the problem and the fix, or simply works.
 
 One slice file of a series, NIfTI/MHA/NRRD images given to load_series, one organ name as a string,
-values that are not HU, and short reprs of a reconstruction and its meshes.
+values that are not HU, and short reprs of a reconstruction, its meshes and a phantom.
 """
 
 from __future__ import annotations
@@ -213,3 +213,15 @@ def test_reconstruction_repr_is_a_short_summary(small_chest):
 def test_mesh_repr_gives_counts_not_arrays():
     mesh = Mesh("cube", np.zeros((1234, 3)), np.zeros((2000, 3), dtype=np.int64))
     assert repr(mesh) == "Mesh('cube', 1,234 vertices, 2,000 faces, LPS mm)"
+
+
+def test_phantom_repr_names_its_volume_masks_and_nodules_not_arrays():
+    from pipeline.phantom import generate_phantom
+
+    phantom = generate_phantom(3, matrix=64, slices=24, pixel_spacing=2.0, slice_spacing=2.5, n_nodules=2)
+    text = repr(phantom)
+    assert text.startswith("Phantom(seed=3, volume=CTVolume(shape=(24, 64, 64)") and len(text) < 800, text
+    assert "array(" not in text and "[[" not in text and "\n" not in text
+    assert f"masks={sorted(phantom.masks)}" in text and "nodules=2: " in text
+    n = phantom.nodules[0]
+    assert f"{n.diameter_mm:.1f} mm {n.kind} in {n.lung} at LPS ({n.center_lps[0]:.1f}, " in text

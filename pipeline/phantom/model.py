@@ -103,6 +103,16 @@ class Phantom:
     options: dict[str, Any] = field(default_factory=dict)
     truth: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:  # short: a notebook echoes the phantom; the arrays are in masks and nodule_labels
+        nodules = "; ".join(
+            f"{n.diameter_mm:.1f} mm {n.kind} in {n.lung} at LPS ({', '.join(f'{v:.1f}' for v in n.center_lps)}) mm"
+            for n in self.nodules
+        )
+        return (
+            f"Phantom(seed={self.seed}, volume={self.volume!r}, masks={sorted(self.masks)}, "
+            f"nodules={len(self.nodules)}{': ' + nodules if nodules else ''})"
+        )
+
     def trachea_in_scan(self) -> bool:
         """Whether the field of view holds a trachea: one connected piece of the ``airway`` truth of at least
         :data:`TRACHEA_MIN_ML` (the tips of segmental bronchi at the top of a lung-base scan are not one)."""
