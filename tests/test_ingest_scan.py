@@ -61,6 +61,20 @@ def test_scan_reports_every_series_and_file(mixed_folder):
     assert {f["kind"] for f in report["skipped_files"]} == {"not_dicom", "truncated"}
 
 
+def test_a_scan_and_its_series_echo_in_short_lines_not_every_header(mixed_folder):
+    root, ph = mixed_folder
+    scan = scan_directory(root)
+    text = repr(scan)
+    assert len(text) < 250 * (len(scan.series) + 1), text  # 6 kB of headers per slice before
+    assert "SliceHeader" not in text and "\n" not in text
+    assert text.startswith(f"ScanResult([{str(root)!r}]: {scan.n_files} files, 3 skipped (2 not dicom, 1 truncated); ")
+    assert f"{len(scan.series)} series, 2 selected, 1 rejected" in text
+    main = next(s for s in scan.series if s.key == ph.volume.series_uid)
+    assert repr(main) == f"SeriesInfo({main.key!r}, CT, 14 slices, {main.description!r}, selected)"
+    gap = next(s for s in scan.series if s.key == "1.2.3.4.3")
+    assert repr(gap).startswith("SeriesInfo('1.2.3.4.3', CT, 11 slices, 'C gap', not selected: rejected: MissingSliceError")
+
+
 def test_good_series_still_load(mixed_folder):
     root, ph = mixed_folder
     with pytest.raises(AmbiguousSeriesError) as err:

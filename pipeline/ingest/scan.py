@@ -58,6 +58,16 @@ class ScanResult:
     n_files: int = 0
     seconds: float = 0.0
 
+    def __repr__(self) -> str:  # short: a notebook echoes the scan; each series holds every slice's header
+        shown = ", ".join(repr(s) for s in self.series[:5]) + (
+            f", and {len(self.series) - 5} more" if len(self.series) > 5 else ""
+        )
+        return (
+            f"ScanResult({[str(r) for r in self.roots]}: {self.n_files} files, {len(self.skipped_files)} skipped "
+            f"({self.skipped_summary()}); {len(self.series)} series, {len(self.selected)} selected, "
+            f"{len(self.rejected)} rejected: [{shown}])"
+        )
+
     @property
     def selected(self) -> list[SeriesInfo]:
         """Series chosen by the rules that passed validation."""

@@ -105,6 +105,11 @@ class SeriesInfo:
     reasons: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
+    def __repr__(self) -> str:  # short: every slice's header is in .headers, the whole of why it was not chosen in .why_not
+        why = self.why_not if len(self.why_not) <= 80 else self.why_not[:79] + "…"
+        state = "selected" if self.selected else "not selected" + (f": {why}" if why else "")
+        return f"SeriesInfo({self.key!r}, {self.modality or '?'}, {self.n_slices} slices, {self.description!r}, {state})"
+
     @property
     def files(self) -> list[Path]:
         return [h.path for h in self.headers]
