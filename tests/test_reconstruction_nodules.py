@@ -155,3 +155,12 @@ def test_detector_style_finding_object(case):
     assert res.volume_mm3 == pytest.approx(ref.volume_mm3)
     assert res.centroid_lps == pytest.approx(ref.centroid_lps)
     assert np.array_equal(res.mask, ref.mask)
+
+
+def test_a_result_echoes_its_figures_not_its_mask():
+    vol, centre, _ = _blurred_sphere(3.0, 20.0, 0.5)
+    res = segment_nodule(vol, {"center_lps": tuple(centre), "diameter_mm": 1.3 * 6.0})
+    assert res.mask is not None and res.mask.any() and res.geometry is not None
+    text = repr(res)
+    assert "array(" not in text and "Geometry(" not in text and "\n" not in text
+    assert text.startswith("NoduleResult(index=0, center_lps=") and f"volume_mm3={res.volume_mm3!r}" in text

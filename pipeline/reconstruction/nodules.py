@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -71,7 +71,7 @@ SOLID_NEAR_MM = 1.5  # a ground-glass edge point this close to solid tissue is l
 class NoduleResult:
     """One segmented finding. ``center_lps`` (the finding's centre) and ``centroid_lps`` (the segmented blob's) are
     DICOM patient coordinates (LPS), mm; ``volume_mm3`` in mm³, ``diameter_mm`` that of the sphere of that volume.
-    ``mask`` is bool ``[k, j, i]`` on ``geometry`` (a crop of the volume's grid, LPS)."""
+    ``mask`` is bool ``[k, j, i]`` on ``geometry`` (a crop of the volume's grid, LPS); ``repr()`` leaves both out."""
 
     index: int
     center_lps: tuple[float, float, float]
@@ -79,8 +79,8 @@ class NoduleResult:
     diameter_mm: float | None = None
     centroid_lps: tuple[float, float, float] | None = None
     threshold_hu: float | None = None
-    mask: np.ndarray | None = None
-    geometry: Geometry | None = None
+    mask: np.ndarray | None = field(default=None, repr=False)
+    geometry: Geometry | None = field(default=None, repr=False)
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
