@@ -198,6 +198,12 @@ class Geometry:
                 total = total + m[lps_axis, c] * np.arange(n, dtype=np.float64).reshape(shape)
         return total
 
+    def contains_lps(self, lps: np.ndarray | Sequence[float]) -> np.ndarray:
+        """For LPS points ``(..., 3)`` (mm), whether each lies within the grid's voxels (``(...)`` bool): within
+        half a voxel beyond the first and last voxel centres along i, j and k."""
+        ijk = self.lps_to_index(lps)
+        return np.all((ijk >= -0.5) & (ijk <= np.asarray(self.size_ijk) - 0.5), axis=-1)
+
     def centroid_lps(self, mask: np.ndarray) -> np.ndarray:
         """Centre of mass (LPS mm, shape ``(3,)``) of the true voxels of ``mask`` (``[k, j, i]``, this grid's shape)."""
         if mask.shape != self.shape:

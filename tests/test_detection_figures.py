@@ -109,3 +109,25 @@ def test_the_demo_models_findings_say_on_their_pngs_that_it_learned_from_phantom
     f = _finding_at_centre(vol, 5.0)
     plain, footed = finding_png(vol, f), finding_png(vol, f, footer=model_footer(demo))
     assert footed != plain and footed.startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("name", sorted(DIRECTIONS))
+def test_close_ups_leave_blank_what_lies_beyond_the_series(name):
+    """A finding 5 mm below the series' most superior slice: the coronal and sagittal close-ups show the slices there
+    are and nothing above them (NaN, drawn blank), never the top slice repeated up to the image's edge."""
+    vol = _volume_with_markers(DIRECTIONS[name])
+    z = vol.geometry.lps_coordinate(2).reshape(-1)  # z (mm) of each slice k
+    k0, k1 = (int(k) for k in np.nonzero(z <= CENTRE[2] + 5.0)[0][[0, -1]])
+    ni, nj, _ = vol.geometry.size_ijk
+    cut = CTVolume(vol.array[k0 : k1 + 1], vol.geometry.cropped((0, 0, k0), (ni, nj, k1 + 1)))
+    top_mm = float(cut.geometry.bounds_lps()[1][2]) + 0.5 - CENTRE[2]  # the series' upper edge above the centre
+    assert top_mm == pytest.approx(5.0)
+    planes = patient_planes(cut, CENTRE)
+    up_mm = ((CLOSE_UP_PIXELS - 1) / 2.0 - np.arange(CLOSE_UP_PIXELS)) * (CLOSE_UP_MM / CLOSE_UP_PIXELS)  # per row
+    assert np.isfinite(planes["axial"]).all()
+    for plane in ("coronal", "sagittal"):
+        img = planes[plane]
+        assert np.isnan(img[up_mm > top_mm + 0.3]).all(), f"{plane}: anatomy drawn above the series"
+        assert np.isfinite(img[up_mm < top_mm - 0.3]).all(), f"{plane}: the scanned slices left blank"
+    f = _finding_at_centre(cut, 4.0)
+    assert finding_png(cut, f).startswith(b"\x89PNG")

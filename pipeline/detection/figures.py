@@ -44,7 +44,8 @@ def patient_planes(
     """HU images (``pixels`` square, ``field_mm`` across, trilinear, HU clipped to ``HU_WINDOW``) of the axial,
     coronal and sagittal planes through ``center_lps`` (LPS mm), in the radiological display convention: axial
     seen from the feet (patient's right on the image's left, anterior up), coronal from the front (right on the
-    left, superior up), sagittal from the patient's left (anterior on the left, superior up). Row 0 is the top."""
+    left, superior up), sagittal from the patient's left (anterior on the left, superior up). Row 0 is the top.
+    Pixels outside the series (a finding near the first or last slice) are NaN, not the edge slice repeated."""
     ax = (np.arange(pixels) - (pixels - 1) / 2.0) * (field_mm / pixels)
     across, down = np.meshgrid(ax, ax)  # column and row offsets (mm), increasing right and down
     zero = np.zeros_like(across)
@@ -56,8 +57,10 @@ def patient_planes(
     centre = np.asarray(center_lps, dtype=np.float64)
     out = {}
     for name, (dl, dp, ds) in offsets.items():
-        unit = sample_windowed(volume, centre, np.stack([dl.ravel(), dp.ravel(), ds.ravel()], axis=1))
-        out[name] = (HU_WINDOW[0] + unit * (HU_WINDOW[1] - HU_WINDOW[0])).reshape(pixels, pixels)
+        offsets_mm = np.stack([dl.ravel(), dp.ravel(), ds.ravel()], axis=1)
+        hu = HU_WINDOW[0] + sample_windowed(volume, centre, offsets_mm) * (HU_WINDOW[1] - HU_WINDOW[0])
+        hu = np.where(volume.geometry.contains_lps(centre + offsets_mm), hu, np.nan)
+        out[name] = hu.reshape(pixels, pixels)
     return out
 
 
@@ -95,7 +98,7 @@ def finding_png(
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
     ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`), lung window, box in
     red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
-    its centre. ``warning`` (e.g. the thick-slice flag) is written under the title, ``footer`` (the model) at the
+    its centre, blank beyond the series' first and last slices. ``warning`` (e.g. the thick-slice flag) is written under the title, ``footer`` (the model) at the
     bottom."""
     import matplotlib
 
