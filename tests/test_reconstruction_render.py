@@ -84,10 +84,32 @@ def test_preview_shows_the_left_lung_on_the_image_right():
     assert 0.1 < covered < 0.6  # two closed discs, no holes to the background inside them
 
 
-def test_mip_slabs_never_overlap_on_short_lungs(tmp_path):
-    vol, cube = _marked_volume(np.eye(3))  # "lungs" 7 slices of 1 mm
-    paths = render_mip(vol, tmp_path, stem="m", lung_mask=cube, n_slabs=3, slab_mm=2.0)  # slabs of 3 slices: 2 fit
+def _titles(monkeypatch) -> list[str]:
+    """The titles of the figures the renderings save from now on, in order (filled as they are saved)."""
+    from pipeline.reconstruction import render
+
+    titles: list[str] = []
+    save = render._save
+
+    def keep(fig, path):
+        titles.append(" ".join(ax.get_title() for ax in fig.axes))
+        return save(fig, path)
+
+    monkeypatch.setattr(render, "_save", keep)
+    return titles
+
+
+def test_mip_slabs_never_overlap_on_short_lungs(tmp_path, monkeypatch):
+    import re
+
+    vol, cube = _marked_volume(np.eye(3))
+    lungs = np.zeros(vol.shape, bool)
+    lungs[10:20, 10:30, 10:30] = True  # 10 slices of 1 mm: slices 11-20 (k + 1)
+    titles = _titles(monkeypatch)
+    paths = render_mip(vol, tmp_path, stem="m", lung_mask=lungs, n_slabs=3, slab_mm=4.0)  # slabs of 5 slices: 2 fit
     assert len(paths) == 2
+    slabs = [tuple(int(n) for n in re.search(r"slice (\d+)-(\d+)", t).groups()) for t in titles]  # type: ignore[union-attr]
+    assert slabs == [(11, 15), (16, 20)], f"the slabs {slabs} share slices or leave the lungs"
     one = render_mip(vol, tmp_path / "one", stem="m", lung_mask=cube, n_slabs=3, slab_mm=40.0)
     assert len(one) == 1
 

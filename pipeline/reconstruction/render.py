@@ -170,11 +170,13 @@ def render_mip(
         zs = np.nonzero(lv.any(axis=(1, 2)))[0]
         z0, z1 = int(zs[0]), int(zs[-1])
     half = max(0, int(round(slab_mm / spacing[2] / 2)))
-    n_slabs = max(1, min(n_slabs, (z1 - z0 + 1) // (2 * half + 1)))  # as many as fit side by side: none overlaps
-    centres = np.linspace(z0, z1, n_slabs + 2)[1:-1].round().astype(int)
+    width, span = 2 * half + 1, z1 - z0 + 1  # planes of a slab, of the lungs
+    n_slabs = max(1, min(n_slabs, span // width))  # as many as fit side by side
+    gap = (span - n_slabs * width) / (n_slabs + 1)  # equal gaps between the slabs and the lungs' ends: none overlaps
+    starts = np.round(z0 + gap * np.arange(1, n_slabs + 1) + width * np.arange(n_slabs)).astype(int)
     paths = []
-    for n, zc in enumerate(centres):
-        a, b = max(0, zc - half), min(nz, zc + half + 1)
+    for n, start in enumerate(starts):
+        a, b = max(0, int(start)), min(nz, int(start) + width)
         mip = view[a:b].max(axis=0)
         h_mm, w_mm = mip.shape[0] * spacing[1], mip.shape[1] * spacing[0]
         scale = 640.0 / max(h_mm, w_mm)
