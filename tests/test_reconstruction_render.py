@@ -84,19 +84,19 @@ def test_preview_shows_the_left_lung_on_the_image_right():
     assert 0.1 < covered < 0.6  # two closed discs, no holes to the background inside them
 
 
-def _titles(monkeypatch) -> list[str]:
-    """The titles of the figures the renderings save from now on, in order (filled as they are saved)."""
+def _saved_figures(monkeypatch) -> list:
+    """The figures the renderings save from now on, in order (filled as they are saved)."""
     from pipeline.reconstruction import render
 
-    titles: list[str] = []
+    figures: list = []
     save = render._save
 
     def keep(fig, path):
-        titles.append(" ".join(ax.get_title() for ax in fig.axes))
+        figures.append(fig)
         return save(fig, path)
 
     monkeypatch.setattr(render, "_save", keep)
-    return titles
+    return figures
 
 
 def test_mip_slabs_never_overlap_on_short_lungs(tmp_path, monkeypatch):
@@ -105,9 +105,10 @@ def test_mip_slabs_never_overlap_on_short_lungs(tmp_path, monkeypatch):
     vol, cube = _marked_volume(np.eye(3))
     lungs = np.zeros(vol.shape, bool)
     lungs[10:20, 10:30, 10:30] = True  # 10 slices of 1 mm: slices 11-20 (k + 1)
-    titles = _titles(monkeypatch)
+    figures = _saved_figures(monkeypatch)
     paths = render_mip(vol, tmp_path, stem="m", lung_mask=lungs, n_slabs=3, slab_mm=4.0)  # slabs of 5 slices: 2 fit
     assert len(paths) == 2
+    titles = [f.axes[0].get_title() for f in figures]
     slabs = [tuple(int(n) for n in re.search(r"slice (\d+)-(\d+)", t).groups()) for t in titles]  # type: ignore[union-attr]
     assert slabs == [(11, 15), (16, 20)], f"the slabs {slabs} share slices or leave the lungs"
     one = render_mip(vol, tmp_path / "one", stem="m", lung_mask=cube, n_slabs=3, slab_mm=40.0)
@@ -151,3 +152,34 @@ def test_axial_overviews_name_the_source_slices_as_a_viewer_numbers_them(pos):
         Geometry(shape=vol.shape, spacing=(1.0, 1.0, 1.0), origin=(0.0, 0.0, 0.0), direction=DIRECTIONS["HFDR"][:, [2, 0, 1]]),
     )
     assert source_slices(sideways, 0, 0) == ""  # slices not along the patient's long axis: no slice to name
+
+
+def test_titles_letters_and_legends_fit_the_png_whatever_the_image_shape(tmp_path, monkeypatch):
+    """A full 500 mm field with InstanceNumbers (the MIP titles ran past both edges of the PNG), a long narrow scan (a
+    coronal plane 100 mm wide and 1000 mm high: its title was cut and its legend hid the I) and a short wide one: every
+    title, letter and legend lies inside the PNG, the title above the image, the legend clear of the letters."""
+    figures = _saved_figures(monkeypatch)
+    wide = Geometry(shape=(141, 64, 64), spacing=(7.8, 7.8, 2.0), origin=(-250.0, -164.0, -164.5))
+    lungs = np.zeros(wide.shape, bool)
+    lungs[20:120, 10:50, 10:50] = True
+    numbered = CTVolume(np.full(wide.shape, -800.0, np.float32), wide, metadata={"InstanceNumbers": list(range(141, 0, -1))})
+    render_mip(numbered, tmp_path, stem="wide", lung_mask=lungs)
+    for shape, spacing in (((400, 20, 20), (5.0, 5.0, 2.5)), ((20, 100, 100), (5.0, 5.0, 2.5))):
+        geom = Geometry(shape=shape, spacing=spacing, origin=(0.0, 0.0, 0.0))
+        body = np.zeros(shape, bool)
+        body[:, 5:-5, 5:-5] = True
+        render_mpr(CTVolume(np.where(body, 40.0, -800.0).astype(np.float32), geom), {"body": body}, tmp_path, stem="s")
+    assert len(figures) == 3 + 6
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        title = ax.title.get_window_extent(renderer)
+        letters = [t.get_window_extent(renderer) for t in ax.texts]
+        legend = ax.get_legend()
+        boxes = [title, *letters] + ([legend.get_window_extent(renderer)] if legend else [])
+        for box in boxes:
+            assert fig.bbox.x0 - 0.5 <= box.x0 and box.x1 <= fig.bbox.x1 + 0.5, (ax.get_title(), box)
+            assert fig.bbox.y0 - 0.5 <= box.y0 and box.y1 <= fig.bbox.y1 + 0.5, (ax.get_title(), box)
+        assert title.y0 >= ax.get_window_extent(renderer).y1 - 0.5, ax.get_title()  # above the image
+        if legend:
+            assert not any(legend.get_window_extent(renderer).overlaps(b) for b in letters), ax.get_title()

@@ -52,12 +52,27 @@ def source_slices(volume: CTVolume, za: int, zb: int) -> str:
     return f"{label} {numbers[0]}" if len(numbers) == 1 else f"{label} {numbers[0]}-{numbers[-1]}"
 
 
+#: Pixels above each MPR and MIP image for its title (two lines), and the least width of those PNGs, so that a narrow
+#: image (the coronal plane of a long scan) still holds its title, letters and legend.
+TITLE_PX = 50
+MIN_WIDTH_PX = 520
+
+
 def _figure(width_px: int, height_px: int):
     from matplotlib.figure import Figure
 
     dpi = 100
     fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, facecolor="black")
     return fig
+
+
+def _image_figure(w_mm: float, h_mm: float):
+    """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
+    :data:`TITLE_PX` above it for the title and at least :data:`MIN_WIDTH_PX` wide."""
+    scale = 640.0 / max(h_mm, w_mm)
+    h_px = max(int(h_mm * scale), 1)
+    fig = _figure(max(int(w_mm * scale) + 20, MIN_WIDTH_PX), h_px + TITLE_PX)
+    return fig, fig.add_axes((0, 0, 1, h_px / (h_px + TITLE_PX)))
 
 
 def _save(fig, path: Path) -> Path:
@@ -129,9 +144,7 @@ def render_mpr(
         img = _plane(view, plane, int(center_idx[fixed]))
         h_mm = img.shape[0] * spacing[rows]
         w_mm = img.shape[1] * spacing[cols]
-        scale = 640.0 / max(h_mm, w_mm)
-        fig = _figure(int(w_mm * scale) + 20, int(h_mm * scale) + 40)
-        ax = fig.add_axes((0, 0, 1, 0.94))
+        fig, ax = _image_figure(w_mm, h_mm)
         extent = (0, w_mm, h_mm, 0)
         ax.imshow(img, cmap="gray", vmin=SOFT_WINDOW[0], vmax=SOFT_WINDOW[1], extent=extent, interpolation="nearest")
         drawn = []
@@ -143,15 +156,24 @@ def render_mpr(
                 colour = OUTLINE_COLORS.get(organ, "#ffffff")
                 ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
                 drawn.append(Line2D([], [], color=colour, label=organ.replace("_", " ")))
-        if drawn:  # which outline is which organ
-            ax.legend(handles=drawn, loc="lower right", fontsize=7, facecolor="black", edgecolor="none", labelcolor="white")
+        if drawn:  # which outline is which organ, in the figure's corner: beside a narrow image, not over its letters
+            ax.legend(
+                handles=drawn,
+                loc="lower right",
+                bbox_to_anchor=(1, 0),
+                bbox_transform=fig.transFigure,
+                fontsize=7,
+                facecolor="black",
+                edgecolor="none",
+                labelcolor="white",
+            )
         pos = lo[fixed] + center_idx[fixed] * spacing[fixed]
         slices = source_slices(volume, int(center_idx[fixed]), int(center_idx[fixed])) if plane == "axial" else ""
         _labels(
             ax,
             *letters,
-            f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''} — patient's "
-            + ("right on image left" if plane != "sagittal" else "anterior on image left"),
+            f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}\nsoft-tissue window — "
+            + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
         )
         paths.append(_save(fig, out / f"{stem}_mpr_{plane}.png"))
     return paths
@@ -178,10 +200,8 @@ def render_mip(
     for n, start in enumerate(starts):
         a, b = max(0, int(start)), min(nz, int(start) + width)
         mip = view[a:b].max(axis=0)
+        fig, ax = _image_figure(mip.shape[1] * spacing[0], mip.shape[0] * spacing[1])
         h_mm, w_mm = mip.shape[0] * spacing[1], mip.shape[1] * spacing[0]
-        scale = 640.0 / max(h_mm, w_mm)
-        fig = _figure(int(w_mm * scale) + 20, int(h_mm * scale) + 40)
-        ax = fig.add_axes((0, 0, 1, 0.94))
         ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
         za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
         slices = source_slices(volume, a, b - 1)
@@ -191,7 +211,7 @@ def render_mip(
             "L",
             "A",
             "P",
-            f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}, lung window — patient's right on "
+            f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}\nlung window — patient's right on "
             "image left",
         )
         paths.append(_save(fig, out / f"{stem}_mip_axial_{n + 1}.png"))
