@@ -131,3 +131,28 @@ def test_close_ups_leave_blank_what_lies_beyond_the_series(name):
         assert np.isfinite(img[up_mm < top_mm - 0.3]).all(), f"{plane}: the scanned slices left blank"
     f = _finding_at_centre(cut, 4.0)
     assert finding_png(cut, f).startswith(b"\x89PNG")
+
+
+def test_the_box_drawn_is_the_findings_box(monkeypatch):
+    """The red box on the axial slice and the MIP spans the finding's box, 4 mm = 5 pixels of 0.8 mm, centred on it:
+    not a pixel wider (on a 4 mm grid a 6.5 mm box was drawn 10.7 mm wide)."""
+    import matplotlib.patches
+
+    drawn: list = []
+
+    class Recorded(matplotlib.patches.Rectangle):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            drawn.append(self)
+
+    monkeypatch.setattr(matplotlib.patches, "Rectangle", Recorded)
+    vol = _volume_with_markers(DIRECTIONS["RAS rows and columns"])
+    f = _finding_at_centre(vol, 4.0)
+    finding_png(vol, f)
+    _, _, _, (x0, x1, y0, y1) = axial_view(vol, f)
+    boxes = [r for r in drawn if r.get_edgecolor()[:3] == (1.0, 0.0, 0.0)]
+    assert len(boxes) == 2  # the slice and the MIP
+    for r in boxes:
+        assert (r.get_width(), r.get_height()) == (pytest.approx(4.0 / 0.8), pytest.approx(4.0 / 0.8))
+        assert r.get_x() + r.get_width() / 2 == pytest.approx((x0 + x1) / 2)
+        assert r.get_y() + r.get_height() / 2 == pytest.approx((y0 + y1) / 2)

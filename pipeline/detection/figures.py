@@ -128,7 +128,7 @@ def finding_png(
             interpolation="nearest",
             aspect=sy / sx,
         )
-        ax.add_patch(Rectangle((i0 - 0.5, j0 - 0.5), i1 - i0 + 1, j1 - j0 + 1, fill=False, edgecolor="red", linewidth=1.2))
+        ax.add_patch(Rectangle((i0, j0), i1 - i0, j1 - j0, fill=False, edgecolor="red", linewidth=1.2))  # the box's edges
         for x, letter in ((0.02, "R"), (0.98, "L")):
             ax.text(x, 0.5, letter, transform=ax.transAxes, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
         ax.set_title(title, fontsize=9)
