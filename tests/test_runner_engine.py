@@ -352,6 +352,22 @@ def test_cases_refused_at_discovery_are_quarantined_without_running(tmp_path):
     assert (store.run_dir / "quarantine" / "bad.json").is_file()
 
 
+def test_a_case_refused_again_when_failures_are_retried_is_an_attempt_of_the_new_run(tmp_path):
+    _, store, _, _ = _run(tmp_path, [], rejected=("bad",))
+    store.end_run("r1", status="completed", n_cases=1, n_done=0, n_failed=1, n_skipped=0)
+    # the first run was an hour ago
+    store.db.execute("UPDATE cases SET started_at = started_at - 3600, ended_at = ended_at - 3600")
+    store.db.commit()
+    store.start_run("r2", command="t", sources=[], config={}, versions={}, device="cpu", host="h", pid=1)
+    chosen = plan_cases(store, [_spec("bad", ("MissingSliceError", "bad: slice 3 is missing"))], retry_failed=True)
+    executor = FakeExecutor(STAGES, WorkerInfo("test", "cpu", load_config(environ={}), store.run_dir))
+    engine = Engine(STAGES, executor, store, run_dir=store.run_dir, run_id="r2", max_in_flight=2, retries=1, keep_cache=False)
+    engine.run(chosen.to_run, chosen.rejected)
+    row = store.case("bad:fp")
+    assert (row["status"], row["run_id"], row["attempts"]) == ("failed", "r2", 2)
+    assert 0 <= row["latency_s"] < 60, row["latency_s"]  # this run's refusal, not the time since the first run
+
+
 def test_a_worker_that_cannot_start_stops_the_run(tmp_path):
     with pytest.raises(FatalRunError, match="stage detect cannot start on cpu: weights file missing") as err:
         _run(tmp_path, ["a", "b"], fatal="detect")

@@ -296,7 +296,8 @@ class Engine:
         write_quarantine(self.run_dir, case, reason=reason, error_class=error_class, stage=stage)
         row = self.store.case(case.case_key) if case.case_key else None
         if row is not None:
-            if row["status"] == "pending":
+            if row["status"] != "running" or row["run_id"] != self.run_id:
+                # refused at discovery: an attempt of this run (a retried failure too), not of the run that last tried it
                 self.store.begin_case(case.case_key, self.run_id)
             self.store.fail_case(case.case_key, reason=reason, error_class=error_class, stage=stage)
         self._drop_cache(case)
