@@ -266,3 +266,24 @@ def test_latency_per_node_names_ray_nodes_and_the_local_host(tmp_path):
     assert set(nodes) == {(n, s) for n in ("10.0.0.1", "10.0.0.2", socket.gethostname()) for s in ("ingest", "detect")}
     assert all(r["n"] == "1" and float(r["p50_s"]) == 2.0 for r in table.rows)
     assert set(rep.summary["latency_by_node_s"]) == {"10.0.0.1", "10.0.0.2", socket.gethostname()}
+
+
+def test_the_headline_names_the_machines_whose_rate_it_gives(tmp_path):
+    def folder(host: str) -> Path:
+        run_dir = tmp_path / host
+        store = RunStore(run_dir)
+        store.start_run(f"r-{host}", command="t", sources=[], config={}, versions={}, device="cpu", host=host, pid=1)
+        for n in range(12):
+            _done(store, f"{host}-{n}", f"r-{host}")
+        store.end_run(f"r-{host}", status="completed", n_cases=12, n_done=12, n_failed=0, n_skipped=0)
+        store.close()
+        _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ?", (T0, T0 + 600))  # the same ten minutes
+        return run_dir
+
+    a, b = folder("node-a"), folder("node-b")
+    one, _ = summarize([a])
+    assert one["projection"].startswith("at the measured rate machine node-a handles 1,728 cases/day")
+    both, _ = summarize([a, b])
+    assert both["throughput"]["cases_per_hour"] == pytest.approx(144.0)  # the two machines' combined rate
+    assert both["projection"].startswith("at the measured rate 2 machines together (node-a, node-b) handle 3,456 cases/day")
+    assert "this machine" not in both["projection"]

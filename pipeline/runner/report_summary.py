@@ -3,7 +3,8 @@
 
 Figures: completed cases per hour and per calendar day (UTC); the measured
 rate (completed cases ÷ hours during which runs were active, overlapping runs
-counted once) and its projection to cases per day; latency p50/p90/p99 per
+counted once; over the runs of several machines, their combined rate, and the
+headline names the machines) and its projection to cases per day; latency p50/p90/p99 per
 stage (wall time of successful attempts, s), queue waits, and end to end (case
 start to publication, s); failures by error class; GPU utilisation when NVML
 samples exist; the capacity model (:mod:`.capacity`): cases/day for N GPUs over M nodes
@@ -77,20 +78,37 @@ def _span(minutes: float) -> str:
     return f"{minutes / 60.0:.2f} active hours" if minutes >= 60 else f"{minutes:.1f} active minutes"
 
 
-def _projection(rate_h: float, hours_per_day: float, n_done: int, minutes: float, enough: bool) -> str:
+def _machines(runs: Any) -> tuple[str, bool]:
+    """Where the runs' rate was measured, in words, and whether that is several machines: one machine (its host
+    name), several together (the rate is theirs combined), or a Ray cluster (named by its head)."""
+    hosts = sorted(set(runs.host.dropna().astype(str))) or ["unknown host"]
+    ray = any(str(d).startswith("ray ") for d in runs.device.dropna())
+    if ray:
+        heads = "head" if len(hosts) == 1 else "heads"
+        return f"the Ray cluster(s) of these runs ({heads} {', '.join(hosts)})", True
+    if len(hosts) == 1:
+        return f"machine {hosts[0]}", False
+    return f"{len(hosts)} machines together ({', '.join(hosts)})", True
+
+
+def _projection(
+    rate_h: float, hours_per_day: float, n_done: int, minutes: float, enough: bool, *, where: tuple[str, bool]
+) -> str:
     """The cases/day headline: the figure, what it rests on, and whether that is enough to project from.
 
-    ``rate_h``: measured cases/hour; ``minutes``: active minutes. When ``enough`` is false the headline leads with
-    the measured rate and says the cases/day projection has not enough data, without its figure.
+    ``rate_h``: measured cases/hour; ``minutes``: active minutes; ``where``: :func:`_machines` (the rate of several
+    machines is their combined rate). When ``enough`` is false the headline leads with the measured rate and says the
+    cases/day projection has not enough data, without its figure.
     """
+    machines, several = where
     basis = f"{rate_h:,.1f} cases/hour from {n_done} completed case(s) over {_span(minutes)}"
     if not enough:
         return (
-            f"measured {basis}; cases/day projection: not enough data (too few to project from: fewer than "
+            f"measured {basis} on {machines}; cases/day projection: not enough data (too few to project from: fewer than "
             f"{MIN_CASES_TO_PROJECT} completed cases or {MIN_MINUTES_TO_PROJECT:g} active minutes)"
         )
     return (
-        f"at the measured rate this machine handles {rate_h * hours_per_day:,.0f} cases/day "
+        f"at the measured rate {machines} {'handle' if several else 'handles'} {rate_h * hours_per_day:,.0f} cases/day "
         f"({basis}, {hours_per_day:g} operating hours/day)"
     )
 
@@ -303,7 +321,7 @@ def summarize(
         "quality": _quality_summary(done, t["quality"]),
         "skipped": _skipped_summary(latest_skipped(t)),
         "gpu": gpu_summary,
-        "projection": _projection(rate_h, hours_per_day, len(done), minutes, enough),
+        "projection": _projection(rate_h, hours_per_day, len(done), minutes, enough, where=_machines(runs)),
         "capacity": _capacity_summary(capacity, gpu=_gpu_recorded(runs)),
     }
     return summary, t
