@@ -287,3 +287,19 @@ def test_the_headline_names_the_machines_whose_rate_it_gives(tmp_path):
     assert both["throughput"]["cases_per_hour"] == pytest.approx(144.0)  # the two machines' combined rate
     assert both["projection"].startswith("at the measured rate 2 machines together (node-a, node-b) handle 3,456 cases/day")
     assert "this machine" not in both["projection"]
+
+
+def test_gpus_of_one_index_on_two_hosts_are_two_gpus(tmp_path):
+    folders = []
+    for host, util in (("node-a", 100.0), ("node-b", 0.0)):
+        run_dir = tmp_path / host
+        store = RunStore(run_dir)
+        store.start_run(f"r-{host}", command="t", sources=[], config={}, versions={}, device="cuda:0 (A100)", host=host, pid=1)
+        store.add_gpu_samples(f"r-{host}", [(T0 + i, 0, util, 1000.0, 80000.0) for i in range(10)])
+        store.end_run(f"r-{host}", status="completed", n_cases=0, n_done=0, n_failed=0, n_skipped=0)
+        store.close()
+        folders.append(run_dir)
+    one, _ = summarize(folders[:1])
+    assert one["gpu"] == {"0": {"util_mean_pct": 100.0, "util_max_pct": 100.0, "mem_max_mb": 1000.0, "samples": 10}}
+    both = build_report(folders, tmp_path / "rep").summary["gpu"]
+    assert {g: (v["util_mean_pct"], v["samples"]) for g, v in both.items()} == {"node-a:0": (100.0, 10), "node-b:0": (0.0, 10)}

@@ -127,7 +127,7 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     gpu = t["gpu"]
     if len(gpu):
         fig, ax = plt.subplots(figsize=(8, 3))
-        for g, d in gpu.groupby("gpu"):
+        for g, d in gpu.groupby("label", sort=True):
             ax.plot(pd.to_datetime(d.t, unit="s", utc=True), d.util_pct, label=f"GPU {g}")
         ax.set_ylabel("utilisation %")
         ax.set_title("GPU utilisation (NVML)")

@@ -7,7 +7,7 @@ counted once; over the runs of several machines, their combined rate, and the
 headline names the machines) and its projection to cases per day; latency p50/p90/p99 per
 stage (wall time of successful attempts, s), queue waits, and end to end (case
 start to publication, s); failures by error class; GPU utilisation when NVML
-samples exist; the capacity model (:mod:`.capacity`): cases/day for N GPUs over M nodes
+samples exist, per GPU (``host:index`` when the runs come from several hosts); the capacity model (:mod:`.capacity`): cases/day for N GPUs over M nodes
 from the runs' own stage times, beside the reference deployment.
 
 The projection states how many completed cases and active minutes it rests on.
@@ -261,6 +261,7 @@ def summarize(
     }
     failures = failed.groupby("error_class").size().sort_values(ascending=False).to_dict() if len(failed) else {}
     gpu = t["gpu"]
+    gpu["label"] = _gpu_labels(gpu, runs)
     gpu_summary = (
         {
             str(g): {
@@ -269,7 +270,7 @@ def summarize(
                 "mem_max_mb": float(d.mem_used_mb.max()),
                 "samples": int(len(d)),
             }
-            for g, d in gpu.groupby("gpu")
+            for g, d in gpu.groupby("label", sort=True)
         }
         if len(gpu)
         else {}
@@ -325,6 +326,18 @@ def summarize(
         "capacity": _capacity_summary(capacity, gpu=_gpu_recorded(runs)),
     }
     return summary, t
+
+
+def _gpu_labels(gpu: Any, runs: Any) -> Any:
+    """Each GPU sample's GPU (index of ``gpu``): its NVML index, prefixed with the host of its run
+    (``node-a:0``) when the runs come from several hosts, whose GPUs of one index are different GPUs."""
+    import pandas as pd
+
+    host = {r: str(h) for r, h in zip(runs.run_id, runs.host)}
+    hosts = [host.get(r, "unknown host") for r in gpu.run_id]
+    if len(set(hosts)) <= 1:
+        return gpu.gpu.astype(str)
+    return pd.Series([f"{h}:{g}" for h, g in zip(hosts, gpu.gpu)], index=gpu.index, dtype=object)
 
 
 def _node_latency(ok: Any, runs: Any, stage_order: list[str]) -> dict[str, dict[str, dict[str, float | None]]]:
