@@ -303,3 +303,26 @@ def test_gpus_of_one_index_on_two_hosts_are_two_gpus(tmp_path):
     assert one["gpu"] == {"0": {"util_mean_pct": 100.0, "util_max_pct": 100.0, "mem_max_mb": 1000.0, "samples": 10}}
     both = build_report(folders, tmp_path / "rep").summary["gpu"]
     assert {g: (v["util_mean_pct"], v["samples"]) for g, v in both.items()} == {"node-a:0": (100.0, 10), "node-b:0": (0.0, 10)}
+
+
+def test_a_day_with_runs_but_no_completed_case_counts_zero(tmp_path):
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    _done(store, "a", "r1")
+    _done(store, "b", "r1")
+    store.end_run("r1", status="completed", n_cases=2, n_done=2, n_failed=0, n_skipped=0)
+    _start(store, "r2", pid=_dead_pid())  # two days later every case fails
+    _begin(store, "bad", "r2", {"ingest": "failed"})
+    store.fail_case("bad:fp", reason="no PixelData", error_class="TruncatedFileError", stage="ingest")
+    store.end_run("r2", status="completed", n_cases=1, n_done=0, n_failed=1, n_skipped=0)
+    store.close()
+    _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ? WHERE run_id = 'r1'", (T0, T0 + 3600))
+    _clock(run_dir, "UPDATE cases SET ended_at = ? WHERE run_id = 'r1'", (T0 + 600,))
+    _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ? WHERE run_id = 'r2'", (T0 + 2 * 86400, T0 + 2 * 86400 + 1800))
+    rep = build_report([run_dir], tmp_path / "rep")
+    tp = rep.summary["throughput"]
+    assert tp["per_day_utc"] == {"2027-01-15": 2, "2027-01-17": 0}  # no day 16: no run was active
+    assert tp["per_hour_utc"] == {"2027-01-15 08:00": 2, "2027-01-17 08:00": 0}  # r1 ended at 09:00:00
+    daily = read_table(rep.out_dir / "throughput_daily.csv")
+    assert [(r["day_utc"], r["cases"]) for r in daily.rows] == [("2027-01-15", "2"), ("2027-01-17", "0")]

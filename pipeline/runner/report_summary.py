@@ -1,7 +1,8 @@
 """The numbers of a throughput report over one or more run folders (:func:`summarize`, JSON-able);
 :mod:`.report` writes them out as HTML, CSV and JSON.
 
-Figures: completed cases per hour and per calendar day (UTC); the measured
+Figures: completed cases per hour and per calendar day (UTC; an hour or day during which
+a run was active without completing a case is listed with 0); the measured
 rate (completed cases ÷ hours during which runs were active, overlapping runs
 counted once; over the runs of several machines, their combined rate, and the
 headline names the machines) and its projection to cases per day; latency p50/p90/p99 per
@@ -63,6 +64,19 @@ def _active_seconds(intervals: list[tuple[float, float]]) -> float:
     for s, e in merged:
         total += e - s
     return total
+
+
+def _active_hours(intervals: list[tuple[float, float]]) -> Any:
+    """The UTC hours (a DatetimeIndex of hour starts) during which any of the runs' ``(start, end)`` intervals (Unix s)
+    was active."""
+    import pandas as pd
+
+    def hour(t: float) -> Any:
+        return pd.Timestamp(t, unit="s", tz="UTC").floor("h")
+
+    # a run that ends on the hour (09:00:00) was not active in the hour that starts then
+    hours = [pd.date_range(hour(s), hour(max(s, e - 1e-3)), freq="h") for s, e in intervals]
+    return pd.DatetimeIndex([h for r in hours for h in r], tz="UTC").unique()
 
 
 def _pct(values: Any) -> dict[str, float | None]:
@@ -248,8 +262,10 @@ def summarize(
     active_s = _active_seconds(intervals)
     rate_h = 3600.0 * len(done) / active_s if active_s > 0 else 0.0
     ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
-    hourly = ended.dt.floor("h").value_counts().sort_index()
-    daily = ended.dt.strftime("%Y-%m-%d").value_counts().sort_index()
+    active = _active_hours(intervals)  # an hour or day a run was active without completing a case counts 0
+    counts = ended.dt.floor("h").value_counts()
+    hourly = counts.reindex(active.union(counts.index), fill_value=0).sort_index()
+    daily = hourly.groupby(hourly.index.strftime("%Y-%m-%d")).sum().sort_index()
     ok = stages[stages.status == "ok"]
     stage_order = list(dict.fromkeys(ok.sort_values("id").stage)) if len(ok) else []
     latency = {s: _pct(ok[ok.stage == s].wall_s) for s in stage_order}
