@@ -223,7 +223,10 @@ def test_ctpipe_report_projects_from_the_runs_own_stage_times(tmp_path, capsys):
     assert "13,824 cases/day" in printed and "1,728 cases/GPU/day (3.69×" in printed and "bottleneck: model" in printed
     html = (out / "report.html").read_text()
     assert "Capacity model" in html and "13,824" in html
-    assert pd.read_csv(out / "capacity.csv").set_index("stage").busy_s.to_dict() == {"ingest": 100.0, "detect": 40.0}
+    table = pd.read_csv(out / "capacity.csv", encoding="utf-8-sig")
+    assert list(table.columns) == ["stage", "group", "busy_s_per_case", "successful_attempts"]  # what each figure is
+    assert table.set_index("stage").busy_s_per_case.to_dict() == {"ingest": 100.0, "detect": 40.0}
+    assert table.set_index("stage").successful_attempts.to_dict() == {"ingest": 12, "detect": 12}
 
 
 def test_report_says_too_few_cases_back_the_capacity_figure(tmp_path, capsys):

@@ -31,6 +31,7 @@ from .report_summary import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT, PCTS, 
 from .tables import utc_text
 
 __all__ = [
+    "CAPACITY_COLUMNS",
     "CASES_COLUMNS",
     "MIN_CASES_TO_PROJECT",
     "MIN_MINUTES_TO_PROJECT",
@@ -151,6 +152,9 @@ RUNS_COLUMNS = [
     "n_failed",
     "n_unfinished",
 ]
+#: Columns of ``capacity.csv``: per stage its worker group (model or cpu), its busy time per completed attempt (s; failed
+#: attempts' time included) and the successful attempts that figure rests on.
+CAPACITY_COLUMNS = ["stage", "group", "busy_s_per_case", "successful_attempts"]
 #: Columns of ``cases.csv``: times ISO 8601 UTC, latency in s.
 CASES_COLUMNS = [
     "run_dir",
@@ -247,7 +251,11 @@ def build_report(
             columns=["hour_utc", "cases"],
         ),
         "capacity.csv": pd.DataFrame(
-            [{"stage": k, **v} for k, v in summary["capacity"]["stages"].items()], columns=["stage", "group", "busy_s", "passes"]
+            [
+                {"stage": k, "group": v["group"], "busy_s_per_case": v["busy_s"], "successful_attempts": v["passes"]}
+                for k, v in summary["capacity"]["stages"].items()
+            ],
+            columns=CAPACITY_COLUMNS,
         ),
         "failures.csv": pd.DataFrame(summary["failed_cases"], columns=["case_id", "stage", "error_class", "reason", "run_dir"]),
         "cases.csv": _cases_table(t["cases"]),
