@@ -214,6 +214,7 @@ def test_a_short_cpu_run_leads_with_what_it_measured(tmp_path):
     assert f"{tp['cases_per_day_projected']:,.0f}" not in s["projection"]  # 8,640: no big number
     cap = s["capacity"]
     assert not cap["gpu_recorded"] and cap["text"].startswith("capacity model")
+    assert cap["cases_per_gpu_day"] is None and cap["cases_per_day"] is not None  # no GPU ran: no per-GPU figure
     for gpu_words in ("GPU/day", "per GPU", "reference deployment", "×"):
         assert gpu_words not in cap["text"], gpu_words
     assert "no GPU recorded" in cap["text"] and "too few to project from" in cap["text"]

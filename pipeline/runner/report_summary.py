@@ -161,10 +161,12 @@ def _cpu_capacity_text(c: dict[str, Any]) -> str:
 
 
 def _capacity_summary(capacity: Any, *, gpu: bool) -> dict[str, Any]:
-    """The capacity model's JSON, ``gpu_recorded`` added; its text speaks of model workers when ``gpu`` is false."""
+    """The capacity model's JSON, ``gpu_recorded`` added; when ``gpu`` is false its text speaks of model workers and
+    ``cases_per_gpu_day`` is None."""
     out = {**capacity.to_dict(), "gpu_recorded": gpu}
     if not gpu:
         out["text"] = _cpu_capacity_text(out)
+        out["cases_per_gpu_day"] = None  # no GPU ran: no per-GPU figure, as the text says
     return out
 
 
