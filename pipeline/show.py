@@ -206,15 +206,17 @@ def _plane(volume: CTVolume, k: int | None, scored_z: list[tuple[float, float]])
     return z, None if k_of_plane is None else int(k_of_plane[z])
 
 
-def _title(volume: CTVolume, z: int, k: int | None, n_findings: int) -> str:
-    """``InstanceNumber 63 (k=62) · 2 finding(s) · series 3 Chest``: the slice as findings and viewers number it."""
+def _title(volume: CTVolume, z: int, k: int | None, n_drawn: int, n_findings: int) -> str:
+    """``InstanceNumber 63 (k=62) · 2 of 13 finding(s) on this slice · series 3 Chest``: the slice as findings and
+    viewers number it, and how many of the findings given cross it (are drawn)."""
     nk = volume.shape[0]
     if k is None:
         where = f"axial plane {z + 1} (series not stored in axial slices)"
     else:
         source = slice_number_source(volume.metadata, nk)
         where = f"{slice_label(source)} {slice_number_of(k, volume.metadata, nk)} (k={k})"
-    return " · ".join(part for part in (where, f"{n_findings} finding(s)", _series_label(volume)) if part)
+    shown = f"{n_drawn} of {n_findings} finding(s) on this slice" if n_findings else "no findings"
+    return " · ".join(part for part in (where, shown, _series_label(volume)) if part)
 
 
 def show(
@@ -277,17 +279,19 @@ def show(
         if plane.any():
             ax.contour(plane.astype(np.float32), levels=[0.5], colors=[OUTLINE_COLORS.get(organ, "#ffffff")], linewidths=1.0)
             ax.plot([], [], color=OUTLINE_COLORS.get(organ, "#ffffff"), label=organ)
+    drawn = 0
     for row, (x, y, zf) in zip(rows, xyz):
         r_mm, dz = row.diameter_mm / 2.0, abs(zf - z) * sz
         if dz > max(r_mm, sz / 2.0):  # the sphere misses this plane, and its centre is nearer another plane
             continue
+        drawn += 1
         r = max(np.sqrt(max(r_mm**2 - dz**2, 0.0)), 2.0 * sx)  # radius (mm) in this plane, at least 2 pixels
         ax.add_patch(Ellipse((x, y), 2 * r / sx, 2 * r / sy, fill=False, color="#ff3030", linewidth=1.5))
         if np.isfinite(row.score):
             ax.text(x + r / sx + 2, y, f"{row.score:.2f}", color="#ff3030", fontsize=8)
     for letter, fx, fy in EDGE_LETTERS:
         ax.text(fx, fy, letter, transform=ax.transAxes, color="yellow", fontsize=9, ha="center", va="center", bbox=_LETTER_BOX)
-    ax.set_title(_title(volume, z, k_here, len(rows)), fontsize=9)
+    ax.set_title(_title(volume, z, k_here, drawn, len(rows)), fontsize=9)
     ax.set_axis_off()
     if masks:
         ax.legend(loc="lower right", fontsize=7)

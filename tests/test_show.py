@@ -186,6 +186,21 @@ def test_findings_without_a_series_uid_are_drawn_with_a_warning(caplog):
     assert "cannot check" in caplog.text and "1.2.3" in caplog.text
 
 
+def test_the_title_counts_the_findings_drawn_on_the_slice_of_those_given():
+    """A title saying "13 finding(s)" over a slice with two circles would send a reader looking for eleven more."""
+    import pandas as pd
+
+    vol = _lps_volume(SeriesInstanceUID="1.2.3")
+    centres = vol.index_to_lps(np.array([[10.0, 12.0, 7.0], [20.0, 6.0, 7.0], [16.0, 12.0, 16.0]]))  # the last one on k=16
+    table = pd.DataFrame(
+        {"center_x": centres[:, 0], "center_y": centres[:, 1], "center_z": centres[:, 2], "diameter_mm": 4.0, "score": 0.8}
+    )
+    table["series_uid"] = "1.2.3"
+    ax = show(vol, findings=table, k=7)
+    assert len(ax.patches) == 2 and "2 of 3 finding(s) on this slice" in ax.get_title()
+    assert "no findings" in show(vol, k=7).get_title()
+
+
 # -- which slice ------------------------------------------------------------------------------------------------
 def test_slice_is_the_instance_number_and_k_the_array_index():
     numbers = [120 - 3 * k for k in range(SHAPE[0])]  # descending, as many scanners number a head-first stack
