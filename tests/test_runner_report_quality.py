@@ -191,6 +191,8 @@ def test_projection_says_what_it_rests_on_and_when_that_is_too_few(flagged_run, 
     store.close()
     many = build_report([run_dir], tmp_path / "many_report").summary
     assert many["throughput"]["enough_to_project"] and many["throughput"]["active_minutes"] == pytest.approx(10, abs=0.1)
+    tp = many["throughput"]
+    assert tp["cases_per_day_projected"] == pytest.approx(tp["cases_per_hour"] * tp["hours_per_day"])
     assert "too few" not in many["projection"] and "from 12 completed case(s) over 10.0 active minutes" in many["projection"]
     assert many["throughput"]["cases_per_hour"] == pytest.approx(72.0, rel=0.02)
 

@@ -313,7 +313,7 @@ def summarize(
         "active_hours": active_s / 3600.0,
         "throughput": {
             "cases_per_hour": rate_h,
-            "cases_per_day_projected": rate_h * hours_per_day,
+            "cases_per_day_projected": rate_h * hours_per_day if enough else None,  # too few to project: no figure
             "hours_per_day": hours_per_day,
             "cases_done": int(len(done)),
             "active_minutes": minutes,

@@ -61,7 +61,7 @@ class RunResults:
         lungs in the scan).
     quality: one row per quality flag of a completed case: case_id, code, severity (warning, info), message
         (see :mod:`pipeline.reconstruction.quality` for the codes).
-    stages: one row per stage attempt (stage, status, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb, ...).
+    stages: one row per stage attempt (stage, status, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb in MiB, ...).
     findings: one row per finding of a completed case: ``case_id`` and ``series_uid`` (the SeriesInstanceUID of
         the case's series, None where it has none) then center_x/y/z in LPS mm, diameter_mm, score, ...; filter it by
         series before drawing a volume's findings (``run.findings[run.findings.series_uid == vol.series_uid]``).

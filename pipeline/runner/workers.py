@@ -48,7 +48,8 @@ def _reset_peak_rss() -> None:
 
 
 def peak_rss_mb() -> float | None:
-    """Peak resident memory (MB) of this process since the last reset."""
+    """Peak resident memory (MiB: 2**20 bytes, the unit of every ``*_mb`` memory figure) of this process since the last
+    reset."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
