@@ -303,9 +303,13 @@ class Geometry:
     def binned(self, step_kji: Sequence[int]) -> Geometry:
         """The grid of blocks of ``step`` voxels along k, j, i (the last block of an axis may be partial): the spacing
         (mm) grows by the step and voxel 0 lies at the centre of the first block."""
-        sk, sj, si = (int(s) for s in step_kji)
-        if min(sk, sj, si) < 1:
-            raise GeometryError(f"steps must be 1 or more voxels along k, j, i, got {tuple(step_kji)!r}")
+        steps = tuple(step_kji)
+        if len(steps) != 3 or any(int(s) != s for s in steps) or min(steps) < 1:
+            raise GeometryError(
+                f"steps must be 3 whole numbers of voxels, 1 or more, along k, j, i; got {steps!r}",
+                fix="pass one step per array axis [k, j, i], e.g. (1, 2, 2)",
+            )
+        sk, sj, si = (int(s) for s in steps)
         nk, nj, ni = self.shape
         spacing = (self.spacing[0] * si, self.spacing[1] * sj, self.spacing[2] * sk)
         origin = self.index_to_lps([(si - 1) / 2.0, (sj - 1) / 2.0, (sk - 1) / 2.0]).reshape(3)
@@ -348,10 +352,12 @@ def clip_box(size_ijk: Sequence[int], lo: Sequence[int], hi: Sequence[int]) -> t
     """The box ``lo <= (i, j, k) < hi`` clipped to a grid of ``size_ijk`` voxels, as ``(lo, hi)`` lists of (i, j, k);
     :class:`GeometryError` when a corner is not 3 indices or nothing of the box is left."""
     try:
+        if any(float(v) != round(float(v)) for v in (*lo, *hi)):  # 1.5 would silently become voxel 1
+            raise ValueError("not whole voxel indices")
         lo, hi = int3(lo), int3(hi)
     except (TypeError, ValueError) as exc:
         raise GeometryError(
-            f"a box's corners must be 3 voxel indices (i, j, k) each, got lo={lo!r} hi={hi!r}",
+            f"a box's corners must be 3 whole voxel indices (i, j, k) each, got lo={lo!r} hi={hi!r}",
             fix="pass lo=(i0, j0, k0) and hi=(i1, j1, k1): column, row, slice, the reverse of the array's [k, j, i] order",
         ) from exc
     lo_c = [int(max(0, min(int(a), n))) for a, n in zip(lo, size_ijk)]

@@ -184,7 +184,8 @@ class CTVolume(_SpatialArray):
 
     Parameters
     ----------
-    array: HU values indexed ``[k, j, i]`` (int16 or float32 are kept as they are).
+    array: HU values indexed ``[k, j, i]`` (int16 or float32 are kept as they are, without a copy: the volume
+        shares memory with the array passed, so change a copy, ``arr.copy()``, if the volume must not follow).
     geometry: the voxel grid (LPS, mm); its shape must equal ``array.shape``.
     metadata: DICOM attributes (StudyInstanceUID, SeriesInstanceUID, SliceThickness,
         ConvolutionKernel, KVP, Manufacturer, ...), kept read-only.

@@ -453,3 +453,25 @@ def test_real_series_slice_numbers(tmp_path):
     res = det.detect(vol, case_id="rt")
     assert res.slice_number_source == "InstanceNumber"
     _check_findings_name_their_slices(res, vol)
+
+
+def test_detect_keeps_one_model_per_device_whatever_names_it(monkeypatch):
+    """``detect(vol)`` and ``detect(vol, device="cpu")`` on a CPU machine run on one device: one model in memory."""
+    import pipeline.detection.infer as infer
+
+    monkeypatch.setattr(infer, "_DETECTORS", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    built: list[str | None] = []
+
+    class Counting:
+        def __init__(self, *, bundle=None, device=None):
+            built.append(device)
+
+        def detect(self, volume, **options):
+            return []
+
+    monkeypatch.setattr(infer, "Detector", Counting)
+    vol = chest_volume()
+    for device in (None, "cpu", None):
+        infer.detect(vol, device=device)
+    assert built == [None] and list(infer._DETECTORS) == [(None, "cpu")]

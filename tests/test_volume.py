@@ -137,9 +137,12 @@ def test_crop_outside_the_grid_is_an_error():
 @pytest.mark.parametrize(
     "call, words",
     [
-        (lambda v: v.crop((0, 0), (3, 3)), r"corners must be 3 voxel indices \(i, j, k\).*lo=\(0, 0\)"),
+        (lambda v: v.crop((0, 0), (3, 3)), r"corners must be 3 whole voxel indices \(i, j, k\).*lo=\(0, 0\)"),
+        (lambda v: v.crop((1.5, 0, 0), (3, 3, 3)), r"whole voxel indices.*lo=\(1\.5, 0, 0\)"),  # not silently voxel 1
         (lambda v: v.crop((0, 0, 0), (3, 3, 3, 3)), r"hi=\(3, 3, 3, 3\)"),
         (lambda v: v.resample((0.0, 1.0, 1.0)), r"new spacing must be > 0 mm.*\(0\.0, 1\.0, 1\.0\)"),
+        (lambda v: v.geometry.binned((1, 1)), r"steps must be 3 whole numbers.*\(1, 1\)"),
+        (lambda v: v.geometry.binned((1, 0, 2)), r"steps must be 3 whole numbers.*1 or more.*\(1, 0, 2\)"),
         (lambda v: v.resample((-1.0, 1.0, 1.0)), r"new spacing must be > 0 mm.*\(-1\.0, 1\.0, 1\.0\)"),
         (lambda v: v.index_to_lps([[1, 2]]), r"voxel indices \(i, j, k\) must have 3 coordinates.*shape \(1, 2\)"),
         (lambda v: v.lps_to_index((1.0, 2.0)), r"LPS points \(x, y, z\) in mm must have 3 coordinates.*shape \(2,\)"),
@@ -265,5 +268,5 @@ def test_binned_grid_puts_each_voxel_at_its_blocks_centre():
     assert np.allclose(b.direction, g.direction)
     block = np.array([[i, j, k] for i in range(4, 8) for j in range(4, 8) for k in range(2, 4)], dtype=float)
     assert np.allclose(b.index_to_lps([1, 1, 1]), g.index_to_lps(block).mean(axis=0))  # block (1, 1, 1): a full one
-    with pytest.raises(GeometryError, match="steps must be 1 or more"):
+    with pytest.raises(GeometryError, match="steps must be 3 whole numbers of voxels, 1 or more"):
         g.binned((0, 1, 1))

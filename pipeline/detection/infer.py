@@ -61,6 +61,11 @@ log = logging.getLogger(__name__)
 __all__ = ["MAX_BAD_VOXEL_FRACTION", "MIN_INPUT_MM", "Detector", "LungMask", "detect"]
 
 
+def run_device(device: str | torch.device | None) -> torch.device:
+    """The torch device a :class:`Detector` given ``device`` runs on: that one, else CUDA when present, else the CPU."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 class Detector:
     """A loaded nodule detector. Build once per device; call :meth:`detect` per case.
 
@@ -107,7 +112,7 @@ class Detector:
         #: the map of thick-slice series' final scores onto the thin-slice scale (:mod:`.score_calibration`), applied
         #: by :meth:`postprocess`; ``None`` for the network's own scores and for models that record none
         self.score_calibration: ScoreCalibration | None = model_score_calibration(self.config) if self.postprocessing else None
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = run_device(device)
         self._autocast = autocast_dtype(self.device, bool(amp))
         self._fpr: FPReducer | None = None
         fpr_entry = self.config.extra.get("fp_reduction")
@@ -399,7 +404,8 @@ def detect(
     """
     det = detector
     if det is None:
-        key = (str(Path(bundle).resolve()) if bundle is not None else None, str(device))
+        # keyed by the device the detector runs on: device=None and the device it resolves to share one model
+        key = (str(Path(bundle).resolve()) if bundle is not None else None, str(run_device(device)))
         det = _DETECTORS.get(key)
         if det is None:
             det = _DETECTORS[key] = Detector(bundle=bundle, device=device)
