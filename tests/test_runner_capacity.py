@@ -159,8 +159,9 @@ def test_measured_efficiency_over_two_runs():
     assert measured_efficiency(runs, cases.iloc[20:], stages, {"A": 20.0, "B": 30.0, "C": 40.0}) is None
 
 
-def _write_run(run_dir, *, n_cases: int, duration_s: float) -> None:
-    """A run store as a 1-GPU, 2-worker run leaves it: per case ingest 100 s on a CPU worker, detect 40 s on the GPU."""
+def _write_run(run_dir, *, n_cases: int, duration_s: float, complete: bool = True) -> None:
+    """A run store as a 1-GPU, 2-worker run leaves it: per case ingest 100 s on a CPU worker, detect 40 s on the GPU
+    (``complete`` False: ingest alone, no case completed, as a run killed early leaves it)."""
     store = RunStore(run_dir)
     t0 = 1_800_000_000.0
     store.start_run(
@@ -177,7 +178,8 @@ def _write_run(run_dir, *, n_cases: int, duration_s: float) -> None:
         key = f"uid:{i}"
         store.upsert_discovered(case_key=key, case_id=f"case{i}", series_uid=f"1.2.{i}", fingerprint="f", source="/data")
         attempt = store.begin_case(key, "r1")
-        for stage, worker, device, wall in (("ingest", f"cpu-{i % 2}", "cpu", 100.0), ("detect", "model-cuda:0", "cuda:0", 40.0)):
+        steps = (("ingest", f"cpu-{i % 2}", "cpu", 100.0), ("detect", "model-cuda:0", "cuda:0", 40.0))
+        for stage, worker, device, wall in steps if complete else steps[:1]:
             store.record_attempt(
                 run_id="r1",
                 case_key=key,
@@ -193,8 +195,9 @@ def _write_run(run_dir, *, n_cases: int, duration_s: float) -> None:
                 peak_rss_mb=None,
                 peak_cuda_mb=None,
             )
-        store.complete_case(key, output_dir=f"cases/case{i}", findings=[], measurements=[], ended_at=t0 + 60 * (i + 1))
-    store.end_run("r1", status="completed", n_cases=n_cases, n_done=n_cases, n_failed=0, n_skipped=0)
+        if complete:
+            store.complete_case(key, output_dir=f"cases/case{i}", findings=[], measurements=[], ended_at=t0 + 60 * (i + 1))
+    store.end_run("r1", status="completed", n_cases=n_cases, n_done=n_cases if complete else 0, n_failed=0, n_skipped=0)
     store.close()
     import sqlite3
 
@@ -241,3 +244,16 @@ def test_report_says_too_few_cases_back_the_capacity_figure(tmp_path, capsys):
     printed = capsys.readouterr().out.splitlines()
     capacity = next(line for line in printed if line.startswith("capacity model"))
     assert "too few to project from" in capacity
+
+
+def test_a_capacity_figure_from_runs_that_completed_no_case_says_it_is_optimistic(tmp_path, capsys):
+    """A run killed before any case got past ingest measured ingest alone: the figure leaves the other stages out."""
+    from pipeline.cli import main
+
+    run = tmp_path / "run"
+    _write_run(run, n_cases=3, duration_s=400.0, complete=False)
+    assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
+    capacity = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("capacity model"))
+    assert "no case completed" in capacity and "optimistic" in capacity and "stages measured: ingest" in capacity
+    cap = json.loads((tmp_path / "rep" / "report.json").read_text())["capacity"]
+    assert any("no case completed" in a for a in cap["assumptions"])

@@ -321,6 +321,11 @@ def estimate(
             notes.append("CPU workers per node: 1 assumed (the runs ran every stage in one process)")
         else:
             notes.append(f"CPU workers per node: the runs' own {cpu_workers}")
+    if len(loads) and not (t["cases"].status == "done").any():
+        notes.append(
+            "no case completed: the stages no case reached are not in the model, so this figure is optimistic "
+            f"(stages measured: {', '.join(x.stage for x in loads)})"
+        )
     model = {x.stage for x in loads if x.group == "model"}
     on_gpu = stages[stages.stage.isin(model) & (stages.status == "ok")].device.dropna().astype(str)
     device = "cuda" if on_gpu.str.startswith("cuda").any() else "cpu"
