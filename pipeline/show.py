@@ -278,7 +278,7 @@ def show(
         plane = geometry.to_lps_view(m)[z]
         if plane.any():
             ax.contour(plane.astype(np.float32), levels=[0.5], colors=[OUTLINE_COLORS.get(organ, "#ffffff")], linewidths=1.0)
-            ax.plot([], [], color=OUTLINE_COLORS.get(organ, "#ffffff"), label=organ)
+            ax.plot([], [], color=OUTLINE_COLORS.get(organ, "#ffffff"), label=organ.replace("_", " "))
     drawn = 0
     for row, (x, y, zf) in zip(rows, xyz):
         r_mm, dz = row.diameter_mm / 2.0, abs(zf - z) * sz

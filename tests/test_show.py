@@ -112,6 +112,7 @@ def test_any_storage_order_gives_the_same_image_circles_and_outlines(name):
     vb = np.concatenate([p.vertices for p in b.collections[0].get_paths()])
     assert np.sort(va, axis=0) == pytest.approx(np.sort(vb, axis=0))
     assert vb[:, 0].min() >= 19 and vb[:, 1].max() <= 6  # the outline is around the anterior-left block
+    assert [t.get_text() for t in b.get_legend().get_texts()] == ["lung left"]  # named as the MPR PNGs name it
 
 
 def test_a_ras_nifti_read_through_simpleitk_is_not_upside_down(tmp_path):
