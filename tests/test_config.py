@@ -170,3 +170,35 @@ def test_set_null_sets_a_nullable_option_to_null_over_the_config_file(tmp_path):
     overrides, labels = cli_overrides(["runner.workers=~"], {})
     with pytest.raises(ConfigError, match="--set runner.workers=~"):
         load_config(overrides=overrides, override_sources=labels, environ={})
+
+
+def test_a_run_records_where_each_option_was_set(tmp_path, monkeypatch, capsys):
+    """config.yaml of the run folder names the flag, variable or file behind every option not left at its default,
+    and run.log keeps the same for each run; a run_batch Config with keyword overrides keeps the Config's sources."""
+    from pipeline.cli import main
+    from pipeline.runner.batch import run_batch
+
+    (tmp_path / "empty").mkdir()
+    conf = tmp_path / "my conf.yaml"
+    conf.write_text("runner:\n  retries: 2\n  queue_depth: 3\nreport:\n  bin_minutes: 10\n")
+    monkeypatch.setenv("CTPIPE_REPORT_BIN_MINUTES", "20")
+    monkeypatch.setenv("CTPIPE_RUNNER_RETRIES", "3")
+    out = tmp_path / "run"
+    argv = ["run", str(tmp_path / "empty"), "--out", str(out), "--config", str(conf), "--workers", "0"]
+    assert main([*argv, "--set", "runner.retries=4"]) == 0
+    capsys.readouterr()
+    saved = (out / "config.yaml").read_text()
+    assert "  workers: 0  # from --workers\n" in saved
+    assert "  retries: 4  # from --set runner.retries=4\n" in saved
+    assert "  bin_minutes: 20  # from environment variable CTPIPE_REPORT_BIN_MINUTES\n" in saved
+    assert f"  queue_depth: 3  # from {conf}\n" in saved
+    assert "  max_in_flight: 0\n" in saved  # a default: nothing to name
+    assert yaml.safe_load(saved)["runner"]["retries"] == 4
+    log = (out / "run.log").read_text()
+    assert "runner.retries by --set runner.retries=4" in log and "runner.workers by --workers" in log
+
+    monkeypatch.delenv("CTPIPE_REPORT_BIN_MINUTES")
+    monkeypatch.delenv("CTPIPE_RUNNER_RETRIES")
+    run_batch([tmp_path / "empty"], out=tmp_path / "run2", config=load_config(conf), workers=0)
+    saved = (tmp_path / "run2" / "config.yaml").read_text()
+    assert f"  retries: 2  # from {conf}\n" in saved and "  workers: 0  # from overrides\n" in saved

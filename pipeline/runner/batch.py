@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import sqlite3
 import sys
@@ -78,9 +79,11 @@ def run_batch(
     cfg = config if isinstance(config, Config) else load_config(config, overrides=overrides)
     if isinstance(config, Config) and overrides:
         merged = cfg.to_dict()
-        for sec, vals in overrides_layer({k: v for k, v in overrides.items() if v is not None}).items():
+        given = overrides_layer({k: v for k, v in overrides.items() if v is not None})
+        for sec, vals in given.items():
             merged.setdefault(sec, {}).update(vals)
-        cfg = from_dict(merged, source="overrides")
+        set_by = {**config.sources, **{f"{sec}.{key}": "overrides" for sec, vals in given.items() for key in vals}}
+        cfg = Config(from_dict(merged, source="overrides"), set_by)
     srcs = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     run_dir = Path(out)
     check_sources(srcs)  # a mistyped source: one clear error, before the run folder is made
@@ -180,7 +183,7 @@ def _run(
         )
     if cfg.metrics.port:
         RunMetrics.check_port(cfg.metrics.port, cfg.metrics.bind)  # a port in use stops the run before it is recorded
-    atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict()).encode())
+    atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict(), cfg.sources).encode())
     store.start_run(
         run_id,
         command=_recorded(command or " ".join(sys.argv), cfg),
@@ -191,6 +194,12 @@ def _run(
         host=socket.gethostname(),
         pid=os.getpid(),
     )
+    if cfg.sources:  # run.log keeps, run after run, where each option not left at its default was set
+        log.info(
+            "options set: %s",
+            "; ".join(f"{path} by {where}" for path, where in cfg.sources.items()),
+            extra={"event": "config_sources", "run_id": run_id},
+        )
     store.add_skipped(run_id, found.skipped_rows())
     if origins:
         store.record_origins(run_id, origins_of(found.cases, origins))
@@ -361,8 +370,20 @@ def _quietly(summary: RunSummary, run_dir: Path, what: str, write: Callable[[], 
         return None
 
 
-def _yaml(data: Mapping[str, Any]) -> str:
+def _yaml(data: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> str:
+    """The configuration as YAML, each option not left at its default followed by where it was set
+    (``# from --workers``, ``# from environment variable CTPIPE_RUNNER_RETRIES``, ``# from FILE``)."""
     import yaml
 
-    head = "# effective configuration of the latest run (defaults < file < environment < command line)\n"
-    return head + yaml.safe_dump(json.loads(json.dumps(dict(data))), sort_keys=False)
+    head = (
+        "# effective configuration of the latest run (defaults < file < environment < command line);\n"
+        "# an option set by a file, the environment or the command line names it\n"
+    )
+    lines, section = [], ""
+    for line in yaml.safe_dump(json.loads(json.dumps(dict(data))), sort_keys=False).splitlines():
+        if not line.startswith(" "):
+            section = line.rstrip(":")
+        elif (key := re.match(r"  (\w+):", line)) and (where := (sources or {}).get(f"{section}.{key.group(1)}")):
+            line += f"  # from {where}"
+        lines.append(line)
+    return head + "\n".join(lines) + "\n"
