@@ -31,6 +31,8 @@ COMMAND_MODULES = (
 
 log = logging.getLogger("pipeline")
 
+VERBOSE_HELP = "more log output (-v info, -vv debug)"
+
 
 def setup_logging(verbosity: int, *, quiet: bool = False, log_file: str | None = None) -> None:
     """Console logging for the CLI (warnings by default, -v info, -vv debug), timestamps in UTC (``...Z``)."""
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Chest CT DICOM → lung-nodule findings, 3D organ reconstructions and throughput reports.",
     )
     parser.add_argument("--version", action="version", version=f"ctpipe {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-v info, -vv debug)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -70,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # stage not installed in this build
             raise
         module.register(sub)
+    for command in sub.choices.values():  # -v also after the command (ctpipe run SRC --out DIR -v), as --quiet is
+        command.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0, help=VERBOSE_HELP)
     return parser
 
 
@@ -79,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    setup_logging(args.verbose, quiet=getattr(args, "quiet", False))
+    setup_logging(args.verbose + getattr(args, "verbose_after", 0), quiet=getattr(args, "quiet", False))
     out = getattr(args, "out", None)
     new_out = Path(out) if isinstance(out, (str, Path)) and not Path(out).exists() else None
     code = 1

@@ -128,3 +128,13 @@ def test_report_counts_a_run_named_twice_once(tmp_path, capsys):
     twice, _ = summarize([tmp_path / "r", str(tmp_path / "r") + "/"])
     assert twice["cases"] == once["cases"]
     assert twice["runs"] == once["runs"] and twice["throughput"]["cases_done"] == once["throughput"]["cases_done"] == 1
+
+
+def test_verbose_goes_before_or_after_the_command(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for i, argv in enumerate((["-v", "run"], ["run", "-v"], ["run", "--verbose"])):
+        out = tmp_path / f"r{i}"
+        assert main([*argv, str(tmp_path / "empty"), "--out", str(out), "--workers", "0"]) == 0, argv
+        assert "INFO pipeline.runner.discover: discovered 0 case(s)" in capsys.readouterr().err, argv
+    assert main(["run", str(tmp_path / "empty"), "--out", str(tmp_path / "q"), "--workers", "0", "-v", "--quiet"]) == 0
+    assert "INFO" not in capsys.readouterr().err  # --quiet wins
