@@ -82,8 +82,14 @@ def test_reconstruct_refuses_junk_findings_and_no_organ_and_one_lung_is_not_the_
     assert rc == 1 and "not a ctpipe findings JSON" in err
     rc, err = _err(capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--organs", " , ")
     assert rc == 1 and "--organs: names no organ" in err
+    rc, err = _err(capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--organs", "lung,heart")
+    assert rc == 1 and "--organs: unknown organ name(s) lung, heart" in err and "organs=[" not in err
+    rc, err = _err(capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--formats", "stl,fbx")
+    assert rc == 1 and "--formats: unknown mesh format(s) ['fbx']" in err and "--formats stl,glb" in err
+    rc, err = _err(capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--formats", ",")
+    assert rc == 1 and "--formats: names no mesh format" in err and not (tmp_path / "r").exists()
     argv = ["reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r1"), "--no-render", "--no-dicom"]
-    assert main([*argv, "--organs", "lung_left , lung_right"]) == 0  # spaces around the names
+    assert main([*argv, "--organs", "lung_left , lung_right", "--formats", "stl, glb"]) == 0  # spaces around the names
     assert "lungs total" in capsys.readouterr().out
     assert main([*argv, "--organs", "lung_left"]) == 0
     assert "lungs total" not in capsys.readouterr().out

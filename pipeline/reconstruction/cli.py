@@ -69,16 +69,32 @@ def run(args: argparse.Namespace) -> int:
     from ..ingest.source import read_source
     from ..load.base import resolve_device
     from .bundle_seg import read_bundle
+    from .export import FORMATS, check_formats
     from .findings_in import read_findings
     from .stage import reconstruct
 
     # every input is checked before any work, so a mistake leaves no half-written --out folder
     if args.device is not None:
         resolve_device(args.device, where="--device")
-    formats = [f for f in args.formats.split(",") if f]
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    try:
+        check_formats(formats)
+    except CtpipeError as exc:  # named by the flag, not by the library's keyword
+        raise CtpipeError(
+            exc.problem, where="--formats", fix=f"choose from {','.join(FORMATS)}, e.g. --formats stl,glb"
+        ) from None
+    if not formats:
+        raise CtpipeError("names no mesh format", where="--formats", fix=f"choose from {','.join(FORMATS)}")
     organs = [o.strip() for o in args.organs.split(",") if o.strip()]
     if not organs:
         raise CtpipeError("names no organ", where="--organs", fix=f"choose from {','.join(ORGANS)}")
+    unknown = [o for o in organs if o not in ORGANS]
+    if unknown and args.seg_bundle is None:
+        raise CtpipeError(
+            f"unknown organ name(s) {', '.join(unknown)}",
+            where="--organs",
+            fix=f"choose from {','.join(ORGANS)} (other organs need a segmentation bundle, --seg-bundle)",
+        )
     if args.target_triangles is not None and args.target_triangles < 100:
         raise CtpipeError(
             f"--target-triangles {args.target_triangles} is too small",
