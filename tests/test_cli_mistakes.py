@@ -41,6 +41,9 @@ def test_values_out_of_range_and_unknown_devices(tmp_path, capsys):
     with pytest.raises(SystemExit) as ei:
         main(["evaluate", "--pred", out, "--truth", out, "--out", out, "--bootstrap", "-1"])
     assert ei.value.code == 2 and "--bootstrap: -1 is out of range (>= 0)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ei:  # numpy's bootstrap generator takes no negative seed: was a traceback
+        main(["evaluate", "--pred", out, "--truth", out, "--out", out, "--seed", "-1"])
+    assert ei.value.code == 2 and "--seed: -1 is out of range (0..4294967295)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["report", out, "--out", out, "--hours-per-day", "30"])
     assert "30 is out of range (0.1..24.0)" in capsys.readouterr().err

@@ -139,7 +139,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "or above each P (0..1), written to at_score.json (default: the score threshold the findings JSONs were reported at, the "
         "model's operating point, when they share one)",
     )
-    e.add_argument("--seed", type=int, default=0)
+    e.add_argument(
+        "--seed",
+        type=number_in(int, 0, 2**32 - 1),
+        default=0,
+        help="seed of the bootstrap resampling, 0..4294967295 (default 0; the same seed gives the same intervals)",
+    )
     e.set_defaults(func=_evaluate)
 
 
