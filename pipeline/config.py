@@ -236,10 +236,32 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"not a text file (byte {exc.start} is not UTF-8)", where=p, fix="pass a YAML file, e.g. configs/default.yaml"
         ) from exc
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_keys_loader())  # a SafeLoader
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, text, p) from exc
     return data or {}
+
+
+def _unique_keys_loader() -> type:
+    """A YAML SafeLoader refusing a key given twice in one mapping (a second ``runner:`` section, an option written
+    twice), which YAML would otherwise settle silently by keeping the later one."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # "<<: *anchor": its keys may be overridden, as YAML means them to be
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{key!r} is given twice (first on line {seen[key] + 1})", key_node.start_mark
+                    )
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def _yaml_error(exc: Exception, text: str, path: Path) -> ConfigError:

@@ -69,6 +69,24 @@ def test_invalid_yaml_and_missing_file(tmp_path):
         load_config(tmp_path / "missing.yaml", environ={})
 
 
+@pytest.mark.parametrize(
+    ("text", "where", "key"),
+    [
+        ("runner:\n  workers: 1\nreport:\n  enabled: false\nrunner:\n  retries: 2\n", "line 5, column 1", "'runner'"),
+        ("runner:\n  workers: 1\n  retries: 2\n  workers: 0\n", "line 4, column 3", "'workers'"),
+    ],
+)
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path, text, where, key):
+    """YAML keeps the later of two equal keys without a word: the first runner section or workers would be lost."""
+    f = tmp_path / "twice.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(f, environ={})
+    assert f"{f}, {where}: " in str(ei.value) and f"{key} is given twice (first on line" in str(ei.value)
+    f.write_text("runner: &r\n  workers: 1\nreport: {enabled: false}\n")  # anchors and flow mappings still read
+    assert load_config(f, environ={}).runner.workers == 1
+
+
 def test_precedence_cli_over_env_over_file_over_defaults(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("runner:\n  workers: 3\n  queue_depth: 5\ndetector:\n  score_threshold: 0.3\n")
