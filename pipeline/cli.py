@@ -11,6 +11,8 @@ import argparse
 import gc
 import importlib
 import logging
+import os
+import select
 import sys
 import time
 from collections.abc import Sequence
@@ -92,14 +94,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CtpipeError as exc:
         print(f"ctpipe {args.command}: error: {exc}", file=sys.stderr)
     except OSError as exc:  # a file or folder the command reads or writes: named, with the system's reason
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"ctpipe {args.command}: error: {where}{exc.strerror or exc}. Fix: check the path", file=sys.stderr)
+        if isinstance(exc, BrokenPipeError) and _stdout_closed():  # ctpipe ingest ... | head: the reader went away
+            code = EXIT_STDOUT_CLOSED
+        else:
+            where = f"{exc.filename}: " if exc.filename else ""
+            print(f"ctpipe {args.command}: error: {where}{exc.strerror or exc}. Fix: check the path", file=sys.stderr)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
     if code != 0 and new_out is not None:
         _remove_if_empty(new_out)
     return code
+
+
+#: Exit status when whoever read the standard output closed it early (``| head``): 128 + SIGPIPE, as the shell's own.
+EXIT_STDOUT_CLOSED = 141
+
+
+def _stdout_closed() -> bool:
+    """Whether the standard output's reader is gone; if so, what is left to print goes nowhere, without a second
+    error when Python flushes it at exit."""
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        closed = any(events & select.POLLERR for _, events in poll.poll(0))  # a pipe whose reading end is closed
+        if closed:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        return closed
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a test's capture), no poll (Windows)
+        return False
 
 
 def _remove_if_empty(folder: Path) -> None:
@@ -119,6 +143,11 @@ def console_main() -> None:
     otherwise walk every object of torch and MONAI once more, about a second of CPU at each exit.
     """
     code = main()
+    try:
+        sys.stdout.flush()  # here, not at exit, where a closed pipe would end in a traceback
+    except BrokenPipeError:
+        if _stdout_closed():
+            code = code or EXIT_STDOUT_CLOSED
     gc.freeze()
     sys.exit(code)
 

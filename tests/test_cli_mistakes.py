@@ -147,3 +147,19 @@ def test_verbose_goes_before_or_after_the_command(tmp_path, capsys):
         assert "INFO pipeline.runner.discover: discovered 0 case(s)" in capsys.readouterr().err, argv
     assert main(["run", str(tmp_path / "empty"), "--out", str(tmp_path / "q"), "--workers", "0", "-v", "--quiet"]) == 0
     assert "INFO" not in capsys.readouterr().err  # --quiet wins
+
+
+def test_output_read_by_a_pipe_closed_early_is_no_error(tmp_path):
+    """ctpipe ... | head: once the reader is gone the rest of the output goes nowhere, with the shell's status for it
+    (128 + SIGPIPE), not "error: Broken pipe. Fix: check the path" and status 1, nor a traceback at exit."""
+    import subprocess
+    import sys
+
+    (tmp_path / "empty").mkdir()
+    argv = [sys.executable, "-m", "pipeline", "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--workers", "0"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == ""
+    assert (tmp_path / "r" / "runs.sqlite").is_file()  # the run itself went through
