@@ -11,6 +11,7 @@ failure status raises :class:`~pipeline.errors.PacsRequestError`.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -62,9 +63,16 @@ class DimseArchive:
         for abstract, syntaxes in contexts:
             ae.add_requested_context(abstract, syntaxes)
         t0 = time.monotonic()
-        assoc = ae.associate(
-            self.endpoint.host, self.endpoint.port, ae_title=self.endpoint.aet, ext_neg=ext_neg, evt_handlers=handlers
-        )
+        try:
+            assoc = ae.associate(
+                self.endpoint.host, self.endpoint.port, ae_title=self.endpoint.aet, ext_neg=ext_neg, evt_handlers=handlers
+            )
+        except socket.gaierror as exc:  # a host name nobody knows: said as such, not as a file that cannot be read
+            raise PacsUnavailableError(
+                f"cannot open an association: the host name {self.endpoint.host!r} is not known ({exc.strerror})",
+                where=self._where(),
+                fix="check the host in the address: a name this machine resolves, or the archive's IP address",
+            ) from exc
         if not assoc.is_established:
             if assoc.is_rejected:
                 listed = "with this host" + (" and pacs.move_port" if self.mode == "move" and not storing else "")
