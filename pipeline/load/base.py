@@ -53,7 +53,7 @@ def resolve_device(device: str, *, where: str = "loader device") -> str:
             raise LoaderError(
                 f"device {device!r} was asked for but torch sees no CUDA GPU",
                 where=where,
-                fix="use device='cpu' or 'auto'",
+                fix="ask for cpu, or auto (the GPU where there is one, else the CPU)",
             )
         return "cuda" if dev == "gpu" else dev
     if dev == "cpu":
