@@ -327,3 +327,21 @@ def test_wrong_credentials_are_told_apart_from_none(orthanc, stored, tmp_path, m
     with pytest.raises(PacsRequestError, match="no credentials were sent"):
         archive.find_series(None, series_uid=uid)
     archive.close()
+
+
+@pytest.mark.parametrize("how", ["dicomweb", "get"])
+def test_accession_number_stays_out_of_the_network_libraries_log(orthanc, stored, creds, tmp_path, caplog, how):
+    """With -v or -vv the log shows pynetdicom's, dicomweb-client's and urllib3's records: the query's accession
+    number and those of the studies found are not among them, unless privacy.keep_identifiers."""
+    uid1, files = stored[1]
+    acc = str(pydicom.dcmread(files[0]).AccessionNumber)
+    base = orthanc.dicomweb if how == "dicomweb" else orthanc.dimse
+    src = f"{base}?accession={acc}" + ("&retrieve=get" if how == "get" else "")
+    for keep in (False, True):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            res = fetch_sources([src], run_dir=tmp_path / f"run{keep}", cfg=_cfg(orthanc, **{"privacy.keep_identifiers": keep}))
+        assert [f.name for f in res.folders] == [uid1], res.lines()
+        libraries = [r for r in caplog.records if r.name.split(".")[0] in ("pynetdicom", "dicomweb_client", "urllib3")]
+        assert libraries, "the libraries' records reach the log"
+        assert (acc in caplog.text) is keep

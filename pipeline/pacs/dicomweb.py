@@ -11,12 +11,14 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import PacsRequestError, PacsUnavailableError
-from .address import Endpoint, Query, valid_uid, without_url_queries
+from ..volume import PATIENT_IDENTIFIERS
+from .address import WITHHELD, Endpoint, Query, valid_uid, without_url_queries
 from .archive import RemoteSeries, StoreOutcome
 from .auth import http_session
 from .retry import TRANSIENT_HTTP, with_retries
@@ -31,6 +33,39 @@ _SERIES_UID = "0020000E"
 _MODALITY = "00080060"
 _N_INSTANCES = "00201209"
 PAGE = 500  # results asked for per QIDO-RS request
+
+#: the loggers of the libraries under the client that name each request's URL (a search's filters in its query)
+_URL_LOGGERS = ("dicomweb_client.web", "urllib3.connectionpool")
+#: a ``Keyword=value`` filter of a request's query whose keyword is a patient identifier (``AccessionNumber=...``)
+_IDENTIFYING_FILTER = re.compile(r"\b(" + "|".join(sorted(PATIENT_IDENTIFIERS)) + r")=[^&\s'\"]*")
+
+
+class _WithholdIdentifiers(logging.Filter):
+    """Rewrites a record that names a request's URL with the values of patient identifier filters as ``***``, unless
+    ``keep`` (``privacy.keep_identifiers`` of the archive opened last)."""
+
+    keep = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.keep:
+            return True
+        text = record.getMessage()
+        shown = _IDENTIFYING_FILTER.sub(rf"\1={WITHHELD}", text)
+        if shown != text:
+            record.msg, record.args = shown, None
+        return True
+
+
+_WITHHOLD = _WithholdIdentifiers()
+
+
+def _withhold_in_library_logs(keep_identifiers: bool) -> None:
+    """The URLs the HTTP libraries log (``-vv``) hold no accession number, unless ``privacy.keep_identifiers``."""
+    _WITHHOLD.keep = keep_identifiers
+    for name in _URL_LOGGERS:
+        logger = logging.getLogger(name)
+        if _WITHHOLD not in logger.filters:
+            logger.addFilter(_WITHHOLD)
 
 
 def _value(item: dict[str, Any], tag: str) -> Any:
@@ -49,6 +84,7 @@ class DicomWebArchive:
         self.session = http_session(endpoint, cfg)
         self.client = DICOMwebClient(endpoint.url, session=self.session, timeout=float(cfg.pacs.timeout_s))
         self.client.set_http_retry_params(retry=False)  # retries are ours (with_retries), for every transient failure
+        _withhold_in_library_logs(bool(cfg.privacy.keep_identifiers))
 
     # -- plumbing --------------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[[], T]) -> T:

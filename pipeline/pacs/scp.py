@@ -37,9 +37,12 @@ _OFFERED = (
 
 
 def build_ae(cfg: Any) -> Any:
-    """A pynetdicom ``AE`` titled ``pacs.ae_title`` with every timeout set to ``pacs.timeout_s``."""
-    from pynetdicom import AE
+    """A pynetdicom ``AE`` titled ``pacs.ae_title`` with every timeout set to ``pacs.timeout_s``; pynetdicom's log
+    shows the query and response identifiers only with ``privacy.keep_identifiers``."""
+    from pynetdicom import AE, _config
 
+    # pynetdicom logs each C-FIND, C-MOVE and C-GET identifier (AccessionNumber, PatientID, ...) at info level
+    _config.LOG_REQUEST_IDENTIFIERS = _config.LOG_RESPONSE_IDENTIFIERS = bool(cfg.privacy.keep_identifiers)
     ae = AE(ae_title=cfg.pacs.ae_title)
     t = float(cfg.pacs.timeout_s)
     ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = ae.connection_timeout = t
