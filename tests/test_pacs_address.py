@@ -69,6 +69,23 @@ def test_bad_sources_are_refused_with_the_reason(text, message):
     assert "secret" not in str(ei.value)  # a password never reaches a message
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "dimse://PACS@h?accession=A12345678",
+        "dimse://PACS@h:104?accession=A12345678&studydate=2026-01-01",
+        "dimse://PACS@h:104?accession=A12345678&patient=123",
+        "dimse://PACS@h:104?accession=A12345678&retrieve=push",
+        "dicomweb+http://h/dw?accession=A12345678#part",
+        "dicomweb+http://user:secret@h/dw?accession=A12345678",
+    ],
+)
+def test_bad_sources_are_refused_without_their_accession_numbers(text):
+    with pytest.raises(PacsAddressError) as ei:
+        parse_source(text)
+    assert "A12345678" not in str(ei.value) and "accession=***" in str(ei.value)
+
+
 def test_destination_and_redaction():
     assert parse_destination("dicomweb+http://127.0.0.1:8042/dicom-web").url == "http://127.0.0.1:8042/dicom-web"
     assert parse_destination("dimse://ORTHANC@127.0.0.1:4242").aet == "ORTHANC"

@@ -163,29 +163,33 @@ def _endpoint(text: str, where: str) -> tuple[Endpoint, str]:
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
         raise PacsAddressError(
-            f"unknown scheme {parts.scheme!r} in {redact(text)!r}",
+            f"unknown scheme {parts.scheme!r} in {redact_identifiers(text)!r}",
             where=where,
             fix="use dicomweb+http://HOST:PORT/PATH, dicomweb+https://... or dimse://AET@HOST:PORT",
         )
     try:
         port = parts.port
     except ValueError as exc:
-        raise PacsAddressError(f"bad port in {redact(text)!r} ({exc})", where=where, fix="give a port in 1..65535") from exc
+        raise PacsAddressError(
+            f"bad port in {redact_identifiers(text)!r} ({exc})", where=where, fix="give a port in 1..65535"
+        ) from exc
     host = parts.hostname or ""
     if not host:
-        raise PacsAddressError(f"no host in {redact(text)!r}", where=where, fix="e.g. dimse://ORTHANC@pacs.example.org:104")
+        raise PacsAddressError(
+            f"no host in {redact_identifiers(text)!r}", where=where, fix="e.g. dimse://ORTHANC@pacs.example.org:104"
+        )
     if parts.fragment:
-        raise PacsAddressError(f"a '#' fragment is not allowed in {redact(text)!r}", where=where, fix="remove it")
+        raise PacsAddressError(f"a '#' fragment is not allowed in {redact_identifiers(text)!r}", where=where, fix="remove it")
     if scheme == "dimse":
         if parts.password is not None or not parts.username:
             raise PacsAddressError(
-                f"{redact(text)!r} names no AE title (or holds a password)",
+                f"{redact_identifiers(text)!r} names no AE title (or holds a password)",
                 where=where,
                 fix="write the archive's AE title before '@': dimse://AET@HOST:PORT",
             )
         if port is None:
             raise PacsAddressError(
-                f"no port in {redact(text)!r}", where=where, fix="write dimse://AET@HOST:PORT (often 104 or 4242)"
+                f"no port in {redact_identifiers(text)!r}", where=where, fix="write dimse://AET@HOST:PORT (often 104 or 4242)"
             )
         if parts.path not in ("", "/"):
             raise PacsAddressError(
@@ -194,7 +198,7 @@ def _endpoint(text: str, where: str) -> tuple[Endpoint, str]:
         return Endpoint("dimse", host, port, aet=check_aet(parts.username, where)), parts.query
     if parts.username is not None or parts.password is not None:
         raise PacsAddressError(
-            f"credentials in the address {redact(text)!r} are refused",
+            f"credentials in the address {redact_identifiers(text)!r} are refused",
             where=where,
             fix="remove 'user:password@' and set CTPIPE_DICOMWEB_USER / CTPIPE_DICOMWEB_PASSWORD or a netrc file",
         )
@@ -294,7 +298,7 @@ def read_uid_worklist(path: Path, where: str) -> tuple[tuple[str | None, str], .
 
 def parse_source(text: str, *, base: Path | None = None, today: dt.date | None = None) -> PacsSource:
     """Parse a PACS source of ``ctpipe run`` (see the module docstring); relative worklists resolve against ``base``."""
-    where = redact(text)
+    where = redact_identifiers(text)  # errors name the source without its accession numbers
     endpoint, raw_query = _endpoint(text.strip(), where)
     q: dict[str, str] = {}
     for key, value in parse_qsl(raw_query, keep_blank_values=True, strict_parsing=False):
