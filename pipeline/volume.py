@@ -80,6 +80,11 @@ PATIENT_IDENTIFIERS = frozenset(
         "InstitutionName",
         "InstitutionAddress",
         "StationName",
+        "PatientComments",
+        "AdditionalPatientHistory",
+        "RequestingPhysician",
+        "PhysiciansOfRecord",
+        "NameOfPhysiciansReadingStudy",
     }
 )
 

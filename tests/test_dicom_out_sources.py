@@ -304,6 +304,32 @@ MALFORMED = {
 }
 
 
+def test_without_identifiers_clears_names_ids_comments_and_physicians(tmp_path):
+    """keep_identifiers=False: the SR and SEG hold none of the patient's or staff's names, ids or free-text history
+    (PatientComments and the physicians among them); the study's UIDs stay, so the results still file with it."""
+    case = phantom_case(tmp_path / "case")
+    marked = {
+        "PatientName": "ZZNAME^X",
+        "PatientID": "ZZID1",
+        "PatientComments": "ZZCOMMENT",
+        "AdditionalPatientHistory": "ZZHISTORY",
+        "RequestingPhysician": "ZZDOC^REQ",
+        "NameOfPhysiciansReadingStudy": "ZZDOC^READ",
+        "InstitutionName": "ZZHOSPITAL",
+    }
+    for path in sorted(case.dicom.rglob("*.dcm")):
+        ds = pydicom.dcmread(path)
+        for kw, value in marked.items():
+            setattr(ds, kw, value)
+        ds.save_as(path, enforce_file_format=True)
+    source = read_source_series(case.dicom, case.volume)
+    clean = source.without_identifiers()
+    for ds in clean.datasets:
+        assert not [kw for kw in marked if str(ds.get(kw, "") or "")], "identifiers left in the headers"
+        assert ds.StudyInstanceUID == source.datasets[0].StudyInstanceUID
+    assert source.datasets[0].PatientComments == "ZZCOMMENT"  # a copy: the source itself is unchanged
+
+
 def test_malformed_patient_and_study_values_are_emptied_and_never_quoted(tmp_path, caplog):
     """A birth date as 1970-01-01, a time with colons, PatientSex U: the SR and SEG are still written, valid, with
     those attributes empty (type 2) or left out; the warning names the attributes, never a value."""
