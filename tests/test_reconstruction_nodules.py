@@ -173,3 +173,38 @@ def test_a_result_echoes_its_figures_not_its_mask():
     text = repr(res)
     assert "array(" not in text and "Geometry(" not in text and "\n" not in text
     assert text.startswith("NoduleResult(index=0, center_lps=") and f"volume_mm3={res.volume_mm3!r}" in text
+
+
+@pytest.mark.parametrize("position", ["FFS", "HFP", "FFP", "HFDL", "HFDR"])
+def test_a_small_nodule_measures_the_same_whatever_the_voxel_order(position):
+    """A detector's centre lies on a voxel centre: that voxel has no direction from the centre, and whether it counted
+    as inside the fitted surface (and so whether the nodule was measured at all) hung on rounding that depends on
+    the order the scanner stored the voxels in (4.2 mm COPDGene voxels: a 14 mm nodule measured head-first supine,
+    not measured prone or feet-first). The same LPS anatomy now gives the same mask in every patient position."""
+    from pipeline.phantom.scanner import CanonicalGrid, direction_for, scanner_geometry, to_scanner_order
+
+    px, sl = 4.171872, 3.98734
+    grid = CanonicalGrid(
+        xs=-128.414 + px * np.arange(24),
+        ys=-264.414 + px * np.arange(24),
+        zs=-360.256 + sl * np.arange(20),
+        pixel_spacing=px,
+        slice_spacing=sl,
+    )
+    z, y, x = np.meshgrid(grid.zs, grid.ys, grid.xs, indexing="ij")
+    offset = np.array([1.3, -0.9, 0.7])  # the nodule's own centre lies a little off the detector's
+    for index in ([9.0, 11.0, 13.0], [10.0, 12.0, 9.0], [8.0, 13.0, 12.0], [11.0, 10.0, 11.0]):
+        centre = grid.lps_of(np.array(index))  # a voxel centre, as the detector reports it
+        r = np.sqrt((x - centre[0] - offset[0]) ** 2 + (y - centre[1] - offset[1]) ** 2 + (z - centre[2] - offset[2]) ** 2)
+        canonical = np.where(r <= 6.0, 0.0, -850.0)
+        canonical = ndimage.gaussian_filter(canonical, 0.4) + np.random.default_rng(3).normal(0, 10, canonical.shape)
+        finding = {"center_lps": tuple(centre), "box_min_lps": tuple(centre - 3.25), "box_max_lps": tuple(centre + 3.25)}
+        results = []
+        for pos in ("HFS", position):
+            direction = direction_for(pos)
+            vol = CTVolume(to_scanner_order(canonical.astype(np.float32), direction), scanner_geometry(grid, direction))
+            res = segment_nodule(vol, finding)
+            results.append((res.volume_mm3, np.asarray(res.centroid_lps)))
+        (v0, c0), (v1, c1) = results
+        assert v1 == pytest.approx(v0, rel=1e-9), f"centre {index} (z, y, x)"
+        assert np.allclose(c0, c1, atol=1e-6), f"centre {index} (z, y, x)"

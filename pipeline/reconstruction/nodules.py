@@ -260,12 +260,20 @@ def _nodule_level(interior: np.ndarray, bg: float) -> float:
 
 
 def _star_radius(geom: Geometry, origin: np.ndarray, coef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distance from ``origin``, fitted surface radius in that direction) for every voxel of ``geom`` (mm)."""
+    """(distance from ``origin``, fitted surface radius in that direction) for every voxel of ``geom`` (mm).
+
+    A voxel whose centre is ``origin`` (within rounding) has no direction: its distance is 0 and its radius the
+    surface's mean radius, so that it counts as inside whatever the order in which the grid's voxels are stored.
+    """
     k, j, i = np.indices(geom.shape, dtype=np.float64)
     lps = geom.index_to_lps(np.stack([i, j, k], axis=-1)) - origin
     dist = np.linalg.norm(lps, axis=-1)
-    u = lps / np.maximum(dist, 1e-9)[..., None]
-    return dist, _basis(u) @ coef
+    at_origin = dist <= 1e-6 * float(min(geom.spacing))
+    dist[at_origin] = 0.0
+    u = lps / np.where(at_origin, 1.0, dist)[..., None]
+    radius = _basis(u) @ coef
+    radius[at_origin] = float(np.sum(coef[:3])) / 3.0  # mean over the sphere: x², y², z² average 1/3, the rest 0
+    return dist, radius
 
 
 def segment_nodule(
