@@ -172,6 +172,23 @@ class Geometry:
             )
         return (out[0], out[1], out[2])
 
+    def descending_axes(self) -> tuple[bool, bool, bool]:
+        """For index axis i, j, k: whether it runs towards decreasing LPS (of its nearest axis-aligned reading,
+        :meth:`axis_map`). A grid with no axis-aligned reading has none."""
+        try:
+            amap = self.axis_map()
+        except GeometryError:
+            return (False, False, False)
+        return (amap[0][1] < 0, amap[1][1] < 0, amap[2][1] < 0)
+
+    def flipped(self, flips_ijk: Sequence[bool]) -> Geometry:
+        """The grid of the array reversed (``np.flip``) along the index axes flagged in ``flips_ijk`` (i, j, k): the
+        same voxel positions (LPS mm), counted from the other end of those axes."""
+        flips = bool3(flips_ijk)
+        corner = [n - 1 if f else 0 for n, f in zip(self.size_ijk, flips)]
+        direction = self.direction * np.where(flips, -1.0, 1.0)[None, :]
+        return self.with_(origin=tuple(self.index_to_lps(corner).reshape(3)), direction=direction)
+
     def array_axis(self, lps_axis: int) -> int:
         """The array axis (0..2 of ``[k, j, i]``) that runs most nearly along LPS axis ``lps_axis`` (0=x, 1=y, 2=z).
 

@@ -240,3 +240,36 @@ def test_median_of_each_border_component_is_ndimage_median():
     index = np.unique(labels[:, 0, :])[1:]
     assert n > 20 and len(index) > 5
     np.testing.assert_array_equal(_label_medians(hu, labels, index), ndimage.median(hu, labels, index=index))
+
+
+@pytest.mark.parametrize("flips", [(True, False, False), (False, True, True), (True, True, True)], ids=["i", "jk", "ijk"])
+def test_the_lung_region_is_the_same_whatever_the_storage_order(flips):
+    """The same chest stored with columns, rows or slices in the other order (feet first, prone, mirrored rows): the
+    coarse lung grid samples the same positions, so the network's input box (LPS mm) and the inside/outside test do
+    not move (sampled from voxel 0 of the storage order, the box moved by a voxel and the planning chest's findings
+    went from 6 to 8)."""
+    from pipeline.detection.lungs import quick_lung_mask, region_from_mask
+
+    vol, right = _chest()
+    axes = tuple(2 - c for c in range(3) if flips[c])
+    other = CTVolume(np.flip(vol.array, axes).copy(), vol.geometry.flipped(flips))
+    probe = np.array([[10.0, 20.0, 7.0], [27.0, 30.0, 20.0], [28.0, 30.0, 20.0], [35.0, 15.0, 5.0], [7.0, 47.0, 33.0]])
+    np.testing.assert_allclose(vol.index_to_lps(probe), other.index_to_lps(other.lps_to_index(vol.index_to_lps(probe))))
+    builds = {
+        "quick": quick_lung_mask,
+        "segmented": lambda v: segmented_lung_region(v, device="cpu"),
+        "given": lambda v: region_from_mask(right if v is vol else np.flip(right, axes).copy(), v),
+    }
+    for name, build in builds.items():
+        a, b = build(vol), build(other)
+        boxes = []
+        for v, region in ((vol, a), (other, b)):
+            lo, hi = region.bbox_ijk(5.0, v.geometry.size_ijk)
+            corners = v.index_to_lps(np.array([lo, np.asarray(hi) - 1], float))
+            boxes.append(np.sort(corners, axis=0))  # the box's LPS extent
+        np.testing.assert_allclose(boxes[0], boxes[1], err_msg=name)
+        lps = vol.index_to_lps(probe)
+        for margin in (0.0, 4.0):
+            near_a = a.near(vol.geometry.lps_to_index(lps), margin)
+            near_b = b.near(other.geometry.lps_to_index(lps), margin)
+            np.testing.assert_array_equal(near_a, near_b, err_msg=name)

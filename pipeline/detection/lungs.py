@@ -9,7 +9,9 @@ the quick mask's ``limit`` (:meth:`LungRegion.limited_to`): a full-resolution ma
 :func:`region_from_mask`; without one, :func:`segmented_lung_region` segments the
 lungs on the coarse grid itself.
 
-All index triples are (i, j, k) of the source series; arrays are ``[k, j, i]``.
+All index triples are (i, j, k) of the source series; arrays are ``[k, j, i]``. The coarse grid counts each axis
+from its end lowest in LPS (:meth:`~pipeline.geometry.Geometry.descending_axes`), so that the voxels it samples, and
+the box the network sees, do not depend on the order in which the scanner stored the slices, rows and columns.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ class LungRegion:
     stride: tuple[int, int, int]
     source_spacing: tuple[float, float, float]  # (si, sj, sk) mm
     limit: np.ndarray | None = None
+    #: (i, j, k): source axes the coarse grid counts from their other end (they run towards decreasing LPS), with the
+    #: source grid's size (i, j, k), which those need
+    flips: tuple[bool, bool, bool] = (False, False, False)
+    size_ijk: tuple[int, int, int] | None = None
 
     @property
     def empty(self) -> bool:
@@ -61,9 +67,11 @@ class LungRegion:
         lo = kji.min(0)[::-1] * st
         hi = (kji.max(0)[::-1] + 1) * st
         grow = np.ceil(margin_mm / np.asarray(self.source_spacing)).astype(int)
+        size = np.asarray(size_ijk)
         lo = np.maximum(lo - grow, 0)
-        hi = np.minimum(hi + grow, np.asarray(size_ijk))
-        return lo, hi
+        hi = np.minimum(hi + grow, size)
+        flips = np.asarray(self.flips)
+        return np.where(flips, size - hi, lo), np.where(flips, size - lo, hi)  # counted from the source's own ends
 
     @property
     def _coarse_spacing_kji(self) -> np.ndarray:
@@ -79,10 +87,19 @@ class LungRegion:
         return None if self.limit is None else _Distance(self.limit, self._coarse_spacing_kji)
 
     def _lookup(self, dist: _Distance, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
-        ijk = np.atleast_2d(np.asarray(ijk, dtype=np.float64))
+        ijk = self._from_source(np.atleast_2d(np.asarray(ijk, dtype=np.float64)))
         idx = np.round(ijk[:, ::-1] / np.asarray(self.stride)).astype(int)
         idx = np.clip(idx, 0, np.asarray(self.mask.shape) - 1)
         return dist.at(idx) <= margin_mm
+
+    def _from_source(self, ijk: np.ndarray) -> np.ndarray:
+        """Source indices ``(n, 3)`` (i, j, k) counted as the coarse grid counts them (flipped axes from their end)."""
+        if not any(self.flips):
+            return ijk
+        if self.size_ijk is None:
+            raise ValueError("a lung region with flipped axes needs the source grid's size_ijk")
+        last = np.asarray(self.size_ijk, dtype=np.float64) - 1.0
+        return np.where(np.asarray(self.flips), last - ijk, ijk)
 
     def near(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
         """True for source indices ``(n, 3)`` within ``margin_mm`` of the searched lungs (``mask``)."""
@@ -98,10 +115,10 @@ class LungRegion:
     def limited_to(self, other: LungRegion) -> LungRegion:
         """This region searched as it is, its findings limited to ``other`` (within this mask; same coarse grid, as
         :func:`quick_lung_mask` and :func:`region_from_mask` give for one volume)."""
-        if self.mask.shape != other.mask.shape or self.stride != other.stride:
+        if self.mask.shape != other.mask.shape or self.stride != other.stride or self.flips != other.flips:
             raise ValueError(
                 f"lung regions on different coarse grids: {self.mask.shape} every {self.stride} voxels "
-                f"vs {other.mask.shape} every {other.stride}"
+                f"(axes counted from the end: {self.flips}) vs {other.mask.shape} every {other.stride} ({other.flips})"
             )
         return replace(self, limit=self.mask & other.mask)
 
@@ -135,6 +152,19 @@ class _Distance:
         return out
 
 
+def _ascending(volume: CTVolume, array: np.ndarray) -> tuple[np.ndarray, tuple[bool, bool, bool]]:
+    """``array`` ``[k, j, i]`` on ``volume``'s grid as a view whose axes run towards increasing LPS, and which source
+    axes (i, j, k) that view reverses: a coarse grid sampled or binned from it is the same set of positions whatever
+    the storage order."""
+    flips = volume.geometry.descending_axes()
+    axes = tuple(2 - c for c in range(3) if flips[c])
+    return (np.flip(array, axis=axes) if axes else array), flips
+
+
+def _region(mask: np.ndarray, stride: tuple[int, int, int], volume: CTVolume, flips: tuple[bool, bool, bool]) -> LungRegion:
+    return LungRegion(mask, stride, volume.spacing, flips=flips, size_ijk=volume.geometry.size_ijk)
+
+
 def _strides(spacing_ijk: tuple[float, float, float], step_mm: float) -> tuple[int, int, int]:
     si, sj, sk = spacing_ijk
     return (max(1, int(round(step_mm / sk))), max(1, int(round(step_mm / sj))), max(1, int(round(step_mm / si))))
@@ -161,11 +191,12 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     touching the image border whose median is above :data:`OUTSIDE_AIR_MAX_MEDIAN_HU` and that does not span the image
     from side to side), largest components, holes filled per slice, grown by one coarse voxel in each slice."""
     sk, sj, si = _strides(volume.spacing, step_mm)
-    arr = np.asarray(volume.array[::sk, ::sj, ::si], dtype=np.float32)
+    ascending, flips = _ascending(volume, np.asarray(volume.array))
+    arr = np.asarray(ascending[::sk, ::sj, ::si], dtype=np.float32)
     air = arr < LUNG_AIR_HU  # air-filled lung (and the air around the patient)
     labels, n = ndimage.label(air)
     if n == 0:
-        return LungRegion(np.zeros_like(air), (sk, sj, si), volume.spacing)
+        return _region(np.zeros_like(air), (sk, sj, si), volume, flips)
     # components touching the in-plane border are the air around the patient, unless they are lung parenchyma
     # cut by a small field of view: outside air has a median of about -1000 HU, aerated lung well above it
     border = np.unique(
@@ -187,7 +218,7 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     # mediastinum or chest wall would fall that much further out): grown by one coarse voxel in each slice
     mask = ndimage.binary_dilation(mask, structure=_IN_SLICE_CROSS)
     log.debug("quick lung mask: %d components kept, %.0f mL", len(keep), mask.sum() * voxel_ml)
-    return LungRegion(mask, (sk, sj, si), volume.spacing)
+    return _region(mask, (sk, sj, si), volume, flips)
 
 
 def _block_means(array: np.ndarray, step_kji: tuple[int, int, int]) -> np.ndarray:
@@ -196,7 +227,7 @@ def _block_means(array: np.ndarray, step_kji: tuple[int, int, int]) -> np.ndarra
     step-th voxel could skip it."""
     import torch
 
-    x = torch.tensor(np.asarray(array), dtype=torch.float32)[None, None]  # a copy: the array may be read-only
+    x = torch.tensor(np.ascontiguousarray(array), dtype=torch.float32)[None, None]  # a copy: read-only or flipped arrays
     return torch.nn.functional.avg_pool3d(x, step_kji, step_kji, ceil_mode=True)[0, 0].numpy()
 
 
@@ -214,13 +245,14 @@ def segmented_lung_region(volume: CTVolume, *, device: str | None = None, step_m
     from ..reconstruction.segment import segment_organs
 
     st = _strides(volume.spacing, step_mm)
-    coarse = CTVolume(_block_means(volume.array, st), volume.geometry.binned(st))
+    ascending, flips = _ascending(volume, np.asarray(volume.array))
+    coarse = CTVolume(_block_means(ascending, st), volume.geometry.flipped(flips).binned(st))
     seg = segment_organs(coarse, organs=("lung_left", "lung_right"), device=device, params=SegmentParams(cpu_threads=None))
     for organ, error in seg.errors.items():
         log.info("lung segmentation: %s: %s", organ, error)
     lungs = [seg.masks[o] for o in ("lung_left", "lung_right") if o in seg.masks]
     mask = np.logical_or.reduce(lungs) if lungs else np.zeros(coarse.shape, bool)
-    return LungRegion(np.asarray(mask, bool), st, volume.spacing)
+    return _region(np.asarray(mask, bool), st, volume, flips)
 
 
 def _lung_voxels(mask: np.ndarray | LabelMap) -> np.ndarray:
@@ -272,8 +304,9 @@ def region_from_mask(
             )
     full = np.logical_or.reduce(parts) if parts else np.zeros(volume.shape, bool)
     st = _strides(volume.spacing, step_mm)
-    pad = [(0, (-n) % s) for n, s in zip(full.shape, st)]
-    padded = np.pad(full, pad)
+    ascending, flips = _ascending(volume, full)
+    pad = [(0, (-n) % s) for n, s in zip(ascending.shape, st)]
+    padded = np.pad(ascending, pad)
     shp = [padded.shape[d] // st[d] for d in range(3)]
     coarse = np.asarray(padded.reshape(shp[0], st[0], shp[1], st[1], shp[2], st[2]).any(axis=(1, 3, 5)))
-    return LungRegion(coarse, st, volume.spacing)
+    return _region(coarse, st, volume, flips)
