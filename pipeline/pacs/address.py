@@ -343,7 +343,7 @@ def parse_source(text: str, *, base: Path | None = None, today: dt.date | None =
         )
     modality = q.get("modality", "CT").upper() or "CT"
     query = Query(dates, accessions, studies, series, modality, retrieve)
-    return PacsSource(endpoint, query, text=where)
+    return PacsSource(endpoint, query, text=redact(text))  # its accessions withheld as each record's rule says
 
 
 def listen_error(exc: OSError, bind: str, port: int, *, port_key: str, port_fix: str) -> PacsUnavailableError:

@@ -200,8 +200,8 @@ def render_mip(
     for n, start in enumerate(starts):
         a, b = max(0, int(start)), min(nz, int(start) + width)
         mip = view[a:b].max(axis=0)
-        fig, ax = _image_figure(mip.shape[1] * spacing[0], mip.shape[0] * spacing[1])
         h_mm, w_mm = mip.shape[0] * spacing[1], mip.shape[1] * spacing[0]
+        fig, ax = _image_figure(w_mm, h_mm)
         ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
         za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
         slices = source_slices(volume, a, b - 1)
