@@ -327,3 +327,31 @@ def test_a_day_with_runs_but_no_completed_case_counts_zero(tmp_path):
     assert tp["per_hour_utc"] == {"2027-01-15 08:00": 2, "2027-01-17 08:00": 0}  # r1 ended at 09:00:00
     daily = read_table(rep.out_dir / "throughput_daily.csv")
     assert [(r["day_utc"], r["cases"]) for r in daily.rows] == [("2027-01-15", "2"), ("2027-01-17", "0")]
+
+
+def test_the_gpu_plot_draws_no_line_across_the_idle_time_between_runs():
+    """Two runs of one GPU an hour apart: two lines of one colour and one legend entry, not a line joining them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from pipeline.runner.report import gpu_lines
+
+    samples = pd.DataFrame(
+        {
+            "run_id": ["r1"] * 5 + ["r2"] * 5,
+            "t": [T0 + i for i in range(5)] + [T0 + 3600 + i for i in range(5)],
+            "util_pct": [90.0] * 10,
+            "label": ["0"] * 10,
+        }
+    )
+    fig, ax = plt.subplots()
+    try:
+        gpu_lines(ax, samples)
+        assert [len(line.get_xdata()) for line in ax.get_lines()] == [5, 5]
+        assert len({line.get_color() for line in ax.get_lines()}) == 1
+        assert [text.get_text() for text in ax.legend().get_texts()] == ["GPU 0"]
+    finally:
+        plt.close(fig)

@@ -128,14 +128,25 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     gpu = t["gpu"]
     if len(gpu):
         fig, ax = plt.subplots(figsize=(8, 3))
-        for g, d in gpu.groupby("label", sort=True):
-            ax.plot(pd.to_datetime(d.t, unit="s", utc=True), d.util_pct, label=f"GPU {g}")
+        gpu_lines(ax, gpu)
         ax.set_ylabel("utilisation %")
         ax.set_title("GPU utilisation (NVML)")
         ax.legend(fontsize=8)
         fig.autofmt_xdate()
         out["gpu"] = _png(fig)
     return out
+
+
+def gpu_lines(ax: Any, gpu: Any) -> None:
+    """Draw each GPU's utilisation (``gpu``: the samples, with ``label``, ``run_id``, ``t`` in Unix s and
+    ``util_pct``) on ``ax``: one line per run in the GPU's colour, so that no line crosses the idle time between two
+    runs as if the GPU had been busy; one legend entry per GPU."""
+    import pandas as pd
+
+    for n, (g, d) in enumerate(gpu.groupby("label", sort=True)):
+        for m, (_, r) in enumerate(d.sort_values("t").groupby("run_id", sort=False)):
+            when = pd.to_datetime(r.t, unit="s", utc=True)
+            ax.plot(when, r.util_pct, color=f"C{n % 10}", label=f"GPU {g}" if m == 0 else None)
 
 
 #: Columns of ``runs.csv``: the rows of ``summary["runs_table"]`` (see :func:`.report_summary.summarize`).
