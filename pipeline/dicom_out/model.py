@@ -155,32 +155,31 @@ def _nodule_mask(result: Any, geometry: Geometry) -> NoduleMask | None:
     return NoduleMask(mask, (k0, j0, i0))
 
 
-def _cell_corners(nm: NoduleMask, geometry: Geometry) -> np.ndarray:
-    """The corners (LPS mm, ``[n, 3]``) of the mask's boundary voxel cells: their hull is the hull of all its cells."""
+def _cell_corners(nm: NoduleMask, geometry: Geometry) -> np.ndarray | None:
+    """The corners (LPS mm, ``[n, 3]``) of the mask's boundary voxel cells, whose hull is the hull of all its cells;
+    None for an empty mask. Computed once per nodule for its long axis and its SR ellipsoid."""
     from scipy import ndimage
 
+    if not nm.mask.any():
+        return None
     boundary = nm.mask & ~ndimage.binary_erosion(nm.mask)
     kji = np.argwhere(boundary) + np.asarray(nm.offset_kji)
     corners = (kji[:, None, ::-1] + (np.indices((2, 2, 2)).reshape(3, -1).T - 0.5)[None]).reshape(-1, 3)
     return np.asarray(geometry.index_to_lps(corners), dtype=np.float64)
 
 
-def _half_axes_around(nm: NoduleMask, geometry: Geometry, center: np.ndarray) -> np.ndarray | None:
-    """Half axes (mm, along LPS x, y, z) of the box centred on ``center`` (LPS mm) that holds every voxel cell of
-    the mask: the SR's ellipsoid drawn around a segmented nodule, not around the detector's box."""
-    if not nm.mask.any():
-        return None
-    pts = _cell_corners(nm, geometry)
-    return np.maximum(pts.max(axis=0) - center, center - pts.min(axis=0))
+def _half_axes_around(corners: np.ndarray, center: np.ndarray) -> np.ndarray:
+    """Half axes (mm, along LPS x, y, z) of the box centred on ``center`` (LPS mm) that holds every voxel cell
+    (``corners``: :func:`_cell_corners`): the SR's ellipsoid drawn around a segmented nodule, not the detector's box."""
+    return np.maximum(corners.max(axis=0) - center, center - corners.min(axis=0))
 
 
-def _long_axis(nm: NoduleMask, geometry: Geometry) -> float | None:
-    """Longest distance (mm) between two corners of the mask's voxel cells (convex hull, LPS)."""
+def _long_axis(corners: np.ndarray) -> float:
+    """Longest distance (mm) between two corners of a mask's voxel cells (``corners``: :func:`_cell_corners`; convex
+    hull, LPS)."""
     from scipy.spatial import ConvexHull, QhullError
 
-    if not nm.mask.any():
-        return None
-    pts = _cell_corners(nm, geometry)
+    pts = corners
     try:
         pts = pts[ConvexHull(pts).vertices]
     except QhullError:
@@ -273,10 +272,11 @@ def reported_findings(
         is_measured = bool(np.isfinite(seg_diameter) and seg_diameter > 0)
         if is_measured:
             diameter = seg_diameter  # the segmentation's, consistent with the volume and the long axis
-        long_axis = _long_axis(nm, geometry) if nm is not None else None
-        is_measured = is_measured and long_axis is not None
-        if is_measured and nm is not None:  # the ellipsoid around the segmented nodule, as its measurements
-            half = _half_axes_around(nm, geometry, center)
+        corners = _cell_corners(nm, geometry) if nm is not None else None
+        long_axis = _long_axis(corners) if corners is not None else None
+        is_measured = is_measured and corners is not None
+        if is_measured and corners is not None:  # the ellipsoid around the segmented nodule, as its measurements
+            half = _half_axes_around(corners, center)
         if long_axis is None:
             long_axis = float(2 * half.max())
         detail = details.get(n, NoduleDetail())
