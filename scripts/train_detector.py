@@ -289,7 +289,14 @@ def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, 
 
 
 def evaluate_heldout(
-    model_json: Path, seeds: list[int], out: Path, *, weights: Path | None = None, refine: bool = False, amp: bool = True
+    model_json: Path,
+    seeds: list[int],
+    out: Path,
+    *,
+    weights: Path | None = None,
+    refine: bool = False,
+    amp: bool = True,
+    protocol: dict | None = None,
 ) -> int:
     """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC tables.
 
@@ -298,7 +305,8 @@ def evaluate_heldout(
     or compact-blob rescoring), written as ``network/*.findings.json`` / ``froc.*`` and
     ``pipeline/*.findings.json`` / ``froc_pipeline.*``, ground truth in ``phantom_NNN/``
     (``ctpipe evaluate --pred OUT/pipeline --truth OUT``). ``refine``: also centres refined without
-    re-scoring (``froc_refined.*``).
+    re-scoring (``froc_refined.*``). ``protocol``: the phantoms' ``matrix``, ``pixel_spacing`` and
+    ``slice_spacing`` (mm; default :data:`EVAL_PHANTOM`).
     """
     from pipeline.detection.bundle import LoadedModel, load_model, load_weights
     from pipeline.detection.evaluate import at_score_threshold, froc_of_matched, match_predictions, size_band_text
@@ -323,7 +331,7 @@ def evaluate_heldout(
     preds, pipeline, refined, truth = {}, {}, {}, {}
     kinds: dict[str, list[tuple[np.ndarray, str, str]]] = {}  # each nodule's centre (LPS mm), kind, attachment
     for seed in seeds:
-        ph = heldout_phantom(seed)
+        ph = heldout_phantom(seed, protocol=protocol)
         case = out / f"phantom_{seed:03d}"
         ph.save_ground_truth(case)
         region = quick_lung_mask(ph.volume)
@@ -402,12 +410,14 @@ def _print_by_size(result, kinds: dict[str, list[tuple[np.ndarray, str, str]]]) 
 EVAL_PHANTOM = {"matrix": 256, "pixel_spacing": 1.2, "slice_spacing": 2.0}
 
 
-def heldout_phantom(seed: int):  # -> pipeline.phantom.Phantom
-    """A held-out evaluation phantom (seeds 1..999 only): :data:`EVAL_PHANTOM`'s protocol with the realistic
-    confounders of :func:`phantom_confounders` and 0-6 nodules (``n_nodules=None``), head first supine."""
+def heldout_phantom(seed: int, *, protocol: dict | None = None):  # -> pipeline.phantom.Phantom
+    """A held-out evaluation phantom (seeds 1..999 only): :data:`EVAL_PHANTOM`'s protocol (or ``protocol``: matrix,
+    pixel_spacing and slice_spacing in mm) with the realistic confounders of :func:`phantom_confounders` and 0-6
+    nodules (``n_nodules=None``), head first supine. The nodules are placed on the protocol's grid, so another
+    protocol of the same seed holds other nodules."""
     from pipeline.phantom import generate_phantom
 
-    return generate_phantom(seed, confounders=phantom_confounders(seed), **EVAL_PHANTOM)
+    return generate_phantom(seed, confounders=phantom_confounders(seed), **(protocol or EVAL_PHANTOM))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,6 +461,15 @@ def main(argv: list[str] | None = None) -> int:
         "--eval-fp32", action="store_true", help="evaluate with the network in float32 (default: the detector's default)"
     )
     ap.add_argument(
+        "--eval-protocol",
+        nargs=3,
+        type=float,
+        metavar=("MATRIX", "PIXEL_MM", "SLICE_MM"),
+        default=None,
+        help="held-out phantoms' matrix, pixel spacing and slice spacing (default: "
+        f"{EVAL_PHANTOM['matrix']} {EVAL_PHANTOM['pixel_spacing']} {EVAL_PHANTOM['slice_spacing']})",
+    )
+    ap.add_argument(
         "--eval-refine",
         action="store_true",
         help="also evaluate with finding centres refined on the original HU volume (pipeline.detection.refine)",
@@ -478,8 +497,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.eval_checkpoint:
             ckpt_w = args.work / "ckpt_weights.pt"
             torch.save(torch.load(args.work / "last.pt", map_location="cpu", weights_only=False)["model"], ckpt_w)
+        protocol = None
+        if args.eval_protocol is not None:
+            matrix, pixel_mm, slice_mm = args.eval_protocol
+            if matrix != int(matrix) or not 64 <= matrix <= 1024 or not 0.3 <= pixel_mm <= 2.0 or not 0.5 <= slice_mm <= 10:
+                ap.error(
+                    f"--eval-protocol {matrix:g} {pixel_mm:g} {slice_mm:g}: give a whole matrix 64..1024, "
+                    "pixels of 0.3..2 mm and slices of 0.5..10 mm"
+                )
+            protocol = {"matrix": int(matrix), "pixel_spacing": pixel_mm, "slice_spacing": slice_mm}
         return evaluate_heldout(
-            args.out, eval_seeds, args.work / "eval", weights=ckpt_w, refine=args.eval_refine, amp=not args.eval_fp32
+            args.out,
+            eval_seeds,
+            args.work / "eval",
+            weights=ckpt_w,
+            refine=args.eval_refine,
+            amp=not args.eval_fp32,
+            protocol=protocol,
         )
     seeds = list(range(args.seed0, args.seed0 + args.n_train))
     t_cache = time.time()
