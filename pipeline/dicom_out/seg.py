@@ -42,6 +42,7 @@ from .seg_encode import (
     text,
     write_seg_file,
 )
+from .source_headers import limit_to_filing
 from .sources import SourceSeries, check_source
 from .uids import stable_uid
 
@@ -217,6 +218,7 @@ def _header(
     series = sequence(0x0008114A, refs) + element(0x0020000E, "UI", text(source.series_instance_uid, uid=True))
     ds[0x00081115] = raw_sequence(0x00081115, [series])  # ReferencedSeriesSequence
     ds[0x00082112] = raw_sequence(0x00082112, refs)  # SourceImageSequence
+    limit_to_filing(ds)
     return ds
 
 

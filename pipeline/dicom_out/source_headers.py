@@ -4,7 +4,8 @@
 patient and study attributes (:data:`TYPE2_KEYWORDS`) empty, names the default character repertoire where a header
 leaves it implicit, and empties (or, where optional, removes) the patient and study values the results cannot
 repeat (:func:`valid_value`), naming the attribute, never the value. :func:`clear_attributes` empties or removes
-attributes by keyword (e.g. the patient identifiers).
+attributes by keyword (e.g. the patient identifiers). :func:`limit_to_filing` takes out of a result what it would
+repeat of its source beyond what files it with the patient's study (:data:`PATIENT_STUDY_KEYWORDS`).
 """
 
 from __future__ import annotations
@@ -19,16 +20,16 @@ from .uids import stable_uid
 
 log = logging.getLogger(__name__)
 
-#: patient, general study and patient study attributes copied from the source into the results
+#: the source's patient and study attributes the results repeat: what a PACS files a result with the patient's study
+#: by (the Patient and General Study modules' type 1 and 2 attributes), the issuers that qualify those identifiers, and
+#: a de-identified source's statement that it is; nothing else of the patient, the visit or the study
 PATIENT_STUDY_KEYWORDS = (
     "PatientName",
     "PatientID",
     "IssuerOfPatientID",
+    "IssuerOfPatientIDQualifiersSequence",
     "PatientBirthDate",
-    "PatientBirthTime",
     "PatientSex",
-    "OtherPatientIDsSequence",
-    "PatientComments",
     "PatientIdentityRemoved",
     "DeidentificationMethod",
     "DeidentificationMethodCodeSequence",
@@ -39,10 +40,46 @@ PATIENT_STUDY_KEYWORDS = (
     "StudyID",
     "AccessionNumber",
     "IssuerOfAccessionNumberSequence",
+)
+#: element groups of patient, clinical trial, visit and request attributes: a result holds none of them beyond
+#: :data:`PATIENT_STUDY_KEYWORDS`
+PATIENT_GROUPS = (0x0010, 0x0012, 0x0032, 0x0038)
+#: study and staff attributes of other groups that a result never repeats from its source (they say more of the patient
+#: or name people, and filing needs none of them)
+NOT_REPEATED = (
     "StudyDescription",
-    "PatientAge",
-    "PatientSize",
-    "PatientWeight",
+    "ProcedureCodeSequence",
+    "ReasonForPerformedProcedureCodeSequence",
+    "ReferencedStudySequence",
+    "ReferencedPatientSequence",
+    "ReferringPhysicianAddress",
+    "ReferringPhysicianTelephoneNumbers",
+    "ReferringPhysicianIdentificationSequence",
+    "ConsultingPhysicianName",
+    "ConsultingPhysicianIdentificationSequence",
+    "PhysiciansOfRecord",
+    "PhysiciansOfRecordIdentificationSequence",
+    "NameOfPhysiciansReadingStudy",
+    "PhysiciansReadingStudyIdentificationSequence",
+    "AdmittingDiagnosesDescription",
+    "AdmittingDiagnosesCodeSequence",
+    "PerformingPhysicianName",
+    "PerformingPhysicianIdentificationSequence",
+    "OperatorsName",
+    "OperatorIdentificationSequence",
+    "RequestAttributesSequence",
+)
+#: the site and the device of the source's acquisition: a result names its source's equipment (Contributing Equipment)
+#: by manufacturer, model and software versions only
+EQUIPMENT_SITE = (
+    "InstitutionName",
+    "InstitutionAddress",
+    "InstitutionCodeSequence",
+    "InstitutionalDepartmentName",
+    "InstitutionalDepartmentTypeCodeSequence",
+    "StationName",
+    "DeviceSerialNumber",
+    "DeviceUID",
 )
 #: type 2 attributes (present, possibly empty) that the results need from the source
 TYPE2_KEYWORDS = (
@@ -122,6 +159,27 @@ def clear_attributes(datasets: Iterable[Any], keywords: Iterable[str]) -> None:
                 setattr(ds, kw, "")
             elif kw in ds:
                 delattr(ds, kw)
+
+
+def limit_to_filing(dataset: Any) -> list[str]:
+    """Remove from a result ``dataset`` what it repeats of its source beyond what files it with the patient's study:
+    the patient, clinical trial, visit and request attributes outside :data:`PATIENT_STUDY_KEYWORDS` and those of
+    :data:`NOT_REPEATED`, at its top level and in its Contributing Equipment items, and the site of the source's
+    acquisition equipment (:data:`EQUIPMENT_SITE`) from those items (the result's own equipment, at its top level,
+    stays). Returns the keywords removed."""
+    keep = set(PATIENT_STUDY_KEYWORDS)
+    top = set(NOT_REPEATED)
+    contributing = top | set(EQUIPMENT_SITE)
+    parts = [(dataset, top)] + [(item, contributing) for item in dataset.get("ContributingEquipmentSequence", [])]
+    removed: list[str] = []
+    for ds, drop in parts:
+        for element in list(ds):
+            keyword = element.keyword or str(element.tag)
+            in_patient_group = element.tag.group in PATIENT_GROUPS and keyword not in keep
+            if in_patient_group or keyword in drop:
+                del ds[element.tag]
+                removed.append(keyword)
+    return removed
 
 
 def valid_value(element: Any) -> bool:

@@ -38,6 +38,7 @@ from ..atomic import atomic_open
 from ..errors import DicomOutputError
 from . import codes as C
 from .model import ReportedFinding
+from .source_headers import limit_to_filing
 from .sources import SourceSeries
 from .uids import stable_uid
 
@@ -279,6 +280,7 @@ def build_sr(
             is_final=False,
             is_verified=False,
         )
+    limit_to_filing(sr)  # highdicom copies the source's whole patient and study modules and its equipment's site
     sr.SeriesDescription = SR_SERIES_DESCRIPTION
     if created is not None:
         from pydicom.valuerep import DA, DT, TM
