@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,18 +66,41 @@ def _findings(ctx: CaseContext) -> Any:
     return Findings.from_json(doc)
 
 
-def _uid_seed(ctx: CaseContext, measurements: Any) -> str:
-    """A digest of what the case's results are made of: its series and files (the case key), findings, quality,
-    measurements and the options that shape them. The results' UIDs derive from it."""
+def _uid_seed(
+    ctx: CaseContext,
+    measurements: Any,
+    masks: Mapping[str, np.ndarray] | None = None,
+    nodules: Sequence[Any] | None = None,
+) -> str:
+    """A digest of what the case's results are made of: its series and files (the case key), findings, quality, the
+    measurements the SR reports (lungs, nodules), the masks the SEG holds and the options that shape them
+    (``outputs``). The results' UIDs derive from it; options that leave the results as they are (meshes, renderings,
+    PNGs, ``privacy``) do not change them, so the same case processed again gives an archive the same series."""
     cfg = ctx.config.to_dict()
     parts = {
         "case": ctx.case.case_key,
         "findings": ctx.state.get("findings_doc"),
         "quality": ctx.state.get("quality"),
-        "measurements": measurements,
-        "options": {k: cfg[k] for k in ("detector", "reconstruct", "outputs", "privacy")},
+        "measurements": {k: (measurements or {}).get(k) for k in ("lungs", "nodules")},
+        "options": cfg["outputs"],
+        "masks": _masks_digest(masks or {}, nodules or ()),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _masks_digest(masks: Mapping[str, np.ndarray], nodules: Sequence[Any]) -> str:
+    """SHA-256 of the organ masks (by name) and the nodule masks (with their place on the volume's grid, LPS mm)."""
+    digest = hashlib.sha256()
+    for name in sorted(masks):
+        mask = np.asarray(masks[name], dtype=bool)
+        digest.update(f"{name}:{mask.shape}".encode())
+        digest.update(np.packbits(mask).tobytes())
+    for result in nodules:
+        mask = np.asarray(result.mask, dtype=bool)
+        origin = getattr(result.geometry, "origin", None)
+        digest.update(f"nodule {result.index}:{mask.shape}:{None if origin is None else list(origin)}".encode())
+        digest.update(np.packbits(mask).tobytes())
+    return digest.hexdigest()
 
 
 def _check_unchanged(ctx: CaseContext) -> None:
@@ -149,7 +173,7 @@ class DicomStage(Stage):
             names={o: Path(f).name for o, f in FILES.items()},
             omit_empty_frames=ctx.config.outputs.seg_omit_empty_frames,
             keep_identifiers=True,  # DICOM results belong with their study: Patient and Study copied from the source
-            uid_seed=_uid_seed(ctx, measurements),
+            uid_seed=_uid_seed(ctx, measurements, masks, nodules),
             created=source.acquired(),
         )
         declared = [FILES[o] for o in paths]

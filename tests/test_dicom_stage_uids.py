@@ -1,0 +1,58 @@
+"""The UIDs of a case's DICOM results in ``ctpipe run``: derived from what the results hold, not from options that
+leave them unchanged, so that a case processed again sends an archive the same series, never a second one."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from pipeline.config import load_config
+from pipeline.runner.dicom_stage import _uid_seed
+
+FINDINGS = {"findings": [{"center_lps": [-86.46, 82.39, -9.07], "score": 0.99}], "score_threshold": 0.4}
+MEASUREMENTS = {
+    "lungs": {"lung_left_volume_ml": 2423.3, "lung_right_volume_ml": 2986.0},
+    "nodules": [{"index": 0, "volume_mm3": 7345.2}],
+    "organs": {"body": {"voxels": 14283291, "mesh_volume_ml": 27242.6294}},
+    "files": {"mesh": ["case_body.stl"]},
+}
+
+
+def _ctx(overrides: dict[str, Any], findings: dict[str, Any] = FINDINGS) -> Any:
+    return SimpleNamespace(
+        config=load_config(overrides=overrides, environ={}),
+        case=SimpleNamespace(case_key="1.2.3:abc", case_id="1.2.3"),
+        state={"findings_doc": findings, "quality": {"lung_coverage": "complete", "flags": []}},
+    )
+
+
+def test_options_that_leave_the_results_unchanged_keep_their_uids() -> None:
+    seed = _uid_seed(_ctx({}), MEASUREMENTS)
+    unchanged: list[dict[str, Any]] = [
+        {"reconstruct.mesh_formats": "stl,glb"},
+        {"reconstruct.renderings": False},
+        {"privacy.keep_identifiers": True},
+        {"detector.write_png": False},
+    ]
+    for overrides in unchanged:
+        meshes = {**MEASUREMENTS, "files": {"mesh": ["case_body.stl", "case_body.glb"]}}
+        assert _uid_seed(_ctx(overrides), meshes) == seed, overrides
+    other_findings = {**FINDINGS, "findings": [{"center_lps": [-86.46, 82.39, -9.07], "score": 0.98}]}
+    assert _uid_seed(_ctx({}, other_findings), MEASUREMENTS) != seed
+    assert _uid_seed(_ctx({}), {**MEASUREMENTS, "lungs": {"lung_left_volume_ml": 2400.0}}) != seed
+    assert _uid_seed(_ctx({"outputs.seg_omit_empty_frames": True}), MEASUREMENTS) != seed
+
+
+def test_the_masks_of_the_seg_are_part_of_the_uids() -> None:
+    lungs = np.zeros((4, 8, 8), dtype=bool)
+    lungs[1:3, 2:6, 2:6] = True
+    nodule = SimpleNamespace(index=0, mask=lungs[1:3, 2:4, 2:4], geometry=SimpleNamespace(origin=(0.0, 0.0, 0.0)))
+    seed = _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": lungs}, [nodule])
+    assert _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": lungs.copy()}, [nodule]) == seed
+    grown = lungs.copy()
+    grown[0, 2, 2] = True
+    assert _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": grown}, [nodule]) != seed
+    moved = SimpleNamespace(index=0, mask=nodule.mask, geometry=SimpleNamespace(origin=(2.0, 0.0, 0.0)))
+    assert _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": lungs}, [moved]) != seed
