@@ -212,7 +212,9 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
         log.warning("%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM SR written", args.src)
         return 0
     try:
-        paths = write_case_dicom(args.out, source=source, volume=volume, findings=findings, outputs=outputs, stem=case_id)
+        paths = write_case_dicom(
+            args.out, source=source, volume=volume, findings=findings, outputs=outputs, stem=case_id, stable_uids=True
+        )
     except (DicomOutputError, OSError) as exc:
         print(
             f"ctpipe detect: error: the DICOM SR was not written ({exc}); the findings JSON, CSV and PNGs are "

@@ -7,6 +7,8 @@ volume's grid. Files appear atomically (:mod:`pipeline.atomic`).
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
 import logging
 import os
 import re
@@ -20,7 +22,7 @@ from .. import __version__
 from ..errors import DicomOutputError
 from ..volume import CTVolume, LabelMap
 from .kinds import OUTPUTS
-from .model import NoduleDetail, ReportedFinding, reported_findings
+from .model import NoduleDetail, ReportedFinding, as_bool_mask, reported_findings
 from .seg import write_seg_object
 from .sources import SourceSeries, check_source, read_source_series
 from .sr import build_sr, save
@@ -197,6 +199,7 @@ def write_dicom_outputs(
     keep_identifiers: bool = True,
     uid_seed: str | None = None,
     created: datetime.datetime | None = None,
+    stable_uids: bool = False,
 ) -> dict[str, Path]:
     """Write the requested DICOM results of one case into ``out_dir``: ``{"sr": <stem>_sr.dcm, "seg": <stem>_seg.dcm}``.
 
@@ -213,6 +216,9 @@ def write_dicom_outputs(
     uid_seed: derive the series and instance UIDs from this text (and ctpipe's version) instead of making new ones;
     with ``created`` (creation and content date and time, default now) the files are then the same bytes whenever
     the same results are written again, and an archive keeps one copy of each.
+    stable_uids: without ``uid_seed``, derive it from what the results hold (:func:`content_seed`: the source images
+    and their patient and study, the reported findings, masks, measurements, quality, model and options), with
+    ``created`` defaulting to the source series' date and time: the same results written again are the same files.
     Raises :class:`~pipeline.errors.DicomOutputError` (:class:`~pipeline.errors.SourceMismatchError` for the source).
     """
     unknown = [o for o in outputs if o not in OUTPUTS]
@@ -235,6 +241,22 @@ def write_dicom_outputs(
         nodules = measurements.get("nodules")
     threshold = _threshold(score_threshold)
     reported = _reported(findings, volume, src, threshold, nodules, masks, details)
+    if stable_uids and uid_seed is None:
+        uid_seed = content_seed(
+            src,
+            reported,
+            {name: as_bool_mask(m, volume.geometry, name) for name, m in masks.items()},
+            measurements=measurements,
+            quality=quality,
+            options={
+                "outputs": sorted(outputs),
+                "model": [model_name, model_version],
+                "score_threshold": threshold,
+                "nodules_assessed": findings is not None,
+                "omit_empty_frames": omit_empty_frames,
+            },
+        )
+        created = created or src.acquired()
     written: dict[str, Path] = {}
     if "sr" in outputs:
         written["sr"] = _write_sr(
@@ -267,6 +289,40 @@ def write_dicom_outputs(
                 sop_instance_uid=_uids("seg", uid_seed)[1],
             )
     return written
+
+
+def content_seed(
+    source: SourceSeries,
+    reported: Sequence[ReportedFinding],
+    masks: Mapping[str, np.ndarray],
+    *,
+    measurements: Mapping[str, Any] | None,
+    quality: Any,
+    options: Mapping[str, Any],
+) -> str:
+    """A SHA-256 digest of what a case's results are made of: the source images (SOP Instance UIDs) and the patient
+    and study attributes copied from them, the reported findings (LPS mm) with their nodule masks, the organ masks
+    (``[k, j, i]`` on the volume's grid), the measurements the SR reports (lungs, nodules), the quality report and
+    ``options``. Equal for equal results, whatever the time or the run."""
+    digest = hashlib.sha256()
+    quality_doc = quality.to_json() if hasattr(quality, "to_json") else quality
+    parts = {
+        "source": [source.series_instance_uid, list(source.sop_instance_uids), list(source.frame_numbers or ())],
+        "patient_study": {k: str(v) for k, v in source.patient_study().items()},
+        "findings": [{k: v for k, v in vars(f).items() if k != "mask"} for f in reported],
+        "measurements": {k: (measurements or {}).get(k) for k in ("lungs", "nodules")},
+        "quality": quality_doc,
+        "options": dict(options),
+    }
+    digest.update(json.dumps(parts, sort_keys=True, default=str).encode())
+    for f in reported:
+        if f.mask is not None:
+            digest.update(f"nodule {f.rank}:{f.mask.mask.shape}:{list(f.mask.offset_kji)}".encode())
+            digest.update(np.packbits(f.mask.mask).tobytes())
+    for name in sorted(masks):
+        digest.update(f"{name}:{masks[name].shape}".encode())
+        digest.update(np.packbits(masks[name]).tobytes())
+    return digest.hexdigest()
 
 
 def _uids(kind: str, seed: str | None) -> tuple[str | None, str | None]:

@@ -72,6 +72,7 @@ def write_case_dicom(
     keep_identifiers: bool = True,
     uid_seed: str | None = None,
     created: datetime.datetime | None = None,
+    stable_uids: bool = False,
 ) -> dict[str, Path]:
     """Write the ``outputs`` (``"sr"``, ``"seg"``) of one case into ``out_dir``; returns output → path.
 
@@ -103,4 +104,5 @@ def write_case_dicom(
         keep_identifiers=keep_identifiers,
         uid_seed=uid_seed,
         created=created,
+        stable_uids=stable_uids,
     )

@@ -173,6 +173,7 @@ def _write_dicom(args: argparse.Namespace, volume: Any, rec: Any, findings: Any,
             reconstruction=rec,
             nodules=rec.nodules,
             stem=stem,
+            stable_uids=True,
         )
     except (DicomOutputError, OSError) as exc:
         print(

@@ -1,0 +1,54 @@
+"""DICOM results written again from the same results are the same series and instances (an archive keeps one copy);
+results that differ get UIDs of their own. LPS mm throughout."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pydicom
+
+from pipeline.detection.findings import Findings
+from pipeline.dicom_out import write_dicom_outputs
+from tests.test_dicom_out_sources import phantom_case
+
+MODEL = dict(model_name="demo_phantom_retinanet", model_version="1", score_threshold=0.5)
+
+
+def _uids(path: Path) -> tuple[str, str]:
+    ds = pydicom.dcmread(path, stop_before_pixels=True)
+    return str(ds.SeriesInstanceUID), str(ds.SOPInstanceUID)
+
+
+def test_the_same_results_give_the_same_files_and_other_results_other_uids(tmp_path: Path) -> None:
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    masks = {"lung_left": case.phantom.masks["lung_left"], "body": case.phantom.masks["body"]}
+    options = dict(
+        source=case.source, volume=case.volume, findings=case.findings, nodules=case.nodules, stable_uids=True, **MODEL
+    )
+    a = write_dicom_outputs(tmp_path / "a", organ_masks=masks, **options)
+    b = write_dicom_outputs(tmp_path / "b", organ_masks={k: v.copy() for k, v in masks.items()}, **options)
+    assert sorted(a) == ["seg", "sr"]
+    for kind in a:
+        assert a[kind].read_bytes() == b[kind].read_bytes(), kind
+        assert pydicom.dcmread(a[kind]).ContentDate == case.source.acquired().strftime("%Y%m%d"), kind
+    grown = {**masks, "body": masks["body"] | np.roll(masks["body"], 1, axis=2)}
+    c = write_dicom_outputs(tmp_path / "c", organ_masks=grown, **options)
+    assert _uids(c["seg"])[0] != _uids(a["seg"])[0]
+    fewer = write_dicom_outputs(tmp_path / "d", **{**options, "findings": case.findings[1:]}, organ_masks=masks)
+    assert _uids(fewer["sr"])[0] != _uids(a["sr"])[0]
+
+
+def test_ctpipe_detect_twice_writes_the_same_sr(tmp_path: Path) -> None:
+    from pipeline.detection.cli import _write_dicom
+
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    findings = Findings(case.findings, case_id="c", series_uid=case.volume.series_uid, model="demo", score_threshold=0.5)
+    written: list[Path] = []
+    for out in ("a", "b"):
+        findings.timings_ms = {"detect": 100.0 + len(written)}  # each call takes its own time
+        args = argparse.Namespace(dicom=["sr"], src=str(case.dicom), out=tmp_path / out)
+        assert _write_dicom(args, case.volume, findings, "c") == 0
+        written.append(tmp_path / out / "c_sr.dcm")
+    assert written[0].read_bytes() == written[1].read_bytes()
