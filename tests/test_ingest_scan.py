@@ -202,6 +202,46 @@ def test_raw_header_matches_pydicom(tmp_path):
             assert np.array_equal(np.frombuffer(ds.PixelData, "<i2"), ds.pixel_array.ravel())
 
 
+@pytest.mark.parametrize(
+    ("charset", "description", "name"),
+    [
+        ("ISO_IR 192", "Thorax nativ ÄÖÜ 肺", "Müller^Jürgen"),
+        ("ISO_IR 100", "Thorax nativ ÄÖÜ", "Müller^Jürgen"),
+        ("ISO_IR 144", "Грудная клетка", "Иванов^Иван"),
+        ("GB18030", "胸部 CT", "王^小明"),
+        ("\\ISO 2022 IR 87", "胸部", "Yamada^Tarou=山田^太郎"),
+    ],
+)
+def test_text_follows_the_specific_character_set(tmp_path, charset, description, name):
+    """SeriesDescription and PatientName read as pydicom decodes them, in the file's SpecificCharacterSet."""
+
+    def tweak(k, ds):
+        ds.SpecificCharacterSet = charset.split("\\") if "\\" in charset else charset
+        ds.SeriesDescription = description
+        ds.PatientName = name
+
+    paths = write_series(tmp_path, n=10, tweak=tweak)
+    h = read_header(paths[0])
+    ds = pydicom.dcmread(paths[0])
+    assert h.series_description == ds.SeriesDescription == description
+    assert h.extra_value("PatientName") == str(ds.PatientName) == name
+    vol = load_series(tmp_path)
+    assert vol.metadata["SeriesDescription"] == description
+
+
+def test_text_the_character_set_cannot_decode_is_kept_byte_for_byte(tmp_path):
+    """A Latin-1 byte in a file that declares UTF-8 is kept as Latin-1, not replaced or refused."""
+
+    def tweak(k, ds):
+        ds.SpecificCharacterSet = "ISO_IR 192"
+        ds.SeriesDescription = "Thorax X"
+
+    paths = write_series(tmp_path, n=2, tweak=tweak)
+    for p in paths:
+        p.write_bytes(p.read_bytes().replace(b"Thorax X", b"Thorax \xc4"))
+    assert read_header(paths[0]).series_description == "Thorax Ä"
+
+
 def test_corrupt_headers_never_stop_a_scan(tmp_path):
     """Random byte damage in headers gives a skipped file or a header, never an unexpected exception."""
     from pipeline.errors import CtpipeError

@@ -29,7 +29,16 @@ from ._pydicom import PYDICOM_ERRORS
 from .headers import CT_SOPS, ENHANCED_CT_SOP, LEGACY_ENHANCED_CT_SOP, SliceHeader
 from .image import image_suffix
 from .multiframe import read_frames
-from .rawheader import DICOMDIR_SOP, WANTED, RawHeader, RawHeaderError, RawHeaderUnsupported, read_raw_header
+from .rawheader import (
+    CHARSET_TEXT_KEYS,
+    DICOMDIR_SOP,
+    WANTED,
+    RawHeader,
+    RawHeaderError,
+    RawHeaderUnsupported,
+    decode_text,
+    read_raw_header,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +122,12 @@ def _rescale(text: object, default: float) -> float:
 
 
 def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False) -> SliceHeader:
-    """Build a :class:`SliceHeader` from the raw values of one file."""
+    """Build a :class:`SliceHeader` from the raw values of one file (text decoded with its SpecificCharacterSet)."""
     v = raw.values
+    if not use_pydicom:  # pydicom decodes the text itself; the raw parser reads it byte for byte
+        charset = v.get("SpecificCharacterSet")
+        charset = charset if isinstance(charset, str) else None
+        v = {k: decode_text(val, charset) if k in CHARSET_TEXT_KEYS and isinstance(val, str) else val for k, val in v.items()}
 
     def s(key: str) -> str:
         val = v.get(key)

@@ -33,6 +33,7 @@ _CHUNK = 8192
 WANTED: dict[int, tuple[str, str]] = {
     0x00020002: ("MediaStorageSOPClassUID", "str"),
     0x00020010: ("TransferSyntaxUID", "str"),
+    0x00080005: ("SpecificCharacterSet", "str"),
     0x00080008: ("ImageType", "str"),
     0x00080016: ("SOPClassUID", "str"),
     0x00080018: ("SOPInstanceUID", "str"),
@@ -122,6 +123,53 @@ def _decode(raw: bytes, kind: str) -> object:
         return struct.unpack_from("<H", raw)[0] if len(raw) >= 2 else None
     text = raw.decode("latin-1").strip("\x00 ")
     return text
+
+
+#: The values among :data:`WANTED` whose text follows SpecificCharacterSet (VRs SH, LO, PN); the others are ASCII.
+CHARSET_TEXT_KEYS = frozenset(
+    {"SeriesDescription", "PatientName", "PatientID", "Manufacturer", "AccessionNumber", "ConvolutionKernel"}
+)
+# single-byte and UTF-8 character sets (SpecificCharacterSet with one value) -> Python codec
+_CODECS = {
+    "ISO_IR 6": "ascii",
+    "ISO_IR 100": "latin-1",
+    "ISO_IR 101": "iso8859-2",
+    "ISO_IR 109": "iso8859-3",
+    "ISO_IR 110": "iso8859-4",
+    "ISO_IR 144": "iso8859-5",
+    "ISO_IR 127": "iso8859-6",
+    "ISO_IR 126": "iso8859-7",
+    "ISO_IR 138": "iso8859-8",
+    "ISO_IR 148": "iso8859-9",
+    "ISO_IR 203": "iso8859-15",
+    "ISO_IR 166": "tis-620",
+    "ISO_IR 13": "shift_jis",
+    "ISO_IR 192": "utf-8",
+    "GB18030": "gb18030",
+    "GBK": "gbk",
+}
+
+
+def decode_text(text: str, charset: str | None) -> str:
+    """A text value the header scan read byte for byte (as Latin-1), decoded with the file's SpecificCharacterSet
+    (0008,0005) ``charset``: UTF-8 (ISO_IR 192), the ISO 8859 parts, GB18030, and the ISO 2022 code extensions
+    (through pydicom). ASCII text, a file without SpecificCharacterSet (the default repertoire; Latin-1 is kept
+    as the best guess for its stray bytes) and bytes the declared character set cannot decode come back unchanged."""
+    if not charset or (text.isascii() and "\x1b" not in text):  # ISO 2022 escape sequences are ASCII bytes
+        return text
+    raw = text.encode("latin-1")
+    terms = [t.strip() for t in charset.split("\\")]
+    codec = _CODECS.get(terms[0]) if len(terms) == 1 else None
+    try:
+        if codec is not None:
+            return raw.decode(codec)
+        # lazy on purpose: pydicom is slow to import and only the ISO 2022 code extensions need it
+        from pydicom.charset import convert_encodings, decode_bytes
+
+        decoded = decode_bytes(raw, convert_encodings(terms), {0x5C, 0x5E, 0x3D})
+    except (UnicodeDecodeError, LookupError, ValueError):
+        return text
+    return text if "\ufffd" in decoded else decoded  # pydicom replaces what it cannot decode (and warns)
 
 
 def dicom_data_start(head: bytes) -> int | None:
