@@ -295,3 +295,17 @@ def test_header_reads_in_processes_match_threads(tmp_path):
     procs = read_headers(files, workers=2, processes=True)
     assert procs == threads
     assert len(procs[0]) == 40 and [f.kind for f in procs[1]] == ["not_dicom"]
+
+
+def test_a_localizer_stored_among_the_axial_slices_is_split_off(tmp_path):
+    """A scout image with the axial orientation, stored in the series of the slices (as some scanners do), is set
+    apart as a part of its own: the slices still load, and the scout's part says why it is left out."""
+    uid = "1.2.840.99.7"
+    write_series(tmp_path / "ax", n=12, series_uid=uid)
+    write_series(tmp_path / "scout", n=1, series_uid=uid, origin=(-10.0, -20.0, 300.0), image_type="ORIGINAL\\PRIMARY\\LOCALIZER")
+    scan = scan_directory(tmp_path)
+    keys = {s.key: s for s in scan.series}
+    assert set(keys) == {f"{uid}#1", f"{uid}#2"}
+    assert keys[f"{uid}#1"].selected and keys[f"{uid}#1"].n_slices == 12
+    assert "ImageType LOCALIZER" in keys[f"{uid}#2"].split_reason and "localizer" in keys[f"{uid}#2"].why_not
+    assert load_series(tmp_path).shape[0] == 12

@@ -1,8 +1,9 @@
 """Grouping files into series, splitting mixed series, and the selection rules.
 
 Files are grouped by (StudyInstanceUID, SeriesInstanceUID). A group is split
-into parts when its images differ in orientation (e.g. a scout stored in the
-axial series), when whole sub-stacks differ in matrix size or pixel spacing,
+into parts when some of its images are localizers (ImageType LOCALIZER), when
+its images differ in orientation (e.g. a scout stored in the axial series),
+when whole sub-stacks differ in matrix size or pixel spacing,
 or when acquisitions repeat the same positions (e.g. two phases in one
 series). Parts are named ``<uid>#1``, ``<uid>#2``, ... (largest first).
 
@@ -183,7 +184,20 @@ def _normal_distance(h: SliceHeader) -> float | None:
 
 
 def _split(headers: list[SliceHeader]) -> list[tuple[list[SliceHeader], str | None]]:
-    """Split one series' headers into parts that can each form a volume."""
+    """Split one series' headers into parts that can each form a volume: localizer images (ImageType LOCALIZER)
+    stored among the slices of a series go to parts of their own, whatever their orientation."""
+    scouts = [h for h in headers if "LOCALIZER" in h.image_type]
+    if scouts and len(scouts) < len(headers):
+        reason = f"{len(scouts)} of its {len(headers)} images have ImageType LOCALIZER"
+        if len(_cluster_orientations(headers)) > 1:
+            reason += "; images have different ImageOrientationPatient"
+        slices = [h for h in headers if "LOCALIZER" not in h.image_type]
+        return [(part, why or reason) for group in (slices, scouts) for part, why in _split_geometry(group)]
+    return _split_geometry(headers)
+
+
+def _split_geometry(headers: list[SliceHeader]) -> list[tuple[list[SliceHeader], str | None]]:
+    """Split headers by orientation, then matrix/pixel spacing, then repeated acquisitions."""
     parts: list[tuple[list[SliceHeader], str | None]] = []
     by_orient = _cluster_orientations(headers)
     orient_reason = "images have different ImageOrientationPatient" if len(by_orient) > 1 else None
