@@ -18,10 +18,12 @@ from pipeline.cli import main
 from pipeline.errors import (
     CorruptHeaderError,
     CtpipeError,
+    InconsistentSeriesError,
     MissingPixelDataError,
     NotCTError,
     NotDicomError,
     SingleSliceError,
+    TruncatedFileError,
     UnreadableFileError,
 )
 from pipeline.ingest import find_files, load_series, read_headers, read_volume, scan_directory
@@ -194,6 +196,37 @@ def test_unreadable_file_injected(tmp_path):
         with pytest.raises(UnreadableFileError) as err:
             load_series(tmp_path / "study")
         assert "none of the 12 entries found can be read" in _fix(err)
+
+
+def test_a_slice_whose_header_is_cut_short_is_named_as_the_gap(tmp_path):
+    """A file of the series cut short inside its header: refused naming that file and the fix (copy it again), not
+    as a missing slice; cut short at the end of the stack, the rest loads with a warning naming it."""
+    paths = write_phantom(tmp_path / "study")
+    middle = paths[6].read_bytes()
+    paths[6].write_bytes(middle[:700])
+    with pytest.raises(TruncatedFileError) as err:
+        load_series(tmp_path / "study")
+    text = _fix(err)
+    assert str(paths[6]) in text and "cut short" in text and "gap" in text and "copy the files cut short again" in text
+    paths[6].write_bytes(middle)
+    paths[-1].write_bytes(paths[-1].read_bytes()[:700])
+    vol = load_series(tmp_path / "study")
+    assert vol.shape[0] == 11
+    assert any(str(paths[-1]) in w and "cut short" in w for w in vol.metadata["warnings"])
+
+
+def test_a_slice_set_apart_by_its_orientation_is_named_as_the_gap(tmp_path):
+    """One slice whose ImageOrientationPatient differs slightly is set apart from the stack: the stack's gap is
+    refused naming that file and its orientation, not as a slice missing from the archive."""
+    paths = write_phantom(tmp_path / "study")
+    set_values(paths[6:7], ImageOrientationPatient=[0.9998, 0.02, 0, -0.02, 0.9998, 0])
+    with pytest.raises(InconsistentSeriesError) as err:
+        load_series(tmp_path / "study")
+    text = _fix(err)
+    assert paths[6].name in text and "ImageOrientationPatient [0.9998, 0.02, 0.0, -0.02, 0.9998, 0.0]" in text
+    assert f"re-export {paths[6].name}" in text
+    scan = scan_directory(tmp_path / "study")
+    assert [type(r.error) for r in scan.rejected] == [InconsistentSeriesError]
 
 
 def test_files_that_vanish(tmp_path):

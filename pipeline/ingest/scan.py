@@ -18,7 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CtpipeError, MissingSliceError, NonUniformSpacingError, UnreadableFileError
+import numpy as np
+
+from ..errors import (
+    CtpipeError,
+    InconsistentSeriesError,
+    MissingSliceError,
+    NonUniformSpacingError,
+    TruncatedFileError,
+    UnreadableFileError,
+)
 from .build import VolumePlan, describe, plan_volume
 from .discover import SkippedFile, find_files, read_headers
 from .headers import SliceHeader
@@ -146,7 +155,7 @@ def scan_directory(
     apply_rules(series, rules)
     if lone_series_ok:
         select_lone_series(series, rules)
-    unreadable = [f for f in skipped if f.kind == "unreadable"]
+    unreadable = [f for f in skipped if f.kind in ("unreadable", "truncated")]
     result = ScanResult(roots=roots, series=series, skipped_files=skipped, n_files=len(files))
     if validate:
         for s in series:
@@ -163,7 +172,7 @@ def scan_directory(
                     keep_identifiers=keep_identifiers,
                 )
             except (MissingSliceError, NonUniformSpacingError) as exc:
-                reject(result, s, _gap_from_unreadable(s, near, exc) if near else exc)
+                reject(result, s, _gap_from_unreadable(s, near, exc) if near else _gap_from_split(s, series, exc))
             except CtpipeError as exc:
                 reject(result, s, exc)
             else:
@@ -188,7 +197,8 @@ def scan_directory(
 
 
 def _unreadable_near(series: SeriesInfo, unreadable: list[SkippedFile]) -> list[SkippedFile]:
-    """Unreadable files in the folders of ``series``: they may be its missing slices."""
+    """Unreadable files and files whose header is cut short in the folders of ``series``: they may be its missing
+    slices."""
     if not unreadable:
         return []
     folders = {h.path.parent for h in series.headers}
@@ -200,12 +210,80 @@ def _files_text(files: list[SkippedFile]) -> str:
     return f"{len(files)} file(s) ({shown}{', ...' if len(files) > 3 else ''})"
 
 
-def _gap_from_unreadable(series: SeriesInfo, near: list[SkippedFile], gap: CtpipeError) -> UnreadableFileError:
-    """A gap in the slice positions next to unreadable files: the true reason is that they cannot be read."""
-    err = UnreadableFileError(
-        f"{_files_text(near)} in the series' folder cannot be read, and the readable slices have a gap ({gap.problem})",
-        where=describe(series),
-        fix="make those files readable by this user (check their permissions and owner), then scan again",
+def _gap_from_unreadable(
+    series: SeriesInfo, near: list[SkippedFile], gap: CtpipeError
+) -> UnreadableFileError | TruncatedFileError:
+    """A gap in the slice positions next to unreadable or cut-short files: the true reason is that they cannot be
+    read."""
+    problem = f"{_files_text(near)} in the series' folder cannot be read, and the readable slices have a gap ({gap.problem})"
+    fixes = []
+    if any(f.kind == "truncated" for f in near):
+        fixes.append("copy the files cut short again from the archive/PACS (the transfer was incomplete)")
+    if any(f.kind != "truncated" for f in near):
+        fixes.append("make the unreadable files readable by this user (check their permissions and owner)")
+    fix = " and ".join(fixes) + ", then scan again"
+    err: UnreadableFileError | TruncatedFileError
+    if all(f.kind == "truncated" for f in near):
+        err = TruncatedFileError(problem, where=describe(series), fix=fix)
+    else:
+        err = UnreadableFileError(problem, where=describe(series), fix=fix)
+    err.__cause__ = gap
+    return err
+
+
+def _differences(h: SliceHeader, ref: SliceHeader) -> str:
+    """What sets ``h`` apart from the slices of the part whose first header is ``ref``, with the values."""
+    out = []
+    if h.position is None:
+        out.append("it has no valid ImagePositionPatient (0020,0032)")
+    if h.orientation is None:
+        out.append("it has no valid ImageOrientationPatient (0020,0037)")
+    elif ref.orientation is not None and max(abs(a - b) for a, b in zip(h.orientation, ref.orientation)) > 1e-4:
+        out.append(f"ImageOrientationPatient {list(h.orientation)}, not {list(ref.orientation)}")
+    if (h.rows, h.columns) != (ref.rows, ref.columns):
+        out.append(f"Rows × Columns {h.rows} × {h.columns}, not {ref.rows} × {ref.columns}")
+    if h.pixel_spacing != ref.pixel_spacing:
+        out.append(f"PixelSpacing {h.pixel_spacing}, not {ref.pixel_spacing}")
+    if "LOCALIZER" in h.image_type:
+        out.append("ImageType LOCALIZER")
+    if h.acquisition_number != ref.acquisition_number:
+        out.append(f"AcquisitionNumber {h.acquisition_number}, not {ref.acquisition_number}")
+    return "; ".join(out) or "it was set apart"
+
+
+def _gap_from_split(part: SeriesInfo, series: list[SeriesInfo], gap: CtpipeError) -> CtpipeError:
+    """A gap in the slice positions of one part of a split series where images of the same series lie that were set
+    apart from it (another ImageOrientationPatient, no position, ...): the true reason is those images' headers.
+    Returns ``gap`` itself when no such image lies in the gap."""
+    ref = part.first
+    if ref.orientation is None:
+        return gap
+    normal = np.cross(ref.orientation[:3], ref.orientation[3:])
+    dist = [float(normal @ h.position) for h in part.headers if h.position is not None]
+    if len(dist) < 2:
+        return gap
+    lo, hi = min(dist), max(dist)
+    inside = [
+        h
+        for other in series
+        if other is not part and other.uid == part.uid and other.study_uid == part.study_uid
+        for h in other.headers
+        if h.position is None or lo < float(normal @ h.position) < hi
+    ]
+    if not inside:
+        return gap
+    shown = "; ".join(
+        f"{h.path.name}" + ("" if h.position is None else f" ({float(normal @ h.position):.3f} mm)") + f": {_differences(h, ref)}"
+        for h in inside[:3]
+    )
+    more = f"; and {len(inside) - 3} more" if len(inside) > 3 else ""
+    names = ", ".join(h.path.name for h in inside[:3]) + (" and more" if len(inside) > 3 else "")
+    err = InconsistentSeriesError(
+        f"{gap.problem}; {len(inside)} image(s) of the same series lie within the stack but were set apart from its "
+        f"slices because their headers differ: {shown}{more}",
+        where=describe(part),
+        fix=f"re-export {names} from the scanner/PACS with the header values of the other slices, or, if they do not "
+        "belong to this stack, remove them from the folder and copy the missing slices from the archive/PACS",
     )
     err.__cause__ = gap
     return err
