@@ -108,7 +108,12 @@ class MissingSliceError(SeriesGeometryError):
 
 
 class DuplicateSliceError(SeriesGeometryError):
-    """Two or more slices share one position."""
+    """Two or more slices share one position.
+
+    ``pairs``: the slices concerned, as pairs of indices into the sequence that was checked (empty when not known).
+    """
+
+    pairs: tuple[tuple[int, int], ...] = ()
 
 
 class NonUniformSpacingError(SeriesGeometryError):

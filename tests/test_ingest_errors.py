@@ -167,7 +167,21 @@ def test_duplicate_position(tmp_path):
     with pytest.raises(DuplicateSliceError) as err:
         load_series(tmp_path)
     text = _msg(err)
-    assert paths[3].name in text and paths[9].name in text and "33.750 mm" in text and "remove the duplicate" in text
+    assert paths[3].name in text and paths[9].name in text and "33.750 mm" in text
+    assert "hold different images" in text and "wrong ImagePositionPatient" in text and "not delete one" in text
+
+
+def test_duplicate_copies_under_new_uids(tmp_path):
+    """The same image twice under two SOPInstanceUIDs (an archive that sent it again): called copies, one to remove."""
+    paths = write_series(tmp_path, n=12)
+    ds = pydicom.dcmread(paths[4])
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = "1.2.826.0.1.3680043.8.498.77"
+    ds.save_as(tmp_path / "zz_again.dcm")
+    with pytest.raises(DuplicateSliceError) as err:
+        load_series(tmp_path)
+    text = _msg(err)
+    assert paths[4].name in text and "zz_again.dcm" in text and "identical pixel data" in text
+    assert "remove one file of each pair (e.g. zz_again.dcm)" in text
 
 
 def test_non_uniform_spacing(tmp_path):

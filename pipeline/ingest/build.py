@@ -18,6 +18,7 @@ from typing import Any, overload
 import numpy as np
 
 from ..errors import (
+    DuplicateSliceError,
     InconsistentSeriesError,
     MixedPatientsError,
     NotCTError,
@@ -228,18 +229,21 @@ def plan_volume(
     if any(h.is_enhanced for h in headers):
         return _plan_multiframe(series, where, spacing_tolerance, allow_gantry_tilt, keep_identifiers)
     h0 = headers[0]
-    stack = stack_geometry(
-        _ShortNames(headers),
-        np.array([h.position for h in headers], dtype=np.float64),
-        h0.orientation or (),
-        h0.pixel_spacing or (),
-        int(h0.rows or 0),
-        int(h0.columns or 0),
-        where=where,
-        spacing_tolerance=spacing_tolerance,
-        allow_gantry_tilt=allow_gantry_tilt,
-        gantry_tilt_attr=h0.extra_value("GantryDetectorTilt"),
-    )
+    try:
+        stack = stack_geometry(
+            _ShortNames(headers),
+            np.array([h.position for h in headers], dtype=np.float64),
+            h0.orientation or (),
+            h0.pixel_spacing or (),
+            int(h0.rows or 0),
+            int(h0.columns or 0),
+            where=where,
+            spacing_tolerance=spacing_tolerance,
+            allow_gantry_tilt=allow_gantry_tilt,
+            gantry_tilt_attr=h0.extra_value("GantryDetectorTilt"),
+        )
+    except DuplicateSliceError as exc:
+        raise _duplicates_compared(headers, exc, where) from exc
     ordered = tuple(headers[k] for k in stack.order)
     md = _metadata(series, ordered[0], len(headers), keep_identifiers)
     # per slice k (volume order): the scanner's numbering and the instance, for findings to name the source slice
@@ -249,6 +253,38 @@ def plan_volume(
         md["GantryTiltCorrectedDeg"] = round(stack.tilt_deg, 4)
     return VolumePlan(
         series, where, stack, ordered, None, np.array([h.slope for h in ordered]), np.array([h.intercept for h in ordered]), md
+    )
+
+
+def _duplicates_compared(headers: Sequence[SliceHeader], exc: DuplicateSliceError, where: str) -> DuplicateSliceError:
+    """``exc`` told apart by the pixel data of its pairs: copies of one image (remove one of each pair), or different
+    images at one position (a misplaced slice, or two stacks under one SeriesInstanceUID: neither file is simply the
+    one to delete)."""
+    if not exc.pairs:
+        return exc
+    copies: list[str] = []
+    different: list[str] = []
+    for i, j in exc.pairs[:8]:  # a few pairs tell which it is; comparing them reads two slices each
+        a, b = headers[i], headers[j]
+        same = (a.slope, a.intercept) == (b.slope, b.intercept) and np.array_equal(read_stored([a]), read_stored([b]))
+        (copies if same else different).append(f"{a.path.name} and {b.path.name}")
+    checked = len(copies) + len(different)
+    more = f" (the first {checked} of {len(exc.pairs)} pairs compared)" if len(exc.pairs) > checked else ""
+    if different:
+        return DuplicateSliceError(
+            f"{exc.problem}; {', '.join(different)} hold different images{more}, so they are not copies: one of each "
+            "pair has a wrong ImagePositionPatient (0020,0032), or belongs to another stack filed under this "
+            "SeriesInstanceUID and AcquisitionNumber (e.g. a second reconstruction)",
+            where=where,
+            fix="do not delete one of each pair at random: compare their InstanceNumber and SliceLocation with their "
+            "neighbours' and re-export the misplaced file from the scanner/PACS; if the folder holds two stacks, move "
+            "the files of one into another folder and load each folder on its own",
+        )
+    return DuplicateSliceError(
+        f"{exc.problem}; each pair holds the same image (identical pixel data and rescale){more} under two "
+        "SOPInstanceUIDs: copies",
+        where=where,
+        fix=f"remove one file of each pair (e.g. {', '.join(c.split(' and ')[1] for c in copies[:4])}), then ingest again",
     )
 
 

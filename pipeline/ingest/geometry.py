@@ -140,12 +140,14 @@ def stack_geometry(
     dups = np.nonzero(steps <= dup_tol)[0]
     if dups.size:
         pairs = [f"{names[order[k]]} and {names[order[k + 1]]} at {d[k]:.3f} mm" for k in dups]
-        raise DuplicateSliceError(
+        err = DuplicateSliceError(
             f"{dups.size} pair(s) of slices share one position along the slice normal: {_list(pairs)}",
             where=where,
             fix="remove the duplicate files (keep one per position), or, if the series holds repeated acquisitions, "
             "load each acquisition separately",
         )
+        err.pairs = tuple((int(order[k]), int(order[k + 1])) for k in dups)
+        raise err
     # in-plane drift of the positions: a tilted gantry (or a corrupt series)
     rel = pos[order] - pos[order[0]]
     a = rel @ row
