@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import io
 import logging
 import os
 import select
@@ -85,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    _tolerant_console()
     setup_logging(args.verbose + getattr(args, "verbose_after", 0), quiet=getattr(args, "quiet", False))
     out = getattr(args, "out", None)
     new_out = Path(out) if isinstance(out, (str, Path)) and not Path(out).exists() else None
@@ -105,6 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if code != 0 and new_out is not None:
         _remove_if_empty(new_out)
     return code
+
+
+def _tolerant_console() -> None:
+    """Let the console print what its encoding cannot hold as escapes (``\\udce4``, ``\\u80ba``) rather than stop
+    the command with UnicodeEncodeError: a file name whose bytes are not valid UTF-8, or a SeriesDescription in a
+    script the terminal's character set lacks."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
 
 
 #: Exit status when whoever read the standard output closed it early (``| head``): 128 + SIGPIPE, as the shell's own.

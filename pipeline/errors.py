@@ -11,6 +11,28 @@ from pathlib import Path
 from typing import Any
 
 
+def printable(text: str) -> str:
+    """``text`` with what cannot be written as UTF-8 escaped: the bytes of a file name that are not valid UTF-8 (held by
+    Python as lone surrogates, e.g. a Latin-1 'ä' from an old archive) as ``\\xNN``, any other lone surrogate as
+    ``\\uNNNN``. Messages, logs, the run store and the reports can then always be written."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    out = []
+    for ch in text:
+        if "\udc80" <= ch <= "\udcff":  # a byte os.fsdecode could not decode (surrogateescape)
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif "\ud800" <= ch <= "\udfff":
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 class CtpipeError(Exception):
     """Base class of all ctpipe errors.
 
@@ -25,9 +47,10 @@ class CtpipeError(Exception):
     """
 
     def __init__(self, message: str, *, where: str | Path | None = None, fix: str | None = None):
-        self.problem = message
-        self.where = str(where) if where is not None else None
-        self.fix = fix
+        self.problem = printable(message)
+        self.where = printable(str(where)) if where is not None else None
+        self.fix = printable(fix) if fix is not None else None
+        message, fix = self.problem, self.fix
         text = message
         if self.where:
             text = f"{self.where}: {text}"

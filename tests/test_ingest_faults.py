@@ -112,6 +112,23 @@ def test_non_ascii_file_names(tmp_path, capsys):
     assert f"skipped file {odd}" in capsys.readouterr().out
 
 
+def test_file_names_with_bytes_invalid_in_utf8(tmp_path, capsys):
+    """Files named in Latin-1 on a UTF-8 system (an old archive's export): the error names them with the odd bytes
+    escaped, and the command prints its report instead of failing with UnicodeEncodeError."""
+    folder = tmp_path / "study"
+    paths = write_phantom(folder)
+    for k, p in enumerate(paths):
+        p.rename(os.fsdecode(os.fsencode(folder) + b"/Sch\xe4del_%02d.dcm" % k))
+    os.unlink(os.fsdecode(os.fsencode(folder) + b"/Sch\xe4del_06.dcm"))
+    with pytest.raises(CtpipeError) as err:
+        load_series(folder)
+    assert "Sch\\xe4del_05.dcm" in str(err.value) and "Sch\\xe4del_07.dcm" in str(err.value)
+    str(err.value).encode("utf-8")  # writable anywhere: no lone surrogates left
+    assert main(["ingest", str(folder), "--out", str(tmp_path / "cache")]) == 1
+    out = capsys.readouterr().out
+    assert "Sch\\xe4del_05.dcm" in out and "1 rejected" in out
+
+
 # --- the file system: links, FIFOs, devices, unreadable and vanishing files ------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 
 import pytest
@@ -126,6 +127,19 @@ def test_case_life_pending_running_done(store):
     att = store.db.execute("SELECT queue_wait_s, detail FROM stage_attempts").fetchone()
     assert att["queue_wait_s"] == pytest.approx(1.5) and json.loads(att["detail"]) == {"read": 0.25}
     assert [r["case_id"] for r in store.cases_with_status("done")] == ["a"]
+
+
+def test_text_holding_undecodable_file_name_bytes_is_stored_escaped(store):
+    """A folder or file name whose bytes are not valid UTF-8 (Python holds them as lone surrogates, which SQLite
+    refuses) is stored with those bytes escaped: quarantining such a case never fails the run."""
+    name = os.fsdecode(b"/archive/Sch\xe4del")
+    key = "uid:f1"
+    store.upsert_discovered(case_key=key, case_id="a", series_uid="uid", fingerprint="f1", source=name)
+    store.begin_case(key, "r1")
+    store.fail_case(key, reason=f"1 slice(s) missing between {name}/6.dcm and {name}/8.dcm", error_class="X", stage="ingest")
+    row = store.case(key)
+    assert row["source"] == "/archive/Sch\\xe4del" and row["status"] == "failed"
+    assert row["reason"] == "1 slice(s) missing between /archive/Sch\\xe4del/6.dcm and /archive/Sch\\xe4del/8.dcm"
 
 
 def test_a_new_attempt_closes_the_earlier_ones(store):

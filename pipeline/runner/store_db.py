@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import RunStoreError
+from ..errors import RunStoreError, printable
 from .faults import environment_failure
 
 log = logging.getLogger(__name__)
@@ -118,13 +118,31 @@ def db_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / DB_NAME
 
 
+def _text_params(params: Any) -> Any:
+    """Statement parameters with every string made writable as UTF-8 (see :func:`pipeline.errors.printable`)."""
+    if isinstance(params, Mapping):
+        return {k: printable(v) if isinstance(v, str) else v for k, v in params.items()}
+    return tuple(printable(v) if isinstance(v, str) else v for v in params)
+
+
+class _Connection(sqlite3.Connection):
+    """A connection whose statements store a text holding a file name's undecodable bytes (lone surrogates, which
+    SQLite refuses) with those bytes escaped, instead of failing the write (and the run) on it."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        return super().execute(sql, _text_params(parameters))
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> sqlite3.Cursor:
+        return super().executemany(sql, (_text_params(p) for p in parameters))
+
+
 def connect(run_dir: Path) -> sqlite3.Connection:
     """A read-write connection to ``run_dir``'s store (created when absent): WAL mode, every table of
     :data:`SCHEMA_SQL`, a store of an earlier schema version migrated. :class:`RunStoreError` when the file is not
     a readable run store (an environment failure, such as a full disk, is raised as it is)."""
     path = db_path(run_dir)
     try:
-        db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+        db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, factory=_Connection)
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
