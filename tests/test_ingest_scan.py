@@ -8,7 +8,7 @@ import numpy as np
 import pydicom
 import pytest
 
-from pipeline.errors import AmbiguousSeriesError, MissingSliceError, NoSeriesFoundError
+from pipeline.errors import AmbiguousSeriesError, MissingSliceError, NoSeriesFoundError, NotDicomError
 from pipeline.ingest import SelectionRules, load_series, scan_directory
 from pipeline.ingest.discover import read_header
 from pipeline.phantom import generate_phantom
@@ -107,6 +107,9 @@ def test_dicomdir_skipped(tmp_path):
     assert len(scan.selected) == 1 and scan.selected[0].n_slices == 10
     vol = load_series(media)
     assert vol.metadata["SeriesDescription"] == "via DICOMDIR"
+    with pytest.raises(NotDicomError) as err:  # the DICOMDIR named itself (as on a CD): the fix names its folder
+        load_series(media / "DICOMDIR")
+    assert err.value.fix is not None and f"pass the folder holding it ({media})" in err.value.fix
 
 
 def test_selection_rules(tmp_path):

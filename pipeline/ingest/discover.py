@@ -274,7 +274,8 @@ def read_header(path: str | os.PathLike[str]) -> SliceHeader:
         raise NotDicomError(
             "this is a DICOMDIR (a media index), not an image",
             where=p,
-            fix="nothing to do: ctpipe scans the image files themselves and ignores DICOMDIR",
+            fix=f"pass the folder holding it ({p.parent}): ctpipe finds the image files there itself (in a folder it "
+            "scans, a DICOMDIR is skipped)",
         )
     hdr = header_from_values(p, raw)
     return _with_frame_geometry(hdr) if hdr.is_enhanced else hdr
