@@ -304,6 +304,22 @@ def test_mr_series_is_refused_as_not_ct(tmp_path):
     assert "Modality missing (SOP class 1.2.840.10008.5.1.4.1.1.4)" in _fix(err)
 
 
+def test_enhanced_frame_without_position_is_named_as_the_reason(tmp_path):
+    """A multi-frame file whose frame 6 lacks its plane position: the scan leaves it out naming that frame and the
+    fix, not for a missing ImageOrientationPatient (which its shared functional groups do hold)."""
+    path, _ = write_enhanced(tmp_path / "mf" / "IMG0001", n=12)
+    ds = pydicom.dcmread(path)
+    del ds.PerFrameFunctionalGroupsSequence[5].PlanePositionSequence
+    ds.save_as(path)
+    (series,) = scan_directory(tmp_path / "mf").series
+    assert not series.selected
+    assert "IMG0001: frame 6 has no ImagePositionPatient in its functional groups (fix: re-export" in series.why_not
+    assert "no valid ImageOrientationPatient" not in series.why_not
+    with pytest.raises(CtpipeError) as err:
+        load_series(tmp_path / "mf")
+    assert "frame 6 has no ImagePositionPatient" in str(err.value)
+
+
 def test_one_and_two_slice_series(tmp_path):
     write_phantom(tmp_path / "one", keep=1)
     with pytest.raises(SingleSliceError) as err:

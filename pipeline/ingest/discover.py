@@ -411,7 +411,8 @@ def _with_frame_geometry(hdr: SliceHeader) -> SliceHeader:
         frames = read_frames(hdr.path)
     except CtpipeError as exc:
         log.info("%s: multi-frame geometry unreadable (%s)", hdr.path, exc)
-        return hdr  # the build step reports the problem for the series
+        # the selection rules give this as the reason the series is left out; the build step raises it when asked for
+        return replace(hdr, geometry_error=f"{hdr.path.name}: {exc.problem}" + (f" (fix: {exc.fix})" if exc.fix else ""))
     if not frames:
         return hdr
     f = frames[0]

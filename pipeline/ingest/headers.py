@@ -39,7 +39,8 @@ class SliceHeader:
     (``pixel_length == -1``: encapsulated/compressed; ``None``: no pixel data).
     ``slope``/``intercept`` are NaN when the header holds text that is not a number
     (their text is in ``extra``); ``notes`` say what ingest assumed for this file
-    (e.g. a Modality taken from the SOP class) and end up as warnings on the volume.
+    (e.g. a Modality taken from the SOP class) and end up as warnings on the volume; ``geometry_error`` says why
+    the position, orientation and spacing of a multi-frame file are missing, when its functional groups lack them.
     """
 
     path: Path
@@ -74,6 +75,7 @@ class SliceHeader:
     use_pydicom: bool
     extra: tuple[tuple[str, str], ...]  # PatientID, SliceThickness, KVP, ... as text
     notes: tuple[str, ...] = ()
+    geometry_error: str | None = None  # why a multi-frame file's per-frame geometry cannot be read (None: it can)
 
     @property
     def is_enhanced(self) -> bool:

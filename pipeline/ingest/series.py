@@ -355,7 +355,7 @@ def _rule_reasons(s: SeriesInfo, rules: SelectionRules) -> list[tuple[str, str]]
         reasons.append(("allow_derived", f"{why}; pass allow_derived=True (--allow-derived) to include it"))
     angle = axial_angle_deg(h)
     if angle is None:
-        reasons.append(("orientation", "no valid ImageOrientationPatient (0020,0037)"))
+        reasons.append(("orientation", h.geometry_error or "no valid ImageOrientationPatient (0020,0037)"))
     elif angle > rules.axial_tolerance_deg:
         reasons.append(
             (
