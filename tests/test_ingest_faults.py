@@ -18,6 +18,7 @@ from pipeline.cli import main
 from pipeline.errors import (
     CorruptHeaderError,
     CtpipeError,
+    DuplicateSliceError,
     InconsistentSeriesError,
     MissingPixelDataError,
     NotCTError,
@@ -318,6 +319,21 @@ def test_enhanced_frame_without_position_is_named_as_the_reason(tmp_path):
     with pytest.raises(CtpipeError) as err:
         load_series(tmp_path / "mf")
     assert "frame 6 has no ImagePositionPatient" in str(err.value)
+
+
+def test_enhanced_frames_at_one_position_name_the_file_to_re_export(tmp_path):
+    """Two frames of one multi-frame file at the same position: the fix is to re-export that file, not to remove a
+    duplicate file (there is none) or copy missing ones."""
+    path, _ = write_enhanced(tmp_path / "mf" / "IMG0001", n=12, shuffle=False)
+    ds = pydicom.dcmread(path)
+    frames = ds.PerFrameFunctionalGroupsSequence
+    frames[6].PlanePositionSequence[0].ImagePositionPatient = list(frames[5].PlanePositionSequence[0].ImagePositionPatient)
+    ds.save_as(path)
+    with pytest.raises(DuplicateSliceError) as err:
+        load_series(tmp_path / "mf")
+    text = _fix(err)
+    assert "IMG0001 frame 6 and IMG0001 frame 7" in text and "re-export IMG0001 from the scanner/PACS" in text
+    assert "remove the duplicate files" not in text
 
 
 def test_one_and_two_slice_series(tmp_path):

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import (
     DuplicateSliceError,
     InconsistentSeriesError,
+    MissingSliceError,
     MixedPatientsError,
     NotCTError,
     SeriesGeometryError,
@@ -311,17 +312,29 @@ def _plan_multiframe(series: SeriesInfo, where: str, tol: float, allow_tilt: boo
             where=where,
             fix="the multi-frame object mixes pixel spacings; re-export it",
         )
-    stack = stack_geometry(
-        [f.name for f in frames],
-        np.array([f.position for f in frames]),
-        frames[0].orientation,
-        frames[0].pixel_spacing,
-        int(h0.rows or 0),
-        int(h0.columns or 0),
-        where=where,
-        spacing_tolerance=tol,
-        allow_gantry_tilt=allow_tilt,
-    )
+    try:
+        stack = stack_geometry(
+            [f.name for f in frames],
+            np.array([f.position for f in frames]),
+            frames[0].orientation,
+            frames[0].pixel_spacing,
+            int(h0.rows or 0),
+            int(h0.columns or 0),
+            where=where,
+            spacing_tolerance=tol,
+            allow_gantry_tilt=allow_tilt,
+        )
+    except (DuplicateSliceError, MissingSliceError) as exc:
+        if len(series.headers) > 1:
+            raise
+        # one file holds every frame: there is no duplicate file to remove nor missing file to copy
+        raise type(exc)(
+            exc.problem,
+            where=where,
+            fix=f"re-export {h0.path.name} from the scanner/PACS: its frames' ImagePositionPatient (the plane position "
+            "functional group) do not form one evenly spaced stack"
+            + (", or, only if the gap is intended, raise the spacing tolerance" if isinstance(exc, MissingSliceError) else ""),
+        ) from exc
     ordered = tuple(frames[k] for k in stack.order)
     md = _metadata(series, h0, len(series.headers), keep_identifiers, thickness=ordered[0].slice_thickness)
     md["NumberOfFrames"] = len(frames)
