@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pydicom
 import pytest
+from pydicom.dataset import Dataset
 
 from pipeline.cli import main
 from pipeline.errors import (
@@ -334,6 +335,26 @@ def test_enhanced_frames_at_one_position_name_the_file_to_re_export(tmp_path):
     text = _fix(err)
     assert "IMG0001 frame 6 and IMG0001 frame 7" in text and "re-export IMG0001 from the scanner/PACS" in text
     assert "remove the duplicate files" not in text
+
+
+def test_a_report_beside_the_images_is_left_out_as_not_an_image(tmp_path):
+    """A structured report (no pixel data) in the series' folder: left out for what it is, without the image rules'
+    reasons (no orientation, one slice) that would suggest lowering min_slices."""
+    write_phantom(tmp_path / "study")
+    sr = Dataset()
+    sr.file_meta = pydicom.dataset.FileMetaDataset()
+    sr.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    sr.SOPClassUID = sr.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.88.33"
+    sr.SOPInstanceUID = sr.file_meta.MediaStorageSOPInstanceUID = "1.2.826.0.1.3680043.8.498.5"
+    sr.SeriesInstanceUID, sr.StudyInstanceUID, sr.Modality = "1.2.826.0.1.3680043.8.498.6", "1.2.3", "SR"
+    sr.save_as(tmp_path / "study" / "report.dcm", enforce_file_format=True)
+    scan = scan_directory(tmp_path / "study")
+    (report,) = [s for s in scan.series if s.modality == "SR"]
+    assert report.reasons == [
+        "modality is SR, not CT",
+        "no pixel data (SOP class 1.2.840.10008.5.1.4.1.1.88.33): not an image series",
+    ]
+    assert len(scan.selected) == 1
 
 
 def test_one_and_two_slice_series(tmp_path):

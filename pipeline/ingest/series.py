@@ -348,7 +348,9 @@ def _rule_reasons(s: SeriesInfo, rules: SelectionRules) -> list[tuple[str, str]]
     if h.modality not in rules.modalities:
         reasons.append(("modalities", f"modality is {h.modality or 'missing'}, not {'/'.join(rules.modalities)}"))
     if all(x.pixel_length is None for x in s.headers):
+        # a report, structure set or document: what the image rules would add (no orientation, 1 slice) is noise
         reasons.append(("pixels", f"no pixel data (SOP class {h.sop_class or 'missing'}): not an image series"))
+        return reasons
     if rules.exclude_localizers and (why := is_localizer(s)):
         reasons.append(("exclude_localizers", f"localizer/scout: {why}"))
     if not rules.allow_derived and (why := is_derived(s)):
