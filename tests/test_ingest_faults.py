@@ -248,6 +248,23 @@ def test_a_slice_set_apart_by_its_orientation_is_named_as_the_gap(tmp_path):
     assert [type(r.error) for r in scan.rejected] == [InconsistentSeriesError]
 
 
+def test_a_folder_deeper_than_the_system_path_limit_is_a_named_skip(tmp_path):
+    """A folder whose full path exceeds PATH_MAX cannot be listed: the skip says so, with the fix (a shorter path)."""
+    deep = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for k in range(22):  # 22 × 204 bytes: beyond Linux's 4096-byte PATH_MAX; made relative to each parent
+            name = f"d{k:02d}" + "x" * 200
+            os.mkdir(name, dir_fd=deep)
+            child = os.open(name, os.O_RDONLY, dir_fd=deep)
+            os.close(deep)
+            deep = child
+    finally:
+        os.close(deep)
+    files, skipped = find_files([tmp_path])
+    assert not files and len(skipped) == 1 and skipped[0].kind == "unreadable"
+    assert "longer than the system allows" in skipped[0].reason and "shorter path" in skipped[0].reason
+
+
 def test_files_that_vanish(tmp_path):
     paths = write_phantom(tmp_path / "study")
     files, skipped = find_files([tmp_path / "study"])

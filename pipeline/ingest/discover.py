@@ -225,6 +225,12 @@ def os_reason(exc: OSError) -> str:
         return "it is gone (deleted or moved after it was listed)"
     if exc.errno == errno.ELOOP:
         return "symbolic link loop (following the link leads back to it)"
+    if exc.errno == errno.ENAMETOOLONG:
+        length = f" ({len(os.fsencode(exc.filename))} bytes)" if isinstance(exc.filename, (str, bytes)) else ""
+        return (
+            f"its path is longer than the system allows{length}: move or copy the files to a folder with a shorter "
+            "path, then scan that folder"
+        )
     return exc.strerror or str(exc)
 
 
