@@ -24,6 +24,7 @@ from pipeline.errors import (
     MissingPixelDataError,
     NotCTError,
     NotDicomError,
+    SeriesGeometryError,
     SingleSliceError,
     TruncatedFileError,
     UnreadableFileError,
@@ -334,9 +335,9 @@ def test_enhanced_frame_without_position_is_named_as_the_reason(tmp_path):
     assert not series.selected
     assert "IMG0001: frame 6 has no ImagePositionPatient in its functional groups (fix: re-export" in series.why_not
     assert "no valid ImageOrientationPatient" not in series.why_not
-    with pytest.raises(CtpipeError) as err:
+    with pytest.raises(SeriesGeometryError) as err:  # the folder's only series: its own error, not "no series"
         load_series(tmp_path / "mf")
-    assert "frame 6 has no ImagePositionPatient" in str(err.value)
+    assert "frame 6 has no ImagePositionPatient" in str(err.value) and "re-export" in _fix(err)
 
 
 def test_enhanced_frames_at_one_position_name_the_file_to_re_export(tmp_path):

@@ -85,8 +85,8 @@ def explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
                 where=describe(s),
                 fix="point ctpipe at a CT series",
             )
-        if s.n_slices < 2:
-            try:  # raises SingleSliceError naming the series
+        if s.n_slices < 2 or any(h.geometry_error for h in s.headers):
+            try:  # raises SingleSliceError naming the series, or the multi-frame geometry error naming file and frame
                 build_volume(s)
             except CtpipeError as exc:
                 return exc

@@ -156,6 +156,8 @@ def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality:
             ("Columns (0028,0011)", h.columns),
         ):
             if value is None:
+                if h.geometry_error:
+                    read_frames(h.path)  # raises the multi-frame file's own error: which frame lacks what
                 raise SeriesGeometryError(
                     f"the image has no valid {name}",
                     where=h.path,
