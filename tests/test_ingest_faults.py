@@ -375,6 +375,24 @@ def test_a_report_beside_the_images_is_left_out_as_not_an_image(tmp_path):
     assert len(scan.selected) == 1
 
 
+def test_damaged_rle_stream_is_refused_naming_the_file_and_the_batch_goes_on(tmp_path):
+    """An RLE file whose compressed bytes are damaged makes the Rust RLE decoder panic (PanicException derives from
+    BaseException): refused as a file to copy again, and the other series of the batch are still cached."""
+    from pipeline.cache import CaseCache
+    from pipeline.ingest import ingest_to_cache
+
+    paths = write_phantom(tmp_path / "src" / "rle", transfer_syntax="rle")
+    write_phantom(tmp_path / "src" / "plain", seed=2)
+    raw = bytearray(paths[5].read_bytes())
+    raw[-2000:-1500] = b"\x55" * 500  # in the last segments: literal runs that overflow the decoder's buffer
+    paths[5].write_bytes(bytes(raw))
+    with pytest.raises(TruncatedFileError) as err:
+        load_series(tmp_path / "src" / "rle")
+    assert str(paths[5]) in _fix(err) and "cannot be decoded" in str(err.value) and "RLE Lossless" in str(err.value)
+    report = ingest_to_cache(tmp_path / "src", CaseCache(tmp_path / "cache"))
+    assert len(report.written) == 1 and [type(r.error) for r in report.scan.rejected] == [TruncatedFileError]
+
+
 def test_one_and_two_slice_series(tmp_path):
     write_phantom(tmp_path / "one", keep=1)
     with pytest.raises(SingleSliceError) as err:

@@ -28,6 +28,14 @@ PYDICOM_ERRORS = (
     RuntimeError,
 )
 
+
+def decode_failure(exc: BaseException) -> bool:
+    """Whether ``exc``, raised while pydicom decodes pixel data, means that the data cannot be decoded: one of
+    :data:`PYDICOM_ERRORS`, or the panic of a decoder written in Rust (pylibjpeg-rle on a damaged RLE stream raises
+    ``pyo3_runtime.PanicException``, which derives from BaseException, not Exception, and would stop a batch)."""
+    return isinstance(exc, PYDICOM_ERRORS) or type(exc).__name__ == "PanicException"
+
+
 #: Transfer syntaxes whose pixel data is read straight from the file, without a decoder.
 NATIVE_SYNTAXES = frozenset({IMPLICIT_LE, EXPLICIT_LE})
 

@@ -23,7 +23,7 @@ from ..errors import (
     SeriesGeometryError,
     TruncatedFileError,
 )
-from ._pydicom import PYDICOM_ERRORS, check_decoder, syntax_name
+from ._pydicom import PYDICOM_ERRORS, check_decoder, decode_failure, syntax_name
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,9 @@ def read_frame_pixels(path: Path, n_frames: int, rows: int, columns: int, transf
         )
     try:
         arr = ds.pixel_array
-    except PYDICOM_ERRORS as exc:
+    except BaseException as exc:
+        if not decode_failure(exc):
+            raise
         raise TruncatedFileError(
             f"pixel data cannot be decoded ({exc}); transfer syntax {transfer_syntax} ({syntax_name(transfer_syntax)})",
             where=path,

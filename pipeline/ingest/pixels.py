@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import MissingPixelDataError, TruncatedFileError, UnreadableFileError
-from ._pydicom import NATIVE_SYNTAXES, PYDICOM_ERRORS, check_decoder, syntax_name
+from ._pydicom import NATIVE_SYNTAXES, PYDICOM_ERRORS, check_decoder, decode_failure, syntax_name
 from .discover import os_reason
 from .headers import SliceHeader
 
@@ -79,7 +79,9 @@ def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None
         ) from exc
     try:
         arr = ds.pixel_array
-    except PYDICOM_ERRORS as exc:
+    except BaseException as exc:
+        if not decode_failure(exc):
+            raise
         raise TruncatedFileError(
             f"pixel data cannot be decoded ({type(exc).__name__}: {exc}); "
             f"transfer syntax {h.transfer_syntax} ({syntax_name(h.transfer_syntax)})",
