@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import trimesh
+from scipy import ndimage
 
 from pipeline.errors import ReconstructionError
 from pipeline.phantom import generate_phantom
@@ -25,6 +26,13 @@ def _geom(direction: np.ndarray, shape=(40, 40, 40)) -> Geometry:
     return Geometry(shape=shape, spacing=(0.8, 0.9, 1.5), origin=(10.0, -5.0, 3.0), direction=direction)
 
 
+def _enclosed_centroid(mesh: Mesh) -> np.ndarray:
+    """Centre of mass (LPS mm) of the solid a closed mesh encloses: its faces' tetrahedra to the origin, by volume."""
+    a, b, c = (mesh.vertices[mesh.faces[:, n]] for n in range(3))
+    v = np.einsum("ij,ij->i", a, np.cross(b, c)) / 6.0
+    return ((a + b + c) / 4.0 * v[:, None]).sum(axis=0) / v.sum()
+
+
 def _check_surface(mesh: Mesh, mask: np.ndarray, geom: Geometry, tol: float = 0.02) -> None:
     assert mesh.is_watertight()
     assert mesh.volume() > 0  # outward faces give a positive signed volume
@@ -33,16 +41,34 @@ def _check_surface(mesh: Mesh, mask: np.ndarray, geom: Geometry, tol: float = 0.
     lo, hi = geom.bounds_lps()
     half = 0.5 * np.abs(geom.direction * np.asarray(geom.spacing)[None, :]).sum(axis=1)
     assert (mesh.vertices >= lo - half - 1e-6).all() and (mesh.vertices <= hi + half + 1e-6).all()
+    # every vertex lies on the mask's edge in LPS: within 2 voxels of a voxel of the other kind (a mirrored or
+    # permuted axis puts the surface of a lung or a bone 10 mm or more away from the mask's)
+    d = _edge_distance_mm(mesh.vertices, mask, geom)
+    assert d.max() <= 2 * max(geom.spacing) + 1e-6, (float(d.max()), geom.spacing)
+
+
+def _edge_distance_mm(points_lps: np.ndarray, mask: np.ndarray, geom: Geometry) -> np.ndarray:
+    """For each LPS point, the distance (mm) from the voxel it falls in to the nearest voxel on the other side of the
+    mask's edge; outside the scanned grid counts as outside the mask."""
+    padded = np.pad(mask, 1)
+    kji = np.rint(geom.lps_to_index(points_lps)[:, ::-1]).astype(int) + 1
+    kji = tuple(np.clip(kji, 0, np.array(padded.shape) - 1).T)
+    sampling = geom.spacing[::-1]
+    to_outside = ndimage.distance_transform_edt(padded, sampling=sampling)[kji]
+    to_inside = ndimage.distance_transform_edt(~padded, sampling=sampling)[kji]
+    return np.where(padded[kji], to_outside, to_inside)
 
 
 @pytest.mark.parametrize("name", sorted(DIRECTIONS))
 def test_sphere_surface_is_closed_outward_and_in_lps(name):
     geom = _geom(DIRECTIONS[name])
-    mask = sphere_mask()
+    mask = sphere_mask(center=(14, 22, 26), radius=10.0)  # off the grid's centre: a mirrored axis moves it
     mesh = mesh_from_mask(mask, geom, name="sphere")
     _check_surface(mesh, mask, geom, tol=0.001)  # volume restored to the voxel volume
+    # the enclosed solid's centre of mass is the mask's, in LPS
+    np.testing.assert_allclose(_enclosed_centroid(mesh), geom.centroid_lps(mask), atol=0.05)
     # every face normal points away from the centre
-    centre = geom.index_to_lps([20, 20, 20])
+    centre = geom.index_to_lps([26, 22, 14])
     tri_c = mesh.vertices[mesh.faces].mean(axis=1)
     assert (np.einsum("ij,ij->i", mesh.face_normals(), tri_c - centre) > 0).mean() > 0.99
 
