@@ -129,8 +129,15 @@ def test_findings_go_through_reconstruct(case):
         smoothing=0,
         target_triangles=2000,
     )
-    nod = rec.measurements["nodules"][0]
-    assert nod["volume_mm3"] > 0 and nod["equivalent_diameter_mm"] > 5
+    (nod,) = rec.measurements["nodules"]
+    truth = ph.nodules[0]
+    labelled_mm3 = float((ph.nodule_labels == 1).sum()) * float(np.prod(ph.volume.spacing))
+    assert nod["error"] is None and rec.nodules[0].error is None
+    assert nod["volume_mm3"] == pytest.approx(labelled_mm3, rel=0.15)  # the phantom's voxels, as for segment_findings
+    assert nod["volume_mm3"] == pytest.approx(rec.nodules[0].volume_mm3, abs=0.01)  # the JSON is the result's
+    assert nod["equivalent_diameter_mm"] == pytest.approx((6 * nod["volume_mm3"] / np.pi) ** (1 / 3), abs=2e-3)
+    assert nod["center_lps_mm"] == pytest.approx(truth.center_lps, abs=1e-3)  # the finding's centre, LPS mm
+    assert np.linalg.norm(np.subtract(nod["centroid_lps_mm"], truth.center_lps)) < 0.25 * truth.diameter_mm
 
 
 def test_a_box_without_a_nodule_is_reported_not_raised(case):
