@@ -45,7 +45,14 @@ def test_every_output_appears(recon):
     saved = np.load(out / "case4_labels.npz")
     names = json.loads(str(saved["names"]))
     assert set(names.values()) == {"body", "lung_left", "lung_right", "airway", "bone"}
-    assert saved["labels"].shape == rec.geometry.shape
+    labels = saved["labels"]
+    assert labels.shape == rec.geometry.shape
+    assert Geometry.from_json(json.loads(str(saved["geometry"]))).same_grid(rec.geometry, atol=1e-9)
+    # each label marks voxels of its organ, and every organ voxel carries some label
+    for value, organ in names.items():
+        region = labels == int(value)
+        assert region.any() and rec.mask(organ)[region].all(), organ
+    assert np.array_equal(labels > 0, np.logical_or.reduce([rec.mask(o) for o in names.values()]))
 
 
 def test_measurements_match_the_truth(recon, phantom):
