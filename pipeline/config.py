@@ -123,6 +123,20 @@ def _check_pacs(check: Any, value: str, path: str, source: str) -> str:
     return checked if isinstance(checked, str) else value
 
 
+def _refuse_change(path: str, value: Any, *, delete: bool = False) -> None:
+    """A loaded configuration is read-only: raise AttributeError naming what was to be set and how to give it."""
+    if delete:
+        what, fix = f"delete {path}", "leave it out of the overrides to keep its default"
+    elif "." in path:
+        what, fix = f"set {path} to {value!r}", f"load_config(overrides={{{path!r}: {value!r}}}) or --set {path}={value}"
+    else:
+        what, fix = (
+            f"replace the section {path!r}",
+            f"load_config(overrides={{'{path}.OPTION': VALUE}}) or --set {path}.OPTION=VALUE",
+        )
+    raise AttributeError(f"the configuration is read-only: cannot {what}. Fix: give the value when loading it, {fix}")
+
+
 class Section(Mapping[str, Any]):
     """Read-only view of one section; options are attributes: ``cfg.runner.workers``."""
 
@@ -135,6 +149,14 @@ class Section(Mapping[str, Any]):
             return self.__dict__["_values"][key]
         except KeyError:
             raise AttributeError(f"config section {self.__dict__.get('_name')!r} has no option {key!r}") from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        if "_values" in self.__dict__:
+            _refuse_change(f"{self._name}.{key}", value)
+        object.__setattr__(self, key, value)
+
+    def __delattr__(self, key: str) -> None:
+        _refuse_change(f"{self._name}.{key}", None, delete=True)
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -161,6 +183,14 @@ class Config(Mapping[str, Section]):
             return self.__dict__["_sections"][name]
         except KeyError:
             raise AttributeError(f"config has no section {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "sources" in self.__dict__:  # set last in __init__
+            _refuse_change(name, value)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        _refuse_change(name, None, delete=True)
 
     def __getitem__(self, name: str) -> Section:
         return self._sections[name]

@@ -148,8 +148,16 @@ def test_override_sources_label_each_option_and_its_errors():
 
 def test_config_object_is_read_only_and_round_trips():
     cfg = load_config(environ={})
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="config section 'runner' has no option 'nonexistent'"):
         _ = cfg.runner.nonexistent
+    fix = r"Fix: give the value when loading it, load_config\(overrides=\{'runner.workers': 5\}\) or --set runner.workers=5"
+    with pytest.raises(AttributeError, match=r"read-only: cannot set runner.workers to 5\. " + fix):
+        cfg.runner.workers = 5
+    with pytest.raises(AttributeError, match=r"read-only: cannot replace the section 'runner'"):
+        cfg.runner = cfg.report
+    with pytest.raises(AttributeError, match=r"read-only: cannot delete runner.workers"):
+        del cfg.runner.workers
+    assert cfg.runner.workers == cfg.runner["workers"] == 2 and cfg.runner is cfg["runner"]
     d = cfg.to_dict()
     d["runner"]["workers"] = 99
     assert cfg.runner.workers == 2  # to_dict returns a copy
