@@ -103,8 +103,9 @@ def test_without_bootstrap_the_files_are_strict_json_and_csv_and_say_so(tmp_path
 
 
 def test_empty_truth_is_an_error():
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"holds no nodule of at least 3\.0 mm in the 1 scans evaluated") as err:
         evaluate_froc({"a": []}, {"a": [((0, 0, 0), 2.0)]}, n_bootstrap=5)
+    assert err.value.fix == "check the truth file and the scan list"
 
 
 def _findings(sid, centres_scores):

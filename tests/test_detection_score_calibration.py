@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -33,19 +34,26 @@ def test_map_is_monotone_from_zero_to_one_and_only_for_thick_slices():
     assert "3 mm slices (> 2.5 mm)" in cal.describe(3.0)
 
 
+ENDS = "do not run from (0, 0) to (1, 1)"
+ORDER = "are not increasing (thick-slice scores) and non-decreasing (thin-slice scores)"
+
+
 @pytest.mark.parametrize(
-    "knots",
+    ("knots", "why"),
     [
-        ((0.0, 0.0), (0.5, 0.6)),  # does not end at (1, 1)
-        ((0.1, 0.0), (1.0, 1.0)),  # does not start at (0, 0)
-        ((0.0, 0.0), (0.5, 0.6), (0.5, 0.7), (1.0, 1.0)),  # thick-slice scores not increasing
-        ((0.0, 0.0), (0.5, 0.6), (0.7, 0.4), (1.0, 1.0)),  # thin-slice scores decreasing
+        (((0.0, 0.0), (0.5, 0.6)), ENDS),  # does not end at (1, 1)
+        (((0.1, 0.0), (1.0, 1.0)), ENDS),  # does not start at (0, 0)
+        (((0.0, 0.0), (0.5, 0.6), (0.5, 0.7), (1.0, 1.0)), ORDER),  # thick-slice scores not increasing
+        (((0.0, 0.0), (0.5, 0.6), (0.7, 0.4), (1.0, 1.0)), ORDER),  # thin-slice scores decreasing
     ],
 )
-def test_invalid_knots_are_refused_naming_the_entry_and_the_fix(knots):
-    with pytest.raises(ValueError):
+def test_invalid_knots_are_refused_naming_the_entry_and_the_fix(knots, why):
+    said = re.escape(f"knots {[tuple(k) for k in knots]} {why}")
+    with pytest.raises(ValueError, match=said):
         ScoreCalibration(min_slice_thickness_mm=2.5, knots=knots)
-    with pytest.raises(BundleError, match="thick_slice_calibration") as err:
+    with pytest.raises(
+        BundleError, match=r"m\.json: thick_slice_calibration: invalid thick_slice_calibration entry .*" + said
+    ) as err:
         ScoreCalibration.from_json({"min_slice_thickness_mm": 2.5, "knots": knots}, where="m.json: thick_slice_calibration")
     assert "calibrate_operating_point.py" in str(err.value)
 
