@@ -61,9 +61,10 @@ def test_bad_entries_are_reported_and_the_rest_load(tmp_path, loader, caplog):
         assert bad in str(case.error), str(case.error)
         assert words in str(case.error), str(case.error)
         assert "Fix:" in str(case.error)
-        with pytest.raises(CacheError):
+        with pytest.raises(CacheError) as raised:
             case.unwrap()
-        with pytest.raises(LoaderError):
+        assert raised.value is case.error  # the case's own error, not another one
+        with pytest.raises(LoaderError, match=rf"case {bad}: the case failed to load, so it has no geometry"):
             case.input_index_to_lps(np.zeros((1, 3)))
     assert any("truncated" in r.getMessage() for r in caplog.records)
 
