@@ -72,6 +72,13 @@ def test_measurements_match_the_truth(recon, phantom):
     assert meas["lungs"]["emphysema_index_pct"] == pytest.approx(expected, abs=1e-3)
     bb = meas["organs"]["lung_left"]["bbox_lps_mm"]
     assert bb["min"][0] > 0  # the left lung lies at +x (LPS)
+    # each organ's box encloses its voxel cells in LPS mm: the extreme voxel centres plus half a voxel
+    g = rec.geometry
+    for organ, values in meas["organs"].items():
+        centres = g.index_to_lps(np.argwhere(rec.mask(organ))[:, ::-1])
+        half = 0.5 * np.asarray(g.spacing_lps())
+        np.testing.assert_allclose(values["bbox_lps_mm"]["min"], centres.min(axis=0) - half, atol=2e-3, err_msg=organ)
+        np.testing.assert_allclose(values["bbox_lps_mm"]["max"], centres.max(axis=0) + half, atol=2e-3, err_msg=organ)
     assert meas["coordinates"].startswith("DICOM patient coordinates (LPS)")
 
 
