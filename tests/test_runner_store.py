@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 
 import pytest
 
@@ -181,8 +182,10 @@ def test_findings_are_stored_once_per_case(store):
 
 def test_failing_records_stage_class_and_reason(store):
     key = _add(store)
+    before = time.time()
     store.begin_case(key, "r1")
     store.fail_case(key, reason="pixel data cut short", error_class="TruncatedFileError", stage="ingest")
+    after = time.time()
     row = store.case(key)
     assert (row["status"], row["failed_stage"], row["error_class"], row["reason"]) == (
         "failed",
@@ -190,7 +193,10 @@ def test_failing_records_stage_class_and_reason(store):
         "TruncatedFileError",
         "pixel data cut short",
     )
-    assert row["latency_s"] >= 0
+    # the case's latency: from its start to its failure, both within this test's clock readings
+    assert before <= row["started_at"] <= row["ended_at"] <= after
+    assert 0 <= row["latency_s"] <= after - before
+    assert row["latency_s"] == pytest.approx(row["ended_at"] - row["started_at"], abs=1e-3)
     store.begin_case(key, "r2")  # retried on request: the old reason is cleared
     row = store.case(key)
     assert row["status"] == "running" and row["reason"] is None and row["error_class"] is None
