@@ -1,5 +1,5 @@
 """Accession numbers in PACS sources stay out of the run store's command line and the PACS logs unless
-``privacy.keep_identifiers`` (no archive needed: a stub stands in for it)."""
+``privacy.keep_identifiers``; the queries go to a real Orthanc (``tests._support.orthanc``) that holds none of them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.pacs import fetch
-from pipeline.pacs.address import Endpoint, for_records, parse_source, redact_identifiers
+from pipeline.pacs.address import for_records, parse_source, redact_identifiers
 from pipeline.runner.batch import run_batch
+
+pytest_plugins = ["tests._support.orthanc"]
 
 SOURCE = "dimse://PACS@pacs.example.org:104?studydate=20261130&accession=A123,B456&modality=CT"
 
@@ -57,46 +59,41 @@ def test_the_run_store_keeps_no_accession_number_unless_keep_identifiers(tmp_pat
     assert stored == command
 
 
-class _NoStudies:
-    """An archive that finds nothing."""
-
-    def __init__(self, endpoint: Endpoint):
-        self.endpoint = endpoint
-
-    def find_studies(self, query):
-        return []
-
-    def find_series(self, study_uid, *, series_uid=None, modality="CT"):
-        return []
-
-    def close(self) -> None:
-        pass
+@pytest.fixture
+def pacs_source(orthanc, monkeypatch) -> str:
+    """A DIMSE source on the test Orthanc asking for two accession numbers it does not hold (credentials set)."""
+    for k, v in orthanc.env.items():
+        monkeypatch.setenv(k, v)
+    return f"{orthanc.dimse}?studydate=20261130&accession=A123,B456&modality=CT"
 
 
 @pytest.mark.parametrize("keep", [False, True])
-def test_pacs_fetch_logs_and_lines_name_accessions_only_with_keep_identifiers(tmp_path, monkeypatch, caplog, keep):
-    monkeypatch.setattr(fetch, "open_archive", lambda endpoint, cfg, mode=None: _NoStudies(endpoint))
-    cfg = load_config(overrides={"keep_identifiers": keep}, environ={})
-    with caplog.at_level(logging.INFO, logger="pipeline.pacs"):
-        res = fetch.fetch_sources([parse_source(SOURCE)], run_dir=tmp_path / "run", cfg=cfg)
+@pytest.mark.pacs
+def test_pacs_fetch_logs_and_lines_name_accessions_only_with_keep_identifiers(tmp_path, pacs_source, orthanc, caplog, keep):
+    cfg = load_config(overrides={"keep_identifiers": keep, "pacs.timeout_s": 10.0, "pacs.retries": 0}, environ={})
+    with caplog.at_level(logging.DEBUG, logger="pipeline"):  # everything ctpipe logs while it queries the archive
+        res = fetch.fetch_sources([parse_source(pacs_source)], run_dir=tmp_path / "run", cfg=cfg)
     assert [what for what, _, _ in res.failures] == ["accession A123", "accession B456"]  # the caller's own values
+    assert all("no study dated 20261130-20261130 with a CT series" in why for _, _, why in res.failures), res.failures
     text = "\n".join(res.lines()) + "\n" + caplog.text
     assert "0 series selected" in caplog.text
     if keep:
         assert "accession A123" in text and "accession=A123,B456" in text
     else:
         assert "A123" not in text and "B456" not in text
-        assert "PACS failure accession 2 of 2 in dimse://PACS@pacs.example.org:104?studydate=20261130&accession=***" in text
+        assert f"PACS failure accession 2 of 2 in {orthanc.dimse}?studydate=20261130&accession=***" in text
 
 
 @pytest.mark.parametrize("keep", [False, True])
-def test_ctpipe_run_of_a_pacs_source_records_and_prints_no_accession_unless_kept(tmp_path, monkeypatch, capsys, keep):
+@pytest.mark.pacs
+def test_ctpipe_run_of_a_pacs_source_records_and_prints_no_accession_unless_kept(
+    tmp_path, pacs_source, orthanc, monkeypatch, capsys, keep
+):
     from pipeline.cli import main
 
-    monkeypatch.setattr(fetch, "open_archive", lambda endpoint, cfg, mode=None: _NoStudies(endpoint))
     (tmp_path / "src").mkdir()
-    argv = ["run", SOURCE, str(tmp_path / "src"), "--out", str(tmp_path / "run"), "--workers", "0"]
-    argv += ["--set", "report.enabled=false", *(["--keep-identifiers"] if keep else [])]
+    argv = ["run", pacs_source, str(tmp_path / "src"), "--out", str(tmp_path / "run"), "--workers", "0"]
+    argv += ["--set", "report.enabled=false", "--set", "pacs.retries=0", *(["--keep-identifiers"] if keep else [])]
     monkeypatch.setattr(sys, "argv", ["ctpipe", *argv])
     assert main(argv) == 3  # the accession numbers selected nothing
     printed = capsys.readouterr()
@@ -104,5 +101,5 @@ def test_ctpipe_run_of_a_pacs_source_records_and_prints_no_accession_unless_kept
     with sqlite3.connect(tmp_path / "run" / "runs.sqlite") as db:
         (command,) = db.execute("SELECT command FROM runs").fetchone()
     text = command + printed.out + printed.err + (tmp_path / "run" / "run.log").read_text()
-    assert command.startswith("ctpipe run dimse://PACS@pacs.example.org:104?studydate=20261130&accession=")
+    assert command.startswith(f"ctpipe run {orthanc.dimse}?studydate=20261130&accession=")
     assert ("A123" in text and "B456" in command) if keep else ("A123" not in text and "B456" not in text)
