@@ -3,10 +3,11 @@
 * RT-planning chest on a flat couch (no annotations): the couch is located from the image
   itself, as the wide tissue rows below the patient beyond an air gap; the body must hold
   none of it, and all of the patient's tissue.
-* TotalSegmentator abdomen (model labels): every labelled organ lies in the body; bone against
+* TotalSegmentator abdomen (model labels): every labelled organ lies in the body, the air around it does not; bone against
   the spine, sacrum and rib labels (25-50, 92-115) and against all bone labels (adding hips,
   femurs and sternum, 75-78 and 116).
-* COPDGene chest (small field of view, lungs near the image edge): the lungs lie in the body.
+* COPDGene chest (small field of view, lungs near the image edge): the lungs lie in the body, the air around it
+  does not.
 """
 
 from __future__ import annotations
@@ -41,6 +42,19 @@ def couch_rows(hu: np.ndarray, denser_than_air_hu: float = -900.0) -> tuple[int,
     wide = np.nonzero(share[gap:] >= 0.3)[0]
     assert wide.size, "no couch under the patient"
     return gap - 1, gap + int(wide[0])
+
+
+def outside_air(hu: np.ndarray) -> np.ndarray:
+    """Air around the patient: per slice, the voxels below -900 HU connected to the image's edge."""
+    from scipy import ndimage
+
+    air = hu < -900.0
+    out = np.zeros_like(air)
+    for k, plane in enumerate(air):
+        labels, _ = ndimage.label(plane)
+        edge = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
+        out[k] = np.isin(labels, edge[edge > 0])
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +117,12 @@ def ts():
 
 
 def test_totalseg_abdomen_body_holds_every_labelled_organ(ts):
-    _, labels, seg = ts
+    case, labels, seg = ts
     organs = labels > 0
     assert seg.masks["body"][organs].mean() >= 0.995
+    # and no more: the air around the patient (a tenth of the scan at least) is outside the body
+    air = outside_air(np.asarray(case.volume.array))
+    assert air.mean() > 0.1 and seg.masks["body"][air].mean() < 0.01
 
 
 def test_totalseg_abdomen_bone_against_the_model_labels(ts):
@@ -128,6 +145,9 @@ def test_copdgene_lungs_lie_in_the_body():
     seg = segment_organs(case.volume, organs=("body",), device="cpu")
     lungs = case.reference["lung_left"] | case.reference["lung_right"]
     assert seg.masks["body"][lungs].mean() >= 0.99
+    # and no more: the air around the patient (a tenth of the scan at least) is outside the body
+    air = outside_air(np.asarray(case.volume.array))
+    assert air.mean() > 0.1 and seg.masks["body"][air].mean() < 0.01
 
 
 def test_copdgene_without_contrast_is_not_called_enhanced():
