@@ -238,8 +238,16 @@ def test_cli_detect_writes_json_csv_png(tmp_path, capsys):
     assert data["restricted_to_lungs"] and "LPS" in data["coordinates"]
     n = len(data["findings"])
     assert n > 0
-    rows = list(csv.DictReader(open(out / "ct.findings.csv")))
+    with open(out / "ct.findings.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
     assert len(rows) == n and float(rows[0]["score"]) >= float(rows[-1]["score"])
+    for rank, (row, f) in enumerate(zip(rows, data["findings"]), 1):  # the CSV says what the JSON says, in LPS mm
+        assert int(row["rank"]) == rank and float(row["score"]) == pytest.approx(f["score"], abs=1e-5)
+        xyz = [float(row[f"center_{a}_lps"]) for a in "xyz"]
+        assert xyz == pytest.approx(f["center_lps"], abs=0.01)
+        assert [float(row[f"box_min_{a}"]) for a in "xyz"] == pytest.approx(f["box_min_lps"], abs=0.01)
+        assert [float(row[f"box_max_{a}"]) for a in "xyz"] == pytest.approx(f["box_max_lps"], abs=0.01)
+        assert [int(row[f"voxel_{a}"]) for a in "ijk"] == f["voxel_ijk"] and int(row["slice_number"]) == f["slice_number"]
     f0 = data["findings"][0]
     ijk = vol.lps_to_index(f0["center_lps"])
     assert np.allclose(np.round(ijk), f0["voxel_ijk"]) and f0["slice_number"] == f0["voxel_ijk"][2] + 1
