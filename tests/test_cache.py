@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +30,9 @@ def test_round_trip(tmp_path):
     assert cache.case_ids() == ["case-1"]
     assert "case-1" in cache
     mm = cache.read("case-1", mmap=True)
-    assert not mm.array.flags.writeable  # mapped read-only, not read into memory
+    assert not mm.array.flags.writeable and not mm.array.flags.owndata  # mapped read-only, not read into memory
+    assert isinstance(mm.array.base, np.memmap) and Path(mm.array.base.filename) == (tmp_path / "case-1.npy").resolve()
+    np.testing.assert_array_equal(mm.array, vol.array)
 
 
 def test_no_temporary_files_remain(tmp_path):
