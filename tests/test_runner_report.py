@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.runner import run_batch
 from pipeline.runner.stages import IngestStage
 from tests._support.prometheus import local_opener
-from tests._support.runner import ctpipe
+from tests._support.runner import ctpipe, db_rows
 
 pytest_plugins = ["tests._support.runner"]
 
@@ -107,6 +107,14 @@ def test_report_over_two_runs(full_run, ingest_run, tmp_path):
     ]
     tp = summary["throughput"]
     assert sum(tp["per_day_utc"].values()) == 6 and sum(tp["per_hour_utc"].values()) == 6
+    # the active time: the union of the two runs' start-to-end spans, as their run stores hold them
+    spans = sorted(
+        span for run in (full_run, ingest_run) for span in db_rows(run["out"], "SELECT started_at, ended_at FROM runs")
+    )
+    assert len(spans) == 2
+    (s0, e0), (s1, e1) = spans
+    union_s = (e0 - s0) + (e1 - max(s1, e0) if e1 > e0 else 0.0)
+    assert summary["active_hours"] == pytest.approx(union_s / 3600.0, rel=1e-9)
     assert tp["cases_per_hour"] == pytest.approx(6 / summary["active_hours"])
     assert not tp["enough_to_project"]  # 6 cases: the headline leads with the measured rate, no cases/day figure
     assert f"{tp['cases_per_hour']:,.1f} cases/hour from 6 completed case(s)" in summary["projection"]
