@@ -62,10 +62,19 @@ def test_mpr_pngs_show_right_on_image_left_and_superior_on_top(tmp_path, pos):
         assert row < body.shape[0] / 2, p.name
 
 
-def test_mip_slab_pngs(tmp_path):
-    vol, cube = _marked_volume(np.eye(3))
+@pytest.mark.parametrize("pos", sorted(DIRECTIONS))
+def test_mip_slab_pngs_show_right_on_image_left_and_anterior_on_top(tmp_path, pos):
+    vol, cube = _marked_volume(DIRECTIONS[pos])
     paths = render_mip(vol, tmp_path, stem="m", lung_mask=cube, n_slabs=2, slab_mm=2.0)
     assert len(paths) == 2 and all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+    for p in paths:  # each slab crosses the cube (right, anterior): axial, so right on the left, anterior on top
+        img = mpimg.imread(p)[..., :3]
+        h, w, _ = img.shape
+        body = img[int(0.08 * h) :]  # below the title
+        white = np.argwhere((body > 0.95).all(axis=-1))
+        assert white.size, p.name
+        row, col = white.mean(axis=0)
+        assert col < w / 2 and row < body.shape[0] / 2, (p.name, row, col)
 
 
 def test_preview_shows_the_left_lung_on_the_image_right():
