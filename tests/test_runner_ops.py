@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -83,19 +84,43 @@ def test_run_help_lists_every_exit_status():
     assert "130 interrupted" in text and "SIGHUP" in text and "2 bad command-line arguments" in text
 
 
-def test_sighup_stops_the_run_like_sigterm(tmp_path, monkeypatch, capsys, own_signals):
-    """The terminal of an interactive run closes (SIGHUP): recorded as interrupted, exit 130, resumable."""
-    import pipeline.runner.batch as batch
+class _HangUp(Stage):
+    """A stage during which the terminal closes: the process gets SIGHUP while a case runs."""
 
-    def fake_run_batch(*args: Any, **kwargs: Any) -> None:
+    name = "ingest"
+    group = "cpu"
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
         assert signal.getsignal(signal.SIGHUP) not in (signal.SIG_DFL, signal.SIG_IGN), "SIGHUP would kill the run"
         os.kill(os.getpid(), signal.SIGHUP)
         raise AssertionError("SIGHUP did not stop the run")
 
-    monkeypatch.setattr(batch, "run_batch", fake_run_batch)
+
+def test_sighup_stops_the_run_like_sigterm(tmp_path, monkeypatch, capsys, own_signals):
+    """The terminal of an interactive run closes (SIGHUP) while a case runs: recorded as interrupted, exit 130, and
+    the same command resumes it."""
+    import pipeline.runner.batch as batch
+    from tests._support.dicom import write_series
+
+    write_series(tmp_path / "src" / "a", n=12, series_uid="1.2.3.77")
+    argv = ["run", str(tmp_path / "src"), "--out", str(tmp_path / "run"), "--workers", "0", "--quiet"]
+    argv += ["--set", "report.enabled=false"]
+    real_build = batch.build_stages
+    monkeypatch.setattr(batch, "build_stages", lambda cfg: [_HangUp()])
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    assert main(["run", str(tmp_path), "--out", str(tmp_path / "run"), "--quiet"]) == 130
+    assert main(argv) == 130
     assert "interrupted; run the same command again to resume" in capsys.readouterr().err
+    run = tmp_path / "run" / "runs.sqlite"
+    with sqlite3.connect(run) as db:
+        assert db.execute("SELECT status FROM runs").fetchall() == [("interrupted",)]
+        ((status,),) = db.execute("SELECT status FROM cases").fetchall()
+    assert status == "running"  # left mid-case: the next run takes it again
+    # resumable: the same command, the terminal open this time, runs the case to the end
+    monkeypatch.setattr(batch, "build_stages", lambda cfg: [s for s in real_build(cfg) if s.name == "ingest"])
+    assert main(argv) == 0
+    with sqlite3.connect(run) as db:
+        assert db.execute("SELECT status FROM runs ORDER BY started_at").fetchall() == [("interrupted",), ("completed",)]
+        assert db.execute("SELECT status FROM cases").fetchall() == [("done",)]
 
 
 def test_sighup_ignored_under_nohup_stays_ignored(tmp_path, monkeypatch, own_signals):
