@@ -6,10 +6,10 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from pipeline.runner.results import open_run
+from pipeline.volume import Geometry
 from tests._support.runner import db_rows, manifest
 
 pytest_plugins = ["tests._support.runner"]
@@ -87,10 +87,12 @@ def test_run_record_log_and_results(full_run, dicom_data):
     # measurements: both lungs with a volume in mL; findings (if any) inside the volume, LPS mm
     vols = run.measurements[run.measurements.name.str.endswith("volume_ml")]
     assert (vols.value > 0).all() and set(vols.unit) == {"mL"} and len(vols) >= 6
+    assert len(run.findings) > 0  # the phantoms' nodules give findings to check
     for f in run.findings.itertuples():
         case = run.case(f.case_id)
-        assert case.status == "done"
-        assert np.isfinite([f.center_x, f.center_y, f.center_z]).all()
+        assert case.status == "done" and case.folder is not None
+        grid = Geometry.from_json(json.loads((case.folder / "volume.json").read_text())["geometry"])
+        assert grid.contains_lps([f.center_x, f.center_y, f.center_z]), (f.case_id, f.center_x, f.center_y, f.center_z)
     det = run.stages[(run.stages.stage == "detect") & (run.stages.status == "ok")]
     assert all(json.loads(d)["model"] > 0 for d in det.detail)  # the detector's own model time (s)
     # the loader made the model input (DALI is installed here: auto picks it) in the model worker, before detect
