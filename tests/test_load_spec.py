@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -237,11 +238,12 @@ def test_spec_validation(kwargs, words):
 
 
 def test_spec_is_keyword_only_frozen_and_round_trips():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"takes 1 positional argument but 2 were given"):
         PreprocessSpec((0.7, 0.7, 1.25))  # type: ignore[misc]
     spec = PreprocessSpec(spacing=(0.7, None, 1.0), size_divisible=8, roi=Roi(lo=(0, 0, 0), hi=(10, 10, 10), margin_mm=5))
-    with pytest.raises(AttributeError):
+    with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'clip'"):
         spec.clip = False  # type: ignore[misc]
+    assert spec.clip is True
     assert spec.size_divisible == (8, 8, 8)
     assert PreprocessSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
     with pytest.raises(ConfigError, match="unknown"):

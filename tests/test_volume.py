@@ -201,8 +201,9 @@ def test_a_path_or_array_where_a_volume_belongs_says_how_to_make_one():
 
 def test_metadata_is_read_only():
     vol = _volume()
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="does not support item assignment"):
         vol.metadata["SeriesInstanceUID"] = "x"  # type: ignore[index]
+    assert vol.metadata["SeriesInstanceUID"] == "1.2.3"
     assert "1.2.3" in repr(vol)
 
 
