@@ -291,13 +291,15 @@ def test_header_reads_in_processes_match_threads(tmp_path):
     """The worker-process path (used for large scans on machines with >= 4 CPUs) gives the same headers."""
     from pipeline.ingest import discover_files, read_headers
 
-    write_series(tmp_path / "a", n=40, series_uid="3.1")
+    write_series(tmp_path / "a", n=140, series_uid="3.1")  # more than one batch of 64 files per process
     (tmp_path / "junk.txt").write_text("not dicom " * 40)
     files = discover_files([tmp_path])
     threads = read_headers(files, workers=4, processes=False)
     procs = read_headers(files, workers=2, processes=True)
     assert procs == threads
-    assert len(procs[0]) == 40 and [f.kind for f in procs[1]] == ["not_dicom"]
+    assert len(procs[0]) == 140 and [f.kind for f in procs[1]] == ["not_dicom"]
+    # in the files' order, batch after batch
+    assert [h.path for h in procs[0]] == [f for f in files if f.suffix != ".txt"]
 
 
 def test_a_localizer_stored_among_the_axial_slices_is_split_off(tmp_path):
