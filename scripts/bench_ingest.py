@@ -3,14 +3,17 @@
 
 1. Series ingest: a 512x512x300 phantom series (``--quick``: 256x256x120) read into a HU array with LPS
    geometry by ``pipeline.ingest.load_series`` and by SimpleITK's ImageSeriesReader (series listing +
-   read + array), each from the folder, median of several runs on a warm page cache. The outputs are
+   read + array), each from the folder, median of several runs on a warm page cache (every reader run once
+   first; then the readers take turns, so that the machine's other load hits them alike). The outputs are
    compared voxel for voxel and the geometry within 1e-4 mm; the script exits 1 if they differ.
-   dcm2niix (DICOM -> NIfTI, uncompressed) is timed on the same folder when it is on PATH, and its
-   voxels are compared up to the axis flips of its output orientation.
+   dcm2niix (DICOM -> NIfTI, uncompressed) is timed in the same turns on the same folder when it is on PATH,
+   and its voxels are compared up to the axis flips of its output orientation. ctpipe reads with its default
+   thread pool (2 x CPU count, at most 8); SimpleITK's series reader and dcm2niix read the files one after
+   another (neither has an option to do otherwise).
 2. Header scan: a folder tree of >= 5000 small files from 80 series written into shared folders
    (``--quick``: 1000 files). ctpipe's ``scan_directory`` (discovery, header reads, grouping, selection,
    geometry checks) against SimpleITK's ``GetGDCMSeriesIDs`` + ``GetGDCMSeriesFileNames`` per folder, in
-   files per second; the series → files mapping of both is compared.
+   files per second, the tools taking turns; the series → files mapping of both is compared.
 
 Ingest runs on the CPU; ``--device`` is accepted for a uniform benchmark interface and recorded.
 """
@@ -27,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,13 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _median_times(fn, runs: int) -> tuple[float, list[float], object]:
-    times, result = [], None
+def _median_times(fns: dict[str, Callable[[], Any]], runs: int) -> dict[str, tuple[float, list[float], Any]]:
+    """Each of ``fns`` run ``runs`` times, in turn (round robin, so that the machine's other load hits them alike):
+    name -> (median seconds, every run's seconds, the last result)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    results: dict[str, Any] = {}
     for _ in range(runs):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times, result
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (statistics.median(ts), ts, results[name]) for name, ts in times.items()}
 
 
 def make_series(folder: Path, matrix: int, slices: int) -> Path:
@@ -103,11 +112,23 @@ def bench_series(folder: Path, runs: int) -> dict:
     def simpleitk_listing():
         return sitk.ImageSeriesReader.GetGDCMSeriesFileNames(str(folder))
 
-    ours(), simpleitk()  # warm the page cache for both
-    t_ours, runs_ours, vol = _median_times(ours, runs)
-    t_sitk, runs_sitk, (img, arr) = _median_times(simpleitk, runs)
-    t_scan, _, scan = _median_times(ours_scan, runs)
-    t_list, _, listing = _median_times(simpleitk_listing, runs)
+    contenders: dict[str, Callable[[], Any]] = {"ours": ours, "simpleitk": simpleitk}
+    nii_dir = Path(tempfile.mkdtemp(prefix="bench_dcm2niix_", dir=memory_tmp_root())) if shutil.which("dcm2niix") else None
+    if nii_dir is not None:
+        contenders["dcm2niix"] = lambda: _run_dcm2niix(folder, nii_dir)
+    try:
+        for fn in contenders.values():  # warm the page cache for every reader
+            fn()
+        timed = _median_times(contenders, runs)
+        dcm2niix = _check_dcm2niix(nii_dir, timed["ours"][2].array, timed["dcm2niix"]) if nii_dir is not None else {}
+    finally:
+        if nii_dir is not None:
+            shutil.rmtree(nii_dir, ignore_errors=True)
+    t_ours, runs_ours, vol = timed["ours"]
+    t_sitk, runs_sitk, (img, arr) = timed["simpleitk"]
+    timed = _median_times({"ours": ours_scan, "simpleitk": simpleitk_listing}, runs)
+    t_scan, _, scan = timed["ours"]
+    t_list, _, listing = timed["simpleitk"]
     (plan,) = scan.plans.values()
     same_listing = [str(h.path) for h in plan.headers] == list(listing)
     identical = bool(
@@ -132,8 +153,8 @@ def bench_series(folder: Path, runs: int) -> dict:
         "listing_ratio": t_list / t_scan,
         "listing_same_order": same_listing,
     }
-    if shutil.which("dcm2niix"):
-        out.update(_bench_dcm2niix(folder, vol.array, runs))
+    if dcm2niix:
+        out.update(dcm2niix)
         out["ratio_vs_dcm2niix"] = out["dcm2niix_s"] / t_ours
     return out
 
@@ -144,43 +165,38 @@ def memory_tmp_root() -> Path | None:
     return shm if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
 
 
-def _bench_dcm2niix(folder: Path, ours: np.ndarray, runs: int) -> dict:
-    """dcm2niix into a RAM-backed folder (``/dev/shm`` where there is one), as ctpipe reads into memory."""
+def _run_dcm2niix(folder: Path, out_dir: Path) -> None:
+    """dcm2niix: ``folder`` to one uncompressed NIfTI, ``out_dir/vol.nii`` (emptied first)."""
+    for p in out_dir.iterdir():
+        p.unlink()
+    subprocess.run(
+        ["dcm2niix", "-z", "n", "-b", "n", "-o", str(out_dir), "-f", "vol", str(folder)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _check_dcm2niix(out_dir: Path, ours: np.ndarray, timed: tuple[float, list[float], Any]) -> dict:
+    """dcm2niix's figures, and whether its last NIfTI in ``out_dir`` holds ctpipe's voxels (up to axis flips).
+    Its output goes to a RAM-backed folder (``/dev/shm`` where there is one), as ctpipe reads into memory."""
     import nibabel as nib
 
-    root = memory_tmp_root()
-    tmp = Path(tempfile.mkdtemp(prefix="bench_dcm2niix_", dir=root))
-    try:
-
-        def run():
-            for p in tmp.iterdir():
-                p.unlink()
-            subprocess.run(
-                ["dcm2niix", "-z", "n", "-b", "n", "-o", str(tmp), "-f", "vol", str(folder)],
-                check=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-
-        run()
-        t, all_runs, _ = _median_times(run, runs)
-        nii = np.asanyarray(nib.load(str(tmp / "vol.nii")).dataobj)
-        ref = ours.transpose(2, 1, 0)  # (i, j, k)
-        same = any(
-            nii.shape == ref.shape and np.array_equal(nii, ref[::fi, ::fj, ::fk])
-            for fi in (1, -1)
-            for fj in (1, -1)
-            for fk in (1, -1)
-        )
-        return {
-            "dcm2niix_s": t,
-            "dcm2niix_runs_s": all_runs,
-            "identical_to_dcm2niix": bool(same),
-            "dcm2niix_output_dir": str(tmp.parent),
-            "dcm2niix_output_in_memory": root is not None,
-        }
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    nii = np.asanyarray(nib.load(str(out_dir / "vol.nii")).dataobj)
+    ref = ours.transpose(2, 1, 0)  # (i, j, k)
+    same = any(
+        nii.shape == ref.shape and np.array_equal(nii, ref[::fi, ::fj, ::fk])
+        for fi in (1, -1)
+        for fj in (1, -1)
+        for fk in (1, -1)
+    )
+    return {
+        "dcm2niix_s": timed[0],
+        "dcm2niix_runs_s": timed[1],
+        "identical_to_dcm2niix": bool(same),
+        "dcm2niix_output_dir": str(out_dir.parent),
+        "dcm2niix_output_in_memory": out_dir.parent == Path("/dev/shm"),
+    }
 
 
 def bench_scan(root: Path, runs: int) -> dict:
@@ -204,9 +220,10 @@ def bench_scan(root: Path, runs: int) -> dict:
         return [uid for f in folders for uid in sitk.ImageSeriesReader.GetGDCMSeriesIDs(str(f))]
 
     ours(), simpleitk()
-    t_ours, runs_ours, scan = _median_times(ours, runs)
-    t_sitk, runs_sitk, listing = _median_times(simpleitk, runs)
-    t_ids, _, _ = _median_times(simpleitk_ids_only, runs)
+    timed = _median_times({"ours": ours, "simpleitk": simpleitk, "ids": simpleitk_ids_only}, runs)
+    t_ours, runs_ours, scan = timed["ours"]
+    t_sitk, runs_sitk, listing = timed["simpleitk"]
+    t_ids = timed["ids"][0]
     mine: dict[str, set[str]] = {}
     for s in scan.series:
         mine.setdefault(s.uid, set()).update(str(p) for p in s.files)
@@ -260,7 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         results["data_seconds"] = time.perf_counter() - t0
         s = bench_series(series_dir, runs)
         results["series_ingest"] = s
-        print(f"series ingest {matrix}x{matrix}x{slices} ({s['files']} files, {s['megabytes']} MB HU), median of {runs}:")
+        print(
+            f"series ingest {matrix}x{matrix}x{slices} ({s['files']} files, {s['megabytes']} MB HU), median of {runs} "
+            "(the tools in turn); ratio = peer s / ctpipe s (> 1: ctpipe faster):"
+        )
         print(f"  ctpipe load_series                  {s['ctpipe_s']:.3f} s")
         print(
             f"  SimpleITK ImageSeriesReader (peer)  {s['simpleitk_s']:.3f} s   ratio {s['ratio_vs_simpleitk']:.2f}x   "
@@ -282,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
             print("  dcm2niix: not installed, skipped")
         h = bench_scan(scan_dir, runs)
         results["header_scan"] = h
-        print(f"header scan of {h['files']} files, {h['series']} series in {h['folders']} folders, median of {runs}:")
+        print(
+            f"header scan of {h['files']} files, {h['series']} series in {h['folders']} folders, median of {runs} "
+            "(the tools in turn); ratio = peer s / ctpipe s (> 1: ctpipe faster):"
+        )
         print(f"  ctpipe scan_directory               {h['ctpipe_s']:.3f} s  {h['ctpipe_files_per_s']:.0f} files/s")
         print(
             f"  SimpleITK GDCM series listing (peer) {h['simpleitk_s']:.3f} s  {h['simpleitk_files_per_s']:.0f} files/s   "
