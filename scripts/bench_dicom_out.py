@@ -11,7 +11,8 @@ a CPU for the full case; also its SEG with ``omit_empty_frames=True``, the frame
 Peer: ``highdicom.seg.Segmentation(...)`` with its default settings (empty frames omitted, Explicit VR
 Little Endian, no workers) on the same 10 masks and source headers, then ``save_as``.
 
-Reported: medians of ``--repeats`` runs (each of the three writers warmed up once first), the ratio peer / ctpipe,
+Reported: medians of ``--repeats`` runs (each of the three writers warmed up once first, then the three in turn,
+so that the machine's other load hits them alike), the ratio peer / ctpipe (> 1: ctpipe faster),
 file sizes. The peer's masks are stacked into its input array (segments last) once, outside its timings.
 
     python scripts/bench_dicom_out.py [--quick] [--repeats N] [--json out.json]
@@ -238,12 +239,6 @@ def main(argv: list[str] | None = None) -> int:
             model_version="1",
             score_threshold=0.5,
         )
-        write_dicom_outputs(tmpdir / "warm", **options)
-        ours: list[float] = []
-        paths: dict[str, Path] = {}
-        for r in range(repeats):
-            paths, t = timed(write_dicom_outputs, tmpdir / f"ours{r}", **options)
-            ours.append(t)
         reported = reported_findings(
             findings,
             volume.geometry,
@@ -252,21 +247,6 @@ def main(argv: list[str] | None = None) -> int:
             nodules=nodules,
             organ_masks=masks,
         )
-        omit = []
-        write_seg_object(
-            tmpdir / "omit_warm.dcm", source=source, volume=volume, organ_masks=masks, findings=reported, omit_empty_frames=True
-        )
-        for r in range(repeats):
-            _, t = timed(
-                write_seg_object,
-                tmpdir / f"omit{r}.dcm",
-                source=source,
-                volume=volume,
-                organ_masks=masks,
-                findings=reported,
-                omit_empty_frames=True,
-            )
-            omit.append(t)
         g = volume.geometry
         nodule_full = []
         for f in reported:
@@ -278,16 +258,38 @@ def main(argv: list[str] | None = None) -> int:
             nodule_full.append(full)
         stacked = np.stack([masks[o] for o in ORGANS] + nodule_full, axis=-1)  # highdicom's input form
         del nodule_full
-        peer, peer_frames = [], 0
-        peer_seg(source, stacked, tmpdir / "peer_warm.dcm")
-        for r in range(repeats):
-            peer_frames, t = timed(peer_seg, source, stacked, tmpdir / f"peer{r}.dcm")
-            peer.append(t)
+
+        def ours_run(out: Path) -> dict[str, Path]:
+            return write_dicom_outputs(out, **options)
+
+        def omit_run(out: Path) -> Path:
+            return write_seg_object(
+                out / "seg.dcm", source=source, volume=volume, organ_masks=masks, findings=reported, omit_empty_frames=True
+            )
+
+        def peer_run(out: Path) -> int:
+            return peer_seg(source, stacked, out / "seg.dcm")
+
+        writers: dict[str, Any] = {"ours": ours_run, "omit": omit_run, "peer": peer_run}
+        for name, fn in writers.items():  # each writer warmed up once
+            (tmpdir / f"{name}_warm").mkdir()
+            fn(tmpdir / f"{name}_warm")
+        times: dict[str, list[float]] = {name: [] for name in writers}
+        last: dict[str, Any] = {}
+        for r in range(repeats):  # the writers take turns, so that the machine's other load hits them alike
+            for name, fn in writers.items():
+                out = tmpdir / f"{name}{r}"
+                out.mkdir()
+                last[name], t = timed(fn, out)
+                times[name].append(t)
+        ours, omit, peer = times["ours"], times["omit"], times["peer"]
+        paths: dict[str, Path] = last["ours"]
+        peer_frames = int(last["peer"])
         sizes = {
             "sr": paths["sr"].stat().st_size,
             "seg": paths["seg"].stat().st_size,
-            "seg_omit": (tmpdir / "omit0.dcm").stat().st_size,
-            "peer": (tmpdir / "peer0.dcm").stat().st_size,
+            "seg_omit": (tmpdir / "omit0" / "seg.dcm").stat().st_size,
+            "peer": (tmpdir / "peer0" / "seg.dcm").stat().st_size,
         }
     results.update(
         {
@@ -311,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"peer: {PEER}")
     print(f"peer SEG ({peer_frames} frames):       {results['peer_seg_s']:6.2f} s  ({sizes['peer'] / 1e6:.1f} MB)")
     print(
-        f"ratio peer / ctpipe: {results['ratio_peer_vs_ctpipe_sr_seg']:.1f}x (vs SR + SEG), "
+        f"ratio peer s / ctpipe s (> 1: ctpipe faster): {results['ratio_peer_vs_ctpipe_sr_seg']:.1f}x (vs SR + SEG), "
         f"{results['ratio_peer_vs_ctpipe_seg_omit']:.1f}x (vs the SEG with the same frames)"
     )
     if args.json:
