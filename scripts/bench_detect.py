@@ -236,13 +236,13 @@ def main(argv: list[str] | None = None) -> int:
             if res["ctpipe_postprocess_steps_ms_median"]:
                 steps = res["ctpipe_postprocess_steps_ms_median"]
                 print("  of which " + ", ".join(f"{k.removeprefix('fpr_')} {v:.0f} ms" for k, v in steps.items()))
-            print(f"  ratio ({res['ratio_label']}): {res['ratio']:.2f}x")
+            print(f"  ratio ({res['ratio_label']}; MONAI s / ctpipe s, > 1: ctpipe faster): {res['ratio']:.2f}x")
             print(
                 f"  ctpipe whole volume median {res['ctpipe_whole_volume_s']:.2f} s (model "
                 f"{res['ctpipe_whole_volume_model_ms_median']:.0f} ms, input {res['ctpipe_whole_volume_input_xyz']}; "
                 f"runs {_fmt(res['ctpipe_whole_volume_runs_s'])})"
             )
-            print(f"  ratio ({res['ratio_whole_volume_label']}): {res['ratio_whole_volume']:.2f}x")
+            print(f"  ratio ({res['ratio_whole_volume_label']}; MONAI s / ctpipe s): {res['ratio_whole_volume']:.2f}x")
             print(
                 f"  candidates: ctpipe {res['ctpipe_findings']} ({res['ctpipe_reported_at_operating_point']} at the "
                 f"operating point; whole volume {res['ctpipe_whole_volume_findings']}), MONAI {res['monai_findings']}"

@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         if "dali" in results:
             ratios["dali_vs_torch"] = results["dali"]["volumes_per_s"] / results["torch"]["volumes_per_s"]
         for k, v in ratios.items():
-            print(f"ratio {k}: {v:.2f}x")
+            a, b = k.split("_vs_")
+            print(f"ratio {k}: {v:.2f}x ({a} volumes/s / {b} volumes/s, > 1: {a} faster)")
         if not run_dali:
             print(f"DALI skipped: {'--skip-dali' if args.skip_dali else dali_why}")
     if args.json:

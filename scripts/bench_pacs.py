@@ -303,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     r, li = retrieval, listener
     print(f"Retrieval from a local Orthanc: {r['series']} series of {matrix}x{matrix}x{slices}, median of {repeats} runs")
     print("  peers: dcmtk findscu + getscu (C-GET) and findscu + movescu (C-MOVE, its own storage SCP), per series")
+    print("  ratios: ctpipe's rate / the other's (> 1: ctpipe faster)")
     print(
         f"  WADO-RS (dicomweb-client)   {r['wado_rs_series_per_min']:8.1f} series/min   (no peer: dcmtk has no DICOMweb client)"
     )
@@ -313,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         tool = "getscu" if name == "c_get" else "movescu"
         print(f"  {'dcmtk findscu + ' + tool + ' (peer)':<27} {r[f'dcmtk_{name}_series_per_min']:8.1f} series/min")
-    print(f"Receiving {li['instances']} instances pushed by dcmtk storescu, median of {repeats} runs")
+    print(
+        f"Receiving {li['instances']} instances pushed by dcmtk storescu, median of {repeats} runs; "
+        "ratio = ctpipe's rate / storescp's (> 1: ctpipe faster)"
+    )
     print(f"  ctpipe listen (fsync + journal)  {li['ctpipe_instances_per_s']:8.1f} instances/s")
     print(
         f"  dcmtk storescp (peer, no fsync)  {li['storescp_instances_per_s']:8.1f} instances/s   "

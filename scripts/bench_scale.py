@@ -258,7 +258,7 @@ def main() -> int:
     print(
         f"\n{args.cases} cases, {model}, {args.workers} cores per configuration, medians of {args.repeats} runs (fresh ctpipe run each)"
     )
-    print(f"peer: {peer}; ratios = configuration ÷ local")
+    print(f"peer: {peer}; ratios = configuration's cases/h ÷ local's (> 1: faster than local)")
     print(f"{'configuration':<14} {'wall s':>7} {'cases/h':>8} {'ratio':>6} {'steady s/case':>14} {'cases/h':>8} {'ratio':>6}")
     for name in results["configs"]:
         m = results["configs"][name]["median"]
