@@ -159,6 +159,15 @@ SCHEMA: dict[str, dict[str, Option]] = {
             0, "int", "cases", "cases admitted at once; 0 = 2 x (workers + model workers) + 2", lo=0, hi=4096
         ),
         "retries": Option(1, "int", "attempts", "extra attempts for a case whose worker process died", lo=0, hi=10),
+        "stage_timeout_s": Option(
+            3600.0,
+            "float",
+            "s",
+            "longest time one stage of one case may run in a worker process before the worker is stopped and the case "
+            "quarantined (a hung series never stops the batch); 0 = no limit",
+            lo=0.0,
+            hi=604800.0,
+        ),
         "retry_failed": Option(False, "bool", "", "re-attempt cases quarantined by an earlier run of the same folder"),
         "keep_cache": Option(False, "bool", "", "keep each case's cached HU array after the case completes"),
         "torch_threads": Option(0, "int", "threads", "torch threads per worker; 0 = cores / processes", lo=0, hi=256),

@@ -238,6 +238,10 @@ class IncompleteOutputError(CtpipeError):
     """A case's stage did not write every output file it declares: the case is not published."""
 
 
+class StageTimeoutError(CtpipeError):
+    """A stage of a case ran longer than ``runner.stage_timeout_s``: its worker was stopped and the case quarantined."""
+
+
 class ClusterError(CtpipeError):
     """The Ray cluster of ``runner.engine = ray`` cannot be reached, joined or used (address, token, resources)."""
 

@@ -88,6 +88,21 @@ class Dies(Stage):
         return {"pid": os.getpid()}
 
 
+class Hangs(Stage):
+    """Never returns for case ``victim`` (a hung library call); returns at once for the others."""
+
+    name = "hangs"
+    group = "model"
+
+    def __init__(self, victim: str):
+        self.victim = victim
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        while ctx.case.case_id == self.victim:
+            time.sleep(0.1)
+        return {"pid": os.getpid()}
+
+
 class Big(Stage):
     """Returns ``size`` bytes for case ``big`` (more than a pipe holds, so the worker blocks while sending them)."""
 
@@ -275,6 +290,37 @@ def test_a_dead_worker_is_replaced_and_its_queued_task_handed_on(tmp_path, monke
         assert ok.ok and ok.outputs["pid"] != first  # run by the fresh worker
         (w,) = ex.workers
         assert w.name == "model-cpu" and w.proc.pid != first and w.proc.is_alive() and not w.held
+    finally:
+        ex.close()
+
+
+def test_a_stage_over_the_time_limit_is_stopped_and_the_next_task_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    ex = ProcessExecutor(
+        [Hangs("a")],
+        config=CONFIG,
+        run_dir=tmp_path,
+        workers=1,
+        devices=["cpu"],
+        queue_depth=1,
+        start_method="fork",
+        torch_threads=0,
+        stage_timeout_s=1.0,
+    )
+    try:
+        first = ex.workers[0].proc.pid
+        ex.submit(_task(tmp_path, "hangs", "a"))
+        ex.submit(_task(tmp_path, "hangs", "b"))  # queued behind the hung one
+        with _fails_after(30):
+            results = {r.case_key: r for r in _poll_until(ex, 2, timeout=25)}
+        hung, ok = results["a:fp"], results["b:fp"]
+        assert not hung.ok and not hung.worker_died and hung.error_class == "StageTimeoutError"  # a verdict, no retry
+        assert hung.error is not None
+        assert "case a (/src/a)" in hung.error and "stage hangs ran" in hung.error
+        assert "runner.stage_timeout_s = 1 s" in hung.error and "--retry-failed" in hung.error
+        assert ok.ok and ok.outputs["pid"] != first  # run by the worker that replaced the stopped one
+        (w,) = ex.workers
+        assert w.proc.pid != first and w.proc.is_alive() and not w.held
     finally:
         ex.close()
 

@@ -257,6 +257,7 @@ def _run(
                 queue_depth=cfg.runner.queue_depth,
                 start_method=cfg.runner.start_method,
                 torch_threads=threads,
+                stage_timeout_s=cfg.runner.stage_timeout_s,
             )
             in_flight = cfg.runner.max_in_flight or 2 * (workers + len(devices)) + 2
         engine = Engine(

@@ -6,7 +6,10 @@ pool of CPU worker processes and one model worker per device; each worker has
 its own bounded task queue and its own result pipe, so the main process always
 knows which task a worker holds and can recover when a worker dies: a worker
 killed in the middle of a write damages only its own pipe, never the results
-of the others.
+of the others. A worker tells the main process when it starts a task, so a
+stage that runs longer than ``runner.stage_timeout_s`` (a hung library call, a
+pathological series) is stopped: the worker is killed and replaced, and the case
+fails with :class:`~pipeline.errors.StageTimeoutError` while the batch goes on.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, from_dict
-from ..errors import ConfigError, CtpipeError, FatalRunError
+from ..errors import ConfigError, CtpipeError, FatalRunError, StageTimeoutError
 from .faults import environment_failure
 from .logs import attach_jsonl, log_context
 from .stage import CaseContext, Stage, Task, TaskResult, WorkerInfo
@@ -225,6 +228,7 @@ def worker_main(
             task: Task | None = inq.get()
             if task is None:
                 break
+            out.send(("start", name, (task.case.case_key, task.stage)))  # the main process times the stage from here
             out.send(("result", name, run_task(by_name[task.stage], task, info)))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the main process records the interruption
         return
@@ -276,6 +280,8 @@ class _Worker:
     inq: Any
     conn: Any  # the receiving end of the worker's result pipe
     held: deque[Task] = field(default_factory=deque)
+    running_since: float | None = None  # time.monotonic() when it started its current task (None: idle)
+    timed_out: float | None = None  # seconds its current task had run when it was killed for runner.stage_timeout_s
 
 
 class ProcessExecutor:
@@ -292,12 +298,14 @@ class ProcessExecutor:
         queue_depth: int,
         start_method: str,
         torch_threads: int,
+        stage_timeout_s: float = 0.0,
     ):
         self.stages = list(stages)
         self.config = config
         self.run_dir = run_dir
         self.depth = queue_depth
         self.torch_threads = torch_threads
+        self.stage_timeout_s = stage_timeout_s  # 0: no limit
         # the same hash seed in every worker and run: set/dict iteration orders, and so every output file,
         # are then reproducible from run to run (a resumed run writes exactly what an uninterrupted one would)
         os.environ.setdefault("PYTHONHASHSEED", "0")
@@ -375,8 +383,31 @@ class ProcessExecutor:
         for w in list(self.workers):
             if w.conn in ready:
                 results.extend(self._drain(w))
+        self._stop_overdue()
         results.extend(self._check_alive())
         return results
+
+    def _stop_overdue(self) -> None:
+        """Kill every worker whose current task has run past ``stage_timeout_s`` (reported by :meth:`_check_alive`)."""
+        if self.stage_timeout_s <= 0:
+            return
+        now = time.monotonic()
+        for w in self.workers:
+            if w.running_since is None or w.timed_out is not None or now - w.running_since <= self.stage_timeout_s:
+                continue
+            w.timed_out = now - w.running_since
+            task = w.held[0] if w.held else None
+            log.error(
+                "worker %s: stage %s of case %s has run %.0f s, over runner.stage_timeout_s = %g s; stopping the worker",
+                w.name,
+                task.stage if task else "?",
+                task.case.case_id if task else "?",
+                w.timed_out,
+                self.stage_timeout_s,
+                extra={"event": "stage_timeout", "case_id": task.case.case_id if task else None},
+            )
+            w.proc.kill()
+            w.proc.join(timeout=10)
 
     def _drain(self, w: _Worker) -> list[TaskResult]:
         """Every message the worker has written so far; stops at end-of-file (the worker is gone)."""
@@ -390,7 +421,10 @@ class ProcessExecutor:
                 return out
             if msg[0] == "fatal":
                 raise FatalRunError(msg[2])
+            if msg[0] == "start":
+                w.running_since = time.monotonic()
             if msg[0] == "result":
+                w.running_since = None
                 res: TaskResult = msg[2]
                 for i, t in enumerate(w.held):
                     if t.case.case_key == res.case_key and t.stage == res.stage:
@@ -408,13 +442,17 @@ class ProcessExecutor:
             code = w.proc.exitcode
             self.workers.remove(w)
             how = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
-            log.error("worker %s died (%s) holding %d task(s)", w.name, how, len(w.held), extra={"event": "worker_died"})
+            if w.timed_out is None:
+                log.error("worker %s died (%s) holding %d task(s)", w.name, how, len(w.held), extra={"event": "worker_died"})
             held = list(w.held)
             new = self._spawn(w.group, w.device)
             for n, t in enumerate(held):
                 if n > 0:  # never started: hand it to the fresh worker
                     new.held.append(t)
                     new.inq.put(t)
+                    continue
+                if w.timed_out is not None:  # stopped on purpose: the case's verdict, not a crash to retry
+                    out.append(self._timeout_result(w, t))
                     continue
                 out.append(
                     TaskResult(
@@ -432,6 +470,27 @@ class ProcessExecutor:
                     )
                 )
         return out
+
+    def _timeout_result(self, w: _Worker, t: Task) -> TaskResult:
+        err = StageTimeoutError(
+            f"stage {t.stage} ran {w.timed_out:.0f} s, longer than runner.stage_timeout_s = {self.stage_timeout_s:g} s, "
+            f"and was stopped (worker {w.name} killed and replaced)",
+            where=f"case {t.case.case_id} ({t.case.source})",
+            fix="if the series is simply large or the machine busy, raise the limit (--set runner.stage_timeout_s=SECONDS) "
+            "and run again with --retry-failed; otherwise check the series (run.log has the stage's last records)",
+        )
+        return TaskResult(
+            t.case.case_key,
+            t.stage,
+            t.stage_index,
+            t.attempt,
+            False,
+            w.name,
+            w.device,
+            t.ready_at,
+            error_class="StageTimeoutError",
+            error=str(err),
+        )
 
     def close(self) -> None:
         for w in self.workers:
