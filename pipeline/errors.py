@@ -231,7 +231,7 @@ class FatalRunError(CtpipeError):
 
 
 class RunEnvironmentError(CtpipeError):
-    """The run folder cannot be written (disk full, read-only, no permission, quota): the run stops; a rerun resumes."""
+    """The run folder cannot be written (disk full, read-only, no permission, quota, file-size limit): the run stops; a rerun resumes."""
 
 
 class IncompleteOutputError(CtpipeError):

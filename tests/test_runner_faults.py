@@ -14,6 +14,9 @@ import errno
 import json
 import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,49 @@ def test_environmental_errors_are_told_from_case_defects(tmp_path):
     assert environment_failure(ValueError("bad pixels"), run_dir=run_dir) is None
     assert errno_in_text("x: could not write the stl mesh ([Errno 28] No space left on device: 'x')") == 28
     assert errno_in_text("no lungs found") is None
+
+
+_FILE_SIZE_LIMIT = textwrap.dedent(
+    """
+    import json, resource, sys
+    from pathlib import Path
+    import numpy as np
+    from pipeline.runner.faults import environment_failure
+    from pipeline.runner.run_summary import RunSummary
+
+    run_dir = Path(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))  # ulimit -f 64
+    out = {}
+    for how in ("numpy", "write"):
+        try:
+            with open(run_dir / f"{how}.bin", "wb") as fh:
+                np.save(fh, np.zeros(100_000)) if how == "numpy" else fh.write(b"x" * 100_000)
+        except OSError as exc:
+            env = environment_failure(exc, run_dir=run_dir)
+            out[how] = None if env is None else [env.name, env.describe(), str(env.error())]
+    summary = RunSummary(run_dir, "r")
+    summary.stopped, summary.unfinished = out["numpy"][1], 1
+    out["summary"] = summary.lines()[1]
+    print(json.dumps(out))
+    """
+)
+
+
+def test_a_file_size_limit_is_named_as_such_not_as_a_full_disk(tmp_path):
+    # ulimit -f in a cron script or LimitFSIZE= in a unit: the disk has room, the process may not write big files
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _FILE_SIZE_LIMIT, str(run_dir)], capture_output=True, text=True, check=True, timeout=60
+    )
+    out = json.loads(done.stdout)
+    for how in ("numpy", "write"):  # numpy's short write has no error number; a plain write's is EFBIG
+        name, describe, error = out[how]
+        assert name == "EFBIG", how
+        assert describe.startswith(f"cannot write in {run_dir}")
+        assert "File too large (EFBIG): a file would pass this process's file-size limit of 65536 bytes" in describe
+        assert "No space" not in error and "ulimit -f unlimited" in error and "LimitFSIZE=infinity" in error
+    assert "raise the file-size limit" in out["summary"] and "free the space" not in out["summary"]
 
 
 # -- a full disk inside a run (engine, real stores and folders; writes injected) -----------------------------------

@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
         "RUN_DIR (a scan without lungs is not searched). Running the same command "
         "again resumes: completed cases are skipped, interrupted ones retried. Exit status: 0 all "
         "cases done, 3 some cases quarantined (listed with their reasons), 4 the run folder could not be "
-        "written (disk full, read-only, no permission, quota): the run stopped early or could not "
+        "written (disk full, read-only, no permission, quota, file-size limit): the run stopped early or could not "
         "start, nothing is lost, and the same command finishes the rest once it can write, 1 the run "
         "could not proceed (bad source or configuration, a model that cannot load, another run using RUN_DIR), "
         "2 bad command-line arguments, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the same command resumes). "

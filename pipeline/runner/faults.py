@@ -3,7 +3,9 @@
 A case defect (a truncated file, a series with a gap) belongs to the case: it is
 quarantined with its reason. An environmental failure belongs to the machine:
 the run folder cannot be written because the disk is full (``ENOSPC``), the
-quota is spent (``EDQUOT``), the file system is read-only (``EROFS``), or this
+quota is spent (``EDQUOT``), a file would pass the process's file-size limit
+(``EFBIG``: ``ulimit -f``, systemd's ``LimitFSIZE=``), the file system is
+read-only (``EROFS``), or this
 user may not write there (``EACCES``/``EPERM`` on a path inside the run folder;
 the same errors on an input file are the case's problem). A run that meets one
 stops admitting cases, records itself as interrupted and leaves the cases it
@@ -24,7 +26,7 @@ from pathlib import Path
 from ..errors import RunEnvironmentError
 
 #: Errors that only writing can meet: environmental wherever they happen.
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 #: Errors that are environmental when the path is inside the run folder (else an input file's problem).
 ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
 
@@ -45,16 +47,52 @@ class EnvironmentFailure:
         return errno.errorcode.get(self.errno, str(self.errno))
 
     def describe(self) -> str:
-        """One line: the folder, the system's words for the error and its symbol."""
-        return f"cannot write in {self.folder}: {os.strerror(self.errno)} ({self.name})"
+        """One line: the folder, the system's words for the error and its symbol (for ``EFBIG``, the limit)."""
+        return f"cannot write in {self.folder}: {self._what()}"
+
+    def _what(self) -> str:
+        text = f"{os.strerror(self.errno)} ({self.name})"
+        limit = file_size_limit()
+        if self.errno == errno.EFBIG and limit is not None:
+            text += f": a file would pass this process's file-size limit of {limit} bytes (ulimit -f)"
+        return text
+
+    def advice(self) -> str:
+        """What to do about it, ending with running the same command again."""
+        if self.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "free disk space (or raise the quota) and run the same command again"
+        if self.errno == errno.EFBIG:
+            return (
+                "raise the file-size limit of the process running ctpipe (ulimit -f unlimited in its shell or cron "
+                "script, LimitFSIZE=infinity in a systemd unit) and run the same command again"
+            )
+        return "make the folder writable by this user (or give another --out) and run the same command again"
 
     def error(self) -> RunEnvironmentError:
-        fix = (
-            "free disk space (or raise the quota) and run the same command again"
-            if self.errno in (errno.ENOSPC, errno.EDQUOT)
-            else "make the folder writable by this user (or give another --out) and run the same command again"
-        )
-        return RunEnvironmentError(f"{os.strerror(self.errno)} ({self.name})", where=self.folder, fix=fix)
+        return RunEnvironmentError(self._what(), where=self.folder, fix=self.advice())
+
+
+def file_size_limit() -> int | None:
+    """This process's file-size limit in bytes (``RLIMIT_FSIZE``, ``ulimit -f``), or None when there is none."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _short_write_errno(run_dir: Path | None) -> int:
+    """Why a write came up short without an error number: ``EFBIG`` when this process has a file-size limit and the
+    run folder's file system has more room than that limit (so the limit, not the disk, stopped it), else ``ENOSPC``."""
+    limit = file_size_limit()
+    if limit is None or run_dir is None:
+        return errno.ENOSPC
+    try:
+        st = os.statvfs(run_dir)
+    except OSError:
+        return errno.ENOSPC
+    return errno.EFBIG if st.f_bavail * st.f_frsize > limit else errno.ENOSPC
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -89,11 +127,12 @@ def environment_failure(exc: BaseException, *, run_dir: Path | None) -> Environm
 
     SQLite's "database or disk is full" and "readonly database" count as ``ENOSPC`` and ``EROFS``
     in ``run_dir`` (the run store lives there); so does a short write reported without an error number
-    (numpy writing an array to a full disk: "N requested and M written"): the runner writes only there.
+    (numpy writing an array to a full disk: "N requested and M written"): the runner writes only there; such a
+    write counts as ``EFBIG`` when the process's file-size limit, not the disk, explains it.
     """
     for e in _chain(exc):
         if isinstance(e, OSError) and e.errno is None and _SHORT_WRITE.search(str(e)):
-            return EnvironmentFailure(errno.ENOSPC, str(run_dir) if run_dir else "the run folder")
+            return EnvironmentFailure(_short_write_errno(run_dir), str(run_dir) if run_dir else "the run folder")
         if isinstance(e, OSError) and e.errno is not None:
             if e.errno in WRITE_ERRNOS:
                 return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir))

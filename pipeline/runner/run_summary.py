@@ -77,9 +77,14 @@ class RunSummary:
                     "reads DICOM; analyse an image with `ctpipe detect FILE` or `ctpipe reconstruct FILE`"
                 )
         if self.stopped and self.unfinished:
+            todo = (
+                "raise the file-size limit (ulimit -f unlimited; LimitFSIZE=infinity in a systemd unit)"
+                if "(EFBIG)" in self.stopped
+                else "free the space (or fix the folder's permissions)"
+            )
             out.append(
-                f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: free the space (or fix "
-                "the folder's permissions) and run the same command again to finish them (no --retry-failed needed)"
+                f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: {todo} and run the same "
+                "command again to finish them (no --retry-failed needed)"
             )
         elif self.stopped:
             out.append(f"the run folder could not be written: {self.stopped}")
