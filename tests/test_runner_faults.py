@@ -42,6 +42,7 @@ from tests._support.runner import (
     can_mount,
     case_hashes,
     ctpipe,
+    db_rows,
     disk_full_after,
     mark_patient,
     small_tmpfs,
@@ -585,3 +586,25 @@ def test_no_patient_identifier_in_the_run_folder_outside_its_dicom_results_nor_i
     # and the identifiers were there to be found in the inputs
     sources = [f for f in corpus_run["root"].rglob("*.dcm") if f.is_file() and not f.is_symlink()]
     assert any(PRIVATE_STRINGS[0].encode() in f.read_bytes() for f in sources)
+
+
+# -- an unexpected error of the main process ------------------------------------------------------------------------
+def test_a_run_ended_by_an_unexpected_error_is_recorded_as_failed_not_completed(tmp_path, monkeypatch):
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner.stages import IngestStage
+
+    write_dicom_series(generate_phantom(62, n_nodules=0, **{**PHANTOM, "slices": 12}).volume, tmp_path / "src", seed=62)
+
+    def broken(self: Engine, cases: Any, rejected: Any = ()) -> Any:
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", "/elsewhere/x")  # not the run folder's: a bug
+
+    monkeypatch.setattr(Engine, "run", broken)
+    out = tmp_path / "run"
+    with pytest.raises(NotADirectoryError):
+        run_batch([tmp_path / "src"], out=out, stages=[IngestStage()], workers=0)
+    (status,) = db_rows(out, "SELECT status FROM runs")
+    assert status == ("failed",)  # not 'completed': monitoring must see that this run did not finish
+    prom = (out / "metrics.prom").read_text()
+    assert 'ctpipe_run_exit_status{node="' in prom and prom.split("ctpipe_run_exit_status{")[-1].split()[-1] == "1.0"
+    assert '"event": "run_failed"' in (out / "run.log").read_text() and "NotADirectoryError" in (out / "run.log").read_text()

@@ -287,9 +287,13 @@ def _run(
     except (OSError, sqlite3.Error) as exc:  # the main process could not write the run folder (store, files)
         env = environment_failure(exc, run_dir=run_dir)
         if env is None:
+            summary.fatal, status = _crash(exc, run_id), "failed"
             raise
         summary.stopped, status = env.describe(), "interrupted"
         log.error("run stopped: %s", env.describe(), extra={"event": "run_stopped", "run_id": run_id})
+    except Exception as exc:  # any other error ends the run: recorded (store, metrics) as failed, then raised
+        summary.fatal, status = _crash(exc, run_id), "failed"
+        raise
     finally:
         if executor is not None and session is not None:
             session.after_batch(executor, in_flight, keep=bool(pl.to_run) and status == "completed")
@@ -353,6 +357,13 @@ def _run(
         extra={"event": "run_end", "run_id": run_id},
     )
     return summary
+
+
+def _crash(exc: BaseException, run_id: str) -> str:
+    """An unexpected error of the main process, logged with its traceback; its one-line text for the summary."""
+    text = f"{type(exc).__name__}: {exc}"
+    log.error("run %s ended by an error: %s", run_id, text, exc_info=exc, extra={"event": "run_failed", "run_id": run_id})
+    return text
 
 
 def _quietly(summary: RunSummary, run_dir: Path, what: str, write: Callable[[], Any]) -> Any:
