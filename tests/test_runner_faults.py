@@ -607,4 +607,5 @@ def test_a_run_ended_by_an_unexpected_error_is_recorded_as_failed_not_completed(
     assert status == ("failed",)  # not 'completed': monitoring must see that this run did not finish
     prom = (out / "metrics.prom").read_text()
     assert 'ctpipe_run_exit_status{node="' in prom and prom.split("ctpipe_run_exit_status{")[-1].split()[-1] == "1.0"
-    assert '"event": "run_failed"' in (out / "run.log").read_text() and "NotADirectoryError" in (out / "run.log").read_text()
+    log = (out / "run.log").read_text()
+    assert '"event": "run_failed"' in log and "NotADirectoryError" in log and '"exc": "Traceback' in log

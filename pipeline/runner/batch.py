@@ -360,9 +360,11 @@ def _run(
 
 
 def _crash(exc: BaseException, run_id: str) -> str:
-    """An unexpected error of the main process, logged with its traceback; its one-line text for the summary."""
+    """An unexpected error of the main process, logged (its traceback at info level: run.log, not the console); its
+    one-line text for the summary."""
     text = f"{type(exc).__name__}: {exc}"
-    log.error("run %s ended by an error: %s", run_id, text, exc_info=exc, extra={"event": "run_failed", "run_id": run_id})
+    log.error("run %s ended by an error: %s", run_id, text, extra={"event": "run_failed", "run_id": run_id})
+    log.info("run %s: traceback of the error that ended it", run_id, exc_info=exc, extra={"run_id": run_id})
     return text
 
 
