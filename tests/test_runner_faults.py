@@ -609,3 +609,26 @@ def test_a_run_ended_by_an_unexpected_error_is_recorded_as_failed_not_completed(
     assert 'ctpipe_run_exit_status{node="' in prom and prom.split("ctpipe_run_exit_status{")[-1].split()[-1] == "1.0"
     log = (out / "run.log").read_text()
     assert '"event": "run_failed"' in log and "NotADirectoryError" in log and '"exc": "Traceback' in log
+
+
+@pytest.mark.parametrize("where", ["cache", "tmp"])
+def test_a_file_where_the_run_folder_keeps_a_folder_is_named_with_exit_4(tmp_path, where):
+    # found at the start (cache: cleaning up after an earlier run) or when the first case is admitted (tmp)
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner.stages import IngestStage
+
+    write_dicom_series(generate_phantom(63, n_nodules=0, **{**PHANTOM, "slices": 12}).volume, tmp_path / "src", seed=63)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / where).write_text("not a folder")
+    try:
+        s = run_batch([tmp_path / "src"], out=out, stages=[IngestStage()], workers=0)
+    except RunEnvironmentError as exc:  # before the run started: ctpipe run prints it and exits 4
+        text = str(exc)
+    else:
+        assert s.exit_code == 4 and s.unfinished == 1 and s.done == 0
+        text = "\n".join(s.lines())
+        assert "move the file or folder named above out of the run folder" in text and "free the space" not in text
+    assert f"{out / where}: Not a directory (ENOTDIR): it is a file, where the run folder keeps a folder" in text
+    assert (out / where).read_text() == "not a folder"  # never removed: it may be someone's file

@@ -5,9 +5,11 @@ quarantined with its reason. An environmental failure belongs to the machine:
 the run folder cannot be written because the disk is full (``ENOSPC``), the
 quota is spent (``EDQUOT``), a file would pass the process's file-size limit
 (``EFBIG``: ``ulimit -f``, systemd's ``LimitFSIZE=``), the file system is
-read-only (``EROFS``), or this
+read-only (``EROFS``), this
 user may not write there (``EACCES``/``EPERM`` on a path inside the run folder;
-the same errors on an input file are the case's problem). A run that meets one
+the same errors on an input file are the case's problem), or a file stands
+where the run folder keeps a folder (``ENOTDIR``, ``EISDIR`` the other way
+round; again only inside the run folder). A run that meets one
 stops admitting cases, records itself as interrupted and leaves the cases it
 could not finish to the next run, which retries them without
 ``--retry-failed``.
@@ -28,7 +30,7 @@ from ..errors import RunEnvironmentError
 #: Errors that only writing can meet: environmental wherever they happen.
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 #: Errors that are environmental when the path is inside the run folder (else an input file's problem).
-ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR})
 
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
 #: A short write reported without an error number (numpy's ``tofile``: "98304 requested and 12224 written").
@@ -55,6 +57,10 @@ class EnvironmentFailure:
         limit = file_size_limit()
         if self.errno == errno.EFBIG and limit is not None:
             text += f": a file would pass this process's file-size limit of {limit} bytes (ulimit -f)"
+        elif self.errno == errno.ENOTDIR:
+            text += ": it is a file, where the run folder keeps a folder"
+        elif self.errno == errno.EISDIR:
+            text += ": it is a folder, where the run folder keeps a file"
         return text
 
     def advice(self) -> str:
@@ -66,6 +72,8 @@ class EnvironmentFailure:
                 "raise the file-size limit of the process running ctpipe (ulimit -f unlimited in its shell or cron "
                 "script, LimitFSIZE=infinity in a systemd unit) and run the same command again"
             )
+        if self.errno in (errno.ENOTDIR, errno.EISDIR):
+            return f"move {self.folder} out of the run folder (or give another --out) and run the same command again"
         return "make the folder writable by this user (or give another --out) and run the same command again"
 
     def error(self) -> RunEnvironmentError:
@@ -115,7 +123,18 @@ def _inside(path: str | os.PathLike[str], folder: Path) -> bool:
     return True
 
 
-def _folder_of(filename: object, run_dir: Path | None) -> str:
+def _in_the_way(filename: str | os.PathLike[str]) -> str:
+    """The existing file that stands in a folder's place on the way to ``filename`` (``ENOTDIR``), else ``filename``."""
+    path = Path(os.path.abspath(filename))
+    for p in reversed([path, *path.parents]):
+        if p.exists() and not p.is_dir():
+            return str(p)
+    return str(path)
+
+
+def _folder_of(filename: object, run_dir: Path | None, number: int | None = None) -> str:
+    if isinstance(filename, (str, os.PathLike)) and str(filename) and number in (errno.ENOTDIR, errno.EISDIR):
+        return _in_the_way(filename) if number == errno.ENOTDIR else str(Path(os.path.abspath(filename)))
     if isinstance(filename, (str, os.PathLike)) and str(filename):
         p = Path(os.path.abspath(filename))
         return str(p if p.is_dir() else p.parent)
@@ -137,7 +156,7 @@ def environment_failure(exc: BaseException, *, run_dir: Path | None) -> Environm
             if e.errno in WRITE_ERRNOS:
                 return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir))
             if e.errno in ACCESS_ERRNOS and run_dir is not None and e.filename and _inside(e.filename, run_dir):
-                return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir))
+                return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir, e.errno))
         if isinstance(e, sqlite3.OperationalError):
             text = str(e).lower()
             if "disk is full" in text:

@@ -77,11 +77,12 @@ class RunSummary:
                     "reads DICOM; analyse an image with `ctpipe detect FILE` or `ctpipe reconstruct FILE`"
                 )
         if self.stopped and self.unfinished:
-            todo = (
-                "raise the file-size limit (ulimit -f unlimited; LimitFSIZE=infinity in a systemd unit)"
-                if "(EFBIG)" in self.stopped
-                else "free the space (or fix the folder's permissions)"
-            )
+            if "(EFBIG)" in self.stopped:
+                todo = "raise the file-size limit (ulimit -f unlimited; LimitFSIZE=infinity in a systemd unit)"
+            elif "(ENOTDIR)" in self.stopped or "(EISDIR)" in self.stopped:
+                todo = "move the file or folder named above out of the run folder"
+            else:
+                todo = "free the space (or fix the folder's permissions)"
             out.append(
                 f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: {todo} and run the same "
                 "command again to finish them (no --retry-failed needed)"
