@@ -283,3 +283,27 @@ def test_a_source_file_changed_after_discovery_is_seen_before_results_are_publis
     victim.unlink()
     with pytest.raises(SourceMismatchError, match="changed since they were ingested"):
         _check_unchanged(ctx)
+
+
+def test_a_series_folder_deleted_during_the_run_is_named_as_changed_not_as_unreadable(dicom_data, tmp_path):
+    """The DICOM stage reads the source series for its references: when the series' folder was deleted after
+    discovery, the case's error says the series changed since ingest (the true problem), not 'cannot read the file'."""
+    import shutil
+    from types import SimpleNamespace
+
+    from pipeline import load_series
+    from pipeline.config import load_config
+    from pipeline.errors import SourceMismatchError
+    from pipeline.runner.dicom_stage import source_as_discovered
+    from pipeline.runner.discover import discover
+
+    src = tmp_path / "case"
+    shutil.copytree(dicom_data["good"] / "case12", src)
+    (case,) = [c for c in discover([src], load_config(environ={})).cases if c.rejected is None]
+    volume = load_series(src)
+    ctx = SimpleNamespace(case=case)
+    assert source_as_discovered(ctx, volume) is not None  # as discovered
+    shutil.rmtree(src)
+    with pytest.raises(SourceMismatchError, match="changed since they were ingested") as err:
+        source_as_discovered(ctx, volume)
+    assert "a file is gone" in str(err.value) and str(src) in str(err.value)

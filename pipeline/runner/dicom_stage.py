@@ -32,12 +32,15 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .recon_stages import LUNGS, load_lung_mask, load_organ_masks, read_case_volume
 from .stage import CaseContext, Stage, WorkerInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..volume import CTVolume
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,22 @@ def _check_unchanged(ctx: CaseContext) -> None:
         )
 
 
+def source_as_discovered(ctx: CaseContext, volume: CTVolume) -> Any:
+    """The case's source series (:func:`~pipeline.dicom_out.read_source_series`) while its files are still those that
+    discovery fingerprinted: a file removed or replaced since (the series' folder deleted during the run) is named as
+    such, rather than as a file that cannot be read."""
+    from ..dicom_out import read_source_series
+    from ..errors import SourceMismatchError
+
+    try:
+        source = read_source_series(list(ctx.case.files) or ctx.case.source, volume)
+    except SourceMismatchError:
+        _check_unchanged(ctx)  # the clearer error when the files changed since discovery
+        raise
+    _check_unchanged(ctx)
+    return source
+
+
 class DicomStage(Stage):
     """The case's SR and SEG into ``<case>/dicom/`` (see the module docstring)."""
 
@@ -133,7 +152,6 @@ class DicomStage(Stage):
         import pipeline.dicom_out.api  # noqa: F401 - pydicom and highdicom once per worker, not per case
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
-        from ..dicom_out import read_source_series
         from ..dicom_out.case import write_case_dicom
 
         outputs = tuple(ctx.config.outputs.dicom)
@@ -157,8 +175,7 @@ class DicomStage(Stage):
                     extra={"case_id": case_id, "stage": self.name},
                 )
                 outputs = tuple(o for o in outputs if o != "seg")
-        source = read_source_series(list(ctx.case.files) or ctx.case.source, volume)
-        _check_unchanged(ctx)
+        source = source_as_discovered(ctx, volume)
         measurements = _measurements(ctx)
         paths = write_case_dicom(
             ctx.workdir / "dicom",
