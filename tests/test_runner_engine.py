@@ -312,6 +312,8 @@ def test_a_case_whose_worker_keeps_dying_is_quarantined_after_the_configured_ret
     assert result.done == ["a", "c"] and rec.failed == [("b", "WorkerDiedError")]
     (failed,) = result.failed
     assert failed[:2] == ("b", "WorkerDiedError") and "died (signal 9) while running stage detect" in failed[2]
+    assert f"on each of {retries + 1} attempt(s) (runner.retries = {retries})" in failed[2]
+    assert "out-of-memory killer" in failed[2] and "--retry-failed" in failed[2]  # the likely cause, and the fix
     row = store.case("b:fp")
     assert (row["status"], row["failed_stage"], row["error_class"], row["attempts"]) == (
         "failed",

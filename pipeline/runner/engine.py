@@ -213,6 +213,12 @@ class Engine:
                     live[res.case_key] = again
                     ready.append(self._task(again))
                 return
+            if res.worker_died:  # the retries are spent: say how often, and what usually kills a worker
+                reason = (
+                    f"{reason}, on each of {lv.tries} attempt(s) (runner.retries = {self.retries}). Fix: a worker killed "
+                    "by signal 9 is usually the kernel's out-of-memory killer (dmesg names it): lower --workers or "
+                    "runner.max_in_flight, or free memory, then run again with --retry-failed"
+                )
             self._quarantine_live(lv, reason, res.error_class or "Error", res.stage, result)
             return
         lv.declared.extend(res.outputs.pop("declared", None) or ())
