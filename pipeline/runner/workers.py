@@ -282,6 +282,7 @@ class _Worker:
     held: deque[Task] = field(default_factory=deque)
     running_since: float | None = None  # time.monotonic() when it started its current task (None: idle)
     timed_out: float | None = None  # seconds its current task had run when it was killed for runner.stage_timeout_s
+    timed_key: tuple[str, str] | None = None  # (case key, stage) of that task
 
 
 class ProcessExecutor:
@@ -397,6 +398,7 @@ class ProcessExecutor:
                 continue
             w.timed_out = now - w.running_since
             task = w.held[0] if w.held else None
+            w.timed_key = (task.case.case_key, task.stage) if task else None
             log.error(
                 "worker %s: stage %s of case %s has run %.0f s, over runner.stage_timeout_s = %g s; stopping the worker",
                 w.name,
@@ -442,16 +444,16 @@ class ProcessExecutor:
             code = w.proc.exitcode
             self.workers.remove(w)
             how = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
-            if w.timed_out is None:
-                log.error("worker %s died (%s) holding %d task(s)", w.name, how, len(w.held), extra={"event": "worker_died"})
             held = list(w.held)
+            if not held or (held[0].case.case_key, held[0].stage) != w.timed_key:  # not the stop logged for the limit
+                log.error("worker %s died (%s) holding %d task(s)", w.name, how, len(w.held), extra={"event": "worker_died"})
             new = self._spawn(w.group, w.device)
             for n, t in enumerate(held):
                 if n > 0:  # never started: hand it to the fresh worker
                     new.held.append(t)
                     new.inq.put(t)
                     continue
-                if w.timed_out is not None:  # stopped on purpose: the case's verdict, not a crash to retry
+                if w.timed_key == (t.case.case_key, t.stage):  # stopped on purpose: the case's verdict, not a crash
                     out.append(self._timeout_result(w, t))
                     continue
                 out.append(
