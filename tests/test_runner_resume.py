@@ -153,8 +153,10 @@ def test_reconcile_after_a_crash_between_rename_and_commit(tmp_path):
 
 def test_second_run_on_a_busy_folder_is_refused(tmp_path):
     lock = RunLock(tmp_path)
-    with pytest.raises(RunStoreError, match="another ctpipe run is using this folder"):
+    with pytest.raises(RunStoreError, match=r"another ctpipe run \(pid \d+\) is using this folder") as err:
         RunLock(tmp_path)
+    assert f"another ctpipe run (pid {os.getpid()}) is using this folder" in str(err.value)  # which process to wait for
+    assert f"kill -TERM {os.getpid()}" in str(err.value)
     lock.release()
     RunLock(tmp_path).release()
 

@@ -65,11 +65,15 @@ class RunLock:
         try:
             fcntl.flock(self.fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
+            self.fh.seek(0)
+            holder = self.fh.read().strip()  # the pid the running one wrote
             self.fh.close()
+            pid = f" (pid {holder})" if holder.isdigit() else ""
+            stop = f" (or stop it with kill -TERM {holder}: it resumes later)" if holder.isdigit() else ""
             raise RunStoreError(
-                "another ctpipe run is using this folder",
+                f"another ctpipe run{pid} is using this folder",
                 where=run_dir,
-                fix="wait for it to finish, or choose another --out folder",
+                fix=f"wait for it to finish{stop}, or choose another --out folder",
             ) from exc
         self.fh.seek(0)
         self.fh.truncate()
