@@ -29,9 +29,11 @@ from ._pydicom import PYDICOM_ERRORS
 from .headers import CT_SOPS, ENHANCED_CT_SOP, LEGACY_ENHANCED_CT_SOP, SliceHeader
 from .image import image_suffix
 from .multiframe import read_frames
+from .padding import pixel_padding
 from .rawheader import (
     CHARSET_TEXT_KEYS,
     DICOMDIR_SOP,
+    EXPLICIT_BE,
     WANTED,
     RawHeader,
     RawHeaderError,
@@ -140,6 +142,13 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
     sop_class = s("SOPClassUID") or s("MediaStorageSOPClassUID")
     modality = s("Modality").upper()
     n_frames = _int(v.get("NumberOfFrames")) or 1
+    padding, padding_error = pixel_padding(
+        v.get("PixelPaddingValue"),
+        v.get("PixelPaddingRangeLimit"),
+        signed=us["PixelRepresentation"] == 1,
+        bits_stored=us["BitsStored"],
+        bits_allocated=us["BitsAllocated"],
+    )
     notes: list[str] = []
     if not modality and sop_class in CT_SOPS:
         modality = "CT"
@@ -187,6 +196,8 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
         use_pydicom=use_pydicom,
         extra=tuple((k, s(k)) for k in _EXTRA_KEYS if s(k)),
         notes=tuple(notes),
+        padding=padding,
+        padding_error=padding_error,
     )
 
 
@@ -199,11 +210,18 @@ def _pydicom_header(path: Path) -> SliceHeader:
     raw = RawHeader(file_size=path.stat().st_size)
     try:
         ds = pydicom.dcmread(path, defer_size=256)
-        for kw in {kw for kw, _ in WANTED.values()}:
+        big_endian = str(ds.file_meta.get("TransferSyntaxUID", "")) == EXPLICIT_BE
+        for kw, kind in WANTED.values():
             source = ds.file_meta if kw in ds.file_meta else ds
             if kw not in source:
                 continue
             val = source[kw].value
+            if kind == "bin" and isinstance(val, bytes) and len(val) == 2:  # VR left open (US or SS): as stored
+                signed = ds.get("PixelRepresentation") == 1
+                val = int.from_bytes(val, "big" if big_endian else "little", signed=signed)
+            elif kind == "bin" and isinstance(val, bytes):
+                raw.values[kw] = ("", val)  # not one 16-bit value: refused by pipeline.ingest.padding
+                continue
             if isinstance(val, (list, tuple)) or type(val).__name__ == "MultiValue":
                 val = "\\".join(str(x) for x in val)
             raw.values[kw] = val if isinstance(val, int) else str(val)

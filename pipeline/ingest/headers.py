@@ -41,6 +41,9 @@ class SliceHeader:
     (their text is in ``extra``); ``notes`` say what ingest assumed for this file
     (e.g. a Modality taken from the SOP class) and end up as warnings on the volume; ``geometry_error`` says why
     the position, orientation and spacing of a multi-frame file are missing, when its functional groups lack them.
+    ``padding`` is the inclusive range of stored values that are padding (PixelPaddingValue (0028,0120), up to
+    PixelPaddingRangeLimit (0028,0121) when present; None: no padding), read with PixelRepresentation;
+    ``padding_error`` says why a padding attribute of the file was ignored (see :mod:`pipeline.ingest.padding`).
     """
 
     path: Path
@@ -76,6 +79,8 @@ class SliceHeader:
     extra: tuple[tuple[str, str], ...]  # PatientID, SliceThickness, KVP, ... as text
     notes: tuple[str, ...] = ()
     geometry_error: str | None = None  # why a multi-frame file's per-frame geometry cannot be read (None: it can)
+    padding: tuple[int, int] | None = None  # stored values (inclusive) that are padding, not image
+    padding_error: str | None = None  # why the file's padding attributes were ignored
 
     @property
     def is_enhanced(self) -> bool:

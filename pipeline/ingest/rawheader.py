@@ -29,7 +29,9 @@ _LONG_VRS = frozenset({b"OB", b"OD", b"OF", b"OL", b"OV", b"OW", b"SQ", b"SV", b
 _CHUNK = 8192
 
 # Tags read by the header scan: tag -> (keyword, value kind).
-# Kinds: "str" (text, multi-valued joined by backslash), "us" (unsigned short), "is" (integer string).
+# Kinds: "str" (text, multi-valued joined by backslash), "us" (unsigned short), "is" (integer string),
+# "bin" (the value's bytes as they are, with the explicit VR: ``(vr, bytes)``, vr "" in implicit VR; for values
+# whose VR depends on PixelRepresentation, US or SS, read by pipeline.ingest.padding).
 WANTED: dict[int, tuple[str, str]] = {
     0x00020002: ("MediaStorageSOPClassUID", "str"),
     0x00020010: ("TransferSyntaxUID", "str"),
@@ -69,6 +71,8 @@ WANTED: dict[int, tuple[str, str]] = {
     0x00280100: ("BitsAllocated", "us"),
     0x00280101: ("BitsStored", "us"),
     0x00280103: ("PixelRepresentation", "us"),
+    0x00280120: ("PixelPaddingValue", "bin"),
+    0x00280121: ("PixelPaddingRangeLimit", "bin"),
     0x00281052: ("RescaleIntercept", "str"),
     0x00281053: ("RescaleSlope", "str"),
 }
@@ -118,7 +122,9 @@ class _Stream:
         return self.buf[:n]
 
 
-def _decode(raw: bytes, kind: str) -> object:
+def _decode(raw: bytes, kind: str, vr: bytes | None = None) -> object:
+    if kind == "bin":
+        return ((vr or b"").decode("latin-1"), bytes(raw))
     if kind == "us":
         return struct.unpack_from("<H", raw)[0] if len(raw) >= 2 else None
     text = raw.decode("latin-1").strip("\x00 ")
@@ -229,7 +235,7 @@ def _read_meta(st: _Stream, pos: int, out: RawHeader) -> int:
             raise RawHeaderError("truncated", f"file ends at byte {st.size}, inside file meta element (0002,{elem:04X})")
         if tag in WANTED:
             key, kind = WANTED[tag]
-            out.values[key] = _decode(st.get(vstart, length), kind)
+            out.values[key] = _decode(st.get(vstart, length), kind, vr)
         pos = vstart + length
     if pos < st.size:
         raise RawHeaderError("truncated", f"file ends at byte {st.size}, inside the file meta group")
@@ -325,6 +331,8 @@ def _walk(st: _Stream, pos: int, size: int, explicit: bool, out: RawHeader) -> N
                 blen = len(buf)
             if want[1] == "us":
                 out.values[want[0]] = _U16.unpack_from(raw)[0] if length >= 2 else None
+            elif want[1] == "bin":
+                out.values[want[0]] = _decode(raw, "bin", vr)
             else:
                 out.values[want[0]] = raw.decode("latin-1").strip("\x00 ")
         pos = vstart + length
