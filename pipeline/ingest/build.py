@@ -30,7 +30,8 @@ from ._pydicom import check_decoder
 from .geometry import StackGeometry, stack_geometry
 from .headers import SliceHeader
 from .multiframe import FrameInfo, read_frame_pixels, read_frames
-from .pixels import check_readable, hu_range, read_stored, stored_range, to_hu
+from .padding import PADDING_HU
+from .pixels import check_readable, hu_range, padded_range, read_stored, stored_range, to_hu
 from .sanity import check_header_values, check_hu_range, check_rescale
 from .series import SeriesInfo
 
@@ -379,17 +380,54 @@ def _untilt(hu: np.ndarray, shifts: np.ndarray) -> np.ndarray:
     return out
 
 
+def _slice_padding(plan: VolumePlan) -> list[tuple[int, int] | None]:
+    """The padding range of stored values of each slice (volume order): its file's, for each frame of a multi-frame file."""
+    if plan.frames is None:
+        return [h.padding for h in plan.headers]
+    by_file = {str(h.path): h.padding for h in plan.headers}
+    return [by_file.get(str(f.path)) for f in plan.frames]
+
+
+def _padding_text(padding: Sequence[tuple[int, int] | None]) -> str:
+    """The padding stored values of a series in words, e.g. 'PixelPaddingValue 63536'."""
+    ranges = sorted({p for p in padding if p is not None})
+    return ", ".join(f"PixelPaddingValue {lo}" if lo == hi else f"PixelPaddingValue..RangeLimit {lo}..{hi}" for lo, hi in ranges)
+
+
 def read_volume(plan: VolumePlan, *, workers: int | None = None) -> CTVolume:
-    """Read the pixels of a validated plan and return the HU volume (LPS geometry)."""
+    """Read the pixels of a validated plan and return the HU volume (LPS geometry).
+
+    Padding pixels (PixelPaddingValue (0028,0120), up to PixelPaddingRangeLimit (0028,0121)) become
+    :data:`~pipeline.ingest.padding.PADDING_HU` (-1024 HU); their count is ``metadata["PaddingPixels"]`` when the
+    series declares padding.
+    """
     stored = _read_multiframe(plan) if plan.frames is not None else read_stored(plan.headers, workers=workers)
-    ranges = stored_range(stored, workers=workers)
+    padding = _slice_padding(plan)
+    n_padding: int | None = None
+    if any(p is not None for p in padding):
+        mins, maxs, counts = padded_range(stored, padding, workers=workers)
+        ranges = (mins, maxs)
+        n_padding = int(counts.sum())
+        log.info(
+            "%s: %d of %d pixels are padding (%s): set to %d HU (air)",
+            plan.where,
+            n_padding,
+            stored.size,
+            _padding_text(padding),
+            PADDING_HU,
+        )
+        padding = [p if c else None for p, c in zip(padding, counts)]  # slices without padding pixels: nothing to set
+    else:
+        ranges = stored_range(stored, workers=workers)
     slopes, intercepts = np.asarray(plan.slopes, np.float64), np.asarray(plan.intercepts, np.float64)
     names = [f.name for f in plan.frames] if plan.frames is not None else [str(h.path) for h in plan.headers]
     check_hu_range(*hu_range(ranges, slopes, intercepts), names, slopes, intercepts, where=plan.where)
-    hu = to_hu(stored, slopes, intercepts, workers=workers, ranges=ranges)
+    hu = to_hu(stored, slopes, intercepts, workers=workers, ranges=ranges, padding=padding if n_padding else None)
     if plan.stack.shifts is not None:
         hu = _untilt(hu, plan.stack.shifts)
     md = dict(plan.metadata)
+    if n_padding is not None:
+        md["PaddingPixels"] = n_padding
     md["HUDtype"] = str(hu.dtype)
     vol = CTVolume(hu, plan.stack.geometry, metadata=md)
     for w in md.get("warnings", ()):

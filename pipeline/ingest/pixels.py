@@ -7,8 +7,12 @@ header parse). Compressed transfer syntaxes (RLE, JPEG 2000, JPEG lossless,
 pool; numpy and the decoders release the GIL for the heavy work.
 
 HU = stored value × RescaleSlope + RescaleIntercept, computed over the whole
-stack at once; the result is int16 when every slope and intercept is an
-integer and the values fit, else float32.
+stack at once; pixels whose stored value is padding (PixelPaddingValue, up to
+PixelPaddingRangeLimit: see :mod:`pipeline.ingest.padding`) become
+:data:`~pipeline.ingest.padding.PADDING_HU` (-1024 HU, air) instead. The result is
+int16 when every slope and intercept is an integer and the HU values fit (the
+padding pixels' own stored values left out: they are not in the result), else
+float32.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ..errors import MissingPixelDataError, TruncatedFileError, UnreadableFileEr
 from ._pydicom import NATIVE_SYNTAXES, PYDICOM_ERRORS, check_decoder, decode_failure, syntax_name
 from .discover import os_reason
 from .headers import SliceHeader
+from .padding import PADDING_HU
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +191,48 @@ def stored_range(stored: np.ndarray, *, workers: int | None = None) -> tuple[np.
     return mins, maxs
 
 
+def padding_mask(values: np.ndarray, padding: tuple[int, int]) -> np.ndarray:
+    """Where ``values`` (stored values) lie in the inclusive ``padding`` range (bool, same shape)."""
+    lo, hi = padding
+    if np.issubdtype(values.dtype, np.integer):  # a bound beyond the dtype's range cannot match: clip it
+        info = np.iinfo(values.dtype)
+        if hi < info.min or lo > info.max:
+            return np.zeros(values.shape, dtype=bool)
+        lo, hi = max(lo, int(info.min)), min(hi, int(info.max))
+    if lo == hi:
+        return values == values.dtype.type(lo)
+    return (values >= values.dtype.type(lo)) & (values <= values.dtype.type(hi))
+
+
+def padded_range(
+    stored: np.ndarray, padding: Sequence[tuple[int, int] | None], *, workers: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per slice: the smallest and largest stored value of the pixels that are not padding (float64; NaN where every
+    pixel is padding) and the number of padding pixels (int64). ``padding[k]``: slice k's inclusive range of padding
+    stored values, or None (no padding: the range of :func:`stored_range`)."""
+    n = stored.shape[0]
+    mins = np.empty(n)
+    maxs = np.empty(n)
+    counts = np.zeros(n, dtype=np.int64)
+
+    def job(k: int) -> None:
+        s, p = stored[k], padding[k]
+        mask = padding_mask(s, p) if p is not None else None
+        c = int(np.count_nonzero(mask)) if mask is not None else 0
+        if mask is None or c == 0:
+            mins[k], maxs[k] = s.min(), s.max()
+        elif c == s.size:
+            mins[k] = maxs[k] = np.nan
+        else:
+            keep = ~mask
+            mins[k] = s.min(where=keep, initial=s.max())
+            maxs[k] = s.max(where=keep, initial=s.min())
+        counts[k] = c
+
+    run_parallel(job, n, workers)
+    return mins, maxs, counts
+
+
 def hu_range(ranges: tuple[np.ndarray, np.ndarray], slopes: np.ndarray, intercepts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-slice HU (lowest, highest) from the stored ranges of :func:`stored_range`."""
     mins, maxs = ranges
@@ -199,22 +246,40 @@ def to_hu(
     *,
     workers: int | None = None,
     ranges: tuple[np.ndarray, np.ndarray] | None = None,
+    padding: Sequence[tuple[int, int] | None] | None = None,
 ) -> np.ndarray:
     """HU = stored × slope + intercept per slice (vectorised; may reuse ``stored``'s memory).
 
-    ``ranges``: the :func:`stored_range` of ``stored`` when the caller has it (saves a pass).
-    Returns int16 when every slope/intercept is an integer and the result fits int16, else float32.
+    ``padding[k]``: the inclusive range of stored values of slice k that are padding (None: none); those pixels
+    become :data:`~pipeline.ingest.padding.PADDING_HU` (-1024 HU). ``ranges``: the :func:`stored_range` of
+    ``stored`` when the caller has it (saves a pass); with ``padding``, the :func:`padded_range` (padding left out).
+    Returns int16 when every slope/intercept is an integer and the HU values fit int16, else float32.
     """
     n = stored.shape[0]
     s = np.asarray(slopes, dtype=np.float64).reshape(n)
     b = np.asarray(intercepts, dtype=np.float64).reshape(n)
-    lo, hi = hu_range(ranges if ranges is not None else stored_range(stored, workers=workers), s, b)
+    pads: list[tuple[int, int] | None] = list(padding) if padding is not None else [None] * n
+    if ranges is None:
+        ranges = padded_range(stored, pads, workers=workers)[:2] if padding is not None else stored_range(stored, workers=workers)
+    lo, hi = hu_range(ranges, s, b)
+    padded = np.array([p is not None for p in pads], dtype=bool)
+    if padded.any():  # the padding pixels are PADDING_HU; a slice of padding only has no other value (NaN)
+        lo[padded] = np.fmin(lo[padded], PADDING_HU)
+        hi[padded] = np.fmax(hi[padded], PADDING_HU)
     as_int = _integral(s) and _integral(b) and lo.min() >= -32768 and hi.max() <= 32767
+
+    def mask(k: int) -> np.ndarray | None:
+        p = pads[k]
+        return padding_mask(stored[k], p) if p is not None else None
+
     if as_int and stored.dtype == np.int16 and np.all(s == 1) and np.all(np.abs(b) <= 32767):
 
         def shift(k: int) -> None:  # in place, int16 wrap-around is exact because the result fits
+            m = mask(k)  # before the shift: padding is a stored value
             if b[k]:
                 np.add(stored[k], np.int16(b[k]), out=stored[k], casting="unsafe")
+            if m is not None:
+                stored[k][m] = PADDING_HU
 
         run_parallel(shift, n, workers)
         return stored
@@ -223,10 +288,16 @@ def to_hu(
 
         def conv(k: int) -> None:
             out[k] = stored[k].astype(np.int32) * np.int32(s[k]) + np.int32(b[k])
+            m = mask(k)
+            if m is not None:
+                out[k][m] = PADDING_HU
     else:
 
         def conv(k: int) -> None:
             out[k] = stored[k].astype(np.float64) * s[k] + b[k]
+            m = mask(k)
+            if m is not None:
+                out[k][m] = PADDING_HU
 
     run_parallel(conv, n, workers)
     return out
