@@ -16,6 +16,11 @@ with :data:`STALE_TMP_AGE_NO_LOCK_S`.
 
 Patient identifiers (:data:`pipeline.volume.PATIENT_IDENTIFIERS`) are left out of
 sidecars unless the cache, or the write, is asked to keep them.
+
+The sidecar's ``format`` (:data:`FORMAT`) changes whenever ingest computes other HU values from the same
+DICOM files; entries of an earlier format are refused (ingest the case again) rather than served:
+``ctpipe-case/1`` arrays kept pixel padding (PixelPaddingValue) as rescaled values (e.g. +62512 HU),
+``ctpipe-case/2`` ones have it as -1024 HU (see :mod:`pipeline.ingest.padding`).
 """
 
 from __future__ import annotations
@@ -45,7 +50,13 @@ except ImportError:  # pragma: no cover - Windows
 
 log = logging.getLogger(__name__)
 
-FORMAT = "ctpipe-case/1"
+#: Sidecar format; bumped when ingest's HU values change (an older entry is refused: see the module docstring).
+FORMAT = "ctpipe-case/2"
+#: Earlier formats, with what their HU arrays lack.
+OLD_FORMATS = {
+    "ctpipe-case/1": "written by an earlier ctpipe whose HU arrays kept pixel padding (PixelPaddingValue) as image "
+    "values, e.g. +62512 HU around the patient, instead of -1024 HU",
+}
 _CASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _TEMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.(?:npy|json)\.[^/]+\.tmp$")
 
@@ -275,6 +286,13 @@ class CaseCache:
             sidecar = json.loads(spath.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise CacheError(f"sidecar is not valid JSON ({exc})", where=spath, fix="ingest the case again") from exc
+        if sidecar.get("format") in OLD_FORMATS:
+            raise CacheError(
+                f"the case-cache entry has format {sidecar.get('format')!r} (this ctpipe reads {FORMAT!r}): "
+                f"{OLD_FORMATS[sidecar['format']]}",
+                where=spath,
+                fix="ingest the case again from its DICOM files (ctpipe ingest)",
+            )
         if sidecar.get("format") != FORMAT:
             raise CacheError(
                 f"not a case-cache sidecar (format {sidecar.get('format')!r}, expected {FORMAT!r})",

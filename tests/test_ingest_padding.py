@@ -7,6 +7,7 @@ ignored with a warning naming the file.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -15,7 +16,9 @@ import pytest
 from pydicom.dataset import Dataset
 from pydicom.uid import DeflatedExplicitVRLittleEndian
 
-from pipeline.ingest import load_series
+from pipeline.cache import CaseCache
+from pipeline.errors import CacheError
+from pipeline.ingest import ingest_to_cache, load_series
 from pipeline.ingest.discover import read_header
 from pipeline.ingest.padding import PADDING_HU, pixel_padding
 from tests._support.dicom import hu_pattern, write_enhanced, write_series
@@ -148,6 +151,21 @@ def test_enhanced_multiframe_padding(tmp_path):
     vol = load_series(path)
     assert np.all(vol.array[:, ring] == PADDING_HU) and np.array_equal(vol.array[:, ~ring], hu[:, ~ring])
     assert vol.metadata["PaddingPixels"] == int(ring.sum()) * N
+
+
+def test_cache_refuses_entries_written_before_padding_handling(tmp_path):
+    hu = hu_pattern(N, ROWS, COLS)
+    write_series(tmp_path / "s", n=N, rows=ROWS, cols=COLS, hu=hu, series_uid="1.2.3.9")
+    cache = CaseCache(tmp_path / "cache")
+    ingest_to_cache(tmp_path / "s", cache)
+    assert np.array_equal(cache.read("1.2.3.9").array, hu)
+    sidecar = cache.sidecar_path("1.2.3.9")
+    doc = json.loads(sidecar.read_text())
+    doc["format"] = "ctpipe-case/1"  # as written by an ingest that kept padding values as HU
+    sidecar.write_text(json.dumps(doc))
+    with pytest.raises(CacheError) as err:
+        cache.read("1.2.3.9")
+    assert "ctpipe-case/1" in str(err.value) and "ingest" in err.value.fix
 
 
 def test_padding_read_through_pydicom_for_deflated_files(tmp_path):
