@@ -13,7 +13,7 @@
 # validation phantoms have no nodule at all, and half of the RetinaNet's negative patches are centred on a lung
 # vessel. Seeds, never overlapping: RetinaNet training 1000-1079, classifier training 2000-2039, validation and
 # operating point 3000-3039 (with the first 40 thick-slice seeds from 3040 for the thick-slice score
-# calibration), held-out evaluation 341-388 and 389-436 (1..999 is never trained on; 293-340 and 245-292 were earlier
+# calibration), held-out evaluation 341-388, 389-436 and 485-532 (437-484 compared acquisition protocols; 1..999 is never trained on; 293-340 and 245-292 were earlier
 # held-out blocks; 149-196 served to compare classifier variants; 197-244 was the held-out block before phantom
 # nodules were kept out of vessels; the segmentation scenarios 5000-5099 are never trained on either).
 #
