@@ -2,7 +2,7 @@
 
 ``array`` is indexed ``[k, j, i]`` = ``[slice, row, column]`` on a :class:`~pipeline.geometry.Geometry`
 (LPS, mm; the conventions are in :mod:`pipeline.geometry`). Also here: the DICOM metadata rules that travel
-with a volume (:data:`PATIENT_IDENTIFIERS`, :data:`PER_SLICE_METADATA`, thick slices).
+with a volume (:data:`PATIENT_IDENTIFIERS`, :data:`PER_SLICE_METADATA`, thick slices, lossy compression).
 
 Objects are valid once constructed and immutable in their geometry: every
 spatial operation (:meth:`CTVolume.resample`, :meth:`CTVolume.crop`) returns a new object.
@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import SimpleITK as sitk
 
 __all__ = [
+    "LOSSY_NOTE",
     "LPS_TO_RAS",
     "PATIENT_IDENTIFIERS",
     "PER_SLICE_METADATA",
@@ -39,6 +40,7 @@ __all__ = [
     "default_device",
     "float3",
     "int3",
+    "lossy_detail",
     "require_volume",
     "resample_array",
     "slice_thickness_mm",
@@ -100,6 +102,31 @@ def thick_slice_detail(thickness_mm: float) -> str | None:
     """For slices ``thickness_mm`` thick: "3.00 mm > 2.5 mm" when they are thicker than :data:`THICK_SLICE_MM` (the
     figure the ``thick_slices`` flag states), else ``None``."""
     return f"{thickness_mm:.2f} mm > {THICK_SLICE_MM} mm" if thickness_mm > THICK_SLICE_MM else None
+
+
+#: What a reader is told about a series stored with lossy compression (ingest's ``LossyImageCompression`` "01").
+LOSSY_NOTE = "lossy compressed: HU values and small nodules unreliable"
+
+
+def lossy_detail(metadata: Mapping[str, Any]) -> str | None:
+    """For a series whose metadata says ``LossyImageCompression`` "01" (set by ingest,
+    :mod:`pipeline.ingest.lossy`): its ratio and method, e.g. "ratio 10:1 by ISO_10918_1" (successive compressions
+    joined by ", then"; "ratio and method not stated" when the files state neither), the figure the
+    ``lossy_compressed`` flag states; else ``None``."""
+    if str(metadata.get("LossyImageCompression") or "").strip() != "01":
+        return None
+
+    def listed(key: str) -> list[Any]:
+        value = metadata.get(key)
+        return [] if value in (None, "") else list(value) if isinstance(value, (list, tuple)) else [value]
+
+    ratios, methods = listed("LossyImageCompressionRatio"), listed("LossyImageCompressionMethod")
+    steps = []
+    for n in range(max(len(ratios), len(methods))):
+        ratio = f"ratio {float(ratios[n]):g}:1" if n < len(ratios) else ""
+        method = f"by {methods[n]}" if n < len(methods) else ""
+        steps.append(" ".join(p for p in (ratio, method) if p))
+    return ", then ".join(steps) or "ratio and method not stated"
 
 
 def slice_thickness_mm(geometry: Geometry, metadata: Mapping[str, Any]) -> float:

@@ -284,6 +284,33 @@ def test_thick_slices_flag_the_findings(tmp_path, spacing, metadata, flagged):
     assert Findings.from_json(json.loads(json.dumps(data))).flags == res.flags
 
 
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        (
+            {"LossyImageCompression": "01", "LossyImageCompressionRatio": [10.0], "LossyImageCompressionMethod": ["ISO_10918_1"]},
+            "lossy compressed: HU values and small nodules unreliable (ratio 10:1 by ISO_10918_1)",
+        ),
+        ({"LossyImageCompression": "00"}, None),
+        ({}, None),
+    ],
+)
+def test_lossy_compression_flags_the_findings(tmp_path, metadata, message):
+    from pipeline.detection.findings import Findings
+
+    det = Detector(model=small_model(tmp_path), device="cpu")
+    base = chest_volume(shape_kji=(32, 80, 80), spacing=(1.4, 1.4, 2.0))
+    res = det.detect(CTVolume(base.array, base.geometry, metadata=metadata))
+    assert res.flags.get("lossy_compressed") == message, res.flags
+    data = res.to_json()
+    if message:
+        assert data["flags"] == [{"code": "lossy_compressed", "message": message}]
+        assert len(res) and all(row["flags"] == "lossy_compressed" for row in res.csv_rows())
+    else:
+        assert data["flags"] == []
+    assert Findings.from_json(json.loads(json.dumps(data))).flags == res.flags
+
+
 @pytest.mark.gpu
 def test_cuda_amp_matches_cpu(tmp_path):
     model = small_model(tmp_path)

@@ -133,6 +133,19 @@ def test_emphysema_index_on_thick_slices_is_marked_unreliable_and_lung_volumes_a
     assert not set(EMPHYSEMA_FIGURES) & set(_assess(phantom, metadata={"SliceThickness": "1.0"}).unreliable)
 
 
+def test_lossy_compression_from_metadata_flags_the_case_and_its_emphysema_index(phantom):
+    md = {"LossyImageCompression": "01", "LossyImageCompressionRatio": [12.0], "LossyImageCompressionMethod": ["ISO_15444_1"]}
+    q = _assess(phantom, metadata={**phantom.volume.metadata, **md})
+    (flag,) = [f for f in q.flags if f.code == "lossy_compressed"]
+    assert flag.severity == "warning"
+    assert flag.message == "lossy compressed: HU values and small nodules unreliable (ratio 12:1 by ISO_15444_1)"
+    assert set(EMPHYSEMA_FIGURES) <= set(q.unreliable) and "lungs_total_volume_ml" not in q.unreliable
+    marked = mark_unreliable({"emphysema_index_pct": 3.1}, q)
+    assert marked["emphysema_index_pct"] == {"value": 3.1, "reliable": False, "reason": "lossy_compressed"}
+    plain = _assess(phantom, metadata={**phantom.volume.metadata, "LossyImageCompression": "00"})
+    assert not plain.has("lossy_compressed") and not plain.unreliable
+
+
 def test_scattered_bright_pieces_are_not_a_blood_pool(phantom):
     """Pieces of 150-600 HU tissue of a few mL each (bone the bone mask missed, calcifications), 30 mL in all: no
     contrast; one pool of the same volume is."""

@@ -34,7 +34,15 @@ import torch
 from ..devicetime import DeviceTimer
 from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
-from ..volume import THICK_SLICE_NOTE, CTVolume, require_volume, slice_thickness_mm, thick_slice_detail
+from ..volume import (
+    LOSSY_NOTE,
+    THICK_SLICE_NOTE,
+    CTVolume,
+    lossy_detail,
+    require_volume,
+    slice_thickness_mm,
+    thick_slice_detail,
+)
 from .bundle import LoadedModel, load_model
 from .findings import Findings, slice_number_source
 from .fp_reduction import FPReducer, FPReductionConfig, reduce_false_positives
@@ -345,6 +353,10 @@ class Detector:
         if thick is not None:  # the reconstruction's thick_slices flag, on the findings themselves
             result.flags = {**result.flags, "thick_slices": f"{THICK_SLICE_NOTE} ({thick})"}
             log.warning("%s: %s", where, result.flags["thick_slices"])
+        lossy = lossy_detail(metadata)
+        if lossy is not None:  # the reconstruction's lossy_compressed flag, on the findings themselves
+            result.flags = {**result.flags, "lossy_compressed": f"{LOSSY_NOTE} ({lossy})"}
+            log.warning("%s: %s", where, result.flags["lossy_compressed"])
         out, model_ms, use_sw = run_detector(
             self._detector,
             tensor,

@@ -29,6 +29,7 @@ from ..volume import PATIENT_IDENTIFIERS, CTVolume
 from ._pydicom import check_decoder
 from .geometry import StackGeometry, stack_geometry
 from .headers import SliceHeader
+from .lossy import lossy_compression
 from .multiframe import FrameInfo, read_frame_pixels, read_frames
 from .padding import PADDING_HU
 from .pixels import check_readable, hu_range, padded_range, read_stored, stored_range, to_hu
@@ -206,6 +207,7 @@ def _metadata(
     }
     if series.uid != h0.series_uid:
         md["SeriesInstanceUIDGenerated"] = True
+    md.update(lossy_compression(series.headers))  # any file lossy compressed: the series is
     if keep_identifiers:
         md.update({k: v for k, v in h0.extra if k in PATIENT_IDENTIFIERS})
     if series.warnings:

@@ -79,6 +79,9 @@ _EXTRA_KEYS = (
     "GantryDetectorTilt",
     "RescaleSlope",
     "RescaleIntercept",
+    "LossyImageCompression",
+    "LossyImageCompressionRatio",
+    "LossyImageCompressionMethod",
 )
 
 

@@ -75,6 +75,9 @@ WANTED: dict[int, tuple[str, str]] = {
     0x00280121: ("PixelPaddingRangeLimit", "bin"),
     0x00281052: ("RescaleIntercept", "str"),
     0x00281053: ("RescaleSlope", "str"),
+    0x00282110: ("LossyImageCompression", "str"),
+    0x00282112: ("LossyImageCompressionRatio", "str"),
+    0x00282114: ("LossyImageCompressionMethod", "str"),
 }
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .headers import SECONDARY_CAPTURE_SOPS, SliceHeader
+from .lossy import lossy_warnings
 from .padding import padding_warnings
 
 log = logging.getLogger(__name__)
@@ -307,6 +308,7 @@ def group_series(headers: Sequence[SliceHeader]) -> list[SeriesInfo]:
                 )
             info.warnings.extend(dict.fromkeys(note for h in part for note in h.notes))
             info.warnings.extend(padding_warnings(part))
+            info.warnings.extend(lossy_warnings(part))
             out.append(info)
     out.sort(key=lambda s: (s.study_uid, s.first.series_number or 0, s.uid, s.part))
     return out

@@ -13,6 +13,8 @@ code                        severity meaning
 ``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together
 ``lung_imbalance``          warning  the smaller lung is less than half the larger one
 ``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules and emphysema index unreliable
+``lossy_compressed``        warning  the series was lossy compressed (ratio and method when stated): HU values, small
+                                     nodules and emphysema index unreliable
 ``fov_cuts_body``           warning  the body meets the image edge over at least 1.5 cm² (all slices)
 ``metal_streaks``           warning  metal in the body (≥ 0.05 mL at ≥ 2,500 HU): streak artefacts likely
 ``contrast_arterial``       info     IV contrast, arterial phase (estimate)
@@ -22,7 +24,7 @@ code                        severity meaning
 
 Lung coverage is ``complete``, ``partial`` (apex or base cut) or ``absent``. Measurements that a
 flag makes meaningless are listed in :attr:`QualityReport.unreliable` (the emphysema index and lung
-volumes of partial lungs, the emphysema index on slices thicker than 2.5 mm); the measurements JSON marks them instead of reporting a plain
+volumes of partial lungs, the emphysema index on slices thicker than 2.5 mm or of a lossy compressed series); the measurements JSON marks them instead of reporting a plain
 number. All thresholds are in mm, mL and HU.
 """
 
@@ -36,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import ndimage
 
-from ..volume import THICK_SLICE_NOTE, Geometry, slice_thickness_mm, thick_slice_detail
+from ..volume import LOSSY_NOTE, THICK_SLICE_NOTE, Geometry, lossy_detail, slice_thickness_mm, thick_slice_detail
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,7 @@ FLAGS: dict[str, tuple[Severity, str]] = {
     "lung_volume_out_of_range": ("warning", "lung volume outside the physiological range"),
     "lung_imbalance": ("warning", "strong left/right lung volume imbalance"),
     "thick_slices": ("warning", THICK_SLICE_NOTE),
+    "lossy_compressed": ("warning", LOSSY_NOTE),
     "fov_cuts_body": ("warning", "the field of view cuts the body"),
     "metal_streaks": ("warning", "metal in the body: streak artefacts likely"),
     "contrast_arterial": ("info", "IV contrast, arterial phase (estimate)"),
@@ -225,7 +228,8 @@ def assess_quality(
 
     ``hu`` and the masks are ``[k, j, i]`` arrays on ``geometry`` (LPS); masks used:
     ``lung_left``, ``lung_right``, ``body`` and ``bone`` (each optional). ``metadata`` supplies
-    ``SliceThickness`` (mm). ``airway_in_scan=False`` adds ``airway_not_in_scan``.
+    ``SliceThickness`` (mm) and ingest's ``LossyImageCompression`` with its ratio and method.
+    ``airway_in_scan=False`` adds ``airway_not_in_scan``.
     """
     metadata = metadata or {}
     empty = np.zeros(geometry.shape, dtype=bool)
@@ -269,6 +273,11 @@ def assess_quality(
         flags.append(_flag("thick_slices", thick))
         # partial volume lifts emphysematous lung above -950 HU on thick slices: the index reads too low
         unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
+    lossy = lossy_detail(metadata)
+    if lossy is not None:
+        flags.append(_flag("lossy_compressed", lossy))
+        # the index counts voxels below -950 HU: compression smooths the noise that puts voxels on either side
+        unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
 
     if body is not None and body.any():
         cut_cm2 = fov_cut_area_cm2(body, geometry)
@@ -302,11 +311,11 @@ def mark_unreliable(figures: Mapping[str, Any], quality: QualityReport) -> dict[
     read as a plain number; the reason names the flags.
     """
     cut = [f.code for f in quality.warnings if f.code.startswith("lungs_")]
-    thick = [f.code for f in quality.warnings if f.code == "thick_slices"]
+    image = [f.code for f in quality.warnings if f.code in ("thick_slices", "lossy_compressed")]
     out: dict[str, Any] = {}
     for name, value in figures.items():
         if name in quality.unreliable and value is not None:
-            reason = ", ".join(cut + thick if name in EMPHYSEMA_FIGURES else cut) or "quality flags"
+            reason = ", ".join(cut + image if name in EMPHYSEMA_FIGURES else cut) or "quality flags"
             out[name] = {"value": value, "reliable": False, "reason": reason}
         else:
             out[name] = value
