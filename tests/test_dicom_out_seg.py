@@ -269,3 +269,59 @@ def test_bad_masks_are_refused(tmp_path):
     with pytest.raises(DicomOutputError, match="nothing to segment"):
         _seg(case, tmp_path / "b.dcm", organ_masks={}, nodules=None)
     assert not list(tmp_path.glob("*.dcm")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def _lossy_source(_k: int, ds: pydicom.Dataset) -> None:
+    ds.LossyImageCompression = "01"
+    ds.LossyImageCompressionRatio = "8.5"
+    ds.LossyImageCompressionMethod = "ISO_15444_1"
+
+
+def _lung_masks(shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {"lung_left": rng.random(shape) > 0.5, "lung_right": rng.random(shape) > 0.6}
+
+
+def test_seg_of_a_lossy_source_says_lossy(tmp_path):
+    """PS3.3 C.7.6.1.1.5: derived from lossy compressed images, the SEG states LossyImageCompression 01 with the
+    source's ratio and method (type 1C in the Segmentation Image module)."""
+    write_series(tmp_path / "dicom", n=6, rows=8, cols=10, tweak=_lossy_source)
+    vol = load_series(tmp_path / "dicom")
+    path = write_seg(
+        tmp_path / "seg.dcm", source=tmp_path / "dicom", volume=vol, score_threshold=0.5, organ_masks=_lung_masks(vol.shape)
+    )
+    ds = pydicom.dcmread(path)
+    assert ds.LossyImageCompression == "01"
+    assert float(ds.LossyImageCompressionRatio) == 8.5 and ds.LossyImageCompressionMethod == "ISO_15444_1"
+    assert_valid(path)
+
+
+def test_seg_of_a_lossy_transfer_syntax_source_says_lossy(tmp_path):
+    """A source file in a lossy transfer syntax makes the SEG lossy even when the volume's metadata does not say so;
+    the method is the syntax's."""
+    paths = write_series(tmp_path / "dicom", n=6, rows=8, cols=10, unsigned=True)
+    ds = pydicom.dcmread(paths[2])
+    ds.compress(pydicom.uid.JPEGLSNearLossless, jls_error=2)
+    ds.save_as(paths[2])
+    vol = load_series(tmp_path / "dicom")
+    plain = vol.__class__(vol.array, vol.geometry, metadata={k: v for k, v in vol.metadata.items() if "Lossy" not in k})
+    for volume in (vol, plain):
+        path = write_seg(
+            tmp_path / "seg.dcm",
+            source=tmp_path / "dicom",
+            volume=volume,
+            score_threshold=0.5,
+            organ_masks=_lung_masks(vol.shape),
+        )
+        seg = pydicom.dcmread(path)
+        assert seg.LossyImageCompression == "01" and seg.LossyImageCompressionMethod == "ISO_14495_1"
+
+
+def test_seg_of_an_uncompressed_source_is_not_lossy(tmp_path):
+    write_series(tmp_path / "dicom", n=6, rows=8, cols=10)
+    vol = load_series(tmp_path / "dicom")
+    path = write_seg(
+        tmp_path / "seg.dcm", source=tmp_path / "dicom", volume=vol, score_threshold=0.5, organ_masks=_lung_masks(vol.shape)
+    )
+    ds = pydicom.dcmread(path)
+    assert ds.LossyImageCompression == "00" and "LossyImageCompressionRatio" not in ds

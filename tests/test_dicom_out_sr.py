@@ -254,3 +254,25 @@ def test_bad_options_are_refused(tmp_path):
     with pytest.raises(DicomOutputError, match="lobe 'middle' with side 'left'"):
         NoduleDetail(side="left", lobe="middle")
     assert not (tmp_path / "a.dcm").exists() and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_lossy_compressed_flag_is_a_quality_statement_and_the_sr_has_no_lossy_attribute(tmp_path):
+    """The SR states the lossy_compressed flag like the thick-slice flag; LossyImageCompression belongs to image IODs
+    (General Image, Segmentation Image modules), not to the Comprehensive 3D SR IOD: the SR does not carry it."""
+    case = phantom_case(tmp_path / "case")
+    lossy = QualityFlag("lossy_compressed", "warning", f"{FLAGS['lossy_compressed'][1]} (ratio 10:1 by ISO_10918_1)")
+    quality = QualityReport(lung_coverage="complete", contrast_phase="non_contrast", flags=(lossy,))
+    path = _write(case, tmp_path / "sr.dcm", quality=quality)
+    assert read_sr_case(path)["quality_flags"] == ["lossy_compressed"]
+    ds = pydicom.dcmread(path)
+    assert "LossyImageCompression" not in ds
+    meanings = {item.ConceptCodeSequence[0].CodeMeaning for item in _content_items(ds) if "ConceptCodeSequence" in item}
+    assert FLAGS["lossy_compressed"][1] in meanings  # the flag's sentence, within the 64 characters of a code meaning
+    assert len(FLAGS["lossy_compressed"][1]) <= 64
+    assert_valid(path)
+
+
+def _content_items(ds):
+    for item in ds.get("ContentSequence", []):
+        yield item
+        yield from _content_items(item)

@@ -27,6 +27,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import DicomOutputError
+from ..ingest.lossy import LOSSY_TRANSFER_SYNTAXES, is_lossy
 from ..volume import CTVolume, LabelMap
 from . import codes as C
 from .model import ReportedFinding, as_bool_mask
@@ -140,6 +141,47 @@ def _dimension(organisation_uid: str, pointer: int, group: int, label: str) -> A
     return item
 
 
+def _values(value: Any) -> list[Any]:
+    """The values of a pydicom element value: one (text, number) or several (MultiValue)."""
+    return [value] if isinstance(value, (str, bytes, int, float)) else list(value)
+
+
+def lossy_attributes(source: SourceSeries, volume: CTVolume) -> dict[str, Any]:
+    """LossyImageCompression (0028,2110) of the SEG, with its ratio and method (0028,2112)/(0028,2114) when known.
+
+    PS3.3 C.7.6.1.1.5: an image derived from a lossy compressed image states ``01``. The source is lossy when ingest
+    recorded it (the volume's ``LossyImageCompression``, :mod:`pipeline.ingest.lossy`) or when a source header says
+    so (its LossyImageCompression or a lossy transfer syntax). The ratio and method are the source's: ingest's, else
+    those of the first lossy source header that states them, else the method of its transfer syntax.
+    """
+    md = volume.metadata
+    lossy_sources = [
+        ds
+        for ds in source.datasets
+        if is_lossy(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None), ds.get("LossyImageCompression"))
+    ]
+    if str(md.get("LossyImageCompression") or "").strip() != "01" and not lossy_sources:
+        return {"LossyImageCompression": "00"}
+    ratios = [f"{float(r):.6g}"[:16] for r in md.get("LossyImageCompressionRatio") or ()]
+    methods = [str(m) for m in md.get("LossyImageCompressionMethod") or ()]
+    for ds in lossy_sources:
+        if not ratios and ds.get("LossyImageCompressionRatio"):
+            ratios = [f"{float(r):.6g}"[:16] for r in _values(ds.LossyImageCompressionRatio)]
+        if not methods and ds.get("LossyImageCompressionMethod"):
+            methods = [str(m) for m in _values(ds.LossyImageCompressionMethod)]
+        syntax = str(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", ""))
+        if not methods and syntax in LOSSY_TRANSFER_SYNTAXES:
+            methods = [LOSSY_TRANSFER_SYNTAXES[syntax][1]]
+    out: dict[str, Any] = {"LossyImageCompression": "01"}
+    if ratios:
+        out["LossyImageCompressionRatio"] = ratios
+    else:
+        log.warning("SEG: the lossy compressed source states no LossyImageCompressionRatio (0028,2112); none written")
+    if methods:
+        out["LossyImageCompressionMethod"] = methods
+    return out
+
+
 def _header(
     source: SourceSeries,
     volume: CTVolume,
@@ -199,7 +241,8 @@ def _header(
     ds.BitsAllocated = ds.BitsStored = 1
     ds.HighBit = 0
     ds.PixelRepresentation = 0
-    ds.LossyImageCompression = "00"
+    for keyword, value in lossy_attributes(source, volume).items():
+        setattr(ds, keyword, value)
     organisation = Dataset()
     organisation.DimensionOrganizationUID = stable_uid("ctpipe-seg-dimensions", sop_uid)
     ds.DimensionOrganizationSequence = [organisation]
