@@ -141,3 +141,16 @@ def test_ingest_command_shows_the_warning(tmp_path, capsys):
     (case_id,) = cache.case_ids()
     cached = cache.read(case_id)  # the later stages flag the case from the cached metadata
     assert cached.metadata["LossyImageCompressionRatio"] == [12.5] and _flag(cached) == f"{LOSSY_NOTE} (ratio 12.5:1)"
+
+
+def test_the_series_states_its_most_compressed_file(tmp_path):
+    def tweak(k: int, ds: Dataset) -> None:
+        if k < 5:
+            _lossy_attribute(ratio="5", method="ISO_10918_1")(k, ds)
+        else:
+            _lossy_attribute(ratio=["15", "2"], method=["ISO_10918_1", "ISO_15444_1"])(k, ds)
+
+    write_series(tmp_path / "s", n=N, tweak=tweak)
+    md = load_series(tmp_path / "s").metadata
+    assert md["LossyImageCompressionRatio"] == [15.0, 2.0]
+    assert md["LossyImageCompressionMethod"] == ["ISO_10918_1", "ISO_15444_1"]

@@ -71,36 +71,32 @@ def _ratios(text: str | None) -> list[float]:
     return out
 
 
+def _lossy_files(headers: Sequence[SliceHeader]) -> list[SliceHeader]:
+    return [h for h in headers if is_lossy(h.transfer_syntax, h.extra_value("LossyImageCompression"))]
+
+
 def lossy_compression(headers: Sequence[SliceHeader]) -> dict[str, Any]:
     """The lossy compression metadata of a series (empty when no file of ``headers`` was lossy compressed).
 
     ``LossyImageCompression`` ``"01"``; ``LossyImageCompressionRatio`` (floats) and ``LossyImageCompressionMethod``
-    (defined terms), one per successive compression, of the file compressed the most (its first ratio the
-    largest); the method from the transfer syntax when no lossy file states one; no ratio when none states one;
-    ``LossyCompressedFiles``: how many of the files were lossy compressed.
+    (defined terms), one per successive compression, as the file compressed the most states them (the largest first
+    ratio; else the first file stating a method); the method of the transfer syntaxes when no lossy file states
+    one; no ratio when none states one; ``LossyCompressedFiles``: how many of the files were lossy compressed.
     """
-    lossy = [h for h in headers if is_lossy(h.transfer_syntax, h.extra_value("LossyImageCompression"))]
+    lossy = _lossy_files(headers)
     if not lossy:
         return {}
     stated = [h for h in lossy if _ratios(h.extra_value("LossyImageCompressionRatio"))]
-    worst = max(stated, key=lambda h: _ratios(h.extra_value("LossyImageCompressionRatio"))[0]) if stated else None
-    ratios = _ratios(worst.extra_value("LossyImageCompressionRatio")) if worst is not None else []
-    methods = _values(worst.extra_value("LossyImageCompressionMethod")) if worst is not None else []
-    if not methods:
-        methods = next(
-            (
-                _values(h.extra_value("LossyImageCompressionMethod"))
-                for h in lossy
-                if h.extra_value("LossyImageCompressionMethod")
-            ),
-            [],
+    if stated:
+        source = max(stated, key=lambda h: _ratios(h.extra_value("LossyImageCompressionRatio"))[0])
+    else:
+        source = next((h for h in lossy if _values(h.extra_value("LossyImageCompressionMethod"))), lossy[0])
+    ratios = _ratios(source.extra_value("LossyImageCompressionRatio"))
+    methods = _values(source.extra_value("LossyImageCompressionMethod")) or list(
+        dict.fromkeys(
+            LOSSY_TRANSFER_SYNTAXES[h.transfer_syntax][1] for h in lossy if h.transfer_syntax in LOSSY_TRANSFER_SYNTAXES
         )
-    if not methods:
-        methods = list(
-            dict.fromkeys(
-                LOSSY_TRANSFER_SYNTAXES[h.transfer_syntax][1] for h in lossy if h.transfer_syntax in LOSSY_TRANSFER_SYNTAXES
-            )
-        )
+    )
     md: dict[str, Any] = {"LossyImageCompression": "01"}
     if ratios:
         md["LossyImageCompressionRatio"] = ratios
@@ -113,19 +109,18 @@ def lossy_compression(headers: Sequence[SliceHeader]) -> dict[str, Any]:
 def lossy_warnings(headers: Sequence[SliceHeader]) -> list[str]:
     """The series warning of a lossy compressed series (none for a series without lossy compressed files): the
     quality flag's sentence with the ratio and method, how many files and why they count as lossy."""
-    md = lossy_compression(headers)
-    if not md:
+    lossy = _lossy_files(headers)
+    if not lossy:
         return []
-    lossy = [h for h in headers if is_lossy(h.transfer_syntax, h.extra_value("LossyImageCompression"))]
-    why = (
-        [f"{LOSSY_ATTRIBUTE} 01"] if any(str(h.extra_value("LossyImageCompression") or "").strip() == "01" for h in lossy) else []
-    )
+    attribute = any(str(h.extra_value("LossyImageCompression") or "").strip() == "01" for h in lossy)
+    why = [f"{LOSSY_ATTRIBUTE} 01"] if attribute else []
     why += [
         f"transfer syntax {ts} ({LOSSY_TRANSFER_SYNTAXES[ts][0]})"
         for ts in dict.fromkeys(h.transfer_syntax for h in lossy)
         if ts in LOSSY_TRANSFER_SYNTAXES
     ]
-    return [f"{lossy_flag_message(md)}; {len(lossy)} of {len(headers)} file(s) lossy compressed ({', '.join(why)})"]
+    message = lossy_flag_message(lossy_compression(lossy))
+    return [f"{message}; {len(lossy)} of {len(headers)} file(s) lossy compressed ({', '.join(why)})"]
 
 
 def lossy_flag_message(metadata: Mapping[str, Any]) -> str:
