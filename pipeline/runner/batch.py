@@ -312,7 +312,13 @@ def _run(
         summary.elapsed_s = time.monotonic() - t0
         keys = {c.case_key for c in found.cases}
         failed_rows = store.cases_with_status("failed")
-        summary.quarantined = [(r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys]
+        # quarantined by this run (its latest attempt is this run's), or still from an earlier run and not retried
+        summary.quarantined = [
+            (r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys and r["run_id"] == run_id
+        ]
+        summary.still_quarantined = [
+            (r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys and r["run_id"] != run_id
+        ]
         summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
         if summary.stopped and not summary.done:  # stopped before the engine could count: the store's own record
             summary.done = sum(r["case_key"] in keys and r["run_id"] == run_id for r in store.cases_with_status("done"))
@@ -327,8 +333,10 @@ def _run(
                 n_done=summary.done,
                 n_failed=len(summary.quarantined),
                 n_skipped=summary.skipped,
+                n_failed_earlier=len(summary.still_quarantined),
             ),
         )
+        metrics.quarantined_at_end(len(summary.quarantined), len(summary.still_quarantined))
         metrics.run_ended(EXIT_INTERRUPTED if status == "interrupted" and not summary.stopped else summary.exit_code)
         if cfg.metrics.textfile:
             summary.metrics_file = _quietly(
@@ -349,12 +357,18 @@ def _run(
         )
         summary.report_html = rep.html if rep is not None else None
     log.info(
-        "run %s finished: %d done, %d quarantined, %.1f s",
+        "run %s finished: %d done, %d newly quarantined, %d still quarantined from earlier runs (not retried), %.1f s",
         run_id,
         summary.done,
         len(summary.quarantined),
+        len(summary.still_quarantined),
         summary.elapsed_s,
-        extra={"event": "run_end", "run_id": run_id},
+        extra={
+            "event": "run_end",
+            "run_id": run_id,
+            "quarantined_new": len(summary.quarantined),
+            "quarantined_earlier": len(summary.still_quarantined),
+        },
     )
     return summary
 

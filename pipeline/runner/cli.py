@@ -23,7 +23,9 @@ def register(sub: Any) -> None:
         "SEG (outputs.dicom) for each, into "
         "RUN_DIR (a scan without lungs is not searched). Running the same command "
         "again resumes: completed cases are skipped, interrupted ones retried. Exit status: 0 all "
-        "cases done, 3 some cases quarantined (listed with their reasons), 4 the run folder could not be "
+        "cases done, 3 some cases quarantined (listed with their reasons), by this run or by an earlier run and "
+        "not retried (the summary tells newly quarantined cases from those still quarantined from earlier runs), "
+        "4 the run folder could not be "
         "written (disk full, read-only, no permission, quota, file-size limit): the run stopped early or could not "
         "start, nothing is lost, and the same command finishes the rest once it can write, 1 the run "
         "could not proceed (bad source or configuration, a model that cannot load, another run using RUN_DIR), "
@@ -239,6 +241,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.quiet:
         keep = (
             "quarantined",
+            "still quarantined",
             "run stopped",
             "the run folder",
             "not written",

@@ -20,7 +20,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-_FIELDS = ("event", "case_id", "case_key", "stage", "reason", "error_class", "run_id", "wall_s", "latency_s")
+#: Fields a record carries when its caller passes them; ``quarantined_new`` and ``quarantined_earlier``: the run's end
+#: record (``run_end``), cases quarantined by this run and still from earlier runs.
+_FIELDS: tuple[str, ...] = (
+    "event",
+    "case_id",
+    "case_key",
+    "stage",
+    "reason",
+    "error_class",
+    "run_id",
+    "wall_s",
+    "latency_s",
+    "quarantined_new",
+    "quarantined_earlier",
+)
 
 
 _CONTEXT: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("ctpipe_log_context", default=None)

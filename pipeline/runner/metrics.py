@@ -4,6 +4,9 @@ Metrics (one registry per run, so several runs in one process do not mix):
 
 * ``ctpipe_cases_processed_total`` — cases completed.
 * ``ctpipe_cases_failed_total{reason}`` — cases quarantined, by error class.
+* ``ctpipe_cases_quarantined{when}`` — at the run's end, the cases of its sources that are quarantined: ``this_run``
+  (quarantined by this run) and ``earlier_runs`` (quarantined by an earlier run of the folder and not retried; the exit
+  status is 3 for them too, so alert on new failures with ``when="this_run"``).
 * ``ctpipe_cases_released_total`` — cases left unfinished for the next run because the run folder could not be
   written (disk full, read-only, no permission).
 * ``ctpipe_case_flags_total{flag,severity}`` — quality flags of completed cases (``severity``: warning or info).
@@ -67,6 +70,12 @@ class RunMetrics:
         self.released = Counter(
             "ctpipe_cases_released", "Cases left for the next run: the run folder could not be written", ["node"], registry=r
         ).labels(n)
+        self.quarantined = Gauge(
+            "ctpipe_cases_quarantined",
+            "Cases quarantined at the run's end: by this run (this_run) or still from earlier runs (earlier_runs)",
+            ["node", "when"],
+            registry=r,
+        )
         self.flags = Counter("ctpipe_case_flags", "Quality flags of completed cases", ["node", "flag", "severity"], registry=r)
         self.skipped = Gauge(
             "ctpipe_discovery_skipped", "Files and series discovery left out in this run", ["node", "what"], registry=r
@@ -137,6 +146,11 @@ class RunMetrics:
     def files_skipped(self, files: int, series: int) -> None:
         self.skipped.labels(self.node, "file").set(files)
         self.skipped.labels(self.node, "series").set(series)
+
+    def quarantined_at_end(self, this_run: int, earlier_runs: int) -> None:
+        """The cases quarantined at the run's end: by this run, and by earlier runs of the folder (not retried)."""
+        self.quarantined.labels(self.node, "this_run").set(this_run)
+        self.quarantined.labels(self.node, "earlier_runs").set(earlier_runs)
 
     def run_ended(self, exit_status: int) -> None:
         """The run is over, with ``exit_status`` (``ctpipe run``'s): for the textfiles written next."""

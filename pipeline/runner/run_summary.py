@@ -20,8 +20,9 @@ SHOWN = 20
 
 @dataclass
 class RunSummary:
-    """What a run did. ``exit_code``: 0 all cases done, 3 some quarantined, 4 the run folder could not be written
-    (disk full, read-only, no permission: the run stopped early; the same command resumes), 1 the run could not
+    """What a run did. ``exit_code``: 0 all cases done, 3 some quarantined (by this run, or by an earlier run of the
+    folder and not retried: ``quarantined`` and ``still_quarantined`` tell them apart), 4 the run folder could not be
+    written (disk full, read-only, no permission: the run stopped early; the same command resumes), 1 the run could not
     proceed (bad source or configuration, a model that cannot load)."""
 
     run_dir: Path
@@ -29,7 +30,9 @@ class RunSummary:
     total: int = 0
     done: int = 0
     skipped: int = 0  # done by an earlier run of this folder
-    quarantined: list[tuple[str, str, str]] = field(default_factory=list)  # (case_id, error class, reason)
+    quarantined: list[tuple[str, str, str]] = field(default_factory=list)  # by this run: (case_id, error class, reason)
+    #: quarantined by an earlier run of the folder and not retried by this one (no --retry-failed): as ``quarantined``
+    still_quarantined: list[tuple[str, str, str]] = field(default_factory=list)
     not_selected: list[dict[str, Any]] = field(default_factory=list)
     skipped_files: list[dict[str, str]] = field(default_factory=list)  # path, kind, reason
     released: list[tuple[str, str]] = field(default_factory=list)  # (case_id, why): left for the next run
@@ -48,7 +51,8 @@ class RunSummary:
             return EXIT_FATAL
         if self.stopped:
             return EXIT_ENVIRONMENT
-        return EXIT_QUARANTINED if self.quarantined else EXIT_OK
+        # a case quarantined earlier and not retried is still unresolved: 3 as well (the summary says it is not new)
+        return EXIT_QUARANTINED if self.quarantined or self.still_quarantined else EXIT_OK
 
     @property
     def skipped_where(self) -> str:
@@ -61,8 +65,13 @@ class RunSummary:
         return 3600.0 * self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def lines(self) -> list[str]:
+        still = (
+            f"{len(self.still_quarantined)} still quarantined from earlier runs (ctpipe run --retry-failed to retry them), "
+            if self.still_quarantined
+            else ""
+        )
         out = [
-            f"run {self.run_id}: {self.done} case(s) done, {len(self.quarantined)} quarantined, "
+            f"run {self.run_id}: {self.done} case(s) done, {len(self.quarantined)} newly quarantined, {still}"
             f"{self.skipped} already done earlier, of {self.total}, in {self.elapsed_s:.1f} s"
         ]
         if self.fatal:
@@ -91,6 +100,11 @@ class RunSummary:
             out.append(f"the run folder could not be written: {self.stopped}")
         for cid, cls, reason in self.quarantined:
             out.append(f"  quarantined {cid}: {cls}: {reason}")
+        for cid, cls, reason in self.still_quarantined[:SHOWN]:
+            out.append(f"  still quarantined from an earlier run {cid}: {cls}: {reason}")
+        if len(self.still_quarantined) > SHOWN:
+            more = len(self.still_quarantined) - SHOWN
+            out.append(f"  still quarantined from earlier runs: {more} more, listed in {self.run_dir / 'quarantine'}")
         for ns in self.not_selected[:SHOWN]:
             out.append(f"  not selected {ns['series']} ({ns['source']}): {ns['why']}")
         if self.skipped_files or len(self.not_selected) > SHOWN:

@@ -103,11 +103,24 @@ class RunStore:
                 ),
             )
 
-    def end_run(self, run_id: str, *, status: str, n_cases: int, n_done: int, n_failed: int, n_skipped: int) -> None:
+    def end_run(
+        self,
+        run_id: str,
+        *,
+        status: str,
+        n_cases: int,
+        n_done: int,
+        n_failed: int,
+        n_skipped: int,
+        n_failed_earlier: int = 0,
+    ) -> None:
+        """Record the end of a run: ``n_failed`` cases quarantined by this run, ``n_failed_earlier`` still quarantined
+        by earlier runs of the folder and not retried by this one."""
         with self.tx():
             self.db.execute(
-                "UPDATE runs SET ended_at=?, status=?, n_cases=?, n_done=?, n_failed=?, n_skipped=? WHERE run_id=?",
-                (time.time(), status, n_cases, n_done, n_failed, n_skipped, run_id),
+                "UPDATE runs SET ended_at=?, status=?, n_cases=?, n_done=?, n_failed=?, n_skipped=?, n_failed_earlier=?"
+                " WHERE run_id=?",
+                (time.time(), status, n_cases, n_done, n_failed, n_skipped, n_failed_earlier, run_id),
             )
 
     def mark_abandoned_runs(self) -> int:

@@ -5,8 +5,9 @@ reads and writes of cases and runs are :class:`.store.RunStore`.
 Tables
 ------
 ``runs``            one row per invocation of the runner on this folder (config, versions, device, start/end;
-                    ``n_cases`` found, ``n_done`` completed by this run, ``n_failed`` of its cases quarantined at its
-                    end, ``n_skipped`` done by earlier runs).
+                    ``n_cases`` found, ``n_done`` completed by this run, ``n_failed`` of its cases quarantined by
+                    this run, ``n_failed_earlier`` still quarantined by earlier runs and not retried,
+                    ``n_skipped`` done by earlier runs).
 ``cases``           one row per case, keyed by ``case_key`` = SeriesInstanceUID + content fingerprint.
 ``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB),
                     and ``detail``: the stage's own sub-step times (JSON, s; model time from CUDA events on a GPU).
@@ -48,14 +49,15 @@ from .faults import environment_failure
 log = logging.getLogger(__name__)
 
 DB_NAME = "runs.sqlite"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, started_at REAL NOT NULL, ended_at REAL, status TEXT NOT NULL,
     command TEXT, sources TEXT, config TEXT, versions TEXT, device TEXT, host TEXT, pid INTEGER,
-    n_cases INTEGER DEFAULT 0, n_done INTEGER DEFAULT 0, n_failed INTEGER DEFAULT 0, n_skipped INTEGER DEFAULT 0
+    n_cases INTEGER DEFAULT 0, n_done INTEGER DEFAULT 0, n_failed INTEGER DEFAULT 0, n_skipped INTEGER DEFAULT 0,
+    n_failed_earlier INTEGER DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS cases (
     case_key TEXT PRIMARY KEY, case_id TEXT NOT NULL UNIQUE, series_uid TEXT, fingerprint TEXT NOT NULL,
@@ -103,7 +105,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
 );
 """
 
-#: Columns added since schema version 1 (version 3 added the tables ``origins`` and ``deliveries`` only): (table, column, declaration), added by :func:`migrate`.
+#: Columns added since schema version 1 (version 3 added the tables ``origins`` and ``deliveries`` only; version 4
+#: ``runs.n_failed_earlier``): (table, column, declaration), added by :func:`migrate`.
 ADDED_COLUMNS = (
     ("cases", "lung_coverage", "TEXT"),
     ("cases", "contrast_phase", "TEXT"),
@@ -111,6 +114,7 @@ ADDED_COLUMNS = (
     ("cases", "detect_skipped", "TEXT"),
     ("measurements", "reliable", "INTEGER NOT NULL DEFAULT 1"),
     ("measurements", "reason", "TEXT"),
+    ("runs", "n_failed_earlier", "INTEGER DEFAULT 0"),
 )
 
 

@@ -37,6 +37,7 @@ _LATER_COLUMNS: dict[str, dict[str, object]] = {
         "origin_series_uid": None,
     },
     "measurements": {"reliable": 1, "reason": None},
+    "runs": {"n_failed_earlier": None},
 }
 _EMPTY = {
     "quality": ["case_key", "code", "severity", "message", "case_id"],
@@ -92,7 +93,7 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
         )
     finally:
         db.close()
-    for name, df in (("cases", cases), ("measurements", meas)):
+    for name, df in (("cases", cases), ("measurements", meas), ("runs", runs)):
         for col, value in _LATER_COLUMNS[name].items():
             if col not in df:
                 df[col] = value
