@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipeline.cli import main
+from pipeline.runner.stage import CaseContext, Stage
 
 
 @pytest.fixture
@@ -97,3 +101,106 @@ def test_a_rerun_tells_cases_still_quarantined_from_earlier_runs_from_new_ones(t
     assert "0 case(s) done, 1 newly quarantined, 1 already done earlier" in third[0], third
     assert not any("still quarantined" in ln for ln in third), third
     assert (_run_end(out)["quarantined_new"], _run_end(out)["quarantined_earlier"]) == (1, 0)
+
+
+def test_the_report_lists_per_run_the_cases_still_quarantined_from_earlier_runs(tmp_path, ingest_only):
+    from pipeline.runner.batch import run_batch
+    from pipeline.runner.report import build_report
+
+    _gap_series(tmp_path / "src" / "gap")
+    opts = {"workers": 0, "report.enabled": False}
+    assert run_batch(tmp_path / "src", out=tmp_path / "run", **opts).exit_code == 3
+    again = run_batch(tmp_path / "src", out=tmp_path / "run", **opts)
+    assert again.exit_code == 3 and again.quarantined == [] and len(again.still_quarantined) == 1, again.lines()
+    rep = build_report([tmp_path / "run"], tmp_path / "rep")
+    rows = rep.summary["runs_table"]
+    assert [(r["n_failed"], r["n_failed_earlier"]) for r in rows] == [(1, 0), (0, 1)]
+    assert "n_failed_earlier" in (tmp_path / "rep" / "runs.csv").read_text(encoding="utf-8-sig").splitlines()[0]
+
+
+class _Peek(Stage):
+    """An ingest stage that looks at the run folder's report while the run is under way, then stops the run."""
+
+    name = "ingest"
+    group = "cpu"
+    report: Path
+    seen: list[dict[str, Any]] = []
+    stop = False
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        status = json.loads((self.report / "status.json").read_text())
+        page = (self.report / "report.html").read_text()
+        self.seen.append({"status": status, "page": page, "json": json.loads((self.report / "report.json").read_text())})
+        if self.stop:
+            raise KeyboardInterrupt
+        return {}
+
+
+def _as_if_killed(run_dir: Path) -> str:
+    """Leave the latest run's record as SIGKILL leaves it: no end record, its process gone. Returns its run id."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with sqlite3.connect(run_dir / "runs.sqlite") as db:
+        (run_id,) = db.execute("SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1").fetchone()
+        db.execute("UPDATE runs SET status='running', ended_at=NULL, pid=? WHERE run_id=?", (dead.pid, run_id))
+    return run_id
+
+
+def test_the_report_says_a_run_is_in_progress_and_later_that_it_was_interrupted(tmp_path, monkeypatch, capsys, own_signals):
+    import pipeline.runner.batch as batch
+    from tests._support.dicom import write_series
+
+    src, out = tmp_path / "src", tmp_path / "run"
+    report = out / "report"
+    write_series(src / "a", n=12, series_uid="1.2.3.501")
+    real = batch.build_stages
+    monkeypatch.setattr(batch, "build_stages", lambda cfg: [s for s in real(cfg) if s.name == "ingest"])
+    first = batch.run_batch(src, out=out, workers=0)
+    assert first.exit_code == 0 and first.report_html is not None
+    ended = json.loads((report / "status.json").read_text())
+    assert ended["state"] == "ended" and f"run {first.run_id}" in ended["text"] and "(completed)" in ended["text"]
+    first_json = json.loads((report / "report.json").read_text())
+
+    # a second run starts: while it runs, the report says so, and that its figures are from the first run
+    write_series(src / "b", n=12, series_uid="1.2.3.502")
+    _Peek.report, _Peek.seen, _Peek.stop = report, [], True
+    monkeypatch.setattr(batch, "build_stages", lambda cfg: [_Peek()])
+    with pytest.raises(KeyboardInterrupt):
+        batch.run_batch(src, out=out, workers=0)
+    (during,) = _Peek.seen
+    status = during["status"]
+    assert status["state"] == "in_progress" and "is in progress" in status["text"]
+    (latest,) = status["runs"]
+    assert latest["pid"] is not None and latest["run_id"] != first.run_id
+    assert f"(pid {latest['pid']}" in status["text"] and latest["started_utc"] in status["text"]
+    assert status["note"] == (
+        f"the figures below are from before it, in the report written at {first_json['generated_at']}, after run "
+        f"{first.run_id} ended at {ended['runs'][0]['ended_utc']} (completed)"
+    )
+    assert during["json"]["status"] == status  # report.json says so too; its figures stay those of the first run
+    assert during["json"]["cases"] == first_json["cases"]
+    assert "is in progress" in during["page"] and "the figures below are from before it" in during["page"]
+    assert during["page"].count("Run status:") == 1
+
+    # the run is killed (no end record, its process gone): the page still says "in progress", until ...
+    killed = _as_if_killed(out)
+    assert "is in progress" in (report / "report.html").read_text()
+    # ... ctpipe report shows it as interrupted
+    assert main(["report", str(out), "--out", str(tmp_path / "rep")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"run status: the latest run {killed}") and "was interrupted" in printed
+    rebuilt = json.loads((tmp_path / "rep" / "status.json").read_text())
+    assert rebuilt["state"] == "interrupted" and rebuilt["runs"][0]["run_id"] == killed
+    assert "was interrupted: it ended without finishing" in (tmp_path / "rep" / "report.html").read_text()
+
+    # ... and so does the next run's start
+    _Peek.seen, _Peek.stop = [], False
+    batch.run_batch(src, out=out, workers=0)
+    (again,) = _Peek.seen
+    assert again["status"]["state"] == "in_progress"
+    assert f"the run before it, {killed}" in again["status"]["text"] and "was interrupted" in again["status"]["text"]
+    assert f"the run before it, {killed}" in again["page"]
+    assert again["status"]["note"] == status["note"]  # its figures are still those of the first run's report
+    final = json.loads((report / "status.json").read_text())
+    assert final["state"] == "ended" and "(completed)" in final["text"]
+    assert "is in progress" not in (report / "report.html").read_text()

@@ -25,7 +25,7 @@ from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
 from .metrics import NvmlSampler, RunMetrics
 from .progress import Progress
-from .report import build_report
+from .report import build_report, mark_run_started
 from .resume import RunLock, drop_cached, plan, reconcile, remove_quarantine
 from .run_host import no_gpu_here, resolve_devices, software_versions
 from .run_summary import EXIT_ENVIRONMENT, EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_QUARANTINED, SHOWN, RunSummary
@@ -200,6 +200,8 @@ def _run(
             "; ".join(f"{path} by {where}" for path, where in cfg.sources.items()),
             extra={"event": "config_sources", "run_id": run_id},
         )
+    if cfg.report.enabled:  # until it ends, the report says a run is in progress and that its figures are older
+        _mark_report(run_dir)
     store.add_skipped(run_id, found.skipped_rows())
     if origins:
         store.record_origins(run_id, origins_of(found.cases, origins))
@@ -371,6 +373,20 @@ def _run(
         },
     )
     return summary
+
+
+def _mark_report(run_dir: Path) -> None:
+    """Mark the run folder's report as in progress (:func:`.report.mark_run_started`); should that fail, the run goes
+    on (the report is rebuilt at its end) and the log says why."""
+    try:
+        mark_run_started(run_dir / "report", run_dir)
+    except (OSError, sqlite3.Error) as exc:
+        log.warning(
+            "could not mark the report as in progress (%s: %s); it is rebuilt when the run ends",
+            type(exc).__name__,
+            exc,
+            extra={"event": "write_failed"},
+        )
 
 
 def _crash(exc: BaseException, run_id: str) -> str:

@@ -277,6 +277,9 @@ def _report(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         cpu_workers=args.cpu_workers,
     )
+    status = rep.summary["status"]
+    if status["state"] in ("in_progress", "interrupted"):  # the figures are not those of a finished run
+        print(f"run status: {status['text']}")
     print(rep.summary["projection"])
     print(rep.summary["capacity"]["text"])
     print(f"report: {rep.html}")

@@ -6,6 +6,12 @@ latency, the stage breakdown and GPU utilisation. Per case the HTML shows status
 volumes (marked when a flag makes them unreliable), flags and links to the case's PNGs (:mod:`.report_html`).
 What discovery left out (files and series, with reasons) is listed too (``skipped.csv``).
 
+Whether the figures are current: ``report.json`` ``status``, ``status.json`` (the same, alone) and the page's
+run-status line say whether the latest run of each folder is in progress, was interrupted or ended
+(:func:`.report_summary.run_state`). A run marks its folder's report as in progress when it starts
+(:func:`mark_run_started`), before it rebuilds the report at its end; should it be killed, the next run's start or
+``ctpipe report`` shows it as interrupted.
+
 The CSV files are UTF-8 with a byte-order mark (Excel reads them as UTF-8), their
 times ISO 8601 UTC (``2026-12-04T10:15:03Z``, columns named ``..._utc``), their
 column names carry the unit (``p50_s``: seconds).
@@ -18,6 +24,7 @@ import io
 import json
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from ..atomic import atomic_write_bytes
-from .report_html import case_rows, render_html
-from .report_summary import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT, PCTS, latest_skipped, summarize
-from .tables import utc_text
+from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
+from .report_summary import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT, PCTS, latest_skipped, run_state, summarize
+from .tables import read_runs, utc_text
 
 __all__ = [
     "CAPACITY_COLUMNS",
@@ -38,13 +45,18 @@ __all__ = [
     "PCTS",
     "RUNS_COLUMNS",
     "Report",
+    "STATUS_JSON",
     "build_report",
     "latest_skipped",
+    "mark_run_started",
     "shared_bins",
     "summarize",
 ]
 
 log = logging.getLogger(__name__)
+
+#: The report's run status alone (``report.json`` ``status``), for a monitoring check that reads one small file.
+STATUS_JSON = "status.json"
 
 
 @dataclass
@@ -162,6 +174,7 @@ RUNS_COLUMNS = [
     "n_done",
     "n_failed",
     "n_unfinished",
+    "n_failed_earlier",
 ]
 #: Columns of ``capacity.csv``: per stage its worker group (model or cpu), its busy time per completed attempt (s; failed
 #: attempts' time included) and the successful attempts that figure rests on.
@@ -246,12 +259,16 @@ def build_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary, t = summarize(run_dirs, hours_per_day=hours_per_day, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers)
+    summary["status"]["figures_from"] = figures_from(summary)
     plots = _plots(summary, t, bin_minutes)
     rep = Report(out, out / "report.html", out / "report.json")
     rows = case_rows(t, out)
     skipped = latest_skipped(t)
     atomic_write_bytes(rep.html, render_html(summary, plots, rows, skipped).encode())
     atomic_write_bytes(rep.json, json.dumps(summary, indent=1).encode())
+    atomic_write_bytes(
+        out / STATUS_JSON, json.dumps({**summary["status"], "updated_at": summary["generated_at"]}, indent=1).encode()
+    )
     tables = {
         "runs.csv": pd.DataFrame(summary["runs_table"], columns=RUNS_COLUMNS),
         "latency.csv": _latency_table(summary["latency_s"]),
@@ -294,3 +311,65 @@ def build_report(
     rep.summary = summary
     log.info("report written to %s", rep.html, extra={"event": "report"})
     return rep
+
+
+def _earlier_report(report_json: Path) -> dict[str, Any] | None:
+    """The summary of the report already in a folder, or None (none there, or not readable as one)."""
+    try:
+        data = json.loads(report_json.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def figures_from(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the figures of a report just built rest on: when it was written and the latest run of its (first) folder
+    then (``run_id``, ``status``, ``started_utc``, ``ended_utc``); kept in its ``status`` as ``figures_from``."""
+    runs = summary["status"]["runs"]
+    latest = {k: runs[0][k] for k in ("run_id", "status", "started_utc", "ended_utc")} if runs else {}
+    return {"generated_at": summary["generated_at"], **latest}
+
+
+def _figures_note(earlier: dict[str, Any] | None) -> str:
+    """Where the figures of the page a run finds at its start come from: the report written before it (whose
+    figures a run start leaves as they are, so that a later start still names the same report)."""
+    if earlier is None:
+        return "no report of an earlier run here yet: this run writes the first one when it ends"
+    src = (earlier.get("status") or {}).get("figures_from") or {"generated_at": earlier.get("generated_at")}
+    note = f"the figures below are from before it, in the report written at {src.get('generated_at') or 'an unknown time'}"
+    if src.get("ended_utc"):
+        note += f", after run {src['run_id']} ended at {src['ended_utc']} ({src['status']})"
+    elif src.get("run_id"):
+        note += f", while run {src['run_id']} (started at {src['started_utc']}) was {src['status'].replace('_', ' ')}"
+    return note
+
+
+def mark_run_started(out_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Say in the report folder ``out_dir`` of ``run_dir`` that a run of it is in progress (call once the run is
+    recorded in the run store): ``status.json``, ``report.json`` ``status`` and the run-status line of
+    ``report.html`` (the page and its figures otherwise left as they are) give the run's start, pid and host, the
+    run before it when that one was interrupted, and which report the figures are from. Every write is atomic.
+    Returns the status written."""
+    out = Path(out_dir)
+    status = run_state(read_runs(run_dir))
+    earlier = _earlier_report(out / "report.json")
+    status["note"] = _figures_note(earlier)
+    if earlier is not None and (earlier.get("status") or {}).get("figures_from"):
+        status["figures_from"] = earlier["status"]["figures_from"]
+    status["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / STATUS_JSON, json.dumps(status, indent=1).encode())
+    if earlier is not None:
+        atomic_write_bytes(out / "report.json", json.dumps({**earlier, "status": status}, indent=1).encode())
+    try:
+        page = (out / "report.html").read_text()
+    except (OSError, ValueError):
+        return status  # no page yet (the first run), or not one of ours
+    banner = status_banner(status)
+    start, end = page.find(STATUS_START), page.find(STATUS_END)
+    if 0 <= start < end:
+        page = page[:start] + banner + page[end + len(STATUS_END) :]
+    elif "<body>" in page:  # a page written before it had a run-status line
+        page = page.replace("<body>", "<body>\n" + banner, 1)
+    atomic_write_bytes(out / "report.html", page.encode())
+    return status

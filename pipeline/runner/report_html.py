@@ -135,17 +135,29 @@ def _runs_table(runs: list[dict[str, Any]], cases: dict[str, int]) -> str:
         return "<p>no runs</p>"
     head = "".join(
         f"<th>{t}</th>"
-        for t in ("run", "status", "started (UTC)", "ended (UTC)", "active min", "device", "done", "failed", "unfinished")
+        for t in (
+            "run",
+            "status",
+            "started (UTC)",
+            "ended (UTC)",
+            "active min",
+            "device",
+            "done",
+            "failed",
+            "unfinished",
+            "still failed from earlier runs",
+        )
     )
     body = "".join(
         f"<tr><td>{_e(r['run_id'])}</td><td>{_e(r['status'])}</td><td>{_e(r['started_utc'])}</td>"
         f"<td>{_e(r['ended_utc'] or 'no end record')}</td><td>{r['active_s'] / 60.0:.1f}</td><td>{_e(r['device'])}</td>"
-        f"<td>{r['n_done']}</td><td>{r['n_failed']}</td><td>{r['n_unfinished']}</td></tr>"
+        f"<td>{r['n_done']}</td><td>{r['n_failed']}</td><td>{r['n_unfinished']}</td>"
+        f"<td>{'' if r.get('n_failed_earlier') is None else r['n_failed_earlier']}</td></tr>"
         for r in runs
     )
     total = (
         f'<tr><td>all runs (each case once)</td><td colspan="5"></td><td>{cases["done"]}</td><td>{cases["failed"]}</td>'
-        f"<td>{cases['unfinished']}</td></tr>"
+        f"<td>{cases['unfinished']}</td><td></td></tr>"
     )
     return f"<table><tr>{head}</tr>{body}{total}</table>"
 
@@ -190,6 +202,22 @@ def _capacity(c: dict[str, Any]) -> str:
     )
 
 
+#: The run-status banner of the page sits between these markers (:func:`status_banner`), so that a run starting can
+#: replace it in the page written before it (:func:`pipeline.runner.report.mark_run_started`).
+STATUS_START, STATUS_END = "<!-- run-status -->", "<!-- /run-status -->"
+
+
+def status_banner(status: dict[str, Any]) -> str:
+    """The page's run-status line (``status``: :func:`.report_summary.run_state`'s, possibly with a ``note``),
+    between its markers."""
+    state = str(status.get("state", "none"))
+    text = str(status.get("text", ""))
+    if status.get("note"):
+        text += f"; {status['note']}"
+    style = {"in_progress": "background:#fff3c4", "interrupted": "background:#fde2b8"}.get(state, "")
+    return f'{STATUS_START}<p class="run-status {_e(state)}" style="{style}"><b>Run status:</b> {_e(text)}</p>{STATUS_END}'
+
+
 def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[str, Any]], skipped: Any) -> str:
     """The report page (see the module docstring)."""
     s = summary
@@ -206,6 +234,7 @@ td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:right}}th{{background
 td.flags,td.links{{text-align:left}}.warning{{background:#fde2b8;padding:0 .3em}}.info{{background:#dde9f7;padding:0 .3em}}
 td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
 <h1>ctpipe throughput report</h1>
+{status_banner(s["status"]) if "status" in s else ""}
 <p>Runs: {s["runs"]} in {_e(", ".join(s["run_dirs"]))} &middot; devices: {_e(", ".join(s["devices"]) or "?")}
 &middot; generated {_e(s["generated_at"])}</p>
 <p class="big"><b>{_e(s["projection"])}</b></p>

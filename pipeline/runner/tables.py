@@ -127,6 +127,21 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
     }
 
 
+def read_runs(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """The store's ``runs`` table alone (read-only), with ``run_dir`` and ``status`` as a report shows it
+    (:func:`run_status`): what the report's run status (:func:`.report_summary.run_state`) rests on."""
+    import pandas as pd
+
+    db = open_readonly(Path(run_dir))
+    try:
+        runs = pd.read_sql_query("SELECT * FROM runs ORDER BY started_at", db)
+    finally:
+        db.close()
+    runs.insert(0, "run_dir", str(Path(run_dir)))
+    runs["status"] = run_status(runs)
+    return runs
+
+
 # -- the tables as a report shows them -------------------------------------------------------------------------------
 def _process_start(pid: int) -> float | None:
     """When process ``pid`` of this host started (Unix s), or None where that cannot be read (not Linux)."""
