@@ -130,7 +130,12 @@ class _Peek(Stage):
     def process(self, ctx: CaseContext) -> dict[str, Any]:
         status = json.loads((self.report / "status.json").read_text())
         page = (self.report / "report.html").read_text()
-        self.seen.append({"status": status, "page": page, "json": json.loads((self.report / "report.json").read_text())})
+        seen = {"status": status, "page": page, "json": json.loads((self.report / "report.json").read_text())}
+        if self.stop:  # ctpipe report while the run is under way: in progress, figures as of the report's writing
+            from pipeline.runner.report import build_report
+
+            seen["rebuilt"] = build_report([self.report.parent], self.report.parent.parent / "during").summary["status"]
+        self.seen.append(seen)
         if self.stop:
             raise KeyboardInterrupt
         return {}
@@ -181,6 +186,9 @@ def test_the_report_says_a_run_is_in_progress_and_later_that_it_was_interrupted(
     assert during["json"]["cases"] == first_json["cases"]
     assert "is in progress" in during["page"] and "the figures below are from before it" in during["page"]
     assert during["page"].count("Run status:") == 1
+    rebuilt = during["rebuilt"]
+    assert rebuilt["state"] == "in_progress" and rebuilt["runs"][0]["run_id"] == latest["run_id"]
+    assert rebuilt["note"].startswith("the figures below are as of ") and rebuilt["note"].endswith(", while it runs")
 
     # the run is killed (no end record, its process gone): the page still says "in progress", until ...
     killed = _as_if_killed(out)

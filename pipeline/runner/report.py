@@ -260,6 +260,8 @@ def build_report(
     out.mkdir(parents=True, exist_ok=True)
     summary, t = summarize(run_dirs, hours_per_day=hours_per_day, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers)
     summary["status"]["figures_from"] = figures_from(summary)
+    if summary["status"]["state"] == "in_progress":
+        summary["status"]["note"] = f"the figures below are as of {summary['generated_at']}, while it runs"
     plots = _plots(summary, t, bin_minutes)
     rep = Report(out, out / "report.html", out / "report.json")
     rows = case_rows(t, out)

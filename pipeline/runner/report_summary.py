@@ -267,7 +267,7 @@ def _state_text(run: dict[str, Any], *, several: bool) -> str:
         who += f" (pid {run['pid']}{' on ' + run['host'] if run['host'] else ''})"
     prev = run["previous"]
     if run["status"] == "running":
-        text = f"{who}, is in progress: figures are as of the time this report was written"
+        text = f"{who}, is in progress"
         if prev is not None and prev["status"] == "interrupted":
             text += f"; the run before it, {prev['run_id']} (started at {prev['started_utc']}), was interrupted"
         return text
