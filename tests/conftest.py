@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 
 import pytest
 
@@ -70,3 +71,12 @@ def pytest_xdist_make_scheduler(config, log):
     from tests._support.scheduling import WaitAwareScheduling
 
     return WaitAwareScheduling(config, log)
+
+
+@pytest.fixture
+def own_signals():
+    """``ctpipe run`` installs SIGTERM/SIGHUP handlers in this process: put the previous ones back afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)

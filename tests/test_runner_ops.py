@@ -26,15 +26,6 @@ from pipeline.runner.stage import CaseContext, CaseSpec, Stage, Task, WorkerInfo
 from pipeline.runner.workers import run_task
 
 
-@pytest.fixture
-def own_signals():
-    """``ctpipe run`` installs SIGTERM/SIGHUP handlers in this process: put the previous ones back afterwards."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-
-
 def test_quiet_run_with_nothing_to_do_prints_the_summary_and_why(tmp_path, capsys, own_signals):
     """A nightly cron run on a folder without new studies: exit 0, the summary line and why nothing ran; no paths."""
     (tmp_path / "incoming").mkdir()

@@ -4,7 +4,6 @@ by earlier runs of the folder (summary line, run.log, the run store, metrics, re
 from __future__ import annotations
 
 import json
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -15,15 +14,6 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.runner.stage import CaseContext, Stage
-
-
-@pytest.fixture
-def own_signals():
-    """``ctpipe run`` installs SIGTERM/SIGHUP handlers in this process: put the previous ones back afterwards."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 @pytest.fixture

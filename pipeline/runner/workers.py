@@ -457,17 +457,11 @@ class ProcessExecutor:
                     out.append(self._timeout_result(w, t))
                     continue
                 out.append(
-                    TaskResult(
-                        t.case.case_key,
-                        t.stage,
-                        t.stage_index,
-                        t.attempt,
-                        False,
-                        w.name,
-                        w.device,
-                        t.ready_at,
-                        error_class="WorkerDiedError",
-                        error=f"worker process {w.name} died ({how}) while running stage {t.stage}",
+                    _failed(
+                        w,
+                        t,
+                        "WorkerDiedError",
+                        f"worker process {w.name} died ({how}) while running stage {t.stage}",
                         worker_died=True,
                     )
                 )
@@ -481,18 +475,7 @@ class ProcessExecutor:
             fix="if the series is simply large or the machine busy, raise the limit (--set runner.stage_timeout_s=SECONDS) "
             "and run again with --retry-failed; otherwise check the series (run.log has the stage's last records)",
         )
-        return TaskResult(
-            t.case.case_key,
-            t.stage,
-            t.stage_index,
-            t.attempt,
-            False,
-            w.name,
-            w.device,
-            t.ready_at,
-            error_class="StageTimeoutError",
-            error=str(err),
-        )
+        return _failed(w, t, "StageTimeoutError", str(err))
 
     def close(self) -> None:
         for w in self.workers:
@@ -507,3 +490,20 @@ class ProcessExecutor:
                 w.proc.join(timeout=5)
         for w in self.workers:
             w.conn.close()
+
+
+def _failed(w: _Worker, t: Task, error_class: str, error: str, *, worker_died: bool = False) -> TaskResult:
+    """The result of task ``t`` that worker ``w`` did not finish (it died, or was stopped for running too long)."""
+    return TaskResult(
+        t.case.case_key,
+        t.stage,
+        t.stage_index,
+        t.attempt,
+        False,
+        w.name,
+        w.device,
+        t.ready_at,
+        error_class=error_class,
+        error=error,
+        worker_died=worker_died,
+    )
