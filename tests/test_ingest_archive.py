@@ -211,7 +211,7 @@ def test_stale_temporary_files_are_removed(tmp_path):
 def _ingest(src: Path, cache: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "ingest", str(src), "--out", str(cache), "--workers", "1"],
+        [sys.executable, "-m", "pipeline", "ingest", str(src), "--out", str(cache), "--threads", "1"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -264,3 +264,15 @@ def test_kill_during_ingest_leaves_a_consistent_cache(tmp_path):
     assert cache.temp_files() == []
     assert {c: cache.entry(c).fingerprint for c in cache.case_ids()} == expected
     assert left_behind > 0, "no kill landed during a write; the cleanup was not exercised"
+
+
+def test_ingest_reading_threads_are_named_threads_and_the_earlier_name_still_parses():
+    """``ctpipe ingest --threads`` (I/O threads) is not ``ctpipe run --workers`` (processes); ``--workers`` still parses."""
+    from pipeline.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["ingest", "src", "--out", "c", "--threads", "3"]).threads == 3
+    assert parser.parse_args(["ingest", "src", "--out", "c", "--workers", "2"]).threads == 2
+    assert parser.parse_args(["ingest", "src", "--out", "c"]).threads is None
+    ingest = parser._subparsers._group_actions[0].choices["ingest"]  # type: ignore[union-attr]
+    assert "--threads" in ingest.format_help() and "--workers N" not in ingest.format_help()

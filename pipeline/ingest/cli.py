@@ -56,7 +56,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber) in the "
         "cache sidecars; left out by default",
     )
-    p.add_argument("--workers", type=number_in(int, 1), default=None, help="I/O threads (default 2 x CPUs, at most 8)")
+    p.add_argument(
+        "--threads",
+        type=number_in(int, 1),
+        default=None,
+        metavar="N",
+        help="I/O threads reading the files (default 2 x CPUs, at most 8); not the worker processes of ctpipe run --workers",
+    )
+    # the earlier name of --threads, kept so that existing scripts go on working
+    p.add_argument("--workers", dest="threads", type=number_in(int, 1), help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, default=None, metavar="REPORT", help="also write the report as JSON")
     p.set_defaults(func=run)
 
@@ -88,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         spacing_tolerance=args.spacing_tolerance,
         allow_gantry_tilt=args.allow_gantry_tilt,
         keep_identifiers=args.keep_identifiers,
-        workers=args.workers,
+        workers=args.threads,
     )
     scan = report.scan
     rejected = {r.series.key: r for r in scan.rejected}
