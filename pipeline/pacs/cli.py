@@ -87,7 +87,12 @@ def register(sub: Any) -> None:
     s.add_argument("--config", metavar="FILE", help="YAML config")
     s.add_argument("--retry-failed", action="store_true", help="try again the files recorded as failed")
     s.add_argument(
-        "--timeout", type=number_in(float, 0.1), default=300.0, metavar="S", help="give up after this long (default 300 s)"
+        "--timeout",
+        type=number_in(float, 0.1),
+        default=300.0,
+        metavar="S",
+        help="give up after this long in all, the rest staying pending for the next send (default 300 s); "
+        "how long ctpipe run waits for its own results at its end is pacs.send_drain_s",
     )
     s.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="set any option (repeatable)")
     s.set_defaults(func=_send)
