@@ -492,20 +492,20 @@ def main(argv: list[str] | None = None) -> int:
             f"training seeds {args.seed0}..{args.seed0 + args.n_train - 1} overlap the held-out seeds "
             f"({HELDOUT_SEEDS[0]}..{HELDOUT_SEEDS[-1]}, {SCENARIO_SEEDS[0]}..{SCENARIO_SEEDS[-1]})"
         )
+    protocol = None
+    if args.eval_protocol is not None:
+        matrix, pixel_mm, slice_mm = args.eval_protocol
+        if matrix != int(matrix) or not 64 <= matrix <= 1024 or not 0.3 <= pixel_mm <= 2.0 or not 0.5 <= slice_mm <= 10:
+            ap.error(
+                f"--eval-protocol {matrix:g} {pixel_mm:g} {slice_mm:g}: give a whole matrix 64..1024, "
+                "pixels of 0.3..2 mm and slices of 0.5..10 mm"
+            )
+        protocol = {"matrix": int(matrix), "pixel_spacing": pixel_mm, "slice_spacing": slice_mm}
     if args.eval_only:
         ckpt_w = None
         if args.eval_checkpoint:
             ckpt_w = args.work / "ckpt_weights.pt"
             torch.save(torch.load(args.work / "last.pt", map_location="cpu", weights_only=False)["model"], ckpt_w)
-        protocol = None
-        if args.eval_protocol is not None:
-            matrix, pixel_mm, slice_mm = args.eval_protocol
-            if matrix != int(matrix) or not 64 <= matrix <= 1024 or not 0.3 <= pixel_mm <= 2.0 or not 0.5 <= slice_mm <= 10:
-                ap.error(
-                    f"--eval-protocol {matrix:g} {pixel_mm:g} {slice_mm:g}: give a whole matrix 64..1024, "
-                    "pixels of 0.3..2 mm and slices of 0.5..10 mm"
-                )
-            protocol = {"matrix": int(matrix), "pixel_spacing": pixel_mm, "slice_spacing": slice_mm}
         return evaluate_heldout(
             args.out,
             eval_seeds,
@@ -610,7 +610,9 @@ def main(argv: list[str] | None = None) -> int:
         net, args.out, args, {"step": step, "loss": ema, "compute_cpu_minutes": minutes, "precision": precision_name(amp_dtype)}
     )
     if eval_seeds:
-        return evaluate_heldout(args.out, eval_seeds, args.work / "eval", refine=args.eval_refine, amp=not args.eval_fp32)
+        return evaluate_heldout(
+            args.out, eval_seeds, args.work / "eval", refine=args.eval_refine, amp=not args.eval_fp32, protocol=protocol
+        )
     return 0
 
 
