@@ -110,8 +110,9 @@ LOSSY_NOTE = "lossy compressed: HU values and small nodules unreliable"
 
 def lossy_detail(metadata: Mapping[str, Any]) -> str | None:
     """For a series whose metadata says ``LossyImageCompression`` "01" (set by ingest,
-    :mod:`pipeline.ingest.lossy`): its ratio and method, e.g. "ratio 10:1 by ISO_10918_1" (successive compressions
-    joined by ", then"; "ratio and method not stated" when the files state neither), the figure the
+    :mod:`pipeline.ingest.lossy`): its ratio and method, e.g. "ratio 10:1 by ISO_10918_1" ("estimated ratio 10:1"
+    when ingest estimated it; successive compressions joined by ", then"; "ratio and method not stated" when the
+    files state neither), the figure the
     ``lossy_compressed`` flag states; else ``None``."""
     if str(metadata.get("LossyImageCompression") or "").strip() != "01":
         return None
@@ -121,9 +122,10 @@ def lossy_detail(metadata: Mapping[str, Any]) -> str | None:
         return [] if value in (None, "") else list(value) if isinstance(value, (list, tuple)) else [value]
 
     ratios, methods = listed("LossyImageCompressionRatio"), listed("LossyImageCompressionMethod")
+    estimated = "estimated " if metadata.get("LossyImageCompressionRatioEstimated") else ""
     steps = []
     for n in range(max(len(ratios), len(methods))):
-        ratio = f"ratio {float(ratios[n]):g}:1" if n < len(ratios) else ""
+        ratio = f"{estimated}ratio {float(ratios[n]):g}:1" if n < len(ratios) else ""
         method = f"by {methods[n]}" if n < len(methods) else ""
         steps.append(" ".join(p for p in (ratio, method) if p))
     return ", then ".join(steps) or "ratio and method not stated"

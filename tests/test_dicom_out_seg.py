@@ -19,6 +19,7 @@ from pipeline.ingest import load_series
 from pipeline.volume import LabelMap
 from tests._support.dicom import write_series
 from tests.test_dicom_out_sources import ORGANS, POSITIONS, assert_valid, dicom_tool, phantom_case
+from tests.test_ingest_lossy import near_lossless_without_ratio
 
 
 def _seg(case, path, **options):
@@ -315,6 +316,28 @@ def test_seg_of_a_lossy_transfer_syntax_source_says_lossy(tmp_path):
         )
         seg = pydicom.dcmread(path)
         assert seg.LossyImageCompression == "01" and seg.LossyImageCompressionMethod == "ISO_14495_1"
+
+
+def test_seg_of_a_lossy_source_stating_no_ratio_carries_the_estimated_ratio(tmp_path, caplog):
+    """LossyImageCompressionRatio and Method are type 1C in the Segmentation Image module (required when
+    LossyImageCompression is 01): when the lossy compressed source files state no ratio, the SEG carries the ratio
+    ingest estimated from them."""
+    paths = write_series(tmp_path / "dicom", n=6, rows=32, cols=32, unsigned=True)
+    near_lossless_without_ratio(paths)
+    vol = load_series(tmp_path / "dicom")
+    with caplog.at_level(logging.WARNING, logger="pipeline.dicom_out"):
+        path = write_seg(
+            tmp_path / "seg.dcm",
+            source=tmp_path / "dicom",
+            volume=vol,
+            score_threshold=0.5,
+            organ_masks=_lung_masks(vol.shape),
+        )
+    ds = pydicom.dcmread(path)
+    assert ds.LossyImageCompression == "01" and ds.LossyImageCompressionMethod == "ISO_14495_1"
+    assert float(ds.LossyImageCompressionRatio) == vol.metadata["LossyImageCompressionRatio"][0] > 1
+    assert "none written" not in caplog.text  # the SEG warns when it has no ratio to write
+    assert_valid(path)
 
 
 def test_seg_of_an_uncompressed_source_is_not_lossy(tmp_path):

@@ -46,6 +46,26 @@ def _compress(path: Path, syntax: str, **options: object) -> None:
     ds.save_as(path)
 
 
+def near_lossless_without_ratio(paths: list[Path]) -> float:
+    """Compress ``paths`` (16-bit unsigned) in place with dcmtk's JPEG-LS near-lossless (1.2.840.10008.1.2.4.81),
+    then drop the LossyImageCompressionRatio (0028,2112) dcmtk states, as a source that does not state it (and put
+    back the ImageType dcmtk makes DERIVED); returns the largest ratio dcmtk stated (skips when dcmtk is not
+    installed)."""
+    if shutil.which("dcmcjpls") is None:
+        pytest.skip("dcmcjpls (dcmtk) not installed")
+    stated = []
+    for path in paths:
+        image_type = pydicom.dcmread(path, stop_before_pixels=True).ImageType
+        subprocess.run(["dcmcjpls", "+en", "+un", str(path), str(path)], check=True, capture_output=True, timeout=60)
+        ds = pydicom.dcmread(path)
+        assert ds.file_meta.TransferSyntaxUID == JPEGLSNearLossless and ds.LossyImageCompression == "01"
+        stated.append(float(ds.LossyImageCompressionRatio))
+        del ds.LossyImageCompressionRatio
+        ds.ImageType = image_type
+        ds.save_as(path)
+    return max(stated)
+
+
 def _flag(vol: CTVolume) -> str | None:
     """The message of the ``lossy_compressed`` quality flag of ``vol`` (None: not flagged)."""
     quality = assess_quality(np.asarray(vol.array), vol.geometry, {}, metadata=vol.metadata)
@@ -75,10 +95,31 @@ def test_one_lossy_transfer_syntax_slice_makes_the_series_lossy(tmp_path):
     vol = load_series(tmp_path / "s")
     md = vol.metadata
     assert md["LossyImageCompression"] == "01" and md["LossyCompressedFiles"] == 1
-    assert md["LossyImageCompressionMethod"] == ["ISO_14495_1"] and "LossyImageCompressionRatio" not in md
+    assert md["LossyImageCompressionMethod"] == ["ISO_14495_1"] and md["LossyImageCompressionRatioEstimated"] is True
+    (ratio,) = md["LossyImageCompressionRatio"]  # stated by no file: estimated from the compressed pixel data
+    assert ratio > 0
     warning = next(w for w in md["warnings"] if w.startswith(LOSSY_NOTE))
     assert "1 of 10 file(s)" in warning and "1.2.840.10008.1.2.4.81 (JPEG-LS Near-Lossless)" in warning
-    assert _flag(vol) == f"{LOSSY_NOTE} (by ISO_14495_1)"
+    assert f"(estimated ratio {ratio:g}:1 by ISO_14495_1)" in warning and "ratio is estimated" in warning
+    assert _flag(vol) == f"{LOSSY_NOTE} (estimated ratio {ratio:g}:1 by ISO_14495_1)"
+
+
+def test_an_unstated_ratio_is_estimated_from_the_compressed_files(tmp_path):
+    """Files in a lossy transfer syntax that state no LossyImageCompressionRatio: ingest estimates it per file as the
+    uncompressed image size over the encapsulated pixel data's length, and the series takes the largest; the method
+    is the syntax's. The estimate agrees with the ratio dcmtk stated when it compressed the files."""
+    paths = write_series(tmp_path / "s", n=N, rows=32, cols=32, unsigned=True)
+    stated = near_lossless_without_ratio(paths)
+    assert "LossyImageCompressionRatio" not in pydicom.dcmread(paths[0], stop_before_pixels=True)
+    vol = load_series(tmp_path / "s")
+    md = vol.metadata
+    assert md["LossyImageCompression"] == "01" and md["LossyCompressedFiles"] == N
+    assert md["LossyImageCompressionMethod"] == ["ISO_14495_1"] and md["LossyImageCompressionRatioEstimated"] is True
+    (ratio,) = md["LossyImageCompressionRatio"]
+    assert ratio > 1 and ratio == pytest.approx(stated, rel=0.05)
+    warning = next(w for w in md["warnings"] if w.startswith(LOSSY_NOTE))
+    assert "ratio is estimated from the size of the compressed pixel data" in warning
+    assert _flag(vol) == f"{LOSSY_NOTE} (estimated ratio {ratio:g}:1 by ISO_14495_1)"
 
 
 def test_lossless_jpeg_ls_and_uncompressed_are_not_flagged(tmp_path):

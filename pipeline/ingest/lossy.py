@@ -7,7 +7,8 @@ the video syntaxes). JPEG 2000 (1.2.840.10008.1.2.4.91), JPEG 2000 Part 2 (.93) 
 reversibly compressed images: those count as lossy unless the file says ``00``. A series with one lossy
 compressed file is lossy compressed: :func:`lossy_compression` gives the metadata ingest records
 (LossyImageCompression ``01`` with the ratio and method (0028,2112)/(0028,2114) when the files give them; the
-method otherwise from the transfer syntax) and :func:`lossy_warnings` the series warning.
+method otherwise from the transfer syntax, the ratio from the size of the compressed pixel data) and
+:func:`lossy_warnings` the series warning.
 """
 
 from __future__ import annotations
@@ -75,31 +76,62 @@ def _lossy_files(headers: Sequence[SliceHeader]) -> list[SliceHeader]:
     return [h for h in headers if is_lossy(h.transfer_syntax, h.extra_value("LossyImageCompression"))]
 
 
+#: the Sequence Delimitation Item ending encapsulated pixel data (PS3.5 A.4): not compressed image data
+_SEQUENCE_DELIMITER_BYTES = 8
+
+
+def estimated_ratio(h: SliceHeader) -> float | None:
+    """The compression ratio of a file in a lossy transfer syntax, from its header: the uncompressed size of its
+    image (Rows × Columns × SamplesPerPixel × BitsAllocated/8 × frames) over the length of its encapsulated pixel
+    data (the PixelData (7FE0,0010) value up to its end-of-sequence marker: the fragments with their item tags and
+    the basic offset table), rounded to 2 decimals; None for another file, or one whose pixel data was not located
+    or is truncated."""
+    if h.transfer_syntax not in LOSSY_TRANSFER_SYNTAXES or h.use_pydicom or h.truncated:
+        return None
+    if h.pixel_length != -1 or not h.pixel_offset or not (h.rows and h.columns and h.bits_allocated):
+        return None
+    compressed = h.file_size - h.pixel_offset - _SEQUENCE_DELIMITER_BYTES
+    if compressed <= 0:
+        return None
+    uncompressed = h.rows * h.columns * max(h.samples_per_pixel, 1) * h.bits_allocated / 8 * max(h.n_frames, 1)
+    return round(uncompressed / compressed, 2)
+
+
 def lossy_compression(headers: Sequence[SliceHeader]) -> dict[str, Any]:
     """The lossy compression metadata of a series (empty when no file of ``headers`` was lossy compressed).
 
     ``LossyImageCompression`` ``"01"``; ``LossyImageCompressionRatio`` (floats) and ``LossyImageCompressionMethod``
     (defined terms), one per successive compression, as the file compressed the most states them (the largest first
     ratio; else the first file stating a method); the method of the transfer syntaxes when no lossy file states
-    one; no ratio when none states one; ``LossyCompressedFiles``: how many of the files were lossy compressed.
+    one; ``LossyCompressedFiles``: how many of the files were lossy compressed. When no lossy file states a ratio,
+    the ratio is the largest :func:`estimated_ratio` of the files in a lossy transfer syntax (with that file's
+    method, stated or of its syntax) and ``LossyImageCompressionRatioEstimated`` is True; no ratio when none can
+    be estimated either.
     """
     lossy = _lossy_files(headers)
     if not lossy:
         return {}
     stated = [h for h in lossy if _ratios(h.extra_value("LossyImageCompressionRatio"))]
+    estimates = {h: r for h in ([] if stated else lossy) if (r := estimated_ratio(h)) is not None}
     if stated:
         source = max(stated, key=lambda h: _ratios(h.extra_value("LossyImageCompressionRatio"))[0])
+    elif estimates:
+        source = max(estimates, key=lambda h: estimates[h])
     else:
         source = next((h for h in lossy if _values(h.extra_value("LossyImageCompressionMethod"))), lossy[0])
-    ratios = _ratios(source.extra_value("LossyImageCompressionRatio"))
+    ratios = _ratios(source.extra_value("LossyImageCompressionRatio")) or ([estimates[source]] if source in estimates else [])
     methods = _values(source.extra_value("LossyImageCompressionMethod")) or list(
         dict.fromkeys(
-            LOSSY_TRANSFER_SYNTAXES[h.transfer_syntax][1] for h in lossy if h.transfer_syntax in LOSSY_TRANSFER_SYNTAXES
+            LOSSY_TRANSFER_SYNTAXES[h.transfer_syntax][1]
+            for h in ([source] if source in estimates else lossy)
+            if h.transfer_syntax in LOSSY_TRANSFER_SYNTAXES
         )
     )
     md: dict[str, Any] = {"LossyImageCompression": "01"}
     if ratios:
         md["LossyImageCompressionRatio"] = ratios
+    if source in estimates:
+        md["LossyImageCompressionRatioEstimated"] = True
     if methods:
         md["LossyImageCompressionMethod"] = methods
     md["LossyCompressedFiles"] = len(lossy)
@@ -119,8 +151,15 @@ def lossy_warnings(headers: Sequence[SliceHeader]) -> list[str]:
         for ts in dict.fromkeys(h.transfer_syntax for h in lossy)
         if ts in LOSSY_TRANSFER_SYNTAXES
     ]
-    message = lossy_flag_message(lossy_compression(lossy))
-    return [f"{message}; {len(lossy)} of {len(headers)} file(s) lossy compressed ({', '.join(why)})"]
+    metadata = lossy_compression(lossy)
+    estimated = (
+        "; the files state no LossyImageCompressionRatio (0028,2112): the ratio is estimated from the size of the "
+        "compressed pixel data"
+        if metadata.get("LossyImageCompressionRatioEstimated")
+        else ""
+    )
+    message = lossy_flag_message(metadata)
+    return [f"{message}; {len(lossy)} of {len(headers)} file(s) lossy compressed ({', '.join(why)}){estimated}"]
 
 
 def lossy_flag_message(metadata: Mapping[str, Any]) -> str:
