@@ -26,7 +26,7 @@ from .model import NoduleDetail, ReportedFinding, as_bool_mask, reported_finding
 from .seg import write_seg_object
 from .sources import SourceSeries, check_source, read_source_series
 from .sr import build_sr, save
-from .uids import stable_uid
+from .uids import add_mask, reported_measurements, stable_uid
 
 log = logging.getLogger(__name__)
 
@@ -310,18 +310,16 @@ def content_seed(
         "source": [source.series_instance_uid, list(source.sop_instance_uids), list(source.frame_numbers or ())],
         "patient_study": {k: str(v) for k, v in source.patient_study().items()},
         "findings": [{k: v for k, v in vars(f).items() if k != "mask"} for f in reported],
-        "measurements": {k: (measurements or {}).get(k) for k in ("lungs", "nodules")},
+        "measurements": reported_measurements(measurements),
         "quality": quality_doc,
         "options": dict(options),
     }
     digest.update(json.dumps(parts, sort_keys=True, default=str).encode())
     for f in reported:
         if f.mask is not None:
-            digest.update(f"nodule {f.rank}:{f.mask.mask.shape}:{list(f.mask.offset_kji)}".encode())
-            digest.update(np.packbits(f.mask.mask).tobytes())
+            add_mask(digest, f"nodule {f.rank}:{list(f.mask.offset_kji)}", f.mask.mask)
     for name in sorted(masks):
-        digest.update(f"{name}:{masks[name].shape}".encode())
-        digest.update(np.packbits(masks[name]).tobytes())
+        add_mask(digest, name, masks[name])
     return digest.hexdigest()
 
 

@@ -32,7 +32,7 @@ from .headers import SliceHeader
 from .lossy import lossy_compression
 from .multiframe import FrameInfo, read_frame_pixels, read_frames
 from .padding import PADDING_HU
-from .pixels import check_readable, hu_range, padded_range, read_stored, stored_range, to_hu
+from .pixels import check_readable, hu_range, padded_range, read_stored, to_hu
 from .sanity import check_header_values, check_hu_range, check_rescale
 from .series import SeriesInfo
 
@@ -405,10 +405,10 @@ def read_volume(plan: VolumePlan, *, workers: int | None = None) -> CTVolume:
     """
     stored = _read_multiframe(plan) if plan.frames is not None else read_stored(plan.headers, workers=workers)
     padding = _slice_padding(plan)
+    mins, maxs, counts = padded_range(stored, padding, workers=workers)
+    ranges = (mins, maxs)
     n_padding: int | None = None
     if any(p is not None for p in padding):
-        mins, maxs, counts = padded_range(stored, padding, workers=workers)
-        ranges = (mins, maxs)
         n_padding = int(counts.sum())
         log.info(
             "%s: %d of %d pixels are padding (%s): set to %d HU (air)",
@@ -419,8 +419,6 @@ def read_volume(plan: VolumePlan, *, workers: int | None = None) -> CTVolume:
             PADDING_HU,
         )
         padding = [p if c else None for p, c in zip(padding, counts)]  # slices without padding pixels: nothing to set
-    else:
-        ranges = stored_range(stored, workers=workers)
     slopes, intercepts = np.asarray(plan.slopes, np.float64), np.asarray(plan.intercepts, np.float64)
     names = [f.name for f in plan.frames] if plan.frames is not None else [str(h.path) for h in plan.headers]
     check_hu_range(*hu_range(ranges, slopes, intercepts), names, slopes, intercepts, where=plan.where)

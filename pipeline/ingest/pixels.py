@@ -180,14 +180,7 @@ def _integral(values: np.ndarray) -> bool:
 
 def stored_range(stored: np.ndarray, *, workers: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Smallest and largest stored value of each slice (two float64 arrays)."""
-    n = stored.shape[0]
-    mins = np.empty(n)
-    maxs = np.empty(n)
-
-    def minmax(k: int) -> None:
-        mins[k], maxs[k] = stored[k].min(), stored[k].max()
-
-    run_parallel(minmax, n, workers)
+    mins, maxs, _ = padded_range(stored, [None] * stored.shape[0], workers=workers)
     return mins, maxs
 
 
@@ -272,14 +265,17 @@ def to_hu(
         p = pads[k]
         return padding_mask(stored[k], p) if p is not None else None
 
+    def pad(out_k: np.ndarray, m: np.ndarray | None) -> None:  # m: the slice's padding, found before out_k is written
+        if m is not None:
+            out_k[m] = PADDING_HU
+
     if as_int and stored.dtype == np.int16 and np.all(s == 1) and np.all(np.abs(b) <= 32767):
 
         def shift(k: int) -> None:  # in place, int16 wrap-around is exact because the result fits
             m = mask(k)  # before the shift: padding is a stored value
             if b[k]:
                 np.add(stored[k], np.int16(b[k]), out=stored[k], casting="unsafe")
-            if m is not None:
-                stored[k][m] = PADDING_HU
+            pad(stored[k], m)
 
         run_parallel(shift, n, workers)
         return stored
@@ -288,16 +284,12 @@ def to_hu(
 
         def conv(k: int) -> None:
             out[k] = stored[k].astype(np.int32) * np.int32(s[k]) + np.int32(b[k])
-            m = mask(k)
-            if m is not None:
-                out[k][m] = PADDING_HU
+            pad(out[k], mask(k))
     else:
 
         def conv(k: int) -> None:
             out[k] = stored[k].astype(np.float64) * s[k] + b[k]
-            m = mask(k)
-            if m is not None:
-                out[k][m] = PADDING_HU
+            pad(out[k], mask(k))
 
     run_parallel(conv, n, workers)
     return out

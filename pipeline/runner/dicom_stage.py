@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..dicom_out.uids import add_mask, reported_measurements
 from .recon_stages import LUNGS, load_lung_mask, load_organ_masks, read_case_volume
 from .stage import CaseContext, Stage, WorkerInfo
 
@@ -84,7 +85,7 @@ def _uid_seed(
         "case": ctx.case.case_key,
         "findings": ctx.state.get("findings_doc"),
         "quality": ctx.state.get("quality"),
-        "measurements": {k: (measurements or {}).get(k) for k in ("lungs", "nodules")},
+        "measurements": reported_measurements(measurements),
         "options": cfg["outputs"],
         "masks": _masks_digest(masks or {}, nodules or ()),
     }
@@ -95,14 +96,10 @@ def _masks_digest(masks: Mapping[str, np.ndarray], nodules: Sequence[Any]) -> st
     """SHA-256 of the organ masks (by name) and the nodule masks (with their place on the volume's grid, LPS mm)."""
     digest = hashlib.sha256()
     for name in sorted(masks):
-        mask = np.asarray(masks[name], dtype=bool)
-        digest.update(f"{name}:{mask.shape}".encode())
-        digest.update(np.packbits(mask).tobytes())
+        add_mask(digest, name, masks[name])
     for result in nodules:
-        mask = np.asarray(result.mask, dtype=bool)
         origin = getattr(result.geometry, "origin", None)
-        digest.update(f"nodule {result.index}:{mask.shape}:{None if origin is None else list(origin)}".encode())
-        digest.update(np.packbits(mask).tobytes())
+        add_mask(digest, f"nodule {result.index}:{None if origin is None else list(origin)}", result.mask)
     return digest.hexdigest()
 
 
