@@ -19,6 +19,7 @@ import numpy as np
 
 from .detection.findings import slice_label, slice_number_of, slice_number_source
 from .errors import GeometryError
+from .reconstruction.findings_in import finding_items, of_series, series_uid_of
 from .reconstruction.organs import OUTLINE_COLORS
 from .volume import CTVolume, Geometry, LabelMap, require_volume
 
@@ -45,11 +46,6 @@ def _field(finding: Any, key: str) -> Any:
     return finding.get(key) if isinstance(finding, Mapping) else getattr(finding, key, None)
 
 
-def _uid(value: Any) -> str | None:
-    """A series UID as text; None for a missing one (None, NaN, empty)."""
-    return str(value) if isinstance(value, str) and value else None
-
-
 def _table_diameter(row: Any) -> float:
     """A table row's ``diameter_mm``; where it is missing or NaN (an SR read back by
     :func:`~pipeline.dicom_out.read_sr_findings` states no size for an unsegmented finding), the equivalent diameter
@@ -70,64 +66,43 @@ def _table_score(row: Any) -> float:
 
 def _finding_rows(findings: Any) -> list[_Row]:
     """The findings given as :class:`~pipeline.detection.Findings`, a Finding/dict or a list of them, or a DataFrame
-    (``open_run(...).findings``: ``center_x/y/z`` LPS mm, ``diameter_mm``, ``score``, ``series_uid``)."""
+    (``open_run(...).findings``: ``center_x/y/z`` LPS mm, ``diameter_mm``, ``score``, ``series_uid``), of any
+    series (:func:`_same_series` picks the volume's)."""
     if findings is None:
         return []
     if hasattr(findings, "columns"):  # a DataFrame
         uids = findings["series_uid"] if "series_uid" in findings.columns else [None] * len(findings)
         return [
-            _Row(np.array([r.center_x, r.center_y, r.center_z], float), _table_diameter(r), _table_score(r), _uid(u))
+            _Row(np.array([r.center_x, r.center_y, r.center_z], float), _table_diameter(r), _table_score(r), series_uid_of(u))
             for r, u in zip(findings.itertuples(), uids)
         ]
-    items = getattr(findings, "findings", findings)
-    if isinstance(items, Mapping) or hasattr(items, "center_lps"):  # one finding
-        items = [items]
-    common = _uid(getattr(findings, "series_uid", None))  # a Findings' own series
+    items, uids = finding_items(findings)
     out = []
-    for f in items:
+    for f, uid in zip(items, uids):
         score = _field(f, "score")
         out.append(
             _Row(
                 np.asarray(_field(f, "center_lps"), float),
                 float(_field(f, "diameter_mm")),
                 np.nan if score is None else float(score),
-                _uid(_field(f, "series_uid")) or common,
+                uid,
             )
         )
     return out
 
 
 def _same_series(volume: CTVolume, rows: list[_Row]) -> list[_Row]:
-    """The findings of ``volume``'s series. Findings of another series are refused (circles drawn on this anatomy
-    would point at another patient's nodules), unless some are of this series (a run's table of several cases: only
-    those are kept, not those without a series UID). Findings without a series UID, or a volume without one, cannot
+    """The findings of ``volume``'s series (:func:`~pipeline.reconstruction.findings_in.of_series`): findings of
+    another series are refused (circles drawn on this anatomy would point at another patient's nodules); of a run's
+    table of several cases only this series' are kept. Findings without a series UID, or a volume without one, cannot
     be checked: a warning says so."""
-    uid = volume.series_uid
-    if not rows:
-        return rows
-    if not uid:
-        log.warning("the volume has no SeriesInstanceUID: cannot check that the %d finding(s) are of its series", len(rows))
-        return rows
-    mine = [r for r in rows if r.series_uid == uid]
-    other = sorted({r.series_uid for r in rows if r.series_uid not in (None, uid)})
-    if other and not mine:
-        raise GeometryError(
-            f"the findings are of series {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}, "
-            f"the volume is series {uid}: drawn on this volume they would mark another scan",
-            fix="filter the findings by series, e.g. run.findings[run.findings.series_uid == vol.series_uid], "
-            "or load the volume they belong to",
-        )
-    unknown = [r for r in rows if r.series_uid is None]
-    if unknown and other:  # a table of several series: those of no known series may be any case's
-        log.warning("%d finding(s) without a series UID among findings of several series: not drawn", len(unknown))
-        return mine
-    if unknown:
-        log.warning(
-            "%d finding(s) carry no series UID (no series_uid column or value): cannot check they are of series %s",
-            len(unknown),
-            uid,
-        )
-    return mine + unknown
+    return of_series(
+        rows,
+        [r.series_uid for r in rows],
+        volume.series_uid,
+        consequence="drawn on this volume they would mark another scan",
+        error=GeometryError,
+    )
 
 
 def _masks(recon: Any) -> dict[str, np.ndarray]:

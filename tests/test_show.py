@@ -255,7 +255,7 @@ def test_a_table_of_several_series_keeps_only_this_series_rows(caplog):
     with caplog.at_level(logging.WARNING, logger="pipeline.show"):
         ax = show(vol, findings=table)  # the plane of this series' finding, k=7
     assert _circles(ax)[:, :2].tolist() == [[10.0, 12.0]]
-    assert "1 finding(s) without a series UID among findings of several series: not drawn" in caplog.text
+    assert "1 finding(s) without a series UID among findings of several series: left out" in caplog.text
 
 
 def test_an_sr_table_without_sizes_is_drawn_with_its_boxes_and_points():

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from ..load.base import resolve_device
     from .bundle_seg import read_bundle
     from .export import FORMATS, check_formats
-    from .findings_in import read_findings
+    from .findings_in import findings_of_series, read_findings
     from .stage import reconstruct
 
     # every input is checked before any work, so a mistake leaves no half-written --out folder
@@ -101,19 +101,21 @@ def run(args: argparse.Namespace) -> int:
             where="--target-triangles",
             fix="use at least 100 triangles per organ",
         )
-    findings, reported = None, None
+    reported = None
     if args.findings is not None:  # the DICOM results report each finding's score: a list must give them then
         from ..dicom_out.case import dicom_source_of
 
         need_score = bool(args.dicom) and dicom_source_of(args.src) is not None
-        findings, reported = read_findings(args.findings, need_score=need_score)
+        _, reported = read_findings(args.findings, need_score=need_score)
     bundle = read_bundle(args.seg_bundle) if args.seg_bundle is not None else None
     volume, stem = read_source(args.src, series_uid=args.series_uid)
+    if reported is not None:  # findings of another scan are refused before --out is made
+        findings_of_series(reported, volume.series_uid)
     ensure_dir(args.out)
     rec = reconstruct(
         volume,
         organs=organs,
-        findings=findings,
+        findings=reported,
         out_dir=args.out,
         mesh_formats=formats,
         smoothing=args.smoothing,

@@ -5,13 +5,18 @@ work (a centre of three finite numbers and a positive size, in DICOM patient coo
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import ReconstructionError
+from ..errors import CtpipeError, ReconstructionError
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 def field_of(finding: Any, name: str) -> Any:
@@ -139,6 +144,107 @@ def check_findings(
     return out
 
 
+def series_uid_of(value: Any) -> str | None:
+    """A series UID as text; None for a missing one (None, NaN, empty)."""
+    return str(value) if isinstance(value, str) and value else None
+
+
+def _table_value(row: Mapping[str, Any], key: str) -> Any:
+    """``row[key]`` of a findings table row; None where the column is absent or the cell empty (None, NaN)."""
+    value = row.get(key)
+    if value is None or (isinstance(value, (float, np.floating)) and not np.isfinite(value)):
+        return None
+    return value
+
+
+def table_findings(table: Any) -> list[dict[str, Any]]:
+    """The rows of a findings table as finding dicts (LPS mm): ``open_run(...).findings`` or
+    :func:`~pipeline.dicom_out.read_sr_findings` (``center_x/y/z``, ``box_min/max_x/y/z`` or ``box_min/max_lps``,
+    ``diameter_mm``, ``score``, ``series_uid``). Empty cells (NaN) are left out, so a finding whose size is not stated
+    takes it from its box."""
+    out = []
+    for row in table.to_dict("records"):
+        finding: dict[str, Any] = {}
+        centre = [_table_value(row, f"center_{a}") for a in "xyz"]
+        if all(v is not None for v in centre):
+            finding["center_lps"] = [float(v) for v in centre]
+        for end in ("min", "max"):
+            corner = [_table_value(row, f"box_{end}_{a}") for a in "xyz"]
+            if all(v is not None for v in corner):
+                finding[f"box_{end}_lps"] = [float(v) for v in corner]
+            elif _table_value(row, f"box_{end}_lps") is not None:
+                finding[f"box_{end}_lps"] = list(row[f"box_{end}_lps"])
+        for key in ("diameter_mm", "score", "series_uid"):
+            if _table_value(row, key) is not None:
+                finding[key] = row[key]
+        out.append(finding)
+    return out
+
+
+def finding_items(findings: Any) -> tuple[list[Any], list[str | None]]:
+    """The findings given as a ``Findings``, one finding (object or dict), a list of them, or a findings table
+    (:func:`table_findings`), as a list, and the series UID of each (``None`` where unknown: its own ``series_uid``,
+    else that of the ``Findings`` holding it)."""
+    if findings is None:
+        return [], []
+    if hasattr(findings, "columns"):  # a DataFrame
+        items: list[Any] = table_findings(findings)
+        return items, [series_uid_of(f.get("series_uid")) for f in items]
+    common = series_uid_of(getattr(findings, "series_uid", None))  # a Findings' own series
+    listed = getattr(findings, "findings", findings)
+    if isinstance(listed, Mapping) or hasattr(listed, "center_lps") or hasattr(listed, "box_min_lps"):  # one finding
+        listed = [listed]
+    items = list(listed)
+    return items, [series_uid_of(field_of(f, "series_uid")) or common for f in items]
+
+
+def of_series(
+    items: Sequence[_T],
+    uids: Sequence[str | None],
+    series_uid: str | None,
+    *,
+    consequence: str,
+    error: type[CtpipeError] = ReconstructionError,
+    warn_unknown: bool = True,
+) -> list[_T]:
+    """The findings ``items`` (series UIDs ``uids``) that belong to the volume of series ``series_uid``.
+
+    Findings all of another series are refused with ``error``, whose message ends in ``consequence`` (what using them
+    on this volume would do); of a table of several series only this series' are kept (and none without a series
+    UID). Findings without a series UID, or a volume without one, cannot be checked: kept, with a logged warning when
+    ``warn_unknown``.
+    """
+    if not items:
+        return list(items)
+    if not series_uid:
+        if warn_unknown:
+            log.warning("the volume has no SeriesInstanceUID: cannot check that the %d finding(s) are of its series", len(items))
+        return list(items)
+    mine = [f for f, u in zip(items, uids) if u == series_uid]
+    other = sorted({u for u in uids if u not in (None, series_uid)})
+    if other and not mine:
+        raise error(
+            f"the findings are of series {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}, "
+            f"the volume is series {series_uid}: {consequence}",
+            where="findings",
+            fix="filter the findings by series, e.g. run.findings[run.findings.series_uid == vol.series_uid], "
+            "or load the volume they belong to",
+        )
+    unknown = [f for f, u in zip(items, uids) if u is None]
+    if unknown and other:  # a table of several series: those of no known series may be any case's
+        log.warning("%d finding(s) without a series UID among findings of several series: left out", len(unknown))
+        return mine
+    if other:
+        log.info("%d of %d finding(s) are of series %s: only those are used", len(mine), len(items), series_uid)
+    if unknown and warn_unknown:
+        log.warning(
+            "%d finding(s) carry no series UID (no series_uid column or value): cannot check they are of series %s",
+            len(unknown),
+            series_uid,
+        )
+    return [f for f, u in zip(items, uids) if u is None or u == series_uid]
+
+
 def read_findings(path: str | Path, *, need_score: bool = False) -> tuple[list[Any], Any]:
     """The findings of a JSON file, checked before any work: the findings to segment (LPS mm) and what a DICOM SR
     reports of them.
@@ -196,3 +302,22 @@ def read_findings(path: str | Path, *, need_score: bool = False) -> tuple[list[A
             f"findings JSON is incomplete ({type(exc).__name__}: {exc})", where=where, fix=FINDINGS_FILE_FIX
         ) from exc
     return list(found.findings), found
+
+
+def findings_of_series(findings: Any, series_uid: str | None) -> list[Any]:
+    """The findings to segment on a volume of series ``series_uid``, checked before any work: ``findings`` as
+    :func:`~pipeline.reconstruction.reconstruct` takes them (a ``Findings``, a list, a findings table, or the path of a
+    findings JSON, read by :func:`read_findings`), those of the volume's series (:func:`of_series`), each with a usable
+    centre and size (:func:`check_findings`; LPS mm). Raises :class:`ReconstructionError` for findings of another
+    series, naming both series."""
+    if isinstance(findings, (str, Path)):
+        findings = read_findings(findings)[1]  # the Findings of a detect document: its series is checked below
+    items, uids = finding_items(findings)
+    items = of_series(
+        items,
+        uids,
+        series_uid,
+        consequence="segmented on this volume they would measure another scan's anatomy",
+        warn_unknown=False,
+    )
+    return check_findings(items)

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,13 +26,18 @@ from ..intensity import not_hu_hint
 from ..volume import CTVolume, Geometry, LabelMap, default_device, require_volume
 from . import export, measure
 from .bundle_seg import SegBundle, read_bundle, run_seg_bundle
-from .findings_in import check_findings, read_findings
+from .findings_in import findings_of_series
 from .mesh import Mesh, mesh_from_mask
 from .nodules import NoduleResult, segment_findings
 from .organs import ORGANS, organ_names
 from .quality import QualityReport, assess_quality, mark_unreliable
 from .render import render_all
 from .segment import segment_organs
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ..detection.findings import Findings
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +147,7 @@ def reconstruct(
     volume: CTVolume,
     *,
     organs: Iterable[str] = ORGANS,
-    findings: Sequence[Any] | str | Path | None = None,
+    findings: Findings | Sequence[Any] | pd.DataFrame | str | Path | None = None,
     out_dir: str | Path | None = None,
     mesh_formats: Iterable[str] = ("stl",),
     smoothing: int = 20,
@@ -158,9 +163,14 @@ def reconstruct(
     ----------
     organs: organ names from :data:`ORGANS` (plus any a ``seg_bundle`` provides); one name as a string
         (``"lung_left"``) is that organ alone, several may be separated by commas (``"lung_left,lung_right"``).
-    findings: detector findings (LPS centres / boxes, mm) whose nodules are segmented and measured, or the path of
-        a findings JSON (:func:`~pipeline.reconstruction.findings_in.read_findings`: what ``ctpipe detect`` writes, or a
-        list of findings). Each finding is checked before any work (a centre and a positive size).
+    findings: detector findings (LPS centres / boxes, mm) whose nodules are segmented and measured: a
+        :class:`~pipeline.detection.Findings` (``detect(volume)``), a list of findings or of dicts with ``center_lps``
+        and ``diameter_mm`` or ``box_min_lps``/``box_max_lps``, a findings table (``open_run(...).findings``,
+        :func:`~pipeline.dicom_out.read_sr_findings`: ``center_x/y/z``, ``diameter_mm`` or the box), or the path of a
+        findings JSON (:func:`~pipeline.reconstruction.findings_in.read_findings`: what ``ctpipe detect`` writes, or a
+        list of findings). Each finding is checked before any work (a centre and a positive size). Findings of another
+        series than the volume's (their ``series_uid``) are refused; of a table of several series, only the volume's
+        rows are used (:func:`~pipeline.reconstruction.findings_in.of_series`).
     out_dir: where to write meshes (``<stem>_<organ>.<fmt>``), ``<stem>_measurements.json``,
         ``<stem>_labels.npz`` and PNG renderings; nothing is written without it.
     mesh_formats: any of ``stl``, ``ply``, ``obj``, ``glb``.
@@ -172,7 +182,8 @@ def reconstruct(
         to load or to run) or labels it cannot name are reported in ``errors`` and the classical organs stay.
 
     Raises :class:`~pipeline.errors.ReconstructionError` for an unknown organ name (listing the known ones)
-    or mesh format, or a finding without a usable centre and size; :class:`~pipeline.errors.BundleError` for a
+    or mesh format, a finding without a usable centre and size, or findings of another series;
+    :class:`~pipeline.errors.BundleError` for a
     ``seg_bundle`` that does not exist or is not a bundle (no ``configs/metadata.json``, ``models/model.ts``).
     Both are raised before any work. Values that cannot be HU (none below 0: stored pixel values, intensities normalised to
     0..1) find no lungs; the ``lungs_absent`` quality flag, the lungs' errors and the log then say so.
@@ -193,10 +204,7 @@ def reconstruct(
             fix=f"choose from {list(ORGANS)}, e.g. organs=['lung_left', 'lung_right'] "
             "(other organs need a segmentation bundle: seg_bundle=..., --seg-bundle on the command line)",
         )
-    if isinstance(findings, (str, Path)):
-        findings = read_findings(findings)[0]
-    elif findings:
-        findings = check_findings(findings)
+    nodule_findings = findings_of_series(findings, volume.series_uid)
     bundle = None if seg_bundle is None else seg_bundle if isinstance(seg_bundle, SegBundle) else read_bundle(seg_bundle)
     seg = timer.run("segment", segment_organs, volume, organs=classical, device=dev)
     masks: dict[str, np.ndarray] = dict(seg.masks)
@@ -248,8 +256,8 @@ def reconstruct(
     if any(o in organs for o in ("lung_left", "lung_right")):
         lungs = measure.lung_measurements(np.asarray(volume.array), masks, volume.geometry)
         rec.measurements["lungs"] = mark_unreliable(lungs, quality)
-    if findings:
-        results = timer.run("nodules", segment_findings, volume, findings, lung_mask=_lungs(masks))
+    if nodule_findings:
+        results = timer.run("nodules", segment_findings, volume, nodule_findings, lung_mask=_lungs(masks))
         rec.nodules = list(results)
         rec.measurements["nodules"] = [r.to_json() for r in results]
         for r in results:
