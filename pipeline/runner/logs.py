@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,8 @@ class _LineHandler(logging.FileHandler):
     """
 
     lost = 0
+    #: what :func:`attach_jsonl` changed on the ``pipeline`` logger for this handler (None: nothing)
+    lowered: _Lowered | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         super().emit(record)
@@ -107,9 +110,42 @@ class _LineHandler(logging.FileHandler):
             super().handleError(record)
 
 
+class _Forward(logging.Handler):
+    """Passes the ``pipeline`` loggers' records at or above ``threshold`` on to the handlers above ``pipeline`` (the
+    application's, e.g. the root logger's), as propagation would: while a run lowers the ``pipeline`` level for
+    ``run.log``, the application keeps seeing only the records it saw before."""
+
+    def __init__(self, threshold: int):
+        super().__init__(logging.NOTSET)
+        self.threshold = threshold
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < self.threshold:
+            return
+        parent = logging.getLogger("pipeline").parent
+        while parent is not None:
+            for handler in parent.handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+            parent = parent.parent if parent.propagate else None
+
+
+@dataclass
+class _Lowered:
+    """What :func:`attach_jsonl` changed on the ``pipeline`` logger, for :func:`detach` to put back."""
+
+    level: int
+    propagate: bool
+    forward: _Forward | None
+
+
 def attach_jsonl(path: Path, *, process: str, level: int = logging.INFO) -> logging.Handler:
     """Send the ``pipeline`` loggers' records (``level`` and above) to ``path`` as JSON lines. The run's main process
-    first ends a last line that an earlier run left cut short (a full disk), so every later line parses."""
+    first ends a last line that an earlier run left cut short (a full disk), so every later line parses.
+
+    When the ``pipeline`` loggers are set to a higher level (an application's ``logging.basicConfig(level=WARNING)``),
+    they are lowered to ``level`` for ``run.log`` while the application's handlers still get only what they got
+    before; :func:`detach` restores the logger's level and propagation."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if process == "main":
         end_last_line(path)
@@ -117,9 +153,16 @@ def attach_jsonl(path: Path, *, process: str, level: int = logging.INFO) -> logg
     handler.setFormatter(JsonLinesFormatter(process))
     handler.setLevel(level)
     root = logging.getLogger("pipeline")
-    root.addHandler(handler)
-    if root.getEffectiveLevel() > level:
+    threshold = root.getEffectiveLevel()
+    if threshold > level:
+        # a worker stops propagating at once (it logs to run.log only); the main process talks to the application
+        forward = _Forward(threshold) if root.propagate and process == "main" else None
+        handler.lowered = _Lowered(root.level, root.propagate, forward)
+        if forward is not None:
+            root.addHandler(forward)
+            root.propagate = False
         root.setLevel(level)
+    root.addHandler(handler)
     return handler
 
 
@@ -139,5 +182,19 @@ def end_last_line(path: Path) -> bool:
 
 
 def detach(handler: logging.Handler) -> None:
-    logging.getLogger("pipeline").removeHandler(handler)
+    """Stop :func:`attach_jsonl`'s ``handler``; the ``pipeline`` logger's level and propagation are put back as they
+    were before the first handler still attached lowered them."""
+    root = logging.getLogger("pipeline")
+    root.removeHandler(handler)
     handler.close()
+    lowered = getattr(handler, "lowered", None)
+    if lowered is None:
+        return
+    others = [h for h in root.handlers if isinstance(h, _LineHandler)]
+    if others:  # another run in this process still writes its run.log: it restores the logger when it ends
+        others[0].lowered = lowered
+        return
+    if lowered.forward is not None:
+        root.removeHandler(lowered.forward)
+    root.setLevel(lowered.level)
+    root.propagate = lowered.propagate

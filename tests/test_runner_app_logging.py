@@ -1,0 +1,91 @@
+"""``run_batch`` in an application that set up its own logging (a notebook's ``logging.basicConfig(level=WARNING)``):
+``run.log`` still gets the run's info records, the application's handlers get only what they asked for, during
+the run and after it, and the ``pipeline`` logger is left as it was."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pipeline.runner import run_batch
+from pipeline.runner.logs import attach_jsonl, detach
+from pipeline.runner.stage import CaseContext, Stage
+from tests._support.runner import PHANTOM
+
+
+class _Listing(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def app_logging() -> Iterator[_Listing]:
+    """The application's logging: a handler on the root logger, the root at WARNING, ``pipeline`` untouched."""
+    root, pipeline_logger = logging.getLogger(), logging.getLogger("pipeline")
+    saved = (root.level, pipeline_logger.level, pipeline_logger.propagate)
+    handler = _Listing()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    pipeline_logger.setLevel(logging.NOTSET)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        pipeline_logger.setLevel(saved[1])
+        pipeline_logger.propagate = saved[2]
+
+
+class _Chatty(Stage):
+    name = "chatty"
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        logging.getLogger("pipeline.test").info("chatty info of %s", ctx.case.case_id)
+        logging.getLogger("pipeline.test").warning("chatty warning of %s", ctx.case.case_id)
+        return {}
+
+
+def _messages(handler: _Listing) -> list[str]:
+    return [r.getMessage() for r in handler.records]
+
+
+def test_run_log_gets_info_while_the_application_gets_warnings_and_its_logger_is_restored(app_logging, tmp_path):
+    logger = logging.getLogger("pipeline.test")
+    handler = attach_jsonl(tmp_path / "run.log", process="main")
+    try:
+        logger.info("info during the run")
+        logger.warning("warning during the run")
+    finally:
+        detach(handler)
+    logger.info("info after the run")
+    logger.warning("warning after the run")
+    written = [json.loads(line)["msg"] for line in (tmp_path / "run.log").read_text().splitlines()]
+    assert written == ["info during the run", "warning during the run"]
+    assert _messages(app_logging) == ["warning during the run", "warning after the run"]
+    assert logging.getLogger("pipeline").level == logging.NOTSET and logging.getLogger("pipeline").propagate
+
+
+def test_run_batch_leaves_the_application_s_logging_as_it_was(app_logging, tmp_path):
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner.stages import IngestStage
+
+    write_dicom_series(generate_phantom(64, n_nodules=0, **{**PHANTOM, "slices": 12}).volume, tmp_path / "src", seed=64)
+    out = tmp_path / "run"
+    summary = run_batch([tmp_path / "src"], out=out, stages=[IngestStage(), _Chatty()], workers=0)
+    assert summary.done == 1
+    seen = _messages(app_logging)
+    assert any(m.startswith("chatty warning") for m in seen)
+    assert not [r.getMessage() for r in app_logging.records if r.levelno < logging.WARNING]
+    assert any('"msg": "chatty info of' in line for line in (out / "run.log").read_text().splitlines())
+    assert logging.getLogger("pipeline").level == logging.NOTSET and logging.getLogger("pipeline").propagate
+    logging.getLogger("pipeline.ingest").info("a later call's progress")
+    assert "a later call's progress" not in _messages(app_logging)
