@@ -130,9 +130,11 @@ def glb_bytes(mesh: Mesh, *, color: tuple[float, float, float] = (0.8, 0.5, 0.45
 _WRITERS = {"stl": stl_bytes, "ply": ply_bytes, "obj": obj_bytes, "glb": glb_bytes}
 
 
-def check_formats(formats: Iterable[str]) -> tuple[str, ...]:
-    """Normalise and validate mesh format names (raises :class:`ReconstructionError`)."""
-    out = tuple(str(f).lower().lstrip(".") for f in formats)
+def check_formats(formats: str | Iterable[str]) -> tuple[str, ...]:
+    """Normalise and validate mesh format names (raises :class:`ReconstructionError`). A string is one format
+    (``"ply"``) or several separated by commas (``"stl,glb"``, as on the command line), never a sequence of letters."""
+    items = formats.split(",") if isinstance(formats, str) else formats
+    out = tuple(str(f).strip().lower().lstrip(".") for f in items)
     bad = [f for f in out if f not in _WRITERS]
     if bad:
         raise ReconstructionError(f"unknown mesh format(s) {bad}", where="mesh_formats", fix=f"choose from {list(FORMATS)}")

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_write_bytes
+from ..config_schema import SCHEMA
 from ..devicetime import DeviceTimer
 from ..errors import CtpipeError, ReconstructionError
 from ..intensity import not_hu_hint
@@ -173,16 +174,17 @@ def reconstruct(
         rows are used (:func:`~pipeline.reconstruction.findings_in.of_series`).
     out_dir: where to write meshes (``<stem>_<organ>.<fmt>``), ``<stem>_measurements.json``,
         ``<stem>_labels.npz`` and PNG renderings; nothing is written without it.
-    mesh_formats: any of ``stl``, ``ply``, ``obj``, ``glb``.
-    smoothing: Taubin smoothing iterations (0 = raw marching cubes).
-    target_triangles: cap on triangles per organ (coarser surface extraction), None = full resolution.
+    mesh_formats: any of ``stl``, ``ply``, ``obj``, ``glb``; one as a string (``"ply"``), several as a list or
+        separated by commas (``"stl,glb"``).
+    smoothing: Taubin smoothing iterations, 0..500 (0 = raw marching cubes).
+    target_triangles: cap on triangles per organ, at least 100 (coarser surface extraction), None = full resolution.
     device: torch device for segmentation ("cuda" when present by default).
     seg_bundle: a MONAI segmentation bundle folder whose labels replace or add organs (or the bundle
         :func:`~pipeline.reconstruction.bundle_seg.read_bundle` read). A bundle that cannot segment (its network fails
         to load or to run) or labels it cannot name are reported in ``errors`` and the classical organs stay.
 
     Raises :class:`~pipeline.errors.ReconstructionError` for an unknown organ name (listing the known ones)
-    or mesh format, a finding without a usable centre and size, or findings of another series;
+    or mesh format, a ``smoothing`` or ``target_triangles`` out of range, a finding without a usable centre and size, or findings of another series;
     :class:`~pipeline.errors.BundleError` for a
     ``seg_bundle`` that does not exist or is not a bundle (no ``configs/metadata.json``, ``models/model.ts``).
     Both are raised before any work. Values that cannot be HU (none below 0: stored pixel values, intensities normalised to
@@ -190,6 +192,7 @@ def reconstruct(
     """
     volume = require_volume(volume)
     formats = export.check_formats(mesh_formats)
+    _check_mesh_options(smoothing, target_triangles)
     organs = organ_names(organs)
     dev = torch.device(device or default_device())
     timer = StageTimer(dev)
@@ -274,6 +277,27 @@ def reconstruct(
         sum(rec.seconds.values()),
     )
     return rec
+
+
+def _check_mesh_options(smoothing: Any, target_triangles: Any) -> None:
+    """:class:`ReconstructionError` naming ``smoothing`` or ``target_triangles`` when it is not a whole number in the
+    range ``reconstruct.smoothing_iterations`` / ``reconstruct.target_triangles`` take in the configuration."""
+    for name, value, option in (
+        ("smoothing", smoothing, SCHEMA["reconstruct"]["smoothing_iterations"]),
+        ("target_triangles", target_triangles, SCHEMA["reconstruct"]["target_triangles"]),
+    ):
+        if value is None and option.nullable:
+            continue
+        whole = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+        if whole and (option.lo is None or value >= option.lo) and (option.hi is None or value <= option.hi):
+            continue
+        span = f"{option.lo:g}..{option.hi:g}" if option.hi is not None else f"{option.lo:g} or more"
+        default = "None (full resolution)" if option.nullable else f"{option.default}"
+        raise ReconstructionError(
+            f"{name}={value!r} is not a whole number of {option.unit} in {span}",
+            where=name,
+            fix=f"pass {name}=<{span}> (default {default})",
+        )
 
 
 def _with_not_hu_hint(quality: QualityReport, volume: CTVolume, where: str) -> QualityReport:

@@ -1,0 +1,51 @@
+"""``reconstruct``'s mesh options as a notebook passes them: one format as a string (as ``organs`` takes one organ),
+and ``smoothing`` / ``target_triangles`` outside the ranges the configuration and the command line allow refused
+before any work, naming the argument, the value and the range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.errors import ReconstructionError
+from pipeline.phantom import generate_phantom
+from pipeline.reconstruction import reconstruct
+from pipeline.volume import CTVolume, Geometry
+
+
+@pytest.fixture(scope="module")
+def chest():
+    return generate_phantom(7, matrix=64, slices=24, pixel_spacing=2.0, slice_spacing=5.0, n_nodules=0).volume
+
+
+@pytest.mark.parametrize(("formats", "suffixes"), [("ply", [".ply"]), ("stl, GLB", [".glb", ".stl"])])
+def test_mesh_formats_as_a_string_are_format_names_not_letters(chest, tmp_path, formats, suffixes):
+    rec = reconstruct(chest, organs="lung_left", mesh_formats=formats, out_dir=tmp_path, render=False)
+    assert sorted(p.suffix for p in rec.files["mesh"]) == suffixes
+
+
+_TINY = CTVolume(np.full((4, 4, 4), -1000, np.int16), Geometry(shape=(4, 4, 4), spacing=(1, 1, 1), origin=(0, 0, 0)))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"smoothing": -1}, "smoothing=-1 is not a whole number of iterations in 0..500"),
+        ({"smoothing": 2.5}, "smoothing=2.5 is not a whole number"),
+        ({"smoothing": 501}, "smoothing=501 is not"),
+        ({"target_triangles": 0}, "target_triangles=0 is not a whole number of triangles in 100 or more"),
+        ({"target_triangles": 5e4}, "target_triangles=50000.0 is not a whole number"),
+    ],
+)
+def test_mesh_options_out_of_range_are_refused_before_any_work(tmp_path, options, message):
+    out = tmp_path / "out"
+    with pytest.raises(ReconstructionError) as err:
+        reconstruct(_TINY, out_dir=out, **options)
+    text = str(err.value)
+    assert message in text and "Fix: pass " in text
+    assert not out.exists()
+
+
+def test_the_configuration_s_limits_are_accepted(chest):
+    rec = reconstruct(chest, organs="lung_left", smoothing=0, target_triangles=100, render=False)
+    assert rec.meshes["lung_left"].n_triangles <= 2000
