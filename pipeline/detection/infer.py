@@ -34,6 +34,7 @@ import torch
 from ..devicetime import DeviceTimer
 from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
+from ..load.base import resolve_device
 from ..volume import (
     LOSSY_NOTE,
     THICK_SLICE_NOTE,
@@ -70,8 +71,14 @@ __all__ = ["MAX_BAD_VOXEL_FRACTION", "MIN_INPUT_MM", "Detector", "LungMask", "de
 
 
 def run_device(device: str | torch.device | None) -> torch.device:
-    """The torch device a :class:`Detector` given ``device`` runs on: that one, else CUDA when present, else the CPU."""
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    """The torch device a :class:`Detector` given ``device`` runs on: that one, else CUDA when present, else the CPU.
+
+    A name is checked as a run's ``device`` setting is (:func:`~pipeline.load.base.resolve_device`: ``cpu``,
+    ``cuda``, ``cuda:N``, ``gpu``, ``auto``); :class:`~pipeline.errors.LoaderError` for an unknown one or a GPU that
+    torch does not see."""
+    if isinstance(device, torch.device):
+        return device
+    return torch.device(resolve_device(device, where="device") if device else ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 class Detector:
@@ -412,8 +419,14 @@ def detect(
     array ``[k, j, i]``, a :class:`LabelMap` or a dict of lung masks such as ``reconstruct(volume).masks``)
     restricts the findings as the batch runner does with the case's segmented lungs; without it, the lungs
     :func:`~pipeline.detection.lungs.segmented_lung_region` finds. The search itself is always the detector's coarse
-    threshold mask (the region its operating point was calibrated on).
+    threshold mask (the region its operating point was calibrated on). ``device``: ``"cpu"``, ``"cuda"``,
+    ``"cuda:N"`` (default CUDA when present, else the CPU).
+
+    Raises :class:`~pipeline.errors.NotAVolumeError` for a ``volume`` that is not a :class:`CTVolume`,
+    :class:`~pipeline.errors.LoaderError` for an unknown ``device`` or a GPU that torch does not see, both before the
+    model is loaded.
     """
+    volume = require_volume(volume)
     det = detector
     if det is None:
         # keyed by the device the detector runs on: device=None and the device it resolves to share one model

@@ -24,6 +24,7 @@ from ..config_schema import SCHEMA
 from ..devicetime import DeviceTimer
 from ..errors import CtpipeError, ReconstructionError
 from ..intensity import not_hu_hint
+from ..load.base import resolve_device
 from ..volume import CTVolume, Geometry, LabelMap, default_device, require_volume
 from . import export, measure
 from .bundle_seg import SegBundle, read_bundle, run_seg_bundle
@@ -178,13 +179,14 @@ def reconstruct(
         separated by commas (``"stl,glb"``).
     smoothing: Taubin smoothing iterations, 0..500 (0 = raw marching cubes).
     target_triangles: cap on triangles per organ, at least 100 (coarser surface extraction), None = full resolution.
-    device: torch device for segmentation ("cuda" when present by default).
+    device: torch device for segmentation: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` ("cuda" when present by default).
     seg_bundle: a MONAI segmentation bundle folder whose labels replace or add organs (or the bundle
         :func:`~pipeline.reconstruction.bundle_seg.read_bundle` read). A bundle that cannot segment (its network fails
         to load or to run) or labels it cannot name are reported in ``errors`` and the classical organs stay.
 
     Raises :class:`~pipeline.errors.ReconstructionError` for an unknown organ name (listing the known ones)
-    or mesh format, a ``smoothing`` or ``target_triangles`` out of range, a finding without a usable centre and size, or findings of another series;
+    or mesh format, a ``smoothing`` or ``target_triangles`` out of range, a ``device`` that is unknown or absent (a
+    :class:`~pipeline.errors.LoaderError`), a finding without a usable centre and size, or findings of another series;
     :class:`~pipeline.errors.BundleError` for a
     ``seg_bundle`` that does not exist or is not a bundle (no ``configs/metadata.json``, ``models/model.ts``).
     Both are raised before any work. Values that cannot be HU (none below 0: stored pixel values, intensities normalised to
@@ -194,7 +196,7 @@ def reconstruct(
     formats = export.check_formats(mesh_formats)
     _check_mesh_options(smoothing, target_triangles)
     organs = organ_names(organs)
-    dev = torch.device(device or default_device())
+    dev = torch.device(resolve_device(device, where="device") if device else default_device())
     timer = StageTimer(dev)
     rec = Reconstruction(geometry=volume.geometry, seconds=timer.seconds)
     where = stem or volume.series_uid or "volume"

@@ -1,0 +1,48 @@
+"""Wrong argument values at the notebook API, refused with a ctpipe error naming the argument, the value and the fix
+before any work (no model loaded, nothing segmented), rather than a library's own exception from deep inside."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.detection import detect
+from pipeline.errors import CtpipeError, LoaderError
+from pipeline.reconstruction import reconstruct
+from pipeline.volume import CTVolume, Geometry
+
+_TINY = CTVolume(np.full((4, 4, 4), -1000, np.int16), Geometry(shape=(4, 4, 4), spacing=(1, 1, 1), origin=(0, 0, 0)))
+
+
+def _text(err: pytest.ExceptionInfo) -> str:
+    assert isinstance(err.value, CtpipeError) and err.value.fix, str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("call", [detect, reconstruct], ids=["detect", "reconstruct"])
+def test_an_unknown_device_is_named_with_the_devices_there_are(call):
+    with pytest.raises(LoaderError) as err:
+        call(_TINY, device="tpu")
+    text = _text(err)
+    assert text.startswith("device: unknown device 'tpu'") and "'cpu', 'cuda' or 'cuda:N'" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine on which torch sees no CUDA GPU")
+@pytest.mark.parametrize("call", [detect, reconstruct], ids=["detect", "reconstruct"])
+def test_cuda_without_a_gpu_says_so(call):
+    with pytest.raises(LoaderError) as err:
+        call(_TINY, device="cuda")
+    assert "device 'cuda' was asked for but torch sees no CUDA GPU" in _text(err)
+
+
+def test_detect_refuses_what_is_not_a_volume_before_loading_the_model(monkeypatch):
+    import pipeline.detection.infer as infer
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded for an argument that cannot be detected on")
+
+    monkeypatch.setattr(infer, "Detector", no_model)
+    monkeypatch.setattr(infer, "_DETECTORS", {})
+    with pytest.raises(CtpipeError, match="must be a CTVolume, got ndarray"):
+        detect(_TINY.array)
