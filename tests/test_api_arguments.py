@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pipeline.detection import detect
-from pipeline.errors import CtpipeError, LoaderError
+from pipeline.errors import CtpipeError, DicomError, LoaderError
+from pipeline.ingest import load_series
 from pipeline.reconstruction import reconstruct
 from pipeline.volume import CTVolume, Geometry
 
@@ -46,3 +47,25 @@ def test_detect_refuses_what_is_not_a_volume_before_loading_the_model(monkeypatc
     monkeypatch.setattr(infer, "_DETECTORS", {})
     with pytest.raises(CtpipeError, match="must be a CTVolume, got ndarray"):
         detect(_TINY.array)
+
+
+@pytest.mark.parametrize(
+    ("path", "fix"),
+    [
+        (["a", "b"], "load one series at a time: load_series(folder); scan_directory(folders)"),
+        (5, "pass the folder holding the series"),
+    ],
+)
+def test_load_series_names_a_path_that_is_not_one_path(path, fix):
+    with pytest.raises(DicomError) as err:
+        load_series(path)
+    text = _text(err)
+    assert text.startswith(f"path: must be one folder or file (a str or a pathlib.Path), got {type(path).__name__}")
+    assert fix in err.value.fix
+
+
+@pytest.mark.parametrize("tolerance", [-1, 1.5, float("nan"), "2%"])
+def test_load_series_names_a_spacing_tolerance_that_is_not_a_fraction(tmp_path, tolerance):
+    with pytest.raises(DicomError) as err:
+        load_series(tmp_path, spacing_tolerance=tolerance)
+    assert f"spacing_tolerance={tolerance!r} is not a fraction from 0 to 1" in _text(err)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from ..errors import (
     AmbiguousSeriesError,
     CacheError,
     CtpipeError,
+    DicomError,
     NoSeriesFoundError,
     NotCTError,
     NotDicomError,
@@ -205,8 +207,11 @@ def load_series(
     each is also logged.
 
     Raises a :class:`~pipeline.errors.DicomError` subclass naming the file or series,
-    the problem and the fix (e.g. for one slice file of a series: the folder to pass).
+    the problem and the fix (e.g. for one slice file of a series: the folder to pass); a
+    :class:`~pipeline.errors.DicomError` naming the argument for a ``path`` that is not one path (several folders:
+    :func:`scan_directory` or :func:`~pipeline.run_batch` take them) or a ``spacing_tolerance`` outside 0..1.
     """
+    _check_load_arguments(path, spacing_tolerance)
     rules = rules or SelectionRules()
     p = Path(path)
     options: dict[str, Any] = {
@@ -255,6 +260,29 @@ def load_series(
     for r in scan.rejected:
         log.warning("not loaded: %s", r.reason)
     return read_volume(scan.plans[chosen[0].key], workers=workers)
+
+
+def _check_load_arguments(path: Any, spacing_tolerance: Any) -> None:
+    """:class:`DicomError` naming ``path`` when it is not one path (str or os.PathLike), or ``spacing_tolerance`` when
+    it is not a fraction from 0 to 1 (as ``ingest.spacing_tolerance`` in the configuration)."""
+    if not isinstance(path, (str, os.PathLike)):
+        several = isinstance(path, Iterable) and not isinstance(path, (bytes, Mapping))
+        raise DicomError(
+            f"must be one folder or file (a str or a pathlib.Path), got {type(path).__name__} {path!r:.200}",
+            where="path",
+            fix="load one series at a time: load_series(folder); scan_directory(folders) lists the series of several, "
+            "run_batch(folders, out=...) processes them all"
+            if several
+            else "pass the folder holding the series (or one DICOM or NIfTI/MHA/NRRD file) as a str or pathlib.Path",
+        )
+    tol = spacing_tolerance
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0.0 <= float(tol) <= 1.0:
+        raise DicomError(
+            f"spacing_tolerance={tol!r} is not a fraction from 0 to 1",
+            where="spacing_tolerance",
+            fix="pass the tolerated deviation of each slice step from the median step as a fraction, "
+            "e.g. spacing_tolerance=0.02 (2 %, the default)",
+        )
 
 
 def _pick(scan: ScanResult, series_uid: str) -> SeriesInfo:
