@@ -92,8 +92,29 @@ def test_findings_round_trip(tmp_path, position, enhanced):
         k = int(np.rint(g.lps_to_index(f.center_lps)[2]))
         assert row.sop_instance_uid == case.source.sop_instance_uids[k]
         assert row.frame_number == (k + 1 if enhanced else None)
+        assert row.series_uid == case.volume.series_uid  # the series of the images the findings are on
     assert table.composition[0] == case.phantom.nodules[0].kind
     assert table.composition[1:].isna().all()
+
+
+def test_an_sr_table_is_checked_against_the_volume_it_is_drawn_or_measured_on(tmp_path, caplog):
+    """The table names its findings' series: show() draws it on its own volume without a warning, and show() and
+    reconstruct() refuse it on another series' volume."""
+    from pipeline.errors import GeometryError, ReconstructionError
+    from pipeline.reconstruction import reconstruct
+    from pipeline.show import show
+    from pipeline.volume import CTVolume
+
+    case = phantom_case(tmp_path / "case")
+    table = read_sr_findings(_write(case, tmp_path / "sr.dcm"))
+    with caplog.at_level(logging.WARNING):
+        show(case.volume, findings=table)
+    assert "cannot check" not in caplog.text
+    other = CTVolume(case.volume.array, case.volume.geometry, metadata={**case.volume.metadata, "SeriesInstanceUID": "1.2.3.9"})
+    with pytest.raises(GeometryError, match=f"the findings are of series {case.volume.series_uid}"):
+        show(other, findings=table)
+    with pytest.raises(ReconstructionError, match="the volume is series 1.2.3.9"):
+        reconstruct(other, organs="lung_left", findings=table, render=False)
 
 
 def _cell_extent(nodule, geometry):

@@ -44,6 +44,7 @@ FINDING_COLUMNS = [
     "frame_of_reference_uid",
     "sop_instance_uid",
     "frame_number",
+    "series_uid",
 ]
 _ALGORITHM_NAME = ("111001", "DCM")
 _ALGORITHM_VERSION = ("111003", "DCM")
@@ -55,6 +56,12 @@ def _key(code: Any) -> tuple[str, str]:
 
 
 def _report(path: str | os.PathLike[str]) -> Any:
+    """The TID 1500 content of the SR at ``path``; :class:`DicomOutputError` when it is none."""
+    return _read(path)[1]
+
+
+def _read(path: str | os.PathLike[str]) -> tuple[Any, Any]:
+    """The SR at ``path`` and its TID 1500 content; :class:`DicomOutputError` when it is none."""
     import highdicom as hd
     from pydicom.errors import InvalidDicomError
 
@@ -72,7 +79,23 @@ def _report(path: str | os.PathLike[str]) -> Any:
         raise DicomOutputError(
             "the SR holds no TID 1500 measurement report", where=str(path), fix="pass an SR written by ctpipe (write_sr)"
         )
-    return content
+    return sr, content
+
+
+def _evidence_series(sr: Any) -> tuple[dict[str, str], str | None]:
+    """The series of the images the SR refers to (its CurrentRequestedProcedureEvidenceSequence): each referenced SOP
+    instance's SeriesInstanceUID, and the one series when the evidence names exactly one (None otherwise)."""
+    by_instance: dict[str, str] = {}
+    series: set[str] = set()
+    for study in getattr(sr, "CurrentRequestedProcedureEvidenceSequence", None) or []:
+        for ref in getattr(study, "ReferencedSeriesSequence", None) or []:
+            uid = str(getattr(ref, "SeriesInstanceUID", "") or "")
+            if not uid:
+                continue
+            series.add(uid)
+            for item in getattr(ref, "ReferencedSOPSequence", None) or []:
+                by_instance[str(item.ReferencedSOPInstanceUID)] = uid
+    return by_instance, next(iter(series)) if len(series) == 1 else None
 
 
 def _text(group: Any, code: tuple[str, str]) -> list[str]:
@@ -149,12 +172,16 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
     Columns (:data:`FINDING_COLUMNS`): ``center_x/y/z`` (centre of the ellipsoid or the point, LPS mm),
     ``box_min/max_x/y/z`` (the ellipsoid's extent, NaN for a point), ``diameter_mm``, ``long_axis_mm``,
     ``volume_mm3`` (NaN when not segmented), ``score``, ``side``, ``lobe``, ``composition``, the referenced
-    source image's ``sop_instance_uid`` (and ``frame_number`` in a multi-frame source). A no-findings report
-    gives an empty table with these columns.
+    source image's ``sop_instance_uid`` (and ``frame_number`` in a multi-frame source), and the ``series_uid`` of the
+    images the findings are on (from the SR's evidence: the series holding the referenced image, else the one series
+    the evidence names; None when it cannot tell), so that :func:`~pipeline.show` and
+    :func:`~pipeline.reconstruct` can check the table against a volume. A no-findings report gives an empty table with
+    these columns.
     """
     import pandas as pd
 
-    report = _report(path)
+    sr, report = _read(path)
+    by_instance, only_series = _evidence_series(sr)
     compositions = {_key(v): k for k, v in C.COMPOSITIONS.items()}
     rows = []
     for group in report.get_volumetric_roi_measurement_groups():
@@ -168,6 +195,7 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
             "tracking_uid": str(group.tracking_uid or ""),
         }
         row.update(_geometry(group.roi))
+        row["series_uid"] = by_instance.get(str(row.get("sop_instance_uid")), only_series)
         row.update(_measurements(group))
         row["side"], row["lobe"] = _site(group)
         for q in group.get_qualitative_evaluations():
