@@ -221,8 +221,20 @@ class Geometry:
         ijk = self.lps_to_index(lps)
         return np.all((ijk >= -0.5) & (ijk <= np.asarray(self.size_ijk) - 0.5), axis=-1)
 
-    def centroid_lps(self, mask: np.ndarray) -> np.ndarray:
-        """Centre of mass (LPS mm, shape ``(3,)``) of the true voxels of ``mask`` (``[k, j, i]``, this grid's shape)."""
+    def centroid_lps(self, mask: Any) -> np.ndarray:
+        """Centre of mass (LPS mm, shape ``(3,)``) of the true (non-zero) voxels of ``mask``: an array ``[k, j, i]`` of
+        this grid's shape, or a label map on this grid (a :class:`~pipeline.volume.LabelMap`, e.g.
+        ``reconstruct(vol).masks["lung_left"]``: its labelled voxels)."""
+        grid = getattr(mask, "geometry", None)
+        if isinstance(grid, Geometry) and hasattr(mask, "array"):
+            if not grid.same_grid(self):
+                raise GeometryError(
+                    f"the label map lies on another grid (shape {grid.shape}, origin {grid.origin} mm) than this one "
+                    f"(shape {self.shape}, origin {self.origin} mm)",
+                    fix="take the centroid on the label map's own grid: labels.geometry.centroid_lps(labels)",
+                )
+            mask = mask.array
+        mask = np.asarray(mask)
         if mask.shape != self.shape:
             raise GeometryError(f"mask shape {mask.shape} is not the grid's shape {self.shape}")
         idx = np.argwhere(mask)

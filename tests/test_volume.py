@@ -271,3 +271,20 @@ def test_binned_grid_puts_each_voxel_at_its_blocks_centre():
     assert np.allclose(b.index_to_lps([1, 1, 1]), g.index_to_lps(block).mean(axis=0))  # block (1, 1, 1): a full one
     with pytest.raises(GeometryError, match="steps must be 3 whole numbers of voxels, 1 or more"):
         g.binned((0, 1, 1))
+
+
+def test_centroid_of_a_label_map_is_that_of_its_labelled_voxels_in_lps():
+    """``geometry.centroid_lps(recon.masks["lung_left"])``: a LabelMap (not its array) gives the centre of its labelled
+    voxels, on an oblique, flipped grid as for its array, checked against SimpleITK; one on another grid is refused."""
+    vol = _volume(direction=_oblique_direction())
+    arr = np.zeros(vol.shape, np.uint8)
+    arr[1:3, 2:5, 4:8] = 1
+    labels = LabelMap(arr, vol.geometry, labels={1: "blob"})
+    centre = vol.geometry.centroid_lps(labels)
+    img = labels.to_sitk()
+    ijk = np.argwhere(arr)[:, ::-1].mean(axis=0)
+    np.testing.assert_allclose(centre, img.TransformContinuousIndexToPhysicalPoint(ijk.tolist()), atol=1e-9)
+    np.testing.assert_allclose(centre, vol.geometry.centroid_lps(arr.astype(bool)), atol=1e-12)
+    moved = LabelMap(arr, vol.geometry.with_(origin=(0.0, 0.0, 0.0)), labels={1: "blob"})
+    with pytest.raises(GeometryError, match="the label map lies on another grid"):
+        vol.geometry.centroid_lps(moved)
