@@ -225,7 +225,13 @@ def _run(
     executor: Any = None
     in_flight = 1
     status = "completed"
+    threads_before: int | None = None  # the calling process' torch threads, when the stages run in it (workers=0)
     try:
+        if workers == 0 and cluster is None and pl.to_run:  # the stages run in this process, with the run's threads
+            import torch
+
+            threads_before = torch.get_num_threads()
+            torch.set_num_threads(threads)
         if not pl.to_run:  # nothing for the stages: no workers, no model
             executor = InlineExecutor([], WorkerInfo("main", "cpu", cfg, run_dir))
             in_flight = 1
@@ -244,9 +250,6 @@ def _run(
             )
             in_flight = cfg.runner.max_in_flight or 2 * executor.capacity() + 2
         elif workers == 0:
-            import torch
-
-            torch.set_num_threads(threads)
             executor = InlineExecutor(pipeline, WorkerInfo("main", devices[0], cfg, run_dir))
             in_flight = 1
         else:
@@ -297,6 +300,10 @@ def _run(
         summary.fatal, status = _crash(exc, run_id), "failed"
         raise
     finally:
+        if threads_before is not None:  # the application's own setting again
+            import torch
+
+            torch.set_num_threads(threads_before)
         if executor is not None and session is not None:
             session.after_batch(executor, in_flight, keep=bool(pl.to_run) and status == "completed")
         elif executor is not None:

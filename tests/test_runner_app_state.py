@@ -1,6 +1,7 @@
 """``run_batch`` in an application that set up its own logging (a notebook's ``logging.basicConfig(level=WARNING)``):
 ``run.log`` still gets the run's info records, the application's handlers get only what they asked for, during
-the run and after it, and the ``pipeline`` logger is left as it was."""
+the run and after it, and the ``pipeline`` logger is left as it was. A run whose stages run in the calling process
+(``workers=0``) leaves its torch thread count as it was too."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 
 from pipeline.runner import run_batch
 from pipeline.runner.logs import attach_jsonl, detach
@@ -89,3 +91,30 @@ def test_run_batch_leaves_the_application_s_logging_as_it_was(app_logging, tmp_p
     assert logging.getLogger("pipeline").level == logging.NOTSET and logging.getLogger("pipeline").propagate
     logging.getLogger("pipeline.ingest").info("a later call's progress")
     assert "a later call's progress" not in _messages(app_logging)
+
+
+def test_run_batch_in_process_leaves_the_torch_threads_as_they_were(tmp_path):
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner.stages import IngestStage
+
+    class _Threads(Stage):
+        name = "threads"
+
+        def process(self, ctx: CaseContext) -> dict[str, Any]:
+            seen.append(torch.get_num_threads())
+            return {}
+
+    seen: list[int] = []
+    write_dicom_series(generate_phantom(65, n_nodules=0, **{**PHANTOM, "slices": 12}).volume, tmp_path / "src", seed=65)
+    before = torch.get_num_threads()
+    mine = 3 if before != 3 else 2
+    torch.set_num_threads(mine)
+    try:
+        overrides = {"runner.torch_threads": mine + 1}
+        summary = run_batch([tmp_path / "src"], out=tmp_path / "run", stages=[IngestStage(), _Threads()], workers=0, **overrides)
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert summary.done == 1 and seen == [mine + 1]  # the run's setting while its stages ran
+    assert after == mine  # the application's own afterwards
