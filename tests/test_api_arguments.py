@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.detection import detect
-from pipeline.errors import CtpipeError, DicomError, LoaderError
+from pipeline.errors import CtpipeError, DicomError, DicomWriteError, LoaderError
 from pipeline.ingest import load_series
 from pipeline.reconstruction import reconstruct
 from pipeline.volume import CTVolume, Geometry
@@ -69,3 +69,14 @@ def test_load_series_names_a_spacing_tolerance_that_is_not_a_fraction(tmp_path, 
     with pytest.raises(DicomError) as err:
         load_series(tmp_path, spacing_tolerance=tolerance)
     assert f"spacing_tolerance={tolerance!r} is not a fraction from 0 to 1" in _text(err)
+
+
+def test_write_phantom_series_of_a_volume_points_to_write_dicom_series(tmp_path):
+    from pipeline import write_phantom_series
+
+    out = tmp_path / "case"
+    with pytest.raises(DicomWriteError) as err:
+        write_phantom_series(_TINY, out)
+    assert _text(err).startswith("phantom: must be a Phantom (a volume with its ground truth), got CTVolume")
+    assert err.value.fix.startswith(f"write a volume without ground truth with write_dicom_series(volume, {str(out)!r})")
+    assert not out.exists()

@@ -250,7 +250,22 @@ def write_phantom_case(phantom: Any, out_dir: str | os.PathLike[str], **options:
     Ground truth (``ground_truth.json`` with nodule centres in LPS mm, ``masks.npz``) comes from
     ``phantom.save_ground_truth``; masks stay on the phantom grid (with ``gantry_tilt`` the DICOM grid
     is the tilted one, and the two agree in LPS). Returns ``out_dir``.
+
+    Raises :class:`~pipeline.errors.DicomWriteError` for a ``phantom`` that is not one (a :class:`CTVolume` is
+    written by :func:`write_dicom_series`), before anything is written.
     """
+    from .model import Phantom
+
+    if not isinstance(phantom, Phantom):
+        fix = (
+            f"write a volume without ground truth with write_dicom_series(volume, {str(out_dir)!r}) "
+            "(pipeline.phantom.write_dicom_series)"
+            if isinstance(phantom, CTVolume)
+            else "pass what generate_phantom(seed, ...) returns"
+        )
+        raise DicomWriteError(
+            f"must be a Phantom (a volume with its ground truth), got {type(phantom).__name__}", where="phantom", fix=fix
+        )
     case = Path(out_dir)
     options.setdefault("seed", int(getattr(phantom, "seed", 0)))
     write_dicom_series(phantom.volume, case / "dicom", **options)
