@@ -194,6 +194,20 @@ def _title(volume: CTVolume, z: int, k: int | None, n_drawn: int, n_findings: in
     return " · ".join(part for part in (where, shown, _series_label(volume)) if part)
 
 
+def _window(window: Any) -> tuple[float, float]:
+    """``window`` as (lowest, highest) HU; ValueError naming it unless it is two finite numbers, lowest first."""
+    try:
+        low, high = (float(v) for v in window)
+    except (TypeError, ValueError):
+        low = high = float("nan")
+    if not (np.isfinite(low) and np.isfinite(high) and low < high):
+        raise ValueError(
+            f"window={window!r} is not an HU range (lowest, highest): pass two numbers, lowest first, e.g. "
+            "window=(-1350, 150) (lung: W 1500 / L -600) or window=(-160, 240) (mediastinum: W 400 / L 40)"
+        )
+    return low, high
+
+
 def show(
     volume: CTVolume,
     *,
@@ -223,13 +237,15 @@ def show(
     k: the array index k (0-based, ``volume.array[k]``) instead. At most one of ``slice`` and ``k``; with
         neither, the plane of the highest-scoring finding, else the middle plane. Both need an axial series.
     ax: the matplotlib Axes to draw in (default a new 6 × 6 inch figure).
-    window: HU range shown (default lung window, W 1500 / L -600).
+    window: HU range shown, (lowest, highest) (default lung window, W 1500 / L -600: (-1350, 150)).
     Returns the matplotlib Axes; its title names the slice (``InstanceNumber 63 (k=62)``) and the series.
+    Raises ValueError for a ``window`` that is not two numbers, lowest first.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Ellipse
 
     volume = require_volume(volume)
+    low, high = _window(window)
     geometry = volume.geometry
     rows = _same_series(volume, _finding_rows(findings))
     masks = _masks(recon)
@@ -246,9 +262,7 @@ def show(
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 6))
     sx, sy, sz = geometry.spacing_lps()
-    ax.imshow(
-        np.asarray(view[z], np.float32), cmap="gray", vmin=window[0], vmax=window[1], aspect=sy / sx, interpolation="nearest"
-    )
+    ax.imshow(np.asarray(view[z], np.float32), cmap="gray", vmin=low, vmax=high, aspect=sy / sx, interpolation="nearest")
     for organ, m in masks.items():
         plane = geometry.to_lps_view(m)[z]
         if plane.any():

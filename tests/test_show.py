@@ -289,3 +289,14 @@ def test_an_sr_table_without_sizes_is_drawn_with_its_boxes_and_points():
     # a 6 mm box: a 6 mm circle, 6 pixels wide (1.0 mm) and 4 high (1.5 mm); the point: the 2-pixel minimum radius
     np.testing.assert_allclose(circles, [[10.0, 12.0, 6.0, 4.0], [20.0, 6.0, 4.0, 4.0 / 1.5]])
     assert len(show(vol, findings=table, k=9).patches) == 0  # 3.4 mm from the point, 4 mm from the box centre
+
+
+@pytest.mark.parametrize("window", [(150, -1350), (-600,), (-600, "W1500"), -600, (0, float("nan"))])
+def test_a_window_that_is_not_a_range_is_refused_naming_it(window):
+    with pytest.raises(ValueError, match=r"window=.* is not an HU range \(lowest, highest\): pass two numbers, lowest first"):
+        show(_lps_volume(), window=window)
+
+
+def test_the_window_sets_the_grey_scale():
+    ax = show(_lps_volume(), window=(-160, 240))
+    assert ax.images[0].get_clim() == (-160.0, 240.0)
