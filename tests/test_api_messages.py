@@ -86,6 +86,34 @@ def test_load_series_reads_an_image_file_in_lps(tmp_path, chest, name):
     assert "leave out series_uid" in _fix(err)
 
 
+@pytest.mark.parametrize(
+    ("stored", "loaded"),
+    [(np.int32, np.int16), (np.uint8, np.int16), (np.float64, np.float32), (np.float32, np.float32), (np.int16, np.int16)],
+)
+def test_an_image_file_loads_as_int16_or_float32_like_a_dicom_series(tmp_path, chest, stored, loaded):
+    """load_series' documented types: an int32 NIfTI (what many tools write) is int16, a float64 one float32."""
+    import SimpleITK as sitk
+
+    values = np.clip(chest.array, 0, 255) if stored is np.uint8 else chest.array
+    path = tmp_path / "chest.nii.gz"
+    sitk.WriteImage(chest.with_array(values.astype(stored)).to_sitk(), str(path))
+    vol = load_series(path)
+    assert vol.array.dtype == loaded
+    np.testing.assert_array_equal(vol.array, values)
+
+
+def test_an_integer_image_beyond_int16_loads_as_float32(tmp_path, chest):
+    import SimpleITK as sitk
+
+    values = chest.array.astype(np.int32) * 100  # up to tens of thousands: beyond int16
+    assert np.abs(values).max() > 32767
+    path = tmp_path / "wide.mha"
+    sitk.WriteImage(chest.with_array(values).to_sitk(), str(path))
+    vol = load_series(path)
+    assert vol.array.dtype == np.float32
+    np.testing.assert_array_equal(vol.array, values)
+
+
 def _not_one_volume(kind: str):
     import SimpleITK as sitk
 

@@ -197,7 +197,7 @@ def load_series(
     Returns
     -------
     The HU array ``[k, j, i]`` (int16 when the rescale is integral and fits, else
-    float32; pixel padding, PixelPaddingValue (0028,0120) up to PixelPaddingRangeLimit
+    float32; an image file's values likewise: int16 when they are integers that fit, else float32; pixel padding, PixelPaddingValue (0028,0120) up to PixelPaddingRangeLimit
     (0028,0121), is -1024 HU and does not count toward the fit) with its geometry in DICOM patient coordinates (LPS, mm): origin = the
     ImagePositionPatient of the first slice along the slice normal, direction
     columns = row cosine, column cosine, normal = cross(row, column), spacing =

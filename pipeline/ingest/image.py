@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import GeometryError, UnreadableFileError
 from ..volume import CTVolume
 from .rawheader import dicom_data_start
@@ -24,7 +26,8 @@ def image_suffix(path: str | Path) -> str | None:
 
 
 def read_image(path: str | Path) -> CTVolume:
-    """A NIfTI/MHA/NRRD image file as a :class:`CTVolume`, its values as stored (HU for a CT image).
+    """A NIfTI/MHA/NRRD image file as a :class:`CTVolume`, its values as stored (HU for a CT image) in the types a
+    DICOM series loads as: int16 when they are integers that fit it (an int32 or uint8 file), else float32.
 
     SimpleITK reads the file and gives its geometry in LPS (mm), whatever the file's convention (a NIfTI
     is RAS on disk; its affine is converted). ``metadata["SeriesInstanceUID"]`` is the file's name without
@@ -53,9 +56,20 @@ def read_image(path: str | Path) -> CTVolume:
             fix="check that the file is a complete NIfTI/MHA/NRRD image (an .mhd needs its .raw/.zraw data file next to it)",
         ) from exc
     try:
-        return CTVolume.from_sitk(img, metadata={"SeriesInstanceUID": stem})
+        volume = CTVolume.from_sitk(img, metadata={"SeriesInstanceUID": stem})
     except GeometryError as exc:  # not one 3-D scalar volume: say which file
         raise GeometryError(exc.problem, where=path, fix=exc.fix) from exc
+    dtype = _hu_dtype(volume.array)
+    return volume if dtype == volume.array.dtype else volume.with_array(volume.array.astype(dtype))
+
+
+def _hu_dtype(values: np.ndarray) -> np.dtype:
+    """int16 for integer ``values`` that fit it, else float32 (what a DICOM series loads as)."""
+    if values.dtype.kind in "iub":
+        info = np.iinfo(np.int16)
+        if values.size == 0 or (int(values.min()) >= info.min and int(values.max()) <= info.max):
+            return np.dtype(np.int16)
+    return np.dtype(np.float32)
 
 
 def _is_dicom(path: Path) -> bool:
