@@ -189,6 +189,19 @@ def test_region_from_a_dict_of_label_maps_is_the_lungs_not_the_whole_volume():
         region_from_mask("lungs.nii.gz", vol)  # type: ignore[arg-type]
 
 
+def test_the_lung_roi_of_a_reconstruction_is_that_of_its_lung_masks(detector):
+    """``detect(vol, lung_mask=reconstruct(vol))``: the reconstruction itself gives its lungs, as its ``masks`` do."""
+    from pipeline.reconstruction import reconstruct
+
+    vol, right = _chest()
+    rec = reconstruct(vol, organs="lung_left,lung_right", render=False)
+    assert rec.mask("lung_right").any() and rec.mask("lung_left").any()
+    region, roi = detector.lung_roi(vol, lung_mask=rec, margin_mm=0.0)
+    same, same_roi = detector.lung_roi(vol, lung_mask=rec.masks, margin_mm=0.0)
+    assert region.limit is not None and np.array_equal(region.limit, same.limit)
+    assert roi is not None and same_roi is not None and (roi.lo, roi.hi) == (same_roi.lo, same_roi.hi)
+
+
 def test_real_abdomen_with_the_lung_bases_reports_nothing_in_the_bowel(detector):
     """The real TotalSegmentator abdomen (122 x 101 x 112 at 3 mm; lung bases at its top, colon and bowel gas below):
     the quick threshold mask holds the colon's gas, and before the segmented lungs limited the findings the demo model

@@ -416,7 +416,8 @@ def detect(
     to use one you built yourself. Findings scoring at or above the model's operating point are
     reported (``score_threshold``: another threshold, 0..1; ``all_candidates``: every candidate);
     the other candidates are kept in ``below_threshold``. ``lung_mask`` (on ``volume``'s grid: a bool
-    array ``[k, j, i]``, a :class:`LabelMap` or a dict of lung masks such as ``reconstruct(volume).masks``)
+    array ``[k, j, i]``, a :class:`LabelMap`, a dict of lung masks such as ``reconstruct(volume).masks``, or the
+    reconstruction itself)
     restricts the findings as the batch runner does with the case's segmented lungs; without it, the lungs
     :func:`~pipeline.detection.lungs.segmented_lung_region` finds. The search itself is always the detector's coarse
     threshold mask (the region its operating point was calibrated on). ``device``: ``"cpu"``, ``"cuda"``,

@@ -17,14 +17,14 @@ from ..errors import InputTooSmallError, InvalidVolumeError
 from ..ingest.geometry import check_extent
 from ..load import Roi
 from ..volume import CTVolume, LabelMap, float3
-from .lungs import LungRegion, quick_lung_mask, region_from_mask, segmented_lung_region
+from .lungs import HoldsMasks, LungRegion, quick_lung_mask, region_from_mask, segmented_lung_region
 
 log = logging.getLogger(__name__)
 
 MIN_INPUT_MM = 16.0  # inputs smaller than this on any axis cannot hold a nodule with context
 MAX_BAD_VOXEL_FRACTION = 0.01
 
-LungMask = np.ndarray | LabelMap | Mapping[str, np.ndarray] | LungRegion
+LungMask = np.ndarray | LabelMap | Mapping[str, np.ndarray] | HoldsMasks | LungRegion
 
 
 def refuse_small(extent_mm: np.ndarray, where: str, what: str, axes: str) -> None:

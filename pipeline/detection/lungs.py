@@ -20,6 +20,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import Any, Protocol
 
 import numpy as np
 from scipy import ndimage
@@ -36,6 +37,13 @@ MIN_LUNG_ML = 2.0
 OUTSIDE_AIR_MAX_MEDIAN_HU = -950.0
 _IN_SLICE_CROSS = np.zeros((3, 3, 3), bool)
 _IN_SLICE_CROSS[1] = ndimage.generate_binary_structure(2, 1)
+
+
+class HoldsMasks(Protocol):
+    """What holds organ masks by name as ``masks`` (a :class:`~pipeline.reconstruction.Reconstruction`)."""
+
+    @property
+    def masks(self) -> Mapping[str, LabelMap]: ...
 
 
 @dataclass(frozen=True)
@@ -265,17 +273,21 @@ def _lung_voxels(mask: np.ndarray | LabelMap) -> np.ndarray:
 
 
 def region_from_mask(
-    mask: np.ndarray | LabelMap | Mapping[str, np.ndarray | LabelMap], volume: CTVolume, *, step_mm: float = 4.0
+    mask: np.ndarray | LabelMap | Mapping[str, np.ndarray | LabelMap] | HoldsMasks, volume: CTVolume, *, step_mm: float = 4.0
 ) -> LungRegion:
     """A :class:`LungRegion` from a full-resolution mask on ``volume``'s grid.
 
     ``mask`` is a bool/int array ``[k, j, i]``, a :class:`LabelMap` (labels whose
     name contains "lung") or a dict of masks (keys containing "lung", arrays or
-    :class:`LabelMap`; e.g. a phantom's or a reconstruction's ``masks``).
+    :class:`LabelMap`; e.g. a phantom's or a reconstruction's ``masks``), or what holds such a dict as ``masks``
+    (the :class:`~pipeline.reconstruction.Reconstruction` of ``volume``).
     """
     from ..errors import GeometryError
 
-    items = list(mask.items()) if isinstance(mask, Mapping) else [("mask", mask)]
+    held = getattr(mask, "masks", None)
+    if not isinstance(mask, (Mapping, np.ndarray, LabelMap)) and isinstance(held, Mapping):
+        mask = dict(held)
+    items: list[tuple[str, Any]] = list(mask.items()) if isinstance(mask, Mapping) else [("mask", mask)]
     if isinstance(mask, Mapping):
         items = [(name, m) for name, m in items if "lung" in str(name).lower()]
         if not items:
