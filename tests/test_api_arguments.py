@@ -80,3 +80,18 @@ def test_write_phantom_series_of_a_volume_points_to_write_dicom_series(tmp_path)
     assert _text(err).startswith("phantom: must be a Phantom (a volume with its ground truth), got CTVolume")
     assert err.value.fix.startswith(f"write a volume without ground truth with write_dicom_series(volume, {str(out)!r})")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("threshold", [5, -0.1, "high", float("nan")])
+def test_detect_names_a_score_threshold_that_is_not_a_probability_before_loading_the_model(monkeypatch, threshold):
+    import pipeline.detection.infer as infer
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded (and the case searched) for a threshold that is refused")
+
+    monkeypatch.setattr(infer, "Detector", no_model)
+    monkeypatch.setattr(infer, "_DETECTORS", {})
+    with pytest.raises(CtpipeError) as err:
+        detect(_TINY, score_threshold=threshold)
+    assert _text(err).startswith(f"score_threshold: score threshold {threshold!r} is not in [0, 1]")
+    assert err.value.fix == "pass a probability between 0 and 1, or None for the model's operating point"

@@ -59,7 +59,7 @@ from .infer_input import (
 )
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
 from .network import box_iou_float32, build_detector, run_detector
-from .operating_point import resolve_threshold
+from .operating_point import check_score_threshold, resolve_threshold
 from .postprocess import boxes_to_findings, calibrate_scores, limit_to_lungs
 from .precision import autocast_dtype, conv_layout, precision_name
 from .refine import refine_findings
@@ -427,10 +427,13 @@ def detect(
     warnings and errors (default none: they name the series UID).
 
     Raises :class:`~pipeline.errors.NotAVolumeError` for a ``volume`` that is not a :class:`CTVolume`,
-    :class:`~pipeline.errors.LoaderError` for an unknown ``device`` or a GPU that torch does not see, both before the
-    model is loaded.
+    :class:`~pipeline.errors.LoaderError` for an unknown ``device`` or a GPU that torch does not see,
+    :class:`~pipeline.errors.BundleError` for a ``score_threshold`` that is not a probability, all before the model
+    is loaded.
     """
     volume = require_volume(volume)
+    if score_threshold is not None and not all_candidates:
+        check_score_threshold(score_threshold, where="score_threshold", none="None")
     det = detector
     if det is None:
         # keyed by the device the detector runs on: device=None and the device it resolves to share one model

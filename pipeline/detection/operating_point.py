@@ -137,6 +137,22 @@ def model_operating_point(config: ModelConfig, *, postprocess: bool = True) -> O
     return OperatingPoint.from_json(entry, where=where)
 
 
+def check_score_threshold(value: Any, *, where: str = "detector.score_threshold", none: str = "null") -> float:
+    """``value`` as a score threshold (a probability, 0..1); :class:`BundleError` naming ``where`` (the setting or the
+    argument) otherwise, whose fix names ``none`` (how the caller says "the model's operating point")."""
+    try:
+        t = float(value)
+    except (TypeError, ValueError):
+        t = float("nan")
+    if not math.isfinite(t) or not 0.0 <= t <= 1.0:
+        raise BundleError(
+            f"score threshold {value!r} is not in [0, 1]",
+            where=where,
+            fix=f"pass a probability between 0 and 1, or {none} for the model's operating point",
+        )
+    return t
+
+
 def resolve_threshold(
     config: ModelConfig, *, score_threshold: float | None = None, all_candidates: bool = False, postprocess: bool = True
 ) -> tuple[float | None, str]:
@@ -145,13 +161,7 @@ def resolve_threshold(
     if all_candidates:
         return None, SOURCE_ALL
     if score_threshold is not None:
-        t = float(score_threshold)
-        if not math.isfinite(t) or not 0.0 <= t <= 1.0:
-            raise BundleError(
-                f"score threshold {score_threshold!r} is not in [0, 1]",
-                where="detector.score_threshold",
-                fix="pass a probability between 0 and 1, or null for the model's operating point",
-            )
+        t = check_score_threshold(score_threshold)
         return t, f"configured: {t:g} (detector.score_threshold)"
     op = model_operating_point(config, postprocess=postprocess)
     if op is None:
