@@ -202,3 +202,18 @@ def test_the_report_says_a_run_is_in_progress_and_later_that_it_was_interrupted(
     final = json.loads((report / "status.json").read_text())
     assert final["state"] == "ended" and "(completed)" in final["text"]
     assert "is in progress" not in (report / "report.html").read_text()
+
+
+def test_the_repr_of_a_large_batch_s_summary_is_a_few_lines_not_every_case(tmp_path):
+    """A notebook echoes ``run_batch(...)``'s summary: its counts, the first per-case lines (not hundreds), where the
+    rest is, and no column padding meant for the terminal."""
+    from pipeline.runner.run_summary import RunSummary
+
+    summary = RunSummary(tmp_path, "r1", total=400, done=100)
+    summary.quarantined = [(f"case{n}", "MissingSliceError", "slice 12 missing") for n in range(300)]
+    summary.skipped_files = [{"path": "/d/readme.txt", "kind": "not_dicom", "reason": "not DICOM"}]
+    text = repr(summary)
+    assert text.startswith("RunSummary(run r1: 100 case(s) done, 300 newly quarantined")
+    assert "quarantined case0: MissingSliceError: slice 12 missing" in text and "case3:" not in text
+    assert "; 298 more in .lines()" in text and ";  " not in text
+    assert len(summary.lines()) == 302  # the command line's summary still lists every case

@@ -16,6 +16,8 @@ EXIT_ENVIRONMENT = 4
 EXIT_INTERRUPTED = 130  # Ctrl-C, SIGTERM, SIGHUP: the same command resumes
 #: Lines of the summary that name not-selected series one by one (the report and the store list them all).
 SHOWN = 20
+#: the per-case lines (quarantined, not selected, ...) its repr shows
+REPR_SHOWN = 3
 
 
 @dataclass
@@ -119,5 +121,9 @@ class RunSummary:
         out.extend(f"  {note}" for note in self.notes)
         return out
 
-    def __repr__(self) -> str:
-        return "RunSummary(" + "; ".join(self.lines()) + f"; report={self.report_html})"
+    def __repr__(self) -> str:  # short: a notebook echoes the summary of a batch of thousands of cases
+        lines = self.lines()
+        own = [line for line in lines if not line.startswith("  ")]
+        detail = [line.strip() for line in lines if line.startswith("  ")]
+        more = [f"{len(detail) - REPR_SHOWN} more in .lines()"] if len(detail) > REPR_SHOWN else []
+        return "RunSummary(" + "; ".join(own + detail[:REPR_SHOWN] + more) + f"; report={self.report_html})"
