@@ -72,6 +72,11 @@ def is_safe_case_id(case_id: str) -> bool:
     return bool(_CASE_ID.match(case_id)) and not case_id.endswith((".json", ".npy"))
 
 
+def is_plain_file_name(name: str) -> bool:
+    """Whether ``name`` names a file inside a folder, not a path out of it (no separator, not empty, no leading '.')."""
+    return bool(name) and not name.startswith(".") and not any(c in name for c in "/\\\0")
+
+
 def check_case_id(case_id: str) -> str:
     """Return ``case_id`` if it is a safe file stem, else raise :class:`CacheError`."""
     if not is_safe_case_id(case_id):

@@ -49,3 +49,23 @@ def test_mesh_options_out_of_range_are_refused_before_any_work(tmp_path, options
 def test_the_configuration_s_limits_are_accepted(chest):
     rec = reconstruct(chest, organs="lung_left", smoothing=0, target_triangles=100, render=False)
     assert rec.meshes["lung_left"].n_triangles <= 2000
+
+
+@pytest.mark.parametrize("stem", ["../up", "sub/case", ".hidden", ""])
+def test_a_stem_that_is_a_path_is_refused_before_writing_anything(tmp_path, stem):
+    out = tmp_path / "out" / "case"
+    with pytest.raises(ReconstructionError) as err:
+        reconstruct(_TINY, out_dir=out, stem=stem)
+    assert f"stem={stem!r} is not a plain file name" in str(err.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_files_stay_in_out_dir_whatever_the_series_uid(chest, tmp_path):
+    """A volume whose series UID holds path characters (built in a notebook, not read from DICOM) is written under a
+    name with them replaced, inside out_dir; a plain name with a space is kept as it is."""
+    odd = CTVolume(chest.array, chest.geometry, metadata={"SeriesInstanceUID": "../../run/1"})
+    out = tmp_path / "a" / "b"
+    rec = reconstruct(odd, organs="lung_left", out_dir=out, render=False)
+    assert rec.files and all(p.parent == out for paths in rec.files.values() for p in paths)
+    rec = reconstruct(chest, organs="lung_left", out_dir=out, render=False, stem="my scan")
+    assert (out / "my scan_lung_left.stl") in rec.files["mesh"]

@@ -228,9 +228,10 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
 
 def _check_case_id(case_id: str) -> None:
     """Refuse a ``--case-id`` that would name a file outside ``--out`` (a path, or a name starting with a dot)."""
+    from ..cache import is_plain_file_name
     from ..errors import CtpipeError
 
-    if not case_id or case_id.startswith(".") or any(c in case_id for c in "/\\\0"):
+    if not is_plain_file_name(case_id):
         raise CtpipeError(
             f"{case_id!r} is not a plain file name",
             where="--case-id",

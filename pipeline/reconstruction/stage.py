@@ -20,9 +20,11 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_write_bytes
+from ..cache import is_plain_file_name
 from ..config_schema import SCHEMA
 from ..devicetime import DeviceTimer
 from ..errors import CtpipeError, ReconstructionError
+from ..ingest.api import safe_case_id
 from ..intensity import not_hu_hint
 from ..load.base import resolve_device
 from ..volume import CTVolume, Geometry, LabelMap, default_device, require_volume
@@ -175,6 +177,8 @@ def reconstruct(
         rows are used (:func:`~pipeline.reconstruction.findings_in.of_series`).
     out_dir: where to write meshes (``<stem>_<organ>.<fmt>``), ``<stem>_measurements.json``,
         ``<stem>_labels.npz`` and PNG renderings; nothing is written without it.
+    stem: the start of those file names, a plain file name (no path separator, not starting with '.'; default: the
+        series UID, path characters replaced), so every file stays in ``out_dir``.
     mesh_formats: any of ``stl``, ``ply``, ``obj``, ``glb``; one as a string (``"ply"``), several as a list or
         separated by commas (``"stl,glb"``).
     smoothing: Taubin smoothing iterations, 0..500 (0 = raw marching cubes).
@@ -185,7 +189,7 @@ def reconstruct(
         to load or to run) or labels it cannot name are reported in ``errors`` and the classical organs stay.
 
     Raises :class:`~pipeline.errors.ReconstructionError` for an unknown organ name (listing the known ones)
-    or mesh format, a ``smoothing`` or ``target_triangles`` out of range, a ``device`` that is unknown or absent (a
+    or mesh format, a ``smoothing`` or ``target_triangles`` out of range, a ``stem`` that is not a plain file name, a ``device`` that is unknown or absent (a
     :class:`~pipeline.errors.LoaderError`), a finding without a usable centre and size, or findings of another series;
     :class:`~pipeline.errors.BundleError` for a
     ``seg_bundle`` that does not exist or is not a bundle (no ``configs/metadata.json``, ``models/model.ts``).
@@ -199,8 +203,16 @@ def reconstruct(
     dev = torch.device(resolve_device(device, where="device") if device else default_device())
     timer = StageTimer(dev)
     rec = Reconstruction(geometry=volume.geometry, seconds=timer.seconds)
+    if stem is not None and not is_plain_file_name(stem):  # it names files: a path would write outside out_dir
+        raise ReconstructionError(
+            f"stem={stem!r} is not a plain file name",
+            where="stem",
+            fix="give a name without '/' or '\\' that does not start with '.': it starts each file's name in out_dir",
+        )
     where = stem or volume.series_uid or "volume"
-    stem = stem or (volume.series_uid or "case")
+    stem = stem or volume.series_uid or "case"
+    if not is_plain_file_name(stem):  # a series UID no DICOM file would hold: its files still stay in out_dir
+        stem = safe_case_id(stem)
     classical = [o for o in organs if o in ORGANS]
     if seg_bundle is None and len(classical) != len(organs):
         raise ReconstructionError(
