@@ -40,7 +40,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .atomic import atomic_open
-from .errors import CacheError
+from .errors import CacheError, require_path
 from .volume import CTVolume, Geometry, without_identifiers
 
 try:
@@ -181,7 +181,7 @@ class CaseCache:
     """
 
     def __init__(self, root: str | os.PathLike[str], *, keep_identifiers: bool = False):
-        self.root = Path(root)
+        self.root = require_path(root, where="root", error=CacheError, what="a folder", fix="pass the cache folder")
         self.keep_identifiers = keep_identifiers
         self._swept = False
 

@@ -68,6 +68,16 @@ def _rebuild(cls: type[CtpipeError], message: str, where: str | None, fix: str |
     return err
 
 
+def require_path(value: Any, *, where: str, error: type[CtpipeError], what: str = "a folder or file", fix: str) -> Path:
+    """``value`` as a :class:`Path` when it is one path (a str or an os.PathLike); else ``error`` naming the argument
+    ``where``, the type and value given, and ``fix``."""
+    import os
+
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise error(f"must be {what} (a str or a pathlib.Path), got {type(value).__name__} {value!r:.200}", where=where, fix=fix)
+
+
 # --- geometry ---------------------------------------------------------------------------
 class GeometryError(CtpipeError, ValueError):
     """Spacing, origin or direction cosines are not a valid LPS geometry."""

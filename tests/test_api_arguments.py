@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+import pipeline as ctp
 from pipeline.detection import detect
-from pipeline.errors import CtpipeError, DicomError, DicomWriteError, LoaderError
+from pipeline.errors import CacheError, CtpipeError, DicomError, DicomWriteError, LoaderError, RunStoreError
 from pipeline.ingest import load_series
 from pipeline.reconstruction import reconstruct
 from pipeline.volume import CTVolume, Geometry
@@ -95,3 +96,23 @@ def test_detect_names_a_score_threshold_that_is_not_a_probability_before_loading
         detect(_TINY, score_threshold=threshold)
     assert _text(err).startswith(f"score_threshold: score threshold {threshold!r} is not in [0, 1]")
     assert err.value.fix == "pass a probability between 0 and 1, or None for the model's operating point"
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "start"),
+    [
+        (lambda: ctp.CaseCache(5), CacheError, "root: must be a folder (a str or a pathlib.Path), got int 5"),
+        (
+            lambda: ctp.open_run(5),
+            RunStoreError,
+            "run_dir: must be a folder (a str or a pathlib.Path), got int 5",
+        ),
+        (lambda: ctp.scan_directory(5), DicomError, "path: must be a folder or file, or a list of them"),
+        (lambda: ctp.scan_directory(["a", 3]), DicomError, "path: must be a folder or file (a str"),
+    ],
+    ids=["CaseCache", "open_run", "scan_directory", "scan_directory list"],
+)
+def test_a_folder_argument_that_is_not_a_path_is_named(call, error, start):
+    with pytest.raises(error) as err:
+        call()
+    assert _text(err).startswith(start)

@@ -24,6 +24,7 @@ from ..errors import (
     SingleSliceError,
     TruncatedFileError,
     UnreadableFileError,
+    require_path,
 )
 from ..volume import CTVolume
 from .build import build_volume, describe, read_volume
@@ -265,16 +266,17 @@ def load_series(
 def _check_load_arguments(path: Any, spacing_tolerance: Any) -> None:
     """:class:`DicomError` naming ``path`` when it is not one path (str or os.PathLike), or ``spacing_tolerance`` when
     it is not a fraction from 0 to 1 (as ``ingest.spacing_tolerance`` in the configuration)."""
-    if not isinstance(path, (str, os.PathLike)):
-        several = isinstance(path, Iterable) and not isinstance(path, (bytes, Mapping))
-        raise DicomError(
-            f"must be one folder or file (a str or a pathlib.Path), got {type(path).__name__} {path!r:.200}",
-            where="path",
-            fix="load one series at a time: load_series(folder); scan_directory(folders) lists the series of several, "
-            "run_batch(folders, out=...) processes them all"
-            if several
-            else "pass the folder holding the series (or one DICOM or NIfTI/MHA/NRRD file) as a str or pathlib.Path",
-        )
+    several = isinstance(path, Iterable) and not isinstance(path, (str, bytes, Mapping))
+    require_path(
+        path,
+        where="path",
+        error=DicomError,
+        what="one folder or file",
+        fix="load one series at a time: load_series(folder); scan_directory(folders) lists the series of several, "
+        "run_batch(folders, out=...) processes them all"
+        if several
+        else "pass the folder holding the series (or one DICOM or NIfTI/MHA/NRRD file) as a str or pathlib.Path",
+    )
     tol = spacing_tolerance
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0.0 <= float(tol) <= 1.0:
         raise DicomError(

@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,13 @@ import numpy as np
 
 from ..errors import (
     CtpipeError,
+    DicomError,
     InconsistentSeriesError,
     MissingSliceError,
     NonUniformSpacingError,
     TruncatedFileError,
     UnreadableFileError,
+    require_path,
 )
 from .build import VolumePlan, describe, plan_volume
 from .discover import SkippedFile, find_files, read_headers
@@ -110,9 +112,11 @@ class ScanResult:
 
 
 def _roots(path: PathArg | Iterable[PathArg]) -> list[Path]:
-    if isinstance(path, (str, os.PathLike)):
-        return [Path(path)]
-    return [Path(p) for p in path]
+    """The folders and files to scan; :class:`DicomError` naming ``path`` for what is neither a path nor paths."""
+    fix = "pass a folder or file, or a list of them, as str or pathlib.Path"
+    if isinstance(path, (str, os.PathLike)) or not isinstance(path, Iterable) or isinstance(path, (bytes, Mapping)):
+        return [require_path(path, where="path", error=DicomError, what="a folder or file, or a list of them", fix=fix)]
+    return [require_path(p, where="path", error=DicomError, what="a folder or file", fix=fix) for p in path]
 
 
 def scan_directory(

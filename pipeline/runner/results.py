@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RunStoreError
+from ..errors import RunStoreError, require_path
 from .dicom_stage import FILES as DICOM_FILES
 from .report import build_report
 from .tables import read_tables
@@ -79,7 +79,9 @@ class RunResults:
     """
 
     def __init__(self, run_dir: str | os.PathLike[str]):
-        self.run_dir = Path(run_dir)
+        self.run_dir = require_path(
+            run_dir, where="run_dir", error=RunStoreError, what="a folder", fix="give a folder written by `ctpipe run --out`"
+        )
         t = read_tables(self.run_dir)
         self.runs: pd.DataFrame = t["runs"]
         self.cases: pd.DataFrame = t["cases"]
