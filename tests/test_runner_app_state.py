@@ -118,3 +118,26 @@ def test_run_batch_in_process_leaves_the_torch_threads_as_they_were(tmp_path):
         torch.set_num_threads(before)
     assert summary.done == 1 and seen == [mine + 1]  # the run's setting while its stages ran
     assert after == mine  # the application's own afterwards
+
+
+def test_forked_workers_still_log_to_run_log_only(app_logging, tmp_path):
+    """Worker processes forked from a notebook inherit its handlers: their records go to run.log, not to the
+    application's handlers (a file here, so that what a worker writes is seen)."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner.stages import IngestStage
+
+    app_file = logging.FileHandler(tmp_path / "app.log")
+    logging.getLogger().addHandler(app_file)
+    try:
+        write_dicom_series(generate_phantom(66, n_nodules=0, **{**PHANTOM, "slices": 12}).volume, tmp_path / "src", seed=66)
+        out = tmp_path / "run"
+        summary = run_batch(
+            [tmp_path / "src"], out=out, stages=[IngestStage(), _Chatty()], workers=1, **{"runner.start_method": "fork"}
+        )
+    finally:
+        logging.getLogger().removeHandler(app_file)
+        app_file.close()
+    assert summary.done == 1
+    assert "chatty warning" in (out / "run.log").read_text()
+    assert "chatty" not in (tmp_path / "app.log").read_text()

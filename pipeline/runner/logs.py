@@ -118,9 +118,10 @@ class _Forward(logging.Handler):
     def __init__(self, threshold: int):
         super().__init__(logging.NOTSET)
         self.threshold = threshold
+        self.pid = os.getpid()  # a worker forked from this process inherits it, and logs to run.log only
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno < self.threshold:
+        if record.levelno < self.threshold or os.getpid() != self.pid:
             return
         parent = logging.getLogger("pipeline").parent
         while parent is not None:
