@@ -360,6 +360,8 @@ class Geometry:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The grid as JSON: ``shape`` [nk, nj, ni], ``spacing`` [si, sj, sk] mm, ``origin`` LPS mm, ``direction`` the
+        9 direction cosines row by row (SimpleITK's ``GetDirection()`` order: column c is index axis c in LPS)."""
         return {
             "shape": list(self.shape),
             "spacing": list(self.spacing),
@@ -369,6 +371,7 @@ class Geometry:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Geometry:
+        """The grid :meth:`to_json` wrote (validated as any new grid)."""
         return cls(
             shape=tuple(data["shape"]),
             spacing=tuple(data["spacing"]),

@@ -244,6 +244,8 @@ class CTVolume(_SpatialArray):
 
     @property
     def series_uid(self) -> str | None:
+        """``metadata["SeriesInstanceUID"]`` as text (for an image file, its name without the ending); None when the
+        metadata has none. Findings, reconstructions and tables are matched to the volume by it."""
         value = self.metadata.get("SeriesInstanceUID")
         return str(value) if value is not None else None
 
