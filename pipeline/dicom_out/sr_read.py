@@ -170,8 +170,10 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
     """The nodule findings of a ctpipe SR as a table, one row per finding, by rank.
 
     Columns (:data:`FINDING_COLUMNS`): ``center_x/y/z`` (centre of the ellipsoid or the point, LPS mm),
-    ``box_min/max_x/y/z`` (the ellipsoid's extent, NaN for a point), ``diameter_mm``, ``long_axis_mm``,
-    ``volume_mm3`` (NaN when not segmented), ``score``, ``side``, ``lobe``, ``composition``, the referenced
+    ``box_min/max_x/y/z`` (the ellipsoid's extent, NaN for a point: around the segmented nodule when it was
+    segmented, else the detector's box), ``diameter_mm`` (the segmented nodule's equivalent diameter, not the detector
+    box's ``diameter_mm`` of ``open_run(...).findings``), ``long_axis_mm``, ``volume_mm3`` (these three NaN when the
+    nodule was not segmented, as in ``ctpipe detect``'s SR), ``score``, ``side``, ``lobe``, ``composition``, the referenced
     source image's ``sop_instance_uid`` (and ``frame_number`` in a multi-frame source), and the ``series_uid`` of the
     images the findings are on (from the SR's evidence: the series holding the referenced image, else the one series
     the evidence names; None when it cannot tell), so that :func:`~pipeline.show` and
