@@ -141,3 +141,43 @@ def test_forked_workers_still_log_to_run_log_only(app_logging, tmp_path):
     assert summary.done == 1
     assert "chatty warning" in (out / "run.log").read_text()
     assert "chatty" not in (tmp_path / "app.log").read_text()
+
+
+@pytest.fixture
+def notebook_backend():
+    """The application's matplotlib backend (a notebook's inline one; svg here) with a figure open."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.get_backend()
+    plt.switch_backend("svg")
+    fig = plt.figure()
+    try:
+        yield fig
+    finally:
+        plt.close("all")
+        plt.switch_backend(before)
+
+
+def test_a_run_s_report_and_finding_figures_leave_the_matplotlib_backend_alone(notebook_backend, tmp_path):
+    """The report's plots and a finding's PNG are drawn without switching the application's backend, which would
+    close its figures and stop a notebook showing any more."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from pipeline.detection.figures import finding_png
+    from pipeline.detection.findings import Finding
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner.stages import IngestStage
+
+    ph = generate_phantom(67, n_nodules=1, **{**PHANTOM, "slices": 12})
+    write_dicom_series(ph.volume, tmp_path / "src", seed=67)
+    out = tmp_path / "run"
+    summary = run_batch([tmp_path / "src"], out=out, stages=[IngestStage()], workers=0, **{"report.enabled": True})
+    assert summary.report_html is not None and summary.report_html.is_file()
+    c = ph.nodules[0].center_lps
+    f = Finding(c, tuple(v - 4 for v in c), tuple(v + 4 for v in c), 8.0, 0.9, (32, 32, 6), 7)
+    assert finding_png(ph.volume, f).startswith(b"\x89PNG")
+    assert matplotlib.get_backend() == "svg"
+    assert plt.fignum_exists(notebook_backend.number)

@@ -153,9 +153,6 @@ class FrocResult:
         return paths
 
     def _png(self) -> bytes:
-        import matplotlib
-
-        matplotlib.use("Agg")
         from matplotlib.figure import Figure
 
         fig = Figure(figsize=(6, 4.5), dpi=100)

@@ -9,7 +9,7 @@ would otherwise show up upside down and mirrored): the series' voxels, transpose
 a reader can tell a nodule (round in all three planes) from a vessel (a line in at least one). The title names the
 slice as the scanner numbered it (its InstanceNumber, or frame number, when the series metadata lists them; see
 :func:`.findings.slice_ref`) and any quality flag of the findings (thick slices). Only reported findings get a PNG.
-Rendering uses matplotlib's Agg backend (no display).
+The figures are drawn without pyplot (no display, and the calling application's matplotlib backend left as it is).
 """
 
 from __future__ import annotations
@@ -101,8 +101,6 @@ def finding_png(
     its centre, blank beyond the series' first and last slices. ``warning`` (e.g. the thick-slice flag) is written under the title, ``footer`` (the model) at the
     bottom."""
     import matplotlib
-
-    matplotlib.use("Agg")
     from matplotlib.figure import Figure
     from matplotlib.patches import Circle, Rectangle
 

@@ -71,12 +71,18 @@ class Report:
 
 
 # -- plots --------------------------------------------------------------------------------------------
+def _subplots(figsize: tuple[float, float]) -> tuple[Any, Any]:
+    """A figure and its axes drawn without pyplot, so the calling application's backend and figures stay as they
+    are (a notebook keeps showing its plots)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.add_subplot()
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -88,15 +94,11 @@ def shared_bins(series: Sequence[Any], *, n: int = 30) -> np.ndarray:
 
 
 def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
     import pandas as pd
 
     out: dict[str, str] = {}
     done = t["cases"][t["cases"].status == "done"]
-    fig, ax = plt.subplots(figsize=(8, 3))
+    fig, ax = _subplots(figsize=(8, 3))
     if len(done):
         ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
         counts = ended.dt.floor(f"{bin_minutes}min").value_counts().sort_index()
@@ -107,7 +109,7 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     out["throughput"] = _png(fig)
 
     ok = t["stages"][t["stages"].status == "ok"]
-    fig, ax = plt.subplots(figsize=(8, 3))
+    fig, ax = _subplots(figsize=(8, 3))
     series = [("end to end", done.latency_s.dropna())] if len(done) else []
     series += [(s, ok[ok.stage == s].wall_s.dropna()) for s in summary["latency_s"] if s != "end_to_end"]
     edges = [float(e) for e in shared_bins([v for _, v in series])]
@@ -124,7 +126,7 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     out["latency"] = _png(fig)
 
     stages = [s for s in summary["latency_s"] if s != "end_to_end"]
-    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * max(1, len(stages))))
+    fig, ax = _subplots(figsize=(8, 0.5 + 0.5 * max(1, len(stages))))
     means = [summary["latency_s"][s]["mean"] or 0.0 for s in stages]
     waits = [summary["queue_wait_s"][s]["mean"] or 0.0 for s in stages]
     y = np.arange(len(stages))
@@ -139,7 +141,7 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
 
     gpu = t["gpu"]
     if len(gpu):
-        fig, ax = plt.subplots(figsize=(8, 3))
+        fig, ax = _subplots(figsize=(8, 3))
         gpu_lines(ax, gpu)
         ax.set_ylabel("utilisation %")
         ax.set_title("GPU utilisation (NVML)")
