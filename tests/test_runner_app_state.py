@@ -181,3 +181,24 @@ def test_a_run_s_report_and_finding_figures_leave_the_matplotlib_backend_alone(n
     assert finding_png(ph.volume, f).startswith(b"\x89PNG")
     assert matplotlib.get_backend() == "svg"
     assert plt.fignum_exists(notebook_backend.number)
+
+
+def test_a_run_with_worker_processes_leaves_the_environment_as_it_was(tmp_path, monkeypatch):
+    """The workers' hash seed and native thread counts are set for them, not left in the calling process' environment
+    for whatever it starts later (a notebook's next run with other settings, its shell commands)."""
+    import os
+
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner.stages import IngestStage
+
+    for var in ("PYTHONHASHSEED", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "7")
+    write_dicom_series(generate_phantom(68, n_nodules=0, **{**PHANTOM, "slices": 12}).volume, tmp_path / "src", seed=68)
+    summary = run_batch(
+        [tmp_path / "src"], out=tmp_path / "run", stages=[IngestStage()], workers=1, **{"runner.torch_threads": 1}
+    )
+    assert summary.done == 1
+    assert [v for v in ("PYTHONHASHSEED", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS") if v in os.environ] == []
+    assert os.environ["MKL_NUM_THREADS"] == "7"

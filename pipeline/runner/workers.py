@@ -178,6 +178,10 @@ class InlineExecutor:
         pass
 
 
+#: environment variables the worker processes are started with (the hash seed, native thread pools' sizes)
+_WORKER_ENVIRON = ("PYTHONHASHSEED", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 # -- worker processes ----------------------------------------------------------------------
 def _watch_parent(parent_pid: int) -> None:
     """Exit at once when the main process is gone (e.g. killed with SIGKILL)."""
@@ -307,6 +311,8 @@ class ProcessExecutor:
         self.depth = queue_depth
         self.torch_threads = torch_threads
         self.stage_timeout_s = stage_timeout_s  # 0: no limit
+        # the calling process' own settings of what the workers are started with, put back by close()
+        self._environ_before = {var: os.environ.get(var) for var in _WORKER_ENVIRON}
         # the same hash seed in every worker and run: set/dict iteration orders, and so every output file,
         # are then reproducible from run to run (a resumed run writes exactly what an uninterrupted one would)
         os.environ.setdefault("PYTHONHASHSEED", "0")
@@ -490,6 +496,11 @@ class ProcessExecutor:
                 w.proc.join(timeout=5)
         for w in self.workers:
             w.conn.close()
+        for var, value in self._environ_before.items():  # a notebook's later subprocesses get its own settings
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
 
 
 def _failed(w: _Worker, t: Task, error_class: str, error: str, *, worker_died: bool = False) -> TaskResult:
