@@ -202,6 +202,17 @@ def _capacity(c: dict[str, Any]) -> str:
     )
 
 
+def _copies_note(copies: list[dict[str, str]]) -> str:
+    """The page's note on runs found in several of the report's folders (copies), each counted once."""
+    if not copies:
+        return ""
+    items = "".join(f"<li>run {_e(c['run_id'])} of {_e(c['kept_in'])} is also in {_e(c['run_dir'])}</li>" for c in copies)
+    return (
+        "<p><b>Copied runs, counted once:</b> these runs appear in more than one of the folders (a run folder copied "
+        f"or synced elsewhere); their cases and times are counted in the first folder only.</p><ul>{items}</ul>"
+    )
+
+
 #: The run-status banner of the page sits between these markers (:func:`status_banner`), so that a run starting can
 #: replace it in the page written before it (:func:`pipeline.runner.report.mark_run_started`).
 STATUS_START, STATUS_END = "<!-- run-status -->", "<!-- /run-status -->"
@@ -237,6 +248,7 @@ td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
 {status_banner(s["status"]) if "status" in s else ""}
 <p>Runs: {s["runs"]} in {_e(", ".join(s["run_dirs"]))} &middot; devices: {_e(", ".join(s["devices"]) or "?")}
 &middot; generated {_e(s["generated_at"])}</p>
+{_copies_note(s.get("copied_runs") or [])}
 <p class="big"><b>{_e(s["projection"])}</b></p>
 <p>{_e(s["capacity"]["text"])}</p>
 <p class="big">{_quality_headline(s["quality"])}</p>

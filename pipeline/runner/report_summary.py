@@ -26,7 +26,9 @@ Runs (``runs.csv``): each case is counted once, in the run of its latest attempt
 kill does not count again what the killed run finished, and a killed run (no end
 record) shows what it finished. A run without an end record that a later run of
 its folder followed, or whose process is gone, is shown ``interrupted``, and so
-is a case it left ``running`` (:func:`.tables.run_status`).
+is a case it left ``running`` (:func:`.tables.run_status`). A run found in several of
+the folders (a run folder copied or synced elsewhere and named beside the original)
+counts once, with its cases (:func:`.tables.drop_copies`); ``copied_runs`` lists the copies.
 
 The per-GPU figures and the comparison with the reference deployment appear only when a run recorded a
 GPU device; without one the capacity model speaks of model workers.
@@ -34,6 +36,7 @@ GPU device; without one the capacity model speaks of model workers.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -44,7 +47,9 @@ from typing import Any
 import numpy as np
 
 from .capacity import estimate
-from .tables import case_status, finishing_run, read_tables, run_status, utc_text
+from .tables import case_status, drop_copies, finishing_run, read_tables, run_status, utc_text
+
+log = logging.getLogger(__name__)
 
 PCTS = (50, 90, 99)
 #: The fewest completed cases, and active minutes, a cases/day projection is made from (see the module docstring).
@@ -330,9 +335,20 @@ def summarize(
     unique = list(dict.fromkeys(Path(d).resolve() for d in run_dirs))
     tables = [read_tables(d) for d in unique]
     t = {k: pd.concat([x[k] for x in tables], ignore_index=True) for k in tables[0]}
+    t["runs"]["status"] = run_status(t["runs"])
+    t["cases"]["status"] = case_status(t["cases"], t["runs"])
+    state = run_state(t["runs"])
+    t, copies = drop_copies(t)  # a copied run folder named beside its original: its runs and cases count once
+    for c in copies:
+        log.warning(
+            "run %s of %s is also in %s (a copy of the folder): counted once, in %s",
+            c["run_id"],
+            c["kept_in"],
+            c["run_dir"],
+            c["kept_in"],
+            extra={"event": "report_copied_run"},
+        )
     runs, cases, stages = t["runs"], t["cases"], t["stages"]
-    runs["status"] = run_status(runs)
-    cases["status"] = case_status(cases, runs)
     done = cases[cases.status == "done"].copy()
     failed = cases[cases.status == "failed"].copy()
     intervals = []
@@ -392,7 +408,8 @@ def summarize(
             "unfinished": int(len(cases) - len(done) - len(failed)),
             "interrupted": interrupted,
         },
-        "status": run_state(runs),
+        "status": state,
+        "copied_runs": copies,
         "runs_table": _runs_table(runs, cases, finishing_run(cases, stages), durations),
         "active_hours": active_s / 3600.0,
         "throughput": {

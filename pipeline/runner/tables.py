@@ -228,3 +228,64 @@ def utc_text(seconds: pd.Series) -> pd.Series:
 
     stamps = pd.to_datetime(pd.to_numeric(seconds, errors="coerce"), unit="s", utc=True)
     return stamps.dt.strftime("%Y-%m-%dT%H:%M:%SZ").astype(object).where(stamps.notna(), None)
+
+
+def drop_copies(t: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[dict[str, str]]]:
+    """The combined tables of several run folders (``t``: :func:`read_tables` of each, concatenated in the order the
+    folders were given) with what a copied run folder repeats counted once.
+
+    A run id names one run: a run found in several folders (a folder copied, backed up or synced elsewhere and named
+    beside the original) is kept in the first folder that holds it, and its rows elsewhere (the run, its stage
+    attempts, skipped files and GPU samples) are dropped. A case row whose latest attempt is such a dropped run is
+    dropped too, and so is a case row that another folder sharing that run carries on with a later attempt (the copy
+    was resumed): each case of a shared history counts once, with its latest outcome. Runs and cases of a folder's
+    own are kept. Returns the tables and one entry per dropped run (``run_id``, ``run_dir``: the copy, ``kept_in``).
+    """
+    runs, cases, stages = t["runs"], t["cases"], t["stages"]
+    first: dict[str, str] = {}
+    for d, r in zip(runs.run_dir, runs.run_id):
+        first.setdefault(str(r), str(d))
+    dropped = {(str(d), str(r)) for d, r in zip(runs.run_dir, runs.run_id) if first[str(r)] != str(d)}
+    if not dropped:
+        return t, []
+    folder_runs: dict[str, set[str]] = {}
+    for d, r in zip(runs.run_dir, runs.run_id):
+        folder_runs.setdefault(str(d), set()).add(str(r))
+    fin = finishing_run(cases, stages)
+    attempts: dict[str, list[tuple[str, int]]] = {}  # case key -> (folder, attempt) of each folder holding it
+    for d, k, n in zip(cases.run_dir, cases.case_key, cases.attempts):
+        attempts.setdefault(str(k), []).append((str(d), int(n)))
+    keep_case = []
+    for d, k, n, f in zip(cases.run_dir, cases.case_key, cases.attempts, fin):
+        d, f = str(d), str(f)
+        resumed_elsewhere = any(od != d and on > int(n) and f in folder_runs[od] for od, on in attempts[str(k)])
+        keep_case.append((d, f) not in dropped and not resumed_elsewhere)
+    kept_cases = _rows(cases, keep_case)
+    kept_pairs = set(zip(kept_cases.run_dir.astype(str), kept_cases.case_key.astype(str)))
+
+    def own_run(df: pd.DataFrame) -> pd.DataFrame:
+        return _rows(df, [(str(d), str(r)) not in dropped for d, r in zip(df.run_dir, df.run_id)])
+
+    def kept_case(df: pd.DataFrame) -> pd.DataFrame:
+        return _rows(df, [(str(d), str(k)) in kept_pairs for d, k in zip(df.run_dir, df.case_key)])
+
+    out = {
+        **t,
+        "runs": own_run(runs),
+        "cases": kept_cases,
+        "stages": own_run(stages),
+        "findings": kept_case(t["findings"]),
+        "measurements": kept_case(t["measurements"]),
+        "quality": kept_case(t["quality"]),
+        "skipped": own_run(t["skipped"]),
+        "gpu": t["gpu"].drop_duplicates(subset=["run_id", "t", "gpu"]),
+    }
+    copies = [{"run_id": r, "run_dir": d, "kept_in": first[r]} for d, r in sorted(dropped)]
+    return out, copies
+
+
+def _rows(df: pd.DataFrame, keep: list[bool]) -> pd.DataFrame:
+    """The rows of ``df`` where ``keep`` is true (an empty ``df`` stays itself, columns and all)."""
+    import pandas as pd
+
+    return df[pd.Series(keep, index=df.index, dtype=bool)]

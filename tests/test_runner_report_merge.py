@@ -1,0 +1,69 @@
+"""A report over several run folders counts every run and case once: a run folder copied (a backup, a sync to an
+archive) and named beside its original adds nothing, and a copy resumed elsewhere counts each case once, with its
+latest outcome."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pipeline.csvfile import read_table
+from pipeline.runner import build_report
+from pipeline.runner.report import summarize
+from pipeline.runner.store import RunStore
+from tests.test_runner_report_tables import T0, _begin, _clock, _dead_pid, _done, _start
+
+
+def _finished(run_dir: Path) -> Path:
+    """One completed run (r1, 10 minutes) that finished cases a and b."""
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    _done(store, "a", "r1", findings=1)
+    _done(store, "b", "r1")
+    store.end_run("r1", status="completed", n_cases=2, n_done=2, n_failed=0, n_skipped=0)
+    store.close()
+    _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ?", (T0, T0 + 600))
+    return run_dir
+
+
+def test_a_copied_run_folder_beside_its_original_counts_once(tmp_path):
+    original = _finished(tmp_path / "runs" / "night1")
+    copy = tmp_path / "archive" / "night1"
+    shutil.copytree(original, copy)
+    alone, _ = summarize([original])
+    both = build_report([original, copy], tmp_path / "rep")
+    s = both.summary
+    assert s["cases"] == alone["cases"] and s["cases"]["done"] == 2  # not 4
+    assert s["throughput"]["cases_per_hour"] == alone["throughput"]["cases_per_hour"] == 12.0  # 2 cases in 10 min
+    assert s["runs"] == 1 and [r["run_id"] for r in s["runs_table"]] == ["r1"]
+    assert s["latency_s"]["ingest"]["n"] == 2  # each stage attempt once
+    assert s["quality"]["done"] == 2
+    assert s["copied_runs"] == [{"run_id": "r1", "run_dir": str(copy.resolve()), "kept_in": str(original.resolve())}]
+    assert [r["n_done"] for r in read_table(both.out_dir / "runs.csv").rows] == ["2"]
+    assert len(read_table(both.out_dir / "cases.csv").rows) == 2
+    page = both.html.read_text()
+    assert "Copied runs, counted once" in page and str(copy.resolve()) in page
+
+
+def test_a_copy_resumed_elsewhere_counts_each_case_once_with_its_latest_outcome(tmp_path):
+    original = tmp_path / "node-a"
+    store = RunStore(original)
+    _start(store, "r1", pid=_dead_pid())
+    _done(store, "a", "r1")
+    _begin(store, "b", "r1", {"ingest": "ok", "detect": "running"})  # killed here
+    store.close()
+    resumed = tmp_path / "node-b"
+    shutil.copytree(original, resumed)  # moved to another machine, which resumes it
+    store = RunStore(resumed)
+    store.mark_abandoned_runs()
+    _start(store, "r2", pid=_dead_pid())
+    _done(store, "b", "r2")
+    _done(store, "c", "r2")
+    store.end_run("r2", status="completed", n_cases=3, n_done=2, n_failed=0, n_skipped=0)
+    store.close()
+    _clock(resumed, "UPDATE runs SET started_at = ?, ended_at = ? WHERE run_id = 'r2'", (T0 + 600, T0 + 900))
+    s, _ = summarize([original, resumed])
+    assert s["cases"]["total"] == 3 and s["cases"]["done"] == 3 and s["cases"]["interrupted"] == 0
+    runs = {r["run_id"]: r for r in s["runs_table"]}
+    assert sorted(runs) == ["r1", "r2"] and (runs["r1"]["n_done"], runs["r2"]["n_done"]) == (1, 2)
+    assert [c["run_id"] for c in s["copied_runs"]] == ["r1"]
