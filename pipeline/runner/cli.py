@@ -96,6 +96,13 @@ def register(sub: Any) -> None:
     r.add_argument(
         "--cpu-workers", type=number_in(int, 0), metavar="W", help="capacity model: CPU workers per node (default: the runs' own)"
     )
+    r.add_argument(
+        "--timezone",
+        metavar="ZONE",
+        type=_zone_name,
+        help="IANA time zone of the completed cases per day (e.g. Europe/Berlin; default: this machine's local time, "
+        "$TZ); the UTC days are given too",
+    )
     r.set_defaults(func=_report)
 
 
@@ -262,6 +269,17 @@ def _run(args: argparse.Namespace) -> int:
     return code
 
 
+def _zone_name(text: str) -> str:
+    """An argparse ``type``: ``text`` if it names a time zone (IANA), else the error naming it and the fix."""
+    from ..errors import ConfigError
+    from .report_days import report_zone
+
+    try:
+        return report_zone(text)[1]
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def _report(args: argparse.Namespace) -> int:
     from ..atomic import ensure_dir
     from .report import build_report
@@ -276,6 +294,7 @@ def _report(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         nodes=args.nodes,
         cpu_workers=args.cpu_workers,
+        timezone=args.timezone,
     )
     status = rep.summary["status"]
     if status["state"] in ("in_progress", "interrupted"):  # the figures are not those of a finished run

@@ -14,7 +14,9 @@ run-status line say whether the latest run of each folder is in progress, was in
 
 The CSV files are UTF-8 with a byte-order mark (Excel reads them as UTF-8), their
 times ISO 8601 UTC (``2026-12-04T10:15:03Z``, columns named ``..._utc``), their
-column names carry the unit (``p50_s``: seconds).
+column names carry the unit (``p50_s``: seconds). Completed cases per day are given per UTC day
+(``throughput_daily.csv``) and per local day of a named time zone (``throughput_daily_local.csv``, whose
+``timezone`` column names it).
 """
 
 from __future__ import annotations
@@ -250,17 +252,21 @@ def build_report(
     gpus: int | None = None,
     nodes: int = 1,
     cpu_workers: int | None = None,
+    timezone: str | None = None,
 ) -> Report:
     """Write ``report.html``, ``report.json`` and CSV tables for ``run_dirs`` into ``out_dir``.
 
     ``gpus``, ``nodes`` and ``cpu_workers`` (per node) set the cluster of the capacity model (``summary["capacity"]``;
-    defaults: the runs' own GPUs and CPU workers, one node).
+    defaults: the runs' own GPUs and CPU workers, one node). ``timezone``: the IANA time zone of the completed cases per
+    local day (``throughput_daily_local.csv``, the page's daily table; default: this machine's local time).
     """
     import pandas as pd
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summary, t = summarize(run_dirs, hours_per_day=hours_per_day, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers)
+    summary, t = summarize(
+        run_dirs, hours_per_day=hours_per_day, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers, timezone=timezone
+    )
     summary["status"]["figures_from"] = figures_from(summary)
     if summary["status"]["state"] == "in_progress":
         summary["status"]["note"] = f"the figures below are as of {summary['generated_at']}, while it runs"
@@ -278,6 +284,10 @@ def build_report(
         "latency.csv": _latency_table(summary["latency_s"]),
         "latency_by_node.csv": _node_latency_table(summary["latency_by_node_s"]),
         "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
+        "throughput_daily_local.csv": pd.DataFrame(
+            [(day, summary["throughput"]["timezone"], n) for day, n in summary["throughput"]["per_day_local"].items()],
+            columns=["day_local", "timezone", "cases"],
+        ),
         "throughput_hourly.csv": pd.DataFrame(
             [(f"{hour.replace(' ', 'T')}:00Z", n) for hour, n in summary["throughput"]["per_hour_utc"].items()],
             columns=["hour_utc", "cases"],

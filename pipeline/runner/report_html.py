@@ -238,6 +238,7 @@ def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[
         for f in s["failed_cases"]
     )
     daily = "".join(f"<tr><td>{_e(d)}</td><td>{n}</td></tr>" for d, n in s["throughput"]["per_day_utc"].items())
+    local = "".join(f"<tr><td>{_e(d)}</td><td>{n}</td></tr>" for d, n in s["throughput"].get("per_day_local", {}).items())
     sk = s["skipped"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ctpipe throughput report</title>
 <style>body{{font-family:sans-serif;max-width:72em;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
@@ -264,7 +265,9 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 {_case_table(rows)}
 <h2>Capacity model</h2>{_capacity(s["capacity"])}
 <h2>Throughput</h2>{img("throughput", "throughput over time")}
-<table><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
+<p>Completed cases per calendar day, local time ({_e(s["throughput"].get("timezone", "?"))}) and UTC:</p>
+<table style="display:inline-table;margin-right:2em"><tr><th>day ({_e(s["throughput"].get("timezone", "?"))})</th><th>cases</th></tr>{local}</table>
+<table style="display:inline-table"><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
 <h2>Latency (seconds)</h2>{_stat_table(s["latency_s"], "stage")}{img("latency", "latency histogram")}
 <h2>Stage breakdown</h2>{img("stages", "stage breakdown")}
 <h3>Queue wait (seconds)</h3>{_stat_table(s["queue_wait_s"], "stage")}

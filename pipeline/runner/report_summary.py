@@ -1,8 +1,9 @@
 """The numbers of a throughput report over one or more run folders (:func:`summarize`, JSON-able);
 :mod:`.report` writes them out as HTML, CSV and JSON.
 
-Figures: completed cases per hour and per calendar day (UTC; an hour or day during which
-a run was active without completing a case is listed with 0); the measured
+Figures: completed cases per hour and per calendar day (UTC, and per local day in a named time zone,
+:mod:`.report_days`; an hour or day during which a run was active without completing a case is listed
+with 0); the measured
 rate (completed cases ÷ hours during which runs were active, overlapping runs
 counted once; over the runs of several machines, their combined rate, and the
 headline names the machines) and its projection to cases per day; latency p50/p90/p99 per
@@ -47,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from .capacity import estimate
+from .report_days import per_local_day
 from .tables import case_status, drop_copies, finishing_run, read_tables, run_status, utc_text
 
 log = logging.getLogger(__name__)
@@ -321,13 +323,15 @@ def summarize(
     gpus: int | None = None,
     nodes: int = 1,
     cpu_workers: int | None = None,
+    timezone: str | None = None,
 ) -> tuple[dict[str, Any], dict]:
     """Summary numbers (JSON-able) and the combined DataFrames of ``run_dirs``.
 
     ``run_dirs`` are resolved and named once each, in the order given. In the DataFrames, ``runs.status`` and
     ``cases.status`` are as the report shows them (killed runs and their cases ``interrupted``; see
     :func:`.tables.run_status`). ``gpus``, ``nodes``, ``cpu_workers`` (per node): the capacity model's cluster
-    (see :func:`.capacity.estimate`; defaults: the runs' own GPUs and CPU workers, one node).
+    (see :func:`.capacity.estimate`; defaults: the runs' own GPUs and CPU workers, one node). ``timezone``: the IANA
+    zone of the completed cases per local day (``throughput.per_day_local``; default: this machine's local time).
     """
     import pandas as pd
 
@@ -422,6 +426,7 @@ def summarize(
             "projection_rule": f"at least {MIN_CASES_TO_PROJECT} completed cases and {MIN_MINUTES_TO_PROJECT:g} active minutes",
             "per_hour_utc": {k.strftime("%Y-%m-%d %H:00"): int(v) for k, v in hourly.items()},
             "per_day_utc": {str(k): int(v) for k, v in daily.items()},
+            **per_local_day(done, intervals, timezone),
         },
         "latency_s": {"end_to_end": _pct(done.latency_s), **latency},
         "latency_by_node_s": by_node,
