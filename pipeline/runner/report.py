@@ -73,18 +73,12 @@ class Report:
 
 
 # -- plots --------------------------------------------------------------------------------------------
-def _subplots(figsize: tuple[float, float]) -> tuple[Any, Any]:
-    """A figure and its axes drawn without pyplot, so the calling application's backend and figures stay as they
-    are (a notebook keeps showing its plots)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize)
-    return fig, fig.add_subplot()
-
-
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -96,54 +90,64 @@ def shared_bins(series: Sequence[Any], *, n: int = 30) -> np.ndarray:
 
 
 def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
     import pandas as pd
+    from matplotlib.ticker import MaxNLocator
 
     out: dict[str, str] = {}
     done = t["cases"][t["cases"].status == "done"]
-    fig, ax = _subplots(figsize=(8, 3))
-    if len(done):
+    if len(done):  # no completed case: no empty axes (the page says why there is no plot)
+        fig, ax = plt.subplots(figsize=(8, 3))
         ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
         counts = ended.dt.floor(f"{bin_minutes}min").value_counts().sort_index()
         ax.bar(counts.index, counts.values, width=bin_minutes / 1440.0 * 0.9, align="edge", color="#3a7bd5")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole cases
         fig.autofmt_xdate()
-    ax.set_title(f"Completed cases per {bin_minutes} min (UTC)")
-    ax.set_ylabel("cases")
-    out["throughput"] = _png(fig)
+        ax.set_title(f"Completed cases per {bin_minutes} min (UTC)")
+        ax.set_ylabel("cases")
+        out["throughput"] = _png(fig)
 
     ok = t["stages"][t["stages"].status == "ok"]
-    fig, ax = _subplots(figsize=(8, 3))
-    series = [("end to end", done.latency_s.dropna())] if len(done) else []
-    series += [(s, ok[ok.stage == s].wall_s.dropna()) for s in summary["latency_s"] if s != "end_to_end"]
-    edges = [float(e) for e in shared_bins([v for _, v in series])]
-    for n, (label, values) in enumerate(series):
-        if len(values):
-            end_to_end = n == 0 and len(done) > 0
-            ax.hist(values, bins=edges, alpha=0.8 if end_to_end else 0.5, label=label, color="#333333" if end_to_end else None)
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("cases")
-    ax.set_title("Latency histogram")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: no bar hidden
-        fig.tight_layout()
-    out["latency"] = _png(fig)
+    if len(ok):  # no completed stage: no latency or stage plot
+        fig, ax = plt.subplots(figsize=(8, 3))
+        series = [("end to end", done.latency_s.dropna())] if len(done) else []
+        series += [(s, ok[ok.stage == s].wall_s.dropna()) for s in summary["latency_s"] if s != "end_to_end"]
+        edges = [float(e) for e in shared_bins([v for _, v in series])]
+        for n, (label, values) in enumerate(series):
+            if len(values):
+                end_to_end = n == 0 and len(done) > 0
+                ax.hist(
+                    values, bins=edges, alpha=0.8 if end_to_end else 0.5, label=label, color="#333333" if end_to_end else None
+                )
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("cases")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title("Latency histogram")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: no bar hidden
+            fig.tight_layout()
+        out["latency"] = _png(fig)
 
-    stages = [s for s in summary["latency_s"] if s != "end_to_end"]
-    fig, ax = _subplots(figsize=(8, 0.5 + 0.5 * max(1, len(stages))))
-    means = [summary["latency_s"][s]["mean"] or 0.0 for s in stages]
-    waits = [summary["queue_wait_s"][s]["mean"] or 0.0 for s in stages]
-    y = np.arange(len(stages))
-    ax.barh(y, means, color="#3a7bd5", label="wall time (mean)")
-    ax.barh(y, waits, left=means, color="#f0a030", label="queue wait (mean)")
-    ax.set_yticks(y, stages)
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds per case")
-    ax.set_title("Stage breakdown")
-    ax.legend(fontsize=8)
-    out["stages"] = _png(fig)
+        stages = [s for s in summary["latency_s"] if s != "end_to_end"]
+        fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * max(1, len(stages))))
+        means = [summary["latency_s"][s]["mean"] or 0.0 for s in stages]
+        waits = [summary["queue_wait_s"][s]["mean"] or 0.0 for s in stages]
+        y = np.arange(len(stages))
+        ax.barh(y, means, color="#3a7bd5", label="wall time (mean)")
+        ax.barh(y, waits, left=means, color="#f0a030", label="queue wait (mean)")
+        ax.set_yticks(y, stages)
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds per case")
+        ax.set_title("Stage breakdown")
+        ax.legend(fontsize=8)
+        out["stages"] = _png(fig)
 
     gpu = t["gpu"]
     if len(gpu):
-        fig, ax = _subplots(figsize=(8, 3))
+        fig, ax = plt.subplots(figsize=(8, 3))
         gpu_lines(ax, gpu)
         ax.set_ylabel("utilisation %")
         ax.set_title("GPU utilisation (NVML)")

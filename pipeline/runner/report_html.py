@@ -172,6 +172,8 @@ def _quality_headline(q: dict[str, Any]) -> str:
 
 def _capacity(c: dict[str, Any]) -> str:
     """The capacity model's section: per-stage busy time, the two groups' rates, the assumptions."""
+    if c["cases_per_day"] is None:  # nothing completed: no rate, no bottleneck, no table of stages
+        return f"<p>{_e(c['text'])}.</p>"
     rows = "".join(
         f"<tr><td>{_e(name)}</td><td>{_e(v['group'])}</td><td>{v['busy_s']:.3f}</td><td>{v['passes']}</td></tr>"
         for name, v in c["stages"].items()
@@ -213,6 +215,15 @@ def _copies_note(copies: list[dict[str, str]]) -> str:
     )
 
 
+#: Why a plot is missing from the page: nothing was measured that it could show (see ``report._plots``).
+NO_PLOT = {
+    "throughput": "no case completed",
+    "latency": "no stage completed",
+    "stages": "no stage completed",
+    "gpu": "no GPU samples",
+}
+
+
 #: The run-status banner of the page sits between these markers (:func:`status_banner`), so that a run starting can
 #: replace it in the page written before it (:func:`pipeline.runner.report.mark_run_started`).
 STATUS_START, STATUS_END = "<!-- run-status -->", "<!-- /run-status -->"
@@ -232,7 +243,9 @@ def status_banner(status: dict[str, Any]) -> str:
 def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[str, Any]], skipped: Any) -> str:
     """The report page (see the module docstring)."""
     s = summary
-    img = lambda k, alt: f'<img alt="{alt}" src="data:image/png;base64,{plots[k]}">' if k in plots else ""  # noqa: E731
+    img = lambda k, alt: (  # noqa: E731
+        f'<img alt="{alt}" src="data:image/png;base64,{plots[k]}">' if k in plots else f"<p>no plot: {NO_PLOT[k]}</p>"
+    )
     fails = "".join(
         f"<tr><td>{_e(f['case_id'])}</td><td>{_e(f['stage'])}</td><td>{_e(f['error_class'])}</td><td>{_e(f['reason'])}</td></tr>"
         for f in s["failed_cases"]
@@ -272,7 +285,7 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 <h2>Stage breakdown</h2>{img("stages", "stage breakdown")}
 <h3>Queue wait (seconds)</h3>{_stat_table(s["queue_wait_s"], "stage")}
 <h2>Failures by reason</h2>{_stat_table({k: {"cases": v} for k, v in s["failures_by_reason"].items()}, "error class")}
-<table><tr><th>case</th><th>stage</th><th>error class</th><th>reason</th></tr>{fails}</table>
+{f"<table><tr><th>case</th><th>stage</th><th>error class</th><th>reason</th></tr>{fails}</table>" if fails else ""}
 <h2>Skipped by discovery</h2>{_skipped_table(skipped)}
 {"<h2>GPU</h2>" + _stat_table(s["gpu"], "gpu") + img("gpu", "GPU utilisation") if s["gpu"] else ""}
 </body></html>
