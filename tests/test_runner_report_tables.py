@@ -189,6 +189,12 @@ def test_csv_findings_are_whole_numbers_and_empty_for_failed_cases(report_dir):
     assert {r["case_id"]: r["n_findings"] for r in rows} == {"a": "2", "b": "1", "c": "0", "bad": ""}
 
 
+def test_csv_run_counts_are_whole_numbers_and_empty_where_not_recorded(report_dir):
+    rows = read_table(report_dir / "runs.csv").rows
+    counts = {r["run_id"]: (r["n_done"], r["n_failed"], r["n_failed_earlier"]) for r in rows}
+    assert counts == {"r1": ("1", "0", ""), "r2": ("2", "0", "0"), "r3": ("0", "1", "0")}  # r1 was killed: no end record
+
+
 def test_csv_latency_columns_name_their_unit(report_dir):
     latency = read_table(report_dir / "latency.csv")
     assert latency.columns == ["stage", "n", "mean_s", "p50_s", "p90_s", "p99_s"]

@@ -284,7 +284,8 @@ def build_report(
         out / STATUS_JSON, json.dumps({**summary["status"], "updated_at": summary["generated_at"]}, indent=1).encode()
     )
     tables = {
-        "runs.csv": pd.DataFrame(summary["runs_table"], columns=RUNS_COLUMNS),
+        # counts as whole numbers; n_failed_earlier empty for a run without an end record (not 0.0 beside it)
+        "runs.csv": pd.DataFrame(summary["runs_table"], columns=RUNS_COLUMNS).astype({"n_failed_earlier": "Int64"}),
         "latency.csv": _latency_table(summary["latency_s"]),
         "latency_by_node.csv": _node_latency_table(summary["latency_by_node_s"]),
         "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
