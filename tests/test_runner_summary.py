@@ -93,6 +93,24 @@ def test_a_rerun_tells_cases_still_quarantined_from_earlier_runs_from_new_ones(t
     assert (_run_end(out)["quarantined_new"], _run_end(out)["quarantined_earlier"]) == (1, 0)
 
 
+def test_the_run_end_record_carries_the_summary_lines_figures(tmp_path, capsys, own_signals, ingest_only):
+    from tests._support.dicom import write_series
+
+    src, out = tmp_path / "incoming", tmp_path / "run"
+    _gap_series(src / "gap")
+    write_series(src / "good", n=12, series_uid="1.2.3.4243")
+    argv = ["run", str(src), "--out", str(out), "--workers", "0", "--quiet", "--set", "report.enabled=false"]
+    assert main(argv) == 3
+    assert main(argv) == 3  # the rerun: the good case done earlier, the bad one still quarantined
+    line = capsys.readouterr().out.splitlines()
+    end = _run_end(out)
+    figures = {k: end[k] for k in ("cases", "done", "done_earlier", "quarantined_new", "quarantined_earlier", "unfinished")}
+    assert figures == {"cases": 2, "done": 0, "done_earlier": 1, "quarantined_new": 0, "quarantined_earlier": 1, "unfinished": 0}
+    assert end["exit_status"] == 3 == _metric(out / "metrics.prom", "ctpipe_run_exit_status")
+    summary = [ln for ln in line if ln.startswith("run ")][-1]
+    assert summary.endswith(f"of 2, in {end['elapsed_s']:.1f} s"), (summary, end)
+
+
 def test_the_report_lists_per_run_the_cases_still_quarantined_from_earlier_runs(tmp_path, ingest_only):
     from pipeline.runner.batch import run_batch
     from pipeline.runner.report import build_report

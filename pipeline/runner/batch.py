@@ -372,11 +372,17 @@ def _run(
         len(summary.quarantined),
         len(summary.still_quarantined),
         summary.elapsed_s,
-        extra={
+        extra={  # the summary line's figures as fields, for log pipelines that read them without parsing msg
             "event": "run_end",
             "run_id": run_id,
+            "cases": summary.total,
+            "done": summary.done,
+            "done_earlier": summary.skipped,
             "quarantined_new": len(summary.quarantined),
             "quarantined_earlier": len(summary.still_quarantined),
+            "unfinished": summary.unfinished,
+            "elapsed_s": summary.elapsed_s,
+            "exit_status": summary.exit_code,
         },
     )
     return summary

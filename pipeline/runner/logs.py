@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: Fields a record carries when its caller passes them; ``quarantined_new`` and ``quarantined_earlier``: the run's end
-#: record (``run_end``), cases quarantined by this run and still from earlier runs.
+#: Fields a record carries when its caller passes them. The run's end record (``run_end``) has the figures of the
+#: summary line: ``cases`` (found by discovery), ``done`` (by this run), ``done_earlier`` (by earlier runs of the
+#: folder), ``quarantined_new`` and ``quarantined_earlier`` (quarantined by this run, still from earlier runs),
+#: ``unfinished`` (left for the next run), ``elapsed_s`` (s) and ``exit_status``.
 _FIELDS: tuple[str, ...] = (
     "event",
     "case_id",
@@ -35,6 +37,12 @@ _FIELDS: tuple[str, ...] = (
     "latency_s",
     "quarantined_new",
     "quarantined_earlier",
+    "cases",
+    "done",
+    "done_earlier",
+    "unfinished",
+    "elapsed_s",
+    "exit_status",
 )
 
 
