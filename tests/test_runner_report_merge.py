@@ -67,3 +67,19 @@ def test_a_copy_resumed_elsewhere_counts_each_case_once_with_its_latest_outcome(
     runs = {r["run_id"]: r for r in s["runs_table"]}
     assert sorted(runs) == ["r1", "r2"] and (runs["r1"]["n_done"], runs["r2"]["n_done"]) == (1, 2)
     assert [c["run_id"] for c in s["copied_runs"]] == ["r1"]
+
+
+def test_the_runs_table_of_several_folders_names_each_runs_folder(tmp_path):
+    night1, night2 = _finished(tmp_path / "night1"), tmp_path / "night2"
+    store = RunStore(night2)
+    _start(store, "r2", pid=_dead_pid())
+    _done(store, "d", "r2")
+    store.end_run("r2", status="completed", n_cases=1, n_done=1, n_failed=0, n_skipped=0)
+    store.close()
+    page = build_report([night1, night2], tmp_path / "rep").html.read_text()
+    runs = page.split("<h2>Runs</h2>", 1)[1].split("</table>", 1)[0]
+    assert "<th>run</th><th>folder</th><th>status</th>" in runs
+    assert f"<td>r1</td><td>{night1.resolve()}</td>" in runs and f"<td>r2</td><td>{night2.resolve()}</td>" in runs
+    assert '<td>all runs (each case once)</td><td colspan="6"></td><td>3</td>' in runs  # under the done column
+    single = build_report([night1], tmp_path / "rep1").html.read_text()
+    assert "<th>folder</th>" not in single  # one folder: named above the table

@@ -128,36 +128,31 @@ def _skipped_table(sk: Any) -> str:
     return f"<table><tr><th>what</th><th>file or series</th><th>kind</th><th>reason</th></tr>{rows}</table>{more}"
 
 
+def _folder_cell(run: dict[str, Any], shown: bool) -> str:
+    return f"<td>{_e(run['run_dir'])}</td>" if shown else ""
+
+
 def _runs_table(runs: list[dict[str, Any]], cases: dict[str, int]) -> str:
-    """Per run: status, start and end (UTC), active minutes, device and its cases by outcome; the last row counts
-    each case once over all runs (``cases``: the summary's case counts)."""
+    """Per run: status, start and end (UTC), active minutes, device and its cases by outcome, and its run folder when
+    the runs come from several; the last row counts each case once over all runs (``cases``: the summary's case
+    counts)."""
     if not runs:
         return "<p>no runs</p>"
-    head = "".join(
-        f"<th>{t}</th>"
-        for t in (
-            "run",
-            "status",
-            "started (UTC)",
-            "ended (UTC)",
-            "active min",
-            "device",
-            "done",
-            "failed",
-            "unfinished",
-            "still failed from earlier runs",
-        )
-    )
+    folders = len({r["run_dir"] for r in runs}) > 1
+    titles = ["run", *(["folder"] if folders else []), "status", "started (UTC)", "ended (UTC)", "active min", "device"]
+    titles += ["done", "failed", "unfinished", "still failed from earlier runs"]
+    head = "".join(f"<th>{t}</th>" for t in titles)
     body = "".join(
-        f"<tr><td>{_e(r['run_id'])}</td><td>{_e(r['status'])}</td><td>{_e(r['started_utc'])}</td>"
+        f"<tr><td>{_e(r['run_id'])}</td>{_folder_cell(r, folders)}<td>{_e(r['status'])}</td>"
+        f"<td>{_e(r['started_utc'])}</td>"
         f"<td>{_e(r['ended_utc'] or 'no end record')}</td><td>{r['active_s'] / 60.0:.1f}</td><td>{_e(r['device'])}</td>"
         f"<td>{r['n_done']}</td><td>{r['n_failed']}</td><td>{r['n_unfinished']}</td>"
         f"<td>{'' if r.get('n_failed_earlier') is None else r['n_failed_earlier']}</td></tr>"
         for r in runs
     )
     total = (
-        f'<tr><td>all runs (each case once)</td><td colspan="5"></td><td>{cases["done"]}</td><td>{cases["failed"]}</td>'
-        f"<td>{cases['unfinished']}</td><td></td></tr>"
+        f'<tr><td>all runs (each case once)</td><td colspan="{6 if folders else 5}"></td><td>{cases["done"]}</td>'
+        f"<td>{cases['failed']}</td><td>{cases['unfinished']}</td><td></td></tr>"
     )
     return f"<table><tr>{head}</tr>{body}{total}</table>"
 
