@@ -363,3 +363,17 @@ def test_the_gpu_plot_draws_no_line_across_the_idle_time_between_runs():
         assert [text.get_text() for text in ax.legend().get_texts()] == ["GPU 0"]
     finally:
         plt.close(fig)
+
+
+def test_the_status_of_a_run_under_way_names_its_folder_as_the_finished_report_does(tmp_path, monkeypatch):
+    from pipeline.runner.report import mark_run_started
+
+    store = RunStore(tmp_path / "run")
+    _start(store, "r1", pid=os.getpid())
+    store.close()
+    monkeypatch.chdir(tmp_path)  # ctpipe run --out run: the folder given relative to the working directory
+    during = mark_run_started(Path("run") / "report", Path("run"))
+    written = json.loads((tmp_path / "run" / "report" / "status.json").read_text())
+    after = build_report([Path("run")], Path("run") / "report").summary["status"]
+    assert during["runs"][0]["run_dir"] == written["runs"][0]["run_dir"] == after["runs"][0]["run_dir"]
+    assert after["runs"][0]["run_dir"] == str((tmp_path / "run").resolve())

@@ -128,8 +128,9 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
 
 
 def read_runs(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """The store's ``runs`` table alone (read-only), with ``run_dir`` and ``status`` as a report shows it
-    (:func:`run_status`): what the report's run status (:func:`.report_summary.run_state`) rests on."""
+    """The store's ``runs`` table alone (read-only), with ``run_dir`` (absolute, as a report names its folders) and
+    ``status`` as a report shows it (:func:`run_status`): what the report's run status
+    (:func:`.report_summary.run_state`) rests on."""
     import pandas as pd
 
     db = open_readonly(Path(run_dir))
@@ -137,7 +138,7 @@ def read_runs(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
         runs = pd.read_sql_query("SELECT * FROM runs ORDER BY started_at", db)
     finally:
         db.close()
-    runs.insert(0, "run_dir", str(Path(run_dir)))
+    runs.insert(0, "run_dir", str(Path(run_dir).resolve()))
     runs["status"] = run_status(runs)
     return runs
 
