@@ -83,3 +83,18 @@ def test_the_runs_table_of_several_folders_names_each_runs_folder(tmp_path):
     assert '<td>all runs (each case once)</td><td colspan="6"></td><td>3</td>' in runs  # under the done column
     single = build_report([night1], tmp_path / "rep1").html.read_text()
     assert "<th>folder</th>" not in single  # one folder: named above the table
+
+
+def test_the_report_sets_summed_stage_time_against_wall_time(tmp_path):
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    _done(store, "a", "r1")  # ingest and detect, 2 s each, side by side with b's (two workers)
+    _done(store, "b", "r1")
+    store.end_run("r1", status="completed", n_cases=2, n_done=2, n_failed=0, n_skipped=0)
+    store.close()
+    _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ?", (T0, T0 + 4.0))
+    rep = build_report([run_dir], tmp_path / "rep")
+    overlap = rep.summary["overlap"]
+    assert (overlap["stage_busy_s"], overlap["active_s"], overlap["mean_busy_workers"]) == (8.0, 4.0, 2.0)
+    assert "stages busy 8.0 worker-s in 4.0 s of active wall time: 2.00 stage(s) at work at once" in rep.html.read_text()

@@ -341,3 +341,23 @@ def estimate(
         enough=enough,
         notes=notes,
     )
+
+
+def stage_overlap(stages: Any, active_s: float) -> dict[str, Any]:
+    """How much the report's stage attempts overlapped: ``stage_busy_s``, the wall time (s) of every finished attempt
+    added up (successful, failed, or superseded by a later attempt: work done in the runs' active time all the same),
+    against ``active_s``, the runs' active wall time (s, overlapping runs once);
+    ``mean_busy_workers`` their ratio (stages at work at once on average; None without active time), and ``text``.
+
+    With several workers cases run side by side, so the summed stage time exceeds the wall time and a case's
+    end-to-end latency is not the time between two completions (1 / throughput)."""
+    busy = float(stages.wall_s.fillna(0.0).sum()) if len(stages) else 0.0
+    mean = busy / active_s if active_s > 0 else None
+    if mean is None:
+        text = "no active time measured"
+    else:
+        text = (
+            f"stages busy {busy:,.1f} worker-s in {active_s:,.1f} s of active wall time: {mean:.2f} stage(s) at work at "
+            "once on average (cases overlap, so a case's end-to-end latency is not the time between two completions)"
+        )
+    return {"stage_busy_s": busy, "active_s": active_s, "mean_busy_workers": mean, "text": text}

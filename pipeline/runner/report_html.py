@@ -276,7 +276,8 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 <p>Completed cases per calendar day, local time ({_e(s["throughput"].get("timezone", "?"))}) and UTC:</p>
 <table style="display:inline-table;margin-right:2em"><tr><th>day ({_e(s["throughput"].get("timezone", "?"))})</th><th>cases</th></tr>{local}</table>
 <table style="display:inline-table"><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
-<h2>Latency (seconds)</h2>{_stat_table(s["latency_s"], "stage")}{img("latency", "latency histogram")}
+<h2>Latency (seconds)</h2>{_stat_table(s["latency_s"], "stage")}
+<p>Wall time against summed stage time: {_e(s["overlap"]["text"])}.</p>{img("latency", "latency histogram")}
 <h2>Stage breakdown</h2>{img("stages", "stage breakdown")}
 <h3>Queue wait (seconds)</h3>{_stat_table(s["queue_wait_s"], "stage")}
 <h2>Failures by reason</h2>{_stat_table({k: {"cases": v} for k, v in s["failures_by_reason"].items()}, "error class")}

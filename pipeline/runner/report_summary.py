@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from .capacity import estimate
+from .capacity import estimate, stage_overlap
 from .report_days import per_local_day
 from .tables import case_status, drop_copies, finishing_run, read_tables, run_status, utc_text
 
@@ -416,6 +416,7 @@ def summarize(
         "copied_runs": copies,
         "runs_table": _runs_table(runs, cases, finishing_run(cases, stages), durations),
         "active_hours": active_s / 3600.0,
+        "overlap": stage_overlap(stages, active_s),
         "throughput": {
             "cases_per_hour": rate_h,
             "cases_per_day_projected": rate_h * hours_per_day if enough else None,  # too few to project: no figure
