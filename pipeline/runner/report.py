@@ -49,6 +49,7 @@ __all__ = [
     "Report",
     "STATUS_JSON",
     "build_report",
+    "latency_figure",
     "latest_skipped",
     "mark_run_started",
     "shared_bins",
@@ -112,24 +113,11 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
 
     ok = t["stages"][t["stages"].status == "ok"]
     if len(ok):  # no completed stage: no latency or stage plot
-        fig, ax = plt.subplots(figsize=(8, 3))
         series = [("end to end", done.latency_s.dropna())] if len(done) else []
         series += [(s, ok[ok.stage == s].wall_s.dropna()) for s in summary["latency_s"] if s != "end_to_end"]
-        edges = [float(e) for e in shared_bins([v for _, v in series])]
-        for n, (label, values) in enumerate(series):
-            if len(values):
-                end_to_end = n == 0 and len(done) > 0
-                ax.hist(
-                    values, bins=edges, alpha=0.8 if end_to_end else 0.5, label=label, color="#333333" if end_to_end else None
-                )
-        ax.set_xlabel("seconds")
-        ax.set_ylabel("cases")
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title("Latency histogram")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot: no bar hidden
-            fig.tight_layout()
-        out["latency"] = _png(fig)
+        series = [(label, values) for label, values in series if len(values)]
+        if series:
+            out["latency"] = _png(latency_figure(series))
 
         stages = [s for s in summary["latency_s"] if s != "end_to_end"]
         fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * max(1, len(stages))))
@@ -155,6 +143,26 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
         fig.autofmt_xdate()
         out["gpu"] = _png(fig)
     return out
+
+
+def latency_figure(series: Sequence[tuple[str, Any]]) -> Any:
+    """The latency histograms, one row per stage (``series``: label and latencies in s; end to end first), on one
+    shared seconds axis (:func:`shared_bins`): no stage's bars drawn over another's, whose blended colours would read
+    as a third stage's."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(len(series), 1, sharex=True, figsize=(8, 0.8 + 0.55 * len(series)), squeeze=False)
+    edges = [float(e) for e in shared_bins([v for _, v in series])]
+    for n, (ax, (label, values)) in enumerate(zip(axes[:, 0], series)):
+        ax.hist(values, bins=edges, color="#333333" if label == "end to end" else f"C{n % 10}")
+        ax.set_ylabel(label, rotation=0, ha="right", va="center")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=2))
+        ax.tick_params(axis="y", labelsize=7)
+    axes[0, 0].set_title("Latency histogram (cases per bin, one row per stage)")
+    axes[-1, 0].set_xlabel("seconds")
+    fig.tight_layout(h_pad=0.2)
+    return fig
 
 
 def gpu_lines(ax: Any, gpu: Any) -> None:
