@@ -377,3 +377,25 @@ def test_the_status_of_a_run_under_way_names_its_folder_as_the_finished_report_d
     after = build_report([Path("run")], Path("run") / "report").summary["status"]
     assert during["runs"][0]["run_dir"] == written["runs"][0]["run_dir"] == after["runs"][0]["run_dir"]
     assert after["runs"][0]["run_dir"] == str((tmp_path / "run").resolve())
+
+
+def test_a_run_under_way_is_active_until_the_report_is_made(tmp_path):
+    import time
+
+    from pipeline.runner.tables import _process_start
+
+    started = (_process_start(os.getpid()) or time.time() - 5.0) + 0.1  # this process is the run's, still at work
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=os.getpid())
+    _done(store, "a", "r1")
+    store.close()
+    _clock(run_dir, "UPDATE runs SET started_at = ?", (started,))
+    _clock(run_dir, "UPDATE stage_attempts SET started_at = ?, ended_at = ?", (started, started + 0.1))
+    _clock(run_dir, "UPDATE cases SET started_at = ?, ended_at = ?", (started, started + 0.1))
+    before = time.time()
+    s, _ = summarize([run_dir])
+    (run,) = s["runs_table"]
+    assert before - started > 0.3  # the process has run for longer than its last recorded stage
+    assert run["status"] == "running" and run["active_s"] >= before - started  # not 0.1 s: a case may be at work, or hung
+    assert s["throughput"]["cases_per_hour"] <= 3600.0 / (before - started)

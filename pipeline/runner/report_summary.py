@@ -5,7 +5,8 @@ Figures: completed cases per hour and per calendar day (UTC, and per local day i
 :mod:`.report_days`; an hour or day during which a run was active without completing a case is listed
 with 0); the measured
 rate (completed cases ÷ hours during which runs were active, overlapping runs
-counted once; over the runs of several machines, their combined rate, and the
+counted once; a run under way, its process alive on this host, is active until the report is made, a killed run
+until its last recorded stage; over the runs of several machines, their combined rate, and the
 headline names the machines) and its projection to cases per day; latency p50/p90/p99 per
 stage (wall time of successful attempts, s), queue waits, and end to end (case
 start to publication, s); failures by error class; GPU utilisation when NVML
@@ -49,7 +50,7 @@ import numpy as np
 
 from .capacity import estimate, stage_overlap
 from .report_days import per_local_day
-from .tables import case_status, drop_copies, finishing_run, read_tables, run_status, utc_text
+from .tables import case_status, drop_copies, finishing_run, process_alive, read_tables, run_status, utc_text
 
 log = logging.getLogger(__name__)
 
@@ -357,11 +358,14 @@ def summarize(
     failed = cases[cases.status == "failed"].copy()
     intervals = []
     durations: dict[str, float] = {}
+    now = time.time()
     for _, r in runs.iterrows():
         end = r["ended_at"]
         if not np.isfinite(end if end is not None else np.nan):  # killed run: up to its last recorded stage
             sub = stages[(stages.run_id == r["run_id"]) & stages.ended_at.notna()]
             end = float(sub.ended_at.max()) if len(sub) else float(r["started_at"])
+            if r["status"] == "running" and process_alive(r.get("pid"), r.get("host"), since=float(r["started_at"])):
+                end = max(end, now)  # under way: active until now, also while a case is still at work (or hung)
         intervals.append((float(r["started_at"]), float(end)))
         durations[str(r["run_id"])] = max(0.0, float(end) - float(r["started_at"]))
     active_s = _active_seconds(intervals)

@@ -154,28 +154,38 @@ def _process_start(pid: int) -> float | None:
         return None
 
 
-def process_gone(pid: object, host: object, *, since: float) -> bool:
-    """Whether the process ``pid`` of ``host`` that started a run at ``since`` (Unix s) has certainly ended.
-
-    Only this host's processes can be checked (another host's: False); a process of that id that started
-    after the run did is another one (the id was reused).
-    """
+def _process_state(pid: object, host: object, since: float) -> str:
+    """``alive``, ``gone`` or ``unknown``: the process ``pid`` of ``host`` that started a run at ``since`` (Unix s).
+    Only this host's processes can be checked (another host's: unknown); a process of that id that started after
+    the run did is another one (the id was reused: gone)."""
     try:
         n = int(pid)  # type: ignore[call-overload]  # a number from the runs table, or None / NaN
     except (TypeError, ValueError):  # none recorded
-        return False
+        return "unknown"
     if host != socket.gethostname() or n <= 0:
-        return False
+        return "unknown"
     try:
         os.kill(n, 0)
     except ProcessLookupError:
-        return True
+        return "gone"
     except PermissionError:  # it exists, as another user's process
         pass
     except OSError:
-        return False
+        return "unknown"
     started = _process_start(n)
-    return started is not None and started > since + 1.0
+    return "gone" if started is not None and started > since + 1.0 else "alive"
+
+
+def process_gone(pid: object, host: object, *, since: float) -> bool:
+    """Whether the process ``pid`` of ``host`` that started a run at ``since`` (Unix s) has certainly ended (see
+    :func:`_process_state`)."""
+    return _process_state(pid, host, since) == "gone"
+
+
+def process_alive(pid: object, host: object, *, since: float) -> bool:
+    """Whether the process ``pid`` of ``host`` that started a run at ``since`` (Unix s) certainly still runs (see
+    :func:`_process_state`)."""
+    return _process_state(pid, host, since) == "alive"
 
 
 def run_status(runs: pd.DataFrame) -> pd.Series:
