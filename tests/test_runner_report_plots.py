@@ -1,5 +1,6 @@
-"""The report's plots as a reader takes them in: one latency histogram row per stage on one seconds axis, so that no
-stage's bars blend with another's into a colour that reads as a third stage."""
+"""The report's page as a reader takes it in: one latency histogram row per stage on one seconds axis, so that no
+stage's bars blend with another's into a colour that reads as a third stage; a page over many cases that a browser
+opens, with the cases that need attention on it."""
 
 from __future__ import annotations
 
@@ -23,3 +24,32 @@ def test_each_stage_has_its_own_latency_row_on_one_seconds_axis():
         assert axes[-1].get_xlabel() == "seconds"
     finally:
         plt.close(fig)
+
+
+def test_a_page_over_many_cases_shows_those_that_need_attention_and_points_to_the_csv(tmp_path, monkeypatch):
+    import pipeline.runner.report_html as report_html
+    from pipeline.csvfile import read_table
+    from pipeline.runner import build_report
+    from pipeline.runner.store import RunStore
+    from tests.test_runner_report_tables import _begin, _dead_pid, _done, _start
+
+    monkeypatch.setattr(report_html, "CASES_SHOWN", 4)
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    for n in range(8):
+        _done(store, f"ok{n}", "r1")
+    for cid in ("bad1", "bad2"):
+        _begin(store, cid, "r1", {"ingest": "failed"})
+        store.fail_case(f"{cid}:fp", reason="cut short. Fix: copy it again", error_class="TruncatedFileError", stage="ingest")
+    store.end_run("r1", status="completed", n_cases=10, n_done=8, n_failed=2, n_skipped=0)
+    store.close()
+    rep = build_report([run_dir], tmp_path / "rep")
+    page = rep.html.read_text()
+    cases = page.split("<h2>Cases</h2>", 1)[1].split("<h2>", 1)[0]
+    assert cases.count("<tr><td>") == 4 and "4 of 10 cases shown" in cases and "cases.csv lists them all" in cases
+    assert "<td>bad1</td>" in cases and "<td>bad2</td>" in cases  # the quarantined cases are never left out
+    assert len(read_table(rep.out_dir / "cases.csv").rows) == 10
+    monkeypatch.setattr(report_html, "CASES_SHOWN", 500)
+    small = build_report([run_dir], tmp_path / "rep-all")  # under the limit: every case, no note
+    assert "cases shown" not in small.html.read_text()

@@ -21,6 +21,26 @@ LUNG_VOLUMES = (
 )
 #: Rows of the skipped list shown on the page (skipped.csv has them all).
 SKIPPED_SHOWN = 200
+#: Rows of the case table and of the failures list shown on the page (cases.csv and failures.csv have them all): a
+#: month of nightly runs holds hundreds of thousands of cases, a page a browser opens a few hundred.
+CASES_SHOWN = 500
+
+
+def shown_cases(cases: Any, quality: Any, limit: int) -> Any:
+    """The rows of ``cases`` the page shows, at most ``limit``, in their order: those that need attention first (not
+    done: quarantined, interrupted, unfinished), then done cases with a warning flag, then the others, the most
+    recent first within each."""
+    if len(cases) <= limit:
+        return cases
+    warn = quality[quality.severity == "warning"] if len(quality) else quality
+    warned = set(zip(warn.run_dir, warn.case_key))
+    rank = [
+        0 if status != "done" else 1 if (d, k) in warned else 2
+        for status, d, k in zip(cases.status, cases.run_dir, cases.case_key)
+    ]
+    when = cases.ended_at.fillna(cases.started_at).fillna(0.0)
+    order = cases.assign(_rank=rank, _when=-when).sort_values(["_rank", "_when"], kind="stable")
+    return cases[cases.index.isin(order.index[:limit])]  # in the table's own order
 
 
 def _e(value: Any) -> str:
@@ -35,10 +55,11 @@ def _num(value: Any, fmt: str = "{:.2f}") -> str:
     return "" if v != v else fmt.format(v)
 
 
-def case_rows(t: dict, out_dir: Path) -> list[dict[str, Any]]:
-    """One row per case of the report's runs: status, latency (s), findings, lung volumes (mL, with reliability),
-    quality flags and the case's PNGs (links relative to ``out_dir``)."""
-    cases, meas, quality = t["cases"], t["measurements"], t["quality"]
+def case_rows(t: dict, out_dir: Path, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """One row per case the page shows (:func:`shown_cases`, at most ``limit``, default :data:`CASES_SHOWN`): status, latency (s), findings, lung
+    volumes (mL, with reliability), quality flags and the case's PNGs (links relative to ``out_dir``)."""
+    meas, quality = t["measurements"], t["quality"]
+    cases = shown_cases(t["cases"], quality, CASES_SHOWN if limit is None else limit)
     wanted = {name for _, name in LUNG_VOLUMES}
     vols: dict[tuple[str, str], dict[str, tuple[float, bool, str | None]]] = {}
     for m in meas[meas.name.isin(wanted)].itertuples():
@@ -85,9 +106,16 @@ def _stat_table(rows: dict[str, dict[str, Any]], first: str) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _case_table(rows: list[dict[str, Any]]) -> str:
+def _case_table(rows: list[dict[str, Any]], total: int) -> str:
+    """The case table (``rows``: :func:`case_rows`), with a note when it shows fewer than the ``total`` cases."""
     if not rows:
         return "<p>no cases</p>"
+    partial = (
+        f"<p>{len(rows)} of {total} cases shown: those not done first, then those with a warning flag, then the most "
+        "recent; cases.csv lists them all.</p>"
+        if len(rows) < total
+        else ""
+    )
     head = "".join(
         f"<th>{t}</th>" for t in ["case", "status", "latency s", "findings", *(c for c, _ in LUNG_VOLUMES), "flags", "images"]
     )
@@ -114,7 +142,7 @@ def _case_table(rows: list[dict[str, Any]]) -> str:
             f"<td>{'' if r['n_findings'] is None or r['n_findings'] != r['n_findings'] else int(r['n_findings'])}</td>"
             f'{"".join(vols)}<td class="flags">{flags}</td><td class="links">{links}</td></tr>'
         )
-    return f'<table class="cases"><tr>{head}</tr>{"".join(body)}</table>'
+    return partial + f'<table class="cases"><tr>{head}</tr>{"".join(body)}</table>'
 
 
 def _skipped_table(sk: Any) -> str:
@@ -243,8 +271,10 @@ def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[
     )
     fails = "".join(
         f"<tr><td>{_e(f['case_id'])}</td><td>{_e(f['stage'])}</td><td>{_e(f['error_class'])}</td><td>{_e(f['reason'])}</td></tr>"
-        for f in s["failed_cases"]
+        for f in s["failed_cases"][:CASES_SHOWN]
     )
+    more = len(s["failed_cases"]) - CASES_SHOWN
+    fails_more = f"<p>and {more} more in failures.csv</p>" if more > 0 else ""
     daily = "".join(f"<tr><td>{_e(d)}</td><td>{n}</td></tr>" for d, n in s["throughput"]["per_day_utc"].items())
     local = "".join(f"<tr><td>{_e(d)}</td><td>{n}</td></tr>" for d, n in s["throughput"].get("per_day_local", {}).items())
     sk = s["skipped"]
@@ -270,7 +300,7 @@ once a later run started or its process is gone; so is the case it was working o
 <h2>Cases</h2>
 <p>Lung volumes marked * are unreliable (a quality flag, e.g. lungs cut by the scan range, makes them meaningless;
 hover for the reason). Flags: <span class="warning">warning</span> <span class="info">info</span>; hover for details.</p>
-{_case_table(rows)}
+{_case_table(rows, s["cases"]["total"])}
 <h2>Capacity model</h2>{_capacity(s["capacity"])}
 <h2>Throughput</h2>{img("throughput", "throughput over time")}
 <p>Completed cases per calendar day, local time ({_e(s["throughput"].get("timezone", "?"))}) and UTC:</p>
@@ -281,7 +311,7 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 <h2>Stage breakdown</h2>{img("stages", "stage breakdown")}
 <h3>Queue wait (seconds)</h3>{_stat_table(s["queue_wait_s"], "stage")}
 <h2>Failures by reason</h2>{_stat_table({k: {"cases": v} for k, v in s["failures_by_reason"].items()}, "error class")}
-{f"<table><tr><th>case</th><th>stage</th><th>error class</th><th>reason</th></tr>{fails}</table>" if fails else ""}
+{f"<table><tr><th>case</th><th>stage</th><th>error class</th><th>reason</th></tr>{fails}</table>" if fails else ""}{fails_more}
 <h2>Skipped by discovery</h2>{_skipped_table(skipped)}
 {"<h2>GPU</h2>" + _stat_table(s["gpu"], "gpu") + img("gpu", "GPU utilisation") if s["gpu"] else ""}
 </body></html>
