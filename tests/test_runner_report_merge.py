@@ -98,3 +98,12 @@ def test_the_report_sets_summed_stage_time_against_wall_time(tmp_path):
     overlap = rep.summary["overlap"]
     assert (overlap["stage_busy_s"], overlap["active_s"], overlap["mean_busy_workers"]) == (8.0, 4.0, 2.0)
     assert "stages busy 8.0 worker-s in 4.0 s of active wall time: 2.00 stage(s) at work at once" in rep.html.read_text()
+
+
+def test_one_stage_at_a_time_is_not_said_to_overlap(tmp_path):
+    from pipeline.runner.capacity import stage_overlap
+
+    run_dir = _finished(tmp_path / "run")  # 8 s of stages in 600 s
+    s, t = summarize([run_dir])
+    assert s["overlap"]["mean_busy_workers"] < 1.0 and "cases overlap" not in s["overlap"]["text"]
+    assert stage_overlap(t["stages"], 0.0)["mean_busy_workers"] is None

@@ -356,8 +356,7 @@ def stage_overlap(stages: Any, active_s: float) -> dict[str, Any]:
     if mean is None:
         text = "no active time measured"
     else:
-        text = (
-            f"stages busy {busy:,.1f} worker-s in {active_s:,.1f} s of active wall time: {mean:.2f} stage(s) at work at "
-            "once on average (cases overlap, so a case's end-to-end latency is not the time between two completions)"
-        )
+        text = f"stages busy {busy:,.1f} worker-s in {active_s:,.1f} s of active wall time: {mean:.2f} stage(s) at work at once on average"
+        if mean > 1.05:
+            text += " (cases overlap, so a case's end-to-end latency is not the time between two completions)"
     return {"stage_busy_s": busy, "active_s": active_s, "mean_busy_workers": mean, "text": text}
