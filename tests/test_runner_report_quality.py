@@ -159,6 +159,8 @@ def test_report_per_case_table_flags_headline_and_png_links(flagged_run, tmp_pat
     # every case links its PNGs, relative to the report, and the links resolve
     links = re.findall(r'href="([^"]+)"', rows["cut"])
     assert len(links) == 2 and all((rep.out_dir / unquote(h)).resolve().is_file() for h in links)
+    # the link text leaves out the case id the row starts with: recon/mpr_axial.png, not recon/cut_mpr_axial.png
+    assert re.findall(r">([^<]+)</a>", rows["cut"]) == ["findings_png/finding_001.png", "recon/mpr_axial.png"]
     assert re.findall(r'href="([^"]+)"', rows["clean"]) and not re.findall(r'href="([^"]+)"', rows["dye"])
     # the same from a report written elsewhere
     other = build_report([flagged_run], tmp_path / "elsewhere")

@@ -74,7 +74,8 @@ def case_rows(t: dict, out_dir: Path, *, limit: int | None = None) -> list[dict[
         if c.status == "done" and isinstance(c.output_dir, str):
             folder = Path(c.run_dir) / c.output_dir
             for p in sorted(folder.rglob("*.png")) if folder.is_dir() else ():
-                pngs.append((p.relative_to(folder).as_posix(), quote(os.path.relpath(p, out_dir).replace(os.sep, "/"))))
+                name = p.relative_to(folder).as_posix().replace(f"{c.case_id}_", "")  # the row names the case already
+                pngs.append((name, quote(os.path.relpath(p, out_dir).replace(os.sep, "/"))))
         rows.append(
             {
                 "case_id": c.case_id,
