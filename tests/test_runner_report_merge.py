@@ -107,3 +107,19 @@ def test_one_stage_at_a_time_is_not_said_to_overlap(tmp_path):
     s, t = summarize([run_dir])
     assert s["overlap"]["mean_busy_workers"] < 1.0 and "cases overlap" not in s["overlap"]["text"]
     assert stage_overlap(t["stages"], 0.0)["mean_busy_workers"] is None
+
+
+def test_the_run_status_of_many_folders_tells_only_what_did_not_complete(tmp_path):
+    nights = [_finished(tmp_path / f"night{n}") for n in range(3)]
+    killed = tmp_path / "night3"
+    store = RunStore(killed)
+    _start(store, "k1", pid=_dead_pid())  # killed: no end record, its process gone
+    _begin(store, "x", "k1", {"ingest": "ok", "detect": "running"})
+    store.close()
+    s, _ = summarize([*nights, killed])
+    text = s["status"]["text"]
+    assert s["status"]["state"] == "interrupted" and len(s["status"]["runs"]) == 4
+    assert f"run k1 of {killed.resolve()}" in text and "was interrupted" in text
+    assert text.endswith("the latest run of each other folder (3) completed") and "(completed)" not in text
+    every, _ = summarize(nights)
+    assert every["status"]["text"] == "the latest run of every folder (3) completed"

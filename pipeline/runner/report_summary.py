@@ -239,11 +239,14 @@ def run_state(runs: Any) -> dict[str, Any]:
     """Whether the figures of a report are current: the latest run of each run folder (``runs``: the runs table, its
     ``status`` as :func:`.tables.run_status` gives it), in progress, interrupted (killed without an end record, or
     stopped) or ended. Returns ``state`` (``in_progress`` when any folder's latest run is running, else
-    ``interrupted`` when any was, else ``ended``; ``none`` without runs), ``text`` (one sentence per folder) and
+    ``interrupted`` when any was, else ``ended``; ``none`` without runs), ``text`` (one sentence per folder; over
+    several folders, one sentence counts those whose latest run completed, and the others are told each) and
     ``runs`` (per folder its latest run: ``run_dir``, ``run_id``, ``status``, ``started_utc``, ``ended_utc``,
     ``pid``, ``host``, and ``previous``: the run before it, as the same keys, or None)."""
     latest: list[dict[str, Any]] = []
     texts: list[str] = []
+    several = runs.run_dir.nunique() > 1
+    completed = 0  # of several folders, those whose latest run completed are counted, not each told
     for run_dir, group in runs.sort_values("started_at").groupby("run_dir", sort=False):
         rows = [
             {
@@ -259,7 +262,12 @@ def run_state(runs: Any) -> dict[str, Any]:
         ]
         last = {**rows[-1], "previous": rows[-2] if len(rows) > 1 else None}
         latest.append(last)
-        texts.append(_state_text(last, several=runs.run_dir.nunique() > 1))
+        if several and last["status"] == "completed":
+            completed += 1
+        else:
+            texts.append(_state_text(last, several=several))
+    if completed:
+        texts.append(f"the latest run of {'every' if completed == len(latest) else 'each other'} folder ({completed}) completed")
     states = {r["status"] for r in latest}
     state = (
         "none" if not latest else "in_progress" if "running" in states else "interrupted" if "interrupted" in states else "ended"
