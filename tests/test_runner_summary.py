@@ -235,3 +235,17 @@ def test_the_repr_of_a_large_batch_s_summary_is_a_few_lines_not_every_case(tmp_p
     assert "quarantined case0: MissingSliceError: slice 12 missing" in text and "case3:" not in text
     assert "; 298 more in .lines()" in text and ";  " not in text
     assert len(summary.lines()) == 302  # the command line's summary still lists every case
+
+
+def test_the_summary_lines_time_is_the_reports_active_time(tmp_path, own_signals, ingest_only):
+    from pipeline.runner.batch import run_batch
+    from tests._support.dicom import write_series
+
+    write_series(tmp_path / "src" / "a", n=12, series_uid="1.2.3.4244")
+    s = run_batch(tmp_path / "src", out=tmp_path / "run", workers=0)
+    with sqlite3.connect(tmp_path / "run" / "runs.sqlite") as db:
+        ((started, ended),) = db.execute("SELECT started_at, ended_at FROM runs").fetchall()
+    assert abs((ended - started) - s.elapsed_s) < 0.01  # the run's record spans what the summary line says
+    report = json.loads((tmp_path / "run" / "report" / "report.json").read_text())
+    (run,) = report["runs_table"]
+    assert f"in {run['active_s']:.1f} s" in s.lines()[0]

@@ -75,7 +75,7 @@ def run_batch(
     from (folder → origin, see :meth:`RunStore.record_origins`), recorded for their cases.
     Returns a :class:`RunSummary`; positions in all outputs are LPS mm.
     """
-    t0 = time.monotonic()
+    t0, started_wall = time.monotonic(), time.time()  # the run starts with the command: its store record says the same
     cfg = config if isinstance(config, Config) else load_config(config, overrides=overrides)
     if isinstance(config, Config) and overrides:
         merged = cfg.to_dict()
@@ -100,7 +100,7 @@ def run_batch(
         _raise_environment(exc, run_dir)
         raise
     try:
-        return _run(srcs, cfg, run_dir, run_id, store, summary, stages, progress, command, t0, session, origins)
+        return _run(srcs, cfg, run_dir, run_id, store, summary, stages, progress, command, (t0, started_wall), session, origins)
     except (OSError, sqlite3.Error) as exc:  # the run folder failed before any case started
         _raise_environment(exc, run_dir)
         raise
@@ -133,7 +133,7 @@ def _run(
     stages: Sequence[Stage] | None,
     progress_cb: Callable | None,
     command: str | None,
-    t0: float,
+    clock: tuple[float, float],
     session: RunSession | None = None,
     origins: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunSummary:
@@ -184,8 +184,10 @@ def _run(
     if cfg.metrics.port:
         RunMetrics.check_port(cfg.metrics.port, cfg.metrics.bind)  # a port in use stops the run before it is recorded
     atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict(), cfg.sources).encode())
+    t0, started_wall = clock  # monotonic and wall-clock (Unix s) time of the command's start
     store.start_run(
         run_id,
+        started_at=started_wall,
         command=_recorded(command or " ".join(sys.argv), cfg),
         sources=[_recorded(str(s), cfg) for s in srcs],
         config=cfg.to_dict(),
@@ -337,6 +339,7 @@ def _run(
             "the run's record",
             lambda: store.end_run(
                 run_id,
+                ended_at=started_wall + summary.elapsed_s,  # the summary line's time, so the report's active time is it
                 status=status,
                 n_cases=summary.total,
                 n_done=summary.done,

@@ -85,14 +85,16 @@ class RunStore:
         device: str,
         host: str,
         pid: int,
+        started_at: float | None = None,
     ) -> None:
+        """Record the start of a run at ``started_at`` (Unix s; default now)."""
         with self.tx():
             self.db.execute(
                 "INSERT INTO runs (run_id, started_at, status, command, sources, config, versions, device, host, pid)"
                 " VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
-                    time.time(),
+                    time.time() if started_at is None else started_at,
                     command,
                     json.dumps(list(sources)),
                     json.dumps(config),
@@ -113,14 +115,24 @@ class RunStore:
         n_failed: int,
         n_skipped: int,
         n_failed_earlier: int = 0,
+        ended_at: float | None = None,
     ) -> None:
-        """Record the end of a run: ``n_failed`` cases quarantined by this run, ``n_failed_earlier`` still quarantined
-        by earlier runs of the folder and not retried by this one."""
+        """Record the end of a run at ``ended_at`` (Unix s; default now): ``n_failed`` cases quarantined by this run,
+        ``n_failed_earlier`` still quarantined by earlier runs of the folder and not retried by this one."""
         with self.tx():
             self.db.execute(
                 "UPDATE runs SET ended_at=?, status=?, n_cases=?, n_done=?, n_failed=?, n_skipped=?, n_failed_earlier=?"
                 " WHERE run_id=?",
-                (time.time(), status, n_cases, n_done, n_failed, n_skipped, n_failed_earlier, run_id),
+                (
+                    time.time() if ended_at is None else ended_at,
+                    status,
+                    n_cases,
+                    n_done,
+                    n_failed,
+                    n_skipped,
+                    n_failed_earlier,
+                    run_id,
+                ),
             )
 
     def mark_abandoned_runs(self) -> int:
