@@ -74,12 +74,18 @@ class Report:
 
 
 # -- plots --------------------------------------------------------------------------------------------
+def _subplots(figsize: tuple[float, float], nrows: int = 1, **kw: Any) -> tuple[Any, Any]:
+    """A figure and its axes drawn without pyplot, so the calling application's backend and figures stay as they
+    are (a notebook keeps showing its plots); ``kw`` as :meth:`matplotlib.figure.Figure.subplots` takes them."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, 1, **kw)
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -91,17 +97,13 @@ def shared_bins(series: Sequence[Any], *, n: int = 30) -> np.ndarray:
 
 
 def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
     import pandas as pd
     from matplotlib.ticker import MaxNLocator
 
     out: dict[str, str] = {}
     done = t["cases"][t["cases"].status == "done"]
     if len(done):  # no completed case: no empty axes (the page says why there is no plot)
-        fig, ax = plt.subplots(figsize=(8, 3))
+        fig, ax = _subplots(figsize=(8, 3))
         ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
         counts = ended.dt.floor(f"{bin_minutes}min").value_counts().sort_index()
         ax.bar(counts.index, counts.values, width=bin_minutes / 1440.0 * 0.9, align="edge", color="#3a7bd5")
@@ -120,7 +122,7 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
             out["latency"] = _png(latency_figure(series))
 
         stages = [s for s in summary["latency_s"] if s != "end_to_end"]
-        fig, ax = plt.subplots(figsize=(8, 0.5 + 0.5 * max(1, len(stages))))
+        fig, ax = _subplots(figsize=(8, 0.5 + 0.5 * max(1, len(stages))))
         means = [summary["latency_s"][s]["mean"] or 0.0 for s in stages]
         waits = [summary["queue_wait_s"][s]["mean"] or 0.0 for s in stages]
         y = np.arange(len(stages))
@@ -135,7 +137,7 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
 
     gpu = t["gpu"]
     if len(gpu):
-        fig, ax = plt.subplots(figsize=(8, 3))
+        fig, ax = _subplots(figsize=(8, 3))
         gpu_lines(ax, gpu)
         ax.set_ylabel("utilisation %")
         ax.set_title("GPU utilisation (NVML)")
@@ -149,10 +151,9 @@ def latency_figure(series: Sequence[tuple[str, Any]]) -> Any:
     """The latency histograms, one row per stage (``series``: label and latencies in s; end to end first), on one
     shared seconds axis (:func:`shared_bins`): no stage's bars drawn over another's, whose blended colours would read
     as a third stage's."""
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(len(series), 1, sharex=True, figsize=(8, 0.8 + 0.55 * len(series)), squeeze=False)
+    fig, axes = _subplots((8, 0.8 + 0.55 * len(series)), len(series), sharex=True, squeeze=False)
     edges = [float(e) for e in shared_bins([v for _, v in series])]
     for n, (ax, (label, values)) in enumerate(zip(axes[:, 0], series)):
         ax.hist(values, bins=edges, color="#333333" if label == "end to end" else f"C{n % 10}")
