@@ -7,12 +7,15 @@ through these helpers, so that a crash or kill never leaves a half-written file 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
+
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -21,7 +24,9 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
 
     Writes go to a temporary file in the same folder, which is flushed, synced and
     renamed over ``path``; on any error the temporary file is removed and ``path``
-    is left as it was.
+    is left as it was. The file gets the permissions any new file of the process gets
+    (0666 less the umask: ``-rw-r--r--`` under the usual 022), not the temporary file's
+    owner-only 0600, so that the group a report or rendering is shared with can read it.
     """
     if path.is_dir():  # found before anything is written, and named: not the temporary file's rename failing
         raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
@@ -32,6 +37,7 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
         raise _naming(exc, path) from exc
     try:
         with os.fdopen(fd, "wb") as fh:
+            _share_as_umask_says(fh.fileno(), path)
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -41,6 +47,31 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
         if isinstance(exc, OSError) and exc.filename == tmp:  # the rename's error: about ``path``, not ``tmp``
             raise _naming(exc, path) from exc
         raise
+
+
+def _share_as_umask_says(fd: int, path: Path) -> None:
+    """Give the open temporary file of ``path`` the mode 0666 less the umask; a file system that keeps its own
+    permissions (vfat, some CIFS mounts) refusing it leaves the file as it is, with a debug line."""
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    except OSError as exc:
+        log.debug("%s keeps its owner-only permissions (%s)", path, exc.strerror or exc)
+
+
+def current_umask() -> int:
+    """The process's file mode creation mask (e.g. ``0o022``), read without changing it where the system says it
+    (Linux ``/proc/self/status``); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            status = fh.read()
+    except OSError:  # no procfs (macOS): ask os.umask below
+        status = ""
+    for line in status.splitlines():
+        if line.startswith("Umask:"):  # Linux 4.7 and later
+            return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _naming(exc: OSError, path: Path) -> OSError:
