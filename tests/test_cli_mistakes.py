@@ -174,3 +174,21 @@ def test_a_pacs_host_name_that_does_not_resolve_is_said_as_such(tmp_path, capsys
     out = capsys.readouterr()
     assert rc == 3 and "Traceback" not in out.err and "check the path" not in out.err
     assert "PACS failure" in out.err and "the host name 'pacs.example.invalid' is not known" in out.err
+
+
+def test_a_run_folder_inside_its_source_is_refused_before_it_is_made(tmp_path, capsys):
+    # was: the run went ahead, and every later run of the source scanned the run's own SR, SEG, cache and meshes
+    from pipeline.runner.discover import check_out_outside_sources
+
+    src = tmp_path / "dicom"
+    src.mkdir()
+    files = sorted(f for f in (SAMPLE / "dicom").rglob("*") if f.is_file())[:3]
+    for n, f in enumerate(files):
+        (src / f"IM{n}").write_bytes(f.read_bytes())
+    for out in (src / "runs" / "r1", src):
+        rc, err = _err(capsys, "run", str(src), "--out", str(out))
+        assert rc == 1 and f"{out}: --out is inside the source folder {src}" in err, err
+        assert f"Fix: give --out a folder outside {src}, e.g. {tmp_path / 'runs' / out.name}" in err
+    assert sorted(p.name for p in src.iterdir()) == ["IM0", "IM1", "IM2"]  # nothing made in the source
+    check_out_outside_sources([src], tmp_path / "runs" / "r1")  # beside the source: fine
+    check_out_outside_sources([src / "a.csv"], src / "r1")  # a worklist's folder is not a source folder

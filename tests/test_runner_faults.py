@@ -372,7 +372,8 @@ def test_a_read_only_out_is_one_clear_line_and_exit_4(tmp_path, capsys):
     with _read_only_folder(tmp_path) as ro:
         with pytest.raises(RunEnvironmentError, match=r"(Read-only file system \(EROFS\)|Permission denied \(EACCES\))"):
             check_writable(ro / "run")
-        assert main(["run", str(tmp_path), "--out", str(ro / "run"), "--quiet"]) == 4
+        (tmp_path / "src").mkdir()
+        assert main(["run", str(tmp_path / "src"), "--out", str(ro / "run"), "--quiet"]) == 4
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("ctpipe run: error: cannot write the run folder:") and str(ro / "run") in err

@@ -19,7 +19,7 @@ from ..atomic import atomic_write_bytes
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import FatalRunError
 from ..pacs.address import for_records
-from .discover import Discovery, check_sources, discover
+from .discover import Discovery, check_out_outside_sources, check_sources, discover
 from .engine import Engine
 from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
@@ -87,6 +87,7 @@ def run_batch(
     srcs = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     run_dir = Path(out)
     check_sources(srcs)  # a mistyped source: one clear error, before the run folder is made
+    check_out_outside_sources(srcs, run_dir)  # a run folder inside its source: read back as input by the next run
     check_writable(run_dir)  # a read-only or full --out: one clear error, before anything else
     lock = RunLock(run_dir)
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]

@@ -28,7 +28,8 @@ def register(sub: Any) -> None:
         "4 the run folder could not be "
         "written (disk full, read-only, no permission, quota, file-size limit): the run stopped early or could not "
         "start, nothing is lost, and the same command finishes the rest once it can write, 1 the run "
-        "could not proceed (bad source or configuration, a model that cannot load, another run using RUN_DIR), "
+        "could not proceed (bad source or configuration, RUN_DIR inside a source folder, a model that cannot load, "
+        "another run using RUN_DIR), "
         "2 bad command-line arguments, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the same command resumes). "
         "A run that finds no CT series in its sources says so and exits 0.",
     )
