@@ -133,6 +133,18 @@ def test_selection_rules(tmp_path):
     assert sorted(s.key for s in scan_directory(tmp_path, rules=loose).selected) == ["1.1", "1.2", "1.3", "1.4"]
 
 
+def test_derived_images_of_another_modality_are_not_offered_allow_derived(tmp_path):
+    # was: a SEG's reason said "pass allow_derived=True (--allow-derived) to include it", which still left it out
+    write_series(tmp_path / "seg", n=12, series_uid="1.6", modality="SEG", image_type="DERIVED\\PRIMARY")
+    write_series(tmp_path / "mpr", n=12, series_uid="1.7", image_type="DERIVED\\SECONDARY\\MPR")
+    why = {s.key: s.why_not for s in scan_directory(tmp_path).series}
+    assert "modality is SEG, not CT" in why["1.6"] and "derived/secondary" in why["1.6"]
+    assert "allow_derived" not in why["1.6"] and "--allow-derived" not in why["1.6"]
+    assert "--allow-derived for ctpipe ingest, --set ingest.allow_derived=true for ctpipe run" in why["1.7"]
+    loose = SelectionRules(allow_derived=True)
+    assert [s.key for s in scan_directory(tmp_path, rules=loose).selected] == ["1.7"]
+
+
 def test_split_by_orientation_and_acquisition(tmp_path):
     uid = "1.2.840.99.1"
     write_series(tmp_path / "ax", n=12, series_uid=uid)

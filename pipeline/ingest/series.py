@@ -358,7 +358,12 @@ def _rule_reasons(s: SeriesInfo, rules: SelectionRules) -> list[tuple[str, str]]
     if rules.exclude_localizers and (why := is_localizer(s)):
         reasons.append(("exclude_localizers", f"localizer/scout: {why}"))
     if not rules.allow_derived and (why := is_derived(s)):
-        reasons.append(("allow_derived", f"{why}; pass allow_derived=True (--allow-derived) to include it"))
+        if h.modality in rules.modalities:  # a derived CT: allowing derived images takes it
+            why += (
+                "; to include it: allow_derived=True (--allow-derived for ctpipe ingest, "
+                "--set ingest.allow_derived=true for ctpipe run)"
+            )
+        reasons.append(("allow_derived", why))  # a SEG or other modality: no option makes it a CT volume
     angle = axial_angle_deg(h)
     if angle is None:
         reasons.append(("orientation", h.geometry_error or "no valid ImageOrientationPatient (0020,0037)"))
