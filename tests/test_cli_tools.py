@@ -46,6 +46,20 @@ def test_nan_is_refused_where_a_number_in_a_range_is_expected(tmp_path, capsys):
     assert "--axial-tolerance: 'nan' is not a finite number" in line
 
 
+def test_phantom_option_errors_name_the_command_once(tmp_path, capsys):
+    # was: "ctpipe phantom: error: ctpipe phantom: --seed is required without --scenario"
+    for argv, expected in (
+        ([], "ctpipe phantom: error: --seed is required without --scenario. Fix: pass --seed N"),
+        (["--seed", "1", "--seed-offset", "5"], "ctpipe phantom: error: --seed-offset moves the scenarios' own seeds. Fix: use"),
+        (["--seed", "1", "--fine-vessels"], "ctpipe phantom: error: --fine-vessels adds to the confounders of real scans"),
+        (["--scenario", "all", "--seed", "1"], "ctpipe phantom: error: --seed/--count: --scenario all uses each scenario's own"),
+    ):
+        assert main(["phantom", str(tmp_path), *argv]) == 1, argv
+        err = capsys.readouterr().err
+        assert err.startswith(expected) and err.count("ctpipe phantom") == 1, err
+    assert not any(tmp_path.iterdir())
+
+
 def test_phantom_nodule_diameters_in_the_wrong_order(tmp_path, capsys):
     assert main(["phantom", str(tmp_path), "--seed", "1", "--count", "2", "--nodule-diameter", "30", "3"]) == 1
     err = capsys.readouterr().err

@@ -131,14 +131,11 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
     from .confounders import realistic_confounders, scenarios_at
 
     if args.count < 1:
-        raise DicomWriteError(
-            f"--count must be at least 1, got {args.count}", where="ctpipe phantom", fix="pass --count 1 or more"
-        )
+        raise DicomWriteError(f"--count must be at least 1, got {args.count}", fix="pass --count 1 or more")
     lo, hi = args.nodule_diameter
     if lo > hi:
         raise PhantomError(
             f"--nodule-diameter {lo:g} {hi:g}: the minimum is larger than the maximum",
-            where="ctpipe phantom --nodule-diameter",
             fix=f"give MIN then MAX, e.g. --nodule-diameter {hi:g} {lo:g}",
         )
     position = args.patient_position
@@ -146,14 +143,13 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
     if args.seed_offset and (args.scenario is None or args.seed is not None):
         raise PhantomError(
             "--seed-offset moves the scenarios' own seeds",
-            where="ctpipe phantom --seed-offset",
             fix="use it with --scenario and without --seed",
         )
     if args.scenario == "all":
         if args.seed is not None or args.count != 1:
             raise PhantomError(
                 "--scenario all uses each scenario's own seed",
-                where="ctpipe phantom --seed/--count",
+                where="--seed/--count",
                 fix="drop --seed and --count, or name one scenario",
             )
         _check_seeds(args, [sc.seed for sc in scenarios.values()])
@@ -161,12 +157,12 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
     if args.scenario is not None:
         sc = scenarios[args.scenario]
         if args.seed is None and args.count != 1:
-            raise PhantomError("--count needs --seed with a scenario", where="ctpipe phantom --count", fix="pass --seed too")
+            raise PhantomError("--count needs --seed with a scenario", fix="pass --seed too")
         _check_seeds(args, [sc.seed])
         seeds = [sc.seed] if args.seed is None else list(range(args.seed, args.seed + args.count))
         return [(seed, sc.confounders, position or sc.patient_position, args.scenario) for seed in seeds]
     if args.seed is None:
-        raise PhantomError("--seed is required without --scenario", where="ctpipe phantom", fix="pass --seed N")
+        raise PhantomError("--seed is required without --scenario", fix="pass --seed N")
     _check_seeds(args, [])
     seeds = list(range(args.seed, args.seed + args.count))
     return [(seed, realistic_confounders(seed) if args.realistic else None, position or "HFS", None) for seed in seeds]
@@ -183,7 +179,6 @@ def _check_seeds(args: argparse.Namespace, scenario_seeds: list[int]) -> None:
         if last > _SEED_MAX:
             raise PhantomError(
                 f"--seed {args.seed} --count {args.count} runs up to seed {last}, above the largest seed {_SEED_MAX}",
-                where="ctpipe phantom --count",
                 fix=f"pass --count {_SEED_MAX - args.seed + 1} or less, or a smaller --seed",
             )
         return
@@ -191,7 +186,6 @@ def _check_seeds(args: argparse.Namespace, scenario_seeds: list[int]) -> None:
     if lo < 0 or hi > _SEED_MAX:
         raise PhantomError(
             f"--seed-offset {args.seed_offset} moves the scenario seeds to {lo}..{hi}, outside 0..{_SEED_MAX}",
-            where="ctpipe phantom --seed-offset",
             fix=f"use a --seed-offset of {args.seed_offset - lo} or more"
             if lo < 0
             else f"use a --seed-offset of {args.seed_offset - (hi - _SEED_MAX)} or less",
@@ -234,7 +228,6 @@ def run(args: argparse.Namespace) -> int:
             flags = " ".join("--" + name.replace("_", "-") for name in extra)
             raise PhantomError(
                 f"{flags} adds to the confounders of real scans, and a plain phantom has none",
-                where=f"ctpipe phantom {flags}",
                 fix="add --realistic or --scenario NAME",
             )
         cases = [(seed, replace(conf, **extra), position, sc) for seed, conf, position, sc in cases]
