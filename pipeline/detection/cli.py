@@ -37,7 +37,15 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("detect", help="find lung nodules in a CT series (findings JSON, CSV, PNGs)")
+    p = subparsers.add_parser(
+        "detect",
+        help="find lung nodules in a CT series (findings JSON, CSV, PNGs)",
+        description="Find lung nodules in one CT series and write into --out <case>.findings.json (every candidate, "
+        "with the threshold used), <case>.findings.csv and <case>_png/finding_NNN.png (the findings at or above the "
+        "model's operating point, or --score-threshold), and <case>_sr.dcm (a TID 1500 DICOM SR, for a DICOM source); "
+        "positions in DICOM patient coordinates (LPS, mm), slices by InstanceNumber. Exit status 0 done, 1 an unreadable "
+        "source or model, or a file that could not be written, 2 bad arguments.",
+    )
     p.add_argument("src", type=Path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--bundle", type=Path, default=None, help="MONAI detection bundle folder (default: the embedded demo model)")
@@ -68,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
     p.add_argument("--case-id", default=None, help="name of the output files (default: from the source)")
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
-    p.add_argument("--max-png", type=number_in(int, 0), default=20, help="PNGs for at most this many top findings")
+    p.add_argument("--max-png", type=number_in(int, 0), default=20, help="PNGs for at most this many top findings (default 20)")
     add_dicom_options(p, default="sr")
     p.set_defaults(func=_detect)
 
@@ -96,10 +104,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="phantom ground_truth.json files/folders or a LUNA16 annotations CSV "
         "(seriesuid,coordX,coordY,coordZ,diameter_mm; LPS mm)",
     )
-    e.add_argument("--out", type=Path, required=True, help="folder for froc.json, froc.csv, froc.png")
-    e.add_argument("--bootstrap", type=number_in(int, 0), default=1000, help="bootstrap samples for the 95%% intervals")
+    e.add_argument("--out", type=Path, required=True, help="folder for froc.json, froc.csv, froc.png and at_score.json")
     e.add_argument(
-        "--min-diameter", type=number_in(float, 0.0), default=3.0, help="smaller reference nodules are irrelevant findings (mm)"
+        "--bootstrap", type=number_in(int, 0), default=1000, help="bootstrap samples for the 95%% intervals (default 1000)"
+    )
+    e.add_argument(
+        "--min-diameter",
+        type=number_in(float, 0.0),
+        default=3.0,
+        help="smaller reference nodules are irrelevant findings (mm, default 3)",
     )
     e.add_argument(
         "--scans",

@@ -56,7 +56,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="distance between slices in mm, 0.3..10 (default 1.25)",
     )
     p.add_argument(
-        "--slice-thickness", type=number_in(float, 0.3, 10.0), default=None, help="reconstructed slice thickness in mm"
+        "--slice-thickness",
+        type=number_in(float, 0.3, 10.0),
+        default=None,
+        help="reconstructed slice thickness in mm (default: the slice spacing)",
     )
     p.add_argument("--slices", type=number_in(int, 8, _MAX_SLICES), default=None, help="number of slices (default: whole chest)")
     p.add_argument("--nodules", type=number_in(int, 0, 20), default=None, help="nodules per case, 0..20 (default: random 0-6)")
@@ -108,9 +111,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         help="with --scenario and no --seed: move the scenarios' seeds by this much "
-        f"(2000: the same scenarios as new held-out cases, seeds 7000-7031; at least -{SCENARIO_SEEDS[0]})",
+        f"(2000: the same scenarios as new held-out cases, seeds 7000-7031; at least -{SCENARIO_SEEDS[0]}; default 0)",
     )
-    p.add_argument("--transfer-syntax", choices=_TRANSFER_SYNTAXES, default="explicit_le", help="default explicit_le")
+    p.add_argument(
+        "--transfer-syntax",
+        choices=_TRANSFER_SYNTAXES,
+        default="explicit_le",
+        help="how the DICOM files store their pixels: explicit_le (uncompressed explicit VR little endian), rle (RLE "
+        "Lossless) or jpeg2000 (JPEG 2000 Lossless); default explicit_le",
+    )
     p.add_argument("--unsigned", action="store_true", help="store uint16 with RescaleIntercept -1024")
     p.add_argument(
         "--quirk",

@@ -37,9 +37,16 @@ def register(sub: Any) -> None:
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused to resume)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml)")
     p.add_argument(
-        "--workers", type=number_in(int, 0, 256), metavar="N", help="CPU worker processes (0 = all stages in one process)"
+        "--workers",
+        type=number_in(int, 0, 256),
+        metavar="N",
+        help="CPU worker processes (0 = all stages in one process; default: runner.workers of the configuration, 2)",
     )
-    p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda (every GPU) or cuda:N[,M]")
+    p.add_argument(
+        "--device",
+        metavar="DEV",
+        help="model device: auto, cpu, cuda (every GPU) or cuda:N[,M] (default: runner.device of the configuration, auto)",
+    )
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
     p.add_argument(
         "--ray",
@@ -84,15 +91,24 @@ def register(sub: Any) -> None:
         help="throughput/latency report over one or more run folders",
         description="Write report.html (plots embedded), report.json and CSV tables for RUN_DIRs.",
     )
-    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders written by ctpipe run --out (e.g. runs/2026-11-*)")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
-    r.add_argument("--bin-minutes", type=number_in(int, 1, 1440), default=60, help="bin width of the throughput plot (minutes)")
     r.add_argument(
-        "--hours-per-day", type=number_in(float, 0.1, 24.0), default=24.0, help="operating hours per day for the projection"
+        "--bin-minutes", type=number_in(int, 1, 1440), default=60, help="bin width of the throughput plot (minutes, default 60)"
+    )
+    r.add_argument(
+        "--hours-per-day",
+        type=number_in(float, 0.1, 24.0),
+        default=24.0,
+        help="operating hours per day for the projection (default 24)",
     )
     r.add_argument("--gpus", type=number_in(int, 1), metavar="N", help="capacity model: GPUs in all (default: the runs' own)")
     r.add_argument(
-        "--nodes", type=number_in(int, 1), default=1, metavar="M", help="capacity model: nodes the GPUs are spread over"
+        "--nodes",
+        type=number_in(int, 1),
+        default=1,
+        metavar="M",
+        help="capacity model: nodes the GPUs are spread over (default 1)",
     )
     r.add_argument(
         "--cpu-workers", type=number_in(int, 0), metavar="W", help="capacity model: CPU workers per node (default: the runs' own)"
