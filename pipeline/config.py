@@ -241,10 +241,14 @@ def _merge(
             where = labels.get(path, source)
             opt = SCHEMA[sec].get(key)
             if opt is None:
+                likely = likely_option(sec, key)
                 raise ConfigError(
-                    f"unknown option {path!r} (value {value!r}); allowed in {sec}: {', '.join(SCHEMA[sec])}",
+                    f"unknown option {path!r} (value {value!r}); {f'did you mean {sec}.{likely}? ' if likely else ''}"
+                    f"allowed in {sec}: {', '.join(SCHEMA[sec])}",
                     where=where,
-                    fix="remove it or correct its spelling (see configs/default.yaml)",
+                    fix=f"rename it to {sec}.{likely}"
+                    if likely
+                    else "remove it or correct its spelling (see configs/default.yaml)",
                 )
             data[sec][key] = _check(path, opt, value, where)
             sources[path] = where
@@ -332,10 +336,13 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, A
             continue  # other CTPIPE_* variables are not configuration
         key = rest[len(sec) + 1 :]
         if key not in SCHEMA[sec]:
+            likely = likely_option(sec, key)
+            right = f"CTPIPE_{sec}_{likely}".upper() if likely else None
             raise ConfigError(
-                f"unknown option {sec}.{key!r} (value {raw!r}); allowed in {sec}: {', '.join(SCHEMA[sec])}",
+                f"unknown option '{sec}.{key}' (value {raw!r}); {f'did you mean {right}, option {sec}.{likely}? ' if likely else ''}"
+                f"allowed in {sec}: {', '.join(SCHEMA[sec])}",
                 where=f"environment variable {name}",
-                fix="unset it or correct its name",
+                fix=f"rename it to {right}, or unset it" if right else "unset it or correct its name",
             )
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
@@ -343,6 +350,14 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, A
             value = raw
         layer.setdefault(sec, {})[key] = value
     return layer
+
+
+def likely_option(section: str, key: str) -> str | None:
+    """The option of ``section`` that the unknown ``key`` most likely misspells (``wrokers`` → ``workers``), or None."""
+    import difflib
+
+    close = difflib.get_close_matches(key.lower(), list(SCHEMA[section]), n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 #: CTPIPE_* variables that are not options (the metrics' node label, DICOMweb credentials).

@@ -114,6 +114,30 @@ def test_env_values_are_validated_with_the_variable_name():
         load_config(environ={"CTPIPE_RUNNER_WORKRES": "2"})
 
 
+def test_a_misspelt_option_is_refused_with_the_likely_name_in_a_file_a_set_and_a_variable(tmp_path):
+    # was: only the list of allowed names, and a variable's written as runner.'wrokers'
+    f = tmp_path / "c.yaml"
+    f.write_text("detector:\n  score_treshold: 0.5\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(f, environ={})
+    assert str(ei.value).startswith(
+        f"{f}: unknown option 'detector.score_treshold' (value 0.5); did you mean detector.score_threshold?"
+    )
+    assert str(ei.value).endswith("Fix: rename it to detector.score_threshold")
+    with pytest.raises(ConfigError) as ei:
+        load_config(overrides={"runner.worker": 2}, override_sources={"runner.worker": "--set runner.worker=2"}, environ={})
+    assert "did you mean runner.workers?" in str(ei.value) and "Fix: rename it to runner.workers" in str(ei.value)
+    with pytest.raises(ConfigError) as ei:
+        load_config(environ={"CTPIPE_RUNNER_WROKERS": "3"})
+    text = str(ei.value)
+    assert text.startswith("environment variable CTPIPE_RUNNER_WROKERS: unknown option 'runner.wrokers' (value '3'); ")
+    assert "did you mean CTPIPE_RUNNER_WORKERS, option runner.workers?" in text
+    assert text.endswith("Fix: rename it to CTPIPE_RUNNER_WORKERS, or unset it")
+    with pytest.raises(ConfigError) as ei:  # nothing close: the list alone, and the old fix
+        load_config(overrides={"runner.foo": 2}, override_sources={"runner.foo": "--set runner.foo=2"}, environ={})
+    assert "did you mean" not in str(ei.value) and "(value 2); allowed in runner: workers," in str(ei.value)
+
+
 def test_overrides_by_short_dotted_and_section_names():
     layer = overrides_layer({"workers": 2, "detector.amp": False, "reconstruct__organs": ["body"], "report": {"enabled": False}})
     assert layer == {
