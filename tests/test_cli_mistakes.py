@@ -192,3 +192,20 @@ def test_a_run_folder_inside_its_source_is_refused_before_it_is_made(tmp_path, c
     assert sorted(p.name for p in src.iterdir()) == ["IM0", "IM1", "IM2"]  # nothing made in the source
     check_out_outside_sources([src], tmp_path / "runs" / "r1")  # beside the source: fine
     check_out_outside_sources([src / "a.csv"], src / "r1")  # a worklist's folder is not a source folder
+
+
+def test_a_source_file_that_is_neither_dicom_nor_a_worklist_csv_is_refused(tmp_path, capsys):
+    # was: exit 0, "no CT series found in worklist.xlsx: nothing to do", and a run folder with an empty report
+    import numpy as np
+    import SimpleITK as sitk
+
+    excel = tmp_path / "worklist.xlsx"
+    excel.write_bytes(b"PK\x03\x04" + bytes(200))
+    image = tmp_path / "chest.nii.gz"
+    sitk.WriteImage(sitk.GetImageFromArray(np.full((4, 8, 8), -1000, np.int16)), str(image))
+    rc, err = _err(capsys, "run", str(excel), "--out", str(tmp_path / "r1"))
+    assert rc == 1 and f"{excel}: neither a DICOM file nor a worklist CSV (.csv). Fix: give a DICOM folder or file" in err
+    assert "CSV UTF-8" in err and not (tmp_path / "r1").exists()
+    rc, err = _err(capsys, "run", str(SAMPLE / "dicom"), str(image), "--out", str(tmp_path / "r2"))
+    assert rc == 1 and f"{image}: a NIfTI/MHA/NRRD image, not a DICOM series" in err
+    assert f"Fix: analyse the image with `ctpipe detect {image}`" in err and not (tmp_path / "r2").exists()

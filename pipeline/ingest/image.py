@@ -41,7 +41,7 @@ def read_image(path: str | Path) -> CTVolume:
     path = Path(path)
     suffix = image_suffix(path) or path.suffix
     stem = path.name[: -len(suffix)] if suffix else path.name
-    if _is_dicom(path):  # SimpleITK would read it as a one-slice image, whatever its name says
+    if starts_like_dicom(path):  # SimpleITK would read it as a one-slice image, whatever its name says
         raise UnreadableFileError(
             f"this is a DICOM file, not a NIfTI/MHA/NRRD image (its name ends in {suffix!r})",
             where=path,
@@ -72,7 +72,7 @@ def _hu_dtype(values: np.ndarray) -> np.dtype:
     return np.dtype(np.float32)
 
 
-def _is_dicom(path: Path) -> bool:
+def starts_like_dicom(path: Path) -> bool:
     """Whether ``path`` starts like a DICOM file (:func:`.rawheader.dicom_data_start`); False when it cannot be read."""
     try:
         with open(path, "rb") as f:

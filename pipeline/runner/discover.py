@@ -151,10 +151,28 @@ def read_worklist(path: Path, cfg: Config) -> list[dict[str, str]]:
 
 
 def check_sources(sources: Sequence[str | os.PathLike[str]]) -> None:
-    """:class:`ConfigError` naming the first of ``sources`` that does not exist (checked before a run folder is made)."""
+    """:class:`ConfigError` naming the first of ``sources`` that does not exist, or that is a file neither DICOM nor a
+    worklist ``.csv`` (an Excel worklist, a NIfTI image: the run would find nothing and exit 0); checked before a run
+    folder is made."""
+    from ..ingest.image import image_suffix, starts_like_dicom
+
     for src in sources:
-        if not Path(src).exists():
-            raise ConfigError("no such file or folder", where=Path(src), fix="check the sources given to ctpipe run")
+        path = Path(src)
+        if not path.exists():
+            raise ConfigError("no such file or folder", where=path, fix="check the sources given to ctpipe run")
+        if not path.is_file() or path.suffix.lower() == ".csv" or starts_like_dicom(path):
+            continue
+        if image_suffix(path):
+            raise ConfigError(
+                "a NIfTI/MHA/NRRD image, not a DICOM series: ctpipe run reads DICOM folders and files and worklist CSVs",
+                where=path,
+                fix=f"analyse the image with `ctpipe detect {path}` or `ctpipe reconstruct {path}`",
+            )
+        raise ConfigError(
+            "neither a DICOM file nor a worklist CSV (.csv)",
+            where=path,
+            fix="give a DICOM folder or file, or the worklist saved as CSV (in Excel: Save As, CSV UTF-8) with a 'path' column",
+        )
 
 
 def check_out_outside_sources(sources: Sequence[str | os.PathLike[str]], run_dir: str | os.PathLike[str]) -> None:
