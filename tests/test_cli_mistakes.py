@@ -209,3 +209,14 @@ def test_a_source_file_that_is_neither_dicom_nor_a_worklist_csv_is_refused(tmp_p
     rc, err = _err(capsys, "run", str(SAMPLE / "dicom"), str(image), "--out", str(tmp_path / "r2"))
     assert rc == 1 and f"{image}: a NIfTI/MHA/NRRD image, not a DICOM series" in err
     assert f"Fix: analyse the image with `ctpipe detect {image}`" in err and not (tmp_path / "r2").exists()
+
+
+def test_an_unknown_dicom_output_names_the_option_once(tmp_path, capsys):
+    # was: "argument --dicom: --dicom: unknown DICOM output(s) ['foo'] in 'sr,foo'"
+    with pytest.raises(SystemExit) as ei:
+        main(["detect", str(SAMPLE / "dicom"), "--out", str(tmp_path / "o"), "--dicom", "sr,foo"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ei.value.code == 2 and last == (
+        "ctpipe detect: error: argument --dicom: unknown DICOM output(s) ['foo'] in 'sr,foo'. "
+        "Fix: choose from sr, seg, a comma-separated list of them, or none"
+    )

@@ -39,8 +39,8 @@ def parse_outputs(value: str | Iterable[str] | None, *, where: str = "outputs") 
 def _outputs_arg(text: str) -> tuple[str, ...]:
     try:
         return parse_outputs(text, where="--dicom")
-    except DicomOutputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    except DicomOutputError as exc:  # argparse names the option itself: "argument --dicom: unknown ..."
+        raise argparse.ArgumentTypeError(f"{exc.problem}. Fix: {exc.fix}") from exc
 
 
 def add_dicom_options(parser: argparse.ArgumentParser, *, default: str | None) -> None:
