@@ -220,3 +220,11 @@ def test_an_unknown_dicom_output_names_the_option_once(tmp_path, capsys):
         "ctpipe detect: error: argument --dicom: unknown DICOM output(s) ['foo'] in 'sr,foo'. "
         "Fix: choose from sr, seg, a comma-separated list of them, or none"
     )
+
+
+def test_a_missing_bundle_stops_the_run_before_its_folder_is_made(tmp_path, capsys):
+    # was: the run folder made and the run recorded, ingest and the lungs done, then "stage detect cannot start"
+    out = tmp_path / "r"
+    rc, err = _err(capsys, "run", str(SAMPLE / "dicom"), "--out", str(out), "--bundle", str(tmp_path / "no_bundle"))
+    assert rc == 1 and f"ctpipe run: error: {tmp_path / 'no_bundle'}: no such bundle folder" in err
+    assert "Fix: check the path; a bundle is the folder holding configs/ and models/" in err and not out.exists()

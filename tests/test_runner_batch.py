@@ -195,13 +195,18 @@ def test_a_worklist_case_id_that_is_a_path_touches_nothing_outside_the_run(dicom
 
 
 def test_a_model_that_cannot_load_stops_the_run_with_its_reason(dicom_data, tmp_path):
+    from pipeline.errors import BundleError
     from pipeline.runner import run_batch
 
-    s = run_batch(
-        [dicom_data["good"]], out=tmp_path / "r", workers=0, bundle=str(tmp_path / "no_such_bundle"), **{"report.enabled": False}
-    )
+    with pytest.raises(BundleError, match="no such bundle folder"):  # a mistyped path: refused before the run starts
+        run_batch([dicom_data["good"]], out=tmp_path / "r0", workers=0, bundle=str(tmp_path / "no_such_bundle"))
+    assert not (tmp_path / "r0").exists()
+    broken = tmp_path / "broken_bundle"  # its config reads, its model does not load
+    (broken / "configs").mkdir(parents=True)
+    (broken / "configs" / "inference.json").write_text("{}")
+    s = run_batch([dicom_data["good"]], out=tmp_path / "r", workers=0, bundle=str(broken), **{"report.enabled": False})
     assert s.exit_code == 1 and s.done == 0
-    assert "stage detect cannot start" in s.fatal and "no_such_bundle" in s.fatal
+    assert "stage detect cannot start" in s.fatal and "broken_bundle" in s.fatal
     assert db_rows(tmp_path / "r", "SELECT status FROM runs") == [("failed",)]
     # nothing was lost: the cases are retried by the next run (none is marked done or failed)
     assert {r[0] for r in db_rows(tmp_path / "r", "SELECT status FROM cases")} <= {"pending", "running"}

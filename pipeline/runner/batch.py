@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_bytes
+from ..bundle import BundleConfig
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import FatalRunError
 from ..pacs.address import for_records
@@ -88,6 +89,8 @@ def run_batch(
     run_dir = Path(out)
     check_sources(srcs)  # a mistyped source: one clear error, before the run folder is made
     check_out_outside_sources(srcs, run_dir)  # a run folder inside its source: read back as input by the next run
+    if cfg.detector.bundle:  # a mistyped --bundle: one clear error now, not when the model stage starts
+        BundleConfig.read(cfg.detector.bundle)
     check_writable(run_dir)  # a read-only or full --out: one clear error, before anything else
     lock = RunLock(run_dir)
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
