@@ -98,12 +98,29 @@ def ensure_dir(path: str | os.PathLike[str], *, what: str = "--out") -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        if exc.errno == errno.ENOTDIR:  # a file where one of its parent folders should be
+            blocker = in_the_way(folder)
+            raise CtpipeError(
+                f"{what}: the folder cannot be created: {blocker} is a file, not a folder",
+                where=folder,
+                fix=f"give {what} a path that does not go through the file {blocker}",
+            ) from exc
         raise CtpipeError(
             f"{what}: the folder cannot be created ({exc.strerror})", where=folder, fix="choose a folder this user can write"
         ) from exc
     if not os.access(folder, os.W_OK | os.X_OK):
         raise CtpipeError(f"{what}: the folder is not writable", where=folder, fix="choose a folder this user can write")
     return folder
+
+
+def in_the_way(path: str | os.PathLike[str]) -> str:
+    """The existing file that stands in a folder's place on the way to ``path`` (what ``ENOTDIR`` is about), else
+    ``path`` itself (absolute)."""
+    absolute = Path(os.path.abspath(path))
+    for p in reversed([absolute, *absolute.parents]):
+        if p.exists() and not p.is_dir():
+            return str(p)
+    return str(absolute)
 
 
 def ensure_file_path(path: str | os.PathLike[str], *, what: str) -> Path:

@@ -30,8 +30,10 @@ def test_an_output_that_is_a_file_or_cannot_be_made(tmp_path, capsys, a_file):
     ):
         rc, err = _err(capsys, *argv)
         assert rc == 1 and f"{a_file}: --out" in err and "a file, not a" in err, argv
-    rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", str(a_file / "sub"))
-    assert rc == 1 and "--out: the folder cannot be created" in err
+    for command in ("detect", "ingest", "reconstruct"):  # was: "(Not a directory). Fix: choose a folder this user can write"
+        rc, err = _err(capsys, command, str(SAMPLE / "dicom"), "--out", str(a_file / "sub" / "dir"))
+        assert rc == 1 and f"--out: the folder cannot be created: {a_file} is a file, not a folder. " in err, err
+        assert f"Fix: give --out a path that does not go through the file {a_file}" in err
     rc, err = _err(capsys, "phantom", str(a_file), "--seed", "1", "--matrix", "64", "--slices", "12")
     assert rc == 1 and str(a_file) in err and "Not a directory" in err
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import in_the_way
 from ..errors import RunEnvironmentError
 
 #: Errors that only writing can meet: environmental wherever they happen.
@@ -123,18 +124,9 @@ def _inside(path: str | os.PathLike[str], folder: Path) -> bool:
     return True
 
 
-def _in_the_way(filename: str | os.PathLike[str]) -> str:
-    """The existing file that stands in a folder's place on the way to ``filename`` (``ENOTDIR``), else ``filename``."""
-    path = Path(os.path.abspath(filename))
-    for p in reversed([path, *path.parents]):
-        if p.exists() and not p.is_dir():
-            return str(p)
-    return str(path)
-
-
 def _folder_of(filename: object, run_dir: Path | None, number: int | None = None) -> str:
     if isinstance(filename, (str, os.PathLike)) and str(filename) and number in (errno.ENOTDIR, errno.EISDIR):
-        return _in_the_way(filename) if number == errno.ENOTDIR else str(Path(os.path.abspath(filename)))
+        return in_the_way(filename) if number == errno.ENOTDIR else str(Path(os.path.abspath(filename)))
     if isinstance(filename, (str, os.PathLike)) and str(filename):
         p = Path(os.path.abspath(filename))
         return str(p if p.is_dir() else p.parent)
