@@ -42,3 +42,16 @@ def test_run_states_the_configured_defaults_of_its_flags():
     text = " ".join(_commands()["run"].format_help().split())
     assert "default: runner.workers of the configuration, 2" in text
     assert "default: runner.device of the configuration, auto" in text
+
+
+def test_phantom_states_the_range_of_each_size_it_checks():
+    # was: --matrix 8 refused as "out of range (64..1024)", a range the help did not give
+    text = " ".join(_commands()["phantom"].format_help().split())
+    for stated in (
+        "rows = columns per slice, 64..1024 (default 256)",
+        "number of slices, 8..1024",
+        "mm, 0.3..10 (default: the slice spacing)",
+        "each 1..60 (default 3 30)",
+        "HU, 0..500 (default 20)",
+    ):
+        assert stated in text, stated

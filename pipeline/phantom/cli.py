@@ -45,7 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--count", type=number_in(int, 1), default=1, help="number of cases (default 1)")
     # the ranges generate_phantom accepts, refused here once (exit status 2) rather than once per case
-    p.add_argument("--matrix", type=number_in(int, 64, 1024), default=256, help="rows = columns per slice (default 256)")
+    p.add_argument(
+        "--matrix", type=number_in(int, 64, 1024), default=256, help="rows = columns per slice, 64..1024 (default 256)"
+    )
     p.add_argument(
         "--pixel-spacing", type=number_in(float, 0.3, 2.0), default=0.7, help="in-plane spacing in mm, 0.3..2 (default 0.7)"
     )
@@ -59,9 +61,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--slice-thickness",
         type=number_in(float, 0.3, 10.0),
         default=None,
-        help="reconstructed slice thickness in mm (default: the slice spacing)",
+        help="reconstructed slice thickness in mm, 0.3..10 (default: the slice spacing)",
     )
-    p.add_argument("--slices", type=number_in(int, 8, _MAX_SLICES), default=None, help="number of slices (default: whole chest)")
+    p.add_argument(
+        "--slices",
+        type=number_in(int, 8, _MAX_SLICES),
+        default=None,
+        help=f"number of slices, 8..{_MAX_SLICES} (default: whole chest)",
+    )
     p.add_argument("--nodules", type=number_in(int, 0, 20), default=None, help="nodules per case, 0..20 (default: random 0-6)")
     p.add_argument(
         "--nodule-diameter",
@@ -69,10 +76,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs=2,
         default=(3.0, 30.0),
         metavar=("MIN", "MAX"),
-        help="range of nodule diameters in mm (default 3 30)",
+        help="range of nodule diameters in mm, each 1..60 (default 3 30)",
     )
     p.add_argument(
-        "--noise-hu", type=number_in(float, 0.0, 500.0), default=20.0, help="image noise standard deviation in HU (default 20)"
+        "--noise-hu",
+        type=number_in(float, 0.0, 500.0),
+        default=20.0,
+        help="image noise standard deviation in HU, 0..500 (default 20)",
     )
     p.add_argument(
         "--patient-position",
