@@ -156,3 +156,17 @@ def test_the_box_drawn_is_the_findings_box(monkeypatch):
         assert (r.get_width(), r.get_height()) == (pytest.approx(4.0 / 0.8), pytest.approx(4.0 / 0.8))
         assert r.get_x() + r.get_width() / 2 == pytest.approx((x0 + x1) / 2)
         assert r.get_y() + r.get_height() / 2 == pytest.approx((y0 + y1) / 2)
+
+
+def test_the_title_gives_the_score_as_the_findings_table_does(monkeypatch):
+    # was: "#1 score 1.00" on the PNG of a finding that ctpipe detect, the CSV and the README give as 0.999
+    from dataclasses import replace
+
+    import matplotlib.figure
+
+    titles: list[str] = []
+    real = matplotlib.figure.Figure.suptitle
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", lambda fig, t, **kw: titles.append(t) or real(fig, t, **kw))
+    vol = _volume_with_markers(DIRECTIONS["LPS"])
+    finding_png(vol, replace(_finding_at_centre(vol, 5.0), score=0.99891), rank=1)
+    assert titles and titles[0].startswith("#1 score 0.999, box 5.0 mm at LPS (10.0, -20.0, 30.0) mm"), titles

@@ -148,7 +148,7 @@ def finding_png(
     ax.imshow(strip, cmap=cmap, vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], interpolation="bilinear")
     ax.set_axis_off()
     c = f.center_lps
-    title = f"#{rank} score {f.score:.2f}, box {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"
+    title = f"#{rank} score {f.score:.3f}, box {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"
     fig.suptitle(title + (f"\n{warning}" if warning else ""), fontsize=10, color="black" if not warning else "#a05a00")
     if footer:
         fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=7, color="#555555")
