@@ -33,7 +33,7 @@ def test_one_slice_file_of_a_series_names_its_folder(tmp_path):
     text = str(err.value)
     assert str(paths[2]) in text and "one slice of series 1.2.3.44" in text and "6 slices" in text
     assert "scout" not in text
-    assert _fix(err) == f"pass the folder: load_series({str(tmp_path)!r})"
+    assert _fix(err) == f"pass the folder: load_series({str(tmp_path)!r}); on the command line: {tmp_path} as the source"
     assert load_series(tmp_path).shape[0] == 6  # the fix works
 
 
@@ -45,6 +45,7 @@ def test_one_slice_file_in_a_folder_of_several_series_names_the_series(tmp_path)
     assert "one slice of series 1.2.3.5" in str(err.value) and "5 slices" in str(err.value)
     fix = _fix(err)
     assert f"load_series({str(tmp_path)!r}, series_uid='1.2.3.5')" in fix and "2 series" in fix
+    assert fix.endswith(f"on the command line: {tmp_path} --series-uid 1.2.3.5")  # ctpipe detect/reconstruct
     assert load_series(tmp_path, series_uid="1.2.3.5").shape[0] == 5
 
 

@@ -148,10 +148,10 @@ def _one_file_of_a_series(path: Path, header: SliceHeader, exc: SingleSliceError
     if len(series) > 1:
         fix = (
             f"pass the folder and pick the series: load_series({str(folder)!r}, series_uid={mine.key!r}) "
-            f"(the folder holds {len(series)} series)"
+            f"(the folder holds {len(series)} series); on the command line: {folder} --series-uid {mine.key}"
         )
     else:
-        fix = f"pass the folder: load_series({str(folder)!r})"
+        fix = f"pass the folder: load_series({str(folder)!r}); on the command line: {folder} as the source"
     return SingleSliceError(
         f"the file is one slice of series {mine.key}, whose {mine.n_slices} slices are in its folder; "
         "one file loads only a multi-frame (Enhanced CT) object",
