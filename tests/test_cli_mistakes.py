@@ -230,3 +230,33 @@ def test_a_missing_bundle_stops_the_run_before_its_folder_is_made(tmp_path, caps
     rc, err = _err(capsys, "run", str(SAMPLE / "dicom"), "--out", str(out), "--bundle", str(tmp_path / "no_bundle"))
     assert rc == 1 and f"ctpipe run: error: {tmp_path / 'no_bundle'}: no such bundle folder" in err
     assert "Fix: check the path; a bundle is the folder holding configs/ and models/" in err and not out.exists()
+
+
+def test_device_auto_as_the_device_error_suggests_is_taken_by_detect_and_reconstruct(tmp_path, capsys, monkeypatch):
+    # was: a RuntimeError traceback ("Expected one of cpu, cuda, ... at start of device string: auto"), though the
+    # error for --device cuda on a machine without a GPU says "Fix: ask for cpu, or auto"
+    import torch
+
+    import pipeline.detection.infer as infer
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    out = tmp_path / "recon"
+    argv = ["reconstruct", str(SAMPLE / "dicom"), "--out", str(out), "--device", "auto", "--organs", "body"]
+    rc, err = _err(capsys, *argv, "--no-render", "--no-dicom")
+    assert rc == 0, err
+    assert sorted(p.name.split("_", 1)[1] for p in out.iterdir()) == ["body.stl", "labels.npz", "measurements.json"]
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def detector(**kwargs):
+        seen.append(kwargs["device"])
+        raise Stop
+
+    monkeypatch.setattr(infer, "Detector", detector)
+    for given in ("auto", "AUTO"):
+        with pytest.raises(Stop):
+            main(["detect", str(SAMPLE / "dicom"), "--out", str(tmp_path / "det"), "--device", given])
+    assert seen == [expected, expected]

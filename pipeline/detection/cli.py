@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--bundle", type=Path, default=None, help="MONAI detection bundle folder (default: the embedded demo model)")
     p.add_argument("--no-lung-crop", action="store_true", help="search the whole volume, not only the lungs")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default auto: cuda when available, else cpu)")
     p.add_argument(
         "--fp32",
         action="store_true",
@@ -170,14 +170,14 @@ def _detect(args: argparse.Namespace) -> int:
 
     if args.case_id is not None:
         _check_case_id(args.case_id)
-    if args.device is not None:
-        resolve_device(args.device, where="--device")
+    # auto, gpu: the torch device they stand for ("cuda" or "cpu"), as ctpipe run's --device reads them
+    device = resolve_device(args.device, where="--device") if args.device is not None else None
     ensure_dir(args.out)
     volume, case_id = read_source(args.src, series_uid=args.series_uid, mmap=True)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
     det = Detector(
         bundle=args.bundle,
-        device=args.device,
+        device=device,
         amp=not args.fp32,
         restrict_to_lungs=not args.no_lung_crop,
         postprocess=not args.raw,

@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--smoothing", type=number_in(int, 0, 500), default=20, help="Taubin smoothing iterations (default 20, 0 = none)"
     )
     p.add_argument("--target-triangles", type=int, default=None, help="at most this many triangles per organ")
-    p.add_argument("--device", default=None, help="torch device (default: cuda when present, else cpu)")
+    p.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default auto: cuda when present, else cpu)")
     p.add_argument("--no-render", action="store_true", help="skip the PNG renderings")
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
     add_dicom_options(p, default="sr,seg")
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from .stage import reconstruct
 
     # every input is checked before any work, so a mistake leaves no half-written --out folder
-    if args.device is not None:
-        resolve_device(args.device, where="--device")
+    # auto, gpu: the torch device they stand for ("cuda" or "cpu"), as ctpipe run's --device reads them
+    device = resolve_device(args.device, where="--device") if args.device is not None else None
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
         check_formats(formats)
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         mesh_formats=formats,
         smoothing=args.smoothing,
         target_triangles=args.target_triangles,
-        device=args.device,
+        device=device,
         seg_bundle=bundle,
         render=not args.no_render,
         stem=stem,
