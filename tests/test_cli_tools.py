@@ -53,6 +53,12 @@ def test_phantom_option_errors_name_the_command_once(tmp_path, capsys):
         (["--seed", "1", "--seed-offset", "5"], "ctpipe phantom: error: --seed-offset moves the scenarios' own seeds. Fix: use"),
         (["--seed", "1", "--fine-vessels"], "ctpipe phantom: error: --fine-vessels adds to the confounders of real scans"),
         (["--scenario", "all", "--seed", "1"], "ctpipe phantom: error: --seed/--count: --scenario all uses each scenario's own"),
+        # was: each case generated, then refused by the writer ("with enhanced=True use only ..."), exit status 1
+        (
+            ["--seed", "1", "--count", "2", "--enhanced", "--quirk", "missing_slice", "--quirk", "localizer"],
+            "ctpipe phantom: error: --quirk missing_slice cannot be written into the one multi-frame file of --enhanced. "
+            "Fix: with --enhanced use only --quirk shuffled_names, localizer, second_series, or drop --enhanced",
+        ),
     ):
         assert main(["phantom", str(tmp_path), *argv]) == 1, argv
         err = capsys.readouterr().err

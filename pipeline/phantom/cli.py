@@ -140,7 +140,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="QUIRK",
         help=f"add a quirk (repeatable): {', '.join(_QUIRKS)}",
     )
-    p.add_argument("--enhanced", action="store_true", help="one Enhanced CT multi-frame file instead of one file per slice")
+    p.add_argument(
+        "--enhanced",
+        action="store_true",
+        help="one Enhanced CT multi-frame file instead of one file per slice (with the quirks shuffled_names, localizer and "
+        "second_series only)",
+    )
     p.set_defaults(func=run)
 
 
@@ -185,6 +190,20 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
     _check_seeds(args, [])
     seeds = list(range(args.seed, args.seed + args.count))
     return [(seed, realistic_confounders(seed) if args.realistic else None, position or "HFS", None) for seed in seeds]
+
+
+def _check_enhanced_quirks(args: argparse.Namespace) -> None:
+    """Refuse, before any case is generated, --quirk values that one --enhanced multi-frame file cannot hold (the
+    writer would refuse each case in turn, after generating it)."""
+    from ..errors import PhantomError
+    from .dicom_quirks import ENHANCED_QUIRKS
+
+    bad = [q for q in args.quirks or () if q not in ENHANCED_QUIRKS]
+    if args.enhanced and bad:
+        raise PhantomError(
+            f"--quirk {', '.join(bad)} cannot be written into the one multi-frame file of --enhanced",
+            fix=f"with --enhanced use only --quirk {', '.join(ENHANCED_QUIRKS)}, or drop --enhanced",
+        )
 
 
 def _check_seeds(args: argparse.Namespace, scenario_seeds: list[int]) -> None:
@@ -240,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     from .dicom_writer import write_phantom_case
 
     failed = 0
+    _check_enhanced_quirks(args)
     cases = _cases(args)
     extra = {name: True for name in ("fine_vessels", "bronchovascular") if getattr(args, name)}
     if extra:
