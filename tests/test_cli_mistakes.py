@@ -260,3 +260,14 @@ def test_device_auto_as_the_device_error_suggests_is_taken_by_detect_and_reconst
         with pytest.raises(Stop):
             main(["detect", str(SAMPLE / "dicom"), "--out", str(tmp_path / "det"), "--device", given])
     assert seen == [expected, expected]
+
+
+def test_a_metrics_textfile_dir_that_is_a_file_stops_the_run_before_it_starts(tmp_path, capsys, a_file):
+    # was: every case processed, then at the end "ctpipe run: error: <file>: File exists. Fix: check the path",
+    # exit status 1 and no report
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "r"
+    argv = ["run", str(tmp_path / "empty"), "--out", str(out), "--workers", "0", "--set", f"metrics.textfile_dir={a_file}"]
+    rc, err = _err(capsys, *argv)
+    assert rc == 1 and f"{a_file}: metrics.textfile_dir: this is a file, not a folder" in err, err
+    assert "Fix: give metrics.textfile_dir a folder path" in err and not out.exists()

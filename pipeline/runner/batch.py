@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_bytes
+from ..atomic import atomic_write_bytes, ensure_dir
 from ..bundle import BundleConfig
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import FatalRunError
@@ -91,6 +91,8 @@ def run_batch(
     check_out_outside_sources(srcs, run_dir)  # a run folder inside its source: read back as input by the next run
     if cfg.detector.bundle:  # a mistyped --bundle: one clear error now, not when the model stage starts
         BundleConfig.read(cfg.detector.bundle)
+    if cfg.metrics.textfile_dir:  # written at the end of the run: a path that cannot be a folder is said now
+        ensure_dir(cfg.metrics.textfile_dir, what="metrics.textfile_dir")
     check_writable(run_dir)  # a read-only or full --out: one clear error, before anything else
     lock = RunLock(run_dir)
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
