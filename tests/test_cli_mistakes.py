@@ -271,3 +271,14 @@ def test_a_metrics_textfile_dir_that_is_a_file_stops_the_run_before_it_starts(tm
     rc, err = _err(capsys, *argv)
     assert rc == 1 and f"{a_file}: metrics.textfile_dir: this is a file, not a folder" in err, err
     assert "Fix: give metrics.textfile_dir a folder path" in err and not out.exists()
+
+
+def test_a_worklist_root_that_is_not_a_folder_is_refused_before_the_run(tmp_path, capsys, a_file):
+    # was: every relative row quarantined, "the path does not exist", and exit status 3
+    worklist = tmp_path / "worklist.csv"
+    worklist.write_text("path\nphantom_00003/dicom\n")
+    for root, what in ((a_file, "is a file"), (tmp_path / "nowhere", "does not exist")):
+        out = tmp_path / f"r_{root.name}"
+        rc, err = _err(capsys, "run", str(worklist), "--out", str(out), "--set", f"runner.worklist_root={root}")
+        assert rc == 1 and f"{root}: runner.worklist_root, the folder relative worklist paths start from, {what}" in err
+        assert "Fix: set runner.worklist_root to the folder holding the worklist's series" in err and not out.exists()

@@ -20,7 +20,7 @@ from ..bundle import BundleConfig
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import FatalRunError
 from ..pacs.address import for_records
-from .discover import Discovery, check_out_outside_sources, check_sources, discover
+from .discover import Discovery, check_out_outside_sources, check_sources, discover, worklist_root
 from .engine import Engine
 from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
@@ -91,6 +91,8 @@ def run_batch(
     check_out_outside_sources(srcs, run_dir)  # a run folder inside its source: read back as input by the next run
     if cfg.detector.bundle:  # a mistyped --bundle: one clear error now, not when the model stage starts
         BundleConfig.read(cfg.detector.bundle)
+    if any(Path(src).suffix.lower() == ".csv" for src in srcs):
+        worklist_root(cfg)  # a runner.worklist_root that is no folder: said before the run folder is made
     if cfg.metrics.textfile_dir:  # written at the end of the run: a path that cannot be a folder is said now
         ensure_dir(cfg.metrics.textfile_dir, what="metrics.textfile_dir")
     check_writable(run_dir)  # a read-only or full --out: one clear error, before anything else

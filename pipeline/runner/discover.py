@@ -143,11 +143,27 @@ def read_worklist(path: Path, cfg: Config) -> list[dict[str, str]]:
             where=path,
             fix="name the column holding folders/files 'path'; optional columns: series_uid, case_id",
         )
-    root = Path(cfg.runner.worklist_root) if cfg.runner.worklist_root else path.parent
+    root = worklist_root(cfg) or path.parent
     for r in rows:
         p = Path((r.get("path") or "").strip())
         r["path"] = str(p if p.is_absolute() else root / p)
     return rows
+
+
+def worklist_root(cfg: Config) -> Path | None:
+    """``runner.worklist_root``, the folder relative worklist paths start from (None: each CSV's own folder);
+    :class:`ConfigError` when it is not a folder (else every relative row would be "the path does not exist")."""
+    if not cfg.runner.worklist_root:
+        return None
+    root = Path(cfg.runner.worklist_root)
+    if not root.is_dir():
+        raise ConfigError(
+            f"runner.worklist_root, the folder relative worklist paths start from, "
+            f"{'is a file' if root.exists() else 'does not exist'}",
+            where=root,
+            fix="set runner.worklist_root to the folder holding the worklist's series (or null: the CSV's own folder)",
+        )
+    return root
 
 
 def check_sources(sources: Sequence[str | os.PathLike[str]]) -> None:
