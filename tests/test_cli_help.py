@@ -55,3 +55,10 @@ def test_phantom_states_the_range_of_each_size_it_checks():
         "HU, 0..500 (default 20)",
     ):
         assert stated in text, stated
+
+
+def test_reconstruct_describes_every_file_it_writes_and_every_source_it_reads():
+    # was: no word of the SR and SEG it writes by default, nor of the NIfTI/MHA/NRRD images it reads
+    text = " ".join(_commands()["reconstruct"].format_help().split())
+    for stated in ("<stem>_seg.dcm", "<stem>_sr.dcm", "NIfTI/MHA/NRRD image", "<stem>_labels.npz", "Exit status 0"):
+        assert stated in text, stated

@@ -34,9 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reconstruct",
         help="segment, mesh and measure chest organs (STL/PLY/OBJ/GLB + PNG renderings)",
         description=(
-            "Reconstruct the body, lungs (left/right), airways and bone of SRC: a DICOM folder, or a case-cache entry "
-            "(<case>.json or <case>.npy written by `ctpipe ingest`). Writes <stem>_<organ>.<format> meshes in DICOM "
-            "patient coordinates (LPS, mm), <stem>_measurements.json, <stem>_labels.npz and PNG renderings into --out."
+            "Reconstruct the body, lungs (left/right), airways and bone of SRC: a DICOM folder or file, a case-cache "
+            "entry (<case>.json or <case>.npy written by `ctpipe ingest`) or a NIfTI/MHA/NRRD image. Writes "
+            "<stem>_<organ>.<format> meshes in DICOM patient coordinates (LPS, mm), <stem>_measurements.json, "
+            "<stem>_labels.npz and PNG renderings into --out, then, for a DICOM source, <stem>_seg.dcm (organ and "
+            "--findings nodule masks) and <stem>_sr.dcm (TID 1500: measurements, quality flags and the --findings; "
+            "--dicom chooses). Exit status 0 done, 1 a bad source or option, no mesh made, or DICOM results not "
+            "written (the other files are kept), 2 bad arguments."
         ),
     )
     p.add_argument(
