@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "with the threshold used), <case>.findings.csv and <case>_png/finding_NNN.png (the findings at or above the "
         "model's operating point, or --score-threshold), and <case>_sr.dcm (a TID 1500 DICOM SR, for a DICOM source); "
         "positions in DICOM patient coordinates (LPS, mm), slices by InstanceNumber. Exit status 0 done, 1 an unreadable "
-        "source or model, or a file that could not be written, 2 bad arguments.",
+        "source or model, a --device or --case-id it cannot use, or a file that could not be written, 2 bad "
+        "arguments (an unknown option, a value out of its range).",
     )
     p.add_argument("src", type=Path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image")
     p.add_argument("--out", type=Path, required=True, help="output folder")
