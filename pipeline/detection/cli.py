@@ -1,6 +1,6 @@
 """``ctpipe detect`` and ``ctpipe evaluate``.
 
-    ctpipe detect SRC --out DIR [--bundle PATH] [--no-lung-crop] [--device cpu|cuda] [--fp32] [--raw] [--no-png]
+    ctpipe detect SRC --out DIR [--bundle PATH] [--no-lung-crop] [--device auto|cpu|cuda] [--fp32] [--raw] [--no-png]
                   [--score-threshold P | --all-candidates] [--dicom none|sr | --no-dicom]
     ctpipe evaluate --pred PATH [PATH ...] --truth PATH [PATH ...] --out DIR [--bootstrap 1000]
                     [--scans seriesuids.csv] [--irrelevant annotations_excluded.csv] [--reading interpolate|step]
