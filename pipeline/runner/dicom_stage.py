@@ -4,7 +4,8 @@ It runs last, once the case's other files are in its staging folder, when ``outp
 names any result (:mod:`pipeline.dicom_out`):
 
 * ``sr.dcm``: a TID 1500 Comprehensive 3D SR of the findings at the operating point (those of
-  the findings JSON), with the nodule volumes and the lung volumes of the measurements JSON and
+  the findings JSON), each with its lung side and the size of its segmentation (written alone or
+  beside the SEG alike), with the nodule volumes and the lung volumes of the measurements JSON and
   the case's quality flags; when detection was skipped (no lungs) it makes no statement on nodules;
 * ``seg.dcm``: a binary SEG of the organ masks (kept in the case cache by ``reconstruct``) and of
   the nodule masks, segmented again from the findings inside the same lung mask as ``nodules``
@@ -158,20 +159,22 @@ class DicomStage(Stage):
         t0 = time.perf_counter()
         volume = read_case_volume(ctx)
         findings = _findings(ctx)
-        masks: dict[str, np.ndarray] = {}
+        # the organ masks are the SEG's segments; the lungs also give each finding's side in the SR, and the nodule
+        # masks its segmented size (diameter, long axis, ellipsoid): an SR alone reports them as one beside a SEG does
+        masks = load_organ_masks(ctx.cache_dir, case_id, volume.shape)
+        if "seg" not in outputs:
+            masks = {o: m for o, m in masks.items() if o in LUNGS}
         nodules = None
-        if "seg" in outputs:
-            masks = load_organ_masks(ctx.cache_dir, case_id, volume.shape)
-            if findings is not None and len(findings) and (masks or ctx.config.reconstruct.enabled):
-                nodules = self._nodules(ctx, volume, findings, masks)
-            if not masks and not nodules:
-                log.warning(
-                    "case %s: no organ or nodule masks (%s): no SEG written",
-                    case_id,
-                    "the reconstruction segmented none" if ctx.config.reconstruct.enabled else "reconstruction off",
-                    extra={"case_id": case_id, "stage": self.name},
-                )
-                outputs = tuple(o for o in outputs if o != "seg")
+        if findings is not None and len(findings) and (masks or ctx.config.reconstruct.enabled):
+            nodules = self._nodules(ctx, volume, findings, masks)
+        if "seg" in outputs and not masks and not nodules:
+            log.warning(
+                "case %s: no organ or nodule masks (%s): no SEG written",
+                case_id,
+                "the reconstruction segmented none" if ctx.config.reconstruct.enabled else "reconstruction off",
+                extra={"case_id": case_id, "stage": self.name},
+            )
+            outputs = tuple(o for o in outputs if o != "seg")
         source = source_as_discovered(ctx, volume)
         measurements = _measurements(ctx)
         paths = write_case_dicom(

@@ -8,7 +8,8 @@ the findings inside that mask. Without reconstruction, ``lungs`` segments the
 lungs alone for the quality report that decides whether to search. When the
 DICOM SEG is among ``outputs.dicom``, ``reconstruct`` also keeps every organ mask
 in the cache (``RUN_DIR/cache/<case_id>.organs.npz``, bits packed) for the
-``dicom`` stage (:mod:`.dicom_stage`).
+``dicom`` stage (:mod:`.dicom_stage`); with the SR alone, the lung masks (each
+finding's side in the report).
 
 A file that cannot be written fails the stage (an environmental error such as a
 full disk stops the run; see :mod:`.faults`); an organ that cannot be segmented
@@ -183,8 +184,10 @@ class ReconstructStage(Stage):
             parts = [rec.mask(o) for o in LUNGS if o in rec.masks]
             if parts:
                 save_lung_mask(ctx.cache_dir, ctx.case.case_id, np.logical_or.reduce(parts))
-        if "seg" in ctx.config.outputs.dicom and rec.masks:  # for the dicom stage's SEG
-            save_organ_masks(ctx.cache_dir, ctx.case.case_id, {o: rec.mask(o) for o in rec.masks})
+        dicom = ctx.config.outputs.dicom
+        kept = [o for o in rec.masks if "seg" in dicom or ("sr" in dicom and o in LUNGS)]
+        if kept:  # for the dicom stage: the SEG's segments; the lungs give each finding's side in the SR
+            save_organ_masks(ctx.cache_dir, ctx.case.case_id, {o: rec.mask(o) for o in kept})
         meas = {k: v for k, v in rec.measurements.items() if k in MEASURED}
         declared = [p.relative_to(ctx.workdir).as_posix() for paths in rec.files.values() for p in paths]
         out: dict[str, Any] = {

@@ -1,0 +1,45 @@
+"""``ctpipe run`` with only the SR (``outputs.dicom: [sr]``): the same report as with the SEG beside it, each finding
+with its lung side and the measurements of its segmentation. Tiny phantom (64 x 64 pixels of 2 mm, 5 mm slices);
+positions LPS mm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.dicom_out import read_sr_findings
+from pipeline.runner import open_run, run_batch
+from tests._support.runner import QUICK
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One phantom with a nodule, run once with ``outputs.dicom: [sr]`` and once with ``[sr, seg]``; SR path by run."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_phantom_case
+
+    root = tmp_path_factory.mktemp("outputs")
+    ph = generate_phantom(11, n_nodules=1, matrix=64, slices=24, pixel_spacing=2.0, slice_spacing=5.0)
+    write_phantom_case(ph, root / "src")
+    paths: dict[str, Path] = {}
+    for name, outputs in (("sr", ["sr"]), ("sr_seg", ["sr", "seg"])):
+        options: dict[str, Any] = {**QUICK, "outputs.dicom": outputs}
+        summary = run_batch([root / "src"], out=root / name, workers=0, **options)
+        assert summary.done == 1
+        table = open_run(root / name).dicom_outputs
+        paths[name] = Path(table.sr.iloc[0])
+        assert (table.seg.isna() if name == "sr" else table.seg.notna()).all()
+    return paths
+
+
+@pytest.mark.slow
+def test_an_sr_alone_states_each_findings_side_and_segmented_size(runs: dict[str, Path]) -> None:
+    table = read_sr_findings(runs["sr"])
+    assert len(table) >= 1
+    assert table.side.notna().all(), table[["tracking_id", "side"]]
+    assert table.long_axis_mm.notna().all() and table.diameter_mm.notna().all() and table.volume_mm3.notna().all()
+    with_seg = read_sr_findings(runs["sr_seg"])
+    assert table.side.tolist() == with_seg.side.tolist()
+    assert table.long_axis_mm.tolist() == pytest.approx(with_seg.long_axis_mm.tolist())
