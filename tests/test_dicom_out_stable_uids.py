@@ -52,3 +52,19 @@ def test_ctpipe_detect_twice_writes_the_same_sr(tmp_path: Path) -> None:
         assert _write_dicom(args, case.volume, findings, "c") == 0
         written.append(tmp_path / out / "c_sr.dcm")
     assert written[0].read_bytes() == written[1].read_bytes()
+
+
+def test_each_result_keeps_its_uids_when_only_the_other_changes(tmp_path: Path) -> None:
+    """The SR written alone or beside a SEG is the same file; a body mask that changes gives a new SEG, the same SR."""
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    masks = {"lung_left": case.phantom.masks["lung_left"], "body": case.phantom.masks["body"]}
+    options = dict(
+        source=case.source, volume=case.volume, findings=case.findings, nodules=case.nodules, stable_uids=True, **MODEL
+    )
+    both = write_dicom_outputs(tmp_path / "both", organ_masks=masks, **options)
+    alone = write_dicom_outputs(tmp_path / "alone", organ_masks=masks, outputs=["sr"], **options)
+    assert sorted(alone) == ["sr"] and alone["sr"].read_bytes() == both["sr"].read_bytes()
+    grown = {**masks, "body": masks["body"] | np.roll(masks["body"], 1, axis=2)}
+    other_body = write_dicom_outputs(tmp_path / "body", organ_masks=grown, **options)
+    assert other_body["sr"].read_bytes() == both["sr"].read_bytes()
+    assert _uids(other_body["seg"]) != _uids(both["seg"])

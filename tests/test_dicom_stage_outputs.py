@@ -1,6 +1,6 @@
 """``ctpipe run`` with only the SR (``outputs.dicom: [sr]``): the same report as with the SEG beside it, each finding
-with its lung side and the measurements of its segmentation. Tiny phantom (64 x 64 pixels of 2 mm, 5 mm slices);
-positions LPS mm."""
+with its lung side and the measurements of its segmentation, and the same UIDs, so that an archive keeps one copy
+when a site adds the SEG later. Tiny phantom (64 x 64 pixels of 2 mm, 5 mm slices); positions LPS mm."""
 
 from __future__ import annotations
 
@@ -43,3 +43,8 @@ def test_an_sr_alone_states_each_findings_side_and_segmented_size(runs: dict[str
     with_seg = read_sr_findings(runs["sr_seg"])
     assert table.side.tolist() == with_seg.side.tolist()
     assert table.long_axis_mm.tolist() == pytest.approx(with_seg.long_axis_mm.tolist())
+
+
+@pytest.mark.slow
+def test_an_sr_alone_is_the_same_file_as_the_sr_written_beside_a_seg(runs: dict[str, Path]) -> None:
+    assert runs["sr"].read_bytes() == runs["sr_seg"].read_bytes()

@@ -30,6 +30,7 @@ def _ctx(overrides: dict[str, Any], findings: dict[str, Any] = FINDINGS) -> Any:
 
 def test_options_that_leave_the_results_unchanged_keep_their_uids() -> None:
     seed = _uid_seed(_ctx({}), MEASUREMENTS)
+    assert sorted(seed) == ["seg", "sr"] and seed["sr"] != seed["seg"]
     unchanged: list[dict[str, Any]] = [
         {"reconstruct.mesh_formats": "stl,glb"},
         {"reconstruct.renderings": False},
@@ -41,8 +42,17 @@ def test_options_that_leave_the_results_unchanged_keep_their_uids() -> None:
         assert _uid_seed(_ctx(overrides), meshes) == seed, overrides
     other_findings = {**FINDINGS, "findings": [{"center_lps": [-86.46, 82.39, -9.07], "score": 0.98}]}
     assert _uid_seed(_ctx({}, other_findings), MEASUREMENTS) != seed
-    assert _uid_seed(_ctx({}), {**MEASUREMENTS, "lungs": {"lung_left_volume_ml": 2400.0}}) != seed
-    assert _uid_seed(_ctx({"outputs.seg_omit_empty_frames": True}), MEASUREMENTS) != seed
+    lungs_measured = _uid_seed(_ctx({}), {**MEASUREMENTS, "lungs": {"lung_left_volume_ml": 2400.0}})
+    assert lungs_measured["sr"] != seed["sr"] and lungs_measured["seg"] == seed["seg"]  # the SEG holds no volumes
+    omitted = _uid_seed(_ctx({"outputs.seg_omit_empty_frames": True}), MEASUREMENTS)
+    assert omitted["seg"] != seed["seg"] and omitted["sr"] == seed["sr"]
+
+
+def test_the_sr_keeps_its_uids_whether_or_not_a_seg_is_written_beside_it() -> None:
+    """A site that adds the SEG later (``outputs.dicom: [sr]``, then ``[sr, seg]``) sends the archive the same SR."""
+    sr_only = _uid_seed(_ctx({"outputs.dicom": ["sr"]}), MEASUREMENTS)
+    both = _uid_seed(_ctx({"outputs.dicom": ["sr", "seg"]}), MEASUREMENTS)
+    assert sr_only["sr"] == both["sr"]
 
 
 def test_the_masks_of_the_seg_are_part_of_the_uids() -> None:
@@ -53,6 +63,9 @@ def test_the_masks_of_the_seg_are_part_of_the_uids() -> None:
     assert _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": lungs.copy()}, [nodule]) == seed
     grown = lungs.copy()
     grown[0, 2, 2] = True
-    assert _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": grown}, [nodule]) != seed
+    assert _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": grown}, [nodule]) != seed  # the SR's sides come from the lungs
     moved = SimpleNamespace(index=0, mask=nodule.mask, geometry=SimpleNamespace(origin=(2.0, 0.0, 0.0)))
     assert _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": lungs}, [moved]) != seed
+    # a body mask is the SEG's alone: the SR it leaves unchanged keeps its UIDs
+    with_body = _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": lungs, "body": lungs}, [nodule])
+    assert with_body["sr"] == seed["sr"] and with_body["seg"] != seed["seg"]

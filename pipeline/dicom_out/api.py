@@ -197,7 +197,7 @@ def write_dicom_outputs(
     names: Mapping[str, str] | None = None,
     omit_empty_frames: bool = False,
     keep_identifiers: bool = True,
-    uid_seed: str | None = None,
+    uid_seed: str | Mapping[str, str] | None = None,
     created: datetime.datetime | None = None,
     stable_uids: bool = False,
 ) -> dict[str, Path]:
@@ -213,12 +213,14 @@ def write_dicom_outputs(
     once for both objects. A SEG with nothing to hold (no organ mask, no nodule mask) is skipped with a warning.
     keep_identifiers: False writes both without the source's patient identifiers (see
     :meth:`SourceSeries.without_identifiers`; the study and frame of reference stay the source's).
-    uid_seed: derive the series and instance UIDs from this text (and ctpipe's version) instead of making new ones;
-    with ``created`` (creation and content date and time, default now) the files are then the same bytes whenever
-    the same results are written again, and an archive keeps one copy of each.
-    stable_uids: without ``uid_seed``, derive it from what the results hold (:func:`content_seed`: the source images
-    and their patient and study, the reported findings, masks, measurements, quality, model and options), with
-    ``created`` defaulting to the source series' date and time: the same results written again are the same files.
+    uid_seed: derive the series and instance UIDs from this text (and ctpipe's version) instead of making new ones, or
+    from one text per output (``{"sr": ..., "seg": ...}``, each naming what that object holds); with ``created``
+    (creation and content date and time, default now) the files are then the same bytes whenever the same results are
+    written again, and an archive keeps one copy of each.
+    stable_uids: without ``uid_seed``, derive one per output from what it holds (:func:`content_seeds`: the source
+    images and their patient and study, the reported findings; for the SR the measurements, quality, model and
+    operating point, for the SEG the masks), with ``created`` defaulting to the source series' date and time: the same
+    results written again are the same files, whichever other outputs are written beside them.
     Raises :class:`~pipeline.errors.DicomOutputError` (:class:`~pipeline.errors.SourceMismatchError` for the source).
     """
     unknown = [o for o in outputs if o not in OUTPUTS]
@@ -242,19 +244,18 @@ def write_dicom_outputs(
     threshold = _threshold(score_threshold)
     reported = _reported(findings, volume, src, threshold, nodules, masks, details)
     if stable_uids and uid_seed is None:
-        uid_seed = content_seed(
+        uid_seed = content_seeds(
             src,
             reported,
-            {name: as_bool_mask(m, volume.geometry, name) for name, m in masks.items()},
+            {name: as_bool_mask(m, volume.geometry, name) for name, m in masks.items()} if "seg" in outputs else {},
             measurements=measurements,
             quality=quality,
-            options={
-                "outputs": sorted(outputs),
+            sr_options={
                 "model": [model_name, model_version],
                 "score_threshold": threshold,
                 "nodules_assessed": findings is not None,
-                "omit_empty_frames": omit_empty_frames,
             },
+            seg_options={"omit_empty_frames": omit_empty_frames},
         )
         created = created or src.acquired()
     written: dict[str, Path] = {}
@@ -291,40 +292,44 @@ def write_dicom_outputs(
     return written
 
 
-def content_seed(
+def content_seeds(
     source: SourceSeries,
     reported: Sequence[ReportedFinding],
     masks: Mapping[str, np.ndarray],
     *,
     measurements: Mapping[str, Any] | None,
     quality: Any,
-    options: Mapping[str, Any],
-) -> str:
-    """A SHA-256 digest of what a case's results are made of: the source images (SOP Instance UIDs) and the patient
-    and study attributes copied from them, the reported findings (LPS mm) with their nodule masks, the organ masks
-    (``[k, j, i]`` on the volume's grid), the measurements the SR reports (lungs, nodules), the quality report and
-    ``options``. Equal for equal results, whatever the time or the run."""
-    digest = hashlib.sha256()
+    sr_options: Mapping[str, Any],
+    seg_options: Mapping[str, Any],
+) -> dict[str, str]:
+    """SHA-256 digests of what each of a case's results is made of, by output (``sr``, ``seg``).
+
+    Both: the source images (SOP Instance UIDs) and the patient and study attributes copied from them, and the reported
+    findings (LPS mm, with each one's side and segmented size). The SR: the measurements it reports (lungs, nodules),
+    the quality report and ``sr_options``. The SEG: the nodule masks, the organ masks (``[k, j, i]`` on the volume's
+    grid) and ``seg_options``. Equal for equal results, whatever the time, the run or the other output written beside.
+    """
     quality_doc = quality.to_json() if hasattr(quality, "to_json") else quality
-    parts = {
+    common = {
         "source": [source.series_instance_uid, list(source.sop_instance_uids), list(source.frame_numbers or ())],
         "patient_study": {k: str(v) for k, v in source.patient_study().items()},
         "findings": [{k: v for k, v in vars(f).items() if k != "mask"} for f in reported],
-        "measurements": reported_measurements(measurements),
-        "quality": quality_doc,
-        "options": dict(options),
     }
-    digest.update(json.dumps(parts, sort_keys=True, default=str).encode())
+    sr = {**common, "measurements": reported_measurements(measurements), "quality": quality_doc, "options": dict(sr_options)}
+    seg = hashlib.sha256(json.dumps({**common, "options": dict(seg_options)}, sort_keys=True, default=str).encode())
     for f in reported:
         if f.mask is not None:
-            add_mask(digest, f"nodule {f.rank}:{list(f.mask.offset_kji)}", f.mask.mask)
+            add_mask(seg, f"nodule {f.rank}:{list(f.mask.offset_kji)}", f.mask.mask)
     for name in sorted(masks):
-        add_mask(digest, name, masks[name])
-    return digest.hexdigest()
+        add_mask(seg, name, masks[name])
+    return {"sr": hashlib.sha256(json.dumps(sr, sort_keys=True, default=str).encode()).hexdigest(), "seg": seg.hexdigest()}
 
 
-def _uids(kind: str, seed: str | None) -> tuple[str | None, str | None]:
-    """(series UID, instance UID) of output ``kind`` derived from ``seed``; (None, None) without one: new UIDs."""
+def _uids(kind: str, seed: str | Mapping[str, str] | None) -> tuple[str | None, str | None]:
+    """(series UID, instance UID) of output ``kind`` derived from ``seed`` (or from its entry for ``kind``); (None, None)
+    without one: new UIDs."""
+    if isinstance(seed, Mapping):
+        seed = seed.get(kind)
     if seed is None:
         return None, None
     return stable_uid(f"ctpipe-{kind}-series", __version__, seed), stable_uid(f"ctpipe-{kind}", __version__, seed)

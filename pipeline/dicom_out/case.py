@@ -70,7 +70,7 @@ def write_case_dicom(
     names: Mapping[str, str] | None = None,
     omit_empty_frames: bool = False,
     keep_identifiers: bool = True,
-    uid_seed: str | None = None,
+    uid_seed: str | Mapping[str, str] | None = None,
     created: datetime.datetime | None = None,
     stable_uids: bool = False,
 ) -> dict[str, Path]:

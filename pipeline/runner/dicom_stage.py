@@ -13,10 +13,10 @@ names any result (:mod:`pipeline.dicom_out`):
   without reconstruction has no masks: no SEG, one warning per case.
 
 Both reference the case's source files (matched slice by slice to the cached volume) and are new
-series in the source's study and frame of reference. Their UIDs derive from the case and what its
-results hold, their creation date and time are the source series' (:meth:`SourceSeries.acquired`),
-so a case processed again (a resumed or repeated run) gives the same files, byte for byte, and an
-archive they are sent to keeps one copy. They copy Patient and Study from the source, as DICOM
+series in the source's study and frame of reference. Each one's UIDs derive from the case and what
+that result holds (:func:`_uid_seed`), their creation date and time are the source series'
+(:meth:`SourceSeries.acquired`), so a case processed again (a resumed or repeated run, with or without
+the other result) gives the same files, byte for byte, and an archive they are sent to keeps one copy. They copy Patient and Study from the source, as DICOM
 results must to be filed with their study; they are the only files of a run folder that carry
 patient identifiers (``privacy.keep_identifiers`` governs everything else). The files are declared: the case is
 published only with them. A source that no longer matches (a file deleted or changed since ingest, a header
@@ -76,21 +76,32 @@ def _uid_seed(
     measurements: Any,
     masks: Mapping[str, np.ndarray] | None = None,
     nodules: Sequence[Any] | None = None,
-) -> str:
-    """A digest of what the case's results are made of: its series and files (the case key), findings, quality, the
-    measurements the SR reports (lungs, nodules), the masks the SEG holds and the options that shape them
-    (``outputs``). The results' UIDs derive from it; options that leave the results as they are (meshes, renderings,
-    PNGs, ``privacy``) do not change them, so the same case processed again gives an archive the same series."""
-    cfg = ctx.config.to_dict()
-    parts = {
-        "case": ctx.case.case_key,
-        "findings": ctx.state.get("findings_doc"),
+) -> dict[str, str]:
+    """Digests of what each of the case's results is made of, by output (``sr``, ``seg``); their UIDs derive from them.
+
+    Both: the case's series and files (the case key) and its findings. The SR: the quality report, the measurements it
+    reports (lungs, nodules), the lung masks (each finding's side) and the nodule masks (their sizes). The SEG: every
+    organ mask, the nodule masks (with their place on the volume's grid) and ``outputs.seg_omit_empty_frames``. Options
+    that leave a result as it is (meshes, renderings, PNGs, ``privacy``, whether the other result is written, organs
+    the SR does not report on) do not change its UIDs, so the same case processed again gives an archive the same
+    series."""
+    masks = masks or {}
+    common = {"case": ctx.case.case_key, "findings": ctx.state.get("findings_doc")}
+    sr = {
+        **common,
         "quality": ctx.state.get("quality"),
         "measurements": reported_measurements(measurements),
-        "options": cfg["outputs"],
-        "masks": _masks_digest(masks or {}, nodules or ()),
+        "masks": _masks_digest({o: m for o, m in masks.items() if o in LUNGS}, nodules or ()),
     }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    seg = {
+        **common,
+        "omit_empty_frames": bool(ctx.config.outputs.seg_omit_empty_frames),
+        "masks": _masks_digest(masks, nodules or ()),
+    }
+    return {
+        kind: hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+        for kind, parts in (("sr", sr), ("seg", seg))
+    }
 
 
 def _masks_digest(masks: Mapping[str, np.ndarray], nodules: Sequence[Any]) -> str:
