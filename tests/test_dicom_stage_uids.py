@@ -69,3 +69,13 @@ def test_the_masks_of_the_seg_are_part_of_the_uids() -> None:
     # a body mask is the SEG's alone: the SR it leaves unchanged keeps its UIDs
     with_body = _uid_seed(_ctx({}), MEASUREMENTS, {"lung_left": lungs, "body": lungs}, [nodule])
     assert with_body["sr"] == seed["sr"] and with_body["seg"] != seed["seg"]
+
+
+def test_a_corrected_patient_gives_new_uids_even_where_the_file_sizes_stay() -> None:
+    """A patient merge (PatientID 12345678 → 87654321) leaves the files' sizes and SOP Instance UIDs as they were: the
+    results written again carry the new patient and must not reuse the UIDs of those filed under the old one."""
+    before = _uid_seed(_ctx({}), MEASUREMENTS, patient_study={"PatientID": "12345678", "PatientName": "Doe^Jon"})
+    again = _uid_seed(_ctx({}), MEASUREMENTS, patient_study={"PatientID": "12345678", "PatientName": "Doe^Jon"})
+    merged = _uid_seed(_ctx({}), MEASUREMENTS, patient_study={"PatientID": "87654321", "PatientName": "Doe^Jon"})
+    assert again == before
+    assert merged["sr"] != before["sr"] and merged["seg"] != before["seg"]

@@ -76,17 +76,25 @@ def _uid_seed(
     measurements: Any,
     masks: Mapping[str, np.ndarray] | None = None,
     nodules: Sequence[Any] | None = None,
+    *,
+    patient_study: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Digests of what each of the case's results is made of, by output (``sr``, ``seg``); their UIDs derive from them.
 
-    Both: the case's series and files (the case key) and its findings. The SR: the quality report, the measurements it
+    Both: the case's series and files (the case key), the patient and study attributes the results copy from the source
+    (``patient_study``: :meth:`SourceSeries.patient_study`; a corrected PatientID or name, which may leave every file's
+    size as it was, gives new UIDs rather than reusing those filed under the old patient) and its findings. The SR: the quality report, the measurements it
     reports (lungs, nodules), the lung masks (each finding's side) and the nodule masks (their sizes). The SEG: every
     organ mask, the nodule masks (with their place on the volume's grid) and ``outputs.seg_omit_empty_frames``. Options
     that leave a result as it is (meshes, renderings, PNGs, ``privacy``, whether the other result is written, organs
     the SR does not report on) do not change its UIDs, so the same case processed again gives an archive the same
     series."""
     masks = masks or {}
-    common = {"case": ctx.case.case_key, "findings": ctx.state.get("findings_doc")}
+    common = {
+        "case": ctx.case.case_key,
+        "patient_study": {k: str(v) for k, v in (patient_study or {}).items()},
+        "findings": ctx.state.get("findings_doc"),
+    }
     sr = {
         **common,
         "quality": ctx.state.get("quality"),
@@ -201,7 +209,7 @@ class DicomStage(Stage):
             names={o: Path(f).name for o, f in FILES.items()},
             omit_empty_frames=ctx.config.outputs.seg_omit_empty_frames,
             keep_identifiers=True,  # DICOM results belong with their study: Patient and Study copied from the source
-            uid_seed=_uid_seed(ctx, measurements, masks, nodules),
+            uid_seed=_uid_seed(ctx, measurements, masks, nodules, patient_study=source.patient_study()),
             created=source.acquired(),
         )
         declared = [FILES[o] for o in paths]
