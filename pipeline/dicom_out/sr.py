@@ -211,7 +211,7 @@ def build_sr(
     ``QualityReport`` (or its JSON). New UIDs are made for the series and instance unless given.
     image_library: add a TID 1600 Image Library describing the referenced images (optional in TID 1500; a
     single-frame source only; about 0.2 s more for five findings).
-    created: the instance's creation and content date and time, and highdicom's contribution date and time
+    created: the instance's creation, content and series date and time, and highdicom's contribution date and time
     (default: now).
     nodules_assessed: False when no detector ran (a reconstruction alone): the report then makes no statement on
     nodules (neither Present nor Absent) and names no operating point; ``findings`` must be empty.
@@ -291,6 +291,9 @@ def build_sr(
             if "ContributionDateTime" in item:
                 item.ContributionDateTime = DT(created.strftime("%Y%m%d%H%M%S"))
     sr.SoftwareVersions = __version__
+    sr.ManufacturerModelName = "ctpipe"
+    # the date and time a PACS lists the series by: its content's, as the SEG's (highdicom leaves them out)
+    sr.SeriesDate, sr.SeriesTime = sr.ContentDate, sr.ContentTime
     scheme = Dataset()
     scheme.CodingSchemeDesignator = C.PRIVATE_SCHEME
     scheme.CodingSchemeName = C.PRIVATE_SCHEME_NAME
