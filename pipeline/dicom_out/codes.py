@@ -24,8 +24,8 @@ left                      51440002
 Airway structure          SCT 89187006                SEG: airway segment
 Bone                      SCT 3138006                 SEG: bone segment
 Entire body               SCT 38266002                SEG: body segment
-Diameter                  SCT 81827009                SR: equivalent diameter of the detector's box (mm)
-Long axis                 SCT 103339001               SR: longest extent of the nodule (mm)
+Diameter                  SCT 81827009                SR: the nodule volume's sphere's diameter (mm)
+Long axis                 SCT 103339001               SR: longest extent of the nodule (voxel centres, mm)
 Volume                    SCT 118565006               SR: nodule volume (mm³), lung volumes (mL)
 Probability               DCM 122157                  SR: detector score (0..1, unit "1"); no standard
                                                       code names a detector score

@@ -75,7 +75,8 @@ class ReportedFinding:
     (mm), centred on ``center_lps``: around the nodule segmentation's voxel cells when ``measured``, else half the
     detector box's extent. diameter_mm: the equivalent-sphere diameter of the nodule segmentation when there is one (the
     volume's sphere), else the detector box's equivalent diameter (an estimate, often larger). long_axis_mm: the
-    longest extent of the nodule mask's voxel cells when there is a mask, else the box's longest edge. measured:
+    longest distance between the centres of the nodule mask's voxels, at least ``diameter_mm`` (when ``measured``),
+    else the box's longest edge. measured:
     whether those two come from a segmentation of the nodule; the SR states them only then (a box's size is no
     measurement a reader should take for one). volume_mm3: from the nodule segmentation, else None. slice_k: the
     volume slice nearest the centre.
@@ -155,16 +156,20 @@ def _nodule_mask(result: Any, geometry: Geometry) -> NoduleMask | None:
     return NoduleMask(mask, (k0, j0, i0))
 
 
-def _cell_corners(nm: NoduleMask, geometry: Geometry) -> np.ndarray | None:
-    """The corners (LPS mm, ``[n, 3]``) of the mask's boundary voxel cells, whose hull is the hull of all its cells;
-    None for an empty mask. Computed once per nodule for its long axis and its SR ellipsoid."""
+def _boundary_voxels(nm: NoduleMask) -> np.ndarray | None:
+    """Indices ``(i, j, k)`` on the volume's grid (``[n, 3]``) of the mask's boundary voxels, whose hull is the hull of
+    all its voxels; None for an empty mask. Computed once per nodule for its long axis and its SR ellipsoid."""
     from scipy import ndimage
 
     if not nm.mask.any():
         return None
     boundary = nm.mask & ~ndimage.binary_erosion(nm.mask)
-    kji = np.argwhere(boundary) + np.asarray(nm.offset_kji)
-    corners = (kji[:, None, ::-1] + (np.indices((2, 2, 2)).reshape(3, -1).T - 0.5)[None]).reshape(-1, 3)
+    return (np.argwhere(boundary) + np.asarray(nm.offset_kji))[:, ::-1]
+
+
+def _cell_corners(ijk: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """The corners (LPS mm, ``[n * 8, 3]``) of the voxel cells at ``ijk`` (:func:`_boundary_voxels`)."""
+    corners = (ijk[:, None, :] + (np.indices((2, 2, 2)).reshape(3, -1).T - 0.5)[None]).reshape(-1, 3)
     return np.asarray(geometry.index_to_lps(corners), dtype=np.float64)
 
 
@@ -174,18 +179,23 @@ def _half_axes_around(corners: np.ndarray, center: np.ndarray) -> np.ndarray:
     return np.maximum(corners.max(axis=0) - center, center - corners.min(axis=0))
 
 
-def _long_axis(corners: np.ndarray) -> float:
-    """Longest distance (mm) between two corners of a mask's voxel cells (``corners``: :func:`_cell_corners`; convex
-    hull, LPS)."""
+def _long_axis(ijk: np.ndarray, geometry: Geometry, diameter_mm: float) -> float:
+    """The nodule's longest extent (mm): the longest distance between the centres of two of its voxels (``ijk``:
+    :func:`_boundary_voxels`; convex hull, LPS), and never less than ``diameter_mm``, the diameter of the sphere of its
+    volume (no body is shorter across than the sphere of its volume).
+
+    Across voxel centres, not the outer corners of the voxel cells: the corners' diagonal (up to 2.4 mm on a
+    0.98 x 0.98 x 2 mm grid) made a sphere's long axis that much longer than its diameter; the centres' distance lies
+    within half a voxel of it."""
     from scipy.spatial import ConvexHull, QhullError
 
-    pts = corners
+    pts = np.asarray(geometry.index_to_lps(ijk.astype(np.float64)), dtype=np.float64).reshape(-1, 3)
     try:
         pts = pts[ConvexHull(pts).vertices]
-    except QhullError:
-        pass
+    except QhullError:  # flat or tiny masks: every point is a candidate
+        pts = np.unique(pts, axis=0)
     d = np.sqrt(((pts[:, None, :] - pts[None, :, :]) ** 2).sum(-1))
-    return float(d.max())
+    return max(float(d.max()), float(diameter_mm))
 
 
 def _side(center: np.ndarray, geometry: Geometry, lungs: Mapping[str, np.ndarray]) -> str | None:
@@ -272,11 +282,12 @@ def reported_findings(
         is_measured = bool(np.isfinite(seg_diameter) and seg_diameter > 0)
         if is_measured:
             diameter = seg_diameter  # the segmentation's, consistent with the volume and the long axis
-        corners = _cell_corners(nm, geometry) if nm is not None else None
-        long_axis = _long_axis(corners) if corners is not None else None
-        is_measured = is_measured and corners is not None
-        if is_measured and corners is not None:  # the ellipsoid around the segmented nodule, as its measurements
-            half = _half_axes_around(corners, center)
+        voxels = _boundary_voxels(nm) if nm is not None else None
+        is_measured = is_measured and voxels is not None
+        long_axis = None
+        if is_measured and voxels is not None:  # the ellipsoid around the segmented nodule, as its measurements
+            half = _half_axes_around(_cell_corners(voxels, geometry), center)
+            long_axis = _long_axis(voxels, geometry, diameter)
         if long_axis is None:
             long_axis = float(2 * half.max())
         detail = details.get(n, NoduleDetail())
