@@ -420,7 +420,12 @@ def segment_nodule(
 
 
 def segment_findings(
-    volume: CTVolume, findings: Sequence[Any], *, lung_mask: np.ndarray | None = None, case_id: str | None = None
+    volume: CTVolume,
+    findings: Sequence[Any],
+    *,
+    lung_mask: np.ndarray | None = None,
+    case_id: str | None = None,
+    report_failures: bool = True,
 ) -> list[NoduleResult]:
     """Segment the nodule of every finding of ``volume`` (HU, LPS geometry); one :class:`NoduleResult` per finding,
     in the order given (``index`` = position in ``findings``).
@@ -435,8 +440,10 @@ def segment_findings(
     Results: ``center_lps`` and ``centroid_lps`` in LPS mm, ``volume_mm3`` in mm³, ``diameter_mm`` (the diameter of
     the sphere of that volume) in mm, ``threshold_hu`` in HU, ``mask`` bool ``[k, j, i]`` on ``geometry`` (a crop of
     the volume's grid). A finding that fails gets its ``error`` set (the other fields ``None``; its centre NaN when
-    the finding gives none) and the others go on.
+    the finding gives none) and the others go on; it is logged as a warning, or at info level with
+    ``report_failures=False`` (the same findings segmented again, their failures already reported).
     """
+    level = logging.WARNING if report_failures else logging.INFO
     out = []
     for n, f in enumerate(findings):
         try:
@@ -447,5 +454,5 @@ def segment_findings(
             except ReconstructionError:  # no centre, or not three numbers: reported as unknown beside the error
                 c = np.full(3, np.nan)
             out.append(NoduleResult(index=n, center_lps=as_point(c), error=str(exc)))
-            log.warning("nodule not segmented: %s", exc if exc.where else f"{_where(volume, n, case_id)}: {exc}")
+            log.log(level, "nodule not segmented: %s", exc if exc.where else f"{_where(volume, n, case_id)}: {exc}")
     return out

@@ -224,5 +224,6 @@ class DicomStage(Stage):
         if lungs is None:
             parts = [masks[o] for o in LUNGS if o in masks]
             lungs = np.logical_or.reduce(parts) if parts else None
-        found = segment_findings(volume, list(findings), lung_mask=lungs, case_id=ctx.case.case_id)
+        # the nodules stage segmented the same findings in the same mask and warned of those that fail
+        found = segment_findings(volume, list(findings), lung_mask=lungs, case_id=ctx.case.case_id, report_failures=False)
         return [r for r in found if r.mask is not None]
