@@ -50,7 +50,7 @@ def test_outputs_from_ctpipe_results(tmp_path, one_torch_thread):
         if result.volume_mm3 is None:
             assert np.isnan(row.volume_mm3)
         else:
-            assert row.volume_mm3 == pytest.approx(result.volume_mm3, rel=1e-12)
+            assert row.volume_mm3 == pytest.approx(result.volume_mm3, abs=0.005)  # stated to 0.01 mm³
     content = read_sr_case(paths["sr"])
     lung_meas = rec.measurements["lungs"]
     assert content["measurements"], "the SR holds no lung measurement"

@@ -44,7 +44,7 @@ def _assert_same_centres(sr_path: Path, findings_json: dict[str, Any]) -> None:
     assert len(table) == len(expected)
     got = _centres(table.to_dict("records"))
     assert np.abs(got - expected).max(initial=0.0) <= CENTRE_TOL_MM
-    assert table.score.tolist() == pytest.approx([f["score"] for f in findings_json["findings"]], abs=1e-6)
+    assert table.score.tolist() == pytest.approx([f["score"] for f in findings_json["findings"]], abs=5e-4)
     case = read_sr_case(sr_path)
     assert case["nodules_present"] is bool(len(expected))
     assert case["score_threshold"] == pytest.approx(findings_json["score_threshold"])

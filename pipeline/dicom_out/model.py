@@ -29,6 +29,11 @@ LOBES = {"left": ("upper", "lower"), "right": ("upper", "middle", "lower")}
 COMPOSITIONS = ("solid", "part_solid", "ground_glass")
 #: search radius (mm) around a finding's centre for the nearest lung when the centre lies in neither lung
 SIDE_SEARCH_MM = 15.0
+#: decimals of what the results state: positions and lengths in mm (0.01 mm), volumes in mm³ (0.01 mm³), scores (0.001).
+#: The same case on another machine or with another number of threads gives boxes and scores that differ in their last
+#: digits (about 1e-5 mm, 1e-6); stated to these decimals, its results are the same files with the same UIDs.
+MM_DECIMALS = 2
+SCORE_DECIMALS = 3
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,8 @@ class NoduleMask:
 
 @dataclass(frozen=True)
 class ReportedFinding:
-    """One finding as the DICOM results report it (LPS mm throughout).
+    """One finding as the DICOM results report it (LPS mm throughout), its numbers to :data:`MM_DECIMALS` (mm, mm³)
+    and :data:`SCORE_DECIMALS` (score).
 
     rank: 1-based, by score. index: position in the detector's findings list. tracking_id / tracking_uid:
     name and UID of the nodule in the SR and the SEG. half_axes_mm: the SR ellipsoid's half axes along LPS x, y, z
@@ -267,7 +273,7 @@ def reported_findings(
     out = []
     for rank, (n, f) in enumerate(kept, 1):
         where = f"finding {n}"
-        center = _vec3(_get(f, "center_lps"), "center_lps", where)
+        center = np.round(_vec3(_get(f, "center_lps"), "center_lps", where), MM_DECIMALS)
         lo, hi = _get(f, "box_min_lps"), _get(f, "box_max_lps")
         diameter = float(_get(f, "diameter_mm") or 0.0)
         if lo is not None and hi is not None:
@@ -290,6 +296,7 @@ def reported_findings(
             long_axis = _long_axis(voxels, geometry, diameter)
         if long_axis is None:
             long_axis = float(2 * half.max())
+        half = np.round(half, MM_DECIMALS)
         detail = details.get(n, NoduleDetail())
         side = detail.side or (_side(center, geometry, lungs) if lungs else None)
         k = int(np.clip(np.rint(geometry.lps_to_index(center)[2]), 0, geometry.shape[0] - 1))
@@ -301,10 +308,10 @@ def reported_findings(
                 tracking_uid=tracking_uid(series_uid, center),
                 center_lps=(float(center[0]), float(center[1]), float(center[2])),
                 half_axes_mm=(float(half[0]), float(half[1]), float(half[2])),
-                diameter_mm=diameter,
-                long_axis_mm=long_axis,
-                volume_mm3=None if volume is None else float(volume),
-                score=float(_get(f, "score")),
+                diameter_mm=round(diameter, MM_DECIMALS),
+                long_axis_mm=round(long_axis, MM_DECIMALS),
+                volume_mm3=None if volume is None else round(float(volume), MM_DECIMALS),
+                score=round(float(_get(f, "score")), SCORE_DECIMALS),
                 side=side,
                 lobe=detail.lobe,
                 composition=detail.composition,

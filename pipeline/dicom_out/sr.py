@@ -12,7 +12,8 @@ series' frame of reference):
   detector's box; a POINT when the box has no extent) referencing the source image
   nearest the centre, and the measurements Diameter (mm), Long axis (mm) and Volume (mm³) when the
   nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid then shows the box),
-  Probability (the detector score, unit 1) and the composition when known;
+  Probability (the detector score, unit 1) and the composition when known (positions and lengths to
+  0.01 mm, volumes to 0.01 mm³, the score to 0.001: :data:`.model.MM_DECIMALS`);
   every group carries the algorithm identification (detector name, version, parameters
   ``score_threshold=<operating point>`` and ``ctpipe=<version>``);
 * one TID 1501 case group: Nodule Present/Absent (the explicit no-findings statement; no statement in

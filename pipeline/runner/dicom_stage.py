@@ -83,7 +83,8 @@ def _uid_seed(
 
     Both: the case's series and files (the case key), the patient and study attributes the results copy from the source
     (``patient_study``: :meth:`SourceSeries.patient_study`; a corrected PatientID or name, which may leave every file's
-    size as it was, gives new UIDs rather than reusing those filed under the old patient) and its findings. The SR: the quality report, the measurements it
+    size as it was, gives new UIDs rather than reusing those filed under the old patient) and its reported findings as
+    the results state them (:func:`_stated_findings`). The SR: the quality report, the measurements it
     reports (lungs, nodules), the lung masks (each finding's side) and the nodule masks (their sizes). The SEG: every
     organ mask, the nodule masks (with their place on the volume's grid) and ``outputs.seg_omit_empty_frames``. Options
     that leave a result as it is (meshes, renderings, PNGs, ``privacy``, whether the other result is written, organs
@@ -93,7 +94,7 @@ def _uid_seed(
     common = {
         "case": ctx.case.case_key,
         "patient_study": {k: str(v) for k, v in (patient_study or {}).items()},
-        "findings": ctx.state.get("findings_doc"),
+        "findings": _stated_findings(ctx.state.get("findings_doc")),
     }
     sr = {
         **common,
@@ -109,6 +110,34 @@ def _uid_seed(
     return {
         kind: hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
         for kind, parts in (("sr", sr), ("seg", seg))
+    }
+
+
+def _stated_findings(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What the results state of the case's findings (a findings JSON document, LPS mm): the model, operating point,
+    reason and flags, and each reported finding's centre, box and size (to :data:`~pipeline.dicom_out.model.MM_DECIMALS`)
+    and score (to :data:`~pipeline.dicom_out.model.SCORE_DECIMALS`). Not the candidates below the operating point, the
+    device or the timings, which no result holds, nor the last digits in which runs with other threads differ."""
+    from ..dicom_out.model import MM_DECIMALS, SCORE_DECIMALS
+
+    if doc is None:
+        return None
+
+    def mm(value: Any) -> list[float] | None:
+        return None if value is None else [round(float(v), MM_DECIMALS) for v in value]
+
+    return {
+        **{key: doc.get(key) for key in ("model", "score_threshold", "reason", "flags")},
+        "findings": [
+            {
+                "center_lps": mm(f.get("center_lps")),
+                "box_min_lps": mm(f.get("box_min_lps")),
+                "box_max_lps": mm(f.get("box_max_lps")),
+                "diameter_mm": round(float(f.get("diameter_mm") or 0.0), MM_DECIMALS),
+                "score": round(float(f.get("score") or 0.0), SCORE_DECIMALS),
+            }
+            for f in doc.get("findings") or ()
+        ],
     }
 
 

@@ -1,0 +1,81 @@
+"""The same case run with another number of threads (another worker count, another machine) gives detector boxes and
+scores that differ in their last digits (about 1e-5 mm and 1e-6); its DICOM results must be the same files, with the
+same UIDs, so that an archive keeps one copy. The results state positions and lengths to 0.01 mm, volumes to
+0.01 mm³ and scores to 0.001 (LPS mm throughout)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from pipeline.config import load_config
+from pipeline.dicom_out import write_dicom_outputs
+from pipeline.runner.dicom_stage import _uid_seed
+from tests.test_dicom_out_sources import phantom_case
+
+MODEL = dict(model_name="demo_phantom_retinanet", model_version="1", score_threshold=0.5)
+
+
+def _jittered(finding: Any, mm: float, score: float) -> Any:
+    def shift(v: Any) -> tuple[float, float, float]:
+        a = np.asarray(v, dtype=float) + mm
+        return (float(a[0]), float(a[1]), float(a[2]))
+
+    return replace(
+        finding,
+        center_lps=shift(finding.center_lps),
+        box_min_lps=shift(finding.box_min_lps),
+        box_max_lps=shift(finding.box_max_lps),
+        score=finding.score + score,
+    )
+
+
+def test_results_of_findings_that_differ_in_their_last_digits_are_the_same_files(tmp_path: Path) -> None:
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    masks = {"lung_left": case.phantom.masks["lung_left"], "lung_right": case.phantom.masks["lung_right"]}
+    options = dict(source=case.source, volume=case.volume, nodules=case.nodules, organ_masks=masks, stable_uids=True)
+    a = write_dicom_outputs(tmp_path / "a", findings=case.findings, **options, **MODEL)
+    other = [_jittered(f, 1.2e-5, -1.3e-6) for f in case.findings]
+    b = write_dicom_outputs(tmp_path / "b", findings=other, **options, **MODEL)
+    for kind in ("sr", "seg"):
+        assert a[kind].read_bytes() == b[kind].read_bytes(), kind
+
+
+def _ctx(doc: dict[str, Any]) -> Any:
+    return SimpleNamespace(
+        config=load_config(environ={}),
+        case=SimpleNamespace(case_key="1.2.3:abc", case_id="1.2.3"),
+        state={"findings_doc": doc, "quality": {"lung_coverage": "complete", "flags": []}},
+    )
+
+
+def _doc(mm: float, score: float, device: str) -> dict[str, Any]:
+    def finding(c: list[float], s: float) -> dict[str, Any]:
+        return {
+            "center_lps": [v + mm for v in c],
+            "box_min_lps": [v - 5.123456 + mm for v in c],
+            "box_max_lps": [v + 5.234567 + mm for v in c],
+            "diameter_mm": 10.3,
+            "score": s + score,
+        }
+
+    return {
+        "model": "demo",
+        "score_threshold": 0.4036,
+        "device": device,
+        "findings": [finding([-86.4613, 82.3861, -9.0706], 0.99891352)],
+        "below_threshold": [finding([20.3914, 5.5527, -192.3251], 0.1145099)],  # in no result
+        "n_candidates": 241,
+    }
+
+
+def test_a_run_on_another_machine_gives_the_results_the_same_uids() -> None:
+    seed = _uid_seed(_ctx(_doc(0.0, 0.0, "cpu")), {})
+    assert _uid_seed(_ctx(_doc(1.1e-5, 9e-7, "cuda:1")), {}) == seed
+    moved = _doc(0.0, 0.0, "cpu")
+    moved["findings"][0]["center_lps"][0] += 0.5  # a finding half a millimetre away: another result
+    assert _uid_seed(_ctx(moved), {})["sr"] != seed["sr"]
