@@ -21,6 +21,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.dicom_out import read_source_series, read_sr_case, read_sr_findings, write_case_dicom
+from pipeline.dicom_out.model import stated_score
 from pipeline.errors import ConfigError, DicomOutputError
 from pipeline.runner import open_run, run_batch
 from pipeline.runner.stage import CaseContext, Stage
@@ -44,7 +45,7 @@ def _assert_same_centres(sr_path: Path, findings_json: dict[str, Any]) -> None:
     assert len(table) == len(expected)
     got = _centres(table.to_dict("records"))
     assert np.abs(got - expected).max(initial=0.0) <= CENTRE_TOL_MM
-    assert table.score.tolist() == pytest.approx([f["score"] for f in findings_json["findings"]], abs=5e-4)
+    assert table.score.tolist() == [stated_score(f["score"]) for f in findings_json["findings"]]  # to 0.001
     case = read_sr_case(sr_path)
     assert case["nodules_present"] is bool(len(expected))
     assert case["score_threshold"] == pytest.approx(findings_json["score_threshold"])

@@ -79,3 +79,12 @@ def test_a_run_on_another_machine_gives_the_results_the_same_uids() -> None:
     moved = _doc(0.0, 0.0, "cpu")
     moved["findings"][0]["center_lps"][0] += 0.5  # a finding half a millimetre away: another result
     assert _uid_seed(_ctx(moved), {})["sr"] != seed["sr"]
+
+
+def test_a_score_just_below_one_is_not_stated_as_certainty(tmp_path: Path) -> None:
+    from pipeline.dicom_out import read_sr_findings, write_sr
+
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    sure = [replace(case.findings[0], score=0.99999594)]
+    path = write_sr(tmp_path / "sr.dcm", source=case.source, volume=case.volume, findings=sure, nodules=case.nodules, **MODEL)
+    assert read_sr_findings(path).score.tolist() == [0.999]

@@ -106,6 +106,13 @@ class ReportedFinding:
     measured: bool = False
 
 
+def stated_score(score: float) -> float:
+    """A detector score (0..1) as the results state it: to :data:`SCORE_DECIMALS`, a score below 1 never rounded up to
+    1 (certainty, which no detector states): 0.99999594 is 0.999."""
+    stated = round(score, SCORE_DECIMALS)
+    return min(stated, 1.0 - 10.0**-SCORE_DECIMALS) if score < 1.0 else stated
+
+
 def _get(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
@@ -311,7 +318,7 @@ def reported_findings(
                 diameter_mm=round(diameter, MM_DECIMALS),
                 long_axis_mm=round(long_axis, MM_DECIMALS),
                 volume_mm3=None if volume is None else round(float(volume), MM_DECIMALS),
-                score=round(float(_get(f, "score")), SCORE_DECIMALS),
+                score=stated_score(float(_get(f, "score"))),
                 side=side,
                 lobe=detail.lobe,
                 composition=detail.composition,

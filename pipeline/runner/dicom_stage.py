@@ -116,9 +116,9 @@ def _uid_seed(
 def _stated_findings(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """What the results state of the case's findings (a findings JSON document, LPS mm): the model, operating point,
     reason and flags, and each reported finding's centre, box and size (to :data:`~pipeline.dicom_out.model.MM_DECIMALS`)
-    and score (to :data:`~pipeline.dicom_out.model.SCORE_DECIMALS`). Not the candidates below the operating point, the
+    and score (:func:`~pipeline.dicom_out.model.stated_score`). Not the candidates below the operating point, the
     device or the timings, which no result holds, nor the last digits in which runs with other threads differ."""
-    from ..dicom_out.model import MM_DECIMALS, SCORE_DECIMALS
+    from ..dicom_out.model import MM_DECIMALS, stated_score
 
     if doc is None:
         return None
@@ -134,7 +134,7 @@ def _stated_findings(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
                 "box_min_lps": mm(f.get("box_min_lps")),
                 "box_max_lps": mm(f.get("box_max_lps")),
                 "diameter_mm": round(float(f.get("diameter_mm") or 0.0), MM_DECIMALS),
-                "score": round(float(f.get("score") or 0.0), SCORE_DECIMALS),
+                "score": stated_score(float(f.get("score") or 0.0)),
             }
             for f in doc.get("findings") or ()
         ],
