@@ -4,8 +4,10 @@ ctpipe calls the archive as ``pacs.ae_title``; the archive must know that AE tit
 ``pacs.bind``:``pacs.move_port``, where :class:`MoveReceiver` listens while a retrieval runs and
 accepts instances from the archive's AE title only). Every association uses ``pacs.timeout_s`` for
 connecting, negotiating and each DIMSE message. An association that cannot be set up or is aborted
-raises :class:`~pipeline.errors.PacsUnavailableError` (retried); a rejected association or a
-failure status raises :class:`~pipeline.errors.PacsRequestError`.
+raises :class:`~pipeline.errors.PacsUnavailableError` (retried), and so does one the archive rejects for now
+(transient: congestion); a rejected association or a failure status raises
+:class:`~pipeline.errors.PacsRequestError`, the rejection with the archive's reason and the AE title to correct (a
+called AE title not recognised: the address's; a calling one: ``pacs.ae_title``, to be listed at the archive).
 """
 
 from __future__ import annotations
@@ -59,13 +61,21 @@ class DimseArchive:
         handlers: list[Any] | None = None,
         storing: bool = False,
     ) -> Iterator[Any]:
+        from pynetdicom import evt
+
         ae = build_ae(self.cfg)
         for abstract, syntaxes in contexts:
             ae.add_requested_context(abstract, syntaxes)
+        answers: list[Any] = []  # the archive's A-ASSOCIATE response: why it rejected the association, if it did
+        watch = (evt.EVT_ACSE_RECV, lambda event: answers.append(event.primitive))
         t0 = time.monotonic()
         try:
             assoc = ae.associate(
-                self.endpoint.host, self.endpoint.port, ae_title=self.endpoint.aet, ext_neg=ext_neg, evt_handlers=handlers
+                self.endpoint.host,
+                self.endpoint.port,
+                ae_title=self.endpoint.aet,
+                ext_neg=ext_neg,
+                evt_handlers=[*(handlers or []), watch],
             )
         except socket.gaierror as exc:  # a host name nobody knows: said as such, not as a file that cannot be read
             raise PacsUnavailableError(
@@ -75,13 +85,8 @@ class DimseArchive:
             ) from exc
         if not assoc.is_established:
             if assoc.is_rejected:
-                listed = "with this host" + (" and pacs.move_port" if self.mode == "move" and not storing else "")
-                raise PacsRequestError(
-                    f"association rejected by {self.endpoint.aet} (calling AE title {self.cfg.pacs.ae_title})",
-                    where=self._where(),
-                    fix=f"the archive must list ctpipe's AE title {self.cfg.pacs.ae_title!r} "
-                    f"(pacs.ae_title) among its modalities, {listed}",
-                )
+                rejection = next((a for a in reversed(answers) if getattr(a, "result", None) in (1, 2)), None)
+                raise self._rejected(rejection, storing=storing)
             if assoc.rejected_contexts:  # the peer answered, but accepted none of the SOP classes offered
                 names = sorted({_sop_name(cx.abstract_syntax) for cx in assoc.rejected_contexts})
                 raise PacsRequestError(
@@ -108,6 +113,30 @@ class DimseArchive:
             if assoc.is_established:
                 assoc.release()
             ae.shutdown()
+
+    def _rejected(self, answer: Any, *, storing: bool) -> PacsRequestError | PacsUnavailableError:
+        """The error for an association the archive rejected, from its A-ASSOCIATE-RJ ``answer`` (result, source and
+        reason; None when it was not seen): a called AE title the archive does not recognise is the address's AE title,
+        a calling one is ``pacs.ae_title``, and a transient rejection (congestion) is worth another attempt."""
+        me, them = self.cfg.pacs.ae_title, self.endpoint.aet
+        said = f"{answer.result_str}, {answer.reason_str}" if answer is not None else "no reason seen"
+        problem = f"association rejected by the archive ({said}; called AE title {them}, calling AE title {me})"
+        if answer is not None and int(answer.result) == 2:
+            return PacsUnavailableError(problem, where=self._where(), fix="the archive is busy; try again later")
+        source, reason = (int(answer.result_source), int(answer.diagnostic)) if answer is not None else (0, 0)
+        if (source, reason) == (1, 7):
+            return PacsRequestError(
+                problem,
+                where=self._where(),
+                fix=f"{them!r} is not the archive's AE title: put the archive's own AE title in the address "
+                f"(dimse://ARCHIVE_AET@{self.endpoint.host}:{self.endpoint.port})",
+            )
+        listed = "with this host" + (" and pacs.move_port" if self.mode == "move" and not storing else "")
+        return PacsRequestError(
+            problem,
+            where=self._where(),
+            fix=f"the archive must list ctpipe's AE title {me!r} (pacs.ae_title) among its modalities, {listed}",
+        )
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         return with_retries(

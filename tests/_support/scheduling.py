@@ -25,6 +25,7 @@ WAITING_MODULES = (
     "tests/test_pacs_fetch.py",
     "tests/test_runner_prometheus.py",
     "tests/test_pacs_sender.py",
+    "tests/test_pacs_ae_titles.py",
 )
 
 
