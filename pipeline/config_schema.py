@@ -321,7 +321,12 @@ SCHEMA: dict[str, dict[str, Option]] = {
             choices=("none", "failed", "all"),
         ),
         "send_retries": Option(
-            5, "int", "attempts", "extra attempts to send a result file before it is recorded as failed", lo=0, hi=100
+            5,
+            "int",
+            "attempts",
+            "extra attempts to send a result file after a transient failure before it is recorded as failed (a refusal fails at once)",
+            lo=0,
+            hi=100,
         ),
         "send_drain_s": Option(
             60.0,

@@ -253,3 +253,22 @@ def test_a_damaged_result_file_fails_for_good_and_the_sender_goes_on(source_case
         dest.close()
     errors = [r["error"] or "" for r in Ledger(run).rows("SELECT error FROM sent WHERE state = 'failed'")]
     assert errors and all("cannot read a result file of the case" in e for e in errors)
+
+
+def test_a_destination_refusing_the_request_fails_at_once_not_after_every_retry(orthanc, source_case, tmp_path, monkeypatch):
+    """Wrong credentials (HTTP 401 from Orthanc) cannot come right by waiting: the files are recorded failed after one
+    attempt, with the reason, instead of holding the end of the run through pacs.send_retries backoffs."""
+    monkeypatch.setenv("CTPIPE_DICOMWEB_USER", orthanc.user)
+    monkeypatch.setenv("CTPIPE_DICOMWEB_PASSWORD", "not-" + orthanc.password)
+    run = tmp_path / "run"
+    uids = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    sender = ResultSender(run, _cfg(**{"pacs.backoff_s": 5.0}), destination=orthanc.dicomweb, poll_s=0.1).start()
+    try:
+        assert _wait(lambda: sender.counts().failed == len(uids), timeout_s=4)  # no 5 s backoff before giving up
+    finally:
+        sender.close()
+    rows = Ledger(run).rows("SELECT state, attempts, error FROM sent")
+    assert all(r["state"] == "failed" and r["attempts"] == 1 for r in rows)
+    assert all("HTTP 401" in r["error"] and "CTPIPE_DICOMWEB_PASSWORD" in r["error"] for r in rows)
+    assert not any(orthanc.holds(uid) for uid in uids.values())

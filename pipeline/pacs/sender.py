@@ -5,9 +5,11 @@
 under it whose SOP class is a result class (:data:`RESULT_SOP_CLASSES`: structured reports and
 segmentations) is recorded ``pending`` in the ledger (:mod:`pipeline.pacs.ledger`, table ``sent``,
 keyed by SOPInstanceUID and destination) and sent by STOW-RS (``dicomweb+http(s)://``) or C-STORE
-(``dimse://``) to ``pacs.send_to``. A failed attempt is retried after ``pacs.backoff_s``, doubling,
-up to ``pacs.send_retries`` times, then recorded ``failed`` with the reason (``ctpipe send
---retry-failed`` tries those again). Every outcome (sent; a failed attempt with the retry due;
+(``dimse://``) to ``pacs.send_to``. An attempt that failed for a transient reason (archive unreachable, a
+timeout, HTTP 5xx, a dropped association) is retried after ``pacs.backoff_s``, doubling, up to
+``pacs.send_retries`` times, then recorded ``failed`` with the reason; one the destination refused
+(:class:`~pipeline.errors.PacsRequestError`: wrong credentials, an AE title it does not know, a SOP class it does
+not take) is recorded ``failed`` at once (``ctpipe send --retry-failed`` tries those again, once it is corrected). Every outcome (sent; a failed attempt with the retry due;
 failed for good, with the error) is also recorded in the run store (table ``deliveries``, read as
 ``open_run(RUN_DIR).deliveries``). A file is never sent twice to one destination; files still
 pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
@@ -29,7 +31,7 @@ from typing import Any
 from pydicom.errors import InvalidDicomError
 
 from ..config import from_dict
-from ..errors import CtpipeError, PacsError, RunStoreError
+from ..errors import CtpipeError, PacsError, PacsRequestError, RunStoreError
 from ..runner.store import RunStore, db_path
 from .address import Endpoint, parse_destination
 from .archive import Archive
@@ -177,6 +179,10 @@ class ResultSender:
             if self._archive is None:
                 self._archive = open_archive(self.endpoint, self._request_cfg)
             outcomes = self._archive.store(paths)
+        except PacsRequestError as exc:  # refused (credentials, AE title, SOP classes): waiting does not mend it
+            self._failed(items, f"{type(exc).__name__}: {exc}", final=True)
+            self._drop_archive()
+            return 0
         except (PacsError, CtpipeError) as exc:
             self._failed(items, f"{type(exc).__name__}: {exc}")
             self._drop_archive()
