@@ -126,12 +126,25 @@ class DicomWebArchive:
                     where=self.endpoint.redacted(),
                     fix="give the archive's CA in pacs.ca_bundle (pacs.tls_verify: false only for a test server)",
                 ) from exc
-            except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
-                kind = "timed out" if isinstance(exc, requests.exceptions.Timeout) else "cannot connect"
+            except requests.exceptions.Timeout as exc:  # connecting or waiting for the answer took pacs.timeout_s
                 raise PacsUnavailableError(
-                    f"{what}: {kind} ({type(exc).__name__}, timeout {self.cfg.pacs.timeout_s:g} s)",
+                    f"{what}: timed out ({type(exc).__name__}, timeout {self.cfg.pacs.timeout_s:g} s)",
                     where=self.endpoint.redacted(),
                     fix="check that the archive is running and reachable; raise pacs.timeout_s for a slow one",
+                ) from exc
+            except requests.exceptions.ConnectionError as exc:  # refused or dropped: no longer timeout would help
+                from urllib3.exceptions import NameResolutionError
+
+                if isinstance(getattr(exc.args[0] if exc.args else None, "reason", None), NameResolutionError):
+                    raise PacsUnavailableError(
+                        f"{what}: the host name {self.endpoint.host!r} is not known",
+                        where=self.endpoint.redacted(),
+                        fix="check the host in the address: a name this machine resolves, or the archive's IP address",
+                    ) from exc
+                raise PacsUnavailableError(
+                    f"{what}: cannot connect to {self.endpoint.host}:{self.endpoint.port} (connection refused or dropped)",
+                    where=self.endpoint.redacted(),
+                    fix="check that the archive is running and that the address's host and port are its DICOMweb (HTTP) ones",
                 ) from exc
             except (requests.exceptions.RequestException, ValueError) as exc:
                 raise PacsRequestError(
