@@ -97,9 +97,10 @@ def test_pushed_series_processed_once_even_when_sent_twice(orthanc, series, tmp_
     assert sorted(p.stem for p in folder.glob("*.dcm")) == sorted(str(pydicom.dcmread(f).SOPInstanceUID) for f in files)
 
 
-def test_received_files_removed_once_processed_origin_recorded_resend_not_processed_again(orthanc, series, tmp_path):
+def test_received_files_removed_once_processed_origin_recorded_resend_not_processed_again(orthanc, series, tmp_path, caplog):
     """The default pacs.keep_received (none): the series' files go once its case is published; the run store
-    says where the case came from; the same series sent again is stored again but not processed again."""
+    says where the case came from; the same series sent again is stored again but not processed again, and the log
+    says it was sent again (not that it grew)."""
     uid, files = series
     study = str(pydicom.dcmread(files[0]).StudyInstanceUID)
     run = tmp_path / "run"
@@ -110,8 +111,12 @@ def test_received_files_removed_once_processed_origin_recorded_resend_not_proces
         assert not folder.exists() and not (run / "pacs" / "incoming" / uid).exists()
         assert _journal(run, "SELECT removed_at IS NOT NULL FROM series") == [(1,)]
         attempts = len(open_run(run).stages)
-        orthanc.push(uid, "ctpipe-listen")  # the files are gone: stored again, a case the run store has done
-        again = _until_processed(lst)
+        with caplog.at_level(logging.INFO, logger="pipeline.pacs.journal"):
+            orthanc.push(uid, "ctpipe-listen")  # the files are gone: stored again, a case the run store has done
+            again = _until_processed(lst)
+        said = [r.getMessage() for r in caplog.records if r.name == "pipeline.pacs.journal"]
+        assert not any("grew" in m for m in said), said
+        assert any(f"series {uid} sent again" in m and "generation 2" in m for m in said), said
         assert [(r["generation"], r["n_instances"]) for r in again] == [(2, len(files))]
     res = open_run(run)
     assert len(res.stages) == attempts, "the resent series must not be processed again"

@@ -93,7 +93,16 @@ class ReceiveJournal:
                     "VALUES (?, ?, 'open', ?, ?, ?, ?, ?)",
                     (series_uid, gen, t, t, n_before, str(folder), study_uid),
                 )
-                if row is not None:
+                if row is not None and seen is not None:  # an instance received before, its files since removed
+                    log.info(
+                        "series %s sent again after its received files were removed (generation %d); stored as "
+                        "generation %d, whose case is processed again only if its instances differ from those processed",
+                        series_uid,
+                        int(row["generation"]),
+                        gen,
+                        extra={"event": "listen_resent"},
+                    )
+                elif row is not None:
                     log.warning(
                         "series %s grew after it was handed to the runner (generation %d); it is processed again "
                         "as generation %d",
