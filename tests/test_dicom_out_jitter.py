@@ -16,6 +16,7 @@ from pipeline.config import load_config
 from pipeline.dicom_out import write_dicom_outputs
 from pipeline.runner.dicom_stage import _uid_seed
 from tests.test_dicom_out_sources import phantom_case
+from tests.test_dicom_stage_uids import SOURCE
 
 MODEL = dict(model_name="demo_phantom_retinanet", model_version="1", score_threshold=0.5)
 
@@ -74,11 +75,11 @@ def _doc(mm: float, score: float, device: str) -> dict[str, Any]:
 
 
 def test_a_run_on_another_machine_gives_the_results_the_same_uids() -> None:
-    seed = _uid_seed(_ctx(_doc(0.0, 0.0, "cpu")), {})
-    assert _uid_seed(_ctx(_doc(1.1e-5, 9e-7, "cuda:1")), {}) == seed
+    seed = _uid_seed(_ctx(_doc(0.0, 0.0, "cpu")), SOURCE, {})
+    assert _uid_seed(_ctx(_doc(1.1e-5, 9e-7, "cuda:1")), SOURCE, {}) == seed
     moved = _doc(0.0, 0.0, "cpu")
     moved["findings"][0]["center_lps"][0] += 0.5  # a finding half a millimetre away: another result
-    assert _uid_seed(_ctx(moved), {})["sr"] != seed["sr"]
+    assert _uid_seed(_ctx(moved), SOURCE, {})["sr"] != seed["sr"]
 
 
 def test_a_score_just_below_one_is_not_stated_as_certainty(tmp_path: Path) -> None:

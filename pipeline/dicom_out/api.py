@@ -26,7 +26,7 @@ from .model import NoduleDetail, ReportedFinding, as_bool_mask, reported_finding
 from .seg import write_seg_object
 from .sources import SourceSeries, check_source, read_source_series
 from .sr import build_sr, save
-from .uids import add_mask, reported_measurements, stable_uid
+from .uids import add_mask, reported_measurements, source_images, stable_uid
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ def content_seeds(
     """
     quality_doc = quality.to_json() if hasattr(quality, "to_json") else quality
     common = {
-        "source": [source.series_instance_uid, list(source.sop_instance_uids), list(source.frame_numbers or ())],
+        "source": source_images(source),
         "patient_study": {k: str(v) for k, v in source.patient_study().items()},
         "findings": [{k: v for k, v in vars(f).items() if k != "mask"} for f in reported],
     }

@@ -18,6 +18,14 @@ def stable_uid(*parts: str) -> str:
     return f"2.25.{int.from_bytes(digest[:16], 'big')}"
 
 
+def source_images(source: Any) -> list[Any]:
+    """What identifies a result's source images (a :class:`~pipeline.dicom_out.sources.SourceSeries`): its
+    SeriesInstanceUID, the SOP Instance UID of each slice and, in a multi-frame source, their frame numbers. Not the
+    files' names, sizes or transfer syntax: the same series retrieved by DICOMweb, C-MOVE or C-GET, or pushed to the
+    listener, gives the results the same UIDs where they hold the same."""
+    return [source.series_instance_uid, list(source.sop_instance_uids), list(source.frame_numbers or ())]
+
+
 def reported_measurements(measurements: Mapping[str, Any] | None) -> dict[str, Any]:
     """The :data:`REPORTED_MEASUREMENTS` of ``measurements`` (None where absent)."""
     return {k: (measurements or {}).get(k) for k in REPORTED_MEASUREMENTS}

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..dicom_out.uids import add_mask, reported_measurements
+from ..dicom_out.uids import add_mask, reported_measurements, source_images
 from .recon_stages import LUNGS, load_lung_mask, load_organ_masks, read_case_volume
 from .stage import CaseContext, Stage, WorkerInfo
 
@@ -73,6 +73,7 @@ def _findings(ctx: CaseContext) -> Any:
 
 def _uid_seed(
     ctx: CaseContext,
+    source: Any,
     measurements: Any,
     masks: Mapping[str, np.ndarray] | None = None,
     nodules: Sequence[Any] | None = None,
@@ -81,7 +82,8 @@ def _uid_seed(
 ) -> dict[str, str]:
     """Digests of what each of the case's results is made of, by output (``sr``, ``seg``); their UIDs derive from them.
 
-    Both: the case's series and files (the case key), the patient and study attributes the results copy from the source
+    Both: the source images (:func:`~pipeline.dicom_out.uids.source_images`: the series and its SOP instances, not the
+    files, so a series retrieved another way gives the same results the same UIDs), the patient and study attributes the results copy from the source
     (``patient_study``: :meth:`SourceSeries.patient_study`; a corrected PatientID or name, which may leave every file's
     size as it was, gives new UIDs rather than reusing those filed under the old patient) and its reported findings as
     the results state them (:func:`_stated_findings`). The SR: the quality report, the measurements it
@@ -92,7 +94,7 @@ def _uid_seed(
     series."""
     masks = masks or {}
     common = {
-        "case": ctx.case.case_key,
+        "source": source_images(source),
         "patient_study": {k: str(v) for k, v in (patient_study or {}).items()},
         "findings": _stated_findings(ctx.state.get("findings_doc")),
     }
@@ -238,7 +240,7 @@ class DicomStage(Stage):
             names={o: Path(f).name for o, f in FILES.items()},
             omit_empty_frames=ctx.config.outputs.seg_omit_empty_frames,
             keep_identifiers=True,  # DICOM results belong with their study: Patient and Study copied from the source
-            uid_seed=_uid_seed(ctx, measurements, masks, nodules, patient_study=source.patient_study()),
+            uid_seed=_uid_seed(ctx, source, measurements, masks, nodules, patient_study=source.patient_study()),
             created=source.acquired(),
         )
         declared = [FILES[o] for o in paths]
