@@ -29,7 +29,8 @@ def register(sub: Any) -> None:
         "where the run folder keeps a folder): the run stopped early or could not start, nothing is lost, and the "
         "same command finishes the rest once it can write, 1 the run "
         "could not proceed (bad source or configuration, RUN_DIR inside a source folder, a model that cannot load, "
-        "another run using RUN_DIR), "
+        "another run using RUN_DIR, an option that shapes results (detector threshold or model, organs, DICOM "
+        "results, ...) other than the one RUN_DIR's completed cases were made with: a new RUN_DIR for new options), "
         "2 bad command-line arguments, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the same command resumes). "
         "A run that finds no CT series in its sources says so and exits 0.",
     )
