@@ -81,6 +81,7 @@ def test_run_batch_refuses_before_recording_a_run(one_case_run):
     assert db_rows(out, "SELECT COUNT(*) FROM runs") == [(1,)]  # the refused run is not recorded
     log = [json.loads(line) for line in (out / "run.log").read_text().splitlines()]
     assert log[-1]["event"] == "result_options_changed" and log[-1]["level"] == "error"
+    assert log[-1]["changed"] == ["detector.score_threshold"]
     s = run_batch([out.parent / "src"], out=out, stages=[IngestStage()], workers=1, **{"report.enabled": False})
     assert s.exit_code == 0 and s.skipped == 1  # another worker count resumes
 

@@ -139,6 +139,7 @@ class _Peek(Stage):
         status = json.loads((self.report / "status.json").read_text())
         page = (self.report / "report.html").read_text()
         seen = {"status": status, "page": page, "json": json.loads((self.report / "report.json").read_text())}
+        seen["files"] = {p.name: p.read_bytes() for p in self.report.iterdir() if p.is_file()}  # as a SIGKILL leaves them
         if self.stop:  # ctpipe report while the run is under way: in progress, figures as of the report's writing
             from pipeline.runner.report import build_report
 
@@ -198,7 +199,11 @@ def test_the_report_says_a_run_is_in_progress_and_later_that_it_was_interrupted(
     assert rebuilt["state"] == "in_progress" and rebuilt["runs"][0]["run_id"] == latest["run_id"]
     assert rebuilt["note"].startswith("the figures below are as of ") and rebuilt["note"].endswith(", while it runs")
 
-    # the run is killed (no end record, its process gone): the page still says "in progress", until ...
+    # stopped by a signal (KeyboardInterrupt), the run rebuilt its report: interrupted
+    assert json.loads((report / "status.json").read_text())["state"] == "interrupted"
+    # killed instead (no end record, no report rebuilt, its process gone): the page still says "in progress", until ...
+    for name, data in during["files"].items():
+        (report / name).write_bytes(data)
     killed = _as_if_killed(out)
     assert "is in progress" in (report / "report.html").read_text()
     # ... ctpipe report shows it as interrupted

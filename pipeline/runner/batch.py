@@ -237,6 +237,7 @@ def _run(
     executor: Any = None
     in_flight = 1
     status = "completed"
+    signalled = False  # Ctrl-C, SIGTERM, SIGHUP: recorded, logged and reported like any end, then raised again
     threads_before: int | None = None  # the calling process' torch threads, when the stages run in it (workers=0)
     try:
         if workers == 0 and cluster is None and pl.to_run:  # the stages run in this process, with the run's threads
@@ -299,8 +300,7 @@ def _run(
         status = "failed"
         log.error("run stopped: %s", exc, extra={"event": "run_failed", "run_id": run_id})
     except KeyboardInterrupt:
-        status = "interrupted"
-        raise
+        status, signalled = "interrupted", True
     except (OSError, sqlite3.Error) as exc:  # the main process could not write the run folder (store, files)
         env = environment_failure(exc, run_dir=run_dir)
         if env is None:
@@ -341,7 +341,7 @@ def _run(
             (r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys and r["run_id"] != run_id
         ]
         summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
-        if summary.stopped and not summary.done:  # stopped before the engine could count: the store's own record
+        if (summary.stopped or signalled) and not summary.done:  # stopped before the engine could count: the store's own record
             summary.done = sum(r["case_key"] in keys and r["run_id"] == run_id for r in store.cases_with_status("done"))
         _quietly(
             summary,
@@ -359,7 +359,8 @@ def _run(
             ),
         )
         metrics.quarantined_at_end(len(summary.quarantined), len(summary.still_quarantined))
-        metrics.run_ended(EXIT_INTERRUPTED if status == "interrupted" and not summary.stopped else summary.exit_code)
+        exit_status = EXIT_INTERRUPTED if signalled else summary.exit_code
+        metrics.run_ended(exit_status)
         if cfg.metrics.textfile:
             summary.metrics_file = _quietly(
                 summary, run_dir, "metrics.prom", lambda: metrics.write_textfile(run_dir / "metrics.prom")
@@ -378,9 +379,11 @@ def _run(
             ),
         )
         summary.report_html = rep.html if rep is not None else None
-    log.info(
-        "run %s finished: %d done, %d newly quarantined, %d still quarantined from earlier runs (not retried), %.1f s",
+    log.log(
+        logging.WARNING if signalled else logging.INFO,
+        "run %s %s: %d done, %d newly quarantined, %d still quarantined from earlier runs (not retried), %.1f s",
         run_id,
+        "interrupted (Ctrl-C, SIGTERM or SIGHUP; the same command resumes it)" if signalled else "finished",
         summary.done,
         len(summary.quarantined),
         len(summary.still_quarantined),
@@ -395,9 +398,12 @@ def _run(
             "quarantined_earlier": len(summary.still_quarantined),
             "unfinished": summary.unfinished,
             "elapsed_s": summary.elapsed_s,
-            "exit_status": summary.exit_code,
+            "run_status": status,
+            "exit_status": exit_status,
         },
     )
+    if signalled:  # the caller (ctpipe run: exit status 130) learns of the interruption as it would have without us
+        raise KeyboardInterrupt
     return summary
 
 

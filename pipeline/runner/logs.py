@@ -24,7 +24,9 @@ from typing import Any
 #: Fields a record carries when its caller passes them. The run's end record (``run_end``) has the figures of the
 #: summary line: ``cases`` (found by discovery), ``done`` (by this run), ``done_earlier`` (by earlier runs of the
 #: folder), ``quarantined_new`` and ``quarantined_earlier`` (quarantined by this run, still from earlier runs),
-#: ``unfinished`` (left for the next run), ``elapsed_s`` (s) and ``exit_status``.
+#: ``unfinished`` (left for the next run), ``elapsed_s`` (s), ``run_status`` (completed, interrupted: Ctrl-C, SIGTERM,
+#: SIGHUP or a run folder that could not be written, failed) and ``exit_status``. ``changed``: the options a refused
+#: rerun would have changed (``result_options_changed``).
 _FIELDS: tuple[str, ...] = (
     "event",
     "case_id",
@@ -42,7 +44,9 @@ _FIELDS: tuple[str, ...] = (
     "done_earlier",
     "unfinished",
     "elapsed_s",
+    "run_status",
     "exit_status",
+    "changed",
 )
 
 
