@@ -228,6 +228,10 @@ def _run(
     )
     prog = Progress(total=len(pl.to_run) + len(pl.rejected), callback=progress_cb)
     metrics = RunMetrics()
+    # counters go on from the last textfile (the node's, else the folder's): never lower than after the last run
+    metrics.carry_from(
+        *([Path(cfg.metrics.textfile_dir) / "ctpipe.prom"] if cfg.metrics.textfile_dir else []), run_dir / "metrics.prom"
+    )
     metrics.files_skipped(len(found.skipped_files), len(found.not_selected))
     if cfg.metrics.port:
         metrics.serve(cfg.metrics.port, cfg.metrics.bind)

@@ -24,6 +24,10 @@ Metrics (one registry per run, so several runs in one process do not mix):
   (0 all done, 3 some quarantined, 4 the run folder could not be written, 1 could not proceed, 130 interrupted);
   only in the textfiles written at the end (alert on a nightly run that did not end, or did not end with 0).
 
+Counters and histograms go on from the previous run's textfile (``metrics.textfile_dir``'s ``ctpipe.prom``, else
+``RUN_DIR/metrics.prom``; :mod:`.metrics_carry`): they never go down from one run to the next, so ``increase()``
+over a week of nightly textfiles counts every night's cases; gauges are the run's own.
+
 Every series also carries ``node``: the node's id, from ``$CTPIPE_NODE`` or else the host name, so that one
 Prometheus scraping every node of a cluster tells them apart (``sum by (node) (...)``).
 """
@@ -38,10 +42,13 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from .stage import CaseSpec, TaskResult
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +120,15 @@ class RunMetrics:
         self.updated.set(time.time())  # a run without case events (nothing new tonight) is not "last updated in 1970"
         self._server: Any = None
         self._peaks: dict[str, float] = {}
+        self.exposed: CollectorRegistry = r  # what the endpoint and the textfiles show (see carry_from)
+
+    def carry_from(self, *paths: Path) -> None:
+        """Go on from the counters and histograms of the first of ``paths`` (an earlier run's textfile) that exists:
+        the endpoint and the textfiles show them with this run's increments added, so that they never go down from
+        one run to the next (:mod:`.metrics_carry`). Call it before :meth:`serve`."""
+        from .metrics_carry import carrying_registry
+
+        self.exposed = carrying_registry(self.registry, paths, self.node)
 
     # observer interface
     def on_stage(self, result: TaskResult) -> None:
@@ -177,7 +193,7 @@ class RunMetrics:
         from prometheus_client import start_http_server
 
         try:
-            out = start_http_server(port, addr=bind, registry=self.registry)
+            out = start_http_server(port, addr=bind, registry=self.exposed)
         except OSError as exc:
             raise _port_error(bind, port, exc) from exc
         self._server = out[0] if isinstance(out, tuple) else None
@@ -192,14 +208,14 @@ class RunMetrics:
     def text(self) -> str:
         from prometheus_client import generate_latest
 
-        return generate_latest(self.registry).decode()
+        return generate_latest(self.exposed).decode()
 
     def write_textfile(self, path: Path) -> Path:
         """Write the metrics in the text exposition format, atomically (node_exporter's textfile collector)."""
         from prometheus_client import write_to_textfile
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_to_textfile(str(path), self.registry)
+        write_to_textfile(str(path), self.exposed)
         return path
 
 
