@@ -6,6 +6,7 @@ raised again to the caller."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +57,26 @@ def test_an_interrupted_run_is_logged_reported_and_counted_as_interrupted(tmp_pa
     assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
     s = run_batch([src], out=out, stages=[IngestStage(), _StopAtSecondCase()], workers=0)  # resumes: the second case
     assert s.exit_code == 0 and s.done == 1 and s.skipped == 1
+
+
+def test_a_worker_whose_main_process_is_gone_exits_without_a_traceback(tmp_path, capfd):
+    """After a SIGKILL of ``ctpipe run``, its workers find nobody at the other end of their pipe: they exit quietly
+    (a note in run.log), not with a BrokenPipeError traceback in the cron job's mail."""
+    import multiprocessing as mp
+
+    from pipeline.config import load_config
+    from pipeline.runner.workers import worker_main
+
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    inq = ctx.Queue()
+    args = ("cpu-9", "cpu", [], load_config(None).to_dict(), str(tmp_path), inq, writer, os.getpid(), 1)
+    proc = ctx.Process(target=worker_main, args=args)
+    reader.close()  # the main process is gone: nobody reads what the worker sends
+    proc.start()
+    writer.close()
+    proc.join(timeout=120)
+    assert proc.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err
+    records = [json.loads(line) for line in (tmp_path / "run.log").read_text().splitlines()]
+    assert [r["event"] for r in records if r.get("event")] == ["worker_orphaned"]

@@ -220,14 +220,14 @@ def worker_main(
             pass
     cfg: Config = from_dict(config)
     info = WorkerInfo(name, device, cfg, Path(run_dir))
-    try:
-        setup_stages(stages, info)
-    except FatalRunError as exc:
-        out.send(("fatal", name, str(exc)))
-        return
-    out.send(("ready", name, None))
     by_name = {s.name: s for s in stages}
     try:
+        try:
+            setup_stages(stages, info)
+        except FatalRunError as exc:
+            out.send(("fatal", name, str(exc)))
+            return
+        out.send(("ready", name, None))
         while True:
             task: Task | None = inq.get()
             if task is None:
@@ -235,6 +235,9 @@ def worker_main(
             out.send(("start", name, (task.case.case_key, task.stage)))  # the main process times the stage from here
             out.send(("result", name, run_task(by_name[task.stage], task, info)))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the main process records the interruption
+        return
+    except (BrokenPipeError, ConnectionResetError, EOFError):  # the main process is gone (SIGKILL): no one to tell
+        log.info("worker %s: the main process is gone; the next run redoes its case", name, extra={"event": "worker_orphaned"})
         return
 
 
