@@ -38,9 +38,8 @@ def test_a_changed_threshold_is_refused_with_both_values_and_the_fix(tmp_path):
     assert "detector.score_threshold was null, is 0.9 now" in text
     assert 'reconstruct.organs was ["body","lung_left","lung_right","airway","bone"], is ["body"] now' in text
     assert "Fix: give the new options a new --out folder" in text
-    assert (
-        '--set detector.score_threshold=null --set reconstruct.organs=["body","lung_left","lung_right","airway","bone"]' in text
-    )
+    organs = '["body","lung_left","lung_right","airway","bone"]'
+    assert f"--set detector.score_threshold=null --set 'reconstruct.organs={organs}'" in text  # to paste into a shell
     store.close()
 
 
@@ -80,7 +79,7 @@ def test_run_batch_refuses_before_recording_a_run(one_case_run):
         run_batch([out.parent / "src"], out=out, stages=[IngestStage()], workers=0, **{"detector.score_threshold": 0.25})
     assert db_rows(out, "SELECT COUNT(*) FROM runs") == [(1,)]  # the refused run is not recorded
     log = [json.loads(line) for line in (out / "run.log").read_text().splitlines()]
-    assert log[-1]["event"] == "result_options_changed" and log[-1]["level"] == "error"
+    assert log[-1]["event"] == "result_options_changed" and log[-1]["level"] == "info"
     assert log[-1]["changed"] == ["detector.score_threshold"]
     s = run_batch([out.parent / "src"], out=out, stages=[IngestStage()], workers=1, **{"report.enabled": False})
     assert s.exit_code == 0 and s.skipped == 1  # another worker count resumes
@@ -92,3 +91,30 @@ def test_ctpipe_run_exits_1_naming_the_option_and_the_fix(one_case_run):
     assert res.returncode == 1, res.stderr
     assert "detector.score_threshold was null, is 0.9 now" in res.stderr
     assert "--set detector.score_threshold=null" in res.stderr
+    assert res.stderr.count("were analysed with other options") == 1  # said once
+
+
+def test_model_files_replaced_under_the_same_path_are_refused(tmp_path):
+    from pipeline.runner.result_options import WEIGHTS_KEY, weights_digest
+
+    bundle = tmp_path / "bundle"
+    (bundle / "models").mkdir(parents=True)
+    (bundle / "configs").mkdir()
+    (bundle / "configs" / "inference.json").write_text("{}")
+    (bundle / "models" / "model.pt").write_bytes(b"weights of version 1")
+    before = weights_digest(str(bundle))
+    assert before == weights_digest(str(bundle / "configs" / "inference.json"))  # the folder or its JSON file
+    assert weights_digest(None) not in (None, before)  # the demo weights have their own
+    cfg = load_config(None, overrides={"detector.bundle": str(bundle)})
+    store = RunStore(tmp_path / "run")
+    versions = {WEIGHTS_KEY: before}
+    store.start_run("r1", command="t", sources=[], config=cfg.to_dict(), versions=versions, device="cpu", host="h", pid=1)
+    store.upsert_discovered(case_key="a:1", case_id="a", series_uid="a", fingerprint="f" * 24, source="src")
+    store.begin_case("a:1", "r1")
+    store.complete_case("a:1", output_dir="cases/a", findings=[], measurements=[])
+    check_result_options(store, cfg, tmp_path / "run", weights=weights_digest(str(bundle)))  # the same files: resumes
+    (bundle / "models" / "model.pt").write_bytes(b"weights of version 2")
+    after = weights_digest(str(bundle))
+    with pytest.raises(ConfigError, match=rf"detector weights was sha256 {before[:12]}, is sha256 {after[:12]} now"):
+        check_result_options(store, cfg, tmp_path / "run", weights=after)
+    store.close()

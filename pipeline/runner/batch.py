@@ -27,7 +27,7 @@ from .logs import attach_jsonl, detach
 from .metrics import NvmlSampler, RunMetrics
 from .progress import Progress
 from .report import build_report, mark_run_started
-from .result_options import check_result_options
+from .result_options import WEIGHTS_KEY, check_result_options, weights_digest
 from .resume import RunLock, drop_cached, plan, reconcile, remove_quarantine
 from .run_host import no_gpu_here, resolve_devices, software_versions
 from .run_summary import EXIT_ENVIRONMENT, EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_QUARANTINED, SHOWN, RunSummary
@@ -147,7 +147,8 @@ def _run(
     origins: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunSummary:
     reconcile(store, run_dir)
-    check_result_options(store, cfg, run_dir)  # results made with other options: refused before the run is recorded
+    weights = weights_digest(cfg.detector.bundle)
+    check_result_options(store, cfg, run_dir, weights=weights)  # results made otherwise: refused before the run is recorded
     found: Discovery = discover(srcs, cfg)
     summary.sources = [str(s) for s in srcs]
     summary.not_selected = found.not_selected
@@ -201,7 +202,7 @@ def _run(
         command=_recorded(command or " ".join(sys.argv), cfg),
         sources=[_recorded(str(s), cfg) for s in srcs],
         config=cfg.to_dict(),
-        versions=software_versions(),
+        versions={**software_versions(), **({WEIGHTS_KEY: weights} if weights else {})},
         device=device_desc,
         host=socket.gethostname(),
         pid=os.getpid(),

@@ -10,8 +10,10 @@ Options of how the run goes (workers, device, metrics, report, PACS) may change 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -89,21 +91,54 @@ def changed_result_options(earlier: Mapping[str, Any], now: Mapping[str, Any]) -
     return out
 
 
-def check_result_options(store: RunStore, cfg: Config, run_dir: Path) -> None:
+#: The run record's ``versions`` key of :func:`weights_digest`.
+WEIGHTS_KEY = "detector_weights_sha256"
+_DEMO_WEIGHTS = Path(__file__).resolve().parents[1] / "detection" / "weights"
+
+
+def weights_digest(bundle: str | None) -> str | None:
+    """SHA-256 (hex) of the detector's model files: the bundle's ``models/model.pt`` (or ``model.ts``) and
+    ``configs/inference.json`` (``bundle``: its folder or that JSON file), else ctpipe's demo weights. A bundle replaced
+    in place (new weights under the same path) gets another digest. None when the files are not found (the model
+    stage says what is missing)."""
+    if bundle:
+        given = Path(bundle)
+        root = given if given.is_dir() else given.parent.parent
+        files = [root / "models" / "model.pt", root / "models" / "model.ts", root / "configs" / "inference.json"]
+    else:
+        files = sorted(_DEMO_WEIGHTS.glob("demo_phantom_*"))
+    files = [f for f in files if f.is_file()]
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_result_options(store: RunStore, cfg: Config, run_dir: Path, *, weights: str | None = None) -> None:
     """Raise :class:`ConfigError` when cases completed in ``run_dir`` were analysed with result-shaping options
     (:data:`RESULT_OPTIONS`) other than ``cfg``'s. The message names the run folder, the number of such cases, the
     run(s) that made them and, for each option, the value they were made with and the value asked for now; the fix is
-    a new ``--out`` folder for the new options, or the earlier values (as ``--set`` flags) to resume this folder."""
+    a new ``--out`` folder for the new options, or the earlier values (as ``--set`` flags) to resume this folder.
+    ``weights``: this run's :func:`weights_digest`; other model files than the earlier runs' (recorded under
+    :data:`WEIGHTS_KEY` in their ``versions``) are refused as well."""
     now = cfg.to_dict()
     changed: dict[str, tuple[Any, Any]] = {}
     runs: list[str] = []
     n_cases = 0
-    for run_id, config_text, n in store.configs_of_done_cases():
+    for run_id, config_text, versions_text, n in store.configs_of_done_cases():
         try:
-            earlier = json.loads(config_text or "{}")
+            earlier, versions = json.loads(config_text or "{}"), json.loads(versions_text or "{}")
         except json.JSONDecodeError:
             continue  # a run record without a readable configuration: nothing to compare with
         diff = changed_result_options(earlier if isinstance(earlier, Mapping) else {}, now)
+        made_with = versions.get(WEIGHTS_KEY) if isinstance(versions, Mapping) else None
+        if weights and made_with and made_with != weights:  # new weights in place of the old, same path
+            diff["detector weights"] = (f"sha256 {made_with[:12]}", f"sha256 {weights[:12]}")
         if diff:
             runs.append(run_id)
             n_cases += n
@@ -112,7 +147,9 @@ def check_result_options(store: RunStore, cfg: Config, run_dir: Path) -> None:
     if not changed:
         return
     what = "; ".join(f"{path} was {_shown(old)}, is {_shown(new)} now" for path, (old, new) in changed.items())
-    back = " ".join(f"--set {path}={_shown(old)}" for path, (old, _) in changed.items())
+    back = " ".join(f"--set {shlex.quote(f'{path}={_shown(old)}')}" for path, (old, _) in changed.items() if "." in path)
+    if "detector weights" in changed:
+        back += (" and " if back else "") + "the detector's earlier model files"
     err = ConfigError(
         f"{n_cases} completed case(s) in this run folder were analysed with other options (run(s) "
         f"{', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}): {what}; resuming would mix results made two ways in "
@@ -120,5 +157,6 @@ def check_result_options(store: RunStore, cfg: Config, run_dir: Path) -> None:
         where=run_dir,
         fix=f"give the new options a new --out folder, or resume this one with the options its results were made with ({back})",
     )
-    log.error("%s", err, extra={"event": "result_options_changed", "changed": sorted(changed)})
+    # for run.log (info: the command line prints the error itself, once)
+    log.info("run refused: %s", err, extra={"event": "result_options_changed", "changed": sorted(changed)})
     raise err

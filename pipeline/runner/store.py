@@ -359,14 +359,14 @@ class RunStore:
         marks = ",".join("?" * len(statuses))
         return list(self.db.execute(f"SELECT * FROM cases WHERE status IN ({marks}) ORDER BY case_id", statuses))
 
-    def configs_of_done_cases(self) -> list[tuple[str, str | None, int]]:
-        """``(run_id, configuration JSON, completed cases)`` of each run whose cases are done (the configuration their
-        results were made with), oldest run first."""
+    def configs_of_done_cases(self) -> list[tuple[str, str | None, str | None, int]]:
+        """``(run_id, configuration JSON, versions JSON, completed cases)`` of each run whose cases are done (the
+        configuration and software their results were made with), oldest run first."""
         rows = self.db.execute(
-            "SELECT r.run_id, r.config, COUNT(*) FROM cases c JOIN runs r ON r.run_id = c.run_id"
+            "SELECT r.run_id, r.config, r.versions, COUNT(*) FROM cases c JOIN runs r ON r.run_id = c.run_id"
             " WHERE c.status = 'done' GROUP BY r.run_id ORDER BY r.started_at"
         )
-        return [(str(r[0]), r[1], int(r[2])) for r in rows]
+        return [(str(r[0]), r[1], r[2], int(r[3])) for r in rows]
 
     # -- PACS: origins of cases, deliveries of results ------------------------------------
     def record_origins(self, run_id: str, origins: Iterable[tuple[str, Mapping[str, Any]]]) -> int:
