@@ -118,3 +118,16 @@ def test_model_files_replaced_under_the_same_path_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=rf"detector weights was sha256 {before[:12]}, is sha256 {after[:12]} now"):
         check_result_options(store, cfg, tmp_path / "run", weights=after)
     store.close()
+
+
+def test_ctpipe_listen_refuses_at_its_start_a_folder_made_with_other_options(one_case_run):
+    from pipeline.pacs.listener import Listener
+
+    opts = {"pacs.allowed_aets": ["ORTHANC"], "report.enabled": False, "workers": 0, "detector.score_threshold": 0.3}
+    listener = Listener(one_case_run, load_config(overrides=opts, environ={}), stages=[IngestStage()])
+    try:
+        with pytest.raises(ConfigError, match=r"detector\.score_threshold was null, is 0\.3 now"):
+            listener.start()  # before it accepts any series, not at every batch
+        assert listener._ae is None
+    finally:
+        listener.close()

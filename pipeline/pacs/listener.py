@@ -132,6 +132,7 @@ class Listener:
         """Take the run folder's PACS lock, recover the journal, start the SCP (and the result sender)."""
         from pynetdicom import evt
 
+        from ..runner.result_options import check_run_folder
         from ..runner.session import RunSession
 
         self._lock = PacsLock(self.run_dir, holder="ctpipe listen")
@@ -153,6 +154,8 @@ class Listener:
                 extra={"event": "listen_recover"},
             )
         self.session = RunSession(self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options)
+        # a folder whose results were made with other options or model files: refused now, not at every batch
+        check_run_folder(self.run_dir, self.session.config)
         ae = build_ae(self.cfg)
         ae.add_supported_context("1.2.840.10008.1.1")  # Verification (C-ECHO)
         for abstract, syntaxes in accepted_storage_contexts():

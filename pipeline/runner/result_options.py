@@ -160,3 +160,17 @@ def check_result_options(store: RunStore, cfg: Config, run_dir: Path, *, weights
     # for run.log (info: the command line prints the error itself, once)
     log.info("run refused: %s", err, extra={"event": "result_options_changed", "changed": sorted(changed)})
     raise err
+
+
+def check_run_folder(run_dir: Path, cfg: Config) -> None:
+    """:func:`check_result_options` for a service about to feed ``run_dir`` (``ctpipe listen``): refused at its start,
+    not at each batch. Nothing to check in a folder without a run store."""
+    from .store_db import db_path
+
+    if not db_path(run_dir).is_file():
+        return
+    store = RunStore(run_dir)
+    try:
+        check_result_options(store, cfg, run_dir, weights=weights_digest(cfg.detector.bundle))
+    finally:
+        store.close()
