@@ -14,9 +14,12 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..argtypes import number_in
+
+if TYPE_CHECKING:
+    from .listener import SeriesOutcome
 
 EXIT_SOME_FAILED = 3
 
@@ -179,7 +182,7 @@ def _listen(args: argparse.Namespace) -> int:
     }
     cfg = _config(args, flags, defaults_of=LISTEN_DEFAULTS)
     ensure_dir(args.out)
-    listener = Listener(args.out, cfg)
+    listener = Listener(args.out, cfg, on_series=print_series_outcome)
     signal.signal(signal.SIGTERM, _on_term)
     listener.start()
     print(
@@ -194,6 +197,11 @@ def _listen(args: argparse.Namespace) -> int:
     finally:
         listener.close()
     return 0
+
+
+def print_series_outcome(outcome: SeriesOutcome) -> None:
+    """``ctpipe listen``'s line for each series handed to the runner: done with its case, or quarantined with why."""
+    print(outcome.line(), flush=True)
 
 
 def _send(args: argparse.Namespace) -> int:

@@ -239,15 +239,19 @@ class ReceiveJournal:
         )
         return True
 
-    def origin(self, row: dict[str, Any]) -> dict[str, Any]:
-        """Where a generation came from, for the run store: the calling AE title, C-STORE, the UIDs, the count."""
-        sender = self.ledger.one(
+    def sender(self, row: dict[str, Any]) -> str:
+        """The calling AE title that sent a generation's first instance (``(unknown)`` when only recovered ones)."""
+        first = self.ledger.one(
             "SELECT calling_aet FROM instances WHERE series_uid = ? AND generation = ? AND calling_aet != '(recovered)' "
             "ORDER BY received_at LIMIT 1",
             (row["series_uid"], row["generation"]),
         )
+        return str(first["calling_aet"]) if first else "(unknown)"
+
+    def origin(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Where a generation came from, for the run store: the calling AE title, C-STORE, the UIDs, the count."""
         return {
-            "remote": f"C-STORE from AE {sender['calling_aet'] if sender else '(unknown)'}",
+            "remote": f"C-STORE from AE {self.sender(row)}",
             "via": "c-store",
             "study_uid": row.get("study_uid"),
             "series_uid": row["series_uid"],

@@ -32,7 +32,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +84,38 @@ def incomplete_reason(folder: Path, cfg: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class SeriesOutcome:
+    """What became of one received series (one generation) handed to the runner.
+
+    ``status``: ``done``, ``quarantined`` (``reason``: the error class and why), ``not selected`` (``reason``: why
+    discovery left it out) or the case's state in the run store when it is neither (e.g. ``pending``: the run folder
+    could not take it yet). ``case_id``: its case in the run folder (None when not selected). ``sender``: the calling
+    AE title of its first instance."""
+
+    series_uid: str
+    generation: int
+    n_instances: int
+    sender: str
+    status: str
+    case_id: str | None = None
+    reason: str | None = None
+
+    def line(self) -> str:
+        """One line for an operator: ``series UID (generation G, N instance(s) from AET): done, case ID``."""
+        head = f"series {self.series_uid} (generation {self.generation}, {self.n_instances} instance(s) from {self.sender})"
+        what = self.status if self.reason is None else f"{self.status} ({self.reason})"
+        return f"{head}: {what}" + (f", case {self.case_id}" if self.case_id else "")
+
+
 class Listener:
     """The listener of a run folder (see the module docstring).
 
     ``cfg``: the :class:`~pipeline.config.Config`; ``stages``: custom runner stages (default: the
     standard pipeline); ``run_options``: extra options of every batch (short or dotted names, as for
-    :func:`~pipeline.runner.run_batch`), applied once to the listener's :class:`~pipeline.runner.session.RunSession`.
+    :func:`~pipeline.runner.run_batch`), applied once to the listener's :class:`~pipeline.runner.session.RunSession`;
+    ``on_series``: called with the :class:`SeriesOutcome` of every series handed to the runner, once the runner is
+    done with it (``ctpipe listen`` prints it; each is also logged at INFO).
     """
 
     def __init__(
@@ -99,6 +126,7 @@ class Listener:
         stages: Sequence[Any] | None = None,
         run_options: dict[str, Any] | None = None,
         poll_s: float = 0.5,
+        on_series: Callable[[SeriesOutcome], None] | None = None,
     ):
         check_aet(cfg.pacs.ae_title, "pacs.ae_title (--ae-title)")
         allowed = [check_aet(a, "pacs.allowed_aets") for a in cfg.pacs.allowed_aets]
@@ -114,6 +142,7 @@ class Listener:
         self.stages = list(stages) if stages is not None else None
         self.run_options = dict(run_options or {})
         self.poll_s = poll_s
+        self.on_series = on_series
         self.batches = 0
         self._lock: PacsLock | None = None
         self._ledger: Ledger | None = None
@@ -414,13 +443,17 @@ class Listener:
             self._stop.wait(30.0)
             return
         cases = open_run(self.run_dir).cases
+        outcomes = []
         for row, folder in zip(batch, folders):
             hits = cases[cases.source == folder]
             why = next((n["why"] for n in summary.not_selected if n["source"] == folder), None)
             if not len(hits) and why is None:  # the same instances as an earlier generation: that generation's case
                 hits = cases[cases.series_uid == row["series_uid"]].sort_values("discovered_at")
+            base = {"series_uid": row["series_uid"], "generation": int(row["generation"])}
+            base.update(n_instances=int(row["n_instances"]), sender=self.journal.sender(row))
             if len(hits):
                 case = hits.iloc[-1]
+                outcomes.append(_outcome(base, case))
                 self.journal.processed(row, case_id=str(case["case_id"]), outcome=str(case["status"]))
                 if self.journal.held(dict(row, outcome=str(case["status"])), hold_s=self.cfg.pacs.incomplete_keep_s):
                     log.warning(
@@ -432,9 +465,25 @@ class Listener:
                         extra={"event": "listen_held"},
                     )
             else:
+                outcomes.append(SeriesOutcome(**base, status="not selected", reason=why or "no CT series found"))
                 self.journal.processed(row, case_id=None, outcome=f"not selected: {why or 'no CT series found'}")
         self._release_processed()
         for line in summary.lines():
             log.info("%s", line, extra={"event": "listen_batch_done"})
+        for outcome in outcomes:
+            log.info("%s", outcome.line(), extra={"event": "listen_series_done", "series_uid": outcome.series_uid})
+            if self.on_series is not None:
+                self.on_series(outcome)
         if self._sender is not None:
             self._sender.notify()
+
+
+def _outcome(base: dict[str, Any], case: Any) -> SeriesOutcome:
+    """The :class:`SeriesOutcome` of a series whose case is the run store's row ``case`` (``open_run(...).cases``)."""
+    status, case_id = str(case["status"]), str(case["case_id"])
+    if status == "done":
+        return SeriesOutcome(**base, status="done", case_id=case_id)
+    if status == "failed":
+        reason = f"{case['error_class']}: {case['reason']}" if case.get("error_class") else str(case.get("reason"))
+        return SeriesOutcome(**base, status="quarantined", case_id=case_id, reason=reason)
+    return SeriesOutcome(**base, status=status, case_id=case_id)
