@@ -241,8 +241,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
             None,
             "path",
             "",
-            "also write the run folder's own ctpipe-<folder>-<hash>.prom into this folder (node_exporter "
-            "--collector.textfile.directory; one file per run folder, its series labelled run_dir)",
+            "also write ctpipe.prom into this folder (node_exporter --collector.textfile.directory)",
             nullable=True,
         ),
         "nvml_interval_s": Option(2.0, "float", "s", "GPU utilisation/memory sampling interval", lo=0.1, hi=3600.0),

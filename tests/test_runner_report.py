@@ -12,7 +12,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.runner import run_batch
-from pipeline.runner.metrics import textfile_name
 from pipeline.runner.stages import IngestStage
 from tests._support.prometheus import local_opener
 from tests._support.runner import ctpipe, db_rows
@@ -29,12 +28,11 @@ def _free_port() -> int:
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
-    """Samples by (name, labels); the ``node`` and ``run_dir`` labels every series of a run carries are left out
-    (tests/test_runner_prometheus.py, tests/test_runner_metrics_textfile_dir.py)."""
+    """Samples by (name, labels); the ``node`` label every series carries is left out (tests/test_runner_prometheus.py)."""
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("node", "run_dir"))))] = s.value
+            out[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "node")))] = s.value
     return out
 
 
@@ -92,8 +90,7 @@ def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):
     assert s[("ctpipe_stage_peak_rss_bytes", (("stage", "detect"),))] > 50e6
     s2 = _samples((ingest_run["out"] / "metrics.prom").read_text())
     assert s2[("ctpipe_cases_processed_total", ())] == 3.0
-    textfile = ingest_run["textdir"] / textfile_name(ingest_run["out"])
-    assert textfile.read_text() == (ingest_run["out"] / "metrics.prom").read_text()
+    assert (ingest_run["textdir"] / "ctpipe.prom").read_text() == (ingest_run["out"] / "metrics.prom").read_text()
 
 
 def test_report_over_two_runs(full_run, ingest_run, tmp_path):

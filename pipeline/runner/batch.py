@@ -24,7 +24,7 @@ from .discover import Discovery, check_out_outside_sources, check_sources, disco
 from .engine import Engine
 from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
-from .metrics import NvmlSampler, RunMetrics, textfile_path
+from .metrics import NvmlSampler, RunMetrics
 from .progress import Progress
 from .report import build_report, mark_run_started
 from .result_options import WEIGHTS_KEY, check_result_options, weights_digest
@@ -228,10 +228,11 @@ def _run(
         extra={"event": "run_start", "run_id": run_id},
     )
     prog = Progress(total=len(pl.to_run) + len(pl.rejected), callback=progress_cb)
-    metrics = RunMetrics(run_dir=run_dir)
-    textfile = textfile_path(cfg.metrics.textfile_dir, run_dir) if cfg.metrics.textfile_dir else None
-    # counters go on from the folder's last textfile (in textfile_dir, else its own): never lower than after its last run
-    metrics.carry_from(*([textfile] if textfile else []), run_dir / "metrics.prom")
+    metrics = RunMetrics()
+    # counters go on from the last textfile (the node's, else the folder's): never lower than after the last run
+    metrics.carry_from(
+        *([Path(cfg.metrics.textfile_dir) / "ctpipe.prom"] if cfg.metrics.textfile_dir else []), run_dir / "metrics.prom"
+    )
     metrics.files_skipped(len(found.skipped_files), len(found.not_selected))
     if cfg.metrics.port:
         metrics.serve(cfg.metrics.port, cfg.metrics.bind)
@@ -369,8 +370,10 @@ def _run(
             summary.metrics_file = _quietly(
                 summary, run_dir, "metrics.prom", lambda: metrics.write_textfile(run_dir / "metrics.prom")
             )
-        if textfile is not None:
-            _quietly(summary, run_dir, textfile.name, lambda: metrics.write_textfile(textfile))
+        if cfg.metrics.textfile_dir:
+            _quietly(
+                summary, run_dir, "ctpipe.prom", lambda: metrics.write_textfile(Path(cfg.metrics.textfile_dir) / "ctpipe.prom")
+            )
     if cfg.report.enabled:
         rep = _quietly(
             summary,

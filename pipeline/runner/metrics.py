@@ -24,25 +24,18 @@ Metrics (one registry per run, so several runs in one process do not mix):
   (0 all done, 3 some quarantined, 4 the run folder could not be written, 1 could not proceed, 130 interrupted);
   only in the textfiles written at the end (alert on a nightly run that did not end, or did not end with 0).
 
-Each run folder has its own textfile in ``metrics.textfile_dir`` (:func:`textfile_name`:
-``ctpipe-<folder name>-<hash of its absolute path>.prom``), besides ``RUN_DIR/metrics.prom``: runs of different
-folders on one node never overwrite each other's file, and node_exporter's textfile collector, which reads every
-``*.prom`` of the folder, sees no series twice. Counters and histograms go on from the folder's previous textfile
-(that file, else ``RUN_DIR/metrics.prom``; :mod:`.metrics_carry`): they never go down from one run of the folder to
-the next, so ``increase()`` over a week of nightly textfiles counts every night's cases; gauges are the run's own.
+Counters and histograms go on from the previous run's textfile (``metrics.textfile_dir``'s ``ctpipe.prom``, else
+``RUN_DIR/metrics.prom``; :mod:`.metrics_carry`): they never go down from one run to the next, so ``increase()``
+over a week of nightly textfiles counts every night's cases; gauges are the run's own.
 
 Every series also carries ``node``: the node's id, from ``$CTPIPE_NODE`` or else the host name, so that one
-Prometheus scraping every node of a cluster tells them apart (``sum by (node) (...)``), and ``run_dir``: the run
-folder's absolute path (:func:`run_label`), so that runs of several folders on one node are told apart too
-(``sum by (node) (...)`` adds them up).
+Prometheus scraping every node of a cluster tells them apart (``sum by (node) (...)``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -62,8 +55,6 @@ log = logging.getLogger(__name__)
 _BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 #: Environment variable naming this node in the metrics' ``node`` label (default: the host name).
 NODE_ENV = "CTPIPE_NODE"
-#: The label naming the run folder of every series (:func:`run_label`).
-RUN_LABEL = "run_dir"
 
 
 def node_id(node: str | None = None) -> str:
@@ -71,97 +62,58 @@ def node_id(node: str | None = None) -> str:
     return node or os.environ.get(NODE_ENV) or socket.gethostname()
 
 
-def run_label(run_dir: str | os.PathLike[str]) -> str:
-    """The ``run_dir`` label of a run folder: its absolute path, symbolic links resolved (one folder, one label)."""
-    return str(Path(run_dir).resolve())
-
-
-def textfile_name(run_dir: str | os.PathLike[str]) -> str:
-    """The name of the run folder ``run_dir``'s textfile in ``metrics.textfile_dir``:
-    ``ctpipe-<folder name>-<first 10 hex digits of the SHA-256 of its absolute path>.prom``. Stable across reruns of
-    the folder, and different for two folders of the same name elsewhere."""
-    label = run_label(run_dir)
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(label).name).strip("._") or "run"
-    return f"ctpipe-{name}-{hashlib.sha256(label.encode()).hexdigest()[:10]}.prom"
-
-
-#: The one textfile that every run folder of a node shared before each had its own (:func:`textfile_name`).
-_SHARED_TEXTFILE = "ctpipe.prom"
-
-
-def textfile_path(textfile_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str]) -> Path:
-    """The textfile of the run folder ``run_dir`` in ``textfile_dir`` (:func:`textfile_name`). Logs a warning when
-    ``textfile_dir`` still holds the ``ctpipe.prom`` that all run folders shared before: node_exporter keeps
-    exporting its last values, added to the folders' own by ``sum by (node)``."""
-    shared = Path(textfile_dir) / _SHARED_TEXTFILE
-    if shared.is_file():
-        log.warning(
-            "%s: the textfile that every run folder shared is no longer written; each run folder writes its own "
-            "ctpipe-<folder>-<hash>.prom here. Fix: remove %s, or node_exporter goes on exporting its old values",
-            shared,
-            shared,
-            extra={"event": "metrics_shared_textfile"},
-        )
-    return Path(textfile_dir) / textfile_name(run_dir)
-
-
 class RunMetrics:
     """Engine observer that keeps Prometheus metrics for one run, every series labelled with ``node``
-    (:func:`node_id`) and, given the run folder, ``run_dir`` (:func:`run_label`)."""
+    (:func:`node_id`)."""
 
-    def __init__(self, *, node: str | None = None, run_dir: str | os.PathLike[str] | None = None) -> None:
-        """``node``: the ``node`` label (:func:`node_id`). ``run_dir``: the run folder these metrics belong to; its
-        absolute path (:func:`run_label`) labels every series as ``run_dir`` (none: no such label)."""
+    def __init__(self, *, node: str | None = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.node = node_id(node)
-        self.run_dir = run_label(run_dir) if run_dir is not None else None
-        base = ["node"] if self.run_dir is None else ["node", RUN_LABEL]
-        self._ids: tuple[str, ...] = (self.node,) if self.run_dir is None else (self.node, self.run_dir)
         self.registry = CollectorRegistry()
-        r, ids = self.registry, self._ids
-        self.processed = Counter("ctpipe_cases_processed", "Cases completed", base, registry=r).labels(*ids)
-        self.failed = Counter("ctpipe_cases_failed", "Cases quarantined, by error class", [*base, "reason"], registry=r)
+        r, n = self.registry, self.node
+        self.processed = Counter("ctpipe_cases_processed", "Cases completed", ["node"], registry=r).labels(n)
+        self.failed = Counter("ctpipe_cases_failed", "Cases quarantined, by error class", ["node", "reason"], registry=r)
         self.released = Counter(
-            "ctpipe_cases_released", "Cases left for the next run: the run folder could not be written", base, registry=r
-        ).labels(*ids)
+            "ctpipe_cases_released", "Cases left for the next run: the run folder could not be written", ["node"], registry=r
+        ).labels(n)
         self.quarantined = Gauge(
             "ctpipe_cases_quarantined",
             "Cases quarantined at the run's end: by this run (this_run) or still from earlier runs (earlier_runs)",
-            [*base, "when"],
+            ["node", "when"],
             registry=r,
         )
-        self.flags = Counter("ctpipe_case_flags", "Quality flags of completed cases", [*base, "flag", "severity"], registry=r)
+        self.flags = Counter("ctpipe_case_flags", "Quality flags of completed cases", ["node", "flag", "severity"], registry=r)
         self.skipped = Gauge(
-            "ctpipe_discovery_skipped", "Files and series discovery left out in this run", [*base, "what"], registry=r
+            "ctpipe_discovery_skipped", "Files and series discovery left out in this run", ["node", "what"], registry=r
         )
         self.stage_latency = Histogram(
-            "ctpipe_stage_latency_seconds", "Stage wall time per case", [*base, "stage"], buckets=_BUCKETS, registry=r
+            "ctpipe_stage_latency_seconds", "Stage wall time per case", ["node", "stage"], buckets=_BUCKETS, registry=r
         )
         self.queue_wait = Histogram(
             "ctpipe_stage_queue_wait_seconds",
             "Time a ready stage waited for a worker",
-            [*base, "stage"],
+            ["node", "stage"],
             buckets=_BUCKETS,
             registry=r,
         )
         self.case_latency = Histogram(
-            "ctpipe_case_latency_seconds", "End-to-end time per case", base, buckets=_BUCKETS, registry=r
-        ).labels(*ids)
+            "ctpipe_case_latency_seconds", "End-to-end time per case", ["node"], buckets=_BUCKETS, registry=r
+        ).labels(n)
         self.peak_rss = Gauge(
-            "ctpipe_stage_peak_rss_bytes", "Largest peak resident memory per stage", [*base, "stage"], registry=r
+            "ctpipe_stage_peak_rss_bytes", "Largest peak resident memory per stage", ["node", "stage"], registry=r
         )
-        self.gpu_util = Gauge("ctpipe_gpu_utilization_percent", "GPU utilisation (NVML)", [*base, "gpu"], registry=r)
-        self.gpu_mem = Gauge("ctpipe_gpu_memory_used_bytes", "GPU memory used (NVML)", [*base, "gpu"], registry=r)
-        self.started = Gauge("ctpipe_run_start_time_seconds", "Start of the run (Unix time)", base, registry=r).labels(*ids)
+        self.gpu_util = Gauge("ctpipe_gpu_utilization_percent", "GPU utilisation (NVML)", ["node", "gpu"], registry=r)
+        self.gpu_mem = Gauge("ctpipe_gpu_memory_used_bytes", "GPU memory used (NVML)", ["node", "gpu"], registry=r)
+        self.started = Gauge("ctpipe_run_start_time_seconds", "Start of the run (Unix time)", ["node"], registry=r).labels(n)
         self.updated = Gauge(
-            "ctpipe_run_last_update_time_seconds", "Last case event, the start before the first (Unix time)", base, registry=r
-        ).labels(*ids)
-        self._ended = Gauge("ctpipe_run_end_time_seconds", "End of the run (Unix time)", base, registry=r)
+            "ctpipe_run_last_update_time_seconds", "Last case event, the start before the first (Unix time)", ["node"], registry=r
+        ).labels(n)
+        self._ended = Gauge("ctpipe_run_end_time_seconds", "End of the run (Unix time)", ["node"], registry=r)
         self._exit = Gauge(
             "ctpipe_run_exit_status",
             "Exit status of the run: 0 done, 3 quarantined, 4 folder, 1 failed, 130 interrupted",
-            base,
+            ["node"],
             registry=r,
         )
         self.started.set(time.time())
@@ -171,25 +123,24 @@ class RunMetrics:
         self.exposed: CollectorRegistry = r  # what the endpoint and the textfiles show (see carry_from)
 
     def carry_from(self, *paths: Path) -> None:
-        """Go on from the counters and histograms of this node and run folder in the first of ``paths`` (an earlier
-        run's textfile) that exists: the endpoint and the textfiles show them with this run's increments added, so
-        that they never go down from one run to the next (:mod:`.metrics_carry`). Call it before :meth:`serve`."""
+        """Go on from the counters and histograms of the first of ``paths`` (an earlier run's textfile) that exists:
+        the endpoint and the textfiles show them with this run's increments added, so that they never go down from
+        one run to the next (:mod:`.metrics_carry`). Call it before :meth:`serve`."""
         from .metrics_carry import carrying_registry
 
-        folder = None if self.run_dir is None else (RUN_LABEL, self.run_dir)
-        self.exposed = carrying_registry(self.registry, paths, self.node, folder)
+        self.exposed = carrying_registry(self.registry, paths, self.node)
 
     # observer interface
     def on_stage(self, result: TaskResult) -> None:
         if not result.ok or result.wall_s is None:
             return
-        self.stage_latency.labels(*self._ids, result.stage).observe(result.wall_s)
+        self.stage_latency.labels(self.node, result.stage).observe(result.wall_s)
         if result.started_at is not None:
-            self.queue_wait.labels(*self._ids, result.stage).observe(max(0.0, result.started_at - result.ready_at))
+            self.queue_wait.labels(self.node, result.stage).observe(max(0.0, result.started_at - result.ready_at))
         if result.peak_rss_mb is not None:
             peak = max(self._peaks.get(result.stage, 0.0), result.peak_rss_mb * 2**20)
             self._peaks[result.stage] = peak
-            self.peak_rss.labels(*self._ids, result.stage).set(peak)
+            self.peak_rss.labels(self.node, result.stage).set(peak)
 
     def on_case_done(self, case: CaseSpec, latency_s: float, n_findings: int) -> None:
         self.processed.inc()
@@ -197,7 +148,7 @@ class RunMetrics:
         self.updated.set(time.time())
 
     def on_case_failed(self, case: CaseSpec, reason: str, error_class: str) -> None:
-        self.failed.labels(*self._ids, error_class).inc()
+        self.failed.labels(self.node, error_class).inc()
         self.updated.set(time.time())
 
     def on_case_released(self, case: CaseSpec, reason: str) -> None:
@@ -206,25 +157,25 @@ class RunMetrics:
 
     def on_case_quality(self, case: CaseSpec, quality: Mapping[str, Any]) -> None:
         for flag in quality.get("flags", ()):
-            self.flags.labels(*self._ids, flag["code"], flag.get("severity", "warning")).inc()
+            self.flags.labels(self.node, flag["code"], flag.get("severity", "warning")).inc()
 
     def files_skipped(self, files: int, series: int) -> None:
-        self.skipped.labels(*self._ids, "file").set(files)
-        self.skipped.labels(*self._ids, "series").set(series)
+        self.skipped.labels(self.node, "file").set(files)
+        self.skipped.labels(self.node, "series").set(series)
 
     def quarantined_at_end(self, this_run: int, earlier_runs: int) -> None:
         """The cases quarantined at the run's end: by this run, and by earlier runs of the folder (not retried)."""
-        self.quarantined.labels(*self._ids, "this_run").set(this_run)
-        self.quarantined.labels(*self._ids, "earlier_runs").set(earlier_runs)
+        self.quarantined.labels(self.node, "this_run").set(this_run)
+        self.quarantined.labels(self.node, "earlier_runs").set(earlier_runs)
 
     def run_ended(self, exit_status: int) -> None:
         """The run is over, with ``exit_status`` (``ctpipe run``'s): for the textfiles written next."""
-        self._ended.labels(*self._ids).set(time.time())
-        self._exit.labels(*self._ids).set(exit_status)
+        self._ended.labels(self.node).set(time.time())
+        self._exit.labels(self.node).set(exit_status)
 
     def gpu_sample(self, gpu: int, util_pct: float, mem_used_mb: float) -> None:
-        self.gpu_util.labels(*self._ids, str(gpu)).set(util_pct)
-        self.gpu_mem.labels(*self._ids, str(gpu)).set(mem_used_mb * 2**20)
+        self.gpu_util.labels(self.node, str(gpu)).set(util_pct)
+        self.gpu_mem.labels(self.node, str(gpu)).set(mem_used_mb * 2**20)
 
     # exposure
     @staticmethod

@@ -4,10 +4,8 @@ Each ``ctpipe run`` is a new process with a new registry: alone, its counters wo
 takes a drop for a restart, but a textfile rewritten by each nightly run (node_exporter's textfile collector) shows
 only each run's final value: a second night that completes as many cases as the first shows no increase at all, and
 a run that resumes with nothing left to do shows the counter falling to 0. :class:`CarriedCollector` exposes the
-run's counters and histograms with the values of the run folder's previous textfile (its file in
-``metrics.textfile_dir``, :func:`.metrics.textfile_name`, else ``RUN_DIR/metrics.prom``) added, series that this run
-did not touch included; gauges are this run's own. Only the series of this node and run folder are carried (a
-series without a ``run_dir`` label, written before the label existed, counts as the folder's).
+run's counters and histograms with the values of the previous textfile (``metrics.textfile_dir``'s ``ctpipe.prom``,
+else ``RUN_DIR/metrics.prom``) added, series that this run did not touch included; gauges are this run's own.
 The ``*_created`` samples are left out: the carried series did not start with this process.
 """
 
@@ -30,14 +28,10 @@ def _key(name: str, labels: dict[str, str]) -> _Key:
     return name, tuple(sorted(labels.items()))
 
 
-def read_carried(
-    paths: Iterable[Path], node: str, folder: tuple[str, str] | None = None
-) -> dict[str, list[tuple[str, dict[str, str], float]]]:
-    """The counter and histogram samples (``{family: [(sample name, labels, value), ...]}``) of the node ``node``
-    and the run folder ``folder`` (its label and value: ``("run_dir", absolute path)``; a sample without that label
-    is taken as the folder's and given it) in the first of ``paths`` that exists, without ``*_created`` (a folder resumed on
-    another node starts its own); ``{}`` when none does. A file that cannot be read or parsed is logged (its path,
-    the error, and that the counters start at 0 again) and skipped."""
+def read_carried(paths: Iterable[Path], node: str) -> dict[str, list[tuple[str, dict[str, str], float]]]:
+    """The counter and histogram samples (``{family: [(sample name, labels, value), ...]}``) of the node ``node`` in
+    the first of ``paths`` that exists, without ``*_created`` (a folder resumed on another node starts its own); ``{}`` when none does. A file that cannot be read or parsed is logged (its
+    path, the error, and that the counters start at 0 again) and skipped."""
     from prometheus_client.parser import text_string_to_metric_families
 
     for path in paths:
@@ -58,22 +52,12 @@ def read_carried(
         for fam in families:
             if fam.type in _CARRIED_TYPES:
                 out[fam.name] = [
-                    (s.name, _with_folder(s.labels, folder), s.value)
+                    (s.name, dict(s.labels), s.value)
                     for s in fam.samples
-                    if not s.name.endswith("_created") and s.labels.get("node") == node and _of_folder(s.labels, folder)
+                    if not s.name.endswith("_created") and s.labels.get("node") == node
                 ]
         return out
     return {}
-
-
-def _of_folder(labels: dict[str, str], folder: tuple[str, str] | None) -> bool:
-    """Whether a sample labelled ``labels`` is the run folder ``folder``'s (a sample without its label is)."""
-    return folder is None or labels.get(folder[0], folder[1]) == folder[1]
-
-
-def _with_folder(labels: dict[str, str], folder: tuple[str, str] | None) -> dict[str, str]:
-    """``labels`` with the run folder's label (series of a textfile written before the label existed get it)."""
-    return dict(labels) if folder is None else {**labels, folder[0]: folder[1]}
 
 
 class CarriedCollector(Collector):
@@ -104,11 +88,9 @@ class CarriedCollector(Collector):
         return out
 
 
-def carrying_registry(
-    registry: CollectorRegistry, paths: Iterable[Path], node: str, folder: tuple[str, str] | None = None
-) -> CollectorRegistry:
-    """A registry that exposes ``registry``'s metrics with the counters of node ``node`` and run folder ``folder``
-    (:func:`read_carried`) in the first existing file of ``paths`` added (:class:`CarriedCollector`)."""
+def carrying_registry(registry: CollectorRegistry, paths: Iterable[Path], node: str) -> CollectorRegistry:
+    """A registry that exposes ``registry``'s metrics with the counters of node ``node`` in the first existing file
+    of ``paths`` added (:class:`CarriedCollector`)."""
     out = CollectorRegistry()
-    out.register(CarriedCollector(registry, read_carried(paths, node, folder)))
+    out.register(CarriedCollector(registry, read_carried(paths, node)))
     return out
