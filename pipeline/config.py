@@ -87,6 +87,8 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
             value = _check_pacs(check_aet, value, path, source)
         if path == "pacs.send_to":
             _check_pacs(parse_destination, value, path, source)
+        if path == "metrics.textfile_name":
+            _check_textfile_name(value, path, source)
         return value
     raise AssertionError(k)
 
@@ -98,6 +100,17 @@ def _check_device(value: str, path: str, source: str) -> None:
             f"{path} = {value!r} is not allowed; allowed: auto, cpu, cuda (every GPU) or cuda:N[,M...]",
             where=source,
             fix="pick a device torch knows, e.g. cuda:0",
+        )
+
+
+def _check_textfile_name(value: str, path: str, source: str) -> None:
+    """node_exporter's textfile collector reads only ``*.prom`` files of its folder: a plain name ending in .prom."""
+    if not value.endswith(".prom") or value == ".prom" or "/" in value or "\\" in value or value.startswith("."):
+        raise ConfigError(
+            f"{path} = {value!r} is not allowed; allowed: a file name ending in .prom, without a folder",
+            where=source,
+            fix="name the file after the job, e.g. ctpipe-nightly.prom (node_exporter reads only *.prom files; the "
+            "folder is metrics.textfile_dir)",
         )
 
 

@@ -241,8 +241,15 @@ SCHEMA: dict[str, dict[str, Option]] = {
             None,
             "path",
             "",
-            "also write ctpipe.prom into this folder (node_exporter --collector.textfile.directory)",
+            "also write metrics.textfile_name into this folder (node_exporter --collector.textfile.directory)",
             nullable=True,
+        ),
+        "textfile_name": Option(
+            "ctpipe.prom",
+            "str",
+            "",
+            "name of the file written into metrics.textfile_dir, ending in .prom; jobs that may run at once on one node "
+            "(a nightly run and a listener) each need their own, or the last to end overwrites the other's values",
         ),
         "nvml_interval_s": Option(2.0, "float", "s", "GPU utilisation/memory sampling interval", lo=0.1, hi=3600.0),
         "linger_s": Option(

@@ -83,3 +83,47 @@ def test_a_resumed_run_folder_s_metrics_prom_keeps_the_cases_done_before(tmp_pat
         for prom in (out / "metrics.prom", textfiles / "ctpipe.prom"):
             assert _value(Path(prom).read_text(), "ctpipe_cases_processed_total", node="n") == 1, prom
     assert s.skipped == 1
+
+
+def test_each_job_names_its_node_textfile_and_a_file_rewritten_by_another_job_is_warned_of(tmp_path, monkeypatch, caplog):
+    """Jobs that may run at once on one node (a nightly run, a listener) each write their own ``metrics.textfile_name``
+    in ``metrics.textfile_dir``; a run whose node file another job wrote while it ran says so, with that fix."""
+    import os
+    import time
+
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_phantom_case
+    from pipeline.runner.metrics import warn_if_rewritten
+
+    monkeypatch.setenv("CTPIPE_NODE", "n")
+    write_phantom_case(generate_phantom(62, n_nodules=0, **{**PHANTOM, "slices": 12}), tmp_path / "src" / "c62")
+    textfiles = tmp_path / "textfiles"
+    opts = {"report.enabled": False, "metrics.textfile_dir": str(textfiles), "metrics.textfile_name": "ctpipe-nightly.prom"}
+    run_batch([tmp_path / "src"], out=tmp_path / "run", stages=[IngestStage()], workers=0, **opts)
+    assert sorted(p.name for p in textfiles.iterdir()) == ["ctpipe-nightly.prom"]
+    assert _value((textfiles / "ctpipe-nightly.prom").read_text(), "ctpipe_cases_processed_total", node="n") == 1
+
+    shared = textfiles / "ctpipe-nightly.prom"
+    started = time.time() - 60.0
+    os.utime(shared, (started - 10.0, started - 10.0))  # written before this run started: the previous night's file
+    with caplog.at_level(logging.WARNING, logger="pipeline.runner.metrics"):
+        assert not warn_if_rewritten(shared, since=started, run_dir=tmp_path / "run")
+        assert not warn_if_rewritten(textfiles / "absent.prom", since=started, run_dir=tmp_path / "run")
+        assert caplog.text == ""
+        os.utime(shared, (started + 5.0, started + 5.0))  # another job wrote it while this run was under way
+        assert warn_if_rewritten(shared, since=started, run_dir=tmp_path / "run")
+    assert f"{shared} was written by another job" in caplog.text and "metrics.textfile_name=ctpipe-run.prom" in caplog.text
+
+
+def test_a_node_textfile_name_that_node_exporter_would_not_read_is_refused():
+    import pytest
+
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+
+    assert load_config(overrides={"metrics.textfile_name": "ctpipe-listen.prom"}, environ={}).metrics.textfile_name == (
+        "ctpipe-listen.prom"
+    )
+    for bad in ("ctpipe.txt", "sub/ctpipe.prom", ".prom", ".hidden.prom"):
+        with pytest.raises(ConfigError, match=r"metrics.textfile_name = .* a file name ending in .prom"):
+            load_config(overrides={"metrics.textfile_name": bad}, environ={})

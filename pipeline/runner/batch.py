@@ -24,7 +24,7 @@ from .discover import Discovery, check_out_outside_sources, check_sources, disco
 from .engine import Engine
 from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
-from .metrics import NvmlSampler, RunMetrics
+from .metrics import NvmlSampler, RunMetrics, warn_if_rewritten
 from .progress import Progress
 from .report import build_report, mark_run_started
 from .result_options import WEIGHTS_KEY, check_result_options, weights_digest
@@ -230,9 +230,8 @@ def _run(
     prog = Progress(total=len(pl.to_run) + len(pl.rejected), callback=progress_cb)
     metrics = RunMetrics()
     # counters go on from the last textfile (the node's, else the folder's): never lower than after the last run
-    metrics.carry_from(
-        *([Path(cfg.metrics.textfile_dir) / "ctpipe.prom"] if cfg.metrics.textfile_dir else []), run_dir / "metrics.prom"
-    )
+    node_file = Path(cfg.metrics.textfile_dir) / cfg.metrics.textfile_name if cfg.metrics.textfile_dir else None
+    metrics.carry_from(*([node_file] if node_file else []), run_dir / "metrics.prom")
     metrics.files_skipped(len(found.skipped_files), len(found.not_selected))
     if cfg.metrics.port:
         metrics.serve(cfg.metrics.port, cfg.metrics.bind)
@@ -370,10 +369,9 @@ def _run(
             summary.metrics_file = _quietly(
                 summary, run_dir, "metrics.prom", lambda: metrics.write_textfile(run_dir / "metrics.prom")
             )
-        if cfg.metrics.textfile_dir:
-            _quietly(
-                summary, run_dir, "ctpipe.prom", lambda: metrics.write_textfile(Path(cfg.metrics.textfile_dir) / "ctpipe.prom")
-            )
+        if node_file is not None:
+            warn_if_rewritten(node_file, since=started_wall, run_dir=run_dir)
+            _quietly(summary, run_dir, node_file.name, lambda: metrics.write_textfile(node_file))
     if cfg.report.enabled:
         rep = _quietly(
             summary,

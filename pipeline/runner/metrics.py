@@ -24,7 +24,7 @@ Metrics (one registry per run, so several runs in one process do not mix):
   (0 all done, 3 some quarantined, 4 the run folder could not be written, 1 could not proceed, 130 interrupted);
   only in the textfiles written at the end (alert on a nightly run that did not end, or did not end with 0).
 
-Counters and histograms go on from the previous run's textfile (``metrics.textfile_dir``'s ``ctpipe.prom``, else
+Counters and histograms go on from the previous run's textfile (``metrics.textfile_name`` in ``metrics.textfile_dir``, else
 ``RUN_DIR/metrics.prom``; :mod:`.metrics_carry`): they never go down from one run to the next, so ``increase()``
 over a week of nightly textfiles counts every night's cases; gauges are the run's own.
 
@@ -217,6 +217,28 @@ class RunMetrics:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_to_textfile(str(path), self.exposed)
         return path
+
+
+def warn_if_rewritten(path: Path, *, since: float, run_dir: Path) -> bool:
+    """Warn (and return True) when the node's textfile ``path`` was written after ``since`` (Unix s, this run's start):
+    another job wrote it while this run of ``run_dir`` was under way, and this run's values are about to replace
+    its own (its gauges lost, its counters without this run's increments, or the other way round)."""
+    try:
+        written = path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if written <= since:
+        return False
+    log.warning(
+        "%s was written by another job while this run of %s was under way: whichever ends last replaces the other's "
+        "values; give each job that may run at the same time on this node its own metrics.textfile_name "
+        "(e.g. --set metrics.textfile_name=ctpipe-%s.prom)",
+        path,
+        run_dir,
+        run_dir.name or "run",
+        extra={"event": "metrics_textfile_shared"},
+    )
+    return True
 
 
 class NvmlSampler:

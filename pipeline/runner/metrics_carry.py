@@ -4,7 +4,7 @@ Each ``ctpipe run`` is a new process with a new registry: alone, its counters wo
 takes a drop for a restart, but a textfile rewritten by each nightly run (node_exporter's textfile collector) shows
 only each run's final value: a second night that completes as many cases as the first shows no increase at all, and
 a run that resumes with nothing left to do shows the counter falling to 0. :class:`CarriedCollector` exposes the
-run's counters and histograms with the values of the previous textfile (``metrics.textfile_dir``'s ``ctpipe.prom``,
+run's counters and histograms with the values of the previous textfile (``metrics.textfile_name`` in ``metrics.textfile_dir``,
 else ``RUN_DIR/metrics.prom``) added, series that this run did not touch included; gauges are this run's own.
 The ``*_created`` samples are left out: the carried series did not start with this process.
 """
