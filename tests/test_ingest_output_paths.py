@@ -59,3 +59,19 @@ def test_the_atomic_writers_errors_name_the_target_not_its_temporary_file(tmp_pa
         atomic_write_bytes(target, b"{}")
     assert ei2.value.filename == str(target) and ".tmp" not in str(ei2.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]  # no temporary file left
+
+
+def test_ingest_json_dash_prints_the_report_json_on_stdout(tmp_path, capsys, monkeypatch):
+    # was: a file named "-" in the working folder, and nothing on stdout but the table
+    import json
+
+    from pipeline.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cache = tmp_path / "cache"
+    rc = main(["ingest", str(SAMPLE / "dicom"), "--out", str(cache), "--json", "-"])
+    out = capsys.readouterr()
+    assert rc == 0 and not (tmp_path / "-").exists()
+    report = json.loads(out.out)  # stdout holds only the JSON report (the table goes to stderr), for jq and scripts
+    assert report["cache"] == str(cache) and len(report["cached"]) == 1
+    assert "cached" in out.err and "files skipped" in out.err

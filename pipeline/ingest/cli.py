@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import sys
 from pathlib import Path
 
 from ..argtypes import number_in
@@ -65,7 +67,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     # the earlier name of --threads, kept so that existing scripts go on working
     p.add_argument("--workers", dest="threads", type=number_in(int, 1), help=argparse.SUPPRESS)
-    p.add_argument("--json", type=Path, default=None, metavar="REPORT", help="also write the report as JSON")
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        metavar="REPORT",
+        help="also write the report as JSON to this file; '-' prints it on stdout (the table then goes to stderr)",
+    )
     p.set_defaults(func=run)
 
 
@@ -80,7 +88,10 @@ def _row(cols: list[str], widths: list[int]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Scan, cache, print the table; 1 when a series was rejected or nothing was cached, else 0."""
     rules = SelectionRules(min_slices=args.min_slices, allow_derived=args.allow_derived, axial_tolerance_deg=args.axial_tolerance)
-    if args.json is not None:  # refused before the scan and the cache writes, not when the report is written at the end
+    json_to_stdout = args.json is not None and str(args.json) == "-"
+    # with --json -, stdout holds the JSON report alone (for jq and scripts): the table goes to stderr
+    say = functools.partial(print, file=sys.stderr) if json_to_stdout else print
+    if args.json is not None and not json_to_stdout:  # refused before the scan and the cache writes, not at the end
         if args.json.resolve() == args.out.resolve():
             raise CtpipeError(
                 "--json names the --out cache folder", where=args.json, fix="give --json a file path, e.g. ingest.json"
@@ -111,33 +122,37 @@ def run(args: argparse.Namespace) -> int:
         else:
             rows.append(["skipped", s.key, str(s.n_slices), s.description, s.why_not or "not requested"])
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)] + [0]
-    print(_row(header, widths))
+    say(_row(header, widths))
     for row in rows:
-        print(_row(row, widths))
-    print(
+        say(_row(row, widths))
+    say(
         f"{scan.n_files} files, {len(scan.series)} series: {len(report.written)} cached in {args.out}, "
         f"{len(scan.rejected)} rejected; files skipped: {scan.skipped_summary()} ({scan.seconds:.2f} s scan)"
     )
     for r in scan.rejected:
-        print(f"  rejected {r.series.key}: {r.error}")
+        say(f"  rejected {r.series.key}: {r.error}")
         if safe_case_id(r.series.key) in cache:  # cached by an earlier ingest, before the series went wrong
-            print(
+            say(
                 f"  note: {args.out} still holds case {safe_case_id(r.series.key)} from an earlier ingest of this "
                 f"series; it was not replaced (remove {safe_case_id(r.series.key)}.npy and .json to drop it)"
             )
     for s in scan.series:
         for w in s.warnings if s.key in report.written else ():
-            print(f"  warning {s.key}: {w}")
+            say(f"  warning {s.key}: {w}")
     for f in scan.skipped_files[:_SKIPPED_SHOWN]:
-        print(f"  skipped file {f.path}: {f.kind.replace('_', ' ')}: {f.reason}")
+        say(f"  skipped file {f.path}: {f.kind.replace('_', ' ')}: {f.reason}")
     if len(scan.skipped_files) > _SKIPPED_SHOWN:
-        more = f" (all are listed in {args.json})" if args.json else " (--json REPORT lists them all)"
-        print(f"  ... and {len(scan.skipped_files) - _SKIPPED_SHOWN} more skipped files{more}")
+        listed = "the JSON report on stdout" if json_to_stdout else args.json
+        more = f" (all are listed in {listed})" if args.json else " (--json REPORT lists them all)"
+        say(f"  ... and {len(scan.skipped_files) - _SKIPPED_SHOWN} more skipped files{more}")
     if args.json:
         data = scan.to_json()
         data["cached"] = {k: e.case_id for k, e in report.written.items()}
         data["cache"] = str(args.out)
-        atomic_write_bytes(args.json, json.dumps(data, indent=1).encode())
+        if json_to_stdout:
+            print(json.dumps(data, indent=1))
+        else:
+            atomic_write_bytes(args.json, json.dumps(data, indent=1).encode())
     if not report.written:
         if scan.rejected:
             why = f"{len(scan.rejected)} rejected (see the reasons above)"
@@ -145,5 +160,5 @@ def run(args: argparse.Namespace) -> int:
             why = "no series matched the selection rules (see the reasons above)"
         else:  # no files, or none of them DICOM: the same explanation as the library's error
             why = str(explain_nothing(scan, rules))
-        print(f"no series was cached: {why}")
+        say(f"no series was cached: {why}")
     return 1 if scan.rejected or not report.written else 0
