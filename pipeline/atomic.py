@@ -10,7 +10,7 @@ import errno
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -136,3 +136,34 @@ def ensure_file_path(path: str | os.PathLike[str], *, what: str) -> Path:
         )
     ensure_dir(target.parent, what=f"the folder of {what}")
     return target
+
+
+#: What a later scan of the source folder would read back when a command's ``--out`` lies inside it.
+SCANNED_OUTPUTS = "these outputs back as input and list each as a skipped file"
+
+
+def check_out_outside_sources(
+    sources: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    later: str = "ctpipe ingest or run",
+    reads_back: str = SCANNED_OUTPUTS,
+    beside: str = "out",
+) -> None:
+    """:class:`~pipeline.errors.ConfigError` when the output folder ``out`` (``--out``) is one of the source folders
+    or lies inside one (checked before anything is written): every later ``later`` of that source would scan the
+    command's own files as input. ``sources`` that are files (a DICOM file, a worklist CSV, a NIfTI image) are not
+    source folders. The fix suggests ``<source's parent>/<beside>/<out's name>`` (``<beside>`` alone when ``out``
+    is named so). Paths are file-system paths, compared after resolving links."""
+    from .errors import ConfigError
+
+    target = Path(os.path.realpath(out))
+    for src in sources:
+        folder = Path(os.path.realpath(src))
+        if folder.is_dir() and (target == folder or folder in target.parents):
+            example = folder.parent / beside if target.name == beside else folder.parent / beside / target.name
+            raise ConfigError(
+                f"--out is inside the source folder {src}: every later {later} of {src} would read {reads_back}",
+                where=Path(out),
+                fix=f"give --out a folder outside {src}, e.g. {example}",
+            )

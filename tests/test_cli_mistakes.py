@@ -180,7 +180,7 @@ def test_a_pacs_host_name_that_does_not_resolve_is_said_as_such(tmp_path, capsys
 
 def test_a_run_folder_inside_its_source_is_refused_before_it_is_made(tmp_path, capsys):
     # was: the run went ahead, and every later run of the source scanned the run's own SR, SEG, cache and meshes
-    from pipeline.runner.discover import check_out_outside_sources
+    from pipeline.atomic import check_out_outside_sources
 
     src = tmp_path / "dicom"
     src.mkdir()
@@ -194,6 +194,23 @@ def test_a_run_folder_inside_its_source_is_refused_before_it_is_made(tmp_path, c
     assert sorted(p.name for p in src.iterdir()) == ["IM0", "IM1", "IM2"]  # nothing made in the source
     check_out_outside_sources([src], tmp_path / "runs" / "r1")  # beside the source: fine
     check_out_outside_sources([src / "a.csv"], src / "r1")  # a worklist's folder is not a source folder
+
+
+@pytest.mark.parametrize(("command", "beside"), [("ingest", "cache"), ("detect", "findings"), ("reconstruct", "recon")])
+def test_an_output_folder_inside_the_dicom_source_is_refused_by_every_command(tmp_path, capsys, command, beside):
+    # was: accepted, and every later ingest or run of the folder listed the outputs (cache, SR, meshes) as skipped files
+    src = tmp_path / "dicom"
+    src.mkdir()
+    files = sorted(f for f in (SAMPLE / "dicom").rglob("*") if f.is_file())  # a whole series: reconstruct reads it first
+    for n, f in enumerate(files):
+        (src / f"IM{n:03d}").write_bytes(f.read_bytes())
+    for out in (src / beside, src):
+        rc, err = _err(capsys, command, str(src), "--out", str(out))
+        assert rc == 1 and f"{out}: --out is inside the source folder {src}: every later ctpipe ingest or run of {src}" in err, (
+            err
+        )
+        assert f"Fix: give --out a folder outside {src}, e.g. {tmp_path / beside}" in err
+    assert sorted(p.name for p in src.iterdir()) == [f"IM{n:03d}" for n in range(len(files))]  # nothing made there
 
 
 def test_a_source_file_that_is_neither_dicom_nor_a_worklist_csv_is_refused(tmp_path, capsys):

@@ -163,7 +163,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _detect(args: argparse.Namespace) -> int:
-    from ..atomic import ensure_dir
+    from ..atomic import check_out_outside_sources, ensure_dir
     from ..ingest.source import read_source
     from ..load.base import resolve_device
     from .figures import write_finding_pngs
@@ -173,6 +173,7 @@ def _detect(args: argparse.Namespace) -> int:
         _check_case_id(args.case_id)
     # auto, gpu: the torch device they stand for ("cuda" or "cpu"), as ctpipe run's --device reads them
     device = resolve_device(args.device, where="--device") if args.device is not None else None
+    check_out_outside_sources([args.src], args.out, beside="findings")  # else the next scan reads the SR back
     ensure_dir(args.out)
     volume, case_id = read_source(args.src, series_uid=args.series_uid, mmap=True)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))

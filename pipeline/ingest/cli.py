@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..argtypes import number_in
-from ..atomic import atomic_write_bytes, ensure_dir, ensure_file_path
+from ..atomic import atomic_write_bytes, check_out_outside_sources, ensure_dir, ensure_file_path
 from ..cache import CaseCache
 from ..errors import CtpipeError
 from .api import explain_nothing, ingest_to_cache, safe_case_id
@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     json_to_stdout = args.json is not None and str(args.json) == "-"
     # with --json -, stdout holds the JSON report alone (for jq and scripts): the table goes to stderr
     say = functools.partial(print, file=sys.stderr) if json_to_stdout else print
+    check_out_outside_sources(args.sources, args.out, beside="cache")  # else the next scan reads the cache back
     if args.json is not None and not json_to_stdout:  # refused before the scan and the cache writes, not at the end
         if args.json.resolve() == args.out.resolve():
             raise CtpipeError(

@@ -69,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..atomic import ensure_dir
+    from ..atomic import check_out_outside_sources, ensure_dir
     from ..ingest.source import read_source
     from ..load.base import resolve_device
     from .bundle_seg import read_bundle
@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     volume, stem = read_source(args.src, series_uid=args.series_uid)
     if reported is not None:  # findings of another scan are refused before --out is made
         findings_of_series(reported, volume.series_uid)
+    check_out_outside_sources([args.src], args.out, beside="recon")  # else the next scan reads the SEG, SR back
     ensure_dir(args.out)
     rec = reconstruct(
         volume,

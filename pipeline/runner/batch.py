@@ -15,12 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_bytes, ensure_dir
+from ..atomic import atomic_write_bytes, check_out_outside_sources, ensure_dir
 from ..bundle import BundleConfig
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import FatalRunError
 from ..pacs.address import for_records
-from .discover import Discovery, check_out_outside_sources, check_sources, discover, worklist_root
+from .discover import Discovery, check_sources, discover, worklist_root
 from .engine import Engine
 from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
@@ -89,7 +89,14 @@ def run_batch(
     srcs = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     run_dir = Path(out)
     check_sources(srcs)  # a mistyped source: one clear error, before the run folder is made
-    check_out_outside_sources(srcs, run_dir)  # a run folder inside its source: read back as input by the next run
+    # a run folder inside its source: read back as input by the next run
+    check_out_outside_sources(
+        srcs,
+        run_dir,
+        later="run",
+        reads_back="this run's own files (its DICOM SR and SEG, cache and reports) back as input",
+        beside="runs",
+    )
     if cfg.detector.bundle:  # a mistyped --bundle: one clear error now, not when the model stage starts
         BundleConfig.read(cfg.detector.bundle)
     if any(Path(src).suffix.lower() == ".csv" for src in srcs):

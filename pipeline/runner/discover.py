@@ -191,22 +191,6 @@ def check_sources(sources: Sequence[str | os.PathLike[str]]) -> None:
         )
 
 
-def check_out_outside_sources(sources: Sequence[str | os.PathLike[str]], run_dir: str | os.PathLike[str]) -> None:
-    """:class:`ConfigError` when the run folder ``run_dir`` is one of the source folders or lies inside one (checked
-    before the run folder is made): every later run of that source would scan the run's own files as input (its
-    DICOM SR and SEG, its cache, the meshes and reports of every case), listing each as skipped, night after night."""
-    out = Path(os.path.realpath(run_dir))
-    for src in sources:
-        folder = Path(os.path.realpath(src))
-        if folder.is_dir() and (out == folder or folder in out.parents):
-            raise ConfigError(
-                f"--out is inside the source folder {src}: every later run of {src} would read this run's own files "
-                "(its DICOM SR and SEG, cache and reports) back as input",
-                where=Path(run_dir),
-                fix=f"give --out a folder outside {src}, e.g. {folder.parent / 'runs' / out.name}",
-            )
-
-
 def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discovery:
     """Cases under ``sources`` (folders, files, or worklist ``.csv`` files), in a stable order."""
     check_sources(sources)
