@@ -67,10 +67,15 @@ def test_truncated_pixel_data_names_file(tmp_path):
     paths = write_series(tmp_path, n=12)
     data = paths[5].read_bytes()
     paths[5].write_bytes(data[:-100])
+    ds = pydicom.dcmread(paths[0])
+    needed = int(ds.Rows) * int(ds.Columns) * int(ds.BitsAllocated) // 8
     with pytest.raises(TruncatedFileError) as err:
         load_series(tmp_path)
     text = _msg(err)
-    assert paths[5].name in text and "pixel data needs" in text
+    # was: "... but the file has 1568", which read as the file's size; it was the bytes left after the offset
+    assert str(paths[5]) in text and "the file is cut short" in text, text
+    assert f"its pixel data needs {needed} bytes but only {needed - 100} of them are present" in text, text
+    assert f"{len(data) - 100} bytes in all" in text, text
 
 
 def test_missing_pixel_data(tmp_path):

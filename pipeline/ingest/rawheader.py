@@ -316,7 +316,10 @@ def _walk(st: _Stream, pos: int, size: int, explicit: bool, out: RawHeader) -> N
             else:
                 out.pixel_length = length
                 if vstart + length > size:
-                    out.truncated = f"pixel data needs {length} bytes from byte {vstart} but the file has {size - vstart}"
+                    out.truncated = (
+                        f"the file is cut short: its pixel data needs {length} bytes but only {size - vstart} of them "
+                        f"are present (the pixel data starts at byte {vstart}; the file is {size} bytes in all)"
+                    )
             return
         if length == _UNDEFINED:
             pos = _skip_undefined(st, vstart, explicit and vr != b"UN")
