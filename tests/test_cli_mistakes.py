@@ -49,6 +49,9 @@ def test_values_out_of_range_and_unknown_devices(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["report", out, "--out", out, "--hours-per-day", "30"])
     assert "30 is out of range (0.1..24.0)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ei:  # was exit 1 and "--target-triangles 50 is too small", unlike the others
+        main(["reconstruct", str(SAMPLE / "dicom"), "--out", out, "--target-triangles", "50"])
+    assert ei.value.code == 2 and "argument --target-triangles: 50 is out of range (>= 100)" in capsys.readouterr().err
     rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", out, "--device", "cdua")
     assert rc == 1 and "--device: unknown device 'cdua'" in err
     rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", out, "--case-id", "../../escape")

@@ -237,9 +237,12 @@ def test_report_says_too_few_cases_back_the_capacity_figure(tmp_path, capsys):
 
     run = tmp_path / "run"
     _write_run(run, n_cases=3, duration_s=400.0)
-    with pytest.raises(SystemExit) as exc:  # argparse refuses it, with the range
-        main(["report", str(run), "--out", str(tmp_path / "rep"), "--gpus", "0"])
-    assert exc.value.code == 2 and "argument --gpus: 0 is out of range (>= 1)" in capsys.readouterr().err
+    # argparse refuses each, with the range; --cpu-workers 0 was "cpu_workers = 0 is not a positive whole number"
+    for option in ("--gpus", "--nodes", "--cpu-workers"):
+        with pytest.raises(SystemExit) as exc:
+            main(["report", str(run), "--out", str(tmp_path / "rep"), option, "0"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"argument {option}: 0 is out of range (>= 1)" in err, err
     assert main(["report", str(run), "--out", str(tmp_path / "rep")]) == 0
     printed = capsys.readouterr().out.splitlines()
     capacity = next(line for line in printed if line.startswith("capacity model"))

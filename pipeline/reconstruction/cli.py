@@ -60,7 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--smoothing", type=number_in(int, 0, 500), default=20, help="Taubin smoothing iterations (default 20, 0 = none)"
     )
-    p.add_argument("--target-triangles", type=int, default=None, help="at most this many triangles per organ")
+    p.add_argument(
+        "--target-triangles",
+        type=number_in(int, 100),
+        default=None,
+        metavar="N",
+        help="at most this many triangles per organ, at least 100 (default: the full-resolution surface)",
+    )
     p.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default auto: cuda when present, else cpu)")
     p.add_argument("--no-render", action="store_true", help="skip the PNG renderings")
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
@@ -98,12 +104,6 @@ def run(args: argparse.Namespace) -> int:
             f"unknown organ name(s) {', '.join(unknown)}",
             where="--organs",
             fix=f"choose from {','.join(ORGANS)} (other organs need a segmentation bundle, --seg-bundle)",
-        )
-    if args.target_triangles is not None and args.target_triangles < 100:
-        raise CtpipeError(
-            f"--target-triangles {args.target_triangles} is too small",
-            where="--target-triangles",
-            fix="use at least 100 triangles per organ",
         )
     reported = None
     if args.findings is not None:  # the DICOM results report each finding's score: a list must give them then

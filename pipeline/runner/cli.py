@@ -112,7 +112,10 @@ def register(sub: Any) -> None:
         help="capacity model: nodes the GPUs are spread over (default 1)",
     )
     r.add_argument(
-        "--cpu-workers", type=number_in(int, 0), metavar="W", help="capacity model: CPU workers per node (default: the runs' own)"
+        "--cpu-workers",
+        type=number_in(int, 1),
+        metavar="W",
+        help="capacity model: CPU workers per node, at least 1 (default: the runs' own; 1 for runs of one process)",
     )
     r.add_argument(
         "--timezone",
