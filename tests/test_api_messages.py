@@ -87,6 +87,24 @@ def test_load_series_reads_an_image_file_in_lps(tmp_path, chest, name):
     assert "leave out series_uid" in _fix(err)
 
 
+def test_run_batch_given_an_image_file_names_the_python_calls_that_read_it(tmp_path, chest):
+    # was: "Fix: analyse the image with `ctpipe detect chest.nii.gz`", a shell command, in a notebook
+    import SimpleITK as sitk
+
+    from pipeline.errors import ConfigError
+    from pipeline.runner import run_batch
+
+    path = tmp_path / "chest.nii.gz"
+    sitk.WriteImage(chest.to_sitk(), str(path))
+    with pytest.raises(ConfigError) as err:
+        run_batch([path], out=tmp_path / "run")
+    assert str(path) in str(err.value) and "run_batch reads DICOM folders" in str(err.value)
+    fix = _fix(err)
+    assert fix == f"load it with volume = load_series({str(path)!r}), then detect(volume) or reconstruct(volume)", fix
+    assert "ctpipe" not in fix and not (tmp_path / "run").exists()
+    assert load_series(path).shape == chest.shape  # the fix works
+
+
 @pytest.mark.parametrize(
     ("stored", "loaded"),
     [(np.int32, np.int16), (np.uint8, np.int16), (np.float64, np.float32), (np.float32, np.float32), (np.int16, np.int16)],

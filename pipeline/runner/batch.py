@@ -88,7 +88,7 @@ def run_batch(
         cfg = Config(from_dict(merged, source="overrides"), set_by)
     srcs = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     run_dir = Path(out)
-    check_sources(srcs)  # a mistyped source: one clear error, before the run folder is made
+    check_sources(srcs, from_python=True)  # a mistyped source: one clear error, before the run folder is made
     # a run folder inside its source: read back as input by the next run
     check_out_outside_sources(
         srcs,

@@ -210,6 +210,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..errors import RunEnvironmentError
     from .batch import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, run_batch
+    from .discover import check_sources
     from .progress import TqdmBar
 
     if args.quiet:
@@ -220,6 +221,7 @@ def _run(args: argparse.Namespace) -> int:
 
         raise CtpipeError("--out is a file, not a run folder", where=args.out, fix="give --out a folder (created if missing)")
     cfg = load_config(args.config, overrides=overrides, override_sources=labels)  # errors name the --set item or flag
+    check_sources(args.sources)  # here, for the errors in the command's terms; run_batch's name the Python calls
     bar: TqdmBar | None = None
 
     def on_progress(p: Any) -> None:

@@ -166,23 +166,30 @@ def worklist_root(cfg: Config) -> Path | None:
     return root
 
 
-def check_sources(sources: Sequence[str | os.PathLike[str]]) -> None:
+def check_sources(sources: Sequence[str | os.PathLike[str]], *, from_python: bool = False) -> None:
     """:class:`ConfigError` naming the first of ``sources`` that does not exist, or that is a file neither DICOM nor a
     worklist ``.csv`` (an Excel worklist, a NIfTI image: the run would find nothing and exit 0); checked before a run
-    folder is made."""
+    folder is made. ``from_python``: the errors name the notebook API (``run_batch``, ``load_series``, ``detect``)
+    instead of the ``ctpipe`` commands."""
     from ..ingest.image import image_suffix, starts_like_dicom
 
+    runner = "run_batch" if from_python else "ctpipe run"
     for src in sources:
         path = Path(src)
         if not path.exists():
-            raise ConfigError("no such file or folder", where=path, fix="check the sources given to ctpipe run")
+            raise ConfigError("no such file or folder", where=path, fix=f"check the sources given to {runner}")
         if not path.is_file() or path.suffix.lower() == ".csv" or starts_like_dicom(path):
             continue
         if image_suffix(path):
+            fix = (
+                f"load it with volume = load_series({str(path)!r}), then detect(volume) or reconstruct(volume)"
+                if from_python
+                else f"analyse the image with `ctpipe detect {path}` or `ctpipe reconstruct {path}`"
+            )
             raise ConfigError(
-                "a NIfTI/MHA/NRRD image, not a DICOM series: ctpipe run reads DICOM folders and files and worklist CSVs",
+                f"a NIfTI/MHA/NRRD image, not a DICOM series: {runner} reads DICOM folders and files and worklist CSVs",
                 where=path,
-                fix=f"analyse the image with `ctpipe detect {path}` or `ctpipe reconstruct {path}`",
+                fix=fix,
             )
         raise ConfigError(
             "neither a DICOM file nor a worklist CSV (.csv)",
