@@ -143,6 +143,21 @@ def _add_identifiers(paths):
     set_values(paths, PatientName="Doe^Jane", PatientID="MRN-0042", PatientBirthDate="19600101", AccessionNumber="ACC-77")
 
 
+def test_keep_identifiers_keeps_the_identifiers_its_documentation_names(tmp_path):
+    # was: load_series' docstring listed four identifiers by hand, beside a filter on the 26 of PATIENT_IDENTIFIERS,
+    # so a reader could not tell whether InstitutionName or OtherPatientIDs came along
+    from pipeline.ingest.discover import METADATA_IDENTIFIERS
+
+    paths = write_phantom(tmp_path / "in")
+    _add_identifiers(paths)
+    set_values(paths, InstitutionName="General Hospital", OtherPatientIDs="X-9", StationName="CT1", StudyID="S7")
+    kept = load_series(tmp_path / "in", keep_identifiers=True)
+    assert set(METADATA_IDENTIFIERS) <= PATIENT_IDENTIFIERS
+    assert PATIENT_IDENTIFIERS & set(kept.metadata) == set(METADATA_IDENTIFIERS)  # exactly these, no others
+    for doc in (load_series.__doc__, ingest_to_cache.__doc__):
+        assert doc and "METADATA_IDENTIFIERS" in doc and "PATIENT_IDENTIFIERS" in doc
+
+
 def test_identifiers_stay_out_by_default(tmp_path, capsys):
     paths = write_phantom(tmp_path / "in")
     _add_identifiers(paths)

@@ -191,8 +191,10 @@ def load_series(
         NonUniformSpacingError.
     allow_gantry_tilt: resample a tilted-gantry series onto an orthogonal grid
         (per-slice in-plane linear interpolation) instead of raising GantryTiltError.
-    keep_identifiers: copy the patient identifiers (PatientID, PatientName,
-        PatientBirthDate, AccessionNumber) into ``metadata``; left out by default.
+    keep_identifiers: copy the patient identifiers the header scan reads,
+        :data:`pipeline.ingest.discover.METADATA_IDENTIFIERS` (PatientID, PatientName,
+        PatientBirthDate, AccessionNumber), into ``metadata``; the other attributes of
+        :data:`pipeline.volume.PATIENT_IDENTIFIERS` are never read. Left out by default.
     workers: threads for header and pixel reads (default: 2 × CPU count, at most 8).
 
     Returns
@@ -340,8 +342,9 @@ def ingest_to_cache(
 
     ``lone_series_ok``: take the only CT series even when it is shorter than
     ``rules.min_slices`` (with a warning); default: when ``path`` is one folder or file,
-    not for several. ``keep_identifiers``: keep patient identifiers in the metadata and
-    the cache sidecars (left out by default).
+    not for several. ``keep_identifiers``: keep the patient identifiers the header scan reads
+    (:data:`pipeline.ingest.discover.METADATA_IDENTIFIERS`, of :data:`pipeline.volume.PATIENT_IDENTIFIERS`)
+    in the metadata and the cache sidecars (left out by default).
     """
     rules = rules or SelectionRules()
     paths: list[PathArg] = [path] if isinstance(path, (str, os.PathLike)) else list(path)

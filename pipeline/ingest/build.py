@@ -225,8 +225,8 @@ def plan_volume(
 ) -> VolumePlan:
     """Validate ``series`` from its headers and work out its LPS geometry (no pixels read).
 
-    ``keep_identifiers``: copy the patient identifiers the files hold (PatientID, PatientName,
-    PatientBirthDate, AccessionNumber) into the metadata; by default they are left out.
+    ``keep_identifiers``: copy the patient identifiers the files hold, of those the header scan reads
+    (:data:`pipeline.ingest.discover.METADATA_IDENTIFIERS`), into the metadata; by default they are left out.
     Raises the specific :mod:`pipeline.errors` class for the first problem found.
     """
     where = describe(series)

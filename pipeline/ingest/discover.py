@@ -60,13 +60,15 @@ class SkippedFile:
     reason: str
 
 
+#: The patient identifiers (of :data:`pipeline.volume.PATIENT_IDENTIFIERS`) the header scan reads: the ones
+#: ``keep_identifiers=True`` copies into a volume's metadata (``load_series``, ``ingest_to_cache``, ``ctpipe ingest
+#: --keep-identifiers``). The other attributes of that list (InstitutionName, OtherPatientIDs, ...) are never read.
+METADATA_IDENTIFIERS = ("PatientID", "PatientName", "PatientBirthDate", "AccessionNumber")
+
 # Header values kept as text on each SliceHeader. The patient identifiers among them stay in memory: they
 # reach volume metadata only when a caller asks for them (keep_identifiers=True, see pipeline.ingest.build).
 _EXTRA_KEYS = (
-    "PatientID",
-    "PatientName",
-    "PatientBirthDate",
-    "AccessionNumber",
+    *METADATA_IDENTIFIERS,
     "StudyDate",
     "SeriesDate",
     "SeriesTime",
