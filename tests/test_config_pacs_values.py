@@ -57,7 +57,7 @@ class _Listener:
 
     seen: list[Any] = []
 
-    def __init__(self, run_dir: Path, cfg: Any):
+    def __init__(self, run_dir: Path, cfg: Any, *, on_series: Any = None):
         self.seen.append(cfg)
         self.run_dir, self.port, self.allowed = run_dir, 0, ["X"]
 
