@@ -199,8 +199,9 @@ def check_sources(sources: Sequence[str | os.PathLike[str]], *, from_python: boo
 
 
 def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discovery:
-    """Cases under ``sources`` (folders, files, or worklist ``.csv`` files), in a stable order."""
-    check_sources(sources)
+    """Cases under ``sources`` (folders, files, or worklist ``.csv`` files), in a stable order; ``sources`` as
+    :func:`check_sources` passed them (``run_batch`` checks them before the run folder is made, so their files are
+    not read again here)."""
     out = Discovery()
     folders: list[str] = []
     for src in sources:
