@@ -202,7 +202,7 @@ class Findings:
     joins them). ``threshold_source`` says where the threshold came from (the model's operating
     point, a configured value, or none with ``--all-candidates``). ``reason`` explains an empty
     result that is not a plain "nothing found" (e.g. no lungs in the series); ``timings_ms`` holds
-    per-step times (model time measured with CUDA events on a GPU); ``slice_number_source`` says
+    per-step times in ms (model time measured with CUDA events on a GPU) and ``total``, the whole detection, post-processing included; ``slice_number_source`` says
     what each finding's ``slice_number`` is (:func:`slice_number_source`); ``score_calibration`` names the map
     applied to the scores of a thick-slice series (:mod:`.score_calibration`), ``None`` when none was; ``flags`` maps
     the code of each quality flag that bears on the findings to its sentence (codes and sentences as the

@@ -294,6 +294,7 @@ class Detector:
         findings = findings.with_candidates(findings.candidates)
         if not self.postprocessing or (not len(findings) and self._fpr is None) or findings.reason:
             return limit_to_lungs(volume, findings, region, margin_mm=self.config.lung_filter_margin_mm)
+        t0 = time.perf_counter()
         with DeviceTimer(self.device) as clock:  # the blob search and the classifier run on the device
             if self._fpr is not None:
                 out = reduce_false_positives(
@@ -303,7 +304,10 @@ class Detector:
                 out = refine_findings(volume, findings, rescore=True)
         out.timings_ms["fp_reduction" if self._fpr is not None else "refine"] = clock.ms
         out = calibrate_scores(volume, out, self.score_calibration)
-        return limit_to_lungs(volume, out, region, margin_mm=self.config.lung_filter_margin_mm)
+        out = limit_to_lungs(volume, out, region, margin_mm=self.config.lung_filter_margin_mm)
+        # "total" is the whole detection: the search's total (from _finish) and this post-processing
+        out.timings_ms["total"] = findings.timings_ms.get("total", 0.0) + (time.perf_counter() - t0) * 1000.0
+        return out
 
     def detect_loaded(
         self,
