@@ -145,3 +145,18 @@ def test_export_round_trip_through_trimesh(tmp_path, fmt, phantom128):
     assert loaded.is_watertight and loaded.volume > 0
     scale = 1e9 if fmt == "glb" else 1.0
     assert loaded.volume * scale == pytest.approx(mesh.volume(), rel=1e-3)
+
+
+@pytest.mark.parametrize("fmt", ["stl", "ply", "obj"])
+def test_mesh_files_declare_lps_the_way_3d_slicer_reads_it(tmp_path, fmt):
+    """3D Slicer takes a mesh file's coordinate system from ``SPACE=LPS`` / ``SPACE=RAS`` in the STL header, a PLY
+    comment or the OBJ's leading comment, else from its own default (RAS before Slicer 4.11): say LPS, even after a
+    long organ name."""
+    mesh = mesh_from_mask(sphere_mask((20, 20, 20), (10, 10, 10), 6), _geom(np.eye(3), (20, 20, 20)), name="x" * 90)
+    raw = write_mesh(mesh, tmp_path, fmt=fmt, stem="case1").read_bytes()
+    if fmt == "stl":
+        assert b"SPACE=LPS" in raw[:80] and not raw.startswith(b"solid")  # binary STL: the header is 80 bytes
+    elif fmt == "ply":
+        assert b"\ncomment SPACE=LPS\n" in raw[: raw.index(b"end_header")]
+    else:
+        assert raw.startswith(b"#") and b"SPACE=LPS" in raw.split(b"\n", 1)[0]

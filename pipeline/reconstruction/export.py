@@ -1,6 +1,7 @@
 """Mesh files: binary STL, binary PLY, OBJ and GLB (glTF 2.0 binary), written atomically.
 
-STL, PLY and OBJ hold the vertices in DICOM patient coordinates (LPS, mm). GLB
+STL, PLY and OBJ hold the vertices in DICOM patient coordinates (LPS, mm) and say so as 3D Slicer reads it
+(``SPACE=LPS`` in the STL header, a PLY comment, the OBJ's first comment; Slicer before 4.11 assumed RAS). GLB
 holds the same LPS-mm vertex data under a root node whose matrix maps it to
 glTF's frame (metres, +Y up = superior, +Z = anterior, +X = patient's left), so
 web viewers show the patient upright and facing the viewer. File names are
@@ -38,7 +39,7 @@ def stl_bytes(mesh: Mesh) -> bytes:
     data = np.zeros(mesh.n_triangles, dtype=rec)
     data["n"] = mesh.face_normals()
     data["v"] = mesh.vertices[mesh.faces]
-    header = f"ctpipe {mesh.name} LPS mm".encode()[:80].ljust(80, b" ")
+    header = f"ctpipe SPACE=LPS mm {mesh.name}".encode()[:80].ljust(80, b" ")
     return header + struct.pack("<I", mesh.n_triangles) + data.tobytes()
 
 
@@ -46,6 +47,7 @@ def ply_bytes(mesh: Mesh) -> bytes:
     """Binary little-endian PLY with float32 vertices and uint8-counted int32 face lists."""
     header = (
         "ply\nformat binary_little_endian 1.0\n"
+        "comment SPACE=LPS\n"
         f"comment ctpipe {mesh.name}, DICOM patient coordinates LPS, mm\n"
         f"element vertex {mesh.vertices.shape[0]}\nproperty float x\nproperty float y\nproperty float z\n"
         f"element face {mesh.n_triangles}\nproperty list uchar int vertex_indices\nend_header\n"
@@ -59,7 +61,7 @@ def ply_bytes(mesh: Mesh) -> bytes:
 def obj_bytes(mesh: Mesh) -> bytes:
     """Wavefront OBJ text (1-based face indices)."""
     buf = io.BytesIO()
-    buf.write(f"# ctpipe {mesh.name}, DICOM patient coordinates LPS, mm\no {mesh.name}\n".encode())
+    buf.write(f"# SPACE=LPS ctpipe {mesh.name}, DICOM patient coordinates LPS, mm\no {mesh.name}\n".encode())
     np.savetxt(buf, mesh.vertices, fmt="v %.4f %.4f %.4f")
     np.savetxt(buf, mesh.faces + 1, fmt="f %d %d %d")
     return buf.getvalue()
