@@ -100,6 +100,12 @@ class TruncatedFileError(DicomError):
     """The file ends before its header or pixel data is complete."""
 
 
+class CorruptPixelDataError(TruncatedFileError):
+    """The compressed pixel data of a file is damaged: a codestream without its start marker, with a marker inside its
+    coded data or a header that does not fit the image, or one the decoder refuses. A subclass of
+    :class:`TruncatedFileError` (damaged pixel data was reported as such before), so that handlers of it still apply."""
+
+
 class UnreadableFileError(DicomError):
     """A file or folder cannot be read: permission denied, gone since it was listed, a symbolic link loop, ..."""
 

@@ -18,6 +18,7 @@ from pydicom.dataset import Dataset
 from pipeline.cli import main
 from pipeline.errors import (
     CorruptHeaderError,
+    CorruptPixelDataError,
     CtpipeError,
     DuplicateSliceError,
     InconsistentSeriesError,
@@ -390,7 +391,7 @@ def test_damaged_rle_stream_is_refused_naming_the_file_and_the_batch_goes_on(tmp
         load_series(tmp_path / "src" / "rle")
     assert str(paths[5]) in _fix(err) and "cannot be decoded" in str(err.value) and "RLE Lossless" in str(err.value)
     report = ingest_to_cache(tmp_path / "src", CaseCache(tmp_path / "cache"))
-    assert len(report.written) == 1 and [type(r.error) for r in report.scan.rejected] == [TruncatedFileError]
+    assert len(report.written) == 1 and [type(r.error) for r in report.scan.rejected] == [CorruptPixelDataError]
 
 
 def test_one_and_two_slice_series(tmp_path):

@@ -24,7 +24,7 @@ def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):
     quarantined = [ln for ln in lines if ln.strip().startswith("quarantined")]
     assert len(quarantined) == 3, p.stdout
     text = "\n".join(quarantined)
-    for cls in ("MissingSliceError", "TruncatedFileError", "pixel data cannot be decoded"):
+    for cls in ("MissingSliceError", "TruncatedFileError", "CorruptPixelDataError", "declares 4294967295 segment(s)"):
         assert cls in text
     assert "missing" in text and "Fix:" in text
     report_line = next(ln for ln in lines if ln.startswith("report: "))
@@ -43,7 +43,11 @@ def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):
     assert all(len(r[4]) > 30 for r in failed.values())
     qfiles = sorted((out / "quarantine").glob("*.json"))
     assert len(qfiles) == 3
-    assert {json.loads(q.read_text())["error_class"] for q in qfiles} == {"MissingSliceError", "TruncatedFileError"}
+    assert {json.loads(q.read_text())["error_class"] for q in qfiles} == {
+        "MissingSliceError",
+        "TruncatedFileError",
+        "CorruptPixelDataError",
+    }
 
     # every stage of every good case ran once and was measured
     att = db_rows(

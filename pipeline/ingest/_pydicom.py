@@ -8,10 +8,16 @@ uncompressed little-endian data), so ``import pipeline.ingest`` and ``ctpipe --h
 
 from __future__ import annotations
 
+import logging
 import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
+from typing import Any
 
-from ..errors import UnsupportedTransferSyntaxError
+from ..errors import CorruptPixelDataError, UnsupportedTransferSyntaxError
 from .rawheader import DEFLATED_LE, EXPLICIT_BE, EXPLICIT_LE, IMPLICIT_LE
 
 #: What pydicom may raise, lazily, on a damaged file.
@@ -46,8 +52,8 @@ _DECODER_PACKAGES = {
     "1.2.840.10008.1.2.4.51": "pylibjpeg-libjpeg (pip install pylibjpeg pylibjpeg-libjpeg)",
     "1.2.840.10008.1.2.4.57": "pylibjpeg-libjpeg (pip install pylibjpeg pylibjpeg-libjpeg)",
     "1.2.840.10008.1.2.4.70": "pylibjpeg-libjpeg (pip install pylibjpeg pylibjpeg-libjpeg)",
-    "1.2.840.10008.1.2.4.80": "pylibjpeg-libjpeg or pyjpegls (pip install pylibjpeg pylibjpeg-libjpeg)",
-    "1.2.840.10008.1.2.4.81": "pylibjpeg-libjpeg or pyjpegls (pip install pylibjpeg pylibjpeg-libjpeg)",
+    "1.2.840.10008.1.2.4.80": "pyjpegls, or pylibjpeg-libjpeg (pip install pyjpegls)",
+    "1.2.840.10008.1.2.4.81": "pyjpegls, or pylibjpeg-libjpeg (pip install pyjpegls)",
     "1.2.840.10008.1.2.4.90": "pylibjpeg-openjpeg (pip install pylibjpeg pylibjpeg-openjpeg)",
     "1.2.840.10008.1.2.4.91": "pylibjpeg-openjpeg (pip install pylibjpeg pylibjpeg-openjpeg)",
     "1.2.840.10008.1.2.4.201": "pylibjpeg-openjpeg >= 2.2 (pip install -U pylibjpeg pylibjpeg-openjpeg)",
@@ -86,3 +92,92 @@ def check_decoder(uid: str, where: str | Path) -> None:
             where=where,
             fix=install,
         )
+
+
+#: what to do about a file whose compressed pixel data is damaged
+DAMAGED_PIXELS_FIX = (
+    "copy the file again from the archive/PACS (or re-export the series from the scanner); if the archive's copy is "
+    "damaged too, this image is lost: re-export the series from its source"
+)
+
+#: transfer syntax -> the decoder (pydicom plugin) used when it is installed: CharLS (pyjpegls) refuses damaged
+#: JPEG-LS data that libjpeg (pylibjpeg), pydicom's fallback, decodes without error into an image with garbage in it
+_STRICT_PLUGINS = {"1.2.840.10008.1.2.4.80": "pyjpegls", "1.2.840.10008.1.2.4.81": "pyjpegls"}
+
+
+@cache
+def decoding_plugin(uid: str) -> str:
+    """The pydicom decoding plugin to decode transfer syntax ``uid`` with: the strict decoder of
+    :data:`_STRICT_PLUGINS` when it is installed, else ``""`` (pydicom tries each installed plugin in turn)."""
+    plugin = _STRICT_PLUGINS.get(uid)
+    if plugin is None:
+        return ""
+    from pydicom.pixels import get_decoder  # lazy: see the module docstring
+
+    return plugin if plugin in get_decoder(uid).available_plugins else ""
+
+
+class _PluginFailures(logging.Filter):
+    """The errors pydicom logs, with a traceback, when a decoding plugin fails on a frame and it tries the next
+    plugin: collected for the decode :func:`decode_pixels` runs in this thread (and not logged: ctpipe's own error
+    names them); records outside such a decode pass unchanged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+
+    @contextmanager
+    def collect(self) -> Iterator[list[str]]:
+        failures: list[str] = []
+        self._local.failures = failures
+        try:
+            yield failures
+        finally:
+            self._local.failures = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failures = getattr(self._local, "failures", None)
+        if failures is None or record.levelno < logging.ERROR:
+            return True
+        failures.append(" ".join(record.getMessage().split()))
+        return False
+
+
+_PLUGIN_FAILURES = _PluginFailures()
+logging.getLogger("pydicom.pixels.decoders.base").addFilter(_PLUGIN_FAILURES)
+
+
+def decode_pixels(ds: Any, uid: str, where: str | Path) -> Any:
+    """``ds.pixel_array`` (stored values, decoded by :func:`decoding_plugin`), for a file ``where`` of transfer
+    syntax ``uid``.
+
+    Raises :class:`~pipeline.errors.CorruptPixelDataError` naming ``where``, the transfer syntax and the decoders'
+    words when no decoder can decode the data (see :func:`decode_failure`), and also when one decoder refused it and
+    pydicom's next one decoded it without error: a lenient decoder turns damaged data into an image with garbage in
+    it.
+    """
+    plugin = decoding_plugin(uid)
+    if plugin:
+        ds.pixel_array_options(decoding_plugin=plugin)
+    syntax = f"transfer syntax {uid} ({syntax_name(uid)})"
+    with _PLUGIN_FAILURES.collect() as failures:
+        try:
+            arr = ds.pixel_array
+        except BaseException as exc:
+            if not decode_failure(exc):
+                raise
+            words = " ".join(str(exc).split())  # pydicom lists each plugin's error on its own line: one line here
+            raise CorruptPixelDataError(
+                f"the compressed pixel data cannot be decoded: it is damaged or cut short ({type(exc).__name__}: "
+                f"{words}); {syntax}",
+                where=where,
+                fix=DAMAGED_PIXELS_FIX,
+            ) from exc
+    if failures:
+        raise CorruptPixelDataError(
+            f"a decoder refused the compressed pixel data ({'; '.join(failures)}) and another decoded it without "
+            f"error: the data is damaged, and the image decoded from it cannot be trusted; {syntax}",
+            where=where,
+            fix=DAMAGED_PIXELS_FIX,
+        )
+    return arr

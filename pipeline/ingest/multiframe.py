@@ -23,7 +23,8 @@ from ..errors import (
     SeriesGeometryError,
     TruncatedFileError,
 )
-from ._pydicom import PYDICOM_ERRORS, check_decoder, decode_failure, syntax_name
+from ._pydicom import PYDICOM_ERRORS, check_decoder, decode_pixels
+from .codestream import FrameShape, check_decoded_size, check_encapsulated_pixels
 
 log = logging.getLogger(__name__)
 
@@ -155,20 +156,8 @@ def read_frame_pixels(path: Path, n_frames: int, rows: int, columns: int, transf
             where=path,
             fix="re-export the object from the scanner/PACS with pixel data",
         )
-    try:
-        arr = ds.pixel_array
-    except BaseException as exc:
-        if not decode_failure(exc):
-            raise
-        raise TruncatedFileError(
-            f"pixel data cannot be decoded ({exc}); transfer syntax {transfer_syntax} ({syntax_name(transfer_syntax)})",
-            where=path,
-            fix="copy the file again from the archive/PACS",
-        ) from exc
-    if arr.size != n_frames * rows * columns:
-        raise TruncatedFileError(
-            f"decoded pixel data has {arr.size} values, expected {n_frames}x{rows}x{columns}",
-            where=path,
-            fix="copy the file again from the archive/PACS",
-        )
+    shape = FrameShape(rows, columns, int(ds.get("SamplesPerPixel", 1) or 1), int(ds.get("BitsAllocated", 16) or 16))
+    check_encapsulated_pixels(ds, transfer_syntax, shape, n_frames=n_frames, where=path)
+    arr = decode_pixels(ds, transfer_syntax, path)
+    check_decoded_size(arr.size, n_frames * rows * columns, where=path, frames=n_frames)
     return np.asarray(arr).reshape(n_frames, rows, columns)

@@ -3,8 +3,11 @@
 Uncompressed little-endian pixel data is read straight from the file offset
 found by the header scan into a preallocated stack (no decoding, no second
 header parse). Compressed transfer syntaxes (RLE, JPEG 2000, JPEG lossless,
-...) are decoded by pydicom with the pylibjpeg plugins. Both run in a thread
-pool; numpy and the decoders release the GIL for the heavy work.
+...) are decoded by pydicom with the pylibjpeg plugins (JPEG-LS by CharLS),
+after the structural checks of :mod:`pipeline.ingest.codestream` on each frame:
+damaged compressed data is refused naming the file, never decoded into an image
+with garbage in it. Both run in a thread pool; numpy and the decoders release
+the GIL for the heavy work.
 
 HU = stored value × RescaleSlope + RescaleIntercept, computed over the whole
 stack at once; pixels whose stored value is padding (PixelPaddingValue, up to
@@ -25,7 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import MissingPixelDataError, TruncatedFileError, UnreadableFileError
-from ._pydicom import NATIVE_SYNTAXES, PYDICOM_ERRORS, check_decoder, decode_failure, syntax_name
+from ._pydicom import NATIVE_SYNTAXES, PYDICOM_ERRORS, check_decoder, decode_pixels
+from .codestream import FrameShape, check_decoded_size, check_encapsulated_pixels
 from .discover import os_reason
 from .headers import SliceHeader
 from .padding import PADDING_HU
@@ -82,23 +86,10 @@ def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None
             where=h.path,
             fix="copy the file again from the archive/PACS; it may be damaged",
         ) from exc
-    try:
-        arr = ds.pixel_array
-    except BaseException as exc:
-        if not decode_failure(exc):
-            raise
-        raise TruncatedFileError(
-            f"pixel data cannot be decoded ({type(exc).__name__}: {exc}); "
-            f"transfer syntax {h.transfer_syntax} ({syntax_name(h.transfer_syntax)})",
-            where=h.path,
-            fix="copy the file again from the archive/PACS; it may be damaged",
-        ) from exc
-    if arr.size != out.size:
-        raise TruncatedFileError(
-            f"decoded pixel data has {arr.size} values, expected {out.size}",
-            where=h.path,
-            fix="copy the file again from the archive/PACS",
-        )
+    shape = FrameShape(int(h.rows or 0), int(h.columns or 0), h.samples_per_pixel, int(h.bits_allocated or 16))
+    check_encapsulated_pixels(ds, h.transfer_syntax, shape, n_frames=frame_count, where=h.path)
+    arr = decode_pixels(ds, h.transfer_syntax, h.path)
+    check_decoded_size(arr.size, out.size, where=h.path)
     out[...] = arr.reshape(out.shape)
 
 

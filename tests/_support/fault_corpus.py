@@ -155,3 +155,61 @@ def fail_reads_of(paths: Iterable[Path], error: type[OSError] = PermissionError)
     finally:
         for m in modules:
             del m.open  # type: ignore[attr-defined]
+
+
+#: compressed phantoms :func:`write_compressed_phantom` writes: name -> transfer syntax UID
+COMPRESSED = {
+    "rle": pydicom.uid.RLELossless,
+    "jpeg2000": pydicom.uid.JPEG2000Lossless,
+    "jpegls": pydicom.uid.JPEGLSLossless,
+    "jpeg_lossless": pydicom.uid.JPEGLosslessSV1,
+}
+
+
+def compress_files(paths: Iterable[Path], syntax: str, *, fragment_kb: int | None = None) -> None:
+    """Compress ``paths`` in place as ``syntax`` (a key of :data:`COMPRESSED`): JPEG Lossless SV1 by dcmtk's
+    ``dcmcjpeg +e1`` (the test skips when dcmtk is not installed; ``fragment_kb``: each frame split into fragments
+    of that many KiB), the others by pydicom's encoders (CharLS, OpenJPEG, its RLE encoder)."""
+    import shutil
+    import subprocess
+
+    for p in paths:
+        if syntax != "jpeg_lossless":
+            ds = pydicom.dcmread(p)
+            ds.compress(COMPRESSED[syntax])
+            ds.save_as(p)
+            continue
+        if shutil.which("dcmcjpeg") is None:
+            import pytest
+
+            pytest.skip("dcmcjpeg (dcmtk) not installed: it writes the JPEG Lossless files")
+        fragments = ["+fs", str(fragment_kb)] if fragment_kb else []
+        subprocess.run(["dcmcjpeg", "+e1", *fragments, str(p), str(p)], check=True, capture_output=True, timeout=60)
+
+
+def write_compressed_phantom(folder: Path, syntax: str, *, seed: int = 1, fragment_kb: int | None = None) -> list[Path]:
+    """A 12-slice phantom series in ``folder`` compressed as ``syntax`` (a key of :data:`COMPRESSED`): RLE and JPEG
+    2000 by the phantom writer, the others by :func:`compress_files`. Returns the files sorted by name."""
+    if syntax in ("rle", "jpeg2000"):
+        return write_phantom(folder, seed=seed, transfer_syntax=syntax)
+    paths = write_phantom(folder, seed=seed)
+    compress_files(paths, syntax, fragment_kb=fragment_kb)
+    return paths
+
+
+def frame_bytes(path: Path) -> bytes:
+    """The compressed frame of a single-frame file (its fragments joined)."""
+    from pydicom.encaps import generate_frames
+
+    return next(generate_frames(pydicom.dcmread(path).PixelData, number_of_frames=1))
+
+
+def replace_frame(path: Path, change: Callable[[bytes], bytes]) -> None:
+    """Store ``change(frame)`` as the file's single fragment, with correct item lengths and sequence delimiter (the
+    way a naive tool rewrites a damaged file): only the codestream is damaged, not its encapsulation."""
+    from pydicom.encaps import encapsulate
+
+    new = change(frame_bytes(path))
+    ds = pydicom.dcmread(path)
+    ds.PixelData = encapsulate([new + b"\x00" * (len(new) % 2)])
+    ds.save_as(path, enforce_file_format=True)

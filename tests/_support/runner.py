@@ -78,7 +78,7 @@ def write_bad(root: Path) -> dict[str, str]:
     item = data.rfind(b"\xfe\xff\x00\xe0")  # the frame's fragment item
     data[item + 8 : item + 72] = b"\xff" * 64  # wreck its RLE header (segment count and offsets)
     victim.write_bytes(bytes(data))
-    out["corrupt_rle"] = "TruncatedFileError"
+    out["corrupt_rle"] = "CorruptPixelDataError"  # its RLE header declares 0xFFFFFFFF segments
     # pixel data cut short in one file of an otherwise fine series
     ph3 = generate_phantom(23, **PHANTOM)
     files = write_dicom_series(ph3.volume, root / "truncated", seed=23)
