@@ -96,6 +96,16 @@ def test_a_block_of_another_file_written_into_a_jpeg_stream_is_refused(tmp_path)
     _refused(tmp_path / "jpeg", CorruptPixelDataError, "holds the marker FFD8", "inside its coded image data")
 
 
+def test_a_block_of_another_file_written_into_a_jpeg_2000_stream_is_refused(tmp_path):
+    """(b) The same for JPEG 2000: the other codestream's tile-part header markers (SOT FF90, SOD FF93) land in the
+    packet data, where no marker from FF90 up belongs."""
+    paths = write_compressed_phantom(tmp_path / "j2k", "jpeg2000")
+    other = frame_bytes(paths[0])[:600]
+    assert b"\xff\x90" in other
+    replace_frame(paths[DAMAGED], lambda b: b[: len(b) // 2] + other + b[len(b) // 2 + 600 :])
+    _refused(tmp_path / "j2k", CorruptPixelDataError, "holds the marker FF", "inside the coded data of the tile part")
+
+
 @pytest.mark.parametrize("syntax", ["jpegls", "jpeg_lossless", "jpeg2000"])
 def test_a_frame_without_its_end_marker_is_refused(tmp_path, syntax):
     """(c) Everything but the end-of-image / end-of-codestream marker FFD9."""

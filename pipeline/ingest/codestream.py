@@ -12,8 +12,8 @@ is checked for what a healthy one always has:
   tables, another scan);
 * JPEG 2000 and HTJ2K: the codestream start SOC FF4F and the image size marker SIZ FF51 first (or a JP2 file with
   its signature box, whose contiguous codestream box is checked), the end-of-codestream marker EOC FFD9 last, an
-  image size (SIZ) of Rows × Columns with SamplesPerPixel components, and tile parts whose lengths (SOT Psot) end
-  exactly at EOC;
+  image size (SIZ) of Rows × Columns with SamplesPerPixel components, tile parts whose lengths (SOT Psot) end
+  exactly at EOC, and (not HTJ2K) no marker FF90 or above inside their packet data but SOP and EPH;
 * RLE Lossless: a 64-byte header declaring SamplesPerPixel × BitsAllocated / 8 segments, the first at byte 64,
   the others in increasing order, all inside the frame.
 
@@ -54,6 +54,8 @@ J2K_SYNTAXES = frozenset(
         "1.2.840.10008.1.2.4.203",
     }
 )
+#: HTJ2K (ISO 15444-15) transfer syntaxes, among :data:`J2K_SYNTAXES`
+HTJ2K_SYNTAXES = frozenset({"1.2.840.10008.1.2.4.201", "1.2.840.10008.1.2.4.202", "1.2.840.10008.1.2.4.203"})
 
 _SOI, _EOI = b"\xff\xd8", b"\xff\xd9"
 _SOC_SIZ = b"\xff\x4f\xff\x51"
@@ -95,7 +97,7 @@ def check_frame(data: bytes, transfer_syntax: str, shape: FrameShape, *, where: 
     elif transfer_syntax in JPEG_LS_SYNTAXES:
         _check_jpeg(data, shape, ls=True, where=where, label=label)
     elif transfer_syntax in J2K_SYNTAXES:
-        _check_j2k(data, shape, where=where, label=label)
+        _check_j2k(data, shape, ht=transfer_syntax in HTJ2K_SYNTAXES, where=where, label=label)
     elif transfer_syntax == RLE_LOSSLESS:
         _check_rle(data, shape, where=where, label=label)
 
@@ -196,7 +198,9 @@ def _jp2_codestream(data: bytes, *, where: str | Path, label: str) -> bytes:
     raise _corrupt(f"{label} is a JP2 file without a contiguous codestream box (jp2c) within its {len(data)} bytes", where=where)
 
 
-def _check_j2k(data: bytes, shape: FrameShape, *, where: str | Path, label: str) -> None:
+def _check_j2k(data: bytes, shape: FrameShape, *, ht: bool, where: str | Path, label: str) -> None:
+    """``ht``: an HTJ2K codestream, whose packet data is not checked for markers (its coding passes are not ISO
+    15444-1's)."""
     what = "JPEG 2000"
     if data.startswith(_JP2_SIGNATURE):
         data = _jp2_codestream(data, where=where, label=label)
@@ -226,8 +230,6 @@ def _check_j2k(data: bytes, shape: FrameShape, *, where: str | Path, label: str)
                 where=where,
             )
         psot = struct.unpack_from(">I", data, pos + 6)[0]
-        if psot == 0:
-            return
         if pos + psot > end:
             raise TruncatedFileError(
                 f"{label} ({what}): the tile part at byte {pos} is {psot} bytes long but the codestream ends at byte "
@@ -235,7 +237,42 @@ def _check_j2k(data: bytes, shape: FrameShape, *, where: str | Path, label: str)
                 where=where,
                 fix=_REFETCH,
             )
-        pos += psot
+        stop = end if psot == 0 else pos + psot
+        if not ht:
+            _check_tile_data(data, pos, stop, where=where, label=label)
+        pos = stop
+
+
+#: markers that may follow 0xFF inside the packet data of a JPEG 2000 tile part: any byte up to 0x8F (ISO 15444-1
+#: Annex D.5/B.10: coded data never holds 0xFF90 or above), SOP (FF91) and EPH (FF92) when the coding style uses them
+_IN_TILE = np.zeros(256, dtype=bool)
+_IN_TILE[:0x90] = True
+_IN_TILE[[0x91, 0x92]] = True
+
+
+def _check_tile_data(data: bytes, start: int, stop: int, *, where: str | Path, label: str) -> None:
+    """The tile part of a JPEG 2000 codestream from its SOT at ``start`` to ``stop``: marker segments up to SOD (FF93),
+    then packet data without a marker of FF90 or above."""
+    pos = start
+    while True:
+        if pos + 2 > stop or data[pos] != 0xFF:
+            raise _corrupt(f"{label} (JPEG 2000): the tile part at byte {start} has no start of data (SOD FF93)", where=where)
+        if data[pos + 1] == 0x93:
+            pos += 2
+            break
+        if pos + 4 > stop:
+            raise _corrupt(f"{label} (JPEG 2000): the tile part at byte {start} has no start of data (SOD FF93)", where=where)
+        pos += 2 + struct.unpack_from(">H", data, pos + 2)[0]
+    body = np.frombuffer(data, dtype=np.uint8, count=stop - pos, offset=pos)
+    ff = np.flatnonzero(body[:-1] == 0xFF)
+    after = body[ff + 1]
+    bad = np.flatnonzero(~_IN_TILE[after])
+    if bad.size:
+        raise _corrupt(
+            f"{label} (JPEG 2000) holds the marker FF{int(after[bad[0]]):02X} at byte {pos + int(ff[bad[0]])}, inside "
+            f"the coded data of the tile part at byte {start} ({bad.size} such marker(s) in all)",
+            where=where,
+        )
 
 
 def _check_rle(data: bytes, shape: FrameShape, *, where: str | Path, label: str) -> None:
