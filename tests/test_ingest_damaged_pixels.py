@@ -67,7 +67,10 @@ def test_frames_split_into_many_fragments_and_a_pad_byte_are_healthy(tmp_path):
     np.testing.assert_array_equal(load_series(tmp_path / "split").array, plain)
     frame = frame_bytes(paths[0])
     shape = FrameShape(rows=64, columns=64, samples=1, bits_allocated=16)
-    check_frame(frame.rstrip(b"\x00") + b"\x00", COMPRESSED["jpeg_lossless"], shape, where="x")  # one pad byte
+    for pad in (b"", b"\x00", bytes(4)):  # the pad byte of an odd-length stream, and writers that add more
+        check_frame(frame.rstrip(b"\x00") + pad, COMPRESSED["jpeg_lossless"], shape, where="x")
+    with pytest.raises(TruncatedFileError, match="not the end marker FFD9"):  # cut short, the lost tail read as zeros
+        check_frame(frame[: len(frame) // 2] + bytes(4096), COMPRESSED["jpeg_lossless"], shape, where="x")
 
 
 @pytest.mark.parametrize("syntax", ["jpegls", "jpeg_lossless", "jpeg2000"])

@@ -6,7 +6,7 @@ such a file instead (a damaged series is never turned into a volume). Each frame
 is checked for what a healthy one always has:
 
 * JPEG (Lossless, Baseline, Extended) and JPEG-LS: the start-of-image marker FFD8 first and the end-of-image
-  marker FFD9 last (one 0x00 byte of padding after it allowed, PS3.5 A.4); well-formed marker segments up to the
+  marker FFD9 last (0x00 padding after it allowed, PS3.5 A.4); well-formed marker segments up to the
   first scan; a frame header (SOF) whose lines, samples per line and components are Rows, Columns and
   SamplesPerPixel; no marker inside the entropy-coded data other than those a scan may hold (restart markers,
   tables, another scan);
@@ -106,26 +106,23 @@ def _corrupt(problem: str, *, where: str | Path) -> CorruptPixelDataError:
     return CorruptPixelDataError(problem + ": the compressed pixel data is damaged", where=where, fix=_REFETCH)
 
 
-def _content_end(data: bytes, marker: bytes) -> int | None:
-    """Where ``data`` ends without its padding byte when it ends with ``marker`` (at most one 0x00 after it)."""
-    n = len(data)
-    if data.endswith(marker):
-        return n
-    if n >= 3 and data[-1] == 0 and data[-3:-1] == marker:
-        return n - 1
-    return None
-
-
 def _check_end(data: bytes, marker: bytes, what: str, *, where: str | Path, label: str) -> int:
-    end = _content_end(data, marker)
-    if end is None:
-        raise TruncatedFileError(
-            f"{label} ({what}, {len(data)} bytes) ends with bytes {data[-4:].hex().upper()}, not the end marker "
-            f"{marker.hex().upper()}: the codestream is cut short (a partial write or transfer) or its end is damaged",
-            where=where,
-            fix=_REFETCH,
-        )
-    return end
+    """Where the codestream ``data`` ends: after its end ``marker``, trailing 0x00 padding left out (PS3.5 A.4 pads a
+    fragment to an even length with one; some writers add more). A codestream cut short at a random byte, even one
+    whose lost tail reads back as zeros, does not end with the marker: :class:`TruncatedFileError`."""
+    end = len(data)
+    while end and data[end - 1] == 0:
+        end -= 1
+    if data[end - 2 : end] == marker:
+        return end
+    padding = f" followed by {len(data) - end} zero bytes" if end < len(data) else ""
+    raise TruncatedFileError(
+        f"{label} ({what}, {len(data)} bytes) ends with bytes {data[max(end - 4, 0) : end].hex().upper()}{padding}, not "
+        f"the end marker {marker.hex().upper()}: the codestream is cut short (a partial write or transfer) or its end "
+        "is damaged",
+        where=where,
+        fix=_REFETCH,
+    )
 
 
 def _check_size(width: int, height: int, components: int, shape: FrameShape, what: str, *, where: str | Path, label: str) -> None:
