@@ -259,3 +259,24 @@ def test_the_decoders_tracebacks_are_not_logged_for_a_refused_file(tmp_path, cap
     with pytest.raises(CorruptPixelDataError):
         load_series(folder)
     assert not [r for r in caplog.records if r.name.startswith("pydicom") and r.levelno >= 40]
+
+
+def test_without_charls_jpeg_ls_loads_with_a_warning_naming_what_is_lost(tmp_path, caplog):
+    """pydicom without its CharLS plugin (removed with its public remove_plugin): the healthy series loads, and a
+    warning says that damaged JPEG-LS data is no longer refused and how to install CharLS."""
+    from pydicom.pixels import get_decoder
+
+    from pipeline.ingest._pydicom import decoding_plugin
+
+    decoder = get_decoder(COMPRESSED["jpegls"])
+    if "pyjpegls" not in decoder.available_plugins:
+        pytest.skip("pyjpegls (CharLS) not installed")
+    write_compressed_phantom(tmp_path / "jpegls", "jpegls")
+    decoder.remove_plugin("pyjpegls")
+    decoding_plugin.cache_clear()
+    try:
+        assert load_series(tmp_path / "jpegls").shape == (12, 64, 64)
+    finally:
+        decoder.add_plugin("pyjpegls", ("pydicom.pixels.decoders.pyjpegls", "_decode_frame"))
+        decoding_plugin.cache_clear()
+    assert any("pyjpegls is not installed" in r.getMessage() and "pip install pyjpegls" in r.getMessage() for r in caplog.records)

@@ -20,6 +20,8 @@ from typing import Any
 from ..errors import CorruptPixelDataError, UnsupportedTransferSyntaxError
 from .rawheader import DEFLATED_LE, EXPLICIT_BE, EXPLICIT_LE, IMPLICIT_LE
 
+log = logging.getLogger(__name__)
+
 #: What pydicom may raise, lazily, on a damaged file.
 PYDICOM_ERRORS = (
     ValueError,
@@ -108,13 +110,23 @@ _STRICT_PLUGINS = {"1.2.840.10008.1.2.4.80": "pyjpegls", "1.2.840.10008.1.2.4.81
 @cache
 def decoding_plugin(uid: str) -> str:
     """The pydicom decoding plugin to decode transfer syntax ``uid`` with: the strict decoder of
-    :data:`_STRICT_PLUGINS` when it is installed, else ``""`` (pydicom tries each installed plugin in turn)."""
+    :data:`_STRICT_PLUGINS` when it is installed, else ``""`` (pydicom tries each installed plugin in turn; a
+    warning, once per syntax, says what is lost without it)."""
     plugin = _STRICT_PLUGINS.get(uid)
     if plugin is None:
         return ""
     from pydicom.pixels import get_decoder  # lazy: see the module docstring
 
-    return plugin if plugin in get_decoder(uid).available_plugins else ""
+    if plugin in get_decoder(uid).available_plugins:
+        return plugin
+    log.warning(
+        "%s is not installed: JPEG-LS pixel data (transfer syntax %s) is decoded by a decoder that turns damaged "
+        "coded data into an image with garbage in it without an error; install it (pip install %s)",
+        plugin,
+        uid,
+        plugin,
+    )
+    return ""
 
 
 class _PluginFailures(logging.Filter):
