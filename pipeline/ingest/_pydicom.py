@@ -180,8 +180,7 @@ def decode_pixels(ds: Any, uid: str, where: str | Path) -> Any:
                 raise
             words = " ".join(str(exc).split())  # pydicom lists each plugin's error on its own line: one line here
             raise CorruptPixelDataError(
-                f"the pixel data cannot be decoded: it is damaged or cut short ({type(exc).__name__}: "
-                f"{words}); {syntax}",
+                f"the pixel data cannot be decoded: it is damaged or cut short ({type(exc).__name__}: {words}); {syntax}",
                 where=where,
                 fix=DAMAGED_PIXELS_FIX,
             ) from exc
