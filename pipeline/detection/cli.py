@@ -15,7 +15,8 @@ PNGs; the findings JSON holds them and every other candidate (``below_threshold`
 threshold used and where it came from. With a DICOM source (a DICOM folder or file, or a cache
 entry ingested from one), ``detect`` also writes ``<case>_sr.dcm``, a TID 1500 structured report of
 the reported findings (LPS mm, in the source's frame of reference), after the other files, so a
-failure to write it loses none of them (exit status 1). Detection makes no masks: no SEG
+failure to write it loses none of them (exit status 1); each finding's lung side there comes from the
+reconstruction's lung segmentation, as in ``ctpipe run``'s SR. Detection makes no masks: no SEG
 (``ctpipe reconstruct --findings`` writes one). ``evaluate`` scores the full candidate lists.
 """
 
@@ -42,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="find lung nodules in a CT series (findings JSON, CSV, PNGs)",
         description="Find lung nodules in one CT series and write into --out <case>.findings.json (every candidate, "
         "with the threshold used), <case>.findings.csv and <case>_png/finding_NNN.png (the findings at or above the "
-        "model's operating point, or --score-threshold), and <case>_sr.dcm (a TID 1500 DICOM SR, for a DICOM source); "
+        "model's operating point, or --score-threshold), and <case>_sr.dcm (a TID 1500 DICOM SR, for a DICOM source, each finding with its lung side "
+        "from the lung segmentation of ctpipe reconstruct and ctpipe run); "
         "positions in DICOM patient coordinates (LPS, mm), slices by InstanceNumber. Exit status 0 done, 1 an unreadable "
         "source or model, a --device or --case-id it cannot use, or a file that could not be written, 2 bad "
         "arguments (an unknown option, a value out of its range).",
@@ -206,12 +208,16 @@ def _detect(args: argparse.Namespace) -> int:
             f"{findings.slice_number_source} {f.slice_number}"
         )
     print(f"wrote {j}, {c}" + (f" and {len(pngs)} PNGs in {out / (case_id + '_png')}" if pngs else ""))
-    return _write_dicom(args, volume, findings, case_id)
+    return _write_dicom(args, volume, findings, case_id, device=str(det.device))
 
 
-def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: str) -> int:
-    """The SR of the findings (after every other output): 0 when written or not asked for, 1 when it failed."""
-    from ..dicom_out.case import dicom_source_of, write_case_dicom
+def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: str, *, device: str | None = None) -> int:
+    """The SR of the findings (after every other output): 0 when written or not asked for, 1 when it failed.
+
+    Each finding's side comes from the reconstruction's lung segmentation of ``volume`` on ``device`` (the
+    detector's; None: CUDA when available) (:func:`~pipeline.dicom_out.case.lung_side_masks`), as in the SR of
+    ``ctpipe run``."""
+    from ..dicom_out.case import dicom_source_of, lung_side_masks, write_case_dicom
     from ..errors import DicomOutputError
 
     outputs = tuple(args.dicom)
@@ -226,9 +232,17 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
     if source is None:
         log.warning("%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM SR written", args.src)
         return 0
+    lungs = lung_side_masks(volume, device=device) if len(findings) else None  # each finding's side
     try:
         paths = write_case_dicom(
-            args.out, source=source, volume=volume, findings=findings, outputs=outputs, stem=case_id, stable_uids=True
+            args.out,
+            source=source,
+            volume=volume,
+            findings=findings,
+            outputs=outputs,
+            organ_masks=lungs,
+            stem=case_id,
+            stable_uids=True,
         )
     except (DicomOutputError, OSError) as exc:
         print(
