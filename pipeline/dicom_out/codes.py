@@ -2,7 +2,8 @@
 
 Standard codes (SNOMED CT ``SCT``, DICOM ``DCM``, LOINC ``LN``, UCUM units) wherever one exists;
 the rest come from ctpipe's private coding scheme ``99CTPIPE`` (DICOM PS3.16 §8.2: designators
-beginning with "99" are private), which every SR declares in its CodingSchemeIdentificationSequence.
+beginning with "99" are private), which an SR that uses one of them declares in its
+CodingSchemeIdentificationSequence (an SR of standard codes only, as ``ctpipe detect``'s, declares none).
 
 ========================  ==========================  =====================================================
 concept                   code                        used for

@@ -295,12 +295,15 @@ def build_sr(
     sr.ManufacturerModelName = "ctpipe"
     # the date and time a PACS lists the series by: its content's, as the SEG's (highdicom leaves them out)
     sr.SeriesDate, sr.SeriesTime = sr.ContentDate, sr.ContentTime
-    scheme = Dataset()
-    scheme.CodingSchemeDesignator = C.PRIVATE_SCHEME
-    scheme.CodingSchemeName = C.PRIVATE_SCHEME_NAME
-    scheme.CodingSchemeVersion = C.PRIVATE_SCHEME_VERSION
-    scheme.CodingSchemeResponsibleOrganization = "ctpipe"
-    sr.CodingSchemeIdentificationSequence = [scheme]
+    # ctpipe's private scheme is declared where the content uses one of its codes (a validator warns about the
+    # designator it does not know: an SR of standard codes only, as ctpipe detect's, is then free of warnings)
+    if any(e.keyword == "CodingSchemeDesignator" and e.value == C.PRIVATE_SCHEME for e in sr.iterall()):
+        scheme = Dataset()
+        scheme.CodingSchemeDesignator = C.PRIVATE_SCHEME
+        scheme.CodingSchemeName = C.PRIVATE_SCHEME_NAME
+        scheme.CodingSchemeVersion = C.PRIVATE_SCHEME_VERSION
+        scheme.CodingSchemeResponsibleOrganization = "ctpipe"
+        sr.CodingSchemeIdentificationSequence = [scheme]
     return sr
 
 
