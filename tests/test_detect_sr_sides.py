@@ -77,7 +77,7 @@ def test_detect_sr_states_the_side_of_the_real_chests_lesions(tmp_path):
 def test_a_field_of_view_on_one_lung_states_that_lungs_side(side):
     """The planning chest cut to the columns of one lung (the mediastinum and the other lung out of the field of
     view): its lesions still lie in that lung, not in the one on the same half of the image."""
-    from pipeline.dicom_out.case import lung_side_masks
+    from pipeline.dicom_out import lung_side_masks
     from pipeline.dicom_out.model import reported_findings
     from pipeline.volume import CTVolume
     from tests._support.real_ct import rt_planning_chest

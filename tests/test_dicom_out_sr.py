@@ -167,6 +167,24 @@ def test_an_sr_without_private_codes_declares_no_private_coding_scheme(tmp_path)
     assert_valid(path, allowed_warnings=())  # last: it skips the test where dciodvfy is missing
 
 
+def test_an_sr_written_without_lung_masks_says_why_its_findings_have_no_side(tmp_path, caplog):
+    """A notebook that writes the SR of ``detect(vol)``'s findings without a reconstruction gets no side; the log says
+    so and names the call that segments the lungs, which then gives each finding its lung."""
+    from pipeline.dicom_out import lung_side_masks
+
+    case = phantom_case(tmp_path / "case")
+    with caplog.at_level(logging.INFO, logger="pipeline.dicom_out"):
+        path = _write(case, tmp_path / "a.dcm", organ_masks=None)
+    assert read_sr_findings(path).side.isna().all()
+    assert "2 of 2 reported findings state no lung side" in caplog.text
+    assert "organ_masks=lung_side_masks(volume)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline.dicom_out"):
+        path = _write(case, tmp_path / "b.dcm", organ_masks=lung_side_masks(case.volume, device="cpu"))
+    assert read_sr_findings(path).side.tolist() == [n.lung.removeprefix("lung_") for n in case.phantom.nodules]
+    assert "state no lung side" not in caplog.text
+
+
 def test_unreliable_measurements_are_left_out(tmp_path):
     case = phantom_case(tmp_path / "case")
     quality = QualityReport(

@@ -9,10 +9,11 @@ Public API (positions in DICOM patient coordinates, LPS mm; masks ``[k, j, i]`` 
                                 model_name="demo_phantom", model_version="1", score_threshold=0.5)
     table = read_sr_findings(paths["sr"])                     # the findings back, LPS mm
 
-:func:`write_sr` and :func:`write_seg` write one object each. :func:`write_case_dicom` writes them from a
-``Findings`` (its operating point and model) as ``ctpipe detect``, ``reconstruct`` and ``run`` do, from the DICOM
-source :func:`dicom_source_of` finds; :data:`OUTPUTS` names the objects (``sr``, ``seg``), :func:`parse_outputs`
-reads a user's choice (``"sr,seg"``, ``"none"``). The SR and the SEG share the
+:func:`write_sr` and :func:`write_seg` write one object each; :func:`lung_side_masks` segments the lungs
+that give each finding its side when there is no reconstruction (``ctpipe detect``). :func:`write_case_dicom`
+writes them from a ``Findings`` (its operating point and model) as ``ctpipe detect``, ``reconstruct`` and
+``run`` do, from the DICOM source :func:`dicom_source_of` finds; :data:`OUTPUTS` names the objects (``sr``,
+``seg``), :func:`parse_outputs` reads a user's choice (``"sr,seg"``, ``"none"``). The SR and the SEG share the
 nodules' tracking UIDs; the codes they use are listed in :mod:`pipeline.dicom_out.codes`.
 """
 
@@ -33,6 +34,7 @@ _LAZY = {
     "parse_outputs": "pipeline.dicom_out.kinds",
     "write_case_dicom": "pipeline.dicom_out.case",
     "dicom_source_of": "pipeline.dicom_out.case",
+    "lung_side_masks": "pipeline.dicom_out.case",
     "read_sr_findings": "pipeline.dicom_out.sr_read",
     "read_sr_case": "pipeline.dicom_out.sr_read",
 }

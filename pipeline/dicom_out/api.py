@@ -22,7 +22,7 @@ from .. import __version__
 from ..errors import DicomOutputError
 from ..volume import CTVolume, LabelMap
 from .kinds import OUTPUTS
-from .model import NoduleDetail, ReportedFinding, as_bool_mask, reported_findings
+from .model import SIDE_SEARCH_MM, NoduleDetail, ReportedFinding, as_bool_mask, reported_findings
 from .seg import write_seg_object
 from .sources import SourceSeries, check_source, read_source_series
 from .sr import build_sr, save
@@ -81,7 +81,8 @@ def write_sr(
     "Nodule: Absent". ``findings=None`` means no detector ran (a reconstruction alone): the report then makes no
     statement on nodules, and ``model_name`` / ``model_version`` name the reconstruction.
     nodules: nodule segmentations (``NoduleResult`` or their JSON) for volumes and long axes. organ_masks: the lung
-    masks give each finding's side. measurements: the reconstruction's measurements (lung volumes, emphysema
+    masks (``lung_left``, ``lung_right``) give each finding's side; without a reconstruction,
+    :func:`~pipeline.dicom_out.case.lung_side_masks` segments them (without them the SR states no side). measurements: the reconstruction's measurements (lung volumes, emphysema
     index). quality: a ``QualityReport``. details: finding index → :class:`NoduleDetail` (side, lobe, composition).
     image_library: add a TID 1600 Image Library of the referenced images (see :func:`.sr.build_sr`).
     """
@@ -133,6 +134,16 @@ def _write_sr(path: Path, source: SourceSeries, reported: Sequence[ReportedFindi
     out = save(sr, path)
     if options.get("nodules_assessed", True):
         log.info("SR %s: %d finding(s) at score >= %.3g", out, len(reported), options["score_threshold"])
+    sideless = sum(f.side is None for f in reported)
+    if sideless:
+        log.info(
+            "SR %s: %d of %d reported findings state no lung side: no lung mask given, or none within %g mm of them "
+            "(without a reconstruction, organ_masks=lung_side_masks(volume) segments the lungs, as ctpipe detect does)",
+            out,
+            sideless,
+            len(reported),
+            SIDE_SEARCH_MM,
+        )
     else:
         log.info("SR %s: measurements and quality flags; no detection, no statement on nodules", out)
     return out
