@@ -10,7 +10,8 @@ names any result (:mod:`pipeline.dicom_out`):
 * ``seg.dcm``: a binary SEG of the organ masks (kept in the case cache by ``reconstruct``) and of
   the nodule masks, segmented again from the findings inside the same lung mask as ``nodules``
   did (the same volume, findings and mask give the same masks as the measurements JSON's). A run
-  without reconstruction has no masks: no SEG, one warning per case.
+  without reconstruction has only the lungs the ``lungs`` stage kept, which give the SR's sides: no
+  SEG (one warning per case) and no nodule sizes.
 
 Both reference the case's source files (matched slice by slice to the cached volume) and are new
 series in the source's study and frame of reference. Each one's UIDs derive from the case and what
@@ -211,13 +212,15 @@ class DicomStage(Stage):
         findings = _findings(ctx)
         # the organ masks are the SEG's segments; the lungs also give each finding's side in the SR, and the nodule
         # masks its segmented size (diameter, long axis, ellipsoid): an SR alone reports them as one beside a SEG does
+        # without the reconstruction, the lungs the ``lungs`` stage kept: the SR's sides; nothing to measure or to segment
+        reconstructed = bool(ctx.config.reconstruct.enabled)
         masks = load_organ_masks(ctx.cache_dir, case_id, volume.shape)
-        if "seg" not in outputs:
+        if "seg" not in outputs or not reconstructed:
             masks = {o: m for o, m in masks.items() if o in LUNGS}
         nodules = None
-        if findings is not None and len(findings) and (masks or ctx.config.reconstruct.enabled):
+        if findings is not None and len(findings) and reconstructed:
             nodules = self._nodules(ctx, volume, findings, masks)
-        if "seg" in outputs and not masks and not nodules:
+        if "seg" in outputs and (not reconstructed or (not masks and not nodules)):
             log.warning(
                 "case %s: no organ or nodule masks (%s): no SEG written",
                 case_id,

@@ -9,7 +9,7 @@ lungs alone for the quality report that decides whether to search. When the
 DICOM SEG is among ``outputs.dicom``, ``reconstruct`` also keeps every organ mask
 in the cache (``RUN_DIR/cache/<case_id>.organs.npz``, bits packed) for the
 ``dicom`` stage (:mod:`.dicom_stage`); with the SR alone, the lung masks (each
-finding's side in the report).
+finding's side in the report), which ``lungs`` also keeps for the SR.
 
 A file that cannot be written fails the stage (an environmental error such as a
 full disk stops the run; see :mod:`.faults`); an organ that cannot be segmented
@@ -203,7 +203,8 @@ class ReconstructStage(Stage):
 
 class LungsStage(Stage):
     """Both lungs segmented alone, and the quality report they give (lung coverage, slice thickness, contrast),
-    before detection: for runs that do not reconstruct the lungs."""
+    before detection: for runs that do not reconstruct the lungs. With the SR among ``outputs.dicom``, the two lung
+    masks are kept in the cache (as ``reconstruct`` keeps them): they give each finding's side in the report."""
 
     name = "lungs"
     group = "cpu"
@@ -227,6 +228,9 @@ class LungsStage(Stage):
             seg = segment_organs(vol, organs=list(LUNGS), device=self._device)
         t1 = time.perf_counter()
         quality = assess_quality(np.asarray(vol.array), vol.geometry, seg.masks, metadata=vol.metadata)
+        lungs = {o: seg.masks[o] for o in LUNGS if o in seg.masks}
+        if lungs and "sr" in ctx.config.outputs.dicom:  # each finding's side in the SR, as the reconstruction's lungs
+            save_organ_masks(ctx.cache_dir, ctx.case.case_id, lungs)
         t2 = time.perf_counter()
         timings = {"segment": round(clock.seconds, 6), "quality": round(t2 - t1, 6)}
         return {"quality": quality.to_json(), "timings": timings}
