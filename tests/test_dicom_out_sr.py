@@ -183,6 +183,7 @@ def test_an_sr_written_without_lung_masks_says_why_its_findings_have_no_side(tmp
         path = _write(case, tmp_path / "b.dcm", organ_masks=lung_side_masks(case.volume, device="cpu"))
     assert read_sr_findings(path).side.tolist() == [n.lung.removeprefix("lung_") for n in case.phantom.nodules]
     assert "state no lung side" not in caplog.text
+    assert "2 finding(s) at score >= 0.5" in caplog.text and "no statement on nodules" not in caplog.text
 
 
 def test_unreliable_measurements_are_left_out(tmp_path):

@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="find lung nodules in a CT series (findings JSON, CSV, PNGs)",
         description="Find lung nodules in one CT series and write into --out <case>.findings.json (every candidate, "
         "with the threshold used), <case>.findings.csv and <case>_png/finding_NNN.png (the findings at or above the "
-        "model's operating point, or --score-threshold), and <case>_sr.dcm (a TID 1500 DICOM SR, for a DICOM source, each finding with its lung side "
-        "from the lung segmentation of ctpipe reconstruct and ctpipe run); "
+        "model's operating point, or --score-threshold), and <case>_sr.dcm (a TID 1500 DICOM SR, for a DICOM source, "
+        "each finding with its lung side from the lung segmentation of ctpipe reconstruct and ctpipe run); "
         "positions in DICOM patient coordinates (LPS, mm), slices by InstanceNumber. Exit status 0 done, 1 an unreadable "
         "source or model, a --device or --case-id it cannot use, or a file that could not be written, 2 bad "
         "arguments (an unknown option, a value out of its range).",

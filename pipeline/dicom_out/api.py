@@ -82,8 +82,9 @@ def write_sr(
     statement on nodules, and ``model_name`` / ``model_version`` name the reconstruction.
     nodules: nodule segmentations (``NoduleResult`` or their JSON) for volumes and long axes. organ_masks: the lung
     masks (``lung_left``, ``lung_right``) give each finding's side; without a reconstruction,
-    :func:`~pipeline.dicom_out.case.lung_side_masks` segments them (without them the SR states no side). measurements: the reconstruction's measurements (lung volumes, emphysema
-    index). quality: a ``QualityReport``. details: finding index → :class:`NoduleDetail` (side, lobe, composition).
+    :func:`~pipeline.dicom_out.case.lung_side_masks` segments them (without them the SR states no side).
+    measurements: the reconstruction's measurements (lung volumes, emphysema index). quality: a ``QualityReport``.
+    details: finding index → :class:`NoduleDetail` (side, lobe, composition).
     image_library: add a TID 1600 Image Library of the referenced images (see :func:`.sr.build_sr`).
     """
     src = _source(source, volume)
@@ -134,6 +135,8 @@ def _write_sr(path: Path, source: SourceSeries, reported: Sequence[ReportedFindi
     out = save(sr, path)
     if options.get("nodules_assessed", True):
         log.info("SR %s: %d finding(s) at score >= %.3g", out, len(reported), options["score_threshold"])
+    else:
+        log.info("SR %s: measurements and quality flags; no detection, no statement on nodules", out)
     sideless = sum(f.side is None for f in reported)
     if sideless:
         log.info(
@@ -144,8 +147,6 @@ def _write_sr(path: Path, source: SourceSeries, reported: Sequence[ReportedFindi
             len(reported),
             SIDE_SEARCH_MM,
         )
-    else:
-        log.info("SR %s: measurements and quality flags; no detection, no statement on nodules", out)
     return out
 
 
