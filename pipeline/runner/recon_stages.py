@@ -228,10 +228,10 @@ class LungsStage(Stage):
             seg = segment_organs(vol, organs=list(LUNGS), device=self._device)
         t1 = time.perf_counter()
         quality = assess_quality(np.asarray(vol.array), vol.geometry, seg.masks, metadata=vol.metadata)
+        t2 = time.perf_counter()
         lungs = {o: seg.masks[o] for o in LUNGS if o in seg.masks}
         if lungs and "sr" in ctx.config.outputs.dicom:  # each finding's side in the SR, as the reconstruction's lungs
             save_organ_masks(ctx.cache_dir, ctx.case.case_id, lungs)
-        t2 = time.perf_counter()
         timings = {"segment": round(clock.seconds, 6), "quality": round(t2 - t1, 6)}
         return {"quality": quality.to_json(), "timings": timings}
 
