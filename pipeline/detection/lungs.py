@@ -173,7 +173,7 @@ def _region(mask: np.ndarray, stride: tuple[int, int, int], volume: CTVolume, fl
     return LungRegion(mask, stride, volume.spacing, flips=flips, size_ijk=volume.geometry.size_ijk)
 
 
-def _strides(spacing_ijk: tuple[float, float, float], step_mm: float) -> tuple[int, int, int]:
+def strides(spacing_ijk: tuple[float, float, float], step_mm: float) -> tuple[int, int, int]:
     si, sj, sk = spacing_ijk
     return (max(1, int(round(step_mm / sk))), max(1, int(round(step_mm / sj))), max(1, int(round(step_mm / si))))
 
@@ -198,7 +198,7 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     """Threshold lung mask on a ~``step_mm`` grid: air inside the body (and lung cut by the field of view: air
     touching the image border whose median is above :data:`OUTSIDE_AIR_MAX_MEDIAN_HU` and that does not span the image
     from side to side), largest components, holes filled per slice, grown by one coarse voxel in each slice."""
-    sk, sj, si = _strides(volume.spacing, step_mm)
+    sk, sj, si = strides(volume.spacing, step_mm)
     ascending, flips = _ascending(volume, np.asarray(volume.array))
     arr = np.asarray(ascending[::sk, ::sj, ::si], dtype=np.float32)
     air = arr < LUNG_AIR_HU  # air-filled lung (and the air around the patient)
@@ -229,7 +229,7 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     return _region(mask, (sk, sj, si), volume, flips)
 
 
-def _block_means(array: np.ndarray, step_kji: tuple[int, int, int]) -> np.ndarray:
+def block_means(array: np.ndarray, step_kji: tuple[int, int, int]) -> np.ndarray:
     """``array`` ``[k, j, i]`` averaged over blocks of ``step_kji`` voxels (float32; a last, partial block over the
     voxels it has): a thin diaphragm between a lung base and bowel gas stays denser than air, where sampling every
     step-th voxel could skip it."""
@@ -252,9 +252,9 @@ def segmented_lung_region(volume: CTVolume, *, device: str | None = None, step_m
     from ..reconstruction.organs import SegmentParams
     from ..reconstruction.segment import segment_organs
 
-    st = _strides(volume.spacing, step_mm)
+    st = strides(volume.spacing, step_mm)
     ascending, flips = _ascending(volume, np.asarray(volume.array))
-    coarse = CTVolume(_block_means(ascending, st), volume.geometry.flipped(flips).binned(st))
+    coarse = CTVolume(block_means(ascending, st), volume.geometry.flipped(flips).binned(st))
     seg = segment_organs(coarse, organs=("lung_left", "lung_right"), device=device, params=SegmentParams(cpu_threads=None))
     for organ, error in seg.errors.items():
         log.info("lung segmentation: %s: %s", organ, error)
@@ -315,7 +315,7 @@ def region_from_mask(
                 fix="pass a mask on the same grid as the volume ([k, j, i])",
             )
     full = np.logical_or.reduce(parts) if parts else np.zeros(volume.shape, bool)
-    st = _strides(volume.spacing, step_mm)
+    st = strides(volume.spacing, step_mm)
     ascending, flips = _ascending(volume, full)
     pad = [(0, (-n) % s) for n, s in zip(ascending.shape, st)]
     padded = np.pad(ascending, pad)

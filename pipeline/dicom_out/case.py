@@ -50,7 +50,7 @@ def dicom_source_of(src: str | os.PathLike[str]) -> Path | None:
     return path if path.is_file() else None
 
 
-def lung_side_masks(volume: CTVolume, *, device: str | None = None) -> dict[str, np.ndarray]:
+def lung_side_masks(volume: CTVolume, *, device: str | None = None, step_mm: float = 2.0) -> dict[str, np.ndarray]:
     """The patient's left and right lungs of ``volume`` (``lung_left`` / ``lung_right``: bool ``[k, j, i]`` on its
     grid), the masks that give each finding its side in an SR written without a reconstruction (``ctpipe detect``).
 
@@ -58,19 +58,33 @@ def lung_side_masks(volume: CTVolume, *, device: str | None = None) -> dict[str,
     ``ctpipe reconstruct`` and ``ctpipe run`` segment the lungs), so the three commands state the same side for the
     same finding: left and right from anatomy (the airway between the lungs, else the two lungs' relation, else the
     body's mid-line) in DICOM patient coordinates (LPS mm: +x is the patient's left), whatever the patient position
-    and the order of the rows, columns and slices; never from which half of the image a lung lies in. A lung the
-    segmentation does not find (a field of view holding one lung, a scan without lungs) is left out, with its reason
-    logged; a finding then takes the side of a lung within :data:`~pipeline.dicom_out.model.SIDE_SEARCH_MM` of it, or
-    none. ``device``: torch device of the segmentation (``"cpu"``, ``"cuda"``; default CUDA when available). About
-    10 s for a 512 x 512 x 141 chest on 2 CPU cores.
+    and the order of the rows, columns and slices; never from which half of the image a lung lies in. It runs on
+    blocks of about ``step_mm`` (mm; the mean HU of each block, as the detector's own lung search does; 0: the
+    full grid), and each block's label is given back to its voxels: a side is a matter of centimetres, and the
+    blocks make it about 4 times quicker for a 512 x 512 chest (2 s on 2 CPU cores). A lung the segmentation does
+    not find (a field of view holding one lung, a scan without lungs) is left out, with its reason logged; a
+    finding then takes the side of a lung within :data:`~pipeline.dicom_out.model.SIDE_SEARCH_MM` of it, or none.
+    ``device``: torch device of the segmentation (``"cpu"``, ``"cuda"``; default CUDA when available).
     """
+    from ..detection.lungs import block_means, strides
     from ..reconstruction.segment import segment_organs
 
-    seg = segment_organs(volume, organs=SIDE_ORGANS, device=device)
+    step_kji = strides(volume.spacing, step_mm) if step_mm > 0 else (1, 1, 1)
+    coarse = volume
+    if step_kji != (1, 1, 1):
+        coarse = CTVolume(block_means(np.asarray(volume.array), step_kji), volume.geometry.binned(step_kji))
+    seg = segment_organs(coarse, organs=SIDE_ORGANS, device=device)
     for organ, error in seg.errors.items():
         side = organ.removeprefix("lung_")
         log.warning("no finding is stated to lie in the %s lung, which was not found: %s", side, error)
-    return {organ: np.asarray(seg.masks[organ], dtype=bool) for organ in SIDE_ORGANS if organ in seg.masks}
+    out: dict[str, np.ndarray] = {}
+    for organ in SIDE_ORGANS:
+        if organ in seg.masks:
+            m = np.asarray(seg.masks[organ], dtype=bool)
+            for axis, step in enumerate(step_kji):
+                m = np.repeat(m, step, axis=axis) if step > 1 else m
+            out[organ] = np.ascontiguousarray(m[: volume.shape[0], : volume.shape[1], : volume.shape[2]])
+    return out
 
 
 def model_identity(findings: Any) -> tuple[str, str]:
