@@ -257,7 +257,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
             "float",
             "s",
             "keep serving the metrics this long after the run ends, so that a scrape takes the final values "
-            "(at least Prometheus' scrape interval; 0 = stop at once, the textfile holds them)",
+            "(at least Prometheus' scrape interval; 0 = stop at once, the textfile holds them); not counted in the run's time",
             lo=0.0,
             hi=600.0,
         ),

@@ -312,3 +312,26 @@ def test_a_log_line_an_earlier_run_left_cut_short_does_not_swallow_the_next_runs
     handler = attach_jsonl(log_path, process="main")  # a whole last line is left as it is
     detach(handler)
     assert log_path.read_text().splitlines() == lines
+
+
+def test_the_run_time_and_its_record_leave_out_the_metrics_linger(tmp_path):
+    """The summary's seconds (and so its cases/h), the store's run end (the report's active time) and the end time in
+    metrics.prom are the run's own, not the metrics.linger_s spent serving the final metrics afterwards."""
+    import time
+
+    from pipeline.runner import open_run, run_batch
+    from tests._support.orthanc import free_port
+
+    (tmp_path / "incoming").mkdir()
+    linger = 3.0
+    options = {"metrics.port": free_port(), "metrics.linger_s": linger, "metrics.textfile": True, "report.enabled": False}
+    started_wall, started = time.time(), time.monotonic()
+    summary = run_batch([tmp_path / "incoming"], out=tmp_path / "run", **options)
+    wall = time.monotonic() - started
+    assert wall >= linger
+    assert summary.elapsed_s <= wall - linger + 0.5, (summary.elapsed_s, wall)
+    (row,) = open_run(tmp_path / "run").runs.itertuples()
+    assert row.ended_at - row.started_at == pytest.approx(summary.elapsed_s, abs=0.01)
+    prom = (tmp_path / "run" / "metrics.prom").read_text()
+    (end_line,) = [ln for ln in prom.splitlines() if ln.startswith("ctpipe_run_end_time_seconds{")]
+    assert float(end_line.split()[-1]) <= started_wall + wall - linger + 0.5

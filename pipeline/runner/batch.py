@@ -336,12 +336,13 @@ def _run(
         if sampler:
             sampler.stop()
             _quietly(summary, run_dir, "GPU samples", lambda: store.add_gpu_samples(run_id, sampler.drain()))
+        # the run's time: the idle serving of metrics.linger_s below is not the run's work, nor its throughput's
+        summary.elapsed_s = time.monotonic() - t0
         if cfg.metrics.port and cfg.metrics.linger_s > 0 and status != "interrupted":
             # the counters are final now: one more scrape takes them, else the run's last cases never reach Prometheus
             log.info("serving the final metrics for %g s", cfg.metrics.linger_s, extra={"event": "metrics_linger"})
             time.sleep(cfg.metrics.linger_s)
         metrics.stop()
-        summary.elapsed_s = time.monotonic() - t0
         keys = {c.case_key for c in found.cases}
         failed_rows = store.cases_with_status("failed")
         # quarantined by this run (its latest attempt is this run's), or still from an earlier run and not retried
@@ -371,7 +372,7 @@ def _run(
         )
         metrics.quarantined_at_end(len(summary.quarantined), len(summary.still_quarantined))
         exit_status = EXIT_INTERRUPTED if signalled else summary.exit_code
-        metrics.run_ended(exit_status)
+        metrics.run_ended(exit_status, ended_at=started_wall + summary.elapsed_s)  # the run's end, not the linger's
         if cfg.metrics.textfile:
             summary.metrics_file = _quietly(
                 summary, run_dir, "metrics.prom", lambda: metrics.write_textfile(run_dir / "metrics.prom")

@@ -168,9 +168,10 @@ class RunMetrics:
         self.quarantined.labels(self.node, "this_run").set(this_run)
         self.quarantined.labels(self.node, "earlier_runs").set(earlier_runs)
 
-    def run_ended(self, exit_status: int) -> None:
-        """The run is over, with ``exit_status`` (``ctpipe run``'s): for the textfiles written next."""
-        self._ended.labels(self.node).set(time.time())
+    def run_ended(self, exit_status: int, *, ended_at: float | None = None) -> None:
+        """The run is over, with ``exit_status`` (``ctpipe run``'s): for the textfiles written next. ``ended_at``: when
+        the run's work ended (Unix time, s; default now), before any ``metrics.linger_s`` of serving."""
+        self._ended.labels(self.node).set(time.time() if ended_at is None else ended_at)
         self._exit.labels(self.node).set(exit_status)
 
     def gpu_sample(self, gpu: int, util_pct: float, mem_used_mb: float) -> None:
