@@ -96,6 +96,8 @@ def test_empty_lungs_give_no_findings_with_reason(tmp_path, caplog):
     assert len(res) == 0 and "no lung" in res.reason
     assert "no lung" in caplog.text
     assert "stored pixel values" in res.reason  # nothing near -1000 HU in it
+    # the case's time (findings JSON timings_ms.total, printed by ctpipe detect) is the lung search it did, not 0 ms
+    assert res.timings_ms["total"] >= res.timings_ms["lung_mask"] > 0.0
     # a chest given as stored values (unsigned, RescaleIntercept not applied): the reason says so
     chest = chest_volume()
     stored = CTVolume((np.asarray(chest.array) + 1024).clip(0).astype(np.uint16), chest.geometry)

@@ -244,6 +244,7 @@ class Detector:
                     else "no lung voxels in the given lung mask; nothing to search"
                 ) + not_hu_hint(volume.array)
                 log.warning("%s: %s", where, result.reason)
+                timings["total"] = (time.perf_counter() - t_all) * 1000.0  # the lung search was the case's work
                 result.timings_ms = timings
                 return self.apply_operating_point(result)
         with DeviceTimer(self.device) as clock:  # the last steps run queued on a GPU
