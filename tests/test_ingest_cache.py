@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -119,3 +120,27 @@ def test_cli_ingest(tmp_path, capsys):
     assert rc == 1 and "only 1 slice(s), fewer than min_slices=2" in out and "no series was cached" in out
     rc = main(["ingest", str(tmp_path / "in" / "a"), "--out", str(tmp_path / "cache3"), "--series-uid", "1.2.3.200"])
     assert rc == 0 and CaseCache(tmp_path / "cache3").case_ids() == ["1.2.3.200"]
+
+
+def test_cli_ingest_times_the_whole_ingest_not_only_the_scan(tmp_path, capsys, monkeypatch):
+    """The ingest's seconds (the JSON report's ``seconds``, the printed line) cover reading and caching the series,
+    not just the header scan; the scan's own time is ``scan_seconds``."""
+    import time
+
+    write_series(tmp_path / "in" / "a", n=12, series_uid="1.2.3.300", description="good one")
+    real_write = CaseCache.write
+
+    def slow_write(self, *args, **kwargs):  # a cache on a slow disk: 0.3 s per case
+        time.sleep(0.3)
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(CaseCache, "write", slow_write)
+    report = tmp_path / "report.json"
+    rc = main(["ingest", str(tmp_path / "in"), "--out", str(tmp_path / "cache"), "--json", str(report)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    data = json.loads(report.read_text())
+    assert data["seconds"] >= data["scan_seconds"] + 0.3
+    printed = re.search(r"\((\d+\.\d\d) s scan, (\d+\.\d\d) s in all\)", out)
+    assert printed is not None, out
+    assert float(printed[2]) == pytest.approx(data["seconds"], abs=0.01) and float(printed[2]) >= float(printed[1]) + 0.29

@@ -6,6 +6,7 @@ import logging
 import numbers
 import os
 import re
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -311,10 +312,12 @@ def _pick(scan: ScanResult, series_uid: str) -> SeriesInfo:
 
 @dataclass
 class IngestReport:
-    """Result of :func:`ingest_to_cache`: the scan and the cases written (series key → entry)."""
+    """Result of :func:`ingest_to_cache`: the scan and the cases written (series key → entry); ``seconds``: wall time
+    of the whole ingest (s): the header scan (``scan.seconds``), the pixel reads and the cache writes."""
 
     scan: ScanResult
     written: dict[str, CacheEntry] = field(default_factory=dict)
+    seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -346,6 +349,7 @@ def ingest_to_cache(
     (:data:`pipeline.ingest.discover.METADATA_IDENTIFIERS`, of :data:`pipeline.volume.PATIENT_IDENTIFIERS`)
     in the metadata and the cache sidecars (left out by default).
     """
+    t0 = time.perf_counter()
     rules = rules or SelectionRules()
     paths: list[PathArg] = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     if lone_series_ok is None:
@@ -394,4 +398,5 @@ def ingest_to_cache(
                 ) from exc
         except CtpipeError as exc:
             reject(scan, s, exc)
+    report.seconds = time.perf_counter() - t0
     return report
