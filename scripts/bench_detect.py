@@ -19,9 +19,11 @@ float16 on CUDA, see ``pipeline/detection/precision.py``) and, where that is not
 float32, once more with ``amp=False`` (float32, as MONAI runs on a CPU).
 
 MONAI's pipeline runs the whole volume; ctpipe by default crops it to the lungs first (its lung search is
-in its time). So each model gets two ratios, MONAI's median ÷ ctpipe's: "ctpipe, lung crop vs MONAI whole
-volume" (what ctpipe does by default) and "same input: whole volume" (ctpipe with
-``restrict_to_lungs=False``, timed in the same rounds). The float32 run is the lung crop.
+in its time). So each model gets three ratios, MONAI's median ÷ ctpipe's: "ctpipe, lung crop vs MONAI whole
+volume" (what ctpipe does by default), "same input: whole volume" (ctpipe with ``restrict_to_lungs=False``, its
+post-processing still on) and "same job" (ctpipe on the whole volume with ``postprocess=False`` and MONAI's
+precision: the detector's boxes in LPS and nothing more, the work MONAI's pipeline does), all timed in the same
+rounds. The float32 run is the lung crop.
 Each side is run once per round, interleaved; one warm-up round, then ``--repeats`` timed rounds (medians).
 On CUDA the model time is measured with CUDA events and end-to-end with a
 synchronize at the end. ``--quick``: a small phantom and, on a CPU, the demo model only.
@@ -99,10 +101,12 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
     det = Detector(model=model, device=device)
     det32 = Detector(model=model, device=device, amp=False) if det.precision != "float32" else None
     on_cuda = device.startswith("cuda")  # MONAI then runs with AMP (float16)
+    # the same job as MONAI's pipeline: whole volume, no post-processing, its precision (float16 AMP on CUDA, else float32)
+    det_raw = Detector(model=model, device=device, postprocess=False, amp=on_cuda)
     monai_det = monai_detector(model, device=device)  # loaded once, as ctpipe's Detector is
-    ours, whole, ours32, peer, model_ms, whole_model_ms, post_ms = [], [], [], [], [], [], []
+    ours, whole, ours32, raw, peer, model_ms, whole_model_ms, post_ms = [], [], [], [], [], [], [], []
     steps_ms: dict[str, list[float]] = {}  # the false-positive reduction's steps (fpr_blobs, fpr_refine, ...)
-    n_ours = n_reported = n_whole = n_peer = 0
+    n_ours = n_reported = n_whole = n_raw = n_peer = 0
     for r in range(repeats + 1):  # the first round warms up every side and is not counted
         t_ours, f = _timed(device, lambda: det.detect(cache.read(case_id, mmap=True), case_id=case_id))
         if "model" not in f.timings_ms:
@@ -111,6 +115,9 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
         t_ours32 = (
             _timed(device, lambda: det32.detect(cache.read(case_id, mmap=True), case_id=case_id))[0] if det32 else float("nan")
         )
+        t_raw, fr = _timed(
+            device, lambda: det_raw.detect(cache.read(case_id, mmap=True), case_id=case_id, restrict_to_lungs=False)
+        )
         t_peer, ref = _timed(
             device, lambda: monai_detect(model, volume=cache.read(case_id), device=device, amp=on_cuda, detector=monai_det)
         )
@@ -118,6 +125,7 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
             ours.append(t_ours)
             whole.append(t_whole)
             ours32.append(t_ours32)
+            raw.append(t_raw)
             peer.append(t_peer)
             model_ms.append(f.timings_ms["model"])
             whole_model_ms.append(fw.timings_ms["model"])
@@ -128,16 +136,19 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
         # candidates against candidates: MONAI keeps every box above the selector's score_thresh, ctpipe reports
         # those above the operating point (len(f)) and keeps the rest (f.candidates: all of them)
         n_ours, n_reported, n_whole, n_peer = len(f.candidates), len(f), len(fw.candidates), len(ref["score"])
+        n_raw = len(fr.candidates)
         logging.info(
-            "round %d: ctpipe %.2fs (%s), ctpipe whole volume %.2fs, ctpipe float32 %.2fs, MONAI %.2fs",
+            "round %d: ctpipe %.2fs (%s), ctpipe whole volume %.2fs, ctpipe float32 %.2fs, ctpipe same job %.2fs, MONAI %.2fs",
             r,
             t_ours,
             det.precision,
             t_whole,
             t_ours32,
+            t_raw,
             t_peer,
         )
     m_ours, m_whole, m_peer = statistics.median(ours), statistics.median(whole), statistics.median(peer)
+    m_raw = statistics.median(raw)
     res = {
         "ctpipe_s": m_ours,
         "monai_s": m_peer,
@@ -146,6 +157,12 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
         "ctpipe_whole_volume_s": m_whole,
         "ratio_whole_volume": m_peer / m_whole,
         "ratio_whole_volume_label": "same input: whole volume",
+        "ctpipe_same_job_s": m_raw,
+        "ctpipe_same_job_runs_s": raw,
+        "ratio_same_job": m_peer / m_raw,
+        "ratio_same_job_label": "same job: whole volume, detector boxes in LPS only (no post-processing), MONAI's precision",
+        "ctpipe_same_job_precision": det_raw.precision,
+        "ctpipe_same_job_findings": n_raw,
         "ctpipe_runs_s": ours,
         "ctpipe_whole_volume_runs_s": whole,
         "monai_runs_s": peer,
@@ -244,8 +261,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"  ratio ({res['ratio_whole_volume_label']}; MONAI s / ctpipe s): {res['ratio_whole_volume']:.2f}x")
             print(
+                f"  ctpipe same job median {res['ctpipe_same_job_s']:.2f} s ({res['ctpipe_same_job_precision']}; "
+                f"runs {_fmt(res['ctpipe_same_job_runs_s'])}); ratio ({res['ratio_same_job_label']}; MONAI s / ctpipe s): "
+                f"{res['ratio_same_job']:.2f}x"
+            )
+            print(
                 f"  candidates: ctpipe {res['ctpipe_findings']} ({res['ctpipe_reported_at_operating_point']} at the "
-                f"operating point; whole volume {res['ctpipe_whole_volume_findings']}), MONAI {res['monai_findings']}"
+                f"operating point; whole volume {res['ctpipe_whole_volume_findings']}; same job "
+                f"{res['ctpipe_same_job_findings']}), MONAI {res['monai_findings']}"
             )
             if "ctpipe_float32_s" in res:
                 print(
