@@ -69,3 +69,21 @@ def test_files_stay_in_out_dir_whatever_the_series_uid(chest, tmp_path):
     assert rec.files and all(p.parent == out for paths in rec.files.values() for p in paths)
     rec = reconstruct(chest, organs="lung_left", out_dir=out, render=False, stem="my scan")
     assert (out / "my scan_lung_left.stl") in rec.files["mesh"]
+
+
+def test_the_step_seconds_cover_the_measurements(chest, monkeypatch):
+    """``Reconstruction.seconds`` (the runner's reconstruct timings, the logged total) counts the organ and lung
+    measurements as the step ``measure``, so that the steps add up to the reconstruction's time."""
+    import time
+
+    from pipeline.reconstruction import measure
+
+    real = measure.lung_measurements
+
+    def slow(*args, **kwargs):  # lung figures on a large scan: 0.3 s
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "lung_measurements", slow)
+    rec = reconstruct(chest, organs="lung_left,lung_right", render=False)
+    assert rec.seconds["measure"] >= 0.3

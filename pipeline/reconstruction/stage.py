@@ -50,7 +50,8 @@ LABEL_VALUES = {"body": 1, "lung_left": 2, "lung_right": 3, "airway": 4, "bone":
 
 
 class StageTimer:
-    """Seconds per step (:class:`~pipeline.devicetime.DeviceTimer`: on CUDA the work a step queued counts too)."""
+    """Seconds per step (:class:`~pipeline.devicetime.DeviceTimer`: on CUDA the work a step queued counts too); a step
+    run several times (``measure``: every organ's and the lungs' figures) adds up."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -74,6 +75,8 @@ class Reconstruction:
     measurements: ``{"organs": {organ: {...}}, "lungs": {...}, "nodules": [...]}``.
     files: every file written, by kind ("mesh", "measurements", "render", "mask").
     errors: organ or step → message, for whatever could not be produced.
+    seconds: wall time (s) per step: ``segment``, ``seg_bundle``, ``mesh:<organ>``, ``measure``, ``quality``,
+        ``nodules``, ``write`` (those that ran); together the reconstruction's time.
     quality: the case's quality flags (:mod:`pipeline.reconstruction.quality`), also under
         ``measurements["quality"]``; lung figures they make meaningless are marked there (see
         :func:`~pipeline.reconstruction.quality.mark_unreliable`).
@@ -255,7 +258,7 @@ def reconstruct(
             )
         except ReconstructionError as exc:
             rec.errors[organ] = _error_text(exc)
-        organ_meas[organ] = measure.organ_measurements(m, volume.geometry, mesh=rec.meshes.get(organ))
+        organ_meas[organ] = timer.run("measure", measure.organ_measurements, m, volume.geometry, mesh=rec.meshes.get(organ))
     rec.measurements["organs"] = organ_meas
     quality = timer.run(
         "quality",
@@ -271,7 +274,7 @@ def reconstruct(
     rec.quality = quality
     rec.measurements["quality"] = quality.to_json()
     if any(o in organs for o in ("lung_left", "lung_right")):
-        lungs = measure.lung_measurements(np.asarray(volume.array), masks, volume.geometry)
+        lungs = timer.run("measure", measure.lung_measurements, np.asarray(volume.array), masks, volume.geometry)
         rec.measurements["lungs"] = mark_unreliable(lungs, quality)
     if nodule_findings:
         results = timer.run("nodules", segment_findings, volume, nodule_findings, lung_mask=_lungs(masks))
