@@ -25,8 +25,9 @@ post-processing still on) and "same job" (ctpipe on the whole volume with ``post
 precision: the detector's boxes in LPS and nothing more, the work MONAI's pipeline does), all timed in the same
 rounds. The float32 run is the lung crop.
 Each side is run once per round, interleaved; one warm-up round, then ``--repeats`` timed rounds (medians).
-On CUDA the model time is measured with CUDA events and end-to-end with a
-synchronize at the end. ``--quick``: a small phantom and, on a CPU, the demo model only.
+On CUDA both the model time and the end-to-end time are measured with CUDA events
+(:class:`~pipeline.devicetime.DeviceTimer`, the device synchronised before each call and at its end).
+``--quick``: a small phantom and, on a CPU, the demo model only.
 
     python scripts/bench_detect.py [--quick] [--device cpu|cuda] [--repeats 3] [--json out.json]
 """
@@ -39,7 +40,6 @@ import logging
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from pipeline.detection.model_config import ModelConfig
 from pipeline.detection.network import BUNDLE_ARCHITECTURE, build_network
 from pipeline.detection.preprocess import Window
 from pipeline.detection.reference import monai_detect, monai_detector
+from pipeline.devicetime import DeviceTimer
 
 PEER = (
     "MONAI bundle-style pipeline (Orientation → Spacing → ScaleIntensityRange → RetinaNetDetector → AffineBoxToWorldCoordinate)"
@@ -87,12 +88,13 @@ def _sync(device: str) -> None:
 
 
 def _timed(device: str, fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds for ``fn()`` end to end (the GPU synchronized before and after), and its result."""
+    """Seconds for ``fn()`` end to end, and its result: on CUDA the device is synchronised first, then
+    :class:`~pipeline.devicetime.DeviceTimer` times the call with CUDA events up to the end of the work it queued;
+    on a CPU the wall clock."""
     _sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return time.perf_counter() - t0, out
+    with DeviceTimer(device) as clock:
+        out = fn()
+    return clock.seconds, out
 
 
 def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, repeats: int) -> dict:
