@@ -79,19 +79,24 @@ def _spin(n: int) -> float:
     return time.perf_counter() - t
 
 
-def parallel_capacity(procs: int, n: int = 3_000_000) -> float:
-    """Speed-up this machine gives right now to ``procs`` CPU-bound processes over one (other users' load counts)."""
+def parallel_capacity(procs: int, n: int = 10_000_000, repeats: int = 5) -> float:
+    """Speed-up this machine gives right now to ``procs`` CPU-bound processes over one (other users' load counts):
+    ``procs`` x the median seconds of one spin alone ÷ the median seconds of ``procs`` spins at once, the two taking
+    turns ``repeats`` times (one sample of each swings with the other users' load, past the number of cores)."""
     import multiprocessing as mp
 
+    ones: list[float] = []
+    manys: list[float] = []
     with mp.get_context("spawn").Pool(procs) as pool:
         pool.map(_spin, [1000] * procs)  # start-up
-        t = time.perf_counter()
-        pool.map(_spin, [n])
-        one = time.perf_counter() - t
-        t = time.perf_counter()
-        pool.map(_spin, [n] * procs)
-        many = time.perf_counter() - t
-    return procs * one / many
+        for _ in range(repeats):
+            t = time.perf_counter()
+            pool.map(_spin, [n])
+            ones.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            pool.map(_spin, [n] * procs, chunksize=1)
+            manys.append(time.perf_counter() - t)
+    return procs * statistics.median(ones) / statistics.median(manys)
 
 
 def measure(run_dir: Path) -> dict:
@@ -197,7 +202,7 @@ def main() -> int:
         f"{args.workers} CPU workers, {args.threads or 'auto'} torch thread(s)/process, repeats {args.repeats} (medians)"
     )
     print(
-        f"parallel capacity now: {procs} CPU-bound processes run {capacity:.2f}x as fast as one "
+        f"parallel capacity now: {procs} CPU-bound processes run {capacity:.2f}x as fast as one (medians of 5) "
         f"(the most any pipelining can gain on this machine at this moment)"
     )
     print(f"peer  sequential (same stages, one case after another, workers=0): {seq:8.1f} cases/h steady state")
