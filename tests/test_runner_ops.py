@@ -296,6 +296,9 @@ def test_metrics_linger_after_the_run_for_a_last_scrape(tmp_path):
     assert time.monotonic() - started >= 2.0
     late = [text for t, text in seen if t >= 1.5]  # well after an empty run's own work
     assert late and "ctpipe_cases_processed_total" in late[-1]
+    # the final values a last scrape is for: the run's end time and exit status (0: an empty run ends well)
+    assert re.search(r"^ctpipe_run_exit_status\{[^}]*\} 0\.0$", late[-1], re.M), late[-1]
+    assert re.search(r"^ctpipe_run_end_time_seconds\{[^}]*\} [1-9]", late[-1], re.M)
 
 
 def test_a_log_line_an_earlier_run_left_cut_short_does_not_swallow_the_next_runs_first_line(tmp_path):

@@ -338,48 +338,59 @@ def _run(
             _quietly(summary, run_dir, "GPU samples", lambda: store.add_gpu_samples(run_id, sampler.drain()))
         # the run's time: the idle serving of metrics.linger_s below is not the run's work, nor its throughput's
         summary.elapsed_s = time.monotonic() - t0
-        if cfg.metrics.port and cfg.metrics.linger_s > 0 and status != "interrupted":
-            # the counters are final now: one more scrape takes them, else the run's last cases never reach Prometheus
-            log.info("serving the final metrics for %g s", cfg.metrics.linger_s, extra={"event": "metrics_linger"})
-            time.sleep(cfg.metrics.linger_s)
-        metrics.stop()
-        keys = {c.case_key for c in found.cases}
-        failed_rows = store.cases_with_status("failed")
-        # quarantined by this run (its latest attempt is this run's), or still from an earlier run and not retried
-        summary.quarantined = [
-            (r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys and r["run_id"] == run_id
-        ]
-        summary.still_quarantined = [
-            (r["case_id"], r["error_class"], r["reason"]) for r in failed_rows if r["case_key"] in keys and r["run_id"] != run_id
-        ]
-        summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
-        if (summary.stopped or signalled) and not summary.done:  # stopped before the engine could count: the store's own record
-            summary.done = sum(r["case_key"] in keys and r["run_id"] == run_id for r in store.cases_with_status("done"))
-        _quietly(
-            summary,
-            run_dir,
-            "the run's record",
-            lambda: store.end_run(
-                run_id,
-                ended_at=started_wall + summary.elapsed_s,  # the summary line's time, so the report's active time is it
-                status=status,
-                n_cases=summary.total,
-                n_done=summary.done,
-                n_failed=len(summary.quarantined),
-                n_skipped=summary.skipped,
-                n_failed_earlier=len(summary.still_quarantined),
-            ),
-        )
-        metrics.quarantined_at_end(len(summary.quarantined), len(summary.still_quarantined))
-        exit_status = EXIT_INTERRUPTED if signalled else summary.exit_code
-        metrics.run_ended(exit_status, ended_at=started_wall + summary.elapsed_s)  # the run's end, not the linger's
-        if cfg.metrics.textfile:
-            summary.metrics_file = _quietly(
-                summary, run_dir, "metrics.prom", lambda: metrics.write_textfile(run_dir / "metrics.prom")
+        final = False  # whether the final values below are all set
+        try:
+            keys = {c.case_key for c in found.cases}
+            failed_rows = store.cases_with_status("failed")
+            # quarantined by this run (its latest attempt is this run's), or still from an earlier run and not retried
+            summary.quarantined = [
+                (r["case_id"], r["error_class"], r["reason"])
+                for r in failed_rows
+                if r["case_key"] in keys and r["run_id"] == run_id
+            ]
+            summary.still_quarantined = [
+                (r["case_id"], r["error_class"], r["reason"])
+                for r in failed_rows
+                if r["case_key"] in keys and r["run_id"] != run_id
+            ]
+            summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
+            if (
+                summary.stopped or signalled
+            ) and not summary.done:  # stopped before the engine could count: the store's own record
+                summary.done = sum(r["case_key"] in keys and r["run_id"] == run_id for r in store.cases_with_status("done"))
+            _quietly(
+                summary,
+                run_dir,
+                "the run's record",
+                lambda: store.end_run(
+                    run_id,
+                    ended_at=started_wall + summary.elapsed_s,  # the summary line's time, so the report's active time is it
+                    status=status,
+                    n_cases=summary.total,
+                    n_done=summary.done,
+                    n_failed=len(summary.quarantined),
+                    n_skipped=summary.skipped,
+                    n_failed_earlier=len(summary.still_quarantined),
+                ),
             )
-        if node_file is not None:
-            warn_if_rewritten(node_file, since=started_wall, run_dir=run_dir)
-            _quietly(summary, run_dir, node_file.name, lambda: metrics.write_textfile(node_file))
+            metrics.quarantined_at_end(len(summary.quarantined), len(summary.still_quarantined))
+            exit_status = EXIT_INTERRUPTED if signalled else summary.exit_code
+            metrics.run_ended(exit_status, ended_at=started_wall + summary.elapsed_s)  # the run's end, not the linger's
+            if cfg.metrics.textfile:
+                summary.metrics_file = _quietly(
+                    summary, run_dir, "metrics.prom", lambda: metrics.write_textfile(run_dir / "metrics.prom")
+                )
+            if node_file is not None:
+                warn_if_rewritten(node_file, since=started_wall, run_dir=run_dir)
+                _quietly(summary, run_dir, node_file.name, lambda: metrics.write_textfile(node_file))
+            final = True
+        finally:
+            # served once the final values are set (counters, run end time, exit status): a last scrape takes them,
+            # else the run's last cases and its end never reach Prometheus
+            if final and cfg.metrics.port and cfg.metrics.linger_s > 0 and status != "interrupted":
+                log.info("serving the final metrics for %g s", cfg.metrics.linger_s, extra={"event": "metrics_linger"})
+                time.sleep(cfg.metrics.linger_s)
+            metrics.stop()
     if cfg.report.enabled:
         rep = _quietly(
             summary,
