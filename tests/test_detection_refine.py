@@ -220,3 +220,22 @@ def test_a_wide_nodule_on_a_fine_grid_is_refined_on_a_sampled_window(monkeypatch
     assert res.refined[0]
     assert np.linalg.norm(res.centers_lps[0] - centre) < 0.3
     assert abs(res.diameters_mm[0] - 32.0) < 1.5
+
+
+def test_a_findings_copy_has_its_own_timings_and_flags() -> None:
+    """Copies (``with_candidates``, ``select``) are new objects: timing or flagging one leaves the other as it was."""
+    f = Finding(
+        center_lps=(1.0, 2.0, 3.0),
+        box_min_lps=(0.0, 1.0, 2.0),
+        box_max_lps=(2.0, 3.0, 4.0),
+        diameter_mm=2.0,
+        score=0.7,
+        voxel_ijk=(1, 2, 3),
+        slice_number=4,
+    )
+    a = Findings([f], timings_ms={"model": 5.0}, flags={"thick_slices": "x"})
+    for b in (a.with_candidates([f]), a.select(0.5, "test")):
+        b.timings_ms["total"] = 9.0
+        b.flags["lossy_compressed"] = "y"
+        assert b.timings_ms == {"model": 5.0, "total": 9.0} and set(b.flags) == {"thick_slices", "lossy_compressed"}
+    assert a.timings_ms == {"model": 5.0} and a.flags == {"thick_slices": "x"}

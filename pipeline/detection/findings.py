@@ -256,20 +256,24 @@ class Findings:
     def with_candidates(self, candidates: list[Finding], *, keep_threshold: bool = False) -> Findings:
         """A copy holding ``candidates`` (in their order), every one reported: no threshold applied; with
         ``keep_threshold``, split again by this object's threshold if one was applied (:meth:`select`)."""
-        out = replace(self, findings=list(candidates), below_threshold=[], score_threshold=None, threshold_source=None)
+        out = self._copy(findings=list(candidates), below_threshold=[], score_threshold=None, threshold_source=None)
         if keep_threshold and self.threshold_source is not None:
             return out.select(self.score_threshold, self.threshold_source)
         return out
+
+    def _copy(self, **changes: Any) -> Findings:
+        """A copy with ``changes``; its dicts (``timings_ms``, ``flags``) are its own: timing or flagging the copy
+        leaves this object as it is."""
+        return replace(self, **{"timings_ms": dict(self.timings_ms), "flags": dict(self.flags), **changes})
 
     def select(self, threshold: float | None, source: str) -> Findings:
         """A copy reporting the candidates scoring at or above ``threshold`` (``None``: all of them), the
         rest kept in ``below_threshold``; ``source`` says where the threshold came from."""
         every = self.candidates
         if threshold is None:
-            return replace(self, findings=every, below_threshold=[], score_threshold=None, threshold_source=source)
+            return self._copy(findings=every, below_threshold=[], score_threshold=None, threshold_source=source)
         t = float(threshold)
-        return replace(
-            self,
+        return self._copy(
             findings=[f for f in every if f.score >= t],
             below_threshold=[f for f in every if f.score < t],
             score_threshold=t,
