@@ -123,3 +123,64 @@ def test_the_run_status_of_many_folders_tells_only_what_did_not_complete(tmp_pat
     assert text.endswith("the latest run of each other folder (3) completed") and "(completed)" not in text
     every, _ = summarize(nights)
     assert every["status"]["text"] == "the latest run of every folder (3) completed"
+
+
+def _night(run_dir: Path, run_id: str, day: int, cases: dict[str, str]) -> Path:
+    """A nightly run folder (its own run ``run_id``, 10 minutes on day ``day`` after T0) whose cases (case id, which is
+    also its SeriesInstanceUID, -> ``done`` or ``failed``) ran in it."""
+    store = RunStore(run_dir)
+    _start(store, run_id, pid=_dead_pid())
+    for cid, outcome in cases.items():
+        if outcome == "done":
+            _done(store, cid, run_id)
+        else:
+            _begin(store, cid, run_id, {"ingest": "failed"})
+            store.fail_case(f"{cid}:fp", reason="no pixel data in 3 files", error_class="IngestError", stage="ingest")
+    n_done = sum(v == "done" for v in cases.values())
+    store.end_run(run_id, status="completed", n_cases=len(cases), n_done=n_done, n_failed=len(cases) - n_done, n_skipped=0)
+    store.close()
+    start = T0 + day * 86400
+    _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ?", (start, start + 600))
+    _clock(run_dir, "UPDATE cases SET started_at = ?, ended_at = ?", (start + 1, start + 300))
+    return run_dir
+
+
+def test_a_series_quarantined_one_night_and_done_the_next_counts_once_as_done(tmp_path):
+    night1 = _night(tmp_path / "2027-01-15", "r1", 0, {"a": "done", "b": "failed"})
+    night2 = _night(tmp_path / "2027-01-16", "r2", 1, {"b": "done", "c": "done"})
+    rep = build_report([night1, night2], tmp_path / "rep")
+    s = rep.summary
+    assert s["cases"] == {"total": 3, "done": 3, "failed": 0, "unfinished": 0, "interrupted": 0}  # a, b, c: not 4
+    assert s["failures_by_reason"] == {} and s["failed_cases"] == []
+    assert s["throughput"]["per_day_utc"] == {"2027-01-15": 1, "2027-01-16": 2}
+    runs = {r["run_id"]: r for r in s["runs_table"]}
+    assert (runs["r1"]["n_done"], runs["r1"]["n_failed"], runs["r2"]["n_done"]) == (1, 0, 2)
+    earlier = s["earlier_attempts"]
+    assert [(e["case_id"], e["status"], e["error_class"], e["run_dir"], e["counted_in"]) for e in earlier] == [
+        ("b", "failed", "IngestError", str(night1.resolve()), str(night2.resolve()))
+    ]
+    assert [(r["case_id"], r["status"]) for r in read_table(rep.out_dir / "earlier_attempts.csv").rows] == [("b", "failed")]
+    assert sorted((r["case_id"], r["status"]) for r in read_table(rep.out_dir / "cases.csv").rows) == [
+        ("a", "done"),
+        ("b", "done"),
+        ("c", "done"),
+    ]
+    page = rep.html.read_text()
+    assert "Series tried in several run folders, counted once" in page and "no pixel data in 3 files" in page
+
+
+def test_a_series_quarantined_two_nights_running_counts_once_as_failed_in_the_latest(tmp_path):
+    night1 = _night(tmp_path / "n1", "r1", 0, {"b": "failed"})
+    night2 = _night(tmp_path / "n2", "r2", 1, {"b": "failed"})
+    s, _ = summarize([night2, night1])  # folders in any order: the latest attempt is the one counted
+    assert s["cases"]["total"] == s["cases"]["failed"] == 1
+    assert [f["run_dir"] for f in s["failed_cases"]] == [str(night2.resolve())]
+    assert [(e["run_dir"], e["status"]) for e in s["earlier_attempts"]] == [(str(night1.resolve()), "failed")]
+
+
+def test_a_series_completed_in_two_folders_was_processed_twice(tmp_path):
+    night1 = _night(tmp_path / "n1", "r1", 0, {"a": "done"})
+    night2 = _night(tmp_path / "n2", "r2", 1, {"a": "done"})  # processed again (e.g. with another configuration)
+    s, _ = summarize([night1, night2])
+    assert s["cases"]["done"] == 2 and s["earlier_attempts"] == []
+    assert s["throughput"]["per_day_utc"] == {"2027-01-15": 1, "2027-01-16": 1}

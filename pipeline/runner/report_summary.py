@@ -32,6 +32,11 @@ is a case it left ``running`` (:func:`.tables.run_status`). A run found in sever
 the folders (a run folder copied or synced elsewhere and named beside the original)
 counts once, with its cases (:func:`.tables.drop_copies`); ``copied_runs`` lists the copies.
 
+A series found in several folders (nightly runs, each into a folder of its own, meet a series quarantined one
+night and completed the next) counts once: its attempts that did not complete are not counted where it completed,
+or was tried later, in another folder (:func:`.tables.drop_earlier_attempts`); ``earlier_attempts`` lists them (the
+failure of the first night, with its reason); their runs' time is still active time. Each completion counts.
+
 The per-GPU figures and the comparison with the reference deployment appear only when a run recorded a
 GPU device; without one the capacity model speaks of model workers.
 """
@@ -50,7 +55,16 @@ import numpy as np
 
 from .capacity import estimate, stage_overlap
 from .report_days import per_local_day
-from .tables import case_status, drop_copies, finishing_run, process_alive, read_tables, run_status, utc_text
+from .tables import (
+    case_status,
+    drop_copies,
+    drop_earlier_attempts,
+    finishing_run,
+    process_alive,
+    read_tables,
+    run_status,
+    utc_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -361,6 +375,16 @@ def summarize(
             c["kept_in"],
             extra={"event": "report_copied_run"},
         )
+    t, earlier = drop_earlier_attempts(t)  # a series quarantined one night, done the next: once
+    if earlier:
+        log.info(
+            "%d earlier attempt(s) of series counted in another run folder (e.g. %s of %s, counted in %s)",
+            len(earlier),
+            earlier[0]["case_id"],
+            earlier[0]["run_dir"],
+            earlier[0]["counted_in"],
+            extra={"event": "report_earlier_attempts"},
+        )
     runs, cases, stages = t["runs"], t["cases"], t["stages"]
     done = cases[cases.status == "done"].copy()
     failed = cases[cases.status == "failed"].copy()
@@ -426,6 +450,7 @@ def summarize(
         },
         "status": state,
         "copied_runs": copies,
+        "earlier_attempts": earlier,
         "runs_table": _runs_table(runs, cases, finishing_run(cases, stages), durations),
         "active_hours": active_s / 3600.0,
         "overlap": stage_overlap(stages, active_s),

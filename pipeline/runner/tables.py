@@ -17,7 +17,7 @@ import os
 import socket
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .store import open_readonly
 
@@ -300,3 +300,70 @@ def _rows(df: pd.DataFrame, keep: list[bool]) -> pd.DataFrame:
     import pandas as pd
 
     return df[pd.Series(keep, index=df.index, dtype=bool)]
+
+
+def series_identity(cases: pd.DataFrame) -> pd.Series:
+    """Each case's series (index of ``cases``): its SeriesInstanceUID (with the part of a split series), else, for a
+    case without one (a worklist row whose files were missing), its ``case_key``."""
+    import pandas as pd
+
+    ids = [u if isinstance(u, str) and u else str(k) for u, k in zip(cases.series_uid, cases.case_key)]
+    return pd.Series(ids, index=cases.index, dtype=object)
+
+
+def drop_earlier_attempts(t: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[dict[str, Any]]]:
+    """The combined tables of several run folders (after :func:`drop_copies`) with each series' unfinished attempts
+    counted once.
+
+    Nightly runs into a new folder each (``ctpipe run SOURCE --out RUNS/<date>``) meet the same series again: one
+    quarantined one night is retried and completed the next, in another folder. Of the case rows of one series
+    (:func:`series_identity`) in several folders, the row counted is its latest completed one, else its latest one (by
+    end, else start time); a row that is not completed (quarantined, interrupted, unfinished) in another folder is
+    dropped, with its findings, measurements and quality flags; its run and stage attempts stay (the time was spent).
+    Completed rows all stay: a series processed again into another folder (a rerun with another configuration) was
+    processed twice. Returns the tables and one entry per dropped row (``case_id``, ``series_uid``, ``run_dir``,
+    ``run_id``, ``status``, ``error_class``, ``reason``, ``ended_utc``: ISO 8601 UTC, and ``counted_in`` /
+    ``counted_status``: the folder and outcome of the row counted), oldest first.
+    """
+    cases = t["cases"]
+    if not len(cases) or cases.run_dir.nunique() < 2:
+        return t, []
+    ident = series_identity(cases)
+    when = cases.ended_at.fillna(cases.started_at).fillna(cases.discovered_at).fillna(0.0)
+    rank = cases.assign(_id=ident, _done=(cases.status == "done").astype(int), _when=when.astype(float))
+    best = rank.sort_values(["_done", "_when"], kind="stable").groupby("_id").tail(1)
+    counted = {i: (str(d), str(s)) for i, d, s in zip(best._id, best.run_dir, best.status)}
+    keep = [st == "done" or counted[i][0] == str(d) for i, d, st in zip(ident, cases.run_dir, cases.status)]
+    if all(keep):
+        return t, []
+    ended = utc_text(cases.ended_at.fillna(cases.started_at))
+    dropped = [
+        (
+            (float(w), str(r.case_id)),
+            {
+                "case_id": str(r.case_id),
+                "series_uid": r.series_uid if isinstance(r.series_uid, str) else None,
+                "run_dir": str(r.run_dir),
+                "run_id": r.run_id if isinstance(r.run_id, str) else None,
+                "status": str(r.status),
+                "error_class": r.error_class if isinstance(r.error_class, str) else None,
+                "reason": r.reason if isinstance(r.reason, str) else None,
+                "ended_utc": ended[r.Index],
+                "counted_in": counted[i][0],
+                "counted_status": counted[i][1],
+            },
+        )
+        for r, i, k, w in zip(cases.itertuples(), ident, keep, when)
+        if not k
+    ]
+    earlier = [e for _, e in sorted(dropped, key=lambda x: x[0])]
+    kept_cases = _rows(cases, keep)
+    kept_pairs = set(zip(kept_cases.run_dir.astype(str), kept_cases.case_key.astype(str)))
+
+    def kept_case(df: pd.DataFrame) -> pd.DataFrame:
+        return _rows(df, [(str(d), str(k)) in kept_pairs for d, k in zip(df.run_dir, df.case_key)])
+
+    out = {**t, "cases": kept_cases}
+    for name in ("findings", "measurements", "quality"):
+        out[name] = kept_case(t[name])
+    return out, earlier
