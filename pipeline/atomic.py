@@ -152,18 +152,24 @@ def check_out_outside_sources(
 ) -> None:
     """:class:`~pipeline.errors.ConfigError` when the output folder ``out`` (``--out``) is one of the source folders
     or lies inside one (checked before anything is written): every later ``later`` of that source would scan the
-    command's own files as input. ``sources`` that are files (a DICOM file, a worklist CSV, a NIfTI image) are not
-    source folders. The fix suggests ``<source's parent>/<beside>/<out's name>`` (``<beside>`` alone when ``out``
-    is named so). Paths are file-system paths, compared after resolving links."""
+    command's own files as input. The folder that holds a source DICOM file counts as a source folder too: it holds
+    DICOM files that a later scan of the folder reads, with the command's outputs among them. A worklist CSV's folder
+    is not one (it holds worklists, not images), nor a NIfTI/MHA/NRRD image's. The fix suggests
+    ``<source folder's parent>/<beside>/<out's name>`` (``<beside>`` alone when ``out`` is named so). Paths are
+    file-system paths, compared after resolving links."""
     from .errors import ConfigError
+    from .ingest.image import starts_like_dicom
 
     target = Path(os.path.realpath(out))
     for src in sources:
-        folder = Path(os.path.realpath(src))
+        path = Path(os.path.realpath(src))
+        folder = path.parent if path.is_file() and starts_like_dicom(path) else path
         if folder.is_dir() and (target == folder or folder in target.parents):
             example = folder.parent / beside if target.name == beside else folder.parent / beside / target.name
+            shown = src if folder == path else Path(src).parent
+            inside = f"the source folder {src}" if folder == path else f"{shown}, the folder of the source file {src}"
             raise ConfigError(
-                f"--out is inside the source folder {src}: every later {later} of {src} would read {reads_back}",
+                f"--out is inside {inside}: every later {later} of {shown} would read {reads_back}",
                 where=Path(out),
-                fix=f"give --out a folder outside {src}, e.g. {example}",
+                fix=f"give --out a folder outside {shown}, e.g. {example}",
             )

@@ -216,6 +216,25 @@ def test_an_output_folder_inside_the_dicom_source_is_refused_by_every_command(tm
     assert sorted(p.name for p in src.iterdir()) == [f"IM{n:03d}" for n in range(len(files))]  # nothing made there
 
 
+@pytest.mark.parametrize(
+    ("command", "beside"), [("ingest", "cache"), ("detect", "findings"), ("reconstruct", "recon"), ("run", "runs")]
+)
+def test_an_output_folder_beside_a_single_dicom_source_file_is_refused_by_every_command(tmp_path, capsys, command, beside):
+    # was: accepted (only source folders were checked), and every later ingest or run of the file's folder read the
+    # command's own outputs back as input
+    src = tmp_path / "incoming"
+    src.mkdir()
+    files = sorted(f for f in (SAMPLE / "dicom").rglob("*") if f.is_file())
+    for n, f in enumerate(files):
+        (src / f"IM{n:03d}").write_bytes(f.read_bytes())
+    one = src / "IM000"
+    for out in (src / beside, src):
+        rc, err = _err(capsys, command, str(one), "--out", str(out))
+        assert rc == 1 and f"{out}: --out is inside {src}, the folder of the source file {one}: every later " in err, err
+        assert f"Fix: give --out a folder outside {src}, e.g. {tmp_path / beside}" in err
+    assert sorted(p.name for p in src.iterdir()) == [f"IM{n:03d}" for n in range(len(files))]  # nothing made there
+
+
 def test_a_source_file_that_is_neither_dicom_nor_a_worklist_csv_is_refused(tmp_path, capsys):
     # was: exit 0, "no CT series found in worklist.xlsx: nothing to do", and a run folder with an empty report
     import numpy as np

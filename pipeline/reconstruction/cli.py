@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     # every input is checked before any work, so a mistake leaves no half-written --out folder
     # auto, gpu: the torch device they stand for ("cuda" or "cpu"), as ctpipe run's --device reads them
     device = resolve_device(args.device, where="--device") if args.device is not None else None
+    check_out_outside_sources([args.src], args.out, beside="recon")  # else the next scan reads the SEG, SR back
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
         check_formats(formats)
@@ -115,7 +116,6 @@ def run(args: argparse.Namespace) -> int:
     volume, stem = read_source(args.src, series_uid=args.series_uid)
     if reported is not None:  # findings of another scan are refused before --out is made
         findings_of_series(reported, volume.series_uid)
-    check_out_outside_sources([args.src], args.out, beside="recon")  # else the next scan reads the SEG, SR back
     ensure_dir(args.out)
     rec = reconstruct(
         volume,
