@@ -38,7 +38,10 @@ notebooks) open it with :func:`open_readonly` and see committed state only, than
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sqlite3
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -220,19 +223,69 @@ def not_a_run(run_dir: str | Path) -> RunStoreError:
 
 
 def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
-    """A read-only connection to a run store (safe while a run is writing)."""
+    """A read-only connection to a run store (safe while a run is writing), also in a folder this process cannot
+    write (nightly folders of another user, an archive on a read-only share; see :func:`_unwritable_folder_store`)."""
     path = db_path(run_dir)
     if not path.is_file():
         raise not_a_run(run_dir)
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
-        db.row_factory = sqlite3.Row
-        db.execute("SELECT 1 FROM cases LIMIT 1")
+        try:
+            db = _checked(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0))
+        except sqlite3.OperationalError:
+            if os.access(path.parent, os.W_OK):
+                raise
+            db = _unwritable_folder_store(path)
     except sqlite3.DatabaseError as exc:
         raise RunStoreError(
             f"the run database is unreadable ({exc})", where=path, fix="check that it is a ctpipe run store"
         ) from exc
     return db
+
+
+def _checked(db: sqlite3.Connection) -> sqlite3.Connection:
+    """``db``, its rows as :class:`sqlite3.Row`, once it has read the ``cases`` table (closed if it cannot)."""
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute("SELECT 1 FROM cases LIMIT 1")
+    except sqlite3.DatabaseError:
+        db.close()
+        raise
+    return db
+
+
+class _Snapshot(sqlite3.Connection):
+    """A connection to a private copy of a run store (:func:`_unwritable_folder_store`), removed when closed."""
+
+    folder: Path | None = None
+
+    def close(self) -> None:
+        super().close()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def _unwritable_folder_store(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the store ``path`` in a folder this process cannot write, where SQLite cannot make
+    the shared-memory file (``-shm``) a reader of a WAL store needs beside it. Without a write-ahead log (``-wal``:
+    a run ended and closed its store), the file is read as it is (SQLite's ``immutable``); with one (a run killed
+    before SQLite moved its log into the file, the folder copied as it was), the file and its log are copied to a
+    private temporary folder and read there, so that what the log holds is read too."""
+    wal = path.with_name(path.name + "-wal")
+    if not wal.is_file() or wal.stat().st_size == 0:
+        log.debug("%s: its folder cannot be written; read as it is", path)
+        return _checked(sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, timeout=30.0))
+    folder = Path(tempfile.mkdtemp(prefix="ctpipe-store-"))
+    try:
+        for src in (path, wal):
+            shutil.copyfile(src, folder / src.name)
+        db = sqlite3.connect(str(folder / path.name), timeout=30.0, factory=_Snapshot)
+    except (OSError, sqlite3.Error):
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    db.folder = folder
+    log.debug("%s: its folder cannot be written; its log read from a copy in %s", path, folder)
+    return _checked(db)
 
 
 def remote_series(run_dir: str | Path, series_uids: Iterable[str]) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,92 @@
+"""Run folders a manager may read but not write (nightly folders owned by the job's user, an archive on a read-only
+share): ``ctpipe report`` and ``open_run`` read them as they are, without writing beside the run store."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.runner import open_run
+from pipeline.runner.report import summarize
+from pipeline.runner.store import RunStore, db_path
+from tests._support.runner import can_mount, small_tmpfs
+from tests.test_runner_report_tables import T0, _dead_pid, _done, _start
+
+
+def _night(run_dir: Path) -> None:
+    """A completed nightly run (r1) that finished cases a and b."""
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    _done(store, "a", "r1", findings=1)
+    _done(store, "b", "r1")
+    store.end_run("r1", status="completed", n_cases=2, n_done=2, n_failed=0, n_skipped=0)
+    store.db.execute("UPDATE runs SET started_at = ?, ended_at = ?", (T0, T0 + 600))
+    store.db.commit()
+    store.close()
+
+
+@contextmanager
+def _read_only(tmp_path: Path, fill) -> Iterator[Path]:
+    """A folder filled by ``fill`` (writable then), then made read-only: a tmpfs remounted read-only for root
+    (whom permissions do not stop), else the folder's write permission taken away."""
+    folder = tmp_path / "archive"
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        why = can_mount()
+        if why:
+            pytest.skip(f"root ignores permissions and {why}")
+        with small_tmpfs(folder, 4096):
+            fill(folder)
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+            yield folder
+    else:
+        folder.mkdir()
+        fill(folder)
+        for d in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+            d.chmod(0o555)
+        try:
+            yield folder
+        finally:
+            for d in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+                d.chmod(0o755)
+
+
+def test_a_report_over_a_run_folder_that_cannot_be_written(tmp_path, capsys):
+    # was: "runs.sqlite: the run database is unreadable (unable to open database file)": SQLite could not make the
+    # shared-memory file a WAL store's reader needs beside it
+    with _read_only(tmp_path, lambda f: _night(f / "night1")) as archive:
+        night = archive / "night1"
+        assert not os.access(night, os.W_OK)
+        summary, _ = summarize([night])
+        assert summary["cases"]["done"] == 2
+        assert main(["report", str(night), "--out", str(tmp_path / "rep")]) == 0, capsys.readouterr().err
+        assert (tmp_path / "rep" / "report.html").is_file()
+        assert len(open_run(night).cases) == 2
+        assert sorted(p.name for p in night.iterdir()) == ["runs.sqlite"]  # nothing written beside it
+
+
+def test_a_read_only_copy_of_a_killed_runs_folder_shows_what_its_log_holds(tmp_path):
+    # a run killed before SQLite moved its log into the database: the folder copied as it was, log and all
+    def killed(folder: Path) -> None:
+        src = tmp_path / "live"
+        _night(src)
+        store = RunStore(src)  # a writer that is killed: its log is left beside the database
+        _start(store, "r2", pid=_dead_pid())
+        _done(store, "c", "r2")
+        (folder / "night1").mkdir()
+        for name in ("runs.sqlite", "runs.sqlite-wal"):
+            shutil.copyfile(db_path(src).with_name(name), folder / "night1" / name)
+        store.close()
+
+    with _read_only(tmp_path, killed) as archive:
+        night = archive / "night1"
+        assert (night / "runs.sqlite-wal").stat().st_size > 0
+        summary, _ = summarize([night])
+        assert summary["cases"]["done"] == 3 and summary["runs"] == 2
+        assert sorted(p.name for p in night.iterdir()) == ["runs.sqlite", "runs.sqlite-wal"]
