@@ -169,6 +169,15 @@ SCHEMA: dict[str, dict[str, Option]] = {
             hi=604800.0,
         ),
         "retry_failed": Option(False, "bool", "", "re-attempt cases quarantined by an earlier run of the same folder"),
+        "stable_age_s": Option(
+            0.0,
+            "float",
+            "s",
+            "a series whose newest file changed less than this long ago is still being written (an archive or PACS "
+            "exporting into the source folder): left for the next run, listed as a skipped series; 0 = take every series",
+            lo=0.0,
+            hi=86400.0,
+        ),
         "keep_cache": Option(False, "bool", "", "keep each case's cached HU array after the case completes"),
         "torch_threads": Option(0, "int", "threads", "torch threads per worker; 0 = cores / processes", lo=0, hi=256),
         "start_method": Option("forkserver", "choice", "", "how worker processes start", choices=("forkserver", "spawn", "fork")),

@@ -10,6 +10,10 @@ geometry) become cases that are quarantined at once with their reason;
 series not chosen by the selection rules (localizers, too few slices, not CT)
 are listed with why, but are not cases; so are the files the scan skipped (not
 DICOM, unreadable, cut short, link loops, ...), each with its path and reason.
+With ``runner.stable_age_s``, a series whose newest file changed less than that
+long ago is still being written (a PACS exporting into the source folder during
+the run): it is listed as not selected, with why, and the next run takes it
+(:func:`still_written`), instead of being processed half-written.
 
 A worklist CSV has a ``path`` column (a folder or file; relative paths are
 resolved against ``runner.worklist_root`` or the CSV's folder) and optional
@@ -23,6 +27,7 @@ import csv
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +41,9 @@ from .fingerprint import fingerprint_series
 from .stage import CaseSpec
 
 log = logging.getLogger(__name__)
+
+#: How the reason of a series left for the next run because it is still being written begins (:func:`still_written`).
+STILL_WRITTEN = "still being written"
 
 
 @dataclass
@@ -110,11 +118,16 @@ def _scan(
             log.info("skipped file %s: %s", f.path, f.reason, extra={"event": "skipped_file"})
     errors = {r.series.key: r.error for r in scan.rejected}
     cases: list[CaseSpec] = []
+    now = time.time()
     for s in scan.series:
         src = source or os.path.commonpath([str(f.parent) for f in s.files]) if s.files else str(paths[0])
         if series_uid is not None and series_uid not in (s.key, s.uid):
             continue
-        if s.key in errors:
+        writing = still_written(s.files, cfg.runner.stable_age_s, now=now)
+        if writing is not None:  # before its verdict: a file being written reads as cut short
+            out.not_selected.append({"series": s.key, "source": src, "why": writing})
+            log.info("series %s in %s left for the next run: %s", s.key, src, writing, extra={"event": "not_selected"})
+        elif s.key in errors:
             cases.append(_case(s, src, case_id, errors[s.key]))
         elif s.selected or (series_uid is not None and s.modality == "CT"):
             cases.append(_case(s, src, case_id))
@@ -122,6 +135,30 @@ def _scan(
             out.not_selected.append({"series": s.key, "source": src, "why": s.why_not})
             log.info("series %s in %s not selected: %s", s.key, src, s.why_not, extra={"event": "not_selected"})
     return cases
+
+
+def still_written(files: Sequence[str | os.PathLike[str]], stable_age_s: float, *, now: float) -> str | None:
+    """Why a series of ``files`` is still being written (its newest file changed less than ``stable_age_s`` seconds
+    before ``now``, Unix s; by its modification time, or more than that ahead of ``now``: the writer's clock), or None
+    when it is not, or ``stable_age_s`` is 0 (``runner.stable_age_s``). A file gone since the scan counts as a change."""
+    if stable_age_s <= 0 or not files:
+        return None
+    newest, changed = None, -float("inf")
+    for f in files:
+        try:
+            mtime = os.stat(f).st_mtime
+        except OSError:  # removed or replaced since the scan: the writer is at work
+            newest, changed = f, now
+            break
+        if mtime > changed:
+            newest, changed = f, mtime
+    age = now - changed
+    if abs(age) >= stable_age_s:
+        return None
+    return (
+        f"{STILL_WRITTEN}: its newest file {newest} changed {max(age, 0.0):.0f} s ago, less than runner.stable_age_s "
+        f"= {stable_age_s:g} s ago; the next run takes it"
+    )
 
 
 def read_worklist(path: Path, cfg: Config) -> list[dict[str, str]]:

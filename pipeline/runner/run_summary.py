@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ingest.image import image_suffix
+from .discover import STILL_WRITTEN
 
 EXIT_OK = 0
 EXIT_FATAL = 1
@@ -80,7 +81,11 @@ class RunSummary:
             out.append(f"run stopped: {self.fatal}")
         elif not self.total and not self.stopped:
             where = ", ".join(self.sources) or "the sources"
-            out.append(f"no CT series found in {where}: nothing to do")
+            writing = sum(str(n.get("why", "")).startswith(STILL_WRITTEN) for n in self.not_selected)
+            if writing:
+                out.append(f"no CT series ready in {where}: {writing} series {STILL_WRITTEN}, left for the next run")
+            else:
+                out.append(f"no CT series found in {where}: nothing to do")
             images = [f["path"] for f in self.skipped_files if image_suffix(f["path"])]
             if images:
                 out.append(
