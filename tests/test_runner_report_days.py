@@ -58,3 +58,34 @@ def test_an_unknown_time_zone_is_refused_with_its_name(capsys, tmp_path):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "'Europe/Berlni' is not known" in err and "IANA time zone name" in err
     assert not (tmp_path / "rep").exists()  # refused before anything is written
+
+
+def test_each_local_day_names_its_own_offset_across_a_daylight_saving_change(tmp_path):
+    # was: every row said "Europe/Berlin, UTC+02:00" (the offset at the latest run's end), winter days too
+    import datetime as dt
+
+    def at(text: str) -> float:
+        return dt.datetime.fromisoformat(text).timestamp()
+
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    ends = {"a": "2027-03-27T12:00:00+00:00", "b": "2027-03-28T12:00:00+00:00", "c": "2027-03-29T21:59:00+00:00"}
+    for cid in ends:
+        _done(store, cid, "r1")
+    store.end_run("r1", status="completed", n_cases=3, n_done=3, n_failed=0, n_skipped=0)
+    store.close()
+    _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ?", (at("2027-03-27T11:00:00+00:00"), at(ends["c"]) + 30))
+    for cid, end in ends.items():
+        _clock(run_dir, "UPDATE cases SET ended_at = ? WHERE case_id = ?", (at(end), cid))
+    rep = build_report([run_dir], tmp_path / "rep", timezone="Europe/Berlin")  # clocks go forward 2027-03-28 02:00
+    tp = rep.summary["throughput"]
+    assert tp["per_day_local"] == {"2027-03-27": 1, "2027-03-28": 1, "2027-03-29": 1}  # c: 23:59 CEST on the 29th
+    assert tp["timezone"] == "Europe/Berlin, UTC+01:00 then UTC+02:00"
+    rows = read_table(rep.out_dir / "throughput_daily_local.csv").rows
+    assert [(r["day_local"], r["timezone"]) for r in rows] == [
+        ("2027-03-27", "Europe/Berlin, UTC+01:00"),
+        ("2027-03-28", "Europe/Berlin, UTC+01:00 then UTC+02:00"),
+        ("2027-03-29", "Europe/Berlin, UTC+02:00"),
+    ]
+    assert "<th>day (Europe/Berlin, UTC+01:00 then UTC+02:00)</th>" in rep.html.read_text()

@@ -17,7 +17,7 @@ The CSV files are UTF-8 with a byte-order mark (Excel reads them as UTF-8), thei
 times ISO 8601 UTC (``2026-12-04T10:15:03Z``, columns named ``..._utc``), their
 column names carry the unit (``p50_s``: seconds). Completed cases per day are given per UTC day
 (``throughput_daily.csv``) and per local day of a named time zone (``throughput_daily_local.csv``, whose
-``timezone`` column names it).
+``timezone`` column names it with that day's UTC offset, both on the day of a daylight-saving change).
 """
 
 from __future__ import annotations
@@ -315,7 +315,10 @@ def build_report(
         "latency_by_node.csv": _node_latency_table(summary["latency_by_node_s"]),
         "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
         "throughput_daily_local.csv": pd.DataFrame(
-            [(day, summary["throughput"]["timezone"], n) for day, n in summary["throughput"]["per_day_local"].items()],
+            [
+                (day, summary["throughput"]["timezone_by_day_local"].get(day, summary["throughput"]["timezone"]), n)
+                for day, n in summary["throughput"]["per_day_local"].items()
+            ],
             columns=["day_local", "timezone", "cases"],
         ),
         "throughput_hourly.csv": pd.DataFrame(

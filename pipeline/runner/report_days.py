@@ -4,7 +4,8 @@ The run store keeps Unix seconds and the report's CSV times are UTC; a hospital 
 midnight. :func:`report_zone` names the zone the report's local days are in (an IANA name such as
 ``Europe/Berlin``, by default this machine's local time: ``$TZ``, else ``/etc/localtime``), and
 :func:`cases_per_local_day` counts completed cases by the local day they ended on, listing with 0 a local day
-during which a run was active without completing a case.
+during which a run was active without completing a case. Each local day is named with its UTC offset, both on the
+day of a daylight-saving change (:func:`days_label`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["cases_per_local_day", "per_local_day", "report_zone", "zone_label"]
+__all__ = ["cases_per_local_day", "day_offsets", "days_label", "per_local_day", "report_zone", "zone_label"]
 
 
 def _machine_zone_name() -> str | None:
@@ -63,8 +64,34 @@ def _libc_zone() -> tuple[dt.tzinfo, str]:
 
 def zone_label(zone: dt.tzinfo, name: str, at: float) -> str:
     """``name`` with its UTC offset at Unix time ``at`` (s): ``Asia/Tokyo, UTC+09:00``."""
-    offset = dt.datetime.fromtimestamp(at, zone).strftime("%z")
-    return f"{name}, UTC{offset[:3]}:{offset[3:]}" if offset else name
+    offset = _offset(dt.datetime.fromtimestamp(at, zone))
+    return f"{name}, {offset}" if offset else name
+
+
+def _offset(when: dt.datetime) -> str:
+    """The UTC offset of the aware ``when`` as ``UTC+01:00`` ("" where the zone gives none)."""
+    text = when.strftime("%z")
+    return f"UTC{text[:3]}:{text[3:]}" if text else ""
+
+
+def day_offsets(day: str, zone: dt.tzinfo) -> list[str]:
+    """The UTC offsets the local calendar day ``day`` (``YYYY-MM-DD`` in ``zone``) begins and ends with, in order, the
+    same one once (``["UTC+01:00", "UTC+02:00"]`` on the day the clocks go forward)."""
+    d = dt.date.fromisoformat(day)
+    start = dt.datetime(d.year, d.month, d.day, tzinfo=zone)
+    end = dt.datetime(d.year, d.month, d.day, 23, 59, 59, tzinfo=zone)
+    return list(dict.fromkeys(o for o in (_offset(start), _offset(end)) if o))
+
+
+def days_label(days: Sequence[str], zone: dt.tzinfo, name: str) -> str:
+    """``name`` with the UTC offsets the local ``days`` (in order) are in: ``Europe/Berlin, UTC+01:00`` for days of
+    one offset, ``Europe/Berlin, UTC+01:00 then UTC+02:00`` over a daylight-saving change."""
+    offsets: list[str] = []
+    for day in days:
+        for o in day_offsets(day, zone):
+            if not offsets or offsets[-1] != o:
+                offsets.append(o)
+    return f"{name}, {' then '.join(offsets)}" if offsets else name
 
 
 def cases_per_local_day(ended_s: Sequence[float], intervals: Sequence[tuple[float, float]], zone: dt.tzinfo) -> dict[str, int]:
@@ -90,10 +117,14 @@ def cases_per_local_day(ended_s: Sequence[float], intervals: Sequence[tuple[floa
 
 def per_local_day(done: Any, intervals: Sequence[tuple[float, float]], timezone: str | None) -> dict[str, Any]:
     """The report's ``throughput`` entries for local days: ``per_day_local`` (:func:`cases_per_local_day` of the
-    completed cases ``done``) and ``timezone`` (:func:`zone_label`, the offset as of the latest run's end)."""
+    completed cases ``done``), ``timezone`` (the zone and the UTC offsets of those days, :func:`days_label`; without
+    days, the offset as of the latest run's end) and ``timezone_by_day_local`` (each day's own, with both offsets on
+    the day of a daylight-saving change)."""
     zone, name = report_zone(timezone)
+    per_day = cases_per_local_day(list(done.ended_at), intervals, zone)
     latest = max((e for _, e in intervals), default=time.time())
     return {
-        "per_day_local": cases_per_local_day(list(done.ended_at), intervals, zone),
-        "timezone": zone_label(zone, name, latest),
+        "per_day_local": per_day,
+        "timezone": days_label(list(per_day), zone, name) if per_day else zone_label(zone, name, latest),
+        "timezone_by_day_local": {day: days_label([day], zone, name) for day in per_day},
     }
