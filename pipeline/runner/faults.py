@@ -178,6 +178,7 @@ def check_writable(run_dir: Path) -> None:
             fh.write(b"ctpipe")
             fh.flush()
             os.fsync(fh.fileno())
-        probe.unlink()
+        # a run holding the folder removes the probes of killed runs at its start: this one's too, when two start at once
+        probe.unlink(missing_ok=True)
     except OSError as exc:  # named by the run folder asked for (the folder that refused may be one of its parents)
         raise EnvironmentFailure(exc.errno or errno.EIO, str(run_dir)).error() from exc
