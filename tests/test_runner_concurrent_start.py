@@ -38,3 +38,31 @@ def test_a_second_run_started_at_the_same_moment_is_refused_as_such(tmp_path, ca
     err = capsys.readouterr().err
     assert rc == 1 and f"another ctpipe run (pid {os.getpid()}) is using this folder" in err, err
     assert "cannot write" not in err
+
+
+def test_the_refusal_names_the_pid_the_holder_writes_a_moment_after_it_locks(tmp_path):
+    # was: "another ctpipe run is using this folder", no pid, when the second run looked between the first's lock and
+    # its writing its pid into the lock file (two cron jobs starting at once)
+    import fcntl
+    import threading
+
+    import pytest
+
+    from pipeline.errors import RunStoreError
+
+    tmp_path.mkdir(exist_ok=True)
+    with open(tmp_path / ".lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # locked, pid not written yet
+
+        def write_pid() -> None:
+            held.write("4242")
+            held.flush()
+
+        late = threading.Timer(0.2, write_pid)
+        late.start()
+        try:
+            with pytest.raises(RunStoreError) as err:
+                RunLock(tmp_path)
+        finally:
+            late.join()
+    assert "another ctpipe run (pid 4242) is using this folder" in str(err.value)

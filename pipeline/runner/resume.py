@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,10 @@ _TEMP_FILE = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$|^metrics\.prom\.\d+\.\d+$
 _TEMP_FOLDERS = (".", "report", "cache", "quarantine")
 
 
+#: Seconds a run refused by a run folder's lock waits for the holder's pid to appear in the lock file.
+LOCK_PID_WAIT_S = 2.0
+
+
 class RunLock:
     """An exclusive lock on a run folder (released by the OS if the process dies)."""
 
@@ -65,8 +70,7 @@ class RunLock:
         try:
             fcntl.flock(self.fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            self.fh.seek(0)
-            holder = self.fh.read().strip()  # the pid the running one wrote
+            holder = self._holder()
             self.fh.close()
             pid = f" (pid {holder})" if holder.isdigit() else ""
             stop = f" (or stop it with kill -TERM {holder}: it resumes later)" if holder.isdigit() else ""
@@ -79,6 +83,17 @@ class RunLock:
         self.fh.truncate()
         self.fh.write(str(os.getpid()))
         self.fh.flush()
+
+    def _holder(self) -> str:
+        """The pid the run holding the lock wrote into the lock file; it writes it just after it locks, so a run
+        starting at the same moment waits up to :data:`LOCK_PID_WAIT_S` for it ("" if none comes)."""
+        deadline = time.monotonic() + LOCK_PID_WAIT_S
+        while True:
+            self.fh.seek(0)
+            holder = self.fh.read().strip()
+            if holder or time.monotonic() >= deadline:
+                return holder
+            time.sleep(0.05)
 
     def release(self) -> None:
         fcntl.flock(self.fh.fileno(), fcntl.LOCK_UN)
