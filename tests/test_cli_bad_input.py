@@ -16,7 +16,8 @@ TRUTH = SAMPLE.parent / "phantom_00001"
 
 
 def test_a_dicom_file_named_like_a_nifti_and_a_junk_image_are_refused_by_name(tmp_path, capsys):
-    dicom = tmp_path / "chest.nii.gz"
+    dicom = tmp_path / "in" / "chest.nii.gz"  # outputs beside it would be a DICOM folder's, refused
+    dicom.parent.mkdir()
     shutil.copyfile(next(iter(sorted((TRUTH / "dicom").glob("*.dcm")))), dicom)
     for cmd in ("detect", "reconstruct"):  # was: a torch RuntimeError traceback (a one-slice volume) in detect
         rc, err = _err(capsys, cmd, str(dicom), "--out", str(tmp_path / cmd))
