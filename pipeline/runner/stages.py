@@ -90,8 +90,32 @@ def _find_series(scan: Any, case: CaseSpec) -> tuple[Any, bool]:
     return dataclasses.replace(same[0], key=key, part=int(part)), False
 
 
+#: What to do about a series that changed in the source during the run.
+_SOURCE_CHANGED_FIX = (
+    "let the archive finish writing (or clean up) the source before the run, or set runner.stable_age_s; a series "
+    "that changed is a new case: run the same command again"
+)
+
+
+def _check_files_there(case: CaseSpec) -> None:
+    """Raise :class:`~pipeline.errors.SourceMismatchError` when files discovery found for ``case`` are gone (moved or
+    deleted from the source during the run), naming how many and the first."""
+    from ..errors import SourceMismatchError
+
+    gone = [f for f in case.files if not os.path.lexists(f)]
+    if gone:
+        raise SourceMismatchError(
+            f"{len(gone)} of the series' {len(case.files)} file(s) are gone from the source since the run found them "
+            f"(the first: {gone[0]}): moved or deleted while the run went on",
+            where=case.source,
+            fix=_SOURCE_CHANGED_FIX,
+        )
+
+
 class IngestStage(Stage):
-    """DICOM files of the case's series → validated HU volume in the case cache."""
+    """DICOM files of the case's series → validated HU volume in the case cache. A series whose files were moved,
+    deleted or written again since discovery found them (an archive at work in the source during the run) raises
+    :class:`~pipeline.errors.SourceMismatchError` saying so, rather than being ingested from what is left."""
 
     name = "ingest"
     group = "cpu"
@@ -101,12 +125,15 @@ class IngestStage(Stage):
         import pipeline.ingest  # noqa: F401 - import once per worker, not per case
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
+        from ..errors import SourceMismatchError
         from ..ingest import read_volume, scan_directory
         from ..ingest.build import build_volume
+        from .fingerprint import fingerprint_series
 
         cfg = ctx.config.ingest
         keep = ctx.config.privacy.keep_identifiers
         case = ctx.case
+        _check_files_there(case)
         scan = scan_directory(
             [*case.files] or case.source,
             rules=_rules(ctx.config),
@@ -121,6 +148,13 @@ class IngestStage(Stage):
                 f"series {case.series_uid} is no longer among the {len(case.files)} file(s) discovered for it",
                 where=case.source,
                 fix="the files changed during the run; run the same command again",
+            )
+        if case.fingerprint and fingerprint_series(series) != case.fingerprint:
+            raise SourceMismatchError(
+                f"the series changed in the source since the run found it ({len(case.files)} file(s) then, "
+                f"{len(series.files)} now, or a file's size or SOPInstanceUID differs): written again while the run went on",
+                where=case.source,
+                fix=_SOURCE_CHANGED_FIX,
             )
         plan = None
         if own:
