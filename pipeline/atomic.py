@@ -24,7 +24,7 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
 
     Writes go to a temporary file in the same folder, which is flushed, synced and
     renamed over ``path``; on any error the temporary file is removed and ``path``
-    is left as it was. The file gets the permissions any new file of the process gets
+    is left as it was (an :class:`OSError` of the writes, which name no file, is raised naming ``path``). The file gets the permissions any new file of the process gets
     (0666 less the umask: ``-rw-r--r--`` under the usual 022), not the temporary file's
     owner-only 0600, so that the group a report or rendering is shared with can read it.
     """
@@ -44,7 +44,7 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
         os.replace(tmp, path)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename == tmp:  # the rename's error: about ``path``, not ``tmp``
+        if isinstance(exc, OSError) and exc.filename in (tmp, None):  # a write's or the rename's: about ``path``
             raise _naming(exc, path) from exc
         raise
 

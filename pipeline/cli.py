@@ -99,14 +99,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, BrokenPipeError) and _stdout_closed():  # ctpipe ingest ... | head: the reader went away
             code = EXIT_STDOUT_CLOSED
         else:
-            where = f"{exc.filename}: " if exc.filename else ""
-            print(f"ctpipe {args.command}: error: {where}{exc.strerror or exc}. Fix: check the path", file=sys.stderr)
+            print(f"ctpipe {args.command}: error: {_os_error_text(exc)}", file=sys.stderr)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
     if code != 0 and new_out is not None:
         _remove_if_empty(new_out)
     return code
+
+
+def _os_error_text(exc: OSError) -> str:
+    """The error line of an :class:`OSError` a command met: the file or folder, the system's reason and the fix; a
+    full disk, a spent quota, a file-size limit or a read-only file system (the machine's, not the path's) named as
+    such, with what to do about it."""
+    from .runner.faults import WRITE_ERRNOS, EnvironmentFailure
+
+    if exc.errno in WRITE_ERRNOS and exc.filename:
+        target = Path(os.fsdecode(exc.filename))
+        folder = target if target.is_dir() else target.parent
+        return str(EnvironmentFailure(exc.errno, str(folder)).error())
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}. Fix: check the path"
 
 
 def _tolerant_console() -> None:

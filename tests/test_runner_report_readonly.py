@@ -1,5 +1,6 @@
 """Run folders a manager may read but not write (nightly folders owned by the job's user, an archive on a read-only
-share): ``ctpipe report`` and ``open_run`` read them as they are, without writing beside the run store."""
+share): ``ctpipe report`` and ``open_run`` read them as they are, without writing beside the run store; a report
+folder that cannot take the report (full disk, file-size limit) is named with the true reason and its fix."""
 
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ from tests._support.runner import can_mount, small_tmpfs
 from tests.test_runner_report_tables import T0, _dead_pid, _done, _start
 
 
-def _night(run_dir: Path) -> None:
-    """A completed nightly run (r1) that finished cases a and b."""
+def _night(run_dir: Path, *, more: int = 0) -> None:
+    """A completed nightly run (r1) that finished cases a and b (and ``more`` others)."""
     store = RunStore(run_dir)
     _start(store, "r1", pid=_dead_pid())
     _done(store, "a", "r1", findings=1)
     _done(store, "b", "r1")
-    store.end_run("r1", status="completed", n_cases=2, n_done=2, n_failed=0, n_skipped=0)
+    for n in range(more):
+        _done(store, f"case{n:04d}", "r1")
+    store.end_run("r1", status="completed", n_cases=2 + more, n_done=2 + more, n_failed=0, n_skipped=0)
     store.db.execute("UPDATE runs SET started_at = ?, ended_at = ?", (T0, T0 + 600))
     store.db.commit()
     store.close()
@@ -90,3 +93,29 @@ def test_a_read_only_copy_of_a_killed_runs_folder_shows_what_its_log_holds(tmp_p
         summary, _ = summarize([night])
         assert summary["cases"]["done"] == 3 and summary["runs"] == 2
         assert sorted(p.name for p in night.iterdir()) == ["runs.sqlite", "runs.sqlite-wal"]
+
+
+def test_a_report_that_cannot_be_written_names_its_folder_the_reason_and_the_fix(tmp_path):
+    # was: "ctpipe report: error: File too large. Fix: check the path": no file named, and a fix beside the point
+    import resource
+    import sys
+
+    night = tmp_path / "night1"
+    _night(night, more=300)  # a report larger than the limit
+    out = tmp_path / "rep"
+
+    def small_files() -> None:  # ulimit -f 64 in the cron script
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "report", str(night), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=small_files,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    err = done.stderr.strip()
+    assert done.returncode == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"ctpipe report: error: {out}: File too large (EFBIG)"), err
+    assert "file-size limit of 65536 bytes" in err and "Fix: raise the file-size limit" in err and "check the path" not in err
