@@ -235,6 +235,21 @@ def test_an_output_folder_beside_a_single_dicom_source_file_is_refused_by_every_
     assert sorted(p.name for p in src.iterdir()) == [f"IM{n:03d}" for n in range(len(files))]  # nothing made there
 
 
+def test_a_run_folder_inside_a_folder_a_worklist_row_names_is_refused_before_it_is_made(tmp_path, capsys):
+    # was: accepted (only the worklist's own folder was looked at), and every later run of the worklist scanned the
+    # run's own SR, SEG and cache in that row's folder
+    src = tmp_path / "studies" / "s1"
+    src.mkdir(parents=True)
+    for n, f in enumerate(sorted(f for f in (SAMPLE / "dicom").rglob("*") if f.is_file())[:3]):
+        (src / f"IM{n}").write_bytes(f.read_bytes())
+    worklist = tmp_path / "worklist.csv"
+    worklist.write_text(f"path\n{src}\n")
+    out = src / "runs" / "r1"
+    rc, err = _err(capsys, "run", str(worklist), "--out", str(out))
+    assert rc == 1 and f"{out}: --out is inside the source folder {src}: every later run of {src}" in err, err
+    assert sorted(p.name for p in src.iterdir()) == ["IM0", "IM1", "IM2"]  # nothing made there
+
+
 def test_a_source_file_that_is_neither_dicom_nor_a_worklist_csv_is_refused(tmp_path, capsys):
     # was: exit 0, "no CT series found in worklist.xlsx: nothing to do", and a run folder with an empty report
     import numpy as np

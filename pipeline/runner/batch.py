@@ -20,7 +20,7 @@ from ..bundle import BundleConfig
 from ..config import Config, from_dict, load_config, overrides_layer
 from ..errors import FatalRunError
 from ..pacs.address import for_records
-from .discover import Discovery, check_sources, discover, worklist_root
+from .discover import Discovery, check_sources, discover, scanned_paths, worklist_root
 from .engine import Engine
 from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
@@ -89,9 +89,9 @@ def run_batch(
     srcs = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     run_dir = Path(out)
     check_sources(srcs, from_python=True)  # a mistyped source: one clear error, before the run folder is made
-    # a run folder inside its source: read back as input by the next run
+    # a run folder inside its source (or a worklist row's folder): read back as input by the next run
     check_out_outside_sources(
-        srcs,
+        scanned_paths(srcs, cfg),
         run_dir,
         later="run",
         reads_back="this run's own files (its DICOM SR and SEG, cache and reports) back as input",

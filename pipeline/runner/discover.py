@@ -187,6 +187,18 @@ def read_worklist(path: Path, cfg: Config) -> list[dict[str, str]]:
     return rows
 
 
+def scanned_paths(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> list[str]:
+    """What a run of ``sources`` scans: each source, and for a worklist ``.csv`` the path of each of its rows that
+    exists (:func:`read_worklist`); the folders an output must stay out of (``check_out_outside_sources``)."""
+    out: list[str] = []
+    for src in sources:
+        out.append(os.fspath(src))
+        p = Path(src)
+        if p.suffix.lower() == ".csv" and p.is_file():
+            out += [r["path"] for r in read_worklist(p, cfg) if Path(r["path"]).exists()]
+    return out
+
+
 def worklist_root(cfg: Config) -> Path | None:
     """``runner.worklist_root``, the folder relative worklist paths start from (None: each CSV's own folder);
     :class:`ConfigError` when it is not a folder (else every relative row would be "the path does not exist")."""
