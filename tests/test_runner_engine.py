@@ -302,7 +302,8 @@ def test_a_worker_death_is_retried_and_the_case_completes(tmp_path):
     # its latency runs end to end, from the first attempt (the crashed one) to the completion
     ((started, ended, latency),) = _rows(store, "SELECT started_at, ended_at, latency_s FROM cases WHERE case_key = 'b:fp'")
     ((first_stage,),) = _rows(store, "SELECT MIN(started_at) FROM stage_attempts WHERE case_key = 'b:fp'")
-    assert started <= first_stage and latency == pytest.approx(ended - started)
+    # (measured on the monotonic clock from just after the recorded start: it began between that and the first stage)
+    assert started <= first_stage and started <= ended - latency <= first_stage + 0.01
 
 
 @pytest.mark.parametrize("retries", [0, 1, 2])

@@ -56,11 +56,13 @@ class _Live:
     case: CaseSpec
     attempt: int
     workdir: Path
-    started: float
+    started: float  # Unix s (wall clock): when the case started, as recorded
     index: int = 0
     state: dict[str, Any] = field(default_factory=dict)
     tries: int = 1
     declared: list[str] = field(default_factory=list)  # files (relative to workdir) the stages promised
+    #: time.monotonic() at the start: the case's latency, whatever the wall clock does meanwhile (an NTP step)
+    began: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -210,6 +212,7 @@ class Engine:
                 again = self._admit(lv.case, result, tries=lv.tries + 1)
                 if again is not None:
                     again.started = lv.started  # end to end: from the first attempt, the crashed one included
+                    again.began = lv.began
                     live[res.case_key] = again
                     ready.append(self._task(again))
                 return
@@ -267,6 +270,7 @@ class Engine:
         }
         final = self.run_dir / "cases" / case.case_id
         publish(lv.workdir, final, manifest)
+        latency = time.monotonic() - lv.began
         self.store.complete_case(
             case.case_key,
             output_dir=str(final.relative_to(self.run_dir)),
@@ -274,8 +278,8 @@ class Engine:
             measurements=measurements,
             quality=quality,
             detect_skipped=skipped,
+            latency_s=latency,
         )
-        latency = time.time() - lv.started
         self._drop_cache(case)
         result.done.append(case.case_id)
         log.info(

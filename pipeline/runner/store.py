@@ -250,8 +250,12 @@ class RunStore:
         ended_at: float | None = None,
         quality: Mapping[str, Any] | None = None,
         detect_skipped: str | None = None,
+        latency_s: float | None = None,
     ) -> None:
         """Mark a case done with its findings, measurements and quality flags, in one transaction.
+
+        ``latency_s``: the case's end-to-end time (s) as the runner measured it on a monotonic clock; None: its end
+        less its recorded start (Unix s; wrong by as much as the wall clock was stepped in between).
 
         ``measurements``: ``(name, value, unit)`` or ``(name, value, unit, reliable, reason)`` each;
         ``quality``: the case's :meth:`QualityReport.to_json` (lung coverage, contrast phase, flags);
@@ -279,11 +283,12 @@ class RunStore:
                 [(case_key, f["code"], f.get("severity", "warning"), f.get("message")) for f in flags],
             )
             self.db.execute(
-                "UPDATE cases SET status='done', ended_at=?, latency_s=? - started_at, n_findings=?, output_dir=?,"
+                "UPDATE cases SET status='done', ended_at=?, latency_s=COALESCE(?, ? - started_at), n_findings=?, output_dir=?,"
                 " reason=NULL, error_class=NULL, failed_stage=NULL, lung_coverage=?, contrast_phase=?, flags=?,"
                 " detect_skipped=? WHERE case_key=?",
                 (
                     ended,
+                    latency_s,
                     ended,
                     n,
                     output_dir,

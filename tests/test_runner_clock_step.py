@@ -1,0 +1,45 @@
+"""The machine's clock stepped back (an NTP correction, a VM resumed) while a nightly run works on a case: the case's
+latency is the time it took, measured on a clock that never goes back, not a negative figure from the wall clock."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.runner import open_run, run_batch
+from pipeline.runner.stage import CaseContext, Stage
+from pipeline.runner.stages import IngestStage
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data_samples" / "phantom_00003" / "dicom"
+STEP_S = 3600.0
+
+
+class _ClockStepsBack(Stage):
+    """A stage during which the wall clock is set back by an hour (``time.time`` of this process, as a step of the
+    system clock moves it; the monotonic clock goes on)."""
+
+    name = "write"
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.monkeypatch = monkeypatch
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        wall = time.time
+        self.monkeypatch.setattr(time, "time", lambda: wall() - STEP_S)
+        time.sleep(0.2)
+        return {}
+
+
+def test_a_clock_stepped_back_during_a_case_leaves_its_latency_positive(tmp_path, monkeypatch):
+    # was: latency_s about -3600 in the run store, the report and the case_done log record
+    summary = run_batch(
+        [SAMPLE],
+        out=tmp_path / "run",
+        workers=0,
+        stages=[IngestStage(), _ClockStepsBack(monkeypatch)],
+        **{"report.enabled": False, "metrics.textfile": False},
+    )
+    assert summary.exit_code == 0 and summary.done == 1
+    (latency,) = open_run(tmp_path / "run").cases.latency_s
+    assert 0.2 <= latency < 600.0, latency
