@@ -137,7 +137,8 @@ def environment_failure(exc: BaseException, *, run_dir: Path | None) -> Environm
     """The environmental failure behind ``exc`` (itself, its cause or its context), or None for a case defect.
 
     SQLite's "database or disk is full" and "readonly database" count as ``ENOSPC`` and ``EROFS``
-    in ``run_dir`` (the run store lives there); so does a short write reported without an error number
+    in ``run_dir`` (the run store lives there), and its bare "disk I/O error" as ``EFBIG`` or ``ENOSPC`` where the
+    file-size limit or the disk explains it (:func:`_store_io_errno`); so does a short write reported without an error number
     (numpy writing an array to a full disk: "N requested and M written"): the runner writes only there; such a
     write counts as ``EFBIG`` when the process's file-size limit, not the disk, explains it.
     """
@@ -155,7 +156,35 @@ def environment_failure(exc: BaseException, *, run_dir: Path | None) -> Environm
                 return EnvironmentFailure(errno.ENOSPC, str(run_dir) if run_dir else "the run folder")
             if "readonly database" in text:
                 return EnvironmentFailure(errno.EROFS, str(run_dir) if run_dir else "the run folder")
+            if "disk i/o error" in text and run_dir is not None:
+                number = _store_io_errno(run_dir)
+                if number is not None:
+                    return EnvironmentFailure(number, str(run_dir))
     return None
+
+
+#: Room (bytes) the run store needs to write on: a few of SQLite's pages.
+_STORE_HEADROOM = 64 * 1024
+
+
+def _store_io_errno(run_dir: Path) -> int | None:
+    """What SQLite's bare "disk I/O error" on the run store of ``run_dir`` stands for, where the machine explains it:
+    ``EFBIG`` when one of the run folder's own files (the store, its write-ahead log) is within a few pages of this
+    process's file-size limit, ``ENOSPC`` when the folder's file system has no more room than that; else None."""
+    limit = file_size_limit()
+    if limit is not None:
+        try:
+            with os.scandir(run_dir) as entries:
+                sizes = [e.stat().st_size for e in entries if e.is_file(follow_symlinks=False)]
+        except OSError:
+            sizes = []
+        if any(size + _STORE_HEADROOM >= limit for size in sizes):
+            return errno.EFBIG
+    try:
+        st = os.statvfs(run_dir)
+    except OSError:
+        return None
+    return errno.ENOSPC if st.f_bavail * st.f_frsize < _STORE_HEADROOM else None
 
 
 def errno_in_text(text: str) -> int | None:
