@@ -138,9 +138,10 @@ def _scan(
 
 
 def still_written(files: Sequence[str | os.PathLike[str]], stable_age_s: float, *, now: float) -> str | None:
-    """Why a series of ``files`` is still being written (its newest file changed less than ``stable_age_s`` seconds
-    before ``now``, Unix s; by its modification time, or more than that ahead of ``now``: the writer's clock), or None
-    when it is not, or ``stable_age_s`` is 0 (``runner.stable_age_s``). A file gone since the scan counts as a change."""
+    """Why a series of ``files`` is still being written, or None when it is not or ``stable_age_s`` is 0
+    (``runner.stable_age_s``): its newest file's modification time lies within ``stable_age_s`` seconds of ``now``
+    (Unix s), before it or after it (a writer whose clock runs a little ahead). A file gone since the scan counts as
+    a change at ``now``."""
     if stable_age_s <= 0 or not files:
         return None
     newest, changed = None, -float("inf")
