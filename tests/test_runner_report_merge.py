@@ -155,11 +155,11 @@ def test_a_series_quarantined_one_night_and_done_the_next_counts_once_as_done(tm
     assert s["throughput"]["per_day_utc"] == {"2027-01-15": 1, "2027-01-16": 2}
     runs = {r["run_id"]: r for r in s["runs_table"]}
     assert (runs["r1"]["n_done"], runs["r1"]["n_failed"], runs["r2"]["n_done"]) == (1, 0, 2)
-    earlier = s["earlier_attempts"]
-    assert [(e["case_id"], e["status"], e["error_class"], e["run_dir"], e["counted_in"]) for e in earlier] == [
+    others = s["other_attempts"]
+    assert [(e["case_id"], e["status"], e["error_class"], e["run_dir"], e["counted_in"]) for e in others] == [
         ("b", "failed", "IngestError", str(night1.resolve()), str(night2.resolve()))
     ]
-    assert [(r["case_id"], r["status"]) for r in read_table(rep.out_dir / "earlier_attempts.csv").rows] == [("b", "failed")]
+    assert [(r["case_id"], r["status"]) for r in read_table(rep.out_dir / "other_attempts.csv").rows] == [("b", "failed")]
     assert sorted((r["case_id"], r["status"]) for r in read_table(rep.out_dir / "cases.csv").rows) == [
         ("a", "done"),
         ("b", "done"),
@@ -175,12 +175,16 @@ def test_a_series_quarantined_two_nights_running_counts_once_as_failed_in_the_la
     s, _ = summarize([night2, night1])  # folders in any order: the latest attempt is the one counted
     assert s["cases"]["total"] == s["cases"]["failed"] == 1
     assert [f["run_dir"] for f in s["failed_cases"]] == [str(night2.resolve())]
-    assert [(e["run_dir"], e["status"]) for e in s["earlier_attempts"]] == [(str(night1.resolve()), "failed")]
+    assert [(e["run_dir"], e["status"]) for e in s["other_attempts"]] == [(str(night1.resolve()), "failed")]
 
 
-def test_a_series_completed_in_two_folders_was_processed_twice(tmp_path):
+def test_a_series_processed_again_the_next_night_is_one_case_counted_on_the_first(tmp_path):
+    # the source still holds it, and the next night's run into a new folder processes it again
     night1 = _night(tmp_path / "n1", "r1", 0, {"a": "done"})
-    night2 = _night(tmp_path / "n2", "r2", 1, {"a": "done"})  # processed again (e.g. with another configuration)
-    s, _ = summarize([night1, night2])
-    assert s["cases"]["done"] == 2 and s["earlier_attempts"] == []
-    assert s["throughput"]["per_day_utc"] == {"2027-01-15": 1, "2027-01-16": 1}
+    night2 = _night(tmp_path / "n2", "r2", 1, {"a": "done", "d": "done"})
+    s, _ = summarize([night2, night1])
+    assert s["cases"]["total"] == s["cases"]["done"] == 2  # a and d
+    assert s["throughput"]["per_day_utc"] == {"2027-01-15": 1, "2027-01-16": 1}  # a on the 15th, d on the 16th
+    assert [(e["case_id"], e["run_dir"], e["status"], e["counted_in"]) for e in s["other_attempts"]] == [
+        ("a", str(night2.resolve()), "done", str(night1.resolve()))
+    ]

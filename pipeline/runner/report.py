@@ -2,8 +2,8 @@
 
 :func:`build_report` writes the numbers of :func:`.report_summary.summarize` (what they are and how they are
 counted: :mod:`.report_summary`) as ``report.json``, CSV tables and ``report.html`` with plots of throughput,
-latency, the stage breakdown and GPU utilisation. A series quarantined in one folder and completed (or tried again) in
-another counts once; the attempt not counted is listed (``earlier_attempts.csv``). Per case the HTML shows status, latency, findings, lung
+latency, the stage breakdown and GPU utilisation. A series found in several folders counts once (at its first
+completion); the attempts not counted are listed (``other_attempts.csv``). Per case the HTML shows status, latency, findings, lung
 volumes (marked when a flag makes them unreliable), flags and links to the case's PNGs (:mod:`.report_html`).
 What discovery left out (files and series, with reasons) is listed too (``skipped.csv``).
 
@@ -43,7 +43,7 @@ from .tables import read_runs, utc_text
 __all__ = [
     "CAPACITY_COLUMNS",
     "CASES_COLUMNS",
-    "EARLIER_COLUMNS",
+    "OTHER_ATTEMPTS_COLUMNS",
     "MIN_CASES_TO_PROJECT",
     "MIN_MINUTES_TO_PROJECT",
     "PCTS",
@@ -198,9 +198,9 @@ RUNS_COLUMNS = [
 #: Columns of ``capacity.csv``: per stage its worker group (model or cpu), its busy time per completed attempt (s; failed
 #: attempts' time included) and the successful attempts that figure rests on.
 CAPACITY_COLUMNS = ["stage", "group", "busy_s_per_case", "successful_attempts"]
-#: Columns of ``earlier_attempts.csv``: the attempts at a series in another folder than the one it is counted in
-#: (``summary["earlier_attempts"]``, see :func:`.tables.drop_earlier_attempts`), the end time ISO 8601 UTC.
-EARLIER_COLUMNS = [
+#: Columns of ``other_attempts.csv``: the attempts at a series in another folder than the one it is counted in
+#: (``summary["other_attempts"]``, see :func:`.tables.drop_other_attempts`), the end time ISO 8601 UTC.
+OTHER_ATTEMPTS_COLUMNS = [
     "case_id",
     "series_uid",
     "run_dir",
@@ -334,7 +334,7 @@ def build_report(
         ),
         "failures.csv": pd.DataFrame(summary["failed_cases"], columns=["case_id", "stage", "error_class", "reason", "run_dir"]),
         "cases.csv": _cases_table(t["cases"]),
-        "earlier_attempts.csv": pd.DataFrame(summary["earlier_attempts"], columns=EARLIER_COLUMNS),
+        "other_attempts.csv": pd.DataFrame(summary["other_attempts"], columns=OTHER_ATTEMPTS_COLUMNS),
         "quality_flags.csv": t["quality"][["run_dir", "case_id", "code", "severity", "message"]],
         "skipped.csv": skipped[["run_dir", "run_id", "what", "item", "kind", "reason", "source"]],
         "stages.csv": t["stages"][

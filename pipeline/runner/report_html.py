@@ -239,23 +239,23 @@ def _copies_note(copies: list[dict[str, str]]) -> str:
     )
 
 
-def _earlier_note(earlier: list[dict[str, Any]]) -> str:
+def _others_note(others: list[dict[str, Any]]) -> str:
     """The page's list of attempts at a series in another folder than the one it is counted in (at most
-    :data:`CASES_SHOWN`; ``earlier_attempts.csv`` has them all)."""
-    if not earlier:
+    :data:`CASES_SHOWN`; ``other_attempts.csv`` has them all)."""
+    if not others:
         return ""
     rows = "".join(
         f"<tr><td>{_e(e['case_id'])}</td><td>{_e(e['run_dir'])}</td><td>{_e(e['ended_utc'])}</td><td>{_e(e['status'])}</td>"
         f"<td>{_e(e['error_class'])}</td><td>{_e(e['reason'])}</td><td>{_e(e['counted_in'])}</td><td>{_e(e['counted_status'])}</td></tr>"
-        for e in earlier[:CASES_SHOWN]
+        for e in others[:CASES_SHOWN]
     )
-    more = len(earlier) - CASES_SHOWN
+    more = len(others) - CASES_SHOWN
     return (
-        "<h3>Series tried in several run folders, counted once</h3><p>These attempts did not complete and are not "
-        "counted: the series was completed, or tried again later, in another folder (e.g. quarantined one night and "
-        "done the next).</p><table><tr><th>case</th><th>folder</th><th>ended (UTC)</th><th>status</th>"
+        "<h3>Series tried in several run folders, counted once</h3><p>Each series is one case, counted at its first "
+        "completion, else as its latest attempt; these attempts in other folders are not counted (e.g. a quarantine "
+        "the night before it was done, or the series processed again).</p><table><tr><th>case</th><th>folder</th><th>ended (UTC)</th><th>status</th>"
         f"<th>error class</th><th>reason</th><th>counted in</th><th>counted as</th></tr>{rows}</table>"
-        + (f"<p>and {more} more in earlier_attempts.csv</p>" if more > 0 else "")
+        + (f"<p>and {more} more in other_attempts.csv</p>" if more > 0 else "")
     )
 
 
@@ -333,7 +333,7 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 <h3>Queue wait (seconds)</h3>{_stat_table(s["queue_wait_s"], "stage")}
 <h2>Failures by reason</h2>{_stat_table({k: {"cases": v} for k, v in s["failures_by_reason"].items()}, "error class")}
 {f"<table><tr><th>case</th><th>stage</th><th>error class</th><th>reason</th></tr>{fails}</table>" if fails else ""}{fails_more}
-{_earlier_note(s.get("earlier_attempts") or [])}
+{_others_note(s.get("other_attempts") or [])}
 <h2>Skipped by discovery</h2>{_skipped_table(skipped)}
 {"<h2>GPU</h2>" + _stat_table(s["gpu"], "gpu") + img("gpu", "GPU utilisation") if s["gpu"] else ""}
 </body></html>

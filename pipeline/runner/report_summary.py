@@ -32,10 +32,11 @@ is a case it left ``running`` (:func:`.tables.run_status`). A run found in sever
 the folders (a run folder copied or synced elsewhere and named beside the original)
 counts once, with its cases (:func:`.tables.drop_copies`); ``copied_runs`` lists the copies.
 
-A series found in several folders (nightly runs, each into a folder of its own, meet a series quarantined one
-night and completed the next) counts once: its attempts that did not complete are not counted where it completed,
-or was tried later, in another folder (:func:`.tables.drop_earlier_attempts`); ``earlier_attempts`` lists them (the
-failure of the first night, with its reason); their runs' time is still active time. Each completion counts.
+Cases are distinct series: a series found in several folders (nightly runs, each into a folder of its own, meet a
+series quarantined one night and completed the next, or one still in the source, processed again) counts once, at
+its first completion, else as its latest attempt (:func:`.tables.drop_other_attempts`); ``other_attempts`` lists the
+attempts not counted (the failure of the first night, with its reason; a completion again); their runs' time is
+still active time.
 
 The per-GPU figures and the comparison with the reference deployment appear only when a run recorded a
 GPU device; without one the capacity model speaks of model workers.
@@ -58,7 +59,7 @@ from .report_days import per_local_day
 from .tables import (
     case_status,
     drop_copies,
-    drop_earlier_attempts,
+    drop_other_attempts,
     finishing_run,
     process_alive,
     read_tables,
@@ -375,15 +376,15 @@ def summarize(
             c["kept_in"],
             extra={"event": "report_copied_run"},
         )
-    t, earlier = drop_earlier_attempts(t)  # a series quarantined one night, done the next: once
-    if earlier:
+    t, others = drop_other_attempts(t)  # a series quarantined one night, done the next: one case
+    if others:
         log.info(
-            "%d earlier attempt(s) of series counted in another run folder (e.g. %s of %s, counted in %s)",
-            len(earlier),
-            earlier[0]["case_id"],
-            earlier[0]["run_dir"],
-            earlier[0]["counted_in"],
-            extra={"event": "report_earlier_attempts"},
+            "%d attempt(s) at series counted in another run folder (e.g. %s of %s, counted in %s)",
+            len(others),
+            others[0]["case_id"],
+            others[0]["run_dir"],
+            others[0]["counted_in"],
+            extra={"event": "report_other_attempts"},
         )
     runs, cases, stages = t["runs"], t["cases"], t["stages"]
     done = cases[cases.status == "done"].copy()
@@ -450,7 +451,7 @@ def summarize(
         },
         "status": state,
         "copied_runs": copies,
-        "earlier_attempts": earlier,
+        "other_attempts": others,
         "runs_table": _runs_table(runs, cases, finishing_run(cases, stages), durations),
         "active_hours": active_s / 3600.0,
         "overlap": stage_overlap(stages, active_s),

@@ -311,29 +311,30 @@ def series_identity(cases: pd.DataFrame) -> pd.Series:
     return pd.Series(ids, index=cases.index, dtype=object)
 
 
-def drop_earlier_attempts(t: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[dict[str, Any]]]:
-    """The combined tables of several run folders (after :func:`drop_copies`) with each series' unfinished attempts
-    counted once.
+def drop_other_attempts(t: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[dict[str, Any]]]:
+    """The combined tables of several run folders (after :func:`drop_copies`) with each series counted once.
 
     Nightly runs into a new folder each (``ctpipe run SOURCE --out RUNS/<date>``) meet the same series again: one
-    quarantined one night is retried and completed the next, in another folder. Of the case rows of one series
-    (:func:`series_identity`) in several folders, the row counted is its latest completed one, else its latest one (by
-    end, else start time); a row that is not completed (quarantined, interrupted, unfinished) in another folder is
-    dropped, with its findings, measurements and quality flags; its run and stage attempts stay (the time was spent).
-    Completed rows all stay: a series processed again into another folder (a rerun with another configuration) was
-    processed twice. Returns the tables and one entry per dropped row (``case_id``, ``series_uid``, ``run_dir``,
-    ``run_id``, ``status``, ``error_class``, ``reason``, ``ended_utc``: ISO 8601 UTC, and ``counted_in`` /
-    ``counted_status``: the folder and outcome of the row counted), oldest first.
+    quarantined one night is retried and completed the next, in another folder; one still in the source is processed
+    again. Of the case rows of one series (:func:`series_identity`) in several folders, the report counts one: its
+    first completion (by end time), else its latest attempt (by end, else start time), so that cases are distinct
+    series and each is counted on the day it was first done. The rows of that series in the other folders are
+    dropped, with their findings, measurements and quality flags; their runs and stage attempts stay (the time was
+    spent). Returns the tables and one entry per dropped row (``case_id``, ``series_uid``, ``run_dir``, ``run_id``,
+    ``status``, ``error_class``, ``reason``, ``ended_utc``: ISO 8601 UTC, and ``counted_in`` / ``counted_status``: the
+    folder and outcome of the row counted), oldest first.
     """
     cases = t["cases"]
     if not len(cases) or cases.run_dir.nunique() < 2:
         return t, []
     ident = series_identity(cases)
     when = cases.ended_at.fillna(cases.started_at).fillna(cases.discovered_at).fillna(0.0)
-    rank = cases.assign(_id=ident, _done=(cases.status == "done").astype(int), _when=when.astype(float))
-    best = rank.sort_values(["_done", "_when"], kind="stable").groupby("_id").tail(1)
+    done = (cases.status == "done").to_numpy()
+    # the first completion first, else the latest attempt: sorted on (done, -end) for completions, (not done, end)
+    rank = cases.assign(_id=ident, _done=done.astype(int), _order=[-w if d else w for w, d in zip(when.astype(float), done)])
+    best = rank.sort_values(["_done", "_order"], kind="stable").groupby("_id").tail(1)
     counted = {i: (str(d), str(s)) for i, d, s in zip(best._id, best.run_dir, best.status)}
-    keep = [st == "done" or counted[i][0] == str(d) for i, d, st in zip(ident, cases.run_dir, cases.status)]
+    keep = [counted[i][0] == str(d) for i, d in zip(ident, cases.run_dir)]
     if all(keep):
         return t, []
     ended = utc_text(cases.ended_at.fillna(cases.started_at))
