@@ -76,7 +76,7 @@ def test_metrics_textfile_parses_with_prometheus_parser(full_run, ingest_run):
     s = _samples((full_run["out"] / "metrics.prom").read_text())
     assert s[("ctpipe_cases_processed_total", ())] == 3.0
     failed = {dict(k[1])["reason"]: v for k, v in s.items() if k[0] == "ctpipe_cases_failed_total"}
-    assert failed == {"MissingSliceError": 1.0, "TruncatedFileError": 2.0}
+    assert failed == {"MissingSliceError": 1.0, "TruncatedFileError": 1.0, "CorruptPixelDataError": 1.0}
     counts = {dict(k[1])["stage"]: v for k, v in s.items() if k[0] == "ctpipe_stage_latency_seconds_count"}
     assert counts == {"ingest": 3.0, "reconstruct": 3.0, "load": 3.0, "detect": 3.0, "nodules": 3.0, "write": 3.0, "dicom": 3.0}
     assert s[("ctpipe_case_latency_seconds_count", ())] == 3.0
@@ -127,7 +127,7 @@ def test_report_over_two_runs(full_run, ingest_run, tmp_path):
     assert lat["end_to_end"]["n"] == 3
     for v in lat.values():
         assert 0 < v["p50"] <= v["p90"] <= v["p99"]
-    assert summary["failures_by_reason"] == {"TruncatedFileError": 2, "MissingSliceError": 1}
+    assert summary["failures_by_reason"] == {"TruncatedFileError": 1, "CorruptPixelDataError": 1, "MissingSliceError": 1}
     # self-contained HTML: plots embedded as PNG
     html = (out / "report.html").read_text()
     imgs = html.count('src="data:image/png;base64,')
