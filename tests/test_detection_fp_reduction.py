@@ -548,3 +548,18 @@ def test_cuda_demo_pipeline_cuts_its_cubes_and_searches_its_blobs_on_the_gpu_as_
         d = [np.linalg.norm(np.subtract(f.center_lps, g.center_lps)) for g in gpu.candidates]
         n = int(np.argmin(d))
         assert d[n] < 1.0 and abs(gpu.candidates[n].score - f.score) < 0.03
+
+
+def test_no_candidates_at_all_still_report_the_blob_search_and_refinement_times() -> None:
+    """Lung without a blob and a detector without a box: nothing to score, yet the blob search and the centre
+    refinement ran, and the result's timings (ms) say how long they took, as for a case with candidates."""
+    from pipeline.detection.findings import Findings
+    from pipeline.detection.fp_reduction import reduce_false_positives
+
+    entry = json.loads(DEMO_MODEL_JSON.read_text())["fp_reduction"]
+    reducer = FPReducer(FPReductionConfig.from_json(entry, weights_dir=DEMO_MODEL_JSON.parent))
+    vol = _lung_volume(np.eye(3))  # noise only: the blob search finds nothing
+    out = reduce_false_positives(vol, Findings([], case_id="c", timings_ms={"model": 5.0}), reducer, None)
+    assert len(out.candidates) == 0
+    assert {"model", "fpr_blobs", "fpr_refine"} <= set(out.timings_ms), out.timings_ms
+    assert out.timings_ms["fpr_blobs"] > 0.0 and out.timings_ms["fpr_refine"] >= 0.0

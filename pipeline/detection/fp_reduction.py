@@ -276,13 +276,15 @@ def reduce_false_positives(volume: CTVolume, findings: Findings, reducer: FPRedu
     the module docstring); duplicates of one nodule are merged; highest score first, every candidate reported
     (no threshold applied). The result's ``timings_ms`` gains the wall time (ms) of the blob search, the centre
     refinement and the classifier (cutting the cubes and scoring them): ``fpr_blobs``, ``fpr_refine``,
-    ``fpr_classifier``."""
+    ``fpr_classifier`` (the first two also when there is no candidate at all, and so no classifier time)."""
     timings: dict[str, float] = {}
     items, det = candidate_findings(
         volume, findings, region, blobs=reducer.config.blob_candidates, timings_ms=timings, device=reducer.device
     )
-    if not items:
-        return findings.with_candidates([])
+    if not items:  # nothing to score: the blob search and the refinement still ran, and took their time
+        empty = findings.with_candidates([])
+        empty.timings_ms.update(timings)
+        return empty
     centers = np.array([f.center_lps for f in items])
     with DeviceTimer(reducer.device) as clock:
         probs = reducer.probabilities(volume, centers)
