@@ -203,6 +203,7 @@ def write_dicom_outputs(
     quality: Any = None,
     measurements: Mapping[str, Any] | None = None,
     organ_masks: Mapping[str, np.ndarray | LabelMap] | None = None,
+    side_masks: Mapping[str, np.ndarray | LabelMap] | None = None,
     details: Mapping[int, NoduleDetail] | None = None,
     outputs: Sequence[str] = OUTPUTS,
     stem: str | None = None,
@@ -221,7 +222,9 @@ def write_dicom_outputs(
     taken from the measurements' ``nodules`` and the SEG has no nodule segments. measurements, organ_masks, quality:
     the same parts given separately (they take precedence over the reconstruction's; e.g. as a run keeps them on
     disk); with neither quality report, the SR carries the findings' own quality flags (``Findings.flags``: thick
-    slices). names: file name per output (default ``<stem>_sr.dcm``, ``<stem>_seg.dcm``). The source headers are read
+    slices). The organ masks' lungs (``lung_left``, ``lung_right``) give each finding's side; side_masks: the lung
+    masks that give the sides instead, never written to the SEG (when the organs asked for leave out a lung:
+    :func:`~pipeline.dicom_out.case.lung_side_masks`; bool ``[k, j, i]`` on the volume's grid). names: file name per output (default ``<stem>_sr.dcm``, ``<stem>_seg.dcm``). The source headers are read
     once for both objects. A SEG with nothing to hold (no organ mask, no nodule mask) is skipped with a warning.
     keep_identifiers: False writes both without the source's patient identifiers (see
     :meth:`SourceSeries.without_identifiers`; the study and frame of reference stay the source's).
@@ -254,7 +257,8 @@ def write_dicom_outputs(
     if nodules is None and measurements:
         nodules = measurements.get("nodules")
     threshold = _threshold(score_threshold)
-    reported = _reported(findings, volume, src, threshold, nodules, masks, details)
+    sides = masks if side_masks is None else side_masks  # the SEG holds ``masks`` alone
+    reported = _reported(findings, volume, src, threshold, nodules, sides, details)
     if stable_uids and uid_seed is None:
         uid_seed = content_seeds(
             src,

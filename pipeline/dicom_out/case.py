@@ -87,6 +87,18 @@ def lung_side_masks(volume: CTVolume, *, device: str | None = None, step_mm: flo
     return out
 
 
+def side_masks_for(
+    volume: CTVolume, organs: Sequence[str], findings: Any, *, device: str | None = None
+) -> dict[str, np.ndarray] | None:
+    """The lungs that give each finding its side in the SR when ``organs`` (those the reconstruction was asked
+    for) leave out a lung: :func:`lung_side_masks` of ``volume`` on ``device``, segmented for the SR alone (never
+    a SEG segment); None when ``organs`` hold both lungs (theirs give the sides) or there is no finding to place."""
+    if findings is None or not len(findings) or set(SIDE_ORGANS) <= set(organs):
+        return None
+    log.info("the organs asked for (%s) leave out a lung: segmenting the lungs for each finding's side", ",".join(organs))
+    return lung_side_masks(volume, device=device)
+
+
 def model_identity(findings: Any) -> tuple[str, str]:
     """(name, version) of the algorithm an SR names: the detector of ``findings`` (``Findings.model``), or the
     reconstruction when there are no findings; the version is ctpipe's (the demo weights ship with it; a bundle's
@@ -106,6 +118,7 @@ def write_case_dicom(
     nodules: Sequence[Any] | None = None,
     measurements: Mapping[str, Any] | None = None,
     organ_masks: Mapping[str, Any] | None = None,
+    side_masks: Mapping[str, Any] | None = None,
     quality: Any = None,
     stem: str | None = None,
     names: Mapping[str, str] | None = None,
@@ -118,8 +131,10 @@ def write_case_dicom(
     """Write the ``outputs`` (``"sr"``, ``"seg"``) of one case into ``out_dir``; returns output → path.
 
     findings: the case's ``Findings`` (its reported findings at its ``score_threshold``, the operating point; None
-    when no threshold was applied: every finding), or None when no detector ran. The other arguments are those of
-    :func:`~pipeline.dicom_out.api.write_dicom_outputs`. Raises :class:`~pipeline.errors.DicomOutputError`.
+    when no threshold was applied: every finding), or None when no detector ran. side_masks: the lungs that give each
+    finding's side when the organ masks (the SEG's segments) leave one out (:func:`lung_side_masks`). The other
+    arguments are those of :func:`~pipeline.dicom_out.api.write_dicom_outputs`. Raises
+    :class:`~pipeline.errors.DicomOutputError`.
     """
     if not outputs:
         return {}
@@ -137,6 +152,7 @@ def write_case_dicom(
         nodules=nodules,
         measurements=measurements,
         organ_masks=organ_masks,
+        side_masks=side_masks,
         quality=quality,
         outputs=outputs,
         stem=stem,

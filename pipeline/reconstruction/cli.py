@@ -6,6 +6,8 @@ results, after every other file (a failure to write them loses none of those; ex
 ``<stem>_sr.dcm``, a TID 1500 SR of those findings (at the operating point their JSON names) with
 the nodules' volumes, the lung volumes, the emphysema index and the quality flags; without
 ``--findings`` the SR reports the measurements and flags and makes no statement on nodules.
+The SEG holds only the ``--organs``; each finding's side in the SR comes from their lungs or, when
+they leave out a lung, from the lungs segmented for the SR alone (as ``ctpipe detect`` does).
 ``--dicom none|sr|seg|sr,seg`` or ``--no-dicom`` chooses them.
 
 The loaders and the reconstruction stage (numpy, torch, pydicom) are imported inside the
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     n_files = sum(len(v) for v in rec.files.values())
     print(f"wrote {n_files} files to {args.out}")
     status = 0 if rec.meshes else 1
-    return max(status, _write_dicom(args, volume, rec, reported, stem))
+    return max(status, _write_dicom(args, volume, rec, reported, stem, organs=organs, device=device))
 
 
 def _figure(value: Any, spec: str, unit: str) -> str:
@@ -157,9 +159,22 @@ def _figure(value: Any, spec: str, unit: str) -> str:
     return "n/a" if value is None else f"{value:{spec}} {unit}"
 
 
-def _write_dicom(args: argparse.Namespace, volume: Any, rec: Any, findings: Any, stem: str) -> int:
-    """The SR and SEG (after every other output): 0 when written or not asked for, 1 when they failed."""
-    from ..dicom_out.case import dicom_source_of, write_case_dicom
+def _write_dicom(
+    args: argparse.Namespace,
+    volume: Any,
+    rec: Any,
+    findings: Any,
+    stem: str,
+    *,
+    organs: list[str],
+    device: str | None = None,
+) -> int:
+    """The SR and SEG (after every other output): 0 when written or not asked for, 1 when they failed.
+
+    The SEG holds the ``organs`` reconstructed; each finding's side in the SR comes from their lungs, or, when
+    ``organs`` leave out a lung, from the lungs segmented for the SR alone on ``device`` (torch device; None: CUDA
+    when available), as ``ctpipe detect`` does (:func:`~pipeline.dicom_out.case.side_masks_for`)."""
+    from ..dicom_out.case import dicom_source_of, side_masks_for, write_case_dicom
 
     outputs = tuple(args.dicom)
     if not outputs:
@@ -170,6 +185,7 @@ def _write_dicom(args: argparse.Namespace, volume: Any, rec: Any, findings: Any,
         return 0
     if findings is None and "sr" in outputs:
         log.info("no findings given (--findings): the SR reports the measurements and quality flags, no nodules")
+    sides = side_masks_for(volume, organs, findings, device=device) if "sr" in outputs else None
     try:
         paths = write_case_dicom(
             args.out,
@@ -179,6 +195,7 @@ def _write_dicom(args: argparse.Namespace, volume: Any, rec: Any, findings: Any,
             outputs=outputs,
             reconstruction=rec,
             nodules=rec.nodules,
+            side_masks=sides,
             stem=stem,
             stable_uids=True,
         )

@@ -9,9 +9,10 @@ names any result (:mod:`pipeline.dicom_out`):
   the case's quality flags; when detection was skipped (no lungs) it makes no statement on nodules;
 * ``seg.dcm``: a binary SEG of the organ masks (kept in the case cache by ``reconstruct``) and of
   the nodule masks, segmented again from the findings inside the same lung mask as ``nodules``
-  did (the same volume, findings and mask give the same masks as the measurements JSON's). A run
-  without reconstruction has only the lungs the ``lungs`` stage kept, which give the SR's sides: no
-  SEG (one warning per case) and no nodule sizes.
+  did (the same volume, findings and mask give the same masks as the measurements JSON's); only the
+  organs of ``reconstruct.organs``. When those leave out a lung, the lungs the ``lungs`` stage kept
+  give the SR's sides (never segments of the SEG). A run without reconstruction has only those
+  lungs, which give the SR's sides: no SEG (one warning per case) and no nodule sizes.
 
 Both reference the case's source files (matched slice by slice to the cached volume) and are new
 series in the source's study and frame of reference. Each one's UIDs derive from the case and what
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..dicom_out.uids import add_mask, reported_measurements, source_images
-from .recon_stages import LUNGS, load_lung_mask, load_organ_masks, read_case_volume
+from .recon_stages import LUNGS, load_lung_mask, load_organ_masks, lungs_first, read_case_volume
 from .stage import CaseContext, Stage, WorkerInfo
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,6 +80,7 @@ def _uid_seed(
     masks: Mapping[str, np.ndarray] | None = None,
     nodules: Sequence[Any] | None = None,
     *,
+    sides: Mapping[str, np.ndarray] | None = None,
     patient_study: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Digests of what each of the case's results is made of, by output (``sr``, ``seg``); their UIDs derive from them.
@@ -88,7 +90,8 @@ def _uid_seed(
     (``patient_study``: :meth:`SourceSeries.patient_study`; a corrected PatientID or name, which may leave every file's
     size as it was, gives new UIDs rather than reusing those filed under the old patient) and its reported findings as
     the results state them (:func:`_stated_findings`). The SR: the quality report, the measurements it
-    reports (lungs, nodules), the lung masks (each finding's side) and the nodule masks (their sizes). The SEG: every
+    reports (lungs, nodules), the lung masks that give each finding's side (``sides`` when given, else those of
+    ``masks``) and the nodule masks (their sizes). The SEG: every
     organ mask, the nodule masks (with their place on the volume's grid) and ``outputs.seg_omit_empty_frames``. Options
     that leave a result as it is (meshes, renderings, PNGs, ``privacy``, whether the other result is written, organs
     the SR does not report on) do not change its UIDs, so the same case processed again gives an archive the same
@@ -103,7 +106,7 @@ def _uid_seed(
         **common,
         "quality": ctx.state.get("quality"),
         "measurements": reported_measurements(measurements),
-        "masks": _masks_digest({o: m for o, m in masks.items() if o in LUNGS}, nodules or ()),
+        "masks": _masks_digest({o: m for o, m in (sides if sides is not None else masks).items() if o in LUNGS}, nodules or ()),
     }
     seg = {
         **common,
@@ -217,6 +220,9 @@ class DicomStage(Stage):
         masks = load_organ_masks(ctx.cache_dir, case_id, volume.shape)
         if "seg" not in outputs or not reconstructed:
             masks = {o: m for o, m in masks.items() if o in LUNGS}
+        # the reconstruction without both lungs (or none): the lungs the ``lungs`` stage kept give the sides, apart
+        sides = None if lungs_first(ctx.config) else load_organ_masks(ctx.cache_dir, case_id, volume.shape, sides=True)
+        sides = sides or None
         nodules = None
         if findings is not None and len(findings) and reconstructed:
             nodules = self._nodules(ctx, volume, findings, masks)
@@ -238,12 +244,13 @@ class DicomStage(Stage):
             outputs=outputs,
             measurements=measurements,
             organ_masks=masks,
+            side_masks=sides,
             nodules=nodules,
             quality=ctx.state.get("quality"),
             names={o: Path(f).name for o, f in FILES.items()},
             omit_empty_frames=ctx.config.outputs.seg_omit_empty_frames,
             keep_identifiers=True,  # DICOM results belong with their study: Patient and Study copied from the source
-            uid_seed=_uid_seed(ctx, source, measurements, masks, nodules, patient_study=source.patient_study()),
+            uid_seed=_uid_seed(ctx, source, measurements, masks, nodules, sides=sides, patient_study=source.patient_study()),
             created=source.acquired(),
         )
         declared = [FILES[o] for o in paths]

@@ -9,7 +9,9 @@ lungs alone for the quality report that decides whether to search. When the
 DICOM SEG is among ``outputs.dicom``, ``reconstruct`` also keeps every organ mask
 in the cache (``RUN_DIR/cache/<case_id>.organs.npz``, bits packed) for the
 ``dicom`` stage (:mod:`.dicom_stage`); with the SR alone, the lung masks (each
-finding's side in the report), which ``lungs`` also keeps for the SR.
+finding's side in the report). When the reconstruction leaves out a lung (or is
+off), ``lungs`` keeps its two lungs apart (``<case_id>.sides.npz``): they give
+the SR's sides, and are never segments of the SEG.
 
 A file that cannot be written fails the stage (an environmental error such as a
 full disk stops the run; see :mod:`.faults`); an organ that cannot be segmented
@@ -75,13 +77,16 @@ def load_lung_mask(cache_dir: Path, case_id: str, shape: tuple[int, ...]) -> np.
     return np.unpackbits(packed, count=int(np.prod(shape))).astype(bool).reshape(shape)
 
 
-def organ_masks_path(cache_dir: Path, case_id: str) -> Path:
-    return cache_dir / f"{case_id}.organs.npz"
+def organ_masks_path(cache_dir: Path, case_id: str, *, sides: bool = False) -> Path:
+    """The reconstruction's organ masks (``<case_id>.organs.npz``), or with ``sides`` the lungs segmented for each
+    finding's side in the SR alone (``<case_id>.sides.npz``)."""
+    return cache_dir / f"{case_id}.{'sides' if sides else 'organs'}.npz"
 
 
-def save_organ_masks(cache_dir: Path, case_id: str, masks: Mapping[str, np.ndarray]) -> Path:
-    """Keep a case's organ masks (organ → bool ``[k, j, i]``) in the cache, bits packed, atomically."""
-    path = organ_masks_path(cache_dir, case_id)
+def save_organ_masks(cache_dir: Path, case_id: str, masks: Mapping[str, np.ndarray], *, sides: bool = False) -> Path:
+    """Keep a case's organ masks (organ → bool ``[k, j, i]``) in the cache, bits packed, atomically; ``sides``: the
+    lungs that give the SR's sides, kept apart from the organs of the SEG (:func:`organ_masks_path`)."""
+    path = organ_masks_path(cache_dir, case_id, sides=sides)
     names = list(masks)
     packed = [np.packbits(np.ascontiguousarray(masks[o], dtype=bool), axis=None) for o in names]
     with atomic_open(path) as fh:
@@ -89,9 +94,10 @@ def save_organ_masks(cache_dir: Path, case_id: str, masks: Mapping[str, np.ndarr
     return path
 
 
-def load_organ_masks(cache_dir: Path, case_id: str, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """The organ masks kept by :func:`save_organ_masks` (empty when the case has none)."""
-    path = organ_masks_path(cache_dir, case_id)
+def load_organ_masks(cache_dir: Path, case_id: str, shape: tuple[int, ...], *, sides: bool = False) -> dict[str, np.ndarray]:
+    """The organ masks (or with ``sides`` the side lungs) kept by :func:`save_organ_masks` (empty when the case has
+    none)."""
+    path = organ_masks_path(cache_dir, case_id, sides=sides)
     if not path.is_file():
         return {}
     n = int(np.prod(shape))
@@ -203,8 +209,9 @@ class ReconstructStage(Stage):
 
 class LungsStage(Stage):
     """Both lungs segmented alone, and the quality report they give (lung coverage, slice thickness, contrast),
-    before detection: for runs that do not reconstruct the lungs. With the SR among ``outputs.dicom``, the two lung
-    masks are kept in the cache (as ``reconstruct`` keeps them): they give each finding's side in the report."""
+    before detection: for runs that do not reconstruct both lungs. With the SR among ``outputs.dicom``, the two lung
+    masks are kept in the cache (``<case_id>.sides.npz``, apart from the reconstruction's organs, which are the
+    SEG's): they give each finding's side in the report."""
 
     name = "lungs"
     group = "cpu"
@@ -230,8 +237,8 @@ class LungsStage(Stage):
         quality = assess_quality(np.asarray(vol.array), vol.geometry, seg.masks, metadata=vol.metadata)
         t2 = time.perf_counter()
         lungs = {o: seg.masks[o] for o in LUNGS if o in seg.masks}
-        if lungs and "sr" in ctx.config.outputs.dicom:  # each finding's side in the SR, as the reconstruction's lungs
-            save_organ_masks(ctx.cache_dir, ctx.case.case_id, lungs)
+        if lungs and "sr" in ctx.config.outputs.dicom:  # each finding's side in the SR; never a SEG segment
+            save_organ_masks(ctx.cache_dir, ctx.case.case_id, lungs, sides=True)
         timings = {"segment": round(clock.seconds, 6), "quality": round(t2 - t1, 6)}
         return {"quality": quality.to_json(), "timings": timings}
 
