@@ -239,6 +239,14 @@ def _copies_note(copies: list[dict[str, str]]) -> str:
     )
 
 
+def _left_out_note(left_out: list[dict[str, str]]) -> str:
+    """The page's list of the paths given that were not run folders (a log file, an earlier report), left out."""
+    if not left_out:
+        return ""
+    items = "".join(f"<li>{_e(e['path'])}: {_e(e['reason'])}</li>" for e in left_out)
+    return f"<p><b>Left out, not run folders:</b></p><ul>{items}</ul>"
+
+
 def _others_note(others: list[dict[str, Any]]) -> str:
     """The page's list of attempts at a series in another folder than the one it is counted in (at most
     :data:`CASES_SHOWN`; ``other_attempts.csv`` has them all)."""
@@ -308,6 +316,7 @@ td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
 {status_banner(s["status"]) if "status" in s else ""}
 <p>Runs: {s["runs"]} in {_e(", ".join(s["run_dirs"]))} &middot; devices: {_e(", ".join(s["devices"]) or "?")}
 &middot; generated {_e(s["generated_at"])}</p>
+{_left_out_note(s.get("left_out") or [])}
 {_copies_note(s.get("copied_runs") or [])}
 <p class="big"><b>{_e(s["projection"])}</b></p>
 <p>{_e(s["capacity"]["text"])}</p>

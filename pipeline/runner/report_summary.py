@@ -49,13 +49,13 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .capacity import estimate, stage_overlap
 from .report_days import per_local_day
+from .report_inputs import run_folders
 from .tables import (
     case_status,
     drop_copies,
@@ -351,7 +351,9 @@ def summarize(
 ) -> tuple[dict[str, Any], dict]:
     """Summary numbers (JSON-able) and the combined DataFrames of ``run_dirs``.
 
-    ``run_dirs`` are resolved and named once each, in the order given. In the DataFrames, ``runs.status`` and
+    ``run_dirs`` are resolved and named once each, in the order given; entries that are plainly not run folders (a
+    file, a folder without a run store: what a glob such as ``runs/*`` also catches) are left out and listed with
+    the reason in ``left_out`` (see :func:`.report_inputs.run_folders`, which names the errors that stay). In the DataFrames, ``runs.status`` and
     ``cases.status`` are as the report shows them (killed runs and their cases ``interrupted``; see
     :func:`.tables.run_status`). ``gpus``, ``nodes``, ``cpu_workers`` (per node): the capacity model's cluster
     (see :func:`.capacity.estimate`; defaults: the runs' own GPUs and CPU workers, one node). ``timezone``: the IANA
@@ -359,8 +361,10 @@ def summarize(
     """
     import pandas as pd
 
-    # a run folder named twice (or by two paths) is one run: counted once
-    unique = list(dict.fromkeys(Path(d).resolve() for d in run_dirs))
+    # what is plainly not a run folder (a log file, an earlier report) left out, named; each run folder once
+    unique, left_out = run_folders(run_dirs)
+    for e in left_out:
+        log.info("left out %s: %s", e["path"], e["reason"], extra={"event": "report_left_out"})
     tables = [read_tables(d) for d in unique]
     t = {k: pd.concat([x[k] for x in tables], ignore_index=True) for k in tables[0]}
     t["runs"]["status"] = run_status(t["runs"])
@@ -440,6 +444,7 @@ def summarize(
     summary = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "run_dirs": [str(d) for d in unique],
+        "left_out": left_out,
         "runs": int(len(runs)),
         "devices": sorted(set(runs.device.dropna())),
         "cases": {
