@@ -10,7 +10,7 @@ import errno
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -28,13 +28,7 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
     (0666 less the umask: ``-rw-r--r--`` under the usual 022), not the temporary file's
     owner-only 0600, so that the group a report or rendering is shared with can read it.
     """
-    if path.is_dir():  # found before anything is written, and named: not the temporary file's rename failing
-        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise _naming(exc, path) from exc
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             _share_as_umask_says(fh.fileno(), path)
@@ -46,6 +40,62 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.filename in (tmp, None):  # a write's or the rename's: about ``path``
             raise _naming(exc, path) from exc
+        raise
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new temporary file (open descriptor, path) in the folder of ``path`` (created if missing), for content
+    that is to replace ``path``; an :class:`IsADirectoryError` naming ``path`` when a folder stands there (found
+    before anything is written, not as the rename failing), an error of the folder named as about ``path``."""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _naming(exc, path) from exc
+
+
+@contextmanager
+def published_together(folder: Path) -> Iterator[Callable[[str, bytes], Path]]:
+    """Files of ``folder`` that appear together (a report's page, JSON and tables), as ``write(name, data)`` in the
+    block gives them; ``write`` returns the file's final path.
+
+    Each file is written, flushed and synced to a temporary file in ``folder`` at once; when the block completes,
+    all are renamed over their names one after the other, with no other work between them. On any error in the
+    block (a write's too: a full disk, a folder where a file should be) every temporary file is removed and no file
+    of ``folder`` is replaced: the folder holds the earlier complete set or the new complete one, never part of
+    each. Files get the permissions :func:`atomic_open` gives them. Other files of ``folder`` are left as they are.
+    """
+    staged: list[tuple[str, Path]] = []
+
+    def write(name: str, data: bytes) -> Path:
+        path = folder / name
+        fd, tmp = _temp_beside(path)
+        staged.append((tmp, path))
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                _share_as_umask_says(fh.fileno(), path)
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if exc.filename in (tmp, None):  # a write's: about ``path``
+                raise _naming(exc, path) from exc
+            raise
+        return path
+
+    try:
+        yield write
+        while staged:
+            tmp, path = staged[0]
+            os.replace(tmp, path)
+            staged.pop(0)
+    except BaseException as exc:
+        for tmp, _final in staged:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and staged and exc.filename == staged[0][0]:  # a rename's: about its file
+            raise _naming(exc, staged[0][1]) from exc
         raise
 
 

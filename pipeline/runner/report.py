@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_write_bytes
+from ..atomic import atomic_write_bytes, published_together
 from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
 from .report_summary import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT, PCTS, latest_skipped, run_state, summarize
 from .tables import read_runs, utc_text
@@ -285,12 +285,13 @@ def build_report(
 ) -> Report:
     """Write ``report.html``, ``report.json`` and CSV tables for ``run_dirs`` into ``out_dir``.
 
+    The files are published together (:func:`~pipeline.atomic.published_together`): should the report fail
+    partway, ``out_dir`` keeps the earlier report's files, all of them as they were.
+
     ``gpus``, ``nodes`` and ``cpu_workers`` (per node) set the cluster of the capacity model (``summary["capacity"]``;
     defaults: the runs' own GPUs and CPU workers, one node). ``timezone``: the IANA time zone of the completed cases per
     local day (``throughput_daily_local.csv``, the page's daily table; default: this machine's local time).
     """
-    import pandas as pd
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary, t = summarize(
@@ -303,12 +304,21 @@ def build_report(
     rep = Report(out, out / "report.html", out / "report.json")
     rows = case_rows(t, out)
     skipped = latest_skipped(t)
-    atomic_write_bytes(rep.html, render_html(summary, plots, rows, skipped).encode())
-    atomic_write_bytes(rep.json, json.dumps(summary, indent=1).encode())
-    atomic_write_bytes(
-        out / STATUS_JSON, json.dumps({**summary["status"], "updated_at": summary["generated_at"]}, indent=1).encode()
-    )
-    tables = {
+    with published_together(out) as write:  # all files or none: a failure leaves the earlier report whole
+        write(rep.html.name, render_html(summary, plots, rows, skipped).encode())
+        write(rep.json.name, json.dumps(summary, indent=1).encode())
+        write(STATUS_JSON, json.dumps({**summary["status"], "updated_at": summary["generated_at"]}, indent=1).encode())
+        rep.csv = [write(name, _csv_bytes(df)) for name, df in _tables(summary, t, skipped).items()]
+    rep.summary = summary
+    log.info("report written to %s", rep.html, extra={"event": "report"})
+    return rep
+
+
+def _tables(summary: dict[str, Any], t: dict, skipped: Any) -> dict[str, Any]:
+    """The report's CSV tables by file name (DataFrames), from the summary and tables of :func:`.summarize`."""
+    import pandas as pd
+
+    return {
         # counts as whole numbers; n_failed_earlier empty for a run without an end record (not 0.0 beside it)
         "runs.csv": pd.DataFrame(summary["runs_table"], columns=RUNS_COLUMNS).astype({"n_failed_earlier": "Int64"}),
         "latency.csv": _latency_table(summary["latency_s"]),
@@ -353,12 +363,6 @@ def build_report(
             ]
         ],
     }
-    for name, df in tables.items():
-        atomic_write_bytes(out / name, _csv_bytes(df))
-        rep.csv.append(out / name)
-    rep.summary = summary
-    log.info("report written to %s", rep.html, extra={"event": "report"})
-    return rep
 
 
 def _earlier_report(report_json: Path) -> dict[str, Any] | None:
