@@ -32,6 +32,7 @@ from .resume import RunLock, drop_cached, plan, reconcile, remove_quarantine
 from .run_host import no_gpu_here, resolve_devices, software_versions
 from .run_summary import EXIT_ENVIRONMENT, EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_QUARANTINED, SHOWN, RunSummary
 from .session import RunSession, origins_of
+from .source_roots import SourceRoots
 from .stage import Stage, WorkerInfo
 from .stages import build_stages
 from .store import RunStore
@@ -299,6 +300,7 @@ def _run(
             retries=cfg.runner.retries,
             keep_cache=cfg.runner.keep_cache,
             observers=[metrics, prog],
+            sources=SourceRoots.of(srcs, cfg),  # a source mount that drops: the run stops, its cases wait for the next
         )
         if progress_cb is not None:
             progress_cb(prog)  # show the bar before the first case finishes

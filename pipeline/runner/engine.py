@@ -13,7 +13,10 @@ When the run folder cannot be written (disk full, read-only, no permission;
 see :mod:`.faults`), no new case is admitted; the cases in flight finish if
 they can, and those that cannot are released (back to pending, no verdict) for
 the next run. A failure of the run store itself stops the engine at once (its
-cases stay 'running' and are retried by the next run).
+cases stay 'running' and are retried by the next run). The same holds when a
+source folder of the run goes away (a network mount that drops, see
+:mod:`.source_roots`): a case that fails while its source folder cannot be read
+is released, not quarantined, and no new case is admitted.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any, Protocol
 from ..errors import FatalRunError, IncompleteOutputError
 from .faults import environment_failure
 from .resume import drop_cached, publish, remove_quarantine, write_quarantine
+from .source_roots import SourceRoots
 from .stage import CaseSpec, Stage, Task, TaskResult
 from .store import RunStore
 
@@ -98,6 +102,7 @@ class Engine:
         retries: int,
         keep_cache: bool,
         observers: Sequence[Observer] = (),
+        sources: SourceRoots | None = None,
     ):
         self.stages = list(stages)
         self.groups = [s.group for s in self.stages]
@@ -109,6 +114,7 @@ class Engine:
         self.retries = retries
         self.keep_cache = keep_cache
         self.observers = list(observers)
+        self.sources = sources  # the run's source folders: one that goes away stops the run (None: not watched)
         self._seq = itertools.count()
         self.stopping: str | None = None
 
@@ -147,7 +153,12 @@ class Engine:
 
     # -- steps -------------------------------------------------------------------------------
     def _admit(self, case: CaseSpec, result: EngineResult, tries: int = 1) -> _Live | None:
-        """Start an attempt of ``case`` (None when its staging folder cannot be made: the run stops admitting)."""
+        """Start an attempt of ``case`` (None when its staging folder cannot be made, or its source folder is gone:
+        the run stops admitting)."""
+        gone = self.sources.gone(case) if self.sources is not None else None
+        if gone is not None:  # the case stays pending, untouched: the next run starts it
+            self._stop(gone)
+            return None
         attempt = self.store.begin_case(case.case_key, self.run_id)
         workdir = self.run_dir / "tmp" / f"{case.case_id}.a{attempt}"
         shutil.rmtree(workdir, ignore_errors=True)
@@ -199,10 +210,11 @@ class Engine:
             del live[res.case_key]
             shutil.rmtree(lv.workdir, ignore_errors=True)
             reason = res.error or "unknown error"
-            if res.environment:
-                self._stop(reason)
-            if self.stopping is not None:  # the run folder failed: no verdict on this case now, the next run retries it
-                why = reason if res.environment else f"{reason} (not judged: the run was stopping: {self.stopping})"
+            gone = self.sources.gone(lv.case) if self.sources is not None and not res.environment else None
+            if res.environment or gone is not None:
+                self._stop(gone or reason)
+            if self.stopping is not None:  # the run folder or source failed: no verdict on this case now, the next run retries it
+                why = reason if res.environment else gone or f"{reason} (not judged: the run was stopping: {self.stopping})"
                 self._release(lv, why, res.stage, result)
                 return
             if res.worker_died and lv.tries <= self.retries:
@@ -329,12 +341,12 @@ class Engine:
         for obs in self.observers:
             obs.on_case_failed(case, reason, error_class)
 
-    # -- the run folder failed ------------------------------------------------------------------------
+    # -- the run folder or a source folder failed -------------------------------------------------------------
     def _stop(self, why: str) -> None:
         if self.stopping is None:
             self.stopping = why
             log.error(
-                "run folder failure: %s; no new cases are started",
+                "run stopped: %s; no new cases are started",
                 why,
                 extra={"event": "run_stopping", "run_id": self.run_id, "reason": why},
             )

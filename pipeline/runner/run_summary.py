@@ -9,6 +9,7 @@ from typing import Any
 
 from ..ingest.image import image_suffix
 from .discover import STILL_WRITTEN
+from .source_roots import SOURCE_GONE
 
 EXIT_OK = 0
 EXIT_FATAL = 1
@@ -25,7 +26,8 @@ REPR_SHOWN = 3
 class RunSummary:
     """What a run did. ``exit_code``: 0 all cases done, 3 some quarantined (by this run, or by an earlier run of the
     folder and not retried: ``quarantined`` and ``still_quarantined`` tell them apart), 4 the run folder could not be
-    written (disk full, read-only, no permission: the run stopped early; the same command resumes), 1 the run could not
+    written (disk full, read-only, no permission) or a source folder went away (a network mount that dropped): the
+    run stopped early; the same command resumes, without ``--retry-failed``), 1 the run could not
     proceed (bad source or configuration, a model that cannot load)."""
 
     run_dir: Path
@@ -43,7 +45,7 @@ class RunSummary:
     report_html: Path | None = None
     metrics_file: Path | None = None
     fatal: str | None = None
-    stopped: str | None = None  # the run folder could not be written: why
+    stopped: str | None = None  # the run folder could not be written, or a source folder went away: why
     unfinished: int = 0  # cases of this run neither done nor quarantined (left for the next run)
     notes: list[str] = field(default_factory=list)  # outputs of the run itself that could not be written
     sources: list[str] = field(default_factory=list)  # as given to the run
@@ -92,7 +94,9 @@ class RunSummary:
                     f"  NIfTI/MHA/NRRD images are not DICOM series ({len(images)}, such as {images[0]}): ctpipe run "
                     "reads DICOM; analyse an image with `ctpipe detect FILE` or `ctpipe reconstruct FILE`"
                 )
-        if self.stopped and self.unfinished:
+        if self.stopped and self.stopped.startswith(SOURCE_GONE):  # its own fix: mount the source again
+            out.append(f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished")
+        elif self.stopped and self.unfinished:
             if "(EFBIG)" in self.stopped:
                 todo = "raise the file-size limit (ulimit -f unlimited; LimitFSIZE=infinity in a systemd unit)"
             elif "(ENOTDIR)" in self.stopped or "(EISDIR)" in self.stopped:
