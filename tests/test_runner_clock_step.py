@@ -43,3 +43,29 @@ def test_a_clock_stepped_back_during_a_case_leaves_its_latency_positive(tmp_path
     assert summary.exit_code == 0 and summary.done == 1
     (latency,) = open_run(tmp_path / "run").cases.latency_s
     assert 0.2 <= latency < 600.0, latency
+
+
+def test_a_killed_runs_active_time_is_measured_on_the_monotonic_clock(tmp_path, monkeypatch):
+    # was: active_s 0 (its end taken from its last stage's wall-clock end, an hour before its start), so the report's
+    # active hours and cases/hour left the run out
+    from pipeline.runner.report import summarize
+    from tests._support.runner import db_rows
+    from tests.test_runner_report_tables import _clock, _dead_pid
+
+    out = tmp_path / "run"
+    summary = run_batch(
+        [SAMPLE],
+        out=out,
+        workers=0,
+        stages=[IngestStage(), _ClockStepsBack(monkeypatch)],
+        **{"report.enabled": False, "metrics.textfile": False},
+    )
+    assert summary.exit_code == 0 and summary.done == 1
+    monkeypatch.undo()  # the clock as it is; then the run as a SIGKILL leaves it: no end record, its process gone
+    _clock(out, "UPDATE runs SET ended_at = NULL, status = 'running', pid = ?", (_dead_pid(),))
+    ((started,),) = db_rows(out, "SELECT started_at FROM runs")
+    ends = dict(db_rows(out, "SELECT stage, ended_at FROM stage_attempts"))
+    assert ends["write"] < started < ends["ingest"]  # the wall clock went back during the run's last stage
+    (run,) = summarize([out])[0]["runs_table"]
+    assert run["status"] == "interrupted"
+    assert ends["ingest"] - started + 0.2 <= run["active_s"] < 600.0, run  # ingest, then the 0.2 s of the last stage

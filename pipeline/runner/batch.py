@@ -301,6 +301,7 @@ def _run(
             keep_cache=cfg.runner.keep_cache,
             observers=[metrics, prog],
             sources=SourceRoots.of(srcs, cfg),  # a source mount that drops: the run stops, its cases wait for the next
+            started=t0,
         )
         if progress_cb is not None:
             progress_cb(prog)  # show the bar before the first case finishes

@@ -103,6 +103,7 @@ class Engine:
         keep_cache: bool,
         observers: Sequence[Observer] = (),
         sources: SourceRoots | None = None,
+        started: float | None = None,
     ):
         self.stages = list(stages)
         self.groups = [s.group for s in self.stages]
@@ -115,6 +116,7 @@ class Engine:
         self.keep_cache = keep_cache
         self.observers = list(observers)
         self.sources = sources  # the run's source folders: one that goes away stops the run (None: not watched)
+        self.started = time.monotonic() if started is None else started  # the run's start, on the monotonic clock
         self._seq = itertools.count()
         self.stopping: str | None = None
 
@@ -204,6 +206,7 @@ class Engine:
             error=res.error,
             detail=res.outputs.pop("timings", None),
         )
+        self.store.mark_active(self.run_id, active_s=time.monotonic() - self.started)  # its time should it be killed
         for obs in self.observers:
             obs.on_stage(res)
         if not res.ok:

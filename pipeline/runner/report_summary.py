@@ -399,10 +399,7 @@ def summarize(
     for _, r in runs.iterrows():
         end = r["ended_at"]
         if not np.isfinite(end if end is not None else np.nan):  # killed run: up to its last recorded stage
-            sub = stages[(stages.run_id == r["run_id"]) & stages.ended_at.notna()]
-            end = float(sub.ended_at.max()) if len(sub) else float(r["started_at"])
-            if r["status"] == "running" and process_alive(r.get("pid"), r.get("host"), since=float(r["started_at"])):
-                end = max(end, now)  # under way: active until now, also while a case is still at work (or hung)
+            end = _end_so_far(r, stages, now)
         intervals.append((float(r["started_at"]), float(end)))
         durations[str(r["run_id"])] = max(0.0, float(end) - float(r["started_at"]))
     active_s = _active_seconds(intervals)
@@ -494,6 +491,25 @@ def summarize(
         "capacity": _capacity_summary(capacity, gpu=_gpu_recorded(runs)),
     }
     return summary, t
+
+
+def _end_so_far(run: Any, stages: Any, now: float) -> float:
+    """The end (Unix s) of the active time of ``run`` (a row of ``runs``), which has no end record: killed, or
+    under way. Its start plus the time it had been at work when it recorded its last stage, measured on the
+    monotonic clock (``runs.active_s``: a wall-clock step during the run changes neither); for a store of an
+    earlier version without it, its last recorded stage's end. A run still under way is active until ``now``, also
+    while a case is still at work (or hung): on the wall clock, from when its time was last recorded."""
+    started = float(run["started_at"])
+    active, at = run.get("active_s"), run.get("active_at")
+    measured = active is not None and np.isfinite(active) and at is not None and np.isfinite(at)
+    if measured:
+        end = started + float(active)
+    else:
+        sub = stages[(stages.run_id == run["run_id"]) & stages.ended_at.notna()]
+        end = float(sub.ended_at.max()) if len(sub) else started
+    if run["status"] == "running" and process_alive(run.get("pid"), run.get("host"), since=started):
+        end = end + max(0.0, now - float(at)) if measured else max(end, now)
+    return end
 
 
 def _gpu_labels(gpu: Any, runs: Any) -> Any:

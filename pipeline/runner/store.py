@@ -193,6 +193,15 @@ class RunStore:
             )
             return int(self.db.execute("SELECT attempts FROM cases WHERE case_key=?", (case_key,)).fetchone()[0])
 
+    def mark_active(self, run_id: str, *, active_s: float, at: float | None = None) -> None:
+        """Record that run ``run_id`` has been at work ``active_s`` seconds, measured on the monotonic clock from its
+        start (an NTP step or a resumed VM does not change it), at the Unix time ``at`` (default now): should the
+        run be killed before its end record, its active time is this, not its last stage's wall-clock end less its
+        wall-clock start."""
+        self.db.execute(
+            "UPDATE runs SET active_s=?, active_at=? WHERE run_id=?", (active_s, time.time() if at is None else at, run_id)
+        )
+
     def record_attempt(
         self,
         *,

@@ -52,7 +52,7 @@ from .faults import environment_failure
 log = logging.getLogger(__name__)
 
 DB_NAME = "runs.sqlite"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, started_at REAL NOT NULL, ended_at REAL, status TEXT NOT NULL,
     command TEXT, sources TEXT, config TEXT, versions TEXT, device TEXT, host TEXT, pid INTEGER,
     n_cases INTEGER DEFAULT 0, n_done INTEGER DEFAULT 0, n_failed INTEGER DEFAULT 0, n_skipped INTEGER DEFAULT 0,
-    n_failed_earlier INTEGER DEFAULT 0
+    n_failed_earlier INTEGER DEFAULT 0, active_s REAL, active_at REAL
 );
 CREATE TABLE IF NOT EXISTS cases (
     case_key TEXT PRIMARY KEY, case_id TEXT NOT NULL UNIQUE, series_uid TEXT, fingerprint TEXT NOT NULL,
@@ -109,7 +109,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
 """
 
 #: Columns added since schema version 1 (version 3 added the tables ``origins`` and ``deliveries`` only; version 4
-#: ``runs.n_failed_earlier``): (table, column, declaration), added by :func:`migrate`.
+#: ``runs.n_failed_earlier``; version 5 ``runs.active_s`` and ``runs.active_at``: a run's time so far on the
+#: monotonic clock, and the Unix time it was recorded at): (table, column, declaration), added by :func:`migrate`.
 ADDED_COLUMNS = (
     ("cases", "lung_coverage", "TEXT"),
     ("cases", "contrast_phase", "TEXT"),
@@ -118,6 +119,8 @@ ADDED_COLUMNS = (
     ("measurements", "reliable", "INTEGER NOT NULL DEFAULT 1"),
     ("measurements", "reason", "TEXT"),
     ("runs", "n_failed_earlier", "INTEGER DEFAULT 0"),
+    ("runs", "active_s", "REAL"),
+    ("runs", "active_at", "REAL"),
 )
 
 

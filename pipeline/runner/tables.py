@@ -37,7 +37,7 @@ _LATER_COLUMNS: dict[str, dict[str, object]] = {
         "origin_series_uid": None,
     },
     "measurements": {"reliable": 1, "reason": None},
-    "runs": {"n_failed_earlier": None},
+    "runs": {"n_failed_earlier": None, "active_s": None, "active_at": None},
 }
 _EMPTY = {
     "quality": ["case_key", "code", "severity", "message", "case_id"],
