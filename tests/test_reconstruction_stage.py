@@ -274,18 +274,19 @@ def test_cli_on_lungs_cut_by_the_scan_range_prints_their_figures_as_unreliable(t
 def test_cli_reads_a_nifti_image_as_ctpipe_detect_does(tmp_path, phantom, capsys):
     import SimpleITK as sitk
 
-    sitk.WriteImage(phantom.volume.to_sitk(), str(tmp_path / "chest.nii.gz"))
-    args = ["reconstruct", str(tmp_path / "chest.nii.gz"), "--out", str(tmp_path / "out"), "--no-render"]
+    src = tmp_path / "src"
+    src.mkdir()
+    sitk.WriteImage(phantom.volume.to_sitk(), str(src / "chest.nii.gz"))
+    args = ["reconstruct", str(src / "chest.nii.gz"), "--out", str(tmp_path / "out"), "--no-render"]
     assert ctpipe_main([*args, "--organs", "lung_left,lung_right", "--no-dicom"]) == 0
     assert (tmp_path / "out" / "chest_lung_left.stl").is_file() and "lungs total" in capsys.readouterr().out
     assert ctpipe_main([*args, "--series-uid", "1.2.3", "--no-dicom"]) == 1
     assert "leave out --series-uid" in capsys.readouterr().err
     # its folder, given instead of the file: the error names the image and how to pass it
-    assert ctpipe_main(["reconstruct", str(tmp_path), "--out", str(tmp_path / "o2"), "--no-dicom"]) == 1
+    assert ctpipe_main(["reconstruct", str(src), "--out", str(tmp_path / "o2"), "--no-dicom"]) == 1
     err = capsys.readouterr().err
     assert (
-        "no DICOM series but 1 image file(s): chest.nii.gz" in err
-        and f"pass one image file, e.g. {tmp_path / 'chest.nii.gz'}" in err
+        "no DICOM series but 1 image file(s): chest.nii.gz" in err and f"pass one image file, e.g. {src / 'chest.nii.gz'}" in err
     )
 
 
