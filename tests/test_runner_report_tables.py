@@ -399,3 +399,26 @@ def test_a_run_under_way_is_active_until_the_report_is_made(tmp_path):
     assert before - started > 0.3  # the process has run for longer than its last recorded stage
     assert run["status"] == "running" and run["active_s"] >= before - started  # not 0.1 s: a case may be at work, or hung
     assert s["throughput"]["cases_per_hour"] <= 3600.0 / (before - started)
+
+
+def test_the_run_under_way_status_changes_the_report_files_together_or_not_at_all(tmp_path, monkeypatch):
+    """A failure while marking a run as started leaves status.json, report.json and report.html as they were: the
+    bookmarked page and the JSON never disagree on whether a run is under way."""
+    from pipeline.runner import report as report_module
+
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=os.getpid())
+    _done(store, "a", "r1")
+    store.close()
+    out = run_dir / "report"
+    build_report([run_dir], out)
+    before = {name: (out / name).read_bytes() for name in ("status.json", "report.json", "report.html")}
+
+    def broken(status: dict) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report_module, "status_banner", broken)
+    with pytest.raises(OSError):
+        report_module.mark_run_started(out, run_dir)
+    assert {name: (out / name).read_bytes() for name in before} == before

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..atomic import atomic_write_bytes, published_together
+from ..atomic import published_together
 from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
 from .report_summary import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT, PCTS, latest_skipped, run_state, summarize
 from .tables import read_runs, utc_text
@@ -400,8 +400,9 @@ def mark_run_started(out_dir: str | os.PathLike[str], run_dir: str | os.PathLike
     """Say in the report folder ``out_dir`` of ``run_dir`` that a run of it is in progress (call once the run is
     recorded in the run store): ``status.json``, ``report.json`` ``status`` and the run-status line of
     ``report.html`` (the page and its figures otherwise left as they are) give the run's start, pid and host, the
-    run before it when that one was interrupted, and which report the figures are from. Every write is atomic.
-    Returns the status written."""
+    run before it when that one was interrupted, and which report the figures are from. The three files change
+    together (:func:`~pipeline.atomic.published_together`): a failure leaves them as they were. Returns the status
+    written."""
     out = Path(out_dir)
     status = run_state(read_runs(run_dir))
     earlier = _earlier_report(out / "report.json")
@@ -410,18 +411,21 @@ def mark_run_started(out_dir: str | os.PathLike[str], run_dir: str | os.PathLike
         status["figures_from"] = earlier["status"]["figures_from"]
     status["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / STATUS_JSON, json.dumps(status, indent=1).encode())
-    if earlier is not None:
-        atomic_write_bytes(out / "report.json", json.dumps({**earlier, "status": status}, indent=1).encode())
     try:
-        page = (out / "report.html").read_text()
+        page: str | None = (out / "report.html").read_text()
     except (OSError, ValueError):
-        return status  # no page yet (the first run), or not one of ours
-    banner = status_banner(status)
-    start, end = page.find(STATUS_START), page.find(STATUS_END)
-    if 0 <= start < end:
-        page = page[:start] + banner + page[end + len(STATUS_END) :]
-    elif "<body>" in page:  # a page written before it had a run-status line
-        page = page.replace("<body>", "<body>\n" + banner, 1)
-    atomic_write_bytes(out / "report.html", page.encode())
+        page = None  # no page yet (the first run), or not one of ours
+    if page is not None:
+        banner = status_banner(status)
+        start, end = page.find(STATUS_START), page.find(STATUS_END)
+        if 0 <= start < end:
+            page = page[:start] + banner + page[end + len(STATUS_END) :]
+        elif "<body>" in page:  # a page written before it had a run-status line
+            page = page.replace("<body>", "<body>\n" + banner, 1)
+    with published_together(out) as write:  # the status, the JSON and the page change together or not at all
+        write(STATUS_JSON, json.dumps(status, indent=1).encode())
+        if earlier is not None:
+            write("report.json", json.dumps({**earlier, "status": status}, indent=1).encode())
+        if page is not None:
+            write("report.html", page.encode())
     return status
