@@ -240,7 +240,7 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
             volume=volume,
             findings=findings,
             outputs=outputs,
-            organ_masks=lungs,
+            side_masks=lungs,  # the sides alone: detection has no organ masks for a SEG
             stem=case_id,
             stable_uids=True,
         )

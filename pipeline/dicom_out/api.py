@@ -224,8 +224,8 @@ def write_dicom_outputs(
     disk); with neither quality report, the SR carries the findings' own quality flags (``Findings.flags``: thick
     slices). The organ masks' lungs (``lung_left``, ``lung_right``) give each finding's side; side_masks: the lung
     masks that give the sides instead, never written to the SEG (when the organs asked for leave out a lung:
-    :func:`~pipeline.dicom_out.case.lung_side_masks`; bool ``[k, j, i]`` on the volume's grid). names: file name per output (default ``<stem>_sr.dcm``, ``<stem>_seg.dcm``). The source headers are read
-    once for both objects. A SEG with nothing to hold (no organ mask, no nodule mask) is skipped with a warning.
+    :func:`~pipeline.dicom_out.case.lung_side_masks`; bool ``[k, j, i]`` on the volume's grid). names: file name per
+    output (default ``<stem>_sr.dcm``, ``<stem>_seg.dcm``). The source headers are read once for both objects. A SEG with nothing to hold (no organ mask, no nodule mask) is skipped with a warning.
     keep_identifiers: False writes both without the source's patient identifiers (see
     :meth:`SourceSeries.without_identifiers`; the study and frame of reference stay the source's).
     uid_seed: derive the series and instance UIDs from this text (and ctpipe's version) instead of making new ones, or

@@ -221,8 +221,7 @@ class DicomStage(Stage):
         if "seg" not in outputs or not reconstructed:
             masks = {o: m for o, m in masks.items() if o in LUNGS}
         # the reconstruction without both lungs (or none): the lungs the ``lungs`` stage kept give the sides, apart
-        sides = None if lungs_first(ctx.config) else load_organ_masks(ctx.cache_dir, case_id, volume.shape, sides=True)
-        sides = sides or None
+        sides = (None if lungs_first(ctx.config) else load_organ_masks(ctx.cache_dir, case_id, volume.shape, sides=True)) or None
         nodules = None
         if findings is not None and len(findings) and reconstructed:
             nodules = self._nodules(ctx, volume, findings, masks)
