@@ -41,6 +41,7 @@ import numpy as np
 
 from .atomic import atomic_open
 from .errors import CacheError, require_path
+from .locks import flock
 from .volume import CTVolume, Geometry, without_identifiers
 
 try:
@@ -64,6 +65,8 @@ _TEMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.(?:npy|json)\.[^/]+\.tm
 STALE_TMP_AGE_S = 2.0
 #: The same without file locks (no ``fcntl``): only the age tells, so it is long.
 STALE_TMP_AGE_NO_LOCK_S = 3600.0
+#: What a cache writer's lock is for (named where the cache's file system gives no locks).
+_LOCK_PURPOSE = "another process's cache clean-up never removes a file this one is writing"
 
 
 def is_safe_case_id(case_id: str) -> bool:
@@ -106,7 +109,7 @@ def _locked_atomic_open(path: Path) -> Iterator[BinaryIO]:
     try:
         with atomic_open(path) as fh:
             if fcntl is not None:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+                flock(fh.fileno(), fcntl.LOCK_EX, where=path.parent, error=CacheError, what=_LOCK_PURPOSE)
                 held = os.dup(fh.fileno())
             yield fh
     finally:
@@ -130,7 +133,7 @@ def _remove_if_unheld(path: str) -> bool:
     try:
         if fcntl is not None:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, where=Path(path).parent, error=CacheError, what=_LOCK_PURPOSE)
             except BlockingIOError:
                 return False  # a live writer holds it
         os.unlink(path)

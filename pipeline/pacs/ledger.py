@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunStoreError
+from ..locks import flock
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS fetched (
@@ -141,7 +142,16 @@ class PacsLock:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(path, "a+")  # noqa: SIM115 - held for the lock's lifetime
         try:
-            fcntl.flock(self.fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            flock(
+                self.fh.fileno(),
+                fcntl.LOCK_EX | fcntl.LOCK_NB,
+                where=path.parent.parent,
+                error=RunStoreError,
+                what="two processes never fetch into or listen for one run folder at once",
+            )
+        except RunStoreError:
+            self.fh.close()
+            raise
         except BlockingIOError as exc:
             self.fh.seek(0)
             other = self.fh.read().strip()

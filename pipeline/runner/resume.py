@@ -41,6 +41,7 @@ from typing import Any
 
 from ..atomic import atomic_write_bytes
 from ..errors import RunStoreError
+from ..locks import flock
 from .stage import CaseSpec
 from .store import RunStore
 
@@ -68,7 +69,16 @@ class RunLock:
         self.path = run_dir / ".lock"
         self.fh = open(self.path, "a+")  # noqa: SIM115 - held for the run's lifetime
         try:
-            fcntl.flock(self.fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            flock(
+                self.fh.fileno(),
+                fcntl.LOCK_EX | fcntl.LOCK_NB,
+                where=run_dir,
+                error=RunStoreError,
+                what="two runs never write one run folder at once",
+            )
+        except RunStoreError:
+            self.fh.close()
+            raise
         except BlockingIOError as exc:
             holder = self._holder()
             self.fh.close()
