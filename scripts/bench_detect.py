@@ -139,13 +139,14 @@ def time_case(cache: CaseCache, case_id: str, model: LoadedModel, device: str, r
         # those above the operating point (len(f)) and keeps the rest (f.candidates: all of them)
         n_ours, n_reported, n_whole, n_peer = len(f.candidates), len(f), len(fw.candidates), len(ref["score"])
         n_raw = len(fr.candidates)
+        fp32 = f", ctpipe float32 {t_ours32:.2f}s" if det32 else ""  # the default already runs in float32
         logging.info(
-            "round %d: ctpipe %.2fs (%s), ctpipe whole volume %.2fs, ctpipe float32 %.2fs, ctpipe same job %.2fs, MONAI %.2fs",
+            "round %d: ctpipe %.2fs (%s), ctpipe whole volume %.2fs%s, ctpipe same job %.2fs, MONAI %.2fs",
             r,
             t_ours,
             det.precision,
             t_whole,
-            t_ours32,
+            fp32,
             t_raw,
             t_peer,
         )
