@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import SimpleITK as sitk
 
 __all__ = [
+    "COARSE_PIXEL_MM",
+    "COARSE_PIXEL_NOTE",
     "LOSSY_NOTE",
     "LPS_TO_RAS",
     "PATIENT_IDENTIFIERS",
@@ -37,6 +39,7 @@ __all__ = [
     "Geometry",
     "LabelMap",
     "bool3",
+    "coarse_pixel_detail",
     "default_device",
     "float3",
     "int3",
@@ -102,6 +105,23 @@ def thick_slice_detail(thickness_mm: float) -> str | None:
     """For slices ``thickness_mm`` thick: "3.00 mm > 2.5 mm" when they are thicker than :data:`THICK_SLICE_MM` (the
     figure the ``thick_slices`` flag states), else ``None``."""
     return f"{thickness_mm:.2f} mm > {THICK_SLICE_MM} mm" if thickness_mm > THICK_SLICE_MM else None
+
+
+#: Pixels (in-plane, mm) coarser than this are "coarse": a diagnostic chest series has 0.5–1 mm pixels, and the demo
+#: detector learned from 0.8–2.25 mm ones; a small nodule is then a pixel or two (the ``coarse_pixels`` quality flag)
+COARSE_PIXEL_MM = 2.5
+#: What a reader is told about a series whose pixels are coarser than :data:`COARSE_PIXEL_MM`.
+COARSE_PIXEL_NOTE = "coarse pixels: small nodules unreliable"
+
+
+def coarse_pixel_detail(geometry: Geometry) -> str | None:
+    """For a series on ``geometry``: "4.17 x 4.17 mm pixels > 2.5 mm" when its pixels (spacing along LPS x and y, mm)
+    are coarser than :data:`COARSE_PIXEL_MM` along either (the figure the ``coarse_pixels`` flag states), else
+    ``None``."""
+    sx, sy, _ = geometry.spacing_lps()
+    if max(sx, sy) <= COARSE_PIXEL_MM:
+        return None
+    return f"{sx:.2f} x {sy:.2f} mm pixels > {COARSE_PIXEL_MM} mm"
 
 
 #: What a reader is told about a series stored with lossy compression (ingest's ``LossyImageCompression`` "01").

@@ -286,6 +286,17 @@ def test_thick_slices_flag_the_findings(tmp_path, spacing, metadata, flagged):
     assert Findings.from_json(json.loads(json.dumps(data))).flags == res.flags
 
 
+@pytest.mark.parametrize(("pixel_mm", "flagged"), [(2.2, False), (3.2, True)])
+def test_coarse_pixels_flag_the_findings(tmp_path, pixel_mm, flagged):
+    det = Detector(model=small_model(tmp_path), device="cpu")
+    base = chest_volume(shape_kji=(40, 64, 64), spacing=(pixel_mm, pixel_mm, 2.0))
+    res = det.detect(base)
+    assert ("coarse_pixels" in res.flags) is flagged, res.flags
+    if flagged:
+        assert res.flags["coarse_pixels"] == "coarse pixels: small nodules unreliable (3.20 x 3.20 mm pixels > 2.5 mm)"
+        assert {"code": "coarse_pixels", "message": res.flags["coarse_pixels"]} in res.to_json()["flags"]
+
+
 @pytest.mark.parametrize(
     ("metadata", "message"),
     [

@@ -224,3 +224,21 @@ def test_vocabulary_and_json_round_trip(phantom):
     assert q.has("airway_not_in_scan")
     again = QualityReport.from_json(q.to_json())
     assert again.codes == q.codes and again.lung_coverage == q.lung_coverage
+
+
+@pytest.mark.parametrize(("pixel_mm", "flagged"), [(2.0, False), (2.5, False), (3.0, True)])
+def test_coarse_pixels_flag_the_case_and_its_emphysema_index(phantom, pixel_mm, flagged):
+    """Pixels over 2.5 mm (a downsampled or thumbnail series): small nodules and the emphysema index unreliable."""
+    from pipeline.geometry import Geometry
+
+    g = phantom.volume.geometry
+    coarse = Geometry(shape=g.shape, spacing=(pixel_mm, pixel_mm, g.spacing[2]), origin=g.origin, direction=g.direction)
+    q = assess_quality(phantom.volume.array, coarse, phantom.masks, metadata={"SliceThickness": "1.0"})
+    assert q.has("coarse_pixels") is flagged
+    assert bool(set(EMPHYSEMA_FIGURES) & set(q.unreliable)) is flagged
+    if flagged:
+        (flag,) = [f for f in q.flags if f.code == "coarse_pixels"]
+        assert flag.severity == "warning"
+        assert flag.message == "coarse pixels: small nodules unreliable (3.00 x 3.00 mm pixels > 2.5 mm)"
+        marked = mark_unreliable({"emphysema_index_pct": 3.1}, q)
+        assert marked["emphysema_index_pct"] == {"value": 3.1, "reliable": False, "reason": "coarse_pixels"}

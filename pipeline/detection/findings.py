@@ -207,7 +207,8 @@ class Findings:
     applied to the scores of a thick-slice series (:mod:`.score_calibration`), ``None`` when none was; ``flags`` maps
     the code of each quality flag that bears on the findings to its sentence (codes and sentences as the
     reconstruction's, :data:`pipeline.reconstruction.quality.FLAGS`): ``thick_slices`` when the series' slices are
-    thicker than :data:`pipeline.volume.THICK_SLICE_MM` (2.5 mm), so small nodules are unreliable;
+    thicker than :data:`pipeline.volume.THICK_SLICE_MM` (2.5 mm), so small nodules are unreliable; ``coarse_pixels``
+    when its pixels are coarser than :data:`pipeline.volume.COARSE_PIXEL_MM` (2.5 mm), likewise;
     ``lossy_compressed`` when ingest found the series lossy compressed (:mod:`pipeline.ingest.lossy`).
     """
 

@@ -36,9 +36,11 @@ from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
 from ..load.base import resolve_device
 from ..volume import (
+    COARSE_PIXEL_NOTE,
     LOSSY_NOTE,
     THICK_SLICE_NOTE,
     CTVolume,
+    coarse_pixel_detail,
     lossy_detail,
     require_volume,
     slice_thickness_mm,
@@ -365,6 +367,10 @@ class Detector:
         if thick is not None:  # the reconstruction's thick_slices flag, on the findings themselves
             result.flags = {**result.flags, "thick_slices": f"{THICK_SLICE_NOTE} ({thick})"}
             log.warning("%s: %s", where, result.flags["thick_slices"])
+        coarse = coarse_pixel_detail(grid.source)
+        if coarse is not None:  # the reconstruction's coarse_pixels flag, on the findings themselves
+            result.flags = {**result.flags, "coarse_pixels": f"{COARSE_PIXEL_NOTE} ({coarse})"}
+            log.warning("%s: %s", where, result.flags["coarse_pixels"])
         lossy = lossy_detail(metadata)
         if lossy is not None:  # the reconstruction's lossy_compressed flag, on the findings themselves
             result.flags = {**result.flags, "lossy_compressed": f"{LOSSY_NOTE} ({lossy})"}

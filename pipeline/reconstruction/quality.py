@@ -13,6 +13,8 @@ code                        severity meaning
 ``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together
 ``lung_imbalance``          warning  the smaller lung is less than half the larger one
 ``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules and emphysema index unreliable
+``coarse_pixels``           warning  pixels coarser than 2.5 mm (a diagnostic chest series has 0.5–1 mm): small nodules
+                                     and emphysema index unreliable
 ``lossy_compressed``        warning  the series was lossy compressed (ratio and method when stated): HU values, small
                                      nodules and emphysema index unreliable
 ``fov_cuts_body``           warning  the body meets the image edge over at least 1.5 cm² (all slices)
@@ -24,7 +26,7 @@ code                        severity meaning
 
 Lung coverage is ``complete``, ``partial`` (apex or base cut) or ``absent``. Measurements that a
 flag makes meaningless are listed in :attr:`QualityReport.unreliable` (the emphysema index and lung
-volumes of partial lungs, the emphysema index on slices thicker than 2.5 mm or of a lossy compressed series); the measurements JSON marks them instead of reporting a plain
+volumes of partial lungs, the emphysema index on slices thicker than 2.5 mm, on pixels coarser than 2.5 mm or of a lossy compressed series); the measurements JSON marks them instead of reporting a plain
 number. All thresholds are in mm, mL and HU.
 """
 
@@ -38,7 +40,16 @@ from typing import Any, Literal
 import numpy as np
 from scipy import ndimage
 
-from ..volume import LOSSY_NOTE, THICK_SLICE_NOTE, Geometry, lossy_detail, slice_thickness_mm, thick_slice_detail
+from ..volume import (
+    COARSE_PIXEL_NOTE,
+    LOSSY_NOTE,
+    THICK_SLICE_NOTE,
+    Geometry,
+    coarse_pixel_detail,
+    lossy_detail,
+    slice_thickness_mm,
+    thick_slice_detail,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +63,7 @@ FLAGS: dict[str, tuple[Severity, str]] = {
     "lung_volume_out_of_range": ("warning", "lung volume outside the physiological range"),
     "lung_imbalance": ("warning", "strong left/right lung volume imbalance"),
     "thick_slices": ("warning", THICK_SLICE_NOTE),
+    "coarse_pixels": ("warning", COARSE_PIXEL_NOTE),
     "lossy_compressed": ("warning", LOSSY_NOTE),
     "fov_cuts_body": ("warning", "the field of view cuts the body"),
     "metal_streaks": ("warning", "metal in the body: streak artefacts likely"),
@@ -273,6 +285,11 @@ def assess_quality(
         flags.append(_flag("thick_slices", thick))
         # partial volume lifts emphysematous lung above -950 HU on thick slices: the index reads too low
         unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
+    coarse = coarse_pixel_detail(geometry)
+    if coarse is not None:
+        flags.append(_flag("coarse_pixels", coarse))
+        # the same partial volume within a slice: the index reads too low
+        unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
     lossy = lossy_detail(metadata)
     if lossy is not None:
         flags.append(_flag("lossy_compressed", lossy))
@@ -311,7 +328,7 @@ def mark_unreliable(figures: Mapping[str, Any], quality: QualityReport) -> dict[
     read as a plain number; the reason names the flags.
     """
     cut = [f.code for f in quality.warnings if f.code.startswith("lungs_")]
-    image = [f.code for f in quality.warnings if f.code in ("thick_slices", "lossy_compressed")]
+    image = [f.code for f in quality.warnings if f.code in ("thick_slices", "coarse_pixels", "lossy_compressed")]
     out: dict[str, Any] = {}
     for name, value in figures.items():
         if name in quality.unreliable and value is not None:
