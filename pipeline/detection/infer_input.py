@@ -91,9 +91,13 @@ def lung_region(volume: CTVolume, lung_mask: LungMask | None, *, device: str) ->
         return given
     limited = quick.limited_to(given)
     if limited.limit is None or not limited.limit.any():
-        log.warning(
-            "the lung mask (%s) and the threshold mask of the air in the body do not overlap; searching the lung mask", source
-        )
+        if source == "given":  # a mask that misses the air of the lungs may lie on another grid or be mirrored
+            log.warning(
+                "the lung mask given does not overlap the air in the body; searching it as given (check that it was made "
+                "on this series' grid: same shape and orientation)"
+            )
+        else:  # the largest air pockets are bowel gas, and the lungs are only their bases: an expected case
+            log.info("the largest air in the body is not the segmented lungs (bowel gas?); searching the segmented lungs")
         return given
     return limited
 
