@@ -51,6 +51,23 @@ def _torch_threads():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """``ctpipe`` run in the test's process sets the root logger's level and handlers for its console (``--quiet``:
+    errors only): put them back, so that later tests see the warnings they look for."""
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    for h in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(h)
+    for h in handlers:
+        if h not in root.handlers:
+            root.addHandler(h)
+
+
 @pytest.fixture
 def one_torch_thread():
     """One torch thread for the test (the machine's cores are shared; one thread avoids OpenMP stalls)."""
