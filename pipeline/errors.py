@@ -216,6 +216,12 @@ class SourceMismatchError(DicomOutputError):
     """The source DICOM files do not match the volume's slices, or lack an attribute needed to reference them."""
 
 
+class SeriesStillWrittenError(SourceMismatchError):
+    """A series was still being written into the source while a run processed it (files of it arrived, or changed
+    size or modification time, since the run found it): not a fault of the data. ``ctpipe run`` publishes nothing
+    of the case and leaves it for the next run, which takes the whole series."""
+
+
 # --- PACS (DICOMweb, DIMSE: sources, listener, result sending) ---------------------------
 class PacsError(CtpipeError):
     """Base class for problems with a PACS: its address, reaching it, or what it answered."""

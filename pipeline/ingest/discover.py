@@ -171,6 +171,7 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
     return SliceHeader(
         path=path,
         file_size=raw.file_size,
+        file_mtime_ns=raw.file_mtime_ns,
         transfer_syntax=s("TransferSyntaxUID") or "1.2.840.10008.1.2",
         sop_class=sop_class,
         sop_instance=s("SOPInstanceUID"),
@@ -212,7 +213,8 @@ def _pydicom_header(path: Path) -> SliceHeader:
     import pydicom
     from pydicom.errors import InvalidDicomError
 
-    raw = RawHeader(file_size=path.stat().st_size)
+    st = path.stat()
+    raw = RawHeader(file_size=st.st_size, file_mtime_ns=st.st_mtime_ns)
     try:
         ds = pydicom.dcmread(path, defer_size=256)
         big_endian = str(ds.file_meta.get("TransferSyntaxUID", "")) == EXPLICIT_BE

@@ -81,6 +81,7 @@ class SliceHeader:
     geometry_error: str | None = None  # why a multi-frame file's per-frame geometry cannot be read (None: it can)
     padding: tuple[int, int] | None = None  # stored values (inclusive) that are padding, not image
     padding_error: str | None = None  # why the file's padding attributes were ignored
+    file_mtime_ns: int = 0  # the file's modification time (ns since the Unix epoch) when the header was read
 
     @property
     def is_enhanced(self) -> bool:

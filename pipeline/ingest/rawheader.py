@@ -101,6 +101,7 @@ class RawHeader:
     pixel_offset: int | None = None  # file offset of the first pixel data byte
     pixel_length: int | None = None  # bytes, or -1 when encapsulated (compressed)
     file_size: int = 0
+    file_mtime_ns: int = 0  # the file's modification time (ns since the Unix epoch) when its header was read
     truncated: str | None = None  # why the pixel data is incomplete, if it is
 
 
@@ -199,9 +200,10 @@ def read_raw_header(path: str | os.PathLike[str]) -> RawHeader:
     :class:`RawHeaderUnsupported` for big-endian/deflated files.
     """
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
+        info = os.fstat(fh.fileno())  # size and modification time at once: what discovery saw of the file
+        size = info.st_size
         first = fh.read(_CHUNK)
-        out = RawHeader(file_size=size)
+        out = RawHeader(file_size=size, file_mtime_ns=info.st_mtime_ns)
         start = dicom_data_start(first)
         if start is None:
             raise RawHeaderError("not_dicom", "no 'DICM' marker at byte 128 and no DICOM data set at byte 0")

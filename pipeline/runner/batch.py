@@ -33,7 +33,7 @@ from .run_host import no_gpu_here, resolve_devices, software_versions
 from .run_summary import EXIT_ENVIRONMENT, EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_QUARANTINED, SHOWN, RunSummary
 from .session import RunSession, origins_of
 from .source_roots import SourceRoots
-from .stage import Stage, WorkerInfo
+from .stage import CaseSpec, Stage, WorkerInfo
 from .stages import build_stages
 from .store import RunStore
 from .workers import InlineExecutor, ProcessExecutor
@@ -302,11 +302,15 @@ def _run(
             observers=[metrics, prog],
             sources=SourceRoots.of(srcs, cfg),  # a source mount that drops: the run stops, its cases wait for the next
             started=t0,
+            snapshot=found.snapshot,  # files of a series that arrive while it runs: not published, left for the next run
         )
         if progress_cb is not None:
             progress_cb(prog)  # show the bar before the first case finishes
         result = engine.run(pl.to_run, pl.rejected)
         summary.done, summary.released = len(result.done), result.released
+        summary.still_written = result.still_written
+        if result.still_written:  # listed with the series discovery left out (the report's skipped.csv)
+            store.add_skipped(run_id, _still_written_rows(result.still_written, pl.to_run))
         if result.stopped:
             summary.stopped, status = result.stopped, "interrupted"
     except FatalRunError as exc:
@@ -422,6 +426,7 @@ def _run(
             "quarantined_new": len(summary.quarantined),
             "quarantined_earlier": len(summary.still_quarantined),
             "unfinished": summary.unfinished,
+            "still_written": len(summary.still_written),
             "elapsed_s": summary.elapsed_s,
             "run_status": status,
             "exit_status": exit_status,
@@ -430,6 +435,18 @@ def _run(
     if signalled:  # the caller (ctpipe run: exit status 130) learns of the interruption as it would have without us
         raise KeyboardInterrupt
     return summary
+
+
+def _still_written_rows(written: Sequence[tuple[str, str]], cases: Sequence[CaseSpec]) -> list[dict[str, Any]]:
+    """Rows of the run store's ``skipped`` table for the cases left for the next run because their series was still
+    being written into the source while they ran (kind ``still_written``)."""
+    by_id = {c.case_id: c for c in cases}
+    rows = []
+    for cid, why in written:
+        case = by_id.get(cid)
+        item = (case.series_uid if case is not None else None) or cid
+        rows.append({"what": "series", "item": item, "kind": "still_written", "reason": why, "source": case and case.source})
+    return rows
 
 
 def _mark_report(run_dir: Path) -> None:

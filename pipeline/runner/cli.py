@@ -33,7 +33,9 @@ def register(sub: Any) -> None:
         "another run using RUN_DIR, an option that shapes results (detector threshold or model, organs, DICOM "
         "results, ...) other than the one RUN_DIR's completed cases were made with: a new RUN_DIR for new options), "
         "2 bad command-line arguments, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the same command resumes). "
-        "A run that finds no CT series in its sources says so and exits 0.",
+        "A run that finds no CT series in its sources says so and exits 0; so does one that leaves a series for the "
+        "next run because more of it arrived in the source while it ran (nothing of it is published; the summary "
+        "names it, the next run takes the whole series).",
     )
     p.add_argument("sources", nargs="+", metavar="SRC", help="DICOM folder(s) or worklist CSV file(s) (column 'path')")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused to resume)")
@@ -191,9 +193,10 @@ def run_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, s
     return cli_overrides(args.set, flags)
 
 
-#: Log events the run's summary repeats (a quarantined case with its reason, the run folder failing): with
-#: ``--quiet`` the console leaves them to the summary, so that a cron mail names each once (run.log keeps them).
-SUMMARISED_EVENTS = frozenset({"case_failed", "run_stopping"})
+#: Log events the run's summary repeats (a quarantined case with its reason, the run folder failing, a case whose
+#: series was still being written): with ``--quiet`` the console leaves them to the summary, so that a cron mail
+#: names each once (run.log keeps them).
+SUMMARISED_EVENTS = frozenset({"case_failed", "run_stopping", "case_still_written"})
 
 
 def _leave_to_the_summary(events: frozenset[str]) -> None:
@@ -279,6 +282,7 @@ def _run(args: argparse.Namespace) -> int:
             "skipped by discovery",
             "no CT series",
             "NIfTI/MHA/NRRD",
+            "left for the next run",
         )
         lines = lines[:1] + [ln for ln in lines[1:] if ln.lstrip().startswith(keep)]
     for line in lines:

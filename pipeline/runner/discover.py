@@ -13,7 +13,9 @@ DICOM, unreadable, cut short, link loops, ...), each with its path and reason.
 With ``runner.stable_age_s``, a series whose newest file changed less than that
 long ago is still being written (a PACS exporting into the source folder during
 the run): it is listed as not selected, with why, and the next run takes it
-(:func:`still_written`), instead of being processed half-written.
+(:func:`still_written`), instead of being processed half-written. Without it, what the scan saw of the folders is
+kept (:class:`~.arrivals.SourceSnapshot`, ``Discovery.snapshot``): a series whose files arrive or change after the scan
+is not published, and is left for the next run, which takes it whole.
 
 A worklist CSV has a ``path`` column (a folder or file; relative paths are
 resolved against ``runner.worklist_root`` or the CSV's folder) and optional
@@ -37,6 +39,7 @@ from ..cache import is_safe_case_id
 from ..config import Config
 from ..csvfile import read_table
 from ..errors import ConfigError, NoSeriesFoundError
+from .arrivals import SourceSnapshot
 from .fingerprint import fingerprint_series
 from .stage import CaseSpec
 
@@ -49,12 +52,15 @@ STILL_WRITTEN = "still being written"
 @dataclass
 class Discovery:
     """The cases found, plus the series (``not_selected``: series, source, why) and files (``skipped_files``:
-    path, kind, reason) that were not taken and why."""
+    path, kind, reason) that were not taken and why; ``snapshot``: what the scan saw of the source folders (their file
+    names, the sizes and modification times of the series' files), against which a case is checked before it is
+    published."""
 
     cases: list[CaseSpec] = field(default_factory=list)
     not_selected: list[dict[str, Any]] = field(default_factory=list)
     skipped_files: list[dict[str, str]] = field(default_factory=list)
     n_files: int = 0
+    snapshot: SourceSnapshot = field(default_factory=SourceSnapshot)
 
     def skipped_rows(self) -> list[dict[str, Any]]:
         """Everything left out, as rows of the run store's ``skipped`` table (files first, then series)."""
@@ -111,6 +117,7 @@ def _scan(
         allow_gantry_tilt=cfg.ingest.allow_gantry_tilt,
     )
     out.n_files += scan.n_files
+    out.snapshot.add_scan(scan)
     seen = {f["path"] for f in out.skipped_files}
     for f in scan.skipped_files:
         if str(f.path) not in seen:

@@ -17,6 +17,12 @@ cases stay 'running' and are retried by the next run). The same holds when a
 source folder of the run goes away (a network mount that drops, see
 :mod:`.source_roots`): a case that fails while its source folder cannot be read
 is released, not quarantined, and no new case is admitted.
+
+A series still being written into the source while its case ran (files of it that arrived, or changed size or
+modification time, since discovery; see :mod:`.arrivals`, checked just before publishing, and the ingest and DICOM
+stages' :class:`~pipeline.errors.SeriesStillWrittenError`) is not published either: its case goes back to pending
+with the reason, is listed in ``EngineResult.still_written``, and the run goes on. The next run finds the series with
+its new content (a new fingerprint) and analyses it whole.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import FatalRunError, IncompleteOutputError
+from ..errors import FatalRunError, IncompleteOutputError, SeriesStillWrittenError
+from .arrivals import SourceSnapshot
 from .faults import environment_failure
 from .resume import drop_cached, publish, remove_quarantine, write_quarantine
 from .source_roots import SourceRoots
@@ -76,6 +83,8 @@ class EngineResult:
     fatal: str | None = None
     released: list[tuple[str, str]] = field(default_factory=list)  # (case_id, why): left for the next run
     stopped: str | None = None  # why no more cases were admitted (the run folder could not be written)
+    #: (case_id, why): not published because the series was still being written into the source; left for the next run
+    still_written: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _file_entry(path: Path, root: Path) -> dict[str, Any]:
@@ -104,6 +113,7 @@ class Engine:
         observers: Sequence[Observer] = (),
         sources: SourceRoots | None = None,
         started: float | None = None,
+        snapshot: SourceSnapshot | None = None,
     ):
         self.stages = list(stages)
         self.groups = [s.group for s in self.stages]
@@ -117,6 +127,7 @@ class Engine:
         self.observers = list(observers)
         self.sources = sources  # the run's source folders: one that goes away stops the run (None: not watched)
         self.started = time.monotonic() if started is None else started  # the run's start, on the monotonic clock
+        self.snapshot = snapshot  # what discovery saw of the source folders (None: files arriving are not looked for)
         self._seq = itertools.count()
         self.stopping: str | None = None
 
@@ -220,6 +231,9 @@ class Engine:
                 why = reason if res.environment else gone or f"{reason} (not judged: the run was stopping: {self.stopping})"
                 self._release(lv, why, res.stage, result)
                 return
+            if res.error_class == SeriesStillWrittenError.__name__:  # not the data's fault: the next run takes it whole
+                self._release(lv, reason, res.stage, result, still_written=True)
+                return
             if res.worker_died and lv.tries <= self.retries:
                 log.warning(
                     "case %s: %s; retrying", lv.case.case_id, res.error, extra={"event": "case_retry", "case_id": lv.case.case_id}
@@ -246,6 +260,11 @@ class Engine:
             ready.append(self._task(lv))
             return
         del live[res.case_key]
+        written = self.snapshot.still_written(lv.case) if self.snapshot is not None else None
+        if written is not None:  # files of the series arrived (or changed) while it ran: nothing of it is published
+            shutil.rmtree(lv.workdir, ignore_errors=True)
+            self._release(lv, str(written), "publish", result, still_written=True)
+            return
         try:
             self._finish(lv, result)
         except IncompleteOutputError as exc:
@@ -364,17 +383,22 @@ class Engine:
         shutil.rmtree(lv.workdir, ignore_errors=True)
         self._release(lv, why, step, result)
 
-    def _release(self, lv: _Live, why: str, stage: str | None, result: EngineResult) -> None:
+    def _release(self, lv: _Live, why: str, stage: str | None, result: EngineResult, *, still_written: bool = False) -> None:
+        """Back to pending, no verdict: the run folder or source failed, or (``still_written``) the series was still
+        being written into the source; the next run takes the case."""
         row = self.store.case(lv.case.case_key)
         if row is not None and row["status"] == "running":
-            self.store.release_case(lv.case.case_key, reason=why, stage=stage)
+            error_class = SeriesStillWrittenError.__name__ if still_written else None
+            self.store.release_case(lv.case.case_key, reason=why, stage=stage, error_class=error_class)
         drop_cached(self.run_dir, lv.case.case_id)  # possibly half-written: the next run ingests it again
-        result.released.append((lv.case.case_id, why))
+        (result.still_written if still_written else result.released).append((lv.case.case_id, why))
+        event = "case_still_written" if still_written else "case_released"
         log.warning(
-            "case %s left for the next run: %s",
+            "case %s %sleft for the next run: %s",
             lv.case.case_id,
+            "not published, " if still_written else "",
             why,
-            extra={"event": "case_released", "case_id": lv.case.case_id, "stage": stage, "reason": why, "run_id": self.run_id},
+            extra={"event": event, "case_id": lv.case.case_id, "stage": stage, "reason": why, "run_id": self.run_id},
         )
         for obs in self.observers:
             hook = getattr(obs, "on_case_released", None)

@@ -8,7 +8,8 @@ Metrics (one registry per run, so several runs in one process do not mix):
   (quarantined by this run) and ``earlier_runs`` (quarantined by an earlier run of the folder and not retried; the exit
   status is 3 for them too, so alert on new failures with ``when="this_run"``).
 * ``ctpipe_cases_released_total`` — cases left unfinished for the next run because the run folder could not be
-  written (disk full, read-only, no permission).
+  written (disk full, read-only, no permission) or a source folder went away, or because their series was still
+  being written into the source while they ran (nothing of them published; the next run takes them whole).
 * ``ctpipe_case_flags_total{flag,severity}`` — quality flags of completed cases (``severity``: warning or info).
 * ``ctpipe_discovery_skipped{what}`` — what discovery left out in this run: ``file`` (not DICOM, unreadable, ...)
   and ``series`` (not selected: localizers, too few slices, not CT).
@@ -75,7 +76,10 @@ class RunMetrics:
         self.processed = Counter("ctpipe_cases_processed", "Cases completed", ["node"], registry=r).labels(n)
         self.failed = Counter("ctpipe_cases_failed", "Cases quarantined, by error class", ["node", "reason"], registry=r)
         self.released = Counter(
-            "ctpipe_cases_released", "Cases left for the next run: the run folder could not be written", ["node"], registry=r
+            "ctpipe_cases_released",
+            "Cases left for the next run: the run folder or source failed, or the series was still being written",
+            ["node"],
+            registry=r,
         ).labels(n)
         self.quarantined = Gauge(
             "ctpipe_cases_quarantined",

@@ -22,7 +22,7 @@ class Progress:
     done: int = 0
     failed: int = 0
     skipped: int = 0
-    released: int = 0  # left for the next run (the run folder could not be written)
+    released: int = 0  # left for the next run (the run folder could not be written, the series was still being written)
     started: float = field(default_factory=time.monotonic)
     callback: Callable[[Progress], Any] | None = None
 

@@ -28,7 +28,10 @@ class RunSummary:
     folder and not retried: ``quarantined`` and ``still_quarantined`` tell them apart), 4 the run folder could not be
     written (disk full, read-only, no permission) or a source folder went away (a network mount that dropped): the
     run stopped early; the same command resumes, without ``--retry-failed``), 1 the run could not
-    proceed (bad source or configuration, a model that cannot load)."""
+    proceed (bad source or configuration, a model that cannot load). A series still being written into the source
+    while its case ran (``still_written``: not published, left for the next run, which takes it whole) is no failure:
+    like a series discovery left for the next run (``runner.stable_age_s``), it leaves the exit status 0, and the
+    summary names it."""
 
     run_dir: Path
     run_id: str
@@ -41,6 +44,8 @@ class RunSummary:
     not_selected: list[dict[str, Any]] = field(default_factory=list)
     skipped_files: list[dict[str, str]] = field(default_factory=list)  # path, kind, reason
     released: list[tuple[str, str]] = field(default_factory=list)  # (case_id, why): left for the next run
+    #: (case_id, why): not published because its series was still being written into the source; the next run takes it
+    still_written: list[tuple[str, str]] = field(default_factory=list)
     elapsed_s: float = 0.0
     report_html: Path | None = None
     metrics_file: Path | None = None
@@ -75,8 +80,9 @@ class RunSummary:
             if self.still_quarantined
             else ""
         )
+        left = f"{len(self.still_written)} left for the next run ({STILL_WRITTEN}), " if self.still_written else ""
         out = [
-            f"run {self.run_id}: {self.done} case(s) done, {len(self.quarantined)} newly quarantined, {still}"
+            f"run {self.run_id}: {self.done} case(s) done, {len(self.quarantined)} newly quarantined, {still}{left}"
             f"{self.skipped} already done earlier, of {self.total}, in {self.elapsed_s:.1f} s"
         ]
         if self.fatal:
@@ -116,6 +122,10 @@ class RunSummary:
         if len(self.still_quarantined) > SHOWN:
             more = len(self.still_quarantined) - SHOWN
             out.append(f"  still quarantined from earlier runs: {more} more, listed in {self.run_dir / 'quarantine'}")
+        for cid, why in self.still_written[:SHOWN]:
+            out.append(f"  left for the next run {cid}: {why}")
+        if len(self.still_written) > SHOWN:
+            out.append(f"  left for the next run: {len(self.still_written) - SHOWN} more, listed in {self.skipped_where}")
         for ns in self.not_selected[:SHOWN]:
             out.append(f"  not selected {ns['series']} ({ns['source']}): {ns['why']}")
         if self.skipped_files or len(self.not_selected) > SHOWN:

@@ -8,7 +8,8 @@ A case's ``status`` moves only along these transitions (anything else raises
     pending, running, failed → running     begin_case (a new attempt; ``failed`` only when failures are retried)
     pending, running → done                 complete_case (``pending``: recovered from a published folder)
     running, failed → failed                fail_case
-    running → pending                       release_case (the run folder could not be written: retried next run)
+    running → pending                       release_case (the run folder could not be written, or the series was
+                                            still being written into the source: retried next run)
     done → pending                          reset_case (its published folder is gone)
     pending, running, failed → (replaced)  replace_case (its series was found again with other content: the
                                             new content takes the case's id, the old attempts stay as history)
@@ -309,8 +310,10 @@ class RunStore:
                 ),
             )
 
-    def release_case(self, case_key: str, *, reason: str, stage: str | None) -> None:
-        """Back to 'pending' without a verdict: the run folder could not be written while the case ran.
+    def release_case(self, case_key: str, *, reason: str, stage: str | None, error_class: str | None = None) -> None:
+        """Back to 'pending' without a verdict: the run folder could not be written while the case ran
+        (``error_class`` None: recorded as ``RunEnvironmentError``), or its series was still being written into the
+        source (``SeriesStillWrittenError``).
 
         Not a quarantine: the next run retries the case (no ``--retry-failed`` needed); ``reason`` says why
         it was left unfinished until then.
@@ -319,9 +322,9 @@ class RunStore:
             self._expect(case_key, "release")
             self.db.execute("UPDATE stage_attempts SET status='interrupted' WHERE case_key=? AND status='running'", (case_key,))
             self.db.execute(
-                "UPDATE cases SET status='pending', reason=?, error_class='RunEnvironmentError', failed_stage=?,"
+                "UPDATE cases SET status='pending', reason=?, error_class=?, failed_stage=?,"
                 " ended_at=NULL, output_dir=NULL WHERE case_key=?",
-                (reason, stage, case_key),
+                (reason, error_class or "RunEnvironmentError", stage, case_key),
             )
 
     def add_skipped(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> None:
