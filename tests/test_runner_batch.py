@@ -271,12 +271,13 @@ def test_gpu_run_one_model_worker_per_device(dicom_data, tmp_path):
 
 def test_a_source_file_changed_after_discovery_is_seen_before_results_are_published(dicom_data, tmp_path):
     """The DICOM stage compares the case's files with what discovery fingerprinted (SOPInstanceUIDs and sizes): a
-    file truncated or removed since is a SourceMismatchError (the case is quarantined), an untouched series passes."""
+    file truncated since is a SeriesStillWrittenError (the case is left for the next run), one removed since a
+    SourceMismatchError (the case is quarantined), an untouched series passes."""
     import shutil
     from types import SimpleNamespace
 
     from pipeline.config import load_config
-    from pipeline.errors import SourceMismatchError
+    from pipeline.errors import SeriesStillWrittenError, SourceMismatchError
     from pipeline.runner.dicom_stage import _check_unchanged
     from pipeline.runner.discover import discover
 
@@ -287,11 +288,12 @@ def test_a_source_file_changed_after_discovery_is_seen_before_results_are_publis
     _check_unchanged(ctx)  # as discovered
     victim = sorted(src.rglob("*.dcm"))[5]
     victim.write_bytes(victim.read_bytes()[:-1000])  # the archive rewrote it, cut short
-    with pytest.raises(SourceMismatchError, match="changed since they were ingested"):
+    with pytest.raises(SeriesStillWrittenError, match="changed since they were ingested"):
         _check_unchanged(ctx)
     victim.unlink()
-    with pytest.raises(SourceMismatchError, match="changed since they were ingested"):
+    with pytest.raises(SourceMismatchError, match="changed since they were ingested: a file is gone") as err:
         _check_unchanged(ctx)
+    assert type(err.value) is SourceMismatchError
 
 
 def test_a_series_folder_deleted_during_the_run_is_named_as_changed_not_as_unreadable(dicom_data, tmp_path):

@@ -2,7 +2,7 @@
 files of it that arrive, or change, after discovery found it. Such a case is not published (no findings, no SR) and
 not quarantined: it is left for the next run, which takes the whole series; the other cases of the batch are
 published as usual. The archive is played by a stage that copies the rest of the series in once the case's last
-stage is reached: deterministic, no race with a clock."""
+stage (or, for a rewritten file, ingest) is reached: deterministic, no race with a clock."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import load_config
-from pipeline.errors import SeriesStillWrittenError
+from pipeline.errors import SeriesStillWrittenError, SourceMismatchError
 from pipeline.ingest import read_headers
 from pipeline.runner import run_batch
 from pipeline.runner.dicom_stage import DicomStage
@@ -163,3 +163,27 @@ def test_files_of_another_series_arriving_beside_a_case_do_not_hold_it_back(tmp_
     _, other = _series(tmp_path / "archive" / "other", 13)
     s = _two_series_run(tmp_path, _Neighbours(other, tmp_path / "flat"))
     assert s.exit_code == 0 and s.done == 2 and s.still_written == [], s.lines()
+
+
+class _Grow(Stage):
+    """Before the first case is ingested: the archive writes more of one of its files (its size changes)."""
+
+    name = "fetch"
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        if not self.done:
+            self.done = True
+            victim = Path(ctx.case.files[5])
+            victim.write_bytes(victim.read_bytes() + b"\0" * 16)
+        return {}
+
+
+def test_a_file_that_grows_before_ingest_leaves_the_case_for_the_next_run_not_quarantined(tmp_path):
+    s = _two_series_run(tmp_path, _Grow(), first=True)
+    assert s.exit_code == 0 and s.done == 1 and s.quarantined == [], s.lines()
+    ((_, why),) = s.still_written
+    assert "changed in the source since the run found it" in why
+    assert issubclass(SeriesStillWrittenError, SourceMismatchError)  # ingest's own error, as before

@@ -159,22 +159,35 @@ def _masks_digest(masks: Mapping[str, np.ndarray], nodules: Sequence[Any]) -> st
 
 
 def _check_unchanged(ctx: CaseContext) -> None:
-    """Raise :class:`~pipeline.errors.SourceMismatchError` when the case's files differ from what discovery
-    fingerprinted (a file truncated, replaced or removed since: SOPInstanceUIDs and sizes), so that no result is
-    published that its source no longer holds."""
-    from ..errors import SourceMismatchError
+    """Raise :class:`~pipeline.errors.SourceMismatchError` when files of the case are gone since discovery, and
+    :class:`~pipeline.errors.SeriesStillWrittenError` when they differ from what discovery fingerprinted (a file
+    truncated or written again since: SOPInstanceUIDs and sizes; the case is left for the next run), so that no result
+    is published that its source no longer holds."""
+    import os
+
+    from ..errors import SeriesStillWrittenError, SourceMismatchError
+    from .arrivals import STILL_WRITTEN_FIX
     from .fingerprint import files_fingerprint_now
 
     case = ctx.case
     if not case.files or case.series_uid is None:
         return
-    if files_fingerprint_now(case.series_uid, case.files) != case.fingerprint:
+    if files_fingerprint_now(case.series_uid, case.files) == case.fingerprint:
+        return
+    gone = [f for f in case.files if not os.path.lexists(f)]
+    if gone:
         raise SourceMismatchError(
-            f"the series' {len(case.files)} file(s) changed since they were ingested (a file's size or SOPInstanceUID "
-            "differs, or a file is gone)",
+            f"the series' {len(case.files)} file(s) changed since they were ingested: a file is gone ({len(gone)} of "
+            f"them, the first: {gone[0]})",
             where=case.source,
             fix="run the case again once the archive has written the series completely: a changed series is a new case",
         )
+    raise SeriesStillWrittenError(
+        f"series {case.series_uid} was still being written while the run processed it: its {len(case.files)} file(s) "
+        "changed since they were ingested (a file's size or SOPInstanceUID differs)",
+        where=case.source,
+        fix=STILL_WRITTEN_FIX,
+    )
 
 
 def source_as_discovered(ctx: CaseContext, volume: CTVolume) -> Any:

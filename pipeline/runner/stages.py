@@ -113,9 +113,11 @@ def _check_files_there(case: CaseSpec) -> None:
 
 
 class IngestStage(Stage):
-    """DICOM files of the case's series → validated HU volume in the case cache. A series whose files were moved,
-    deleted or written again since discovery found them (an archive at work in the source during the run) raises
-    :class:`~pipeline.errors.SourceMismatchError` saying so, rather than being ingested from what is left."""
+    """DICOM files of the case's series → validated HU volume in the case cache. A series whose files were moved or
+    deleted since discovery found them raises :class:`~pipeline.errors.SourceMismatchError` saying so (the case is
+    quarantined), rather than being ingested from what is left; one whose files were written again (an archive at work
+    in the source during the run) raises :class:`~pipeline.errors.SeriesStillWrittenError` (the case is left for the
+    next run)."""
 
     name = "ingest"
     group = "cpu"
@@ -125,9 +127,10 @@ class IngestStage(Stage):
         import pipeline.ingest  # noqa: F401 - import once per worker, not per case
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
-        from ..errors import SourceMismatchError
+        from ..errors import SeriesStillWrittenError
         from ..ingest import read_volume, scan_directory
         from ..ingest.build import build_volume
+        from .arrivals import STILL_WRITTEN_FIX
         from .fingerprint import fingerprint_series
 
         cfg = ctx.config.ingest
@@ -150,11 +153,12 @@ class IngestStage(Stage):
                 fix="the files changed during the run; run the same command again",
             )
         if case.fingerprint and fingerprint_series(series) != case.fingerprint:
-            raise SourceMismatchError(
-                f"the series changed in the source since the run found it ({len(case.files)} file(s) then, "
-                f"{len(series.files)} now, or a file's size or SOPInstanceUID differs): written again while the run went on",
+            raise SeriesStillWrittenError(
+                f"series {case.series_uid} was still being written while the run processed it: it changed in the source "
+                f"since the run found it ({len(case.files)} file(s) then, {len(series.files)} now, or a file's size or "
+                "SOPInstanceUID differs)",
                 where=case.source,
-                fix=_SOURCE_CHANGED_FIX,
+                fix=STILL_WRITTEN_FIX,
             )
         plan = None
         if own:
