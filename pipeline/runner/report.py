@@ -5,7 +5,8 @@ counted: :mod:`.report_summary`) as ``report.json``, CSV tables and ``report.htm
 latency, the stage breakdown and GPU utilisation. A series found in several folders counts once (at its first
 completion); the attempts not counted are listed (``other_attempts.csv``). Per case the HTML shows status, latency, findings, lung
 volumes (marked when a flag makes them unreliable), flags and links to the case's PNGs (:mod:`.report_html`).
-What discovery left out (files and series, with reasons) is listed too (``skipped.csv``).
+What discovery left out (files and series, with reasons) is listed too (``skipped.csv``), with the series left for
+the next run because they were still being written into the source while their case ran (kind ``still_written``).
 
 Whether the figures are current: ``report.json`` ``status``, ``status.json`` (the same, alone) and the page's
 run-status line say whether the latest run of each folder is in progress, was interrupted or ended

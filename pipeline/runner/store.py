@@ -328,8 +328,9 @@ class RunStore:
             )
 
     def add_skipped(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Record what discovery left out in run ``run_id``: rows with ``what`` ('file' or 'series'), ``item``
-        (the path or series key), ``kind``, ``reason`` and ``source``."""
+        """Record what discovery left out in run ``run_id`` (and the series left for the next run because they were
+        still being written, kind ``still_written``): rows with ``what`` ('file' or 'series'), ``item`` (the path or
+        series key), ``kind``, ``reason`` and ``source``."""
         data = [(run_id, r["what"], str(r["item"]), r.get("kind"), r.get("reason"), r.get("source")) for r in rows]
         if data:
             with self.tx():

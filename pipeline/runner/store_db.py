@@ -17,7 +17,8 @@ Tables
 ``quality_flags``   the quality flags of completed cases (code, severity, message); the case's lung coverage,
                     contrast phase and flag codes are also columns of ``cases``.
 ``skipped``         what discovery left out, per run: files (not DICOM, unreadable, link loops, ...) and series
-                    not selected (localizers, too few slices, not CT), with the reason.
+                    not selected (localizers, too few slices, not CT), with the reason; and the series of cases
+                    left for the next run because more of them arrived while they ran (kind ``still_written``).
 ``gpu_samples``     NVML utilisation (%) and memory (MB) sampled during runs.
 ``origins``         where a case came from when a PACS delivered it: the archive or sender (``remote``: a DICOMweb
                     URL or ``dimse://AET@HOST:PORT`` as written to logs, never with credentials; the calling AE title
