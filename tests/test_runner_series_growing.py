@@ -187,3 +187,23 @@ def test_a_file_that_grows_before_ingest_leaves_the_case_for_the_next_run_not_qu
     ((_, why),) = s.still_written
     assert "changed in the source since the run found it" in why
     assert issubclass(SeriesStillWrittenError, SourceMismatchError)  # ingest's own error, as before
+
+
+def test_a_new_dicom_file_cut_short_beside_the_series_holds_it_back_and_the_next_scan_sees_it(tmp_path):
+    """A file the archive has only begun to write (its header cut short before the series can be read) beside the
+    series: the case waits; a new scan lists it (skipped as cut short) and no longer counts it as arriving."""
+    from pipeline.runner.discover import discover
+
+    _, files = _series(tmp_path / "archive", 11)
+    src = tmp_path / "incoming"
+    _copy(files, src)
+    cfg = load_config(environ={})
+    found = discover([src], cfg)
+    (case,) = found.cases
+    assert found.snapshot.still_written(case) is None  # untouched
+    (src / "CT001_99999.dcm").write_bytes(files[0].read_bytes()[:600])
+    err = found.snapshot.still_written(case)
+    assert err is not None and isinstance(err, SeriesStillWrittenError)
+    assert f"1 new DICOM file(s) beside it are cut short, still being written (the first: {src / 'CT001_99999.dcm'})" in str(err)
+    again = discover([src], cfg)
+    assert again.snapshot.still_written(again.cases[0]) is None
