@@ -36,6 +36,7 @@ LONG_MODULES = {
     "tests/test_runner_resume.py": 49,
     "tests/test_runner_disk_full.py": 38,
     "tests/test_reconstruction_body_bone.py": 37,
+    "tests/test_real_chest_feet_first.py": 36,
     "tests/test_reconstruction_lungs_confounders.py": 30,
     "tests/test_detection_infer.py": 29,
     "tests/test_api.py": 29,
