@@ -4,13 +4,29 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
 
 
-def number_in(kind: type[int] | type[float], lo: float | None = None, hi: float | None = None) -> Callable[[str], float]:
-    """An argparse ``type`` reading ``kind`` (int or float) within ``lo..hi`` (either end open when ``None``)."""
+class NumberIn:
+    """An argparse ``type`` reading ``kind`` (int or float) within ``lo..hi`` (either end open when ``None``).
 
-    def parse(text: str) -> float:
+    ``lo`` and ``hi`` stay readable, so that a command's ``--help`` can be checked to state the range it enforces.
+    """
+
+    def __init__(self, kind: type[int] | type[float], lo: float | None = None, hi: float | None = None) -> None:
+        self.kind = kind
+        self.lo = lo
+        self.hi = hi
+        self.__name__ = kind.__name__  # argparse names the type in its messages
+
+    def span(self) -> str:
+        """The range as the error message gives it: ``lo..hi``, ``>= lo`` or ``<= hi``."""
+        lo, hi = self.lo, self.hi
+        if lo is not None and hi is not None:
+            return f"{lo}..{hi}"
+        return f">= {lo}" if lo is not None else f"<= {hi}"
+
+    def __call__(self, text: str) -> float:
+        kind, lo, hi = self.kind, self.lo, self.hi
         try:
             value = kind(text)
         except ValueError:
@@ -18,9 +34,10 @@ def number_in(kind: type[int] | type[float], lo: float | None = None, hi: float 
         if not math.isfinite(value):  # float('nan') and float('inf') parse, and NaN passes every comparison
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
-            span = f"{lo}..{hi}" if lo is not None and hi is not None else (f">= {lo}" if lo is not None else f"<= {hi}")
-            raise argparse.ArgumentTypeError(f"{text} is out of range ({span})")
+            raise argparse.ArgumentTypeError(f"{text} is out of range ({self.span()})")
         return value
 
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
+
+def number_in(kind: type[int] | type[float], lo: float | None = None, hi: float | None = None) -> NumberIn:
+    """An argparse ``type`` reading ``kind`` (int or float) within ``lo..hi`` (either end open when ``None``)."""
+    return NumberIn(kind, lo, hi)

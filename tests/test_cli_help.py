@@ -7,9 +7,10 @@ import argparse
 
 import pytest
 
+from pipeline.argtypes import NumberIn
 from pipeline.cli import build_parser
 
-COMMANDS = ("phantom", "ingest", "detect", "evaluate", "reconstruct", "run", "report")
+COMMANDS = ("phantom", "ingest", "detect", "evaluate", "reconstruct", "run", "report", "listen", "send")
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
@@ -38,6 +39,31 @@ def test_every_argument_is_described_and_every_default_stated(name):
     assert not missing, f"ctpipe {name} --help: " + "; ".join(missing)
 
 
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_number_option_states_the_range_it_enforces(name):
+    # was: ctpipe ingest --axial-tolerance 100 refused as "out of range (0.0..90.0)", ctpipe listen --port, ctpipe
+    # report --bin-minutes and others the same, with a range their --help did not give
+    missing = []
+    for action in _commands()[name]._actions:
+        kind = action.type
+        if not isinstance(kind, NumberIn) or action.help == argparse.SUPPRESS:
+            continue
+        text = " ".join(str(action.help).split())
+        if kind.lo is not None and kind.hi is not None:
+            stated = [f"{_number(kind.lo)}..{_number(kind.hi)}"]
+        elif kind.lo is not None and kind.lo > 1:  # 0 or 1 at least: a count or a duration, as expected
+            stated = [f"at least {_number(kind.lo)}", f">= {_number(kind.lo)}"]
+        else:
+            continue
+        if not any(s in text for s in stated):
+            missing.append(f"{'/'.join(action.option_strings)}: {stated[0]} not stated")
+    assert not missing, f"ctpipe {name} --help: " + "; ".join(missing)
+
+
 def test_run_states_the_configured_defaults_of_its_flags():
     text = " ".join(_commands()["run"].format_help().split())
     assert "default: runner.workers of the configuration, 2" in text
@@ -62,3 +88,21 @@ def test_reconstruct_describes_every_file_it_writes_and_every_source_it_reads():
     text = " ".join(_commands()["reconstruct"].format_help().split())
     for stated in ("<stem>_seg.dcm", "<stem>_sr.dcm", "NIfTI/MHA/NRRD image", "<stem>_labels.npz", "Exit status 0"):
         assert stated in text, stated
+
+
+def test_listen_and_send_state_the_configured_defaults_and_ranges_of_their_flags():
+    # was: ctpipe listen --help named no default port, AE title or quiet period, and ctpipe send's RUN_DIR had no help
+    from pipeline.config_schema import SCHEMA
+
+    pacs = SCHEMA["pacs"]
+    listen = " ".join(_commands()["listen"].format_help().split())
+    for stated in (
+        f"(pacs.ae_title; default {pacs['ae_title'].default})",
+        f"(pacs.port; default {pacs['port'].default})",
+        f"(pacs.quiet_period_s; default {pacs['quiet_period_s'].default:g})",
+        f"(runner.device; default {SCHEMA['runner']['device'].default})",
+        f"(pacs.bind; default {pacs['bind'].default})",
+    ):
+        assert stated in listen, stated
+    send = " ".join(_commands()["send"].format_help().split())
+    assert "run folder written by ctpipe run --out or ctpipe listen --out" in send

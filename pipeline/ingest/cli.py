@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--min-slices",
         type=number_in(int, 2),
         default=10,
-        help="fewest slices of a volume (default 10); with one SRC whose only CT series is shorter, "
+        help="fewest slices of a volume, at least 2 (default 10); with one SRC whose only CT series is shorter, "
         "that series is cached anyway, with a warning",
     )
     p.add_argument("--allow-derived", action="store_true", help="also take DERIVED/SECONDARY image series")
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=number_in(float, 0.0, 90.0),
         default=30.0,
         metavar="DEG",
-        help="largest angle between slice normal and patient z axis (default 30)",
+        help="largest angle between slice normal and patient z axis in degrees, 0..90 (default 30)",
     )
     p.add_argument(
         "--spacing-tolerance",

@@ -51,9 +51,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused on restart)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml, section pacs)")
-    p.add_argument("--ae-title", metavar="AET", help="this listener's AE title (pacs.ae_title)")
+    p.add_argument("--ae-title", metavar="AET", help="this listener's AE title (pacs.ae_title; default CTPIPE)")
     p.add_argument("--bind", metavar="ADDR", help="address to listen on (pacs.bind; default 127.0.0.1)")
-    p.add_argument("--port", type=number_in(int, 1, 65535), metavar="N", help="TCP port (pacs.port)")
+    p.add_argument("--port", type=number_in(int, 1, 65535), metavar="N", help="TCP port, 1..65535 (pacs.port; default 11112)")
     p.add_argument(
         "--allow", action="append", metavar="AET", help="calling AE title allowed to send (repeatable; pacs.allowed_aets)"
     )
@@ -61,17 +61,17 @@ def register(sub: Any) -> None:
         "--quiet-period",
         type=number_in(float, 0.1, 86400.0),
         metavar="S",
-        help="seconds without a new instance before a series is complete",
+        help="seconds without a new instance before a series is complete, 0.1..86400 (pacs.quiet_period_s; default 30)",
     )
     p.add_argument("--send-to", metavar="ADDRESS", help="send DICOM results (SR, SEG) here (pacs.send_to)")
     p.add_argument(
         "--workers",
         type=number_in(int, 0, 256),
         metavar="N",
-        help="CPU worker processes (default: runner.workers of --config, CTPIPE_RUNNER_WORKERS or --set, else 0: "
+        help="CPU worker processes, 0..256 (default: runner.workers of --config, CTPIPE_RUNNER_WORKERS or --set, else 0: "
         "every stage in this process); either way the workers and the model are started once for the listener's lifetime",
     )
-    p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda or cuda:N")
+    p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda or cuda:N (runner.device; default auto)")
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="set any option (repeatable)")
     p.set_defaults(func=_listen)
@@ -83,11 +83,11 @@ def register(sub: Any) -> None:
         "(STOW-RS or C-STORE), retrying with backoff; what was sent is recorded and never sent twice. "
         "Exit status 0 all sent, 3 some pending or failed.",
     )
-    s.add_argument("run_dir", metavar="RUN_DIR")
+    s.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctpipe run --out or ctpipe listen --out")
     s.add_argument(
         "--to", metavar="ADDRESS", help="dicomweb+http(s)://HOST:PORT/PATH or dimse://AET@HOST:PORT (default pacs.send_to)"
     )
-    s.add_argument("--config", metavar="FILE", help="YAML config")
+    s.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml, section pacs)")
     s.add_argument("--retry-failed", action="store_true", help="try again the files recorded as failed")
     s.add_argument(
         "--timeout",

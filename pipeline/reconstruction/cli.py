@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and diameter_mm or box_min_lps/box_max_lps (LPS mm) and score (0-1, for the DICOM results)",
     )
     p.add_argument(
-        "--smoothing", type=number_in(int, 0, 500), default=20, help="Taubin smoothing iterations (default 20, 0 = none)"
+        "--smoothing", type=number_in(int, 0, 500), default=20, help="Taubin smoothing iterations, 0..500 (default 20, 0 = none)"
     )
     p.add_argument(
         "--target-triangles",

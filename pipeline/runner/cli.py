@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
         "--workers",
         type=number_in(int, 0, 256),
         metavar="N",
-        help="CPU worker processes (0 = all stages in one process; default: runner.workers of the configuration, 2)",
+        help="CPU worker processes, 0..256 (0 = all stages in one process; default: runner.workers of the configuration, 2)",
     )
     p.add_argument(
         "--device",
@@ -64,7 +64,8 @@ def register(sub: Any) -> None:
         "--metrics-port",
         type=number_in(int, 1, 65535),
         metavar="N",
-        help="serve Prometheus metrics on 127.0.0.1:N during the run",
+        help="serve Prometheus metrics on port N (1..65535) of metrics.bind (default 127.0.0.1: this machine only) during the "
+        "run, at /metrics (metrics.port; default: off)",
     )
     p.add_argument("--retry-failed", action="store_true", default=None, help="re-attempt cases quarantined earlier")
     p.add_argument(
@@ -98,13 +99,16 @@ def register(sub: Any) -> None:
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders written by ctpipe run --out (e.g. runs/2026-11-*)")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
     r.add_argument(
-        "--bin-minutes", type=number_in(int, 1, 1440), default=60, help="bin width of the throughput plot (minutes, default 60)"
+        "--bin-minutes",
+        type=number_in(int, 1, 1440),
+        default=60,
+        help="bin width of the throughput plot in minutes, 1..1440 (default 60)",
     )
     r.add_argument(
         "--hours-per-day",
         type=number_in(float, 0.1, 24.0),
         default=24.0,
-        help="operating hours per day for the projection (default 24)",
+        help="operating hours per day for the projection, 0.1..24 (default 24)",
     )
     r.add_argument("--gpus", type=number_in(int, 1), metavar="N", help="capacity model: GPUs in all (default: the runs' own)")
     r.add_argument(
