@@ -11,6 +11,10 @@ from pipeline.config import SCHEMA, default_yaml_path, defaults, load_config, ov
 from pipeline.errors import ConfigError
 
 
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
 def test_default_yaml_matches_schema_and_documents_every_option():
     text = default_yaml_path().read_text()
     data = yaml.safe_load(text)
@@ -30,6 +34,11 @@ def test_default_yaml_matches_schema_and_documents_every_option():
             assert "#" in line, f"{section}.{key} has no comment"
             if opt.unit and opt.kind in ("int", "float"):
                 assert opt.unit.split()[0].rstrip(";") in line, f"{section}.{key}: unit {opt.unit!r} not documented"
+            if opt.kind in ("int", "float") and opt.lo is not None:  # the range a value is refused outside of
+                rng = f"{_number(opt.lo)} to {_number(opt.hi)}" if opt.hi is not None else f">= {_number(opt.lo)}"
+                assert rng in line, f"{section}.{key}: range {rng!r} not documented"
+            if opt.kind in ("choice", "choices"):
+                assert " | ".join(opt.choices) in line or ", ".join(opt.choices) in line, f"{section}.{key}: choices"
     cfg = load_config(default_yaml_path(), environ={})
     assert cfg.to_dict() == defaults()
 
