@@ -143,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
             f"lungs total {_figure(lungs['lungs_total_volume_ml'], '.1f', 'mL')}, emphysema index "
             f"{_figure(lungs.get('emphysema_index_pct'), '.2f', '%')} (< {lungs['emphysema_threshold_hu']:.0f} HU)"
         )
+    for flag in rec.measurements.get("quality", {}).get("flags", ()):  # the README's quality flags, as ctpipe detect's
+        print(f"  {flag['severity']}: {flag['code']}: {flag['message']}")
     for what, msg in rec.errors.items():
         print(f"ctpipe reconstruct: {what}: {msg}", file=sys.stderr)
     n_files = sum(len(v) for v in rec.files.values())
