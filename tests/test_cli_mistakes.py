@@ -144,6 +144,18 @@ def test_report_counts_a_run_named_twice_once(tmp_path, capsys):
     assert twice["runs"] == once["runs"] and twice["throughput"]["cases_done"] == once["throughput"]["cases_done"] == 1
 
 
+@pytest.mark.slow
+def test_a_run_says_where_its_cases_results_are(tmp_path, capsys):
+    # was: the summary named the log, the metrics and the report, not the folder of the findings and meshes
+    argv = ["run", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--workers", "0", "--dicom", "none"]
+    for _ in range(2):  # the run that made them, and a rerun with nothing left to do
+        assert main([*argv, "--set", "reconstruct.renderings=false"]) == 0
+        out = capsys.readouterr().out
+        assert f"results: {tmp_path / 'r' / 'cases'}/<case id>/ (findings.json" in out, out
+    (case,) = (tmp_path / "r" / "cases").iterdir()
+    assert (case / "findings.json").is_file() and (case / "recon").is_dir()
+
+
 def test_verbose_goes_before_or_after_the_command(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for i, argv in enumerate((["-v", "run"], ["run", "-v"], ["run", "--verbose"])):
