@@ -106,3 +106,10 @@ def test_listen_and_send_state_the_configured_defaults_and_ranges_of_their_flags
         assert stated in listen, stated
     send = " ".join(_commands()["send"].format_help().split())
     assert "run folder written by ctpipe run --out or ctpipe listen --out" in send
+
+
+def test_report_states_its_exit_statuses():
+    # was: "Write report.html (plots embedded), report.json and CSV tables for RUN_DIRs." and no exit status
+    text = " ".join(_commands()["report"].format_help().split())
+    for stated in ("Exit status 0 written, 1 a path that does not exist", "2 bad arguments", "is left out with one line"):
+        assert stated in text, stated

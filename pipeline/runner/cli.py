@@ -94,7 +94,11 @@ def register(sub: Any) -> None:
     r = sub.add_parser(
         "report",
         help="throughput/latency report over one or more run folders",
-        description="Write report.html (plots embedded), report.json and CSV tables for RUN_DIRs.",
+        description="Write report.html (plots embedded), report.json and CSV tables for RUN_DIRs into --out, writing "
+        "nothing in the run folders (they may be read-only). What a glob catches beside the run folders (a file, a "
+        "folder without runs.sqlite) is left out with one line each. Exit status 0 written, 1 a path that does not "
+        "exist, a run store that cannot be read, no run folder among the paths or a report that could not be written "
+        "(the earlier report in --out stays whole), 2 bad arguments.",
     )
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders written by ctpipe run --out (e.g. runs/2026-11-*)")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
