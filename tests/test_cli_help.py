@@ -68,6 +68,8 @@ def test_run_states_the_configured_defaults_of_its_flags():
     text = " ".join(_commands()["run"].format_help().split())
     assert "default: runner.workers of the configuration, 2" in text
     assert "default: runner.device of the configuration, auto" in text
+    # was: "by default they appear nowhere in the run folder", while the SR and SEG carry them by design
+    assert "appear nowhere in the run folder but in its DICOM results (SR, SEG)" in text
 
 
 def test_phantom_states_the_range_of_each_size_it_checks():

@@ -73,7 +73,8 @@ def register(sub: Any) -> None:
         action="store_true",
         default=None,
         help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber, ...) in "
-        "the case cache and volume.json; by default they appear nowhere in the run folder",
+        "the case cache and volume.json; by default they appear nowhere in the run folder but in its DICOM results "
+        "(SR, SEG), which copy them from the source to be filed with the patient's study",
     )
     p.add_argument(
         "--set",
