@@ -110,7 +110,9 @@ SCHEMA: dict[str, dict[str, Option]] = {
             "",
             "refine centres on the HU volume and re-score (the demo model's false-positive reduction; compact-blob rescoring for bundles); false = the network's boxes as MONAI returns them",
         ),
-        "write_png": Option(True, "bool", "", "write a PNG (slice and MIP slab) per finding"),
+        "write_png": Option(
+            True, "bool", "", "write a PNG per finding (axial slice, 10 mm MIP slab, 50 mm close-up in three planes)"
+        ),
     },
     "reconstruct": {
         "enabled": Option(True, "bool", "", "run segmentation, meshing and renderings"),
