@@ -203,6 +203,22 @@ def test_destination_refusing_a_result_sop_class_fails_those_files_clearly(sourc
     assert "running and reachable" not in err
 
 
+def test_ctpipe_send_says_what_to_do_with_files_still_pending(source_case, tmp_path, capsys):
+    """A destination that does not answer within --timeout: exit 3, and the files left pending are named with the
+    fix (was: only "0 sent, 2 pending, 0 failed")."""
+    from pipeline.cli import main
+
+    run = tmp_path / "run"
+    _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    dest = f"dimse://NOBODY@127.0.0.1:{free_port()}"  # nothing listens there: refused at once, retried until --timeout
+    rc = main(["send", str(run), "--to", dest, "--timeout", "1", "--set", "pacs.retries=0"])
+    captured = capsys.readouterr()
+    assert rc == 3 and "0 sent, 2 pending, 0 failed" in captured.out
+    assert f"2 result file(s) not sent to {dest} within --timeout 1 s" in captured.err
+    assert f"run ctpipe send {run} again once the destination answers" in captured.err
+
+
 class _AbortingStore(_PickyStore):
     """Takes SR and SEG, one per association: it aborts the association at the second C-STORE request."""
 

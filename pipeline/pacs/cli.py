@@ -219,6 +219,12 @@ def _send(args: argparse.Namespace) -> int:
         sender.retry_failed()
     counts = sender.close(drain_s=args.timeout)
     print(counts.line(sender.key))
+    if counts.pending:  # still being retried when --timeout ran out: the next send takes them up
+        print(
+            f"{counts.pending} result file(s) not sent to {sender.key} within --timeout {args.timeout:g} s (each attempt's "
+            f"error is logged above); run ctpipe send {args.run_dir} again once the destination answers",
+            file=sys.stderr,
+        )
     if counts.failed:
         _print_send_failures(args.run_dir, sender.key, counts.failed, retried=args.retry_failed)
     return EXIT_SOME_FAILED if counts.pending or counts.failed else 0
