@@ -38,6 +38,24 @@ def test_quiet_run_with_nothing_to_do_prints_the_summary_and_why(tmp_path, capsy
     assert (out / "metrics.prom").is_file() and (out / "run.log").is_file()  # written, only not announced
 
 
+def test_a_run_whose_only_series_is_not_selected_says_so_rather_than_none_found(tmp_path, capsys, own_signals):
+    """A folder holding one CT series too short for ingest.min_slices: was "no CT series found in ...", as for an empty
+    folder, while a series was there and left out for a reason the user can change."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+
+    ph = generate_phantom(9, matrix=64, slices=8, pixel_spacing=2.0, slice_spacing=5.0, n_nodules=0)
+    write_dicom_series(ph.volume, tmp_path / "incoming" / "short", seed=9)
+    argv = ["run", str(tmp_path / "incoming"), "--out", str(tmp_path / "run"), "--workers", "0"]
+    assert main([*argv, "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"no CT series selected in {tmp_path / 'incoming'}: 1 series found and not selected"), lines
+    assert not any("no CT series found" in line for line in lines), lines
+    assert main(argv) == 0  # without --quiet, the series' own line says why and how to take it
+    out = capsys.readouterr().out
+    assert "  not selected " in out and "--set ingest.min_slices=8" in out, out
+
+
 def test_a_folder_of_nifti_images_says_how_to_analyse_them(tmp_path, capsys, own_signals):
     import SimpleITK as sitk
 

@@ -92,6 +92,11 @@ class RunSummary:
             writing = sum(str(n.get("why", "")).startswith(STILL_WRITTEN) for n in self.not_selected)
             if writing:
                 out.append(f"no CT series ready in {where}: {writing} series {STILL_WRITTEN}, left for the next run")
+            elif self.not_selected:  # series there, each left out for a reason (too few slices, not CT, derived, ...)
+                out.append(
+                    f"no CT series selected in {where}: {len(self.not_selected)} series found and not selected, nothing "
+                    f"to do (why: listed in {self.skipped_where})"
+                )
             else:
                 out.append(f"no CT series found in {where}: nothing to do")
             images = [f["path"] for f in self.skipped_files if image_suffix(f["path"])]
