@@ -115,3 +115,32 @@ def test_report_states_its_exit_statuses():
     text = " ".join(_commands()["report"].format_help().split())
     for stated in ("Exit status 0 written, 1 a path that does not exist", "2 bad arguments", "is left out with one line"):
         assert stated in text, stated
+
+
+# command-line flags that set an option of configs/default.yaml (or mirror it): (command, flag) -> section.key
+MIRRORED = {
+    ("ingest", "--min-slices"): "ingest.min_slices",
+    ("ingest", "--spacing-tolerance"): "ingest.spacing_tolerance",
+    ("detect", "--score-threshold"): "detector.score_threshold",
+    ("reconstruct", "--smoothing"): "reconstruct.smoothing_iterations",
+    ("reconstruct", "--target-triangles"): "reconstruct.target_triangles",
+    ("run", "--workers"): "runner.workers",
+    ("run", "--metrics-port"): "metrics.port",
+    ("report", "--bin-minutes"): "report.bin_minutes",
+    ("report", "--hours-per-day"): "report.hours_per_day",
+    ("listen", "--port"): "pacs.port",
+    ("listen", "--quiet-period"): "pacs.quiet_period_s",
+    ("listen", "--workers"): "runner.workers",
+}
+
+
+@pytest.mark.parametrize(("command", "flag"), sorted(MIRRORED))
+def test_a_flag_mirroring_an_option_has_its_range_and_default(command, flag):
+    from pipeline.config_schema import SCHEMA
+
+    section, key = MIRRORED[(command, flag)].split(".")
+    opt = SCHEMA[section][key]
+    action = next(a for a in _commands()[command]._actions if flag in a.option_strings)
+    assert isinstance(action.type, NumberIn) and (action.type.lo, action.type.hi) == (opt.lo, opt.hi)
+    if action.default is not None:  # None: the configuration's value applies
+        assert action.default == opt.default
