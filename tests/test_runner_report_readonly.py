@@ -119,3 +119,16 @@ def test_a_report_that_cannot_be_written_names_its_folder_the_reason_and_the_fix
     assert done.returncode == 1 and len(err.splitlines()) == 1, err
     assert err.startswith(f"ctpipe report: error: {out}: File too large (EFBIG)"), err
     assert "file-size limit of 65536 bytes" in err and "Fix: raise the file-size limit" in err and "check the path" not in err
+
+
+def test_a_report_over_a_writable_run_folder_leaves_nothing_beside_its_store(tmp_path, capsys):
+    """``ctpipe report`` writes nothing in the run folders it reads, writable ones included: was runs.sqlite-shm and
+    an empty runs.sqlite-wal left beside the store (by the reading user, with that user's owner and permissions, in a
+    nightly folder another account writes)."""
+    run = tmp_path / "night"
+    _night(run)
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert len(open_run(run).cases) == 2
+    assert sorted(p.name for p in run.iterdir()) == before

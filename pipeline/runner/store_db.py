@@ -228,13 +228,24 @@ def not_a_run(run_dir: str | Path) -> RunStoreError:
 
 def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
     """A read-only connection to a run store (safe while a run is writing), also in a folder this process cannot
-    write (nightly folders of another user, an archive on a read-only share; see :func:`_unwritable_folder_store`)."""
+    write (nightly folders of another user, an archive on a read-only share; see :func:`_unwritable_folder_store`).
+
+    It is opened as SQLite's writers are and then refuses writes (``PRAGMA query_only``): SQLite's ``mode=ro`` makes
+    the WAL store's ``-shm`` and ``-wal`` files beside it and, unable to remove them, leaves them there when closed,
+    owned by the reading user; a connection that may write removes them when it is the store's last one, leaving the
+    run folder as it found it."""
     path = db_path(run_dir)
     if not path.is_file():
         raise not_a_run(run_dir)
     try:
         try:
-            db = _checked(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0))
+            db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=30.0)  # rw: never creates a store
+            try:
+                db.execute("PRAGMA query_only = ON")
+            except sqlite3.Error:
+                db.close()
+                raise
+            db = _checked(db)
         except sqlite3.OperationalError:
             if os.access(path.parent, os.W_OK):
                 raise
