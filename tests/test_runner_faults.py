@@ -612,9 +612,10 @@ def test_a_run_ended_by_an_unexpected_error_is_recorded_as_failed_not_completed(
     assert '"event": "run_failed"' in log and "NotADirectoryError" in log and '"exc": "Traceback' in log
 
 
-@pytest.mark.parametrize("where", ["cache", "tmp"])
+@pytest.mark.parametrize("where", ["cache", "tmp", "cases"])
 def test_a_file_where_the_run_folder_keeps_a_folder_is_named_with_exit_4(tmp_path, where):
-    # found at the start (cache: cleaning up after an earlier run) or when the first case is admitted (tmp)
+    # found at the start (cache: cleaning up after an earlier run), when the first case is admitted (tmp) or when it
+    # is published (cases: was "FileExistsError: ... Fix: check the path", exit status 1 and the run recorded failed)
     from pipeline.phantom import generate_phantom
     from pipeline.phantom.dicom_writer import write_dicom_series
     from pipeline.runner.stages import IngestStage

@@ -8,8 +8,8 @@ quota is spent (``EDQUOT``), a file would pass the process's file-size limit
 read-only (``EROFS``), this
 user may not write there (``EACCES``/``EPERM`` on a path inside the run folder;
 the same errors on an input file are the case's problem), or a file stands
-where the run folder keeps a folder (``ENOTDIR``, ``EISDIR`` the other way
-round; again only inside the run folder). A run that meets one
+where the run folder keeps a folder (``ENOTDIR``, or ``EEXIST`` from making that
+folder; ``EISDIR`` the other way round; again only inside the run folder). A run that meets one
 stops admitting cases, records itself as interrupted and leaves the cases it
 could not finish to the next run, which retries them without
 ``--retry-failed``.
@@ -150,6 +150,11 @@ def environment_failure(exc: BaseException, *, run_dir: Path | None) -> Environm
                 return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir))
             if e.errno in ACCESS_ERRNOS and run_dir is not None and e.filename and _inside(e.filename, run_dir):
                 return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir, e.errno))
+            if e.errno == errno.EEXIST and run_dir is not None and e.filename and _inside(e.filename, run_dir):
+                # mkdir(exist_ok=True) of a folder the run keeps, where a file stands: the ENOTDIR case by another name
+                target = Path(os.fsdecode(e.filename))
+                if target.exists() and not target.is_dir():
+                    return EnvironmentFailure(errno.ENOTDIR, _folder_of(e.filename, run_dir, errno.ENOTDIR))
         if isinstance(e, sqlite3.OperationalError):
             text = str(e).lower()
             if "disk is full" in text:
