@@ -612,6 +612,24 @@ def test_a_run_ended_by_an_unexpected_error_is_recorded_as_failed_not_completed(
     assert '"event": "run_failed"' in log and "NotADirectoryError" in log and '"exc": "Traceback' in log
 
 
+@pytest.mark.parametrize("where", ["run.log", "config.yaml", "metrics.prom"])
+def test_a_folder_where_the_run_folder_keeps_a_file_is_named_with_exit_4(tmp_path, where):
+    # was: run.log "Is a directory. Fix: check the path" and exit status 1; metrics.prom named the temporary file
+    # beside it (metrics.prom.<pid>.<n>) as the folder in the way
+    (tmp_path / "src").mkdir()
+    out = tmp_path / "run"
+    (out / where).mkdir(parents=True)
+    try:
+        s = run_batch([tmp_path / "src"], out=out, workers=0)
+    except RunEnvironmentError as exc:  # before the run started: ctpipe run prints it and exits 4
+        text = str(exc)
+    else:
+        assert s.exit_code == 4
+        text = "\n".join(s.lines())
+    assert f"{out / where}: Is a directory (EISDIR): it is a folder, where the run folder keeps a file" in text, text
+    assert (out / where).is_dir()  # never removed: it may be someone's
+
+
 @pytest.mark.parametrize("where", ["cache", "tmp", "cases"])
 def test_a_file_where_the_run_folder_keeps_a_folder_is_named_with_exit_4(tmp_path, where):
     # found at the start (cache: cleaning up after an earlier run), when the first case is admitted (tmp) or when it

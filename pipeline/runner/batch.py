@@ -108,7 +108,12 @@ def run_batch(
     lock = RunLock(run_dir)
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
     summary = RunSummary(run_dir, run_id)
-    handler = attach_jsonl(run_dir / "run.log", process="main")
+    try:
+        handler = attach_jsonl(run_dir / "run.log", process="main")
+    except OSError as exc:  # a folder named run.log, say: the run folder's problem, named with its fix
+        lock.release()
+        _raise_environment(exc, run_dir)
+        raise
     try:
         store = RunStore(run_dir)
     except (OSError, sqlite3.Error) as exc:

@@ -149,7 +149,10 @@ def environment_failure(exc: BaseException, *, run_dir: Path | None) -> Environm
             if e.errno in WRITE_ERRNOS:
                 return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir))
             if e.errno in ACCESS_ERRNOS and run_dir is not None and e.filename and _inside(e.filename, run_dir):
-                return EnvironmentFailure(e.errno, _folder_of(e.filename, run_dir, e.errno))
+                name = e.filename
+                if e.errno == errno.EISDIR and e.filename2 and os.path.isdir(e.filename2):
+                    name = e.filename2  # a rename onto a folder: the folder in the way, not the file renamed
+                return EnvironmentFailure(e.errno, _folder_of(name, run_dir, e.errno))
             if e.errno == errno.EEXIST and run_dir is not None and e.filename and _inside(e.filename, run_dir):
                 # mkdir(exist_ok=True) of a folder the run keeps, where a file stands: the ENOTDIR case by another name
                 target = Path(os.fsdecode(e.filename))
