@@ -132,3 +132,19 @@ def test_a_report_over_a_writable_run_folder_leaves_nothing_beside_its_store(tmp
     assert sorted(p.name for p in run.iterdir()) == before
     assert len(open_run(run).cases) == 2
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_a_report_prints_an_interrupted_runs_status_first(tmp_path, capsys):
+    """The README: ctpipe report prints the status first when a run is in progress or was interrupted (was: after a
+    line for each path a glob caught beside the run folders)."""
+    run = tmp_path / "runs" / "night"
+    store = RunStore(run)
+    _start(store, "r1", pid=_dead_pid())  # killed: no end record, its process gone
+    _done(store, "a", "r1")
+    store.close()
+    (tmp_path / "runs" / "cron.log").write_text("cron mail\n")  # what runs/* catches beside it
+    runs = sorted(str(p) for p in (tmp_path / "runs").iterdir())
+    assert main(["report", *runs, "--out", str(tmp_path / "report")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("run status: the latest run r1") and "was interrupted" in printed[0], printed
+    assert any(line.startswith("left out ") and "cron.log" in line for line in printed[1:]), printed

@@ -335,11 +335,11 @@ def _report(args: argparse.Namespace) -> int:
         cpu_workers=args.cpu_workers,
         timezone=args.timezone,
     )
+    status = rep.summary["status"]
+    if status["state"] in ("in_progress", "interrupted"):  # the figures are not those of a finished run: said first
+        print(f"run status: {status['text']}")
     for entry in rep.summary["left_out"]:  # what a glob such as runs/* caught beside the run folders
         print(f"left out {entry['path']}: {entry['reason']}")
-    status = rep.summary["status"]
-    if status["state"] in ("in_progress", "interrupted"):  # the figures are not those of a finished run
-        print(f"run status: {status['text']}")
     print(rep.summary["projection"])
     print(rep.summary["capacity"]["text"])
     print(f"report: {rep.html}")
