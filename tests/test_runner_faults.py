@@ -627,6 +627,7 @@ def test_a_folder_where_the_run_folder_keeps_a_file_is_named_with_exit_4(tmp_pat
         assert s.exit_code == 4
         text = "\n".join(s.lines())
     assert f"{out / where}: Is a directory (EISDIR): it is a folder, where the run folder keeps a file" in text, text
+    assert "move " in text and "out of the run folder" in text, text  # and the fix (was none for metrics.prom)
     assert (out / where).is_dir()  # never removed: it may be someone's
 
 

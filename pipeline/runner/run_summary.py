@@ -108,18 +108,12 @@ class RunSummary:
         if self.stopped and self.stopped.startswith(SOURCE_GONE):  # its own fix: mount the source again
             out.append(f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished")
         elif self.stopped and self.unfinished:
-            if "(EFBIG)" in self.stopped:
-                todo = "raise the file-size limit (ulimit -f unlimited; LimitFSIZE=infinity in a systemd unit)"
-            elif "(ENOTDIR)" in self.stopped or "(EISDIR)" in self.stopped:
-                todo = "move the file or folder named above out of the run folder"
-            else:
-                todo = "free the space (or fix the folder's permissions)"
             out.append(
-                f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: {todo} and run the same "
-                "command again to finish them (no --retry-failed needed)"
+                f"run stopped early: {self.stopped}; {self.unfinished} case(s) not finished: {self._fix()} and run the "
+                "same command again to finish them (no --retry-failed needed)"
             )
-        elif self.stopped:
-            out.append(f"the run folder could not be written: {self.stopped}")
+        elif self.stopped:  # the run's own files at its end (metrics, report): a rerun with nothing to do writes them
+            out.append(f"the run folder could not be written: {self.stopped}; {self._fix()} and run the same command again")
         for cid, cls, reason in self.quarantined:
             out.append(f"  quarantined {cid}: {cls}: {reason}")
         for cid, cls, reason in self.still_quarantined[:SHOWN]:
@@ -144,6 +138,15 @@ class RunSummary:
             )
         out.extend(f"  {note}" for note in self.notes)
         return out
+
+    def _fix(self) -> str:
+        """What to do about :attr:`stopped` (the run folder could not be written) before running again."""
+        stopped = self.stopped or ""
+        if "(EFBIG)" in stopped:
+            return "raise the file-size limit (ulimit -f unlimited; LimitFSIZE=infinity in a systemd unit)"
+        if "(ENOTDIR)" in stopped or "(EISDIR)" in stopped:
+            return "move the file or folder named above out of the run folder"
+        return "free the space (or fix the folder's permissions)"
 
     def __repr__(self) -> str:  # short: a notebook echoes the summary of a batch of thousands of cases
         lines = self.lines()
