@@ -87,7 +87,7 @@ def test_run_record_log_and_results(full_run, dicom_data):
     assert "6 cases (3 done, 3 failed" in repr(run)
     lat = run.stage_latency()
     assert list(lat.index) == ["ingest", "reconstruct", "load", "detect", "nodules", "write", "dicom"]
-    assert (lat["50%"] <= lat["90%"]).all() and (lat["90%"] <= lat["99%"]).all()
+    assert (lat["p50"] <= lat["p90"]).all() and (lat["p90"] <= lat["p99"]).all()
     # measurements: both lungs with a volume in mL; findings (if any) inside the volume, LPS mm
     vols = run.measurements[run.measurements.name.str.endswith("volume_ml")]
     assert (vols.value > 0).all() and set(vols.unit) == {"mL"} and len(vols) >= 6

@@ -148,3 +148,12 @@ def test_a_report_prints_an_interrupted_runs_status_first(tmp_path, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("run status: the latest run r1") and "was interrupted" in printed[0], printed
     assert any(line.startswith("left out ") and "cron.log" in line for line in printed[1:]), printed
+
+
+def test_stage_latency_has_the_columns_the_readme_names(tmp_path):
+    """``open_run(...).stage_latency()``: "seconds per stage: count, mean, p50, p90, p99" (was pandas' own 50%, 90%,
+    99%: ``lat["p50"]`` was a KeyError)."""
+    _night(tmp_path / "night")
+    lat = open_run(tmp_path / "night").stage_latency()
+    assert list(lat.columns) == ["count", "mean", "p50", "p90", "p99"]
+    assert list(lat.index) == ["ingest", "detect"] and (lat["count"] == 2).all() and (lat["p50"] <= lat["p99"]).all()

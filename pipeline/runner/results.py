@@ -142,10 +142,12 @@ class RunResults:
         )
 
     def stage_latency(self) -> pd.DataFrame:
-        """Per-stage wall time (s) of successful attempts: count, mean, p50, p90, p99."""
+        """Per-stage wall time (s) of successful attempts, one row per stage: columns ``count``, ``mean``, ``p50``,
+        ``p90`` and ``p99`` (as ``report/latency.csv``'s ``p50_s``, ...)."""
         ok = self.stages[self.stages.status == "ok"]
         g = ok.groupby("stage", sort=False)["wall_s"]
-        return g.describe(percentiles=[0.5, 0.9, 0.99])[["count", "mean", "50%", "90%", "99%"]]
+        table = g.describe(percentiles=[0.5, 0.9, 0.99])[["count", "mean", "50%", "90%", "99%"]]
+        return table.rename(columns={"50%": "p50", "90%": "p90", "99%": "p99"})
 
     def report(self, *, out: str | os.PathLike[str] | None = None) -> Path:
         """Write the HTML/CSV/JSON report (default ``RUN_DIR/report``); returns the HTML path."""
