@@ -157,3 +157,16 @@ def test_stage_latency_has_the_columns_the_readme_names(tmp_path):
     lat = open_run(tmp_path / "night").stage_latency()
     assert list(lat.columns) == ["count", "mean", "p50", "p90", "p99"]
     assert list(lat.index) == ["ingest", "detect"] and (lat["count"] == 2).all() and (lat["p50"] <= lat["p99"]).all()
+
+
+def test_a_report_into_a_run_folder_it_reads_is_refused(tmp_path, capsys):
+    """``ctpipe report RUN --out RUN``: was report.html, report.json and a dozen CSV files written among the run's own
+    files, in a folder the README says ctpipe report writes nothing in."""
+    run = tmp_path / "night"
+    _night(run)
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["report", str(run), "--out", f"{run}/"]) == 1
+    err = capsys.readouterr().err
+    assert f"{run}/: --out is a run folder this report reads" in err and f"e.g. {run / 'report'}" in err, err
+    assert sorted(p.name for p in run.iterdir()) == before
+    assert main(["report", str(run), "--out", str(run / "report")]) == 0  # its own report folder, as the run writes it

@@ -96,7 +96,7 @@ def register(sub: Any) -> None:
         "report",
         help="throughput/latency report over one or more run folders",
         description="Write report.html (plots embedded), report.json and CSV tables for RUN_DIRs into --out, writing "
-        "nothing in the run folders (they may be read-only). What a glob catches beside the run folders (a file, a "
+        "nothing in the run folders (they may be read-only; --out cannot be one of them). What a glob catches beside the run folders (a file, a "
         "folder without runs.sqlite) is left out with one line each. Exit status 0 written, 1 a path that does not "
         "exist, a run store that cannot be read, no run folder among the paths or a report that could not be written "
         "(the earlier report in --out stays whole), 2 bad arguments.",
@@ -321,8 +321,19 @@ def _zone_name(text: str) -> str:
 
 def _report(args: argparse.Namespace) -> int:
     from ..atomic import ensure_dir
+    from ..errors import CtpipeError
     from .report import build_report
 
+    out = Path(args.out).resolve()
+    for run_dir in args.run_dirs:  # the report's files beside a run's store, config and cases: never
+        if Path(run_dir).resolve() == out:
+            raise CtpipeError(
+                "--out is a run folder this report reads: its files (report.html, cases.csv, ...) would be written "
+                "among the run's own",
+                where=args.out,
+                fix=f"give --out a folder of its own, e.g. {Path(run_dir) / 'report'} (the one ctpipe run rebuilds) "
+                "or a folder beside the runs",
+            )
     ensure_dir(args.out)
 
     rep = build_report(
