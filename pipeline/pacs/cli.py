@@ -47,7 +47,10 @@ def register(sub: Any) -> None:
         description="A DICOM storage SCP (C-STORE) for CT that writes each instance durably, groups "
         "instances into series, and hands every complete series (quiet for pacs.quiet_period_s) to the "
         "crash-safe runner on RUN_DIR. Only calling AE titles named with --allow (or pacs.allowed_aets) may "
-        "send. Restarting after a crash processes every instance received before it, none twice.",
+        "send. Restarting after a crash processes every instance received before it, none twice. Prints one line per "
+        "series handed to the runner (done, with its case, or quarantined, with the reason). Exit status 0 stopped by "
+        "SIGTERM (systemctl stop) or Ctrl-C (series received and not yet processed are processed on the next start), "
+        "1 a bad option or an address or port it cannot listen on, 2 bad arguments.",
     )
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused on restart)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml, section pacs)")
