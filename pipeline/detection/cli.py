@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "detect",
-        help="find lung nodules in a CT series (findings JSON, CSV, PNGs)",
+        help="find lung nodules in a CT series (findings JSON, CSV, PNGs, DICOM SR)",
         description="Find lung nodules in one CT series and write into --out <case>.findings.json (every candidate, "
         "with the threshold used), <case>.findings.csv and <case>_png/finding_NNN.png (the findings at or above the "
         "model's operating point, or --score-threshold), and <case>_sr.dcm (a TID 1500 DICOM SR, for a DICOM source, "

@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``reconstruct`` sub-command."""
     p = subparsers.add_parser(
         "reconstruct",
-        help="segment, mesh and measure chest organs (STL/PLY/OBJ/GLB + PNG renderings)",
+        help="segment, mesh and measure chest organs (STL/PLY/OBJ/GLB, measurements, PNG renderings, DICOM SR and SEG)",
         description=(
             "Reconstruct the body, lungs (left/right), airways and bone of SRC: a DICOM folder or file, a case-cache "
             "entry (<case>.json or <case>.npy written by `ctpipe ingest`) or a NIfTI/MHA/NRRD image. Writes "
