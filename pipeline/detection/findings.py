@@ -53,6 +53,8 @@ CSV_FIELDS = [
     "voxel_j",
     "voxel_k",
     "slice_number",
+    "sop_instance_uid",
+    "frame_number",
     "flags",
 ]
 
@@ -355,6 +357,8 @@ class Findings:
                     "voxel_j": f.voxel_ijk[1],
                     "voxel_k": f.voxel_ijk[2],
                     "slice_number": f.slice_number,
+                    "sop_instance_uid": f.sop_instance_uid or "",  # the slice's, as a PACS viewer looks it up
+                    "frame_number": "" if f.frame_number is None else f.frame_number,
                     "flags": ";".join(self.flags),
                 }
             )
@@ -368,7 +372,8 @@ class Findings:
 
     def write_csv(self, path: str | Path) -> Path:
         """The reported findings as CSV (:data:`CSV_FIELDS`: positions in DICOM patient coordinates, LPS mm;
-        ``slice_number`` as in :class:`Finding`)."""
+        ``slice_number``, ``sop_instance_uid`` and ``frame_number`` of the nearest slice as in :class:`Finding`, empty
+        where unknown)."""
         path = Path(path)
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
