@@ -91,6 +91,7 @@ def test_run_help_lists_every_exit_status():
     for status in ("0 all cases done", "3 some cases quarantined", "4 the run folder could not be written", "1 the run"):
         assert status in text
     assert "130 interrupted" in text and "SIGHUP" in text and "2 bad command-line arguments" in text
+    assert "141 the reader of its output closed it early" in text and "Ray actors that cannot be placed" in text
 
 
 class _HangUp(Stage):

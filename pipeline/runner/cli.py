@@ -30,9 +30,10 @@ def register(sub: Any) -> None:
         "dropped): the run stopped early or could not start, nothing is lost, and the "
         "same command finishes the rest once it can write and read, 1 the run "
         "could not proceed (bad source or configuration, RUN_DIR inside a source folder, a model that cannot load, "
-        "another run using RUN_DIR, an option that shapes results (detector threshold or model, organs, DICOM "
+        "another run using RUN_DIR, Ray actors that cannot be placed within runner.ray_timeout_s, an option that shapes results (detector threshold or model, organs, DICOM "
         "results, ...) other than the one RUN_DIR's completed cases were made with: a new RUN_DIR for new options), "
-        "2 bad command-line arguments, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the same command resumes). "
+        "2 bad command-line arguments, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the same command resumes), 141 the "
+        "reader of its output closed it early (| head). "
         "A run that finds no CT series in its sources says so and exits 0; so does one that leaves a series for the "
         "next run because more of it arrived in the source while it ran (nothing of it is published; the summary "
         "names it, the next run takes the whole series).",
