@@ -84,7 +84,8 @@ def register(sub: Any) -> None:
         help="send the DICOM results (SR, SEG) of a run folder's completed cases to a PACS",
         description="Send every result file of RUN_DIR's completed cases not yet sent to the destination "
         "(STOW-RS or C-STORE), retrying with backoff; what was sent is recorded and never sent twice. "
-        "Exit status 0 all sent, 3 some pending or failed.",
+        "Exit status 0 all sent, 3 some pending or failed (each named, with what to do), 1 RUN_DIR is not a run "
+        "folder or no destination is given (--to, pacs.send_to), 2 bad arguments.",
     )
     s.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctpipe run --out or ctpipe listen --out")
     s.add_argument(
