@@ -154,6 +154,9 @@ def test_a_run_says_where_its_cases_results_are(tmp_path, capsys):
         assert f"results: {tmp_path / 'r' / 'cases'}/<case id>/ (findings.json" in out, out
     (case,) = (tmp_path / "r" / "cases").iterdir()
     assert (case / "findings.json").is_file() and (case / "recon").is_dir()
+    listed = out.split("results: ", 1)[1].split("(", 1)[1].split(")", 1)[0].split(", ")
+    assert "dicom/" not in listed  # --dicom none: the run writes no DICOM results
+    assert all((case / name.rstrip("/")).exists() for name in listed), (listed, sorted(p.name for p in case.iterdir()))
 
 
 def test_verbose_goes_before_or_after_the_command(tmp_path, capsys):

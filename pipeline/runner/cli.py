@@ -14,6 +14,19 @@ from ..argtypes import number_in
 from ..dicom_out.kinds import add_dicom_options
 
 
+def case_outputs(cfg: Any) -> list[str]:
+    """What a published case folder of a run with config ``cfg`` holds, as ``ctpipe run`` lists it: the findings
+    always, their PNGs, the reconstruction and the DICOM results only when the config writes them."""
+    out = ["findings.json", "findings.csv"]
+    if cfg.detector.write_png:
+        out.append("findings_png/")
+    if cfg.reconstruct.enabled:
+        out.append("recon/")
+    if cfg.outputs.dicom:
+        out.append("dicom/")
+    return out
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "run",
@@ -300,7 +313,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.quiet and code == 0:  # cron: the summary line is all a run that went well has to say
         return code
     if (summary.done or summary.skipped) and not args.quiet:  # where the findings, meshes and DICOM results are
-        print(f"results: {summary.run_dir / 'cases'}/<case id>/ (findings.json, findings.csv, findings_png/, recon/, dicom/)")
+        print(f"results: {summary.run_dir / 'cases'}/<case id>/ ({', '.join(case_outputs(cfg))})")
     if summary.metrics_file and not args.quiet:
         print(f"metrics: {summary.metrics_file}")
     print(f"log: {summary.run_dir / 'run.log'}")
