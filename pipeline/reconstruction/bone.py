@@ -24,9 +24,9 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
 3. **Bone**: the seeds, grown one voxel into voxels above ``bone_hu``, the thick bone regions,
    marrow enclosed by them in a slice (holes up to ``MARROW_MAX_MM2`` whose mean HU is above
    ``MARROW_HU``, or fatty marrow of any HU away from the body's x mid-line: a long bone's
-   medullary cavity, not the spinal canal), then grown up to ``GROW_MM`` into voxels above
-   ``LOW_HU`` that are not blood pools (trabecular bone behind a thin cortex). Holes left in a
-   slice are filled again (noise specks up to ``SPECK_MM2`` whatever their HU, and marrow as
+   medullary cavity, not the spinal canal; see :mod:`.marrow`), then grown up to ``GROW_MM`` into
+   voxels above ``LOW_HU`` that are not blood pools (trabecular bone behind a thin cortex). Holes
+   left in a slice are filled again (noise specks up to ``SPECK_MM2`` whatever their HU, and marrow as
    before); the in-plane outer layer is then kept only where it passes ``bone_hu`` (partial volume),
    metal (above ``METAL_HU``, with its one-voxel partial-volume rim) is taken out, and
    components smaller than ``min_bone_ml`` dropped.
@@ -50,9 +50,21 @@ from scipy import ndimage
 
 from . import morph
 from .grid import Grid, bbox
+from .marrow import SPECK_MM2, fill_marrow, midline_x
 from .organs import SegmentParams
 
 log = logging.getLogger(__name__)
+
+__all__ = [
+    "blood_pools",
+    "cortex_seeds",
+    "geodesic",
+    "image_noise",
+    "in_plane_mean",
+    "in_plane_median_at",
+    "midline_x",
+    "segment_bone",
+]
 
 SEED_HU = 600.0  # cortical bone (HU, full resolution)
 SEED_MIN_COUNT = 4  # seed voxels in a 3x3x3 neighbourhood (the voxel included)
@@ -64,14 +76,9 @@ RIM_DELTA = 100.0  # a rim voxel this much brighter (HU) than the region's insid
 TEXTURE_RATIO = 2.0  # local HU spread (x image noise) above which a thick region is bone
 CORE_NEIGHBOURS_MIN = 6  # in-plane 3x3 neighbours (in a region's core) a voxel needs for its texture to count
 GROW_MM = 8.0  # trabecular bone reaches this far from cortex or a bone region (mm)
-MARROW_HU = 100.0  # mean HU of marrow enclosed by bone (the spinal canal is below)
-MARROW_MAX_MM2 = 3000.0  # largest enclosed marrow area per slice (mm²): not the chest cavity
-CANAL_FRACTION = 0.2  # the spinal canal lies within this share of the body's x extent of its mid-line
-SPECK_MM2 = 12.0  # holes in a slice of bone up to this area (mm²) are noise, filled whatever their HU
 NOISY_HU = 45.0  # image noise (HU, soft tissue) above which bone is segmented on the in-plane mean
 SLICE_NOISE_MIN = 200  # soft-tissue pixels a slice needs for its own noise estimate
 METAL_HU = 2500.0  # metal (not bone) is above this (HU); cortical bone stays below
-MIDLINE_FREE_SHARE = 0.25  # share of a slice's body clear of the image's x edges that still tells its mid-line
 
 
 def _sum3(t: torch.Tensor, dims: tuple[int, ...], *, zero_edges: bool = False) -> torch.Tensor:
@@ -303,90 +310,6 @@ def image_noise(hu: torch.Tensor, body: torch.Tensor, slice_axis: int) -> float:
     return float(torch.quantile(values, 0.25)) if values.numel() else 20.0
 
 
-def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -> np.ndarray:
-    """Per slice ``(n, 2)``: the body's median LPS x and half its x extent (mm).
-
-    Where the body reaches the image's x edges (within ``tol_mm``: arms at the sides, a small
-    field of view), only the lines of the slice along x that stay inside the image count
-    (the trunk in front of and behind the arms), when they hold at least
-    :data:`MIDLINE_FREE_SHARE` of the slice's body. NaN where the slice holds no body or too
-    little of it is clear of the x edges: there the mid-line is unknown. ``x`` is the LPS x
-    (mm) of every voxel, shaped like ``body``.
-    """
-    n = body.shape[slice_axis]
-    out = np.full((n, 2), np.nan)
-    lo, hi = float(x.min()), float(x.max())
-    # slices as views (x is often a broadcast array: np.take would copy all of it for every slice)
-    body_by_slice, x_by_slice = np.moveaxis(body, slice_axis, 0), np.moveaxis(x, slice_axis, 0)
-    for k in range(n):
-        b = body_by_slice[k]
-        if not b.any():
-            continue
-        xs = x_by_slice[k]
-        cut = b & ((xs <= lo + tol_mm) | (xs >= hi - tol_mm))
-        if cut.any():
-            steps = [float(np.abs(np.diff(xs, axis=a)).mean()) if xs.shape[a] > 1 else 0.0 for a in (0, 1)]
-            along = int(np.argmax(steps))  # the in-plane array axis along which x runs
-            free = b & ~cut.any(axis=along, keepdims=True)
-            if free.sum() < MIDLINE_FREE_SHARE * b.sum():
-                continue
-            b = free
-        bx = xs[b]
-        out[k] = float(np.median(bx)), 0.5 * float(bx.max() - bx.min())
-    return out
-
-
-def _fill_marrow(
-    mask: np.ndarray,
-    hu: np.ndarray,
-    slice_axis: int,
-    pixel_mm2: float,
-    *,
-    midline: np.ndarray | None = None,
-    x: np.ndarray | None = None,
-    speck_mm2: float = 0.0,
-) -> np.ndarray:
-    """Fill per-slice holes of ``mask`` that are marrow or noise (mean HU, area, position; see the module docstring).
-
-    With ``midline`` (per slice of ``mask``: :func:`midline_x`) and ``x`` (LPS x of every voxel,
-    mm, shaped like ``mask``), a hole of any HU more than :data:`CANAL_FRACTION` of the body's x
-    extent from its mid-line is marrow too (where the mid-line is known).
-    """
-    structure = morph.in_plane_cross(slice_axis)
-    labels, n = ndimage.label(~mask, structure=structure)
-    if n == 0:
-        return mask
-    outside = np.zeros(n + 1, dtype=bool)
-    for ax in range(3):
-        if ax == slice_axis:
-            continue
-        for end in (0, -1):
-            face: list[slice | int] = [slice(None)] * 3
-            face[ax] = end
-            outside[np.unique(labels[tuple(face)])] = True
-    flat = labels.ravel()
-    size = np.bincount(flat, minlength=n + 1)
-    mean = np.bincount(flat, weights=hu.ravel(), minlength=n + 1) / np.maximum(size, 1)
-    area = size * pixel_mm2
-    fill = ~outside & (area <= MARROW_MAX_MM2) & (mean >= MARROW_HU)
-    fill |= ~outside & (area <= speck_mm2)
-    if midline is not None and x is not None:
-        xb = np.broadcast_to(x, mask.shape)
-        mid = midline
-        k = np.broadcast_to(
-            np.arange(mask.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)]), mask.shape
-        ).ravel()
-        cx = np.bincount(flat, weights=xb.ravel(), minlength=n + 1) / np.maximum(size, 1)
-        ks = np.zeros(n + 1, dtype=np.int64)
-        ks[flat] = k
-        centre, half = mid[ks, 0], mid[ks, 1]
-        with np.errstate(invalid="ignore"):
-            lateral = np.abs(cx - centre) > CANAL_FRACTION * 2.0 * half
-        fill |= ~outside & (area <= MARROW_MAX_MM2) & lateral
-    fill[0] = False
-    return mask | fill[labels]
-
-
 def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: SegmentParams) -> np.ndarray:
     """Bone on the working grid (bool ``[k, j, i]``), without contrast-enhanced blood.
 
@@ -417,12 +340,12 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     x_all = np.broadcast_to(grid.geometry.lps_coordinate(0), tuple(grid.hu.shape))
     mid = midline_x(body.cpu().numpy(), x_all, sa, 0.5 * max(spacing))[box[sa]]
     x = x_all[box]
-    filled = _fill_marrow(closed.cpu().numpy(), hu_np, sa, pixel_mm2, midline=mid, x=x)
+    filled = fill_marrow(closed.cpu().numpy(), hu_np, sa, pixel_mm2, midline=mid, x=x)
     bone = shell | regions | (morph.to_tensor(filled, hu.device) & ~closed)
     low = (hu > LOW_HU) & body_b & ~pool
     steps = max(1, int(round(GROW_MM / min(spacing))))
     bone = geodesic(bone, low | bone, steps)
-    bone_np = _fill_marrow(bone.cpu().numpy(), hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)
+    bone_np = fill_marrow(bone.cpu().numpy(), hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)
     bone = morph.to_tensor(bone_np, hu.device) & body_b
     # the outer layer in-plane: a hole in the next slice makes no edge inside a vertebral body
     outer = bone & ~morph.erode(bone, tuple(0 if d == sa else 1 for d in range(3))) & ~cortex

@@ -1,0 +1,105 @@
+"""Marrow inside bone, slice by slice: holes enclosed by bone (the marrow of a vertebral body or a long bone).
+
+A slice of bone (an in-plane mask on the working grid, arrays ``[k, j, i]``, LPS mm) encloses
+marrow: the cancellous interior of a vertebral body, the medullary cavity of a long bone. Holes
+of the slice are marrow when dense enough (mean above ``MARROW_HU``; the spinal canal's CSF is
+below) or, for fatty marrow of any HU, away from the body's x mid-line (a long bone, not the
+spinal canal); see :func:`fill_marrow`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import ndimage
+
+from . import morph
+
+MARROW_HU = 100.0  # mean HU of marrow enclosed by bone (the spinal canal is below)
+MARROW_MAX_MM2 = 3000.0  # largest enclosed marrow area per slice (mm²): not the chest cavity
+CANAL_FRACTION = 0.2  # the spinal canal lies within this share of the body's x extent of its mid-line
+SPECK_MM2 = 12.0  # holes in a slice of bone up to this area (mm²) are noise, filled whatever their HU
+MIDLINE_FREE_SHARE = 0.25  # share of a slice's body clear of the image's x edges that still tells its mid-line
+
+
+def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -> np.ndarray:
+    """Per slice ``(n, 2)``: the body's median LPS x and half its x extent (mm).
+
+    Where the body reaches the image's x edges (within ``tol_mm``: arms at the sides, a small
+    field of view), only the lines of the slice along x that stay inside the image count
+    (the trunk in front of and behind the arms), when they hold at least
+    :data:`MIDLINE_FREE_SHARE` of the slice's body. NaN where the slice holds no body or too
+    little of it is clear of the x edges: there the mid-line is unknown. ``x`` is the LPS x
+    (mm) of every voxel, shaped like ``body``.
+    """
+    n = body.shape[slice_axis]
+    out = np.full((n, 2), np.nan)
+    lo, hi = float(x.min()), float(x.max())
+    # slices as views (x is often a broadcast array: np.take would copy all of it for every slice)
+    body_by_slice, x_by_slice = np.moveaxis(body, slice_axis, 0), np.moveaxis(x, slice_axis, 0)
+    for k in range(n):
+        b = body_by_slice[k]
+        if not b.any():
+            continue
+        xs = x_by_slice[k]
+        cut = b & ((xs <= lo + tol_mm) | (xs >= hi - tol_mm))
+        if cut.any():
+            steps = [float(np.abs(np.diff(xs, axis=a)).mean()) if xs.shape[a] > 1 else 0.0 for a in (0, 1)]
+            along = int(np.argmax(steps))  # the in-plane array axis along which x runs
+            free = b & ~cut.any(axis=along, keepdims=True)
+            if free.sum() < MIDLINE_FREE_SHARE * b.sum():
+                continue
+            b = free
+        bx = xs[b]
+        out[k] = float(np.median(bx)), 0.5 * float(bx.max() - bx.min())
+    return out
+
+
+def fill_marrow(
+    mask: np.ndarray,
+    hu: np.ndarray,
+    slice_axis: int,
+    pixel_mm2: float,
+    *,
+    midline: np.ndarray | None = None,
+    x: np.ndarray | None = None,
+    speck_mm2: float = 0.0,
+) -> np.ndarray:
+    """Fill per-slice holes of ``mask`` that are marrow or noise (mean HU, area, position; see the module docstring).
+
+    With ``midline`` (per slice of ``mask``: :func:`midline_x`) and ``x`` (LPS x of every voxel,
+    mm, shaped like ``mask``), a hole of any HU more than :data:`CANAL_FRACTION` of the body's x
+    extent from its mid-line is marrow too (where the mid-line is known).
+    """
+    structure = morph.in_plane_cross(slice_axis)
+    labels, n = ndimage.label(~mask, structure=structure)
+    if n == 0:
+        return mask
+    outside = np.zeros(n + 1, dtype=bool)
+    for ax in range(3):
+        if ax == slice_axis:
+            continue
+        for end in (0, -1):
+            face: list[slice | int] = [slice(None)] * 3
+            face[ax] = end
+            outside[np.unique(labels[tuple(face)])] = True
+    flat = labels.ravel()
+    size = np.bincount(flat, minlength=n + 1)
+    mean = np.bincount(flat, weights=hu.ravel(), minlength=n + 1) / np.maximum(size, 1)
+    area = size * pixel_mm2
+    fill = ~outside & (area <= MARROW_MAX_MM2) & (mean >= MARROW_HU)
+    fill |= ~outside & (area <= speck_mm2)
+    if midline is not None and x is not None:
+        xb = np.broadcast_to(x, mask.shape)
+        mid = midline
+        k = np.broadcast_to(
+            np.arange(mask.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)]), mask.shape
+        ).ravel()
+        cx = np.bincount(flat, weights=xb.ravel(), minlength=n + 1) / np.maximum(size, 1)
+        ks = np.zeros(n + 1, dtype=np.int64)
+        ks[flat] = k
+        centre, half = mid[ks, 0], mid[ks, 1]
+        with np.errstate(invalid="ignore"):
+            lateral = np.abs(cx - centre) > CANAL_FRACTION * 2.0 * half
+        fill |= ~outside & (area <= MARROW_MAX_MM2) & lateral
+    fill[0] = False
+    return mask | fill[labels]
