@@ -31,6 +31,18 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
    metal (above ``METAL_HU``, with its one-voxel partial-volume rim) is taken out, and
    components smaller than ``min_bone_ml`` dropped.
 
+Pixels wider than the cortex (``CORTEX_MM``, in-plane, at full resolution) hold only part of it:
+the cortex fills ``CORTEX_MM / pixel`` of each pixel it crosses (:func:`cortex_share`), so a pixel
+on it is only that share of the way from the marrow or tissue beside it to the cortex. The cortex
+thresholds (``SEED_HU`` and ``bone_hu``) then move down towards ``LOW_HU`` by the same share
+(:func:`partial_volume_hu`; on 3 mm pixels ``SEED_HU`` 600 becomes 300 HU, ``bone_hu`` 300 becomes
+200 HU); the extra seeds this finds are kept out of blood pools (which are judged on the seeds
+above ``SEED_HU`` itself, so enhanced blood, 300-500 HU, never becomes a seed that rims it). Where
+the cortex fills less than ``BROKEN_RING_SHARE`` of a pixel, a vertebral body's ring breaks into
+pieces and its marrow is no longer a hole: marrow is then also a region of the slice denser than
+soft tissue that bone mostly surrounds (:func:`.marrow.fill_rimmed_marrow`), added after the
+growth in step 3.
+
 A noisy image (a sharp reconstruction kernel: the image noise measured in soft tissue above
 ``NOISY_HU``) is segmented on its in-plane 3x3 mean, as a radiologist reads bone on a
 soft-tissue reconstruction; the cortex seeds still come from the full-resolution voxels, and
@@ -50,7 +62,7 @@ from scipy import ndimage
 
 from . import morph
 from .grid import Grid, bbox
-from .marrow import SPECK_MM2, fill_marrow, midline_x
+from .marrow import MARROW_LOW_HU, SPECK_MM2, fill_marrow, fill_rimmed_marrow, midline_x
 from .organs import SegmentParams
 
 log = logging.getLogger(__name__)
@@ -58,11 +70,13 @@ log = logging.getLogger(__name__)
 __all__ = [
     "blood_pools",
     "cortex_seeds",
+    "cortex_share",
     "geodesic",
     "image_noise",
     "in_plane_mean",
     "in_plane_median_at",
     "midline_x",
+    "partial_volume_hu",
     "segment_bone",
 ]
 
@@ -79,6 +93,8 @@ GROW_MM = 8.0  # trabecular bone reaches this far from cortex or a bone region (
 NOISY_HU = 45.0  # image noise (HU, soft tissue) above which bone is segmented on the in-plane mean
 SLICE_NOISE_MIN = 200  # soft-tissue pixels a slice needs for its own noise estimate
 METAL_HU = 2500.0  # metal (not bone) is above this (HU); cortical bone stays below
+CORTEX_MM = 1.0  # cortical bone is about this thick (mm): a wider pixel holds only part of it (partial volume)
+BROKEN_RING_SHARE = 0.5  # a cortex filling less than this share of a pixel leaves gaps in a vertebral body's ring
 
 
 def _sum3(t: torch.Tensor, dims: tuple[int, ...], *, zero_edges: bool = False) -> torch.Tensor:
@@ -111,6 +127,26 @@ def _pool_count(mask: torch.Tensor, factors: tuple[int, int, int]) -> torch.Tens
             acc += m[(*lead, slice(o, None, f))]
         m = acc
     return m
+
+
+def cortex_share(spacing_ijk: tuple[float, float, float], slice_axis: int) -> float:
+    """Share of a pixel that a cortex of :data:`CORTEX_MM` fills (1 for pixels no wider than it).
+
+    ``spacing_ijk`` is the full-resolution voxel spacing (mm, along i, j, k); the pixel is the
+    mean of the two in-plane spacings (``slice_axis``: the array axis across the slices).
+    """
+    inplane = [float(spacing_ijk[2 - a]) for a in range(3) if a != slice_axis]
+    return min(1.0, CORTEX_MM / (sum(inplane) / len(inplane)))
+
+
+def partial_volume_hu(threshold_hu: float, share: float) -> float:
+    """A cortex threshold (HU, set for a fully resolved cortex) for pixels the cortex fills ``share`` of.
+
+    A pixel holding ``share`` of a cortex and trabecular bone or tissue for the rest is about
+    ``share`` of the way from that tissue to the cortex, so the threshold moves the same share
+    of the way down towards :data:`LOW_HU` (never below it: enhanced liver and spleen stay out).
+    """
+    return LOW_HU + (threshold_hu - LOW_HU) * share if threshold_hu > LOW_HU else threshold_hu
 
 
 def cortex_seeds(
@@ -314,10 +350,13 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     """Bone on the working grid (bool ``[k, j, i]``), without contrast-enhanced blood.
 
     ``body`` is the body mask on the working grid (tensor), ``full_hu`` the full-resolution
-    HU (the working grid's own HU when it is not pooled). See the module docstring.
+    HU (the working grid's own HU when it is not pooled). The cortex thresholds are corrected for
+    the partial volume of the full-resolution pixels (:func:`cortex_share`). See the module docstring.
     """
     sa = grid.geometry.array_axis(2)
     out = np.zeros(tuple(grid.hu.shape), dtype=bool)
+    share = cortex_share(grid.full.geometry.spacing, sa)
+    bone_hu = partial_volume_hu(p.bone_hu, share)
     cortex_all = cortex_seeds(full_hu, grid.factors) & body
     hu_all = grid.hu
     noise = image_noise(hu_all, body, sa)
@@ -331,7 +370,11 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
         return out
     hu, body_b, cortex = hu_all[box], body[box], cortex_all[box]
     pool, regions = blood_pools(hu, body_b, cortex, grid)
-    above = (hu > p.bone_hu) & body_b & ~pool
+    if share < 1.0:  # pixels wider than the cortex: its partial-volume pixels are seeds too, outside blood pools
+        faint = cortex_seeds(full_hu, grid.factors, seed_hu=partial_volume_hu(SEED_HU, share))[box]
+        cortex = cortex | (faint & body_b & ~morph.dilate(pool, (1, 1, 1)))
+        log.debug("bone: pixels %.2f of the cortex, seeds above %.0f HU", share, partial_volume_hu(SEED_HU, share))
+    above = (hu > bone_hu) & body_b & ~pool
     shell = geodesic(cortex, above | cortex, 1)
     closed = morph.closing(shell | regions, (1, 1, 1)) & body_b
     spacing = grid.geometry.spacing  # (i, j, k)
@@ -345,14 +388,18 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     low = (hu > LOW_HU) & body_b & ~pool
     steps = max(1, int(round(GROW_MM / min(spacing))))
     bone = geodesic(bone, low | bone, steps)
-    bone_np = fill_marrow(bone.cpu().numpy(), hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)
+    bone_np = bone.cpu().numpy()
+    if share < BROKEN_RING_SHARE:  # the cortex ring is broken by partial volume: its marrow joins the tissue outside
+        dense = (in_plane_mean(hu, sa) >= MARROW_LOW_HU) & body_b & ~pool
+        bone_np = fill_rimmed_marrow(bone_np, dense.cpu().numpy(), sa, pixel_mm2)
+    bone_np = fill_marrow(bone_np, hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)
     bone = morph.to_tensor(bone_np, hu.device) & body_b
     # the outer layer in-plane: a hole in the next slice makes no edge inside a vertebral body
     outer = bone & ~morph.erode(bone, tuple(0 if d == sa else 1 for d in range(3))) & ~cortex
     if noisy:  # the in-plane mean spreads a bright cortex one voxel out; the median does not
-        outer &= ~(in_plane_median_at(raw_all[box], outer, sa) > p.bone_hu)
+        outer &= ~(in_plane_median_at(raw_all[box], outer, sa) > bone_hu)
     else:
-        outer &= ~(hu > p.bone_hu)
+        outer &= ~(hu > bone_hu)
     bone &= ~outer
     metal = full_hu > METAL_HU
     if bool(metal.any()):

@@ -1,10 +1,17 @@
-"""Marrow inside bone, slice by slice: holes enclosed by bone (the marrow of a vertebral body or a long bone).
+"""Marrow inside bone, slice by slice: holes enclosed by bone, and marrow behind a cortex broken by partial volume.
 
 A slice of bone (an in-plane mask on the working grid, arrays ``[k, j, i]``, LPS mm) encloses
 marrow: the cancellous interior of a vertebral body, the medullary cavity of a long bone. Holes
 of the slice are marrow when dense enough (mean above ``MARROW_HU``; the spinal canal's CSF is
 below) or, for fatty marrow of any HU, away from the body's x mid-line (a long bone, not the
 spinal canal); see :func:`fill_marrow`.
+
+Where pixels are wider than the cortex (about 1 mm), the cortex around a vertebral body holds
+only part of each pixel it crosses and its ring breaks into pieces: the marrow inside is no
+longer a hole but joins the tissue outside through the gaps. :func:`fill_rimmed_marrow` takes
+such marrow from its own density and the bone around it: a region of the slice denser than
+soft tissue (in-plane 3x3 mean above ``MARROW_LOW_HU``) whose in-plane rim is at least
+``MARROW_RIM_MIN`` bone.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ MARROW_MAX_MM2 = 3000.0  # largest enclosed marrow area per slice (mm²): not th
 CANAL_FRACTION = 0.2  # the spinal canal lies within this share of the body's x extent of its mid-line
 SPECK_MM2 = 12.0  # holes in a slice of bone up to this area (mm²) are noise, filled whatever their HU
 MIDLINE_FREE_SHARE = 0.25  # share of a slice's body clear of the image's x edges that still tells its mid-line
+MARROW_LOW_HU = 75.0  # marrow behind a broken cortex is denser than this (in-plane 3x3 mean, HU): muscle, CSF are below
+MARROW_RIM_MIN = 0.5  # share of its in-plane rim on bone above which a dense region is marrow behind a broken cortex
 
 
 def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -> np.ndarray:
@@ -101,5 +110,31 @@ def fill_marrow(
         with np.errstate(invalid="ignore"):
             lateral = np.abs(cx - centre) > CANAL_FRACTION * 2.0 * half
         fill |= ~outside & (area <= MARROW_MAX_MM2) & lateral
+    fill[0] = False
+    return mask | fill[labels]
+
+
+def fill_rimmed_marrow(mask: np.ndarray, dense: np.ndarray, slice_axis: int, pixel_mm2: float) -> np.ndarray:
+    """``mask`` with the marrow behind a broken cortex added (bool ``[k, j, i]``, like ``mask``).
+
+    ``dense``: the voxels that may be marrow (in-plane 3x3 mean above :data:`MARROW_LOW_HU`,
+    blood pools left out). Each in-plane connected region of ``dense`` outside ``mask`` (4-connected
+    in its slice; ``slice_axis`` is the array axis across the slices) of at most
+    :data:`MARROW_MAX_MM2` (``pixel_mm2``: one pixel's area, mm²) whose in-plane rim (its
+    4-neighbours outside it) is at least :data:`MARROW_RIM_MIN` on ``mask`` is marrow. A region
+    of the slice that is mostly surrounded by something other than bone (muscle, an organ,
+    the spinal canal's CSF) stays out.
+    """
+    structure = morph.in_plane_cross(slice_axis)
+    labels, n = ndimage.label(dense & ~mask, structure=structure)
+    if n == 0:
+        return mask
+    footprint = structure.astype(bool)
+    ring = np.where(labels > 0, 0, ndimage.grey_dilation(labels, footprint=footprint))  # a neighbour's label
+    on_ring = ring > 0
+    ring_n = np.bincount(ring[on_ring], minlength=n + 1)
+    rim_n = np.bincount(ring[on_ring & mask], minlength=n + 1)
+    area = np.bincount(labels.ravel(), minlength=n + 1) * pixel_mm2
+    fill = (rim_n >= MARROW_RIM_MIN * np.maximum(ring_n, 1)) & (area <= MARROW_MAX_MM2)
     fill[0] = False
     return mask | fill[labels]

@@ -170,8 +170,9 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
     if "bone" in wanted:
         bone_c = bone_mod.segment_bone(grid, body_t, full_hu, p)
         if not bone_c.any():
+            seed_hu = bone_mod.partial_volume_hu(bone_mod.SEED_HU, bone_mod.cortex_share(geom.spacing, geom.array_axis(2)))
             seg.errors["bone"] = ReconstructionError(
-                f"no bone found (no cortical bone above {bone_mod.SEED_HU:g} HU in a component larger than {p.min_bone_ml} mL)",
+                f"no bone found (no cortical bone above {seed_hu:g} HU in a component larger than {p.min_bone_ml} mL)",
                 where=where,
                 fix="check the HU scaling; a scan of a phantom without bone has no bone surface",
             )

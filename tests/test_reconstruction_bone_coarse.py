@@ -1,0 +1,71 @@
+"""Bone on coarse pixels (3 mm): the cortex fills only part of each pixel it crosses.
+
+A 1 mm cortex seen through 3 mm pixels is a third of each pixel: its ring around a vertebral body
+is 200-450 HU with gaps, never the 600 HU of a resolved cortex, and the marrow inside no longer
+lies in a closed hole. The scene is drawn at 0.5 mm and averaged onto 3 mm pixels, so partial
+volume is what a scanner's coarse grid makes of it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipeline.reconstruction import bone as bone_mod
+from pipeline.reconstruction.grid import Grid
+from pipeline.reconstruction.organs import SegmentParams
+from pipeline.volume import CTVolume, Geometry
+
+FINE_MM, COARSE_MM = 0.5, 3.0
+
+
+def _vertebra_beside_an_aorta() -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(hu, regions)`` on 3 mm pixels (``[k, j, i]``, 10 slices): soft tissue (40 HU) holding a
+    vertebral body (1 mm cortex at 1100 HU around 120 HU cancellous bone, 36 mm wide), its arch
+    (cortex around the 15 HU spinal canal) behind it and an aorta (350 HU: arterial contrast, 24 mm
+    wide) 4 mm in front of it. ``regions``: coarse-pixel masks of the body's interior, the canal and
+    the aorta, away from their partial-volume edges."""
+    f = int(COARSE_MM / FINE_MM)
+    n = 40 * f
+    j, i = np.meshgrid((np.arange(n) + 0.5) * FINE_MM, (np.arange(n) + 0.5) * FINE_MM, indexing="ij")  # mm
+    r_body, r_arch, r_aorta = np.hypot(j - 54, i - 60), np.hypot(j - 84, i - 60), np.hypot(j - 20, i - 60)
+    fine = np.full((n, n), 40.0)
+    fine[r_body < 18.0] = 1100.0
+    fine[r_body < 17.0] = 120.0
+    fine[r_arch < 10.0] = 1100.0
+    fine[r_arch < 9.0] = 15.0
+    fine[r_aorta < 12.0] = 350.0
+    coarse = fine.reshape(40, f, 40, f).mean(axis=(1, 3))
+    centre = (np.arange(40) + 0.5) * COARSE_MM
+    cj, ci = np.meshgrid(centre, centre, indexing="ij")
+    regions = {
+        "interior": np.hypot(cj - 54, ci - 60) < 14.0,
+        "canal": np.hypot(cj - 84, ci - 60) < 6.0,
+        "aorta": np.hypot(cj - 20, ci - 60) < 10.0,
+    }
+    rng = np.random.default_rng(5)
+    hu = np.repeat(coarse[None], 10, axis=0) + rng.normal(0.0, 10.0, (10, 40, 40))
+    return hu.astype(np.float32), {k: np.repeat(v[None], 10, axis=0) for k, v in regions.items()}
+
+
+def test_a_vertebral_body_on_3mm_pixels_is_bone_inside_and_the_enhanced_aorta_beside_it_is_not():
+    hu, regions = _vertebra_beside_an_aorta()
+    geom = Geometry(shape=hu.shape, spacing=(COARSE_MM, COARSE_MM, COARSE_MM), origin=(0.0, 0.0, 0.0))
+    grid = Grid(CTVolume(hu, geom), torch.device("cpu"), (1, 1, 1))
+    assert hu[regions["interior"]].mean() < 150.0  # the cancellous bone is below LOW_HU: only the ring tells it
+    assert not (hu > bone_mod.SEED_HU).any()  # nor does the cortex reach SEED_HU anywhere
+    bone = bone_mod.segment_bone(grid, torch.ones(hu.shape, dtype=torch.bool), grid.hu, SegmentParams())
+    inside = float(bone[regions["interior"]].mean())
+    assert inside > 0.95, f"only {inside:.0%} of the vertebral body's cancellous interior is bone (hollow body)"
+    assert not bone[regions["aorta"]].any(), f"{int(bone[regions['aorta']].sum())} voxels of the enhanced aorta are bone"
+    assert not bone[regions["canal"]].any(), f"{int(bone[regions['canal']].sum())} voxels of the spinal canal are bone"
+
+
+def test_cortex_thresholds_drop_with_partial_volume_only_for_pixels_wider_than_the_cortex():
+    """At 1 mm pixels (or finer) the thresholds are the resolved cortex's; at 3 mm a third of the way above LOW_HU."""
+    assert bone_mod.cortex_share((0.7, 0.7, 1.25), 0) == 1.0
+    assert bone_mod.partial_volume_hu(bone_mod.SEED_HU, bone_mod.cortex_share((0.98, 0.98, 2.0), 0)) == bone_mod.SEED_HU
+    share = bone_mod.cortex_share((3.0, 3.0, 3.0), 0)
+    assert abs(share - 1.0 / 3.0) < 1e-9
+    expected = bone_mod.LOW_HU + (bone_mod.SEED_HU - bone_mod.LOW_HU) / 3.0
+    assert abs(bone_mod.partial_volume_hu(bone_mod.SEED_HU, share) - expected) < 1e-6
