@@ -69,3 +69,20 @@ def test_cortex_thresholds_drop_with_partial_volume_only_for_pixels_wider_than_t
     assert abs(share - 1.0 / 3.0) < 1e-9
     expected = bone_mod.LOW_HU + (bone_mod.SEED_HU - bone_mod.LOW_HU) / 3.0
     assert abs(bone_mod.partial_volume_hu(bone_mod.SEED_HU, share) - expected) < 1e-6
+
+
+def test_the_outer_layer_of_bone_on_2mm_pixels_is_trimmed_as_on_fine_pixels():
+    """A pixel centred on the bone's outer surface has its inner half on the bone: at 2 mm that half still holds
+    a 1 mm cortex whole, so the outer layer is judged against ``bone_hu`` itself. A 2 mm thick cortex plate
+    (1000 HU) in soft tissue, with a 260 HU layer of partial-volume blur on each face: the blur stays out."""
+    rng = np.random.default_rng(6)
+    hu = np.full((10, 40, 40), 40.0)
+    hu[:, 10:30, 19:21] = 1000.0  # the plate: two 2 mm pixels thick
+    hu[:, 10:30, 18] = hu[:, 10:30, 21] = 260.0
+    hu += rng.normal(0.0, 10.0, hu.shape)
+    geom = Geometry(shape=hu.shape, spacing=(2.0, 2.0, 2.0), origin=(0.0, 0.0, 0.0))
+    grid = Grid(CTVolume(hu.astype(np.float32), geom), torch.device("cpu"), (1, 1, 1))
+    bone = bone_mod.segment_bone(grid, torch.ones(hu.shape, dtype=torch.bool), grid.hu, SegmentParams())
+    assert bone[:, 12:28, 19:21].all()
+    blur = bone[:, 12:28, 18].mean() + bone[:, 12:28, 21].mean()
+    assert blur == 0, f"{blur / 2:.0%} of the blurred faces of the plate are bone"

@@ -34,9 +34,12 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
 Pixels wider than the cortex (``CORTEX_MM``, in-plane, at full resolution) hold only part of it:
 the cortex fills ``CORTEX_MM / pixel`` of each pixel it crosses (:func:`cortex_share`), so a pixel
 on it is only that share of the way from the marrow or tissue beside it to the cortex. The cortex
-thresholds (``SEED_HU`` and ``bone_hu``) then move down towards ``LOW_HU`` by the same share
-(:func:`partial_volume_hu`; on 3 mm pixels ``SEED_HU`` 600 becomes 300 HU, ``bone_hu`` 300 becomes
-200 HU); the extra seeds this finds are kept out of blood pools (which are judged on the seeds
+thresholds (``SEED_HU``, and ``bone_hu`` for the shell) then move down towards ``LOW_HU`` by the
+same share (:func:`partial_volume_hu`; on 3 mm pixels ``SEED_HU`` 600 becomes 300 HU, ``bone_hu``
+300 becomes 200 HU). The outer-layer trim's ``bone_hu`` moves by twice that share (at most 1): a
+pixel centred on the bone's outer surface has its inner half on the bone, which holds the whole
+cortex until that half is wider than the cortex (unchanged up to 2 mm pixels, 250 HU on 3 mm
+pixels). The extra seeds this finds are kept out of blood pools (which are judged on the seeds
 above ``SEED_HU`` itself, so enhanced blood, 300-500 HU, never becomes a seed that rims it). Where
 the cortex fills less than ``BROKEN_RING_SHARE`` of a pixel, a vertebral body's ring breaks into
 pieces and its marrow is no longer a hole: marrow is then also a region of the slice denser than
@@ -356,7 +359,8 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     sa = grid.geometry.array_axis(2)
     out = np.zeros(tuple(grid.hu.shape), dtype=bool)
     share = cortex_share(grid.full.geometry.spacing, sa)
-    bone_hu = partial_volume_hu(p.bone_hu, share)
+    bone_hu = partial_volume_hu(p.bone_hu, share)  # on the cortex
+    surface_hu = partial_volume_hu(p.bone_hu, min(1.0, 2.0 * share))  # half a pixel on the bone's outer surface
     cortex_all = cortex_seeds(full_hu, grid.factors) & body
     hu_all = grid.hu
     noise = image_noise(hu_all, body, sa)
@@ -397,9 +401,9 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     # the outer layer in-plane: a hole in the next slice makes no edge inside a vertebral body
     outer = bone & ~morph.erode(bone, tuple(0 if d == sa else 1 for d in range(3))) & ~cortex
     if noisy:  # the in-plane mean spreads a bright cortex one voxel out; the median does not
-        outer &= ~(in_plane_median_at(raw_all[box], outer, sa) > bone_hu)
+        outer &= ~(in_plane_median_at(raw_all[box], outer, sa) > surface_hu)
     else:
-        outer &= ~(hu > bone_hu)
+        outer &= ~(hu > surface_hu)
     bone &= ~outer
     metal = full_hu > METAL_HU
     if bool(metal.any()):
