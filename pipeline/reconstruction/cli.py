@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             f"{_figure(lungs.get('emphysema_index_pct'), '.2f', '%')} (< {lungs['emphysema_threshold_hu']:.0f} HU)"
         )
     for flag in rec.measurements.get("quality", {}).get("flags", ()):  # the README's quality flags, as ctpipe detect's
-        print(f"  {flag['severity']}: {flag['code']}: {flag['message']}")
+        print(f"  {flag['severity']}: {flag['message']} [{flag['code']}]")
     for what, msg in rec.errors.items():
         print(f"ctpipe reconstruct: {what}: {msg}", file=sys.stderr)
     n_files = sum(len(v) for v in rec.files.values())
