@@ -545,3 +545,31 @@ def test_the_findings_csv_names_each_findings_slice_by_its_sop_instance_uid(tmp_
         (row,) = list(csv.DictReader(fh))
     assert row["slice_number"] == "7" and row["sop_instance_uid"] == "1.2.826.0.1.3680043.8.498.7"
     assert row["frame_number"] == ""  # a single-frame series: no frame
+
+
+def test_cli_detect_states_a_quality_flag_once(tmp_path, capsys):
+    """The thick-slice warning under the summary line, not also as a log line on stderr (was: both)."""
+    import logging
+
+    import SimpleITK as sitk
+
+    from pipeline.cli import main
+
+    model_json = small_model(tmp_path).config.weights.parent / "small.json"
+    vol = chest_volume(shape_kji=(32, 80, 80), spacing=(1.4, 1.4, 3.0))
+    sitk.WriteImage(vol.to_sitk(), str(tmp_path / "ct.nii.gz"))
+    argv = ["detect", str(tmp_path / "ct.nii.gz"), "--out", str(tmp_path / "out"), "--bundle", str(model_json)]
+    assert main([*argv, "--device", "cpu", "--no-png"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("thick slices: small nodules unreliable") == 1, out
+    assert "thick slices" not in err, err
+    # notebooks (no ctpipe console) still get the warning through the pipeline loggers
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("pipeline").addHandler(handler)
+    try:
+        Detector(model=small_model(tmp_path), device="cpu").detect(vol)
+    finally:
+        logging.getLogger("pipeline").removeHandler(handler)
+    assert any("thick slices" in r.getMessage() and r.levelno == logging.WARNING for r in records)

@@ -37,6 +37,14 @@ from .evaluate import READINGS
 log = logging.getLogger(__name__)
 
 
+class _QualityFlagsPrinted(logging.Filter):
+    """Drops the detector's log records of quality flags (``extra={"quality_flag": code}``), which ``ctpipe detect``
+    prints itself under its summary line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not hasattr(record, "quality_flag")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "detect",
@@ -188,7 +196,13 @@ def _detect(args: argparse.Namespace) -> int:
         score_threshold=args.score_threshold,
         all_candidates=args.all_candidates,
     )
-    findings = det.detect(volume, case_id=case_id)
+    infer_log = logging.getLogger("pipeline.detection.infer")
+    printed_below = _QualityFlagsPrinted()  # the quality flags are printed with the findings: not logged twice
+    infer_log.addFilter(printed_below)
+    try:
+        findings = det.detect(volume, case_id=case_id)
+    finally:
+        infer_log.removeFilter(printed_below)
     out: Path = args.out
     j = findings.write_json(out / f"{case_id}.findings.json")
     c = findings.write_csv(out / f"{case_id}.findings.csv")

@@ -366,15 +366,15 @@ class Detector:
         thick = thick_slice_detail(slice_thickness_mm(grid.source, metadata))
         if thick is not None:  # the reconstruction's thick_slices flag, on the findings themselves
             result.flags = {**result.flags, "thick_slices": f"{THICK_SLICE_NOTE} ({thick})"}
-            log.warning("%s: %s", where, result.flags["thick_slices"])
+            log.warning("%s: %s", where, result.flags["thick_slices"], extra={"quality_flag": "thick_slices"})
         coarse = coarse_pixel_detail(grid.source)
         if coarse is not None:  # the reconstruction's coarse_pixels flag, on the findings themselves
             result.flags = {**result.flags, "coarse_pixels": f"{COARSE_PIXEL_NOTE} ({coarse})"}
-            log.warning("%s: %s", where, result.flags["coarse_pixels"])
+            log.warning("%s: %s", where, result.flags["coarse_pixels"], extra={"quality_flag": "coarse_pixels"})
         lossy = lossy_detail(metadata)
         if lossy is not None:  # the reconstruction's lossy_compressed flag, on the findings themselves
             result.flags = {**result.flags, "lossy_compressed": f"{LOSSY_NOTE} ({lossy})"}
-            log.warning("%s: %s", where, result.flags["lossy_compressed"])
+            log.warning("%s: %s", where, result.flags["lossy_compressed"], extra={"quality_flag": "lossy_compressed"})
         out, model_ms, use_sw = run_detector(
             self._detector,
             tensor,
