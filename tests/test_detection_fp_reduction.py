@@ -23,6 +23,7 @@ from pipeline.detection.fp_reduction import (
     PatchEnsemble,
     classifier_input,
     combine_scores,
+    fold_batch_norm,
     network_support,
     patch_logits,
     suppress_duplicates,
@@ -463,6 +464,37 @@ def test_a_kept_blob_inside_a_merged_network_box_is_reported_as_that_box():
     # blob found: the blob is reported as it is
     weak = _sized(items, np.array([0.2, -1.0, -1.0]), np.array([0.3, 0.99, 0.4]), np.array([1, 2]))
     assert weak[0].center_lps == (17.0, 20.0, 30.0) and weak[0].diameter_mm == 6.5 and weak[0].score == 0.99
+
+
+@pytest.mark.parametrize("members", [1, 2])
+def test_folded_batch_norm_gives_the_trained_networks_logits(members: int) -> None:
+    """The scoring copy (batch norms folded into the convolutions) gives the loaded network's logits, with batch-norm
+    statistics and affine terms far from their defaults; the loaded network keeps its layers and weights."""
+    torch.manual_seed(3)
+    nets = [PatchClassifier(8, (3, 4, 5), 6, in_channels=2) for _ in range(members)]
+    for net in nets:
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm3d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.2, 3.0)
+                m.weight.data.uniform_(0.5, 2.0)
+                m.bias.data.uniform_(-0.3, 0.3)
+    net = (nets[0] if members == 1 else PatchEnsemble(nets)).eval()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    folded = fold_batch_norm(net)
+    assert not any(isinstance(m, torch.nn.BatchNorm3d) for m in folded.modules())
+    assert sum(isinstance(m, torch.nn.BatchNorm3d) for m in net.modules()) == 5 * members
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+    x = torch.rand(7, 2, 8, 8, 8)
+    with torch.no_grad():
+        np.testing.assert_allclose(folded(x).numpy(), net(x).numpy(), atol=1e-5)
+        np.testing.assert_allclose(
+            patch_logits(folded, x, views=4, min_probability=0.0).numpy(),
+            patch_logits(net, x, views=4, min_probability=0.0).numpy(),
+            atol=1e-5,
+        )
+    with pytest.raises(ValueError, match="eval mode"):
+        fold_batch_norm(net.train())
 
 
 def test_an_ensemble_scores_the_mean_logit_of_its_members(tmp_path: Path) -> None:

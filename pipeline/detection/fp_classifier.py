@@ -4,11 +4,13 @@
 spacing) as nodule or not; :class:`PatchEnsemble` averages the logits of several trained apart. The model JSON's
 ``fp_reduction`` entry (:class:`FPReductionConfig`) describes the network (:func:`build_classifier`) and how
 candidates are scored with it; :func:`patch_logits` averages a patch's logits over mirrored views
-(:data:`FLIP_VIEWS`). :mod:`.fp_reduction` cuts the patches and scores the candidates.
+(:data:`FLIP_VIEWS`); :func:`fold_batch_norm` gives the loaded network's scoring copy, each batch normalisation folded
+into the convolution before it. :mod:`.fp_reduction` cuts the patches and scores the candidates.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from ..errors import BundleError
 from ..volume import int3
@@ -177,6 +180,27 @@ def build_classifier(config: FPReductionConfig) -> nn.Module:
         return PatchClassifier(config.patch, config.channels, config.hidden, in_channels=len(config.spacings_mm))
 
     return one() if config.members == 1 else PatchEnsemble([one() for _ in range(config.members)])
+
+
+def fold_batch_norm(network: nn.Module) -> nn.Module:
+    """An evaluation copy of ``network`` (a :class:`PatchClassifier` or :class:`PatchEnsemble`, in eval mode) with
+    each ``BatchNorm3d`` that follows a ``Conv3d`` folded into that convolution's weights and bias (the running
+    statistics' scale and shift applied to them once) and replaced by an identity: the same logits up to float32
+    rounding (about 1e-5), about a sixth less time on a CPU. ``network`` itself is left as it is (its state dict
+    still loads and saves the trained layers)."""
+    if network.training:
+        raise ValueError(
+            "fold_batch_norm needs a network in eval mode (call .eval() first): training-mode batch norm uses the batch's statistics"
+        )
+    folded = copy.deepcopy(network)
+    for seq in folded.modules():
+        if isinstance(seq, nn.Sequential):
+            for n in range(len(seq) - 1):
+                conv, norm = seq[n], seq[n + 1]
+                if isinstance(conv, nn.Conv3d) and isinstance(norm, nn.BatchNorm3d):
+                    seq[n] = fuse_conv_bn_eval(conv, norm)
+                    seq[n + 1] = nn.Identity()
+    return folded.eval()
 
 
 def patch_logits(network: nn.Module, x: torch.Tensor, *, views: int = 1, min_probability: float = 0.02) -> torch.Tensor:

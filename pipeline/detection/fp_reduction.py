@@ -43,6 +43,7 @@ from .fp_classifier import (
     PatchClassifier,
     PatchEnsemble,
     build_classifier,
+    fold_batch_norm,
     patch_logits,
 )
 from .lungs import LungRegion
@@ -63,6 +64,7 @@ __all__ = [
     "classifier_input",
     "combine_scores",
     "final_scores",
+    "fold_batch_norm",
     "network_support",
     "patch_logits",
     "reduce_false_positives",
@@ -149,9 +151,12 @@ class FPReducer:
                 fix="retrain them with scripts/train_fp_reducer.py",
             ) from exc
         self._layout = conv_layout(self.device)
+        #: the trained network as loaded (its state dict is the weights file's)
         self.network = net.to(self.device).to(memory_format=self._layout).eval()
+        # what :meth:`probabilities` runs: the same network with its batch norms folded into the convolutions
+        self._scoring = fold_batch_norm(self.network).to(memory_format=self._layout)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def probabilities(
         self, volume: CTVolume, centers_lps: np.ndarray, *, batch: int = PATCH_BATCH, cut_on_device: bool | None = None
     ) -> np.ndarray:
@@ -159,7 +164,8 @@ class FPReducer:
         time. The patches are cut on the classifier's device (:class:`.patches.DevicePatches`) where that is not
         the CPU (on the CPU after all, with a warning, where the device runs out of memory for the voxels), on the
         CPU (:func:`.patches.extract_patches`) otherwise; ``cut_on_device`` overrides that choice (the same values
-        either way, up to float32 rounding)."""
+        either way, up to float32 rounding). The network runs with its batch norms folded into its convolutions
+        (:func:`.fp_classifier.fold_batch_norm`: the same logits up to float32 rounding)."""
         cfg = self.config
         centers = np.asarray(centers_lps, dtype=np.float64).reshape(-1, 3)
         probs = np.zeros(len(centers))
@@ -184,7 +190,7 @@ class FPReducer:
                     self.device, memory_format=self._layout
                 )
             with torch.autocast(self.device.type, dtype=self._autocast, enabled=self._autocast is not None):
-                logits = patch_logits(self.network, x, views=cfg.flip_views, min_probability=cfg.flip_min_probability)
+                logits = patch_logits(self._scoring, x, views=cfg.flip_views, min_probability=cfg.flip_min_probability)
             probs[a : a + batch] = torch.sigmoid(logits).cpu().numpy()
         return probs
 
