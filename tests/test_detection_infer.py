@@ -528,18 +528,10 @@ def test_detect_keeps_one_model_per_device_whatever_names_it(monkeypatch):
 def test_the_findings_csv_names_each_findings_slice_by_its_sop_instance_uid(tmp_path):
     """The README: findings name the InstanceNumber and SOP Instance UID of their nearest slice. The JSON did; the CSV
     (what a PACS user opens to look a finding up) gave the InstanceNumber alone."""
-    from pipeline.detection.findings import Finding, Findings
+    from pipeline.detection.findings import Findings
+    from tests._support.detection import two_mm_finding
 
-    f = Finding(
-        center_lps=(1.0, 2.0, 3.0),
-        box_min_lps=(0.0, 1.0, 2.0),
-        box_max_lps=(2.0, 3.0, 4.0),
-        diameter_mm=2.0,
-        score=0.9,
-        voxel_ijk=(4, 5, 6),
-        slice_number=7,
-        sop_instance_uid="1.2.826.0.1.3680043.8.498.7",
-    )
+    f = two_mm_finding(sop_instance_uid="1.2.826.0.1.3680043.8.498.7")
     path = Findings([f], series_uid="1.2.3", score_threshold=0.5, model="demo").write_csv(tmp_path / "c.findings.csv")
     with open(path, newline="") as fh:
         (row,) = list(csv.DictReader(fh))

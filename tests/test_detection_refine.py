@@ -12,6 +12,7 @@ from pipeline.detection.refine import Refinement, _ball, _open, refine_centres, 
 from pipeline.errors import ConfigError
 from pipeline.phantom import generate_phantom
 from pipeline.volume import CTVolume, Geometry
+from tests._support.detection import two_mm_finding
 
 PHANTOM = dict(matrix=128, pixel_spacing=1.2, slice_spacing=2.0, slices=60, n_nodules=6, nodule_diameter_mm=(4.0, 14.0))
 
@@ -224,15 +225,7 @@ def test_a_wide_nodule_on_a_fine_grid_is_refined_on_a_sampled_window(monkeypatch
 
 def test_a_findings_copy_has_its_own_timings_and_flags() -> None:
     """Copies (``with_candidates``, ``select``) are new objects: timing or flagging one leaves the other as it was."""
-    f = Finding(
-        center_lps=(1.0, 2.0, 3.0),
-        box_min_lps=(0.0, 1.0, 2.0),
-        box_max_lps=(2.0, 3.0, 4.0),
-        diameter_mm=2.0,
-        score=0.7,
-        voxel_ijk=(1, 2, 3),
-        slice_number=4,
-    )
+    f = two_mm_finding(score=0.7, voxel_ijk=(1, 2, 3), slice_number=4)
     a = Findings([f], timings_ms={"model": 5.0}, flags={"thick_slices": "x"})
     for b in (a.with_candidates([f]), a.select(0.5, "test")):
         b.timings_ms["total"] = 9.0

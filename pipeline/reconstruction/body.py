@@ -339,12 +339,7 @@ def fill_cut_air(mask: np.ndarray, slice_axis: int) -> np.ndarray:
     if n == 0:
         return mask
     axes = [a for a in range(3) if a != slice_axis]
-    edge = np.zeros(n + 1, dtype=bool)
-    for ax in axes:
-        for end in (0, -1):
-            face: list[slice | int] = [slice(None)] * 3
-            face[ax] = end
-            edge[np.unique(labels[tuple(face)])] = True
+    edge = morph.labels_on_border(labels, n, slice_axis=slice_axis)
     size = np.bincount(labels.ravel(), minlength=n + 1)
     take = ~edge
     if edge[1:].any():

@@ -83,14 +83,7 @@ def fill_marrow(
     labels, n = ndimage.label(~mask, structure=structure)
     if n == 0:
         return mask
-    outside = np.zeros(n + 1, dtype=bool)
-    for ax in range(3):
-        if ax == slice_axis:
-            continue
-        for end in (0, -1):
-            face: list[slice | int] = [slice(None)] * 3
-            face[ax] = end
-            outside[np.unique(labels[tuple(face)])] = True
+    outside = morph.labels_on_border(labels, n, slice_axis=slice_axis)
     flat = labels.ravel()
     size = np.bincount(flat, minlength=n + 1)
     mean = np.bincount(flat, weights=hu.ravel(), minlength=n + 1) / np.maximum(size, 1)

@@ -131,26 +131,25 @@ def fill_holes(mask: np.ndarray, *, slice_axis: int | None = None) -> np.ndarray
     open at the top and bottom of the scan; without it, in 3-D.
     """
     background = ~mask
-    faces: list[tuple[int | slice, ...]]
-    if slice_axis is None:
-        structure = CONN6
-        faces = [np.s_[0, :, :], np.s_[-1, :, :], np.s_[:, 0, :], np.s_[:, -1, :], np.s_[:, :, 0], np.s_[:, :, -1]]
-    else:
-        structure = in_plane_cross(slice_axis)
-        faces = []
-        for ax in range(3):
-            if ax == slice_axis:
-                continue
-            for end in (0, -1):
-                sl: list[int | slice] = [slice(None)] * 3
-                sl[ax] = end
-                faces.append(tuple(sl))
+    structure = CONN6 if slice_axis is None else in_plane_cross(slice_axis)
     labels, n = ndimage.label(background, structure=structure)
-    outside = np.zeros(n + 1, dtype=bool)
-    for face in faces:
-        outside[np.unique(labels[face])] = True
+    outside = labels_on_border(labels, n, slice_axis=slice_axis)
     outside[0] = False
     return mask | ~outside[labels] & background
+
+
+def labels_on_border(labels: np.ndarray, n: int, *, slice_axis: int | None = None) -> np.ndarray:
+    """Bool ``(n + 1,)``: which of the labels ``0..n`` of ``labels`` (a 3-D label array) touch the array's border; with
+    ``slice_axis``, only the faces along the other two axes (the slices' edges, not the first and last slice)."""
+    on_border = np.zeros(n + 1, dtype=bool)
+    for ax in range(3):
+        if ax == slice_axis:
+            continue
+        for end in (0, -1):
+            face: list[int | slice] = [slice(None)] * 3
+            face[ax] = end
+            on_border[np.unique(labels[tuple(face)])] = True
+    return on_border
 
 
 @contextmanager

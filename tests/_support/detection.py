@@ -197,3 +197,20 @@ def small_model(tmp_path: Path, *, roi=(192, 192, 160), spacing=(1.5, 1.5, 2.0),
     }
     (tmp_path / "small.json").write_text(json.dumps(data))
     return load_model(tmp_path / "small.json")
+
+
+def two_mm_finding(**fields):
+    """A :class:`pipeline.detection.findings.Finding` of a 2 mm box centred at LPS (1, 2, 3) mm; ``fields`` override
+    any of its fields (score 0.9, voxel (4, 5, 6), slice 7 unless given)."""
+    from pipeline.detection.findings import Finding
+
+    base = dict(
+        center_lps=(1.0, 2.0, 3.0),
+        box_min_lps=(0.0, 1.0, 2.0),
+        box_max_lps=(2.0, 3.0, 4.0),
+        diameter_mm=2.0,
+        score=0.9,
+        voxel_ijk=(4, 5, 6),
+        slice_number=7,
+    )
+    return Finding(**{**base, **fields})
