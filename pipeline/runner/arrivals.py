@@ -4,23 +4,35 @@ since discovery found it.
 A nightly or continuous ``ctpipe run`` is often pointed at a folder a PACS or archive is still exporting into. With
 ``runner.stable_age_s`` at 0 (the default), a series whose export is under way when discovery scans the folder is
 taken with the slices already there. Before such a case is published, the engine asks :class:`SourceSnapshot` whether
-the series changed in its folders since: a file of the same SeriesInstanceUID that was not there (or a file of the
-series whose size or modification time changed, or a new DICOM file beside it cut short, its series not readable
-yet). Then nothing of the case is published: it is left for the next run (:class:`~pipeline.errors.SeriesStillWrittenError`),
-which finds the whole series under a new fingerprint and analyses it.
+the series changed in the source since, and if so nothing of the case is published: it is left for the next run
+(:class:`~pipeline.errors.SeriesStillWrittenError`), which finds the whole series under a new fingerprint and
+analyses it. The series changed when, under the source folders its files were found under:
 
-The check is cheap for an unchanged source: one ``os.scandir`` per folder holding the case's files, its names
-compared with those discovery listed there, and one ``stat`` per file of the case; headers (up to the pixel data,
-as discovery reads them) only of files whose names are new. A folder discovery did not list (a single DICOM file
-given as the source, or a worklist row naming a file) is not searched for new files; its case's own files are
-still checked for changes. Files in other folders (a new subfolder) are not looked for.
+- a file of the same SeriesInstanceUID is there that discovery did not see: a new name in a folder discovery listed,
+  any file in a folder it found no file in (a new batch subfolder, a sibling folder, a new folder anywhere under the
+  source), or a file discovery skipped (empty, cut short) that has since been written to (its size changed);
+- a file of the series changed size or modification time;
+- a file that may be one of the series still being written lies beside it (in a folder holding its files, or in a
+  folder new since discovery next to or below one of those): a new DICOM file cut short before its series can be
+  read, or a new file holding no DICOM header yet (0 bytes, or zeros where the header begins: created, or its size
+  set, and not yet written). A file that was already there at discovery (it is among discovery's skipped files)
+  counts only once its size changes, so an empty junk or marker file, touched or not, never holds a case back; a new
+  one holds the case back for this run only, as the next run's discovery finds it and skips it.
+
+A DICOM file given by itself as the source, or named by a worklist row, is the whole input the user asked for:
+files arriving beside it are not looked for (its own changes still are).
+
+The check costs, per case, one ``os.scandir`` per folder under the source folders holding its files (the names
+compared with those discovery listed, no ``stat`` of other series' files), one ``stat`` per file of the case and
+per file discovery skipped there; headers (up to the pixel data, as discovery reads them) only of new or rewritten
+files, each read once while it stays the same size and modification time.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,29 +51,53 @@ STILL_WRITTEN_FIX = (
     "seconds for the next run)"
 )
 
+#: A new file's verdict: of no series (None), of a series (its SeriesInstanceUID), or possibly of any series while
+#: still being written: :data:`CUT` (a DICOM header cut short) or :data:`BLANK` (no DICOM header yet).
+CUT, BLANK = "\0cut", "\0blank"
+
+#: Bytes a DICOM file's 128-byte preamble and its 'DICM' marker take.
+_HEAD = 132
+
 
 @dataclass
 class SourceSnapshot:
     """What discovery saw of the source: ``names``, for each folder it listed (absolute path as discovery wrote it),
     the names of every regular file it found there (of any series, or skipped); ``files``, for each file of a series
-    it found, its size (bytes) and modification time (ns since the Unix epoch) when its header was read."""
+    it found, its size (bytes) and modification time (ns since the Unix epoch) when its header was read; ``skipped``,
+    the size (bytes) of each file it skipped in those folders (not DICOM, empty, cut short, ...); ``roots``, for each
+    scan, the folders it was given (a file given by itself is not one)."""
 
     names: dict[str, set[str]] = field(default_factory=dict)
     files: dict[str, tuple[int, int]] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    roots: list[tuple[str, ...]] = field(default_factory=list)
+    #: verdicts of the new files read so far, by path: ((size, mtime_ns) when read, verdict)
+    _read: dict[str, tuple[tuple[int, int], str | None]] = field(default_factory=dict, repr=False, compare=False)
 
     def add_scan(self, scan: Any) -> None:
         """Record what a :class:`~pipeline.ingest.ScanResult` saw: its series' files and the files it skipped, in the
         folders under the scan's folder roots (a file given by itself does not make its folder listed)."""
-        roots = [os.path.abspath(r) for r in scan.roots if os.path.isdir(r)]
+        roots = [str(r) for r in scan.roots if os.path.isdir(r)]
+        alone = [str(r) for r in scan.roots if not os.path.isdir(r)]
+        if roots:
+            self.roots.append(tuple(roots))
+        if alone:
+            log.info(
+                "%d DICOM file(s) given by themselves (the first: %s) are the whole input asked for: files arriving "
+                "beside them during the run are not looked for",
+                len(alone),
+                alone[0],
+            )
+        absolute = [os.path.abspath(r) for r in roots]
         listed: dict[str, bool] = {}
 
-        def note(path: str) -> None:
+        def note(path: str) -> bool:
             folder, name = os.path.split(path)
             if folder not in listed:
-                here = os.path.abspath(folder)
-                listed[folder] = any(here == r or here.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+                listed[folder] = any(_under(os.path.abspath(folder), r) for r in absolute)
             if listed[folder]:
                 self.names.setdefault(folder, set()).add(name)
+            return listed[folder]
 
         for s in scan.series:
             for h in s.headers:
@@ -69,40 +105,49 @@ class SourceSnapshot:
                 note(path)
                 self.files[path] = (h.file_size, h.file_mtime_ns)
         for f in scan.skipped_files:
-            note(str(f.path))
+            path = str(f.path)
+            if note(path):
+                try:
+                    self.skipped[path] = os.stat(path).st_size
+                except OSError:  # gone, or a broken link: a file written there later is a new name's worth
+                    self.names[os.path.dirname(path)].discard(os.path.basename(path))
 
     def still_written(self, case: CaseSpec) -> SeriesStillWrittenError | None:
         """Why ``case``'s series was still being written since discovery (see the module docstring), or None when
-        its folders hold what discovery saw of it. Folders that cannot be listed any more are passed over (a source
+        the source holds what discovery saw of it. Folders that cannot be listed any more are passed over (a source
         that went away is told by :class:`~.source_roots.SourceRoots`, files gone by the stages)."""
         if not case.files or case.series_uid is None:
             return None
         own = set(case.files)
-        new: list[str] = []
+        homes = {os.path.dirname(f) for f in case.files}
         changed: list[str] = []
-        for folder in dict.fromkeys(os.path.dirname(f) for f in case.files):
+        new: dict[str, bool] = {}  # a file discovery did not see (or saw skipped and that grew since): near the case?
+        walked: set[str] = set()
+        for folder, entries in _walk(self._roots_of(homes)):
+            walked.add(folder)
             seen = self.names.get(folder)
-            if seen is None:  # not listed by discovery: only the case's own files there
-                changed += [f for f in case.files if os.path.dirname(f) == folder and self._changed(f, None)]
-                continue
-            try:
-                with os.scandir(folder) as it:
-                    entries = list(it)
-            except OSError as exc:
-                log.debug("cannot list %s to look for files that arrived: %s", folder, exc)
-                continue
+            near = folder in homes or (seen is None and any(_under(folder, os.path.dirname(h)) for h in homes))
             for e in entries:
-                if e.name.startswith("."):  # hidden: a writer's temporary file, as discovery leaves them out
-                    continue
                 if e.path in own:
                     if self._changed(e.path, e):
                         changed.append(e.path)
-                elif e.name not in seen and _is_file(e):
-                    new.append(e.path)
-        arrived, unreadable = _of_series(case.series_uid, new) if new else ([], [])
-        if not (arrived or changed or unreadable):
+                elif seen is None or e.name not in seen or self._grew(e):
+                    new[e.path] = near
+        changed += [f for f in case.files if os.path.dirname(f) not in walked and self._changed(f, None)]
+        verdicts = self._verdicts(list(new)) if new else {}
+        uid = _series_uid(case.series_uid)
+        arrived = sorted(p for p, v in verdicts.items() if v == uid)
+        cut = sorted(p for p, v in verdicts.items() if v == CUT and new[p])
+        blank = sorted(p for p, v in verdicts.items() if v == BLANK and new[p])
+        if not (arrived or changed or cut or blank):
             return None
-        return _error(case, arrived, changed, unreadable)
+        return _error(case, arrived, sorted(changed), cut, blank)
+
+    def _roots_of(self, homes: set[str]) -> list[str]:
+        """The folders given to the scans that found files in ``homes`` (all of a scan's folders: a series found
+        under one of them gains files under any of them in the next scan), none below another one."""
+        roots = {r for group in self.roots if any(_under(h, r) for h in homes for r in group) for r in group}
+        return sorted(r for r in roots if not any(o != r and _under(r, o) for o in roots))
 
     def _changed(self, path: str, entry: os.DirEntry[str] | None) -> bool:
         """Whether the file ``path`` of a case changed size or modification time since discovery read its header (a
@@ -116,12 +161,68 @@ class SourceSnapshot:
             return False
         return (st.st_size, st.st_mtime_ns) != was
 
+    def _grew(self, entry: os.DirEntry[str]) -> bool:
+        """Whether a file discovery skipped (empty, cut short, not DICOM) changed size since: written to. Its
+        modification time alone does not count (an empty marker file touched again is not a slice being written)."""
+        was = self.skipped.get(entry.path)
+        if was is None:
+            return False
+        try:
+            return entry.stat().st_size != was
+        except OSError:
+            return False
 
-def _is_file(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_file()
-    except OSError:
-        return False
+    def _verdicts(self, paths: Sequence[str]) -> dict[str, str | None]:
+        """The verdict of each of the new files ``paths`` (see :data:`CUT`); each file's header is read again only
+        once it changed size or modification time. Files gone again are left out."""
+        out: dict[str, str | None] = {}
+        todo: dict[str, tuple[int, int]] = {}
+        for p in paths:
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            key = (st.st_size, st.st_mtime_ns)
+            known = self._read.get(p)
+            if known is not None and known[0] == key:
+                out[p] = known[1]
+            else:
+                todo[p] = key
+        for p, verdict in _read_verdicts(list(todo)).items() if todo else ():
+            self._read[p] = (todo[p], verdict)
+            out[p] = verdict
+        return out
+
+
+def _under(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies below it (paths spelled alike: both absolute, or both as given)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _walk(roots: Sequence[str]) -> Iterator[tuple[str, list[os.DirEntry[str]]]]:
+    """Each folder under ``roots`` (themselves included) with its regular files, as discovery walks them: hidden
+    entries left out, links to folders not followed; a folder that cannot be listed is passed over."""
+    stack = list(reversed(roots))
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError as exc:
+            log.debug("cannot list %s to look for files that arrived: %s", top, exc)
+            continue
+        files = []
+        for e in entries:
+            if e.name.startswith("."):  # hidden: a writer's temporary file, as discovery leaves them out
+                continue
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file():
+                    files.append(e)
+            except OSError:
+                continue
+        yield top, files
 
 
 def _series_uid(key: str) -> str:
@@ -130,22 +231,37 @@ def _series_uid(key: str) -> str:
     return uid if sep and part.isdigit() else key
 
 
-def _of_series(key: str, paths: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Of the files ``paths`` new in a case's folders: those of the series ``key`` (their headers read as discovery
-    reads them, a file without SeriesInstanceUID given the same generated one), and those that begin as DICOM but are
-    cut short before their series can be read (still being written). Other files (another series, not DICOM) are
-    left out."""
+def _read_verdicts(paths: Sequence[str]) -> dict[str, str | None]:
+    """Of each of the files ``paths``: the SeriesInstanceUID in its header (read as discovery reads it, a file
+    without one given the same generated one), :data:`CUT` when it begins as DICOM but is cut short before its
+    series can be read, :data:`BLANK` when it holds no DICOM header yet (:func:`_no_header_yet`), else None (not
+    DICOM, a DICOMDIR, unreadable)."""
     from ..ingest import read_headers
     from ..ingest.series import fallback_series_uid
 
-    uid = _series_uid(key)
     headers, skipped = read_headers([Path(p) for p in paths], processes=False)
-    mine = [str(h.path) for h in headers if (h.series_uid or fallback_series_uid(h)[0]) == uid]
-    cut = [str(f.path) for f in skipped if f.kind == "truncated"]
-    return sorted(mine), sorted(cut)
+    out: dict[str, str | None] = {str(h.path): h.series_uid or fallback_series_uid(h)[0] for h in headers}
+    for f in skipped:
+        blank = f.kind == "not_dicom" and _no_header_yet(f.path)
+        out[str(f.path)] = CUT if f.kind == "truncated" else BLANK if blank else None
+    return out
 
 
-def _error(case: CaseSpec, arrived: list[str], changed: list[str], unreadable: list[str]) -> SeriesStillWrittenError:
+def _no_header_yet(path: Path) -> bool:
+    """Whether the file ``path`` could still become a DICOM file as its writer goes on: empty, zeros where the
+    preamble and 'DICM' marker go (the size set first, the bytes written later, or a zero preamble being written),
+    or fewer than 8 bytes that begin like a data set without a preamble (group 0002 or 0008)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD)
+    except OSError:
+        return False
+    if not head.strip(b"\0"):
+        return True
+    return len(head) < 8 and (b"\x02\x00".startswith(head[:2]) or b"\x08\x00".startswith(head[:2]))
+
+
+def _error(case: CaseSpec, arrived: list[str], changed: list[str], cut: list[str], blank: list[str]) -> SeriesStillWrittenError:
     parts = []
     if arrived:
         parts.append(
@@ -154,9 +270,12 @@ def _error(case: CaseSpec, arrived: list[str], changed: list[str], unreadable: l
         )
     if changed:
         parts.append(f"{len(changed)} of its file(s) changed size or modification time since (the first: {changed[0]})")
-    if unreadable:
+    if cut:
+        parts.append(f"{len(cut)} new DICOM file(s) beside it are cut short, still being written (the first: {cut[0]})")
+    if blank:
         parts.append(
-            f"{len(unreadable)} new DICOM file(s) beside it are cut short, still being written (the first: {unreadable[0]})"
+            f"{len(blank)} new file(s) beside it hold no DICOM header yet (0 bytes, or zeros where it begins), "
+            f"possibly files of it being written (the first: {blank[0]})"
         )
     return SeriesStillWrittenError(
         f"series {case.series_uid} was still being written while the run processed it: " + "; ".join(parts),
