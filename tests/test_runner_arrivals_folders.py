@@ -166,3 +166,31 @@ def test_a_dicom_file_given_by_itself_is_the_whole_input_files_beside_it_are_not
     assert found.snapshot.still_written(case) is None
     os.utime(one, ns=(0, one.stat().st_mtime_ns + 5_000_000_000))
     assert found.snapshot.still_written(case) is not None
+
+
+def test_in_a_large_source_the_folders_next_to_the_case_are_listed_again_for_each_case(tmp_path, monkeypatch):
+    """Where listing the whole source takes long (here: any listing, and reused without end), the listing is reused
+    for the next cases, but the folders next to each case's own are listed again: a new batch folder of its series is
+    seen at once; a file of it far away (another patient's folder) waits for the next full listing."""
+    from pipeline.runner import arrivals
+
+    monkeypatch.setattr(arrivals, "FRESH_S", 0.0)
+    monkeypatch.setattr(arrivals, "REUSE_MAX_S", 1e9)
+    monkeypatch.setattr(arrivals, "REUSE", 1e9)
+    _, files = _series(tmp_path / "archive", 11)
+    src = tmp_path / "pacs-export"
+    _copy(files[:12], src / "p1" / "st1" / "ser" / "batch-0001")
+    found = discover([src], load_config(environ={}))
+    (case,) = found.cases
+    assert found.snapshot.still_written(case) is None  # the whole source listed, kept for the next cases
+    _copy(files[12:18], src / "p2" / "st1" / "ser")
+    assert found.snapshot.still_written(case) is None  # far away: not listed again yet
+    _copy(files[18:], src / "p1" / "st1" / "ser" / "batch-0002")
+    err = found.snapshot.still_written(case)
+    assert (
+        err is not None
+        and f"6 file(s) of it arrived in the source since the run found its 12 file(s) (the first: {src / 'p1'}" in str(err)
+    )
+    monkeypatch.setattr(arrivals, "REUSE", 0.0)  # the listing is out of date: the whole source is listed again
+    err = found.snapshot.still_written(case)
+    assert err is not None and "12 file(s) of it arrived" in str(err)
