@@ -146,9 +146,7 @@ class SourceSnapshot:
         roots = tuple(self._roots_of(homes))
         tops = _tops(homes, roots)
         began = time.monotonic()
-        earlier = self._listed.get(roots)
-        if earlier is not None and began - earlier[0] > min(REUSE * earlier[1], REUSE_MAX_S):
-            earlier = None
+        earlier = self._reusable(roots, began)
         listed: dict[str, list[str]] = {}
         for folder, entries in _walk(tops if earlier is not None else roots):
             walked.add(folder)
@@ -171,7 +169,7 @@ class SourceSnapshot:
         if earlier is None and took > FRESH_S:  # a large source: this listing serves the next cases for a while
             self._listed[roots] = (began, took, listed)
         elif earlier is not None:  # the rest of the source as listed then (tops were listed now)
-            for folder, paths in earlier[2].items():
+            for folder, paths in earlier.items():
                 if not any(_under(folder, t) for t in tops):
                     new.update((p, False) for p in paths)
         changed += [f for f in case.files if os.path.dirname(f) not in walked and self._changed(f, None)]
@@ -183,6 +181,14 @@ class SourceSnapshot:
         if not (arrived or changed or cut or blank):
             return None
         return _error(case, arrived, sorted(changed), cut, blank)
+
+    def _reusable(self, roots: tuple[str, ...], now: float) -> dict[str, list[str]] | None:
+        """The new files by folder under ``roots`` as a listing that took longer than :data:`FRESH_S` saw them, while
+        it is younger than :data:`REUSE` times as long as it took (and :data:`REUSE_MAX_S`); else None: list again."""
+        earlier = self._listed.get(roots)
+        if earlier is None or now - earlier[0] > min(REUSE * earlier[1], REUSE_MAX_S):
+            return None
+        return earlier[2]
 
     def _roots_of(self, homes: set[str]) -> list[str]:
         """The folders given to the scans that found files in ``homes`` (all of a scan's folders: a series found
