@@ -90,7 +90,7 @@ def test_another_series_and_an_empty_file_in_a_new_folder_far_from_the_case_do_n
     assert s.exit_code == 0 and s.done == 1 and s.still_written == [], s.lines()
 
 
-@pytest.mark.parametrize("where", ["beside", "new_batch_folder"])
+@pytest.mark.parametrize("where", ["beside", "new_batch_folder", "batch_folder_made_before"])
 def test_a_new_empty_file_beside_the_series_leaves_it_for_one_run_only(tmp_path, where):
     """The exporter created a file beside the series and has not written it yet: the case waits. The next run finds
     the file still empty (junk, there since before it began): the case is published, not left again."""
@@ -98,6 +98,9 @@ def test_a_new_empty_file_beside_the_series_leaves_it_for_one_run_only(tmp_path,
     uid, files = _series(tmp_path / "archive", 11)
     _copy(files, src / "ser")
     empty = src / "ser" / "CT001_00099.dcm" if where == "beside" else src / "ser-batch2" / "IMG0001"
+    if where == "batch_folder_made_before":  # the exporter made the next batch's folder, and its first file, early
+        (src / "ser-batch2").mkdir()
+        (src / "ser-batch2" / "IMG0000").touch()
 
     s = _run(src, out, _Arrive(uid, [], None, empty=(empty,)))
 

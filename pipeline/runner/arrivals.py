@@ -14,11 +14,12 @@ analyses it. The series changed when, under the source folders its files were fo
   has since been written to (its size changed);
 - a file of the series changed size or modification time;
 - a file that may be one of the series still being written lies beside it (in a folder holding its files, or in a
-  folder new since discovery next to or below one of those): a new DICOM file cut short before its series can be
-  read, or a new file holding no DICOM header yet (0 bytes, or zeros where the header begins: created, or its size
-  set, and not yet written). A file that was already there at discovery (it is among discovery's skipped files)
-  counts only once its size changes, so an empty junk or marker file, touched or not, never holds a case back; a new
-  one holds the case back for this run only, as the next run's discovery finds it and skips it.
+  folder next to or below one of those that held no other series' files at discovery: a new batch folder, or one
+  the exporter made early): a new DICOM file cut short before its series can be read, or a new file holding no
+  DICOM header yet (0 bytes, or zeros where the header begins: created, or its size set, and not yet written). A
+  file that was already there at discovery (it is among discovery's skipped files) counts only once its size
+  changes, so an empty junk or marker file, touched or not, never holds a case back; a new one holds the case back
+  for this run only, as the next run's discovery finds it and skips it.
 
 A DICOM file given by itself as the source, or named by a worklist row, is the whole input the user asked for:
 files arriving beside it are not looked for (its own changes still are).
@@ -80,11 +81,13 @@ class SourceSnapshot:
     the names of every regular file it found there (of any series, or skipped); ``files``, for each file of a series
     it found, its size (bytes) and modification time (ns since the Unix epoch) when its header was read; ``skipped``,
     for each of those folders, the size (bytes) of each file it skipped there (not DICOM, empty, cut short, ...),
-    by name; ``roots``, for each scan, the folders it was given (a file given by itself is not one)."""
+    by name; ``held``, the folders holding files of a series; ``roots``, for each scan, the folders it was given (a
+    file given by itself is not one)."""
 
     names: dict[str, set[str]] = field(default_factory=dict)
     files: dict[str, tuple[int, int]] = field(default_factory=dict)
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)
+    held: set[str] = field(default_factory=set)
     roots: list[tuple[str, ...]] = field(default_factory=list)
     #: verdicts of the new files read so far, by path: ((size, mtime_ns) when read, verdict)
     _read: dict[str, tuple[tuple[int, int], str | None]] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -121,7 +124,8 @@ class SourceSnapshot:
         for s in scan.series:
             for h in s.headers:
                 path = str(h.path)
-                note(path)
+                if note(path):
+                    self.held.add(os.path.dirname(path))
                 self.files[path] = (h.file_size, h.file_mtime_ns)
         for f in scan.skipped_files:
             path = str(f.path)
@@ -151,15 +155,15 @@ class SourceSnapshot:
         for folder, entries in _walk(tops if earlier is not None else roots):
             walked.add(folder)
             seen = self.names.get(folder)
+            # next to the case: its folders, and those holding no other series' files beside or below them
+            near = folder in homes or (folder not in self.held and any(_under(folder, t) for t in tops))
             if seen is None:  # discovery found no file here: each one is new
-                near = any(_under(folder, os.path.dirname(h)) for h in homes)
                 new.update((e.path, near) for e in entries)
                 listed[folder] = [e.path for e in entries]
                 continue
-            near = folder in homes
             fresh = [e for e in entries if e.name not in seen]
             listed[folder] = [e.path for e in fresh]
-            if near:
+            if folder in homes:
                 changed += [e.path for e in entries if e.path in own and self._changed(e.path, e)]
             grew = self.skipped.get(folder)
             if grew and any(_under(folder, t) for t in tops):  # one discovery skipped next to the case, written to since
