@@ -9,6 +9,7 @@ volume is what a scanner's coarse grid makes of it.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from pipeline.reconstruction import bone as bone_mod
@@ -86,3 +87,47 @@ def test_the_outer_layer_of_bone_on_2mm_pixels_is_trimmed_as_on_fine_pixels():
     assert bone[:, 12:28, 19:21].all()
     blur = bone[:, 12:28, 18].mean() + bone[:, 12:28, 21].mean()
     assert blur == 0, f"{blur / 2:.0%} of the blurred faces of the plate are bone"
+
+
+def _smooth_cylinder_slices(nk: int, slices: slice, bone_beside: bool) -> np.ndarray:
+    """Soft tissue (40 HU, noise 15 HU) on 3 mm voxels holding a smooth 250 HU disc of 12 mm radius in ``slices``;
+    ``bone_beside``: the slices just outside ``slices`` (four on each side) hold a bone of the same size, a 300 HU
+    inside rimmed by a 1000 HU cortex (a vertebral body above and below its endplate)."""
+    rng = np.random.default_rng(7)
+    j, i = np.meshgrid(np.arange(30), np.arange(30), indexing="ij")
+    r = np.hypot(j - 15, i - 15) * COARSE_MM
+    arr = np.full((nk, 30, 30), 40.0)
+    if bone_beside:
+        for k in (*range(max(0, slices.start - 4), slices.start), *range(slices.stop, min(nk, slices.stop + 4))):
+            arr[k][r < 15.0] = 1000.0
+            arr[k][r < 12.0] = 300.0
+    arr[slices, r < 12.0] = 250.0
+    return (arr + rng.normal(0.0, 15.0, arr.shape)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("slices", "bone_beside", "measured", "is_pool"),
+    [
+        (slice(9, 11), True, slice(9, 11), False),
+        (slice(9, 11), False, slice(9, 11), True),
+        (slice(4, 12), False, slice(4, 12), True),
+        (slice(0, 20), False, slice(0, 20), True),
+        (slice(0, 3), True, slice(0, 2), True),
+    ],
+    ids=["6mm-endplate", "6mm-vessel-piece", "24mm-vessel", "through-the-scan", "on-bone-cut-by-the-scan"],
+)
+def test_a_smooth_region_is_blood_unless_it_is_short_and_sits_on_bone(slices, bone_beside, measured, is_pool):
+    """A smooth, unrimmed 250 HU region on 3 mm voxels: a region two slices (6 mm) long between slices of a rimmed
+    bone is a vertebral endplate (its texture and cortex blurred away), not blood. Blood when it runs at least
+    POOL_MIN_LENGTH_MM along the slice axis (a vessel), when it does not sit on bone (a piece of a vessel that goes
+    on below the thick-region threshold), or when the scan's first slice cuts it (``measured``: away from the slice
+    next to the bone, whose cortex rims it)."""
+    arr = _smooth_cylinder_slices(20, slices, bone_beside)
+    geom = Geometry(shape=arr.shape, spacing=(COARSE_MM, COARSE_MM, COARSE_MM), origin=(0.0, 0.0, 0.0))
+    grid = Grid(CTVolume(arr, geom), torch.device("cpu"), (1, 1, 1))
+    cortex = bone_mod.cortex_seeds(grid.hu, (1, 1, 1))
+    pool, _ = bone_mod.blood_pools(grid.hu, torch.ones(arr.shape, dtype=torch.bool), cortex, grid)
+    centre = np.zeros(arr.shape, dtype=bool)
+    centre[measured, 13:18, 13:18] = True
+    share = float(pool.numpy()[centre].mean())
+    assert (share > 0.9) if is_pool else (share == 0.0), f"{share:.0%} of the smooth region is blood"

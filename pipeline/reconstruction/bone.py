@@ -18,7 +18,12 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
    touching it, nor a streak across it counts, below ``TEXTURE_RATIO`` times the image noise of
    its slice, which streaks from metal raise) and hardly rimmed by cortex or by anything
    ``RIM_DELTA`` brighter than its inside (share of its in-plane rim below ``RIM_MIN``); a
-   vertebral body or the sternum is textured (trabecular bone) or rimmed by cortex. Pools
+   vertebral body or the sternum is textured (trabecular bone) or rimmed by cortex. Blood runs on
+   along the body's axis: a smooth, unrimmed region is a pool only where its stack (the regions of
+   adjacent slices that overlap it) is at least ``POOL_MIN_LENGTH_MM`` long, or is cut by the scan's
+   first or last slice, or does not sit on bone: a shorter one whose end lies mostly on bone in the
+   next slice (a vertebral endplate or the sternum on slices whose pixels blur its texture and
+   cortex away) is left to the steps below. Pools
    (and their partial-volume rim where they touch bone) are excluded from everything below;
    textured or rimmed regions are bone.
 3. **Bone**: the seeds, grown one voxel into voxels above ``bone_hu``, the thick bone regions,
@@ -98,6 +103,8 @@ SLICE_NOISE_MIN = 200  # soft-tissue pixels a slice needs for its own noise esti
 METAL_HU = 2500.0  # metal (not bone) is above this (HU); cortical bone stays below
 CORTEX_MM = 1.0  # cortical bone is about this thick (mm): a wider pixel holds only part of it (partial volume)
 BROKEN_RING_SHARE = 0.5  # a cortex filling less than this share of a pixel leaves gaps in a vertebral body's ring
+POOL_MIN_LENGTH_MM = 20.0  # blood runs at least this far along the slice axis (a vessel, a heart chamber) (mm)
+STACK_ON_BONE_MIN = 0.5  # share of a short smooth stack's end on bone, in the next slice, for it to be bone's end
 
 
 def _sum3(t: torch.Tensor, dims: tuple[int, ...], *, zero_edges: bool = False) -> torch.Tensor:
@@ -228,11 +235,20 @@ def _core_texture(
     return torch.where(use_n > 0, texture, plain)
 
 
-def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+def blood_pools(
+    hu: torch.Tensor,
+    body: torch.Tensor,
+    cortex: torch.Tensor,
+    grid: Grid,
+    *,
+    scan_ends: tuple[bool, bool] = (True, True),
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(blood pools, thick bone regions) among the thick regions above ``LOW_HU`` (bool tensors like ``hu``).
 
     See the module docstring (step 2). ``hu`` and the masks are ``[k, j, i]`` tensors on the
-    working grid (or a box of it).
+    working grid (or a box of it). ``scan_ends``: whether the first and the last slice of ``hu``
+    (along the slice axis) are the scan's own first and last slice, where a vessel may be cut
+    short by the scan range (:func:`_long_stacks`).
     """
     sa = grid.geometry.array_axis(2)
     inplane = tuple(d for d in range(3) if d != sa)
@@ -305,14 +321,58 @@ def blood_pools(hu: torch.Tensor, body: torch.Tensor, cortex: torch.Tensor, grid
     is_pool = (rim < RIM_MIN) & smooth_inside
     is_pool[0] = False
     pool_b = is_pool[labels]
+    first_slice = box[sa].start == 0 and scan_ends[0]
+    last_slice = box[sa].stop == hu.shape[sa] and scan_ends[1]
     is_bone = ~is_pool & ((rim >= RIM_MIN) | ~smooth_inside)
     is_bone[0] = False
+    pool_b &= _long_stacks(pool_b, is_bone[labels] | barrier_b, grid, cut=(first_slice, last_slice))
     pool_b |= morph.dilate(pool_b, (1, 1, 1)) & barrier_b & ~cortex[box] & (hu_b > LOW_HU)  # the pool's rim next to bone
     log.debug("bone: noise %.1f HU, %d thick regions, %d blood pools", noise, n, int(is_pool.sum()))
     pool, bone = none.clone(), none.clone()
     pool[box] = pool_b
     bone[box] = is_bone[labels]
     return pool, bone
+
+
+def _long_stacks(candidate: torch.Tensor, bone: torch.Tensor, grid: Grid, *, cut: tuple[bool, bool]) -> torch.Tensor:
+    """The voxels of ``candidate`` but those of stacks shorter than :data:`POOL_MIN_LENGTH_MM` that sit on ``bone``.
+
+    A stack is a 3-D face-connected component of ``candidate`` (regions of adjacent slices that
+    overlap). Blood pools are vessels and heart chambers, which run on for centimetres along the
+    body's axis; a smooth region a few millimetres long whose end lies mostly (at least
+    :data:`STACK_ON_BONE_MIN` of it) on ``bone`` in the next slice along the slice axis is no vessel
+    but the end of a bone (a vertebral endplate on slices thicker than its cortex, whose texture
+    and rim partial volume blurs away). A short stack that a vessel continues (blood below the
+    thick-region threshold in the next slices) does not sit on bone and stays. A stack that reaches
+    the first (``cut[0]``) or last (``cut[1]``) slice may be cut short by the scan range: it stays.
+    """
+    sa = grid.geometry.array_axis(2)
+    mask = candidate.cpu().numpy()
+    labels, n = ndimage.label(mask, structure=ndimage.generate_binary_structure(3, 1))
+    if n == 0:
+        return candidate
+    on_bone = bone.cpu().numpy()
+    slice_mm = float(grid.geometry.spacing[2 - sa])
+    keep = np.ones(n + 1, dtype=bool)
+    last = mask.shape[sa] - 1
+    for idx, sl in enumerate(ndimage.find_objects(labels), start=1):
+        k0, k1 = sl[sa].start, sl[sa].stop - 1
+        if (k1 - k0 + 1) * slice_mm >= POOL_MIN_LENGTH_MM or (cut[0] and k0 == 0) or (cut[1] and k1 == last):
+            continue
+        share = 0.0
+        for k, beyond in ((k0, k0 - 1), (k1, k1 + 1)):
+            if 0 <= beyond <= last:
+                face = np.take(labels, k, axis=sa) == idx
+                share = max(share, float(np.take(on_bone, beyond, axis=sa)[face].mean()))
+        keep[idx] = share < STACK_ON_BONE_MIN
+        log.debug(
+            "bone: smooth stack of %d slices, %.0f %% of an end on bone: %s",
+            k1 - k0 + 1,
+            100 * share,
+            "pool" if keep[idx] else "not blood",
+        )
+    keep[0] = False
+    return morph.to_tensor(keep[labels], candidate.device)
 
 
 def in_plane_mean(hu: torch.Tensor, slice_axis: int) -> torch.Tensor:
@@ -373,7 +433,8 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     if box is None:
         return out
     hu, body_b, cortex = hu_all[box], body[box], cortex_all[box]
-    pool, regions = blood_pools(hu, body_b, cortex, grid)
+    ends = (box[sa].start == 0, box[sa].stop == hu_all.shape[sa])
+    pool, regions = blood_pools(hu, body_b, cortex, grid, scan_ends=ends)
     if share < 1.0:  # pixels wider than the cortex: its partial-volume pixels are seeds too, outside blood pools
         faint = cortex_seeds(full_hu, grid.factors, seed_hu=partial_volume_hu(SEED_HU, share))[box]
         cortex = cortex | (faint & body_b & ~morph.dilate(pool, (1, 1, 1)))
