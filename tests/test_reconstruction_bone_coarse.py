@@ -20,23 +20,33 @@ from pipeline.volume import CTVolume, Geometry
 FINE_MM, COARSE_MM = 0.5, 3.0
 
 
-def _vertebra_beside_an_aorta() -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``(hu, regions)`` on 3 mm pixels (``[k, j, i]``, 10 slices): soft tissue (40 HU) holding a
-    vertebral body (1 mm cortex at 1100 HU around 120 HU cancellous bone, 36 mm wide), its arch
-    (cortex around the 15 HU spinal canal) behind it and an aorta (350 HU: arterial contrast, 24 mm
-    wide) 4 mm in front of it. ``regions``: coarse-pixel masks of the body's interior, the canal and
-    the aorta, away from their partial-volume edges."""
+def _vertebra_slice(*, body_cortex: bool = True, body_hu: float = 120.0) -> np.ndarray:
+    """One 3 mm slice (40x40 pixels, drawn at 0.5 mm and averaged) of the scene of :func:`_vertebra_beside_an_aorta`.
+
+    ``body_cortex``: whether the vertebral body has its 1 mm cortex (a level where it does not is
+    the body's cancellous bone alone); ``body_hu``: the HU inside the body (120: cancellous bone;
+    80: an intervertebral disc, drawn without cortex)."""
     f = int(COARSE_MM / FINE_MM)
     n = 40 * f
     j, i = np.meshgrid((np.arange(n) + 0.5) * FINE_MM, (np.arange(n) + 0.5) * FINE_MM, indexing="ij")  # mm
     r_body, r_arch, r_aorta = np.hypot(j - 54, i - 60), np.hypot(j - 84, i - 60), np.hypot(j - 20, i - 60)
     fine = np.full((n, n), 40.0)
-    fine[r_body < 18.0] = 1100.0
-    fine[r_body < 17.0] = 120.0
+    if body_cortex:
+        fine[r_body < 18.0] = 1100.0
+    fine[r_body < 17.0] = body_hu
     fine[r_arch < 10.0] = 1100.0
     fine[r_arch < 9.0] = 15.0
     fine[r_aorta < 12.0] = 350.0
-    coarse = fine.reshape(40, f, 40, f).mean(axis=(1, 3))
+    return fine.reshape(40, f, 40, f).mean(axis=(1, 3))
+
+
+def _vertebra_beside_an_aorta(slices: list[np.ndarray] | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(hu, regions)`` on 3 mm pixels (``[k, j, i]``, 10 slices unless ``slices`` are given): soft tissue
+    (40 HU) holding a vertebral body (1 mm cortex at 1100 HU around 120 HU cancellous bone, 36 mm wide), its
+    arch (cortex around the 15 HU spinal canal) behind it and an aorta (350 HU: arterial contrast, 24 mm
+    wide) 4 mm in front of it. ``regions``: coarse-pixel masks of the body's interior, the canal and
+    the aorta, away from their partial-volume edges."""
+    planes = slices if slices is not None else [_vertebra_slice()] * 10
     centre = (np.arange(40) + 0.5) * COARSE_MM
     cj, ci = np.meshgrid(centre, centre, indexing="ij")
     regions = {
@@ -45,17 +55,22 @@ def _vertebra_beside_an_aorta() -> tuple[np.ndarray, dict[str, np.ndarray]]:
         "aorta": np.hypot(cj - 20, ci - 60) < 10.0,
     }
     rng = np.random.default_rng(5)
-    hu = np.repeat(coarse[None], 10, axis=0) + rng.normal(0.0, 10.0, (10, 40, 40))
-    return hu.astype(np.float32), {k: np.repeat(v[None], 10, axis=0) for k, v in regions.items()}
+    nk = len(planes)
+    hu = np.stack(planes) + rng.normal(0.0, 10.0, (nk, 40, 40))
+    return hu.astype(np.float32), {k: np.repeat(v[None], nk, axis=0) for k, v in regions.items()}
+
+
+def _segment_3mm(hu: np.ndarray) -> np.ndarray:
+    geom = Geometry(shape=hu.shape, spacing=(COARSE_MM, COARSE_MM, COARSE_MM), origin=(0.0, 0.0, 0.0))
+    grid = Grid(CTVolume(hu, geom), torch.device("cpu"), (1, 1, 1))
+    return bone_mod.segment_bone(grid, torch.ones(hu.shape, dtype=torch.bool), grid.hu, SegmentParams())
 
 
 def test_a_vertebral_body_on_3mm_pixels_is_bone_inside_and_the_enhanced_aorta_beside_it_is_not():
     hu, regions = _vertebra_beside_an_aorta()
-    geom = Geometry(shape=hu.shape, spacing=(COARSE_MM, COARSE_MM, COARSE_MM), origin=(0.0, 0.0, 0.0))
-    grid = Grid(CTVolume(hu, geom), torch.device("cpu"), (1, 1, 1))
     assert hu[regions["interior"]].mean() < 150.0  # the cancellous bone is below LOW_HU: only the ring tells it
     assert not (hu > bone_mod.SEED_HU).any()  # nor does the cortex reach SEED_HU anywhere
-    bone = bone_mod.segment_bone(grid, torch.ones(hu.shape, dtype=torch.bool), grid.hu, SegmentParams())
+    bone = _segment_3mm(hu)
     inside = float(bone[regions["interior"]].mean())
     assert inside > 0.95, f"only {inside:.0%} of the vertebral body's cancellous interior is bone (hollow body)"
     assert not bone[regions["aorta"]].any(), f"{int(bone[regions['aorta']].sum())} voxels of the enhanced aorta are bone"
@@ -87,6 +102,22 @@ def test_the_outer_layer_of_bone_on_2mm_pixels_is_trimmed_as_on_fine_pixels():
     assert bone[:, 12:28, 19:21].all()
     blur = bone[:, 12:28, 18].mean() + bone[:, 12:28, 21].mean()
     assert blur == 0, f"{blur / 2:.0%} of the blurred faces of the plate are bone"
+
+
+def test_a_vertebral_level_without_cortex_between_bone_is_filled_and_a_disc_is_not():
+    """Two 3 mm slices where the vertebral body shows no cortex at all (its 120 HU cancellous bone alone, no
+    ring to enclose it) lie between slices of the whole vertebra: bone runs on along the body's axis, so they
+    are marrow. Two slices of disc (80 HU, no cortex) between vertebrae further down stay out, as do the
+    spinal canal and the enhanced aorta."""
+    whole, level, disc = _vertebra_slice(), _vertebra_slice(body_cortex=False), _vertebra_slice(body_cortex=False, body_hu=80.0)
+    hu, regions = _vertebra_beside_an_aorta([whole] * 4 + [level] * 2 + [whole] * 3 + [disc] * 2 + [whole] * 3)
+    bone = _segment_3mm(hu)
+    interior = regions["interior"]
+    at_level = float(bone[4:6][interior[4:6]].mean())
+    assert at_level > 0.9, f"only {at_level:.0%} of the vertebral level without cortex is bone (hollow level)"
+    at_disc = float(bone[9:11][interior[9:11]].mean())
+    assert at_disc < 0.1, f"{at_disc:.0%} of the disc between two vertebrae is bone"
+    assert not bone[regions["canal"]].any() and not bone[regions["aorta"]].any()
 
 
 def _smooth_cylinder_slices(nk: int, slices: slice, bone_beside: bool) -> np.ndarray:

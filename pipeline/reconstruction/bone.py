@@ -49,7 +49,9 @@ above ``SEED_HU`` itself, so enhanced blood, 300-500 HU, never becomes a seed th
 the cortex fills less than ``BROKEN_RING_SHARE`` of a pixel, a vertebral body's ring breaks into
 pieces and its marrow is no longer a hole: marrow is then also a region of the slice denser than
 soft tissue that bone mostly surrounds (:func:`.marrow.fill_rimmed_marrow`), added after the
-growth in step 3.
+growth in step 3, and so is a region of a slice as dense as marrow with bone in the slices just
+above and below it (a low-density level where no cortex shows at all;
+:func:`.marrow.fill_between_slices`); a resolved cortex always shows, so finer pixels need neither.
 
 A noisy image (a sharp reconstruction kernel: the image noise measured in soft tissue above
 ``NOISY_HU``) is segmented on its in-plane 3x3 mean, as a radiologist reads bone on a
@@ -70,7 +72,7 @@ from scipy import ndimage
 
 from . import morph
 from .grid import Grid, bbox
-from .marrow import MARROW_LOW_HU, SPECK_MM2, fill_marrow, fill_rimmed_marrow, midline_x
+from .marrow import MARROW_LOW_HU, SPECK_MM2, fill_between_slices, fill_marrow, fill_rimmed_marrow, midline_x
 from .organs import SegmentParams
 
 log = logging.getLogger(__name__)
@@ -455,8 +457,10 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     bone = geodesic(bone, low | bone, steps)
     bone_np = bone.cpu().numpy()
     if share < BROKEN_RING_SHARE:  # the cortex ring is broken by partial volume: its marrow joins the tissue outside
-        dense = (in_plane_mean(hu, sa) >= MARROW_LOW_HU) & body_b & ~pool
-        bone_np = fill_rimmed_marrow(bone_np, dense.cpu().numpy(), sa, pixel_mm2)
+        dense = ((in_plane_mean(hu, sa) >= MARROW_LOW_HU) & body_b & ~pool).cpu().numpy()
+        bone_np = fill_rimmed_marrow(bone_np, dense, sa, pixel_mm2)
+        # and a level of low density may show no cortex at all: its marrow lies between bone above and below
+        bone_np = fill_between_slices(bone_np, dense, hu_np, sa, pixel_mm2, float(spacing[2 - sa]))
     bone_np = fill_marrow(bone_np, hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)
     bone = morph.to_tensor(bone_np, hu.device) & body_b
     # the outer layer in-plane: a hole in the next slice makes no edge inside a vertebral body

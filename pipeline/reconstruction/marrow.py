@@ -12,6 +12,13 @@ longer a hole but joins the tissue outside through the gaps. :func:`fill_rimmed_
 such marrow from its own density and the bone around it: a region of the slice denser than
 soft tissue (in-plane 3x3 mean above ``MARROW_LOW_HU``) whose in-plane rim is at least
 ``MARROW_RIM_MIN`` bone.
+
+A slice where no cortex was found at all (a low-density vertebral level on pixels too wide for
+its cortex to fill half of them) has no ring to enclose its marrow, but bone lies in the slices just above and below
+it: :func:`fill_between_slices` takes a region of the slice denser than soft tissue (in-plane 3x3
+mean above ``MARROW_LOW_HU``) whose mean is that of marrow (above ``MARROW_HU``; intervertebral
+discs, 70-90 HU, and the spinal canal are below) and whose voxels mostly have bone within
+``MARROW_GAP_MM`` both above and below them along the slice axis.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ SPECK_MM2 = 12.0  # holes in a slice of bone up to this area (mm²) are noise, f
 MIDLINE_FREE_SHARE = 0.25  # share of a slice's body clear of the image's x edges that still tells its mid-line
 MARROW_LOW_HU = 75.0  # marrow behind a broken cortex is denser than this (in-plane 3x3 mean, HU): muscle, CSF are below
 MARROW_RIM_MIN = 0.5  # share of its in-plane rim on bone above which a dense region is marrow behind a broken cortex
+MARROW_GAP_MM = 6.0  # marrow between bone this close above and below along the slice axis (mm) is a level the cortex missed
+MARROW_BETWEEN_MIN = 0.5  # share of a dense region of a slice with bone above and below it for the region to be marrow
 
 
 def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -> np.ndarray:
@@ -129,5 +138,50 @@ def fill_rimmed_marrow(mask: np.ndarray, dense: np.ndarray, slice_axis: int, pix
     rim_n = np.bincount(ring[on_ring & mask], minlength=n + 1)
     area = np.bincount(labels.ravel(), minlength=n + 1) * pixel_mm2
     fill = (rim_n >= MARROW_RIM_MIN * np.maximum(ring_n, 1)) & (area <= MARROW_MAX_MM2)
+    fill[0] = False
+    return mask | fill[labels]
+
+
+def _bone_within(mask: np.ndarray, slice_axis: int, steps: int, direction: int) -> np.ndarray:
+    """Voxels with a voxel of ``mask`` 1..``steps`` slices away along ``slice_axis`` (``direction`` +1 or -1)."""
+    out = np.zeros_like(mask)
+    n = mask.shape[slice_axis]
+    for s in range(1, min(steps, n - 1) + 1):
+        src = [slice(None)] * 3
+        dst = [slice(None)] * 3
+        if direction > 0:
+            src[slice_axis], dst[slice_axis] = slice(s, n), slice(0, n - s)
+        else:
+            src[slice_axis], dst[slice_axis] = slice(0, n - s), slice(s, n)
+        out[tuple(dst)] |= mask[tuple(src)]
+    return out
+
+
+def fill_between_slices(
+    mask: np.ndarray, dense: np.ndarray, hu: np.ndarray, slice_axis: int, pixel_mm2: float, slice_mm: float
+) -> np.ndarray:
+    """``mask`` with the marrow of slices between bone above and below added (bool ``[k, j, i]``, like ``mask``).
+
+    ``dense``: the voxels that may be marrow (in-plane 3x3 mean above :data:`MARROW_LOW_HU`, blood
+    pools left out); ``hu``: the HU of every voxel. Each in-plane connected region of ``dense``
+    outside ``mask`` (4-connected in its slice; ``slice_axis`` is the array axis across the slices,
+    ``slice_mm`` their spacing in mm) of at most :data:`MARROW_MAX_MM2` (``pixel_mm2``: one pixel's
+    area, mm²), with a mean above :data:`MARROW_HU` (intervertebral discs and the spinal canal are
+    below), of whose voxels at least :data:`MARROW_BETWEEN_MIN` have ``mask`` within
+    :data:`MARROW_GAP_MM` both above and below is marrow: bone runs on along the body's axis, so a
+    level between bone whose cortex no slice showed is bone too. The liver or a bowel loop is
+    larger than the area limit, or not between bone.
+    """
+    steps = max(1, int(round(MARROW_GAP_MM / slice_mm)))
+    between = _bone_within(mask, slice_axis, steps, +1) & _bone_within(mask, slice_axis, steps, -1)
+    labels, n = ndimage.label(dense & ~mask, structure=morph.in_plane_cross(slice_axis))
+    if n == 0:
+        return mask
+    flat = labels.ravel()
+    size = np.bincount(flat, minlength=n + 1)
+    n_between = np.bincount(flat, weights=between.ravel(), minlength=n + 1)
+    mean = np.bincount(flat, weights=hu.ravel(), minlength=n + 1) / np.maximum(size, 1)
+    fill = (n_between >= MARROW_BETWEEN_MIN * np.maximum(size, 1)) & (size * pixel_mm2 <= MARROW_MAX_MM2)
+    fill &= mean >= MARROW_HU
     fill[0] = False
     return mask | fill[labels]
