@@ -162,3 +162,36 @@ def test_a_smooth_region_is_blood_unless_it_is_short_and_sits_on_bone(slices, bo
     centre[measured, 13:18, 13:18] = True
     share = float(pool.numpy()[centre].mean())
     assert (share > 0.9) if is_pool else (share == 0.0), f"{share:.0%} of the smooth region is blood"
+
+
+def test_the_outer_layer_of_bone_on_3mm_pixels_wholly_on_bone_is_kept_below_the_surface_threshold():
+    """A 30 mm bone on 3 mm pixels whose surface lies on pixel borders: 140 HU cancellous bone inside a ring of
+    pixels wholly on bone holding a faint cortex (220 HU, below the 250 HU surface threshold of 3 mm pixels),
+    with brighter patches (450 HU) at its corners as its seeds. Each ring pixel is the bone itself, far more than
+    half-way from the tissue beside it (40 HU) to the bone inside it: it is kept, and nothing outside is bone."""
+    rng = np.random.default_rng(8)
+    hu = np.full((16, 30, 30), 40.0)
+    hu[:, 10:20, 10:20] = 220.0
+    hu[:, 11:19, 11:19] = 140.0
+    for j0, i0 in ((10, 10), (10, 18), (18, 10), (18, 18)):
+        hu[:, j0 : j0 + 2, i0 : i0 + 2] = 450.0
+    hu = (hu + rng.normal(0.0, 10.0, hu.shape)).astype(np.float32)
+    surface = bone_mod.partial_volume_hu(300.0, min(1.0, 2.0 * bone_mod.cortex_share((3.0, 3.0, 3.0), 0)))
+    assert surface > 220.0 + 2 * 10.0  # the ring is well below the surface threshold
+    bone = _segment_3mm(hu)
+    block = np.zeros(hu.shape, dtype=bool)
+    block[:, 10:20, 10:20] = True
+    kept = float(bone[block].mean())
+    assert kept > 0.99, f"only {kept:.0%} of the bone is bone: its outer ring of pixels wholly on bone was trimmed"
+    assert not bone[~block].any(), f"{int(bone[~block].sum())} voxels of the tissue around the bone are bone"
+
+
+def test_half_way_hu_lies_between_the_bone_and_the_tissue_beside_a_voxel():
+    hu = torch.full((1, 5, 5), 40.0)
+    hu[0, :, :2] = 200.0  # bone in the two left columns, tissue on the right
+    bone = hu > 100.0
+    outer = torch.zeros_like(bone)
+    outer[0, :, 1] = True  # the bone's outer layer
+    level = bone_mod.half_way_hu(hu, bone, outer, torch.ones_like(bone), 0)
+    assert torch.allclose(level[0, 1:4, 1], torch.tensor(120.0))  # (200 + 40) / 2
+    assert torch.isinf(level[0, 2, 0])  # no tissue beside it

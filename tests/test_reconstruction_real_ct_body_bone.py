@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 TS_SPINE_RIBS = (*range(25, 51), *range(92, 116))  # sacrum, vertebrae S1..C1, ribs
 TS_ALL_BONE = (*TS_SPINE_RIBS, *range(69, 79), 116)  # + humeri, scapulae, clavicles, femurs, hips; sternum
+TS_RECALL_LABELS = {"vertebrae": tuple(range(26, 51)), "sacrum": (25,), "ribs": tuple(range(92, 116)), "hips": (77, 78)}
 
 
 def dice(a: np.ndarray, b: np.ndarray) -> float:
@@ -126,24 +127,30 @@ def test_totalseg_abdomen_body_holds_every_labelled_organ(ts):
 
 
 def test_totalseg_abdomen_bone_against_the_model_labels(ts):
-    """Dice against the spine, sacrum and ribs, and against all bone labels; bone is mostly labelled bone.
+    """Dice against the spine, sacrum and ribs, and against all bone labels; recall per label; bone is mostly labelled bone.
 
     On these 3 mm voxels the cortex fills a third of each pixel it crosses: the vertebral bodies' cancellous
     interior (100-150 HU) is bone only where the partial-volume cortex is taken for cortex and the marrow
-    behind its broken ring is filled (spine/sacrum/ribs Dice 0.22 and all bone 0.52 without, 0.41 and 0.76 with). The spine Dice
-    counts the hips and femurs as false positives: a perfect bone mask would score about 0.57."""
+    behind its broken ring is filled (spine/sacrum/ribs Dice 0.22 and all bone 0.52 without, 0.41 and 0.76 with);
+    where smooth endplates are not taken for blood, levels without cortex are filled and the outer layer is
+    kept where it is half on bone, 0.48 and 0.85 (vertebrae recall 0.67 -> 0.87, ribs 0.35 -> 0.55, sacrum
+    0.23 -> 0.41: its alae hold fatty marrow, near 0 HU, behind a dorsal cortex these voxels do not show).
+    The spine Dice counts the hips and femurs as false positives: a perfect bone mask would score about 0.57."""
     _, labels, seg = ts
     bone = seg.masks["bone"]
     spine_ribs = np.isin(labels, TS_SPINE_RIBS)
     all_bone = np.isin(labels, TS_ALL_BONE)
     d_spine, d_all = dice(spine_ribs, bone), dice(all_bone, bone)
-    print(f"totalseg_abdomen bone Dice: spine/sacrum/ribs {d_spine:.3f}, all bone labels {d_all:.3f}")
+    recall = {name: float(bone[np.isin(labels, ids)].mean()) for name, ids in TS_RECALL_LABELS.items()}
+    print(f"totalseg_abdomen bone Dice: spine/sacrum/ribs {d_spine:.3f}, all bone labels {d_all:.3f}; recall", recall)
     from scipy import ndimage
 
     near_bone = ndimage.binary_dilation(all_bone)
     assert bone[near_bone].sum() >= 0.95 * bone.sum()  # no soft tissue or bowel taken for bone
-    assert d_spine >= 0.39, f"spine/sacrum/ribs Dice {d_spine:.3f}"
-    assert d_all >= 0.73, f"all bone labels Dice {d_all:.3f}"
+    assert d_spine >= 0.46, f"spine/sacrum/ribs Dice {d_spine:.3f}"
+    assert d_all >= 0.83, f"all bone labels Dice {d_all:.3f}"
+    for name, floor in (("vertebrae", 0.84), ("ribs", 0.5), ("sacrum", 0.38), ("hips", 0.79)):
+        assert recall[name] >= floor, f"{name} recall {recall[name]:.3f}"
 
 
 def test_copdgene_lungs_lie_in_the_body():

@@ -51,7 +51,11 @@ pieces and its marrow is no longer a hole: marrow is then also a region of the s
 soft tissue that bone mostly surrounds (:func:`.marrow.fill_rimmed_marrow`), added after the
 growth in step 3, and so is a region of a slice as dense as marrow with bone in the slices just
 above and below it (a low-density level where no cortex shows at all;
-:func:`.marrow.fill_between_slices`); a resolved cortex always shows, so finer pixels need neither.
+:func:`.marrow.fill_between_slices`); a resolved cortex always shows, so finer pixels need neither. On such pixels a pixel wholly on bone is mostly cancellous bone, often below the
+surface threshold itself (120-250 HU on 3 mm pixels), so that threshold would trim bone that is
+all there is: a pixel centred on the surface is half the bone beside it and half the tissue beside
+it, and the outer layer is also kept where it is at least half-way between the two (the half
+maximum of a blurred edge; :func:`half_way_hu`).
 
 A noisy image (a sharp reconstruction kernel: the image noise measured in soft tissue above
 ``NOISY_HU``) is segmented on its in-plane 3x3 mean, as a radiologist reads bone on a
@@ -82,6 +86,7 @@ __all__ = [
     "cortex_seeds",
     "cortex_share",
     "geodesic",
+    "half_way_hu",
     "image_noise",
     "in_plane_mean",
     "in_plane_median_at",
@@ -377,6 +382,30 @@ def _long_stacks(candidate: torch.Tensor, bone: torch.Tensor, grid: Grid, *, cut
     return morph.to_tensor(keep[labels], candidate.device)
 
 
+def half_way_hu(hu: torch.Tensor, bone: torch.Tensor, outer: torch.Tensor, body: torch.Tensor, slice_axis: int) -> torch.Tensor:
+    """Per voxel, the HU half-way between the bone and the tissue beside it in its slice (in-plane 3x3).
+
+    The bone's level is the mean HU of the voxel's in-plane neighbours in ``bone`` but not in its
+    ``outer`` layer (for bone too thin to have any, of all its neighbours in ``bone``, the voxel
+    included); the tissue's, of its neighbours in ``body`` outside ``bone`` (blood pools beside bone
+    count as tissue and raise it). A pixel centred on the bone's surface holds half of each, so it
+    is at least this bright. ``+inf`` where the voxel has no tissue neighbour. Tensors ``[k, j, i]``
+    of one shape; ``slice_axis`` is the array axis across the slices.
+    """
+    inplane = tuple(d for d in range(3) if d != slice_axis)
+
+    def level(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = mask.to(hu.dtype)
+        n = _sum3(w, inplane, zero_edges=True)
+        return _sum3(hu * w, inplane, zero_edges=True) / n.clamp(min=1), n
+
+    inside, n_inside = level(bone & ~outer)
+    whole, _ = level(bone)
+    tissue, n_tissue = level(body & ~bone)
+    bone_level = torch.where(n_inside > 0, inside, whole)
+    return torch.where(n_tissue > 0, 0.5 * (bone_level + tissue), torch.full_like(hu, float("inf")))
+
+
 def in_plane_mean(hu: torch.Tensor, slice_axis: int) -> torch.Tensor:
     """The 3x3 in-plane mean of ``hu`` (edges replicated); ``slice_axis`` is the array axis across the slices."""
     return _sum3(hu, tuple(d for d in range(3) if d != slice_axis)) / 9.0
@@ -465,10 +494,13 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     bone = morph.to_tensor(bone_np, hu.device) & body_b
     # the outer layer in-plane: a hole in the next slice makes no edge inside a vertebral body
     outer = bone & ~morph.erode(bone, tuple(0 if d == sa else 1 for d in range(3))) & ~cortex
+    keep_hu = torch.full_like(hu, surface_hu)
+    if share < BROKEN_RING_SHARE:  # a pixel wholly on bone is mostly cancellous: half-way to it is half on bone
+        keep_hu = torch.minimum(keep_hu, half_way_hu(hu, bone, outer, body_b, sa))
     if noisy:  # the in-plane mean spreads a bright cortex one voxel out; the median does not
-        outer &= ~(in_plane_median_at(raw_all[box], outer, sa) > surface_hu)
+        outer &= ~(in_plane_median_at(raw_all[box], outer, sa) > keep_hu)
     else:
-        outer &= ~(hu > surface_hu)
+        outer &= ~(hu > keep_hu)
     bone &= ~outer
     metal = full_hu > METAL_HU
     if bool(metal.any()):
