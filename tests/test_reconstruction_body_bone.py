@@ -144,6 +144,17 @@ def test_cortex_seeds_ignore_noise_in_bright_blood():
     assert seeds[:, 25:, 25:].sum() == 0
 
 
+def test_cortex_seeds_at_the_end_of_the_scan_need_the_same_share_of_their_cut_neighbourhood():
+    """Three clustered cortex voxels: a seed on the scan's last slice (3 of the 18 voxels of its neighbourhood left
+    inside the scan, as 4 of 27 further in), not in the middle of the scan (3 of 27: noise in bright blood)."""
+    arr = np.full((7, 9, 9), 40.0, dtype=np.float32)
+    for k in (3, 6):
+        arr[k, 4, 4] = arr[k, 4, 5] = arr[k, 5, 4] = 900.0
+    seeds = bone_mod.cortex_seeds(torch.from_numpy(arr), (1, 1, 1)).numpy()
+    assert seeds[6, 4, 4] and seeds[6].sum() == 3
+    assert not seeds[3].any()
+
+
 def test_cortex_seeds_on_a_pooled_grid_keep_the_grid_shape():
     arr = np.zeros((9, 21, 21), np.float32)
     arr[4, 5:15, 5:15] = 900.0

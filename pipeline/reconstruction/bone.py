@@ -173,11 +173,16 @@ def cortex_seeds(
 
     A working voxel is a seed when it holds a voxel above ``seed_hu`` and its 3x3x3 working
     neighbourhood holds at least ``min_count`` of them, plus one for each further
-    full-resolution voxel a working voxel pools.
+    full-resolution voxel a working voxel pools. Where the scan's first or last slice (or the
+    image's edge) cuts the neighbourhood, the same share of it is asked of the part inside
+    (3 of the 18 voxels left on the first slice, for 4 of 27): a rib crossing the end of the scan
+    is bone as it is one slice further in.
     """
     count = _pool_count(full_hu > seed_hu, factors)
     need = min_count + int(np.prod(factors)) - 1
-    return (count > 0) & (_sum3(count.to(torch.int16), (0, 1, 2), zero_edges=True) >= need)
+    inside = _sum3(torch.ones_like(count, dtype=torch.int16), (0, 1, 2), zero_edges=True)  # 27 unless cut
+    need_here = torch.ceil(need * inside.to(torch.float32) / 27.0)
+    return (count > 0) & (_sum3(count.to(torch.int16), (0, 1, 2), zero_edges=True) >= need_here)
 
 
 def geodesic(seed: torch.Tensor, allowed: torch.Tensor, steps: int) -> torch.Tensor:
