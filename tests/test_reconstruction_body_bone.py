@@ -13,6 +13,7 @@ import torch
 
 from pipeline.phantom import generate_phantom
 from pipeline.phantom.confounders import CONFOUNDER_SCENARIOS, Confounders, scenarios_at
+from pipeline.reconstruction import blood_pools as pools_mod
 from pipeline.reconstruction import body as body_mod
 from pipeline.reconstruction import bone as bone_mod
 from pipeline.reconstruction.grid import Grid
@@ -184,7 +185,7 @@ def test_blood_pools_are_smooth_unrimmed_regions(rimmed):
     grid = _grid(arr)
     body = torch.ones(arr.shape, dtype=torch.bool)
     cortex = bone_mod.cortex_seeds(grid.hu, (1, 1, 1))
-    pool, bone = bone_mod.blood_pools(grid.hu, body, cortex, grid)
+    pool, bone = pools_mod.blood_pools(grid.hu, body, cortex, grid)
     core = inside & (np.hypot(*np.meshgrid(np.arange(64) - 32, np.arange(64) - 32, indexing="ij")) < 9)[None]
     if rimmed:  # a marrow cavity inside cortex: bone, not blood
         assert bone.numpy()[core].mean() > 0.9 and not pool.numpy()[core].any()
@@ -208,7 +209,7 @@ def test_a_vertebral_body_and_the_aorta_touching_it_through_its_cortex_are_judge
     grid = _grid(arr)
     body = torch.ones(arr.shape, dtype=torch.bool)
     cortex = bone_mod.cortex_seeds(grid.hu, (1, 1, 1))
-    pool, bone = (m.numpy() for m in bone_mod.blood_pools(grid.hu, body, cortex, grid))
+    pool, bone = (m.numpy() for m in pools_mod.blood_pools(grid.hu, body, cortex, grid))
     body_core, vessel_core = r_body < 8, r_vessel < 6
     assert bone[body_core].mean() > 0.9 and not pool[body_core].any()
     assert pool[vessel_core].mean() > 0.9 and not bone[vessel_core].any()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.reconstruction import blood_pools as pools_mod
 from pipeline.reconstruction import bone as bone_mod
 from pipeline.reconstruction.grid import Grid
 from pipeline.reconstruction.organs import SegmentParams
@@ -157,7 +158,7 @@ def test_a_smooth_region_is_blood_unless_it_is_short_and_sits_on_bone(slices, bo
     geom = Geometry(shape=arr.shape, spacing=(COARSE_MM, COARSE_MM, COARSE_MM), origin=(0.0, 0.0, 0.0))
     grid = Grid(CTVolume(arr, geom), torch.device("cpu"), (1, 1, 1))
     cortex = bone_mod.cortex_seeds(grid.hu, (1, 1, 1))
-    pool, _ = bone_mod.blood_pools(grid.hu, torch.ones(arr.shape, dtype=torch.bool), cortex, grid)
+    pool, _ = pools_mod.blood_pools(grid.hu, torch.ones(arr.shape, dtype=torch.bool), cortex, grid)
     centre = np.zeros(arr.shape, dtype=bool)
     centre[measured, 13:18, 13:18] = True
     share = float(pool.numpy()[centre].mean())

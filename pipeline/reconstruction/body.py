@@ -204,8 +204,7 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     n = tissue.shape[sa]
     if n < TABLE_MIN_SLICES or n * geom.spacing[2 - sa] < TABLE_MIN_EXTENT_MM:
         return None
-    rk, rj, ri = (0 if d == sa else max(1, x) for d, x in enumerate(grid.radius(TABLE_SHELL_MM)))
-    r = (rk, rj, ri)
+    r = grid.in_plane_radius(TABLE_SHELL_MM)
     thin_shell = _persistent_footprint(tissue & ~morph.opening(tissue, r), sa)
     bright = grid.hu > SHELL_HU
     bright_shell = _persistent_footprint(bright & ~morph.opening(bright, r), sa)

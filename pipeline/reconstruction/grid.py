@@ -46,6 +46,16 @@ class Grid:
         """A radius of ``mm`` millimetres in working voxels along ``(k, j, i)``."""
         return morph.radius_vox(mm, self.geometry.spacing)
 
+    def in_plane_radius(self, mm: float) -> tuple[int, int, int]:
+        """A radius of ``mm`` millimetres within a slice, in working voxels along ``(k, j, i)``.
+
+        0 across the slices (along the array axis of the slice direction), and at least one voxel
+        along the two in-plane axes, for slice-by-slice morphology.
+        """
+        sa = self.geometry.array_axis(2)
+        rk, rj, ri = (0 if d == sa else max(1, v) for d, v in enumerate(self.radius(mm)))
+        return rk, rj, ri
+
 
 def bbox(mask: np.ndarray, margin: int) -> tuple[slice, slice, slice] | None:
     """Slices (``[k, j, i]``) of the bounding box of ``mask`` grown by ``margin`` voxels (None when empty)."""
