@@ -40,7 +40,7 @@ from scipy import ndimage
 
 from . import morph
 from .grid import Grid, bbox
-from .local_hu import in_plane_mean, in_plane_spread, noise_hu, soft_tissue, sum3
+from .local_hu import in_plane_mean, in_plane_spread, masked_in_plane_mean, noise_hu, soft_tissue
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def _label_median(labels: torch.Tensor, values: torch.Tensor, n: int) -> tuple[t
 
 
 def _core_texture(
-    hu: torch.Tensor, spread: torch.Tensor, core: torch.Tensor, labels: torch.Tensor, n: int, inplane: tuple[int, ...]
+    hu: torch.Tensor, spread: torch.Tensor, core: torch.Tensor, labels: torch.Tensor, n: int, slice_axis: int
 ) -> torch.Tensor:
     """Per label ``0..n``: the median in-plane 3x3 HU spread (HU) inside ``core``, from core neighbours only.
 
@@ -97,11 +97,9 @@ def _core_texture(
     such a voxel get the mean plain 3x3 spread over their core voxels (``spread``: the in-plane
     3x3 standard deviation of ``hu``).
     """
-    w = core.to(hu.dtype)
-    count = sum3(w, inplane, zero_edges=True)
-    c = count.clamp(min=1)
-    m1 = sum3(hu * w, inplane, zero_edges=True) / c
-    inside_spread = (sum3(hu * hu * w, inplane, zero_edges=True) / c - m1 * m1).clamp(min=0).sqrt()
+    m1, count = masked_in_plane_mean(hu, core, slice_axis)
+    m2, _ = masked_in_plane_mean(hu * hu, core, slice_axis)
+    inside_spread = (m2 - m1 * m1).clamp(min=0).sqrt()
     use = core & (count >= CORE_NEIGHBOURS_MIN)
     texture, use_n = _label_median(labels[use], inside_spread[use], n)
     in_core = torch.where(core, labels, torch.zeros_like(labels)).ravel()
@@ -170,7 +168,7 @@ def blood_pools(
     in_core = torch.where(core_b, labels, torch.zeros_like(labels)).ravel()
     size = torch.bincount(in_core, minlength=n + 1).clamp(min=1)
     level = torch.bincount(in_core, weights=hu_b.ravel(), minlength=n + 1) / size
-    texture = _core_texture(hu_b, spread, core_b, labels, n, inplane)
+    texture = _core_texture(hu_b, spread, core_b, labels, n, sa)
     # the rim: in-plane neighbours outside the region; cortex, or brighter than the region's inside
     ring = _ring_labels(labels, region, inplane)
     on_ring = ring > 0

@@ -61,7 +61,7 @@ import torch
 from . import morph
 from .blood_pools import LOW_HU, SEED_HU, blood_pools
 from .grid import Grid, bbox
-from .local_hu import image_noise, in_plane_mean, in_plane_median_at, sum3
+from .local_hu import image_noise, in_plane_mean, in_plane_median_at, masked_in_plane_mean, sum3
 from .marrow import MARROW_LOW_HU, SPECK_MM2, fill_between_slices, fill_marrow, fill_rimmed_marrow, midline_x
 from .organs import SegmentParams
 
@@ -168,16 +168,9 @@ def half_way_hu(hu: torch.Tensor, bone: torch.Tensor, outer: torch.Tensor, body:
     is at least this bright. ``+inf`` where the voxel has no tissue neighbour. Tensors ``[k, j, i]``
     of one shape; ``slice_axis`` is the array axis across the slices.
     """
-    inplane = tuple(d for d in range(3) if d != slice_axis)
-
-    def level(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        w = mask.to(hu.dtype)
-        n = sum3(w, inplane, zero_edges=True)
-        return sum3(hu * w, inplane, zero_edges=True) / n.clamp(min=1), n
-
-    inside, n_inside = level(bone & ~outer)
-    whole, _ = level(bone)
-    tissue, n_tissue = level(body & ~bone)
+    inside, n_inside = masked_in_plane_mean(hu, bone & ~outer, slice_axis)
+    whole, _ = masked_in_plane_mean(hu, bone, slice_axis)
+    tissue, n_tissue = masked_in_plane_mean(hu, body & ~bone, slice_axis)
     bone_level = torch.where(n_inside > 0, inside, whole)
     return torch.where(n_tissue > 0, 0.5 * (bone_level + tissue), torch.full_like(hu, float("inf")))
 

@@ -17,6 +17,7 @@ __all__ = [
     "in_plane_mean",
     "in_plane_median_at",
     "in_plane_spread",
+    "masked_in_plane_mean",
     "noise_hu",
     "soft_tissue",
     "sum3",
@@ -57,6 +58,18 @@ def in_plane_spread(hu: torch.Tensor, slice_axis: int) -> tuple[torch.Tensor, to
     mean = sum3(hu, inplane) / 9.0
     spread = (sum3(hu * hu, inplane) / 9.0 - mean * mean).clamp(min=0).sqrt()
     return mean, spread
+
+
+def masked_in_plane_mean(hu: torch.Tensor, mask: torch.Tensor, slice_axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean HU, count) over the voxels of ``mask`` in each voxel's in-plane 3x3 neighbourhood (itself included).
+
+    Outside the image counts as outside ``mask``; the mean is 0 where the count is 0. ``hu``
+    and ``mask`` are ``[k, j, i]`` tensors of one shape.
+    """
+    inplane = _in_plane(slice_axis)
+    w = mask.to(hu.dtype)
+    count = sum3(w, inplane, zero_edges=True)
+    return sum3(hu * w, inplane, zero_edges=True) / count.clamp(min=1), count
 
 
 def soft_tissue(mean: torch.Tensor, where: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,14 @@ MARROW_GAP_MM = 6.0  # marrow between bone this close above and below along the 
 MARROW_BETWEEN_MIN = 0.5  # share of a dense region of a slice with bone above and below it for the region to be marrow
 
 
+def _label_mean(flat: np.ndarray, values: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Per label ``0..n`` (``size``: its voxel count, ``n + 1`` long): the mean of ``values`` over its voxels (0 if none).
+
+    ``flat`` is the raveled label array, ``values`` an array of its shape (HU, mm, or 0/1 for a share).
+    """
+    return np.bincount(flat, weights=values.ravel(), minlength=size.size) / np.maximum(size, 1)
+
+
 def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -> np.ndarray:
     """Per slice ``(n, 2)``: the body's median LPS x and half its x extent (mm).
 
@@ -95,7 +103,7 @@ def fill_marrow(
     outside = morph.labels_on_border(labels, n, slice_axis=slice_axis)
     flat = labels.ravel()
     size = np.bincount(flat, minlength=n + 1)
-    mean = np.bincount(flat, weights=hu.ravel(), minlength=n + 1) / np.maximum(size, 1)
+    mean = _label_mean(flat, hu, size)
     area = size * pixel_mm2
     fill = ~outside & (area <= MARROW_MAX_MM2) & (mean >= MARROW_HU)
     fill |= ~outside & (area <= speck_mm2)
@@ -105,7 +113,7 @@ def fill_marrow(
         k = np.broadcast_to(
             np.arange(mask.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)]), mask.shape
         ).ravel()
-        cx = np.bincount(flat, weights=xb.ravel(), minlength=n + 1) / np.maximum(size, 1)
+        cx = _label_mean(flat, xb, size)
         ks = np.zeros(n + 1, dtype=np.int64)
         ks[flat] = k
         centre, half = mid[ks, 0], mid[ks, 1]
@@ -180,7 +188,7 @@ def fill_between_slices(
     flat = labels.ravel()
     size = np.bincount(flat, minlength=n + 1)
     n_between = np.bincount(flat, weights=between.ravel(), minlength=n + 1)
-    mean = np.bincount(flat, weights=hu.ravel(), minlength=n + 1) / np.maximum(size, 1)
+    mean = _label_mean(flat, hu, size)
     fill = (n_between >= MARROW_BETWEEN_MIN * np.maximum(size, 1)) & (size * pixel_mm2 <= MARROW_MAX_MM2)
     fill &= mean >= MARROW_HU
     fill[0] = False
