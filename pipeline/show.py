@@ -19,7 +19,7 @@ import numpy as np
 
 from .detection.findings import slice_label, slice_number_of, slice_number_source
 from .errors import GeometryError
-from .reconstruction.findings_in import finding_items, of_series, series_uid_of
+from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import OUTLINE_COLORS
 from .volume import CTVolume, Geometry, LabelMap, require_volume
 
@@ -65,9 +65,9 @@ def _table_score(row: Any) -> float:
 
 
 def _finding_rows(findings: Any) -> list[_Row]:
-    """The findings given as :class:`~pipeline.detection.Findings`, a Finding/dict or a list of them, or a DataFrame
-    (``open_run(...).findings``: ``center_x/y/z`` LPS mm, ``diameter_mm``, ``score``, ``series_uid``), of any
-    series (:func:`_same_series` picks the volume's)."""
+    """The findings given as :class:`~pipeline.detection.Findings`, a Finding/dict or a list of them (checked: a centre
+    and a positive size), the path of a findings JSON, or a DataFrame (``open_run(...).findings``: ``center_x/y/z`` LPS
+    mm, ``diameter_mm``, ``score``, ``series_uid``), of any series (:func:`_same_series` picks the volume's)."""
     if findings is None:
         return []
     if hasattr(findings, "columns"):  # a DataFrame
@@ -76,7 +76,8 @@ def _finding_rows(findings: Any) -> list[_Row]:
             _Row(np.array([r.center_x, r.center_y, r.center_z], float), _table_diameter(r), _table_score(r), series_uid_of(u))
             for r, u in zip(findings.itertuples(), uids)
         ]
-    items, uids = finding_items(findings)
+    items, uids = given_findings(findings)
+    items = check_findings(items)  # a centre and a positive size (LPS mm), as reconstruct checks them; a box alone gives both
     out = []
     for f, uid in zip(items, uids):
         score = _field(f, "score")
@@ -111,6 +112,13 @@ def _masks(recon: Any) -> dict[str, np.ndarray]:
     if isinstance(recon, LabelMap):
         return {name: recon.array == value for value, name in recon.labels.items()}
     masks = getattr(recon, "masks", recon)
+    if not isinstance(masks, Mapping):
+        shape = f" of shape {np.shape(masks)}" if isinstance(masks, np.ndarray) else f" {masks!r:.80}"
+        raise TypeError(
+            f"recon= must be a Reconstruction, a LabelMap or a dict of bool masks [k, j, i] on the volume's grid, "
+            f"got {type(recon).__name__}{shape}: pass a dict naming each mask, e.g. recon={{'lesion': mask}} "
+            "(the name labels its outline)"
+        )
     return {k: (v.array.astype(bool) if isinstance(v, LabelMap) else np.asarray(v, bool)) for k, v in masks.items()}
 
 
@@ -123,6 +131,14 @@ def _series_label(volume: CTVolume) -> str:
     return " ".join(parts)
 
 
+def _whole(value: Any, name: str, what: str) -> int:
+    """``value`` as an int (a Python or NumPy integer); TypeError naming ``name=`` and ``what`` it is otherwise."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r} is not a whole number: pass {what} as an int") from None
+
+
 def _slice_k(volume: CTVolume, slice: int | None, k: int | None) -> int | None:
     """The array index k that ``slice=`` (the slice number findings give: InstanceNumber, else k + 1) or ``k=``
     names; None when neither is given."""
@@ -133,13 +149,13 @@ def _slice_k(volume: CTVolume, slice: int | None, k: int | None) -> int | None:
             f"(got slice={slice}, k={k})"
         )
     if k is not None:
-        k = operator.index(k)
+        k = _whole(k, "k", "the array index of volume.array[k], from 0")
         if not 0 <= k < nk:
             raise IndexError(f"k={k} is outside the volume's {nk} slices (k = 0..{nk - 1})")
         return k
     if slice is None:
         return None
-    slice = operator.index(slice)
+    slice = _whole(slice, "slice", "the slice number a viewer and the findings' slice_number give (its InstanceNumber)")
     source = slice_number_source(volume.metadata, nk)
     label = slice_label(source)
     numbers = [slice_number_of(kk, volume.metadata, nk) for kk in range(nk)]
@@ -224,7 +240,8 @@ def show(
     axis-aligned order). Pixels are square in mm.
 
     findings: :class:`~pipeline.detection.Findings`, a finding or list of findings/dicts with ``center_lps``
-        (LPS mm) and ``diameter_mm``, or a table: ``open_run(...).findings`` or
+        (LPS mm) and ``diameter_mm`` (or ``box_min_lps``/``box_max_lps``), the path of a findings JSON (what
+        ``ctpipe detect`` writes), or a table: ``open_run(...).findings`` or
         :func:`~pipeline.dicom_out.read_sr_findings` (``center_x/y/z`` LPS mm; where ``diameter_mm`` is NaN, the
         box's equivalent diameter); each finding whose sphere crosses the plane, or whose centre is nearest to it, is
         circled and labelled with its score. Findings of another series than the volume's are refused (a table of
@@ -239,7 +256,10 @@ def show(
     ax: the matplotlib Axes to draw in (default a new 6 × 6 inch figure).
     window: HU range shown, (lowest, highest) (default lung window, W 1500 / L -600: (-1350, 150)).
     Returns the matplotlib Axes; its title names the slice (``InstanceNumber 63 (k=62)``) and the series.
-    Raises ValueError for a ``window`` that is not two numbers, lowest first.
+    Raises ValueError for a ``window`` that is not two numbers, lowest first; TypeError for a ``slice`` or ``k`` that
+    is not a whole number and a ``recon`` of another kind; :class:`~pipeline.errors.ReconstructionError` for a finding
+    without a usable centre and size (as ``reconstruct(findings=...)`` checks them) or a findings JSON that cannot be
+    read; :class:`~pipeline.errors.GeometryError` for findings of another series or masks on another grid.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Ellipse

@@ -300,3 +300,65 @@ def test_a_window_that_is_not_a_range_is_refused_naming_it(window):
 def test_the_window_sets_the_grey_scale():
     ax = show(_lps_volume(), window=(-160, 240))
     assert ax.images[0].get_clim() == (-160.0, 240.0)
+
+
+# -- what it is given ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("findings", "named"),
+    [
+        ([1, 2], r"finding 0 is not an object with center_lps"),
+        (
+            [{"center_lps": [0.0, 0.0, 107.0]}],
+            r"findings, finding 0: finding .* has no box: center_lps is given without diameter_mm",
+        ),
+        ([{"center_lps": [0.0, 0.0], "diameter_mm": 5.0}], r"center_lps must be 3 finite numbers .*got \[0\.0, 0\.0\]"),
+        ([{"center_lps": [0.0, 0.0, 107.0], "diameter_mm": "6 mm"}], r"diameter_mm must be a positive size in mm, got '6 mm'"),
+    ],
+)
+def test_findings_without_a_usable_centre_and_size_are_refused_naming_them(findings, named):
+    """The same check ``reconstruct(findings=...)`` makes: the finding's index, the field and the value, with the fix
+    (before, ``float() argument must be ... not 'NoneType'``)."""
+    from pipeline.errors import ReconstructionError
+
+    with pytest.raises(ReconstructionError, match=named) as err:
+        show(_lps_volume(), findings=findings)
+    assert "Fix: give box_min_lps/box_max_lps (LPS mm), or center_lps with diameter_mm" in str(err.value)
+
+
+def test_findings_given_as_a_box_only_are_drawn_with_its_equivalent_diameter():
+    vol = _lps_volume()
+    lo, hi = vol.index_to_lps([7.0, 10.0, 7.0]), vol.index_to_lps([13.0, 14.0, 7.0])
+    lo[2], hi[2] = lo[2] - 3.0, hi[2] + 3.0  # 6 x 6 x 6 mm
+    ax = show(vol, findings=[{"box_min_lps": lo.tolist(), "box_max_lps": hi.tolist(), "score": 0.7}], k=7)
+    np.testing.assert_allclose(_circles(ax), [[10.0, 12.0, 6.0, 4.0]])
+
+
+def test_a_findings_json_path_is_read_as_reconstruct_reads_it(tmp_path):
+    from pipeline.detection.findings import Finding, Findings
+    from pipeline.errors import ReconstructionError
+
+    vol = _lps_volume(SeriesInstanceUID="1.2.3")
+    c = vol.index_to_lps([10.0, 12.0, 7.0])
+    f = Finding(tuple(c), tuple(c - 3.0), tuple(c + 3.0), 6.0, 0.8, (10, 12, 7), 8)
+    path = Findings([f], series_uid="1.2.3").write_json(tmp_path / "findings.json")
+    ax = show(vol, findings=str(path))
+    assert _circles(ax)[:, :2].tolist() == [[10.0, 12.0]]
+    with pytest.raises(GeometryError, match="the findings are of series 4.5.6, the volume is series 1.2.3"):
+        show(vol, findings=Findings([f], series_uid="4.5.6").write_json(tmp_path / "other.json"))
+    with pytest.raises(ReconstructionError, match=r"missing\.json: cannot read the findings"):
+        show(vol, findings=tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("recon", [np.zeros(SHAPE, bool), [np.zeros(SHAPE, bool)], "masks.npz"])
+def test_recon_that_is_no_reconstruction_label_map_or_dict_is_refused_naming_it(recon):
+    with pytest.raises(TypeError, match=r"recon= must be a Reconstruction, a LabelMap or a dict of bool masks") as err:
+        show(_lps_volume(), recon=recon)
+    assert type(recon).__name__ in str(err.value) and "{'lesion': mask}" in str(err.value)
+    ax = show(_lps_volume(), recon={"lesion": np.ones(SHAPE, bool)})  # the fix it names works
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["lesion"]
+
+
+@pytest.mark.parametrize(("option", "value"), [("slice", 8.5), ("k", "3"), ("k", 2.0)])
+def test_a_slice_or_k_that_is_not_a_whole_number_is_refused_naming_it(option, value):
+    with pytest.raises(TypeError, match=rf"{option}={value!r} is not a whole number"):
+        show(_lps_volume(), **{option: value})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -304,15 +305,22 @@ def read_findings(path: str | Path, *, need_score: bool = False) -> tuple[list[A
     return list(found.findings), found
 
 
+def given_findings(findings: Any) -> tuple[list[Any], list[str | None]]:
+    """:func:`finding_items` of ``findings`` as :func:`~pipeline.reconstruction.reconstruct` and :func:`pipeline.show`
+    take them: also the path of a findings JSON, read by :func:`read_findings` (the ``Findings`` of a ``ctpipe detect``
+    document, whose series the caller checks; a :class:`ReconstructionError` naming a file that cannot be read)."""
+    if isinstance(findings, (str, os.PathLike)):
+        findings = read_findings(Path(findings))[1]
+    return finding_items(findings)
+
+
 def findings_of_series(findings: Any, series_uid: str | None) -> list[Any]:
     """The findings to segment on a volume of series ``series_uid``, checked before any work: ``findings`` as
     :func:`~pipeline.reconstruction.reconstruct` takes them (a ``Findings``, a list, a findings table, or the path of a
     findings JSON, read by :func:`read_findings`), those of the volume's series (:func:`of_series`), each with a usable
     centre and size (:func:`check_findings`; LPS mm). Raises :class:`ReconstructionError` for findings of another
     series, naming both series."""
-    if isinstance(findings, (str, Path)):
-        findings = read_findings(findings)[1]  # the Findings of a detect document: its series is checked below
-    items, uids = finding_items(findings)
+    items, uids = given_findings(findings)
     items = of_series(
         items,
         uids,
