@@ -121,6 +121,21 @@ class Geometry:
     def __hash__(self) -> int:
         return hash((self.shape, self.spacing, self.origin, tuple(self.direction.ravel().tolist())))
 
+    def __repr__(self) -> str:
+        """One line, as a notebook echoes it: the shape ``[k, j, i]``, the spacing in mm along (i, j, k), the origin in
+        LPS mm and, for an axis-aligned grid, the patient direction each index axis runs towards (``i→L j→P k→S`` for
+        an LPS-ordered series, ``i→R j→A k→S`` for a NIfTI stored RAS); else the direction cosines row by row."""
+        spacing = ", ".join(f"{v:g}" for v in self.spacing)
+        origin = ", ".join(f"{v:g}" for v in self.origin)
+        if np.allclose(np.abs(self.direction), np.round(np.abs(self.direction)), atol=DIRECTION_TOL):
+            letters = ("RL", "AP", "IS")  # LPS axis x, y, z: (towards -, towards +)
+            runs = " ".join(f"{n}→{letters[a][sign > 0]}" for n, (a, sign) in zip("ijk", self.axis_map()))
+            direction = f"direction: {runs}"
+        else:
+            rows = ", ".join("(" + ", ".join(f"{v:g}" for v in row) + ")" for row in self.direction)
+            direction = f"direction=({rows})"
+        return f"Geometry(shape={self.shape} [k,j,i], spacing=({spacing}) mm [i,j,k], origin=({origin}) LPS mm, {direction})"
+
     # -- mappings ----------------------------------------------------------------
     @property
     def size_ijk(self) -> tuple[int, int, int]:

@@ -288,3 +288,18 @@ def test_centroid_of_a_label_map_is_that_of_its_labelled_voxels_in_lps():
     moved = LabelMap(arr, vol.geometry.with_(origin=(0.0, 0.0, 0.0)), labels={1: "blob"})
     with pytest.raises(GeometryError, match="the label map lies on another grid"):
         vol.geometry.centroid_lps(moved)
+
+
+def test_a_geometry_repr_is_one_line_with_its_units_and_the_way_each_index_axis_runs():
+    """A notebook echoing ``vol.geometry`` got the dataclass repr: a multi-line direction array, no units, no order."""
+    lps = Geometry(shape=(141, 512, 512), spacing=(0.9765625, 0.9765625, 2.0), origin=(-250.0, -164.0, -164.5))
+    assert repr(lps) == (
+        "Geometry(shape=(141, 512, 512) [k,j,i], spacing=(0.976562, 0.976562, 2) mm [i,j,k], "
+        "origin=(-250, -164, -164.5) LPS mm, direction: i→L j→P k→S)"
+    )
+    ras = lps.with_(direction=np.diag([-1.0, -1.0, 1.0]))  # a NIfTI stored RAS, read through SimpleITK
+    assert repr(ras).endswith("direction: i→R j→A k→S)")
+    c, s = np.cos(np.radians(45)), np.sin(np.radians(45))  # no axis-aligned reading: the cosines themselves
+    oblique = lps.with_(direction=np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]))
+    assert "\n" not in repr(oblique)
+    assert repr(oblique).endswith("direction=((0.707107, -0.707107, 0), (0.707107, 0.707107, 0), (0, 0, 1)))")
