@@ -75,7 +75,16 @@ def require_path(value: Any, *, where: str, error: type[CtpipeError], what: str 
 
     if isinstance(value, (str, os.PathLike)):
         return Path(value)
-    raise error(f"must be {what} (a str or a pathlib.Path), got {type(value).__name__} {value!r:.200}", where=where, fix=fix)
+    raise error(f"must be {what} (a str or a pathlib.Path), got {described(value)}", where=where, fix=fix)
+
+
+def described(value: Any) -> str:
+    """``value`` named in a message: its type and, for an array (a NumPy array, a tensor), its shape and dtype rather
+    than its values; else its repr, at most 200 characters."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if isinstance(shape, tuple) and dtype is not None:
+        return f"{type(value).__name__} of shape {shape}, dtype {dtype}"
+    return f"{type(value).__name__} {value!r:.200}"
 
 
 # --- geometry ---------------------------------------------------------------------------

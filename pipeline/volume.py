@@ -380,6 +380,12 @@ def _rebuild_labels(array: np.ndarray, geometry: Geometry, labels: dict[int, str
     return LabelMap(array, geometry, labels=labels)
 
 
+#: How to make a volume of an HU array (the fix of errors given an array where a volume belongs).
+WRAP_ARRAY_FIX = (
+    "wrap the HU array [k, j, i] with its grid: CTVolume(array, Geometry(shape, spacing=(i, j, k) mm, origin=LPS mm))"
+)
+
+
 def require_volume(obj: Any, *, name: str = "volume") -> CTVolume:
     """``obj`` when it is a :class:`CTVolume`; else :class:`~pipeline.errors.NotAVolumeError` saying how to make one."""
     if isinstance(obj, CTVolume):
@@ -387,7 +393,7 @@ def require_volume(obj: Any, *, name: str = "volume") -> CTVolume:
     if isinstance(obj, (str, os.PathLike)):
         fix = f"load it first: pipeline.load_series({str(obj)!r}) (a DICOM folder)"
     elif isinstance(obj, np.ndarray):
-        fix = "wrap the HU array [k, j, i] with its grid: CTVolume(array, Geometry(shape, spacing=(i, j, k) mm, origin=LPS mm))"
+        fix = WRAP_ARRAY_FIX
     else:
         fix = "pass a CTVolume (pipeline.load_series(folder) returns one)"
     raise NotAVolumeError(f"must be a CTVolume, got {type(obj).__name__}", where=name, fix=fix)

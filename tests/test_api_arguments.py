@@ -65,6 +65,27 @@ def test_load_series_names_a_path_that_is_not_one_path(path, fix):
     assert fix in err.value.fix
 
 
+def test_load_series_given_what_is_already_loaded_says_how_to_use_it():
+    """An array, a SimpleITK image or a volume is not read again: the fix says how to make (or that it is) a volume,
+    and the message gives an array's shape and type, not its values (200 characters of them, over several lines)."""
+    import SimpleITK as sitk
+
+    array = np.zeros((48, 64, 64), np.float32)
+    with pytest.raises(DicomError) as err:
+        load_series(array)
+    assert _text(err) == (
+        "path: must be one folder or file (a str or a pathlib.Path), got ndarray of shape (48, 64, 64), dtype float32. "
+        "Fix: an array holds no geometry to read: wrap the HU array [k, j, i] with its grid: "
+        "CTVolume(array, Geometry(shape, spacing=(i, j, k) mm, origin=LPS mm))"
+    )
+    with pytest.raises(DicomError) as err:
+        load_series(sitk.GetImageFromArray(array))
+    assert "got Image" in _text(err) and err.value.fix == "build the volume from the image: CTVolume.from_sitk(image)"
+    with pytest.raises(DicomError) as err:
+        load_series(_TINY)
+    assert err.value.fix == "the CTVolume is already loaded: pass it to detect, reconstruct or show as it is"
+
+
 @pytest.mark.parametrize("tolerance", [-1, 1.5, float("nan"), "2%"])
 def test_load_series_names_a_spacing_tolerance_that_is_not_a_fraction(tmp_path, tolerance):
     with pytest.raises(DicomError) as err:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..cache import CacheEntry, CaseCache
 from ..errors import (
     AmbiguousSeriesError,
@@ -27,7 +29,7 @@ from ..errors import (
     UnreadableFileError,
     require_path,
 )
-from ..volume import CTVolume
+from ..volume import WRAP_ARRAY_FIX, CTVolume
 from .build import build_volume, describe, read_volume
 from .discover import find_files, read_header, read_headers
 from .headers import SliceHeader
@@ -213,7 +215,9 @@ def load_series(
     Raises a :class:`~pipeline.errors.DicomError` subclass naming the file or series,
     the problem and the fix (e.g. for one slice file of a series: the folder to pass); a
     :class:`~pipeline.errors.DicomError` naming the argument for a ``path`` that is not one path (several folders:
-    :func:`scan_directory` or :func:`~pipeline.run_batch` take them) or a ``spacing_tolerance`` outside 0..1.
+    :func:`scan_directory` or :func:`~pipeline.run_batch` take them; an HU array: ``CTVolume(array, Geometry(...))``;
+    a SimpleITK image: :meth:`CTVolume.from_sitk <pipeline.volume.CTVolume.from_sitk>`) or a ``spacing_tolerance``
+    outside 0..1.
     """
     _check_load_arguments(path, spacing_tolerance)
     rules = rules or SelectionRules()
@@ -269,17 +273,20 @@ def load_series(
 def _check_load_arguments(path: Any, spacing_tolerance: Any) -> None:
     """:class:`DicomError` naming ``path`` when it is not one path (str or os.PathLike), or ``spacing_tolerance`` when
     it is not a fraction from 0 to 1 (as ``ingest.spacing_tolerance`` in the configuration)."""
-    several = isinstance(path, Iterable) and not isinstance(path, (str, bytes, Mapping))
-    require_path(
-        path,
-        where="path",
-        error=DicomError,
-        what="one folder or file",
-        fix="load one series at a time: load_series(folder); scan_directory(folders) lists the series of several, "
-        "run_batch(folders, out=...) processes them all"
-        if several
-        else "pass the folder holding the series (or one DICOM or NIfTI/MHA/NRRD file) as a str or pathlib.Path",
-    )
+    if isinstance(path, CTVolume):
+        fix = "the CTVolume is already loaded: pass it to detect, reconstruct or show as it is"
+    elif isinstance(path, np.ndarray):
+        fix = f"an array holds no geometry to read: {WRAP_ARRAY_FIX}"
+    elif type(path).__module__.startswith("SimpleITK"):
+        fix = "build the volume from the image: CTVolume.from_sitk(image)"
+    elif isinstance(path, Iterable) and not isinstance(path, (str, bytes, Mapping)):
+        fix = (
+            "load one series at a time: load_series(folder); scan_directory(folders) lists the series of several, "
+            "run_batch(folders, out=...) processes them all"
+        )
+    else:
+        fix = "pass the folder holding the series (or one DICOM or NIfTI/MHA/NRRD file) as a str or pathlib.Path"
+    require_path(path, where="path", error=DicomError, what="one folder or file", fix=fix)
     tol = spacing_tolerance
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0.0 <= float(tol) <= 1.0:
         raise DicomError(
