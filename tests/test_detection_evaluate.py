@@ -54,6 +54,23 @@ def test_hand_computed_froc():
     assert r.n_detected == 3
 
 
+def test_a_result_echoed_in_a_notebook_is_one_line_of_its_figures():
+    """The dataclass repr printed every point of the curve and every nodule: 27 kB for three phantom scans."""
+    preds = {"s1": [((1.0, 1.0, 1.0), 0.9), ((100.0, 0.0, 0.0), 0.8)], "s2": [((10.0, 12.0, 10.0), 0.7)]}
+    preds["s1"] += [((200.0 + n, 0.0, 0.0), 0.01 * n) for n in range(300)]  # a long curve
+    r = evaluate_froc(preds, TRUTH, n_bootstrap=0)
+    text = repr(r)
+    assert "\n" not in text and len(text) < 400, text
+    assert text == (
+        f"FrocResult(CPM {r.cpm:.3f}, sensitivity {', '.join(f'{s:.3f}' for s in r.sensitivity)} at 0.125..8 FPs/scan, "
+        "2 scans, 4 nodules, 2 detected, 303 candidates, reading='interpolate'; .table() for the table)"
+    )
+    with_ci = evaluate_froc(preds, TRUTH, n_bootstrap=20)
+    assert repr(with_ci).startswith(
+        f"FrocResult(CPM {with_ci.cpm:.3f} [{with_ci.cpm_ci[0]:.3f}, {with_ci.cpm_ci[1]:.3f}] (95% CI), "
+    )
+
+
 def test_irrelevant_small_nodules_are_ignored():
     truth = {"s": [((0.0, 0.0, 0.0), 10.0), ((40.0, 0.0, 0.0), 2.0)]}
     preds = {"s": [((0.0, 0.0, 0.0), 0.9), ((40.2, 0.0, 0.0), 0.99)]}

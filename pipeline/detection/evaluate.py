@@ -71,7 +71,7 @@ def _ci_text(ci: tuple[float, float]) -> str:
     return f"[{lo:.3f}, {hi:.3f}]" if math.isfinite(lo) and math.isfinite(hi) else f"{'-':^14}"
 
 
-@dataclass
+@dataclass(repr=False)
 class FrocResult:
     """FROC numbers; sensitivities are fractions of the reference nodules (≥ min diameter). ``per_nodule``: one
     record per relevant nodule (scan, centre in DICOM patient coordinates (LPS) mm, diameter mm, best score or
@@ -94,6 +94,20 @@ class FrocResult:
     max_marks_per_scan: int | None = None
     #: per FP rate: (score threshold, sensitivity, FPs/scan) of the lowest threshold with at most that many FPs/scan
     thresholds: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        """One line, as a notebook echoes it: CPM (with its 95 % CI when bootstrapped), the sensitivity at each FP rate
+        and the counts; :meth:`table` gives the table, :attr:`per_nodule` and the curve the detail."""
+        ci = f" {_ci_text(self.cpm_ci)} (95% CI)" if self.n_bootstrap else ""
+        sens = ", ".join(f"{v:.3f}" for v in self.sensitivity)
+        rates = (
+            f"{self.fp_rates[0]:g}..{self.fp_rates[-1]:g}" if len(self.fp_rates) > 1 else "".join(f"{r:g}" for r in self.fp_rates)
+        )
+        return (
+            f"FrocResult(CPM {self.cpm:.3f}{ci}, sensitivity {sens} at {rates} FPs/scan, {self.n_scans} scans, "
+            f"{self.n_nodules} nodules, {self.n_detected} detected, {self.n_candidates} candidates, "
+            f"reading={self.reading!r}; .table() for the table)"
+        )
 
     def table(self) -> str:
         """A plain-text table: FP/scan, sensitivity, 95 % CI; then CPM."""
