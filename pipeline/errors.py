@@ -78,6 +78,26 @@ def require_path(value: Any, *, where: str, error: type[CtpipeError], what: str 
     raise error(f"must be {what} (a str or a pathlib.Path), got {described(value)}", where=where, fix=fix)
 
 
+def unexpanded_home(path: Any) -> str | None:
+    """For a path written with a leading ``~`` (``"~/scans"``, ``"~alice/scans"``): the note that Python does not expand
+    it, as a shell does, naming the path it stands for; None for any other path."""
+    import os
+
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str) or not text.startswith("~"):
+        return None
+    expanded = os.path.expanduser(text)
+    if expanded == text:  # '~nobody': no such user, nothing to suggest
+        return None
+    return f"Python does not expand '~' as a shell does: pass os.path.expanduser({text!r}) ({expanded})"
+
+
+def missing_path_fix(path: Any, fix: str) -> str:
+    """``fix`` for a path that does not exist, with :func:`unexpanded_home`'s note when it starts with ``~``."""
+    note = unexpanded_home(path)
+    return f"{fix}; {note}" if note else fix
+
+
 def described(value: Any) -> str:
     """``value`` named in a message: its type and, for an array (a NumPy array, a tensor), its shape and dtype rather
     than its values; else its repr, at most 200 characters."""

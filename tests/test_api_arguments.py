@@ -3,6 +3,8 @@ before any work (no model loaded, nothing segmented), rather than a library's ow
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -137,3 +139,43 @@ def test_a_folder_argument_that_is_not_a_path_is_named(call, error, start):
     with pytest.raises(error) as err:
         call()
     assert _text(err).startswith(start)
+
+
+# -- '~' in a path: a shell expands it, Python does not ---------------------------------------------------------------
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    """A home folder holding a series folder ``scans`` (empty: the path, not its content, is what is checked), with
+    the working folder elsewhere."""
+    (tmp_path / "home" / "scans").mkdir(parents=True)
+    (tmp_path / "work").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path / "work")
+    return tmp_path / "home"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: load_series("~/scans"),
+        lambda: ctp.scan_directory("~/scans"),
+        lambda: ctp.open_run("~/scans"),
+        lambda: ctp.run_batch(["~/scans"], out="runs/r1"),
+    ],
+    ids=["load_series", "scan_directory", "open_run", "run_batch sources"],
+)
+def test_a_path_starting_with_a_tilde_that_is_not_found_says_python_does_not_expand_it(home, call):
+    """``load_series("~/scans")`` said only "no such file or folder. Fix: check the path" of a folder that is there."""
+    with pytest.raises(CtpipeError) as err:
+        call()
+    assert f"Python does not expand '~' as a shell does: pass os.path.expanduser('~/scans') ({home / 'scans'})" in _text(err)
+
+
+def test_run_batch_refuses_a_run_folder_starting_with_a_tilde_before_making_it(home):
+    """``out="~/runs/r1"`` made a folder named '~' in the working folder (which ``rm -rf ~`` then 'cleans')."""
+    from pipeline.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        ctp.run_batch([str(home / "scans")], out="~/runs/r1")
+    assert _text(err).startswith("out: ~/runs/r1 starts with '~', which Python does not expand")
+    assert f"os.path.expanduser('~/runs/r1') ({home / 'runs' / 'r1'})" in err.value.fix
+    assert not any(Path.cwd().iterdir()) and not (home / "runs").exists()

@@ -27,6 +27,7 @@ from ..errors import (
     SingleSliceError,
     TruncatedFileError,
     UnreadableFileError,
+    missing_path_fix,
     require_path,
 )
 from ..volume import WRAP_ARRAY_FIX, CTVolume
@@ -246,7 +247,7 @@ def load_series(
                 raise
             raise err from exc
     if not p.exists() and not p.is_symlink():
-        raise NotDicomError("no such file or folder", where=p, fix="check the path")
+        raise NotDicomError("no such file or folder", where=p, fix=missing_path_fix(path, "check the path"))
     scan = scan_directory(p, rules=rules, lone_series_ok=True, **options, workers=workers)
     for f in scan.skipped_files:
         log.log(logging.WARNING if f.kind in ("unreadable", "truncated") else logging.INFO, "skipped %s: %s", f.path, f.reason)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, overload
 
-from ..errors import CtpipeError, NotDicomError, TruncatedFileError, UnreadableFileError
+from ..errors import CtpipeError, NotDicomError, TruncatedFileError, UnreadableFileError, missing_path_fix
 from ._pydicom import PYDICOM_ERRORS
 from .headers import CT_SOPS, ENHANCED_CT_SOP, LEGACY_ENHANCED_CT_SOP, SliceHeader
 from .image import image_suffix
@@ -333,7 +333,9 @@ def find_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], lis
             if os.path.islink(p):
                 skipped.append(_broken_link(p))
                 continue
-            raise NotDicomError("no such file or folder", where=p, fix="check the path (a DICOM folder or file)") from None
+            raise NotDicomError(
+                "no such file or folder", where=p, fix=missing_path_fix(p, "check the path (a DICOM folder or file)")
+            ) from None
         except OSError as exc:
             skipped.append(SkippedFile(Path(p), "unreadable", f"cannot examine it: {os_reason(exc)}"))
             continue

@@ -38,7 +38,7 @@ from typing import Any
 from ..cache import is_safe_case_id
 from ..config import Config
 from ..csvfile import read_table
-from ..errors import ConfigError, NoSeriesFoundError
+from ..errors import ConfigError, NoSeriesFoundError, missing_path_fix
 from .arrivals import SourceSnapshot
 from .fingerprint import fingerprint_series
 from .stage import CaseSpec
@@ -234,7 +234,9 @@ def check_sources(sources: Sequence[str | os.PathLike[str]], *, from_python: boo
     for src in sources:
         path = Path(src)
         if not path.exists():
-            raise ConfigError("no such file or folder", where=path, fix=f"check the sources given to {runner}")
+            raise ConfigError(
+                "no such file or folder", where=path, fix=missing_path_fix(src, f"check the sources given to {runner}")
+            )
         if not path.is_file() or path.suffix.lower() == ".csv" or starts_like_dicom(path):
             continue
         if image_suffix(path):

@@ -47,7 +47,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import RunStoreError, printable
+from ..errors import RunStoreError, missing_path_fix, printable
 from .faults import environment_failure
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,9 @@ def not_a_run(run_dir: str | Path) -> RunStoreError:
     fix = "give a folder written by `ctpipe run --out`"
     if not run_dir.exists():
         return RunStoreError(
-            "no run database here: the folder does not exist", where=db_path(run_dir), fix=f"check the path; {fix}"
+            "no run database here: the folder does not exist",
+            where=db_path(run_dir),
+            fix=missing_path_fix(run_dir, f"check the path; {fix}"),
         )
     if not run_dir.is_dir():
         return RunStoreError("no run database here: this is a file, not a run folder", where=run_dir, fix=fix)
