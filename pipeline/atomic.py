@@ -49,6 +49,10 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     before anything is written, not as the rename failing), an error of the folder named as about ``path``."""
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    if not path.parent.is_dir():
+        from .errors import refuse_unexpanded_home
+
+        refuse_unexpanded_home(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -139,12 +143,14 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def ensure_dir(path: str | os.PathLike[str], *, what: str = "--out") -> Path:
     """The folder ``path``, created with its parents if missing; a :class:`~pipeline.errors.CtpipeError` naming
-    ``what`` (the option or setting that gave it) when it is a file or cannot be created or written."""
-    from .errors import CtpipeError
+    ``what`` (the option or setting that gave it) when it is a file or cannot be created or written, or starts with
+    ``~`` (:func:`~pipeline.errors.refuse_unexpanded_home`)."""
+    from .errors import CtpipeError, refuse_unexpanded_home
 
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise CtpipeError(f"{what}: this is a file, not a folder", where=folder, fix=f"give {what} a folder path")
+    refuse_unexpanded_home(path, what=what)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -92,6 +92,27 @@ def unexpanded_home(path: Any) -> str | None:
     return f"Python does not expand '~' as a shell does: pass os.path.expanduser({text!r}) ({expanded})"
 
 
+def refuse_unexpanded_home(path: Any, *, what: str | None = None) -> None:
+    """A :class:`CtpipeError` (naming ``what``, else the path) for a path to write under that starts with ``~`` while
+    the working folder holds no folder of that name: written as it is, it would make one there, beside the files
+    meant for the home folder (and a shell's ``rm -r ~`` meant to remove it removes the home folder)."""
+    import os
+
+    note = unexpanded_home(path)
+    if note is None:
+        return
+    text = os.fspath(path)
+    first = text.split(os.sep, 1)[0]
+    if os.path.isdir(first):  # a folder really named so: the path names it
+        return
+    raise CtpipeError(
+        f"{text} starts with '~', which Python does not expand: written as it is, it would make a folder named "
+        f"{first!r} in {os.getcwd()}",
+        where=what or text,
+        fix=note,
+    )
+
+
 def missing_path_fix(path: Any, fix: str) -> str:
     """``fix`` for a path that does not exist, with :func:`unexpanded_home`'s note when it starts with ``~``."""
     note = unexpanded_home(path)

@@ -172,10 +172,36 @@ def test_a_path_starting_with_a_tilde_that_is_not_found_says_python_does_not_exp
 
 def test_run_batch_refuses_a_run_folder_starting_with_a_tilde_before_making_it(home):
     """``out="~/runs/r1"`` made a folder named '~' in the working folder (which ``rm -rf ~`` then 'cleans')."""
-    from pipeline.errors import ConfigError
-
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(CtpipeError) as err:
         ctp.run_batch([str(home / "scans")], out="~/runs/r1")
     assert _text(err).startswith("out: ~/runs/r1 starts with '~', which Python does not expand")
     assert f"os.path.expanduser('~/runs/r1') ({home / 'runs' / 'r1'})" in err.value.fix
     assert not any(Path.cwd().iterdir()) and not (home / "runs").exists()
+
+
+def test_files_written_under_a_tilde_path_are_refused_instead_of_made_under_a_folder_named_tilde(home, monkeypatch):
+    """``findings.write_json("~/f.json")``, ``reconstruct(..., out_dir="~/recon")`` and ``run.report(out="~/rep")``
+    wrote into a new folder named '~' in the working folder; reconstruct says so before segmenting anything."""
+    import pipeline.reconstruction.stage as stage
+    from pipeline.detection.findings import Findings
+
+    with pytest.raises(CtpipeError) as err:
+        Findings([]).write_json("~/out/f.json")
+    assert _text(err).startswith("~/out/f.json: ~/out/f.json starts with '~', which Python does not expand")
+    assert f"os.path.expanduser('~/out/f.json') ({home / 'out' / 'f.json'})" in err.value.fix
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("organs were segmented for an out_dir that cannot be written")
+
+    monkeypatch.setattr(stage, "segment_organs", no_work)
+    with pytest.raises(CtpipeError) as err:
+        reconstruct(_TINY, out_dir="~/recon")
+    assert _text(err).startswith("out_dir: ~/recon starts with '~'")
+    from pipeline.runner.report import build_report  # run.report(out=...)
+
+    with pytest.raises(CtpipeError, match=r"^out: ~/rep starts with '~'"):
+        build_report([home / "scans"], "~/rep")
+    assert not any(Path.cwd().iterdir()) and not any((home / name).exists() for name in ("out", "recon", "rep"))
+    (Path.cwd() / "~").mkdir()  # a folder really named '~' here: the path names it, as a shell's '\~' would
+    Findings([]).write_json("~/f.json")
+    assert (Path.cwd() / "~" / "f.json").is_file()

@@ -23,7 +23,7 @@ from ..atomic import atomic_write_bytes
 from ..cache import is_plain_file_name
 from ..config_schema import SCHEMA
 from ..devicetime import DeviceTimer
-from ..errors import CtpipeError, ReconstructionError
+from ..errors import CtpipeError, ReconstructionError, refuse_unexpanded_home
 from ..ingest.api import safe_case_id
 from ..intensity import not_hu_hint
 from ..load.base import resolve_device
@@ -212,6 +212,8 @@ def reconstruct(
             where="stem",
             fix="give a name without '/' or '\\' that does not start with '.': it starts each file's name in out_dir",
         )
+    if out_dir is not None:  # said now, not after the segmentation
+        refuse_unexpanded_home(out_dir, what="out_dir")
     where = stem or volume.series_uid or "volume"
     stem = stem or volume.series_uid or "case"
     if not is_plain_file_name(stem):  # a series UID no DICOM file would hold: its files still stay in out_dir

@@ -18,7 +18,7 @@ from typing import Any
 from ..atomic import atomic_write_bytes, check_out_outside_sources, ensure_dir
 from ..bundle import BundleConfig
 from ..config import Config, from_dict, load_config, overrides_layer
-from ..errors import ConfigError, FatalRunError, unexpanded_home
+from ..errors import FatalRunError, refuse_unexpanded_home
 from ..pacs.address import for_records
 from .discover import Discovery, check_sources, discover, scanned_paths, worklist_root
 from .engine import Engine
@@ -104,8 +104,7 @@ def run_batch(
         worklist_root(cfg)  # a runner.worklist_root that is no folder: said before the run folder is made
     if cfg.metrics.textfile_dir:  # written at the end of the run: a path that cannot be a folder is said now
         ensure_dir(cfg.metrics.textfile_dir, what="metrics.textfile_dir")
-    if note := unexpanded_home(out):  # it would make a folder named '~' in the working folder
-        raise ConfigError(f"{os.fspath(out)} starts with '~', which Python does not expand", where="out", fix=note)
+    refuse_unexpanded_home(out, what="out")  # before any folder is made: not one named '~' in the working folder
     check_writable(run_dir)  # a read-only or full --out: one clear error, before anything else
     lock = RunLock(run_dir)
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]

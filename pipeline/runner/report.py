@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..atomic import published_together
+from ..errors import refuse_unexpanded_home
 from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
 from .report_summary import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT, PCTS, latest_skipped, run_state, summarize
 from .tables import read_runs, utc_text
@@ -294,6 +295,7 @@ def build_report(
     local day (``throughput_daily_local.csv``, the page's daily table; default: this machine's local time).
     """
     out = Path(out_dir)
+    refuse_unexpanded_home(out_dir, what="out")  # not a new folder named '~' in the working folder
     out.mkdir(parents=True, exist_ok=True)
     summary, t = summarize(
         run_dirs, hours_per_day=hours_per_day, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers, timezone=timezone
