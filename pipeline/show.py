@@ -122,12 +122,22 @@ def _masks(recon: Any) -> dict[str, np.ndarray]:
     return {k: (v.array.astype(bool) if isinstance(v, LabelMap) else np.asarray(v, bool)) for k, v in masks.items()}
 
 
+def _not_axes(ax: Any) -> str:
+    """What ``ax`` is and how to pass one Axes of it: an array of Axes (``plt.subplots(1, 2)``), a Figure, ..."""
+    if isinstance(ax, np.ndarray):
+        return f"ndarray of {ax.size} Axes: pass one of them, e.g. ax=axes[0]"
+    if hasattr(ax, "gca"):
+        return f"{type(ax).__name__}: pass one of its Axes, e.g. ax=fig.gca() or ax=fig.add_subplot()"
+    return f"{type(ax).__name__} {ax!r:.80}: pass the Axes to draw in (fig, ax = plt.subplots()) or leave ax out"
+
+
 def _series_label(volume: CTVolume) -> str:
     """A short name of the series: its SeriesNumber and SeriesDescription, else the end of its UID."""
     number, text = volume.metadata.get("SeriesNumber"), str(volume.metadata.get("SeriesDescription") or "").strip()
     parts = ([f"series {number}"] if number not in (None, "") else []) + ([text] if text else [])
     if not parts and volume.series_uid:
-        parts = [f"series …{volume.series_uid[-12:]}"]
+        uid = volume.series_uid
+        parts = [f"series {uid}" if len(uid) <= 12 else f"series …{uid[-12:]}"]
     return " ".join(parts)
 
 
@@ -253,13 +263,14 @@ def show(
         InstanceNumber (a multi-frame object's FrameNumber) when the volume's metadata lists them, else ``k + 1``.
     k: the array index k (0-based, ``volume.array[k]``) instead. At most one of ``slice`` and ``k``; with
         neither, the plane of the highest-scoring finding, else the middle plane. Both need an axial series.
-    ax: the matplotlib Axes to draw in (default a new 6 × 6 inch figure).
+    ax: the matplotlib Axes to draw in, one of them (default a new 6 × 6 inch figure).
     window: HU range shown, (lowest, highest) (default lung window, W 1500 / L -600: (-1350, 150)).
     Returns the matplotlib Axes; its title names the slice (``InstanceNumber 63 (k=62)``) and the series.
     Raises ValueError for a ``window`` that is not two numbers, lowest first; TypeError for a ``slice`` or ``k`` that
-    is not a whole number and a ``recon`` of another kind; :class:`~pipeline.errors.ReconstructionError` for a finding
-    without a usable centre and size (as ``reconstruct(findings=...)`` checks them) or a findings JSON that cannot be
-    read; :class:`~pipeline.errors.GeometryError` for findings of another series or masks on another grid.
+    is not a whole number, a ``recon`` of another kind and an ``ax`` that is not one Axes;
+    :class:`~pipeline.errors.ReconstructionError` for a finding without a usable centre and size (as
+    ``reconstruct(findings=...)`` checks them) or a findings JSON that cannot be read;
+    :class:`~pipeline.errors.GeometryError` for findings of another series or masks on another grid.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Ellipse
@@ -281,6 +292,8 @@ def show(
     view = geometry.to_lps_view(volume.array)  # [z, y, x], LPS ascending: rows run anterior → posterior, columns R → L
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 6))
+    elif not hasattr(ax, "imshow"):
+        raise TypeError(f"ax= must be one matplotlib Axes, got {_not_axes(ax)}")
     sx, sy, sz = geometry.spacing_lps()
     ax.imshow(np.asarray(view[z], np.float32), cmap="gray", vmin=low, vmax=high, aspect=sy / sx, interpolation="nearest")
     for organ, m in masks.items():

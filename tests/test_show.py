@@ -362,3 +362,26 @@ def test_recon_that_is_no_reconstruction_label_map_or_dict_is_refused_naming_it(
 def test_a_slice_or_k_that_is_not_a_whole_number_is_refused_naming_it(option, value):
     with pytest.raises(TypeError, match=rf"{option}={value!r} is not a whole number"):
         show(_lps_volume(), **{option: value})
+
+
+def test_ax_that_is_not_one_axes_is_refused_naming_it():
+    """``fig, axes = plt.subplots(1, 2); show(vol, ax=axes)`` raised "'numpy.ndarray' object has no attribute 'imshow'"."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2)
+    with pytest.raises(
+        TypeError, match=r"ax= must be one matplotlib Axes, got ndarray of 2 Axes: pass one of them, e\.g\. ax=axes\[0\]"
+    ):
+        show(_lps_volume(), ax=axes)
+    with pytest.raises(
+        TypeError, match=r"ax= must be one matplotlib Axes, got Figure: pass one of its Axes, e\.g\. ax=fig\.gca\(\)"
+    ):
+        show(_lps_volume(), ax=fig)
+    assert show(_lps_volume(), ax=axes[1]) is axes[1]
+
+
+def test_a_short_series_name_is_not_shown_as_the_end_of_a_longer_one():
+    """An image file's volume is named by its file name (``example_ct``): the title showed ``series …example_ct``."""
+    assert show(_lps_volume(SeriesInstanceUID="example_ct")).get_title().endswith(" · series example_ct")
+    long = "1.2.826.0.1.3680043.8.498.12452262804706837244"
+    assert show(_lps_volume(SeriesInstanceUID=long)).get_title().endswith(f" · series …{long[-12:]}")
