@@ -142,7 +142,10 @@ def _series_label(volume: CTVolume) -> str:
 
 
 def _whole(value: Any, name: str, what: str) -> int:
-    """``value`` as an int (a Python or NumPy integer); TypeError naming ``name=`` and ``what`` it is otherwise."""
+    """``value`` as an int (a Python or NumPy integer, or a float that is one: a pandas column with gaps holds its
+    numbers as floats); TypeError naming ``name=`` and ``what`` it is otherwise."""
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
     try:
         return operator.index(value)
     except TypeError:

@@ -358,10 +358,16 @@ def test_recon_that_is_no_reconstruction_label_map_or_dict_is_refused_naming_it(
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["lesion"]
 
 
-@pytest.mark.parametrize(("option", "value"), [("slice", 8.5), ("k", "3"), ("k", 2.0)])
+@pytest.mark.parametrize(("option", "value"), [("slice", 8.5), ("k", "3"), ("k", float("nan"))])
 def test_a_slice_or_k_that_is_not_a_whole_number_is_refused_naming_it(option, value):
     with pytest.raises(TypeError, match=rf"{option}={value!r} is not a whole number"):
         show(_lps_volume(), **{option: value})
+
+
+def test_a_slice_number_read_as_a_float_names_its_slice():
+    """A pandas column with gaps holds whole numbers as floats: ``slice=table.slice_number[0]`` may be 8.0."""
+    assert show(_lps_volume(), slice=np.float64(8.0)).get_title().startswith("slice 8 (k=7)")
+    assert show(_lps_volume(), k=7.0).get_title().startswith("slice 8 (k=7)")
 
 
 def test_ax_that_is_not_one_axes_is_refused_naming_it():
