@@ -87,3 +87,16 @@ def test_the_step_seconds_cover_the_measurements(chest, monkeypatch):
     monkeypatch.setattr(measure, "lung_measurements", slow)
     rec = reconstruct(chest, organs="lung_left,lung_right", render=False)
     assert rec.seconds["measure"] >= 0.3
+
+
+def test_mask_of_an_organ_not_produced_names_the_organs_there_are():
+    """``recon.mask("lungs")`` raised a bare ``KeyError: 'lungs'``."""
+    from pipeline.reconstruction.stage import Reconstruction
+    from pipeline.volume import LabelMap
+
+    grid = Geometry(shape=(2, 3, 4), spacing=(1.0, 1.0, 1.0), origin=(0.0, 0.0, 0.0))
+    masks = {o: LabelMap(np.ones(grid.shape, np.uint8), grid, labels={1: o}) for o in ("lung_left", "lung_right")}
+    rec = Reconstruction(geometry=grid, masks=masks)
+    with pytest.raises(KeyError, match=r"no mask of organ 'lungs': this reconstruction has lung_left, lung_right"):
+        rec.mask("lungs")
+    assert rec.mask("lung_left").dtype == bool and rec.mask("lung_left").all()

@@ -99,7 +99,14 @@ class Reconstruction:
     nodules: list[NoduleResult] = field(default_factory=list)
 
     def mask(self, organ: str) -> np.ndarray:
-        """Boolean mask ``[k, j, i]`` of ``organ`` (KeyError when it was not produced)."""
+        """Boolean mask ``[k, j, i]`` of ``organ`` on :attr:`geometry` (KeyError naming the organs there are when it
+        was not produced: not asked for, or its segmentation failed, see :attr:`errors`)."""
+        if organ not in self.masks:
+            failed = f"; {organ} failed: {self.errors[organ]}" if organ in self.errors else ""
+            raise KeyError(
+                f"no mask of organ {organ!r}: this reconstruction has {', '.join(self.masks) or 'none'}{failed} "
+                "(reconstruct(volume, organs=[...]) names those made)"
+            )
         return self.masks[organ].array.astype(bool)
 
     def label_map(self) -> LabelMap:
