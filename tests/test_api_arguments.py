@@ -205,3 +205,18 @@ def test_files_written_under_a_tilde_path_are_refused_instead_of_made_under_a_fo
     (Path.cwd() / "~").mkdir()  # a folder really named '~' here: the path names it, as a shell's '\~' would
     Findings([]).write_json("~/f.json")
     assert (Path.cwd() / "~" / "f.json").is_file()
+
+
+@pytest.mark.parametrize("name", ["slice.png", "notes.txt"])
+def test_load_series_of_one_file_that_is_neither_dicom_nor_an_image_says_what_it_reads(tmp_path, name):
+    """The fix was the one for a stray file in a scanned folder: "remove the file from the input folder"."""
+    path = tmp_path / name
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200) if name.endswith(".png") else b"a note")
+    with pytest.raises(DicomError) as err:
+        load_series(path)
+    text = _text(err)
+    assert text.startswith(f"{path}: not a DICOM file: no 'DICM' marker")
+    assert err.value.fix == (
+        "pass the folder of a DICOM series, one Enhanced CT (multi-frame) DICOM file, or a NIfTI/MHA/NRRD image "
+        "(.nii.gz, .nii, .mha, .mhd, .nrrd)"
+    )

@@ -40,7 +40,7 @@ def test_not_dicom_file(tmp_path):
     with pytest.raises(NotDicomError) as err:
         load_series(f)
     text = _msg(err)
-    assert "notes.txt" in text and "not a DICOM file" in text and "remove the file" in text
+    assert "notes.txt" in text and "not a DICOM file" in text and "pass the folder of a DICOM series" in text
 
 
 def test_folder_without_dicom(tmp_path):

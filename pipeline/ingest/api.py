@@ -34,7 +34,7 @@ from ..volume import WRAP_ARRAY_FIX, CTVolume
 from .build import build_volume, describe, read_volume
 from .discover import find_files, read_header, read_headers
 from .headers import SliceHeader
-from .image import image_suffix, read_image
+from .image import IMAGE_SUFFIXES, image_suffix, read_image
 from .scan import PathArg, ScanResult, reject, scan_directory
 from .series import SelectionRules, SeriesInfo, group_series
 
@@ -237,7 +237,15 @@ def load_series(
             )
         return read_image(p)
     if p.is_file():
-        header = read_header(p)
+        try:
+            header = read_header(p)
+        except NotDicomError as exc:  # the file named is what is wrong, not a stray file in a scanned folder
+            raise NotDicomError(
+                exc.problem,
+                where=p,
+                fix="pass the folder of a DICOM series, one Enhanced CT (multi-frame) DICOM file, or a NIfTI/MHA/NRRD "
+                f"image ({', '.join(IMAGE_SUFFIXES)})",
+            ) from exc
         series = group_series([header])[0]
         try:
             return build_volume(series, **options, workers=workers)
