@@ -252,6 +252,10 @@ class InvalidVolumeError(ModelError):
     """A volume's voxel values cannot be used (too many NaN or infinite voxels)."""
 
 
+class FindingsFileError(CtpipeError, ValueError):
+    """A file given as a findings JSON cannot be read as one (missing, not JSON, another kind of document)."""
+
+
 # --- reconstruction ---------------------------------------------------------------------
 class ReconstructionError(CtpipeError):
     """An organ could not be segmented, meshed or measured."""

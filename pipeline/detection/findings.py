@@ -383,6 +383,44 @@ class Findings:
         return path
 
 
+#: The fix of a file :func:`load_findings` cannot read.
+FINDINGS_JSON_FIX = (
+    "pass the findings.json that ctpipe detect or a run wrote (a run's findings, all cases: open_run(...).findings)"
+)
+
+
 def load_findings(path: str | Path) -> Findings:
-    """Read a findings JSON written by :meth:`Findings.write_json`."""
-    return Findings.from_json(json.loads(Path(path).read_text()))
+    """Read a findings JSON written by :meth:`Findings.write_json` (``ctpipe detect``'s, a run case's
+    ``findings.json``): positions LPS mm, its reported findings and those below its threshold.
+
+    Raises :class:`~pipeline.errors.FindingsFileError` naming the file for one that cannot be read, is not JSON (the
+    findings CSV: the JSON beside it; a DICOM SR: :func:`pipeline.read_sr_findings` reads it), is another JSON document
+    than a ctpipe findings document, or is incomplete.
+    """
+    from ..errors import FindingsFileError
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FindingsFileError(f"cannot read the findings ({exc.strerror or exc})", where=path, fix=FINDINGS_JSON_FIX) from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        from ..ingest.image import starts_like_dicom
+
+        if starts_like_dicom(path):
+            raise FindingsFileError(
+                "not a findings JSON (a DICOM file)",
+                where=path,
+                fix="read a ctpipe DICOM SR with pipeline.read_sr_findings(path) (a table of its findings)",
+            ) from exc
+        fix = f"pass the findings.json beside this CSV ({path.with_suffix('.json')})" if path.suffix.lower() == ".csv" else ""
+        raise FindingsFileError("not a findings JSON (the file is not JSON)", where=path, fix=fix or FINDINGS_JSON_FIX) from exc
+    if not isinstance(data, dict) or not str(data.get("format", "")).startswith("ctpipe-findings/"):
+        kind = f"format {data.get('format')!r}" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise FindingsFileError(f"not a ctpipe findings document ({kind})", where=path, fix=FINDINGS_JSON_FIX)
+    try:
+        return Findings.from_json(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise FindingsFileError(
+            f"the findings document is incomplete ({type(exc).__name__}: {exc})", where=path, fix=FINDINGS_JSON_FIX
+        ) from exc
