@@ -10,7 +10,7 @@ from pipeline.errors import ReconstructionError
 from pipeline.phantom import generate_phantom
 from pipeline.reconstruction import reconstruct
 from pipeline.reconstruction.findings_in import finding_box
-from pipeline.reconstruction.nodules import segment_findings, segment_nodule
+from pipeline.reconstruction.nodules import NoduleResult, segment_findings, segment_nodule
 from pipeline.reconstruction.segment import segment_organs
 from pipeline.volume import CTVolume, Geometry
 
@@ -179,7 +179,16 @@ def test_a_result_echoes_its_figures_not_its_mask():
     assert res.mask is not None and res.mask.any() and res.geometry is not None
     text = repr(res)
     assert "array(" not in text and "Geometry(" not in text and "\n" not in text
-    assert text.startswith("NoduleResult(index=0, center_lps=") and f"volume_mm3={res.volume_mm3!r}" in text
+    # figures with their units at a reading precision (not 15 digits each): 0.1 mm, 0.1 HU
+    c, g = (", ".join(f"{v:.1f}" for v in p) for p in (res.center_lps, res.centroid_lps))
+    assert text == (
+        f"NoduleResult(index=0, volume {res.volume_mm3:.1f} mm³, diameter {res.diameter_mm:.1f} mm, centroid_lps=({g}) mm, "
+        f"center_lps=({c}) mm, threshold {res.threshold_hu:.1f} HU)"
+    )
+    failed = NoduleResult(index=3, center_lps=(1.234, 2.0, -3.0), error="no nodule at the finding's centre")
+    assert (
+        repr(failed) == "NoduleResult(index=3, not measured: no nodule at the finding's centre, center_lps=(1.2, 2.0, -3.0) mm)"
+    )
 
 
 @pytest.mark.parametrize("position", ["FFS", "HFP", "FFP", "HFDL", "HFDR"])

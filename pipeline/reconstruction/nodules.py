@@ -79,7 +79,8 @@ MIN_INSIDE_SHARE = 0.3
 class NoduleResult:
     """One segmented finding. ``center_lps`` (the finding's centre) and ``centroid_lps`` (the segmented blob's) are
     DICOM patient coordinates (LPS), mm; ``volume_mm3`` in mm³, ``diameter_mm`` that of the sphere of that volume.
-    ``mask`` is bool ``[k, j, i]`` on ``geometry`` (a crop of the volume's grid, LPS); ``repr()`` leaves both out."""
+    ``mask`` is bool ``[k, j, i]`` on ``geometry`` (a crop of the volume's grid, LPS); ``repr()`` leaves both out and
+    gives the figures with their units (0.1 mm, 0.1 HU; the attributes hold them at full precision)."""
 
     index: int
     center_lps: tuple[float, float, float]
@@ -90,6 +91,24 @@ class NoduleResult:
     mask: np.ndarray | None = field(default=None, repr=False)
     geometry: Geometry | None = field(default=None, repr=False)
     error: str | None = None
+
+    def __repr__(self) -> str:  # a notebook echoes recon.nodules: figures with their units, to 0.1 mm and 0.1 HU
+        def point(p: tuple[float, float, float]) -> str:
+            return "(" + ", ".join(f"{v:.1f}" for v in p) + ") mm"
+
+        parts = [f"index={self.index}"]
+        if self.error is not None:
+            parts.append(f"not measured: {self.error}")
+        if self.volume_mm3 is not None:
+            parts.append(f"volume {self.volume_mm3:.1f} mm³")
+        if self.diameter_mm is not None:
+            parts.append(f"diameter {self.diameter_mm:.1f} mm")
+        if self.centroid_lps is not None:
+            parts.append(f"centroid_lps={point(self.centroid_lps)}")
+        parts.append(f"center_lps={point(self.center_lps)}")
+        if self.threshold_hu is not None:
+            parts.append(f"threshold {self.threshold_hu:.1f} HU")
+        return f"NoduleResult({', '.join(parts)})"
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (the mask and geometry left out): ``center_lps_mm`` and ``centroid_lps_mm`` in LPS, mm."""
