@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .config_schema import ALIASES, SCHEMA, Option, defaults
-from .errors import ConfigError, PacsAddressError
+from .errors import ConfigError, PacsAddressError, missing_path_fix
 from .pacs.address import check_aet, parse_destination, redact
 
 
@@ -276,7 +276,9 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(
-            f"cannot read the config file ({exc.strerror})", where=p, fix="check the path given to --config"
+            f"cannot read the config file ({exc.strerror})",
+            where=p,
+            fix=missing_path_fix(path, "check the path given to --config (config= of run_batch)"),
         ) from exc
     except UnicodeDecodeError as exc:
         raise ConfigError(

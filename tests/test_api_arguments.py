@@ -160,8 +160,9 @@ def home(tmp_path, monkeypatch):
         lambda: ctp.scan_directory("~/scans"),
         lambda: ctp.open_run("~/scans"),
         lambda: ctp.run_batch(["~/scans"], out="runs/r1"),
+        lambda: ctp.run_batch(["."], out="runs/r1", config="~/scans"),
     ],
-    ids=["load_series", "scan_directory", "open_run", "run_batch sources"],
+    ids=["load_series", "scan_directory", "open_run", "run_batch sources", "run_batch config"],
 )
 def test_a_path_starting_with_a_tilde_that_is_not_found_says_python_does_not_expand_it(home, call):
     """``load_series("~/scans")`` said only "no such file or folder. Fix: check the path" of a folder that is there."""
