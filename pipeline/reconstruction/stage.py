@@ -199,7 +199,8 @@ def reconstruct(
         to load or to run) or labels it cannot name are reported in ``errors`` and the classical organs stay.
 
     Raises :class:`~pipeline.errors.ReconstructionError` for an unknown organ name (listing the known ones)
-    or mesh format, a ``smoothing`` or ``target_triangles`` out of range, a ``stem`` that is not a plain file name, a ``device`` that is unknown or absent (a
+    or mesh format, a ``smoothing`` or ``target_triangles`` out of range, a ``stem`` that is not a plain file name, an
+    ``out_dir`` starting with ``~`` (not expanded: a :class:`~pipeline.errors.CtpipeError`), a ``device`` that is unknown or absent (a
     :class:`~pipeline.errors.LoaderError`), a finding without a usable centre and size, or findings of another series;
     :class:`~pipeline.errors.BundleError` for a
     ``seg_bundle`` that does not exist or is not a bundle (no ``configs/metadata.json``, ``models/model.ts``).
