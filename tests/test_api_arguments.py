@@ -221,3 +221,19 @@ def test_load_series_of_one_file_that_is_neither_dicom_nor_an_image_says_what_it
         "pass the folder of a DICOM series, one Enhanced CT (multi-frame) DICOM file, or a NIfTI/MHA/NRRD image "
         "(.nii.gz, .nii, .mha, .mhd, .nrrd)"
     )
+
+
+@pytest.mark.parametrize("kind", ["zip", "gztar"])
+def test_load_series_of_an_archive_says_to_unpack_it(tmp_path, kind):
+    """A downloaded data set's archive was called "not a DICOM file: no 'DICM' marker" with no word of unpacking."""
+    import shutil
+
+    (tmp_path / "case" / "dicom").mkdir(parents=True)
+    (tmp_path / "case" / "dicom" / "a.dcm").write_bytes(b"x")
+    archive = Path(shutil.make_archive(str(tmp_path / "case"), kind, tmp_path / "case"))
+    with pytest.raises(DicomError) as err:
+        load_series(archive)
+    assert _text(err).startswith(f"{archive}: an archive ({'ZIP' if kind == 'zip' else 'tar'}), not a DICOM file")
+    assert err.value.fix == (
+        f"unpack it first, e.g. shutil.unpack_archive({str(archive)!r}, 'folder'), and pass the folder to load_series"
+    )
