@@ -237,3 +237,7 @@ def test_load_series_of_an_archive_says_to_unpack_it(tmp_path, kind):
     assert err.value.fix == (
         f"unpack it first, e.g. shutil.unpack_archive({str(archive)!r}, 'folder'), and pass the folder to load_series"
     )
+    with pytest.raises(CtpipeError) as err:  # and before a run folder is made
+        ctp.run_batch([archive], out=tmp_path / "run")
+    assert _text(err).startswith(f"{archive}: an archive ({'ZIP' if kind == 'zip' else 'tar'}), not a DICOM folder or file")
+    assert "pass the folder to run_batch" in err.value.fix and not (tmp_path / "run").exists()

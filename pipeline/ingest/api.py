@@ -34,7 +34,7 @@ from ..volume import WRAP_ARRAY_FIX, CTVolume
 from .build import build_volume, describe, read_volume
 from .discover import find_files, read_header, read_headers
 from .headers import SliceHeader
-from .image import IMAGE_SUFFIXES, image_suffix, read_image
+from .image import IMAGE_SUFFIXES, archive_kind, image_suffix, read_image, unpack_fix
 from .scan import PathArg, ScanResult, reject, scan_directory
 from .series import SelectionRules, SeriesInfo, group_series
 
@@ -240,11 +240,11 @@ def load_series(
         try:
             header = read_header(p)
         except NotDicomError as exc:  # the file named is what is wrong, not a stray file in a scanned folder
-            if kind := _archive_kind(p):
+            if kind := archive_kind(p):
                 raise NotDicomError(
                     f"an archive ({kind}), not a DICOM file",
                     where=p,
-                    fix=f"unpack it first, e.g. shutil.unpack_archive({str(p)!r}, 'folder'), and pass the folder to load_series",
+                    fix=unpack_fix(p, "load_series"),
                 ) from exc
             raise NotDicomError(
                 exc.problem,
@@ -283,19 +283,6 @@ def load_series(
     for r in scan.rejected:
         log.warning("not loaded: %s", r.reason)
     return read_volume(scan.plans[chosen[0].key], workers=workers)
-
-
-def _archive_kind(path: Path) -> str | None:
-    """``"ZIP"`` or ``"tar"`` (compressed or not) when ``path`` is such an archive, else None."""
-    import tarfile
-    import zipfile
-
-    try:
-        if zipfile.is_zipfile(path):
-            return "ZIP"
-        return "tar" if tarfile.is_tarfile(path) else None
-    except OSError:
-        return None
 
 
 def _check_load_arguments(path: Any, spacing_tolerance: Any) -> None:

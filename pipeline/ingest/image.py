@@ -72,6 +72,24 @@ def _hu_dtype(values: np.ndarray) -> np.dtype:
     return np.dtype(np.float32)
 
 
+def archive_kind(path: str | Path) -> str | None:
+    """``"ZIP"`` or ``"tar"`` (compressed or not) when ``path`` is such an archive (a downloaded data set), else None."""
+    import tarfile
+    import zipfile
+
+    try:
+        if zipfile.is_zipfile(path):
+            return "ZIP"
+        return "tar" if tarfile.is_tarfile(path) else None
+    except OSError:
+        return None
+
+
+def unpack_fix(path: str | Path, reader: str) -> str:
+    """The fix for an archive given where DICOM is read: unpack it, then give ``reader`` the folder."""
+    return f"unpack it first, e.g. shutil.unpack_archive({str(path)!r}, 'folder'), and pass the folder to {reader}"
+
+
 def starts_like_dicom(path: Path) -> bool:
     """Whether ``path`` starts like a DICOM file (:func:`.rawheader.dicom_data_start`); False when it cannot be read."""
     try:

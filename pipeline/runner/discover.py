@@ -228,7 +228,7 @@ def check_sources(sources: Sequence[str | os.PathLike[str]], *, from_python: boo
     worklist ``.csv`` (an Excel worklist, a NIfTI image: the run would find nothing and exit 0); checked before a run
     folder is made. ``from_python``: the errors name the notebook API (``run_batch``, ``load_series``, ``detect``)
     instead of the ``ctpipe`` commands."""
-    from ..ingest.image import image_suffix, starts_like_dicom
+    from ..ingest.image import archive_kind, image_suffix, starts_like_dicom, unpack_fix
 
     runner = "run_batch" if from_python else "ctpipe run"
     for src in sources:
@@ -249,6 +249,12 @@ def check_sources(sources: Sequence[str | os.PathLike[str]], *, from_python: boo
                 f"a NIfTI/MHA/NRRD image, not a DICOM series: {runner} reads DICOM folders and files and worklist CSVs",
                 where=path,
                 fix=fix,
+            )
+        if kind := archive_kind(path):
+            raise ConfigError(
+                f"an archive ({kind}), not a DICOM folder or file: {runner} reads DICOM folders and files and worklist CSVs",
+                where=path,
+                fix=unpack_fix(path, runner),
             )
         raise ConfigError(
             "neither a DICOM file nor a worklist CSV (.csv)",
