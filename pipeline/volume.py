@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .errors import GeometryError, NotAVolumeError
+from .errors import GeometryError, NotAVolumeError, described
 from .geometry import LPS_TO_RAS, Geometry, bool3, clip_box, float3, int3
 from .resample import default_device, resample_array
 
@@ -176,10 +176,12 @@ class _SpatialArray:
 
     def _check(self) -> None:
         if not isinstance(self.geometry, Geometry):
-            raise GeometryError(
-                f"geometry must be a Geometry, got {type(self.geometry).__name__} {self.geometry!r}",
-                fix="build one: Geometry(shape=array.shape, spacing=(i, j, k) mm, origin=(x, y, z) LPS mm)",
-            )
+            build = "build one: Geometry(shape=array.shape, spacing=(i, j, k) mm, origin=(x, y, z) LPS mm)"
+            if getattr(self.geometry, "shape", None) == (4, 4):  # an affine matrix (nibabel, MONAI)
+                build = (
+                    f"a 4x4 affine (a NIfTI's is RAS): read the file with load_series(path), which converts it to LPS, or {build}"
+                )
+            raise GeometryError(f"geometry must be a Geometry, got {described(self.geometry)}", fix=build)
         if self.array.ndim != 3:
             raise GeometryError(f"array must be 3-D [k, j, i], got shape {self.array.shape}")
         if tuple(self.array.shape) != self.geometry.shape:

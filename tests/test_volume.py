@@ -303,3 +303,13 @@ def test_a_geometry_repr_is_one_line_with_its_units_and_the_way_each_index_axis_
     oblique = lps.with_(direction=np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]))
     assert "\n" not in repr(oblique)
     assert repr(oblique).endswith("direction=((0.707107, -0.707107, 0), (0.707107, 0.707107, 0), (0, 0, 1)))")
+
+
+def test_a_volume_given_an_affine_for_its_geometry_says_how_to_get_one():
+    """``CTVolume(array, nifti.affine)`` printed the matrix over several lines and advised building a Geometry only."""
+    with pytest.raises(GeometryError) as err:
+        CTVolume(np.zeros((2, 3, 4), np.int16), np.eye(4))
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith("geometry must be a Geometry, got ndarray of shape (4, 4), dtype float64")
+    assert "a 4x4 affine (a NIfTI's is RAS): read the file with load_series(path), which converts it to LPS" in text
