@@ -123,6 +123,9 @@ class RunResults:
         return f[["case_id", "failed_stage", "error_class", "reason", "source"]].reset_index(drop=True)
 
     def case(self, case_id: str) -> CaseResult:
+        """One case (``case_id``: a value of ``cases.case_id``, not a row number): its status, output folder, findings
+        (LPS mm) and measurements; :class:`~pipeline.errors.RunStoreError` listing the run's case ids when there is no
+        such case."""
         rows = self.cases[self.cases.case_id == case_id]
         if not len(rows):
             raise RunStoreError(
