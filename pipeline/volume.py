@@ -393,7 +393,14 @@ def require_volume(obj: Any, *, name: str = "volume") -> CTVolume:
     if isinstance(obj, CTVolume):
         return obj
     if isinstance(obj, (str, os.PathLike)):
-        fix = f"load it first: pipeline.load_series({str(obj)!r}) (a DICOM folder)"
+        from .ingest.image import image_suffix  # here: ingest builds volumes
+
+        what = (
+            "a NIfTI/MHA/NRRD image, read as LPS"
+            if image_suffix(os.fspath(obj))
+            else "a DICOM folder, or one file of an Enhanced CT"
+        )
+        fix = f"load it first: volume = pipeline.load_series({str(obj)!r}) ({what}), then pass the volume"
     elif isinstance(obj, np.ndarray):
         fix = WRAP_ARRAY_FIX
     else:

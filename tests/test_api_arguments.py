@@ -241,3 +241,13 @@ def test_load_series_of_an_archive_says_to_unpack_it(tmp_path, kind):
         ctp.run_batch([archive], out=tmp_path / "run")
     assert _text(err).startswith(f"{archive}: an archive ({'ZIP' if kind == 'zip' else 'tar'}), not a DICOM folder or file")
     assert "pass the folder to run_batch" in err.value.fix and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("path", "what"), [("scans/case1", "a DICOM folder"), ("ct.nii.gz", "a NIfTI/MHA/NRRD image"), ("ct.mha", "a NIfTI")]
+)
+def test_a_path_where_a_volume_belongs_says_how_to_load_it(path, what):
+    """A NIfTI path was said to be "(a DICOM folder)"."""
+    with pytest.raises(CtpipeError) as err:
+        ctp.show(path)
+    assert err.value.fix.startswith(f"load it first: volume = pipeline.load_series({path!r}) ({what}")
