@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -382,6 +383,16 @@ def _rebuild_labels(array: np.ndarray, geometry: Geometry, labels: dict[int, str
     return LabelMap(array, geometry, labels=labels)
 
 
+#: File name endings read as images by SimpleITK (:func:`pipeline.ingest.load_series` takes them as volumes).
+IMAGE_SUFFIXES = (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd")
+
+
+def image_suffix(path: str | os.PathLike[str]) -> str | None:
+    """The ending of ``path``'s name among :data:`IMAGE_SUFFIXES` (``".nii.gz"``, ...), or None."""
+    name = Path(path).name.lower()
+    return next((s for s in IMAGE_SUFFIXES if name.endswith(s)), None)
+
+
 #: How to make a volume of an HU array (the fix of errors given an array where a volume belongs).
 WRAP_ARRAY_FIX = (
     "wrap the HU array [k, j, i] with its grid: CTVolume(array, Geometry(shape, spacing=(i, j, k) mm, origin=LPS mm))"
@@ -393,13 +404,7 @@ def require_volume(obj: Any, *, name: str = "volume") -> CTVolume:
     if isinstance(obj, CTVolume):
         return obj
     if isinstance(obj, (str, os.PathLike)):
-        from .ingest.image import image_suffix  # here: ingest builds volumes
-
-        what = (
-            "a NIfTI/MHA/NRRD image, read as LPS"
-            if image_suffix(os.fspath(obj))
-            else "a DICOM folder, or one file of an Enhanced CT"
-        )
+        what = "a NIfTI/MHA/NRRD image, read as LPS" if image_suffix(obj) else "a DICOM folder, or one file of an Enhanced CT"
         fix = f"load it first: volume = pipeline.load_series({str(obj)!r}) ({what}), then pass the volume"
     elif isinstance(obj, np.ndarray):
         fix = WRAP_ARRAY_FIX

@@ -12,17 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import GeometryError, UnreadableFileError
-from ..volume import CTVolume
+from ..volume import IMAGE_SUFFIXES, CTVolume, image_suffix
 from .rawheader import dicom_data_start
 
-#: file name endings read as images by SimpleITK
-IMAGE_SUFFIXES = (".nii.gz", ".nii", ".mha", ".mhd", ".nrrd")
-
-
-def image_suffix(path: str | Path) -> str | None:
-    """The ending of ``path``'s name among :data:`IMAGE_SUFFIXES` (``".nii.gz"``, ...), or None."""
-    name = Path(path).name.lower()
-    return next((s for s in IMAGE_SUFFIXES if name.endswith(s)), None)
+__all__ = ["IMAGE_SUFFIXES", "archive_kind", "image_suffix", "read_image", "starts_like_dicom", "unpack_fix"]
 
 
 def read_image(path: str | Path) -> CTVolume:
