@@ -251,3 +251,13 @@ def test_a_path_where_a_volume_belongs_says_how_to_load_it(path, what):
     with pytest.raises(CtpipeError) as err:
         ctp.show(path)
     assert err.value.fix.startswith(f"load it first: volume = pipeline.load_series({path!r}) ({what}")
+
+
+def test_open_run_takes_what_run_batch_returned(tmp_path):
+    """``run = ctp.open_run(ctp.run_batch(...))`` was refused: "must be a folder ..., got RunSummary"."""
+    from pipeline.runner.run_summary import RunSummary
+
+    summary = RunSummary(tmp_path / "r1", "20260101T000000Z-abcdef")
+    with pytest.raises(RunStoreError) as err:  # the summary's run folder is the one opened (none was written here)
+        ctp.open_run(summary)
+    assert _text(err).startswith(f"{tmp_path / 'r1' / 'runs.sqlite'}: no run database here: the folder does not exist")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RunStoreError, require_path
 from .dicom_stage import FILES as DICOM_FILES
 from .report import build_report
+from .run_summary import RunSummary
 from .tables import read_tables
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -78,7 +79,9 @@ class RunResults:
         ``seg.dcm``, None where the case has none); :func:`pipeline.dicom_out.read_sr_findings` reads an SR back.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str]):
+    def __init__(self, run_dir: str | os.PathLike[str] | RunSummary):
+        if isinstance(run_dir, RunSummary):  # what run_batch returned: its run folder
+            run_dir = run_dir.run_dir
         self.run_dir = require_path(
             run_dir, where="run_dir", error=RunStoreError, what="a folder", fix="give a folder written by `ctpipe run --out`"
         )
@@ -181,6 +184,7 @@ def _with_series(findings: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def open_run(run_dir: str | os.PathLike[str]) -> RunResults:
-    """Open a run folder written by ``ctpipe run`` / :func:`pipeline.run_batch` (read-only)."""
+def open_run(run_dir: str | os.PathLike[str] | RunSummary) -> RunResults:
+    """Open a run folder written by ``ctpipe run`` / :func:`pipeline.run_batch` (read-only): its path, or the
+    :class:`~pipeline.runner.run_summary.RunSummary` ``run_batch`` returned."""
     return RunResults(run_dir)
