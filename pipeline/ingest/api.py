@@ -32,7 +32,7 @@ from ..errors import (
 )
 from ..volume import WRAP_ARRAY_FIX, CTVolume
 from .build import build_volume, describe, read_volume
-from .discover import find_files, read_header, read_headers
+from .discover import STRAY_FILE_FIX, find_files, read_header, read_headers
 from .headers import SliceHeader
 from .image import IMAGE_SUFFIXES, archive_kind, image_suffix, read_image, unpack_fix
 from .scan import PathArg, ScanResult, reject, scan_directory
@@ -239,7 +239,10 @@ def load_series(
     if p.is_file():
         try:
             header = read_header(p)
-        except NotDicomError as exc:  # the file named is what is wrong, not a stray file in a scanned folder
+        except NotDicomError as exc:
+            if exc.fix != STRAY_FILE_FIX:  # said of this file (a DICOMDIR, a NIfTI): as it is
+                raise
+            # the file named is what is wrong, not a stray file in a scanned folder
             if kind := archive_kind(p):
                 raise NotDicomError(
                     f"an archive ({kind}), not a DICOM file",

@@ -268,6 +268,10 @@ def unreadable_error(path: str | os.PathLike[str], exc: OSError) -> UnreadableFi
     )
 
 
+#: The fix of a file in a scanned folder that is not DICOM (load_series names another for a file given on its own).
+STRAY_FILE_FIX = "remove the file from the input folder or point ctpipe at the DICOM files only"
+
+
 def read_header(path: str | os.PathLike[str]) -> SliceHeader:
     """Read the header of one file (no pixel data).
 
@@ -294,11 +298,7 @@ def read_header(path: str | os.PathLike[str]) -> SliceHeader:
                 fix=f"load the image on its own: load_series({str(p)!r}) reads it (ctpipe detect and ctpipe reconstruct "
                 "take the file too); or remove it from the input folder",
             ) from exc
-        raise NotDicomError(
-            f"not a DICOM file: {exc}",
-            where=p,
-            fix="remove the file from the input folder or point ctpipe at the DICOM files only",
-        ) from exc
+        raise NotDicomError(f"not a DICOM file: {exc}", where=p, fix=STRAY_FILE_FIX) from exc
     except OSError as exc:
         raise unreadable_error(p, exc) from exc
     if raw.values.get("MediaStorageSOPClassUID") == DICOMDIR_SOP or raw.values.get("SOPClassUID") == DICOMDIR_SOP:
