@@ -261,3 +261,23 @@ def test_open_run_takes_what_run_batch_returned(tmp_path):
     with pytest.raises(RunStoreError) as err:  # the summary's run folder is the one opened (none was written here)
         ctp.open_run(summary)
     assert _text(err).startswith(f"{tmp_path / 'r1' / 'runs.sqlite'}: no run database here: the folder does not exist")
+
+
+@pytest.mark.parametrize("call", [load_series, ctp.scan_directory], ids=["load_series", "scan_directory"])
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("keep_identifiers", "no", "keep_identifiers='no' is not True or False"),
+        ("allow_gantry_tilt", "yes", "allow_gantry_tilt='yes' is not True or False"),
+        ("workers", "4", "workers='4' is not a whole number of threads, 0 or more"),
+        ("workers", -1, "workers=-1 is not a whole number of threads, 0 or more"),
+        ("rules", "strict", "rules='strict' is not a SelectionRules"),
+        ("spacing_tolerance", "2%", "spacing_tolerance='2%' is not a fraction from 0 to 1"),
+    ],
+)
+def test_ingest_options_of_the_wrong_kind_are_refused_naming_them(tmp_path, call, option, value, named):
+    """``keep_identifiers="no"`` (a true string) kept the patient's identifiers; ``workers="4"`` and ``rules="strict"``
+    raised bare TypeError and AttributeError from deep inside."""
+    with pytest.raises(DicomError) as err:
+        call(tmp_path, **{option: value})
+    assert _text(err).startswith(f"{option}: {named}")

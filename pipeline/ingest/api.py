@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import re
 import time
@@ -35,7 +34,7 @@ from .build import build_volume, describe, read_volume
 from .discover import STRAY_FILE_FIX, find_files, read_header, read_headers
 from .headers import SliceHeader
 from .image import IMAGE_SUFFIXES, archive_kind, image_suffix, read_image, unpack_fix
-from .scan import PathArg, ScanResult, reject, scan_directory
+from .scan import PathArg, ScanResult, check_ingest_options, reject, scan_directory
 from .series import SelectionRules, SeriesInfo, group_series
 
 log = logging.getLogger(__name__)
@@ -199,7 +198,7 @@ def load_series(
         :data:`pipeline.ingest.discover.METADATA_IDENTIFIERS` (PatientID, PatientName,
         PatientBirthDate, AccessionNumber), into ``metadata``; the other attributes of
         :data:`pipeline.volume.PATIENT_IDENTIFIERS` are never read. Left out by default.
-    workers: threads for header and pixel reads (default: 2 × CPU count, at most 8).
+    workers: threads for header and pixel reads, 0 or more (0 or 1: none; default: 2 × CPU count, at most 8).
 
     Returns
     -------
@@ -217,10 +216,18 @@ def load_series(
     the problem and the fix (e.g. for one slice file of a series: the folder to pass); a
     :class:`~pipeline.errors.DicomError` naming the argument for a ``path`` that is not one path (several folders:
     :func:`scan_directory` or :func:`~pipeline.run_batch` take them; an HU array: ``CTVolume(array, Geometry(...))``;
-    a SimpleITK image: :meth:`CTVolume.from_sitk <pipeline.volume.CTVolume.from_sitk>`) or a ``spacing_tolerance``
-    outside 0..1.
+    a SimpleITK image: :meth:`CTVolume.from_sitk <pipeline.volume.CTVolume.from_sitk>`) or an option of the wrong
+    kind (:func:`~pipeline.ingest.scan.check_ingest_options`: ``keep_identifiers="no"`` is refused, not taken as true;
+    a ``spacing_tolerance`` outside 0..1).
     """
-    _check_load_arguments(path, spacing_tolerance)
+    _check_load_arguments(path)
+    check_ingest_options(
+        rules=rules,
+        spacing_tolerance=spacing_tolerance,
+        allow_gantry_tilt=allow_gantry_tilt,
+        keep_identifiers=keep_identifiers,
+        workers=workers,
+    )
     rules = rules or SelectionRules()
     p = Path(path)
     options: dict[str, Any] = {
@@ -288,9 +295,8 @@ def load_series(
     return read_volume(scan.plans[chosen[0].key], workers=workers)
 
 
-def _check_load_arguments(path: Any, spacing_tolerance: Any) -> None:
-    """:class:`DicomError` naming ``path`` when it is not one path (str or os.PathLike), or ``spacing_tolerance`` when
-    it is not a fraction from 0 to 1 (as ``ingest.spacing_tolerance`` in the configuration)."""
+def _check_load_arguments(path: Any) -> None:
+    """:class:`DicomError` naming ``path`` when it is not one path (str or os.PathLike), with how to load what it is."""
     if isinstance(path, CTVolume):
         fix = "the CTVolume is already loaded: pass it to detect, reconstruct or show as it is"
     elif isinstance(path, np.ndarray):
@@ -305,14 +311,6 @@ def _check_load_arguments(path: Any, spacing_tolerance: Any) -> None:
     else:
         fix = "pass the folder holding the series (or one DICOM or NIfTI/MHA/NRRD file) as a str or pathlib.Path"
     require_path(path, where="path", error=DicomError, what="one folder or file", fix=fix)
-    tol = spacing_tolerance
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0.0 <= float(tol) <= 1.0:
-        raise DicomError(
-            f"spacing_tolerance={tol!r} is not a fraction from 0 to 1",
-            where="spacing_tolerance",
-            fix="pass the tolerated deviation of each slice step from the median step as a fraction, "
-            "e.g. spacing_tolerance=0.02 (2 %, the default)",
-        )
 
 
 def _pick(scan: ScanResult, series_uid: str) -> SeriesInfo:

@@ -10,6 +10,7 @@ rules leave out keep their reasons; selected series that fail validation go to
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 import time
 from collections import Counter
@@ -111,6 +112,38 @@ class ScanResult:
         }
 
 
+def check_ingest_options(
+    *, rules: Any, spacing_tolerance: Any, allow_gantry_tilt: Any, keep_identifiers: Any, workers: Any
+) -> None:
+    """:class:`DicomError` naming the first option of :func:`scan_directory` / :func:`~pipeline.ingest.load_series`
+    of the wrong kind, before any file is read: a string where True or False belongs (``keep_identifiers="no"`` is
+    true, and would keep the patient's identifiers), ``workers`` that is no whole number 0 or more, ``rules`` that is
+    no :class:`SelectionRules`, a ``spacing_tolerance`` that is no fraction from 0 to 1."""
+    for name, value in (("keep_identifiers", keep_identifiers), ("allow_gantry_tilt", allow_gantry_tilt)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise DicomError(f"{name}={value!r} is not True or False", where=name, fix=f"pass {name}=True or {name}=False")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0):
+        raise DicomError(
+            f"workers={workers!r} is not a whole number of threads, 0 or more",
+            where="workers",
+            fix="pass the threads reading headers and pixels, e.g. workers=4 (0 or 1: none), or None for the default",
+        )
+    if rules is not None and not isinstance(rules, SelectionRules):
+        raise DicomError(
+            f"rules={rules!r} is not a SelectionRules",
+            where="rules",
+            fix="pass pipeline.ingest.SelectionRules(...) (e.g. SelectionRules(min_slices=5)), or None for the defaults",
+        )
+    tol = spacing_tolerance
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0.0 <= float(tol) <= 1.0:
+        raise DicomError(
+            f"spacing_tolerance={tol!r} is not a fraction from 0 to 1",
+            where="spacing_tolerance",
+            fix="pass the tolerated deviation of each slice step from the median step as a fraction, "
+            "e.g. spacing_tolerance=0.02 (2 %, the default)",
+        )
+
+
 def _roots(path: PathArg | Iterable[PathArg]) -> list[Path]:
     """The folders and files to scan; :class:`DicomError` naming ``path`` for what is neither a path nor paths."""
     fix = "pass a folder or file, or a list of them, as str or pathlib.Path"
@@ -148,6 +181,13 @@ def scan_directory(
 
     Positions in the plans are DICOM patient coordinates (LPS, mm).
     """
+    check_ingest_options(
+        rules=rules,
+        spacing_tolerance=spacing_tolerance,
+        allow_gantry_tilt=allow_gantry_tilt,
+        keep_identifiers=keep_identifiers,
+        workers=workers,
+    )
     rules = rules or SelectionRules()
     t0 = time.perf_counter()
     roots = _roots(path)
