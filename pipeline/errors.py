@@ -119,6 +119,16 @@ def missing_path_fix(path: Any, fix: str) -> str:
     return f"{fix}; {note}" if note else fix
 
 
+def require_bool(value: Any, *, name: str, error: type[CtpipeError]) -> bool:
+    """``value`` when it is True or False (a NumPy bool too); else ``error`` naming ``name``: a string such as ``"no"``
+    is true, and taken as a switch would do the opposite of what it says."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise error(f"{name}={value!r} is not True or False", where=name, fix=f"pass {name}=True or {name}=False")
+
+
 def described(value: Any) -> str:
     """``value`` named in a message: its type and, for an array (a NumPy array, a tensor), its shape and dtype rather
     than its values; else its repr, at most 200 characters."""

@@ -281,3 +281,29 @@ def test_ingest_options_of_the_wrong_kind_are_refused_naming_them(tmp_path, call
     with pytest.raises(DicomError) as err:
         call(tmp_path, **{option: value})
     assert _text(err).startswith(f"{option}: {named}")
+
+
+@pytest.mark.parametrize(
+    ("call", "option"),
+    [
+        (detect, "all_candidates"),
+        (detect, "restrict_to_lungs"),
+        (reconstruct, "render"),
+    ],
+    ids=["detect all_candidates", "detect restrict_to_lungs", "reconstruct render"],
+)
+def test_a_switch_given_as_a_string_is_refused_before_any_work(monkeypatch, call, option):
+    """``detect(vol, all_candidates="no")`` reported every candidate ("no" is true), silently."""
+    import pipeline.detection.infer as infer
+    import pipeline.reconstruction.stage as stage
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work was done for an option of the wrong kind")
+
+    monkeypatch.setattr(infer, "Detector", no_work)
+    monkeypatch.setattr(infer, "_DETECTORS", {})
+    monkeypatch.setattr(stage, "segment_organs", no_work)
+    with pytest.raises(CtpipeError) as err:
+        call(_TINY, **{option: "no"})
+    assert _text(err).startswith(f"{option}: {option}='no' is not True or False")
+    assert err.value.fix == f"pass {option}=True or {option}=False"

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..devicetime import DeviceTimer
+from ..errors import ConfigError, require_bool
 from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
 from ..load.base import resolve_device
@@ -439,10 +440,13 @@ def detect(
 
     Raises :class:`~pipeline.errors.NotAVolumeError` for a ``volume`` that is not a :class:`CTVolume`,
     :class:`~pipeline.errors.LoaderError` for an unknown ``device`` or a GPU that torch does not see,
-    :class:`~pipeline.errors.BundleError` for a ``score_threshold`` that is not a probability, all before the model
-    is loaded.
+    :class:`~pipeline.errors.BundleError` for a ``score_threshold`` that is not a probability,
+    :class:`~pipeline.errors.ConfigError` for a ``restrict_to_lungs`` or ``all_candidates`` that is not True or False
+    (``"no"`` is refused, not taken as true), all before the model is loaded.
     """
     volume = require_volume(volume)
+    require_bool(restrict_to_lungs, name="restrict_to_lungs", error=ConfigError)
+    require_bool(all_candidates, name="all_candidates", error=ConfigError)
     if score_threshold is not None and not all_candidates:
         check_score_threshold(score_threshold, where="score_threshold", none="None")
     det = detector

@@ -29,6 +29,7 @@ from ..errors import (
     NonUniformSpacingError,
     TruncatedFileError,
     UnreadableFileError,
+    require_bool,
     require_path,
 )
 from .build import VolumePlan, describe, plan_volume
@@ -119,9 +120,8 @@ def check_ingest_options(
     of the wrong kind, before any file is read: a string where True or False belongs (``keep_identifiers="no"`` is
     true, and would keep the patient's identifiers), ``workers`` that is no whole number 0 or more, ``rules`` that is
     no :class:`SelectionRules`, a ``spacing_tolerance`` that is no fraction from 0 to 1."""
-    for name, value in (("keep_identifiers", keep_identifiers), ("allow_gantry_tilt", allow_gantry_tilt)):
-        if not isinstance(value, (bool, np.bool_)):
-            raise DicomError(f"{name}={value!r} is not True or False", where=name, fix=f"pass {name}=True or {name}=False")
+    require_bool(keep_identifiers, name="keep_identifiers", error=DicomError)
+    require_bool(allow_gantry_tilt, name="allow_gantry_tilt", error=DicomError)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0):
         raise DicomError(
             f"workers={workers!r} is not a whole number of threads, 0 or more",

@@ -23,7 +23,7 @@ from ..atomic import atomic_write_bytes
 from ..cache import is_plain_file_name
 from ..config_schema import SCHEMA
 from ..devicetime import DeviceTimer
-from ..errors import CtpipeError, ReconstructionError, refuse_unexpanded_home
+from ..errors import CtpipeError, ReconstructionError, refuse_unexpanded_home, require_bool
 from ..ingest.api import safe_case_id
 from ..intensity import not_hu_hint
 from ..load.base import resolve_device
@@ -199,7 +199,7 @@ def reconstruct(
         to load or to run) or labels it cannot name are reported in ``errors`` and the classical organs stay.
 
     Raises :class:`~pipeline.errors.ReconstructionError` for an unknown organ name (listing the known ones)
-    or mesh format, a ``smoothing`` or ``target_triangles`` out of range, a ``stem`` that is not a plain file name, an
+    or mesh format, a ``smoothing`` or ``target_triangles`` out of range, a ``stem`` that is not a plain file name, a ``render`` that is not True or False, an
     ``out_dir`` starting with ``~`` (not expanded: a :class:`~pipeline.errors.CtpipeError`), a ``device`` that is unknown or absent (a
     :class:`~pipeline.errors.LoaderError`), a finding without a usable centre and size, or findings of another series;
     :class:`~pipeline.errors.BundleError` for a
@@ -208,6 +208,7 @@ def reconstruct(
     0..1) find no lungs; the ``lungs_absent`` quality flag, the lungs' errors and the log then say so.
     """
     volume = require_volume(volume)
+    require_bool(render, name="render", error=ReconstructionError)
     formats = export.check_formats(mesh_formats)
     _check_mesh_options(smoothing, target_triangles)
     organs = organ_names(organs)
