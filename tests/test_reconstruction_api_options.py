@@ -100,3 +100,13 @@ def test_mask_of_an_organ_not_produced_names_the_organs_there_are():
     with pytest.raises(KeyError, match=r"no mask of organ 'lungs': this reconstruction has lung_left, lung_right"):
         rec.mask("lungs")
     assert rec.mask("lung_left").dtype == bool and rec.mask("lung_left").all()
+
+
+@pytest.mark.parametrize("organs", [None, 5])
+def test_organs_that_are_no_names_are_refused_naming_the_organs(organs):
+    """``reconstruct(vol, organs=None)`` raised "'NoneType' object is not iterable"."""
+    vol = CTVolume(np.full((4, 4, 4), -1000, np.int16), Geometry(shape=(4, 4, 4), spacing=(1, 1, 1), origin=(0, 0, 0)))
+    with pytest.raises(ReconstructionError) as err:
+        reconstruct(vol, organs=organs)
+    assert str(err.value).startswith(f"organs: organs={organs!r} is not organ names")
+    assert "leave organs out for body, lung_left, lung_right, airway, bone" in err.value.fix

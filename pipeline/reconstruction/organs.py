@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..errors import ReconstructionError
 from ..intensity import BODY_HU, LUNG_AIR_HU, SOFT_TISSUE_HU
 
 ORGANS: tuple[str, ...] = ("body", "lung_left", "lung_right", "airway", "bone")
@@ -34,8 +35,15 @@ def organ_names(organs: str | Iterable[str]) -> tuple[str, ...]:
     """``organs`` as a tuple of names, in the order given, each once.
 
     A string is one organ name (``"lung_left"``) or several separated by commas (``"lung_left,lung_right"``,
-    as on the command line), never a sequence of letters. The names are not checked here.
+    as on the command line), never a sequence of letters. The names are not checked here; what is neither a string
+    nor an iterable of names (None, a number) is a :class:`~pipeline.errors.ReconstructionError`.
     """
+    if not isinstance(organs, (str, Iterable)):
+        raise ReconstructionError(
+            f"organs={organs!r} is not organ names",
+            where="organs",
+            fix=f"pass names such as organs=['lung_left', 'lung_right'], or leave organs out for {', '.join(ORGANS)}",
+        )
     items = organs.split(",") if isinstance(organs, str) else organs
     return tuple(dict.fromkeys(str(o).strip() for o in items if str(o).strip()))
 
