@@ -40,6 +40,15 @@ def test_cuda_without_a_gpu_says_so(call):
     assert "device 'cuda' was asked for but torch sees no CUDA GPU" in _text(err)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine on which torch sees no CUDA GPU")
+@pytest.mark.parametrize("call", [detect, reconstruct], ids=["detect", "reconstruct"])
+def test_a_gpu_given_by_number_is_that_gpu(call):
+    """``device=0`` (torch's GPU 0) was taken as no device given: it ran on the CPU without a word."""
+    with pytest.raises(LoaderError) as err:
+        call(_TINY, device=0)
+    assert "device 0 (cuda:0) was asked for but torch sees no CUDA GPU" in _text(err)
+
+
 def test_detect_refuses_what_is_not_a_volume_before_loading_the_model(monkeypatch):
     import pipeline.detection.infer as infer
 

@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 __all__ = ["MAX_BAD_VOXEL_FRACTION", "MIN_INPUT_MM", "Detector", "LungMask", "detect"]
 
 
-def run_device(device: str | torch.device | None) -> torch.device:
+def run_device(device: str | int | torch.device | None) -> torch.device:
     """The torch device a :class:`Detector` given ``device`` runs on: that one, else CUDA when present, else the CPU.
 
     A name is checked as a run's ``device`` setting is (:func:`~pipeline.load.base.resolve_device`: ``cpu``,
@@ -81,7 +81,9 @@ def run_device(device: str | torch.device | None) -> torch.device:
     torch does not see."""
     if isinstance(device, torch.device):
         return device
-    return torch.device(resolve_device(device, where="device") if device else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device in (None, ""):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(resolve_device(device, where="device"))
 
 
 class Detector:
@@ -91,7 +93,7 @@ class Detector:
     -------------------------
     bundle: ``None`` for the embedded demo model, a MONAI bundle directory, or a ctpipe model JSON.
     model: an already loaded :class:`LoadedModel` (overrides ``bundle``).
-    device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; default CUDA when available.
+    device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``... or a GPU number (1 is ``"cuda:1"``); default CUDA when available.
     amp: mixed precision where the hardware runs it natively (float16 on CUDA, bfloat16 on CPUs with
         AVX512-BF16/AMX, see :mod:`.precision`); scores then differ from float32 by about 0.005
         (at most a few hundredths), centres by about 0.2 mm (at most about one model voxel).
@@ -110,7 +112,7 @@ class Detector:
         *,
         bundle: str | Path | None = None,
         model: LoadedModel | None = None,
-        device: str | torch.device | None = None,
+        device: str | int | torch.device | None = None,
         amp: bool = True,
         restrict_to_lungs: bool = True,
         postprocess: bool = True,
@@ -414,7 +416,7 @@ def detect(
     volume: CTVolume,
     *,
     bundle: str | Path | None = None,
-    device: str | None = None,
+    device: str | int | None = None,
     lung_mask: LungMask | None = None,
     restrict_to_lungs: bool = True,
     case_id: str | None = None,
@@ -434,7 +436,7 @@ def detect(
     :func:`~pipeline.detection.lungs.segmented_lung_region` finds. The search itself is always the detector's coarse
     threshold mask (the region its operating point was calibrated on). ``restrict_to_lungs=False`` searches and
     reports over the whole volume instead (no lung mask at all). ``bundle``: ``None`` for the embedded demo model, a
-    MONAI bundle folder or a ctpipe model JSON. ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` (default CUDA when
+    MONAI bundle folder or a ctpipe model JSON. ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or N (GPU N) (default CUDA when
     present, else the CPU). ``case_id``: the case's name in the findings (``Findings.case_id``) and in logged
     warnings and errors (default none: they name the series UID).
 

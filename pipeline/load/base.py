@@ -40,18 +40,20 @@ class Job:
         return self.geometry.src_axis
 
 
-def resolve_device(device: str, *, where: str = "loader device") -> str:
-    """``"auto"`` → ``"cuda"`` when torch sees a GPU, else ``"cpu"``; ``"gpu"`` is ``"cuda"``; ``where`` names the
-    setting in errors."""
+def resolve_device(device: str | int, *, where: str = "loader device") -> str:
+    """``"auto"`` → ``"cuda"`` when torch sees a GPU, else ``"cpu"``; ``"gpu"`` is ``"cuda"``; a number N is
+    ``"cuda:N"``, as torch reads it; ``where`` names the setting in errors."""
     import torch
 
-    dev = str(device).lower()
+    number = isinstance(device, int) and not isinstance(device, bool) and device >= 0
+    dev = f"cuda:{device}" if number else str(device).lower()
     if dev == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if dev in ("gpu", "cuda") or dev.startswith("cuda:"):
         if not torch.cuda.is_available():
+            named = f"{device!r} ({dev})" if number else repr(device)
             raise LoaderError(
-                f"device {device!r} was asked for but torch sees no CUDA GPU",
+                f"device {named} was asked for but torch sees no CUDA GPU",
                 where=where,
                 fix="ask for cpu, or auto (the GPU where there is one, else the CPU)",
             )

@@ -166,7 +166,7 @@ def reconstruct(
     mesh_formats: Iterable[str] = ("stl",),
     smoothing: int = 20,
     target_triangles: int | None = None,
-    device: str | None = None,
+    device: str | int | None = None,
     seg_bundle: str | Path | SegBundle | None = None,
     render: bool = True,
     stem: str | None = None,
@@ -193,7 +193,8 @@ def reconstruct(
         separated by commas (``"stl,glb"``).
     smoothing: Taubin smoothing iterations, 0..500 (0 = raw marching cubes).
     target_triangles: cap on triangles per organ, at least 100 (coarser surface extraction), None = full resolution.
-    device: torch device for segmentation: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` ("cuda" when present by default).
+    device: torch device for segmentation: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or N (GPU N) ("cuda" when present by
+        default).
     seg_bundle: a MONAI segmentation bundle folder whose labels replace or add organs (or the bundle
         :func:`~pipeline.reconstruction.bundle_seg.read_bundle` read). A bundle that cannot segment (its network fails
         to load or to run) or labels it cannot name are reported in ``errors`` and the classical organs stay.
@@ -212,7 +213,7 @@ def reconstruct(
     formats = export.check_formats(mesh_formats)
     _check_mesh_options(smoothing, target_triangles)
     organs = organ_names(organs)
-    dev = torch.device(resolve_device(device, where="device") if device else default_device())
+    dev = torch.device(resolve_device(device, where="device") if device not in (None, "") else default_device())
     timer = StageTimer(dev)
     rec = Reconstruction(geometry=volume.geometry, seconds=timer.seconds)
     if stem is not None and not is_plain_file_name(stem):  # it names files: a path would write outside out_dir
