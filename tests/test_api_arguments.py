@@ -316,3 +316,15 @@ def test_a_switch_given_as_a_string_is_refused_before_any_work(monkeypatch, call
         call(_TINY, **{option: "no"})
     assert _text(err).startswith(f"{option}: {option}='no' is not True or False")
     assert err.value.fix == f"pass {option}=True or {option}=False"
+
+
+@pytest.mark.parametrize(
+    ("call", "option"), [(detect, "bundle"), (reconstruct, "seg_bundle")], ids=["detect bundle", "reconstruct seg_bundle"]
+)
+def test_a_bundle_that_is_not_a_path_is_named(call, option):
+    """``detect(vol, bundle=5)`` raised "expected str, bytes or os.PathLike object, not int"."""
+    from pipeline.errors import BundleError
+
+    with pytest.raises(BundleError) as err:
+        call(_TINY, **{option: 5})
+    assert _text(err).startswith(f"{option}: must be a MONAI bundle folder (a str or a pathlib.Path), got int 5")

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..devicetime import DeviceTimer
-from ..errors import ConfigError, require_bool
+from ..errors import BundleError, ConfigError, require_bool, require_path
 from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
 from ..load.base import resolve_device
@@ -442,13 +442,22 @@ def detect(
 
     Raises :class:`~pipeline.errors.NotAVolumeError` for a ``volume`` that is not a :class:`CTVolume`,
     :class:`~pipeline.errors.LoaderError` for an unknown ``device`` or a GPU that torch does not see,
-    :class:`~pipeline.errors.BundleError` for a ``score_threshold`` that is not a probability,
+    :class:`~pipeline.errors.BundleError` for a ``score_threshold`` that is not a probability or a ``bundle``
+    that is not a path,
     :class:`~pipeline.errors.ConfigError` for a ``restrict_to_lungs`` or ``all_candidates`` that is not True or False
     (``"no"`` is refused, not taken as true), all before the model is loaded.
     """
     volume = require_volume(volume)
     require_bool(restrict_to_lungs, name="restrict_to_lungs", error=ConfigError)
     require_bool(all_candidates, name="all_candidates", error=ConfigError)
+    if bundle is not None:
+        require_path(
+            bundle,
+            where="bundle",
+            error=BundleError,
+            what="a MONAI bundle folder",
+            fix="pass the bundle folder (or a ctpipe model JSON), or leave bundle out for the embedded demo model",
+        )
     if score_threshold is not None and not all_candidates:
         check_score_threshold(score_threshold, where="score_threshold", none="None")
     det = detector

@@ -23,7 +23,7 @@ from ..atomic import atomic_write_bytes
 from ..cache import is_plain_file_name
 from ..config_schema import SCHEMA
 from ..devicetime import DeviceTimer
-from ..errors import CtpipeError, ReconstructionError, refuse_unexpanded_home, require_bool
+from ..errors import BundleError, CtpipeError, ReconstructionError, refuse_unexpanded_home, require_bool, require_path
 from ..ingest.api import safe_case_id
 from ..intensity import not_hu_hint
 from ..load.base import resolve_device
@@ -235,6 +235,14 @@ def reconstruct(
             where="organs",
             fix=f"choose from {list(ORGANS)}, e.g. organs=['lung_left', 'lung_right'] "
             "(other organs need a segmentation bundle: seg_bundle=..., --seg-bundle on the command line)",
+        )
+    if seg_bundle is not None and not isinstance(seg_bundle, SegBundle):
+        require_path(
+            seg_bundle,
+            where="seg_bundle",
+            error=BundleError,
+            what="a MONAI bundle folder",
+            fix="pass the segmentation bundle's folder (or the bundle read_bundle read), or leave seg_bundle out",
         )
     nodule_findings = findings_of_series(findings, volume.series_uid)
     bundle = None if seg_bundle is None else seg_bundle if isinstance(seg_bundle, SegBundle) else read_bundle(seg_bundle)
