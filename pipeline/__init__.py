@@ -36,7 +36,7 @@ _LAZY = {
     "run_batch": "pipeline.runner",
     "open_run": "pipeline.runner",
     "read_sr_findings": "pipeline.dicom_out",
-    "show": "pipeline.show",
+    "show": "pipeline.display",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

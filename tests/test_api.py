@@ -81,7 +81,7 @@ def test_readme_notebook_example_runs(tmp_path):
 def test_show_draws_findings_on_the_right_slice():
     import numpy as np
 
-    from pipeline.show import show
+    from pipeline.display import show
     from pipeline.volume import CTVolume, Geometry
 
     geom = Geometry(shape=(20, 32, 32), spacing=(1.0, 1.0, 2.0), origin=(-16.0, -16.0, 100.0))
@@ -105,8 +105,8 @@ def test_show_refuses_findings_and_masks_of_another_series():
     import pandas as pd
 
     from pipeline.detection.findings import Finding, Findings
+    from pipeline.display import show
     from pipeline.errors import GeometryError
-    from pipeline.show import show
     from pipeline.volume import CTVolume, Geometry
 
     geom = Geometry(shape=(20, 32, 32), spacing=(1.0, 1.0, 2.0), origin=(-16.0, -16.0, 100.0))

@@ -100,9 +100,9 @@ def test_findings_round_trip(tmp_path, position, enhanced):
 def test_an_sr_table_is_checked_against_the_volume_it_is_drawn_or_measured_on(tmp_path, caplog):
     """The table names its findings' series: show() draws it on its own volume without a warning, and show() and
     reconstruct() refuse it on another series' volume."""
+    from pipeline.display import show
     from pipeline.errors import GeometryError, ReconstructionError
     from pipeline.reconstruction import reconstruct
-    from pipeline.show import show
     from pipeline.volume import CTVolume
 
     case = phantom_case(tmp_path / "case")

@@ -188,3 +188,22 @@ def test_an_import_that_fails_alone_is_reported(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["json"] == [0, ""]
     assert result["brokenpkg"][0] == 1 and "ImportError" in result["brokenpkg"][1]
+
+
+_SHADOW = """
+import importlib, json, sys
+import pipeline
+modules = {}
+for name, module in pipeline._LAZY.items():
+    modules[name] = importlib.import_module(module)  # the defining modules first, as `from pipeline.x import y` does
+print(json.dumps({name: getattr(pipeline, name) is getattr(m, name) for name, m in modules.items()}))
+"""
+
+
+def test_a_public_name_is_its_object_whatever_module_was_imported_first():
+    """``import pipeline.show`` (or ``from pipeline.show import show``) before ``ctp.show(vol)`` made ``ctp.show`` the
+    module of that name: "'module' object is not callable"."""
+    proc = subprocess.run([sys.executable, "-c", _SHADOW], capture_output=True, text=True, timeout=300, cwd=ROOT.parent)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    same = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [name for name, ok in same.items() if not ok] == []

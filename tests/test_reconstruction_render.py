@@ -127,8 +127,8 @@ def test_mip_slabs_never_overlap_on_short_lungs(tmp_path, monkeypatch):
 def test_bone_outline_stands_out_on_white_bone_and_show_uses_the_same_colours(tmp_path):
     import matplotlib.image as mpimg
 
+    from pipeline.display import OUTLINE_COLORS as SHOWN
     from pipeline.reconstruction.organs import ORGAN_COLORS, OUTLINE_COLORS
-    from pipeline.show import OUTLINE_COLORS as SHOWN
 
     vol, cube = _marked_volume(np.eye(3))  # the bright cube (1500 HU): white in the soft-tissue window
     centre = vol.geometry.index_to_lps(np.argwhere(cube)[:, ::-1].mean(axis=0))

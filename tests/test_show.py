@@ -9,8 +9,8 @@ import matplotlib
 import numpy as np
 import pytest
 
+from pipeline.display import show
 from pipeline.errors import GeometryError
-from pipeline.show import show
 from pipeline.volume import CTVolume, Geometry
 
 matplotlib.use("Agg")
@@ -181,7 +181,7 @@ def test_findings_without_a_series_uid_are_drawn_with_a_warning(caplog):
     vol = _lps_volume(SeriesInstanceUID="1.2.3")
     x, y, z = vol.index_to_lps([10.0, 12.0, 7.0])
     table = pd.DataFrame({"center_x": [x], "center_y": [y], "center_z": [z], "diameter_mm": [6.0], "score": [0.8]})
-    with caplog.at_level(logging.WARNING, logger="pipeline.show"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.display"):
         ax = show(vol, findings=table)
     assert len(ax.patches) == 1
     assert "cannot check" in caplog.text and "1.2.3" in caplog.text
@@ -252,7 +252,7 @@ def test_a_table_of_several_series_keeps_only_this_series_rows(caplog):
             "score": [0.8, 0.7, 0.6],
         }
     )
-    with caplog.at_level(logging.WARNING, logger="pipeline.show"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.display"):
         ax = show(vol, findings=table)  # the plane of this series' finding, k=7
     assert _circles(ax)[:, :2].tolist() == [[10.0, 12.0]]
     assert "1 finding(s) without a series UID among findings of several series: left out" in caplog.text

@@ -1,5 +1,8 @@
 """``show``: draw an axial plane of a CT volume with findings and organ outlines (matplotlib).
 
+It is ``pipeline.show``; the module has another name than the function, so that importing the module never hides the
+function (``ctp.show(vol)`` after ``import pipeline.show`` called the module).
+
 The plane is drawn in the radiological convention whatever the series' storage order (a NIfTI file in RAS
 order, a feet-first or prone series): seen from the feet, the patient's right on the image's left and anterior
 at the top, edges lettered R, L, A, P. The voxels are transposed and flipped only
