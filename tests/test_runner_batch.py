@@ -75,6 +75,27 @@ def test_corrupt_cases_quarantined_good_cases_complete(full_run, dicom_data):
         assert "LPS" in doc["coordinates"] and doc["timings_ms"] == {}
 
 
+def test_a_run_opened_by_a_relative_path_keeps_its_files_after_a_change_of_folder(full_run, monkeypatch):
+    """A notebook opens a run by a relative path, then changes folder: the run's paths still lead to its files."""
+    out = full_run["out"]
+    monkeypatch.chdir(out.parent)
+    run = open_run(out.name)
+    monkeypatch.chdir(out.parent.parent)
+    assert run.run_dir == out.resolve()
+    done = run.cases[run.cases.status == "done"].case_id
+    assert len(done) and all(run.case(c).folder.is_dir() and run.case(c).files for c in done)
+
+
+def test_a_runs_html_view_escapes_its_folder_name(full_run, tmp_path):
+    """A run folder named with HTML's special characters shows as text in a notebook, not as markup."""
+    import shutil
+
+    copy = tmp_path / "runs <b>&amp"
+    shutil.copytree(full_run["out"], copy)
+    page = open_run(copy)._repr_html_()
+    assert "runs &lt;b&gt;&amp;amp" in page and "<b>&amp" not in page
+
+
 def test_run_record_log_and_results(full_run, dicom_data):
     out = full_run["out"]
     run = open_run(out)

@@ -7,6 +7,7 @@ progress can be inspected.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 from dataclasses import dataclass
@@ -84,7 +85,7 @@ class RunResults:
             run_dir = run_dir.run_dir
         self.run_dir = require_path(
             run_dir, where="run_dir", error=RunStoreError, what="a folder", fix="give a folder written by `ctpipe run --out`"
-        )
+        ).absolute()  # its paths (cases' folders, dicom_outputs) stay right when the notebook changes folder
         t = read_tables(self.run_dir)
         self.runs: pd.DataFrame = t["runs"]
         self.cases: pd.DataFrame = t["cases"]
@@ -168,7 +169,7 @@ class RunResults:
         )
 
     def _repr_html_(self) -> str:
-        head = f"<p><b>{self.__repr__()}</b></p>"
+        head = f"<p><b>{html.escape(self.__repr__())}</b></p>"
         cols = [c for c in ("case_id", "status", "latency_s", "n_findings", "flags", "reason") if c in self.cases]
         return head + self.cases[cols].head(20).to_html(index=False)
 
