@@ -362,6 +362,35 @@ def test_flip_views_average_mirrored_copies_of_candidates_not_clearly_rejected()
     assert all(len(set(v)) == len(v) == n for n, v in FLIP_VIEWS.items())
 
 
+@pytest.mark.parametrize("batch", [1, 2, 3, 5, 64])
+def test_flip_views_in_batches_give_the_logits_of_all_at_once(batch: int) -> None:
+    """The network seeing ``batch`` patches at a time, the flipped copies of several patches in one batch, gives
+    each patch its own views' mean: the logits of one call per view on all patches, to float32 rounding."""
+    entry = json.loads(DEMO_MODEL_JSON.read_text())["fp_reduction"]
+    net = FPReducer(FPReductionConfig.from_json(entry, weights_dir=DEMO_MODEL_JSON.parent))._scoring  # the demo's
+    torch.manual_seed(4)
+    x = torch.rand(11, 2, 24, 24, 24) * torch.linspace(0.05, 1.0, 11)[:, None, None, None, None]
+    x[::2, :, 9:15, 9:15, 9:15] = 0.8  # a bright cube in the middle of every other patch
+    with torch.no_grad():
+        p = torch.sigmoid(net(x))
+        ranked = p.sort().values  # about half the patches are re-scored on their flipped copies; none sits at the cut
+        cut = float(ranked[5] + ranked[6]) / 2.0
+        assert 0 < int((p >= cut).sum()) < len(x) and float(p.max() - p.min()) > 0.05
+        for views in (4, 8):
+            whole = patch_logits(net, x, views=views, min_probability=cut)
+            np.testing.assert_allclose(
+                patch_logits(net, x, views=views, min_probability=cut, batch=batch).numpy(), whole.numpy(), rtol=1e-6, atol=1e-6
+            )
+    lopsided = torch.zeros(5, 1, 8, 8, 8)
+    lopsided[:, :, :, :, :4] = torch.linspace(0.001, 0.02, 5)[:, None, None, None, None]  # each its own logit
+    expected = patch_logits(_Lopsided(), lopsided, views=4, min_probability=0.0)
+    assert patch_logits(_Lopsided(), lopsided, views=4, min_probability=0.0, batch=batch).tolist() == pytest.approx(
+        expected.tolist(), rel=1e-5
+    )
+    with pytest.raises(ValueError, match="batch 0"):
+        patch_logits(net, x, batch=0)
+
+
 def test_fp_reduction_config_and_weights_errors(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match="fp_reduction"):
         FPReductionConfig.from_json({"patch": 24}, weights_dir=tmp_path)  # no weights entry

@@ -186,8 +186,9 @@ def fold_batch_norm(network: nn.Module) -> nn.Module:
     """An evaluation copy of ``network`` (a :class:`PatchClassifier` or :class:`PatchEnsemble`, in eval mode) with
     each ``BatchNorm3d`` that follows a ``Conv3d`` folded into that convolution's weights and bias (the running
     statistics' scale and shift applied to them once) and replaced by an identity: the same logits up to float32
-    rounding (about 1e-5), about a sixth less time on a CPU. ``network`` itself is left as it is (its state dict
-    still loads and saves the trained layers)."""
+    rounding (about 1e-5), about a sixth less time on a CPU. Each ``ReLU`` right before a ``MaxPool3d`` is moved
+    after it (the maximum of rectified values is the rectified maximum: exactly the same values, on an eighth of
+    the voxels). ``network`` itself is left as it is (its state dict still loads and saves the trained layers)."""
     if network.training:
         raise ValueError(
             "fold_batch_norm needs a network in eval mode (call .eval() first): training-mode batch norm uses the batch's statistics"
@@ -200,23 +201,54 @@ def fold_batch_norm(network: nn.Module) -> nn.Module:
                 if isinstance(conv, nn.Conv3d) and isinstance(norm, nn.BatchNorm3d):
                     seq[n] = fuse_conv_bn_eval(conv, norm)
                     seq[n + 1] = nn.Identity()
+            for n in range(len(seq) - 1):
+                relu, pool = seq[n], seq[n + 1]
+                if isinstance(relu, nn.ReLU) and isinstance(pool, nn.MaxPool3d):
+                    seq[n], seq[n + 1] = pool, relu
     return folded.eval()
 
 
-def patch_logits(network: nn.Module, x: torch.Tensor, *, views: int = 1, min_probability: float = 0.02) -> torch.Tensor:
+def patch_logits(
+    network: nn.Module, x: torch.Tensor, *, views: int = 1, min_probability: float = 0.02, batch: int | None = None
+) -> torch.Tensor:
     """Float32 logits (N,) of ``network`` for patches ``x`` (N, C, S, P, L). With ``views`` > 1 (a key of
     :data:`FLIP_VIEWS`), patches whose unflipped probability is at least ``min_probability`` get the mean logit
-    of their ``views`` flipped copies; the rest, clear negatives, keep the unflipped logit."""
-    logits = network(x).float()
+    of their ``views`` flipped copies; the rest, clear negatives, keep the unflipped logit.
+
+    ``batch``: the network sees at most this many patches at a time, the flipped copies of several patches together
+    (``None``: all of ``x`` at once, each flip apart). The same logits up to float32 rounding; on a CPU, batches of
+    a few dozen patches keep a layer's activations in the processor's caches and run faster than hundreds at once."""
+    if batch is not None and batch < 1:
+        raise ValueError(f"patch_logits: batch {batch} must be at least 1 patch (or None: all at once)")
+    logits = _in_batches(network, x, batch)
     if views == 1:
         return logits
     again = torch.sigmoid(logits) >= min_probability
     if not bool(again.any()):
         return logits
     xs = x[again]
+    flips = FLIP_VIEWS[views][1:]
+    if batch is None:
+        mirrored = torch.stack([network(torch.flip(xs, dims)).float() for dims in flips])
+    else:  # the flipped copies of ``per`` patches fill one batch
+        per = max(1, batch // len(flips))
+        mirrored = torch.cat(
+            [
+                network(torch.cat([torch.flip(xs[a : a + per], dims) for dims in flips])).float().view(len(flips), -1)
+                for a in range(0, len(xs), per)
+            ],
+            dim=1,
+        )
     total = logits[again]
-    for dims in FLIP_VIEWS[views][1:]:
-        total = total + network(torch.flip(xs, dims)).float()
+    for view in mirrored:  # (views - 1, n): added view by view, in the order of FLIP_VIEWS
+        total = total + view
     out = logits.clone()
     out[again] = total / views
     return out
+
+
+def _in_batches(network: nn.Module, x: torch.Tensor, batch: int | None) -> torch.Tensor:
+    """Float32 ``network(x)`` (N,), ``batch`` patches at a time (``None``: all at once)."""
+    if batch is None or len(x) <= batch:
+        return network(x).float()
+    return torch.cat([network(x[a : a + batch]).float() for a in range(0, len(x), batch)])
