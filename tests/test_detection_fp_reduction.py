@@ -337,6 +337,43 @@ def test_candidates_sharing_one_box_are_one_finding_with_box_merging() -> None:
         suppress_duplicates(centers, diam, scores, extents_mm=extents[:2])
 
 
+def _greedy_one_by_one(centers, diam, scores, min_distance_mm, radius_factor, extents):
+    """Duplicate suppression candidate by candidate, each against every kept one (LPS mm)."""
+    kept: list[int] = []
+    for n in np.argsort(-scores, kind="stable"):
+        near = [k for k in kept if np.linalg.norm(centers[k] - centers[n]) < max(min_distance_mm, radius_factor * diam[k] / 2)]
+        boxed = extents is not None and any(
+            np.all(np.abs(centers[[k, n]] - centers[b]) <= extents[b] / 2) for k in kept for b in range(len(centers))
+        )
+        if not near and not boxed:
+            kept.append(int(n))
+    return kept
+
+
+@pytest.mark.parametrize("box_merge", [False, True])
+def test_duplicate_suppression_keeps_what_one_by_one_greedy_keeps(box_merge: bool) -> None:
+    """Clusters of candidates (several on one nodule, boxes of all sizes, tied scores): the kept indices, in order,
+    are those of the greedy pass that checks each candidate against every kept one in turn."""
+    rng = np.random.default_rng(11)
+    hubs = rng.uniform(-60.0, 60.0, size=(12, 3))
+    centers = hubs[rng.integers(0, len(hubs), 90)] + rng.normal(0.0, 3.0, size=(90, 3))
+    diam = rng.choice([3.0, 4.5, 6.5, 12.0, 25.0], size=90)
+    extents = diam[:, None] * rng.uniform(0.6, 1.4, size=(90, 3))
+    scores = np.round(rng.uniform(0.0, 1.0, 90), 1)  # ties: the earlier candidate goes first
+    for min_distance_mm, radius_factor in ((3.0, 1.0), (3.0, 2.0), (8.0, 0.5)):
+        got = suppress_duplicates(
+            centers,
+            diam,
+            scores,
+            min_distance_mm=min_distance_mm,
+            radius_factor=radius_factor,
+            extents_mm=extents if box_merge else None,
+        )
+        want = _greedy_one_by_one(centers, diam, scores, min_distance_mm, radius_factor, extents if box_merge else None)
+        assert 12 <= len(want) < 80
+        assert got.tolist() == want
+
+
 class _Lopsided(torch.nn.Module):
     """Logit = sum of the patch's first half along L minus its second half: not mirror-invariant."""
 
