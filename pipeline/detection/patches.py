@@ -49,14 +49,22 @@ def extract_patches(volume: CTVolume, centers_lps: np.ndarray, *, patch: int = 2
     size_kji = volume.array.shape
     ijk = volume.lps_to_index(centers).reshape(-1, 3)
     # per array axis (k, j, i): each cube's first voxel (N,), width (N,) and weights (N, P, widest)
-    axes = [_axis_weights(ijk[:, a, None] + ax[None, :] * step[a], size_kji[2 - a]) for a in (2, 1, 0)]
-    lo_hu, hi_hu = HU_WINDOW
+    (fk, nk, wk), (fj, nj, wj), (fi, ni, wi) = (
+        _axis_weights(ijk[:, a, None] + ax[None, :] * step[a], size_kji[2 - a]) for a in (2, 1, 0)
+    )
+    fk, nk, fj, nj, fi, ni = (v.tolist() for v in (fk, nk, fj, nj, fi, ni))  # Python ints: cheap slicing below
+    cubes = np.empty((len(ijk), patch, patch, patch), dtype=np.float32)  # (a, b, c) along k, j, i
     for n in range(len(ijk)):
-        (fk, nk, wk), (fj, nj, wj), (fi, ni, wi) = ((int(f[n]), int(w[n]), wt[n, :, : w[n]]) for f, w, wt in axes)
-        crop = np.asarray(volume.array[fk : fk + nk, fj : fj + nj, fi : fi + ni], dtype=np.float32)
-        cube = np.tensordot(wk, np.tensordot(wj, crop @ wi.T, axes=([1], [1])), axes=([1], [1]))  # (a, b, c) of k, j, i
-        cube = cube.transpose(order)
-        out[n] = (np.clip(cube, lo_hu, hi_hu) - lo_hu) / (hi_hu - lo_hu)
+        crop = np.asarray(volume.array[fk[n] : fk[n] + nk[n], fj[n] : fj[n] + nj[n], fi[n] : fi[n] + ni[n]], dtype=np.float32)
+        along_i = crop @ wi[n, :, : ni[n]].T  # (k, j, c)
+        along_j = np.matmul(wj[n, :, : nj[n]], along_i)  # (k, b, c)
+        np.matmul(wk[n, :, : nk[n]], along_j.reshape(nk[n], -1), out=cubes[n].reshape(patch, -1))  # (a, b * c)
+    # [S, P, L], windowed: the whole stack at once
+    out[:] = cubes.transpose(0, *(o + 1 for o in order))
+    lo_hu, hi_hu = HU_WINDOW
+    np.clip(out, lo_hu, hi_hu, out=out)
+    out -= np.float32(lo_hu)
+    out /= np.float32(hi_hu - lo_hu)
     return out
 
 
