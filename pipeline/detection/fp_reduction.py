@@ -79,8 +79,10 @@ log = logging.getLogger(__name__)
 #: 24^3 are 28 MB as float32).
 PATCH_BATCH = 256
 #: Patches the classifier's network sees at once on a CPU (:func:`~.fp_classifier.patch_logits`): a batch's
-#: activations then stay in the processor's caches (on 2 CPU cores the network takes about a fifth less time than
-#: with 256 at a time; the same probabilities to float32 rounding). Other devices take a whole :data:`PATCH_BATCH`.
+#: activations then stay in the processor's caches (on 2 otherwise idle CPU cores the network takes about a fifth
+#: less time than with 256 at a time; the same probabilities to float32 rounding). On cores shared with other busy
+#: processes the gain can turn into a loss: more, smaller batches wait more often on a thread that is not running.
+#: Other devices take a whole :data:`PATCH_BATCH`.
 NETWORK_BATCH_CPU = 64
 BOX_TRUST = 0.5  # a merged network box stands for the blob inside it when it scores at least this share of the blob's score
 
