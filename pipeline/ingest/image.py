@@ -7,6 +7,7 @@ file's own convention (a NIfTI is RAS on disk: its affine is converted). Used by
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,21 @@ from ..errors import GeometryError, UnreadableFileError
 from ..volume import IMAGE_SUFFIXES, CTVolume, image_suffix
 from .rawheader import dicom_data_start
 
-__all__ = ["IMAGE_SUFFIXES", "archive_kind", "image_suffix", "read_image", "starts_like_dicom", "unpack_fix"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "archive_kind",
+    "image_suffix",
+    "label_map_warning",
+    "read_image",
+    "starts_like_dicom",
+    "unpack_fix",
+]
+
+log = logging.getLogger(__name__)
+
+# at most this many distinct non-negative integer values: a label map, not a CT (a CT has air at about -1000 HU and
+# well over a thousand distinct values; TotalSegmentator's "total" task has 117 labels, a CIP labelmap a few dozen)
+LABEL_MAP_MAX_VALUES = 256
 
 
 def read_image(path: str | Path) -> CTVolume:
@@ -25,6 +40,8 @@ def read_image(path: str | Path) -> CTVolume:
     SimpleITK reads the file and gives its geometry in LPS (mm), whatever the file's convention (a NIfTI
     is RAS on disk; its affine is converted). ``metadata["SeriesInstanceUID"]`` is the file's name without
     the ending (``chest`` for ``chest.nii.gz``), the name of the case's outputs.
+    A file that looks like a label map (:func:`label_map_warning`) loads as it is, with a warning logged and added
+    to ``metadata["warnings"]``.
     Raises :class:`~pipeline.errors.UnreadableFileError` when SimpleITK cannot read the file,
     :class:`~pipeline.errors.GeometryError` naming the file when it holds no 3-D scalar volume (a 2-D, 4-D or
     vector image).
@@ -53,7 +70,38 @@ def read_image(path: str | Path) -> CTVolume:
     except GeometryError as exc:  # not one 3-D scalar volume: say which file
         raise GeometryError(exc.problem, where=path, fix=exc.fix) from exc
     dtype = _hu_dtype(volume.array)
-    return volume if dtype == volume.array.dtype else volume.with_array(volume.array.astype(dtype))
+    if dtype != volume.array.dtype:
+        volume = volume.with_array(volume.array.astype(dtype))
+    if warning := label_map_warning(volume.array, path):
+        log.warning("%s", warning)
+        volume = CTVolume(volume.array, volume.geometry, metadata={**volume.metadata, "warnings": [warning]})
+    return volume
+
+
+def label_map_warning(values: np.ndarray, path: Path) -> str | None:
+    """What to tell a user whose image file ``path`` holds a label map (a segmentation) rather than a CT, or None.
+
+    A label map here: integer voxel values, none negative, at most :data:`LABEL_MAP_MAX_VALUES` distinct ones
+    (e.g. 0..117 for a TotalSegmentator result, 0/1 for a mask). A CT in HU has air near -1000 and far more distinct
+    values, so it never matches. The text names the file, what it holds and the fix: the CT image to load (other
+    image files in the same folder are listed) and how to wrap the labels (:class:`~pipeline.volume.LabelMap`).
+    """
+    if values.dtype.kind not in "iub" or values.size == 0 or int(values.min()) < 0:
+        return None
+    top = int(values.max())
+    if top <= np.iinfo(np.uint16).max:  # a count per value: linear time, at most 65536 counters
+        distinct = np.flatnonzero(np.bincount(values.ravel().astype(np.intp, copy=False)))
+    else:
+        distinct = np.unique(values)
+    if distinct.size > LABEL_MAP_MAX_VALUES:
+        return None
+    beside = sorted(p.name for p in path.parent.iterdir() if p != path and p.is_file() and image_suffix(p))
+    others = f" (beside it: {', '.join(beside[:4])}{', ...' if len(beside) > 4 else ''})" if beside else ""
+    return (
+        f"{path}: this looks like a label map (a segmentation), not a CT in HU: {distinct.size} distinct integer "
+        f"values, {int(distinct[0])}..{top}; detect and reconstruct need HU values. Fix: load the CT image instead"
+        f"{others}; to use the labels, wrap the loaded arrays: LabelMap(vol.array, vol.geometry)"
+    )
 
 
 def _hu_dtype(values: np.ndarray) -> np.dtype:
