@@ -46,6 +46,9 @@ FINDING_COLUMNS = [
     "frame_number",
     "series_uid",
 ]
+# decimals (mm) the coordinates are given to: the SR's GraphicData is FL (float32), exact to better than 0.0005 mm
+# anywhere within ±4 m of the origin, so a centre written as -21.81 reads back as -21.81, not -21.809999
+COORDINATE_DECIMALS = 3
 _ALGORITHM_NAME = ("111001", "DCM")
 _ALGORITHM_VERSION = ("111003", "DCM")
 _ALGORITHM_PARAMETERS = ("111002", "DCM")
@@ -124,12 +127,14 @@ def _site(group: Any) -> tuple[str | None, str | None]:
 
 
 def _geometry(roi: Any) -> dict[str, Any]:
+    """Centre and box bounds (LPS mm, rounded to :data:`COORDINATE_DECIMALS`) of the ROI's SCOORD3D, its graphic type,
+    frame of reference and referenced source image."""
     data = np.asarray(roi.graphic_data, dtype=np.float64).reshape(-1, 3)
     center = data.mean(axis=0)
     out: dict[str, Any] = {
-        "center_x": center[0],
-        "center_y": center[1],
-        "center_z": center[2],
+        "center_x": round(float(center[0]), COORDINATE_DECIMALS),
+        "center_y": round(float(center[1]), COORDINATE_DECIMALS),
+        "center_z": round(float(center[2]), COORDINATE_DECIMALS),
         "graphic_type": str(roi.graphic_type.value),
         "frame_of_reference_uid": str(roi.frame_of_reference_uid),
     }
@@ -140,8 +145,8 @@ def _geometry(roi: Any) -> dict[str, Any]:
             v = (b - a) / 2
             half[int(np.argmax(np.abs(v)))] = float(np.linalg.norm(v))
     for axis, name in enumerate("xyz"):
-        out[f"box_min_{name}"] = center[axis] - half[axis]
-        out[f"box_max_{name}"] = center[axis] + half[axis]
+        out[f"box_min_{name}"] = round(float(center[axis] - half[axis]), COORDINATE_DECIMALS)
+        out[f"box_max_{name}"] = round(float(center[axis] + half[axis]), COORDINATE_DECIMALS)
     images = roi.source_images_for_segmentation if roi.has_source_images else []
     if images:
         ref = images[0]
@@ -171,7 +176,9 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
 
     Columns (:data:`FINDING_COLUMNS`): ``center_x/y/z`` (centre of the ellipsoid or the point, LPS mm),
     ``box_min/max_x/y/z`` (the ellipsoid's extent, NaN for a point: around the segmented nodule when it was
-    segmented, else the detector's box), ``diameter_mm`` (the segmented nodule's equivalent diameter, not the detector
+    segmented, else the detector's box); these coordinates are stored in the SR as single-precision floats (FL) and
+    given rounded to 0.001 mm (:data:`COORDINATE_DECIMALS`), what the SR holds, so that they equal the findings'
+    values to that precision (``-21.81``, not the float32 ``-21.809999``); ``diameter_mm`` (the segmented nodule's equivalent diameter, not the detector
     box's ``diameter_mm`` of ``open_run(...).findings``), ``long_axis_mm``, ``volume_mm3`` (these three NaN when the
     nodule was not segmented, as in ``ctpipe detect``'s SR), ``score``, ``side``, ``lobe``, ``composition``, the referenced
     source image's ``sop_instance_uid`` (and ``frame_number`` in a multi-frame source), and the ``series_uid`` of the
