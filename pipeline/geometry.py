@@ -39,6 +39,22 @@ def _as_vec3(value: Sequence[float] | np.ndarray, name: str) -> tuple[float, flo
     return (float(arr[0]), float(arr[1]), float(arr[2]))
 
 
+def _spacing3(spacing: float | Sequence[float]) -> tuple[float, float, float]:
+    """A voxel size in mm as (i, j, k): one number (isotropic) or three; :class:`GeometryError` naming the value."""
+    fix = "pass one number for isotropic voxels, e.g. 2.0 for 2 mm, or 3 numbers in mm along (i, j, k), e.g. (0.8, 0.8, 2.0)"
+    try:
+        arr = np.asarray(spacing, dtype=np.float64)
+    except (TypeError, ValueError):
+        arr = np.empty(0)
+    if isinstance(spacing, bool) or arr.ndim == 0 and not np.isfinite(arr):
+        arr = np.empty(0)
+    elif arr.ndim == 0:
+        arr = np.full(3, float(arr))
+    if arr.shape != (3,) or not np.all(np.isfinite(arr)):
+        raise GeometryError(f"spacing must be one number or 3 numbers (i, j, k) in mm, got {spacing!r}", fix=fix)
+    return (float(arr[0]), float(arr[1]), float(arr[2]))
+
+
 def _points(values: np.ndarray | Sequence[float], what: str) -> np.ndarray:
     """``values`` as a float array whose last axis holds 3 coordinates; :class:`GeometryError` otherwise."""
     arr = np.asarray(values, dtype=np.float64)
@@ -329,17 +345,19 @@ class Geometry:
         values.update(changes)
         return Geometry(**values)
 
-    def resampled(self, spacing: Sequence[float]) -> Geometry:
-        """The grid covering the same extent with a new ``spacing`` (i, j, k) in mm.
+    def resampled(self, spacing: float | Sequence[float]) -> Geometry:
+        """The grid covering the same extent with a new ``spacing`` in mm: 3 numbers along (i, j, k), or one number
+        for isotropic voxels (``2`` is ``(2, 2, 2)``, as MONAI's ``Spacing(pixdim=2)`` and TorchIO's
+        ``Resample(2)`` take it).
 
         Voxel 0 keeps its position; the size along each axis is
         ``max(1, round(n * old / new))``.
         """
-        new = _as_vec3(spacing, "spacing")
+        new = _spacing3(spacing)
         if min(new) <= 0:
             raise GeometryError(
-                f"the new spacing must be > 0 mm on every axis (i, j, k), got {new}",
-                fix="pass the voxel size wanted in mm, e.g. (1.0, 1.0, 1.0)",
+                f"the new spacing must be > 0 mm on every axis (i, j, k), got {spacing!r}",
+                fix="pass the voxel size wanted in mm, e.g. 1.0 (isotropic) or (1.0, 1.0, 1.0) along (i, j, k)",
             )
         size = [max(1, int(round(n * s / t))) for n, s, t in zip(self.size_ijk, self.spacing, new)]
         return self.with_(shape=(size[2], size[1], size[0]), spacing=new)

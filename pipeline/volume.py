@@ -310,12 +310,14 @@ class CTVolume(_SpatialArray):
 
     def resample(
         self,
-        spacing: Sequence[float],
+        spacing: float | Sequence[float],
         *,
         order: Literal["linear", "nearest"] = "linear",
         device: str | None = None,
     ) -> CTVolume:
-        """Resample to ``spacing`` (i, j, k) mm; trilinear by default. See :func:`~pipeline.resample.resample_array`."""
+        """Resample to ``spacing`` in mm: (i, j, k), or one number for isotropic voxels (``resample(2)`` is
+        ``resample((2, 2, 2))``); trilinear by default, the grid's origin and direction (LPS) kept. See
+        :func:`~pipeline.resample.resample_array`."""
         geom = self.geometry.resampled(spacing)
         out = resample_array(self.array, self.geometry, geom, order=order, device=device)
         if order == "linear" and self.array.dtype.kind in "iu":
@@ -368,8 +370,8 @@ class LabelMap(_SpatialArray):
                 return self.array == value
         raise KeyError(f"no label named {name!r}; labels are {sorted(self.labels.values())}")
 
-    def resample(self, spacing: Sequence[float], *, device: str | None = None) -> LabelMap:
-        """Nearest-neighbour resampling to ``spacing`` (i, j, k) mm."""
+    def resample(self, spacing: float | Sequence[float], *, device: str | None = None) -> LabelMap:
+        """Nearest-neighbour resampling to ``spacing`` in mm: (i, j, k), or one number for isotropic voxels."""
         geom = self.geometry.resampled(spacing)
         out = resample_array(self.array, self.geometry, geom, order="nearest", device=device)
         return LabelMap(out, geom, labels=self.labels)

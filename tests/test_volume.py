@@ -144,6 +144,10 @@ def test_crop_outside_the_grid_is_an_error():
         (lambda v: v.geometry.binned((1, 1)), r"steps must be 3 whole numbers.*\(1, 1\)"),
         (lambda v: v.geometry.binned((1, 0, 2)), r"steps must be 3 whole numbers.*1 or more.*\(1, 0, 2\)"),
         (lambda v: v.resample((-1.0, 1.0, 1.0)), r"new spacing must be > 0 mm.*\(-1\.0, 1\.0, 1\.0\)"),
+        (lambda v: v.resample((1.0, 2.0)), r"spacing must be one number or 3 numbers \(i, j, k\) in mm, got \(1\.0, 2\.0\)"),
+        (lambda v: v.resample("2mm"), r"spacing must be one number or 3 numbers.*got '2mm'"),
+        (lambda v: v.resample(True), r"spacing must be one number or 3 numbers.*got True"),
+        (lambda v: v.resample(-2), r"new spacing must be > 0 mm.*got -2"),
         (lambda v: v.index_to_lps([[1, 2]]), r"voxel indices \(i, j, k\) must have 3 coordinates.*shape \(1, 2\)"),
         (lambda v: v.lps_to_index((1.0, 2.0)), r"LPS points \(x, y, z\) in mm must have 3 coordinates.*shape \(2,\)"),
     ],
@@ -152,6 +156,16 @@ def test_wrong_corners_spacings_and_points_are_refused_with_the_value(call, word
     with pytest.raises(GeometryError, match=words) as err:
         call(_volume())
     assert err.value.fix
+
+
+def test_one_number_resamples_to_isotropic_voxels_like_monai_and_torchio():
+    vol = _volume()
+    labels = LabelMap((vol.array > 0).astype(np.uint8), vol.geometry, labels={1: "x"})
+    for spacing in (2, 2.0, np.float32(2.0)):
+        out = vol.resample(spacing, device="cpu")
+        assert out.spacing == (2.0, 2.0, 2.0) and out.origin == vol.origin
+        assert np.array_equal(out.array, vol.resample((2.0, 2.0, 2.0), device="cpu").array)
+        assert labels.resample(spacing, device="cpu").geometry == out.geometry
 
 
 def test_crop_keeps_the_kept_slices_source_references_and_resampling_drops_them():
