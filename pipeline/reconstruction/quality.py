@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from scipy import ndimage
@@ -132,6 +132,33 @@ class QualityReport:
 
     def has(self, code: str) -> bool:
         return code in self.codes
+
+    def __repr__(self) -> str:
+        """One line, as a notebook echoes it: lung coverage, contrast phase, the flags counted by severity with their
+        codes and the number of unreliable figures; ``str()`` (``print(report)``) gives the messages and figures."""
+        parts = [f"lung_coverage={self.lung_coverage!r}", f"contrast_phase={self.contrast_phase!r}"]
+        for severity in get_args(Severity):
+            codes = [f.code for f in self.flags if f.severity == severity]
+            if codes:
+                parts.append(f"{len(codes)} {severity}{'s' if severity == 'warning' and len(codes) > 1 else ''} {codes}")
+        if not self.flags:
+            parts.append("no flags")
+        if self.unreliable:
+            parts.append(f"{len(self.unreliable)} unreliable figure{'s' if len(self.unreliable) > 1 else ''}")
+        return f"QualityReport({', '.join(parts)}; print() for the messages)"
+
+    def __str__(self) -> str:
+        """The whole report, one line each: coverage and phase, every flag (severity, code, message with its measured
+        figure), the unreliable figures and the figures measured (their units in their names: mL, mm², cm², HU)."""
+        lines = [f"QualityReport: lung coverage {self.lung_coverage}, contrast phase {self.contrast_phase}"]
+        width = max((len(f.code) for f in self.flags), default=0)
+        lines += [f"  {f.severity:<7}  {f.code:<{width}}  {f.message}" for f in self.flags] or ["  no flags"]
+        if self.unreliable:
+            lines.append(f"  unreliable: {', '.join(self.unreliable)}")
+        if self.figures:
+            figures = ", ".join(f"{k} {'none' if v is None else format(float(v), '.6g')}" for k, v in self.figures.items())
+            lines.append(f"  figures: {figures}")
+        return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
