@@ -83,10 +83,11 @@ class RunResults:
     def __init__(self, run_dir: str | os.PathLike[str] | RunSummary):
         if isinstance(run_dir, RunSummary):  # what run_batch returned: its run folder
             run_dir = run_dir.run_dir
-        self.run_dir = require_path(
+        given = require_path(
             run_dir, where="run_dir", error=RunStoreError, what="a folder", fix="give a folder written by `ctpipe run --out`"
-        ).absolute()  # its paths (cases' folders, dicom_outputs) stay right when the notebook changes folder
-        t = read_tables(self.run_dir)
+        )
+        t = read_tables(given)  # as given: its errors tell a path written with '~' from a missing one
+        self.run_dir = given.absolute()  # its paths (cases' folders, dicom_outputs) stay right when the notebook moves
         self.runs: pd.DataFrame = t["runs"]
         self.cases: pd.DataFrame = t["cases"]
         self.stages: pd.DataFrame = t["stages"]
