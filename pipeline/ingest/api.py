@@ -221,20 +221,14 @@ def load_series(
     a ``spacing_tolerance`` outside 0..1).
     """
     _check_load_arguments(path)
-    check_ingest_options(
-        rules=rules,
-        spacing_tolerance=spacing_tolerance,
-        allow_gantry_tilt=allow_gantry_tilt,
-        keep_identifiers=keep_identifiers,
-        workers=workers,
-    )
-    rules = rules or SelectionRules()
-    p = Path(path)
     options: dict[str, Any] = {
         "spacing_tolerance": spacing_tolerance,
         "allow_gantry_tilt": allow_gantry_tilt,
         "keep_identifiers": keep_identifiers,
     }
+    check_ingest_options(rules=rules, workers=workers, **options)  # a file is read without scan_directory's check
+    rules = rules or SelectionRules()
+    p = Path(path)
     if p.is_file() and image_suffix(p):
         if series_uid is not None:
             raise NoSeriesFoundError(
