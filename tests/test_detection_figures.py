@@ -170,3 +170,44 @@ def test_the_title_gives_the_score_as_the_findings_table_does(monkeypatch):
     vol = _volume_with_markers(DIRECTIONS["LPS"])
     finding_png(vol, replace(_finding_at_centre(vol, 5.0), score=0.99891), rank=1)
     assert titles and titles[0].startswith("#1 score 0.999, box 5.0 mm at LPS (10.0, -20.0, 30.0) mm"), titles
+
+
+def _texts_outside_the_figure(monkeypatch, draw) -> list[str]:
+    """The texts of the figures ``draw()`` saves that reach beyond the figure's edges (cut off in the PNG)."""
+    import matplotlib.figure
+
+    outside: list[str] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        real(fig, *args, **kwargs)
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw(renderer)
+        width, height = fig.bbox.width, fig.bbox.height
+        texts = [*fig.texts, *([fig._suptitle] if fig._suptitle else [])]
+        texts += [t for ax in fig.axes for t in (*ax.texts, ax.title)]
+        for t in texts:
+            if not t.get_visible() or not t.get_text():
+                continue
+            box = t.get_window_extent(renderer)
+            if box.x0 < -0.5 or box.x1 > width + 0.5 or box.y0 < -0.5 or box.y1 > height + 0.5:
+                outside.append(t.get_text())
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    draw()
+    return outside
+
+
+def test_a_long_quality_warning_is_wrapped_not_cut_off(monkeypatch):
+    # was: on the COPDGene chest (4 mm slices of 4.17 mm pixels) the two flags' sentences ran past both edges of the
+    # PNG: "t slices: small nodules unreliable (3.99 mm > 2.5 mm); coarse pixels: ... pixels > 2.5"
+    warning = (
+        "thick slices: small nodules unreliable (3.99 mm > 2.5 mm); "
+        "coarse pixels: small nodules unreliable (4.17 x 4.17 mm pixels > 2.5 mm)"
+    )
+    vol = _volume_with_markers(DIRECTIONS["LPS"])
+    f = _finding_at_centre(vol, 5.0)
+    outside = _texts_outside_the_figure(monkeypatch, lambda: finding_png(vol, f, warning=warning, footer="model m"))
+    assert outside == [], f"cut off at the PNG's edges: {outside}"

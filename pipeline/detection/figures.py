@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import logging
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,6 +34,7 @@ LUNG_WINDOW = (-1350.0, 150.0)  # level -600, width 1500 HU
 SLAB_MM = 10.0
 CLOSE_UP_MM = 50.0  # field of view of the close-ups
 CLOSE_UP_PIXELS = 81  # odd, so that the finding's centre is a pixel's centre
+WARNING_CHARS = 100  # characters per line of the warning under the title: the 810-pixel wide PNG holds them whole
 _LABEL_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
 #: The close-ups: name, the letters at the image's left and right edges, and what is up.
 PLANES = (("axial", "R", "L", "anterior"), ("coronal", "R", "L", "superior"), ("sagittal", "A", "P", "superior"))
@@ -98,8 +100,9 @@ def finding_png(
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
     ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`), lung window, box in
     red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
-    its centre, blank beyond the series' first and last slices. ``warning`` (e.g. the thick-slice flag) is written under the title, ``footer`` (the model) at the
-    bottom."""
+    its centre, blank beyond the series' first and last slices. ``warning`` (the quality flags' sentences joined by
+    "; ", e.g. the thick-slice flag) is written under the title, one flag a line, wrapped at :data:`WARNING_CHARS`
+    characters (the figure grows by a line's height for each); ``footer`` (the model) at the bottom."""
     import matplotlib
     from matplotlib.figure import Figure
     from matplotlib.patches import Circle, Rectangle
@@ -107,10 +110,10 @@ def finding_png(
     k = f.voxel_ijk[2]
     axial, mip, n_slab, (i0, i1, j0, j1) = axial_view(volume, f)
     sx, sy, _ = volume.geometry.spacing_lps()
-    fig = Figure(figsize=(9, 7.6), dpi=90)
-    grid = fig.add_gridspec(
-        2, 2, height_ratios=(4.6, 3.0), top=0.88 if warning else 0.93, bottom=0.02, left=0.02, right=0.98, hspace=0.12
-    )
+    warning_lines = warning_text_lines(warning)
+    fig = Figure(figsize=(9, 7.6 + 0.2 * len(warning_lines)), dpi=90)
+    top = 1.0 - (0.5 + 0.2 * len(warning_lines)) / (7.6 + 0.2 * len(warning_lines))  # title and warning above the images
+    grid = fig.add_gridspec(2, 2, height_ratios=(4.6, 3.0), top=top, bottom=0.02, left=0.02, right=0.98, hspace=0.12)
     for n, (img, title) in enumerate(
         (
             (axial, f"{slice_label} {f.slice_number} (k={k})"),
@@ -149,12 +152,21 @@ def finding_png(
     ax.set_axis_off()
     c = f.center_lps
     title = f"#{rank} score {f.score:.3f}, box {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"
-    fig.suptitle(title + (f"\n{warning}" if warning else ""), fontsize=10, color="black" if not warning else "#a05a00")
+    fig.suptitle("\n".join([title, *warning_lines]), fontsize=10, color="black" if not warning else "#a05a00")
     if footer:
         fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=7, color="#555555")
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+def warning_text_lines(warning: str | None) -> list[str]:
+    """The lines of the warning written under a finding PNG's title: each flag's sentence (flags are joined by "; ")
+    on lines of at most :data:`WARNING_CHARS` characters, so that none runs past the PNG's edges."""
+    if not warning:
+        return []
+    parts = [p.strip() for p in warning.split("; ") if p.strip()]
+    return [line for part in parts for line in textwrap.wrap(part, WARNING_CHARS)]
 
 
 def model_footer(model: str) -> str | None:
