@@ -192,3 +192,26 @@ def test_titles_letters_and_legends_fit_the_png_whatever_the_image_shape(tmp_pat
         assert title.y0 >= ax.get_window_extent(renderer).y1 - 0.5, ax.get_title()  # above the image
         if legend:
             assert not any(legend.get_window_extent(renderer).overlaps(b) for b in letters), ax.get_title()
+
+
+def test_the_legend_hides_no_anatomy(tmp_path, monkeypatch):
+    """A chest's coronal plane 500 mm wide and 282 mm high fills the PNG's width: the legend was drawn over the image's
+    lower right corner (on the real planning chest, over the left lung's base and costophrenic angle). It lies beside
+    the image now, never over it, in all three planes."""
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(141, 128, 128), spacing=(3.9, 3.9, 2.0), origin=(-250.0, -250.0, -164.5))
+    body = np.zeros(geom.shape, bool)
+    body[:, 10:-10, 5:-5] = True
+    lungs = np.zeros(geom.shape, bool)
+    lungs[20:130, 30:90, 20:108] = True
+    vol = CTVolume(np.where(body, 40.0, -1000.0).astype(np.float32), geom)
+    render_mpr(vol, {"body": body, "lung_left": lungs & (lps_grids(geom)[0] > 0), "lung_right": lungs}, tmp_path, stem="c")
+    assert len(figures) == 3
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        legend, image = ax.get_legend(), ax.images[0].get_window_extent(renderer)
+        assert legend is not None, ax.get_title()
+        box = legend.get_window_extent(renderer)
+        assert fig.bbox.x0 - 0.5 <= box.x0 and box.x1 <= fig.bbox.x1 + 0.5 and box.y0 >= fig.bbox.y0 - 0.5, ax.get_title()
+        assert not box.overlaps(image), f"{ax.get_title()}: the legend {box} lies over the image {image}"

@@ -56,6 +56,8 @@ def source_slices(volume: CTVolume, za: int, zb: int) -> str:
 #: image (the coronal plane of a long scan) still holds its title, letters and legend.
 TITLE_PX = 50
 MIN_WIDTH_PX = 520
+#: Pixels below each MPR image for the legend of its outlines: one row, beside the image, not over it.
+LEGEND_PX = 24
 
 
 def _figure(width_px: int, height_px: int):
@@ -66,13 +68,15 @@ def _figure(width_px: int, height_px: int):
     return fig
 
 
-def _image_figure(w_mm: float, h_mm: float):
+def _image_figure(w_mm: float, h_mm: float, *, legend_px: int = 0):
     """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
-    :data:`TITLE_PX` above it for the title and at least :data:`MIN_WIDTH_PX` wide."""
+    :data:`TITLE_PX` above it for the title, ``legend_px`` below it for a legend (so that the legend hides no
+    anatomy), and at least :data:`MIN_WIDTH_PX` wide."""
     scale = 640.0 / max(h_mm, w_mm)
     h_px = max(int(h_mm * scale), 1)
-    fig = _figure(max(int(w_mm * scale) + 20, MIN_WIDTH_PX), h_px + TITLE_PX)
-    return fig, fig.add_axes((0, 0, 1, h_px / (h_px + TITLE_PX)))
+    total = h_px + TITLE_PX + legend_px
+    fig = _figure(max(int(w_mm * scale) + 20, MIN_WIDTH_PX), total)
+    return fig, fig.add_axes((0, legend_px / total, 1, h_px / total))
 
 
 def _save(fig, path: Path) -> Path:
@@ -123,7 +127,8 @@ def render_mpr(
     volume: CTVolume, masks: Mapping[str, np.ndarray], out: Path, *, stem: str, center_lps: np.ndarray | None = None
 ) -> list[Path]:
     """Axial, coronal and sagittal PNGs through ``center_lps`` (default: the lungs' or the volume's centre), soft-tissue
-    window, each mask outlined in its :data:`~.organs.OUTLINE_COLORS` colour with a legend."""
+    window, each mask outlined in its :data:`~.organs.OUTLINE_COLORS` colour, with a legend in one row below the image
+    (:data:`LEGEND_PX`), never over it."""
     from matplotlib.lines import Line2D
 
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
@@ -144,28 +149,32 @@ def render_mpr(
         img = _plane(view, plane, int(center_idx[fixed]))
         h_mm = img.shape[0] * spacing[rows]
         w_mm = img.shape[1] * spacing[cols]
-        fig, ax = _image_figure(w_mm, h_mm)
+        outlines = {organ: sl for organ, mv in mviews.items() if (sl := _plane(mv, plane, int(center_idx[fixed]))).any()}
+        outlines = {organ: sl for organ, sl in outlines.items() if not sl.all()}  # an edge to draw
+        fig, ax = _image_figure(w_mm, h_mm, legend_px=LEGEND_PX if outlines else 0)
         extent = (0, w_mm, h_mm, 0)
         ax.imshow(img, cmap="gray", vmin=SOFT_WINDOW[0], vmax=SOFT_WINDOW[1], extent=extent, interpolation="nearest")
         drawn = []
-        for organ, mv in mviews.items():
-            sl = _plane(mv, plane, int(center_idx[fixed]))
-            if sl.any() and not sl.all():
-                xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
-                ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
-                colour = OUTLINE_COLORS.get(organ, "#ffffff")
-                ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
-                drawn.append(Line2D([], [], color=colour, label=organ.replace("_", " ")))
-        if drawn:  # which outline is which organ, in the figure's corner: beside a narrow image, not over its letters
+        for organ, sl in outlines.items():
+            xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
+            ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
+            colour = OUTLINE_COLORS.get(organ, "#ffffff")
+            ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
+            drawn.append(Line2D([], [], color=colour, label=organ.replace("_", " ")))
+        if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
             ax.legend(
                 handles=drawn,
-                loc="lower right",
-                bbox_to_anchor=(1, 0),
+                loc="lower center",
+                bbox_to_anchor=(0.5, 0),
                 bbox_transform=fig.transFigure,
+                ncol=len(drawn),
                 fontsize=7,
                 facecolor="black",
                 edgecolor="none",
                 labelcolor="white",
+                borderpad=0.3,
+                handlelength=1.5,
+                columnspacing=1.2,
             )
         pos = lo[fixed] + center_idx[fixed] * spacing[fixed]
         slices = source_slices(volume, int(center_idx[fixed]), int(center_idx[fixed])) if plane == "axial" else ""
