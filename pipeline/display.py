@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .detection.findings import slice_label, slice_number_of, slice_number_source
+from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import OUTLINE_COLORS
@@ -260,7 +261,8 @@ def show(
         ``ctpipe detect`` writes), or a table: ``open_run(...).findings`` or
         :func:`~pipeline.dicom_out.read_sr_findings` (``center_x/y/z`` LPS mm; where ``diameter_mm`` is NaN, the
         box's equivalent diameter); each finding whose sphere crosses the plane, or whose centre is nearest to it, is
-        circled and labelled with its score. Findings of another series than the volume's are refused (a table of
+        circled and labelled with its score as the PNGs and the SR state it (three decimals, never a score below 1
+        as 1). Findings of another series than the volume's are refused (a table of
         several series: only this series' rows are drawn); findings without a series UID are drawn with a logged
         warning that they could not be checked.
     recon: a :class:`~pipeline.reconstruction.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
@@ -316,7 +318,7 @@ def show(
         r = max(np.sqrt(max(r_mm**2 - dz**2, 0.0)), 2.0 * sx)  # radius (mm) in this plane, at least 2 pixels
         ax.add_patch(Ellipse((x, y), 2 * r / sx, 2 * r / sy, fill=False, color="#ff3030", linewidth=1.5))
         if np.isfinite(row.score):
-            ax.text(x + r / sx + 2, y, f"{row.score:.2f}", color="#ff3030", fontsize=8)
+            ax.text(x + r / sx + 2, y, f"{stated_score(row.score):.3f}", color="#ff3030", fontsize=8)
     for letter, fx, fy in EDGE_LETTERS:
         ax.text(fx, fy, letter, transform=ax.transAxes, color="yellow", fontsize=9, ha="center", va="center", bbox=_LETTER_BOX)
     ax.set_title(_title(volume, z, k_here, drawn, len(rows)), fontsize=9)

@@ -391,3 +391,14 @@ def test_a_short_series_name_is_not_shown_as_the_end_of_a_longer_one():
     assert show(_lps_volume(SeriesInstanceUID="example_ct")).get_title().endswith(" · series example_ct")
     long = "1.2.826.0.1.3680043.8.498.12452262804706837244"
     assert show(_lps_volume(SeriesInstanceUID=long)).get_title().endswith(f" · series …{long[-12:]}")
+
+
+def test_each_circle_gives_the_score_as_the_findings_table_png_and_sr_do():
+    # was: "1.00" beside a finding that ctpipe detect, its PNG and the SR give as 0.997 (the planning chest's nodule 2)
+    vol = _lps_volume()
+    centre = vol.index_to_lps([24.0, 4.0, 10.0])
+    scores = {0.99694: "0.997", 0.99996: "0.999", 0.5: "0.500"}  # never a score below 1 stated as 1
+    for score, text in scores.items():
+        ax = show(vol, findings=[{"center_lps": centre.tolist(), "diameter_mm": 6.0, "score": score}])
+        labels = [t.get_text() for t in ax.texts if t.get_text() not in ("R", "L", "A", "P")]
+        assert labels == [text], (score, labels)
