@@ -170,6 +170,8 @@ def test_the_title_gives_the_score_as_the_findings_table_does(monkeypatch):
     vol = _volume_with_markers(DIRECTIONS["LPS"])
     finding_png(vol, replace(_finding_at_centre(vol, 5.0), score=0.99891), rank=1)
     assert titles and titles[0].startswith("#1 score 0.999, box 5.0 mm at LPS (10.0, -20.0, 30.0) mm"), titles
+    finding_png(vol, replace(_finding_at_centre(vol, 5.0), score=0.99996), rank=1)  # the SR states 0.999, never 1
+    assert titles[-1].startswith("#1 score 0.999,"), titles[-1]
 
 
 def _texts_outside_the_figure(monkeypatch, draw) -> list[str]:

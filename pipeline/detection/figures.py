@@ -8,7 +8,8 @@ would otherwise show up upside down and mirrored): the series' voxels, transpose
 (:func:`patient_planes`) are resampled around the finding's centre in patient axes, in the same convention, so that
 a reader can tell a nodule (round in all three planes) from a vessel (a line in at least one). The title names the
 slice as the scanner numbered it (its InstanceNumber, or frame number, when the series metadata lists them; see
-:func:`.findings.slice_ref`) and any quality flag of the findings (thick slices). Only reported findings get a PNG.
+:func:`.findings.slice_ref`), the score as the SR states it (three decimals, a score below 1 never as 1) and any
+quality flag of the findings (thick slices). Only reported findings get a PNG.
 The figures are drawn without pyplot (no display, and the calling application's matplotlib backend left as it is).
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..atomic import atomic_write_bytes
+from ..dicom_out.model import stated_score
 from ..volume import CTVolume
 from .findings import Finding, Findings, slice_label
 from .model_config import DEMO_MODEL_JSON
@@ -151,7 +153,8 @@ def finding_png(
     ax.imshow(strip, cmap=cmap, vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], interpolation="bilinear")
     ax.set_axis_off()
     c = f.center_lps
-    title = f"#{rank} score {f.score:.3f}, box {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"
+    score = stated_score(f.score)  # as the SR states it: 0.99996 is 0.999, never 1.000
+    title = f"#{rank} score {score:.3f}, box {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"
     fig.suptitle("\n".join([title, *warning_lines]), fontsize=10, color="black" if not warning else "#a05a00")
     if footer:
         fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=7, color="#555555")
