@@ -175,7 +175,8 @@ def test_the_title_gives_the_score_as_the_findings_table_does(monkeypatch):
 
 
 def _texts_outside_the_figure(monkeypatch, draw) -> list[str]:
-    """The texts of the figures ``draw()`` saves that reach beyond the figure's edges (cut off in the PNG)."""
+    """The texts of the figures ``draw()`` saves that reach beyond the figure's edges (cut off in the PNG), and the
+    titles of images that reach into the figure's title."""
     import matplotlib.figure
 
     outside: list[str] = []
@@ -196,6 +197,9 @@ def _texts_outside_the_figure(monkeypatch, draw) -> list[str]:
             box = t.get_window_extent(renderer)
             if box.x0 < -0.5 or box.x1 > width + 0.5 or box.y0 < -0.5 or box.y1 > height + 0.5:
                 outside.append(t.get_text())
+        if fig._suptitle:  # the title and warning lie above the images' titles, not on them
+            top = fig._suptitle.get_window_extent(renderer)
+            outside.extend(ax.get_title() for ax in fig.axes if ax.title.get_window_extent(renderer).y1 > top.y0 + 0.5)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     draw()

@@ -37,6 +37,7 @@ SLAB_MM = 10.0
 CLOSE_UP_MM = 50.0  # field of view of the close-ups
 CLOSE_UP_PIXELS = 81  # odd, so that the finding's centre is a pixel's centre
 WARNING_CHARS = 100  # characters per line of the warning under the title: the 810-pixel wide PNG holds them whole
+WARNING_LINE_INCHES = 0.25  # the figure grows by this for each line of the warning
 _LABEL_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
 #: The close-ups: name, the letters at the image's left and right edges, and what is up.
 PLANES = (("axial", "R", "L", "anterior"), ("coronal", "R", "L", "superior"), ("sagittal", "A", "P", "superior"))
@@ -113,8 +114,9 @@ def finding_png(
     axial, mip, n_slab, (i0, i1, j0, j1) = axial_view(volume, f)
     sx, sy, _ = volume.geometry.spacing_lps()
     warning_lines = warning_text_lines(warning)
-    fig = Figure(figsize=(9, 7.6 + 0.2 * len(warning_lines)), dpi=90)
-    top = 1.0 - (0.5 + 0.2 * len(warning_lines)) / (7.6 + 0.2 * len(warning_lines))  # title and warning above the images
+    height = 7.6 + WARNING_LINE_INCHES * len(warning_lines)
+    top = 1.0 - (0.5 + WARNING_LINE_INCHES * len(warning_lines)) / height  # the title and warning above the images
+    fig = Figure(figsize=(9, height), dpi=90)
     grid = fig.add_gridspec(2, 2, height_ratios=(4.6, 3.0), top=top, bottom=0.02, left=0.02, right=0.98, hspace=0.12)
     for n, (img, title) in enumerate(
         (
