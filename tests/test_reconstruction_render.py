@@ -215,3 +215,26 @@ def test_the_legend_hides_no_anatomy(tmp_path, monkeypatch):
         box = legend.get_window_extent(renderer)
         assert fig.bbox.x0 - 0.5 <= box.x0 and box.x1 <= fig.bbox.x1 + 0.5 and box.y0 >= fig.bbox.y0 - 0.5, ax.get_title()
         assert not box.overlaps(image), f"{ax.get_title()}: the legend {box} lies over the image {image}"
+
+
+def test_the_3d_preview_says_which_colour_is_which_organ(tmp_path, monkeypatch):
+    """The preview's titles listed the organs (``lung_left, lung_right, airway, bone``) without their colours: a
+    reader could not tell the right lung's green from the left lung's blue. A legend under the views names each
+    organ shown in its colour, as the MPRs' legends do."""
+    from matplotlib.colors import to_hex
+
+    from pipeline.reconstruction.organs import ORGAN_COLORS
+    from pipeline.reconstruction.render import render_preview
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(40, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -20.0))
+    meshes = {
+        name: mesh_from_mask(sphere_mask((40, 40, 60), (20, 20, i), 9), geom, name=name)
+        for name, i in (("lung_left", 45), ("lung_right", 15), ("body", 30))
+    }
+    render_preview(meshes, tmp_path, stem="p", size=128)
+    (fig,) = figures
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+    assert len(legends) == 1, "one legend of the organs' colours"
+    entries = {t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(legends[0].get_texts(), legends[0].legend_handles)}
+    assert entries == {"lung left": ORGAN_COLORS["lung_left"], "lung right": ORGAN_COLORS["lung_right"]}  # no body

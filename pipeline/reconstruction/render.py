@@ -56,7 +56,8 @@ def source_slices(volume: CTVolume, za: int, zb: int) -> str:
 #: image (the coronal plane of a long scan) still holds its title, letters and legend.
 TITLE_PX = 50
 MIN_WIDTH_PX = 520
-#: Pixels below each MPR image for the legend of its outlines: one row, beside the image, not over it.
+#: Pixels below each MPR image (and the 3-D preview) for the legend of its colours: one row, beside the image, not over
+#: it.
 LEGEND_PX = 24
 
 
@@ -304,16 +305,34 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
 
 
 def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: int = 512) -> Path:
-    """A PNG with the anterior and left views of the organ meshes (the body surface is left out)."""
+    """A PNG with the anterior and left views of the organ meshes (the body surface is left out), and under them a
+    legend naming each organ shown in its :data:`~.organs.ORGAN_COLORS` colour."""
+    from matplotlib.patches import Patch
+
     shown = {k: m for k, m in meshes.items() if k != "body"} or dict(meshes)
     views = [rasterise(shown, view="anterior", size=size), rasterise(shown, view="left", size=size)]
-    fig = _figure(2 * size, size + 40)
+    drawn = [k for k, m in shown.items() if m.n_triangles]
+    legend_px = LEGEND_PX if drawn else 0
+    total = size + 40 + legend_px
+    fig = _figure(2 * size, total)
     for n, (img, title, letters) in enumerate(
         zip(views, ("anterior view", "left lateral view"), (("R", "L", "S", "I"), ("A", "P", "S", "I")))
     ):
-        ax = fig.add_axes((n / 2, 0, 0.5, size / (size + 40)))
+        ax = fig.add_axes((n / 2, legend_px / total, 0.5, size / total))
         ax.imshow(img, interpolation="nearest")
         _labels(ax, *letters, f"{title}: {', '.join(shown)}")
+    if drawn:  # which colour is which organ
+        fig.legend(
+            handles=[Patch(facecolor=ORGAN_COLORS.get(k, "#cccccc"), label=k.replace("_", " ")) for k in drawn],
+            loc="lower center",
+            ncol=len(drawn),
+            fontsize=8,
+            facecolor="black",
+            edgecolor="none",
+            labelcolor="white",
+            borderpad=0.3,
+            columnspacing=1.5,
+        )
     return _save(fig, out / f"{stem}_preview3d.png")
 
 
