@@ -217,3 +217,24 @@ def test_a_long_quality_warning_is_wrapped_not_cut_off(monkeypatch):
     f = _finding_at_centre(vol, 5.0)
     outside = _texts_outside_the_figure(monkeypatch, lambda: finding_png(vol, f, warning=warning, footer="model m"))
     assert outside == [], f"cut off at the PNG's edges: {outside}"
+
+
+def test_the_slice_and_mip_are_lettered_on_all_four_edges(monkeypatch):
+    # was: R and L only; anterior and posterior unnamed on the two large images (the close-ups said "anterior up")
+    import matplotlib.figure
+
+    letters: list[dict[str, tuple[float, float]]] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        for ax in fig.axes[:2]:  # the slice and the MIP
+            letters.append({t.get_text(): t.get_position() for t in ax.texts if t.get_transform() == ax.transAxes})
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    vol = _volume_with_markers(DIRECTIONS["LPS"])
+    finding_png(vol, _finding_at_centre(vol, 5.0))
+    assert len(letters) == 2
+    for where in letters:
+        assert set(where) == {"R", "L", "A", "P"}, where
+        assert where["R"][0] < 0.5 < where["L"][0] and where["A"][1] > 0.5 > where["P"][1]  # axes fraction: y up

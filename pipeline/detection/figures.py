@@ -39,6 +39,9 @@ CLOSE_UP_PIXELS = 81  # odd, so that the finding's centre is a pixel's centre
 WARNING_CHARS = 100  # characters per line of the warning under the title: the 810-pixel wide PNG holds them whole
 WARNING_LINE_INCHES = 0.25  # the figure grows by this for each line of the warning
 _LABEL_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
+#: The letters on the edges of the slice and the MIP (axes fractions x, y): the patient's right on the image's left,
+#: anterior at the top.
+AXIAL_LETTERS = ((0.02, 0.5, "R"), (0.98, 0.5, "L"), (0.5, 0.97, "A"), (0.5, 0.03, "P"))
 #: The close-ups: name, the letters at the image's left and right edges, and what is up.
 PLANES = (("axial", "R", "L", "anterior"), ("coronal", "R", "L", "superior"), ("sagittal", "A", "P", "superior"))
 
@@ -101,8 +104,8 @@ def finding_png(
     footer: str | None = None,
 ) -> bytes:
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
-    ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`), lung window, box in
-    red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
+    ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`; edges lettered R, L,
+    A, P), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
     its centre, blank beyond the series' first and last slices. ``warning`` (the quality flags' sentences joined by
     "; ", e.g. the thick-slice flag) is written under the title, one flag a line, wrapped at :data:`WARNING_CHARS`
     characters (the figure grows by a line's height for each); ``footer`` (the model) at the bottom."""
@@ -134,8 +137,8 @@ def finding_png(
             aspect=sy / sx,
         )
         ax.add_patch(Rectangle((i0, j0), i1 - i0, j1 - j0, fill=False, edgecolor="red", linewidth=1.2))  # the box's edges
-        for x, letter in ((0.02, "R"), (0.98, "L")):
-            ax.text(x, 0.5, letter, transform=ax.transAxes, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
+        for x, y, letter in AXIAL_LETTERS:
+            ax.text(x, y, letter, transform=ax.transAxes, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
         ax.set_title(title, fontsize=9)
         ax.set_axis_off()
     # the close-ups side by side in one image (one axes draws far faster than three)
