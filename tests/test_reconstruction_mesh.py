@@ -160,3 +160,22 @@ def test_mesh_files_declare_lps_the_way_3d_slicer_reads_it(tmp_path, fmt):
         assert b"\ncomment SPACE=LPS\n" in raw[: raw.index(b"end_header")]
     else:
         assert raw.startswith(b"#") and b"SPACE=LPS" in raw.split(b"\n", 1)[0]
+
+
+def test_glb_files_carry_each_organs_colour(tmp_path):
+    """Every GLB was the same salmon whatever the organ: loaded together in a web viewer the lungs, the airway and the
+    bone could not be told apart. Each now has its organ's colour, as the 3-D preview draws it."""
+    import json
+    import struct
+
+    from pipeline.reconstruction.organs import ORGAN_COLORS
+
+    geom = _geom(np.eye(3), (20, 20, 20))
+    for organ in ("lung_left", "lung_right", "airway", "bone"):
+        mesh = mesh_from_mask(sphere_mask((20, 20, 20), (10, 10, 10), 6), geom, name=organ)
+        raw = write_mesh(mesh, tmp_path, fmt="glb", stem="case1").read_bytes()
+        (length,) = struct.unpack("<I", raw[12:16])
+        doc = json.loads(raw[20 : 20 + length])
+        rgb = doc["materials"][0]["pbrMetallicRoughness"]["baseColorFactor"][:3]
+        hex_rgb = ORGAN_COLORS[organ]
+        assert rgb == pytest.approx([int(hex_rgb[i : i + 2], 16) / 255 for i in (1, 3, 5)]), organ

@@ -22,6 +22,7 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from ..errors import ReconstructionError
 from .mesh import Mesh, vertex_normals
+from .organs import ORGAN_COLORS
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ FORMATS = ("stl", "ply", "obj", "glb")
 GLTF_FROM_LPS = np.array([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.0, -1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]) @ np.diag(
     [0.001, 0.001, 0.001, 1.0]
 )
+GLB_DEFAULT_COLOR = (0.8, 0.5, 0.45)  # RGB 0..1 of an organ without a colour of its own in ORGAN_COLORS
 
 
 def stl_bytes(mesh: Mesh) -> bytes:
@@ -71,8 +73,9 @@ def _pad4(b: bytes, fill: bytes) -> bytes:
     return b + fill * ((4 - len(b) % 4) % 4)
 
 
-def glb_bytes(mesh: Mesh, *, color: tuple[float, float, float] = (0.8, 0.5, 0.45)) -> bytes:
-    """A glTF 2.0 binary: one mesh (positions float32, normals, uint32 indices) under an LPS→glTF node."""
+def glb_bytes(mesh: Mesh, *, color: tuple[float, float, float] = GLB_DEFAULT_COLOR) -> bytes:
+    """A glTF 2.0 binary: one mesh (positions float32, normals, uint32 indices) under an LPS→glTF node, its material
+    ``color`` (RGB, 0..1; :func:`write_mesh` gives each organ its :func:`organ_rgb`)."""
     pos = mesh.vertices.astype("<f4")
     nrm = vertex_normals(mesh.vertices, mesh.faces).astype("<f4")
     idx = mesh.faces.astype("<u4").ravel()
@@ -129,7 +132,21 @@ def glb_bytes(mesh: Mesh, *, color: tuple[float, float, float] = (0.8, 0.5, 0.45
     )
 
 
-_WRITERS = {"stl": stl_bytes, "ply": ply_bytes, "obj": obj_bytes, "glb": glb_bytes}
+def organ_rgb(organ: str) -> tuple[float, float, float]:
+    """The colour (RGB, 0..1) of ``organ`` in :data:`~.organs.ORGAN_COLORS`, as the 3-D preview draws it; an organ
+    not listed there gets :data:`GLB_DEFAULT_COLOR`."""
+    hex_rgb = ORGAN_COLORS.get(organ)
+    if hex_rgb is None:
+        return GLB_DEFAULT_COLOR
+    r, g, b = (int(hex_rgb[i : i + 2], 16) / 255.0 for i in (1, 3, 5))
+    return (r, g, b)
+
+
+def _glb_of_organ(mesh: Mesh) -> bytes:
+    return glb_bytes(mesh, color=organ_rgb(mesh.name))
+
+
+_WRITERS = {"stl": stl_bytes, "ply": ply_bytes, "obj": obj_bytes, "glb": _glb_of_organ}
 
 
 def check_formats(formats: str | Iterable[str]) -> tuple[str, ...]:
@@ -145,7 +162,8 @@ def check_formats(formats: str | Iterable[str]) -> tuple[str, ...]:
 
 def write_mesh(mesh: Mesh, out_dir: Path, *, fmt: str, stem: str = "") -> Path:
     """Write ``mesh`` as ``<out_dir>/<stem>_<organ>.<fmt>`` (atomically) and return the path. Vertices are in DICOM
-    patient coordinates (LPS), mm; a GLB maps them to glTF's frame in its root node (see the module's docstring)."""
+    patient coordinates (LPS), mm; a GLB maps them to glTF's frame in its root node (see the module's docstring) and
+    has the organ's colour (:func:`organ_rgb`, the 3-D preview's)."""
     (fmt,) = check_formats([fmt])
     name = f"{stem}_{mesh.name}" if stem else mesh.name
     path = Path(out_dir) / f"{name}.{fmt}"
