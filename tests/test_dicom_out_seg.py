@@ -348,3 +348,22 @@ def test_seg_of_an_uncompressed_source_is_not_lossy(tmp_path):
     )
     ds = pydicom.dcmread(path)
     assert ds.LossyImageCompression == "00" and "LossyImageCompressionRatio" not in ds
+
+
+def test_segments_are_coloured_as_the_pngs_colour_the_organs(tmp_path):
+    """A PACS showed the left lung green and the right lung blue, the other way round from the PNGs' outlines, legends
+    and 3-D preview (left blue, right green): the SEG's recommended display colours are now the PNG outlines' colours,
+    the nodules red as their boxes and circles."""
+    from pipeline.reconstruction.organs import OUTLINE_COLORS
+
+    case = phantom_case(tmp_path / "case")
+    ds = pydicom.dcmread(_seg(case, tmp_path / "seg.dcm"))
+    names = {"Body": "body", "Left lung": "lung_left", "Right lung": "lung_right", "Airway": "airway", "Bone": "bone"}
+    for d in ds.SegmentSequence:
+        shown = hd.color.CIELabColor.from_dicom_value(tuple(d.RecommendedDisplayCIELabValue)).to_rgb()
+        if d.SegmentLabel in names:
+            hex_rgb = OUTLINE_COLORS[names[d.SegmentLabel]]
+            expected = tuple(int(hex_rgb[i : i + 2], 16) for i in (1, 3, 5))
+        else:
+            expected = (230, 30, 30)
+        assert np.abs(np.subtract(shown, expected)).max() <= 2, (d.SegmentLabel, shown, expected)

@@ -50,6 +50,8 @@ from __future__ import annotations
 
 from pydicom.sr.coding import Code
 
+from ..reconstruction.organs import OUTLINE_COLORS
+
 PRIVATE_SCHEME = "99CTPIPE"
 PRIVATE_SCHEME_NAME = "ctpipe private codes"
 PRIVATE_SCHEME_VERSION = "1"
@@ -129,12 +131,17 @@ ORGAN_SEGMENTS: dict[str, tuple[Code, Code]] = {
     "bone": (TISSUE, BONE),
 }
 
-#: display colours (RGB 0-255) of the segments, for viewers that honour RecommendedDisplayCIELabValue
+
+def _rgb255(hex_rgb: str) -> tuple[int, int, int]:
+    r, g, b = (int(hex_rgb[i : i + 2], 16) for i in (1, 3, 5))
+    return (r, g, b)
+
+
+#: display colours (RGB 0-255) of the segments, for viewers that honour RecommendedDisplayCIELabValue: the colours of the
+#: organs' outlines on ctpipe's PNGs (:data:`~pipeline.reconstruction.organs.OUTLINE_COLORS`: left lung blue, right lung
+#: green, bone cyan on the grey CT), so that a PACS shows each organ in the colour the PNGs' legends give it; nodules red,
+#: as their boxes and circles
 ORGAN_COLOURS: dict[str, tuple[int, int, int]] = {
-    "body": (177, 122, 101),
-    "lung_left": (128, 174, 128),
-    "lung_right": (111, 184, 210),
-    "airway": (216, 101, 79),
-    "bone": (241, 214, 145),
+    **{organ: _rgb255(OUTLINE_COLORS[organ]) for organ in ("body", "lung_left", "lung_right", "airway", "bone")},
     "nodule": (230, 30, 30),
 }
