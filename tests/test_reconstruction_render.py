@@ -238,3 +238,33 @@ def test_the_3d_preview_says_which_colour_is_which_organ(tmp_path, monkeypatch):
     assert len(legends) == 1, "one legend of the organs' colours"
     entries = {t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(legends[0].get_texts(), legends[0].legend_handles)}
     assert entries == {"lung left": ORGAN_COLORS["lung_left"], "lung right": ORGAN_COLORS["lung_right"]}  # no body
+
+
+def test_a_legend_of_many_organs_wraps_onto_rows_inside_the_png(tmp_path, monkeypatch):
+    """A segmentation bundle's dozen organs: their legend is laid out on as many rows as it needs, every entry inside
+    the PNG and none over the image, in the MPRs and the 3-D preview."""
+    from pipeline.reconstruction.render import render_preview
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(60, 64, 64), spacing=(4.0, 4.0, 4.0), origin=(-128.0, -128.0, -120.0))
+    names = [f"organ_with_a_long_name_{n}" for n in range(12)]
+    masks = {}
+    for n, name in enumerate(names):
+        m = np.zeros(geom.shape, bool)
+        m[10:50, 5 + 4 * n : 8 + 4 * n, 20:44] = True  # crosses the sagittal plane x = 0
+        m[10:50, 20:44, 5 + 4 * n : 8 + 4 * n] = True  # and the coronal plane y = 0
+        masks[name] = m
+    vol = CTVolume(np.full(geom.shape, 40.0, np.float32), geom)
+    render_mpr(vol, masks, tmp_path, stem="many", center_lps=np.array([0.0, 0.0, 0.0]))
+    meshes = {name: mesh_from_mask(m, geom, name=name) for name, m in list(masks.items())[:8]}
+    render_preview(meshes, tmp_path, stem="many", size=256)
+    assert len(figures) == 4
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+        assert len(legends) == 1
+        box = legends[0].get_window_extent(renderer)
+        assert fig.bbox.x0 - 0.5 <= box.x0 and box.x1 <= fig.bbox.x1 + 0.5, box
+        assert fig.bbox.y0 - 0.5 <= box.y0, box
+        for ax in fig.axes:
+            assert not box.overlaps(ax.images[0].get_window_extent(renderer)), box

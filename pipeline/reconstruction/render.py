@@ -56,9 +56,23 @@ def source_slices(volume: CTVolume, za: int, zb: int) -> str:
 #: image (the coronal plane of a long scan) still holds its title, letters and legend.
 TITLE_PX = 50
 MIN_WIDTH_PX = 520
-#: Pixels below each MPR image (and the 3-D preview) for the legend of its colours: one row, beside the image, not over
-#: it.
+#: Pixels below each MPR image (and the 3-D preview) for one row of the legend of its colours, beside the image, not
+#: over it; a legend of more organs than a row holds takes more rows (:func:`_legend_layout`).
 LEGEND_PX = 24
+LEGEND_FONTSIZE = 7  # points, the MPRs' legends
+
+
+def _legend_layout(labels: list[str], width_px: int, *, fontsize: float, dpi: float = 100.0) -> tuple[int, int]:
+    """Columns and height (pixels) of a legend of ``labels`` laid out in rows under an image ``width_px`` wide:
+    as many columns as the longest label allows (a generous estimate of DejaVu Sans' widths), as many rows as needed
+    (at least :data:`LEGEND_PX` high); (0, 0) without labels."""
+    if not labels:
+        return 0, 0
+    em = fontsize * dpi / 72.0  # pixels
+    entry = (1.5 + 0.8 + 1.2) * em + 0.65 * em * max(len(label) for label in labels)  # handle, pad, spacing, text
+    ncol = int(max(1, min(len(labels), (width_px - 2 * em) // entry)))
+    rows = -(-len(labels) // ncol)
+    return ncol, max(LEGEND_PX, int(np.ceil((0.5 + 0.6 + 1.5 * rows) * em)) + 4)  # offset, padding, rows (1.5 em)
 
 
 def _figure(width_px: int, height_px: int):
@@ -69,15 +83,18 @@ def _figure(width_px: int, height_px: int):
     return fig
 
 
-def _image_figure(w_mm: float, h_mm: float, *, legend_px: int = 0):
+def _image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None):
     """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
-    :data:`TITLE_PX` above it for the title, ``legend_px`` below it for a legend (so that the legend hides no
-    anatomy), and at least :data:`MIN_WIDTH_PX` wide."""
+    :data:`TITLE_PX` above it for the title, the rows of a legend of the ``legend`` labels below it (so that the
+    legend hides no anatomy; :func:`_legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure,
+    the axes and the legend's number of columns."""
     scale = 640.0 / max(h_mm, w_mm)
     h_px = max(int(h_mm * scale), 1)
+    width = max(int(w_mm * scale) + 20, MIN_WIDTH_PX)
+    ncol, legend_px = _legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
     total = h_px + TITLE_PX + legend_px
-    fig = _figure(max(int(w_mm * scale) + 20, MIN_WIDTH_PX), total)
-    return fig, fig.add_axes((0, legend_px / total, 1, h_px / total))
+    fig = _figure(width, total)
+    return fig, fig.add_axes((0, legend_px / total, 1, h_px / total)), ncol
 
 
 def _save(fig, path: Path) -> Path:
@@ -152,7 +169,7 @@ def render_mpr(
         w_mm = img.shape[1] * spacing[cols]
         outlines = {organ: sl for organ, mv in mviews.items() if (sl := _plane(mv, plane, int(center_idx[fixed]))).any()}
         outlines = {organ: sl for organ, sl in outlines.items() if not sl.all()}  # an edge to draw
-        fig, ax = _image_figure(w_mm, h_mm, legend_px=LEGEND_PX if outlines else 0)
+        fig, ax, ncol = _image_figure(w_mm, h_mm, legend=[organ.replace("_", " ") for organ in outlines])
         extent = (0, w_mm, h_mm, 0)
         ax.imshow(img, cmap="gray", vmin=SOFT_WINDOW[0], vmax=SOFT_WINDOW[1], extent=extent, interpolation="nearest")
         drawn = []
@@ -168,8 +185,8 @@ def render_mpr(
                 loc="lower center",
                 bbox_to_anchor=(0.5, 0),
                 bbox_transform=fig.transFigure,
-                ncol=len(drawn),
-                fontsize=7,
+                ncol=ncol,
+                fontsize=LEGEND_FONTSIZE,
                 facecolor="black",
                 edgecolor="none",
                 labelcolor="white",
@@ -211,7 +228,7 @@ def render_mip(
         a, b = max(0, int(start)), min(nz, int(start) + width)
         mip = view[a:b].max(axis=0)
         h_mm, w_mm = mip.shape[0] * spacing[1], mip.shape[1] * spacing[0]
-        fig, ax = _image_figure(w_mm, h_mm)
+        fig, ax, _ = _image_figure(w_mm, h_mm)
         ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
         za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
         slices = source_slices(volume, a, b - 1)
@@ -312,7 +329,7 @@ def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: in
     shown = {k: m for k, m in meshes.items() if k != "body"} or dict(meshes)
     views = [rasterise(shown, view="anterior", size=size), rasterise(shown, view="left", size=size)]
     drawn = [k for k, m in shown.items() if m.n_triangles]
-    legend_px = LEGEND_PX if drawn else 0
+    ncol, legend_px = _legend_layout([k.replace("_", " ") for k in drawn], 2 * size, fontsize=8)
     total = size + 40 + legend_px
     fig = _figure(2 * size, total)
     for n, (img, title, letters) in enumerate(
@@ -325,7 +342,7 @@ def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: in
         fig.legend(
             handles=[Patch(facecolor=ORGAN_COLORS.get(k, "#cccccc"), label=k.replace("_", " ")) for k in drawn],
             loc="lower center",
-            ncol=len(drawn),
+            ncol=ncol,
             fontsize=8,
             facecolor="black",
             edgecolor="none",
