@@ -268,3 +268,39 @@ def test_a_legend_of_many_organs_wraps_onto_rows_inside_the_png(tmp_path, monkey
         assert fig.bbox.y0 - 0.5 <= box.y0, box
         for ax in fig.axes:
             assert not box.overlaps(ax.images[0].get_window_extent(renderer)), box
+
+
+def test_organs_without_a_colour_of_their_own_get_distinct_colours(tmp_path, monkeypatch):
+    """A segmentation bundle's liver, spleen and kidney were all outlined white, their legend three white lines, and all
+    drawn the same grey in the 3-D preview: each organ now has a colour of its own, the same in the MPRs, the preview's
+    surfaces and both legends; the lungs keep theirs."""
+    from matplotlib.colors import to_hex
+
+    from pipeline.reconstruction.organs import ORGAN_COLORS, OUTLINE_COLORS
+    from pipeline.reconstruction.render import render_preview
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(40, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -20.0))
+    names = ["liver", "spleen", "kidney", "lung_left"]
+    masks = {name: sphere_mask((40, 40, 60), (20, 20, 8 + 14 * n), 6) for n, name in enumerate(names)}
+    vol = CTVolume(np.full(geom.shape, 40.0, np.float32), geom)
+    render_mpr(vol, masks, tmp_path, stem="b", center_lps=geom.index_to_lps([[30.0, 20.0, 20.0]])[0])
+    render_preview({n: mesh_from_mask(m, geom, name=n) for n, m in masks.items()}, tmp_path, stem="b", size=128)
+    axial, preview = figures[0], figures[-1]
+    outline = {
+        t.get_text(): to_hex(h.get_color())
+        for t, h in zip(axial.axes[0].get_legend().get_texts(), axial.axes[0].get_legend().legend_handles)
+    }
+    surface = {
+        t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(preview.legends[0].get_texts(), preview.legends[0].legend_handles)
+    }
+    assert set(outline) == set(surface) == {"liver", "spleen", "kidney", "lung left"}
+    assert len(set(outline.values())) == 4 and len(set(surface.values())) == 4, (outline, surface)
+    assert outline["lung left"] == OUTLINE_COLORS["lung_left"] and surface["lung left"] == ORGAN_COLORS["lung_left"]
+    assert all(outline[n] == surface[n] for n in ("liver", "spleen", "kidney"))
+    img = rasterise({n: mesh_from_mask(m, geom, name=n) for n, m in masks.items()}, view="anterior", size=128)
+    drawn = img.reshape(-1, 3)[img.reshape(-1, 3).max(axis=1) > 0.1]
+    hues = drawn / drawn.max(axis=1, keepdims=True)  # shading scales a surface's colour, not its hue
+    for name, colour in surface.items():
+        rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)]) / 255.0
+        assert (np.abs(hues - rgb / rgb.max()).max(axis=1) < 0.02).sum() > 20, f"{name} not drawn in {colour}"

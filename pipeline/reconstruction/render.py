@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,36 @@ from .organs import ORGAN_COLORS, OUTLINE_COLORS
 
 log = logging.getLogger(__name__)
 
-_RGB = {k: tuple(int(v[i : i + 2], 16) / 255.0 for i in (1, 3, 5)) for k, v in ORGAN_COLORS.items()}  # the 3-D preview's surfaces
+#: Colours for organs without one of their own in :data:`~.organs.ORGAN_COLORS` (a segmentation bundle's liver,
+#: spleen, ...; a notebook's ``lesion``), given in the order the organs come: distinct from each other and from the
+#: lungs', airway's and bone's, legible on grey CT and on black.
+EXTRA_COLORS = (
+    "#e6194b", "#ffe119", "#f032e6", "#bcf60c", "#fabebe", "#9a6324", "#e6beff", "#aaffc3",
+    "#ffd8b1", "#808000", "#911eb4", "#008080", "#fffac8", "#800000", "#4363d8", "#f58231",
+)  # fmt: skip
+
+
+def organ_colours(organs: Iterable[str], *, outline: bool) -> dict[str, str]:
+    """The colour (``#rrggbb``) of each organ: its :data:`~.organs.OUTLINE_COLORS` colour (``outline``: drawn on grey CT
+    slices) or :data:`~.organs.ORGAN_COLORS` colour (a surface), else the next of :data:`EXTRA_COLORS` in the order the
+    organs are given (after 16 such organs the colours repeat)."""
+    known = OUTLINE_COLORS if outline else ORGAN_COLORS
+    out: dict[str, str] = {}
+    extra = 0
+    for organ in organs:
+        if organ in known:
+            out[organ] = known[organ]
+        elif organ not in out:
+            out[organ] = EXTRA_COLORS[extra % len(EXTRA_COLORS)]
+            extra += 1
+    return out
+
+
+def _rgb(colour: str) -> tuple[float, float, float]:
+    r, g, b = (int(colour[i : i + 2], 16) / 255.0 for i in (1, 3, 5))
+    return (r, g, b)
+
+
 LUNG_WINDOW = (-1350.0, 150.0)  # W 1500 / L -600
 SOFT_WINDOW = (-160.0, 240.0)  # W 400 / L 40
 
@@ -145,12 +174,13 @@ def render_mpr(
     volume: CTVolume, masks: Mapping[str, np.ndarray], out: Path, *, stem: str, center_lps: np.ndarray | None = None
 ) -> list[Path]:
     """Axial, coronal and sagittal PNGs through ``center_lps`` (default: the lungs' or the volume's centre), soft-tissue
-    window, each mask outlined in its :data:`~.organs.OUTLINE_COLORS` colour, with a legend in one row below the image
-    (:data:`LEGEND_PX`), never over it."""
+    window, each mask outlined in its colour (:func:`organ_colours`: :data:`~.organs.OUTLINE_COLORS`), with a legend
+    in rows below the image (:func:`_legend_layout`), never over it."""
     from matplotlib.lines import Line2D
 
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
+    colours = organ_colours(masks, outline=True)  # the same in every plane
     if center_lps is None:
         lung = [m for k, m in mviews.items() if k.startswith("lung")]
         ref = np.logical_or.reduce(lung) if lung else None
@@ -176,7 +206,7 @@ def render_mpr(
         for organ, sl in outlines.items():
             xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
             ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
-            colour = OUTLINE_COLORS.get(organ, "#ffffff")
+            colour = colours[organ]
             ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
             drawn.append(Line2D([], [], color=colour, label=organ.replace("_", " ")))
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
@@ -277,7 +307,8 @@ def _scan_convert(u: np.ndarray, v: np.ndarray, dz: np.ndarray, size: int) -> tu
 
 
 def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int = 512) -> np.ndarray:
-    """Orthographic shaded image (H, W, 3) float of the meshes seen from ``anterior`` or ``left``.
+    """Orthographic shaded image (H, W, 3) float of the meshes seen from ``anterior`` or ``left``, each in its colour
+    (:func:`organ_colours`: :data:`~.organs.ORGAN_COLORS`).
 
     Anterior view: patient's right on image left, superior up. Left view: anterior on image left.
     A vectorised scan-converter: every pixel centre of each triangle's bounding box is tested with
@@ -293,6 +324,7 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
         axes, depth_axis, depth_sign = (1, 2), 0, 1.0  # viewer at +x (patient's left)
     else:
         raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
+    rgbs = {k: _rgb(c) for k, c in organ_colours(meshes, outline=False).items()}
     allv = np.concatenate([m.vertices for _, m in parts])
     lo, hi = allv.min(axis=0), allv.max(axis=0)
     scale = 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6)
@@ -301,7 +333,7 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
     light[depth_axis] = depth_sign
     pix, depth, colour = [], [], []
     for organ, m in parts:
-        rgb = np.asarray(_RGB.get(organ, (0.8, 0.8, 0.8)))
+        rgb = np.asarray(rgbs[organ])
         for f0 in range(0, m.n_triangles, _CHUNK):  # bounded memory for large meshes
             tri = m.vertices[m.faces[f0 : f0 + _CHUNK]]
             n_hat = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
@@ -323,12 +355,13 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
 
 def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: int = 512) -> Path:
     """A PNG with the anterior and left views of the organ meshes (the body surface is left out), and under them a
-    legend naming each organ shown in its :data:`~.organs.ORGAN_COLORS` colour."""
+    legend naming each organ shown in its colour (:func:`organ_colours`)."""
     from matplotlib.patches import Patch
 
     shown = {k: m for k, m in meshes.items() if k != "body"} or dict(meshes)
     views = [rasterise(shown, view="anterior", size=size), rasterise(shown, view="left", size=size)]
     drawn = [k for k, m in shown.items() if m.n_triangles]
+    colours = organ_colours(shown, outline=False)  # as rasterise colours the surfaces
     ncol, legend_px = _legend_layout([k.replace("_", " ") for k in drawn], 2 * size, fontsize=8)
     total = size + 40 + legend_px
     fig = _figure(2 * size, total)
@@ -340,7 +373,7 @@ def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: in
         _labels(ax, *letters, f"{title}: {', '.join(shown)}")
     if drawn:  # which colour is which organ
         fig.legend(
-            handles=[Patch(facecolor=ORGAN_COLORS.get(k, "#cccccc"), label=k.replace("_", " ")) for k in drawn],
+            handles=[Patch(facecolor=colours[k], label=k.replace("_", " ")) for k in drawn],
             loc="lower center",
             ncol=ncol,
             fontsize=8,
