@@ -24,7 +24,7 @@ from .detection.findings import slice_label, slice_number_of, slice_number_sourc
 from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
-from .reconstruction.organs import OUTLINE_COLORS
+from .reconstruction.organs import organ_colours
 from .volume import CTVolume, Geometry, LabelMap, require_volume
 
 log = logging.getLogger(__name__)
@@ -266,7 +266,8 @@ def show(
         several series: only this series' rows are drawn); findings without a series UID are drawn with a logged
         warning that they could not be checked.
     recon: a :class:`~pipeline.reconstruction.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
-        ``[k, j, i]`` on the volume's grid; outlines are drawn per organ.
+        ``[k, j, i]`` on the volume's grid; outlines are drawn per organ, each in its colour (the MPR PNGs' for the
+        lungs, airway, body and bone; a distinct one for each other mask).
     slice: the slice as the findings' ``slice_number`` (CSV, JSON, PNG titles) and a DICOM viewer name it: its
         InstanceNumber (a multi-frame object's FrameNumber) when the volume's metadata lists them, else ``k + 1``.
     k: the array index k (0-based, ``volume.array[k]``) instead. At most one of ``slice`` and ``k``; with
@@ -304,11 +305,12 @@ def show(
         raise TypeError(f"ax= must be one matplotlib Axes, got {_not_axes(ax)}")
     sx, sy, sz = geometry.spacing_lps()
     ax.imshow(np.asarray(view[z], np.float32), cmap="gray", vmin=low, vmax=high, aspect=sy / sx, interpolation="nearest")
+    colours = organ_colours(masks, outline=True)  # as the MPR PNGs outline them; other masks each a colour of its own
     for organ, m in masks.items():
         plane = geometry.to_lps_view(m)[z]
         if plane.any():
-            ax.contour(plane.astype(np.float32), levels=[0.5], colors=[OUTLINE_COLORS.get(organ, "#ffffff")], linewidths=1.0)
-            ax.plot([], [], color=OUTLINE_COLORS.get(organ, "#ffffff"), label=organ.replace("_", " "))
+            ax.contour(plane.astype(np.float32), levels=[0.5], colors=[colours[organ]], linewidths=1.0)
+            ax.plot([], [], color=colours[organ], label=organ.replace("_", " "))
     drawn = 0
     for row, (x, y, zf) in zip(rows, xyz):
         r_mm, dz = row.diameter_mm / 2.0, abs(zf - z) * sz

@@ -127,8 +127,8 @@ def test_mip_slabs_never_overlap_on_short_lungs(tmp_path, monkeypatch):
 def test_bone_outline_stands_out_on_white_bone_and_show_uses_the_same_colours(tmp_path):
     import matplotlib.image as mpimg
 
-    from pipeline.display import OUTLINE_COLORS as SHOWN
-    from pipeline.reconstruction.organs import ORGAN_COLORS, OUTLINE_COLORS
+    from pipeline.display import organ_colours as shown
+    from pipeline.reconstruction.organs import ORGAN_COLORS, OUTLINE_COLORS, organ_colours
 
     vol, cube = _marked_volume(np.eye(3))  # the bright cube (1500 HU): white in the soft-tissue window
     centre = vol.geometry.index_to_lps(np.argwhere(cube)[:, ::-1].mean(axis=0))
@@ -136,7 +136,8 @@ def test_bone_outline_stands_out_on_white_bone_and_show_uses_the_same_colours(tm
     rgb = mpimg.imread(paths[0])[..., :3]
     cyan = (rgb[..., 0] < 0.2) & (rgb[..., 1] > 0.7) & (rgb[..., 2] > 0.7)
     assert cyan.sum() > 20  # the outline (and the legend's line), not white on white
-    assert OUTLINE_COLORS["bone"] != ORGAN_COLORS["bone"] and SHOWN is OUTLINE_COLORS
+    assert OUTLINE_COLORS["bone"] != ORGAN_COLORS["bone"] and shown is organ_colours  # show() outlines as the MPRs do
+    assert organ_colours(["bone"], outline=True) == {"bone": OUTLINE_COLORS["bone"]}
 
 
 @pytest.mark.parametrize("pos", ["HFS", "FFS"])

@@ -402,3 +402,23 @@ def test_each_circle_gives_the_score_as_the_findings_table_png_and_sr_do():
         ax = show(vol, findings=[{"center_lps": centre.tolist(), "diameter_mm": 6.0, "score": score}])
         labels = [t.get_text() for t in ax.texts if t.get_text() not in ("R", "L", "A", "P")]
         assert labels == [text], (score, labels)
+
+
+def test_masks_without_a_colour_of_their_own_are_outlined_in_distinct_colours():
+    # was: recon={"lesion": ..., "cyst": ...} drew both outlines white, and the legend two white lines
+    from matplotlib.colors import to_hex
+
+    from pipeline.reconstruction.organs import OUTLINE_COLORS
+
+    vol = _lps_volume()
+    masks = {name: np.zeros(SHAPE, bool) for name in ("lesion", "cyst", "lung_left")}
+    masks["lesion"][8:13, 2:6, 20:30] = True
+    masks["cyst"][8:13, 10:14, 4:10] = True
+    masks["lung_left"][8:13, 15:19, 20:30] = True
+    ax = show(vol, recon=masks, k=10)
+    legend = ax.get_legend()
+    colours = {t.get_text(): to_hex(h.get_color()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    assert set(colours) == {"lesion", "cyst", "lung left"} and len(set(colours.values())) == 3, colours
+    assert colours["lung left"] == OUTLINE_COLORS["lung_left"]
+    drawn = {to_hex(c.get_edgecolor()[0]) for c in ax.collections}
+    assert set(colours.values()) <= drawn  # the outlines are drawn in the legend's colours

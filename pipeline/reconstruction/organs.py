@@ -30,6 +30,30 @@ ORGAN_COLORS: dict[str, str] = {
 #: Outline colours on grey CT slices: as :data:`ORGAN_COLORS`, but bone, white on white bone, drawn cyan.
 OUTLINE_COLORS: dict[str, str] = {**ORGAN_COLORS, "bone": "#00d8d8"}
 
+#: Colours for organs without one of their own in :data:`ORGAN_COLORS` (a segmentation bundle's liver,
+#: spleen, ...; a notebook's ``lesion``), given in the order the organs come: distinct from each other and from the
+#: lungs', airway's and bone's, legible on grey CT and on black.
+EXTRA_COLORS = (
+    "#e6194b", "#ffe119", "#f032e6", "#bcf60c", "#fabebe", "#9a6324", "#e6beff", "#aaffc3",
+    "#ffd8b1", "#808000", "#911eb4", "#008080", "#fffac8", "#800000", "#4363d8", "#f58231",
+)  # fmt: skip
+
+
+def organ_colours(organs: Iterable[str], *, outline: bool) -> dict[str, str]:
+    """The colour (``#rrggbb``) of each organ: its :data:`OUTLINE_COLORS` colour (``outline``: drawn on grey CT
+    slices) or :data:`ORGAN_COLORS` colour (a surface), else the next of :data:`EXTRA_COLORS` in the order the
+    organs are given (after 16 such organs the colours repeat)."""
+    known = OUTLINE_COLORS if outline else ORGAN_COLORS
+    out: dict[str, str] = {}
+    extra = 0
+    for organ in organs:
+        if organ in known:
+            out[organ] = known[organ]
+        elif organ not in out:
+            out[organ] = EXTRA_COLORS[extra % len(EXTRA_COLORS)]
+            extra += 1
+    return out
+
 
 def organ_names(organs: str | Iterable[str]) -> tuple[str, ...]:
     """``organs`` as a tuple of names, in the order given, each once.

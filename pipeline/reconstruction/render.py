@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -19,33 +19,9 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from ..volume import CTVolume, Geometry
 from .mesh import Mesh, mesh_from_mask
-from .organs import ORGAN_COLORS, OUTLINE_COLORS
+from .organs import organ_colours
 
 log = logging.getLogger(__name__)
-
-#: Colours for organs without one of their own in :data:`~.organs.ORGAN_COLORS` (a segmentation bundle's liver,
-#: spleen, ...; a notebook's ``lesion``), given in the order the organs come: distinct from each other and from the
-#: lungs', airway's and bone's, legible on grey CT and on black.
-EXTRA_COLORS = (
-    "#e6194b", "#ffe119", "#f032e6", "#bcf60c", "#fabebe", "#9a6324", "#e6beff", "#aaffc3",
-    "#ffd8b1", "#808000", "#911eb4", "#008080", "#fffac8", "#800000", "#4363d8", "#f58231",
-)  # fmt: skip
-
-
-def organ_colours(organs: Iterable[str], *, outline: bool) -> dict[str, str]:
-    """The colour (``#rrggbb``) of each organ: its :data:`~.organs.OUTLINE_COLORS` colour (``outline``: drawn on grey CT
-    slices) or :data:`~.organs.ORGAN_COLORS` colour (a surface), else the next of :data:`EXTRA_COLORS` in the order the
-    organs are given (after 16 such organs the colours repeat)."""
-    known = OUTLINE_COLORS if outline else ORGAN_COLORS
-    out: dict[str, str] = {}
-    extra = 0
-    for organ in organs:
-        if organ in known:
-            out[organ] = known[organ]
-        elif organ not in out:
-            out[organ] = EXTRA_COLORS[extra % len(EXTRA_COLORS)]
-            extra += 1
-    return out
 
 
 def _rgb(colour: str) -> tuple[float, float, float]:
@@ -174,7 +150,7 @@ def render_mpr(
     volume: CTVolume, masks: Mapping[str, np.ndarray], out: Path, *, stem: str, center_lps: np.ndarray | None = None
 ) -> list[Path]:
     """Axial, coronal and sagittal PNGs through ``center_lps`` (default: the lungs' or the volume's centre), soft-tissue
-    window, each mask outlined in its colour (:func:`organ_colours`: :data:`~.organs.OUTLINE_COLORS`), with a legend
+    window, each mask outlined in its colour (:func:`~.organs.organ_colours`: :data:`~.organs.OUTLINE_COLORS`), with a legend
     in rows below the image (:func:`_legend_layout`), never over it."""
     from matplotlib.lines import Line2D
 
@@ -308,7 +284,7 @@ def _scan_convert(u: np.ndarray, v: np.ndarray, dz: np.ndarray, size: int) -> tu
 
 def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int = 512) -> np.ndarray:
     """Orthographic shaded image (H, W, 3) float of the meshes seen from ``anterior`` or ``left``, each in its colour
-    (:func:`organ_colours`: :data:`~.organs.ORGAN_COLORS`).
+    (:func:`~.organs.organ_colours`: :data:`~.organs.ORGAN_COLORS`).
 
     Anterior view: patient's right on image left, superior up. Left view: anterior on image left.
     A vectorised scan-converter: every pixel centre of each triangle's bounding box is tested with
@@ -355,7 +331,7 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
 
 def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: int = 512) -> Path:
     """A PNG with the anterior and left views of the organ meshes (the body surface is left out), and under them a
-    legend naming each organ shown in its colour (:func:`organ_colours`)."""
+    legend naming each organ shown in its colour (:func:`~.organs.organ_colours`)."""
     from matplotlib.patches import Patch
 
     shown = {k: m for k, m in meshes.items() if k != "body"} or dict(meshes)
