@@ -367,3 +367,34 @@ def test_segments_are_coloured_as_the_pngs_colour_the_organs(tmp_path):
         else:
             expected = (230, 30, 30)
         assert np.abs(np.subtract(shown, expected)).max() <= 2, (d.SegmentLabel, shown, expected)
+
+
+def test_other_organs_are_coloured_as_the_pngs_outline_them(tmp_path):
+    # was: every organ beyond the five ctpipe segments itself (vessels, a bundle's liver) the same grey (200, 200, 200)
+    from pipeline.reconstruction.organs import organ_colours
+
+    case = phantom_case(tmp_path / "case")
+    g = case.volume.geometry
+    liver = np.zeros(g.shape, dtype=bool)
+    liver[2:6, 10:20, 10:20] = True
+    masks = {"lung_left": case.phantom.masks["lung_left"], "vessels": case.phantom.masks["vessels"], "liver": liver}
+    path = _seg(
+        case,
+        tmp_path / "seg.dcm",
+        organ_masks=masks,
+        nodules=None,
+        segment_codes={
+            "vessels": (codes.SCT.AnatomicalStructure, codes.SCT.BloodVessel),
+            "liver": (codes.SCT.AnatomicalStructure, codes.SCT.Liver),
+        },
+    )
+    colours = organ_colours(masks, outline=True)  # the MPR PNGs' and show()'s outlines
+    seg = pydicom.dcmread(path)
+    shown = {
+        d.SegmentLabel: hd.color.CIELabColor.from_dicom_value(tuple(d.RecommendedDisplayCIELabValue)).to_rgb()
+        for d in seg.SegmentSequence
+    }
+    for label, organ in (("Left lung", "lung_left"), ("vessels", "vessels"), ("liver", "liver")):
+        expected = tuple(int(colours[organ][i : i + 2], 16) for i in (1, 3, 5))
+        assert np.abs(np.subtract(shown[label], expected)).max() <= 2, (label, shown[label], expected)
+    assert len(set(shown.values())) == 3

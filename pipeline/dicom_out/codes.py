@@ -132,7 +132,8 @@ ORGAN_SEGMENTS: dict[str, tuple[Code, Code]] = {
 }
 
 
-def _rgb255(hex_rgb: str) -> tuple[int, int, int]:
+def rgb255(hex_rgb: str) -> tuple[int, int, int]:
+    """``#rrggbb`` as (R, G, B), 0-255."""
     r, g, b = (int(hex_rgb[i : i + 2], 16) for i in (1, 3, 5))
     return (r, g, b)
 
@@ -142,6 +143,6 @@ def _rgb255(hex_rgb: str) -> tuple[int, int, int]:
 #: green, bone cyan on the grey CT), so that a PACS shows each organ in the colour the PNGs' legends give it; nodules red,
 #: as their boxes and circles
 ORGAN_COLOURS: dict[str, tuple[int, int, int]] = {
-    **{organ: _rgb255(OUTLINE_COLORS[organ]) for organ in ("body", "lung_left", "lung_right", "airway", "bone")},
+    **{organ: rgb255(OUTLINE_COLORS[organ]) for organ in ("body", "lung_left", "lung_right", "airway", "bone")},
     "nodule": (230, 30, 30),
 }

@@ -2,9 +2,10 @@
 
 One segment per organ (codes in :data:`.codes.ORGAN_SEGMENTS`) and one per reported finding that
 has a nodule mask (label and tracking identifier ``Nodule <rank>``, tracking UID shared with the SR;
-anatomic region the lung, or lobe, of the finding). Segment descriptions, algorithm identification
-(ctpipe and its version), pixel measures and plane orientation are built with highdicom; the frames
-are encoded by :mod:`.seg_encode`.
+anatomic region the lung, or lobe, of the finding). Each segment's recommended display colour is the one ctpipe's
+PNGs outline it in (:func:`~pipeline.reconstruction.organs.organ_colours`; nodules red). Segment descriptions,
+algorithm identification (ctpipe and its version), pixel measures and plane orientation are built with highdicom;
+the frames are encoded by :mod:`.seg_encode`.
 
 Frames. With ``omit_empty_frames=False`` (the default) every segment has one frame per source
 slice, in slice order, so that viewers which map a segment's frames to the source images by order
@@ -28,6 +29,7 @@ import numpy as np
 from .. import __version__
 from ..errors import DicomOutputError
 from ..ingest.lossy import LOSSY_TRANSFER_SYNTAXES, is_lossy
+from ..reconstruction.organs import organ_colours
 from ..volume import CTVolume, LabelMap
 from . import codes as C
 from .model import ReportedFinding, as_bool_mask
@@ -307,15 +309,13 @@ def write_seg_object(
             return [0] if omit_empty_frames else all_k
         return ks if omit_empty_frames else all_k
 
+    colours = organ_colours(names, outline=True)  # each organ as the PNGs outline it
     for name in names:
         mask = as_bool_mask((organ_masks or {})[name], g, name)
         category, kind = known[name]
         label = ORGAN_LABELS.get(name, name)
-        descriptions.append(
-            _description(
-                len(descriptions) + 1, label, category, kind, MORPHOLOGICAL_OPERATIONS, C.ORGAN_COLOURS.get(name, (200, 200, 200))
-            )
-        )
+        rgb = C.rgb255(colours[name])
+        descriptions.append(_description(len(descriptions) + 1, label, category, kind, MORPHOLOGICAL_OPERATIONS, rgb))
         segments.append(SegmentFrames(shape=g.shape, ks=frames_of(mask.any(axis=(1, 2)), label), full=mask))
     for f in findings:
         if f.mask is None:
