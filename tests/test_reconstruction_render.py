@@ -305,3 +305,29 @@ def test_organs_without_a_colour_of_their_own_get_distinct_colours(tmp_path, mon
     for name, colour in surface.items():
         rgb = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)]) / 255.0
         assert (np.abs(hues - rgb / rgb.max()).max(axis=1) < 0.02).sum() > 20, f"{name} not drawn in {colour}"
+
+
+def test_mpr_and_mip_pngs_carry_a_scale_bar_of_the_length_they_state(tmp_path, monkeypatch):
+    """Nothing on the MPR and MIP PNGs gave their scale: each now has a bar in its lower left corner, labelled with its
+    length in mm, that is that long in the image's own millimetres."""
+    import re
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(141, 128, 128), spacing=(3.9, 3.9, 2.0), origin=(-250.0, -250.0, -164.5))
+    lungs = np.zeros(geom.shape, bool)
+    lungs[20:130, 30:90, 20:108] = True
+    vol = CTVolume(np.where(lungs, -850.0, 40.0).astype(np.float32), geom)
+    render_mpr(vol, {"lung_left": lungs}, tmp_path, stem="s")
+    render_mip(vol, tmp_path, stem="s", lung_mask=lungs)
+    assert len(figures) == 6
+    for fig in figures:
+        ax = fig.axes[0]
+        labels = [t.get_text() for t in ax.texts if re.fullmatch(r"\d+ mm", t.get_text())]
+        assert len(labels) == 1, (ax.get_title(), [t.get_text() for t in ax.texts])
+        length = float(labels[0].split()[0])
+        bars = [line for line in ax.lines if len(line.get_xdata()) == 2 and line.get_ydata()[0] == line.get_ydata()[1]]
+        assert len(bars) == 1, ax.get_title()
+        x = bars[0].get_xdata()
+        assert abs(x[1] - x[0]) == pytest.approx(length), ax.get_title()  # the image's extent is in mm
+        width = ax.get_xlim()[1] - ax.get_xlim()[0]
+        assert 0.05 * width <= length <= 0.125 * width, (length, width)  # a corner's worth

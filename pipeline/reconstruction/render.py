@@ -4,7 +4,7 @@ Display orientation is radiological and derived from the LPS geometry, never
 from array order: axial and coronal images show the patient's right on the
 image left; axial images have anterior at the top; coronal and sagittal
 images have superior at the top; sagittal images have anterior on the left.
-Every image is labelled with its orientation letters (R/L, A/P, S/I).
+Every image is labelled with its orientation letters (R/L, A/P, S/I); the MPRs and MIPs carry a scale bar.
 """
 
 from __future__ import annotations
@@ -112,6 +112,30 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+SCALE_BAR_MM = (200.0, 100.0, 50.0, 20.0, 10.0, 5.0)  # the lengths a scale bar may have
+
+
+def _scale_bar(ax, w_mm: float, h_mm: float) -> None:
+    """A bar in the lower left corner of an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm), labelled with its
+    length: the longest of :data:`SCALE_BAR_MM` up to an eighth of the image's width, small enough to stay in the
+    corner (outside the body on an axial field of view), on a dark box as the orientation letters are."""
+    length = next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
+    x0, y = 0.03 * w_mm, h_mm - 0.03 * h_mm
+    ax.plot([x0, x0 + length], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt")
+    ax.text(
+        x0 + length / 2,
+        y - 0.012 * h_mm,
+        f"{length:.0f} mm",
+        color="yellow",
+        fontsize=8,
+        ha="center",
+        va="bottom",
+        bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
+    )
+    ax.set_xlim(0, w_mm)
+    ax.set_ylim(h_mm, 0)
+
+
 def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
     kw = {
         "color": "yellow",
@@ -178,6 +202,7 @@ def render_mpr(
         fig, ax, ncol = _image_figure(w_mm, h_mm, legend=[organ.replace("_", " ") for organ in outlines])
         extent = (0, w_mm, h_mm, 0)
         ax.imshow(img, cmap="gray", vmin=SOFT_WINDOW[0], vmax=SOFT_WINDOW[1], extent=extent, interpolation="nearest")
+        _scale_bar(ax, w_mm, h_mm)
         drawn = []
         for organ, sl in outlines.items():
             xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
@@ -236,6 +261,7 @@ def render_mip(
         h_mm, w_mm = mip.shape[0] * spacing[1], mip.shape[1] * spacing[0]
         fig, ax, _ = _image_figure(w_mm, h_mm)
         ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
+        _scale_bar(ax, w_mm, h_mm)
         za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
         slices = source_slices(volume, a, b - 1)
         _labels(
