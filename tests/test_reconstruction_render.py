@@ -331,3 +331,21 @@ def test_mpr_and_mip_pngs_carry_a_scale_bar_of_the_length_they_state(tmp_path, m
         assert abs(x[1] - x[0]) == pytest.approx(length), ax.get_title()  # the image's extent is in mm
         width = ax.get_xlim()[1] - ax.get_xlim()[0]
         assert 0.05 * width <= length <= 0.125 * width, (length, width)  # a corner's worth
+
+
+def test_the_preview_views_letters_stay_apart(tmp_path, monkeypatch):
+    """The anterior view's L and the lateral view's A sat side by side in the middle of the preview, read as one
+    label "L A": the two views are now apart, their letters at least a letter's width from each other."""
+    from pipeline.reconstruction.render import render_preview
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(40, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -20.0))
+    render_preview(
+        {"lung_left": mesh_from_mask(sphere_mask((40, 40, 60), (20, 20, 30), 9), geom, name="lung_left")}, tmp_path, stem="p"
+    )
+    (fig,) = figures
+    renderer = fig.canvas.get_renderer()
+    anterior, lateral = fig.axes[0], fig.axes[1]
+    left_letter = next(t for t in anterior.texts if t.get_text() == "L").get_window_extent(renderer)
+    right_letter = next(t for t in lateral.texts if t.get_text() == "A").get_window_extent(renderer)
+    assert right_letter.x0 - left_letter.x1 >= left_letter.width * 2, (left_letter, right_letter)

@@ -355,6 +355,9 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
     return img
 
 
+PREVIEW_GAP_PX = 48  # between the preview's two views, so that the first's L and the second's A read apart
+
+
 def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: int = 512) -> Path:
     """A PNG with the anterior and left views of the organ meshes (the body surface is left out), and under them a
     legend naming each organ shown in its colour (:func:`~.organs.organ_colours`)."""
@@ -364,13 +367,14 @@ def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: in
     views = [rasterise(shown, view="anterior", size=size), rasterise(shown, view="left", size=size)]
     drawn = [k for k, m in shown.items() if m.n_triangles]
     colours = organ_colours(shown, outline=False)  # as rasterise colours the surfaces
-    ncol, legend_px = _legend_layout([k.replace("_", " ") for k in drawn], 2 * size, fontsize=8)
+    ncol, legend_px = _legend_layout([k.replace("_", " ") for k in drawn], 2 * size + PREVIEW_GAP_PX, fontsize=8)
     total = size + 40 + legend_px
-    fig = _figure(2 * size, total)
+    width = 2 * size + PREVIEW_GAP_PX
+    fig = _figure(width, total)
     for n, (img, title, letters) in enumerate(
         zip(views, ("anterior view", "left lateral view"), (("R", "L", "S", "I"), ("A", "P", "S", "I")))
     ):
-        ax = fig.add_axes((n / 2, legend_px / total, 0.5, size / total))
+        ax = fig.add_axes((n * (size + PREVIEW_GAP_PX) / width, legend_px / total, size / width, size / total))
         ax.imshow(img, interpolation="nearest")
         _labels(ax, *letters, f"{title}: {', '.join(shown)}")
     if drawn:  # which colour is which organ
