@@ -238,3 +238,28 @@ def test_the_slice_and_mip_are_lettered_on_all_four_edges(monkeypatch):
     for where in letters:
         assert set(where) == {"R", "L", "A", "P"}, where
         assert where["R"][0] < 0.5 < where["L"][0] and where["A"][1] > 0.5 > where["P"][1]  # axes fraction: y up
+
+
+def test_the_close_ups_are_lettered_on_all_four_edges(monkeypatch):
+    # was: only their left and right edges were lettered; what is up was said in the titles alone
+    import matplotlib.figure
+
+    found: list[list[tuple[str, float, float]]] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        strip = fig.axes[2]  # the three close-ups side by side, in data coordinates (pixels)
+        found.append([(t.get_text(), *t.get_position()) for t in strip.texts if len(t.get_text()) == 1])
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    vol = _volume_with_markers(DIRECTIONS["LPS"])
+    finding_png(vol, _finding_at_centre(vol, 5.0))
+    (letters,) = found
+    n_px = CLOSE_UP_PIXELS
+    for plane, expected in enumerate((("R", "L", "A", "P"), ("R", "L", "S", "I"), ("A", "P", "S", "I"))):
+        x0, x1 = plane * (n_px + 3), plane * (n_px + 3) + n_px
+        mine = {text: (x, y) for text, x, y in letters if x0 <= x < x1}
+        assert set(mine) == set(expected), (plane, mine)
+        left, right, top, bottom = (mine[k] for k in expected)
+        assert left[0] < right[0] and top[1] < bottom[1]  # image rows run downwards

@@ -42,8 +42,12 @@ _LABEL_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
 #: The letters on the edges of the slice and the MIP (axes fractions x, y): the patient's right on the image's left,
 #: anterior at the top.
 AXIAL_LETTERS = ((0.02, 0.5, "R"), (0.98, 0.5, "L"), (0.5, 0.97, "A"), (0.5, 0.03, "P"))
-#: The close-ups: name, the letters at the image's left and right edges, and what is up.
-PLANES = (("axial", "R", "L", "anterior"), ("coronal", "R", "L", "superior"), ("sagittal", "A", "P", "superior"))
+#: The close-ups: name, the letters at the image's left, right, top and bottom edges, and what is up.
+PLANES = (
+    ("axial", "R", "L", "A", "P", "anterior"),
+    ("coronal", "R", "L", "S", "I", "superior"),
+    ("sagittal", "A", "P", "S", "I", "superior"),
+)
 
 
 def patient_planes(
@@ -147,12 +151,13 @@ def finding_png(
     strip = np.full((n_px, 3 * n_px + 2 * gap), np.nan, dtype=np.float32)
     ax = fig.add_subplot(grid[1, :])
     radius = max(f.diameter_mm / 2.0 / (CLOSE_UP_MM / n_px), 2.0) + 2.0
-    for n, (name, left, right, up) in enumerate(PLANES):
+    for n, (name, left, right, upper, lower, up) in enumerate(PLANES):
         x0 = n * (n_px + gap)
         strip[:, x0 : x0 + n_px] = planes[name]
         ax.add_patch(Circle((x0 + n_px // 2, n_px // 2), radius, fill=False, edgecolor="red", linewidth=1.0))
-        for x, letter in ((x0 + 2, left), (x0 + n_px - 3, right)):
-            ax.text(x, n_px // 2, letter, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
+        mid = n_px // 2
+        for x, y, letter in ((x0 + 2, mid, left), (x0 + n_px - 3, mid, right), (x0 + mid, 2, upper), (x0 + mid, n_px - 3, lower)):
+            ax.text(x, y, letter, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
         ax.text(x0 + n_px / 2, -2, f"{name}, {CLOSE_UP_MM:.0f} mm, {up} up", fontsize=8, ha="center", va="bottom")
     cmap = matplotlib.colormaps["gray"].with_extremes(bad="white")
     ax.imshow(strip, cmap=cmap, vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], interpolation="bilinear")
