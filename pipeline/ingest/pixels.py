@@ -129,7 +129,10 @@ def check_readable(h: SliceHeader) -> None:
 
 
 def read_stored(headers: Sequence[SliceHeader], *, workers: int | None = None) -> np.ndarray:
-    """Stored values of single-frame files, stacked ``[k, j, i]`` in the given order (threads)."""
+    """Stored values of single-frame files, stacked ``[k, j, i]`` in the given order (threads).
+
+    Each file's values are masked (or sign-extended) to its own BitsStored: the files of one series may differ in it.
+    """
     h0 = headers[0]
     dtype = stored_dtype(h0)
     stack = np.empty((len(headers), int(h0.rows or 0), int(h0.columns or 0)), dtype=dtype)
@@ -145,10 +148,9 @@ def read_stored(headers: Sequence[SliceHeader], *, workers: int | None = None) -
             _read_native(h, stack[k])
         else:
             _read_pydicom(h, stack[k])
+        _fix_bits(stack[k], h)  # each file's own BitsStored: a scanner may write 12 on most slices, 16 on one with metal
 
     run_parallel(job, len(headers), workers)
-    if (h0.bits_stored or 16) < (h0.bits_allocated or 16):
-        _fix_bits(stack, h0)
     return stack
 
 
