@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pydicom
+import pytest
 
-from pipeline.ingest import SelectionRules, load_series
+from pipeline.errors import DuplicateSliceError
+from pipeline.ingest import SelectionRules, load_series, scan_directory
 from tests._support.dicom import hu_pattern, write_series
 
 RULES = SelectionRules(min_slices=2)
@@ -39,3 +41,77 @@ def test_bits_stored_varying_per_slice_keeps_metal(tmp_path):
     vol = load_series(tmp_path, rules=RULES, workers=0)
     assert np.array_equal(vol.array, _pydicom_hu(paths))
     assert vol.array[metal_k, 4:7, 4:7].min() == 3000
+
+
+# --- two files under one SOPInstanceUID ------------------------------------------------------------------
+
+
+def _resend(tmp_path, change) -> tuple[list, object]:
+    """A series in ``a/`` and its copy in ``b/`` (same SOPInstanceUIDs) with ``change(ds)`` made to b's 6th file."""
+    paths = write_series(tmp_path / "a", n=12)
+    (tmp_path / "b").mkdir()
+    for p in paths:
+        (tmp_path / "b" / p.name).write_bytes(p.read_bytes())
+    other = tmp_path / "b" / paths[5].name
+    ds = pydicom.dcmread(other)
+    change(ds)
+    ds.save_as(other, enforce_file_format=True)
+    return paths, other
+
+
+def test_a_different_image_under_the_same_sop_instance_uid_is_not_taken_for_a_copy(tmp_path):
+    """A corrected image sent again under its old SOPInstanceUID: which of the two is right cannot be told, so the
+    series is refused naming both files (one of them was silently dropped as a 'duplicate copy')."""
+
+    def brighter(ds: pydicom.Dataset) -> None:
+        arr = ds.pixel_array.copy()
+        arr[4:8, 4:8] += 300
+        ds.PixelData = arr.tobytes()
+
+    paths, other = _resend(tmp_path, brighter)
+    scan = scan_directory(tmp_path, rules=RULES)
+    assert len(scan.rejected) == 1 and not scan.selected, scan.series
+    err = scan.rejected[0].error
+    assert isinstance(err, DuplicateSliceError)
+    text = str(err)
+    assert str(paths[5]) in text and str(other) in text and "pixel data" in text and "SOPInstanceUID" in text, text
+    assert "Fix:" in text and "remove the other" in text, text
+    with pytest.raises(DuplicateSliceError):
+        load_series(tmp_path, rules=RULES)
+    (skip,) = [f for f in scan.skipped_files if f.path == other]
+    assert skip.kind == "conflicting_copy" and "pixel data differ" in skip.reason and str(paths[5]) in skip.reason
+
+
+def test_a_moved_image_under_the_same_sop_instance_uid_names_the_position(tmp_path):
+    def moved(ds: pydicom.Dataset) -> None:
+        pos = [float(v) for v in ds.ImagePositionPatient]
+        ds.ImagePositionPatient = [pos[0], pos[1], pos[2] + 0.5]
+
+    paths, other = _resend(tmp_path, moved)
+    with pytest.raises(DuplicateSliceError, match="ImagePositionPatient") as err:
+        load_series(tmp_path, rules=RULES)
+    assert str(paths[5]) in str(err.value) and str(other) in str(err.value)
+
+
+def test_copies_that_differ_only_in_other_header_values_are_still_copies(tmp_path):
+    """A patient name corrected in the archive's copy: the image is the same, one file is kept, the other skipped."""
+
+    def renamed(ds: pydicom.Dataset) -> None:
+        ds.PatientName = "Phantom^Corrected"
+        ds.InstitutionName = "Other Hospital"
+
+    paths, other = _resend(tmp_path, renamed)
+    vol = load_series(tmp_path, rules=RULES)
+    assert vol.shape[0] == 12
+    scan = scan_directory(tmp_path, rules=RULES)
+    assert [f.kind for f in scan.skipped_files if f.path.parent == other.parent] == ["duplicate_copy"] * 12
+
+
+def test_copies_transcoded_by_the_archive_are_still_copies(tmp_path):
+    """The archive's copy of an image is RLE compressed: decoded, it is the same image, so it is a copy."""
+    from pydicom.uid import RLELossless
+
+    paths, other = _resend(tmp_path, lambda ds: ds.compress(RLELossless, generate_instance_uid=False))
+    assert pydicom.dcmread(other).file_meta.TransferSyntaxUID == RLELossless
+    vol = load_series(tmp_path, rules=RULES)
+    assert np.array_equal(vol.array, load_series(tmp_path / "a", rules=RULES).array)

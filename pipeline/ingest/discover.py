@@ -52,7 +52,8 @@ class SkippedFile:
     ``kind`` is one of ``not_dicom``, ``dicomdir``, ``truncated``, ``unreadable``
     (permission denied, gone since it was listed, a symbolic link loop or a broken
     link), ``not_regular`` (FIFO, device file, socket), ``not_followed`` (a symbolic
-    link to a folder) or ``duplicate_copy`` (another copy of an SOP instance).
+    link to a folder), ``duplicate_copy`` (another copy of an SOP instance) or ``conflicting_copy`` (a different
+    image under the SOPInstanceUID of another file: the series of that file is refused).
     """
 
     path: Path

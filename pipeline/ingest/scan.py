@@ -33,6 +33,7 @@ from ..errors import (
     require_path,
 )
 from .build import VolumePlan, describe, plan_volume
+from .copies import drop_copies
 from .discover import SkippedFile, find_files, read_headers
 from .headers import SliceHeader
 from .series import SelectionRules, SeriesInfo, apply_rules, group_series, select_lone_series
@@ -194,7 +195,7 @@ def scan_directory(
     files, skipped = find_files(roots)
     headers, unread = read_headers(files, workers=workers)
     skipped.extend(unread)
-    headers = _drop_copies(headers, skipped)
+    headers, conflicts = drop_copies(headers, skipped)
     series = group_series(headers)
     apply_rules(series, rules)
     if lone_series_ok:
@@ -204,6 +205,10 @@ def scan_directory(
     if validate:
         for s in series:
             if not s.selected:
+                continue
+            conflict = next((conflicts[h.sop_instance] for h in s.headers if h.sop_instance in conflicts), None)
+            if conflict is not None:  # two files hold one of its instances with different images
+                reject(result, s, conflict.error(describe(s)))
                 continue
             near = _unreadable_near(s, unreadable)
             try:
@@ -331,39 +336,6 @@ def _gap_from_split(part: SeriesInfo, series: list[SeriesInfo], gap: CtpipeError
     )
     err.__cause__ = gap
     return err
-
-
-def _drop_copies(headers: list[SliceHeader], skipped: list[SkippedFile]) -> list[SliceHeader]:
-    """Keep one file per SOPInstanceUID; the other copies are skipped with a reason. A whole copy is kept rather than
-    a truncated one or one without pixel data (a series sent again after a broken transfer), else the first."""
-
-    def whole(h: SliceHeader) -> tuple[bool, bool]:
-        return h.truncated is None, h.pixel_length is not None
-
-    kept: dict[str, SliceHeader] = {}
-    order: list[SliceHeader | str] = []  # headers without a UID, and the UIDs in the order first seen
-    for h in headers:
-        if not h.sop_instance:
-            order.append(h)
-            continue
-        first = kept.get(h.sop_instance)
-        if first is None:
-            kept[h.sop_instance] = h
-            order.append(h.sop_instance)
-            continue
-        keep, drop = (h, first) if whole(h) > whole(first) else (first, h)
-        kept[h.sop_instance] = keep
-        why = (
-            ", not truncated"
-            if drop.truncated and not keep.truncated
-            else ", with pixel data"
-            if whole(keep) > whole(drop)
-            else ""
-        )
-        skipped.append(
-            SkippedFile(drop.path, "duplicate_copy", f"another copy of SOP instance {h.sop_instance} (kept {keep.path}{why})")
-        )
-    return [kept[x] if isinstance(x, str) else x for x in order]
 
 
 def reject(result: ScanResult, series: SeriesInfo, error: CtpipeError) -> None:

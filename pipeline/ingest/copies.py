@@ -1,0 +1,143 @@
+"""Files that hold one SOP instance twice: copies (one is kept) or different images under one SOPInstanceUID.
+
+Archives and exports hold the same instance more than once (a series sent again, a DICOMDIR tree beside a flat
+copy): those copies are one image, and one file of each is kept. A file that reuses an SOPInstanceUID for a
+different image (a corrected image sent again under its old UID, a different slice position, another rescale) is not
+a copy: which of the two is right cannot be told from the files, so the series it belongs to is refused naming both.
+Positions are DICOM patient coordinates (LPS, mm).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import CtpipeError, DuplicateSliceError
+from .discover import SkippedFile
+from .headers import SliceHeader
+from .pixels import read_stored
+
+log = logging.getLogger(__name__)
+
+#: Header fields that make two files of one SOPInstanceUID different images (with their names in messages).
+_IMAGE_FIELDS = (
+    ("position", "ImagePositionPatient (0020,0032)"),
+    ("orientation", "ImageOrientationPatient (0020,0037)"),
+    ("pixel_spacing", "PixelSpacing (0028,0030)"),
+    ("rows", "Rows (0028,0010)"),
+    ("columns", "Columns (0028,0011)"),
+    ("n_frames", "NumberOfFrames (0028,0008)"),
+    ("slope", "RescaleSlope (0028,1053)"),
+    ("intercept", "RescaleIntercept (0028,1052)"),
+)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Two files of one SOPInstanceUID that hold different images: ``kept`` stays in its series (which is refused),
+    ``other`` is left out; ``how`` says what differs."""
+
+    kept: SliceHeader
+    other: SliceHeader
+    how: str
+
+    def error(self, where: str) -> DuplicateSliceError:
+        """The error that refuses the series of ``kept`` (``where``: the series in words)."""
+        return DuplicateSliceError(
+            f"two files hold SOP instance {self.kept.sop_instance} with different images ({self.how}): "
+            f"{self.kept.path} and {self.other.path}; an SOPInstanceUID names one image, so one of them was changed "
+            "and sent again under its old SOPInstanceUID, or is damaged",
+            where=where,
+            fix="find out from the archive/PACS which file is current (retrieve the series again into an empty "
+            "folder), keep that one and remove the other, then ingest again",
+        )
+
+
+def _differences(a: SliceHeader, b: SliceHeader) -> str | None:
+    """What makes ``a`` and ``b`` different images, in words, or None when they are copies of one image."""
+    out = []
+    for attr, name in _IMAGE_FIELDS:
+        va, vb = getattr(a, attr), getattr(b, attr)
+        if va != vb and not (isinstance(va, float) and isinstance(vb, float) and np.isnan(va) and np.isnan(vb)):
+            out.append(f"{name} {va} and {vb}")
+    if out:
+        return "; ".join(out)
+    try:
+        if a.transfer_syntax == b.transfer_syntax:  # one encoding: the pixel data as stored tell
+            same = _same_tail(a, b)
+        elif a.n_frames == 1 and b.n_frames == 1:  # transcoded by an archive (e.g. to JPEG 2000): the decoded values
+            same = np.array_equal(read_stored([a], workers=0), read_stored([b], workers=0))
+        else:
+            log.info("copies of SOP instance %s in two transfer syntaxes: pixel data not compared", a.sop_instance)
+            return None
+    except (CtpipeError, OSError) as exc:  # a damaged copy: the whole one is kept, the other fails where it is read
+        log.info("copies of SOP instance %s not compared: %s", a.sop_instance, exc)
+        return None
+    return None if same else "their pixel data differ"
+
+
+def _same_tail(a: SliceHeader, b: SliceHeader, chunk: int = 1 << 20) -> bool:
+    """Whether the two files hold the same bytes from their pixel data to their ends (read in 1 MiB chunks)."""
+    if a.file_size - (a.pixel_offset or 0) != b.file_size - (b.pixel_offset or 0):
+        return False
+    with open(a.path, "rb") as fa, open(b.path, "rb") as fb:
+        fa.seek(a.pixel_offset or 0)
+        fb.seek(b.pixel_offset or 0)
+        while True:
+            da, db = fa.read(chunk), fb.read(chunk)
+            if da != db:
+                return False
+            if not da:
+                return True
+
+
+def _whole(h: SliceHeader) -> tuple[bool, bool]:
+    return h.truncated is None, h.pixel_length is not None
+
+
+def drop_copies(headers: list[SliceHeader], skipped: list[SkippedFile]) -> tuple[list[SliceHeader], dict[str, Conflict]]:
+    """Keep one file per SOPInstanceUID; the other copies are skipped with a reason (kind ``duplicate_copy``, or
+    ``conflicting_copy`` for a file whose image differs from the kept one's). A whole copy is kept rather than
+    a truncated one or one without pixel data (a series sent again after a broken transfer), else the first.
+
+    Returns the headers kept and, by SOPInstanceUID, the :class:`Conflict` of each instance held by two files whose
+    images differ (the first of them is kept; its series is to be refused with :meth:`Conflict.error`)."""
+    kept: dict[str, SliceHeader] = {}
+    conflicts: dict[str, Conflict] = {}
+    order: list[SliceHeader | str] = []  # headers without a UID, and the UIDs in the order first seen
+    for h in headers:
+        if not h.sop_instance:
+            order.append(h)
+            continue
+        first = kept.get(h.sop_instance)
+        if first is None:
+            kept[h.sop_instance] = h
+            order.append(h.sop_instance)
+            continue
+        keep, drop = (h, first) if _whole(h) > _whole(first) else (first, h)
+        kept[h.sop_instance] = keep
+        if _whole(keep) == _whole(drop) == (True, True) and h.sop_instance not in conflicts:
+            how = _differences(keep, drop)
+            if how is not None:
+                conflicts[h.sop_instance] = Conflict(keep, drop, how)
+                skipped.append(
+                    SkippedFile(
+                        drop.path,
+                        "conflicting_copy",
+                        f"a different image under SOP instance {h.sop_instance} ({how}) than {keep.path}: the series is refused",
+                    )
+                )
+                continue
+        why = (
+            ", not truncated"
+            if drop.truncated and not keep.truncated
+            else ", with pixel data"
+            if _whole(keep) > _whole(drop)
+            else ""
+        )
+        skipped.append(
+            SkippedFile(drop.path, "duplicate_copy", f"another copy of SOP instance {h.sop_instance} (kept {keep.path}{why})")
+        )
+    return [kept[x] if isinstance(x, str) else x for x in order], conflicts
