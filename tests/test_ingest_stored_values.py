@@ -43,6 +43,27 @@ def test_bits_stored_varying_per_slice_keeps_metal(tmp_path):
     assert vol.array[metal_k, 4:7, 4:7].min() == 3000
 
 
+def test_pixel_representation_varying_per_slice(tmp_path):
+    """Half the slices stored unsigned (intercept -1024), half signed (intercept 0), as a series partly re-sent by
+    other software holds them: each slice's HU from its own representation, as SimpleITK reads the series (it was
+    refused as 'PixelRepresentation differs within the series', with 'remove the odd file(s)' as the fix)."""
+    n = 8
+    hu = hu_pattern(n, 16, 20)
+    hu[2, 3, 3] = -2000  # below what unsigned + (-1024) can hold: that slice must stay signed
+
+    def tweak(k: int, ds: pydicom.Dataset) -> None:
+        if k % 2:
+            ds.PixelRepresentation = 0
+            ds.RescaleIntercept = "-1024"
+            ds.PixelData = (hu[k].astype(np.int32) + 1024).astype(np.uint16).tobytes()
+
+    paths = write_series(tmp_path, n=n, hu=hu, intercept=0.0, tweak=tweak)
+    assert {pydicom.dcmread(p).PixelRepresentation for p in paths} == {0, 1}
+    vol = load_series(tmp_path, rules=RULES, workers=0)
+    assert np.array_equal(vol.array, hu) and np.array_equal(vol.array, _pydicom_hu(paths))
+    assert vol.array.dtype == np.int16
+
+
 # --- two files under one SOPInstanceUID ------------------------------------------------------------------
 
 

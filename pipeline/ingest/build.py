@@ -171,7 +171,6 @@ def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality:
     _majority_check(headers, "pixel_spacing", "PixelSpacing (mm)", where, close=1e-4)
     _majority_check(headers, "orientation", "ImageOrientationPatient", where, close=1e-4)
     _majority_check(headers, "bits_allocated", "BitsAllocated", where)
-    _majority_check(headers, "pixel_representation", "PixelRepresentation", where)
     for ts in {h.transfer_syntax for h in headers}:
         check_decoder(ts, next(h.path for h in headers if h.transfer_syntax == ts))
 
@@ -365,7 +364,8 @@ def _read_multiframe(plan: VolumePlan) -> np.ndarray:
     for h in plan.headers:
         per_file[str(h.path)] = read_frame_pixels(h.path, h.n_frames, int(h.rows or 0), int(h.columns or 0), h.transfer_syntax)
     first = next(iter(per_file.values()))
-    out = np.empty((len(plan.frames), first.shape[1], first.shape[2]), dtype=first.dtype)
+    dtype = np.result_type(*{a.dtype for a in per_file.values()})  # files of either PixelRepresentation: int32
+    out = np.empty((len(plan.frames), first.shape[1], first.shape[2]), dtype=dtype)
     for k, f in enumerate(plan.frames):
         out[k] = per_file[str(f.path)][f.frame]
     return out

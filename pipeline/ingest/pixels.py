@@ -131,10 +131,12 @@ def check_readable(h: SliceHeader) -> None:
 def read_stored(headers: Sequence[SliceHeader], *, workers: int | None = None) -> np.ndarray:
     """Stored values of single-frame files, stacked ``[k, j, i]`` in the given order (threads).
 
-    Each file's values are masked (or sign-extended) to its own BitsStored: the files of one series may differ in it.
+    Each file's values are masked (or sign-extended) to its own BitsStored and read with its own PixelRepresentation:
+    the files of one series may differ in them (the stack is int32 when signed and unsigned files meet).
     """
     h0 = headers[0]
-    dtype = stored_dtype(h0)
+    dtypes = [stored_dtype(h) for h in headers]
+    dtype = np.result_type(*set(dtypes))  # signed and unsigned 16-bit files together: int32
     stack = np.empty((len(headers), int(h0.rows or 0), int(h0.columns or 0)), dtype=dtype)
     for h in headers:
         check_readable(h)
@@ -144,11 +146,14 @@ def read_stored(headers: Sequence[SliceHeader], *, workers: int | None = None) -
 
     def job(k: int) -> None:
         h = headers[k]
+        out = stack[k] if dtypes[k] == dtype else np.empty(stack.shape[1:], dtype=dtypes[k])
         if not h.use_pydicom and h.transfer_syntax in NATIVE_SYNTAXES and h.pixel_length != -1:
-            _read_native(h, stack[k])
+            _read_native(h, out)
         else:
-            _read_pydicom(h, stack[k])
-        _fix_bits(stack[k], h)  # each file's own BitsStored: a scanner may write 12 on most slices, 16 on one with metal
+            _read_pydicom(h, out)
+        _fix_bits(out, h)  # each file's own BitsStored: a scanner may write 12 on most slices, 16 on one with metal
+        if out is not stack[k]:
+            stack[k] = out
 
     run_parallel(job, len(headers), workers)
     return stack
