@@ -136,3 +136,50 @@ def test_copies_transcoded_by_the_archive_are_still_copies(tmp_path):
     assert pydicom.dcmread(other).file_meta.TransferSyntaxUID == RLELossless
     vol = load_series(tmp_path, rules=RULES)
     assert np.array_equal(vol.array, load_series(tmp_path / "a", rules=RULES).array)
+
+
+# --- data after the compressed pixel data ---------------------------------------------------------------
+
+
+def _rle_series(folder) -> list:
+    from pydicom.uid import RLELossless
+
+    def rle(k: int, ds: pydicom.Dataset) -> None:
+        ds.compress(RLELossless, generate_instance_uid=False)
+
+    return write_series(folder, n=12, tweak=rle)
+
+
+def test_compressed_files_with_data_set_trailing_padding_load(tmp_path):
+    """Data Set Trailing Padding (FFFC,FFFC) after compressed pixel data (dcmtk's --padding-create writes it) is valid
+    DICOM: the files load as without it (they were refused as cut short: 'no end-of-sequence marker')."""
+    ref = load_series(_rle_series(tmp_path / "ref")[0].parent, rules=RULES)
+    paths = _rle_series(tmp_path / "padded")
+    for p in paths:
+        ds = pydicom.dcmread(p)
+        ds.add_new(0xFFFCFFFC, "OB", b"\0" * 300)
+        ds.save_as(p, enforce_file_format=True)
+    assert not paths[0].read_bytes().endswith(b"\xfe\xff\xdd\xe0\x00\x00\x00\x00")
+    vol = load_series(tmp_path / "padded", rules=RULES)
+    assert np.array_equal(vol.array, ref.array)
+
+
+def test_compressed_file_with_bytes_appended_loads_like_an_uncompressed_one(tmp_path):
+    """Bytes appended after the data set (a copy tool's junk) are ignored, as they are after uncompressed pixel data."""
+    ref = load_series(_rle_series(tmp_path / "ref")[0].parent, rules=RULES)
+    paths = _rle_series(tmp_path / "junk")
+    with open(paths[4], "ab") as fh:
+        fh.write(np.random.default_rng(3).integers(0, 256, 3000, dtype=np.uint8).tobytes())
+    vol = load_series(tmp_path / "junk", rules=RULES)
+    assert np.array_equal(vol.array, ref.array)
+
+
+def test_compressed_file_cut_inside_its_fragments_is_still_cut_short(tmp_path):
+    from pipeline.errors import TruncatedFileError
+
+    paths = _rle_series(tmp_path)
+    data = paths[4].read_bytes()
+    paths[4].write_bytes(data[: len(data) - 40])
+    with pytest.raises(TruncatedFileError, match="cut short|end-of-sequence") as err:
+        load_series(tmp_path, rules=RULES)
+    assert str(paths[4]) in str(err.value)

@@ -8,6 +8,7 @@ uncompressed little-endian data), so ``import pipeline.ingest`` and ``ctpipe --h
 
 from __future__ import annotations
 
+import io
 import logging
 import struct
 import threading
@@ -42,6 +43,16 @@ def decode_failure(exc: BaseException) -> bool:
     :data:`PYDICOM_ERRORS`, or the panic of a decoder written in Rust (pylibjpeg-rle on a damaged RLE stream raises
     ``pyo3_runtime.PanicException``, which derives from BaseException, not Exception, and would stop a batch)."""
     return isinstance(exc, PYDICOM_ERRORS) or type(exc).__name__ == "PanicException"
+
+
+def through_pixel_data(path: Path, end: int | None) -> Path | io.BytesIO:
+    """What to give pydicom for a file whose compressed pixel data end at byte ``end`` with bytes after them (data
+    set trailing padding, or bytes appended to the file): the file up to there, so that bytes appended are left out
+    as they are after uncompressed pixel data; ``path`` itself when nothing follows (``end`` None)."""
+    if end is None:
+        return path
+    with open(path, "rb") as fh:
+        return io.BytesIO(fh.read(end))
 
 
 #: Transfer syntaxes whose pixel data is read straight from the file, without a decoder.

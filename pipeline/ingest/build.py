@@ -362,7 +362,9 @@ def _read_multiframe(plan: VolumePlan) -> np.ndarray:
     assert plan.frames is not None
     per_file: dict[str, np.ndarray] = {}
     for h in plan.headers:
-        per_file[str(h.path)] = read_frame_pixels(h.path, h.n_frames, int(h.rows or 0), int(h.columns or 0), h.transfer_syntax)
+        per_file[str(h.path)] = read_frame_pixels(
+            h.path, h.n_frames, int(h.rows or 0), int(h.columns or 0), h.transfer_syntax, pixel_end=h.pixel_end
+        )
     first = next(iter(per_file.values()))
     dtype = np.result_type(*{a.dtype for a in per_file.values()})  # files of either PixelRepresentation: int32
     out = np.empty((len(plan.frames), first.shape[1], first.shape[2]), dtype=dtype)

@@ -200,6 +200,7 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
         pixel_offset=raw.pixel_offset,
         pixel_length=raw.pixel_length,
         truncated=raw.truncated,
+        pixel_end=raw.pixel_end,
         use_pydicom=use_pydicom,
         extra=tuple((k, s(k)) for k in _EXTRA_KEYS if s(k)),
         notes=tuple(notes),

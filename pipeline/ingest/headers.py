@@ -82,6 +82,7 @@ class SliceHeader:
     padding: tuple[int, int] | None = None  # stored values (inclusive) that are padding, not image
     padding_error: str | None = None  # why the file's padding attributes were ignored
     file_mtime_ns: int = 0  # the file's modification time (ns since the Unix epoch) when the header was read
+    pixel_end: int | None = None  # where compressed pixel data end when bytes follow them (trailing padding, junk)
 
     @property
     def is_enhanced(self) -> bool:

@@ -90,7 +90,8 @@ def estimated_ratio(h: SliceHeader) -> float | None:
         return None
     if h.pixel_length != -1 or not h.pixel_offset or not (h.rows and h.columns and h.bits_allocated):
         return None
-    compressed = h.file_size - h.pixel_offset - _SEQUENCE_DELIMITER_BYTES
+    end = h.pixel_end if h.pixel_end is not None else h.file_size  # trailing padding or bytes appended left out
+    compressed = end - h.pixel_offset - _SEQUENCE_DELIMITER_BYTES
     if compressed <= 0:
         return None
     uncompressed = h.rows * h.columns * max(h.samples_per_pixel, 1) * h.bits_allocated / 8 * max(h.n_frames, 1)

@@ -23,7 +23,7 @@ from ..errors import (
     SeriesGeometryError,
     TruncatedFileError,
 )
-from ._pydicom import PYDICOM_ERRORS, check_decoder, decode_pixels
+from ._pydicom import PYDICOM_ERRORS, check_decoder, decode_pixels, through_pixel_data
 from .codestream import FrameShape, check_decoded_size, check_encapsulated_pixels
 
 log = logging.getLogger(__name__)
@@ -139,13 +139,16 @@ def _number(value: Any, default: float) -> float:
         return float("nan")
 
 
-def read_frame_pixels(path: Path, n_frames: int, rows: int, columns: int, transfer_syntax: str) -> np.ndarray:
-    """Stored values of every frame, ``[frame, row, column]``."""
+def read_frame_pixels(
+    path: Path, n_frames: int, rows: int, columns: int, transfer_syntax: str, *, pixel_end: int | None = None
+) -> np.ndarray:
+    """Stored values of every frame, ``[frame, row, column]``; ``pixel_end``: where compressed pixel data end when
+    bytes follow them (:attr:`~pipeline.ingest.headers.SliceHeader.pixel_end`; those bytes are left out)."""
     import pydicom  # lazy on purpose: slow to import (see pipeline.ingest._pydicom)
 
     check_decoder(transfer_syntax, path)
     try:
-        ds = pydicom.dcmread(path)
+        ds = pydicom.dcmread(through_pixel_data(path, pixel_end))
     except PYDICOM_ERRORS as exc:
         raise TruncatedFileError(
             f"the file cannot be read ({exc})", where=path, fix="copy the file again from the archive/PACS"

@@ -103,6 +103,7 @@ class RawHeader:
     file_size: int = 0
     file_mtime_ns: int = 0  # the file's modification time (ns since the Unix epoch) when its header was read
     truncated: str | None = None  # why the pixel data is incomplete, if it is
+    pixel_end: int | None = None  # where compressed pixel data end when other bytes follow them (else None)
 
 
 class _Stream:
@@ -288,6 +289,25 @@ _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
 
 
+_SEQ_END_BYTES = b"\xfe\xff\xdd\xe0\x00\x00\x00\x00"  # (FFFE,E0DD) Sequence Delimitation Item, length 0
+_ITEM_HEAD = struct.Struct("<HHI")
+
+
+def _encapsulated_end(fh, pos: int, size: int) -> int | None:
+    """The file offset just after the Sequence Delimitation Item of encapsulated pixel data whose items start at
+    ``pos`` (one item header read per fragment), or None when the items run past the end of the file or something
+    other than an item or the delimiter comes first (data cut short or damaged)."""
+    while pos + 8 <= size:
+        fh.seek(pos)
+        group, elem, length = _ITEM_HEAD.unpack(fh.read(8))
+        if (group, elem) == (0xFFFE, 0xE0DD):
+            return pos + 8
+        if (group, elem) != (0xFFFE, 0xE000) or length == _UNDEFINED:
+            return None
+        pos += 8 + length
+    return None
+
+
 def _walk(st: _Stream, pos: int, size: int, explicit: bool, out: RawHeader) -> None:
     buf, base = st.buf, st.base
     blen = len(buf)
@@ -313,8 +333,10 @@ def _walk(st: _Stream, pos: int, size: int, explicit: bool, out: RawHeader) -> N
             if length == _UNDEFINED:
                 out.pixel_length = -1
                 st.fh.seek(max(vstart, size - 8))
-                if st.fh.read(8) != b"\xfe\xff\xdd\xe0\x00\x00\x00\x00":
-                    out.truncated = "the compressed pixel data has no end-of-sequence marker"
+                if st.fh.read(8) != _SEQ_END_BYTES:  # data set trailing padding, or bytes appended: find the marker
+                    out.pixel_end = _encapsulated_end(st.fh, vstart, size)
+                    if out.pixel_end is None:
+                        out.truncated = "the compressed pixel data has no end-of-sequence marker"
             else:
                 out.pixel_length = length
                 if vstart + length > size:
