@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.cache import STALE_TMP_AGE_S, CaseCache
 from pipeline.cli import main
-from pipeline.errors import NoSeriesFoundError
+from pipeline.errors import NoSeriesFoundError, NotDicomError
 from pipeline.ingest import SelectionRules, ingest_to_cache, load_series, scan_directory
 from pipeline.ingest.discover import read_header
 from pipeline.ingest.series import fallback_series_uid
@@ -291,3 +291,27 @@ def test_ingest_reading_threads_are_named_threads_and_the_earlier_name_still_par
     assert parser.parse_args(["ingest", "src", "--out", "c"]).threads is None
     ingest = parser._subparsers._group_actions[0].choices["ingest"]  # type: ignore[union-attr]
     assert "--threads" in ingest.format_help() and "--workers N" not in ingest.format_help()
+
+
+# --- a ZIP or tar export among the files ----------------------------------------------------------------
+
+
+def test_a_zip_export_in_a_scanned_folder_is_named_as_an_archive(tmp_path):
+    """A PACS export dropped as a .zip beside the series: the skip reason says it is an archive to unpack, not just
+    'not a DICOM file'."""
+    import zipfile
+
+    paths = write_phantom(tmp_path / "export" / "series", slices=12)
+    with zipfile.ZipFile(tmp_path / "export" / "study.zip", "w") as zf:
+        for p in paths:
+            zf.write(p, p.name)
+    scan = scan_directory(tmp_path / "export")
+    (skip,) = [f for f in scan.skipped_files if f.path.name == "study.zip"]
+    assert skip.kind == "not_dicom" and "archive (ZIP)" in skip.reason, skip.reason
+    assert scan.series and scan.series[0].selected
+    only = tmp_path / "only"
+    only.mkdir()
+    (tmp_path / "export" / "study.zip").rename(only / "study.zip")
+    with pytest.raises(NotDicomError, match=r"archive \(ZIP\).*unpack it first") as err:
+        load_series(only)
+    assert str(only / "study.zip") in str(err.value)

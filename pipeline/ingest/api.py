@@ -75,6 +75,9 @@ def explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
                 "resolve the links, or point ctpipe at the folder that holds the files",
             )
         fix = "point ctpipe at the folder holding the DICOM image files"
+        archives = [f.path for f in scan.skipped_files if f.reason.startswith("an archive (")]
+        if archives:  # zipped exports: their files are the DICOM
+            fix = f"{unpack_fix(archives[0], 'ctpipe (or load_series)')}; or " + fix
         if kinds.get("unreadable"):
             fix += "; the unreadable files may be them: check their permissions"
         return NotDicomError(

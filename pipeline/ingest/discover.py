@@ -27,7 +27,7 @@ from typing import Literal, overload
 from ..errors import CtpipeError, NotDicomError, TruncatedFileError, UnreadableFileError, missing_path_fix
 from ._pydicom import PYDICOM_ERRORS
 from .headers import CT_SOPS, ENHANCED_CT_SOP, LEGACY_ENHANCED_CT_SOP, SliceHeader
-from .image import image_suffix
+from .image import archive_kind, image_suffix, unpack_fix
 from .multiframe import read_frames
 from .padding import pixel_padding
 from .rawheader import (
@@ -299,6 +299,12 @@ def read_header(path: str | os.PathLike[str]) -> SliceHeader:
                 where=p,
                 fix=f"load the image on its own: load_series({str(p)!r}) reads it (ctpipe detect and ctpipe reconstruct "
                 "take the file too); or remove it from the input folder",
+            ) from exc
+        if kind := archive_kind(p):  # a PACS export or download, zipped: its DICOM files are inside
+            raise NotDicomError(
+                f"an archive ({kind}), not a DICOM file: the files inside it are not read",
+                where=p,
+                fix=unpack_fix(p, "ctpipe (or load_series)"),
             ) from exc
         raise NotDicomError(f"not a DICOM file: {exc}", where=p, fix=STRAY_FILE_FIX) from exc
     except OSError as exc:
