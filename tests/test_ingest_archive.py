@@ -315,3 +315,26 @@ def test_a_zip_export_in_a_scanned_folder_is_named_as_an_archive(tmp_path):
     with pytest.raises(NotDicomError, match=r"archive \(ZIP\).*unpack it first") as err:
         load_series(only)
     assert str(only / "study.zip") in str(err.value)
+
+
+def test_an_office_document_is_not_called_an_archive_to_unpack(tmp_path):
+    """An Excel worklist (.xlsx) or an OpenDocument sheet is a ZIP inside, but no export to unpack: it stays 'not a
+    DICOM file' (ctpipe run then says to save the worklist as CSV)."""
+    import zipfile
+
+    from pipeline.ingest.image import archive_kind
+
+    xlsx, ods = tmp_path / "src" / "worklist.xlsx", tmp_path / "src" / "sheet.ods"
+    xlsx.parent.mkdir()
+    with zipfile.ZipFile(xlsx, "w") as zf:
+        zf.writestr("[Content_Types].xml", "<Types/>")
+        zf.writestr("xl/workbook.xml", "<workbook/>")
+    with zipfile.ZipFile(ods, "w") as zf:
+        zf.writestr("mimetype", "application/vnd.oasis.opendocument.spreadsheet")
+        zf.writestr("content.xml", "<office/>")
+    assert archive_kind(xlsx) is None and archive_kind(ods) is None
+    scan = scan_directory(tmp_path / "src")
+    assert {f.path.name: f.reason.split(":")[0] for f in scan.skipped_files} == {
+        "worklist.xlsx": "not a DICOM file",
+        "sheet.ods": "not a DICOM file",
+    }

@@ -114,15 +114,20 @@ def _hu_dtype(values: np.ndarray) -> np.dtype:
 
 
 def archive_kind(path: str | Path) -> str | None:
-    """``"ZIP"`` or ``"tar"`` (compressed or not) when ``path`` is such an archive (a downloaded data set), else None."""
+    """``"ZIP"`` or ``"tar"`` (compressed or not) when ``path`` is such an archive (a downloaded data set), else None.
+
+    An office document stored as a ZIP (Excel ``.xlsx``, Word, OpenDocument: it holds ``[Content_Types].xml`` or
+    ``mimetype``) is not an archive to unpack: None."""
     import tarfile
     import zipfile
 
     try:
         if zipfile.is_zipfile(path):
-            return "ZIP"
+            with zipfile.ZipFile(path) as zf:
+                names = set(zf.namelist())
+            return None if names & {"[Content_Types].xml", "mimetype"} else "ZIP"
         return "tar" if tarfile.is_tarfile(path) else None
-    except OSError:
+    except (OSError, zipfile.BadZipFile):
         return None
 
 
