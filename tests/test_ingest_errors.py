@@ -345,3 +345,31 @@ def test_missing_path(tmp_path):
     assert "nowhere" in str(err.value) and "no such file or folder" in _msg(err)
     with pytest.raises(NotDicomError):
         scan_directory([tmp_path / "nowhere"])
+
+
+def test_a_position_written_with_decimal_commas_shows_the_value(tmp_path):
+    """An exporter that wrote ImagePositionPatient with decimal commas: the error shows what the file holds, not
+    'the file lacks geometry'."""
+    paths = write_series(tmp_path, n=12)
+    data = paths[4].read_bytes()
+    ds = pydicom.dcmread(paths[4])
+    text = "\\".join(str(v) for v in ds["ImagePositionPatient"].value).encode()
+    assert data.count(text) == 1 and b"." in text
+    paths[4].write_bytes(data.replace(text, text.replace(b".", b",")))
+    with pytest.raises(CtpipeError) as err:
+        load_series(tmp_path, rules=RULES)
+    msg = _msg(err)
+    assert str(paths[4]) in msg and text.replace(b".", b",").decode() in msg and "decimal comma" in msg, msg
+    assert "lacks geometry" not in msg, msg
+
+
+def test_a_pixel_spacing_with_one_value_shows_it(tmp_path):
+    def one(k, ds):
+        if k == 0:
+            ds["PixelSpacing"] = pydicom.DataElement(0x00280030, "DS", "0.7")
+
+    paths = write_series(tmp_path, n=12, tweak=one)
+    with pytest.raises(CtpipeError) as err:
+        load_series(tmp_path, rules=RULES)
+    msg = _msg(err)
+    assert str(paths[0]) in msg and "PixelSpacing (0028,0030) is '0.7'" in msg and "2 numbers" in msg, msg

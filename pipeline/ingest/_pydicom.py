@@ -55,6 +55,23 @@ def through_pixel_data(path: Path, end: int | None) -> Path | io.BytesIO:
         return io.BytesIO(fh.read(end))
 
 
+def stored_text(path: Path, tag: int) -> str | None:
+    """The text of element ``tag`` of the file as stored (for a message about a value that could not be read), or
+    None when the file lacks the element or cannot be read."""
+    import pydicom
+
+    try:
+        ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=[tag], force=True)
+        elem = ds.get_item(tag)
+    except PYDICOM_ERRORS as exc:
+        log.debug("%s: element %08X not read again: %s", path, tag, exc)
+        return None
+    if elem is None or elem.value is None:
+        return None
+    raw = elem.value
+    return raw.decode("latin-1").strip("\x00 ") if isinstance(raw, bytes) else str(raw)
+
+
 #: Transfer syntaxes whose pixel data is read straight from the file, without a decoder.
 NATIVE_SYNTAXES = frozenset({IMPLICIT_LE, EXPLICIT_LE})
 

@@ -26,7 +26,7 @@ from ..errors import (
     SeriesGeometryError,
 )
 from ..volume import PATIENT_IDENTIFIERS, CTVolume
-from ._pydicom import check_decoder
+from ._pydicom import check_decoder, stored_text
 from .geometry import StackGeometry, stack_geometry
 from .headers import SliceHeader
 from .lossy import lossy_compression
@@ -133,6 +133,25 @@ def _majority_check(headers, attr: str, label: str, where: str, close: float | N
         )
 
 
+def _no_geometry(h: SliceHeader, name: str, tag: int, count: int) -> SeriesGeometryError:
+    """The error for a file whose ``name`` (element ``tag``, ``count`` decimal numbers; 0: a binary value) could not
+    be read: what the file holds there, when it holds text (decimal commas, a value missing)."""
+    text = stored_text(h.path, tag) if count else None
+    if not text:
+        return SeriesGeometryError(
+            f"the image has no valid {name}",
+            where=h.path,
+            fix="the file lacks geometry; re-export the series or remove this file",
+        )
+    commas = ": it is written with decimal commas, where DICOM decimal strings use a point" if "," in text else ""
+    return SeriesGeometryError(
+        f"the image's {name} is '{text}', which is not {count} numbers{commas}",
+        where=h.path,
+        fix=f"re-export the series from the scanner/PACS (the software that wrote this file wrote its {name.split()[0]} "
+        "wrongly), or remove this file",
+    )
+
+
 def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality: bool) -> None:
     h0 = headers[0]
     if check_modality and h0.modality != "CT":
@@ -150,21 +169,17 @@ def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality:
                 where=h.path,
                 fix="this is a colour/secondary image; choose the CT series instead",
             )
-        for name, value in (
-            ("ImagePositionPatient (0020,0032)", h.position),
-            ("ImageOrientationPatient (0020,0037)", h.orientation),
-            ("PixelSpacing (0028,0030)", h.pixel_spacing),
-            ("Rows (0028,0010)", h.rows),
-            ("Columns (0028,0011)", h.columns),
+        for name, tag, count, value in (
+            ("ImagePositionPatient (0020,0032)", 0x00200032, 3, h.position),
+            ("ImageOrientationPatient (0020,0037)", 0x00200037, 6, h.orientation),
+            ("PixelSpacing (0028,0030)", 0x00280030, 2, h.pixel_spacing),
+            ("Rows (0028,0010)", 0x00280010, 0, h.rows),
+            ("Columns (0028,0011)", 0x00280011, 0, h.columns),
         ):
             if value is None:
                 if h.geometry_error:
                     read_frames(h.path)  # raises the multi-frame file's own error: which frame lacks what
-                raise SeriesGeometryError(
-                    f"the image has no valid {name}",
-                    where=h.path,
-                    fix="the file lacks geometry; re-export the series or remove this file",
-                )
+                raise _no_geometry(h, name, tag, count)
     _check_one_patient(headers, where)
     _majority_check(headers, "rows", "Rows", where)
     _majority_check(headers, "columns", "Columns", where)
