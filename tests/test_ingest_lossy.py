@@ -195,3 +195,21 @@ def test_the_series_states_its_most_compressed_file(tmp_path):
     md = load_series(tmp_path / "s").metadata
     assert md["LossyImageCompressionRatio"] == [15.0, 2.0]
     assert md["LossyImageCompressionMethod"] == ["ISO_10918_1", "ISO_15444_1"]
+
+
+def test_a_series_derived_only_by_lossy_compression_says_so_when_left_out(tmp_path):
+    """An archive's lossy copy of the original axial series: DICOM makes its ImageType DERIVED (dcmcjpeg does so), and
+    the series is left out by the derived-image rule. The reason names the compression, not only 'derived/secondary'."""
+    from pipeline.ingest import scan_directory
+
+    def lossy(k, ds):
+        ds.LossyImageCompression = "01"
+        ds.DerivationDescription = "Lossy compression with JPEG extended sequential 12 bit, compression ratio 3.2"
+
+    write_series(tmp_path / "lossy", n=N, image_type="DERIVED\\PRIMARY\\AXIAL", tweak=lossy)
+    write_series(tmp_path / "mpr", n=N, image_type="DERIVED\\SECONDARY\\MPR", seed=2)
+    scan = scan_directory(tmp_path)
+    why = {s.headers[0].path.parent.name: s.why_not for s in scan.series}
+    assert "lossy compressed (LossyImageCompression (0028,2110) 01)" in why["lossy"], why
+    assert "--allow-derived" in why["lossy"] and "lossy_compressed" in why["lossy"], why
+    assert "lossy" not in why["mpr"] and "derived/secondary" in why["mpr"], why

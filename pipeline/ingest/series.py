@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .headers import SECONDARY_CAPTURE_SOPS, SliceHeader
-from .lossy import lossy_warnings
+from .lossy import LOSSY_ATTRIBUTE, is_lossy, lossy_warnings
 from .padding import padding_warnings
 
 log = logging.getLogger(__name__)
@@ -330,7 +330,19 @@ def is_derived(s: SeriesInfo) -> str | None:
     if h.sop_class in SECONDARY_CAPTURE_SOPS:
         return f"SOP class {h.sop_class} is Secondary Capture"
     if h.image_type and (h.image_type[0] == "DERIVED" or (len(h.image_type) > 1 and h.image_type[1] == "SECONDARY")):
-        return f"ImageType {'/'.join(h.image_type)} is derived/secondary"
+        why = f"ImageType {'/'.join(h.image_type)} is derived/secondary"
+        if h.image_type[1:2] != ("SECONDARY",) and is_lossy(h.transfer_syntax, h.extra_value("LossyImageCompression")):
+            # DICOM makes a lossy compressed image DERIVED: an archive's compressed copy of the original series
+            how = (
+                f"{LOSSY_ATTRIBUTE} 01"
+                if (h.extra_value("LossyImageCompression") or "").strip() == "01"
+                else f"transfer syntax {h.transfer_syntax}"
+            )
+            why += (
+                f" (DERIVED because lossy compressed ({how}): likely an archive's compressed copy of the original "
+                "series; if taken, its results carry the lossy_compressed flag)"
+            )
+        return why
     return None
 
 
