@@ -244,8 +244,6 @@ def load_series(
         try:
             header = read_header(p)
         except NotDicomError as exc:
-            if exc.fix != STRAY_FILE_FIX:  # said of this file (a DICOMDIR, a NIfTI): as it is
-                raise
             # the file named is what is wrong, not a stray file in a scanned folder
             if kind := archive_kind(p):
                 raise NotDicomError(
@@ -253,6 +251,8 @@ def load_series(
                     where=p,
                     fix=unpack_fix(p, "load_series"),
                 ) from exc
+            if exc.fix != STRAY_FILE_FIX:  # said of this file (a DICOMDIR, a NIfTI): as it is
+                raise
             raise NotDicomError(
                 exc.problem,
                 where=p,
