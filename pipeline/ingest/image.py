@@ -113,6 +113,10 @@ def _hu_dtype(values: np.ndarray) -> np.dtype:
     return np.dtype(np.float32)
 
 
+#: How ZIP, gzip, bzip2 and xz files begin (a tar file says ``ustar`` at byte 257).
+_ARCHIVE_MAGIC = (b"PK\x03\x04", b"PK\x05\x06", b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+
+
 def archive_kind(path: str | Path) -> str | None:
     """``"ZIP"`` or ``"tar"`` (compressed or not) when ``path`` is such an archive (a downloaded data set), else None.
 
@@ -122,6 +126,10 @@ def archive_kind(path: str | Path) -> str | None:
     import zipfile
 
     try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+        if not head.startswith(_ARCHIVE_MAGIC) and head[257:262] != b"ustar":  # cheap: most files are neither
+            return None
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as zf:
                 names = set(zf.namelist())
