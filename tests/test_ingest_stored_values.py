@@ -115,11 +115,13 @@ def test_a_moved_image_under_the_same_sop_instance_uid_names_the_position(tmp_pa
 
 
 def test_copies_that_differ_only_in_other_header_values_are_still_copies(tmp_path):
-    """A patient name corrected in the archive's copy: the image is the same, one file is kept, the other skipped."""
+    """A patient name corrected in the archive's copy, its position written again with other digits and a longer
+    header before the same pixel data: the image is the same, one file is kept, the other skipped."""
 
     def renamed(ds: pydicom.Dataset) -> None:
         ds.PatientName = "Phantom^Corrected"
-        ds.InstitutionName = "Other Hospital"
+        ds.InstitutionName = "Other Hospital, Department of Radiology"
+        ds.ImagePositionPatient = [f"{float(v) + 4e-6:.7f}" for v in ds.ImagePositionPatient]
 
     paths, other = _resend(tmp_path, renamed)
     vol = load_series(tmp_path, rules=RULES)

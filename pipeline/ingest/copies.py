@@ -21,17 +21,26 @@ from .pixels import read_stored
 
 log = logging.getLogger(__name__)
 
-#: Header fields that make two files of one SOPInstanceUID different images (with their names in messages).
+#: Header fields that make two files of one SOPInstanceUID different images (with their names in messages), and
+#: how far their values may lie apart in copies (positions and spacings in mm, written again with other digits).
 _IMAGE_FIELDS = (
-    ("position", "ImagePositionPatient (0020,0032)"),
-    ("orientation", "ImageOrientationPatient (0020,0037)"),
-    ("pixel_spacing", "PixelSpacing (0028,0030)"),
-    ("rows", "Rows (0028,0010)"),
-    ("columns", "Columns (0028,0011)"),
-    ("n_frames", "NumberOfFrames (0028,0008)"),
-    ("slope", "RescaleSlope (0028,1053)"),
-    ("intercept", "RescaleIntercept (0028,1052)"),
+    ("position", "ImagePositionPatient (0020,0032)", 1e-3),
+    ("orientation", "ImageOrientationPatient (0020,0037)", 1e-5),
+    ("pixel_spacing", "PixelSpacing (0028,0030)", 1e-5),
+    ("rows", "Rows (0028,0010)", 0.0),
+    ("columns", "Columns (0028,0011)", 0.0),
+    ("n_frames", "NumberOfFrames (0028,0008)", 0.0),
+    ("slope", "RescaleSlope (0028,1053)", 1e-9),
+    ("intercept", "RescaleIntercept (0028,1052)", 1e-9),
 )
+
+
+def _close(va: object, vb: object, tol: float) -> bool:
+    if va is None or vb is None:
+        return va is vb
+    a = np.asarray(va, dtype=np.float64)
+    b = np.asarray(vb, dtype=np.float64)
+    return a.shape == b.shape and bool(np.all((np.abs(a - b) <= tol) | (np.isnan(a) & np.isnan(b))))
 
 
 @dataclass(frozen=True)
@@ -58,15 +67,15 @@ class Conflict:
 def _differences(a: SliceHeader, b: SliceHeader) -> str | None:
     """What makes ``a`` and ``b`` different images, in words, or None when they are copies of one image."""
     out = []
-    for attr, name in _IMAGE_FIELDS:
+    for attr, name, tol in _IMAGE_FIELDS:
         va, vb = getattr(a, attr), getattr(b, attr)
-        if va != vb and not (isinstance(va, float) and isinstance(vb, float) and np.isnan(va) and np.isnan(vb)):
+        if not _close(va, vb, tol):
             out.append(f"{name} {va} and {vb}")
     if out:
         return "; ".join(out)
     try:
         if a.transfer_syntax == b.transfer_syntax:  # one encoding: the pixel data as stored tell
-            same = _same_tail(a, b)
+            same = _same_pixel_bytes(a, b)
         elif a.n_frames == 1 and b.n_frames == 1:  # transcoded by an archive (e.g. to JPEG 2000): the decoded values
             same = np.array_equal(read_stored([a], workers=0), read_stored([b], workers=0))
         else:
@@ -78,19 +87,32 @@ def _differences(a: SliceHeader, b: SliceHeader) -> str | None:
     return None if same else "their pixel data differ"
 
 
-def _same_tail(a: SliceHeader, b: SliceHeader, chunk: int = 1 << 20) -> bool:
-    """Whether the two files hold the same bytes from their pixel data to their ends (read in 1 MiB chunks)."""
-    if a.file_size - (a.pixel_offset or 0) != b.file_size - (b.pixel_offset or 0):
+def _pixel_range(h: SliceHeader) -> tuple[int, int]:
+    """Where the pixel data of ``h`` lie in its file: [start, end) in bytes."""
+    start = h.pixel_offset or 0
+    if h.pixel_length is not None and h.pixel_length >= 0:
+        return start, start + h.pixel_length
+    return start, h.pixel_end if h.pixel_end is not None else h.file_size
+
+
+def _same_pixel_bytes(a: SliceHeader, b: SliceHeader, chunk: int = 1 << 20) -> bool:
+    """Whether the two files hold the same pixel data bytes (read in 1 MiB chunks)."""
+    (a0, a1), (b0, b1) = _pixel_range(a), _pixel_range(b)
+    if a1 - a0 != b1 - b0:
         return False
     with open(a.path, "rb") as fa, open(b.path, "rb") as fb:
-        fa.seek(a.pixel_offset or 0)
-        fb.seek(b.pixel_offset or 0)
-        while True:
-            da, db = fa.read(chunk), fb.read(chunk)
+        fa.seek(a0)
+        fb.seek(b0)
+        left = a1 - a0
+        while left > 0:
+            n = min(chunk, left)
+            da, db = fa.read(n), fb.read(n)
             if da != db:
                 return False
-            if not da:
+            if len(da) < n:  # both end early alike
                 return True
+            left -= n
+    return True
 
 
 def _whole(h: SliceHeader) -> tuple[bool, bool]:
