@@ -271,6 +271,13 @@ def plan_volume(
     md["SOPInstanceUIDs"] = [h.sop_instance for h in ordered]
     if stack.shifts is not None:
         md["GantryTiltCorrectedDeg"] = round(stack.tilt_deg, 4)
+        sx, sy = stack.geometry.spacing[:2]
+        shift_mm = float(np.max(np.hypot(stack.shifts[:, 0] * sx, stack.shifts[:, 1] * sy)))
+        md.setdefault("warnings", []).append(
+            f"gantry tilt of {stack.tilt_deg:.2f} deg resampled onto an orthogonal grid of the same size: slices "
+            f"shifted in-plane by up to {shift_mm:.1f} mm; what they shift past the edge of the field of view is cut, "
+            "and the opposite edge repeats its border pixels"
+        )
     return VolumePlan(
         series, where, stack, ordered, None, np.array([h.slope for h in ordered]), np.array([h.intercept for h in ordered]), md
     )
