@@ -185,3 +185,31 @@ def test_compressed_file_cut_inside_its_fragments_is_still_cut_short(tmp_path):
     with pytest.raises(TruncatedFileError, match="cut short|end-of-sequence") as err:
         load_series(tmp_path, rules=RULES)
     assert str(paths[4]) in str(err.value)
+
+
+def test_a_series_exported_twice_under_new_sop_uids_names_the_two_folders(tmp_path):
+    """The same series exported twice (the second export gave every image a new SOPInstanceUID): every slice has a
+    copy, so the fix is to remove one of the two folders, not 'remove one file of each pair (e.g. slice_0000.dcm)',
+    which named a file both folders hold."""
+    paths = write_series(tmp_path / "export1", n=12)
+    (tmp_path / "export2").mkdir()
+    for p in paths:
+        ds = pydicom.dcmread(p)
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
+        ds.save_as(tmp_path / "export2" / p.name, enforce_file_format=True)
+    with pytest.raises(DuplicateSliceError) as err:
+        load_series(tmp_path, rules=RULES)
+    fix = err.value.fix
+    assert "twice" in fix and str(tmp_path / "export1") in fix and str(tmp_path / "export2") in fix, fix
+    assert "remove one of the two folders" in fix, fix
+
+
+def test_a_few_copied_slices_name_the_files_with_their_folders(tmp_path):
+    paths = write_series(tmp_path / "a", n=12)
+    (tmp_path / "b").mkdir()
+    ds = pydicom.dcmread(paths[3])
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
+    ds.save_as(tmp_path / "b" / paths[3].name, enforce_file_format=True)
+    with pytest.raises(DuplicateSliceError) as err:
+        load_series(tmp_path, rules=RULES)
+    assert "remove one file of each pair (e.g. b/slice_0003.dcm)" in err.value.fix, err.value.fix

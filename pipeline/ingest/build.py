@@ -291,10 +291,11 @@ def _duplicates_compared(headers: Sequence[SliceHeader], exc: DuplicateSliceErro
         return exc
     copies: list[str] = []
     different: list[str] = []
+    names = _ShortNames(headers)
     for i, j in exc.pairs[:8]:  # a few pairs tell which it is; comparing them reads two slices each
         a, b = headers[i], headers[j]
         same = (a.slope, a.intercept) == (b.slope, b.intercept) and np.array_equal(read_stored([a]), read_stored([b]))
-        (copies if same else different).append(f"{a.path.name} and {b.path.name}")
+        (copies if same else different).append(f"{names[i]} and {names[j]}")
     checked = len(copies) + len(different)
     more = f" (the first {checked} of {len(exc.pairs)} pairs compared)" if len(exc.pairs) > checked else ""
     if different:
@@ -307,11 +308,19 @@ def _duplicates_compared(headers: Sequence[SliceHeader], exc: DuplicateSliceErro
             "neighbours' and re-export the misplaced file from the scanner/PACS; if the folder holds two stacks, move "
             "the files of one into another folder and load each folder on its own",
         )
+    fix = f"remove one file of each pair (e.g. {', '.join(c.split(' and ')[1] for c in copies[:4])}), then ingest again"
+    folders = {frozenset((headers[i].path.parent, headers[j].path.parent)) for i, j in exc.pairs}
+    if 2 * len(exc.pairs) == len(headers) and len(folders) == 1 and len(pair := sorted(next(iter(folders)))) == 2:
+        # every slice twice, one of each pair in either folder: the series was exported twice
+        fix = (
+            f"the series is there twice, every slice in {pair[0]} and again in {pair[1]} (a second export with new "
+            f"SOPInstanceUIDs): remove one of the two folders (or scan only {pair[0]}), then ingest again"
+        )
     return DuplicateSliceError(
         f"{exc.problem}; each pair holds the same image (identical pixel data and rescale){more} under two "
         "SOPInstanceUIDs: copies",
         where=where,
-        fix=f"remove one file of each pair (e.g. {', '.join(c.split(' and ')[1] for c in copies[:4])}), then ingest again",
+        fix=fix,
     )
 
 
