@@ -257,6 +257,22 @@ def test_text_the_character_set_cannot_decode_is_kept_byte_for_byte(tmp_path):
     assert read_header(paths[0]).series_description == "Thorax Ä"
 
 
+@pytest.mark.parametrize(("stored", "read"), [("Größe Thorax".encode(), "Größe Thorax"), (b"Gr\xf6\xdfe", "Größe")])
+def test_text_without_a_character_set_is_read_as_utf8_when_it_is_utf8(tmp_path, stored, read):
+    """Files without SpecificCharacterSet whose text is UTF-8 (as many exporters write it without saying so) read as
+    UTF-8, not as Latin-1 mojibake ('GrÃ¶Ãe'); bytes that are not UTF-8 still read as Latin-1."""
+    placeholder = b"X" * len(stored)
+
+    def tweak(k, ds):
+        ds.SeriesDescription = placeholder.decode()
+
+    paths = write_series(tmp_path, n=2, tweak=tweak)
+    for p in paths:
+        p.write_bytes(p.read_bytes().replace(placeholder, stored))
+    assert "SpecificCharacterSet" not in pydicom.dcmread(paths[0])
+    assert read_header(paths[0]).series_description == read
+
+
 def test_corrupt_headers_never_stop_a_scan(tmp_path):
     """Random byte damage in headers gives a skipped file or a header, never an unexpected exception."""
     from pipeline.errors import CtpipeError

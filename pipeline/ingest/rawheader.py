@@ -164,10 +164,16 @@ _CODECS = {
 def decode_text(text: str, charset: str | None) -> str:
     """A text value the header scan read byte for byte (as Latin-1), decoded with the file's SpecificCharacterSet
     (0008,0005) ``charset``: UTF-8 (ISO_IR 192), the ISO 8859 parts, GB18030, and the ISO 2022 code extensions
-    (through pydicom). ASCII text, a file without SpecificCharacterSet (the default repertoire; Latin-1 is kept
-    as the best guess for its stray bytes) and bytes the declared character set cannot decode come back unchanged."""
-    if not charset or (text.isascii() and "\x1b" not in text):  # ISO 2022 escape sequences are ASCII bytes
+    (through pydicom). In a file without SpecificCharacterSet (the default repertoire) bytes that form UTF-8 are
+    read as UTF-8 (exporters write it without declaring it; Latin-1 text rarely forms UTF-8 by chance), other stray
+    bytes as Latin-1. ASCII text and bytes the declared character set cannot decode come back unchanged."""
+    if text.isascii() and "\x1b" not in text:  # ISO 2022 escape sequences are ASCII bytes
         return text
+    if not charset:
+        try:
+            return text.encode("latin-1").decode("utf-8")
+        except UnicodeDecodeError:
+            return text
     raw = text.encode("latin-1")
     terms = [t.strip() for t in charset.split("\\")]
     codec = _CODECS.get(terms[0]) if len(terms) == 1 else None
