@@ -213,3 +213,27 @@ def test_a_few_copied_slices_name_the_files_with_their_folders(tmp_path):
     with pytest.raises(DuplicateSliceError) as err:
         load_series(tmp_path, rules=RULES)
     assert "remove one file of each pair (e.g. b/slice_0003.dcm)" in err.value.fix, err.value.fix
+
+
+def test_deflated_copies_that_differ_in_other_header_values_are_still_copies(tmp_path):
+    """A deflated file is compressed as a whole: a header value changed in the archive's copy changes every byte
+    after it, so such copies are told apart by their decoded pixel values."""
+    from pydicom.uid import DeflatedExplicitVRLittleEndian
+
+    def deflate(ds: pydicom.Dataset) -> None:
+        ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
+
+    paths = write_series(tmp_path / "a", n=12)
+    for p in paths:
+        ds = pydicom.dcmread(p)
+        deflate(ds)
+        ds.save_as(p, enforce_file_format=True)
+    (tmp_path / "b").mkdir()
+    for p in paths:
+        (tmp_path / "b" / p.name).write_bytes(p.read_bytes())
+    ds = pydicom.dcmread(tmp_path / "b" / paths[5].name)
+    ds.PatientName = "Phantom^Corrected"
+    ds.save_as(tmp_path / "b" / paths[5].name, enforce_file_format=True)
+    assert pydicom.dcmread(tmp_path / "b" / paths[5].name).file_meta.TransferSyntaxUID == DeflatedExplicitVRLittleEndian
+    vol = load_series(tmp_path, rules=RULES)
+    assert vol.shape[0] == 12

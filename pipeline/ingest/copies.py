@@ -74,9 +74,10 @@ def _differences(a: SliceHeader, b: SliceHeader) -> str | None:
     if out:
         return "; ".join(out)
     try:
-        if a.transfer_syntax == b.transfer_syntax:  # one encoding: the pixel data as stored tell
-            same = _same_pixel_bytes(a, b)
-        elif a.n_frames == 1 and b.n_frames == 1:  # transcoded by an archive (e.g. to JPEG 2000): the decoded values
+        if a.transfer_syntax == b.transfer_syntax and not (a.use_pydicom or b.use_pydicom):
+            same = _same_pixel_bytes(a, b)  # one encoding, the pixel data located: their bytes tell
+        elif a.n_frames == 1 and b.n_frames == 1:  # transcoded by an archive (e.g. to JPEG 2000), or deflated as a
+            # whole (one header value changed changes every byte after it): the decoded values
             same = np.array_equal(read_stored([a], workers=0), read_stored([b], workers=0))
         else:
             log.info("copies of SOP instance %s in two transfer syntaxes: pixel data not compared", a.sop_instance)
