@@ -271,6 +271,10 @@ def test_text_without_a_character_set_is_read_as_utf8_when_it_is_utf8(tmp_path, 
         p.write_bytes(p.read_bytes().replace(placeholder, stored))
     assert "SpecificCharacterSet" not in pydicom.dcmread(paths[0])
     assert read_header(paths[0]).series_description == read
+    ds = pydicom.dcmread(paths[1])  # deflated: its header is read by pydicom, with the same result
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.DeflatedExplicitVRLittleEndian
+    ds.save_as(paths[1], enforce_file_format=True)
+    assert read_header(paths[1]).use_pydicom and read_header(paths[1]).series_description == read
 
 
 def test_corrupt_headers_never_stop_a_scan(tmp_path):

@@ -132,9 +132,11 @@ def _rescale(text: object, default: float) -> float:
 def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False) -> SliceHeader:
     """Build a :class:`SliceHeader` from the raw values of one file (text decoded with its SpecificCharacterSet)."""
     v = raw.values
-    if not use_pydicom:  # pydicom decodes the text itself; the raw parser reads it byte for byte
-        charset = v.get("SpecificCharacterSet")
-        charset = charset if isinstance(charset, str) else None
+    charset = v.get("SpecificCharacterSet")
+    charset = charset if isinstance(charset, str) and charset.strip() else None
+    # the raw parser reads text byte for byte; pydicom decodes it itself, as Latin-1 without a SpecificCharacterSet,
+    # which decode_text reads again as UTF-8 when it is (as it does for the raw parser's text)
+    if not use_pydicom or charset is None:
         v = {k: decode_text(val, charset) if k in CHARSET_TEXT_KEYS and isinstance(val, str) else val for k, val in v.items()}
 
     def s(key: str) -> str:

@@ -172,7 +172,7 @@ def decode_text(text: str, charset: str | None) -> str:
     if not charset:
         try:
             return text.encode("latin-1").decode("utf-8")
-        except UnicodeDecodeError:
+        except (UnicodeEncodeError, UnicodeDecodeError):  # not bytes read as Latin-1, or not UTF-8
             return text
     raw = text.encode("latin-1")
     terms = [t.strip() for t in charset.split("\\")]
