@@ -346,3 +346,13 @@ def test_a_localizer_stored_among_the_axial_slices_is_split_off(tmp_path):
     assert keys[f"{uid}#1"].selected and keys[f"{uid}#1"].n_slices == 12
     assert "ImageType LOCALIZER" in keys[f"{uid}#2"].split_reason and "localizer" in keys[f"{uid}#2"].why_not
     assert load_series(tmp_path).shape[0] == 12
+
+
+def test_overlapping_sources_read_each_file_once(tmp_path):
+    """A folder and a folder inside it given together (a worklist naming a study and one of its series): each file
+    is read once, not listed as 'another copy' of itself."""
+    write_series(tmp_path / "study" / "s1", n=10)
+    write_series(tmp_path / "study" / "s2", n=10, seed=3)
+    scan = scan_directory([tmp_path / "study", tmp_path / "study" / "s1", str(tmp_path / "study" / "s2") + "/"])
+    assert scan.n_files == 20 and not scan.skipped_files, scan.skipped_list()
+    assert sorted(len(s.headers) for s in scan.series) == [10, 10]

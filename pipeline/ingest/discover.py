@@ -330,12 +330,15 @@ def find_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], lis
     (names starting with '.') are ignored. FIFOs, device files and sockets (``not_regular``),
     link loops, broken links and folders or files that cannot be examined (``unreadable``)
     are reported, not raised. Only a path in ``paths`` that does not exist raises
-    :class:`NotDicomError`. Both lists are sorted by path for reproducibility.
+    :class:`NotDicomError`. A file under two of ``paths`` (a folder and a folder inside it) is listed once. Both
+    lists are sorted by path for reproducibility.
     """
     found: list[str] = []
     skipped: list[SkippedFile] = []
     stack: list[str] = []
+    n_roots = 0
     for p in paths:
+        n_roots += 1
         p = os.fspath(p)
         try:
             st = os.stat(p)
@@ -373,6 +376,9 @@ def find_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], lis
                 skipped.append(kind_path)
             else:
                 found.append(kind_path)
+    if n_roots > 1:  # sources that overlap (a folder and a folder inside it) list a file once
+        found = list({os.path.normpath(os.path.abspath(f)): f for f in reversed(found)}.values())
+        skipped = list({os.path.normpath(os.path.abspath(f.path)): f for f in reversed(skipped)}.values())
     found.sort()
     skipped.sort(key=lambda f: str(f.path))
     for f in skipped:
