@@ -384,3 +384,22 @@ def test_a_tilt_correction_warns_how_far_it_shifted_the_slices(tmp_path):
     vol = load_series(tmp_path, allow_gantry_tilt=True)
     (warning,) = [w for w in vol.metadata["warnings"] if "gantry tilt" in w]
     assert "10.00 deg" in warning and "up to 3.8 mm" in warning and "cut" in warning, warning
+
+
+def test_a_few_excess_bytes_after_the_pixel_data_are_padding(tmp_path):
+    """Pixel data a few bytes longer than Rows × Columns need (padding some writers add; pydicom and SimpleITK read
+    such files) load as without them; a whole row more is still refused (the header does not describe the image)."""
+    paths = write_series(tmp_path / "s", n=12)
+    ref = load_series(tmp_path / "s")
+
+    def pad(extra: bytes):
+        ds = pydicom.dcmread(paths[4])
+        ds.PixelData = ds.PixelData + extra
+        ds.save_as(paths[4], enforce_file_format=True)
+
+    pad(b"\0" * 6)  # 16 x 20 pixels of 2 bytes: 640 bytes needed, 646 held
+    vol = load_series(tmp_path / "s")
+    assert np.array_equal(vol.array, ref.array)
+    pad(b"\0" * 34)  # 680 held: one row (20 columns x 2 bytes) more
+    with pytest.raises(CtpipeError, match="needs 640 bytes of pixel data but PixelData"):
+        load_series(tmp_path / "s")

@@ -19,6 +19,7 @@ Limits (documented in the error messages too):
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,8 @@ import numpy as np
 from ..errors import CorruptHeaderError
 from ._pydicom import NATIVE_SYNTAXES
 from .headers import SliceHeader
+
+log = logging.getLogger(__name__)
 
 SLOPE_MAX = 1e4
 INTERCEPT_MAX = 1e5
@@ -65,7 +68,9 @@ def check_rescale(
 
 
 def check_header_values(h: SliceHeader) -> None:
-    """Rescale values (single-frame files) and the matrix size against the pixel data length (uncompressed files)."""
+    """Rescale values (single-frame files) and the matrix size against the pixel data length (uncompressed files):
+    less pixel data than Rows × Columns need, or a row or more in excess, is refused; less than a row in excess is
+    padding after the image, left out."""
     if not h.is_enhanced:  # multi-frame rescale lives in the functional groups: checked per frame when planning
         check_rescale(
             h.slope,
@@ -86,6 +91,10 @@ def check_header_values(h: SliceHeader) -> None:
     need_bits = rows * cols * h.samples_per_pixel * h.n_frames * bits
     need = (need_bits + 7) // 8
     if h.pixel_length in (need, need + need % 2):
+        return
+    row = (cols * h.samples_per_pixel * bits + 7) // 8
+    if need < h.pixel_length < need + row:  # less than a row more: padding after the image (pydicom drops it too)
+        log.info("%s: %d bytes of padding after the pixel data left out", h.path, h.pixel_length - need)
         return
     frames = f" × {h.n_frames} frames" if h.n_frames > 1 else ""
     raise CorruptHeaderError(
