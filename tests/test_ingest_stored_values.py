@@ -237,3 +237,23 @@ def test_deflated_copies_that_differ_in_other_header_values_are_still_copies(tmp
     assert pydicom.dcmread(tmp_path / "b" / paths[5].name).file_meta.TransferSyntaxUID == DeflatedExplicitVRLittleEndian
     vol = load_series(tmp_path, rules=RULES)
     assert vol.shape[0] == 12
+
+
+def test_two_series_that_reuse_sop_instance_uids_for_different_images_both_load(tmp_path):
+    """Software that made a second series from the first (other SeriesInstanceUID, other images) but kept the
+    SOPInstanceUIDs: the files are not copies and belong to different series, so each series keeps its files."""
+    paths = write_series(tmp_path / "a", n=12)
+    (tmp_path / "b").mkdir()
+    uid = pydicom.uid.generate_uid()
+    for p in paths:
+        ds = pydicom.dcmread(p)
+        ds.SeriesInstanceUID = uid
+        ds.SeriesNumber = 3
+        ds.PixelData = (ds.pixel_array + 7).astype(np.int16).tobytes()
+        ds.save_as(tmp_path / "b" / p.name, enforce_file_format=True)
+    scan = scan_directory(tmp_path, rules=RULES)
+    assert not scan.rejected and not scan.skipped_files, (scan.rejected, scan.skipped_list())
+    assert sorted(len(s.headers) for s in scan.series) == [12, 12] and len(scan.selected) == 2
+    a = load_series(tmp_path / "a", rules=RULES)
+    b = load_series(tmp_path, series_uid=uid, rules=RULES)
+    assert np.array_equal(b.array, a.array + 7)

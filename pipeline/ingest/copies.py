@@ -125,8 +125,9 @@ def drop_copies(headers: list[SliceHeader], skipped: list[SkippedFile]) -> tuple
     ``conflicting_copy`` for a file whose image differs from the kept one's). A whole copy is kept rather than
     a truncated one or one without pixel data (a series sent again after a broken transfer), else the first.
 
-    Returns the headers kept and, by SOPInstanceUID, the :class:`Conflict` of each instance held by two files whose
-    images differ (the first of them is kept; its series is to be refused with :meth:`Conflict.error`)."""
+    Returns the headers kept and, by SOPInstanceUID, the :class:`Conflict` of each instance held by two files of one
+    series whose images differ (the first of them is kept; its series is to be refused with :meth:`Conflict.error`).
+    Two files whose images differ and whose SeriesInstanceUIDs differ are both kept, each in its series."""
     kept: dict[str, SliceHeader] = {}
     conflicts: dict[str, Conflict] = {}
     order: list[SliceHeader | str] = []  # headers without a UID, and the UIDs in the order first seen
@@ -143,6 +144,13 @@ def drop_copies(headers: list[SliceHeader], skipped: list[SkippedFile]) -> tuple
         kept[h.sop_instance] = keep
         if _whole(keep) == _whole(drop) == (True, True) and h.sop_instance not in conflicts:
             how = _differences(keep, drop)
+            if how is not None and keep.series_uid != drop.series_uid:
+                # different images in different series: each series keeps its file, only the UID is shared
+                log.info(
+                    "%s and %s: SOP instance %s reused for another image in another series", keep.path, drop.path, h.sop_instance
+                )
+                order.append(drop)
+                continue
             if how is not None:
                 conflicts[h.sop_instance] = Conflict(keep, drop, how)
                 skipped.append(
