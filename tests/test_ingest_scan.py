@@ -356,3 +356,25 @@ def test_overlapping_sources_read_each_file_once(tmp_path):
     scan = scan_directory([tmp_path / "study", tmp_path / "study" / "s1", str(tmp_path / "study" / "s2") + "/"])
     assert scan.n_files == 20 and not scan.skipped_files, scan.skipped_list()
     assert sorted(len(s.headers) for s in scan.series) == [10, 10]
+
+
+def test_an_unknown_character_set_is_logged_once_not_warned_per_file(tmp_path, caplog, recwarn):
+    """SpecificCharacterSet 'ISO_IR 999' (no such character set): pydicom's UserWarning reached the terminal of
+    `ctpipe ingest` once per file; now the scan logs it once and reads the text as Latin-1."""
+    import logging
+
+    def tweak(k, ds):
+        ds.SpecificCharacterSet = "ISO_IR 999"
+        ds.SeriesDescription = "Thorax X"
+
+    paths = write_series(tmp_path, n=10, tweak=tweak)
+    for p in paths:
+        p.write_bytes(p.read_bytes().replace(b"Thorax X", b"Thorax \xc4"))
+    recwarn.clear()  # pydicom's own, writing the files
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipeline.ingest"):
+        scan = scan_directory(tmp_path, workers=0)
+    assert scan.series[0].description == "Thorax Ä"
+    assert not [w for w in recwarn if "encoding" in str(w.message)], [str(w.message) for w in recwarn]
+    notes = [r.getMessage() for r in caplog.records if "ISO_IR 999" in r.getMessage()]
+    assert len(notes) == 1 and "Latin-1" in notes[0], notes

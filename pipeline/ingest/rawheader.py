@@ -10,9 +10,13 @@ caller can fall back to pydicom.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
+import threading
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 IMPLICIT_LE = "1.2.840.10008.1.2"
 EXPLICIT_LE = "1.2.840.10008.1.2.1"
@@ -161,6 +165,19 @@ _CODECS = {
 }
 
 
+_told: set[str] = set()
+_told_lock = threading.Lock()
+
+
+def _unknown_charset(charset: str, term: str) -> None:
+    """Log once per process (header reads run in threads, and in worker processes for large scans)."""
+    with _told_lock:
+        if charset in _told:
+            return
+        _told.add(charset)
+    log.warning("SpecificCharacterSet %r: %r is not a DICOM character set; its text is read as Latin-1", charset, term)
+
+
 def decode_text(text: str, charset: str | None) -> str:
     """A text value the header scan read byte for byte (as Latin-1), decoded with the file's SpecificCharacterSet
     (0008,0005) ``charset``: UTF-8 (ISO_IR 192), the ISO 8859 parts, GB18030, and the ISO 2022 code extensions
@@ -181,7 +198,11 @@ def decode_text(text: str, charset: str | None) -> str:
         if codec is not None:
             return raw.decode(codec)
         # lazy on purpose: pydicom is slow to import and only the ISO 2022 code extensions need it
-        from pydicom.charset import convert_encodings, decode_bytes
+        from pydicom.charset import convert_encodings, decode_bytes, python_encoding
+
+        if unknown := [t for t in terms if t and t not in python_encoding]:
+            _unknown_charset(charset, unknown[0])  # pydicom would warn on every file; say it once
+            return text
 
         decoded = decode_bytes(raw, convert_encodings(terms), {0x5C, 0x5E, 0x3D})
     except (UnicodeDecodeError, LookupError, ValueError):
