@@ -20,7 +20,9 @@ sidecars unless the cache, or the write, is asked to keep them.
 The sidecar's ``format`` (:data:`FORMAT`) changes whenever ingest computes other HU values from the same
 DICOM files; entries of an earlier format are refused (ingest the case again) rather than served:
 ``ctpipe-case/1`` arrays kept pixel padding (PixelPaddingValue) as rescaled values (e.g. +62512 HU),
-``ctpipe-case/2`` ones have it as -1024 HU (see :mod:`pipeline.ingest.padding`).
+``ctpipe-case/2`` ones have it as -1024 HU (see :mod:`pipeline.ingest.padding`) but read every slice of a series with
+the first slice's BitsStored (a 16-bit metal slice among 12-bit ones lost its high bits: 3000 HU became -1096 HU);
+``ctpipe-case/3`` arrays read each slice with its own.
 """
 
 from __future__ import annotations
@@ -52,11 +54,13 @@ except ImportError:  # pragma: no cover - Windows
 log = logging.getLogger(__name__)
 
 #: Sidecar format; bumped when ingest's HU values change (an older entry is refused: see the module docstring).
-FORMAT = "ctpipe-case/2"
+FORMAT = "ctpipe-case/3"
 #: Earlier formats, with what their HU arrays lack.
 OLD_FORMATS = {
     "ctpipe-case/1": "written by an earlier ctpipe whose HU arrays kept pixel padding (PixelPaddingValue) as image "
     "values, e.g. +62512 HU around the patient, instead of -1024 HU",
+    "ctpipe-case/2": "written by an earlier ctpipe that read every slice of a series with the first slice's BitsStored, "
+    "so a slice stored with more bits (e.g. 16-bit metal among 12-bit slices) could hold wrong HU values",
 }
 _CASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _TEMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.(?:npy|json)\.[^/]+\.tmp$")

@@ -153,7 +153,12 @@ def test_enhanced_multiframe_padding(tmp_path):
     assert vol.metadata["PaddingPixels"] == int(ring.sum()) * N
 
 
-def test_cache_refuses_entries_written_before_padding_handling(tmp_path):
+@pytest.mark.parametrize(
+    ("old", "lacks"), [("ctpipe-case/1", "pixel padding"), ("ctpipe-case/2", "BitsStored")], ids=["padding", "bits_stored"]
+)
+def test_cache_refuses_entries_of_earlier_formats(tmp_path, old, lacks):
+    """Entries written by an ingest that computed other HU values from the same files (padding kept as HU; every slice
+    read with the first slice's BitsStored) are refused, saying what they lack and to ingest again."""
     hu = hu_pattern(N, ROWS, COLS)
     write_series(tmp_path / "s", n=N, rows=ROWS, cols=COLS, hu=hu, series_uid="1.2.3.9")
     cache = CaseCache(tmp_path / "cache")
@@ -161,11 +166,11 @@ def test_cache_refuses_entries_written_before_padding_handling(tmp_path):
     assert np.array_equal(cache.read("1.2.3.9").array, hu)
     sidecar = cache.sidecar_path("1.2.3.9")
     doc = json.loads(sidecar.read_text())
-    doc["format"] = "ctpipe-case/1"  # as written by an ingest that kept padding values as HU
+    doc["format"] = old
     sidecar.write_text(json.dumps(doc))
     with pytest.raises(CacheError) as err:
         cache.read("1.2.3.9")
-    assert "ctpipe-case/1" in str(err.value) and "ingest" in err.value.fix
+    assert old in str(err.value) and lacks in str(err.value) and "ingest" in err.value.fix
 
 
 def test_padding_read_through_pydicom_for_deflated_files(tmp_path):
