@@ -403,3 +403,30 @@ def test_quarantine_file_says_why_and_where_from(tmp_path):
         "reason": "slice 12 is missing",
         "files": 1,
     }
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_while_the_run_stops_does_not_cut_its_record_short(dicom_data, tmp_path):
+    """An impatient Ctrl-C pressed again (or a second SIGTERM) while the run records its stop: the run still ends
+    with its ``run_end`` record, an interrupted report and metrics, not a folder that says "in progress"."""
+    out = tmp_path / "twice"
+    proc, _ = _run_until_a_case_is_done(dicom_data, out)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+    for _ in range(3):
+        time.sleep(0.15)
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()
+    assert "Traceback" not in err.decode()
+    assert "already stopping" in err.decode()
+    records = [json.loads(line) for line in (out / "run.log").read_text().splitlines()]
+    end = [r for r in records if r.get("event") == "run_end"]
+    assert len(end) == 1 and end[0]["exit_status"] == 130 and end[0]["run_status"] == "interrupted", end
+    assert json.loads((out / "report" / "status.json").read_text())["state"] == "interrupted"
+    prom = (out / "metrics.prom").read_text()
+    assert [ln for ln in prom.splitlines() if ln.startswith("ctpipe_run_exit_status")][0].endswith(" 130.0")
+    assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
+    assert _wait_group_gone(proc.pid, 15), "worker processes outlived the stopped run"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Mapping
@@ -233,6 +234,39 @@ def _leave_to_the_summary(events: frozenset[str]) -> None:
             handler.addFilter(keep)
 
 
+def stop_once(out: str) -> None:
+    """Make Ctrl-C (SIGINT), SIGTERM and SIGHUP stop ``ctpipe run`` once, like Ctrl-C: the first raises
+    KeyboardInterrupt, so that the run is recorded as interrupted (``run_end`` in run.log, report, metrics) and
+    resumes next time; a signal after it (Ctrl-C pressed again while the run records its stop) only says, once, that
+    the run is stopping, instead of cutting that record short and leaving the folder marked "in progress".
+    SIGINT is left alone where it is ignored (a background job), SIGHUP where it is not the default (under nohup).
+    ``out``: the run folder, named in the note."""
+    stopping = False
+    told = False
+
+    def on_stop(signum: int, frame: Any) -> None:
+        nonlocal stopping, told
+        if not stopping:
+            stopping = True
+            raise KeyboardInterrupt  # the run is recorded as interrupted and resumes next time
+        if not told:
+            told = True
+            note = (
+                f"ctpipe run: already stopping: recording the run in {out} as interrupted and writing its report "
+                f"(a few seconds); kill -9 {os.getpid()} stops it at once, and the next run then finds it interrupted\n"
+            )
+            try:  # os.write: safe inside a signal handler, even while the main program writes to stderr
+                os.write(2, note.encode())
+            except OSError:  # SIGHUP: the terminal is gone
+                pass
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGTERM, on_stop)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # not under nohup
+        signal.signal(signal.SIGHUP, on_stop)  # the terminal closed: stop cleanly, as for SIGTERM
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..errors import RunEnvironmentError
@@ -259,12 +293,7 @@ def _run(args: argparse.Namespace) -> int:
             bar = TqdmBar(p.total)
         bar(p)
 
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt  # stop like Ctrl-C: the run is recorded as interrupted and resumes next time
-
-    signal.signal(signal.SIGTERM, on_term)
-    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # not under nohup
-        signal.signal(signal.SIGHUP, on_term)  # the terminal closed: stop cleanly, as for SIGTERM
+    stop_once(args.out)
     try:
         summary = run_batch(
             args.sources,
