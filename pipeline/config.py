@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,10 @@ from typing import Any
 from .config_schema import ALIASES, SCHEMA, Option, defaults
 from .errors import ConfigError, PacsAddressError, missing_path_fix
 from .pacs.address import check_aet, parse_destination, redact
+
+#: A decimal number in exponent notation without YAML 1.1's dot and sign (``1e3``, ``2E-2``, ``1.5e3``): YAML 1.2 and
+#: every programming language read it as a number, PyYAML as a string.
+_EXPONENT_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def _check(path: str, opt: Option, value: Any, source: str) -> Any:
@@ -48,6 +53,8 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad()
     elif k == "float":
+        if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+            value = float(value)  # 1e3, 2E-2: numbers that YAML 1.1 (PyYAML) leaves as strings
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad()
         value = float(value)

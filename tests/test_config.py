@@ -261,3 +261,21 @@ def test_a_run_records_where_each_option_was_set(tmp_path, monkeypatch, capsys):
     run_batch([tmp_path / "empty"], out=tmp_path / "run2", config=load_config(conf), workers=0)
     saved = (tmp_path / "run2" / "config.yaml").read_text()
     assert f"  retries: 2  # from {conf}\n" in saved and "  workers: 0  # from overrides\n" in saved
+
+
+def test_a_number_in_exponent_notation_is_a_number_in_a_file_a_variable_and_a_set(tmp_path):
+    """YAML 1.1 (PyYAML) reads ``1e3`` and ``2e-2`` as strings; the refusal then said "'1e3' is not allowed; allowed: a
+    number", which it is. They are taken as the numbers they are; words and integers written so stay refused."""
+    f = tmp_path / "c.yaml"
+    f.write_text("runner:\n  stage_timeout_s: 1e3\ningest:\n  spacing_tolerance: 2E-2\n")
+    cfg = load_config(
+        f, environ={"CTPIPE_METRICS_LINGER_S": "1.5e1"}, overrides={"report.hours_per_day": yaml.safe_load("1.2e1")}
+    )
+    assert cfg.runner.stage_timeout_s == 1000.0 and cfg.ingest.spacing_tolerance == 0.02
+    assert cfg.metrics.linger_s == 15.0 and cfg.report.hours_per_day == 12.0
+    with pytest.raises(ConfigError, match=r"runner.stage_timeout_s = '1e3x'"):
+        load_config(environ={"CTPIPE_RUNNER_STAGE_TIMEOUT_S": "1e3x"})
+    with pytest.raises(ConfigError, match=r"out of range"):
+        load_config(environ={"CTPIPE_RUNNER_STAGE_TIMEOUT_S": "1e9"})
+    with pytest.raises(ConfigError, match=r"runner.workers = '1e1'.*an integer"):
+        load_config(environ={"CTPIPE_RUNNER_WORKERS": "1e1"})
