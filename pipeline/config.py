@@ -101,6 +101,7 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
 
 
 def _check_device(value: str, path: str, source: str) -> None:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N[,M...]``: GPU numbers, each once (one model worker per GPU)."""
     ok = value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].replace(",", "").isdigit())
     if not ok:
         raise ConfigError(
@@ -108,6 +109,21 @@ def _check_device(value: str, path: str, source: str) -> None:
             where=source,
             fix="pick a device torch knows, e.g. cuda:0",
         )
+    if value.startswith("cuda:"):
+        ids = value[5:].split(",")
+        if "" in ids:
+            raise ConfigError(
+                f"{path} = {value!r} has an empty GPU number between its commas",
+                where=source,
+                fix="list the GPU numbers with one comma between each, e.g. cuda:0,1",
+            )
+        twice = sorted({int(i) for i in ids if [int(j) for j in ids].count(int(i)) > 1})
+        if twice:
+            raise ConfigError(
+                f"{path} = {value!r} names GPU {', '.join(map(str, twice))} twice: each GPU gets one model worker",
+                where=source,
+                fix=f"name each GPU once, e.g. cuda:{','.join(dict.fromkeys(str(int(i)) for i in ids))}",
+            )
 
 
 def _check_textfile_name(value: str, path: str, source: str) -> None:

@@ -279,3 +279,17 @@ def test_a_number_in_exponent_notation_is_a_number_in_a_file_a_variable_and_a_se
         load_config(environ={"CTPIPE_RUNNER_STAGE_TIMEOUT_S": "1e9"})
     with pytest.raises(ConfigError, match=r"runner.workers = '1e1'.*an integer"):
         load_config(environ={"CTPIPE_RUNNER_WORKERS": "1e1"})
+
+
+@pytest.mark.parametrize(
+    "device, why",
+    [("cuda:,0", "empty"), ("cuda:0,,1", "empty"), ("cuda:1,", "empty"), ("cuda:0,0", "twice"), ("cuda:1,0,1", "twice")],
+)
+def test_a_device_list_with_an_empty_or_repeated_gpu_is_refused(device, why):
+    """``cuda:0,,1`` reached ``int('')`` (a traceback on a GPU server) and ``cuda:0,0`` started two model workers on one
+    GPU, which the run record and the capacity model then counted as two GPUs."""
+    with pytest.raises(ConfigError) as ei:
+        load_config(environ={"CTPIPE_RUNNER_DEVICE": device})
+    text = str(ei.value)
+    assert f"runner.device = {device!r}" in text and "CTPIPE_RUNNER_DEVICE" in text and why in text
+    assert load_config(environ={"CTPIPE_RUNNER_DEVICE": "cuda:1,0"}).runner.device == "cuda:1,0"
