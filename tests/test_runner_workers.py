@@ -318,6 +318,10 @@ def test_a_stage_over_the_time_limit_is_stopped_and_the_next_task_runs(tmp_path,
         assert hung.error is not None
         assert "case a (/src/a)" in hung.error and "stage hangs ran" in hung.error
         assert "runner.stage_timeout_s = 1 s" in hung.error and "--retry-failed" in hung.error
+        # the time it ran before it was stopped counts: the capacity model charges it, the report's busy time has it
+        assert hung.wall_s is not None and 1.0 <= hung.wall_s < 25, hung.wall_s
+        assert hung.started_at is not None and hung.ended_at is not None
+        assert hung.ready_at <= hung.started_at and abs(hung.ended_at - hung.started_at - hung.wall_s) < 1e-6
         assert ok.ok and ok.outputs["pid"] != first  # run by the worker that replaced the stopped one
         (w,) = ex.workers
         assert w.proc.pid != first and w.proc.is_alive() and not w.held

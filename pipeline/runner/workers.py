@@ -289,6 +289,7 @@ class _Worker:
     held: deque[Task] = field(default_factory=deque)
     running_since: float | None = None  # time.monotonic() when it started its current task (None: idle)
     timed_out: float | None = None  # seconds its current task had run when it was killed for runner.stage_timeout_s
+    timed_out_at: float | None = None  # Unix time (s) of that kill
     timed_key: tuple[str, str] | None = None  # (case key, stage) of that task
 
 
@@ -405,7 +406,7 @@ class ProcessExecutor:
         for w in self.workers:
             if w.running_since is None or w.timed_out is not None or now - w.running_since <= self.stage_timeout_s:
                 continue
-            w.timed_out = now - w.running_since
+            w.timed_out, w.timed_out_at = now - w.running_since, time.time()
             task = w.held[0] if w.held else None
             w.timed_key = (task.case.case_key, task.stage) if task else None
             log.error(
@@ -484,7 +485,11 @@ class ProcessExecutor:
             fix="if the series is simply large or the machine busy, raise the limit (--set runner.stage_timeout_s=SECONDS) "
             "and run again with --retry-failed; otherwise check the series (run.log has the stage's last records)",
         )
-        return _failed(w, t, "StageTimeoutError", str(err))
+        res = _failed(w, t, "StageTimeoutError", str(err))
+        if w.timed_out is not None and w.timed_out_at is not None:  # the worker time it took: charged like any failure
+            res.wall_s, res.ended_at = w.timed_out, w.timed_out_at
+            res.started_at = max(t.ready_at, w.timed_out_at - w.timed_out)
+        return res
 
     def close(self) -> None:
         for w in self.workers:
