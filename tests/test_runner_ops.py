@@ -275,6 +275,16 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path, capsys, own_sig
     assert "log: " in captured.out  # without --quiet the paths are printed
 
 
+def test_ctpipe_run_called_in_process_puts_the_signal_handlers_back(tmp_path):
+    """``ctpipe run`` stops on the first Ctrl-C, SIGTERM or SIGHUP and only notes later ones; called through
+    ``main`` in a Python process (a notebook, a scheduler written in Python), it leaves that process's own handling
+    as it found it: a later Ctrl-C there is a KeyboardInterrupt again, not swallowed."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    (tmp_path / "incoming").mkdir()
+    assert main(["run", str(tmp_path / "incoming"), "--out", str(tmp_path / "run"), "--workers", "0", "--quiet"]) == 0
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 def test_more_workers_than_cores_is_said(tmp_path, monkeypatch):
     from pipeline.runner.batch import run_batch
 

@@ -234,13 +234,13 @@ def _leave_to_the_summary(events: frozenset[str]) -> None:
             handler.addFilter(keep)
 
 
-def stop_once(out: str) -> None:
+def stop_once(out: str) -> dict[int, Any]:
     """Make Ctrl-C (SIGINT), SIGTERM and SIGHUP stop ``ctpipe run`` once, like Ctrl-C: the first raises
     KeyboardInterrupt, so that the run is recorded as interrupted (``run_end`` in run.log, report, metrics) and
     resumes next time; a signal after it (Ctrl-C pressed again while the run records its stop) only says, once, that
     the run is stopping, instead of cutting that record short and leaving the folder marked "in progress".
     SIGINT is left alone where it is ignored (a background job), SIGHUP where it is not the default (under nohup).
-    ``out``: the run folder, named in the note."""
+    ``out``: the run folder, named in the note. Returns the handlers it replaced, by signal number, to put back."""
     stopping = False
     told = False
 
@@ -260,11 +260,13 @@ def stop_once(out: str) -> None:
             except OSError:  # SIGHUP: the terminal is gone
                 pass
 
+    replaced: dict[int, Any] = {}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGTERM, on_stop)
+        replaced[signal.SIGINT] = signal.signal(signal.SIGINT, on_stop)
+    replaced[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_stop)
     if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # not under nohup
-        signal.signal(signal.SIGHUP, on_stop)  # the terminal closed: stop cleanly, as for SIGTERM
+        replaced[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_stop)  # the terminal closed: stop as for SIGTERM
+    return replaced
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -293,7 +295,7 @@ def _run(args: argparse.Namespace) -> int:
             bar = TqdmBar(p.total)
         bar(p)
 
-    stop_once(args.out)
+    replaced = stop_once(args.out)
     try:
         summary = run_batch(
             args.sources,
@@ -322,6 +324,8 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+        for signum, handler in replaced.items():  # the caller's own handling again (ctpipe main called in-process)
+            signal.signal(signum, handler)
     lines = summary.lines()
     code = summary.exit_code
     if args.quiet:
