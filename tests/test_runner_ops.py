@@ -367,3 +367,16 @@ def test_the_run_time_and_its_record_leave_out_the_metrics_linger(tmp_path):
     prom = (tmp_path / "run" / "metrics.prom").read_text()
     (end_line,) = [ln for ln in prom.splitlines() if ln.startswith("ctpipe_run_end_time_seconds{")]
     assert float(end_line.split()[-1]) <= started_wall + wall - linger + 0.5
+
+
+def test_the_progress_eta_of_a_batch_longer_than_a_day_is_not_wrapped_to_the_clock():
+    """A backfill of 10,000 cases at 400 cases/h takes about 25 h: its ETA read "01:00:00" (the hours of a clock face)."""
+    import time as _time
+
+    from pipeline.runner.progress import Progress
+
+    p = Progress(total=10_001, done=1, started=_time.monotonic() - 9.0)  # 400 cases/h
+    assert p.eta_s is not None and 24 * 3600 < p.eta_s < 26 * 3600
+    assert "ETA 25:00:0" in p.describe(), p.describe()
+    short = Progress(total=3, done=1, started=_time.monotonic() - 60.0)  # 2 left at 60 cases/h: 2 min
+    assert "ETA 00:02:00" in short.describe() or "ETA 00:01:59" in short.describe(), short.describe()

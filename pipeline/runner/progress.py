@@ -14,6 +14,12 @@ from typing import Any
 from .stage import CaseSpec, TaskResult
 
 
+def hms(seconds: float) -> str:
+    """A duration (s) as hours:minutes:seconds, the hours going past 24 (``25:00:00``, not a clock's ``01:00:00``)."""
+    s = int(round(max(0.0, seconds)))
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 @dataclass
 class Progress:
     """Counts and rates of the cases of this run (``skipped`` = done in an earlier run)."""
@@ -50,7 +56,7 @@ class Progress:
 
     def describe(self) -> str:
         eta = self.eta_s
-        eta_txt = "?" if eta is None else time.strftime("%H:%M:%S", time.gmtime(eta))
+        eta_txt = "?" if eta is None else hms(eta)
         return f"{self.done} done, {self.failed} failed of {self.total} | {self.cases_per_hour:.1f} cases/h | ETA {eta_txt}"
 
     def _changed(self) -> None:
@@ -87,9 +93,7 @@ class TqdmBar:
         self.bar.update(p.finished - self._n)
         self._n = p.finished
         eta = p.eta_s
-        self.bar.set_postfix_str(
-            f"failed={p.failed} {p.cases_per_hour:.1f}/h ETA {'?' if eta is None else time.strftime('%H:%M:%S', time.gmtime(eta))}"
-        )
+        self.bar.set_postfix_str(f"failed={p.failed} {p.cases_per_hour:.1f}/h ETA {'?' if eta is None else hms(eta)}")
 
     def close(self) -> None:
         self.bar.close()
