@@ -128,3 +128,26 @@ def test_prometheus_scrapes_two_nodes_and_answers_by_node(tmp_path):
             server.stop()
         for m in nodes.values():
             m.stop()
+
+
+def test_a_metrics_address_that_cannot_be_served_names_the_setting_at_fault():
+    """A port in use is metrics.port's fault; an address that is not this machine's, or a host name that does not
+    resolve, is metrics.bind's: it was reported as "metrics.port ... (Unknown error -2). Fix: choose a free port"."""
+    from pipeline.errors import ConfigError
+
+    held = socket.socket()
+    held.bind((HOST, 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        with pytest.raises(ConfigError) as ei:
+            RunMetrics().serve(port, HOST)
+        assert str(ei.value).startswith("metrics.port:") and "free port" in str(ei.value)
+    finally:
+        held.close()
+    for bind in ("nohost.invalid", "192.0.2.77"):  # a misspelt host; an address of no interface here (TEST-NET-1)
+        with pytest.raises(ConfigError) as ei:
+            RunMetrics().serve(free_port(), bind)
+        text = str(ei.value)
+        assert text.startswith("metrics.bind:") and repr(bind) in text, text
+        assert "Unknown error" not in text and "free port" not in text and "0.0.0.0" in text, text

@@ -35,6 +35,7 @@ Prometheus scraping every node of a cluster tells them apart (``sum by (node) (.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -309,8 +310,24 @@ class NvmlSampler:
 
 
 def _port_error(bind: str, port: int, exc: OSError) -> ConfigError:
+    """Why ``bind:port`` cannot be served, naming the option at fault: ``metrics.bind`` for an address that is not
+    this machine's or a host name that does not resolve, else ``metrics.port`` (in use, or below 1024 without root)."""
+    why = exc.strerror or str(exc)  # a resolver error's own words: its errno is not one os.strerror knows
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError(
+            f"cannot serve metrics on {bind}:{port}: {bind!r} is not an address of this machine ({why})",
+            where="metrics.bind",
+            fix="set metrics.bind to an address of this machine: 127.0.0.1 (this machine only) or 0.0.0.0 (every "
+            "interface, for a Prometheus on another machine)",
+        )
+    if exc.errno == errno.EACCES:
+        return ConfigError(
+            f"cannot serve metrics on {bind}:{port} ({why}): ports below 1024 need root",
+            where="metrics.port",
+            fix="choose a port of 1024 or more (--metrics-port), e.g. 9108",
+        )
     return ConfigError(
-        f"cannot serve metrics on {bind}:{port} ({os.strerror(exc.errno) if exc.errno else exc})",
+        f"cannot serve metrics on {bind}:{port} ({why})",
         where="metrics.port",
         fix="choose a free port (--metrics-port) or stop what holds it",
     )
