@@ -53,3 +53,29 @@ def test_a_page_over_many_cases_shows_those_that_need_attention_and_points_to_th
     monkeypatch.setattr(report_html, "CASES_SHOWN", 500)
     small = build_report([run_dir], tmp_path / "rep-all")  # under the limit: every case, no note
     assert "cases shown" not in small.html.read_text()
+
+
+def test_the_latency_table_and_histogram_say_what_they_count(tmp_path):
+    """end_to_end counts completed cases; a stage's row counts its successful runs, which a quarantined case or a
+    series also run in another folder adds to: "n" and "cases per bin" alone read as cases everywhere."""
+    import matplotlib.pyplot as plt
+
+    from pipeline.runner import build_report
+    from pipeline.runner.store import RunStore
+    from tests.test_runner_report_tables import _dead_pid, _done, _start
+
+    fig = latency_figure([("end to end", np.array([30.0])), ("write", np.array([1.0, 2.0]))])
+    try:
+        title = fig.axes[0].get_title()
+        assert "end to end: cases" in title and "stages: stage runs" in title, title
+    finally:
+        plt.close(fig)
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    _done(store, "ok1", "r1")
+    store.end_run("r1", status="completed", n_cases=1, n_done=1, n_failed=0, n_skipped=0)
+    store.close()
+    page = build_report([run_dir], tmp_path / "rep").html.read_text()
+    latency = page.split("<h2>Latency (seconds)</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "n: completed cases for end_to_end, successful runs of the stage for each stage" in latency

@@ -164,7 +164,7 @@ def latency_figure(series: Sequence[tuple[str, Any]]) -> Any:
         ax.set_ylabel(label, rotation=0, ha="right", va="center")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=2))
         ax.tick_params(axis="y", labelsize=7)
-    axes[0, 0].set_title("Latency histogram (cases per bin, one row per stage)")
+    axes[0, 0].set_title("Latency histogram, one row per stage (per bin: end to end: cases; stages: stage runs)")
     axes[-1, 0].set_xlabel("seconds")
     fig.tight_layout(h_pad=0.2)
     return fig

@@ -337,6 +337,8 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 <table style="display:inline-table;margin-right:2em"><tr><th>day ({_e(s["throughput"].get("timezone", "?"))})</th><th>cases</th></tr>{local}</table>
 <table style="display:inline-table"><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
 <h2>Latency (seconds)</h2>{_stat_table(s["latency_s"], "stage")}
+<p>n: completed cases for end_to_end, successful runs of the stage for each stage (these include the stages a
+quarantined case passed before the one that failed, and those of a series also run in another run folder).</p>
 <p>Wall time against summed stage time: {_e(s["overlap"]["text"])}.</p>{img("latency", "latency histogram")}
 <h2>Stage breakdown</h2>{img("stages", "stage breakdown")}
 <h3>Queue wait (seconds)</h3>{_stat_table(s["queue_wait_s"], "stage")}
