@@ -86,6 +86,8 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
         if not isinstance(value, (str, os.PathLike)):
             raise bad()
         value = str(value)
+        if k == "path":
+            _check_home(value, path, source)
         if path == "runner.device":
             _check_device(value, path, source)
         if path == "runner.ray_address":
@@ -98,6 +100,21 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
             _check_textfile_name(value, path, source)
         return value
     raise AssertionError(k)
+
+
+def _check_home(value: str, path: str, source: str) -> None:
+    """A path option written with a leading ``~`` (``~/data``): a shell expands it, a config file, a variable or
+    Python do not, so it would name a folder ``~`` in the working folder (and the error, "does not exist", a folder
+    the user sees in the home folder). Refused with the path in full, unless the working folder has such a folder."""
+    expanded = os.path.expanduser(value)
+    if not value.startswith("~") or expanded == value or os.path.isdir(value.split(os.sep, 1)[0]):
+        return
+    raise ConfigError(
+        f"{path} = {value!r} starts with '~', which is not expanded here (a shell expands it, a config file, a "
+        f"CTPIPE_* variable or Python do not)",
+        where=source,
+        fix=f"write the path in full: {path} = {expanded}",
+    )
 
 
 def _check_device(value: str, path: str, source: str) -> None:

@@ -293,3 +293,23 @@ def test_a_device_list_with_an_empty_or_repeated_gpu_is_refused(device, why):
     text = str(ei.value)
     assert f"runner.device = {device!r}" in text and "CTPIPE_RUNNER_DEVICE" in text and why in text
     assert load_config(environ={"CTPIPE_RUNNER_DEVICE": "cuda:1,0"}).runner.device == "cuda:1,0"
+
+
+@pytest.mark.parametrize("option", ["detector.bundle", "runner.worklist_root", "metrics.textfile_dir", "pacs.netrc"])
+def test_a_path_option_starting_with_a_tilde_is_refused_with_the_full_path(tmp_path, monkeypatch, option):
+    """A config file or variable is not a shell: '~/data' reached the run as it is, and the error said the folder
+    "does not exist" (a folder the user sees in the home folder), or nothing at all (pacs.netrc)."""
+    import os
+
+    monkeypatch.chdir(tmp_path)  # no folder named '~' here
+    sec, key = option.split(".")
+    home = os.path.expanduser("~")
+    f = tmp_path / "c.yaml"
+    f.write_text(f"{sec}:\n  {key}: ~/data\n")
+    for kw in ({"path": f, "environ": {}}, {"environ": {f"CTPIPE_{sec}_{key}".upper(): "~/data"}}):
+        with pytest.raises(ConfigError) as ei:
+            load_config(**kw)
+        text = str(ei.value)
+        assert f"{option} = '~/data'" in text and "'~'" in text and f"{home}/data" in text, text
+    (tmp_path / "~").mkdir()  # a folder really named '~' in the working folder: the path names it
+    assert getattr(getattr(load_config(f, environ={}), sec), key) == "~/data"
