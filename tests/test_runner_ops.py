@@ -380,3 +380,21 @@ def test_the_progress_eta_of_a_batch_longer_than_a_day_is_not_wrapped_to_the_clo
     assert "ETA 25:00:0" in p.describe(), p.describe()
     short = Progress(total=3, done=1, started=_time.monotonic() - 60.0)  # 2 left at 60 cases/h: 2 min
     assert "ETA 00:02:00" in short.describe() or "ETA 00:01:59" in short.describe(), short.describe()
+
+
+def test_the_second_stop_signal_is_noted_and_the_third_stops_at_once(tmp_path, capfd):
+    """The first SIGTERM (or Ctrl-C) stops the run; a second, while it records the stop, only says so; a third stops
+    it at once, so that a run whose first stop was swallowed somewhere can still be stopped from the keyboard."""
+    from pipeline.runner.cli import stop_once
+
+    replaced = stop_once(str(tmp_path / "run"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)  # noted, not raised
+        assert "already stopping" in capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)

@@ -235,30 +235,28 @@ def _leave_to_the_summary(events: frozenset[str]) -> None:
 
 
 def stop_once(out: str) -> dict[int, Any]:
-    """Make Ctrl-C (SIGINT), SIGTERM and SIGHUP stop ``ctpipe run`` once, like Ctrl-C: the first raises
+    """Make Ctrl-C (SIGINT), SIGTERM and SIGHUP stop ``ctpipe run`` as Ctrl-C does: the first raises
     KeyboardInterrupt, so that the run is recorded as interrupted (``run_end`` in run.log, report, metrics) and
-    resumes next time; a signal after it (Ctrl-C pressed again while the run records its stop) only says, once, that
-    the run is stopping, instead of cutting that record short and leaving the folder marked "in progress".
+    resumes next time. The second (Ctrl-C pressed again while the run records its stop, a few seconds) only says that
+    the run is stopping, instead of cutting that record short and leaving the folder marked "in progress"; a third
+    stops it at once, as before (the next run then finds it interrupted).
     SIGINT is left alone where it is ignored (a background job), SIGHUP where it is not the default (under nohup).
     ``out``: the run folder, named in the note. Returns the handlers it replaced, by signal number, to put back."""
-    stopping = False
-    told = False
+    signals = 0
 
     def on_stop(signum: int, frame: Any) -> None:
-        nonlocal stopping, told
-        if not stopping:
-            stopping = True
+        nonlocal signals
+        signals += 1
+        if signals != 2:
             raise KeyboardInterrupt  # the run is recorded as interrupted and resumes next time
-        if not told:
-            told = True
-            note = (
-                f"ctpipe run: already stopping: recording the run in {out} as interrupted and writing its report "
-                f"(a few seconds); kill -9 {os.getpid()} stops it at once, and the next run then finds it interrupted\n"
-            )
-            try:  # os.write: safe inside a signal handler, even while the main program writes to stderr
-                os.write(2, note.encode())
-            except OSError:  # SIGHUP: the terminal is gone
-                pass
+        note = (
+            f"ctpipe run: already stopping: recording the run in {out} as interrupted and writing its report (a few "
+            "seconds); Ctrl-C once more stops it at once, and the next run then finds it interrupted\n"
+        )
+        try:  # os.write: safe inside a signal handler, even while the main program writes to stderr
+            os.write(2, note.encode())
+        except OSError:  # SIGHUP: the terminal is gone
+            pass
 
     replaced: dict[int, Any] = {}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
