@@ -1,6 +1,7 @@
-"""A DIMSE address with the wrong AE title, against a real Orthanc that checks the called AE title (as most archives
-are set up): the error names the AE title the archive refused, the archive's reason, and the fix that applies (the
-address's AE title, not ctpipe's own ``pacs.ae_title``); a result sent there fails at once instead of being retried.
+"""A DIMSE address with the wrong AE title, against a real Orthanc that checks the called AE title and takes instances
+only from the modalities it lists (as most archives are set up): the error names the AE title the archive refused, the
+archive's reason, and the fix that applies (the address's AE title, or ctpipe's own ``pacs.ae_title`` when the archive
+does not know it); a result sent there fails at once instead of being retried.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ pytestmark = pytest.mark.pacs
 
 
 class _StrictOrthanc(OrthancServer):
-    """Orthanc answering only to its own AE title (``DicomCheckCalledAet``)."""
+    """Orthanc answering only to its own AE title (``DicomCheckCalledAet``) and storing only what the modalities it
+    lists send (``DicomAlwaysAllowStore: false``; ctpipe's AE title CTPIPE is listed)."""
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "DicomCheckCalledAet": True}
+        return {**super().config(), "DicomCheckCalledAet": True, "DicomAlwaysAllowStore": False}
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +52,29 @@ def test_a_wrong_archive_ae_title_is_named_with_the_fix_for_the_address(strict):
     assert "must list ctpipe's AE title" not in msg  # not the other end's configuration
     good = f"dimse://{strict.aet}@{HOST}:{strict.dicom_port}?studydate=20250102"
     assert open_archive(parse_source(good).endpoint, _cfg()).find_studies(parse_source(good).query) == []
+
+
+def test_results_from_an_ae_title_the_archive_does_not_list_fail_at_once_naming_it(strict, tmp_path, capsys):
+    """Orthanc accepts the association of a calling AE title it does not list, then closes it at the first C-STORE
+    request. The results are recorded failed after one attempt (not retried through pacs.send_retries backoffs), and
+    the error names ctpipe's AE title and where to list it (was: "the destination closed the association after 0 of 2
+    file(s)", retried six times over half a minute, with no AE title and no fix)."""
+    from pipeline.cli import main
+    from pipeline.pacs.ledger import Ledger
+    from pipeline.runner.store import RunStore
+    from tests.test_dicom_out_sources import phantom_case
+    from tests.test_pacs_sender import _completed_case
+
+    run = tmp_path / "run"
+    uids = _completed_case(run, "c1", phantom_case(tmp_path / "case", n_nodules=1))
+    RunStore(run).close()
+    dest = f"dimse://{strict.aet}@{HOST}:{strict.dicom_port}"
+    args = ["send", str(run), "--to", dest, "--timeout", "60", "--set", "pacs.backoff_s=5"]
+    assert main([*args, "--set", "pacs.ae_title=STRANGER"]) == 3
+    rows = Ledger(run).rows("SELECT state, attempts, error FROM sent")
+    assert len(rows) == len(uids) and all(r["state"] == "failed" and r["attempts"] == 1 for r in rows)
+    err = capsys.readouterr().err
+    assert "calling AE title STRANGER" in err and "'STRANGER' (pacs.ae_title)" in err and "--retry-failed" in err
+    assert not any(strict.holds(uid) for uid in uids.values())
+    assert main([*args, "--retry-failed"]) == 0  # ctpipe's own AE title, which the archive lists
+    assert all(strict.holds(uid) for uid in uids.values())

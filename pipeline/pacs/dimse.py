@@ -7,7 +7,9 @@ connecting, negotiating and each DIMSE message. An association that cannot be se
 raises :class:`~pipeline.errors.PacsUnavailableError` (retried), and so does one the archive rejects for now
 (transient: congestion); a rejected association or a failure status raises
 :class:`~pipeline.errors.PacsRequestError`, the rejection with the archive's reason and the AE title to correct (a
-called AE title not recognised: the address's; a calling one: ``pacs.ae_title``, to be listed at the archive).
+called AE title not recognised: the address's; a calling one: ``pacs.ae_title``, to be listed at the archive), and so
+does an association the archive closes at the first request, unanswered (how archives such as Orthanc refuse a
+calling AE title they do not list).
 """
 
 from __future__ import annotations
@@ -300,6 +302,7 @@ class DimseArchive:
             out = []
             with self._association(contexts, storing=True) as assoc:
                 accepted = {str(cx.abstract_syntax) for cx in assoc.accepted_contexts}
+                answered = 0  # requests the destination answered on this association
                 for n, (p, ds) in enumerate(zip(paths, datasets)):
                     cls = str(ds.SOPClassUID)
                     if cls not in accepted:
@@ -307,6 +310,7 @@ class DimseArchive:
                             StoreOutcome(p, str(ds.SOPInstanceUID), False, f"{_sop_name(cls)} not accepted by the destination")
                         )
                         continue
+                    t0 = time.monotonic()
                     try:
                         status = assoc.send_c_store(ds) if assoc.is_established else None
                     except ValueError as exc:  # no accepted transfer syntax fits the file, or it cannot be encoded
@@ -314,6 +318,9 @@ class DimseArchive:
                         continue
                     except RuntimeError:  # the association ended between two requests
                         status = None
+                    answered_quickly = time.monotonic() - t0 < 0.9 * float(self.cfg.pacs.timeout_s)
+                    if not status and answered == 0 and answered_quickly and _ended(assoc):
+                        raise self._store_refused(len(paths))
                     if not status and _ended(assoc):  # aborted or released by the destination
                         why = f"the destination closed the association after {n} of {len(paths)} file(s): not sent"
                         out += [StoreOutcome(q, str(d.SOPInstanceUID), False, why) for q, d in zip(paths[n:], datasets[n:])]
@@ -325,11 +332,25 @@ class DimseArchive:
                             where=self._where(),
                             fix="the destination is slow or stopped",
                         )
+                    answered += 1
                     code = int(status.Status)
                     out.append(StoreOutcome(p, str(ds.SOPInstanceUID), code in _STORE_OK, _store_status(code)))
             return out
 
         return self._call(f"C-STORE of {len(paths)} instance(s)", send)
+
+    def _store_refused(self, n_files: int) -> PacsRequestError:
+        """The error for a destination that accepted the association, then closed it at the first C-STORE request
+        without answering it: what an archive does (Orthanc among them) to a calling AE title it does not allow to
+        store. A refusal, not a passing failure: waiting and sending again does not mend it."""
+        me = self.cfg.pacs.ae_title
+        return PacsRequestError(
+            f"C-STORE: the destination closed the association at the first request, before taking any of {n_files} "
+            f"file(s) (called AE title {self.endpoint.aet}, calling AE title {me})",
+            where=self._where(),
+            fix=f"archives do this to a calling AE title they do not allow to store: the archive must list ctpipe's AE "
+            f"title {me!r} (pacs.ae_title) among its modalities, with this host; its log names the reason",
+        )
 
     def close(self) -> None:
         if self._receiver is not None:
