@@ -145,11 +145,24 @@ class DimseArchive:
             fn, what=f"{what} at {self._where()}", retries=self.cfg.pacs.retries, backoff_s=self.cfg.pacs.backoff_s
         )
 
-    def _responses(self, what: str, responses: Any) -> Iterator[Any]:
-        """Identifiers of pending responses; raises on an aborted association or a failure status."""
+    def _responses(self, what: str, responses: Any, *, received: Callable[[], int] = lambda: 0) -> Iterator[Any]:
+        """Identifiers of pending responses; raises on an aborted association or a failure status.
+
+        ``received``: how many instances a retrieval has written so far. An association that ends once the archive
+        has answered or sent anything was lost mid-transfer (the archive stopped, the network dropped): worth another
+        attempt. One that ends before is how archives refuse a request."""
         last = time.monotonic()
+        answered = 0
         for status, identifier in responses:
             if not status:  # no response within the DIMSE timeout, or the archive aborted the association
+                if time.monotonic() - last < 0.9 * float(self.cfg.pacs.timeout_s) and (answered or received()):
+                    raise PacsUnavailableError(
+                        f"{what}: the connection to the archive was lost mid-transfer, after {answered} pending "
+                        f"response(s) and {received()} instance(s) received (the archive stopped or the network dropped)",
+                        where=self._where(),
+                        fix="check that the archive is running and reachable; what was received is discarded and the "
+                        "series retrieved again whole (pacs.retries, or the next run)",
+                    )
                 if time.monotonic() - last < 0.9 * float(self.cfg.pacs.timeout_s):
                     raise PacsRequestError(
                         f"{what}: the archive aborted the association",
@@ -163,6 +176,7 @@ class DimseArchive:
                     fix="the archive is slow or stopped; raise pacs.timeout_s or try later",
                 )
             last = time.monotonic()
+            answered += 1
             code = int(status.Status)
             if code in _PENDING:
                 yield identifier
@@ -261,7 +275,8 @@ class DimseArchive:
             self._receiver = MoveReceiver(self.cfg, archive_aet=self.endpoint.aet)
         with self._receiver.route(series_uid, dest), self._association([(MOVE, _UNCOMPRESSED)]) as assoc:
             try:
-                for _ in self._responses("C-MOVE", assoc.send_c_move(ds, self.cfg.pacs.ae_title, MOVE)):
+                moved = assoc.send_c_move(ds, self.cfg.pacs.ae_title, MOVE)
+                for _ in self._responses("C-MOVE", moved, received=lambda: _count(dest)):
                     pass
             except PacsRequestError as exc:
                 if any(dest.glob("*.dcm")):
@@ -283,7 +298,7 @@ class DimseArchive:
         contexts = [(GET, _UNCOMPRESSED), *ct_storage_contexts()]
         handlers = [(evt.EVT_C_STORE, lambda event: store_event(event, lambda _ds: dest))]
         with self._association(contexts, ext_neg=roles, handlers=handlers) as assoc:
-            for _ in self._responses("C-GET", assoc.send_c_get(ds, GET)):
+            for _ in self._responses("C-GET", assoc.send_c_get(ds, GET), received=lambda: _count(dest)):
                 pass
 
     # -- store -----------------------------------------------------------------------------
@@ -356,6 +371,11 @@ class DimseArchive:
         if self._receiver is not None:
             self._receiver.close()
             self._receiver = None
+
+
+def _count(folder: Path) -> int:
+    """How many instances a retrieval has written into ``folder`` so far."""
+    return sum(1 for _ in folder.glob("*.dcm"))
 
 
 def _ended(assoc: Any, *, wait_s: float = 1.0) -> bool:

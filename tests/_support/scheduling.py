@@ -26,6 +26,7 @@ WAITING_MODULES = (
     "tests/test_runner_prometheus.py",
     "tests/test_pacs_sender.py",
     "tests/test_pacs_ae_titles.py",
+    "tests/test_pacs_archive_lost.py",
 )
 
 
