@@ -348,3 +348,16 @@ def test_accession_number_stays_out_of_the_network_libraries_log(orthanc, stored
         libraries = [r for r in caplog.records if r.name.split(".")[0] in ("pynetdicom", "dicomweb_client", "urllib3")]
         assert libraries, "the libraries' records reach the log"
         assert (acc in caplog.text) is keep
+
+
+def test_https_to_an_archive_serving_plain_http_says_so_not_to_add_a_ca(orthanc, stored, creds, tmp_path):
+    """``dicomweb+https://`` written for an archive that serves plain HTTP on that port: the error says the port answered
+    in plain HTTP and gives the http:// address (was: "TLS failed (SSLError). Fix: give the archive's CA in
+    pacs.ca_bundle", which cannot help)."""
+    plain = orthanc.dicomweb.replace("dicomweb+http://", "dicomweb+https://")
+    res = fetch_sources([f"{plain}?studydate=20250102"], run_dir=tmp_path / "run", cfg=_cfg(orthanc, **{"pacs.retries": 0}))
+    assert res.folders == [] and len(res.failures) == 1
+    _, cls, msg = res.failures[0]
+    assert cls == "PacsRequestError", msg
+    assert "plain HTTP" in msg and orthanc.dicomweb in msg, msg
+    assert "pacs.ca_bundle" not in msg, msg

@@ -121,11 +121,7 @@ class DicomWebArchive:
                     fix = f"set CTPIPE_DICOMWEB_USER and CTPIPE_DICOMWEB_PASSWORD or a netrc entry for {self.endpoint.host}"
                 raise PacsRequestError(problem, where=self.endpoint.redacted(), fix=fix) from exc
             except requests.exceptions.SSLError as exc:
-                raise PacsRequestError(
-                    f"{what}: TLS failed ({type(exc).__name__})",
-                    where=self.endpoint.redacted(),
-                    fix="give the archive's CA in pacs.ca_bundle (pacs.tls_verify: false only for a test server)",
-                ) from exc
+                raise self._tls_error(what, exc) from exc
             except requests.exceptions.Timeout as exc:  # connecting or waiting for the answer took pacs.timeout_s
                 raise PacsUnavailableError(
                     f"{what}: timed out ({type(exc).__name__}, timeout {self.cfg.pacs.timeout_s:g} s)",
@@ -155,6 +151,33 @@ class DicomWebArchive:
 
         return with_retries(
             once, what=f"{what} at {self.endpoint.redacted()}", retries=self.cfg.pacs.retries, backoff_s=self.cfg.pacs.backoff_s
+        )
+
+    def _tls_error(self, what: str, exc: Exception) -> PacsRequestError:
+        """The error for an HTTPS request whose TLS handshake failed: a port that answers in plain HTTP (an
+        ``https`` address for an ``http`` archive), a certificate this machine does not trust, or another reason
+        (OpenSSL's, as given)."""
+        where = self.endpoint.redacted()
+        said = str(exc)
+        if "WRONG_VERSION_NUMBER" in said.upper() or "HTTP_REQUEST" in said.upper():
+            plain = where.replace("dicomweb+https://", "dicomweb+http://", 1)
+            return PacsRequestError(
+                f"{what}: TLS failed: {self.endpoint.host}:{self.endpoint.port} answered in plain HTTP, not HTTPS",
+                where=where,
+                fix=f"if the archive serves DICOMweb over plain HTTP there, write the address as {plain}; otherwise "
+                "give its HTTPS port",
+            )
+        if "CERTIFICATE_VERIFY_FAILED" in said.upper():
+            return PacsRequestError(
+                f"{what}: TLS failed: the archive's certificate is not trusted here",
+                where=where,
+                fix="give the archive's CA in pacs.ca_bundle (pacs.tls_verify: false only for a test server)",
+            )
+        return PacsRequestError(
+            f"{what}: TLS failed ({without_url_queries(said)[:300]})",
+            where=where,
+            fix="check that the address's port is the archive's HTTPS port; for a certificate this machine does not "
+            "trust, give the archive's CA in pacs.ca_bundle",
         )
 
     def _paged(self, what: str, search: Callable[[int, int], list[dict[str, Any]]]) -> list[dict[str, Any]]:
