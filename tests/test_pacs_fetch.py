@@ -361,3 +361,15 @@ def test_https_to_an_archive_serving_plain_http_says_so_not_to_add_a_ca(orthanc,
     assert cls == "PacsRequestError", msg
     assert "plain HTTP" in msg and orthanc.dicomweb in msg, msg
     assert "pacs.ca_bundle" not in msg, msg
+
+
+def test_a_dimse_address_with_the_archives_http_port_names_the_port_to_check(orthanc, stored, tmp_path):
+    """``dimse://AET@HOST:PORT`` given the archive's HTTP port (a running, reachable server that does not speak DICOM):
+    the fix names that port as possibly not the archive's DICOM port (was: only "check that the archive is running
+    and reachable", which it is)."""
+    src = f"dimse://{orthanc.aet}@127.0.0.1:{orthanc.http_port}?studydate=20250102"
+    res = fetch_sources([src], run_dir=tmp_path / "run", cfg=_cfg(orthanc, **{"pacs.retries": 0}))
+    assert res.folders == [] and len(res.failures) == 1
+    _, cls, msg = res.failures[0]
+    assert cls == "PacsUnavailableError", msg
+    assert f"that {orthanc.http_port} is its DICOM port" in msg, msg

@@ -107,7 +107,11 @@ class DimseArchive:
                 f"cannot open an association: {how}",
                 where=self._where(),
                 fix="check that the archive is running and reachable"
-                + (" (or raise pacs.timeout_s)" if waited >= 0.9 * timeout else ""),
+                + (
+                    " (or raise pacs.timeout_s)"
+                    if waited >= 0.9 * timeout
+                    else f", and that {self.endpoint.port} is its DICOM port (DIMSE; often 104 or 11112), not its HTTP one"
+                ),
             )
         try:
             yield assoc
