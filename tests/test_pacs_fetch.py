@@ -373,3 +373,34 @@ def test_a_dimse_address_with_the_archives_http_port_names_the_port_to_check(ort
     _, cls, msg = res.failures[0]
     assert cls == "PacsUnavailableError", msg
     assert f"that {orthanc.http_port} is its DICOM port" in msg, msg
+
+
+@pytest.mark.parametrize("how", ["dicomweb", "move"])
+def test_a_series_still_arriving_at_the_archive_is_not_handed_on(orthanc, creds, tmp_path, monkeypatch, how):
+    """A modality still sending a series to the archive while ctpipe retrieves it: what was listed is retrieved, but
+    more instances arrived meanwhile. The series is not handed on as if it were the whole scan (its results would go
+    back to the PACS as those of the study); the next run takes it whole."""
+    from pipeline.pacs.dicomweb import DicomWebArchive
+    from pipeline.pacs.dimse import DimseArchive
+
+    uid, files = write_phantom_series(tmp_path / "arriving", {"dicomweb": 21, "move": 22}[how])
+    orthanc.upload(files[:10])
+    cls = DicomWebArchive if how == "dicomweb" else DimseArchive
+    real = cls.retrieve
+
+    def retrieve_while_the_rest_arrives(self, series, dest):
+        n = real(self, series, dest)
+        orthanc.upload(files[10:])  # the modality goes on sending while ctpipe retrieves
+        return n
+
+    monkeypatch.setattr(cls, "retrieve", retrieve_while_the_rest_arrives)
+    src = f"{orthanc.dicomweb}?series={uid}" if how == "dicomweb" else f"{orthanc.dimse}?series={uid}&retrieve=move"
+    run = tmp_path / "run"
+    res = fetch_sources([src], run_dir=run, cfg=_cfg(orthanc))
+    assert res.folders == [] and [c for _, c, _ in res.failures] == ["PartialSeriesError"], res.lines()
+    msg = res.failures[0][2]
+    assert "still arriving" in msg and f"now lists {len(files)}" in msg and uid in msg, msg
+    assert not any((run / "pacs").rglob("*.dcm"))
+    monkeypatch.setattr(cls, "retrieve", real)
+    res = fetch_sources([src], run_dir=run, cfg=_cfg(orthanc))  # the next run: the archive has all of it
+    assert res.fetched == 1 and len(list(res.folders[0].glob("*.dcm"))) == len(files)

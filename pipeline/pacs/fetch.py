@@ -8,8 +8,9 @@ at least as many instances as the archive now lists), or as quarantined unless
 ``runner.retry_failed``, is neither retrieved nor processed again; a series the ledger lists as
 fetched (and whose folder is there) is not retrieved again. Once a case is published or
 quarantined, :func:`release_spool` removes its spool folder unless ``pacs.keep_received`` keeps it.
-A series retrieved with fewer instances than the archive listed is not handed on (recorded as
-``partial``; the next run tries again). One source or series failing does not stop the others.
+A series retrieved with fewer instances than the archive listed, or of which the archive lists more instances once it
+is retrieved (still arriving from the scanner), is not handed on (recorded as ``partial``; the next run tries again).
+One source or series failing does not stop the others.
 """
 
 from __future__ import annotations
@@ -239,6 +240,24 @@ def release_spool(run_dir: str | os.PathLike[str], cfg: Any) -> int:
     return n
 
 
+def _check_not_arriving(s: RemoteSeries, n: int, src: PacsSource, archive: Archive) -> None:
+    """Raise :class:`PartialSeriesError` when the archive, asked again once the series is retrieved, lists more instances
+    of it than were retrieved: a modality or another node is still sending it to the archive, and the instances
+    retrieved are not the whole scan (its results would reach the PACS as the study's). The next run takes it whole."""
+    if s.n_instances is None:
+        return
+    again = archive.find_series(s.study_uid, series_uid=s.series_uid, modality="")
+    now = max((a.n_instances for a in again if a.n_instances is not None), default=None)
+    if now is not None and now > n:
+        raise PartialSeriesError(
+            f"the series is still arriving at the archive: it listed {s.n_instances} instances, {n} were retrieved, "
+            f"and it now lists {now}",
+            where=f"series {s.series_uid} at {src.endpoint}",
+            fix="nothing of it is processed now; the next run retrieves it whole (run once the scanner has sent the "
+            "study, e.g. ?studydate=yesterday for a nightly job)",
+        )
+
+
 def _fetch_series(
     s: RemoteSeries, src: PacsSource, archive: Archive, cfg: Any, run: Path, spool: Spool, ledger: Ledger, out: FetchResult
 ) -> None:
@@ -260,6 +279,7 @@ def _fetch_series(
                 where=f"series {s.series_uid} at {src.endpoint}",
                 fix="the archive may still be receiving it, or lost instances; the next run tries again",
             )
+        _check_not_arriving(s, n, src, archive)
         final = spool.publish(s.series_uid)
     except PacsError as exc:
         spool.discard(s.series_uid)
