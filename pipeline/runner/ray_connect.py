@@ -11,7 +11,8 @@ Before Ray is asked to connect, the head's port is probed with a plain TCP conne
 address or a head that is down is one :class:`~pipeline.errors.ClusterError` within seconds (Ray
 itself retries such a connection for minutes). Ray's token authentication (``RAY_AUTH_MODE=token``;
 the token in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) is passed through
-from the environment; a refused token is a ClusterError naming those variables.
+from the environment; a refused token is a ClusterError naming those variables. The cluster's error messages that Ray
+pushes to the driver (a node marked dead, with its raylet's last log lines) go to the run's log, not to its stdout.
 """
 
 from __future__ import annotations
@@ -101,6 +102,34 @@ class _WithoutSigtermNote(logging.Filter):
         return "SIGTERM handler is not set" not in record.getMessage()
 
 
+#: the name of the thread in which Ray's driver prints the cluster's error messages (ray._private.worker)
+_ERROR_THREAD = "ray_listen_error_messages"
+
+
+def _cluster_messages_to_log(ray: ModuleType) -> None:
+    """Have the cluster's error messages that Ray pushes to this driver (a node marked dead, a raylet that ended, each
+    with the last twenty lines of its log) logged here, the first line as a warning and the rest at debug level,
+    instead of printed to stdout by Ray's own thread, which it does whatever ``log_to_driver`` says: the run's console
+    (``--quiet`` for cron) stays its own. What Ray prints from other threads is left as it is."""
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    printer = getattr(worker, "print_to_stdstream", None)
+    if worker is None or printer is None or getattr(printer, "ctpipe_logs", False):
+        return
+
+    def to_log(data: dict[str, Any], ignore_prefix: bool = False) -> None:
+        if threading.current_thread().name != _ERROR_THREAD:
+            printer(data, ignore_prefix=ignore_prefix)
+            return
+        for text in data.get("lines") or ():
+            first, _, rest = str(text).strip().partition("\n")
+            log.warning("Ray: %s", first.strip(), extra={"event": "ray_message"})
+            if rest.strip():
+                log.debug("Ray (continued): %s", rest, extra={"event": "ray_message"})
+
+    to_log.ctpipe_logs = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_log
+
+
 @dataclass
 class RaySession:
     """This run's connection to Ray: what it joined and whether the run owns it (shut down at the end)."""
@@ -159,6 +188,7 @@ def connect(address: str | None, *, timeout_s: float, init_options: dict[str, An
         "runtime_env": {"env_vars": dict(WORKER_ENV)},
         **(init_options or {}),
     }
+    _cluster_messages_to_log(ray)
     if target is None:
         options.setdefault("include_dashboard", False)
     if target is None or target.rsplit(":", 1)[0] in ("127.0.0.1", "localhost"):
