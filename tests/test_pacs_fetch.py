@@ -404,3 +404,65 @@ def test_a_series_still_arriving_at_the_archive_is_not_handed_on(orthanc, creds,
     monkeypatch.setattr(cls, "retrieve", real)
     res = fetch_sources([src], run_dir=run, cfg=_cfg(orthanc))  # the next run: the archive has all of it
     assert res.fetched == 1 and len(list(res.folders[0].glob("*.dcm"))) == len(files)
+
+
+class _CutShortWado:
+    """An HTTP server on 127.0.0.1 that answers a WADO-RS series retrieval with the given instances as a multipart
+    response, then closes the connection halfway through the last one (an archive that stops mid-transfer)."""
+
+    def __init__(self, files: list[Path]):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        boundary = b"ctpipe-test-boundary"
+        parts = [b"--" + boundary + b"\r\nContent-Type: application/dicom\r\n\r\n" + f.read_bytes() + b"\r\n" for f in files]
+        body = b"".join(parts)
+        body = body[: len(body) - len(parts[-1]) // 2]  # cut in the middle of the last instance's pixel data
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", f'multipart/related; type="application/dicom"; boundary={boundary.decode()}')
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(body)
+                self.wfile.flush()
+                self.close_connection = True
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_instance_cut_short_by_a_dropped_wado_rs_transfer_is_not_kept(stored, tmp_path):
+    """The connection to a DICOMweb archive drops in the middle of an instance's pixel data: that instance is not
+    written as if whole (the series' count would match and the run would quarantine the series as damaged, though the
+    archive's copy is sound); the retrieval fails as a lost connection, to be tried again."""
+    from pipeline.pacs.archive import RemoteSeries
+
+    uid, files = stored[1]
+    files = sorted(files)[:3]
+    server = _CutShortWado(files)
+    try:
+        src = f"dicomweb+http://127.0.0.1:{server.port}/dicom-web?series={uid}"
+        cfg = load_config(overrides={"pacs.timeout_s": 10.0, "pacs.retries": 0}, environ={})
+        archive = open_archive(parse_source(src).endpoint, cfg)
+        dest = tmp_path / "dest"
+        dest.mkdir()
+        with pytest.raises(PacsUnavailableError, match="cut short") as ei:
+            archive.retrieve(RemoteSeries("1.2.3", uid, "CT", len(files)), dest)
+        archive.close()
+    finally:
+        server.close()
+    assert "dropped" in str(ei.value) and f"127.0.0.1:{server.port}" in str(ei.value)
+    for p in dest.glob("*.dcm"):  # what was written is whole
+        ds = pydicom.dcmread(p)
+        assert len(ds.PixelData) == ds.Rows * ds.Columns * ds.BitsAllocated // 8

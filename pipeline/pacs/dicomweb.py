@@ -3,7 +3,9 @@
 Series are retrieved in the transfer syntax the archive holds them in (``transfer-syntax=*``), so
 the files ctpipe reads are the archive's own. Every request has the timeout ``pacs.timeout_s``;
 connection errors, timeouts and HTTP 408/429/5xx raise :class:`~pipeline.errors.PacsUnavailableError`
-(retried by :mod:`pipeline.pacs.retry`), other HTTP errors :class:`~pipeline.errors.PacsRequestError`.
+(retried by :mod:`pipeline.pacs.retry`), other HTTP errors :class:`~pipeline.errors.PacsRequestError`. A retrieval
+whose stream ends inside an instance (uncompressed pixel data shorter than its header says) raises
+PacsUnavailableError too, rather than keeping the piece as if it were the instance.
 """
 
 from __future__ import annotations
@@ -71,6 +73,24 @@ def _withhold_in_library_logs(keep_identifiers: bool) -> None:
 def _value(item: dict[str, Any], tag: str) -> Any:
     values = (item.get(tag) or {}).get("Value") or []
     return values[0] if values else None
+
+
+def _pixel_data_cut_short(ds: Any) -> tuple[int, int] | None:
+    """``(bytes present, bytes expected)`` when an instance's native (uncompressed) pixel data is shorter than its
+    Rows, Columns, SamplesPerPixel, NumberOfFrames and BitsAllocated say: the end of a transfer that was cut off. None
+    otherwise, and for compressed pixel data, whose length its header does not give."""
+    if "PixelData" not in ds:
+        return None
+    syntax = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    try:
+        if syntax is None or syntax.is_compressed or int(ds.BitsAllocated) % 8:
+            return None
+        frames = int(ds.get("NumberOfFrames") or 1)
+        expected = int(ds.Rows) * int(ds.Columns) * int(ds.get("SamplesPerPixel") or 1) * frames * int(ds.BitsAllocated) // 8
+    except (AttributeError, TypeError, ValueError):  # a header without those: left to ingest, which names what is wrong
+        return None
+    have = len(ds.PixelData)
+    return (have, expected) if have < expected else None
 
 
 class DicomWebArchive:
@@ -255,6 +275,16 @@ class DicomWebArchive:
                 p.unlink()
             n = 0
             for ds in self.client.iter_series(series.study_uid, series.series_uid, media_types=(("application/dicom", "*"),)):
+                short = _pixel_data_cut_short(ds)
+                if short is not None:  # the multipart client hands on the last part as it is when the stream ends
+                    raise PacsUnavailableError(
+                        f"WADO-RS retrieval of series {series.series_uid}: instance {ds.get('SOPInstanceUID', '?')} "
+                        f"arrived cut short ({short[0]} of {short[1]} bytes of pixel data; {n} whole instance(s) before "
+                        "it): the connection dropped mid-transfer (the archive stopped or the network dropped)",
+                        where=self.endpoint.redacted(),
+                        fix="check that the archive is running and reachable; what was received is discarded and the "
+                        "series retrieved again whole (pacs.retries, or the next run)",
+                    )
                 buf = io.BytesIO()
                 pydicom.dcmwrite(buf, ds, enforce_file_format=True)
                 write_instance(dest, str(ds.SOPInstanceUID), buf.getvalue())
