@@ -277,7 +277,9 @@ class DimseArchive:
 
         if self._receiver is None:
             self._receiver = MoveReceiver(self.cfg, archive_aet=self.endpoint.aet)
-        with self._receiver.route(series_uid, dest), self._association([(MOVE, _UNCOMPRESSED)]) as assoc:
+        receiver = self._receiver
+        turned_away = len(receiver.turned_away)
+        with receiver.route(series_uid, dest), self._association([(MOVE, _UNCOMPRESSED)]) as assoc:
             try:
                 moved = assoc.send_c_move(ds, self.cfg.pacs.ae_title, MOVE)
                 for _ in self._responses("C-MOVE", moved, received=lambda: _count(dest)):
@@ -285,6 +287,26 @@ class DimseArchive:
             except PacsRequestError as exc:
                 if any(dest.glob("*.dcm")):
                     raise
+                seen = list(dict.fromkeys(receiver.turned_away[turned_away:]))
+                came = [calling for calling, _ in seen if calling != self.endpoint.aet]
+                addressed = [called for calling, called in seen if calling == self.endpoint.aet]
+                if addressed:  # the archive sends to another AE title than ctpipe's
+                    raise PacsRequestError(
+                        f"{exc.problem}; ctpipe's C-MOVE receiver turned away the archive's association, addressed to AE "
+                        f"title {addressed[0]!r}, not {self.cfg.pacs.ae_title!r} (pacs.ae_title)",
+                        where=exc.where,
+                        fix=f"the archive's entry for ctpipe must have AE title {self.cfg.pacs.ae_title!r}, or set "
+                        "pacs.check_called_aet: false",
+                    ) from exc
+                if came:  # the archive reached the receiver, but sends from another AE title than the address names
+                    raise PacsRequestError(
+                        f"{exc.problem}; ctpipe's C-MOVE receiver turned away an association from calling AE title "
+                        f"{came[0]!r}: it takes instances only from {self.endpoint.aet!r}, the AE title of the address",
+                        where=exc.where,
+                        fix=f"if {came[0]!r} is the archive's AE title, put it in the address "
+                        f"(dimse://{came[0]}@{self.endpoint.host}:{self.endpoint.port}); an archive that sends from an AE "
+                        "title of its own for C-MOVE needs C-GET instead (retrieve=get)",
+                    ) from exc
                 # nothing arrived: most often the archive cannot reach ctpipe's storage SCP (the move destination)
                 raise PacsRequestError(
                     f"{exc.problem}; no instance reached ctpipe's C-MOVE receiver "
@@ -433,6 +455,9 @@ class MoveReceiver:
         self.cfg = cfg
         self._routes: dict[str, Path] = {}
         self._lock = threading.Lock()
+        #: (calling, called) AE titles of the associations turned away, in order (for the error of a C-MOVE that got
+        #: nothing)
+        self.turned_away: list[tuple[str, str]] = []
         self.ae = build_ae(cfg)
         for abstract, syntaxes in ct_storage_contexts(accept_all=True):
             self.ae.add_supported_context(abstract, syntaxes)
@@ -443,7 +468,7 @@ class MoveReceiver:
                 (cfg.pacs.bind, cfg.pacs.move_port),
                 block=False,
                 ae_title=cfg.pacs.ae_title,
-                evt_handlers=[(evt.EVT_C_STORE, self._on_store)],
+                evt_handlers=[(evt.EVT_C_STORE, self._on_store), (evt.EVT_REJECTED, self._on_rejected)],
             )
         except OSError as exc:
             raise listen_error(
@@ -474,6 +499,20 @@ class MoveReceiver:
         except OSError as exc:
             log.error("C-MOVE receiver: cannot write an instance (%s)", exc)
             return STATUS_OUT_OF_RESOURCES
+
+    def _on_rejected(self, event: Any) -> None:
+        calling = str(event.assoc.requestor.ae_title).strip()
+        called = str(getattr(event.assoc.requestor.primitive, "called_ae_title", "") or "").strip()
+        log.warning(
+            "C-MOVE receiver %s turned away an association from calling AE title %r at %s, addressed to %r",
+            self.cfg.pacs.ae_title,
+            calling,
+            getattr(event.assoc.requestor, "address", "?"),
+            called,
+            extra={"event": "move_receiver_rejected"},
+        )
+        with self._lock:
+            self.turned_away.append((calling, called))
 
     def close(self) -> None:
         self.server.shutdown()
