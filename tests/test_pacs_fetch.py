@@ -480,3 +480,17 @@ def test_an_instance_cut_short_by_a_dropped_wado_rs_transfer_is_not_kept(stored,
     for p in dest.glob("*.dcm"):  # what was written is whole
         ds = pydicom.dcmread(p)
         assert len(ds.PixelData) == ds.Rows * ds.Columns * ds.BitsAllocated // 8
+
+
+def test_a_run_whose_archive_failed_says_nothing_was_retrieved_not_that_nothing_was_selected(tmp_path, capsys):
+    """The only PACS source is down: the run says that no series could be retrieved, for the failure it lists, and
+    that the next run tries again, with exit status 3 (was: "nothing to run: the PACS sources selected no series to
+    retrieve or process", as if the query had matched nothing)."""
+    from pipeline.cli import main
+
+    dead = f"dicomweb+http://127.0.0.1:{free_port()}/dicom-web?studydate=20250102"
+    rc = main(["run", dead, "--out", str(tmp_path / "run"), "--set", "pacs.retries=0", "--quiet"])
+    out, err = capsys.readouterr()
+    assert rc == 3
+    assert "PACS failure" in err and "selected no series" not in out, out
+    assert "nothing to run: no series retrieved (1 PACS failure, listed above; the next run tries again)" in out, out

@@ -155,6 +155,12 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
         try:
             if args.sources:
                 rc = original(args)
+            elif failures:
+                print(
+                    f"nothing to run: no series retrieved ({failures} PACS failure{'s' if failures > 1 else ''}, listed "
+                    "above; the next run tries again)"
+                )
+                rc = 0
             else:
                 print("nothing to run: the PACS sources selected no series to retrieve or process")
                 rc = 0
