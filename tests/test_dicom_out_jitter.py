@@ -82,6 +82,17 @@ def test_a_run_on_another_machine_gives_the_results_the_same_uids() -> None:
     assert _uid_seed(_ctx(moved), SOURCE, {})["sr"] != seed["sr"]
 
 
+def test_box_edges_rounding_the_other_way_leave_the_uids_when_the_results_do_not_change() -> None:
+    """Runs with another worker count move a box by some 0.0005 mm: its edge at -91.5848 mm moves to -91.5852 mm (-91.58
+    and -91.59 to 0.01 mm), its centre and extents stay what the SR states (-86.46 mm; 10.36 mm wide), so the results
+    are the same and keep their UIDs; a box 0.02 mm wider is another result."""
+    seed = _uid_seed(_ctx(_doc(0.0, 0.0, "cpu")), SOURCE, {})
+    assert _uid_seed(_ctx(_doc(-0.0004, 0.0, "cpu")), SOURCE, {}) == seed
+    wider = _doc(0.0, 0.0, "cpu")
+    wider["findings"][0]["box_max_lps"][0] += 0.04
+    assert _uid_seed(_ctx(wider), SOURCE, {})["sr"] != seed["sr"]
+
+
 def test_a_score_just_below_one_is_not_stated_as_certainty(tmp_path: Path) -> None:
     from pipeline.dicom_out import read_sr_findings, write_sr
 

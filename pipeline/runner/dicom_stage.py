@@ -121,9 +121,10 @@ def _uid_seed(
 
 def _stated_findings(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """What the results state of the case's findings (a findings JSON document, LPS mm): the model, operating point,
-    reason and flags, and each reported finding's centre, box and size (to :data:`~pipeline.dicom_out.model.MM_DECIMALS`)
-    and score (:func:`~pipeline.dicom_out.model.stated_score`). Not the candidates below the operating point, the
-    device or the timings, which no result holds, nor the last digits in which runs with other threads differ."""
+    reason and flags, and each reported finding's centre, box half extents (as the SR gives its ellipsoid, not the
+    box's edges) and size (to :data:`~pipeline.dicom_out.model.MM_DECIMALS`) and score
+    (:func:`~pipeline.dicom_out.model.stated_score`). Not the candidates below the operating point, the device or the
+    timings, which no result holds, nor the last digits in which runs with other threads differ."""
     from ..dicom_out.model import MM_DECIMALS, stated_score
 
     if doc is None:
@@ -132,13 +133,20 @@ def _stated_findings(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     def mm(value: Any) -> list[float] | None:
         return None if value is None else [round(float(v), MM_DECIMALS) for v in value]
 
+    def half_extent(f: Mapping[str, Any]) -> list[float] | None:
+        """The box's half extents, as the SR states an unsegmented finding's ellipsoid (not its edges, whose rounding
+        can change where the extents' does not)."""
+        lo, hi = f.get("box_min_lps"), f.get("box_max_lps")
+        if lo is None or hi is None:
+            return None
+        return mm(abs(float(b) - float(a)) / 2 for a, b in zip(lo, hi, strict=True))
+
     return {
         **{key: doc.get(key) for key in ("model", "score_threshold", "reason", "flags")},
         "findings": [
             {
                 "center_lps": mm(f.get("center_lps")),
-                "box_min_lps": mm(f.get("box_min_lps")),
-                "box_max_lps": mm(f.get("box_max_lps")),
+                "half_extent_mm": half_extent(f),
                 "diameter_mm": round(float(f.get("diameter_mm") or 0.0), MM_DECIMALS),
                 "score": stated_score(float(f.get("score") or 0.0)),
             }
