@@ -267,7 +267,8 @@ def show(
         warning that they could not be checked.
     recon: a :class:`~pipeline.reconstruction.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
         ``[k, j, i]`` on the volume's grid; outlines are drawn per organ, each in its colour (the MPR PNGs' for the
-        lungs, airway, body and bone; a distinct one for each other mask).
+        lungs, airway, body and bone; a distinct one for each other mask), and the legend names the masks outlined
+        on the plane drawn (not one that misses it, or fills it and so has no edge there).
     slice: the slice as the findings' ``slice_number`` (CSV, JSON, PNG titles) and a DICOM viewer name it: its
         InstanceNumber (a multi-frame object's FrameNumber) when the volume's metadata lists them, else ``k + 1``.
     k: the array index k (0-based, ``volume.array[k]``) instead. At most one of ``slice`` and ``k``; with
@@ -306,11 +307,13 @@ def show(
     sx, sy, sz = geometry.spacing_lps()
     ax.imshow(np.asarray(view[z], np.float32), cmap="gray", vmin=low, vmax=high, aspect=sy / sx, interpolation="nearest")
     colours = organ_colours(masks, outline=True)  # as the MPR PNGs outline them; other masks each a colour of its own
+    outlined = 0
     for organ, m in masks.items():
         plane = geometry.to_lps_view(m)[z]
-        if plane.any():
+        if plane.any() and not plane.all():  # an edge to draw (a mask filling the plane has none): legend only then
             ax.contour(plane.astype(np.float32), levels=[0.5], colors=[colours[organ]], linewidths=1.0)
             ax.plot([], [], color=colours[organ], label=organ.replace("_", " "))
+            outlined += 1
     drawn = 0
     for row, (x, y, zf) in zip(rows, xyz):
         r_mm, dz = row.diameter_mm / 2.0, abs(zf - z) * sz
@@ -325,6 +328,6 @@ def show(
         ax.text(fx, fy, letter, transform=ax.transAxes, color="yellow", fontsize=9, ha="center", va="center", bbox=_LETTER_BOX)
     ax.set_title(_title(volume, z, k_here, drawn, len(rows)), fontsize=9)
     ax.set_axis_off()
-    if masks:
+    if outlined:  # the outlines drawn on this plane, each named; none drawn: no legend
         ax.legend(loc="lower right", fontsize=7)
     return ax

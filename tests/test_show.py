@@ -354,7 +354,9 @@ def test_recon_that_is_no_reconstruction_label_map_or_dict_is_refused_naming_it(
     with pytest.raises(TypeError, match=r"recon= must be a Reconstruction, a LabelMap or a dict of bool masks") as err:
         show(_lps_volume(), recon=recon)
     assert type(recon).__name__ in str(err.value) and "{'lesion': mask}" in str(err.value)
-    ax = show(_lps_volume(), recon={"lesion": np.ones(SHAPE, bool)})  # the fix it names works
+    lesion = np.zeros(SHAPE, bool)
+    lesion[:, 2:6, 20:30] = True
+    ax = show(_lps_volume(), recon={"lesion": lesion})  # the fix it names works
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["lesion"]
 
 
@@ -422,3 +424,15 @@ def test_masks_without_a_colour_of_their_own_are_outlined_in_distinct_colours():
     assert colours["lung left"] == OUTLINE_COLORS["lung_left"]
     drawn = {to_hex(c.get_edgecolor()[0]) for c in ax.collections}
     assert set(colours.values()) <= drawn  # the outlines are drawn in the legend's colours
+
+
+def test_only_the_masks_whose_outline_is_drawn_are_in_the_legend():
+    vol = _lps_volume()
+    block = np.zeros(SHAPE, bool)
+    block[:, 2:6, 20:30] = True
+    everywhere = np.ones(SHAPE, bool)  # no edge on any plane: nothing drawn, so no legend entry either
+    ax = show(vol, recon={"lesion": block, "field_of_view": everywhere})
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["lesion"]
+    ax = show(vol, recon={"field_of_view": everywhere})
+    assert ax.get_legend() is None  # no outline drawn: no empty legend box
