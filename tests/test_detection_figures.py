@@ -263,3 +263,27 @@ def test_the_close_ups_are_lettered_on_all_four_edges(monkeypatch):
         assert set(mine) == set(expected), (plane, mine)
         left, right, top, bottom = (mine[k] for k in expected)
         assert left[0] < right[0] and top[1] < bottom[1]  # image rows run downwards
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_the_mip_slab_stays_centred_on_a_finding_at_the_series_end(where):
+    """The slab of a finding on the first or last slice holds as many planes on either side of it: a slab cut short on
+    one side only would show what lies 5 mm to one side as if it were around the finding."""
+    vol = _volume_with_markers(np.eye(3))  # 1 mm slices: a ±5 mm slab is 11 planes
+    nz = vol.shape[0]
+    for k in (0, 1, 2) if where == "first" else (nz - 1, nz - 2, nz - 3):
+        f = Finding(
+            center_lps=tuple(vol.index_to_lps(np.array([40.0, 40.0, k]))),
+            box_min_lps=(0.0, 0.0, 0.0),
+            box_max_lps=(1.0, 1.0, 1.0),
+            diameter_mm=1.0,
+            score=0.9,
+            voxel_ijk=(40, 40, k),
+            slice_number=k + 1,
+        )
+        marked = vol.array.copy()
+        marked[:, 40, 40] = np.arange(nz)  # each plane's own number at the finding's pixel: the MIP shows the top one
+        _, mip, n_slab, _ = axial_view(CTVolume(marked, vol.geometry), f)
+        top = int(mip[40, 40])
+        lowest = top - n_slab + 1
+        assert n_slab % 2 == 1 and (lowest + top) / 2 == k, (k, lowest, top)  # the finding's plane is the slab's middle

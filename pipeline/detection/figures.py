@@ -87,12 +87,15 @@ def _box_xy(volume: CTVolume, f: Finding) -> tuple[float, float, float, float]:
 def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, int, tuple[float, float, float, float]]:
     """The axial plane through finding ``f`` (HU) and a ±5 mm MIP slab around it, in the radiological display
     convention (row 0 anterior, column 0 the patient's right; the series' voxels transposed and flipped only), how
-    many slices the slab holds, and the finding's box as (x0, x1, y0, y1) column and row ranges of those images."""
+    many slices the slab holds, and the finding's box as (x0, x1, y0, y1) column and row ranges of those images.
+    The slab is always centred on the finding's plane: within 5 mm of the series' first or last slice it is
+    thinner (as many planes on each side as the series holds there), never shifted to one side."""
     geometry = volume.geometry
     view = geometry.to_lps_view(volume.array)  # [z, y, x], LPS ascending
     z = int(geometry.lps_view_index(f.voxel_ijk)[0, 2])
     half = max(0, int(round(SLAB_MM / 2 / geometry.spacing_lps()[2])))
-    z0, z1 = max(0, z - half), min(view.shape[0], z + half + 1)
+    half = min(half, z, view.shape[0] - 1 - z)  # near the series' ends: thinner, still centred on the finding
+    z0, z1 = z - half, z + half + 1
     axial = np.asarray(view[z], dtype=np.float32)
     mip = np.asarray(view[z0:z1], dtype=np.float32).max(axis=0)
     return axial, mip, z1 - z0, _box_xy(volume, f)
