@@ -159,3 +159,28 @@ def test_reconstruct_reads_and_checks_a_findings_path_before_any_work(tmp_path, 
     _write(path, [{"center_lps": [500.0, 500.0, 500.0], "diameter_mm": 5.0}])
     rec = reconstruct(vol, organs=("body",), findings=str(path), device="cpu", render=False)
     assert len(rec.nodules) == 1 and "outside the volume" in str(rec.nodules[0].error)
+
+
+def test_cli_prints_a_line_per_nodule_with_its_side_centre_size_and_volume_or_why_not(tmp_path, capsys):
+    """A user reads each finding's nodule from the terminal: which finding, the lung holding it, its centre (LPS mm),
+    diameter and long axis (mm) and volume (mL), or why it was not segmented."""
+    truth = json.loads((SAMPLE / "ground_truth.json").read_text())
+    nodule = next(n for n in truth["nodules"] if n["kind"] == "solid" and n["attached_to"] is None)
+    findings = [
+        {"center_lps": nodule["center_lps"], "diameter_mm": 1.3 * nodule["diameter_mm"]},
+        {"center_lps": [500.0, 500.0, 500.0], "diameter_mm": 5.0},
+    ]
+    path = _write(tmp_path / "f.json", findings)
+    argv = ["reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "o"), "--findings", str(path)]
+    assert main([*argv, "--organs", "lung_left,lung_right", "--no-render", "--no-dicom"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("nodule")]
+    assert len(lines) == 2, lines
+    side = nodule["lung"].removeprefix("lung_")
+    assert lines[0].startswith(f"nodule of finding #1: {side} lung, centre LPS (") and "not segmented" not in lines[0]
+    figures = {name: float(lines[0].split(f"{name} ", 1)[1].split(" ", 1)[0]) for name in ("diameter", "long axis", "volume")}
+    centre = [float(v) for v in lines[0].split("centre LPS (", 1)[1].split(")", 1)[0].split(", ")]
+    assert np.allclose(centre, nodule["center_lps"], atol=1.5)
+    assert abs(figures["volume"] * 1000.0 - nodule["volume_mm3"]) < 0.25 * nodule["volume_mm3"]  # mL
+    assert abs(figures["diameter"] - nodule["diameter_mm"]) < 0.15 * nodule["diameter_mm"]
+    assert figures["long axis"] >= figures["diameter"]
+    assert lines[1].startswith("nodule of finding #2: not segmented: ") and "outside the volume" in lines[1]

@@ -41,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "<stem>_<organ>.<format> meshes in DICOM patient coordinates (LPS, mm), <stem>_measurements.json, "
             "<stem>_labels.npz and PNG renderings into --out, then, for a DICOM source, <stem>_seg.dcm (organ and "
             "--findings nodule masks) and <stem>_sr.dcm (TID 1500: measurements, quality flags and the --findings; "
-            "--dicom chooses). Exit status 0 done, 1 a bad source or option, no mesh made, or DICOM results not "
+            "--dicom chooses). It prints each organ's volume and, per --findings finding, its nodule's lung, centre "
+            "(LPS mm), diameter, long axis and volume, or why it was not segmented. Exit status 0 done, 1 a bad source "
+            "or option, no mesh made, or DICOM results not "
             "written (the other files are kept), 2 bad arguments."
         ),
     )
@@ -143,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
             f"lungs total {_figure(lungs['lungs_total_volume_ml'], '.1f', 'mL')}, emphysema index "
             f"{_figure(lungs.get('emphysema_index_pct'), '.2f', '%')} (< {lungs['emphysema_threshold_hu']:.0f} HU)"
         )
+    for line in nodule_lines(rec):
+        print(line)
     for flag in rec.measurements.get("quality", {}).get("flags", ()):  # the README's quality flags, as ctpipe detect's
         print(f"  {flag['severity']}: {flag['message']} [{flag['code']}]")
     for what, msg in rec.errors.items():
@@ -151,6 +155,40 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {n_files} files to {args.out}")
     status = 0 if rec.meshes else 1
     return max(status, _write_dicom(args, volume, rec, reported, stem, organs=organs, device=device))
+
+
+def nodule_lines(rec: Any) -> list[str]:
+    """One line per finding of ``--findings`` (``rec``: the :class:`~.stage.Reconstruction`): its number in the
+    findings file (1-based: ``ctpipe detect``'s ``#N``), the lung holding it, the segmented nodule's centre (its
+    centroid, DICOM patient coordinates LPS, mm), its equivalent-sphere diameter and long axis (mm, as the SR reports
+    them) and its volume (mL); or why it could not be segmented."""
+    import numpy as np
+
+    from ..dicom_out.model import _boundary_voxels, _long_axis, _nodule_mask, _side
+
+    geometry = rec.geometry
+    lungs = {o: rec.mask(o) for o in ("lung_left", "lung_right") if o in rec.masks}
+    lines = []
+    for r in rec.nodules:
+        head = f"nodule of finding #{r.index + 1}"
+        if r.error is not None or r.volume_mm3 is None or r.diameter_mm is None:
+            lines.append(f"{head}: not segmented: {r.error}")
+            continue
+        centre = np.asarray(r.centroid_lps if r.centroid_lps is not None else r.center_lps, dtype=float)
+        if not lungs:
+            side = "lung side unknown (--organs leaves out the lungs)"
+        else:
+            found = _side(centre, geometry, lungs)
+            side = f"{found} lung" if found else "outside the lungs"
+        nm = _nodule_mask(r, geometry)
+        voxels = _boundary_voxels(nm) if nm is not None else None
+        long_axis = f"{_long_axis(voxels, geometry, r.diameter_mm):.1f} mm" if voxels is not None else "n/a"
+        x, y, z = centre
+        lines.append(
+            f"{head}: {side}, centre LPS ({x:.1f}, {y:.1f}, {z:.1f}) mm, diameter {r.diameter_mm:.1f} mm "
+            f"(equivalent sphere), long axis {long_axis}, volume {r.volume_mm3 / 1000.0:.2f} mL"
+        )
+    return lines
 
 
 def _figure(value: Any, spec: str, unit: str) -> str:
