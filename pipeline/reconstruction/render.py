@@ -1,4 +1,5 @@
-"""PNG renderings without a display: MPR slices with organ outlines, lung-window MIP slabs, a 3-D preview.
+"""PNG renderings without a display: MPR slices with organ outlines, lung-window MIP slabs, a 3-D preview; with
+segmented nodules, their outlines in the MPRs, lung-window MPRs through each and their surfaces in the preview.
 
 Display orientation is radiological and derived from the LPS geometry, never
 from array order: axial and coronal images show the patient's right on the
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +22,9 @@ from ..atomic import atomic_write_bytes
 from ..volume import CTVolume, Geometry
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .nodules import NoduleResult
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +36,7 @@ def _rgb(colour: str) -> tuple[float, float, float]:
 
 LUNG_WINDOW = (-1350.0, 150.0)  # W 1500 / L -600
 SOFT_WINDOW = (-160.0, 240.0)  # W 400 / L 40
+WINDOWS = {"soft-tissue": SOFT_WINDOW, "lung": LUNG_WINDOW}  # the MPRs' windows, by the name their titles give
 
 
 def lps_aligned(array: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,16 +177,31 @@ def _plane(view: np.ndarray, plane: str, index: int) -> np.ndarray:
 
 
 def render_mpr(
-    volume: CTVolume, masks: Mapping[str, np.ndarray], out: Path, *, stem: str, center_lps: np.ndarray | None = None
+    volume: CTVolume,
+    masks: Mapping[str, np.ndarray],
+    out: Path,
+    *,
+    stem: str,
+    center_lps: np.ndarray | None = None,
+    nodules: np.ndarray | None = None,
+    field_mm: float | None = None,
+    note: str = "",
+    window: str = "soft-tissue",
 ) -> list[Path]:
-    """Axial, coronal and sagittal PNGs through ``center_lps`` (default: the lungs' or the volume's centre), soft-tissue
-    window, each mask outlined in its colour (:func:`~.organs.organ_colours`: :data:`~.organs.OUTLINE_COLORS`), with a legend
-    in rows below the image (:func:`_legend_layout`), never over it."""
+    """Axial, coronal and sagittal PNGs through ``center_lps`` (DICOM patient coordinates, LPS mm; default: the lungs'
+    or the volume's centre), soft-tissue window, each mask outlined in its colour (:func:`~.organs.organ_colours`:
+    :data:`~.organs.OUTLINE_COLORS`), with a legend in rows below the image (:func:`_legend_layout`), never over it.
+
+    nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`: N is the nodule of finding #N); each
+    nodule a plane cuts is outlined in the ``nodules`` colour and lettered ``#N`` beside it. field_mm: the images show
+    this many mm around ``center_lps`` (a nodule's close-up), not the whole plane. note: added to each title. window:
+    a name of :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title."""
     from matplotlib.lines import Line2D
 
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
-    colours = organ_colours(masks, outline=True)  # the same in every plane
+    nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
+    colours = organ_colours([*masks, "nodules"], outline=True)  # the same in every plane
     if center_lps is None:
         lung = [m for k, m in mviews.items() if k.startswith("lung")]
         ref = np.logical_or.reduce(lung) if lung else None
@@ -195,13 +216,19 @@ def render_mpr(
     paths = []
     for plane, (fixed, rows, cols, _flip, letters) in _PLANES.items():
         img = _plane(view, plane, int(center_idx[fixed]))
+        crop = _field_window(img.shape, center_idx, plane, spacing, field_mm)
+        img = img[crop]
         h_mm = img.shape[0] * spacing[rows]
         w_mm = img.shape[1] * spacing[cols]
-        outlines = {organ: sl for organ, mv in mviews.items() if (sl := _plane(mv, plane, int(center_idx[fixed]))).any()}
+        outlines = {organ: sl for organ, mv in mviews.items() if (sl := _plane(mv, plane, int(center_idx[fixed]))[crop]).any()}
         outlines = {organ: sl for organ, sl in outlines.items() if not sl.all()}  # an edge to draw
-        fig, ax, ncol = _image_figure(w_mm, h_mm, legend=[organ.replace("_", " ") for organ in outlines])
+        cut = _plane(nview, plane, int(center_idx[fixed]))[crop] if nview is not None else None
+        numbers = [int(v) for v in np.unique(cut) if v > 0] if cut is not None else []
+        legend = [organ.replace("_", " ") for organ in outlines] + (["nodule #N (finding #N)"] if numbers else [])
+        fig, ax, ncol = _image_figure(w_mm, h_mm, legend=legend)
         extent = (0, w_mm, h_mm, 0)
-        ax.imshow(img, cmap="gray", vmin=SOFT_WINDOW[0], vmax=SOFT_WINDOW[1], extent=extent, interpolation="nearest")
+        vmin, vmax = WINDOWS[window]
+        ax.imshow(img, cmap="gray", vmin=vmin, vmax=vmax, extent=extent, interpolation="nearest")
         _scale_bar(ax, w_mm, h_mm)
         drawn = []
         for organ, sl in outlines.items():
@@ -210,6 +237,25 @@ def render_mpr(
             colour = colours[organ]
             ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
             drawn.append(Line2D([], [], color=colour, label=organ.replace("_", " ")))
+        for number in numbers:  # each nodule cut by the plane, outlined and lettered beside its outline
+            assert cut is not None
+            sl = cut == number
+            xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
+            ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
+            ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colours["nodules"]], linewidths=1.2)
+            r_px, c_px = np.nonzero(sl)
+            ax.text(
+                (c_px.max() + 1.5) * spacing[cols] + 1.0,
+                (r_px.min() + 0.5) * spacing[rows],
+                f"#{number}",
+                color=colours["nodules"],
+                fontsize=8,
+                fontweight="bold",
+                ha="left",
+                va="bottom",
+            )
+        if numbers:
+            drawn.append(Line2D([], [], color=colours["nodules"], label="nodule #N (finding #N)"))
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
             ax.legend(
                 handles=drawn,
@@ -230,11 +276,47 @@ def render_mpr(
         _labels(
             ax,
             *letters,
-            f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}\nsoft-tissue window — "
+            f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window} window — "
             + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
         )
         paths.append(_save(fig, out / f"{stem}_mpr_{plane}.png"))
     return paths
+
+
+def _field_window(
+    shape: tuple[int, ...], center_idx: np.ndarray, plane: str, spacing: np.ndarray, field_mm: float | None
+) -> tuple[slice, slice]:
+    """Rows and columns of a :func:`_plane` image (``shape``) within ``field_mm`` around ``center_idx`` (x, y, z indices
+    of :func:`lps_aligned`'s view), kept inside the image; the whole image without ``field_mm``."""
+    if field_mm is None:
+        return slice(None), slice(None)
+    _fixed, rows, cols, flip, _ = _PLANES[plane]
+    row = shape[0] - 1 - int(center_idx[rows]) if flip else int(center_idx[rows])
+    out = []
+    for centre, n, axis in ((row, shape[0], rows), (int(center_idx[cols]), shape[1], cols)):
+        half = int(np.ceil(field_mm / 2 / spacing[axis]))
+        a = int(np.clip(centre - half, 0, max(n - 2 * half - 1, 0)))
+        out.append(slice(a, min(n, a + 2 * half + 1)))
+    return out[0], out[1]
+
+
+def nodule_labels(nodules: Sequence[NoduleResult], geometry: Geometry) -> np.ndarray | None:
+    """The segmented ``nodules`` as labels ``[k, j, i]`` (uint16) on ``geometry`` (the volume's grid): 0 no nodule, N
+    the nodule of finding #N (its ``index`` + 1: ``ctpipe detect``'s rank in a findings file); None when none was
+    segmented. Each mask is a crop of the volume's grid (:class:`NoduleResult`)."""
+    from ..dicom_out.model import _nodule_mask
+
+    labels: np.ndarray | None = None
+    for r in nodules:
+        nm = _nodule_mask(r, geometry) if r.error is None else None
+        if nm is None or not nm.mask.any():
+            continue
+        if labels is None:
+            labels = np.zeros(geometry.shape, np.uint16)
+        k0, j0, i0 = nm.offset_kji
+        nk, nj, ni = nm.mask.shape
+        labels[k0 : k0 + nk, j0 : j0 + nj, i0 : i0 + ni][nm.mask] = r.index + 1
+    return labels
 
 
 def render_mip(
@@ -308,9 +390,19 @@ def _scan_convert(u: np.ndarray, v: np.ndarray, dz: np.ndarray, size: int) -> tu
     return py[inside] * size + px[inside], d, r
 
 
-def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int = 512) -> np.ndarray:
+def rasterise(
+    meshes: Mapping[str, Mesh],
+    *,
+    view: str = "anterior",
+    size: int = 512,
+    frame: tuple[np.ndarray, np.ndarray] | None = None,
+    colours: Mapping[str, str] | None = None,
+) -> np.ndarray:
     """Orthographic shaded image (H, W, 3) float of the meshes seen from ``anterior`` or ``left``, each in its colour
-    (:func:`~.organs.organ_colours`: :data:`~.organs.ORGAN_COLORS`).
+    (``colours``, else :func:`~.organs.organ_colours`: :data:`~.organs.ORGAN_COLORS`).
+
+    frame: the LPS box (lowest, highest corner, mm) the image is fitted to (default: the meshes' own), so that other
+    meshes drawn in the same frame (the nodules over the organs) land on the same pixels.
 
     Anterior view: patient's right on image left, superior up. Left view: anterior on image left.
     A vectorised scan-converter: every pixel centre of each triangle's bounding box is tested with
@@ -326,9 +418,12 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
         axes, depth_axis, depth_sign = (1, 2), 0, 1.0  # viewer at +x (patient's left)
     else:
         raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
-    rgbs = {k: _rgb(c) for k, c in organ_colours(meshes, outline=False).items()}
-    allv = np.concatenate([m.vertices for _, m in parts])
-    lo, hi = allv.min(axis=0), allv.max(axis=0)
+    rgbs = {k: _rgb(c) for k, c in (colours or organ_colours(meshes, outline=False)).items()}
+    if frame is None:
+        allv = np.concatenate([m.vertices for _, m in parts])
+        lo, hi = allv.min(axis=0), allv.max(axis=0)
+    else:
+        lo, hi = (np.asarray(c, dtype=np.float64) for c in frame)
     scale = 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6)
     centre = (lo + hi) / 2
     light = np.zeros(3)
@@ -358,16 +453,30 @@ def rasterise(meshes: Mapping[str, Mesh], *, view: str = "anterior", size: int =
 PREVIEW_GAP_PX = 48  # between the preview's two views, so that the first's L and the second's A read apart
 
 
-def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: int = 512) -> Path:
+def render_preview(
+    meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: int = 512, nodules: Mapping[str, Mesh] | None = None
+) -> Path:
     """A PNG with the anterior and left views of the organ meshes (the body surface is left out), and under them a
-    legend naming each organ shown in its colour (:func:`~.organs.organ_colours`)."""
+    legend naming each organ shown in its colour (:func:`~.organs.organ_colours`).
+
+    nodules: the nodules' surfaces (LPS mm), drawn in the ``nodules`` colour over the organs (they lie inside the
+    lungs, whose surfaces would hide them), in the organs' frame."""
     from matplotlib.patches import Patch
 
     shown = {k: m for k, m in meshes.items() if k != "body"} or dict(meshes)
     views = [rasterise(shown, view="anterior", size=size), rasterise(shown, view="left", size=size)]
     drawn = [k for k, m in shown.items() if m.n_triangles]
-    colours = organ_colours(shown, outline=False)  # as rasterise colours the surfaces
-    ncol, legend_px = _legend_layout([k.replace("_", " ") for k in drawn], 2 * size + PREVIEW_GAP_PX, fontsize=8)
+    colours = organ_colours([*shown, "nodules"], outline=False)  # as rasterise colours the surfaces
+    nods = {k: m for k, m in (nodules or {}).items() if m.n_triangles}
+    if nods and drawn:
+        allv = np.concatenate([shown[k].vertices for k in drawn])
+        frame = (allv.min(axis=0), allv.max(axis=0))
+        for n, view in enumerate(("anterior", "left")):
+            over = rasterise(nods, view=view, size=size, frame=frame, colours=dict.fromkeys(nods, colours["nodules"]))
+            hit = over.any(axis=-1)
+            views[n][hit] = over[hit]
+        drawn.append("nodules")
+    ncol, legend_px = _legend_layout([_preview_label(k) for k in drawn], 2 * size + PREVIEW_GAP_PX, fontsize=8)
     total = size + 40 + legend_px
     width = 2 * size + PREVIEW_GAP_PX
     fig = _figure(width, total)
@@ -379,7 +488,7 @@ def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: in
         _labels(ax, *letters, f"{title}: {', '.join(shown)}")
     if drawn:  # which colour is which organ
         fig.legend(
-            handles=[Patch(facecolor=colours[k], label=k.replace("_", " ")) for k in drawn],
+            handles=[Patch(facecolor=colours[k], label=_preview_label(k)) for k in drawn],
             loc="lower center",
             ncol=ncol,
             fontsize=8,
@@ -392,12 +501,52 @@ def render_preview(meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: in
     return _save(fig, out / f"{stem}_preview3d.png")
 
 
+def _preview_label(name: str) -> str:
+    return "nodules (drawn over the organs)" if name == "nodules" else name.replace("_", " ")
+
+
+#: Nodules that get MPRs of their own (``<stem>_nodule_NN_mpr_<plane>.png``); those after are outlined in the overview
+#: MPRs and the preview only. NODULE_FIELD_MM: the field of view (mm) of those MPRs.
+NODULE_MPRS = 20
+NODULE_FIELD_MM = 100.0
+
+
 def render_all(
-    volume: CTVolume, masks: Mapping[str, np.ndarray], meshes: Mapping[str, Mesh], out: Path, *, stem: str
+    volume: CTVolume,
+    masks: Mapping[str, np.ndarray],
+    meshes: Mapping[str, Mesh],
+    out: Path,
+    *,
+    stem: str,
+    nodules: Sequence[NoduleResult] = (),
 ) -> list[Path]:
-    """MPRs, lung-window MIP slabs and (with meshes) the 3-D preview; returns the written PNG paths."""
+    """MPRs, lung-window MIP slabs and (with meshes) the 3-D preview; returns the written PNG paths.
+
+    nodules: the segmented findings (:func:`~.nodules.segment_findings`): outlined in the overview MPRs where they
+    cross them, each given axial, coronal and sagittal lung-window MPRs through its centroid (LPS mm) showing
+    :data:`NODULE_FIELD_MM` around it (``<stem>_nodule_NN_mpr_<plane>.png``, NN its finding's number, up to
+    :data:`NODULE_MPRS`), and drawn over the organs in the 3-D preview."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = render_mpr(volume, masks, out, stem=stem)
+    labels = nodule_labels(nodules, volume.geometry)
+    paths = render_mpr(volume, masks, out, stem=stem, nodules=labels)
+    segmented = [r for r in nodules if r.error is None and r.mask is not None and r.mask.any()]
+    if len(segmented) > NODULE_MPRS:
+        log.info(
+            "MPRs of the first %d of %d nodules written; the others are outlined in the overview", NODULE_MPRS, len(segmented)
+        )
+    for r in segmented[:NODULE_MPRS]:
+        centre = np.asarray(r.centroid_lps if r.centroid_lps is not None else r.center_lps, dtype=np.float64)
+        paths += render_mpr(
+            volume,
+            masks,
+            out,
+            stem=f"{stem}_nodule_{r.index + 1:02d}",
+            center_lps=centre,
+            nodules=labels,
+            field_mm=NODULE_FIELD_MM,
+            note=f", through nodule #{r.index + 1}",
+            window="lung",
+        )
     lungs = [m for k, m in masks.items() if k.startswith("lung")]
     paths += render_mip(volume, out, stem=stem, lung_mask=np.logical_or.reduce(lungs) if lungs else None)
     if meshes:
@@ -413,5 +562,9 @@ def render_all(
                     preserve_volume=False,
                 )
             shown[organ] = mesh
-        paths.append(render_preview(shown, out, stem=stem))
+        nodule_meshes = {}
+        for r in segmented:
+            assert r.mask is not None and r.geometry is not None
+            nodule_meshes[f"nodule {r.index + 1}"] = mesh_from_mask(r.mask, r.geometry, name=f"nodule {r.index + 1}")
+        paths.append(render_preview(shown, out, stem=stem, nodules=nodule_meshes))
     return paths

@@ -387,7 +387,8 @@ def _write_outputs(
         rec.add_file("mask", path)
     if render:
         try:
-            for path in render_all(volume, {o: lm.array.astype(bool) for o, lm in rec.masks.items()}, rec.meshes, out, stem=stem):
+            masks = {o: lm.array.astype(bool) for o, lm in rec.masks.items()}
+            for path in render_all(volume, masks, rec.meshes, out, stem=stem, nodules=rec.nodules):
                 rec.add_file("render", path)
         except (CtpipeError, ValueError, OSError) as exc:
             rec.errors["render"] = _error_text(exc)

@@ -1,0 +1,65 @@
+"""The renderings show the segmented nodules: outlined where the overview MPRs cross them, in MPRs of their own through
+each, and over the organs in the 3-D preview (the lungs' opaque surfaces would hide them)."""
+
+from __future__ import annotations
+
+import matplotlib.image as mpimg
+import numpy as np
+
+from pipeline.reconstruction.mesh import mesh_from_mask
+from pipeline.reconstruction.nodules import segment_findings
+from pipeline.reconstruction.render import render_all
+from pipeline.volume import CTVolume, Geometry
+from tests._support.shapes import lps_grids
+
+CENTRE = np.array([-20.0, 5.0, 10.0])  # LPS mm, in the right lung (x < 0)
+
+
+def _lung_with_a_nodule() -> tuple[CTVolume, np.ndarray]:
+    """Soft tissue (40 HU) holding a right lung (-850 HU) with a 10 mm solid nodule (40 HU) at ``CENTRE``."""
+    n, sp = 64, 1.0
+    geom = Geometry(shape=(48, n, n), spacing=(sp, sp, 1.5), origin=(-32.0, -32.0, -26.0))
+    x, y, z = lps_grids(geom)
+    lung = ((x + 16.0) / 14.0) ** 2 + (y / 22.0) ** 2 + (z / 30.0) ** 2 <= 1.0
+    arr = np.full(geom.shape, 40.0, np.float32)
+    arr[lung] = -850.0
+    arr[(x - CENTRE[0]) ** 2 + (y - CENTRE[1]) ** 2 + (z - CENTRE[2]) ** 2 <= 5.0**2] = 40.0
+    return CTVolume(arr, geom, metadata={"SeriesInstanceUID": "1.2.3.nod"}), lung
+
+
+def _magenta(path) -> np.ndarray:
+    """Pixels (row, col) in the ``nodules`` colour (#ff3df5)."""
+    img = mpimg.imread(path)[..., :3]
+    return np.argwhere((img[..., 0] > 0.9) & (img[..., 1] < 0.45) & (img[..., 2] > 0.85))
+
+
+def test_the_nodules_are_outlined_in_their_own_mprs_and_drawn_in_the_preview(tmp_path):
+    vol, lung = _lung_with_a_nodule()
+    findings = [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}, {"center_lps": [500.0, 0.0, 0.0], "diameter_mm": 5}]
+    nodules = segment_findings(vol, findings, lung_mask=lung)
+    assert nodules[0].error is None and nodules[1].error is not None
+    meshes = {"lung_right": mesh_from_mask(lung, vol.geometry, name="lung_right")}
+    paths = render_all(vol, {"lung_right": lung}, meshes, tmp_path, stem="c", nodules=nodules)
+    names = {p.name: p for p in paths}
+    own = [f"c_nodule_01_mpr_{plane}.png" for plane in ("axial", "coronal", "sagittal")]
+    assert all(name in names for name in own), sorted(names)
+    assert not any("nodule_02" in name for name in names)  # the finding that was not segmented has none
+    for name in own:
+        assert len(_magenta(names[name])) > 20, name  # the nodule's outline (and its #1) in each plane through it
+    assert len(_magenta(names["c_preview3d.png"])) > 50  # over the lung's surface, not hidden inside it
+    # the overview MPRs go through the lungs' centre, here below the nodule: no outline where none is cut
+    assert len(_magenta(names["c_mpr_axial.png"])) == 0
+
+
+def test_an_overview_mpr_through_a_nodule_outlines_it(tmp_path):
+    from pipeline.reconstruction.render import nodule_labels, render_mpr
+
+    vol, lung = _lung_with_a_nodule()
+    nodules = segment_findings(vol, [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}], lung_mask=lung)
+    labels = nodule_labels(nodules, vol.geometry)
+    assert labels is not None and set(np.unique(labels)) == {0, 1}
+    assert labels.sum() == nodules[0].mask.sum()  # the crop pasted back where it was cut from
+    through = render_mpr(vol, {"lung_right": lung}, tmp_path, stem="a", center_lps=CENTRE, nodules=labels)
+    plain = render_mpr(vol, {"lung_right": lung}, tmp_path, stem="b", center_lps=CENTRE)
+    for with_nodule, without in zip(through, plain):
+        assert len(_magenta(with_nodule)) > 20 and len(_magenta(without)) == 0, with_nodule.name
