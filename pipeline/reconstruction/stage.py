@@ -186,7 +186,9 @@ def reconstruct(
         series than the volume's (their ``series_uid``) are refused; of a table of several series, only the volume's
         rows are used (:func:`~pipeline.reconstruction.findings_in.of_series`).
     out_dir: where to write meshes (``<stem>_<organ>.<fmt>``), ``<stem>_measurements.json``,
-        ``<stem>_labels.npz`` and PNG renderings; nothing is written without it.
+        ``<stem>_labels.npz`` and PNG renderings (with ``findings``, the nodules outlined in the MPRs and drawn in the
+        3-D preview, and lung-window MPRs through each: ``<stem>_nodule_NN_mpr_<plane>.png``, NN the finding's number
+        from 1); nothing is written without it.
     stem: the start of those file names, a plain file name (no path separator, not starting with '.'; default: the
         series UID, path characters replaced), so every file stays in ``out_dir``.
     mesh_formats: any of ``stl``, ``ply``, ``obj``, ``glb``; one as a string (``"ply"``), several as a list or
