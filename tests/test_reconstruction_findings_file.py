@@ -184,3 +184,9 @@ def test_cli_prints_a_line_per_nodule_with_its_side_centre_size_and_volume_or_wh
     assert abs(figures["diameter"] - nodule["diameter_mm"]) < 0.15 * nodule["diameter_mm"]
     assert figures["long axis"] >= figures["diameter"]
     assert lines[1].startswith("nodule of finding #2: not segmented: ") and "outside the volume" in lines[1]
+    other = "lung_right" if side == "left" else "lung_left"  # the nodule's lung alone, then the other lung alone
+    for organs, said in ((nodule["lung"], "lung side unknown (no "), (other, "lung side unknown (no ")):
+        argv[3] = str(tmp_path / organs)
+        assert main([*argv, "--organs", organs, "--no-render", "--no-dicom"]) == 0
+        first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("nodule"))
+        assert first.startswith(f"nodule of finding #1: {said}"), first  # never "outside the lungs" for want of a mask

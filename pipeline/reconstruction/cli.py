@@ -175,8 +175,9 @@ def nodule_lines(rec: Any) -> list[str]:
             lines.append(f"{head}: not segmented: {r.error}")
             continue
         centre = np.asarray(r.centroid_lps if r.centroid_lps is not None else r.center_lps, dtype=float)
-        if not lungs:
-            side = "lung side unknown (--organs leaves out the lungs)"
+        missing = [o for o in ("lung_left", "lung_right") if o not in lungs]
+        if missing:  # one lung alone cannot tell a nodule of the other from one outside the lungs
+            side = f"lung side unknown (no {' or '.join(missing)} mask: --organs, or its segmentation failed)"
         else:
             found = _side(centre, geometry, lungs)
             side = f"{found} lung" if found else "outside the lungs"
