@@ -11,7 +11,10 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
    aorta, pulmonary arteries); textured or cortex-rimmed ones are bone (vertebral bodies, the
    sternum). See :mod:`.blood_pools`. Pools (and their partial-volume rim where they touch bone)
    are excluded from everything below; the bone regions are bone.
-3. **Bone**: the seeds, grown one voxel into voxels above ``bone_hu``, the thick bone regions,
+3. **Rib pieces**: components above ``bone_hu`` without a seed or a bone region that are
+   elongated, cross the body's axis and lie in the chest wall beyond a lung are bone too: a
+   rib's anterolateral part, whose thin cortex no voxel resolves (see :mod:`.rib_pieces`).
+4. **Bone**: the seeds and rib pieces, grown one voxel into voxels above ``bone_hu``, the thick bone regions,
    marrow enclosed by them in a slice (holes up to ``MARROW_MAX_MM2`` whose mean HU is above
    ``MARROW_HU``, or fatty marrow of any HU away from the body's x mid-line: a long bone's
    medullary cavity, not the spinal canal; see :mod:`.marrow`), then grown up to ``GROW_MM`` into
@@ -34,7 +37,7 @@ above ``SEED_HU`` itself, so enhanced blood, 300-500 HU, never becomes a seed th
 the cortex fills less than ``BROKEN_RING_SHARE`` of a pixel, a vertebral body's ring breaks into
 pieces and its marrow is no longer a hole: marrow is then also a region of the slice denser than
 soft tissue that bone mostly surrounds (:func:`.marrow.fill_rimmed_marrow`), added after the
-growth in step 3, and so is a region of a slice as dense as marrow with bone in the slices just
+growth in step 4, and so is a region of a slice as dense as marrow with bone in the slices just
 above and below it (a low-density level where no cortex shows at all;
 :func:`.marrow.fill_between_slices`); a resolved cortex always shows, so finer pixels need neither. On such pixels a pixel wholly on bone is mostly cancellous bone, often below the
 surface threshold itself (120-250 HU on 3 mm pixels), so that threshold would trim bone that is
@@ -64,6 +67,7 @@ from .grid import Grid, bbox
 from .local_hu import image_noise, in_plane_mean, in_plane_median_at, masked_in_plane_mean, sum3
 from .marrow import MARROW_LOW_HU, SPECK_MM2, fill_between_slices, fill_marrow, fill_rimmed_marrow, midline_x
 from .organs import SegmentParams
+from .rib_pieces import rib_pieces
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +211,20 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
         log.debug("bone: pixels %.2f of the cortex, seeds above %.0f HU", share, partial_volume_hu(SEED_HU, share))
     above = (hu > bone_hu) & body_b & ~pool
     shell = geodesic(cortex, above | cortex, 1)
+    # rib pieces whose thin cortex no voxel resolves (no seed): elongated, in the chest wall beyond a lung.
+    # Judged on the whole grid: the body's centre and the lungs reach beyond the box of bright voxels
+    bright_all, found_all = torch.zeros_like(body), torch.zeros_like(body)
+    bright_all[box], found_all[box] = above, shell | regions
+    sp = grid.geometry.spacing
+    pieces = rib_pieces(
+        bright_all.cpu().numpy(),
+        found_all.cpu().numpy(),
+        body.cpu().numpy(),
+        in_plane_mean(hu_all, sa).cpu().numpy(),
+        spacing=(float(sp[2]), float(sp[1]), float(sp[0])),
+        slice_axis=sa,
+    )
+    shell |= morph.to_tensor(pieces[box], hu.device)
     closed = morph.closing(shell | regions, (1, 1, 1)) & body_b
     spacing = grid.geometry.spacing  # (i, j, k)
     pixel_mm2 = float(np.prod([spacing[2 - a] for a in range(3) if a != sa]))

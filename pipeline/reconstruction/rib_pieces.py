@@ -1,0 +1,121 @@
+"""Rib pieces without cortex seeds: elongated bright pieces in the chest wall, beyond a lung.
+
+A rib's anterolateral part has a thin cortex. On slices of 2 mm or more, a rib crossing the slice
+obliquely holds only part of its cortex in each voxel, so no voxel reaches the cortex seed level
+(``SEED_HU``, 600 HU): such a piece is 300-500 HU and lies apart from the seeded rest of its rib,
+and without a seed :func:`.bone.segment_bone` would drop it (the 3-D preview then shows no
+anterior ribs over the lungs). :func:`rib_pieces` takes such a piece for bone by what a rib is:
+
+* **elongated**: its longest principal axis (in mm) spans at least :data:`RIB_MIN_MM`, at least
+  :data:`RIB_ELONGATION` times its second one (a calcified node is a compact blob);
+* **across the body's axis**: that axis makes at least :data:`RIB_MIN_TILT_DEG` with the slice
+  axis (a small contrast-filled vessel of the chest wall, the internal thoracic artery, runs
+  along the body);
+* **in the chest wall, beyond a lung**: on the in-plane line from its slice's body centre to the
+  piece, at least :data:`LUNG_CROSS_MM` mm lie in aerated lung (in-plane 3x3 mean below
+  :data:`LUNG_AIR_HU`; more than the width of a trachea, so that a calcified aortic arch beside it
+  is not taken), the last of them within :data:`WALL_GAP_MM` mm of the piece (the pleura and the
+  intercostal muscle). The heart, the aorta, calcified coronary arteries and mediastinal nodes lie
+  between the lungs, not beyond one; the table lies outside the body.
+
+Blood pools are left out of the candidates beforehand. Arrays are ``[k, j, i]`` on the working
+grid (LPS mm geometry); spacings are mm per array axis.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from scipy import ndimage
+
+log = logging.getLogger(__name__)
+
+__all__ = ["rib_pieces"]
+
+RIB_MIN_MM = 15.0  # a rib piece spans at least this along its longest axis (mm)
+RIB_ELONGATION = 2.5  # and that span is at least this many times its span along the second axis
+RIB_MIN_TILT_DEG = 30.0  # its longest axis makes at least this angle with the body's axis (degrees)
+RIB_MIN_VOXELS = 4  # working voxels a piece needs for its shape to be told
+LUNG_AIR_HU = -500.0  # aerated lung's in-plane 3x3 mean is below this (HU)
+LUNG_CROSS_MM = 30.0  # the line from the body's centre to a rib piece crosses at least this much air (mm): more than a trachea
+WALL_GAP_MM = 15.0  # a rib lies within this of the lung beside it (pleura and intercostal muscle, mm)
+
+
+def _principal_spans(points_mm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(spans along the principal axes, longest first, mm; unit vector of the longest axis) of ``(n, 3)`` points."""
+    centred = points_mm - points_mm.mean(axis=0)
+    _, vectors = np.linalg.eigh(centred.T @ centred)
+    vectors = vectors[:, ::-1]
+    proj = centred @ vectors
+    return proj.max(axis=0) - proj.min(axis=0), vectors[:, 0]
+
+
+def _beyond_lung(points: np.ndarray, centre: np.ndarray, air: np.ndarray, step_mm: np.ndarray, k: int) -> bool:
+    """Whether the in-plane line from ``centre`` (slice ``k``) to the mean of ``points`` crosses lung, close to it.
+
+    ``points`` and ``centre`` are in-plane array indices (two axes, in array order), ``air`` the
+    slice's aerated lung (2-D), ``step_mm`` the two in-plane spacings (mm).
+    """
+    target = points.mean(axis=0)
+    length_mm = float(np.linalg.norm((target - centre) * step_mm))
+    n = max(2, int(np.ceil(length_mm / float(step_mm.min()))) + 1)
+    t = np.linspace(0.0, 1.0, n)
+    line = np.rint(centre[None, :] + t[:, None] * (target - centre)[None, :]).astype(np.int64)
+    line = np.clip(line, 0, np.array(air.shape) - 1)
+    on_air = air[line[:, 0], line[:, 1]]
+    if not on_air.any():
+        return False
+    seg_mm = length_mm / (n - 1)
+    last_air_mm = length_mm * (1.0 - t[np.nonzero(on_air)[0][-1]])
+    log.debug("rib piece in slice %d: %.0f mm of lung on its line, %.0f mm from it", k, on_air.sum() * seg_mm, last_air_mm)
+    return bool(on_air.sum() * seg_mm >= LUNG_CROSS_MM and last_air_mm <= WALL_GAP_MM)
+
+
+def rib_pieces(
+    bright: np.ndarray,
+    bone: np.ndarray,
+    body: np.ndarray,
+    smooth_hu: np.ndarray,
+    *,
+    spacing: tuple[float, float, float],
+    slice_axis: int,
+) -> np.ndarray:
+    """The components of ``bright`` that hold no ``bone`` and are rib pieces (bool ``[k, j, i]``, like ``bright``).
+
+    ``bright``: voxels above the bone threshold, blood pools left out (26-connected components);
+    ``bone``: the bone found otherwise (seeded cortex, thick bone regions); ``body`` the body mask;
+    ``smooth_hu`` the in-plane 3x3 mean HU; ``spacing`` the voxel size (mm) per array axis
+    ``(k, j, i)``; ``slice_axis`` the array axis across the slices. See the module docstring.
+    """
+    labels, n = ndimage.label(bright, structure=np.ones((3, 3, 3), dtype=bool))
+    keep = np.zeros(n + 1, dtype=bool)
+    if n == 0:
+        return keep[labels]
+    has_bone = np.zeros(n + 1, dtype=bool)
+    has_bone[labels[bone & bright]] = True
+    inplane = [d for d in range(3) if d != slice_axis]
+    step_mm = np.array([spacing[d] for d in inplane])
+    spacing_arr = np.asarray(spacing, dtype=float)
+    air = body & (smooth_hu < LUNG_AIR_HU)
+    max_axial = np.cos(np.radians(RIB_MIN_TILT_DEG))
+    for idx, box in enumerate(ndimage.find_objects(labels), start=1):
+        if box is None or has_bone[idx]:
+            continue
+        pts = np.argwhere(labels[box] == idx) + np.array([s.start for s in box])
+        if len(pts) < RIB_MIN_VOXELS:
+            continue
+        spans, axis = _principal_spans(pts * spacing_arr)
+        if spans[0] < RIB_MIN_MM or spans[0] < RIB_ELONGATION * max(spans[1], float(spacing_arr[inplane].min())):
+            continue
+        if abs(float(axis[slice_axis])) > max_axial:
+            continue
+        k = int(np.median(pts[:, slice_axis]))
+        body_k = np.argwhere(np.take(body, k, axis=slice_axis))
+        if body_k.size == 0:
+            continue
+        in_k = pts[pts[:, slice_axis] == k][:, inplane]
+        keep[idx] = _beyond_lung(in_k, body_k.mean(axis=0), np.take(air, k, axis=slice_axis), step_mm, k)
+    keep[0] = False
+    log.debug("bone: %d rib pieces without cortex seeds", int(keep.sum()))
+    return keep[labels]
