@@ -77,10 +77,24 @@ def test_set_with_a_bad_yaml_value_or_unknown_option_names_the_set(tmp_path, cap
         assert rc == 1 and "--set reconstruct.mesh_formats=[stl: the value '[stl' is not valid YAML" in err, cmd
     rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "runner.wrkers=2")
     assert rc == 1 and "--set runner.wrkers=2: unknown option 'runner.wrkers'" in err and "overrides" not in err
-    rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "workers")
-    assert rc == 1 and "--set: 'workers' is not SECTION.KEY=VALUE" in err
-    rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "runner.workers=")
-    assert rc == 1 and "'runner.workers=' gives no value" in err and "runner.workers=null" in err
+    assert not (tmp_path / "r").exists()  # refused before the run folder is made
+
+
+@pytest.mark.parametrize("command", [["run", "SRC", "--out", "R"], ["listen", "--allow", "X", "--out", "R"], ["send", "SRC"]])
+def test_a_set_item_of_the_wrong_shape_is_a_bad_argument_exit_2(tmp_path, capsys, command):
+    (tmp_path / "empty").mkdir()
+    argv = [{"SRC": str(tmp_path / "empty"), "R": str(tmp_path / "r")}.get(a, a) for a in command]
+    for item, says in (
+        ("workers", "--set 'workers' is not SECTION.KEY=VALUE: no '='"),
+        ("runner.workers", "--set 'runner.workers' is not SECTION.KEY=VALUE: no '='"),
+        ("workers=4", "--set 'workers=4' is not SECTION.KEY=VALUE: no section"),
+        ("runner.workers=", "--set 'runner.workers=' gives no value"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:  # argparse's own exit: 2, as for any bad argument
+            main([*argv, "--set", item])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2, (item, err)
+        assert says in err and "--set section.key=value" in err, (item, err)
     assert not (tmp_path / "r").exists()  # refused before the run folder is made
 
 

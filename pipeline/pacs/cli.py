@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..argtypes import number_in
+from ..runner.cli import set_item
 
 if TYPE_CHECKING:
     from .listener import SeriesOutcome
@@ -76,7 +77,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda or cuda:N (runner.device; default auto)")
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="set any option (repeatable)")
+    p.add_argument(
+        "--set", action="append", default=[], type=set_item, metavar="SECTION.KEY=VALUE", help="set any option (repeatable)"
+    )
     p.set_defaults(func=_listen)
 
     s = sub.add_parser(
@@ -101,7 +104,9 @@ def register(sub: Any) -> None:
         help="give up after this long in all, the rest staying pending for the next send (default 300 s); "
         "how long ctpipe run waits for its own results at its end is pacs.send_drain_s",
     )
-    s.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="set any option (repeatable)")
+    s.add_argument(
+        "--set", action="append", default=[], type=set_item, metavar="SECTION.KEY=VALUE", help="set any option (repeatable)"
+    )
     s.set_defaults(func=_send)
 
 

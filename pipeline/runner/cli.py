@@ -95,6 +95,7 @@ def register(sub: Any) -> None:
         "--set",
         action="append",
         default=[],
+        type=set_item,
         metavar="SECTION.KEY=VALUE",
         help="set any option, e.g. --set reconstruct.mesh_formats=stl,glb (repeatable)",
     )
@@ -152,6 +153,28 @@ def register(sub: Any) -> None:
         "$TZ); the UTC days are given too",
     )
     r.set_defaults(func=_report)
+
+
+def set_item(text: str) -> str:
+    """An argparse ``type`` for ``--set``: ``text`` when it has the form ``SECTION.KEY=VALUE`` with a value, else
+    an :class:`argparse.ArgumentTypeError` naming the item, what is wrong and the form, so that a malformed item is a
+    bad argument (exit status 2) as any other. The value (YAML) and the option's name are checked by
+    :func:`_parse_set` and :func:`~pipeline.config.load_config`."""
+    from ..pacs.address import redact
+
+    key, sep, value = text.partition("=")
+    item = redact(text)  # as errors show it: never a password typed into an address
+    form = "write it as --set section.key=value, e.g. --set runner.workers=4"
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--set {item!r} is not SECTION.KEY=VALUE: no '='; {form}")
+    if "." not in key:
+        raise argparse.ArgumentTypeError(f"--set {item!r} is not SECTION.KEY=VALUE: no section before {key.strip()!r}; {form}")
+    if not value.strip():
+        raise argparse.ArgumentTypeError(
+            f"--set {item!r} gives no value; write the value after '=' (--set section.key=value), or "
+            f"--set {key.strip()}=null for none"
+        )
+    return text
 
 
 def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
