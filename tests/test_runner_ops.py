@@ -275,6 +275,19 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(tmp_path, capsys, own_sig
     assert "log: " in captured.out  # without --quiet the paths are printed
 
 
+def test_the_summary_names_the_node_exporter_copy_of_the_metrics(tmp_path, capsys, own_signals):
+    """With metrics.textfile_dir set, the run's paths name both metrics files: RUN_DIR/metrics.prom and the copy in
+    textfile_dir that node_exporter reads (was: only the first, the node's copy never printed)."""
+    (tmp_path / "incoming").mkdir()
+    node_dir = tmp_path / "textfiles"
+    argv = ["run", str(tmp_path / "incoming"), "--out", str(tmp_path / "run"), "--workers", "0"]
+    assert main([*argv, "--set", f"metrics.textfile_dir={node_dir}"]) == 0
+    out = capsys.readouterr().out
+    assert f"metrics: {tmp_path / 'run' / 'metrics.prom'}\n" in out, out
+    assert f"metrics for node_exporter: {node_dir / 'ctpipe.prom'}\n" in out, out
+    assert (node_dir / "ctpipe.prom").is_file()
+
+
 def test_ctpipe_run_called_in_process_puts_the_signal_handlers_back(tmp_path):
     """``ctpipe run`` stops on the first Ctrl-C, SIGTERM or SIGHUP and only notes later ones; called through
     ``main`` in a Python process (a notebook, a scheduler written in Python), it leaves that process's own handling

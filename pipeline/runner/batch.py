@@ -395,7 +395,7 @@ def _run(
                 )
             if node_file is not None:
                 warn_if_rewritten(node_file, since=started_wall, run_dir=run_dir)
-                _quietly(summary, run_dir, node_file.name, lambda: metrics.write_textfile(node_file))
+                summary.node_metrics_file = _quietly(summary, run_dir, node_file.name, lambda: metrics.write_textfile(node_file))
             final = True
         finally:
             # served once the final values are set (counters, run end time, exit status): a last scrape takes them,

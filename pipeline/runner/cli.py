@@ -370,6 +370,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"results: {summary.run_dir / 'cases'}/<case id>/ ({', '.join(case_outputs(cfg))})")
     if summary.metrics_file and not args.quiet:
         print(f"metrics: {summary.metrics_file}")
+    if summary.node_metrics_file and not args.quiet:
+        print(f"metrics for node_exporter: {summary.node_metrics_file}")
     print(f"log: {summary.run_dir / 'run.log'}")
     if summary.report_html:
         print(f"report: {summary.report_html}")

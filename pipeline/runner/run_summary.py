@@ -49,6 +49,7 @@ class RunSummary:
     elapsed_s: float = 0.0
     report_html: Path | None = None
     metrics_file: Path | None = None
+    node_metrics_file: Path | None = None  # the copy in metrics.textfile_dir, for node_exporter
     fatal: str | None = None
     stopped: str | None = None  # the run folder could not be written, or a source folder went away: why
     unfinished: int = 0  # cases of this run neither done nor quarantined (left for the next run)
