@@ -26,7 +26,7 @@ from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
 from .metrics import NvmlSampler, RunMetrics, warn_if_rewritten
 from .progress import Progress
-from .report import build_report, mark_run_started
+from .report import build_report, mark_not_rebuilt, mark_run_started
 from .result_options import WEIGHTS_KEY, check_result_options, weights_digest
 from .resume import RunLock, drop_cached, plan, reconcile, remove_quarantine
 from .run_host import no_gpu_here, resolve_devices, software_versions
@@ -227,7 +227,9 @@ def _run(
             "; ".join(f"{path} by {where}" for path, where in cfg.sources.items()),
             extra={"event": "config_sources", "run_id": run_id},
         )
-    if cfg.report.enabled:  # until it ends, the report says a run is in progress and that its figures are older
+    # until it ends, the report says a run is in progress and that its figures are older (report.enabled: false: the
+    # report an earlier run left, if any, which this run's end then marks as not rebuilt)
+    if cfg.report.enabled or (run_dir / "report" / "report.json").is_file():
         _mark_report(run_dir)
     store.add_skipped(run_id, found.skipped_rows())
     if origins:
@@ -414,6 +416,8 @@ def _run(
             ),
         )
         summary.report_html = rep.html if rep is not None else None
+    else:  # an earlier run's report stays, and says that its figures are not this run's
+        _mark_report(run_dir, not_rebuilt_by=run_id)
     log.log(
         logging.WARNING if signalled else logging.INFO,
         "run %s %s: %d done, %d newly quarantined, %d still quarantined from earlier runs (not retried), %.1f s",
@@ -455,16 +459,23 @@ def _still_written_rows(written: Sequence[tuple[str, str]], cases: Sequence[Case
     return rows
 
 
-def _mark_report(run_dir: Path) -> None:
-    """Mark the run folder's report as in progress (:func:`.report.mark_run_started`); should that fail, the run goes
-    on (the report is rebuilt at its end) and the log says why."""
+def _mark_report(run_dir: Path, *, not_rebuilt_by: str | None = None) -> None:
+    """Mark the run folder's report as in progress (:func:`.report.mark_run_started`), or, with ``not_rebuilt_by``
+    (the id of a run that ended with ``report.enabled: false``), as not rebuilt by that run
+    (:func:`.report.mark_not_rebuilt`); should that fail, the run goes on and the log says why."""
     try:
-        mark_run_started(run_dir / "report", run_dir)
+        if not_rebuilt_by is None:
+            mark_run_started(run_dir / "report", run_dir)
+        else:
+            mark_not_rebuilt(run_dir / "report", run_dir, run_id=not_rebuilt_by)
     except (OSError, sqlite3.Error) as exc:
         log.warning(
-            "could not mark the report as in progress (%s: %s); it is rebuilt when the run ends",
+            "could not mark the report in %s as %s (%s: %s)%s",
+            run_dir / "report",
+            "in progress" if not_rebuilt_by is None else f"not rebuilt by run {not_rebuilt_by}",
             type(exc).__name__,
             exc,
+            "; it is rebuilt when the run ends" if not_rebuilt_by is None else "; ctpipe report rebuilds it",
             extra={"event": "write_failed"},
         )
 

@@ -55,6 +55,7 @@ __all__ = [
     "build_report",
     "latency_figure",
     "latest_skipped",
+    "mark_not_rebuilt",
     "mark_run_started",
     "shared_bins",
     "summarize",
@@ -301,6 +302,7 @@ def build_report(
         run_dirs, hours_per_day=hours_per_day, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers, timezone=timezone
     )
     summary["status"]["figures_from"] = figures_from(summary)
+    summary["status"]["figures_current"] = True  # built now; a run start or a run without a report says false
     if summary["status"]["state"] == "in_progress":
         summary["status"]["note"] = f"the figures below are as of {summary['generated_at']}, while it runs"
     plots = _plots(summary, t, bin_minutes)
@@ -403,13 +405,30 @@ def mark_run_started(out_dir: str | os.PathLike[str], run_dir: str | os.PathLike
     """Say in the report folder ``out_dir`` of ``run_dir`` that a run of it is in progress (call once the run is
     recorded in the run store): ``status.json``, ``report.json`` ``status`` and the run-status line of
     ``report.html`` (the page and its figures otherwise left as they are) give the run's start, pid and host, the
-    run before it when that one was interrupted, and which report the figures are from. The three files change
-    together (:func:`~pipeline.atomic.published_together`): a failure leaves them as they were. Returns the status
-    written."""
-    out = Path(out_dir)
+    run before it when that one was interrupted, and which report the figures are from (``figures_current``:
+    false). The three files change together (:func:`~pipeline.atomic.published_together`): a failure leaves them as
+    they were. Returns the status written."""
+    return _mark_status(Path(out_dir), run_dir, note_prefix="")
+
+
+def mark_not_rebuilt(out_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str], *, run_id: str) -> dict[str, Any] | None:
+    """Say in the report folder ``out_dir`` of ``run_dir`` that its latest run, ``run_id``, ended without rebuilding
+    it (``report.enabled: false``; call once the run's end is recorded): as :func:`mark_run_started`, the status
+    (``figures_current``: false) and a note naming the run and the report the figures are from, which stay as they
+    were. Nothing is written where no report is (no ``report.json``): returns None; else the status written."""
+    if _earlier_report(Path(out_dir) / "report.json") is None:
+        return None
+    prefix = f"this report was not rebuilt by the latest run, {run_id} (report.enabled: false): "
+    return _mark_status(Path(out_dir), run_dir, note_prefix=prefix)
+
+
+def _mark_status(out: Path, run_dir: str | os.PathLike[str], *, note_prefix: str) -> dict[str, Any]:
+    """Write the run status of ``run_dir`` into the report folder ``out`` (``status.json``, ``report.json``
+    ``status``, the page's run-status line) together, its note ``note_prefix`` and where the figures are from."""
     status = run_state(read_runs(run_dir))
     earlier = _earlier_report(out / "report.json")
-    status["note"] = _figures_note(earlier)
+    status["note"] = note_prefix + _figures_note(earlier)
+    status["figures_current"] = False
     if earlier is not None and (earlier.get("status") or {}).get("figures_from"):
         status["figures_from"] = earlier["status"]["figures_from"]
     status["updated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

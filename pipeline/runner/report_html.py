@@ -289,6 +289,8 @@ def status_banner(status: dict[str, Any]) -> str:
     if status.get("note"):
         text += f"; {status['note']}"
     style = {"in_progress": "background:#fff3c4", "interrupted": "background:#fde2b8"}.get(state, "")
+    if not style and status.get("figures_current") is False:  # an older run's figures, not rebuilt since
+        style = "background:#fde2b8"
     return f'{STATUS_START}<p class="run-status {_e(state)}" style="{style}"><b>Run status:</b> {_e(text)}</p>{STATUS_END}'
 
 
