@@ -139,8 +139,30 @@ def test_forked_workers_still_log_to_run_log_only(app_logging, tmp_path):
         logging.getLogger().removeHandler(app_file)
         app_file.close()
     assert summary.done == 1
-    assert "chatty warning" in (out / "run.log").read_text()
-    assert "chatty" not in (tmp_path / "app.log").read_text()
+    assert (out / "run.log").read_text().count("chatty warning") == 1
+    # the worker's warning reaches the application once, from the main process (not from the worker's inherited
+    # handler); its info record never, as with workers=0
+    app = (tmp_path / "app.log").read_text()
+    assert app.count("chatty warning") == 1 and "chatty info" not in app, app
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_stages_warnings_reach_the_console_whatever_the_worker_count(app_logging, tmp_path, workers):
+    """A warning a stage logs about a case (thick slices, ...) reaches the application's handlers (ctpipe run's
+    console) once, with its case and stage, whether the stage ran in the calling process or in a worker process
+    (was: only with workers=0; with worker processes it went to run.log alone); info records stay in run.log."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner.stages import IngestStage
+
+    write_dicom_series(generate_phantom(68, n_nodules=0, **{**PHANTOM, "slices": 12}).volume, tmp_path / "src", seed=68)
+    out = tmp_path / "run"
+    summary = run_batch([tmp_path / "src"], out=out, stages=[IngestStage(), _Chatty()], workers=workers)
+    assert summary.done == 1
+    chatty = [r for r in app_logging.records if "chatty" in r.getMessage()]
+    assert [r.getMessage().split(" of ")[0] for r in chatty] == ["chatty warning"], _messages(app_logging)
+    assert chatty[0].levelno == logging.WARNING and chatty[0].name == "pipeline.test"
+    assert (out / "run.log").read_text().count("chatty warning") == 1  # written once, by the process that ran it
 
 
 @pytest.fixture

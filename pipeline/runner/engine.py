@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from ..errors import FatalRunError, IncompleteOutputError, SeriesStillWrittenError
 from .arrivals import SourceSnapshot
 from .faults import environment_failure
+from .logs import to_console
 from .resume import drop_cached, publish, remove_quarantine, write_quarantine
 from .source_roots import SourceRoots
 from .stage import CaseSpec, Stage, Task, TaskResult
@@ -196,6 +197,7 @@ class Engine:
     def _handle(self, res: TaskResult, live: dict[str, _Live], ready: list[Task], result: EngineResult) -> None:
         if res.fatal:
             raise FatalRunError(f"stage {res.stage} cannot start on {res.device}: {res.error}")
+        to_console(res.log_records)  # what the stage warned of in a worker process, as with workers=0
         lv = live.get(res.case_key)
         if lv is None or lv.attempt != res.attempt:
             return  # a late answer about an abandoned attempt

@@ -5,6 +5,10 @@ Every record has ``t`` (ISO 8601, UTC), ``level``, ``logger``, ``process``,
 ``stage``, ...). A record logged while a stage runs (:func:`log_context`) carries
 that case's ``case_id`` and ``stage`` even when its caller knows neither. Each
 process appends whole lines, so the main process and the workers can share the file.
+
+Worker processes and Ray actors log to ``run.log`` only (:func:`log_as_worker`); the warnings and errors their
+stages log are sent back with each stage's result (:func:`collect_for_console`) and shown by the main process
+(:func:`to_console`), so that the console of ``ctpipe run`` shows the same whatever the number of workers.
 """
 
 from __future__ import annotations
@@ -211,3 +215,85 @@ def detach(handler: logging.Handler) -> None:
         root.removeHandler(lowered.forward)
     root.setLevel(lowered.level)
     root.propagate = lowered.propagate
+
+
+_IN_WORKER = False  # this process is a worker process or a Ray actor: its console is the main process'
+
+
+def log_as_worker(path: Path, *, process: str) -> None:
+    """Set up logging in a worker process or Ray actor named ``process``: the ``pipeline`` loggers' records go to
+    ``path`` (``run.log``) only, never to handlers inherited from the main process (a forked worker's copies of its
+    run.log and console handlers would write each record twice), and the warnings of its stages are collected for
+    the main process' console (:func:`collect_for_console`)."""
+    global _IN_WORKER
+    root = logging.getLogger("pipeline")
+    for handler in list(root.handlers):
+        if isinstance(handler, (_LineHandler, _Forward)):  # the main process' own, inherited by fork
+            root.removeHandler(handler)
+    attach_jsonl(path, process=process)
+    root.propagate = False  # the main process talks to the user
+    _IN_WORKER = True
+
+
+class _Collect(logging.Handler):
+    """Keeps the records it gets as plain, picklable dicts (see :func:`collect_for_console`)."""
+
+    def __init__(self, records: list[dict[str, Any]]):
+        super().__init__(logging.WARNING)
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        context = _CONTEXT.get() or {}
+        data: dict[str, Any] = {
+            "name": record.name,
+            "levelno": record.levelno,
+            "levelname": record.levelname,
+            "msg": record.getMessage(),
+            "created": record.created,
+            "msecs": record.msecs,
+        }
+        for key in _FIELDS:
+            value = getattr(record, key, context.get(key))
+            if value is not None:
+                data[key] = value
+        self.records.append(data)
+
+
+@contextmanager
+def collect_for_console() -> Iterator[list[dict[str, Any]]]:
+    """In a worker process or Ray actor (:func:`log_as_worker`): the warnings and errors of the ``pipeline`` loggers
+    logged inside the block, as plain dicts that travel with a stage's result, for :func:`to_console` in the main
+    process. Elsewhere (the stages run in the main process) the list stays empty: those records reach the console
+    as they are logged."""
+    records: list[dict[str, Any]] = []
+    if not _IN_WORKER:
+        yield records
+        return
+    root = logging.getLogger("pipeline")
+    handler = _Collect(records)
+    root.addHandler(handler)
+    try:
+        yield records
+    finally:
+        root.removeHandler(handler)
+
+
+def to_console(records: list[dict[str, Any]]) -> None:
+    """Show records a worker collected (:func:`collect_for_console`) to the handlers above the ``pipeline`` logger
+    (``ctpipe run``'s console, a notebook's handlers), as if logged in this process, at the level those handlers
+    asked for; ``run.log`` has them already, from the worker."""
+    root = logging.getLogger("pipeline")
+    forward = next((h for h in root.handlers if isinstance(h, _Forward)), None)
+    if forward is None and not root.propagate:  # the application keeps the pipeline's records from its handlers
+        return
+    for data in records:
+        record = logging.makeLogRecord({**data, "args": None})
+        threshold = forward.threshold if forward is not None else logging.getLogger(record.name).getEffectiveLevel()
+        if record.levelno < threshold:
+            continue
+        parent = root.parent
+        while parent is not None:
+            for handler in parent.handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+            parent = parent.parent if parent.propagate else None

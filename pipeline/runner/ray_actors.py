@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config import from_dict
 from ..errors import FatalRunError
-from .logs import attach_jsonl
+from .logs import log_as_worker
 from .stage import Stage, Task, TaskResult, WorkerInfo
 from .workers import run_task, setup_stages
 
@@ -98,8 +98,7 @@ class StageActor:
                 "fatal": f"the run folder {run_dir} is not there on node {self.info.name.split('@')[1]} "
                 "(ray stages need the run folder on storage every node mounts at the same path; see README 'Scale out')"
             }
-        attach_jsonl(run_dir / "run.log", process=self.info.name)
-        logging.getLogger("pipeline").propagate = False  # actors log to run.log; the driver talks to the user
+        log_as_worker(run_dir / "run.log", process=self.info.name)  # run.log; the driver talks to the user
         if self.torch_threads > 0:
             import torch
 

@@ -143,3 +143,5 @@ class TaskResult:
     fatal: bool = False  # the worker itself cannot work (setup failed): stop the run
     worker_died: bool = False
     environment: bool = False  # the run folder could not be written (disk full, read-only, ...): not the case's fault
+    #: warnings and errors the stage logged in a worker process, for the main process' console (:func:`.logs.to_console`)
+    log_records: list[dict[str, Any]] = field(default_factory=list)

@@ -34,7 +34,7 @@ from typing import Any
 from ..config import Config, from_dict
 from ..errors import ConfigError, CtpipeError, FatalRunError, StageTimeoutError
 from .faults import environment_failure
-from .logs import attach_jsonl, log_context
+from .logs import collect_for_console, log_as_worker, log_context
 from .stage import CaseContext, Stage, Task, TaskResult, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -87,15 +87,17 @@ def run_task(stage: Stage, task: Task, worker: WorkerInfo) -> TaskResult:
     ctx = CaseContext(task.case, task.attempt, Path(task.workdir), worker, dict(task.state))
     res.started_at = time.time()
     t0 = time.perf_counter()
-    try:
-        with log_context(case_id=task.case.case_id, stage=task.stage):  # the stage's own records name the case
-            out = stage.process(ctx) or {}
-        if torch is not None:
-            torch.cuda.synchronize(worker.device)  # the stage's GPU work is part of its wall time
-        res.outputs = dict(out)
-        res.ok = True
-    except Exception as exc:  # noqa: BLE001 - a bug or library error in one case must not stop the batch
-        _describe_failure(res, exc, task, worker)
+    with collect_for_console() as console:  # a worker's warnings, for the main process' console
+        try:
+            with log_context(case_id=task.case.case_id, stage=task.stage):  # the stage's own records name the case
+                out = stage.process(ctx) or {}
+            if torch is not None:
+                torch.cuda.synchronize(worker.device)  # the stage's GPU work is part of its wall time
+            res.outputs = dict(out)
+            res.ok = True
+        except Exception as exc:  # noqa: BLE001 - a bug or library error in one case must not stop the batch
+            _describe_failure(res, exc, task, worker)
+    res.log_records = console
     res.wall_s = time.perf_counter() - t0
     res.ended_at = time.time()
     res.peak_rss_mb = peak_rss_mb()
@@ -208,8 +210,7 @@ def worker_main(
 ) -> None:
     """Entry point of a worker process: set up stages lazily, then run tasks until told to stop."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    attach_jsonl(Path(run_dir) / "run.log", process=name)
-    logging.getLogger("pipeline").propagate = False  # workers log to run.log only; the main process talks to the user
+    log_as_worker(Path(run_dir) / "run.log", process=name)  # run.log only; the main process talks to the user
     if torch_threads > 0:
         os.environ["OMP_NUM_THREADS"] = str(torch_threads)
         try:
