@@ -106,7 +106,7 @@ def test_listen_and_send_state_the_configured_defaults_and_ranges_of_their_flags
         f"(pacs.bind; default {pacs['bind'].default})",
     ):
         assert stated in listen, stated
-    assert "Exit status 0 stopped by SIGTERM (systemctl stop) or Ctrl-C" in listen  # was: no exit status at all
+    assert "Exit status 0 stopped by SIGTERM (systemctl stop), SIGHUP or Ctrl-C" in listen  # was: no exit status at all
     send = " ".join(_commands()["send"].format_help().split())
     assert "run folder written by ctpipe run --out or ctpipe listen --out" in send
     assert "1 RUN_DIR is not a run folder or no destination is given" in send  # was: 0 and 3 only

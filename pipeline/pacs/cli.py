@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..argtypes import number_in
-from ..runner.cli import set_item
+from ..runner.cli import set_item, stop_once
 
 if TYPE_CHECKING:
     from .listener import SeriesOutcome
@@ -50,7 +50,8 @@ def register(sub: Any) -> None:
         "crash-safe runner on RUN_DIR. Only calling AE titles named with --allow (or pacs.allowed_aets) may "
         "send. Restarting after a crash processes every instance received before it, none twice. Prints one line per "
         "series handed to the runner (done, with its case, or quarantined, with the reason). Exit status 0 stopped by "
-        "SIGTERM (systemctl stop) or Ctrl-C (series received and not yet processed are processed on the next start), "
+        "SIGTERM (systemctl stop), SIGHUP or Ctrl-C (series received and not yet processed are processed on the next "
+        "start; a second signal while it stops is noted, a third stops it at once), "
         "1 a bad option or an address or port it cannot listen on, 2 bad arguments.",
     )
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused on restart)")
@@ -124,10 +125,6 @@ def _config(args: argparse.Namespace, flags: dict[str, tuple[str, Any]], *, defa
     return load_config(getattr(args, "config", None), overrides=overrides, override_sources=labels, defaults_of=defaults_of)
 
 
-def _on_term(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namespace], int]) -> int:
     from .address import is_pacs_address
 
@@ -198,19 +195,28 @@ def _listen(args: argparse.Namespace) -> int:
     cfg = _config(args, flags, defaults_of=LISTEN_DEFAULTS)
     ensure_dir(args.out)
     listener = Listener(args.out, cfg, on_series=print_series_outcome)
-    signal.signal(signal.SIGTERM, _on_term)
-    listener.start()
-    print(
-        f"listening as {cfg.pacs.ae_title} on {cfg.pacs.bind}:{listener.port} for {', '.join(listener.allowed)}; "
-        f"run folder {listener.run_dir}",
-        flush=True,
+    # SIGTERM (systemctl stop), Ctrl-C and SIGHUP stop it; a second one while it stops is noted, a third stops it at once
+    replaced = stop_once(
+        args.out,
+        note=f"ctpipe listen: already stopping: finishing the series in hand and closing the listener on {args.out} "
+        "(a few seconds); Ctrl-C once more stops it at once (received series are processed on the next start)\n",
     )
     try:
-        listener.serve_forever()
-    except KeyboardInterrupt:
-        print("stopped; received series not yet processed are processed on the next start", flush=True)
+        listener.start()
+        print(
+            f"listening as {cfg.pacs.ae_title} on {cfg.pacs.bind}:{listener.port} for {', '.join(listener.allowed)}; "
+            f"run folder {listener.run_dir}",
+            flush=True,
+        )
+        try:
+            listener.serve_forever()
+        except KeyboardInterrupt:
+            print("stopped; received series not yet processed are processed on the next start", flush=True)
+        finally:
+            listener.close()
     finally:
-        listener.close()
+        for signum, handler in replaced.items():  # the caller's own handling again (ctpipe main called in-process)
+            signal.signal(signum, handler)
     return 0
 
 

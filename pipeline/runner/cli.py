@@ -257,27 +257,28 @@ def _leave_to_the_summary(events: frozenset[str]) -> None:
             handler.addFilter(keep)
 
 
-def stop_once(out: str) -> dict[int, Any]:
+def stop_once(out: str, *, note: str | None = None) -> dict[int, Any]:
     """Make Ctrl-C (SIGINT), SIGTERM and SIGHUP stop ``ctpipe run`` as Ctrl-C does: the first raises
     KeyboardInterrupt, so that the run is recorded as interrupted (``run_end`` in run.log, report, metrics) and
     resumes next time. The second (Ctrl-C pressed again while the run records its stop, a few seconds) only says that
     the run is stopping, instead of cutting that record short and leaving the folder marked "in progress"; a third
     stops it at once, as before (the next run then finds it interrupted).
     SIGINT is left alone where it is ignored (a background job), SIGHUP where it is not the default (under nohup).
-    ``out``: the run folder, named in the note. Returns the handlers it replaced, by signal number, to put back."""
+    ``out``: the run folder, named in the note; ``note``: another command's line for the second signal (``ctpipe
+    listen``). Returns the handlers it replaced, by signal number, to put back."""
     signals = 0
+    default_note = (
+        f"ctpipe run: already stopping: recording the run in {out} as interrupted and writing its report (a few "
+        "seconds); Ctrl-C once more stops it at once, and the next run then finds it interrupted\n"
+    )
 
     def on_stop(signum: int, frame: Any) -> None:
         nonlocal signals
         signals += 1
         if signals != 2:
             raise KeyboardInterrupt  # the run is recorded as interrupted and resumes next time
-        note = (
-            f"ctpipe run: already stopping: recording the run in {out} as interrupted and writing its report (a few "
-            "seconds); Ctrl-C once more stops it at once, and the next run then finds it interrupted\n"
-        )
         try:  # os.write: safe inside a signal handler, even while the main program writes to stderr
-            os.write(2, note.encode())
+            os.write(2, (note or default_note).encode())
         except OSError:  # SIGHUP: the terminal is gone
             pass
 
