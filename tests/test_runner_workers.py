@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -401,3 +402,29 @@ def test_a_worker_that_cannot_start_is_reported_as_fatal(tmp_path, monkeypatch):
             _poll_until(ex, 1)
     finally:
         ex.close()
+
+
+def test_the_resource_tracker_of_the_worker_processes_outlives_a_sighup():
+    """SIGHUP sent to ctpipe run's process group (its terminal closed) stops the run as SIGTERM does; it no longer kills
+    multiprocessing's resource tracker, a member of that group that ignores only SIGINT and SIGTERM, whose death made
+    the run end with Python's "resource_tracker: process died unexpectedly ... Some resources might leak" and a
+    KeyError traceback per semaphore after its summary."""
+    script = (
+        "import os, signal, time\n"
+        "from multiprocessing import resource_tracker\n"
+        "from pipeline.runner.workers import mp_context\n"
+        "queue = mp_context('forkserver').Queue()\n"  # a semaphore: registered with the tracker, which starts
+        "pid = resource_tracker._resource_tracker._pid\n"
+        "os.kill(pid, signal.SIGHUP)\n"
+        "time.sleep(0.5)\n"
+        "print('alive' if os.waitpid(pid, os.WNOHANG) == (0, 0) else 'killed')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert done.stdout.strip() == "alive", (done.stdout, done.stderr)
+    assert "resource_tracker" not in done.stderr, done.stderr

@@ -19,6 +19,7 @@ import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -265,7 +266,9 @@ def _main_module_hidden(needed: bool) -> Iterator[None]:
 
 
 def mp_context(start_method: str) -> ForkContext | ForkServerContext | SpawnContext:
-    """The multiprocessing context of ``runner.start_method`` (``forkserver``, ``spawn`` or ``fork``)."""
+    """The multiprocessing context of ``runner.start_method`` (``forkserver``, ``spawn`` or ``fork``), its resource
+    tracker started deaf to SIGHUP (:func:`_start_resource_tracker`)."""
+    _start_resource_tracker()
     if start_method == "forkserver":
         return mp.get_context("forkserver")
     if start_method == "spawn":
@@ -277,6 +280,24 @@ def mp_context(start_method: str) -> ForkContext | ForkServerContext | SpawnCont
         where="runner.start_method",
         fix="use forkserver, spawn or fork",
     )
+
+
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (if not yet running) with SIGHUP blocked, which it then keeps: it is
+    in ``ctpipe run``'s process group and ignores only SIGINT and SIGTERM, so a SIGHUP sent to the group (the
+    terminal closed, ``kill -HUP -PGID``) killed it while the run stopped as for SIGTERM, and the run ended with
+    Python's "resource_tracker: process died unexpectedly ... Some resources might leak" and a KeyError traceback
+    for each semaphore the tracker started again in its place had never seen. A SIGHUP for this process during the
+    start is delivered once it is done."""
+    if not hasattr(signal, "SIGHUP") or not hasattr(signal, "pthread_sigmask"):
+        return
+    from multiprocessing import resource_tracker
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 @dataclass
