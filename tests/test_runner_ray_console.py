@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests._support.ray_cluster import OBJECT_STORE_BYTES
+from tests._support.ray_cluster import OBJECT_STORE_BYTES, ray_environment, reload_ray_authentication
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,9 @@ def test_the_clusters_error_messages_go_to_the_log_not_to_stdout(capfd, caplog, 
     ray = pytest.importorskip("ray")
     from pipeline.runner.ray_connect import connect
 
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    for key, value in ray_environment().items():  # as every test cluster: token authentication on, usage stats off
+        monkeypatch.setenv(key, value)
+    reload_ray_authentication()
     caplog.set_level(logging.DEBUG, logger="pipeline.runner.ray_connect")
     session = connect("local", timeout_s=60, init_options={"num_cpus": 1, "object_store_memory": OBJECT_STORE_BYTES})
     try:

@@ -36,6 +36,17 @@ def ray_environment() -> dict[str, str]:
     return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": _TOKEN, **SINGLE_MACHINE}
 
 
+def reload_ray_authentication() -> None:
+    """Make Ray, if already imported, read the authentication mode and token from the environment again (it caches
+    them when first used, so a test that changes them after another test started a cluster in the same process
+    would otherwise go on with the old ones)."""
+    if "ray" in sys.modules:
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
 LOOPBACK = "127.0.0.1"  # every node of a test cluster listens on the loopback interface only
 
 
@@ -55,11 +66,7 @@ class LocalCluster:
         env = ray_environment()
         self._saved_env = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
-        if "ray" in sys.modules:  # Ray read the authentication mode when first used: make it read it again
-            from ray._raylet import AuthenticationTokenLoader, Config
-
-            Config.initialize("")
-            AuthenticationTokenLoader.instance().reset_cache()
+        reload_ray_authentication()  # Ray read the authentication mode when first used: make it read it again
         from ray.cluster_utils import Cluster
 
         t0 = time.monotonic()
