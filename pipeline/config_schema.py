@@ -346,6 +346,13 @@ SCHEMA: dict[str, dict[str, Option]] = {
             lo=0,
             hi=100,
         ),
+        "verify_sent": Option(
+            True,
+            "bool",
+            "",
+            "after sending, ask the destination (C-FIND at IMAGE level or QIDO-RS, one query per case) whether it holds "
+            "each result; one it does not hold is not recorded sent (retried, then failed)",
+        ),
         "send_drain_s": Option(
             60.0,
             "float",

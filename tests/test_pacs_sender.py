@@ -150,6 +150,10 @@ def test_failures_retried_with_backoff_recorded_then_sent_by_ctpipe_send(orthanc
     assert orthanc.password not in log_text
 
 
+#: these storage SCPs answer no C-FIND, so what they answered success for cannot be confirmed (pacs.verify_sent)
+_NO_FIND = ["--set", "pacs.verify_sent=false"]
+
+
 class _PickyStore:
     """A storage SCP on 127.0.0.1 that accepts only the SOP classes given (none: it accepts no context at all)."""
 
@@ -183,7 +187,7 @@ def test_destination_refusing_a_result_sop_class_fails_those_files_clearly(sourc
     sr_only = _PickyStore(["1.2.840.10008.5.1.4.1.1.88.34"])
     try:
         dest = f"dimse://PICKY@127.0.0.1:{sr_only.port}"
-        rc = main(["send", str(run), "--to", dest, "--set", "pacs.send_retries=0", "--timeout", "20"])
+        rc = main(["send", str(run), "--to", dest, *_NO_FIND, "--set", "pacs.send_retries=0", "--timeout", "20"])
     finally:
         sr_only.close()
     assert rc == 3 and sr_only.received == [uids["sr"]]
@@ -242,7 +246,7 @@ def test_a_destination_that_drops_the_association_mid_case_gets_the_rest_on_a_ne
     RunStore(run).close()
     dest = _AbortingStore(["1.2.840.10008.5.1.4.1.1.88.34", "1.2.840.10008.5.1.4.1.1.66.4"])
     try:
-        rc = main(["send", str(run), "--to", f"dimse://PICKY@127.0.0.1:{dest.port}", "--timeout", "20"])
+        rc = main(["send", str(run), "--to", f"dimse://PICKY@127.0.0.1:{dest.port}", *_NO_FIND, "--timeout", "20"])
     finally:
         dest.close()
     assert rc == 0 and sorted(dest.received) == sorted(uids.values())

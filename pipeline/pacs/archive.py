@@ -2,7 +2,8 @@
 
 An archive finds studies and CT series (:meth:`Archive.find_studies`, :meth:`Archive.find_series`),
 retrieves a series into a folder (:meth:`Archive.retrieve`: one ``<SOPInstanceUID>.dcm`` per
-instance, each flushed to disk) and stores result files (:meth:`Archive.store`). Transient
+instance, each flushed to disk), stores result files (:meth:`Archive.store`) and says which instances of a
+study it holds (:meth:`Archive.held`, to confirm what it answered success for was kept). Transient
 failures raise :class:`~pipeline.errors.PacsUnavailableError` (retried by the callers, see
 :mod:`pipeline.pacs.retry`); refusals raise :class:`~pipeline.errors.PacsRequestError`.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ..errors import PacsRequestError
 from .address import Endpoint, Query
 
 #: SOP classes of CT images (retrieved, and accepted by the listener)
@@ -57,4 +59,21 @@ class Archive(Protocol):
 
     def store(self, paths: Sequence[Path]) -> list[StoreOutcome]: ...
 
+    def held(self, study_uid: str, sop_uids: Sequence[str]) -> set[str]:
+        """Which of the instances ``sop_uids`` (SOPInstanceUIDs) of study ``study_uid`` the archive holds now (one
+        IMAGE-level query); raises :class:`~pipeline.errors.PacsRequestError` naming ``pacs.verify_sent`` when the
+        archive does not answer such queries."""
+        ...
+
     def close(self) -> None: ...
+
+
+def unverifiable(exc: PacsRequestError, query: str) -> PacsRequestError:
+    """The error for a destination that refused the query confirming that it holds the results sent (``query``:
+    what kind of query, e.g. "C-FIND at IMAGE level"): it may not answer such queries, or not to ctpipe."""
+    return PacsRequestError(
+        f"cannot confirm that the results sent were kept: the destination refused the query ({exc.problem})",
+        where=exc.where,
+        fix=f"{exc.fix}; if the archive does not answer {query} (or not to ctpipe's AE title or user), set "
+        "pacs.verify_sent: false to record results sent on the archive's success answer alone",
+    )

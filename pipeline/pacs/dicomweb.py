@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from ..errors import PacsRequestError, PacsUnavailableError
 from ..volume import PATIENT_IDENTIFIERS
 from .address import WITHHELD, Endpoint, Query, valid_uid, without_url_queries
-from .archive import RemoteSeries, StoreOutcome
+from .archive import RemoteSeries, StoreOutcome, unverifiable
 from .auth import http_session
 from .retry import TRANSIENT_HTTP, with_retries
 from .spool import write_instance
@@ -34,6 +34,7 @@ _STUDY_UID = "0020000D"
 _SERIES_UID = "0020000E"
 _MODALITY = "00080060"
 _N_INSTANCES = "00201209"
+_SOP_UID = "00080018"
 PAGE = 500  # results asked for per QIDO-RS request
 
 #: the loggers of the libraries under the client that name each request's URL (a search's filters in its query)
@@ -305,6 +306,26 @@ class DicomWebArchive:
         for item in resp.get("FailedSOPSequence", []) if resp is not None else []:
             failed[str(item.get("ReferencedSOPInstanceUID", ""))] = f"failure reason {item.get('FailureReason', '?')}"
         return [StoreOutcome(p, u, u not in failed, failed.get(u, "")) for p, u in zip(paths, uids)]
+
+    def held(self, study_uid: str, sop_uids: Sequence[str]) -> set[str]:
+        """Which of the instances ``sop_uids`` of study ``study_uid`` the archive holds: one QIDO-RS request,
+        ``/studies/{study}/instances?SOPInstanceUID=uid1,uid2,...`` (list of UID matching)."""
+        if not sop_uids:
+            return set()
+
+        def search() -> list[dict[str, Any]]:
+            return self.client.search_for_instances(
+                study_instance_uid=study_uid,
+                search_filters={"SOPInstanceUID": ",".join(sop_uids)},
+                fields=["SOPInstanceUID"],
+                limit=len(sop_uids),
+            )
+
+        try:
+            rows = self._call("QIDO-RS instance search for the results sent", search)
+        except PacsRequestError as exc:
+            raise unverifiable(exc, "QIDO-RS instance searches") from exc
+        return {str(u) for u in (_value(r, _SOP_UID) for r in rows) if u}
 
     def close(self) -> None:
         self.session.close()

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from ..errors import PacsRequestError, PacsUnavailableError
 from .address import Endpoint, Query, listen_error, valid_uid
-from .archive import CT_SOP_CLASSES, RemoteSeries, StoreOutcome
+from .archive import CT_SOP_CLASSES, RemoteSeries, StoreOutcome, unverifiable
 from .retry import with_retries
 from .scp import STATUS_OK, STATUS_OUT_OF_RESOURCES, STATUS_UNEXPECTED, build_ae, ct_storage_contexts, store_event
 
@@ -379,6 +379,30 @@ class DimseArchive:
             return out
 
         return self._call(f"C-STORE of {len(paths)} instance(s)", send)
+
+    def held(self, study_uid: str, sop_uids: Sequence[str]) -> set[str]:
+        """Which of the instances ``sop_uids`` of study ``study_uid`` the archive holds: one C-FIND at IMAGE level
+        whose SOPInstanceUID is the list of them (list of UID matching)."""
+        from pydicom.dataset import Dataset
+
+        ds = Dataset()
+        ds.QueryRetrieveLevel = "IMAGE"
+        ds.StudyInstanceUID = study_uid
+        ds.SeriesInstanceUID = ""
+        ds.SOPInstanceUID = list(sop_uids) if len(sop_uids) > 1 else (sop_uids[0] if sop_uids else "")
+
+        def find() -> set[str]:
+            with self._association([(FIND, _UNCOMPRESSED)]) as assoc:
+                return {
+                    str(i.SOPInstanceUID)
+                    for i in self._responses("C-FIND (image)", assoc.send_c_find(ds, FIND))
+                    if i is not None and i.get("SOPInstanceUID")
+                }
+
+        try:
+            return self._call("C-FIND (image) of the results sent", find)
+        except PacsRequestError as exc:
+            raise unverifiable(exc, "C-FIND at IMAGE level") from exc
 
     def _store_refused(self, n_files: int) -> PacsRequestError:
         """The error for a destination that accepted the association, then closed it at the first C-STORE request

@@ -11,8 +11,12 @@ timeout, HTTP 5xx, a dropped association) is retried after ``pacs.backoff_s``, d
 (:class:`~pipeline.errors.PacsRequestError`: wrong credentials, an AE title it does not know, a SOP class it does
 not take) is recorded ``failed`` at once (``ctpipe send --retry-failed`` tries those again, once it is corrected). Every outcome (sent; a failed attempt with the retry due;
 failed for good, with the error) is also recorded in the run store (table ``deliveries``, read as
-``open_run(RUN_DIR).deliveries``). A file is never sent twice to one destination; files still
-pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
+``open_run(RUN_DIR).deliveries``). With ``pacs.verify_sent`` (the default), a file the destination answered
+success for is recorded ``sent`` only once the destination, asked right after (C-FIND at IMAGE level or QIDO-RS by
+SOPInstanceUID, one query per case), holds it: an archive can answer success and not keep the instance (a filter or
+routing rule, storage failing after the answer); one it does not hold counts as a failed attempt (retried as above,
+then ``failed``, with the instance, the destination and the likely cause). A file is never sent twice to one
+destination; files still pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
 Sending runs beside the pipeline and never blocks it.
 """
 
@@ -178,7 +182,8 @@ class ResultSender:
         try:
             if self._archive is None:
                 self._archive = open_archive(self.endpoint, self._request_cfg)
-            outcomes = self._archive.store(paths)
+            archive = self._archive
+            outcomes = archive.store(paths)
         except PacsRequestError as exc:  # refused (credentials, AE title, SOP classes): waiting does not mend it
             self._failed(items, f"{type(exc).__name__}: {exc}", final=True)
             self._drop_archive()
@@ -192,6 +197,8 @@ class ResultSender:
             return 0
         ok = {o.sop_instance_uid for o in outcomes if o.ok}
         refused = {o.sop_instance_uid: o.detail for o in outcomes if not o.ok}
+        if ok and self.cfg.pacs.verify_sent:
+            ok = self._confirmed(archive, [r for r in items if r["sop_uid"] in ok])
         with self.ledger.tx() as db:
             for r in items:
                 if r["sop_uid"] in ok:
@@ -204,8 +211,59 @@ class ResultSender:
         if refused:
             self._failed([r for r in items if r["sop_uid"] in refused], "refused: " + "; ".join(sorted(set(refused.values()))))
         if ok:
-            log.info("case %s: %d result file(s) sent to %s", case_id, len(ok), self.key, extra={"event": "sent"})
+            log.info(
+                "case %s: %d result file(s) sent to %s%s",
+                case_id,
+                len(ok),
+                self.key,
+                " (and found there)" if self.cfg.pacs.verify_sent else "",
+                extra={"event": "sent"},
+            )
         return len(ok)
+
+    def _confirmed(self, archive: Archive, items: list[dict[str, Any]]) -> set[str]:
+        """The SOPInstanceUIDs of ``items`` (answered success) that the destination holds when asked right after
+        (:meth:`~pipeline.pacs.archive.Archive.held`, one query per study: one per case). The others are recorded as a
+        failed attempt, with the instance, the destination and the likely cause; a query that failed, as a failed
+        attempt of all of them (refused: failed at once, naming ``pacs.verify_sent``)."""
+        import pydicom
+
+        studies: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in items:
+            try:
+                ds = pydicom.dcmread(self.run_dir / r["path"], stop_before_pixels=True, specific_tags=["StudyInstanceUID"])
+            except (OSError, InvalidDicomError) as exc:
+                self._failed([r], f"sent, but not confirmed: cannot read its StudyInstanceUID ({exc})", final=True)
+                continue
+            studies[str(ds.get("StudyInstanceUID", ""))].append(r)
+        held: set[str] = set()
+        groups = list(studies.items())
+        for n, (study, rows) in enumerate(groups):
+            try:
+                held |= archive.held(study, [r["sop_uid"] for r in rows]) & {r["sop_uid"] for r in rows}
+            except PacsError as exc:  # this study's results and those not asked about yet: not confirmed
+                unasked = [r for _, later in groups[n:] for r in later]
+                refused = isinstance(exc, PacsRequestError)  # asking again does not mend it: failed at once
+                self._failed(unasked, f"sent, but not confirmed: {type(exc).__name__}: {exc}", final=refused)
+                self._drop_archive()
+                return held
+            for r in rows:
+                if r["sop_uid"] not in held:
+                    self._failed([r], self._not_held(r))
+        return held
+
+    def _not_held(self, r: dict[str, Any]) -> str:
+        """Why a result the destination answered success for is not recorded sent, and what to do."""
+        what = RESULT_SOP_CLASSES.get(str(r["sop_class"]), str(r["sop_class"]))
+        query = "QIDO-RS" if self.endpoint.kind == "dicomweb" else "C-FIND"
+        return (
+            f"{what} {r['sop_uid']} ({r['path']}): {self.key} answered success but does not hold it ({query} right after "
+            "the send finds no such SOPInstanceUID). Likely cause: a filter or routing rule on the archive dropped it "
+            "(an Orthanc Lua ReceivedInstanceFilter, for one), or its storage failed after it answered; check the "
+            "archive's log for this SOPInstanceUID. Fix: let the archive keep ctpipe's results, then "
+            f"`ctpipe send {self.run_dir} --retry-failed`; for an archive that does not answer IMAGE-level queries, set "
+            "pacs.verify_sent: false"
+        )
 
     def _failed(self, items: list[dict[str, Any]], error: str, *, final: bool = False) -> None:
         limit = int(self.cfg.pacs.send_retries)
