@@ -20,9 +20,10 @@ import numpy as np
 
 from .. import __version__
 from ..errors import DicomOutputError
+from ..reconstruction.nodule_geometry import SIDE_SEARCH_MM
 from ..volume import CTVolume, LabelMap
 from .kinds import OUTPUTS
-from .model import SIDE_SEARCH_MM, NoduleDetail, ReportedFinding, as_bool_mask, reported_findings
+from .model import NoduleDetail, ReportedFinding, as_bool_mask, reported_findings
 from .seg import write_seg_object
 from .sources import SourceSeries, check_source, read_source_series
 from .sr import build_sr, save

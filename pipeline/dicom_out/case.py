@@ -63,7 +63,7 @@ def lung_side_masks(volume: CTVolume, *, device: str | None = None, step_mm: flo
     full grid), and each block's label is given back to its voxels: a side is a matter of centimetres, and the
     blocks make it about 4 times quicker for a 512 x 512 chest (2 s on 2 CPU cores). A lung the segmentation does
     not find (a field of view holding one lung, a scan without lungs) is left out, with its reason logged; a
-    finding then takes the side of a lung within :data:`~pipeline.dicom_out.model.SIDE_SEARCH_MM` of it, or none.
+    finding then takes the side of a lung within :data:`~pipeline.reconstruction.nodule_geometry.SIDE_SEARCH_MM` of it, or none.
     ``device``: torch device of the segmentation (``"cpu"``, ``"cuda"``; default CUDA when available).
     """
     from ..detection.lungs import block_means, strides

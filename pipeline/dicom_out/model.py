@@ -16,6 +16,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import DicomOutputError
+from ..reconstruction.nodule_geometry import (
+    SIDES,
+    NoduleMask,
+    boundary_voxels,
+    cell_corners,
+    half_axes_around,
+    long_axis_mm,
+    lung_side,
+    nodule_mask,
+)
 from ..volume import Geometry, LabelMap
 from .uids import stable_uid
 
@@ -24,11 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-SIDES = ("left", "right")
 LOBES = {"left": ("upper", "lower"), "right": ("upper", "middle", "lower")}
 COMPOSITIONS = ("solid", "part_solid", "ground_glass")
-#: search radius (mm) around a finding's centre for the nearest lung when the centre lies in neither lung
-SIDE_SEARCH_MM = 15.0
 #: decimals of what the results state: positions and lengths in mm (0.01 mm), volumes in mm³ (0.01 mm³), scores (0.001).
 #: The same case on another machine or with another number of threads gives boxes and scores that differ in their last
 #: digits (about 1e-5 mm, 1e-6); stated to these decimals, its results are the same files with the same UIDs.
@@ -61,14 +68,6 @@ class NoduleDetail:
                 )
         if self.composition is not None and self.composition not in COMPOSITIONS:
             raise DicomOutputError(f"composition {self.composition!r} is not one of {COMPOSITIONS}", where="NoduleDetail")
-
-
-@dataclass(frozen=True)
-class NoduleMask:
-    """A nodule's mask as a crop of the volume's grid: ``mask`` (bool ``[k, j, i]``) starts at voxel ``offset_kji``."""
-
-    mask: np.ndarray
-    offset_kji: tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -144,101 +143,6 @@ def as_bool_mask(mask: np.ndarray | LabelMap, geometry: Geometry, name: str) -> 
     return arr if arr.dtype == bool else arr.astype(bool)
 
 
-def _nodule_mask(result: Any, geometry: Geometry) -> NoduleMask | None:
-    mask, crop = _get(result, "mask"), _get(result, "geometry")
-    if mask is None or crop is None:
-        return None
-    mask = np.asarray(mask, dtype=bool)
-    off = geometry.lps_to_index(crop.origin)
-    off_r = np.rint(off)
-    if (
-        np.abs(off - off_r).max() > 1e-3
-        or not np.allclose(crop.spacing, geometry.spacing, rtol=1e-6)
-        or not np.allclose(crop.direction, geometry.direction, atol=1e-6)
-    ):
-        raise DicomOutputError(
-            f"nodule {_get(result, 'index')}: its mask is not a crop of the volume's grid",
-            where="nodules",
-            fix="pass the NoduleResult objects segment_findings() made on this volume",
-        )
-    i0, j0, k0 = (int(v) for v in off_r)
-    lo = np.array([k0, j0, i0])
-    hi = lo + np.array(mask.shape)
-    if np.any(lo < 0) or np.any(hi > np.array(geometry.shape)):
-        raise DicomOutputError(f"nodule {_get(result, 'index')}: its mask reaches outside the volume", where="nodules")
-    return NoduleMask(mask, (k0, j0, i0))
-
-
-def _boundary_voxels(nm: NoduleMask) -> np.ndarray | None:
-    """Indices ``(i, j, k)`` on the volume's grid (``[n, 3]``) of the mask's boundary voxels, whose hull is the hull of
-    all its voxels; None for an empty mask. Computed once per nodule for its long axis and its SR ellipsoid."""
-    from scipy import ndimage
-
-    if not nm.mask.any():
-        return None
-    boundary = nm.mask & ~ndimage.binary_erosion(nm.mask)
-    return (np.argwhere(boundary) + np.asarray(nm.offset_kji))[:, ::-1]
-
-
-def _cell_corners(ijk: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """The corners (LPS mm, ``[n * 8, 3]``) of the voxel cells at ``ijk`` (:func:`_boundary_voxels`)."""
-    corners = (ijk[:, None, :] + (np.indices((2, 2, 2)).reshape(3, -1).T - 0.5)[None]).reshape(-1, 3)
-    return np.asarray(geometry.index_to_lps(corners), dtype=np.float64)
-
-
-def _half_axes_around(corners: np.ndarray, center: np.ndarray) -> np.ndarray:
-    """Half axes (mm, along LPS x, y, z) of the box centred on ``center`` (LPS mm) that holds every voxel cell
-    (``corners``: :func:`_cell_corners`): the SR's ellipsoid drawn around a segmented nodule, not the detector's box."""
-    return np.maximum(corners.max(axis=0) - center, center - corners.min(axis=0))
-
-
-def _long_axis(ijk: np.ndarray, geometry: Geometry, diameter_mm: float) -> float:
-    """The nodule's longest extent (mm): the longest distance between the centres of two of its voxels (``ijk``:
-    :func:`_boundary_voxels`; convex hull, LPS), and never less than ``diameter_mm``, the diameter of the sphere of its
-    volume (no body is shorter across than the sphere of its volume).
-
-    Across voxel centres, not the outer corners of the voxel cells: the corners' diagonal (up to 2.4 mm on a
-    0.98 x 0.98 x 2 mm grid) made a sphere's long axis that much longer than its diameter; the centres' distance lies
-    within half a voxel of it."""
-    from scipy.spatial import ConvexHull, QhullError
-
-    pts = np.asarray(geometry.index_to_lps(ijk.astype(np.float64)), dtype=np.float64).reshape(-1, 3)
-    try:
-        pts = pts[ConvexHull(pts).vertices]
-    except QhullError:  # flat or tiny masks: every point is a candidate
-        pts = np.unique(pts, axis=0)
-    d = np.sqrt(((pts[:, None, :] - pts[None, :, :]) ** 2).sum(-1))
-    return max(float(d.max()), float(diameter_mm))
-
-
-def _side(center: np.ndarray, geometry: Geometry, lungs: Mapping[str, np.ndarray]) -> str | None:
-    """The lung holding the centre, else the nearer lung within :data:`SIDE_SEARCH_MM`, else None."""
-    ijk = geometry.lps_to_index(center)
-    i, j, k = (int(v) for v in np.rint(ijk))
-    inside = 0 <= k < geometry.shape[0] and 0 <= j < geometry.shape[1] and 0 <= i < geometry.shape[2]
-    for side in SIDES:
-        m = lungs.get(f"lung_{side}")
-        if m is not None and inside and m[k, j, i]:
-            return side
-    r = np.ceil(SIDE_SEARCH_MM / np.asarray(geometry.spacing)).astype(int)  # (i, j, k)
-    lo = np.maximum([k - r[2], j - r[1], i - r[0]], 0)
-    hi = np.minimum([k + r[2] + 1, j + r[1] + 1, i + r[0] + 1], geometry.shape)
-    if np.any(hi <= lo):
-        return None
-    best, best_d = None, SIDE_SEARCH_MM
-    for side in SIDES:
-        m = lungs.get(f"lung_{side}")
-        if m is None:
-            continue
-        sub = np.argwhere(m[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]])
-        if sub.size == 0:
-            continue
-        d = np.sqrt((((geometry.index_to_lps((sub + lo)[:, ::-1])) - center) ** 2).sum(-1)).min()
-        if d <= best_d:
-            best, best_d = side, float(d)
-    return best
-
-
 def tracking_uid(series_uid: str, center: np.ndarray) -> str:
     """The tracking UID of the finding at ``center`` (LPS mm) in series ``series_uid`` (deterministic)."""
     return stable_uid("ctpipe-finding", series_uid, *(f"{v:.3f}" for v in center))
@@ -288,24 +192,24 @@ def reported_findings(
         else:
             half = np.full(3, diameter / 2)
         nod = by_index.get(n)
-        nm = _nodule_mask(nod, geometry) if nod is not None else None
+        nm = nodule_mask(nod, geometry, error=DicomOutputError) if nod is not None else None
         volume = _get(nod, "volume_mm3") if nod is not None else None
         measured = (_get(nod, "diameter_mm") or _get(nod, "equivalent_diameter_mm")) if nod is not None else None
         seg_diameter = float(measured) if measured is not None else float("nan")
         is_measured = bool(np.isfinite(seg_diameter) and seg_diameter > 0)
         if is_measured:
             diameter = seg_diameter  # the segmentation's, consistent with the volume and the long axis
-        voxels = _boundary_voxels(nm) if nm is not None else None
+        voxels = boundary_voxels(nm) if nm is not None else None
         is_measured = is_measured and voxels is not None
         long_axis = None
         if is_measured and voxels is not None:  # the ellipsoid around the segmented nodule, as its measurements
-            half = _half_axes_around(_cell_corners(voxels, geometry), center)
-            long_axis = _long_axis(voxels, geometry, diameter)
+            half = half_axes_around(cell_corners(voxels, geometry), center)
+            long_axis = long_axis_mm(voxels, geometry, diameter)
         if long_axis is None:
             long_axis = float(2 * half.max())
         half = np.round(half, MM_DECIMALS)
         detail = details.get(n, NoduleDetail())
-        side = detail.side or (_side(center, geometry, lungs) if lungs else None)
+        side = detail.side or (lung_side(center, geometry, lungs) if lungs else None)
         k = int(np.clip(np.rint(geometry.lps_to_index(center)[2]), 0, geometry.shape[0] - 1))
         out.append(
             ReportedFinding(

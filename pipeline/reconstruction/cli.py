@@ -164,7 +164,7 @@ def nodule_lines(rec: Any) -> list[str]:
     them) and its volume (mL); or why it could not be segmented."""
     import numpy as np
 
-    from ..dicom_out.model import _boundary_voxels, _long_axis, _nodule_mask, _side
+    from .nodule_geometry import boundary_voxels, long_axis_mm, lung_side, nodule_mask
 
     geometry = rec.geometry
     lungs = {o: rec.mask(o) for o in ("lung_left", "lung_right") if o in rec.masks}
@@ -179,11 +179,11 @@ def nodule_lines(rec: Any) -> list[str]:
         if missing:  # one lung alone cannot tell a nodule of the other from one outside the lungs
             side = f"lung side unknown (no {' or '.join(missing)} mask: --organs, or its segmentation failed)"
         else:
-            found = _side(centre, geometry, lungs)
+            found = lung_side(centre, geometry, lungs)
             side = f"{found} lung" if found else "outside the lungs"
-        nm = _nodule_mask(r, geometry)
-        voxels = _boundary_voxels(nm) if nm is not None else None
-        long_axis = f"{_long_axis(voxels, geometry, r.diameter_mm):.1f} mm" if voxels is not None else "n/a"
+        nm = nodule_mask(r, geometry)
+        voxels = boundary_voxels(nm) if nm is not None else None
+        long_axis = f"{long_axis_mm(voxels, geometry, r.diameter_mm):.1f} mm" if voxels is not None else "n/a"
         x, y, z = centre
         lines.append(
             f"{head}: {side}, centre LPS ({x:.1f}, {y:.1f}, {z:.1f}) mm, diameter {r.diameter_mm:.1f} mm "

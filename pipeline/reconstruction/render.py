@@ -304,11 +304,11 @@ def nodule_labels(nodules: Sequence[NoduleResult], geometry: Geometry) -> np.nda
     """The segmented ``nodules`` as labels ``[k, j, i]`` (uint16) on ``geometry`` (the volume's grid): 0 no nodule, N
     the nodule of finding #N (its ``index`` + 1: ``ctpipe detect``'s rank in a findings file); None when none was
     segmented. Each mask is a crop of the volume's grid (:class:`NoduleResult`)."""
-    from ..dicom_out.model import _nodule_mask
+    from .nodule_geometry import nodule_mask
 
     labels: np.ndarray | None = None
     for r in nodules:
-        nm = _nodule_mask(r, geometry) if r.error is None else None
+        nm = nodule_mask(r, geometry) if r.error is None else None
         if nm is None or not nm.mask.any():
             continue
         if labels is None:

@@ -1,0 +1,129 @@
+"""A segmented nodule's place and size on its volume's grid: its mask as a crop of the volume's grid, its boundary
+voxels, its long axis, the box its voxel cells fill and the lung holding it. Positions are DICOM patient coordinates
+(LPS, mm); arrays are ``[k, j, i]``, index triples ``(i, j, k)``. Used by ``ctpipe reconstruct``'s nodule lines and
+renderings and by the DICOM results (:mod:`pipeline.dicom_out.model`), so that both state the same figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import CtpipeError, ReconstructionError
+from ..volume import Geometry
+
+SIDES = ("left", "right")
+#: search radius (mm) around a finding's centre for the nearest lung when the centre lies in neither lung
+SIDE_SEARCH_MM = 15.0
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+@dataclass(frozen=True)
+class NoduleMask:
+    """A nodule's mask as a crop of the volume's grid: ``mask`` (bool ``[k, j, i]``) starts at voxel ``offset_kji``."""
+
+    mask: np.ndarray
+    offset_kji: tuple[int, int, int]
+
+
+def nodule_mask(result: Any, geometry: Geometry, *, error: type[CtpipeError] = ReconstructionError) -> NoduleMask | None:
+    """A segmented nodule (a ``NoduleResult`` or its JSON: ``mask`` on its crop ``geometry``) as a crop of the volume's
+    grid ``geometry``; None without a mask. A mask on another grid raises ``error``."""
+    mask, crop = _get(result, "mask"), _get(result, "geometry")
+    if mask is None or crop is None:
+        return None
+    mask = np.asarray(mask, dtype=bool)
+    off = geometry.lps_to_index(crop.origin)
+    off_r = np.rint(off)
+    if (
+        np.abs(off - off_r).max() > 1e-3
+        or not np.allclose(crop.spacing, geometry.spacing, rtol=1e-6)
+        or not np.allclose(crop.direction, geometry.direction, atol=1e-6)
+    ):
+        raise error(
+            f"nodule {_get(result, 'index')}: its mask is not a crop of the volume's grid",
+            where="nodules",
+            fix="pass the NoduleResult objects segment_findings() made on this volume",
+        )
+    i0, j0, k0 = (int(v) for v in off_r)
+    lo = np.array([k0, j0, i0])
+    hi = lo + np.array(mask.shape)
+    if np.any(lo < 0) or np.any(hi > np.array(geometry.shape)):
+        raise error(f"nodule {_get(result, 'index')}: its mask reaches outside the volume", where="nodules")
+    return NoduleMask(mask, (k0, j0, i0))
+
+
+def boundary_voxels(nm: NoduleMask) -> np.ndarray | None:
+    """Indices ``(i, j, k)`` on the volume's grid (``[n, 3]``) of the mask's boundary voxels, whose hull is the hull of
+    all its voxels; None for an empty mask. Computed once per nodule for its long axis and its SR ellipsoid."""
+    from scipy import ndimage
+
+    if not nm.mask.any():
+        return None
+    boundary = nm.mask & ~ndimage.binary_erosion(nm.mask)
+    return (np.argwhere(boundary) + np.asarray(nm.offset_kji))[:, ::-1]
+
+
+def cell_corners(ijk: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """The corners (LPS mm, ``[n * 8, 3]``) of the voxel cells at ``ijk`` (:func:`boundary_voxels`)."""
+    corners = (ijk[:, None, :] + (np.indices((2, 2, 2)).reshape(3, -1).T - 0.5)[None]).reshape(-1, 3)
+    return np.asarray(geometry.index_to_lps(corners), dtype=np.float64)
+
+
+def half_axes_around(corners: np.ndarray, center: np.ndarray) -> np.ndarray:
+    """Half axes (mm, along LPS x, y, z) of the box centred on ``center`` (LPS mm) that holds every voxel cell
+    (``corners``: :func:`cell_corners`): the SR's ellipsoid drawn around a segmented nodule, not the detector's box."""
+    return np.maximum(corners.max(axis=0) - center, center - corners.min(axis=0))
+
+
+def long_axis_mm(ijk: np.ndarray, geometry: Geometry, diameter_mm: float) -> float:
+    """The nodule's longest extent (mm): the longest distance between the centres of two of its voxels (``ijk``:
+    :func:`boundary_voxels`; convex hull, LPS), and never less than ``diameter_mm``, the diameter of the sphere of its
+    volume (no body is shorter across than the sphere of its volume).
+
+    Across voxel centres, not the outer corners of the voxel cells: the corners' diagonal (up to 2.4 mm on a
+    0.98 x 0.98 x 2 mm grid) made a sphere's long axis that much longer than its diameter; the centres' distance lies
+    within half a voxel of it."""
+    from scipy.spatial import ConvexHull, QhullError
+
+    pts = np.asarray(geometry.index_to_lps(ijk.astype(np.float64)), dtype=np.float64).reshape(-1, 3)
+    try:
+        pts = pts[ConvexHull(pts).vertices]
+    except QhullError:  # flat or tiny masks: every point is a candidate
+        pts = np.unique(pts, axis=0)
+    d = np.sqrt(((pts[:, None, :] - pts[None, :, :]) ** 2).sum(-1))
+    return max(float(d.max()), float(diameter_mm))
+
+
+def lung_side(center: np.ndarray, geometry: Geometry, lungs: Mapping[str, np.ndarray]) -> str | None:
+    """The lung holding the centre, else the nearer lung within :data:`SIDE_SEARCH_MM`, else None."""
+    ijk = geometry.lps_to_index(center)
+    i, j, k = (int(v) for v in np.rint(ijk))
+    inside = 0 <= k < geometry.shape[0] and 0 <= j < geometry.shape[1] and 0 <= i < geometry.shape[2]
+    for side in SIDES:
+        m = lungs.get(f"lung_{side}")
+        if m is not None and inside and m[k, j, i]:
+            return side
+    r = np.ceil(SIDE_SEARCH_MM / np.asarray(geometry.spacing)).astype(int)  # (i, j, k)
+    lo = np.maximum([k - r[2], j - r[1], i - r[0]], 0)
+    hi = np.minimum([k + r[2] + 1, j + r[1] + 1, i + r[0] + 1], geometry.shape)
+    if np.any(hi <= lo):
+        return None
+    best, best_d = None, SIDE_SEARCH_MM
+    for side in SIDES:
+        m = lungs.get(f"lung_{side}")
+        if m is None:
+            continue
+        sub = np.argwhere(m[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]])
+        if sub.size == 0:
+            continue
+        d = np.sqrt((((geometry.index_to_lps((sub + lo)[:, ::-1])) - center) ** 2).sum(-1)).min()
+        if d <= best_d:
+            best, best_d = side, float(d)
+    return best
