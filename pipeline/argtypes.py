@@ -41,3 +41,13 @@ class NumberIn:
 def number_in(kind: type[int] | type[float], lo: float | None = None, hi: float | None = None) -> NumberIn:
     """An argparse ``type`` reading ``kind`` (int or float) within ``lo..hi`` (either end open when ``None``)."""
     return NumberIn(kind, lo, hi)
+
+
+def device_name(text: str) -> str:
+    """An argparse ``type`` for a one-process command's ``--device``: ``auto``, ``cpu``, ``gpu``, ``cuda`` or
+    ``cuda:N`` (any case), as :func:`~pipeline.load.base.resolve_device` reads it; else the error naming the value and
+    the ones allowed. Whether torch sees that GPU is checked when the command runs (exit status 1 there)."""
+    name = text.strip().lower()
+    if name in ("auto", "cpu", "gpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}; allowed: auto, cpu, cuda or cuda:N (N a GPU number, e.g. cuda:0)")

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .errors import CtpipeError
+from .errors import CtpipeError, UsageError
 
 # Stage command modules, in the order data flows through them.
 COMMAND_MODULES = (
@@ -93,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 1
     try:
         code = int(args.func(args) or 0)
+    except UsageError as exc:  # a value on the command line that is not allowed: a bad argument, as argparse's own
+        print(f"ctpipe {args.command}: error: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
     except CtpipeError as exc:
         print(f"ctpipe {args.command}: error: {exc}", file=sys.stderr)
     except OSError as exc:  # a file or folder the command reads or writes: named, with the system's reason
@@ -130,6 +133,9 @@ def _tolerant_console() -> None:
         if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
             stream.reconfigure(errors="backslashreplace")
 
+
+#: Exit status of a bad command line: argparse's own for a malformed one, and ours for a value that is not allowed.
+EXIT_USAGE = 2
 
 #: Exit status when whoever read the standard output closed it early (``| head``): 128 + SIGPIPE, as the shell's own.
 EXIT_STDOUT_CLOSED = 141

@@ -337,6 +337,11 @@ class ConfigError(CtpipeError, ValueError):
     """A configuration key or value is invalid."""
 
 
+class UsageError(CtpipeError, ValueError):
+    """A value given on the command line is not allowed (a flag's value, a ``--set`` item, flags that do not go
+    together): ``ctpipe`` exits with status 2, as for the values argparse itself refuses."""
+
+
 # --- synthetic phantoms (test and demo data) --------------------------------------------
 class PhantomError(CtpipeError, ValueError):
     """A phantom option is out of range, or the requested nodules do not fit in the lungs."""

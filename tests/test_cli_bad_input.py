@@ -74,9 +74,9 @@ def test_set_with_a_bad_yaml_value_or_unknown_option_names_the_set(tmp_path, cap
     (tmp_path / "empty").mkdir()
     for cmd in (["run", str(tmp_path / "empty")], ["listen", "--allow", "X"]):
         rc, err = _err(capsys, *cmd, "--out", str(tmp_path / "r"), "--set", "reconstruct.mesh_formats=[stl")
-        assert rc == 1 and "--set reconstruct.mesh_formats=[stl: the value '[stl' is not valid YAML" in err, cmd
+        assert rc == 2 and "--set reconstruct.mesh_formats=[stl: the value '[stl' is not valid YAML" in err, cmd
     rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "runner.wrkers=2")
-    assert rc == 1 and "--set runner.wrkers=2: unknown option 'runner.wrkers'" in err and "overrides" not in err
+    assert rc == 2 and "--set runner.wrkers=2: unknown option 'runner.wrkers'" in err and "overrides" not in err
     assert not (tmp_path / "r").exists()  # refused before the run folder is made
 
 
@@ -111,13 +111,13 @@ def test_a_bad_value_set_on_the_command_line_is_checked_once_and_names_the_set_i
     for cmd in (["run", str(tmp_path / "empty")], ["listen", "--allow", "X"]):
         checked.clear()
         rc, err = _err(capsys, *cmd, "--out", str(tmp_path / "r"), "--set", "runner.device=gpu0")
-        assert rc == 1 and "--set runner.device=gpu0: runner.device = 'gpu0' is not allowed" in err, cmd
+        assert rc == 2 and "--set runner.device=gpu0: runner.device = 'gpu0' is not allowed" in err, cmd
         assert err.count("gpu0") == 2 and "overrides" not in err  # reported once
         assert [c for c in checked if c[0] == "runner.device"] == [("runner.device", "--set runner.device=gpu0")], cmd
         rc, err = _err(capsys, *cmd, "--out", str(tmp_path / "r"), "--set", "runner.device=cpu", "--device", "gpu0")
-        assert rc == 1 and "--device: runner.device = 'gpu0' is not allowed" in err and "--set" not in err, cmd
+        assert rc == 2 and "--device: runner.device = 'gpu0' is not allowed" in err and "--set" not in err, cmd
     rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--set", "runnr.workers=2")
-    assert rc == 1 and "--set runnr.workers=2: unknown section 'runnr'" in err
+    assert rc == 2 and "--set runnr.workers=2: unknown section 'runnr'" in err
     assert not (tmp_path / "r").exists()  # refused before the run folder is made
 
 

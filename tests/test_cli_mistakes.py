@@ -52,11 +52,12 @@ def test_values_out_of_range_and_unknown_devices(tmp_path, capsys):
     with pytest.raises(SystemExit) as ei:  # was exit 1 and "--target-triangles 50 is too small", unlike the others
         main(["reconstruct", str(SAMPLE / "dicom"), "--out", out, "--target-triangles", "50"])
     assert ei.value.code == 2 and "argument --target-triangles: 50 is out of range (>= 100)" in capsys.readouterr().err
-    rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", out, "--device", "cdua")
-    assert rc == 1 and "--device: unknown device 'cdua'" in err
+    with pytest.raises(SystemExit) as ei:  # was exit 1, after the other options had been taken
+        main(["detect", str(SAMPLE / "dicom"), "--out", out, "--device", "cdua"])
+    assert ei.value.code == 2 and "argument --device: unknown device 'cdua'" in capsys.readouterr().err
     rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", out, "--case-id", "../../escape")
     assert (
-        rc == 1 and "'../../escape' is not a plain file name" in err and not (tmp_path.parent / "escape.findings.json").exists()
+        rc == 2 and "'../../escape' is not a plain file name" in err and not (tmp_path.parent / "escape.findings.json").exists()
     )
 
 
@@ -89,13 +90,13 @@ def test_reconstruct_refuses_junk_findings_and_no_organ_and_one_lung_is_not_the_
     )
     assert rc == 1 and "not a ctpipe findings JSON" in err
     rc, err = _err(capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--organs", " , ")
-    assert rc == 1 and "--organs: names no organ" in err
+    assert rc == 2 and "--organs: names no organ" in err
     rc, err = _err(capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--organs", "lung,heart")
-    assert rc == 1 and "--organs: unknown organ name(s) lung, heart" in err and "organs=[" not in err
+    assert rc == 2 and "--organs: unknown organ name(s) lung, heart" in err and "organs=[" not in err
     rc, err = _err(capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--formats", "stl,fbx")
-    assert rc == 1 and "--formats: unknown mesh format(s) ['fbx']" in err and "--formats stl,glb" in err
+    assert rc == 2 and "--formats: unknown mesh format(s) ['fbx']" in err and "--formats stl,glb" in err
     rc, err = _err(capsys, "reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r"), "--formats", ",")
-    assert rc == 1 and "--formats: names no mesh format" in err and not (tmp_path / "r").exists()
+    assert rc == 2 and "--formats: names no mesh format" in err and not (tmp_path / "r").exists()
     argv = ["reconstruct", str(SAMPLE / "dicom"), "--out", str(tmp_path / "r1"), "--no-render", "--no-dicom"]
     assert main([*argv, "--organs", "lung_left , lung_right", "--formats", "stl, glb"]) == 0  # spaces around the names
     assert "lungs total" in capsys.readouterr().out
@@ -125,7 +126,7 @@ def test_send_and_listen_refuse_what_is_not_theirs(tmp_path, capsys):
     rc, err = _err(capsys, "send", str(SAMPLE), "--to", "dimse://PACS@127.0.0.1:1")
     assert rc == 1 and "not a ctpipe run folder" in err and not (SAMPLE / "pacs").exists()
     rc, err = _err(capsys, "listen", "--out", str(tmp_path / "l"), "--allow", "X", "--ae-title", "THIS_TITLE_IS_WAY_TOO_LONG")
-    assert rc == 1 and "pacs.ae_title = 'THIS_TITLE_IS_WAY_TOO_LONG': AE title 'THIS_TITLE_IS_WAY_TOO_LONG' is not valid" in err
+    assert rc == 2 and "pacs.ae_title = 'THIS_TITLE_IS_WAY_TOO_LONG': AE title 'THIS_TITLE_IS_WAY_TOO_LONG' is not valid" in err
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

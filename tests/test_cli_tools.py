@@ -60,14 +60,14 @@ def test_phantom_option_errors_name_the_command_once(tmp_path, capsys):
             "Fix: with --enhanced use only --quirk shuffled_names, localizer, second_series, or drop --enhanced",
         ),
     ):
-        assert main(["phantom", str(tmp_path), *argv]) == 1, argv
+        assert main(["phantom", str(tmp_path), *argv]) == 2, argv  # flags that do not go together: a bad argument
         err = capsys.readouterr().err
         assert err.startswith(expected) and err.count("ctpipe phantom") == 1, err
     assert not any(tmp_path.iterdir())
 
 
 def test_phantom_nodule_diameters_in_the_wrong_order(tmp_path, capsys):
-    assert main(["phantom", str(tmp_path), "--seed", "1", "--count", "2", "--nodule-diameter", "30", "3"]) == 1
+    assert main(["phantom", str(tmp_path), "--seed", "1", "--count", "2", "--nodule-diameter", "30", "3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "minimum is larger than the maximum" in err and "--nodule-diameter 3 30" in err
 

@@ -48,7 +48,7 @@ def test_a_bad_send_to_stops_ctpipe_run_before_any_retrieval(tmp_path, capsys):
         ["run", "dimse://PACS@127.0.0.1:1?accession=A1", "--out", str(tmp_path / "r"), "--set", "pacs.send_to=dimse://h:104"]
     )
     err = capsys.readouterr().err
-    assert rc == 1 and "pacs.send_to = 'dimse://h:104'" in err and "names no AE title" in err
+    assert rc == 2 and "pacs.send_to = 'dimse://h:104'" in err and "names no AE title" in err
     assert not (tmp_path / "r" / "pacs").exists()
 
 

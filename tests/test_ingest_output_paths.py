@@ -25,7 +25,7 @@ def test_ingest_json_that_is_a_folder_is_refused_before_any_work(tmp_path, capsy
     assert rc == 1 and f"{folder}: --json: this is a folder, not a file. Fix: give --json a file path" in err
     assert ".tmp" not in err and not cache.exists() and list(folder.iterdir()) == []
     rc, err = _err(capsys, "ingest", str(SAMPLE / "dicom"), "--out", str(cache), "--json", str(cache))
-    assert rc == 1 and "--json names the --out cache folder" in err and not cache.exists()
+    assert rc == 2 and "--json names the --out cache folder" in err and not cache.exists()
     report = tmp_path / "new" / "ingest.json"
     rc, _ = _err(capsys, "ingest", str(SAMPLE / "dicom"), "--out", str(cache), "--json", str(report))
     assert rc == 0 and report.is_file()

@@ -561,7 +561,7 @@ def test_cli_scenario_and_realistic(tmp_path, capsys):
     assert main(["phantom", str(tmp_path), "--scenario", "prone", "--seed-offset", "2000", *small]) == 0
     gt = load_ground_truth(tmp_path / f"phantom_{seed + 2000:05d}")
     assert gt["truth"]["scenario"] == "prone" and gt["patient_position"] == "HFP"
-    assert main(["phantom", str(tmp_path), "--seed", "3", "--seed-offset", "2000", *small]) == 1
+    assert main(["phantom", str(tmp_path), "--seed", "3", "--seed-offset", "2000", *small]) == 2
     assert "--seed-offset" in capsys.readouterr().err
     assert main(["phantom", str(tmp_path), "--seed", "40", "--count", "2", "--realistic", *small]) == 0
     for s in (40, 41):
@@ -576,14 +576,14 @@ def test_cli_scenario_and_realistic(tmp_path, capsys):
     conf = Confounders.from_json(load_ground_truth(fine / "phantom_00042")["options"]["confounders"])
     assert conf == dataclasses.replace(realistic_confounders(42), fine_vessels=True, bronchovascular=True)
     capsys.readouterr()
-    assert main(["phantom", str(fine), "--seed", "41", "--fine-vessels", *small]) == 1
+    assert main(["phantom", str(fine), "--seed", "41", "--fine-vessels", *small]) == 2
     err = capsys.readouterr().err
     assert "--fine-vessels" in err and "--realistic" in err and not (fine / "phantom_00041").exists()
-    assert main(["phantom", str(fine), "--seed", "41", "--bronchovascular", *small]) == 1
+    assert main(["phantom", str(fine), "--seed", "41", "--bronchovascular", *small]) == 2
     assert "--bronchovascular" in capsys.readouterr().err
-    assert main(["phantom", str(tmp_path), *small]) == 1
+    assert main(["phantom", str(tmp_path), *small]) == 2
     assert "--seed" in capsys.readouterr().err
-    assert main(["phantom", str(tmp_path), "--scenario", "all", "--seed", "3", *small]) == 1
+    assert main(["phantom", str(tmp_path), "--scenario", "all", "--seed", "3", *small]) == 2
 
 
 def test_trachea_in_scan_needs_one_connected_airway_not_scattered_bronchi():

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import number_in
+from ..argtypes import device_name, number_in
 from ..dicom_out.kinds import add_dicom_options
 from .evaluate import READINGS
 
@@ -54,14 +54,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model's operating point, or --score-threshold), and <case>_sr.dcm (a TID 1500 DICOM SR, for a DICOM source, "
         "each finding with its lung side from the lung segmentation of ctpipe reconstruct and ctpipe run); "
         "positions in DICOM patient coordinates (LPS, mm), slices by InstanceNumber. Exit status 0 done, 1 an unreadable "
-        "source or model, a --device or --case-id it cannot use, or a file that could not be written, 2 bad "
-        "arguments (an unknown option, a value out of its range).",
+        "source or model, a GPU torch does not see, or a file that could not be written, 2 bad "
+        "arguments (an unknown option, a value not allowed: out of its range, an unknown --device, a --case-id "
+        "that is not a plain file name).",
     )
     p.add_argument("src", type=Path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--bundle", type=Path, default=None, help="MONAI detection bundle folder (default: the embedded demo model)")
     p.add_argument("--no-lung-crop", action="store_true", help="search the whole volume, not only the lungs")
-    p.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default auto: cuda when available, else cpu)")
+    p.add_argument(
+        "--device", type=device_name, default=None, help="auto, cpu, cuda or cuda:N (default auto: cuda when available, else cpu)"
+    )
     p.add_argument(
         "--fp32",
         action="store_true",
@@ -272,10 +275,10 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
 def _check_case_id(case_id: str) -> None:
     """Refuse a ``--case-id`` that would name a file outside ``--out`` (a path, or a name starting with a dot)."""
     from ..cache import is_plain_file_name
-    from ..errors import CtpipeError
+    from ..errors import UsageError
 
     if not is_plain_file_name(case_id):
-        raise CtpipeError(
+        raise UsageError(
             f"{case_id!r} is not a plain file name",
             where="--case-id",
             fix="use letters, digits, '.', '_' and '-' (not first '.'); the outputs go to --out",

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..argtypes import number_in
 from ..atomic import atomic_write_bytes, check_out_outside_sources, ensure_dir, ensure_file_path
 from ..cache import CaseCache
-from ..errors import CtpipeError
+from ..errors import UsageError
 from .api import explain_nothing, ingest_to_cache, safe_case_id
 from .series import SelectionRules
 
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     check_out_outside_sources(args.sources, args.out, beside="cache")  # else the next scan reads the cache back
     if args.json is not None and not json_to_stdout:  # refused before the scan and the cache writes, not at the end
         if args.json.resolve() == args.out.resolve():
-            raise CtpipeError(
+            raise UsageError(
                 "--json names the --out cache folder", where=args.json, fix="give --json a file path, e.g. ingest.json"
             )
         ensure_file_path(args.json, what="--json")

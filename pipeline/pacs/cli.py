@@ -52,7 +52,8 @@ def register(sub: Any) -> None:
         "series handed to the runner (done, with its case, or quarantined, with the reason). Exit status 0 stopped by "
         "SIGTERM (systemctl stop), SIGHUP or Ctrl-C (series received and not yet processed are processed on the next "
         "start; a second signal while it stops is noted, a third stops it at once), "
-        "1 a bad option or an address or port it cannot listen on, 2 bad arguments.",
+        "1 a bad configuration (--config, CTPIPE_* variables) or an address or port it cannot listen on, 2 bad "
+        "arguments (an unknown option, a value not allowed: --ae-title, --send-to, --device, a --set item).",
     )
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused on restart)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml, section pacs)")
@@ -89,7 +90,8 @@ def register(sub: Any) -> None:
         description="Send every result file of RUN_DIR's completed cases not yet sent to the destination "
         "(STOW-RS or C-STORE), retrying with backoff; what was sent is recorded and never sent twice. "
         "Exit status 0 all sent, 3 some pending or failed (each named, with what to do), 1 RUN_DIR is not a run "
-        "folder or no destination is given (--to, pacs.send_to), 2 bad arguments.",
+        "folder or no destination is given (--to, pacs.send_to), 2 bad arguments (an unknown option, a value not "
+        "allowed: a --to address, a --set item).",
     )
     s.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctpipe run --out or ctpipe listen --out")
     s.add_argument(
@@ -118,22 +120,20 @@ LISTEN_DEFAULTS: dict[str, Any] = {"workers": 0}
 def _config(args: argparse.Namespace, flags: dict[str, tuple[str, Any]], *, defaults_of: dict[str, Any] | None = None) -> Any:
     """The configuration of --config, the environment, --set and ``flags`` (option name → (flag, value); None: not
     given); an error in an option set on the command line names its --set item or flag."""
-    from ..config import load_config
-    from ..runner.cli import cli_overrides
+    from ..runner.cli import cli_overrides, load_cli_config
 
     overrides, labels = cli_overrides(getattr(args, "set", []) or [], flags)
-    return load_config(getattr(args, "config", None), overrides=overrides, override_sources=labels, defaults_of=defaults_of)
+    return load_cli_config(getattr(args, "config", None), overrides, labels, defaults_of=defaults_of)
 
 
 def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namespace], int]) -> int:
     from .address import is_pacs_address
 
     pacs_sources = [s for s in args.sources if is_pacs_address(s)]
-    from ..config import load_config
-    from ..runner.cli import run_overrides
+    from ..runner.cli import load_cli_config, run_overrides
 
     overrides, labels = run_overrides(args)  # the same configuration as the run it wraps
-    cfg = load_config(args.config, overrides=overrides, override_sources=labels)
+    cfg = load_cli_config(args.config, overrides, labels)
     if not pacs_sources and not cfg.pacs.send_to:
         return original(args)
     from .fetch import fetch_sources, release_spool
@@ -226,15 +226,21 @@ def print_series_outcome(outcome: SeriesOutcome) -> None:
 
 
 def _send(args: argparse.Namespace) -> int:
-    from ..errors import CtpipeError
+    from ..errors import CtpipeError, PacsAddressError, UsageError
     from ..runner.store import DB_NAME
+    from .address import parse_destination
     from .sender import ResultSender
 
+    if args.to is not None:  # a bad address is a bad argument, refused before the run folder is looked at
+        try:
+            parse_destination(args.to, where="--to")
+        except PacsAddressError as exc:
+            raise UsageError(exc.problem, where=exc.where, fix=exc.fix) from exc
+    cfg = _config(args, {})  # a bad --set is a bad argument, refused before the run folder is looked at
     if not (Path(args.run_dir) / DB_NAME).is_file():
         raise CtpipeError(
             f"not a ctpipe run folder (no {DB_NAME})", where=args.run_dir, fix="pass the --out folder of a ctpipe run"
         )
-    cfg = _config(args, {})
     sender = ResultSender(args.run_dir, cfg, destination=args.to)
     if args.retry_failed:
         sender.retry_failed()

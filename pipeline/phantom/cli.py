@@ -151,27 +151,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
     """(seed, confounders or None, patient position, scenario name or None) of each case to write."""
-    from ..errors import DicomWriteError, PhantomError
+    from ..errors import UsageError
     from .confounders import realistic_confounders, scenarios_at
 
     if args.count < 1:
-        raise DicomWriteError(f"--count must be at least 1, got {args.count}", fix="pass --count 1 or more")
+        raise UsageError(f"--count must be at least 1, got {args.count}", fix="pass --count 1 or more")
     lo, hi = args.nodule_diameter
     if lo > hi:
-        raise PhantomError(
+        raise UsageError(
             f"--nodule-diameter {lo:g} {hi:g}: the minimum is larger than the maximum",
             fix=f"give MIN then MAX, e.g. --nodule-diameter {hi:g} {lo:g}",
         )
     position = args.patient_position
     scenarios = scenarios_at(args.seed_offset)
     if args.seed_offset and (args.scenario is None or args.seed is not None):
-        raise PhantomError(
+        raise UsageError(
             "--seed-offset moves the scenarios' own seeds",
             fix="use it with --scenario and without --seed",
         )
     if args.scenario == "all":
         if args.seed is not None or args.count != 1:
-            raise PhantomError(
+            raise UsageError(
                 "--scenario all uses each scenario's own seed",
                 where="--seed/--count",
                 fix="drop --seed and --count, or name one scenario",
@@ -181,12 +181,12 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
     if args.scenario is not None:
         sc = scenarios[args.scenario]
         if args.seed is None and args.count != 1:
-            raise PhantomError("--count needs --seed with a scenario", fix="pass --seed too")
+            raise UsageError("--count needs --seed with a scenario", fix="pass --seed too")
         _check_seeds(args, [sc.seed])
         seeds = [sc.seed] if args.seed is None else list(range(args.seed, args.seed + args.count))
         return [(seed, sc.confounders, position or sc.patient_position, args.scenario) for seed in seeds]
     if args.seed is None:
-        raise PhantomError("--seed is required without --scenario", fix="pass --seed N")
+        raise UsageError("--seed is required without --scenario", fix="pass --seed N")
     _check_seeds(args, [])
     seeds = list(range(args.seed, args.seed + args.count))
     return [(seed, realistic_confounders(seed) if args.realistic else None, position or "HFS", None) for seed in seeds]
@@ -195,12 +195,12 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
 def _check_enhanced_quirks(args: argparse.Namespace) -> None:
     """Refuse, before any case is generated, --quirk values that one --enhanced multi-frame file cannot hold (the
     writer would refuse each case in turn, after generating it)."""
-    from ..errors import PhantomError
+    from ..errors import UsageError
     from .dicom_quirks import ENHANCED_QUIRKS
 
     bad = [q for q in args.quirks or () if q not in ENHANCED_QUIRKS]
     if args.enhanced and bad:
-        raise PhantomError(
+        raise UsageError(
             f"--quirk {', '.join(bad)} cannot be written into the one multi-frame file of --enhanced",
             fix=f"with --enhanced use only --quirk {', '.join(ENHANCED_QUIRKS)}, or drop --enhanced",
         )
@@ -210,19 +210,19 @@ def _check_seeds(args: argparse.Namespace, scenario_seeds: list[int]) -> None:
     """Refuse cases whose seeds would leave 0.._SEED_MAX (numpy takes no negative seed): with --seed, the last one,
     --seed + --count - 1 (argparse keeps --seed itself in range); without, the scenarios' ``scenario_seeds``, moved by
     --seed-offset."""
-    from ..errors import PhantomError
+    from ..errors import UsageError
 
     if args.seed is not None:
         last = args.seed + args.count - 1
         if last > _SEED_MAX:
-            raise PhantomError(
+            raise UsageError(
                 f"--seed {args.seed} --count {args.count} runs up to seed {last}, above the largest seed {_SEED_MAX}",
                 fix=f"pass --count {_SEED_MAX - args.seed + 1} or less, or a smaller --seed",
             )
         return
     lo, hi = min(scenario_seeds), max(scenario_seeds)
     if lo < 0 or hi > _SEED_MAX:
-        raise PhantomError(
+        raise UsageError(
             f"--seed-offset {args.seed_offset} moves the scenario seeds to {lo}..{hi}, outside 0..{_SEED_MAX}",
             fix=f"use a --seed-offset of {args.seed_offset - lo} or more"
             if lo < 0
@@ -254,7 +254,7 @@ def _clear_earlier_case(case_dir: Path) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Generate and write the cases; print where each went. A failing case is reported and the others go on."""
-    from ..errors import CtpipeError, PhantomError
+    from ..errors import CtpipeError, UsageError
     from . import generate_phantom
     from .dicom_writer import write_phantom_case
 
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     if extra:
         if any(conf is None for _, conf, _, _ in cases):
             flags = " ".join("--" + name.replace("_", "-") for name in extra)
-            raise PhantomError(
+            raise UsageError(
                 f"{flags} adds to the confounders of real scans, and a plain phantom has none",
                 fix="add --realistic or --scenario NAME",
             )

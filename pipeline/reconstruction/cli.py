@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import number_in
+from ..argtypes import device_name, number_in
 from ..dicom_out.kinds import add_dicom_options
-from ..errors import CtpipeError, DicomOutputError
+from ..errors import CtpipeError, DicomOutputError, UsageError
 from .organs import ORGANS
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "--findings nodule masks) and <stem>_sr.dcm (TID 1500: measurements, quality flags and the --findings; "
             "--dicom chooses). It prints each organ's volume and, per --findings finding, its nodule's lung, centre "
             "(LPS mm), diameter, long axis and volume, or why it was not segmented. Exit status 0 done, 1 a bad source "
-            "or option, no mesh made, or DICOM results not "
-            "written (the other files are kept), 2 bad arguments."
+            "or findings file, no mesh made, or DICOM results not "
+            "written (the other files are kept), 2 bad arguments (an unknown option, a value not allowed: an unknown "
+            "--formats, --organs or --device, a number out of its range)."
         ),
     )
     p.add_argument(
@@ -71,7 +72,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="at most this many triangles per organ, at least 100 (default: the full-resolution surface)",
     )
-    p.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default auto: cuda when present, else cpu)")
+    p.add_argument(
+        "--device", type=device_name, default=None, help="auto, cpu, cuda or cuda:N (default auto: cuda when present, else cpu)"
+    )
     p.add_argument("--no-render", action="store_true", help="skip the PNG renderings")
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
     add_dicom_options(p, default="sr,seg")
@@ -94,18 +97,16 @@ def run(args: argparse.Namespace) -> int:
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
         check_formats(formats)
-    except CtpipeError as exc:  # named by the flag, not by the library's keyword
-        raise CtpipeError(
-            exc.problem, where="--formats", fix=f"choose from {','.join(FORMATS)}, e.g. --formats stl,glb"
-        ) from None
+    except CtpipeError as exc:  # named by the flag, not by the library's keyword: a bad argument
+        raise UsageError(exc.problem, where="--formats", fix=f"choose from {','.join(FORMATS)}, e.g. --formats stl,glb") from None
     if not formats:
-        raise CtpipeError("names no mesh format", where="--formats", fix=f"choose from {','.join(FORMATS)}")
+        raise UsageError("names no mesh format", where="--formats", fix=f"choose from {','.join(FORMATS)}")
     organs = [o.strip() for o in args.organs.split(",") if o.strip()]
     if not organs:
-        raise CtpipeError("names no organ", where="--organs", fix=f"choose from {','.join(ORGANS)}")
+        raise UsageError("names no organ", where="--organs", fix=f"choose from {','.join(ORGANS)}")
     unknown = [o for o in organs if o not in ORGANS]
     if unknown and args.seg_bundle is None:
-        raise CtpipeError(
+        raise UsageError(
             f"unknown organ name(s) {', '.join(unknown)}",
             where="--organs",
             fix=f"choose from {','.join(ORGANS)} (other organs need a segmentation bundle, --seg-bundle)",

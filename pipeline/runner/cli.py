@@ -43,10 +43,11 @@ def register(sub: Any) -> None:
         "where the run folder keeps a folder) or a source folder went away during the run (a network mount that "
         "dropped): the run stopped early or could not start, nothing is lost, and the "
         "same command finishes the rest once it can write and read, 1 the run "
-        "could not proceed (bad source or configuration, RUN_DIR inside a source folder, a model that cannot load, "
+        "could not proceed (bad source, a bad --config file or CTPIPE_* variable, RUN_DIR inside a source folder, a model that cannot load, "
         "another run using RUN_DIR, Ray actors that cannot be placed within runner.ray_timeout_s, an option that shapes results (detector threshold or model, organs, DICOM "
         "results, ...) other than the one RUN_DIR's completed cases were made with: a new RUN_DIR for new options), "
-        "2 bad command-line arguments, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the same command resumes), 141 the "
+        "2 bad command-line arguments (an unknown option, a missing value, a value not allowed: --device foo, a "
+        "--set item whose option or value is not allowed), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the same command resumes), 141 the "
         "reader of its output closed it early (| head). "
         "A run that finds no CT series in its sources says so and exits 0; so does one that leaves a series for the "
         "next run because more of it arrived in the source while it ran (nothing of it is published; the summary "
@@ -159,7 +160,7 @@ def set_item(text: str) -> str:
     """An argparse ``type`` for ``--set``: ``text`` when it has the form ``SECTION.KEY=VALUE`` with a value, else
     an :class:`argparse.ArgumentTypeError` naming the item, what is wrong and the form, so that a malformed item is a
     bad argument (exit status 2) as any other. The value (YAML) and the option's name are checked by
-    :func:`_parse_set` and :func:`~pipeline.config.load_config`."""
+    :func:`_parse_set` and :func:`load_cli_config`, bad arguments too."""
     from ..pacs.address import redact
 
     key, sep, value = text.partition("=")
@@ -184,7 +185,7 @@ def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     import yaml
 
     from ..config import NULL
-    from ..errors import ConfigError
+    from ..errors import UsageError
     from ..pacs.address import redact
 
     out: dict[str, Any] = {}
@@ -193,15 +194,15 @@ def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
         item = redact(raw)  # as errors and the run record show it: never a password typed into an address
         key, sep, value = raw.partition("=")
         if not sep or "." not in key:
-            raise ConfigError(f"{item!r} is not SECTION.KEY=VALUE", where="--set", fix="e.g. --set runner.workers=4")
+            raise UsageError(f"{item!r} is not SECTION.KEY=VALUE", where="--set", fix="e.g. --set runner.workers=4")
         if not value.strip():
-            raise ConfigError(
+            raise UsageError(
                 f"{item!r} gives no value", where="--set", fix=f"write the value after '=', or {key.strip()}=null for none"
             )
         try:
             parsed = yaml.safe_load(value)
         except yaml.YAMLError as exc:
-            raise ConfigError(
+            raise UsageError(
                 f"the value {redact(value)!r} is not valid YAML ({type(exc).__name__})",
                 where=f"--set {item}",
                 fix="write the value as YAML, brackets closed and quotes paired, e.g. --set 'reconstruct.mesh_formats=[stl, glb]'",
@@ -221,6 +222,24 @@ def cli_overrides(set_items: list[str], flags: Mapping[str, tuple[str, Any]]) ->
             overrides[name] = value
             labels[name] = flag
     return overrides, labels
+
+
+def load_cli_config(
+    path: str | None, overrides: Mapping[str, Any], labels: Mapping[str, str], *, defaults_of: Mapping[str, Any] | None = None
+) -> Any:
+    """:func:`~pipeline.config.load_config` of a command line (``--config`` file ``path``, the ``overrides`` and
+    ``labels`` of :func:`cli_overrides`): an option given on the command line whose name or value is not allowed
+    (a ``--set`` item, a flag such as ``--device``) is a :class:`~pipeline.errors.UsageError` (exit status 2) naming
+    it; one of the file or the environment stays a :class:`~pipeline.errors.ConfigError` (exit status 1)."""
+    from ..config import load_config
+    from ..errors import ConfigError, UsageError
+
+    try:
+        return load_config(path, overrides=overrides, override_sources=labels, defaults_of=defaults_of)
+    except ConfigError as exc:
+        if exc.where is not None and exc.where in set(labels.values()):
+            raise UsageError(exc.problem, where=exc.where, fix=exc.fix) from exc
+        raise
 
 
 def run_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
@@ -292,7 +311,6 @@ def stop_once(out: str, *, note: str | None = None) -> dict[int, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..config import load_config
     from ..errors import RunEnvironmentError
     from .batch import EXIT_ENVIRONMENT, EXIT_INTERRUPTED, run_batch
     from .discover import check_sources
@@ -305,7 +323,7 @@ def _run(args: argparse.Namespace) -> int:
         from ..errors import CtpipeError
 
         raise CtpipeError("--out is a file, not a run folder", where=args.out, fix="give --out a folder (created if missing)")
-    cfg = load_config(args.config, overrides=overrides, override_sources=labels)  # errors name the --set item or flag
+    cfg = load_cli_config(args.config, overrides, labels)  # errors name the --set item or flag
     check_sources(args.sources)  # here, for the errors in the command's terms; run_batch's name the Python calls
     bar: TqdmBar | None = None
 
