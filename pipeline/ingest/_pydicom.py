@@ -55,6 +55,24 @@ def through_pixel_data(path: Path, end: int | None) -> Path | io.BytesIO:
         return io.BytesIO(fh.read(end))
 
 
+def read_dataset(source: Path | io.BytesIO, **options: Any) -> Any:
+    """pydicom's data set of ``source`` (a file, or its bytes through the pixel data), ``options`` passed to
+    ``pydicom.dcmread``. A file without preamble and file meta information is read too (``force``): pydicom tells
+    its encoding from the first element (implicit or explicit VR, little or big endian), and that encoding is set
+    as its ``file_meta.TransferSyntaxUID``, so that its pixel data decode in the byte order they were written in
+    (an Explicit VR Big Endian file of an old archive; without it pydicom refuses to decode them)."""
+    import pydicom
+    from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian, ImplicitVRLittleEndian
+
+    ds = pydicom.dcmread(source, force=True, **options)
+    if "TransferSyntaxUID" not in ds.file_meta:
+        implicit, little = getattr(ds, "original_encoding", (None, None))
+        if implicit is not None and little is not None:
+            guessed = ImplicitVRLittleEndian if implicit else ExplicitVRLittleEndian if little else ExplicitVRBigEndian
+            ds.file_meta.TransferSyntaxUID = guessed
+    return ds
+
+
 def stored_text(path: Path, tag: int) -> str | None:
     """The text of element ``tag`` of the file as stored (for a message about a value that could not be read), or
     None when the file lacks the element or cannot be read."""

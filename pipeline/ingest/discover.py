@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal, overload
 
 from ..errors import CtpipeError, NotDicomError, TruncatedFileError, UnreadableFileError, missing_path_fix
-from ._pydicom import PYDICOM_ERRORS
+from ._pydicom import PYDICOM_ERRORS, read_dataset
 from .headers import CT_SOPS, ENHANCED_CT_SOP, LEGACY_ENHANCED_CT_SOP, SliceHeader
 from .image import archive_kind, image_suffix, unpack_fix
 from .multiframe import read_frames
@@ -214,13 +214,12 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
 def _pydicom_header(path: Path) -> SliceHeader:
     """Header of a big-endian or deflated file through pydicom (pixel data left unread)."""
     # lazy on purpose: pydicom is slow to import and only these rare transfer syntaxes need it here
-    import pydicom
     from pydicom.errors import InvalidDicomError
 
     st = path.stat()
     raw = RawHeader(file_size=st.st_size, file_mtime_ns=st.st_mtime_ns)
     try:
-        ds = pydicom.dcmread(path, defer_size=256)
+        ds = read_dataset(path, defer_size=256)  # a big-endian file without file meta information too
         big_endian = str(ds.file_meta.get("TransferSyntaxUID", "")) == EXPLICIT_BE
         for kw, kind in WANTED.values():
             source = ds.file_meta if kw in ds.file_meta else ds

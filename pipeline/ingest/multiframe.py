@@ -23,7 +23,7 @@ from ..errors import (
     SeriesGeometryError,
     TruncatedFileError,
 )
-from ._pydicom import PYDICOM_ERRORS, check_decoder, decode_pixels, through_pixel_data
+from ._pydicom import PYDICOM_ERRORS, check_decoder, decode_pixels, read_dataset, through_pixel_data
 from .codestream import FrameShape, check_decoded_size, check_encapsulated_pixels
 
 log = logging.getLogger(__name__)
@@ -57,11 +57,10 @@ def _macro(item: Any, shared: Any, seq: str) -> Any | None:
 
 def read_frames(path: Path, ds: Any | None = None) -> list[FrameInfo]:
     """Per-frame geometry and rescale of an enhanced CT file (header only when ``ds`` is None)."""
-    import pydicom  # lazy on purpose: slow to import (see pipeline.ingest._pydicom)
 
     try:
         if ds is None:
-            ds = pydicom.dcmread(path, stop_before_pixels=True)
+            ds = read_dataset(path, stop_before_pixels=True)
         return _frames(Path(path), ds)
     except PYDICOM_ERRORS as exc:
         raise CorruptHeaderError(
@@ -144,11 +143,10 @@ def read_frame_pixels(
 ) -> np.ndarray:
     """Stored values of every frame, ``[frame, row, column]``; ``pixel_end``: where compressed pixel data end when
     bytes follow them (:attr:`~pipeline.ingest.headers.SliceHeader.pixel_end`; those bytes are left out)."""
-    import pydicom  # lazy on purpose: slow to import (see pipeline.ingest._pydicom)
 
     check_decoder(transfer_syntax, path)
     try:
-        ds = pydicom.dcmread(through_pixel_data(path, pixel_end))
+        ds = read_dataset(through_pixel_data(path, pixel_end))
     except PYDICOM_ERRORS as exc:
         raise TruncatedFileError(
             f"the file cannot be read ({exc})", where=path, fix="copy the file again from the archive/PACS"

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import MissingPixelDataError, TruncatedFileError, UnreadableFileError
-from ._pydicom import NATIVE_SYNTAXES, PYDICOM_ERRORS, check_decoder, decode_pixels, through_pixel_data
+from ._pydicom import NATIVE_SYNTAXES, PYDICOM_ERRORS, check_decoder, decode_pixels, read_dataset, through_pixel_data
 from .codestream import FrameShape, check_decoded_size, check_encapsulated_pixels
 from .discover import os_reason
 from .headers import SliceHeader
@@ -73,11 +73,10 @@ def _read_native(h: SliceHeader, out: np.ndarray) -> None:
 
 
 def _read_pydicom(h: SliceHeader, out: np.ndarray, frame_count: int = 1) -> None:
-    import pydicom  # lazy on purpose: slow to import, needed only for compressed or big-endian files
 
     check_decoder(h.transfer_syntax, h.path)
     try:
-        ds = pydicom.dcmread(through_pixel_data(h.path, h.pixel_end))
+        ds = read_dataset(through_pixel_data(h.path, h.pixel_end))
     except OSError as exc:
         raise _unreadable(h, exc) from exc
     except PYDICOM_ERRORS as exc:

@@ -213,12 +213,19 @@ def decode_text(text: str, charset: str | None) -> str:
 def dicom_data_start(head: bytes) -> int | None:
     """Where the DICOM content of a file whose first bytes are ``head`` (132 or more) begins: 132, after the preamble
     and its 'DICM' marker; 0 for a bare data set without them (old ACR-NEMA style files, first tag in group 0002 or
-    0008); ``None`` when the file is not DICOM."""
+    0008, little endian or, explicit VR, big endian); ``None`` when the file is not DICOM."""
     if len(head) >= 132 and head[128:132] == b"DICM":
         return 132
-    if len(head) >= 8 and head[0:2] in (b"\x02\x00", b"\x08\x00"):
+    if len(head) >= 8 and (head[0:2] in (b"\x02\x00", b"\x08\x00") or bare_big_endian(head)):
         return 0
     return None
+
+
+def bare_big_endian(head: bytes) -> bool:
+    """Whether ``head``, the first bytes of a file, begins a data set in Explicit VR Big Endian without preamble
+    and file meta information: the first tag's group 0002 or 0008 written big endian, then a VR (two capital
+    letters). Such files (retired transfer syntax, old archives) carry no TransferSyntaxUID to say so."""
+    return len(head) >= 8 and head[0:2] in (b"\x00\x02", b"\x00\x08") and head[4:6].isalpha() and head[4:6].isupper()
 
 
 def read_raw_header(path: str | os.PathLike[str]) -> RawHeader:
@@ -239,6 +246,9 @@ def read_raw_header(path: str | os.PathLike[str]) -> RawHeader:
         st = _Stream(fh, size, first)
         pos = _read_meta(st, pos, out)
         ts = str(out.values.get("TransferSyntaxUID") or "")
+        if not ts and start == 0 and bare_big_endian(first):  # pydicom reads it; a header cut short is said here
+            _check_big_endian_elements(st, size)
+            raise RawHeaderUnsupported(EXPLICIT_BE)
         if ts in (DEFLATED_LE, EXPLICIT_BE):
             raise RawHeaderUnsupported(ts)
         explicit = ts != IMPLICIT_LE
@@ -247,6 +257,30 @@ def read_raw_header(path: str | os.PathLike[str]) -> RawHeader:
             explicit = probe[4:6].isalpha() and probe[4:6].isupper()
         _walk(st, pos, size, explicit, out)
         return out
+
+
+def _check_big_endian_elements(st: _Stream, size: int) -> None:
+    """Raise :class:`RawHeaderError` (``truncated``) when the top-level elements of a bare Explicit VR Big Endian
+    data set (:func:`bare_big_endian`) run past the end of the file before the pixel data: pydicom, which reads such
+    a file without its file meta information, would keep the values cut short (a SeriesInstanceUID missing its
+    last digits) and leave out the rest, without a word. An undefined-length sequence ends the check."""
+    pos = 0
+    while pos < size:
+        head = st.get(pos, 8)  # raises when the file ends inside the tag, VR and length
+        group, elem = struct.unpack_from(">HH", head)
+        if head[4:6] in _LONG_VRS:
+            length, start = struct.unpack_from(">I", st.get(pos + 8, 4))[0], pos + 12
+        else:
+            length, start = struct.unpack_from(">H", head, 6)[0], pos + 8
+        if length == 0xFFFFFFFF or (group << 16) | elem == PIXEL_DATA:  # pixel data cut short: said when read
+            return
+        if start + length > size:
+            raise RawHeaderError(
+                "truncated",
+                f"file ends at byte {size}, inside element ({group:04X},{elem:04X}), whose {length} bytes start at "
+                f"byte {start} (Explicit VR Big Endian)",
+            )
+        pos = start + length
 
 
 def _read_meta(st: _Stream, pos: int, out: RawHeader) -> int:
