@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .config_schema import ALIASES, SCHEMA, Option, defaults
-from .errors import ConfigError, PacsAddressError, missing_path_fix
+from .errors import ConfigError, PacsAddressError, missing_path_fix, require_path
 from .pacs.address import check_aet, parse_destination, redact
 
 #: A decimal number in exponent notation without YAML 1.1's dot and sign (``1e3``, ``2E-2``, ``1.5e3``): YAML 1.2 and
@@ -311,7 +311,13 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse a YAML config file (not yet validated; :func:`load_config` validates)."""
     import yaml
 
-    p = Path(path)
+    p = require_path(
+        path,
+        where="config",
+        error=ConfigError,
+        what="a YAML config file",
+        fix="pass the path of a YAML file (see configs/default.yaml), a Config of load_config(), or None for the defaults",
+    )
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import pipeline as ctp
+from pipeline.config import load_config
 from pipeline.detection import detect
-from pipeline.errors import CacheError, CtpipeError, DicomError, DicomWriteError, LoaderError, RunStoreError
+from pipeline.errors import CacheError, ConfigError, CtpipeError, DicomError, DicomWriteError, LoaderError, RunStoreError
 from pipeline.ingest import load_series
 from pipeline.reconstruction import reconstruct
 from pipeline.volume import CTVolume, Geometry
@@ -141,8 +142,24 @@ def test_detect_names_a_score_threshold_that_is_not_a_probability_before_loading
         ),
         (lambda: ctp.scan_directory(5), DicomError, "path: must be a folder or file, or a list of them"),
         (lambda: ctp.scan_directory(["a", 3]), DicomError, "path: must be a folder or file (a str"),
+        # were: TypeError: 'int' object is not iterable / expected str, bytes or os.PathLike object, not int
+        (lambda: ctp.run_batch(5, out="r"), ConfigError, "sources: must be a folder or file, or a list of them (a str"),
+        (lambda: ctp.run_batch(["a", 5], out="r"), ConfigError, "sources: must be a folder or file (a str"),
+        (lambda: ctp.run_batch(["a"], out=5), ConfigError, "out: must be the run folder (a str or a pathlib.Path), got int 5"),
+        (lambda: ctp.run_batch(["a"], out="r", config=5), ConfigError, "config: must be a YAML config file"),
+        (lambda: load_config(5), ConfigError, "config: must be a YAML config file (a str or a pathlib.Path), got int 5"),
     ],
-    ids=["CaseCache", "open_run", "scan_directory", "scan_directory list"],
+    ids=[
+        "CaseCache",
+        "open_run",
+        "scan_directory",
+        "scan_directory list",
+        "run_batch sources",
+        "run_batch source list",
+        "run_batch out",
+        "run_batch config",
+        "load_config",
+    ],
 )
 def test_a_folder_argument_that_is_not_a_path_is_named(call, error, start):
     with pytest.raises(error) as err:

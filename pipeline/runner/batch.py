@@ -18,9 +18,9 @@ from typing import Any
 from ..atomic import atomic_write_bytes, check_out_outside_sources, ensure_dir
 from ..bundle import BundleConfig
 from ..config import Config, from_dict, load_config, overrides_layer
-from ..errors import FatalRunError, refuse_unexpanded_home
+from ..errors import ConfigError, FatalRunError, refuse_unexpanded_home, require_path
 from ..pacs.address import for_records
-from .discover import Discovery, check_sources, discover, scanned_paths, worklist_root
+from .discover import Discovery, check_sources, discover, scanned_paths, source_list, worklist_root
 from .engine import Engine
 from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
@@ -79,6 +79,8 @@ def run_batch(
     Returns a :class:`RunSummary`; positions in all outputs are LPS mm.
     """
     t0, started_wall = time.monotonic(), time.time()  # the run starts with the command: its store record says the same
+    srcs = source_list(sources)  # what is not a path: named before anything is read
+    run_dir = require_path(out, where="out", error=ConfigError, what="the run folder", fix="pass a folder, e.g. out='runs/r1'")
     cfg = config if isinstance(config, Config) else load_config(config, overrides=overrides)
     if isinstance(config, Config) and overrides:
         merged = cfg.to_dict()
@@ -87,8 +89,6 @@ def run_batch(
             merged.setdefault(sec, {}).update(vals)
         set_by = {**config.sources, **{f"{sec}.{key}": "overrides" for sec, vals in given.items() for key in vals}}
         cfg = Config(from_dict(merged, source="overrides"), set_by)
-    srcs = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    run_dir = Path(out)
     check_sources(srcs, from_python=True)  # a mistyped source: one clear error, before the run folder is made
     # a run folder inside its source (or a worklist row's folder): read back as input by the next run
     check_out_outside_sources(

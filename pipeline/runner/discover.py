@@ -30,7 +30,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from typing import Any
 from ..cache import is_safe_case_id
 from ..config import Config
 from ..csvfile import read_table
-from ..errors import ConfigError, NoSeriesFoundError, missing_path_fix
+from ..errors import ConfigError, NoSeriesFoundError, described, missing_path_fix, require_path
 from .arrivals import SourceSnapshot
 from .fingerprint import fingerprint_series
 from .stage import CaseSpec
@@ -221,6 +221,24 @@ def worklist_root(cfg: Config) -> Path | None:
             fix="set runner.worklist_root to the folder holding the worklist's series (or null: the CSV's own folder)",
         )
     return root
+
+
+def source_list(sources: Any) -> list[str | os.PathLike[str]]:
+    """``run_batch``'s ``sources`` as a list, each as given: one DICOM folder or file or worklist CSV (a str or an
+    os.PathLike), or an iterable of them; else a :class:`ConfigError` naming ``sources`` and what was given."""
+    fix = "pass a DICOM folder or file or a worklist CSV, or a list of them, as str or pathlib.Path"
+    if isinstance(sources, (str, os.PathLike)):
+        return [sources]
+    if not isinstance(sources, Iterable) or isinstance(sources, (bytes, Mapping)):
+        raise ConfigError(
+            f"must be a folder or file, or a list of them (a str or a pathlib.Path), got {described(sources)}",
+            where="sources",
+            fix=fix,
+        )
+    items = list(sources)
+    for item in items:
+        require_path(item, where="sources", error=ConfigError, what="a folder or file", fix=fix)
+    return items
 
 
 def check_sources(sources: Sequence[str | os.PathLike[str]], *, from_python: bool = False) -> None:
