@@ -254,6 +254,12 @@ class CTVolume(_SpatialArray):
             raise GeometryError(f"HU array must be numeric, got dtype {arr.dtype}")
         self.array = arr
         self.geometry = geometry
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise GeometryError(
+                f"must be a mapping of DICOM keywords to values, got {described(metadata)}",
+                where="metadata",
+                fix="pass a dict such as {'SeriesInstanceUID': '1.2.3', 'SliceThickness': 1.0}, or leave it out",
+            )
         self.metadata: Mapping[str, Any] = MappingProxyType(dict(metadata or {}))
         self._check()
 

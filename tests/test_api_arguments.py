@@ -12,7 +12,17 @@ import torch
 import pipeline as ctp
 from pipeline.config import load_config
 from pipeline.detection import detect
-from pipeline.errors import CacheError, ConfigError, CtpipeError, DicomError, DicomWriteError, LoaderError, RunStoreError
+from pipeline.errors import (
+    CacheError,
+    ConfigError,
+    CtpipeError,
+    DicomError,
+    DicomWriteError,
+    GeometryError,
+    LoaderError,
+    ReconstructionError,
+    RunStoreError,
+)
 from pipeline.ingest import load_series
 from pipeline.reconstruction import reconstruct
 from pipeline.volume import CTVolume, Geometry
@@ -345,3 +355,22 @@ def test_a_bundle_that_is_not_a_path_is_named(call, option):
     with pytest.raises(BundleError) as err:
         call(_TINY, **{option: 5})
     assert _text(err).startswith(f"{option}: must be a MONAI bundle folder (a str or a pathlib.Path), got int 5")
+
+
+@pytest.mark.parametrize("value", [3, 2.5, object()], ids=["int", "float", "object"])
+@pytest.mark.parametrize("call", ["reconstruct", "show"])
+def test_findings_of_the_wrong_kind_are_named_before_any_work(call, value):
+    """Was: TypeError: 'int' object is not iterable, from inside the findings reader."""
+    run = {"reconstruct": lambda: reconstruct(_TINY, findings=value), "show": lambda: ctp.show(_TINY, findings=value)}
+    with pytest.raises(ReconstructionError) as err:
+        run[call]()
+    text = _text(err)
+    assert text.startswith("findings: must be a Findings") and type(value).__name__ in text, text
+    assert "findings JSON" in err.value.fix
+
+
+def test_metadata_that_is_not_a_mapping_is_named():
+    """Was: TypeError: cannot convert dictionary update sequence element #0 to a sequence."""
+    with pytest.raises(GeometryError) as err:
+        CTVolume(_TINY.array, _TINY.geometry, metadata=[1])
+    assert _text(err).startswith("metadata: must be a mapping of DICOM keywords to values, got list [1]")

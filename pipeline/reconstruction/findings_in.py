@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import CtpipeError, ReconstructionError
+from ..errors import CtpipeError, ReconstructionError, described
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +195,13 @@ def finding_items(findings: Any) -> tuple[list[Any], list[str | None]]:
     listed = getattr(findings, "findings", findings)
     if isinstance(listed, Mapping) or hasattr(listed, "center_lps") or hasattr(listed, "box_min_lps"):  # one finding
         listed = [listed]
+    if not isinstance(listed, Iterable) or isinstance(listed, (str, bytes)):
+        raise ReconstructionError(
+            f"must be a Findings, a finding or a list of them, a findings table or the path of a findings JSON, got "
+            f"{described(findings)}",
+            where="findings",
+            fix="pass detect(volume), open_run(...).findings, or the path of a findings JSON written by `ctpipe detect`",
+        )
     items = list(listed)
     return items, [series_uid_of(field_of(f, "series_uid")) or common for f in items]
 
