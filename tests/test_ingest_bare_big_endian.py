@@ -72,3 +72,15 @@ def test_bare_big_endian_pixel_data_cut_short_names_the_file(series):
     with pytest.raises(CorruptPixelDataError) as err:
         load_series(cut.parent)
     assert str(cut) in str(err.value) and "Big Endian" in str(err.value)
+
+
+def test_the_dicom_results_find_the_bare_big_endian_source_images(series):
+    """Was: "no DICOM files among the source files": the SR and SEG of such a series were not written."""
+    from pipeline.dicom_out.sources import read_source_series
+
+    paths, _ = series
+    vol = load_series(paths[0].parent)
+    source = read_source_series(paths[0].parent, vol)
+    uids = [pydicom.dcmread(p, force=True).SOPInstanceUID for p in paths]
+    assert list(source.sop_instance_uids) == uids
+    np.testing.assert_allclose(source.positions[:, 2], [vol.index_to_lps([0, 0, k])[2] for k in range(4)])

@@ -133,13 +133,17 @@ def _list_files(files: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 
 
 def _read_headers(paths: list[Path]) -> list[tuple[Path, Any]]:
-    import pydicom  # lazy on purpose: slow to import
     from pydicom.errors import InvalidDicomError
+
+    from ..ingest._pydicom import read_dataset  # lazy on purpose: pydicom is slow to import
+    from ..ingest.image import starts_like_dicom
 
     out = []
     for path in paths:
         try:
-            ds = pydicom.dcmread(path, stop_before_pixels=True)
+            if not starts_like_dicom(path):
+                raise InvalidDicomError("neither a 'DICM' marker nor a data set at its start")
+            ds = read_dataset(path, stop_before_pixels=True)  # also a file without file meta information, as ingest
         except InvalidDicomError:
             log.debug("%s: not a DICOM file, skipped", path)
             continue
