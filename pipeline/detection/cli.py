@@ -101,7 +101,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(x to the patient's left, y posterior, z superior), as ctpipe's findings and ground truth and as LUNA16's "
         "CSVs (coordX, coordY, coordZ: the world coordinates of the .mhd scans, which ITK gives in LPS); not voxel "
         "indices, not RAS (a warning says so when the candidates look like either). Scans are matched by "
-        "SeriesInstanceUID.",
+        "SeriesInstanceUID. Exit status 0 written, 1 predictions or ground truth that cannot be read or share no "
+        "scan, 2 bad arguments (an unknown option, a value out of its range).",
     )
     e.add_argument(
         "--pred",

@@ -24,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Scan SRC folders recursively (any file names), choose the CT series by the selection rules, "
             "write each as <case>.npy + <case>.json (HU, LPS geometry) into the cache folder, and print which "
-            "series were chosen, not chosen or rejected, with reasons. Exit status 1 if any series was rejected or none was cached."
+            "series were chosen, not chosen or rejected, with reasons. Exit status 0 done, 1 if any series was rejected or "
+            "none was cached, 2 bad arguments (an unknown option, a value not allowed: out of its range, a --json "
+            "that names --out)."
         ),
     )
     p.add_argument("sources", nargs="+", metavar="SRC", type=Path, help="DICOM folder(s) or file(s)")
