@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import GeometryError
+from .errors import GeometryError, described
 
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 #: Tolerance on direction cosines: of a grid's orthonormality, and of two grids' directions being equal.
@@ -57,7 +57,13 @@ def _spacing3(spacing: float | Sequence[float]) -> tuple[float, float, float]:
 
 def _points(values: np.ndarray | Sequence[float], what: str) -> np.ndarray:
     """``values`` as a float array whose last axis holds 3 coordinates; :class:`GeometryError` otherwise."""
-    arr = np.asarray(values, dtype=np.float64)
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise GeometryError(
+            f"{what} must be numbers, got {described(values)}",
+            fix="pass one point as 3 numbers or n points as an (n, 3) array",
+        ) from None
     if arr.ndim == 0 or arr.shape[-1] != 3:
         raise GeometryError(
             f"{what} must have 3 coordinates on their last axis, got shape {arr.shape}",

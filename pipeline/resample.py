@@ -38,7 +38,11 @@ def resample_array(
     if not np.allclose(src.direction, dst.direction, atol=DIRECTION_TOL):
         raise GeometryError("resample_array needs grids with equal direction cosines")
     if order not in ("linear", "nearest"):
-        raise ValueError(f"order must be 'linear' or 'nearest', got {order!r}")
+        raise GeometryError(
+            f"{order!r} is not an interpolation order",
+            where="order",
+            fix="pass order='linear' (trilinear, for HU) or order='nearest' (for label maps and masks)",
+        )
     dev = torch.device(device or default_device())
     # continuous source index of each destination voxel, per axis (i, j, k)
     offset = src.lps_to_index(dst.origin)

@@ -374,3 +374,20 @@ def test_metadata_that_is_not_a_mapping_is_named():
     with pytest.raises(GeometryError) as err:
         CTVolume(_TINY.array, _TINY.geometry, metadata=[1])
     assert _text(err).startswith("metadata: must be a mapping of DICOM keywords to values, got list [1]")
+
+
+@pytest.mark.parametrize(
+    ("call", "start", "fix"),
+    [
+        # were: ValueError: could not convert string to float: 'abc' (numpy), without the argument or a fix
+        (lambda: _TINY.index_to_lps("abc"), "voxel indices (i, j, k) must be numbers, got str 'abc'", "3 numbers"),
+        (lambda: _TINY.lps_to_index([[0, 0, "x"]]), "LPS points (x, y, z) in mm must be numbers", "3 numbers"),
+        # was: ValueError: order must be 'linear' or 'nearest', got 'cubic' (no fix)
+        (lambda: _TINY.resample(2, order="cubic"), "order: 'cubic' is not an interpolation order", "order='nearest'"),
+    ],
+    ids=["index_to_lps", "lps_to_index", "resample order"],
+)
+def test_points_and_resampling_options_of_the_wrong_kind_are_named(call, start, fix):
+    with pytest.raises(GeometryError) as err:
+        call()
+    assert _text(err).startswith(start) and fix in err.value.fix, str(err.value)
