@@ -165,7 +165,7 @@ def test_a_report_into_a_run_folder_it_reads_is_refused(tmp_path, capsys):
     run = tmp_path / "night"
     _night(run)
     before = sorted(p.name for p in run.iterdir())
-    assert main(["report", str(run), "--out", f"{run}/"]) == 1
+    assert main(["report", str(run), "--out", f"{run}/"]) == 2  # two arguments that do not go together
     err = capsys.readouterr().err
     assert f"{run}/: --out is a run folder this report reads" in err and f"e.g. {run / 'report'}" in err, err
     assert sorted(p.name for p in run.iterdir()) == before

@@ -116,7 +116,8 @@ def register(sub: Any) -> None:
         "nothing in the run folders (they may be read-only; --out cannot be one of them). What a glob catches beside the run folders (a file, a "
         "folder without runs.sqlite) is left out with one line each. Exit status 0 written, 1 a path that does not "
         "exist, a run store that cannot be read, no run folder among the paths or a report that could not be written "
-        "(the earlier report in --out stays whole), 2 bad arguments.",
+        "(the earlier report in --out stays whole), 2 bad arguments (an unknown option, a value not allowed, an --out "
+        "that is one of the RUN_DIRs).",
     )
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders written by ctpipe run --out (e.g. runs/2026-11-*)")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
@@ -410,13 +411,13 @@ def _zone_name(text: str) -> str:
 
 def _report(args: argparse.Namespace) -> int:
     from ..atomic import ensure_dir
-    from ..errors import CtpipeError
+    from ..errors import UsageError
     from .report import build_report
 
     out = Path(args.out).resolve()
     for run_dir in args.run_dirs:  # the report's files beside a run's store, config and cases: never
         if Path(run_dir).resolve() == out:
-            raise CtpipeError(
+            raise UsageError(
                 "--out is a run folder this report reads: its files (report.html, cases.csv, ...) would be written "
                 "among the run's own",
                 where=args.out,
