@@ -234,7 +234,7 @@ def test_gantry_tilt_rejected_then_resampled(tmp_path):
     k = 10
     row_shift = k * step * np.sin(tilt)
     profile = vol.array[k, :, 10]
-    centre = float((np.arange(16) * (profile > -450)).sum() / max(1, (profile > -450).sum()))
+    centre = float((np.arange(profile.size) * (profile > -450)).sum() / max(1, (profile > -450).sum()))
     assert centre == pytest.approx(7.5 + row_shift, abs=0.6)
 
 
@@ -376,14 +376,17 @@ def test_a_pixel_spacing_with_one_value_shows_it(tmp_path):
 
 
 def test_a_tilt_correction_warns_how_far_it_shifted_the_slices(tmp_path):
-    """With allow_gantry_tilt, slices shifted in-plane lose what passes the field of view's edge: the volume's
-    warnings say so, with the largest shift in mm (10 deg over 11 steps of 2 mm along z: 22 mm × sin 10° = 3.8 mm)."""
+    """With allow_gantry_tilt, slices are shifted in-plane onto a grid grown to hold them whole: the volume's
+    warnings say so, with the largest shift in mm (10 deg over 11 steps of 2 mm along z: 22 mm × sin 10° = 3.8 mm,
+    5.4 rows of 0.7 mm: 6 rows more)."""
     tilt = np.radians(10.0)
     positions = [(0.0, 0.0, k * 2.0) for k in range(12)]
     write_series(tmp_path, n=12, orientation=(1, 0, 0, 0.0, np.cos(tilt), np.sin(tilt)), positions=positions)
     vol = load_series(tmp_path, allow_gantry_tilt=True)
     (warning,) = [w for w in vol.metadata["warnings"] if "gantry tilt" in w]
-    assert "10.00 deg" in warning and "up to 3.8 mm" in warning and "cut" in warning, warning
+    assert "10.00 deg" in warning and "up to 3.8 mm" in warning and "cut" not in warning, warning
+    assert "grown by 0 column(s) and 6 row(s)" in warning and "air (-1024 HU)" in warning, warning
+    assert vol.shape == (12, 16 + 6, 20) and vol.metadata["GantryTiltGrownColumnsRows"] == [0, 6]
 
 
 def test_a_few_excess_bytes_after_the_pixel_data_are_padding(tmp_path):

@@ -196,7 +196,8 @@ def load_series(
         as a fraction (0.02 = 2 %); larger deviations raise MissingSliceError or
         NonUniformSpacingError.
     allow_gantry_tilt: resample a tilted-gantry series onto an orthogonal grid
-        (per-slice in-plane linear interpolation) instead of raising GantryTiltError.
+        (per-slice in-plane linear interpolation) instead of raising GantryTiltError;
+        the grid grows along the shift to hold every slice whole (LPS positions kept).
     keep_identifiers: copy the patient identifiers the header scan reads,
         :data:`pipeline.ingest.discover.METADATA_IDENTIFIERS` (PatientID, PatientName,
         PatientBirthDate, AccessionNumber), into ``metadata``; the other attributes of

@@ -269,17 +269,25 @@ def plan_volume(
     # per slice k (volume order): the scanner's numbering and the instance, for findings to name the source slice
     md["InstanceNumbers"] = [h.instance_number for h in ordered]
     md["SOPInstanceUIDs"] = [h.sop_instance for h in ordered]
-    if stack.shifts is not None:
-        md["GantryTiltCorrectedDeg"] = round(stack.tilt_deg, 4)
-        sx, sy = stack.geometry.spacing[:2]
-        shift_mm = float(np.max(np.hypot(stack.shifts[:, 0] * sx, stack.shifts[:, 1] * sy)))
-        md.setdefault("warnings", []).append(
-            f"gantry tilt of {stack.tilt_deg:.2f} deg resampled onto an orthogonal grid of the same size: slices "
-            f"shifted in-plane by up to {shift_mm:.1f} mm; what they shift past the edge of the field of view is cut, "
-            "and the opposite edge repeats its border pixels"
-        )
+    _note_tilt(md, stack)
     return VolumePlan(
         series, where, stack, ordered, None, np.array([h.slope for h in ordered]), np.array([h.intercept for h in ordered]), md
+    )
+
+
+def _note_tilt(md: dict[str, Any], stack: StackGeometry) -> None:
+    """Record a gantry tilt correction in the metadata: the tilt, the columns and rows the grid grew by, a warning."""
+    if stack.shifts is None:
+        return
+    md["GantryTiltCorrectedDeg"] = round(stack.tilt_deg, 4)
+    md["GantryTiltGrownColumnsRows"] = list(stack.grown)
+    sx, sy = stack.geometry.spacing[:2]
+    drift = stack.shifts - stack.shifts[0]
+    shift_mm = float(np.max(np.hypot(drift[:, 0] * sx, drift[:, 1] * sy)))
+    md.setdefault("warnings", []).append(
+        f"gantry tilt of {stack.tilt_deg:.2f} deg resampled onto an orthogonal grid: slices shifted in-plane by up "
+        f"to {shift_mm:.1f} mm, the grid grown by {stack.grown[0]} column(s) and {stack.grown[1]} row(s) to hold "
+        f"every slice whole; where a slice does not reach, the volume is air ({PADDING_HU} HU)"
     )
 
 
@@ -373,6 +381,7 @@ def _plan_multiframe(series: SeriesInfo, where: str, tol: float, allow_tilt: boo
     ordered = tuple(frames[k] for k in stack.order)
     md = _metadata(series, h0, len(series.headers), keep_identifiers, thickness=ordered[0].slice_thickness)
     md["NumberOfFrames"] = len(frames)
+    _note_tilt(md, stack)
     # per slice k (volume order): the frame (1-based) and the multi-frame instance holding it
     uids = {str(h.path): h.sop_instance for h in series.headers}
     md["FrameNumbers"] = [f.frame + 1 for f in ordered]
@@ -404,14 +413,27 @@ def _read_multiframe(plan: VolumePlan) -> np.ndarray:
     return out
 
 
-def _untilt(hu: np.ndarray, shifts: np.ndarray) -> np.ndarray:
-    """Shift each slice in-plane (linear interpolation, edge values extend) onto the orthogonal grid."""
+def _untilt(hu: np.ndarray, shifts: np.ndarray, shape_ji: tuple[int, int]) -> np.ndarray:
+    """Each slice ``hu[k]`` (``[j, i]``, HU) shifted in-plane by ``shifts[k]`` (along i, along j; pixels >= 0) onto the
+    orthogonal grid of ``shape_ji`` rows and columns (linear interpolation). Grid voxels no image covers are
+    :data:`~pipeline.ingest.padding.PADDING_HU` (air, as padding pixels are); those half covered at an image's edge
+    blend its border pixels with it."""
     from scipy import ndimage  # lazy on purpose: slow to import, needed only for tilted-gantry series
 
-    out = np.empty(hu.shape, dtype=np.float32)
+    out = np.empty((hu.shape[0], *shape_ji), dtype=np.float32)
     for k in range(hu.shape[0]):
         di, dj = shifts[k]
-        out[k] = ndimage.shift(hu[k].astype(np.float32), (dj, di), order=1, mode="nearest")
+        # grid voxel (j, i) samples image point (j - dj, i - di)
+        ndimage.affine_transform(
+            hu[k].astype(np.float32, copy=False),
+            np.ones(2),
+            offset=(-float(dj), -float(di)),
+            output_shape=shape_ji,
+            output=out[k],
+            order=1,
+            mode="grid-constant",
+            cval=float(PADDING_HU),
+        )
     return out
 
 
@@ -457,7 +479,7 @@ def read_volume(plan: VolumePlan, *, workers: int | None = None) -> CTVolume:
     check_hu_range(*hu_range(ranges, slopes, intercepts), names, slopes, intercepts, where=plan.where)
     hu = to_hu(stored, slopes, intercepts, workers=workers, ranges=ranges, padding=padding if n_padding else None)
     if plan.stack.shifts is not None:
-        hu = _untilt(hu, plan.stack.shifts)
+        hu = _untilt(hu, plan.stack.shifts, plan.stack.geometry.shape[1:])
     md = dict(plan.metadata)
     if n_padding is not None:
         md["PaddingPixels"] = n_padding

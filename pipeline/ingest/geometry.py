@@ -60,14 +60,17 @@ class StackGeometry:
 
     ``order[k]`` is the input index of output slice k; ``geometry`` is the LPS grid;
     ``shifts`` (None unless a gantry tilt was accepted) holds, per output slice, the
-    in-plane shift (along i, along j) in pixels that puts it on the orthogonal grid;
-    ``tilt_deg`` is the measured tilt.
+    in-plane shift (along i, along j; pixels, all >= 0) that puts its image on the orthogonal grid:
+    image pixel ``(i, j)`` of slice k is grid voxel ``(i + shifts[k, 0], j + shifts[k, 1], k)``;
+    ``grown`` is how many columns and rows (along i, along j) the grid has more than the images,
+    so that it covers every pixel of every image; ``tilt_deg`` is the measured tilt.
     """
 
     order: np.ndarray
     geometry: Geometry
     shifts: np.ndarray | None
     tilt_deg: float
+    grown: tuple[int, int] = (0, 0)
 
 
 def _list(items: Sequence[str], limit: int = 4) -> str:
@@ -99,7 +102,8 @@ def stack_geometry(
     spacing_tolerance: allowed deviation of each slice step from the median
         step, as a fraction of it (0.02 = 2 %).
     allow_gantry_tilt: accept positions that drift in-plane (tilted gantry) and
-        return per-slice shifts that resample the stack onto an orthogonal grid.
+        return per-slice shifts that resample the stack onto an orthogonal grid, grown
+        along the drift so that it holds every pixel of every image (LPS positions kept).
 
     Raises SingleSliceError, InconsistentSeriesError, DuplicateSliceError,
     GantryTiltError, MissingSliceError, NonUniformSpacingError, or SeriesGeometryError for a series larger than
@@ -164,6 +168,8 @@ def stack_geometry(
             fix="the series mixes stacks or has corrupt ImagePositionPatient values; split or re-export it",
         )
     shifts = None
+    first = pos[order[0]]
+    grown = (0, 0)
     if tilt_deg > TILT_TOLERANCE_DEG:
         drift = math.hypot(float(a[-1]), float(b[-1]))
         if not allow_gantry_tilt:
@@ -175,10 +181,15 @@ def stack_geometry(
                 fix="resample it onto an orthogonal grid: ctpipe ingest --allow-gantry-tilt, ctpipe run --set "
                 "ingest.allow_gantry_tilt=true, or allow_gantry_tilt=True in Python",
             )
-        fitted = d - d[0]
-        # output voxel (i, j, k) samples input slice k at (i - ta*z/sx, j - tb*z/sy): shift by +ta*z/sx, +tb*z/sy
-        shifts = np.stack([ta * fitted / pixel_spacing[1], tb * fitted / pixel_spacing[0]], axis=1)
-        log.info("%s: gantry tilt %.2f deg, resampling onto an orthogonal grid", where, tilt_deg)
+        shifts, before, grown = _tilt_shifts(d - d[0], ta, tb, pixel_spacing)
+        # the grid starts `before` pixels (<= 0) along the row and column cosines from the first slice's position
+        first = first + before[0] * float(pixel_spacing[1]) * row + before[1] * float(pixel_spacing[0]) * col
+        log.info(
+            "%s: gantry tilt %.2f deg, resampling onto an orthogonal grid %d column(s) and %d row(s) larger",
+            where,
+            tilt_deg,
+            *grown,
+        )
     _check_spacing(names, order, d, steps, median, spacing_tolerance, where)
     check_extent(
         (columns * float(pixel_spacing[1]), rows * float(pixel_spacing[0]), extent),
@@ -186,13 +197,45 @@ def stack_geometry(
         how=f"{columns} columns × {float(pixel_spacing[1]):g} mm, {rows} rows × {float(pixel_spacing[0]):g} mm, "
         f"{n} slices over {extent:.1f} mm",
     )
+    if shifts is not None:
+        check_extent(
+            ((int(columns) + grown[0]) * float(pixel_spacing[1]), (int(rows) + grown[1]) * float(pixel_spacing[0]), extent),
+            where=where,
+            how=f"the orthogonal grid of the gantry tilt of {tilt_deg:.2f} deg: {columns} columns and {rows} rows "
+            f"grown by {grown[0]} and {grown[1]} to hold the images shifted in-plane over {extent:.1f} mm",
+        )
     geom = Geometry(
-        shape=(n, int(rows), int(columns)),
+        shape=(n, int(rows) + grown[1], int(columns) + grown[0]),
         spacing=(float(pixel_spacing[1]), float(pixel_spacing[0]), median),
-        origin=tuple(pos[order[0]]),
+        origin=tuple(first),
         direction=np.column_stack([row, col, normal]),
     )
-    return StackGeometry(order=order, geometry=geom, shifts=shifts, tilt_deg=tilt_deg)
+    return StackGeometry(order=order, geometry=geom, shifts=shifts, tilt_deg=tilt_deg, grown=grown)
+
+
+#: Pixels by which a tilted slice may pass the grid's edge without a column or row more (rounding of positions).
+SHIFT_TOLERANCE_PX = 1e-3
+
+
+def _tilt_shifts(
+    along: np.ndarray, ta: float, tb: float, pixel_spacing: Sequence[float]
+) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+    """Per slice, the in-plane shift (along i, along j; pixels) of its image on an orthogonal grid that holds every
+    image whole; the grid's first column and row (pixels from the first image's, <= 0); how many columns and rows
+    the grid has more than the images.
+
+    ``along``: each slice's distance (mm) along the normal from the first; ``ta``, ``tb``: the in-plane drift of the
+    slice positions along the row and column cosines per mm along the normal. Image pixel ``(i, j)`` of slice k lies
+    at ``(i + ta*z/sx, j + tb*z/sy)`` in the pixels of the first image's plane (z its distance along the normal).
+    The grid grows on the side the images drift to, as dcm2niix's ``_Tilt`` image does; where it grows before the
+    first column or row (a negative drift) the grid's origin moves back with it, so LPS positions are kept.
+    """
+    raw = np.stack([ta * along / float(pixel_spacing[1]), tb * along / float(pixel_spacing[0])], axis=1)
+    lo = np.floor(np.minimum(raw.min(axis=0), 0.0) + SHIFT_TOLERANCE_PX).astype(int)
+    hi = np.ceil(np.maximum(raw.max(axis=0), 0.0) - SHIFT_TOLERANCE_PX).astype(int)
+    lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
+    grown = hi - lo
+    return raw - lo, (int(lo[0]), int(lo[1])), (int(grown[0]), int(grown[1]))
 
 
 def _check_spacing(names, order, d, steps, median, tol, where) -> None:

@@ -1,0 +1,152 @@
+"""Tilted-gantry series resampled onto an orthogonal grid that covers every source voxel.
+
+Each synthetic series is written with pydicom: tilted image planes whose ImagePositionPatient advances along the table
+(not along the slice normal), holding bright balls near the field of view's edges at known LPS positions. After
+ingest with ``allow_gantry_tilt`` every ball is there, whole, at its LPS position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.ingest import load_series
+from pipeline.ingest.padding import PADDING_HU
+from tests._support.dicom import write_series
+
+BACKGROUND_HU = -1000.0
+MARKER_HU = 1000.0
+RADIUS_MM = 2.5
+ROWS, COLS, N, STEP = 32, 28, 16, 2.0
+SPACING = (1.0, 1.0)  # PixelSpacing (row spacing, column spacing), mm
+
+
+@dataclass
+class TiltedSeries:
+    folder: Path
+    row: np.ndarray
+    col: np.ndarray
+    positions: np.ndarray  # (N, 3) LPS mm, in file order
+    markers: np.ndarray  # (m, 3) LPS mm
+    source_counts: list[int]  # source pixels inside each marker
+    normal_step: float
+
+
+def _pixel_lps(position: np.ndarray, row: np.ndarray, col: np.ndarray) -> np.ndarray:
+    """LPS (mm) of every pixel centre of one image, ``[j, i, 3]``."""
+    jj, ii = np.mgrid[:ROWS, :COLS]
+    return position + ii[..., None] * SPACING[1] * row + jj[..., None] * SPACING[0] * col
+
+
+def _write_tilted(folder: Path, *, tilt_deg: float, feet_first: bool, shear_along_rows: bool = False) -> TiltedSeries:
+    """A series of tilted planes; the table moves along S (head first) or I (feet first).
+
+    Head first: row cosine L (1, 0, 0); feet first: row cosine R (-1, 0, 0), as scanners write supine patients.
+    The gantry tilts about the row axis (the column cosine leans towards S by ``tilt_deg``), or, with
+    ``shear_along_rows``, the row cosine leans instead (the shear lies along the rows).
+    """
+    t = np.radians(tilt_deg)
+    sign = -1.0 if feet_first else 1.0
+    if shear_along_rows:
+        row = np.array([sign * np.cos(t), 0.0, np.sin(t)])
+        col = np.array([0.0, 1.0, 0.0])
+    else:
+        row = np.array([sign, 0.0, 0.0])
+        col = np.array([0.0, np.cos(t), np.sin(t)])
+    start = np.array([-14.0, -16.0, 40.0 if feet_first else -40.0])
+    travel = np.array([0.0, 0.0, -STEP if feet_first else STEP])
+    positions = np.array([start + k * travel for k in range(N)])
+    # balls 3 pixels inside each edge of slices 3 and N - 4: where the shear moves them past the original grid's edge
+    markers = np.array(
+        [
+            positions[k] + i * SPACING[1] * row + j * SPACING[0] * col
+            for k in (3, N - 4)
+            for i, j in ((3, 3), (COLS - 4, ROWS - 4), (3, ROWS - 4), (COLS - 4, 3))
+        ]
+    )
+    hu = np.full((N, ROWS, COLS), BACKGROUND_HU)
+    counts = [0] * len(markers)
+    for k in range(N):
+        lps = _pixel_lps(positions[k], row, col)
+        for m, c in enumerate(markers):
+            inside = np.linalg.norm(lps - c, axis=-1) <= RADIUS_MM
+            hu[k][inside] = MARKER_HU
+            counts[m] += int(inside.sum())
+    write_series(
+        folder,
+        n=N,
+        rows=ROWS,
+        cols=COLS,
+        pixel_spacing=SPACING,
+        orientation=(*row, *col),
+        positions=positions.tolist(),
+        hu=hu.astype(np.int16),
+        tweak=lambda k, ds: setattr(ds, "GantryDetectorTilt", f"{tilt_deg:g}"),
+    )
+    normal_step = abs(float(travel @ np.cross(row, col)))
+    return TiltedSeries(folder, row, col, positions, markers, counts, normal_step)
+
+
+CASES = [
+    pytest.param(15.0, False, False, id="15deg-head-first"),
+    pytest.param(-20.0, False, False, id="minus20deg-head-first"),
+    pytest.param(15.0, True, False, id="15deg-feet-first"),
+    pytest.param(-20.0, True, False, id="minus20deg-feet-first"),
+    pytest.param(-20.0, False, True, id="minus20deg-shear-along-rows"),
+]
+
+
+@pytest.mark.parametrize(("tilt_deg", "feet_first", "along_rows"), CASES)
+def test_tilt_correction_keeps_every_marker_whole_at_its_lps_position(tmp_path, tilt_deg, feet_first, along_rows):
+    s = _write_tilted(tmp_path, tilt_deg=tilt_deg, feet_first=feet_first, shear_along_rows=along_rows)
+    vol = load_series(tmp_path, allow_gantry_tilt=True)
+    g = vol.geometry
+    assert vol.metadata["GantryTiltCorrectedDeg"] == pytest.approx(abs(tilt_deg), abs=1e-3)
+    k, j, i = np.meshgrid(*(np.arange(n) for n in g.shape), indexing="ij")
+    lps = g.index_to_lps(np.stack([i, j, k], axis=-1).reshape(-1, 3)).reshape(*g.shape, 3)
+    voxel_mm3 = float(np.prod(g.spacing))
+    for m, c in enumerate(s.markers):
+        near = np.linalg.norm(lps - c, axis=-1) <= RADIUS_MM + 2.5
+        values = vol.array[near]
+        assert values.max() > 0.5 * MARKER_HU, f"marker {m} at {c.round(2).tolist()} mm is cut off"
+        weight = np.clip(values - BACKGROUND_HU, 0, None)
+        centroid_ijk = (np.stack([i[near], j[near], k[near]], axis=1) * weight[:, None]).sum(0) / weight.sum()
+        want_ijk = g.lps_to_index(c)
+        np.testing.assert_array_less(np.abs(centroid_ijk - want_ijk), 0.5, err_msg=f"marker {m}")
+        volume = float((values > 0).sum()) * voxel_mm3
+        source_volume = s.source_counts[m] * SPACING[0] * SPACING[1] * s.normal_step
+        assert volume == pytest.approx(source_volume, rel=0.15), f"marker {m}"
+
+
+@pytest.mark.parametrize(("tilt_deg", "feet_first", "along_rows"), CASES)
+def test_tilt_corrected_grid_covers_every_source_pixel_and_pads_with_air(tmp_path, tilt_deg, feet_first, along_rows):
+    s = _write_tilted(tmp_path, tilt_deg=tilt_deg, feet_first=feet_first, shear_along_rows=along_rows)
+    vol = load_series(tmp_path, allow_gantry_tilt=True)
+    g = vol.geometry
+    # the orthogonal grid: same pixel spacing, the slice normal as third axis, slices at the source slices
+    assert g.spacing[:2] == pytest.approx((SPACING[1], SPACING[0]))
+    assert g.spacing[2] == pytest.approx(s.normal_step)
+    assert g.shape[0] == N
+    covered = np.zeros(g.shape, dtype=bool)
+    for pos in s.positions:
+        ijk = g.lps_to_index(_pixel_lps(pos, s.row, s.col).reshape(-1, 3))
+        # (ImagePositionPatient is written as decimal text: its last digits are rounded)
+        assert np.all(ijk >= -1e-3), "a source pixel lies before the grid"
+        assert np.all(ijk <= np.array(g.size_ijk) - 1 + 1e-3), "a source pixel lies beyond the grid"
+        kk = int(round(float(ijk[0, 2])))
+        assert np.allclose(ijk[:, 2], kk, atol=1e-3)  # each source slice is one slice of the grid
+        lo = np.floor(ijk.min(axis=0) + 1e-3).astype(int)
+        hi = np.ceil(ijk.max(axis=0) - 1e-3).astype(int)
+        covered[kk, lo[1] : hi[1] + 1, lo[0] : hi[0] + 1] = True
+    # enlarged along the shear only, by the drift (rounded up to whole pixels)
+    drift = float(np.linalg.norm(s.positions[-1] - s.positions[0]) * abs(np.sin(np.radians(tilt_deg))))
+    grown = np.array(g.size_ijk[:2]) - (COLS, ROWS)
+    assert sorted(grown.tolist()) == [0, int(np.ceil(drift - 1e-3))]
+    # what no source slice covers is air, exactly
+    assert (~covered).any()
+    assert np.all(vol.array[~covered] == PADDING_HU)
+    (warning,) = [w for w in vol.metadata["warnings"] if "gantry tilt" in w]
+    assert "cut" not in warning and f"{abs(tilt_deg):.2f} deg" in warning, warning
