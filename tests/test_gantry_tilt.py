@@ -150,3 +150,26 @@ def test_tilt_corrected_grid_covers_every_source_pixel_and_pads_with_air(tmp_pat
     assert np.all(vol.array[~covered] == PADDING_HU)
     (warning,) = [w for w in vol.metadata["warnings"] if "gantry tilt" in w]
     assert "cut" not in warning and f"{abs(tilt_deg):.2f} deg" in warning, warning
+
+
+@pytest.mark.parametrize("tilt_deg", [15.0, -20.0])
+def test_dicom_seg_of_a_tilt_corrected_volume_is_refused_naming_the_tilt_and_the_fix(tmp_path, tilt_deg):
+    """SEG frames and SR coordinates reference the source images slice by slice; a tilt-corrected volume's slices lie
+    on none of them (shifted in-plane, grid grown), so the SEG is refused, saying why and how to get results."""
+    from pipeline.dicom_out.api import write_seg
+    from pipeline.errors import SourceMismatchError
+
+    _write_tilted(tmp_path / "dicom", tilt_deg=tilt_deg, feet_first=False)
+    vol = load_series(tmp_path / "dicom", allow_gantry_tilt=True)
+    with pytest.raises(SourceMismatchError) as err:
+        write_seg(
+            tmp_path / "seg.dcm",
+            source=tmp_path / "dicom",
+            volume=vol,
+            score_threshold=0.5,
+            organ_masks={"lung_left": vol.array > 0},
+        )
+    text = str(err.value)
+    assert f"gantry tilt of {abs(tilt_deg):.2f} deg" in text and "no source image" in text, text
+    assert "--no-dicom" in text and "outputs.dicom=none" in text and "untilted" in text, text
+    assert not (tmp_path / "seg.dcm").exists()

@@ -194,6 +194,18 @@ def _match(volume: CTVolume, positions: np.ndarray, names: list[str], where: str
             )
         rows[k] = row
     missing = np.flatnonzero(rows < 0)
+    tilt = volume.metadata.get("GantryTiltCorrectedDeg")
+    if missing.size and isinstance(tilt, (int, float)) and tilt:
+        raise SourceMismatchError(
+            f"{missing.size} of {nk} volume slices have no source image: the volume was resampled from a "
+            f"tilted-gantry series (gantry tilt of {float(tilt):.2f} deg corrected at ingest), its slices shifted "
+            "in-plane from the source images onto a grown orthogonal grid, so SR coordinates and SEG frames "
+            "referencing the source images would point at other anatomy",
+            where=where,
+            fix="leave the DICOM results out for this series (--no-dicom, or ctpipe run --set outputs.dicom=none); "
+            "its findings, PNGs and meshes are written in LPS mm. For SR/SEG, process an untilted reconstruction "
+            "of the acquisition (an axial reformat from the scanner or PACS)",
+        )
     if missing.size:
         k = int(missing[0])
         off = [names[r] for r in np.flatnonzero(~ok)][:3]
