@@ -22,7 +22,9 @@ DICOM files; entries of an earlier format are refused (ingest the case again) ra
 ``ctpipe-case/1`` arrays kept pixel padding (PixelPaddingValue) as rescaled values (e.g. +62512 HU),
 ``ctpipe-case/2`` ones have it as -1024 HU (see :mod:`pipeline.ingest.padding`) but read every slice of a series with
 the first slice's BitsStored (a 16-bit metal slice among 12-bit ones lost its high bits: 3000 HU became -1096 HU);
-``ctpipe-case/3`` arrays read each slice with its own.
+``ctpipe-case/3`` arrays read each slice with its own. A ``ctpipe-case/3`` entry of a tilted-gantry series whose
+metadata lacks ``GantryTiltGrownColumnsRows`` was corrected onto a grid of the images' size, cutting what the shift
+moved past its edge: it is refused too (the other entries of that format stay valid).
 """
 
 from __future__ import annotations
@@ -144,6 +146,24 @@ def _remove_if_unheld(path: str) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def _check_tilt_grid(sidecar: Mapping[str, Any], where: Path) -> None:
+    """Refuse an entry whose gantry tilt correction kept the images' size (an earlier ctpipe's: see the module
+    docstring)."""
+    metadata = sidecar.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return
+    tilt = metadata.get("GantryTiltCorrectedDeg")
+    if tilt and "GantryTiltGrownColumnsRows" not in metadata:
+        raise CacheError(
+            f"the case-cache entry holds a gantry tilt correction ({tilt} deg) by an earlier ctpipe that kept the "
+            "images' size: what the correction shifted past the field of view's edge was cut and the opposite edge "
+            "repeated its border pixels",
+            where=where,
+            fix="ingest the case again from its DICOM files (ctpipe ingest --allow-gantry-tilt): the grid now grows "
+            "to hold every slice whole",
+        )
 
 
 def _jsonable(value: Any) -> Any:
@@ -311,6 +331,7 @@ class CaseCache:
                 where=spath,
                 fix="pass a .json written by ctpipe ingest (or the case's DICOM folder)",
             )
+        _check_tilt_grid(sidecar, spath)
         if not apath.is_file():
             raise CacheError("array file is missing", where=apath, fix="ingest the case again (ctpipe ingest)")
         try:

@@ -220,3 +220,23 @@ def test_detection_and_reconstruction_of_a_tilted_series_find_the_anatomy_at_its
     assert main(rec) == 0
     measured = json.loads(next((tmp_path / "rec").glob("*_measurements.json")).read_text())
     assert next((tmp_path / "rec").glob("*_lung_left.stl")).stat().st_size > 0, measured
+
+
+def test_a_cache_entry_of_the_earlier_cutting_tilt_correction_is_refused(tmp_path):
+    """An entry cached by an earlier ctpipe, whose tilt correction kept the images' size and cut what the shift moved
+    past the field of view's edge (its metadata has the tilt but not the grown columns and rows), is refused: ingest
+    the case again, rather than detect on a volume with anatomy missing."""
+    from pipeline.cache import CaseCache
+    from pipeline.cli import main
+    from pipeline.errors import CacheError
+
+    _write_tilted(tmp_path / "dicom", tilt_deg=15.0, feet_first=False)
+    assert main(["ingest", str(tmp_path / "dicom"), "--allow-gantry-tilt", "--out", str(tmp_path / "cache")]) == 0
+    (entry,) = (tmp_path / "cache").glob("*.json")
+    sidecar = json.loads(entry.read_text())
+    del sidecar["metadata"]["GantryTiltGrownColumnsRows"]
+    entry.write_text(json.dumps(sidecar))
+    with pytest.raises(CacheError) as err:
+        CaseCache(tmp_path / "cache").read(entry.stem)
+    text = str(err.value)
+    assert "gantry tilt" in text and "cut" in text and "ingest the case again" in text and "--allow-gantry-tilt" in text
