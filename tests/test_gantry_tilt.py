@@ -240,3 +240,30 @@ def test_a_cache_entry_of_the_earlier_cutting_tilt_correction_is_refused(tmp_pat
         CaseCache(tmp_path / "cache").read(entry.stem)
     text = str(err.value)
     assert "gantry tilt" in text and "cut" in text and "ingest the case again" in text and "--allow-gantry-tilt" in text
+
+
+def test_a_tilted_enhanced_ct_file_is_corrected_onto_the_grown_grid_and_says_so(tmp_path):
+    """An Enhanced CT (multi-frame) tilted series gets the same correction as single-frame files: the grown grid,
+    the tilt in the metadata (which the DICOM results' refusal reads) and the warning."""
+    import pydicom
+
+    from tests._support.dicom import write_enhanced
+
+    tilt = np.radians(15.0)
+    path, _ = write_enhanced(tmp_path / "mf.dcm", n=12, rows=16, cols=20, pixel_spacing=(0.7, 0.8), step=1.25)
+    ds = pydicom.dcmread(path)
+    ds.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence[0].ImageOrientationPatient = [
+        1,
+        0,
+        0,
+        0,
+        float(np.cos(tilt)),
+        float(np.sin(tilt)),
+    ]
+    ds.save_as(path, enforce_file_format=True)
+    vol = load_series(path, allow_gantry_tilt=True)
+    # the table moves 11 × 1.25 mm along z: 13.75 mm × sin 15° = 3.56 mm = 5.1 rows of 0.7 mm, so 6 rows more
+    assert vol.shape == (12, 16 + 6, 20)
+    assert vol.metadata["GantryTiltCorrectedDeg"] == pytest.approx(15.0, abs=1e-3)
+    assert vol.metadata["GantryTiltGrownColumnsRows"] == [0, 6]
+    assert any("gantry tilt of 15.00 deg" in w for w in vol.metadata["warnings"])
