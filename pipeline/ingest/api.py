@@ -212,7 +212,9 @@ def load_series(
     ImagePositionPatient of the first slice along the slice normal, direction
     columns = row cosine, column cosine, normal = cross(row, column), spacing =
     (PixelSpacing[1], PixelSpacing[0], median slice step) — the same grid as
-    SimpleITK's ImageSeriesReader. ``metadata["warnings"]`` lists what ingest assumed to
+    SimpleITK's ImageSeriesReader; a tilt-corrected series' grid has more rows or
+    columns, and starts before the first slice's position where the slices drift
+    towards lower indices (see ``allow_gantry_tilt``). ``metadata["warnings"]`` lists what ingest assumed to
     load the series (a generated series id, a Modality taken from the SOP class, ...);
     each is also logged.
 

@@ -5,6 +5,9 @@ All positions are DICOM patient coordinates (LPS, mm). The slice normal is
 along it (never by InstanceNumber or file name), so the third direction
 column is that normal and the origin is the position of the first sorted
 slice, exactly as SimpleITK's ``ImageSeriesReader`` does after GDCM's sort.
+A tilted-gantry series accepted with ``allow_gantry_tilt`` gets an orthogonal grid
+grown to hold every slice's pixels; its origin moves back along the row or column
+cosine by the rows or columns added before the first slice's.
 """
 
 from __future__ import annotations
