@@ -291,3 +291,33 @@ def test_a_real_chest_scanned_with_a_tilted_gantry_keeps_all_its_tissue(tmp_path
     assert vol.shape[1] > chest.shape[1] and vol.shape[2] == chest.shape[2]
     tissue_voxels = int((vol.array > -500).sum())
     assert tissue_voxels == pytest.approx(tissue_pixels, rel=0.001)
+
+
+@pytest.mark.parametrize("tilt_deg", [0.05, -0.05])
+def test_a_sub_pixel_tilt_keeps_the_images_grid_and_its_dicom_seg(tmp_path, tilt_deg):
+    """A tilt above the tolerance whose whole drift is a fraction of a pixel (0.05 deg over 30 mm: 0.03 px) keeps the
+    images' grid, origin at the first image, with no row of air before the first one or after the last; the SEG is
+    written, each frame at its source image's position."""
+    import pydicom
+
+    from pipeline.dicom_out.api import write_seg
+
+    s = _write_tilted(tmp_path / "dicom", tilt_deg=tilt_deg, feet_first=False)
+    vol = load_series(tmp_path / "dicom", allow_gantry_tilt=True)
+    assert vol.metadata["GantryTiltCorrectedDeg"] == pytest.approx(abs(tilt_deg), abs=1e-3)
+    assert vol.shape == (N, ROWS, COLS) and vol.metadata["GantryTiltGrownColumnsRows"] == [0, 0]
+    np.testing.assert_allclose(vol.geometry.origin, s.positions[0], atol=1e-6)
+    path = write_seg(
+        tmp_path / "seg.dcm",
+        source=tmp_path / "dicom",
+        volume=vol,
+        score_threshold=0.5,
+        organ_masks={"lung_left": vol.array > 0},
+    )
+    ds = pydicom.dcmread(path)
+    assert (int(ds.Rows), int(ds.Columns)) == (ROWS, COLS)
+    frames = ds.PerFrameFunctionalGroupsSequence
+    got = [[float(v) for v in f.PlanePositionSequence[0].ImagePositionPatient] for f in frames]
+    np.testing.assert_allclose(got, s.positions, atol=1e-6)
+    (warning,) = [w for w in vol.metadata["warnings"] if "gantry tilt" in w]
+    assert f"{abs(tilt_deg):.2f} deg" in warning and "keeps the images' size" in warning, warning

@@ -284,10 +284,18 @@ def _note_tilt(md: dict[str, Any], stack: StackGeometry) -> None:
     sx, sy = stack.geometry.spacing[:2]
     drift = stack.shifts - stack.shifts[0]
     shift_mm = float(np.max(np.hypot(drift[:, 0] * sx, drift[:, 1] * sy)))
+    shown = f"{shift_mm:.1f}"
+    if stack.grown == (0, 0):
+        shown = f"{shift_mm:.2f}"
+        grid = "the grid keeps the images' size (a shift under a quarter of a pixel)"
+    else:
+        grid = (
+            f"the grid grown by {stack.grown[0]} column(s) and {stack.grown[1]} row(s) to hold every slice whole; "
+            f"where a slice does not reach, the volume is air ({PADDING_HU} HU)"
+        )
     md.setdefault("warnings", []).append(
         f"gantry tilt of {stack.tilt_deg:.2f} deg resampled onto an orthogonal grid: slices shifted in-plane by up "
-        f"to {shift_mm:.1f} mm, the grid grown by {stack.grown[0]} column(s) and {stack.grown[1]} row(s) to hold "
-        f"every slice whole; where a slice does not reach, the volume is air ({PADDING_HU} HU)"
+        f"to {shown} mm, {grid}"
     )
 
 
@@ -414,7 +422,7 @@ def _read_multiframe(plan: VolumePlan) -> np.ndarray:
 
 
 def _untilt(hu: np.ndarray, shifts: np.ndarray, shape_ji: tuple[int, int]) -> np.ndarray:
-    """Each slice ``hu[k]`` (``[j, i]``, HU) shifted in-plane by ``shifts[k]`` (along i, along j; pixels >= 0) onto the
+    """Each slice ``hu[k]`` (``[j, i]``, HU) shifted in-plane by ``shifts[k]`` (along i, along j; pixels) onto the
     orthogonal grid of ``shape_ji`` rows and columns (linear interpolation). Grid voxels no image covers are
     :data:`~pipeline.ingest.padding.PADDING_HU` (air, as padding pixels are); those half covered at an image's edge
     blend its border pixels with it."""

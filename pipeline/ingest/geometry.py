@@ -63,7 +63,8 @@ class StackGeometry:
 
     ``order[k]`` is the input index of output slice k; ``geometry`` is the LPS grid;
     ``shifts`` (None unless a gantry tilt was accepted) holds, per output slice, the
-    in-plane shift (along i, along j; pixels, all >= 0) that puts its image on the orthogonal grid:
+    in-plane shift (along i, along j; pixels, >= 0 but for a sub-pixel drift, see :data:`SUBPIXEL_DRIFT`) that
+    puts its image on the orthogonal grid:
     image pixel ``(i, j)`` of slice k is grid voxel ``(i + shifts[k, 0], j + shifts[k, 1], k)``;
     ``grown`` is how many columns and rows (along i, along j) the grid has more than the images,
     so that it covers every pixel of every image; ``tilt_deg`` is the measured tilt.
@@ -218,6 +219,10 @@ def stack_geometry(
 
 #: Pixels by which a tilted slice may pass the grid's edge without a column or row more (rounding of positions).
 SHIFT_TOLERANCE_PX = 1e-3
+#: A tilt whose every slice drifts in-plane by at most this fraction of the smaller pixel spacing (a few hundredths of
+#: a degree over a scan) keeps the images' grid: no column or row of air is added for it, and each image lies within
+#: this fraction of a pixel of its grid slice, as the DICOM results' source matching accepts for an untilted series.
+SUBPIXEL_DRIFT = 0.25
 
 
 def _tilt_shifts(
@@ -231,9 +236,13 @@ def _tilt_shifts(
     slice positions along the row and column cosines per mm along the normal. Image pixel ``(i, j)`` of slice k lies
     at ``(i + ta*z/sx, j + tb*z/sy)`` in the pixels of the first image's plane (z its distance along the normal).
     The grid grows on the side the images drift to, as dcm2niix's ``_Tilt`` image does; where it grows before the
-    first column or row (a negative drift) the grid's origin moves back with it, so LPS positions are kept.
+    first column or row (a negative drift) the grid's origin moves back with it, so LPS positions are kept. A drift
+    within :data:`SUBPIXEL_DRIFT` of a pixel keeps the images' grid (shifts then may be slightly negative).
     """
     raw = np.stack([ta * along / float(pixel_spacing[1]), tb * along / float(pixel_spacing[0])], axis=1)
+    drift_mm = np.hypot(raw[:, 0] * float(pixel_spacing[1]), raw[:, 1] * float(pixel_spacing[0]))
+    if float(drift_mm.max()) <= SUBPIXEL_DRIFT * min(float(v) for v in pixel_spacing):
+        return raw, (0, 0), (0, 0)
     lo = np.floor(np.minimum(raw.min(axis=0), 0.0) + SHIFT_TOLERANCE_PX).astype(int)
     hi = np.ceil(np.maximum(raw.max(axis=0), 0.0) - SHIFT_TOLERANCE_PX).astype(int)
     lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
