@@ -153,27 +153,99 @@ def test_tilt_corrected_grid_covers_every_source_pixel_and_pads_with_air(tmp_pat
     assert "cut" not in warning and f"{abs(tilt_deg):.2f} deg" in warning, warning
 
 
-@pytest.mark.parametrize("tilt_deg", [15.0, -20.0])
-def test_dicom_seg_of_a_tilt_corrected_volume_is_refused_naming_the_tilt_and_the_fix(tmp_path, tilt_deg):
-    """SEG frames and SR coordinates reference the source images slice by slice; a tilt-corrected volume's slices lie
-    on none of them (shifted in-plane, grid grown), so the SEG is refused, saying why and how to get results."""
-    from pipeline.dicom_out.api import write_seg
-    from pipeline.errors import SourceMismatchError
+def _source_images(folder: Path) -> dict[str, object]:
+    """The tilted series' files with their pixels, by SOPInstanceUID."""
+    import pydicom
 
-    _write_tilted(tmp_path / "dicom", tilt_deg=tilt_deg, feet_first=False)
+    return {str(ds.SOPInstanceUID): ds for p in sorted(folder.iterdir()) for ds in [pydicom.dcmread(p)]}
+
+
+def _image_geometry(ds) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float]:
+    """An image's own geometry as its header states it: position, row and column cosines, column and row spacing."""
+    iop = np.array([float(v) for v in ds.ImageOrientationPatient])
+    dy, dx = (float(v) for v in ds.PixelSpacing)
+    return np.array([float(v) for v in ds.ImagePositionPatient]), iop[:3], iop[3:], dx, dy
+
+
+@pytest.mark.parametrize("tilt_deg", [15.0, -20.0])
+def test_dicom_seg_and_sr_of_a_tilt_corrected_volume_point_at_each_marker_in_its_source_image(tmp_path, tilt_deg):
+    """SEG and SR of a tilt-corrected volume: each slice lies in the plane of its source image, shifted in-plane on the
+    grown grid. Each marker's SEG frame references the image the marker was drawn in and, placed by the frame's
+    ImagePositionPatient and that image's orientation and pixel spacing, lies within half a pixel of the marker's LPS
+    position, on the marker's pixels of that image; the SR's point (SCOORD3D, LPS) is the marker's, referencing that
+    image. Both pass dciodvfy; highdicom reads the SEG back onto the volume's grid."""
+    import pydicom
+    from scipy import ndimage
+
+    from pipeline.detection.findings import Finding
+    from pipeline.dicom_out import read_source_series, read_sr_findings, write_seg, write_sr
+    from tests.test_dicom_out_sources import assert_valid
+
+    s = _write_tilted(tmp_path / "dicom", tilt_deg=tilt_deg, feet_first=False)
     vol = load_series(tmp_path / "dicom", allow_gantry_tilt=True)
-    with pytest.raises(SourceMismatchError) as err:
-        write_seg(
-            tmp_path / "seg.dcm",
-            source=tmp_path / "dicom",
-            volume=vol,
-            score_threshold=0.5,
-            organ_masks={"lung_left": vol.array > 0},
-        )
-    text = str(err.value)
-    assert f"gantry tilt of {abs(tilt_deg):.2f} deg" in text and "no source image" in text, text
-    assert "--no-dicom" in text and "outputs.dicom=none" in text and "untilted" in text, text
-    assert not (tmp_path / "seg.dcm").exists()
+    g = vol.geometry
+    assert g.shape[1:] != (ROWS, COLS)  # the grid grew: the slices are shifted off their images
+    source = read_source_series(tmp_path / "dicom", vol)
+    images = _source_images(tmp_path / "dicom")
+    mask = vol.array > 0
+    seg_path = write_seg(tmp_path / "seg.dcm", source=source, volume=vol, score_threshold=0.5, organ_masks={"lung_left": mask})
+    seg = pydicom.dcmread(seg_path)
+    pixels = seg.pixel_array.reshape(-1, *g.shape[1:]).astype(bool)
+    frame_of = {}
+    for n, item in enumerate(seg.PerFrameFunctionalGroupsSequence):
+        ref = item.DerivationImageSequence[0].SourceImageSequence[0]
+        assert ref.SpatialLocationsPreserved == "NO"
+        frame_of[str(ref.ReferencedSOPInstanceUID)] = n
+    assert set(frame_of) == set(images)  # every slice's frame references an image of the source
+    # the markers' image: the one drawn at the marker's slice (its ImagePositionPatient)
+    by_position = {tuple(np.round(_image_geometry(ds)[0], 3)): uid for uid, ds in images.items()}
+    findings = []
+    for m, c in enumerate(s.markers):
+        k = (3, N - 4)[m // 4]
+        uid = by_position[tuple(np.round(s.positions[k], 3))]
+        item = seg.PerFrameFunctionalGroupsSequence[frame_of[uid]]
+        frame_ipp = np.array([float(v) for v in item.PlanePositionSequence[0].ImagePositionPatient])
+        ipp, row, col, dx, dy = _image_geometry(images[uid])
+        # the frame lies in the image's plane
+        assert abs(float((frame_ipp - ipp) @ np.cross(row, col))) < 1e-3
+        labels, count = ndimage.label(pixels[frame_of[uid]])
+        assert count == 4, f"marker {m}: {count} blobs in its frame"
+        centres = np.array(ndimage.center_of_mass(labels > 0, labels, range(1, count + 1)))  # (r, c)
+        lps = frame_ipp + centres[:, 1:2] * dx * row + centres[:, 0:1] * dy * col
+        near = lps[np.argmin(np.linalg.norm(lps - c, axis=1))]
+        assert np.linalg.norm(near - c) <= 0.5 * min(dx, dy), (m, near.round(2).tolist(), c.round(2).tolist())
+        # and it is on the marker's pixels of the image it references
+        i, j = (int(round(float((near - ipp) @ row) / dx)), int(round(float((near - ipp) @ col) / dy)))
+        hu = images[uid].pixel_array[j, i] * float(images[uid].RescaleSlope) + float(images[uid].RescaleIntercept)
+        assert hu == MARKER_HU, (m, i, j, hu)
+        ijk = np.rint(g.lps_to_index(c)).astype(int)
+        findings.append(Finding(tuple(c), tuple(c - 2.5), tuple(c + 2.5), 5.0, 0.9 - 0.01 * m, tuple(ijk), int(ijk[2]) + 1))
+    # the SEG read back by highdicom (by position) is the mask on the volume's grid
+    import highdicom as hd
+
+    got = hd.seg.segread(seg_path).get_volume(segment_numbers=[1])
+    on = np.argwhere(got.array[..., 0] > 0)
+    got_lps = (got.affine @ np.c_[on, np.ones(len(on))].T).T[:, :3]
+    want_lps = g.index_to_lps(np.argwhere(mask)[:, ::-1].astype(float))
+    assert len(got_lps) == len(want_lps)
+    np.testing.assert_allclose(np.sort(got_lps, axis=0), np.sort(want_lps, axis=0), atol=1e-3)
+    sr_path = write_sr(
+        tmp_path / "sr.dcm",
+        source=source,
+        volume=vol,
+        findings=findings,
+        model_name="test",
+        model_version="1",
+        score_threshold=0.5,
+    )
+    table = read_sr_findings(sr_path).sort_values("score", ascending=False)
+    for m, (_, row_) in enumerate(table.iterrows()):
+        c = s.markers[m]
+        np.testing.assert_allclose(row_[["center_x", "center_y", "center_z"]].to_numpy(float), c, atol=1e-2)
+        k = (3, N - 4)[m // 4]
+        assert row_["sop_instance_uid"] == by_position[tuple(np.round(s.positions[k], 3))], m
+    assert_valid(seg_path, allowed_warnings=())
+    assert_valid(sr_path, allowed_warnings=())
 
 
 def test_tilt_corrected_case_cache_entry_reads_back_exactly(tmp_path):
@@ -196,8 +268,7 @@ def test_tilt_corrected_case_cache_entry_reads_back_exactly(tmp_path):
 @pytest.mark.slow
 def test_detection_and_reconstruction_of_a_tilted_series_find_the_anatomy_at_its_lps_position(tmp_path, capsys):
     """A phantom scanned with a 15 deg gantry tilt, ingested with the correction: detection reports its nodules at
-    their LPS centres, reconstruction meshes the lungs, and the DICOM SR is refused naming the tilt (the findings are
-    still written)."""
+    their LPS centres and writes the DICOM SR referencing the source images, reconstruction meshes the lungs."""
     from pipeline.cli import main
     from pipeline.phantom import generate_phantom
     from pipeline.phantom.dicom_writer import write_dicom_series
@@ -207,9 +278,10 @@ def test_detection_and_reconstruction_of_a_tilted_series_find_the_anatomy_at_its
     assert main(["ingest", str(tmp_path / "dicom"), "--allow-gantry-tilt", "--out", str(tmp_path / "cache")]) == 0
     (entry,) = (tmp_path / "cache").glob("*.json")
     det = ["detect", str(entry), "--out", str(tmp_path / "det"), "--no-png", "--device", "cpu", "--case-id", "c"]
-    assert main([*det, "--score-threshold", "0.3"]) == 1  # the findings are written, the SR is not
+    assert main([*det, "--score-threshold", "0.3"]) == 0
     err = capsys.readouterr().err
-    assert "the DICOM SR was not written" in err and "gantry tilt of 15.00 deg" in err and "--no-dicom" in err, err
+    assert "not written" not in err and "gantry tilt of 15.00 deg" in err, err
+    assert any((tmp_path / "det").glob("*sr*.dcm")), sorted(p.name for p in (tmp_path / "det").iterdir())
     findings = json.loads((tmp_path / "det" / "c.findings.json").read_text())["findings"]
     centres = np.array([f["center_lps"] for f in findings]).reshape(-1, 1, 3)
     truth = np.array([n.center_lps for n in ph.nodules]).reshape(1, -1, 3)

@@ -11,7 +11,10 @@ Frames. With ``omit_empty_frames=False`` (the default) every segment has one fra
 slice, in slice order, so that viewers which map a segment's frames to the source images by order
 show every mask where it belongs; with ``True`` only the slices a segment touches are stored (an
 empty segment keeps one empty frame). Either way each frame names its source image (and frame, for
-a multi-frame source) and carries that image's ImagePositionPatient. Patient and study attributes
+a multi-frame source) and carries that image's ImagePositionPatient. A volume corrected for a gantry tilt has its
+slices in the planes of its source images, shifted in-plane on a grid grown to hold them: its frames (the grid's
+rows and columns) carry each slice's own position in its image's plane (LPS mm) and state the image's spatial
+locations not preserved (SpatialLocationsPreserved ``NO``), so viewers place them by position, not pixel by pixel. Patient and study attributes
 are copied from the source; the series, instance and frame-of-reference links point to the source
 series.
 """
@@ -46,7 +49,7 @@ from .seg_encode import (
     write_seg_file,
 )
 from .source_headers import limit_to_filing
-from .sources import SourceSeries, check_source
+from .sources import INPLANE_TOLERANCE, SourceSeries, check_source, frame_positions
 from .uids import stable_uid
 
 log = logging.getLogger(__name__)
@@ -66,17 +69,33 @@ def _ds(value: float) -> str:
     return format_number_as_ds(float(value))
 
 
-def _frame_sources(source: SourceSeries) -> list[FrameSource]:
+def _frame_sources(source: SourceSeries, volume: CTVolume) -> list[FrameSource]:
+    """What each slice's frames reference and where they lie (LPS mm): the source image's own position, copied as it
+    is written; for a tilt-corrected volume whose grid starts elsewhere in the image's plane, the grid's
+    (:func:`.sources.frame_positions`), its spatial locations then not preserved (the frame's pixels are not the
+    image's)."""
+    g = volume.geometry
+    planes = frame_positions(source, volume)
+    near = np.linalg.norm(planes - source.positions, axis=1) <= INPLANE_TOLERANCE * min(g.spacing[:2])
     out = []
     for k in range(len(source)):
         ds = source.dataset_of(k)
         ipp = ds.get("ImagePositionPatient") if not source.multiframe else None
-        if ipp is not None and all(getattr(v, "original_string", None) for v in ipp):
+        if not near[k]:
+            pos = tuple(_ds(v) for v in planes[k])
+        elif ipp is not None and all(getattr(v, "original_string", None) for v in ipp):
             pos = tuple(str(v.original_string).strip() for v in ipp)
         else:
             pos = tuple(_ds(v) for v in source.positions[k])
+        same_size = (ds.get("Rows"), ds.get("Columns")) == (g.shape[1], g.shape[2])
         out.append(
-            FrameSource(source.sop_class_uids[k], source.sop_instance_uids[k], source.frame_of(k), (pos[0], pos[1], pos[2]))
+            FrameSource(
+                source.sop_class_uids[k],
+                source.sop_instance_uids[k],
+                source.frame_of(k),
+                (pos[0], pos[1], pos[2]),
+                locations_preserved=bool(near[k]) and same_size,
+            )
         )
     return out
 
@@ -356,6 +375,6 @@ def write_seg_object(
         series_number=series_number,
         created=created,
     )
-    out = write_seg_file(Path(path), head, per_frame_groups(frames, _frame_sources(source)), pack_frames(segments))
+    out = write_seg_file(Path(path), head, per_frame_groups(frames, _frame_sources(source, volume)), pack_frames(segments))
     log.info("SEG %s: %d segments, %d frames", out, len(segments), len(frames))
     return out

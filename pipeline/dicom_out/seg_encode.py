@@ -68,12 +68,15 @@ def code_item(value: str, scheme: str, meaning: str) -> bytes:
 
 @dataclass(frozen=True)
 class FrameSource:
-    """What a frame at slice ``k`` references: the source image (and frame) and its position (DS strings, LPS mm)."""
+    """What a frame at slice ``k`` references, the source image (and frame), and the frame's position (DS strings,
+    LPS mm)."""
 
     sop_class_uid: str
     sop_instance_uid: str
     frame_number: int | None
     position: tuple[str, str, str]
+    #: the frame's pixels are the source image's (same position, rows and columns): SpatialLocationsPreserved YES
+    locations_preserved: bool = True
 
 
 def _slice_parts(src: FrameSource) -> tuple[bytes, bytes]:
@@ -83,7 +86,9 @@ def _slice_parts(src: FrameSource) -> tuple[bytes, bytes]:
     )
     if src.frame_number is not None:
         ref += element(0x00081160, "IS", text(str(src.frame_number)))
-    ref += element(0x0028135A, "CS", text("YES")) + sequence(0x0040A170, [code_item(*SOURCE_PURPOSE)])
+    ref += element(0x0028135A, "CS", text("YES" if src.locations_preserved else "NO")) + sequence(
+        0x0040A170, [code_item(*SOURCE_PURPOSE)]
+    )
     derivation = sequence(0x00089124, [sequence(0x00082112, [ref]) + sequence(0x00089215, [code_item(*DERIVATION)])])
     position = sequence(0x00209113, [element(0x00200032, "DS", text("\\".join(src.position)))])
     return derivation, position

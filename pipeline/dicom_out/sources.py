@@ -17,6 +17,11 @@ SeriesInstanceUID (de-identified archives) belong to a volume that ingest gave a
 (``SeriesInstanceUIDGenerated`` in its metadata): they are picked by the SOP Instance UIDs ingest
 recorded per slice (``SOPInstanceUIDs``; else every image without SeriesInstanceUID, matched by
 position) and the results name that generated id as the source series, with a warning.
+
+A volume resampled from a tilted-gantry series (``GantryTiltCorrectedDeg`` in its metadata) keeps each source image
+in the plane of its slice, shifted in-plane onto a grid grown by ``GantryTiltGrownColumnsRows``: image k is matched to
+slice k by its position along the slice normal, its first pixel anywhere on that slice's grown part of the grid.
+:func:`frame_positions` gives each slice's own position in its image's plane, which the SEG's frames carry.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ __all__ = [
     "PATIENT_STUDY_KEYWORDS",
     "SourceSeries",
     "check_source",
+    "frame_positions",
     "read_source_series",
 ]
 
@@ -171,6 +177,31 @@ def _positions(path: Path, ds: Any) -> tuple[np.ndarray, list[int] | None]:
     return np.array([[float(v) for v in ipp]], dtype=np.float64), None
 
 
+def _tilt_grown(volume: CTVolume) -> tuple[int, int] | None:
+    """The columns and rows a tilt-corrected volume's grid has more than its source images (``(0, 0)`` for a tilt
+    corrected without growing it), or None for a volume not corrected for a gantry tilt."""
+    md = volume.metadata
+    tilt = md.get("GantryTiltCorrectedDeg")
+    if not (isinstance(tilt, (int, float)) and tilt):
+        return None
+    grown = md.get("GantryTiltGrownColumnsRows")
+    if isinstance(grown, (list, tuple)) and len(grown) == 2:
+        return int(grown[0]), int(grown[1])
+    return (0, 0)
+
+
+def _inplane_ok(volume: CTVolume, ij: np.ndarray) -> np.ndarray:
+    """Whether source images whose first pixel lies at grid indices ``ij`` (``(n, 2)``, along i and j) of their slice
+    belong to it: at the grid's first voxel (within :data:`INPLANE_TOLERANCE` of a pixel), or, for a tilt-corrected
+    volume, anywhere its grid grew by (the slice's in-plane shift)."""
+    g = volume.geometry
+    grown = _tilt_grown(volume)
+    if grown is None:
+        return np.hypot(ij[:, 0] * g.spacing[0], ij[:, 1] * g.spacing[1]) <= INPLANE_TOLERANCE * min(g.spacing[:2])
+    upper = np.asarray(grown, dtype=np.float64) + INPLANE_TOLERANCE
+    return np.all((ij >= -INPLANE_TOLERANCE) & (ij <= upper), axis=1)
+
+
 def _match(volume: CTVolume, positions: np.ndarray, names: list[str], where: str) -> np.ndarray:
     """For each slice k, the row of ``positions`` lying at that slice (one-to-one), as an index array."""
     g = volume.geometry
@@ -179,9 +210,8 @@ def _match(volume: CTVolume, positions: np.ndarray, names: list[str], where: str
     ijk = g.lps_to_index(positions)
     k_float = ijk[:, 2]
     k_near = np.rint(k_float).astype(np.int64)
-    inplane = np.hypot(ijk[:, 0] * g.spacing[0], ijk[:, 1] * g.spacing[1])
     ok = (np.abs(k_float - k_near) <= NORMAL_TOLERANCE) & (k_near >= 0) & (k_near < nk)
-    ok &= inplane <= INPLANE_TOLERANCE * min(g.spacing[0], g.spacing[1])
+    ok &= _inplane_ok(volume, ijk[:, :2])
     rows = np.full(nk, -1, dtype=np.int64)
     for row in np.flatnonzero(ok):
         k = int(k_near[row])
@@ -194,18 +224,6 @@ def _match(volume: CTVolume, positions: np.ndarray, names: list[str], where: str
             )
         rows[k] = row
     missing = np.flatnonzero(rows < 0)
-    tilt = volume.metadata.get("GantryTiltCorrectedDeg")
-    if missing.size and isinstance(tilt, (int, float)) and tilt:
-        raise SourceMismatchError(
-            f"{missing.size} of {nk} volume slices have no source image: the volume was resampled from a "
-            f"tilted-gantry series (gantry tilt of {float(tilt):.2f} deg corrected at ingest), its slices shifted "
-            "in-plane from the source images onto a grown orthogonal grid, so SR coordinates and SEG frames "
-            "referencing the source images would point at other anatomy",
-            where=where,
-            fix="leave the DICOM results out for this series (--no-dicom, or ctpipe run --set outputs.dicom=none); "
-            "its findings, PNGs and meshes are written in LPS mm. For SR/SEG, process an untilted reconstruction "
-            "of the acquisition (an axial reformat from the scanner or PACS)",
-        )
     if missing.size:
         k = int(missing[0])
         off = [names[r] for r in np.flatnonzero(~ok)][:3]
@@ -287,16 +305,32 @@ def check_source(source: SourceSeries, volume: CTVolume, *, where: str = "source
             fix="match the source files to this volume with read_source_series(files, volume)",
         )
     ks = np.arange(g.shape[0], dtype=np.float64)
-    expected = g.index_to_lps(np.stack([np.zeros_like(ks), np.zeros_like(ks), ks], axis=1))
-    off = np.linalg.norm(source.positions - expected, axis=1)
-    tol = max(NORMAL_TOLERANCE * g.spacing[2], INPLANE_TOLERANCE * min(g.spacing[0], g.spacing[1]))
-    if off.max() > tol:
-        k = int(np.argmax(off))
+    ijk = g.lps_to_index(source.positions)
+    bad = (np.abs(ijk[:, 2] - ks) > NORMAL_TOLERANCE) | ~_inplane_ok(volume, ijk[:, :2])
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        expected = g.index_to_lps([0.0, 0.0, float(k)])
         raise SourceMismatchError(
-            f"slice {k} of the volume lies {off[k]:.3f} mm from its source image's position",
+            f"slice {k} of the volume lies {float(np.linalg.norm(source.positions[k] - expected)):.3f} mm from its "
+            "source image's position",
             where=where,
             fix="match the source files to this volume with read_source_series(files, volume)",
         )
+
+
+def frame_positions(source: SourceSeries, volume: CTVolume) -> np.ndarray:
+    """Each slice's position (``(nk, 3)``, LPS mm): the grid's first voxel of slice k in the plane of its source image.
+
+    That is the source image's own position (ImagePositionPatient) but for a tilt-corrected volume, whose slice k
+    starts where the grid does, shifted in-plane from image k (see the module notes).
+    """
+    g = volume.geometry
+    normal = g.direction[:, 2]
+    ks = np.arange(g.shape[0], dtype=np.float64)
+    starts = g.index_to_lps(np.stack([np.zeros_like(ks), np.zeros_like(ks), ks], axis=1))
+    # moved along the normal into the image's plane: the source's spacing may deviate from the grid's (2 %)
+    starts -= ((starts - source.positions) @ normal)[:, None] * normal[None, :]
+    return starts
 
 
 def read_source_series(files: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], volume: CTVolume) -> SourceSeries:

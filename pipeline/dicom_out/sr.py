@@ -10,7 +10,8 @@ series' frame of reference):
   site (lung or lobe, with laterality when known), a SCOORD3D ELLIPSOID centred on the finding (axes
   along LPS x, y, z, longest first; around the nodule's segmentation when it was segmented, else the
   detector's box; a POINT when the box has no extent) referencing the source image
-  nearest the centre, and the measurements Diameter (mm), Long axis (mm) and Volume (mm³) when the
+  nearest the centre (for a volume corrected for a gantry tilt, the image in whose plane that slice lies: the
+  coordinates stay LPS, unaffected by the slice's in-plane shift; the report holds no 2-D image coordinates), and the measurements Diameter (mm), Long axis (mm) and Volume (mm³) when the
   nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid then shows the box),
   Probability (the detector score, unit 1) and the composition when known (positions and lengths to
   0.01 mm, volumes to 0.01 mm³, the score to 0.001: :data:`.model.MM_DECIMALS`);
