@@ -393,3 +393,46 @@ def test_a_sub_pixel_tilt_keeps_the_images_grid_and_its_dicom_seg(tmp_path, tilt
     np.testing.assert_allclose(got, s.positions, atol=1e-6)
     (warning,) = [w for w in vol.metadata["warnings"] if "gantry tilt" in w]
     assert f"{abs(tilt_deg):.2f} deg" in warning and "keeps the images' size" in warning, warning
+
+
+def test_detect_on_a_tilted_dicom_folder_names_its_allow_gantry_tilt_option(tmp_path, capsys):
+    """``ctpipe detect`` on a tilted-gantry DICOM folder without the correction is refused naming the option that
+    corrects it in that command (not only ingest's and run's), before any model is loaded."""
+    from pipeline.cli import main
+
+    _write_tilted(tmp_path / "dicom", tilt_deg=15.0, feet_first=False)
+    assert main(["detect", str(tmp_path / "dicom"), "--out", str(tmp_path / "det"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "gantry tilt" in err and "ctpipe detect --allow-gantry-tilt" in err, err
+
+
+@pytest.mark.slow
+def test_detect_corrects_a_tilted_dicom_folder_with_allow_gantry_tilt(tmp_path, capsys):
+    """``ctpipe detect DICOM --allow-gantry-tilt`` detects a tilted series directly (as ``ctpipe ingest`` then detect
+    on the cache entry): the nodules at their LPS centres, and the SR referencing the source images."""
+    import pydicom
+
+    from pipeline.cli import main
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+
+    ph = generate_phantom(11, matrix=64, slices=24, n_nodules=2, pixel_spacing=2.0, slice_spacing=5.0)
+    paths = write_dicom_series(ph.volume, tmp_path / "dicom", quirks=["gantry_tilt"])
+    det = ["detect", str(tmp_path / "dicom"), "--out", str(tmp_path / "det"), "--no-png", "--device", "cpu"]
+    assert main([*det, "--case-id", "c", "--score-threshold", "0.3", "--allow-gantry-tilt"]) == 0
+    err = capsys.readouterr().err
+    assert "gantry tilt of 15.00 deg" in err and "not written" not in err, err
+    findings = json.loads((tmp_path / "det" / "c.findings.json").read_text())["findings"]
+    centres = np.array([f["center_lps"] for f in findings]).reshape(-1, 1, 3)
+    truth = np.array([n.center_lps for n in ph.nodules]).reshape(1, -1, 3)
+    assert np.all(np.abs(centres - truth) <= (2.0, 2.0, 5.0), axis=2).any(), (truth.round(1).tolist(), centres.round(1))
+    (sr_path,) = (tmp_path / "det").glob("*.dcm")
+    sources = {str(pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID) for p in paths}
+    sr = pydicom.dcmread(sr_path)
+    referenced = {
+        str(r.ReferencedSOPInstanceUID)
+        for e in sr.CurrentRequestedProcedureEvidenceSequence
+        for s in e.ReferencedSeriesSequence
+        for r in s.ReferencedSOPSequence
+    }
+    assert referenced and referenced <= sources

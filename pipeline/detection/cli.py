@@ -88,6 +88,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--all-candidates", action="store_true", help="report every candidate the detector keeps, whatever its score"
     )
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
+    p.add_argument(
+        "--allow-gantry-tilt",
+        action="store_true",
+        help="resample a tilted-gantry DICOM series onto an orthogonal grid instead of rejecting it (as ctpipe ingest)",
+    )
     p.add_argument("--case-id", default=None, help="name of the output files (default: from the source)")
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
     p.add_argument("--max-png", type=number_in(int, 0), default=20, help="PNGs for at most this many top findings (default 20)")
@@ -189,7 +194,7 @@ def _detect(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, where="--device") if args.device is not None else None
     check_out_outside_sources([args.src], args.out, beside="findings")  # else the next scan reads the SR back
     ensure_dir(args.out)
-    volume, case_id = read_source(args.src, series_uid=args.series_uid, mmap=True)
+    volume, case_id = read_source(args.src, series_uid=args.series_uid, mmap=True, allow_gantry_tilt=args.allow_gantry_tilt)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
     det = Detector(
         bundle=args.bundle,

@@ -20,11 +20,15 @@ __all__ = ["IMAGE_SUFFIXES", "SOURCE_KINDS", "image_suffix", "read_image", "read
 SOURCE_KINDS = "a DICOM folder or file, a case-cache .json/.npy file (ctpipe ingest) or a NIfTI/MHA/NRRD image"
 
 
-def read_source(src: str | Path, *, series_uid: str | None = None, mmap: bool = False) -> tuple[CTVolume, str]:
+def read_source(
+    src: str | Path, *, series_uid: str | None = None, mmap: bool = False, allow_gantry_tilt: bool = False
+) -> tuple[CTVolume, str]:
     """The volume at ``src`` and a name for its outputs (the series UID, the cache entry's or the image's name).
 
     ``series_uid`` picks one series of a DICOM folder holding several (a SeriesInstanceUID or ingest's
-    ``<uid>#<part>`` key); ``mmap``: a case-cache entry's array is memory-mapped (read-only) instead of read.
+    ``<uid>#<part>`` key); ``mmap``: a case-cache entry's array is memory-mapped (read-only) instead of read;
+    ``allow_gantry_tilt``: a tilted-gantry DICOM series is resampled onto an orthogonal grid (see
+    :func:`~pipeline.ingest.api.load_series`) instead of refused; a cache entry holds what ingest made of it.
     """
     src = Path(src)
     if not src.exists():
@@ -48,7 +52,7 @@ def read_source(src: str | Path, *, series_uid: str | None = None, mmap: bool = 
     from .api import load_series
 
     try:
-        vol = load_series(src, series_uid=series_uid)
+        vol = load_series(src, series_uid=series_uid, allow_gantry_tilt=allow_gantry_tilt)
     except (NoSeriesFoundError, NotDicomError) as exc:
         images = sorted(p.name for p in src.iterdir() if p.is_file() and image_suffix(p)) if src.is_dir() else []
         if not images:
