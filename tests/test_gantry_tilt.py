@@ -436,3 +436,63 @@ def test_detect_corrects_a_tilted_dicom_folder_with_allow_gantry_tilt(tmp_path, 
         for r in s.ReferencedSOPSequence
     }
     assert referenced and referenced <= sources
+
+
+@pytest.mark.slow
+def test_run_with_allow_gantry_tilt_completes_a_tilted_case_with_its_sr_and_seg(tmp_path):
+    """``ctpipe run`` with ``ingest.allow_gantry_tilt`` and the default DICOM outputs completes a tilted phantom's
+    case: findings, PNGs, SR and SEG, the SEG's frames each in the plane of the source image it references."""
+    import pydicom
+
+    from pipeline.cli import main
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+
+    ph = generate_phantom(11, matrix=64, slices=24, n_nodules=2, pixel_spacing=2.0, slice_spacing=5.0)
+    paths = write_dicom_series(ph.volume, tmp_path / "src" / "dicom", quirks=["gantry_tilt"])
+    run = ["run", str(tmp_path / "src"), "--out", str(tmp_path / "run"), "--device", "cpu", "--quiet"]
+    assert main([*run, "--set", "ingest.allow_gantry_tilt=true"]) == 0
+    (case,) = (tmp_path / "run" / "cases").iterdir()
+    assert (case / "dicom" / "sr.dcm").is_file() and any((case / "findings_png").glob("*.png"))
+    images = {str(ds.SOPInstanceUID): ds for p in paths for ds in [pydicom.dcmread(p, stop_before_pixels=True)]}
+    seg = pydicom.dcmread(case / "dicom" / "seg.dcm")
+    for item in seg.PerFrameFunctionalGroupsSequence:
+        ref = item.DerivationImageSequence[0].SourceImageSequence[0]
+        ipp, row, col, _, _ = _image_geometry(images[str(ref.ReferencedSOPInstanceUID)])
+        frame_ipp = np.array([float(v) for v in item.PlanePositionSequence[0].ImagePositionPatient])
+        assert abs(float((frame_ipp - ipp) @ np.cross(row, col))) < 1e-3
+
+
+def test_the_seg_of_a_tilted_enhanced_ct_file_references_each_frame_in_its_plane(tmp_path):
+    """A tilted Enhanced CT (multi-frame) source: each SEG frame names the source frame of its slice and lies in that
+    frame's plane, shifted in-plane onto the grown grid (spatial locations not preserved)."""
+    import pydicom
+
+    from pipeline.dicom_out import write_seg
+    from pipeline.ingest.multiframe import read_frames
+    from tests._support.dicom import write_enhanced
+
+    tilt = np.radians(15.0)
+    path, _ = write_enhanced(tmp_path / "mf.dcm", n=12, rows=16, cols=20, pixel_spacing=(0.7, 0.8), step=1.25)
+    ds = pydicom.dcmread(path)
+    orientation = [1.0, 0.0, 0.0, 0.0, float(np.cos(tilt)), float(np.sin(tilt))]
+    ds.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence[0].ImageOrientationPatient = orientation
+    ds.save_as(path, enforce_file_format=True)
+    vol = load_series(path, allow_gantry_tilt=True)
+    mask = np.zeros(vol.shape, dtype=bool)
+    mask[:, 8:12, 5:9] = True
+    seg = pydicom.dcmread(
+        write_seg(tmp_path / "seg.dcm", source=path, volume=vol, score_threshold=0.5, organ_masks={"lung_left": mask})
+    )
+    assert (int(seg.Rows), int(seg.Columns)) == (16 + 6, 20)
+    frames = {f.frame + 1: np.asarray(f.position, dtype=float) for f in read_frames(path, pydicom.dcmread(path))}
+    normal = np.cross(orientation[:3], orientation[3:])
+    seen = set()
+    for item in seg.PerFrameFunctionalGroupsSequence:
+        ref = item.DerivationImageSequence[0].SourceImageSequence[0]
+        assert ref.SpatialLocationsPreserved == "NO"
+        number = int(ref.ReferencedFrameNumber)
+        frame_ipp = np.array([float(v) for v in item.PlanePositionSequence[0].ImagePositionPatient])
+        assert abs(float((frame_ipp - frames[number]) @ normal)) < 1e-3, number
+        seen.add(number)
+    assert seen == set(frames)
