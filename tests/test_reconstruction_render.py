@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from pipeline.reconstruction.mesh import mesh_from_mask
-from pipeline.reconstruction.render import lps_aligned, rasterise, render_mip, render_mpr
+from pipeline.reconstruction.preview import rasterise
+from pipeline.reconstruction.render import lps_aligned, render_mip, render_mpr
 from pipeline.volume import CTVolume, Geometry
 from tests._support.shapes import lps_grids, sphere_mask
 
@@ -95,7 +96,7 @@ def test_preview_shows_the_left_lung_on_the_image_right():
 
 def _saved_figures(monkeypatch) -> list:
     """The figures the renderings save from now on, in order (filled as they are saved)."""
-    from pipeline.reconstruction import render
+    from pipeline.reconstruction import preview, render
 
     figures: list = []
     save = render._save
@@ -105,6 +106,7 @@ def _saved_figures(monkeypatch) -> list:
         return save(fig, path)
 
     monkeypatch.setattr(render, "_save", keep)
+    monkeypatch.setattr(preview, "_save", keep)
     return figures
 
 
@@ -225,7 +227,7 @@ def test_the_3d_preview_says_which_colour_is_which_organ(tmp_path, monkeypatch):
     from matplotlib.colors import to_hex
 
     from pipeline.reconstruction.organs import ORGAN_COLORS
-    from pipeline.reconstruction.render import render_preview
+    from pipeline.reconstruction.preview import render_preview
 
     figures = _saved_figures(monkeypatch)
     geom = Geometry(shape=(40, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -20.0))
@@ -244,7 +246,7 @@ def test_the_3d_preview_says_which_colour_is_which_organ(tmp_path, monkeypatch):
 def test_a_legend_of_many_organs_wraps_onto_rows_inside_the_png(tmp_path, monkeypatch):
     """A segmentation bundle's dozen organs: their legend is laid out on as many rows as it needs, every entry inside
     the PNG and none over the image, in the MPRs and the 3-D preview."""
-    from pipeline.reconstruction.render import render_preview
+    from pipeline.reconstruction.preview import render_preview
 
     figures = _saved_figures(monkeypatch)
     geom = Geometry(shape=(60, 64, 64), spacing=(4.0, 4.0, 4.0), origin=(-128.0, -128.0, -120.0))
@@ -278,7 +280,7 @@ def test_organs_without_a_colour_of_their_own_get_distinct_colours(tmp_path, mon
     from matplotlib.colors import to_hex
 
     from pipeline.reconstruction.organs import ORGAN_COLORS, OUTLINE_COLORS
-    from pipeline.reconstruction.render import render_preview
+    from pipeline.reconstruction.preview import render_preview
 
     figures = _saved_figures(monkeypatch)
     geom = Geometry(shape=(40, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -20.0))
@@ -336,7 +338,7 @@ def test_mpr_and_mip_pngs_carry_a_scale_bar_of_the_length_they_state(tmp_path, m
 def test_the_preview_views_letters_stay_apart(tmp_path, monkeypatch):
     """The anterior view's L and the lateral view's A sat side by side in the middle of the preview, read as one
     label "L A": the two views are now apart, their letters at least a letter's width from each other."""
-    from pipeline.reconstruction.render import render_preview
+    from pipeline.reconstruction.preview import render_preview
 
     figures = _saved_figures(monkeypatch)
     geom = Geometry(shape=(40, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -20.0))

@@ -25,6 +25,7 @@ from .organs import organ_colours
 
 if TYPE_CHECKING:  # pragma: no cover
     from .nodules import NoduleResult
+    from .preview import PreviewViews
 
 log = logging.getLogger(__name__)
 
@@ -359,152 +360,6 @@ def render_mip(
     return paths
 
 
-_CHUNK = 20000
-PREVIEW_TRIANGLES = 150_000
-
-
-def _scan_convert(u: np.ndarray, v: np.ndarray, dz: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pixels (flat index), depths and triangle indices of the pixel centres covered by triangles (T, 3) in u, v."""
-    x0 = np.clip(np.floor(u.min(axis=1)).astype(np.int64), 0, size - 1)
-    x1 = np.clip(np.ceil(u.max(axis=1)).astype(np.int64), 0, size - 1)
-    y0 = np.clip(np.floor(v.min(axis=1)).astype(np.int64), 0, size - 1)
-    y1 = np.clip(np.ceil(v.max(axis=1)).astype(np.int64), 0, size - 1)
-    w, h = x1 - x0 + 1, y1 - y0 + 1
-    n = w * h
-    rep = np.repeat(np.arange(u.shape[0]), n)
-    local = np.arange(rep.size) - np.repeat(np.cumsum(n) - n, n)
-    px = x0[rep] + local % w[rep]
-    py = y0[rep] + local // w[rep]
-    cx, cy = px + 0.5, py + 0.5
-    ua, ub, uc = u[rep, 0], u[rep, 1], u[rep, 2]
-    va, vb, vc = v[rep, 0], v[rep, 1], v[rep, 2]
-    det = (vb - vc) * (ua - uc) + (uc - ub) * (va - vc)
-    ok = np.abs(det) > 1e-12
-    det = np.where(ok, det, 1.0)
-    l0 = ((vb - vc) * (cx - uc) + (uc - ub) * (cy - vc)) / det
-    l1 = ((vc - va) * (cx - uc) + (ua - uc) * (cy - vc)) / det
-    l2 = 1.0 - l0 - l1
-    inside = ok & (l0 >= -1e-9) & (l1 >= -1e-9) & (l2 >= -1e-9)
-    r = rep[inside]
-    d = (l0[inside] * dz[r, 0] + l1[inside] * dz[r, 1] + l2[inside] * dz[r, 2]).astype(np.float32)
-    return py[inside] * size + px[inside], d, r
-
-
-def rasterise(
-    meshes: Mapping[str, Mesh],
-    *,
-    view: str = "anterior",
-    size: int = 512,
-    frame: tuple[np.ndarray, np.ndarray] | None = None,
-    colours: Mapping[str, str] | None = None,
-) -> np.ndarray:
-    """Orthographic shaded image (H, W, 3) float of the meshes seen from ``anterior`` or ``left``, each in its colour
-    (``colours``, else :func:`~.organs.organ_colours`: :data:`~.organs.ORGAN_COLORS`).
-
-    frame: the LPS box (lowest, highest corner, mm) the image is fitted to (default: the meshes' own), so that other
-    meshes drawn in the same frame (the nodules over the organs) land on the same pixels.
-
-    Anterior view: patient's right on image left, superior up. Left view: anterior on image left.
-    A vectorised scan-converter: every pixel centre of each triangle's bounding box is tested with
-    barycentric coordinates; a depth sort keeps the nearest surface per pixel (Lambert shading).
-    """
-    img = np.zeros((size, size, 3))
-    parts = [(k, m) for k, m in meshes.items() if m.n_triangles]
-    if not parts:
-        return img
-    if view == "anterior":
-        axes, depth_axis, depth_sign = (0, 2), 1, -1.0  # viewer at -y (anterior)
-    elif view == "left":
-        axes, depth_axis, depth_sign = (1, 2), 0, 1.0  # viewer at +x (patient's left)
-    else:
-        raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
-    rgbs = {k: _rgb(c) for k, c in (colours or organ_colours(meshes, outline=False)).items()}
-    if frame is None:
-        allv = np.concatenate([m.vertices for _, m in parts])
-        lo, hi = allv.min(axis=0), allv.max(axis=0)
-    else:
-        lo, hi = (np.asarray(c, dtype=np.float64) for c in frame)
-    scale = 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6)
-    centre = (lo + hi) / 2
-    light = np.zeros(3)
-    light[depth_axis] = depth_sign
-    pix, depth, colour = [], [], []
-    for organ, m in parts:
-        rgb = np.asarray(rgbs[organ])
-        for f0 in range(0, m.n_triangles, _CHUNK):  # bounded memory for large meshes
-            tri = m.vertices[m.faces[f0 : f0 + _CHUNK]]
-            n_hat = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
-            n_hat /= np.maximum(np.linalg.norm(n_hat, axis=1, keepdims=True), 1e-12)
-            shade = 0.25 + 0.75 * np.clip(n_hat @ light, 0.0, 1.0)
-            u = (tri[:, :, axes[0]] - centre[axes[0]]) * scale + size / 2
-            v = size / 2 - (tri[:, :, axes[1]] - centre[axes[1]]) * scale  # image rows run downwards
-            dz = depth_sign * tri[:, :, depth_axis]
-            p_, d_, r_ = _scan_convert(u, v, dz, size)
-            pix.append(p_)
-            depth.append(d_)
-            colour.append(rgb[None, :] * shade[r_, None])
-    p, d, c = np.concatenate(pix), np.concatenate(depth), np.concatenate(colour)
-    order = np.argsort(d)  # farthest first, so the nearest sample of each pixel is written last
-    flat = img.reshape(-1, 3)
-    flat[p[order]] = c[order]  # sequential assignment of a 1-D fancy index: the last write wins
-    return img
-
-
-PREVIEW_GAP_PX = 48  # between the preview's two views, so that the first's L and the second's A read apart
-
-
-def render_preview(
-    meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: int = 512, nodules: Mapping[str, Mesh] | None = None
-) -> Path:
-    """A PNG with the anterior and left views of the organ meshes (the body surface is left out), and under them a
-    legend naming each organ shown in its colour (:func:`~.organs.organ_colours`).
-
-    nodules: the nodules' surfaces (LPS mm), drawn in the ``nodules`` colour over the organs (they lie inside the
-    lungs, whose surfaces would hide them), in the organs' frame."""
-    from matplotlib.patches import Patch
-
-    shown = {k: m for k, m in meshes.items() if k != "body"} or dict(meshes)
-    views = [rasterise(shown, view="anterior", size=size), rasterise(shown, view="left", size=size)]
-    drawn = [k for k, m in shown.items() if m.n_triangles]
-    colours = organ_colours([*shown, "nodules"], outline=False)  # as rasterise colours the surfaces
-    nods = {k: m for k, m in (nodules or {}).items() if m.n_triangles}
-    if nods and drawn:
-        allv = np.concatenate([shown[k].vertices for k in drawn])
-        frame = (allv.min(axis=0), allv.max(axis=0))
-        for n, view in enumerate(("anterior", "left")):
-            over = rasterise(nods, view=view, size=size, frame=frame, colours=dict.fromkeys(nods, colours["nodules"]))
-            hit = over.any(axis=-1)
-            views[n][hit] = over[hit]
-        drawn.append("nodules")
-    ncol, legend_px = _legend_layout([_preview_label(k) for k in drawn], 2 * size + PREVIEW_GAP_PX, fontsize=8)
-    total = size + 40 + legend_px
-    width = 2 * size + PREVIEW_GAP_PX
-    fig = _figure(width, total)
-    for n, (img, title, letters) in enumerate(
-        zip(views, ("anterior view", "left lateral view"), (("R", "L", "S", "I"), ("A", "P", "S", "I")))
-    ):
-        ax = fig.add_axes((n * (size + PREVIEW_GAP_PX) / width, legend_px / total, size / width, size / total))
-        ax.imshow(img, interpolation="nearest")
-        _labels(ax, *letters, f"{title}: {', '.join(shown)}")
-    if drawn:  # which colour is which organ
-        fig.legend(
-            handles=[Patch(facecolor=colours[k], label=_preview_label(k)) for k in drawn],
-            loc="lower center",
-            ncol=ncol,
-            fontsize=8,
-            facecolor="black",
-            edgecolor="none",
-            labelcolor="white",
-            borderpad=0.3,
-            columnspacing=1.5,
-        )
-    return _save(fig, out / f"{stem}_preview3d.png")
-
-
-def _preview_label(name: str) -> str:
-    return "nodules (drawn over the organs)" if name == "nodules" else name.replace("_", " ")
-
-
 #: Nodules that get MPRs of their own (``<stem>_nodule_NN_mpr_<plane>.png``); those after are outlined in the overview
 #: MPRs and the preview only. NODULE_FIELD_MM: the field of view (mm) of those MPRs.
 NODULE_MPRS = 20
@@ -519,13 +374,42 @@ def render_all(
     *,
     stem: str,
     nodules: Sequence[NoduleResult] = (),
+    preview: PreviewViews | None = None,
 ) -> list[Path]:
     """MPRs, lung-window MIP slabs and (with meshes) the 3-D preview; returns the written PNG paths.
 
+    nodules: the segmented findings (:func:`~.nodules.segment_findings`): see :func:`render_nodule_views`.
+    preview: the preview's organ views when already made (:func:`~.preview.preview_views` of
+    :func:`~.preview.preview_meshes`), else made here from ``meshes``."""
+    from .preview import preview_meshes, preview_views
+
+    out.mkdir(parents=True, exist_ok=True)
+    if preview is None and meshes:
+        preview = preview_views(preview_meshes(meshes, masks, volume.geometry))
+    paths = render_nodule_views(volume, masks, out, stem=stem, nodules=nodules, preview=preview)
+    lungs = [m for k, m in masks.items() if k.startswith("lung")]
+    mips = render_mip(volume, out, stem=stem, lung_mask=np.logical_or.reduce(lungs) if lungs else None)
+    return [*paths[:-1], *mips, paths[-1]] if preview is not None else [*paths, *mips]
+
+
+def render_nodule_views(
+    volume: CTVolume,
+    masks: Mapping[str, np.ndarray],
+    out: Path,
+    *,
+    stem: str,
+    nodules: Sequence[NoduleResult] = (),
+    preview: PreviewViews | None = None,
+) -> list[Path]:
+    """The renderings that show the nodules (the MIP slabs do not): the overview MPRs, the MPRs through each nodule
+    and (with ``preview``) the 3-D preview, last; returns the written PNG paths.
+
     nodules: the segmented findings (:func:`~.nodules.segment_findings`): outlined in the overview MPRs where they
-    cross them, each given axial, coronal and sagittal lung-window MPRs through its centroid (LPS mm) showing
-    :data:`NODULE_FIELD_MM` around it (``<stem>_nodule_NN_mpr_<plane>.png``, NN its finding's number, up to
-    :data:`NODULE_MPRS`), and drawn over the organs in the 3-D preview."""
+    cross them and marked where they do not (:func:`render_mpr`), each given axial, coronal and sagittal lung-window
+    MPRs through its centroid (LPS mm) showing :data:`NODULE_FIELD_MM` around it (``<stem>_nodule_NN_mpr_<plane>.png``,
+    NN its finding's number, up to :data:`NODULE_MPRS`), and drawn over the organs in the 3-D preview."""
+    from .preview import write_preview
+
     out.mkdir(parents=True, exist_ok=True)
     labels = nodule_labels(nodules, volume.geometry)
     paths = render_mpr(volume, masks, out, stem=stem, nodules=labels)
@@ -547,24 +431,10 @@ def render_all(
             note=f", through nodule #{r.index + 1}",
             window="lung",
         )
-    lungs = [m for k, m in masks.items() if k.startswith("lung")]
-    paths += render_mip(volume, out, stem=stem, lung_mask=np.logical_or.reduce(lungs) if lungs else None)
-    if meshes:
-        shown = {}
-        for organ, mesh in meshes.items():
-            if mesh.n_triangles > PREVIEW_TRIANGLES and organ in masks:  # a lighter copy is enough for a picture
-                mesh = mesh_from_mask(
-                    masks[organ],
-                    volume.geometry,
-                    name=organ,
-                    target_triangles=PREVIEW_TRIANGLES,
-                    smoothing_iterations=10,
-                    preserve_volume=False,
-                )
-            shown[organ] = mesh
+    if preview is not None:
         nodule_meshes = {}
         for r in segmented:
             assert r.mask is not None and r.geometry is not None
             nodule_meshes[f"nodule {r.index + 1}"] = mesh_from_mask(r.mask, r.geometry, name=f"nodule {r.index + 1}")
-        paths.append(render_preview(shown, out, stem=stem, nodules=nodule_meshes))
+        paths.append(write_preview(preview, out, stem=stem, nodules=nodule_meshes))
     return paths

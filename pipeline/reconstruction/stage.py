@@ -34,6 +34,7 @@ from .findings_in import findings_of_series
 from .mesh import Mesh, mesh_from_mask
 from .nodules import NoduleResult, segment_findings
 from .organs import ORGANS, organ_names
+from .preview import PreviewViews, preview_meshes, preview_views
 from .quality import QualityReport, assess_quality, mark_unreliable
 from .render import render_all
 from .segment import segment_organs
@@ -82,6 +83,8 @@ class Reconstruction:
         :func:`~pipeline.reconstruction.quality.mark_unreliable`).
     nodules: the segmentation of each finding (:class:`~pipeline.reconstruction.nodules.NoduleResult`, masks
         included; their JSON is ``measurements["nodules"]``), empty without findings.
+    preview: the 3-D preview's organ views as rendered (:class:`~.preview.PreviewViews`; None when nothing was
+        rendered), over which nodules found later are drawn (``ctpipe run`` reconstructs before it detects).
 
     ``repr()`` is a short summary (one line per organ: voxels, mL, mesh vertex and face counts; the quality
     flags; which outputs failed), not the arrays.
@@ -97,6 +100,7 @@ class Reconstruction:
     info: dict[str, Any] = field(default_factory=dict)
     quality: QualityReport | None = None
     nodules: list[NoduleResult] = field(default_factory=list)
+    preview: PreviewViews | None = None
 
     def mask(self, organ: str) -> np.ndarray:
         """Boolean mask ``[k, j, i]`` of ``organ`` on :attr:`geometry` (KeyError naming the organs there are when it
@@ -390,7 +394,9 @@ def _write_outputs(
     if render:
         try:
             masks = {o: lm.array.astype(bool) for o, lm in rec.masks.items()}
-            for path in render_all(volume, masks, rec.meshes, out, stem=stem, nodules=rec.nodules):
+            if rec.meshes:
+                rec.preview = preview_views(preview_meshes(rec.meshes, masks, volume.geometry))
+            for path in render_all(volume, masks, rec.meshes, out, stem=stem, nodules=rec.nodules, preview=rec.preview):
                 rec.add_file("render", path)
         except (CtpipeError, ValueError, OSError) as exc:
             rec.errors["render"] = _error_text(exc)

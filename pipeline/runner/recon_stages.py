@@ -9,7 +9,11 @@ lungs alone for the quality report that decides whether to search. When the
 DICOM SEG is among ``outputs.dicom``, ``reconstruct`` also keeps every organ mask
 in the cache (``RUN_DIR/cache/<case_id>.organs.npz``, bits packed) for the
 ``dicom`` stage (:mod:`.dicom_stage`); with the SR alone, the lung masks (each
-finding's side in the report). When the reconstruction leaves out a lung (or is
+finding's side in the report). With renderings on, ``reconstruct`` also keeps what
+the renderings that show nodules are drawn from (every organ mask and the 3-D
+preview's organ views, ``<case_id>.render.npz``): ``nodules`` draws the nodules it
+segments into the overview MPRs and the preview, and an MPR set through each, as
+``ctpipe reconstruct --findings`` does, without reconstructing again. When the reconstruction leaves out a lung (or is
 off), ``lungs`` keeps its two lungs apart (``<case_id>.sides.npz``): they give
 the SR's sides, and are never segments of the SEG.
 
@@ -106,6 +110,42 @@ def load_organ_masks(cache_dir: Path, case_id: str, shape: tuple[int, ...], *, s
     return {organ: np.unpackbits(packed[i], count=n).astype(bool).reshape(shape) for i, organ in enumerate(names)}
 
 
+def render_inputs_path(cache_dir: Path, case_id: str) -> Path:
+    return cache_dir / f"{case_id}.render.npz"
+
+
+def save_render_inputs(cache_dir: Path, case_id: str, masks: Mapping[str, np.ndarray], preview: Any) -> Path:
+    """Keep what the renderings that show nodules are drawn from: the organ masks (organ → bool ``[k, j, i]``, bits
+    packed) and the preview's organ views (:class:`~pipeline.reconstruction.preview.PreviewViews`, or None)."""
+    path = render_inputs_path(cache_dir, case_id)
+    names = list(masks)
+    packed = [np.packbits(np.ascontiguousarray(masks[o], dtype=bool), axis=None) for o in names]
+    arrays = {
+        "names": np.array(names, dtype=str),
+        "masks": np.stack(packed) if packed else np.zeros((0, 0), np.uint8),
+        **(preview.to_arrays() if preview is not None else {}),
+    }
+    with atomic_open(path) as fh:
+        np.savez(fh, **arrays)
+    return path
+
+
+def load_render_inputs(cache_dir: Path, case_id: str, shape: tuple[int, ...]) -> tuple[dict[str, np.ndarray], Any] | None:
+    """The organ masks and preview views kept by :func:`save_render_inputs`; None when the case has none (renderings
+    off, or drawn already)."""
+    from ..reconstruction.preview import PreviewViews
+
+    path = render_inputs_path(cache_dir, case_id)
+    if not path.is_file():
+        return None
+    n = int(np.prod(shape))
+    with np.load(path, allow_pickle=False) as data:
+        names, packed = [str(x) for x in data["names"]], data["masks"]
+        masks = {organ: np.unpackbits(packed[i], count=n).astype(bool).reshape(shape) for i, organ in enumerate(names)}
+        preview = PreviewViews.from_arrays(data) if "preview_images" in data.files else None
+    return masks, preview
+
+
 def _lungs_absent(quality: Mapping[str, Any] | None) -> str | None:
     """Why there is nothing to search (the ``lungs_absent`` flag's message), or None."""
     if not quality or quality.get("lung_coverage") != "absent":
@@ -190,6 +230,8 @@ class ReconstructStage(Stage):
             parts = [rec.mask(o) for o in LUNGS if o in rec.masks]
             if parts:
                 save_lung_mask(ctx.cache_dir, ctx.case.case_id, np.logical_or.reduce(parts))
+            if cfg.renderings and "render" not in rec.errors:  # for the nodules, drawn once they are found
+                save_render_inputs(ctx.cache_dir, ctx.case.case_id, {o: rec.mask(o) for o in rec.masks}, rec.preview)
         dicom = ctx.config.outputs.dicom
         kept = [o for o in rec.masks if "seg" in dicom or ("sr" in dicom and o in LUNGS)]
         if kept:  # for the dicom stage: the SEG's segments; the lungs give each finding's side in the SR
@@ -261,7 +303,10 @@ def _with_nodules(doc: Mapping[str, Any], nodules: list[dict[str, Any]], errors:
 
 
 class NodulesStage(Stage):
-    """Each reported finding segmented and measured inside the case's lung mask; added to the measurements JSON."""
+    """Each reported finding segmented and measured inside the case's lung mask; added to the measurements JSON. With
+    renderings on, the segmented nodules are drawn into the reconstruction's renderings (outlined or marked in the
+    overview MPRs, an MPR set through each, over the organs in the 3-D preview), as ``ctpipe reconstruct --findings``
+    draws them."""
 
     name = "nodules"
     group = "cpu"
@@ -270,6 +315,7 @@ class NodulesStage(Stage):
     def process(self, ctx: CaseContext) -> dict[str, Any]:
         findings = list(ctx.state.get("findings") or [])
         if not findings:
+            render_inputs_path(ctx.cache_dir, ctx.case.case_id).unlink(missing_ok=True)  # nothing to draw
             return {}
         from ..reconstruction.nodules import segment_findings
 
@@ -282,6 +328,41 @@ class NodulesStage(Stage):
         errors = {f"nodule:{r.index}": r.error for r in results if r.error}
         path = ctx.workdir / "recon" / f"{ctx.case.case_id}_measurements.json"
         doc = _with_nodules(json.loads(path.read_text()), nodules, errors)
+        timings = {"nodules": round(seconds, 6)}
+        declared: list[str] = []
+        if any(r.error is None and r.mask is not None and r.mask.any() for r in results):
+            t1 = time.perf_counter()
+            drawn = self._draw(ctx, vol, results, doc)
+            declared = [p.relative_to(ctx.workdir).as_posix() for p in drawn]
+            timings["render"] = round(time.perf_counter() - t1, 6)
         atomic_write_bytes(path, json.dumps(doc, indent=1, default=float).encode())
+        render_inputs_path(ctx.cache_dir, ctx.case.case_id).unlink(missing_ok=True)
         measurements = [*ctx.state.get("measurements", []), *flatten_measurements({"nodules": nodules})]
-        return {"measurements": measurements, "timings": {"nodules": round(seconds, 6)}}
+        out: dict[str, Any] = {"measurements": measurements, "timings": timings}
+        if declared:
+            out["declared"] = declared
+        return out
+
+    def _draw(self, ctx: CaseContext, vol: Any, results: list[Any], doc: dict[str, Any]) -> list[Path]:
+        """The renderings that show the nodules, drawn over what the reconstruction kept (none when it kept nothing:
+        renderings off); their names added to ``doc``'s files in the order ``ctpipe reconstruct`` lists them."""
+        from ..errors import CtpipeError
+        from ..reconstruction.render import render_nodule_views
+
+        kept = load_render_inputs(ctx.cache_dir, ctx.case.case_id, vol.shape)
+        if kept is None or not ctx.config.reconstruct.renderings:
+            return []
+        masks, preview = kept
+        try:
+            paths = render_nodule_views(
+                vol, masks, ctx.workdir / "recon", stem=ctx.case.case_id, nodules=results, preview=preview
+            )
+        except (CtpipeError, ValueError) as exc:  # a property of the case: recorded, as the reconstruction does
+            doc["errors"]["render"] = str(exc)
+            log.warning("case %s: the nodules were not drawn: %s", ctx.case.case_id, exc)
+            return []
+        files = doc.setdefault("files", {})
+        names = [p.name for p in paths]
+        others = [n for n in files.get("render", []) if n not in names]  # the MIP slabs
+        files["render"] = [*names[:-1], *others, names[-1]] if preview is not None else [*names, *others]
+        return paths

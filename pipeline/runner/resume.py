@@ -49,8 +49,8 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 #: Cached files of a case: sidecar first (a cache entry exists only while its sidecar does), array, lung mask,
-#: organ masks (for the DICOM SEG), the lungs that give the SR's sides.
-CACHE_SUFFIXES = (".json", ".npy", ".lungs.npy", ".organs.npz", ".sides.npz")
+#: organ masks (for the DICOM SEG), the lungs that give the SR's sides, what the nodules' renderings are drawn from.
+CACHE_SUFFIXES = (".json", ".npy", ".lungs.npy", ".organs.npz", ".sides.npz", ".render.npz")
 #: Temporary files: atomic writes (``tempfile.mkstemp``: 8 random characters) and prometheus_client's textfile.
 _TEMP_FILE = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$|^metrics\.prom\.\d+\.\d+$|^\.write-probe-\d+\.tmp$")
 #: Folders of the run folder that may hold temporary files (published case folders never do).

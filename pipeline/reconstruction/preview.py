@@ -1,0 +1,248 @@
+"""The 3-D preview PNG: the organ surfaces seen from the front and from the patient's left, rasterised without a
+display, with a legend of their colours; segmented nodules drawn over them.
+
+The organs' views (:class:`PreviewViews`) are made once, when the organs are reconstructed; the nodules are drawn
+over them when the preview is written (:func:`write_preview`), so that ``ctpipe run``, which reconstructs before it
+detects, draws the nodules it finds later over the same views without meshing the organs again.
+
+Display orientation: the anterior view has the patient's right on the image left and superior up; the left lateral
+view has anterior on the image left. Vertices are DICOM patient coordinates (LPS, mm).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..volume import Geometry
+from .mesh import Mesh, mesh_from_mask
+from .organs import organ_colours
+from .render import _figure, _labels, _legend_layout, _rgb, _save
+
+_CHUNK = 20000
+PREVIEW_TRIANGLES = 150_000
+
+
+def _scan_convert(u: np.ndarray, v: np.ndarray, dz: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pixels (flat index), depths and triangle indices of the pixel centres covered by triangles (T, 3) in u, v."""
+    x0 = np.clip(np.floor(u.min(axis=1)).astype(np.int64), 0, size - 1)
+    x1 = np.clip(np.ceil(u.max(axis=1)).astype(np.int64), 0, size - 1)
+    y0 = np.clip(np.floor(v.min(axis=1)).astype(np.int64), 0, size - 1)
+    y1 = np.clip(np.ceil(v.max(axis=1)).astype(np.int64), 0, size - 1)
+    w, h = x1 - x0 + 1, y1 - y0 + 1
+    n = w * h
+    rep = np.repeat(np.arange(u.shape[0]), n)
+    local = np.arange(rep.size) - np.repeat(np.cumsum(n) - n, n)
+    px = x0[rep] + local % w[rep]
+    py = y0[rep] + local // w[rep]
+    cx, cy = px + 0.5, py + 0.5
+    ua, ub, uc = u[rep, 0], u[rep, 1], u[rep, 2]
+    va, vb, vc = v[rep, 0], v[rep, 1], v[rep, 2]
+    det = (vb - vc) * (ua - uc) + (uc - ub) * (va - vc)
+    ok = np.abs(det) > 1e-12
+    det = np.where(ok, det, 1.0)
+    l0 = ((vb - vc) * (cx - uc) + (uc - ub) * (cy - vc)) / det
+    l1 = ((vc - va) * (cx - uc) + (ua - uc) * (cy - vc)) / det
+    l2 = 1.0 - l0 - l1
+    inside = ok & (l0 >= -1e-9) & (l1 >= -1e-9) & (l2 >= -1e-9)
+    r = rep[inside]
+    d = (l0[inside] * dz[r, 0] + l1[inside] * dz[r, 1] + l2[inside] * dz[r, 2]).astype(np.float32)
+    return py[inside] * size + px[inside], d, r
+
+
+def rasterise(
+    meshes: Mapping[str, Mesh],
+    *,
+    view: str = "anterior",
+    size: int = 512,
+    frame: tuple[np.ndarray, np.ndarray] | None = None,
+    colours: Mapping[str, str] | None = None,
+) -> np.ndarray:
+    """Orthographic shaded image (H, W, 3) float of the meshes seen from ``anterior`` or ``left``, each in its colour
+    (``colours``, else :func:`~.organs.organ_colours`: :data:`~.organs.ORGAN_COLORS`).
+
+    frame: the LPS box (lowest, highest corner, mm) the image is fitted to (default: the meshes' own), so that other
+    meshes drawn in the same frame (the nodules over the organs) land on the same pixels.
+
+    Anterior view: patient's right on image left, superior up. Left view: anterior on image left.
+    A vectorised scan-converter: every pixel centre of each triangle's bounding box is tested with
+    barycentric coordinates; a depth sort keeps the nearest surface per pixel (Lambert shading).
+    """
+    img = np.zeros((size, size, 3))
+    parts = [(k, m) for k, m in meshes.items() if m.n_triangles]
+    if not parts:
+        return img
+    if view == "anterior":
+        axes, depth_axis, depth_sign = (0, 2), 1, -1.0  # viewer at -y (anterior)
+    elif view == "left":
+        axes, depth_axis, depth_sign = (1, 2), 0, 1.0  # viewer at +x (patient's left)
+    else:
+        raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
+    rgbs = {k: _rgb(c) for k, c in (colours or organ_colours(meshes, outline=False)).items()}
+    if frame is None:
+        allv = np.concatenate([m.vertices for _, m in parts])
+        lo, hi = allv.min(axis=0), allv.max(axis=0)
+    else:
+        lo, hi = (np.asarray(c, dtype=np.float64) for c in frame)
+    scale = 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6)
+    centre = (lo + hi) / 2
+    light = np.zeros(3)
+    light[depth_axis] = depth_sign
+    pix, depth, colour = [], [], []
+    for organ, m in parts:
+        rgb = np.asarray(rgbs[organ])
+        for f0 in range(0, m.n_triangles, _CHUNK):  # bounded memory for large meshes
+            tri = m.vertices[m.faces[f0 : f0 + _CHUNK]]
+            n_hat = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
+            n_hat /= np.maximum(np.linalg.norm(n_hat, axis=1, keepdims=True), 1e-12)
+            shade = 0.25 + 0.75 * np.clip(n_hat @ light, 0.0, 1.0)
+            u = (tri[:, :, axes[0]] - centre[axes[0]]) * scale + size / 2
+            v = size / 2 - (tri[:, :, axes[1]] - centre[axes[1]]) * scale  # image rows run downwards
+            dz = depth_sign * tri[:, :, depth_axis]
+            p_, d_, r_ = _scan_convert(u, v, dz, size)
+            pix.append(p_)
+            depth.append(d_)
+            colour.append(rgb[None, :] * shade[r_, None])
+    p, d, c = np.concatenate(pix), np.concatenate(depth), np.concatenate(colour)
+    order = np.argsort(d)  # farthest first, so the nearest sample of each pixel is written last
+    flat = img.reshape(-1, 3)
+    flat[p[order]] = c[order]  # sequential assignment of a 1-D fancy index: the last write wins
+    return img
+
+
+PREVIEW_GAP_PX = 48  # between the preview's two views, so that the first's L and the second's A read apart
+VIEWS = ("anterior", "left")
+
+
+@dataclass(frozen=True)
+class PreviewViews:
+    """The organs' views of the 3-D preview, before any nodule is drawn over them.
+
+    images: the anterior and left views, RGB uint8 ``(size, size, 3)`` each (:func:`rasterise`, quantised once so that
+    views kept in a file give the same PNG). organs: the organs shown, in order (the titles); drawn: those with a
+    surface (the legend). frame: the LPS box (lowest, highest corner, mm) the views are fitted to, None without a
+    surface: the nodules are drawn in it."""
+
+    images: tuple[np.ndarray, np.ndarray]
+    organs: tuple[str, ...]
+    drawn: tuple[str, ...]
+    frame: tuple[np.ndarray, np.ndarray] | None
+
+    @property
+    def size(self) -> int:
+        return int(self.images[0].shape[0])
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """The views as plain arrays (for ``np.savez``; :meth:`from_arrays` reads them back)."""
+        frame = np.stack(self.frame) if self.frame is not None else np.zeros((0, 3))
+        return {
+            "preview_images": np.stack(self.images),
+            "preview_organs": np.array(self.organs, dtype=str),
+            "preview_drawn": np.array(self.drawn, dtype=str),
+            "preview_frame": frame,
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> PreviewViews:
+        images = np.asarray(arrays["preview_images"], dtype=np.uint8)
+        frame = np.asarray(arrays["preview_frame"], dtype=np.float64)
+        return cls(
+            images=(images[0], images[1]),
+            organs=tuple(str(x) for x in arrays["preview_organs"]),
+            drawn=tuple(str(x) for x in arrays["preview_drawn"]),
+            frame=(frame[0], frame[1]) if frame.shape == (2, 3) else None,
+        )
+
+
+def _quantised(img: np.ndarray) -> np.ndarray:
+    return np.round(np.clip(img, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def preview_meshes(meshes: Mapping[str, Mesh], masks: Mapping[str, np.ndarray], geometry: Geometry) -> dict[str, Mesh]:
+    """The meshes the preview draws: each organ's, or for one of more than :data:`PREVIEW_TRIANGLES` triangles a
+    lighter copy made from its mask (``[k, j, i]`` on ``geometry``): enough for a picture."""
+    shown = {}
+    for organ, mesh in meshes.items():
+        if mesh.n_triangles > PREVIEW_TRIANGLES and organ in masks:
+            mesh = mesh_from_mask(
+                masks[organ],
+                geometry,
+                name=organ,
+                target_triangles=PREVIEW_TRIANGLES,
+                smoothing_iterations=10,
+                preserve_volume=False,
+            )
+        shown[organ] = mesh
+    return shown
+
+
+def preview_views(meshes: Mapping[str, Mesh], *, size: int = 512) -> PreviewViews:
+    """The anterior and left views of the organ meshes (LPS mm), the body surface left out (:class:`PreviewViews`)."""
+    shown = {k: m for k, m in meshes.items() if k != "body"} or dict(meshes)
+    drawn = tuple(k for k, m in shown.items() if m.n_triangles)
+    frame = None
+    if drawn:
+        allv = np.concatenate([shown[k].vertices for k in drawn])
+        frame = (allv.min(axis=0), allv.max(axis=0))
+    images = tuple(_quantised(rasterise(shown, view=view, size=size, frame=frame)) for view in VIEWS)
+    return PreviewViews(images=(images[0], images[1]), organs=tuple(shown), drawn=drawn, frame=frame)
+
+
+def render_preview(
+    meshes: Mapping[str, Mesh], out: Path, *, stem: str, size: int = 512, nodules: Mapping[str, Mesh] | None = None
+) -> Path:
+    """A PNG with the anterior and left views of the organ meshes (the body surface is left out), and under them a
+    legend naming each organ shown in its colour (:func:`~.organs.organ_colours`): :func:`preview_views` and
+    :func:`write_preview`.
+
+    nodules: the nodules' surfaces (LPS mm), drawn in the ``nodules`` colour over the organs (they lie inside the
+    lungs, whose surfaces would hide them), in the organs' frame."""
+    return write_preview(preview_views(meshes, size=size), out, stem=stem, nodules=nodules)
+
+
+def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping[str, Mesh] | None = None) -> Path:
+    """``<stem>_preview3d.png`` of the organs' ``views`` with the ``nodules``' surfaces (LPS mm) drawn over them in
+    the ``nodules`` colour, in the organs' frame, and a legend of the colours under the views."""
+    from matplotlib.patches import Patch
+
+    size = views.size
+    images = [img.copy() for img in views.images]
+    drawn = list(views.drawn)
+    colours = organ_colours([*views.organs, "nodules"], outline=False)  # as rasterise colours the surfaces
+    nods = {k: m for k, m in (nodules or {}).items() if m.n_triangles}
+    if nods and views.frame is not None:
+        for n, view in enumerate(VIEWS):
+            over = rasterise(nods, view=view, size=size, frame=views.frame, colours=dict.fromkeys(nods, colours["nodules"]))
+            hit = over.any(axis=-1)
+            images[n][hit] = _quantised(over[hit])
+        drawn.append("nodules")
+    ncol, legend_px = _legend_layout([_preview_label(k) for k in drawn], 2 * size + PREVIEW_GAP_PX, fontsize=8)
+    total = size + 40 + legend_px
+    width = 2 * size + PREVIEW_GAP_PX
+    fig = _figure(width, total)
+    for n, (img, title, letters) in enumerate(
+        zip(images, ("anterior view", "left lateral view"), (("R", "L", "S", "I"), ("A", "P", "S", "I")))
+    ):
+        ax = fig.add_axes((n * (size + PREVIEW_GAP_PX) / width, legend_px / total, size / width, size / total))
+        ax.imshow(img, interpolation="nearest")
+        _labels(ax, *letters, f"{title}: {', '.join(views.organs)}")
+    if drawn:  # which colour is which organ
+        fig.legend(
+            handles=[Patch(facecolor=colours[k], label=_preview_label(k)) for k in drawn],
+            loc="lower center",
+            ncol=ncol,
+            fontsize=8,
+            facecolor="black",
+            edgecolor="none",
+            labelcolor="white",
+            borderpad=0.3,
+            columnspacing=1.5,
+        )
+    return _save(fig, out / f"{stem}_preview3d.png")
+
+
+def _preview_label(name: str) -> str:
+    return "nodules (drawn over the organs)" if name == "nodules" else name.replace("_", " ")
