@@ -240,7 +240,7 @@ def test_the_3d_preview_says_which_colour_is_which_organ(tmp_path, monkeypatch):
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
     assert len(legends) == 1, "one legend of the organs' colours"
     entries = {t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(legends[0].get_texts(), legends[0].legend_handles)}
-    assert entries == {"lung left": ORGAN_COLORS["lung_left"], "lung right": ORGAN_COLORS["lung_right"]}  # no body
+    assert entries == {"left lung": ORGAN_COLORS["lung_left"], "right lung": ORGAN_COLORS["lung_right"]}  # no body
 
 
 def test_a_legend_of_many_organs_wraps_onto_rows_inside_the_png(tmp_path, monkeypatch):
@@ -297,9 +297,9 @@ def test_organs_without_a_colour_of_their_own_get_distinct_colours(tmp_path, mon
     surface = {
         t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(preview.legends[0].get_texts(), preview.legends[0].legend_handles)
     }
-    assert set(outline) == set(surface) == {"liver", "spleen", "kidney", "lung left"}
+    assert set(outline) == set(surface) == {"liver", "spleen", "kidney", "left lung"}
     assert len(set(outline.values())) == 4 and len(set(surface.values())) == 4, (outline, surface)
-    assert outline["lung left"] == OUTLINE_COLORS["lung_left"] and surface["lung left"] == ORGAN_COLORS["lung_left"]
+    assert outline["left lung"] == OUTLINE_COLORS["lung_left"] and surface["left lung"] == ORGAN_COLORS["lung_left"]
     assert all(outline[n] == surface[n] for n in ("liver", "spleen", "kidney"))
     img = rasterise({n: mesh_from_mask(m, geom, name=n) for n, m in masks.items()}, view="anterior", size=128)
     drawn = img.reshape(-1, 3)[img.reshape(-1, 3).max(axis=1) > 0.1]
@@ -351,3 +351,23 @@ def test_the_preview_views_letters_stay_apart(tmp_path, monkeypatch):
     left_letter = next(t for t in anterior.texts if t.get_text() == "L").get_window_extent(renderer)
     right_letter = next(t for t in lateral.texts if t.get_text() == "A").get_window_extent(renderer)
     assert right_letter.x0 - left_letter.x1 >= left_letter.width * 2, (left_letter, right_letter)
+
+
+def test_the_preview_and_mpr_texts_name_the_organs_as_the_seg_does(tmp_path, monkeypatch):
+    """The preview's titles listed ``lung_left, lung_right, small_bowel`` (the program's names, underscores and all),
+    its legend and the MPRs' ``lung left``: every title and legend now says "left lung", "right lung", as the SEG's
+    segment labels (Left lung, Right lung) do, and other organs without underscores."""
+    from pipeline.reconstruction.preview import render_preview
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(40, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -20.0))
+    names = ["lung_left", "lung_right", "small_bowel"]
+    masks = {name: sphere_mask((40, 40, 60), (20, 20, 10 + 20 * n), 7) for n, name in enumerate(names)}
+    vol = CTVolume(np.full(geom.shape, 40.0, np.float32), geom)
+    render_mpr(vol, masks, tmp_path, stem="n", center_lps=geom.index_to_lps([[30.0, 20.0, 20.0]])[0])
+    render_preview({n: mesh_from_mask(m, geom, name=n) for n, m in masks.items()}, tmp_path, stem="n", size=128)
+    axial, preview = figures[0], figures[-1]
+    titles = [ax.get_title() for ax in preview.axes]
+    assert all(t.endswith(": left lung, right lung, small bowel") for t in titles), titles
+    legends = [*axial.axes[0].get_legend().get_texts(), *preview.legends[0].get_texts()]
+    assert {t.get_text() for t in legends} == {"left lung", "right lung", "small bowel"}

@@ -55,6 +55,16 @@ def organ_colours(organs: Iterable[str], *, outline: bool) -> dict[str, str]:
     return out
 
 
+#: What the renderings' titles and legends call an organ, as the SEG's segment labels do (``Left lung``); other organs
+#: by their name, underscores as spaces (:func:`organ_label`).
+ORGAN_LABELS: dict[str, str] = {"lung_left": "left lung", "lung_right": "right lung"}
+
+
+def organ_label(organ: str) -> str:
+    """An organ's name as a reader says it (``lung_left`` → ``left lung``; ``small_bowel`` → ``small bowel``)."""
+    return ORGAN_LABELS.get(organ, organ.replace("_", " "))
+
+
 def organ_names(organs: str | Iterable[str]) -> tuple[str, ...]:
     """``organs`` as a tuple of names, in the order given, each once.
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..volume import Geometry
 from .mesh import Mesh, mesh_from_mask
-from .organs import organ_colours
+from .organs import organ_colours, organ_label
 from .render import _figure, _labels, _legend_layout, _rgb, _save
 
 _CHUNK = 20000
@@ -228,7 +228,7 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
     ):
         ax = fig.add_axes((n * (size + PREVIEW_GAP_PX) / width, legend_px / total, size / width, size / total))
         ax.imshow(img, interpolation="nearest")
-        _labels(ax, *letters, f"{title}: {', '.join(views.organs)}")
+        _labels(ax, *letters, f"{title}: {', '.join(organ_label(k) for k in views.organs)}")
     if drawn:  # which colour is which organ
         fig.legend(
             handles=[Patch(facecolor=colours[k], label=_preview_label(k)) for k in drawn],
@@ -245,4 +245,4 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
 
 
 def _preview_label(name: str) -> str:
-    return "nodules (drawn over the organs)" if name == "nodules" else name.replace("_", " ")
+    return "nodules (drawn over the organs)" if name == "nodules" else organ_label(name)

@@ -21,7 +21,7 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 from ..volume import CTVolume, Geometry
 from .mesh import Mesh, mesh_from_mask
-from .organs import organ_colours
+from .organs import organ_colours, organ_label
 
 if TYPE_CHECKING:  # pragma: no cover
     from .nodules import NoduleResult
@@ -225,7 +225,7 @@ def render_mpr(
         outlines = {organ: sl for organ, sl in outlines.items() if not sl.all()}  # an edge to draw
         cut = _plane(nview, plane, int(center_idx[fixed]))[crop] if nview is not None else None
         numbers = [int(v) for v in np.unique(cut) if v > 0] if cut is not None else []
-        legend = [organ.replace("_", " ") for organ in outlines] + (["nodule #N (finding #N)"] if numbers else [])
+        legend = [organ_label(organ) for organ in outlines] + (["nodule #N (finding #N)"] if numbers else [])
         fig, ax, ncol = _image_figure(w_mm, h_mm, legend=legend)
         extent = (0, w_mm, h_mm, 0)
         vmin, vmax = WINDOWS[window]
@@ -237,7 +237,7 @@ def render_mpr(
             ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
             colour = colours[organ]
             ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
-            drawn.append(Line2D([], [], color=colour, label=organ.replace("_", " ")))
+            drawn.append(Line2D([], [], color=colour, label=organ_label(organ)))
         for number in numbers:  # each nodule cut by the plane, outlined and lettered beside its outline
             assert cut is not None
             sl = cut == number
