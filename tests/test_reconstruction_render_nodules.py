@@ -47,8 +47,8 @@ def test_the_nodules_are_outlined_in_their_own_mprs_and_drawn_in_the_preview(tmp
     for name in own:
         assert len(_magenta(names[name])) > 20, name  # the nodule's outline (and its #1) in each plane through it
     assert len(_magenta(names["c_preview3d.png"])) > 50  # over the lung's surface, not hidden inside it
-    # the overview MPRs go through the lungs' centre, here below the nodule: no outline where none is cut
-    assert len(_magenta(names["c_mpr_axial.png"])) == 0
+    # the overview MPRs go through the lungs' centre, here below the nodule: it is marked there, not outlined
+    assert len(_magenta(names["c_mpr_axial.png"])) > 20
 
 
 def test_an_overview_mpr_through_a_nodule_outlines_it(tmp_path):
@@ -63,3 +63,66 @@ def test_an_overview_mpr_through_a_nodule_outlines_it(tmp_path):
     plain = render_mpr(vol, {"lung_right": lung}, tmp_path, stem="b", center_lps=CENTRE)
     for with_nodule, without in zip(through, plain):
         assert len(_magenta(with_nodule)) > 20 and len(_magenta(without)) == 0, with_nodule.name
+
+
+def test_an_overview_mpr_marks_the_nodules_it_does_not_cut_with_their_distance(tmp_path, monkeypatch):
+    """A nodule away from the overview MPRs' planes was invisible on them: the reader of the overview could not tell
+    there was one. Each nodule a plane does not cut is now drawn dashed where it projects onto the plane, lettered
+    ``#N`` as the outlines and the nodule lines are, with the distance from the plane to its centre and the side
+    (S/I, A/P, R/L) it lies on; the legend says what the dashed outline is."""
+    from pipeline.reconstruction import render
+    from pipeline.reconstruction.render import nodule_labels, render_mpr
+
+    figures: list = []
+    save = render._save
+    monkeypatch.setattr(render, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    vol, lung = _lung_with_a_nodule()
+    nodules = segment_findings(vol, [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}], lung_mask=lung)
+    labels = nodule_labels(nodules, vol.geometry)
+    below = CENTRE - np.array([0.0, 0.0, 18.0])  # the axial plane 18 mm below the nodule; the others through it
+    paths = render_mpr(vol, {"lung_right": lung}, tmp_path, stem="o", center_lps=below, nodules=labels)
+    axial = figures[0]
+    z = float(axial.axes[0].get_title().split("z=")[1].split(" mm")[0])
+    distance = nodules[0].centroid_lps[2] - z
+    assert distance > 12.0  # the plane does not cut it
+    texts = [t.get_text() for t in axial.axes[0].texts]
+    assert f"#1 ({distance:.0f} mm S)" in texts, texts
+    legend = [t.get_text() for t in axial.axes[0].get_legend().get_texts()]
+    assert any("off the plane" in t and "projected" in t for t in legend), legend
+    marked = _magenta(paths[0])
+    assert len(marked) > 10
+    # where the nodule projects: right of the image centre's left half (patient's right, x < 0), above the middle (A)
+    img_w = mpimg.imread(paths[0]).shape[1]
+    assert marked[:, 1].mean() < img_w / 2
+    for fig in figures[1:]:  # the coronal and sagittal planes cut it: outlined, no distance
+        texts = [t.get_text() for t in fig.axes[0].texts]
+        assert "#1" in texts and not any(t.startswith("#1 (") for t in texts), texts
+
+
+def test_the_letters_of_nodules_side_by_side_do_not_cover_each_other(tmp_path, monkeypatch):
+    """Two nodules beside each other off a plane: the second's "#2 (14 mm A)" covered the first's "#1" on the real
+    overview. Each nodule's letters now take a spot no other letters take."""
+    from pipeline.reconstruction import render
+    from pipeline.reconstruction.render import nodule_labels, render_mpr
+
+    figures: list = []
+    save = render._save
+    monkeypatch.setattr(render, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    vol, lung = _lung_with_a_nodule()
+    twin = CENTRE + np.array([0.0, 0.0, -14.0])  # straight below the first: both project onto the same spot
+    arr = np.asarray(vol.array).copy()
+    from tests._support.shapes import lps_grids
+
+    x, y, z = lps_grids(vol.geometry)
+    arr[(x - twin[0]) ** 2 + (y - twin[1]) ** 2 + (z - twin[2]) ** 2 <= 4.0**2] = 40.0
+    vol = CTVolume(arr, vol.geometry, metadata=vol.metadata)
+    found = [{"center_lps": c.tolist(), "diameter_mm": 10.0} for c in (CENTRE, twin)]
+    nodules = segment_findings(vol, found, lung_mask=lung)
+    assert all(r.error is None for r in nodules)
+    labels = nodule_labels(nodules, vol.geometry)
+    render_mpr(vol, {"lung_right": lung}, tmp_path, stem="t", center_lps=CENTRE + [0.0, 0.0, 25.0], nodules=labels)
+    axial = figures[0]
+    renderer = axial.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in axial.axes[0].texts if t.get_text().startswith("#")]
+    assert len(boxes) == 2
+    assert not boxes[0].overlaps(boxes[1]), boxes

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -194,15 +195,18 @@ def render_mpr(
     :data:`~.organs.OUTLINE_COLORS`), with a legend in rows below the image (:func:`_legend_layout`), never over it.
 
     nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`: N is the nodule of finding #N); each
-    nodule a plane cuts is outlined in the ``nodules`` colour and lettered ``#N`` beside it. field_mm: the images show
-    this many mm around ``center_lps`` (a nodule's close-up), not the whole plane. note: added to each title. window:
-    a name of :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title."""
+    nodule a plane cuts is outlined in the ``nodules`` colour and lettered ``#N`` beside it; on the whole plane (no
+    ``field_mm``), each nodule it does not cut is drawn dashed where it projects onto the plane and lettered ``#N (d mm
+    S)``: the distance from the plane to its centre and the side it lies on. field_mm: the images show this many mm
+    around ``center_lps`` (a nodule's close-up), not the whole plane. note: added to each title. window: a name of
+    :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title."""
     from matplotlib.lines import Line2D
 
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
     nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
     colours = organ_colours([*masks, "nodules"], outline=True)  # the same in every plane
+    beside = _nodule_extents(nview) if nview is not None and field_mm is None else {}
     if center_lps is None:
         lung = [m for k, m in mviews.items() if k.startswith("lung")]
         ref = np.logical_or.reduce(lung) if lung else None
@@ -225,7 +229,9 @@ def render_mpr(
         outlines = {organ: sl for organ, sl in outlines.items() if not sl.all()}  # an edge to draw
         cut = _plane(nview, plane, int(center_idx[fixed]))[crop] if nview is not None else None
         numbers = [int(v) for v in np.unique(cut) if v > 0] if cut is not None else []
+        off = [n for n in beside if n not in numbers]
         legend = [organ_label(organ) for organ in outlines] + (["nodule #N (finding #N)"] if numbers else [])
+        legend += [OFF_PLANE_LEGEND] if off else []
         fig, ax, ncol = _image_figure(w_mm, h_mm, legend=legend)
         extent = (0, w_mm, h_mm, 0)
         vmin, vmax = WINDOWS[window]
@@ -238,25 +244,40 @@ def render_mpr(
             colour = colours[organ]
             ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
             drawn.append(Line2D([], [], color=colour, label=organ_label(organ)))
-        for number in numbers:  # each nodule cut by the plane, outlined and lettered beside its outline
-            assert cut is not None
-            sl = cut == number
+        marks = [(n, cut == n, "solid", f"#{n}") for n in numbers if cut is not None]  # outlined where cut
+        for n in off:  # each nodule the plane does not cut: dashed where it projects, with its distance and side
+            assert nview is not None
+            d = (beside[n].centre_xyz[fixed] - center_idx[fixed]) * spacing[fixed]
+            text = f"#{n} ({abs(d):.0f} mm {_SIDE_LETTERS[fixed][int(d > 0)]})"
+            marks.append((n, _plane(_projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
+        placed: list[tuple[float, float, float, float]] = []
+        mm_per_pt = max(w_mm / ax.bbox.width, h_mm / ax.bbox.height) * fig.dpi / 72.0
+        for _n, sl, style, text in marks:
             xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
             ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
-            ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colours["nodules"]], linewidths=1.2)
+            width = 1.2 if style == "solid" else 1.0
+            ax.contour(
+                xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colours["nodules"]], linewidths=width, linestyles=style
+            )
             r_px, c_px = np.nonzero(sl)
+            x, y = _free_spot(
+                (c_px.max() + 1.5) * spacing[cols] + 1.0, (r_px.min() + 0.5) * spacing[rows], text, mm_per_pt, placed
+            )
             ax.text(
-                (c_px.max() + 1.5) * spacing[cols] + 1.0,
-                (r_px.min() + 0.5) * spacing[rows],
-                f"#{number}",
+                x,
+                y,
+                text,
                 color=colours["nodules"],
-                fontsize=8,
+                fontsize=NODULE_FONTSIZE,
                 fontweight="bold",
                 ha="left",
                 va="bottom",
-            )
+                bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
+            )  # legible on lung or bone
         if numbers:
             drawn.append(Line2D([], [], color=colours["nodules"], label="nodule #N (finding #N)"))
+        if off:
+            drawn.append(Line2D([], [], color=colours["nodules"], linestyle="--", label=OFF_PLANE_LEGEND))
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
             ax.legend(
                 handles=drawn,
@@ -282,6 +303,67 @@ def render_mpr(
         )
         paths.append(_save(fig, out / f"{stem}_mpr_{plane}.png"))
     return paths
+
+
+#: The legend's entry for a nodule a plane does not cut (:func:`render_mpr`), and the letters of the side it lies on
+#: along each LPS axis (negative, positive): x right/left, y anterior/posterior, z inferior/superior.
+OFF_PLANE_LEGEND = "nodule off the plane (projected)"
+NODULE_FONTSIZE = 8  # points, the nodules' letters
+_SIDE_LETTERS = (("R", "L"), ("A", "P"), ("I", "S"))
+
+
+@dataclass(frozen=True)
+class _Extent:
+    """A nodule's box (slices of :func:`lps_aligned`'s ``[z, y, x]`` view), its mask there and its centre (x, y, z
+    view indices)."""
+
+    box: tuple[slice, slice, slice]
+    mask: np.ndarray
+    centre_xyz: np.ndarray
+
+
+def _free_spot(
+    x: float, y: float, text: str, mm_per_pt: float, placed: list[tuple[float, float, float, float]]
+) -> tuple[float, float]:
+    """Where to put a nodule's letters (bottom left corner, image mm; ``y`` runs down) at ``(x, y)`` or, when that
+    would cover letters ``placed`` before (boxes ``x0, y0, x1, y1``), a line lower, until it covers none; the box
+    it takes is added to ``placed``. ``mm_per_pt``: image mm per typographic point on the PNG."""
+    w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # a generous estimate of bold DejaVu Sans' widths
+    h = 1.45 * NODULE_FONTSIZE * mm_per_pt
+    for _ in range(len(placed) + 1):
+        box = (x, y - h, x + w, y)
+        if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
+            break
+        y += h
+    placed.append((x, y - h, x + w, y))
+    return x, y
+
+
+def _nodule_extents(nview: np.ndarray) -> dict[int, _Extent]:
+    """Each nodule of the labels ``nview`` (:func:`lps_aligned` view of :func:`nodule_labels`) by its number."""
+    from scipy import ndimage
+
+    out = {}
+    for n, box in enumerate(ndimage.find_objects(nview), start=1):
+        if box is None:
+            continue
+        mask = nview[box] == n
+        zyx = np.argwhere(mask).mean(axis=0) + np.array([b.start for b in box])
+        out[n] = _Extent(box=(box[0], box[1], box[2]), mask=mask, centre_xyz=zyx[::-1])
+    return out
+
+
+def _projection(shape: tuple[int, ...], extent: _Extent, plane: str) -> np.ndarray:
+    """The nodule's shadow along ``plane``'s fixed axis: a ``[z, y, x]`` array of ``shape`` one plane thick along that
+    axis (:func:`_plane` index 0 gives it as the plane's image)."""
+    axis = 2 - _PLANES[plane][0]
+    thin = list(shape)
+    thin[axis] = 1
+    out = np.zeros(thin, bool)
+    box = list(extent.box)
+    box[axis] = slice(0, 1)
+    out[tuple(box)] = extent.mask.any(axis=axis, keepdims=True)
+    return out
 
 
 def _field_window(
