@@ -371,3 +371,24 @@ def test_the_preview_and_mpr_texts_name_the_organs_as_the_seg_does(tmp_path, mon
     assert all(t.endswith(": left lung, right lung, small bowel") for t in titles), titles
     legends = [*axial.axes[0].get_legend().get_texts(), *preview.legends[0].get_texts()]
     assert {t.get_text() for t in legends} == {"left lung", "right lung", "small bowel"}
+
+
+def test_the_scale_bar_and_the_lower_letter_lie_below_the_image_not_on_anatomy(tmp_path, monkeypatch):
+    """On the real planning chest's coronal and sagittal overviews the body fills the image to its lower edge: the
+    scale bar and its "50 mm" lay over the right flank, the I over the liver. Both now lie in a band below the image."""
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(141, 128, 128), spacing=(3.9, 3.9, 2.0), origin=(-250.0, -250.0, -164.5))
+    vol = CTVolume(np.full(geom.shape, 40.0, np.float32), geom)  # tissue everywhere: any overlay lies on it
+    render_mpr(vol, {}, tmp_path, stem="b")
+    render_mip(vol, tmp_path, stem="b")
+    assert len(figures) == 6
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        image = ax.images[0].get_window_extent(renderer)
+        bar = next(line for line in ax.lines if len(line.get_xdata()) == 2).get_window_extent(renderer)
+        scale = next(t for t in ax.texts if t.get_text().endswith(" mm")).get_window_extent(renderer)
+        lower = next(t for t in ax.texts if tuple(t.get_position()) == (0.5, 0.01)).get_window_extent(renderer)  # I, P
+        for what, box in (("bar", bar), ("its length", scale), ("the lower letter", lower)):
+            assert box.y1 <= image.y0 + 0.5, (ax.get_title(), what, box, image)
+            assert fig.bbox.y0 - 0.5 <= box.y0, (ax.get_title(), what)

@@ -96,18 +96,29 @@ def _figure(width_px: int, height_px: int):
     return fig
 
 
+#: Pixels of the band right below each MPR and MIP image, inside its axes, that holds the scale bar and the lower
+#: orientation letter (:func:`_scale_bar`): on no anatomy, wherever the body reaches the image's lower edge.
+BAND_PX = 28
+
+
+def _image_px(w_mm: float, h_mm: float) -> tuple[float, int]:
+    """Pixels per mm and the height (pixels) of a ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side."""
+    scale = 640.0 / max(h_mm, w_mm)
+    return scale, max(int(h_mm * scale), 1)
+
+
 def _image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None):
     """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
-    :data:`TITLE_PX` above it for the title, the rows of a legend of the ``legend`` labels below it (so that the
-    legend hides no anatomy; :func:`_legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure,
-    the axes and the legend's number of columns."""
-    scale = 640.0 / max(h_mm, w_mm)
-    h_px = max(int(h_mm * scale), 1)
+    :data:`TITLE_PX` above it for the title, the :data:`BAND_PX` band of the scale bar under it (in the axes), the
+    rows of a legend of the ``legend`` labels below that (so that the legend hides no anatomy;
+    :func:`_legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure, the axes and the legend's
+    number of columns."""
+    scale, h_px = _image_px(w_mm, h_mm)
     width = max(int(w_mm * scale) + 20, MIN_WIDTH_PX)
     ncol, legend_px = _legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
-    total = h_px + TITLE_PX + legend_px
+    total = h_px + BAND_PX + TITLE_PX + legend_px
     fig = _figure(width, total)
-    return fig, fig.add_axes((0, legend_px / total, 1, h_px / total)), ncol
+    return fig, fig.add_axes((0, legend_px / total, 1, (h_px + BAND_PX) / total)), ncol
 
 
 def _save(fig, path: Path) -> Path:
@@ -124,15 +135,17 @@ SCALE_BAR_MM = (200.0, 100.0, 50.0, 20.0, 10.0, 5.0)  # the lengths a scale bar 
 
 
 def _scale_bar(ax, w_mm: float, h_mm: float) -> None:
-    """A bar in the lower left corner of an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm), labelled with its
-    length: the longest of :data:`SCALE_BAR_MM` up to an eighth of the image's width, small enough to stay in the
-    corner (outside the body on an axial field of view), on a dark box as the orientation letters are."""
+    """A bar at the left of the band below an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm; the band is
+    :data:`BAND_PX` of :func:`_image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
+    to an eighth of the image's width. Below the image, it covers no anatomy."""
     length = next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
-    x0, y = 0.03 * w_mm, h_mm - 0.03 * h_mm
+    scale, _h_px = _image_px(w_mm, h_mm)
+    band = BAND_PX / scale  # mm
+    x0, y = 0.03 * w_mm, h_mm + 0.8 * band
     ax.plot([x0, x0 + length], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt")
     ax.text(
         x0 + length / 2,
-        y - 0.012 * h_mm,
+        y - 0.15 * band,
         f"{length:.0f} mm",
         color="yellow",
         fontsize=8,
@@ -141,7 +154,7 @@ def _scale_bar(ax, w_mm: float, h_mm: float) -> None:
         bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
     )
     ax.set_xlim(0, w_mm)
-    ax.set_ylim(h_mm, 0)
+    ax.set_ylim(h_mm + band, 0)
 
 
 def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
@@ -251,7 +264,7 @@ def render_mpr(
             text = f"#{n} ({abs(d):.0f} mm {_SIDE_LETTERS[fixed][int(d > 0)]})"
             marks.append((n, _plane(_projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
         placed: list[tuple[float, float, float, float]] = []
-        mm_per_pt = max(w_mm / ax.bbox.width, h_mm / ax.bbox.height) * fig.dpi / 72.0
+        mm_per_pt = max(w_mm / ax.bbox.width, ax.get_ylim()[0] / ax.bbox.height) * fig.dpi / 72.0
         for _n, sl, style, text in marks:
             xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
             ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
