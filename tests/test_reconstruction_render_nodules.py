@@ -126,3 +126,28 @@ def test_the_letters_of_nodules_side_by_side_do_not_cover_each_other(tmp_path, m
     boxes = [t.get_window_extent(renderer) for t in axial.axes[0].texts if t.get_text().startswith("#")]
     assert len(boxes) == 2
     assert not boxes[0].overlaps(boxes[1]), boxes
+
+
+def test_the_preview_letters_each_nodule_with_its_findings_number(tmp_path, monkeypatch):
+    """The 3-D preview drew six magenta nodules on the planning chest and named none: a reader could not match a ball
+    to finding #3 of the SR or the MPRs. Each is now lettered #N beside its surface in both views."""
+    from pipeline.reconstruction import preview
+    from pipeline.reconstruction.preview import image_position
+
+    figures: list = []
+    save = preview._save
+    monkeypatch.setattr(preview, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    vol, lung = _lung_with_a_nodule()
+    nodules = segment_findings(vol, [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}], lung_mask=lung)
+    meshes = {"lung_right": mesh_from_mask(lung, vol.geometry, name="lung_right")}
+    render_all(vol, {"lung_right": lung}, meshes, tmp_path, stem="p", nodules=nodules)
+    (fig,) = figures
+    lung_v = meshes["lung_right"].vertices
+    frame = (lung_v.min(axis=0), lung_v.max(axis=0))
+    for ax, view in zip(fig.axes[:2], ("anterior", "left")):
+        (label,) = [t for t in ax.texts if t.get_text().startswith("#")]
+        assert label.get_text() == "#1"
+        (u, v), top = image_position(np.array([CENTRE, CENTRE + [0.0, 0.0, 6.0]]), view=view, size=512, frame=frame)
+        r = v - top[1]  # pixels: 6 mm, about the nodule's radius
+        x, y = label.get_position()
+        assert 0.5 * r < x - u < r + 15 and -r - 5 < y - v < 5, (view, (x, y), (u, v), r)  # right beside the nodule

@@ -20,7 +20,7 @@ import numpy as np
 from ..volume import Geometry
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
-from .render import _figure, _labels, _legend_layout, _rgb, _save
+from .render import NODULE_FONTSIZE, _figure, _free_spot, _labels, _legend_layout, _rgb, _save
 
 _CHUNK = 20000
 PREVIEW_TRIANGLES = 150_000
@@ -157,6 +157,19 @@ class PreviewViews:
         )
 
 
+def image_position(points_lps: np.ndarray, *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Where LPS points (mm, ``[n, 3]``) fall on a :func:`rasterise` image of ``size`` pixels fitted to ``frame``:
+    ``[n, 2]`` (column, row) pixel coordinates (rows run downwards)."""
+    axes = (0, 2) if view == "anterior" else (1, 2)
+    lo, hi = (np.asarray(c, dtype=np.float64) for c in frame)
+    scale = 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6)
+    centre = (lo + hi) / 2
+    pts = np.asarray(points_lps, dtype=np.float64).reshape(-1, 3)
+    u = (pts[:, axes[0]] - centre[axes[0]]) * scale + size / 2
+    v = size / 2 - (pts[:, axes[1]] - centre[axes[1]]) * scale
+    return np.stack([u, v], axis=1)
+
+
 def _quantised(img: np.ndarray) -> np.ndarray:
     return np.round(np.clip(img, 0.0, 1.0) * 255.0).astype(np.uint8)
 
@@ -199,13 +212,15 @@ def render_preview(
     :func:`write_preview`.
 
     nodules: the nodules' surfaces (LPS mm), drawn in the ``nodules`` colour over the organs (they lie inside the
-    lungs, whose surfaces would hide them), in the organs' frame."""
+    lungs, whose surfaces would hide them), in the organs' frame; a name ``nodule N`` letters it ``#N``."""
     return write_preview(preview_views(meshes, size=size), out, stem=stem, nodules=nodules)
 
 
 def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping[str, Mesh] | None = None) -> Path:
     """``<stem>_preview3d.png`` of the organs' ``views`` with the ``nodules``' surfaces (LPS mm) drawn over them in
-    the ``nodules`` colour, in the organs' frame, and a legend of the colours under the views."""
+    the ``nodules`` colour, in the organs' frame, each lettered ``#N`` beside it (``nodule N``: the nodule of finding
+    #N, as the MPRs and ``ctpipe reconstruct``'s nodule lines number it), and a legend of the colours under the
+    views."""
     from matplotlib.patches import Patch
 
     size = views.size
@@ -229,6 +244,8 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
         ax = fig.add_axes((n * (size + PREVIEW_GAP_PX) / width, legend_px / total, size / width, size / total))
         ax.imshow(img, interpolation="nearest")
         _labels(ax, *letters, f"{title}: {', '.join(organ_label(k) for k in views.organs)}")
+        if views.frame is not None:
+            _letter_nodules(ax, nods, view=VIEWS[n], size=size, frame=views.frame, colour=colours["nodules"])
     if drawn:  # which colour is which organ
         fig.legend(
             handles=[Patch(facecolor=colours[k], label=_preview_label(k)) for k in drawn],
@@ -242,6 +259,29 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
             columnspacing=1.5,
         )
     return _save(fig, out / f"{stem}_preview3d.png")
+
+
+def _letter_nodules(
+    ax, nodules: Mapping[str, Mesh], *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray], colour: str
+) -> None:
+    """``#N`` beside each nodule ``nodule N`` of a preview view (right of its surface, at its top), on a dark box, where
+    no other nodule's letters are (:func:`~.render._free_spot`)."""
+    placed: list[tuple[float, float, float, float]] = []
+    for name, mesh in nodules.items():
+        text = f"#{name.removeprefix('nodule ').strip()}"
+        uv = image_position(mesh.vertices, view=view, size=size, frame=frame)
+        x, y = _free_spot(float(uv[:, 0].max()) + 3.0, float(uv[:, 1].min()) + 4.0, text, 100.0 / 72.0, placed)
+        ax.text(
+            x,
+            y,
+            text,
+            color=colour,
+            fontsize=NODULE_FONTSIZE,
+            fontweight="bold",
+            ha="left",
+            va="bottom",
+            bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
+        )
 
 
 def _preview_label(name: str) -> str:
