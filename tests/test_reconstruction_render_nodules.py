@@ -151,3 +151,18 @@ def test_the_preview_letters_each_nodule_with_its_findings_number(tmp_path, monk
         r = v - top[1]  # pixels: 6 mm, about the nodule's radius
         x, y = label.get_position()
         assert 0.5 * r < x - u < r + 15 and -r - 5 < y - v < 5, (view, (x, y), (u, v), r)  # right beside the nodule
+
+
+def test_a_nodules_letters_go_left_of_it_before_they_leave_its_row():
+    """On the planning chest's sagittal overview the letters of #5 were pushed four lines down, away from its outline,
+    by its neighbours' letters on its right: they now take the left side of the nodule first, on its own row, and
+    never run past the image's edge."""
+    from pipeline.reconstruction.render import _free_spot
+
+    placed: list = []
+    first = _free_spot(20.0, 10.0, 50.0, "#1 (18 mm S)", 0.14, placed, limit=100.0)
+    assert first == (20.0, 50.0)  # right of the nodule, at its top
+    second = _free_spot(22.0, 12.0, 50.0, "#2 (9 mm I)", 0.14, placed, limit=100.0)
+    assert second[1] == 50.0 and placed[1][2] <= 12.0  # left of the second nodule, on its row
+    edge = _free_spot(95.0, 60.0, 80.0, "#3 (2 mm S)", 0.14, placed, limit=100.0)
+    assert placed[2][2] <= 60.0 and edge[1] == 80.0  # no room right of it: left

@@ -264,13 +264,14 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
 def _letter_nodules(
     ax, nodules: Mapping[str, Mesh], *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray], colour: str
 ) -> None:
-    """``#N`` beside each nodule ``nodule N`` of a preview view (right of its surface, at its top), on a dark box, where
-    no other nodule's letters are (:func:`~.render._free_spot`)."""
+    """``#N`` beside each nodule ``nodule N`` of a preview view (right or left of its surface, at its top), on a dark
+    box, where no other nodule's letters are (:func:`~.render._free_spot`)."""
     placed: list[tuple[float, float, float, float]] = []
     for name, mesh in nodules.items():
         text = f"#{name.removeprefix('nodule ').strip()}"
         uv = image_position(mesh.vertices, view=view, size=size, frame=frame)
-        x, y = _free_spot(float(uv[:, 0].max()) + 3.0, float(uv[:, 1].min()) + 4.0, text, 100.0 / 72.0, placed)
+        right, left, top = float(uv[:, 0].max()) + 3.0, float(uv[:, 0].min()) - 3.0, float(uv[:, 1].min()) + 4.0
+        x, y = _free_spot(right, left, top, text, 100.0 / 72.0, placed, limit=float(size))
         ax.text(
             x,
             y,

@@ -274,7 +274,13 @@ def render_mpr(
             )
             r_px, c_px = np.nonzero(sl)
             x, y = _free_spot(
-                (c_px.max() + 1.5) * spacing[cols] + 1.0, (r_px.min() + 0.5) * spacing[rows], text, mm_per_pt, placed
+                (c_px.max() + 1.5) * spacing[cols] + 1.0,
+                (c_px.min() - 0.5) * spacing[cols] - 1.0,
+                (r_px.min() + 0.5) * spacing[rows],
+                text,
+                mm_per_pt,
+                placed,
+                limit=w_mm,
             )
             ax.text(
                 x,
@@ -336,20 +342,28 @@ class _Extent:
 
 
 def _free_spot(
-    x: float, y: float, text: str, mm_per_pt: float, placed: list[tuple[float, float, float, float]]
+    right: float,
+    left: float,
+    y: float,
+    text: str,
+    mm_per_pt: float,
+    placed: list[tuple[float, float, float, float]],
+    *,
+    limit: float,
 ) -> tuple[float, float]:
-    """Where to put a nodule's letters (bottom left corner, image mm; ``y`` runs down) at ``(x, y)`` or, when that
-    would cover letters ``placed`` before (boxes ``x0, y0, x1, y1``), a line lower, until it covers none; the box
-    it takes is added to ``placed``. ``mm_per_pt``: image mm per typographic point on the PNG."""
+    """Where to put a nodule's letters (their bottom left corner, image mm; ``y`` runs down): right of the nodule
+    (from ``right``) at ``y`` or, when that would cover letters ``placed`` before (boxes ``x0, y0, x1, y1``) or
+    run past the image's width ``limit``, left of it (ending at ``left``), else a line lower, and so on; the box
+    taken is added to ``placed``. ``mm_per_pt``: image mm per typographic point on the PNG."""
     w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # a generous estimate of bold DejaVu Sans' widths
     h = 1.45 * NODULE_FONTSIZE * mm_per_pt
-    for _ in range(len(placed) + 1):
-        box = (x, y - h, x + w, y)
+    spots = [(x, y + k * h) for k in range(len(placed) + 1) for x in (right, left - w) if x >= 0 and x + w <= limit]
+    for x, yk in spots or [(right, y)]:
+        box = (x, yk - h, x + w, yk)
         if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
             break
-        y += h
-    placed.append((x, y - h, x + w, y))
-    return x, y
+    placed.append(box)
+    return box[0], box[3]
 
 
 def _nodule_extents(nview: np.ndarray) -> dict[int, _Extent]:
