@@ -352,8 +352,9 @@ def test_seg_of_an_uncompressed_source_is_not_lossy(tmp_path):
 
 def test_segments_are_coloured_as_the_pngs_colour_the_organs(tmp_path):
     """A PACS showed the left lung green and the right lung blue, the other way round from the PNGs' outlines, legends
-    and 3-D preview (left blue, right green): the SEG's recommended display colours are now the PNG outlines' colours,
-    the nodules red as their boxes and circles."""
+    and 3-D preview (left blue, right green): the SEG's recommended display colours are now the PNG outlines' colours.
+    The nodules' segments were red (230, 30, 30), where the renderings outline the same segmented nodules magenta and a
+    bundle's vessels red (224, 68, 62): a PACS showed nodules and vessels alike. They are the renderings' magenta."""
     from pipeline.reconstruction.organs import OUTLINE_COLORS
 
     case = phantom_case(tmp_path / "case")
@@ -365,7 +366,10 @@ def test_segments_are_coloured_as_the_pngs_colour_the_organs(tmp_path):
             hex_rgb = OUTLINE_COLORS[names[d.SegmentLabel]]
             expected = tuple(int(hex_rgb[i : i + 2], 16) for i in (1, 3, 5))
         else:
-            expected = (230, 30, 30)
+            hex_rgb = OUTLINE_COLORS["nodules"]
+            expected = tuple(int(hex_rgb[i : i + 2], 16) for i in (1, 3, 5))
+            vessels = tuple(int(OUTLINE_COLORS["vessels"][i : i + 2], 16) for i in (1, 3, 5))
+            assert np.abs(np.subtract(shown, vessels)).max() > 60, (d.SegmentLabel, shown)  # told from vessels
         assert np.abs(np.subtract(shown, expected)).max() <= 2, (d.SegmentLabel, shown, expected)
 
 

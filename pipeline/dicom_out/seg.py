@@ -3,7 +3,8 @@
 One segment per organ (codes in :data:`.codes.ORGAN_SEGMENTS`) and one per reported finding that
 has a nodule mask (label and tracking identifier ``Nodule <rank>``, tracking UID shared with the SR;
 anatomic region the lung, or lobe, of the finding). Each segment's recommended display colour is the one ctpipe's
-PNGs outline it in (:func:`~pipeline.reconstruction.organs.organ_colours`; nodules red). Segment descriptions,
+PNGs outline it in (:func:`~pipeline.reconstruction.organs.organ_colours`; nodules magenta, as the renderings
+outline them). Segment descriptions,
 algorithm identification (ctpipe and its version), pixel measures and plane orientation are built with highdicom;
 the frames are encoded by :mod:`.seg_encode`.
 
