@@ -166,3 +166,47 @@ def test_a_nodules_letters_go_left_of_it_before_they_leave_its_row():
     assert second[1] == 50.0 and placed[1][2] <= 12.0  # left of the second nodule, on its row
     edge = _free_spot(95.0, 60.0, 80.0, "#3 (2 mm S)", 0.14, placed, limit=100.0)
     assert placed[2][2] <= 60.0 and edge[1] == 80.0  # no room right of it: left
+
+
+def test_a_nodules_letters_cover_no_other_nodule(tmp_path, monkeypatch):
+    """On the planning chest's axial overview the letters "#1 (29 mm S)" lay over the dashed outline of #6 beside it:
+    the letters now keep off every nodule's outline."""
+    from matplotlib.transforms import Bbox
+
+    from pipeline.reconstruction import render
+    from pipeline.reconstruction.render import nodule_labels, render_mpr
+    from tests._support.shapes import lps_grids
+
+    figures: list = []
+    save = render._save
+    monkeypatch.setattr(render, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    vol, lung = _lung_with_a_nodule()
+    first, second = np.array([-24.0, 5.0, 10.0]), np.array([-13.0, 5.0, 10.0])  # side by side, 3 mm apart
+    arr = np.full(vol.shape, 40.0, np.float32)
+    arr[lung] = -850.0
+    x, y, z = lps_grids(vol.geometry)
+    for c in (first, second):
+        arr[(x - c[0]) ** 2 + (y - c[1]) ** 2 + (z - c[2]) ** 2 <= 4.0**2] = 40.0
+    vol = CTVolume(arr, vol.geometry, metadata=vol.metadata)
+    nodules = segment_findings(vol, [{"center_lps": c.tolist(), "diameter_mm": 8.0} for c in (first, second)], lung_mask=lung)
+    assert all(r.error is None for r in nodules)
+    render_mpr(
+        vol,
+        {"lung_right": lung},
+        tmp_path,
+        stem="k",
+        center_lps=first + [0.0, 0.0, 25.0],
+        nodules=nodule_labels(nodules, vol.geometry),
+    )
+    axial = figures[0]
+    ax = axial.axes[0]
+    renderer = axial.canvas.get_renderer()
+    lo = vol.geometry.bounds_lps()[0]
+    letters = {t.get_text()[:2]: t.get_window_extent(renderer) for t in ax.texts if t.get_text().startswith("#")}
+    for number, c in ((1, first), (2, second)):  # each nodule's projected box, in image mm (x from the right, y from A)
+        corners = np.array([[c[0] - 4.0 - lo[0], c[1] - 4.0 - lo[1]], [c[0] + 4.0 - lo[0], c[1] + 4.0 - lo[1]]])
+        pixels = ax.transData.transform(corners)
+        box = Bbox([pixels.min(axis=0), pixels.max(axis=0)])
+        for other, letter in letters.items():
+            if other != f"#{number}":
+                assert not letter.overlaps(box), (other, f"covers nodule #{number}", letter, box, letters)

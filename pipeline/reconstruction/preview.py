@@ -266,10 +266,10 @@ def _letter_nodules(
 ) -> None:
     """``#N`` beside each nodule ``nodule N`` of a preview view (right or left of its surface, at its top), on a dark
     box, where no other nodule's letters are (:func:`~.render._free_spot`)."""
-    placed: list[tuple[float, float, float, float]] = []
-    for name, mesh in nodules.items():
+    where = {name: image_position(mesh.vertices, view=view, size=size, frame=frame) for name, mesh in nodules.items()}
+    placed = [(*uv.min(axis=0), *uv.max(axis=0)) for uv in where.values()]  # the letters cover no nodule
+    for name, uv in where.items():
         text = f"#{name.removeprefix('nodule ').strip()}"
-        uv = image_position(mesh.vertices, view=view, size=size, frame=frame)
         right, left, top = float(uv[:, 0].max()) + 3.0, float(uv[:, 0].min()) - 3.0, float(uv[:, 1].min()) + 4.0
         x, y = _free_spot(right, left, top, text, 100.0 / 72.0, placed, limit=float(size))
         ax.text(

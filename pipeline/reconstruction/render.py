@@ -263,7 +263,7 @@ def render_mpr(
             d = (beside[n].centre_xyz[fixed] - center_idx[fixed]) * spacing[fixed]
             text = f"#{n} ({abs(d):.0f} mm {_SIDE_LETTERS[fixed][int(d > 0)]})"
             marks.append((n, _plane(_projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
-        placed: list[tuple[float, float, float, float]] = []
+        placed = [_mark_box(sl, spacing[cols], spacing[rows]) for _n, sl, _s, _t in marks]  # letters cover no nodule
         mm_per_pt = max(w_mm / ax.bbox.width, ax.get_ylim()[0] / ax.bbox.height) * fig.dpi / 72.0
         for _n, sl, style, text in marks:
             xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
@@ -341,6 +341,16 @@ class _Extent:
     centre_xyz: np.ndarray
 
 
+LETTER_LINES = 30  # how many lines above or below its place a nodule's letters may move to cover nothing
+
+
+def _mark_box(sl: np.ndarray, col_mm: float, row_mm: float) -> tuple[float, float, float, float]:
+    """The box (image mm: ``x0, y0, x1, y1``, ``y`` down) of a nodule's pixels ``sl`` on an image of ``col_mm`` ×
+    ``row_mm`` pixels."""
+    r_px, c_px = np.nonzero(sl)
+    return (c_px.min() * col_mm, r_px.min() * row_mm, (c_px.max() + 1) * col_mm, (r_px.max() + 1) * row_mm)
+
+
 def _free_spot(
     right: float,
     left: float,
@@ -352,12 +362,14 @@ def _free_spot(
     limit: float,
 ) -> tuple[float, float]:
     """Where to put a nodule's letters (their bottom left corner, image mm; ``y`` runs down): right of the nodule
-    (from ``right``) at ``y`` or, when that would cover letters ``placed`` before (boxes ``x0, y0, x1, y1``) or
-    run past the image's width ``limit``, left of it (ending at ``left``), else a line lower, and so on; the box
-    taken is added to ``placed``. ``mm_per_pt``: image mm per typographic point on the PNG."""
+    (from ``right``) at ``y`` or, when that would cover what is ``placed`` (boxes ``x0, y0, x1, y1``: the nodules,
+    letters placed before) or
+    run past the image's width ``limit``, left of it (ending at ``left``), else a line higher, a line lower, and so
+    on (up to :data:`LETTER_LINES` lines away); the box taken is added to ``placed``. ``mm_per_pt``: image mm per typographic point on the PNG."""
     w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # a generous estimate of bold DejaVu Sans' widths
     h = 1.45 * NODULE_FONTSIZE * mm_per_pt
-    spots = [(x, y + k * h) for k in range(len(placed) + 1) for x in (right, left - w) if x >= 0 and x + w <= limit]
+    lines = [k * sign for k in range(LETTER_LINES) for sign in ((1,) if k == 0 else (-1, 1))]  # 0, up 1, down 1, ...
+    spots = [(x, y + k * h) for k in lines for x in (right, left - w) if x >= 0 and x + w <= limit and y + k * h >= h]
     for x, yk in spots or [(right, y)]:
         box = (x, yk - h, x + w, yk)
         if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
