@@ -1,11 +1,14 @@
-"""PNG renderings without a display: MPR slices with organ outlines, lung-window MIP slabs, a 3-D preview; with
-segmented nodules, their outlines in the MPRs, lung-window MPRs through each and their surfaces in the preview.
+"""PNG renderings without a display: MPR slices with organ outlines, lung-window MIP slabs, a 3-D preview
+(:mod:`.preview`); with segmented nodules, their outlines in the MPRs (dashed where they project onto an overview
+plane that does not cut them), lung-window MPRs through each and their surfaces in the preview, each lettered #N
+(its finding's number).
 
 Display orientation is radiological and derived from the LPS geometry, never
 from array order: axial and coronal images show the patient's right on the
 image left; axial images have anterior at the top; coronal and sagittal
 images have superior at the top; sagittal images have anterior on the left.
-Every image is labelled with its orientation letters (R/L, A/P, S/I); the MPRs and MIPs carry a scale bar.
+Every image is labelled with its orientation letters (R/L, A/P, S/I); the MPRs and MIPs carry a scale bar in a band
+below the image. Organs are named as the SEG names them ("left lung").
 """
 
 from __future__ import annotations
