@@ -210,3 +210,27 @@ def test_a_nodules_letters_cover_no_other_nodule(tmp_path, monkeypatch):
         for other, letter in letters.items():
             if other != f"#{number}":
                 assert not letter.overlaps(box), (other, f"covers nodule #{number}", letter, box, letters)
+
+
+def test_the_mip_slab_holding_a_nodule_outlines_and_letters_it(tmp_path, monkeypatch):
+    """The lung-window MIP slabs, where a reader looks for nodules among the vessels, showed the segmented nodules
+    unmarked: nothing told a reported nodule from one the detector missed. A nodule a slab holds is now outlined there
+    (its shadow across the slab) and lettered #N; the slabs that do not hold it stay unmarked. ``ctpipe run`` draws them
+    with the other renderings that show nodules."""
+    from pipeline.reconstruction import render
+
+    figures: list = []
+    save = render._save
+    monkeypatch.setattr(render, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    vol, lung = _lung_with_a_nodule()
+    nodules = segment_findings(vol, [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}], lung_mask=lung)
+    labels = render.nodule_labels(nodules, vol.geometry)
+    paths = render.render_mip(vol, tmp_path, stem="m", lung_mask=lung, slab_mm=6.0, nodules=labels)
+    zs = [tuple(float(v) for v in fig.axes[0].get_title().split("MIP ")[1].split(" mm")[0].split("..")) for fig in figures]
+    holding = [lo - 5.0 <= CENTRE[2] <= hi + 5.0 for lo, hi in zs]  # the nodule's 5 mm radius reaches into the slab
+    assert any(holding) and not all(holding), zs
+    for path, fig, holds in zip(paths, figures, holding):
+        texts = [t.get_text() for t in fig.axes[0].texts]
+        assert ("#1" in texts) == holds and (len(_magenta(path)) > 20) == holds, (fig.axes[0].get_title(), texts)
+    views = render.render_nodule_views(vol, {"lung_right": lung}, tmp_path, stem="v", nodules=nodules)
+    assert [p.name for p in views if "_mip_" in p.name] == [f"v_mip_axial_{n + 1}.png" for n in range(3)]

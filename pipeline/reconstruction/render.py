@@ -266,55 +266,13 @@ def render_mpr(
             d = (beside[n].centre_xyz[fixed] - center_idx[fixed]) * spacing[fixed]
             text = f"#{n} ({abs(d):.0f} mm {_SIDE_LETTERS[fixed][int(d > 0)]})"
             marks.append((n, _plane(_projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
-        placed = [_mark_box(sl, spacing[cols], spacing[rows]) for _n, sl, _s, _t in marks]  # letters cover no nodule
-        mm_per_pt = max(w_mm / ax.bbox.width, ax.get_ylim()[0] / ax.bbox.height) * fig.dpi / 72.0
-        for _n, sl, style, text in marks:
-            xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
-            ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
-            width = 1.2 if style == "solid" else 1.0
-            ax.contour(
-                xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colours["nodules"]], linewidths=width, linestyles=style
-            )
-            r_px, c_px = np.nonzero(sl)
-            x, y = _free_spot(
-                (c_px.max() + 1.5) * spacing[cols] + 1.0,
-                (c_px.min() - 0.5) * spacing[cols] - 1.0,
-                (r_px.min() + 0.5) * spacing[rows],
-                text,
-                mm_per_pt,
-                placed,
-                limit=w_mm,
-            )
-            ax.text(
-                x,
-                y,
-                text,
-                color=colours["nodules"],
-                fontsize=NODULE_FONTSIZE,
-                fontweight="bold",
-                ha="left",
-                va="bottom",
-                bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
-            )  # legible on lung or bone
+        _draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"])
         if numbers:
             drawn.append(Line2D([], [], color=colours["nodules"], label="nodule #N (finding #N)"))
         if off:
             drawn.append(Line2D([], [], color=colours["nodules"], linestyle="--", label=OFF_PLANE_LEGEND))
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
-            ax.legend(
-                handles=drawn,
-                loc="lower center",
-                bbox_to_anchor=(0.5, 0),
-                bbox_transform=fig.transFigure,
-                ncol=ncol,
-                fontsize=LEGEND_FONTSIZE,
-                facecolor="black",
-                edgecolor="none",
-                labelcolor="white",
-                borderpad=0.3,
-                handlelength=1.5,
-                columnspacing=1.2,
-            )
+            _legend(ax, drawn, ncol)
         pos = lo[fixed] + center_idx[fixed] * spacing[fixed]
         slices = source_slices(volume, int(center_idx[fixed]), int(center_idx[fixed])) if plane == "axial" else ""
         _labels(
@@ -342,6 +300,59 @@ class _Extent:
     box: tuple[slice, slice, slice]
     mask: np.ndarray
     centre_xyz: np.ndarray
+
+
+def _legend(ax, handles: list, ncol: int) -> None:
+    """The legend of an MPR or MIP image: ``ncol`` columns in the rows below the image (:func:`_image_figure`)."""
+    ax.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0),
+        bbox_transform=ax.figure.transFigure,
+        ncol=ncol,
+        fontsize=LEGEND_FONTSIZE,
+        facecolor="black",
+        edgecolor="none",
+        labelcolor="white",
+        borderpad=0.3,
+        handlelength=1.5,
+        columnspacing=1.2,
+    )
+
+
+def _draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float, row_mm: float, *, colour: str) -> None:
+    """Each nodule of ``marks`` (number, its pixels on the image, ``"solid"`` or ``"dashed"``, its letters) outlined
+    in ``colour`` on an image of ``col_mm`` × ``row_mm`` pixels, its letters beside it on a dark box where they cover
+    no other letters and no nodule (:func:`_free_spot`)."""
+    w_mm = ax.get_xlim()[1]
+    placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
+    mm_per_pt = max(w_mm / ax.bbox.width, ax.get_ylim()[0] / ax.bbox.height) * ax.figure.dpi / 72.0
+    for _n, sl, style, text in marks:
+        xs = (np.arange(sl.shape[1]) + 0.5) * col_mm
+        ys = (np.arange(sl.shape[0]) + 0.5) * row_mm
+        width = 1.2 if style == "solid" else 1.0
+        ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=width, linestyles=style)
+        r_px, c_px = np.nonzero(sl)
+        x, y = _free_spot(
+            (c_px.max() + 1.5) * col_mm + 1.0,
+            (c_px.min() - 0.5) * col_mm - 1.0,
+            (r_px.min() + 0.5) * row_mm,
+            text,
+            mm_per_pt,
+            placed,
+            limit=w_mm,
+        )
+        ax.text(
+            x,
+            y,
+            text,
+            color=colour,
+            fontsize=NODULE_FONTSIZE,
+            fontweight="bold",
+            ha="left",
+            va="bottom",
+            bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
+        )  # legible on lung or bone
 
 
 LETTER_LINES = 30  # how many lines above or below its place a nodule's letters may move to cover nothing
@@ -445,11 +456,25 @@ def nodule_labels(nodules: Sequence[NoduleResult], geometry: Geometry) -> np.nda
 
 
 def render_mip(
-    volume: CTVolume, out: Path, *, stem: str, lung_mask: np.ndarray | None = None, slab_mm: float = 10.0, n_slabs: int = 3
+    volume: CTVolume,
+    out: Path,
+    *,
+    stem: str,
+    lung_mask: np.ndarray | None = None,
+    slab_mm: float = 10.0,
+    n_slabs: int = 3,
+    nodules: np.ndarray | None = None,
 ) -> list[Path]:
     """Axial lung-window (W1500/L-600) maximum-intensity projections of ``slab_mm`` slabs across the lungs: ``n_slabs``
-    evenly spaced, fewer where the lungs are too short to hold them without overlap."""
+    evenly spaced, fewer where the lungs are too short to hold them without overlap.
+
+    nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`); each nodule a slab holds is outlined
+    there (its shadow across the slab) in the ``nodules`` colour and lettered ``#N``."""
+    from matplotlib.lines import Line2D
+
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
+    nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
+    colour = organ_colours(["nodules"], outline=True)["nodules"]
     nz = view.shape[0]
     z0, z1 = 0, nz - 1
     if lung_mask is not None and lung_mask.any():
@@ -466,9 +491,16 @@ def render_mip(
         a, b = max(0, int(start)), min(nz, int(start) + width)
         mip = view[a:b].max(axis=0)
         h_mm, w_mm = mip.shape[0] * spacing[1], mip.shape[1] * spacing[0]
-        fig, ax, _ = _image_figure(w_mm, h_mm)
+        held = nview[a:b] if nview is not None else None
+        marks = (
+            [(int(v), (held == v).any(axis=0), "solid", f"#{v}") for v in np.unique(held) if v > 0] if held is not None else []
+        )
+        fig, ax, ncol = _image_figure(w_mm, h_mm, legend=["nodule #N (finding #N)"] if marks else None)
         ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
         _scale_bar(ax, w_mm, h_mm)
+        if marks:  # the nodules the slab holds: their shadow across it ([y, x] as the MIP's rows and columns)
+            _draw_marks(ax, marks, spacing[0], spacing[1], colour=colour)
+            _legend(ax, [Line2D([], [], color=colour, label="nodule #N (finding #N)")], ncol)
         za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
         slices = source_slices(volume, a, b - 1)
         _labels(
@@ -507,13 +539,9 @@ def render_all(
     :func:`~.preview.preview_meshes`), else made here from ``meshes``."""
     from .preview import preview_meshes, preview_views
 
-    out.mkdir(parents=True, exist_ok=True)
     if preview is None and meshes:
         preview = preview_views(preview_meshes(meshes, masks, volume.geometry))
-    paths = render_nodule_views(volume, masks, out, stem=stem, nodules=nodules, preview=preview)
-    lungs = [m for k, m in masks.items() if k.startswith("lung")]
-    mips = render_mip(volume, out, stem=stem, lung_mask=np.logical_or.reduce(lungs) if lungs else None)
-    return [*paths[:-1], *mips, paths[-1]] if preview is not None else [*paths, *mips]
+    return render_nodule_views(volume, masks, out, stem=stem, nodules=nodules, preview=preview)
 
 
 def render_nodule_views(
@@ -525,13 +553,14 @@ def render_nodule_views(
     nodules: Sequence[NoduleResult] = (),
     preview: PreviewViews | None = None,
 ) -> list[Path]:
-    """The renderings that show the nodules (the MIP slabs do not): the overview MPRs, the MPRs through each nodule
-    and (with ``preview``) the 3-D preview, last; returns the written PNG paths.
+    """Every rendering, each showing the nodules it holds: the overview MPRs, the MPRs through each nodule, the MIP
+    slabs and (with ``preview``) the 3-D preview, last; returns the written PNG paths in that order.
 
     nodules: the segmented findings (:func:`~.nodules.segment_findings`): outlined in the overview MPRs where they
     cross them and marked where they do not (:func:`render_mpr`), each given axial, coronal and sagittal lung-window
     MPRs through its centroid (LPS mm) showing :data:`NODULE_FIELD_MM` around it (``<stem>_nodule_NN_mpr_<plane>.png``,
-    NN its finding's number, up to :data:`NODULE_MPRS`), and drawn over the organs in the 3-D preview."""
+    NN its finding's number, up to :data:`NODULE_MPRS`), outlined in the MIP slabs that hold them
+    (:func:`render_mip`) and drawn over the organs in the 3-D preview."""
     from .preview import write_preview
 
     out.mkdir(parents=True, exist_ok=True)
@@ -555,6 +584,8 @@ def render_nodule_views(
             note=f", through nodule #{r.index + 1}",
             window="lung",
         )
+    lungs = [m for k, m in masks.items() if k.startswith("lung")]
+    paths += render_mip(volume, out, stem=stem, lung_mask=np.logical_or.reduce(lungs) if lungs else None, nodules=labels)
     if preview is not None:
         nodule_meshes = {}
         for r in segmented:

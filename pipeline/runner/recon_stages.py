@@ -12,8 +12,8 @@ in the cache (``RUN_DIR/cache/<case_id>.organs.npz``, bits packed) for the
 finding's side in the report). With renderings on, ``reconstruct`` also keeps what
 the renderings that show nodules are drawn from (every organ mask and the 3-D
 preview's organ views, ``<case_id>.render.npz``): ``nodules`` draws the nodules it
-segments into the overview MPRs and the preview, and an MPR set through each, as
-``ctpipe reconstruct --findings`` does, without reconstructing again. When the reconstruction leaves out a lung (or is
+segments into the overview MPRs, the MIP slabs and the preview, and an MPR set
+through each, as ``ctpipe reconstruct --findings`` does, without reconstructing again. When the reconstruction leaves out a lung (or is
 off), ``lungs`` keeps its two lungs apart (``<case_id>.sides.npz``): they give
 the SR's sides, and are never segments of the SEG.
 
@@ -305,8 +305,8 @@ def _with_nodules(doc: Mapping[str, Any], nodules: list[dict[str, Any]], errors:
 class NodulesStage(Stage):
     """Each reported finding segmented and measured inside the case's lung mask; added to the measurements JSON. With
     renderings on, the segmented nodules are drawn into the reconstruction's renderings (outlined or marked in the
-    overview MPRs, an MPR set through each, over the organs in the 3-D preview), as ``ctpipe reconstruct --findings``
-    draws them."""
+    overview MPRs, outlined in the MIP slabs, an MPR set through each, over the organs in the 3-D preview), as
+    ``ctpipe reconstruct --findings`` draws them."""
 
     name = "nodules"
     group = "cpu"
@@ -344,8 +344,8 @@ class NodulesStage(Stage):
         return out
 
     def _draw(self, ctx: CaseContext, vol: Any, results: list[Any], doc: dict[str, Any]) -> list[Path]:
-        """The renderings that show the nodules, drawn over what the reconstruction kept (none when it kept nothing:
-        renderings off); their names added to ``doc``'s files in the order ``ctpipe reconstruct`` lists them."""
+        """The renderings drawn again with the nodules, from what the reconstruction kept (none when it kept nothing:
+        renderings off); ``doc``'s files list them in the order ``ctpipe reconstruct`` does."""
         from ..errors import CtpipeError
         from ..reconstruction.render import render_nodule_views
 
@@ -362,7 +362,6 @@ class NodulesStage(Stage):
             log.warning("case %s: the nodules were not drawn: %s", ctx.case.case_id, exc)
             return []
         files = doc.setdefault("files", {})
-        names = [p.name for p in paths]
-        others = [n for n in files.get("render", []) if n not in names]  # the MIP slabs
-        files["render"] = [*names[:-1], *others, names[-1]] if preview is not None else [*names, *others]
+        names = [p.name for p in paths]  # every rendering, in the order ctpipe reconstruct lists them
+        files["render"] = [*names, *(n for n in files.get("render", []) if n not in names)]
         return paths
