@@ -134,29 +134,24 @@ def test_stage_loads_charge_failures_and_take_groups_from_workers_or_names():
     assert {x.stage: x.group for x in stage_loads(stages, on_model)}["reconstruct"] == "model"
 
 
-def test_measured_efficiency_over_two_runs():
-    # run A: 1 GPU, 2 CPU workers, ingest 2 s (cpu) + detect 1 s (model): min(1 / 1, 2 / 2) = 1 case/s over 20 s
-    #   -> 20 cases predicted, 15 done.
-    # run B: one process, ingest 2 s + detect 1 s: 1 / 3 case/s over 30 s -> 10 predicted, 5 done.
-    # run C completed nothing: left out.  (15 + 5) / (20 + 10) = 2 / 3.
-    stages = _attempts(
-        [
-            ("A", "a", "ingest", "ok", "cpu-0", "cpu", 2.0),
-            ("A", "a", "detect", "ok", "model-cuda:0", "cuda:0", 1.0),
-            ("B", "b", "ingest", "ok", "main", "cpu", 2.0),
-            ("B", "b", "detect", "ok", "main", "cpu", 1.0),
-            ("C", "c", "ingest", "failed", "main", "cpu", 9.0),
-        ]
-    )
+def test_measured_efficiency_over_runs_of_two_shapes_counts_shared_time_once():
+    # the stage times of all runs together: ingest 2 s (cpu) + detect 1 s (model).
+    # run A: 1 GPU, 2 CPU workers: min(1 / 1, 2 / 2) = 1 case/s over 20 s -> 20 cases predicted.
+    # runs B and C: one process on the same host, 1 / 3 case/s, active 100-130 s and 120-140 s: 40 s once
+    #   (not 30 + 20) -> 13.33 predicted. C completed nothing: its time counts all the same.
+    # 20 done / (20 + 13.33) = 0.6.
+    loads = [StageLoad("ingest", "cpu", 2.0, 20), StageLoad("detect", "model", 1.0, 20)]
     runs = _runs(
         ("A", "cuda:0 (A100)", {"runner": {"workers": 2}}),
         ("B", "cpu", {"runner": {"workers": 0}}),
         ("C", "cpu", {"runner": {"workers": 0}}),
-    )
-    cases = pd.DataFrame({"run_id": ["A"] * 15 + ["B"] * 5 + ["C"], "status": ["done"] * 20 + ["failed"]})
-    eff = measured_efficiency(runs, cases, stages, {"A": 20.0, "B": 30.0, "C": 40.0})
-    assert eff == pytest.approx(2 / 3)
-    assert measured_efficiency(runs, cases.iloc[20:], stages, {"A": 20.0, "B": 30.0, "C": 40.0}) is None
+    ).assign(host="h1")
+    spans = {"A": (0.0, 20.0), "B": (100.0, 130.0), "C": (120.0, 140.0)}
+    assert measured_efficiency(runs, loads, 20, spans) == pytest.approx(0.6)
+    # on two hosts B and C worked side by side: 30 s + 20 s at 1 / 3 = 16.67 predicted -> 20 / 36.67
+    two_hosts = runs.assign(host=["h1", "h1", "h2"])
+    assert measured_efficiency(two_hosts, loads, 20, spans) == pytest.approx(20 / (20 + 50 / 3))
+    assert measured_efficiency(runs, loads, 0, spans) is None
 
 
 def _write_run(run_dir, *, n_cases: int, duration_s: float, complete: bool = True) -> None:

@@ -15,10 +15,12 @@ model group's busy time ``T_model`` (s per case on one GPU) and the CPU group's
     cases/s = efficiency × min(gpus / T_model, nodes × cpu_workers / T_cpu)
 
 whichever group is slower is the bottleneck. ``efficiency`` is measured:
-completed cases ÷ the cases those stage times predict for the time each run was
-active with its own workers (the same formula with that run's model and CPU
-workers, ``1 / (T_model + T_cpu)`` for a one-process run); it takes in start-up,
-queueing and imperfect overlap. Where no run can measure it, 1.0 is assumed and
+completed cases ÷ the cases those stage times (of all runs together) predict for
+the time the runs were active with their own workers (the same formula with the
+runs' model and CPU workers, ``1 / (T_model + T_cpu)`` for a one-process run; runs
+side by side on one host share their time once, as in the measured rate); it takes
+in start-up, queueing, imperfect overlap and runs that completed nothing. At the
+runs' own workers on one machine the projection is therefore the measured rate. Where no run can measure it, 1.0 is assumed and
 the text says so. Cross-node traffic is not measured: nodes are assumed to add
 capacity as the measured node does.
 
@@ -31,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,24 +208,45 @@ def run_workers(run: Mapping[str, Any]) -> int:
     return int(workers) if isinstance(workers, int) else 0
 
 
-def measured_efficiency(runs: Any, cases: Any, stages: Any, durations: Mapping[str, float]) -> float | None:
-    """Completed cases ÷ the cases each run's stage times predict for its active time (``durations``, s).
+def active_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length (s) of the union of ``(start, end)`` intervals (Unix s): time covered by overlapping runs counts once."""
+    merged: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return sum(e - s for s, e in merged)
 
-    Only runs that completed cases count; None when none did.
+
+def measured_efficiency(
+    runs: Any, loads: list[StageLoad], n_done: int, intervals: Mapping[str, tuple[float, float]]
+) -> float | None:
+    """Completed cases ÷ the cases the stage times predict over the time the runs were active.
+
+    ``loads``: the stage times of every run together (:func:`stage_loads`, as the projection uses them); ``n_done``:
+    the completed cases the measured rate counts; ``intervals``: each run's active ``(start, end)`` (Unix s) by run id.
+    The runs are grouped by host and shape (model workers, CPU workers); each group's active time is the union of its
+    runs' intervals (runs side by side on one machine share it once, as the measured rate counts them), and predicts
+    :func:`ideal_rate` cases/s for its shape. Runs that completed nothing count too: their active time is in the
+    measured rate. So at the runs' own shape on one machine the projection equals the measured rate. None when no
+    case completed or no time was active.
     """
-    done = cases[cases.status == "done"].groupby("run_id").size().to_dict() if len(cases) else {}
-    got = expected = 0.0
+    if n_done <= 0:
+        return None
+    groups: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
     for run in runs.to_dict("records"):
-        rid, n = run["run_id"], done.get(run["run_id"], 0)
-        if not n or durations.get(rid, 0.0) <= 0:
+        span = intervals.get(str(run["run_id"]))
+        if span is None:
             continue
-        mine = stages[stages.run_id == rid]
-        rate = ideal_rate(stage_loads(mine, runs), gpus=model_workers(run.get("device")), cpu_workers=run_workers(run))
-        if rate is None:
-            continue
-        got += n
-        expected += rate * durations[rid]
-    return got / expected if expected > 0 else None
+        shape = (str(run.get("host")), model_workers(run.get("device")), run_workers(run))
+        groups.setdefault(shape, []).append(span)
+    expected = 0.0
+    for (_, gpus, cpu_workers), spans in groups.items():
+        rate = ideal_rate(loads, gpus=gpus, cpu_workers=cpu_workers)
+        if rate is not None:
+            expected += rate * active_seconds(spans)
+    return n_done / expected if expected > 0 else None
 
 
 def _positive(name: str, value: int) -> int:
@@ -294,7 +317,7 @@ def project(
 
 def estimate(
     t: Mapping[str, Any],
-    durations: Mapping[str, float],
+    intervals: Mapping[str, tuple[float, float]],
     *,
     gpus: int | None = None,
     nodes: int = 1,
@@ -304,7 +327,7 @@ def estimate(
 ) -> Capacity:
     """The capacity model over a report's tables (``t``: :func:`~.tables.read_tables`, combined).
 
-    ``durations``: active seconds per run id. ``gpus`` defaults to the runs' own model workers (their GPU
+    ``intervals``: each run's active ``(start, end)`` (Unix s) by run id, as the measured rate takes them. ``gpus`` defaults to the runs' own model workers (their GPU
     count; 1 for a CPU run), ``cpu_workers`` (per node) to the runs' own CPU workers.
     """
     runs, stages = t["runs"], t["stages"]
@@ -329,7 +352,7 @@ def estimate(
     model = {x.stage for x in loads if x.group == "model"}
     on_gpu = stages[stages.stage.isin(model) & (stages.status == "ok")].device.dropna().astype(str)
     device = "cuda" if on_gpu.str.startswith("cuda").any() else "cpu"
-    eff = measured_efficiency(runs, t["cases"], stages, durations)
+    eff = measured_efficiency(runs, loads, int((t["cases"].status == "done").sum()), intervals)
     return project(
         loads,
         gpus=gpus,

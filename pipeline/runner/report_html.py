@@ -334,6 +334,8 @@ once a later run started or its process is gone; so is the case it was working o
 hover for the reason). Flags: <span class="warning">warning</span> <span class="info">info</span>; hover for details.</p>
 {_case_table(rows, s["cases"]["total"])}
 <h2>Capacity model</h2>{_capacity(s["capacity"])}
+<h3>How these figures are computed</h3>
+<p>{_e(s["throughput"].get("method", ""))}.</p><p>{_e(s["capacity"].get("method", ""))}.</p>
 <h2>Throughput</h2>{img("throughput", "throughput over time")}
 <p>Completed cases per calendar day, local time ({_e(s["throughput"].get("timezone", "?"))}) and UTC:</p>
 <table style="display:inline-table;margin-right:2em"><tr><th>day ({_e(s["throughput"].get("timezone", "?"))})</th><th>cases</th></tr>{local}</table>

@@ -53,9 +53,10 @@ from typing import Any
 
 import numpy as np
 
-from .capacity import estimate, stage_overlap
+from .capacity import active_seconds, estimate, stage_overlap
 from .report_days import per_local_day
 from .report_inputs import run_folders
+from .report_method import capacity_method, throughput_method
 from .tables import (
     case_status,
     drop_copies,
@@ -73,20 +74,6 @@ PCTS = (50, 90, 99)
 #: The fewest completed cases, and active minutes, a cases/day projection is made from (see the module docstring).
 MIN_CASES_TO_PROJECT = 10
 MIN_MINUTES_TO_PROJECT = 5.0
-
-
-def _active_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Length (s) of the union of ``(start, end)`` intervals: time covered by overlapping runs counts once."""
-    merged: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    total = 0.0
-    for s, e in merged:
-        total += e - s
-    return total
 
 
 def _active_hours(intervals: list[tuple[float, float]]) -> Any:
@@ -395,6 +382,7 @@ def summarize(
     failed = cases[cases.status == "failed"].copy()
     intervals = []
     durations: dict[str, float] = {}
+    spans: dict[str, tuple[float, float]] = {}
     now = time.time()
     for _, r in runs.iterrows():
         end = r["ended_at"]
@@ -402,7 +390,8 @@ def summarize(
             end = _end_so_far(r, stages, now)
         intervals.append((float(r["started_at"]), float(end)))
         durations[str(r["run_id"])] = max(0.0, float(end) - float(r["started_at"]))
-    active_s = _active_seconds(intervals)
+        spans[str(r["run_id"])] = (float(r["started_at"]), max(float(r["started_at"]), float(end)))
+    active_s = active_seconds(intervals)
     rate_h = 3600.0 * len(done) / active_s if active_s > 0 else 0.0
     ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
     active = _active_hours(intervals)  # an hour or day a run was active without completing a case counts 0
@@ -436,7 +425,17 @@ def summarize(
     )
     minutes = active_s / 60.0
     enough = len(done) >= MIN_CASES_TO_PROJECT and minutes >= MIN_MINUTES_TO_PROJECT
-    capacity = estimate(t, durations, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers, hours_per_day=hours_per_day, enough=enough)
+    capacity = estimate(t, spans, gpus=gpus, nodes=nodes, cpu_workers=cpu_workers, hours_per_day=hours_per_day, enough=enough)
+    asked = gpus is not None or nodes != 1 or cpu_workers is not None
+    own = estimate(t, spans, hours_per_day=hours_per_day, enough=enough) if asked else capacity
+    wall_s = max(e for _, e in intervals) - min(s for s, _ in intervals) if intervals else 0.0
+    capacity_out = _capacity_summary(capacity, gpu=_gpu_recorded(runs))
+    capacity_out["method"] = capacity_method(
+        cap=capacity_out,
+        own=own.to_dict(),
+        measured_per_day=rate_h * hours_per_day,
+        hosts=runs.host.dropna().nunique(),
+    )
     interrupted = int((cases.status == "interrupted").sum())
     summary = {
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -459,6 +458,9 @@ def summarize(
         "overlap": stage_overlap(stages, active_s),
         "throughput": {
             "cases_per_hour": rate_h,
+            "cases_per_hour_wall": 3600.0 * len(done) / wall_s if wall_s > 0 else 0.0,
+            "wall_s": wall_s,
+            "method": throughput_method(n_done=len(done), active_s=active_s, wall_s=wall_s, hours_per_day=hours_per_day),
             "cases_per_day_projected": rate_h * hours_per_day if enough else None,  # too few to project: no figure
             "hours_per_day": hours_per_day,
             "cases_done": int(len(done)),
@@ -488,7 +490,7 @@ def summarize(
         "skipped": _skipped_summary(latest_skipped(t)),
         "gpu": gpu_summary,
         "projection": _projection(rate_h, hours_per_day, len(done), minutes, enough, where=_machines(runs)),
-        "capacity": _capacity_summary(capacity, gpu=_gpu_recorded(runs)),
+        "capacity": capacity_out,
     }
     return summary, t
 
