@@ -114,3 +114,19 @@ def test_the_report_says_how_each_rate_is_computed(tmp_path):
     assert "the capacity model" in s["capacity"]["method"] and "measured rate" in s["capacity"]["method"]
     page = rep.html.read_text()
     assert "How these figures are computed" in page and "8.2 cases/hour" in page
+
+
+def test_runs_of_several_shapes_say_why_the_model_differs_from_the_measured_rate(tmp_path):
+    a = _run(tmp_path / "a", "ra", start=T0, end=T0 + 750, ingest_s=100.0, n=12)
+    b = _run(tmp_path / "b", "rb", start=T0 + 10_000, end=T0 + 10_600, ingest_s=50.0, n=12)
+    with sqlite3.connect(b / DB_NAME) as db:  # night 2 ran every stage in one process
+        db.execute("UPDATE runs SET config=?", (json.dumps({"runner": {"workers": 0}}),))
+    s = build_report([a, b], tmp_path / "rep").summary
+    # ingest 75 core-s + detect 40 s: night 1 (2 workers) predicts 0.025 cases/s x 750 s = 18.75 cases, night 2 (one
+    # process) 1 / 115 cases/s x 600 s = 5.217: efficiency 24 / 23.967 = 1.0014, counted as 1.0; the model at
+    # 2 CPU workers gives 0.025 x 86,400 = 2,160 cases/day, the measured rate 24 / 1,350 s x 86,400 = 1,536.
+    assert s["capacity"]["cases_per_day"] == pytest.approx(2160.0)
+    assert s["throughput"]["cases_per_day_projected"] == pytest.approx(1536.0)
+    how = s["capacity"]["method"]
+    assert "2,160 cases/day, the measured rate 1,536 cases/day" in how
+    assert "different shapes (1 model worker(s) and runner.workers 0, 1 model worker(s) and runner.workers 2)" in how

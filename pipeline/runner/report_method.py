@@ -36,9 +36,13 @@ def throughput_method(*, n_done: int, active_s: float, wall_s: float, hours_per_
     )
 
 
-def capacity_method(*, cap: dict[str, Any], own: dict[str, Any], measured_per_day: float, hosts: int) -> str:
+def capacity_method(
+    *, cap: dict[str, Any], own: dict[str, Any], measured_per_day: float, hosts: int, shapes: set[tuple[int, int]]
+) -> str:
     """The capacity model in words: what it computes, and its figure at the runs' own deployment (``own``: the model
-    with the default cluster) beside the measured rate (``measured_per_day``: cases/day over active time)."""
+    with the default cluster) beside the measured rate (``measured_per_day``: cases/day over active time), with why
+    they differ: several machines (``hosts``), runs of several shapes (``shapes``: each run's model workers and
+    ``runner.workers``), or runs of one process."""
     text = (
         "the capacity model: each stage's busy time per case (capacity.csv: its successful and failed attempts' wall time "
         "÷ its successful attempts, over all runs) gives the cases/s the model workers (one per GPU) and the CPU workers "
@@ -57,8 +61,9 @@ def capacity_method(*, cap: dict[str, Any], own: dict[str, Any], measured_per_da
         f". At the runs' own deployment ({where}) it gives {own['cases_per_day']:,.0f} cases/day, the measured rate "
         f"{measured_per_day:,.0f} cases/day"
     )
-    if (own.get("efficiency_measured") or 0.0) > 1.0:
-        text += " (less: the efficiency measured above 1.0 is counted as 1.0)"
+    measured_eff = own.get("efficiency_measured") or 0.0
+    if measured_eff > 1.0:
+        text += f" (its efficiency, measured {measured_eff:.2f}, counted as 1.00)"
     if not same:
         text += f"; for the cluster asked for it gives {cap['cases_per_day']:,.0f} cases/day"
     if hosts > 1:
@@ -66,7 +71,13 @@ def capacity_method(*, cap: dict[str, Any], own: dict[str, Any], measured_per_da
             f". The runs come from {hosts} machines: the measured rate is theirs together, the model is for the nodes "
             "given (--nodes; default one)"
         )
-    if any("one process" in a for a in own.get("assumptions", [])):
+    if len(shapes) > 1:
+        listed = ", ".join(f"{g} model worker(s) and runner.workers {w}" for g, w in sorted(shapes))
+        text += (
+            f". The runs ran in different shapes ({listed}): the measured rate mixes them, the model's default is the "
+            "largest of each (give --gpus and --cpu-workers for another)"
+        )
+    elif any("one process" in a for a in own.get("assumptions", [])):
         text += (
             ". The runs ran every stage in one process, one case after another: the model projects separate model and "
             "CPU workers, which overlap cases, so it gives more than was measured"

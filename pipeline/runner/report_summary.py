@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from .capacity import active_seconds, estimate, stage_overlap
+from .capacity import active_seconds, estimate, model_workers, run_workers, stage_overlap
 from .report_days import per_local_day
 from .report_inputs import run_folders
 from .report_method import capacity_method, throughput_method
@@ -435,6 +435,7 @@ def summarize(
         own=own.to_dict(),
         measured_per_day=rate_h * hours_per_day,
         hosts=runs.host.dropna().nunique(),
+        shapes={(model_workers(r.get("device")), run_workers(r)) for r in runs.to_dict("records")},
     )
     interrupted = int((cases.status == "interrupted").sum())
     summary = {
