@@ -65,6 +65,7 @@ from .tables import (
     process_alive,
     read_tables,
     run_status,
+    unfinished_reasons,
     utc_text,
 )
 
@@ -356,6 +357,7 @@ def summarize(
     t = {k: pd.concat([x[k] for x in tables], ignore_index=True) for k in tables[0]}
     t["runs"]["status"] = run_status(t["runs"])
     t["cases"]["status"] = case_status(t["cases"], t["runs"])
+    t["cases"]["reason"] = unfinished_reasons(t["cases"], t["runs"], t["stages"])
     state = run_state(t["runs"])
     t, copies = drop_copies(t)  # a copied run folder named beside its original: its runs and cases count once
     for c in copies:

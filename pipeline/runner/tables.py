@@ -214,6 +214,44 @@ def case_status(cases: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
     return cases.status.mask(pd.Series(stopped, index=cases.index, dtype=bool), "interrupted")
 
 
+def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataFrame) -> pd.Series:
+    """Each case's ``reason`` (index of ``cases``), with the unfinished cases that have none named: a case
+    ``interrupted`` (:func:`case_status`) by the stage its run stopped at, a case ``pending`` that no run started by the
+    latest run of its folder, a case ``running`` by its stage in the run in progress; each with what to do. A
+    recorded reason (a quarantine, a release) is kept. ``runs.status`` and ``cases.status`` as the report shows them."""
+    import pandas as pd
+
+    at: dict[tuple[str, str], str] = {}  # (folder, case key) -> stage of its latest attempt still at work or stopped
+    mine = stages[stages.status.isin(("running", "interrupted"))].sort_values("id")
+    for d, k, stage in zip(mine.run_dir, mine.case_key, mine.stage):
+        at[(str(d), str(k))] = str(stage)
+    latest = {
+        str(d): (str(r), str(st))
+        for d, r, st in runs.sort_values("started_at")[["run_dir", "run_id", "status"]].itertuples(index=False)
+    }
+    fin = finishing_run(cases, stages)
+    again = "not quarantined: the same ctpipe run command analyses it (no --retry-failed needed)"
+    out = []
+    for (_, c), run_id in zip(cases.iterrows(), fin):
+        reason, status, d = c.get("reason"), str(c["status"]), str(c["run_dir"])
+        if isinstance(reason, str) and reason or status not in ("interrupted", "pending", "running"):
+            out.append(reason)
+            continue
+        stage = at.get((d, str(c["case_key"])))
+        where = f" at stage {stage}" if stage else ""
+        last_id, last_status = latest.get(d, ("?", "?"))
+        if status == "interrupted":
+            out.append(f"run {run_id} stopped while the case was{where}; {again}")
+        elif status == "running":
+            out.append(f"at work{where} in run {run_id}, in progress")
+        elif last_status == "running":
+            out.append(f"waiting: run {last_id} is in progress")
+        else:
+            how = "stopped" if last_status == "interrupted" else "ended"
+            out.append(f"not started: run {last_id} {how} before it reached the case; {again}")
+    return pd.Series(out, index=cases.index, dtype=object)
+
+
 def finishing_run(cases: pd.DataFrame, stages: pd.DataFrame) -> pd.Series:
     """The run id of each case's latest attempt (index of ``cases``): the run whose stage attempts carry the case's
     attempt number (``cases.attempts``), else the case's own ``run_id`` (that attempt recorded no stage yet)."""

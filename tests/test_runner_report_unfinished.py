@@ -1,0 +1,45 @@
+"""A case a run left unfinished is named in the report with why and what to do, as a quarantined case is: the
+run that stopped while the case was at a stage, or before it started it."""
+
+from __future__ import annotations
+
+from pipeline.csvfile import read_table
+from pipeline.runner import build_report
+from pipeline.runner.store import RunStore
+from tests.test_runner_report_tables import _begin, _dead_pid, _done, _start
+
+
+def _stopped(tmp_path, *, end_record: bool):
+    """Run r1 finished case a, was stopped with case b at its detect stage, and never started case c."""
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    store.upsert_discovered(case_key="c:fp", case_id="c", series_uid="c", fingerprint="f", source="/src/c")
+    _done(store, "a", "r1")
+    _begin(store, "b", "r1", {"ingest": "ok", "detect": "running"})
+    if end_record:  # SIGTERM: the run records its stop
+        store.end_run("r1", status="interrupted", n_cases=3, n_done=1, n_failed=0, n_skipped=0)
+    store.close()
+    return build_report([run_dir], tmp_path / "rep")
+
+
+def _reasons(rep):
+    rows = read_table(rep.out_dir / "cases.csv").rows
+    return {r["case_id"]: (r["status"], r["reason"]) for r in rows}
+
+
+def test_cases_a_stopped_run_left_say_where_it_stopped_and_that_the_same_command_finishes_them(tmp_path):
+    for end_record in (False, True):
+        rep = _stopped(tmp_path / str(end_record), end_record=end_record)
+        reasons = _reasons(rep)
+        assert reasons["a"] == ("done", "")
+        status, why = reasons["b"]
+        assert status == "interrupted"
+        assert "run r1 stopped while the case was at stage detect" in why
+        assert "not quarantined" in why and "the same ctpipe run command" in why
+        status, why = reasons["c"]
+        assert status == "pending"
+        assert "not started: run r1 stopped before it reached the case" in why and "the same ctpipe run command" in why
+        page = rep.html.read_text()
+        assert "run r1 stopped while the case was at stage detect" in page
+        assert rep.summary["cases"]["unfinished"] == 2 and rep.summary["cases"]["interrupted"] == 1
