@@ -50,6 +50,10 @@ def test_an_interrupted_run_is_logged_reported_and_counted_as_interrupted(tmp_pa
     end = [r for r in records if r.get("event") == "run_end"]
     assert len(end) == 1 and end[0]["exit_status"] == 130 and end[0]["run_status"] == "interrupted"
     assert end[0]["done"] == 1 and end[0]["level"] == "warning" and "the same command resumes it" in end[0]["msg"]
+    # the line an operator reads on the console accounts for every case, as the record's fields do
+    assert end[0]["unfinished"] == 1 and end[0]["cases"] == 2
+    assert "1 done, 0 newly quarantined" in end[0]["msg"] and "1 unfinished (left for the next run)" in end[0]["msg"]
+    assert "0 already done earlier, of 2" in end[0]["msg"]
     status = json.loads((out / "report" / "status.json").read_text())
     assert status["state"] == "interrupted", status
     assert 'ctpipe_run_exit_status{node="' in (prom := (out / "metrics.prom").read_text())

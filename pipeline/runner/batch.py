@@ -420,12 +420,16 @@ def _run(
         _mark_report(run_dir, not_rebuilt_by=run_id)
     log.log(
         logging.WARNING if signalled else logging.INFO,
-        "run %s %s: %d done, %d newly quarantined, %d still quarantined from earlier runs (not retried), %.1f s",
+        "run %s %s: %d done, %d newly quarantined, %d still quarantined from earlier runs (not retried), "
+        "%d unfinished (left for the next run), %d already done earlier, of %d, %.1f s",
         run_id,
         "interrupted (Ctrl-C, SIGTERM or SIGHUP; the same command resumes it)" if signalled else "finished",
         summary.done,
         len(summary.quarantined),
         len(summary.still_quarantined),
+        summary.unfinished,
+        summary.skipped,
+        summary.total,
         summary.elapsed_s,
         extra={  # the summary line's figures as fields, for log pipelines that read them without parsing msg
             "event": "run_end",
