@@ -43,3 +43,20 @@ def test_cases_a_stopped_run_left_say_where_it_stopped_and_that_the_same_command
         page = rep.html.read_text()
         assert "run r1 stopped while the case was at stage detect" in page
         assert rep.summary["cases"]["unfinished"] == 2 and rep.summary["cases"]["interrupted"] == 1
+
+
+def test_the_page_calls_quarantined_cases_quarantined_as_the_run_summary_and_metrics_do(tmp_path):
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    _done(store, "a", "r1")
+    _begin(store, "b", "r1", {"ingest": "failed"})
+    store.fail_case(
+        "b:fp", reason="1 slice(s) missing. Fix: copy the missing files", error_class="MissingSliceError", stage="ingest"
+    )
+    store.end_run("r1", status="completed", n_cases=2, n_done=1, n_failed=1, n_skipped=0)
+    store.close()
+    page = build_report([run_dir], tmp_path / "rep").html.read_text()
+    assert "Cases: 1 done, 1 quarantined (failed: listed with the reason and the fix under Failures), 0 unfinished" in page
+    assert "<th>quarantined</th>" in page and "<th>still quarantined from earlier runs</th>" in page
+    assert "still failed" not in page

@@ -169,7 +169,7 @@ def _runs_table(runs: list[dict[str, Any]], cases: dict[str, int]) -> str:
         return "<p>no runs</p>"
     folders = len({r["run_dir"] for r in runs}) > 1
     titles = ["run", *(["folder"] if folders else []), "status", "started (UTC)", "ended (UTC)", "active min", "device"]
-    titles += ["done", "failed", "unfinished", "still failed from earlier runs"]
+    titles += ["done", "quarantined", "unfinished", "still quarantined from earlier runs"]
     head = "".join(f"<th>{t}</th>" for t in titles)
     body = "".join(
         f"<tr><td>{_e(r['run_id'])}</td>{_folder_cell(r, folders)}<td>{_e(r['status'])}</td>"
@@ -323,7 +323,7 @@ td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
 <p class="big"><b>{_e(s["projection"])}</b></p>
 <p>{_e(s["capacity"]["text"])}</p>
 <p class="big">{_quality_headline(s["quality"])}</p>
-<p>Cases: {s["cases"]["done"]} done, {s["cases"]["failed"]} failed, {s["cases"]["unfinished"]} unfinished
+<p>Cases: {s["cases"]["done"]} done, {s["cases"]["failed"]} quarantined (failed: listed with the reason and the fix under Failures), {s["cases"]["unfinished"]} unfinished
 ({s["cases"].get("interrupted", 0)} interrupted), of {s["cases"]["total"]}. Discovery skipped {sk["files"]} file(s) and {sk["series"]} series (listed below).</p>
 <h2>Runs</h2>
 <p>Each case is counted in the run that last worked on it. A run killed without an end record is interrupted
