@@ -60,3 +60,17 @@ def test_the_page_calls_quarantined_cases_quarantined_as_the_run_summary_and_met
     assert "Cases: 1 done, 1 quarantined (failed: listed with the reason and the fix under Failures), 0 unfinished" in page
     assert "<th>quarantined</th>" in page and "<th>still quarantined from earlier runs</th>" in page
     assert "still failed" not in page
+
+
+def test_a_case_the_latest_completed_run_did_not_find_says_so(tmp_path):
+    """Run r1 was stopped before case c; r2 completed without finding c's series (removed from the source)."""
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    store.upsert_discovered(case_key="c:fp", case_id="c", series_uid="c", fingerprint="f", source="/src/c")
+    store.end_run("r1", status="interrupted", n_cases=1, n_done=0, n_failed=0, n_skipped=0)
+    _start(store, "r2", pid=_dead_pid())
+    store.end_run("r2", status="completed", n_cases=0, n_done=0, n_failed=0, n_skipped=0)
+    store.close()
+    status, why = _reasons(build_report([run_dir], tmp_path / "rep"))["c"]
+    assert status == "pending" and "the latest run, r2, completed without it" in why and "not found" in why

@@ -246,9 +246,13 @@ def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataF
             out.append(f"at work{where} in run {run_id}, in progress")
         elif last_status == "running":
             out.append(f"waiting: run {last_id} is in progress")
-        else:
-            how = "stopped" if last_status == "interrupted" else "ended"
-            out.append(f"not started: run {last_id} {how} before it reached the case; {again}")
+        elif last_status == "interrupted":
+            out.append(f"not started: run {last_id} stopped before it reached the case; {again}")
+        else:  # the latest run completed without it: its series was not among that run's sources
+            out.append(
+                f"not analysed: the latest run, {last_id}, completed without it (its series was not found in that run's "
+                "sources: moved or removed); ctpipe run with the folder that holds it analyses it"
+            )
     return pd.Series(out, index=cases.index, dtype=object)
 
 
