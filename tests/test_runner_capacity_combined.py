@@ -98,6 +98,7 @@ def test_overlapping_runs_on_one_machine_count_their_shared_time_once_in_both_fi
     assert s["throughput"]["cases_per_day_projected"] == pytest.approx(24 / 1100 * 86_400)
     assert s["capacity"]["efficiency_measured"] == pytest.approx(24 / 27.5)
     assert s["capacity"]["cases_per_day"] == pytest.approx(24 / 1100 * 86_400)
+    assert "worked side by side for 4.2 min" in s["capacity"]["method"]  # 250 s
 
 
 def test_the_report_says_how_each_rate_is_computed(tmp_path):

@@ -37,12 +37,18 @@ def throughput_method(*, n_done: int, active_s: float, wall_s: float, hours_per_
 
 
 def capacity_method(
-    *, cap: dict[str, Any], own: dict[str, Any], measured_per_day: float, hosts: int, shapes: set[tuple[int, int]]
+    *,
+    cap: dict[str, Any],
+    own: dict[str, Any],
+    measured_per_day: float,
+    hosts: int,
+    shapes: set[tuple[int, int]],
+    side_by_side_s: float = 0.0,
 ) -> str:
     """The capacity model in words: what it computes, and its figure at the runs' own deployment (``own``: the model
     with the default cluster) beside the measured rate (``measured_per_day``: cases/day over active time), with why
     they differ: several machines (``hosts``), runs of several shapes (``shapes``: each run's model workers and
-    ``runner.workers``), or runs of one process."""
+    ``runner.workers``), runs at work side by side on one machine (``side_by_side_s``, s), or runs of one process."""
     text = (
         "the capacity model: each stage's busy time per case (capacity.csv: its successful and failed attempts' wall time "
         "÷ its successful attempts, over all runs) gives the cases/s the model workers (one per GPU) and the CPU workers "
@@ -70,6 +76,11 @@ def capacity_method(
         text += (
             f". The runs come from {hosts} machines: the measured rate is theirs together, the model is for the nodes "
             "given (--nodes; default one)"
+        )
+    if side_by_side_s >= 1.0:
+        text += (
+            f". Runs of one machine worked side by side for {_span(side_by_side_s)}: the measured rate is theirs "
+            "together over that time, where the model takes one run's workers"
         )
     if len(shapes) > 1:
         listed = ", ".join(f"{g} model worker(s) and runner.workers {w}" for g, w in sorted(shapes))

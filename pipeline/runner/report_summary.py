@@ -438,6 +438,7 @@ def summarize(
         measured_per_day=rate_h * hours_per_day,
         hosts=runs.host.dropna().nunique(),
         shapes={(model_workers(r.get("device")), run_workers(r)) for r in runs.to_dict("records")},
+        side_by_side_s=_side_by_side(runs, spans),
     )
     interrupted = int((cases.status == "interrupted").sum())
     summary = {
@@ -496,6 +497,16 @@ def summarize(
         "capacity": capacity_out,
     }
     return summary, t
+
+
+def _side_by_side(runs: Any, spans: dict[str, tuple[float, float]]) -> float:
+    """Seconds (s) during which runs of one host worked at the same time, added up over the hosts: each run's
+    active time, less the union of its host's runs' (``spans``: each run's active ``(start, end)``, Unix s)."""
+    by_host: dict[str, list[tuple[float, float]]] = {}
+    for rid, host in zip(runs.run_id, runs.host):
+        if str(rid) in spans:
+            by_host.setdefault(str(host), []).append(spans[str(rid)])
+    return sum(sum(e - s for s, e in v) - active_seconds(v) for v in by_host.values())
 
 
 def _end_so_far(run: Any, stages: Any, now: float) -> float:
