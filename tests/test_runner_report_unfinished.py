@@ -74,3 +74,17 @@ def test_a_case_the_latest_completed_run_did_not_find_says_so(tmp_path):
     store.close()
     status, why = _reasons(build_report([run_dir], tmp_path / "rep"))["c"]
     assert status == "pending" and "the latest run, r2, completed without it" in why and "not found" in why
+
+
+def test_a_case_stopped_between_recorded_stages_names_the_last_stage_it_finished(tmp_path):
+    """Worker processes record a stage when it ends: a case stopped mid-stage has its finished stages only."""
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    _begin(store, "b", "r1", {"ingest": "ok", "reconstruct": "ok"})
+    _begin(store, "c", "r1", {})
+    store.end_run("r1", status="interrupted", n_cases=2, n_done=0, n_failed=0, n_skipped=0)
+    store.close()
+    reasons = _reasons(build_report([run_dir], tmp_path / "rep"))
+    assert reasons["b"][1].startswith("run r1 stopped while the case was at work (its last finished stage: reconstruct);")
+    assert reasons["c"][1].startswith("run r1 stopped while the case was at work (before its first stage finished);")

@@ -221,10 +221,18 @@ def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataF
     recorded reason (a quarantine, a release) is kept. ``runs.status`` and ``cases.status`` as the report shows them."""
     import pandas as pd
 
-    at: dict[tuple[str, str], str] = {}  # (folder, case key) -> stage of its latest attempt still at work or stopped
-    mine = stages[stages.status.isin(("running", "interrupted"))].sort_values("id")
-    for d, k, stage in zip(mine.run_dir, mine.case_key, mine.stage):
-        at[(str(d), str(k))] = str(stage)
+    # (folder, case key, attempt) -> its stage still at work or stopped, and the last stage it finished (recorded at
+    # a stage's end: a stage stopped in a worker process may have no row)
+    at: dict[tuple[str, str, int], str] = {}
+    last_ok: dict[tuple[str, str, int], str] = {}
+    for d, k, n, stage, st in stages.sort_values("id")[["run_dir", "case_key", "attempt", "stage", "status"]].itertuples(
+        index=False
+    ):
+        key = (str(d), str(k), int(n))
+        if st in ("running", "interrupted"):
+            at[key] = str(stage)
+        elif st == "ok":
+            last_ok[key] = str(stage)
     latest = {
         str(d): (str(r), str(st))
         for d, r, st in runs.sort_values("started_at")[["run_dir", "run_id", "status"]].itertuples(index=False)
@@ -237,8 +245,15 @@ def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataF
         if isinstance(reason, str) and reason or status not in ("interrupted", "pending", "running"):
             out.append(reason)
             continue
-        stage = at.get((d, str(c["case_key"])))
-        where = f" at stage {stage}" if stage else ""
+        key = (d, str(c["case_key"]), int(c["attempts"]) if pd.notna(c["attempts"]) else 0)
+        stage, done_stage = at.get(key), last_ok.get(key)
+        where = (
+            f" at stage {stage}"
+            if stage
+            else f" at work (its last finished stage: {done_stage})"
+            if done_stage
+            else " at work (before its first stage finished)"
+        )
         last_id, last_status = latest.get(d, ("?", "?"))
         if status == "interrupted":
             out.append(f"run {run_id} stopped while the case was{where}; {again}")
