@@ -131,3 +131,16 @@ def test_runs_of_several_shapes_say_why_the_model_differs_from_the_measured_rate
     how = s["capacity"]["method"]
     assert "2,160 cases/day, the measured rate 1,536 cases/day" in how
     assert "different shapes (1 model worker(s) and runner.workers 0, 1 model worker(s) and runner.workers 2)" in how
+
+
+def test_runs_that_completed_no_case_say_the_model_is_not_comparable_with_the_measured_rate(tmp_path):
+    from tests.test_runner_capacity import _write_run
+
+    run = tmp_path / "run"
+    _write_run(run, n_cases=3, duration_s=400.0, complete=False)  # stopped with 3 cases past ingest, none done
+    s = build_report([run], tmp_path / "rep").summary
+    assert s["throughput"]["cases_per_hour"] == 0.0
+    how = s["capacity"]["method"]
+    assert "the measured rate 0 cases/day" in how
+    assert "no case completed: the efficiency is not measured (1.00 assumed)" in how
+    assert "not comparable with the measured rate" in how

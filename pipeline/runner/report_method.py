@@ -67,6 +67,11 @@ def capacity_method(
         f". At the runs' own deployment ({where}) it gives {own['cases_per_day']:,.0f} cases/day, the measured rate "
         f"{measured_per_day:,.0f} cases/day"
     )
+    if own.get("efficiency_measured") is None:
+        text += (
+            "; no case completed: the efficiency is not measured (1.00 assumed) and the stages no case reached are left "
+            "out, so the model is not comparable with the measured rate"
+        )
     measured_eff = own.get("efficiency_measured") or 0.0
     if measured_eff > 1.0:
         text += f" (its efficiency, measured {measured_eff:.2f}, counted as 1.00)"
