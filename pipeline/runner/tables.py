@@ -221,13 +221,18 @@ def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataF
     recorded reason (a quarantine, a release) is kept. ``runs.status`` and ``cases.status`` as the report shows them."""
     import pandas as pd
 
+    recorded = cases.reason if "reason" in cases else pd.Series(None, index=cases.index, dtype=object)
+    has_reason = recorded.map(lambda r: isinstance(r, str) and r != "")
+    need = cases[cases.status.isin(("interrupted", "pending", "running")) & ~has_reason]
+    out = recorded.astype(object).copy()
+    if not len(need):
+        return out
     # (folder, case key, attempt) -> its stage still at work or stopped, and the last stage it finished (recorded at
     # a stage's end: a stage stopped in a worker process may have no row)
     at: dict[tuple[str, str, int], str] = {}
     last_ok: dict[tuple[str, str, int], str] = {}
-    for d, k, n, stage, st in stages.sort_values("id")[["run_dir", "case_key", "attempt", "stage", "status"]].itertuples(
-        index=False
-    ):
+    mine = stages[stages.case_key.isin(set(need.case_key))].sort_values("id")
+    for d, k, n, stage, st in mine[["run_dir", "case_key", "attempt", "stage", "status"]].itertuples(index=False):
         key = (str(d), str(k), int(n))
         if st in ("running", "interrupted"):
             at[key] = str(stage)
@@ -237,15 +242,10 @@ def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataF
         str(d): (str(r), str(st))
         for d, r, st in runs.sort_values("started_at")[["run_dir", "run_id", "status"]].itertuples(index=False)
     }
-    fin = finishing_run(cases, stages)
+    fin = finishing_run(need, mine)
     again = "not quarantined: the same ctpipe run command analyses it (no --retry-failed needed)"
-    out = []
-    for (_, c), run_id in zip(cases.iterrows(), fin):
-        reason, status, d = c.get("reason"), str(c["status"]), str(c["run_dir"])
-        if isinstance(reason, str) and reason or status not in ("interrupted", "pending", "running"):
-            out.append(reason)
-            continue
-        key = (d, str(c["case_key"]), int(c["attempts"]) if pd.notna(c["attempts"]) else 0)
+    for i, d, k, n, status, run_id in zip(need.index, need.run_dir, need.case_key, need.attempts, need.status, fin):
+        key = (str(d), str(k), int(n) if pd.notna(n) else 0)
         stage, done_stage = at.get(key), last_ok.get(key)
         where = (
             f" at stage {stage}"
@@ -254,21 +254,21 @@ def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataF
             if done_stage
             else " at work (before its first stage finished)"
         )
-        last_id, last_status = latest.get(d, ("?", "?"))
+        last_id, last_status = latest.get(str(d), ("?", "?"))
         if status == "interrupted":
-            out.append(f"run {run_id} stopped while the case was{where}; {again}")
+            out[i] = f"run {run_id} stopped while the case was{where}; {again}"
         elif status == "running":
-            out.append(f"at work{where} in run {run_id}, in progress")
+            out[i] = f"at work{where} in run {run_id}, in progress"
         elif last_status == "running":
-            out.append(f"waiting: run {last_id} is in progress")
+            out[i] = f"waiting: run {last_id} is in progress"
         elif last_status == "interrupted":
-            out.append(f"not started: run {last_id} stopped before it reached the case; {again}")
+            out[i] = f"not started: run {last_id} stopped before it reached the case; {again}"
         else:  # the latest run completed without it: its series was not among that run's sources
-            out.append(
+            out[i] = (
                 f"not analysed: the latest run, {last_id}, completed without it (its series was not found in that run's "
                 "sources: moved or removed); ctpipe run with the folder that holds it analyses it"
             )
-    return pd.Series(out, index=cases.index, dtype=object)
+    return out
 
 
 def finishing_run(cases: pd.DataFrame, stages: pd.DataFrame) -> pd.Series:
