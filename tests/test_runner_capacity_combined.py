@@ -144,3 +144,17 @@ def test_runs_that_completed_no_case_say_the_model_is_not_comparable_with_the_me
     assert "the measured rate 0 cases/day" in how
     assert "no case completed: the efficiency is not measured (1.00 assumed)" in how
     assert "not comparable with the measured rate" in how
+
+
+def test_runs_of_two_machines_at_once_give_one_nodes_capacity_and_say_the_measured_rate_is_both(tmp_path):
+    # node-a 750 s and node-b 600 s, from the same start: 750 s active, 24 cases -> 2,764.8 cases/day measured;
+    # predicted per machine 0.025 x 750 + 0.025 x 600 = 33.75 cases: efficiency 24 / 33.75 = 0.7111;
+    # one node: 0.7111 x 0.025 x 86,400 = 1,536 cases/day
+    a = _run(tmp_path / "a", "ra", start=T0, end=T0 + 750, ingest_s=100.0, n=12, host="node-a")
+    b = _run(tmp_path / "b", "rb", start=T0, end=T0 + 600, ingest_s=50.0, n=12, host="node-b")
+    s = build_report([a, b], tmp_path / "rep").summary
+    assert s["throughput"]["cases_per_day_projected"] == pytest.approx(2764.8)
+    assert s["capacity"]["efficiency_measured"] == pytest.approx(24 / 33.75)
+    assert s["capacity"]["cases_per_day"] == pytest.approx(1536.0)
+    assert "The runs come from 2 machines: the measured rate is theirs together" in s["capacity"]["method"]
+    assert "side by side" not in s["capacity"]["method"]  # on two machines, not one
