@@ -88,3 +88,12 @@ def test_a_case_stopped_between_recorded_stages_names_the_last_stage_it_finished
     reasons = _reasons(build_report([run_dir], tmp_path / "rep"))
     assert reasons["b"][1].startswith("run r1 stopped while the case was at work (its last finished stage: reconstruct);")
     assert reasons["c"][1].startswith("run r1 stopped while the case was at work (before its first stage finished);")
+
+
+def test_a_case_no_run_started_is_counted_unfinished_in_the_run_that_left_it(tmp_path):
+    """runs.csv and the page's runs table add up to the case counts: c, never started, is r1's unfinished case."""
+    for end_record in (False, True):
+        rep = _stopped(tmp_path / str(end_record), end_record=end_record)
+        rows = read_table(rep.out_dir / "runs.csv").rows
+        assert [(r["run_id"], r["n_done"], r["n_unfinished"]) for r in rows] == [("r1", "1", "2")]
+        assert sum(int(r["n_unfinished"]) for r in rows) == rep.summary["cases"]["unfinished"]

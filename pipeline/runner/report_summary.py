@@ -304,7 +304,10 @@ def _runs_table(runs: Any, cases: Any, finished_in: Any, durations: dict[str, fl
     """One row per run: status as the report shows it, start and end (ISO 8601 UTC; no end record: None), active
     time (s) and the cases of its latest attempts by outcome (``finished_in``: :func:`.tables.finishing_run`),
     so that each case is counted in one run only; ``n_failed_earlier``: the cases quarantined by earlier runs that it
-    left as they were (not retried), as it recorded at its end (None without an end record)."""
+    left as they were (not retried), as it recorded at its end (None without an end record). A case that no run
+    started is unfinished in the latest run of its folder, the run that left it."""
+    latest = runs.sort_values("started_at").groupby("run_dir").run_id.last()
+    finished_in = finished_in.where(finished_in.notna(), cases.run_dir.map(latest))
     outcome = cases.status.map({"done": "n_done", "failed": "n_failed"}).fillna("n_unfinished")
     counts = outcome.groupby([cases.run_dir, finished_in]).value_counts().to_dict() if len(cases) else {}
     started, ended = utc_text(runs.started_at), utc_text(runs.ended_at)
