@@ -2,13 +2,21 @@
 of :mod:`pipeline.pacs.ledger`), and its folders ``RUN_DIR/pacs/incoming/<SeriesInstanceUID>/g<N>/``.
 
 An instance is admitted (:meth:`ReceiveJournal.admit`: a duplicate SOPInstanceUID is recognised and
-not stored again), written to its series' open generation folder and synced, and then committed
-(:meth:`ReceiveJournal.commit`); only then is the sender told it was stored. A generation is
+not stored again; one arriving while another copy of it is being written waits for that copy), written to its
+series' open generation folder (:func:`~pipeline.pacs.spool.store_received`: renamed to its name, then its data
+and folder entry synced) while its row, with the file's size and CRC-32, is written to the journal
+(:meth:`ReceiveJournal.record`, synced); only once all three are durable is the sender told it was stored
+(:meth:`ReceiveJournal.finish`). Syncing them together, not one after the other, lets the file system join
+them in one commit. After a crash, a file may therefore stand under its name incomplete, with or without its
+row; it was never acknowledged, and :meth:`ReceiveJournal.recover` removes it (a file the journal does not
+list, or one that does not match its row's size and CRC-32), so the sender, told nothing, sends it again. An
+instance the journal lists already (stored before, its file since removed) is synced before it is renamed and
+recorded after, as recovery could not tell it from a complete one. A generation is
 ``open`` while it receives, ``handed`` once given to the runner (its folder no longer changes) and
 ``processed`` when the run has finished it. An instance of a series whose latest generation was
 already handed opens generation N+1, whose folder starts with hard links to generation N's files:
 the runner sees a changed series as a new case. After a crash, :meth:`ReceiveJournal.recover`
-registers instances written but not committed, drops empty generations, and restarts the quiet
+removes the files of instances never acknowledged, drops empty generations, and restarts the quiet
 period of open series; handed generations are handed again (the run store skips done cases).
 
 Once a generation is processed, its folder is removed (:meth:`ReceiveJournal.release`) unless
@@ -31,6 +39,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,12 +57,16 @@ INCOMPLETE_NOTE = "incomplete after"
 
 @dataclass(frozen=True)
 class Admission:
-    """Where an admitted instance goes (``duplicate``: already stored, nothing to write)."""
+    """Where an admitted instance goes (``duplicate``: already stored, nothing to write; ``listed``: the journal has
+    a row for the SOPInstanceUID already, from a generation whose files were removed, so its file must be complete
+    before it takes its name: see the module docstring)."""
 
     duplicate: bool
     series_uid: str
     generation: int = 0
     folder: Path | None = None
+    sop_uid: str = ""
+    listed: bool = False
 
 
 class ReceiveJournal:
@@ -62,13 +76,38 @@ class ReceiveJournal:
         self.ledger = ledger
         self.root = root
         self._writing: dict[tuple[str, int], int] = {}  # instances being written, by (series, generation)
+        self._in_flight: set[str] = set()  # SOPInstanceUIDs being written
+        self._landed = threading.Condition()  # notified when an instance is no longer being written
 
     def folder(self, series_uid: str, generation: int) -> Path:
         return self.root / series_uid / f"g{generation}"
 
     # -- receiving -------------------------------------------------------------------------
     def admit(self, sop_uid: str, series_uid: str, *, study_uid: str | None = None) -> Admission:
-        """Decide where an incoming instance goes; opens a series or a new generation when needed."""
+        """Decide where an incoming instance goes; opens a series or a new generation when needed.
+
+        Another association writing the same SOPInstanceUID is waited for first (then this one is a duplicate, or,
+        if that write failed, is written). Every admission that is not a duplicate ends with :meth:`commit` or
+        :meth:`abandon`."""
+        with self._landed:
+            while sop_uid in self._in_flight:
+                self._landed.wait()
+            self._in_flight.add(sop_uid)
+        try:
+            adm = self._admit(sop_uid, series_uid, study_uid)
+        except BaseException:
+            self._landed_one(sop_uid)
+            raise
+        if adm.duplicate:
+            self._landed_one(sop_uid)
+        return adm
+
+    def _landed_one(self, sop_uid: str) -> None:
+        with self._landed:
+            self._in_flight.discard(sop_uid)
+            self._landed.notify_all()
+
+    def _admit(self, sop_uid: str, series_uid: str, study_uid: str | None) -> Admission:
         with self.ledger.tx() as db:
             seen = db.execute(
                 "SELECT s.removed_at FROM instances i LEFT JOIN series s ON s.series_uid = i.series_uid "
@@ -81,9 +120,8 @@ class ReceiveJournal:
                 "SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,)
             ).fetchone()
             t = now()
-            if row is not None and row["state"] == "open":
+            if row is not None and row["state"] == "open":  # nothing to write: last_at moves at commit
                 gen = int(row["generation"])
-                db.execute("UPDATE series SET last_at = ? WHERE series_uid = ? AND generation = ?", (t, series_uid, gen))
             else:
                 gen = 1 if row is None else int(row["generation"]) + 1
                 folder = self.folder(series_uid, gen)
@@ -113,7 +151,7 @@ class ReceiveJournal:
                     )
             key = (series_uid, gen)
             self._writing[key] = self._writing.get(key, 0) + 1
-            return Admission(False, series_uid, gen, self.folder(series_uid, gen))
+            return Admission(False, series_uid, gen, self.folder(series_uid, gen), sop_uid=sop_uid, listed=seen is not None)
 
     def _link_previous(self, row: Any, folder: Path) -> int:
         if folder.exists():  # left by a crash between creating it and committing the row
@@ -130,26 +168,59 @@ class ReceiveJournal:
             n += 1
         return n
 
-    def commit(self, adm: Admission, *, sop_uid: str, sop_class: str, calling_aet: str) -> None:
-        """Record a written, synced instance (after :meth:`admit`)."""
+    def commit(
+        self, adm: Admission, *, sop_uid: str, sop_class: str, calling_aet: str, size: int | None = None, crc32: int | None = None
+    ) -> None:
+        """Record a written, synced instance (after :meth:`admit`): :meth:`record`, then :meth:`finish`."""
+        self.record(adm, sop_uid=sop_uid, sop_class=sop_class, calling_aet=calling_aet, size=size, crc32=crc32)
+        self.finish(adm)
+
+    def record(
+        self, adm: Admission, *, sop_uid: str, sop_class: str, calling_aet: str, size: int | None = None, crc32: int | None = None
+    ) -> None:
+        """Write an admitted instance's row durably (``size``: of its file, bytes; ``crc32``: of its file's bytes,
+        for :meth:`recover` to check the file against); the instance is still being written until :meth:`finish`
+        (or :meth:`withdraw`, if its file could not be stored). The row may be written while the file is being
+        synced, not after: the sender is answered only once both are durable, and recovery removes an instance
+        whose file does not match its row."""
         with self.ledger.tx() as db:
             cur = db.execute(  # an instance stored again after its earlier file was removed moves to this generation
-                "INSERT INTO instances (sop_uid, series_uid, generation, sop_class, calling_aet, received_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(sop_uid) DO UPDATE SET series_uid = excluded.series_uid, "
-                "generation = excluded.generation, received_at = excluded.received_at "
+                "INSERT INTO instances (sop_uid, series_uid, generation, sop_class, calling_aet, received_at, size, crc32) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(sop_uid) DO UPDATE SET series_uid = excluded.series_uid, "
+                "generation = excluded.generation, received_at = excluded.received_at, size = excluded.size, "
+                "crc32 = excluded.crc32 "
                 "WHERE instances.generation != excluded.generation OR instances.series_uid != excluded.series_uid",
-                (sop_uid, adm.series_uid, adm.generation, sop_class, calling_aet, now()),
+                (sop_uid, adm.series_uid, adm.generation, sop_class, calling_aet, now(), size, crc32),
             )
-            if cur.rowcount:
-                db.execute(
-                    "UPDATE series SET n_instances = n_instances + 1, last_at = ? WHERE series_uid = ? AND generation = ?",
-                    (now(), adm.series_uid, adm.generation),
+            db.execute(
+                "UPDATE series SET n_instances = n_instances + ?, last_at = ? WHERE series_uid = ? AND generation = ?",
+                (1 if cur.rowcount else 0, now(), adm.series_uid, adm.generation),
+            )
+
+    def finish(self, adm: Admission) -> None:
+        """An instance recorded and its file synced: it may be acknowledged, and its generation handed over."""
+        with self.ledger.locked():
+            self._done_writing(adm)
+
+    def withdraw(self, adm: Admission) -> None:
+        """Remove the row :meth:`record` wrote for an admitted instance (not one the journal listed before it, see
+        :attr:`Admission.listed`) whose file could not be stored, and end its admission."""
+        with self.ledger.locked():
+            with self.ledger.tx() as db:
+                cur = db.execute(
+                    "DELETE FROM instances WHERE sop_uid = ? AND series_uid = ? AND generation = ?",
+                    (adm.sop_uid, adm.series_uid, adm.generation),
                 )
+                if cur.rowcount:
+                    db.execute(
+                        "UPDATE series SET n_instances = n_instances - 1 WHERE series_uid = ? AND generation = ?",
+                        (adm.series_uid, adm.generation),
+                    )
             self._done_writing(adm)
 
     def abandon(self, adm: Admission) -> None:
-        """An admitted instance that could not be written."""
-        with self.ledger.tx():
+        """An admitted instance that could not be written (or recorded), with no row of its own."""
+        with self.ledger.locked():
             self._done_writing(adm)
 
     def _done_writing(self, adm: Admission) -> None:
@@ -159,6 +230,8 @@ class ReceiveJournal:
             self._writing[key] = left
         else:
             self._writing.pop(key, None)
+        if adm.sop_uid:
+            self._landed_one(adm.sop_uid)
 
     # -- handing series to the runner ------------------------------------------------------
     def quiet(self, quiet_s: float) -> list[dict[str, Any]]:
@@ -261,33 +334,23 @@ class ReceiveJournal:
     # -- after a crash ---------------------------------------------------------------------
     def recover(self) -> dict[str, int]:
         """Bring journal and folders into agreement after a crash (see the module docstring); counts of what was done."""
-        import pydicom
-        from pydicom.errors import InvalidDicomError
-
-        counts = {"registered": 0, "dropped": 0, "reopened": 0, "handed": 0, "orphans": 0}
+        counts = {"unacknowledged": 0, "dropped": 0, "reopened": 0, "handed": 0, "orphans": 0}
         counts["orphans"] = self._remove_orphans()
         for row in self.ledger.rows("SELECT * FROM series WHERE state = 'open'"):
             folder = Path(row["folder"])
-            known = {
-                r["sop_uid"] for r in self.ledger.rows("SELECT sop_uid FROM instances WHERE series_uid = ?", (row["series_uid"],))
-            }
             for tmp in folder.glob(".*.tmp"):  # a write cut short: never acknowledged
                 tmp.unlink(missing_ok=True)
+            removed = self._remove_unsynced(row)
             for p in sorted(folder.glob("*.dcm")):
-                if p.stem in known or not valid_uid(p.stem):
+                if not valid_uid(p.stem) or self.ledger.one("SELECT 1 FROM instances WHERE sop_uid = ?", (p.stem,)):
                     continue
-                try:  # written and synced, but the process died before committing it: keep it
-                    ds = pydicom.dcmread(p, stop_before_pixels=True, specific_tags=["SOPClassUID"])
-                except (InvalidDicomError, OSError, ValueError):
-                    p.unlink(missing_ok=True)
-                    continue
-                self.commit(
-                    Admission(False, row["series_uid"], int(row["generation"]), folder),
-                    sop_uid=p.stem,
-                    sop_class=str(ds.get("SOPClassUID", "")),
-                    calling_aet="(recovered)",
-                )
-                counts["registered"] += 1
+                # renamed, not committed: its content may not have reached the disk, and its sender was told
+                # nothing (it sends it again)
+                p.unlink(missing_ok=True)
+                removed += 1
+            counts["unacknowledged"] += removed
+            if removed and folder.is_dir():
+                fsync_dir(folder)
             with self.ledger.tx() as db:
                 n = sum(1 for _ in folder.glob("*.dcm")) if folder.is_dir() else 0
                 if n == 0:
@@ -305,6 +368,28 @@ class ReceiveJournal:
         counts["handed"] = len(self.handed())
         self._writing.clear()
         return counts
+
+    def _remove_unsynced(self, row: dict[str, Any]) -> int:
+        """Instances of an open generation whose file does not match the size and CRC-32 of their row (the row was
+        written while the file was being synced, and the crash came first: never acknowledged); rows and files removed."""
+        folder = Path(row["folder"])
+        key = (row["series_uid"], row["generation"])
+        listed = self.ledger.rows(
+            "SELECT sop_uid, size, crc32 FROM instances WHERE series_uid = ? AND generation = ? AND size IS NOT NULL", key
+        )
+        bad = [r["sop_uid"] for r in listed if not _matches(folder / f"{r['sop_uid']}.dcm", r["size"], r["crc32"])]
+        for sop_uid in bad:
+            (folder / f"{sop_uid}.dcm").unlink(missing_ok=True)
+            log.warning(
+                "instance %s of series %s: its file is incomplete after a crash (never acknowledged); removed",
+                sop_uid,
+                row["series_uid"],
+                extra={"event": "listen_unsynced"},
+            )
+        if bad:
+            with self.ledger.tx() as db:
+                db.executemany("DELETE FROM instances WHERE sop_uid = ?", [(u,) for u in bad])
+        return len(bad)
 
     def _remove_orphans(self) -> int:
         """Generation folders the journal does not know, and temporary files of cut-short writes; how many removed."""
@@ -326,6 +411,15 @@ class ReceiveJournal:
             if not any(series_dir.iterdir()):
                 series_dir.rmdir()
         return n
+
+
+def _matches(path: Path, size: int, crc32: int | None) -> bool:
+    """Whether the file at ``path`` has ``size`` bytes whose CRC-32 is ``crc32`` (None: not checked)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return len(data) == size and (crc32 is None or zlib.crc32(data) == crc32)
 
 
 def should_remove(outcome: str, keep: str) -> bool:

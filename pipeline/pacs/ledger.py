@@ -7,7 +7,8 @@ processed or sent twice:
 ``fetched``    one row per series retrieved from a PACS source: state ``fetched`` (complete, in
                ``pacs/spool/``), ``partial`` or ``failed`` (retried by the next run), ``removed`` (its case
                was processed and its spool folder removed, ``pacs.keep_received``), with counts;
-``instances``  one row per instance the listener received (SOPInstanceUID, series, generation);
+``instances``  one row per instance the listener received (SOPInstanceUID, series, generation, and the size in
+               bytes and CRC-32 of its file, checked after a crash);
 ``series``     the listener's series: one row per generation (a series that grows after it was
                handed to the runner gets a new generation), state ``open`` → ``handed`` → ``processed``,
                and ``removed_at`` once its received files were removed (``pacs.keep_received``);
@@ -37,7 +38,7 @@ CREATE TABLE IF NOT EXISTS fetched (
     n_files INTEGER, folder TEXT, error TEXT, attempts INTEGER NOT NULL DEFAULT 0, updated_at REAL);
 CREATE TABLE IF NOT EXISTS instances (
     sop_uid TEXT PRIMARY KEY, series_uid TEXT NOT NULL, generation INTEGER NOT NULL, sop_class TEXT,
-    calling_aet TEXT, received_at REAL);
+    calling_aet TEXT, received_at REAL, size INTEGER, crc32 INTEGER);
 CREATE INDEX IF NOT EXISTS instances_series ON instances(series_uid);
 CREATE TABLE IF NOT EXISTS series (
     series_uid TEXT NOT NULL, generation INTEGER NOT NULL, state TEXT NOT NULL, first_at REAL, last_at REAL,
@@ -50,7 +51,12 @@ CREATE TABLE IF NOT EXISTS scanned (
     case_id TEXT NOT NULL, destination TEXT NOT NULL, scanned_at REAL, PRIMARY KEY (case_id, destination));
 """
 #: Columns added to ledgers written before them: (table, column, declaration).
-_ADDED_COLUMNS = (("series", "study_uid", "TEXT"), ("series", "removed_at", "REAL"))
+_ADDED_COLUMNS = (
+    ("series", "study_uid", "TEXT"),
+    ("series", "removed_at", "REAL"),
+    ("instances", "size", "INTEGER"),
+    ("instances", "crc32", "INTEGER"),
+)
 
 
 class Ledger:
@@ -87,6 +93,12 @@ class Ledger:
                 self.db.execute("ROLLBACK")
                 raise
             self.db.execute("COMMIT")
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the lock that :meth:`tx` takes, across transactions (no other thread's transaction runs meanwhile)."""
+        with self._lock:
+            yield
 
     def rows(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
         with self._lock:

@@ -32,7 +32,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import zlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,7 @@ from typing import Any
 from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, PacsAddressError
 from .address import check_aet, listen_error, valid_uid
-from .journal import INCOMPLETE_NOTE, ReceiveJournal
+from .journal import INCOMPLETE_NOTE, Admission, ReceiveJournal
 from .ledger import Ledger, PacsLock, now
 from .scp import (
     STATUS_DATASET_MISMATCH,
@@ -50,7 +52,7 @@ from .scp import (
     build_ae,
     check_instance,
 )
-from .spool import write_instance
+from .spool import store_received
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +152,7 @@ class Listener:
         self._ae: Any = None
         self._server: Any = None
         self._sender: Any = None
+        self._pool: ThreadPoolExecutor | None = None  # syncs folder entries and writes journal rows beside file syncs
         self.session: Any = None  # the RunSession feeding the runner (from start)
         self._stop = threading.Event()
         self._reported: set[tuple[str, int]] = set()
@@ -171,10 +174,11 @@ class Listener:
         counts["released"] = self._release_processed()
         if any(counts.values()):
             log.warning(
-                "listener restart: %d instance(s) recovered, %d open series resumed, %d empty dropped, "
+                "listener restart: %d instance file(s) never acknowledged removed (their senders send them again), "
+                "%d open series resumed, %d empty dropped, "
                 "%d series to hand to the runner again, %d leftover folder(s) or temporary file(s) removed, "
                 "%d processed series' files removed",
-                counts["registered"],
+                counts["unacknowledged"],
                 counts["reopened"],
                 counts["dropped"],
                 counts["handed"],
@@ -192,6 +196,7 @@ class Listener:
         ae.require_calling_aet = self.allowed
         ae.require_called_aet = bool(self.cfg.pacs.check_called_aet)
         ae.maximum_associations = 16
+        self._pool = ThreadPoolExecutor(max_workers=2 * ae.maximum_associations, thread_name_prefix="ctpipe-listen-sync")
         address = (self.cfg.pacs.bind, int(self.cfg.pacs.port))
         try:
             self._server = ae.start_server(
@@ -240,6 +245,9 @@ class Listener:
         if self._ae is not None:
             self._ae.shutdown()
             self._ae = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         if self._sender is not None:
             self._sender.close()
             self._sender = None
@@ -312,13 +320,48 @@ class Listener:
             return STATUS_OK
         assert adm.folder is not None
         try:
-            write_instance(adm.folder, sop_uid, event.encoded_dataset(include_meta=True), sync_dir=True)
+            self._store(adm, event.encoded_dataset(include_meta=True), sop_class=sop_class, calling=calling)
         except OSError as exc:
-            self.journal.abandon(adm)
             log.error("cannot store instance %s (%s); the sender is told to try again", sop_uid, exc)
             return STATUS_OUT_OF_RESOURCES
-        self.journal.commit(adm, sop_uid=sop_uid, sop_class=sop_class, calling_aet=calling)
         return STATUS_OK
+
+    def _store(self, adm: Admission, data: bytes, *, sop_class: str, calling: str) -> None:
+        """Make an admitted instance (``data``: its Part 10 bytes) durable, file and journal row, or raise with neither
+        kept. The row is written (in a thread of the sync pool) while the file and its folder entry are synced, so
+        that the three syncs share the file system's commits; an instance the journal listed before is synced first
+        and recorded after (see :mod:`pipeline.pacs.journal`)."""
+        assert self.journal is not None and adm.folder is not None and self._pool is not None
+        journal, row = self.journal, {"sop_uid": adm.sop_uid, "sop_class": sop_class, "calling_aet": calling}
+        if adm.listed:
+            try:
+                path = store_received(adm.folder, adm.sop_uid, data, sync_first=True, pool=self._pool)
+            except BaseException:
+                journal.abandon(adm)
+                raise
+            try:
+                journal.commit(adm, **row, size=len(data), crc32=zlib.crc32(data))
+            except BaseException:
+                path.unlink(missing_ok=True)
+                journal.abandon(adm)
+                raise
+            return
+        recorded = self._pool.submit(journal.record, adm, **row, size=len(data), crc32=zlib.crc32(data))
+        try:
+            store_received(adm.folder, adm.sop_uid, data, pool=self._pool)
+        except BaseException:
+            if recorded.exception() is None:
+                journal.withdraw(adm)
+            else:
+                journal.abandon(adm)
+            raise
+        try:
+            recorded.result()
+        except BaseException:
+            (adm.folder / f"{adm.sop_uid}.dcm").unlink(missing_ok=True)
+            journal.abandon(adm)
+            raise
+        journal.finish(adm)
 
     # -- feeding the runner ----------------------------------------------------------------
     def serve_forever(self) -> None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
+from concurrent.futures import Executor
 from pathlib import Path
 
-from ..atomic import atomic_open
+from ..atomic import _naming, atomic_open
 from ..errors import PacsRequestError
 from .address import valid_uid
 
@@ -51,6 +53,54 @@ def write_instance(folder: Path, sop_instance_uid: str, data: bytes, *, sync_dir
         fh.write(data)
     if sync_dir:
         fsync_dir(folder)
+    return path
+
+
+def store_received(
+    folder: Path, sop_instance_uid: str, data: bytes, *, sync_first: bool = False, pool: Executor | None = None
+) -> Path:
+    """Write one received instance (``data``: its DICOM Part 10 bytes) to ``folder/<SOPInstanceUID>.dcm`` and make
+    it durable, for an instance that is acknowledged only afterwards.
+
+    The bytes go to a temporary file ``.<name>.<random>.tmp`` that is renamed to its name at once; then the file's
+    data (``fdatasync``) and the folder's entry (``fsync``) are synced, at the same time when ``pool`` is given (the
+    folder's in one of its threads): the file system then joins both in one journal commit, where syncing the data,
+    renaming, then syncing the folder takes two, one after the other. The price is that a crash before the syncs
+    return can leave the name with incomplete content; such an instance was not acknowledged, and
+    :meth:`~pipeline.pacs.journal.ReceiveJournal.recover` removes it (its journal row, if any, records the size and
+    CRC-32 the file must have). With ``sync_first`` the data is synced before the rename, as :func:`write_instance`
+    does, for a file that recovery could not check. On an error the file is removed (neither name is left) and an
+    :class:`OSError` naming the final path is raised.
+    """
+    path = instance_path(folder, sop_instance_uid)
+    tmp = folder / f".{path.name}.{secrets.token_hex(4)}.tmp"
+    placed = tmp
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)  # less the umask
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if sync_first:
+                os.fdatasync(fd)
+            os.replace(tmp, path)
+            placed = path
+            entry = pool.submit(fsync_dir, folder) if pool is not None else None
+            try:
+                if not sync_first:
+                    os.fdatasync(fd)
+            finally:
+                if entry is not None:
+                    entry.result()
+        finally:
+            os.close(fd)
+        if pool is None:
+            fsync_dir(folder)
+    except BaseException as exc:
+        placed.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename in (str(tmp), None):
+            raise _naming(exc, path) from exc
+        raise
     return path
 
 
