@@ -51,6 +51,7 @@ from .scp import (
     accepted_storage_contexts,
     build_ae,
     check_instance,
+    part10_header,
 )
 from .spool import store_received
 
@@ -320,7 +321,9 @@ class Listener:
             return STATUS_OK
         assert adm.folder is not None
         try:
-            self._store(adm, event.encoded_dataset(include_meta=True), sop_class=sop_class, calling=calling)
+            header = part10_header(sop_class=sop_class, sop_instance=sop_uid, transfer_syntax=str(event.context.transfer_syntax))
+            data = header + event.encoded_dataset(include_meta=False)  # the dataset as received, not decoded
+            self._store(adm, data, sop_class=sop_class, calling=calling)
         except OSError as exc:
             log.error("cannot store instance %s (%s); the sender is told to try again", sop_uid, exc)
             return STATUS_OUT_OF_RESOURCES

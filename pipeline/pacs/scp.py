@@ -9,6 +9,7 @@ not valid with 0xA900, a write failure with 0xA700 ("out of resources").
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,41 @@ def check_instance(event: Any) -> tuple[int, str, str]:
     if not valid_uid(sop_uid):
         return STATUS_DATASET_MISMATCH, sop_class, sop_uid
     return STATUS_OK, sop_class, sop_uid
+
+
+def part10_header(*, sop_class: str, sop_instance: str, transfer_syntax: str) -> bytes:
+    """The DICOM Part 10 preamble, ``DICM`` and File Meta Information (Explicit VR Little Endian) of a received
+    instance, byte for byte what pynetdicom's ``event.encoded_dataset(include_meta=True)`` puts before the dataset
+    (its implementation class UID and version name), encoded directly instead of through a pydicom dataset, which
+    took about 0.4 ms of each instance's CPU time. The UIDs must be valid (:func:`check_instance`)."""
+    from pynetdicom import PYNETDICOM_IMPLEMENTATION_UID, PYNETDICOM_IMPLEMENTATION_VERSION
+
+    elements = b"".join(
+        (
+            _element(0x0001, b"OB", b"\x00\x01"),
+            _element(0x0002, b"UI", _uid_bytes(sop_class)),
+            _element(0x0003, b"UI", _uid_bytes(sop_instance)),
+            _element(0x0010, b"UI", _uid_bytes(transfer_syntax)),
+            _element(0x0012, b"UI", _uid_bytes(str(PYNETDICOM_IMPLEMENTATION_UID))),
+            _element(0x0013, b"SH", _padded(PYNETDICOM_IMPLEMENTATION_VERSION.encode("ascii"), b" ")),
+        )
+    )
+    return b"\x00" * 128 + b"DICM" + _element(0x0000, b"UL", struct.pack("<I", len(elements))) + elements
+
+
+def _uid_bytes(uid: str) -> bytes:
+    return _padded(uid.encode("ascii"), b"\x00")
+
+
+def _padded(value: bytes, pad: bytes) -> bytes:
+    return value + pad if len(value) % 2 else value
+
+
+def _element(element: int, vr: bytes, value: bytes) -> bytes:
+    """One group 0002 element in Explicit VR Little Endian (OB: 2 reserved bytes and a 4-byte length)."""
+    if vr == b"OB":
+        return struct.pack("<HH", 0x0002, element) + vr + struct.pack("<HI", 0, len(value)) + value
+    return struct.pack("<HH", 0x0002, element) + vr + struct.pack("<H", len(value)) + value
 
 
 def store_event(event: Any, folder_for: Callable[[Any], Path | None], *, sync_dir: bool = False) -> int:
