@@ -211,3 +211,19 @@ def test_listener_killed_mid_transfer_keeps_every_answered_instance_complete_and
             assert pydicom.dcmread(kept[sop]).PixelData == pydicom.dcmread(sent[sop]).PixelData
         assert set(kept) == set(journal)  # nothing unjournalled kept; nothing journalled missing
         assert _rows(run, "SELECT n_instances FROM series") == [(len(kept),)]
+
+
+def test_senders_are_told_to_send_pdus_of_up_to_a_mebibyte(tmp_path):
+    """One PDU per CT slice, not pynetdicom's default 16 382 bytes (32 PDUs for a 512 × 512 slice)."""
+    from pynetdicom import AE
+
+    with _listener(tmp_path / "run") as lst:
+        ae = AE(ae_title="ORTHANC")
+        ae.add_requested_context("1.2.840.10008.1.1")
+        assoc = ae.associate(HOST, lst.port, ae_title=AET)
+        try:
+            assert assoc.is_established
+            assert assoc.acceptor.maximum_length == 1_048_576
+        finally:
+            assoc.release()
+            ae.shutdown()

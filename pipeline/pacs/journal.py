@@ -87,8 +87,8 @@ class ReceiveJournal:
         """Decide where an incoming instance goes; opens a series or a new generation when needed.
 
         Another association writing the same SOPInstanceUID is waited for first (then this one is a duplicate, or,
-        if that write failed, is written). Every admission that is not a duplicate ends with :meth:`commit` or
-        :meth:`abandon`."""
+        if that write failed, is written). Every admission that is not a duplicate ends with :meth:`commit`,
+        :meth:`finish` (after :meth:`record`), :meth:`withdraw` or :meth:`abandon`."""
         with self._landed:
             while sop_uid in self._in_flight:
                 self._landed.wait()
@@ -157,6 +157,8 @@ class ReceiveJournal:
         if folder.exists():  # left by a crash between creating it and committing the row
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
+        fsync_dir(folder.parent)  # the new folder's own entry (and its series folder's) last as its files do
+        fsync_dir(folder.parent.parent)
         if row is None or row["removed_at"] is not None:
             return 0
         n = 0
