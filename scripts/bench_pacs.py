@@ -18,7 +18,8 @@ Everything runs on 127.0.0.1 in this run, on the same phantom series, alternatin
    ratio ctpipe ÷ storescp.
 
 Needs Orthanc, its DICOMweb plugin and dcmtk: ``bash scripts/install_pacs_tools.sh`` (root) installs them.
-``--quick`` uses 3 smaller series and 3 runs instead of 6 and 5 (about a minute); ``--json PATH`` saves the results.
+``--quick`` uses 3 smaller series and 3 runs instead of 6 and 5 (about a minute); ``--only retrieval`` or
+``--only listener`` runs one part; ``--json PATH`` saves the results.
 """
 
 from __future__ import annotations
@@ -273,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller series, fewer runs (about a minute)")
     ap.add_argument("--repeats", type=int, default=None, help="runs of each variant (default 5; 3 with --quick)")
+    ap.add_argument("--only", choices=["retrieval", "listener"], default=None, help="run this part alone")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 5)
@@ -282,16 +284,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench_pacs_") as td:
         tmp = Path(td)
-        series = make_series(tmp / "data", n_series, matrix, slices)
-        srv = OrthancServer(tmp / "orthanc").start()
-        try:
-            for _, files in series:
-                srv.upload(files)
-            retrieval = bench_retrieval(srv, [uid for uid, _ in series], repeats, tmp / "runs")
-        finally:
-            srv.stop()
-        files = series[0][1]
-        listener = bench_listener(files[0].parent, len(files), repeats, tmp / "listen")
+        series = make_series(tmp / "data", n_series if args.only != "listener" else 1, matrix, slices)
+        retrieval: dict | None = None
+        listener: dict | None = None
+        if args.only != "listener":
+            srv = OrthancServer(tmp / "orthanc").start()
+            try:
+                for _, files in series:
+                    srv.upload(files)
+                retrieval = bench_retrieval(srv, [uid for uid, _ in series], repeats, tmp / "runs")
+            finally:
+                srv.stop()
+        if args.only != "retrieval":
+            files = series[0][1]
+            listener = bench_listener(files[0].parent, len(files), repeats, tmp / "listen")
     result = {
         "benchmark": "pacs",
         "quick": args.quick,
@@ -300,7 +306,17 @@ def main(argv: list[str] | None = None) -> int:
         "retrieval": retrieval,
         "listener": listener,
     }
-    r, li = retrieval, listener
+    if retrieval is not None:
+        print_retrieval(retrieval, matrix, slices, repeats)
+    if listener is not None:
+        print_listener(listener, repeats)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def print_retrieval(r: dict, matrix: int, slices: int, repeats: int) -> None:
     print(f"Retrieval from a local Orthanc: {r['series']} series of {matrix}x{matrix}x{slices}, median of {repeats} runs")
     print("  peers: dcmtk findscu + getscu (C-GET) and findscu + movescu (C-MOVE, its own storage SCP), per series")
     print("  ratios: ctpipe's rate / the other's (> 1: ctpipe faster)")
@@ -314,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         tool = "getscu" if name == "c_get" else "movescu"
         print(f"  {'dcmtk findscu + ' + tool + ' (peer)':<27} {r[f'dcmtk_{name}_series_per_min']:8.1f} series/min")
+
+
+def print_listener(li: dict, repeats: int) -> None:
     print(
         f"Receiving {li['instances']} instances pushed by dcmtk storescu, median of {repeats} runs; "
         "ratio = ctpipe's rate / storescp's (> 1: ctpipe faster)"
@@ -329,10 +348,6 @@ def main(argv: list[str] | None = None) -> int:
         f"  dcmtk storescp (peer)            {li['storescp_each_instances_per_s']:8.1f} instances/s   "
         f"ratio {li['ratio_each_vs_storescp']:.2f}x"
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1))
-    return 0
 
 
 if __name__ == "__main__":
