@@ -184,8 +184,11 @@ class ReceiveJournal:
         for :meth:`recover` to check the file against); the instance is still being written until :meth:`finish`
         (or :meth:`withdraw`, if its file could not be stored). The row may be written while the file is being
         synced, not after: the sender is answered only once both are durable, and recovery removes an instance
-        whose file does not match its row."""
-        with self.ledger.tx() as db:
+        whose file does not match its row. Rows of instances arriving on several associations at once are
+        written in one transaction (:meth:`~pipeline.pacs.ledger.Ledger.batched`).
+        """
+
+        def write(db: Any) -> None:
             cur = db.execute(  # an instance stored again after its earlier file was removed moves to this generation
                 "INSERT INTO instances (sop_uid, series_uid, generation, sop_class, calling_aet, received_at, size, crc32) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(sop_uid) DO UPDATE SET series_uid = excluded.series_uid, "
@@ -198,6 +201,8 @@ class ReceiveJournal:
                 "UPDATE series SET n_instances = n_instances + ?, last_at = ? WHERE series_uid = ? AND generation = ?",
                 (1 if cur.rowcount else 0, now(), adm.series_uid, adm.generation),
             )
+
+        self.ledger.batched(write)
 
     def finish(self, adm: Admission) -> None:
         """An instance recorded and its file synced: it may be acknowledged, and its generation handed over."""

@@ -24,7 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,59 @@ class Ledger:
                 fix="check that the run folder is writable and not on a network file system",
             ) from exc
         self._lock = threading.RLock()
+        self._group = threading.Condition()  # guards _queued and _committing (see batched)
+        self._queued: list[_Work] = []
+        self._committing = False
+
+    def batched(self, work: Callable[[sqlite3.Connection], None]) -> None:
+        """Run ``work(db)`` in a transaction, durable on return, shared with the calls other threads make meanwhile
+        (group commit): while one transaction commits, the calls that arrive wait, and the first of them then
+        commits them all at once, so concurrent writers pay one sync of the ledger, not one each. A transaction
+        that fails is tried again one call at a time, so that a call fails only for its own error."""
+        mine = _Work(work)
+        with self._group:
+            self._queued.append(mine)
+            while self._committing and not mine.done:
+                self._group.wait()
+            if not mine.done:
+                self._committing = True
+                batch, self._queued = self._queued, []
+        if not mine.done:
+            try:
+                self._commit_batch(batch)
+            finally:
+                with self._group:
+                    self._committing = False
+                    self._group.notify_all()
+        if mine.error is not None:
+            raise mine.error
+
+    def _commit_batch(self, batch: list[_Work]) -> None:
+        try:
+            try:
+                with self.tx() as db:
+                    for w in batch:
+                        w.work(db)
+                for w in batch:
+                    w.ok = True
+            except Exception as exc:  # noqa: BLE001 - raised again in the thread whose work it is
+                if len(batch) == 1:
+                    batch[0].error = exc
+                    return
+                for w in batch:
+                    try:
+                        with self.tx() as db:
+                            w.work(db)
+                        w.ok = True
+                    except Exception as own:  # noqa: BLE001 - raised again in the thread whose work it is
+                        w.error = own
+        finally:
+            for w in batch:
+                if not w.ok and w.error is None:  # the committing thread was interrupted
+                    w.error = RunStoreError(
+                        "a ledger transaction was interrupted", where=self.path, fix="the instance is refused; send it again"
+                    )
+                w.done = True
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -136,6 +189,16 @@ class Ledger:
                 "folder = excluded.folder, error = excluded.error, attempts = fetched.attempts + 1, updated_at = excluded.updated_at",
                 (series_uid, study_uid, source, state, n_expected, n_files, folder, error, time.time()),
             )
+
+
+class _Work:
+    """One call of :meth:`Ledger.batched`: its work, and how it ended."""
+
+    def __init__(self, work: Callable[[sqlite3.Connection], None]):
+        self.work = work
+        self.done = False
+        self.ok = False
+        self.error: BaseException | None = None
 
 
 def now() -> float:
