@@ -5,9 +5,11 @@ Layout under a run folder::
     RUN_DIR/pacs/partial/<SeriesInstanceUID>/    a series being retrieved (removed on the next start)
     RUN_DIR/pacs/spool/<SeriesInstanceUID>/      retrieved series, one <SOPInstanceUID>.dcm per instance
 
-Every instance file is written through :func:`pipeline.atomic.atomic_open` (temporary file, flush,
+Every retrieved instance file is written through :func:`pipeline.atomic.atomic_open` (temporary file, flush,
 fsync, rename); a retrieved series is published by renaming its partial folder into ``spool/``
-after the folder has been synced, and the rename is synced too.
+after the folder has been synced, and the rename is synced too. The listener's received instances
+(``RUN_DIR/pacs/incoming/``, :mod:`pipeline.pacs.journal`) go through :func:`store_received`, which renames
+first and syncs after, its journal telling complete files from files a crash cut short.
 """
 
 from __future__ import annotations
