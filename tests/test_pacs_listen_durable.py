@@ -178,8 +178,8 @@ def _send_recording(files: list[Path], port: int, answered: list[tuple[str, int]
         ae.shutdown()
 
 
-def test_listener_killed_mid_transfer_keeps_every_answered_instance_complete_and_journalled(series, tmp_path):
-    uid, files = series
+def test_listener_killed_mid_transfer_keeps_every_answered_instance_complete_and_journalled(tmp_path):
+    uid, files = write_phantom_series(tmp_path / "case", 8, slices=80)  # long enough to be cut short
     run = tmp_path / "run"
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
