@@ -39,7 +39,7 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.filename in (tmp, None):  # a write's or the rename's: about ``path``
-            raise _naming(exc, path) from exc
+            raise error_about(exc, path) from exc
         raise
 
 
@@ -57,7 +57,7 @@ def _temp_beside(path: Path) -> tuple[int, str]:
     try:
         return tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
-        raise _naming(exc, path) from exc
+        raise error_about(exc, path) from exc
 
 
 @contextmanager
@@ -85,7 +85,7 @@ def published_together(folder: Path) -> Iterator[Callable[[str, bytes], Path]]:
                 os.fsync(fh.fileno())
         except OSError as exc:
             if exc.filename in (tmp, None):  # a write's: about ``path``
-                raise _naming(exc, path) from exc
+                raise error_about(exc, path) from exc
             raise
         return path
 
@@ -99,7 +99,7 @@ def published_together(folder: Path) -> Iterator[Callable[[str, bytes], Path]]:
         for tmp, _final in staged:
             Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError) and staged and exc.filename == staged[0][0]:  # a rename's: about its file
-            raise _naming(exc, staged[0][1]) from exc
+            raise error_about(exc, staged[0][1]) from exc
         raise
 
 
@@ -128,7 +128,7 @@ def current_umask() -> int:
     return mask
 
 
-def _naming(exc: OSError, path: Path) -> OSError:
+def error_about(exc: OSError, path: Path) -> OSError:
     """``exc`` (an error about a temporary file beside ``path``) as the same kind of error, about ``path``."""
     if exc.errno is None:
         return exc

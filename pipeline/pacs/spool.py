@@ -21,7 +21,7 @@ import shutil
 from concurrent.futures import Executor
 from pathlib import Path
 
-from ..atomic import _naming, atomic_open
+from ..atomic import atomic_open, error_about
 from ..errors import PacsRequestError
 from .address import valid_uid
 
@@ -101,7 +101,7 @@ def store_received(
     except BaseException as exc:
         placed.unlink(missing_ok=True)
         if isinstance(exc, OSError) and exc.filename in (str(tmp), None):
-            raise _naming(exc, path) from exc
+            raise error_about(exc, path) from exc
         raise
     return path
 
