@@ -70,9 +70,9 @@ def test_a_detector_box_as_tight_as_the_nodule_or_tighter_still_measures_it(case
     _check(ph, chosen, segment_findings(ph.volume, [_finding(nod, margin) for _, nod in chosen], lung_mask=lungs))
 
 
-def _blurred_sphere(radius_mm, value_hu, sigma_mm, spacing=(0.7, 0.7, 1.25), seed=0):
-    """A ball (exact partial volumes) in lung at -850 HU, blurred by a Gaussian of ``sigma_mm``, with 15 HU noise."""
-    n = (48, 48, 32)
+def _blurred_sphere(radius_mm, value_hu, sigma_mm, spacing=(0.7, 0.7, 1.25), seed=0, n=(48, 48, 32)):
+    """A ball (exact partial volumes) in lung at -850 HU, blurred by a Gaussian of ``sigma_mm``, with 15 HU noise;
+    ``n`` voxels along (i, j, k)."""
     geom = Geometry(shape=(n[2], n[1], n[0]), spacing=spacing, origin=(0.0, 0.0, 0.0))
     sub = 4  # sub-voxel samples per axis for the partial volume
     axes = [(np.arange(m * sub) + 0.5) / sub * s - 0.5 * s - (m // 2) * s for m, s in zip((n[2], n[1], n[0]), spacing[::-1])]
@@ -94,6 +94,18 @@ def test_small_blurred_ball_keeps_its_volume(value_hu):
     assert res.volume_mm3 / truth - 1 == pytest.approx(0.0, abs=0.08)
     # the threshold sits below half-way between lung and nodule
     assert res.threshold_hu < 0.5 * (value_hu - 850.0) - 5.0
+
+
+@pytest.mark.parametrize("box_share", [0.7, 0.5])
+def test_a_large_nodule_in_a_box_much_smaller_than_it_is_measured_whole(box_share):
+    """A 26 mm solid mass at 0.98 x 0.98 x 2 mm (a planning CT's grid) whose detector box is 70 % or half its size:
+    its edge lies beyond the box-inscribed ellipsoid and its slack, and it got no outline at all ("no nodule boundary in
+    or near the finding's box"). The edge is now looked for in a larger box around the same centre."""
+    vol, centre, truth = _blurred_sphere(13.0, 20.0, 0.7, spacing=(0.98, 0.98, 2.0), n=(64, 64, 32))
+    res = segment_nodule(vol, {"center_lps": tuple(centre), "diameter_mm": box_share * 26.0})
+    assert res.error is None
+    assert res.volume_mm3 / truth - 1 == pytest.approx(0.0, abs=0.05)
+    assert np.linalg.norm(np.asarray(res.centroid_lps) - centre) < 1.0
 
 
 @pytest.mark.slow

@@ -35,6 +35,10 @@ Per finding, on a crop around the box:
    connected to the centre. The equivalent diameter is that of the
    sphere with the nodule's volume.
 
+Where no edge lies in or near the finding's box (a box much smaller than its
+nodule), steps 1-4 are done again in a box grown around the finding's centre
+by each factor of ``BOX_GROWTH`` in turn.
+
 All positions are DICOM patient coordinates (LPS, mm).
 """
 
@@ -73,6 +77,9 @@ SOLID_NEAR_MM = 1.5  # a ground-glass edge point this close to solid tissue is l
 # run on into an attachment are then dropped by the trimmed fit.
 BOX_SLACK = 1.25
 MIN_INSIDE_SHARE = 0.3
+# Where even the slack holds no outline (a 26 mm mass in a box 70 % of its size got none), the box is grown around the
+# finding's centre by these factors in turn; the trimmed fit still cuts attachments where the nodule's surface goes on.
+BOX_GROWTH = (1.0, 1.5, 2.0)
 
 
 @dataclass
@@ -307,10 +314,44 @@ def segment_nodule(
 
     ``lung_mask`` (bool ``[k, j, i]`` on ``volume``'s grid, optional) restricts the voxels that set the lung level.
     ``index`` (the finding's position in its list) and ``case_id`` (else the volume's series) name the finding in
-    errors.
+    errors. Where no nodule edge lies in or near the box (a box much smaller than its nodule), the box is grown
+    around the finding's centre by each factor of :data:`BOX_GROWTH` in turn.
     """
     where = _where(volume, index, case_id)
     centre, lo, hi = finding_box(finding, where=where)
+    for scale in BOX_GROWTH:
+        res = _segment_in_box(
+            volume,
+            centre,
+            centre - scale * (centre - lo),
+            centre + scale * (hi - centre),
+            where=where,
+            index=index,
+            lung_mask=lung_mask,
+        )
+        if res is not None:
+            if scale != 1.0:
+                log.info("%s: no nodule edge in or near its box; measured in a box %g times as large", where, scale)
+            return res
+    raise ReconstructionError(
+        f"no nodule boundary in or near the finding's box, nor in a box {BOX_GROWTH[-1]:g} times as large",
+        where=where,
+        fix="the finding may be a false positive",
+    )
+
+
+def _segment_in_box(
+    volume: CTVolume,
+    centre: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    *,
+    where: str,
+    index: int,
+    lung_mask: np.ndarray | None,
+) -> NoduleResult | None:
+    """Steps 1-4 of the module notes for the box ``lo``..``hi`` around ``centre`` (LPS mm); None where no nodule edge
+    lies in or near the box."""
     g = volume.geometry
     size = hi - lo
     corners = np.array([[a, b, c] for a in (lo[0], hi[0]) for b in (lo[1], hi[1]) for c in (lo[2], hi[2])])
@@ -372,11 +413,7 @@ def segment_nodule(
         reach = BOX_SLACK * reach + voxel_mm
         coef, _ = _fit_radius(dirs, lengths, found, tol, reach)
     if coef is None:
-        raise ReconstructionError(
-            "no nodule boundary in or near the finding's box",
-            where=where,
-            fix="the box may be too small for the nodule, or the finding a false positive",
-        )
+        return None
     dist, r_fit = _star_radius(cg, centre, coef)
     interior = hu[dist < 0.8 * r_fit]
     if interior.size < 8:
