@@ -129,6 +129,18 @@ def require_bool(value: Any, *, name: str, error: type[CtpipeError]) -> bool:
     raise error(f"{name}={value!r} is not True or False", where=name, fix=f"pass {name}=True or {name}=False")
 
 
+def require_text(value: Any, *, name: str, error: type[CtpipeError]) -> str | None:
+    """``value`` when it is a str or None; else ``error`` naming ``name``: a number given for an identifier (a case id,
+    a UID) would be written or looked up as other text than the caller has."""
+    if value is None or isinstance(value, str):
+        return value
+    raise error(
+        f"{name}={value!r:.80} is not text ({type(value).__name__})",
+        where=name,
+        fix=f"pass it as a str, e.g. {name}={str(value)!r:.80}",
+    )
+
+
 def described(value: Any) -> str:
     """``value`` named in a message: its type and, for an array (a NumPy array, a tensor), its shape and dtype rather
     than its values; else its repr, at most 200 characters."""

@@ -391,3 +391,25 @@ def test_points_and_resampling_options_of_the_wrong_kind_are_named(call, start, 
     with pytest.raises(GeometryError) as err:
         call()
     assert _text(err).startswith(start) and fix in err.value.fix, str(err.value)
+
+
+def test_detect_names_a_case_id_that_is_not_text_before_loading_the_model(monkeypatch):
+    """A number as ``case_id`` would name the findings ``3`` and mismatch the runner's text ids: refused, with the fix."""
+    import pipeline.detection.infer as infer
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded for a case_id that is not text")
+
+    monkeypatch.setattr(infer, "Detector", no_model)
+    monkeypatch.setattr(infer, "_DETECTORS", {})
+    with pytest.raises(ConfigError) as err:
+        detect(_TINY, case_id=3)
+    assert "case_id=3 is not text" in _text(err)
+    assert "case_id='3'" in err.value.fix
+
+
+def test_load_series_names_a_series_uid_that_is_not_text(tmp_path):
+    """An int UID is not looked up as "no series 5" after a whole scan: it is refused at once, naming the value."""
+    with pytest.raises(DicomError) as err:
+        load_series(tmp_path, series_uid=5)
+    assert "series_uid=5 is not text" in _text(err)

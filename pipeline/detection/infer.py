@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..devicetime import DeviceTimer
-from ..errors import BundleError, ConfigError, require_bool, require_path
+from ..errors import BundleError, ConfigError, require_bool, require_path, require_text
 from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
 from ..load.base import resolve_device
@@ -444,10 +444,12 @@ def detect(
     :class:`~pipeline.errors.LoaderError` for an unknown ``device`` or a GPU that torch does not see,
     :class:`~pipeline.errors.BundleError` for a ``score_threshold`` that is not a probability or a ``bundle``
     that is not a path,
-    :class:`~pipeline.errors.ConfigError` for a ``restrict_to_lungs`` or ``all_candidates`` that is not True or False
+    :class:`~pipeline.errors.ConfigError` for a ``case_id`` that is not text, a ``restrict_to_lungs`` or
+    ``all_candidates`` that is not True or False
     (``"no"`` is refused, not taken as true), all before the model is loaded.
     """
     volume = require_volume(volume)
+    require_text(case_id, name="case_id", error=ConfigError)
     require_bool(restrict_to_lungs, name="restrict_to_lungs", error=ConfigError)
     require_bool(all_candidates, name="all_candidates", error=ConfigError)
     if bundle is not None:

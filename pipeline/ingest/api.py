@@ -28,6 +28,7 @@ from ..errors import (
     UnreadableFileError,
     missing_path_fix,
     require_path,
+    require_text,
 )
 from ..volume import WRAP_ARRAY_FIX, CTVolume
 from .build import build_volume, describe, read_volume
@@ -227,6 +228,7 @@ def load_series(
     a ``spacing_tolerance`` outside 0..1).
     """
     _check_load_arguments(path)
+    require_text(series_uid, name="series_uid", error=DicomError)
     options: dict[str, Any] = {
         "spacing_tolerance": spacing_tolerance,
         "allow_gantry_tilt": allow_gantry_tilt,
