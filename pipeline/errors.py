@@ -315,6 +315,11 @@ class PacsRequestError(PacsError):
     """A PACS refused or failed a request (HTTP error, association rejected, DIMSE failure status)."""
 
 
+class PacsReceiverError(PacsError):
+    """ctpipe's own C-MOVE receiver cannot listen (``pacs.move_port`` taken by another process, ``pacs.bind`` not an
+    address of this machine): nothing can be retrieved by C-MOVE until it is changed, so it is not retried."""
+
+
 class PartialSeriesError(PacsError):
     """Fewer instances of a series were retrieved than the PACS listed for it."""
 

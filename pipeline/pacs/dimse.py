@@ -23,9 +23,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import PacsRequestError, PacsUnavailableError
+from ..errors import PacsReceiverError, PacsRequestError, PacsUnavailableError
 from .address import Endpoint, Query, listen_error, valid_uid
 from .archive import CT_SOP_CLASSES, RemoteSeries, StoreOutcome, unverifiable
+from .ports import port_holder
 from .retry import with_retries
 from .scp import STATUS_OK, STATUS_OUT_OF_RESOURCES, STATUS_UNEXPECTED, build_ae, ct_storage_contexts, store_event
 
@@ -423,6 +424,29 @@ class DimseArchive:
             self._receiver = None
 
 
+def _receiver_error(exc: OSError, cfg: Any) -> PacsReceiverError:
+    """The error of a C-MOVE receiver that cannot listen on ``pacs.bind``:``pacs.move_port``: for a port in use,
+    with the process holding it when this machine tells (:func:`~pipeline.pacs.ports.port_holder`). Not worth
+    another attempt: every retrieval of the source would meet the same port."""
+    import errno
+
+    bind, port = cfg.pacs.bind, int(cfg.pacs.move_port)
+    if exc.errno == errno.EADDRINUSE:
+        holder = port_holder(port)
+        by = f" by {holder}" if holder else " by another process"
+        return PacsReceiverError(
+            f"ctpipe's C-MOVE receiver cannot listen on {bind}:{port}: the port is already in use{by}",
+            where="pacs.move_port",
+            fix=f"stop what holds port {port} (another ctpipe run or listener, a storescp), or set pacs.move_port to "
+            f"a free port and list ctpipe's AE title {cfg.pacs.ae_title!r} at that port in the archive; or retrieve by "
+            "C-GET (retrieve=get), which needs no receiver port",
+        )
+    err = listen_error(
+        exc, bind, port, port_key="pacs.move_port", port_fix="choose another pacs.move_port, or use C-GET (retrieve=get)"
+    )
+    return PacsReceiverError(f"ctpipe's C-MOVE receiver {err.problem}", where=err.where, fix=err.fix)
+
+
 def _count(folder: Path) -> int:
     """How many instances a retrieval has written into ``folder`` so far."""
     return sum(1 for _ in folder.glob("*.dcm"))
@@ -495,13 +519,8 @@ class MoveReceiver:
                 evt_handlers=[(evt.EVT_C_STORE, self._on_store), (evt.EVT_REJECTED, self._on_rejected)],
             )
         except OSError as exc:
-            raise listen_error(
-                exc,
-                cfg.pacs.bind,
-                cfg.pacs.move_port,
-                port_key="pacs.move_port",
-                port_fix="free the port, choose another pacs.move_port, or use C-GET (retrieve=get) (C-MOVE's receiver)",
-            ) from exc
+            self.ae.shutdown()
+            raise _receiver_error(exc, cfg) from exc
 
     @contextmanager
     def route(self, series_uid: str, folder: Path) -> Iterator[None]:

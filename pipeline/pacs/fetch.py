@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import CtpipeError, PacsError, PartialSeriesError
+from ..errors import CtpipeError, PacsError, PacsReceiverError, PartialSeriesError
 from ..runner.store import remote_series
 from .address import PacsSource, Query, for_records, parse_source
 from .archive import Archive, RemoteSeries
@@ -157,13 +157,19 @@ def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledge
         out.failures += missing
         log.info("%s: %d series selected", shown, len(chosen), extra={"event": "pacs_search"})
         known = remote_series(run, [s.series_uid for s in chosen])
-        for s in chosen:
+        for n, s in enumerate(chosen):
             if s.series_uid in seen:
                 continue
             seen.add(s.series_uid)
             if _processed_before(s, known.get(s.series_uid), cfg, out):
                 continue
-            _fetch_series(s, src, archive, cfg, run, spool, ledger, out)
+            try:
+                _fetch_series(s, src, archive, cfg, run, spool, ledger, out)
+            except PacsReceiverError as exc:  # the same for every series of the source: said once, not retried
+                left = len(chosen) - n
+                log.error("%s: %d series not retrieved: %s", shown, left, exc, extra={"event": "pacs_receiver_failed"})
+                out.failures.append((str(src), type(exc).__name__, f"{left} series not retrieved: {exc}"))
+                return
     finally:
         archive.close()
 
@@ -281,6 +287,9 @@ def _fetch_series(
             )
         _check_not_arriving(s, n, src, archive)
         final = spool.publish(s.series_uid)
+    except PacsReceiverError:
+        spool.discard(s.series_uid)
+        raise
     except PacsError as exc:
         spool.discard(s.series_uid)
         state = "partial" if isinstance(exc, PartialSeriesError) else "failed"
