@@ -3,7 +3,7 @@
 An archive finds studies and CT series (:meth:`Archive.find_studies`, :meth:`Archive.find_series`),
 retrieves a series into a folder (:meth:`Archive.retrieve`: one ``<SOPInstanceUID>.dcm`` per
 instance, each flushed to disk), stores result files (:meth:`Archive.store`) and says which instances of a
-study it holds (:meth:`Archive.held`, to confirm what it answered success for was kept). Transient
+study it holds (:meth:`Archive.held`, or by series: :meth:`Archive.held_series`, to confirm what it answered success for was kept). Transient
 failures raise :class:`~pipeline.errors.PacsUnavailableError` (retried by the callers, see
 :mod:`pipeline.pacs.retry`); refusals raise :class:`~pipeline.errors.PacsRequestError`.
 """
@@ -63,6 +63,12 @@ class Archive(Protocol):
         """Which of the instances ``sop_uids`` (SOPInstanceUIDs) of study ``study_uid`` the archive holds now (one
         IMAGE-level query); raises :class:`~pipeline.errors.PacsRequestError` naming ``pacs.verify_sent`` when the
         archive does not answer such queries."""
+        ...
+
+    def held_series(self, study_uid: str, series_uids: Sequence[str]) -> dict[str, int | None]:
+        """Which of the series ``series_uids`` of study ``study_uid`` the archive lists, with the number of instances
+        it says each has (None when it does not say): one SERIES-level query, for an archive that answers no
+        IMAGE-level query; raises like :meth:`held`."""
         ...
 
     def close(self) -> None: ...

@@ -327,5 +327,30 @@ class DicomWebArchive:
             raise unverifiable(exc, "QIDO-RS instance searches") from exc
         return {str(u) for u in (_value(r, _SOP_UID) for r in rows) if u}
 
+    def held_series(self, study_uid: str, series_uids: Sequence[str]) -> dict[str, int | None]:
+        """Which of the series ``series_uids`` of study ``study_uid`` the archive lists, and how many instances it
+        says each has: one QIDO-RS request, ``/studies/{study}/series?SeriesInstanceUID=uid1,uid2,...``."""
+        if not series_uids:
+            return {}
+
+        def search() -> list[dict[str, Any]]:
+            return self.client.search_for_series(
+                study_instance_uid=study_uid,
+                search_filters={"SeriesInstanceUID": ",".join(series_uids)},
+                fields=["SeriesInstanceUID", "NumberOfSeriesRelatedInstances"],
+                limit=len(series_uids),
+            )
+
+        try:
+            rows = self._call("QIDO-RS series search for the results sent", search)
+        except PacsRequestError as exc:
+            raise unverifiable(exc, "QIDO-RS series searches") from exc
+        out: dict[str, int | None] = {}
+        for r in rows:
+            uid, n = _value(r, _SERIES_UID), _value(r, _N_INSTANCES)
+            if uid:
+                out[str(uid)] = int(n) if n not in (None, "") else None
+        return out
+
     def close(self) -> None:
         self.session.close()

@@ -405,6 +405,31 @@ class DimseArchive:
         except PacsRequestError as exc:
             raise unverifiable(exc, "C-FIND at IMAGE level") from exc
 
+    def held_series(self, study_uid: str, series_uids: Sequence[str]) -> dict[str, int | None]:
+        """Which of the series ``series_uids`` of study ``study_uid`` the archive lists, and how many instances it
+        says each has: one C-FIND at SERIES level (list of UID matching), NumberOfSeriesRelatedInstances asked for."""
+        from pydicom.dataset import Dataset
+
+        ds = Dataset()
+        ds.QueryRetrieveLevel = "SERIES"
+        ds.StudyInstanceUID = study_uid
+        ds.SeriesInstanceUID = list(series_uids) if len(series_uids) > 1 else (series_uids[0] if series_uids else "")
+        ds.NumberOfSeriesRelatedInstances = ""
+
+        def find() -> dict[str, int | None]:
+            out: dict[str, int | None] = {}
+            with self._association([(FIND, _UNCOMPRESSED)]) as assoc:
+                for i in self._responses("C-FIND (series)", assoc.send_c_find(ds, FIND)):
+                    if i is not None and i.get("SeriesInstanceUID"):
+                        n = i.get("NumberOfSeriesRelatedInstances")
+                        out[str(i.SeriesInstanceUID)] = int(n) if n not in (None, "") else None
+            return out
+
+        try:
+            return self._call("C-FIND (series) of the results sent", find)
+        except PacsRequestError as exc:
+            raise unverifiable(exc, "C-FIND at SERIES level") from exc
+
     def _store_refused(self, n_files: int) -> PacsRequestError:
         """The error for a destination that accepted the association, then closed it at the first C-STORE request
         without answering it: what an archive does (Orthanc among them) to a calling AE title it does not allow to

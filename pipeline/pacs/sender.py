@@ -13,7 +13,8 @@ not take) is recorded ``failed`` at once (``ctpipe send --retry-failed`` tries t
 failed for good, with the error) is also recorded in the run store (table ``deliveries``, read as
 ``open_run(RUN_DIR).deliveries``). With ``pacs.verify_sent`` (the default), a file the destination answered
 success for is recorded ``sent`` only once the destination, asked right after (C-FIND at IMAGE level or QIDO-RS by
-SOPInstanceUID, one query per case), holds it: an archive can answer success and not keep the instance (a filter or
+SOPInstanceUID, one query per case; by series for an archive that answers no IMAGE-level query, see
+:mod:`pipeline.pacs.confirm`), holds it: an archive can answer success and not keep the instance (a filter or
 routing rule, storage failing after the answer); one it does not hold counts as a failed attempt (retried as above,
 then ``failed``, with the instance, the destination and the likely cause). A file is never sent twice to one
 destination; files still pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
@@ -39,6 +40,7 @@ from ..errors import CtpipeError, PacsError, PacsRequestError, RunStoreError
 from ..runner.store import RunStore, db_path
 from .address import Endpoint, parse_destination
 from .archive import Archive
+from .confirm import Confirmer, SentResult, read_sent
 from .connect import open_archive
 from .ledger import Ledger, now
 from .retry import backoff_delay
@@ -109,6 +111,10 @@ class ResultSender:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._archive: Archive | None = None
+        self._confirmer = Confirmer(self.key, dicomweb=self.endpoint.kind == "dicomweb")
+        #: why the destination cannot confirm what it holds (it refused the query), once it did: the later cases are
+        #: recorded failed with it, unsent, rather than each sent and refused again
+        self._cannot_confirm: str | None = None
 
     # -- finding work ----------------------------------------------------------------------
     def scan(self) -> int:
@@ -179,6 +185,9 @@ class ResultSender:
         if missing:
             self._failed(items, f"file missing: {missing[0]}", final=True)
             return 0
+        if self._cannot_confirm and self.cfg.pacs.verify_sent:
+            self._failed(items, f"not sent, as for an earlier case: {self._cannot_confirm}", final=True, quiet=True)
+            return 0
         try:
             if self._archive is None:
                 self._archive = open_archive(self.endpoint, self._request_cfg)
@@ -223,49 +232,55 @@ class ResultSender:
 
     def _confirmed(self, archive: Archive, items: list[dict[str, Any]]) -> set[str]:
         """The SOPInstanceUIDs of ``items`` (answered success) that the destination holds when asked right after
-        (:meth:`~pipeline.pacs.archive.Archive.held`, one query per study: one per case). The others are recorded as a
-        failed attempt, with the instance, the destination and the likely cause; a query that failed, as a failed
-        attempt of all of them (refused: failed at once, naming ``pacs.verify_sent``)."""
-        import pydicom
-
-        studies: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        (:class:`~pipeline.pacs.confirm.Confirmer`: one query per study, that is per case; one more by series when
+        the archive finds none of them by instance). The others are recorded as a failed attempt, with the instance,
+        the destination and the likely cause; a query that failed, as a failed attempt of all of them (refused:
+        failed at once, naming ``pacs.verify_sent``, and said once: the later cases are not sent)."""
+        studies: dict[str, list[tuple[dict[str, Any], SentResult]]] = defaultdict(list)
         for r in items:
             try:
-                ds = pydicom.dcmread(self.run_dir / r["path"], stop_before_pixels=True, specific_tags=["StudyInstanceUID"])
+                sent = read_sent(self.run_dir / r["path"])
             except (OSError, InvalidDicomError) as exc:
                 self._failed([r], f"sent, but not confirmed: cannot read its StudyInstanceUID ({exc})", final=True)
                 continue
-            studies[str(ds.get("StudyInstanceUID", ""))].append(r)
+            studies[sent.study_uid].append((r, sent))
         held: set[str] = set()
         groups = list(studies.items())
-        for n, (study, rows) in enumerate(groups):
+        for n, (study, pairs) in enumerate(groups):
             try:
-                held |= archive.held(study, [r["sop_uid"] for r in rows]) & {r["sop_uid"] for r in rows}
+                found, why = self._confirmer.held(archive, study, [sent for _, sent in pairs])
             except PacsError as exc:  # this study's results and those not asked about yet: not confirmed
-                unasked = [r for _, later in groups[n:] for r in later]
+                unasked = [r for _, later in groups[n:] for r, _ in later]
                 refused = isinstance(exc, PacsRequestError)  # asking again does not mend it: failed at once
-                self._failed(unasked, f"sent, but not confirmed: {type(exc).__name__}: {exc}", final=refused)
+                error = f"sent, but not confirmed: {type(exc).__name__}: {exc}"
+                if refused:
+                    self._cannot_confirm = error
+                self._failed(unasked, error, final=refused)
                 self._drop_archive()
                 return held
-            for r in rows:
-                if r["sop_uid"] not in held:
-                    self._failed([r], self._not_held(r))
+            held |= found
+            for r, _ in pairs:
+                if r["sop_uid"] not in found:
+                    self._failed([r], self._not_held(r, why))
         return held
 
-    def _not_held(self, r: dict[str, Any]) -> str:
-        """Why a result the destination answered success for is not recorded sent, and what to do."""
+    def _not_held(self, r: dict[str, Any], why: str = "") -> str:
+        """Why a result the destination answered success for is not recorded sent, and what to do (``why``: what
+        the queries by series said, "" when the archive answered per instance)."""
         what = RESULT_SOP_CLASSES.get(str(r["sop_class"]), str(r["sop_class"]))
-        query = "QIDO-RS" if self.endpoint.kind == "dicomweb" else "C-FIND"
+        query = self._confirmer.image_query
         return (
-            f"{what} {r['sop_uid']} ({r['path']}): {self.key} answered success but does not hold it ({query} right after "
-            "the send finds no such SOPInstanceUID). Likely cause: a filter or routing rule on the archive dropped it "
-            "(an Orthanc Lua ReceivedInstanceFilter, for one), or its storage failed after it answered; check the "
-            "archive's log for this SOPInstanceUID. Fix: let the archive keep ctpipe's results, then "
-            f"`ctpipe send {self.run_dir} --retry-failed`; for an archive that does not answer IMAGE-level queries, set "
-            "pacs.verify_sent: false"
+            f"{what} {r['sop_uid']} ({r['path']}): {self.key} answered success but does not hold it ({query} right "
+            f"after the send finds no such SOPInstanceUID{'; ' + why if why else ''}). Likely cause: a filter or "
+            "routing rule on the archive dropped it (an Orthanc Lua ReceivedInstanceFilter, for one), or its storage "
+            "failed after it answered; check the archive's log for this SOPInstanceUID. Fix: let the archive keep "
+            f"ctpipe's results, then `ctpipe send {self.run_dir} --retry-failed`"
+            + ("" if why else "; for an archive that does not answer IMAGE-level queries, set pacs.verify_sent: false")
         )
 
-    def _failed(self, items: list[dict[str, Any]], error: str, *, final: bool = False) -> None:
+    def _failed(self, items: list[dict[str, Any]], error: str, *, final: bool = False, quiet: bool = False) -> None:
+        """Record a failed attempt of ``items`` (failed for good when ``final`` or out of retries); ``quiet``: logged
+        at debug level (the reason was logged already, for an earlier case)."""
         limit = int(self.cfg.pacs.send_retries)
         outcomes = []
         with self.ledger.tx() as db:
@@ -280,7 +295,9 @@ class ResultSender:
                     "WHERE sop_uid = ? AND destination = ?",
                     (state, attempts, error[:2000], now() + wait, now(), r["sop_uid"], self.key),
                 )
-                if give_up:
+                if give_up and quiet:
+                    log.debug("result %s of case %s not sent to %s: %s", r["path"], r["case_id"], self.key, error)
+                elif give_up:
                     log.error(
                         "result %s of case %s not sent to %s after %d attempt(s): %s",
                         r["path"],

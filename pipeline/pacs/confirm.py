@@ -1,0 +1,103 @@
+"""Whether a destination holds the results it answered success for (``pacs.verify_sent``), told apart from an
+archive that cannot say.
+
+The results of a case are asked for by SOPInstanceUID at IMAGE level (C-FIND, or QIDO-RS instance search), one
+query per case. When that finds none of them, it may be a drop (a filter or routing rule, storage failing after the
+answer) or an archive that answers no IMAGE-level query (many PACS do not support or allow it): the same results are
+then asked for by series (SERIES level, one more query), together with the source series they refer to. An archive
+that lists the results' series does not answer IMAGE-level queries: this is said once (a warning, with the fix), and
+the results of this case and the next are confirmed by series from then on (each of ctpipe's result series holds
+that result alone; the series must list at least as many instances as were sent into it). One that lists the source
+series but not the results' answers such queries: the results were dropped. One that lists neither cannot be told
+apart from a drop of everything; the error says both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .archive import Archive
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SentResult:
+    """A result file answered success for: its SOPInstanceUID, study, series and the source series it refers to."""
+
+    sop_uid: str
+    study_uid: str
+    series_uid: str
+    source_series: tuple[str, ...] = ()
+
+
+def read_sent(path: Path) -> SentResult:
+    """The UIDs of a result file (SR or SEG) that confirming it needs; raises ``OSError`` / ``InvalidDicomError``."""
+    import pydicom
+
+    tags = ["SOPInstanceUID", "StudyInstanceUID", "SeriesInstanceUID", "ReferencedSeriesSequence"]
+    ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=[*tags, "CurrentRequestedProcedureEvidenceSequence"])
+    refs = list(ds.get("ReferencedSeriesSequence", None) or [])  # SEG
+    for study in ds.get("CurrentRequestedProcedureEvidenceSequence", None) or []:  # SR
+        refs += list(study.get("ReferencedSeriesSequence", None) or [])
+    sources = tuple(dict.fromkeys(str(r.SeriesInstanceUID) for r in refs if r.get("SeriesInstanceUID")))
+    return SentResult(
+        str(ds.get("SOPInstanceUID", "")), str(ds.get("StudyInstanceUID", "")), str(ds.get("SeriesInstanceUID", "")), sources
+    )
+
+
+class Confirmer:
+    """Asks one destination which results it holds (see the module docstring); remembers, for the destination's
+    later cases, that it answers by series only."""
+
+    def __init__(self, destination: str, *, dicomweb: bool):
+        self.destination = destination
+        self.by_series = False
+        self.image_query = "QIDO-RS instance searches" if dicomweb else "C-FIND at IMAGE level"
+        self.series_query = "QIDO-RS series searches" if dicomweb else "C-FIND at SERIES level"
+
+    def held(self, archive: Archive, study_uid: str, results: list[SentResult]) -> tuple[set[str], str]:
+        """``(SOPInstanceUIDs held, why the others count as not held)`` of ``results`` (one study's); the second is
+        "" when the archive answered per instance. Raises what :meth:`Archive.held` / :meth:`Archive.held_series`
+        raise."""
+        uids = [r.sop_uid for r in results]
+        if not self.by_series:
+            held = archive.held(study_uid, uids) & set(uids)
+            if held:  # it answers IMAGE-level queries: the others are not there
+                return held, ""
+        in_series = Counter(r.series_uid for r in results)
+        sources = sorted({s for r in results for s in r.source_series} - set(in_series))
+        listed = archive.held_series(study_uid, [*in_series, *sources])
+        held = {
+            r.sop_uid
+            for r in results
+            if r.series_uid in listed
+            and (listed[r.series_uid] is None or int(listed[r.series_uid] or 0) >= in_series[r.series_uid])
+        }
+        if held and not self.by_series:
+            self.by_series = True
+            log.warning(
+                "%s answers %s with no match for the results it holds, but lists their series: it does not answer "
+                "(or not to ctpipe) per-instance queries, so results sent to it are confirmed by series from now on. "
+                "Fix: allow %s for ctpipe's AE title or user at the archive for per-instance confirmation, or set "
+                "pacs.verify_sent: false to record results sent on its success answer alone",
+                self.destination,
+                self.image_query,
+                self.image_query,
+                extra={"event": "verify_by_series"},
+            )
+        if self.by_series:
+            return held, f"asked by series ({self.series_query}), it does not list the result's series"
+        if any(s in listed for s in sources):
+            return held, (
+                f"asked by series too ({self.series_query}), it lists the source series but not the result's: it "
+                "answers these queries, and does not hold the result"
+            )
+        return held, (
+            f"asked by series too ({self.series_query}), it lists neither the result's series nor its source series: "
+            "either it dropped every result of the case, or it answers neither query. If it does not answer them, "
+            f"allow {self.image_query} for ctpipe at the archive, or set pacs.verify_sent: false"
+        )

@@ -1,0 +1,186 @@
+"""Confirming results sent to an archive that answers no IMAGE-level query, told apart from a real drop.
+
+Many PACS do not support IMAGE-level C-FIND, or restrict it: they answer "no matches". Here a real Orthanc whose Lua
+``IncomingFindRequestFilter`` turns every IMAGE-level query into one that matches nothing (SERIES level still
+answers), some of them also dropping results on arrival (``ReceivedInstanceFilter``, answering success). What the
+archive holds is recorded sent, confirmed by series, said once with the fix; what it dropped is failed as dropped.
+An archive that refuses the confirming query is said once, and its later cases are not sent only to be refused again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.pacs.ledger import Ledger
+from pipeline.pacs.sender import ResultSender
+from pipeline.runner import open_run
+from pipeline.runner.store import RunStore
+from tests._support.orthanc import OrthancServer
+from tests.test_dicom_out_sources import phantom_case
+from tests.test_pacs_send_verify import _counting_queries
+from tests.test_pacs_sender import _cfg, _completed_case, _PickyStore
+
+pytest_plugins = ["tests._support.orthanc"]
+pytestmark = pytest.mark.pacs
+
+_NO_IMAGE_LEVEL = """
+function IncomingFindRequestFilter(query, origin)
+  if query["0008,0052"] == "IMAGE" then
+    query["0008,0018"] = "1.2.3.4.5.6.7.8.9.0"
+  end
+  return query
+end
+"""
+
+
+def _dropping(*modalities: str) -> str:
+    cond = " or ".join(f'dicom.Modality == "{m}"' for m in modalities) or "false"
+    return f"""
+function ReceivedInstanceFilter(dicom, origin, info)
+  if {cond} then
+    return false
+  end
+  return true
+end
+"""
+
+
+class _ImageLevelOff(OrthancServer):
+    """An Orthanc that answers no IMAGE-level C-FIND with a match, and drops results of the modalities given."""
+
+    drops: tuple[str, ...] = ()
+
+    def config(self) -> dict[str, Any]:
+        script = self.root / "restrict.lua"
+        script.write_text(_NO_IMAGE_LEVEL + _dropping(*self.drops))
+        return {**super().config(), "LuaScripts": [str(script)]}
+
+
+class _ImageLevelOffDropsAll(_ImageLevelOff):
+    drops = ("SR", "SEG")
+
+
+class _ImageLevelOffDropsSr(_ImageLevelOff):
+    drops = ("SR",)
+
+
+def _server(cls: type[OrthancServer], tmp_path_factory: Any, name: str, source_case: Any) -> Any:
+    srv = cls(tmp_path_factory.mktemp(name))
+    srv.start()
+    srv.upload(sorted(p for p in source_case.dicom.rglob("*.dcm")))  # the source CT: the results go back beside it
+    return srv
+
+
+@pytest.fixture(scope="module")
+def source_case(tmp_path_factory):
+    return phantom_case(tmp_path_factory.mktemp("levels") / "case", n_nodules=1)
+
+
+@pytest.fixture(scope="module")
+def drops_sr(tmp_path_factory, source_case):
+    srv = _server(_ImageLevelOffDropsSr, tmp_path_factory, "orthanc-no-image-sr", source_case)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def drops_all(tmp_path_factory, source_case):
+    srv = _server(_ImageLevelOffDropsAll, tmp_path_factory, "orthanc-no-image-all", source_case)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_an_archive_without_image_level_queries_confirms_by_series_said_once(
+    drops_sr, source_case, tmp_path, monkeypatch, caplog
+):
+    """Two cases: each SEG (kept) is recorded sent, each SR (dropped) failed as dropped; the archive's missing
+    IMAGE-level answers are said once, and the second case is asked by series only."""
+    queries = _counting_queries(monkeypatch)
+    run = tmp_path / "run"
+    c1 = _completed_case(run, "c1", source_case)
+    c2 = _completed_case(run, "c2", source_case)
+    RunStore(run).close()
+    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=drops_sr.dimse)
+    with caplog.at_level(logging.WARNING):
+        sender.scan()
+        sender.send_due()
+    counts = sender.close()
+    assert drops_sr.holds(c1["seg"]) and drops_sr.holds(c2["seg"]) and not drops_sr.holds(c1["sr"])
+    assert (counts.sent, counts.pending, counts.failed) == (2, 0, 2)
+    state = open_run(run).deliveries.set_index("sop_uid").state
+    assert state[c1["seg"]] == state[c2["seg"]] == "sent" and state[c1["sr"]] == state[c2["sr"]] == "failed"
+    said = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "verify_by_series"]
+    assert len(said) == 1 and drops_sr.dimse in said[0] and "C-FIND at IMAGE level" in said[0]
+    assert "pacs.verify_sent: false" in said[0]
+    assert queries == [2]  # IMAGE level asked once (case c1); c2 by series only
+    error = Ledger(run).one("SELECT error FROM sent WHERE sop_uid = ?", (c2["sr"],))["error"]
+    assert c2["sr"] in error and "answered success but does not hold it" in error
+    assert "does not list the result's series" in error
+
+
+def test_a_drop_of_every_result_is_told_apart_from_an_archive_that_cannot_say(drops_all, source_case, tmp_path):
+    run = tmp_path / "run"
+    c1 = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=drops_all.dimse)
+    sender.scan()
+    sender.send_due()
+    counts = sender.close()
+    assert (counts.sent, counts.failed) == (0, 2)
+    error = Ledger(run).one("SELECT error FROM sent WHERE sop_uid = ?", (c1["seg"],))["error"]
+    assert "lists the source series but not the result's" in error and "does not hold the result" in error
+    assert "filter or routing rule" in error and "pacs.verify_sent: false" not in error
+
+
+def test_an_archive_refusing_the_query_is_said_once_and_later_cases_are_not_sent(source_case, tmp_path, capsys):
+    run = tmp_path / "run"
+    c1 = _completed_case(run, "c1", source_case)
+    c2 = _completed_case(run, "c2", source_case)
+    RunStore(run).close()
+    scp = _PickyStore(["1.2.840.10008.5.1.4.1.1.88.34", "1.2.840.10008.5.1.4.1.1.66.4"])
+    try:
+        dest = f"dimse://PICKY@127.0.0.1:{scp.port}"
+        rc = main(["send", str(run), "--to", dest, "--set", "pacs.send_retries=2", "--timeout", "20"])
+        err = capsys.readouterr().err
+    finally:
+        scp.close()
+    assert rc == 3 and sorted(scp.received) == sorted(c1.values())  # c2 not sent only to be refused again
+    logged = [line for line in err.splitlines() if "ERROR pipeline.pacs.sender" in line]
+    assert len(logged) == 2 and all("cannot confirm that the results sent were kept" in line for line in logged)
+    assert not any(u in line for line in logged for u in c2.values())  # c1's two results; c2's not logged again
+    rows = Ledger(run).rows("SELECT sop_uid, state, attempts, error FROM sent ORDER BY case_id")
+    assert {r["state"] for r in rows} == {"failed"} and all(r["attempts"] == 1 for r in rows)
+    later = [r["error"] for r in rows if r["sop_uid"] in c2.values()]
+    assert all("as for an earlier case" in e and "pacs.verify_sent: false" in e for e in later)
+
+
+@pytest.mark.parametrize("protocol", ["dicomweb", "dimse"])
+def test_held_series_lists_the_series_sent_with_their_instances(orthanc, source_case, tmp_path, monkeypatch, protocol):
+    """The SERIES-level query both clients ask an archive that answers no IMAGE-level query (here a normal Orthanc)."""
+    from pipeline.pacs.address import parse_destination
+    from pipeline.pacs.confirm import read_sent
+    from pipeline.pacs.connect import open_archive
+    from pipeline.pacs.sender import result_files
+
+    for k, v in orthanc.env.items():
+        monkeypatch.setenv(k, v)
+    run = tmp_path / "run"
+    _completed_case(run, "c1", source_case)
+    paths = [p for p, _, _ in result_files(run / "cases" / "c1")]
+    orthanc.upload(paths)
+    sent = [read_sent(p) for p in paths]
+    archive = open_archive(parse_destination(orthanc.dicomweb if protocol == "dicomweb" else orthanc.dimse), _cfg())
+    try:
+        listed = archive.held_series(sent[0].study_uid, [s.series_uid for s in sent] + ["1.2.3.4.5.6.7.8.9.1"])
+    finally:
+        archive.close()
+    assert listed == {s.series_uid: 1 for s in sent}
+    assert all(s.source_series == (str(source_case.volume.series_uid),) for s in sent)
