@@ -36,6 +36,15 @@ function IncomingFindRequestFilter(query, origin)
 end
 """
 
+_REFUSE_IMAGE_LEVEL = """
+function IncomingFindRequestFilter(query, origin)
+  if query["0008,0052"] == "IMAGE" then
+    error("IMAGE-level queries are not allowed here")
+  end
+  return query
+end
+"""
+
 
 def _dropping(*modalities: str) -> str:
     cond = " or ".join(f'dicom.Modality == "{m}"' for m in modalities) or "false"
@@ -57,6 +66,15 @@ class _ImageLevelOff(OrthancServer):
     def config(self) -> dict[str, Any]:
         script = self.root / "restrict.lua"
         script.write_text(_NO_IMAGE_LEVEL + _dropping(*self.drops))
+        return {**super().config(), "LuaScripts": [str(script)]}
+
+
+class _ImageLevelRefused(OrthancServer):
+    """An Orthanc that refuses every IMAGE-level C-FIND (its Lua filter raises an error: a failure status)."""
+
+    def config(self) -> dict[str, Any]:
+        script = self.root / "refuse.lua"
+        script.write_text(_REFUSE_IMAGE_LEVEL)
         return {**super().config(), "LuaScripts": [str(script)]}
 
 
@@ -184,3 +202,22 @@ def test_held_series_lists_the_series_sent_with_their_instances(orthanc, source_
         archive.close()
     assert listed == {s.series_uid: 1 for s in sent}
     assert all(s.source_series == (str(source_case.volume.series_uid),) for s in sent)
+
+
+def test_an_archive_refusing_image_level_queries_confirms_by_series(source_case, tmp_path_factory, tmp_path, caplog):
+    srv = _server(_ImageLevelRefused, tmp_path_factory, "orthanc-refuses-image", source_case)
+    try:
+        run = tmp_path / "run"
+        c1 = _completed_case(run, "c1", source_case)
+        RunStore(run).close()
+        sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=srv.dimse)
+        with caplog.at_level(logging.WARNING):
+            sender.scan()
+            sender.send_due()
+        counts = sender.close()
+        assert all(srv.holds(u) for u in c1.values())
+    finally:
+        srv.stop()
+    assert (counts.sent, counts.pending, counts.failed) == (2, 0, 0)
+    said = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "verify_by_series"]
+    assert len(said) == 1 and "refuses C-FIND at IMAGE level" in said[0] and "pacs.verify_sent: false" in said[0]

@@ -2,7 +2,8 @@
 archive that cannot say.
 
 The results of a case are asked for by SOPInstanceUID at IMAGE level (C-FIND, or QIDO-RS instance search), one
-query per case. When that finds none of them, it may be a drop (a filter or routing rule, storage failing after the
+query per case. When that finds none of them (or the archive refuses it: then only a SERIES-level answer that lists
+the results' or the source series lets confirming go on by series; otherwise the refusal is raised), it may be a drop (a filter or routing rule, storage failing after the
 answer) or an archive that answers no IMAGE-level query (many PACS do not support or allow it): the same results are
 then asked for by series (SERIES level, one more query), together with the source series they refer to. An archive
 that lists the results' series does not answer IMAGE-level queries: this is said once (a warning, with the fix), and
@@ -19,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import PacsRequestError
 from .archive import Archive
 
 log = logging.getLogger(__name__)
@@ -64,28 +66,41 @@ class Confirmer:
         "" when the archive answered per instance. Raises what :meth:`Archive.held` / :meth:`Archive.held_series`
         raise."""
         uids = [r.sop_uid for r in results]
+        refused: PacsRequestError | None = None
         if not self.by_series:
-            held = archive.held(study_uid, uids) & set(uids)
-            if held:  # it answers IMAGE-level queries: the others are not there
-                return held, ""
+            try:
+                held = archive.held(study_uid, uids) & set(uids)
+            except PacsRequestError as exc:  # refused at IMAGE level: it may still answer by series
+                refused = exc
+            else:
+                if held:  # it answers IMAGE-level queries: the others are not there
+                    return held, ""
         in_series = Counter(r.series_uid for r in results)
         sources = sorted({s for r in results for s in r.source_series} - set(in_series))
-        listed = archive.held_series(study_uid, [*in_series, *sources])
+        try:
+            listed = archive.held_series(study_uid, [*in_series, *sources])
+        except PacsRequestError:
+            if refused is not None:  # refused at both levels: the IMAGE-level refusal is the one to fix
+                raise refused from None
+            raise
         held = {
             r.sop_uid
             for r in results
             if r.series_uid in listed
             and (listed[r.series_uid] is None or int(listed[r.series_uid] or 0) >= in_series[r.series_uid])
         }
-        if held and not self.by_series:
+        if refused is not None and not (held or any(s in listed for s in sources)):
+            raise refused  # nothing it lists either: confirming by series cannot be told from a drop
+        if (held or refused is not None) and not self.by_series:
             self.by_series = True
+            how = f"refuses {self.image_query} ({refused.problem})" if refused else f"answers {self.image_query} with no match"
             log.warning(
-                "%s answers %s with no match for the results it holds, but lists their series: it does not answer "
-                "(or not to ctpipe) per-instance queries, so results sent to it are confirmed by series from now on. "
-                "Fix: allow %s for ctpipe's AE title or user at the archive for per-instance confirmation, or set "
-                "pacs.verify_sent: false to record results sent on its success answer alone",
+                "%s %s for the results it holds, but lists their series: it does not answer per-instance queries (or "
+                "not to ctpipe), so results sent to it are confirmed by series from now on. Fix: allow %s for "
+                "ctpipe's AE title or user at the archive for per-instance confirmation, or set pacs.verify_sent: false "
+                "to record results sent on its success answer alone",
                 self.destination,
-                self.image_query,
+                how,
                 self.image_query,
                 extra={"event": "verify_by_series"},
             )
