@@ -63,7 +63,7 @@ class Confirmer:
 
     def held(self, archive: Archive, study_uid: str, results: list[SentResult]) -> tuple[set[str], str]:
         """``(SOPInstanceUIDs held, why the others count as not held)`` of ``results`` (one study's); the second is
-        "" when the archive answered per instance. Raises what :meth:`Archive.held` / :meth:`Archive.held_series`
+        what the queries said, for the error of each one not held. Raises what :meth:`Archive.held` / :meth:`Archive.held_series`
         raise."""
         uids = [r.sop_uid for r in results]
         refused: PacsRequestError | None = None
@@ -74,7 +74,7 @@ class Confirmer:
                 refused = exc
             else:
                 if held:  # it answers IMAGE-level queries: the others are not there
-                    return held, ""
+                    return held, f"{self.image_query} right after the send finds no such SOPInstanceUID"
         in_series = Counter(r.series_uid for r in results)
         sources = sorted({s for r in results for s in r.source_series} - set(in_series))
         try:
@@ -105,14 +105,12 @@ class Confirmer:
                 extra={"event": "verify_by_series"},
             )
         if self.by_series:
-            return held, f"asked by series ({self.series_query}), it does not list the result's series"
+            return held, f"{self.series_query} right after the send does not list the result's series"
+        first = f"{self.image_query} right after the send finds none of the case's results; {self.series_query}"
         if any(s in listed for s in sources):
-            return held, (
-                f"asked by series too ({self.series_query}), it lists the source series but not the result's: it "
-                "answers these queries, and does not hold the result"
-            )
+            return held, f"{first} list the source series but not the result's: it answers these queries"
         return held, (
-            f"asked by series too ({self.series_query}), it lists neither the result's series nor its source series: "
-            "either it dropped every result of the case, or it answers neither query. If it does not answer them, "
-            f"allow {self.image_query} for ctpipe at the archive, or set pacs.verify_sent: false"
+            f"{first} list neither the result's series nor its source series: either it dropped every result of the "
+            f"case, or it answers neither query (then allow {self.image_query} for ctpipe at the archive, or set "
+            "pacs.verify_sent: false)"
         )

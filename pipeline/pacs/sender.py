@@ -264,18 +264,15 @@ class ResultSender:
                     self._failed([r], self._not_held(r, why))
         return held
 
-    def _not_held(self, r: dict[str, Any], why: str = "") -> str:
+    def _not_held(self, r: dict[str, Any], why: str) -> str:
         """Why a result the destination answered success for is not recorded sent, and what to do (``why``: what
-        the queries by series said, "" when the archive answered per instance)."""
+        the confirming queries said)."""
         what = RESULT_SOP_CLASSES.get(str(r["sop_class"]), str(r["sop_class"]))
-        query = self._confirmer.image_query
         return (
-            f"{what} {r['sop_uid']} ({r['path']}): {self.key} answered success but does not hold it ({query} right "
-            f"after the send finds no such SOPInstanceUID{'; ' + why if why else ''}). Likely cause: a filter or "
-            "routing rule on the archive dropped it (an Orthanc Lua ReceivedInstanceFilter, for one), or its storage "
-            "failed after it answered; check the archive's log for this SOPInstanceUID. Fix: let the archive keep "
-            f"ctpipe's results, then `ctpipe send {self.run_dir} --retry-failed`"
-            + ("" if why else "; for an archive that does not answer IMAGE-level queries, set pacs.verify_sent: false")
+            f"{what} {r['sop_uid']} ({r['path']}): {self.key} answered success but does not hold it ({why}). Likely "
+            "cause: a filter or routing rule on the archive dropped it (an Orthanc Lua ReceivedInstanceFilter, for "
+            "one), or its storage failed after it answered; check the archive's log for this SOPInstanceUID. Fix: let "
+            f"the archive keep ctpipe's results, then `ctpipe send {self.run_dir} --retry-failed`"
         )
 
     def _failed(self, items: list[dict[str, Any]], error: str, *, final: bool = False, quiet: bool = False) -> None:
