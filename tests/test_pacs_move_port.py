@@ -53,3 +53,22 @@ def test_a_move_port_already_in_use_fails_the_source_once_naming_port_holder_and
     assert "pacs.move_port" in msg and "retrieve=get" in msg
     assert "series not retrieved" in msg
     assert not [r for r in caplog.records if getattr(r, "event", "") == "pacs_retry"]  # never retried
+
+
+@pytest.mark.parametrize(
+    ("host", "bind", "said"),
+    [("pacs.hospital.example", "127.0.0.1", True), ("127.0.0.1", "127.0.0.1", False), ("10.1.2.3", "0.0.0.0", False)],
+)
+def test_a_c_move_from_another_machine_to_a_receiver_on_loopback_names_pacs_bind(host, bind, said):
+    """An archive on another machine cannot reach a receiver that listens on 127.0.0.1 (the default pacs.bind): the
+    error of a C-MOVE that delivered nothing names pacs.bind, not only the archive's settings (no traffic here)."""
+    from pipeline.errors import PacsRequestError
+    from pipeline.pacs.address import parse_destination
+    from pipeline.pacs.dimse import DimseArchive
+
+    cfg = load_config(overrides={"pacs.bind": bind}, environ={})
+    archive = DimseArchive(parse_destination(f"dimse://PACS@{host}:104"), cfg)
+    refused = PacsRequestError("C-MOVE: failure status 0xA801", where=f"dimse://PACS@{host}:104", fix="see its log")
+    msg = str(archive._nothing_arrived(refused))
+    assert ("pacs.bind" in msg and f"listens on {bind}" in msg and "0.0.0.0" in msg) is said, msg
+    assert "pacs.move_port" in msg and "retrieve=get" in msg

@@ -308,15 +308,27 @@ class DimseArchive:
                         f"(dimse://{came[0]}@{self.endpoint.host}:{self.endpoint.port}); an archive that sends from an AE "
                         "title of its own for C-MOVE needs C-GET instead (retrieve=get)",
                     ) from exc
-                # nothing arrived: most often the archive cannot reach ctpipe's storage SCP (the move destination)
-                raise PacsRequestError(
-                    f"{exc.problem}; no instance reached ctpipe's C-MOVE receiver "
-                    f"({self.cfg.pacs.ae_title} at {self.cfg.pacs.bind}:{self.cfg.pacs.move_port})",
-                    where=exc.where,
-                    fix=f"the archive must list AE title {self.cfg.pacs.ae_title!r} (pacs.ae_title) at this host and "
-                    f"port {self.cfg.pacs.move_port} (pacs.move_port), and send as {self.endpoint.aet!r} (the AE title "
-                    "of the address); or retrieve by C-GET (retrieve=get)",
-                ) from exc
+                raise self._nothing_arrived(exc) from exc
+
+    def _nothing_arrived(self, exc: PacsRequestError) -> PacsRequestError:
+        """The error of a C-MOVE the archive failed with no instance reaching ctpipe's receiver: most often the
+        archive cannot reach it (the move destination). A receiver on a loopback address (the default ``pacs.bind``)
+        cannot be reached from an archive on another machine: said first, with the setting to change."""
+        me, bind, port = self.cfg.pacs.ae_title, str(self.cfg.pacs.bind), self.cfg.pacs.move_port
+        listed = (
+            f"the archive must list AE title {me!r} (pacs.ae_title) at this host and port {port} (pacs.move_port), and "
+            f"send as {self.endpoint.aet!r} (the AE title of the address); or retrieve by C-GET (retrieve=get)"
+        )
+        problem = f"{exc.problem}; no instance reached ctpipe's C-MOVE receiver ({me} at {bind}:{port})"
+        if _is_loopback(bind) and not _is_loopback(self.endpoint.host):
+            return PacsRequestError(
+                f"{problem}, which listens on {bind} (pacs.bind): an archive on another machine "
+                f"({self.endpoint.host}) cannot reach it",
+                where=exc.where,
+                fix="set pacs.bind to 0.0.0.0 (every interface) or this machine's address on the archive's network; "
+                f"then {listed}",
+            )
+        return PacsRequestError(problem, where=exc.where, fix=listed)
 
     def _get(self, ds: Any, dest: Path) -> None:
         from pynetdicom import build_role, evt
@@ -470,6 +482,19 @@ def _receiver_error(exc: OSError, cfg: Any) -> PacsReceiverError:
         exc, bind, port, port_key="pacs.move_port", port_fix="choose another pacs.move_port, or use C-GET (retrieve=get)"
     )
     return PacsReceiverError(f"ctpipe's C-MOVE receiver {err.problem}", where=err.where, fix=err.fix)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface (``localhost``, 127.0.0.0/8, ``::1``), without a
+    name lookup."""
+    import ipaddress
+
+    if host.strip("[]").lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _count(folder: Path) -> int:
