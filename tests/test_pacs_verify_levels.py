@@ -221,3 +221,45 @@ def test_an_archive_refusing_image_level_queries_confirms_by_series(source_case,
     assert (counts.sent, counts.pending, counts.failed) == (2, 0, 0)
     said = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "verify_by_series"]
     assert len(said) == 1 and "refuses C-FIND at IMAGE level" in said[0] and "pacs.verify_sent: false" in said[0]
+
+
+_REFUSE_QIDO_INSTANCES = """
+function IncomingHttpRequestFilter(method, uri, ip, username, httpHeaders)
+  if method == "GET" and string.find(uri, "/dicom%-web/") and string.find(uri, "/instances") then
+    return false
+  end
+  return true
+end
+"""
+
+
+class _QidoInstancesRefused(OrthancServer):
+    """An Orthanc whose HTTP filter refuses every DICOMweb instance search (HTTP 403); series searches answer."""
+
+    def config(self) -> dict[str, Any]:
+        script = self.root / "refuse_qido.lua"
+        script.write_text(_REFUSE_QIDO_INSTANCES)
+        return {**super().config(), "LuaScripts": [str(script)]}
+
+
+def test_a_dicomweb_archive_refusing_instance_searches_confirms_by_series(
+    source_case, tmp_path_factory, tmp_path, monkeypatch, caplog
+):
+    srv = _server(_QidoInstancesRefused, tmp_path_factory, "orthanc-refuses-qido", source_case)
+    for k, v in srv.env.items():
+        monkeypatch.setenv(k, v)
+    try:
+        run = tmp_path / "run"
+        c1 = _completed_case(run, "c1", source_case)
+        RunStore(run).close()
+        sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=srv.dicomweb)
+        with caplog.at_level(logging.WARNING):
+            sender.scan()
+            sender.send_due()
+        counts = sender.close()
+        assert all(srv.holds(u) for u in c1.values())
+    finally:
+        srv.stop()
+    assert (counts.sent, counts.pending, counts.failed) == (2, 0, 0)
+    said = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "verify_by_series"]
+    assert len(said) == 1 and "refuses QIDO-RS instance searches" in said[0] and srv.dicomweb in said[0]
