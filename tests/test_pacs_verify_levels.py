@@ -263,3 +263,61 @@ def test_a_dicomweb_archive_refusing_instance_searches_confirms_by_series(
     assert (counts.sent, counts.pending, counts.failed) == (2, 0, 0)
     said = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "verify_by_series"]
     assert len(said) == 1 and "refuses QIDO-RS instance searches" in said[0] and srv.dicomweb in said[0]
+
+
+class _NoMatchesStore:
+    """A storage SCP on 127.0.0.1 that keeps what it is sent and answers every C-FIND, at any level, with no match."""
+
+    def __init__(self) -> None:
+        from pynetdicom import AE, evt
+
+        from tests._support.orthanc import free_port
+
+        self.ae = AE(ae_title="BLIND")
+        for cls in ("1.2.840.10008.5.1.4.1.1.88.34", "1.2.840.10008.5.1.4.1.1.66.4"):
+            self.ae.add_supported_context(cls, ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"])
+        self.ae.add_supported_context("1.2.840.10008.5.1.4.1.2.2.1", ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"])
+        self.received: list[str] = []
+        self.finds = 0
+        self.port = free_port()
+        handlers = [(evt.EVT_C_STORE, self._store), (evt.EVT_C_FIND, self._find)]
+        self.server = self.ae.start_server(("127.0.0.1", self.port), block=False, evt_handlers=handlers)
+
+    def _store(self, event: Any) -> int:
+        self.received.append(str(event.request.AffectedSOPInstanceUID))
+        return 0x0000
+
+    def _find(self, event: Any) -> Any:
+        self.finds += 1
+        yield from ()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.ae.shutdown()
+
+
+def test_an_archive_answering_no_match_at_every_level_is_said_once_not_retried(source_case, tmp_path, caplog):
+    """Nothing listed, neither the results nor their series nor the source series: a drop of everything cannot be told
+    from an archive that answers no query; both are said, with the fixes, once, and sending again (the retries) is not
+    what mends either."""
+    run = tmp_path / "run"
+    c1 = _completed_case(run, "c1", source_case)
+    c2 = _completed_case(run, "c2", source_case)
+    RunStore(run).close()
+    scp = _NoMatchesStore()
+    try:
+        sender = ResultSender(
+            run, _cfg(**{"pacs.send_retries": 2, "pacs.backoff_s": 0.01}), destination=f"dimse://BLIND@127.0.0.1:{scp.port}"
+        )
+        with caplog.at_level(logging.WARNING):
+            sender.drain(30)
+        counts = sender.close()
+    finally:
+        scp.close()
+    assert (counts.sent, counts.pending, counts.failed) == (0, 0, 4)
+    assert sorted(scp.received) == sorted([*c1.values(), *c2.values()])  # each sent once
+    rows = Ledger(run).rows("SELECT attempts, error FROM sent")
+    assert all(r["attempts"] == 1 for r in rows)
+    assert all("answers neither query" in r["error"] and "pacs.verify_sent: false" in r["error"] for r in rows)
+    logged = [r for r in caplog.records if r.name == "pipeline.pacs.sender" and r.levelno >= logging.ERROR]
+    assert len(logged) == 2 and all("c1" in r.getMessage() for r in logged)  # c2's are not said again

@@ -10,7 +10,8 @@ that lists the results' series does not answer IMAGE-level queries: this is said
 the results of this case and the next are confirmed by series from then on (each of ctpipe's result series holds
 that result alone; the series must list at least as many instances as were sent into it). One that lists the source
 series but not the results' answers such queries: the results were dropped. One that lists neither cannot be told
-apart from a drop of everything; the error says both.
+apart from a drop of everything; the error says both, and as sending again mends neither, the sender fails such
+results at once and says so once per destination.
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ class Confirmer:
         self.image_query = "QIDO-RS instance searches" if dicomweb else "C-FIND at IMAGE level"
         self.series_query = "QIDO-RS series searches" if dicomweb else "C-FIND at SERIES level"
 
-    def held(self, archive: Archive, study_uid: str, results: list[SentResult]) -> tuple[set[str], str]:
-        """``(SOPInstanceUIDs held, why the others count as not held)`` of ``results`` (one study's); the second is
-        what the queries said, for the error of each one not held. Raises what :meth:`Archive.held` / :meth:`Archive.held_series`
+    def held(self, archive: Archive, study_uid: str, results: list[SentResult]) -> tuple[set[str], str, bool]:
+        """``(SOPInstanceUIDs held, why the others count as not held, whether that is uncertain)`` of ``results`` (one
+        study's): the second is what the queries said, for the error of each one not held; the third is True when
+        the archive listed nothing at any level (a drop of everything, or an archive that answers no query: sending
+        again mends neither). Raises what :meth:`Archive.held` / :meth:`Archive.held_series`
         raise."""
         uids = [r.sop_uid for r in results]
         refused: PacsRequestError | None = None
@@ -74,7 +77,7 @@ class Confirmer:
                 refused = exc
             else:
                 if held:  # it answers IMAGE-level queries: the others are not there
-                    return held, f"{self.image_query} right after the send finds no such SOPInstanceUID"
+                    return held, f"{self.image_query} right after the send finds no such SOPInstanceUID", False
         in_series = Counter(r.series_uid for r in results)
         sources = sorted({s for r in results for s in r.source_series} - set(in_series))
         try:
@@ -105,12 +108,13 @@ class Confirmer:
                 extra={"event": "verify_by_series"},
             )
         if self.by_series:
-            return held, f"{self.series_query} right after the send does not list the result's series"
+            return held, f"{self.series_query} right after the send does not list the result's series", False
         first = f"{self.image_query} right after the send finds none of the case's results; {self.series_query}"
         if any(s in listed for s in sources):
-            return held, f"{first} list the source series but not the result's: it answers these queries"
-        return held, (
+            return held, f"{first} list the source series but not the result's: it answers these queries", False
+        neither = (
             f"{first} list neither the result's series nor its source series: either it dropped every result of the "
             f"case, or it answers neither query (then allow {self.image_query} for ctpipe at the archive, or set "
             "pacs.verify_sent: false)"
         )
+        return held, neither, True

@@ -115,6 +115,8 @@ class ResultSender:
         #: why the destination cannot confirm what it holds (it refused the query), once it did: the later cases are
         #: recorded failed with it, unsent, rather than each sent and refused again
         self._cannot_confirm: str | None = None
+        #: whether results the destination listed nothing of, at any level, were said already (logged once)
+        self._said_uncertain = False
 
     # -- finding work ----------------------------------------------------------------------
     def scan(self) -> int:
@@ -248,7 +250,7 @@ class ResultSender:
         groups = list(studies.items())
         for n, (study, pairs) in enumerate(groups):
             try:
-                found, why = self._confirmer.held(archive, study, [sent for _, sent in pairs])
+                found, why, uncertain = self._confirmer.held(archive, study, [sent for _, sent in pairs])
             except PacsError as exc:  # this study's results and those not asked about yet: not confirmed
                 unasked = [r for _, later in groups[n:] for r, _ in later]
                 refused = isinstance(exc, PacsRequestError)  # asking again does not mend it: failed at once
@@ -259,9 +261,10 @@ class ResultSender:
                 self._drop_archive()
                 return held
             held |= found
-            for r, _ in pairs:
-                if r["sop_uid"] not in found:
-                    self._failed([r], self._not_held(r, why))
+            missing = [r for r, _ in pairs if r["sop_uid"] not in found]
+            for r in missing:  # uncertain (nothing listed at all): failed at once, said for the first case only
+                self._failed([r], self._not_held(r, why), final=uncertain, quiet=uncertain and self._said_uncertain)
+            self._said_uncertain |= uncertain and bool(missing)
         return held
 
     def _not_held(self, r: dict[str, Any], why: str) -> str:
