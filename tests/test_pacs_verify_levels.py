@@ -321,3 +321,23 @@ def test_an_archive_answering_no_match_at_every_level_is_said_once_not_retried(s
     assert all("answers neither query" in r["error"] and "pacs.verify_sent: false" in r["error"] for r in rows)
     logged = [r for r in caplog.records if r.name == "pipeline.pacs.sender" and r.levelno >= logging.ERROR]
     assert len(logged) == 2 and all("c1" in r.getMessage() for r in logged)  # c2's are not said again
+
+
+def test_a_refusal_of_the_query_is_asked_again_once_recheck_time_has_passed(source_case, tmp_path, monkeypatch):
+    """A long-running sender (``ctpipe listen``) does not take a refusal for ever: once ``RECHECK_S`` has passed (here
+    at once) the next case is sent and the archive asked again."""
+    from pipeline.pacs import sender as sender_module
+
+    monkeypatch.setattr(sender_module, "RECHECK_S", 0.0)
+    run = tmp_path / "run"
+    c1 = _completed_case(run, "c1", source_case)
+    c2 = _completed_case(run, "c2", source_case)
+    scp = _PickyStore(["1.2.840.10008.5.1.4.1.1.88.34", "1.2.840.10008.5.1.4.1.1.66.4"])
+    try:
+        sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=f"dimse://PICKY@127.0.0.1:{scp.port}")
+        sender.scan()
+        sender.send_due()
+        sender.close()
+    finally:
+        scp.close()
+    assert sorted(scp.received) == sorted([*c1.values(), *c2.values()])

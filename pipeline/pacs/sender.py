@@ -56,6 +56,8 @@ RESULT_SOP_CLASSES = {
     "1.2.840.10008.5.1.4.1.1.66.4": "Segmentation Storage",
 }
 MANIFEST = "manifest.json"
+#: seconds for which a destination that refused the confirming query is taken at its word (later cases not sent)
+RECHECK_S = 900.0
 
 
 def result_files(case_dir: Path) -> list[tuple[Path, str, str]]:
@@ -112,9 +114,10 @@ class ResultSender:
         self._thread: threading.Thread | None = None
         self._archive: Archive | None = None
         self._confirmer = Confirmer(self.key, dicomweb=self.endpoint.kind == "dicomweb")
-        #: why the destination cannot confirm what it holds (it refused the query), once it did: the later cases are
-        #: recorded failed with it, unsent, rather than each sent and refused again
-        self._cannot_confirm: str | None = None
+        #: why the destination cannot confirm what it holds (it refused the query), and when it said so: the later
+        #: cases are recorded failed with it, unsent, rather than each sent and refused again, for RECHECK_S (a
+        #: long-running listener asks again once that has passed: the archive may have been corrected)
+        self._cannot_confirm: tuple[str, float] | None = None
         #: whether results the destination listed nothing of, at any level, were said already (logged once)
         self._said_uncertain = False
 
@@ -187,8 +190,10 @@ class ResultSender:
         if missing:
             self._failed(items, f"file missing: {missing[0]}", final=True)
             return 0
+        if self._cannot_confirm and time.monotonic() - self._cannot_confirm[1] >= RECHECK_S:
+            self._cannot_confirm = None
         if self._cannot_confirm and self.cfg.pacs.verify_sent:
-            self._failed(items, f"not sent, as for an earlier case: {self._cannot_confirm}", final=True, quiet=True)
+            self._failed(items, f"not sent, as for an earlier case: {self._cannot_confirm[0]}", final=True, quiet=True)
             return 0
         try:
             if self._archive is None:
@@ -256,7 +261,7 @@ class ResultSender:
                 refused = isinstance(exc, PacsRequestError)  # asking again does not mend it: failed at once
                 error = f"sent, but not confirmed: {type(exc).__name__}: {exc}"
                 if refused:
-                    self._cannot_confirm = error
+                    self._cannot_confirm = (error, time.monotonic())
                 self._failed(unasked, error, final=refused)
                 self._drop_archive()
                 return held
