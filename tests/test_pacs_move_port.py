@@ -72,3 +72,39 @@ def test_a_c_move_from_another_machine_to_a_receiver_on_loopback_names_pacs_bind
     msg = str(archive._nothing_arrived(refused))
     assert ("pacs.bind" in msg and f"listens on {bind}" in msg and "0.0.0.0" in msg) is said, msg
     assert "pacs.move_port" in msg and "retrieve=get" in msg
+
+
+def test_a_retrieval_ends_only_once_the_receivers_writes_into_its_folder_are_done(tmp_path, monkeypatch):
+    """An instance the archive sent just before a C-MOVE failed (the archive killed mid-series) is still being
+    written when the retrieval gives up: leaving the route waits for that write, so that discarding the partial
+    folder right after leaves nothing behind (no file landing in a folder being removed)."""
+    import threading
+    import time
+
+    from pipeline.pacs import scp
+    from pipeline.pacs.dimse import MoveReceiver
+    from tests._support.orthanc import cstore
+
+    uid, files = write_phantom_series(tmp_path / "src", 13, slices=8)
+    writing = threading.Event()
+    real_write = scp.write_instance
+
+    def slow_write(*args, **kwargs):
+        writing.set()
+        time.sleep(0.5)
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(scp, "write_instance", slow_write)
+    cfg = load_config(overrides={"pacs.move_port": free_port(), "pacs.timeout_s": 10.0}, environ={})
+    receiver = MoveReceiver(cfg, archive_aet="ORTHANC")
+    dest = tmp_path / "partial"
+    dest.mkdir()
+    try:
+        sender = threading.Thread(target=cstore, args=(files[:1], cfg.pacs.move_port))
+        with receiver.route(uid, dest):
+            sender.start()
+            assert writing.wait(10)
+        assert len(list(dest.glob("*.dcm"))) == 1  # written before the route was left, not after
+        sender.join(10)
+    finally:
+        receiver.close()

@@ -18,6 +18,7 @@ import logging
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -553,6 +554,8 @@ class MoveReceiver:
         self.cfg = cfg
         self._routes: dict[str, Path] = {}
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when a write into a routed folder ends
+        self._writing: Counter[str] = Counter()  # writes under way, by series
         #: (calling, called) AE titles of the associations turned away, in order (for the error of a C-MOVE that got
         #: nothing)
         self.turned_away: list[tuple[str, str]] = []
@@ -574,24 +577,41 @@ class MoveReceiver:
 
     @contextmanager
     def route(self, series_uid: str, folder: Path) -> Iterator[None]:
+        """Write instances of ``series_uid`` into ``folder`` while in the block; leaving it refuses the later ones and
+        waits (up to ``pacs.timeout_s``) for the writes already under way, so that the caller may then remove or
+        publish the folder without a file landing in it afterwards."""
         with self._lock:
             self._routes[series_uid] = folder
         try:
             yield
         finally:
-            with self._lock:
+            with self._idle:
                 self._routes.pop(series_uid, None)
-
-    def _folder(self, ds: Any) -> Path | None:
-        with self._lock:
-            return self._routes.get(str(ds.get("SeriesInstanceUID", "")))
+                if not self._idle.wait_for(lambda: not self._writing[series_uid], timeout=float(self.cfg.pacs.timeout_s)):
+                    log.warning("C-MOVE receiver: a write into %s still under way after pacs.timeout_s", folder)
 
     def _on_store(self, event: Any) -> int:
+        taken: list[str] = []
+
+        def folder_for(ds: Any) -> Path | None:
+            uid = str(ds.get("SeriesInstanceUID", ""))
+            with self._lock:
+                folder = self._routes.get(uid)
+                if folder is not None:  # counted until written: leaving the route waits for it
+                    self._writing[uid] += 1
+                    taken.append(uid)
+            return folder
+
         try:
-            return store_event(event, self._folder)
+            return store_event(event, folder_for)
         except OSError as exc:
             log.error("C-MOVE receiver: cannot write an instance (%s)", exc)
             return STATUS_OUT_OF_RESOURCES
+        finally:
+            if taken:
+                with self._idle:
+                    self._writing[taken[0]] -= 1
+                    self._idle.notify_all()
 
     def _on_rejected(self, event: Any) -> None:
         calling = str(event.assoc.requestor.ae_title).strip()
