@@ -217,7 +217,7 @@ def test_a_short_cpu_run_leads_with_what_it_measured(tmp_path):
     s = _short_run(tmp_path, "cpu")
     tp = s["throughput"]
     assert not tp["enough_to_project"] and tp["cases_per_hour"] == pytest.approx(360.0)
-    assert s["projection"].startswith("measured 360.0 cases/hour from 3 completed case(s) over 0.5 active minutes")
+    assert s["projection"].startswith("measured 360.0 cases/hour from 3 completed case(s) over 30 active seconds")
     assert "cases/day projection: not enough data" in s["projection"]
     assert "8,640" not in s["projection"] and tp["cases_per_day_projected"] is None  # no big number, text or JSON
     cap = s["capacity"]

@@ -345,7 +345,9 @@ class Engine:
             if row["status"] != "running" or row["run_id"] != self.run_id:
                 # refused at discovery: an attempt of this run (a retried failure too), not of the run that last tried it
                 self.store.begin_case(case.case_key, self.run_id)
-            self.store.fail_case(case.case_key, reason=reason, error_class=error_class, stage=stage)
+            self.store.fail_case(
+                case.case_key, reason=reason, error_class=error_class, stage=stage, measured=case.rejected is None
+            )
         self._drop_cache(case)
         result.failed.append((case.case_id, error_class, reason))
         log.error(

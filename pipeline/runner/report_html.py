@@ -161,20 +161,28 @@ def _folder_cell(run: dict[str, Any], shown: bool) -> str:
     return f"<td>{_e(run['run_dir'])}</td>" if shown else ""
 
 
+def active_time(seconds: float) -> str:
+    """A run's active time as the runs table shows it: seconds under a minute (a short run is not "0.0" minutes),
+    minutes under an hour, then hours."""
+    if seconds < 59.95:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    return f"{seconds / 60.0:.1f} min" if seconds < 3600 else f"{seconds / 3600.0:.2f} h"
+
+
 def _runs_table(runs: list[dict[str, Any]], cases: dict[str, int]) -> str:
-    """Per run: status, start and end (UTC), active minutes, device and its cases by outcome, and its run folder when
+    """Per run: status, start and end (UTC), active time (:func:`active_time`), device and its cases by outcome, and its run folder when
     the runs come from several; the last row counts each case once over all runs (``cases``: the summary's case
     counts)."""
     if not runs:
         return "<p>no runs</p>"
     folders = len({r["run_dir"] for r in runs}) > 1
-    titles = ["run", *(["folder"] if folders else []), "status", "started (UTC)", "ended (UTC)", "active min", "device"]
+    titles = ["run", *(["folder"] if folders else []), "status", "started (UTC)", "ended (UTC)", "active", "device"]
     titles += ["done", "quarantined", "unfinished", "still quarantined from earlier runs"]
     head = "".join(f"<th>{t}</th>" for t in titles)
     body = "".join(
         f"<tr><td>{_e(r['run_id'])}</td>{_folder_cell(r, folders)}<td>{_e(r['status'])}</td>"
         f"<td>{_e(r['started_utc'])}</td>"
-        f"<td>{_e(r['ended_utc'] or 'no end record')}</td><td>{r['active_s'] / 60.0:.1f}</td><td>{_e(r['device'])}</td>"
+        f"<td>{_e(r['ended_utc'] or 'no end record')}</td><td>{active_time(r['active_s'])}</td><td>{_e(r['device'])}</td>"
         f"<td>{r['n_done']}</td><td>{r['n_failed']}</td><td>{r['n_unfinished']}</td>"
         f"<td>{'' if r.get('n_failed_earlier') is None else r['n_failed_earlier']}</td></tr>"
         for r in runs

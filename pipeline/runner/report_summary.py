@@ -99,7 +99,10 @@ def _pct(values: Any) -> dict[str, float | None]:
 
 
 def _span(minutes: float) -> str:
-    """Active time in words: minutes below an hour, else hours."""
+    """Active time in words: seconds below a minute (a short run is not "0.0" minutes), minutes below an hour, else
+    hours."""
+    if minutes * 60.0 < 59.95:
+        return f"{minutes * 60.0:.1f} active seconds" if minutes < 10 / 60.0 else f"{minutes * 60.0:.0f} active seconds"
     return f"{minutes / 60.0:.2f} active hours" if minutes >= 60 else f"{minutes:.1f} active minutes"
 
 

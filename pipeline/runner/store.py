@@ -336,14 +336,17 @@ class RunStore:
             with self.tx():
                 self.db.executemany("INSERT OR REPLACE INTO skipped VALUES (?,?,?,?,?,?)", data)
 
-    def fail_case(self, case_key: str, *, reason: str, error_class: str, stage: str | None) -> None:
-        """Mark a case failed (quarantined) with the stage, error class and reason."""
+    def fail_case(self, case_key: str, *, reason: str, error_class: str, stage: str | None, measured: bool = True) -> None:
+        """Mark a case failed (quarantined) with the stage, error class and reason. ``measured``: False for a case
+        refused at discovery, which no stage worked on: its latency stays empty (not measured), not the moment between
+        two writes of the store."""
+        now = time.time()
         with self.tx():
             self._expect(case_key, "fail")
             self.db.execute(
                 "UPDATE cases SET status='failed', reason=?, error_class=?, failed_stage=?, ended_at=?,"
-                " latency_s=? - COALESCE(started_at, ?) WHERE case_key=?",
-                (reason, error_class, stage, time.time(), time.time(), time.time(), case_key),
+                " latency_s=CASE WHEN ? THEN ? - COALESCE(started_at, ?) END WHERE case_key=?",
+                (reason, error_class, stage, now, measured, now, now, case_key),
             )
 
     def reset_case(self, case_key: str) -> None:
