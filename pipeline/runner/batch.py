@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import sqlite3
 import sys
@@ -243,6 +244,13 @@ def _run(
         device_desc,
         extra={"event": "run_start", "run_id": run_id},
     )
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by a shell script (no job control)
+        log.info(
+            "SIGINT (Ctrl-C, kill -INT) is ignored by this process, as the shell that started it in the background "
+            "asked; stop the run with SIGTERM (kill %d)",
+            os.getpid(),
+            extra={"event": "stop_signals", "run_id": run_id},
+        )
     prog = Progress(total=len(pl.to_run) + len(pl.rejected), callback=progress_cb)
     metrics = RunMetrics()
     # counters go on from the last textfile (the node's, else the folder's): never lower than after the last run
