@@ -27,6 +27,7 @@ from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
 from .metrics import NvmlSampler, RunMetrics, warn_if_rewritten
 from .progress import Progress
+from .redact import PathRedactor, redacting
 from .report import build_report, mark_not_rebuilt, mark_run_started
 from .result_options import WEIGHTS_KEY, check_result_options, weights_digest
 from .resume import RunLock, drop_cached, plan, reconcile, remove_quarantine
@@ -123,8 +124,13 @@ def run_batch(
         lock.release()
         _raise_environment(exc, run_dir)
         raise
+    redactor = None if cfg.privacy.keep_identifiers else PathRedactor()
+    summary.redactor = redactor
     try:
-        return _run(srcs, cfg, run_dir, run_id, store, summary, stages, progress, command, (t0, started_wall), session, origins)
+        with redacting(redactor):
+            return _run(
+                srcs, cfg, run_dir, run_id, store, summary, stages, progress, command, (t0, started_wall), session, origins
+            )
     except (OSError, sqlite3.Error) as exc:  # the run folder failed before any case started
         _raise_environment(exc, run_dir)
         raise

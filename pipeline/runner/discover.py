@@ -41,6 +41,7 @@ from ..csvfile import read_table
 from ..errors import ConfigError, NoSeriesFoundError, described, missing_path_fix, require_path
 from .arrivals import SourceSnapshot
 from .fingerprint import fingerprint_series
+from .redact import active
 from .stage import CaseSpec
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,9 @@ def _scan(
     )
     out.n_files += scan.n_files
     out.snapshot.add_scan(scan)
+    redactor = active()
+    if redactor is not None:  # before anything below logs a path: patient-named folders and files are known
+        redactor.add_scan(scan.series)
     seen = {f["path"] for f in out.skipped_files}
     for f in scan.skipped_files:
         if str(f.path) not in seen:

@@ -87,7 +87,7 @@ class JsonLinesFormatter(logging.Formatter):
             elif key in context:
                 data[key] = context[key]
         if record.exc_info:
-            data["exc"] = self.formatException(record.exc_info)
+            data["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(data, default=str)
 
 

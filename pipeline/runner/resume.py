@@ -42,6 +42,7 @@ from typing import Any
 from ..atomic import atomic_write_bytes
 from ..errors import RunStoreError
 from ..locks import flock
+from .redact import redact
 from .stage import CaseSpec
 from .store import RunStore
 
@@ -334,10 +335,10 @@ def write_quarantine(run_dir: Path, case: CaseSpec, *, reason: str, error_class:
         "case_id": case.case_id,
         "case_key": case.case_key,
         "series_uid": case.series_uid,
-        "source": case.source,
+        "source": redact(case.source),
         "stage": stage,
         "error_class": error_class,
-        "reason": reason,
+        "reason": redact(reason),
         "files": len(case.files),
     }
     atomic_write_bytes(path, json.dumps(data, indent=1).encode())

@@ -55,6 +55,8 @@ class RunSummary:
     unfinished: int = 0  # cases of this run neither done nor quarantined (left for the next run)
     notes: list[str] = field(default_factory=list)  # outputs of the run itself that could not be written
     sources: list[str] = field(default_factory=list)  # as given to the run
+    #: the run's patient-named path components and their tokens (:mod:`.redact`; None: identifiers kept)
+    redactor: Any = field(default=None, repr=False, compare=False)
 
     @property
     def exit_code(self) -> int:
@@ -138,7 +140,7 @@ class RunSummary:
                 f"{len(self.not_selected)} series not selected, listed with reasons in {self.skipped_where}"
             )
         out.extend(f"  {note}" for note in self.notes)
-        return out
+        return [self.redactor(line) for line in out] if self.redactor is not None else out
 
     def _fix(self) -> str:
         """What to do about :attr:`stopped` (the run folder could not be written) before running again."""

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunStoreError
+from .redact import redact
 from .store_db import DB_NAME, SCHEMA_VERSION, Transaction, connect, db_path, not_a_run, open_readonly, remote_series
 
 __all__ = [
@@ -96,8 +97,8 @@ class RunStore:
                 (
                     run_id,
                     time.time() if started_at is None else started_at,
-                    command,
-                    json.dumps(list(sources)),
+                    redact(command),
+                    json.dumps([redact(s) for s in sources]),
                     json.dumps(config),
                     json.dumps(versions),
                     device,
@@ -153,7 +154,7 @@ class RunStore:
         self.db.execute(
             "INSERT INTO cases (case_key, case_id, series_uid, fingerprint, source, status, discovered_at)"
             " VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT (case_key) DO UPDATE SET source=excluded.source",
-            (case_key, case_id, series_uid, fingerprint, source, time.time()),
+            (case_key, case_id, series_uid, fingerprint, redact(source), time.time()),
         )
 
     def cases_of_series(self, series_uid: str) -> list[sqlite3.Row]:
@@ -245,8 +246,8 @@ class RunStore:
                 wait,
                 peak_rss_mb,
                 peak_cuda_mb,
-                error,
-                json.dumps(detail) if detail else None,
+                redact(error),
+                redact(json.dumps(detail)) if detail else None,
             ),
         )
 
@@ -324,14 +325,17 @@ class RunStore:
             self.db.execute(
                 "UPDATE cases SET status='pending', reason=?, error_class=?, failed_stage=?,"
                 " ended_at=NULL, output_dir=NULL WHERE case_key=?",
-                (reason, error_class or "RunEnvironmentError", stage, case_key),
+                (redact(reason), error_class or "RunEnvironmentError", stage, case_key),
             )
 
     def add_skipped(self, run_id: str, rows: Iterable[Mapping[str, Any]]) -> None:
         """Record what discovery left out in run ``run_id`` (and the series left for the next run because they were
         still being written, kind ``still_written``): rows with ``what`` ('file' or 'series'), ``item`` (the path or
         series key), ``kind``, ``reason`` and ``source``."""
-        data = [(run_id, r["what"], str(r["item"]), r.get("kind"), r.get("reason"), r.get("source")) for r in rows]
+        data = [
+            (run_id, r["what"], redact(str(r["item"])), r.get("kind"), redact(r.get("reason")), redact(r.get("source")))
+            for r in rows
+        ]
         if data:
             with self.tx():
                 self.db.executemany("INSERT OR REPLACE INTO skipped VALUES (?,?,?,?,?,?)", data)
@@ -346,7 +350,7 @@ class RunStore:
             self.db.execute(
                 "UPDATE cases SET status='failed', reason=?, error_class=?, failed_stage=?, ended_at=?,"
                 " latency_s=CASE WHEN ? THEN ? - COALESCE(started_at, ?) END WHERE case_key=?",
-                (reason, error_class, stage, now, measured, now, now, case_key),
+                (redact(reason), error_class, stage, now, measured, now, now, case_key),
             )
 
     def reset_case(self, case_key: str) -> None:

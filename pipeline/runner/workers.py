@@ -36,6 +36,8 @@ from ..config import Config, from_dict
 from ..errors import ConfigError, CtpipeError, FatalRunError, StageTimeoutError
 from .faults import environment_failure
 from .logs import collect_for_console, log_as_worker, log_context
+from .redact import active as active_redactor
+from .redact import redact_in_worker
 from .stage import CaseContext, Stage, Task, TaskResult, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -208,10 +210,14 @@ def worker_main(
     out: Any,
     parent_pid: int,
     torch_threads: int,
+    redacted: dict[str, str] | None = None,
 ) -> None:
-    """Entry point of a worker process: set up stages lazily, then run tasks until told to stop."""
+    """Entry point of a worker process: set up stages lazily, then run tasks until told to stop. ``redacted``: the
+    run's patient-named path components and their tokens (:mod:`.redact`), kept out of its run.log records."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     log_as_worker(Path(run_dir) / "run.log", process=name)  # run.log only; the main process talks to the user
+    if redacted is not None:
+        redact_in_worker(redacted)
     if torch_threads > 0:
         os.environ["OMP_NUM_THREADS"] = str(torch_threads)
         try:
@@ -382,6 +388,7 @@ class ProcessExecutor:
                 send,
                 os.getpid(),
                 self.torch_threads,
+                redactor.components if (redactor := active_redactor()) is not None else None,
             ),
         )
         with _main_module_hidden(any(type(s).__module__ == "__main__" for s in stages)):

@@ -1,0 +1,165 @@
+"""Patient identifiers in file and folder names, kept out of what a run writes outside ``dicom/``.
+
+Archive exports and PACS spools often name a folder or file after the patient (``SMITH^JOHN_1234567/``,
+``1234567/CT/``, ``Doe_Jane_19600101.dcm``). Unless ``privacy.keep_identifiers``, every path component that holds an
+identifier of a series found under it is replaced, in run.log, the console, the run store (and so the report, its
+CSV files and skipped.csv), quarantine files and metrics, by a token ``<patient:xxxxxx>``: the first 6 hex digits of
+a SHA-256 over a secret drawn per run and the component, so the same folder reads as the same token throughout a
+run and cannot be looked up across runs. The identifiers are those discovery read from the series' headers:
+PatientID, each part of PatientName (``^``, ``_``, space, ``-``, ``,``, ``=`` separated) and PatientBirthDate
+(YYYYMMDD), each of at least :data:`MIN_CHARS` characters, matched case-insensitively. Files under a redacted folder
+that are not DICOM (no identifiers of their own) are redacted through that folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import secrets
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import PurePath
+from typing import Any
+
+#: The shortest identifier (a name part, a PatientID) looked for in path components: shorter ones ("LI", "1") would
+#: match most names.
+MIN_CHARS = 3
+
+_IDENTIFIERS = ("PatientID", "PatientName", "PatientBirthDate")
+_NAME_PARTS = re.compile(r"[\^_ ,=\-]+")
+# a component as it appears in text: not inside a longer name or number (a UID holding a patient id's digits)
+_BEFORE, _AFTER = r"(?<![\w.^\-])", r"(?![\w^\-])"
+
+#: LogRecord attributes that are not the record's message or its ``extra`` fields: never rewritten.
+_RECORD_OWN = frozenset(logging.makeLogRecord({}).__dict__) - {"msg", "args"}
+
+
+def identifiers_of(values: Iterable[tuple[str, str | None]]) -> set[str]:
+    """The lower-case strings looked for in path components, from ``(keyword, value)`` pairs of a header:
+    PatientID, PatientName split into its parts, PatientBirthDate; those shorter than :data:`MIN_CHARS` are left out."""
+    found: set[str] = set()
+    for key, value in values:
+        if not value or key not in _IDENTIFIERS:
+            continue
+        parts = _NAME_PARTS.split(value) if key == "PatientName" else [value]
+        found.update(p.strip().lower() for p in parts if len(p.strip()) >= MIN_CHARS)
+    return found
+
+
+class PathRedactor:
+    """Which path components name a patient, and the text with them replaced by their tokens (see the module)."""
+
+    def __init__(self, *, secret: str | None = None) -> None:
+        self._secret = secret or secrets.token_hex(16)
+        self._tokens: dict[str, str] = {}
+        self._pattern: re.Pattern[str] | None = None
+
+    @classmethod
+    def of(cls, components: dict[str, str]) -> PathRedactor:
+        """A redactor of the ``components`` (component: token) another process found (:attr:`components`)."""
+        r = cls()
+        r._tokens = dict(components)
+        return r
+
+    def token(self, component: str) -> str:
+        digest = hashlib.sha256(f"{self._secret}\0{component}".encode()).hexdigest()[:6]
+        return f"<patient:{digest}>"
+
+    def add_series(self, files: Iterable[str | os.PathLike[str]], identifiers: set[str]) -> None:
+        """Record the components of ``files``' paths (folders and file names) that hold one of ``identifiers``."""
+        if not identifiers:
+            return
+        seen: set[str] = set()
+        for f in files:
+            for part in PurePath(f).parts:
+                if part in seen or part in self._tokens or part == os.sep:
+                    continue
+                seen.add(part)
+                low = part.lower()
+                if any(i in low for i in identifiers):
+                    self._tokens[part] = self.token(part)
+                    self._pattern = None
+
+    def add_scan(self, series: Iterable[Any]) -> None:
+        """Record the identifiers of each scanned series (:class:`pipeline.ingest.series.SeriesInfo`) in its paths."""
+        for s in series:
+            ids: set[str] = set()
+            for h in s.headers:
+                ids |= identifiers_of((k, h.extra_value(k)) for k in _IDENTIFIERS)
+            self.add_series([h.path for h in s.headers], ids)
+
+    @property
+    def components(self) -> dict[str, str]:
+        """The components replaced, each with its token."""
+        return dict(self._tokens)
+
+    def __call__(self, text: str) -> str:
+        """``text`` with each recorded component replaced by its token."""
+        if not self._tokens or not text:
+            return text
+        if self._pattern is None:
+            names = sorted(self._tokens, key=len, reverse=True)
+            self._pattern = re.compile(_BEFORE + "(" + "|".join(re.escape(n) for n in names) + ")" + _AFTER)
+        return self._pattern.sub(lambda m: self._tokens[m.group(1)], text)
+
+
+_active: PathRedactor | None = None
+
+
+def redact(text: Any) -> Any:
+    """``text`` as a run may write it outside ``dicom/``: its patient-named path components replaced while a run
+    that redacts is going on (:func:`redacting`); anything but a string is returned as it is."""
+    if _active is None or not isinstance(text, str):
+        return text
+    return _active(text)
+
+
+def active() -> PathRedactor | None:
+    """The redactor of the run going on in this process (None: none, or identifiers are kept)."""
+    return _active
+
+
+class RedactFilter(logging.Filter):
+    """Rewrites a log record's message and its string ``extra`` fields (:func:`redact`) before a handler writes it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _active is None:
+            return True
+        record.msg, record.args = _active(record.getMessage()), None
+        for key, value in list(record.__dict__.items()):
+            if key not in _RECORD_OWN and key != "msg" and isinstance(value, str):
+                setattr(record, key, _active(value))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _active(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+@contextmanager
+def redacting(redactor: PathRedactor | None) -> Iterator[None]:
+    """Make ``redactor`` the process's (None: nothing redacted) and filter every handler of the root and ``pipeline``
+    loggers with it for the block; the previous state afterwards."""
+    global _active
+    before, _active = _active, redactor
+    filt = RedactFilter()
+    loggers = (logging.getLogger(), logging.getLogger("pipeline"))  # run.log's handler is the second's
+    handlers = [h for lg in loggers for h in lg.handlers] if redactor is not None else []
+    for h in handlers:
+        h.addFilter(filt)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(filt)
+        _active = before
+
+
+def redact_in_worker(components: dict[str, str]) -> None:
+    """In a worker process (after its run.log handler is set up): redact its records with the main process's
+    ``components`` (:attr:`PathRedactor.components`) for the rest of its life."""
+    global _active
+    _active = PathRedactor.of(components)
+    filt = RedactFilter()
+    for h in logging.getLogger("pipeline").handlers:
+        h.addFilter(filt)

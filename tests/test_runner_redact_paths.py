@@ -1,0 +1,82 @@
+"""Archive exports name folders and files after the patient: unless identifiers are kept, no such name reaches what
+a run writes outside dicom/ (run.log, the run store, the report and its CSV files, quarantine files, metrics) nor
+its console output; each such folder or file reads as one stable token instead."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+#: (PatientName, PatientID, PatientBirthDate) of the two patients, and the strings planted in their paths
+SMITH = ("Smith^John", "1234567", "19600101")
+DOE = ("DOE^JANE", "7654321", "19711231")
+PLANTED = ("smith", "john", "1234567", "19600101", "doe", "jane", "7654321", "19711231")
+
+
+@pytest.fixture
+def ingest_only(monkeypatch):
+    import pipeline.runner.batch as batch
+
+    real = batch.build_stages
+    monkeypatch.setattr(batch, "build_stages", lambda cfg: [s for s in real(cfg) if s.name == "ingest"])
+
+
+def _patient(who: tuple[str, str, str]):
+    def tweak(i, ds):
+        ds.PatientName, ds.PatientID, ds.PatientBirthDate = who
+
+    return tweak
+
+
+def _archive(src: Path) -> None:
+    from tests._support.dicom import write_series
+
+    good = src / "SMITH^JOHN_1234567" / "CT"  # a PACS spool's patient folder
+    write_series(good, n=12, series_uid="1.2.3.100", tweak=_patient(SMITH), names=lambda i: f"Smith_John_19600101_{i:03d}.dcm")
+    (good / "notes.txt").write_text("not DICOM")  # skipped: redacted through its folder
+    gap = src / "7654321"  # a folder named by the PatientID alone; one slice missing: quarantined
+    positions = [(-10.0, -20.0, 30.0 + 1.25 * k) for k in range(13) if k != 6]
+    write_series(gap, n=12, series_uid="1.2.3.200", tweak=_patient(DOE), positions=positions, names=lambda i: f"Doe_Jane_{i}.dcm")
+
+
+def _leaks(run: Path, console: str) -> list[str]:
+    found = [f"console: {w}" for w in PLANTED if w in console.lower()]
+    for p in run.rglob("*"):
+        rel = p.relative_to(run)
+        if rel.parts[0] == "dicom" or not p.is_file():
+            continue
+        text = p.read_bytes().decode("latin-1").lower()
+        found += [f"{rel}: {w}" for w in PLANTED if w in text or w in str(rel).lower()]
+    return found
+
+
+def test_patient_named_folders_and_files_are_redacted_outside_dicom(tmp_path, capsys, own_signals, ingest_only):
+    src, run = tmp_path / "incoming", tmp_path / "run"
+    _archive(src)
+    # one worker process: its stages' records go to run.log from that process
+    argv = ["run", str(src), "--out", str(run), "--workers", "1", "-v", "--set", "report.enabled=true"]
+    assert main(argv) == 3
+    cap = capsys.readouterr()
+    console = cap.out + cap.err
+    assert "quarantined" in console and "MissingSliceError" in console
+    assert _leaks(run, console) == []
+    # the token stands where the name was, the same for the same folder throughout the run
+    log = (run / "run.log").read_text()
+    tokens = set(re.findall(r"<patient:[0-9a-f]{6}>", log))
+    assert tokens, log
+    skipped = (run / "report" / "skipped.csv").read_text()
+    (folder,) = {m for m in re.findall(r"<patient:[0-9a-f]{6}>/CT/notes.txt", skipped)}
+    assert folder.split("/")[0] in tokens
+
+
+def test_kept_identifiers_keep_the_paths(tmp_path, capsys, own_signals, ingest_only):
+    src, run = tmp_path / "incoming", tmp_path / "run"
+    _archive(src)
+    argv = ["run", str(src), "--out", str(run), "--workers", "0", "--keep-identifiers", "--set", "report.enabled=false"]
+    assert main(argv) == 3
+    capsys.readouterr()
+    assert "SMITH^JOHN_1234567" in (run / "run.log").read_text()
