@@ -80,3 +80,43 @@ def test_kept_identifiers_keep_the_paths(tmp_path, capsys, own_signals, ingest_o
     assert main(argv) == 3
     capsys.readouterr()
     assert "SMITH^JOHN_1234567" in (run / "run.log").read_text()
+
+
+def test_what_counts_as_a_patient_named_component():
+    from pipeline.runner.redact import PathRedactor, identifiers_of
+
+    ids = identifiers_of([("PatientName", "Smith^Jo^^Dr"), ("PatientID", "1234567"), ("PatientBirthDate", "19600101")])
+    assert ids == {"smith", "1234567", "19600101"}  # "Jo", "Dr": too short to look for
+    r = PathRedactor(secret="s")
+    r.add_series(["/spool/smith-j/CT/IM0001", "/spool/2024/x_19600101.dcm", "/spool/ab/1234567/f.dcm"], ids)
+    assert set(r.components) == {"smith-j", "x_19600101.dcm", "1234567"}  # case-insensitive; 'spool', 'CT' stay
+    text = "in /spool/smith-j/CT and /spool/ab/1234567/f.dcm; series 1.2.840.1234567.5, case 1234567a"
+    out = r(text)
+    assert out == (
+        f"in /spool/{r.token('smith-j')}/CT and /spool/ab/{r.token('1234567')}/f.dcm; series 1.2.840.1234567.5, case 1234567a"
+    )  # a UID or a longer name holding the same digits is left alone
+    assert r.token("smith-j") == PathRedactor(secret="s").token("smith-j") != PathRedactor().token("smith-j")
+
+
+@pytest.mark.slow
+def test_ray_actors_redact_their_records_too(tmp_path):
+    """Ray actors write their stages' records to run.log themselves: with the driver's tokens."""
+    pytest.importorskip("ray")
+    from pipeline.runner import run_batch
+    from pipeline.runner.stages import IngestStage
+    from tests._support.ray_cluster import LocalCluster
+
+    src, run = tmp_path / "incoming", tmp_path / "run"
+    _archive(src)
+    cluster = LocalCluster(head_cpus=1).start()
+    try:
+        s = run_batch(
+            [src], out=run, stages=[IngestStage()], engine="ray", ray_address=cluster.address, **{"report.enabled": False}
+        )
+    finally:
+        cluster.stop()
+    assert s.done == 1, s.lines()
+    log = (run / "run.log").read_text()
+    actor_lines = [ln for ln in log.splitlines() if '"process": "cpu' in ln and "@" in ln]
+    assert any("<patient:" in ln for ln in actor_lines), actor_lines
+    assert _leaks(run, "\n".join(s.lines())) == []

@@ -23,6 +23,7 @@ from typing import Any
 from ..config import from_dict
 from ..errors import FatalRunError
 from .logs import log_as_worker
+from .redact import redact_in_worker
 from .stage import Stage, Task, TaskResult, WorkerInfo
 from .workers import run_task, setup_stages
 
@@ -89,8 +90,10 @@ class StageActor:
             "software": software(),
         }
 
-    def setup(self) -> dict[str, Any]:
-        """Set up the stages (load the model) once; ``fatal`` says why this actor cannot work, else None."""
+    def setup(self, redacted: dict[str, str] | None = None) -> dict[str, Any]:
+        """Set up the stages (load the model) once; ``fatal`` says why this actor cannot work, else None.
+        ``redacted``: the run's patient-named path components and their tokens (:mod:`.redact`), kept out of the
+        actor's run.log records."""
         assert self.info is not None, "place() first"
         run_dir = Path(self.run_dir)
         if not run_dir.is_dir():
@@ -99,6 +102,8 @@ class StageActor:
                 "(ray stages need the run folder on storage every node mounts at the same path; see README 'Scale out')"
             }
         log_as_worker(run_dir / "run.log", process=self.info.name)  # run.log; the driver talks to the user
+        if redacted is not None:
+            redact_in_worker(redacted)
         if self.torch_threads > 0:
             import torch
 

@@ -24,6 +24,7 @@ from ..config import Config
 from ..errors import FatalRunError
 from .ray_actors import StageActor, software
 from .ray_connect import RaySession
+from .redact import active as active_redactor
 from .stage import Stage, Task
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,8 @@ class ActorPool:
                 actor.device,
                 extra={"event": "worker_placed"},
             )
-            actor.pending = actor.handle.setup.remote()
+            redactor = active_redactor()  # the run's patient-named path components: kept out of its run.log records
+            actor.pending = actor.handle.setup.remote(redactor.components if redactor is not None else None)
             return
         if info["fatal"]:
             raise FatalRunError(info["fatal"])
