@@ -38,6 +38,9 @@ def _archive(src: Path) -> None:
     good = src / "SMITH^JOHN_1234567" / "CT"  # a PACS spool's patient folder
     write_series(good, n=12, series_uid="1.2.3.100", tweak=_patient(SMITH), names=lambda i: f"Smith_John_19600101_{i:03d}.dcm")
     (good / "notes.txt").write_text("not DICOM")  # skipped: redacted through its folder
+    (good / "export.zip").write_bytes(b"PK\x03\x04")  # an archive to unpack
+    (good / "loop").symlink_to(good, target_is_directory=True)  # skipped while the folders are walked, before any
+    # header is read
     gap = src / "7654321"  # a folder named by the PatientID alone; one slice missing: quarantined
     positions = [(-10.0, -20.0, 30.0 + 1.25 * k) for k in range(13) if k != 6]
     write_series(gap, n=12, series_uid="1.2.3.200", tweak=_patient(DOE), positions=positions, names=lambda i: f"Doe_Jane_{i}.dcm")

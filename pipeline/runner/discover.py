@@ -41,7 +41,7 @@ from ..csvfile import read_table
 from ..errors import ConfigError, NoSeriesFoundError, described, missing_path_fix, require_path
 from .arrivals import SourceSnapshot
 from .fingerprint import fingerprint_series
-from .redact import active
+from .redact import active, held_back
 from .stage import CaseSpec
 
 log = logging.getLogger(__name__)
@@ -111,17 +111,18 @@ def _scan(
     from ..ingest import scan_directory
     from .stages import _rules
 
-    scan = scan_directory(
-        list(paths),
-        rules=_rules(cfg),
-        spacing_tolerance=cfg.ingest.spacing_tolerance,
-        allow_gantry_tilt=cfg.ingest.allow_gantry_tilt,
-    )
+    with held_back():  # the scan's own records (files it skips) are written once its series' identifiers are known
+        scan = scan_directory(
+            list(paths),
+            rules=_rules(cfg),
+            spacing_tolerance=cfg.ingest.spacing_tolerance,
+            allow_gantry_tilt=cfg.ingest.allow_gantry_tilt,
+        )
+        redactor = active()
+        if redactor is not None:  # before anything logs a path of it: its patient-named folders and files are known
+            redactor.add_scan(scan.series)
     out.n_files += scan.n_files
     out.snapshot.add_scan(scan)
-    redactor = active()
-    if redactor is not None:  # before anything below logs a path: patient-named folders and files are known
-        redactor.add_scan(scan.series)
     seen = {f["path"] for f in out.skipped_files}
     for f in scan.skipped_files:
         if str(f.path) not in seen:

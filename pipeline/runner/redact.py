@@ -132,8 +132,45 @@ class RedactFilter(logging.Filter):
             if key not in _RECORD_OWN and key != "msg" and isinstance(value, str):
                 setattr(record, key, _active(value))
         if record.exc_info and not record.exc_text:
-            record.exc_text = _active(logging.Formatter().formatException(record.exc_info))
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = _active(record.exc_text)
         return True
+
+
+class _Hold(logging.Filter):
+    """Keeps the records a handler gets, instead of letting it write them (see :func:`held_back`)."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        super().__init__()
+        self.handler = handler
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+
+@contextmanager
+def held_back() -> Iterator[None]:
+    """While a run redacts: hold back the records logged in the block (a folder scan names the files it skips before
+    their series' identifiers are read), then write them, redacted with what the block found (the redactor's
+    components as they are at its end), in their order."""
+    if _active is None:
+        yield
+        return
+    loggers = (logging.getLogger(), logging.getLogger("pipeline"))
+    holds = [_Hold(h) for lg in loggers for h in lg.handlers]
+    for hold in holds:
+        hold.handler.addFilter(hold)
+    try:
+        yield
+    finally:
+        for hold in holds:
+            hold.handler.removeFilter(hold)
+        for hold in holds:
+            for record in hold.records:
+                hold.handler.handle(record)
 
 
 @contextmanager
