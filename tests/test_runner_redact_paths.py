@@ -13,8 +13,8 @@ from pipeline.cli import main
 
 #: (PatientName, PatientID, PatientBirthDate) of the two patients, and the strings planted in their paths
 SMITH = ("Smith^John", "1234567", "19600101")
-DOE = ("DOE^JANE", "7654321", "19711231")
-PLANTED = ("smith", "john", "1234567", "19600101", "doe", "jane", "7654321", "19711231")
+DOE = ("DOERR^JANETTE", "7654321", "19711231")
+PLANTED = ("smith", "john", "1234567", "19600101", "doerr", "janette", "7654321", "19711231")
 
 
 @pytest.fixture
@@ -43,7 +43,9 @@ def _archive(src: Path) -> None:
     # header is read
     gap = src / "7654321"  # a folder named by the PatientID alone; one slice missing: quarantined
     positions = [(-10.0, -20.0, 30.0 + 1.25 * k) for k in range(13) if k != 6]
-    write_series(gap, n=12, series_uid="1.2.3.200", tweak=_patient(DOE), positions=positions, names=lambda i: f"Doe_Jane_{i}.dcm")
+    write_series(
+        gap, n=12, series_uid="1.2.3.200", tweak=_patient(DOE), positions=positions, names=lambda i: f"Doerr_Janette_{i}.dcm"
+    )
 
 
 def _leaks(run: Path, console: str) -> list[str]:
@@ -123,3 +125,25 @@ def test_ray_actors_redact_their_records_too(tmp_path):
     actor_lines = [ln for ln in log.splitlines() if '"process": "cpu' in ln and "@" in ln]
     assert any("<patient:" in ln for ln in actor_lines), actor_lines
     assert _leaks(run, "\n".join(s.lines())) == []
+
+
+def test_a_run_interrupted_mid_case_leaves_no_patient_name_in_its_cache(tmp_path):
+    """The ingested volume's cache entry names where the series came from: a run stopped before the case ends keeps
+    it in the run folder (for the next run), so it names the folder by its token too."""
+    from pipeline.runner import run_batch
+    from pipeline.runner.stage import CaseContext, Stage
+    from pipeline.runner.stages import IngestStage
+
+    class _Stop(Stage):
+        name = "stop"
+
+        def process(self, ctx: CaseContext) -> dict:
+            raise KeyboardInterrupt  # as ctpipe run's SIGTERM handler does
+
+    src, run = tmp_path / "incoming", tmp_path / "run"
+    _archive(src)
+    with pytest.raises(KeyboardInterrupt):
+        run_batch([src], out=run, stages=[IngestStage(), _Stop()], workers=0, **{"report.enabled": False})
+    cached = [p for p in (run / "cache").rglob("*") if p.is_file()]
+    assert cached  # kept for the next run
+    assert _leaks(run, "") == []
