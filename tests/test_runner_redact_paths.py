@@ -102,6 +102,12 @@ def test_what_counts_as_a_patient_named_component():
     )  # a UID or a longer name holding the same digits is left alone
     assert r.token("smith-j") == PathRedactor(secret="s").token("smith-j") != PathRedactor().token("smith-j")
 
+    # a name part is a word of the component (also between a small letter and a capital), not any three letters of it
+    named = PathRedactor()
+    lee = identifiers_of([("PatientName", "Lee^Ann"), ("PatientID", "AB123")])
+    named.add_series(["/data/sleep_annual/LeeAnn/x.dcm", "/data/MüllerLee/y", "/data/ids/xab123y/z"], lee)
+    assert set(named.components) == {"LeeAnn", "MüllerLee", "xab123y"}
+
 
 @pytest.mark.slow
 def test_ray_actors_redact_their_records_too(tmp_path):

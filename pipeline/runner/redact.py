@@ -7,7 +7,9 @@ CSV files and skipped.csv), quarantine files and metrics, by a token ``<patient:
 a SHA-256 over a secret drawn per run and the component, so the same folder reads as the same token throughout a
 run and cannot be looked up across runs. The identifiers are those discovery read from the series' headers:
 PatientID, each part of PatientName (``^``, ``_``, space, ``-``, ``,``, ``=`` separated) and PatientBirthDate
-(YYYYMMDD), each of at least :data:`MIN_CHARS` characters, matched case-insensitively. Files under a redacted folder
+(YYYYMMDD), each of at least :data:`MIN_CHARS` characters, matched case-insensitively: a name part as a whole word of
+the component (``SMITH^JOHN_1234567``, ``SmithJohn``; ``Lee`` is not looked for inside ``sleep``), the others
+anywhere in it. Files under a redacted folder
 that are not DICOM (no identifiers of their own) are redacted through that folder.
 """
 
@@ -29,6 +31,10 @@ MIN_CHARS = 3
 
 _IDENTIFIERS = ("PatientID", "PatientName", "PatientBirthDate")
 _NAME_PARTS = re.compile(r"[\^_ ,=\-]+")
+# the words of a component: its runs of letters (any alphabet), and their parts where a lower-case letter is followed
+# by a capital (SmithJohn, MüllerAnna)
+_LETTERS = re.compile(r"[^\W\d_]+")
+_CAMEL = re.compile(r"(?<=[a-zß-öø-ÿ])(?=[A-ZÀ-ÖØ-Þ])")
 # a component as it appears in text: not inside a longer name or number (a UID holding a patient id's digits)
 _BEFORE, _AFTER = r"(?<![\w.^\-])", r"(?![\w^\-])"
 
@@ -46,6 +52,25 @@ def identifiers_of(values: Iterable[tuple[str, str | None]]) -> set[str]:
         parts = _NAME_PARTS.split(value) if key == "PatientName" else [value]
         found.update(p.strip().lower() for p in parts if len(p.strip()) >= MIN_CHARS)
     return found
+
+
+def _holds(component: str, identifiers: set[str]) -> bool:
+    """Whether ``component`` holds one of ``identifiers`` (lower case): one of letters only (a name part) as a whole
+    word of it (``SMITH^JOHN_12``, ``SmithJohn``, ``smith-j``; not ``sleep`` for ``lee``, ``done`` for ``one``), any
+    other (a PatientID, a birth date) anywhere in it."""
+    low = component.lower()
+    words: set[str] | None = None
+    for i in identifiers:
+        if not i.isalpha():
+            if i in low:
+                return True
+            continue
+        if words is None:
+            runs = _LETTERS.findall(component)
+            words = {w.lower() for r in runs for w in (r, *_CAMEL.split(r))}
+        if i in words:
+            return True
+    return False
 
 
 class PathRedactor:
@@ -77,8 +102,7 @@ class PathRedactor:
                 if part in seen or part in self._tokens or part == os.sep:
                     continue
                 seen.add(part)
-                low = part.lower()
-                if any(i in low for i in identifiers):
+                if _holds(part, identifiers):
                     self._tokens[part] = self.token(part)
                     self._pattern = None
 
