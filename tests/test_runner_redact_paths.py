@@ -133,9 +133,11 @@ def test_ray_actors_redact_their_records_too(tmp_path):
     assert _leaks(run, "\n".join(s.lines())) == []
 
 
-def test_a_run_interrupted_mid_case_leaves_no_patient_name_in_its_cache(tmp_path):
-    """The ingested volume's cache entry names where the series came from: a run stopped before the case ends keeps
-    it in the run folder (for the next run), so it names the folder by its token too."""
+def test_a_run_interrupted_mid_case_keeps_its_cache_entry_pointing_at_the_source(tmp_path):
+    """A run stopped before the case ends keeps the ingested volume's cache entry for the next run. The entry holds the
+    scan itself, and its sidecar names the folder the series came from, as it is: ``ctpipe detect <entry> --dicom``
+    finds the source images through it. Everything else in the run folder names that folder by its token."""
+    from pipeline.dicom_out.case import dicom_source_of
     from pipeline.runner import run_batch
     from pipeline.runner.stage import CaseContext, Stage
     from pipeline.runner.stages import IngestStage
@@ -150,6 +152,9 @@ def test_a_run_interrupted_mid_case_leaves_no_patient_name_in_its_cache(tmp_path
     _archive(src)
     with pytest.raises(KeyboardInterrupt):
         run_batch([src], out=run, stages=[IngestStage(), _Stop()], workers=0, **{"report.enabled": False})
-    cached = [p for p in (run / "cache").rglob("*") if p.is_file()]
-    assert cached  # kept for the next run
-    assert _leaks(run, "") == []
+    entries = sorted((run / "cache").rglob("*.json"))
+    assert entries  # kept for the next run
+    source = dicom_source_of(entries[0])
+    assert source is not None and source.is_dir() and source.is_relative_to(src), source
+    leaks = [leak for leak in _leaks(run, "") if not leak.startswith("cache")]
+    assert leaks == []

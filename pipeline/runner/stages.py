@@ -44,7 +44,6 @@ from .dicom_stage import DicomStage
 from .measurements import flatten_measurements
 from .model_stages import DetectStage, LoadStage
 from .recon_stages import LungsStage, NodulesStage, ReconstructStage, lungs_first, read_case_volume
-from .redact import redact
 from .stage import CaseContext, CaseSpec, Stage, WorkerInfo
 
 __all__ = [
@@ -179,7 +178,7 @@ class IngestStage(Stage):
             )
         )
         entry = CaseCache(ctx.cache_dir, keep_identifiers=keep).write(
-            case.case_id, vol, extra={"source": redact(case.source), "series_key": series.key}
+            case.case_id, vol, extra={"source": case.source, "series_key": series.key}
         )
         return {"volume_fingerprint": entry.fingerprint, "shape_kji": list(vol.shape), "spacing_ijk": list(vol.spacing)}
 
