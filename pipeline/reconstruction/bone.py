@@ -67,7 +67,7 @@ from .grid import Grid, bbox
 from .local_hu import image_noise, in_plane_mean, in_plane_median_at, masked_in_plane_mean, sum3
 from .marrow import MARROW_LOW_HU, SPECK_MM2, fill_between_slices, fill_marrow, fill_rimmed_marrow, midline_x
 from .organs import SegmentParams
-from .rib_pieces import rib_pieces
+from .rib_pieces import rib_continuations, rib_pieces
 
 log = logging.getLogger(__name__)
 
@@ -216,12 +216,13 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     bright_all, found_all = torch.zeros_like(body), torch.zeros_like(body)
     bright_all[box], found_all[box] = above, shell | regions
     sp = grid.geometry.spacing
+    spacing_kji = (float(sp[2]), float(sp[1]), float(sp[0]))
     pieces = rib_pieces(
         bright_all.cpu().numpy(),
         found_all.cpu().numpy(),
         body.cpu().numpy(),
         in_plane_mean(hu_all, sa).cpu().numpy(),
-        spacing=(float(sp[2]), float(sp[1]), float(sp[0])),
+        spacing=spacing_kji,
         slice_axis=sa,
     )
     shell |= morph.to_tensor(pieces[box], hu.device)
@@ -238,6 +239,8 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     steps = max(1, int(round(GROW_MM / min(spacing))))
     bone = geodesic(bone, low | bone, steps)
     bone_np = bone.cpu().numpy()
+    # a rib's thin shaft beyond that reach (below the lungs, where no rib piece is told by the lung beside it)
+    bone_np = bone_np | rib_continuations((low & ~bone).cpu().numpy(), bone_np, spacing=spacing_kji, slice_axis=sa)
     if share < BROKEN_RING_SHARE:  # the cortex ring is broken by partial volume: its marrow joins the tissue outside
         dense = ((in_plane_mean(hu, sa) >= MARROW_LOW_HU) & body_b & ~pool).cpu().numpy()
         bone_np = fill_rimmed_marrow(bone_np, dense, sa, pixel_mm2)

@@ -18,6 +18,23 @@ anterior ribs over the lungs). :func:`rib_pieces` takes such a piece for bone by
   intercostal muscle). The heart, the aorta, calcified coronary arteries and mediastinal nodes lie
   between the lungs, not beyond one; the table lies outside the body.
 
+A rib whose cortex shows only near the spine or here and there along it is seeded there, and
+:func:`.bone.segment_bone` grows bone only :data:`.bone.GROW_MM` from a seed: on 3 mm pixels a lower
+rib's shaft (150-300 HU, its cortex a third of each pixel) runs on beyond that reach, below the lungs
+where no lung lies beside it. :func:`rib_continuations` takes such a shaft for bone by what it is:
+
+* it **continues bone**: it touches the bone already grown;
+* it is **thin**: no point of it lies more than :data:`RIB_HALF_MM` in-plane from its edge (a rib
+  is at most about 12 mm across; a contrast-filled bowel loop, a kidney, a heart chamber or the
+  aorta touching bone is thicker);
+* it is **small**: at most :data:`RIB_CONTINUATION_MAX_ML` (a contrast-coated bowel wall or a
+  layer of contrast in the rectum lying against the sacrum is thin but spreads much wider);
+* it **crosses slices**: a rib runs obliquely down the body; a streak from metal (a hip
+  prosthesis) is as thin and bright and touches the bone it comes from, but lies in its slice;
+* it **crosses the body's axis** (its longest principal axis at least :data:`RIB_MIN_TILT_DEG`
+  from the slice axis): a small vessel running on down the body past a vertebra (the azygos vein)
+  touches bone too.
+
 Blood pools are left out of the candidates beforehand. Arrays are ``[k, j, i]`` on the working
 grid (LPS mm geometry); spacings are mm per array axis.
 """
@@ -31,7 +48,7 @@ from scipy import ndimage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["rib_pieces"]
+__all__ = ["rib_continuations", "rib_pieces"]
 
 RIB_MIN_MM = 15.0  # a rib piece spans at least this along its longest axis (mm)
 RIB_ELONGATION = 2.5  # and that span is at least this many times its span along the second axis
@@ -40,6 +57,8 @@ RIB_MIN_VOXELS = 4  # working voxels a piece needs for its shape to be told
 LUNG_AIR_HU = -500.0  # aerated lung's in-plane 3x3 mean is below this (HU)
 LUNG_CROSS_MM = 30.0  # the line from the body's centre to a rib piece crosses at least this much air (mm): more than a trachea
 WALL_GAP_MM = 15.0  # a rib lies within this of the lung beside it (pleura and intercostal muscle, mm)
+RIB_HALF_MM = 7.5  # no point of a rib's in-plane cross-section lies further than this from its edge (mm)
+RIB_CONTINUATION_MAX_ML = 5.0  # a rib's shaft beyond the reach of growth holds at most this (mL)
 
 
 def _principal_spans(points_mm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -118,4 +137,49 @@ def rib_pieces(
         keep[idx] = _beyond_lung(in_k, body_k.mean(axis=0), np.take(air, k, axis=slice_axis), step_mm, k)
     keep[0] = False
     log.debug("bone: %d rib pieces without cortex seeds", int(keep.sum()))
+    return keep[labels]
+
+
+def rib_continuations(rest: np.ndarray, bone: np.ndarray, *, spacing: tuple[float, float, float], slice_axis: int) -> np.ndarray:
+    """The components of ``rest`` that continue ``bone`` as a rib's shaft does (bool ``[k, j, i]``, like ``rest``).
+
+    ``rest``: voxels above :data:`.blood_pools.LOW_HU` in the body, blood pools and ``bone`` left out
+    (26-connected components); ``bone``: the bone grown so far; ``spacing`` the voxel size (mm) per
+    array axis ``(k, j, i)``; ``slice_axis`` the array axis across the slices. A component is kept
+    when it touches ``bone``, lies in more than one slice, crosses the body's axis, is thin (in-plane
+    distance to its edge at most :data:`RIB_HALF_MM`) and holds at most :data:`RIB_CONTINUATION_MAX_ML`.
+    See the module docstring.
+    """
+    cube = np.ones((3, 3, 3), dtype=bool)
+    labels, n = ndimage.label(rest, structure=cube)
+    if n == 0:
+        return np.zeros_like(rest)
+    touches = np.zeros(n + 1, dtype=bool)
+    touches[labels[ndimage.binary_dilation(bone, structure=cube) & rest]] = True
+    inplane = [d for d in range(3) if d != slice_axis]
+    step_mm = [spacing[d] for d in inplane]
+    depth = np.zeros(rest.shape, dtype=np.float32)  # in-plane distance to the piece's edge (mm)
+    for k in range(rest.shape[slice_axis]):
+        plane = np.take(rest, k, axis=slice_axis)
+        if plane.any():
+            index = [slice(None)] * 3
+            index[slice_axis] = slice(k, k + 1)
+            depth[tuple(index)] = np.expand_dims(ndimage.distance_transform_edt(plane, sampling=step_mm), slice_axis)
+    ids = np.arange(n + 1)
+    thickness = np.asarray(ndimage.maximum(depth, labels, ids))
+    size_ml = np.bincount(labels.ravel(), minlength=n + 1) * float(np.prod(spacing)) / 1000.0
+    keep = touches & (thickness <= RIB_HALF_MM) & (size_ml <= RIB_CONTINUATION_MAX_ML)
+    spacing_arr = np.asarray(spacing, dtype=float)
+    max_axial = np.cos(np.radians(RIB_MIN_TILT_DEG))
+    for idx, box in enumerate(ndimage.find_objects(labels), start=1):
+        if not keep[idx] or box is None:
+            continue
+        if box[slice_axis].stop - box[slice_axis].start < 2:  # in one slice: a streak, not a rib running down
+            keep[idx] = False
+            continue
+        pts = np.argwhere(labels[box] == idx) + np.array([s.start for s in box])
+        _, axis = _principal_spans(pts * spacing_arr)
+        keep[idx] = abs(float(axis[slice_axis])) <= max_axial  # across the body's axis, as a rib runs
+    keep[0] = False
+    log.debug("bone: %d rib shafts continued beyond the reach of growth", int(keep.sum()))
     return keep[labels]
