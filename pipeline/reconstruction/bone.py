@@ -63,6 +63,7 @@ import torch
 
 from . import morph
 from .blood_pools import LOW_HU, SEED_HU, blood_pools
+from .calcifications import deep_calcifications
 from .grid import Grid, bbox
 from .local_hu import image_noise, in_plane_mean, in_plane_median_at, masked_in_plane_mean, sum3
 from .marrow import MARROW_LOW_HU, SPECK_MM2, fill_between_slices, fill_marrow, fill_rimmed_marrow, midline_x
@@ -217,11 +218,12 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     bright_all[box], found_all[box] = above, shell | regions
     sp = grid.geometry.spacing
     spacing_kji = (float(sp[2]), float(sp[1]), float(sp[0]))
+    smooth_all = in_plane_mean(hu_all, sa).cpu().numpy()
     pieces = rib_pieces(
         bright_all.cpu().numpy(),
         found_all.cpu().numpy(),
         body.cpu().numpy(),
-        in_plane_mean(hu_all, sa).cpu().numpy(),
+        smooth_all,
         spacing=spacing_kji,
         slice_axis=sa,
     )
@@ -266,4 +268,6 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     labels, sizes = morph.label(b)
     keep = np.nonzero(sizes * grid.voxel_ml >= p.min_bone_ml)[0]
     out[box] = morph.keep_labels(labels, keep, sizes.size - 1)
+    # a kidney stone, excreted or oral contrast, a calcified plaque: seeded like bone, but small, apart and deep
+    out &= ~deep_calcifications(out, body.cpu().numpy(), smooth_all, spacing=spacing_kji, slice_axis=sa)
     return out

@@ -48,7 +48,7 @@ from scipy import ndimage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["rib_continuations", "rib_pieces"]
+__all__ = ["beyond_lung", "rib_continuations", "rib_pieces"]
 
 RIB_MIN_MM = 15.0  # a rib piece spans at least this along its longest axis (mm)
 RIB_ELONGATION = 2.5  # and that span is at least this many times its span along the second axis
@@ -91,6 +91,25 @@ def _beyond_lung(points: np.ndarray, centre: np.ndarray, air: np.ndarray, step_m
     return bool(on_air.sum() * seg_mm >= LUNG_CROSS_MM and last_air_mm <= WALL_GAP_MM)
 
 
+def beyond_lung(
+    pts: np.ndarray, body: np.ndarray, air: np.ndarray, *, spacing: tuple[float, float, float], slice_axis: int
+) -> bool:
+    """Whether the piece at array indices ``pts`` (``(n, 3)``, ``(k, j, i)``) lies in the chest wall beyond a lung.
+
+    Judged in the piece's median slice, on the in-plane line from that slice's body centre (see the module
+    docstring); ``body`` the body mask, ``air`` its aerated lung (in-plane 3x3 mean below :data:`LUNG_AIR_HU`),
+    ``spacing`` the voxel size (mm) per array axis, ``slice_axis`` the array axis across the slices.
+    """
+    inplane = [d for d in range(3) if d != slice_axis]
+    k = int(np.median(pts[:, slice_axis]))
+    body_k = np.argwhere(np.take(body, k, axis=slice_axis))
+    if body_k.size == 0:
+        return False
+    in_k = pts[pts[:, slice_axis] == k][:, inplane]
+    step_mm = np.array([spacing[d] for d in inplane])
+    return _beyond_lung(in_k, body_k.mean(axis=0), np.take(air, k, axis=slice_axis), step_mm, k)
+
+
 def rib_pieces(
     bright: np.ndarray,
     bone: np.ndarray,
@@ -114,7 +133,6 @@ def rib_pieces(
     has_bone = np.zeros(n + 1, dtype=bool)
     has_bone[labels[bone & bright]] = True
     inplane = [d for d in range(3) if d != slice_axis]
-    step_mm = np.array([spacing[d] for d in inplane])
     spacing_arr = np.asarray(spacing, dtype=float)
     air = body & (smooth_hu < LUNG_AIR_HU)
     max_axial = np.cos(np.radians(RIB_MIN_TILT_DEG))
@@ -129,12 +147,7 @@ def rib_pieces(
             continue
         if abs(float(axis[slice_axis])) > max_axial:
             continue
-        k = int(np.median(pts[:, slice_axis]))
-        body_k = np.argwhere(np.take(body, k, axis=slice_axis))
-        if body_k.size == 0:
-            continue
-        in_k = pts[pts[:, slice_axis] == k][:, inplane]
-        keep[idx] = _beyond_lung(in_k, body_k.mean(axis=0), np.take(air, k, axis=slice_axis), step_mm, k)
+        keep[idx] = beyond_lung(pts, body, air, spacing=spacing, slice_axis=slice_axis)
     keep[0] = False
     log.debug("bone: %d rib pieces without cortex seeds", int(keep.sum()))
     return keep[labels]

@@ -35,6 +35,24 @@ SKIP_REASON = "../shared/real_ct not found: real-scan tests need the shared real
 TS_LUNG_LEFT = (10, 11)
 TS_LUNG_RIGHT = (12, 13, 14)
 TS_GAS_ORGANS = (6, 18, 19, 20)  # stomach, small bowel, duodenum, colon
+TS_SACRUM = (25,)
+TS_VERTEBRAE = tuple(range(26, 51))  # S1, L5 .. C1
+TS_RIBS = tuple(range(92, 116))
+TS_HIPS = (77, 78)
+TS_SPINE_RIBS = (*TS_SACRUM, *TS_VERTEBRAE, *TS_RIBS)
+TS_ALL_BONE = (*TS_SPINE_RIBS, *range(69, 79), 116)  # + humeri, scapulae, clavicles, femurs, hips; sternum
+TS_BONE_RECALL = {"vertebrae": TS_VERTEBRAE, "sacrum": TS_SACRUM, "ribs": TS_RIBS, "hips": TS_HIPS}
+# labelled organs that hold no bone, whose calcifications or contrast must not be taken for it
+TS_NOT_BONE = {
+    "kidneys": (2, 3),
+    "bowel": (6, 18, 19, 20),
+    "vessels": (*range(51, 69),),  # heart, aorta, pulmonary vein .. iliac veins (venae cavae, portal vein)
+    "liver_spleen": (1, 5),
+}
+TOTALSEG_LABEL_FILES = {
+    "totalseg_abdomen": "example_seg_fast_force_split.nii.gz",
+    "totalseg_abdomen_sm": "example_seg.nii.gz",
+}
 
 
 @dataclass
@@ -112,6 +130,14 @@ def _totalseg(root: Path | None, ct: str, seg: str, name: str) -> RealCase:
         "gas_organs": np.isin(lab, TS_GAS_ORGANS),
     }
     return RealCase(name, vol, ref, f"TotalSegmentator abdomen ({ct}), lung bases at the top; model labels")
+
+
+def totalseg_labels(case: RealCase, root: Path | None = None) -> np.ndarray | None:
+    """The TotalSegmentator label image of a ``totalseg_*`` case on its grid (``[k, j, i]`` int), None for other cases."""
+    name = TOTALSEG_LABEL_FILES.get(case.name)
+    if name is None:
+        return None
+    return read_labels((root or require_real_ct()) / "totalseg_abdomen_lung_bases" / name, case.volume.geometry)
 
 
 def totalseg_abdomen(root: Path | None = None) -> RealCase:
