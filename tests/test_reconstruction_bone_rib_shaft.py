@@ -4,8 +4,8 @@ On 3 mm pixels a lower rib's cortex fills a third of each pixel: the rib shows a
 spine and runs on as a 150-300 HU shaft, below the lungs (no lung lies beside it, so it is no rib piece
 told by the lung). Bone grows only ``GROW_MM`` from a seed, so the shaft beyond that was lost. The scene
 (3 mm voxels, LPS: +x the patient's left, +y posterior) is an upper abdomen: soft tissue holding a
-vertebral body with a resolved ring above its disc, a rib whose first 9 mm are seeded and whose 220 HU shaft runs on around
-the body wall, descending across slices; beside the vertebra a thin contrast-filled vessel running
+vertebral body with a resolved ring above its disc, a rib whose first 9 mm are seeded and whose 220 HU shaft (in a 160 HU
+partial-volume rim) runs on around the body wall, descending across slices; beside the vertebra a thin contrast-filled vessel running
 on down the body past the disc (the azygos vein) and, in one slice, a streak (from metal) touching the vertebra.
 """
 
@@ -45,9 +45,12 @@ def _abdomen() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     parts: dict[str, np.ndarray] = {}
     head = _near_segment(k, j, i, (11.0, 53.0, 51.0), (11.0, 52.0, 54.0), 1.0)  # the rib's seeded head beside the vertebra
     shaft = _near_segment(k, j, i, (11.0, 52.0, 54.0), (7.0, 38.0, 79.0), 1.0) & ~head  # 90 mm, 12 mm down
+    rim = _near_segment(k, j, i, (11.0, 52.0, 54.0), (7.0, 38.0, 79.0), 1.5) & ~shaft & ~head
+    hu[rim] = 160.0  # pixels a third on the shaft: its partial-volume rim
     hu[shaft] = 220.0
     hu[head] = 700.0
-    parts["shaft_far"] = shaft & (np.hypot(j - 52, i - 54) * MM > 15.0)  # beyond the reach of growth from the head
+    far = np.hypot(j - 52, i - 54) * MM > 15.0  # beyond the reach of growth from the head
+    parts["shaft_far"], parts["rim_far"] = shaft & far, rim & far
     vessel = np.hypot(j - 53, i - 38.5) <= 0.5  # beside the vertebra and on down the body: 250 HU on these pixels
     hu[vessel] = 250.0
     parts["vessel_far"] = vessel & (k <= 4)  # more than 12 mm below the vertebra
@@ -75,6 +78,8 @@ def test_a_rib_shaft_beyond_the_reach_of_growth_is_bone_and_a_vessel_or_streak_t
     bone = _segment(hu, body)
     shaft = float(bone[parts["shaft_far"]].mean())
     assert shaft > 0.9, f"only {shaft:.0%} of the rib's shaft beyond the reach of growth is bone"
+    rim = float(bone[parts["rim_far"]].mean())  # marrow filling beside the shaft still takes some of it
+    assert rim < 0.5, f"{rim:.0%} of the shaft's partial-volume rim is bone (pixels a third on it)"
     for name in ("vessel_far", "streak_far"):
         assert not bone[parts[name]].any(), f"{int(bone[parts[name]].sum())} voxels of the {name.split('_')[0]} are bone"
     assert bone[9:, 53, 45].all()  # the vertebra stays bone

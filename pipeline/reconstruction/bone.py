@@ -18,11 +18,14 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
    marrow enclosed by them in a slice (holes up to ``MARROW_MAX_MM2`` whose mean HU is above
    ``MARROW_HU``, or fatty marrow of any HU away from the body's x mid-line: a long bone's
    medullary cavity, not the spinal canal; see :mod:`.marrow`), then grown up to ``GROW_MM`` into
-   voxels above ``LOW_HU`` that are not blood pools (trabecular bone behind a thin cortex). Holes
+   voxels above ``LOW_HU`` that are not blood pools (trabecular bone behind a thin cortex); a rib's thin
+   shaft that runs on beyond that reach is added where its voxels are at least half on it (above
+   half-way from ``LOW_HU`` to ``bone_hu``; see :func:`.rib_pieces.rib_continuations`). Holes
    left in a slice are filled again (noise specks up to ``SPECK_MM2`` whatever their HU, and marrow as
    before); the in-plane outer layer is then kept only where it passes ``bone_hu`` (partial volume),
-   metal (above ``METAL_HU``, with its one-voxel partial-volume rim) is taken out, and
-   components smaller than ``min_bone_ml`` dropped.
+   metal (above ``METAL_HU``, with its one-voxel partial-volume rim) is taken out,
+   components smaller than ``min_bone_ml`` dropped, and so are small components deep in the body
+   apart from other bone: stones, calcified plaque, dense contrast (:mod:`.calcifications`).
 
 Pixels wider than the cortex (``CORTEX_MM``, in-plane, at full resolution) hold only part of it:
 the cortex fills ``CORTEX_MM / pixel`` of each pixel it crosses (:func:`cortex_share`), so a pixel
@@ -241,8 +244,10 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     steps = max(1, int(round(GROW_MM / min(spacing))))
     bone = geodesic(bone, low | bone, steps)
     bone_np = bone.cpu().numpy()
-    # a rib's thin shaft beyond that reach (below the lungs, where no rib piece is told by the lung beside it)
-    bone_np = bone_np | rib_continuations((low & ~bone).cpu().numpy(), bone_np, spacing=spacing_kji, slice_axis=sa)
+    # a rib's thin shaft beyond that reach (below the lungs, where no rib piece is told by the lung beside it):
+    # its voxels at least half on it, half-way from LOW_HU to the cortex threshold (its partial-volume rim stays out)
+    shafts = rib_continuations((low & ~bone).cpu().numpy(), bone_np, spacing=spacing_kji, slice_axis=sa)
+    bone_np = bone_np | (shafts & (hu_np > 0.5 * (LOW_HU + bone_hu)))
     if share < BROKEN_RING_SHARE:  # the cortex ring is broken by partial volume: its marrow joins the tissue outside
         dense = ((in_plane_mean(hu, sa) >= MARROW_LOW_HU) & body_b & ~pool).cpu().numpy()
         bone_np = fill_rimmed_marrow(bone_np, dense, sa, pixel_mm2)
