@@ -8,7 +8,13 @@ lung and airway volumes (mL), the lungs' LPS x centroids (the patient's left is 
 lung z against the reference's, flags and seconds. ``--png DIR`` writes lung-window MPR overlays
 (axial, coronal, sagittal; ctpipe's masks solid, the reference dashed) for a visual check.
 
-    python scripts/eval_real_ct.py [--root ../shared/real_ct] [--png /tmp/real_ct] [--json out.json]
+``--bone`` segments bone too and prints a second table: bone mL on every scan and, on the scans with
+TotalSegmentator labels, Dice against all bone labels and against the spine, sacrum and ribs, precision
+(the share of ctpipe's bone on bone labels), recall per structure (vertebrae, sacrum, ribs, hips) and
+the mL of ctpipe's bone on labelled organs that hold none (kidneys, bowel, heart and vessels, liver and
+spleen), more than one voxel from a bone label: stones, plaque or contrast taken for bone.
+
+    python scripts/eval_real_ct.py [--root ../shared/real_ct] [--bone] [--png /tmp/real_ct] [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,7 +34,16 @@ sys.path.insert(0, str(ROOT))
 from pipeline.devicetime import DeviceTimer  # noqa: E402
 from pipeline.reconstruction.render import lps_aligned  # noqa: E402
 from pipeline.reconstruction.segment import segment_organs  # noqa: E402
-from tests._support.real_ct import CASES, REAL_CT_DIR, RealCase  # noqa: E402
+from tests._support.real_ct import (  # noqa: E402
+    CASES,
+    REAL_CT_DIR,
+    TS_ALL_BONE,
+    TS_BONE_RECALL,
+    TS_NOT_BONE,
+    TS_SPINE_RIBS,
+    RealCase,
+    totalseg_labels,
+)
 
 ORGANS = ("lung_left", "lung_right", "airway")
 LUNG_WINDOW = (-1350.0, 150.0)
@@ -40,14 +55,48 @@ def dice(a: np.ndarray, b: np.ndarray) -> float:
     return 1.0 if denom == 0 else 2.0 * float((a & b).sum()) / denom
 
 
-def evaluate(case: RealCase, device: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Segment one scan and measure it against its reference; returns (row, masks)."""
+def bone_row(case: RealCase, bone: np.ndarray, root: Path) -> dict[str, Any]:
+    """Bone mL and, where the scan has TotalSegmentator labels, bone Dice, precision, recall per structure, stray mL."""
+    from scipy import ndimage
+
+    voxel_ml = float(np.prod(case.volume.geometry.spacing)) / 1000.0
+    row: dict[str, Any] = {"scan": case.name, "bone_ml": round(float(bone.sum()) * voxel_ml, 1)}
+    labels = totalseg_labels(case, root)
+    if labels is None:
+        return row
+    all_bone, spine_ribs = np.isin(labels, TS_ALL_BONE), np.isin(labels, TS_SPINE_RIBS)
+    row["dice_bone"] = round(dice(bone, all_bone), 4)
+    row["dice_spine_ribs"] = round(dice(bone, spine_ribs), 4)
+    row["precision"] = round(float((bone & all_bone).sum()) / max(1, int(bone.sum())), 4)
+    for name, ids in TS_BONE_RECALL.items():
+        structure = np.isin(labels, ids)
+        row[f"recall_{name}"] = round(float(bone[structure].mean()), 4) if structure.any() else None
+    near_bone = ndimage.binary_dilation(all_bone)
+    for organ, ids in TS_NOT_BONE.items():
+        row[f"{organ}_ml"] = round(float((bone & np.isin(labels, ids) & ~near_bone).sum()) * voxel_ml, 2)
+    return row
+
+
+def print_bone_table(rows: list[dict[str, Any]]) -> None:
+    cols = ["scan", "bone_ml", "dice_bone", "dice_spine_ribs", "precision"]
+    cols += [f"recall_{n}" for n in TS_BONE_RECALL] + [f"{o}_ml" for o in TS_NOT_BONE]
+    table = [cols] + [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(t[n]) for t in table) for n in range(len(cols))]
+    for n, t in enumerate(table):
+        print("  ".join(s.rjust(w) if i else s.ljust(w) for i, (s, w) in enumerate(zip(t, widths))))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def evaluate(case: RealCase, device: str, *, bone: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Segment one scan and measure it against its reference; returns (row, masks); ``bone``: segment bone too."""
     g = case.volume.geometry
     voxel_ml = float(np.prod(g.spacing)) / 1000.0
+    organs = (*ORGANS, "bone") if bone else ORGANS
     with DeviceTimer(device) as clock:  # on a GPU: until the work the segmentation queued is done
-        seg = segment_organs(case.volume, organs=ORGANS, device=device)
+        seg = segment_organs(case.volume, organs=organs, device=device)
     seconds = clock.seconds
-    masks = {o: seg.masks.get(o, np.zeros(g.shape, dtype=bool)) for o in ORGANS}
+    masks = {o: seg.masks.get(o, np.zeros(g.shape, dtype=bool)) for o in organs}
     lungs = masks["lung_left"] | masks["lung_right"]
     row: dict[str, Any] = {"scan": case.name, "shape_kji": list(g.shape), "seconds": round(seconds, 2)}
     for o in ORGANS:
@@ -182,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=REAL_CT_DIR, help="the shared real CT folder")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--cases", nargs="*", choices=sorted(CASES), help="only these scans")
+    ap.add_argument("--bone", action="store_true", help="segment bone too and measure it against TotalSegmentator's labels")
     ap.add_argument("--png", type=Path, help="write MPR overlays here")
     ap.add_argument("--json", type=Path, help="write the rows as JSON here")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -190,14 +240,20 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.root / "README.md").is_file():
         print(f"{args.root}: not found (the shared real CT folder beside the checkout); pass --root", file=sys.stderr)
         return 2
-    rows = []
+    rows, bone_rows = [], []
     for name in args.cases or list(CASES):
         case = CASES[name](args.root)
-        row, masks = evaluate(case, args.device)
+        row, masks = evaluate(case, args.device, bone=args.bone)
         rows.append(row)
+        if args.bone:
+            bone_rows.append(bone_row(case, masks.pop("bone", np.zeros(case.volume.geometry.shape, dtype=bool)), args.root))
+            row["bone"] = bone_rows[-1]
         if args.png:
             row["png"] = str(write_png(case, masks, args.png))
     print_table(rows)
+    if bone_rows:
+        print()
+        print_bone_table(bone_rows)
     if args.png:
         print("PNGs: " + ", ".join(r["png"] for r in rows))
     if args.json:
