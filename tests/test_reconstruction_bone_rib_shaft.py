@@ -54,6 +54,11 @@ def _abdomen() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     vessel = np.hypot(j - 53, i - 38.5) <= 0.5  # beside the vertebra and on down the body: 250 HU on these pixels
     hu[vessel] = 250.0
     parts["vessel_far"] = vessel & (k <= 4)  # more than 12 mm below the vertebra
+    # a contrast-filled vein running across the body from the vertebra's front towards a kidney (a retroaortic
+    # left renal vein), 6 mm wide, deep in the body
+    renal = _near_segment(k, j, i, (12.0, 48.0, 45.0), (12.5, 45.0, 22.0), 1.0) & ~(r_vert < 6.0)
+    hu[renal] = 250.0
+    parts["renal_far"] = renal & (r_vert * MM > 36.0)
     streak = _near_segment(k, j, i, (13.0, 47.0, 45.0), (13.0, 30.0, 40.0), 0.5) & (r_vert >= 6.0)
     hu[streak] = 260.0
     parts["streak_far"] = streak & (r_vert * MM > 30.0)  # beyond the reach of growth from the vertebra
@@ -80,21 +85,24 @@ def test_a_rib_shaft_beyond_the_reach_of_growth_is_bone_and_a_vessel_or_streak_t
     assert shaft > 0.9, f"only {shaft:.0%} of the rib's shaft beyond the reach of growth is bone"
     rim = float(bone[parts["rim_far"]].mean())  # marrow filling beside the shaft still takes some of it
     assert rim < 0.5, f"{rim:.0%} of the shaft's partial-volume rim is bone (pixels a third on it)"
-    for name in ("vessel_far", "streak_far"):
+    for name in ("vessel_far", "renal_far", "streak_far"):
         assert not bone[parts[name]].any(), f"{int(bone[parts[name]].sum())} voxels of the {name.split('_')[0]} are bone"
     assert bone[9:, 53, 45].all()  # the vertebra stays bone
 
 
 def test_a_rib_continuation_touches_bone_crosses_slices_and_the_body_axis_and_is_thin_and_small():
-    """Each rule on its own: a thin bar across the body touching bone over three slices is kept; the same bar
-    apart from bone, in one slice, or along the body is not, nor a thick block (a contrast-filled bowel loop or
-    a kidney against a rib) or a wide thin sheet (contrast layered in the rectum against the sacrum)."""
+    """Each rule on its own: a thin bar across the body touching bone over three slices in the body wall is kept;
+    the same bar apart from bone, in one slice, along the body or deep in the body is not, nor a thick block (a
+    contrast-filled bowel loop or a kidney against a rib) or a wide thin sheet (contrast layered in the rectum
+    against the sacrum)."""
     spacing = (MM, MM, MM)
     bone = np.zeros((NK, NJ, NI), dtype=bool)
     bone[:, 30:36, 10:16] = True
+    body = np.zeros_like(bone)
+    body[:, :40, :] = True  # the bone and the pieces beside it lie 12-30 mm in from the body's surface (j = 40)
 
     def kept(piece: np.ndarray) -> bool:
-        return bool(rib_continuations(piece, bone, spacing=spacing, slice_axis=0)[piece].all())
+        return bool(rib_continuations(piece, bone, body, spacing=spacing, slice_axis=0)[piece].all())
 
     bar = np.zeros_like(bone)
     for n, k in enumerate((6, 7, 8)):
@@ -111,6 +119,11 @@ def test_a_rib_continuation_touches_bone_crosses_slices_and_the_body_axis_and_is
     block = np.zeros_like(bone)
     block[6:10, 28:38, 16:26] = True  # 30 mm across, 12 mm high: no rib is that thick
     assert not kept(block)
+    deep = np.zeros_like(bone)
+    for n, k in enumerate((6, 7, 8)):
+        deep[k, 18:20, 16 + 6 * n : 24 + 6 * n] = True  # the bar half-way in or more: a vein towards a kidney
+    deep[:, 18:30, 10:16] = bone[:, 18:30, 10:16] = True  # with the bone reaching it
+    assert not kept(deep & ~bone)
     sheet = np.zeros_like(bone)
     sheet[4:12, 30:32, 16:60] = True  # 12 mm thin but 130 x 24 mm: 38 mL
     sheet[4:12, 32:34, 16:60] = True

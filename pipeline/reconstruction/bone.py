@@ -246,7 +246,9 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     bone_np = bone.cpu().numpy()
     # a rib's thin shaft beyond that reach (below the lungs, where no rib piece is told by the lung beside it):
     # its voxels at least half on it, half-way from LOW_HU to the cortex threshold (its partial-volume rim stays out)
-    shafts = rib_continuations((low & ~bone).cpu().numpy(), bone_np, spacing=spacing_kji, slice_axis=sa)
+    rest_all, grown_all = np.zeros(out.shape, dtype=bool), np.zeros(out.shape, dtype=bool)  # whole slices: the body's surface
+    rest_all[box], grown_all[box] = (low & ~bone).cpu().numpy(), bone_np
+    shafts = rib_continuations(rest_all, grown_all, body.cpu().numpy(), spacing=spacing_kji, slice_axis=sa)[box]
     bone_np = bone_np | (shafts & (hu_np > 0.5 * (LOW_HU + bone_hu)))
     if share < BROKEN_RING_SHARE:  # the cortex ring is broken by partial volume: its marrow joins the tissue outside
         dense = ((in_plane_mean(hu, sa) >= MARROW_LOW_HU) & body_b & ~pool).cpu().numpy()

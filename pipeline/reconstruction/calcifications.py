@@ -31,33 +31,14 @@ import logging
 import numpy as np
 from scipy import ndimage
 
-from .rib_pieces import LUNG_AIR_HU, beyond_lung
+from .rib_pieces import DEEP_SHARE, LUNG_AIR_HU, beyond_lung, depth_share
 
 log = logging.getLogger(__name__)
 
 __all__ = ["deep_calcifications"]
 
 CALCIFICATION_MAX_ML = 1.0  # a calcification or a pocket of dense contrast (a calyx) holds at most this (mL)
-DEEP_SHARE = 0.5  # it lies at least this share of the way from the body's surface to its slice's deepest point
 APART_MM = 8.0  # and no other bone lies within this (mm)
-
-
-def _depth_share(body: np.ndarray, slices: np.ndarray, *, spacing: tuple[float, float, float], slice_axis: int) -> np.ndarray:
-    """In-plane depth below the body's surface over the depth of the slice's deepest point (0..1), in ``slices`` only.
-
-    Where the body reaches the image's edge (a small field of view), the edge counts as its surface.
-    """
-    out = np.zeros(body.shape, dtype=np.float32)
-    step_mm = [spacing[d] for d in range(3) if d != slice_axis]
-    for k in slices:
-        plane = np.take(body, k, axis=slice_axis)
-        if not plane.any():
-            continue
-        depth = ndimage.distance_transform_edt(np.pad(plane, 1), sampling=step_mm)[1:-1, 1:-1]
-        index = [slice(None)] * 3
-        index[slice_axis] = slice(int(k), int(k) + 1)
-        out[tuple(index)] = np.expand_dims(depth / float(depth.max()), slice_axis)
-    return out
 
 
 def deep_calcifications(
@@ -80,7 +61,7 @@ def deep_calcifications(
         return out
     boxes = ndimage.find_objects(labels)
     slices = np.unique(np.concatenate([np.arange(boxes[i - 1][slice_axis].start, boxes[i - 1][slice_axis].stop) for i in small]))
-    share = _depth_share(body, slices, spacing=spacing, slice_axis=slice_axis)
+    share = depth_share(body, slices, spacing=spacing, slice_axis=slice_axis)
     air = body & (smooth_hu < LUNG_AIR_HU)
     deep = []
     for idx in small:

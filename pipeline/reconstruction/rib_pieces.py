@@ -33,7 +33,10 @@ where no lung lies beside it. :func:`rib_continuations` takes such a shaft for b
   prosthesis) is as thin and bright and touches the bone it comes from, but lies in its slice;
 * it **crosses the body's axis** (its longest principal axis at least :data:`RIB_MIN_TILT_DEG`
   from the slice axis): a small vessel running on down the body past a vertebra (the azygos vein)
-  touches bone too.
+  touches bone too;
+* it lies **in the body wall**, less than :data:`DEEP_SHARE` of the way in from the body's surface to
+  its slice's deepest point: a contrast-filled vein running across the body from a vertebra towards a
+  kidney (a retroaortic left renal vein) is as thin, touches bone and crosses the body's axis too.
 
 Blood pools are left out of the candidates beforehand. Arrays are ``[k, j, i]`` on the working
 grid (LPS mm geometry); spacings are mm per array axis.
@@ -48,7 +51,7 @@ from scipy import ndimage
 
 log = logging.getLogger(__name__)
 
-__all__ = ["beyond_lung", "rib_continuations", "rib_pieces"]
+__all__ = ["beyond_lung", "depth_share", "rib_continuations", "rib_pieces"]
 
 RIB_MIN_MM = 15.0  # a rib piece spans at least this along its longest axis (mm)
 RIB_ELONGATION = 2.5  # and that span is at least this many times its span along the second axis
@@ -59,6 +62,7 @@ LUNG_CROSS_MM = 30.0  # the line from the body's centre to a rib piece crosses a
 WALL_GAP_MM = 15.0  # a rib lies within this of the lung beside it (pleura and intercostal muscle, mm)
 RIB_HALF_MM = 7.5  # no point of a rib's in-plane cross-section lies further than this from its edge (mm)
 RIB_CONTINUATION_MAX_ML = 5.0  # a rib's shaft beyond the reach of growth holds at most this (mL)
+DEEP_SHARE = 0.5  # deep in the body: at least this share of the way from its surface to its slice's deepest point
 
 
 def _principal_spans(points_mm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -89,6 +93,24 @@ def _beyond_lung(points: np.ndarray, centre: np.ndarray, air: np.ndarray, step_m
     last_air_mm = length_mm * (1.0 - t[np.nonzero(on_air)[0][-1]])
     log.debug("rib piece in slice %d: %.0f mm of lung on its line, %.0f mm from it", k, on_air.sum() * seg_mm, last_air_mm)
     return bool(on_air.sum() * seg_mm >= LUNG_CROSS_MM and last_air_mm <= WALL_GAP_MM)
+
+
+def depth_share(body: np.ndarray, slices: np.ndarray, *, spacing: tuple[float, float, float], slice_axis: int) -> np.ndarray:
+    """In-plane depth below the body's surface over the depth of the slice's deepest point (0..1), in ``slices`` only.
+
+    Where the body reaches the image's edge (a small field of view), the edge counts as its surface.
+    """
+    out = np.zeros(body.shape, dtype=np.float32)
+    step_mm = [spacing[d] for d in range(3) if d != slice_axis]
+    for k in slices:
+        plane = np.take(body, k, axis=slice_axis)
+        if not plane.any():
+            continue
+        depth = ndimage.distance_transform_edt(np.pad(plane, 1), sampling=step_mm)[1:-1, 1:-1]
+        index = [slice(None)] * 3
+        index[slice_axis] = slice(int(k), int(k) + 1)
+        out[tuple(index)] = np.expand_dims(depth / float(depth.max()), slice_axis)
+    return out
 
 
 def beyond_lung(
@@ -153,14 +175,18 @@ def rib_pieces(
     return keep[labels]
 
 
-def rib_continuations(rest: np.ndarray, bone: np.ndarray, *, spacing: tuple[float, float, float], slice_axis: int) -> np.ndarray:
+def rib_continuations(
+    rest: np.ndarray, bone: np.ndarray, body: np.ndarray, *, spacing: tuple[float, float, float], slice_axis: int
+) -> np.ndarray:
     """The components of ``rest`` that continue ``bone`` as a rib's shaft does (bool ``[k, j, i]``, like ``rest``).
 
     ``rest``: voxels above :data:`.blood_pools.LOW_HU` in the body, blood pools and ``bone`` left out
-    (26-connected components); ``bone``: the bone grown so far; ``spacing`` the voxel size (mm) per
+    (26-connected components); ``bone``: the bone grown so far; ``body`` the body mask (the whole
+    slice's, for its surface); ``spacing`` the voxel size (mm) per
     array axis ``(k, j, i)``; ``slice_axis`` the array axis across the slices. A component is kept
     when it touches ``bone``, lies in more than one slice, crosses the body's axis, is thin (in-plane
-    distance to its edge at most :data:`RIB_HALF_MM`) and holds at most :data:`RIB_CONTINUATION_MAX_ML`.
+    distance to its edge at most :data:`RIB_HALF_MM`), holds at most :data:`RIB_CONTINUATION_MAX_ML`
+    and lies in the body wall (less than :data:`DEEP_SHARE` of the way in from the body's surface).
     See the module docstring.
     """
     cube = np.ones((3, 3, 3), dtype=bool)
@@ -184,8 +210,19 @@ def rib_continuations(rest: np.ndarray, bone: np.ndarray, *, spacing: tuple[floa
     keep = touches & (thickness <= RIB_HALF_MM) & (size_ml <= RIB_CONTINUATION_MAX_ML)
     spacing_arr = np.asarray(spacing, dtype=float)
     max_axial = np.cos(np.radians(RIB_MIN_TILT_DEG))
-    for idx, box in enumerate(ndimage.find_objects(labels), start=1):
+    boxes = ndimage.find_objects(labels)
+    candidates = [i for i in np.nonzero(keep)[0] if i > 0 and boxes[i - 1] is not None]
+    if not candidates:
+        return np.zeros_like(rest)
+    slices = np.unique(
+        np.concatenate([np.arange(boxes[i - 1][slice_axis].start, boxes[i - 1][slice_axis].stop) for i in candidates])
+    )
+    share = depth_share(body, slices, spacing=spacing, slice_axis=slice_axis)
+    for idx, box in enumerate(boxes, start=1):
         if not keep[idx] or box is None:
+            continue
+        if float(np.median(share[box][labels[box] == idx])) >= DEEP_SHARE:  # deep in the body, not in its wall
+            keep[idx] = False
             continue
         if box[slice_axis].stop - box[slice_axis].start < 2:  # in one slice: a streak, not a rib running down
             keep[idx] = False
