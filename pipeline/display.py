@@ -24,7 +24,7 @@ from .detection.findings import slice_label, slice_number_of, slice_number_sourc
 from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
-from .reconstruction.organs import organ_colours
+from .reconstruction.organs import organ_colours, organ_label
 from .volume import CTVolume, Geometry, LabelMap, require_volume
 
 log = logging.getLogger(__name__)
@@ -312,7 +312,7 @@ def show(
         plane = geometry.to_lps_view(m)[z]
         if plane.any() and not plane.all():  # an edge to draw (a mask filling the plane has none): legend only then
             ax.contour(plane.astype(np.float32), levels=[0.5], colors=[colours[organ]], linewidths=1.0)
-            ax.plot([], [], color=colours[organ], label=organ.replace("_", " "))
+            ax.plot([], [], color=colours[organ], label=organ_label(organ))
             outlined += 1
     drawn = 0
     for row, (x, y, zf) in zip(rows, xyz):

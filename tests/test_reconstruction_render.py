@@ -392,3 +392,21 @@ def test_the_scale_bar_and_the_lower_letter_lie_below_the_image_not_on_anatomy(t
         for what, box in (("bar", bar), ("its length", scale), ("the lower letter", lower)):
             assert box.y1 <= image.y0 + 0.5, (ax.get_title(), what, box, image)
             assert fig.bbox.y0 - 0.5 <= box.y0, (ax.get_title(), what)
+
+
+def test_show_names_the_organs_as_the_renderings_do():
+    """``show()``'s legend said "lung left", where the PNGs and the SEG say "left lung": it now names each organ as the
+    renderings do (:func:`~pipeline.reconstruction.organs.organ_label`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from pipeline.display import show
+
+    geom = Geometry(shape=(20, 40, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -20.0, -10.0))
+    names = ["lung_left", "lung_right", "small_bowel"]
+    masks = {name: sphere_mask(geom.shape, (10, 20, 10 + 20 * n), 6) for n, name in enumerate(names)}
+    vol = CTVolume(np.full(geom.shape, 40.0, np.float32), geom)
+    ax = show(vol, recon=masks, k=10, ax=Figure().add_subplot())
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["left lung", "right lung", "small bowel"]

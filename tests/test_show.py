@@ -112,7 +112,7 @@ def test_any_storage_order_gives_the_same_image_circles_and_outlines(name):
     vb = np.concatenate([p.vertices for p in b.collections[0].get_paths()])
     assert np.sort(va, axis=0) == pytest.approx(np.sort(vb, axis=0))
     assert vb[:, 0].min() >= 19 and vb[:, 1].max() <= 6  # the outline is around the anterior-left block
-    assert [t.get_text() for t in b.get_legend().get_texts()] == ["lung left"]  # named as the MPR PNGs name it
+    assert [t.get_text() for t in b.get_legend().get_texts()] == ["left lung"]  # named as the MPR PNGs name it
 
 
 def test_a_ras_nifti_read_through_simpleitk_is_not_upside_down(tmp_path):
@@ -420,8 +420,8 @@ def test_masks_without_a_colour_of_their_own_are_outlined_in_distinct_colours():
     ax = show(vol, recon=masks, k=10)
     legend = ax.get_legend()
     colours = {t.get_text(): to_hex(h.get_color()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
-    assert set(colours) == {"lesion", "cyst", "lung left"} and len(set(colours.values())) == 3, colours
-    assert colours["lung left"] == OUTLINE_COLORS["lung_left"]
+    assert set(colours) == {"lesion", "cyst", "left lung"} and len(set(colours.values())) == 3, colours
+    assert colours["left lung"] == OUTLINE_COLORS["lung_left"]
     drawn = {to_hex(c.get_edgecolor()[0]) for c in ax.collections}
     assert set(colours.values()) <= drawn  # the outlines are drawn in the legend's colours
 
