@@ -410,3 +410,24 @@ def test_show_names_the_organs_as_the_renderings_do():
     vol = CTVolume(np.full(geom.shape, 40.0, np.float32), geom)
     ax = show(vol, recon=masks, k=10, ax=Figure().add_subplot())
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["left lung", "right lung", "small bowel"]
+
+
+def test_the_upper_letter_lies_in_a_band_above_the_image_not_on_anatomy(tmp_path, monkeypatch):
+    """On the real planning chest's coronal and sagittal overviews the S lay over the neck, as the I had lain over the
+    liver: the upper orientation letter now lies in a band above the image, below the title, as the lower one lies
+    in the band below it."""
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(141, 128, 128), spacing=(3.9, 3.9, 2.0), origin=(-250.0, -250.0, -164.5))
+    vol = CTVolume(np.full(geom.shape, 40.0, np.float32), geom)  # tissue everywhere: any overlay lies on it
+    render_mpr(vol, {}, tmp_path, stem="u")
+    render_mip(vol, tmp_path, stem="u")
+    assert len(figures) == 6
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        image = ax.images[0].get_window_extent(renderer)
+        title = ax.title.get_window_extent(renderer)
+        letters = [t for t in ax.texts if t.get_text() in ("S", "A")]
+        upper = max(letters, key=lambda t: t.get_window_extent(renderer).y1).get_window_extent(renderer)
+        assert upper.y0 >= image.y1 - 0.5, (ax.get_title(), upper, image)
+        assert upper.y1 <= title.y0 + 0.5, (ax.get_title(), upper, title)

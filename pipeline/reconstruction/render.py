@@ -7,8 +7,8 @@ Display orientation is radiological and derived from the LPS geometry, never
 from array order: axial and coronal images show the patient's right on the
 image left; axial images have anterior at the top; coronal and sagittal
 images have superior at the top; sagittal images have anterior on the left.
-Every image is labelled with its orientation letters (R/L, A/P, S/I); the MPRs and MIPs carry a scale bar in a band
-below the image. Organs are named as the SEG names them ("left lung").
+Every image is labelled with its orientation letters (R/L, A/P, S/I); the MPRs and MIPs carry a scale bar and their
+lower letter in a band below the image, their upper letter in a band above it, on no anatomy. Organs are named as the SEG names them ("left lung").
 """
 
 from __future__ import annotations
@@ -102,6 +102,9 @@ def _figure(width_px: int, height_px: int):
 #: Pixels of the band right below each MPR and MIP image, inside its axes, that holds the scale bar and the lower
 #: orientation letter (:func:`_scale_bar`): on no anatomy, wherever the body reaches the image's lower edge.
 BAND_PX = 28
+#: Pixels of the band right above each MPR and MIP image, inside its axes and below its title, that holds the upper
+#: orientation letter: on no anatomy, wherever the body reaches the image's upper edge (the neck of a chest).
+TOP_BAND_PX = 24
 
 
 def _image_px(w_mm: float, h_mm: float) -> tuple[float, int]:
@@ -112,16 +115,17 @@ def _image_px(w_mm: float, h_mm: float) -> tuple[float, int]:
 
 def _image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None):
     """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
-    :data:`TITLE_PX` above it for the title, the :data:`BAND_PX` band of the scale bar under it (in the axes), the
+    :data:`TITLE_PX` above it for the title, the :data:`TOP_BAND_PX` band of the upper letter between them and the
+    :data:`BAND_PX` band of the scale bar under the image (both bands in the axes), the
     rows of a legend of the ``legend`` labels below that (so that the legend hides no anatomy;
     :func:`_legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure, the axes and the legend's
     number of columns."""
     scale, h_px = _image_px(w_mm, h_mm)
     width = max(int(w_mm * scale) + 20, MIN_WIDTH_PX)
     ncol, legend_px = _legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
-    total = h_px + BAND_PX + TITLE_PX + legend_px
+    total = h_px + BAND_PX + TOP_BAND_PX + TITLE_PX + legend_px
     fig = _figure(width, total)
-    return fig, fig.add_axes((0, legend_px / total, 1, (h_px + BAND_PX) / total)), ncol
+    return fig, fig.add_axes((0, legend_px / total, 1, (h_px + BAND_PX + TOP_BAND_PX) / total)), ncol
 
 
 def _save(fig, path: Path) -> Path:
@@ -140,7 +144,8 @@ SCALE_BAR_MM = (200.0, 100.0, 50.0, 20.0, 10.0, 5.0)  # the lengths a scale bar 
 def _scale_bar(ax, w_mm: float, h_mm: float) -> None:
     """A bar at the left of the band below an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm; the band is
     :data:`BAND_PX` of :func:`_image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
-    to an eighth of the image's width. Below the image, it covers no anatomy."""
+    to an eighth of the image's width. Below the image, it covers no anatomy. Sets the axes' limits to the image and
+    its two bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below)."""
     length = next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
     scale, _h_px = _image_px(w_mm, h_mm)
     band = BAND_PX / scale  # mm
@@ -157,7 +162,7 @@ def _scale_bar(ax, w_mm: float, h_mm: float) -> None:
         bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
     )
     ax.set_xlim(0, w_mm)
-    ax.set_ylim(h_mm + band, 0)
+    ax.set_ylim(h_mm + band, -TOP_BAND_PX / scale)
 
 
 def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
@@ -170,7 +175,7 @@ def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> Non
     }
     ax.text(0.01, 0.5, left, ha="left", va="center", **kw)
     ax.text(0.99, 0.5, right, ha="right", va="center", **kw)
-    ax.text(0.5, 0.99, top, ha="center", va="top", **kw)
+    ax.text(0.5, 1 - TOP_BAND_PX / 2 / ax.bbox.height, top, ha="center", va="center", **kw)  # the band above the image
     ax.text(0.5, 0.01, bottom, ha="center", va="bottom", **kw)
     ax.set_title(title, color="white", fontsize=9)
     ax.set_axis_off()
@@ -326,7 +331,8 @@ def _draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float
     no other letters and no nodule (:func:`_free_spot`)."""
     w_mm = ax.get_xlim()[1]
     placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
-    mm_per_pt = max(w_mm / ax.bbox.width, ax.get_ylim()[0] / ax.bbox.height) * ax.figure.dpi / 72.0
+    y_lo, y_hi = ax.get_ylim()
+    mm_per_pt = max(w_mm / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
     for _n, sl, style, text in marks:
         xs = (np.arange(sl.shape[1]) + 0.5) * col_mm
         ys = (np.arange(sl.shape[0]) + 0.5) * row_mm
