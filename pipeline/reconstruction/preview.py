@@ -20,7 +20,8 @@ import numpy as np
 from ..volume import Geometry
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
-from .render import NODULE_FONTSIZE, _figure, _free_spot, _labels, _legend_layout, _rgb, _save
+from .render_layout import _figure, _labels, _legend_layout, _rgb, _save
+from .render_nodules import NODULE_FONTSIZE, _free_spot
 
 _CHUNK = 20000
 PREVIEW_TRIANGLES = 150_000
@@ -265,7 +266,7 @@ def _letter_nodules(
     ax, nodules: Mapping[str, Mesh], *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray], colour: str
 ) -> None:
     """``#N`` beside each nodule ``nodule N`` of a preview view (right or left of its surface, at its top), on a dark
-    box, where no other nodule's letters are (:func:`~.render._free_spot`)."""
+    box, where no other nodule's letters are (:func:`~.render_nodules._free_spot`)."""
     where = {name: image_position(mesh.vertices, view=view, size=size, frame=frame) for name, mesh in nodules.items()}
     placed = [(*uv.min(axis=0), *uv.max(axis=0)) for uv in where.values()]  # the letters cover no nodule
     for name, uv in where.items():

@@ -8,24 +8,35 @@ from array order: axial and coronal images show the patient's right on the
 image left; axial images have anterior at the top; coronal and sagittal
 images have superior at the top; sagittal images have anterior on the left.
 Every image is labelled with its orientation letters (R/L, A/P, S/I); the MPRs and MIPs carry a scale bar and their
-lower letter in a band below the image, their upper letter in a band above it, on no anatomy. Organs are named as the SEG names them ("left lung").
+lower letter in a band below the image, their upper letter in a band above it, on no anatomy. Organs are named as the
+SEG names them ("left lung").
+
+The figures' layout is :mod:`.render_layout`, the planes :mod:`.render_planes`, the nodules' outlines and letters
+:mod:`.render_nodules`.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..atomic import atomic_write_bytes
-from ..volume import CTVolume, Geometry
+from ..volume import CTVolume
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
+from .render_layout import LUNG_WINDOW, WINDOWS, _image_figure, _labels, _legend, _save, _scale_bar
+from .render_nodules import (
+    _SIDE_LETTERS,
+    OFF_PLANE_LEGEND,
+    _draw_marks,
+    _nodule_extents,
+    _projection,
+    nodule_labels,
+)
+from .render_planes import _PLANES, _field_window, _plane, lps_aligned, source_slices
 
 if TYPE_CHECKING:  # pragma: no cover
     from .nodules import NoduleResult
@@ -33,170 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-
-def _rgb(colour: str) -> tuple[float, float, float]:
-    r, g, b = (int(colour[i : i + 2], 16) / 255.0 for i in (1, 3, 5))
-    return (r, g, b)
-
-
-LUNG_WINDOW = (-1350.0, 150.0)  # W 1500 / L -600
-SOFT_WINDOW = (-160.0, 240.0)  # W 400 / L 40
-WINDOWS = {"soft-tissue": SOFT_WINDOW, "lung": LUNG_WINDOW}  # the MPRs' windows, by the name their titles give
-
-
-def lps_aligned(array: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """View of ``array [k, j, i]`` as ``[z, y, x]`` with LPS coordinates ascending along each axis.
-
-    Returns ``(view, spacing_xyz, origin_xyz)`` (mm). Oblique grids use the nearest axis-aligned order
-    (display only).
-    """
-    return geometry.to_lps_view(array), np.asarray(geometry.spacing_lps()), geometry.bounds_lps()[0]
-
-
-def source_slices(volume: CTVolume, za: int, zb: int) -> str:
-    """The source slices of the axial view planes ``za``..``zb`` (indices of :func:`lps_aligned`'s z) as a viewer
-    numbers them (``InstanceNumber 78``, ``InstanceNumber 105-109``; see
-    :func:`pipeline.detection.findings.slice_ref`), or "" for a series whose slices are not axial."""
-    from ..detection.findings import slice_label, slice_number_of, slice_number_source
-
-    k_of_z = volume.geometry.view_plane_slices()
-    if k_of_z is None:
-        return ""
-    nk = volume.shape[0]
-    numbers = sorted({slice_number_of(int(k), volume.metadata, nk) for k in k_of_z[min(za, zb) : max(za, zb) + 1]})
-    label = slice_label(slice_number_source(volume.metadata, nk))
-    return f"{label} {numbers[0]}" if len(numbers) == 1 else f"{label} {numbers[0]}-{numbers[-1]}"
-
-
-#: Pixels above each MPR and MIP image for its title (two lines), and the least width of those PNGs, so that a narrow
-#: image (the coronal plane of a long scan) still holds its title, letters and legend.
-TITLE_PX = 50
-MIN_WIDTH_PX = 520
-#: Pixels below each MPR image (and the 3-D preview) for one row of the legend of its colours, beside the image, not
-#: over it; a legend of more organs than a row holds takes more rows (:func:`_legend_layout`).
-LEGEND_PX = 24
-LEGEND_FONTSIZE = 7  # points, the MPRs' legends
-
-
-def _legend_layout(labels: list[str], width_px: int, *, fontsize: float, dpi: float = 100.0) -> tuple[int, int]:
-    """Columns and height (pixels) of a legend of ``labels`` laid out in rows under an image ``width_px`` wide:
-    as many columns as the longest label allows (a generous estimate of DejaVu Sans' widths), as many rows as needed
-    (at least :data:`LEGEND_PX` high); (0, 0) without labels."""
-    if not labels:
-        return 0, 0
-    em = fontsize * dpi / 72.0  # pixels
-    entry = (1.5 + 0.8 + 1.2) * em + 0.65 * em * max(len(label) for label in labels)  # handle, pad, spacing, text
-    ncol = int(max(1, min(len(labels), (width_px - 2 * em) // entry)))
-    rows = -(-len(labels) // ncol)
-    return ncol, max(LEGEND_PX, int(np.ceil((0.5 + 0.6 + 1.5 * rows) * em)) + 4)  # offset, padding, rows (1.5 em)
-
-
-def _figure(width_px: int, height_px: int):
-    from matplotlib.figure import Figure
-
-    dpi = 100
-    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, facecolor="black")
-    return fig
-
-
-#: Pixels of the band right below each MPR and MIP image, inside its axes, that holds the scale bar and the lower
-#: orientation letter (:func:`_scale_bar`): on no anatomy, wherever the body reaches the image's lower edge.
-BAND_PX = 28
-#: Pixels of the band right above each MPR and MIP image, inside its axes and below its title, that holds the upper
-#: orientation letter: on no anatomy, wherever the body reaches the image's upper edge (the neck of a chest).
-TOP_BAND_PX = 24
-
-
-def _image_px(w_mm: float, h_mm: float) -> tuple[float, int]:
-    """Pixels per mm and the height (pixels) of a ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side."""
-    scale = 640.0 / max(h_mm, w_mm)
-    return scale, max(int(h_mm * scale), 1)
-
-
-def _image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None):
-    """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
-    :data:`TITLE_PX` above it for the title, the :data:`TOP_BAND_PX` band of the upper letter between them and the
-    :data:`BAND_PX` band of the scale bar under the image (both bands in the axes), the
-    rows of a legend of the ``legend`` labels below that (so that the legend hides no anatomy;
-    :func:`_legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure, the axes and the legend's
-    number of columns."""
-    scale, h_px = _image_px(w_mm, h_mm)
-    width = max(int(w_mm * scale) + 20, MIN_WIDTH_PX)
-    ncol, legend_px = _legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
-    total = h_px + BAND_PX + TOP_BAND_PX + TITLE_PX + legend_px
-    fig = _figure(width, total)
-    return fig, fig.add_axes((0, legend_px / total, 1, (h_px + BAND_PX + TOP_BAND_PX) / total)), ncol
-
-
-def _save(fig, path: Path) -> Path:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", facecolor=fig.get_facecolor())
-    atomic_write_bytes(path, buf.getvalue())
-    return path
-
-
-SCALE_BAR_MM = (200.0, 100.0, 50.0, 20.0, 10.0, 5.0)  # the lengths a scale bar may have
-
-
-def _scale_bar(ax, w_mm: float, h_mm: float) -> None:
-    """A bar at the left of the band below an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm; the band is
-    :data:`BAND_PX` of :func:`_image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
-    to an eighth of the image's width. Below the image, it covers no anatomy. Sets the axes' limits to the image and
-    its two bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below)."""
-    length = next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
-    scale, _h_px = _image_px(w_mm, h_mm)
-    band = BAND_PX / scale  # mm
-    x0, y = 0.03 * w_mm, h_mm + 0.8 * band
-    ax.plot([x0, x0 + length], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt")
-    ax.text(
-        x0 + length / 2,
-        y - 0.15 * band,
-        f"{length:.0f} mm",
-        color="yellow",
-        fontsize=8,
-        ha="center",
-        va="bottom",
-        bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
-    )
-    ax.set_xlim(0, w_mm)
-    ax.set_ylim(h_mm + band, -TOP_BAND_PX / scale)
-
-
-def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
-    kw = {
-        "color": "yellow",
-        "fontsize": 11,
-        "fontweight": "bold",
-        "transform": ax.transAxes,
-        "bbox": {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},  # legible on bright tissue
-    }
-    ax.text(0.01, 0.5, left, ha="left", va="center", **kw)
-    ax.text(0.99, 0.5, right, ha="right", va="center", **kw)
-    ax.text(0.5, 1 - TOP_BAND_PX / 2 / ax.bbox.height, top, ha="center", va="center", **kw)  # the band above the image
-    ax.text(0.5, 0.01, bottom, ha="center", va="bottom", **kw)
-    ax.set_title(title, color="white", fontsize=9)
-    ax.set_axis_off()
-
-
-_PLANES = {
-    # name: (fixed LPS axis, image rows axis, image cols axis, flip rows, letters L, R, T, B)
-    "axial": (2, 1, 0, False, ("R", "L", "A", "P")),
-    "coronal": (1, 2, 0, True, ("R", "L", "S", "I")),
-    "sagittal": (0, 2, 1, True, ("A", "P", "S", "I")),
-}
-
-
-def _plane(view: np.ndarray, plane: str, index: int) -> np.ndarray:
-    fixed, rows, _cols, flip, _ = _PLANES[plane]
-    sl: list[slice | int] = [slice(None)] * 3
-    sl[2 - fixed] = index
-    img = view[tuple(sl)]  # remaining dims in [z, y, x] order minus the fixed one
-    if 2 - rows > 2 - _cols:  # rows must come first
-        img = img.T
-    return img[::-1] if flip else img
+__all__ = ["lps_aligned", "nodule_labels", "render_all", "render_mip", "render_mpr", "render_nodule_views", "source_slices"]
 
 
 def render_mpr(
@@ -290,177 +138,6 @@ def render_mpr(
     return paths
 
 
-#: The legend's entry for a nodule a plane does not cut (:func:`render_mpr`), and the letters of the side it lies on
-#: along each LPS axis (negative, positive): x right/left, y anterior/posterior, z inferior/superior.
-OFF_PLANE_LEGEND = "nodule off the plane (projected)"
-NODULE_FONTSIZE = 8  # points, the nodules' letters
-_SIDE_LETTERS = (("R", "L"), ("A", "P"), ("I", "S"))
-
-
-@dataclass(frozen=True)
-class _Extent:
-    """A nodule's box (slices of :func:`lps_aligned`'s ``[z, y, x]`` view), its mask there and its centre (x, y, z
-    view indices)."""
-
-    box: tuple[slice, slice, slice]
-    mask: np.ndarray
-    centre_xyz: np.ndarray
-
-
-def _legend(ax, handles: list, ncol: int) -> None:
-    """The legend of an MPR or MIP image: ``ncol`` columns in the rows below the image (:func:`_image_figure`)."""
-    ax.legend(
-        handles=handles,
-        loc="lower center",
-        bbox_to_anchor=(0.5, 0),
-        bbox_transform=ax.figure.transFigure,
-        ncol=ncol,
-        fontsize=LEGEND_FONTSIZE,
-        facecolor="black",
-        edgecolor="none",
-        labelcolor="white",
-        borderpad=0.3,
-        handlelength=1.5,
-        columnspacing=1.2,
-    )
-
-
-def _draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float, row_mm: float, *, colour: str) -> None:
-    """Each nodule of ``marks`` (number, its pixels on the image, ``"solid"`` or ``"dashed"``, its letters) outlined
-    in ``colour`` on an image of ``col_mm`` × ``row_mm`` pixels, its letters beside it on a dark box where they cover
-    no other letters and no nodule (:func:`_free_spot`)."""
-    w_mm = ax.get_xlim()[1]
-    placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
-    y_lo, y_hi = ax.get_ylim()
-    mm_per_pt = max(w_mm / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
-    for _n, sl, style, text in marks:
-        xs = (np.arange(sl.shape[1]) + 0.5) * col_mm
-        ys = (np.arange(sl.shape[0]) + 0.5) * row_mm
-        width = 1.2 if style == "solid" else 1.0
-        ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=width, linestyles=style)
-        r_px, c_px = np.nonzero(sl)
-        x, y = _free_spot(
-            (c_px.max() + 1.5) * col_mm + 1.0,
-            (c_px.min() - 0.5) * col_mm - 1.0,
-            (r_px.min() + 0.5) * row_mm,
-            text,
-            mm_per_pt,
-            placed,
-            limit=w_mm,
-        )
-        ax.text(
-            x,
-            y,
-            text,
-            color=colour,
-            fontsize=NODULE_FONTSIZE,
-            fontweight="bold",
-            ha="left",
-            va="bottom",
-            bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
-        )  # legible on lung or bone
-
-
-LETTER_LINES = 30  # how many lines above or below its place a nodule's letters may move to cover nothing
-
-
-def _mark_box(sl: np.ndarray, col_mm: float, row_mm: float) -> tuple[float, float, float, float]:
-    """The box (image mm: ``x0, y0, x1, y1``, ``y`` down) of a nodule's pixels ``sl`` on an image of ``col_mm`` ×
-    ``row_mm`` pixels."""
-    r_px, c_px = np.nonzero(sl)
-    return (c_px.min() * col_mm, r_px.min() * row_mm, (c_px.max() + 1) * col_mm, (r_px.max() + 1) * row_mm)
-
-
-def _free_spot(
-    right: float,
-    left: float,
-    y: float,
-    text: str,
-    mm_per_pt: float,
-    placed: list[tuple[float, float, float, float]],
-    *,
-    limit: float,
-) -> tuple[float, float]:
-    """Where to put a nodule's letters (their bottom left corner, image mm; ``y`` runs down): right of the nodule
-    (from ``right``) at ``y`` or, when that would cover what is ``placed`` (boxes ``x0, y0, x1, y1``: the nodules,
-    letters placed before) or
-    run past the image's width ``limit``, left of it (ending at ``left``), else a line higher, a line lower, and so
-    on (up to :data:`LETTER_LINES` lines away); the box taken is added to ``placed``. ``mm_per_pt``: image mm per typographic point on the PNG."""
-    w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # a generous estimate of bold DejaVu Sans' widths
-    h = 1.45 * NODULE_FONTSIZE * mm_per_pt
-    lines = [k * sign for k in range(LETTER_LINES) for sign in ((1,) if k == 0 else (-1, 1))]  # 0, up 1, down 1, ...
-    spots = [(x, y + k * h) for k in lines for x in (right, left - w) if x >= 0 and x + w <= limit and y + k * h >= h]
-    for x, yk in spots or [(right, y)]:
-        box = (x, yk - h, x + w, yk)
-        if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
-            break
-    placed.append(box)
-    return box[0], box[3]
-
-
-def _nodule_extents(nview: np.ndarray) -> dict[int, _Extent]:
-    """Each nodule of the labels ``nview`` (:func:`lps_aligned` view of :func:`nodule_labels`) by its number."""
-    from scipy import ndimage
-
-    out = {}
-    for n, box in enumerate(ndimage.find_objects(nview), start=1):
-        if box is None:
-            continue
-        mask = nview[box] == n
-        zyx = np.argwhere(mask).mean(axis=0) + np.array([b.start for b in box])
-        out[n] = _Extent(box=(box[0], box[1], box[2]), mask=mask, centre_xyz=zyx[::-1])
-    return out
-
-
-def _projection(shape: tuple[int, ...], extent: _Extent, plane: str) -> np.ndarray:
-    """The nodule's shadow along ``plane``'s fixed axis: a ``[z, y, x]`` array of ``shape`` one plane thick along that
-    axis (:func:`_plane` index 0 gives it as the plane's image)."""
-    axis = 2 - _PLANES[plane][0]
-    thin = list(shape)
-    thin[axis] = 1
-    out = np.zeros(thin, bool)
-    box = list(extent.box)
-    box[axis] = slice(0, 1)
-    out[tuple(box)] = extent.mask.any(axis=axis, keepdims=True)
-    return out
-
-
-def _field_window(
-    shape: tuple[int, ...], center_idx: np.ndarray, plane: str, spacing: np.ndarray, field_mm: float | None
-) -> tuple[slice, slice]:
-    """Rows and columns of a :func:`_plane` image (``shape``) within ``field_mm`` around ``center_idx`` (x, y, z indices
-    of :func:`lps_aligned`'s view), kept inside the image; the whole image without ``field_mm``."""
-    if field_mm is None:
-        return slice(None), slice(None)
-    _fixed, rows, cols, flip, _ = _PLANES[plane]
-    row = shape[0] - 1 - int(center_idx[rows]) if flip else int(center_idx[rows])
-    out = []
-    for centre, n, axis in ((row, shape[0], rows), (int(center_idx[cols]), shape[1], cols)):
-        half = int(np.ceil(field_mm / 2 / spacing[axis]))
-        a = int(np.clip(centre - half, 0, max(n - 2 * half - 1, 0)))
-        out.append(slice(a, min(n, a + 2 * half + 1)))
-    return out[0], out[1]
-
-
-def nodule_labels(nodules: Sequence[NoduleResult], geometry: Geometry) -> np.ndarray | None:
-    """The segmented ``nodules`` as labels ``[k, j, i]`` (uint16) on ``geometry`` (the volume's grid): 0 no nodule, N
-    the nodule of finding #N (its ``index`` + 1: ``ctpipe detect``'s rank in a findings file); None when none was
-    segmented. Each mask is a crop of the volume's grid (:class:`NoduleResult`)."""
-    from .nodule_geometry import nodule_mask
-
-    labels: np.ndarray | None = None
-    for r in nodules:
-        nm = nodule_mask(r, geometry) if r.error is None else None
-        if nm is None or not nm.mask.any():
-            continue
-        if labels is None:
-            labels = np.zeros(geometry.shape, np.uint16)
-        k0, j0, i0 = nm.offset_kji
-        nk, nj, ni = nm.mask.shape
-        labels[k0 : k0 + nk, j0 : j0 + nj, i0 : i0 + ni][nm.mask] = r.index + 1
-    return labels
-
-
 def render_mip(
     volume: CTVolume,
     out: Path,
@@ -525,6 +202,8 @@ def render_mip(
 #: Nodules that get MPRs of their own (``<stem>_nodule_NN_mpr_<plane>.png``); those after are outlined in the overview
 #: MPRs and the preview only. NODULE_FIELD_MM: the field of view (mm) of those MPRs.
 NODULE_MPRS = 20
+
+
 NODULE_FIELD_MM = 100.0
 
 

@@ -1,0 +1,168 @@
+"""The layout of the MPR and MIP PNGs (:mod:`.render`) and the 3-D preview's (:mod:`.preview`): the figure and its
+axes (a title above each image, a band above the image for its upper orientation letter, a band below it for the
+scale bar and the lower letter, the legend's rows below that), the letters, the scale bar, the legend, the display
+windows (HU) and the PNG's writing. Image coordinates are mm from the image's upper left corner (``extent=(0, w_mm,
+h_mm, 0)``), y running down.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import atomic_write_bytes
+
+
+def _rgb(colour: str) -> tuple[float, float, float]:
+    r, g, b = (int(colour[i : i + 2], 16) / 255.0 for i in (1, 3, 5))
+    return (r, g, b)
+
+
+LUNG_WINDOW = (-1350.0, 150.0)  # W 1500 / L -600
+
+
+SOFT_WINDOW = (-160.0, 240.0)  # W 400 / L 40
+
+
+WINDOWS = {"soft-tissue": SOFT_WINDOW, "lung": LUNG_WINDOW}  # the MPRs' windows, by the name their titles give
+
+
+#: Pixels above each MPR and MIP image for its title (two lines), and the least width of those PNGs, so that a narrow
+#: image (the coronal plane of a long scan) still holds its title, letters and legend.
+TITLE_PX = 50
+
+
+MIN_WIDTH_PX = 520
+
+
+#: Pixels below each MPR image (and the 3-D preview) for one row of the legend of its colours, beside the image, not
+#: over it; a legend of more organs than a row holds takes more rows (:func:`_legend_layout`).
+LEGEND_PX = 24
+
+
+LEGEND_FONTSIZE = 7  # points, the MPRs' legends
+
+
+def _legend_layout(labels: list[str], width_px: int, *, fontsize: float, dpi: float = 100.0) -> tuple[int, int]:
+    """Columns and height (pixels) of a legend of ``labels`` laid out in rows under an image ``width_px`` wide:
+    as many columns as the longest label allows (a generous estimate of DejaVu Sans' widths), as many rows as needed
+    (at least :data:`LEGEND_PX` high); (0, 0) without labels."""
+    if not labels:
+        return 0, 0
+    em = fontsize * dpi / 72.0  # pixels
+    entry = (1.5 + 0.8 + 1.2) * em + 0.65 * em * max(len(label) for label in labels)  # handle, pad, spacing, text
+    ncol = int(max(1, min(len(labels), (width_px - 2 * em) // entry)))
+    rows = -(-len(labels) // ncol)
+    return ncol, max(LEGEND_PX, int(np.ceil((0.5 + 0.6 + 1.5 * rows) * em)) + 4)  # offset, padding, rows (1.5 em)
+
+
+def _figure(width_px: int, height_px: int):
+    from matplotlib.figure import Figure
+
+    dpi = 100
+    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, facecolor="black")
+    return fig
+
+
+#: Pixels of the band right below each MPR and MIP image, inside its axes, that holds the scale bar and the lower
+#: orientation letter (:func:`_scale_bar`): on no anatomy, wherever the body reaches the image's lower edge.
+BAND_PX = 28
+
+
+#: Pixels of the band right above each MPR and MIP image, inside its axes and below its title, that holds the upper
+#: orientation letter: on no anatomy, wherever the body reaches the image's upper edge (the neck of a chest).
+TOP_BAND_PX = 24
+
+
+def _image_px(w_mm: float, h_mm: float) -> tuple[float, int]:
+    """Pixels per mm and the height (pixels) of a ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side."""
+    scale = 640.0 / max(h_mm, w_mm)
+    return scale, max(int(h_mm * scale), 1)
+
+
+def _image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None):
+    """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
+    :data:`TITLE_PX` above it for the title, the :data:`TOP_BAND_PX` band of the upper letter between them and the
+    :data:`BAND_PX` band of the scale bar under the image (both bands in the axes), the
+    rows of a legend of the ``legend`` labels below that (so that the legend hides no anatomy;
+    :func:`_legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure, the axes and the legend's
+    number of columns."""
+    scale, h_px = _image_px(w_mm, h_mm)
+    width = max(int(w_mm * scale) + 20, MIN_WIDTH_PX)
+    ncol, legend_px = _legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
+    total = h_px + BAND_PX + TOP_BAND_PX + TITLE_PX + legend_px
+    fig = _figure(width, total)
+    return fig, fig.add_axes((0, legend_px / total, 1, (h_px + BAND_PX + TOP_BAND_PX) / total)), ncol
+
+
+def _save(fig, path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", facecolor=fig.get_facecolor())
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+SCALE_BAR_MM = (200.0, 100.0, 50.0, 20.0, 10.0, 5.0)  # the lengths a scale bar may have
+
+
+def _scale_bar(ax, w_mm: float, h_mm: float) -> None:
+    """A bar at the left of the band below an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm; the band is
+    :data:`BAND_PX` of :func:`_image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
+    to an eighth of the image's width. Below the image, it covers no anatomy. Sets the axes' limits to the image and
+    its two bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below)."""
+    length = next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
+    scale, _h_px = _image_px(w_mm, h_mm)
+    band = BAND_PX / scale  # mm
+    x0, y = 0.03 * w_mm, h_mm + 0.8 * band
+    ax.plot([x0, x0 + length], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt")
+    ax.text(
+        x0 + length / 2,
+        y - 0.15 * band,
+        f"{length:.0f} mm",
+        color="yellow",
+        fontsize=8,
+        ha="center",
+        va="bottom",
+        bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
+    )
+    ax.set_xlim(0, w_mm)
+    ax.set_ylim(h_mm + band, -TOP_BAND_PX / scale)
+
+
+def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
+    kw = {
+        "color": "yellow",
+        "fontsize": 11,
+        "fontweight": "bold",
+        "transform": ax.transAxes,
+        "bbox": {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},  # legible on bright tissue
+    }
+    ax.text(0.01, 0.5, left, ha="left", va="center", **kw)
+    ax.text(0.99, 0.5, right, ha="right", va="center", **kw)
+    ax.text(0.5, 1 - TOP_BAND_PX / 2 / ax.bbox.height, top, ha="center", va="center", **kw)  # the band above the image
+    ax.text(0.5, 0.01, bottom, ha="center", va="bottom", **kw)
+    ax.set_title(title, color="white", fontsize=9)
+    ax.set_axis_off()
+
+
+def _legend(ax, handles: list, ncol: int) -> None:
+    """The legend of an MPR or MIP image: ``ncol`` columns in the rows below the image (:func:`_image_figure`)."""
+    ax.legend(
+        handles=handles,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0),
+        bbox_transform=ax.figure.transFigure,
+        ncol=ncol,
+        fontsize=LEGEND_FONTSIZE,
+        facecolor="black",
+        edgecolor="none",
+        labelcolor="white",
+        borderpad=0.3,
+        handlelength=1.5,
+        columnspacing=1.2,
+    )

@@ -1,0 +1,158 @@
+"""The nodules on the MPRs and MIPs (:mod:`.render`): the segmented nodules as labels on the volume's grid, their
+boxes and projections onto a plane, their outlines and their ``#N`` letters, placed where they cover no other letters
+and no nodule (image mm, y down; the 3-D preview places its letters the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..volume import Geometry
+from .render_planes import _PLANES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .nodules import NoduleResult
+
+
+#: The legend's entry for a nodule a plane does not cut (:func:`render_mpr`), and the letters of the side it lies on
+#: along each LPS axis (negative, positive): x right/left, y anterior/posterior, z inferior/superior.
+OFF_PLANE_LEGEND = "nodule off the plane (projected)"
+
+
+NODULE_FONTSIZE = 8  # points, the nodules' letters
+
+
+_SIDE_LETTERS = (("R", "L"), ("A", "P"), ("I", "S"))
+
+
+@dataclass(frozen=True)
+class _Extent:
+    """A nodule's box (slices of :func:`lps_aligned`'s ``[z, y, x]`` view), its mask there and its centre (x, y, z
+    view indices)."""
+
+    box: tuple[slice, slice, slice]
+    mask: np.ndarray
+    centre_xyz: np.ndarray
+
+
+def _draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float, row_mm: float, *, colour: str) -> None:
+    """Each nodule of ``marks`` (number, its pixels on the image, ``"solid"`` or ``"dashed"``, its letters) outlined
+    in ``colour`` on an image of ``col_mm`` × ``row_mm`` pixels, its letters beside it on a dark box where they cover
+    no other letters and no nodule (:func:`_free_spot`)."""
+    w_mm = ax.get_xlim()[1]
+    placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
+    y_lo, y_hi = ax.get_ylim()
+    mm_per_pt = max(w_mm / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
+    for _n, sl, style, text in marks:
+        xs = (np.arange(sl.shape[1]) + 0.5) * col_mm
+        ys = (np.arange(sl.shape[0]) + 0.5) * row_mm
+        width = 1.2 if style == "solid" else 1.0
+        ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=width, linestyles=style)
+        r_px, c_px = np.nonzero(sl)
+        x, y = _free_spot(
+            (c_px.max() + 1.5) * col_mm + 1.0,
+            (c_px.min() - 0.5) * col_mm - 1.0,
+            (r_px.min() + 0.5) * row_mm,
+            text,
+            mm_per_pt,
+            placed,
+            limit=w_mm,
+        )
+        ax.text(
+            x,
+            y,
+            text,
+            color=colour,
+            fontsize=NODULE_FONTSIZE,
+            fontweight="bold",
+            ha="left",
+            va="bottom",
+            bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
+        )  # legible on lung or bone
+
+
+LETTER_LINES = 30  # how many lines above or below its place a nodule's letters may move to cover nothing
+
+
+def _mark_box(sl: np.ndarray, col_mm: float, row_mm: float) -> tuple[float, float, float, float]:
+    """The box (image mm: ``x0, y0, x1, y1``, ``y`` down) of a nodule's pixels ``sl`` on an image of ``col_mm`` ×
+    ``row_mm`` pixels."""
+    r_px, c_px = np.nonzero(sl)
+    return (c_px.min() * col_mm, r_px.min() * row_mm, (c_px.max() + 1) * col_mm, (r_px.max() + 1) * row_mm)
+
+
+def _free_spot(
+    right: float,
+    left: float,
+    y: float,
+    text: str,
+    mm_per_pt: float,
+    placed: list[tuple[float, float, float, float]],
+    *,
+    limit: float,
+) -> tuple[float, float]:
+    """Where to put a nodule's letters (their bottom left corner, image mm; ``y`` runs down): right of the nodule
+    (from ``right``) at ``y`` or, when that would cover what is ``placed`` (boxes ``x0, y0, x1, y1``: the nodules,
+    letters placed before) or
+    run past the image's width ``limit``, left of it (ending at ``left``), else a line higher, a line lower, and so
+    on (up to :data:`LETTER_LINES` lines away); the box taken is added to ``placed``. ``mm_per_pt``: image mm per typographic point on the PNG."""
+    w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # a generous estimate of bold DejaVu Sans' widths
+    h = 1.45 * NODULE_FONTSIZE * mm_per_pt
+    lines = [k * sign for k in range(LETTER_LINES) for sign in ((1,) if k == 0 else (-1, 1))]  # 0, up 1, down 1, ...
+    spots = [(x, y + k * h) for k in lines for x in (right, left - w) if x >= 0 and x + w <= limit and y + k * h >= h]
+    for x, yk in spots or [(right, y)]:
+        box = (x, yk - h, x + w, yk)
+        if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
+            break
+    placed.append(box)
+    return box[0], box[3]
+
+
+def _nodule_extents(nview: np.ndarray) -> dict[int, _Extent]:
+    """Each nodule of the labels ``nview`` (:func:`lps_aligned` view of :func:`nodule_labels`) by its number."""
+    from scipy import ndimage
+
+    out = {}
+    for n, box in enumerate(ndimage.find_objects(nview), start=1):
+        if box is None:
+            continue
+        mask = nview[box] == n
+        zyx = np.argwhere(mask).mean(axis=0) + np.array([b.start for b in box])
+        out[n] = _Extent(box=(box[0], box[1], box[2]), mask=mask, centre_xyz=zyx[::-1])
+    return out
+
+
+def _projection(shape: tuple[int, ...], extent: _Extent, plane: str) -> np.ndarray:
+    """The nodule's shadow along ``plane``'s fixed axis: a ``[z, y, x]`` array of ``shape`` one plane thick along that
+    axis (:func:`_plane` index 0 gives it as the plane's image)."""
+    axis = 2 - _PLANES[plane][0]
+    thin = list(shape)
+    thin[axis] = 1
+    out = np.zeros(thin, bool)
+    box = list(extent.box)
+    box[axis] = slice(0, 1)
+    out[tuple(box)] = extent.mask.any(axis=axis, keepdims=True)
+    return out
+
+
+def nodule_labels(nodules: Sequence[NoduleResult], geometry: Geometry) -> np.ndarray | None:
+    """The segmented ``nodules`` as labels ``[k, j, i]`` (uint16) on ``geometry`` (the volume's grid): 0 no nodule, N
+    the nodule of finding #N (its ``index`` + 1: ``ctpipe detect``'s rank in a findings file); None when none was
+    segmented. Each mask is a crop of the volume's grid (:class:`NoduleResult`)."""
+    from .nodule_geometry import nodule_mask
+
+    labels: np.ndarray | None = None
+    for r in nodules:
+        nm = nodule_mask(r, geometry) if r.error is None else None
+        if nm is None or not nm.mask.any():
+            continue
+        if labels is None:
+            labels = np.zeros(geometry.shape, np.uint16)
+        k0, j0, i0 = nm.offset_kji
+        nk, nj, ni = nm.mask.shape
+        labels[k0 : k0 + nk, j0 : j0 + nj, i0 : i0 + ni][nm.mask] = r.index + 1
+    return labels
