@@ -6,7 +6,9 @@ plane that does not cut them), lung-window MPRs through each and their surfaces 
 Display orientation is radiological and derived from the LPS geometry, never
 from array order: axial and coronal images show the patient's right on the
 image left; axial images have anterior at the top; coronal and sagittal
-images have superior at the top; sagittal images have anterior on the left.
+images have superior at the top; sagittal images have anterior on the left. The MPRs and MIPs are true patient
+planes: an oblique grid (a gantry-tilt corrected series) is resampled onto patient axes for them
+(:func:`~.render_planes.to_patient_axes`), as their titles say.
 Every image is labelled with its orientation letters (R/L, A/P, S/I); the MPRs and MIPs carry a scale bar and their
 lower letter in a band below the image, their upper letter in a band above it, on no anatomy. Organs are named as the
 SEG names them ("left lung").
@@ -36,7 +38,7 @@ from .render_nodules import (
     _projection,
     nodule_labels,
 )
-from .render_planes import _PLANES, _field_window, _plane, lps_aligned, source_slices
+from .render_planes import _PLANES, _field_window, _plane, lps_aligned, resampled_note, source_slices, to_patient_axes
 
 if TYPE_CHECKING:  # pragma: no cover
     from .nodules import NoduleResult
@@ -71,6 +73,8 @@ def render_mpr(
     :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title."""
     from matplotlib.lines import Line2D
 
+    volume, masks, nodules = to_patient_axes(volume, masks, nodules)  # true patient planes, whatever the grid
+    note += resampled_note(volume)
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
     nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
@@ -155,6 +159,9 @@ def render_mip(
     there (its shadow across the slab) in the ``nodules`` colour and lettered ``#N``."""
     from matplotlib.lines import Line2D
 
+    lungs = {"lungs": lung_mask} if lung_mask is not None else {}
+    volume, lungs, nodules = to_patient_axes(volume, lungs, nodules)  # true axial slabs, whatever the grid
+    lung_mask = lungs.get("lungs")
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
     colour = organ_colours(["nodules"], outline=True)["nodules"]
@@ -192,7 +199,7 @@ def render_mip(
             "L",
             "A",
             "P",
-            f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}\nlung window — patient's right on "
+            f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}{resampled_note(volume)}\nlung window — patient's right on "
             "image left",
         )
         paths.append(_save(fig, out / f"{stem}_mip_axial_{n + 1}.png"))
@@ -250,6 +257,7 @@ def render_nodule_views(
 
     out.mkdir(parents=True, exist_ok=True)
     labels = nodule_labels(nodules, volume.geometry)
+    volume, masks, labels = to_patient_axes(volume, masks, labels)  # once for every MPR and MIP below
     paths = render_mpr(volume, masks, out, stem=stem, nodules=labels)
     segmented = [r for r in nodules if r.error is None and r.mask is not None and r.mask.any()]
     if len(segmented) > NODULE_MPRS:

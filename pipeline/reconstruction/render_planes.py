@@ -1,13 +1,19 @@
 """The planes the MPRs and MIPs show (:mod:`.render`): a volume in LPS order (``[z, y, x]``, each axis ascending), its
-axial, coronal and sagittal planes in display orientation, the window of a close-up, and the source slices an axial
-plane is.
+axial, coronal and sagittal planes in display orientation, the window of a close-up, the source slices an axial
+plane is, and the resampling of an oblique grid onto patient axes, so that every plane drawn is a true patient plane.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+
 import numpy as np
 
+from ..intensity import AIR_HU
 from ..volume import CTVolume, Geometry
+
+log = logging.getLogger(__name__)
 
 
 def lps_aligned(array: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -22,11 +28,12 @@ def lps_aligned(array: np.ndarray, geometry: Geometry) -> tuple[np.ndarray, np.n
 def source_slices(volume: CTVolume, za: int, zb: int) -> str:
     """The source slices of the axial view planes ``za``..``zb`` (indices of :func:`lps_aligned`'s z) as a viewer
     numbers them (``InstanceNumber 78``, ``InstanceNumber 105-109``; see
-    :func:`pipeline.detection.findings.slice_ref`), or "" for a series whose slices are not axial."""
+    :func:`pipeline.detection.findings.slice_ref`), or "" for a series whose slices are not axial or a volume resampled onto patient axes
+    (:func:`to_patient_axes`)."""
     from ..detection.findings import slice_label, slice_number_of, slice_number_source
 
     k_of_z = volume.geometry.view_plane_slices()
-    if k_of_z is None:
+    if k_of_z is None or RESAMPLED_FROM_DEG in volume.metadata:  # no axial plane is one source slice
         return ""
     nk = volume.shape[0]
     numbers = sorted({slice_number_of(int(k), volume.metadata, nk) for k in k_of_z[min(za, zb) : max(za, zb) + 1]})
@@ -67,3 +74,75 @@ def _field_window(
         a = int(np.clip(centre - half, 0, max(n - 2 * half - 1, 0)))
         out.append(slice(a, min(n, a + 2 * half + 1)))
     return out[0], out[1]
+
+
+#: Grids whose axes lean more than this many degrees off the patient's axes (a gantry-tilt corrected series, an
+#: oblique acquisition) are resampled onto patient axes before their MPRs and MIPs are drawn (:func:`to_patient_axes`).
+OBLIQUE_DEG = 1.0
+#: The metadata key of a volume resampled onto patient axes for display: how many degrees its source grid leaned.
+RESAMPLED_FROM_DEG = "DisplayResampledFromObliqueDeg"
+
+
+def oblique_deg(geometry: Geometry) -> float:
+    """How far (degrees) the grid's axes lean off the patient's axes (LPS): the largest angle between an index axis
+    and the LPS axis nearest to it; 0 for an axis-aligned grid, in any storage order."""
+    cosines = np.abs(np.asarray(geometry.direction)).max(axis=0)
+    return float(np.degrees(np.arccos(np.clip(cosines, -1.0, 1.0))).max())
+
+
+def patient_axes_grid(geometry: Geometry) -> Geometry:
+    """The axis-aligned grid (identity direction: i along L, j along P, k along S) of the box (LPS mm) enclosing every
+    voxel centre of ``geometry``, with its spacing along LPS x, y, z (:meth:`~pipeline.geometry.Geometry.spacing_lps`)."""
+    lo, hi = geometry.bounds_lps()
+    spacing = np.asarray(geometry.spacing_lps())
+    size = np.floor((hi - lo) / spacing + 1e-6).astype(int) + 1
+    return Geometry(shape=(int(size[2]), int(size[1]), int(size[0])), spacing=tuple(spacing), origin=tuple(lo))
+
+
+def _resampled(array: np.ndarray, src: Geometry, dst: Geometry, *, linear: bool, outside: float) -> np.ndarray:
+    """``array [k, j, i]`` on ``src`` sampled at the voxels of ``dst`` (SimpleITK; trilinear or nearest neighbour),
+    ``outside`` where ``dst`` reaches past ``src``."""
+    import SimpleITK as sitk
+
+    source = np.asarray(array)
+    boolean = source.dtype == np.bool_
+    image = sitk.GetImageFromArray(np.ascontiguousarray(source.astype(np.uint8) if boolean else source))
+    image.SetSpacing(src.spacing)
+    image.SetOrigin(src.origin)
+    image.SetDirection(tuple(float(v) for v in np.asarray(src.direction).reshape(-1)))
+    f = sitk.ResampleImageFilter()
+    f.SetSize([int(n) for n in dst.size_ijk])
+    f.SetOutputSpacing(dst.spacing)
+    f.SetOutputOrigin(dst.origin)
+    f.SetOutputDirection(tuple(float(v) for v in np.asarray(dst.direction).reshape(-1)))
+    f.SetInterpolator(sitk.sitkLinear if linear else sitk.sitkNearestNeighbor)
+    f.SetDefaultPixelValue(outside)
+    out = sitk.GetArrayFromImage(f.Execute(image))
+    return out.astype(bool) if boolean else out
+
+
+def to_patient_axes(
+    volume: CTVolume, masks: Mapping[str, np.ndarray], nodules: np.ndarray | None
+) -> tuple[CTVolume, dict[str, np.ndarray], np.ndarray | None]:
+    """The volume, its masks and nodule labels (``[k, j, i]`` on its grid) on patient axes, for display: as they are
+    when the grid leans at most :data:`OBLIQUE_DEG` off the LPS axes, else resampled onto :func:`patient_axes_grid`
+    (HU trilinear, air outside the scan; masks and labels nearest neighbour), the volume's metadata then saying by how
+    much its grid leaned (:data:`RESAMPLED_FROM_DEG`), so that each axial, coronal and sagittal plane drawn is a true
+    patient plane, where its title and letters say."""
+    angle = oblique_deg(volume.geometry)
+    if angle <= OBLIQUE_DEG:
+        return volume, dict(masks), nodules
+    src, dst = volume.geometry, patient_axes_grid(volume.geometry)
+    log.info("the grid leans %.1f deg off the patient's axes: its MPRs and MIPs are resampled onto them", angle)
+    hu = _resampled(np.asarray(volume.array, np.float32), src, dst, linear=True, outside=AIR_HU)
+    out = CTVolume(hu, dst, metadata={**volume.metadata, RESAMPLED_FROM_DEG: round(angle, 1)})
+    on_axes = {organ: _resampled(m, src, dst, linear=False, outside=0) for organ, m in masks.items()}
+    labels = _resampled(nodules, src, dst, linear=False, outside=0) if nodules is not None else None
+    return out, on_axes, labels
+
+
+def resampled_note(volume: CTVolume) -> str:
+    """ ", resampled to patient axes (grid 15.0° oblique)" for a volume :func:`to_patient_axes` resampled (a title's
+    note), else ""."""
+    angle = volume.metadata.get(RESAMPLED_FROM_DEG)
+    return f", resampled to patient axes (grid {angle:.1f}° oblique)" if angle is not None else ""
