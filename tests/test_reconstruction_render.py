@@ -431,3 +431,22 @@ def test_the_upper_letter_lies_in_a_band_above_the_image_not_on_anatomy(tmp_path
         upper = max(letters, key=lambda t: t.get_window_extent(renderer).y1).get_window_extent(renderer)
         assert upper.y0 >= image.y1 - 0.5, (ax.get_title(), upper, image)
         assert upper.y1 <= title.y0 + 0.5, (ax.get_title(), upper, title)
+
+
+def test_the_overview_sagittal_goes_through_a_lung_not_the_mediastinum(tmp_path, monkeypatch):
+    """The overview's sagittal went through the lungs' combined centre: on a chest, the mediastinum, no lung in it. It
+    now goes through the plane that holds the most lung, so a lung is shown."""
+    import re
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(60, 80, 120), spacing=(2.0, 2.0, 2.5), origin=(-120.0, -80.0, -75.0))
+    right = np.zeros(geom.shape, bool)
+    right[10:50, 15:65, 12:52] = True  # x -96..-18 mm: the right lung, larger
+    left = np.zeros(geom.shape, bool)
+    left[10:50, 15:65, 70:104] = True  # x 20..86 mm
+    vol = CTVolume(np.where(right | left, -850.0, 40.0).astype(np.float32), geom)
+    render_mpr(vol, {"lung_left": left, "lung_right": right}, tmp_path, stem="s")
+    sagittal = figures[2].axes[0]
+    x = float(re.search(r"sagittal at x=(-?[\d.]+) mm", sagittal.get_title()).group(1))
+    assert -96.0 <= x <= -18.0, sagittal.get_title()
+    assert "right lung" in {t.get_text() for t in sagittal.get_legend().get_texts()}

@@ -62,7 +62,8 @@ def render_mpr(
     window: str = "soft-tissue",
 ) -> list[Path]:
     """Axial, coronal and sagittal PNGs through ``center_lps`` (DICOM patient coordinates, LPS mm; default: the lungs'
-    or the volume's centre), soft-tissue window, each mask outlined in its colour (:func:`~.organs.organ_colours`:
+    centre, the sagittal through the plane holding the most lung, not the mediastinum between them; without lungs the
+    volume's centre), soft-tissue window, each mask outlined in its colour (:func:`~.organs.organ_colours`:
     :data:`~.organs.OUTLINE_COLORS`), with a legend in rows below the image (:func:`_legend_layout`), never over it.
 
     nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`: N is the nodule of finding #N); each
@@ -86,6 +87,7 @@ def render_mpr(
         if ref is not None and ref.any():
             zyx = np.argwhere(ref).mean(axis=0)
             center_idx = zyx[::-1]
+            center_idx[0] = np.argmax(ref.sum(axis=(0, 1)))  # the sagittal of the most lung, not the mediastinum
         else:
             center_idx = (np.array(view.shape[::-1]) - 1) / 2
     else:
