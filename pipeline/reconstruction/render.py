@@ -29,7 +29,7 @@ import numpy as np
 from ..volume import CTVolume
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
-from .render_layout import LUNG_WINDOW, WINDOWS, _image_figure, _labels, _legend, _save, _scale_bar
+from .render_layout import LUNG_WINDOW, WINDOWS, _image_figure, _labels, _legend, _outline, _save, _scale_bar
 from .render_nodules import (
     _SIDE_LETTERS,
     OFF_PLANE_LEGEND,
@@ -114,10 +114,8 @@ def render_mpr(
         _scale_bar(ax, w_mm, h_mm)
         drawn = []
         for organ, sl in outlines.items():
-            xs = (np.arange(sl.shape[1]) + 0.5) * spacing[cols]
-            ys = (np.arange(sl.shape[0]) + 0.5) * spacing[rows]
             colour = colours[organ]
-            ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=1.0)
+            _outline(ax, sl, spacing[cols], spacing[rows], colors=[colour], linewidths=1.0)
             drawn.append(Line2D([], [], color=colour, label=organ_label(organ)))
         marks = [(n, cut == n, "solid", f"#{n}") for n in numbers if cut is not None]  # outlined where cut
         for n in off:  # each nodule the plane does not cut: dashed where it projects, with its distance and side

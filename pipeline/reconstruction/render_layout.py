@@ -169,3 +169,16 @@ def _legend(ax, handles: list, ncol: int) -> None:
         handlelength=1.5,
         columnspacing=1.2,
     )
+
+
+def _outline(ax, mask: np.ndarray, col_mm: float, row_mm: float, **style) -> None:
+    """The edge of ``mask`` (an image's pixels, ``[row, column]``) on an image of ``col_mm`` × ``row_mm`` pixels
+    (image mm), drawn with ``style`` (matplotlib ``contour``'s ``colors``, ``linewidths``, ``linestyles``). Only the
+    box around the mask, a pixel beyond it, is traced: the same line as over the whole image, in a fraction of the
+    time on a large plane."""
+    rows, cols = np.nonzero(mask.any(axis=1))[0], np.nonzero(mask.any(axis=0))[0]
+    r0, r1 = max(int(rows[0]) - 1, 0), min(int(rows[-1]) + 2, mask.shape[0])
+    c0, c1 = max(int(cols[0]) - 1, 0), min(int(cols[-1]) + 2, mask.shape[1])
+    xs = (np.arange(c0, c1) + 0.5) * col_mm
+    ys = (np.arange(r0, r1) + 0.5) * row_mm
+    ax.contour(xs, ys, mask[r0:r1, c0:c1].astype(np.float32), levels=[0.5], **style)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..volume import Geometry
+from .render_layout import _outline
 from .render_planes import _PLANES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,10 +49,8 @@ def _draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float
     y_lo, y_hi = ax.get_ylim()
     mm_per_pt = max(w_mm / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
     for _n, sl, style, text in marks:
-        xs = (np.arange(sl.shape[1]) + 0.5) * col_mm
-        ys = (np.arange(sl.shape[0]) + 0.5) * row_mm
         width = 1.2 if style == "solid" else 1.0
-        ax.contour(xs, ys, sl.astype(np.float32), levels=[0.5], colors=[colour], linewidths=width, linestyles=style)
+        _outline(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style)
         r_px, c_px = np.nonzero(sl)
         x, y = _free_spot(
             (c_px.max() + 1.5) * col_mm + 1.0,
