@@ -45,6 +45,7 @@ from ..errors import CtpipeError, PacsAddressError
 from .address import check_aet, listen_error, valid_uid
 from .journal import INCOMPLETE_NOTE, Admission, ReceiveJournal
 from .ledger import Ledger, PacsLock, now
+from .listener_uids import read_uids
 from .scp import (
     STATUS_DATASET_MISMATCH,
     STATUS_OK,
@@ -310,12 +311,18 @@ class Listener:
                 extra={"event": "listen_refused"},
             )
             return status
-        try:
-            series_uid = str(event.dataset.SeriesInstanceUID)
-            study_uid = str(event.dataset.get("StudyInstanceUID", "")) or None
-        except (AttributeError, KeyError, ValueError, TypeError) as exc:
-            log.warning("refused instance %s from %s: unreadable dataset (%s)", sop_uid, calling, exc)
-            return STATUS_DATASET_MISMATCH
+        transfer_syntax = str(event.context.transfer_syntax)
+        raw = event.encoded_dataset(include_meta=False)  # the dataset as received, not decoded
+        uids = read_uids(raw, transfer_syntax)
+        if uids is not None and uids["series_uid"] is not None:
+            series_uid, study_uid = uids["series_uid"], uids["study_uid"]
+        else:  # what the scan of the encoded dataset cannot be sure of: decoded in full
+            try:
+                series_uid = str(event.dataset.SeriesInstanceUID)
+                study_uid = str(event.dataset.get("StudyInstanceUID", "")) or None
+            except (AttributeError, KeyError, ValueError, TypeError) as exc:
+                log.warning("refused instance %s from %s: unreadable dataset (%s)", sop_uid, calling, exc)
+                return STATUS_DATASET_MISMATCH
         if not valid_uid(series_uid):
             log.warning("refused instance %s from %s: SeriesInstanceUID %r is not valid", sop_uid, calling, series_uid[:80])
             return STATUS_DATASET_MISMATCH
@@ -328,8 +335,7 @@ class Listener:
             return STATUS_OK
         assert adm.folder is not None
         try:
-            header = part10_header(sop_class=sop_class, sop_instance=sop_uid, transfer_syntax=str(event.context.transfer_syntax))
-            data = header + event.encoded_dataset(include_meta=False)  # the dataset as received, not decoded
+            data = part10_header(sop_class=sop_class, sop_instance=sop_uid, transfer_syntax=transfer_syntax) + raw
             self._store(adm, data, sop_class=sop_class, calling=calling)
         except OSError as exc:
             log.error("cannot store instance %s (%s); the sender is told to try again", sop_uid, exc)

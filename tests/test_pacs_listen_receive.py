@@ -1,0 +1,103 @@
+"""``ctpipe listen`` receiving instances from a real pynetdicom C-STORE client: it files each under the Study and
+Series Instance UIDs read from the dataset as received, without decoding it, in every uncompressed transfer syntax
+it accepts (a sequence of undefined length before the UIDs included)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pydicom
+import pytest
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.sequence import Sequence
+
+from pipeline.config import load_config
+from pipeline.pacs import Listener
+from pipeline.runner.stages import IngestStage, WriteStage
+from tests._support.orthanc import HOST, free_port, write_phantom_series
+
+pytestmark = pytest.mark.pacs
+
+AET = "CTPIPE_R"
+SYNTAXES = ["1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.2", "1.2.840.10008.1.2.1.99"]
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory) -> tuple[str, list[Path]]:
+    return write_phantom_series(tmp_path_factory.mktemp("receive") / "case", 11, slices=8)
+
+
+def _listener(run: Path) -> Listener:
+    opts = {
+        "pacs.ae_title": AET,
+        "pacs.port": free_port(),
+        "pacs.allowed_aets": ["MODALITY"],
+        "pacs.quiet_period_s": 3600.0,
+        "report.enabled": False,
+        "workers": 0,
+    }
+    return Listener(run, load_config(overrides=opts, environ={}), stages=[IngestStage(), WriteStage()], poll_s=0.1)
+
+
+def _send(port: int, datasets: list[tuple[Dataset, str]]) -> list[int]:
+    """C-STORE each dataset in its transfer syntax, in one association; the statuses."""
+    from pynetdicom import AE
+
+    ae = AE(ae_title="MODALITY")
+    for syntax in dict.fromkeys(ts for _, ts in datasets):
+        ae.add_requested_context("1.2.840.10008.5.1.4.1.1.2", [syntax])
+    assoc = ae.associate(HOST, port, ae_title=AET)
+    assert assoc.is_established
+    try:
+        statuses = []
+        for read, syntax in datasets:
+            ds = Dataset()  # the elements alone, encoded by pynetdicom in ``syntax``
+            ds.update(read)
+            ds.file_meta = FileMetaDataset()
+            ds.file_meta.TransferSyntaxUID = syntax
+            statuses.append(int(assoc.send_c_store(ds).Status))
+        return statuses
+    finally:
+        assoc.release()
+        ae.shutdown()
+
+
+def _with_sequence(ds: Dataset) -> Dataset:
+    """``ds`` with a Referenced Image Sequence of undefined length, its items too, before the UIDs."""
+    item = Dataset()
+    item.ReferencedSOPClassUID = ds.SOPClassUID
+    item.ReferencedSOPInstanceUID = "1.2.3.999"
+    item.SeriesInstanceUID = "1.2.3.998"  # inside an item: not the instance's series
+    ds.ReferencedImageSequence = Sequence([item])
+    ds["ReferencedImageSequence"].is_undefined_length = True
+    item.is_undefined_length_sequence_item = True
+    return ds
+
+
+def test_instances_filed_under_their_uids_in_every_syntax_without_decoding_the_dataset(series, tmp_path, monkeypatch):
+    import pynetdicom.events
+
+    uid, files = series
+    decoded: list[int] = []
+    real_decode = pynetdicom.events.decode
+
+    def counting_decode(*args, **kwargs):  # pynetdicom's own decode, counted
+        decoded.append(1)
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(pynetdicom.events, "decode", counting_decode)
+    datasets = [(_with_sequence(pydicom.dcmread(f)), SYNTAXES[i % len(SYNTAXES)]) for i, f in enumerate(files)]
+    study = str(datasets[0][0].StudyInstanceUID)
+    run = tmp_path / "run"
+    with _listener(run) as lst:
+        assert _send(lst.port, datasets) == [0] * len(files)
+    assert decoded == []  # the UIDs came from the encoded dataset
+    with sqlite3.connect(f"file:{run / 'pacs' / 'ledger.sqlite'}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT series_uid, study_uid, n_instances FROM series").fetchall() == [(uid, study, len(files))]
+        assert db.execute("SELECT COUNT(*) FROM instances WHERE series_uid = ?", (uid,)).fetchone()[0] == len(files)
+    stored = sorted((run / "pacs" / "incoming" / uid / "g1").glob("*.dcm"))
+    assert len(stored) == len(files)
+    for path in stored:
+        ds = pydicom.dcmread(path)
+        assert str(ds.SeriesInstanceUID) == uid and ds.file_meta.TransferSyntaxUID in SYNTAXES
