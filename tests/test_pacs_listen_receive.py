@@ -1,9 +1,11 @@
 """``ctpipe listen`` receiving instances from a real pynetdicom C-STORE client: it files each under the Study and
 Series Instance UIDs read from the dataset as received, without decoding it, in every uncompressed transfer syntax
-it accepts (a sequence of undefined length before the UIDs included)."""
+it accepts (a sequence of undefined length before the UIDs included), and it summarises the instances a sender
+sent again in one INFO line per series and association, with their count (each one at DEBUG)."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
 
@@ -101,3 +103,19 @@ def test_instances_filed_under_their_uids_in_every_syntax_without_decoding_the_d
     for path in stored:
         ds = pydicom.dcmread(path)
         assert str(ds.SeriesInstanceUID) == uid and ds.file_meta.TransferSyntaxUID in SYNTAXES
+
+
+def test_duplicates_summarised_in_one_info_line_per_series_and_association(series, tmp_path, caplog):
+    uid, files = series
+    datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
+    run = tmp_path / "run"
+    with caplog.at_level(logging.DEBUG, logger="pipeline.pacs.listener"), _listener(run) as lst:
+        assert _send(lst.port, datasets) == [0] * len(files)
+        assert _send(lst.port, datasets) == [0] * len(files)  # sent again: answered success, not stored again
+    dup = [r for r in caplog.records if getattr(r, "event", None) == "listen_duplicate"]
+    info = [r for r in dup if r.levelno == logging.INFO]
+    assert len(info) == 1, [r.getMessage() for r in info]
+    line = info[0].getMessage()
+    assert f"{len(files)} instance(s) of series {uid}" in line and "MODALITY" in line and "not stored again" in line
+    detail = [r for r in caplog.records if getattr(r, "event", None) == "listen_duplicate_instance"]
+    assert len(detail) == len(files) and all(r.levelno == logging.DEBUG for r in detail)

@@ -164,6 +164,8 @@ class Listener:
         self.session: Any = None  # the RunSession feeding the runner (from start)
         self._stop = threading.Event()
         self._reported: set[tuple[str, int]] = set()
+        self._dup_lock = threading.Lock()
+        self._duplicates: dict[tuple[int, str, str], int] = {}  # (association, series, calling AET): instances sent again
         self._checked: dict[tuple[str, int], tuple[float, str | None]] = {}  # last_at when checked, why incomplete
         self._swept = 0.0  # when processed series' files were last released
 
@@ -212,7 +214,11 @@ class Listener:
                 address,
                 block=False,
                 ae_title=self.cfg.pacs.ae_title,
-                evt_handlers=[(evt.EVT_C_STORE, self._on_store), (evt.EVT_REJECTED, self._on_rejected)],
+                evt_handlers=[
+                    (evt.EVT_C_STORE, self._on_store),
+                    (evt.EVT_REJECTED, self._on_rejected),
+                    (evt.EVT_CONN_CLOSE, self._on_conn_close),
+                ],
             )
         except OSError as exc:
             self.close()
@@ -254,6 +260,7 @@ class Listener:
         if self._ae is not None:
             self._ae.shutdown()
             self._ae = None
+        self._report_duplicates(None)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -329,9 +336,16 @@ class Listener:
         assert self.journal is not None
         adm = self.journal.admit(sop_uid, series_uid, study_uid=study_uid if study_uid and valid_uid(study_uid) else None)
         if adm.duplicate:
-            log.info(
-                "instance %s from %s was received before; not stored again", sop_uid, calling, extra={"event": "listen_duplicate"}
+            log.debug(
+                "instance %s of series %s from %s was received before; not stored again",
+                sop_uid,
+                series_uid,
+                calling,
+                extra={"event": "listen_duplicate_instance"},
             )
+            with self._dup_lock:
+                key = (id(event.assoc), series_uid, calling)
+                self._duplicates[key] = self._duplicates.get(key, 0) + 1
             return STATUS_OK
         assert adm.folder is not None
         try:
@@ -341,6 +355,24 @@ class Listener:
             log.error("cannot store instance %s (%s); the sender is told to try again", sop_uid, exc)
             return STATUS_OUT_OF_RESOURCES
         return STATUS_OK
+
+    def _on_conn_close(self, event: Any) -> None:
+        """An association ended (released, aborted or cut): summarise the duplicates it sent."""
+        self._report_duplicates(id(event.assoc))
+
+    def _report_duplicates(self, assoc: int | None) -> None:
+        """One INFO line per series for the instances association ``assoc`` (None: every one) sent again."""
+        with self._dup_lock:
+            keys = [k for k in self._duplicates if assoc is None or k[0] == assoc]
+            counts = [(k, self._duplicates.pop(k)) for k in keys]
+        for (_, series_uid, calling), n in counts:
+            log.info(
+                "%d instance(s) of series %s from %s were received before; not stored again",
+                n,
+                series_uid,
+                calling,
+                extra={"event": "listen_duplicate", "series_uid": series_uid},
+            )
 
     def _store(self, adm: Admission, data: bytes, *, sop_class: str, calling: str) -> None:
         """Make an admitted instance (``data``: its Part 10 bytes) durable, file and journal row, or raise with neither
