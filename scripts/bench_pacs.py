@@ -14,8 +14,9 @@ Everything runs on 127.0.0.1 in this run, on the same phantom series, alternatin
 2. Receiving: dcmtk's ``storescu`` pushes one series (all its files) to ctpipe's listener
    (:class:`pipeline.pacs.Listener`: every instance written, fsynced and journalled before success is
    answered) and to dcmtk's ``storescp`` (writes each file, no fsync); then its first 20 instances one
-   ``storescu`` (one association) each, as senders that route per image do. Figure: instances per second;
-   ratio ctpipe ÷ storescp.
+   ``storescu`` (one association) each, as senders that route per image do; and the series shared between 4
+   ``storescu`` sending at once (``storescp --fork``, a process per association, as its peer). Figure: instances
+   per second; ratio ctpipe ÷ storescp.
 
 Needs Orthanc, its DICOMweb plugin and dcmtk: ``bash scripts/install_pacs_tools.sh`` (root) installs them.
 ``--quick`` uses 3 smaller series and 3 runs instead of 6 and 5 (about a minute); ``--only retrieval`` or
@@ -179,6 +180,29 @@ def _push_each(storescu: str, called: str, port: int, files: list[Path]) -> floa
     return time.perf_counter() - t0
 
 
+def _push_concurrent(storescu: str, called: str, port: int, files: list[Path], *, senders: int) -> float:
+    """Seconds for ``senders`` ``storescu`` started at once, each sending its share of ``files`` (every
+    ``senders``-th slice of the series) in one association, as a router's parallel queues do."""
+    shares = [files[i::senders] for i in range(senders)]
+    t0 = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [storescu, "-aet", "BENCH", "-aec", called, "-xe", "127.0.0.1", str(port), *map(str, share)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=dcmtk_env(),
+        )
+        for share in shares
+        if share
+    ]
+    errors = [p.communicate()[1] for p in procs]
+    failed = [e.decode(errors="replace")[-500:] for p, e in zip(procs, errors) if p.returncode != 0]
+    elapsed = time.perf_counter() - t0
+    if failed:
+        raise SystemExit(f"storescu failed: {failed[0]}")
+    return elapsed
+
+
 def dcmtk_env() -> dict[str, str]:
     """The environment of every dcmtk tool run here: ``TCP_NODELAY=1``, dcmtk's switch that disables Nagle's
     algorithm. dcmtk leaves it on since 3.6.2 and writes a PDU's header and body in separate calls, so with it a
@@ -199,15 +223,19 @@ def dcmtk(name: str) -> str:
     raise SystemExit(f"dcmtk's {name} not found: bash scripts/install_pacs_tools.sh")
 
 
-def bench_listener(folder: Path, n: int, repeats: int, tmp: Path, *, each: int = 20) -> dict:
-    """ctpipe's listener against ``storescp``: ``n`` instances of ``folder`` in one association, then its first
-    ``each`` instances one association each (``storescu`` started per instance, for both)."""
+def bench_listener(folder: Path, n: int, repeats: int, tmp: Path, *, each: int = 20, senders: int = 4) -> dict:
+    """ctpipe's listener against ``storescp``: ``n`` instances of ``folder`` in one association, then shared between
+    ``senders`` ``storescu`` at once (``storescp --fork``: a process per association, so that it too takes them at
+    once), then its first ``each`` instances one association each (``storescu`` started per instance, for both)."""
     storescu, storescp = dcmtk("storescu"), dcmtk("storescp")
-    singles = sorted(p for p in folder.iterdir() if p.is_file())[:each]
+    everything = sorted(p for p in folder.iterdir() if p.is_file())
+    singles = everything[:each]
     ours: list[float] = []
     peer: list[float] = []
     ours_each: list[float] = []
     peer_each: list[float] = []
+    ours_conc: list[float] = []
+    peer_conc: list[float] = []
     for r in range(repeats):
         port = free_port()
         cfg = load_config(
@@ -232,6 +260,12 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path, *, each: int =
         if got != len(singles):
             raise SystemExit(f"ctpipe listen stored {got} of {len(singles)} instances sent one association each")
         shutil.rmtree(run)
+        with Listener(run, cfg) as lst:
+            ours_conc.append(_push_concurrent(storescu, "CTPIPE", lst.port, everything, senders=senders))
+            got = lst._ledger.one("SELECT COUNT(*) AS n FROM instances")["n"] if lst._ledger else 0
+        if got != n:
+            raise SystemExit(f"ctpipe listen stored {got} of {n} instances from {senders} senders at once")
+        shutil.rmtree(run)
         port = free_port()
         out_dir = tmp / f"storescp{r}"
         out_dir.mkdir()
@@ -252,7 +286,26 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path, *, each: int =
         if got != n:  # the singles are the same instances again: storescp overwrites their files
             raise SystemExit(f"storescp stored {got} of {n} instances")
         shutil.rmtree(out_dir)
+        port = free_port()
+        out_dir.mkdir()
+        proc = subprocess.Popen(
+            [storescp, "--fork", "-aet", "STORESCP", "-od", str(out_dir), str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=dcmtk_env(),
+        )
+        try:
+            _wait_port(port)
+            peer_conc.append(_push_concurrent(storescu, "STORESCP", port, everything, senders=senders))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+        got = sum(1 for p in out_dir.iterdir() if p.is_file())
+        if got != n:
+            raise SystemExit(f"storescp --fork stored {got} of {n} instances from {senders} senders at once")
+        shutil.rmtree(out_dir)
     o, p = statistics.median(ours), statistics.median(peer)
+    oc, pc = statistics.median(ours_conc), statistics.median(peer_conc)
     oe, pe = statistics.median(ours_each), statistics.median(peer_each)
     return {
         "instances": n,
@@ -267,6 +320,12 @@ def bench_listener(folder: Path, n: int, repeats: int, tmp: Path, *, each: int =
         "ctpipe_each_instances_per_s": len(singles) / oe,
         "storescp_each_instances_per_s": len(singles) / pe,
         "ratio_each_vs_storescp": pe / oe,
+        "concurrent_senders": senders,
+        "ctpipe_concurrent_runs_s": ours_conc,
+        "storescp_concurrent_runs_s": peer_conc,
+        "ctpipe_concurrent_instances_per_s": n / oc,
+        "storescp_concurrent_instances_per_s": n / pc,
+        "ratio_concurrent_vs_storescp": pc / oc,
     }
 
 
@@ -341,6 +400,12 @@ def print_listener(li: dict, repeats: int) -> None:
     print(
         f"  dcmtk storescp (peer, no fsync)  {li['storescp_instances_per_s']:8.1f} instances/s   "
         f"ratio {li['ratio_vs_storescp']:.2f}x"
+    )
+    print(f"The same {li['instances']} shared between {li['concurrent_senders']} storescu sending at once:")
+    print(f"  ctpipe listen                    {li['ctpipe_concurrent_instances_per_s']:8.1f} instances/s")
+    print(
+        f"  dcmtk storescp --fork (peer)     {li['storescp_concurrent_instances_per_s']:8.1f} instances/s   "
+        f"ratio {li['ratio_concurrent_vs_storescp']:.2f}x"
     )
     print(f"The first {li['instances_one_association_each']} of them, one storescu (one association) per instance:")
     print(f"  ctpipe listen                    {li['ctpipe_each_instances_per_s']:8.1f} instances/s")
