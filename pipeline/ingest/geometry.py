@@ -182,8 +182,8 @@ def stack_geometry(
                 f"slice positions drift {drift:.2f} mm in-plane over {extent:.1f} mm along the normal: "
                 f"gantry tilt of {tilt_deg:.2f} deg{attr}",
                 where=where,
-                fix="resample it onto an orthogonal grid: ctpipe ingest --allow-gantry-tilt or ctpipe detect "
-                "--allow-gantry-tilt, ctpipe run --set ingest.allow_gantry_tilt=true, or allow_gantry_tilt=True in Python",
+                fix="resample it onto an orthogonal grid: ctpipe ingest --allow-gantry-tilt, ctpipe detect "
+                "--allow-gantry-tilt or ctpipe reconstruct --allow-gantry-tilt, ctpipe run --set ingest.allow_gantry_tilt=true, or allow_gantry_tilt=True in Python",
             )
         shifts, before, grown = _tilt_shifts(d - d[0], ta, tb, pixel_spacing)
         # the grid starts `before` pixels (<= 0) along the row and column cosines from the first slice's position

@@ -77,6 +77,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-render", action="store_true", help="skip the PNG renderings")
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
+    p.add_argument(
+        "--allow-gantry-tilt",
+        action="store_true",
+        help="resample a tilted-gantry DICOM series onto an orthogonal grid instead of rejecting it (as ctpipe ingest)",
+    )
     add_dicom_options(p, default="sr,seg")
     p.set_defaults(func=run)
 
@@ -118,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         need_score = bool(args.dicom) and dicom_source_of(args.src) is not None
         _, reported = read_findings(args.findings, need_score=need_score)
     bundle = read_bundle(args.seg_bundle) if args.seg_bundle is not None else None
-    volume, stem = read_source(args.src, series_uid=args.series_uid)
+    volume, stem = read_source(args.src, series_uid=args.series_uid, allow_gantry_tilt=args.allow_gantry_tilt)
     if reported is not None:  # findings of another scan are refused before --out is made
         findings_of_series(reported, volume.series_uid)
     ensure_dir(args.out)
