@@ -189,7 +189,8 @@ def test_gantry_tilt_shears_positions_and_resamples(tmp_path):
         if k == len(paths) // 2:
             assert inside.all()
         np.testing.assert_allclose(got[inside], expect[inside], atol=0.51)
-        assert np.all(got[outside] == -1000)
+        # past the slab, a row holds the nearest slab slice's anatomy (a tilted scanner images every row): not air
+        np.testing.assert_allclose(got[outside], expect[outside], atol=0.51)
     hdr = _headers(paths)
     ipps = np.array([[float(v) for v in h.ImagePositionPatient] for h in hdr])
     step = np.diff(ipps, axis=0)

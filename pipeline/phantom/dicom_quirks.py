@@ -32,8 +32,10 @@ def tilt_stack(stack: Stack, volume: CTVolume, tilt_deg: float) -> Stack:
     along ``d2`` by ``sk`` per slice, so successive positions are sheared along the
     tilted column direction instead of advancing along the slice normal. Each
     tilted plane passes through the centre row of the original slice k, where its
-    values are the original voxels; other rows are bilinear in (j, k); points
-    beyond the scanned slab are air (-1000 HU). Anatomy keeps its LPS position.
+    values are the original voxels; other rows are bilinear in (j, k); rows that
+    reach past the phantom's slab take its first or last slice (a tilted scanner images
+    anatomy in every row: air there would cut through the body and join the trachea to
+    the air around it). Anatomy keeps its LPS position.
     """
     g = volume.geometry
     si, sj, sk = g.spacing
@@ -50,15 +52,13 @@ def tilt_stack(stack: Stack, volume: CTVolume, tilt_deg: float) -> Stack:
     src = volume.array.astype(np.float32, copy=False)
     out = np.empty((nk, nj, g.shape[2]), dtype=np.float32)
     for k in range(nk):
-        kk = k + rel * sj * np.sin(t) / sk
-        inside = (kk >= -1e-6) & (kk <= nk - 1 + 1e-6)
-        kc = np.clip(kk, 0, nk - 1)
+        kc = np.clip(k + rel * sj * np.sin(t) / sk, 0, nk - 1)
         k0 = np.floor(kc).astype(np.int64)
         k1 = np.minimum(k0 + 1, nk - 1)
         wk = (kc - k0)[:, None].astype(np.float32)
         top = src[k0, j0] * (1 - wj) + src[k0, j1] * wj
         bottom = src[k1, j0] * (1 - wj) + src[k1, j1] * wj
-        out[k] = np.where(inside[:, None], top * (1 - wk) + bottom * wk, np.float32(AIR_HU))
+        out[k] = top * (1 - wk) + bottom * wk
     shift = jc * sj * (d[:, 1] - col)
     stack.hu = out
     stack.positions = stack.positions + shift[None, :]
