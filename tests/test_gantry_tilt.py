@@ -550,3 +550,29 @@ def test_a_tilted_phantom_keeps_its_airway_and_its_lung_and_body_volumes(tmp_pat
         ml = float(tilted.masks[organ].sum()) * float(np.prod(vol.geometry.spacing)) / 1000.0
         ml0 = float(straight.masks[organ].sum()) * float(np.prod(ph.volume.geometry.spacing)) / 1000.0
         assert ml == pytest.approx(ml0, rel=0.05 if organ != "airway" else 0.15), (organ, ml, ml0)
+
+
+@pytest.mark.slow
+def test_the_detectors_lung_search_on_a_tilt_corrected_grid_leaves_out_the_padding_wedge(tmp_path):
+    """The voxels of the grown grid that no tilted image covers (-1024 HU padding at the anterior and posterior
+    edges) are air beside the body, not lung: neither the detector's quick lung mask nor the segmented lung region
+    it limits findings to holds any of them, and both still hold the lungs."""
+    from pipeline.detection.lungs import quick_lung_mask, segmented_lung_region
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+
+    # without noise the phantom's air is -1000 HU: only the padding is exactly PADDING_HU
+    ph = generate_phantom(3, matrix=96, n_nodules=0, pixel_spacing=2.0, slice_spacing=3.0, noise_hu=0.0)
+    write_dicom_series(ph.volume, tmp_path, quirks=["gantry_tilt"])
+    vol = load_series(tmp_path, allow_gantry_tilt=True)
+    grown_rows = vol.metadata["GantryTiltGrownColumnsRows"][1]
+    padding_kji = np.argwhere(vol.array == PADDING_HU)
+    # each slice misses `grown_rows` rows in all (split before and after its image), less the blended edge rows
+    assert len(padding_kji) >= 0.8 * grown_rows * vol.shape[0] * vol.shape[2]
+    padding_ijk = padding_kji[:, ::-1]
+    lungs = ph.masks["lung_left"] | ph.masks["lung_right"]
+    lung_ijk = np.argwhere(lungs)[::7, ::-1].astype(np.float64)
+    lung_ijk = np.round(vol.lps_to_index(ph.volume.geometry.index_to_lps(lung_ijk)))  # on the corrected grid
+    for region in (quick_lung_mask(vol), segmented_lung_region(vol, device="cpu")):
+        assert not region.near(padding_ijk, 0.0).any()
+        assert region.near(lung_ijk, 4.0).mean() > 0.95  # the lungs themselves are searched
