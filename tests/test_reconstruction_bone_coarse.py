@@ -14,6 +14,7 @@ import torch
 
 from pipeline.reconstruction import blood_pools as pools_mod
 from pipeline.reconstruction import bone as bone_mod
+from pipeline.reconstruction import marrow as marrow_mod
 from pipeline.reconstruction.grid import Grid
 from pipeline.reconstruction.organs import SegmentParams
 from pipeline.volume import CTVolume, Geometry
@@ -196,3 +197,25 @@ def test_half_way_hu_lies_between_the_bone_and_the_tissue_beside_a_voxel():
     level = bone_mod.half_way_hu(hu, bone, outer, torch.ones_like(bone), 0)
     assert torch.allclose(level[0, 1:4, 1], torch.tensor(120.0))  # (200 + 40) / 2
     assert torch.isinf(level[0, 2, 0])  # no tissue beside it
+
+
+def test_a_disc_rimmed_by_endplates_is_not_marrow_and_fatty_textured_marrow_is(monkeypatch: pytest.MonkeyPatch):
+    """An intervertebral disc (smooth 85 HU fibrocartilage) in 3 mm slices whose partial-volume ring of endplate
+    cortex nearly encloses it is not marrow; the fatty marrow of an elderly vertebra (90 HU on average, below
+    ``MARROW_HU``, its trabeculae spreading it by 25 HU, twice the noise) behind the same broken ring is."""
+    disc = _vertebra_slice(body_hu=85.0)
+    fatty = _vertebra_slice(body_hu=90.0)
+    hu, regions = _vertebra_beside_an_aorta([_vertebra_slice()] * 3 + [disc] * 2 + [fatty] * 4 + [_vertebra_slice()] * 3)
+    interior = regions["interior"]
+    rng = np.random.default_rng(11)
+    trabeculae = rng.normal(0.0, 25.0, hu.shape).astype(np.float32)
+    hu[5:9][interior[5:9]] += trabeculae[5:9][interior[5:9]]
+    assert hu[3:5][interior[3:5]].mean() < 100.0 and hu[5:9][interior[5:9]].mean() < 100.0  # both below MARROW_HU
+    bone = _segment_3mm(hu)
+    at_disc = float(bone[3:5][interior[3:5]].mean())
+    assert at_disc < 0.1, f"{at_disc:.0%} of the disc between the endplates' rings is bone"
+    at_fatty = float(bone[5:9][interior[5:9]].mean())
+    monkeypatch.setattr(marrow_mod, "DISC_SPREAD", 0.0)  # no region is smooth enough to be a disc
+    unchecked = float(_segment_3mm(hu)[5:9][interior[5:9]].mean())
+    assert at_fatty > 0.85 and at_fatty >= unchecked, f"only {at_fatty:.0%} of the fatty marrow is bone ({unchecked:.0%})"
+    assert not bone[regions["canal"]].any() and not bone[regions["aorta"]].any()

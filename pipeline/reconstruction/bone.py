@@ -39,7 +39,8 @@ pixels). The extra seeds this finds are kept out of blood pools (which are judge
 above ``SEED_HU`` itself, so enhanced blood, 300-500 HU, never becomes a seed that rims it). Where
 the cortex fills less than ``BROKEN_RING_SHARE`` of a pixel, a vertebral body's ring breaks into
 pieces and its marrow is no longer a hole: marrow is then also a region of the slice denser than
-soft tissue that bone mostly surrounds (:func:`.marrow.fill_rimmed_marrow`), added after the
+soft tissue that bone mostly surrounds (:func:`.marrow.fill_rimmed_marrow`; an intervertebral disc,
+below marrow's density and as smooth as the image noise, is not), added after the
 growth in step 4, and so is a region of a slice as dense as marrow with bone in the slices just
 above and below it (a low-density level where no cortex shows at all;
 :func:`.marrow.fill_between_slices`); a resolved cortex always shows, so finer pixels need neither. On such pixels a pixel wholly on bone is mostly cancellous bone, often below the
@@ -252,7 +253,8 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     bone_np = bone_np | (shafts & (hu_np > 0.5 * (LOW_HU + bone_hu)))
     if share < BROKEN_RING_SHARE:  # the cortex ring is broken by partial volume: its marrow joins the tissue outside
         dense = ((in_plane_mean(hu, sa) >= MARROW_LOW_HU) & body_b & ~pool).cpu().numpy()
-        bone_np = fill_rimmed_marrow(bone_np, dense, sa, pixel_mm2)
+        raw_np = raw_all[box].cpu().numpy()  # a disc is smooth where trabecular bone is not: judged unsmoothed
+        bone_np = fill_rimmed_marrow(bone_np, dense, sa, pixel_mm2, hu=raw_np, noise_hu=noise)
         # and a level of low density may show no cortex at all: its marrow lies between bone above and below
         bone_np = fill_between_slices(bone_np, dense, hu_np, sa, pixel_mm2, float(spacing[2 - sa]))
     bone_np = fill_marrow(bone_np, hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)

@@ -11,7 +11,11 @@ only part of each pixel it crosses and its ring breaks into pieces: the marrow i
 longer a hole but joins the tissue outside through the gaps. :func:`fill_rimmed_marrow` takes
 such marrow from its own density and the bone around it: a region of the slice denser than
 soft tissue (in-plane 3x3 mean above ``MARROW_LOW_HU``) whose in-plane rim is at least
-``MARROW_RIM_MIN`` bone.
+``MARROW_RIM_MIN`` bone. An intervertebral disc (fibrocartilage, 70-95 HU) in a slice rimmed by its
+vertebrae's endplates is as dense, but it is smooth: a region below ``MARROW_HU`` whose HU spreads
+less than ``DISC_SPREAD`` times the image noise (over at least ``DISC_MIN_MM2``) is a disc, not fatty
+marrow, whose trabeculae spread its HU well beyond the noise (fatty marrow of an elderly vertebra,
+50-150 HU, stays marrow).
 
 A slice where no cortex was found at all (a low-density vertebral level on pixels too wide for
 its cortex to fill half of them) has no ring to enclose its marrow, but bone lies in the slices just above and below
@@ -35,6 +39,8 @@ SPECK_MM2 = 12.0  # holes in a slice of bone up to this area (mm²) are noise, f
 MIDLINE_FREE_SHARE = 0.25  # share of a slice's body clear of the image's x edges that still tells its mid-line
 MARROW_LOW_HU = 75.0  # marrow behind a broken cortex is denser than this (in-plane 3x3 mean, HU): muscle, CSF are below
 MARROW_RIM_MIN = 0.5  # share of its in-plane rim on bone above which a dense region is marrow behind a broken cortex
+DISC_SPREAD = 1.7  # a region below MARROW_HU whose HU spreads less than this times the image noise is a disc
+DISC_MIN_MM2 = 150.0  # a region this large (mm²) or larger has a spread that tells a disc (fewer pixels: too few to tell)
 MARROW_GAP_MM = 6.0  # marrow between bone this close above and below along the slice axis (mm) is a level the cortex missed
 MARROW_BETWEEN_MIN = 0.5  # share of a dense region of a slice with bone above and below it for the region to be marrow
 
@@ -124,7 +130,15 @@ def fill_marrow(
     return mask | fill[labels]
 
 
-def fill_rimmed_marrow(mask: np.ndarray, dense: np.ndarray, slice_axis: int, pixel_mm2: float) -> np.ndarray:
+def fill_rimmed_marrow(
+    mask: np.ndarray,
+    dense: np.ndarray,
+    slice_axis: int,
+    pixel_mm2: float,
+    *,
+    hu: np.ndarray | None = None,
+    noise_hu: float = 0.0,
+) -> np.ndarray:
     """``mask`` with the marrow behind a broken cortex added (bool ``[k, j, i]``, like ``mask``).
 
     ``dense``: the voxels that may be marrow (in-plane 3x3 mean above :data:`MARROW_LOW_HU`,
@@ -134,6 +148,12 @@ def fill_rimmed_marrow(mask: np.ndarray, dense: np.ndarray, slice_axis: int, pix
     4-neighbours outside it) is at least :data:`MARROW_RIM_MIN` on ``mask`` is marrow. A region
     of the slice that is mostly surrounded by something other than bone (muscle, an organ,
     the spinal canal's CSF) stays out.
+
+    With ``hu`` (the unsmoothed HU of every voxel, shaped like ``mask``) and ``noise_hu`` (the
+    image noise, HU: :func:`.local_hu.image_noise`), a region whose mean is below :data:`MARROW_HU`
+    and whose HU standard deviation is below :data:`DISC_SPREAD` times ``noise_hu``, over at least
+    :data:`DISC_MIN_MM2` (too few pixels do not tell their spread), is smooth
+    fibrocartilage, an intervertebral disc between two endplates, and stays out too.
     """
     structure = morph.in_plane_cross(slice_axis)
     labels, n = ndimage.label(dense & ~mask, structure=structure)
@@ -146,6 +166,12 @@ def fill_rimmed_marrow(mask: np.ndarray, dense: np.ndarray, slice_axis: int, pix
     rim_n = np.bincount(ring[on_ring & mask], minlength=n + 1)
     area = np.bincount(labels.ravel(), minlength=n + 1) * pixel_mm2
     fill = (rim_n >= MARROW_RIM_MIN * np.maximum(ring_n, 1)) & (area <= MARROW_MAX_MM2)
+    if hu is not None and noise_hu > 0.0:
+        flat = labels.ravel()
+        size = np.bincount(flat, minlength=n + 1)
+        mean = _label_mean(flat, hu, size)
+        spread = np.sqrt(np.maximum(_label_mean(flat, hu.astype(np.float64) ** 2, size) - mean**2, 0.0))
+        fill &= (mean >= MARROW_HU) | (spread >= DISC_SPREAD * noise_hu) | (area < DISC_MIN_MM2)
     fill[0] = False
     return mask | fill[labels]
 
