@@ -185,7 +185,7 @@ def _run(
             pl.not_found,
             extra={"event": "not_found"},
         )
-    summary.total = len(found.cases)
+    summary.total = len({c.case_key for c in found.cases})  # a series reached through two sources is one case
     summary.skipped = len(pl.done)
     pipeline = list(stages) if stages is not None else build_stages(cfg)
     need_model = any(s.group == "model" for s in pipeline)
