@@ -158,3 +158,20 @@ def test_a_run_interrupted_mid_case_keeps_its_cache_entry_pointing_at_the_source
     assert source is not None and source.is_dir() and source.is_relative_to(src), source
     leaks = [leak for leak in _leaks(run, "") if not leak.startswith("cache")]
     assert leaks == []
+
+
+def test_a_done_cases_volume_json_names_its_patient_named_source_by_token(tmp_path, capsys, own_signals, monkeypatch):
+    # was: cases/<id>/volume.json, the published copy of the cache sidecar, named the source folder as it is
+    # ("source": ".../SMITH^JOHN_1234567/CT") and so kept the patient's name in the results of every completed case
+    import pipeline.runner.batch as batch
+
+    real = batch.build_stages
+    monkeypatch.setattr(batch, "build_stages", lambda cfg: [s for s in real(cfg) if s.name in ("ingest", "write")])
+    src, run = tmp_path / "incoming", tmp_path / "run"
+    _archive(src)
+    argv = ["run", str(src), "--out", str(run), "--workers", "1", "--no-dicom", "--set", "report.enabled=false"]
+    assert main(argv) == 3
+    console = "".join(capsys.readouterr())
+    (volume_json,) = (run / "cases").glob("*/volume.json")
+    assert "<patient:" in volume_json.read_text(encoding="utf-8")
+    assert [leak for leak in _leaks(run, console) if not leak.startswith("cache")] == []

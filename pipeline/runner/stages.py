@@ -183,6 +183,28 @@ class IngestStage(Stage):
         return {"volume_fingerprint": entry.fingerprint, "shape_kji": list(vol.shape), "spacing_ijk": list(vol.spacing)}
 
 
+def _redacted_json(data: bytes) -> bytes:
+    """A JSON document with every string in it redacted (:func:`pipeline.runner.redact.redact`), also one stored with
+    its non-ASCII characters escaped."""
+    import json
+
+    from .redact import active, redact
+
+    if active() is None:
+        return data
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return redact(v)
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        return v
+
+    return json.dumps(walk(json.loads(data)), indent=1).encode()
+
+
 class WriteStage(Stage):
     """Findings JSON + CSV + one PNG per finding, and ``volume.json`` (geometry, DICOM metadata, fingerprint)."""
 
@@ -199,9 +221,11 @@ class WriteStage(Stage):
         findings.write_json(ctx.workdir / "findings.json")
         findings.write_csv(ctx.workdir / "findings.csv")
         # the volume's sidecar: geometry (LPS mm), DICOM metadata and content fingerprint of what was analysed
-        # (patient identifiers only where privacy.keep_identifiers kept them in the cache)
+        # (patient identifiers only where privacy.keep_identifiers kept them in the cache); the source folder's
+        # patient-named components by their tokens, as everywhere a run writes outside dicom/ (the cache entry itself
+        # names the source as it is, for the next run)
         sidecar = CaseCache(ctx.cache_dir).sidecar_path(ctx.case.case_id)
-        atomic_write_bytes(ctx.workdir / "volume.json", sidecar.read_bytes())
+        atomic_write_bytes(ctx.workdir / "volume.json", _redacted_json(sidecar.read_bytes()))
         declared = ["findings.json", "findings.csv", "volume.json"]
         if ctx.config.detector.write_png and len(findings):
             from ..detection.figures import write_finding_pngs
