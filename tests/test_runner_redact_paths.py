@@ -175,3 +175,21 @@ def test_a_done_cases_volume_json_names_its_patient_named_source_by_token(tmp_pa
     (volume_json,) = (run / "cases").glob("*/volume.json")
     assert "<patient:" in volume_json.read_text(encoding="utf-8")
     assert [leak for leak in _leaks(run, console) if not leak.startswith("cache")] == []
+
+
+def test_volume_json_redaction_reads_through_escaped_non_ascii_names():
+    """The cache sidecar stores non-ASCII characters escaped (``M\\u00fcller``): its published copy is redacted by
+    value, so such a folder is replaced too; without a run that redacts it is copied byte for byte."""
+    import json
+
+    from pipeline.runner.redact import PathRedactor, identifiers_of, redacting
+    from pipeline.runner.stages import _redacted_json
+
+    sidecar = json.dumps({"extra": {"source": "/spool/MüllerAnna/CT"}, "n": [1, 2.5, None]}, indent=1).encode()
+    assert b"M\\u00fcller" in sidecar
+    assert _redacted_json(sidecar) == sidecar
+    r = PathRedactor(secret="s")
+    r.add_series(["/spool/MüllerAnna/CT/x.dcm"], identifiers_of([("PatientName", "Müller^Anna")]))
+    with redacting(r):
+        doc = json.loads(_redacted_json(sidecar))
+    assert doc == {"extra": {"source": f"/spool/{r.token('MüllerAnna')}/CT"}, "n": [1, 2.5, None]}
