@@ -135,7 +135,7 @@ def test_ray_actors_redact_their_records_too(tmp_path):
 
 def test_a_run_interrupted_mid_case_keeps_its_cache_entry_pointing_at_the_source(tmp_path):
     """A run stopped before the case ends keeps the ingested volume's cache entry for the next run. The entry holds the
-    scan itself, and its sidecar names the folder the series came from, as it is: ``ctpipe detect <entry> --dicom``
+    scan itself, and its sidecar names the folder the series came from, as it is: ``ctpipe detect <entry>``
     finds the source images through it. Everything else in the run folder names that folder by its token."""
     from pipeline.dicom_out.case import dicom_source_of
     from pipeline.runner import run_batch
