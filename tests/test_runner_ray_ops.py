@@ -88,7 +88,7 @@ class _Remote:
         return self
 
     def remote(self, **kwargs: Any) -> Any:
-        call = SimpleNamespace(remote=lambda: object())
+        call = SimpleNamespace(remote=lambda *args, **kwargs: object())
         return SimpleNamespace(place=call, setup=call)
 
 
