@@ -21,7 +21,7 @@ from ..volume import Geometry
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
 from .render_layout import _figure, _labels, _legend_layout, _rgb, _save
-from .render_nodules import NODULE_FONTSIZE, _free_spot
+from .render_nodules import _free_spot, put_nodule_letters
 
 _CHUNK = 20000
 PREVIEW_TRIANGLES = 150_000
@@ -273,17 +273,7 @@ def _letter_nodules(
         text = f"#{name.removeprefix('nodule ').strip()}"
         right, left, top = float(uv[:, 0].max()) + 3.0, float(uv[:, 0].min()) - 3.0, float(uv[:, 1].min()) + 4.0
         x, y = _free_spot(right, left, top, text, 100.0 / 72.0, placed, limit=float(size))
-        ax.text(
-            x,
-            y,
-            text,
-            color=colour,
-            fontsize=NODULE_FONTSIZE,
-            fontweight="bold",
-            ha="left",
-            va="bottom",
-            bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
-        )
+        put_nodule_letters(ax, x, y, text, colour=colour)
 
 
 def _preview_label(name: str) -> str:

@@ -61,17 +61,23 @@ def _draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float
             placed,
             limit=w_mm,
         )
-        ax.text(
-            x,
-            y,
-            text,
-            color=colour,
-            fontsize=NODULE_FONTSIZE,
-            fontweight="bold",
-            ha="left",
-            va="bottom",
-            bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
-        )  # legible on lung or bone
+        put_nodule_letters(ax, x, y, text, colour=colour)
+
+
+def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> None:
+    """A nodule's letters ``text`` (``#N``) with their lower left corner at ``(x, y)`` (the axes' units), bold, on a
+    dark box that keeps them legible on lung or bone."""
+    ax.text(
+        x,
+        y,
+        text,
+        color=colour,
+        fontsize=NODULE_FONTSIZE,
+        fontweight="bold",
+        ha="left",
+        va="bottom",
+        bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
+    )
 
 
 LETTER_LINES = 30  # how many lines above or below its place a nodule's letters may move to cover nothing
