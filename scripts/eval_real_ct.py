@@ -77,15 +77,20 @@ def bone_row(case: RealCase, bone: np.ndarray, root: Path) -> dict[str, Any]:
     return row
 
 
-def print_bone_table(rows: list[dict[str, Any]]) -> None:
-    cols = ["scan", "bone_ml", "dice_bone", "dice_spine_ribs", "precision"]
-    cols += [f"recall_{n}" for n in TS_BONE_RECALL] + [f"{o}_ml" for o in TS_NOT_BONE]
-    table = [cols] + [[_fmt(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(t[n]) for t in table) for n in range(len(cols))]
+def _print_table(table: list[list[str]]) -> None:
+    """Print ``table`` (its first row the header) in aligned columns: the first left-aligned, the rest right."""
+    widths = [max(len(t[n]) for t in table) for n in range(len(table[0]))]
     for n, t in enumerate(table):
         print("  ".join(s.rjust(w) if i else s.ljust(w) for i, (s, w) in enumerate(zip(t, widths))))
         if n == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def print_bone_table(rows: list[dict[str, Any]]) -> None:
+    cols = ["scan", "bone_ml", "dice_bone", "dice_spine_ribs", "precision"]
+    cols += [f"recall_{n}" for n in TS_BONE_RECALL] + [f"{o}_ml" for o in TS_NOT_BONE]
+    table = [cols] + [[_fmt(r.get(c)) for c in cols] for r in rows]
+    _print_table(table)
 
 
 def evaluate(case: RealCase, device: str, *, bone: bool = False) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -166,11 +171,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         "s",
     ]
     table = [head] + [[_fmt(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(t[n]) for t in table) for n in range(len(head))]
-    for n, t in enumerate(table):
-        print("  ".join(s.rjust(w) if i else s.ljust(w) for i, (s, w) in enumerate(zip(t, widths))))
-        if n == 0:
-            print("  ".join("-" * w for w in widths))
+    _print_table(table)
     for r in rows:
         notes = {**r["flags"], **r["errors"]}
         if notes:
