@@ -9,6 +9,7 @@ An archive that refuses the confirming query is said once, and its later cases a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -116,6 +117,20 @@ def drops_all(tmp_path_factory, source_case):
         srv.stop()
 
 
+def _send(run, destination: str, caplog=None):
+    """Send the run's results once (no retries) to ``destination``, warnings captured in ``caplog``; the counts."""
+    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=destination)
+    with caplog.at_level(logging.WARNING) if caplog is not None else contextlib.nullcontext():
+        sender.scan()
+        sender.send_due()
+    return sender.close()
+
+
+def _said_by_series(caplog) -> list[str]:
+    """What the sender said, once, about confirming results by series."""
+    return [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "verify_by_series"]
+
+
 def test_an_archive_without_image_level_queries_confirms_by_series_said_once(
     drops_sr, source_case, tmp_path, monkeypatch, caplog
 ):
@@ -126,16 +141,12 @@ def test_an_archive_without_image_level_queries_confirms_by_series_said_once(
     c1 = _completed_case(run, "c1", source_case)
     c2 = _completed_case(run, "c2", source_case)
     RunStore(run).close()
-    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=drops_sr.dimse)
-    with caplog.at_level(logging.WARNING):
-        sender.scan()
-        sender.send_due()
-    counts = sender.close()
+    counts = _send(run, drops_sr.dimse, caplog)
     assert drops_sr.holds(c1["seg"]) and drops_sr.holds(c2["seg"]) and not drops_sr.holds(c1["sr"])
     assert (counts.sent, counts.pending, counts.failed) == (2, 0, 2)
     state = open_run(run).deliveries.set_index("sop_uid").state
     assert state[c1["seg"]] == state[c2["seg"]] == "sent" and state[c1["sr"]] == state[c2["sr"]] == "failed"
-    said = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "verify_by_series"]
+    said = _said_by_series(caplog)
     assert len(said) == 1 and drops_sr.dimse in said[0] and "C-FIND at IMAGE level" in said[0]
     assert "pacs.verify_sent: false" in said[0]
     assert queries == [2]  # IMAGE level asked once (case c1); c2 by series only
@@ -148,10 +159,7 @@ def test_a_drop_of_every_result_is_told_apart_from_an_archive_that_cannot_say(dr
     run = tmp_path / "run"
     c1 = _completed_case(run, "c1", source_case)
     RunStore(run).close()
-    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=drops_all.dimse)
-    sender.scan()
-    sender.send_due()
-    counts = sender.close()
+    counts = _send(run, drops_all.dimse)
     assert (counts.sent, counts.failed) == (0, 2)
     error = Ledger(run).one("SELECT error FROM sent WHERE sop_uid = ?", (c1["seg"],))["error"]
     assert "list the source series but not the result's: it answers these queries" in error
@@ -210,16 +218,12 @@ def test_an_archive_refusing_image_level_queries_confirms_by_series(source_case,
         run = tmp_path / "run"
         c1 = _completed_case(run, "c1", source_case)
         RunStore(run).close()
-        sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=srv.dimse)
-        with caplog.at_level(logging.WARNING):
-            sender.scan()
-            sender.send_due()
-        counts = sender.close()
+        counts = _send(run, srv.dimse, caplog)
         assert all(srv.holds(u) for u in c1.values())
     finally:
         srv.stop()
     assert (counts.sent, counts.pending, counts.failed) == (2, 0, 0)
-    said = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "verify_by_series"]
+    said = _said_by_series(caplog)
     assert len(said) == 1 and "refuses C-FIND at IMAGE level" in said[0] and "pacs.verify_sent: false" in said[0]
 
 
@@ -252,16 +256,12 @@ def test_a_dicomweb_archive_refusing_instance_searches_confirms_by_series(
         run = tmp_path / "run"
         c1 = _completed_case(run, "c1", source_case)
         RunStore(run).close()
-        sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=srv.dicomweb)
-        with caplog.at_level(logging.WARNING):
-            sender.scan()
-            sender.send_due()
-        counts = sender.close()
+        counts = _send(run, srv.dicomweb, caplog)
         assert all(srv.holds(u) for u in c1.values())
     finally:
         srv.stop()
     assert (counts.sent, counts.pending, counts.failed) == (2, 0, 0)
-    said = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "verify_by_series"]
+    said = _said_by_series(caplog)
     assert len(said) == 1 and "refuses QIDO-RS instance searches" in said[0] and srv.dicomweb in said[0]
 
 

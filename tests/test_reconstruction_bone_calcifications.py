@@ -15,11 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pipeline.reconstruction import bone as bone_mod
 from pipeline.reconstruction.calcifications import deep_calcifications
-from pipeline.reconstruction.grid import Grid
-from pipeline.reconstruction.organs import SegmentParams
-from pipeline.volume import CTVolume, Geometry
+from tests._support.bone import segment_bone_of
 
 MM = 3.0
 NK, NJ, NI = 12, 70, 90
@@ -57,9 +54,7 @@ def _abdomen() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
 
 
 def _segment(hu: np.ndarray, body: np.ndarray) -> np.ndarray:
-    geom = Geometry(shape=hu.shape, spacing=(MM, MM, MM), origin=(0.0, 0.0, 0.0))
-    grid = Grid(CTVolume(hu, geom), torch.device("cpu"), (1, 1, 1))
-    return bone_mod.segment_bone(grid, torch.from_numpy(body), grid.hu, SegmentParams())
+    return segment_bone_of(hu, body, spacing=(MM, MM, MM))
 
 
 def test_stones_contrast_plaque_and_a_tablet_deep_in_the_abdomen_are_not_bone_and_a_rib_piece_in_the_wall_is():

@@ -18,6 +18,7 @@ from pipeline.reconstruction import marrow as marrow_mod
 from pipeline.reconstruction.grid import Grid
 from pipeline.reconstruction.organs import SegmentParams
 from pipeline.volume import CTVolume, Geometry
+from tests._support.bone import segment_bone_of
 
 FINE_MM, COARSE_MM = 0.5, 3.0
 
@@ -63,9 +64,7 @@ def _vertebra_beside_an_aorta(slices: list[np.ndarray] | None = None) -> tuple[n
 
 
 def _segment_3mm(hu: np.ndarray) -> np.ndarray:
-    geom = Geometry(shape=hu.shape, spacing=(COARSE_MM, COARSE_MM, COARSE_MM), origin=(0.0, 0.0, 0.0))
-    grid = Grid(CTVolume(hu, geom), torch.device("cpu"), (1, 1, 1))
-    return bone_mod.segment_bone(grid, torch.ones(hu.shape, dtype=torch.bool), grid.hu, SegmentParams())
+    return segment_bone_of(hu, spacing=(COARSE_MM, COARSE_MM, COARSE_MM))
 
 
 def test_a_vertebral_body_on_3mm_pixels_is_bone_inside_and_the_enhanced_aorta_beside_it_is_not():

@@ -11,13 +11,10 @@ and a calcified node between the lungs, and a bright table bar outside the body.
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from pipeline.reconstruction import bone as bone_mod
-from pipeline.reconstruction.grid import Grid
-from pipeline.reconstruction.organs import SegmentParams
 from pipeline.reconstruction.rib_pieces import rib_pieces
-from pipeline.volume import CTVolume, Geometry
+from tests._support.bone import segment_bone_of
 
 N, NK = 200, 16  # pixels per side (1 mm), slices (2 mm)
 SPACING = (1.0, 1.0, 2.0)  # mm along i (x), j (y), k (z)
@@ -79,9 +76,7 @@ def _chest() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
 
 
 def _segment(hu: np.ndarray, body: np.ndarray) -> np.ndarray:
-    geom = Geometry(shape=hu.shape, spacing=SPACING, origin=(0.0, 0.0, 0.0))
-    grid = Grid(CTVolume(hu, geom), torch.device("cpu"), (1, 1, 1))
-    return bone_mod.segment_bone(grid, torch.from_numpy(body), grid.hu, SegmentParams())
+    return segment_bone_of(hu, body, spacing=SPACING)
 
 
 def test_an_isolated_rib_piece_in_the_chest_wall_is_bone_and_the_vessel_calcifications_and_table_are_not():

@@ -12,13 +12,10 @@ on down the body past the disc (the azygos vein) and, in one slice, a streak (fr
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from pipeline.reconstruction import bone as bone_mod
-from pipeline.reconstruction.grid import Grid
-from pipeline.reconstruction.organs import SegmentParams
 from pipeline.reconstruction.rib_pieces import rib_continuations
-from pipeline.volume import CTVolume, Geometry
+from tests._support.bone import segment_bone_of
 
 MM = 3.0
 NK, NJ, NI = 16, 70, 90
@@ -71,9 +68,7 @@ def _abdomen() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
 
 
 def _segment(hu: np.ndarray, body: np.ndarray) -> np.ndarray:
-    geom = Geometry(shape=hu.shape, spacing=(MM, MM, MM), origin=(0.0, 0.0, 0.0))
-    grid = Grid(CTVolume(hu, geom), torch.device("cpu"), (1, 1, 1))
-    return bone_mod.segment_bone(grid, torch.from_numpy(body), grid.hu, SegmentParams())
+    return segment_bone_of(hu, body, spacing=(MM, MM, MM))
 
 
 def test_a_rib_shaft_beyond_the_reach_of_growth_is_bone_and_a_vessel_or_streak_touching_bone_is_not():
