@@ -18,6 +18,7 @@ from pipeline.runner.capacity import (
     stage_loads,
 )
 from pipeline.runner.store import DB_NAME, RunStore
+from tests._support.runner import record_ok_stage
 
 LOADS = [
     StageLoad("ingest", "cpu", 2.0, 10),
@@ -175,20 +176,16 @@ def _write_run(run_dir, *, n_cases: int, duration_s: float, complete: bool = Tru
         attempt = store.begin_case(key, "r1")
         steps = (("ingest", f"cpu-{i % 2}", "cpu", 100.0), ("detect", "model-cuda:0", "cuda:0", 40.0))
         for stage, worker, device, wall in steps if complete else steps[:1]:
-            store.record_attempt(
+            record_ok_stage(
+                store,
                 run_id="r1",
                 case_key=key,
-                stage=stage,
                 attempt=attempt,
-                status="ok",
+                stage=stage,
                 worker=worker,
                 device=device,
-                ready_at=t0,
-                started_at=t0,
-                ended_at=t0 + wall,
-                wall_s=wall,
-                peak_rss_mb=None,
-                peak_cuda_mb=None,
+                start=t0,
+                wall=wall,
             )
         if complete:
             store.complete_case(key, output_dir=f"cases/case{i}", findings=[], measurements=[], ended_at=t0 + 60 * (i + 1))

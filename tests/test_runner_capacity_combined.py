@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.runner import build_report
 from pipeline.runner.store import DB_NAME, RunStore
+from tests._support.runner import record_ok_stage
 
 T0 = 1_800_000_000.0
 DEVICE = "cuda:0 (NVIDIA A100-SXM4-80GB)"
@@ -42,20 +43,16 @@ def _run(run_dir: Path, run_id: str, *, start: float, end: float, ingest_s: floa
             ("ingest", f"cpu-{i % 2}", "cpu", ingest_s),
             ("detect", "model-cuda:0", "cuda:0", 40.0),
         ):
-            store.record_attempt(
+            record_ok_stage(
+                store,
                 run_id=run_id,
                 case_key=key,
-                stage=stage,
                 attempt=attempt,
-                status="ok",
+                stage=stage,
                 worker=worker,
                 device=device,
-                ready_at=start,
-                started_at=start,
-                ended_at=start + wall,
-                wall_s=wall,
-                peak_rss_mb=None,
-                peak_cuda_mb=None,
+                start=start,
+                wall=wall,
             )
         store.complete_case(key, output_dir=f"cases/{i}", findings=[], measurements=[], ended_at=start + 20 * (i + 1))
     store.end_run(run_id, status="completed", n_cases=n, n_done=n, n_failed=0, n_skipped=0, ended_at=end)

@@ -391,3 +391,25 @@ def small_tmpfs(folder: Path, size_kb: int, *, read_only: bool = False) -> Itera
 def resize_tmpfs(folder: Path, size_kb: int) -> None:
     """Give a mounted tmpfs more (or less) room."""
     subprocess.run(["mount", "-o", f"remount,size={size_kb}k", str(folder)], check=True, capture_output=True)
+
+
+def record_ok_stage(
+    store: Any, *, run_id: str, case_key: str, attempt: int, stage: str, worker: str, device: str, start: float, wall: float
+) -> None:
+    """Record in ``store`` (a RunStore) a stage attempt that ran ``wall`` seconds from ``start`` (epoch s) and succeeded,
+    its memory peaks unmeasured: the run history the report and capacity tests compute their figures from."""
+    store.record_attempt(
+        run_id=run_id,
+        case_key=case_key,
+        stage=stage,
+        attempt=attempt,
+        status="ok",
+        worker=worker,
+        device=device,
+        ready_at=start,
+        started_at=start,
+        ended_at=start + wall,
+        wall_s=wall,
+        peak_rss_mb=None,
+        peak_cuda_mb=None,
+    )
