@@ -1,16 +1,21 @@
-"""Patient identifiers in file and folder names, kept out of what a run writes outside ``dicom/``.
+"""Patient identifiers in file and folder names and in series descriptions, kept out of what a run writes outside
+``dicom/``.
 
-Archive exports and PACS spools often name a folder or file after the patient (``SMITH^JOHN_1234567/``,
-``1234567/CT/``, ``Doe_Jane_19600101.dcm``). Unless ``privacy.keep_identifiers``, every path component that holds an
-identifier of a series found under it is replaced, in run.log, the console, the run store (and so the report, its
-CSV files and skipped.csv), quarantine files and metrics, by a token ``<patient:xxxxxx>``: the first 6 hex digits of
-a SHA-256 over a secret drawn per run and the component, so the same folder reads as the same token throughout a
-run and cannot be looked up across runs. The identifiers are those discovery read from the series' headers:
-PatientID, each part of PatientName (``^``, ``_``, space, ``-``, ``,``, ``=`` separated) and PatientBirthDate
-(YYYYMMDD), each of at least :data:`MIN_CHARS` characters, matched case-insensitively: a name part as a whole word of
-the component (``SMITH^JOHN_1234567``, ``SmithJohn``; ``Lee`` is not looked for inside ``sleep``), the others
-anywhere in it. Files under a redacted folder
-that are not DICOM (no identifiers of their own) are redacted through that folder.
+Archive exports and PACS spools often name a folder or file after the patient or the visit (``SMITH^JOHN_1234567/``,
+``1234567/CT/``, ``A20240117-0042/`` by accession number, ``Doe_Jane_19600101.dcm``), and a technologist may type the
+patient's name into the SeriesDescription (``CHEST SMITH 1.25``). Unless ``privacy.keep_identifiers``, every path
+component that holds an identifier of a series found under it is replaced, in run.log, the console, the run store
+(and so the report, its CSV files and skipped.csv), quarantine files and metrics, by a token ``<patient:xxxxxx>``:
+the first 6 hex digits of a SHA-256 over a secret drawn per run and the component, so the same folder reads as the
+same token throughout a run and cannot be looked up across runs. The identifiers are those discovery read from the
+series' headers: PatientID, AccessionNumber, each part of PatientName (``^``, ``_``, space, ``-``, ``,``, ``=``
+separated) and PatientBirthDate (YYYYMMDD), each of at least :data:`MIN_CHARS` characters, matched
+case-insensitively: a name part as a whole word of the component (``SMITH^JOHN_1234567``, ``SmithJohn``; ``Lee`` is
+not looked for inside ``sleep``), the others anywhere in it. Files under a redacted folder that are not DICOM (no
+identifiers of their own) are redacted through that folder; the name of such a file, wherever it lies in the
+sources, is redacted where it holds an identifier of any series the run found. A series description that holds an
+identifier of its series keeps its other words, each identifier in it replaced by its token (``CHEST <patient:…>
+1.25``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 #: match most names.
 MIN_CHARS = 3
 
-_IDENTIFIERS = ("PatientID", "PatientName", "PatientBirthDate")
+_IDENTIFIERS = ("PatientID", "PatientName", "PatientBirthDate", "AccessionNumber")
 _NAME_PARTS = re.compile(r"[\^_ ,=\-]+")
 # the words of a component: its runs of letters (any alphabet), and their parts where a lower-case letter is followed
 # by a capital (SmithJohn, MüllerAnna)
@@ -44,7 +49,7 @@ _RECORD_OWN = frozenset(logging.makeLogRecord({}).__dict__) - {"msg", "args"}
 
 def identifiers_of(values: Iterable[tuple[str, str | None]]) -> set[str]:
     """The lower-case strings looked for in path components, from ``(keyword, value)`` pairs of a header:
-    PatientID, PatientName split into its parts, PatientBirthDate; those shorter than :data:`MIN_CHARS` are left out."""
+    PatientID, PatientName split into its parts, PatientBirthDate, AccessionNumber; those shorter than :data:`MIN_CHARS` are left out."""
     found: set[str] = set()
     for key, value in values:
         if not value or key not in _IDENTIFIERS:
@@ -80,6 +85,7 @@ class PathRedactor:
         self._secret = secret or secrets.token_hex(16)
         self._tokens: dict[str, str] = {}
         self._pattern: re.Pattern[str] | None = None
+        self._identifiers: set[str] = set()  # of every series recorded, for the files that are not DICOM
 
     @classmethod
     def of(cls, components: dict[str, str]) -> PathRedactor:
@@ -96,6 +102,7 @@ class PathRedactor:
         """Record the components of ``files``' paths (folders and file names) that hold one of ``identifiers``."""
         if not identifiers:
             return
+        self._identifiers |= identifiers
         seen: set[str] = set()
         for f in files:
             for part in PurePath(f).parts:
@@ -113,10 +120,32 @@ class PathRedactor:
             for h in s.headers:
                 ids |= identifiers_of((k, h.extra_value(k)) for k in _IDENTIFIERS)
             self.add_series([h.path for h in s.headers], ids)
+            self.add_text(s.description, ids)
+
+    def add_files(self, files: Iterable[str | os.PathLike[str]]) -> None:
+        """Record the components of ``files``' paths that hold an identifier of any series recorded so far: files
+        that are not DICOM (a folder scan's skips), which hold no identifiers of their own (``MRN12345_report.pdf``
+        beside the images or in another folder of the source)."""
+        self.add_series(files, set(self._identifiers))
+
+    def add_text(self, text: str | None, identifiers: set[str]) -> None:
+        """Record ``text`` (a series description) where it holds one of ``identifiers``: each of them in it is
+        replaced by its token, its other words kept (``CHEST DOE JANE 1.25`` -> ``CHEST <patient:…> <patient:…>
+        1.25``)."""
+        if not text or text in self._tokens or not identifiers or not _holds(text, identifiers):
+            return
+        names = sorted((i for i in identifiers if i.isalpha()), key=len, reverse=True)
+        others = sorted((i for i in identifiers if not i.isalpha()), key=len, reverse=True)
+        alternatives = [rf"(?<![^\W\d_]){re.escape(n)}(?![^\W\d_])" for n in names] + [re.escape(o) for o in others]
+        scrubbed = re.sub("|".join(alternatives), lambda m: self.token(m.group(0).lower()), text, flags=re.IGNORECASE)
+        if _holds(scrubbed, identifiers):  # a name part inside a word (SmithJohn): the whole text
+            scrubbed = self.token(text)
+        self._tokens[text] = scrubbed
+        self._pattern = None
 
     @property
     def components(self) -> dict[str, str]:
-        """The components replaced, each with its token."""
+        """The components (and descriptions) replaced, each with what replaces it."""
         return dict(self._tokens)
 
     def __call__(self, text: str) -> str:

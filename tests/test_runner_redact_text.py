@@ -1,0 +1,78 @@
+"""Identifiers a run finds outside a patient-named folder: a folder named by the accession number, a file that is not
+DICOM named after the patient beside the images or elsewhere in the source, and a SeriesDescription a technologist
+typed the patient's name into. Unless identifiers are kept, none of them reaches what a run writes outside dicom/
+(run.log, the run store, the report, volume.json) nor its console output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+#: strings planted in the headers and paths (lower case): name parts, PatientID, accession number
+PLANTED = ("doe", "jane", "mrn12345", "acc98765")
+
+
+def _archive(src: Path) -> None:
+    from tests._support.dicom import write_series
+
+    def patient(i, ds):
+        ds.PatientName, ds.PatientID, ds.AccessionNumber = "DOE^JANE", "MRN12345", "ACC98765"
+
+    study = src / "ACC98765" / "CT"  # an export filed by accession number
+    write_series(study, n=12, series_uid="1.2.3.300", tweak=patient, description="CHEST DOE JANE 1.25")
+    (study / "DOE_JANE_notes.txt").write_text("not DICOM")  # beside the images, in a folder not named after her
+    (src / "misc").mkdir()
+    (src / "misc" / "MRN12345_report.pdf").write_bytes(b"%PDF-1.4")  # elsewhere in the source
+
+
+def _leaks(run: Path, console: str) -> list[str]:
+    import re
+
+    def found(text: str) -> list[str]:  # the name parts as words (not "doe" in "does"), the numbers anywhere
+        low = text.lower()
+        return [w for w in PLANTED if (re.search(rf"(?<![a-z]){w}(?![a-z])", low) if w.isalpha() else w in low)]
+
+    leaks = [f"console: {w}" for w in found(console)]
+    for p in run.rglob("*"):
+        rel = p.relative_to(run)
+        if rel.parts[0] in ("dicom", "cache") or not p.is_file():  # the cache entry names its source as it is
+            continue
+        leaks += [f"{rel}: {w}" for w in found(p.read_bytes().decode("latin-1") + str(rel))]
+    return leaks
+
+
+@pytest.fixture
+def ingest_and_write(monkeypatch):
+    import pipeline.runner.batch as batch
+
+    real = batch.build_stages
+    monkeypatch.setattr(batch, "build_stages", lambda cfg: [s for s in real(cfg) if s.name in ("ingest", "write")])
+
+
+def test_accession_folders_patient_named_files_and_descriptions_are_redacted(tmp_path, capsys, own_signals, ingest_and_write):
+    src, run = tmp_path / "incoming", tmp_path / "run"
+    _archive(src)
+    argv = ["run", str(src), "--out", str(run), "--workers", "1", "-v", "--no-dicom", "--set", "report.enabled=true"]
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    assert _leaks(run, cap.out + cap.err) == []
+    # what is not an identifier stays readable: the description's other words, the folder names, the file kinds
+    (volume_json,) = (run / "cases").glob("*/volume.json")
+    assert '"CHEST <patient:' in volume_json.read_text()
+    skipped = (run / "report" / "skipped.csv").read_text()
+    assert "/CT/<patient:" in skipped and "/misc/<patient:" in skipped
+
+
+def test_kept_identifiers_keep_them(tmp_path, capsys, own_signals, ingest_and_write):
+    src, run = tmp_path / "incoming", tmp_path / "run"
+    _archive(src)
+    argv = ["run", str(src), "--out", str(run), "--workers", "0", "--no-dicom", "--keep-identifiers"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    log = (run / "run.log").read_text()
+    assert "ACC98765" in log and "DOE_JANE_notes.txt" in log and "MRN12345_report.pdf" in log
+    (volume_json,) = (run / "cases").glob("*/volume.json")
+    assert "CHEST DOE JANE 1.25" in volume_json.read_text()
