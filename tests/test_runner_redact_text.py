@@ -76,3 +76,16 @@ def test_kept_identifiers_keep_them(tmp_path, capsys, own_signals, ingest_and_wr
     assert "ACC98765" in log and "DOE_JANE_notes.txt" in log and "MRN12345_report.pdf" in log
     (volume_json,) = (run / "cases").glob("*/volume.json")
     assert "CHEST DOE JANE 1.25" in volume_json.read_text()
+
+
+def test_name_parts_written_together_count_as_the_name():
+    # was: a folder or description writing the name without separators (DOEJANE/, CHEST JANEDOE) held no whole word
+    # that is a name part, and was written as it is
+    from pipeline.runner.redact import PathRedactor, identifiers_of
+
+    ids = identifiers_of([("PatientName", "DOE^JANE^ANN"), ("PatientID", "MRN12345")])
+    r = PathRedactor(secret="s")
+    r.add_series(["/spool/DOEJANE/CT/x.dcm", "/spool/janeanndoe_ct/y.dcm", "/spool/doesnt/janet/annex/z.dcm"], ids)
+    assert set(r.components) == {"DOEJANE", "janeanndoe_ct"}  # not words that only begin with a name part
+    r.add_text("CHEST JANEDOE 1.25", ids)
+    assert "JANEDOE" not in r("series (CHEST JANEDOE 1.25)") and "CHEST" in r("series (CHEST JANEDOE 1.25)")

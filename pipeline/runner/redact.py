@@ -10,8 +10,9 @@ the first 6 hex digits of a SHA-256 over a secret drawn per run and the componen
 same token throughout a run and cannot be looked up across runs. The identifiers are those discovery read from the
 series' headers: PatientID, AccessionNumber, each part of PatientName (``^``, ``_``, space, ``-``, ``,``, ``=``
 separated) and PatientBirthDate (YYYYMMDD), each of at least :data:`MIN_CHARS` characters, matched
-case-insensitively: a name part as a whole word of the component (``SMITH^JOHN_1234567``, ``SmithJohn``; ``Lee`` is
-not looked for inside ``sleep``), the others anywhere in it. Files under a redacted folder that are not DICOM (no
+case-insensitively: name parts as a whole word of the component, alone or written together
+(``SMITH^JOHN_1234567``, ``SmithJohn``, ``JOHNSMITH``; ``Lee`` is not looked for inside ``sleep``), the others
+anywhere in it. Files under a redacted folder that are not DICOM (no
 identifiers of their own) are redacted through that folder; the name of such a file, wherever it lies in the
 sources, is redacted where it holds an identifier of any series the run found. A series description that holds an
 identifier of its series keeps its other words, each identifier in it replaced by its token (``CHEST <patient:…>
@@ -59,23 +60,25 @@ def identifiers_of(values: Iterable[tuple[str, str | None]]) -> set[str]:
     return found
 
 
+def _names_pattern(identifiers: set[str]) -> str | None:
+    """A regex of the name parts among ``identifiers`` written one after another (``doe``, ``janedoe``), or None."""
+    names = sorted((i for i in identifiers if i.isalpha()), key=len, reverse=True)
+    return "(?:" + "|".join(re.escape(n) for n in names) + ")+" if names else None
+
+
 def _holds(component: str, identifiers: set[str]) -> bool:
-    """Whether ``component`` holds one of ``identifiers`` (lower case): one of letters only (a name part) as a whole
-    word of it (``SMITH^JOHN_12``, ``SmithJohn``, ``smith-j``; not ``sleep`` for ``lee``, ``done`` for ``one``), any
-    other (a PatientID, a birth date) anywhere in it."""
+    """Whether ``component`` holds one of ``identifiers`` (lower case): name parts (letters only) as a whole word of
+    it, alone or written together (``SMITH^JOHN_12``, ``SmithJohn``, ``JOHNSMITH``, ``smith-j``; not ``sleep`` for
+    ``lee``, ``done`` for ``one``), any other (a PatientID, an accession number, a birth date) anywhere in it."""
     low = component.lower()
-    words: set[str] | None = None
-    for i in identifiers:
-        if not i.isalpha():
-            if i in low:
-                return True
-            continue
-        if words is None:
-            runs = _LETTERS.findall(component)
-            words = {w.lower() for r in runs for w in (r, *_CAMEL.split(r))}
-        if i in words:
-            return True
-    return False
+    if any(i in low for i in identifiers if not i.isalpha()):
+        return True
+    names = _names_pattern(identifiers)
+    if names is None:
+        return False
+    runs = _LETTERS.findall(component)
+    words = {w.lower() for r in runs for w in (r, *_CAMEL.split(r))}
+    return any(re.fullmatch(names, w) for w in words)
 
 
 class PathRedactor:
@@ -134,9 +137,10 @@ class PathRedactor:
         1.25``)."""
         if not text or text in self._tokens or not identifiers or not _holds(text, identifiers):
             return
-        names = sorted((i for i in identifiers if i.isalpha()), key=len, reverse=True)
+        names = _names_pattern(identifiers)
         others = sorted((i for i in identifiers if not i.isalpha()), key=len, reverse=True)
-        alternatives = [rf"(?<![^\W\d_]){re.escape(n)}(?![^\W\d_])" for n in names] + [re.escape(o) for o in others]
+        alternatives = [rf"(?<![^\W\d_]){names}(?![^\W\d_])"] if names else []
+        alternatives += [re.escape(o) for o in others]
         scrubbed = re.sub("|".join(alternatives), lambda m: self.token(m.group(0).lower()), text, flags=re.IGNORECASE)
         if _holds(scrubbed, identifiers):  # a name part inside a word (SmithJohn): the whole text
             scrubbed = self.token(text)
