@@ -146,3 +146,17 @@ def test_a_flag_mirroring_an_option_has_its_range_and_default(command, flag):
     assert isinstance(action.type, NumberIn) and (action.type.lo, action.type.hi) == (opt.lo, opt.hi)
     if action.default is not None:  # None: the configuration's value applies
         assert action.default == opt.default
+
+
+def test_keep_identifiers_says_which_identifiers_it_keeps_and_where():
+    # was: "keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber, ...) in the case cache
+    # and volume.json": the "..." promised more than the four ever read, and nothing said that the option also writes
+    # patient-named folders and files as they are in run.log, the console, the run store and the report
+    from pipeline.config_schema import SCHEMA
+    from pipeline.ingest.discover import METADATA_IDENTIFIERS
+
+    run = next(a for a in _commands()["run"]._actions if "--keep-identifiers" in a.option_strings)
+    for text in (run.help or "", SCHEMA["privacy"]["keep_identifiers"].help):
+        assert "..." not in text and "…" not in text, text
+        assert all(k in text for k in METADATA_IDENTIFIERS), text
+        assert "run.log" in text and "report" in text and "description" in text, text
