@@ -89,3 +89,41 @@ def test_name_parts_written_together_count_as_the_name():
     assert set(r.components) == {"DOEJANE", "janeanndoe_ct"}  # not words that only begin with a name part
     r.add_text("CHEST JANEDOE 1.25", ids)
     assert "JANEDOE" not in r("series (CHEST JANEDOE 1.25)") and "CHEST" in r("series (CHEST JANEDOE 1.25)")
+
+
+@pytest.mark.pacs
+def test_ctpipe_listen_says_why_a_series_is_not_selected_without_the_patients_name(tmp_path, capsys):
+    # was: a localizer whose description held the patient's name was "not selected (SeriesDescription 'TOPOGRAM DOE
+    # JANE' names a scout/localizer)" on the console, in the log and in the listener's ledger, after the run that
+    # redacted it everywhere else had returned
+    import sqlite3
+    import time
+
+    import pydicom
+
+    from pipeline.config import load_config
+    from pipeline.pacs import Listener
+    from pipeline.pacs.cli import print_series_outcome
+    from pipeline.runner.stages import IngestStage, WriteStage
+    from tests._support.orthanc import cstore, free_port, write_phantom_series
+
+    _, files = write_phantom_series(tmp_path / "case", 9)
+    for f in files:
+        ds = pydicom.dcmread(f)
+        ds.PatientName, ds.PatientID, ds.SeriesDescription = "DOE^JANE", "MRN12345", "TOPOGRAM DOE JANE"
+        ds.save_as(f)
+    opts = {"pacs.ae_title": "CTPIPE_L", "pacs.port": free_port(), "pacs.allowed_aets": ["ORTHANC"]}
+    opts.update({"pacs.quiet_period_s": 0.5, "report.enabled": False, "workers": 0})
+    cfg = load_config(overrides=opts, environ={})
+    run = tmp_path / "run"
+    with Listener(run, cfg, stages=[IngestStage(), WriteStage()], poll_s=0.1, on_series=print_series_outcome) as lst:
+        assert cstore(files, lst.port, called="CTPIPE_L") == [0] * len(files)
+        deadline = time.monotonic() + 30
+        while not lst.step():
+            assert time.monotonic() < deadline, "no series was handed to the runner in time"
+            time.sleep(0.2)
+    out = capsys.readouterr().out
+    assert "not selected" in out and "scout/localizer" in out, out
+    with sqlite3.connect(f"file:{run / 'pacs' / 'ledger.sqlite'}?mode=ro", uri=True) as db:
+        ledger = " ".join(str(r) for r in db.execute("SELECT * FROM series").fetchall())
+    assert _leaks(run, out + ledger) == []

@@ -541,7 +541,7 @@ class Listener:
         outcomes = []
         for row, folder in zip(batch, folders):
             hits = cases[cases.source == folder]
-            why = next((n["why"] for n in summary.not_selected if n["source"] == folder), None)
+            why = next((summary.redacted(n["why"]) for n in summary.not_selected if n["source"] == folder), None)
             if not len(hits) and why is None:  # the same instances as an earlier generation: that generation's case
                 hits = cases[cases.series_uid == row["series_uid"]].sort_values("discovered_at")
             base = {"series_uid": row["series_uid"], "generation": int(row["generation"])}

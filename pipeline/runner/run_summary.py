@@ -31,7 +31,12 @@ class RunSummary:
     proceed (bad source or configuration, a model that cannot load). A series still being written into the source
     while its case ran (``still_written``: not published, left for the next run, which takes it whole) is no failure:
     like a series discovery left for the next run (``runner.stable_age_s``), it leaves the exit status 0, and the
-    summary names it."""
+    summary names it.
+
+    Its fields hold the paths and reasons as they are, for the caller's code to act on (``skipped_files`` to move or
+    unpack them, ``not_selected``'s ``source`` to match a folder): ``lines()`` and its repr, what a notebook shows,
+    replace the patient's identifiers in them by the run's tokens, as the run's files do; :meth:`redacted` does it for
+    a field's text that is shown or stored elsewhere."""
 
     run_dir: Path
     run_id: str
@@ -140,7 +145,13 @@ class RunSummary:
                 f"{len(self.not_selected)} series not selected, listed with reasons in {self.skipped_where}"
             )
         out.extend(f"  {note}" for note in self.notes)
-        return [self.redactor(line) for line in out] if self.redactor is not None else out
+        return [self.redacted(line) for line in out]
+
+    def redacted(self, text: str) -> str:
+        """``text`` (one of this summary's fields, such as a not-selected series' ``why``) as the run wrote it
+        outside ``dicom/``: its patient-named path components and identifiers in series descriptions replaced by their
+        tokens, unless identifiers are kept (:mod:`.redact`)."""
+        return self.redactor(text) if self.redactor is not None else text
 
     def _fix(self) -> str:
         """What to do about :attr:`stopped` (the run folder could not be written) before running again."""
