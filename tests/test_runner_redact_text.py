@@ -61,7 +61,7 @@ def test_accession_folders_patient_named_files_and_descriptions_are_redacted(tmp
     assert _leaks(run, cap.out + cap.err) == []
     # what is not an identifier stays readable: the description's other words, the folder names, the file kinds
     (volume_json,) = (run / "cases").glob("*/volume.json")
-    assert '"CHEST <patient:' in volume_json.read_text()
+    assert '"CHEST <patient> <patient> 1.25"' in volume_json.read_text()
     skipped = (run / "report" / "skipped.csv").read_text()
     assert "/CT/<patient:" in skipped and "/misc/<patient:" in skipped
 
@@ -127,3 +127,20 @@ def test_ctpipe_listen_says_why_a_series_is_not_selected_without_the_patients_na
     with sqlite3.connect(f"file:{run / 'pacs' / 'ledger.sqlite'}?mode=ro", uri=True) as db:
         ledger = " ".join(str(r) for r in db.execute("SELECT * FROM series").fetchall())
     assert _leaks(run, out + ledger) == []
+
+
+def test_a_volumes_series_description_holds_no_identifier_of_its_patient_unless_kept(tmp_path):
+    # was: load_series (and so the case cache, `ctpipe ingest`'s sidecars and ctp.show's titles) kept "CHEST DOE JANE
+    # 1.25" as it was, though the patient's name is left out of the metadata unless keep_identifiers
+    import pipeline as ctp
+    from tests._support.dicom import write_series
+
+    def patient(i, ds):
+        ds.PatientName, ds.PatientID, ds.AccessionNumber = "DOE^JANE", "MRN12345", "ACC98765"
+
+    write_series(tmp_path / "s", n=12, tweak=patient, description="CHEST DOEJANE ACC98765 1.25")
+    assert ctp.load_series(tmp_path / "s").metadata["SeriesDescription"] == "CHEST <patient> <patient> 1.25"
+    kept = ctp.load_series(tmp_path / "s", keep_identifiers=True).metadata
+    assert kept["SeriesDescription"] == "CHEST DOEJANE ACC98765 1.25"
+    write_series(tmp_path / "t", n=12, tweak=patient, description="CHEST 1.25 JANET")  # no identifier: as it is
+    assert ctp.load_series(tmp_path / "t").metadata["SeriesDescription"] == "CHEST 1.25 JANET"

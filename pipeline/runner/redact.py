@@ -9,7 +9,7 @@ component that holds an identifier of a series found under it is replaced, in ru
 the first 6 hex digits of a SHA-256 over a secret drawn per run and the component, so the same folder reads as the
 same token throughout a run and cannot be looked up across runs. The identifiers are those discovery read from the
 series' headers: PatientID, AccessionNumber, each part of PatientName (``^``, ``_``, space, ``-``, ``,``, ``=``
-separated) and PatientBirthDate (YYYYMMDD), each of at least :data:`MIN_CHARS` characters, matched
+separated) and PatientBirthDate (YYYYMMDD), each of at least :data:`pipeline.identifiers.MIN_CHARS` characters, matched
 case-insensitively: name parts as a whole word of the component, alone or written together
 (``SMITH^JOHN_1234567``, ``SmithJohn``, ``JOHNSMITH``; ``Lee`` is not looked for inside ``sleep``), the others
 anywhere in it. Files under a redacted folder that are not DICOM (no
@@ -31,54 +31,13 @@ from contextlib import contextmanager
 from pathlib import PurePath
 from typing import Any
 
-#: The shortest identifier (a name part, a PatientID) looked for in path components: shorter ones ("LI", "1") would
-#: match most names.
-MIN_CHARS = 3
+from ..identifiers import MATCHED, holds, identifiers_of, scrub
 
-_IDENTIFIERS = ("PatientID", "PatientName", "PatientBirthDate", "AccessionNumber")
-_NAME_PARTS = re.compile(r"[\^_ ,=\-]+")
-# the words of a component: its runs of letters (any alphabet), and their parts where a lower-case letter is followed
-# by a capital (SmithJohn, MüllerAnna)
-_LETTERS = re.compile(r"[^\W\d_]+")
-_CAMEL = re.compile(r"(?<=[a-zß-öø-ÿ])(?=[A-ZÀ-ÖØ-Þ])")
 # a component as it appears in text: not inside a longer name or number (a UID holding a patient id's digits)
 _BEFORE, _AFTER = r"(?<![\w.^\-])", r"(?![\w^\-])"
 
 #: LogRecord attributes that are not the record's message or its ``extra`` fields: never rewritten.
 _RECORD_OWN = frozenset(logging.makeLogRecord({}).__dict__) - {"msg", "args"}
-
-
-def identifiers_of(values: Iterable[tuple[str, str | None]]) -> set[str]:
-    """The lower-case strings looked for in path components, from ``(keyword, value)`` pairs of a header:
-    PatientID, PatientName split into its parts, PatientBirthDate, AccessionNumber; those shorter than :data:`MIN_CHARS` are left out."""
-    found: set[str] = set()
-    for key, value in values:
-        if not value or key not in _IDENTIFIERS:
-            continue
-        parts = _NAME_PARTS.split(value) if key == "PatientName" else [value]
-        found.update(p.strip().lower() for p in parts if len(p.strip()) >= MIN_CHARS)
-    return found
-
-
-def _names_pattern(identifiers: set[str]) -> str | None:
-    """A regex of the name parts among ``identifiers`` written one after another (``doe``, ``janedoe``), or None."""
-    names = sorted((i for i in identifiers if i.isalpha()), key=len, reverse=True)
-    return "(?:" + "|".join(re.escape(n) for n in names) + ")+" if names else None
-
-
-def _holds(component: str, identifiers: set[str]) -> bool:
-    """Whether ``component`` holds one of ``identifiers`` (lower case): name parts (letters only) as a whole word of
-    it, alone or written together (``SMITH^JOHN_12``, ``SmithJohn``, ``JOHNSMITH``, ``smith-j``; not ``sleep`` for
-    ``lee``, ``done`` for ``one``), any other (a PatientID, an accession number, a birth date) anywhere in it."""
-    low = component.lower()
-    if any(i in low for i in identifiers if not i.isalpha()):
-        return True
-    names = _names_pattern(identifiers)
-    if names is None:
-        return False
-    runs = _LETTERS.findall(component)
-    words = {w.lower() for r in runs for w in (r, *_CAMEL.split(r))}
-    return any(re.fullmatch(names, w) for w in words)
 
 
 class PathRedactor:
@@ -112,7 +71,7 @@ class PathRedactor:
                 if part in seen or part in self._tokens or part == os.sep:
                     continue
                 seen.add(part)
-                if _holds(part, identifiers):
+                if holds(part, identifiers):
                     self._tokens[part] = self.token(part)
                     self._pattern = None
 
@@ -121,7 +80,7 @@ class PathRedactor:
         for s in series:
             ids: set[str] = set()
             for h in s.headers:
-                ids |= identifiers_of((k, h.extra_value(k)) for k in _IDENTIFIERS)
+                ids |= identifiers_of((k, h.extra_value(k)) for k in MATCHED)
             self.add_series([h.path for h in s.headers], ids)
             self.add_text(s.description, ids)
 
@@ -134,18 +93,10 @@ class PathRedactor:
     def add_text(self, text: str | None, identifiers: set[str]) -> None:
         """Record ``text`` (a series description) where it holds one of ``identifiers``: each of them in it is
         replaced by its token, its other words kept (``CHEST DOE JANE 1.25`` -> ``CHEST <patient:…> <patient:…>
-        1.25``)."""
-        if not text or text in self._tokens or not identifiers or not _holds(text, identifiers):
-            return
-        names = _names_pattern(identifiers)
-        others = sorted((i for i in identifiers if not i.isalpha()), key=len, reverse=True)
-        alternatives = [rf"(?<![^\W\d_]){names}(?![^\W\d_])"] if names else []
-        alternatives += [re.escape(o) for o in others]
-        scrubbed = re.sub("|".join(alternatives), lambda m: self.token(m.group(0).lower()), text, flags=re.IGNORECASE)
-        if _holds(scrubbed, identifiers):  # a name part inside a word (SmithJohn): the whole text
-            scrubbed = self.token(text)
-        self._tokens[text] = scrubbed
-        self._pattern = None
+        1.25``; :func:`pipeline.identifiers.scrub`)."""
+        if text and text not in self._tokens and holds(text, identifiers):
+            self._tokens[text] = scrub(text, identifiers, replace=self.token)
+            self._pattern = None
 
     @property
     def components(self) -> dict[str, str]:
