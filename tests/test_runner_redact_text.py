@@ -144,3 +144,38 @@ def test_a_volumes_series_description_holds_no_identifier_of_its_patient_unless_
     assert kept["SeriesDescription"] == "CHEST DOEJANE ACC98765 1.25"
     write_series(tmp_path / "t", n=12, tweak=patient, description="CHEST 1.25 JANET")  # no identifier: as it is
     assert ctp.load_series(tmp_path / "t").metadata["SeriesDescription"] == "CHEST 1.25 JANET"
+
+
+@pytest.mark.pacs
+def test_a_listeners_worker_redacts_the_series_of_each_batch(tmp_path):
+    # was: the worker process a listener keeps from batch to batch knew only the first batch's identifiers; the
+    # second series' description ("CHEST DOE JANE") reached run.log through the worker's ingest record
+    import time
+
+    import pydicom
+
+    from pipeline.config import load_config
+    from pipeline.pacs import Listener
+    from pipeline.runner.stages import IngestStage, WriteStage
+    from tests._support.orthanc import cstore, free_port, write_phantom_series
+
+    opts = {"pacs.ae_title": "CTPIPE_L", "pacs.port": free_port(), "pacs.allowed_aets": ["ORTHANC"]}
+    opts.update({"pacs.quiet_period_s": 0.5, "report.enabled": False, "workers": 1})
+    run = tmp_path / "run"
+    with Listener(run, load_config(overrides=opts, environ={}), stages=[IngestStage(), WriteStage()], poll_s=0.1) as lst:
+        for seed, name in ((9, "ROE^RICHARD"), (10, "DOE^JANE")):
+            _, files = write_phantom_series(tmp_path / f"case{seed}", seed)
+            for f in files:
+                ds = pydicom.dcmread(f)
+                ds.PatientName, ds.PatientID = name, f"MRN1234{seed}"
+                ds.SeriesDescription = "CHEST " + name.replace("^", " ")
+                ds.save_as(f)
+            assert cstore(files, lst.port, called="CTPIPE_L") == [0] * len(files)
+            deadline = time.monotonic() + 60
+            while not lst.step():
+                assert time.monotonic() < deadline, "no series was handed to the runner in time"
+                time.sleep(0.2)
+    log = (run / "run.log").read_text()
+    assert [ln for ln in log.splitlines() if '"process": "cpu-1"' in ln and "CHEST <patient:" in ln], log
+    assert _leaks(run, "") == []
+    assert "richard" not in log.lower()

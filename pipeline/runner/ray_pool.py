@@ -155,7 +155,7 @@ class ActorPool:
                 extra={"event": "worker_placed"},
             )
             redactor = active_redactor()  # the run's patient-named path components: kept out of its run.log records
-            actor.pending = actor.handle.setup.remote(redactor.components if redactor is not None else None)
+            actor.pending = actor.handle.setup.remote(redactor.shared if redactor is not None else None)
             return
         if info["fatal"]:
             raise FatalRunError(info["fatal"])

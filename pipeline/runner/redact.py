@@ -33,6 +33,8 @@ from typing import Any
 
 from ..identifiers import MATCHED, holds, identifiers_of, scrub
 
+# the key of the run's secret in PathRedactor.shared: no path component or description holds a NUL
+_SECRET = "\0secret"
 # a component as it appears in text: not inside a longer name or number (a UID holding a patient id's digits)
 _BEFORE, _AFTER = r"(?<![\w.^\-])", r"(?![\w^\-])"
 
@@ -51,10 +53,18 @@ class PathRedactor:
 
     @classmethod
     def of(cls, components: dict[str, str]) -> PathRedactor:
-        """A redactor of the ``components`` (component: token) another process found (:attr:`components`)."""
-        r = cls()
-        r._tokens = dict(components)
+        """A redactor of the ``components`` (component: token) another process found (:attr:`components`); given
+        :attr:`shared`, one that also gives the series it records the tokens that process would."""
+        tokens = dict(components)
+        r = cls(secret=tokens.pop(_SECRET, None))
+        r._tokens = tokens
         return r
+
+    @property
+    def shared(self) -> dict[str, str]:
+        """What a worker process or Ray actor is given (:meth:`of`): the components and the run's secret, so that the
+        series it scans again itself (those of a later batch of a listener's workers) read as they do here."""
+        return {**self._tokens, _SECRET: self._secret}
 
     def token(self, component: str) -> str:
         digest = hashlib.sha256(f"{self._secret}\0{component}".encode()).hexdigest()[:6]
@@ -202,7 +212,7 @@ def redacting(redactor: PathRedactor | None) -> Iterator[None]:
 
 def redact_in_worker(components: dict[str, str]) -> None:
     """In a worker process (after its run.log handler is set up): redact its records with the main process's
-    ``components`` (:attr:`PathRedactor.components`) for the rest of its life."""
+    ``components`` (:attr:`PathRedactor.shared`) for the rest of its life."""
     global _active
     _active = PathRedactor.of(components)
     filt = RedactFilter()

@@ -44,6 +44,7 @@ from .dicom_stage import DicomStage
 from .measurements import flatten_measurements
 from .model_stages import DetectStage, LoadStage
 from .recon_stages import LungsStage, NodulesStage, ReconstructStage, lungs_first, read_case_volume
+from .redact import active, held_back
 from .stage import CaseContext, CaseSpec, Stage, WorkerInfo
 
 __all__ = [
@@ -137,14 +138,17 @@ class IngestStage(Stage):
         keep = ctx.config.privacy.keep_identifiers
         case = ctx.case
         _check_files_there(case)
-        scan = scan_directory(
-            [*case.files] or case.source,
-            rules=_rules(ctx.config),
-            spacing_tolerance=cfg.spacing_tolerance,
-            allow_gantry_tilt=cfg.allow_gantry_tilt,
-            keep_identifiers=keep,
-            workers=1,
-        )
+        with held_back():  # a worker kept from an earlier batch (a listener's) learns this series' identifiers first
+            scan = scan_directory(
+                [*case.files] or case.source,
+                rules=_rules(ctx.config),
+                spacing_tolerance=cfg.spacing_tolerance,
+                allow_gantry_tilt=cfg.allow_gantry_tilt,
+                keep_identifiers=keep,
+                workers=1,
+            )
+            if (redactor := active()) is not None:
+                redactor.add_scan(scan.series)
         series, own = _find_series(scan, case)
         if series is None:
             raise NoSeriesFoundError(

@@ -388,7 +388,7 @@ class ProcessExecutor:
                 send,
                 os.getpid(),
                 self.torch_threads,
-                redactor.components if (redactor := active_redactor()) is not None else None,
+                redactor.shared if (redactor := active_redactor()) is not None else None,
             ),
         )
         with _main_module_hidden(any(type(s).__module__ == "__main__" for s in stages)):
