@@ -179,3 +179,27 @@ def test_a_listeners_worker_redacts_the_series_of_each_batch(tmp_path):
     assert [ln for ln in log.splitlines() if '"process": "cpu-1"' in ln and "CHEST <patient:" in ln], log
     assert _leaks(run, "") == []
     assert "richard" not in log.lower()
+
+
+def test_a_worklists_rows_are_redacted_with_the_identifiers_of_every_row(tmp_path, capsys, own_signals, ingest_and_write):
+    # was: the files a row's folder skips were logged once that row was scanned, so a note named after the patient of a
+    # later row (DOE_JANE_notes.txt beside another patient's images) reached run.log and the console as it was
+    from tests._support.dicom import write_series
+
+    def patient(name: str, pid: str):
+        def tweak(i, ds):
+            ds.PatientName, ds.PatientID = name, pid
+
+        return tweak
+
+    src, run = tmp_path / "incoming", tmp_path / "run"
+    write_series(src / "a", n=12, series_uid="1.2.3.401", tweak=patient("ROE^RICHARD", "MRN99999"))
+    (src / "a" / "DOE_JANE_notes.txt").write_text("not DICOM")
+    write_series(src / "b", n=12, series_uid="1.2.3.402", tweak=patient("DOE^JANE", "MRN12345"))
+    worklist = tmp_path / "worklist.csv"
+    worklist.write_text(f"path\n{src / 'a'}\n{src / 'b'}\n")
+    argv = ["run", str(worklist), "--out", str(run), "--workers", "0", "-v", "--no-dicom", "--set", "report.enabled=false"]
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+    assert "skipped file" in (run / "run.log").read_text()
+    assert _leaks(run, cap.out + cap.err) == []

@@ -293,36 +293,41 @@ def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discover
     not read again here)."""
     out = Discovery()
     folders: list[str] = []
-    for src in sources:
-        p = Path(src)
-        if p.suffix.lower() == ".csv" and p.is_file():
-            for n, row in enumerate(read_worklist(p, cfg), start=2):
-                where = f"{p}:{n} ({row['path']})"
-                uid = (row.get("series_uid") or "").strip() or None
-                cid = (row.get("case_id") or "").strip() or None
-                if cid is not None and not is_safe_case_id(cid):  # it names files and folders: never a path
-                    out.cases.append(
-                        _missing(
-                            where,
-                            f"the case_id {cid!r} is not a safe file name",
-                            fix="use letters, digits, '.', '_' and '-' only in the worklist's case_id column "
-                            "(or leave it empty: the SeriesInstanceUID is used)",
+    # what each row's or folder's scan logs is written once every series' identifiers are known: a file named after
+    # the patient of a later worklist row is redacted too
+    with held_back():
+        for src in sources:
+            p = Path(src)
+            if p.suffix.lower() == ".csv" and p.is_file():
+                for n, row in enumerate(read_worklist(p, cfg), start=2):
+                    where = f"{p}:{n} ({row['path']})"
+                    uid = (row.get("series_uid") or "").strip() or None
+                    cid = (row.get("case_id") or "").strip() or None
+                    if cid is not None and not is_safe_case_id(cid):  # it names files and folders: never a path
+                        out.cases.append(
+                            _missing(
+                                where,
+                                f"the case_id {cid!r} is not a safe file name",
+                                fix="use letters, digits, '.', '_' and '-' only in the worklist's case_id column "
+                                "(or leave it empty: the SeriesInstanceUID is used)",
+                            )
                         )
-                    )
-                    continue
-                if not Path(row["path"]).exists():
-                    out.cases.append(_missing(where, "the path does not exist", cid))
-                    continue
-                found = _scan([row["path"]], cfg, out, series_uid=uid, case_id=cid)
-                if not found:
-                    out.cases.append(
-                        _missing(where, "no CT series found" + (f" with SeriesInstanceUID {uid}" if uid else ""), cid)
-                    )
-                out.cases.extend(found)
-        else:
-            folders.append(str(p))
-    if folders:
-        out.cases.extend(_scan(folders, cfg, out))
+                        continue
+                    if not Path(row["path"]).exists():
+                        out.cases.append(_missing(where, "the path does not exist", cid))
+                        continue
+                    found = _scan([row["path"]], cfg, out, series_uid=uid, case_id=cid)
+                    if not found:
+                        out.cases.append(
+                            _missing(where, "no CT series found" + (f" with SeriesInstanceUID {uid}" if uid else ""), cid)
+                        )
+                    out.cases.extend(found)
+            else:
+                folders.append(str(p))
+        if folders:
+            out.cases.extend(_scan(folders, cfg, out))
+        if (redactor := active()) is not None:
+            redactor.add_files(f["path"] for f in out.skipped_files)
     out.cases.sort(key=lambda c: (c.source, c.case_id))
     log.info(
         "discovered %d case(s) in %d file(s); %d series not selected, %d file(s) skipped",
