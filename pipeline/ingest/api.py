@@ -201,8 +201,9 @@ def load_series(
         the grid grows along the shift to hold every slice whole (LPS positions kept).
     keep_identifiers: copy the patient identifiers the header scan reads,
         :data:`pipeline.ingest.discover.METADATA_IDENTIFIERS` (PatientID, PatientName,
-        PatientBirthDate, AccessionNumber), into ``metadata``; the other attributes of
-        :data:`pipeline.volume.PATIENT_IDENTIFIERS` are never read. Left out by default.
+        PatientBirthDate, AccessionNumber), into ``metadata``, and the SeriesDescription as it is; the other
+        attributes of :data:`pipeline.volume.PATIENT_IDENTIFIERS` are never read. By default they are left out and
+        each of them in the description reads ``<patient>``.
     workers: threads for header and pixel reads, 0 or more (0 or 1: none; default: 2 × CPU count, at most 8).
 
     Returns
@@ -372,7 +373,8 @@ def ingest_to_cache(
     ``rules.min_slices`` (with a warning); default: when ``path`` is one folder or file,
     not for several. ``keep_identifiers``: keep the patient identifiers the header scan reads
     (:data:`pipeline.ingest.discover.METADATA_IDENTIFIERS`, of :data:`pipeline.volume.PATIENT_IDENTIFIERS`)
-    in the metadata and the cache sidecars (left out by default).
+    in the metadata and the cache sidecars, and the SeriesDescription as it is (by default they are left out and each
+    of them in the description reads ``<patient>``).
     """
     t0 = time.perf_counter()
     rules = rules or SelectionRules()

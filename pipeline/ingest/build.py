@@ -194,7 +194,8 @@ def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality:
 def _metadata(
     series: SeriesInfo, h0: SliceHeader, n_files: int, keep_identifiers: bool, thickness: float | None = None
 ) -> dict[str, Any]:
-    """The volume's metadata; patient identifiers only with ``keep_identifiers`` (see PATIENT_IDENTIFIERS)."""
+    """The volume's metadata; patient identifiers, and the SeriesDescription as it is, only with ``keep_identifiers``
+    (see PATIENT_IDENTIFIERS and :func:`_description`)."""
 
     def num(text: str | None) -> float | None:
         try:

@@ -58,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--keep-identifiers",
         action="store_true",
         help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber) in the "
-        "cache sidecars; left out by default",
+        "cache sidecars, and series descriptions as they are; by default they are left out and each of them in a "
+        "series description reads <patient>",
     )
     p.add_argument(
         "--threads",
