@@ -239,11 +239,11 @@ SCHEMA: dict[str, dict[str, Option]] = {
             False,
             "bool",
             "",
-            "keep patient identifiers: PatientID, PatientName, PatientBirthDate and AccessionNumber in the case cache "
-            "and volume.json (the others, such as InstitutionName and the physicians' names, are never read), and "
-            "folder and file names and series descriptions that hold one written as they are in run.log, the console, "
-            "the run store and the report; by default these read <patient:xxxxxx> and identifiers are left out of "
-            "everything a run writes but its DICOM results",
+            "keep patient identifiers: PatientID, PatientName, PatientBirthDate and AccessionNumber, and the series "
+            "description as it is, in the case cache and volume.json (the others, such as InstitutionName and the "
+            "physicians' names, are never read), and folder and file names that hold one written as they are in "
+            "run.log, the console, the run store and the report; by default these read <patient:xxxxxx> (<patient> in "
+            "a description) and identifiers are left out of everything a run writes but its DICOM results",
         ),
     },
     "metrics": {

@@ -1,6 +1,6 @@
 """Which text holds a patient's identifiers, and that text with them replaced: the matching behind the redaction of
-patient-named paths in a run (:mod:`pipeline.runner.redact`) and of a series description in a volume's metadata
-(:mod:`pipeline.ingest.build`).
+patient-named paths in a run (:mod:`pipeline.runner.redact`) and of a series description
+(:attr:`pipeline.ingest.series.SeriesInfo.description`).
 
 The identifiers are a series' PatientID, AccessionNumber, each part of its PatientName (``^``, ``_``, space, ``-``,
 ``,``, ``=`` separated) and its PatientBirthDate (YYYYMMDD), each of at least :data:`MIN_CHARS` characters, matched
@@ -71,3 +71,15 @@ def scrub(text: str, identifiers: set[str], *, replace: Callable[[str], str]) ->
     alternatives += [re.escape(o) for o in others]
     scrubbed = re.sub("|".join(alternatives), lambda m: replace(m.group(0).lower()), text, flags=re.IGNORECASE)
     return replace(text) if holds(scrubbed, identifiers) else scrubbed
+
+
+#: What stands for each identifier of the patient in a series description that ctpipe shows or writes outside the
+#: DICOM (a volume's metadata, messages, reprs) unless identifiers are kept.
+PLACEHOLDER = "<patient>"
+
+
+def description_without_identifiers(description: str, header: Iterable[tuple[str, str | None]]) -> str:
+    """``description`` (a SeriesDescription a technologist may have typed the patient's name into: ``CHEST DOE JANE
+    1.25``) with each identifier of ``header``'s ``(keyword, value)`` pairs in it as :data:`PLACEHOLDER`, its other
+    words kept (``CHEST <patient> <patient> 1.25``)."""
+    return scrub(description, identifiers_of(header), replace=lambda _: PLACEHOLDER)

@@ -87,8 +87,11 @@ def test_name_parts_written_together_count_as_the_name():
     r = PathRedactor(secret="s")
     r.add_series(["/spool/DOEJANE/CT/x.dcm", "/spool/janeanndoe_ct/y.dcm", "/spool/doesnt/janet/annex/z.dcm"], ids)
     assert set(r.components) == {"DOEJANE", "janeanndoe_ct"}  # not words that only begin with a name part
-    r.add_text("CHEST JANEDOE 1.25", ids)
-    assert "JANEDOE" not in r("series (CHEST JANEDOE 1.25)") and "CHEST" in r("series (CHEST JANEDOE 1.25)")
+    from pipeline.identifiers import description_without_identifiers
+
+    name = [("PatientName", "DOE^JANE^ANN")]
+    assert description_without_identifiers("CHEST JANEDOE 1.25", name) == "CHEST <patient> 1.25"
+    assert description_without_identifiers("CHEST JANET 1.25", name) == "CHEST JANET 1.25"
 
 
 @pytest.mark.pacs
@@ -176,7 +179,7 @@ def test_a_listeners_worker_redacts_the_series_of_each_batch(tmp_path):
                 assert time.monotonic() < deadline, "no series was handed to the runner in time"
                 time.sleep(0.2)
     log = (run / "run.log").read_text()
-    assert [ln for ln in log.splitlines() if '"process": "cpu-1"' in ln and "CHEST <patient:" in ln], log
+    assert [ln for ln in log.splitlines() if '"process": "cpu-1"' in ln and "CHEST <patient> <patient>" in ln], log
     assert _leaks(run, "") == []
     assert "richard" not in log.lower()
 
@@ -203,3 +206,21 @@ def test_a_worklists_rows_are_redacted_with_the_identifiers_of_every_row(tmp_pat
     cap = capsys.readouterr()
     assert "skipped file" in (run / "run.log").read_text()
     assert _leaks(run, cap.out + cap.err) == []
+
+
+def test_a_scans_reprs_and_messages_show_the_description_without_the_patients_name(tmp_path):
+    # was: ScanResult and SeriesInfo reprs (what a notebook echoes), ctpipe ingest's table and the messages naming a
+    # series ('series X ("CHEST DOE JANE", 12 file(s) in ...)') showed the name typed into the description
+    import pipeline as ctp
+    from pipeline.ingest.build import describe
+    from tests._support.dicom import write_series
+
+    def patient(i, ds):
+        ds.PatientName, ds.PatientID = "DOE^JANE", "MRN12345"
+
+    write_series(tmp_path / "s", n=12, tweak=patient, description="CHEST DOE JANE MRN12345")
+    scan = ctp.scan_directory([tmp_path / "s"])
+    (series,) = scan.series
+    shown = " ".join([repr(scan), repr(series), describe(series), str(series.summary())])
+    assert "CHEST <patient> <patient> <patient>" in shown
+    assert not [w for w in ("doe", "jane", "mrn12345") if w in shown.lower()], shown

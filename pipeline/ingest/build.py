@@ -25,7 +25,6 @@ from ..errors import (
     NotCTError,
     SeriesGeometryError,
 )
-from ..identifiers import MATCHED, identifiers_of, scrub
 from ..volume import PATIENT_IDENTIFIERS, CTVolume
 from ._pydicom import check_decoder, stored_text
 from .geometry import StackGeometry, stack_geometry
@@ -195,7 +194,7 @@ def _metadata(
     series: SeriesInfo, h0: SliceHeader, n_files: int, keep_identifiers: bool, thickness: float | None = None
 ) -> dict[str, Any]:
     """The volume's metadata; patient identifiers, and the SeriesDescription as it is, only with ``keep_identifiers``
-    (see PATIENT_IDENTIFIERS and :func:`_description`)."""
+    (see PATIENT_IDENTIFIERS and :attr:`SeriesInfo.description`)."""
 
     def num(text: str | None) -> float | None:
         try:
@@ -210,7 +209,7 @@ def _metadata(
         "FrameOfReferenceUID": h0.extra_value("FrameOfReferenceUID"),
         "StudyDate": h0.extra_value("StudyDate"),
         "Modality": h0.modality,
-        "SeriesDescription": h0.series_description if keep_identifiers else _description(h0),
+        "SeriesDescription": h0.series_description if keep_identifiers else series.description,
         "SeriesNumber": h0.series_number,
         "SliceThickness": thickness if thickness is not None else num(h0.extra_value("SliceThickness")),
         "ConvolutionKernel": h0.extra_value("ConvolutionKernel"),
@@ -229,19 +228,6 @@ def _metadata(
     if series.warnings:
         md["warnings"] = list(series.warnings)
     return md
-
-
-#: What stands for an identifier of the patient in a series description of a volume's metadata (see
-#: :func:`_description`).
-DESCRIPTION_PLACEHOLDER = "<patient>"
-
-
-def _description(h: SliceHeader) -> str:
-    """``h``'s SeriesDescription with each identifier of its own patient in it (a name a technologist typed in:
-    ``CHEST DOE JANE 1.25``; :func:`pipeline.identifiers.scrub`) replaced by :data:`DESCRIPTION_PLACEHOLDER`, its
-    other words kept: the patient's identifiers stay out of the metadata unless ``keep_identifiers``."""
-    ids = identifiers_of((k, h.extra_value(k)) for k in MATCHED)
-    return scrub(h.series_description, ids, replace=lambda _: DESCRIPTION_PLACEHOLDER)
 
 
 def plan_volume(

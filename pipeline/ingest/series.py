@@ -18,6 +18,7 @@ and records, for every other one, why it was not chosen.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
+from ..identifiers import description_without_identifiers
 from .headers import SECONDARY_CAPTURE_SOPS, SliceHeader
 from .lossy import LOSSY_ATTRIBUTE, is_lossy, lossy_warnings
 from .padding import padding_warnings
@@ -121,9 +123,12 @@ class SeriesInfo:
     def first(self) -> SliceHeader:
         return self.headers[0]
 
-    @property
+    @functools.cached_property
     def description(self) -> str:
-        return self.first.series_description
+        """The SeriesDescription, each identifier of the series' patient in it as ``<patient>`` (see
+        :func:`pipeline.identifiers.description_without_identifiers`): what messages, reprs and reports show; the
+        header's own text is ``first.series_description``."""
+        return description_without_identifiers(self.first.series_description, self.first.extra)
 
     @property
     def modality(self) -> str:

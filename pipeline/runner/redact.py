@@ -1,9 +1,7 @@
-"""Patient identifiers in file and folder names and in series descriptions, kept out of what a run writes outside
-``dicom/``.
+"""Patient identifiers in file and folder names, kept out of what a run writes outside ``dicom/``.
 
 Archive exports and PACS spools often name a folder or file after the patient or the visit (``SMITH^JOHN_1234567/``,
-``1234567/CT/``, ``A20240117-0042/`` by accession number, ``Doe_Jane_19600101.dcm``), and a technologist may type the
-patient's name into the SeriesDescription (``CHEST SMITH 1.25``). Unless ``privacy.keep_identifiers``, every path
+``1234567/CT/``, ``A20240117-0042/`` by accession number, ``Doe_Jane_19600101.dcm``). Unless ``privacy.keep_identifiers``, every path
 component that holds an identifier of a series found under it is replaced, in run.log, the console, the run store
 (and so the report, its CSV files and skipped.csv), quarantine files and metrics, by a token ``<patient:xxxxxx>``:
 the first 6 hex digits of a SHA-256 over a secret drawn per run and the component, so the same folder reads as the
@@ -14,9 +12,8 @@ case-insensitively: name parts as a whole word of the component, alone or writte
 (``SMITH^JOHN_1234567``, ``SmithJohn``, ``JOHNSMITH``; ``Lee`` is not looked for inside ``sleep``), the others
 anywhere in it. Files under a redacted folder that are not DICOM (no
 identifiers of their own) are redacted through that folder; the name of such a file, wherever it lies in the
-sources, is redacted where it holds an identifier of any series the run found. A series description that holds an
-identifier of its series keeps its other words, each identifier in it replaced by its token (``CHEST <patient:…>
-1.25``).
+sources, is redacted where it holds an identifier of any series the run found. (A series description never holds
+one: :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
 """
 
 from __future__ import annotations
@@ -31,9 +28,9 @@ from contextlib import contextmanager
 from pathlib import PurePath
 from typing import Any
 
-from ..identifiers import MATCHED, holds, identifiers_of, scrub
+from ..identifiers import MATCHED, holds, identifiers_of
 
-# the key of the run's secret in PathRedactor.shared: no path component or description holds a NUL
+# the key of the run's secret in PathRedactor.shared: no path component holds a NUL
 _SECRET = "\0secret"
 # a component as it appears in text: not inside a longer name or number (a UID holding a patient id's digits)
 _BEFORE, _AFTER = r"(?<![\w.^\-])", r"(?![\w^\-])"
@@ -92,7 +89,6 @@ class PathRedactor:
             for h in s.headers:
                 ids |= identifiers_of((k, h.extra_value(k)) for k in MATCHED)
             self.add_series([h.path for h in s.headers], ids)
-            self.add_text(s.description, ids)
 
     def add_files(self, files: Iterable[str | os.PathLike[str]]) -> None:
         """Record the components of ``files``' paths that hold an identifier of any series recorded so far: files
@@ -100,17 +96,9 @@ class PathRedactor:
         beside the images or in another folder of the source)."""
         self.add_series(files, set(self._identifiers))
 
-    def add_text(self, text: str | None, identifiers: set[str]) -> None:
-        """Record ``text`` (a series description) where it holds one of ``identifiers``: each of them in it is
-        replaced by its token, its other words kept (``CHEST DOE JANE 1.25`` -> ``CHEST <patient:…> <patient:…>
-        1.25``; :func:`pipeline.identifiers.scrub`)."""
-        if text and text not in self._tokens and holds(text, identifiers):
-            self._tokens[text] = scrub(text, identifiers, replace=self.token)
-            self._pattern = None
-
     @property
     def components(self) -> dict[str, str]:
-        """The components (and descriptions) replaced, each with what replaces it."""
+        """The components replaced, each with its token."""
         return dict(self._tokens)
 
     def __call__(self, text: str) -> str:
