@@ -119,3 +119,76 @@ def test_duplicates_summarised_in_one_info_line_per_series_and_association(serie
     assert f"{len(files)} instance(s) of series {uid}" in line and "MODALITY" in line and "not stored again" in line
     detail = [r for r in caplog.records if getattr(r, "event", None) == "listen_duplicate_instance"]
     assert len(detail) == len(files) and all(r.levelno == logging.DEBUG for r in detail)
+
+
+def _mismatched_file(read: Dataset, path: Path, *, sop_class: str | None = None, sop_uid: str | None = None) -> Path:
+    """``read`` written as a Part 10 file whose File Meta names another SOP class or instance than the dataset (an
+    edit of the dataset that left the meta behind): pynetdicom, sending the file as it is, puts the meta's UIDs in the
+    C-STORE request (Affected SOP Class / Instance UID) and the dataset's bytes unchanged after it."""
+    from pydicom.filebase import DicomFileLike
+    from pydicom.filewriter import write_dataset, write_file_meta_info
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = sop_class or read.SOPClassUID
+    meta.MediaStorageSOPInstanceUID = sop_uid or read.SOPInstanceUID
+    meta.TransferSyntaxUID = "1.2.840.10008.1.2.1"
+    with path.open("wb") as fh:  # written element by element: pydicom's save_as would put the dataset's UIDs in the meta
+        fh.write(b"\x00" * 128 + b"DICM")
+        out = DicomFileLike(fh)
+        write_file_meta_info(out, meta)
+        out.is_little_endian, out.is_implicit_VR = True, False
+        write_dataset(out, read)
+    return path
+
+
+def _send_files(port: int, paths: list[Path]) -> list[Dataset]:
+    """C-STORE each file as it is (pynetdicom's chunked sending: the request's UIDs from its File Meta); the
+    responses."""
+    from pynetdicom import AE, _config
+
+    ae = AE(ae_title="MODALITY")
+    for cls in ("1.2.840.10008.5.1.4.1.1.2", "1.2.840.10008.5.1.4.1.1.2.1"):
+        ae.add_requested_context(cls, ["1.2.840.10008.1.2.1"])
+    was, _config.STORE_SEND_CHUNKED_DATASET = _config.STORE_SEND_CHUNKED_DATASET, True
+    assoc = ae.associate(HOST, port, ae_title=AET)
+    assert assoc.is_established
+    try:
+        return [assoc.send_c_store(p) for p in paths]
+    finally:
+        _config.STORE_SEND_CHUNKED_DATASET = was
+        assoc.release()
+        ae.shutdown()
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["scan", "full-decode"])
+def test_an_instance_whose_dataset_does_not_match_the_request_is_refused_and_not_spooled(
+    series, tmp_path, caplog, monkeypatch, decode
+):
+    """As dcmtk's storescp: a dataset whose SOP Instance UID or SOP Class UID is not the C-STORE request's Affected
+    one is answered 0xA900 (Data Set does not match SOP Class), naming the element, and nothing of it is kept; the
+    warning names both UIDs and the sender. The instances that match are stored as usual."""
+    if decode:  # the dataset the scan of the encoded bytes cannot read: decoded in full, checked the same
+        monkeypatch.setattr("pipeline.pacs.listener.read_uids", lambda raw, ts: None)
+    uid, files = series
+    good, wrong_uid, wrong_class = (pydicom.dcmread(f) for f in files[:3])
+    paths = [
+        _mismatched_file(good, tmp_path / "good.dcm"),
+        _mismatched_file(wrong_uid, tmp_path / "uid.dcm", sop_uid="1.2.826.0.1.3680043.8.498.1"),
+        _mismatched_file(wrong_class, tmp_path / "class.dcm", sop_class="1.2.840.10008.5.1.4.1.1.2.1"),
+    ]
+    run = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="pipeline.pacs.listener"), _listener(run) as lst:
+        answers = _send_files(lst.port, paths)
+    assert [int(a.Status) for a in answers] == [0x0000, 0xA900, 0xA900]
+    with sqlite3.connect(f"file:{run / 'pacs' / 'ledger.sqlite'}?mode=ro", uri=True) as db:
+        kept = [r[0] for r in db.execute("SELECT sop_uid FROM instances")]
+    assert kept == [str(good.SOPInstanceUID)]
+    stored = [p.name for p in (run / "pacs" / "incoming").rglob("*.dcm")]
+    assert stored == [f"{good.SOPInstanceUID}.dcm"]
+    lines = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "listen_mismatch"]
+    assert len(lines) == 2, lines
+    assert "1.2.826.0.1.3680043.8.498.1" in lines[0] and str(wrong_uid.SOPInstanceUID) in lines[0]
+    assert "SOPInstanceUID" in lines[0] and "MODALITY" in lines[0] and "0xA900" in lines[0]
+    assert "SOPClassUID 1.2.840.10008.5.1.4.1.1.2," in lines[1] and "Class UID 1.2.840.10008.5.1.4.1.1.2.1;" in lines[1]
+    assert [r.get("OffendingElement") for r in answers[1:]] == [0x00080018, 0x00080016]
+    assert "SOPInstanceUID" in answers[1].ErrorComment and len(answers[1].ErrorComment) <= 64

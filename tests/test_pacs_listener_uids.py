@@ -71,6 +71,7 @@ def _encode(ds: Dataset, syntax: str, *, undefined: bool) -> bytes:
 def _full_decode(raw: bytes, syntax: str) -> dict[str, str | None]:
     ds = decode(io.BytesIO(raw), syntax == IMPLICIT, syntax != BIG, syntax == DEFLATED)
     return {
+        "sop_class": ds.get("SOPClassUID"),
         "sop_uid": ds.get("SOPInstanceUID"),
         "study_uid": ds.get("StudyInstanceUID"),
         "series_uid": ds.get("SeriesInstanceUID"),
@@ -84,7 +85,12 @@ def test_uids_read_without_decoding_match_the_full_decode_in_every_accepted_synt
     raw = _encode(_dataset(with_sequences=with_sequences), syntax, undefined=undefined)
     got = read_uids(raw, syntax)
     assert got == _full_decode(raw, syntax)
-    assert got == {"sop_uid": "1.2.3.4.5.6.7", "study_uid": "1.2.840.113619.2.55.3.1", "series_uid": "1.2.840.113619.2.55.3.22"}
+    assert got == {
+        "sop_class": "1.2.840.10008.5.1.4.1.1.2",
+        "sop_uid": "1.2.3.4.5.6.7",
+        "study_uid": "1.2.840.113619.2.55.3.1",
+        "series_uid": "1.2.840.113619.2.55.3.22",
+    }
 
 
 def test_a_deflated_dataset_whose_uids_lie_beyond_the_inflated_start_is_left_to_the_full_decode():

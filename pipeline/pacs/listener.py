@@ -6,7 +6,9 @@ associations only from the calling AE titles in ``pacs.allowed_aets`` (others ar
 addressed to ``pacs.ae_title`` ("called AE title not recognised"; each rejection is logged with both
 AE titles). It takes CT Image Storage and Enhanced CT Image Storage, and answers any other SOP class with status 0x0122. Each instance is written to disk, synced and
 recorded in the journal (:mod:`pipeline.pacs.journal`) before success is answered; a duplicate
-SOPInstanceUID is answered with success and not stored again.
+SOPInstanceUID is answered with success and not stored again. An instance whose dataset names another SOP
+Instance UID or SOP Class UID than the C-STORE request's Affected ones is answered 0xA900 (as dcmtk's ``storescp``)
+and not stored; the warning names the sender and both UIDs.
 
 A series is complete when no instance has arrived for ``pacs.quiet_period_s`` and its slices form
 a volume (no gap, at least ``ingest.min_slices``); one still incomplete ``pacs.series_limit_s``
@@ -53,6 +55,7 @@ from .scp import (
     accepted_storage_contexts,
     build_ae,
     check_instance,
+    dataset_mismatch,
     part10_header,
 )
 from .spool import store_received
@@ -305,7 +308,7 @@ class Listener:
             extra={"event": "listen_rejected"},
         )
 
-    def _on_store(self, event: Any) -> int:
+    def _on_store(self, event: Any) -> Any:
         status, sop_class, sop_uid = check_instance(event)
         calling = str(event.assoc.requestor.ae_title).strip()
         if status != STATUS_OK:
@@ -323,13 +326,29 @@ class Listener:
         uids = read_uids(raw, transfer_syntax)
         if uids is not None and uids["series_uid"] is not None:
             series_uid, study_uid = uids["series_uid"], uids["study_uid"]
+            found_class, found_uid = uids["sop_class"], uids["sop_uid"]
         else:  # what the scan of the encoded dataset cannot be sure of: decoded in full
             try:
-                series_uid = str(event.dataset.SeriesInstanceUID)
-                study_uid = str(event.dataset.get("StudyInstanceUID", "")) or None
+                ds = event.dataset
+                series_uid = str(ds.SeriesInstanceUID)
+                study_uid = str(ds.get("StudyInstanceUID", "")) or None
+                found_class, found_uid = str(ds.get("SOPClassUID", "")), str(ds.get("SOPInstanceUID", ""))
             except (AttributeError, KeyError, ValueError, TypeError) as exc:
                 log.warning("refused instance %s from %s: unreadable dataset (%s)", sop_uid, calling, exc)
                 return STATUS_DATASET_MISMATCH
+        wrong = dataset_mismatch(sop_class=sop_class, sop_uid=sop_uid, dataset_class=found_class, dataset_uid=found_uid)
+        if wrong is not None:
+            log.warning(
+                "refused an instance from %s at %s (status 0x%04X, nothing stored): %s; fix: the sender must send the "
+                "file's own UIDs (a file edited or anonymised without its File Meta Information, or a sender that "
+                "reuses a request): correct it there and send it again",
+                calling,
+                getattr(event.assoc.requestor, "address", "?"),
+                STATUS_DATASET_MISMATCH,
+                wrong.problem(),
+                extra={"event": "listen_mismatch", "series_uid": series_uid},
+            )
+            return wrong.response()
         if not valid_uid(series_uid):
             log.warning("refused instance %s from %s: SeriesInstanceUID %r is not valid", sop_uid, calling, series_uid[:80])
             return STATUS_DATASET_MISMATCH

@@ -3,7 +3,8 @@ entity, the CT storage presentation contexts, and writing a received C-STORE ins
 
 Only CT images are taken (CT Image Storage, Enhanced CT Image Storage); any other SOP class sent
 to ctpipe is answered with status 0x0122 ("SOP class not supported"), an instance whose UIDs are
-not valid with 0xA900, a write failure with 0xA700 ("out of resources").
+not valid, or whose dataset names another SOP class or instance than the request (:func:`dataset_mismatch`), with
+0xA900, a write failure with 0xA700 ("out of resources").
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,46 @@ def check_instance(event: Any) -> tuple[int, str, str]:
     if not valid_uid(sop_uid):
         return STATUS_DATASET_MISMATCH, sop_class, sop_uid
     return STATUS_OK, sop_class, sop_uid
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A C-STORE dataset element that is not what the request says: ``keyword`` (``SOPInstanceUID`` or
+    ``SOPClassUID``), its ``tag``, the request's Affected value (``requested``) and the dataset's (``found``, empty when
+    the dataset has none)."""
+
+    keyword: str
+    tag: int
+    requested: str
+    found: str
+
+    def response(self) -> Any:
+        """The C-STORE response: status 0xA900 (Data Set does not match SOP Class, as dcmtk's storescp answers both
+        mismatches), the Offending Element and an Error Comment (at most 64 characters: VR LO)."""
+        from pydicom.dataset import Dataset
+
+        rsp = Dataset()
+        rsp.Status = STATUS_DATASET_MISMATCH
+        rsp.OffendingElement = [self.tag]
+        rsp.ErrorComment = f"dataset {self.keyword} differs from the request's"[:64]
+        return rsp
+
+    def problem(self) -> str:
+        """``its dataset's SOPInstanceUID X is not the request's Affected SOP Instance UID Y``, for a log line."""
+        what = "SOP Instance UID" if self.keyword == "SOPInstanceUID" else "SOP Class UID"
+        found = f"{self.keyword} {self.found}" if self.found else f"no {self.keyword}"
+        return f"its dataset has {found}, not the C-STORE request's Affected {what} {self.requested}"
+
+
+def dataset_mismatch(*, sop_class: str, sop_uid: str, dataset_class: str | None, dataset_uid: str | None) -> Mismatch | None:
+    """What of a C-STORE dataset's SOP Instance UID and SOP Class UID (``dataset_uid``, ``dataset_class``; None when
+    absent) differs from the request's Affected ones (``sop_uid``, ``sop_class``), the instance first; None when both
+    agree. Such an instance would be filed and deduplicated under a UID its file does not hold."""
+    if (dataset_uid or "") != sop_uid:
+        return Mismatch("SOPInstanceUID", 0x00080018, sop_uid, dataset_uid or "")
+    if (dataset_class or "") != sop_class:
+        return Mismatch("SOPClassUID", 0x00080016, sop_class, dataset_class or "")
+    return None
 
 
 def part10_header(*, sop_class: str, sop_instance: str, transfer_syntax: str) -> bytes:
