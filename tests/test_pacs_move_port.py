@@ -20,12 +20,15 @@ pytestmark = pytest.mark.pacs
 
 @pytest.fixture(scope="module")
 def two_series(orthanc, tmp_path_factory):
+    """(SeriesInstanceUID, StudyInstanceUID) of two phantom series in two studies, stored in Orthanc."""
+    import pydicom
+
     root = tmp_path_factory.mktemp("move-port")
     uids = []
     for seed in (11, 12):
         uid, files = write_phantom_series(root / f"s{seed}", seed)
         orthanc.upload(files)
-        uids.append(uid)
+        uids.append((uid, str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)))
     return uids
 
 
@@ -53,6 +56,35 @@ def test_a_move_port_already_in_use_fails_the_source_once_naming_port_holder_and
     assert "pacs.move_port" in msg and "retrieve=get" in msg
     assert "series not retrieved" in msg
     assert not [r for r in caplog.records if getattr(r, "event", "") == "pacs_retry"]  # never retried
+
+
+def test_a_move_port_in_use_fails_the_run_once_not_once_per_source_and_c_get_sources_still_retrieved(
+    orthanc, two_series, tmp_path, caplog
+):
+    """A nightly run naming one source per study: the port taken is found at the first C-MOVE and said once for the
+    run (the later C-MOVE sources are not searched, nor reported each), while a C-GET source, needing no receiver
+    port, is retrieved."""
+    port = free_port()
+    cfg = load_config(overrides={"pacs.move_port": port, "pacs.timeout_s": 10.0, "pacs.retries": 2}, environ={})
+    busy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    busy.bind((cfg.pacs.bind, port))
+    busy.listen(1)
+    (_, study1), (series2, study2) = two_series
+    moves = [f"{orthanc.dimse}?study={study}&retrieve=move" for study in (study1, study2, study1)]
+    get = f"{orthanc.dimse}?study={study2}&retrieve=get"
+    try:
+        with caplog.at_level(logging.INFO):
+            res = fetch_sources([*moves, get], run_dir=tmp_path / "run", cfg=cfg)
+    finally:
+        busy.close()
+    assert len(res.failures) == 1, res.failures
+    what, kind, msg = res.failures[0]
+    assert what == moves[0] and kind == "PacsReceiverError"
+    assert "2 later C-MOVE source(s) of this run not searched" in msg and f"{cfg.pacs.bind}:{port}" in msg
+    assert "pacs.move_port" in msg and "retrieve=get" in msg
+    said = [r for r in caplog.records if getattr(r, "event", "") == "pacs_receiver_failed"]
+    assert len(said) == 1, [r.getMessage() for r in said]
+    assert res.fetched == 1 and [o["series_uid"] for o in res.origins.values()] == [series2]  # the C-GET source
 
 
 @pytest.mark.parametrize(

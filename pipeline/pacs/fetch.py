@@ -10,7 +10,9 @@ fetched (and whose folder is there) is not retrieved again. Once a case is publi
 quarantined, :func:`release_spool` removes its spool folder unless ``pacs.keep_received`` keeps it.
 A series retrieved with fewer instances than the archive listed, or of which the archive lists more instances once it
 is retrieved (still arriving from the scanner), is not handed on (recorded as ``partial``; the next run tries again).
-One source or series failing does not stop the others.
+One source or series failing does not stop the others, except ctpipe's C-MOVE receiver failing to listen (its
+``pacs.move_port`` taken): that is reported once for the run, on the source that met it, and the later C-MOVE
+sources are not searched (C-GET and WADO-RS sources still are).
 """
 
 from __future__ import annotations
@@ -118,12 +120,26 @@ def fetch_sources(
     ledger = Ledger(run)
     out = FetchResult()
     seen: set[str] = set()
+    receiver: int | None = None  # the index in out.failures of the C-MOVE receiver's failure, once it failed
+    not_searched = 0  # the later C-MOVE sources not tried after it
     try:
         for item in sources:
             src = item if isinstance(item, PacsSource) else parse_source(item, base=base)
-            _fetch_one(src, cfg, run, spool, ledger, out, seen)
+            if receiver is not None and _moves(src, cfg):  # the same port for every C-MOVE source: said once
+                not_searched += 1
+                continue
+            if _fetch_one(src, cfg, run, spool, ledger, out, seen) and receiver is None:
+                receiver = len(out.failures) - 1
     finally:
         ledger.close()
+    if receiver is not None and not_searched:
+        what, kind, msg = out.failures[receiver]
+        left, _, why = msg.partition(" series not retrieved: ")
+        out.failures[receiver] = (
+            what,
+            kind,
+            f"{left} series not retrieved, and the {not_searched} later C-MOVE source(s) of this run not searched: {why}",
+        )
     for line in out.lines():
         log.info("%s", line, extra={"event": "pacs_fetch"})
     return out
@@ -140,20 +156,27 @@ def _withhold_accessions(src: PacsSource, out: FetchResult) -> str:
     return shown
 
 
-def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledger, out: FetchResult, seen: set[str]) -> None:
+def _moves(src: PacsSource, cfg: Any) -> bool:
+    """Whether ``src`` retrieves by C-MOVE, through ctpipe's receiver at ``pacs.move_port``."""
+    return src.endpoint.kind != "dicomweb" and (src.query.retrieve or cfg.pacs.retrieve) == "move"
+
+
+def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledger, out: FetchResult, seen: set[str]) -> bool:
+    """Search and retrieve one source into ``out``; True when ctpipe's C-MOVE receiver failed (its port taken), which
+    every later C-MOVE source of the run would meet too."""
     shown = for_records(str(src), keep_identifiers=True) if cfg.privacy.keep_identifiers else _withhold_accessions(src, out)
     try:
         archive = open_archive(src.endpoint, cfg, mode=src.query.retrieve)
     except CtpipeError as exc:
         out.failures.append((str(src), type(exc).__name__, str(exc)))
-        return
+        return False
     try:
         try:
             chosen, missing = select_series(archive, src.query)
         except PacsError as exc:
             log.error("PACS search failed for %s: %s", shown, exc, extra={"event": "pacs_search_failed"})
             out.failures.append((str(src), type(exc).__name__, str(exc)))
-            return
+            return False
         out.failures += missing
         log.info("%s: %d series selected", shown, len(chosen), extra={"event": "pacs_search"})
         known = remote_series(run, [s.series_uid for s in chosen])
@@ -165,13 +188,21 @@ def _fetch_one(src: PacsSource, cfg: Any, run: Path, spool: Spool, ledger: Ledge
                 continue
             try:
                 _fetch_series(s, src, archive, cfg, run, spool, ledger, out)
-            except PacsReceiverError as exc:  # the same for every series of the source: said once, not retried
+            except PacsReceiverError as exc:  # the same for every C-MOVE of the run: said once, not retried
+                seen.discard(s.series_uid)  # a later C-GET or WADO-RS source may still retrieve it
                 left = len(chosen) - n
-                log.error("%s: %d series not retrieved: %s", shown, left, exc, extra={"event": "pacs_receiver_failed"})
+                log.error(
+                    "%s: %d series not retrieved, nor any later C-MOVE source of this run: %s",
+                    shown,
+                    left,
+                    exc,
+                    extra={"event": "pacs_receiver_failed"},
+                )
                 out.failures.append((str(src), type(exc).__name__, f"{left} series not retrieved: {exc}"))
-                return
+                return True
     finally:
         archive.close()
+    return False
 
 
 def _processed_before(s: RemoteSeries, case: dict[str, Any] | None, cfg: Any, out: FetchResult) -> bool:
