@@ -341,3 +341,114 @@ def test_a_refusal_of_the_query_is_asked_again_once_recheck_time_has_passed(sour
     finally:
         scp.close()
     assert sorted(scp.received) == sorted([*c1.values(), *c2.values()])
+
+
+class _ListingStore:
+    """A storage SCP on 127.0.0.1 that answers C-FIND at IMAGE and SERIES level from what it keeps: it keeps the
+    first ``keep`` instances it is sent (answering success for the later ones too: a drop), and answers the first
+    ``answer`` C-FIND requests (then no match: an archive that stopped answering ctpipe's queries)."""
+
+    def __init__(self, *, keep: int = 1_000, answer: int = 1_000) -> None:
+        from pynetdicom import AE, evt
+
+        from tests._support.orthanc import free_port
+
+        self.ae = AE(ae_title="LISTING")
+        for cls in ("1.2.840.10008.5.1.4.1.1.88.34", "1.2.840.10008.5.1.4.1.1.66.4"):
+            self.ae.add_supported_context(cls, ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"])
+        self.ae.add_supported_context("1.2.840.10008.5.1.4.1.2.2.1", ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"])
+        self.keep, self.answer = keep, answer
+        self.kept: dict[str, tuple[str, str]] = {}  # SOPInstanceUID -> (study, series)
+        self.received = 0
+        self.finds = 0
+        self.port = free_port()
+        handlers = [(evt.EVT_C_STORE, self._store), (evt.EVT_C_FIND, self._find)]
+        self.server = self.ae.start_server(("127.0.0.1", self.port), block=False, evt_handlers=handlers)
+
+    def _store(self, event: Any) -> int:
+        self.received += 1
+        if self.received <= self.keep:
+            ds = event.dataset
+            self.kept[str(ds.SOPInstanceUID)] = (str(ds.StudyInstanceUID), str(ds.SeriesInstanceUID))
+        return 0x0000
+
+    def _find(self, event: Any) -> Any:
+        from pydicom.dataset import Dataset
+
+        self.finds += 1
+        if self.finds > self.answer:
+            return
+        q = event.identifier
+
+        def wanted(value: Any) -> set[str]:  # list of UID matching: a multi-valued UID, or one UID
+            return {str(value)} if isinstance(value, str) else {str(v) for v in value}
+
+        study = str(q.StudyInstanceUID)
+        if q.QueryRetrieveLevel == "IMAGE":
+            for sop in wanted(q.SOPInstanceUID) & set(self.kept):
+                if self.kept[sop][0] == study:
+                    rsp = Dataset()
+                    rsp.QueryRetrieveLevel, rsp.StudyInstanceUID, rsp.SOPInstanceUID = "IMAGE", study, sop
+                    rsp.SeriesInstanceUID = self.kept[sop][1]
+                    yield 0xFF00, rsp
+        elif q.QueryRetrieveLevel == "SERIES":
+            for series in wanted(q.SeriesInstanceUID):
+                n = sum(1 for st, se in self.kept.values() if (st, se) == (study, series))
+                if n:
+                    rsp = Dataset()
+                    rsp.QueryRetrieveLevel, rsp.StudyInstanceUID, rsp.SeriesInstanceUID = "SERIES", study, series
+                    rsp.NumberOfSeriesRelatedInstances = n
+                    yield 0xFF00, rsp
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.ae.shutdown()
+
+
+def _send_to(run, scp: _ListingStore) -> None:
+    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=f"dimse://LISTING@127.0.0.1:{scp.port}")
+    sender.scan()
+    sender.send_due()
+    sender.close()
+
+
+def test_an_archive_listing_nothing_of_a_case_but_an_earlier_result_dropped_every_result(source_case, tmp_path):
+    """Nothing of the second case listed at any level, while the same SERIES-level query lists the first case's result
+    it kept: it answers these queries, so it dropped the second case's results (not an archive that cannot say)."""
+    run = tmp_path / "run"
+    c1 = _completed_case(run, "c1", source_case)
+    c2 = _completed_case(run, "c2", source_case)
+    RunStore(run).close()
+    scp = _ListingStore(keep=2)  # keeps c1's SR and SEG, drops c2's
+    try:
+        _send_to(run, scp)
+    finally:
+        scp.close()
+    state = open_run(run).deliveries.set_index("sop_uid").state
+    assert state[c1["sr"]] == state[c1["seg"]] == "sent" and state[c2["sr"]] == state[c2["seg"]] == "failed"
+    error = Ledger(run).one("SELECT error FROM sent WHERE sop_uid = ?", (c2["seg"],))["error"]
+    assert "dropped every result of this case" in error and "a result confirmed there earlier" in error
+    assert "answers neither query" not in error and "pacs.verify_sent: false" not in error
+    assert next(iter(scp.kept.values()))[1] in error  # the earlier result's series, asked for again
+
+
+def test_an_archive_that_stops_answering_is_told_from_a_drop_by_an_earlier_result_also_in_a_later_run(source_case, tmp_path):
+    """The archive keeps everything but answers no query after the first case's: asked for a result it listed before
+    (also one a previous run confirmed, from the ledger), it lists nothing either, so it is said to have stopped
+    answering ctpipe's queries (or lost what it held), with what to check, not a drop."""
+    run = tmp_path / "run"
+    c1 = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    scp = _ListingStore(answer=1)  # answers c1's IMAGE-level query, nothing after
+    try:
+        _send_to(run, scp)  # one run: c1 confirmed
+        c2 = _completed_case(run, "c2", source_case)
+        _send_to(run, scp)  # the next run: a new sender, nothing listed for c2, nor c1's series now
+    finally:
+        scp.close()
+    state = open_run(run).deliveries.set_index("sop_uid").state
+    assert state[c1["sr"]] == "sent" and state[c2["sr"]] == state[c2["seg"]] == "failed"
+    error = Ledger(run).one("SELECT error FROM sent WHERE sop_uid = ?", (c2["seg"],))["error"]
+    assert "stopped answering" in error and "lost what it held" in error and "pacs.verify_sent: false" in error
+    assert "dropped every result of this case" not in error
+    assert len(scp.kept) == 4  # it did keep them

@@ -113,13 +113,26 @@ class ResultSender:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._archive: Archive | None = None
-        self._confirmer = Confirmer(self.key, dicomweb=self.endpoint.kind == "dicomweb")
+        self._confirmer = Confirmer(self.key, dicomweb=self.endpoint.kind == "dicomweb", known=self._last_sent())
         #: why the destination cannot confirm what it holds (it refused the query), and when it said so: the later
         #: cases are recorded failed with it, unsent, rather than each sent and refused again, for RECHECK_S (a
         #: long-running listener asks again once that has passed: the archive may have been corrected)
         self._cannot_confirm: tuple[str, float] | None = None
         #: whether results the destination listed nothing of, at any level, were said already (logged once)
         self._said_uncertain = False
+
+    def _last_sent(self) -> SentResult | None:
+        """The last result recorded sent to this destination (by an earlier run too), if its file can still be read:
+        what the confirming queries ask for again when the destination lists nothing of a case."""
+        row = self.ledger.one(
+            "SELECT path FROM sent WHERE destination = ? AND state = 'sent' ORDER BY updated_at DESC LIMIT 1", (self.key,)
+        )
+        if row is None or not row["path"]:
+            return None
+        try:
+            return read_sent(self.run_dir / row["path"])
+        except (OSError, InvalidDicomError):
+            return None
 
     # -- finding work ----------------------------------------------------------------------
     def scan(self) -> int:
@@ -267,20 +280,24 @@ class ResultSender:
                 return held
             held |= found
             missing = [r for r, _ in pairs if r["sop_uid"] not in found]
+            cause = not uncertain or self._confirmer.known is None  # a drop, or one that cannot be ruled out
             for r in missing:  # uncertain (nothing listed at all): failed at once, said for the first case only
-                self._failed([r], self._not_held(r, why), final=uncertain, quiet=uncertain and self._said_uncertain)
+                self._failed([r], self._not_held(r, why, cause=cause), final=uncertain, quiet=uncertain and self._said_uncertain)
             self._said_uncertain |= uncertain and bool(missing)
         return held
 
-    def _not_held(self, r: dict[str, Any], why: str) -> str:
+    def _not_held(self, r: dict[str, Any], why: str, *, cause: bool = True) -> str:
         """Why a result the destination answered success for is not recorded sent, and what to do (``why``: what
-        the confirming queries said)."""
+        the confirming queries said; ``cause``: they show a drop, whose likely causes are named)."""
         what = RESULT_SOP_CLASSES.get(str(r["sop_class"]), str(r["sop_class"]))
+        head = f"{what} {r['sop_uid']} ({r['path']}): {self.key} answered success but does not hold it ({why})."
+        if not cause:
+            return f"{head} Then `ctpipe send {self.run_dir} --retry-failed`"
         return (
-            f"{what} {r['sop_uid']} ({r['path']}): {self.key} answered success but does not hold it ({why}). Likely "
-            "cause: a filter or routing rule on the archive dropped it (an Orthanc Lua ReceivedInstanceFilter, for "
-            "one), or its storage failed after it answered; check the archive's log for this SOPInstanceUID. Fix: let "
-            f"the archive keep ctpipe's results, then `ctpipe send {self.run_dir} --retry-failed`"
+            f"{head} Likely cause: a filter or routing rule on the archive dropped it (an Orthanc Lua "
+            "ReceivedInstanceFilter, for one), or its storage failed after it answered; check the archive's log for "
+            f"this SOPInstanceUID. Fix: let the archive keep ctpipe's results, then `ctpipe send {self.run_dir} "
+            "--retry-failed`"
         )
 
     def _failed(self, items: list[dict[str, Any]], error: str, *, final: bool = False, quiet: bool = False) -> None:
