@@ -104,3 +104,30 @@ def test_the_run_after_an_archive_died_mid_series_retrieves_it_whole(doomed, tmp
     assert len(list(res.folders[0].glob("*.dcm"))) == N_SLICES
     row = Ledger(Path(run)).fetched(series.series_uid)
     assert row is not None and row["state"] == "fetched" and row["n_files"] == N_SLICES
+
+
+def test_an_archive_that_died_mid_series_and_stays_down_is_said_lost_not_a_wrong_port(doomed, tmp_path):
+    """The retry after the archive died finds it down (connection refused): the error given up with still says the
+    connection was lost mid-transfer, with how much had arrived, and does not send the user to check whether the
+    port is the archive's HTTP one (it answered DICOM seconds before)."""
+    srv, series = doomed
+    run = tmp_path / "run"
+    done = threading.Event()
+
+    def kill_mid_series() -> None:
+        while not done.is_set() and sum(1 for _ in (run / "pacs").rglob("*.dcm")) < 5:
+            time.sleep(0.02)
+        if srv.proc is not None and not done.is_set():
+            srv.proc.kill()
+
+    killer = threading.Thread(target=kill_mid_series)
+    killer.start()
+    try:
+        res = fetch_sources([f"{srv.dimse}?series={series.series_uid}"], run_dir=run, cfg=_cfg(srv, **{"pacs.retries": 1}))
+    finally:
+        done.set()
+        killer.join()
+    assert [cls for _, cls, _ in res.failures] == ["PacsUnavailableError"]
+    msg = res.failures[0][2]
+    assert "lost mid-transfer" in msg and "instance(s) received" in msg and "gave up after 2 attempts" in msg, msg
+    assert "HTTP" not in msg, msg
