@@ -30,7 +30,7 @@ def series(tmp_path_factory) -> tuple[str, list[Path]]:
     return write_phantom_series(tmp_path_factory.mktemp("receive") / "case", 11, slices=8)
 
 
-def _listener(run: Path) -> Listener:
+def _listener(run: Path, **extra: object) -> Listener:
     opts = {
         "pacs.ae_title": AET,
         "pacs.port": free_port(),
@@ -38,12 +38,14 @@ def _listener(run: Path) -> Listener:
         "pacs.quiet_period_s": 3600.0,
         "report.enabled": False,
         "workers": 0,
+        **extra,
     }
     return Listener(run, load_config(overrides=opts, environ={}), stages=[IngestStage(), WriteStage()], poll_s=0.1)
 
 
-def _send(port: int, datasets: list[tuple[Dataset, str]]) -> list[int]:
-    """C-STORE each dataset in its transfer syntax, in one association; the statuses."""
+def _send(port: int, datasets: list[tuple[Dataset, str]], *, cut: bool = False) -> list[int]:
+    """C-STORE each dataset in its transfer syntax, in one association; the statuses. ``cut``: the association is
+    aborted at the end instead of released (a sender that stopped or lost the network mid-series)."""
     from pynetdicom import AE
 
     ae = AE(ae_title="MODALITY")
@@ -61,7 +63,7 @@ def _send(port: int, datasets: list[tuple[Dataset, str]]) -> list[int]:
             statuses.append(int(assoc.send_c_store(ds).Status))
         return statuses
     finally:
-        assoc.release()
+        assoc.abort() if cut else assoc.release()
         ae.shutdown()
 
 
@@ -192,3 +194,32 @@ def test_an_instance_whose_dataset_does_not_match_the_request_is_refused_and_not
     assert "SOPClassUID 1.2.840.10008.5.1.4.1.1.2," in lines[1] and "Class UID 1.2.840.10008.5.1.4.1.1.2.1;" in lines[1]
     assert [r.get("OffendingElement") for r in answers[1:]] == [0x00080018, 0x00080016]
     assert "SOPInstanceUID" in answers[1].ErrorComment and len(answers[1].ErrorComment) <= 64
+
+
+def test_a_series_whose_sender_was_cut_off_is_not_taken_as_complete_when_quiet(series, tmp_path, caplog):
+    """A sender whose association ends without a release (it stopped or lost the network) after the first slices of
+    a series: what it sent has no gap, yet it is not the whole series. The listener says so (sender, series, count)
+    and waits for the rest instead of handing the series on after the quiet period; once the sender sends the series
+    again on an association it releases, the series is handed on."""
+    import time
+
+    uid, files = series
+    datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
+    run = tmp_path / "run"
+    opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 3600.0, "ingest.min_slices": 3}
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **opts) as lst:
+        assert _send(lst.port, datasets[:4], cut=True) == [0] * 4
+        deadline = time.monotonic() + 10
+        while not [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # past the quiet period
+        assert lst.step() == []  # not handed on: the sender was cut off
+        cut = [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"]
+        assert len(cut) == 1 and cut[0].levelno == logging.WARNING
+        line = cut[0].getMessage()
+        assert "MODALITY" in line and uid in line and "4 instance(s)" in line and "pacs.series_limit_s" in line
+        assert _send(lst.port, datasets) == [0] * len(files)  # sent again, whole, and released
+        time.sleep(0.5)
+        handed = lst.step()
+    assert [r["series_uid"] for r in handed] == [uid]
+    assert len([r for r in caplog.records if getattr(r, "event", None) == "listen_cut"]) == 1

@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 #: Start of the note of a generation handed to the runner incomplete, after ``pacs.series_limit_s``.
 INCOMPLETE_NOTE = "incomplete after"
+#: Start of the note of an open generation whose sender's association ended without a release (cut off mid-series).
+CUT_NOTE = "sender cut off:"
 
 
 @dataclass(frozen=True)
@@ -266,7 +268,7 @@ class ReceiveJournal:
                     out.append(dict(r, state="handed", note=note or r.get("note")))
         return out
 
-    def note(self, row: dict[str, Any], note: str) -> None:
+    def note(self, row: dict[str, Any], note: str | None) -> None:
         with self.ledger.tx() as db:
             db.execute(
                 "UPDATE series SET note = ? WHERE series_uid = ? AND generation = ?", (note, row["series_uid"], row["generation"])

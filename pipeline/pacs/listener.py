@@ -11,7 +11,9 @@ Instance UID or SOP Class UID than the C-STORE request's Affected ones is answer
 and not stored; the warning names the sender and both UIDs.
 
 A series is complete when no instance has arrived for ``pacs.quiet_period_s`` and its slices form
-a volume (no gap, at least ``ingest.min_slices``); one still incomplete ``pacs.series_limit_s``
+a volume (no gap, at least ``ingest.min_slices``) and its sender did not cut its association off mid-series (one
+that ended without a release marks the series it sent as cut off until an association that sends it ends with a
+release); one still incomplete ``pacs.series_limit_s``
 after its first instance is reported (log, ``RUN_DIR/pacs/incomplete/``) and handed over as it is
 (the runner quarantines it with the reason); its files are kept for ``pacs.incomplete_keep_s``, so that the
 missing instances, sent later, complete it as a new generation (the same case). A hospital thus gets every series
@@ -45,7 +47,7 @@ from typing import Any
 from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, PacsAddressError
 from .address import check_aet, listen_error, valid_uid
-from .journal import INCOMPLETE_NOTE, Admission, ReceiveJournal
+from .journal import CUT_NOTE, INCOMPLETE_NOTE, Admission, ReceiveJournal
 from .ledger import Ledger, PacsLock, now
 from .listener_uids import read_uids
 from .scp import (
@@ -169,6 +171,7 @@ class Listener:
         self._reported: set[tuple[str, int]] = set()
         self._dup_lock = threading.Lock()
         self._duplicates: dict[tuple[int, str, str], int] = {}  # (association, series, calling AET): instances sent again
+        self._stored: dict[int, dict[str, int]] = {}  # association: series: instances stored (0: only sent again)
         self._checked: dict[tuple[str, int], tuple[float, str | None]] = {}  # last_at when checked, why incomplete
         self._swept = 0.0  # when processed series' files were last released
 
@@ -365,6 +368,7 @@ class Listener:
             with self._dup_lock:
                 key = (id(event.assoc), series_uid, calling)
                 self._duplicates[key] = self._duplicates.get(key, 0) + 1
+                self._stored.setdefault(id(event.assoc), {}).setdefault(series_uid, 0)
             return STATUS_OK
         assert adm.folder is not None
         try:
@@ -373,11 +377,53 @@ class Listener:
         except OSError as exc:
             log.error("cannot store instance %s (%s); the sender is told to try again", sop_uid, exc)
             return STATUS_OUT_OF_RESOURCES
+        with self._dup_lock:
+            stored = self._stored.setdefault(id(event.assoc), {})
+            stored[series_uid] = stored.get(series_uid, 0) + 1
         return STATUS_OK
 
     def _on_conn_close(self, event: Any) -> None:
-        """An association ended (released, aborted or cut): summarise the duplicates it sent."""
+        """An association ended (released, aborted or cut): summarise the duplicates it sent; mark the series it
+        stored instances of as cut off when it ended without a release (see :meth:`_mark_cut`)."""
         self._report_duplicates(id(event.assoc))
+        with self._dup_lock:
+            stored = self._stored.pop(id(event.assoc), {})
+        if stored and self.journal is not None:
+            self._mark_cut(event.assoc, stored)
+
+    def _mark_cut(self, assoc: Any, stored: dict[str, int]) -> None:
+        """Note (:data:`CUT_NOTE`) the open series an association stored instances of (``stored``: series → count)
+        when it ended without a release (the sender stopped, crashed or lost the network mid-series): what arrived may
+        have no gap and still not be the whole series, so :meth:`step` does not hand it on as complete once quiet; it
+        waits for the sender to send it again (an association that sends the series and ends with a release clears
+        the note) or for ``pacs.series_limit_s``."""
+        assert self.journal is not None and self._ledger is not None
+        calling = str(assoc.requestor.ae_title).strip()
+        address = getattr(assoc.requestor, "address", "?")
+        released = bool(getattr(assoc, "is_released", False))
+        for series_uid, n in stored.items():
+            rows = self._ledger.rows("SELECT * FROM series WHERE series_uid = ? AND state = 'open'", (series_uid,))
+            for row in rows:
+                if released:
+                    if str(row["note"] or "").startswith(CUT_NOTE):
+                        self.journal.note(row, None)
+                    continue
+                if not n:  # instances it had sent before: nothing of the series rests on this association
+                    continue
+                self.journal.note(row, f"{CUT_NOTE} {calling} at {address} ended its association after {n} instance(s)")
+                log.warning(
+                    "the association from %s at %s ended without a release after %d instance(s) of series %s were "
+                    "stored: the sender stopped or lost the network mid-series; what arrived is kept, and the series "
+                    "waits for the sender to send it again (the instances already received are not stored twice) up "
+                    "to pacs.series_limit_s = %g s after its first instance, then is processed as it is; fix: check "
+                    "the sender's queue or log and send the series again",
+                    calling,
+                    address,
+                    n,
+                    series_uid,
+                    self.cfg.pacs.series_limit_s,
+                    extra={"event": "listen_cut", "series_uid": series_uid},
+                )
 
     def _report_duplicates(self, assoc: int | None) -> None:
         """One INFO line per series for the instances association ``assoc`` (None: every one) sent again."""
@@ -453,6 +499,8 @@ class Listener:
             seen = self._checked.get(key)
             why = seen[1] if seen is not None and seen[0] == row["last_at"] else incomplete_reason(Path(row["folder"]), self.cfg)
             self._checked[key] = (row["last_at"], why)
+            if why is None and str(row.get("note") or "").startswith(CUT_NOTE):  # no gap, but not known to be whole
+                why = str(row["note"])
             if why is None:
                 ready.append(row)
             elif now() - float(row["first_at"]) >= self.cfg.pacs.series_limit_s:
