@@ -292,3 +292,27 @@ def test_a_destination_refusing_the_request_fails_at_once_not_after_every_retry(
     assert all(r["state"] == "failed" and r["attempts"] == 1 for r in rows)
     assert all("HTTP 401" in r["error"] and "CTPIPE_DICOMWEB_PASSWORD" in r["error"] for r in rows)
     assert not any(orthanc.holds(uid) for uid in uids.values())
+
+
+def test_a_destination_that_cannot_be_reached_is_tried_once_per_pass_not_once_per_case(source_case, tmp_path, caplog):
+    """Three cases due and the archive down: the pass stops at the first case that cannot reach it (each further case
+    would wait pacs.timeout_s for a hanging archive, and log the same error for each of its files); the others stay
+    pending, not charged an attempt, and one line says how many wait."""
+    import logging
+
+    run = tmp_path / "run"
+    cases = [_completed_case(run, f"c{i}", source_case) for i in (1, 2, 3)]
+    RunStore(run).close()
+    dest = f"dimse://NOBODY@127.0.0.1:{free_port()}"  # nothing listens there
+    sender = ResultSender(run, _cfg(), destination=dest)
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.sender"):
+        sender.scan()
+        assert sender.send_due() == 0
+    attempts = {r["case_id"]: r["attempts"] for r in Ledger(run).rows("SELECT case_id, attempts FROM sent")}
+    assert attempts == {"c1": 1, "c2": 0, "c3": 0}
+    assert sender.counts().pending == sum(len(c) for c in cases)
+    failed = [r for r in caplog.records if r.levelno >= logging.WARNING and "attempt 1" in r.getMessage()]
+    assert len(failed) == len(cases[0])  # c1's files only
+    waiting = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "send_unreachable"]
+    assert len(waiting) == 1 and "2 more case(s)" in waiting[0] and dest in waiting[0]
+    sender.close()

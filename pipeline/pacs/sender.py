@@ -36,7 +36,7 @@ from typing import Any
 from pydicom.errors import InvalidDicomError
 
 from ..config import from_dict
-from ..errors import CtpipeError, PacsError, PacsRequestError, RunStoreError
+from ..errors import CtpipeError, PacsError, PacsRequestError, PacsUnavailableError, RunStoreError
 from ..runner.store import RunStore, db_path
 from .address import Endpoint, parse_destination
 from .archive import Archive
@@ -120,6 +120,8 @@ class ResultSender:
         self._cannot_confirm: tuple[str, float] | None = None
         #: whether results the destination listed nothing of, at any level, were said already (logged once)
         self._said_uncertain = False
+        #: whether the last case of this pass could not reach the destination (the pass stops there)
+        self._unreachable = False
 
     def _last_sent(self) -> SentResult | None:
         """The last result recorded sent to this destination (by an earlier run too), if its file can still be read:
@@ -191,10 +193,20 @@ class ResultSender:
         for r in rows:
             by_case[r["case_id"]].append(r)
         n_sent = 0
-        for case_id, items in by_case.items():
+        self._unreachable = False
+        cases = list(by_case.items())
+        for n, (case_id, items) in enumerate(cases):
             if self._stop.is_set():
                 break
             n_sent += self._send_case(case_id, items)
+            if self._unreachable and n + 1 < len(cases):  # the next cases would meet the same archive: not tried now
+                log.warning(
+                    "%s cannot be reached; %d more case(s) with results due wait for the next attempt (not counted as attempts)",
+                    self.key,
+                    len(cases) - n - 1,
+                    extra={"event": "send_unreachable"},
+                )
+                break
         return n_sent
 
     def _send_case(self, case_id: str, items: list[dict[str, Any]]) -> int:
@@ -220,6 +232,8 @@ class ResultSender:
         except (PacsError, CtpipeError) as exc:
             self._failed(items, f"{type(exc).__name__}: {exc}")
             self._drop_archive()
+            # down, hanging or cut off before anything was answered: the same for every case of this pass
+            self._unreachable = isinstance(exc, PacsUnavailableError)
             return 0
         except (OSError, InvalidDicomError) as exc:  # a result file damaged since it was published: sending cannot mend it
             self._failed(items, f"cannot read a result file of the case: {exc}", final=True)
