@@ -140,3 +140,51 @@ def test_a_retrieval_ends_only_once_the_receivers_writes_into_its_folder_are_don
         sender.join(10)
     finally:
         receiver.close()
+
+
+def test_the_c_move_receiver_refuses_an_instance_whose_dataset_is_not_the_one_requested(tmp_path):
+    """An archive whose copy of an instance names another SOP Instance UID in its dataset than in its C-STORE request:
+    answered 0xA900, as ctpipe listen and dcmtk's storescp do, and nothing written into the retrieval's folder."""
+    import pydicom
+    from pydicom.dataset import FileMetaDataset
+    from pydicom.filebase import DicomFileLike
+    from pydicom.filewriter import write_dataset, write_file_meta_info
+    from pynetdicom import AE, _config
+
+    from pipeline.pacs.dimse import MoveReceiver
+    from tests._support.orthanc import HOST
+
+    uid, files = write_phantom_series(tmp_path / "src", 14, slices=8)
+    good, bad = pydicom.dcmread(files[0]), pydicom.dcmread(files[1])
+    paths = []
+    for ds, sop_uid in ((good, good.SOPInstanceUID), (bad, "1.2.826.0.1.3680043.8.498.2")):
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = ds.SOPClassUID, sop_uid
+        meta.TransferSyntaxUID = "1.2.840.10008.1.2.1"
+        path = tmp_path / f"{len(paths)}.dcm"
+        with path.open("wb") as fh:  # the meta as given (pydicom's save_as would put the dataset's UIDs in it)
+            fh.write(b"\x00" * 128 + b"DICM")
+            out = DicomFileLike(fh)
+            write_file_meta_info(out, meta)
+            out.is_little_endian, out.is_implicit_VR = True, False
+            write_dataset(out, ds)
+        paths.append(path)
+    cfg = load_config(overrides={"pacs.move_port": free_port(), "pacs.timeout_s": 10.0}, environ={})
+    receiver = MoveReceiver(cfg, archive_aet="ORTHANC")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    ae = AE(ae_title="ORTHANC")
+    ae.add_requested_context(str(good.SOPClassUID), ["1.2.840.10008.1.2.1"])
+    was, _config.STORE_SEND_CHUNKED_DATASET = _config.STORE_SEND_CHUNKED_DATASET, True
+    try:
+        with receiver.route(uid, dest):
+            assoc = ae.associate(HOST, cfg.pacs.move_port, ae_title=cfg.pacs.ae_title)
+            assert assoc.is_established
+            statuses = [int(assoc.send_c_store(p).Status) for p in paths]
+            assoc.release()
+    finally:
+        _config.STORE_SEND_CHUNKED_DATASET = was
+        ae.shutdown()
+        receiver.close()
+    assert statuses == [0x0000, 0xA900]
+    assert [p.name for p in dest.glob("*.dcm")] == [f"{good.SOPInstanceUID}.dcm"]

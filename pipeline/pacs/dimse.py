@@ -590,7 +590,7 @@ class MoveReceiver:
                 if not self._idle.wait_for(lambda: not self._writing[series_uid], timeout=float(self.cfg.pacs.timeout_s)):
                     log.warning("C-MOVE receiver: a write into %s still under way after pacs.timeout_s", folder)
 
-    def _on_store(self, event: Any) -> int:
+    def _on_store(self, event: Any) -> Any:
         taken: list[str] = []
 
         def folder_for(ds: Any) -> Path | None:

@@ -166,15 +166,33 @@ def _element(element: int, vr: bytes, value: bytes) -> bytes:
     return struct.pack("<HH", 0x0002, element) + vr + struct.pack("<H", len(value)) + value
 
 
-def store_event(event: Any, folder_for: Callable[[Any], Path | None], *, sync_dir: bool = False) -> int:
-    """Write a C-STORE request's instance into ``folder_for(dataset)`` (None: refused); returns the DIMSE status."""
+def store_event(event: Any, folder_for: Callable[[Any], Path | None], *, sync_dir: bool = False) -> Any:
+    """Write a C-STORE request's instance into ``folder_for(dataset)`` (None: refused); returns the DIMSE status (a
+    status dataset for a dataset that is not the one the request names: :func:`dataset_mismatch`)."""
     status, sop_class, sop_uid = check_instance(event)
     if status != STATUS_OK:
         log.warning(
             "refused an instance of SOP class %s from %s (status 0x%04X)", sop_class, event.assoc.requestor.ae_title, status
         )
         return status
-    folder = folder_for(event.dataset)
+    ds = event.dataset
+    wrong = dataset_mismatch(
+        sop_class=sop_class,
+        sop_uid=sop_uid,
+        dataset_class=str(ds.get("SOPClassUID", "")),
+        dataset_uid=str(ds.get("SOPInstanceUID", "")),
+    )
+    if wrong is not None:
+        log.warning(
+            "refused an instance from %s (status 0x%04X, nothing written): %s; the archive's copy of it is inconsistent: "
+            "check it at the archive",
+            event.assoc.requestor.ae_title,
+            STATUS_DATASET_MISMATCH,
+            wrong.problem(),
+            extra={"event": "retrieve_mismatch"},
+        )
+        return wrong.response()
+    folder = folder_for(ds)
     if folder is None:
         log.warning("refused instance %s from %s: not part of a retrieval in progress", sop_uid, event.assoc.requestor.ae_title)
         return STATUS_UNEXPECTED
