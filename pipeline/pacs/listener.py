@@ -172,6 +172,7 @@ class Listener:
         self._dup_lock = threading.Lock()
         self._duplicates: dict[tuple[int, str, str], int] = {}  # (association, series, calling AET): instances sent again
         self._stored: dict[int, dict[str, int]] = {}  # association: series: instances stored (0: only sent again)
+        self._closing = False  # close() is ending the associations still open
         self._checked: dict[tuple[str, int], tuple[float, str | None]] = {}  # last_at when checked, why incomplete
         self._swept = 0.0  # when processed series' files were last released
 
@@ -260,6 +261,7 @@ class Listener:
 
     def close(self) -> None:
         """Stop receiving, stop the sender (pending results stay in the ledger), release the lock."""
+        self._closing = True
         if self._server is not None:
             self._server.shutdown()
             self._server = None
@@ -413,7 +415,7 @@ class Listener:
                 self.journal.note(row, f"{CUT_NOTE} {calling} at {address} ended its association after {n} instance(s)")
                 log.warning(
                     "the association from %s at %s ended without a release after %d instance(s) of series %s were "
-                    "stored: the sender stopped or lost the network mid-series; what arrived is kept, and the series "
+                    "stored: %s; what arrived is kept, and the series "
                     "waits for the sender to send it again (the instances already received are not stored twice) up "
                     "to pacs.series_limit_s = %g s after its first instance, then is processed as it is; fix: check "
                     "the sender's queue or log and send the series again",
@@ -421,6 +423,7 @@ class Listener:
                     address,
                     n,
                     series_uid,
+                    "this listener stopping ended it" if self._closing else "the sender stopped or lost the network mid-series",
                     self.cfg.pacs.series_limit_s,
                     extra={"event": "listen_cut", "series_uid": series_uid},
                 )
