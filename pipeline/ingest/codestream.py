@@ -13,7 +13,8 @@ is checked for what a healthy one always has:
 * JPEG 2000 and HTJ2K: the codestream start SOC FF4F and the image size marker SIZ FF51 first (or a JP2 file with
   its signature box, whose contiguous codestream box is checked), the end-of-codestream marker EOC FFD9 last, an
   image size (SIZ) of Rows × Columns with SamplesPerPixel components, tile parts whose lengths (SOT Psot) end
-  exactly at EOC, and (not HTJ2K) no marker FF90 or above inside their packet data but SOP and EPH;
+  exactly at EOC, and no marker FF90 or above inside their packet data but SOP and EPH (HTJ2K's code-block
+  segments avoid those marker codes by bit stuffing, as Part 1's coding passes do, ISO 15444-15);
 * RLE Lossless: a 64-byte header declaring SamplesPerPixel × BitsAllocated / 8 segments, the first at byte 64,
   the others in increasing order, all inside the frame.
 
@@ -196,9 +197,8 @@ def _jp2_codestream(data: bytes, *, where: str | Path, label: str) -> bytes:
 
 
 def _check_j2k(data: bytes, shape: FrameShape, *, ht: bool, where: str | Path, label: str) -> None:
-    """``ht``: an HTJ2K codestream, whose packet data is not checked for markers (its coding passes are not ISO
-    15444-1's)."""
-    what = "JPEG 2000"
+    """``ht``: an HTJ2K codestream (named so in the messages); its packet data is scanned as JPEG 2000's."""
+    what = "HTJ2K" if ht else "JPEG 2000"
     if data.startswith(_JP2_SIGNATURE):
         data = _jp2_codestream(data, where=where, label=label)
     if not data.startswith(_SOC_SIZ) or len(data) < 44:
@@ -235,8 +235,7 @@ def _check_j2k(data: bytes, shape: FrameShape, *, ht: bool, where: str | Path, l
                 fix=_REFETCH,
             )
         stop = end if psot == 0 else pos + psot
-        if not ht:
-            _check_tile_data(data, pos, stop, where=where, label=label)
+        _check_tile_data(data, pos, stop, what=what, where=where, label=label)
         pos = stop
 
 
@@ -247,18 +246,18 @@ _IN_TILE[:0x90] = True
 _IN_TILE[[0x91, 0x92]] = True
 
 
-def _check_tile_data(data: bytes, start: int, stop: int, *, where: str | Path, label: str) -> None:
-    """The tile part of a JPEG 2000 codestream from its SOT at ``start`` to ``stop``: marker segments up to SOD (FF93),
-    then packet data without a marker of FF90 or above."""
+def _check_tile_data(data: bytes, start: int, stop: int, *, what: str, where: str | Path, label: str) -> None:
+    """The tile part of a JPEG 2000 or HTJ2K (``what``) codestream from its SOT at ``start`` to ``stop``: marker
+    segments up to SOD (FF93), then packet data without a marker of FF90 or above."""
     pos = start
     while True:
         if pos + 2 > stop or data[pos] != 0xFF:
-            raise _corrupt(f"{label} (JPEG 2000): the tile part at byte {start} has no start of data (SOD FF93)", where=where)
+            raise _corrupt(f"{label} ({what}): the tile part at byte {start} has no start of data (SOD FF93)", where=where)
         if data[pos + 1] == 0x93:
             pos += 2
             break
         if pos + 4 > stop:
-            raise _corrupt(f"{label} (JPEG 2000): the tile part at byte {start} has no start of data (SOD FF93)", where=where)
+            raise _corrupt(f"{label} ({what}): the tile part at byte {start} has no start of data (SOD FF93)", where=where)
         pos += 2 + struct.unpack_from(">H", data, pos + 2)[0]
     body = np.frombuffer(data, dtype=np.uint8, count=stop - pos, offset=pos)
     ff = np.flatnonzero(body[:-1] == 0xFF)
@@ -266,7 +265,7 @@ def _check_tile_data(data: bytes, start: int, stop: int, *, where: str | Path, l
     bad = np.flatnonzero(~_IN_TILE[after])
     if bad.size:
         raise _corrupt(
-            f"{label} (JPEG 2000) holds the marker FF{int(after[bad[0]]):02X} at byte {pos + int(ff[bad[0]])}, inside "
+            f"{label} ({what}) holds the marker FF{int(after[bad[0]]):02X} at byte {pos + int(ff[bad[0]])}, inside "
             f"the coded data of the tile part at byte {start} ({bad.size} such marker(s) in all)",
             where=where,
         )
