@@ -30,6 +30,7 @@ from ._pydicom import check_decoder, stored_text
 from .geometry import StackGeometry, stack_geometry
 from .headers import SliceHeader
 from .lossy import lossy_compression
+from .measured import TILT_SHIFTS_KEY, shifts_metadata
 from .multiframe import FrameInfo, read_frame_pixels, read_frames
 from .padding import PADDING_HU
 from .pixels import check_readable, hu_range, padded_range, read_stored, to_hu
@@ -282,6 +283,8 @@ def _note_tilt(md: dict[str, Any], stack: StackGeometry) -> None:
         return
     md["GantryTiltCorrectedDeg"] = round(stack.tilt_deg, 4)
     md["GantryTiltGrownColumnsRows"] = list(stack.grown)
+    if stack.grown != (0, 0):  # which voxels an image measured (pipeline.ingest.measured)
+        md[TILT_SHIFTS_KEY] = shifts_metadata(stack.shifts)
     sx, sy = stack.geometry.spacing[:2]
     drift = stack.shifts - stack.shifts[0]
     shift_mm = float(np.max(np.hypot(drift[:, 0] * sx, drift[:, 1] * sy)))
@@ -292,7 +295,9 @@ def _note_tilt(md: dict[str, Any], stack: StackGeometry) -> None:
     else:
         grid = (
             f"the grid grown by {stack.grown[0]} column(s) and {stack.grown[1]} row(s) to hold every slice whole; "
-            f"where a slice does not reach, the volume is air ({PADDING_HU} HU)"
+            f"where a slice does not reach, nothing was measured: the volume holds {PADDING_HU} HU there, which the "
+            "organ masks leave out, the field-of-view check counts as the image's edge and the MPRs show as outside "
+            "the scan"
         )
     md.setdefault("warnings", []).append(
         f"gantry tilt of {stack.tilt_deg:.2f} deg resampled onto an orthogonal grid: slices shifted in-plane by up "

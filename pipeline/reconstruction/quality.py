@@ -40,6 +40,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 from scipy import ndimage
 
+from ..ingest.measured import measured_mask
 from ..volume import (
     COARSE_PIXEL_NOTE,
     LOSSY_NOTE,
@@ -203,13 +204,19 @@ def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, flo
     return ("partial" if apex_cut or base_cut else "complete"), apex_mm2, base_mm2, total_ml, missing_ml
 
 
-def fov_cut_area_cm2(body: np.ndarray, geometry: Geometry) -> float:
+def fov_cut_area_cm2(body: np.ndarray, geometry: Geometry, *, measured: np.ndarray | None = None) -> float:
     """Where ``body`` (bool ``[k, j, i]``) meets the in-plane image edge: its length on the four edges (mm) times
     the slice spacing (mm), summed over the slices, in cm²; ``fov_cuts_body`` is raised from
     :data:`FOV_CUT_AREA_CM2`. An area, not a count of slices, so that a pixel more or less of a grazing arm
-    does not decide."""
+    does not decide.
+
+    ``measured``: bool ``[k, j, i]``, the voxels some image measured (:func:`pipeline.ingest.measured.measured_mask`
+    of a tilt-corrected grid); the image's edge is then where a measured voxel has an unmeasured in-plane neighbour
+    (or none): the sheared edge of each tilted image inside the grown grid."""
     view = geometry.to_lps_view(body)  # [z, y, x]
     sx, sy, sz = geometry.spacing_lps()
+    if measured is not None:
+        return _edge_contact_mm2(view, geometry.to_lps_view(measured), sx, sy) * float(sz) / 100.0
     contact = (
         view[:, 0, :].sum(axis=1) * sx
         + view[:, -1, :].sum(axis=1) * sx
@@ -217,6 +224,19 @@ def fov_cut_area_cm2(body: np.ndarray, geometry: Geometry) -> float:
         + view[:, :, -1].sum(axis=1) * sy
     )
     return float(contact.sum()) * float(sz) / 100.0
+
+
+def _edge_contact_mm2(body: np.ndarray, measured: np.ndarray, sx: float, sy: float) -> float:
+    """In-plane length (mm, summed over the slices) of the edges between the measured voxels of ``body`` and their
+    unmeasured or missing neighbours (``[z, y, x]`` views; ``sx``, ``sy``: the spacing along x and y, mm)."""
+    inside = np.pad(measured, ((0, 0), (1, 1), (1, 1)), constant_values=False)
+    cut = body & measured
+    length = 0.0
+    for axis, along in ((1, sx), (2, sy)):  # a neighbour along y: an edge running along x, and the reverse
+        for step in (-1, 1):
+            beside = np.roll(inside, step, axis=axis)[:, 1:-1, 1:-1]
+            length += float(np.count_nonzero(cut & ~beside)) * along
+    return length
 
 
 def _contrast(
@@ -324,7 +344,7 @@ def assess_quality(
         unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
 
     if body is not None and body.any():
-        cut_cm2 = fov_cut_area_cm2(body, geometry)
+        cut_cm2 = fov_cut_area_cm2(body, geometry, measured=measured_mask(geometry, metadata))
         figures["fov_cut_area_cm2"] = cut_cm2
         if cut_cm2 >= FOV_CUT_AREA_CM2:
             flags.append(_flag("fov_cuts_body", f"the body meets the image edge over {cut_cm2:.1f} cm²"))

@@ -38,9 +38,22 @@ from .render_nodules import (
     _projection,
     nodule_labels,
 )
-from .render_planes import _PLANES, _field_window, _plane, lps_aligned, resampled_note, source_slices, to_patient_axes
+from .render_planes import (
+    _PLANES,
+    OUTSIDE_SCAN,
+    OUTSIDE_SCAN_LEGEND,
+    OUTSIDE_SCAN_RGB,
+    _field_window,
+    _plane,
+    lps_aligned,
+    resampled_note,
+    source_slices,
+    to_patient_axes,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.artist import Artist
+
     from .nodules import NoduleResult
     from .preview import PreviewViews
 
@@ -73,10 +86,13 @@ def render_mpr(
     around ``center_lps`` (a nodule's close-up), not the whole plane. note: added to each title. window: a name of
     :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title."""
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     volume, masks, nodules = to_patient_axes(volume, masks, nodules)  # true patient planes, whatever the grid
+    outside = masks.pop(OUTSIDE_SCAN, None)  # voxels no image measured: painted, not outlined
     note += resampled_note(volume)
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
+    oview = lps_aligned(outside, volume.geometry)[0] if outside is not None and outside.any() else None
     mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
     nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
     colours = organ_colours([*masks, "nodules"], outline=True)  # the same in every plane
@@ -107,12 +123,20 @@ def render_mpr(
         off = [n for n in beside if n not in numbers]
         legend = [organ_label(organ) for organ in outlines] + (["nodule #N (finding #N)"] if numbers else [])
         legend += [OFF_PLANE_LEGEND] if off else []
+        unscanned = _plane(oview, plane, int(center_idx[fixed]))[crop] if oview is not None else None
+        unscanned = unscanned if unscanned is not None and unscanned.any() else None
+        legend += [OUTSIDE_SCAN_LEGEND] if unscanned is not None else []
         fig, ax, ncol = _image_figure(w_mm, h_mm, legend=legend)
         extent = (0, w_mm, h_mm, 0)
         vmin, vmax = WINDOWS[window]
         ax.imshow(img, cmap="gray", vmin=vmin, vmax=vmax, extent=extent, interpolation="nearest")
+        drawn: list[Artist] = []
+        if unscanned is not None:  # a flat colour no CT value is shown in, over the fill value (-1024 HU)
+            paint = np.zeros((*unscanned.shape, 4), dtype=np.float32)
+            paint[unscanned] = (*OUTSIDE_SCAN_RGB, 1.0)
+            ax.imshow(paint, extent=extent, interpolation="nearest")
+            drawn.append(Patch(facecolor=OUTSIDE_SCAN_RGB, label=OUTSIDE_SCAN_LEGEND))
         _scale_bar(ax, w_mm, h_mm)
-        drawn = []
         for organ, sl in outlines.items():
             colour = colours[organ]
             _outline(ax, sl, spacing[cols], spacing[rows], colors=[colour], linewidths=1.0)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..ingest.measured import DISPLAY_RESAMPLED_KEY, measured_mask
 from ..intensity import AIR_HU
 from ..volume import CTVolume, Geometry
 
@@ -79,8 +80,9 @@ def _field_window(
 #: Grids whose axes lean more than this many degrees off the patient's axes (a gantry-tilt corrected series, an
 #: oblique acquisition) are resampled onto patient axes before their MPRs and MIPs are drawn (:func:`to_patient_axes`).
 OBLIQUE_DEG = 1.0
-#: The metadata key of a volume resampled onto patient axes for display: how many degrees its source grid leaned.
-RESAMPLED_FROM_DEG = "DisplayResampledFromObliqueDeg"
+#: The metadata key of a volume resampled onto patient axes for display: how many degrees its source grid leaned
+#: (:func:`~pipeline.ingest.measured.measured_mask` knows such a volume's grid is not its source's).
+RESAMPLED_FROM_DEG = DISPLAY_RESAMPLED_KEY
 
 
 def oblique_deg(geometry: Geometry) -> float:
@@ -121,6 +123,16 @@ def _resampled(array: np.ndarray, src: Geometry, dst: Geometry, *, linear: bool,
     return out.astype(bool) if boolean else out
 
 
+#: The key of the mask of voxels outside the scan that :func:`to_patient_axes` adds to the masks of a volume with
+#: unmeasured voxels (the wedge of a tilt-corrected grid, :mod:`pipeline.ingest.measured`): the MPRs paint it
+#: :data:`OUTSIDE_SCAN_RGB`, not as air. Not an organ: never outlined, never in a SEG.
+OUTSIDE_SCAN = "outside_scan"
+#: The colour (RGB, 0..1) of the MPRs' voxels outside the scan: a flat blue-grey no window gives CT values.
+OUTSIDE_SCAN_RGB = (0.32, 0.36, 0.48)
+#: Its legend entry.
+OUTSIDE_SCAN_LEGEND = "not scanned (tilt-corrected grid)"
+
+
 def to_patient_axes(
     volume: CTVolume, masks: Mapping[str, np.ndarray], nodules: np.ndarray | None
 ) -> tuple[CTVolume, dict[str, np.ndarray], np.ndarray | None]:
@@ -128,15 +140,25 @@ def to_patient_axes(
     when the grid leans at most :data:`OBLIQUE_DEG` off the LPS axes, else resampled onto :func:`patient_axes_grid`
     (HU trilinear, air outside the scan; masks and labels nearest neighbour), the volume's metadata then saying by how
     much its grid leaned (:data:`RESAMPLED_FROM_DEG`), so that each axial, coronal and sagittal plane drawn is a true
-    patient plane, where its title and letters say."""
+    patient plane, where its title and letters say.
+
+    A volume with voxels no image measured (:func:`~pipeline.ingest.measured.measured_mask`) gets, among the masks,
+    :data:`OUTSIDE_SCAN`: those voxels and, once resampled, what lies past its grid."""
+    measured = measured_mask(volume.geometry, volume.metadata)
+    masks = dict(masks)
+    if measured is not None:
+        masks[OUTSIDE_SCAN] = ~measured
     angle = oblique_deg(volume.geometry)
     if angle <= OBLIQUE_DEG:
-        return volume, dict(masks), nodules
+        return volume, masks, nodules
     src, dst = volume.geometry, patient_axes_grid(volume.geometry)
     log.info("the grid leans %.1f deg off the patient's axes: its MPRs and MIPs are resampled onto them", angle)
     hu = _resampled(np.asarray(volume.array, np.float32), src, dst, linear=True, outside=AIR_HU)
     out = CTVolume(hu, dst, metadata={**volume.metadata, RESAMPLED_FROM_DEG: round(angle, 1)})
-    on_axes = {organ: _resampled(m, src, dst, linear=False, outside=0) for organ, m in masks.items()}
+    on_axes = {organ: _resampled(m, src, dst, linear=False, outside=0) for organ, m in masks.items() if organ != OUTSIDE_SCAN}
+    if OUTSIDE_SCAN in masks:  # every display voxel whose trilinear HU takes any share of an unmeasured one
+        share = _resampled(masks[OUTSIDE_SCAN].astype(np.float32), src, dst, linear=True, outside=1.0)
+        on_axes[OUTSIDE_SCAN] = share > 1e-3
     labels = _resampled(nodules, src, dst, linear=False, outside=0) if nodules is not None else None
     return out, on_axes, labels
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ReconstructionError
+from ..ingest.measured import measured_mask
 from ..intensity import not_hu_hint
 from ..volume import CTVolume, Geometry, default_device
 from . import air as air_mod
@@ -116,12 +117,26 @@ def segment_organs(
     dev = torch.device(device or default_device())
     with morph.torch_threads(dev, p.cpu_threads):
         seg = _segment(volume, set(organ_names(organs)), dev, p)
+    _keep_measured(seg, volume)
     _add_not_hu_hint(seg, volume)
     # a stable organ order (ORGANS), whatever the set iteration order was
     order = {name: n for n, name in enumerate(ORGANS)}
     seg.masks = dict(sorted(seg.masks.items(), key=lambda kv: order.get(kv[0], len(order))))
     seg.errors = dict(sorted(seg.errors.items(), key=lambda kv: order.get(kv[0], len(order))))
     return seg
+
+
+def _keep_measured(seg: Segmentation, volume: CTVolume) -> None:
+    """Leave out of every mask the voxels no image measured (the fill wedge of a tilt-corrected grid, whose edge
+    voxels blend tissue with the fill value: :mod:`pipeline.ingest.measured`); nothing for any other volume."""
+    measured = measured_mask(volume.geometry, volume.metadata)
+    if measured is None:
+        return
+    for organ in list(seg.masks):
+        seg.masks[organ] = seg.masks[organ] & measured
+        if not seg.masks[organ].any():
+            del seg.masks[organ]
+            seg.errors.setdefault(organ, ReconstructionError(f"{organ} mask is empty", where=volume.series_uid or "volume"))
 
 
 def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentParams) -> Segmentation:

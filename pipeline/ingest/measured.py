@@ -1,0 +1,100 @@
+"""Which voxels of a volume some image measured: the grown grid of a gantry-tilt correction.
+
+A tilted-gantry series accepted with ``allow_gantry_tilt`` is resampled onto an orthogonal grid grown along the
+shear (:mod:`pipeline.ingest.geometry`): each slice's image is shifted in-plane, and the voxels of the grid it does
+not reach (a wedge before or after it along the shear) hold the fill value -1024 HU, air that no detector measured.
+Ingest records each slice's shift in the volume's metadata (:data:`TILT_SHIFTS_KEY`, pixels along i and j, volume
+order), which the case cache keeps with the volume; :func:`measured_mask` gives back, from that and the grid, the
+voxels some image measured. Segmentation keeps its masks within them, the ``fov_cuts_body`` quality flag counts the
+body meeting their edge as the field of view's edge, and the MPRs show the rest as outside the scan, not as air.
+
+A volume whose every voxel was measured (any untilted series, a tilt whose drift stayed under a quarter of a pixel
+and kept the images' grid) has no mask: :func:`measured_mask` returns None, and nothing downstream changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..volume import Geometry
+
+log = logging.getLogger(__name__)
+
+#: Metadata key: per slice of a tilt-corrected volume whose grid grew (volume order), its image's in-plane shift on
+#: the grid, ``[along i, along j]`` in pixels (image pixel ``(i, j)`` lies at grid voxel ``(i + si, j + sj)``).
+TILT_SHIFTS_KEY = "GantryTiltShiftsPx"
+#: Metadata key of the columns and rows the grid grew by (written by ingest with every tilt correction).
+GROWN_KEY = "GantryTiltGrownColumnsRows"
+#: A grid voxel whose sampling point lies within this many pixels outside its image still counts as measured (the
+#: positions are written as decimal text, their last digits rounded). A voxel further out blends the image's border
+#: pixel with the fill value and counts as not measured.
+EDGE_TOLERANCE_PX = 0.01
+#: Metadata key of a volume resampled onto patient axes for display (``pipeline.reconstruction.render_planes``):
+#: its grid is not the one the shifts describe.
+DISPLAY_RESAMPLED_KEY = "DisplayResampledFromObliqueDeg"
+#: Decimals kept of each shift in the metadata (a ten-thousandth of a pixel).
+SHIFT_DECIMALS = 4
+
+
+def shifts_metadata(shifts: np.ndarray) -> list[list[float]]:
+    """The per-slice shifts (``(n, 2)``, pixels along i and j) as :data:`TILT_SHIFTS_KEY` stores them."""
+    return [[round(float(si), SHIFT_DECIMALS), round(float(sj), SHIFT_DECIMALS)] for si, sj in np.asarray(shifts)]
+
+
+def measured_mask(geometry: Geometry, metadata: Mapping[str, Any]) -> np.ndarray | None:
+    """Bool ``[k, j, i]`` on ``geometry``: the voxels some source image measured, or None when every voxel was (no
+    gantry-tilt correction grew the grid).
+
+    ``metadata``: the volume's (ingest's :data:`TILT_SHIFTS_KEY` and :data:`GROWN_KEY`). A tilt-corrected volume of
+    an earlier ctpipe's cache entry has no shifts: None, with a warning that its unmeasured voxels are taken for air
+    until the case is ingested again. Shifts that do not fit ``geometry`` (a volume resampled onto another grid with
+    its metadata) give None too, logged.
+    """
+    grown = _grown(metadata)
+    if grown is None or grown == (0, 0) or DISPLAY_RESAMPLED_KEY in metadata:
+        return None
+    raw = metadata.get(TILT_SHIFTS_KEY)
+    if raw is None:
+        log.warning(
+            "the gantry-tilt corrected volume (grid grown by %d column(s) and %d row(s)) does not say which voxels its "
+            "images measured (a case-cache entry of an earlier ctpipe): the grown wedge counts as air, and a body cut "
+            "there is not flagged; ingest the case again to have it known",
+            *grown,
+        )
+        return None
+    shifts = np.asarray(raw, dtype=np.float64)
+    nk, nj, ni = geometry.shape
+    cols, rows = ni - grown[0], nj - grown[1]
+    if shifts.shape != (nk, 2) or cols < 1 or rows < 1:
+        log.info(
+            "the volume's %s (%s) does not fit its grid %s (resampled since its ingest): every voxel counts as measured",
+            TILT_SHIFTS_KEY,
+            shifts.shape,
+            geometry.shape,
+        )
+        return None
+    return _inside(shifts, (nj, ni), (rows, cols))
+
+
+def _grown(metadata: Mapping[str, Any]) -> tuple[int, int] | None:
+    tilt = metadata.get("GantryTiltCorrectedDeg")
+    grown = metadata.get(GROWN_KEY)
+    if not (isinstance(tilt, (int, float)) and tilt) or not (isinstance(grown, Sequence) and len(grown) == 2):
+        return None
+    return int(grown[0]), int(grown[1])
+
+
+def _inside(shifts: np.ndarray, grid_ji: tuple[int, int], image_ji: tuple[int, int]) -> np.ndarray:
+    """Per slice k, the grid voxels ``(j, i)`` whose sampling point ``(j - sj, i - si)`` lies on image k's pixels
+    (``image_ji`` rows and columns), within :data:`EDGE_TOLERANCE_PX`."""
+    nj, ni = grid_ji
+    rows, cols = image_ji
+    ii = np.arange(ni, dtype=np.float64)[None, :] - shifts[:, 0:1]  # [k, i] image column sampled
+    jj = np.arange(nj, dtype=np.float64)[None, :] - shifts[:, 1:2]  # [k, j] image row sampled
+    in_i = (ii >= -EDGE_TOLERANCE_PX) & (ii <= cols - 1 + EDGE_TOLERANCE_PX)
+    in_j = (jj >= -EDGE_TOLERANCE_PX) & (jj <= rows - 1 + EDGE_TOLERANCE_PX)
+    return in_j[:, :, None] & in_i[:, None, :]
