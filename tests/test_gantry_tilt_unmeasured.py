@@ -119,3 +119,15 @@ def test_the_mprs_show_the_unmeasured_wedge_as_outside_the_scan(tmp_path):
     straight = load_series(_write(tmp_path / "straight", tilt_deg=0.0))
     assert outside_pixels(tilted, tmp_path / "png_tilted") > 1000
     assert outside_pixels(straight, tmp_path / "png_straight") == 0
+
+
+def test_an_entry_without_shifts_reads_as_before_with_a_warning_to_ingest_again(tmp_path, caplog):
+    """A tilt-corrected volume of a cache entry written before the shifts were recorded: no mask (the wedge stays
+    air, as it was), and a warning naming what is lost and the fix; a volume resampled onto another grid: no mask."""
+    vol = load_series(_write(tmp_path / "tilted", tilt_deg=20.0), allow_gantry_tilt=True)
+    older = {k: v for k, v in vol.metadata.items() if k != TILT_SHIFTS_KEY}
+    with caplog.at_level("WARNING", logger="pipeline.ingest.measured"):
+        assert measured_mask(vol.geometry, older) is None
+    assert "ingest the case again" in caplog.text and "not flagged" in caplog.text, caplog.text
+    other = vol.geometry.__class__(shape=(N, 8, 8), spacing=vol.geometry.spacing, origin=vol.geometry.origin)
+    assert measured_mask(other, vol.metadata) is None
