@@ -107,7 +107,7 @@ def test_the_body_mask_never_claims_an_unmeasured_voxel(tmp_path):
 def test_the_mprs_show_the_unmeasured_wedge_as_outside_the_scan(tmp_path):
     import matplotlib.image as mpimg
 
-    from pipeline.reconstruction.render import render_mpr
+    from pipeline.reconstruction.render import render_mip, render_mpr
     from pipeline.reconstruction.render_planes import OUTSIDE_SCAN_RGB
 
     def outside_pixels(vol, out: Path) -> int:
@@ -115,10 +115,17 @@ def test_the_mprs_show_the_unmeasured_wedge_as_outside_the_scan(tmp_path):
         colour = np.asarray(OUTSIDE_SCAN_RGB, dtype=np.float32)
         return sum(int(np.all(np.abs(mpimg.imread(p)[..., :3] - colour) < 2 / 255, axis=-1).sum()) for p in paths)
 
+    def outside_mip_pixels(vol, out: Path) -> int:
+        paths = render_mip(vol, out, stem="case", slab_mm=4.0, n_slabs=1)
+        colour = np.asarray(OUTSIDE_SCAN_RGB, dtype=np.float32)
+        return sum(int(np.all(np.abs(mpimg.imread(p)[..., :3] - colour) < 2 / 255, axis=-1).sum()) for p in paths)
+
     tilted = load_series(_write(tmp_path / "tilted", tilt_deg=20.0), allow_gantry_tilt=True)
     straight = load_series(_write(tmp_path / "straight", tilt_deg=0.0))
     assert outside_pixels(tilted, tmp_path / "png_tilted") > 1000
     assert outside_pixels(straight, tmp_path / "png_straight") == 0
+    assert outside_mip_pixels(tilted, tmp_path / "mip_tilted") > 1000
+    assert outside_mip_pixels(straight, tmp_path / "mip_straight") == 0
 
 
 def test_an_entry_without_shifts_reads_as_before_with_a_warning_to_ingest_again(tmp_path, caplog):

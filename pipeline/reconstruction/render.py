@@ -86,7 +86,6 @@ def render_mpr(
     around ``center_lps`` (a nodule's close-up), not the whole plane. note: added to each title. window: a name of
     :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title."""
     from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     volume, masks, nodules = to_patient_axes(volume, masks, nodules)  # true patient planes, whatever the grid
     outside = masks.pop(OUTSIDE_SCAN, None)  # voxels no image measured: painted, not outlined
@@ -131,11 +130,8 @@ def render_mpr(
         vmin, vmax = WINDOWS[window]
         ax.imshow(img, cmap="gray", vmin=vmin, vmax=vmax, extent=extent, interpolation="nearest")
         drawn: list[Artist] = []
-        if unscanned is not None:  # a flat colour no CT value is shown in, over the fill value (-1024 HU)
-            paint = np.zeros((*unscanned.shape, 4), dtype=np.float32)
-            paint[unscanned] = (*OUTSIDE_SCAN_RGB, 1.0)
-            ax.imshow(paint, extent=extent, interpolation="nearest")
-            drawn.append(Patch(facecolor=OUTSIDE_SCAN_RGB, label=OUTSIDE_SCAN_LEGEND))
+        if unscanned is not None:
+            drawn.append(_paint_outside(ax, unscanned, extent))
         _scale_bar(ax, w_mm, h_mm)
         for organ, sl in outlines.items():
             colour = colours[organ]
@@ -166,6 +162,18 @@ def render_mpr(
     return paths
 
 
+def _paint_outside(ax, unscanned: np.ndarray, extent: tuple[float, float, float, float]) -> Artist:
+    """Paint the image pixels ``unscanned`` (bool, as the image's rows and columns; voxels no image measured) in
+    :data:`OUTSIDE_SCAN_RGB`, a flat colour no window gives a CT value, over the fill value (-1024 HU) that would
+    read as air; returns the legend handle."""
+    from matplotlib.patches import Patch
+
+    paint = np.zeros((*unscanned.shape, 4), dtype=np.float32)
+    paint[unscanned] = (*OUTSIDE_SCAN_RGB, 1.0)
+    ax.imshow(paint, extent=extent, interpolation="nearest")
+    return Patch(facecolor=OUTSIDE_SCAN_RGB, label=OUTSIDE_SCAN_LEGEND)
+
+
 def render_mip(
     volume: CTVolume,
     out: Path,
@@ -175,17 +183,24 @@ def render_mip(
     slab_mm: float = 10.0,
     n_slabs: int = 3,
     nodules: np.ndarray | None = None,
+    outside_scan: np.ndarray | None = None,
 ) -> list[Path]:
     """Axial lung-window (W1500/L-600) maximum-intensity projections of ``slab_mm`` slabs across the lungs: ``n_slabs``
     evenly spaced, fewer where the lungs are too short to hold them without overlap.
 
     nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`); each nodule a slab holds is outlined
-    there (its shadow across the slab) in the ``nodules`` colour and lettered ``#N``."""
+    there (its shadow across the slab) in the ``nodules`` colour and lettered ``#N``. Where no voxel of a slab was
+    measured (the wedge of a tilt-corrected grid, or ``outside_scan``: bool ``[k, j, i]``, as
+    :func:`~.render_planes.to_patient_axes` gives it among the masks) the MIP is painted "not scanned"."""
     from matplotlib.lines import Line2D
 
     lungs = {"lungs": lung_mask} if lung_mask is not None else {}
+    if outside_scan is not None:
+        lungs[OUTSIDE_SCAN] = outside_scan
     volume, lungs, nodules = to_patient_axes(volume, lungs, nodules)  # true axial slabs, whatever the grid
     lung_mask = lungs.get("lungs")
+    outside = lungs.get(OUTSIDE_SCAN)
+    oview = lps_aligned(outside, volume.geometry)[0] if outside is not None and outside.any() else None
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
     colour = organ_colours(["nodules"], outline=True)["nodules"]
@@ -209,12 +224,19 @@ def render_mip(
         marks = (
             [(int(v), (held == v).any(axis=0), "solid", f"#{v}") for v in np.unique(held) if v > 0] if held is not None else []
         )
-        fig, ax, ncol = _image_figure(w_mm, h_mm, legend=["nodule #N (finding #N)"] if marks else None)
+        unscanned: np.ndarray | None = None
+        if oview is not None and (slab := np.asarray(oview[a:b].all(axis=0))).any():  # no voxel of the slab measured
+            unscanned = slab
+        legend = (["nodule #N (finding #N)"] if marks else []) + ([OUTSIDE_SCAN_LEGEND] if unscanned is not None else [])
+        fig, ax, ncol = _image_figure(w_mm, h_mm, legend=legend or None)
         ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
+        handles = [_paint_outside(ax, unscanned, (0, w_mm, h_mm, 0))] if unscanned is not None else []
         _scale_bar(ax, w_mm, h_mm)
         if marks:  # the nodules the slab holds: their shadow across it ([y, x] as the MIP's rows and columns)
             _draw_marks(ax, marks, spacing[0], spacing[1], colour=colour)
-            _legend(ax, [Line2D([], [], color=colour, label="nodule #N (finding #N)")], ncol)
+            handles.append(Line2D([], [], color=colour, label="nodule #N (finding #N)"))
+        if handles:
+            _legend(ax, handles, ncol)
         za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
         slices = source_slices(volume, a, b - 1)
         _labels(
@@ -302,7 +324,8 @@ def render_nodule_views(
             window="lung",
         )
     lungs = [m for k, m in masks.items() if k.startswith("lung")]
-    paths += render_mip(volume, out, stem=stem, lung_mask=np.logical_or.reduce(lungs) if lungs else None, nodules=labels)
+    lung_mask = np.logical_or.reduce(lungs) if lungs else None
+    paths += render_mip(volume, out, stem=stem, lung_mask=lung_mask, nodules=labels, outside_scan=masks.get(OUTSIDE_SCAN))
     if preview is not None:
         nodule_meshes = {}
         for r in segmented:
