@@ -138,3 +138,37 @@ def test_an_entry_without_shifts_reads_as_before_with_a_warning_to_ingest_again(
     assert "ingest the case again" in caplog.text and "not flagged" in caplog.text, caplog.text
     other = vol.geometry.__class__(shape=(N, 8, 8), spacing=vol.geometry.spacing, origin=vol.geometry.origin)
     assert measured_mask(other, vol.metadata) is None
+
+
+def test_the_finding_pngs_show_the_unmeasured_wedge_as_outside_the_scan(tmp_path):
+    """The finding PNG's plane and MIP slab are the grid's: its wedge is painted as the MPRs paint it, not as air."""
+    import io
+
+    import matplotlib.image as mpimg
+
+    from pipeline.detection.figures import axial_view, finding_png
+    from pipeline.detection.findings import Finding
+    from pipeline.reconstruction.render_planes import OUTSIDE_SCAN_RGB
+
+    def painted(vol) -> tuple[int, int]:
+        ijk = (COLS // 2, vol.shape[1] // 2, N // 2)
+        c = vol.geometry.index_to_lps(np.array([ijk], dtype=np.float64))[0]
+        f = Finding(
+            center_lps=tuple(c),
+            box_min_lps=tuple(c - 3.0),
+            box_max_lps=tuple(c + 3.0),
+            diameter_mm=6.0,
+            score=0.9,
+            voxel_ijk=ijk,
+            slice_number=N // 2 + 1,
+        )
+        axial, mip, _, _ = axial_view(vol, f)
+        png = mpimg.imread(io.BytesIO(finding_png(vol, f)), format="png")[..., :3]
+        colour = np.asarray(OUTSIDE_SCAN_RGB, dtype=np.float32)
+        return int(np.isnan(axial).sum() + np.isnan(mip).sum()), int(np.all(np.abs(png - colour) < 2 / 255, axis=-1).sum())
+
+    tilted = load_series(_write(tmp_path / "tilted", tilt_deg=20.0), allow_gantry_tilt=True)
+    straight = load_series(_write(tmp_path / "straight", tilt_deg=0.0))
+    nan_tilted, px_tilted = painted(tilted)
+    assert nan_tilted > 0 and px_tilted > 100
+    assert painted(straight) == (0, 0)

@@ -89,7 +89,12 @@ def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, in
     convention (row 0 anterior, column 0 the patient's right; the series' voxels transposed and flipped only), how
     many slices the slab holds, and the finding's box as (x0, x1, y0, y1) column and row ranges of those images.
     The slab is always centred on the finding's plane: within 5 mm of the series' first or last slice it is
-    thinner (as many planes on each side as the series holds there), never shifted to one side."""
+    thinner (as many planes on each side as the series holds there), never shifted to one side.
+
+    Voxels no image measured (the wedge of a tilt-corrected grid, :func:`~pipeline.ingest.measured.measured_mask`)
+    are NaN in the plane, and in the MIP where no voxel of the slab was measured."""
+    from ..ingest.measured import measured_mask
+
     geometry = volume.geometry
     view = geometry.to_lps_view(volume.array)  # [z, y, x], LPS ascending
     z = int(geometry.lps_view_index(f.voxel_ijk)[0, 2])
@@ -97,7 +102,14 @@ def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, in
     half = min(half, z, view.shape[0] - 1 - z)  # near the series' ends: thinner, still centred on the finding
     z0, z1 = z - half, z + half + 1
     axial = np.asarray(view[z], dtype=np.float32)
-    mip = np.asarray(view[z0:z1], dtype=np.float32).max(axis=0)
+    measured = measured_mask(geometry, volume.metadata)
+    if measured is None:
+        mip = np.asarray(view[z0:z1], dtype=np.float32).max(axis=0)
+        return axial, mip, z1 - z0, _box_xy(volume, f)
+    known = geometry.to_lps_view(measured)
+    axial = np.where(known[z], axial, np.float32(np.nan))
+    slab = np.where(known[z0:z1], np.asarray(view[z0:z1], dtype=np.float32), np.float32(-np.inf)).max(axis=0)
+    mip = np.where(np.isfinite(slab), slab, np.float32(np.nan)).astype(np.float32)
     return axial, mip, z1 - z0, _box_xy(volume, f)
 
 
@@ -120,6 +132,8 @@ def finding_png(
     from matplotlib.figure import Figure
     from matplotlib.patches import Circle, Rectangle
 
+    from ..reconstruction.render_planes import OUTSIDE_SCAN_RGB
+
     k = f.voxel_ijk[2]
     axial, mip, n_slab, (i0, i1, j0, j1) = axial_view(volume, f)
     sx, sy, _ = volume.geometry.spacing_lps()
@@ -127,6 +141,7 @@ def finding_png(
     height = 7.6 + WARNING_LINE_INCHES * len(warning_lines)
     top = 1.0 - (0.5 + WARNING_LINE_INCHES * len(warning_lines)) / height  # the title and warning above the images
     fig = Figure(figsize=(9, height), dpi=90)
+    not_scanned = matplotlib.colormaps["gray"].with_extremes(bad=OUTSIDE_SCAN_RGB)  # NaN: voxels no image measured
     grid = fig.add_gridspec(2, 2, height_ratios=(4.6, 3.0), top=top, bottom=0.02, left=0.02, right=0.98, hspace=0.12)
     for n, (img, title) in enumerate(
         (
@@ -137,7 +152,7 @@ def finding_png(
         ax = fig.add_subplot(grid[0, n])
         ax.imshow(
             img,
-            cmap="gray",
+            cmap=not_scanned,
             vmin=LUNG_WINDOW[0],
             vmax=LUNG_WINDOW[1],
             interpolation="nearest",
