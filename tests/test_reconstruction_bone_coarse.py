@@ -218,3 +218,46 @@ def test_a_disc_rimmed_by_endplates_is_not_marrow_and_fatty_textured_marrow_is(m
     unchecked = float(_segment_3mm(hu)[5:9][interior[5:9]].mean())
     assert at_fatty > 0.85 and at_fatty >= unchecked, f"only {at_fatty:.0%} of the fatty marrow is bone ({unchecked:.0%})"
     assert not bone[regions["canal"]].any() and not bone[regions["aorta"]].any()
+
+
+def _ala_beside_the_canal() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """``(hu, body, regions)`` on 3 mm pixels (``[k, j, i]``, 8 slices of 40x60 pixels, x along i): a body (40 HU
+    soft tissue, 170 mm wide, air around it) holding, 30 mm to the side of its mid-line, a sacral ala's 1 mm cortex
+    (1100 HU) around fatty marrow (45 HU, its trabeculae spreading it by 40 HU), and on the mid-line a spinal canal
+    rimmed by its arch's cortex, as dense and as spread (the cord, nerve roots and CSF). ``regions``: coarse-pixel
+    masks of the ala's marrow and of the canal, away from their partial-volume edges."""
+    f = int(COARSE_MM / FINE_MM)
+    nj, ni, nk = 40, 60, 8
+    j, i = np.meshgrid((np.arange(nj * f) + 0.5) * FINE_MM, (np.arange(ni * f) + 0.5) * FINE_MM, indexing="ij")  # mm
+    fine = np.where(((j - 60.0) / 55.0) ** 2 + ((i - 90.0) / 85.0) ** 2 < 1.0, 40.0, -1000.0)
+    r_ala = np.hypot((j - 60.0) / 15.0, (i - 120.0) / 12.0)  # 30 mm to the side of the mid-line (x 90 mm)
+    r_canal = np.hypot(j - 60.0, i - 90.0)
+    fine[r_ala < 1.0] = 1100.0
+    fine[np.hypot((j - 60.0) / 14.0, (i - 120.0) / 11.0) < 1.0] = 45.0
+    fine[r_canal < 10.0] = 1100.0
+    fine[r_canal < 9.0] = 45.0
+    plane = fine.reshape(nj, f, ni, f).mean(axis=(1, 3))
+    cj, ci = np.meshgrid((np.arange(nj) + 0.5) * COARSE_MM, (np.arange(ni) + 0.5) * COARSE_MM, indexing="ij")
+    regions = {
+        "marrow": np.hypot((cj - 60.0) / 11.0, (ci - 120.0) / 8.0) < 1.0,
+        "canal": np.hypot(cj - 60.0, ci - 90.0) < 6.0,
+    }
+    regions = {k: np.repeat(v[None], nk, axis=0) for k, v in regions.items()}
+    rng = np.random.default_rng(17)
+    hu = np.repeat(plane[None], nk, axis=0) + rng.normal(0.0, 10.0, (nk, nj, ni))
+    textured = regions["marrow"] | regions["canal"]
+    hu[textured] += rng.normal(0.0, 40.0, int(textured.sum()))
+    body = np.repeat((plane > -500.0)[None], nk, axis=0)
+    return hu.astype(np.float32), body, regions
+
+
+def test_fatty_marrow_of_a_sacral_ala_behind_a_broken_cortex_is_bone_and_the_spinal_canal_is_not():
+    """On 3 mm pixels a sacral ala's cortex is a broken ring around fatty marrow (45 HU: below soft tissue's
+    ``MARROW_LOW_HU`` and ``MARROW_HU``) that joins the tissue outside through the gaps: it was left out, and the
+    ala was a hollow shell. Marrow as textured and as dense on the mid-line is the spinal canal and stays out."""
+    hu, body, regions = _ala_beside_the_canal()
+    assert hu[regions["marrow"]].mean() < marrow_mod.MARROW_LOW_HU
+    bone = segment_bone_of(hu, body, spacing=(COARSE_MM, COARSE_MM, COARSE_MM))
+    inside = float(bone[regions["marrow"]].mean())
+    assert inside > 0.9, f"only {inside:.0%} of the sacral ala's fatty marrow is bone (a hollow shell)"
+    assert not bone[regions["canal"]].any(), f"{int(bone[regions['canal']].sum())} voxels of the spinal canal are bone"

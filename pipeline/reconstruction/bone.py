@@ -40,7 +40,8 @@ above ``SEED_HU`` itself, so enhanced blood, 300-500 HU, never becomes a seed th
 the cortex fills less than ``BROKEN_RING_SHARE`` of a pixel, a vertebral body's ring breaks into
 pieces and its marrow is no longer a hole: marrow is then also a region of the slice denser than
 soft tissue that bone mostly surrounds (:func:`.marrow.fill_rimmed_marrow`; an intervertebral disc,
-below marrow's density and as smooth as the image noise, is not), added after the
+below marrow's density and as smooth as the image noise, is not), and fatty marrow as dense as muscle
+where bone rims it more and it lies off the spinal canal (a sacral ala's; :func:`.marrow.fill_fatty_marrow`), added after the
 growth in step 4, and so is a region of a slice as dense as marrow with bone in the slices just
 above and below it (a low-density level where no cortex shows at all;
 :func:`.marrow.fill_between_slices`); a resolved cortex always shows, so finer pixels need neither. On such pixels a pixel wholly on bone is mostly cancellous bone, often below the
@@ -70,7 +71,16 @@ from .blood_pools import LOW_HU, SEED_HU, blood_pools
 from .calcifications import deep_calcifications
 from .grid import Grid, bbox
 from .local_hu import image_noise, in_plane_mean, in_plane_median_at, masked_in_plane_mean, sum3
-from .marrow import MARROW_LOW_HU, SPECK_MM2, fill_between_slices, fill_marrow, fill_rimmed_marrow, midline_x
+from .marrow import (
+    FATTY_MARROW_HU,
+    MARROW_LOW_HU,
+    SPECK_MM2,
+    fill_between_slices,
+    fill_fatty_marrow,
+    fill_marrow,
+    fill_rimmed_marrow,
+    midline_x,
+)
 from .organs import SegmentParams
 from .rib_pieces import rib_continuations, rib_pieces
 
@@ -255,6 +265,9 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
         dense = ((in_plane_mean(hu, sa) >= MARROW_LOW_HU) & body_b & ~pool).cpu().numpy()
         raw_np = raw_all[box].cpu().numpy()  # a disc is smooth where trabecular bone is not: judged unsmoothed
         bone_np = fill_rimmed_marrow(bone_np, dense, sa, pixel_mm2, hu=raw_np, noise_hu=noise)
+        # fatty marrow (a sacral ala's, an iliac wing's) is as dense as muscle: more rim on bone, off the spinal canal
+        fatty = ((in_plane_mean(hu, sa) >= FATTY_MARROW_HU) & body_b & ~pool).cpu().numpy()
+        bone_np = fill_fatty_marrow(bone_np, fatty, sa, pixel_mm2, hu=raw_np, noise_hu=noise, midline=mid, x=x)
         # and a level of low density may show no cortex at all: its marrow lies between bone above and below
         bone_np = fill_between_slices(bone_np, dense, hu_np, sa, pixel_mm2, float(spacing[2 - sa]))
     bone_np = fill_marrow(bone_np, hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)

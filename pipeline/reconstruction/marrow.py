@@ -17,6 +17,13 @@ less than ``DISC_SPREAD`` times the image noise (over at least ``DISC_MIN_MM2``)
 marrow, whose trabeculae spread its HU well beyond the noise (fatty marrow of an elderly vertebra,
 50-150 HU, stays marrow).
 
+Fatty marrow (a sacral ala's, an iliac wing's: 30-60 HU, like muscle) behind such a broken cortex is
+below ``MARROW_LOW_HU``: :func:`fill_fatty_marrow` takes a region of the slice above ``FATTY_MARROW_HU``
+(the spinal canal's CSF and fat are below) whose in-plane rim is at least ``FATTY_RIM_MIN`` bone, whose
+trabeculae spread its HU beyond the noise (muscle, as smooth as a disc, stays out), and whose centre lies
+more than ``CANAL_CLEAR_MM`` from the body's mid-line (the spinal canal, whose cord and nerve roots are as
+dense and as spread, lies on it).
+
 A slice where no cortex was found at all (a low-density vertebral level on pixels too wide for
 its cortex to fill half of them) has no ring to enclose its marrow, but bone lies in the slices just above and below
 it: :func:`fill_between_slices` takes a region of the slice denser than soft tissue (in-plane 3x3
@@ -41,6 +48,9 @@ MARROW_LOW_HU = 75.0  # marrow behind a broken cortex is denser than this (in-pl
 MARROW_RIM_MIN = 0.5  # share of its in-plane rim on bone above which a dense region is marrow behind a broken cortex
 DISC_SPREAD = 1.7  # a region below MARROW_HU whose HU spreads less than this times the image noise is a disc
 DISC_MIN_MM2 = 150.0  # a region this large (mm²) or larger has a spread that tells a disc (fewer pixels: too few to tell)
+FATTY_MARROW_HU = 25.0  # fatty marrow behind a broken cortex is denser than this (in-plane 3x3 mean, HU): CSF, fat are below
+FATTY_RIM_MIN = 0.7  # share of its in-plane rim on bone above which a fatty region is marrow behind a broken cortex
+CANAL_CLEAR_MM = 20.0  # a region whose centre lies this far (mm) from the body's mid-line is not the spinal canal
 MARROW_GAP_MM = 6.0  # marrow between bone this close above and below along the slice axis (mm) is a level the cortex missed
 MARROW_BETWEEN_MIN = 0.5  # share of a dense region of a slice with bone above and below it for the region to be marrow
 
@@ -86,6 +96,24 @@ def midline_x(body: np.ndarray, x: np.ndarray, slice_axis: int, tol_mm: float) -
     return out
 
 
+def _off_midline(
+    labels: np.ndarray, size: np.ndarray, slice_axis: int, midline: np.ndarray, x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per label ``0..n`` of the in-plane ``labels`` (``size``: voxel counts): how far its centre lies from its
+    slice's mid-line, and half the body's x extent there (mm; NaN where the mid-line is unknown).
+
+    ``midline``: per slice, :func:`midline_x`; ``x``: the LPS x (mm) of every voxel, broadcastable to ``labels``.
+    """
+    flat = labels.ravel()
+    k = np.broadcast_to(
+        np.arange(labels.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)]), labels.shape
+    ).ravel()
+    cx = _label_mean(flat, np.broadcast_to(x, labels.shape), size)
+    ks = np.zeros(size.size, dtype=np.int64)
+    ks[flat] = k
+    return np.abs(cx - midline[ks, 0]), midline[ks, 1]
+
+
 def fill_marrow(
     mask: np.ndarray,
     hu: np.ndarray,
@@ -114,17 +142,9 @@ def fill_marrow(
     fill = ~outside & (area <= MARROW_MAX_MM2) & (mean >= MARROW_HU)
     fill |= ~outside & (area <= speck_mm2)
     if midline is not None and x is not None:
-        xb = np.broadcast_to(x, mask.shape)
-        mid = midline
-        k = np.broadcast_to(
-            np.arange(mask.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)]), mask.shape
-        ).ravel()
-        cx = _label_mean(flat, xb, size)
-        ks = np.zeros(n + 1, dtype=np.int64)
-        ks[flat] = k
-        centre, half = mid[ks, 0], mid[ks, 1]
+        off, half = _off_midline(labels, size, slice_axis, midline, x)
         with np.errstate(invalid="ignore"):
-            lateral = np.abs(cx - centre) > CANAL_FRACTION * 2.0 * half
+            lateral = off > CANAL_FRACTION * 2.0 * half
         fill |= ~outside & (area <= MARROW_MAX_MM2) & lateral
     fill[0] = False
     return mask | fill[labels]
@@ -138,6 +158,7 @@ def fill_rimmed_marrow(
     *,
     hu: np.ndarray | None = None,
     noise_hu: float = 0.0,
+    rim_min: float = MARROW_RIM_MIN,
 ) -> np.ndarray:
     """``mask`` with the marrow behind a broken cortex added (bool ``[k, j, i]``, like ``mask``).
 
@@ -145,7 +166,7 @@ def fill_rimmed_marrow(
     blood pools left out). Each in-plane connected region of ``dense`` outside ``mask`` (4-connected
     in its slice; ``slice_axis`` is the array axis across the slices) of at most
     :data:`MARROW_MAX_MM2` (``pixel_mm2``: one pixel's area, mm²) whose in-plane rim (its
-    4-neighbours outside it) is at least :data:`MARROW_RIM_MIN` on ``mask`` is marrow. A region
+    4-neighbours outside it) is at least ``rim_min`` (default :data:`MARROW_RIM_MIN`) on ``mask`` is marrow. A region
     of the slice that is mostly surrounded by something other than bone (muscle, an organ,
     the spinal canal's CSF) stays out.
 
@@ -165,13 +186,43 @@ def fill_rimmed_marrow(
     ring_n = np.bincount(ring[on_ring], minlength=n + 1)
     rim_n = np.bincount(ring[on_ring & mask], minlength=n + 1)
     area = np.bincount(labels.ravel(), minlength=n + 1) * pixel_mm2
-    fill = (rim_n >= MARROW_RIM_MIN * np.maximum(ring_n, 1)) & (area <= MARROW_MAX_MM2)
+    fill = (rim_n >= rim_min * np.maximum(ring_n, 1)) & (area <= MARROW_MAX_MM2)
     if hu is not None and noise_hu > 0.0:
         flat = labels.ravel()
         size = np.bincount(flat, minlength=n + 1)
         mean = _label_mean(flat, hu, size)
         spread = np.sqrt(np.maximum(_label_mean(flat, hu.astype(np.float64) ** 2, size) - mean**2, 0.0))
         fill &= (mean >= MARROW_HU) | (spread >= DISC_SPREAD * noise_hu) | (area < DISC_MIN_MM2)
+    fill[0] = False
+    return mask | fill[labels]
+
+
+def fill_fatty_marrow(
+    mask: np.ndarray,
+    fatty: np.ndarray,
+    slice_axis: int,
+    pixel_mm2: float,
+    *,
+    hu: np.ndarray,
+    noise_hu: float,
+    midline: np.ndarray,
+    x: np.ndarray,
+) -> np.ndarray:
+    """``mask`` with the fatty marrow behind a broken cortex added, away from the spinal canal (bool ``[k, j, i]``).
+
+    ``fatty``: the voxels that may be fatty marrow (in-plane 3x3 mean above :data:`FATTY_MARROW_HU`, blood
+    pools left out). As :func:`fill_rimmed_marrow` (``hu``: unsmoothed HU, ``noise_hu``: the image noise, HU),
+    with at least :data:`FATTY_RIM_MIN` of the region's in-plane rim on ``mask``, smooth regions (muscle, a
+    disc) left out; of those, the regions whose centre lies more than :data:`CANAL_CLEAR_MM` from their slice's
+    mid-line (``midline``: per slice, :func:`midline_x`; ``x``: the LPS x of every voxel, mm) are marrow.
+    """
+    added = fill_rimmed_marrow(mask, fatty, slice_axis, pixel_mm2, hu=hu, noise_hu=noise_hu, rim_min=FATTY_RIM_MIN) & ~mask
+    labels, n = ndimage.label(added, structure=morph.in_plane_cross(slice_axis))
+    if n == 0:
+        return mask
+    off, _ = _off_midline(labels, np.bincount(labels.ravel(), minlength=n + 1), slice_axis, midline, x)
+    with np.errstate(invalid="ignore"):
+        fill = off > CANAL_CLEAR_MM
     fill[0] = False
     return mask | fill[labels]
 
