@@ -23,7 +23,8 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
    half-way from ``LOW_HU`` to ``bone_hu``; see :func:`.rib_pieces.rib_continuations`). Holes
    left in a slice are filled again (noise specks up to ``SPECK_MM2`` whatever their HU, and marrow as
    before); the in-plane outer layer is then kept only where it passes ``bone_hu`` (partial volume),
-   metal (above ``METAL_HU``, with its one-voxel partial-volume rim) is taken out,
+   metal (above ``METAL_HU``, with its one-voxel partial-volume rim) is taken out, and so are the bright
+   streaks it draws across its slice between dark ones (:mod:`.metal_streaks`),
    components smaller than ``min_bone_ml`` dropped, and so are small components deep in the body
    apart from other bone: stones, calcified plaque, dense contrast (:mod:`.calcifications`).
 
@@ -81,6 +82,7 @@ from .marrow import (
     fill_rimmed_marrow,
     midline_x,
 )
+from .metal_streaks import metal_streaks
 from .organs import SegmentParams
 from .rib_pieces import rib_continuations, rib_pieces
 
@@ -286,6 +288,16 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     if bool(metal.any()):
         metal_c = _pool_count(metal, grid.factors)[box] > 0
         bone &= ~morph.dilate(metal_c, tuple(0 if d == sa else 1 for d in range(3)))
+        # the bright streaks metal draws across its slice between dark ones (seeded as cortex)
+        streaks = metal_streaks(
+            bone.cpu().numpy(),
+            raw_all[box].cpu().numpy(),
+            metal_c.cpu().numpy(),
+            body_b.cpu().numpy(),
+            spacing=spacing_kji,
+            slice_axis=sa,
+        )
+        bone &= ~morph.to_tensor(streaks, hu.device)
     b = bone.cpu().numpy()
     labels, sizes = morph.label(b)
     keep = np.nonzero(sizes * grid.voxel_ml >= p.min_bone_ml)[0]
