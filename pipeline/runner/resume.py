@@ -12,8 +12,10 @@ A case's outputs are written into ``tmp/<case_id>.a<attempt>/``; when every
 stage is done, ``manifest.json`` is written there last, the folder is renamed
 to ``cases/<case_id>`` (atomic), and only then is the case marked done in the
 store. So after a crash at any moment either the case is done in both places,
-or it has a complete folder not yet marked done (fixed here from its manifest),
-or it has no folder and is run again.
+or it has a complete folder not yet marked done (fixed here from its manifest:
+done when the manifest was written, not when the run that finds it started,
+so the report counts it on its own day with its own latency), or it has no
+folder and is run again.
 
 Leftovers of a killed process are removed when the next run starts (it holds
 the folder's lock, so no other writer is there): the staging folders, the
@@ -139,6 +141,15 @@ def publish(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
     _fsync_dir(final.parent)
 
 
+def _published_at(folder: Path) -> float | None:
+    """When a case folder was published (Unix s): its manifest's modification time (the manifest is written last,
+    just before the folder is renamed into place); None when it cannot be read."""
+    try:
+        return (folder / MANIFEST).stat().st_mtime
+    except OSError:
+        return None
+
+
 @dataclass
 class Reconciled:
     recovered: list[str] = field(default_factory=list)  # complete folders marked done
@@ -215,6 +226,7 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
                 measurements=[tuple(m) for m in man.get("measurements", [])],
                 quality=man.get("quality"),
                 detect_skipped=man.get("detect_skipped"),
+                ended_at=_published_at(folder),
             )
             out.recovered.append(row["case_id"])
         elif row["status"] == "running":
