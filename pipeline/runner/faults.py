@@ -34,8 +34,10 @@ WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
 ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR})
 
 _ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
-#: A short write reported without an error number (numpy's ``tofile``: "98304 requested and 12224 written").
-_SHORT_WRITE = re.compile(r"\b\d+ requested and \d+ written\b")
+#: A short write reported without an error number: numpy's ``tofile`` ("98304 requested and 12224 written"), and its
+#: preallocation of an array of 16 MiB or more, as every real scan's is ("Not enough free space to write 73924608
+#: bytes after offset 128").
+_SHORT_WRITE = re.compile(r"\b\d+ requested and \d+ written\b|\bNot enough free space to write \d+ bytes\b")
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,8 @@ def environment_failure(exc: BaseException, *, run_dir: Path | None) -> Environm
     SQLite's "database or disk is full" and "readonly database" count as ``ENOSPC`` and ``EROFS``
     in ``run_dir`` (the run store lives there), and its bare "disk I/O error" as ``EFBIG`` or ``ENOSPC`` where the
     file-size limit or the disk explains it (:func:`_store_io_errno`); so does a short write reported without an error number
-    (numpy writing an array to a full disk: "N requested and M written"): the runner writes only there; such a
+    (numpy writing an array to a full disk: "N requested and M written", or "Not enough free space to write N bytes
+    after offset M" for an array of 16 MiB or more): the runner writes only there; such a
     write counts as ``EFBIG`` when the process's file-size limit, not the disk, explains it.
     """
     for e in _chain(exc):
