@@ -1,7 +1,7 @@
-"""A file of a series that lands in the source just after the run decided the series was complete (its last check,
-:meth:`SourceSnapshot.still_written`) and before the case is published: the case is either published with it or
-analysed again whole by the next run, never published as the whole series and left so. The file lands through a hook
-on the check itself: deterministic, no sleeps."""
+"""A file of a series that lands in the source just after the run decided the series was complete (its check before
+publishing, :meth:`SourceSnapshot.still_written`) and before the case is published: the series is checked again once
+its folder is in place, so the case is withdrawn and left for the next run, which analyses the whole series; never
+published as the whole series. The file lands through a hook on the check itself: deterministic, no sleeps."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _series(root: Path, seed: int) -> tuple[str, list[Path]]:
     return ph.volume.series_uid, [h.path for h in sorted(headers, key=lambda h: h.position[2])]  # type: ignore[index]
 
 
-def test_a_file_landing_between_the_last_check_and_publishing_is_never_left_out(tmp_path, monkeypatch):
+def test_a_file_landing_between_the_check_and_publishing_withdraws_the_case_for_the_next_run(tmp_path, monkeypatch):
     src, out = tmp_path / "export", tmp_path / "run"
     uid, files = _series(tmp_path / "archive", 31)
     (src / "s").mkdir(parents=True)
@@ -45,7 +45,11 @@ def test_a_file_landing_between_the_last_check_and_publishing_is_never_left_out(
     monkeypatch.setattr(SourceSnapshot, "still_written", check_then_land)
     opts: dict[str, Any] = {"workers": 0, "report.enabled": False}
     first = run_batch([src], out=out, stages=[IngestStage(), WriteStage()], **opts)
-    assert landed and first.exit_code == 0, first.lines()
+    assert landed and first.exit_code == 0 and first.done == 0, first.lines()
+    ((_, why),) = first.still_written
+    assert f"series {uid} was still being written while the run processed it" in why
+    assert not (out / "cases").exists() or not list((out / "cases").iterdir())  # nothing of it published
+    assert [p for p in out.rglob("*") if p.name == "volume.json"] == []
     monkeypatch.setattr(SourceSnapshot, "still_written", check)
 
     again = run_batch([src], out=out, stages=[IngestStage(), WriteStage()], **opts)  # the next night
@@ -57,5 +61,5 @@ def test_a_file_landing_between_the_last_check_and_publishing_is_never_left_out(
         for cid, _ in done
         if json.loads((out / "cases" / cid / "volume.json").read_text())["geometry"]["shape"][0] == len(files)
     ]
-    assert whole, f"no published case of series {uid} holds its {len(files)} files: {done}"
+    assert again.done == 1 and len(done) == 1 and whole, f"no published case of series {uid} holds its {len(files)} files: {done}"
     assert manifest(out / "cases" / whole[-1])["series_uid"] == uid

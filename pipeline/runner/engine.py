@@ -19,7 +19,8 @@ source folder of the run goes away (a network mount that drops, see
 is released, not quarantined, and no new case is admitted.
 
 A series still being written into the source while its case ran (files of it that arrived, or changed size or
-modification time, since discovery; see :mod:`.arrivals`, checked just before publishing, and the ingest and DICOM
+modification time, since discovery; see :mod:`.arrivals`, checked just before publishing and again once the folder
+is in place, which withdraws it when a file landed in between, and the ingest and DICOM
 stages' :class:`~pipeline.errors.SeriesStillWrittenError`) is not published either: its case goes back to pending
 with the reason, is listed in ``EngineResult.still_written``, and the run goes on. The next run finds the series with
 its new content (a new fingerprint) and analyses it whole.
@@ -42,7 +43,7 @@ from ..errors import FatalRunError, IncompleteOutputError, SeriesStillWrittenErr
 from .arrivals import SourceSnapshot
 from .faults import environment_failure
 from .logs import to_console
-from .resume import drop_cached, publish, remove_quarantine, write_quarantine
+from .resume import drop_cached, publish, remove_quarantine, withdraw, write_quarantine
 from .source_roots import SourceRoots
 from .stage import CaseSpec, Stage, Task, TaskResult
 from .store import RunStore
@@ -269,6 +270,9 @@ class Engine:
             return
         try:
             self._finish(lv, result)
+        except SeriesStillWrittenError as exc:  # a file of the series landed while it was published: withdrawn
+            shutil.rmtree(lv.workdir, ignore_errors=True)
+            self._release(lv, str(exc), "publish", result, still_written=True)
         except IncompleteOutputError as exc:
             shutil.rmtree(lv.workdir, ignore_errors=True)
             if self.stopping is not None:
@@ -306,6 +310,10 @@ class Engine:
         }
         final = self.run_dir / "cases" / case.case_id
         publish(lv.workdir, final, manifest)
+        late = self.snapshot.still_written(case) if self.snapshot is not None else None
+        if late is not None:  # the series changed after the check before publishing: not left published as whole
+            withdraw(final, self.run_dir / "tmp")
+            raise late
         latency = time.monotonic() - lv.began
         self.store.complete_case(
             case.case_key,

@@ -141,6 +141,16 @@ def publish(staging: Path, final: Path, manifest: dict[str, Any]) -> None:
     _fsync_dir(final.parent)
 
 
+def withdraw(final: Path, trash_dir: Path) -> None:
+    """Take a case folder just published back out of ``cases/`` (renamed away at once, then removed): its series
+    changed in the source while it was published (see :mod:`.arrivals`)."""
+    trash_dir.mkdir(parents=True, exist_ok=True)
+    trash = trash_dir / f".trash-{final.name}-{os.getpid()}"
+    os.rename(final, trash)
+    _fsync_dir(final.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def _published_at(folder: Path) -> float | None:
     """When a case folder was published (Unix s): its manifest's modification time (the manifest is written last,
     just before the folder is renamed into place); None when it cannot be read."""
