@@ -167,7 +167,7 @@ def _run(
     session: RunSession | None = None,
     origins: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunSummary:
-    reconcile(store, run_dir)
+    reconciled = reconcile(store, run_dir)
     weights = weights_digest(cfg.detector.bundle)
     check_result_options(store, cfg, run_dir, weights=weights)  # results made otherwise: refused before the run is recorded
     found: Discovery = discover(srcs, cfg)
@@ -262,6 +262,7 @@ def _run(
     # counters go on from the last textfile (the node's, else the folder's): never lower than after the last run
     node_file = Path(cfg.metrics.textfile_dir) / cfg.metrics.textfile_name if cfg.metrics.textfile_dir else None
     metrics.carry_from(*([node_file] if node_file else []), run_dir / "metrics.prom")
+    metrics.count_killed_runs(reconciled.uncounted)
     metrics.files_skipped(len(found.skipped_files), len(found.not_selected))
     if cfg.metrics.port:
         metrics.serve(cfg.metrics.port, cfg.metrics.bind)

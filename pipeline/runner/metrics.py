@@ -42,7 +42,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -151,6 +151,17 @@ class RunMetrics:
         self.processed.inc()
         self.case_latency.observe(latency_s)
         self.updated.set(time.time())
+
+    def count_killed_runs(self, cases: Iterable[Mapping[str, Any]]) -> None:
+        """Count the cases that earlier runs, killed before they wrote their metrics, finished (``status`` done, with
+        ``latency_s`` in s where known, or failed, with its ``error_class``): their counts are in no textfile."""
+        for case in cases:
+            if case["status"] == "done":
+                self.processed.inc()
+                if case.get("latency_s") is not None:
+                    self.case_latency.observe(case["latency_s"])
+            else:
+                self.failed.labels(self.node, case.get("error_class") or "Error").inc()
 
     def on_case_failed(self, case: CaseSpec, reason: str, error_class: str) -> None:
         self.failed.labels(self.node, error_class).inc()

@@ -167,6 +167,8 @@ class Reconciled:
     interrupted: list[str] = field(default_factory=list)  # left 'running' by a killed run
     temp_files: list[Path] = field(default_factory=list)  # temporary files of killed writers, removed
     stale_quarantine: list[str] = field(default_factory=list)  # quarantine files of cases not quarantined, removed
+    #: cases done or quarantined by runs killed before they wrote their metrics (status, latency_s, error_class each)
+    uncounted: list[dict[str, Any]] = field(default_factory=list)
 
 
 def drop_cached(run_dir: Path, case_id: str) -> None:
@@ -222,6 +224,7 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
     out = Reconciled()
     shutil.rmtree(run_dir / "tmp", ignore_errors=True)
     out.temp_files = remove_temp_files(run_dir)
+    killed = set(store.running_run_ids())
     n = store.mark_abandoned_runs()
     if n:
         log.warning("%d earlier run(s) of this folder ended without finishing; resuming", n, extra={"event": "resume"})
@@ -249,6 +252,12 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
             store.reset_case(row["case_key"])
             out.redo.append(row["case_id"])
     out.stale_quarantine = _sync_quarantine(store, run_dir)
+    if killed:  # a killed run never wrote its metrics textfile: what it finished is counted by this run's
+        out.uncounted = [
+            {k: row[k] for k in ("status", "latency_s", "error_class")}
+            for row in store.cases_with_status("done", "failed")
+            if row["run_id"] in killed
+        ]
     if out.recovered or out.redo or out.interrupted:
         log.warning(
             "resume: %d complete case(s) recovered, %d interrupted case(s) to retry, %d case(s) with missing outputs to redo",

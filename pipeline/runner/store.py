@@ -137,6 +137,10 @@ class RunStore:
                 ),
             )
 
+    def running_run_ids(self) -> list[str]:
+        """The runs recorded as running: with the folder's lock held, runs that a killed process left so."""
+        return [r["run_id"] for r in self.db.execute("SELECT run_id FROM runs WHERE status='running'")]
+
     def mark_abandoned_runs(self) -> int:
         """Runs left 'running' by a killed process become 'interrupted'."""
         with self.tx():
