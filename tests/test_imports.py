@@ -207,3 +207,32 @@ def test_a_public_name_is_its_object_whatever_module_was_imported_first():
     assert proc.returncode == 0, proc.stderr[-2000:]
     same = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [name for name, ok in same.items() if not ok] == []
+
+
+#: Modules whose shared helpers have public names in the module whose job they are: the renderings' layout, planes
+#: and nodule letters, the 3-D preview and show().
+PUBLIC_HELPERS_ONLY = (
+    "pipeline.display",
+    "pipeline.reconstruction.preview",
+    "pipeline.reconstruction.render",
+    "pipeline.reconstruction.render_layout",
+    "pipeline.reconstruction.render_nodules",
+    "pipeline.reconstruction.render_planes",
+)
+
+
+def private_imports(name: str) -> list[str]:
+    """The underscore-prefixed names module ``name`` imports from other modules of the package (``from .x import
+    _y`` anywhere in its body): another module's private helper, which it may rename or drop."""
+    modules = _modules()
+    path = modules[name]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and _resolve(name, path.name == "__init__.py", node).startswith("pipeline"):
+            out += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+@pytest.mark.parametrize("module", PUBLIC_HELPERS_ONLY)
+def test_render_modules_share_only_public_helpers(module):
+    assert not private_imports(module), f"{module} imports private helpers: {private_imports(module)}"

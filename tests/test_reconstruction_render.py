@@ -99,14 +99,14 @@ def _saved_figures(monkeypatch) -> list:
     from pipeline.reconstruction import preview, render
 
     figures: list = []
-    save = render._save
+    save = render.save_png
 
     def keep(fig, path):
         figures.append(fig)
         return save(fig, path)
 
-    monkeypatch.setattr(render, "_save", keep)
-    monkeypatch.setattr(preview, "_save", keep)
+    monkeypatch.setattr(render, "save_png", keep)
+    monkeypatch.setattr(preview, "save_png", keep)
     return figures
 
 

@@ -74,8 +74,8 @@ def test_an_overview_mpr_marks_the_nodules_it_does_not_cut_with_their_distance(t
     from pipeline.reconstruction.render import nodule_labels, render_mpr
 
     figures: list = []
-    save = render._save
-    monkeypatch.setattr(render, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    save = render.save_png
+    monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
     vol, lung = _lung_with_a_nodule()
     nodules = segment_findings(vol, [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}], lung_mask=lung)
     labels = nodule_labels(nodules, vol.geometry)
@@ -106,8 +106,8 @@ def test_the_letters_of_nodules_side_by_side_do_not_cover_each_other(tmp_path, m
     from pipeline.reconstruction.render import nodule_labels, render_mpr
 
     figures: list = []
-    save = render._save
-    monkeypatch.setattr(render, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    save = render.save_png
+    monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
     vol, lung = _lung_with_a_nodule()
     twin = CENTRE + np.array([0.0, 0.0, -14.0])  # straight below the first: both project onto the same spot
     arr = np.asarray(vol.array).copy()
@@ -135,8 +135,8 @@ def test_the_preview_letters_each_nodule_with_its_findings_number(tmp_path, monk
     from pipeline.reconstruction.preview import image_position
 
     figures: list = []
-    save = preview._save
-    monkeypatch.setattr(preview, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    save = preview.save_png
+    monkeypatch.setattr(preview, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
     vol, lung = _lung_with_a_nodule()
     nodules = segment_findings(vol, [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}], lung_mask=lung)
     meshes = {"lung_right": mesh_from_mask(lung, vol.geometry, name="lung_right")}
@@ -157,14 +157,14 @@ def test_a_nodules_letters_go_left_of_it_before_they_leave_its_row():
     """On the planning chest's sagittal overview the letters of #5 were pushed four lines down, away from its outline,
     by its neighbours' letters on its right: they now take the left side of the nodule first, on its own row, and
     never run past the image's edge."""
-    from pipeline.reconstruction.render_nodules import _free_spot
+    from pipeline.reconstruction.render_nodules import free_spot
 
     placed: list = []
-    first = _free_spot(20.0, 10.0, 50.0, "#1 (18 mm S)", 0.14, placed, limit=100.0)
+    first = free_spot(20.0, 10.0, 50.0, "#1 (18 mm S)", 0.14, placed, limit=100.0)
     assert first == (20.0, 50.0)  # right of the nodule, at its top
-    second = _free_spot(22.0, 12.0, 50.0, "#2 (9 mm I)", 0.14, placed, limit=100.0)
+    second = free_spot(22.0, 12.0, 50.0, "#2 (9 mm I)", 0.14, placed, limit=100.0)
     assert second[1] == 50.0 and placed[1][2] <= 12.0  # left of the second nodule, on its row
-    edge = _free_spot(95.0, 60.0, 80.0, "#3 (2 mm S)", 0.14, placed, limit=100.0)
+    edge = free_spot(95.0, 60.0, 80.0, "#3 (2 mm S)", 0.14, placed, limit=100.0)
     assert placed[2][2] <= 60.0 and edge[1] == 80.0  # no room right of it: left
 
 
@@ -178,8 +178,8 @@ def test_a_nodules_letters_cover_no_other_nodule(tmp_path, monkeypatch):
     from tests._support.shapes import lps_grids
 
     figures: list = []
-    save = render._save
-    monkeypatch.setattr(render, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    save = render.save_png
+    monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
     vol, lung = _lung_with_a_nodule()
     first, second = np.array([-24.0, 5.0, 10.0]), np.array([-13.0, 5.0, 10.0])  # side by side, 3 mm apart
     arr = np.full(vol.shape, 40.0, np.float32)
@@ -220,8 +220,8 @@ def test_the_mip_slab_holding_a_nodule_outlines_and_letters_it(tmp_path, monkeyp
     from pipeline.reconstruction import render
 
     figures: list = []
-    save = render._save
-    monkeypatch.setattr(render, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    save = render.save_png
+    monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
     vol, lung = _lung_with_a_nodule()
     nodules = segment_findings(vol, [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}], lung_mask=lung)
     labels = render.nodule_labels(nodules, vol.geometry)

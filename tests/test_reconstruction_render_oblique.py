@@ -37,8 +37,8 @@ def _saved_figures(monkeypatch) -> list:
     from pipeline.reconstruction import render
 
     figures: list = []
-    save = render._save
-    monkeypatch.setattr(render, "_save", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    save = render.save_png
+    monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
     return figures
 
 

@@ -20,8 +20,8 @@ import numpy as np
 from ..volume import Geometry
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
-from .render_layout import _figure, _labels, _legend_layout, _rgb, _save
-from .render_nodules import _free_spot, put_nodule_letters
+from .render_layout import black_figure, hex_rgb, legend_layout, orientation_letters, save_png
+from .render_nodules import free_spot, put_nodule_letters
 
 _CHUNK = 20000
 PREVIEW_TRIANGLES = 150_000
@@ -82,7 +82,7 @@ def rasterise(
         axes, depth_axis, depth_sign = (1, 2), 0, 1.0  # viewer at +x (patient's left)
     else:
         raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
-    rgbs = {k: _rgb(c) for k, c in (colours or organ_colours(meshes, outline=False)).items()}
+    rgbs = {k: hex_rgb(c) for k, c in (colours or organ_colours(meshes, outline=False)).items()}
     if frame is None:
         allv = np.concatenate([m.vertices for _, m in parts])
         lo, hi = allv.min(axis=0), allv.max(axis=0)
@@ -235,16 +235,16 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
             hit = over.any(axis=-1)
             images[n][hit] = _quantised(over[hit])
         drawn.append("nodules")
-    ncol, legend_px = _legend_layout([_preview_label(k) for k in drawn], 2 * size + PREVIEW_GAP_PX, fontsize=8)
+    ncol, legend_px = legend_layout([_preview_label(k) for k in drawn], 2 * size + PREVIEW_GAP_PX, fontsize=8)
     total = size + 40 + legend_px
     width = 2 * size + PREVIEW_GAP_PX
-    fig = _figure(width, total)
+    fig = black_figure(width, total)
     for n, (img, title, letters) in enumerate(
         zip(images, ("anterior view", "left lateral view"), (("R", "L", "S", "I"), ("A", "P", "S", "I")))
     ):
         ax = fig.add_axes((n * (size + PREVIEW_GAP_PX) / width, legend_px / total, size / width, size / total))
         ax.imshow(img, interpolation="nearest")
-        _labels(ax, *letters, f"{title}: {', '.join(organ_label(k) for k in views.organs)}")
+        orientation_letters(ax, *letters, f"{title}: {', '.join(organ_label(k) for k in views.organs)}")
         if views.frame is not None:
             _letter_nodules(ax, nods, view=VIEWS[n], size=size, frame=views.frame, colour=colours["nodules"])
     if drawn:  # which colour is which organ
@@ -259,20 +259,20 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
             borderpad=0.3,
             columnspacing=1.5,
         )
-    return _save(fig, out / f"{stem}_preview3d.png")
+    return save_png(fig, out / f"{stem}_preview3d.png")
 
 
 def _letter_nodules(
     ax, nodules: Mapping[str, Mesh], *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray], colour: str
 ) -> None:
     """``#N`` beside each nodule ``nodule N`` of a preview view (right or left of its surface, at its top), on a dark
-    box, where no other nodule's letters are (:func:`~.render_nodules._free_spot`)."""
+    box, where no other nodule's letters are (:func:`~.render_nodules.free_spot`)."""
     where = {name: image_position(mesh.vertices, view=view, size=size, frame=frame) for name, mesh in nodules.items()}
     placed = [(*uv.min(axis=0), *uv.max(axis=0)) for uv in where.values()]  # the letters cover no nodule
     for name, uv in where.items():
         text = f"#{name.removeprefix('nodule ').strip()}"
         right, left, top = float(uv[:, 0].max()) + 3.0, float(uv[:, 0].min()) - 3.0, float(uv[:, 1].min()) + 4.0
-        x, y = _free_spot(right, left, top, text, 100.0 / 72.0, placed, limit=float(size))
+        x, y = free_spot(right, left, top, text, 100.0 / 72.0, placed, limit=float(size))
         put_nodule_letters(ax, x, y, text, colour=colour)
 
 

@@ -29,23 +29,32 @@ import numpy as np
 from ..volume import CTVolume
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
-from .render_layout import LUNG_WINDOW, WINDOWS, _image_figure, _labels, _legend, _outline, _save, _scale_bar
+from .render_layout import (
+    LUNG_WINDOW,
+    WINDOWS,
+    image_figure,
+    legend_below,
+    orientation_letters,
+    outline_mask,
+    save_png,
+    scale_bar,
+)
 from .render_nodules import (
-    _SIDE_LETTERS,
     OFF_PLANE_LEGEND,
-    _draw_marks,
-    _nodule_extents,
-    _projection,
+    SIDE_LETTERS,
+    draw_marks,
+    nodule_extents,
     nodule_labels,
+    projection,
 )
 from .render_planes import (
-    _PLANES,
     OUTSIDE_SCAN,
     OUTSIDE_SCAN_LEGEND,
     OUTSIDE_SCAN_RGB,
-    _field_window,
-    _plane,
+    PLANES,
+    field_window,
     lps_aligned,
+    plane_image,
     resampled_note,
     source_slices,
     to_patient_axes,
@@ -77,7 +86,7 @@ def render_mpr(
     """Axial, coronal and sagittal PNGs through ``center_lps`` (DICOM patient coordinates, LPS mm; default: the lungs'
     centre, the sagittal through the plane holding the most lung, not the mediastinum between them; without lungs the
     volume's centre), soft-tissue window, each mask outlined in its colour (:func:`~.organs.organ_colours`:
-    :data:`~.organs.OUTLINE_COLORS`), with a legend in rows below the image (:func:`_legend_layout`), never over it.
+    :data:`~.organs.OUTLINE_COLORS`), with a legend in rows below the image (:func:`legend_layout`), never over it.
 
     nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`: N is the nodule of finding #N); each
     nodule a plane cuts is outlined in the ``nodules`` colour and lettered ``#N`` beside it; on the whole plane (no
@@ -95,7 +104,7 @@ def render_mpr(
     mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
     nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
     colours = organ_colours([*masks, "nodules"], outline=True)  # the same in every plane
-    beside = _nodule_extents(nview) if nview is not None and field_mm is None else {}
+    beside = nodule_extents(nview) if nview is not None and field_mm is None else {}
     if center_lps is None:
         lung = [m for k, m in mviews.items() if k.startswith("lung")]
         ref = np.logical_or.reduce(lung) if lung else None
@@ -109,56 +118,58 @@ def render_mpr(
         center_idx = (np.asarray(center_lps) - lo) / spacing
     center_idx = np.clip(np.round(center_idx).astype(int), 0, np.array(view.shape[::-1]) - 1)
     paths = []
-    for plane, (fixed, rows, cols, _flip, letters) in _PLANES.items():
-        img = _plane(view, plane, int(center_idx[fixed]))
-        crop = _field_window(img.shape, center_idx, plane, spacing, field_mm)
+    for plane, (fixed, rows, cols, _flip, letters) in PLANES.items():
+        img = plane_image(view, plane, int(center_idx[fixed]))
+        crop = field_window(img.shape, center_idx, plane, spacing, field_mm)
         img = img[crop]
         h_mm = img.shape[0] * spacing[rows]
         w_mm = img.shape[1] * spacing[cols]
-        outlines = {organ: sl for organ, mv in mviews.items() if (sl := _plane(mv, plane, int(center_idx[fixed]))[crop]).any()}
+        outlines = {
+            organ: sl for organ, mv in mviews.items() if (sl := plane_image(mv, plane, int(center_idx[fixed]))[crop]).any()
+        }
         outlines = {organ: sl for organ, sl in outlines.items() if not sl.all()}  # an edge to draw
-        cut = _plane(nview, plane, int(center_idx[fixed]))[crop] if nview is not None else None
+        cut = plane_image(nview, plane, int(center_idx[fixed]))[crop] if nview is not None else None
         numbers = [int(v) for v in np.unique(cut) if v > 0] if cut is not None else []
         off = [n for n in beside if n not in numbers]
         legend = [organ_label(organ) for organ in outlines] + (["nodule #N (finding #N)"] if numbers else [])
         legend += [OFF_PLANE_LEGEND] if off else []
-        unscanned = _plane(oview, plane, int(center_idx[fixed]))[crop] if oview is not None else None
+        unscanned = plane_image(oview, plane, int(center_idx[fixed]))[crop] if oview is not None else None
         unscanned = unscanned if unscanned is not None and unscanned.any() else None
         legend += [OUTSIDE_SCAN_LEGEND] if unscanned is not None else []
-        fig, ax, ncol = _image_figure(w_mm, h_mm, legend=legend)
+        fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend)
         extent = (0, w_mm, h_mm, 0)
         vmin, vmax = WINDOWS[window]
         ax.imshow(img, cmap="gray", vmin=vmin, vmax=vmax, extent=extent, interpolation="nearest")
         drawn: list[Artist] = []
         if unscanned is not None:
             drawn.append(_paint_outside(ax, unscanned, extent))
-        _scale_bar(ax, w_mm, h_mm)
+        scale_bar(ax, w_mm, h_mm)
         for organ, sl in outlines.items():
             colour = colours[organ]
-            _outline(ax, sl, spacing[cols], spacing[rows], colors=[colour], linewidths=1.0)
+            outline_mask(ax, sl, spacing[cols], spacing[rows], colors=[colour], linewidths=1.0)
             drawn.append(Line2D([], [], color=colour, label=organ_label(organ)))
         marks = [(n, cut == n, "solid", f"#{n}") for n in numbers if cut is not None]  # outlined where cut
         for n in off:  # each nodule the plane does not cut: dashed where it projects, with its distance and side
             assert nview is not None
             d = (beside[n].centre_xyz[fixed] - center_idx[fixed]) * spacing[fixed]
-            text = f"#{n} ({abs(d):.0f} mm {_SIDE_LETTERS[fixed][int(d > 0)]})"
-            marks.append((n, _plane(_projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
-        _draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"])
+            text = f"#{n} ({abs(d):.0f} mm {SIDE_LETTERS[fixed][int(d > 0)]})"
+            marks.append((n, plane_image(projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
+        draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"])
         if numbers:
             drawn.append(Line2D([], [], color=colours["nodules"], label="nodule #N (finding #N)"))
         if off:
             drawn.append(Line2D([], [], color=colours["nodules"], linestyle="--", label=OFF_PLANE_LEGEND))
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
-            _legend(ax, drawn, ncol)
+            legend_below(ax, drawn, ncol)
         pos = lo[fixed] + center_idx[fixed] * spacing[fixed]
         slices = source_slices(volume, int(center_idx[fixed]), int(center_idx[fixed])) if plane == "axial" else ""
-        _labels(
+        orientation_letters(
             ax,
             *letters,
             f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window} window — "
             + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
         )
-        paths.append(_save(fig, out / f"{stem}_mpr_{plane}.png"))
+        paths.append(save_png(fig, out / f"{stem}_mpr_{plane}.png"))
     return paths
 
 
@@ -228,18 +239,18 @@ def render_mip(
         if oview is not None and (slab := np.asarray(oview[a:b].all(axis=0))).any():  # no voxel of the slab measured
             unscanned = slab
         legend = (["nodule #N (finding #N)"] if marks else []) + ([OUTSIDE_SCAN_LEGEND] if unscanned is not None else [])
-        fig, ax, ncol = _image_figure(w_mm, h_mm, legend=legend or None)
+        fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend or None)
         ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
         handles = [_paint_outside(ax, unscanned, (0, w_mm, h_mm, 0))] if unscanned is not None else []
-        _scale_bar(ax, w_mm, h_mm)
+        scale_bar(ax, w_mm, h_mm)
         if marks:  # the nodules the slab holds: their shadow across it ([y, x] as the MIP's rows and columns)
-            _draw_marks(ax, marks, spacing[0], spacing[1], colour=colour)
+            draw_marks(ax, marks, spacing[0], spacing[1], colour=colour)
             handles.append(Line2D([], [], color=colour, label="nodule #N (finding #N)"))
         if handles:
-            _legend(ax, handles, ncol)
+            legend_below(ax, handles, ncol)
         za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
         slices = source_slices(volume, a, b - 1)
-        _labels(
+        orientation_letters(
             ax,
             "R",
             "L",
@@ -248,7 +259,7 @@ def render_mip(
             f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}{resampled_note(volume)}\nlung window — patient's right on "
             "image left",
         )
-        paths.append(_save(fig, out / f"{stem}_mip_axial_{n + 1}.png"))
+        paths.append(save_png(fig, out / f"{stem}_mip_axial_{n + 1}.png"))
     return paths
 
 

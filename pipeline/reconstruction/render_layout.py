@@ -15,7 +15,8 @@ import numpy as np
 from ..atomic import atomic_write_bytes
 
 
-def _rgb(colour: str) -> tuple[float, float, float]:
+def hex_rgb(colour: str) -> tuple[float, float, float]:
+    """``"#rrggbb"`` as red, green, blue fractions (0..1)."""
     r, g, b = (int(colour[i : i + 2], 16) / 255.0 for i in (1, 3, 5))
     return (r, g, b)
 
@@ -38,14 +39,14 @@ MIN_WIDTH_PX = 520
 
 
 #: Pixels below each MPR image (and the 3-D preview) for one row of the legend of its colours, beside the image, not
-#: over it; a legend of more organs than a row holds takes more rows (:func:`_legend_layout`).
+#: over it; a legend of more organs than a row holds takes more rows (:func:`legend_layout`).
 LEGEND_PX = 24
 
 
 LEGEND_FONTSIZE = 7  # points, the MPRs' legends
 
 
-def _legend_layout(labels: list[str], width_px: int, *, fontsize: float, dpi: float = 100.0) -> tuple[int, int]:
+def legend_layout(labels: list[str], width_px: int, *, fontsize: float, dpi: float = 100.0) -> tuple[int, int]:
     """Columns and height (pixels) of a legend of ``labels`` laid out in rows under an image ``width_px`` wide:
     as many columns as the longest label allows (a generous estimate of DejaVu Sans' widths), as many rows as needed
     (at least :data:`LEGEND_PX` high); (0, 0) without labels."""
@@ -58,7 +59,8 @@ def _legend_layout(labels: list[str], width_px: int, *, fontsize: float, dpi: fl
     return ncol, max(LEGEND_PX, int(np.ceil((0.5 + 0.6 + 1.5 * rows) * em)) + 4)  # offset, padding, rows (1.5 em)
 
 
-def _figure(width_px: int, height_px: int):
+def black_figure(width_px: int, height_px: int):
+    """A matplotlib Figure of ``width_px`` × ``height_px`` pixels (100 dpi) on black, without a display."""
     from matplotlib.figure import Figure
 
     dpi = 100
@@ -67,7 +69,7 @@ def _figure(width_px: int, height_px: int):
 
 
 #: Pixels of the band right below each MPR and MIP image, inside its axes, that holds the scale bar and the lower
-#: orientation letter (:func:`_scale_bar`): on no anatomy, wherever the body reaches the image's lower edge.
+#: orientation letter (:func:`scale_bar`): on no anatomy, wherever the body reaches the image's lower edge.
 BAND_PX = 28
 
 
@@ -82,22 +84,23 @@ def _image_px(w_mm: float, h_mm: float) -> tuple[float, int]:
     return scale, max(int(h_mm * scale), 1)
 
 
-def _image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None):
+def image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None):
     """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
     :data:`TITLE_PX` above it for the title, the :data:`TOP_BAND_PX` band of the upper letter between them and the
     :data:`BAND_PX` band of the scale bar under the image (both bands in the axes), the
     rows of a legend of the ``legend`` labels below that (so that the legend hides no anatomy;
-    :func:`_legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure, the axes and the legend's
+    :func:`legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure, the axes and the legend's
     number of columns."""
     scale, h_px = _image_px(w_mm, h_mm)
     width = max(int(w_mm * scale) + 20, MIN_WIDTH_PX)
-    ncol, legend_px = _legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
+    ncol, legend_px = legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
     total = h_px + BAND_PX + TOP_BAND_PX + TITLE_PX + legend_px
-    fig = _figure(width, total)
+    fig = black_figure(width, total)
     return fig, fig.add_axes((0, legend_px / total, 1, (h_px + BAND_PX + TOP_BAND_PX) / total)), ncol
 
 
-def _save(fig, path: Path) -> Path:
+def save_png(fig, path: Path) -> Path:
+    """``fig`` written to ``path`` as a PNG (atomically: a reader never sees half a file); returns ``path``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(fig)
@@ -111,9 +114,9 @@ def _save(fig, path: Path) -> Path:
 SCALE_BAR_MM = (200.0, 100.0, 50.0, 20.0, 10.0, 5.0)  # the lengths a scale bar may have
 
 
-def _scale_bar(ax, w_mm: float, h_mm: float) -> None:
+def scale_bar(ax, w_mm: float, h_mm: float) -> None:
     """A bar at the left of the band below an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm; the band is
-    :data:`BAND_PX` of :func:`_image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
+    :data:`BAND_PX` of :func:`image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
     to an eighth of the image's width. Below the image, it covers no anatomy. Sets the axes' limits to the image and
     its two bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below)."""
     length = next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
@@ -135,7 +138,9 @@ def _scale_bar(ax, w_mm: float, h_mm: float) -> None:
     ax.set_ylim(h_mm + band, -TOP_BAND_PX / scale)
 
 
-def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
+def orientation_letters(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
+    """The image's orientation letters at its left and right edges, in the band above it (:data:`TOP_BAND_PX`) and
+    at the foot of its axes (the band below it), yellow on a dark box; ``title`` above; the axes hidden."""
     kw = {
         "color": "yellow",
         "fontsize": 11,
@@ -153,8 +158,8 @@ def _labels(ax, left: str, right: str, top: str, bottom: str, title: str) -> Non
     ax.set_axis_off()
 
 
-def _legend(ax, handles: list, ncol: int) -> None:
-    """The legend of an MPR or MIP image: ``ncol`` columns in the rows below the image (:func:`_image_figure`)."""
+def legend_below(ax, handles: list, ncol: int) -> None:
+    """The legend of an MPR or MIP image: ``ncol`` columns in the rows below the image (:func:`image_figure`)."""
     ax.legend(
         handles=handles,
         loc="lower center",
@@ -171,7 +176,7 @@ def _legend(ax, handles: list, ncol: int) -> None:
     )
 
 
-def _outline(ax, mask: np.ndarray, col_mm: float, row_mm: float, **style) -> None:
+def outline_mask(ax, mask: np.ndarray, col_mm: float, row_mm: float, **style) -> None:
     """The edge of ``mask`` (an image's pixels, ``[row, column]``) on an image of ``col_mm`` × ``row_mm`` pixels
     (image mm), drawn with ``style`` (matplotlib ``contour``'s ``colors``, ``linewidths``, ``linestyles``). Only the
     box around the mask, a pixel beyond it, is traced: the same line as over the whole image, in a fraction of the

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..volume import Geometry
-from .render_layout import _outline
-from .render_planes import _PLANES
+from .render_layout import outline_mask
+from .render_planes import PLANES
 
 if TYPE_CHECKING:  # pragma: no cover
     from .nodules import NoduleResult
@@ -27,11 +27,11 @@ OFF_PLANE_LEGEND = "nodule off the plane (projected)"
 NODULE_FONTSIZE = 8  # points, the nodules' letters
 
 
-_SIDE_LETTERS = (("R", "L"), ("A", "P"), ("I", "S"))
+SIDE_LETTERS = (("R", "L"), ("A", "P"), ("I", "S"))
 
 
 @dataclass(frozen=True)
-class _Extent:
+class NoduleExtent:
     """A nodule's box (slices of :func:`lps_aligned`'s ``[z, y, x]`` view), its mask there and its centre (x, y, z
     view indices)."""
 
@@ -40,19 +40,19 @@ class _Extent:
     centre_xyz: np.ndarray
 
 
-def _draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float, row_mm: float, *, colour: str) -> None:
+def draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float, row_mm: float, *, colour: str) -> None:
     """Each nodule of ``marks`` (number, its pixels on the image, ``"solid"`` or ``"dashed"``, its letters) outlined
     in ``colour`` on an image of ``col_mm`` × ``row_mm`` pixels, its letters beside it on a dark box where they cover
-    no other letters and no nodule (:func:`_free_spot`)."""
+    no other letters and no nodule (:func:`free_spot`)."""
     w_mm = ax.get_xlim()[1]
     placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
     y_lo, y_hi = ax.get_ylim()
     mm_per_pt = max(w_mm / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
     for _n, sl, style, text in marks:
         width = 1.2 if style == "solid" else 1.0
-        _outline(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style)
+        outline_mask(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style)
         r_px, c_px = np.nonzero(sl)
-        x, y = _free_spot(
+        x, y = free_spot(
             (c_px.max() + 1.5) * col_mm + 1.0,
             (c_px.min() - 0.5) * col_mm - 1.0,
             (r_px.min() + 0.5) * row_mm,
@@ -90,7 +90,7 @@ def _mark_box(sl: np.ndarray, col_mm: float, row_mm: float) -> tuple[float, floa
     return (c_px.min() * col_mm, r_px.min() * row_mm, (c_px.max() + 1) * col_mm, (r_px.max() + 1) * row_mm)
 
 
-def _free_spot(
+def free_spot(
     right: float,
     left: float,
     y: float,
@@ -117,7 +117,7 @@ def _free_spot(
     return box[0], box[3]
 
 
-def _nodule_extents(nview: np.ndarray) -> dict[int, _Extent]:
+def nodule_extents(nview: np.ndarray) -> dict[int, NoduleExtent]:
     """Each nodule of the labels ``nview`` (:func:`lps_aligned` view of :func:`nodule_labels`) by its number."""
     from scipy import ndimage
 
@@ -127,14 +127,14 @@ def _nodule_extents(nview: np.ndarray) -> dict[int, _Extent]:
             continue
         mask = nview[box] == n
         zyx = np.argwhere(mask).mean(axis=0) + np.array([b.start for b in box])
-        out[n] = _Extent(box=(box[0], box[1], box[2]), mask=mask, centre_xyz=zyx[::-1])
+        out[n] = NoduleExtent(box=(box[0], box[1], box[2]), mask=mask, centre_xyz=zyx[::-1])
     return out
 
 
-def _projection(shape: tuple[int, ...], extent: _Extent, plane: str) -> np.ndarray:
+def projection(shape: tuple[int, ...], extent: NoduleExtent, plane: str) -> np.ndarray:
     """The nodule's shadow along ``plane``'s fixed axis: a ``[z, y, x]`` array of ``shape`` one plane thick along that
-    axis (:func:`_plane` index 0 gives it as the plane's image)."""
-    axis = 2 - _PLANES[plane][0]
+    axis (:func:`plane_image` index 0 gives it as the plane's image)."""
+    axis = 2 - PLANES[plane][0]
     thin = list(shape)
     thin[axis] = 1
     out = np.zeros(thin, bool)

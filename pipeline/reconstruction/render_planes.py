@@ -42,7 +42,9 @@ def source_slices(volume: CTVolume, za: int, zb: int) -> str:
     return f"{label} {numbers[0]}" if len(numbers) == 1 else f"{label} {numbers[0]}-{numbers[-1]}"
 
 
-_PLANES = {
+#: The display planes of :func:`lps_aligned`'s view: the LPS axis each holds fixed, the axes of its image's rows and
+#: columns, whether its rows run upwards (superior at the top) and its orientation letters (left, right, top, bottom).
+PLANES = {
     # name: (fixed LPS axis, image rows axis, image cols axis, flip rows, letters L, R, T, B)
     "axial": (2, 1, 0, False, ("R", "L", "A", "P")),
     "coronal": (1, 2, 0, True, ("R", "L", "S", "I")),
@@ -50,8 +52,10 @@ _PLANES = {
 }
 
 
-def _plane(view: np.ndarray, plane: str, index: int) -> np.ndarray:
-    fixed, rows, _cols, flip, _ = _PLANES[plane]
+def plane_image(view: np.ndarray, plane: str, index: int) -> np.ndarray:
+    """The ``plane`` (a name of :data:`PLANES`) at ``index`` along its fixed axis of :func:`lps_aligned`'s ``view``
+    ``[z, y, x]``, in display orientation: rows and columns as :data:`PLANES` gives them, superior at the top."""
+    fixed, rows, _cols, flip, _ = PLANES[plane]
     sl: list[slice | int] = [slice(None)] * 3
     sl[2 - fixed] = index
     img = view[tuple(sl)]  # remaining dims in [z, y, x] order minus the fixed one
@@ -60,14 +64,14 @@ def _plane(view: np.ndarray, plane: str, index: int) -> np.ndarray:
     return img[::-1] if flip else img
 
 
-def _field_window(
+def field_window(
     shape: tuple[int, ...], center_idx: np.ndarray, plane: str, spacing: np.ndarray, field_mm: float | None
 ) -> tuple[slice, slice]:
-    """Rows and columns of a :func:`_plane` image (``shape``) within ``field_mm`` around ``center_idx`` (x, y, z indices
+    """Rows and columns of a :func:`plane_image` image (``shape``) within ``field_mm`` around ``center_idx`` (x, y, z indices
     of :func:`lps_aligned`'s view), kept inside the image; the whole image without ``field_mm``."""
     if field_mm is None:
         return slice(None), slice(None)
-    _fixed, rows, cols, flip, _ = _PLANES[plane]
+    _fixed, rows, cols, flip, _ = PLANES[plane]
     row = shape[0] - 1 - int(center_idx[rows]) if flip else int(center_idx[rows])
     out = []
     for centre, n, axis in ((row, shape[0], rows), (int(center_idx[cols]), shape[1], cols)):
