@@ -6,8 +6,10 @@ function (``ctp.show(vol)`` after ``import pipeline.show`` called the module).
 The plane is drawn in the radiological convention whatever the series' storage order (a NIfTI file in RAS
 order, a feet-first or prone series): seen from the feet, the patient's right on the image's left and anterior
 at the top, edges lettered R, L, A, P. The voxels are transposed and flipped only
-(:meth:`pipeline.geometry.Geometry.to_lps_view`; an oblique series in its nearest axis-aligned order), and the
-findings (LPS mm) and organ masks follow the same mapping.
+(:meth:`pipeline.geometry.Geometry.to_lps_view`), and the findings (LPS mm) and organ masks follow the same mapping.
+An oblique series (a gantry-tilt corrected series, an oblique acquisition) is resampled onto patient axes first, as
+the renderings resample it (:func:`~pipeline.reconstruction.render_planes.to_patient_axes`): the plane drawn is a true
+axial plane, where its letters and title say.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import organ_colours, organ_label
+from .reconstruction.render_planes import resampled_note, to_patient_axes
 from .volume import CTVolume, Geometry, LabelMap, require_volume
 
 log = logging.getLogger(__name__)
@@ -214,15 +217,39 @@ def _plane(volume: CTVolume, k: int | None, scored_z: list[tuple[float, float]])
     return z, None if k_of_plane is None else int(k_of_plane[z])
 
 
-def _title(volume: CTVolume, z: int, k: int | None, n_drawn: int, n_findings: int) -> str:
-    """``InstanceNumber 63 (k=62) · 2 of 13 finding(s) on this slice · series 3 Chest``: the slice as findings and
-    viewers number it, and how many of the findings given cross it (are drawn)."""
+def _slice_name(volume: CTVolume, k: int) -> str:
+    """``InstanceNumber 63 (k=62)``: slice ``k`` as findings and viewers number it."""
     nk = volume.shape[0]
-    if k is None:
-        where = f"axial plane {z + 1} (series not stored in axial slices)"
+    return f"{slice_label(slice_number_source(volume.metadata, nk))} {slice_number_of(k, volume.metadata, nk)} (k={k})"
+
+
+def _resampled_plane(volume: CTVolume, shown: CTVolume, k: int | None, scored_z: list[tuple[float, float]]) -> tuple[int, str]:
+    """The axial plane to draw of ``shown`` (``volume`` resampled onto patient axes), as an index z of its
+    :meth:`~pipeline.geometry.Geometry.to_lps_view`, and where it is (``axial at z=15.0 mm (LPS) through the centre of
+    InstanceNumber 63 (k=62), resampled to patient axes (grid 15.0° oblique)``): the true axial plane through the
+    centre of ``volume``'s slice ``k`` when given, else as :func:`_plane` picks it."""
+    if k is not None:
+        if volume.geometry.axis_map()[2][0] != 2:
+            raise GeometryError(
+                "the series' slices are not axial: slice= and k= name no axial plane", fix="pass neither (show picks the plane)"
+            )
+        ni, nj = volume.geometry.size_ijk[:2]
+        centre = volume.index_to_lps(np.array([[(ni - 1) / 2, (nj - 1) / 2, k]], float))
+        nz = shown.geometry.size_ijk[2]
+        z = int(np.clip(np.rint(shown.geometry.lps_view_index(shown.lps_to_index(centre))[0, 2]), 0, nz - 1))
+        through = f" through the centre of {_slice_name(volume, k)}"
     else:
-        source = slice_number_source(volume.metadata, nk)
-        where = f"{slice_label(source)} {slice_number_of(k, volume.metadata, nk)} (k={k})"
+        z, _ = _plane(shown, None, scored_z)
+        through = ""
+    z_mm = shown.geometry.bounds_lps()[0][2] + z * shown.geometry.spacing_lps()[2]
+    return z, f"axial at z={z_mm:.1f} mm (LPS){through}{resampled_note(shown)}"
+
+
+def _title(volume: CTVolume, z: int, k: int | None, n_drawn: int, n_findings: int, *, where: str = "") -> str:
+    """``InstanceNumber 63 (k=62) · 2 of 13 finding(s) on this slice · series 3 Chest``: the slice as findings and
+    viewers number it (or ``where``, when given), and how many of the findings given cross it (are drawn)."""
+    if not where:
+        where = f"axial plane {z + 1} (series not stored in axial slices)" if k is None else _slice_name(volume, k)
     shown = f"{n_drawn} of {n_findings} finding(s) on this slice" if n_findings else "no findings"
     return " · ".join(part for part in (where, shown, _series_label(volume)) if part)
 
@@ -253,8 +280,9 @@ def show(
 ) -> Any:
     """Draw one axial plane of ``volume`` in a lung window, with findings and organ outlines, in the radiological
     convention: seen from the feet, the patient's right on the image's left, anterior at the top (edges lettered
-    R, L, A, P), whatever the series' storage order or direction cosines (an oblique series in its nearest
-    axis-aligned order). Pixels are square in mm.
+    R, L, A, P), whatever the series' storage order or direction cosines: an oblique series (a gantry-tilt corrected
+    series, an oblique acquisition) is resampled onto patient axes, as the renderings are, and its title says so.
+    Pixels are square in mm.
 
     findings: :class:`~pipeline.detection.Findings`, a finding or list of findings/dicts with ``center_lps``
         (LPS mm) and ``diameter_mm`` (or ``box_min_lps``/``box_max_lps``), the path of a findings JSON (what
@@ -271,6 +299,7 @@ def show(
         on the plane drawn (not one that misses it, or fills it and so has no edge there).
     slice: the slice as the findings' ``slice_number`` (CSV, JSON, PNG titles) and a DICOM viewer name it: its
         InstanceNumber (a multi-frame object's FrameNumber) when the volume's metadata lists them, else ``k + 1``.
+        Of an oblique series, the true axial plane through the slice's centre is drawn.
     k: the array index k (0-based, ``volume.array[k]``) instead. At most one of ``slice`` and ``k``; with
         neither, the plane of the highest-scoring finding, else the middle plane. Both need an axial series.
     ax: the matplotlib Axes to draw in, one of them (default a new 6 × 6 inch figure).
@@ -297,9 +326,17 @@ def show(
             f"the reconstruction's masks {wrong or sorted(masks)} lie on another grid than the volume {volume.shape} [k, j, i]",
             fix="pass the reconstruction of this volume",
         )
-    xyz = geometry.lps_view_index(volume.lps_to_index(np.array([r.centre for r in rows]).reshape(-1, 3)))
-    z, k_here = _plane(volume, _slice_k(volume, slice, k), [(r.score, p[2]) for r, p in zip(rows, xyz)])
-    view = geometry.to_lps_view(volume.array)  # [z, y, x], LPS ascending: rows run anterior → posterior, columns R → L
+    k_given = _slice_k(volume, slice, k)
+    shown, masks, _ = to_patient_axes(volume, masks, None)  # a true axial plane of an oblique series, as the PNGs
+    geometry = shown.geometry
+    xyz = geometry.lps_view_index(shown.lps_to_index(np.array([r.centre for r in rows]).reshape(-1, 3)))
+    scored_z = [(r.score, p[2]) for r, p in zip(rows, xyz)]
+    if shown is volume:
+        z, k_here = _plane(volume, k_given, scored_z)
+        where = ""
+    else:
+        (z, where), k_here = _resampled_plane(volume, shown, k_given, scored_z), None
+    view = geometry.to_lps_view(shown.array)  # [z, y, x], LPS ascending: rows run anterior → posterior, columns R → L
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 6))
     elif not hasattr(ax, "imshow"):
@@ -326,7 +363,7 @@ def show(
             ax.text(x + r / sx + 2, y, f"{stated_score(row.score):.3f}", color="#ff3030", fontsize=8)
     for letter, fx, fy in EDGE_LETTERS:
         ax.text(fx, fy, letter, transform=ax.transAxes, color="yellow", fontsize=9, ha="center", va="center", bbox=_LETTER_BOX)
-    ax.set_title(_title(volume, z, k_here, drawn, len(rows)), fontsize=9)
+    ax.set_title(_title(volume, z, k_here, drawn, len(rows), where=where), fontsize=9)
     ax.set_axis_off()
     if outlined:  # the outlines drawn on this plane, each named; none drawn: no legend
         ax.legend(loc="lower right", fontsize=7)

@@ -9,8 +9,8 @@ import pytest
 from scipy import ndimage
 
 from pipeline.reconstruction.render import render_mip, render_mpr
-from pipeline.volume import CTVolume, Geometry
-from tests._support.shapes import lps_grids
+from pipeline.volume import CTVolume
+from tests._support.shapes import lps_grids, tilted_volume
 
 #: Markers (LPS mm): M1 and M2 share z (one axial plane), M1 and M3 share x (one sagittal), M2 and M3 share y (one
 #: coronal); each pair lies far apart along the other two axes, so a plane turned 15° misses one of them.
@@ -21,16 +21,7 @@ IMAGE_AXES = {"axial": ((0, 1), (1, 1)), "coronal": ((0, 1), (2, -1)), "sagittal
 
 def _tilted_volume(tilt_deg: float) -> CTVolume:
     """Soft tissue on a grid turned ``tilt_deg`` about L-R (a gantry tilt), with bone balls (r 5 mm) at M1, M2, M3."""
-    t = np.radians(tilt_deg)
-    direction = np.array([[1.0, 0.0, 0.0], [0.0, np.cos(t), -np.sin(t)], [0.0, np.sin(t), np.cos(t)]])
-    n, sp = 90, 1.5
-    origin = -(direction * sp) @ np.full(3, (n - 1) / 2)
-    geom = Geometry(shape=(n, n, n), spacing=(sp, sp, sp), origin=tuple(origin), direction=direction)
-    x, y, z = lps_grids(geom)
-    arr = np.full(geom.shape, 40.0, np.float32)
-    for m in (M1, M2, M3):
-        arr[(x - m[0]) ** 2 + (y - m[1]) ** 2 + (z - m[2]) ** 2 <= 25.0] = 1200.0
-    return CTVolume(arr, geom)
+    return tilted_volume(tilt_deg, [M1, M2, M3])
 
 
 def _saved_figures(monkeypatch) -> list:

@@ -126,13 +126,71 @@ def test_a_ras_nifti_read_through_simpleitk_is_not_upside_down(tmp_path):
     np.testing.assert_array_equal(_image(show(back)), _image(show(vol)))
 
 
-def test_an_oblique_series_is_drawn_in_its_nearest_axis_aligned_order():
-    vol = _lps_volume()
-    flipped = _reordered(vol, (0, 1, 2), (-1, -1, 1))
-    t = np.radians(8.0)
-    tilt = np.array([[np.cos(t), -np.sin(t), 0.0], [np.sin(t), np.cos(t), 0.0], [0.0, 0.0, 1.0]])
-    oblique = CTVolume(flipped.array, flipped.geometry.with_(direction=tilt @ flipped.direction))
-    np.testing.assert_array_equal(_image(show(oblique)), _image(show(vol)))
+#: Markers (LPS mm) of the tilted series: A and B share an axial plane (z 15 mm) 60 mm apart along y, so that a plane
+#: of a grid turned 15° about L-R through A misses B by 16 mm; C lies 45 mm below them.
+MARK_A, MARK_B, MARK_C = np.array([-25.0, -30.0, 15.0]), np.array([25.0, 30.0, 15.0]), np.array([-25.0, 30.0, -30.0])
+
+
+def _bright_blobs(ax) -> list[np.ndarray]:
+    """The bone balls' centres on the image of ``ax`` (pixels: column, row), left to right."""
+    from scipy import ndimage
+
+    img = _image(ax)
+    labels, n = ndimage.label(img > 600)
+    sizes = ndimage.sum(img > 600, labels, range(1, n + 1))
+    found = [np.array(c[::-1]) for c, s in zip(ndimage.center_of_mass(img > 600, labels, range(1, n + 1)), sizes) if s >= 4]
+    return sorted(found, key=lambda p: p[0])
+
+
+def _title_z(title: str) -> float:
+    """The LPS z (mm) of ``axial at z=15.7 mm (LPS)`` in a title."""
+    import re
+
+    found = re.match(r"axial at z=(-?[\d.]+) mm \(LPS\)", title)
+    assert found, title
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("tilt_deg", [15.0, -15.0])
+def test_an_oblique_series_is_drawn_as_a_true_axial_plane_where_its_letters_say(tilt_deg):
+    """A gantry-tilt corrected series (grid turned 15° about L-R) was drawn in its nearest straight order: the plane
+    through finding A was the grid's tilted plane, B (same z as A, 60 mm posterior) missing from it. show() now
+    resamples onto patient axes as the renderings do: A and B both on the plane, as far apart and on the sides the
+    letters R-L, A-P say, the circle on A, the mask's outline on B, and the title saying so."""
+    from tests._support.shapes import tilted_volume
+
+    vol = tilted_volume(tilt_deg, [MARK_A, MARK_B, MARK_C])
+    x, y, z = vol.index_to_lps(np.argwhere(np.ones(vol.shape, bool))[:, ::-1].astype(float)).T.reshape(3, *vol.shape)
+    lesion = (x - MARK_B[0]) ** 2 + (y - MARK_B[1]) ** 2 + (z - MARK_B[2]) ** 2 <= 64.0
+    finding = {"center_lps": MARK_A.tolist(), "diameter_mm": 10.0, "score": 0.9}
+    ax = show(vol, findings=[finding], recon={"lesion": lesion})
+    title = ax.get_title()
+    assert "resampled to patient axes (grid 15.0° oblique)" in title, title
+    assert abs(_title_z(title) - MARK_A[2]) <= 0.75, title  # the plane nearest A's z, on a 1.5 mm grid
+    found = _bright_blobs(ax)
+    assert len(found) == 2, (title, found)
+    a, b = found  # A is right (image left) and anterior (up) of B
+    np.testing.assert_allclose((b - a) * 1.5, (MARK_B - MARK_A)[:2], atol=3.0)
+    ((cx, cy, _w, _h),) = _circles(ax)
+    np.testing.assert_allclose((cx, cy), a, atol=1.5)
+    ring = np.concatenate([p.vertices for p in ax.collections[0].get_paths()])
+    np.testing.assert_allclose(ring.mean(axis=0), b, atol=1.5)
+    assert [t.get_text() for t in ax.texts if t.get_text() in "RLAP"] == ["R", "L", "A", "P"]
+
+
+def test_a_slice_of_an_oblique_series_is_shown_on_the_true_axial_plane_through_its_centre():
+    """slice=/k= of a tilted series name a source slice: the true axial plane through that slice's centre is shown,
+    its title naming both."""
+    from tests._support.shapes import tilted_volume
+
+    vol = tilted_volume(15.0, [MARK_A, MARK_B, MARK_C])
+    k = int(np.rint(vol.lps_to_index(MARK_C.reshape(1, 3))[0, 2]))
+    centre_z = vol.index_to_lps(np.array([[44.5, 44.5, k]]))[0, 2]
+    ax = show(vol, k=k)
+    title = ax.get_title()
+    assert abs(_title_z(title) - centre_z) <= 0.75, title  # the plane nearest the slice's centre, on a 1.5 mm grid
+    assert f" mm (LPS) through the centre of slice {k + 1} (k={k})" in title, title
+    assert "resampled to patient axes" in title
 
 
 # -- findings of another series -------------------------------------------------------------------------------

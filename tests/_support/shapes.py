@@ -16,6 +16,20 @@ def lps_grids(geometry: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return lps[..., 0], lps[..., 1], lps[..., 2]
 
 
+def tilted_volume(tilt_deg: float, markers: list[np.ndarray], *, n: int = 90, spacing_mm: float = 1.5) -> CTVolume:
+    """Soft tissue (40 HU) on an ``n``³ grid centred on the LPS origin and turned ``tilt_deg`` about L-R (a gantry-tilt
+    corrected series), with bone balls (1200 HU, radius 5 mm) at ``markers`` (LPS mm)."""
+    t = np.radians(tilt_deg)
+    direction = np.array([[1.0, 0.0, 0.0], [0.0, np.cos(t), -np.sin(t)], [0.0, np.sin(t), np.cos(t)]])
+    origin = -(direction * spacing_mm) @ np.full(3, (n - 1) / 2)
+    geom = Geometry(shape=(n, n, n), spacing=(spacing_mm,) * 3, origin=tuple(origin), direction=direction)
+    x, y, z = lps_grids(geom)
+    arr = np.full(geom.shape, 40.0, np.float32)
+    for m in markers:
+        arr[(x - m[0]) ** 2 + (y - m[1]) ** 2 + (z - m[2]) ** 2 <= 25.0] = 1200.0
+    return CTVolume(arr, geom)
+
+
 def sphere_mask(shape=(40, 40, 40), center=(20, 20, 20), radius=12.0) -> np.ndarray:
     """A ball of ``radius`` voxels around ``center`` (k, j, i) in a boolean array of ``shape`` [k, j, i]."""
     k, j, i = np.ogrid[: shape[0], : shape[1], : shape[2]]
