@@ -209,7 +209,7 @@ def test_the_legend_hides_no_anatomy(tmp_path, monkeypatch):
     lungs[20:130, 30:90, 20:108] = True
     vol = CTVolume(np.where(body, 40.0, -1000.0).astype(np.float32), geom)
     render_mpr(vol, {"body": body, "lung_left": lungs & (lps_grids(geom)[0] > 0), "lung_right": lungs}, tmp_path, stem="c")
-    assert len(figures) == 3
+    assert len(figures) == 4  # axial, coronal, a sagittal through each lung
     for fig in figures:
         renderer = fig.canvas.get_renderer()
         ax = fig.axes[0]
@@ -433,9 +433,10 @@ def test_the_upper_letter_lies_in_a_band_above_the_image_not_on_anatomy(tmp_path
         assert upper.y1 <= title.y0 + 0.5, (ax.get_title(), upper, title)
 
 
-def test_the_overview_sagittal_goes_through_a_lung_not_the_mediastinum(tmp_path, monkeypatch):
-    """The overview's sagittal went through the lungs' combined centre: on a chest, the mediastinum, no lung in it. It
-    now goes through the plane that holds the most lung, so a lung is shown."""
+def test_the_overview_has_one_sagittal_through_each_lung_named_by_side_and_x(tmp_path, monkeypatch):
+    """The overview's sagittal went through the plane holding the most lung: one lung shown (the right, the larger),
+    the other nowhere on a sagittal. There is now one through the middle of each lung, the right lung's in
+    ``<stem>_mpr_sagittal.png``, the left's in ``<stem>_mpr_sagittal_left.png``, each titled with its side and x."""
     import re
 
     figures = _saved_figures(monkeypatch)
@@ -445,8 +446,11 @@ def test_the_overview_sagittal_goes_through_a_lung_not_the_mediastinum(tmp_path,
     left = np.zeros(geom.shape, bool)
     left[10:50, 15:65, 70:104] = True  # x 20..86 mm
     vol = CTVolume(np.where(right | left, -850.0, 40.0).astype(np.float32), geom)
-    render_mpr(vol, {"lung_left": left, "lung_right": right}, tmp_path, stem="s")
-    sagittal = figures[2].axes[0]
-    x = float(re.search(r"sagittal at x=(-?[\d.]+) mm", sagittal.get_title()).group(1))
-    assert -96.0 <= x <= -18.0, sagittal.get_title()
-    assert "right lung" in {t.get_text() for t in sagittal.get_legend().get_texts()}
+    paths = render_mpr(vol, {"lung_left": left, "lung_right": right}, tmp_path, stem="s")
+    assert [p.name for p in paths] == ["s_mpr_axial.png", "s_mpr_coronal.png", "s_mpr_sagittal.png", "s_mpr_sagittal_left.png"]
+    for fig, side, (lo, hi) in ((figures[2], "right", (-62.0, -52.0)), (figures[3], "left", (48.0, 58.0))):
+        ax = fig.axes[0]
+        found = re.search(r"sagittal through the (\w+) lung at x=(-?[\d.]+) mm \(LPS\)", ax.get_title())
+        assert found and found.group(1) == side, ax.get_title()
+        assert lo <= float(found.group(2)) <= hi, ax.get_title()  # the lung's middle, not its rim
+        assert {t.get_text() for t in ax.get_legend().get_texts()} == {f"{side} lung"}

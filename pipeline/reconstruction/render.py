@@ -84,8 +84,10 @@ def render_mpr(
     window: str = "soft-tissue",
 ) -> list[Path]:
     """Axial, coronal and sagittal PNGs through ``center_lps`` (DICOM patient coordinates, LPS mm; default: the lungs'
-    centre, the sagittal through the plane holding the most lung, not the mediastinum between them; without lungs the
-    volume's centre), soft-tissue window, each mask outlined in its colour (:func:`~.organs.organ_colours`:
+    centre, and one sagittal through the middle of each lung segmented on its own (:func:`lung_sagittals`: the right
+    lung's ``<stem>_mpr_sagittal.png``, the left's ``<stem>_mpr_sagittal_left.png``, each titled with its side and x),
+    else through the plane holding the most lung, not the mediastinum between them; without lungs the volume's
+    centre), soft-tissue window, each mask outlined in its colour (:func:`~.organs.organ_colours`:
     :data:`~.organs.OUTLINE_COLORS`), with a legend in rows below the image (:func:`legend_layout`), never over it.
 
     nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`: N is the nodule of finding #N); each
@@ -105,7 +107,9 @@ def render_mpr(
     nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
     colours = organ_colours([*masks, "nodules"], outline=True)  # the same in every plane
     beside = nodule_extents(nview) if nview is not None and field_mm is None else {}
+    sagittals: list[tuple[int, str, str]] = []  # x index, file suffix, title words
     if center_lps is None:
+        sagittals = lung_sagittals(mviews)
         lung = [m for k, m in mviews.items() if k.startswith("lung")]
         ref = np.logical_or.reduce(lung) if lung else None
         if ref is not None and ref.any():
@@ -117,23 +121,24 @@ def render_mpr(
     else:
         center_idx = (np.asarray(center_lps) - lo) / spacing
     center_idx = np.clip(np.round(center_idx).astype(int), 0, np.array(view.shape[::-1]) - 1)
+    shots = [(plane, int(center_idx[PLANES[plane][0]]), "", "") for plane in ("axial", "coronal")]
+    shots += [("sagittal", x, suffix, words) for x, suffix, words in sagittals] or [("sagittal", int(center_idx[0]), "", "")]
     paths = []
-    for plane, (fixed, rows, cols, _flip, letters) in PLANES.items():
-        img = plane_image(view, plane, int(center_idx[fixed]))
+    for plane, index, suffix, words in shots:
+        fixed, rows, cols, _flip, letters = PLANES[plane]
+        img = plane_image(view, plane, index)
         crop = field_window(img.shape, center_idx, plane, spacing, field_mm)
         img = img[crop]
         h_mm = img.shape[0] * spacing[rows]
         w_mm = img.shape[1] * spacing[cols]
-        outlines = {
-            organ: sl for organ, mv in mviews.items() if (sl := plane_image(mv, plane, int(center_idx[fixed]))[crop]).any()
-        }
+        outlines = {organ: sl for organ, mv in mviews.items() if (sl := plane_image(mv, plane, index)[crop]).any()}
         outlines = {organ: sl for organ, sl in outlines.items() if not sl.all()}  # an edge to draw
-        cut = plane_image(nview, plane, int(center_idx[fixed]))[crop] if nview is not None else None
+        cut = plane_image(nview, plane, index)[crop] if nview is not None else None
         numbers = [int(v) for v in np.unique(cut) if v > 0] if cut is not None else []
         off = [n for n in beside if n not in numbers]
         legend = [organ_label(organ) for organ in outlines] + (["nodule #N (finding #N)"] if numbers else [])
         legend += [OFF_PLANE_LEGEND] if off else []
-        unscanned = plane_image(oview, plane, int(center_idx[fixed]))[crop] if oview is not None else None
+        unscanned = plane_image(oview, plane, index)[crop] if oview is not None else None
         unscanned = unscanned if unscanned is not None and unscanned.any() else None
         legend += [OUTSIDE_SCAN_LEGEND] if unscanned is not None else []
         fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend)
@@ -151,7 +156,7 @@ def render_mpr(
         marks = [(n, cut == n, "solid", f"#{n}") for n in numbers if cut is not None]  # outlined where cut
         for n in off:  # each nodule the plane does not cut: dashed where it projects, with its distance and side
             assert nview is not None
-            d = (beside[n].centre_xyz[fixed] - center_idx[fixed]) * spacing[fixed]
+            d = (beside[n].centre_xyz[fixed] - index) * spacing[fixed]
             text = f"#{n} ({abs(d):.0f} mm {SIDE_LETTERS[fixed][int(d > 0)]})"
             marks.append((n, plane_image(projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
         draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"])
@@ -161,15 +166,15 @@ def render_mpr(
             drawn.append(Line2D([], [], color=colours["nodules"], linestyle="--", label=OFF_PLANE_LEGEND))
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
             legend_below(ax, drawn, ncol)
-        pos = lo[fixed] + center_idx[fixed] * spacing[fixed]
-        slices = source_slices(volume, int(center_idx[fixed]), int(center_idx[fixed])) if plane == "axial" else ""
+        pos = lo[fixed] + index * spacing[fixed]
+        slices = source_slices(volume, index, index) if plane == "axial" else ""
         orientation_letters(
             ax,
             *letters,
-            f"{plane} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window} window — "
+            f"{plane}{words} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window} window — "
             + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
         )
-        paths.append(save_png(fig, out / f"{stem}_mpr_{plane}.png"))
+        paths.append(save_png(fig, out / f"{stem}_mpr_{plane}{suffix}.png"))
     return paths
 
 
@@ -183,6 +188,26 @@ def _paint_outside(ax, unscanned: np.ndarray, extent: tuple[float, float, float,
     paint[unscanned] = (*OUTSIDE_SCAN_RGB, 1.0)
     ax.imshow(paint, extent=extent, interpolation="nearest")
     return Patch(facecolor=OUTSIDE_SCAN_RGB, label=OUTSIDE_SCAN_LEGEND)
+
+
+#: The overview's sagittals of lungs segmented each on its own: the mask's name, the suffix of its PNG's name
+#: (``<stem>_mpr_sagittal<suffix>.png``) and the words of its title.
+LUNG_SAGITTALS = (("lung_right", "", " through the right lung"), ("lung_left", "_left", " through the left lung"))
+
+
+def lung_sagittals(mviews: Mapping[str, np.ndarray]) -> list[tuple[int, str, str]]:
+    """The overview's sagittal through the middle of each lung of :data:`LUNG_SAGITTALS` that ``mviews`` (masks as
+    :func:`lps_aligned` views ``[z, y, x]``) holds: its x index (the median x of the lung's voxels, so a plane through
+    the lung, not its lateral rim or the mediastinum), PNG suffix and title words; the first found takes the plain
+    name ``<stem>_mpr_sagittal.png``. Empty without separate lungs."""
+    out: list[tuple[int, str, str]] = []
+    for organ, suffix, words in LUNG_SAGITTALS:
+        lung = mviews.get(organ)
+        counts = lung.sum(axis=(0, 1)) if lung is not None else np.zeros(1)
+        if counts.any():
+            x = int(np.searchsorted(np.cumsum(counts), counts.sum() / 2))
+            out.append((x, suffix if out else "", words))
+    return out
 
 
 def render_mip(
