@@ -433,6 +433,26 @@ def test_the_upper_letter_lies_in_a_band_above_the_image_not_on_anatomy(tmp_path
         assert upper.y1 <= title.y0 + 0.5, (ax.get_title(), upper, title)
 
 
+def test_the_side_letters_lie_in_bands_beside_the_image_not_on_anatomy(tmp_path, monkeypatch):
+    """On the COPDGene chest's coronal overview the R lay over the right chest wall, and on the TotalSegmentator
+    abdomen's the R and the L over both flanks: where the body reaches the image's sides, the side letters covered it.
+    They now lie in bands left and right of the image, as the upper and lower letters lie above and below it."""
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(141, 128, 128), spacing=(3.9, 3.9, 2.0), origin=(-250.0, -250.0, -164.5))
+    vol = CTVolume(np.full(geom.shape, 40.0, np.float32), geom)  # tissue everywhere: any overlay lies on it
+    render_mpr(vol, {}, tmp_path, stem="s")
+    render_mip(vol, tmp_path, stem="s")
+    assert len(figures) == 6
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        image = ax.images[0].get_window_extent(renderer)
+        letters = [t.get_window_extent(renderer) for t in ax.texts if t.get_text() in ("R", "L", "A", "P")]
+        left, right = min(letters, key=lambda b: b.x0), max(letters, key=lambda b: b.x1)
+        assert fig.bbox.x0 - 0.5 <= left.x0 and left.x1 <= image.x0 + 0.5, (ax.get_title(), left, image)
+        assert image.x1 - 0.5 <= right.x0 and right.x1 <= fig.bbox.x1 + 0.5, (ax.get_title(), right, image)
+
+
 def test_the_overview_has_one_sagittal_through_each_lung_named_by_side_and_x(tmp_path, monkeypatch):
     """The overview's sagittal went through the plane holding the most lung: one lung shown (the right, the larger),
     the other nowhere on a sagittal. There is now one through the middle of each lung, the right lung's in

@@ -173,6 +173,7 @@ def render_mpr(
             *letters,
             f"{plane}{words} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window} window — "
             + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
+            side_bands=True,
         )
         paths.append(save_png(fig, out / f"{stem}_mpr_{plane}{suffix}.png"))
     return paths
@@ -283,6 +284,7 @@ def render_mip(
             "P",
             f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}{resampled_note(volume)}\nlung window — patient's right on "
             "image left",
+            side_bands=True,
         )
         paths.append(save_png(fig, out / f"{stem}_mip_axial_{n + 1}.png"))
     return paths

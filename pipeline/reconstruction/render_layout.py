@@ -78,6 +78,11 @@ BAND_PX = 28
 TOP_BAND_PX = 24
 
 
+#: Pixels of the bands left and right of each MPR and MIP image, inside its axes, that hold the side orientation
+#: letters (R/L, A/P): on no anatomy, wherever the body reaches the image's sides (a coronal chest wall, a flank).
+SIDE_BAND_PX = 22
+
+
 def _image_px(w_mm: float, h_mm: float) -> tuple[float, int]:
     """Pixels per mm and the height (pixels) of a ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side."""
     scale = 640.0 / max(h_mm, w_mm)
@@ -86,13 +91,14 @@ def _image_px(w_mm: float, h_mm: float) -> tuple[float, int]:
 
 def image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None):
     """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
-    :data:`TITLE_PX` above it for the title, the :data:`TOP_BAND_PX` band of the upper letter between them and the
-    :data:`BAND_PX` band of the scale bar under the image (both bands in the axes), the
+    :data:`TITLE_PX` above it for the title, the :data:`TOP_BAND_PX` band of the upper letter between them, the
+    :data:`BAND_PX` band of the scale bar under the image and the :data:`SIDE_BAND_PX` bands of the side letters
+    beside it (all bands in the axes), the
     rows of a legend of the ``legend`` labels below that (so that the legend hides no anatomy;
     :func:`legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure, the axes and the legend's
     number of columns."""
     scale, h_px = _image_px(w_mm, h_mm)
-    width = max(int(w_mm * scale) + 20, MIN_WIDTH_PX)
+    width = max(int(w_mm * scale) + 2 * SIDE_BAND_PX, MIN_WIDTH_PX)
     ncol, legend_px = legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
     total = h_px + BAND_PX + TOP_BAND_PX + TITLE_PX + legend_px
     fig = black_figure(width, total)
@@ -118,7 +124,7 @@ def scale_bar(ax, w_mm: float, h_mm: float) -> None:
     """A bar at the left of the band below an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm; the band is
     :data:`BAND_PX` of :func:`image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
     to an eighth of the image's width. Below the image, it covers no anatomy. Sets the axes' limits to the image and
-    its two bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below)."""
+    its bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below, :data:`SIDE_BAND_PX` on either side)."""
     length = next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
     scale, _h_px = _image_px(w_mm, h_mm)
     band = BAND_PX / scale  # mm
@@ -134,13 +140,15 @@ def scale_bar(ax, w_mm: float, h_mm: float) -> None:
         va="bottom",
         bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
     )
-    ax.set_xlim(0, w_mm)
+    side = SIDE_BAND_PX / scale  # mm
+    ax.set_xlim(-side, w_mm + side)
     ax.set_ylim(h_mm + band, -TOP_BAND_PX / scale)
 
 
-def orientation_letters(ax, left: str, right: str, top: str, bottom: str, title: str) -> None:
-    """The image's orientation letters at its left and right edges, in the band above it (:data:`TOP_BAND_PX`) and
-    at the foot of its axes (the band below it), yellow on a dark box; ``title`` above; the axes hidden."""
+def orientation_letters(ax, left: str, right: str, top: str, bottom: str, title: str, *, side_bands: bool = False) -> None:
+    """The image's orientation letters at its left and right edges (with ``side_bands``, in the bands beside it that
+    :func:`scale_bar` leaves, :data:`SIDE_BAND_PX`), in the band above it (:data:`TOP_BAND_PX`) and at the foot of its
+    axes (the band below it), yellow on a dark box; ``title`` above; the axes hidden."""
     kw = {
         "color": "yellow",
         "fontsize": 11,
@@ -148,8 +156,15 @@ def orientation_letters(ax, left: str, right: str, top: str, bottom: str, title:
         "transform": ax.transAxes,
         "bbox": {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},  # legible on bright tissue
     }
-    ax.text(0.01, 0.5, left, ha="left", va="center", **kw)
-    ax.text(0.99, 0.5, right, ha="right", va="center", **kw)
+    if side_bands:  # at the middle of the bands beside the image: image mm (x right, y down)
+        x_lo, x_hi = ax.get_xlim()
+        _x0, w_mm, h_mm, _y0 = ax.images[0].get_extent()
+        side = {k: v for k, v in kw.items() if k != "transform"}
+        ax.text(x_lo / 2, h_mm / 2, left, ha="center", va="center", **side)
+        ax.text((w_mm + x_hi) / 2, h_mm / 2, right, ha="center", va="center", **side)
+    else:
+        ax.text(0.01, 0.5, left, ha="left", va="center", **kw)
+        ax.text(0.99, 0.5, right, ha="right", va="center", **kw)
     ax.text(0.5, 1 - TOP_BAND_PX / 2 / ax.bbox.height, top, ha="center", va="center", **kw)  # the band above the image
     ax.text(0.5, 0.01, bottom, ha="center", va="bottom", **kw)
     # y fixed at the axes' top, where the hidden axes leave it: matplotlib then skips measuring their tick labels to

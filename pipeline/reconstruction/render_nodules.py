@@ -44,10 +44,10 @@ def draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float,
     """Each nodule of ``marks`` (number, its pixels on the image, ``"solid"`` or ``"dashed"``, its letters) outlined
     in ``colour`` on an image of ``col_mm`` × ``row_mm`` pixels, its letters beside it on a dark box where they cover
     no other letters and no nodule (:func:`free_spot`)."""
-    w_mm = ax.get_xlim()[1]
+    w_mm = ax.images[0].get_extent()[1]  # the image's width: the letters stay on it, out of the side letters' bands
     placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
-    y_lo, y_hi = ax.get_ylim()
-    mm_per_pt = max(w_mm / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
+    (x_lo, x_hi), (y_lo, y_hi) = ax.get_xlim(), ax.get_ylim()
+    mm_per_pt = max((x_hi - x_lo) / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
     for _n, sl, style, text in marks:
         width = 1.2 if style == "solid" else 1.0
         outline_mask(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style)
