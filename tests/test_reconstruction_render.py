@@ -353,6 +353,27 @@ def test_the_preview_views_letters_stay_apart(tmp_path, monkeypatch):
     assert right_letter.x0 - left_letter.x1 >= left_letter.width * 2, (left_letter, right_letter)
 
 
+def test_the_preview_letters_lie_around_the_views_not_on_organs(tmp_path, monkeypatch):
+    """On the COPDGene chest's preview the S lay over the trachea, on the TotalSegmentator abdomen's over the top
+    vertebra: the surfaces fill each view to its upper and lower edges. Each view's letters now lie in bands around
+    it, on no organ."""
+    from pipeline.reconstruction.preview import render_preview
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(60, 60, 60), spacing=(1.0, 1.0, 1.0), origin=(-30.0, -30.0, -30.0))
+    cube = np.zeros(geom.shape, bool)
+    cube[2:-2, 2:-2, 2:-2] = True  # fills both views edge to edge
+    render_preview({"bone": mesh_from_mask(cube, geom, name="bone")}, tmp_path, stem="p")
+    (fig,) = figures
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        image = ax.images[0].get_window_extent(renderer)
+        for text in ax.texts:
+            box = text.get_window_extent(renderer)
+            assert not box.overlaps(image), (ax.get_title(), text.get_text(), box, image)
+            assert fig.bbox.x0 - 0.5 <= box.x0 and box.x1 <= fig.bbox.x1 + 0.5, (ax.get_title(), text.get_text())
+
+
 def test_the_preview_and_mpr_texts_name_the_organs_as_the_seg_does(tmp_path, monkeypatch):
     """The preview's titles listed ``lung_left, lung_right, small_bowel`` (the program's names, underscores and all),
     its legend and the MPRs' ``lung left``: every title and legend now says "left lung", "right lung", as the SEG's

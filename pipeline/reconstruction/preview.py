@@ -6,7 +6,7 @@ over them when the preview is written (:func:`write_preview`), so that ``ctpipe 
 detects, draws the nodules it finds later over the same views without meshing the organs again.
 
 Display orientation: the anterior view has the patient's right on the image left and superior up; the left lateral
-view has anterior on the image left. Vertices are DICOM patient coordinates (LPS, mm).
+view has anterior on the image left. Each view's orientation letters lie in bands around it, on no organ. Vertices are DICOM patient coordinates (LPS, mm).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 from ..volume import Geometry
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
-from .render_layout import black_figure, hex_rgb, legend_layout, orientation_letters, save_png
+from .render_layout import SIDE_BAND_PX, TOP_BAND_PX, black_figure, hex_rgb, legend_layout, orientation_letters, save_png
 from .render_nodules import free_spot, put_nodule_letters
 
 _CHUNK = 20000
@@ -235,16 +235,21 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
             hit = over.any(axis=-1)
             images[n][hit] = _quantised(over[hit])
         drawn.append("nodules")
-    ncol, legend_px = legend_layout([_preview_label(k) for k in drawn], 2 * size + PREVIEW_GAP_PX, fontsize=8)
-    total = size + 40 + legend_px
-    width = 2 * size + PREVIEW_GAP_PX
+    side, band = SIDE_BAND_PX, TOP_BAND_PX  # pixels beside, above and below each view for its letters
+    view_w, view_h = size + 2 * side, size + 2 * band
+    width = 2 * view_w + PREVIEW_GAP_PX
+    ncol, legend_px = legend_layout([_preview_label(k) for k in drawn], width, fontsize=8)
+    total = view_h + 40 + legend_px
     fig = black_figure(width, total)
     for n, (img, title, letters) in enumerate(
         zip(images, ("anterior view", "left lateral view"), (("R", "L", "S", "I"), ("A", "P", "S", "I")))
     ):
-        ax = fig.add_axes((n * (size + PREVIEW_GAP_PX) / width, legend_px / total, size / width, size / total))
+        ax = fig.add_axes((n * (view_w + PREVIEW_GAP_PX) / width, legend_px / total, view_w / width, view_h / total))
         ax.imshow(img, interpolation="nearest")
-        orientation_letters(ax, *letters, f"{title}: {', '.join(organ_label(k) for k in views.organs)}")
+        ax.set_xlim(-0.5 - side, size - 0.5 + side)  # the letters' bands around the view, on no organ
+        ax.set_ylim(size - 0.5 + band, -0.5 - band)
+        title = f"{title}: {', '.join(organ_label(k) for k in views.organs)}"
+        orientation_letters(ax, *letters, title, side_bands=True)
         if views.frame is not None:
             _letter_nodules(ax, nods, view=VIEWS[n], size=size, frame=views.frame, colour=colours["nodules"])
     if drawn:  # which colour is which organ

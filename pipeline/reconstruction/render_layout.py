@@ -156,12 +156,12 @@ def orientation_letters(ax, left: str, right: str, top: str, bottom: str, title:
         "transform": ax.transAxes,
         "bbox": {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},  # legible on bright tissue
     }
-    if side_bands:  # at the middle of the bands beside the image: image mm (x right, y down)
+    if side_bands:  # at the middle of the bands beside the image, in the image's units (x right, y down)
         x_lo, x_hi = ax.get_xlim()
-        _x0, w_mm, h_mm, _y0 = ax.images[0].get_extent()
+        x0, x1, y_bottom, y_top = ax.images[0].get_extent()
         side = {k: v for k, v in kw.items() if k != "transform"}
-        ax.text(x_lo / 2, h_mm / 2, left, ha="center", va="center", **side)
-        ax.text((w_mm + x_hi) / 2, h_mm / 2, right, ha="center", va="center", **side)
+        ax.text((x_lo + x0) / 2, (y_bottom + y_top) / 2, left, ha="center", va="center", **side)
+        ax.text((x1 + x_hi) / 2, (y_bottom + y_top) / 2, right, ha="center", va="center", **side)
     else:
         ax.text(0.01, 0.5, left, ha="left", va="center", **kw)
         ax.text(0.99, 0.5, right, ha="right", va="center", **kw)
