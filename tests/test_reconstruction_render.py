@@ -126,6 +126,24 @@ def test_mip_slabs_never_overlap_on_short_lungs(tmp_path, monkeypatch):
     assert len(one) == 1
 
 
+def test_mip_slabs_show_lung_not_the_thin_rim_above_the_diaphragm(tmp_path, monkeypatch):
+    """On the TotalSegmentator abdomen, whose top holds only the lung bases (12 slices of 3 mm, the lungs' cross-section
+    growing from a rim around the diaphragm's dome), the first lung-window MIP slab lay across the rim and showed the
+    liver's dome, no lung. The slabs now lie across the planes holding at least a fifth of the lungs' largest
+    cross-section: each shows lung."""
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(32, 80, 80), spacing=(2.0, 2.0, 3.0), origin=(-80.0, -80.0, 300.0))
+    k, j, i = np.ogrid[:32, :80, :80]
+    radius = np.where(k >= 20, 3 * (k - 19), 0)  # voxels: 3 at k 20 to 36 at k 31, the scan's top
+    lungs = (j - 40) ** 2 + (i - 40) ** 2 < radius**2
+    vol = CTVolume(np.where(lungs, -850.0, 40.0).astype(np.float32), geom)
+    render_mip(vol, tmp_path, stem="b", lung_mask=lungs)
+    largest = lungs.sum(axis=(1, 2)).max()
+    for fig in figures:
+        shown = int((np.asarray(fig.axes[0].images[0].get_array()) < -500).sum())
+        assert shown >= 0.2 * largest, (fig.axes[0].get_title(), shown, largest)
+
+
 def test_bone_outline_stands_out_on_white_bone_and_show_uses_the_same_colours(tmp_path):
     import matplotlib.image as mpimg
 

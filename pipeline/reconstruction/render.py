@@ -211,6 +211,11 @@ def lung_sagittals(mviews: Mapping[str, np.ndarray]) -> list[tuple[int, str, str
     return out
 
 
+#: The MIP slabs lie across the axial planes where the lungs' cross-section is at least this share of its largest: a
+#: slab through a lung base's thin rim around the diaphragm's dome showed the liver's dome, no lung.
+MIP_LUNG_SHARE = 0.2
+
+
 def render_mip(
     volume: CTVolume,
     out: Path,
@@ -222,8 +227,9 @@ def render_mip(
     nodules: np.ndarray | None = None,
     outside_scan: np.ndarray | None = None,
 ) -> list[Path]:
-    """Axial lung-window (W1500/L-600) maximum-intensity projections of ``slab_mm`` slabs across the lungs: ``n_slabs``
-    evenly spaced, fewer where the lungs are too short to hold them without overlap.
+    """Axial lung-window (W1500/L-600) maximum-intensity projections of ``slab_mm`` slabs across the lungs (the axial
+    planes holding at least :data:`MIP_LUNG_SHARE` of the lungs' largest cross-section): ``n_slabs`` evenly spaced,
+    fewer where the lungs are too short to hold them without overlap.
 
     nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`); each nodule a slab holds is outlined
     there (its shadow across the slab) in the ``nodules`` colour and lettered ``#N``. Where no voxel of a slab was
@@ -244,8 +250,8 @@ def render_mip(
     nz = view.shape[0]
     z0, z1 = 0, nz - 1
     if lung_mask is not None and lung_mask.any():
-        lv = lps_aligned(lung_mask, volume.geometry)[0]
-        zs = np.nonzero(lv.any(axis=(1, 2)))[0]
+        area = lps_aligned(lung_mask, volume.geometry)[0].sum(axis=(1, 2))  # voxels of lung in each axial plane
+        zs = np.nonzero(area >= MIP_LUNG_SHARE * area.max())[0]  # not the thin rims of the domes and apices
         z0, z1 = int(zs[0]), int(zs[-1])
     half = max(0, int(round(slab_mm / spacing[2] / 2)))
     width, span = 2 * half + 1, z1 - z0 + 1  # planes of a slab, of the lungs
