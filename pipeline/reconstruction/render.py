@@ -10,7 +10,8 @@ images have superior at the top; sagittal images have anterior on the left. The 
 planes: an oblique grid (a gantry-tilt corrected series) is resampled onto patient axes for them
 (:func:`~.render_planes.to_patient_axes`), as their titles say.
 Every image is labelled with its orientation letters (R/L, A/P, S/I); the MPRs and MIPs carry a scale bar and their
-lower letter in a band below the image, their upper letter in a band above it, on no anatomy. Organs are named as the
+lower letter in a band below the image, their upper letter in a band above it, their side letters in bands beside
+it, on no anatomy; the 3-D preview's letters lie in bands around its views as well. Organs are named as the
 SEG names them ("left lung").
 
 The figures' layout is :mod:`.render_layout`, the planes :mod:`.render_planes`, the nodules' outlines and letters

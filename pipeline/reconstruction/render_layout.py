@@ -1,6 +1,6 @@
 """The layout of the MPR and MIP PNGs (:mod:`.render`) and the 3-D preview's (:mod:`.preview`): the figure and its
 axes (a title above each image, a band above the image for its upper orientation letter, a band below it for the
-scale bar and the lower letter, the legend's rows below that), the letters, the scale bar, the legend, the display
+scale bar and the lower letter, bands beside it for the side letters, the legend's rows below that), the letters, the scale bar, the legend, the display
 windows (HU) and the PNG's writing. Image coordinates are mm from the image's upper left corner (``extent=(0, w_mm,
 h_mm, 0)``), y running down.
 """
