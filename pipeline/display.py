@@ -27,7 +27,7 @@ from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import organ_colours, organ_label
-from .reconstruction.render_planes import resampled_note, to_patient_axes
+from .reconstruction.render_planes import OBLIQUE_DEG, oblique_deg, patient_axes_grid, resampled_note, to_patient_axes
 from .volume import CTVolume, Geometry, LabelMap, require_volume
 
 log = logging.getLogger(__name__)
@@ -208,13 +208,17 @@ def _plane(volume: CTVolume, k: int | None, scored_z: list[tuple[float, float]])
                 "the series' slices are not axial: slice= and k= name no axial plane", fix="pass neither (show picks the plane)"
             )
         return int(np.rint(geometry.lps_view_index([0, 0, k])[0, 2])), k
-    if scored_z:
-        best = max(scored_z, key=lambda sz: sz[0] if np.isfinite(sz[0]) else -np.inf)
-        z = int(np.clip(np.rint(best[1]), 0, nz - 1))
-    else:
-        z = nz // 2
+    z = _best_z(scored_z, nz)
     k_of_plane = geometry.view_plane_slices()
     return z, None if k_of_plane is None else int(k_of_plane[z])
+
+
+def _best_z(scored_z: list[tuple[float, float]], nz: int) -> int:
+    """The view plane of the highest-scoring finding (``scored_z``: score and view z of each), else the middle one."""
+    if not scored_z:
+        return nz // 2
+    best = max(scored_z, key=lambda sz: sz[0] if np.isfinite(sz[0]) else -np.inf)
+    return int(np.clip(np.rint(best[1]), 0, nz - 1))
 
 
 def _slice_name(volume: CTVolume, k: int) -> str:
@@ -223,26 +227,25 @@ def _slice_name(volume: CTVolume, k: int) -> str:
     return f"{slice_label(slice_number_source(volume.metadata, nk))} {slice_number_of(k, volume.metadata, nk)} (k={k})"
 
 
-def _resampled_plane(volume: CTVolume, shown: CTVolume, k: int | None, scored_z: list[tuple[float, float]]) -> tuple[int, str]:
-    """The axial plane to draw of ``shown`` (``volume`` resampled onto patient axes), as an index z of its
-    :meth:`~pipeline.geometry.Geometry.to_lps_view`, and where it is (``axial at z=15.0 mm (LPS) through the centre of
-    InstanceNumber 63 (k=62), resampled to patient axes (grid 15.0° oblique)``): the true axial plane through the
-    centre of ``volume``'s slice ``k`` when given, else as :func:`_plane` picks it."""
-    if k is not None:
+def _resampled_plane(volume: CTVolume, grid: Geometry, k: int | None, scored_z: list[tuple[float, float]]) -> tuple[int, str]:
+    """The axial plane to draw of ``volume`` resampled onto patient axes (``grid``:
+    :func:`~pipeline.reconstruction.render_planes.patient_axes_grid`), as an index z of ``grid``, and where it is
+    (``axial at z=15.0 mm (LPS) through the centre of InstanceNumber 63 (k=62)``): the true axial plane through the
+    centre of ``volume``'s slice ``k`` when given, else that of the highest-scoring finding, else the middle one."""
+    nz = grid.size_ijk[2]
+    through = ""
+    if k is None:
+        z = _best_z(scored_z, nz)
+    else:
         if volume.geometry.axis_map()[2][0] != 2:
             raise GeometryError(
                 "the series' slices are not axial: slice= and k= name no axial plane", fix="pass neither (show picks the plane)"
             )
         ni, nj = volume.geometry.size_ijk[:2]
         centre = volume.index_to_lps(np.array([[(ni - 1) / 2, (nj - 1) / 2, k]], float))
-        nz = shown.geometry.size_ijk[2]
-        z = int(np.clip(np.rint(shown.geometry.lps_view_index(shown.lps_to_index(centre))[0, 2]), 0, nz - 1))
+        z = int(np.clip(np.rint(grid.lps_to_index(centre)[0, 2]), 0, nz - 1))
         through = f" through the centre of {_slice_name(volume, k)}"
-    else:
-        z, _ = _plane(shown, None, scored_z)
-        through = ""
-    z_mm = shown.geometry.bounds_lps()[0][2] + z * shown.geometry.spacing_lps()[2]
-    return z, f"axial at z={z_mm:.1f} mm (LPS){through}{resampled_note(shown)}"
+    return z, f"axial at z={grid.origin[2] + z * grid.spacing[2]:.1f} mm (LPS){through}"
 
 
 def _title(volume: CTVolume, z: int, k: int | None, n_drawn: int, n_findings: int, *, where: str = "") -> str:
@@ -327,26 +330,29 @@ def show(
             fix="pass the reconstruction of this volume",
         )
     k_given = _slice_k(volume, slice, k)
-    shown, masks, _ = to_patient_axes(volume, masks, None)  # a true axial plane of an oblique series, as the PNGs
-    geometry = shown.geometry
-    xyz = geometry.lps_view_index(shown.lps_to_index(np.array([r.centre for r in rows]).reshape(-1, 3)))
-    scored_z = [(r.score, p[2]) for r, p in zip(rows, xyz)]
-    if shown is volume:
-        z, k_here = _plane(volume, k_given, scored_z)
-        where = ""
-    else:
-        (z, where), k_here = _resampled_plane(volume, shown, k_given, scored_z), None
-    view = geometry.to_lps_view(shown.array)  # [z, y, x], LPS ascending: rows run anterior → posterior, columns R → L
+    centres = np.array([r.centre for r in rows]).reshape(-1, 3)
+    where, first = "", 0  # the plane's name when resampled; the first plane of the view
+    if oblique_deg(geometry) <= OBLIQUE_DEG:
+        xyz = geometry.lps_view_index(volume.lps_to_index(centres))
+        z, k_here = _plane(volume, k_given, [(r.score, p[2]) for r, p in zip(rows, xyz)])
+        shown = volume
+    else:  # a true axial plane of an oblique series, resampled onto patient axes as the PNGs are: that plane only
+        geometry = patient_axes_grid(geometry)
+        xyz = geometry.lps_to_index(centres)  # identity direction: (i, j, k) is (x, y, z) of the view
+        z, where = _resampled_plane(volume, geometry, k_given, [(r.score, p[2]) for r, p in zip(rows, xyz)])
+        shown, masks, _ = to_patient_axes(volume, masks, None, axial_planes=(z, z + 1))
+        where, first, k_here = where + resampled_note(shown), z, None
+    view = shown.geometry.to_lps_view(shown.array)  # [z, y, x], LPS ascending: rows run anterior → posterior, columns R → L
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 6))
     elif not hasattr(ax, "imshow"):
         raise TypeError(f"ax= must be one matplotlib Axes, got {_not_axes(ax)}")
     sx, sy, sz = geometry.spacing_lps()
-    ax.imshow(np.asarray(view[z], np.float32), cmap="gray", vmin=low, vmax=high, aspect=sy / sx, interpolation="nearest")
+    ax.imshow(np.asarray(view[z - first], np.float32), cmap="gray", vmin=low, vmax=high, aspect=sy / sx, interpolation="nearest")
     colours = organ_colours(masks, outline=True)  # as the MPR PNGs outline them; other masks each a colour of its own
     outlined = 0
     for organ, m in masks.items():
-        plane = geometry.to_lps_view(m)[z]
+        plane = shown.geometry.to_lps_view(m)[z - first]
         if plane.any() and not plane.all():  # an edge to draw (a mask filling the plane has none): legend only then
             ax.contour(plane.astype(np.float32), levels=[0.5], colors=[colours[organ]], linewidths=1.0)
             ax.plot([], [], color=colours[organ], label=organ_label(organ))

@@ -193,6 +193,26 @@ def test_a_slice_of_an_oblique_series_is_shown_on_the_true_axial_plane_through_i
     assert "resampled to patient axes" in title
 
 
+def test_an_oblique_series_resamples_only_the_plane_it_draws(monkeypatch):
+    """show() of a tilted 300-slice series took 3.8 s and a float copy of the whole volume, to draw one plane: only
+    that plane of the patient-axis grid is resampled now, the same image as from the whole grid."""
+    from pipeline.reconstruction import render_planes
+    from tests._support.shapes import tilted_volume
+
+    vol = tilted_volume(15.0, [MARK_A, MARK_B, MARK_C])
+    finding = {"center_lps": MARK_A.tolist(), "diameter_mm": 10.0, "score": 0.9}
+    whole, _, _ = render_planes.to_patient_axes(vol, {}, None)
+    shapes: list[tuple[int, ...]] = []
+    resample = render_planes._resampled
+    monkeypatch.setattr(
+        render_planes, "_resampled", lambda a, src, dst, **kw: (shapes.append(dst.shape), resample(a, src, dst, **kw))[1]
+    )
+    ax = show(vol, findings=[finding])
+    assert shapes and all(s[0] == 1 for s in shapes), shapes  # one axial plane [k, j, i]
+    z = int(np.rint(whole.lps_to_index(MARK_A.reshape(1, 3))[0, 2]))
+    np.testing.assert_allclose(_image(ax), whole.array[z], atol=1e-3)
+
+
 # -- findings of another series -------------------------------------------------------------------------------
 def _run_with_two_series(tmp_path):
     from pipeline.runner.store import RunStore

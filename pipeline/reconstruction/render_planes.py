@@ -138,13 +138,18 @@ OUTSIDE_SCAN_LEGEND = "not scanned (tilt-corrected grid)"
 
 
 def to_patient_axes(
-    volume: CTVolume, masks: Mapping[str, np.ndarray], nodules: np.ndarray | None
+    volume: CTVolume,
+    masks: Mapping[str, np.ndarray],
+    nodules: np.ndarray | None,
+    *,
+    axial_planes: tuple[int, int] | None = None,
 ) -> tuple[CTVolume, dict[str, np.ndarray], np.ndarray | None]:
     """The volume, its masks and nodule labels (``[k, j, i]`` on its grid) on patient axes, for display: as they are
     when the grid leans at most :data:`OBLIQUE_DEG` off the LPS axes, else resampled onto :func:`patient_axes_grid`
     (HU trilinear, air outside the scan; masks and labels nearest neighbour), the volume's metadata then saying by how
     much its grid leaned (:data:`RESAMPLED_FROM_DEG`), so that each axial, coronal and sagittal plane drawn is a true
-    patient plane, where its title and letters say.
+    patient plane, where its title and letters say. axial_planes: ``(a, b)``, only the axial planes ``a..b-1`` (z
+    indices, inferior to superior) of that grid are resampled (one plane to draw, not the whole volume).
 
     A volume with voxels no image measured (:func:`~pipeline.ingest.measured.measured_mask`) gets, among the masks,
     :data:`OUTSIDE_SCAN`: those voxels and, once resampled, what lies past its grid."""
@@ -156,6 +161,10 @@ def to_patient_axes(
     if angle <= OBLIQUE_DEG:
         return volume, masks, nodules
     src, dst = volume.geometry, patient_axes_grid(volume.geometry)
+    if axial_planes is not None:
+        a, b = axial_planes
+        z0 = dst.origin[2] + a * dst.spacing[2]
+        dst = dst.with_(shape=(b - a, *dst.shape[1:]), origin=(dst.origin[0], dst.origin[1], z0))
     log.info("the grid leans %.1f deg off the patient's axes: its MPRs and MIPs are resampled onto them", angle)
     hu = _resampled(np.asarray(volume.array, np.float32), src, dst, linear=True, outside=AIR_HU)
     out = CTVolume(hu, dst, metadata={**volume.metadata, RESAMPLED_FROM_DEG: round(angle, 1)})
