@@ -513,3 +513,28 @@ def test_the_overview_has_one_sagittal_through_each_lung_named_by_side_and_x(tmp
         assert found and found.group(1) == side, ax.get_title()
         assert lo <= float(found.group(2)) <= hi, ax.get_title()  # the lung's middle, not its rim
         assert {t.get_text() for t in ax.get_legend().get_texts()} == {f"{side} lung"}
+
+
+def test_each_lungs_sagittal_marks_only_that_lungs_nodules(tmp_path, monkeypatch):
+    """On the planning chest's sagittal through the right lung, the left lung's nodules #3, #4 and #5 were drawn
+    dashed inside the right lung ('#3 (176 mm L)'), as if the right lung held them. With a sagittal through each lung,
+    each sagittal marks the nodules off its plane on its own side only: every nodule is still on one of them."""
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(60, 80, 120), spacing=(2.0, 2.0, 2.5), origin=(-120.0, -80.0, -75.0))
+    right = np.zeros(geom.shape, bool)
+    right[10:50, 15:65, 12:52] = True  # x -96..-18 mm, its sagittal near x -57
+    left = np.zeros(geom.shape, bool)
+    left[10:50, 15:65, 70:104] = True  # x 20..86 mm, its sagittal near x 53
+    labels = np.zeros(geom.shape, np.uint16)
+    labels[28:32, 38:42, 14:18] = 1  # in the right lung, x -92..-86: off its sagittal
+    labels[28:32, 38:42, 97:101] = 2  # in the left lung, x 74..80: off its sagittal
+    vol = CTVolume(np.where(right | left, -850.0, 40.0).astype(np.float32), geom)
+    render_mpr(vol, {"lung_left": left, "lung_right": right}, tmp_path, stem="s", nodules=labels)
+    (axial, coronal, on_right, on_left) = (fig.axes[0] for fig in figures)
+    marked = {
+        ax: {t.get_text().split()[0] for t in ax.texts if t.get_text().startswith("#")}
+        for ax in (axial, coronal, on_right, on_left)
+    }
+    assert marked[on_right] == {"#1"}, on_right.get_title()
+    assert marked[on_left] == {"#2"}, on_left.get_title()
+    assert marked[axial] == marked[coronal] == {"#1", "#2"}

@@ -43,6 +43,7 @@ from .render_layout import (
 from .render_nodules import (
     OFF_PLANE_LEGEND,
     SIDE_LETTERS,
+    NoduleExtent,
     draw_marks,
     nodule_extents,
     nodule_labels,
@@ -94,7 +95,8 @@ def render_mpr(
     nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`: N is the nodule of finding #N); each
     nodule a plane cuts is outlined in the ``nodules`` colour and lettered ``#N`` beside it; on the whole plane (no
     ``field_mm``), each nodule it does not cut is drawn dashed where it projects onto the plane and lettered ``#N (d mm
-    S)``: the distance from the plane to its centre and the side it lies on. field_mm: the images show this many mm
+    S)``: the distance from the plane to its centre and the side it lies on (on each lung's sagittal, only the nodules
+    nearer it than the other lung's sagittal). field_mm: the images show this many mm
     around ``center_lps`` (a nodule's close-up), not the whole plane. note: added to each title. window: a name of
     :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title."""
     from matplotlib.lines import Line2D
@@ -136,7 +138,7 @@ def render_mpr(
         outlines = {organ: sl for organ, sl in outlines.items() if not sl.all()}  # an edge to draw
         cut = plane_image(nview, plane, index)[crop] if nview is not None else None
         numbers = [int(v) for v in np.unique(cut) if v > 0] if cut is not None else []
-        off = [n for n in beside if n not in numbers]
+        off = [n for n in beside if n not in numbers and _nearest_sagittal(beside[n], plane, index, sagittals)]
         legend = [organ_label(organ) for organ in outlines] + (["nodule #N (finding #N)"] if numbers else [])
         legend += [OFF_PLANE_LEGEND] if off else []
         unscanned = plane_image(oview, plane, index)[crop] if oview is not None else None
@@ -195,6 +197,16 @@ def _paint_outside(ax, unscanned: np.ndarray, extent: tuple[float, float, float,
 #: The overview's sagittals of lungs segmented each on its own: the mask's name, the suffix of its PNG's name
 #: (``<stem>_mpr_sagittal<suffix>.png``) and the words of its title.
 LUNG_SAGITTALS = (("lung_right", "", " through the right lung"), ("lung_left", "_left", " through the left lung"))
+
+
+def _nearest_sagittal(extent: NoduleExtent, plane: str, index: int, sagittals: list[tuple[int, str, str]]) -> bool:
+    """Whether a nodule off the plane is marked on it: on an axial or coronal always; on one of several sagittals
+    (:func:`lung_sagittals`) only the one nearest the nodule's centre, its own side's, so that no lung seems to hold
+    the other lung's nodules."""
+    if plane != "sagittal" or len(sagittals) < 2:
+        return True
+    x = extent.centre_xyz[0]
+    return index == min((s[0] for s in sagittals), key=lambda sx: abs(sx - x))
 
 
 def lung_sagittals(mviews: Mapping[str, np.ndarray]) -> list[tuple[int, str, str]]:
