@@ -27,7 +27,16 @@ from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import organ_colours, organ_label
-from .reconstruction.render_planes import OBLIQUE_DEG, oblique_deg, patient_axes_grid, resampled_note, to_patient_axes
+from .reconstruction.render_planes import (
+    OBLIQUE_DEG,
+    OUTSIDE_SCAN,
+    OUTSIDE_SCAN_LEGEND,
+    OUTSIDE_SCAN_RGB,
+    oblique_deg,
+    patient_axes_grid,
+    resampled_note,
+    to_patient_axes,
+)
 from .volume import CTVolume, Geometry, LabelMap, require_volume
 
 log = logging.getLogger(__name__)
@@ -299,7 +308,9 @@ def show(
     recon: a :class:`~pipeline.reconstruction.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
         ``[k, j, i]`` on the volume's grid; outlines are drawn per organ, each in its colour (the MPR PNGs' for the
         lungs, airway, body and bone; a distinct one for each other mask), and the legend names the masks outlined
-        on the plane drawn (not one that misses it, or fills it and so has no edge there).
+        on the plane drawn (not one that misses it, or fills it and so has no edge there). The voxels of a
+        tilt-corrected series that no image measured are painted "not scanned" in the MPRs' colour and named in the
+        legend, not drawn as air (:data:`~pipeline.reconstruction.render_planes.OUTSIDE_SCAN_RGB`).
     slice: the slice as the findings' ``slice_number`` (CSV, JSON, PNG titles) and a DICOM viewer name it: its
         InstanceNumber (a multi-frame object's FrameNumber) when the volume's metadata lists them, else ``k + 1``.
         Of an oblique series, the true axial plane through the slice's centre is drawn.
@@ -335,13 +346,14 @@ def show(
     if oblique_deg(geometry) <= OBLIQUE_DEG:
         xyz = geometry.lps_view_index(volume.lps_to_index(centres))
         z, k_here = _plane(volume, k_given, [(r.score, p[2]) for r, p in zip(rows, xyz)])
-        shown = volume
+        shown, masks, _ = to_patient_axes(volume, masks, None)  # as it is: its grid lies on patient axes
     else:  # a true axial plane of an oblique series, resampled onto patient axes as the PNGs are: that plane only
         geometry = patient_axes_grid(geometry)
         xyz = geometry.lps_to_index(centres)  # identity direction: (i, j, k) is (x, y, z) of the view
         z, where = _resampled_plane(volume, geometry, k_given, [(r.score, p[2]) for r, p in zip(rows, xyz)])
         shown, masks, _ = to_patient_axes(volume, masks, None, axial_planes=(z, z + 1))
         where, first, k_here = where + resampled_note(shown), z, None
+    outside = masks.pop(OUTSIDE_SCAN, None)  # voxels no image measured (a tilt-corrected grid): painted, not outlined
     view = shown.geometry.to_lps_view(shown.array)  # [z, y, x], LPS ascending: rows run anterior → posterior, columns R → L
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 6))
@@ -349,6 +361,13 @@ def show(
         raise TypeError(f"ax= must be one matplotlib Axes, got {_not_axes(ax)}")
     sx, sy, sz = geometry.spacing_lps()
     ax.imshow(np.asarray(view[z - first], np.float32), cmap="gray", vmin=low, vmax=high, aspect=sy / sx, interpolation="nearest")
+    unscanned = np.asarray(shown.geometry.to_lps_view(outside)[z - first] if outside is not None else np.zeros(1), bool)
+    painted = bool(unscanned.any())
+    if painted:  # as the MPRs paint it: a flat colour no window gives a CT value, not the fill value read as air
+        paint = np.zeros((*unscanned.shape, 4), dtype=np.float32)
+        paint[unscanned] = (*OUTSIDE_SCAN_RGB, 1.0)
+        ax.imshow(paint, aspect=sy / sx, interpolation="nearest")
+        ax.fill([], [], color=OUTSIDE_SCAN_RGB, label=OUTSIDE_SCAN_LEGEND)
     colours = organ_colours(masks, outline=True)  # as the MPR PNGs outline them; other masks each a colour of its own
     outlined = 0
     for organ, m in masks.items():
@@ -371,6 +390,6 @@ def show(
         ax.text(fx, fy, letter, transform=ax.transAxes, color="yellow", fontsize=9, ha="center", va="center", bbox=_LETTER_BOX)
     ax.set_title(_title(volume, z, k_here, drawn, len(rows), where=where), fontsize=9)
     ax.set_axis_off()
-    if outlined:  # the outlines drawn on this plane, each named; none drawn: no legend
+    if outlined or painted:  # the outlines drawn on this plane, each named, and the wedge painted; none: no legend
         ax.legend(loc="lower right", fontsize=7)
     return ax

@@ -172,3 +172,34 @@ def test_the_finding_pngs_show_the_unmeasured_wedge_as_outside_the_scan(tmp_path
     nan_tilted, px_tilted = painted(tilted)
     assert nan_tilted > 0 and px_tilted > 100
     assert painted(straight) == (0, 0)
+
+
+def test_show_paints_the_unmeasured_wedge_as_the_mprs_do_and_outlines_no_such_organ(tmp_path):
+    """show() of a tilt-corrected series draws the true axial plane resampled as the MPRs are: the wedge no image
+    measured is painted 'not scanned' in their colour and legend, not outlined as if it were an organ."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipeline.display import show
+    from pipeline.reconstruction.render_planes import OUTSIDE_SCAN_LEGEND, OUTSIDE_SCAN_RGB
+
+    def drawn(vol) -> tuple[list[str], int, int]:
+        ax = show(vol, recon={"body": _body(vol)})
+        legend = ax.get_legend()
+        labels = [t.get_text() for t in legend.get_texts()] if legend is not None else []
+        colour = np.asarray(OUTSIDE_SCAN_RGB, dtype=np.float32)
+        painted = sum(
+            int(np.all(np.abs(np.asarray(im.get_array())[..., :3] - colour) < 1e-3, axis=-1).sum()) for im in ax.images[1:]
+        )
+        contours = len(ax.collections)
+        plt.close("all")
+        return labels, painted, contours
+
+    tilted = load_series(_write(tmp_path / "tilted", tilt_deg=20.0), allow_gantry_tilt=True)
+    straight = load_series(_write(tmp_path / "straight", tilt_deg=0.0))
+    labels, painted, contours = drawn(tilted)
+    assert labels == [OUTSIDE_SCAN_LEGEND, "body"], labels  # first, as in the MPRs' legends
+    assert painted > 20 and contours == 1, (painted, contours)
+    assert drawn(straight) == (["body"], 0, 1)
