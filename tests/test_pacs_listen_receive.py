@@ -223,3 +223,49 @@ def test_a_series_whose_sender_was_cut_off_is_not_taken_as_complete_when_quiet(s
         handed = lst.step()
     assert [r["series_uid"] for r in handed] == [uid]
     assert len([r for r in caplog.records if getattr(r, "event", None) == "listen_cut"]) == 1
+
+
+def test_a_cut_off_series_never_sent_again_is_quarantined_not_published_and_a_full_resend_is_processed(series, tmp_path, caplog):
+    """A sender cut off after the first slices of a series (no gap in what arrived) that never sends it again: after
+    pacs.series_limit_s the series is not published as a done case but quarantined, the reason (sender, instances
+    received, when it was cut off, the fix) in the listener's outcome, the run's quarantine file and the listener's
+    ledger; the whole series sent later is processed as a done case."""
+    import json
+    import time
+
+    from pipeline.runner import open_run
+
+    uid, files = series
+    datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
+    run = tmp_path / "run"
+    opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 1.0, "ingest.min_slices": 3}
+    outcomes: list = []
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **opts) as lst:
+        lst.on_series = outcomes.append
+        assert _send(lst.port, datasets[:4], cut=True) == [0] * 4
+        deadline = time.monotonic() + 15
+        while not outcomes and time.monotonic() < deadline:
+            lst.step()
+            time.sleep(0.1)
+        assert len(outcomes) == 1, outcomes
+        first = outcomes[0]
+        assert first.status == "quarantined", first.line()
+        for part in ("PartialSeriesError", "MODALITY", "4 instance(s)", "cut off", "UTC", "send the series again"):
+            assert part in str(first.reason), (part, first.reason)
+        quarantine = json.dumps(json.loads((run / "quarantine" / f"{first.case_id}.json").read_text()))
+        assert "PartialSeriesError" in quarantine and "4 instance(s)" in quarantine
+        assert not (run / "cases" / str(first.case_id)).exists()  # nothing of it published
+        assert _send(lst.port, datasets) == [0] * len(files)  # the whole series, released
+        deadline = time.monotonic() + 15
+        while len(outcomes) < 2 and time.monotonic() < deadline:
+            lst.step()
+            time.sleep(0.1)
+    assert len(outcomes) == 2, [o.line() for o in outcomes]
+    assert outcomes[1].status == "done" and outcomes[1].n_instances == len(files), outcomes[1].line()
+    cases = open_run(run).cases
+    assert cases.set_index("case_id").loc[outcomes[1].case_id, "status"] == "done"
+    with sqlite3.connect(f"file:{run / 'pacs' / 'ledger.sqlite'}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT generation, outcome, note FROM series WHERE series_uid = ? ORDER BY generation", (uid,))
+        ledger = rows.fetchall()
+    assert ledger[0][1] == "failed" and "cut off" in ledger[0][2] and "4 instance(s)" in ledger[0][2], ledger
+    assert ledger[-1][1] == "done", ledger

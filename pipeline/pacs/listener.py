@@ -15,7 +15,8 @@ a volume (no gap, at least ``ingest.min_slices``) and its sender did not cut its
 that ended without a release marks the series it sent as cut off until an association that sends it ends with a
 release); one still incomplete ``pacs.series_limit_s``
 after its first instance is reported (log, ``RUN_DIR/pacs/incomplete/``) and handed over as it is
-(the runner quarantines it with the reason); its files are kept for ``pacs.incomplete_keep_s``, so that the
+(the runner quarantines it with the reason, a :class:`~pipeline.errors.PartialSeriesError` for a cut-off one with
+no gap: nothing incomplete is published); its files are kept for ``pacs.incomplete_keep_s``, so that the
 missing instances, sent later, complete it as a new generation (the same case). A hospital thus gets every series
 processed: a complete one after the quiet period, an incomplete one after ``pacs.series_limit_s``, reported.
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_bytes
-from ..errors import CtpipeError, PacsAddressError
+from ..errors import CtpipeError, PacsAddressError, PartialSeriesError
 from .address import check_aet, listen_error, valid_uid
 from .journal import CUT_NOTE, INCOMPLETE_NOTE, Admission, ReceiveJournal
 from .ledger import Ledger, PacsLock, now
@@ -412,13 +414,17 @@ class Listener:
                     continue
                 if not n:  # instances it had sent before: nothing of the series rests on this association
                     continue
-                self.journal.note(row, f"{CUT_NOTE} {calling} at {address} ended its association after {n} instance(s)")
+                at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+                self.journal.note(
+                    row,
+                    f"{CUT_NOTE} {calling} at {address} ended its association without a release at {at} after {n} instance(s)",
+                )
                 log.warning(
                     "the association from %s at %s ended without a release after %d instance(s) of series %s were "
                     "stored: %s; what arrived is kept, and the series "
                     "waits for the sender to send it again (the instances already received are not stored twice) up "
-                    "to pacs.series_limit_s = %g s after its first instance, then is processed as it is; fix: check "
-                    "the sender's queue or log and send the series again",
+                    "to pacs.series_limit_s = %g s after its first instance, then is quarantined (not published); "
+                    "fix: check the sender's queue or log and send the series again",
                     calling,
                     address,
                     n,
@@ -557,7 +563,8 @@ class Listener:
         path = self.run_dir / "pacs" / "incomplete" / f"{row['series_uid']}.g{row['generation']}.json"
         atomic_write_bytes(path, json.dumps(data, indent=1).encode())
         log.error(
-            "series %s did not complete within pacs.series_limit_s = %g s (%s); processed as it is",
+            "series %s did not complete within pacs.series_limit_s = %g s (%s); handed to the runner, which "
+            "quarantines it (nothing of it is published); fix: send the series again from the modality or PACS",
             row["series_uid"],
             limit,
             why,
@@ -580,6 +587,25 @@ class Listener:
                     extra={"event": "listen_never_quiet"},
                 )
 
+    def _origin(self, row: dict[str, Any]) -> dict[str, Any]:
+        """The run store's origin of a handed generation; one handed over incomplete (note :data:`INCOMPLETE_NOTE`)
+        also says ``incomplete`` (why, with the fix), so that the runner quarantines it even when what arrived has no
+        gap (a sender cut off mid-series and never sending the rest): nothing incomplete is published."""
+        assert self.journal is not None
+        origin = self.journal.origin(row)
+        note = str(row.get("note") or "")
+        if note.startswith(INCOMPLETE_NOTE):
+            origin["incomplete"] = str(
+                PartialSeriesError(
+                    f"{row['n_instances']} instance(s) from {self.journal.sender(row)} received, not known to be the "
+                    f"whole series ({note})",
+                    where=f"series {row['series_uid']} (generation {row['generation']})",
+                    fix="send the series again from the modality or PACS; the instances received are kept for "
+                    f"pacs.incomplete_keep_s = {self.cfg.pacs.incomplete_keep_s:g} s and not stored twice",
+                )
+            )
+        return origin
+
     def _run(self, batch: list[dict[str, Any]]) -> None:
         from ..runner import open_run, run_batch
 
@@ -594,7 +620,7 @@ class Listener:
                 stages=self.session.stages,
                 command=self.session.command,
                 session=self.session,
-                origins={f: self.journal.origin(r) for r, f in zip(batch, folders)},
+                origins={f: self._origin(r) for r, f in zip(batch, folders)},
             )
         except CtpipeError as exc:  # e.g. another ctpipe run holds the run folder: the series stay handed, tried again
             log.error(

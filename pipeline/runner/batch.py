@@ -33,7 +33,7 @@ from .result_options import WEIGHTS_KEY, check_result_options, weights_digest
 from .resume import RunLock, drop_cached, plan, reconcile, remove_quarantine
 from .run_host import no_gpu_here, resolve_devices, software_versions
 from .run_summary import EXIT_ENVIRONMENT, EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_QUARANTINED, SHOWN, RunSummary
-from .session import RunSession, origins_of
+from .session import RunSession, origins_of, refuse_incomplete
 from .source_roots import SourceRoots
 from .stage import CaseSpec, Stage, WorkerInfo
 from .stages import build_stages
@@ -171,6 +171,8 @@ def _run(
     weights = weights_digest(cfg.detector.bundle)
     check_result_options(store, cfg, run_dir, weights=weights)  # results made otherwise: refused before the run is recorded
     found: Discovery = discover(srcs, cfg)
+    if origins:  # series a PACS delivered incomplete (a sender cut off mid-series): quarantined, never published
+        found.cases = refuse_incomplete(found.cases, origins)
     summary.sources = [str(s) for s in srcs]
     summary.not_selected = found.not_selected
     summary.skipped_files = found.skipped_files

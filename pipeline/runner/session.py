@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,21 @@ def origins_of(cases: Iterable[CaseSpec], origins: Mapping[str, Mapping[str, Any
         o = by_path.get(os.path.realpath(c.source)) if c.source else None
         if o is not None:
             out.append((c.case_key, o))
+    return out
+
+
+def refuse_incomplete(cases: Iterable[CaseSpec], origins: Mapping[str, Mapping[str, Any]]) -> list[CaseSpec]:
+    """``cases`` with those whose origin (by source folder, as :func:`origins_of`) says ``incomplete`` (the deliverer's
+    reason, with its fix: a sender cut off mid-series and never sending the rest) refused as a
+    :class:`~pipeline.errors.PartialSeriesError`, so that they are quarantined at once, not processed and published as
+    if whole; a case discovery refused already keeps its own reason."""
+    by_path = {os.path.realpath(k): v.get("incomplete") for k, v in origins.items()}
+    out = []
+    for c in cases:
+        why = by_path.get(os.path.realpath(c.source)) if c.source else None
+        if why and c.rejected is None:
+            c = replace(c, rejected=("PartialSeriesError", str(why)))
+        out.append(c)
     return out
 
 
