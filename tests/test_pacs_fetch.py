@@ -379,14 +379,14 @@ def test_https_to_an_archive_serving_plain_http_says_so_not_to_add_a_ca(orthanc,
 
 def test_a_dimse_address_with_the_archives_http_port_names_the_port_to_check(orthanc, stored, tmp_path):
     """``dimse://AET@HOST:PORT`` given the archive's HTTP port (a running, reachable server that does not speak DICOM):
-    the fix names that port as possibly not the archive's DICOM port (was: only "check that the archive is running
-    and reachable", which it is)."""
+    the error says that port answers HTTP and gives the DICOM port to use (was: only "check that the archive is
+    running and reachable", which it is, then a guess that the port might be the HTTP one)."""
     src = f"dimse://{orthanc.aet}@127.0.0.1:{orthanc.http_port}?studydate=20250102"
     res = fetch_sources([src], run_dir=tmp_path / "run", cfg=_cfg(orthanc, **{"pacs.retries": 0}))
     assert res.folders == [] and len(res.failures) == 1
     _, cls, msg = res.failures[0]
     assert cls == "PacsUnavailableError", msg
-    assert f"that {orthanc.http_port} is its DICOM port" in msg, msg
+    assert f"port {orthanc.http_port} answers HTTP, not DICOM" in msg and "4242" in msg, msg
 
 
 @pytest.mark.parametrize("how", ["dicomweb", "move"])

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from ..errors import PacsReceiverError, PacsRequestError, PacsUnavailableError
 from .address import Endpoint, Query, listen_error, valid_uid
 from .archive import CT_SOP_CLASSES, RemoteSeries, StoreOutcome, unverifiable
+from .netlog import answered_http
 from .ports import port_holder
 from .retry import with_retries
 from .scp import STATUS_OK, STATUS_OUT_OF_RESOURCES, STATUS_UNEXPECTED, build_ae, ct_storage_contexts, store_event
@@ -97,6 +98,12 @@ class DimseArchive:
                     f"{self.endpoint.aet} accepts none of the SOP classes offered ({', '.join(names)})",
                     where=self._where(),
                     fix=f"configure the archive to accept {', '.join(names)} from {self.cfg.pacs.ae_title!r}, or send elsewhere",
+                )
+            if answered_http(assoc):  # the address names the archive's web port
+                raise PacsUnavailableError(
+                    f"cannot open an association: port {self.endpoint.port} answers HTTP, not DICOM",
+                    where=self._where(),
+                    fix="give the archive's DICOM port (Orthanc: 4242; often 104 or 11112), not its web port",
                 )
             waited = time.monotonic() - t0
             timeout = float(self.cfg.pacs.timeout_s)

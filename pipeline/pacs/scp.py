@@ -41,9 +41,13 @@ _OFFERED = (
 
 def build_ae(cfg: Any) -> Any:
     """A pynetdicom ``AE`` titled ``pacs.ae_title`` with every timeout set to ``pacs.timeout_s``; pynetdicom's log
-    shows the query and response identifiers only with ``privacy.keep_identifiers``."""
+    shows the query and response identifiers only with ``privacy.keep_identifiers``, and goes through ctpipe's
+    (:mod:`pipeline.pacs.netlog`)."""
     from pynetdicom import AE, _config
 
+    from .netlog import route_pynetdicom_log
+
+    route_pynetdicom_log()  # its ERROR lines and tracebacks of ordinary network events: below WARNING in ctpipe's log
     # pynetdicom logs each C-FIND, C-MOVE and C-GET identifier (AccessionNumber, PatientID, ...) at info level
     _config.LOG_REQUEST_IDENTIFIERS = _config.LOG_RESPONSE_IDENTIFIERS = bool(cfg.privacy.keep_identifiers)
     ae = AE(ae_title=cfg.pacs.ae_title)
