@@ -131,3 +131,38 @@ def test_an_archive_that_died_mid_series_and_stays_down_is_said_lost_not_a_wrong
     msg = res.failures[0][2]
     assert "lost mid-transfer" in msg and "instance(s) received" in msg and "gave up after 2 attempts" in msg, msg
     assert "HTTP" not in msg, msg
+
+
+def test_a_series_moved_whole_is_kept_when_the_archive_stops_before_it_can_be_asked_again(tmp_path, monkeypatch, caplog):
+    """Orthanc stopped gracefully (SIGTERM) just after a complete C-MOVE: the follow-up query (is the series still
+    arriving?) cannot open an association. The instances retrieved are as many as the archive listed and as its C-MOVE
+    responses said it completed: the series is kept and handed on, with a warning that says so (was: discarded with
+    'cannot open an association', not a word of everything having arrived)."""
+    import logging
+
+    from pipeline.pacs.dimse import DimseArchive
+
+    srv = OrthancServer(tmp_path / "orthanc").start()
+    try:
+        uid, files = write_phantom_series(tmp_path / "series", 6, slices=8)
+        srv.upload(files)
+        real = DimseArchive.retrieve
+
+        def retrieve_then_archive_stops(self, series, dest):
+            n = real(self, series, dest)
+            assert srv.proc is not None
+            srv.proc.terminate()  # SIGTERM: Orthanc ends gracefully
+            srv.proc.wait(timeout=30)
+            return n
+
+        monkeypatch.setattr(DimseArchive, "retrieve", retrieve_then_archive_stops)
+        with caplog.at_level(logging.WARNING, logger="pipeline.pacs"):
+            res = fetch_sources(
+                [f"{srv.dimse}?series={uid}"], run_dir=tmp_path / "run", cfg=_cfg(srv, **{"ingest.min_slices": 3})
+            )
+    finally:
+        srv.stop()
+    assert res.failures == [] and res.fetched == 1, res.failures
+    assert len(list(res.folders[0].glob("*.dcm"))) == 8
+    said = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "pacs_not_asked_again"]
+    assert len(said) == 1 and "8 instance(s)" in said[0] and uid in said[0], said

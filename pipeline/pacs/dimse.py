@@ -52,6 +52,8 @@ class DimseArchive:
         self.cfg = cfg
         self.mode = mode
         self._receiver: MoveReceiver | None = None
+        #: series UID → the sub-operations the archive's last C-MOVE or C-GET response said it completed
+        self.completed: dict[str, int] = {}
 
     # -- plumbing --------------------------------------------------------------------------
     def _where(self) -> str:
@@ -290,7 +292,7 @@ class DimseArchive:
         turned_away = len(receiver.turned_away)
         with receiver.route(series_uid, dest), self._association([(MOVE, _UNCOMPRESSED)]) as assoc:
             try:
-                moved = assoc.send_c_move(ds, self.cfg.pacs.ae_title, MOVE)
+                moved = self._counted(series_uid, assoc.send_c_move(ds, self.cfg.pacs.ae_title, MOVE))
                 for _ in self._responses("C-MOVE", moved, received=lambda: _count(dest)):
                     pass
             except PacsRequestError as exc:
@@ -317,6 +319,16 @@ class DimseArchive:
                         "title of its own for C-MOVE needs C-GET instead (retrieve=get)",
                     ) from exc
                 raise self._nothing_arrived(exc) from exc
+
+    def _counted(self, series_uid: str, responses: Any) -> Iterator[Any]:
+        """``responses`` of a C-MOVE or C-GET, noting in :attr:`completed` the Number of Completed Sub-operations the
+        archive's responses give (the last one that gives it)."""
+        self.completed.pop(series_uid, None)
+        for status, identifier in responses:
+            n = status.get("NumberOfCompletedSuboperations") if status else None
+            if n not in (None, ""):
+                self.completed[series_uid] = int(n)
+            yield status, identifier
 
     def _nothing_arrived(self, exc: PacsRequestError) -> PacsRequestError:
         """The error of a C-MOVE the archive failed with no instance reaching ctpipe's receiver: most often the
@@ -345,7 +357,8 @@ class DimseArchive:
         contexts = [(GET, _UNCOMPRESSED), *ct_storage_contexts()]
         handlers = [(evt.EVT_C_STORE, lambda event: store_event(event, lambda _ds: dest))]
         with self._association(contexts, ext_neg=roles, handlers=handlers) as assoc:
-            for _ in self._responses("C-GET", assoc.send_c_get(ds, GET), received=lambda: _count(dest)):
+            got = self._counted(str(ds.SeriesInstanceUID), assoc.send_c_get(ds, GET))
+            for _ in self._responses("C-GET", got, received=lambda: _count(dest)):
                 pass
 
     # -- store -----------------------------------------------------------------------------

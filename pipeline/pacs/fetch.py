@@ -10,6 +10,9 @@ fetched (and whose folder is there) is not retrieved again. Once a case is publi
 quarantined, :func:`release_spool` removes its spool folder unless ``pacs.keep_received`` keeps it.
 A series retrieved with fewer instances than the archive listed, or of which the archive lists more instances once it
 is retrieved (still arriving from the scanner), is not handed on (recorded as ``partial``; the next run tries again).
+When the archive cannot be asked again (it stopped just after the retrieval), a series is kept if as many instances
+arrived as it listed and as its C-MOVE or C-GET responses said it completed; otherwise its failure says that every
+listed instance arrived and that the next run retrieves it again.
 One source or series failing does not stop the others, except ctpipe's C-MOVE receiver failing to listen (its
 ``pacs.move_port`` taken): that is reported once for the run, on the source that met it, and the later C-MOVE
 sources are not searched (C-GET and WADO-RS sources still are).
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import CtpipeError, PacsError, PacsReceiverError, PartialSeriesError
+from ..errors import CtpipeError, PacsError, PacsReceiverError, PacsUnavailableError, PartialSeriesError
 from ..runner.store import remote_series
 from .address import PacsSource, Query, for_records, parse_source
 from .archive import Archive, RemoteSeries
@@ -283,7 +286,27 @@ def _check_not_arriving(s: RemoteSeries, n: int, src: PacsSource, archive: Archi
     retrieved are not the whole scan (its results would reach the PACS as the study's). The next run takes it whole."""
     if s.n_instances is None:
         return
-    again = archive.find_series(s.study_uid, series_uid=s.series_uid, modality="")
+    try:
+        again = archive.find_series(s.study_uid, series_uid=s.series_uid, modality="")
+    except PacsUnavailableError as exc:  # the archive stopped (or became unreachable) once the retrieval was over
+        told = getattr(archive, "completed", {}).get(s.series_uid)
+        if told is not None and n == told and n >= s.n_instances:
+            log.warning(
+                "series %s: all %d instance(s) retrieved, as many as the archive listed and its retrieval said it "
+                "completed; the archive could not be asked again whether more are arriving (%s), so the series is "
+                "kept as retrieved",
+                s.series_uid,
+                n,
+                exc.problem,
+                extra={"event": "pacs_not_asked_again", "series_uid": s.series_uid},
+            )
+            return
+        raise PacsUnavailableError(
+            f"all {n} instance(s) the archive listed were retrieved, but it could not be asked again whether more are "
+            f"arriving ({exc.problem})",
+            where=f"series {s.series_uid} at {src.endpoint}",
+            fix="nothing of it is processed now; the next run retrieves it again whole once the archive answers",
+        ) from exc
     now = max((a.n_instances for a in again if a.n_instances is not None), default=None)
     if now is not None and now > n:
         raise PartialSeriesError(
