@@ -269,3 +269,31 @@ def test_a_cut_off_series_never_sent_again_is_quarantined_not_published_and_a_fu
         ledger = rows.fetchall()
     assert ledger[0][1] == "failed" and "cut off" in ledger[0][2] and "4 instance(s)" in ledger[0][2], ledger
     assert ledger[-1][1] == "done", ledger
+
+
+def test_a_series_cut_off_after_its_last_instance_and_sent_again_whole_is_processed(series, tmp_path):
+    """The association ended without a release after every instance had been stored (a network drop before the
+    release, or a sender that ends with an abort): quarantined after pacs.series_limit_s, as it is not known whole.
+    The sender sends it again on an association it releases: every instance is a duplicate (nothing new is stored),
+    and the series, now known whole, is processed as a done case (was: quarantined for good)."""
+    import time
+
+    uid, files = series
+    datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
+    opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 1.0, "ingest.min_slices": 3}
+    outcomes: list = []
+    with _listener(tmp_path / "run", **opts) as lst:
+        lst.on_series = outcomes.append
+        assert _send(lst.port, datasets, cut=True) == [0] * len(files)
+        deadline = time.monotonic() + 15
+        while not outcomes and time.monotonic() < deadline:
+            lst.step()
+            time.sleep(0.1)
+        assert [o.status for o in outcomes] == ["quarantined"], [o.line() for o in outcomes]
+        assert _send(lst.port, datasets) == [0] * len(files)  # every one received before, released this time
+        deadline = time.monotonic() + 15
+        while len(outcomes) < 2 and time.monotonic() < deadline:
+            lst.step()
+            time.sleep(0.1)
+    assert len(outcomes) == 2, [o.line() for o in outcomes]
+    assert outcomes[1].status == "done" and outcomes[1].case_id == outcomes[0].case_id, outcomes[1].line()

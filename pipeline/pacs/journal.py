@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 INCOMPLETE_NOTE = "incomplete after"
 #: Start of the note of an open generation whose sender's association ended without a release (cut off mid-series).
 CUT_NOTE = "sender cut off:"
+#: Start of the note of a generation opened again from a cut-off one that was quarantined: its sender has since sent
+#: the series again on an association it released, every instance a duplicate (see :meth:`ReceiveJournal.reopen`).
+RESENT_NOTE = "sent again whole:"
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,27 @@ class ReceiveJournal:
             db.execute(
                 "UPDATE series SET note = ? WHERE series_uid = ? AND generation = ?", (note, row["series_uid"], row["generation"])
             )
+
+    def reopen(self, row: dict[str, Any], note: str) -> dict[str, Any] | None:
+        """Open generation N+1 of a processed generation ``row`` whose files are still kept, with the same files (hard
+        links) and ``note`` (:data:`RESENT_NOTE`): handed on once quiet, as a new arrival would be. None (nothing
+        done) when the series has a newer generation or the files were removed."""
+        with self.ledger.tx() as db:
+            latest = db.execute(
+                "SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (row["series_uid"],)
+            ).fetchone()
+            if latest is None or int(latest["generation"]) != int(row["generation"]) or latest["removed_at"] is not None:
+                return None
+            gen = int(row["generation"]) + 1
+            folder = self.folder(row["series_uid"], gen)
+            n = self._link_previous(latest, folder)
+            t = now()
+            db.execute(
+                "INSERT INTO series (series_uid, generation, state, first_at, last_at, n_instances, folder, study_uid, "
+                "note) VALUES (?, ?, 'open', ?, ?, ?, ?, ?, ?)",
+                (row["series_uid"], gen, t, t, n, str(folder), row.get("study_uid"), note),
+            )
+        return dict(row, generation=gen, state="open", first_at=t, last_at=t, n_instances=n, folder=str(folder), note=note)
 
     def handed(self) -> list[dict[str, Any]]:
         return self.ledger.rows("SELECT * FROM series WHERE state = 'handed' ORDER BY last_at")

@@ -49,7 +49,7 @@ from typing import Any
 from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, PacsAddressError, PartialSeriesError
 from .address import check_aet, listen_error, valid_uid
-from .journal import CUT_NOTE, INCOMPLETE_NOTE, Admission, ReceiveJournal
+from .journal import CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, Admission, ReceiveJournal
 from .ledger import Ledger, PacsLock, now
 from .listener_uids import read_uids
 from .scp import (
@@ -407,6 +407,8 @@ class Listener:
         released = bool(getattr(assoc, "is_released", False))
         for series_uid, n in stored.items():
             rows = self._ledger.rows("SELECT * FROM series WHERE series_uid = ? AND state = 'open'", (series_uid,))
+            if released and not rows:
+                self._confirm_whole(series_uid, calling)
             for row in rows:
                 if released:
                     if str(row["note"] or "").startswith(CUT_NOTE):
@@ -433,6 +435,29 @@ class Listener:
                     self.cfg.pacs.series_limit_s,
                     extra={"event": "listen_cut", "series_uid": series_uid},
                 )
+
+    def _confirm_whole(self, series_uid: str, calling: str) -> None:
+        """A released association sent instances of ``series_uid`` (all received before): when the series' latest
+        generation was quarantined only as cut off (no gap, not known whole) and its files are kept, the series is now
+        known whole; it is opened again (:meth:`ReceiveJournal.reopen`), and the runner runs its quarantined case
+        again once it is quiet."""
+        assert self.journal is not None and self._ledger is not None
+        row = self._ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
+        note = str(row["note"] or "") if row is not None else ""
+        if row is None or row["state"] != "processed" or row["outcome"] != "failed" or not note.startswith(INCOMPLETE_NOTE):
+            return
+        if f": {CUT_NOTE}" not in note:  # missing slices: sending them completes it, not sending the same again
+            return
+        reopened = self.journal.reopen(dict(row), f"{RESENT_NOTE} {calling} sent it again and released its association")
+        if reopened is not None:
+            log.warning(
+                "series %s, quarantined as its sender was cut off mid-series, was sent again whole by %s (its "
+                "association released): processed again as generation %d",
+                series_uid,
+                calling,
+                reopened["generation"],
+                extra={"event": "listen_resent_whole", "series_uid": series_uid},
+            )
 
     def _report_duplicates(self, assoc: int | None) -> None:
         """One INFO line per series for the instances association ``assoc`` (None: every one) sent again."""
@@ -594,6 +619,8 @@ class Listener:
         assert self.journal is not None
         origin = self.journal.origin(row)
         note = str(row.get("note") or "")
+        if note.startswith(RESENT_NOTE):  # its quarantined case (the same instances) is run again
+            origin["retry"] = True
         if note.startswith(INCOMPLETE_NOTE):
             origin["incomplete"] = str(
                 PartialSeriesError(

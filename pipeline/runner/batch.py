@@ -176,7 +176,9 @@ def _run(
     summary.sources = [str(s) for s in srcs]
     summary.not_selected = found.not_selected
     summary.skipped_files = found.skipped_files
-    pl = plan(store, found.cases, retry_failed=cfg.runner.retry_failed)
+    # a series quarantined as not known whole, which its PACS sender has since sent again whole (origin "retry")
+    retry = {os.path.realpath(f) for f, o in (origins or {}).items() if o.get("retry")}
+    pl = plan(store, found.cases, retry_failed=cfg.runner.retry_failed, retry=retry)
     for cid in pl.replaced:  # run again with the series' new content: no verdict or cached volume of the old one
         remove_quarantine(run_dir, cid)
         drop_cached(run_dir, cid)

@@ -36,7 +36,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -329,9 +329,10 @@ def _register(store: RunStore, case: CaseSpec, ids: dict[str, str], seen: set[st
     return case
 
 
-def plan(store: RunStore, cases: Iterable[CaseSpec], *, retry_failed: bool) -> Plan:
-    """Register discovered cases and pick those to run: skip done ones (and earlier failures unless asked); a series
-    whose content changed is run again (see :class:`Plan`)."""
+def plan(store: RunStore, cases: Iterable[CaseSpec], *, retry_failed: bool, retry: Collection[str] = ()) -> Plan:
+    """Register discovered cases and pick those to run: skip done ones (and earlier failures unless asked, or unless
+    their source folder is in ``retry``: a series a PACS sender has since confirmed whole); a series whose content
+    changed is run again (see :class:`Plan`)."""
     ids = store.case_ids_in_use()
     seen_keys: set[str] = set()
     out = Plan([], [], [], [])
@@ -348,7 +349,7 @@ def plan(store: RunStore, cases: Iterable[CaseSpec], *, retry_failed: bool) -> P
                 if row["status"] == "done":
                     out.done.append(case.case_id)
                     continue
-                if row["status"] == "failed" and not retry_failed:
+                if row["status"] == "failed" and not (retry_failed or os.path.realpath(case.source) in retry):
                     out.failed_before.append(case.case_id)
                     continue
             if case.rejected is not None:
