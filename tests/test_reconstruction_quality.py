@@ -35,7 +35,9 @@ def test_complete_chest_has_no_warning(phantom):
     assert q.lung_coverage == "complete"
     assert q.contrast_phase == "non_contrast"
     assert q.warnings == ()
-    assert q.unreliable == ()
+    # its 2.5 mm slices are beyond the lung-density protocols' 1.5 mm: only the emphysema index is marked, by an info
+    assert q.codes == ("emphysema_slices",) and set(q.unreliable) == set(EMPHYSEMA_FIGURES)
+    assert _assess(phantom, metadata={**phantom.volume.metadata, "SliceThickness": 1.0}).unreliable == ()
     assert 1500 < q.figures["lungs_total_volume_ml"] < 9000
 
 
@@ -93,7 +95,7 @@ def test_a_scan_ending_a_few_cm2_into_the_lung_bases_keeps_its_lung_figures(phan
     area_mm2 = float((masks["lung_left"][0] | masks["lung_right"][0]).sum()) * g.spacing[0] * g.spacing[1]
     assert LUNG_CUT_AREA_MM2 <= area_mm2 <= 300.0
     sub = phantom.volume.crop((0, 0, first), (g.shape[2], g.shape[1], g.shape[0]))
-    q = assess_quality(sub.array, sub.geometry, masks)
+    q = assess_quality(sub.array, sub.geometry, masks, metadata={"SliceThickness": 1.0})  # thin: only the cut counts
     assert q.has("lungs_base_cut") and q.lung_coverage == "partial"
     assert q.unreliable == ()
     assert 0 < q.figures["lungs_missing_ml_bound"] < 0.02 * q.figures["lungs_total_volume_ml"]
@@ -135,6 +137,7 @@ def test_emphysema_index_on_thick_slices_is_marked_unreliable_and_lung_volumes_a
 
 def test_lossy_compression_from_metadata_flags_the_case_and_its_emphysema_index(phantom):
     md = {"LossyImageCompression": "01", "LossyImageCompressionRatio": [12.0], "LossyImageCompressionMethod": ["ISO_15444_1"]}
+    md["SliceThickness"] = 1.0  # thin: the compression alone marks the index
     q = _assess(phantom, metadata={**phantom.volume.metadata, **md})
     (flag,) = [f for f in q.flags if f.code == "lossy_compressed"]
     assert flag.severity == "warning"
@@ -142,7 +145,7 @@ def test_lossy_compression_from_metadata_flags_the_case_and_its_emphysema_index(
     assert set(EMPHYSEMA_FIGURES) <= set(q.unreliable) and "lungs_total_volume_ml" not in q.unreliable
     marked = mark_unreliable({"emphysema_index_pct": 3.1}, q)
     assert marked["emphysema_index_pct"] == {"value": 3.1, "reliable": False, "reason": "lossy_compressed"}
-    plain = _assess(phantom, metadata={**phantom.volume.metadata, "LossyImageCompression": "00"})
+    plain = _assess(phantom, metadata={**phantom.volume.metadata, "LossyImageCompression": "00", "SliceThickness": 1.0})
     assert not plain.has("lossy_compressed") and not plain.unreliable
 
 

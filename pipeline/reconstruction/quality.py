@@ -17,6 +17,13 @@ code                        severity meaning
                                      and emphysema index unreliable
 ``lossy_compressed``        warning  the series was lossy compressed (ratio and method when stated): HU values, small
                                      nodules and emphysema index unreliable
+``emphysema_slices``        info     slices thicker than 1.5 mm (up to 2.5 mm, then ``thick_slices``): outside the
+                                     lung-density protocols (COPDGene: 0.625–0.9 mm), emphysema index unreliable (info:
+                                     the index is marked, nothing else of an ordinary 2 mm chest series is in doubt)
+``interpolated``            warning  ingest resampled the volume (gantry tilt correction): interpolation smooths the
+                                     noise, emphysema index unreliable (reads low)
+``sharp_kernel``            warning  a sharp (lung, bone) ConvolutionKernel: its noise makes the emphysema index unreliable
+                                     (reads high)
 ``fov_cuts_body``           warning  the body meets the image edge over at least 1.5 cm² (all slices)
 ``metal_streaks``           warning  metal in the body (≥ 0.05 mL at ≥ 2,500 HU): streak artefacts likely
 ``contrast_arterial``       info     IV contrast, arterial phase (estimate)
@@ -26,8 +33,9 @@ code                        severity meaning
 
 Lung coverage is ``complete``, ``partial`` (apex or base cut) or ``absent``. Measurements that a
 flag makes meaningless are listed in :attr:`QualityReport.unreliable` (the emphysema index and lung
-volumes of partial lungs, the emphysema index on slices thicker than 2.5 mm, on pixels coarser than 2.5 mm or of a lossy compressed series); the measurements JSON marks them instead of reporting a plain
-number. All thresholds are in mm, mL and HU.
+volumes of partial lungs; the emphysema index on slices thicker than 1.5 mm, on pixels coarser than 2.5 mm, of a
+lossy compressed, interpolated or sharp-kernel series: :mod:`.lung_density` says why each moves LAA-950); the
+measurements JSON marks them instead of reporting a plain number, naming the flags. All thresholds are in mm, mL and HU.
 """
 
 from __future__ import annotations
@@ -51,10 +59,17 @@ from ..volume import (
     slice_thickness_mm,
     thick_slice_detail,
 )
+from .lung_density import emphysema_slice_detail, interpolation_detail, sharp_kernel_detail
 
 log = logging.getLogger(__name__)
 
 Severity = Literal["warning", "info"]
+
+# The fixed sentences of the emphysema index's flags (at most 64 characters: the SR codes them); the measured figure
+# completes each (lung_density).
+EMPHYSEMA_SLICE_NOTE = "slices too thick for lung density: emphysema index unreliable"
+INTERPOLATED_NOTE = "interpolated by ingest: emphysema index unreliable"
+SHARP_KERNEL_NOTE = "sharp kernel: emphysema index unreliable"
 
 #: code → (severity, sentence). The sentence is completed with the measured figure.
 FLAGS: dict[str, tuple[Severity, str]] = {
@@ -66,6 +81,9 @@ FLAGS: dict[str, tuple[Severity, str]] = {
     "thick_slices": ("warning", THICK_SLICE_NOTE),
     "coarse_pixels": ("warning", COARSE_PIXEL_NOTE),
     "lossy_compressed": ("warning", LOSSY_NOTE),
+    "emphysema_slices": ("info", EMPHYSEMA_SLICE_NOTE),
+    "interpolated": ("warning", INTERPOLATED_NOTE),
+    "sharp_kernel": ("warning", SHARP_KERNEL_NOTE),
     "fov_cuts_body": ("warning", "the field of view cuts the body"),
     "metal_streaks": ("warning", "metal in the body: streak artefacts likely"),
     "contrast_arterial": ("info", "IV contrast, arterial phase (estimate)"),
@@ -89,8 +107,11 @@ METAL_HU = 2500.0
 METAL_ML = 0.05
 CONTRAST_HU = (150.0, 600.0)
 CONTRAST_MIN_ML = 15.0
-#: The emphysema index figures (% of lung below -950 HU): meaningless for partial lungs and on thick slices.
+#: The emphysema index figures (% of lung below -950 HU): meaningless for partial lungs, unreliable outside the
+#: lung-density protocols (:mod:`.lung_density`).
 EMPHYSEMA_FIGURES = ("emphysema_index_pct", "lung_left_emphysema_index_pct", "lung_right_emphysema_index_pct")
+#: The flags that make the emphysema index unreliable (besides the cut lungs), named in its reason.
+EMPHYSEMA_CAUSES = ("thick_slices", "emphysema_slices", "coarse_pixels", "lossy_compressed", "interpolated", "sharp_kernel")
 ARTERIAL_P90_HU = 240.0  # venous phantoms and scans: ~200-215 HU; arterial: 275-400 HU
 
 Coverage = Literal["complete", "partial", "absent"]
@@ -287,7 +308,8 @@ def assess_quality(
 
     ``hu`` and the masks are ``[k, j, i]`` arrays on ``geometry`` (LPS); masks used:
     ``lung_left``, ``lung_right``, ``body`` and ``bone`` (each optional). ``metadata`` supplies
-    ``SliceThickness`` (mm) and ingest's ``LossyImageCompression`` with its ratio and method.
+    ``SliceThickness`` (mm), ``ConvolutionKernel``, ingest's ``LossyImageCompression`` with its ratio and method
+    and its gantry tilt correction (``GantryTiltCorrectedDeg``).
     ``airway_in_scan=False`` adds ``airway_not_in_scan``.
     """
     metadata = metadata or {}
@@ -332,6 +354,9 @@ def assess_quality(
         flags.append(_flag("thick_slices", thick))
         # partial volume lifts emphysematous lung above -950 HU on thick slices: the index reads too low
         unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
+    elif (density_slices := emphysema_slice_detail(thickness)) is not None:
+        flags.append(_flag("emphysema_slices", density_slices))
+        unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
     coarse = coarse_pixel_detail(geometry)
     if coarse is not None:
         flags.append(_flag("coarse_pixels", coarse))
@@ -342,6 +367,10 @@ def assess_quality(
         flags.append(_flag("lossy_compressed", lossy))
         # the index counts voxels below -950 HU: compression smooths the noise that puts voxels on either side
         unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
+    for code, detail in (("interpolated", interpolation_detail(metadata)), ("sharp_kernel", sharp_kernel_detail(metadata))):
+        if detail is not None:  # the index's value stays; the flag says why it is not comparable (lung_density)
+            flags.append(_flag(code, detail))
+            unreliable += [name for name in EMPHYSEMA_FIGURES if name not in unreliable]
 
     if body is not None and body.any():
         cut_cm2 = fov_cut_area_cm2(body, geometry, measured=measured_mask(geometry, metadata))
@@ -375,7 +404,7 @@ def mark_unreliable(figures: Mapping[str, Any], quality: QualityReport) -> dict[
     read as a plain number; the reason names the flags.
     """
     cut = [f.code for f in quality.warnings if f.code.startswith("lungs_")]
-    image = [f.code for f in quality.warnings if f.code in ("thick_slices", "coarse_pixels", "lossy_compressed")]
+    image = [f.code for f in quality.flags if f.code in EMPHYSEMA_CAUSES]
     out: dict[str, Any] = {}
     for name, value in figures.items():
         if name in quality.unreliable and value is not None:
