@@ -7,7 +7,8 @@ inside the body (bowel gas included); the segmented lungs limit the findings, as
 the quick mask's ``limit`` (:meth:`LungRegion.limited_to`): a full-resolution mask
 (the reconstruction stage's, or a phantom's) becomes a region with
 :func:`region_from_mask`; without one, :func:`segmented_lung_region` segments the
-lungs on the coarse grid itself.
+lungs on the coarse grid itself. On a tilt-corrected grid, both read the unmeasured wedge as the image continued past
+its edge, never as air, and leave it out of their masks (:func:`_searched`).
 
 All index triples are (i, j, k) of the source series; arrays are ``[k, j, i]``. The coarse grid counts each axis
 from its end lowest in LPS (:meth:`~pipeline.geometry.Geometry.descending_axes`), so that the voxels it samples, and
@@ -26,6 +27,7 @@ import numpy as np
 from scipy import ndimage
 from scipy.spatial import cKDTree
 
+from ..ingest.measured import measured_mask
 from ..intensity import LUNG_AIR_HU
 from ..volume import CTVolume, LabelMap
 
@@ -169,6 +171,30 @@ def _ascending(volume: CTVolume, array: np.ndarray) -> tuple[np.ndarray, tuple[b
     return (np.flip(array, axis=axes) if axes else array), flips
 
 
+def _searched(volume: CTVolume) -> tuple[np.ndarray, np.ndarray | None]:
+    """``volume``'s HU array ``[k, j, i]`` as the lung search reads it, and the voxels some image measured (None when
+    all were: the array is then the volume's own, and the search is unchanged).
+
+    On a tilt-corrected grid (:func:`pipeline.ingest.measured.measured_mask`) each slice's unmeasured wedge takes the
+    value of the nearest measured row or column of that slice, as if the image went on past its edge: read as the
+    -1024 HU fill, it would join lungs that the field of view cuts at the image's edge to the air around the
+    patient, and the whole would be dropped as outside air. The search then leaves the wedge out of its masks."""
+    array = np.asarray(volume.array)
+    measured = measured_mask(volume.geometry, volume.metadata)
+    if measured is None:
+        return array, None
+    filled = np.empty(array.shape, dtype=array.dtype)
+    for k in range(array.shape[0]):
+        rows, cols = np.flatnonzero(measured[k].any(axis=1)), np.flatnonzero(measured[k].any(axis=0))
+        if not len(rows) or not len(cols):
+            filled[k] = array[k]
+            continue
+        j = np.clip(np.arange(array.shape[1]), rows[0], rows[-1])
+        i = np.clip(np.arange(array.shape[2]), cols[0], cols[-1])
+        filled[k] = array[k][np.ix_(j, i)]
+    return filled, measured
+
+
 def _region(mask: np.ndarray, stride: tuple[int, int, int], volume: CTVolume, flips: tuple[bool, bool, bool]) -> LungRegion:
     return LungRegion(mask, stride, volume.spacing, flips=flips, size_ijk=volume.geometry.size_ijk)
 
@@ -199,7 +225,8 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     touching the image border whose median is above :data:`OUTSIDE_AIR_MAX_MEDIAN_HU` and that does not span the image
     from side to side), largest components, holes filled per slice, grown by one coarse voxel in each slice."""
     sk, sj, si = strides(volume.spacing, step_mm)
-    ascending, flips = _ascending(volume, np.asarray(volume.array))
+    searched, measured = _searched(volume)
+    ascending, flips = _ascending(volume, searched)
     arr = np.asarray(ascending[::sk, ::sj, ::si], dtype=np.float32)
     air = arr < LUNG_AIR_HU  # air-filled lung (and the air around the patient)
     labels, n = ndimage.label(air)
@@ -225,6 +252,8 @@ def quick_lung_mask(volume: CTVolume, *, step_mm: float = 4.0) -> LungRegion:
     # sampled every stride, the mask's edge lies up to one coarse voxel inside the lungs' (a nodule against the
     # mediastinum or chest wall would fall that much further out): grown by one coarse voxel in each slice
     mask = ndimage.binary_dilation(mask, structure=_IN_SLICE_CROSS)
+    if measured is not None:  # the sampled voxels no image measured are never lung
+        mask &= _ascending(volume, measured)[0][::sk, ::sj, ::si]
     log.debug("quick lung mask: %d components kept, %.0f mL", len(keep), mask.sum() * voxel_ml)
     return _region(mask, (sk, sj, si), volume, flips)
 
@@ -253,13 +282,16 @@ def segmented_lung_region(volume: CTVolume, *, device: str | None = None, step_m
     from ..reconstruction.segment import segment_organs
 
     st = strides(volume.spacing, step_mm)
-    ascending, flips = _ascending(volume, np.asarray(volume.array))
+    searched, measured = _searched(volume)
+    ascending, flips = _ascending(volume, searched)
     coarse = CTVolume(block_means(ascending, st), volume.geometry.flipped(flips).binned(st))
     seg = segment_organs(coarse, organs=("lung_left", "lung_right"), device=device, params=SegmentParams(cpu_threads=None))
     for organ, error in seg.errors.items():
         log.info("lung segmentation: %s: %s", organ, error)
     lungs = [seg.masks[o] for o in ("lung_left", "lung_right") if o in seg.masks]
     mask = np.logical_or.reduce(lungs) if lungs else np.zeros(coarse.shape, bool)
+    if measured is not None:  # a block mostly unmeasured is not lung
+        mask &= block_means(_ascending(volume, measured)[0], st) > 0.5
     return _region(np.asarray(mask, bool), st, volume, flips)
 
 
