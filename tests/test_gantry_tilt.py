@@ -454,6 +454,11 @@ def test_run_with_allow_gantry_tilt_completes_a_tilted_case_with_its_sr_and_seg(
     assert main([*run, "--set", "ingest.allow_gantry_tilt=true"]) == 0
     (case,) = (tmp_path / "run" / "cases").iterdir()
     assert (case / "dicom" / "sr.dcm").is_file() and any((case / "findings_png").glob("*.png"))
+    from pipeline.dicom_out.sr_read import read_sr_case
+
+    sr_case = read_sr_case(case / "dicom" / "sr.dcm")  # the interpolated emphysema index is flagged, not reported
+    assert "interpolated" in sr_case["quality_flags"]
+    assert "emphysema_index_pct" not in sr_case["measurements"]
     images = {str(ds.SOPInstanceUID): ds for p in paths for ds in [pydicom.dcmread(p, stop_before_pixels=True)]}
     seg = pydicom.dcmread(case / "dicom" / "seg.dcm")
     for item in seg.PerFrameFunctionalGroupsSequence:
@@ -523,8 +528,13 @@ def test_reconstruct_corrects_a_tilted_dicom_folder_with_allow_gantry_tilt(tmp_p
     write_dicom_series(ph.volume, tmp_path / "dicom", quirks=["gantry_tilt"])
     rec = ["reconstruct", str(tmp_path / "dicom"), "--out", str(tmp_path / "rec"), "--device", "cpu", "--no-render"]
     assert main([*rec, "--no-dicom", "--allow-gantry-tilt"]) == 0
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert "gantry tilt of 15.00 deg" in err, err
+    # the interpolation smoothed the noise: the emphysema index is printed marked, with the flag that says why
+    assert "[interpolated]" in captured.out, captured.out
+    (line,) = [x for x in captured.out.splitlines() if x.startswith("lungs total")]
+    assert "unreliable:" in line and "interpolated" in line, line
     assert next((tmp_path / "rec").glob("*_lung_left.stl")).stat().st_size > 0
     assert next((tmp_path / "rec").glob("*_lung_right.stl")).stat().st_size > 0
 
