@@ -314,7 +314,7 @@ def test_gpus_of_one_index_on_two_hosts_are_two_gpus(tmp_path):
     assert {g: (v["util_mean_pct"], v["samples"]) for g, v in both.items()} == {"node-a:0": (100.0, 10), "node-b:0": (0.0, 10)}
 
 
-def test_a_day_with_runs_but_no_completed_case_counts_zero(tmp_path):
+def test_every_day_of_the_period_is_listed_and_says_whether_a_run_was_active(tmp_path):
     run_dir = tmp_path / "run"
     store = RunStore(run_dir)
     _start(store, "r1", pid=_dead_pid())
@@ -329,12 +329,29 @@ def test_a_day_with_runs_but_no_completed_case_counts_zero(tmp_path):
     _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ? WHERE run_id = 'r1'", (T0, T0 + 3600))
     _clock(run_dir, "UPDATE cases SET ended_at = ? WHERE run_id = 'r1'", (T0 + 600,))
     _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ? WHERE run_id = 'r2'", (T0 + 2 * 86400, T0 + 2 * 86400 + 1800))
-    rep = build_report([run_dir], tmp_path / "rep")
+    rep = build_report([run_dir], tmp_path / "rep", timezone="Asia/Tokyo")
     tp = rep.summary["throughput"]
-    assert tp["per_day_utc"] == {"2027-01-15": 2, "2027-01-17": 0}  # no day 16: no run was active
+    # every calendar day of the period is a row, so that the mean of the rows is the mean per day; the 16th, when no
+    # run was active, is told from the 17th, when a run was active and completed nothing
+    assert tp["per_day_utc"] == {"2027-01-15": 2, "2027-01-16": 0, "2027-01-17": 0}
+    assert tp["days_without_run_utc"] == ["2027-01-16"]
     assert tp["per_hour_utc"] == {"2027-01-15 08:00": 2, "2027-01-17 08:00": 0}  # r1 ended at 09:00:00
     daily = read_table(rep.out_dir / "throughput_daily.csv")
-    assert [(r["day_utc"], r["cases"]) for r in daily.rows] == [("2027-01-15", "2"), ("2027-01-17", "0")]
+    assert [(r["day_utc"], r["cases"], r["run_active"]) for r in daily.rows] == [
+        ("2027-01-15", "2", "True"),
+        ("2027-01-16", "0", "False"),
+        ("2027-01-17", "0", "True"),
+    ]
+    # local days (Tokyo, UTC+9): r1 17:00-18:00 on the 15th, r2 17:00-17:30 on the 17th
+    assert tp["per_day_local"] == {"2027-01-15": 2, "2027-01-16": 0, "2027-01-17": 0}
+    assert tp["days_without_run_local"] == ["2027-01-16"]
+    local = read_table(rep.out_dir / "throughput_daily_local.csv")
+    assert [(r["day_local"], r["cases"], r["run_active"]) for r in local.rows] == [
+        ("2027-01-15", "2", "True"),
+        ("2027-01-16", "0", "False"),
+        ("2027-01-17", "0", "True"),
+    ]
+    assert "no run" in (rep.out_dir / "report.html").read_text()
 
 
 def test_the_gpu_plot_draws_no_line_across_the_idle_time_between_runs():

@@ -16,7 +16,8 @@ run-status line say whether the latest run of each folder is in progress, was in
 
 The CSV files are UTF-8 with a byte-order mark (Excel reads them as UTF-8), their
 times ISO 8601 UTC (``2026-12-04T10:15:03Z``, columns named ``..._utc``), their
-column names carry the unit (``p50_s``: seconds). Completed cases per day are given per UTC day
+column names carry the unit (``p50_s``: seconds). Completed cases per day (every calendar day of the period, a day
+on which no run was active with 0 and ``run_active`` False) are given per UTC day
 (``throughput_daily.csv``) and per local day of a named time zone (``throughput_daily_local.csv``, whose
 ``timezone`` column names it with that day's UTC offset, both on the day of a daylight-saving change).
 """
@@ -323,18 +324,23 @@ def _tables(summary: dict[str, Any], t: dict, skipped: Any) -> dict[str, Any]:
     """The report's CSV tables by file name (DataFrames), from the summary and tables of :func:`.summarize`."""
     import pandas as pd
 
+    tp = summary["throughput"]
     return {
         # counts as whole numbers; n_failed_earlier empty for a run without an end record (not 0.0 beside it)
         "runs.csv": pd.DataFrame(summary["runs_table"], columns=RUNS_COLUMNS).astype({"n_failed_earlier": "Int64"}),
         "latency.csv": _latency_table(summary["latency_s"]),
         "latency_by_node.csv": _node_latency_table(summary["latency_by_node_s"]),
-        "throughput_daily.csv": pd.DataFrame(list(summary["throughput"]["per_day_utc"].items()), columns=["day_utc", "cases"]),
+        # every day of the period, run_active False on a day without any run (its 0 is not "ran, completed nothing")
+        "throughput_daily.csv": pd.DataFrame(
+            [(day, n, day not in tp["days_without_run_utc"]) for day, n in tp["per_day_utc"].items()],
+            columns=["day_utc", "cases", "run_active"],
+        ),
         "throughput_daily_local.csv": pd.DataFrame(
             [
-                (day, summary["throughput"]["timezone_by_day_local"].get(day, summary["throughput"]["timezone"]), n)
-                for day, n in summary["throughput"]["per_day_local"].items()
+                (day, tp["timezone_by_day_local"].get(day, tp["timezone"]), n, day not in tp["days_without_run_local"])
+                for day, n in tp["per_day_local"].items()
             ],
-            columns=["day_local", "timezone", "cases"],
+            columns=["day_local", "timezone", "cases", "run_active"],
         ),
         "throughput_hourly.csv": pd.DataFrame(
             [(f"{hour.replace(' ', 'T')}:00Z", n) for hour, n in summary["throughput"]["per_hour_utc"].items()],

@@ -4,7 +4,9 @@ The run store keeps Unix seconds and the report's CSV times are UTC; a hospital 
 midnight. :func:`report_zone` names the zone the report's local days are in (an IANA name such as
 ``Europe/Berlin``, by default this machine's local time: ``$TZ``, else ``/etc/localtime``), and
 :func:`cases_per_local_day` counts completed cases by the local day they ended on, listing with 0 a local day
-during which a run was active without completing a case. Each local day is named with its UTC offset, both on the
+during which a run was active without completing a case. :func:`every_day` lists every calendar day of the
+report's period, from its first day to its last, a day without any run with 0 too, and names those days: the mean of
+the rows is then the mean per calendar day, and "no run" is told from "ran, completed nothing". Each local day is named with its UTC offset, both on the
 day of a daylight-saving change (:func:`days_label`).
 """
 
@@ -20,7 +22,15 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["cases_per_local_day", "day_offsets", "days_label", "per_local_day", "report_zone", "zone_label"]
+__all__ = [
+    "cases_per_local_day",
+    "day_offsets",
+    "days_label",
+    "every_day",
+    "per_local_day",
+    "report_zone",
+    "zone_label",
+]
 
 
 def _machine_zone_name() -> str | None:
@@ -115,16 +125,28 @@ def cases_per_local_day(ended_s: Sequence[float], intervals: Sequence[tuple[floa
     return dict(sorted(counts.items()))
 
 
+def every_day(counts: dict[str, int]) -> tuple[dict[str, int], list[str]]:
+    """``counts`` (cases per calendar day, ``YYYY-MM-DD``: the days a run was active or a case ended) with every day
+    between its first and last added with 0, sorted, and the days so added: those on which no run was active."""
+    if not counts:
+        return {}, []
+    first, last = dt.date.fromisoformat(min(counts)), dt.date.fromisoformat(max(counts))
+    days = [(first + dt.timedelta(days=n)).isoformat() for n in range((last - first).days + 1)]
+    return {d: counts.get(d, 0) for d in days}, [d for d in days if d not in counts]
+
+
 def per_local_day(done: Any, intervals: Sequence[tuple[float, float]], timezone: str | None) -> dict[str, Any]:
     """The report's ``throughput`` entries for local days: ``per_day_local`` (:func:`cases_per_local_day` of the
-    completed cases ``done``), ``timezone`` (the zone and the UTC offsets of those days, :func:`days_label`; without
+    completed cases ``done``, every day of the period listed: :func:`every_day`), ``days_without_run_local`` (the
+    days listed with 0 on which no run was active), ``timezone`` (the zone and the UTC offsets of those days, :func:`days_label`; without
     days, the offset as of the latest run's end) and ``timezone_by_day_local`` (each day's own, with both offsets on
     the day of a daylight-saving change)."""
     zone, name = report_zone(timezone)
-    per_day = cases_per_local_day(list(done.ended_at), intervals, zone)
+    per_day, no_run = every_day(cases_per_local_day(list(done.ended_at), intervals, zone))
     latest = max((e for _, e in intervals), default=time.time())
     return {
         "per_day_local": per_day,
+        "days_without_run_local": no_run,
         "timezone": days_label(list(per_day), zone, name) if per_day else zone_label(zone, name, latest),
         "timezone_by_day_local": {day: days_label([day], zone, name) for day in per_day},
     }

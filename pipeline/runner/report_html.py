@@ -302,6 +302,13 @@ def status_banner(status: dict[str, Any]) -> str:
     return f'{STATUS_START}<p class="run-status {_e(state)}" style="{style}"><b>Run status:</b> {_e(text)}</p>{STATUS_END}'
 
 
+def _day_rows(per_day: dict[str, int], no_run: list[str]) -> str:
+    """Rows of a daily table: day, completed cases, and "no run" on a day no run was active (not "ran, did nothing")."""
+    return "".join(
+        f"<tr><td>{_e(d)}</td><td>{n}</td><td>{'no run' if d in no_run else 'ran'}</td></tr>" for d, n in per_day.items()
+    )
+
+
 def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[str, Any]], skipped: Any) -> str:
     """The report page (see the module docstring)."""
     s = summary
@@ -314,8 +321,9 @@ def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[
     )
     more = len(s["failed_cases"]) - CASES_SHOWN
     fails_more = f"<p>and {more} more in failures.csv</p>" if more > 0 else ""
-    daily = "".join(f"<tr><td>{_e(d)}</td><td>{n}</td></tr>" for d, n in s["throughput"]["per_day_utc"].items())
-    local = "".join(f"<tr><td>{_e(d)}</td><td>{n}</td></tr>" for d, n in s["throughput"].get("per_day_local", {}).items())
+    tp = s["throughput"]
+    daily = _day_rows(tp["per_day_utc"], tp.get("days_without_run_utc", []))
+    local = _day_rows(tp.get("per_day_local", {}), tp.get("days_without_run_local", []))
     sk = s["skipped"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ctpipe throughput report</title>
 <style>body{{font-family:sans-serif;max-width:72em;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
@@ -346,8 +354,8 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 <p>{_e(s["throughput"].get("method", ""))}.</p><p>{_e(s["capacity"].get("method", ""))}.</p>
 <h2>Throughput</h2>{img("throughput", "throughput over time")}
 <p>Completed cases per calendar day, local time ({_e(s["throughput"].get("timezone", "?"))}) and UTC:</p>
-<table style="display:inline-table;margin-right:2em"><tr><th>day ({_e(s["throughput"].get("timezone", "?"))})</th><th>cases</th></tr>{local}</table>
-<table style="display:inline-table"><tr><th>day (UTC)</th><th>cases</th></tr>{daily}</table>
+<table style="display:inline-table;margin-right:2em"><tr><th>day ({_e(s["throughput"].get("timezone", "?"))})</th><th>cases</th><th>run</th></tr>{local}</table>
+<table style="display:inline-table"><tr><th>day (UTC)</th><th>cases</th><th>run</th></tr>{daily}</table>
 <h2>Latency (seconds)</h2>{_stat_table(s["latency_s"], "stage")}
 <p>n: completed cases for end_to_end, successful runs of the stage for each stage (these include the stages a
 quarantined case passed before the one that failed, and those of a series also run in another run folder).</p>

@@ -3,7 +3,9 @@
 
 Figures: completed cases per hour and per calendar day (UTC, and per local day in a named time zone,
 :mod:`.report_days`; an hour or day during which a run was active without completing a case is listed
-with 0); the measured
+with 0, and so is every calendar day between the first and the last day of the period on which no run was active,
+named in ``days_without_run_utc`` / ``days_without_run_local``: the mean of the daily rows is the mean per calendar
+day); the measured
 rate (completed cases ÷ hours during which runs were active, overlapping runs
 counted once; a run under way, its process alive on this host, is active until the report is made, a killed run
 until its last recorded stage; over the runs of several machines, their combined rate, and the
@@ -54,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from .capacity import active_seconds, estimate, model_workers, run_workers, stage_overlap
-from .report_days import per_local_day
+from .report_days import every_day, per_local_day
 from .report_inputs import run_folders
 from .report_method import capacity_method, throughput_method
 from .tables import (
@@ -406,6 +408,7 @@ def summarize(
     counts = ended.dt.floor("h").value_counts()
     hourly = counts.reindex(active.union(counts.index), fill_value=0).sort_index()
     daily = hourly.groupby(hourly.index.strftime("%Y-%m-%d")).sum().sort_index()
+    per_day_utc, no_run_utc = every_day({str(k): int(v) for k, v in daily.items()})
     ok = stages[stages.status == "ok"]
     stage_order = list(dict.fromkeys(ok.sort_values("id").stage)) if len(ok) else []
     latency = {s: _pct(ok[ok.stage == s].wall_s) for s in stage_order}
@@ -478,7 +481,8 @@ def summarize(
             "enough_to_project": enough,
             "projection_rule": f"at least {MIN_CASES_TO_PROJECT} completed cases and {MIN_MINUTES_TO_PROJECT:g} active minutes",
             "per_hour_utc": {k.strftime("%Y-%m-%d %H:00"): int(v) for k, v in hourly.items()},
-            "per_day_utc": {str(k): int(v) for k, v in daily.items()},
+            "per_day_utc": per_day_utc,
+            "days_without_run_utc": no_run_utc,
             **per_local_day(done, intervals, timezone),
         },
         "latency_s": {"end_to_end": _pct(done.latency_s), **latency},
