@@ -119,7 +119,7 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
         ax.set_ylabel("cases")
         out["throughput"] = _png(fig)
 
-    ok = t["stages"][t["stages"].status == "ok"]
+    ok = t["stages"][(t["stages"].status == "ok") & ~t["stages"].skipped]
     if len(ok):  # no completed stage: no latency or stage plot
         series = [("end to end", done.latency_s.dropna())] if len(done) else []
         series += [(s, ok[ok.stage == s].wall_s.dropna()) for s in summary["latency_s"] if s != "end_to_end"]
@@ -256,12 +256,17 @@ def _csv_bytes(df: Any) -> bytes:
 
 
 def _latency_table(latency: dict[str, dict[str, Any]]) -> Any:
-    """``latency.csv``: per stage (and end to end) the count and the mean and percentiles in seconds (``_s``)."""
+    """``latency.csv``: per stage (and end to end) the count and the mean and percentiles in seconds (``_s``) of the
+    attempts that did the stage's work, and ``n_skipped``: the cases that skipped the stage (empty for end to end)."""
     import pandas as pd
 
     cols = ["n", "mean", *(f"p{p}" for p in PCTS)]
-    rows = [{"stage": k, **{(c if c == "n" else f"{c}_s"): v.get(c) for c in cols}} for k, v in latency.items()]
-    return pd.DataFrame(rows, columns=["stage", "n", "mean_s", *(f"p{p}_s" for p in PCTS)])
+    rows = [
+        {"stage": k, **{(c if c == "n" else f"{c}_s"): v.get(c) for c in cols}, "n_skipped": v.get("skipped")}
+        for k, v in latency.items()
+    ]
+    out = pd.DataFrame(rows, columns=["stage", "n", "mean_s", *(f"p{p}_s" for p in PCTS), "n_skipped"])
+    return out.astype({"n_skipped": "Int64"})
 
 
 def _cases_table(cases: Any) -> Any:

@@ -11,7 +11,8 @@ counted once; a run under way, its process alive on this host, is active until t
 until its last recorded stage; over the runs of several machines, their combined rate, and the
 headline names the machines) and its projection to cases per day; latency p50/p90/p99 per
 stage (wall time of successful attempts, s), queue waits, and end to end (case
-start to publication, s); failures by error class; GPU utilisation when NVML
+start to publication, s; a stage a case skipped, detection of a scan without lungs, is no sample of the stage's
+latency but counted in its ``skipped``); failures by error class; GPU utilisation when NVML
 samples exist, per GPU (``host:index`` when the runs come from several hosts); the capacity model (:mod:`.capacity`): cases/day for N GPUs over M nodes
 from the runs' own stage times, beside the reference deployment.
 
@@ -409,9 +410,12 @@ def summarize(
     hourly = counts.reindex(active.union(counts.index), fill_value=0).sort_index()
     daily = hourly.groupby(hourly.index.strftime("%Y-%m-%d")).sum().sort_index()
     per_day_utc, no_run_utc = every_day({str(k): int(v) for k, v in daily.items()})
+    stages["skipped"] = skipped_attempts(stages, cases)
     ok = stages[stages.status == "ok"]
     stage_order = list(dict.fromkeys(ok.sort_values("id").stage)) if len(ok) else []
-    latency = {s: _pct(ok[ok.stage == s].wall_s) for s in stage_order}
+    n_skipped = {s: int((ok.skipped & (ok.stage == s)).sum()) for s in stage_order}
+    ok = ok[~ok.skipped]  # a stage that returned at once without its work is no latency sample: counted as skipped
+    latency = {s: {**_pct(ok[ok.stage == s].wall_s), "skipped": n_skipped[s]} for s in stage_order}
     by_node = _node_latency(ok, runs, stage_order)
     waits = {s: _pct(ok[ok.stage == s].queue_wait_s) for s in stage_order}
     peak = {
@@ -485,7 +489,7 @@ def summarize(
             "days_without_run_utc": no_run_utc,
             **per_local_day(done, intervals, timezone),
         },
-        "latency_s": {"end_to_end": _pct(done.latency_s), **latency},
+        "latency_s": {"end_to_end": {**_pct(done.latency_s), "skipped": None}, **latency},
         "latency_by_node_s": by_node,
         "queue_wait_s": waits,
         "peak_rss_mb": peak,
@@ -507,6 +511,28 @@ def summarize(
         "capacity": capacity_out,
     }
     return summary, t
+
+
+#: The stages a completed case can skip, and its column in ``cases`` saying why (None: the stage ran).
+SKIPPABLE = {"detect": "detect_skipped"}
+
+
+def skipped_attempts(stages: Any, cases: Any) -> Any:
+    """Per stage attempt (row of ``stages``) whether it is a stage its case skipped (detection of a scan without
+    lungs, :data:`SKIPPABLE`): the attempt is recorded ``ok`` with the fraction of a millisecond it took to return, which is
+    no measure of the stage's latency."""
+    import pandas as pd
+
+    out = pd.Series(False, index=stages.index)
+    for stage, col in SKIPPABLE.items():
+        if col not in cases:
+            continue
+        why = cases[cases.status == "done"].set_index(["run_dir", "case_key"])[col]
+        keys = set(why[why.notna()].index)
+        out |= (stages.stage == stage) & pd.Series(
+            [(d, k) in keys for d, k in zip(stages.run_dir, stages.case_key)], index=stages.index, dtype=bool
+        )
+    return out
 
 
 def _side_by_side(runs: Any, spans: dict[str, tuple[float, float]]) -> float:
