@@ -188,3 +188,17 @@ def test_a_series_processed_again_the_next_night_is_one_case_counted_on_the_firs
     assert [(e["case_id"], e["run_dir"], e["status"], e["counted_in"]) for e in s["other_attempts"]] == [
         ("a", str(night2.resolve()), "done", str(night1.resolve()))
     ]
+
+
+def test_the_page_says_how_a_series_done_twice_is_counted_as_the_figures_count_it(tmp_path):
+    """A series done on the 15th and again, from a new folder, on the 16th: one case, on the 15th, in r1's row; the
+    page's rule says so, not only that a case counts in the run that last worked on it (r2)."""
+    night1 = _night(tmp_path / "n1", "r1", 0, {"a": "done"})
+    night2 = _night(tmp_path / "n2", "r2", 1, {"a": "done", "d": "done"})
+    rep = build_report([night1, night2], tmp_path / "rep")
+    runs = {r["run_id"]: r["n_done"] for r in rep.summary["runs_table"]}
+    assert runs == {"r1": 1, "r2": 1}  # a in r1, where it was first done; d in r2
+    assert rep.summary["throughput"]["per_day_utc"] == {"2027-01-15": 1, "2027-01-16": 1}
+    page = rep.html.read_text()
+    rule = page.split("<h2>Runs</h2>", 1)[1].split("<table", 1)[0]
+    assert "several run folders" in rule and "at its first completion: in that run and on the day" in rule

@@ -342,8 +342,12 @@ td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
 <p>Cases: {s["cases"]["done"]} done, {s["cases"]["failed"]} quarantined (failed: listed with the reason and the fix under Failures), {s["cases"]["unfinished"]} unfinished
 ({s["cases"].get("interrupted", 0)} interrupted), of {s["cases"]["total"]}. Discovery skipped {sk["files"]} file(s) and {sk["series"]} series (listed below).</p>
 <h2>Runs</h2>
-<p>Each case is counted in the run that last worked on it. A run killed without an end record is interrupted
-once a later run started or its process is gone; so is the case it was working on.</p>
+<p>Each case is counted once. In one run folder, in the run that last worked on it: a run resumed after a kill
+does not count again what the killed run finished. A series found in several run folders (a nightly run into a
+folder of its own meeting a series again) is counted at its first completion: in that run and on the day its results
+were first published; a later completion, or a failure before it, is listed under "Series tried in several run
+folders" and not counted again (its time still counts as active time). A run killed without an end record is
+interrupted once a later run started or its process is gone; so is the case it was working on.</p>
 {_runs_table(s["runs_table"], s["cases"])}
 <h2>Cases</h2>
 <p>Lung volumes marked * are unreliable (a quality flag, e.g. lungs cut by the scan range, makes them meaningless;

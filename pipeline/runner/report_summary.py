@@ -26,8 +26,8 @@ Quality: each completed case's flags (:mod:`pipeline.reconstruction.quality`);
 the headline counts the cases with at least one warning flag. What discovery left
 out is counted from each folder's latest run (:func:`latest_skipped`).
 
-Runs (``runs.csv``): each case is counted once, in the run of its latest attempt
-(:func:`.tables.finishing_run`), with its outcome there: a run resumed after a
+Runs (``runs.csv``): each case is counted once; within a run folder in the run of its latest attempt
+(:func:`.tables.finishing_run`), with its outcome there (across folders, see below: its first completion): a run resumed after a
 kill does not count again what the killed run finished, and a killed run (no end
 record) shows what it finished. A run without an end record that a later run of
 its folder followed, or whose process is gone, is shown ``interrupted``, and so
@@ -37,7 +37,8 @@ counts once, with its cases (:func:`.tables.drop_copies`); ``copied_runs`` lists
 
 Cases are distinct series: a series found in several folders (nightly runs, each into a folder of its own, meet a
 series quarantined one night and completed the next, or one still in the source, processed again) counts once, at
-its first completion, else as its latest attempt (:func:`.tables.drop_other_attempts`); ``other_attempts`` lists the
+its first completion (in that run and on that day: the day its results were first published; doing it again later
+adds no case and moves it to no other day), else as its latest attempt (:func:`.tables.drop_other_attempts`); ``other_attempts`` lists the
 attempts not counted (the failure of the first night, with its reason; a completion again); their runs' time is
 still active time.
 
