@@ -189,10 +189,30 @@ def test_csv_findings_are_whole_numbers_and_empty_for_failed_cases(report_dir):
     assert {r["case_id"]: r["n_findings"] for r in rows} == {"a": "2", "b": "1", "c": "0", "bad": ""}
 
 
-def test_csv_run_counts_are_whole_numbers_and_empty_where_not_recorded(report_dir):
+def test_csv_run_counts_are_whole_numbers_and_unknown_where_they_cannot_be_known(report_dir):
     rows = read_table(report_dir / "runs.csv").rows
     counts = {r["run_id"]: (r["n_done"], r["n_failed"], r["n_failed_earlier"]) for r in rows}
-    assert counts == {"r1": ("1", "0", ""), "r2": ("2", "0", "0"), "r3": ("0", "1", "0")}  # r1 was killed: no end record
+    # r1 was killed (no end record) and later runs changed the store since: what it left quarantined is not known
+    assert counts == {"r1": ("1", "0", "unknown"), "r2": ("2", "0", "0"), "r3": ("0", "1", "0")}
+
+
+def test_a_killed_latest_run_counts_the_cases_it_left_quarantined_as_its_end_would_have(tmp_path):
+    """r1 quarantines bad; r2 is killed with case a done, not retrying bad: it would have recorded 1 at its end."""
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", pid=_dead_pid())
+    _begin(store, "bad", "r1", {"ingest": "failed"})
+    store.fail_case("bad:fp", reason="no PixelData", error_class="TruncatedFileError", stage="ingest")
+    store.end_run("r1", status="completed", n_cases=1, n_done=0, n_failed=1, n_skipped=0)
+    _start(store, "r2", pid=_dead_pid())
+    _done(store, "a", "r2")
+    store.close()
+    rep = build_report([run_dir], tmp_path / "rep")
+    runs = _runs(rep.summary)
+    assert (runs["r1"]["n_failed_earlier"], runs["r2"]["n_failed_earlier"]) == (0, 1)
+    assert runs["r2"]["n_failed_earlier_from"] == "run store" and runs["r1"]["n_failed_earlier_from"] == "end record"
+    table = {r["run_id"]: r["n_failed_earlier"] for r in read_table(rep.out_dir / "runs.csv").rows}
+    assert table == {"r1": "0", "r2": "1"}
 
 
 def test_csv_latency_columns_name_their_unit(report_dir):

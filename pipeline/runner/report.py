@@ -250,6 +250,16 @@ def _node_latency_table(by_node: dict[str, dict[str, dict[str, Any]]]) -> Any:
     return pd.DataFrame(rows, columns=["node", "stage", "n", "mean_s", *(f"p{p}_s" for p in PCTS)])
 
 
+def _runs_csv(rows: list[dict[str, Any]]) -> Any:
+    """``runs.csv``: counts as whole numbers, ``n_failed_earlier`` "unknown" where it cannot be known (a killed run
+    that later runs of its folder followed; see :func:`.report_summary.summarize`)."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows, columns=RUNS_COLUMNS)
+    known = pd.to_numeric(df.n_failed_earlier, errors="coerce").astype("Int64")
+    return df.assign(n_failed_earlier=known.astype(object).where(known.notna(), "unknown"))
+
+
 def _csv_bytes(df: Any) -> bytes:
     """``df`` as a CSV file: UTF-8 with a byte-order mark (Excel on Windows reads it as UTF-8), no index."""
     return df.to_csv(index=False).encode("utf-8-sig")
@@ -331,8 +341,8 @@ def _tables(summary: dict[str, Any], t: dict, skipped: Any) -> dict[str, Any]:
 
     tp = summary["throughput"]
     return {
-        # counts as whole numbers; n_failed_earlier empty for a run without an end record (not 0.0 beside it)
-        "runs.csv": pd.DataFrame(summary["runs_table"], columns=RUNS_COLUMNS).astype({"n_failed_earlier": "Int64"}),
+        # counts as whole numbers; n_failed_earlier "unknown" where it cannot be known (not 0.0 beside it, nor blank)
+        "runs.csv": _runs_csv(summary["runs_table"]),
         "latency.csv": _latency_table(summary["latency_s"]),
         "latency_by_node.csv": _node_latency_table(summary["latency_by_node_s"]),
         # every day of the period, run_active False on a day without any run (its 0 is not "ran, completed nothing")

@@ -184,7 +184,7 @@ def _runs_table(runs: list[dict[str, Any]], cases: dict[str, int]) -> str:
         f"<td>{_e(r['started_utc'])}</td>"
         f"<td>{_e(r['ended_utc'] or 'no end record')}</td><td>{active_time(r['active_s'])}</td><td>{_e(r['device'])}</td>"
         f"<td>{r['n_done']}</td><td>{r['n_failed']}</td><td>{r['n_unfinished']}</td>"
-        f"<td>{'' if r.get('n_failed_earlier') is None else r['n_failed_earlier']}</td></tr>"
+        f"<td>{'unknown' if r.get('n_failed_earlier') is None else r['n_failed_earlier']}</td></tr>"
         for r in runs
     )
     total = (

@@ -311,7 +311,7 @@ def _runs_table(runs: Any, cases: Any, finished_in: Any, durations: dict[str, fl
     """One row per run: status as the report shows it, start and end (ISO 8601 UTC; no end record: None), active
     time (s) and the cases of its latest attempts by outcome (``finished_in``: :func:`.tables.finishing_run`),
     so that each case is counted in one run only; ``n_failed_earlier``: the cases quarantined by earlier runs that it
-    left as they were (not retried), as it recorded at its end (None without an end record). A case that no run
+    left as they were (not retried), and where that figure comes from (:func:`_failed_earlier`). A case that no run
     started is unfinished in the latest run of its folder, the run that left it."""
     latest = runs.sort_values("started_at").groupby("run_dir").run_id.last()
     finished_in = finished_in.where(finished_in.notna(), cases.run_dir.map(latest))
@@ -331,11 +331,26 @@ def _runs_table(runs: Any, cases: Any, finished_in: Any, durations: dict[str, fl
                 "device": r["device"],
                 "host": r["host"],
                 **{k: int(counts.get((r["run_dir"], r["run_id"], k), 0)) for k in ("n_done", "n_failed", "n_unfinished")},
-                # as the run recorded at its end: quarantined by earlier runs and not retried (None: not recorded)
-                "n_failed_earlier": _count(r.get("n_failed_earlier")) if _finite_time(r["ended_at"]) else None,
+                **_failed_earlier(r, cases, latest),
             }
         )
     return rows
+
+
+def _failed_earlier(run: Any, cases: Any, latest: Any) -> dict[str, Any]:
+    """``n_failed_earlier`` of ``run`` (a row of ``runs``): the cases quarantined by earlier runs of its folder that
+    it left as they were, and ``n_failed_earlier_from``, where that figure comes from: ``end record`` (as the run
+    recorded it at its end), ``run store`` (a run without an end record, killed or under way, that is the latest of
+    its folder: the store is as it left it, so the figure is counted as its end would have counted it: the folder's
+    quarantined cases whose latest attempt is not this run's), or ``unknown`` (None: a later run of the folder has
+    retried or quarantined cases since, and the store keeps no earlier state; or a store of an earlier version)."""
+    if _finite_time(run["ended_at"]):
+        n = _count(run.get("n_failed_earlier"))
+        return {"n_failed_earlier": n, "n_failed_earlier_from": "end record" if n is not None else "unknown"}
+    if latest.get(run["run_dir"]) != run["run_id"]:
+        return {"n_failed_earlier": None, "n_failed_earlier_from": "unknown"}
+    mine = cases[(cases.run_dir == run["run_dir"]) & (cases.status == "failed")]
+    return {"n_failed_earlier": int((mine.run_id != run["run_id"]).sum()), "n_failed_earlier_from": "run store"}
 
 
 def summarize(
