@@ -77,20 +77,19 @@ def _doc(mm: float, score: float, device: str) -> dict[str, Any]:
 def test_a_run_on_another_machine_gives_the_results_the_same_uids() -> None:
     seed = _uid_seed(_ctx(_doc(0.0, 0.0, "cpu")), SOURCE, {})
     assert _uid_seed(_ctx(_doc(1.1e-5, 9e-7, "cuda:1")), SOURCE, {}) == seed
-    moved = _doc(0.0, 0.0, "cpu")
-    moved["findings"][0]["center_lps"][0] += 0.5  # a finding half a millimetre away: another result
-    assert _uid_seed(_ctx(moved), SOURCE, {})["sr"] != seed["sr"]
+    other_model = {**_doc(0.0, 0.0, "cpu"), "model": "demo_2"}  # another model's findings: another result
+    assert _uid_seed(_ctx(other_model), SOURCE, {})["sr"] != seed["sr"]
 
 
-def test_box_edges_rounding_the_other_way_leave_the_uids_when_the_results_do_not_change() -> None:
+def test_box_edges_rounding_the_other_way_leave_the_uids() -> None:
     """Runs with another worker count move a box by some 0.0005 mm: its edge at -91.5848 mm moves to -91.5852 mm (-91.58
-    and -91.59 to 0.01 mm), its centre and extents stay what the SR states (-86.46 mm; 10.36 mm wide), so the results
-    are the same and keep their UIDs; a box 0.02 mm wider is another result."""
+    and -91.59 to 0.01 mm); the results name the same finding and keep their UIDs, as they do for a box measured
+    0.04 mm wider."""
     seed = _uid_seed(_ctx(_doc(0.0, 0.0, "cpu")), SOURCE, {})
     assert _uid_seed(_ctx(_doc(-0.0004, 0.0, "cpu")), SOURCE, {}) == seed
     wider = _doc(0.0, 0.0, "cpu")
     wider["findings"][0]["box_max_lps"][0] += 0.04
-    assert _uid_seed(_ctx(wider), SOURCE, {})["sr"] != seed["sr"]
+    assert _uid_seed(_ctx(wider), SOURCE, {}) == seed
 
 
 def test_a_score_just_below_one_is_not_stated_as_certainty(tmp_path: Path) -> None:
@@ -100,3 +99,55 @@ def test_a_score_just_below_one_is_not_stated_as_certainty(tmp_path: Path) -> No
     sure = [replace(case.findings[0], score=0.99999594)]
     path = write_sr(tmp_path / "sr.dcm", source=case.source, volume=case.volume, findings=sure, nodules=case.nodules, **MODEL)
     assert read_sr_findings(path).score.tolist() == [0.999]
+
+
+def _on_a_rounding_edge(finding: Any) -> tuple[Any, Any]:
+    """The finding with its centre's x on a 0.01 mm rounding edge, and 1e-6 mm beside it: two runs with other worker
+    counts whose centres are stated 0.01 mm apart."""
+    x = float(np.floor(finding.center_lps[0] * 100) / 100 + 0.005)
+    a = replace(finding, center_lps=(x + 1e-6, *finding.center_lps[1:]))
+    b = replace(finding, center_lps=(x - 1e-6, *finding.center_lps[1:]))
+    assert round(a.center_lps[0], 2) != round(b.center_lps[0], 2)  # they are stated apart
+    return a, b
+
+
+def test_centres_that_round_apart_at_a_hundredth_of_a_millimetre_keep_the_uids(tmp_path: Path) -> None:
+    """The SR's and SEG's series and instance UIDs and each nodule's tracking UID name the case and the finding, not
+    its measured centre: a centre 1e-6 mm further, stated 0.01 mm apart, leaves them (a rerun with 4 workers instead
+    of 1 gives the archive the same series, not a second SR and SEG)."""
+    import pydicom
+
+    from pipeline.dicom_out import read_sr_findings
+
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    masks = {"lung_left": case.phantom.masks["lung_left"], "lung_right": case.phantom.masks["lung_right"]}
+    options = dict(source=case.source, volume=case.volume, nodules=case.nodules, organ_masks=masks, stable_uids=True)
+    a, b = _on_a_rounding_edge(case.findings[0])
+    written = [
+        write_dicom_outputs(tmp_path / name, findings=[f, *case.findings[1:]], **options, **MODEL)
+        for name, f in (("a", a), ("b", b))
+    ]
+    for kind in ("sr", "seg"):
+        ds = [pydicom.dcmread(w[kind], stop_before_pixels=True) for w in written]
+        assert ds[0].SeriesInstanceUID == ds[1].SeriesInstanceUID, kind
+        assert ds[0].SOPInstanceUID == ds[1].SOPInstanceUID, kind
+    tracking = [read_sr_findings(w["sr"]).tracking_uid.tolist() for w in written]
+    assert tracking[0] == tracking[1]
+    segs = [pydicom.dcmread(w["seg"], stop_before_pixels=True) for w in written]
+    assert [s.TrackingUID for s in segs[0].SegmentSequence if "TrackingUID" in s] == tracking[0]
+    assert [s.TrackingUID for s in segs[1].SegmentSequence if "TrackingUID" in s] == tracking[0]
+
+
+def test_a_run_whose_centres_round_apart_keeps_the_uids() -> None:
+    """``ctpipe run``: the same findings with centres 1e-6 mm apart across a 0.01 mm rounding edge give the same
+    seeds; another finding reported gives others."""
+    on_edge = _doc(0.0, 0.0, "cpu")
+    on_edge["findings"][0]["center_lps"][0] = -86.465 + 1e-6
+    beside = _doc(0.0, 0.0, "cpu")
+    beside["findings"][0]["center_lps"][0] = -86.465 - 1e-6
+    assert round(on_edge["findings"][0]["center_lps"][0], 2) != round(beside["findings"][0]["center_lps"][0], 2)
+    seed = _uid_seed(_ctx(on_edge), SOURCE, {})
+    assert _uid_seed(_ctx(beside), SOURCE, {}) == seed
+    more = _doc(0.0, 0.0, "cpu")
+    more["findings"].append(more["below_threshold"][0])
+    assert _uid_seed(_ctx(more), SOURCE, {})["sr"] != seed["sr"]

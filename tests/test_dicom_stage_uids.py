@@ -42,10 +42,13 @@ def test_options_that_leave_the_results_unchanged_keep_their_uids() -> None:
     for overrides in unchanged:
         meshes = {**MEASUREMENTS, "files": {"mesh": ["case_body.stl", "case_body.glb"]}}
         assert _uid_seed(_ctx(overrides), SOURCE, meshes) == seed, overrides
-    other_findings = {**FINDINGS, "findings": [{"center_lps": [-86.46, 82.39, -9.07], "score": 0.98}]}
+    rescored = {**FINDINGS, "findings": [{"center_lps": [-86.46, 82.39, -9.07], "score": 0.98}]}
+    assert _uid_seed(_ctx({}, rescored), SOURCE, MEASUREMENTS) == seed  # the same finding, measured again
+    second = {"center_lps": [20.39, 5.55, -192.33], "score": 0.5}
+    other_findings = {**FINDINGS, "findings": [*FINDINGS["findings"], second]}
     assert _uid_seed(_ctx({}, other_findings), SOURCE, MEASUREMENTS) != seed
-    lungs_measured = _uid_seed(_ctx({}), SOURCE, {**MEASUREMENTS, "lungs": {"lung_left_volume_ml": 2400.0}})
-    assert lungs_measured["sr"] != seed["sr"] and lungs_measured["seg"] == seed["seg"]  # the SEG holds no volumes
+    one_lung = _uid_seed(_ctx({}), SOURCE, {**MEASUREMENTS, "lungs": {"lung_left_volume_ml": 2400.0}})
+    assert one_lung["sr"] != seed["sr"] and one_lung["seg"] == seed["seg"]  # the SEG holds no volumes
     omitted = _uid_seed(_ctx({"outputs.seg_omit_empty_frames": True}), SOURCE, MEASUREMENTS)
     assert omitted["seg"] != seed["seg"] and omitted["sr"] == seed["sr"]
 

@@ -27,9 +27,12 @@ from .model import NoduleDetail, ReportedFinding, as_bool_mask, reported_finding
 from .seg import write_seg_object
 from .sources import SourceSeries, check_source, read_source_series
 from .sr import build_sr, save
-from .uids import add_mask, reported_measurements, source_images, stable_uid
+from .uids import add_mask, finding_identity, reported_measurements, source_images, stable_uid, without_measures
 
 log = logging.getLogger(__name__)
+
+#: the masks that give each finding's lung side
+SIDE_MASKS = ("lung_left", "lung_right")
 
 __all__ = ["OUTPUTS", "write_dicom_outputs", "write_seg", "write_sr"]
 
@@ -265,6 +268,7 @@ def write_dicom_outputs(
             src,
             reported,
             {name: as_bool_mask(m, volume.geometry, name) for name, m in masks.items()} if "seg" in outputs else {},
+            sides={name: as_bool_mask(m, volume.geometry, name) for name, m in sides.items() if name in SIDE_MASKS},
             measurements=measurements,
             quality=quality,
             sr_options={
@@ -314,6 +318,7 @@ def content_seeds(
     reported: Sequence[ReportedFinding],
     masks: Mapping[str, np.ndarray],
     *,
+    sides: Mapping[str, np.ndarray] | None = None,
     measurements: Mapping[str, Any] | None,
     quality: Any,
     sr_options: Mapping[str, Any],
@@ -322,24 +327,36 @@ def content_seeds(
     """SHA-256 digests of what each of a case's results is made of, by output (``sr``, ``seg``).
 
     Both: the source images (SOP Instance UIDs) and the patient and study attributes copied from them, and the reported
-    findings (LPS mm, with each one's side and segmented size). The SR: the measurements it reports (lungs, nodules),
-    the quality report and ``sr_options``. The SEG: the nodule masks, the organ masks (``[k, j, i]`` on the volume's
-    grid) and ``seg_options``. Equal for equal results, whatever the time, the run or the other output written beside.
+    findings' identities (:func:`~pipeline.dicom_out.uids.finding_identity`: which findings, their sides, lobes and
+    compositions). The SR: what its measurements and quality report state (lungs, nodules, flags; not the measured
+    numbers), the lung masks that give the findings' sides (``sides``) and the nodule masks (which its lung and nodule
+    volumes are measured on), and ``sr_options``. The SEG: the nodule masks, the organ masks (``[k, j, i]`` on the volume's grid) and
+    ``seg_options``. Equal for equal results, whatever the time, the run, the other output written beside, or the last
+    digits in which the findings' centres and sizes (LPS mm) and scores differ between runs with other worker counts.
     """
     quality_doc = quality.to_json() if hasattr(quality, "to_json") else quality
     common = {
         "source": source_images(source),
         "patient_study": {k: str(v) for k, v in source.patient_study().items()},
-        "findings": [{k: v for k, v in vars(f).items() if k != "mask"} for f in reported],
+        "findings": [finding_identity(f) for f in reported],
     }
-    sr = {**common, "measurements": reported_measurements(measurements), "quality": quality_doc, "options": dict(sr_options)}
+    sr_parts = {
+        **common,
+        "measurements": without_measures(reported_measurements(measurements)),
+        "quality": without_measures(quality_doc),
+        "options": dict(sr_options),
+    }
+    sr = hashlib.sha256(json.dumps(sr_parts, sort_keys=True, default=str).encode())
     seg = hashlib.sha256(json.dumps({**common, "options": dict(seg_options)}, sort_keys=True, default=str).encode())
     for f in reported:
         if f.mask is not None:
-            add_mask(seg, f"nodule {f.rank}:{list(f.mask.offset_kji)}", f.mask.mask)
+            for digest in (sr, seg):
+                add_mask(digest, f"nodule {f.rank}:{list(f.mask.offset_kji)}", f.mask.mask)
+    for name in sorted(sides or {}):
+        add_mask(sr, name, (sides or {})[name])
     for name in sorted(masks):
         add_mask(seg, name, masks[name])
-    return {"sr": hashlib.sha256(json.dumps(sr, sort_keys=True, default=str).encode()).hexdigest(), "seg": seg.hexdigest()}
+    return {"sr": sr.hexdigest(), "seg": seg.hexdigest()}
 
 
 def _uids(kind: str, seed: str | Mapping[str, str] | None) -> tuple[str | None, str | None]:

@@ -2,8 +2,9 @@
 
 :func:`reported_findings` turns the detector's findings (LPS mm), the nodule segmentations and the
 lung masks into :class:`ReportedFinding` records, shared by the SR (one measurement group each) and
-the SEG (one segment each). Tracking UIDs are derived from the source series and the finding's
-centre, so an SR and a SEG written separately for the same case name each nodule alike.
+the SEG (one segment each). Tracking UIDs are derived from the source series and the finding's place in
+the detector's findings (:func:`~pipeline.dicom_out.uids.finding_uid`), not its measured centre, so an SR and a SEG
+written separately for the same case, or by runs with other worker counts, name each nodule alike.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..reconstruction.nodule_geometry import (
     nodule_mask,
 )
 from ..volume import Geometry, LabelMap
-from .uids import stable_uid
+from .uids import finding_uid
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..detection.findings import Finding
@@ -143,11 +144,6 @@ def as_bool_mask(mask: np.ndarray | LabelMap, geometry: Geometry, name: str) -> 
     return arr if arr.dtype == bool else arr.astype(bool)
 
 
-def tracking_uid(series_uid: str, center: np.ndarray) -> str:
-    """The tracking UID of the finding at ``center`` (LPS mm) in series ``series_uid`` (deterministic)."""
-    return stable_uid("ctpipe-finding", series_uid, *(f"{v:.3f}" for v in center))
-
-
 def reported_findings(
     findings: Sequence[Finding | Mapping[str, Any]],
     geometry: Geometry,
@@ -216,7 +212,7 @@ def reported_findings(
                 rank=rank,
                 index=n,
                 tracking_id=f"Nodule {rank}",
-                tracking_uid=tracking_uid(series_uid, center),
+                tracking_uid=finding_uid(series_uid, n),
                 center_lps=(float(center[0]), float(center[1]), float(center[2])),
                 half_axes_mm=(float(half[0]), float(half[1]), float(half[2])),
                 diameter_mm=round(diameter, MM_DECIMALS),

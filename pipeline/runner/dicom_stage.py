@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..dicom_out.uids import add_mask, reported_measurements, source_images
+from ..dicom_out.uids import add_mask, reported_measurements, source_images, without_measures
 from .recon_stages import LUNGS, load_lung_mask, load_organ_masks, lungs_first, read_case_volume
 from .stage import CaseContext, Stage, WorkerInfo
 
@@ -89,8 +89,8 @@ def _uid_seed(
     files, so a series retrieved another way gives the same results the same UIDs), the patient and study attributes the results copy from the source
     (``patient_study``: :meth:`SourceSeries.patient_study`; a corrected PatientID or name, which may leave every file's
     size as it was, gives new UIDs rather than reusing those filed under the old patient) and its reported findings as
-    the results state them (:func:`_stated_findings`). The SR: the quality report, the measurements it
-    reports (lungs, nodules), the lung masks that give each finding's side (``sides`` when given, else those of
+    the results report them (:func:`_stated_findings`). The SR: what the quality report and the measurements it
+    reports (lungs, nodules) state, without their measured numbers (the masks they are measured on are part), the lung masks that give each finding's side (``sides`` when given, else those of
     ``masks``) and the nodule masks (their sizes). The SEG: every
     organ mask, the nodule masks (with their place on the volume's grid) and ``outputs.seg_omit_empty_frames``. Options
     that leave a result as it is (meshes, renderings, PNGs, ``privacy``, whether the other result is written, organs
@@ -104,8 +104,8 @@ def _uid_seed(
     }
     sr = {
         **common,
-        "quality": ctx.state.get("quality"),
-        "measurements": reported_measurements(measurements),
+        "quality": without_measures(ctx.state.get("quality")),
+        "measurements": without_measures(reported_measurements(measurements)),
         "masks": _masks_digest({o: m for o, m in (sides if sides is not None else masks).items() if o in LUNGS}, nodules or ()),
     }
     seg = {
@@ -120,38 +120,16 @@ def _uid_seed(
 
 
 def _stated_findings(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """What the results state of the case's findings (a findings JSON document, LPS mm): the model, operating point,
-    reason and flags, and each reported finding's centre, box half extents (as the SR gives its ellipsoid, not the
-    box's edges) and size (to :data:`~pipeline.dicom_out.model.MM_DECIMALS`) and score
-    (:func:`~pipeline.dicom_out.model.stated_score`). Not the candidates below the operating point, the device or the
-    timings, which no result holds, nor the last digits in which runs with other threads differ."""
-    from ..dicom_out.model import MM_DECIMALS, stated_score
-
+    """What identifies the findings the results report (a findings JSON document): the model, operating point, reason
+    and flags, and which findings are reported (their places in the detector's findings, highest score first). Not
+    their measured centres, boxes, sizes and scores (LPS mm), whose last digits differ between runs with other worker
+    counts and, stated to 0.01 mm, round the other way now and again; nor the candidates below the operating point,
+    the device or the timings, which no result holds."""
     if doc is None:
         return None
-
-    def mm(value: Any) -> list[float] | None:
-        return None if value is None else [round(float(v), MM_DECIMALS) for v in value]
-
-    def half_extent(f: Mapping[str, Any]) -> list[float] | None:
-        """The box's half extents, as the SR states an unsegmented finding's ellipsoid (not its edges, whose rounding
-        can change where the extents' does not)."""
-        lo, hi = f.get("box_min_lps"), f.get("box_max_lps")
-        if lo is None or hi is None:
-            return None
-        return mm(abs(float(b) - float(a)) / 2 for a, b in zip(lo, hi, strict=True))
-
     return {
         **{key: doc.get(key) for key in ("model", "score_threshold", "reason", "flags")},
-        "findings": [
-            {
-                "center_lps": mm(f.get("center_lps")),
-                "half_extent_mm": half_extent(f),
-                "diameter_mm": round(float(f.get("diameter_mm") or 0.0), MM_DECIMALS),
-                "score": stated_score(float(f.get("score") or 0.0)),
-            }
-            for f in doc.get("findings") or ()
-        ],
+        "findings": list(range(len(doc.get("findings") or ()))),
     }
 
 
