@@ -140,10 +140,12 @@ SCHEMA: dict[str, dict[str, Option]] = {
             choices=DICOM_OUTPUTS,
         ),
         "seg_omit_empty_frames": Option(
-            False,
+            True,
             "bool",
             "",
-            "leave the frames without any segmented voxel out of the SEG (smaller; viewers then show those slices without a segment)",
+            "leave each segment's frames without any segmented voxel out of the SEG (as highdicom, dcmqi and OHIF write it: "
+            "a viewer pages through the slices a segment touches, not hundreds of blank frames); false keeps one frame per "
+            "slice per segment, for a viewer that maps frames to slices by their order",
         ),
     },
     "runner": {

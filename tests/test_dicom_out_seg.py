@@ -402,3 +402,42 @@ def test_other_organs_are_coloured_as_the_pngs_outline_them(tmp_path):
         expected = tuple(int(colours[organ][i : i + 2], 16) for i in (1, 3, 5))
         assert np.abs(np.subtract(shown[label], expected)).max() <= 2, (label, shown[label], expected)
     assert len(set(shown.values())) == 3
+
+
+def test_the_seg_leaves_out_empty_frames_by_default(tmp_path):
+    """A viewer pages through a segment's frames: by default the SEG holds, per segment, only the slices it touches
+    (as highdicom, dcmqi and OHIF write them), each frame naming its source image and that image's position (LPS mm);
+    ``omit_empty_frames=False`` keeps one frame per slice per segment."""
+    case = phantom_case(tmp_path / "case")
+    path = write_seg(
+        tmp_path / "seg.dcm",
+        source=case.source,
+        volume=case.volume,
+        score_threshold=0.5,
+        organ_masks=case.organ_masks,
+        findings=case.findings,
+        nodules=case.nodules,
+    )
+    ds = pydicom.dcmread(path)
+    expected = _expected(case)
+    touched = [np.flatnonzero(m.any(axis=(1, 2))).tolist() for m in expected]
+    assert int(ds.NumberOfFrames) == sum(len(ks) for ks in touched) < len(expected) * case.volume.shape[0]
+    by_uid = {u: k for k, u in enumerate(case.source.sop_instance_uids)}
+    frames: dict[int, list[int]] = {}
+    for item in ds.PerFrameFunctionalGroupsSequence:
+        k = by_uid[str(item.DerivationImageSequence[0].SourceImageSequence[0].ReferencedSOPInstanceUID)]
+        position = [float(v) for v in item.PlanePositionSequence[0].ImagePositionPatient]
+        np.testing.assert_allclose(position, case.source.positions[k], atol=1e-6)  # LPS mm
+        frames.setdefault(int(item.SegmentIdentificationSequence[0].ReferencedSegmentNumber), []).append(k)
+    assert [frames[s + 1] for s in range(len(expected))] == touched
+    got = _by_slice(hd.seg.segread(path), case.source).astype(bool)
+    for s, mask in enumerate(expected):
+        assert np.array_equal(got[..., s], mask), s
+    every = pydicom.dcmread(_seg(case, tmp_path / "every.dcm", omit_empty_frames=False), stop_before_pixels=True)
+    assert int(every.NumberOfFrames) == len(expected) * case.volume.shape[0]
+
+
+def test_ctpipe_run_leaves_out_empty_frames_by_default():
+    from pipeline.config import load_config
+
+    assert load_config(environ={}).outputs.seg_omit_empty_frames is True

@@ -49,7 +49,7 @@ def test_options_that_leave_the_results_unchanged_keep_their_uids() -> None:
     assert _uid_seed(_ctx({}, other_findings), SOURCE, MEASUREMENTS) != seed
     one_lung = _uid_seed(_ctx({}), SOURCE, {**MEASUREMENTS, "lungs": {"lung_left_volume_ml": 2400.0}})
     assert one_lung["sr"] != seed["sr"] and one_lung["seg"] == seed["seg"]  # the SEG holds no volumes
-    omitted = _uid_seed(_ctx({"outputs.seg_omit_empty_frames": True}), SOURCE, MEASUREMENTS)
+    omitted = _uid_seed(_ctx({"outputs.seg_omit_empty_frames": False}), SOURCE, MEASUREMENTS)
     assert omitted["seg"] != seed["seg"] and omitted["sr"] == seed["sr"]
 
 

@@ -164,7 +164,7 @@ def write_seg(
     findings: Any = (),
     nodules: Sequence[Any] | None = None,
     details: Mapping[int, NoduleDetail] | None = None,
-    omit_empty_frames: bool = False,
+    omit_empty_frames: bool = True,
     series_number: int = 902,
     segment_codes: Mapping[str, tuple[Any, Any]] | None = None,
 ) -> Path:
@@ -212,7 +212,7 @@ def write_dicom_outputs(
     outputs: Sequence[str] = OUTPUTS,
     stem: str | None = None,
     names: Mapping[str, str] | None = None,
-    omit_empty_frames: bool = False,
+    omit_empty_frames: bool = True,
     keep_identifiers: bool = True,
     uid_seed: str | Mapping[str, str] | None = None,
     created: datetime.datetime | None = None,

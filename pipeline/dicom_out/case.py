@@ -122,7 +122,7 @@ def write_case_dicom(
     quality: Any = None,
     stem: str | None = None,
     names: Mapping[str, str] | None = None,
-    omit_empty_frames: bool = False,
+    omit_empty_frames: bool = True,
     keep_identifiers: bool = True,
     uid_seed: str | Mapping[str, str] | None = None,
     created: datetime.datetime | None = None,

@@ -8,10 +8,11 @@ outline them). Segment descriptions,
 algorithm identification (ctpipe and its version), pixel measures and plane orientation are built with highdicom;
 the frames are encoded by :mod:`.seg_encode`.
 
-Frames. With ``omit_empty_frames=False`` (the default) every segment has one frame per source
-slice, in slice order, so that viewers which map a segment's frames to the source images by order
-show every mask where it belongs; with ``True`` only the slices a segment touches are stored (an
-empty segment keeps one empty frame). Either way each frame names its source image (and frame, for
+Frames. With ``omit_empty_frames=True`` (the default, as highdicom's and dcmqi's: OHIF and 3D Slicer place each
+frame by its source image and position) only the slices a segment touches are stored, so a viewer paging through a
+segment's frames is not shown hundreds of blank ones (an empty segment keeps one empty frame); with ``False`` every
+segment has one frame per source slice, in slice order, for viewers that map a segment's frames to the source images
+by order. Either way each frame names its source image (and frame, for
 a multi-frame source) and carries that image's ImagePositionPatient. A volume corrected for a gantry tilt has its
 slices in the planes of its source images, shifted in-plane on a grid grown to hold them: its frames (the grid's
 rows and columns) carry each slice's own position in its image's plane (LPS mm) and state the image's spatial
@@ -294,7 +295,7 @@ def write_seg_object(
     volume: CTVolume,
     organ_masks: Mapping[str, np.ndarray | LabelMap] | None,
     findings: Sequence[ReportedFinding],
-    omit_empty_frames: bool = False,
+    omit_empty_frames: bool = True,
     series_number: int = 902,
     series_uid: str | None = None,
     sop_instance_uid: str | None = None,
