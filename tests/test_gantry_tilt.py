@@ -188,7 +188,14 @@ def test_dicom_seg_and_sr_of_a_tilt_corrected_volume_point_at_each_marker_in_its
     source = read_source_series(tmp_path / "dicom", vol)
     images = _source_images(tmp_path / "dicom")
     mask = vol.array > 0
-    seg_path = write_seg(tmp_path / "seg.dcm", source=source, volume=vol, score_threshold=0.5, organ_masks={"lung_left": mask})
+    seg_path = write_seg(  # every slice's frame, empty ones included: each names its image
+        tmp_path / "seg.dcm",
+        source=source,
+        volume=vol,
+        score_threshold=0.5,
+        organ_masks={"lung_left": mask},
+        omit_empty_frames=False,
+    )
     seg = pydicom.dcmread(seg_path)
     pixels = seg.pixel_array.reshape(-1, *g.shape[1:]).astype(bool)
     frame_of = {}
@@ -385,6 +392,7 @@ def test_a_sub_pixel_tilt_keeps_the_images_grid_and_its_dicom_seg(tmp_path, tilt
         volume=vol,
         score_threshold=0.5,
         organ_masks={"lung_left": vol.array > 0},
+        omit_empty_frames=False,  # a frame per slice, empty ones included: each at its image's position
     )
     ds = pydicom.dcmread(path)
     assert (int(ds.Rows), int(ds.Columns)) == (ROWS, COLS)
