@@ -151,3 +151,27 @@ def test_a_run_whose_centres_round_apart_keeps_the_uids() -> None:
     more = _doc(0.0, 0.0, "cpu")
     more["findings"].append(more["below_threshold"][0])
     assert _uid_seed(_ctx(more), SOURCE, {})["sr"] != seed["sr"]
+
+
+def test_the_parts_of_a_split_series_name_their_nodules_apart(tmp_path: Path) -> None:
+    """Two parts of one series (one SeriesInstanceUID, other images) each have a first finding: their SRs give the
+    two nodules tracking UIDs of their own, while each part written again keeps its own."""
+    import copy
+    from dataclasses import replace as with_fields
+
+    from pipeline.dicom_out import read_sr_findings, write_sr
+
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    headers = [copy.deepcopy(ds) for ds in case.source.datasets]
+    for ds in headers:
+        ds.SOPInstanceUID = f"{str(ds.SOPInstanceUID)[:60]}.9"
+    other_part = with_fields(
+        case.source, datasets=tuple(headers), sop_instance_uids=tuple(str(ds.SOPInstanceUID) for ds in headers)
+    )
+    options = dict(volume=case.volume, findings=case.findings, nodules=case.nodules, **MODEL)
+    uids = {
+        name: read_sr_findings(write_sr(tmp_path / f"{name}.dcm", source=source, **options)).tracking_uid.tolist()
+        for name, source in (("a", case.source), ("again", case.source), ("other", other_part))
+    }
+    assert uids["again"] == uids["a"]
+    assert not set(uids["other"]) & set(uids["a"])

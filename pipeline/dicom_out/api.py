@@ -27,7 +27,15 @@ from .model import NoduleDetail, ReportedFinding, as_bool_mask, reported_finding
 from .seg import write_seg_object
 from .sources import SourceSeries, check_source, read_source_series
 from .sr import build_sr, save
-from .uids import add_mask, finding_identity, reported_measurements, source_images, stable_uid, without_measures
+from .uids import (
+    add_mask,
+    finding_identity,
+    images_key,
+    reported_measurements,
+    source_images,
+    stable_uid,
+    without_measures,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +130,7 @@ def _reported(
         _findings(findings, volume),
         volume.geometry,
         series_uid=source.series_instance_uid,
+        images=images_key(source),
         score_threshold=threshold,
         nodules=nodules,
         organ_masks=organ_masks,

@@ -2,7 +2,7 @@
 
 :func:`reported_findings` turns the detector's findings (LPS mm), the nodule segmentations and the
 lung masks into :class:`ReportedFinding` records, shared by the SR (one measurement group each) and
-the SEG (one segment each). Tracking UIDs are derived from the source series and the finding's place in
+the SEG (one segment each). Tracking UIDs are derived from the source images and the finding's place in
 the detector's findings (:func:`~pipeline.dicom_out.uids.finding_uid`), not its measured centre, so an SR and a SEG
 written separately for the same case, or by runs with other worker counts, name each nodule alike.
 """
@@ -153,13 +153,15 @@ def reported_findings(
     nodules: Sequence[Any] | None = None,
     organ_masks: Mapping[str, np.ndarray | LabelMap] | None = None,
     details: Mapping[int, NoduleDetail] | None = None,
+    images: str = "",
 ) -> list[ReportedFinding]:
     """The findings with ``score >= score_threshold``, highest score first, as :class:`ReportedFinding` records.
 
     findings: detector findings (``center_lps``, ``box_min_lps``/``box_max_lps``, ``diameter_mm``, ``score``; LPS mm).
     nodules: nodule segmentations of the same findings list (``NoduleResult`` objects or their JSON, matched by
         ``index``), for volumes and masks. organ_masks: ``lung_left`` / ``lung_right`` masks set each finding's side
-        when ``details`` does not. details: finding index → :class:`NoduleDetail`.
+        when ``details`` does not. details: finding index → :class:`NoduleDetail`. series_uid and images (the source
+        images' :func:`~pipeline.dicom_out.uids.images_key`) name the findings' tracking UIDs.
     """
     by_index = {int(_get(n, "index")): n for n in (nodules or ()) if _get(n, "index") is not None}
     lungs = {
@@ -212,7 +214,7 @@ def reported_findings(
                 rank=rank,
                 index=n,
                 tracking_id=f"Nodule {rank}",
-                tracking_uid=finding_uid(series_uid, n),
+                tracking_uid=finding_uid(series_uid, n, images),
                 center_lps=(float(center[0]), float(center[1]), float(center[2])),
                 half_axes_mm=(float(half[0]), float(half[1]), float(half[2])),
                 diameter_mm=round(diameter, MM_DECIMALS),

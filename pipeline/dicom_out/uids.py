@@ -9,6 +9,7 @@ the results keep their UIDs, so that an archive files them as the same series, n
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,11 +33,17 @@ def source_images(source: Any) -> list[Any]:
     return [source.series_instance_uid, list(source.sop_instance_uids), list(source.frame_numbers or ())]
 
 
-def finding_uid(series_uid: str, index: int) -> str:
+def finding_uid(series_uid: str, index: int, images: str = "") -> str:
     """The tracking UID of finding ``index`` (its place in the detector's findings, highest score first) of series
-    ``series_uid``: the same in the SR and the SEG, and in every run on that series, whatever the finding's measured
-    centre (LPS mm) to its last digits."""
-    return stable_uid("ctpipe-finding", series_uid, str(int(index)))
+    ``series_uid``, on the source images named by ``images`` (:func:`images_key`; the parts of a split series share
+    their SeriesInstanceUID, not their images): the same in the SR and the SEG, and in every run on those images,
+    whatever the finding's measured centre (LPS mm) to its last digits."""
+    return stable_uid("ctpipe-finding", series_uid, images, str(int(index)))
+
+
+def images_key(source: Any) -> str:
+    """A SHA-256 digest of a source's :func:`source_images`."""
+    return hashlib.sha256(json.dumps(source_images(source)).encode()).hexdigest()
 
 
 #: what a reported finding's identity holds (:class:`~pipeline.dicom_out.model.ReportedFinding` fields): not its
