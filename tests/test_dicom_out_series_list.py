@@ -30,15 +30,11 @@ def test_sr_and_seg_show_their_date_and_maker_in_the_series_list(tmp_path: Path,
         score_threshold=0.5,
         stable_uids=stable,
     )
-    expected = case.source.acquired() if stable else None
     for kind, path in paths.items():
         ds = pydicom.dcmread(path, stop_before_pixels=True)
         assert (ds.get("SeriesDate"), ds.get("SeriesTime")) == (ds.ContentDate, ds.ContentTime), kind
         written = datetime.datetime.strptime(f"{ds.SeriesDate}{str(ds.SeriesTime).split('.')[0]}", "%Y%m%d%H%M%S")
-        if expected is not None:
-            assert written == expected, kind  # the source series' date and time, as the content's
-        else:
-            assert written >= before, kind
+        assert written >= before, kind  # when it was made, stable UIDs or not (never the scan's date)
         assert ds.Manufacturer == "ctpipe" and ds.get("ManufacturerModelName") == "ctpipe", kind
         assert ds.SoftwareVersions == __version__, kind
         assert ds.SeriesDescription.startswith("ctpipe ") and int(ds.SeriesNumber) > 0, kind

@@ -242,13 +242,15 @@ def write_dicom_outputs(
     keep_identifiers: False writes both without the source's patient identifiers (see
     :meth:`SourceSeries.without_identifiers`; the study and frame of reference stay the source's).
     uid_seed: derive the series and instance UIDs from this text (and ctpipe's version) instead of making new ones, or
-    from one text per output (``{"sr": ..., "seg": ...}``, each naming what that object holds); with ``created``
-    (creation and content date and time, default now) the files are then the same bytes whenever the same results are
-    written again, and an archive keeps one copy of each.
+    from one text per output (``{"sr": ..., "seg": ...}``, each naming what that object holds): the same results
+    written again are the same series and instances, and an archive keeps one copy of each.
     stable_uids: without ``uid_seed``, derive one per output from what it holds (:func:`content_seeds`: the source
     images and their patient and study, the reported findings; for the SR the measurements, quality, model and
-    operating point, for the SEG the masks), with ``created`` defaulting to the source series' date and time: the same
-    results written again are the same files, whichever other outputs are written beside them.
+    operating point, for the SEG the masks): the same results written again have the same UIDs and content, whichever
+    other outputs are written beside them.
+    created: when the results were made, their instance creation, content and series date and time (local time;
+    default now, one time for both; never the source's acquisition date). UIDs do not depend on it; the same results
+    written again with the same ``created`` are the same bytes.
     Raises :class:`~pipeline.errors.DicomOutputError` (:class:`~pipeline.errors.SourceMismatchError` for the source).
     """
     unknown = [o for o in outputs if o not in OUTPUTS]
@@ -287,7 +289,8 @@ def write_dicom_outputs(
             },
             seg_options={"omit_empty_frames": omit_empty_frames},
         )
-        created = created or src.acquired()
+    # when the results were made (never the scan's date: a PACS lists them by it); one time for the SR and the SEG
+    created = created or datetime.datetime.now().replace(microsecond=0)
     written: dict[str, Path] = {}
     if "sr" in outputs:
         written["sr"] = _write_sr(

@@ -16,9 +16,9 @@ names any result (:mod:`pipeline.dicom_out`):
 
 Both reference the case's source files (matched slice by slice to the cached volume) and are new
 series in the source's study and frame of reference. Each one's UIDs derive from the case and what
-that result holds (:func:`_uid_seed`), their creation date and time are the source series'
-(:meth:`SourceSeries.acquired`), so a case processed again (a resumed or repeated run, with or without
-the other result) gives the same files, byte for byte, and an archive they are sent to keeps one copy. They copy Patient and Study from the source, as DICOM
+that result holds (:func:`_uid_seed`), so a case processed again (a resumed or repeated run, with or without
+the other result) gives the same series and instances with the same content, and an archive they are sent to keeps
+one copy; their creation, content and series date and time are when the stage wrote them (never the scan's). They copy Patient and Study from the source, as DICOM
 results must to be filed with their study; they are the only files of a run folder that carry
 patient identifiers (``privacy.keep_identifiers`` governs everything else). The files are declared: the case is
 published only with them. A source that no longer matches (a file deleted or changed since ingest, a header
@@ -249,7 +249,6 @@ class DicomStage(Stage):
             omit_empty_frames=ctx.config.outputs.seg_omit_empty_frames,
             keep_identifiers=True,  # DICOM results belong with their study: Patient and Study copied from the source
             uid_seed=_uid_seed(ctx, source, measurements, masks, nodules, sides=sides, patient_study=source.patient_study()),
-            created=source.acquired(),
         )
         declared = [FILES[o] for o in paths]
         return {"declared": declared, "timings": {"dicom": round(time.perf_counter() - t0, 6)}}
