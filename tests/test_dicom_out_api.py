@@ -50,12 +50,12 @@ def test_outputs_from_ctpipe_results(tmp_path, one_torch_thread):
         if result.volume_mm3 is None:
             assert np.isnan(row.volume_mm3)
         else:
-            assert row.volume_mm3 == pytest.approx(result.volume_mm3, abs=0.005)  # stated to 0.01 mm³
+            assert row.volume_mm3 == pytest.approx(result.volume_mm3, abs=0.5)  # stated to 1 mm³
     content = read_sr_case(paths["sr"])
     lung_meas = rec.measurements["lungs"]
     assert content["measurements"], "the SR holds no lung measurement"
     for name, value in content["measurements"].items():
-        assert value == pytest.approx(lung_meas[name], rel=1e-12), name
+        assert value == pytest.approx(lung_meas[name], abs=0.05), name  # stated to 0.1 mL and 0.1 %
     assert content["quality_flags"] == list(quality.codes)
     assert content["lung_coverage"] == quality.lung_coverage
     seg = hd.seg.segread(paths["seg"])

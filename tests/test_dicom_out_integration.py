@@ -142,11 +142,13 @@ def test_reconstruct_writes_sr_and_seg_with_the_nodules(detected, tmp_path):
         if volumes[rank] is None:
             assert np.isnan(row.volume_mm3)
         else:
-            assert row.volume_mm3 == pytest.approx(volumes[rank], abs=0.01)
+            assert row.volume_mm3 == pytest.approx(volumes[rank], abs=0.5)  # stated to 1 mm³
     assert any(v is not None for v in volumes.values())
     content = read_sr_case(sr_path)
     assert content["quality_flags"] == [f["code"] for f in measurements["quality"]["flags"]]
-    assert content["measurements"]["lungs_total_volume_ml"] == pytest.approx(measurements["lungs"]["lungs_total_volume_ml"])
+    assert content["measurements"]["lungs_total_volume_ml"] == pytest.approx(
+        measurements["lungs"]["lungs_total_volume_ml"], abs=0.05
+    )  # stated to 0.1 mL
     # the SEG: both lungs voxel for voxel as the label map holds them, and a segment per segmented nodule
     seg = hd.seg.segread(seg_path)
     labels = [d.SegmentLabel for d in seg.SegmentSequence]

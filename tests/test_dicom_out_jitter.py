@@ -1,7 +1,7 @@
 """The same case run with another number of threads (another worker count, another machine) gives detector boxes and
 scores that differ in their last digits (about 1e-5 mm and 1e-6); its DICOM results must hold the same content, with the
-same UIDs, so that an archive keeps one copy. The results state positions and lengths to 0.01 mm, volumes to
-0.01 mm³ and scores to 0.001 (LPS mm throughout)."""
+same UIDs, so that an archive keeps one copy. The results state positions to 0.01 mm, lengths to 0.1 mm, volumes to
+1 mm³ and scores to 0.001 (LPS mm throughout)."""
 
 from __future__ import annotations
 

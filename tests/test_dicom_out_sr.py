@@ -84,8 +84,8 @@ def test_findings_round_trip(tmp_path, position, enhanced):
         assert row.frame_of_reference_uid == case.source.frame_of_reference_uid
         assert row.score == pytest.approx(f.score, abs=5e-4)  # stated to 0.001
         # the size of the nodule's segmentation (its volume's sphere), not the detector box's estimate
-        assert row.diameter_mm == pytest.approx(case.nodules[n].diameter_mm, abs=0.005)  # stated to 0.01 mm
-        assert row.volume_mm3 == pytest.approx(case.nodules[n].volume_mm3, abs=0.005)  # and 0.01 mm³
+        assert row.diameter_mm == pytest.approx(case.nodules[n].diameter_mm, abs=0.05)  # stated to 0.1 mm
+        assert row.volume_mm3 == pytest.approx(case.nodules[n].volume_mm3, abs=0.5)  # and 1 mm³
         assert row.diameter_mm == pytest.approx((6 * row.volume_mm3 / np.pi) ** (1 / 3), rel=0.02)
         assert row.diameter_mm <= row.long_axis_mm < f.diameter_mm * 1.6
         assert row.side == case.phantom.nodules[n].lung.removeprefix("lung_")
@@ -142,7 +142,7 @@ def test_case_content_round_trip(tmp_path):
     case = phantom_case(tmp_path / "case")
     path = _write(case, tmp_path / "sr.dcm")
     content = read_sr_case(path)
-    assert content["measurements"] == pytest.approx(LUNGS, rel=1e-12)
+    assert content["measurements"] == pytest.approx(LUNGS, abs=0.05)  # stated to 0.1 mL and 0.1 %
     assert content["nodules_present"] is True
     assert content["lung_coverage"] == "complete" and content["contrast_phase"] == "venous"
     assert content["quality_flags"] == ["thick_slices", "contrast_venous"]
@@ -196,7 +196,7 @@ def test_unreliable_measurements_are_left_out(tmp_path):
     )
     content = read_sr_case(_write(case, tmp_path / "sr.dcm", quality=quality))
     assert "lungs_total_volume_ml" not in content["measurements"] and "emphysema_index_pct" not in content["measurements"]
-    assert content["measurements"]["lung_left_volume_ml"] == pytest.approx(LUNGS["lung_left_volume_ml"])
+    assert content["measurements"]["lung_left_volume_ml"] == pytest.approx(LUNGS["lung_left_volume_ml"], abs=0.05)
     assert content["lung_coverage"] == "partial" and content["quality_flags"] == ["lungs_apex_cut"]
 
 

@@ -37,10 +37,14 @@ log = logging.getLogger(__name__)
 
 LOBES = {"left": ("upper", "lower"), "right": ("upper", "middle", "lower")}
 COMPOSITIONS = ("solid", "part_solid", "ground_glass")
-#: decimals of what the results state: positions and lengths in mm (0.01 mm), volumes in mm³ (0.01 mm³), scores (0.001).
-#: The same case on another machine or with another number of threads gives boxes and scores that differ in their last
-#: digits (about 1e-5 mm, 1e-6); stated to these decimals, its results are the same files with the same UIDs.
+#: decimals of what the results state: positions (coordinates, the ellipsoid's half axes) in mm (0.01 mm), nodule
+#: diameters and long axes in mm (0.1 mm, as a reader measures and the Fleischner and Lung-RADS categories use them),
+#: nodule volumes in mm³ (1 mm³), scores (0.001). The same case on another machine or with another number of threads
+#: gives boxes and scores that differ in their last digits (about 1e-5 mm, 1e-6); stated to these decimals, its results
+#: state the same numbers under the same UIDs.
 MM_DECIMALS = 2
+LENGTH_DECIMALS = 1
+VOLUME_MM3_DECIMALS = 0
 SCORE_DECIMALS = 3
 
 
@@ -73,8 +77,9 @@ class NoduleDetail:
 
 @dataclass(frozen=True)
 class ReportedFinding:
-    """One finding as the DICOM results report it (LPS mm throughout), its numbers to :data:`MM_DECIMALS` (mm, mm³)
-    and :data:`SCORE_DECIMALS` (score).
+    """One finding as the DICOM results report it (LPS mm throughout): positions to :data:`MM_DECIMALS` (mm), diameters
+    and long axes to :data:`LENGTH_DECIMALS` (mm), volumes to :data:`VOLUME_MM3_DECIMALS` (mm³), the score to
+    :data:`SCORE_DECIMALS`.
 
     rank: 1-based, by score. index: position in the detector's findings list. tracking_id / tracking_uid:
     name and UID of the nodule in the SR and the SEG. half_axes_mm: the SR ellipsoid's half axes along LPS x, y, z
@@ -217,9 +222,9 @@ def reported_findings(
                 tracking_uid=finding_uid(series_uid, n, images),
                 center_lps=(float(center[0]), float(center[1]), float(center[2])),
                 half_axes_mm=(float(half[0]), float(half[1]), float(half[2])),
-                diameter_mm=round(diameter, MM_DECIMALS),
-                long_axis_mm=round(long_axis, MM_DECIMALS),
-                volume_mm3=None if volume is None else round(float(volume), MM_DECIMALS),
+                diameter_mm=round(diameter, LENGTH_DECIMALS),
+                long_axis_mm=round(long_axis, LENGTH_DECIMALS),
+                volume_mm3=None if volume is None else round(float(volume), VOLUME_MM3_DECIMALS),
                 score=stated_score(float(_get(f, "score"))),
                 side=side,
                 lobe=detail.lobe,

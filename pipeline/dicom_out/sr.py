@@ -13,13 +13,13 @@ series' frame of reference):
   nearest the centre (for a volume corrected for a gantry tilt, the image in whose plane that slice lies: the
   coordinates stay LPS, unaffected by the slice's in-plane shift; the report holds no 2-D image coordinates), and the measurements Diameter (mm), Long axis (mm) and Volume (mm³) when the
   nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid then shows the box),
-  Probability (the detector score, unit 1) and the composition when known (positions and lengths to
-  0.01 mm, volumes to 0.01 mm³, the score to 0.001: :data:`.model.MM_DECIMALS`);
+  Probability (the detector score, unit 1) and the composition when known (positions to 0.01 mm, diameters and
+  long axes to 0.1 mm, volumes to 1 mm³, the score to 0.001: :data:`.model.MM_DECIMALS`, :data:`.model.LENGTH_DECIMALS`);
   every group carries the algorithm identification (detector name, version, parameters
   ``score_threshold=<operating point>`` and ``ctpipe=<version>``);
 * one TID 1501 case group: Nodule Present/Absent (the explicit no-findings statement; no statement in
   a report of a reconstruction that no detector ran on, whose algorithm is then the reconstruction and
-  names no operating point), lung volumes (ml, per side and both) and the emphysema index (%) where the quality report does not mark them
+  names no operating point), lung volumes (ml to 0.1, per side and both) and the emphysema index (% to 0.1) where the quality report does not mark them
   unreliable, and the quality assessment as coded evaluations (lung coverage, contrast phase, one
   "Quality Finding" per flag).
 """
@@ -50,14 +50,15 @@ log = logging.getLogger(__name__)
 PERSON_NAME_WARNING = r"The string .* is unlikely to represent the intended person name"
 
 SR_SERIES_DESCRIPTION = "ctpipe nodule report"
-#: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit)
-LUNG_MEASUREMENTS: dict[str, tuple[str, Any, Any]] = {
-    "lung_left_volume_ml": ("left", C.VOLUME, C.ML),
-    "lung_right_volume_ml": ("right", C.VOLUME, C.ML),
-    "lungs_total_volume_ml": ("both", C.VOLUME, C.ML),
-    "lung_left_emphysema_index_pct": ("left", C.EMPHYSEMA_INDEX, C.PERCENT),
-    "lung_right_emphysema_index_pct": ("right", C.EMPHYSEMA_INDEX, C.PERCENT),
-    "emphysema_index_pct": ("both", C.EMPHYSEMA_INDEX, C.PERCENT),
+#: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit, decimals stated: volumes
+#: to 0.1 mL, the emphysema index to 0.1 %)
+LUNG_MEASUREMENTS: dict[str, tuple[str, Any, Any, int]] = {
+    "lung_left_volume_ml": ("left", C.VOLUME, C.ML, 1),
+    "lung_right_volume_ml": ("right", C.VOLUME, C.ML, 1),
+    "lungs_total_volume_ml": ("both", C.VOLUME, C.ML, 1),
+    "lung_left_emphysema_index_pct": ("left", C.EMPHYSEMA_INDEX, C.PERCENT, 1),
+    "lung_right_emphysema_index_pct": ("right", C.EMPHYSEMA_INDEX, C.PERCENT, 1),
+    "emphysema_index_pct": ("both", C.EMPHYSEMA_INDEX, C.PERCENT, 1),
 }
 
 
@@ -117,7 +118,7 @@ def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> 
             hd.sr.Measurement(name=C.LONG_AXIS, value=f.long_axis_mm, unit=C.MM),
         ]
     if f.volume_mm3 is not None:
-        measurements.append(hd.sr.Measurement(name=C.VOLUME, value=f.volume_mm3, unit=C.MM3))
+        measurements.append(hd.sr.Measurement(name=C.VOLUME, value=int(round(f.volume_mm3)), unit=C.MM3))
     measurements.append(hd.sr.Measurement(name=C.PROBABILITY, value=f.score, unit=C.NO_UNITS))
     evaluations = []
     if f.composition is not None:
@@ -157,7 +158,7 @@ def _case_group(
     coverage, phase, flags, unreliable = _quality_parts(quality)
     lungs = (measurements or {}).get("lungs") or {}
     items = []
-    for name, (side, concept, unit) in LUNG_MEASUREMENTS.items():
+    for name, (side, concept, unit, decimals) in LUNG_MEASUREMENTS.items():
         value = lungs.get(name)
         if value is None:
             continue
@@ -165,7 +166,8 @@ def _case_group(
             log.info("%s not reported in the SR: the quality report marks it unreliable", name)
             continue
         site = hd.sr.FindingSite(anatomic_location=C.LUNG, laterality=C.LATERALITY[side])
-        items.append(hd.sr.Measurement(name=concept, value=float(value), unit=unit, finding_sites=[site]))
+        stated = round(float(value), decimals)
+        items.append(hd.sr.Measurement(name=concept, value=stated, unit=unit, finding_sites=[site]))
     evaluations = []
     if nodules_assessed:
         evaluations.append(hd.sr.QualitativeEvaluation(C.NODULE, C.PRESENT if findings else C.ABSENT))

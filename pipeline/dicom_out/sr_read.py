@@ -248,7 +248,7 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
     out["ctpipe_version"] = params.get("ctpipe")
     sides = {_key(v): k for k, v in C.LATERALITY.items()}
     by_key: dict[tuple[tuple[str, str], str | None], str] = {
-        (_key(concept), side): name for name, (side, concept, _) in LUNG_MEASUREMENTS.items()
+        (_key(concept), side): name for name, (side, concept, _, _) in LUNG_MEASUREMENTS.items()
     }
     for m in case.get_measurements():
         side: str | None = None
