@@ -158,9 +158,10 @@ def test_case_content_round_trip(tmp_path):
 
 def test_an_sr_without_private_codes_declares_no_private_coding_scheme(tmp_path):
     """ctpipe detect's SR (no reconstruction: no emphysema index, lung coverage, contrast phase or quality flag) uses
-    standard codes only: declaring ctpipe's private scheme there gave a validator warning for a code it never uses."""
+    standard codes only: declaring ctpipe's private scheme there gave a validator warning for a code it never uses.
+    No nodule segmentation either (detection makes none), so no volume-equivalent diameter."""
     case = phantom_case(tmp_path / "case")
-    path = _write(case, tmp_path / "sr.dcm", measurements=None, quality=None)
+    path = _write(case, tmp_path / "sr.dcm", measurements=None, quality=None, nodules=None)
     ds = pydicom.dcmread(path)
     used = {e.value for e in ds.iterall() if e.keyword == "CodingSchemeDesignator"}
     assert "99CTPIPE" not in used and "CodingSchemeIdentificationSequence" not in ds

@@ -103,3 +103,30 @@ def test_measurements_are_stated_at_the_precision_a_reader_uses(tmp_path: Path) 
     assert lengths and all(_decimals(v) <= 1 for v in lengths), stated  # diameters and long axes to 0.1 mm
     nodule_volumes = [v for v in volumes if v not in ("2423.3", "1234.6", "1188.8")]
     assert nodule_volumes and all(float(v) == round(float(v)) for v in nodule_volumes), volumes  # whole mm³
+
+
+def test_the_equivalent_sphere_diameter_is_named_as_such_not_as_a_diameter(tmp_path: Path) -> None:
+    """A reader takes "Diameter" for a measured long or short axis (Fleischner, Lung-RADS); the SR names the diameter of
+    the sphere of the nodule's volume for what it is, beside the nodule's long axis (SCT 103339001)."""
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    path = write_sr(
+        tmp_path / "sr.dcm",
+        source=case.source,
+        volume=case.volume,
+        findings=case.findings,
+        model_name="demo",
+        model_version="1",
+        score_threshold=0.5,
+        nodules=case.nodules,
+        organ_masks=case.organ_masks,
+    )
+    names = set()
+    for item in pydicom.dcmread(path).iterall():
+        if getattr(item, "keyword", "") == "ConceptNameCodeSequence":
+            code = item.value[0]
+            names.add((code.CodingSchemeDesignator, code.CodeValue, code.CodeMeaning))
+    assert ("SCT", "81827009", "Diameter") not in names
+    assert ("99CTPIPE", "equiv_diameter", "Volume-equivalent sphere diameter") in names
+    assert ("SCT", "103339001", "Long axis") in names
+    table = read_sr_findings(path)
+    assert table.diameter_mm.notna().all() and (table.diameter_mm <= table.long_axis_mm).all()

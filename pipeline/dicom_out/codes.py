@@ -25,14 +25,17 @@ left                      51440002
 Airway structure          SCT 89187006                SEG: airway segment
 Bone                      SCT 3138006                 SEG: bone segment
 Entire body               SCT 38266002                SEG: body segment
-Diameter                  SCT 81827009                SR: the nodule volume's sphere's diameter (mm)
-Long axis                 SCT 103339001               SR: longest extent of the nodule (voxel centres, mm)
+Long axis                 SCT 103339001               SR: longest extent of the nodule in 3-D (voxel centres,
+                                                      mm)
 Volume                    SCT 118565006               SR: nodule volume (mm³), lung volumes (mL)
 Probability               DCM 122157                  SR: detector score (0..1, unit "1"); no standard
                                                       code names a detector score
 Present / Absent          SCT 52101004 / 2667000      SR: "Nodule" present / absent (the explicit
                                                       no-findings statement)
 Quality finding           DCM 111052                  SR: name of each quality flag evaluation
+Volume-equivalent sphere  99CTPIPE                    SR: diameter of the sphere of the nodule's volume (mm);
+diameter                  equiv_diameter              neither DCM nor SCT codes this concept, and SCT
+                                                      81827009 "Diameter" reads as a measured axis
 Emphysema index           99CTPIPE emphysema_index    SR: % of lung voxels below -950 HU
 Nodule composition        99CTPIPE composition        SR: solid / part-solid / ground glass
 solid, part_solid,        99CTPIPE <same>             SR: values of "Nodule composition"
@@ -84,6 +87,7 @@ LATERALITY: dict[str, Code] = {
 }
 
 # --- measurements and evaluations ------------------------------------------------------------
+#: read back from SRs of earlier versions, which named the equivalent-sphere diameter so; never written
 DIAMETER = Code("81827009", "SCT", "Diameter")
 LONG_AXIS = Code("103339001", "SCT", "Long axis")
 VOLUME = Code("118565006", "SCT", "Volume")
@@ -104,6 +108,8 @@ def private(value: str, meaning: str) -> Code:
     return Code(value, PRIVATE_SCHEME, meaning)
 
 
+#: the diameter of the sphere of the nodule's volume: not a measured axis, which "Diameter" (SCT 81827009) is read as
+EQUIVALENT_DIAMETER = private("equiv_diameter", "Volume-equivalent sphere diameter")
 EMPHYSEMA_INDEX = private("emphysema_index", "Emphysema index (LAA-950)")
 COMPOSITION = private("composition", "Nodule composition")
 COMPOSITIONS: dict[str, Code] = {

@@ -11,7 +11,8 @@ series' frame of reference):
   along LPS x, y, z, longest first; around the nodule's segmentation when it was segmented, else the
   detector's box; a POINT when the box has no extent) referencing the source image
   nearest the centre (for a volume corrected for a gantry tilt, the image in whose plane that slice lies: the
-  coordinates stay LPS, unaffected by the slice's in-plane shift; the report holds no 2-D image coordinates), and the measurements Diameter (mm), Long axis (mm) and Volume (mm³) when the
+  coordinates stay LPS, unaffected by the slice's in-plane shift; the report holds no 2-D image coordinates), and the measurements Volume-equivalent sphere diameter (mm; ctpipe's code: no standard one names it), Long axis
+  (mm, the longest 3-D extent) and Volume (mm³) when the
   nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid then shows the box),
   Probability (the detector score, unit 1) and the composition when known (positions to 0.01 mm, diameters and
   long axes to 0.1 mm, volumes to 1 mm³, the score to 0.001: :data:`.model.MM_DECIMALS`, :data:`.model.LENGTH_DECIMALS`);
@@ -114,7 +115,7 @@ def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> 
     measurements = []
     if f.measured:  # from the nodule's segmentation; a detector box's size is not stated as a measurement
         measurements += [
-            hd.sr.Measurement(name=C.DIAMETER, value=f.diameter_mm, unit=C.MM),
+            hd.sr.Measurement(name=C.EQUIVALENT_DIAMETER, value=f.diameter_mm, unit=C.MM),
             hd.sr.Measurement(name=C.LONG_AXIS, value=f.long_axis_mm, unit=C.MM),
         ]
     if f.volume_mm3 is not None:

@@ -158,7 +158,8 @@ def _geometry(roi: Any) -> dict[str, Any]:
 
 def _measurements(group: Any) -> dict[str, float]:
     names = {
-        _key(C.DIAMETER): "diameter_mm",
+        _key(C.EQUIVALENT_DIAMETER): "diameter_mm",
+        _key(C.DIAMETER): "diameter_mm",  # SRs of earlier versions
         _key(C.LONG_AXIS): "long_axis_mm",
         _key(C.VOLUME): "volume_mm3",
         _key(C.PROBABILITY): "score",
