@@ -26,7 +26,7 @@ def _night_run(run_dir):
     store.close()
     _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ?", (NIGHT, NIGHT + 7200))
     for cid, minutes in (("a", 20), ("b", 40), ("c", 90)):
-        _clock(run_dir, "UPDATE cases SET ended_at = ? WHERE case_id = ?", (NIGHT + 60 * minutes, cid))
+        _clock(run_dir, "UPDATE cases SET ended_at = ?1, first_done_at = ?1 WHERE case_id = ?", (NIGHT + 60 * minutes, cid))
     return run_dir
 
 
@@ -77,7 +77,7 @@ def test_each_local_day_names_its_own_offset_across_a_daylight_saving_change(tmp
     store.close()
     _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ?", (at("2027-03-27T11:00:00+00:00"), at(ends["c"]) + 30))
     for cid, end in ends.items():
-        _clock(run_dir, "UPDATE cases SET ended_at = ? WHERE case_id = ?", (at(end), cid))
+        _clock(run_dir, "UPDATE cases SET ended_at = ?1, first_done_at = ?1 WHERE case_id = ?", (at(end), cid))
     rep = build_report([run_dir], tmp_path / "rep", timezone="Europe/Berlin")  # clocks go forward 2027-03-28 02:00
     tp = rep.summary["throughput"]
     assert tp["per_day_local"] == {"2027-03-27": 1, "2027-03-28": 1, "2027-03-29": 1}  # c: 23:59 CEST on the 29th

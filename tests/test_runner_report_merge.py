@@ -141,7 +141,7 @@ def _night(run_dir: Path, run_id: str, day: int, cases: dict[str, str]) -> Path:
     store.close()
     start = T0 + day * 86400
     _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ?", (start, start + 600))
-    _clock(run_dir, "UPDATE cases SET started_at = ?, ended_at = ?", (start + 1, start + 300))
+    _clock(run_dir, "UPDATE cases SET started_at = ?, ended_at = ?, first_done_at = ?2", (start + 1, start + 300))
     return run_dir
 
 

@@ -347,7 +347,7 @@ def test_every_day_of_the_period_is_listed_and_says_whether_a_run_was_active(tmp
     store.end_run("r2", status="completed", n_cases=1, n_done=0, n_failed=1, n_skipped=0)
     store.close()
     _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ? WHERE run_id = 'r1'", (T0, T0 + 3600))
-    _clock(run_dir, "UPDATE cases SET ended_at = ? WHERE run_id = 'r1'", (T0 + 600,))
+    _clock(run_dir, "UPDATE cases SET ended_at = ?1, first_done_at = ?1 WHERE run_id = 'r1'", (T0 + 600,))
     _clock(run_dir, "UPDATE runs SET started_at = ?, ended_at = ? WHERE run_id = 'r2'", (T0 + 2 * 86400, T0 + 2 * 86400 + 1800))
     rep = build_report([run_dir], tmp_path / "rep", timezone="Asia/Tokyo")
     tp = rep.summary["throughput"]
@@ -429,7 +429,7 @@ def test_a_run_under_way_is_active_until_the_report_is_made(tmp_path):
     store.close()
     _clock(run_dir, "UPDATE runs SET started_at = ?", (started,))
     _clock(run_dir, "UPDATE stage_attempts SET started_at = ?, ended_at = ?", (started, started + 0.1))
-    _clock(run_dir, "UPDATE cases SET started_at = ?, ended_at = ?", (started, started + 0.1))
+    _clock(run_dir, "UPDATE cases SET started_at = ?, ended_at = ?, first_done_at = ?2", (started, started + 0.1))
     before = time.time()
     s, _ = summarize([run_dir])
     (run,) = s["runs_table"]

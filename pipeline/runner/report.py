@@ -110,7 +110,7 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     done = t["cases"][t["cases"].status == "done"]
     if len(done):  # no completed case: no empty axes (the page says why there is no plot)
         fig, ax = _subplots(figsize=(8, 3))
-        ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
+        ended = pd.to_datetime(done.first_done_at, unit="s", utc=True)  # at its first completion, as the tables
         counts = ended.dt.floor(f"{bin_minutes}min").value_counts().sort_index()
         ax.bar(counts.index, counts.values, width=bin_minutes / 1440.0 * 0.9, align="edge", color="#3a7bd5")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole cases

@@ -137,12 +137,12 @@ def every_day(counts: dict[str, int]) -> tuple[dict[str, int], list[str]]:
 
 def per_local_day(done: Any, intervals: Sequence[tuple[float, float]], timezone: str | None) -> dict[str, Any]:
     """The report's ``throughput`` entries for local days: ``per_day_local`` (:func:`cases_per_local_day` of the
-    completed cases ``done``, every day of the period listed: :func:`every_day`), ``days_without_run_local`` (the
+    completed cases ``done``, each at its first completion ``first_done_at``, every day of the period listed: :func:`every_day`), ``days_without_run_local`` (the
     days listed with 0 on which no run was active), ``timezone`` (the zone and the UTC offsets of those days, :func:`days_label`; without
     days, the offset as of the latest run's end) and ``timezone_by_day_local`` (each day's own, with both offsets on
     the day of a daylight-saving change)."""
     zone, name = report_zone(timezone)
-    per_day, no_run = every_day(cases_per_local_day(list(done.ended_at), intervals, zone))
+    per_day, no_run = every_day(cases_per_local_day(list(done.first_done_at), intervals, zone))
     latest = max((e for _, e in intervals), default=time.time())
     return {
         "per_day_local": per_day,

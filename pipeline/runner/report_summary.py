@@ -38,7 +38,8 @@ counts once, with its cases (:func:`.tables.drop_copies`); ``copied_runs`` lists
 Cases are distinct series: a series found in several folders (nightly runs, each into a folder of its own, meet a
 series quarantined one night and completed the next, or one still in the source, processed again) counts once, at
 its first completion (in that run and on that day: the day its results were first published; doing it again later
-adds no case and moves it to no other day), else as its latest attempt (:func:`.tables.drop_other_attempts`); ``other_attempts`` lists the
+adds no case and moves it to no other day; so within one run folder, where a case done again after its published
+folder was removed keeps its first completion time, ``cases.first_done_at``), else as its latest attempt (:func:`.tables.drop_other_attempts`); ``other_attempts`` lists the
 attempts not counted (the failure of the first night, with its reason; a completion again); their runs' time is
 still active time.
 
@@ -420,7 +421,7 @@ def summarize(
         spans[str(r["run_id"])] = (float(r["started_at"]), max(float(r["started_at"]), float(end)))
     active_s = active_seconds(intervals)
     rate_h = 3600.0 * len(done) / active_s if active_s > 0 else 0.0
-    ended = pd.to_datetime(done.ended_at, unit="s", utc=True)
+    ended = pd.to_datetime(done.first_done_at, unit="s", utc=True)  # a case counts at its first completion
     active = _active_hours(intervals)  # an hour or day a run was active without completing a case counts 0
     counts = ended.dt.floor("h").value_counts()
     hourly = counts.reindex(active.union(counts.index), fill_value=0).sort_index()

@@ -267,7 +267,9 @@ class RunStore:
         detect_skipped: str | None = None,
         latency_s: float | None = None,
     ) -> None:
-        """Mark a case done with its findings, measurements and quality flags, in one transaction.
+        """Mark a case done with its findings, measurements and quality flags, in one transaction. ``ended_at`` (Unix
+        s) is also its ``first_done_at`` unless it was done before (its published folder removed and done again): a
+        case counts at its first completion.
 
         ``latency_s``: the case's end-to-end time (s) as the runner measured it on a monotonic clock; None: its end
         less its recorded start (Unix s; wrong by as much as the wall clock was stepped in between).
@@ -298,10 +300,11 @@ class RunStore:
                 [(case_key, f["code"], f.get("severity", "warning"), f.get("message")) for f in flags],
             )
             self.db.execute(
-                "UPDATE cases SET status='done', ended_at=?, latency_s=COALESCE(?, ? - started_at), n_findings=?, output_dir=?,"
+                "UPDATE cases SET status='done', ended_at=?, first_done_at=COALESCE(first_done_at, ?), latency_s=COALESCE(?, ? - started_at), n_findings=?, output_dir=?,"
                 " reason=NULL, error_class=NULL, failed_stage=NULL, lung_coverage=?, contrast_phase=?, flags=?,"
                 " detect_skipped=? WHERE case_key=?",
                 (
+                    ended,
                     ended,
                     latency_s,
                     ended,

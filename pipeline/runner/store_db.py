@@ -8,7 +8,9 @@ Tables
                     ``n_cases`` found, ``n_done`` completed by this run, ``n_failed`` of its cases quarantined by
                     this run, ``n_failed_earlier`` still quarantined by earlier runs and not retried,
                     ``n_skipped`` done by earlier runs).
-``cases``           one row per case, keyed by ``case_key`` = SeriesInstanceUID + content fingerprint.
+``cases``           one row per case, keyed by ``case_key`` = SeriesInstanceUID + content fingerprint;
+                    ``ended_at`` its latest end, ``first_done_at`` its first completion (a case done again, its
+                    published folder removed, keeps it: the report counts a case there).
 ``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB),
                     and ``detail``: the stage's own sub-step times (JSON, s; model time from CUDA events on a GPU).
 ``findings``        the detector's findings of completed cases (centres in LPS mm).
@@ -53,7 +55,7 @@ from .faults import environment_failure
 log = logging.getLogger(__name__)
 
 DB_NAME = "runs.sqlite"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -68,7 +70,7 @@ CREATE TABLE IF NOT EXISTS cases (
     source TEXT, status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'done', 'failed')),
     reason TEXT, error_class TEXT, failed_stage TEXT, attempts INTEGER NOT NULL DEFAULT 0, run_id TEXT,
     discovered_at REAL, started_at REAL, ended_at REAL, latency_s REAL, n_findings INTEGER, output_dir TEXT,
-    lung_coverage TEXT, contrast_phase TEXT, flags TEXT, detect_skipped TEXT
+    lung_coverage TEXT, contrast_phase TEXT, flags TEXT, detect_skipped TEXT, first_done_at REAL
 );
 CREATE TABLE IF NOT EXISTS stage_attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, case_key TEXT NOT NULL, stage TEXT NOT NULL,
@@ -111,7 +113,9 @@ CREATE TABLE IF NOT EXISTS deliveries (
 
 #: Columns added since schema version 1 (version 3 added the tables ``origins`` and ``deliveries`` only; version 4
 #: ``runs.n_failed_earlier``; version 5 ``runs.active_s`` and ``runs.active_at``: a run's time so far on the
-#: monotonic clock, and the Unix time it was recorded at): (table, column, declaration), added by :func:`migrate`.
+#: monotonic clock, and the Unix time it was recorded at; version 6 ``cases.first_done_at``, the case's first completion,
+#: which a completion again keeps, filled from ``ended_at`` for the cases done before): (table, column, declaration),
+#: added by :func:`migrate`.
 ADDED_COLUMNS = (
     ("cases", "lung_coverage", "TEXT"),
     ("cases", "contrast_phase", "TEXT"),
@@ -122,6 +126,7 @@ ADDED_COLUMNS = (
     ("runs", "n_failed_earlier", "INTEGER DEFAULT 0"),
     ("runs", "active_s", "REAL"),
     ("runs", "active_at", "REAL"),
+    ("cases", "first_done_at", "REAL"),
 )
 
 
@@ -192,6 +197,8 @@ def migrate(db: sqlite3.Connection, version: int, path: Path) -> None:
             have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        # a case done before version 6 was first done at its recorded end (the only completion time it kept)
+        db.execute("UPDATE cases SET first_done_at=ended_at WHERE status='done' AND first_done_at IS NULL")
         db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
     log.info("run store migrated from schema version %d to %d", version, SCHEMA_VERSION, extra={"event": "store_migrated"})
 

@@ -31,6 +31,7 @@ _LATER_COLUMNS: dict[str, dict[str, object]] = {
         "contrast_phase": None,
         "flags": None,
         "detect_skipped": None,
+        "first_done_at": None,
         "origin": None,
         "origin_via": None,
         "origin_study_uid": None,
@@ -98,6 +99,10 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
             if col not in df:
                 df[col] = value
     meas["reliable"] = meas["reliable"].fillna(1).astype(bool)
+    # a store of a ctpipe before first_done_at: its done cases were first done at their recorded end
+    first = pd.to_numeric(cases.first_done_at, errors="coerce").astype(float)
+    ended = pd.to_numeric(cases.ended_at, errors="coerce").astype(float)
+    cases["first_done_at"] = first.where(cases.status != "done", first.fillna(ended))
     if len(fnd):
         extra = pd.json_normalize([json.loads(d) for d in fnd.pop("data")])
         extra = extra.drop(columns=[c for c in extra.columns if c in fnd.columns], errors="ignore")
@@ -385,8 +390,9 @@ def drop_other_attempts(t: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFr
     if not len(cases) or cases.run_dir.nunique() < 2:
         return t, []
     ident = series_identity(cases)
-    when = cases.ended_at.fillna(cases.started_at).fillna(cases.discovered_at).fillna(0.0)
     done = (cases.status == "done").to_numpy()
+    ended_at = cases.first_done_at.where(done, cases.ended_at)  # a completion counts at the first one
+    when = ended_at.fillna(cases.started_at).fillna(cases.discovered_at).fillna(0.0)
     # the first completion first, else the latest attempt: sorted on (done, -end) for completions, (not done, end)
     rank = cases.assign(_id=ident, _done=done.astype(int), _order=[-w if d else w for w, d in zip(when.astype(float), done)])
     best = rank.sort_values(["_done", "_order"], kind="stable").groupby("_id").tail(1)
