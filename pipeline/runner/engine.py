@@ -219,6 +219,7 @@ class Engine:
             peak_cuda_mb=res.peak_cuda_mb,
             error=res.error,
             detail=res.outputs.pop("timings", None),
+            skip_reason=res.outputs.pop("skipped", None),  # recorded now: the case may still fail in a later stage
         )
         self.store.mark_active(self.run_id, active_s=time.monotonic() - self.started)  # its time should it be killed
         for obs in self.observers:

@@ -178,7 +178,7 @@ class DetectStage(Stage):
             res = self._empty(ctx, skip)
             data = res.to_json()
             data.pop("timings_ms", None)
-            return {"findings": [], "findings_doc": data, "detect_skipped": skip}
+            return {"findings": [], "findings_doc": data, "detect_skipped": skip, "skipped": skip}
         item = _HELD.pop((ctx.case.case_key, ctx.attempt), None)
         # the steps of loading the input again (lung mask, load; s), which the stage's wall time counts too
         reload: dict[str, float] = {}
@@ -188,8 +188,10 @@ class DetectStage(Stage):
                 self._loading = _Loading(ctx.worker)
             item = self._loading(ctx)
             reload = dict(item["timings"])
-        if item["case"] is None:
+        skipped = None
+        if item["case"] is None:  # no lungs to search in the input loaded again: no search, no latency sample
             res = self._empty(ctx, item["reason"])
+            skipped = item["reason"]
         else:
             cache = CaseCache(ctx.cache_dir)
             metadata = cache.entry(case_id).sidecar.get("metadata") or {}
@@ -202,7 +204,8 @@ class DetectStage(Stage):
         data = res.to_json()
         timings = data.pop("timings_ms", {})
         steps = {**reload, **{k: v / 1000.0 for k, v in timings.items()}}
-        return {"findings": data["findings"], "findings_doc": data, "timings": {k: round(v, 6) for k, v in steps.items()}}
+        out = {"findings": data["findings"], "findings_doc": data, "timings": {k: round(v, 6) for k, v in steps.items()}}
+        return {**out, "skipped": skipped} if skipped else out
 
     def _empty(self, ctx: CaseContext, reason: str | None) -> Any:
         """No findings, with the reason no search ran, the model and the threshold it would have reported at."""

@@ -536,11 +536,13 @@ SKIPPABLE = {"detect": "detect_skipped"}
 
 def skipped_attempts(stages: Any, cases: Any) -> Any:
     """Per stage attempt (row of ``stages``) whether it is a stage its case skipped (detection of a scan without
-    lungs, :data:`SKIPPABLE`): the attempt is recorded ``ok`` with the fraction of a millisecond it took to return, which is
-    no measure of the stage's latency."""
+    lungs): the attempt is recorded ``ok`` with the fraction of a millisecond it took to return, which is
+    no measure of the stage's latency. The attempt's own ``skip_reason`` says so, whatever became of its case; a
+    store of a ctpipe before it says so only of completed cases (:data:`SKIPPABLE`)."""
     import pandas as pd
 
-    out = pd.Series(False, index=stages.index)
+    out = stages.skip_reason.notna() if "skip_reason" in stages else pd.Series(False, index=stages.index)
+    out = out.astype(bool)
     for stage, col in SKIPPABLE.items():
         if col not in cases:
             continue

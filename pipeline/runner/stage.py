@@ -10,7 +10,8 @@ small, picklable outputs that later stages see in ``ctx.state``. The outputs
 (list of :class:`Measurement` or plain ``(name, value, unit)``), ``quality``
 (the case's quality report, :meth:`QualityReport.to_json`) and
 ``detect_skipped`` (why detection did not run) are stored in the run database
-when the case completes. ``declared`` (a list of paths relative to
+when the case completes. ``skipped`` (why the stage returned without its work) is
+stored with the attempt when it ends, and the report leaves such attempts out of the stage's latency. ``declared`` (a list of paths relative to
 ``ctx.workdir``) names files the stage wrote and promises: the case is
 published only when every declared file is there.
 """

@@ -226,15 +226,19 @@ class RunStore:
         peak_cuda_mb: float | None,
         error: str | None = None,
         detail: Mapping[str, Any] | None = None,
+        skip_reason: str | None = None,
     ) -> None:
+        """Record one stage attempt (times Unix s, memory MB). ``skip_reason``: why the stage returned without its
+        work (detection of a scan without lungs), or None: such an attempt is no sample of the stage's latency."""
         wait = None if ready_at is None or started_at is None else max(0.0, started_at - ready_at)
         self.db.execute(
             "INSERT INTO stage_attempts (run_id, case_key, stage, attempt, status, worker, device, ready_at, started_at,"
-            " ended_at, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb, error, detail) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+            " ended_at, wall_s, queue_wait_s, peak_rss_mb, peak_cuda_mb, error, detail, skip_reason)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
             " ON CONFLICT (case_key, stage, attempt) DO UPDATE SET status=excluded.status, worker=excluded.worker,"
             " device=excluded.device, started_at=excluded.started_at, ended_at=excluded.ended_at, wall_s=excluded.wall_s,"
             " queue_wait_s=excluded.queue_wait_s, peak_rss_mb=excluded.peak_rss_mb, peak_cuda_mb=excluded.peak_cuda_mb,"
-            " error=excluded.error, detail=excluded.detail",
+            " error=excluded.error, detail=excluded.detail, skip_reason=excluded.skip_reason",
             (
                 run_id,
                 case_key,
@@ -252,6 +256,7 @@ class RunStore:
                 peak_cuda_mb,
                 redact(error),
                 redact(json.dumps(detail)) if detail else None,
+                redact(skip_reason),
             ),
         )
 

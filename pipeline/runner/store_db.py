@@ -12,7 +12,9 @@ Tables
                     ``ended_at`` its latest end, ``first_done_at`` its first completion (a case done again, its
                     published folder removed, keeps it: the report counts a case there).
 ``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB),
-                    and ``detail``: the stage's own sub-step times (JSON, s; model time from CUDA events on a GPU).
+                    and ``detail``: the stage's own sub-step times (JSON, s; model time from CUDA events on a GPU);
+                    ``skip_reason``: why the attempt returned without its stage's work (detection of a scan without
+                    lungs), recorded when it happened: no latency sample of the stage, whatever became of the case.
 ``findings``        the detector's findings of completed cases (centres in LPS mm).
 ``measurements``    per-case measurements (name, value, unit) of completed cases; ``reliable`` = 0 (with the
                     ``reason``) for figures a quality flag makes meaningless.
@@ -55,7 +57,7 @@ from .faults import environment_failure
 log = logging.getLogger(__name__)
 
 DB_NAME = "runs.sqlite"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -76,7 +78,7 @@ CREATE TABLE IF NOT EXISTS stage_attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, case_key TEXT NOT NULL, stage TEXT NOT NULL,
     attempt INTEGER NOT NULL, status TEXT NOT NULL, worker TEXT, device TEXT,
     ready_at REAL, started_at REAL, ended_at REAL, wall_s REAL, queue_wait_s REAL,
-    peak_rss_mb REAL, peak_cuda_mb REAL, error TEXT, detail TEXT,
+    peak_rss_mb REAL, peak_cuda_mb REAL, error TEXT, detail TEXT, skip_reason TEXT,
     UNIQUE (case_key, stage, attempt)
 );
 CREATE TABLE IF NOT EXISTS findings (
@@ -114,8 +116,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
 #: Columns added since schema version 1 (version 3 added the tables ``origins`` and ``deliveries`` only; version 4
 #: ``runs.n_failed_earlier``; version 5 ``runs.active_s`` and ``runs.active_at``: a run's time so far on the
 #: monotonic clock, and the Unix time it was recorded at; version 6 ``cases.first_done_at``, the case's first completion,
-#: which a completion again keeps, filled from ``ended_at`` for the cases done before): (table, column, declaration),
-#: added by :func:`migrate`.
+#: which a completion again keeps, filled from ``ended_at`` for the cases done before; version 7
+#: ``stage_attempts.skip_reason``): (table, column, declaration), added by :func:`migrate`.
 ADDED_COLUMNS = (
     ("cases", "lung_coverage", "TEXT"),
     ("cases", "contrast_phase", "TEXT"),
@@ -127,6 +129,7 @@ ADDED_COLUMNS = (
     ("runs", "active_s", "REAL"),
     ("runs", "active_at", "REAL"),
     ("cases", "first_done_at", "REAL"),
+    ("stage_attempts", "skip_reason", "TEXT"),
 )
 
 
