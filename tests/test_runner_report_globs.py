@@ -1,6 +1,7 @@
 """``ctpipe report RUNS/*`` as a manager types it: the glob also catches entries of RUNS that are not run folders (a
 cron log, an earlier report's folder, a README, a dangling ``latest`` link). Those are left out, each named with the
-reason (a printed line, ``report.json`` ``left_out``); the report is made from the run folders. A folder that looks
+reason, counted per reason and never named (a folder beside the run folders may be named after a patient: a printed
+line per reason, ``report.json`` ``left_out``); the report is made from the run folders. A folder that looks
 like a run folder whose store is damaged, a path that does not exist and a glob with no run folder stay errors."""
 
 from __future__ import annotations
@@ -48,18 +49,38 @@ def test_report_over_a_glob_leaves_out_what_is_not_a_run_folder(tmp_path, capsys
     entries = sorted(str(p) for p in runs.iterdir())  # what the shell gives for RUNS/*
     assert main(["report", *entries, "--out", str(out)]) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
-    left = {Path(e["path"]).name: e["reason"] for e in json.loads((out / "report.json").read_text())["left_out"]}
-    assert sorted(left) == ["README", "cron.log", "latest", "report-november"]
-    assert "a file, not a run folder" in left["cron.log"]
-    assert "without a run store (runs.sqlite)" in left["report-november"]
-    assert "ctpipe report" in left["report-november"]  # recognised as an earlier report
-    assert "does not exist" in left["latest"] and "2026-11-30" in left["latest"]
-    for name in left:  # one line each, naming it and why
-        lines = [line for line in printed.splitlines() if line.startswith("left out") and name in line]
+    left = {e["reason"]: e["count"] for e in json.loads((out / "report.json").read_text())["left_out"]}
+    assert left == {
+        "a file, not a run folder": 2,  # cron.log, README
+        "a folder of ctpipe report files, without a run store (runs.sqlite): not a run folder": 1,  # an earlier report
+        "a link to a path that does not exist": 1,  # latest
+    }
+    for reason, n in left.items():  # one line each reason, with how many
+        lines = [line for line in printed.splitlines() if line.startswith(f"left out {n} path(s): {reason}")]
         assert len(lines) == 1, printed
     summary = json.loads((out / "report.json").read_text())
     assert summary["cases"]["done"] == 5  # both nights: 2 + 3 cases
     assert len(summary["runs_table"]) == 2
+
+
+def test_what_is_left_out_is_counted_never_named(tmp_path, capsys):
+    """A folder of an archive export named after the patient, beside the run folders, is no run folder: the report
+    (its page, report.json, its printed lines) says how many such paths it left out and why, not their names."""
+    runs = _runs_with_strays(tmp_path)
+    (runs / "SMITH^JOHN_1234567").mkdir()
+    (runs / "SMITH^JOHN_1234567" / "notes.txt").write_text("export\n")
+    (runs / "Doe_Jane_19600101.txt").write_text("export list\n")
+    (runs / "prior").symlink_to(runs / "DOE^JANE_7654321")  # a link to an export cleaned up since
+    out = tmp_path / "reports" / "x"
+    assert main(["report", *sorted(str(p) for p in runs.iterdir()), "--out", str(out)]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    for text in (printed, (out / "report.json").read_text(), (out / "report.html").read_text()):
+        for name in ("SMITH", "1234567", "Doe_Jane", "DOE^JANE", "7654321", "cron.log", "report-november"):
+            assert name not in text
+    left = {e["reason"]: e["count"] for e in json.loads((out / "report.json").read_text())["left_out"]}
+    assert left["a file, not a run folder"] == 3 and left["a link to a path that does not exist"] == 2
+    assert sum(left.values()) == 7
+    assert "Left out, not run folders" in (out / "report.html").read_text()
 
 
 def test_a_folder_that_looks_like_a_run_folder_with_a_damaged_store_stays_an_error(tmp_path, capsys):

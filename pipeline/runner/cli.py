@@ -117,7 +117,7 @@ def register(sub: Any) -> None:
         help="throughput/latency report over one or more run folders",
         description="Write report.html (plots embedded), report.json and CSV tables for RUN_DIRs into --out, writing "
         "nothing in the run folders (they may be read-only; --out cannot be one of them). What a glob catches beside the run folders (a file, a "
-        "folder without runs.sqlite) is left out with one line each. Exit status 0 written, 1 a path that does not "
+        "folder without runs.sqlite) is left out, counted with one line per reason (never named). Exit status 0 written, 1 a path that does not "
         "exist, a run store that cannot be read, no run folder among the paths or a report that could not be written "
         "(the earlier report in --out stays whole), 2 bad arguments (an unknown option, a value not allowed, an --out "
         "that is one of the RUN_DIRs).",
@@ -443,7 +443,7 @@ def _report(args: argparse.Namespace) -> int:
     if status["state"] in ("in_progress", "interrupted"):  # the figures are not those of a finished run: said first
         print(f"run status: {status['text']}")
     for entry in rep.summary["left_out"]:  # what a glob such as runs/* caught beside the run folders
-        print(f"left out {entry['path']}: {entry['reason']}")
+        print(f"left out {entry['count']} path(s): {entry['reason']}")
     print(rep.summary["projection"])
     print(rep.summary["capacity"]["text"])
     print(f"report: {rep.html}")

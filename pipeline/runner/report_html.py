@@ -247,11 +247,12 @@ def _copies_note(copies: list[dict[str, str]]) -> str:
     )
 
 
-def _left_out_note(left_out: list[dict[str, str]]) -> str:
-    """The page's list of the paths given that were not run folders (a log file, an earlier report), left out."""
+def _left_out_note(left_out: list[dict[str, Any]]) -> str:
+    """The page's count of the paths given that were not run folders (a log file, an earlier report), left out, per
+    reason (never their names: one may be named after a patient)."""
     if not left_out:
         return ""
-    items = "".join(f"<li>{_e(e['path'])}: {_e(e['reason'])}</li>" for e in left_out)
+    items = "".join(f"<li>{int(e['count'])} path(s): {_e(e['reason'])}</li>" for e in left_out)
     return f"<p><b>Left out, not run folders:</b></p><ul>{items}</ul>"
 
 

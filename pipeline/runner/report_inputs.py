@@ -5,7 +5,10 @@ run folders: a cron log, a README, an earlier report's folder, a ``latest`` link
 :func:`run_folders` leaves out what is plainly not a run folder (a file; a folder without a run store), each
 with the reason, and keeps the errors that must stay loud: a path that does not exist (a mistyped run folder),
 a folder that looks like a run folder whose store is missing or damaged (its SQLite companions are there), and
-no run folder at all among the paths.
+no run folder at all among the paths. The report counts what it left out per reason (:func:`counted`) and never
+names it: a folder beside the run folders may be an archive export named after the patient
+(``SMITH^JOHN_1234567/``), and the report, unlike a run, has read no header to redact it by
+(:mod:`.redact`).
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import RunStoreError
 from .store_db import DB_NAME, db_path, not_a_run
 
-__all__ = ["run_folders"]
+__all__ = ["counted", "run_folders"]
 
 #: Files SQLite keeps beside a run store while it is in use: found without the store, the store was lost.
 _COMPANIONS = ("-wal", "-shm", "-journal")
@@ -28,7 +32,7 @@ def _left_out_reason(path: Path) -> str | None:
     store (damaged or not: for :func:`.store_db.open_readonly` to read or name); :class:`RunStoreError` for a folder
     whose store is gone while SQLite's companion files of it are there."""
     if path.is_symlink() and not path.exists():
-        return f"a link to {os.readlink(path)}, which does not exist"
+        return "a link to a path that does not exist"  # not the target's name: it may name a patient
     if not path.is_dir():
         return "a file, not a run folder"
     if db_path(path).exists() or path.joinpath(DB_NAME).is_symlink():
@@ -46,6 +50,15 @@ def _left_out_reason(path: Path) -> str | None:
     elif (path / "report.json").is_file():
         what = "a folder of ctpipe report files, without a run store"
     return f"{what} ({DB_NAME}): not a run folder"
+
+
+def counted(left_out: Sequence[dict[str, str]]) -> list[dict[str, Any]]:
+    """What :func:`run_folders` left out as the report says it: ``{"reason": why, "count": how many}`` per reason,
+    in the order first met, without the paths."""
+    counts: dict[str, int] = {}
+    for e in left_out:
+        counts[e["reason"]] = counts.get(e["reason"], 0) + 1
+    return [{"reason": r, "count": n} for r, n in counts.items()]
 
 
 def run_folders(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], list[dict[str, str]]]:

@@ -60,7 +60,7 @@ import numpy as np
 
 from .capacity import active_seconds, estimate, model_workers, run_workers, stage_overlap
 from .report_days import every_day, per_local_day
-from .report_inputs import run_folders
+from .report_inputs import counted, run_folders
 from .report_method import capacity_method, throughput_method
 from .tables import (
     case_status,
@@ -366,8 +366,8 @@ def summarize(
     """Summary numbers (JSON-able) and the combined DataFrames of ``run_dirs``.
 
     ``run_dirs`` are resolved and named once each, in the order given; entries that are plainly not run folders (a
-    file, a folder without a run store: what a glob such as ``runs/*`` also catches) are left out and listed with
-    the reason in ``left_out`` (see :func:`.report_inputs.run_folders`, which names the errors that stay). In the DataFrames, ``runs.status`` and
+    file, a folder without a run store: what a glob such as ``runs/*`` also catches) are left out and counted per
+    reason in ``left_out`` (``{"reason", "count"}``, never named: one may be named after a patient) (see :func:`.report_inputs.run_folders`, which names the errors that stay). In the DataFrames, ``runs.status`` and
     ``cases.status`` are as the report shows them (killed runs and their cases ``interrupted``; see
     :func:`.tables.run_status`). ``gpus``, ``nodes``, ``cpu_workers`` (per node): the capacity model's cluster
     (see :func:`.capacity.estimate`; defaults: the runs' own GPUs and CPU workers, one node). ``timezone``: the IANA
@@ -376,9 +376,10 @@ def summarize(
     import pandas as pd
 
     # what is plainly not a run folder (a log file, an earlier report) left out, named; each run folder once
-    unique, left_out = run_folders(run_dirs)
+    unique, given = run_folders(run_dirs)
+    left_out = counted(given)  # by reason, never by name: a folder beside the run folders may name a patient
     for e in left_out:
-        log.info("left out %s: %s", e["path"], e["reason"], extra={"event": "report_left_out"})
+        log.info("left out %d path(s): %s", e["count"], e["reason"], extra={"event": "report_left_out"})
     tables = [read_tables(d) for d in unique]
     t = {k: pd.concat([x[k] for x in tables], ignore_index=True) for k in tables[0]}
     t["runs"]["status"] = run_status(t["runs"])
