@@ -10,7 +10,7 @@ the next run because they were still being written into the source while their c
 
 Whether the figures are current: ``report.json`` ``status``, ``status.json`` (the same, alone) and the page's
 run-status line say whether the latest run of each folder is in progress, was interrupted or ended
-(:func:`.report_summary.run_state`). A run marks its folder's report as in progress when it starts
+(:func:`.report_runs.run_state`). A run marks its folder's report as in progress when it starts
 (:func:`mark_run_started`), before it rebuilds the report at its end; should it be killed, the next run's start or
 ``ctpipe report`` shows it as interrupted.
 
@@ -39,8 +39,11 @@ import numpy as np
 
 from ..atomic import published_together
 from ..errors import refuse_unexpanded_home
+from .report_headline import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT
 from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
-from .report_summary import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT, PCTS, latest_skipped, run_state, summarize
+from .report_latency import PCTS
+from .report_runs import run_state
+from .report_summary import latest_skipped, summarize
 from .tables import read_runs, utc_text
 
 __all__ = [

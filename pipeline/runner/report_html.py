@@ -291,7 +291,7 @@ STATUS_START, STATUS_END = "<!-- run-status -->", "<!-- /run-status -->"
 
 
 def status_banner(status: dict[str, Any]) -> str:
-    """The page's run-status line (``status``: :func:`.report_summary.run_state`'s, possibly with a ``note``),
+    """The page's run-status line (``status``: :func:`.report_runs.run_state`'s, possibly with a ``note``),
     between its markers."""
     state = str(status.get("state", "none"))
     text = str(status.get("text", ""))

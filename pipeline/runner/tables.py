@@ -135,7 +135,7 @@ def read_tables(run_dir: str | os.PathLike[str]) -> dict[str, pd.DataFrame]:
 def read_runs(run_dir: str | os.PathLike[str]) -> pd.DataFrame:
     """The store's ``runs`` table alone (read-only), with ``run_dir`` (absolute, as a report names its folders) and
     ``status`` as a report shows it (:func:`run_status`): what the report's run status
-    (:func:`.report_summary.run_state`) rests on."""
+    (:func:`.report_runs.run_state`) rests on."""
     import pandas as pd
 
     db = open_readonly(Path(run_dir))

@@ -1,0 +1,147 @@
+"""Runs as a throughput report shows them (:mod:`.report_summary`): whether its figures are current
+(:func:`run_state`: each folder's latest run in progress, interrupted or ended) and the rows of ``runs.csv``
+(:func:`runs_table`: per run its status, times (ISO 8601 UTC), active seconds, counts and where
+``n_failed_earlier`` comes from)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .tables import utc_text
+
+
+def _count(value: Any) -> int | None:
+    """A count from the runs table, or None where it is missing (a store of an earlier version)."""
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(n) if np.isfinite(n) else None
+
+
+def _finite_time(value: Any) -> bool:
+    try:
+        return bool(np.isfinite(float(value)))
+    except (TypeError, ValueError):
+        return False
+
+
+def _utc(t: Any) -> str | None:
+    """Unix seconds as ISO 8601 UTC text (``2026-12-04T10:15:03Z``), or None where there is no time."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(t))) if _finite_time(t) else None
+
+
+def _pid(value: Any) -> int | None:
+    n = _count(value)
+    return n if n and n > 0 else None
+
+
+def run_state(runs: Any) -> dict[str, Any]:
+    """Whether the figures of a report are current: the latest run of each run folder (``runs``: the runs table, its
+    ``status`` as :func:`.tables.run_status` gives it), in progress, interrupted (killed without an end record, or
+    stopped) or ended. Returns ``state`` (``in_progress`` when any folder's latest run is running, else
+    ``interrupted`` when any was, else ``ended``; ``none`` without runs), ``text`` (one sentence per folder; over
+    several folders, one sentence counts those whose latest run completed, and the others are told each) and
+    ``runs`` (per folder its latest run: ``run_dir``, ``run_id``, ``status``, ``started_utc``, ``ended_utc``,
+    ``pid``, ``host``, and ``previous``: the run before it, as the same keys, or None)."""
+    latest: list[dict[str, Any]] = []
+    texts: list[str] = []
+    several = runs.run_dir.nunique() > 1
+    completed = 0  # of several folders, those whose latest run completed are counted, not each told
+    for run_dir, group in runs.sort_values("started_at").groupby("run_dir", sort=False):
+        rows = [
+            {
+                "run_dir": str(run_dir),
+                "run_id": str(r["run_id"]),
+                "status": str(r["status"]),
+                "started_utc": _utc(r["started_at"]),
+                "ended_utc": _utc(r["ended_at"]),
+                "pid": _pid(r.get("pid")),
+                "host": r.get("host") if isinstance(r.get("host"), str) else None,
+            }
+            for _, r in group.iterrows()
+        ]
+        last = {**rows[-1], "previous": rows[-2] if len(rows) > 1 else None}
+        latest.append(last)
+        if several and last["status"] == "completed":
+            completed += 1
+        else:
+            texts.append(_state_text(last, several=several))
+    if completed:
+        texts.append(f"the latest run of {'every' if completed == len(latest) else 'each other'} folder ({completed}) completed")
+    states = {r["status"] for r in latest}
+    state = (
+        "none" if not latest else "in_progress" if "running" in states else "interrupted" if "interrupted" in states else "ended"
+    )
+    return {"state": state, "text": "; ".join(texts) or "no runs", "runs": latest}
+
+
+def _state_text(run: dict[str, Any], *, several: bool) -> str:
+    """One run folder's latest run in words (see :func:`run_state`)."""
+    where = f" of {run['run_dir']}" if several else ""
+    who = f"run {run['run_id']}{where}, started at {run['started_utc']}"
+    if run["pid"] is not None:
+        who += f" (pid {run['pid']}{' on ' + run['host'] if run['host'] else ''})"
+    prev = run["previous"]
+    if run["status"] == "running":
+        text = f"{who}, is in progress"
+        if prev is not None and prev["status"] == "interrupted":
+            text += f"; the run before it, {prev['run_id']} (started at {prev['started_utc']}), was interrupted"
+        return text
+    if run["status"] == "interrupted":
+        how = (
+            f"was stopped at {run['ended_utc']} before it finished"
+            if run["ended_utc"]
+            else "was interrupted: it ended without finishing (killed, or the machine stopped)"
+        )
+        return f"the latest {who}, {how}; figures include what it finished; run the same command again to finish the rest"
+    return f"the latest {who}, ended at {run['ended_utc']} ({run['status']})"
+
+
+def runs_table(runs: Any, cases: Any, finished_in: Any, durations: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per run: status as the report shows it, start and end (ISO 8601 UTC; no end record: None), active
+    time (s) and the cases of its latest attempts by outcome (``finished_in``: :func:`.tables.finishing_run`),
+    so that each case is counted in one run only; ``n_failed_earlier``: the cases quarantined by earlier runs that it
+    left as they were (not retried), and where that figure comes from (:func:`_failed_earlier`). A case that no run
+    started is unfinished in the latest run of its folder, the run that left it."""
+    latest = runs.sort_values("started_at").groupby("run_dir").run_id.last()
+    finished_in = finished_in.where(finished_in.notna(), cases.run_dir.map(latest))
+    outcome = cases.status.map({"done": "n_done", "failed": "n_failed"}).fillna("n_unfinished")
+    counts = outcome.groupby([cases.run_dir, finished_in]).value_counts().to_dict() if len(cases) else {}
+    started, ended = utc_text(runs.started_at), utc_text(runs.ended_at)
+    rows = []
+    for i, r in runs.iterrows():
+        rows.append(
+            {
+                "run_dir": r["run_dir"],
+                "run_id": r["run_id"],
+                "status": r["status"],
+                "started_utc": started[i],
+                "ended_utc": ended[i],
+                "active_s": durations.get(str(r["run_id"]), 0.0),
+                "device": r["device"],
+                "host": r["host"],
+                **{k: int(counts.get((r["run_dir"], r["run_id"], k), 0)) for k in ("n_done", "n_failed", "n_unfinished")},
+                **_failed_earlier(r, cases, latest),
+            }
+        )
+    return rows
+
+
+def _failed_earlier(run: Any, cases: Any, latest: Any) -> dict[str, Any]:
+    """``n_failed_earlier`` of ``run`` (a row of ``runs``): the cases quarantined by earlier runs of its folder that
+    it left as they were, and ``n_failed_earlier_from``, where that figure comes from: ``end record`` (as the run
+    recorded it at its end), ``run store`` (a run without an end record, killed or under way, that is the latest of
+    its folder: the store is as it left it, so the figure is counted as its end would have counted it: the folder's
+    quarantined cases whose latest attempt is not this run's), or ``unknown`` (None: a later run of the folder has
+    retried or quarantined cases since, and the store keeps no earlier state; or a store of an earlier version)."""
+    if _finite_time(run["ended_at"]):
+        n = _count(run.get("n_failed_earlier"))
+        return {"n_failed_earlier": n, "n_failed_earlier_from": "end record" if n is not None else "unknown"}
+    if latest.get(run["run_dir"]) != run["run_id"]:
+        return {"n_failed_earlier": None, "n_failed_earlier_from": "unknown"}
+    mine = cases[(cases.run_dir == run["run_dir"]) & (cases.status == "failed")]
+    return {"n_failed_earlier": int((mine.run_id != run["run_id"]).sum()), "n_failed_earlier_from": "run store"}
