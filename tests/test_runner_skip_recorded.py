@@ -68,4 +68,5 @@ def test_a_detection_whose_reloaded_input_holds_no_lungs_says_it_skipped(tmp_pat
     case = CaseSpec("c1", "c1:fp", "1.2.3", "fp" * 12, "/src/c1", ("/src/c1/1.dcm",), None)
     out = stage.process(CaseContext(case, 1, tmp_path / "work", worker, {}))
     assert out["findings"] == [] and out["skipped"] == reason
-    assert "detect_skipped" not in out  # the case's detection is not declared skipped: the search found no lungs
+    # no search ran: the case's detection is declared skipped, so its SR makes no statement on nodules (not "none")
+    assert out["detect_skipped"] == reason

@@ -205,7 +205,9 @@ class DetectStage(Stage):
         timings = data.pop("timings_ms", {})
         steps = {**reload, **{k: v / 1000.0 for k, v in timings.items()}}
         out = {"findings": data["findings"], "findings_doc": data, "timings": {k: round(v, 6) for k, v in steps.items()}}
-        return {**out, "skipped": skipped} if skipped else out
+        # no lungs found when the input was loaded again: no search ran, as on the path above, so the case's results
+        # (its SR) make no statement on nodules rather than report none
+        return {**out, "skipped": skipped, "detect_skipped": skipped} if skipped else out
 
     def _empty(self, ctx: CaseContext, reason: str | None) -> Any:
         """No findings, with the reason no search ran, the model and the threshold it would have reported at."""
