@@ -96,6 +96,32 @@ def test_an_unreachable_head_is_one_clear_line_and_exit_1(tmp_path):
     assert db_rows(tmp_path / "r", "SELECT COUNT(*) FROM runs") == [(0,)]  # nothing was recorded as a run
 
 
+def test_an_http_server_given_as_the_head_is_named_within_seconds(tmp_path):
+    """A port that answers, but not as Ray's GCS (the dashboard's 8265, a web server): refused at once, not after
+    runner.ray_timeout_s of Ray's retries."""
+    _needs_ray()
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    server = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    src = ROOT / "data_samples" / "phantom_00001" / "dicom"
+    try:
+        t0 = time.monotonic()
+        p = ctpipe("run", str(src), "--out", str(tmp_path / "r"), "--ray", address, "--quiet", timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    assert address in lines[0] and "not a Ray head" in lines[0] and "HTTP server" in lines[0] and "Fix:" in lines[0]
+    assert "6379" in lines[0]
+    assert took < 20, f"took {took:.0f} s"
+    assert db_rows(tmp_path / "r", "SELECT COUNT(*) FROM runs") == [(0,)]
+
+
 # -- on a cluster ---------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster():

@@ -13,6 +13,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,11 +47,29 @@ class _RefusingRay:
 
 @pytest.fixture
 def head():
-    """HOST:PORT of a listening socket (the TCP probe passes; what Ray answers is up to the stand-in)."""
+    """HOST:PORT of a socket that answers as a GCS's gRPC server does (an HTTP/2 SETTINGS frame), so the TCP probe and
+    the protocol check pass; what Ray answers then is up to the stand-in."""
+    settings = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty HTTP/2 SETTINGS frame
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
+        s.settimeout(0.2)
+        stop = threading.Event()
+
+        def answer() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    continue
+                with conn:
+                    conn.sendall(settings)
+
+        t = threading.Thread(target=answer, daemon=True)
+        t.start()
         yield f"127.0.0.1:{s.getsockname()[1]}"
+        stop.set()
+        t.join(timeout=5)
 
 
 def _refused(monkeypatch, address: str, exc: BaseException) -> str:

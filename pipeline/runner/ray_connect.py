@@ -7,8 +7,9 @@ Ray is imported here, and only when a run uses it, so ctpipe works without Ray i
 * ``HOST:PORT``: the head's GCS address that ``ray start --head`` printed,
 * ``local`` or null: a private Ray instance on this machine, started for the run and stopped after it.
 
-Before Ray is asked to connect, the head's port is probed with a plain TCP connection, so a wrong
-address or a head that is down is one :class:`~pipeline.errors.ClusterError` within seconds (Ray
+Before Ray is asked to connect, the head's port is probed with a plain TCP connection and an HTTP/2
+preface (the GCS answers it as a gRPC server), so a wrong address, a head that is down or a port
+where something else listens is one :class:`~pipeline.errors.ClusterError` within seconds (Ray
 itself retries such a connection for minutes). Ray's token authentication (``RAY_AUTH_MODE=token``;
 the token in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) is passed through
 from the environment; a refused token is a ClusterError naming those variables. The cluster's error messages that Ray
@@ -93,6 +94,49 @@ def probe(address: str, *, timeout_s: float) -> None:
             fix=f"start the head there (`ray start --head --port={port}`) or pass the address it printed, "
             f"e.g. ctpipe run --ray HEAD:6379; `--ray auto` finds the cluster this machine joined ({_SCALE_OUT})",
         ) from exc
+
+
+#: What an HTTP/2 client (gRPC, as Ray's GCS speaks it) sends first: the connection preface and an empty SETTINGS frame.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def check_speaks_grpc(address: str, *, timeout_s: float) -> None:
+    """Raise ClusterError unless ``address`` (HOST:PORT) answers an HTTP/2 preface with a SETTINGS frame, as the
+    gRPC server of a Ray head's GCS does at once. Catches a port where something else listens (the dashboard's
+    8265, a web server), which Ray itself would retry for ``runner.ray_timeout_s``. Skipped with ``RAY_USE_TLS``
+    (a TLS handshake comes first there)."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false", ""):
+        return
+    host, port = split_address(address)
+    answer = b""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.sendall(_H2_PREFACE)
+            while len(answer) < 9:
+                chunk = conn.recv(9 - len(answer))
+                if not chunk:
+                    break
+                answer += chunk
+    except OSError:
+        pass  # a silent or closed port: told apart below by what did come
+    if len(answer) >= 9 and answer[3] == 0x04:  # an HTTP/2 frame of type SETTINGS
+        return
+    text = answer.decode("ascii", "replace")
+    if answer and text.isprintable() or text.startswith(("HTTP/", "<")):
+        heard = f"it answered in text ({text.strip()!r}...), as an HTTP server does (Ray's dashboard, a web server)"
+    elif answer:
+        heard = f"something answered that is not gRPC ({answer[:9]!r})"
+    else:
+        heard = (
+            f"nothing answered within {timeout_s:g} s after the connection opened (a Ray head answers at once: "
+            "something else listens there, or the head hangs)"
+        )
+    raise ClusterError(
+        f"{address} is not a Ray head's GCS port: {heard}",
+        where="runner.ray_address",
+        fix=f"pass the address `ray start --head` printed (port 6379 unless it was started with --port; the dashboard's "
+        f"8265 is not it), e.g. ctpipe run --ray HEAD:6379; `--ray auto` finds the cluster this machine joined ({_SCALE_OUT})",
+    )
 
 
 class _WithoutSigtermNote(logging.Filter):
@@ -181,6 +225,7 @@ def connect(address: str | None, *, timeout_s: float, init_options: dict[str, An
                 fix="start the cluster again (`ray start --head`), or give the head's address: ctpipe run --ray HEAD:6379; "
                 f"if that cluster is gone, `ray stop` here clears the record (and unset RAY_ADDRESS) ({_SCALE_OUT})",
             ) from exc
+        check_speaks_grpc(target, timeout_s=min(timeout_s, 5.0))
     options: dict[str, Any] = {
         "address": target or "local",
         "log_to_driver": False,  # the workers write RUN_DIR/run.log; the console stays the run's own
