@@ -364,3 +364,58 @@ def test_every_ray_process_started_by_the_tests_is_stopped(cluster):
     assert cluster.leftovers(), "the cluster's processes were not found (the check below would prove nothing)"
     cluster.stop()
     assert cluster.leftovers() == []
+
+
+@pytest.mark.slow
+def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishes(cases, tmp_path):
+    """The head (its GCS) dies with a case running: the driver stops within a minute naming the cluster's address and
+    the fix, with nothing published half-done; the same command on a cluster started again finishes every case once."""
+    import os
+
+    from tests._support.ray_cluster import LocalCluster, ray_environment
+
+    out = tmp_path / "headless"
+    sets = as_cli(cases["opts"])
+    env = {**os.environ, **ray_environment()}
+
+    def args(address: str) -> list[str]:
+        return [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", address, *sets]
+
+    first = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}]).start()
+    try:
+        address = first.address
+        proc = subprocess.Popen(args(address), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        deadline = time.monotonic() + 120
+        while not _a_case_running(out):
+            assert proc.poll() is None, "the run ended before the head could be lost: " + proc.stderr.read()
+            assert time.monotonic() < deadline, "no case started in time"
+            time.sleep(0.05)
+        first.cluster.head_node.kill_all_processes(check_alive=False, allow_graceful=False)  # the head machine fails
+        t0 = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"the driver hung after the head died: {err[-2000:]}")
+        took = time.monotonic() - t0
+    finally:
+        first.stop()
+    assert proc.returncode == 1, err
+    assert address in err and "Fix:" in err and "Traceback" not in err, err
+    assert took < 90, f"took {took:.0f} s"
+    assert db_rows(out, "SELECT COUNT(*) FROM stage_attempts WHERE status='running'") == [(0,)]
+    done = {r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")}
+    published = list((out / "cases").iterdir()) if (out / "cases").is_dir() else []
+    assert len(published) == len(done) < 2, err  # nothing published half-done; the head was lost with a case to go
+
+    second = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}]).start()
+    try:
+        p = subprocess.run(args(second.address), capture_output=True, text=True, env=env, timeout=240)
+    finally:
+        second.stop()
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(cases["uids"])
+    ok = db_rows(out, "SELECT case_key, stage, COUNT(*) FROM stage_attempts WHERE status='ok' GROUP BY case_key, stage")
+    assert ok and all(r[2] == 1 for r in ok)
+    assert len(list((out / "cases").iterdir())) == 2

@@ -317,3 +317,22 @@ def test_auto_with_a_stale_record_of_a_dead_head_says_where_the_address_came_fro
     monkeypatch.setenv("RAY_ADDRESS", dead)
     with pytest.raises(ClusterError, match="through RAY_ADDRESS"):
         connect("auto", timeout_s=10)
+
+
+def test_a_head_that_stops_answering_stops_the_run_naming_it_after_the_grace(monkeypatch, head):
+    from pipeline.runner import ray_executor
+
+    monkeypatch.setattr(ray_executor, "HEAD_GRACE_S", 0.5)
+    watch = ray_executor.HeadWatch(RaySession(address=head, owned=True))
+    assert watch.answers() and not watch.lost
+    with socket.socket() as s:  # a port nothing listens on any more: the head's machine is gone
+        s.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{s.getsockname()[1]}"
+    watch = ray_executor.HeadWatch(RaySession(address=gone, owned=True))
+    assert watch.answers() is False  # within the grace: the run waits
+    time.sleep(0.6)
+    with pytest.raises(FatalRunError) as info:
+        watch.answers()
+    msg = str(info.value)
+    assert watch.lost and gone in msg and "ray start --head" in msg and "same command" in msg
+    assert ray_executor.HeadWatch(RaySession(address="local", owned=True)).answers()  # a private instance: not watched

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from .ray_connect import RaySession, import_ray
+from ..errors import ClusterError, FatalRunError
+from .ray_connect import RaySession, import_ray, probe
 from .ray_pool import ActorPool, PoolActor, first_line
 from .stage import Stage, Task, TaskResult
 
@@ -53,6 +54,52 @@ log = logging.getLogger(__name__)
 
 #: Times one stage of one case may be lost with its node before the engine treats it as a worker death.
 MAX_NODE_LOSSES = 3
+#: Seconds between two looks at the head's GCS port, and how long it may refuse connections before the run stops.
+HEAD_CHECK_S = 1.0
+HEAD_GRACE_S = 20.0  # below the minute after which Ray ends a driver that lost its GCS; a GCS restarted with fault tolerance is back well before
+
+
+class HeadWatch:
+    """Whether the head of a joined cluster (``RaySession.address`` HOST:PORT) still accepts connections.
+
+    Ray's driver does not say when the head dies: its calls wait for the GCS, and after about a minute Ray ends the
+    process with a native error line that names neither the address nor what to do. A head refusing connections for
+    :data:`HEAD_GRACE_S` stops the run with a FatalRunError naming the address and the fix (the cases done stay
+    done; the same command resumes the rest). A private instance (``local``) dies with this process and is not
+    watched."""
+
+    def __init__(self, cluster: RaySession):
+        self.address = cluster.address if cluster.address.count(":") >= 1 else None
+        self.lost = False
+        self._checked = 0.0
+        self._down_since: float | None = None
+
+    def answers(self) -> bool:
+        """False while the head refuses connections (the run waits); FatalRunError once that lasted the grace."""
+        now = time.monotonic()
+        if self.address is None or (self._down_since is None and now - self._checked < HEAD_CHECK_S):
+            return True
+        self._checked = now
+        try:
+            probe(self.address, timeout_s=HEAD_CHECK_S)
+        except ClusterError as exc:
+            why = getattr(exc.__cause__, "strerror", None) or type(exc.__cause__).__name__
+            if self._down_since is None:
+                self._down_since = now
+                log.warning("the Ray head at %s does not answer (%s)", self.address, why, extra={"event": "head_lost"})
+            if now - self._down_since >= HEAD_GRACE_S:
+                self.lost = True
+                raise FatalRunError(
+                    f"the Ray head at {self.address} stopped answering mid-run ({why} for {now - self._down_since:.0f} s); "
+                    "the cases done stay done and no case was published half-done. Fix: start the head again "
+                    "(`ray start --head` there, then `ray start --address=HEAD:PORT` on the other nodes) and run the same "
+                    "command (with --ray and the new address if it changed): it resumes the cases not done"
+                ) from exc
+            return False
+        if self._down_since is not None:
+            log.warning("the Ray head at %s answers again", self.address, extra={"event": "head_back"})
+        self._down_since = None
+        return True
 
 
 class RayExecutor:
@@ -68,6 +115,7 @@ class RayExecutor:
         self.losses: dict[tuple[str, str, int], int] = {}  # (case_key, stage, attempt) -> node losses
         self.sticky: dict[str, str] = {}  # case_key -> model actor that ran its last model stage
         self.last_model_stage = max((i for i, s in enumerate(self.stages) if s.group == "model"), default=-1)
+        self.head = HeadWatch(cluster)
         self.pool = ActorPool(self.ray, self.stages, config=config, run_dir=run_dir, cluster=cluster, timeout_s=timeout_s)
 
     # -- the Executor protocol ---------------------------------------------------------------------
@@ -85,6 +133,9 @@ class RayExecutor:
 
     def poll(self, timeout: float) -> list[TaskResult]:
         pool = self.pool
+        if not self.head.answers():  # Ray's calls to a dead GCS block for a minute, then Ray ends the process
+            time.sleep(timeout)
+            return []
         pool.refresh()
         for g in pool.groups:
             self._dispatch_backlog(g)
@@ -110,7 +161,11 @@ class RayExecutor:
         return out
 
     def close(self) -> None:
-        """Stop this run's actors (the cluster and the connection stay; see :meth:`.RaySession.close`)."""
+        """Stop this run's actors (the cluster and the connection stay; see :meth:`.RaySession.close`). With the head
+        lost there is no one to ask: the actors end with their nodes, which lose the head too."""
+        if self.head.lost:
+            self.pool.actors.clear()
+            return
         self.pool.close()
 
     def capacity(self) -> int:
