@@ -199,7 +199,8 @@ def test_an_actor_crashing_on_one_case_is_quarantined_and_the_others_go_on(clust
 
 
 @pytest.mark.slow
-def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases, tmp_path):
+@pytest.mark.parametrize("graceful", [False, True], ids=["kill-9", "ray-stop"])
+def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases, tmp_path, graceful):
     from pipeline.config import load_config
     from pipeline.runner import run_batch
     from pipeline.runner.stages import build_stages
@@ -207,6 +208,8 @@ def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases
 
     ref = run_batch([cases["src"]], out=tmp_path / "local", workers=0, **cases["opts"])
     assert ref.exit_code == 0 and ref.done == 2, ref.lines()
+    while len(cluster.worker_node_ids()) < 2:  # a node for the one taken away, one to take over (after a former run)
+        cluster.add_node(num_cpus=0, num_gpus=1)
 
     marker_dir = tmp_path / "markers"
     marker_dir.mkdir()
@@ -223,7 +226,7 @@ def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases
         if marker.exists():
             time.sleep(0.3)
             node = marker.read_text().split()[0]
-            cluster.remove_node(node)
+            cluster.remove_node(node, graceful=graceful)  # kill -9 of its raylet, or `ray stop` on it
             removed.append(node)
 
     watcher = threading.Thread(target=take_the_node_away, daemon=True)
