@@ -154,8 +154,8 @@ def test_bone_outline_stands_out_on_white_bone_and_show_uses_the_same_colours(tm
     centre = vol.geometry.index_to_lps(np.argwhere(cube)[:, ::-1].mean(axis=0))
     paths = render_mpr(vol, {"bone": cube}, tmp_path, stem="m", center_lps=centre)
     rgb = mpimg.imread(paths[0])[..., :3]
-    cyan = (rgb[..., 0] < 0.2) & (rgb[..., 1] > 0.7) & (rgb[..., 2] > 0.7)
-    assert cyan.sum() > 20  # the outline (and the legend's line), not white on white
+    yellow = (rgb[..., 0] > 0.9) & (rgb[..., 1] > 0.75) & (rgb[..., 2] < 0.2)
+    assert yellow.sum() > 20  # the outline (and the legend's line), not white on white
     assert OUTLINE_COLORS["bone"] != ORGAN_COLORS["bone"] and shown is organ_colours  # show() outlines as the MPRs do
     assert organ_colours(["bone"], outline=True) == {"bone": OUTLINE_COLORS["bone"]}
 

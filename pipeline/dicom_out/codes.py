@@ -146,7 +146,7 @@ def rgb255(hex_rgb: str) -> tuple[int, int, int]:
 
 #: display colours (RGB 0-255) of the segments, for viewers that honour RecommendedDisplayCIELabValue: the colours of the
 #: organs' outlines on ctpipe's PNGs (:data:`~pipeline.reconstruction.organs.OUTLINE_COLORS`: left lung blue, right lung
-#: green, bone cyan on the grey CT), so that a PACS shows each organ in the colour the PNGs' legends give it; nodules
+#: green, bone yellow, the body's edge white on the grey CT), so that a PACS shows each organ in the colour the PNGs' legends give it; nodules
 #: magenta, as the renderings outline the segmented nodules (a bundle's vessels are red)
 ORGAN_COLOURS: dict[str, tuple[int, int, int]] = {
     **{organ: rgb255(OUTLINE_COLORS[organ]) for organ in ("body", "lung_left", "lung_right", "airway", "bone")},

@@ -24,25 +24,30 @@ ORGAN_COLORS: dict[str, str] = {
     "lung_right": "#39d98a",
     "airway": "#ff7f0e",
     "bone": "#f0f0f0",
-    "vessels": "#e0443e",
+    "vessels": "#dd1144",
     "nodules": "#ff3df5",
 }
-#: Outline colours on grey CT slices: as :data:`ORGAN_COLORS`, but bone, white on white bone, drawn cyan.
-OUTLINE_COLORS: dict[str, str] = {**ORGAN_COLORS, "bone": "#00d8d8"}
+#: Outline colours on grey CT slices: as :data:`ORGAN_COLORS`, but bone, white on white bone, drawn yellow (a cyan read
+#: as the left lung's blue where a rib meets the lung), and the body's edge, the skin against the air outside, white
+#: (a tan read as the bone's yellow). Any two differ by a CIEDE2000 of at least 30, so that two organs whose outlines
+#: touch (the lungs at their anterior junction, a lung on a rib, a bronchus beside its artery, a nodule on any of them)
+#: are told apart; the SEG recommends the same colours (:data:`~pipeline.dicom_out.codes.ORGAN_COLOURS`).
+OUTLINE_COLORS: dict[str, str] = {**ORGAN_COLORS, "bone": "#ffdd00", "body": "#ffffff"}
 
 #: Colours for organs without one of their own in :data:`ORGAN_COLORS` (a segmentation bundle's liver,
 #: spleen, ...; a notebook's ``lesion``), given in the order the organs come: distinct from each other and from the
-#: lungs', airway's and bone's, legible on grey CT and on black.
+#: organs' of :data:`OUTLINE_COLORS` (a CIEDE2000 of at least 15: no red of the vessels, yellow of the bone, magenta of
+#: the nodules or orange of the airway), legible on grey CT and on black.
 EXTRA_COLORS = (
-    "#e6194b", "#ffe119", "#f032e6", "#bcf60c", "#fabebe", "#9a6324", "#e6beff", "#aaffc3",
-    "#ffd8b1", "#808000", "#911eb4", "#008080", "#fffac8", "#800000", "#4363d8", "#f58231",
+    "#bcf60c", "#fabebe", "#9a6324", "#e6beff", "#ffd8b1", "#808000", "#911eb4", "#008080", "#fffac8", "#800000",
+    "#4363d8",
 )  # fmt: skip
 
 
 def organ_colours(organs: Iterable[str], *, outline: bool) -> dict[str, str]:
     """The colour (``#rrggbb``) of each organ: its :data:`OUTLINE_COLORS` colour (``outline``: drawn on grey CT
     slices) or :data:`ORGAN_COLORS` colour (a surface), else the next of :data:`EXTRA_COLORS` in the order the
-    organs are given (after 16 such organs the colours repeat)."""
+    organs are given (after 11 such organs the colours repeat)."""
     known = OUTLINE_COLORS if outline else ORGAN_COLORS
     out: dict[str, str] = {}
     extra = 0
