@@ -538,3 +538,32 @@ def test_each_lungs_sagittal_marks_only_that_lungs_nodules(tmp_path, monkeypatch
     assert marked[on_right] == {"#1"}, on_right.get_title()
     assert marked[on_left] == {"#2"}, on_left.get_title()
     assert marked[axial] == marked[coronal] == {"#1", "#2"}
+
+
+def test_the_overview_has_lung_window_mprs_beside_the_soft_tissue_ones(tmp_path, monkeypatch):
+    """The overview MPRs were in the soft-tissue window only: aerated lung (-850 HU) and a vessel or nodule in it
+    (-500 HU here, a ground-glass nodule) were the same black, the lungs' detail lost. ``<stem>_mpr_axial_lung.png``
+    and ``<stem>_mpr_coronal_lung.png`` now show the same planes in the lung window; the soft-tissue PNGs stay."""
+    from pipeline.reconstruction.render import render_nodule_views
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(30, 40, 60), spacing=(2.0, 2.0, 2.5), origin=(-60.0, -40.0, -37.5))
+    right = np.zeros(geom.shape, bool)
+    right[5:25, 8:32, 6:26] = True
+    left = np.zeros(geom.shape, bool)
+    left[5:25, 8:32, 35:55] = True
+    arr = np.where(right | left, -850.0, 40.0).astype(np.float32)
+    arr[:, 18:22, 14:18] = -500.0  # a vessel along z in the right lung: cut by the axial and the coronal planes
+    vol = CTVolume(arr, geom)
+    paths = render_nodule_views(vol, {"lung_left": left, "lung_right": right}, tmp_path, stem="s")
+    names = [p.name for p in paths]
+    assert names[:4] == ["s_mpr_axial.png", "s_mpr_coronal.png", "s_mpr_sagittal.png", "s_mpr_sagittal_left.png"]
+    assert names[4:6] == ["s_mpr_axial_lung.png", "s_mpr_coronal_lung.png"]
+    for fig, plane in zip(figures[4:6], ("axial", "coronal")):
+        ax = fig.axes[0]
+        assert ax.get_title().startswith(plane) and "lung window" in ax.get_title(), ax.get_title()
+        image = ax.images[0]
+        lung, vessel = image.norm(np.array([-850.0, -500.0]))
+        assert 0.0 < lung < vessel < 1.0  # both shown, told apart: neither clipped to black
+    for fig in figures[:4]:
+        assert "soft-tissue window" in fig.axes[0].get_title()

@@ -84,6 +84,8 @@ def render_mpr(
     field_mm: float | None = None,
     note: str = "",
     window: str = "soft-tissue",
+    planes: Sequence[str] = ("axial", "coronal", "sagittal"),
+    suffix: str = "",
 ) -> list[Path]:
     """Axial, coronal and sagittal PNGs through ``center_lps`` (DICOM patient coordinates, LPS mm; default: the lungs'
     centre, and one sagittal through the middle of each lung segmented on its own (:func:`lung_sagittals`: the right
@@ -98,7 +100,8 @@ def render_mpr(
     S)``: the distance from the plane to its centre and the side it lies on (on each lung's sagittal, only the nodules
     nearer it than the other lung's sagittal). field_mm: the images show this many mm
     around ``center_lps`` (a nodule's close-up), not the whole plane. note: added to each title. window: a name of
-    :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title."""
+    :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title. planes: which of the planes to draw.
+    suffix: added to each PNG's name (``<stem>_mpr_axial<suffix>.png``)."""
     from matplotlib.lines import Line2D
 
     volume, masks, nodules = to_patient_axes(volume, masks, nodules)  # true patient planes, whatever the grid
@@ -126,8 +129,9 @@ def render_mpr(
     center_idx = np.clip(np.round(center_idx).astype(int), 0, np.array(view.shape[::-1]) - 1)
     shots = [(plane, int(center_idx[PLANES[plane][0]]), "", "") for plane in ("axial", "coronal")]
     shots += [("sagittal", x, suffix, words) for x, suffix, words in sagittals] or [("sagittal", int(center_idx[0]), "", "")]
+    shots = [shot for shot in shots if shot[0] in planes]
     paths = []
-    for plane, index, suffix, words in shots:
+    for plane, index, side, words in shots:
         fixed, rows, cols, _flip, letters = PLANES[plane]
         img = plane_image(view, plane, index)
         crop = field_window(img.shape, center_idx, plane, spacing, field_mm)
@@ -178,7 +182,7 @@ def render_mpr(
             + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
             side_bands=True,
         )
-        paths.append(save_png(fig, out / f"{stem}_mpr_{plane}{suffix}.png"))
+        paths.append(save_png(fig, out / f"{stem}_mpr_{plane}{side}{suffix}.png"))
     return paths
 
 
@@ -309,6 +313,11 @@ def render_mip(
     return paths
 
 
+#: The overview's planes drawn a second time in the lung window (``<stem>_mpr_<plane>_lung.png``), beside the
+#: soft-tissue ones: the axial and the coronal through the lungs' centre.
+LUNG_OVERVIEW = ("axial", "coronal")
+
+
 #: Nodules that get MPRs of their own (``<stem>_nodule_NN_mpr_<plane>.png``); those after are outlined in the overview
 #: MPRs and the preview only. NODULE_FIELD_MM: the field of view (mm) of those MPRs.
 NODULE_MPRS = 20
@@ -348,7 +357,8 @@ def render_nodule_views(
     nodules: Sequence[NoduleResult] = (),
     preview: PreviewViews | None = None,
 ) -> list[Path]:
-    """Every rendering, each showing the nodules it holds: the overview MPRs, the MPRs through each nodule, the MIP
+    """Every rendering, each showing the nodules it holds: the overview MPRs (soft-tissue window, then the
+    :data:`LUNG_OVERVIEW` planes in the lung window, ``<stem>_mpr_<plane>_lung.png``), the MPRs through each nodule, the MIP
     slabs and (with ``preview``) the 3-D preview, last; returns the written PNG paths in that order.
 
     nodules: the segmented findings (:func:`~.nodules.segment_findings`): outlined in the overview MPRs where they
@@ -362,6 +372,8 @@ def render_nodule_views(
     labels = nodule_labels(nodules, volume.geometry)
     volume, masks, labels = to_patient_axes(volume, masks, labels)  # once for every MPR and MIP below
     paths = render_mpr(volume, masks, out, stem=stem, nodules=labels)
+    # the lungs' detail (vessels, nodules, ground glass) that the soft-tissue window shows all black
+    paths += render_mpr(volume, masks, out, stem=stem, nodules=labels, window="lung", planes=LUNG_OVERVIEW, suffix="_lung")
     segmented = [r for r in nodules if r.error is None and r.mask is not None and r.mask.any()]
     if len(segmented) > NODULE_MPRS:
         log.info(
