@@ -234,3 +234,39 @@ def test_the_mip_slab_holding_a_nodule_outlines_and_letters_it(tmp_path, monkeyp
         assert ("#1" in texts) == holds and (len(_magenta(path)) > 20) == holds, (fig.axes[0].get_title(), texts)
     views = render.render_nodule_views(vol, {"lung_right": lung}, tmp_path, stem="v", nodules=nodules)
     assert [p.name for p in views if "_mip_" in p.name] == [f"v_mip_axial_{n + 1}.png" for n in range(3)]
+
+
+def test_letters_of_nodules_off_the_plane_lie_in_free_space_not_on_the_lungs(tmp_path, monkeypatch):
+    """On the planning chest's axial overview, '#6 (42 mm I)' of a nodule below the plane sat on the right lung and
+    the airway's outline beside the nodule's dashed shadow. The letters of a nodule the plane does not cut now lie in
+    the air around the body, on no organ, with a thin line to the shadow they name; a nodule the plane cuts keeps its
+    letters beside it."""
+    from matplotlib.transforms import Bbox
+
+    from pipeline.reconstruction import render
+
+    figures: list = []
+    save = render.save_png
+    monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    geom = Geometry(shape=(40, 100, 100), spacing=(2.0, 2.0, 2.5), origin=(-100.0, -100.0, -50.0))
+    x, y, z = lps_grids(geom)
+    body = (x / 80.0) ** 2 + (y / 60.0) ** 2 <= 1.0
+    right = body & (((x + 40.0) / 30.0) ** 2 + (y / 40.0) ** 2 + (z / 40.0) ** 2 <= 1.0)
+    left = body & (((x - 40.0) / 30.0) ** 2 + (y / 40.0) ** 2 + (z / 40.0) ** 2 <= 1.0)
+    arr = np.where(body, 40.0, -1000.0).astype(np.float32)
+    arr[right | left] = -850.0
+    labels = np.zeros(geom.shape, np.uint16)
+    labels[(x + 40.0) ** 2 + y**2 + (z + 20.0) ** 2 <= 5.0**2] = 1  # 20 mm below the axial plane (z=0)
+    masks = {"body": body, "lung_left": left, "lung_right": right}
+    render.render_mpr(CTVolume(arr, geom), masks, tmp_path, stem="o", nodules=labels, center_lps=np.zeros(3))
+    ax = figures[0].axes[0]
+    assert ax.get_title().startswith("axial")
+    renderer = figures[0].canvas.get_renderer()
+    (letters,) = [t for t in ax.texts if t.get_text().startswith("#1 (")]
+    box = letters.get_bbox_patch().get_window_extent(renderer)  # the dark box behind the letters
+    # the body on the PNG: each image pixel of the plane (y anterior at the top, x right on the left) as display pixels
+    rows, cols = np.nonzero(body[20])
+    centres = np.column_stack(((cols + 0.5) * 2.0, (rows + 0.5) * 2.0))
+    on_body = [Bbox.from_bounds(*xy, 1, 1) for xy in ax.transData.transform(centres)]
+    assert not any(box.overlaps(b) for b in on_body), (letters.get_text(), box)
+    assert any(line.get_linestyle() == ":" for line in ax.lines)  # the line from the letters to the shadow

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..intensity import BODY_HU
 from ..volume import CTVolume
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
@@ -166,7 +167,13 @@ def render_mpr(
             d = (beside[n].centre_xyz[fixed] - index) * spacing[fixed]
             text = f"#{n} ({abs(d):.0f} mm {SIDE_LETTERS[fixed][int(d > 0)]})"
             marks.append((n, plane_image(projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
-        draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"])
+        # the off-plane letters' free space: air, no organ, no arm, no couch
+        anatomy = (
+            np.logical_or.reduce([img > BODY_HU, *(plane_image(mv, plane, index)[crop] for mv in mviews.values())])
+            if off
+            else None
+        )
+        draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"], anatomy=anatomy)
         if numbers:
             drawn.append(Line2D([], [], color=colours["nodules"], label="nodule #N (finding #N)"))
         if off:

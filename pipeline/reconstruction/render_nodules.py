@@ -40,10 +40,20 @@ class NoduleExtent:
     centre_xyz: np.ndarray
 
 
-def draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float, row_mm: float, *, colour: str) -> None:
+def draw_marks(
+    ax,
+    marks: list[tuple[int, np.ndarray, str, str]],
+    col_mm: float,
+    row_mm: float,
+    *,
+    colour: str,
+    anatomy: np.ndarray | None = None,
+) -> None:
     """Each nodule of ``marks`` (number, its pixels on the image, ``"solid"`` or ``"dashed"``, its letters) outlined
     in ``colour`` on an image of ``col_mm`` × ``row_mm`` pixels, its letters beside it on a dark box where they cover
-    no other letters and no nodule (:func:`free_spot`)."""
+    no other letters and no nodule (:func:`free_spot`). anatomy: the image's pixels (bool, ``[row, column]``: the
+    organs on the plane) that the letters of a dashed mark (a nodule off the plane) do not cover: they go to the
+    nearest free space (:func:`free_space_spot`), joined to the mark by a dotted line, else beside it."""
     w_mm = ax.images[0].get_extent()[1]  # the image's width: the letters stay on it, out of the side letters' bands
     placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
     (x_lo, x_hi), (y_lo, y_hi) = ax.get_xlim(), ax.get_ylim()
@@ -52,6 +62,12 @@ def draw_marks(ax, marks: list[tuple[int, np.ndarray, str, str]], col_mm: float,
         width = 1.2 if style == "solid" else 1.0
         outline_mask(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style)
         r_px, c_px = np.nonzero(sl)
+        if style == "dashed" and anatomy is not None:
+            spot = free_space_spot(_mark_box(sl, col_mm, row_mm), text, mm_per_pt, placed, anatomy, col_mm, row_mm)
+            if spot is not None:
+                put_nodule_letters(ax, *spot, text, colour=colour)
+                _leader(ax, placed[-1], placed[placed_at(marks, _n)], colour=colour)
+                continue
         x, y = free_spot(
             (c_px.max() + 1.5) * col_mm + 1.0,
             (c_px.min() - 0.5) * col_mm - 1.0,
@@ -78,6 +94,69 @@ def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> Non
         va="bottom",
         bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
     )
+
+
+def placed_at(marks: list[tuple[int, np.ndarray, str, str]], number: int) -> int:
+    """Where nodule ``number``'s own box is in :func:`draw_marks`' ``placed`` (the marks' boxes come first)."""
+    return next(i for i, m in enumerate(marks) if m[0] == number)
+
+
+def _leader(ax, letters: tuple[float, float, float, float], mark: tuple[float, float, float, float], *, colour: str) -> None:
+    """A thin dotted line from the box of a nodule's letters to the nearest point of its mark's box (image mm)."""
+    mx, my = (mark[0] + mark[2]) / 2, (mark[1] + mark[3]) / 2
+    lx, ly = min(max(mx, letters[0]), letters[2]), min(max(my, letters[1]), letters[3])  # the letters' nearest point
+    ex, ey = min(max(lx, mark[0]), mark[2]), min(max(ly, mark[1]), mark[3])  # and the mark's
+    ax.plot([lx, ex], [ly, ey], color=colour, linewidth=0.8, linestyle=":")
+
+
+FREE_MARGIN_MM = 2.0  # the least distance (image mm) from a nodule's letters placed in free space to any organ
+
+
+#: The farthest (image mm) from its mark that a nodule's letters go to free space; farther, they stay beside it, so
+#: that no long line crosses the chest.
+FREE_REACH_MM = 150.0
+
+
+def free_space_spot(
+    mark: tuple[float, float, float, float],
+    text: str,
+    mm_per_pt: float,
+    placed: list[tuple[float, float, float, float]],
+    anatomy: np.ndarray,
+    col_mm: float,
+    row_mm: float,
+) -> tuple[float, float] | None:
+    """The bottom left corner (image mm, ``y`` down) of the place nearest the nodule's box ``mark`` where its letters
+    ``text`` cover no pixel of ``anatomy`` (bool ``[row, column]`` of an image of ``col_mm`` × ``row_mm`` pixels), none
+    within :data:`FREE_MARGIN_MM`, and nothing ``placed`` (the box taken is added to it); None where none is free
+    within :data:`FREE_REACH_MM` of the mark."""
+    w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # as free_spot measures the letters
+    h = 1.45 * NODULE_FONTSIZE * mm_per_pt
+    rows, cols = anatomy.shape
+    w_mm, h_mm = cols * col_mm, rows * row_mm
+    if w + 2 * FREE_MARGIN_MM > w_mm or h + 2 * FREE_MARGIN_MM > h_mm:
+        return None
+    sat = np.zeros((rows + 1, cols + 1), np.int64)  # summed-area table: the organ pixels of any box in O(1)
+    sat[1:, 1:] = anatomy.astype(np.int64).cumsum(axis=0).cumsum(axis=1)
+    xs = np.arange(0.0, w_mm - w, min(col_mm, w / 4))
+    ys = np.arange(h, h_mm, min(row_mm, h / 2))  # the letters' bottom edges
+    x0, y1 = (a.ravel() for a in np.meshgrid(xs, ys))
+    c0 = np.clip(np.floor((x0 - FREE_MARGIN_MM) / col_mm), 0, cols).astype(int)
+    c1 = np.clip(np.ceil((x0 + w + FREE_MARGIN_MM) / col_mm), 0, cols).astype(int)
+    r0 = np.clip(np.floor((y1 - h - FREE_MARGIN_MM) / row_mm), 0, rows).astype(int)
+    r1 = np.clip(np.ceil((y1 + FREE_MARGIN_MM) / row_mm), 0, rows).astype(int)
+    covered = sat[r1, c1] - sat[r0, c1] - sat[r1, c0] + sat[r0, c0]
+    free = covered == 0
+    mx, my = (mark[0] + mark[2]) / 2, (mark[1] + mark[3]) / 2
+    dx = np.maximum(np.maximum(x0 - mx, mx - (x0 + w)), 0.0)  # from the mark's centre to the letters' box
+    dy = np.maximum(np.maximum((y1 - h) - my, my - y1), 0.0)
+    free &= np.hypot(dx, dy) <= FREE_REACH_MM
+    for i in np.flatnonzero(free)[np.argsort(np.hypot(dx, dy)[free], kind="stable")]:
+        box = (float(x0[i]), float(y1[i] - h), float(x0[i] + w), float(y1[i]))
+        if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
+            placed.append(box)
+            return box[0], box[3]
+    return None
 
 
 LETTER_LINES = 30  # how many lines above or below its place a nodule's letters may move to cover nothing
