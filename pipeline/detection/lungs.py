@@ -8,7 +8,7 @@ the quick mask's ``limit`` (:meth:`LungRegion.limited_to`): a full-resolution ma
 (the reconstruction stage's, or a phantom's) becomes a region with
 :func:`region_from_mask`; without one, :func:`segmented_lung_region` segments the
 lungs on the coarse grid itself. On a tilt-corrected grid, both read the unmeasured wedge as the image continued past
-its edge, never as air, and leave it out of their masks (:func:`_searched`).
+its edge, never as air, and leave it out of their masks (:func:`_searched`; the reconstruction reads it so too).
 
 All index triples are (i, j, k) of the source series; arrays are ``[k, j, i]``. The coarse grid counts each axis
 from its end lowest in LPS (:meth:`~pipeline.geometry.Geometry.descending_axes`), so that the voxels it samples, and
@@ -27,7 +27,7 @@ import numpy as np
 from scipy import ndimage
 from scipy.spatial import cKDTree
 
-from ..ingest.measured import measured_mask
+from ..ingest.measured import continued_past_edge, measured_mask
 from ..intensity import LUNG_AIR_HU
 from ..volume import CTVolume, LabelMap
 
@@ -175,24 +175,14 @@ def _searched(volume: CTVolume) -> tuple[np.ndarray, np.ndarray | None]:
     """``volume``'s HU array ``[k, j, i]`` as the lung search reads it, and the voxels some image measured (None when
     all were: the array is then the volume's own, and the search is unchanged).
 
-    On a tilt-corrected grid (:func:`pipeline.ingest.measured.measured_mask`) each slice's unmeasured wedge takes the
-    value of the nearest measured row or column of that slice, as if the image went on past its edge: read as the
-    -1024 HU fill, it would join lungs that the field of view cuts at the image's edge to the air around the
-    patient, and the whole would be dropped as outside air. The search then leaves the wedge out of its masks."""
+    On a tilt-corrected grid (:func:`pipeline.ingest.measured.measured_mask`) each slice's unmeasured wedge reads as
+    the image continued past its edge (:func:`~pipeline.ingest.measured.continued_past_edge`); the search then leaves
+    the wedge out of its masks."""
     array = np.asarray(volume.array)
     measured = measured_mask(volume.geometry, volume.metadata)
     if measured is None:
         return array, None
-    filled = np.empty(array.shape, dtype=array.dtype)
-    for k in range(array.shape[0]):
-        rows, cols = np.flatnonzero(measured[k].any(axis=1)), np.flatnonzero(measured[k].any(axis=0))
-        if not len(rows) or not len(cols):
-            filled[k] = array[k]
-            continue
-        j = np.clip(np.arange(array.shape[1]), rows[0], rows[-1])
-        i = np.clip(np.arange(array.shape[2]), cols[0], cols[-1])
-        filled[k] = array[k][np.ix_(j, i)]
-    return filled, measured
+    return continued_past_edge(array, measured), measured
 
 
 def _region(mask: np.ndarray, stride: tuple[int, int, int], volume: CTVolume, flips: tuple[bool, bool, bool]) -> LungRegion:

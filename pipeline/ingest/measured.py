@@ -98,3 +98,24 @@ def _inside(shifts: np.ndarray, grid_ji: tuple[int, int], image_ji: tuple[int, i
     in_i = (ii >= -EDGE_TOLERANCE_PX) & (ii <= cols - 1 + EDGE_TOLERANCE_PX)
     in_j = (jj >= -EDGE_TOLERANCE_PX) & (jj <= rows - 1 + EDGE_TOLERANCE_PX)
     return in_j[:, :, None] & in_i[:, None, :]
+
+
+def continued_past_edge(array: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """``array`` (``[k, j, i]``, HU) with each slice's unmeasured voxels (``measured``: bool, same shape, from
+    :func:`measured_mask`) set to the value of the nearest measured row or column of that slice, as if the image
+    went on past its edge; a slice with no measured voxel is kept as it is.
+
+    Searches that tell lungs from the air around the patient read a tilt-corrected grid so: read as the -1024 HU
+    fill, the wedge would join lungs that the field of view cuts at the image's edge to the outside air, and the
+    whole would be dropped as outside air. They then leave the wedge out of their masks."""
+    array = np.asarray(array)
+    filled = np.empty(array.shape, dtype=array.dtype)
+    for k in range(array.shape[0]):
+        rows, cols = np.flatnonzero(measured[k].any(axis=1)), np.flatnonzero(measured[k].any(axis=0))
+        if not len(rows) or not len(cols):
+            filled[k] = array[k]
+            continue
+        j = np.clip(np.arange(array.shape[1]), rows[0], rows[-1])
+        i = np.clip(np.arange(array.shape[2]), cols[0], cols[-1])
+        filled[k] = array[k][np.ix_(j, i)]
+    return filled

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import ReconstructionError
-from ..ingest.measured import measured_mask
+from ..ingest.measured import continued_past_edge, measured_mask
 from ..intensity import not_hu_hint
 from ..volume import CTVolume, Geometry, default_device
 from . import air as air_mod
@@ -111,12 +111,18 @@ def segment_organs(
     An organ that cannot be found gets a :class:`ReconstructionError` in ``errors``
     instead of a mask; the other organs are still segmented. When no lungs are found in
     values that cannot be HU (none below 0), the lungs' errors say so
-    (:func:`~pipeline.intensity.not_hu_hint`).
+    (:func:`~pipeline.intensity.not_hu_hint`). On a tilt-corrected grid the voxels no image measured are read as
+    each image continued past its edge (:func:`~pipeline.ingest.measured.continued_past_edge`), never as air, and
+    are left out of every mask.
     """
     p = params or SegmentParams()
     dev = torch.device(device or default_device())
+    measured = measured_mask(volume.geometry, volume.metadata)
+    # a tilt-corrected grid's unmeasured wedge reads as each image continued past its edge, not as air that would join
+    # lungs cut at the image's edge to the outside air; the masks then leave it out (_keep_measured)
+    searched = volume if measured is None else volume.with_array(continued_past_edge(volume.array, measured))
     with morph.torch_threads(dev, p.cpu_threads):
-        seg = _segment(volume, set(organ_names(organs)), dev, p)
+        seg = _segment(searched, set(organ_names(organs)), dev, p)
     _keep_measured(seg, volume)
     _add_not_hu_hint(seg, volume)
     # a stable organ order (ORGANS), whatever the set iteration order was
