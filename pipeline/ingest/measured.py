@@ -100,22 +100,26 @@ def _inside(shifts: np.ndarray, grid_ji: tuple[int, int], image_ji: tuple[int, i
     return in_j[:, :, None] & in_i[:, None, :]
 
 
-def continued_past_edge(array: np.ndarray, measured: np.ndarray) -> np.ndarray:
+def continued_past_edge(array: np.ndarray, measured: np.ndarray, *, box: tuple[slice, slice, slice] | None = None) -> np.ndarray:
     """``array`` (``[k, j, i]``, HU) with each slice's unmeasured voxels (``measured``: bool, same shape, from
     :func:`measured_mask`) set to the value of the nearest measured row or column of that slice, as if the image
     went on past its edge; a slice with no measured voxel is kept as it is.
 
+    ``box``: ``(k, j, i)`` slices (step 1) of the array: only that sub-box is returned, reading only the voxels it
+    needs (``array`` may be memory-mapped).
+
     Searches that tell lungs from the air around the patient read a tilt-corrected grid so: read as the -1024 HU
     fill, the wedge would join lungs that the field of view cuts at the image's edge to the outside air, and the
-    whole would be dropped as outside air. They then leave the wedge out of their masks."""
-    array = np.asarray(array)
-    filled = np.empty(array.shape, dtype=array.dtype)
-    for k in range(array.shape[0]):
+    whole would be dropped as outside air. They then leave the wedge out of their masks. The detector's network
+    reads it so too: lung meeting a -1024 HU edge gave it candidates there."""
+    ks, js, is_ = (range(n)[b] for b, n in zip(box or (slice(None),) * 3, array.shape))
+    filled = np.empty((len(ks), len(js), len(is_)), dtype=array.dtype)
+    for n, k in enumerate(ks):
         rows, cols = np.flatnonzero(measured[k].any(axis=1)), np.flatnonzero(measured[k].any(axis=0))
         if not len(rows) or not len(cols):
-            filled[k] = array[k]
+            filled[n] = array[k, js.start : js.stop, is_.start : is_.stop]
             continue
-        j = np.clip(np.arange(array.shape[1]), rows[0], rows[-1])
-        i = np.clip(np.arange(array.shape[2]), cols[0], cols[-1])
-        filled[k] = array[k][np.ix_(j, i)]
+        j = np.clip(np.asarray(js), rows[0], rows[-1])
+        i = np.clip(np.asarray(is_), cols[0], cols[-1])
+        filled[n] = np.asarray(array[k])[np.ix_(j, i)]
     return filled

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import CacheError, LoaderError
+from ..ingest.measured import continued_past_edge, measured_mask
 from ..volume import CTVolume
 from .base import BaseLoader, Job, resolve_device, source_window
 from .geometry import InputGeometry, plan_input
@@ -64,6 +65,7 @@ def preprocess_array(
     *,
     device: str | torch.device = "cpu",
     slab_voxels: int = SLAB_VOXELS,
+    measured: np.ndarray | None = None,
 ) -> torch.Tensor:
     """HU array ``[k, j, i]`` on ``geometry.source`` → model input ``(1, X, Y, Z)`` float32 (RAS order).
 
@@ -74,6 +76,11 @@ def preprocess_array(
     model axis z; each slab reads only the source sub-box it needs (a view of ``array``,
     which may be a memory-mapped int16 ``.npy``; a crop to a region of interest reads only
     that region), so a 512×512×1000 series never exists as one float copy.
+
+    ``measured``: bool ``[k, j, i]``, the voxels some image measured on a tilt-corrected grid
+    (:func:`pipeline.ingest.measured.measured_mask`); the network then reads the unmeasured wedge as each image
+    continued past its edge (:func:`~pipeline.ingest.measured.continued_past_edge`), not as the -1024 HU fill, whose
+    edge against the lung it took for nodules. None (any untilted series): the array as it is.
     """
     plans = [geometry.axis(a) for a in range(3)]
     positions = [p.positions() for p in plans]
@@ -87,6 +94,8 @@ def preprocess_array(
     )
     if not all(len(pos) for pos in positions):
         return out  # the crop holds no image voxel: padding only
+    # a tilt-corrected grid's wedge is read from the nearest measured row or column of the source array
+    source = None if measured is None else (array.cpu().numpy() if isinstance(array, torch.Tensor) else array)
     x0, x1, y0, y1, zb = plans[0].valid_lo, plans[0].valid_hi, plans[1].valid_lo, plans[1].valid_hi, plans[2].valid_lo
     # array dim of the source axis feeding model axis a is 2 - src_axis
     src_dim = [2 - p.src_axis for p in plans]
@@ -101,7 +110,10 @@ def preprocess_array(
             first, last = _source_range(pos_here[a], plans[a].n_src)
             sl[src_dim[a]] = slice(first, last)
             rel.append(np.clip(pos_here[a], 0.0, plans[a].n_src - 1) - first)
-        chunk = array[tuple(sl)]  # a view: only this slab's source voxels are read
+        if source is None or measured is None:
+            chunk = array[tuple(sl)]  # a view: only this slab's source voxels are read
+        else:  # the slab's voxels, its unmeasured ones read from the nearest measured row or column
+            chunk = continued_past_edge(source, measured, box=(sl[0], sl[1], sl[2]))
         if isinstance(chunk, np.ndarray):  # a read-only (memory-mapped) slab is read into memory here, once
             chunk = np.ascontiguousarray(chunk) if chunk.flags.writeable else np.array(chunk)
         t = torch.as_tensor(chunk) if isinstance(chunk, np.ndarray) else chunk
@@ -133,7 +145,10 @@ def preprocess_volume(
     needs are read. See :func:`preprocess_array` for ``slab_voxels``.
     """
     geometry = plan_input(volume.geometry, spec, roi=roi, case=case_id)
-    tensor = preprocess_array(volume.array, geometry, spec, device=resolve_device(device), slab_voxels=slab_voxels)
+    measured = measured_mask(volume.geometry, volume.metadata)
+    tensor = preprocess_array(
+        volume.array, geometry, spec, device=resolve_device(device), slab_voxels=slab_voxels, measured=measured
+    )
     return LoadedCase(case_id, tensor=tensor, geometry=geometry, loader="torch")
 
 
@@ -163,7 +178,8 @@ class TorchLoader(BaseLoader):
             )
             return LoadedCase(job.case_id, error=err, loader=self.name)
         try:
-            tensor = preprocess_array(arr, job.geometry, self.spec, device=self.device)
+            measured = measured_mask(job.entry.geometry, job.entry.sidecar.get("metadata") or {})
+            tensor = preprocess_array(arr, job.geometry, self.spec, device=self.device, measured=measured)
         except (RuntimeError, MemoryError) as exc:
             err = LoaderError(
                 f"case {job.case_id}: preprocessing failed ({exc})",
