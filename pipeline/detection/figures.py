@@ -88,8 +88,10 @@ def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, in
     """The axial plane through finding ``f`` (HU) and a ±5 mm MIP slab around it, in the radiological display
     convention (row 0 anterior, column 0 the patient's right; the series' voxels transposed and flipped only), how
     many slices the slab holds, and the finding's box as (x0, x1, y0, y1) column and row ranges of those images.
-    The slab is always centred on the finding's plane: within 5 mm of the series' first or last slice it is
-    thinner (as many planes on each side as the series holds there), never shifted to one side.
+    The slab holds the planes whose centres lie within 5 mm of the finding's, and is always centred on the
+    finding's plane: within 5 mm of the series' first or last slice it is thinner (as many planes on each side as
+    the series holds there), never shifted to one side. The planes are the grid's: on an oblique grid (a
+    gantry-tilt corrected series) the scanner's tilted image planes (:func:`image_plane_note`).
 
     Voxels no image measured (the wedge of a tilt-corrected grid, :func:`~pipeline.ingest.measured.measured_mask`)
     are NaN in the plane, and in the MIP where no voxel of the slab was measured."""
@@ -98,7 +100,9 @@ def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, in
     geometry = volume.geometry
     view = geometry.to_lps_view(volume.array)  # [z, y, x], LPS ascending
     z = int(geometry.lps_view_index(f.voxel_ijk)[0, 2])
-    half = max(0, int(round(SLAB_MM / 2 / geometry.spacing_lps()[2])))
+    # the planes whose centres lie within ±5 mm of the finding's: as thick in mm whatever the spacing's rounding
+    # (1.93 mm planes of a 15° tilt-corrected 2 mm series: 5 planes, as the untilted scan's, not 7)
+    half = max(0, int(np.floor(SLAB_MM / 2 / geometry.spacing_lps()[2] + 1e-6)))
     half = min(half, z, view.shape[0] - 1 - z)  # near the series' ends: thinner, still centred on the finding
     z0, z1 = z - half, z + half + 1
     axial = np.asarray(view[z], dtype=np.float32)
@@ -113,6 +117,19 @@ def axial_view(volume: CTVolume, f: Finding) -> tuple[np.ndarray, np.ndarray, in
     return axial, mip, z1 - z0, _box_xy(volume, f)
 
 
+def image_plane_note(volume: CTVolume) -> str | None:
+    """What the finding PNG's slice and MIP show when they are not axial planes: the scanner's image plane tilted
+    off axial by the grid's obliquity (degrees, :func:`~pipeline.reconstruction.render_planes.oblique_deg`) beyond
+    :data:`~pipeline.reconstruction.render_planes.OBLIQUE_DEG`, e.g. a gantry-tilt corrected series; None for an
+    axial grid (the letters then name the patient's axes exactly)."""
+    from ..reconstruction.render_planes import OBLIQUE_DEG, oblique_deg
+
+    angle = oblique_deg(volume.geometry)
+    if angle <= OBLIQUE_DEG:
+        return None
+    return f"image plane tilted {angle:.1f}° from axial"
+
+
 def finding_png(
     volume: CTVolume,
     f: Finding,
@@ -124,7 +141,7 @@ def finding_png(
 ) -> bytes:
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
     ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`; edges lettered R, L,
-    A, P), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
+    A, P; the titles say when the planes are the scanner's tilted image planes, :func:`image_plane_note`), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
     its centre, blank beyond the series' first and last slices. ``warning`` (the quality flags' sentences joined by
     "; ", e.g. the thick-slice flag) is written under the title, one flag a line, wrapped at :data:`WARNING_CHARS`
     characters (the figure grows by a line's height for each); ``footer`` (the model) at the bottom."""
@@ -138,17 +155,18 @@ def finding_png(
     axial, mip, n_slab, (i0, i1, j0, j1) = axial_view(volume, f)
     sx, sy, _ = volume.geometry.spacing_lps()
     warning_lines = warning_text_lines(warning)
-    height = 7.6 + WARNING_LINE_INCHES * len(warning_lines)
-    top = 1.0 - (0.5 + WARNING_LINE_INCHES * len(warning_lines)) / height  # the title and warning above the images
+    tilted = image_plane_note(volume)
+    extra = len(warning_lines) + (tilted is not None)  # lines above the images: the warning's, the planes' second line
+    height = 7.6 + WARNING_LINE_INCHES * extra
+    top = 1.0 - (0.5 + WARNING_LINE_INCHES * extra) / height  # the title, warning and image titles above the images
     fig = Figure(figsize=(9, height), dpi=90)
     not_scanned = matplotlib.colormaps["gray"].with_extremes(bad=OUTSIDE_SCAN_RGB)  # NaN: voxels no image measured
     grid = fig.add_gridspec(2, 2, height_ratios=(4.6, 3.0), top=top, bottom=0.02, left=0.02, right=0.98, hspace=0.12)
-    for n, (img, title) in enumerate(
-        (
-            (axial, f"{slice_label} {f.slice_number} (k={k})"),
-            (mip, f"MIP {n_slab} slices ({n_slab * volume.geometry.spacing_lps()[2]:.0f} mm)"),
-        )
-    ):
+    slice_title = f"{slice_label} {f.slice_number} (k={k})"
+    mip_title = f"MIP {n_slab} slices ({n_slab * volume.geometry.spacing_lps()[2]:.0f} mm)"
+    if tilted is not None:  # lettered as the nearest patient axes, but not an axial plane: the title says so
+        slice_title, mip_title = f"{slice_title}\nthe scanner's {tilted}", f"{mip_title}\nslab of the {tilted}"
+    for n, (img, title) in enumerate(((axial, slice_title), (mip, mip_title))):
         ax = fig.add_subplot(grid[0, n])
         ax.imshow(
             img,
