@@ -87,7 +87,10 @@ def test_findings_round_trip(tmp_path, position, enhanced):
         assert row.diameter_mm == pytest.approx(case.nodules[n].diameter_mm, abs=0.05)  # stated to 0.1 mm
         assert row.volume_mm3 == pytest.approx(case.nodules[n].volume_mm3, abs=0.5)  # and 1 mm³
         assert row.diameter_mm == pytest.approx((6 * row.volume_mm3 / np.pi) ** (1 / 3), rel=0.02)
-        assert row.diameter_mm <= row.long_axis_mm < f.diameter_mm * 1.6
+        assert row.diameter_mm <= row.max_extent_mm < f.diameter_mm * 1.6
+        # the long and short axis on the slice where the nodule is largest: within its 3-D extent, and their mean
+        assert 0 < row.short_axis_mm <= row.long_axis_mm <= row.max_extent_mm
+        assert row.mean_diameter_mm == pytest.approx((row.long_axis_mm + row.short_axis_mm) / 2, abs=0.06)
         assert row.side == case.phantom.nodules[n].lung.removeprefix("lung_")
         k = int(np.rint(g.lps_to_index(f.center_lps)[2]))
         assert row.sop_instance_uid == case.source.sop_instance_uids[k]
@@ -134,6 +137,7 @@ def test_without_a_nodule_segmentation_no_size_is_stated_only_the_detectors_box(
     kept = [f for f in case.findings if f.score >= 0.5]
     assert len(table) == len(kept) > 0
     assert table.diameter_mm.isna().all() and table.long_axis_mm.isna().all() and table.volume_mm3.isna().all()
+    assert table.max_extent_mm.isna().all() and table.short_axis_mm.isna().all() and table.mean_diameter_mm.isna().all()
     np.testing.assert_allclose(table[["box_min_x", "box_min_y", "box_min_z"]], [f.box_min_lps for f in kept], atol=0.01)
     assert list(table.score) == pytest.approx([f.score for f in kept], abs=5e-4)
 

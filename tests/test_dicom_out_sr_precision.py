@@ -129,4 +129,4 @@ def test_the_equivalent_sphere_diameter_is_named_as_such_not_as_a_diameter(tmp_p
     assert ("99CTPIPE", "equiv_diameter", "Volume-equivalent sphere diameter") in names
     assert ("SCT", "103339001", "Long axis") in names
     table = read_sr_findings(path)
-    assert table.diameter_mm.notna().all() and (table.diameter_mm <= table.long_axis_mm).all()
+    assert table.diameter_mm.notna().all() and (table.diameter_mm <= table.max_extent_mm).all()

@@ -42,9 +42,15 @@ def test_an_sr_alone_states_each_findings_side_and_segmented_size(runs: dict[str
     table = read_sr_findings(runs["sr"])
     assert len(table) >= 1
     assert table.side.notna().all(), table[["tracking_id", "side"]]
-    assert table.long_axis_mm.notna().all() and table.diameter_mm.notna().all() and table.volume_mm3.notna().all()
+    assert (
+        table.max_extent_mm.notna().all()
+        and table.long_axis_mm.notna().all()
+        and table.diameter_mm.notna().all()
+        and table.volume_mm3.notna().all()
+    )
     with_seg = read_sr_findings(runs["sr_seg"])
     assert table.side.tolist() == with_seg.side.tolist()
+    assert table.max_extent_mm.tolist() == pytest.approx(with_seg.max_extent_mm.tolist())
     assert table.long_axis_mm.tolist() == pytest.approx(with_seg.long_axis_mm.tolist())
 
 

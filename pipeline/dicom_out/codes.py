@@ -25,8 +25,11 @@ left                      51440002
 Airway structure          SCT 89187006                SEG: airway segment
 Bone                      SCT 3138006                 SEG: bone segment
 Entire body               SCT 38266002                SEG: body segment
-Long axis                 SCT 103339001               SR: longest extent of the nodule in 3-D (voxel centres,
-                                                      mm)
+Long axis                 SCT 103339001               SR: longest in-plane chord of the nodule on the slice
+                                                      where it is largest (mm; that image referenced);
+                                                      in SRs of earlier versions the longest 3-D extent
+Short axis                SCT 103340004               SR: longest chord perpendicular to the long axis on
+                                                      that slice (mm; that image referenced)
 Volume                    SCT 118565006               SR: nodule volume (mm³), lung volumes (mL)
 Probability               DCM 122157                  SR: detector score (0..1, unit "1"); no standard
                                                       code names a detector score
@@ -36,6 +39,11 @@ Quality finding           DCM 111052                  SR: name of each quality f
 Volume-equivalent sphere  99CTPIPE                    SR: diameter of the sphere of the nodule's volume (mm);
 diameter                  equiv_diameter              neither DCM nor SCT codes this concept, and SCT
                                                       81827009 "Diameter" reads as a measured axis
+Maximum 3D extent         99CTPIPE max_extent_3d      SR: longest distance between two voxel centres of the
+                                                      nodule in 3-D (mm), on no one image
+Mean axial diameter       99CTPIPE mean_diameter      SR: mean of the long and short axis (mm), the
+                                                      "mean diameter" of Fleischner 2017 and Lung-RADS
+                                                      v2022 (they round it to the nearest mm)
 Emphysema index           99CTPIPE emphysema_index    SR: % of lung voxels below -950 HU
 Nodule composition        99CTPIPE composition        SR: solid / part-solid / ground glass
 solid, part_solid,        99CTPIPE <same>             SR: values of "Nodule composition"
@@ -89,7 +97,10 @@ LATERALITY: dict[str, Code] = {
 # --- measurements and evaluations ------------------------------------------------------------
 #: read back from SRs of earlier versions, which named the equivalent-sphere diameter so; never written
 DIAMETER = Code("81827009", "SCT", "Diameter")
+#: the longest in-plane chord on the slice where the nodule is largest (in SRs of earlier versions: its 3-D extent)
 LONG_AXIS = Code("103339001", "SCT", "Long axis")
+#: the longest chord perpendicular to the long axis on the same slice
+SHORT_AXIS = Code("103340004", "SCT", "Short axis")
 VOLUME = Code("118565006", "SCT", "Volume")
 PROBABILITY = Code("122157", "DCM", "Probability")
 PRESENT = Code("52101004", "SCT", "Present")
@@ -110,6 +121,10 @@ def private(value: str, meaning: str) -> Code:
 
 #: the diameter of the sphere of the nodule's volume: not a measured axis, which "Diameter" (SCT 81827009) is read as
 EQUIVALENT_DIAMETER = private("equiv_diameter", "Volume-equivalent sphere diameter")
+#: the nodule's longest extent in 3-D: no axis a reader measures on an image, so not "Long axis"
+MAX_EXTENT = private("max_extent_3d", "Maximum 3D extent")
+#: the mean of the long and short axis: the "mean diameter" by which Fleischner 2017 and Lung-RADS v2022 size a nodule
+MEAN_DIAMETER = private("mean_diameter", "Mean axial diameter")
 EMPHYSEMA_INDEX = private("emphysema_index", "Emphysema index (LAA-950)")
 COMPOSITION = private("composition", "Nodule composition")
 COMPOSITIONS: dict[str, Code] = {

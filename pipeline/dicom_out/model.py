@@ -19,7 +19,9 @@ import numpy as np
 from ..errors import DicomOutputError
 from ..reconstruction.nodule_geometry import (
     SIDES,
+    AxialAxes,
     NoduleMask,
+    axial_axes,
     boundary_voxels,
     cell_corners,
     half_axes_around,
@@ -85,9 +87,11 @@ class ReportedFinding:
     name and UID of the nodule in the SR and the SEG. half_axes_mm: the SR ellipsoid's half axes along LPS x, y, z
     (mm), centred on ``center_lps``: around the nodule segmentation's voxel cells when ``measured``, else half the
     detector box's extent. diameter_mm: the equivalent-sphere diameter of the nodule segmentation when there is one (the
-    volume's sphere), else the detector box's equivalent diameter (an estimate, often larger). long_axis_mm: the
-    longest distance between the centres of the nodule mask's voxels, at least ``diameter_mm`` (when ``measured``),
-    else the box's longest edge. measured:
+    volume's sphere), else the detector box's equivalent diameter (an estimate, often larger). max_extent_mm: the
+    nodule's longest extent in 3-D, the longest distance between the centres of the nodule mask's voxels, at least
+    ``diameter_mm`` and the long axis of ``axes`` (when ``measured``), else the box's longest edge. axes: the long and short axis on the slice where
+    the segmented nodule is largest (:class:`~pipeline.reconstruction.nodule_geometry.AxialAxes`, LPS mm), as
+    Fleischner and Lung-RADS size a nodule; None when not ``measured``. measured:
     whether those two come from a segmentation of the nodule; the SR states them only then (a box's size is no
     measurement a reader should take for one). volume_mm3: from the nodule segmentation, else None. slice_k: the
     volume slice nearest the centre.
@@ -100,7 +104,7 @@ class ReportedFinding:
     center_lps: tuple[float, float, float]
     half_axes_mm: tuple[float, float, float]
     diameter_mm: float
-    long_axis_mm: float
+    max_extent_mm: float
     volume_mm3: float | None
     score: float
     side: str | None
@@ -109,6 +113,7 @@ class ReportedFinding:
     slice_k: int
     mask: NoduleMask | None = None
     measured: bool = False
+    axes: AxialAxes | None = None
 
 
 def stated_score(score: float) -> float:
@@ -204,12 +209,15 @@ def reported_findings(
             diameter = seg_diameter  # the segmentation's, consistent with the volume and the long axis
         voxels = boundary_voxels(nm) if nm is not None else None
         is_measured = is_measured and voxels is not None
-        long_axis = None
-        if is_measured and voxels is not None:  # the ellipsoid around the segmented nodule, as its measurements
+        extent, axes = None, None
+        if is_measured and voxels is not None and nm is not None:  # the ellipsoid around the segmented nodule
             half = half_axes_around(cell_corners(voxels, geometry), center)
-            long_axis = long_axis_mm(voxels, geometry, diameter)
-        if long_axis is None:
-            long_axis = float(2 * half.max())
+            extent = long_axis_mm(voxels, geometry, diameter)
+            axes = axial_axes(nm, geometry)
+            if axes is not None:  # a chord on one slice is no longer than the nodule's longest extent
+                extent = max(extent, axes.long_mm)
+        if extent is None:
+            extent = float(2 * half.max())
         half = np.round(half, MM_DECIMALS)
         detail = details.get(n, NoduleDetail())
         side = detail.side or (lung_side(center, geometry, lungs) if lungs else None)
@@ -223,7 +231,7 @@ def reported_findings(
                 center_lps=(float(center[0]), float(center[1]), float(center[2])),
                 half_axes_mm=(float(half[0]), float(half[1]), float(half[2])),
                 diameter_mm=round(diameter, LENGTH_DECIMALS),
-                long_axis_mm=round(long_axis, LENGTH_DECIMALS),
+                max_extent_mm=round(extent, LENGTH_DECIMALS),
                 volume_mm3=None if volume is None else round(float(volume), VOLUME_MM3_DECIMALS),
                 score=stated_score(float(_get(f, "score"))),
                 side=side,
@@ -232,6 +240,7 @@ def reported_findings(
                 slice_k=k,
                 mask=nm,
                 measured=is_measured,
+                axes=axes,
             )
         )
     return out

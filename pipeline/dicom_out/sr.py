@@ -11,8 +11,10 @@ series' frame of reference):
   along LPS x, y, z, longest first; around the nodule's segmentation when it was segmented, else the
   detector's box; a POINT when the box has no extent) referencing the source image
   nearest the centre (for a volume corrected for a gantry tilt, the image in whose plane that slice lies: the
-  coordinates stay LPS, unaffected by the slice's in-plane shift; the report holds no 2-D image coordinates), and the measurements Volume-equivalent sphere diameter (mm; ctpipe's code: no standard one names it), Long axis
-  (mm, the longest 3-D extent) and Volume (mm³) when the
+  coordinates stay LPS, unaffected by the slice's in-plane shift; the report holds no 2-D image coordinates), and the measurements Volume-equivalent sphere diameter (mm; ctpipe's code: no standard one names it), Maximum
+  3D extent (mm, ctpipe's code), Long axis and Short axis (mm, on the slice where the segmented nodule is largest: that
+  image referenced), their mean (Mean axial diameter, mm, ctpipe's
+  code) and Volume (mm³) when the
   nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid then shows the box),
   Probability (the detector score, unit 1) and the composition when known (positions to 0.01 mm, diameters and
   long axes to 0.1 mm, volumes to 1 mm³, the score to 0.001: :data:`.model.MM_DECIMALS`, :data:`.model.LENGTH_DECIMALS`);
@@ -40,7 +42,7 @@ from .. import __version__
 from ..atomic import atomic_open
 from ..errors import DicomOutputError
 from . import codes as C
-from .model import ReportedFinding
+from .model import LENGTH_DECIMALS, ReportedFinding
 from .source_headers import limit_to_filing
 from .sources import SourceSeries
 from .uids import stable_uid
@@ -108,6 +110,28 @@ def _surface(f: ReportedFinding, source: SourceSeries) -> Any:
     )
 
 
+def _axis_measurements(f: ReportedFinding, source: SourceSeries) -> list[Any]:
+    """Long axis and Short axis (each referencing the image it is measured on) and their mean, to
+    :data:`.model.LENGTH_DECIMALS` (mm); none without :attr:`ReportedFinding.axes`. TID 1411 holds no coordinates in
+    a measurement: the axes' endpoints (LPS mm) are in the reconstruction's nodule results."""
+    import highdicom as hd
+
+    axes = f.axes
+    if axes is None:
+        return []
+    k = axes.slice_k
+    frame = source.frame_of(k)
+    image = hd.sr.SourceImageForMeasurement(
+        source.sop_class_uids[k], source.sop_instance_uids[k], referenced_frame_numbers=[frame] if frame is not None else None
+    )
+    out = []
+    for name, length in ((C.LONG_AXIS, axes.long_mm), (C.SHORT_AXIS, axes.short_mm)):
+        value = round(length, LENGTH_DECIMALS)
+        out.append(hd.sr.Measurement(name=name, value=value, unit=C.MM, referenced_images=[image]))
+    out.append(hd.sr.Measurement(name=C.MEAN_DIAMETER, value=round(axes.mean_mm, LENGTH_DECIMALS), unit=C.MM))
+    return out
+
+
 def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> Any:
     import highdicom as hd
 
@@ -116,8 +140,9 @@ def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> 
     if f.measured:  # from the nodule's segmentation; a detector box's size is not stated as a measurement
         measurements += [
             hd.sr.Measurement(name=C.EQUIVALENT_DIAMETER, value=f.diameter_mm, unit=C.MM),
-            hd.sr.Measurement(name=C.LONG_AXIS, value=f.long_axis_mm, unit=C.MM),
+            hd.sr.Measurement(name=C.MAX_EXTENT, value=f.max_extent_mm, unit=C.MM),
         ]
+        measurements += _axis_measurements(f, source)
     if f.volume_mm3 is not None:
         measurements.append(hd.sr.Measurement(name=C.VOLUME, value=int(round(f.volume_mm3)), unit=C.MM3))
     measurements.append(hd.sr.Measurement(name=C.PROBABILITY, value=f.score, unit=C.NO_UNITS))

@@ -34,7 +34,10 @@ FINDING_COLUMNS = [
     "box_max_y",
     "box_max_z",
     "diameter_mm",
+    "max_extent_mm",
     "long_axis_mm",
+    "short_axis_mm",
+    "mean_diameter_mm",
     "volume_mm3",
     "score",
     "side",
@@ -160,7 +163,10 @@ def _measurements(group: Any) -> dict[str, float]:
     names = {
         _key(C.EQUIVALENT_DIAMETER): "diameter_mm",
         _key(C.DIAMETER): "diameter_mm",  # SRs of earlier versions
+        _key(C.MAX_EXTENT): "max_extent_mm",
         _key(C.LONG_AXIS): "long_axis_mm",
+        _key(C.SHORT_AXIS): "short_axis_mm",
+        _key(C.MEAN_DIAMETER): "mean_diameter_mm",
         _key(C.VOLUME): "volume_mm3",
         _key(C.PROBABILITY): "score",
     }
@@ -169,6 +175,8 @@ def _measurements(group: Any) -> dict[str, float]:
         column = names.get(_key(m.name))
         if column is not None:
             out[column] = float(m.value)
+    if "long_axis_mm" in out and "max_extent_mm" not in out:  # SRs of earlier versions: "Long axis" was the 3-D extent
+        out["max_extent_mm"] = out.pop("long_axis_mm")
     return out
 
 
@@ -180,8 +188,10 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
     segmented, else the detector's box); these coordinates are stored in the SR as single-precision floats (FL) and
     given rounded to 0.001 mm (:data:`COORDINATE_DECIMALS`), what the SR holds, so that they equal the findings'
     values to that precision (``-21.81``, not the float32 ``-21.809999``); ``diameter_mm`` (the segmented nodule's equivalent diameter, not the detector
-    box's ``diameter_mm`` of ``open_run(...).findings``), ``long_axis_mm``, ``volume_mm3`` (these three NaN when the
-    nodule was not segmented, as in ``ctpipe detect``'s SR), ``score``, ``side``, ``lobe``, ``composition``, the referenced
+    box's ``diameter_mm`` of ``open_run(...).findings``), ``max_extent_mm`` (its longest 3-D extent; an earlier
+    version's "Long axis"), ``long_axis_mm`` and ``short_axis_mm`` (on the slice where the nodule is largest; NaN in SRs
+    of earlier versions), ``mean_diameter_mm`` (their mean, Fleischner's and Lung-RADS' "mean diameter"),
+    ``volume_mm3`` (all NaN when the nodule was not segmented, as in ``ctpipe detect``'s SR), ``score``, ``side``, ``lobe``, ``composition``, the referenced
     source image's ``sop_instance_uid`` (and ``frame_number`` in a multi-frame source), and the ``series_uid`` of the
     images the findings are on (from the SR's evidence: the series holding the referenced image, else the one series
     the evidence names; None when it cannot tell), so that :func:`~pipeline.show` and

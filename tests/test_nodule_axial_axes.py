@@ -1,0 +1,166 @@
+"""A segmented nodule's long and short axis as Fleischner 2017 and Lung-RADS v2022 measure them: on the slice where it
+is largest, the longest in-plane chord and the longest chord perpendicular to it, and their mean.
+
+Ellipsoids of known axes, turned in the slice's plane, on 0.7 x 0.7 x 2 mm voxels (LPS mm, masks ``[k, j, i]``),
+off-centre to the patient's left (+x) and posterior (+y), on a grid read head first supine and on one whose rows run
+to the patient's right (+i is -x) and columns anterior (+j is -y), as a prone series is stored."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.dicom_out import read_sr_findings, reported_findings, write_sr
+from pipeline.volume import Geometry
+
+SPACING = (0.7, 0.7, 2.0)
+PIXEL_MM = SPACING[0]
+#: a binary mask places each end of a chord only to within a pixel (a centre inside, the next one outside): the axes
+#: of one ellipsoid lie within 0.75 pixel of the true ones, their error over many placements within half a pixel
+CASE_TOLERANCE_MM = 0.75 * PIXEL_MM
+MEAN_TOLERANCE_MM = 0.5 * PIXEL_MM
+SUPINE = np.eye(3)
+PRONE = np.diag([-1.0, -1.0, 1.0])
+CENTRE_LPS = np.array([62.3, 41.7, -130.0])  # patient's left, posterior
+
+
+def _ellipsoid(long_mm: float, short_mm: float, angle_deg: float, direction: np.ndarray, shift: np.ndarray) -> tuple:
+    """A volume grid and the nodule result (crop mask and crop geometry) of an ellipsoid centred near CENTRE_LPS, its
+    long axis ``angle_deg`` from +x (L) towards +y (P) in the axial plane; its height (z) is its short axis. Returns
+    (grid, nodule, centre LPS, long-axis unit vector LPS)."""
+    n, nk = 64, 24
+    centre = CENTRE_LPS + np.array([shift[0], shift[1], 0.0])
+    centre_index = np.array([n / 2, n / 2, nk / 2])
+    origin = centre - direction @ (centre_index * np.asarray(SPACING))
+    g = Geometry(shape=(nk, n, n), spacing=SPACING, origin=tuple(origin), direction=direction)
+    kk, jj, ii = np.indices(g.shape)
+    lps = g.index_to_lps(np.stack([ii, jj, kk], axis=-1).reshape(-1, 3)).reshape(*g.shape, 3) - centre
+    a = np.radians(angle_deg)
+    u = np.array([np.cos(a), np.sin(a), 0.0])
+    v = np.array([-np.sin(a), np.cos(a), 0.0])
+    mask = ((lps @ u) / (long_mm / 2)) ** 2 + ((lps @ v) / (short_mm / 2)) ** 2 + (lps[..., 2] / (short_mm / 2)) ** 2 <= 1
+    lo = np.argwhere(mask).min(axis=0)
+    hi = np.argwhere(mask).max(axis=0) + 1
+    crop = mask[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
+    volume = float(crop.sum() * np.prod(SPACING))
+    nodule = {
+        "index": 0,
+        "mask": crop,
+        "geometry": g.cropped(lo[::-1].tolist(), hi[::-1].tolist()),
+        "volume_mm3": volume,
+        "diameter_mm": (6 * volume / np.pi) ** (1 / 3),
+    }
+    return g, nodule, centre, u
+
+
+def _reported(g: Geometry, nodule: dict, centre: np.ndarray):
+    finding = {"center_lps": centre.tolist(), "diameter_mm": 10.0, "score": 0.9}
+    (reported,) = reported_findings([finding], g, series_uid="1.2.3", score_threshold=0.5, nodules=[nodule])
+    return reported
+
+
+@pytest.mark.parametrize("direction", [SUPINE, PRONE], ids=["supine", "prone"])
+@pytest.mark.parametrize(("long_mm", "short_mm", "angle_deg"), [(14.0, 6.0, 30.0), (10.0, 7.0, 117.0), (22.0, 15.0, 61.0)])
+def test_long_and_short_axis_of_a_turned_ellipsoid(long_mm, short_mm, angle_deg, direction) -> None:
+    g, nodule, centre, u = _ellipsoid(long_mm, short_mm, angle_deg, direction, np.array([0.13, -0.21]))
+    axes = _reported(g, nodule, centre).axes
+    assert axes is not None
+    assert abs(axes.long_mm - long_mm) <= CASE_TOLERANCE_MM, (axes.long_mm, long_mm)
+    assert abs(axes.short_mm - short_mm) <= CASE_TOLERANCE_MM, (axes.short_mm, short_mm)
+    assert axes.mean_mm == pytest.approx((axes.long_mm + axes.short_mm) / 2)
+    assert axes.slice_k == 12  # the slice through the ellipsoid's middle, where it is largest
+    # the endpoints: on that slice, in LPS, around the nodule's centre (left and posterior: x and y positive), along
+    # the ellipsoid's axes, their distance the axis' length
+    long_ends, short_ends = np.asarray(axes.long_lps), np.asarray(axes.short_lps)
+    for ends, length in ((long_ends, axes.long_mm), (short_ends, axes.short_mm)):
+        assert np.all(ends[:, :2] > 30.0)
+        np.testing.assert_allclose(ends[:, 2], centre[2], atol=1e-6)
+        assert np.linalg.norm(ends[1] - ends[0]) == pytest.approx(length)
+        assert np.linalg.norm(ends.mean(axis=0) - centre) <= PIXEL_MM
+    along = (long_ends[1] - long_ends[0]) / axes.long_mm
+    assert abs(along @ u) >= np.cos(np.radians(4.0))  # the long axis runs along the ellipsoid's
+    across = (short_ends[1] - short_ends[0]) / axes.short_mm
+    assert abs(across @ along) <= 1e-9  # the short axis is perpendicular to it
+
+
+def test_the_axes_over_many_placements_lie_within_half_a_pixel() -> None:
+    rng = np.random.default_rng(7)
+    errors = []
+    for _ in range(12):
+        angle = float(rng.uniform(0.0, 180.0))
+        g, nodule, centre, _u = _ellipsoid(12.0, 8.0, angle, SUPINE, rng.uniform(-0.35, 0.35, 2))
+        axes = _reported(g, nodule, centre).axes
+        errors += [axes.long_mm - 12.0, axes.short_mm - 8.0]
+    assert abs(float(np.mean(errors))) <= MEAN_TOLERANCE_MM / 2, errors
+    assert float(np.mean(np.abs(errors))) <= MEAN_TOLERANCE_MM, errors
+
+
+def test_the_largest_slice_is_measured() -> None:
+    """An ellipsoid whose middle lies between two slices: the larger of the two is measured, not the one nearer the
+    detector's centre."""
+    g, nodule, centre, _u = _ellipsoid(12.0, 8.0, 45.0, SUPINE, np.zeros(2))
+    mask = nodule["mask"]
+    k_best = int(np.argmax(mask.reshape(mask.shape[0], -1).sum(axis=1)))
+    mask[k_best + 1 :] = False  # the upper half removed: the largest slice is now the last one kept
+    far = centre + np.array([0.0, 0.0, 6.0])
+    axes = _reported(g, nodule, far).axes
+    k0 = int(np.rint(g.lps_to_index(nodule["geometry"].origin)[2]))
+    assert axes.slice_k == k0 + k_best
+
+
+def _sr_case(tmp_path):
+    from tests.test_dicom_out_sources import phantom_case
+
+    return phantom_case(tmp_path / "case", n_nodules=1, pixel_spacing=0.9, slice_spacing=2.0, matrix=96, slices=40)
+
+
+def _write_sr(case, path):
+    return write_sr(
+        path,
+        source=case.source,
+        volume=case.volume,
+        findings=case.findings,
+        model_name="demo",
+        model_version="1",
+        score_threshold=0.5,
+        nodules=case.nodules,
+    )
+
+
+def test_the_sr_states_both_axes_on_their_image_and_the_3d_extent_apart(tmp_path) -> None:
+    import highdicom as hd
+
+    case = _sr_case(tmp_path)
+    path = _write_sr(case, tmp_path / "sr.dcm")
+    g = case.volume.geometry
+    (f,) = [f for f in case.findings if f.score >= 0.5]
+    axes = _reported(
+        g,
+        case.nodules[0].to_json() | {"mask": case.nodules[0].mask, "geometry": case.nodules[0].geometry},
+        np.asarray(f.center_lps),
+    ).axes
+    (row,) = read_sr_findings(path).itertuples()
+    assert row.long_axis_mm == pytest.approx(axes.long_mm, abs=0.05)
+    assert row.short_axis_mm == pytest.approx(axes.short_mm, abs=0.05)
+    assert row.mean_diameter_mm == pytest.approx(axes.mean_mm, abs=0.05)
+    assert row.max_extent_mm >= row.long_axis_mm
+    report = hd.sr.srread(path)
+    (group,) = [g for g in report.content.get_volumetric_roi_measurement_groups()]
+    by_name = {str(m.name.value): m for m in group.get_measurements()}
+    assert {"103339001", "103340004", "max_extent_3d", "mean_diameter"} <= set(by_name)
+    for code in ("103339001", "103340004"):  # measured on the image of the slice where the nodule is largest
+        (image,) = by_name[code].referenced_images
+        assert image.referenced_sop_instance_uid == case.source.sop_instance_uids[axes.slice_k]
+
+
+def test_an_earlier_sr_long_axis_reads_as_the_3d_extent(tmp_path, monkeypatch) -> None:
+    """SRs of earlier versions named the 3-D extent "Long axis" and stated no short axis."""
+    from pipeline.dicom_out import codes, sr
+
+    case = _sr_case(tmp_path)
+    new = read_sr_findings(_write_sr(case, tmp_path / "new.dcm"))
+    monkeypatch.setattr(sr.C, "MAX_EXTENT", codes.LONG_AXIS)
+    monkeypatch.setattr(sr, "_axis_measurements", lambda f, source: [])
+    old = read_sr_findings(_write_sr(case, tmp_path / "old.dcm"))
+    assert old.max_extent_mm.tolist() == pytest.approx(new.max_extent_mm.tolist())
+    assert old.long_axis_mm.isna().all() and old.short_axis_mm.isna().all() and old.mean_diameter_mm.isna().all()
