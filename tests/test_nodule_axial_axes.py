@@ -164,3 +164,21 @@ def test_an_earlier_sr_long_axis_reads_as_the_3d_extent(tmp_path, monkeypatch) -
     old = read_sr_findings(_write_sr(case, tmp_path / "old.dcm"))
     assert old.max_extent_mm.tolist() == pytest.approx(new.max_extent_mm.tolist())
     assert old.long_axis_mm.isna().all() and old.short_axis_mm.isna().all() and old.mean_diameter_mm.isna().all()
+
+
+def test_the_nodule_results_state_the_axes_with_their_image_and_endpoints() -> None:
+    """The reconstruction's nodule JSON: both axes, their mean, the slice's InstanceNumber and the endpoints (LPS mm)."""
+    from pipeline.reconstruction.nodule_geometry import axes_json
+
+    g, nodule, centre, _u = _ellipsoid(14.0, 6.0, 30.0, SUPINE, np.zeros(2))
+    numbers = list(range(200, 200 - g.shape[0], -1))  # InstanceNumbers counting down the volume's slices
+    out = axes_json(nodule, g, {"InstanceNumbers": numbers})
+    axes = _reported(g, nodule, centre).axes
+    assert out["long_axis_mm"] == pytest.approx(axes.long_mm, abs=0.001)
+    assert out["short_axis_mm"] == pytest.approx(axes.short_mm, abs=0.001)
+    assert out["mean_diameter_mm"] == pytest.approx(axes.mean_mm, abs=0.001)
+    assert out["axes_slice_k"] == axes.slice_k == 12
+    assert out["axes_instance_number"] == 188
+    np.testing.assert_allclose(out["long_axis_lps_mm"], axes.long_lps, atol=0.001)
+    np.testing.assert_allclose(out["short_axis_lps_mm"], axes.short_lps, atol=0.001)
+    assert axes_json({"index": 0, "mask": None, "geometry": None}, g, {}) == dict.fromkeys(out)

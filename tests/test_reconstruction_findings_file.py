@@ -163,7 +163,8 @@ def test_reconstruct_reads_and_checks_a_findings_path_before_any_work(tmp_path, 
 
 def test_cli_prints_a_line_per_nodule_with_its_side_centre_size_and_volume_or_why_not(tmp_path, capsys):
     """A user reads each finding's nodule from the terminal: which finding, the lung holding it, its centre (LPS mm),
-    diameter and long axis (mm) and volume (mL), or why it was not segmented."""
+    long and short axis on the image where it is largest (mm), their mean and that image's InstanceNumber, its 3-D
+    extent, equivalent-sphere diameter (mm) and volume (mL), or why it was not segmented."""
     truth = json.loads((SAMPLE / "ground_truth.json").read_text())
     nodule = next(n for n in truth["nodules"] if n["kind"] == "solid" and n["attached_to"] is None)
     findings = [
@@ -177,12 +178,16 @@ def test_cli_prints_a_line_per_nodule_with_its_side_centre_size_and_volume_or_wh
     assert len(lines) == 2, lines
     side = nodule["lung"].removeprefix("lung_")
     assert lines[0].startswith(f"nodule of finding #1: {side} lung, centre LPS (") and "not segmented" not in lines[0]
-    figures = {name: float(lines[0].split(f"{name} ", 1)[1].split(" ", 1)[0]) for name in ("diameter", "long axis", "volume")}
+    names = ("diameter", "long axis", "short axis", "mean diameter", "3-D extent", "volume")
+    figures = {name: float(lines[0].split(f", {name} ", 1)[1].split(" ", 1)[0]) for name in names}
     centre = [float(v) for v in lines[0].split("centre LPS (", 1)[1].split(")", 1)[0].split(", ")]
     assert np.allclose(centre, nodule["center_lps"], atol=1.5)
     assert abs(figures["volume"] * 1000.0 - nodule["volume_mm3"]) < 0.25 * nodule["volume_mm3"]  # mL
     assert abs(figures["diameter"] - nodule["diameter_mm"]) < 0.15 * nodule["diameter_mm"]
-    assert figures["long axis"] >= figures["diameter"]
+    assert figures["3-D extent"] >= figures["diameter"]
+    assert 0 < figures["short axis"] <= figures["long axis"] <= figures["3-D extent"]
+    assert figures["mean diameter"] == pytest.approx((figures["long axis"] + figures["short axis"]) / 2, abs=0.06)
+    assert " on InstanceNumber " in lines[0]
     assert lines[1].startswith("nodule of finding #2: not segmented: ") and "outside the volume" in lines[1]
     other = "lung_right" if side == "left" else "lung_left"  # the nodule's lung alone, then the other lung alone
     for organs, said in ((nodule["lung"], "lung side unknown (no "), (other, "lung side unknown (no ")):

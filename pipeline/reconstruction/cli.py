@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             f"lungs total {_figure(lungs['lungs_total_volume_ml'], '.1f', 'mL')}, emphysema index "
             f"{_figure(lungs.get('emphysema_index_pct'), '.2f', '%')} (< {lungs['emphysema_threshold_hu']:.0f} HU)"
         )
-    for line in nodule_lines(rec):
+    for line in nodule_lines(rec, metadata=volume.metadata):
         print(line)
     for flag in rec.measurements.get("quality", {}).get("flags", ()):  # the README's quality flags, as ctpipe detect's
         print(f"  {flag['severity']}: {flag['message']} [{flag['code']}]")
@@ -163,16 +164,21 @@ def run(args: argparse.Namespace) -> int:
     return max(status, _write_dicom(args, volume, rec, reported, stem, organs=organs, device=device))
 
 
-def nodule_lines(rec: Any) -> list[str]:
+def nodule_lines(rec: Any, *, metadata: Mapping[str, Any] | None = None) -> list[str]:
     """One line per finding of ``--findings`` (``rec``: the :class:`~.stage.Reconstruction`): its number in the
     findings file (1-based: ``ctpipe detect``'s ``#N``), the lung holding it, the segmented nodule's centre (its
-    centroid, DICOM patient coordinates LPS, mm), its equivalent-sphere diameter and long axis (mm, as the SR reports
-    them) and its volume (mL); or why it could not be segmented."""
+    centroid, DICOM patient coordinates LPS, mm), its long and short axis on the slice where it is largest and their
+    mean (mm, as Fleischner 2017 and Lung-RADS v2022 size a nodule; the mean also to the nearest mm, as they state it)
+    with that slice's number (``metadata``: the series', for its InstanceNumbers), its longest 3-D extent and
+    equivalent-sphere diameter (mm, as the SR reports them) and its volume (mL); or why it could not be segmented."""
     import numpy as np
 
-    from .nodule_geometry import boundary_voxels, long_axis_mm, lung_side, nodule_mask
+    from ..detection.findings import slice_label, slice_number_source
+    from .nodule_geometry import axes_json, boundary_voxels, long_axis_mm, lung_side, nodule_mask
 
     geometry = rec.geometry
+    metadata = metadata or {}
+    label = slice_label(slice_number_source(metadata, geometry.shape[0]))
     lungs = {o: rec.mask(o) for o in ("lung_left", "lung_right") if o in rec.masks}
     lines = []
     for r in rec.nodules:
@@ -189,11 +195,21 @@ def nodule_lines(rec: Any) -> list[str]:
             side = f"{found} lung" if found else "outside the lungs"
         nm = nodule_mask(r, geometry)
         voxels = boundary_voxels(nm) if nm is not None else None
-        long_axis = f"{long_axis_mm(voxels, geometry, r.diameter_mm):.1f} mm" if voxels is not None else "n/a"
+        axes = axes_json(r, geometry, metadata)
+        if axes["long_axis_mm"] is not None and voxels is not None:
+            extent_mm = max(long_axis_mm(voxels, geometry, r.diameter_mm), axes["long_axis_mm"])
+            mean = axes["mean_diameter_mm"]
+            sizes = (
+                f"long axis {axes['long_axis_mm']:.1f} mm, short axis {axes['short_axis_mm']:.1f} mm, "
+                f"mean diameter {mean:.1f} mm ({int(np.floor(mean + 0.5))} mm) on {label} {axes['axes_instance_number']}, "
+                f"3-D extent {extent_mm:.1f} mm"
+            )
+        else:
+            sizes = "long axis n/a, 3-D extent n/a"
         x, y, z = centre
         lines.append(
-            f"{head}: {side}, centre LPS ({x:.1f}, {y:.1f}, {z:.1f}) mm, diameter {r.diameter_mm:.1f} mm "
-            f"(equivalent sphere), long axis {long_axis}, volume {r.volume_mm3 / 1000.0:.2f} mL"
+            f"{head}: {side}, centre LPS ({x:.1f}, {y:.1f}, {z:.1f}) mm, {sizes}, diameter {r.diameter_mm:.1f} mm "
+            f"(equivalent sphere), volume {r.volume_mm3 / 1000.0:.2f} mL"
         )
     return lines
 

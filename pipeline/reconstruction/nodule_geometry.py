@@ -217,3 +217,42 @@ def axial_axes(nm: NoduleMask, geometry: Geometry) -> AxialAxes | None:
         long_lps=pair(long_ends),
         short_lps=pair(short_ends),
     )
+
+
+AXES_KEYS = (
+    "long_axis_mm",
+    "short_axis_mm",
+    "mean_diameter_mm",
+    "axes_slice_k",
+    "axes_instance_number",
+    "long_axis_lps_mm",
+    "short_axis_lps_mm",
+)
+
+
+def axes_json(result: Any, geometry: Geometry, metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The nodule results' axes of a segmented nodule (``result``: a ``NoduleResult`` or its JSON with ``mask`` and
+    ``geometry``) on the volume's grid ``geometry``: ``long_axis_mm``, ``short_axis_mm``, ``mean_diameter_mm`` (mm, to
+    0.001), the slice they are measured on (``axes_slice_k``, and ``axes_instance_number``: its InstanceNumber as the
+    series ``metadata`` lists it, else its FrameNumber, else ``k + 1``) and each axis' endpoints
+    (``long_axis_lps_mm``, ``short_axis_lps_mm``: two points, DICOM patient coordinates LPS, mm). All None without a
+    mask (see :func:`axial_axes`)."""
+    from ..detection.findings import slice_number_of
+
+    nm = nodule_mask(result, geometry)
+    axes = axial_axes(nm, geometry) if nm is not None else None
+    if axes is None:
+        return dict.fromkeys(AXES_KEYS)
+
+    def points(ends: tuple[tuple[float, float, float], ...]) -> list[list[float]]:
+        return [[round(c, 3) for c in p] for p in ends]
+
+    return {
+        "long_axis_mm": round(axes.long_mm, 3),
+        "short_axis_mm": round(axes.short_mm, 3),
+        "mean_diameter_mm": round(axes.mean_mm, 3),
+        "axes_slice_k": axes.slice_k,
+        "axes_instance_number": slice_number_of(axes.slice_k, metadata, geometry.shape[0]),
+        "long_axis_lps_mm": points(axes.long_lps),
+        "short_axis_lps_mm": points(axes.short_lps),
+    }

@@ -32,6 +32,7 @@ from . import export, measure
 from .bundle_seg import SegBundle, read_bundle, run_seg_bundle
 from .findings_in import findings_of_series
 from .mesh import Mesh, mesh_from_mask
+from .nodule_geometry import axes_json
 from .nodules import NoduleResult, segment_findings
 from .organs import ORGANS, organ_names
 from .preview import PreviewViews, preview_meshes, preview_views
@@ -305,7 +306,7 @@ def reconstruct(
     if nodule_findings:
         results = timer.run("nodules", segment_findings, volume, nodule_findings, lung_mask=_lungs(masks))
         rec.nodules = list(results)
-        rec.measurements["nodules"] = [r.to_json() for r in results]
+        rec.measurements["nodules"] = [r.to_json() | axes_json(r, volume.geometry, volume.metadata) for r in results]
         for r in results:
             if r.error:
                 rec.errors[f"nodule:{r.index}"] = r.error
