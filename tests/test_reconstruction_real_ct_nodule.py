@@ -76,3 +76,37 @@ def test_the_planning_chests_mass_is_segmented_to_its_visible_edge(chest, box_sh
             f"{name}: segmented {m_low:.1f}..{m_high:.1f} mm runs past the visible {low:.1f}..{high:.1f} mm"
         )
     assert 23.0 <= res.diameter_mm <= 26.0
+
+
+def test_the_planning_chests_mass_has_its_axes_on_the_slice_where_it_is_largest(chest):
+    """Long and short axis of the 25 mm mass as a reader measures them, each as long as the scan shows the mass
+    along that line (where the HU falls below half-way between lesion and lung), on the slice through its middle,
+    in the right lung (LPS: x < 0)."""
+    from pipeline.reconstruction.nodule_geometry import axes_json
+
+    res = segment_nodule(chest, {"center_lps": MASS_CENTRE, "box_min_lps": MASS_BOX[0], "box_max_lps": MASS_BOX[1]})
+    out = axes_json(res, chest.geometry, chest.metadata)
+    assert 23.0 <= out["short_axis_mm"] <= out["long_axis_mm"] <= 28.0
+    assert out["mean_diameter_mm"] == pytest.approx((out["long_axis_mm"] + out["short_axis_mm"]) / 2, abs=1e-3)
+    k = out["axes_slice_k"]
+    assert abs(chest.geometry.index_to_lps([0, 0, k])[2] - res.centroid_lps[2]) <= 2.0  # 2 mm slices
+    assert out["axes_instance_number"] == chest.metadata["InstanceNumbers"][k]
+    nm = nodule_mask(res, chest.geometry)
+    assert nm is not None
+    full = np.zeros(chest.array.shape, dtype=bool)
+    k0, j0, i0 = nm.offset_kji
+    full[k0 : k0 + nm.mask.shape[0], j0 : j0 + nm.mask.shape[1], i0 : i0 + nm.mask.shape[2]] = nm.mask
+    hu = np.asarray(chest.array, dtype=np.float32)
+    core = ndimage.binary_erosion(full, iterations=3)
+    shell = ndimage.binary_dilation(full, iterations=8) & ~ndimage.binary_dilation(full, iterations=3) & (hu < -600)
+    half_way = 0.5 * (float(np.median(hu[core])) + float(np.median(hu[shell])))
+    for name in ("long_axis", "short_axis"):
+        p, q = (np.asarray(e) for e in out[f"{name}_lps_mm"])
+        assert np.all(np.array([p[0], q[0]]) < 0)  # the patient's right
+        mid, u = (p + q) / 2, (q - p) / np.linalg.norm(q - p)
+        t = np.arange(0.0, 25.0, 0.05)
+        seen = 0.0
+        for sign in (-1.0, 1.0):
+            prof = ndimage.map_coordinates(hu, chest.geometry.lps_to_index(mid + sign * t[:, None] * u)[:, ::-1].T, order=1)
+            seen += float(t[int(np.argmax(prof < half_way))])
+        assert abs(out[f"{name}_mm"] - seen) <= 2 * EDGE_TOLERANCE_MM, (name, out[f"{name}_mm"], seen)
