@@ -270,3 +270,27 @@ def test_letters_of_nodules_off_the_plane_lie_in_free_space_not_on_the_lungs(tmp
     on_body = [Bbox.from_bounds(*xy, 1, 1) for xy in ax.transData.transform(centres)]
     assert not any(box.overlaps(b) for b in on_body), (letters.get_text(), box)
     assert any(line.get_linestyle() == ":" for line in ax.lines)  # the line from the letters to the shadow
+
+
+def test_a_nodules_close_ups_state_its_long_and_short_axis(tmp_path, monkeypatch):
+    """Each close-up MPR of a nodule names its long and short axis (mm), their mean and the slice they are measured
+    on, as the nodule lines and the SR state them."""
+    from pipeline.reconstruction import render
+    from pipeline.reconstruction.nodule_geometry import axes_json
+
+    figures: list = []
+    save = render.save_png
+    monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append((path.name, fig)), save(fig, path))[1])
+    vol, lung = _lung_with_a_nodule()
+    nodules = segment_findings(vol, [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}], lung_mask=lung)
+    render.render_nodule_views(vol, {"lung_right": lung}, tmp_path, stem="c", nodules=nodules)
+    axes = axes_json(nodules[0], vol.geometry, vol.metadata)
+    said = (
+        f"long axis {axes['long_axis_mm']:.1f} mm, short axis {axes['short_axis_mm']:.1f} mm "
+        f"(mean {axes['mean_diameter_mm']:.1f} mm) on slice {axes['axes_instance_number']}"
+    )
+    close_ups = [fig for name, fig in figures if name.startswith("c_nodule_01_mpr_")]
+    assert len(close_ups) == 3
+    for fig in close_ups:
+        titles = [ax.get_title() for ax in fig.axes]
+        assert any(said in t for t in titles), titles

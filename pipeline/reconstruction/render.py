@@ -371,12 +371,24 @@ def render_nodule_views(
     nodules: the segmented findings (:func:`~.nodules.segment_findings`): outlined in the overview MPRs where they
     cross them and marked where they do not (:func:`render_mpr`), each given axial, coronal and sagittal lung-window
     MPRs through its centroid (LPS mm) showing :data:`NODULE_FIELD_MM` around it (``<stem>_nodule_NN_mpr_<plane>.png``,
-    NN its finding's number, up to :data:`NODULE_MPRS`), outlined in the MIP slabs that hold them
+    NN its finding's number, up to :data:`NODULE_MPRS`; their titles name its long and short axis, mm, their mean and
+    the slice they are measured on: :func:`~.nodule_geometry.axes_json`), outlined in the MIP slabs that hold them
     (:func:`render_mip`) and drawn over the organs in the 3-D preview."""
+    from ..detection.findings import slice_label, slice_number_source
+    from .nodule_geometry import axes_json
     from .preview import write_preview
 
     out.mkdir(parents=True, exist_ok=True)
     labels = nodule_labels(nodules, volume.geometry)
+    slice_name = slice_label(slice_number_source(volume.metadata, volume.shape[0]))
+    sizes = {}  # each close-up names the nodule's axes as the nodule lines and the SR state them
+    for r in nodules:
+        axes = axes_json(r, volume.geometry, volume.metadata) if r.error is None and r.mask is not None else None
+        if axes is not None and axes["long_axis_mm"] is not None:
+            sizes[r.index] = (
+                f" · long axis {axes['long_axis_mm']:.1f} mm, short axis {axes['short_axis_mm']:.1f} mm "
+                f"(mean {axes['mean_diameter_mm']:.1f} mm) on {slice_name} {axes['axes_instance_number']}"
+            )
     volume, masks, labels = to_patient_axes(volume, masks, labels)  # once for every MPR and MIP below
     paths = render_mpr(volume, masks, out, stem=stem, nodules=labels)
     # the lungs' detail (vessels, nodules, ground glass) that the soft-tissue window shows all black
@@ -396,7 +408,7 @@ def render_nodule_views(
             center_lps=centre,
             nodules=labels,
             field_mm=NODULE_FIELD_MM,
-            note=f", through nodule #{r.index + 1}",
+            note=f", through nodule #{r.index + 1}{sizes.get(r.index, '')}",
             window="lung",
         )
     lungs = [m for k, m in masks.items() if k.startswith("lung")]
