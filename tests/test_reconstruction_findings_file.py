@@ -188,6 +188,8 @@ def test_cli_prints_a_line_per_nodule_with_its_side_centre_size_and_volume_or_wh
     assert 0 < figures["short axis"] <= figures["long axis"] <= figures["3-D extent"]
     assert figures["mean diameter"] == pytest.approx((figures["long axis"] + figures["short axis"]) / 2, abs=0.06)
     assert " on InstanceNumber " in lines[0]
+    rounded = int(lines[0].split("mean diameter ", 1)[1].split("(", 1)[1].split(" mm)", 1)[0])
+    assert rounded == int(np.floor(figures["mean diameter"] + 0.5))  # to the nearest mm, as the figure beside it reads
     assert lines[1].startswith("nodule of finding #2: not segmented: ") and "outside the volume" in lines[1]
     other = "lung_right" if side == "left" else "lung_left"  # the nodule's lung alone, then the other lung alone
     for organs, said in ((nodule["lung"], "lung side unknown (no "), (other, "lung side unknown (no ")):

@@ -201,7 +201,7 @@ def nodule_lines(rec: Any, *, metadata: Mapping[str, Any] | None = None) -> list
             mean = axes["mean_diameter_mm"]
             sizes = (
                 f"long axis {axes['long_axis_mm']:.1f} mm, short axis {axes['short_axis_mm']:.1f} mm, "
-                f"mean diameter {mean:.1f} mm ({int(np.floor(mean + 0.5))} mm) on {label} {axes['axes_instance_number']}, "
+                f"mean diameter {mean:.1f} mm ({int(np.floor(round(mean, 1) + 0.5))} mm) on {label} {axes['axes_instance_number']}, "
                 f"3-D extent {extent_mm:.1f} mm"
             )
         else:
