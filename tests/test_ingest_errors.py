@@ -385,7 +385,8 @@ def test_a_tilt_correction_warns_how_far_it_shifted_the_slices(tmp_path):
     vol = load_series(tmp_path, allow_gantry_tilt=True)
     (warning,) = [w for w in vol.metadata["warnings"] if "gantry tilt" in w]
     assert "10.00 deg" in warning and "up to 3.8 mm" in warning and "cut" not in warning, warning
-    assert "grown by 0 column(s) and 6 row(s)" in warning and "air (-1024 HU)" in warning, warning
+    assert "grown by 0 column(s) and 6 row(s)" in warning and "nothing was measured" in warning, warning
+    assert "-1024 HU there" in warning and "outside the scan" in warning, warning
     assert vol.shape == (12, 16 + 6, 20) and vol.metadata["GantryTiltGrownColumnsRows"] == [0, 6]
 
 

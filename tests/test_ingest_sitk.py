@@ -54,10 +54,13 @@ def test_matches_simpleitk(tmp_path, phantom, options):
         "SeriesInstanceUID",
         "ConvolutionKernel",
         "Manufacturer",
-        "SeriesDescription",
         "PatientPosition",
     ):
         assert md[key] == src[key], key
+    # the phantom's description ("Chest phantom") holds its patient's name part (PHANTOM^3): shown as <patient> unless
+    # identifiers are kept
+    assert md["SeriesDescription"] == src["SeriesDescription"].replace("phantom", "<patient>")
+    assert load_series(tmp_path, keep_identifiers=True).metadata["SeriesDescription"] == src["SeriesDescription"]
     assert "PatientID" not in md  # patient identifiers only with keep_identifiers=True
     assert md["SliceThickness"] == pytest.approx(1.25)
     assert md["KVP"] == pytest.approx(120.0)

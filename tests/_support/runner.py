@@ -10,6 +10,7 @@ not to rewrite its (absent) asserts: PYTEST_DONT_REWRITE.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from pipeline.runner.stage import CaseContext, Stage
+from tests._support.dicom_dates import without_dates
 from tests._support.shared import build_once
 
 # tiny but complete chests: 64 x 64 pixels of 2 mm, 24 slices of 5 mm (128 x 128 x 120 mm)
@@ -118,14 +120,31 @@ def db_rows(run_dir: Path, sql: str, params: tuple = ()) -> list[tuple]:
         db.close()
 
 
+def _content_digest(path: Path) -> str:
+    """sha256 of a file; of a DICOM result (``.dcm``) without the dates and times it was made at, which differ
+    between runs that make the same result (its UIDs and content do not), and of a case's manifest without its
+    digests of those results."""
+    if path.name == "manifest.json":  # its digests of the DICOM results are of files with their dates
+        doc = json.loads(path.read_text())
+        for entry in doc.get("files", []):
+            if str(entry.get("path", "")).endswith(".dcm"):
+                entry.pop("sha256", None)
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    if path.suffix != ".dcm":
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    buf = io.BytesIO()
+    without_dates(path).save_as(buf, enforce_file_format=True)
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
 def case_hashes(run_dir: Path) -> dict[str, dict[str, str]]:
-    """{case_id: {relative file path: sha256}} of every published case folder."""
+    """{case_id: {relative file path: sha256}} of every published case folder (DICOM results without their dates)."""
     out = {}
     for case in sorted((run_dir / "cases").iterdir()):
         files = {}
         for p in sorted(case.rglob("*")):
             if p.is_file():
-                files[p.relative_to(case).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+                files[p.relative_to(case).as_posix()] = _content_digest(p)
         out[case.name] = files
     return out
 
