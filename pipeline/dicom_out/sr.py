@@ -282,7 +282,8 @@ def build_sr(
     )
     groups: list[Any] = [_finding_group(f, source, algorithm) for f in findings]
     groups.append(_case_group(findings, measurements, quality, source, algorithm, nodules_assessed))
-    referenced = sorted({f.slice_k for f in findings})
+    # the images the content references: each finding's slice and the slice its axes are measured on
+    referenced = sorted({f.slice_k for f in findings} | {f.axes.slice_k for f in findings if f.axes is not None})
     library = None
     if image_library and referenced and not source.multiframe:
         library = [source.datasets[k] for k in referenced]
