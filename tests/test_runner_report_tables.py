@@ -117,7 +117,7 @@ def test_each_case_counts_once_in_the_run_that_finished_it(resumed, tmp_path):
     html = rep.html.read_text()
     runs_html = html.split("<h2>Runs</h2>", 1)[1].split("</table>", 1)[0]
     assert "<td>all runs (each case once)</td>" in runs_html and re.search(
-        r"<td>3</td><td>0</td><td>0</td><td></td></tr>$", runs_html
+        r"<td>3</td><td>0</td><td>0</td><td></td><td></td></tr>$", runs_html
     )
 
 

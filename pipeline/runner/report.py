@@ -201,6 +201,7 @@ RUNS_COLUMNS = [
     "n_failed",
     "n_unfinished",
     "n_failed_earlier",
+    "n_redone",
 ]
 #: Columns of ``capacity.csv``: per stage its worker group (model or cpu), its busy time per completed attempt (s; failed
 #: attempts' time included) and the successful attempts that figure rests on.

@@ -177,19 +177,25 @@ def _runs_table(runs: list[dict[str, Any]], cases: dict[str, int]) -> str:
         return "<p>no runs</p>"
     folders = len({r["run_dir"] for r in runs}) > 1
     titles = ["run", *(["folder"] if folders else []), "status", "started (UTC)", "ended (UTC)", "active", "device"]
-    titles += ["done", "quarantined", "unfinished", "still quarantined from earlier runs"]
+    titles += [
+        "done",
+        "quarantined",
+        "unfinished",
+        "still quarantined from earlier runs",
+        "done again (counted where first done)",
+    ]
     head = "".join(f"<th>{t}</th>" for t in titles)
     body = "".join(
         f"<tr><td>{_e(r['run_id'])}</td>{_folder_cell(r, folders)}<td>{_e(r['status'])}</td>"
         f"<td>{_e(r['started_utc'])}</td>"
         f"<td>{_e(r['ended_utc'] or 'no end record')}</td><td>{active_time(r['active_s'])}</td><td>{_e(r['device'])}</td>"
         f"<td>{r['n_done']}</td><td>{r['n_failed']}</td><td>{r['n_unfinished']}</td>"
-        f"<td>{'unknown' if r.get('n_failed_earlier') is None else r['n_failed_earlier']}</td></tr>"
+        f"<td>{'unknown' if r.get('n_failed_earlier') is None else r['n_failed_earlier']}</td><td>{r['n_redone']}</td></tr>"
         for r in runs
     )
     total = (
         f'<tr><td>all runs (each case once)</td><td colspan="{6 if folders else 5}"></td><td>{cases["done"]}</td>'
-        f"<td>{cases['failed']}</td><td>{cases['unfinished']}</td><td></td></tr>"
+        f"<td>{cases['failed']}</td><td>{cases['unfinished']}</td><td></td><td></td></tr>"
     )
     return f"<table><tr>{head}</tr>{body}{total}</table>"
 
@@ -343,8 +349,10 @@ td.unreliable{{color:#a05a00}}.big{{font-size:1.3em}}</style></head><body>
 <p>Cases: {s["cases"]["done"]} done, {s["cases"]["failed"]} quarantined (failed: listed with the reason and the fix under Failures), {s["cases"]["unfinished"]} unfinished
 ({s["cases"].get("interrupted", 0)} interrupted), of {s["cases"]["total"]}. Discovery skipped {sk["files"]} file(s) and {sk["series"]} series (listed below).</p>
 <h2>Runs</h2>
-<p>Each case is counted once. In one run folder, in the run that last worked on it: a run resumed after a kill
-does not count again what the killed run finished. A series found in several run folders (a nightly run into a
+<p>Each case is counted once. In one run folder, a completed case in the run that first completed it (as the daily
+tables count it, on the day its results were first published), any other case in the run that last worked on it: a
+run resumed after a kill does not count again what the killed run finished, and a case done again because its
+published folder was removed counts under "done again" in the run that redid it, not as a new case. A series found in several run folders (a nightly run into a
 folder of its own meeting a series again) is counted at its first completion: in that run and on the day its results
 were first published; a later completion, or a failure before it, is listed under "Series tried in several run
 folders" and not counted again (its time still counts as active time). A run killed without an end record is

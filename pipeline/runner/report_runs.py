@@ -103,14 +103,22 @@ def _state_text(run: dict[str, Any], *, several: bool) -> str:
 
 def runs_table(runs: Any, cases: Any, finished_in: Any, durations: dict[str, float]) -> list[dict[str, Any]]:
     """One row per run: status as the report shows it, start and end (ISO 8601 UTC; no end record: None), active
-    time (s) and the cases of its latest attempts by outcome (``finished_in``: :func:`.tables.finishing_run`),
-    so that each case is counted in one run only; ``n_failed_earlier``: the cases quarantined by earlier runs that it
+    time (s) and its cases by outcome, each case counted in one run only: a done case in the run that first completed
+    it (:func:`first_completion_run`), as the day tables count it on the day it was first done, others in the run of
+    their latest attempt (``finished_in``: :func:`.tables.finishing_run`); ``n_redone``: done cases this run did again
+    (their published folder was removed), counted as done in the run that first completed them, not here; ``n_failed_earlier``: the cases quarantined by earlier runs that it
     left as they were (not retried), and where that figure comes from (:func:`_failed_earlier`). A case that no run
     started is unfinished in the latest run of its folder, the run that left it."""
     latest = runs.sort_values("started_at").groupby("run_dir").run_id.last()
     finished_in = finished_in.where(finished_in.notna(), cases.run_dir.map(latest))
+    first_in = first_completion_run(cases, runs).fillna(finished_in)
+    done = cases.status == "done"
+    credited = finished_in.where(~done, first_in)  # a done case counts in the run that first completed it
     outcome = cases.status.map({"done": "n_done", "failed": "n_failed"}).fillna("n_unfinished")
-    counts = outcome.groupby([cases.run_dir, finished_in]).value_counts().to_dict() if len(cases) else {}
+    counts = outcome.groupby([cases.run_dir, credited]).value_counts().to_dict() if len(cases) else {}
+    redone = done & (finished_in != first_in)  # done again by its latest run: a redo in that run, not a new case
+    if redone.any():
+        counts.update({(d, r, "n_redone"): n for (d, r), n in cases[redone].groupby([cases.run_dir, finished_in]).size().items()})
     started, ended = utc_text(runs.started_at), utc_text(runs.ended_at)
     rows = []
     for i, r in runs.iterrows():
@@ -124,11 +132,35 @@ def runs_table(runs: Any, cases: Any, finished_in: Any, durations: dict[str, flo
                 "active_s": durations.get(str(r["run_id"]), 0.0),
                 "device": r["device"],
                 "host": r["host"],
-                **{k: int(counts.get((r["run_dir"], r["run_id"], k), 0)) for k in ("n_done", "n_failed", "n_unfinished")},
+                **{
+                    k: int(counts.get((r["run_dir"], r["run_id"], k), 0))
+                    for k in ("n_done", "n_failed", "n_unfinished", "n_redone")
+                },
                 **_failed_earlier(r, cases, latest),
             }
         )
     return rows
+
+
+def first_completion_run(cases: Any, runs: Any) -> Any:
+    """The run that first completed each done case (index of ``cases``; None for a case not done, or done before any
+    run of its folder started): the latest run of the case's folder started at or before the case's
+    ``first_done_at`` (Unix s). The runs of one folder follow each other (the folder's lock), so it is the run at
+    work when the case was first published, also when a later run did it again after its published folder was
+    removed, or when a run recovered it from the folder a killed run published."""
+    import pandas as pd
+
+    out = pd.Series([None] * len(cases), index=cases.index, dtype=object)
+    first = pd.to_numeric(cases.first_done_at, errors="coerce")
+    for run_dir, group in runs.sort_values("started_at").groupby("run_dir", sort=False):
+        mine = (cases.run_dir == run_dir) & (cases.status == "done") & first.notna()
+        if not mine.any():
+            continue
+        starts = group.started_at.to_numpy(dtype=float)
+        i = np.searchsorted(starts, first[mine].to_numpy(dtype=float), side="right") - 1
+        ids = group.run_id.to_numpy(dtype=object)
+        out[mine] = [ids[j] if j >= 0 else None for j in i]
+    return out
 
 
 def _failed_earlier(run: Any, cases: Any, latest: Any) -> dict[str, Any]:

@@ -26,8 +26,10 @@ Quality: each completed case's flags (:mod:`pipeline.reconstruction.quality`);
 the headline counts the cases with at least one warning flag. What discovery left
 out is counted from each folder's latest run (:func:`latest_skipped`).
 
-Runs (``runs.csv``): each case is counted once; within a run folder in the run of its latest attempt
-(:func:`.tables.finishing_run`), with its outcome there (across folders, see below: its first completion): a run resumed after a
+Runs (``runs.csv``): each case is counted once; within a run folder a completed case in the run that first completed it
+(:func:`.report_runs.first_completion_run`; one that did it again counts it in ``n_redone``), any other in the run of
+its latest attempt (:func:`.tables.finishing_run`), with its outcome there (across folders, see below: its first
+completion): a run resumed after a
 kill does not count again what the killed run finished, and a killed run (no end
 record) shows what it finished. A run without an end record that a later run of
 its folder followed, or whose process is gone, is shown ``interrupted``, and so
