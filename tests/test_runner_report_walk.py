@@ -88,15 +88,18 @@ def three_nights(tmp_path_factory) -> Path:
     _done(store, "a", "r1", T0 + 60)
     _done(store, "b", "r1", T0 + 180)
     _failed(store, "c", "r1", T0 + 300)
+    store.mark_found("r1", ["a:fp", "b:fp", "c:fp"])  # as the run records what its discovery found
     store.end_run("r1", status="completed", n_cases=3, n_done=2, n_failed=1, n_skipped=0, ended_at=T0 + 600)
     _start(store, "rx", T0 + 3600, source="/src/other")
     _failed(store, "x", "rx", T0 + 3660, source="/src/other")
+    store.mark_found("rx", ["x:fp"])
     store.end_run("rx", status="completed", n_cases=1, n_done=0, n_failed=1, n_skipped=0, ended_at=T0 + 3900)
     # night 2: a's published folder is gone, so it is done again
     store.reset_case("a:fp")
     _start(store, "r2", T0 + DAY)
     _done(store, "a", "r2", T0 + DAY + 60)
     _done(store, "d", "r2", T0 + DAY + 180)
+    store.mark_found("r2", ["a:fp", "b:fp", "c:fp", "d:fp"])
     store.end_run(
         "r2", status="completed", n_cases=4, n_done=2, n_failed=0, n_skipped=1, n_failed_earlier=1, ended_at=T0 + DAY + 600
     )
@@ -104,6 +107,7 @@ def three_nights(tmp_path_factory) -> Path:
     _start(store, "r3", T0 + 2 * DAY, pid=_dead_pid())
     _done(store, "e", "r3", T0 + 2 * DAY + 60)
     _failed(store, "f", "r3", T0 + 2 * DAY + 180)
+    store.mark_found("r3", ["a:fp", "b:fp", "c:fp", "d:fp", "e:fp", "f:fp"])
     store.close()
     return run_dir
 
@@ -151,3 +155,29 @@ def test_runs_csv_and_the_day_tables_and_the_headline_agree(report):
     for r in runs.values():
         by_day[r["started_utc"][:10]] = by_day.get(r["started_utc"][:10], 0) + int(r["n_done"])
     assert by_day == s["throughput"]["per_day_utc"]
+
+
+def test_a_killed_run_counts_only_the_quarantined_cases_its_discovery_found(report):
+    runs = _runs_csv(report)
+    assert runs["r3"]["status"] == "interrupted" and runs["r3"]["ended_utc"] == ""
+    # c (found by r3, quarantined by r1) is left quarantined; x is another source's, which r3 never looked at
+    assert (runs["r3"]["n_failed"], runs["r3"]["n_failed_earlier"]) == ("1", "1")
+    assert report.summary["runs_table"][-1]["n_failed_earlier_from"] == "run store"
+
+
+def test_a_run_records_the_cases_its_discovery_found(tmp_path):
+    """Two sources into one run folder: each run answers for the cases of its own sources only."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_phantom_case
+    from pipeline.runner import run_batch
+    from pipeline.runner.stages import IngestStage
+    from tests._support.runner import PHANTOM
+
+    for seed, src in ((71, "nightly"), (72, "other")):
+        write_phantom_case(generate_phantom(seed, n_nodules=0, **{**PHANTOM, "slices": 12}), tmp_path / src / f"c{seed}")
+    out = tmp_path / "run"
+    first = run_batch([tmp_path / "nightly"], out=out, stages=[IngestStage()], workers=0, **{"report.enabled": False})
+    second = run_batch([tmp_path / "other"], out=out, stages=[IngestStage()], workers=0, **{"report.enabled": False})
+    with sqlite3.connect(db_path(out)) as db:
+        found = sorted(db.execute("SELECT found_by FROM cases").fetchall())
+    assert found == sorted([(first.run_id,), (second.run_id,)])

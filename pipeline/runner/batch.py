@@ -243,6 +243,7 @@ def _run(
     if cfg.report.enabled or (run_dir / "report" / "report.json").is_file():
         _mark_report(run_dir)
     store.add_skipped(run_id, found.skipped_rows())
+    store.mark_found(run_id, {c.case_key for c in found.cases})  # what this run answers for, should it be killed
     if origins:
         store.record_origins(run_id, origins_of(found.cases, origins))
     log.info(

@@ -167,13 +167,19 @@ def _failed_earlier(run: Any, cases: Any, latest: Any) -> dict[str, Any]:
     """``n_failed_earlier`` of ``run`` (a row of ``runs``): the cases quarantined by earlier runs of its folder that
     it left as they were, and ``n_failed_earlier_from``, where that figure comes from: ``end record`` (as the run
     recorded it at its end), ``run store`` (a run without an end record, killed or under way, that is the latest of
-    its folder: the store is as it left it, so the figure is counted as its end would have counted it: the folder's
-    quarantined cases whose latest attempt is not this run's), or ``unknown`` (None: a later run of the folder has
-    retried or quarantined cases since, and the store keeps no earlier state; or a store of an earlier version)."""
+    its folder: the store is as it left it, so the figure is counted as its end would have counted it: the quarantined
+    cases its discovery found (``cases.found_by``) whose latest attempt is not this run's; a folder into which runs of
+    other sources write holds quarantined cases this run never looked at, which its end would not have counted), or
+    ``unknown`` (None: a later run of the folder has retried or quarantined cases since, and the store keeps no earlier
+    state; or a store of an earlier version). A store written before ``cases.found_by`` (schema version 8) counts
+    every quarantined case of the folder."""
     if _finite_time(run["ended_at"]):
         n = _count(run.get("n_failed_earlier"))
         return {"n_failed_earlier": n, "n_failed_earlier_from": "end record" if n is not None else "unknown"}
     if latest.get(run["run_dir"]) != run["run_id"]:
         return {"n_failed_earlier": None, "n_failed_earlier_from": "unknown"}
-    mine = cases[(cases.run_dir == run["run_dir"]) & (cases.status == "failed")]
+    folder = cases[cases.run_dir == run["run_dir"]]
+    mine = folder[folder.status == "failed"]
+    if folder.found_by.notna().any():  # the store records what each run found
+        mine = mine[mine.found_by == run["run_id"]]
     return {"n_failed_earlier": int((mine.run_id != run["run_id"]).sum()), "n_failed_earlier_from": "run store"}

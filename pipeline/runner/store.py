@@ -161,6 +161,12 @@ class RunStore:
             (case_key, case_id, series_uid, fingerprint, redact(source), time.time()),
         )
 
+    def mark_found(self, run_id: str, case_keys: Iterable[str]) -> None:
+        """Record that run ``run_id``'s discovery found the cases ``case_keys`` among its sources (``cases.found_by``):
+        what the run answers for, also when it is killed before its end record."""
+        with self.tx():
+            self.db.executemany("UPDATE cases SET found_by=? WHERE case_key=?", [(run_id, k) for k in case_keys])
+
     def cases_of_series(self, series_uid: str) -> list[sqlite3.Row]:
         """The cases recorded for one series (its key: SeriesInstanceUID, ``#n`` for a part), oldest first."""
         return list(self.db.execute("SELECT * FROM cases WHERE series_uid=? ORDER BY discovered_at, case_id", (series_uid,)))

@@ -10,7 +10,9 @@ Tables
                     ``n_skipped`` done by earlier runs).
 ``cases``           one row per case, keyed by ``case_key`` = SeriesInstanceUID + content fingerprint;
                     ``ended_at`` its latest end, ``first_done_at`` its first completion (a case done again, its
-                    published folder removed, keeps it: the report counts a case there).
+                    published folder removed, keeps it: the report counts a case there); ``found_by`` the latest
+                    run whose discovery found the case among its sources (a killed run's cases left quarantined by
+                    earlier runs are counted from it, not from every quarantined case of the folder).
 ``stage_attempts``  one row per stage attempt: wall time (s), queue wait (s), peak RSS and CUDA memory (MB),
                     and ``detail``: the stage's own sub-step times (JSON, s; model time from CUDA events on a GPU);
                     ``skip_reason``: why the attempt returned without its stage's work (detection of a scan without
@@ -57,7 +59,7 @@ from .faults import environment_failure
 log = logging.getLogger(__name__)
 
 DB_NAME = "runs.sqlite"
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -72,7 +74,7 @@ CREATE TABLE IF NOT EXISTS cases (
     source TEXT, status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'done', 'failed')),
     reason TEXT, error_class TEXT, failed_stage TEXT, attempts INTEGER NOT NULL DEFAULT 0, run_id TEXT,
     discovered_at REAL, started_at REAL, ended_at REAL, latency_s REAL, n_findings INTEGER, output_dir TEXT,
-    lung_coverage TEXT, contrast_phase TEXT, flags TEXT, detect_skipped TEXT, first_done_at REAL
+    lung_coverage TEXT, contrast_phase TEXT, flags TEXT, detect_skipped TEXT, first_done_at REAL, found_by TEXT
 );
 CREATE TABLE IF NOT EXISTS stage_attempts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, case_key TEXT NOT NULL, stage TEXT NOT NULL,
@@ -117,7 +119,8 @@ CREATE TABLE IF NOT EXISTS deliveries (
 #: ``runs.n_failed_earlier``; version 5 ``runs.active_s`` and ``runs.active_at``: a run's time so far on the
 #: monotonic clock, and the Unix time it was recorded at; version 6 ``cases.first_done_at``, the case's first completion,
 #: which a completion again keeps, filled from ``ended_at`` for the cases done before; version 7
-#: ``stage_attempts.skip_reason``): (table, column, declaration), added by :func:`migrate`.
+#: ``stage_attempts.skip_reason``; version 8 ``cases.found_by``, the latest run whose discovery found the case, empty
+#: for the cases of runs before it): (table, column, declaration), added by :func:`migrate`.
 ADDED_COLUMNS = (
     ("cases", "lung_coverage", "TEXT"),
     ("cases", "contrast_phase", "TEXT"),
@@ -130,6 +133,7 @@ ADDED_COLUMNS = (
     ("runs", "active_at", "REAL"),
     ("cases", "first_done_at", "REAL"),
     ("stage_attempts", "skip_reason", "TEXT"),
+    ("cases", "found_by", "TEXT"),
 )
 
 

@@ -32,6 +32,7 @@ _LATER_COLUMNS: dict[str, dict[str, object]] = {
         "flags": None,
         "detect_skipped": None,
         "first_done_at": None,
+        "found_by": None,
         "origin": None,
         "origin_via": None,
         "origin_study_uid": None,
