@@ -82,7 +82,7 @@ def test_every_metric_name_kept_and_promtool_accepts_the_textfile(tmp_path):
         "ctpipe_stage_queue_wait_seconds",
         "ctpipe_case_latency_seconds",
         "ctpipe_stage_peak_rss_bytes",
-        "ctpipe_gpu_utilization_percent",
+        "ctpipe_gpu_utilization_ratio",
         "ctpipe_gpu_memory_used_bytes",
         "ctpipe_run_start_time_seconds",
         "ctpipe_run_last_update_time_seconds",
@@ -99,6 +99,63 @@ def test_every_metric_name_kept_and_promtool_accepts_the_textfile(tmp_path):
     bad.write_text(text.replace("# TYPE ctpipe_cases_processed_total counter", "# TYPE ctpipe_cases_processed_total bogus"))
     with bad.open("rb") as f:
         assert subprocess.run([promtool, "check", "metrics"], stdin=f, capture_output=True, timeout=60).returncode != 0
+
+
+#: Units a metric name may end in (Prometheus naming: base units only; a count has none).
+BASE_UNITS = ("seconds", "bytes", "ratio")
+#: Units that are not base units: a name must not carry them (percent is a ratio, milliseconds seconds, MB bytes).
+NOT_BASE_UNITS = ("percent", "pct", "milliseconds", "ms", "minutes", "hours", "days", "mb", "kb", "gb", "mib", "kib")
+
+
+def test_every_metric_is_in_base_units_and_every_counter_ends_in_total():
+    """Prometheus naming conventions: seconds, bytes and ratios (0..1), the unit as the name's last word before
+    ``_total``/``_bucket``; ``_total`` on counters only. A GPU busy 73% of the time reads 0.73."""
+    m = RunMetrics(node="node-a")
+    _feed(m, done=2, failed=1)
+    m.run_ended(0, ended_at=200.0)
+    m.quarantined_at_end(1, 0)
+    families = list(text_string_to_metric_families(m.text()))
+    assert len(families) >= 15
+    for fam in families:
+        words = fam.name.split("_")
+        assert not set(words) & set(NOT_BASE_UNITS), f"{fam.name}: not in base units"
+        if fam.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in fam.samples), fam.name
+        else:
+            assert not fam.name.endswith("_total"), f"{fam.name}: a {fam.type} named as a counter"
+        if fam.type == "histogram":
+            assert words[-1] in BASE_UNITS, f"{fam.name}: a histogram without its unit"
+        if words[-1] == "ratio":
+            assert all(0.0 <= s.value <= 1.0 for s in fam.samples), fam.name
+        if "time" in words and fam.type == "gauge":  # a point in time: Unix seconds
+            assert words[-1] == "seconds", fam.name
+    util = {s.name: s.value for fam in families for s in fam.samples if fam.name.startswith("ctpipe_gpu_utilization")}
+    assert util == {"ctpipe_gpu_utilization_ratio": pytest.approx(0.73)}
+
+
+def test_the_grafana_dashboard_charts_each_metric_in_its_unit():
+    """Each panel of configs/grafana-dashboard.json charts metrics a run exposes, with Grafana's unit for their base
+    unit: a ratio as ``percentunit`` (0.73 shown as 73%), seconds as ``s``, bytes as ``bytes``."""
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).parent.parent / "configs" / "grafana-dashboard.json").read_text())
+    m = RunMetrics(node="node-a")
+    _feed(m, done=1, failed=0)
+    exposed = {fam.name for fam in text_string_to_metric_families(m.text())}
+    grafana = {"ratio": "percentunit", "seconds": "s", "bytes": "bytes"}
+    for panel in dash["panels"]:
+        names = {
+            re.sub(r"_(bucket|sum|count|total)$", "", n)
+            for t in panel["targets"]
+            for n in re.findall(r"ctpipe_[a-z_]+", t["expr"])
+        }
+        assert names <= exposed | {"ctpipe_run_end_time_seconds", "ctpipe_run_exit_status"}, (panel["title"], names)
+        units = {grafana[n.rsplit("_", 1)[1]] for n in names if n.rsplit("_", 1)[1] in grafana}
+        rate = any("rate(" in t["expr"] or "increase(" in t["expr"] or "time() -" in t["expr"] for t in panel["targets"])
+        if len(units) == 1 and not rate:
+            assert panel["fieldConfig"]["defaults"]["unit"] == units.pop(), panel["title"]
 
 
 @pytest.mark.slow
@@ -121,6 +178,8 @@ def test_prometheus_scrapes_two_nodes_and_answers_by_node(tmp_path):
         assert [(r["metric"]["node"], float(r["value"][1])) for r in failed] == [("node-a", 1.0)]
         per_node = server.query('sum by (node) (ctpipe_stage_latency_seconds_count{stage="detect"})')
         assert {r["metric"]["node"]: float(r["value"][1]) for r in per_node} == {"node-a": 4.0, "node-b": 2.0}
+        busy = server.query("max by (node) (ctpipe_gpu_utilization_ratio)")  # a ratio, as Grafana's percentunit shows
+        assert {r["metric"]["node"]: float(r["value"][1]) for r in busy} == {"node-a": 0.73, "node-b": 0.73}
         # the cluster total over both nodes
         assert float(server.query("sum(ctpipe_cases_processed_total)")[0]["value"][1]) == 5.0
     finally:

@@ -17,13 +17,18 @@ Metrics (one registry per run, so several runs in one process do not mix):
 * ``ctpipe_stage_queue_wait_seconds{stage}`` — histogram of time a ready stage waited for a worker (s).
 * ``ctpipe_case_latency_seconds`` — histogram of a case's end-to-end time (s).
 * ``ctpipe_stage_peak_rss_bytes{stage}`` — largest peak RSS seen per stage.
-* ``ctpipe_gpu_utilization_percent{gpu}``, ``ctpipe_gpu_memory_used_bytes{gpu}`` — NVML samples
-  (only where a GPU and ``pynvml``/``nvidia-ml-py`` are present).
+* ``ctpipe_gpu_utilization_ratio{gpu}`` (0..1: the share of the last sample period a kernel ran, NVML's utilisation
+  percentage / 100), ``ctpipe_gpu_memory_used_bytes{gpu}`` — NVML samples (only where a GPU and
+  ``pynvml``/``nvidia-ml-py`` are present).
 * ``ctpipe_run_start_time_seconds``, ``ctpipe_run_last_update_time_seconds`` — Unix time (the last case event;
   the start until the first one).
 * ``ctpipe_run_end_time_seconds``, ``ctpipe_run_exit_status`` — when the run ended (Unix time) and its exit status
   (0 all done, 3 some quarantined, 4 the run folder could not be written, 1 could not proceed, 130 interrupted);
   only in the textfiles written at the end (alert on a nightly run that did not end, or did not end with 0).
+
+Names follow Prometheus' conventions: base units only (seconds, bytes, ratios 0..1), named as the last word before
+``_total`` / ``_bucket``; ``_total`` on counters only; a point in time is Unix seconds (``*_time_seconds``); a count
+has no unit.
 
 Counters and histograms go on from the previous run's textfile (``metrics.textfile_name`` in ``metrics.textfile_dir``, else
 ``RUN_DIR/metrics.prom``; :mod:`.metrics_carry`): they never go down from one run to the next, so ``increase()``
@@ -108,7 +113,9 @@ class RunMetrics:
         self.peak_rss = Gauge(
             "ctpipe_stage_peak_rss_bytes", "Largest peak resident memory per stage", ["node", "stage"], registry=r
         )
-        self.gpu_util = Gauge("ctpipe_gpu_utilization_percent", "GPU utilisation (NVML)", ["node", "gpu"], registry=r)
+        self.gpu_util = Gauge(
+            "ctpipe_gpu_utilization_ratio", "GPU utilisation (NVML), 0..1 of the sample period", ["node", "gpu"], registry=r
+        )
         self.gpu_mem = Gauge("ctpipe_gpu_memory_used_bytes", "GPU memory used (NVML)", ["node", "gpu"], registry=r)
         self.started = Gauge("ctpipe_run_start_time_seconds", "Start of the run (Unix time)", ["node"], registry=r).labels(n)
         self.updated = Gauge(
@@ -191,7 +198,9 @@ class RunMetrics:
         self._exit.labels(self.node).set(exit_status)
 
     def gpu_sample(self, gpu: int, util_pct: float, mem_used_mb: float) -> None:
-        self.gpu_util.labels(self.node, str(gpu)).set(util_pct)
+        """One NVML sample of GPU ``gpu``: utilisation in percent (0..100, as NVML gives it; exposed as a ratio 0..1)
+        and memory used in MB (exposed in bytes)."""
+        self.gpu_util.labels(self.node, str(gpu)).set(util_pct / 100.0)
         self.gpu_mem.labels(self.node, str(gpu)).set(mem_used_mb * 2**20)
 
     # exposure
