@@ -181,3 +181,15 @@ def test_a_run_records_the_cases_its_discovery_found(tmp_path):
     with sqlite3.connect(db_path(out)) as db:
         found = sorted(db.execute("SELECT found_by FROM cases").fetchall())
     assert found == sorted([(first.run_id,), (second.run_id,)])
+
+
+def test_cases_csv_gives_the_day_each_case_counts_on(report):
+    """A redone case ended on night 2, but counts on night 1: cases.csv says both, so the daily rows can be checked."""
+    rows = {r["case_id"]: r for r in read_table(report.out_dir / "cases.csv").rows}
+    assert (rows["a"]["first_done_utc"], rows["a"]["ended_utc"]) == ("2027-01-15T08:02:00Z", "2027-01-16T08:02:00Z")
+    assert rows["c"]["first_done_utc"] == ""  # quarantined: never done
+    by_day: dict[str, int] = {}
+    for r in rows.values():
+        if r["status"] == "done":
+            by_day[r["first_done_utc"][:10]] = by_day.get(r["first_done_utc"][:10], 0) + 1
+    assert by_day == report.summary["throughput"]["per_day_utc"]

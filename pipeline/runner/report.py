@@ -220,7 +220,8 @@ OTHER_ATTEMPTS_COLUMNS = [
     "counted_in",
     "counted_status",
 ]
-#: Columns of ``cases.csv``: times ISO 8601 UTC, latency in s.
+#: Columns of ``cases.csv``: times ISO 8601 UTC, latency in s; ``first_done_utc``: the case's first completion, the time
+#: the daily and hourly tables count it at (``ended_utc`` is its latest end: later for a case done again).
 CASES_COLUMNS = [
     "run_dir",
     "case_id",
@@ -239,6 +240,7 @@ CASES_COLUMNS = [
     "origin_series_uid",
     "started_utc",
     "ended_utc",
+    "first_done_utc",
 ]
 
 
@@ -290,6 +292,7 @@ def _cases_table(cases: Any) -> Any:
     out = cases.assign(
         started_utc=utc_text(cases.started_at),
         ended_utc=utc_text(cases.ended_at),
+        first_done_utc=utc_text(cases.first_done_at.where(cases.status == "done")),
         n_findings=pd.to_numeric(cases.n_findings, errors="coerce").round().astype("Int64").where(cases.status == "done"),
     )
     return out[CASES_COLUMNS]
