@@ -254,3 +254,25 @@ def test_the_summary_lines_time_is_the_reports_active_time(tmp_path, own_signals
     report = json.loads((tmp_path / "run" / "report" / "report.json").read_text())
     (run,) = report["runs_table"]
     assert f"in {run['active_s']:.1f} s" in s.lines()[0]
+
+
+def test_a_case_done_again_is_told_as_a_redo_not_a_new_case(tmp_path):
+    """Its published folder removed, a case is done again by the next run: the summary line says so, as the report's
+    runs.csv counts it (n_redone), instead of counting a new completed case."""
+    import shutil
+
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_phantom_case
+    from pipeline.runner import run_batch
+    from pipeline.runner.stages import IngestStage
+    from tests._support.runner import PHANTOM
+
+    write_phantom_case(generate_phantom(63, n_nodules=0, **{**PHANTOM, "slices": 12}), tmp_path / "src" / "c63")
+    out, opts = tmp_path / "run", {"report.enabled": False}
+    first = run_batch([tmp_path / "src"], out=out, stages=[IngestStage()], workers=0, **opts)
+    assert (first.done, first.redone) == (1, 0)
+    (case_dir,) = list((out / "cases").iterdir())
+    shutil.rmtree(case_dir)
+    again = run_batch([tmp_path / "src"], out=out, stages=[IngestStage()], workers=0, **opts)
+    assert (again.done, again.redone) == (1, 1)
+    assert again.lines()[0].startswith(f"run {again.run_id}: 0 case(s) done, 1 done again (its published folder was removed")

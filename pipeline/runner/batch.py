@@ -389,6 +389,10 @@ def _run(
                 if r["case_key"] in keys and r["run_id"] != run_id
             ]
             summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
+            summary.redone = sum(  # done by this run, first done by an earlier one: a redo, not a new case
+                r["case_key"] in keys and r["run_id"] == run_id and (r["first_done_at"] or r["ended_at"]) < r["ended_at"]
+                for r in store.cases_with_status("done")
+            )
             if (
                 summary.stopped or signalled
             ) and not summary.done:  # stopped before the engine could count: the store's own record
@@ -440,11 +444,12 @@ def _run(
         _mark_report(run_dir, not_rebuilt_by=run_id)
     log.log(
         logging.WARNING if signalled else logging.INFO,
-        "run %s %s: %d done, %d newly quarantined, %d still quarantined from earlier runs (not retried), "
+        "run %s %s: %d done%s, %d newly quarantined, %d still quarantined from earlier runs (not retried), "
         "%d unfinished (left for the next run), %d already done earlier, of %d, %.1f s",
         run_id,
         "interrupted (Ctrl-C, SIGTERM or SIGHUP; the same command resumes it)" if signalled else "finished",
-        summary.done,
+        summary.done - summary.redone,
+        f", {summary.redone} done again (published folder removed)" if summary.redone else "",
         len(summary.quarantined),
         len(summary.still_quarantined),
         summary.unfinished,
@@ -456,6 +461,7 @@ def _run(
             "run_id": run_id,
             "cases": summary.total,
             "done": summary.done,
+            "done_again": summary.redone,
             "done_earlier": summary.skipped,
             "quarantined_new": len(summary.quarantined),
             "quarantined_earlier": len(summary.still_quarantined),

@@ -42,6 +42,9 @@ class RunSummary:
     run_id: str
     total: int = 0
     done: int = 0
+    #: of ``done``: cases done again, first completed by an earlier run (their published folder was removed); the
+    #: report counts them where they were first done (runs.csv ``n_redone``), not as new cases
+    redone: int = 0
     skipped: int = 0  # done by an earlier run of this folder
     quarantined: list[tuple[str, str, str]] = field(default_factory=list)  # by this run: (case_id, error class, reason)
     #: quarantined by an earlier run of the folder and not retried by this one (no --retry-failed): as ``quarantined``
@@ -89,8 +92,10 @@ class RunSummary:
             else ""
         )
         left = f"{len(self.still_written)} left for the next run ({STILL_WRITTEN}), " if self.still_written else ""
+        again = f"{self.redone} done again (its published folder was removed; counted where first done), " if self.redone else ""
         out = [
-            f"run {self.run_id}: {self.done} case(s) done, {len(self.quarantined)} newly quarantined, {still}{left}"
+            f"run {self.run_id}: {self.done - self.redone} case(s) done, {again}{len(self.quarantined)} newly "
+            f"quarantined, {still}{left}"
             f"{self.skipped} already done earlier, of {self.total}, in {self.elapsed_s:.1f} s"
         ]
         if self.fatal:
