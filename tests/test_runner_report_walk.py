@@ -193,3 +193,11 @@ def test_cases_csv_gives_the_day_each_case_counts_on(report):
         if r["status"] == "done":
             by_day[r["first_done_utc"][:10]] = by_day.get(r["first_done_utc"][:10], 0) + 1
     assert by_day == report.summary["throughput"]["per_day_utc"]
+
+
+def test_the_page_names_medians_and_means_and_their_unit(report):
+    html = report.html.read_text()
+    latency = html.split("<h2>Latency (seconds)</h2>", 1)[1].split("</table>", 1)[0]
+    heads = [h.split("</th>")[0] for h in latency.split("<th>")[1:]]
+    assert heads == ["stage", "n", "mean", "median (p50)", "p90", "p99", "skipped"]
+    assert "median (p50): half of them took at most this long" in html

@@ -93,11 +93,15 @@ def case_rows(t: dict, out_dir: Path, *, limit: int | None = None) -> list[dict[
     return rows
 
 
+#: Column titles of the statistics tables: the median named as such, beside the mean.
+_STAT_TITLES = {"p50": "median (p50)"}
+
+
 def _stat_table(rows: dict[str, dict[str, Any]], first: str) -> str:
     if not rows:
         return "<p>none</p>"
     cols = list(next(iter(rows.values())).keys())
-    head = "".join(f"<th>{_e(c)}</th>" for c in [first, *cols])
+    head = "".join(f"<th>{_e(_STAT_TITLES.get(c, c))}</th>" for c in [first, *cols])
     body = ""
     for name, r in rows.items():
         cells = "".join(
@@ -371,7 +375,8 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 <table style="display:inline-table"><tr><th>day (UTC)</th><th>cases</th><th>run</th></tr>{daily}</table>
 <h2>Latency (seconds)</h2>{_stat_table(s["latency_s"], "stage")}
 <p>n: completed cases for end_to_end, successful runs of the stage for each stage (these include the stages a
-quarantined case passed before the one that failed, and those of a series also run in another run folder).</p>
+quarantined case passed before the one that failed, and those of a series also run in another run folder). mean: the
+average; median (p50): half of them took at most this long; p90, p99: 90% and 99% of them did.</p>
 <p>Wall time against summed stage time: {_e(s["overlap"]["text"])}.</p>{img("latency", "latency histogram")}
 <h2>Stage breakdown</h2>{img("stages", "stage breakdown")}
 <h3>Queue wait (seconds)</h3>{_stat_table(s["queue_wait_s"], "stage")}
