@@ -100,6 +100,7 @@ def three_nights(tmp_path_factory) -> Path:
     _done(store, "a", "r2", T0 + DAY + 60)
     _done(store, "d", "r2", T0 + DAY + 180)
     store.mark_found("r2", ["a:fp", "b:fp", "c:fp", "d:fp"])
+    store.add_gpu_samples("r2", [(T0 + DAY + 60, 0, 50.0, 1000.0, 80000.0), (T0 + DAY + 120, 0, 70.0, 3000.0, 80000.0)])
     store.end_run(
         "r2", status="completed", n_cases=4, n_done=2, n_failed=0, n_skipped=1, n_failed_earlier=1, ended_at=T0 + DAY + 600
     )
@@ -201,3 +202,10 @@ def test_the_page_names_medians_and_means_and_their_unit(report):
     heads = [h.split("</th>")[0] for h in latency.split("<th>")[1:]]
     assert heads == ["stage", "n", "mean", "median (p50)", "p90", "p99", "skipped"]
     assert "median (p50): half of them took at most this long" in html
+
+
+def test_the_gpu_table_names_what_and_in_which_unit(report):
+    assert report.summary["gpu"] == {"0": {"util_mean_pct": 60.0, "util_max_pct": 70.0, "mem_max_mb": 3000.0, "samples": 2}}
+    gpu = report.html.read_text().split("<h2>GPU</h2>", 1)[1].split("</table>", 1)[0]
+    heads = [h.split("</th>")[0] for h in gpu.split("<th>")[1:]]
+    assert heads == ["gpu", "mean utilisation (%)", "max utilisation (%)", "max memory used (MB)", "samples"]

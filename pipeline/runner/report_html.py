@@ -93,8 +93,14 @@ def case_rows(t: dict, out_dir: Path, *, limit: int | None = None) -> list[dict[
     return rows
 
 
-#: Column titles of the statistics tables: the median named as such, beside the mean.
-_STAT_TITLES = {"p50": "median (p50)"}
+#: Column titles of the statistics tables: the median named as such, beside the mean; the GPU figures in words with
+#: their unit (report.json keeps the keys).
+_STAT_TITLES = {
+    "p50": "median (p50)",
+    "util_mean_pct": "mean utilisation (%)",
+    "util_max_pct": "max utilisation (%)",
+    "mem_max_mb": "max memory used (MB)",
+}
 
 
 def _stat_table(rows: dict[str, dict[str, Any]], first: str) -> str:
