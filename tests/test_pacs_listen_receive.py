@@ -43,9 +43,13 @@ def _listener(run: Path, **extra: object) -> Listener:
     return Listener(run, load_config(overrides=opts, environ={}), stages=[IngestStage(), WriteStage()], poll_s=0.1)
 
 
-def _send(port: int, datasets: list[tuple[Dataset, str]], *, cut: bool = False) -> list[int]:
-    """C-STORE each dataset in its transfer syntax, in one association; the statuses. ``cut``: the association is
-    aborted at the end instead of released (a sender that stopped or lost the network mid-series)."""
+def _send(port: int, datasets: list[tuple[Dataset, str]], *, end: str = "release") -> list[int]:
+    """C-STORE each dataset in its transfer syntax, in one association; the statuses. ``end``: how the association
+    ends once every C-STORE is answered: ``release`` (A-RELEASE), ``abort`` (an A-ABORT from the sender, as some
+    modalities and routers end every association) or ``drop`` (the connection closed with neither: a sender that
+    crashed or lost the network)."""
+    import socket
+
     from pynetdicom import AE
 
     ae = AE(ae_title="MODALITY")
@@ -63,7 +67,13 @@ def _send(port: int, datasets: list[tuple[Dataset, str]], *, cut: bool = False) 
             statuses.append(int(assoc.send_c_store(ds).Status))
         return statuses
     finally:
-        assoc.abort() if cut else assoc.release()
+        if end == "release":
+            assoc.release()
+        elif end == "abort":
+            assoc.abort()
+        else:  # the TCP connection closed under the association, no PDU sent
+            assoc.dul.socket.socket.shutdown(socket.SHUT_RDWR)
+            assoc.kill()
         ae.shutdown()
 
 
@@ -208,7 +218,7 @@ def test_a_series_whose_sender_was_cut_off_is_not_taken_as_complete_when_quiet(s
     run = tmp_path / "run"
     opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 3600.0, "ingest.min_slices": 3}
     with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **opts) as lst:
-        assert _send(lst.port, datasets[:4], cut=True) == [0] * 4
+        assert _send(lst.port, datasets[:4], end="drop") == [0] * 4
         deadline = time.monotonic() + 10
         while not [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"] and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -242,7 +252,7 @@ def test_a_cut_off_series_never_sent_again_is_quarantined_not_published_and_a_fu
     outcomes: list = []
     with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **opts) as lst:
         lst.on_series = outcomes.append
-        assert _send(lst.port, datasets[:4], cut=True) == [0] * 4
+        assert _send(lst.port, datasets[:4], end="drop") == [0] * 4
         deadline = time.monotonic() + 15
         while not outcomes and time.monotonic() < deadline:
             lst.step()
@@ -272,8 +282,8 @@ def test_a_cut_off_series_never_sent_again_is_quarantined_not_published_and_a_fu
 
 
 def test_a_series_cut_off_after_its_last_instance_and_sent_again_whole_is_processed(series, tmp_path):
-    """The association ended without a release after every instance had been stored (a network drop before the
-    release, or a sender that ends with an abort): quarantined after pacs.series_limit_s, as it is not known whole.
+    """The connection dropped without a release after every instance had been stored (a network drop before the
+    release): quarantined after pacs.series_limit_s, as it is not known whole.
     The sender sends it again on an association it releases: every instance is a duplicate (nothing new is stored),
     and the series, now known whole, is processed as a done case (was: quarantined for good)."""
     import time
@@ -284,7 +294,7 @@ def test_a_series_cut_off_after_its_last_instance_and_sent_again_whole_is_proces
     outcomes: list = []
     with _listener(tmp_path / "run", **opts) as lst:
         lst.on_series = outcomes.append
-        assert _send(lst.port, datasets, cut=True) == [0] * len(files)
+        assert _send(lst.port, datasets, end="drop") == [0] * len(files)
         deadline = time.monotonic() + 15
         while not outcomes and time.monotonic() < deadline:
             lst.step()
@@ -297,3 +307,78 @@ def test_a_series_cut_off_after_its_last_instance_and_sent_again_whole_is_proces
             time.sleep(0.1)
     assert len(outcomes) == 2, [o.line() for o in outcomes]
     assert outcomes[1].status == "done" and outcomes[1].case_id == outcomes[0].case_id, outcomes[1].line()
+
+
+def test_a_whole_series_from_a_sender_that_ends_every_association_with_an_abort_is_processed(series, tmp_path, caplog):
+    """Some modalities and routers end every association with an A-ABORT once each C-STORE has been answered, never
+    an A-RELEASE. The series they send whole (quiet for pacs.quiet_period_s, no gap) is processed as a done case, not
+    held as cut off and quarantined after pacs.series_limit_s (was: every series of such a sender quarantined unless
+    it was sent again with a release). The abort is said at INFO, not as a cut-off warning."""
+    import time
+
+    uid, files = series
+    datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
+    opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 1.0, "ingest.min_slices": 3}
+    outcomes: list = []
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(tmp_path / "run", **opts) as lst:
+        lst.on_series = outcomes.append
+        assert _send(lst.port, datasets, end="abort") == [0] * len(files)
+        deadline = time.monotonic() + 15
+        while not outcomes and time.monotonic() < deadline:
+            lst.step()
+            time.sleep(0.1)
+    assert [(o.status, o.n_instances) for o in outcomes] == [("done", len(files))], [o.line() for o in outcomes]
+    assert not [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"]
+    ended = [r for r in caplog.records if getattr(r, "event", None) == "listen_aborted"]
+    assert len(ended) == 1 and "A-ABORT" in ended[0].getMessage() and "MODALITY" in ended[0].getMessage(), ended
+    with sqlite3.connect(f"file:{tmp_path / 'run' / 'pacs' / 'ledger.sqlite'}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT outcome FROM series WHERE series_uid = ?", (uid,)).fetchall() == [("done",)]
+
+
+def test_a_sender_that_aborts_mid_instance_leaves_its_series_held_as_cut_off(series, tmp_path, caplog):
+    """An A-ABORT that arrives while an instance is still being received (its first PDU in, the rest never sent): the
+    sender did not end its sending after the last answered instance, it was cut off; the series is held as cut off,
+    not processed when quiet."""
+    import time
+    from io import BytesIO
+
+    from pynetdicom import AE
+    from pynetdicom.dimse_messages import C_STORE_RQ
+    from pynetdicom.dimse_primitives import C_STORE
+    from pynetdicom.dsutils import encode
+    from pynetdicom.pdu import P_DATA_TF
+
+    uid, files = series
+    datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
+    opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 3600.0, "ingest.min_slices": 3}
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(tmp_path / "run", **opts) as lst:
+        ae = AE(ae_title="MODALITY")
+        ae.add_requested_context("1.2.840.10008.5.1.4.1.1.2", ["1.2.840.10008.1.2.1"])
+        assoc = ae.associate(HOST, lst.port, ae_title=AET)
+        assert assoc.is_established
+        try:
+            for read, _ in datasets[:4]:
+                assert int(assoc.send_c_store(read).Status) == 0
+            # the next instance's command and the first fragment of its dataset only, then the abort
+            ds = datasets[4][0]
+            req = C_STORE()
+            req.MessageID, req.Priority = 99, 2
+            req.AffectedSOPClassUID, req.AffectedSOPInstanceUID = ds.SOPClassUID, ds.SOPInstanceUID
+            req.DataSet = BytesIO(encode(ds, False, True))
+            msg = C_STORE_RQ()
+            msg.primitive_to_message(req)
+            fragments = list(msg.encode_msg(assoc.accepted_contexts[0].context_id, 4096))
+            assert len(fragments) > 2
+            for fragment in fragments[:2]:
+                assoc.dul.socket.send(P_DATA_TF(fragment).encode())
+            time.sleep(0.3)
+        finally:
+            assoc.abort()
+            ae.shutdown()
+        deadline = time.monotonic() + 10
+        while not [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # past the quiet period
+        assert lst.step() == []
+    cut = [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"]
+    assert len(cut) == 1 and "4 instance(s)" in cut[0].getMessage(), [r.getMessage() for r in cut]

@@ -11,9 +11,11 @@ Instance UID or SOP Class UID than the C-STORE request's Affected ones is answer
 and not stored; the warning names the sender and both UIDs.
 
 A series is complete when no instance has arrived for ``pacs.quiet_period_s`` and its slices form
-a volume (no gap, at least ``ingest.min_slices``) and its sender did not cut its association off mid-series (one
-that ended without a release marks the series it sent as cut off until an association that sends it ends with a
-release); one still incomplete ``pacs.series_limit_s``
+a volume (no gap, at least ``ingest.min_slices``) and its sender was not cut off mid-series (an association whose
+connection dropped without a release, or that the sender aborted in the middle of an instance, marks the series it
+sent as cut off until an association that sends it ends with a release; a sender's own A-ABORT once every instance
+it began has arrived whole, as some modalities and routers end every association, counts as a release); one still
+incomplete ``pacs.series_limit_s``
 after its first instance is reported (log, ``RUN_DIR/pacs/incomplete/``) and handed over as it is
 (the runner quarantines it with the reason, a :class:`~pipeline.errors.PartialSeriesError` for a cut-off one with
 no gap: nothing incomplete is published); its files are kept for ``pacs.incomplete_keep_s``, so that the
@@ -175,6 +177,8 @@ class Listener:
         self._duplicates: dict[tuple[int, str, str], int] = {}  # (association, series, calling AET): instances sent again
         self._stored: dict[int, dict[str, int]] = {}  # association: series: instances stored (0: only sent again)
         self._closing = False  # close() is ending the associations still open
+        self._receiving: dict[int, bool] = {}  # association: a message's PDUs arrived and the message is not whole yet
+        self._sender_ended: dict[int, bool] = {}  # association: the sender's A-ABORT came with every message whole
         self._checked: dict[tuple[str, int], tuple[float, str | None]] = {}  # last_at when checked, why incomplete
         self._swept = 0.0  # when processed series' files were last released
 
@@ -227,6 +231,8 @@ class Listener:
                     (evt.EVT_C_STORE, self._on_store),
                     (evt.EVT_REJECTED, self._on_rejected),
                     (evt.EVT_CONN_CLOSE, self._on_conn_close),
+                    (evt.EVT_PDU_RECV, self._on_pdu),
+                    (evt.EVT_DIMSE_RECV, self._on_message),
                 ],
             )
         except OSError as exc:
@@ -386,25 +392,61 @@ class Listener:
             stored[series_uid] = stored.get(series_uid, 0) + 1
         return STATUS_OK
 
+    def _on_pdu(self, event: Any) -> None:
+        """Note, per association, whether a message (an instance) is being received, and whether the sender's own
+        A-ABORT came between messages (every instance it began sent whole) or in the middle of one."""
+        from pynetdicom.pdu import A_ABORT_RQ, P_DATA_TF
+
+        key = id(event.assoc)
+        if isinstance(event.pdu, P_DATA_TF):
+            self._receiving[key] = True
+        elif isinstance(event.pdu, A_ABORT_RQ) and event.pdu.source == 0:  # 0: the sending application, not its network
+            self._sender_ended[key] = not self._receiving.get(key, False)
+
+    def _on_message(self, event: Any) -> None:
+        """A whole DIMSE message (a C-STORE request with its dataset) arrived on the association."""
+        self._receiving[id(event.assoc)] = False
+
     def _on_conn_close(self, event: Any) -> None:
         """An association ended (released, aborted or cut): summarise the duplicates it sent; mark the series it
-        stored instances of as cut off when it ended without a release (see :meth:`_mark_cut`)."""
-        self._report_duplicates(id(event.assoc))
+        stored instances of as cut off when it ended without a release and without the sender's own A-ABORT between
+        instances (see :meth:`_mark_cut`)."""
+        key = id(event.assoc)
+        self._report_duplicates(key)
+        self._receiving.pop(key, None)
+        ended_by_abort = self._sender_ended.pop(key, False) and not self._closing
         with self._dup_lock:
-            stored = self._stored.pop(id(event.assoc), {})
+            stored = self._stored.pop(key, {})
         if stored and self.journal is not None:
-            self._mark_cut(event.assoc, stored)
+            self._mark_cut(event.assoc, stored, ended_by_abort=ended_by_abort)
 
-    def _mark_cut(self, assoc: Any, stored: dict[str, int]) -> None:
+    def _mark_cut(self, assoc: Any, stored: dict[str, int], *, ended_by_abort: bool = False) -> None:
         """Note (:data:`CUT_NOTE`) the open series an association stored instances of (``stored``: series → count)
-        when it ended without a release (the sender stopped, crashed or lost the network mid-series): what arrived may
-        have no gap and still not be the whole series, so :meth:`step` does not hand it on as complete once quiet; it
-        waits for the sender to send it again (an association that sends the series and ends with a release clears
-        the note) or for ``pacs.series_limit_s``."""
+        when it was cut off: it ended without a release and without an A-ABORT of the sender's own between instances
+        (the connection dropped: the sender crashed or lost the network; or it aborted in the middle of an instance).
+        What arrived may have no gap and still not be the whole series, so :meth:`step` does not hand it on as
+        complete once quiet; it waits for the sender to send it again (an association that sends the series and ends
+        with a release, or with the sender's A-ABORT after its last instance, clears the note) or for
+        ``pacs.series_limit_s``.
+
+        ``ended_by_abort``: the sender ended the association with an A-ABORT once every instance it had begun had
+        arrived whole (some modalities and routers end every association so). That is taken as the end of its
+        sending, as a release is: the series is judged as any other, complete once quiet for ``pacs.quiet_period_s``
+        with its slices forming a volume (no gap in InstanceNumber or slice positions, at least ``ingest.min_slices``)."""
         assert self.journal is not None and self._ledger is not None
         calling = str(assoc.requestor.ae_title).strip()
         address = getattr(assoc.requestor, "address", "?")
-        released = bool(getattr(assoc, "is_released", False))
+        released = bool(getattr(assoc, "is_released", False)) or ended_by_abort
+        if ended_by_abort:
+            log.info(
+                "the association from %s at %s ended with an A-ABORT from the sender after its last instance had "
+                "been answered (%s), not with a release: taken as the end of its sending; each series is processed "
+                "once quiet for pacs.quiet_period_s if its slices form a volume",
+                calling,
+                address,
+                ", ".join(f"{n} instance(s) of series {uid}" for uid, n in stored.items()),
+                extra={"event": "listen_aborted"},
+            )
         for series_uid, n in stored.items():
             rows = self._ledger.rows("SELECT * FROM series WHERE series_uid = ? AND state = 'open'", (series_uid,))
             if released and not rows:
@@ -448,11 +490,11 @@ class Listener:
             return
         if f": {CUT_NOTE}" not in note:  # missing slices: sending them completes it, not sending the same again
             return
-        reopened = self.journal.reopen(dict(row), f"{RESENT_NOTE} {calling} sent it again and released its association")
+        reopened = self.journal.reopen(dict(row), f"{RESENT_NOTE} {calling} sent it again and ended its association")
         if reopened is not None:
             log.warning(
                 "series %s, quarantined as its sender was cut off mid-series, was sent again whole by %s (its "
-                "association released): processed again as generation %d",
+                "association ended by the sender): processed again as generation %d",
                 series_uid,
                 calling,
                 reopened["generation"],
