@@ -382,3 +382,40 @@ def test_a_sender_that_aborts_mid_instance_leaves_its_series_held_as_cut_off(ser
         assert lst.step() == []
     cut = [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"]
     assert len(cut) == 1 and "4 instance(s)" in cut[0].getMessage(), [r.getMessage() for r in cut]
+
+
+def test_a_cut_off_series_with_a_gap_keeps_both_facts_in_its_note_and_quarantine_reason(series, tmp_path):
+    """A sender cut off mid-series after sending slices with one missing between them: the series' note in the
+    listener's ledger says both that the sender was cut off (who, when, how many) and that slices are missing (was:
+    the gap's note replaced the cut-off one), before and after it is quarantined once pacs.series_limit_s is over."""
+    import time
+
+    uid, files = series
+    datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
+    sent = datasets[:3] + datasets[4:6]  # the fourth slice never sent
+    opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 4.0, "ingest.min_slices": 3}
+    ledger = tmp_path / "run" / "pacs" / "ledger.sqlite"
+
+    def note() -> str:
+        with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+            return str(db.execute("SELECT note FROM series WHERE series_uid = ?", (uid,)).fetchone()[0])
+
+    outcomes: list = []
+    with _listener(tmp_path / "run", **opts) as lst:
+        lst.on_series = outcomes.append
+        assert _send(lst.port, sent, end="drop") == [0] * len(sent)
+        deadline = time.monotonic() + 10
+        while "cut off" not in (note() or "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.4)  # past the quiet period, before the limit
+        assert lst.step() == []
+        waiting = note()
+        assert "sender cut off" in waiting and "5 instance(s)" in waiting, waiting
+        assert "MissingSliceError" in waiting, waiting
+        deadline = time.monotonic() + 15
+        while not outcomes and time.monotonic() < deadline:
+            lst.step()
+            time.sleep(0.1)
+    assert [o.status for o in outcomes] == ["quarantined"], [o.line() for o in outcomes]
+    final = note()
+    assert "sender cut off" in final and "MissingSliceError" in final, final

@@ -51,7 +51,7 @@ from typing import Any
 from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, PacsAddressError, PartialSeriesError
 from .address import check_aet, listen_error, valid_uid
-from .journal import CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, Admission, ReceiveJournal
+from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, Admission, ReceiveJournal
 from .ledger import Ledger, PacsLock, now
 from .listener_uids import read_uids
 from .scp import (
@@ -488,7 +488,7 @@ class Listener:
         note = str(row["note"] or "") if row is not None else ""
         if row is None or row["state"] != "processed" or row["outcome"] != "failed" or not note.startswith(INCOMPLETE_NOTE):
             return
-        if f": {CUT_NOTE}" not in note:  # missing slices: sending them completes it, not sending the same again
+        if f": {CUT_NOTE}" not in note or ALSO_NOTE in note:  # missing slices: sending them completes it, not the same again
             return
         reopened = self.journal.reopen(dict(row), f"{RESENT_NOTE} {calling} sent it again and ended its association")
         if reopened is not None:
@@ -575,8 +575,10 @@ class Listener:
             seen = self._checked.get(key)
             why = seen[1] if seen is not None and seen[0] == row["last_at"] else incomplete_reason(Path(row["folder"]), self.cfg)
             self._checked[key] = (row["last_at"], why)
-            if why is None and str(row.get("note") or "").startswith(CUT_NOTE):  # no gap, but not known to be whole
-                why = str(row["note"])
+            note = str(row.get("note") or "")
+            if note.startswith(CUT_NOTE):  # not known to be whole, with or without a gap: both facts kept
+                cut = note.split(ALSO_NOTE, 1)[0]
+                why = cut if why is None else f"{cut}{ALSO_NOTE}{why}"
             if why is None:
                 ready.append(row)
             elif now() - float(row["first_at"]) >= self.cfg.pacs.series_limit_s:
