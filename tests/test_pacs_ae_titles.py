@@ -17,14 +17,16 @@ from pipeline.pacs.connect import open_archive
 from tests._support.orthanc import HOST, OrthancServer
 
 pytestmark = pytest.mark.pacs
+pytest_plugins = ["tests._support.orthanc"]
 
 
 class _StrictOrthanc(OrthancServer):
-    """Orthanc answering only to its own AE title (``DicomCheckCalledAet``) and storing only what the modalities it
-    lists send (``DicomAlwaysAllowStore: false``; ctpipe's AE title CTPIPE is listed)."""
+    """Orthanc answering only to its own AE title (``DicomCheckCalledAet``, as every Orthanc the tests start) and
+    storing only what the modalities it lists send (``DicomAlwaysAllowStore: false``; ctpipe's AE title CTPIPE is
+    listed)."""
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "DicomCheckCalledAet": True, "DicomAlwaysAllowStore": False}
+        return {**super().config(), "DicomAlwaysAllowStore": False}
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +80,23 @@ def test_results_from_an_ae_title_the_archive_does_not_list_fail_at_once_naming_
     assert not any(strict.holds(uid) for uid in uids.values())
     assert main([*args, "--retry-failed"]) == 0  # ctpipe's own AE title, which the archive lists
     assert all(strict.holds(uid) for uid in uids.values())
+
+
+def test_the_orthanc_the_tests_and_benchmarks_start_refuses_a_wrong_called_ae_title(orthanc, tmp_path):
+    """The Orthanc configuration the tests and scripts/bench_pacs.py start checks the called AE title
+    (``DicomCheckCalledAet``), as a hospital archive does: a dimse:// address with a wrong AE title fails there with
+    ctpipe's error naming the AE title and the fix (was: Orthanc's default answered any called AE title, so a wrong
+    one went unnoticed until the hospital's archive refused it)."""
+    from pipeline.cli import main
+
+    assert orthanc.config()["DicomCheckCalledAet"] is True
+    src = f"dimse://NOTORTHANC@{HOST}:{orthanc.dicom_port}?studydate=20250102"
+    with pytest.raises(PacsRequestError) as ei:
+        open_archive(parse_source(src).endpoint, _cfg()).find_studies(parse_source(src).query)
+    msg = str(ei.value)
+    assert "called AE title NOTORTHANC" in msg and "'NOTORTHANC' is not the archive's AE title" in msg, msg
+    assert "dimse://ARCHIVE_AET@" in msg, msg
+    good = f"dimse://{orthanc.aet}@{HOST}:{orthanc.dicom_port}?studydate=20250102"
+    assert open_archive(parse_source(good).endpoint, _cfg()).find_studies(parse_source(good).query) == []
+    # the same through the command line: a failure line naming the AE title and its fix, exit status 3
+    assert main(["run", src, "--out", str(tmp_path / "run"), "--set", "pacs.retries=0"]) == 3

@@ -23,7 +23,7 @@ from pipeline.pacs.ledger import Ledger
 from pipeline.pacs.sender import result_files
 from pipeline.runner import open_run, run_batch
 from pipeline.runner.stages import IngestStage, WriteStage
-from tests._support.orthanc import SilentServer, free_port, write_phantom_series
+from tests._support.orthanc import OrthancServer, SilentServer, free_port, write_phantom_series
 
 pytest_plugins = ["tests._support.orthanc"]
 pytestmark = pytest.mark.pacs
@@ -312,18 +312,23 @@ def test_c_move_the_archive_cannot_deliver_names_the_move_destination(orthanc, s
     assert f"port {cfg.pacs.move_port} (pacs.move_port)" in msg and "retrieve=get" in msg
 
 
-def test_c_move_sent_from_another_ae_title_than_the_addresss_names_the_one_that_came(orthanc, stored, creds, tmp_path):
-    """The address names an AE title the archive answers to (Orthanc here does not check the called AE title) but is
-    not the one it sends from: ctpipe's C-MOVE receiver turns its association away, and the error names the AE title
-    that came (was: only the one expected, with no word of what the receiver turned away)."""
-    uid, _ = stored[1]
-    cfg = _cfg(orthanc, **{"pacs.retries": 0})
-    src = f"dimse://ALIAS@127.0.0.1:{orthanc.dicom_port}?series={uid}"
-    res = fetch_sources([src], run_dir=tmp_path / "run", cfg=cfg)
+def test_c_move_sent_from_another_ae_title_than_the_addresss_names_the_one_that_came(stored, tmp_path):
+    """The address names an AE title the archive answers to (an Orthanc that does not check the called AE title, its
+    own default) but is not the one it sends from: ctpipe's C-MOVE receiver turns its association away, and the error
+    names the AE title that came (was: only the one expected, with no word of what the receiver turned away)."""
+    uid, files = stored[1]
+    lax = OrthancServer(tmp_path / "lax_orthanc", check_called_aet=False).start()
+    try:
+        lax.upload(files)
+        cfg = _cfg(lax, **{"pacs.retries": 0})
+        src = f"dimse://ALIAS@127.0.0.1:{lax.dicom_port}?series={uid}"
+        res = fetch_sources([src], run_dir=tmp_path / "run", cfg=cfg)
+    finally:
+        lax.stop()
     assert res.folders == [] and res.failures[0][1] == "PacsRequestError"
     msg = res.failures[0][2]
-    assert f"turned away an association from calling AE title '{orthanc.aet}'" in msg, msg
-    assert f"dimse://{orthanc.aet}@127.0.0.1:{orthanc.dicom_port}" in msg, msg
+    assert f"turned away an association from calling AE title '{lax.aet}'" in msg, msg
+    assert f"dimse://{lax.aet}@127.0.0.1:{lax.dicom_port}" in msg, msg
 
 
 def test_wrong_credentials_are_told_apart_from_none(orthanc, stored, tmp_path, monkeypatch):

@@ -3,7 +3,8 @@
 :func:`orthanc_binary` finds ``Orthanc`` and its plugin or skips the test, naming
 ``scripts/install_pacs_tools.sh`` (which ``scripts/test.sh`` runs before pytest). :class:`OrthancServer`
 writes a config (free ports on 127.0.0.1, storage in a temporary folder, one test user with a random
-password, ``DicomModalities`` naming ctpipe's AE titles), starts Orthanc, polls ``/system`` until it
+password, ``DicomModalities`` naming ctpipe's AE titles, ``DicomCheckCalledAet`` on as at a hospital archive, so
+that a wrong AE title in a ``dimse://`` address is refused here too; Orthanc's own default answers any), starts Orthanc, polls ``/system`` until it
 answers, and terminates it by PID. Orthanc listens on every interface (1.10 has no bind setting): the
 ports are free ephemeral ones, HTTP remote access is off and every request needs the test user. All
 traffic stays on 127.0.0.1.
@@ -57,8 +58,16 @@ class OrthancServer:
     aet = "ORTHANC"
     user = "ctpipe-test"
 
-    def __init__(self, root: Path, *, modalities: dict[str, tuple[str, int]] | None = None, move_port: int | None = None):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        modalities: dict[str, tuple[str, int]] | None = None,
+        move_port: int | None = None,
+        check_called_aet: bool = True,
+    ):
         self.root = root
+        self.check_called_aet = check_called_aet  # False: answers any called AE title (Orthanc's default)
         self.move_port = move_port or free_port()  # where ctpipe's C-MOVE storage SCP (AE CTPIPE) listens
         self.password = secrets.token_hex(12)
         self.http_port = free_port()
@@ -99,7 +108,7 @@ class OrthancServer:
             "AuthenticationEnabled": True,
             "RegisteredUsers": {self.user: self.password},
             "DicomModalities": {name: [aet, HOST, port] for name, (aet, port) in self.modalities.items()},
-            "DicomCheckCalledAet": False,
+            "DicomCheckCalledAet": self.check_called_aet,
             "DicomAlwaysAllowEcho": True,
             "DicomScuTimeout": 10,
             "Plugins": [str(PLUGIN)],
