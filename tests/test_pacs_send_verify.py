@@ -145,8 +145,9 @@ def test_results_a_normal_archive_keeps_are_recorded_sent(orthanc, source_case, 
 
 
 def test_an_archive_without_c_find_names_the_option_and_sends_with_it_off(source_case, tmp_path, capsys):
-    """A storage SCP that takes the results but offers no C-FIND: failed with how to switch verification off;
-    with ``pacs.verify_sent: false``, its success answer is recorded sent."""
+    """A storage SCP that takes the results but offers no C-FIND: recorded stored, unconfirmed, with how to switch
+    verification off; with ``pacs.verify_sent: false``, a later case's results are recorded sent on its success
+    answer, and the unconfirmed ones are not sent again."""
     run = tmp_path / "run"
     uids = _completed_case(run, "c1", source_case)
     RunStore(run).close()
@@ -155,12 +156,15 @@ def test_an_archive_without_c_find_names_the_option_and_sends_with_it_off(source
         dest = f"dimse://PICKY@127.0.0.1:{scp.port}"
         rc = main(["send", str(run), "--to", dest, "--set", "pacs.send_retries=0", "--timeout", "20"])
         err = capsys.readouterr().err
-        assert rc == 3 and sorted(scp.received) == sorted(uids.values())
+        assert rc == 0 and sorted(scp.received) == sorted(uids.values())
         assert "cannot confirm that the results sent were kept" in err and "pacs.verify_sent: false" in err
+        later = _completed_case(run, "c2", source_case)
         rc = main(["send", str(run), "--to", dest, "--retry-failed", "--set", "pacs.verify_sent=false", "--timeout", "20"])
     finally:
         scp.close()
-    assert rc == 0 and set(open_run(run).deliveries.state) == {"sent"}
+    assert rc == 0 and sorted(scp.received) == sorted([*uids.values(), *later.values()])
+    state = open_run(run).deliveries.set_index("sop_uid").state
+    assert {state[u] for u in uids.values()} == {"unconfirmed"} and {state[u] for u in later.values()} == {"sent"}
 
 
 def test_verify_sent_is_an_option_on_by_default() -> None:

@@ -4,7 +4,7 @@ Many PACS do not support IMAGE-level C-FIND, or restrict it: they answer "no mat
 ``IncomingFindRequestFilter`` turns every IMAGE-level query into one that matches nothing (SERIES level still
 answers), some of them also dropping results on arrival (``ReceivedInstanceFilter``, answering success). What the
 archive holds is recorded sent, confirmed by series, said once with the fix; what it dropped is failed as dropped.
-An archive that refuses the confirming query is said once, and its later cases are not sent only to be refused again.
+Results stored at an archive that refuses the confirming query are recorded stored, unconfirmed, said once.
 """
 
 from __future__ import annotations
@@ -166,7 +166,12 @@ def test_a_drop_of_every_result_is_told_apart_from_an_archive_that_cannot_say(dr
     assert "filter or routing rule" in error and "pacs.verify_sent: false" not in error
 
 
-def test_an_archive_refusing_the_query_is_said_once_and_later_cases_are_not_sent(source_case, tmp_path, capsys):
+def test_results_stored_where_the_query_is_refused_are_recorded_stored_unconfirmed_not_failed(source_case, tmp_path, capsys):
+    """An archive that answers the C-STOREs with success but refuses ctpipe's confirming C-FIND (here one that offers
+    no Query/Retrieve service): the results are recorded "unconfirmed" (stored, the archive's success answer, not
+    confirmed), with the refusal and the fix, in the ledger, the run store and ``ctpipe send``'s summary; not failed
+    (was: every result recorded failed, and the later cases failed without being sent), and a later ``ctpipe send``,
+    with --retry-failed too, does not send them again. The refusal is said once."""
     run = tmp_path / "run"
     c1 = _completed_case(run, "c1", source_case)
     c2 = _completed_case(run, "c2", source_case)
@@ -175,17 +180,24 @@ def test_an_archive_refusing_the_query_is_said_once_and_later_cases_are_not_sent
     try:
         dest = f"dimse://PICKY@127.0.0.1:{scp.port}"
         rc = main(["send", str(run), "--to", dest, "--set", "pacs.send_retries=2", "--timeout", "20"])
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
+        assert sorted(scp.received) == sorted([*c1.values(), *c2.values()])  # each case stored once
+        again = main(["send", str(run), "--to", dest, "--retry-failed", "--timeout", "20"])
+        assert sorted(scp.received) == sorted([*c1.values(), *c2.values()])  # not sent again
+        out_again = capsys.readouterr().out
     finally:
         scp.close()
-    assert rc == 3 and sorted(scp.received) == sorted(c1.values())  # c2 not sent only to be refused again
-    logged = [line for line in err.splitlines() if "ERROR pipeline.pacs.sender" in line]
-    assert len(logged) == 2 and all("cannot confirm that the results sent were kept" in line for line in logged)
-    assert not any(u in line for line in logged for u in c2.values())  # c1's two results; c2's not logged again
+    assert rc == 0 and again == 0, err
+    assert f"results to {dest}: 0 sent, 4 stored unconfirmed, 0 pending, 0 failed" in out, out
+    assert "4 stored unconfirmed" in out_again
+    assert "4 result file(s) stored at" in err and "not confirmed" in err and "pacs.verify_sent: false" in err, err
+    said = [line for line in err.splitlines() if "WARNING pipeline.pacs.sender" in line or "ERROR pipeline.pacs.sender" in line]
+    assert len(said) == 1 and "refused" in said[0] and "stored" in said[0], said
     rows = Ledger(run).rows("SELECT sop_uid, state, attempts, error FROM sent ORDER BY case_id")
-    assert {r["state"] for r in rows} == {"failed"} and all(r["attempts"] == 1 for r in rows)
-    later = [r["error"] for r in rows if r["sop_uid"] in c2.values()]
-    assert all("as for an earlier case" in e and "pacs.verify_sent: false" in e for e in later)
+    assert {r["state"] for r in rows} == {"unconfirmed"} and all(r["attempts"] == 1 for r in rows), rows
+    assert all("stored" in r["error"] and "refused" in r["error"] and "pacs.verify_sent: false" in r["error"] for r in rows)
+    deliveries = open_run(run).deliveries
+    assert set(deliveries.state) == {"unconfirmed"} and len(deliveries) == 4
 
 
 @pytest.mark.parametrize("protocol", ["dicomweb", "dimse"])

@@ -252,9 +252,26 @@ def _send(args: argparse.Namespace) -> int:
             f"error is logged above); run ctpipe send {args.run_dir} again once the destination answers",
             file=sys.stderr,
         )
+    if counts.unconfirmed:
+        _print_unconfirmed(args.run_dir, sender.key, counts.unconfirmed)
     if counts.failed:
         _print_send_failures(args.run_dir, sender.key, counts.failed, retried=args.retry_failed)
     return EXIT_SOME_FAILED if counts.pending or counts.failed else 0
+
+
+def _print_unconfirmed(run_dir: str, key: str, n: int) -> None:
+    """Why result files are recorded stored but not confirmed (the destination refused the confirming query)."""
+    from .ledger import Ledger
+
+    ledger = Ledger(run_dir)
+    try:
+        row = ledger.one(
+            "SELECT error FROM sent WHERE destination = ? AND state = 'unconfirmed' ORDER BY updated_at LIMIT 1", (key,)
+        )
+    finally:
+        ledger.close()
+    why = f": {row['error']}" if row is not None and row["error"] else ""
+    print(f"{n} result file(s) stored at {key} but not confirmed (not sent again){why}", file=sys.stderr)
 
 
 def _print_send_failures(run_dir: str, key: str, n: int, *, retried: bool) -> None:

@@ -12,7 +12,8 @@ processed or sent twice:
 ``series``     the listener's series: one row per generation (a series that grows after it was
                handed to the runner gets a new generation), state ``open`` → ``handed`` → ``processed``,
                and ``removed_at`` once its received files were removed (``pacs.keep_received``);
-``sent``       one row per result file and destination: ``pending``, ``sent`` or ``failed``;
+``sent``       one row per result file and destination: ``pending``, ``sent``, ``unconfirmed`` (stored on the
+               destination's success answer, its confirming query refused) or ``failed``;
 ``scanned``    case folders whose results have been queued for a destination.
 
 Addresses are stored redacted (they never hold credentials anyway); no patient data is stored.

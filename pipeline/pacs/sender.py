@@ -16,7 +16,11 @@ success for is recorded ``sent`` only once the destination, asked right after (C
 SOPInstanceUID, one query per case; by series for an archive that answers no IMAGE-level query, see
 :mod:`pipeline.pacs.confirm`), holds it: an archive can answer success and not keep the instance (a filter or
 routing rule, storage failing after the answer); one it does not hold counts as a failed attempt (retried as above,
-then ``failed``, with the instance, the destination and the likely cause). A file is never sent twice to one
+then ``failed``, with the instance, the destination and the likely cause). A destination that answered success but
+refuses the confirming query (:class:`~pipeline.errors.PacsRequestError`: its query permissions, or no query service)
+has the files recorded ``unconfirmed`` (stored on its success answer, not confirmed), with the refusal and the fix,
+said once; they are not sent again (``--retry-failed`` neither), and the later cases are sent without the query for
+:data:`RECHECK_S`. A file is never sent twice to one
 destination; files still pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
 Sending runs beside the pipeline and never blocks it.
 """
@@ -56,7 +60,7 @@ RESULT_SOP_CLASSES = {
     "1.2.840.10008.5.1.4.1.1.66.4": "Segmentation Storage",
 }
 MANIFEST = "manifest.json"
-#: seconds for which a destination that refused the confirming query is taken at its word (later cases not sent)
+#: seconds for which a destination that refused the confirming query is taken at its word (later cases not asked)
 RECHECK_S = 900.0
 
 
@@ -85,9 +89,12 @@ class SendCounts:
     sent: int = 0
     pending: int = 0
     failed: int = 0
+    #: stored on the destination's success answer, not confirmed: it refused the confirming query
+    unconfirmed: int = 0
 
     def line(self, destination: str) -> str:
-        return f"results to {destination}: {self.sent} sent, {self.pending} pending, {self.failed} failed"
+        stored = f", {self.unconfirmed} stored unconfirmed" if self.unconfirmed else ""
+        return f"results to {destination}: {self.sent} sent{stored}, {self.pending} pending, {self.failed} failed"
 
 
 class ResultSender:
@@ -115,8 +122,8 @@ class ResultSender:
         self._archive: Archive | None = None
         self._confirmer = Confirmer(self.key, dicomweb=self.endpoint.kind == "dicomweb", known=self._last_sent())
         #: why the destination cannot confirm what it holds (it refused the query), and when it said so: the later
-        #: cases are recorded failed with it, unsent, rather than each sent and refused again, for RECHECK_S (a
-        #: long-running listener asks again once that has passed: the archive may have been corrected)
+        #: cases are sent and recorded unconfirmed with it, not asked again, for RECHECK_S (a long-running listener
+        #: asks again once that has passed: the archive may have been corrected)
         self._cannot_confirm: tuple[str, float] | None = None
         #: whether results the destination listed nothing of, at any level, were said already (logged once)
         self._said_uncertain = False
@@ -217,9 +224,6 @@ class ResultSender:
             return 0
         if self._cannot_confirm and time.monotonic() - self._cannot_confirm[1] >= RECHECK_S:
             self._cannot_confirm = None
-        if self._cannot_confirm and self.cfg.pacs.verify_sent:
-            self._failed(items, f"not sent, as for an earlier case: {self._cannot_confirm[0]}", final=True, quiet=True)
-            return 0
         try:
             if self._archive is None:
                 self._archive = open_archive(self.endpoint, self._request_cfg)
@@ -240,7 +244,10 @@ class ResultSender:
             return 0
         ok = {o.sop_instance_uid for o in outcomes if o.ok}
         refused = {o.sop_instance_uid: o.detail for o in outcomes if not o.ok}
-        if ok and self.cfg.pacs.verify_sent:
+        if ok and self.cfg.pacs.verify_sent and self._cannot_confirm:  # refused for an earlier case: not asked again
+            self._unconfirmed([r for r in items if r["sop_uid"] in ok], self._cannot_confirm[0], quiet=True)
+            ok = set()
+        elif ok and self.cfg.pacs.verify_sent:
             ok = self._confirmed(archive, [r for r in items if r["sop_uid"] in ok])
         with self.ledger.tx() as db:
             for r in items:
@@ -268,8 +275,9 @@ class ResultSender:
         """The SOPInstanceUIDs of ``items`` (answered success) that the destination holds when asked right after
         (:class:`~pipeline.pacs.confirm.Confirmer`: one query per study, that is per case; one more by series when
         the archive finds none of them by instance). The others are recorded as a failed attempt, with the instance,
-        the destination and the likely cause; a query that failed, as a failed attempt of all of them (refused:
-        failed at once, naming ``pacs.verify_sent``, and said once: the later cases are not sent)."""
+        the destination and the likely cause; a query that failed, as a failed attempt of all of them; a query the
+        destination refused, as stored unconfirmed (:meth:`_unconfirmed`, naming ``pacs.verify_sent``, said once: the
+        later cases are not asked for RECHECK_S))."""
         studies: dict[str, list[tuple[dict[str, Any], SentResult]]] = defaultdict(list)
         for r in items:
             try:
@@ -285,12 +293,13 @@ class ResultSender:
                 found, why, uncertain = self._confirmer.held(archive, study, [sent for _, sent in pairs])
             except PacsError as exc:  # this study's results and those not asked about yet: not confirmed
                 unasked = [r for _, later in groups[n:] for r, _ in later]
-                refused = isinstance(exc, PacsRequestError)  # asking again does not mend it: failed at once
-                error = f"sent, but not confirmed: {type(exc).__name__}: {exc}"
-                if refused:
-                    self._cannot_confirm = (error, time.monotonic())
-                self._failed(unasked, error, final=refused)
                 self._drop_archive()
+                if isinstance(exc, PacsRequestError):  # refused: asking again does not mend it, sending again neither
+                    reason = f"stored ({self.key} answered success), not confirmed: {type(exc).__name__}: {exc}"
+                    self._cannot_confirm = (reason, time.monotonic())
+                    self._unconfirmed(unasked, reason)
+                else:
+                    self._failed(unasked, f"sent, but not confirmed: {type(exc).__name__}: {exc}")
                 return held
             held |= found
             missing = [r for r, _ in pairs if r["sop_uid"] not in found]
@@ -312,6 +321,31 @@ class ResultSender:
             "ReceivedInstanceFilter, for one), or its storage failed after it answered; check the archive's log for "
             f"this SOPInstanceUID. Fix: let the archive keep ctpipe's results, then `ctpipe send {self.run_dir} "
             "--retry-failed`"
+        )
+
+    def _unconfirmed(self, items: list[dict[str, Any]], reason: str, *, quiet: bool = False) -> None:
+        """Record ``items`` stored unconfirmed: the destination answered success and refused the query that would
+        confirm it holds them (``reason``: the refusal and the fix). Not sent again; ``quiet``: logged at debug level
+        (said already, for an earlier case)."""
+        with self.ledger.tx() as db:
+            for r in items:
+                db.execute(
+                    "UPDATE sent SET state = 'unconfirmed', attempts = attempts + 1, error = ?, updated_at = ? "
+                    "WHERE sop_uid = ? AND destination = ?",
+                    (reason[:2000], now(), r["sop_uid"], self.key),
+                )
+        self._record([(r, "unconfirmed", int(r["attempts"]) + 1, reason[:2000]) for r in items])
+        cases = ", ".join(sorted({str(r["case_id"]) for r in items}))
+        if quiet:
+            log.debug("case(s) %s: %d result file(s) stored at %s, not confirmed", cases, len(items), self.key)
+            return
+        log.warning(
+            "case(s) %s: %d result file(s) %s; they are recorded stored, unconfirmed, and not sent again; the later "
+            "cases' results are sent without asking",
+            cases,
+            len(items),
+            reason,
+            extra={"event": "send_unconfirmed"},
         )
 
     def _failed(self, items: list[dict[str, Any]], error: str, *, final: bool = False, quiet: bool = False) -> None:

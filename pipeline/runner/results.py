@@ -73,7 +73,7 @@ class RunResults:
         ``kind`` and ``reason``.
     runs: one row per invocation of ``ctpipe run`` on this folder (config, versions, device, start/end).
     deliveries: one row per DICOM result (SR, SEG) and PACS destination: ``state`` (sent, pending: a retry is due,
-        failed), ``attempts``, the last ``error``. A case a PACS delivered has its origin in ``cases``: ``origin``
+        failed; unconfirmed: stored on the archive's success answer, the query confirming it refused), ``attempts``, the last ``error``. A case a PACS delivered has its origin in ``cases``: ``origin``
         (the archive's address without credentials, or the sending AE title), ``origin_via`` (wado-rs, c-move, c-get,
         c-store), ``origin_study_uid`` and ``origin_series_uid``.
     dicom_outputs: one row per completed case: ``case_id``, ``sr`` and ``seg`` (paths of ``<case>/dicom/sr.dcm`` and

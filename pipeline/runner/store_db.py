@@ -32,6 +32,7 @@ Tables
                     Series Instance UIDs and the number of instances. UIDs only: no patient ID, name or accession.
                     A rerun looks series up here by remote UID (:func:`remote_series`) and skips those done.
 ``deliveries``      the DICOM results (SR, SEG) sent to a PACS: per SOPInstanceUID and destination, ``sent``,
+                    ``unconfirmed`` (stored on the archive's success answer, the query confirming it refused),
                     ``pending`` (a retry is due) or ``failed``, with the attempts and the last error.
 
 ``meta.schema_version`` is :data:`SCHEMA_VERSION`; a store written by an earlier version is migrated
