@@ -264,6 +264,35 @@ class DicomWebArchive:
             out.append(RemoteSeries(study, series, str(_value(r, _MODALITY) or modality), int(n) if n is not None else None))
         return out
 
+    def listed_instances(self, study_uid: str, series_uid: str) -> int | None:
+        """How many instances the archive lists in a series now: the NumberOfSeriesRelatedInstances of a QIDO-RS
+        series search, or, for an archive that gives none, the SOPInstanceUIDs its QIDO-RS instance search lists
+        (``/studies/{study}/series/{series}/instances``, a page of :data:`PAGE` at a time). None when it lists none.
+        What a retrieval is checked against when the search that found the series gave no count."""
+        again = self.find_series(study_uid, series_uid=series_uid, modality="")
+        counted = [s.n_instances for s in again if s.n_instances is not None]
+        if counted:
+            return max(counted)
+        seen: set[str] = set()
+        offset = 0
+        while True:
+
+            def search(limit: int = PAGE, offset: int = offset) -> list[dict[str, Any]]:
+                return self.client.search_for_instances(
+                    study_instance_uid=study_uid,
+                    series_instance_uid=series_uid,
+                    fields=["SOPInstanceUID"],
+                    limit=limit,
+                    offset=offset,
+                )
+
+            rows = self._call(f"QIDO-RS instance search of series {series_uid}", search)
+            new = {str(u) for u in (_value(r, _SOP_UID) for r in rows) if u} - seen
+            seen |= new
+            if len(rows) < PAGE or not new:
+                return len(seen) or None
+            offset += len(rows)
+
     # -- retrieve --------------------------------------------------------------------------
     def retrieve(self, series: RemoteSeries, dest: Path) -> int:
         """WADO-RS the series into ``dest`` (one file per instance); returns the number of files written."""

@@ -10,6 +10,9 @@ fetched (and whose folder is there) is not retrieved again. Once a case is publi
 quarantined, :func:`release_spool` removes its spool folder unless ``pacs.keep_received`` keeps it.
 A series retrieved with fewer instances than the archive listed, or of which the archive lists more instances once it
 is retrieved (still arriving from the scanner), is not handed on (recorded as ``partial``; the next run tries again).
+A DICOMweb series whose search gave no count (no NumberOfSeriesRelatedInstances) is checked, once retrieved, against
+what the archive lists then (its count, or its QIDO-RS instance search), and held as ``partial`` when that is more
+than arrived or when the archive lists nothing to check it against.
 When the archive cannot be asked again (it stopped just after the retrieval), a series is kept if as many instances
 arrived as it listed and as its C-MOVE or C-GET responses said it completed; otherwise its failure says that every
 listed instance arrived and that the next run retrieves it again.
@@ -318,6 +321,36 @@ def _check_not_arriving(s: RemoteSeries, n: int, src: PacsSource, archive: Archi
         )
 
 
+def _listed_after(s: RemoteSeries, n: int, src: PacsSource, archive: Archive) -> RemoteSeries:
+    """``s`` with the number of instances the archive lists now, for a series its search listed without one (a
+    DICOMweb archive answering QIDO-RS without NumberOfSeriesRelatedInstances): asked once ``n`` instances are
+    retrieved (:meth:`~pipeline.pacs.dicomweb.DicomwebArchive.listed_instances`), so that a short retrieval is held as
+    partial, not handed on as the whole series. Raises :class:`PartialSeriesError` when the archive lists no instance
+    of it at all (the retrieval cannot be checked); ``s`` unchanged for an archive that cannot be asked so (DIMSE:
+    its C-MOVE and C-GET responses count what they completed)."""
+    listed_instances = getattr(archive, "listed_instances", None)
+    if listed_instances is None:
+        return s
+    listed = listed_instances(s.study_uid, s.series_uid)
+    if listed is None:
+        raise PartialSeriesError(
+            f"{n} instance(s) retrieved, but the archive gives no number of instances for the series (no "
+            "NumberOfSeriesRelatedInstances in its series search, nothing listed by its instance search): whether the "
+            "retrieval is whole cannot be checked",
+            where=f"series {s.series_uid} at {src.endpoint}",
+            fix="have the archive answer QIDO-RS series searches with NumberOfSeriesRelatedInstances (includefield="
+            "00201209) or instance searches; nothing of it is processed now, the next run tries again",
+        )
+    log.info(
+        "series %s: the archive's search gave no count; it lists %d instance(s), %d retrieved",
+        s.series_uid,
+        listed,
+        n,
+        extra={"event": "pacs_counted", "series_uid": s.series_uid},
+    )
+    return replace(s, n_instances=listed)
+
+
 def _fetch_series(
     s: RemoteSeries, src: PacsSource, archive: Archive, cfg: Any, run: Path, spool: Spool, ledger: Ledger, out: FetchResult
 ) -> None:
@@ -333,6 +366,8 @@ def _fetch_series(
     part = spool.start(s.series_uid)
     try:
         n = archive.retrieve(s, part)
+        if s.n_instances is None and n:
+            s = _listed_after(s, n, src, archive)
         if n == 0 or (s.n_instances is not None and n < s.n_instances):
             raise PartialSeriesError(
                 f"{n} of {s.n_instances if s.n_instances is not None else '?'} instances retrieved",
