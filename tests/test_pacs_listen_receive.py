@@ -419,3 +419,28 @@ def test_a_cut_off_series_with_a_gap_keeps_both_facts_in_its_note_and_quarantine
     assert [o.status for o in outcomes] == ["quarantined"], [o.line() for o in outcomes]
     final = note()
     assert "sender cut off" in final and "MissingSliceError" in final, final
+
+
+def test_dcmtk_storescu_ending_with_an_abort_has_its_series_processed(series, tmp_path):
+    """dcmtk's ``storescu --abort`` (every instance sent, then an A-ABORT instead of a release), as some modalities
+    and routers end their associations: the series is processed as a done case once quiet."""
+    import shutil
+    import subprocess
+    import time
+
+    exe = shutil.which("storescu")
+    if exe is None:
+        pytest.skip("dcmtk's storescu not installed: run `bash scripts/install_pacs_tools.sh`")
+    uid, files = series
+    opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 1.0, "ingest.min_slices": 3}
+    outcomes: list = []
+    with _listener(tmp_path / "run", **opts) as lst:
+        lst.on_series = outcomes.append
+        cmd = [exe, "--abort", "-aet", "MODALITY", "-aec", AET, HOST, str(lst.port), *map(str, files)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        deadline = time.monotonic() + 15
+        while not outcomes and time.monotonic() < deadline:
+            lst.step()
+            time.sleep(0.1)
+    assert [(o.status, o.n_instances) for o in outcomes] == [("done", len(files))], [o.line() for o in outcomes]
