@@ -368,7 +368,7 @@ def show(
         paint[unscanned] = (*OUTSIDE_SCAN_RGB, 1.0)
         ax.imshow(paint, aspect=sy / sx, interpolation="nearest")
         ax.fill([], [], color=OUTSIDE_SCAN_RGB, label=OUTSIDE_SCAN_LEGEND)
-    colours = organ_colours(masks, outline=True)  # as the MPR PNGs outline them; other masks each a colour of its own
+    colours = organ_colours(masks)  # as the MPR PNGs outline them; other masks each a colour of its own
     outlined = 0
     for organ, m in masks.items():
         plane = shown.geometry.to_lps_view(m)[z - first]

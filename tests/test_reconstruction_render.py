@@ -156,8 +156,8 @@ def test_bone_outline_stands_out_on_white_bone_and_show_uses_the_same_colours(tm
     rgb = mpimg.imread(paths[0])[..., :3]
     yellow = (rgb[..., 0] > 0.9) & (rgb[..., 1] > 0.75) & (rgb[..., 2] < 0.2)
     assert yellow.sum() > 20  # the outline (and the legend's line), not white on white
-    assert OUTLINE_COLORS["bone"] != ORGAN_COLORS["bone"] and shown is organ_colours  # show() outlines as the MPRs do
-    assert organ_colours(["bone"], outline=True) == {"bone": OUTLINE_COLORS["bone"]}
+    assert shown is organ_colours  # show() outlines as the MPRs do, and the preview draws the surfaces alike
+    assert organ_colours(["bone"], outline=True) == {"bone": OUTLINE_COLORS["bone"]} == {"bone": ORGAN_COLORS["bone"]}
 
 
 @pytest.mark.parametrize("pos", ["HFS", "FFS"])
@@ -567,3 +567,35 @@ def test_the_overview_has_lung_window_mprs_beside_the_soft_tissue_ones(tmp_path,
         assert 0.0 < lung < vessel < 1.0  # both shown, told apart: neither clipped to black
     for fig in figures[:4]:
         assert "soft-tissue window" in fig.axes[0].get_title()
+
+
+def test_each_organ_has_one_colour_in_the_mprs_the_preview_and_the_glb(tmp_path, monkeypatch):
+    """The 3-D preview drew the bone white while the MPRs outlined it yellow and the skin white: a reader matching the
+    preview to the MPRs took the white for the body. Every rendering now takes an organ's colour from one palette:
+    the MPRs' outline, the preview's surface and legend, and the GLB's material are the same colour for each organ."""
+    from matplotlib.colors import to_hex
+
+    from pipeline.reconstruction.export import organ_rgb
+    from pipeline.reconstruction.organs import ORGAN_COLORS
+    from pipeline.reconstruction.preview import render_preview
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(40, 40, 80), spacing=(1.0, 1.0, 1.0), origin=(-40.0, -20.0, -20.0))
+    names = ["lung_left", "lung_right", "airway", "bone"]
+    masks = {name: sphere_mask((40, 40, 80), (20, 20, 10 + 20 * n), 7) for n, name in enumerate(names)}
+    body = np.zeros(geom.shape, bool)
+    body[2:38, 2:38, 2:78] = True
+    vol = CTVolume(np.full(geom.shape, 40.0, np.float32), geom)
+    render_mpr(vol, {"body": body, **masks}, tmp_path, stem="c", center_lps=geom.index_to_lps([[40.0, 20.0, 20.0]])[0])
+    render_preview({n: mesh_from_mask(m, geom, name=n) for n, m in masks.items()}, tmp_path, stem="c", size=128)
+    axial, preview = figures[0], figures[-1]
+    legend = axial.axes[0].get_legend()
+    outline = {t.get_text(): to_hex(h.get_color()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    surface = {
+        t.get_text(): to_hex(h.get_facecolor()) for t, h in zip(preview.legends[0].get_texts(), preview.legends[0].legend_handles)
+    }
+    for name in ("left lung", "right lung", "airway", "bone"):
+        assert outline[name] == surface[name], (name, outline[name], surface[name])
+    glb = {organ: to_hex(organ_rgb(organ)) for organ in names}
+    assert glb == {organ: ORGAN_COLORS[organ] for organ in names}
+    assert outline["bone"] != outline["body"] and "#ffffff" not in {surface["bone"], outline["bone"]}  # white: the skin

@@ -17,26 +17,28 @@ from ..intensity import BODY_HU, LUNG_AIR_HU, SOFT_TISSUE_HU
 
 ORGANS: tuple[str, ...] = ("body", "lung_left", "lung_right", "airway", "bone")
 
-#: Display colours (RGB hex) of the organs, nodules and vessels in every rendering, 3-D preview and ``show()``.
+#: The one palette (RGB hex) of the organs, nodules and vessels: their outlines in every MPR, MIP and ``show()``, their
+#: surfaces in the 3-D preview, the GLB meshes' material and the SEG's recommended display colours
+#: (:data:`~pipeline.dicom_out.codes.ORGAN_COLOURS`), so that an organ reads the same in each. Bone is yellow (white
+#: outlines vanish on white bone in the soft-tissue window; a cyan read as the left lung's blue where a rib meets the
+#: lung) and the body white (its edge, the skin against the air outside; a tan read as the bone's yellow). Any two
+#: differ by a CIEDE2000 of at least 30, so that two organs whose outlines touch (the lungs at their anterior junction,
+#: a lung on a rib, a bronchus beside its artery, a nodule on any of them) are told apart.
 ORGAN_COLORS: dict[str, str] = {
-    "body": "#d9c27a",
+    "body": "#ffffff",
     "lung_left": "#3fa7ff",
     "lung_right": "#39d98a",
     "airway": "#ff7f0e",
-    "bone": "#f0f0f0",
+    "bone": "#ffdd00",
     "vessels": "#dd1144",
     "nodules": "#ff3df5",
 }
-#: Outline colours on grey CT slices: as :data:`ORGAN_COLORS`, but bone, white on white bone, drawn yellow (a cyan read
-#: as the left lung's blue where a rib meets the lung), and the body's edge, the skin against the air outside, white
-#: (a tan read as the bone's yellow). Any two differ by a CIEDE2000 of at least 30, so that two organs whose outlines
-#: touch (the lungs at their anterior junction, a lung on a rib, a bronchus beside its artery, a nodule on any of them)
-#: are told apart; the SEG recommends the same colours (:data:`~pipeline.dicom_out.codes.ORGAN_COLOURS`).
-OUTLINE_COLORS: dict[str, str] = {**ORGAN_COLORS, "bone": "#ffdd00", "body": "#ffffff"}
+#: The outlines' colours: :data:`ORGAN_COLORS` itself (the name earlier versions gave the outlines' own palette).
+OUTLINE_COLORS: dict[str, str] = ORGAN_COLORS
 
 #: Colours for organs without one of their own in :data:`ORGAN_COLORS` (a segmentation bundle's liver,
 #: spleen, ...; a notebook's ``lesion``), given in the order the organs come: distinct from each other and from the
-#: organs' of :data:`OUTLINE_COLORS` (a CIEDE2000 of at least 15: no red of the vessels, yellow of the bone, magenta of
+#: organs' of :data:`ORGAN_COLORS` (a CIEDE2000 of at least 15: no red of the vessels, yellow of the bone, magenta of
 #: the nodules or orange of the airway), legible on grey CT and on black.
 EXTRA_COLORS = (
     "#bcf60c", "#fabebe", "#9a6324", "#e6beff", "#ffd8b1", "#808000", "#911eb4", "#008080", "#fffac8", "#800000",
@@ -44,16 +46,15 @@ EXTRA_COLORS = (
 )  # fmt: skip
 
 
-def organ_colours(organs: Iterable[str], *, outline: bool) -> dict[str, str]:
-    """The colour (``#rrggbb``) of each organ: its :data:`OUTLINE_COLORS` colour (``outline``: drawn on grey CT
-    slices) or :data:`ORGAN_COLORS` colour (a surface), else the next of :data:`EXTRA_COLORS` in the order the
-    organs are given (after 11 such organs the colours repeat)."""
-    known = OUTLINE_COLORS if outline else ORGAN_COLORS
+def organ_colours(organs: Iterable[str], *, outline: bool | None = None) -> dict[str, str]:
+    """The colour (``#rrggbb``) of each organ: its :data:`ORGAN_COLORS` colour, else the next of :data:`EXTRA_COLORS`
+    in the order the organs are given (after 11 such organs the colours repeat). The same for an outline on grey CT
+    slices and a surface: ``outline`` changes nothing (earlier versions drew bone and the body otherwise)."""
     out: dict[str, str] = {}
     extra = 0
     for organ in organs:
-        if organ in known:
-            out[organ] = known[organ]
+        if organ in ORGAN_COLORS:
+            out[organ] = ORGAN_COLORS[organ]
         elif organ not in out:
             out[organ] = EXTRA_COLORS[extra % len(EXTRA_COLORS)]
             extra += 1

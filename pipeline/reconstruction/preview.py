@@ -82,7 +82,7 @@ def rasterise(
         axes, depth_axis, depth_sign = (1, 2), 0, 1.0  # viewer at +x (patient's left)
     else:
         raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
-    rgbs = {k: hex_rgb(c) for k, c in (colours or organ_colours(meshes, outline=False)).items()}
+    rgbs = {k: hex_rgb(c) for k, c in (colours or organ_colours(meshes)).items()}
     if frame is None:
         allv = np.concatenate([m.vertices for _, m in parts])
         lo, hi = allv.min(axis=0), allv.max(axis=0)
@@ -227,7 +227,7 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
     size = views.size
     images = [img.copy() for img in views.images]
     drawn = list(views.drawn)
-    colours = organ_colours([*views.organs, "nodules"], outline=False)  # as rasterise colours the surfaces
+    colours = organ_colours([*views.organs, "nodules"])  # as rasterise colours the surfaces
     nods = {k: m for k, m in (nodules or {}).items() if m.n_triangles}
     if nods and views.frame is not None:
         for n, view in enumerate(VIEWS):

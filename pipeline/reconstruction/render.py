@@ -93,7 +93,7 @@ def render_mpr(
     lung's ``<stem>_mpr_sagittal.png``, the left's ``<stem>_mpr_sagittal_left.png``, each titled with its side and x),
     else through the plane holding the most lung, not the mediastinum between them; without lungs the volume's
     centre), soft-tissue window, each mask outlined in its colour (:func:`~.organs.organ_colours`:
-    :data:`~.organs.OUTLINE_COLORS`), with a legend in rows below the image (:func:`legend_layout`), never over it.
+    :data:`~.organs.ORGAN_COLORS`), with a legend in rows below the image (:func:`legend_layout`), never over it.
 
     nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`: N is the nodule of finding #N); each
     nodule a plane cuts is outlined in the ``nodules`` colour and lettered ``#N`` beside it; on the whole plane (no
@@ -112,7 +112,7 @@ def render_mpr(
     oview = lps_aligned(outside, volume.geometry)[0] if outside is not None and outside.any() else None
     mviews = {k: lps_aligned(m, volume.geometry)[0] for k, m in masks.items()}
     nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
-    colours = organ_colours([*masks, "nodules"], outline=True)  # the same in every plane
+    colours = organ_colours([*masks, "nodules"])  # the same in every plane
     beside = nodule_extents(nview) if nview is not None and field_mm is None else {}
     sagittals: list[tuple[int, str, str]] = []  # x index, file suffix, title words
     if center_lps is None:
@@ -270,7 +270,7 @@ def render_mip(
     oview = lps_aligned(outside, volume.geometry)[0] if outside is not None and outside.any() else None
     view, spacing, lo = lps_aligned(np.asarray(volume.array), volume.geometry)
     nview = lps_aligned(nodules, volume.geometry)[0] if nodules is not None and nodules.any() else None
-    colour = organ_colours(["nodules"], outline=True)["nodules"]
+    colour = organ_colours(["nodules"])["nodules"]
     nz = view.shape[0]
     z0, z1 = 0, nz - 1
     if lung_mask is not None and lung_mask.any():
