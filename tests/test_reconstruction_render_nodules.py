@@ -3,6 +3,8 @@ each, and over the organs in the 3-D preview (the lungs' opaque surfaces would h
 
 from __future__ import annotations
 
+import itertools
+
 import matplotlib.image as mpimg
 import numpy as np
 
@@ -294,3 +296,103 @@ def test_a_nodules_close_ups_state_its_long_and_short_axis(tmp_path, monkeypatch
     for fig in close_ups:
         titles = [ax.get_title() for ax in fig.axes]
         assert any(said in t for t in titles), titles
+
+
+def _crowded_coronal() -> tuple[CTVolume, dict[str, np.ndarray], np.ndarray]:
+    """A chest whose body fills the whole coronal plane (no air around it, as on a planning CT's coronal), two lungs,
+    and five nodules off the coronal plane y=0 close together in the right lung."""
+    geom = Geometry(shape=(40, 100, 100), spacing=(2.0, 2.0, 2.5), origin=(-100.0, -100.0, -50.0))
+    x, y, z = lps_grids(geom)
+    body = np.ones(geom.shape, bool)
+    right = ((x + 45.0) / 35.0) ** 2 + (y / 50.0) ** 2 + (z / 42.0) ** 2 <= 1.0
+    left = ((x - 45.0) / 35.0) ** 2 + (y / 50.0) ** 2 + (z / 42.0) ** 2 <= 1.0
+    arr = np.full(geom.shape, 40.0, np.float32)
+    arr[right | left] = -850.0
+    labels = np.zeros(geom.shape, np.uint16)
+    for n, (cx, cy, cz) in enumerate([(-50, 20, 10), (-40, -25, 14), (-55, 30, 0), (-35, 35, -8), (-48, -30, 22)], 1):
+        labels[(x - cx) ** 2 + (y - cy) ** 2 + (z - cz) ** 2 <= 4.0**2] = n
+    return CTVolume(arr, geom), {"body": body, "lung_left": left, "lung_right": right}, labels
+
+
+def test_off_plane_letters_of_a_crowded_coronal_lie_off_the_lungs_and_apart(tmp_path, monkeypatch):
+    """On the planning chest's coronal overview the body fills the plane: with no air around it, the letters of the
+    nodules off the plane ('#1 (18 mm P)', '#6 (9 mm P)') lay on the right lung beside their shadows. They now lie in
+    a margin added beside the image, joined to their shadows by dotted lines, on no lung and none over another."""
+    from matplotlib.transforms import Bbox
+
+    from pipeline.reconstruction import render
+    from pipeline.reconstruction.render_planes import lps_aligned, plane_image
+
+    figures: list = []
+    save = render.save_png
+    monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    vol, masks, labels = _crowded_coronal()
+    render.render_mpr(vol, masks, tmp_path, stem="c", nodules=labels, center_lps=np.zeros(3), planes=("coronal",))
+    (fig,) = figures
+    ax = fig.axes[0]
+    assert ax.get_title().startswith("coronal")
+    renderer = fig.canvas.get_renderer()
+    letters = [t for t in ax.texts if t.get_text().startswith("#")]
+    assert len(letters) == 5, [t.get_text() for t in letters]
+    boxes = [t.get_bbox_patch().get_window_extent(renderer) for t in letters]
+    view, spacing, lo = lps_aligned(np.logical_or(masks["lung_left"], masks["lung_right"]), vol.geometry)
+    index = int(round((0.0 - lo[1]) / spacing[1]))
+    rows, cols = np.nonzero(plane_image(view, "coronal", index))
+    centres = np.column_stack(((cols + 0.5) * spacing[0], (rows + 0.5) * spacing[2]))
+    on_lung = [Bbox.from_bounds(*xy, 1, 1) for xy in ax.transData.transform(centres)]
+    for text, box in zip(letters, boxes):
+        assert not any(box.overlaps(b) for b in on_lung), (text.get_text(), "on a lung", box)
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, (text.get_text(), "cut at the PNG's edge", box)
+    for i, j in itertools.combinations(range(len(boxes)), 2):
+        assert not boxes[i].overlaps(boxes[j]), (letters[i].get_text(), letters[j].get_text())
+    assert sum(line.get_linestyle() == ":" for line in ax.lines) == 5  # a line from each letters to its shadow
+
+
+def test_the_letter_layout_puts_crowded_off_plane_letters_in_margins_apart():
+    """The layout alone, on a plane the body fills (no free space on it) with forty nodules off the plane crowded in
+    one lung: every nodule's letters lie in a margin beside the image, beyond the side letters' band and off their row,
+    none over another's or a nodule; a full margin spills over to the other side; the margins hold them all."""
+    from pipeline.reconstruction.render_nodules import layout_letters, letter_margins
+
+    shape, col_mm, row_mm, band_mm, mm_per_pt = (100, 150), 2.0, 2.0, 8.0, 0.5  # a 300 x 200 mm image
+    anatomy = np.ones(shape, bool)
+    marks = []
+    for n in range(40):
+        sl = np.zeros(shape, bool)
+        r, c = 5 + 2 * n, 30 + (n % 3) * 4
+        sl[r : r + 3, c : c + 3] = True
+        marks.append((n + 1, sl, "dashed", f"#{n + 1} ({10 + n} mm P)"))
+    spots = layout_letters(marks, col_mm, row_mm, mm_per_pt=mm_per_pt, anatomy=anatomy, band_mm=band_mm)
+    w_mm, h_mm = shape[1] * col_mm, shape[0] * row_mm
+    assert len(spots) == 40 and all(s.leader for s in spots)
+    for s in spots:
+        assert s.box[2] <= -band_mm or s.box[0] >= w_mm + band_mm, s  # in a margin, not on the image or the band
+        assert 0.0 <= s.box[1] and s.box[3] <= h_mm, s
+        assert not (s.box[1] < h_mm / 2 + 0.8 * 11 * mm_per_pt and h_mm / 2 - 0.8 * 11 * mm_per_pt < s.box[3]), s
+    boxes = [s.box for s in spots] + [s.mark for s in spots]
+    for a, b in itertools.combinations(boxes, 2):
+        assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (a, b)
+    on_left = [s.box[2] <= -band_mm for s in spots]
+    assert all(on_left[:20]) and not all(on_left)  # the nodules lie in the image's left part: the left margin first
+    left, right = letter_margins(spots, w_mm, band_mm=band_mm)
+    assert left >= max(-s.box[0] for s in spots) - band_mm and right >= max(s.box[2] for s in spots) - w_mm - band_mm
+
+
+def test_the_letter_layout_keeps_letters_in_free_space_and_beside_cut_nodules():
+    """With air beside the body the off-plane letters stay on the image, in the air (no margin); a nodule the plane
+    cuts keeps its letters beside it, without a line."""
+    from pipeline.reconstruction.render_nodules import layout_letters, letter_margins
+
+    shape = (100, 150)
+    anatomy = np.zeros(shape, bool)
+    anatomy[20:80, 30:120] = True  # the body, air all around it
+    cut, off = np.zeros(shape, bool), np.zeros(shape, bool)
+    cut[40:44, 50:54] = True
+    off[60:64, 90:94] = True
+    marks = [(1, cut, "solid", "#1"), (2, off, "dashed", "#2 (20 mm A)")]
+    solid, dashed = layout_letters(marks, 2.0, 2.0, mm_per_pt=0.5, anatomy=anatomy, band_mm=8.0)
+    assert not solid.leader and solid.box[0] >= 54 * 2.0  # right beside the nodule
+    assert dashed.leader and 0.0 <= dashed.box[0] and dashed.box[2] <= 300.0
+    rows = slice(int(dashed.box[1] // 2), int(np.ceil(dashed.box[3] / 2)))
+    assert not anatomy[rows, int(dashed.box[0] // 2) : int(np.ceil(dashed.box[2] / 2))].any()
+    assert letter_margins([solid, dashed], 300.0, band_mm=8.0) == (0.0, 0.0)

@@ -35,6 +35,7 @@ from .render_layout import (
     LUNG_WINDOW,
     WINDOWS,
     image_figure,
+    image_units,
     legend_below,
     orientation_letters,
     outline_mask,
@@ -46,6 +47,8 @@ from .render_nodules import (
     SIDE_LETTERS,
     NoduleExtent,
     draw_marks,
+    layout_letters,
+    letter_margins,
     nodule_extents,
     nodule_labels,
     projection,
@@ -149,31 +152,34 @@ def render_mpr(
         unscanned = plane_image(oview, plane, index)[crop] if oview is not None else None
         unscanned = unscanned if unscanned is not None and unscanned.any() else None
         legend += [OUTSIDE_SCAN_LEGEND] if unscanned is not None else []
-        fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend)
-        extent = (0, w_mm, h_mm, 0)
-        vmin, vmax = WINDOWS[window]
-        ax.imshow(img, cmap="gray", vmin=vmin, vmax=vmax, extent=extent, interpolation="nearest")
-        drawn: list[Artist] = []
-        if unscanned is not None:
-            drawn.append(_paint_outside(ax, unscanned, extent))
-        scale_bar(ax, w_mm, h_mm)
-        for organ, sl in outlines.items():
-            colour = colours[organ]
-            outline_mask(ax, sl, spacing[cols], spacing[rows], colors=[colour], linewidths=1.0)
-            drawn.append(Line2D([], [], color=colour, label=organ_label(organ)))
         marks = [(n, cut == n, "solid", f"#{n}") for n in numbers if cut is not None]  # outlined where cut
         for n in off:  # each nodule the plane does not cut: dashed where it projects, with its distance and side
             assert nview is not None
             d = (beside[n].centre_xyz[fixed] - index) * spacing[fixed]
             text = f"#{n} ({abs(d):.0f} mm {SIDE_LETTERS[fixed][int(d > 0)]})"
             marks.append((n, plane_image(projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
-        # the off-plane letters' free space: air, no organ, no arm, no couch
+        # the off-plane letters' free space: air, no organ, no arm, no couch; else a margin beside the image
         anatomy = (
             np.logical_or.reduce([img > BODY_HU, *(plane_image(mv, plane, index)[crop] for mv in mviews.values())])
             if off
             else None
         )
-        draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"], anatomy=anatomy)
+        mm_per_pt, band_mm = image_units(w_mm, h_mm)
+        spots = layout_letters(marks, spacing[cols], spacing[rows], mm_per_pt=mm_per_pt, anatomy=anatomy, band_mm=band_mm)
+        margins = letter_margins(spots, w_mm, band_mm=band_mm)
+        fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend, margins_mm=margins)
+        extent = (0, w_mm, h_mm, 0)
+        vmin, vmax = WINDOWS[window]
+        ax.imshow(img, cmap="gray", vmin=vmin, vmax=vmax, extent=extent, interpolation="nearest")
+        drawn: list[Artist] = []
+        if unscanned is not None:
+            drawn.append(_paint_outside(ax, unscanned, extent))
+        scale_bar(ax, w_mm, h_mm, margins_mm=margins)
+        for organ, sl in outlines.items():
+            colour = colours[organ]
+            outline_mask(ax, sl, spacing[cols], spacing[rows], colors=[colour], linewidths=1.0)
+            drawn.append(Line2D([], [], color=colour, label=organ_label(organ)))
+        draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"], spots=spots)
         if numbers:
             drawn.append(Line2D([], [], color=colours["nodules"], label="nodule #N (finding #N)"))
         if off:
@@ -188,6 +194,7 @@ def render_mpr(
             f"{plane}{words} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window} window — "
             + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
             side_bands=True,
+            margins_mm=margins,
         )
         paths.append(save_png(fig, out / f"{stem}_mpr_{plane}{side}{suffix}.png"))
     return paths

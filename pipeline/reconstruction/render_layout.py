@@ -59,11 +59,14 @@ def legend_layout(labels: list[str], width_px: int, *, fontsize: float, dpi: flo
     return ncol, max(LEGEND_PX, int(np.ceil((0.5 + 0.6 + 1.5 * rows) * em)) + 4)  # offset, padding, rows (1.5 em)
 
 
+FIGURE_DPI = 100.0  # pixels per inch of the PNGs (:func:`black_figure`)
+
+
 def black_figure(width_px: int, height_px: int):
     """A matplotlib Figure of ``width_px`` × ``height_px`` pixels (100 dpi) on black, without a display."""
     from matplotlib.figure import Figure
 
-    dpi = 100
+    dpi = FIGURE_DPI
     fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, facecolor="black")
     return fig
 
@@ -89,16 +92,25 @@ def _image_px(w_mm: float, h_mm: float) -> tuple[float, int]:
     return scale, max(int(h_mm * scale), 1)
 
 
-def image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None):
+def image_units(w_mm: float, h_mm: float) -> tuple[float, float]:
+    """Image mm per typographic point, and the width (mm) of each side letters' band (:data:`SIDE_BAND_PX`), on the
+    PNG of a ``w_mm`` × ``h_mm`` image (:func:`image_figure`): to lay letters out before the figure is made."""
+    scale, _h_px = _image_px(w_mm, h_mm)
+    return FIGURE_DPI / 72.0 / scale, SIDE_BAND_PX / scale
+
+
+def image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None, margins_mm: tuple[float, float] = (0.0, 0.0)):
     """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
     :data:`TITLE_PX` above it for the title, the :data:`TOP_BAND_PX` band of the upper letter between them, the
     :data:`BAND_PX` band of the scale bar under the image and the :data:`SIDE_BAND_PX` bands of the side letters
-    beside it (all bands in the axes), the
+    beside it (all bands in the axes), beyond those ``margins_mm`` (image mm, left and right: the nodules' letters
+    that find no free space on the image, :func:`~.render_nodules.letter_margins`), the
     rows of a legend of the ``legend`` labels below that (so that the legend hides no anatomy;
     :func:`legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure, the axes and the legend's
     number of columns."""
     scale, h_px = _image_px(w_mm, h_mm)
-    width = max(int(w_mm * scale) + 2 * SIDE_BAND_PX, MIN_WIDTH_PX)
+    margin_px = sum(int(np.ceil(m * scale)) for m in margins_mm)
+    width = max(int(w_mm * scale) + 2 * SIDE_BAND_PX + margin_px, MIN_WIDTH_PX)
     ncol, legend_px = legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
     total = h_px + BAND_PX + TOP_BAND_PX + TITLE_PX + legend_px
     fig = black_figure(width, total)
@@ -120,11 +132,12 @@ def save_png(fig, path: Path) -> Path:
 SCALE_BAR_MM = (200.0, 100.0, 50.0, 20.0, 10.0, 5.0)  # the lengths a scale bar may have
 
 
-def scale_bar(ax, w_mm: float, h_mm: float) -> None:
+def scale_bar(ax, w_mm: float, h_mm: float, *, margins_mm: tuple[float, float] = (0.0, 0.0)) -> None:
     """A bar at the left of the band below an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm; the band is
     :data:`BAND_PX` of :func:`image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
     to an eighth of the image's width. Below the image, it covers no anatomy. Sets the axes' limits to the image and
-    its bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below, :data:`SIDE_BAND_PX` on either side)."""
+    its bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below, :data:`SIDE_BAND_PX` on either side) and the
+    ``margins_mm`` beyond those (:func:`image_figure`)."""
     length = next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
     scale, _h_px = _image_px(w_mm, h_mm)
     band = BAND_PX / scale  # mm
@@ -141,17 +154,31 @@ def scale_bar(ax, w_mm: float, h_mm: float) -> None:
         bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
     )
     side = SIDE_BAND_PX / scale  # mm
-    ax.set_xlim(-side, w_mm + side)
+    ax.set_xlim(-side - margins_mm[0], w_mm + side + margins_mm[1])
     ax.set_ylim(h_mm + band, -TOP_BAND_PX / scale)
 
 
-def orientation_letters(ax, left: str, right: str, top: str, bottom: str, title: str, *, side_bands: bool = False) -> None:
+ORIENTATION_FONTSIZE = 11  # points, the orientation letters
+
+
+def orientation_letters(
+    ax,
+    left: str,
+    right: str,
+    top: str,
+    bottom: str,
+    title: str,
+    *,
+    side_bands: bool = False,
+    margins_mm: tuple[float, float] = (0.0, 0.0),
+) -> None:
     """The image's orientation letters at its left and right edges (with ``side_bands``, in the bands beside it that
-    :func:`scale_bar` leaves, :data:`SIDE_BAND_PX`), in the band above it (:data:`TOP_BAND_PX`) and at the foot of its
+    :func:`scale_bar` leaves, :data:`SIDE_BAND_PX`, between the image and the ``margins_mm`` beyond them), in the band
+    above it (:data:`TOP_BAND_PX`) and at the foot of its
     axes (the band below it), yellow on a dark box; ``title`` above; the axes hidden."""
     kw = {
         "color": "yellow",
-        "fontsize": 11,
+        "fontsize": ORIENTATION_FONTSIZE,
         "fontweight": "bold",
         "transform": ax.transAxes,
         "bbox": {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},  # legible on bright tissue
@@ -160,6 +187,7 @@ def orientation_letters(ax, left: str, right: str, top: str, bottom: str, title:
         x_lo, x_hi = ax.get_xlim()
         x0, x1, y_bottom, y_top = ax.images[0].get_extent()
         side = {k: v for k, v in kw.items() if k != "transform"}
+        x_lo, x_hi = x_lo + margins_mm[0], x_hi - margins_mm[1]
         ax.text((x_lo + x0) / 2, (y_bottom + y_top) / 2, left, ha="center", va="center", **side)
         ax.text((x1 + x_hi) / 2, (y_bottom + y_top) / 2, right, ha="center", va="center", **side)
     else:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..volume import Geometry
-from .render_layout import outline_mask
+from .render_layout import ORIENTATION_FONTSIZE, outline_mask
 from .render_planes import PLANES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,6 +40,95 @@ class NoduleExtent:
     centre_xyz: np.ndarray
 
 
+@dataclass(frozen=True)
+class LetterSpot:
+    """Where a nodule's letters go on an image (image mm from its upper left corner, ``y`` down): their bottom left
+    corner ``x, y``, the ``box`` they take (``x0, y0, x1, y1``), their nodule's mark's box ``mark``, and whether a
+    dotted line joins them to it (``leader``: letters in free space or in a margin beside the image, away from it)."""
+
+    x: float
+    y: float
+    box: tuple[float, float, float, float]
+    mark: tuple[float, float, float, float]
+    leader: bool
+
+
+def layout_letters(
+    marks: list[tuple[int, np.ndarray, str, str]],
+    col_mm: float,
+    row_mm: float,
+    *,
+    mm_per_pt: float,
+    anatomy: np.ndarray | None = None,
+    band_mm: float = 0.0,
+) -> list[LetterSpot]:
+    """Where to put the letters of each nodule of ``marks`` (number, its pixels on an image of ``col_mm`` ×
+    ``row_mm`` pixels, ``"solid"`` or ``"dashed"``, its letters), in their order; ``mm_per_pt``: image mm per
+    typographic point on the PNG. The letters cover no nodule and no other letters.
+
+    A solid mark (a nodule the plane cuts) has its letters beside it (:func:`free_spot`). With ``anatomy`` (the
+    image's pixels, bool ``[row, column]``, that hold an organ, the body, an arm or the couch), a dashed mark's (a
+    nodule off the plane) go to the nearest free space (:func:`free_space_spot`) or, where none is near, to a margin
+    beside the image, beyond the ``band_mm`` wide band of its side letters (:func:`margin_spot`; the figure adds the
+    margin, :func:`letter_margins`), never over the lungs or another nodule's letters; both are joined to their mark by
+    a dotted line. Without ``anatomy`` they lie beside it as a solid mark's do."""
+    rows, cols = marks[0][1].shape if marks else (0, 0)
+    w_mm, h_mm = cols * col_mm, rows * row_mm
+    placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
+    spots: dict[int, LetterSpot] = {}
+    crowded = []  # the dashed marks with no free space near: their letters go to a margin, top to bottom
+    for i, (_n, sl, style, text) in enumerate(marks):
+        mark = _mark_box(sl, col_mm, row_mm)
+        if style == "dashed" and anatomy is not None:
+            spot = free_space_spot(mark, text, mm_per_pt, placed, anatomy, col_mm, row_mm)
+            if spot is None:
+                crowded.append(i)
+                continue
+            spots[i] = LetterSpot(*spot, box=placed[-1], mark=mark, leader=True)
+            continue
+        spots[i] = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm)
+    for i in sorted(crowded, key=lambda i: placed[i][1] + placed[i][3]):  # in the order of the marks' heights
+        _n, sl, _style, text = marks[i]
+        spot = margin_spot(placed[i], text, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm, band_mm=band_mm)
+        if spot is None:
+            spots[i] = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm)
+        else:
+            spots[i] = LetterSpot(*spot, box=placed[-1], mark=placed[i], leader=True)
+    return [spots[i] for i in range(len(marks))]
+
+
+def _beside(
+    sl: np.ndarray,
+    text: str,
+    col_mm: float,
+    row_mm: float,
+    mm_per_pt: float,
+    placed: list[tuple[float, float, float, float]],
+    *,
+    w_mm: float,
+) -> LetterSpot:
+    """The letters ``text`` of the mark of pixels ``sl`` beside it (:func:`free_spot`), without a line."""
+    r_px, c_px = np.nonzero(sl)
+    x, y = free_spot(
+        (c_px.max() + 1.5) * col_mm + 1.0,
+        (c_px.min() - 0.5) * col_mm - 1.0,
+        (r_px.min() + 0.5) * row_mm,
+        text,
+        mm_per_pt,
+        placed,
+        limit=w_mm,
+    )
+    return LetterSpot(x, y, box=placed[-1], mark=_mark_box(sl, col_mm, row_mm), leader=False)
+
+
+def letter_margins(spots: Sequence[LetterSpot], w_mm: float, *, band_mm: float) -> tuple[float, float]:
+    """The margins (mm, left and right) a figure adds beyond the side letters' ``band_mm`` bands of a ``w_mm`` wide
+    image to hold the letters of ``spots`` placed there (:func:`margin_spot`); (0, 0) when all lie on the image."""
+    left = max((-s.box[0] - band_mm for s in spots if s.box[0] < -band_mm), default=0.0)
+    right = max((s.box[2] - w_mm - band_mm for s in spots if s.box[2] > w_mm + band_mm), default=0.0)
+    return (left + MARGIN_PAD_MM if left else 0.0, right + MARGIN_PAD_MM if right else 0.0)
+
+
 def draw_marks(
     ax,
     marks: list[tuple[int, np.ndarray, str, str]],
@@ -47,37 +136,22 @@ def draw_marks(
     row_mm: float,
     *,
     colour: str,
-    anatomy: np.ndarray | None = None,
+    spots: Sequence[LetterSpot] | None = None,
 ) -> None:
     """Each nodule of ``marks`` (number, its pixels on the image, ``"solid"`` or ``"dashed"``, its letters) outlined
-    in ``colour`` on an image of ``col_mm`` × ``row_mm`` pixels, its letters beside it on a dark box where they cover
-    no other letters and no nodule (:func:`free_spot`). anatomy: the image's pixels (bool, ``[row, column]``: the
-    organs on the plane) that the letters of a dashed mark (a nodule off the plane) do not cover: they go to the
-    nearest free space (:func:`free_space_spot`), joined to the mark by a dotted line, else beside it."""
-    w_mm = ax.images[0].get_extent()[1]  # the image's width: the letters stay on it, out of the side letters' bands
-    placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
-    (x_lo, x_hi), (y_lo, y_hi) = ax.get_xlim(), ax.get_ylim()
-    mm_per_pt = max((x_hi - x_lo) / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
-    for _n, sl, style, text in marks:
+    in ``colour`` on an image of ``col_mm`` × ``row_mm`` pixels, its letters on a dark box where ``spots`` puts them
+    (:func:`layout_letters`; default: beside each mark, where they cover no other letters and no nodule), joined to
+    the mark by a dotted line where the spot asks for one."""
+    if spots is None:
+        (x_lo, x_hi), (y_lo, y_hi) = ax.get_xlim(), ax.get_ylim()
+        mm_per_pt = max((x_hi - x_lo) / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
+        spots = layout_letters(marks, col_mm, row_mm, mm_per_pt=mm_per_pt)
+    for (_n, sl, style, text), spot in zip(marks, spots):
         width = 1.2 if style == "solid" else 1.0
         outline_mask(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style)
-        r_px, c_px = np.nonzero(sl)
-        if style == "dashed" and anatomy is not None:
-            spot = free_space_spot(_mark_box(sl, col_mm, row_mm), text, mm_per_pt, placed, anatomy, col_mm, row_mm)
-            if spot is not None:
-                put_nodule_letters(ax, *spot, text, colour=colour)
-                _leader(ax, placed[-1], placed[placed_at(marks, _n)], colour=colour)
-                continue
-        x, y = free_spot(
-            (c_px.max() + 1.5) * col_mm + 1.0,
-            (c_px.min() - 0.5) * col_mm - 1.0,
-            (r_px.min() + 0.5) * row_mm,
-            text,
-            mm_per_pt,
-            placed,
-            limit=w_mm,
-        )
-        put_nodule_letters(ax, x, y, text, colour=colour)
+        put_nodule_letters(ax, spot.x, spot.y, text, colour=colour)
+        if spot.leader:
+            _leader(ax, spot.box, spot.mark, colour=colour)
 
 
 def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> None:
@@ -94,11 +168,6 @@ def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> Non
         va="bottom",
         bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
     )
-
-
-def placed_at(marks: list[tuple[int, np.ndarray, str, str]], number: int) -> int:
-    """Where nodule ``number``'s own box is in :func:`draw_marks`' ``placed`` (the marks' boxes come first)."""
-    return next(i for i, m in enumerate(marks) if m[0] == number)
 
 
 def _leader(ax, letters: tuple[float, float, float, float], mark: tuple[float, float, float, float], *, colour: str) -> None:
@@ -156,6 +225,42 @@ def free_space_spot(
         if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
             placed.append(box)
             return box[0], box[3]
+    return None
+
+
+MARGIN_PAD_MM = 2.0  # between a margin's letters and the side letters' band, and beyond them
+
+
+def margin_spot(
+    mark: tuple[float, float, float, float],
+    text: str,
+    mm_per_pt: float,
+    placed: list[tuple[float, float, float, float]],
+    *,
+    w_mm: float,
+    h_mm: float,
+    band_mm: float,
+) -> tuple[float, float] | None:
+    """The bottom left corner (image mm, ``y`` down; ``x`` off the image) of a place for a nodule's letters ``text`` in
+    a margin beside a ``w_mm`` × ``h_mm`` image, beyond the ``band_mm`` wide band of its side letters: on the side of
+    the image nearer the nodule's box ``mark``, at its height or the nearest line up or down where they cover nothing
+    ``placed`` (the box taken is added to it), else on the other side, never level with the side letters at the
+    image's mid-height; None where both margins are full."""
+    w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # as free_spot measures the letters
+    h = 1.45 * NODULE_FONTSIZE * mm_per_pt
+    half = 0.8 * ORIENTATION_FONTSIZE * mm_per_pt  # half the side letters' box: "#3 (30 mm P) R" read as one text
+    side_letters = (-np.inf, h_mm / 2 - half, np.inf, h_mm / 2 + half)
+    mx, my = (mark[0] + mark[2]) / 2, (mark[1] + mark[3]) / 2
+    left_x, right_x = -band_mm - MARGIN_PAD_MM - w, w_mm + band_mm + MARGIN_PAD_MM
+    y0 = min(max(my + h / 2, h), h_mm)  # the letters' bottom edge, level with the mark's centre
+    for x in (left_x, right_x) if mx < w_mm / 2 else (right_x, left_x):
+        taken = [p for p in [*placed, side_letters] if p[0] < x + w and x < p[2]]  # what lies in this margin
+        ys = [y0, *(p[3] + h + 1e-6 for p in taken), *(p[1] - 1e-6 for p in taken)]  # level with the mark, or by a neighbour
+        for y in sorted((y for y in ys if h <= y <= h_mm), key=lambda y: abs(y - y0)):
+            box = (x, y - h, x + w, y)
+            if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in taken):
+                placed.append(box)
+                return box[0], box[3]
     return None
 
 
