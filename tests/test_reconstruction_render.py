@@ -599,3 +599,24 @@ def test_each_organ_has_one_colour_in_the_mprs_the_preview_and_the_glb(tmp_path,
     glb = {organ: to_hex(organ_rgb(organ)) for organ in names}
     assert glb == {organ: ORGAN_COLORS[organ] for organ in names}
     assert outline["bone"] != outline["body"] and "#ffffff" not in {surface["bone"], outline["bone"]}  # white: the skin
+
+
+def test_a_nodules_close_up_titles_fit_the_png(tmp_path, monkeypatch):
+    """The close-ups' titles name the nodule's axes ('axial at z=-9.0 mm (LPS), InstanceNumber 63, through nodule #1 ·
+    long axis 26.2 mm, short axis 24.5 mm (mean 25.4 mm) on InstanceNumber 63'): on the planning chest the line ran
+    past both edges of the PNG, its start and its end cut. A title wider than the PNG now wraps onto more lines, the
+    PNG taller by them, every line inside it and above the image."""
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(60, 128, 128), spacing=(0.977, 0.977, 2.0), origin=(-62.5, -62.5, -60.0))
+    vol = CTVolume(np.full(geom.shape, -800.0, np.float32), geom, metadata={"InstanceNumbers": list(range(60, 0, -1))})
+    note = ", through nodule #1 · long axis 26.2 mm, short axis 24.5 mm (mean 25.4 mm) on InstanceNumber 63"
+    render_mpr(vol, {}, tmp_path, stem="n", center_lps=np.zeros(3), field_mm=100.0, note=note, window="lung")
+    assert len(figures) == 3
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        title = ax.title.get_window_extent(renderer)
+        assert fig.bbox.x0 - 0.5 <= title.x0 and title.x1 <= fig.bbox.x1 + 0.5, (ax.get_title(), title)
+        assert title.y1 <= fig.bbox.y1 + 0.5, (ax.get_title(), title)
+        assert title.y0 >= ax.get_window_extent(renderer).y1 - 0.5, ax.get_title()  # above the image and its band
+        assert "long axis 26.2 mm" in ax.get_title().replace("\n", " ") and "lung window" in ax.get_title()

@@ -34,6 +34,7 @@ from .organs import organ_colours, organ_label
 from .render_layout import (
     LUNG_WINDOW,
     WINDOWS,
+    figure_width_px,
     image_figure,
     image_units,
     legend_below,
@@ -41,6 +42,7 @@ from .render_layout import (
     outline_mask,
     save_png,
     scale_bar,
+    wrap_title,
 )
 from .render_nodules import (
     OFF_PLANE_LEGEND,
@@ -167,7 +169,14 @@ def render_mpr(
         mm_per_pt, band_mm = image_units(w_mm, h_mm)
         spots = layout_letters(marks, spacing[cols], spacing[rows], mm_per_pt=mm_per_pt, anatomy=anatomy, band_mm=band_mm)
         margins = letter_margins(spots, w_mm, band_mm=band_mm)
-        fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend, margins_mm=margins)
+        pos = lo[fixed] + index * spacing[fixed]
+        slices = source_slices(volume, index, index) if plane == "axial" else ""
+        title = wrap_title(
+            f"{plane}{words} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window} window — "
+            + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
+            figure_width_px(w_mm, h_mm, margins_mm=margins),
+        )
+        fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend, margins_mm=margins, title_lines=title.count("\n") + 1)
         extent = (0, w_mm, h_mm, 0)
         vmin, vmax = WINDOWS[window]
         ax.imshow(img, cmap="gray", vmin=vmin, vmax=vmax, extent=extent, interpolation="nearest")
@@ -186,16 +195,7 @@ def render_mpr(
             drawn.append(Line2D([], [], color=colours["nodules"], linestyle="--", label=OFF_PLANE_LEGEND))
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
             legend_below(ax, drawn, ncol)
-        pos = lo[fixed] + index * spacing[fixed]
-        slices = source_slices(volume, index, index) if plane == "axial" else ""
-        orientation_letters(
-            ax,
-            *letters,
-            f"{plane}{words} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window} window — "
-            + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
-            side_bands=True,
-            margins_mm=margins,
-        )
+        orientation_letters(ax, *letters, title, side_bands=True, margins_mm=margins)
         paths.append(save_png(fig, out / f"{stem}_mpr_{plane}{side}{suffix}.png"))
     return paths
 
@@ -302,7 +302,14 @@ def render_mip(
         if oview is not None and (slab := np.asarray(oview[a:b].all(axis=0))).any():  # no voxel of the slab measured
             unscanned = slab
         legend = (["nodule #N (finding #N)"] if marks else []) + ([OUTSIDE_SCAN_LEGEND] if unscanned is not None else [])
-        fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend or None)
+        za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
+        slices = source_slices(volume, a, b - 1)
+        title = wrap_title(
+            f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}{resampled_note(volume)}\n"
+            "lung window — patient's right on image left",
+            figure_width_px(w_mm, h_mm),
+        )
+        fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend or None, title_lines=title.count("\n") + 1)
         ax.imshow(mip, cmap="gray", vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], extent=(0, w_mm, h_mm, 0))
         handles = [_paint_outside(ax, unscanned, (0, w_mm, h_mm, 0))] if unscanned is not None else []
         scale_bar(ax, w_mm, h_mm)
@@ -311,18 +318,7 @@ def render_mip(
             handles.append(Line2D([], [], color=colour, label="nodule #N (finding #N)"))
         if handles:
             legend_below(ax, handles, ncol)
-        za, zb = lo[2] + a * spacing[2], lo[2] + (b - 1) * spacing[2]
-        slices = source_slices(volume, a, b - 1)
-        orientation_letters(
-            ax,
-            "R",
-            "L",
-            "A",
-            "P",
-            f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}{resampled_note(volume)}\nlung window — patient's right on "
-            "image left",
-            side_bands=True,
-        )
+        orientation_letters(ax, "R", "L", "A", "P", title, side_bands=True)
         paths.append(save_png(fig, out / f"{stem}_mip_axial_{n + 1}.png"))
     return paths
 

@@ -8,6 +8,7 @@ h_mm, 0)``), y running down.
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -99,20 +100,47 @@ def image_units(w_mm: float, h_mm: float) -> tuple[float, float]:
     return FIGURE_DPI / 72.0 / scale, SIDE_BAND_PX / scale
 
 
-def image_figure(w_mm: float, h_mm: float, *, legend: list[str] | None = None, margins_mm: tuple[float, float] = (0.0, 0.0)):
+def figure_width_px(w_mm: float, h_mm: float, *, margins_mm: tuple[float, float] = (0.0, 0.0)) -> int:
+    """The width (pixels) of :func:`image_figure`'s PNG of a ``w_mm`` × ``h_mm`` image with ``margins_mm`` beside it."""
+    scale, _h_px = _image_px(w_mm, h_mm)
+    margin_px = sum(int(np.ceil(m * scale)) for m in margins_mm)
+    return max(int(w_mm * scale) + 2 * SIDE_BAND_PX + margin_px, MIN_WIDTH_PX)
+
+
+TITLE_FONTSIZE = 9  # points, the MPRs' and MIPs' titles
+
+
+TITLE_LINE_PX = 15  # pixels a title's line takes (9 points, 100 dpi, with its spacing)
+
+
+def wrap_title(title: str, width_px: int) -> str:
+    """``title`` with each of its lines wrapped at spaces so that it fits a PNG ``width_px`` wide (a generous
+    estimate of DejaVu Sans' widths at :data:`TITLE_FONTSIZE`), so that no line runs past the PNG's edges."""
+    chars = max(20, int((width_px - 16) / (0.62 * TITLE_FONTSIZE * FIGURE_DPI / 72.0)))
+    return "\n".join(textwrap.fill(line, chars, break_long_words=False, break_on_hyphens=False) for line in title.split("\n"))
+
+
+def image_figure(
+    w_mm: float,
+    h_mm: float,
+    *,
+    legend: list[str] | None = None,
+    margins_mm: tuple[float, float] = (0.0, 0.0),
+    title_lines: int = 2,
+):
     """A figure and axes for one ``w_mm`` × ``h_mm`` image drawn 640 pixels on its longer side, with
-    :data:`TITLE_PX` above it for the title, the :data:`TOP_BAND_PX` band of the upper letter between them, the
+    :data:`TITLE_PX` above it for a title of two lines (:data:`TITLE_LINE_PX` more for each of ``title_lines`` past
+    two: :func:`wrap_title`), the :data:`TOP_BAND_PX` band of the upper letter between them, the
     :data:`BAND_PX` band of the scale bar under the image and the :data:`SIDE_BAND_PX` bands of the side letters
     beside it (all bands in the axes), beyond those ``margins_mm`` (image mm, left and right: the nodules' letters
     that find no free space on the image, :func:`~.render_nodules.letter_margins`), the
     rows of a legend of the ``legend`` labels below that (so that the legend hides no anatomy;
     :func:`legend_layout`), and at least :data:`MIN_WIDTH_PX` wide. Returns the figure, the axes and the legend's
     number of columns."""
-    scale, h_px = _image_px(w_mm, h_mm)
-    margin_px = sum(int(np.ceil(m * scale)) for m in margins_mm)
-    width = max(int(w_mm * scale) + 2 * SIDE_BAND_PX + margin_px, MIN_WIDTH_PX)
+    _scale, h_px = _image_px(w_mm, h_mm)
+    width = figure_width_px(w_mm, h_mm, margins_mm=margins_mm)
     ncol, legend_px = legend_layout(legend or [], width, fontsize=LEGEND_FONTSIZE)
-    total = h_px + BAND_PX + TOP_BAND_PX + TITLE_PX + legend_px
+    total = h_px + BAND_PX + TOP_BAND_PX + TITLE_PX + TITLE_LINE_PX * max(title_lines - 2, 0) + legend_px
     fig = black_figure(width, total)
     return fig, fig.add_axes((0, legend_px / total, 1, (h_px + BAND_PX + TOP_BAND_PX) / total)), ncol
 
@@ -197,7 +225,7 @@ def orientation_letters(
     ax.text(0.5, 0.01, bottom, ha="center", va="bottom", **kw)
     # y fixed at the axes' top, where the hidden axes leave it: matplotlib then skips measuring their tick labels to
     # place it, a third of a PNG's drawing time
-    ax.set_title(title, color="white", fontsize=9, y=1.0)
+    ax.set_title(title, color="white", fontsize=TITLE_FONTSIZE, y=1.0)
     ax.set_axis_off()
 
 
