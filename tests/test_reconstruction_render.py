@@ -620,3 +620,27 @@ def test_a_nodules_close_up_titles_fit_the_png(tmp_path, monkeypatch):
         assert title.y1 <= fig.bbox.y1 + 0.5, (ax.get_title(), title)
         assert title.y0 >= ax.get_window_extent(renderer).y1 - 0.5, ax.get_title()  # above the image and its band
         assert "long axis 26.2 mm" in ax.get_title().replace("\n", " ") and "lung window" in ax.get_title()
+
+
+def test_each_lungs_sagittal_is_also_drawn_in_the_lung_window(tmp_path, monkeypatch):
+    """The sagittals through each lung were drawn in the soft-tissue window only: the lung they are through was all
+    black, its vessels and a ground-glass nodule lost, while the axial and coronal overviews had lung-window twins.
+    Each lung's sagittal now has one too (``<stem>_mpr_sagittal_lung.png``, ``<stem>_mpr_sagittal_left_lung.png``)."""
+    from pipeline.reconstruction.render import render_nodule_views
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(30, 40, 60), spacing=(2.0, 2.0, 2.5), origin=(-60.0, -40.0, -37.5))
+    right = np.zeros(geom.shape, bool)
+    right[5:25, 8:32, 6:26] = True
+    left = np.zeros(geom.shape, bool)
+    left[5:25, 8:32, 35:55] = True
+    arr = np.where(right | left, -850.0, 40.0).astype(np.float32)
+    vol = CTVolume(arr, geom)
+    paths = render_nodule_views(vol, {"lung_left": left, "lung_right": right}, tmp_path, stem="s")
+    names = [p.name for p in paths]
+    lung = {"s_mpr_sagittal_lung.png": "right", "s_mpr_sagittal_left_lung.png": "left"}
+    assert set(lung) <= set(names), names
+    for name, side in lung.items():
+        ax = figures[names.index(name)].axes[0]
+        assert ax.get_title().startswith(f"sagittal through the {side} lung") and "lung window" in ax.get_title()
+        assert ax.images[0].norm(-850.0) > 0.0  # the lung shown, not clipped to black

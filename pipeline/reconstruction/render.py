@@ -324,8 +324,10 @@ def render_mip(
 
 
 #: The overview's planes drawn a second time in the lung window (``<stem>_mpr_<plane>_lung.png``), beside the
-#: soft-tissue ones: the axial and the coronal through the lungs' centre.
-LUNG_OVERVIEW = ("axial", "coronal")
+#: soft-tissue ones: the axial and the coronal through the lungs' centre and the sagittal through each lung
+#: (``<stem>_mpr_sagittal_lung.png``, ``<stem>_mpr_sagittal_left_lung.png``), whose lung the soft-tissue window shows
+#: all black.
+LUNG_OVERVIEW = ("axial", "coronal", "sagittal")
 
 
 #: Nodules that get MPRs of their own (``<stem>_nodule_NN_mpr_<plane>.png``); those after are outlined in the overview
@@ -368,7 +370,7 @@ def render_nodule_views(
     preview: PreviewViews | None = None,
 ) -> list[Path]:
     """Every rendering, each showing the nodules it holds: the overview MPRs (soft-tissue window, then the
-    :data:`LUNG_OVERVIEW` planes in the lung window, ``<stem>_mpr_<plane>_lung.png``), the MPRs through each nodule, the MIP
+    :data:`LUNG_OVERVIEW` planes in the lung window, ``<stem>_mpr_<plane>[_left]_lung.png``), the MPRs through each nodule, the MIP
     slabs and (with ``preview``) the 3-D preview, last; returns the written PNG paths in that order.
 
     nodules: the segmented findings (:func:`~.nodules.segment_findings`): outlined in the overview MPRs where they
