@@ -1,6 +1,8 @@
 """The nodules on the MPRs and MIPs (:mod:`.render`): the segmented nodules as labels on the volume's grid, their
 boxes and projections onto a plane, their outlines and their ``#N`` letters, placed where they cover no other letters
-and no nodule (image mm, y down; the 3-D preview places its letters the same way).
+and no nodule (image mm, y down; the 3-D preview places its letters the same way): a nodule the plane cuts has them
+beside it, one off the plane in the air around the body or, where none is near, in a margin beside the image
+(:func:`layout_letters`, before the figure is made, so that it is widened by the margin its letters need).
 """
 
 from __future__ import annotations
