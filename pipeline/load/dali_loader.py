@@ -10,6 +10,15 @@ divisibility in one step). Per-sample arguments come from an external source
 aligned with the reader's file order, so a batch may hold volumes of different
 sizes. Outputs are copied once into torch tensors on the same device (no host
 round trip on a GPU).
+
+A gantry-tilt corrected case (its cache entry says which voxels its images measured,
+:func:`pipeline.ingest.measured.measured_mask`) is read as the torch loader and
+``ctpipe detect`` read it: its unmeasured wedge as each image continued past its edge
+(:func:`~pipeline.ingest.measured.continued_past_edge`, on the CPU, as the torch loader
+fills it), never as the -1024 HU fill. DALI has no per-slice edge clamp, so such cases
+are read and filled on the CPU and handed to the same pipeline by an external source
+(copied to the GPU in GPU mode) instead of ``fn.readers.numpy``; untilted cases stream
+as before.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import torch
 
 from ..cache import CaseCache
 from ..errors import CacheError, LoaderError
+from ..ingest.measured import continued_past_edge, measured_mask
 from .base import BaseLoader, Job, source_window
 from .geometry import InputGeometry
 from .result import LoadedCase
@@ -90,6 +100,19 @@ def resize_arguments(geometry: InputGeometry) -> dict[str, np.ndarray]:
     return {"size": size, "roi_start": start, "roi_end": end, "anchor": anchor, "shape": shape}
 
 
+def _measured(job: Job) -> np.ndarray | None:
+    """Bool ``[k, j, i]``: the voxels of ``job``'s cached case that some image measured; None when all were."""
+    return measured_mask(job.entry.geometry, job.entry.sidecar.get("metadata") or {})
+
+
+def _filled_array(job: Job) -> np.ndarray:
+    """``job``'s cached HU array ``[k, j, i]`` (its own dtype) with the unmeasured wedge of a tilt-corrected grid read
+    as each image continued past its edge (:func:`~pipeline.ingest.measured.continued_past_edge`)."""
+    arr = np.load(job.entry.array_path, mmap_mode="r", allow_pickle=False)
+    measured = _measured(job)
+    return np.ascontiguousarray(arr) if measured is None else continued_past_edge(arr, measured)
+
+
 class DaliLoader(BaseLoader):
     """Cached cases → model inputs with DALI. ``device="auto"|"cpu"|"gpu"``.
 
@@ -129,13 +152,16 @@ class DaliLoader(BaseLoader):
         args = [resize_arguments(job.geometry) for job in jobs]
         n = len(jobs)
         keys = ("size", "roi_start", "roi_end", "anchor", "shape")
+        # a tilt-corrected run: the arrays, their wedge filled, come from the external source, not the reader
+        filled = _measured(jobs[0]) is not None
 
         def source(info: Any) -> tuple[list[np.ndarray], ...]:
             first = info.iteration * batch_size
             if first >= n:
                 raise StopIteration
             idx = [min(first + s, n - 1) for s in range(batch_size)]  # the reader repeats the last sample too
-            return tuple([args[i][k] for i in idx] for k in keys)
+            data = ([_filled_array(jobs[i]) for i in idx],) if filled else ()
+            return data + tuple([args[i][k] for i in idx] for k in keys)
 
         gpu = self.device != "cpu"
         device_id = (torch.device(self.device).index or 0) if gpu else None
@@ -146,18 +172,23 @@ class DaliLoader(BaseLoader):
             batch_size=batch_size, num_threads=self.num_threads, device_id=device_id, prefetch_queue_depth=self.prefetch, seed=0
         )
         with pipe:
-            reader_dev = "gpu" if gpu and self._gpu_reader else "cpu"
-            x = fn.readers.numpy(
-                files=files,
-                device=reader_dev,
-                name="reader",
-                pad_last_batch=True,
-                shuffle_after_epoch=False,
-                random_shuffle=False,
-            )
-            size, roi_start, roi_end, anchor, shape = fn.external_source(
-                source=source, num_outputs=5, batch=True, batch_info=True
-            )
+            reader_dev = "gpu" if gpu and self._gpu_reader and not filled else "cpu"
+            if filled:
+                x, size, roi_start, roi_end, anchor, shape = fn.external_source(
+                    source=source, num_outputs=6, batch=True, batch_info=True
+                )
+            else:
+                x = fn.readers.numpy(
+                    files=files,
+                    device=reader_dev,
+                    name="reader",
+                    pad_last_batch=True,
+                    shuffle_after_epoch=False,
+                    random_shuffle=False,
+                )
+                size, roi_start, roi_end, anchor, shape = fn.external_source(
+                    source=source, num_outputs=5, batch=True, batch_info=True
+                )
             if gpu and reader_dev == "cpu":
                 x = x.gpu()
             x = fn.transpose(x, perm=perm)
@@ -204,12 +235,13 @@ class DaliLoader(BaseLoader):
 
     # -- running ---------------------------------------------------------------------------------
     def _run(self, jobs: list[Job]) -> Iterator[LoadedCase]:
-        # split into runs sharing dtype and axis permutation (uniform within one DALI pipeline)
+        # split into runs sharing dtype, axis permutation and source (the reader, or the external source of
+        # tilt-corrected arrays with their wedge filled): uniform within one DALI pipeline
+        keys = [(job.dtype, job.perm, _measured(job) is not None) for job in jobs]
         start = 0
         while start < len(jobs):
-            key = (jobs[start].dtype, jobs[start].perm)
             stop = start
-            while stop < len(jobs) and (jobs[stop].dtype, jobs[stop].perm) == key:
+            while stop < len(jobs) and keys[stop] == keys[start]:
                 stop += 1
             yield from self._run_uniform(jobs[start:stop])
             start = stop
