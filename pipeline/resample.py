@@ -69,3 +69,36 @@ def resample_array(
         w = w.view(shape)
         t = t.index_select(dim, lo) * (1 - w) + t.index_select(dim, hi) * w
     return t.cpu().numpy()
+
+
+def resample_measured(
+    measured: np.ndarray,
+    src: Geometry,
+    dst: Geometry,
+    *,
+    order: Literal["linear", "nearest"] = "linear",
+) -> np.ndarray:
+    """Bool ``[k, j, i]`` on ``dst``: which voxels of an array resampled from ``src`` with :func:`resample_array`
+    (same ``order``) hold only measured values, given ``measured`` (bool ``[k, j, i]`` on ``src``, e.g. the voxels some
+    image of a tilt-corrected grid measured, :func:`pipeline.ingest.measured.measured_mask`).
+
+    Unmeasured wins at the boundary: a linearly resampled voxel counts as measured only when every source voxel its
+    interpolation reads with a weight above 0 was; a nearest-neighbour one when its nearest source voxel was, and
+    both at an exact half-way tie. Positions are those :func:`resample_array` samples (index space, outside ``src``
+    the edge voxel)."""
+    if not np.allclose(src.direction, dst.direction, atol=DIRECTION_TOL):
+        raise GeometryError("resample_measured needs grids with equal direction cosines")
+    m = np.asarray(measured, dtype=bool)
+    offset = src.lps_to_index(dst.origin)
+    ratio = np.asarray(dst.spacing) / np.asarray(src.spacing)
+    for c in range(3):  # axis c of (i, j, k) is array dim 2 - c
+        dim, n_src = 2 - c, src.size_ijk[c]
+        pos = np.clip(np.arange(dst.size_ijk[c], dtype=np.float64) * float(ratio[c]) + float(offset[c]), 0, n_src - 1)
+        if order == "nearest":
+            a = np.clip(np.floor(pos + 0.5), 0, n_src - 1).astype(np.int64)  # resample_array's pick
+            b = np.clip(np.ceil(pos - 0.5), 0, n_src - 1).astype(np.int64)  # the other one at a tie
+        else:
+            a = np.floor(pos).astype(np.int64)
+            b = np.where(pos > a, np.minimum(a + 1, n_src - 1), a)
+        m = np.take(m, a, axis=dim) & np.take(m, b, axis=dim)
+    return m

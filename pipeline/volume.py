@@ -330,6 +330,12 @@ class CTVolume(_SpatialArray):
             out = out.astype(np.float32)
         # the new slices are none of the source's: their per-slice references go
         metadata = {k: v for k, v in self.metadata.items() if k not in PER_SLICE_METADATA}
+        measured = self._measured()
+        if measured is not None:  # a tilt-corrected volume's unmeasured wedge stays unmeasured on the new grid
+            from .ingest.measured import with_measured
+            from .resample import resample_measured
+
+            metadata = with_measured(metadata, resample_measured(measured, self.geometry, geom, order=order))
         return CTVolume(out, geom, metadata=metadata)
 
     def crop(self, lo_ijk: Sequence[int], hi_ijk: Sequence[int]) -> CTVolume:
@@ -343,7 +349,20 @@ class CTVolume(_SpatialArray):
             values = metadata.get(key)
             if isinstance(values, (list, tuple)) and len(values) == self.shape[0]:
                 metadata[key] = list(values[k0 : k0 + geom.shape[0]])
+        measured = self._measured()
+        if measured is not None:  # a tilt-corrected volume's unmeasured wedge stays unmeasured in the crop
+            from .ingest.measured import with_measured
+
+            kept = measured[k0 : k0 + geom.shape[0], j0 : j0 + geom.shape[1], i0 : i0 + geom.shape[2]]
+            metadata = with_measured(metadata, kept)
         return CTVolume(arr, geom, metadata=metadata)
+
+    def _measured(self) -> np.ndarray | None:
+        """Bool ``[k, j, i]``: the voxels some image measured (a tilt-corrected grid's), None when all were
+        (:func:`pipeline.ingest.measured.measured_mask`)."""
+        from .ingest.measured import measured_mask
+
+        return measured_mask(self.geometry, self.metadata)
 
 
 class LabelMap(_SpatialArray):

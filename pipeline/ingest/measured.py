@@ -8,6 +8,10 @@ order), which the case cache keeps with the volume; :func:`measured_mask` gives 
 voxels some image measured. Segmentation keeps its masks within them, the ``fov_cuts_body`` quality flag counts the
 body meeting their edge as the field of view's edge, and the MPRs show the rest as outside the scan, not as air.
 
+A volume made from such a volume by a spatial operation (:meth:`CTVolume.resample <pipeline.volume.CTVolume.resample>`,
+:meth:`CTVolume.crop <pipeline.volume.CTVolume.crop>`) carries its mask on the new grid instead of the shifts
+(:data:`MEASURED_BOXES_KEY`, :func:`with_measured`), which the case cache keeps too.
+
 A volume whose every voxel was measured (any untilted series, a tilt whose drift stayed under a quarter of a pixel
 and kept the images' grid) has no mask: :func:`measured_mask` returns None, and nothing downstream changes.
 """
@@ -36,6 +40,10 @@ EDGE_TOLERANCE_PX = 0.01
 #: Metadata key of a volume resampled onto patient axes for display (``pipeline.reconstruction.render_planes``):
 #: its grid is not the one the shifts describe.
 DISPLAY_RESAMPLED_KEY = "DisplayResampledFromObliqueDeg"
+#: Metadata key: per slice k of a volume resampled or cropped from a tilt-corrected one, the grid voxels some image
+#: measured, ``[j0, j1, i0, i1]`` (rows ``j0 <= j < j1`` and columns ``i0 <= i < i1``; ``[0, 0, 0, 0]`` none). Each
+#: slice's measured voxels are a rectangle of rows and columns after ingest, a crop and a resampling alike.
+MEASURED_BOXES_KEY = "MeasuredVoxelBoxesJI"
 #: Decimals kept of each shift in the metadata (a ten-thousandth of a pixel).
 SHIFT_DECIMALS = 4
 
@@ -54,8 +62,12 @@ def measured_mask(geometry: Geometry, metadata: Mapping[str, Any]) -> np.ndarray
     until the case is ingested again. Shifts that do not fit ``geometry`` (a volume resampled onto another grid with
     its metadata) give None too, logged.
     """
+    if DISPLAY_RESAMPLED_KEY in metadata:
+        return None
+    if MEASURED_BOXES_KEY in metadata:
+        return _from_boxes(geometry, metadata[MEASURED_BOXES_KEY])
     grown = _grown(metadata)
-    if grown is None or grown == (0, 0) or DISPLAY_RESAMPLED_KEY in metadata:
+    if grown is None or grown == (0, 0):
         return None
     raw = metadata.get(TILT_SHIFTS_KEY)
     if raw is None:
@@ -78,6 +90,43 @@ def measured_mask(geometry: Geometry, metadata: Mapping[str, Any]) -> np.ndarray
         )
         return None
     return _inside(shifts, (nj, ni), (rows, cols))
+
+
+def with_measured(metadata: Mapping[str, Any], measured: np.ndarray) -> dict[str, Any]:
+    """``metadata`` of a volume resampled or cropped from a tilt-corrected one, with ``measured`` (bool ``[k, j, i]``
+    on the new grid, e.g. :func:`pipeline.resample.resample_measured` of the source's :func:`measured_mask`) in it as
+    :data:`MEASURED_BOXES_KEY`, for :func:`measured_mask` to give back; the source grid's shifts are left out."""
+    out = {k: v for k, v in metadata.items() if k not in (TILT_SHIFTS_KEY, MEASURED_BOXES_KEY)}
+    boxes = []
+    for plane in np.asarray(measured, dtype=bool):
+        rows, cols = np.flatnonzero(plane.any(axis=1)), np.flatnonzero(plane.any(axis=0))
+        if len(rows) and len(cols):
+            boxes.append([int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1])
+        else:
+            boxes.append([0, 0, 0, 0])
+    out[MEASURED_BOXES_KEY] = boxes
+    return out
+
+
+def _from_boxes(geometry: Geometry, raw: Any) -> np.ndarray | None:
+    """The mask :data:`MEASURED_BOXES_KEY` describes on ``geometry``; None when every voxel was measured, or (logged)
+    when the boxes do not fit the grid."""
+    nk, nj, ni = geometry.shape
+    try:
+        boxes = np.asarray(raw, dtype=np.int64).reshape(-1, 4)
+    except (TypeError, ValueError):
+        boxes = np.zeros((0, 4), np.int64)
+    if boxes.shape != (nk, 4) or boxes.min(initial=0) < 0 or np.any(boxes[:, 1] > nj) or np.any(boxes[:, 3] > ni):
+        log.info(
+            "the volume's %s does not fit its grid %s (resampled since): every voxel counts as measured",
+            MEASURED_BOXES_KEY,
+            geometry.shape,
+        )
+        return None
+    in_j = (np.arange(nj)[None, :] >= boxes[:, 0:1]) & (np.arange(nj)[None, :] < boxes[:, 1:2])
+    in_i = (np.arange(ni)[None, :] >= boxes[:, 2:3]) & (np.arange(ni)[None, :] < boxes[:, 3:4])
+    mask = in_j[:, :, None] & in_i[:, None, :]
+    return None if mask.all() else mask
 
 
 def _grown(metadata: Mapping[str, Any]) -> tuple[int, int] | None:
