@@ -35,8 +35,10 @@ def _cached(tmp_path, tilt_deg: float):
 def test_dali_and_torch_loaders_read_the_tilted_wedge_alike(tmp_path):
     tilted, cache = _cached(tmp_path, 15.0)
     spec = Detector(device="cpu").spec
-    dali = DaliLoader(cache, spec, device="cpu", num_threads=1).load_one("t15").unwrap()
-    torch_ = TorchLoader(cache, spec, device="cpu", num_threads=1).load_one("t15").unwrap()
+    dali_case = DaliLoader(cache, spec, device="cpu", num_threads=1).load_one("t15")
+    torch_case = TorchLoader(cache, spec, device="cpu", num_threads=1).load_one("t15")
+    dali, torch_ = dali_case.unwrap(), torch_case.unwrap()
+    assert dali_case.measured is not None and dali_case.measured == torch_case.measured  # to_volume() knows the wedge
     assert dali.shape == torch_.shape
     torch.testing.assert_close(dali, torch_, rtol=0, atol=DALI_ATOL)
     # the wedge: air as the -1024 HU fill reads it, tissue as the images continued past their edge read it

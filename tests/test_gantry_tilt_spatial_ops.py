@@ -99,3 +99,26 @@ def test_the_case_cache_keeps_the_mask_of_a_resampled_or_cropped_volume(tilted, 
         want = measured_mask(vol.geometry, vol.metadata)
         assert want is not None and not want.all()
         np.testing.assert_array_equal(measured_mask(back.geometry, back.metadata), want)
+
+
+def test_the_model_input_as_a_volume_knows_which_of_its_voxels_were_measured(tilted):
+    """``LoadedCase.to_volume()`` (the model input, resampled, flipped to RAS and padded) calls a voxel measured only
+    where no unmeasured source voxel entered it: exactly where preprocessing the array as it is and with its wedge
+    continued past the images' edge agree (the padding is no image's either)."""
+    from pipeline.detection import Detector
+    from pipeline.load import preprocess_array, preprocess_volume
+
+    spec = Detector(device="cpu").spec
+    case = preprocess_volume(tilted, spec, device="cpu")
+    assert case.geometry is not None
+    vol = case.to_volume()
+    measured = measured_mask(vol.geometry, vol.metadata)
+    assert measured is not None
+    bare = preprocess_array(np.asarray(tilted.array), case.geometry, spec, device="cpu")[0].numpy()
+    filled = case.unwrap()[0].numpy()
+    (x0, y0, z0), (x1, y1, z1) = case.geometry.valid_box
+    fill_entered = (bare != filled).transpose(2, 1, 0)  # [z, y, x], as the volume's [k, j, i]
+    valid = np.zeros_like(measured)
+    valid[z0:z1, y0:y1, x0:x1] = True
+    assert fill_entered.any()
+    np.testing.assert_array_equal(measured, valid & ~fill_entered)

@@ -97,6 +97,13 @@ def with_measured(metadata: Mapping[str, Any], measured: np.ndarray) -> dict[str
     on the new grid, e.g. :func:`pipeline.resample.resample_measured` of the source's :func:`measured_mask`) in it as
     :data:`MEASURED_BOXES_KEY`, for :func:`measured_mask` to give back; the source grid's shifts are left out."""
     out = {k: v for k, v in metadata.items() if k not in (TILT_SHIFTS_KEY, MEASURED_BOXES_KEY)}
+    out[MEASURED_BOXES_KEY] = measured_boxes(measured)
+    return out
+
+
+def measured_boxes(measured: np.ndarray) -> list[list[int]]:
+    """``measured`` (bool ``[k, j, i]``) as :data:`MEASURED_BOXES_KEY` stores it: per slice k, the rows and columns
+    ``[j0, j1, i0, i1]`` (half-open) its measured voxels span (a rectangle on every grid this module describes)."""
     boxes = []
     for plane in np.asarray(measured, dtype=bool):
         rows, cols = np.flatnonzero(plane.any(axis=1)), np.flatnonzero(plane.any(axis=0))
@@ -104,8 +111,7 @@ def with_measured(metadata: Mapping[str, Any], measured: np.ndarray) -> dict[str
             boxes.append([int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1])
         else:
             boxes.append([0, 0, 0, 0])
-    out[MEASURED_BOXES_KEY] = boxes
-    return out
+    return boxes
 
 
 def _from_boxes(geometry: Geometry, raw: Any) -> np.ndarray | None:

@@ -33,7 +33,7 @@ import torch
 
 from ..cache import CaseCache
 from ..errors import CacheError, LoaderError
-from ..ingest.measured import continued_past_edge, measured_mask
+from ..ingest.measured import continued_past_edge, measured_boxes, measured_mask
 from .base import BaseLoader, Job, source_window
 from .geometry import InputGeometry
 from .result import LoadedCase
@@ -103,6 +103,12 @@ def resize_arguments(geometry: InputGeometry) -> dict[str, np.ndarray]:
 def _measured(job: Job) -> np.ndarray | None:
     """Bool ``[k, j, i]``: the voxels of ``job``'s cached case that some image measured; None when all were."""
     return measured_mask(job.entry.geometry, job.entry.sidecar.get("metadata") or {})
+
+
+def _boxes(job: Job) -> list[list[int]] | None:
+    """``job``'s measured voxels as :attr:`LoadedCase.measured` holds them (None when all were)."""
+    measured = _measured(job)
+    return None if measured is None else measured_boxes(measured)
 
 
 def _filled_array(job: Job) -> np.ndarray:
@@ -294,7 +300,10 @@ class DaliLoader(BaseLoader):
                         done += len(batch)
                         break  # the pipeline's state is unknown after an error: rebuild for the rest
                     for s, job in enumerate(batch):
-                        yield LoadedCase(job.case_id, tensor=self._to_torch(out[s]), geometry=job.geometry, loader=self.name)
+                        tensor = self._to_torch(out[s])
+                        yield LoadedCase(
+                            job.case_id, tensor=tensor, geometry=job.geometry, loader=self.name, measured=_boxes(job)
+                        )
                     done += len(batch)
             finally:
                 del pipe
@@ -328,4 +337,4 @@ class DaliLoader(BaseLoader):
                 )
             log.warning("%s", err)
             return LoadedCase(job.case_id, error=err, loader=self.name)
-        return LoadedCase(job.case_id, tensor=tensor, geometry=job.geometry, loader=self.name)
+        return LoadedCase(job.case_id, tensor=tensor, geometry=job.geometry, loader=self.name, measured=_boxes(job))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 __all__ = ["LoadedCase"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,9 @@ class LoadedCase:
     error: the :class:`~pipeline.errors.CacheError` / :class:`~pipeline.errors.LoaderError`
         that stopped this case (it names the case and the fix); the batch goes on.
     loader: ``"dali"`` or ``"torch"``.
+    measured: for a gantry-tilt corrected source, the voxels of its grid some image measured, per source slice k
+        the rows and columns ``[j0, j1, i0, i1]`` (:data:`pipeline.ingest.measured.MEASURED_BOXES_KEY`); None when
+        every voxel was. :meth:`to_volume` carries it onto the model grid.
     """
 
     case_id: str
@@ -39,6 +45,7 @@ class LoadedCase:
     geometry: InputGeometry | None = None
     error: CtpipeError | None = None
     loader: str = ""
+    measured: list[list[int]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -62,10 +69,24 @@ class LoadedCase:
         return self._geom().lps_to_input_index(lps)
 
     def to_volume(self) -> CTVolume:
-        """The model input as a :class:`CTVolume` on its LPS grid (values are model units, not HU)."""
+        """The model input as a :class:`CTVolume` on its LPS grid (values are model units, not HU).
+
+        A tilt-corrected source's unmeasured voxels (:attr:`measured`) stay unmeasured: a model voxel counts as
+        measured (:func:`pipeline.ingest.measured.measured_mask`) only where every source voxel its interpolation
+        reads was, never in the padding."""
         tensor = self.unwrap()
         arr = tensor[0].permute(2, 1, 0).detach().cpu().numpy()
-        return CTVolume(np.ascontiguousarray(arr), self._geom().geometry, metadata={"case_id": self.case_id})
+        metadata: dict[str, object] = {"case_id": self.case_id}
+        if self.measured is not None:
+            from ..ingest.measured import MEASURED_BOXES_KEY, measured_mask, with_measured
+
+            geom = self._geom()
+            source = measured_mask(geom.source, {MEASURED_BOXES_KEY: self.measured})
+            if source is not None and geom.src_axis[2] == 2:  # model slices z are source slices: rectangles per slice
+                metadata = with_measured(metadata, _on_input_grid(source, geom).transpose(2, 1, 0))
+            elif source is not None:
+                log.info("case %s: the model's slices are not the source's; its voxels all count as measured", self.case_id)
+        return CTVolume(np.ascontiguousarray(arr), self._geom().geometry, metadata=metadata)
 
     def _geom(self) -> InputGeometry:
         if self.geometry is None:
@@ -80,3 +101,24 @@ class LoadedCase:
         shape = tuple(self.tensor.shape) if self.tensor is not None else None
         dev = self.tensor.device if self.tensor is not None else None
         return f"LoadedCase({self.case_id!r}, shape={shape}, device={dev}, loader={self.loader!r})"
+
+
+def _on_input_grid(measured: np.ndarray, geometry: InputGeometry) -> np.ndarray:
+    """Bool ``(X, Y, Z)`` on the model grid of ``geometry``: the voxels whose linear interpolation reads only source
+    voxels that ``measured`` (bool ``[k, j, i]`` on ``geometry.source``) holds (unmeasured wins at the boundary); the
+    padding is unmeasured."""
+    m = np.transpose(np.asarray(measured, dtype=bool), [2 - geometry.src_axis[a] for a in range(3)])
+    for a in range(3):
+        plan = geometry.axis(a)
+        pos = np.clip(plan.positions(), 0.0, plan.n_src - 1)
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.where(pos > lo, np.minimum(lo + 1, plan.n_src - 1), lo)
+        taken = np.take(m, lo, axis=a) & np.take(m, hi, axis=a)
+        shape = list(taken.shape)
+        shape[a] = plan.size
+        out = np.zeros(shape, dtype=bool)
+        index: list[slice] = [slice(None)] * 3
+        index[a] = slice(plan.valid_lo, plan.valid_hi)
+        out[tuple(index)] = taken
+        m = out
+    return m

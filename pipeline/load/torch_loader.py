@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import CacheError, LoaderError
-from ..ingest.measured import continued_past_edge, measured_mask
+from ..ingest.measured import continued_past_edge, measured_boxes, measured_mask
 from ..volume import CTVolume
 from .base import BaseLoader, Job, resolve_device, source_window
 from .geometry import InputGeometry, plan_input
@@ -149,7 +149,8 @@ def preprocess_volume(
     tensor = preprocess_array(
         volume.array, geometry, spec, device=resolve_device(device), slab_voxels=slab_voxels, measured=measured
     )
-    return LoadedCase(case_id, tensor=tensor, geometry=geometry, loader="torch")
+    boxes = None if measured is None else measured_boxes(measured)
+    return LoadedCase(case_id, tensor=tensor, geometry=geometry, loader="torch", measured=boxes)
 
 
 class TorchLoader(BaseLoader):
@@ -187,7 +188,8 @@ class TorchLoader(BaseLoader):
                 fix="check free memory; try device='cpu' or a smaller batch",
             )
             return LoadedCase(job.case_id, error=err, loader=self.name)
-        return LoadedCase(job.case_id, tensor=tensor, geometry=job.geometry, loader=self.name)
+        boxes = None if measured is None else measured_boxes(measured)
+        return LoadedCase(job.case_id, tensor=tensor, geometry=job.geometry, loader=self.name, measured=boxes)
 
     def _run(self, jobs: list[Job]) -> Iterator[LoadedCase]:
         if not jobs:
