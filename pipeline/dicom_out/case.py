@@ -67,12 +67,17 @@ def lung_side_masks(volume: CTVolume, *, device: str | None = None, step_mm: flo
     ``device``: torch device of the segmentation (``"cpu"``, ``"cuda"``; default CUDA when available).
     """
     from ..detection.lungs import block_means, strides
+    from ..ingest.measured import measured_mask, with_measured
     from ..reconstruction.segment import segment_organs
 
     step_kji = strides(volume.spacing, step_mm) if step_mm > 0 else (1, 1, 1)
     coarse = volume
     if step_kji != (1, 1, 1):
-        coarse = CTVolume(block_means(np.asarray(volume.array), step_kji), volume.geometry.binned(step_kji))
+        # a tilt-corrected grid's blocks holding an unmeasured voxel are unmeasured: the segmentation reads them as
+        # the images continued past their edge, not as air joining the lungs cut there to the air outside
+        measured = measured_mask(volume.geometry, volume.metadata)
+        md = {} if measured is None else with_measured({}, block_means(measured, step_kji) >= 1.0 - 1e-6)
+        coarse = CTVolume(block_means(np.asarray(volume.array), step_kji), volume.geometry.binned(step_kji), metadata=md)
     seg = segment_organs(coarse, organs=SIDE_ORGANS, device=device)
     for organ, error in seg.errors.items():
         side = organ.removeprefix("lung_")
