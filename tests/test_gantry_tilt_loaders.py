@@ -63,3 +63,20 @@ def test_dali_reads_a_batch_of_tilted_and_untilted_cases_as_torch_does(tmp_path)
     assert [c.case_id for c in dali] == ids
     for d, t in zip(dali, torch_):
         torch.testing.assert_close(d.unwrap(), t.unwrap(), rtol=0, atol=DALI_ATOL)
+
+
+def test_a_tilted_case_whose_array_goes_after_validation_fails_alone(tmp_path):
+    """The DALI loader reads a tilted case's array itself (to fill its wedge): an array removed between the check of
+    the cache entry and the read is that case's error, naming the fix; the batch's other case still loads."""
+    from pipeline.errors import CacheError
+
+    tilted, cache = _cached(tmp_path, 15.0)
+    cache.write("t15b", tilted)
+    spec = Detector(device="cpu").spec
+    loader = DaliLoader(cache, spec, device="cpu", batch_size=2, num_threads=1)
+    jobs = [loader.prepare("t15"), loader.prepare("t15b")]
+    jobs[1].entry.array_path.unlink()
+    first, second = list(loader._run(jobs))
+    assert first.ok and first.case_id == "t15"
+    assert not second.ok and isinstance(second.error, CacheError), second.error
+    assert "ingest the case again" in str(second.error)

@@ -113,8 +113,14 @@ def _boxes(job: Job) -> list[list[int]] | None:
 
 def _filled_array(job: Job) -> np.ndarray:
     """``job``'s cached HU array ``[k, j, i]`` (its own dtype) with the unmeasured wedge of a tilt-corrected grid read
-    as each image continued past its edge (:func:`~pipeline.ingest.measured.continued_past_edge`)."""
-    arr = np.load(job.entry.array_path, mmap_mode="r", allow_pickle=False)
+    as each image continued past its edge (:func:`~pipeline.ingest.measured.continued_past_edge`).
+
+    A file that cannot be read raises RuntimeError, as DALI's reader does: the loader then retries the batch's cases
+    one by one, and this one fails alone."""
+    try:
+        arr = np.load(job.entry.array_path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"numpy file {job.entry.array_path} cannot be read ({exc})") from exc
     measured = _measured(job)
     return np.ascontiguousarray(arr) if measured is None else continued_past_edge(arr, measured)
 
