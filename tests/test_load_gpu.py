@@ -47,3 +47,19 @@ def test_dali_gpu_equals_torch_cpu(cache):
     gpu = list(ld.load())
     assert all(c.tensor.is_cuda and c.tensor.dtype == torch.float32 for c in gpu)
     _compare(gpu, list(TorchLoader(cache, SPEC, device="cpu").load()), "DALI GPU vs torch CPU")
+
+
+@pytest.mark.skipif(not dali_available()[0], reason="nvidia-dali not installed on this GPU machine")
+def test_dali_gpu_reads_a_tilted_case_as_the_torch_loader_does(tmp_path):
+    """A gantry-tilt corrected case: DALI on the GPU (its wedge filled before the copy to the GPU) gives the torch
+    loader's input, the wedge read as each image continued past its edge."""
+    from pipeline.ingest import load_series
+    from tests.test_gantry_tilt_detector_lungs import _write
+
+    cache = CaseCache(tmp_path / "cache")
+    cache.write("tilted", load_series(_write(tmp_path / "src", tilt_deg=15.0), allow_gantry_tilt=True))
+    gpu = DaliLoader(cache, SPEC, device="cuda").load_one("tilted")
+    cpu = TorchLoader(cache, SPEC, device="cpu").load_one("tilted")
+    assert gpu.unwrap().is_cuda
+    assert cpu.measured is not None and gpu.measured == cpu.measured
+    torch.testing.assert_close(gpu.unwrap().cpu(), cpu.unwrap(), rtol=0, atol=2e-4)
