@@ -182,6 +182,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _detect(args: argparse.Namespace) -> int:
+    """``ctpipe detect``, a patient-named source folder shown and written as its token (as ``ctpipe run``)."""
+    from ..runner.redact import redacting_sources
+
+    with redacting_sources([args.src]):
+        return _detect_source(args)
+
+
+def _detect_source(args: argparse.Namespace) -> int:
     from ..atomic import check_out_outside_sources, ensure_dir
     from ..ingest.source import read_source
     from ..load.base import resolve_device

@@ -90,7 +90,19 @@ def _row(cols: list[str], widths: list[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Scan, cache, print the table; 1 when a series was rejected or nothing was cached, else 0."""
+    """Scan, cache, print the table; 1 when a series was rejected or nothing was cached, else 0. Unless
+    ``--keep-identifiers``, a patient-named source folder or file reads as its token (as in ``ctpipe run``) on the
+    console and in the JSON report; the cache entries name their source folders as they are (``ctpipe detect
+    <entry>`` reads the source images from them)."""
+    from ..runner.redact import redacting_sources
+
+    with redacting_sources(args.sources, keep_identifiers=args.keep_identifiers):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..runner.redact import redacted_data
+
     rules = SelectionRules(min_slices=args.min_slices, allow_derived=args.allow_derived, axial_tolerance_deg=args.axial_tolerance)
     json_to_stdout = args.json is not None and str(args.json) == "-"
     # with --json -, stdout holds the JSON report alone (for jq and scripts): the table goes to stderr
@@ -157,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         # the scan's "seconds" is the header scan alone: the report's is the whole ingest, reads and cache writes too
         data["scan_seconds"] = data.pop("seconds")
         data["seconds"] = round(report.seconds, 4)
+        data = redacted_data(data)  # the roots and skipped files, patient-named ones as tokens
         if json_to_stdout:
             print(json.dumps(data, indent=1))
         else:

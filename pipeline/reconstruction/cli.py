@@ -88,6 +88,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``ctpipe reconstruct``, a patient-named source folder shown and written as its token (as ``ctpipe run``)."""
+    from ..runner.redact import redacting_sources
+
+    with redacting_sources([args.src]):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..atomic import check_out_outside_sources, ensure_dir
     from ..ingest.source import read_source
     from ..load.base import resolve_device

@@ -188,25 +188,15 @@ class IngestStage(Stage):
 
 
 def _redacted_json(data: bytes) -> bytes:
-    """A JSON document with every string in it redacted (:func:`pipeline.runner.redact.redact`), also one stored with
-    its non-ASCII characters escaped."""
+    """A JSON document with every string in it redacted (:func:`pipeline.runner.redact.redacted_data`), also one
+    stored with its non-ASCII characters escaped."""
     import json
 
-    from .redact import active, redact
+    from .redact import active, redacted_data
 
     if active() is None:
         return data
-
-    def walk(v: Any) -> Any:
-        if isinstance(v, str):
-            return redact(v)
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        if isinstance(v, dict):
-            return {k: walk(x) for k, x in v.items()}
-        return v
-
-    return json.dumps(walk(json.loads(data)), indent=1).encode()
+    return json.dumps(redacted_data(json.loads(data)), indent=1).encode()
 
 
 class WriteStage(Stage):
