@@ -5,7 +5,9 @@ patient-named paths in a run (:mod:`pipeline.runner.redact`) and of a series des
 The identifiers are a series' PatientID, AccessionNumber, each part of its PatientName (``^``, ``_``, space, ``-``,
 ``,``, ``=`` separated) and its PatientBirthDate (YYYYMMDD), each of at least :data:`MIN_CHARS` characters, matched
 case-insensitively: name parts as a whole word of the text, alone or written together (``SMITH^JOHN_1234567``,
-``SmithJohn``, ``JOHNSMITH``; ``Lee`` is not looked for inside ``sleep``), the others anywhere in it.
+``SmithJohn``, ``JOHNSMITH``; ``Lee`` is not looked for inside ``sleep``), the others anywhere in it. A name with
+a part shorter than that (``DOE^J``) is also looked for whole. A name part that is a word of CT descriptions
+(:data:`COMMON_WORDS`: a patient named CHEST^A) counts only beside another identifier of the patient.
 """
 
 from __future__ import annotations
@@ -19,22 +21,41 @@ MIN_CHARS = 3
 #: The header attributes whose values are looked for (all among those the header scan reads).
 MATCHED = ("PatientID", "PatientName", "PatientBirthDate", "AccessionNumber")
 
+#: Words of CT series descriptions and folder names (lower case). A patient's name part that is one of them (a
+#: patient named CHEST^A, BONE^ANN) is an identifier of a text only where the text also holds another identifier of
+#: the patient (another name part, the whole name, the PatientID, ...): alone it names nobody, and ``CHEST 1.25``
+#: keeps its word where reading ``<patient> 1.25`` would puzzle every reader.
+COMMON_WORDS = frozenset(
+    """abdomen angio arterial axial body bone brain breath chest contrast coronal delayed detail dose exp expiration
+    head helical high hold insp inspiration kernel lung lungs low mediastinum mip mpr neck pelvis phantom portal post
+    pre recon routine scout series sharp slice slices smooth soft spiral standard thick thin thorax tissue topogram
+    venous volume with without""".split()
+)
+
 _NAME_PARTS = re.compile(r"[\^_ ,=\-]+")
 # the words of a text: its runs of letters (any alphabet), and their parts where a lower-case letter is followed by a
 # capital (SmithJohn, MüllerAnna)
 _LETTERS = re.compile(r"[^\W\d_]+")
 _CAMEL = re.compile(r"(?<=[a-zß-öø-ÿ])(?=[A-ZÀ-ÖØ-Þ])")
+# joins the parts of a whole name in the identifiers (no header value holds it)
+_WHOLE = "\x1f"
+_NOT_LETTER_BEFORE, _NOT_LETTER_AFTER = r"(?<![^\W\d_])", r"(?![^\W\d_])"
 
 
 def identifiers_of(values: Iterable[tuple[str, str | None]]) -> set[str]:
     """The lower-case strings looked for, from ``(keyword, value)`` pairs of a header: PatientID, PatientName split
-    into its parts, PatientBirthDate, AccessionNumber; those shorter than :data:`MIN_CHARS` are left out."""
+    into its parts, PatientBirthDate, AccessionNumber; those shorter than :data:`MIN_CHARS` are left out. A name
+    with a part shorter than that (``DOE^J``, ``LI^WEI``) is also looked for whole (its parts in either order, any
+    separators: ``DOE J``, ``Wei, Li``)."""
     found: set[str] = set()
     for key, value in values:
         if not value or key not in MATCHED:
             continue
-        parts = _NAME_PARTS.split(value) if key == "PatientName" else [value]
-        found.update(p.strip().lower() for p in parts if len(p.strip()) >= MIN_CHARS)
+        parts = [p.strip().lower() for p in _NAME_PARTS.split(value)] if key == "PatientName" else [value.strip().lower()]
+        parts = [p for p in parts if p]
+        found.update(p for p in parts if len(p) >= MIN_CHARS)
+        if key == "PatientName" and len(parts) > 1 and min(map(len, parts)) < MIN_CHARS and len("".join(parts)) >= MIN_CHARS:
+            found.add(_WHOLE.join(parts))
     return found
 
 
@@ -44,33 +65,55 @@ def _names_pattern(identifiers: set[str]) -> str | None:
     return "(?:" + "|".join(re.escape(n) for n in names) + ")+" if names else None
 
 
+def _whole_pattern(whole: str) -> str:
+    """A regex of a whole name (:data:`_WHOLE`-joined parts): the parts in the header's order or the reverse, with any
+    separators between them, not inside a longer word."""
+    parts = [re.escape(p) for p in whole.split(_WHOLE)]
+    sep = r"[\^_ ,=.\-]*"
+    orders = sep.join(parts) + "|" + sep.join(reversed(parts))
+    return f"{_NOT_LETTER_BEFORE}(?:{orders}){_NOT_LETTER_AFTER}"
+
+
+def _found(text: str, identifiers: set[str]) -> set[str]:
+    """Which of ``identifiers`` (lower case) ``text`` holds, as :func:`holds` looks for them."""
+    low = text.lower()
+    found = {i for i in identifiers if _WHOLE in i and re.search(_whole_pattern(i), low)}
+    found |= {i for i in identifiers if not i.isalpha() and _WHOLE not in i and i in low}
+    names = _names_pattern(identifiers)
+    if names is not None:
+        one = "|".join(re.escape(n) for n in sorted((i for i in identifiers if i.isalpha()), key=len, reverse=True))
+        runs = _LETTERS.findall(text)
+        for word in {w.lower() for r in runs for w in (r, *_CAMEL.split(r))}:
+            if re.fullmatch(names, word):
+                found.update(re.findall(one, word))
+    return found
+
+
 def holds(text: str, identifiers: set[str]) -> bool:
     """Whether ``text`` holds one of ``identifiers`` (lower case): name parts (letters only) as a whole word of it,
     alone or written together (``SMITH^JOHN_12``, ``SmithJohn``, ``JOHNSMITH``, ``smith-j``; not ``sleep`` for
-    ``lee``, ``done`` for ``one``), any other (a PatientID, an accession number, a birth date) anywhere in it."""
-    low = text.lower()
-    if any(i in low for i in identifiers if not i.isalpha()):
-        return True
-    names = _names_pattern(identifiers)
-    if names is None:
-        return False
-    runs = _LETTERS.findall(text)
-    words = {w.lower() for r in runs for w in (r, *_CAMEL.split(r))}
-    return any(re.fullmatch(names, w) for w in words)
+    ``lee``, ``done`` for ``one``), a whole name with a short part as a run of words (``DOE J``; not ``DOE JOHN``),
+    any other (a PatientID, an accession number, a birth date) anywhere in it. A name part that is one of
+    :data:`COMMON_WORDS` counts only beside another identifier of the patient in ``text``."""
+    found = _found(text, identifiers)
+    return bool(found) and not (len(found) == 1 and found <= COMMON_WORDS)
 
 
 def scrub(text: str, identifiers: set[str], *, replace: Callable[[str], str]) -> str:
     """``text`` with each of ``identifiers`` in it (as :func:`holds` finds them) replaced by ``replace(found)``
-    (``found`` in lower case), its other words kept: ``CHEST DOE JANE 1.25`` -> ``CHEST <r> <r> 1.25``; the whole of
-    it ``replace(text)`` where a name part is not a word of its own (``MüllerLee`` for Lee)."""
+    (``found`` in lower case), its other words kept: ``CHEST DOE JANE 1.25`` -> ``CHEST <r> <r> 1.25``, ``CHEST DOE
+    J`` -> ``CHEST <r>`` for DOE^J; the whole of it ``replace(text)`` where a name part is not a word of its own
+    (``MüllerLee`` for Lee)."""
     if not text or not identifiers or not holds(text, identifiers):
         return text
     names = _names_pattern(identifiers)
-    others = sorted((i for i in identifiers if not i.isalpha()), key=len, reverse=True)
-    alternatives = [rf"(?<![^\W\d_]){names}(?![^\W\d_])"] if names else []
+    wholes = sorted((i for i in identifiers if _WHOLE in i), key=len, reverse=True)
+    others = sorted((i for i in identifiers if not i.isalpha() and _WHOLE not in i), key=len, reverse=True)
+    alternatives = [_whole_pattern(w) for w in wholes]
+    alternatives += [f"{_NOT_LETTER_BEFORE}{names}{_NOT_LETTER_AFTER}"] if names else []
     alternatives += [re.escape(o) for o in others]
     scrubbed = re.sub("|".join(alternatives), lambda m: replace(m.group(0).lower()), text, flags=re.IGNORECASE)
-    return replace(text) if holds(scrubbed, identifiers) else scrubbed
+    return replace(text) if _found(scrubbed, identifiers) else scrubbed
 
 
 #: What stands for each identifier of the patient in a series description that ctpipe shows or writes outside the

@@ -113,6 +113,13 @@ def meta_value(volume: CTVolume, key: str, default: Any) -> Any:
     return default if value in (None, "") else value
 
 
+def phantom_patient_name(seed: int) -> str:
+    """The PatientName of the phantom of ``seed``: one component (``PHANTOM000007``, ``PHANTOMM000007`` for -7), so
+    that no part of it is a word of the phantom's descriptions ("Chest phantom") or of the folders a demo writes,
+    which would then be redacted as the patient's name wherever ctpipe shows them."""
+    return f"PHANTOM{seed:06d}" if seed >= 0 else f"PHANTOMM{-seed:06d}"
+
+
 def base_dataset(volume: CTVolume, *, seed: int, unsigned: bool, study_uid: str, frame_uid: str) -> Dataset:
     """Patient, study, equipment and pixel-description attributes shared by every instance."""
     _, intercept, pixel_rep = storage_format(unsigned)
@@ -133,7 +140,7 @@ def base_dataset(volume: CTVolume, *, seed: int, unsigned: bool, study_uid: str,
     ds.ManufacturerModelName = str(meta_value(volume, "ManufacturerModelName", "PHANTOM"))
     ds.DeviceSerialNumber = "0001"
     ds.SoftwareVersions = "ctpipe-phantom-1"
-    ds.PatientName = str(meta_value(volume, "PatientName", f"PHANTOM^{int(seed)}"))
+    ds.PatientName = str(meta_value(volume, "PatientName", phantom_patient_name(int(seed))))
     ds.PatientID = str(meta_value(volume, "PatientID", f"PHANTOM{int(seed):05d}"))
     ds.PatientBirthDate = ""
     ds.PatientSex = "O"

@@ -15,6 +15,7 @@ from ..volume import CTVolume
 from . import confounded
 from .anatomy import VESSEL, AnatomyPainter
 from .confounders import Confounders
+from .dicom_common import phantom_patient_name
 from .fine_vessels import paint_fine_vessels
 from .framing import frame
 from .layout import draw_layout
@@ -80,7 +81,7 @@ def _metadata(seed: int, options: dict[str, Any]) -> dict[str, Any]:
     acq = tag + "|" + "|".join(f"{k}={options[k]}" for k in sorted(options))
     return {
         "PatientID": f"PHANTOM-{seed:06d}" if seed >= 0 else f"PHANTOM-M{-seed:06d}",
-        "PatientName": f"PHANTOM^{seed}",
+        "PatientName": phantom_patient_name(seed),  # no part of it a word of the descriptions below
         "StudyInstanceUID": str(generate_uid(entropy_srcs=[tag, "study"])),
         "SeriesInstanceUID": str(generate_uid(entropy_srcs=[acq, "series"])),
         "FrameOfReferenceUID": str(generate_uid(entropy_srcs=[acq, "frame"])),

@@ -10,7 +10,8 @@ series' headers: PatientID, AccessionNumber, each part of PatientName (``^``, ``
 separated) and PatientBirthDate (YYYYMMDD), each of at least :data:`pipeline.identifiers.MIN_CHARS` characters, matched
 case-insensitively: name parts as a whole word of the component, alone or written together
 (``SMITH^JOHN_1234567``, ``SmithJohn``, ``JOHNSMITH``; ``Lee`` is not looked for inside ``sleep``), the others
-anywhere in it. Files under a redacted folder that are not DICOM (no
+anywhere in it (and, as :mod:`pipeline.identifiers` says, a whole name with a short part; a common word only beside another
+identifier). Files under a redacted folder that are not DICOM (no
 identifiers of their own) are redacted through that folder; the name of such a file, wherever it lies in the
 sources, is redacted where it holds an identifier of any series the run found. (A series description never holds
 one: :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
