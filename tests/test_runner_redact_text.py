@@ -224,3 +224,42 @@ def test_a_scans_reprs_and_messages_show_the_description_without_the_patients_na
     shown = " ".join([repr(scan), repr(series), describe(series), str(series.summary())])
     assert "CHEST <patient> <patient> <patient>" in shown
     assert not [w for w in ("doe", "jane", "mrn12345") if w in shown.lower()], shown
+
+
+def test_a_sessions_worker_names_a_folder_by_the_main_processs_token_in_every_batch(tmp_path):
+    # was: each batch of a listener's session drew its own secret while the worker process kept from the first batch
+    # went on with the first one: from the second batch on, the same folder read as one token in the main process's
+    # records and as another in the worker's
+    import json
+    import re
+
+    from pipeline.config import load_config
+    from pipeline.runner import open_run, run_batch
+    from pipeline.runner.session import RunSession
+    from pipeline.runner.stages import IngestStage, WriteStage
+    from tests._support.dicom import write_series
+
+    run = tmp_path / "run"
+    cfg = load_config(overrides={"workers": 1, "report.enabled": False, "outputs.dicom": []}, environ={})
+    seen: list[tuple[set[str], set[str]]] = []  # per batch: the folder's token in the run store, in the worker's records
+    with RunSession(run, config=cfg, stages=[IngestStage(), WriteStage()]) as session:
+        for batch, (name, pid) in enumerate((("ROE^RICHARD", "MRN55501"), ("DOE^JANE", "MRN55502"))):
+
+            def patient(i, ds, name=name, pid=pid):
+                ds.PatientName, ds.PatientID = name, pid
+
+            folder = tmp_path / "in" / f"{name.replace('^', '_')}_{pid}"
+            write_series(folder / "CT", n=12, series_uid=f"1.2.3.6{batch}", tweak=patient)
+            before = len((run / "run.log").read_text().splitlines()) if (run / "run.log").exists() else 0
+            summary = run_batch([str(folder)], out=run, config=session.config, stages=session.stages, session=session)
+            assert not summary.fatal and not summary.stopped
+            worker: set[str] = set()
+            for line in (run / "run.log").read_text().splitlines()[before:]:
+                if json.loads(line).get("process") == "cpu-1":
+                    worker.update(re.findall(r"<patient:[0-9a-f]{6}>", line))
+            cases = open_run(run).cases
+            (source,) = cases.source[cases.series_uid == f"1.2.3.6{batch}"]
+            seen.append((set(re.findall(r"<patient:[0-9a-f]{6}>", source)), worker))
+    for batch, (main_tokens, worker) in enumerate(seen):
+        assert main_tokens and worker, (batch, main_tokens, worker)  # both name the folder by a token
+        assert worker == main_tokens, (batch, main_tokens, worker)

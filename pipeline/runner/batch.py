@@ -124,7 +124,9 @@ def run_batch(
         lock.release()
         _raise_environment(exc, run_dir)
         raise
-    redactor = None if cfg.privacy.keep_identifiers else PathRedactor()
+    # a session's batches share its secret: its kept worker processes were given it with the first batch
+    secret = session.redaction_secret if session is not None else None
+    redactor = None if cfg.privacy.keep_identifiers else PathRedactor(secret=secret)
     summary.redactor = redactor
     try:
         with redacting(redactor):

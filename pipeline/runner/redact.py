@@ -4,7 +4,7 @@ Archive exports and PACS spools often name a folder or file after the patient or
 ``1234567/CT/``, ``A20240117-0042/`` by accession number, ``Doe_Jane_19600101.dcm``). Unless ``privacy.keep_identifiers``, every path
 component that holds an identifier of a series found under it is replaced, in run.log, the console, the run store
 (and so the report, its CSV files and skipped.csv), quarantine files and metrics, by a token ``<patient:xxxxxx>``:
-the first 6 hex digits of a SHA-256 over a secret drawn per run and the component, so the same folder reads as the
+the first 6 hex digits of a SHA-256 over a secret drawn per run (per session of batches: a listener's) and the component, so the same folder reads as the
 same token throughout a run and cannot be looked up across runs. The identifiers are those discovery read from the
 series' headers: PatientID, AccessionNumber, each part of PatientName (``^``, ``_``, space, ``-``, ``,``, ``=``
 separated) and PatientBirthDate (YYYYMMDD), each of at least :data:`pipeline.identifiers.MIN_CHARS` characters, matched

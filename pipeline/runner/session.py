@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -85,6 +86,10 @@ class RunSession:
         self.executor: Any = None
         self.in_flight = 1
         self.executors_started = 0  # executors this session started (1 while no batch failed)
+        # the secret of the patient tokens of every batch (:mod:`.redact`): the worker processes kept from batch to
+        # batch were given it with the first, so a folder reads as the same token in their records and the main
+        # process's throughout the session
+        self.redaction_secret = secrets.token_hex(16)
 
     def after_batch(self, executor: Any, in_flight: int, *, keep: bool) -> None:
         """Called by ``run_batch`` when a batch ends: keep ``executor`` for the next batch, or close it."""
