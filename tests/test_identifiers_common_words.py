@@ -61,3 +61,19 @@ def test_folders_follow_the_same_rule():
     assert set(r.components) == {"CHEST_A", "chest_1234567"}
     r.add_series(["/spool/LI_WEI/x.dcm", "/spool/LI/y.dcm"], identifiers_of([("PatientName", "LI^WEI")]))
     assert set(r.components) == {"CHEST_A", "chest_1234567", "LI_WEI"}
+
+
+def test_the_demos_samples_read_as_they_are():
+    # data_samples/ was written when the phantoms were named PHANTOM^n: its folders (phantom_00001/) read as patient
+    # tokens and its descriptions as "Chest <patient>" in the demo's console, run.log and report
+    from pathlib import Path
+
+    from pipeline.ingest import scan_directory
+
+    samples = Path(__file__).resolve().parents[1] / "data_samples"
+    scan = scan_directory(samples)
+    assert [s.description for s in scan.series] == ["Chest phantom"] * 3
+    r = PathRedactor(secret="s")
+    r.add_scan(scan.series)
+    r.add_files(f.path for f in scan.skipped_files)
+    assert r.components == {}
