@@ -114,10 +114,11 @@ def meta_value(volume: CTVolume, key: str, default: Any) -> Any:
 
 
 def phantom_patient_name(seed: int) -> str:
-    """The PatientName of the phantom of ``seed``: one component (``PHANTOM000007``, ``PHANTOMM000007`` for -7), so
-    that no part of it is a word of the phantom's descriptions ("Chest phantom") or of the folders a demo writes,
-    which would then be redacted as the patient's name wherever ctpipe shows them."""
-    return f"PHANTOM{seed:06d}" if seed >= 0 else f"PHANTOMM{-seed:06d}"
+    """The PatientName of the phantom of ``seed``: ``PHANTOM000007^SEED7`` (``PHANTOMM000007^SEEDM7`` for -7), parts
+    that hold digits, so that none is a word of the phantom's descriptions ("Chest phantom") or of the folders a demo
+    writes, which would then be redacted as the patient's name wherever ctpipe shows them; two components, as a
+    DICOM Person Name is written (one without ``^`` is the retired form validators warn about)."""
+    return f"PHANTOM{seed:06d}^SEED{seed}" if seed >= 0 else f"PHANTOMM{-seed:06d}^SEEDM{-seed}"
 
 
 def base_dataset(volume: CTVolume, *, seed: int, unsigned: bool, study_uid: str, frame_uid: str) -> Dataset:
