@@ -391,14 +391,12 @@ def _run(
                 if r["case_key"] in keys and r["run_id"] != run_id
             ]
             summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
-            summary.redone = sum(  # done by this run, first done by an earlier one: a redo, not a new case
-                r["case_key"] in keys and r["run_id"] == run_id and (r["first_done_at"] or r["ended_at"]) < r["ended_at"]
-                for r in store.cases_with_status("done")
-            )
-            if (
-                summary.stopped or signalled
-            ) and not summary.done:  # stopped before the engine could count: the store's own record
-                summary.done = sum(r["case_key"] in keys and r["run_id"] == run_id for r in store.cases_with_status("done"))
+            done_here = [r for r in store.cases_with_status("done") if r["case_key"] in keys and r["run_id"] == run_id]
+            # done by this run, first done by an earlier one: a redo, not a new case
+            summary.redone = sum((r["first_done_at"] or r["ended_at"]) < r["ended_at"] for r in done_here)
+            if (summary.stopped or signalled) and not summary.done:  # stopped before the engine could count: the store's
+                summary.done = len(done_here)
+            summary.done = max(0, summary.done - summary.redone)  # cases completed for the first time: redos apart
             _quietly(
                 summary,
                 run_dir,
@@ -450,7 +448,7 @@ def _run(
         "%d unfinished (left for the next run), %d already done earlier, of %d, %.1f s",
         run_id,
         "interrupted (Ctrl-C, SIGTERM or SIGHUP; the same command resumes it)" if signalled else "finished",
-        summary.done - summary.redone,
+        summary.done,
         f", {summary.redone} done again (published folder removed)" if summary.redone else "",
         len(summary.quarantined),
         len(summary.still_quarantined),

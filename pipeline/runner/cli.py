@@ -389,7 +389,7 @@ def _run(args: argparse.Namespace) -> int:
         print(line)
     if args.quiet and code == 0:  # cron: the summary line is all a run that went well has to say
         return code
-    if (summary.done or summary.skipped) and not args.quiet:  # where the findings, meshes and DICOM results are
+    if (summary.done or summary.redone or summary.skipped) and not args.quiet:  # where the findings, meshes and DICOM results are
         print(f"results: {summary.run_dir / 'cases'}/<case id>/ ({', '.join(case_outputs(cfg))})")
     if summary.metrics_file and not args.quiet:
         print(f"metrics: {summary.metrics_file}")

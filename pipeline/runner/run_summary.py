@@ -41,9 +41,9 @@ class RunSummary:
     run_dir: Path
     run_id: str
     total: int = 0
-    done: int = 0
-    #: of ``done``: cases done again, first completed by an earlier run (their published folder was removed); the
-    #: report counts them where they were first done (runs.csv ``n_redone``), not as new cases
+    done: int = 0  # completed by this run for the first time (a case done again is in ``redone``, not here)
+    #: cases done again by this run, first completed by an earlier one (their published folder was removed): not in
+    #: ``done``; the report counts them where they were first done (runs.csv ``n_redone``), not as new cases
     redone: int = 0
     skipped: int = 0  # done by an earlier run of this folder
     quarantined: list[tuple[str, str, str]] = field(default_factory=list)  # by this run: (case_id, error class, reason)
@@ -83,6 +83,7 @@ class RunSummary:
 
     @property
     def cases_per_hour(self) -> float:
+        """Cases completed for the first time (``done``, redos apart) per hour of the run's elapsed time."""
         return 3600.0 * self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def lines(self) -> list[str]:
@@ -94,7 +95,7 @@ class RunSummary:
         left = f"{len(self.still_written)} left for the next run ({STILL_WRITTEN}), " if self.still_written else ""
         again = f"{self.redone} done again (its published folder was removed; counted where first done), " if self.redone else ""
         out = [
-            f"run {self.run_id}: {self.done - self.redone} case(s) done, {again}{len(self.quarantined)} newly "
+            f"run {self.run_id}: {self.done} case(s) done, {again}{len(self.quarantined)} newly "
             f"quarantined, {still}{left}"
             f"{self.skipped} already done earlier, of {self.total}, in {self.elapsed_s:.1f} s"
         ]

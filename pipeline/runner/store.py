@@ -119,7 +119,9 @@ class RunStore:
         n_failed_earlier: int = 0,
         ended_at: float | None = None,
     ) -> None:
-        """Record the end of a run at ``ended_at`` (Unix s; default now): ``n_failed`` cases quarantined by this run,
+        """Record the end of a run at ``ended_at`` (Unix s; default now): ``n_done`` cases completed by this run for
+        the first time (not those it did again after their published folder was removed), ``n_failed`` cases
+        quarantined by this run,
         ``n_failed_earlier`` still quarantined by earlier runs of the folder and not retried by this one."""
         with self.tx():
             self.db.execute(

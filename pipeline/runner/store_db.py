@@ -5,8 +5,10 @@ reads and writes of cases and runs are :class:`.store.RunStore`.
 Tables
 ------
 ``runs``            one row per invocation of the runner on this folder (config, versions, device, start/end;
-                    ``n_cases`` found, ``n_done`` completed by this run, ``n_failed`` of its cases quarantined by
-                    this run, ``n_failed_earlier`` still quarantined by earlier runs and not retried,
+                    ``n_cases`` found, ``n_done`` completed by this run for the first time (a case done again, its
+                    published folder removed, is not in it: the report counts it where it was first done; end
+                    records of earlier ctpipe versions count it), ``n_failed`` of its cases quarantined by this run,
+                    ``n_failed_earlier`` still quarantined by earlier runs and not retried,
                     ``n_skipped`` done by earlier runs).
 ``cases``           one row per case, keyed by ``case_key`` = SeriesInstanceUID + content fingerprint;
                     ``ended_at`` its latest end, ``first_done_at`` its first completion (a case done again, its
