@@ -5,6 +5,7 @@ counts the same attempts as capacity.csv."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -51,3 +52,20 @@ def test_the_run_that_does_a_case_again_records_no_new_completed_case(redone):
     assert (again.done, again.redone) == (0, 1)
     assert redone["n_done"] == {first.run_id: 1, again.run_id: 0}  # the end records add up to the cases completed
     assert again.lines()[0].startswith(f"run {again.run_id}: 0 case(s) done, 1 done again")
+
+
+def test_prometheus_counts_a_redo_apart_from_the_cases_completed(redone):
+    out = redone["out"]
+    assert redone["after_first"] == {"ctpipe_cases_processed_total": 1.0, "ctpipe_cases_redone_total": 0.0}
+    # the counters go on from night 1 (monotonic): one case completed in all, done once again
+    assert _metric(out / "metrics.prom", "ctpipe_cases_processed_total") == 1.0
+    assert _metric(out / "metrics.prom", "ctpipe_cases_redone_total") == 1.0
+
+
+def test_the_dashboard_and_readme_chart_completed_cases_from_the_counter_without_redos():
+    root = Path(__file__).resolve().parents[1]
+    dash = json.loads((root / "configs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert any("ctpipe_cases_redone_total" in e for e in exprs)
+    readme = (root / "README.md").read_text()
+    assert "ctpipe_cases_redone_total" in readme

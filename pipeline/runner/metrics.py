@@ -2,7 +2,11 @@
 
 Metrics (one registry per run, so several runs in one process do not mix):
 
-* ``ctpipe_cases_processed_total`` — cases completed.
+* ``ctpipe_cases_processed_total`` — cases completed for the first time: chart "cases completed" from it, as the
+  report counts them (a case counts once, where it was first completed).
+* ``ctpipe_cases_redone_total`` — cases done again because their published folder was removed: work done, but no new
+  case (the report's ``n_redone``, the summary line's "done again"); the two added up are the completions of the
+  runs, as ``ctpipe_case_latency_seconds_count`` counts them.
 * ``ctpipe_cases_failed_total{reason}`` — cases quarantined, by error class.
 * ``ctpipe_cases_quarantined{when}`` — at the run's end, the cases of its sources that are quarantined: ``this_run``
   (quarantined by this run) and ``earlier_runs`` (quarantined by an earlier run of the folder and not retried; the exit
@@ -79,7 +83,13 @@ class RunMetrics:
         self.node = node_id(node)
         self.registry = CollectorRegistry()
         r, n = self.registry, self.node
-        self.processed = Counter("ctpipe_cases_processed", "Cases completed", ["node"], registry=r).labels(n)
+        self.processed = Counter(
+            "ctpipe_cases_processed", "Cases completed for the first time (redos apart)", ["node"], registry=r
+        ).labels(n)
+        self.redone = Counter(
+            "ctpipe_cases_redone", "Cases done again because their published folder was removed", ["node"], registry=r
+        ).labels(n)
+        self._redos: set[str] = set()  # case keys of cases completed before (see expect_redos)
         self.failed = Counter("ctpipe_cases_failed", "Cases quarantined, by error class", ["node", "reason"], registry=r)
         self.released = Counter(
             "ctpipe_cases_released",
@@ -154,17 +164,25 @@ class RunMetrics:
             self._peaks[result.stage] = peak
             self.peak_rss.labels(self.node, result.stage).set(peak)
 
+    def expect_redos(self, case_keys: Iterable[str]) -> None:
+        """The cases of this run that an earlier run completed (``case_keys``; their published folder was removed):
+        done again, they count in ``ctpipe_cases_redone_total``, not as cases processed."""
+        self._redos.update(case_keys)
+
     def on_case_done(self, case: CaseSpec, latency_s: float, n_findings: int) -> None:
-        self.processed.inc()
+        (self.redone if case.case_key in self._redos else self.processed).inc()
         self.case_latency.observe(latency_s)
         self.updated.set(time.time())
 
     def count_killed_runs(self, cases: Iterable[Mapping[str, Any]]) -> None:
         """Count the cases that earlier runs, killed before they wrote their metrics, finished (``status`` done, with
-        ``latency_s`` in s where known, or failed, with its ``error_class``): their counts are in no textfile."""
+        ``latency_s`` in s where known, or failed, with its ``error_class``): their counts are in no textfile. A done
+        case whose ``first_done_at`` (Unix s) is before its ``ended_at`` was done again: ``ctpipe_cases_redone_total``."""
         for case in cases:
             if case["status"] == "done":
-                self.processed.inc()
+                first, ended = case.get("first_done_at"), case.get("ended_at")
+                again = first is not None and ended is not None and first < ended
+                (self.redone if again else self.processed).inc()
                 if case.get("latency_s") is not None:
                     self.case_latency.observe(case["latency_s"])
             else:

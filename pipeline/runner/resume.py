@@ -167,7 +167,8 @@ class Reconciled:
     interrupted: list[str] = field(default_factory=list)  # left 'running' by a killed run
     temp_files: list[Path] = field(default_factory=list)  # temporary files of killed writers, removed
     stale_quarantine: list[str] = field(default_factory=list)  # quarantine files of cases not quarantined, removed
-    #: cases done or quarantined by runs killed before they wrote their metrics (status, latency_s, error_class each)
+    #: cases done or quarantined by runs killed before they wrote their metrics (status, latency_s, error_class,
+    #: first_done_at and ended_at each)
     uncounted: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -254,7 +255,7 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
     out.stale_quarantine = _sync_quarantine(store, run_dir)
     if killed:  # a killed run never wrote its metrics textfile: what it finished is counted by this run's
         out.uncounted = [
-            {k: row[k] for k in ("status", "latency_s", "error_class")}
+            {k: row[k] for k in ("status", "latency_s", "error_class", "first_done_at", "ended_at")}
             for row in store.cases_with_status("done", "failed")
             if row["run_id"] in killed
         ]

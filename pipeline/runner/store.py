@@ -400,6 +400,13 @@ class RunStore:
                 fix="check the case's status first; see the transitions in pipeline/runner/store.py",
             )
 
+    def completed_before(self, case_keys: Iterable[str]) -> set[str]:
+        """Those of ``case_keys`` not done now that a run completed before (``first_done_at`` set: their published
+        folder was removed, or they were reset since): what completes them again is a redo, not a new case."""
+        keys = set(case_keys)
+        rows = self.db.execute("SELECT case_key FROM cases WHERE status != 'done' AND first_done_at IS NOT NULL")
+        return {k for (k,) in rows if k in keys}
+
     def cases_with_status(self, *statuses: str) -> list[sqlite3.Row]:
         marks = ",".join("?" * len(statuses))
         return list(self.db.execute(f"SELECT * FROM cases WHERE status IN ({marks}) ORDER BY case_id", statuses))
