@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from pipeline.csvfile import read_table
+from pipeline.runner import build_report
+from pipeline.runner.store import RunStore
+
+T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+DAY = 86_400.0
 
 
 def _metric(path: Path, name: str) -> float | None:
@@ -69,3 +77,67 @@ def test_the_dashboard_and_readme_chart_completed_cases_from_the_counter_without
     assert any("ctpipe_cases_redone_total" in e for e in exprs)
     readme = (root / "README.md").read_text()
     assert "ctpipe_cases_redone_total" in readme
+
+
+def _start(store: RunStore, run_id: str, at: float) -> None:
+    store.start_run(
+        run_id,
+        command="ctpipe run",
+        sources=["/src"],
+        config={},
+        versions={},
+        device="cpu",
+        host=socket.gethostname(),
+        pid=1,
+        started_at=at,
+    )
+
+
+def _done(store: RunStore, cid: str, run_id: str, at: float, wall_s: float = 105.0) -> None:
+    key = f"{cid}:fp"
+    if store.case(key) is None:
+        store.upsert_discovered(case_key=key, case_id=cid, series_uid=cid, fingerprint="fp", source=f"/src/{cid}")
+    attempt = store.begin_case(key, run_id)
+    store.db.execute("UPDATE cases SET started_at=? WHERE case_key=?", (at, key))
+    store.record_attempt(
+        run_id=run_id,
+        case_key=key,
+        stage="ingest",
+        attempt=attempt,
+        status="ok",
+        worker="main",
+        device="cpu",
+        ready_at=at,
+        started_at=at,
+        ended_at=at + wall_s,
+        wall_s=wall_s,
+        peak_rss_mb=100.0,
+        peak_cuda_mb=None,
+    )
+    store.complete_case(key, output_dir=f"cases/{cid}", findings=[], measurements=[], ended_at=at + wall_s, latency_s=wall_s)
+
+
+def test_the_pages_summed_stage_time_counts_the_attempts_capacity_counts(tmp_path):
+    """Four cases of 105 s each; a's first attempt is replaced when its published folder is removed and it is done
+    again: 'stages busy' is 4 x 105 s, as capacity.csv's busy time per case times its attempts."""
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", T0)
+    for i, cid in enumerate("abcd"):
+        _done(store, cid, "r1", T0 + 200 * i)
+    store.end_run("r1", status="completed", n_cases=4, n_done=4, n_failed=0, n_skipped=0, ended_at=T0 + 900)
+    store.reset_case("a:fp")
+    _start(store, "r2", T0 + DAY)
+    _done(store, "a", "r2", T0 + DAY + 10)
+    store.end_run("r2", status="completed", n_cases=4, n_done=0, n_failed=0, n_skipped=3, ended_at=T0 + DAY + 200)
+    store.close()
+    rep = build_report([run_dir], tmp_path / "rep", timezone="UTC")
+    capacity = read_table(tmp_path / "rep" / "capacity.csv").rows
+    from_capacity = sum(float(r["busy_s_per_case"]) * int(r["successful_attempts"]) for r in capacity)
+    assert from_capacity == pytest.approx(420.0)
+    overlap = rep.summary["overlap"]
+    assert overlap["stage_busy_s"] == pytest.approx(from_capacity)
+    assert overlap["left_out_s"] == pytest.approx(105.0)  # its first, replaced attempt
+    page = rep.html.read_text()
+    assert "stages busy 420.0 worker-s" in page
+    assert "done again" in page and "capacity.csv" in page  # the page says which attempts the figure counts

@@ -163,13 +163,27 @@ def _group(stage: str, workers: set[str], cfg: Mapping[str, Any]) -> str:
     return "model" if stage in MODEL_STAGES or (recon_on_model and stage in RECON_STAGES) else "cpu"
 
 
+#: What the report's stage times count (:func:`counted_attempts`), as the page and README say it.
+COUNTED_ATTEMPTS = (
+    "successful and failed stage attempts, as capacity.csv counts them; attempts replaced by a later one (a case done "
+    "again because its published folder was removed, a retried case's earlier stages) or interrupted are left out"
+)
+
+
+def counted_attempts(stages: Any) -> Any:
+    """The attempts of the ``stages`` table whose time the report counts, in the capacity model and in the summed
+    stage time alike: successful and failed ones with a wall time (:data:`COUNTED_ATTEMPTS`)."""
+    return stages[stages.status.isin(("ok", "failed")) & stages.wall_s.notna()]
+
+
 def stage_loads(stages: Any, runs: Any) -> list[StageLoad]:
     """Busy time per case (s) of each stage in the ``stages`` table (attempts), in pipeline order.
 
-    Failed attempts' time is charged to the successful ones; superseded and interrupted attempts are left out.
+    Failed attempts' time is charged to the successful ones; superseded and interrupted attempts are left out
+    (:func:`counted_attempts`).
     """
     cfgs = {r["run_id"]: _config(r) for r in runs.to_dict("records")}
-    att = stages[stages.status.isin(("ok", "failed")) & stages.wall_s.notna()]
+    att = counted_attempts(stages)
     ok = att[att.status == "ok"]
     out = []
     for stage in dict.fromkeys(ok.sort_values("id").stage):
@@ -367,14 +381,17 @@ def estimate(
 
 
 def stage_overlap(stages: Any, active_s: float) -> dict[str, Any]:
-    """How much the report's stage attempts overlapped: ``stage_busy_s``, the wall time (s) of every finished attempt
-    added up (successful, failed, or superseded by a later attempt: work done in the runs' active time all the same),
-    against ``active_s``, the runs' active wall time (s, overlapping runs once);
-    ``mean_busy_workers`` their ratio (stages at work at once on average; None without active time), and ``text``.
+    """How much the report's stage attempts overlapped: ``stage_busy_s``, the wall time (s) of the attempts the
+    capacity model counts added up (:func:`counted_attempts`: successful and failed; so it is capacity.csv's busy time
+    per case times its successful attempts, summed over the stages), against ``active_s``, the runs' active wall time
+    (s, overlapping runs once); ``left_out_s``, the wall time (s) of the attempts left out (replaced by a later attempt,
+    as the first one of a case done again, or interrupted); ``mean_busy_workers`` the ratio of ``stage_busy_s`` to
+    ``active_s`` (stages at work at once on average; None without active time), and ``text``.
 
     With several workers cases run side by side, so the summed stage time exceeds the wall time and a case's
     end-to-end latency is not the time between two completions (1 / throughput)."""
-    busy = float(stages.wall_s.fillna(0.0).sum()) if len(stages) else 0.0
+    busy = float(counted_attempts(stages).wall_s.sum()) if len(stages) else 0.0
+    left_out = float(stages.wall_s.fillna(0.0).sum()) - busy if len(stages) else 0.0
     mean = busy / active_s if active_s > 0 else None
     if mean is None:
         text = "no active time measured"
@@ -382,4 +399,6 @@ def stage_overlap(stages: Any, active_s: float) -> dict[str, Any]:
         text = f"stages busy {busy:,.1f} worker-s in {active_s:,.1f} s of active wall time: {mean:.2f} stage(s) at work at once on average"
         if mean > 1.05:
             text += " (cases overlap, so a case's end-to-end latency is not the time between two completions)"
-    return {"stage_busy_s": busy, "active_s": active_s, "mean_busy_workers": mean, "text": text}
+    if left_out > 0:
+        text += f"; {left_out:,.1f} worker-s of replaced or interrupted attempts not counted"
+    return {"stage_busy_s": busy, "left_out_s": left_out, "active_s": active_s, "mean_busy_workers": mean, "text": text}

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from .capacity import COUNTED_ATTEMPTS
+
 #: Lung volume measurements shown per case: (column title, measurement name).
 LUNG_VOLUMES = (
     ("left lung mL", "lungs.lung_left_volume_ml"),
@@ -383,7 +385,7 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 <p>n: completed cases for end_to_end, successful runs of the stage for each stage (these include the stages a
 quarantined case passed before the one that failed, and those of a series also run in another run folder). mean: the
 average; median (p50): half of them took at most this long; p90, p99: 90% and 99% of them did.</p>
-<p>Wall time against summed stage time: {_e(s["overlap"]["text"])}.</p>{img("latency", "latency histogram")}
+<p>Wall time against summed stage time: {_e(s["overlap"]["text"])}. Summed stage time counts {_e(COUNTED_ATTEMPTS)}.</p>{img("latency", "latency histogram")}
 <h2>Stage breakdown</h2>{img("stages", "stage breakdown")}
 <h3>Queue wait (seconds)</h3>{_stat_table(s["queue_wait_s"], "stage")}
 <h2>Failures by reason</h2>{_stat_table({k: {"cases": v} for k, v in s["failures_by_reason"].items()}, "error class")}
