@@ -141,3 +141,27 @@ def test_the_pages_summed_stage_time_counts_the_attempts_capacity_counts(tmp_pat
     page = rep.html.read_text()
     assert "stages busy 420.0 worker-s" in page
     assert "done again" in page and "capacity.csv" in page  # the page says which attempts the figure counts
+
+
+def test_the_summary_says_how_many_of_the_quarantine_folders_cases_are_this_runs(tmp_path, monkeypatch):
+    """A folder into which two sources run holds the quarantined cases of both: the summary line that sends the reader
+    there for the cases it does not show says how many of the folder's are of this run's sources."""
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from pipeline.runner import run_batch, run_summary
+    from pipeline.runner.stages import IngestStage
+    from tests._support.runner import PHANTOM
+
+    monkeypatch.setattr(run_summary, "SHOWN", 1)  # the line for the cases not shown, without writing 21 of them
+    for seed, folder in ((21, "nightly/g1"), (22, "nightly/g2"), (23, "backfill/g3")):
+        vol = generate_phantom(seed, n_nodules=0, **{**PHANTOM, "slices": 12}).volume
+        write_dicom_series(vol, tmp_path / folder, quirks=["missing_slice"], seed=seed)
+    out, opts = tmp_path / "run", {"report.enabled": False}
+    assert len(run_batch([tmp_path / "nightly"], out=out, stages=[IngestStage()], workers=0, **opts).quarantined) == 2
+    assert len(run_batch([tmp_path / "backfill"], out=out, stages=[IngestStage()], workers=0, **opts).quarantined) == 1
+    assert len(list((out / "quarantine").iterdir())) == 3
+    again = run_batch([tmp_path / "nightly"], out=out, stages=[IngestStage()], workers=0, **opts)
+    assert len(again.still_quarantined) == 2
+    (line,) = [ln for ln in again.lines() if "1 more" in ln]
+    assert str(out / "quarantine") in line
+    assert "2 of its 3 quarantined case(s) are of this run's sources" in line

@@ -391,6 +391,7 @@ def _run(
                 for r in failed_rows
                 if r["case_key"] in keys and r["run_id"] != run_id
             ]
+            summary.quarantined_in_folder = len(failed_rows)  # every source's: RUN_DIR/quarantine holds them all
             summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
             done_here = [r for r in store.cases_with_status("done") if r["case_key"] in keys and r["run_id"] == run_id]
             # done by this run, first done by an earlier one: a redo, not a new case

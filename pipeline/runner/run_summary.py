@@ -49,6 +49,9 @@ class RunSummary:
     quarantined: list[tuple[str, str, str]] = field(default_factory=list)  # by this run: (case_id, error class, reason)
     #: quarantined by an earlier run of the folder and not retried by this one (no --retry-failed): as ``quarantined``
     still_quarantined: list[tuple[str, str, str]] = field(default_factory=list)
+    #: cases quarantined in the run folder at the run's end, those of every source run into it (``RUN_DIR/quarantine``
+    #: holds one file each): more than ``quarantined`` and ``still_quarantined`` where other sources' runs share it
+    quarantined_in_folder: int = 0
     not_selected: list[dict[str, Any]] = field(default_factory=list)
     skipped_files: list[dict[str, str]] = field(default_factory=list)  # path, kind, reason
     released: list[tuple[str, str]] = field(default_factory=list)  # (case_id, why): left for the next run
@@ -134,7 +137,9 @@ class RunSummary:
             out.append(f"  still quarantined from an earlier run {cid}: {cls}: {reason}")
         if len(self.still_quarantined) > SHOWN:
             more = len(self.still_quarantined) - SHOWN
-            out.append(f"  still quarantined from earlier runs: {more} more, listed in {self.run_dir / 'quarantine'}")
+            out.append(
+                f"  still quarantined from earlier runs: {more} more, listed in {self.run_dir / 'quarantine'}{self._shared()}"
+            )
         for cid, why in self.still_written[:SHOWN]:
             out.append(f"  left for the next run {cid}: {why}")
         if len(self.still_written) > SHOWN:
@@ -158,6 +163,16 @@ class RunSummary:
         outside ``dicom/``: its patient-named path components and identifiers in series descriptions replaced by their
         tokens, unless identifiers are kept (:mod:`.redact`)."""
         return self.redactor(text) if self.redactor is not None else text
+
+    def _shared(self) -> str:
+        """Where other sources' runs also quarantined cases in the run folder: how many of its cases are this run's."""
+        mine = len(self.quarantined) + len(self.still_quarantined)
+        if self.quarantined_in_folder <= mine:
+            return ""
+        return (
+            f" ({mine} of its {self.quarantined_in_folder} quarantined case(s) are of this run's sources; the others "
+            "are of other sources run into this folder)"
+        )
 
     def _fix(self) -> str:
         """What to do about :attr:`stopped` (the run folder could not be written) before running again."""
