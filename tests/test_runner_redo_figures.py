@@ -165,3 +165,44 @@ def test_the_summary_says_how_many_of_the_quarantine_folders_cases_are_this_runs
     (line,) = [ln for ln in again.lines() if "1 more" in ln]
     assert str(out / "quarantine") in line
     assert "2 of its 3 quarantined case(s) are of this run's sources" in line
+
+
+def test_a_killed_runs_redo_is_counted_apart_by_the_next_run(tmp_path):
+    """A run killed before it wrote its metrics did a case again: the next run adds it to ctpipe_cases_redone_total,
+    not to the cases processed."""
+    import subprocess
+    import sys
+
+    from pipeline.runner.metrics import RunMetrics
+    from pipeline.runner.resume import MANIFEST, reconcile
+
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", T0)
+    for cid in "ab":
+        _done(store, cid, "r1", T0)
+        (run_dir / "cases" / cid).mkdir(parents=True)
+        (run_dir / "cases" / cid / MANIFEST).write_text(json.dumps({"case_key": f"{cid}:fp"}))
+    store.end_run("r1", status="completed", n_cases=2, n_done=2, n_failed=0, n_skipped=0, ended_at=T0 + 300)
+    store.reset_case("a:fp")  # its published folder was removed ...
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    store.start_run(
+        "r2",
+        command="ctpipe run",
+        sources=["/src"],
+        config={},
+        versions={},
+        device="cpu",
+        host=socket.gethostname(),
+        pid=dead.pid,
+        started_at=T0 + DAY,
+    )
+    _done(store, "a", "r2", T0 + DAY)  # ... and the next run did it again, then was killed without an end record
+    found = reconcile(store, run_dir)
+    metrics = RunMetrics(node="n")
+    metrics.count_killed_runs(found.uncounted)
+    text = metrics.text()
+    assert 'ctpipe_cases_processed_total{node="n"} 0.0' in text
+    assert 'ctpipe_cases_redone_total{node="n"} 1.0' in text
+    store.close()
