@@ -182,3 +182,73 @@ def test_the_nodule_results_state_the_axes_with_their_image_and_endpoints() -> N
     np.testing.assert_allclose(out["long_axis_lps_mm"], axes.long_lps, atol=0.001)
     np.testing.assert_allclose(out["short_axis_lps_mm"], axes.short_lps, atol=0.001)
     assert axes_json({"index": 0, "mask": None, "geometry": None}, g, {}) == dict.fromkeys(out)
+
+
+def _prism(inside, angle_deg: float, direction: np.ndarray = SUPINE, spacing=SPACING, n: int = 64) -> tuple:
+    """A nodule whose slices are the 2-D shape ``inside(x, y)`` (mm, about its centre, in the shape's own frame, turned
+    ``angle_deg`` in the slice's plane) on the three middle slices of a grid of ``spacing``; returns (grid, nodule)."""
+    nk = 9
+    centre_index = np.array([n / 2 + 0.3, n / 2 - 0.2, nk // 2])
+    origin = CENTRE_LPS - direction @ (centre_index * np.asarray(spacing))
+    g = Geometry(shape=(nk, n, n), spacing=spacing, origin=tuple(origin), direction=direction)
+    kk, jj, ii = np.indices(g.shape)
+    lps = g.index_to_lps(np.stack([ii, jj, kk], axis=-1).reshape(-1, 3)).reshape(*g.shape, 3) - CENTRE_LPS
+    rows, cols = direction[:, 0], direction[:, 1]  # the slice's in-plane axes (LPS)
+    x, y = lps @ rows, lps @ cols
+    a = np.radians(angle_deg)
+    xs, ys = np.cos(a) * x + np.sin(a) * y, -np.sin(a) * x + np.cos(a) * y
+    mask = inside(xs, ys) & (np.abs(kk - nk // 2) <= 1)
+    lo, hi = np.argwhere(mask).min(axis=0), np.argwhere(mask).max(axis=0) + 1
+    crop = mask[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
+    return g, {"index": 0, "mask": crop, "geometry": g.cropped(lo[::-1].tolist(), hi[::-1].tolist())}
+
+
+def _axes_of(g: Geometry, nodule: dict):
+    from pipeline.reconstruction.nodule_geometry import axial_axes, nodule_mask
+
+    return axial_axes(nodule_mask(nodule, g), g)
+
+
+@pytest.mark.parametrize("angle_deg", [0.0, 23.0, 71.0])
+@pytest.mark.parametrize("direction", [SUPINE, PRONE], ids=["supine", "prone"])
+def test_the_short_axis_of_an_l_shaped_nodule_is_its_perpendicular_chord_not_its_width(angle_deg, direction) -> None:
+    """An L of two 20 x 5 mm arms: its long axis joins the arms' outer ends (20·√2 = 28.3 mm); every line
+    perpendicular to it crosses one arm or the corner, 5·√2 = 7.1 mm, while its width across the long axis is
+    (20 + 5)/√2 = 17.7 mm."""
+    arm, thick = 20.0, 5.0
+
+    def inside(x, y):
+        x, y = x + arm / 2, y + arm / 2  # the corner at (-10, -10)
+        return ((x >= 0) & (y >= 0)) & (((x <= arm) & (y <= thick)) | ((x <= thick) & (y <= arm)))
+
+    axes = _axes_of(*_prism(inside, angle_deg, direction))
+    assert axes.long_mm == pytest.approx(arm * np.sqrt(2), abs=PIXEL_MM)  # a sharp corner is cut by up to a pixel
+    assert axes.short_mm == pytest.approx(thick * np.sqrt(2), abs=2 * CASE_TOLERANCE_MM), axes.short_mm
+    long_ends, short_ends = np.asarray(axes.long_lps), np.asarray(axes.short_lps)
+    along = (long_ends[1] - long_ends[0]) / axes.long_mm
+    across = (short_ends[1] - short_ends[0]) / axes.short_mm
+    assert abs(across @ along) <= 1e-9
+
+
+@pytest.mark.parametrize("angle_deg", [0.0, 37.0])
+def test_the_short_axis_of_a_crescent_is_its_perpendicular_chord_not_its_width(angle_deg) -> None:
+    """Half an annulus (outer radius 12 mm, inner 8 mm): its long axis is the outer diameter (24 mm) along its flat
+    side; the longest chord perpendicular to it, tangent to the inner circle, is √(12² - 8²) = 8.9 mm, while its width
+    across the long axis is 12 mm."""
+    big, small = 12.0, 8.0
+
+    def inside(x, y):
+        r2 = x**2 + (y + big / 2) ** 2
+        return (r2 <= big**2) & (r2 >= small**2) & (y + big / 2 >= 0)
+
+    axes = _axes_of(*_prism(inside, angle_deg))
+    assert axes.long_mm == pytest.approx(2 * big, abs=CASE_TOLERANCE_MM)
+    assert axes.short_mm == pytest.approx(np.sqrt(big**2 - small**2), abs=2 * CASE_TOLERANCE_MM), axes.short_mm
+
+
+@pytest.mark.parametrize("diameter", [6.0, 11.0, 25.0])
+def test_a_discs_short_axis_is_its_diameter(diameter) -> None:
+    axes = _axes_of(*_prism(lambda x, y: x**2 + y**2 <= (diameter / 2) ** 2, 0.0, spacing=(0.98, 0.98, 2.0)))
+    assert axes.long_mm == pytest.approx(diameter, abs=0.75 * 0.98)
+    assert axes.short_mm == pytest.approx(diameter, abs=0.75 * 0.98)
+    assert axes.short_mm <= axes.long_mm + 1e-9

@@ -162,14 +162,84 @@ def _extent_step(u: np.ndarray, geometry: Geometry) -> float:
     return sx * a + sy * b
 
 
+#: sampling step along a chord and between neighbouring chords, as a share of the pixel's smaller side
+CHORD_STEP = 0.1
+
+
+def _perpendicular_chord(
+    pixels: np.ndarray,
+    offset_kji: tuple[int, int, int],
+    k: int,
+    geometry: Geometry,
+    p: np.ndarray,
+    u: np.ndarray,
+    v: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The longest chord of the slice's mask (``pixels``, bool ``[j, i]`` of the crop starting at ``offset_kji``, on
+    slice ``k`` of ``geometry``) along a line exactly perpendicular to the long axis (through ``p``, along the unit
+    vector ``u``; ``v``: the in-plane unit vector perpendicular to it, LPS): its two endpoints (LPS mm).
+
+    Lines across the nodule, every :data:`CHORD_STEP` pixel along ``u``, each sampled every :data:`CHORD_STEP` pixel;
+    the nodule's outline on a line is where the mask, interpolated bilinearly between pixel centres, crosses 0.5 (a
+    pixel edge between a pixel inside and one outside; on a digitised disc or ellipse within a fraction of a pixel of
+    the true outline). A chord runs from the line's first crossing into the nodule to its last one out of it: across
+    a notch of a lobulated nodule, as a reader's calliper is drawn, but never beside the nodule, as the width across
+    ``u`` of a crescent or an L-shaped nodule is. Of the chords within a sampling step of the longest, the one nearest
+    their middle (an ellipse's short axis through its centre)."""
+    from scipy import ndimage
+
+    d = np.asarray(geometry.direction, dtype=np.float64).reshape(3, 3)
+    sx, sy = float(geometry.spacing[0]), float(geometry.spacing[1])
+    pad = 2
+    grid = np.pad(pixels.astype(np.float64), pad)
+    j0, i0 = offset_kji[1] - pad, offset_kji[2] - pad
+    ji = np.argwhere(pixels) + np.asarray(offset_kji[1:])
+    ijk = np.column_stack([ji[:, 1], ji[:, 0], np.full(len(ji), k)]).astype(np.float64)
+    pts = np.asarray(geometry.index_to_lps(ijk), dtype=np.float64).reshape(-1, 3)
+    su, sv = (pts - p) @ u, (pts - p) @ v
+    step = CHORD_STEP * min(sx, sy)
+    reach = max(sx, sy)
+    ts = np.arange(su.min() - reach, su.max() + reach + step, step)
+    ss = np.arange(sv.min() - reach, sv.max() + reach + step, step)
+    # in-plane index coordinates (i, j) of p and of a mm along u and v
+    p_ij = np.asarray(geometry.lps_to_index(p), dtype=np.float64)[:2]
+    du = np.array([u @ d[:, 0] / sx, u @ d[:, 1] / sy])
+    dv = np.array([v @ d[:, 0] / sx, v @ d[:, 1] / sy])
+    ii = p_ij[0] + ts[:, None] * du[0] + ss[None, :] * dv[0] - i0
+    jj = p_ij[1] + ts[:, None] * du[1] + ss[None, :] * dv[1] - j0
+    inside = ndimage.map_coordinates(grid, [jj.ravel(), ii.ravel()], order=1, mode="constant", cval=0.0)
+    inside = inside.reshape(ii.shape)
+    hit = inside >= 0.5
+    rows = np.flatnonzero(hit.any(axis=1))
+    first = np.argmax(hit[rows], axis=1)
+    last = hit.shape[1] - 1 - np.argmax(hit[rows, ::-1], axis=1)
+
+    def crossing(r: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        # the position (mm along v) where the interpolated mask crosses 0.5 between samples a (out) and b (in)
+        va, vb = inside[r, a], inside[r, b]
+        share = np.where(vb > va, (0.5 - va) / np.where(vb > va, vb - va, 1.0), 0.0)
+        return ss[a] + share * (ss[b] - ss[a])
+
+    lo = crossing(rows, np.maximum(first - 1, 0), first)
+    hi = crossing(rows, np.minimum(last + 1, len(ss) - 1), last)
+    # of the chords within a sampling step of the longest (on a round outline, many), the one nearest their middle
+    length = hi - lo
+    near = np.flatnonzero(length >= length.max() - step)
+    best = int(near[np.argmin(np.abs(ts[rows[near]] - ts[rows[near]].mean()))])
+    t = ts[rows[best]]
+    return p + t * u + lo[best] * v, p + t * u + hi[best] * v
+
+
 def axial_axes(nm: NoduleMask, geometry: Geometry) -> AxialAxes | None:
     """The long and short axis of a nodule's mask (``nm``, on the volume's grid ``geometry``) on the slice where the
     mask is largest (the most pixels; of equal ones, the one nearest the mask's middle): see :class:`AxialAxes`.
 
     The long axis is the longest distance between two pixel centres of that slice, lengthened by the pixels' reach
-    along it (centre to centre, a chord is short by about a pixel); the short axis is the longest run of the mask
-    perpendicular to it, counted the same way. Distances are in the slice's plane, in LPS mm (anisotropic pixels and
-    any orientation). None for an empty mask."""
+    along it (centre to centre, a chord is short by about a pixel); the short axis is the longest chord of the nodule
+    on a line exactly perpendicular to it (:func:`_perpendicular_chord`: as Fleischner, Lung-RADS and RECIST define
+    it; not the mask's width across the long axis, which for a crescent or a lobulated nodule spans air beside it),
+    never longer than the long axis. Distances are in the slice's plane, in LPS mm (anisotropic pixels and any
+    orientation). None for an empty mask."""
     from scipy.spatial import ConvexHull, QhullError
 
     counts = nm.mask.reshape(nm.mask.shape[0], -1).sum(axis=1)
@@ -197,14 +267,14 @@ def axial_axes(nm: NoduleMask, geometry: Geometry) -> AxialAxes | None:
     v = np.cross(n / np.linalg.norm(n), u)
     half = PIXEL_REACH * _extent_step(u, geometry) / 2
     long_ends = (p - half * u, q + half * u)
-    # the short axis: the mask's extent across u (a caliper set perpendicular to the long axis), drawn half-way along
-    # u between the pixels that bound it on either side (those within a quarter pixel of each bound)
-    su, sv = (pts - p) @ u, (pts - p) @ v
-    lo, hi = float(sv.min()), float(sv.max())
-    near = _extent_step(v, geometry) / 4
-    u_at = float(su[sv <= lo + near].mean() + su[sv >= hi - near].mean()) / 2
-    half_v = PIXEL_REACH * _extent_step(v, geometry) / 2
-    short_ends = (p + u_at * u + (lo - half_v) * v, p + u_at * u + (hi + half_v) * v)
+    # the short axis: the longest chord of the nodule on a line exactly perpendicular to u, not the mask's width
+    # across u (a caliper), which for a crescent or an L-shaped nodule spans air no one line across it crosses
+    short_ends = _perpendicular_chord(nm.mask[kc], nm.offset_kji, k, geometry, p, u, v)
+    short_len = float(np.linalg.norm(short_ends[1] - short_ends[0]))
+    long_len = float(np.linalg.norm(long_ends[1] - long_ends[0]))
+    if short_len > long_len:  # a round nodule: the two, counted differently, may differ by a fraction of a pixel
+        mid = (short_ends[0] + short_ends[1]) / 2
+        short_ends = (mid - long_len / 2 * v, mid + long_len / 2 * v)
 
     def pair(e: tuple[np.ndarray, np.ndarray]) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
         x, y = (tuple(float(c) for c in point) for point in e)
