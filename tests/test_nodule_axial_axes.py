@@ -252,3 +252,30 @@ def test_a_discs_short_axis_is_its_diameter(diameter) -> None:
     assert axes.long_mm == pytest.approx(diameter, abs=0.75 * 0.98)
     assert axes.short_mm == pytest.approx(diameter, abs=0.75 * 0.98)
     assert axes.short_mm <= axes.long_mm + 1e-9
+
+
+def _tilted(deg: float) -> np.ndarray:
+    """Direction cosines of an oblique acquisition: rows along L, columns turned ``deg`` from P towards S."""
+    a = np.radians(deg)
+    return np.array([[1.0, 0.0, 0.0], [0.0, np.cos(a), -np.sin(a)], [0.0, np.sin(a), np.cos(a)]])
+
+
+def test_an_oblique_acquisitions_axes_are_measured_in_its_image_plane_and_say_so() -> None:
+    """A 14 x 6 mm ellipse in the plane of images tilted 20° from axial: its axes are measured on those images (their
+    endpoints in the image's plane, not at one z) and the nodule results, nodule lines and titles say so."""
+    from pipeline.reconstruction.nodule_geometry import axes_json, plane_note, plane_tilt_deg
+
+    direction = _tilted(20.0)
+    g, nodule = _prism(lambda x, y: (x / 7.0) ** 2 + (y / 3.0) ** 2 <= 1, 30.0, direction)
+    axes = _axes_of(g, nodule)
+    assert axes.long_mm == pytest.approx(14.0, abs=CASE_TOLERANCE_MM)
+    assert axes.short_mm == pytest.approx(6.0, abs=CASE_TOLERANCE_MM)
+    normal = np.cross(direction[:, 0], direction[:, 1])
+    ends = np.asarray(axes.long_lps + axes.short_lps)
+    np.testing.assert_allclose(ends @ normal, ends[0] @ normal, atol=1e-6)  # in the image's plane
+    assert np.ptp(ends[:, 2]) > 1.0  # which is not an axial one
+    out = axes_json(nodule, g, {})
+    assert out["axes_plane_tilt_deg"] == 20.0
+    assert plane_note(out["axes_plane_tilt_deg"]) == " (in its image plane, 20.0° from axial)"
+    assert plane_tilt_deg(_prism(lambda x, y: x**2 + y**2 <= 9, 0.0, PRONE)[0]) == 0.0
+    assert plane_note(0.0) == plane_note(0.9) == ""

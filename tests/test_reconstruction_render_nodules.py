@@ -7,6 +7,7 @@ import itertools
 
 import matplotlib.image as mpimg
 import numpy as np
+import pytest
 
 from pipeline.reconstruction.mesh import mesh_from_mask
 from pipeline.reconstruction.nodules import segment_findings
@@ -17,10 +18,14 @@ from tests._support.shapes import lps_grids
 CENTRE = np.array([-20.0, 5.0, 10.0])  # LPS mm, in the right lung (x < 0)
 
 
-def _lung_with_a_nodule() -> tuple[CTVolume, np.ndarray]:
-    """Soft tissue (40 HU) holding a right lung (-850 HU) with a 10 mm solid nodule (40 HU) at ``CENTRE``."""
+def _lung_with_a_nodule(tilt_deg: float = 0.0) -> tuple[CTVolume, np.ndarray]:
+    """Soft tissue (40 HU) holding a right lung (-850 HU) with a 10 mm solid nodule (40 HU) at ``CENTRE``; images
+    tilted ``tilt_deg`` from axial (columns from P towards S) as an oblique acquisition's."""
     n, sp = 64, 1.0
-    geom = Geometry(shape=(48, n, n), spacing=(sp, sp, 1.5), origin=(-32.0, -32.0, -26.0))
+    a = np.radians(tilt_deg)
+    direction = np.array([[1.0, 0.0, 0.0], [0.0, np.cos(a), -np.sin(a)], [0.0, np.sin(a), np.cos(a)]])
+    origin = -direction @ np.array([32.0, 32.0, 26.0])  # (-32, -32, -26) mm for axial images
+    geom = Geometry(shape=(48, n, n), spacing=(sp, sp, 1.5), origin=tuple(origin), direction=direction)
     x, y, z = lps_grids(geom)
     lung = ((x + 16.0) / 14.0) ** 2 + (y / 22.0) ** 2 + (z / 30.0) ** 2 <= 1.0
     arr = np.full(geom.shape, 40.0, np.float32)
@@ -274,22 +279,25 @@ def test_letters_of_nodules_off_the_plane_lie_in_free_space_not_on_the_lungs(tmp
     assert any(line.get_linestyle() == ":" for line in ax.lines)  # the line from the letters to the shadow
 
 
-def test_a_nodules_close_ups_state_its_long_and_short_axis(tmp_path, monkeypatch):
+@pytest.mark.parametrize("tilt_deg", [0.0, 20.0])
+def test_a_nodules_close_ups_state_its_long_and_short_axis(tmp_path, monkeypatch, tilt_deg):
     """Each close-up MPR of a nodule names its long and short axis (mm), their mean and the slice they are measured
-    on, as the nodule lines and the SR state them."""
+    on, as the nodule lines and the SR state them; of an oblique acquisition, whose close-ups show true axial,
+    coronal and sagittal planes, that the axes lie in that slice's plane and how far it leans off axial."""
     from pipeline.reconstruction import render
     from pipeline.reconstruction.nodule_geometry import axes_json
 
     figures: list = []
     save = render.save_png
     monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append((path.name, fig)), save(fig, path))[1])
-    vol, lung = _lung_with_a_nodule()
+    vol, lung = _lung_with_a_nodule(tilt_deg)
     nodules = segment_findings(vol, [{"center_lps": CENTRE.tolist(), "diameter_mm": 12.0}], lung_mask=lung)
     render.render_nodule_views(vol, {"lung_right": lung}, tmp_path, stem="c", nodules=nodules)
     axes = axes_json(nodules[0], vol.geometry, vol.metadata)
     said = (
         f"long axis {axes['long_axis_mm']:.1f} mm, short axis {axes['short_axis_mm']:.1f} mm "
         f"(mean {axes['mean_diameter_mm']:.1f} mm) on slice {axes['axes_instance_number']}"
+        + ("" if tilt_deg == 0.0 else " (in its image plane, 20.0° from axial)")
     )
     close_ups = [fig for name, fig in figures if name.startswith("c_nodule_01_mpr_")]
     assert len(close_ups) == 3

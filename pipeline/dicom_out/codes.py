@@ -41,9 +41,11 @@ diameter                  equiv_diameter              neither DCM nor SCT codes 
                                                       81827009 "Diameter" reads as a measured axis
 Maximum 3D extent         99CTPIPE max_extent_3d      SR: longest distance between two voxel centres of the
                                                       nodule in 3-D (mm), on no one image
-Mean axial diameter       99CTPIPE mean_diameter      SR: mean of the long and short axis (mm), the
-                                                      "mean diameter" of Fleischner 2017 and Lung-RADS
-                                                      v2022 (they round it to the nearest mm)
+Mean diameter in image    99CTPIPE mean_diameter      SR: mean of the long and short axis (mm), the
+plane                                                 "mean diameter" of Fleischner 2017 and Lung-RADS
+                                                      v2022 (they round it to the nearest mm), in the
+                                                      plane of the image both axes reference (an oblique
+                                                      acquisition's, not a true axial plane)
 Emphysema index           99CTPIPE emphysema_index    SR: % of lung voxels below -950 HU
 Nodule composition        99CTPIPE composition        SR: solid / part-solid / ground glass
 solid, part_solid,        99CTPIPE <same>             SR: values of "Nodule composition"
@@ -124,7 +126,7 @@ EQUIVALENT_DIAMETER = private("equiv_diameter", "Volume-equivalent sphere diamet
 #: the nodule's longest extent in 3-D: no axis a reader measures on an image, so not "Long axis"
 MAX_EXTENT = private("max_extent_3d", "Maximum 3D extent")
 #: the mean of the long and short axis: the "mean diameter" by which Fleischner 2017 and Lung-RADS v2022 size a nodule
-MEAN_DIAMETER = private("mean_diameter", "Mean axial diameter")
+MEAN_DIAMETER = private("mean_diameter", "Mean diameter in image plane")
 EMPHYSEMA_INDEX = private("emphysema_index", "Emphysema index (LAA-950)")
 COMPOSITION = private("composition", "Nodule composition")
 COMPOSITIONS: dict[str, Code] = {

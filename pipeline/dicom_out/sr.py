@@ -13,8 +13,9 @@ series' frame of reference):
   nearest the centre (for a volume corrected for a gantry tilt, the image in whose plane that slice lies: the
   coordinates stay LPS, unaffected by the slice's in-plane shift; the report holds no 2-D image coordinates), and the measurements Volume-equivalent sphere diameter (mm; ctpipe's code: no standard one names it), Maximum
   3D extent (mm, ctpipe's code), Long axis and Short axis (mm, on the slice where the segmented nodule is largest: that
-  image referenced), their mean (Mean axial diameter, mm, ctpipe's
-  code) and Volume (mm³) when the
+  image referenced), their mean (Mean diameter in image plane, mm, ctpipe's
+  code; all three in the plane of that image, as acquired: an oblique acquisition's axes are not those of a true
+  axial plane) and Volume (mm³) when the
   nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid then shows the box),
   Probability (the detector score, unit 1) and the composition when known (positions to 0.01 mm, diameters and
   long axes to 0.1 mm, volumes to 1 mm³, the score to 0.001: :data:`.model.MM_DECIMALS`, :data:`.model.LENGTH_DECIMALS`);

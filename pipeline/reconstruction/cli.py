@@ -182,7 +182,7 @@ def nodule_lines(rec: Any, *, metadata: Mapping[str, Any] | None = None) -> list
     import numpy as np
 
     from ..detection.findings import slice_label, slice_number_source
-    from .nodule_geometry import axes_json, boundary_voxels, long_axis_mm, lung_side, nodule_mask
+    from .nodule_geometry import axes_json, boundary_voxels, long_axis_mm, lung_side, nodule_mask, plane_note
 
     geometry = rec.geometry
     metadata = metadata or {}
@@ -209,7 +209,8 @@ def nodule_lines(rec: Any, *, metadata: Mapping[str, Any] | None = None) -> list
             mean = axes["mean_diameter_mm"]
             sizes = (
                 f"long axis {axes['long_axis_mm']:.1f} mm, short axis {axes['short_axis_mm']:.1f} mm, "
-                f"mean diameter {mean:.1f} mm ({int(np.floor(round(mean, 1) + 0.5))} mm) on {label} {axes['axes_instance_number']}, "
+                f"mean diameter {mean:.1f} mm ({int(np.floor(round(mean, 1) + 0.5))} mm) on {label} {axes['axes_instance_number']}"
+                f"{plane_note(axes['axes_plane_tilt_deg'])}, "
                 f"3-D extent {extent_mm:.1f} mm"
             )
         else:

@@ -136,8 +136,9 @@ def lung_side(center: np.ndarray, geometry: Geometry, lungs: Mapping[str, np.nda
 
 @dataclass(frozen=True)
 class AxialAxes:
-    """A nodule's long and short axis as a reader measures them (Fleischner 2017, Lung-RADS v2022): on the slice where
-    its mask is largest, the longest in-plane chord (``long_mm``) and the longest chord perpendicular to it
+    """A nodule's long and short axis as a reader measures them (Fleischner 2017, Lung-RADS v2022): on the image (the
+    volume's slice, in its plane as acquired: axial for an axial acquisition, see :func:`plane_tilt_deg`) where its mask
+    is largest, the longest in-plane chord (``long_mm``) and the longest chord perpendicular to it
     (``short_mm``), both mm; ``mean_mm`` their mean (the "mean diameter" the guidelines size a nodule by, stated
     rounded to the nearest mm). ``slice_k``: that slice, an index of the volume's grid. ``long_lps`` and
     ``short_lps``: each axis' two endpoints, DICOM patient coordinates (LPS, mm); their distance is the axis' length."""
@@ -289,12 +290,36 @@ def axial_axes(nm: NoduleMask, geometry: Geometry) -> AxialAxes | None:
     )
 
 
+#: an image plane that leans at most this many degrees off the true axial plane (LPS z constant) is stated as axial
+#: (the renderings' threshold for drawing a grid as it is: :data:`.render_planes.OBLIQUE_DEG`)
+AXIAL_TOLERANCE_DEG = 1.0
+
+
+def plane_tilt_deg(geometry: Geometry) -> float:
+    """The angle (degrees, 0-90) between the plane of the volume's slices (its images as acquired: the plane of the
+    index axes i and j) and the true axial plane (LPS z constant): 0 for an axial acquisition, in any storage order
+    and patient position; that of an oblique acquisition's images."""
+    d = np.asarray(geometry.direction, dtype=np.float64).reshape(3, 3)
+    n = np.cross(d[:, 0], d[:, 1])
+    return float(np.degrees(np.arccos(np.clip(abs(n[2]) / np.linalg.norm(n), 0.0, 1.0))))
+
+
+def plane_note(tilt_deg: float | None) -> str:
+    """What a nodule line or a title adds after the slice the axes are measured on: nothing for an axial image, else
+    that they lie in that image's plane and how far it leans off the true axial plane (``tilt_deg``:
+    :func:`plane_tilt_deg`), as a reader measuring on that image finds them."""
+    if tilt_deg is None or tilt_deg <= AXIAL_TOLERANCE_DEG:
+        return ""
+    return f" (in its image plane, {tilt_deg:.1f}° from axial)"
+
+
 AXES_KEYS = (
     "long_axis_mm",
     "short_axis_mm",
     "mean_diameter_mm",
     "axes_slice_k",
     "axes_instance_number",
+    "axes_plane_tilt_deg",
     "long_axis_lps_mm",
     "short_axis_lps_mm",
 )
@@ -304,9 +329,11 @@ def axes_json(result: Any, geometry: Geometry, metadata: Mapping[str, Any]) -> d
     """The nodule results' axes of a segmented nodule (``result``: a ``NoduleResult`` or its JSON with ``mask`` and
     ``geometry``) on the volume's grid ``geometry``: ``long_axis_mm``, ``short_axis_mm``, ``mean_diameter_mm`` (mm, to
     0.001), the slice they are measured on (``axes_slice_k``, and ``axes_instance_number``: its InstanceNumber as the
-    series ``metadata`` lists it, else its FrameNumber, else ``k + 1``) and each axis' endpoints
-    (``long_axis_lps_mm``, ``short_axis_lps_mm``: two points, DICOM patient coordinates LPS, mm). All None without a
-    mask (see :func:`axial_axes`)."""
+    series ``metadata`` lists it, else its FrameNumber, else ``k + 1``), how far that image's plane, in which both axes
+    lie, leans off the true axial plane (``axes_plane_tilt_deg``, degrees to 0.1: 0 for an axial acquisition; an
+    oblique acquisition's axes are measured on its images, as a reader measures them, not on a resampled axial plane)
+    and each axis' endpoints (``long_axis_lps_mm``, ``short_axis_lps_mm``: two points, DICOM patient coordinates LPS,
+    mm). All None without a mask (see :func:`axial_axes`)."""
     from ..detection.findings import slice_number_of
 
     nm = nodule_mask(result, geometry)
@@ -323,6 +350,7 @@ def axes_json(result: Any, geometry: Geometry, metadata: Mapping[str, Any]) -> d
         "mean_diameter_mm": round(axes.mean_mm, 3),
         "axes_slice_k": axes.slice_k,
         "axes_instance_number": slice_number_of(axes.slice_k, metadata, geometry.shape[0]),
+        "axes_plane_tilt_deg": round(plane_tilt_deg(geometry), 1),
         "long_axis_lps_mm": points(axes.long_lps),
         "short_axis_lps_mm": points(axes.short_lps),
     }

@@ -380,7 +380,7 @@ def render_nodule_views(
     the slice they are measured on: :func:`~.nodule_geometry.axes_json`), outlined in the MIP slabs that hold them
     (:func:`render_mip`) and drawn over the organs in the 3-D preview."""
     from ..detection.findings import slice_label, slice_number_source
-    from .nodule_geometry import axes_json
+    from .nodule_geometry import axes_json, plane_note
     from .preview import write_preview
 
     out.mkdir(parents=True, exist_ok=True)
@@ -393,6 +393,7 @@ def render_nodule_views(
             sizes[r.index] = (
                 f" · long axis {axes['long_axis_mm']:.1f} mm, short axis {axes['short_axis_mm']:.1f} mm "
                 f"(mean {axes['mean_diameter_mm']:.1f} mm) on {slice_name} {axes['axes_instance_number']}"
+                f"{plane_note(axes['axes_plane_tilt_deg'])}"
             )
     volume, masks, labels = to_patient_axes(volume, masks, labels)  # once for every MPR and MIP below
     paths = render_mpr(volume, masks, out, stem=stem, nodules=labels)
