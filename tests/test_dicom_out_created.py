@@ -56,3 +56,30 @@ def test_results_state_when_they_were_made_not_when_the_scan_was(tmp_path: Path)
         ds = pydicom.dcmread(path, stop_before_pixels=True)
         assert set(_made_at(ds).values()) == {"20310506070809"}, kind
         assert_same_but_dates(a[kind], path)
+
+
+def test_an_instance_made_again_at_another_time_is_a_new_instance_of_the_same_series(tmp_path: Path) -> None:
+    """One SOP Instance UID, one content: the same results made at another time (a case processed again) state that
+    time under an instance UID of their own, in the same series, so a viewer never shows two versions of one
+    instance; made at the same time, they are the same file."""
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    options = dict(
+        source=case.source,
+        volume=case.volume,
+        findings=case.findings,
+        nodules=case.nodules,
+        organ_masks={"lung_left": case.phantom.masks["lung_left"]},
+        stable_uids=True,
+        **MODEL,
+    )
+    first, later = datetime.datetime(2031, 5, 6, 7, 8, 9), datetime.datetime(2031, 5, 7, 7, 8, 9)
+    a = write_dicom_outputs(tmp_path / "a", created=first, **options)
+    b = write_dicom_outputs(tmp_path / "b", created=later, **options)
+    again = write_dicom_outputs(tmp_path / "c", created=first, **options)
+    for kind in ("sr", "seg"):
+        da, db = (pydicom.dcmread(p, stop_before_pixels=True) for p in (a[kind], b[kind]))
+        assert da.SeriesInstanceUID == db.SeriesInstanceUID, kind
+        assert da.SOPInstanceUID != db.SOPInstanceUID, kind
+        assert db.file_meta.MediaStorageSOPInstanceUID == db.SOPInstanceUID
+        assert_same_but_dates(a[kind], b[kind])
+        assert again[kind].read_bytes() == a[kind].read_bytes(), kind

@@ -243,14 +243,17 @@ def write_dicom_outputs(
     :meth:`SourceSeries.without_identifiers`; the study and frame of reference stay the source's).
     uid_seed: derive the series and instance UIDs from this text (and ctpipe's version) instead of making new ones, or
     from one text per output (``{"sr": ..., "seg": ...}``, each naming what that object holds): the same results
-    written again are the same series and instances, and an archive keeps one copy of each.
+    written again are the same series; each instance's UID also derives from when it was made (``created``), which it
+    states: made again at another time, it is a new instance of that series (one UID, one content), made at the
+    same time the same file, and an archive that receives a file again keeps one copy.
     stable_uids: without ``uid_seed``, derive one per output from what it holds (:func:`content_seeds`: the source
     images and their patient and study, the reported findings; for the SR the measurements, quality, model and
-    operating point, for the SEG the masks): the same results written again have the same UIDs and content, whichever
-    other outputs are written beside them.
+    operating point, for the SEG the masks): the same results written again have the same series UIDs and, but for
+    when they were made and the instance UID derived from it, the same content, whichever other outputs are written
+    beside them.
     created: when the results were made, their instance creation, content and series date and time (local time;
-    default now, one time for both; never the source's acquisition date). UIDs do not depend on it; the same results
-    written again with the same ``created`` are the same bytes.
+    default now, one time for both; never the source's acquisition date). The series UIDs do not depend on it, the
+    instance UIDs do; the same results written again with the same ``created`` are the same bytes.
     Raises :class:`~pipeline.errors.DicomOutputError` (:class:`~pipeline.errors.SourceMismatchError` for the source).
     """
     unknown = [o for o in outputs if o not in OUTPUTS]
@@ -304,8 +307,8 @@ def write_dicom_outputs(
             quality=quality,
             nodules_assessed=findings is not None,
             created=created,
-            series_uid=_uids("sr", uid_seed)[0],
-            sop_instance_uid=_uids("sr", uid_seed)[1],
+            series_uid=_uids("sr", uid_seed, created)[0],
+            sop_instance_uid=_uids("sr", uid_seed, created)[1],
         )
     if "seg" in outputs:
         if not masks and not any(f.mask is not None for f in reported):
@@ -319,8 +322,8 @@ def write_dicom_outputs(
                 findings=reported,
                 omit_empty_frames=omit_empty_frames,
                 created=created,
-                series_uid=_uids("seg", uid_seed)[0],
-                sop_instance_uid=_uids("seg", uid_seed)[1],
+                series_uid=_uids("seg", uid_seed, created)[0],
+                sop_instance_uid=_uids("seg", uid_seed, created)[1],
             )
     return written
 
@@ -371,11 +374,14 @@ def content_seeds(
     return {"sr": sr.hexdigest(), "seg": seg.hexdigest()}
 
 
-def _uids(kind: str, seed: str | Mapping[str, str] | None) -> tuple[str | None, str | None]:
+def _uids(kind: str, seed: str | Mapping[str, str] | None, created: datetime.datetime) -> tuple[str | None, str | None]:
     """(series UID, instance UID) of output ``kind`` derived from ``seed`` (or from its entry for ``kind``); (None, None)
-    without one: new UIDs."""
+    without one: new UIDs. The series UID from the seed alone; the instance UID also from ``created`` (to the second,
+    as the instance states it): an instance states one content, its dates included, so the same results made at
+    another time are another instance of the same series, and made at the same time the same file."""
     if isinstance(seed, Mapping):
         seed = seed.get(kind)
     if seed is None:
         return None, None
-    return stable_uid(f"ctpipe-{kind}-series", __version__, seed), stable_uid(f"ctpipe-{kind}", __version__, seed)
+    made = created.strftime("%Y%m%d%H%M%S")
+    return stable_uid(f"ctpipe-{kind}-series", __version__, seed), stable_uid(f"ctpipe-{kind}", __version__, seed, made)

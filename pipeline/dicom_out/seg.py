@@ -267,7 +267,8 @@ def _header(
     for keyword, value in lossy_attributes(source, volume).items():
         setattr(ds, keyword, value)
     organisation = Dataset()
-    organisation.DimensionOrganizationUID = stable_uid("ctpipe-seg-dimensions", sop_uid)
+    # the series' frames are organised alike, whenever an instance of it was made
+    organisation.DimensionOrganizationUID = stable_uid("ctpipe-seg-dimensions", series_uid)
     ds.DimensionOrganizationSequence = [organisation]
     ds.DimensionIndexSequence = [_dimension(organisation.DimensionOrganizationUID, *d) for d in DIMENSIONS]
     shared = Dataset()

@@ -17,8 +17,9 @@ names any result (:mod:`pipeline.dicom_out`):
 Both reference the case's source files (matched slice by slice to the cached volume) and are new
 series in the source's study and frame of reference. Each one's UIDs derive from the case and what
 that result holds (:func:`_uid_seed`), so a case processed again (a resumed or repeated run, with or without
-the other result) gives the same series and instances with the same content, and an archive they are sent to keeps
-one copy; their creation, content and series date and time are when the stage wrote them (never the scan's). They copy Patient and Study from the source, as DICOM
+the other result) gives the same series with the same content, and an archive they are sent to keeps one series;
+their creation, content and series date and time are when the stage wrote them (never the scan's), and each
+instance's UID derives from that time too (one instance UID, one content: made again later, a new instance). They copy Patient and Study from the source, as DICOM
 results must to be filed with their study; they are the only files of a run folder that carry
 patient identifiers (``privacy.keep_identifiers`` governs everything else). The files are declared: the case is
 published only with them. A source that no longer matches (a file deleted or changed since ingest, a header
