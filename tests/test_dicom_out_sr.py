@@ -332,3 +332,28 @@ def _content_items(ds):
     for item in ds.get("ContentSequence", []):
         yield item
         yield from _content_items(item)
+
+
+def test_the_sr_names_the_contrast_phase_with_the_standard_code_and_declares_its_private_scheme(tmp_path, monkeypatch):
+    """ "Contrast Phase" is DCM 109058: a validator and a viewer know it, where ctpipe's own code was one more private
+    code. ctpipe's scheme, where the SR uses it, is declared with its name, version and responsible organisation; an SR of an earlier version, with the private concept, still reads."""
+    from pipeline.dicom_out import codes, sr_read
+
+    case = phantom_case(tmp_path / "case")
+    path = _write(case, tmp_path / "sr.dcm")
+    ds = pydicom.dcmread(path)
+    phase = [
+        item
+        for item in ds.iterall()
+        if getattr(item, "keyword", "") == "ConceptNameCodeSequence" and item.value[0].CodeMeaning.lower() == "contrast phase"
+    ]
+    assert phase and all((i.value[0].CodeValue, i.value[0].CodingSchemeDesignator) == ("109058", "DCM") for i in phase)
+    (scheme,) = ds.CodingSchemeIdentificationSequence
+    assert scheme.CodingSchemeDesignator == "99CTPIPE"
+    assert scheme.CodingSchemeName and scheme.CodingSchemeVersion and scheme.CodingSchemeResponsibleOrganization
+    assert read_sr_case(path)["contrast_phase"] == "venous"
+    monkeypatch.setattr(codes, "CONTRAST_PHASE", codes.CONTRAST_PHASE_PRIVATE)
+    earlier = _write(case, tmp_path / "earlier.dcm")
+    monkeypatch.undo()
+    assert sr_read.read_sr_case(earlier)["contrast_phase"] == "venous"
+    assert_valid(path)  # its only warnings: the private codes themselves (last: it skips where dciodvfy is missing)

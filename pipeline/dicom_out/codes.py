@@ -3,7 +3,10 @@
 Standard codes (SNOMED CT ``SCT``, DICOM ``DCM``, LOINC ``LN``, UCUM units) wherever one exists;
 the rest come from ctpipe's private coding scheme ``99CTPIPE`` (DICOM PS3.16 §8.2: designators
 beginning with "99" are private), which an SR that uses one of them declares in its
-CodingSchemeIdentificationSequence (an SR of standard codes only, as ``ctpipe detect``'s, declares none).
+CodingSchemeIdentificationSequence with a name, version and responsible organisation (PS3.3 C.12.1.1.8; no
+Coding Scheme UID, which dciodvfy warns about as one more term it does not know; an SR of standard codes only
+declares none). dciodvfy still warns once per private code item ("Unrecognized defined term
+<99CTPIPE>"): it checks designators against PS3.16's list and does not read the declaration.
 
 ========================  ==========================  =====================================================
 concept                   code                        used for
@@ -51,7 +54,9 @@ Nodule composition        99CTPIPE composition        SR: solid / part-solid / g
 solid, part_solid,        99CTPIPE <same>             SR: values of "Nodule composition"
 ground_glass
 Lung coverage             99CTPIPE lung_coverage      SR: complete / partial / absent
-Contrast phase            99CTPIPE contrast_phase     SR: non_contrast / arterial / venous
+Contrast Phase            DCM 109058                  SR: non_contrast / arterial / venous (ctpipe's codes:
+                                                      no CID lists these phases); 99CTPIPE contrast_phase in
+                                                      SRs of earlier versions
 quality flag codes        99CTPIPE <flag code>        SR: values of "Quality finding", one per flag of
                                                       :data:`pipeline.reconstruction.quality.FLAGS`
 ========================  ==========================  =====================================================
@@ -68,6 +73,7 @@ from ..reconstruction.organs import OUTLINE_COLORS
 PRIVATE_SCHEME = "99CTPIPE"
 PRIVATE_SCHEME_NAME = "ctpipe private codes"
 PRIVATE_SCHEME_VERSION = "1"
+PRIVATE_SCHEME_ORGANIZATION = "ctpipe"
 
 # --- procedure, finding type, categories -------------------------------------------------
 CT_CHEST = Code("24627-2", "LN", "CT Chest")
@@ -135,7 +141,9 @@ COMPOSITIONS: dict[str, Code] = {
     "ground_glass": private("ground_glass", "Ground glass"),
 }
 LUNG_COVERAGE = private("lung_coverage", "Lung coverage")
-CONTRAST_PHASE = private("contrast_phase", "Contrast phase")
+CONTRAST_PHASE = Code("109058", "DCM", "Contrast Phase")
+#: read back from SRs of earlier versions, which named the contrast phase with ctpipe's code; never written
+CONTRAST_PHASE_PRIVATE = private("contrast_phase", "Contrast phase")
 COVERAGES = {v: private(v, v.capitalize()) for v in ("complete", "partial", "absent")}
 PHASES = {v: private(v, v.replace("_", " ").capitalize()) for v in ("non_contrast", "arterial", "venous")}
 

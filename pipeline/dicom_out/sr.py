@@ -333,7 +333,7 @@ def build_sr(
         scheme.CodingSchemeDesignator = C.PRIVATE_SCHEME
         scheme.CodingSchemeName = C.PRIVATE_SCHEME_NAME
         scheme.CodingSchemeVersion = C.PRIVATE_SCHEME_VERSION
-        scheme.CodingSchemeResponsibleOrganization = "ctpipe"
+        scheme.CodingSchemeResponsibleOrganization = C.PRIVATE_SCHEME_ORGANIZATION
         sr.CodingSchemeIdentificationSequence = [scheme]
     return sr
 

@@ -276,7 +276,7 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
             out["nodules_present"] = value == _key(C.PRESENT)
         elif concept == _key(C.LUNG_COVERAGE):
             out["lung_coverage"] = coverages.get(value)
-        elif concept == _key(C.CONTRAST_PHASE):
+        elif concept in (_key(C.CONTRAST_PHASE), _key(C.CONTRAST_PHASE_PRIVATE)):  # the latter: earlier versions
             out["contrast_phase"] = phases.get(value)
         elif concept == _key(C.QUALITY_FINDING) and value[1] == C.PRIVATE_SCHEME:
             out["quality_flags"].append(value[0])
