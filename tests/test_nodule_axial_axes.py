@@ -279,3 +279,27 @@ def test_an_oblique_acquisitions_axes_are_measured_in_its_image_plane_and_say_so
     assert plane_note(out["axes_plane_tilt_deg"]) == " (in its image plane, 20.0° from axial)"
     assert plane_tilt_deg(_prism(lambda x, y: x**2 + y**2 <= 9, 0.0, PRONE)[0]) == 0.0
     assert plane_note(0.0) == plane_note(0.9) == ""
+
+
+def test_each_image_reference_of_a_nodule_uses_its_templates_concept(tmp_path) -> None:
+    """TID 1411: the volume surface's image is its "Source image for segmentation" (DCM 121233); TID 1419: each axis'
+    image, on which a viewer shows the measurement, is its "Source of Measurement" (DCM 121112, inferred from). Read
+    back as highdicom reads them."""
+    import highdicom as hd
+
+    from tests.test_dicom_out_sources import assert_valid
+
+    case = _sr_case(tmp_path)
+    path = _write_sr(case, tmp_path / "sr.dcm")
+    (f,) = [f for f in case.findings if f.score >= 0.5]
+    k = int(np.rint(case.volume.geometry.lps_to_index(f.center_lps)[2]))
+    (group,) = hd.sr.srread(path).content.get_volumetric_roi_measurement_groups()
+    (surface_image,) = group.roi.source_images_for_segmentation
+    assert surface_image.referenced_sop_instance_uid == case.source.sop_instance_uids[k]
+    items = {str(item.ConceptNameCodeSequence[0].CodeValue): item for item in group[0].ContentSequence}
+    assert items["121233"].RelationshipType == "CONTAINS" and items["121233"].ValueType == "IMAGE"
+    for code in ("103339001", "103340004"):
+        (source,) = items[code].ContentSequence
+        assert (source.RelationshipType, source.ValueType) == ("INFERRED FROM", "IMAGE")
+        assert source.ConceptNameCodeSequence[0].CodeValue == "121112"
+    assert_valid(path)  # last: it skips where dciodvfy is missing
