@@ -303,3 +303,15 @@ def test_each_image_reference_of_a_nodule_uses_its_templates_concept(tmp_path) -
         assert (source.RelationshipType, source.ValueType) == ("INFERRED FROM", "IMAGE")
         assert source.ConceptNameCodeSequence[0].CodeValue == "121112"
     assert_valid(path)  # last: it skips where dciodvfy is missing
+
+
+def test_a_one_pixel_nodule_and_a_large_mass_have_axes() -> None:
+    """A nodule of one pixel per slice has axes no longer than a pixel; a 120 mm mass is measured on a coarser
+    sampling, within a pixel."""
+    g, nodule = _prism(lambda x, y: (np.abs(x) <= 0.35) & (np.abs(y) <= 0.35), 0.0)
+    assert nodule["mask"].sum() == 3
+    axes = _axes_of(g, nodule)
+    assert 0 < axes.short_mm <= axes.long_mm <= PIXEL_MM
+    big = _axes_of(*_prism(lambda x, y: (x / 60.0) ** 2 + (y / 40.0) ** 2 <= 1, 10.0, n=200))
+    assert big.long_mm == pytest.approx(120.0, abs=PIXEL_MM)
+    assert big.short_mm == pytest.approx(80.0, abs=PIXEL_MM)

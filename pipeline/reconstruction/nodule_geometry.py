@@ -165,6 +165,8 @@ def _extent_step(u: np.ndarray, geometry: Geometry) -> float:
 
 #: sampling step along a chord and between neighbouring chords, as a share of the pixel's smaller side
 CHORD_STEP = 0.1
+#: the most lines across a nodule, and samples along each, of its short axis' search
+MAX_CHORD_SAMPLES = 1000
 
 
 def _perpendicular_chord(
@@ -198,8 +200,10 @@ def _perpendicular_chord(
     ijk = np.column_stack([ji[:, 1], ji[:, 0], np.full(len(ji), k)]).astype(np.float64)
     pts = np.asarray(geometry.index_to_lps(ijk), dtype=np.float64).reshape(-1, 3)
     su, sv = (pts - p) @ u, (pts - p) @ v
-    step = CHORD_STEP * min(sx, sy)
     reach = max(sx, sy)
+    # a tenth of a pixel; for a mass over 100 pixels across, coarser: at most MAX_CHORD_SAMPLES lines and samples
+    extent = float(max(np.ptp(su), np.ptp(sv))) + 2 * reach
+    step = max(CHORD_STEP * min(sx, sy), extent / MAX_CHORD_SAMPLES)
     ts = np.arange(su.min() - reach, su.max() + reach + step, step)
     ss = np.arange(sv.min() - reach, sv.max() + reach + step, step)
     # in-plane index coordinates (i, j) of p and of a mm along u and v
@@ -212,6 +216,8 @@ def _perpendicular_chord(
     inside = inside.reshape(ii.shape)
     hit = inside >= 0.5
     rows = np.flatnonzero(hit.any(axis=1))
+    if rows.size == 0:  # no line crosses the pixels' middle: a chord no longer than a pixel, drawn through p
+        return p - reach / 2 * v, p + reach / 2 * v
     first = np.argmax(hit[rows], axis=1)
     last = hit.shape[1] - 1 - np.argmax(hit[rows, ::-1], axis=1)
 
