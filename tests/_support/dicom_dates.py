@@ -19,12 +19,16 @@ MADE_AT = (
 )
 
 
+#: the SOP Instance UID that :func:`without_dates` states for every instance
+MADE_INSTANCE = "1.2.3.4"
+
+
 def without_dates(path: Path) -> Any:
     """The dataset of ``path`` without :data:`MADE_AT`, at every level (sequences included), and without its SOP
-    Instance UID, which derives from when it was made (an instance states one content, its dates included)."""
+    Instance UID, which derives from when it was made (an instance states one content, its dates included):
+    :data:`MADE_INSTANCE` instead."""
     ds = pydicom.dcmread(path)
-    del ds.SOPInstanceUID
-    del ds.file_meta.MediaStorageSOPInstanceUID
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = MADE_INSTANCE  # still a file that can be written
     del ds.file_meta.FileMetaInformationGroupLength  # the length of that UID
 
     def drop(d: Any) -> None:
