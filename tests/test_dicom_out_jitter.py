@@ -115,14 +115,20 @@ def _on_a_rounding_edge(finding: Any) -> tuple[Any, Any]:
 def test_centres_that_round_apart_at_a_hundredth_of_a_millimetre_keep_the_uids(tmp_path: Path) -> None:
     """The SR's and SEG's series and instance UIDs and each nodule's tracking UID name the case and the finding, not
     its measured centre: a centre 1e-6 mm further, stated 0.01 mm apart, leaves them (a rerun with 4 workers instead
-    of 1 gives the archive the same series, not a second SR and SEG)."""
+    of 1 gives the archive the same series, not a second SR and SEG). Made at the same time: an instance made at
+    another time is another instance of the series."""
+    import datetime
+
     import pydicom
 
     from pipeline.dicom_out import read_sr_findings
 
     case = phantom_case(tmp_path / "case", n_nodules=1)
     masks = {"lung_left": case.phantom.masks["lung_left"], "lung_right": case.phantom.masks["lung_right"]}
-    options = dict(source=case.source, volume=case.volume, nodules=case.nodules, organ_masks=masks, stable_uids=True)
+    made = datetime.datetime(2031, 5, 6, 7, 8, 9)
+    options = dict(
+        source=case.source, volume=case.volume, nodules=case.nodules, organ_masks=masks, stable_uids=True, created=made
+    )
     a, b = _on_a_rounding_edge(case.findings[0])
     written = [
         write_dicom_outputs(tmp_path / name, findings=[f, *case.findings[1:]], **options, **MODEL)
