@@ -1,4 +1,5 @@
-"""Argument types for the ``ctpipe`` sub-commands: numbers in their range, refused by argparse with the range."""
+"""Argument types for the ``ctpipe`` sub-commands: numbers in their range, refused by argparse with the range; and the
+``--keep-identifiers`` option the single-series commands share (:func:`add_keep_identifiers`)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,19 @@ def device_name(text: str) -> str:
     if name in ("auto", "cpu", "gpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
         return name
     raise argparse.ArgumentTypeError(f"unknown device {text!r}; allowed: auto, cpu, cuda or cuda:N (N a GPU number, e.g. cuda:0)")
+
+
+#: The help of ``--keep-identifiers`` of ``ctpipe detect`` and ``ctpipe reconstruct`` (:func:`add_keep_identifiers`).
+KEEP_IDENTIFIERS_HELP = (
+    "keep folder and file names that hold a patient identifier (the PatientID, AccessionNumber, a part of the "
+    "PatientName or the PatientBirthDate of the source's DICOM headers) as they are on the console, in errors and "
+    "logs and in the files written outside the DICOM results (findings JSON and CSV, PNGs, measurements), for "
+    "outputs kept where identifiers may be; by default each reads <patient:xxxxxx>, as ctpipe run writes them "
+    "without --keep-identifiers"
+)
+
+
+def add_keep_identifiers(parser: argparse.ArgumentParser) -> None:
+    """Add ``--keep-identifiers`` (``args.keep_identifiers``, default False) to a command that reads its sources
+    through :func:`pipeline.runner.redact.redacting_sources`."""
+    parser.add_argument("--keep-identifiers", action="store_true", help=KEEP_IDENTIFIERS_HELP)

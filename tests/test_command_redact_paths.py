@@ -113,3 +113,17 @@ def test_ctpipe_detect_and_reconstruct_show_a_patient_named_folder_as_a_token(tm
         assert TOKEN.search(cap.err), cap.err  # -v: the series read from the folder, named by its token
     assert list((out / "detect").rglob("*.png")) and list((out / "reconstruct").rglob("*.png"))
     assert _leaks(out, "\n".join(consoles)) == []
+
+
+def test_detect_and_reconstruct_keep_identifiers_show_the_folder_as_it_is(tmp_path, capsys):
+    from tests._support.dicom import write_series
+
+    src = tmp_path / "data" / "DOE_JANE_MRN12345"
+    write_series(src / "a", n=12, series_uid="1.2.3.404", tweak=_patient)
+    write_series(src / "b", n=12, series_uid="1.2.3.405", tweak=_patient, series_number=3)
+    for command in ("detect", "reconstruct"):  # two series qualify: the error names the folder, here as it is
+        rc = main([command, str(src), "--out", str(tmp_path / command), "--device", "cpu", "--keep-identifiers"])
+        assert rc == 1
+        cap = capsys.readouterr()
+        console = cap.out + cap.err
+        assert "DOE_JANE_MRN12345" in console and not TOKEN.search(console), console

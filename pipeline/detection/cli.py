@@ -2,6 +2,7 @@
 
     ctpipe detect SRC --out DIR [--bundle PATH] [--no-lung-crop] [--device auto|cpu|cuda] [--fp32] [--raw] [--no-png]
                   [--score-threshold P | --all-candidates] [--dicom none|sr | --no-dicom]
+                  [--case-id NAME] [--keep-identifiers]
     ctpipe evaluate --pred PATH [PATH ...] --truth PATH [PATH ...] --out DIR [--bootstrap 1000]
                     [--scans seriesuids.csv] [--irrelevant annotations_excluded.csv] [--reading interpolate|step]
                     [--max-marks 100] [--at-score P ...]
@@ -30,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import device_name, number_in
+from ..argtypes import add_keep_identifiers, device_name, number_in
 from ..dicom_out.kinds import add_dicom_options
 from .evaluate import READINGS
 
@@ -97,6 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
     p.add_argument("--max-png", type=number_in(int, 0), default=20, help="PNGs for at most this many top findings (default 20)")
     add_dicom_options(p, default="sr")
+    add_keep_identifiers(p)
     p.set_defaults(func=_detect)
 
     e = subparsers.add_parser(
@@ -182,10 +184,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _detect(args: argparse.Namespace) -> int:
-    """``ctpipe detect``, a patient-named source folder shown and written as its token (as ``ctpipe run``)."""
+    """``ctpipe detect``, a patient-named source folder shown and written as its token (as ``ctpipe run``), or as it
+    is with ``--keep-identifiers``."""
     from ..runner.redact import redacting_sources
 
-    with redacting_sources([args.src]):
+    with redacting_sources([args.src], keep_identifiers=args.keep_identifiers):
         return _detect_source(args)
 
 

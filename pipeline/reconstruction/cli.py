@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import device_name, number_in
+from ..argtypes import add_keep_identifiers, device_name, number_in
 from ..dicom_out.kinds import add_dicom_options
 from ..errors import CtpipeError, DicomOutputError, UsageError
 from .organs import ORGANS
@@ -84,14 +84,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="resample a tilted-gantry DICOM series onto an orthogonal grid instead of rejecting it (as ctpipe ingest)",
     )
     add_dicom_options(p, default="sr,seg")
+    add_keep_identifiers(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """``ctpipe reconstruct``, a patient-named source folder shown and written as its token (as ``ctpipe run``)."""
+    """``ctpipe reconstruct``, a patient-named source folder shown and written as its token (as ``ctpipe run``), or
+    as it is with ``--keep-identifiers``."""
     from ..runner.redact import redacting_sources
 
-    with redacting_sources([args.src]):
+    with redacting_sources([args.src], keep_identifiers=args.keep_identifiers):
         return _run(args)
 
 
