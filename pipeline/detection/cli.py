@@ -94,7 +94,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="resample a tilted-gantry DICOM series onto an orthogonal grid instead of rejecting it (as ctpipe ingest)",
     )
-    p.add_argument("--case-id", default=None, help="name of the output files (default: from the source)")
+    p.add_argument(
+        "--case-id",
+        default=None,
+        help="name of the output files (default: from the source: the series UID, the cache entry's name, or an image "
+        "file's name, which then also names the series in the findings); with an image file, nothing of its name is used",
+    )
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
     p.add_argument("--max-png", type=number_in(int, 0), default=20, help="PNGs for at most this many top findings (default 20)")
     add_dicom_options(p, default="sr")
@@ -194,18 +199,19 @@ def _detect(args: argparse.Namespace) -> int:
 
 def _detect_source(args: argparse.Namespace) -> int:
     from ..atomic import check_out_outside_sources, ensure_dir
-    from ..ingest.source import read_source
+    from ..ingest.source import image_named, read_source
     from ..load.base import resolve_device
     from .figures import write_finding_pngs
     from .infer import Detector
 
     if args.case_id is not None:
-        _check_case_id(args.case_id)
+        check_case_id(args.case_id)
     # auto, gpu: the torch device they stand for ("cuda" or "cpu"), as ctpipe run's --device reads them
     device = resolve_device(args.device, where="--device") if args.device is not None else None
     check_out_outside_sources([args.src], args.out, beside="findings")  # else the next scan reads the SR back
     ensure_dir(args.out)
     volume, case_id = read_source(args.src, series_uid=args.series_uid, mmap=True, allow_gantry_tilt=args.allow_gantry_tilt)
+    volume = image_named(volume, args.src, case_id=args.case_id)  # an image file's name: warned of, or left out
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
     det = Detector(
         bundle=args.bundle,
@@ -289,8 +295,9 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
     return 0
 
 
-def _check_case_id(case_id: str) -> None:
-    """Refuse a ``--case-id`` that would name a file outside ``--out`` (a path, or a name starting with a dot)."""
+def check_case_id(case_id: str) -> None:
+    """Refuse a ``--case-id`` (of ``ctpipe detect`` or ``reconstruct``) that would name a file outside ``--out`` (a
+    path, or a name starting with a dot)."""
     from ..cache import is_plain_file_name
     from ..errors import UsageError
 

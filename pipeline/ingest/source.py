@@ -8,13 +8,16 @@ LPS (a NIfTI stored RAS on disk included).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ..errors import CtpipeError
 from ..volume import CTVolume
 from .image import IMAGE_SUFFIXES, image_suffix, read_image
 
-__all__ = ["IMAGE_SUFFIXES", "SOURCE_KINDS", "image_suffix", "read_image", "read_source"]
+__all__ = ["IMAGE_SUFFIXES", "SOURCE_KINDS", "image_named", "image_suffix", "read_image", "read_source"]
+
+log = logging.getLogger(__name__)
 
 #: what a source may be, for error messages
 SOURCE_KINDS = "a DICOM folder or file, a case-cache .json/.npy file (ctpipe ingest) or a NIfTI/MHA/NRRD image"
@@ -64,3 +67,28 @@ def read_source(
             fix=f"pass one image file, e.g. {src / images[0]}",
         ) from exc
     return vol, (vol.series_uid or src.name)
+
+
+def image_named(volume: CTVolume, src: str | Path, *, case_id: str | None) -> CTVolume:
+    """``volume`` as read from ``src`` by :func:`read_source`, named for a command's outputs.
+
+    An image file (NIfTI, MHA, NRRD) has no patient header to tell a patient's name by, so its name (which
+    :func:`read_image` makes the volume's SeriesInstanceUID) cannot be redacted as a patient-named DICOM folder is:
+    with ``case_id`` (``--case-id``) the volume's SeriesInstanceUID is ``case_id``, so nothing of the file's name
+    reaches the outputs (their names, the series the findings and measurements name, PNG titles); without one, one
+    warning says that the file's name names them, and how to avoid it. Any other source's volume is returned as it
+    is (its SeriesInstanceUID is the series'). The voxels and geometry (LPS, mm) are shared, not copied."""
+    src = Path(src)
+    if not (src.is_file() and image_suffix(src) is not None):
+        return volume
+    if case_id is None:
+        log.warning(
+            "%s is an image file, which has no patient header to tell a patient's name by: its name is written as it "
+            "is, naming the outputs (%s_*, %s.*) and the series in them; if it holds a patient's name or ID, pass "
+            "--case-id NAME to name them by NAME alone, or give the file a neutral name",
+            src.name,
+            volume.series_uid,
+            volume.series_uid,
+        )
+        return volume
+    return CTVolume(volume.array, volume.geometry, metadata={**volume.metadata, "SeriesInstanceUID": case_id})

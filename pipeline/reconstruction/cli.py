@@ -83,6 +83,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="resample a tilted-gantry DICOM series onto an orthogonal grid instead of rejecting it (as ctpipe ingest)",
     )
+    p.add_argument(
+        "--case-id",
+        default=None,
+        help="start of the output file names (default: from the source: the series UID, the cache entry's name, or an "
+        "image file's name, which then also names the series in the measurements); with an image file, nothing of its "
+        "name is used, and --findings of it must be of the same --case-id (ctpipe detect --case-id)",
+    )
     add_dicom_options(p, default="sr,seg")
     add_keep_identifiers(p)
     p.set_defaults(func=run)
@@ -99,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from ..atomic import check_out_outside_sources, ensure_dir
-    from ..ingest.source import read_source
+    from ..detection.cli import check_case_id
+    from ..ingest.source import image_named, read_source
     from ..load.base import resolve_device
     from .bundle_seg import read_bundle
     from .export import FORMATS, check_formats
@@ -108,6 +116,8 @@ def _run(args: argparse.Namespace) -> int:
 
     # every input is checked before any work, so a mistake leaves no half-written --out folder
     # auto, gpu: the torch device they stand for ("cuda" or "cpu"), as ctpipe run's --device reads them
+    if args.case_id is not None:
+        check_case_id(args.case_id)
     device = resolve_device(args.device, where="--device") if args.device is not None else None
     check_out_outside_sources([args.src], args.out, beside="recon")  # else the next scan reads the SEG, SR back
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -135,6 +145,8 @@ def _run(args: argparse.Namespace) -> int:
         _, reported = read_findings(args.findings, need_score=need_score)
     bundle = read_bundle(args.seg_bundle) if args.seg_bundle is not None else None
     volume, stem = read_source(args.src, series_uid=args.series_uid, allow_gantry_tilt=args.allow_gantry_tilt)
+    volume = image_named(volume, args.src, case_id=args.case_id)  # an image file's name: warned of, or left out
+    stem = args.case_id or stem
     if reported is not None:  # findings of another scan are refused before --out is made
         findings_of_series(reported, volume.series_uid)
     ensure_dir(args.out)

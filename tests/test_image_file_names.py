@@ -1,0 +1,90 @@
+"""An image file (NIfTI, MHA, NRRD) has no patient header to tell a patient's name by, so its name cannot be redacted
+as a patient-named DICOM folder is: ``ctpipe detect`` and ``ctpipe reconstruct`` warn once that the file's name names
+their outputs, with the fix; with ``--case-id`` nothing of the file's name is used (output names, the series named in
+the findings and measurements), and findings written under a ``--case-id`` are of the series ``reconstruct
+--case-id`` reads with the same id."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+NAME = "DOE_JANE_MRN12345"
+PLANTED = ("doe", "jane", "mrn12345")
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> Path:
+    """A small chest phantom written as a NIfTI file named after a patient."""
+    import SimpleITK as sitk
+
+    from pipeline.phantom import generate_phantom
+
+    ph = generate_phantom(4, matrix=64, slices=24, pixel_spacing=2.0, slice_spacing=5.0, n_nodules=2)
+    path = tmp_path_factory.mktemp("images") / f"{NAME}.nii.gz"
+    sitk.WriteImage(ph.volume.to_sitk(), str(path))
+    return path
+
+
+def _found(text: str) -> list[str]:
+    low = text.lower()
+    return [w for w in PLANTED if re.search(rf"(?<![a-z]){w}(?![a-z])", low) or (w[0].isdigit() and w in low)]
+
+
+def _in_outputs(out: Path) -> list[str]:
+    """The planted words in the names and the contents of the files under ``out``."""
+    hits = []
+    for p in sorted(out.rglob("*")):
+        rel = str(p.relative_to(out))
+        text = rel + (p.read_bytes().decode("latin-1") if p.is_file() else "")
+        hits += [f"{rel}: {w}" for w in _found(text)]
+    return hits
+
+
+RECONSTRUCT = ["--organs", "lung_left,lung_right", "--no-render", "--device", "cpu", "--dicom", "none"]
+
+
+def test_an_image_file_name_naming_the_outputs_is_warned_of_once_with_the_fix(image, tmp_path, capsys):
+    assert main(["reconstruct", str(image), "--out", str(tmp_path / "r"), *RECONSTRUCT]) == 0
+    err = capsys.readouterr().err
+    assert err.count("--case-id") == 1, err
+    assert f"{NAME}.nii.gz" in err and "no patient header" in err, err
+    assert list((tmp_path / "r").glob(f"{NAME}_*")), "without --case-id the file's name still names the outputs"
+
+    # ctpipe detect warns before it loads the model (a model folder that does not exist: exit status 1 after)
+    rc = main(["detect", str(image), "--out", str(tmp_path / "d"), "--device", "cpu", "--bundle", str(tmp_path / "none")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert err.count("--case-id") == 1 and "no patient header" in err, err
+
+
+def test_reconstruct_case_id_uses_nothing_of_an_image_file_name(image, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["reconstruct", str(image), "--out", str(out), "--case-id", "case1", *RECONSTRUCT]) == 0
+    err = capsys.readouterr().err
+    assert "--case-id" not in err, err
+    assert list(out.glob("case1_*")) and _in_outputs(out) == []
+
+
+def test_reconstruct_case_id_must_be_a_plain_file_name(image, tmp_path, capsys):
+    rc = main(["reconstruct", str(image), "--out", str(tmp_path / "r"), "--case-id", "../x", *RECONSTRUCT])
+    assert rc == 2 and "--case-id" in capsys.readouterr().err  # a bad argument, refused before anything is made
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_detect_case_id_uses_nothing_of_an_image_file_name_and_reconstruct_reads_its_findings(image, tmp_path, capsys):
+    det = tmp_path / "d"
+    argv = ["detect", str(image), "--out", str(det), "--device", "cpu", "--case-id", "case1", "--score-threshold", "0.3"]
+    assert main(argv) == 0
+    assert "--case-id" not in capsys.readouterr().err
+    assert (det / "case1.findings.json").is_file() and list((det / "case1_png").glob("*.png"))
+    assert _in_outputs(det) == []
+    rec = tmp_path / "r"
+    argv = ["reconstruct", str(image), "--out", str(rec), "--case-id", "case1", "--findings", str(det / "case1.findings.json")]
+    assert main([*argv, *RECONSTRUCT]) == 0
+    assert _in_outputs(rec) == []
