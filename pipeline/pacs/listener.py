@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import zlib
@@ -705,9 +706,12 @@ class Listener:
             self._stop.wait(30.0)
             return
         cases = open_run(self.run_dir).cases
+        # each folder's cases by their keys, not by the store's source, which shows a folder holding an identifier of
+        # the patient (a SeriesInstanceUID built from the PatientID) as its token
+        keys = {os.path.realpath(src): k for src, k in summary.case_keys.items()}
         outcomes = []
         for row, folder in zip(batch, folders):
-            hits = cases[cases.source == folder]
+            hits = cases[cases.case_key.isin(keys.get(os.path.realpath(folder), ()))]
             why = next((summary.redacted(n["why"]) for n in summary.not_selected if n["source"] == folder), None)
             if not len(hits) and why is None:  # the same instances as an earlier generation: that generation's case
                 hits = cases[cases.series_uid == row["series_uid"]].sort_values("discovered_at")

@@ -176,6 +176,8 @@ def _run(
     if origins:  # series a PACS delivered incomplete (a sender cut off mid-series): quarantined, never published
         found.cases = refuse_incomplete(found.cases, origins)
     summary.sources = [str(s) for s in srcs]
+    for c in found.cases:
+        summary.case_keys.setdefault(c.source, []).append(c.case_key)
     summary.not_selected = found.not_selected
     summary.skipped_files = found.skipped_files
     # a series quarantined as not known whole, which its PACS sender has since sent again whole (origin "retry")

@@ -66,6 +66,10 @@ class RunSummary:
     unfinished: int = 0  # cases of this run neither done nor quarantined (left for the next run)
     notes: list[str] = field(default_factory=list)  # outputs of the run itself that could not be written
     sources: list[str] = field(default_factory=list)  # as given to the run
+    #: the run store's ``case_key`` of each case discovery found, by its source folder as discovery names it (never
+    #: redacted, unlike the store's ``source``, which may show a patient-named folder as its token): what a caller
+    #: matches a folder it gave to its cases by
+    case_keys: dict[str, list[str]] = field(default_factory=dict)
     #: the run's patient-named path components and their tokens (:mod:`.redact`; None: identifiers kept)
     redactor: Any = field(default=None, repr=False, compare=False)
 
