@@ -38,12 +38,17 @@ def strict(tmp_path_factory):
         srv.stop()
 
 
+#: a study date no test stores (the phantom studies are of January 2025): the query with the right AE title answers
+#: with no study however many the tests sharing the archive have stored
+EMPTY_DATE = "19000101"
+
+
 def _cfg(**extra: Any) -> Any:
     return load_config(overrides={"pacs.timeout_s": 10.0, "pacs.retries": 2, "pacs.backoff_s": 0.05, **extra}, environ={})
 
 
 def test_a_wrong_archive_ae_title_is_named_with_the_fix_for_the_address(strict):
-    src = f"dimse://NOTORTHANC@{HOST}:{strict.dicom_port}?studydate=20250102"
+    src = f"dimse://NOTORTHANC@{HOST}:{strict.dicom_port}?studydate={EMPTY_DATE}"
     archive = open_archive(parse_source(src).endpoint, _cfg())
     with pytest.raises(PacsRequestError) as ei:
         archive.find_studies(parse_source(src).query)
@@ -52,7 +57,7 @@ def test_a_wrong_archive_ae_title_is_named_with_the_fix_for_the_address(strict):
     assert "Called AE title not recognised" in msg and "called AE title NOTORTHANC" in msg
     assert "'NOTORTHANC' is not the archive's AE title" in msg and "dimse://ARCHIVE_AET@" in msg
     assert "must list ctpipe's AE title" not in msg  # not the other end's configuration
-    good = f"dimse://{strict.aet}@{HOST}:{strict.dicom_port}?studydate=20250102"
+    good = f"dimse://{strict.aet}@{HOST}:{strict.dicom_port}?studydate={EMPTY_DATE}"
     assert open_archive(parse_source(good).endpoint, _cfg()).find_studies(parse_source(good).query) == []
 
 
@@ -90,13 +95,13 @@ def test_the_orthanc_the_tests_and_benchmarks_start_refuses_a_wrong_called_ae_ti
     from pipeline.cli import main
 
     assert orthanc.config()["DicomCheckCalledAet"] is True
-    src = f"dimse://NOTORTHANC@{HOST}:{orthanc.dicom_port}?studydate=20250102"
+    src = f"dimse://NOTORTHANC@{HOST}:{orthanc.dicom_port}?studydate={EMPTY_DATE}"
     with pytest.raises(PacsRequestError) as ei:
         open_archive(parse_source(src).endpoint, _cfg()).find_studies(parse_source(src).query)
     msg = str(ei.value)
     assert "called AE title NOTORTHANC" in msg and "'NOTORTHANC' is not the archive's AE title" in msg, msg
     assert "dimse://ARCHIVE_AET@" in msg, msg
-    good = f"dimse://{orthanc.aet}@{HOST}:{orthanc.dicom_port}?studydate=20250102"
+    good = f"dimse://{orthanc.aet}@{HOST}:{orthanc.dicom_port}?studydate={EMPTY_DATE}"
     assert open_archive(parse_source(good).endpoint, _cfg()).find_studies(parse_source(good).query) == []
     # the same through the command line: a failure line naming the AE title and its fix, exit status 3
     assert main(["run", src, "--out", str(tmp_path / "run"), "--set", "pacs.retries=0"]) == 3
