@@ -421,6 +421,34 @@ def test_a_cut_off_series_with_a_gap_keeps_both_facts_in_its_note_and_quarantine
     assert "sender cut off" in final and "MissingSliceError" in final, final
 
 
+def test_a_cut_off_series_with_a_gap_is_quarantined_with_both_facts_in_its_outcome_and_quarantine_file(series, tmp_path):
+    """The runner's quarantine of a cut-off series whose slices also have a gap says both facts, as the listener's
+    ledger does: the gap discovery found (MissingSliceError, which slices) and that the sender was cut off (who, how
+    many instances, when; fix: send the series again), in the listener's outcome line and RUN_DIR/quarantine/ (was:
+    the gap alone, the cut-off lost, so the fix read as a modality that skipped a slice)."""
+    import json
+    import time
+
+    _, files = series
+    datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
+    sent = datasets[:3] + datasets[4:6]  # the fourth slice never sent
+    run = tmp_path / "run"
+    outcomes: list = []
+    with _listener(run, **{"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 1.0, "ingest.min_slices": 3}) as lst:
+        lst.on_series = outcomes.append
+        assert _send(lst.port, sent, end="drop") == [0] * len(sent)
+        deadline = time.monotonic() + 15
+        while not outcomes and time.monotonic() < deadline:
+            lst.step()
+            time.sleep(0.1)
+    assert [o.status for o in outcomes] == ["quarantined"], [o.line() for o in outcomes]
+    line = outcomes[0].line()
+    record = json.loads((run / "quarantine" / f"{outcomes[0].case_id}.json").read_text())
+    for text in (line, json.dumps(record)):
+        for part in ("MissingSliceError", "cut off", "MODALITY", "5 instance(s)", "UTC", "send the series again"):
+            assert part in text, (part, text)
+
+
 def test_dcmtk_storescu_ending_with_an_abort_has_its_series_processed(series, tmp_path):
     """dcmtk's ``storescu --abort`` (every instance sent, then an A-ABORT instead of a release), as some modalities
     and routers end their associations: the series is processed as a done case once quiet."""

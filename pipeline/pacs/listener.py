@@ -667,10 +667,13 @@ class Listener:
         if note.startswith(RESENT_NOTE):  # its quarantined case (the same instances) is run again
             origin["retry"] = True
         if note.startswith(INCOMPLETE_NOTE):
+            # a cut-off series' gap is left to the runner's discovery, which refuses the volume for it (naming the
+            # slices) and adds this reason, the cut-off, after its own: the quarantine says both
+            said = note.split(ALSO_NOTE, 1)[0] if f": {CUT_NOTE}" in note else note
             origin["incomplete"] = str(
                 PartialSeriesError(
                     f"{row['n_instances']} instance(s) from {self.journal.sender(row)} received, not known to be the "
-                    f"whole series ({note})",
+                    f"whole series ({said})",
                     where=f"series {row['series_uid']} (generation {row['generation']})",
                     fix="send the series again from the modality or PACS; the instances received are kept for "
                     f"pacs.incomplete_keep_s = {self.cfg.pacs.incomplete_keep_s:g} s and not stored twice",

@@ -44,13 +44,17 @@ def refuse_incomplete(cases: Iterable[CaseSpec], origins: Mapping[str, Mapping[s
     """``cases`` with those whose origin (by source folder, as :func:`origins_of`) says ``incomplete`` (the deliverer's
     reason, with its fix: a sender cut off mid-series and never sending the rest) refused as a
     :class:`~pipeline.errors.PartialSeriesError`, so that they are quarantined at once, not processed and published as
-    if whole; a case discovery refused already keeps its own reason."""
+    if whole. A case discovery refused already keeps its own error class and reason, followed by the deliverer's
+    (``...; also: PartialSeriesError: ...``) unless that names the same error (a gap the deliverer saw too): a
+    cut-off series whose slices also have a gap is quarantined with both facts."""
     by_path = {os.path.realpath(k): v.get("incomplete") for k, v in origins.items()}
     out = []
     for c in cases:
         why = by_path.get(os.path.realpath(c.source)) if c.source else None
         if why and c.rejected is None:
             c = replace(c, rejected=("PartialSeriesError", str(why)))
+        elif why and c.rejected is not None and f"{c.rejected[0]}:" not in str(why):
+            c = replace(c, rejected=(c.rejected[0], f"{c.rejected[1]}; also: PartialSeriesError: {why}"))
         out.append(c)
     return out
 
