@@ -20,7 +20,9 @@ then ``failed``, with the instance, the destination and the likely cause). A des
 refuses the confirming query (:class:`~pipeline.errors.PacsRequestError`: its query permissions, or no query service)
 has the files recorded ``unconfirmed`` (stored on its success answer, not confirmed), with the refusal and the fix,
 said once; they are not sent again (``--retry-failed`` neither), and the later cases are sent without the query for
-:data:`RECHECK_S`. A file is never sent twice to one
+:data:`RECHECK_S`. A later pass (the first of each process, then every RECHECK_S) asks for them again: those the
+destination now holds are recorded ``sent``, those it answers it does not hold ``failed``; with ``pacs.verify_sent``
+off they are recorded ``sent`` (see :meth:`ResultSender.confirm_unconfirmed`). A file is never sent twice to one
 destination; files still pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
 Sending runs beside the pipeline and never blocks it.
 """
@@ -129,6 +131,9 @@ class ResultSender:
         self._said_uncertain = False
         #: whether the last case of this pass could not reach the destination (the pass stops there)
         self._unreachable = False
+        #: when results recorded unconfirmed (by this run or an earlier one) are next asked for (monotonic time; 0:
+        #: at the first pass), see :meth:`confirm_unconfirmed`
+        self._ask_unconfirmed_at = 0.0
 
     def _last_sent(self) -> SentResult | None:
         """The last result recorded sent to this destination (by an earlier run too), if its file can still be read:
@@ -214,7 +219,67 @@ class ResultSender:
                     extra={"event": "send_unreachable"},
                 )
                 break
+        if not self._unreachable and not self._stop.is_set():
+            self.confirm_unconfirmed()
         return n_sent
+
+    def confirm_unconfirmed(self) -> int:
+        """Settle the results recorded ``unconfirmed`` for this destination (stored on its success answer, its
+        confirming query refused), without sending them again; returns how many are now recorded sent.
+
+        Looked for at the first pass and then every :data:`RECHECK_S`. With ``pacs.verify_sent: false`` the success
+        answer alone counts: they are recorded sent. Otherwise, unless the destination refused a query less than
+        RECHECK_S ago, it is asked for them (the same queries as right after a send, one per case): those it holds are recorded
+        sent (the time of this confirmation); those it answers it does not hold are failed as a drop (``ctpipe send
+        --retry-failed`` sends them again); a refusal again leaves them unconfirmed, asked again after RECHECK_S."""
+        if time.monotonic() < self._ask_unconfirmed_at or (self.cfg.pacs.verify_sent and self._cannot_confirm):
+            return 0
+        self._ask_unconfirmed_at = time.monotonic() + RECHECK_S  # those recorded from now on were refused just now
+        rows = self.ledger.rows(
+            "SELECT * FROM sent WHERE destination = ? AND state = 'unconfirmed' ORDER BY case_id, path", (self.key,)
+        )
+        if not rows:
+            return 0
+        if not self.cfg.pacs.verify_sent:
+            self._mark_sent(rows)
+            log.info(
+                "%d result file(s) recorded stored at %s but not confirmed count as sent: pacs.verify_sent is false, "
+                "so its success answer suffices (not sent again)",
+                len(rows),
+                self.key,
+                extra={"event": "sent_unconfirmed"},
+            )
+            return len(rows)
+        try:
+            if self._archive is None:
+                self._archive = open_archive(self.endpoint, self._request_cfg)
+            held = self._confirmed(self._archive, rows, later=True)
+        except (PacsError, CtpipeError) as exc:  # cannot reach it now: they stay unconfirmed, asked again later
+            self._drop_archive()
+            log.info("results stored at %s unconfirmed could not be asked for (%s); asked again later", self.key, exc)
+            return 0
+        confirmed = [r for r in rows if r["sop_uid"] in held]
+        self._mark_sent(confirmed)
+        if confirmed:
+            log.info(
+                "case(s) %s: %d result file(s) recorded stored at %s unconfirmed are now confirmed held there: "
+                "recorded sent (not sent again)",
+                ", ".join(sorted({str(r["case_id"]) for r in confirmed})),
+                len(confirmed),
+                self.key,
+                extra={"event": "sent_confirmed_later"},
+            )
+        return len(confirmed)
+
+    def _mark_sent(self, items: list[dict[str, Any]]) -> None:
+        """Record ``items`` sent now, not counting an attempt (they were sent earlier, the answer was success)."""
+        with self.ledger.tx() as db:
+            for r in items:
+                db.execute(
+                    "UPDATE sent SET state = 'sent', error = NULL, updated_at = ? WHERE sop_uid = ? AND destination = ?",
+                    (now(), r["sop_uid"], self.key),
+                )
+        self._record([(r, "sent", int(r["attempts"]), None) for r in items])
 
     def _send_case(self, case_id: str, items: list[dict[str, Any]]) -> int:
         paths = [self.run_dir / r["path"] for r in items]
@@ -271,19 +336,24 @@ class ResultSender:
             )
         return len(ok)
 
-    def _confirmed(self, archive: Archive, items: list[dict[str, Any]]) -> set[str]:
+    def _confirmed(self, archive: Archive, items: list[dict[str, Any]], *, later: bool = False) -> set[str]:
         """The SOPInstanceUIDs of ``items`` (answered success) that the destination holds when asked right after
         (:class:`~pipeline.pacs.confirm.Confirmer`: one query per study, that is per case; one more by series when
         the archive finds none of them by instance). The others are recorded as a failed attempt, with the instance,
         the destination and the likely cause; a query that failed, as a failed attempt of all of them; a query the
         destination refused, as stored unconfirmed (:meth:`_unconfirmed`, naming ``pacs.verify_sent``, said once: the
-        later cases are not asked for RECHECK_S))."""
+        later cases are not asked for RECHECK_S)). ``later``: ``items`` are results recorded unconfirmed earlier
+        (:meth:`confirm_unconfirmed`): a query that failed or was refused leaves them so (a refusal is noted as
+        above, said at INFO), and only those the destination answers it does not hold are failed (for good)."""
         studies: dict[str, list[tuple[dict[str, Any], SentResult]]] = defaultdict(list)
         for r in items:
             try:
                 sent = read_sent(self.run_dir / r["path"])
             except (OSError, InvalidDicomError) as exc:
-                self._failed([r], f"sent, but not confirmed: cannot read its StudyInstanceUID ({exc})", final=True)
+                if later:  # its file gone since: what the archive stored is not asked for, it stays unconfirmed
+                    log.debug("result %s stays unconfirmed: cannot read its StudyInstanceUID (%s)", r["path"], exc)
+                else:
+                    self._failed([r], f"sent, but not confirmed: cannot read its StudyInstanceUID ({exc})", final=True)
                 continue
             studies[sent.study_uid].append((r, sent))
         held: set[str] = set()
@@ -292,11 +362,15 @@ class ResultSender:
             try:
                 found, why, uncertain = self._confirmer.held(archive, study, [sent for _, sent in pairs])
             except PacsError as exc:  # this study's results and those not asked about yet: not confirmed
-                unasked = [r for _, later in groups[n:] for r, _ in later]
+                unasked = [r for _, rest in groups[n:] for r, _ in rest]
                 self._drop_archive()
-                if isinstance(exc, PacsRequestError):  # refused: asking again does not mend it, sending again neither
-                    reason = f"stored ({self.key} answered success), not confirmed: {type(exc).__name__}: {exc}"
+                refused = isinstance(exc, PacsRequestError)  # asking again does not mend it, sending again neither
+                reason = f"stored ({self.key} answered success), not confirmed: {type(exc).__name__}: {exc}"
+                if refused:
                     self._cannot_confirm = (reason, time.monotonic())
+                if later:
+                    log.info("%d result file(s) stored at %s stay unconfirmed: %s", len(unasked), self.key, reason)
+                elif refused:
                     self._unconfirmed(unasked, reason)
                 else:
                     self._failed(unasked, f"sent, but not confirmed: {type(exc).__name__}: {exc}")
@@ -304,8 +378,11 @@ class ResultSender:
             held |= found
             missing = [r for r, _ in pairs if r["sop_uid"] not in found]
             cause = not uncertain or self._confirmer.known is None  # a drop, or one that cannot be ruled out
+            if later and uncertain:  # it lists nothing at all: not told from an archive that cannot say; left as they are
+                continue
             for r in missing:  # uncertain (nothing listed at all): failed at once, said for the first case only
-                self._failed([r], self._not_held(r, why, cause=cause), final=uncertain, quiet=uncertain and self._said_uncertain)
+                final = uncertain or later
+                self._failed([r], self._not_held(r, why, cause=cause), final=final, quiet=uncertain and self._said_uncertain)
             self._said_uncertain |= uncertain and bool(missing)
         return held
 
