@@ -33,16 +33,26 @@ end
 """
 
 
+_DROP_SR = """
+function ReceivedInstanceFilter(dicom, origin, info)
+  return dicom.Modality ~= "SR"
+end
+"""
+
+
 class _QueriesRefused(OrthancServer):
-    """An Orthanc that stores what ctpipe sends and refuses every C-FIND while ``refuse`` is set."""
+    """An Orthanc that stores what ctpipe sends and refuses every C-FIND while ``refuse`` is set; with ``drop_sr``,
+    it drops every SR it receives (answering success)."""
 
     refuse = True
+    drop_sr = False
 
     def config(self) -> dict[str, Any]:
-        if not self.refuse:
+        lua = (_REFUSE_QUERIES if self.refuse else "") + (_DROP_SR if self.drop_sr else "")
+        if not lua:
             return super().config()
-        script = self.root / "refuse_queries.lua"
-        script.write_text(_REFUSE_QUERIES)
+        script = self.root / "filters.lua"
+        script.write_text(lua)
         return {**super().config(), "LuaScripts": [str(script)]}
 
 
@@ -143,3 +153,32 @@ def test_unconfirmed_results_count_as_sent_when_verify_sent_is_off(refusing, sou
     assert stores == [len(uids)]
     assert {s[:2] for s in _states(run).values()} == {("sent", 1)}
     assert set(open_run(run).deliveries.state) == {"sent"}
+
+
+def test_unconfirmed_results_the_archive_answers_it_does_not_hold_are_failed_as_dropped(
+    refusing, source_case, tmp_path, monkeypatch, capsys
+):
+    """An archive that dropped the SR (a filter, answering success) while refusing the query: once it answers, the
+    SEG it holds is recorded sent and the SR failed as dropped, naming the instance and the cause, so that
+    ``--retry-failed`` sends it again; neither is sent again by the confirming pass itself."""
+    refusing.stop()
+    refusing.drop_sr = True
+    refusing.start()
+    stores = _counting_stores(monkeypatch)
+    run = tmp_path / "run"
+    uids = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    dest = refusing.dimse
+    assert _send(run, dest) == 0
+    assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
+    refusing.stop()
+    refusing.refuse = False
+    refusing.start()
+    capsys.readouterr()
+    assert _send(run, dest) == 3
+    assert stores == [len(uids)]
+    states = _states(run)
+    assert states[uids["seg"]][0] == "sent" and states[uids["sr"]][0] == "failed", states
+    error = str(states[uids["sr"]][3])
+    assert uids["sr"] in error and "answered success but does not hold it" in error and "--retry-failed" in error, error
+    assert f"results to {dest}: 1 sent, 0 pending, 1 failed" in capsys.readouterr().out
