@@ -181,4 +181,5 @@ def test_unconfirmed_results_the_archive_answers_it_does_not_hold_are_failed_as_
     assert states[uids["seg"]][0] == "sent" and states[uids["sr"]][0] == "failed", states
     error = str(states[uids["sr"]][3])
     assert uids["sr"] in error and "answered success but does not hold it" in error and "--retry-failed" in error, error
+    assert "asked again after it was stored unconfirmed" in error and "right after the send" not in error, error
     assert f"results to {dest}: 1 sent, 0 pending, 1 failed" in capsys.readouterr().out

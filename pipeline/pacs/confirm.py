@@ -68,12 +68,15 @@ class Confirmer:
         self.image_query = "QIDO-RS instance searches" if dicomweb else "C-FIND at IMAGE level"
         self.series_query = "QIDO-RS series searches" if dicomweb else "C-FIND at SERIES level"
 
-    def held(self, archive: Archive, study_uid: str, results: list[SentResult]) -> tuple[set[str], str, bool]:
+    def held(
+        self, archive: Archive, study_uid: str, results: list[SentResult], *, asked: str = "right after the send"
+    ) -> tuple[set[str], str, bool]:
         """``(SOPInstanceUIDs held, why the others count as not held, whether that is uncertain)`` of ``results`` (one
         study's): the second is what the queries said, for the error of each one not held; the third is True when
         the archive listed nothing at any level (a drop of everything, or an archive that answers no query: sending
         again mends neither). Raises what :meth:`Archive.held` / :meth:`Archive.held_series`
-        raise."""
+        raise. ``asked``: when the queries are asked, as the second says it (results stored unconfirmed are asked
+        for again later)."""
         uids = [r.sop_uid for r in results]
         refused: PacsRequestError | None = None
         if not self.by_series:
@@ -84,7 +87,7 @@ class Confirmer:
             else:
                 if held:  # it answers IMAGE-level queries: the others are not there
                     self._remember(results, held)
-                    return held, f"{self.image_query} right after the send finds no such SOPInstanceUID", False
+                    return held, f"{self.image_query} {asked} finds no such SOPInstanceUID", False
         in_series = Counter(r.series_uid for r in results)
         sources = sorted({s for r in results for s in r.source_series} - set(in_series))
         try:
@@ -116,8 +119,8 @@ class Confirmer:
                 extra={"event": "verify_by_series"},
             )
         if self.by_series:
-            return held, f"{self.series_query} right after the send does not list the result's series", False
-        first = f"{self.image_query} right after the send finds none of the case's results; {self.series_query}"
+            return held, f"{self.series_query} {asked} does not list the result's series", False
+        first = f"{self.image_query} {asked} finds none of the case's results; {self.series_query}"
         if any(s in listed for s in sources):
             return held, f"{first} list the source series but not the result's: it answers these queries", False
         first += " list neither the result's series nor its source series"

@@ -360,7 +360,8 @@ class ResultSender:
         groups = list(studies.items())
         for n, (study, pairs) in enumerate(groups):
             try:
-                found, why, uncertain = self._confirmer.held(archive, study, [sent for _, sent in pairs])
+                asked = "asked again after it was stored unconfirmed" if later else "right after the send"
+                found, why, uncertain = self._confirmer.held(archive, study, [sent for _, sent in pairs], asked=asked)
             except PacsError as exc:  # this study's results and those not asked about yet: not confirmed
                 unasked = [r for _, rest in groups[n:] for r, _ in rest]
                 self._drop_archive()
