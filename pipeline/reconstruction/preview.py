@@ -11,6 +11,9 @@ view has anterior on the image left. Each view's orientation letters lie in band
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +22,24 @@ import numpy as np
 
 from ..volume import Geometry
 from .mesh import Mesh, mesh_from_mask
-from .organs import organ_colours, organ_label
+from .organs import EXTRA_COLORS, ORGAN_COLORS, organ_colours, organ_label
 from .render_layout import SIDE_BAND_PX, TOP_BAND_PX, black_figure, hex_rgb, legend_layout, orientation_letters, save_png
 from .render_nodules import free_spot, put_nodule_letters
 
+log = logging.getLogger(__name__)
+
 _CHUNK = 20000
 PREVIEW_TRIANGLES = 150_000
+#: The version of the views' drawing (projection, shading, what is kept beside the images): raised with each change,
+#: so that views kept by an earlier version (a run's cache kept across an upgrade) are drawn again, not reused.
+RENDERER_VERSION = 2
+
+
+def views_digest() -> str:
+    """What the organs' views were drawn by: a digest of :data:`RENDERER_VERSION` and the palette
+    (:data:`~.organs.ORGAN_COLORS`, :data:`~.organs.EXTRA_COLORS`). Views kept with another digest are stale."""
+    text = json.dumps({"renderer": RENDERER_VERSION, "colours": ORGAN_COLORS, "extra": EXTRA_COLORS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _scan_convert(u: np.ndarray, v: np.ndarray, dz: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -144,7 +159,14 @@ class PreviewViews:
             "preview_organs": np.array(self.organs, dtype=str),
             "preview_drawn": np.array(self.drawn, dtype=str),
             "preview_frame": frame,
+            "preview_digest": np.array(views_digest()),
         }
+
+    @staticmethod
+    def current(arrays: Mapping[str, np.ndarray]) -> bool:
+        """Whether views kept as ``arrays`` (:meth:`to_arrays`) were drawn by this renderer and palette
+        (:func:`views_digest`); those of an earlier version, with another digest or none, are not."""
+        return "preview_digest" in arrays and str(arrays["preview_digest"]) == views_digest()
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> PreviewViews:
@@ -203,6 +225,19 @@ def preview_views(meshes: Mapping[str, Mesh], *, size: int = 512) -> PreviewView
         frame = (allv.min(axis=0), allv.max(axis=0))
     images = tuple(_quantised(rasterise(shown, view=view, size=size, frame=frame)) for view in VIEWS)
     return PreviewViews(images=(images[0], images[1]), organs=tuple(shown), drawn=drawn, frame=frame)
+
+
+def preview_from_masks(masks: Mapping[str, np.ndarray], geometry: Geometry, *, size: int = 512) -> PreviewViews:
+    """The organs' views made from their masks alone (organ → bool ``[k, j, i]`` on ``geometry``), each meshed as
+    :func:`preview_meshes` meshes a large organ: for views kept by an earlier version (:meth:`PreviewViews.current`)."""
+    from .render_planes import OUTSIDE_SCAN
+
+    meshes = {
+        organ: mesh_from_mask(mask, geometry, name=organ, target_triangles=PREVIEW_TRIANGLES)
+        for organ, mask in masks.items()
+        if organ not in ("body", OUTSIDE_SCAN) and mask.any()
+    }
+    return preview_views(meshes, size=size)
 
 
 def render_preview(

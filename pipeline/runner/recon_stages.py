@@ -130,10 +130,14 @@ def save_render_inputs(cache_dir: Path, case_id: str, masks: Mapping[str, np.nda
     return path
 
 
-def load_render_inputs(cache_dir: Path, case_id: str, shape: tuple[int, ...]) -> tuple[dict[str, np.ndarray], Any] | None:
+def load_render_inputs(
+    cache_dir: Path, case_id: str, shape: tuple[int, ...], *, geometry: Any = None
+) -> tuple[dict[str, np.ndarray], Any] | None:
     """The organ masks and preview views kept by :func:`save_render_inputs`; None when the case has none (renderings
-    off, or drawn already)."""
-    from ..reconstruction.preview import PreviewViews
+    off, or drawn already). Views drawn by another renderer or palette (an earlier version's, in a cache kept across
+    an upgrade: :meth:`~pipeline.reconstruction.preview.PreviewViews.current`) are never reused: they are made again
+    from the masks on ``geometry`` (the volume's :class:`~pipeline.volume.Geometry`), else left out (None)."""
+    from ..reconstruction.preview import PreviewViews, preview_from_masks
 
     path = render_inputs_path(cache_dir, case_id)
     if not path.is_file():
@@ -142,7 +146,13 @@ def load_render_inputs(cache_dir: Path, case_id: str, shape: tuple[int, ...]) ->
     with np.load(path, allow_pickle=False) as data:
         names, packed = [str(x) for x in data["names"]], data["masks"]
         masks = {organ: np.unpackbits(packed[i], count=n).astype(bool).reshape(shape) for i, organ in enumerate(names)}
-        preview = PreviewViews.from_arrays(data) if "preview_images" in data.files else None
+        kept = "preview_images" in data.files
+        current = kept and PreviewViews.current(data)
+        size = int(data["preview_images"].shape[1]) if kept else 0
+        preview = PreviewViews.from_arrays(data) if current else None
+    if kept and not current:
+        log.info("case %s: the 3-D preview's views in %s were drawn by an earlier version; drawn again", case_id, path)
+        preview = preview_from_masks(masks, geometry, size=size) if geometry is not None else None
     return masks, preview
 
 
@@ -349,7 +359,7 @@ class NodulesStage(Stage):
         from ..errors import CtpipeError
         from ..reconstruction.render import render_nodule_views
 
-        kept = load_render_inputs(ctx.cache_dir, ctx.case.case_id, vol.shape)
+        kept = load_render_inputs(ctx.cache_dir, ctx.case.case_id, vol.shape, geometry=vol.geometry)
         if kept is None or not ctx.config.reconstruct.renderings:
             return []
         masks, preview = kept
