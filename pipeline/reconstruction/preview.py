@@ -17,6 +17,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,13 +27,16 @@ from .organs import EXTRA_COLORS, ORGAN_COLORS, organ_colours, organ_label
 from .render_layout import SIDE_BAND_PX, TOP_BAND_PX, black_figure, hex_rgb, legend_layout, orientation_letters, save_png
 from .render_nodules import free_spot, put_nodule_letters
 
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.artist import Artist
+
 log = logging.getLogger(__name__)
 
 _CHUNK = 20000
 PREVIEW_TRIANGLES = 150_000
 #: The version of the views' drawing (projection, shading, what is kept beside the images): raised with each change,
 #: so that views kept by an earlier version (a run's cache kept across an upgrade) are drawn again, not reused.
-RENDERER_VERSION = 2
+RENDERER_VERSION = 3
 
 
 def views_digest() -> str:
@@ -69,6 +73,39 @@ def _scan_convert(u: np.ndarray, v: np.ndarray, dz: np.ndarray, size: int) -> tu
     return py[inside] * size + px[inside], d, r
 
 
+def _view_axes(view: str) -> tuple[tuple[int, int], int, float]:
+    """A view's image axes (LPS axis of the columns, of the rows), depth axis and the sign that makes depth grow
+    towards the viewer."""
+    if view == "anterior":
+        return (0, 2), 1, -1.0  # viewer at -y (anterior)
+    if view == "left":
+        return (1, 2), 0, 1.0  # viewer at +x (patient's left)
+    raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
+
+
+def _fit(frame: tuple[np.ndarray, np.ndarray], axes: tuple[int, int], size: int) -> tuple[float, np.ndarray]:
+    """Pixels per mm and the LPS centre of an image of ``size`` pixels fitted to ``frame`` (lowest, highest corner)."""
+    lo, hi = (np.asarray(c, dtype=np.float64) for c in frame)
+    return 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6), (lo + hi) / 2
+
+
+def _fragments(mesh: Mesh, *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray]):
+    """The mesh's triangles (T, 3, 3) in chunks with the pixels (flat index) they cover, the depth there (mm, growing
+    towards the viewer) and the triangle of each."""
+    axes, depth_axis, depth_sign = _view_axes(view)
+    scale, centre = _fit(frame, axes, size)
+    for f0 in range(0, mesh.n_triangles, _CHUNK):  # bounded memory for large meshes
+        tri = mesh.vertices[mesh.faces[f0 : f0 + _CHUNK]]
+        u = (tri[:, :, axes[0]] - centre[axes[0]]) * scale + size / 2
+        v = size / 2 - (tri[:, :, axes[1]] - centre[axes[1]]) * scale  # image rows run downwards
+        yield (tri, *_scan_convert(u, v, depth_sign * tri[:, :, depth_axis], size))
+
+
+def _mesh_frame(meshes: Mapping[str, Mesh]) -> tuple[np.ndarray, np.ndarray]:
+    allv = np.concatenate([m.vertices for m in meshes.values() if m.n_triangles])
+    return allv.min(axis=0), allv.max(axis=0)
+
+
 def rasterise(
     meshes: Mapping[str, Mesh],
     *,
@@ -89,36 +126,20 @@ def rasterise(
     """
     img = np.zeros((size, size, 3))
     parts = [(k, m) for k, m in meshes.items() if m.n_triangles]
+    _axes, depth_axis, depth_sign = _view_axes(view)
     if not parts:
         return img
-    if view == "anterior":
-        axes, depth_axis, depth_sign = (0, 2), 1, -1.0  # viewer at -y (anterior)
-    elif view == "left":
-        axes, depth_axis, depth_sign = (1, 2), 0, 1.0  # viewer at +x (patient's left)
-    else:
-        raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
     rgbs = {k: hex_rgb(c) for k, c in (colours or organ_colours(meshes)).items()}
-    if frame is None:
-        allv = np.concatenate([m.vertices for _, m in parts])
-        lo, hi = allv.min(axis=0), allv.max(axis=0)
-    else:
-        lo, hi = (np.asarray(c, dtype=np.float64) for c in frame)
-    scale = 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6)
-    centre = (lo + hi) / 2
+    frame = frame if frame is not None else _mesh_frame(dict(parts))
     light = np.zeros(3)
     light[depth_axis] = depth_sign
     pix, depth, colour = [], [], []
     for organ, m in parts:
         rgb = np.asarray(rgbs[organ])
-        for f0 in range(0, m.n_triangles, _CHUNK):  # bounded memory for large meshes
-            tri = m.vertices[m.faces[f0 : f0 + _CHUNK]]
+        for tri, p_, d_, r_ in _fragments(m, view=view, size=size, frame=frame):
             n_hat = np.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0])
             n_hat /= np.maximum(np.linalg.norm(n_hat, axis=1, keepdims=True), 1e-12)
             shade = 0.25 + 0.75 * np.clip(n_hat @ light, 0.0, 1.0)
-            u = (tri[:, :, axes[0]] - centre[axes[0]]) * scale + size / 2
-            v = size / 2 - (tri[:, :, axes[1]] - centre[axes[1]]) * scale  # image rows run downwards
-            dz = depth_sign * tri[:, :, depth_axis]
-            p_, d_, r_ = _scan_convert(u, v, dz, size)
             pix.append(p_)
             depth.append(d_)
             colour.append(rgb[None, :] * shade[r_, None])
@@ -127,6 +148,21 @@ def rasterise(
     flat = img.reshape(-1, 3)
     flat[p[order]] = c[order]  # sequential assignment of a 1-D fancy index: the last write wins
     return img
+
+
+def surface_depth(
+    mesh: Mesh, *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray], farthest: bool = False
+) -> np.ndarray:
+    """The depth (mm along the view's axis, growing towards the viewer) of the mesh's nearest surface, or with
+    ``farthest`` its farthest, at each pixel of a :func:`rasterise` image (size, size) fitted to ``frame`` (LPS
+    mm); NaN where the mesh covers no pixel centre."""
+    out = np.full(size * size, np.nan, dtype=np.float32)
+    parts = [(p, d) for _tri, p, d, _r in _fragments(mesh, view=view, size=size, frame=frame)]
+    if parts:
+        p, d = (np.concatenate(x) for x in zip(*parts))
+        order = np.argsort(-d if farthest else d)  # the last write of a pixel wins
+        out[p[order]] = d[order]
+    return out.reshape(size, size)
 
 
 PREVIEW_GAP_PX = 48  # between the preview's two views, so that the first's L and the second's A read apart
@@ -140,12 +176,17 @@ class PreviewViews:
     images: the anterior and left views, RGB uint8 ``(size, size, 3)`` each (:func:`rasterise`, quantised once so that
     views kept in a file give the same PNG). organs: the organs shown, in order (the titles); drawn: those with a
     surface (the legend). frame: the LPS box (lowest, highest corner, mm) the views are fitted to, None without a
-    surface: the nodules are drawn in it."""
+    surface: the nodules are drawn in it. occluders: the organs that can hide a nodule (:data:`SEE_THROUGH` left out),
+    far_depths: for each view, their farthest surface's depth ``(len(occluders), size, size)`` float16 (mm along the
+    view's axis, growing towards the viewer; NaN off the organ: :func:`surface_depth`), so that a nodule behind one of
+    them is told (:func:`hidden_by`)."""
 
     images: tuple[np.ndarray, np.ndarray]
     organs: tuple[str, ...]
     drawn: tuple[str, ...]
     frame: tuple[np.ndarray, np.ndarray] | None
+    occluders: tuple[str, ...] = ()
+    far_depths: tuple[np.ndarray, ...] = ()
 
     @property
     def size(self) -> int:
@@ -160,6 +201,8 @@ class PreviewViews:
             "preview_drawn": np.array(self.drawn, dtype=str),
             "preview_frame": frame,
             "preview_digest": np.array(views_digest()),
+            "preview_occluders": np.array(self.occluders, dtype=str),
+            "preview_far_depths": np.stack(self.far_depths) if self.far_depths else np.zeros((0,), np.float16),
         }
 
     @staticmethod
@@ -177,16 +220,16 @@ class PreviewViews:
             organs=tuple(str(x) for x in arrays["preview_organs"]),
             drawn=tuple(str(x) for x in arrays["preview_drawn"]),
             frame=(frame[0], frame[1]) if frame.shape == (2, 3) else None,
+            occluders=tuple(str(x) for x in arrays["preview_occluders"]),
+            far_depths=tuple(np.asarray(arrays["preview_far_depths"], dtype=np.float16)),
         )
 
 
 def image_position(points_lps: np.ndarray, *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """Where LPS points (mm, ``[n, 3]``) fall on a :func:`rasterise` image of ``size`` pixels fitted to ``frame``:
     ``[n, 2]`` (column, row) pixel coordinates (rows run downwards)."""
-    axes = (0, 2) if view == "anterior" else (1, 2)
-    lo, hi = (np.asarray(c, dtype=np.float64) for c in frame)
-    scale = 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6)
-    centre = (lo + hi) / 2
+    axes = _view_axes(view)[0]
+    scale, centre = _fit(frame, axes, size)
     pts = np.asarray(points_lps, dtype=np.float64).reshape(-1, 3)
     u = (pts[:, axes[0]] - centre[axes[0]]) * scale + size / 2
     v = size / 2 - (pts[:, axes[1]] - centre[axes[1]]) * scale
@@ -224,7 +267,49 @@ def preview_views(meshes: Mapping[str, Mesh], *, size: int = 512) -> PreviewView
         allv = np.concatenate([shown[k].vertices for k in drawn])
         frame = (allv.min(axis=0), allv.max(axis=0))
     images = tuple(_quantised(rasterise(shown, view=view, size=size, frame=frame)) for view in VIEWS)
-    return PreviewViews(images=(images[0], images[1]), organs=tuple(shown), drawn=drawn, frame=frame)
+    occluders = tuple(k for k in drawn if k not in SEE_THROUGH)
+    far_depths: tuple[np.ndarray, ...] = ()
+    if frame is not None:
+        far_depths = tuple(
+            np.stack(
+                [surface_depth(shown[k], view=view, size=size, frame=frame, farthest=True) for k in occluders]
+                or [np.full((size, size), np.nan, np.float32)]
+            )[: len(occluders)].astype(np.float16)
+            for view in VIEWS
+        )
+    return PreviewViews(
+        images=(images[0], images[1]),
+        organs=tuple(shown),
+        drawn=drawn,
+        frame=frame,
+        occluders=occluders,
+        far_depths=far_depths,
+    )
+
+
+#: Organs a nodule is seen through in the preview, never said to hide it: the ribs, between which the lungs show.
+SEE_THROUGH = ("bone",)
+#: A nodule is hidden in a view when at least this share of its pixels lies behind another organ.
+HIDDEN_SHARE = 0.5
+
+
+def hidden_by(views: PreviewViews, nodule: Mesh, *, view: str) -> str | None:
+    """The organ that hides the ``nodule`` (surface in LPS mm) in ``view`` of ``views``: the organ lying wholly in
+    front of it (its farthest surface nearer the viewer than the nodule's nearest) over most of its pixels, when at
+    least :data:`HIDDEN_SHARE` of them are so covered; None when it is on the near side (the organ holding it, a lung,
+    never hides it: the nodule lies inside it)."""
+    if views.frame is None or not views.occluders:
+        return None
+    near = surface_depth(nodule, view=view, size=views.size, frame=views.frame)
+    seen = ~np.isnan(near)
+    if not seen.any():
+        return None
+    far = views.far_depths[VIEWS.index(view)][:, seen].astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        in_front = far > near[seen][None, :]  # NaN (no organ there) compares False
+    if in_front.any(axis=0).mean() < HIDDEN_SHARE:
+        return None
+    return views.occluders[int(np.argmax(in_front.sum(axis=1)))]
 
 
 def preview_from_masks(masks: Mapping[str, np.ndarray], geometry: Geometry, *, size: int = 512) -> PreviewViews:
@@ -256,7 +341,10 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
     """``<stem>_preview3d.png`` of the organs' ``views`` with the ``nodules``' surfaces (LPS mm) drawn over them in
     the ``nodules`` colour, in the organs' frame, each lettered ``#N`` beside it (``nodule N``: the nodule of finding
     #N, as the MPRs and ``ctpipe reconstruct``'s nodule lines number it), and a legend of the colours under the
-    views."""
+    views. A nodule hidden in a view behind another organ (:func:`hidden_by`: the right lung's behind the left lung
+    in the left lateral view) is drawn there as a dashed outline, not over that organ, and lettered ``#N (behind left
+    lung)``, so that no nodule seems to lie in the organ in front of it."""
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     size = views.size
@@ -264,16 +352,20 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
     drawn = list(views.drawn)
     colours = organ_colours([*views.organs, "nodules"])  # as rasterise colours the surfaces
     nods = {k: m for k, m in (nodules or {}).items() if m.n_triangles}
+    hidden: list[dict[str, str]] = [{}, {}]  # per view: nodule → the organ hiding it
     if nods and views.frame is not None:
         for n, view in enumerate(VIEWS):
-            over = rasterise(nods, view=view, size=size, frame=views.frame, colours=dict.fromkeys(nods, colours["nodules"]))
+            hidden[n] = {k: o for k, m in nods.items() if (o := hidden_by(views, m, view=view)) is not None}
+            shown = {k: m for k, m in nods.items() if k not in hidden[n]}
+            over = rasterise(shown, view=view, size=size, frame=views.frame, colours=dict.fromkeys(shown, colours["nodules"]))
             hit = over.any(axis=-1)
             images[n][hit] = _quantised(over[hit])
         drawn.append("nodules")
+    labels = [_preview_label(k) for k in drawn] + ([HIDDEN_LEGEND] if any(hidden) else [])
     side, band = SIDE_BAND_PX, TOP_BAND_PX  # pixels beside, above and below each view for its letters
     view_w, view_h = size + 2 * side, size + 2 * band
     width = 2 * view_w + PREVIEW_GAP_PX
-    ncol, legend_px = legend_layout([_preview_label(k) for k in drawn], width, fontsize=8)
+    ncol, legend_px = legend_layout(labels, width, fontsize=8)
     total = view_h + 40 + legend_px
     fig = black_figure(width, total)
     for n, (img, title, letters) in enumerate(
@@ -286,10 +378,24 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
         title = f"{title}: {', '.join(organ_label(k) for k in views.organs)}"
         orientation_letters(ax, *letters, title, side_bands=True)
         if views.frame is not None:
-            _letter_nodules(ax, nods, view=VIEWS[n], size=size, frame=views.frame, colour=colours["nodules"])
+            for name in hidden[n]:  # its silhouette, dashed: behind the organ, not on it
+                sil = ~np.isnan(surface_depth(nods[name], view=VIEWS[n], size=size, frame=views.frame))
+                ax.contour(
+                    np.arange(size),
+                    np.arange(size),
+                    sil.astype(np.float32),
+                    levels=[0.5],
+                    colors=[colours["nodules"]],
+                    linestyles="dashed",
+                    linewidths=1.2,
+                )
+            _letter_nodules(ax, nods, view=VIEWS[n], size=size, frame=views.frame, colour=colours["nodules"], hidden=hidden[n])
     if drawn:  # which colour is which organ
+        handles: list[Artist] = [Patch(facecolor=colours[k], label=_preview_label(k)) for k in drawn]
+        if any(hidden):
+            handles.append(Line2D([], [], color=colours["nodules"], linestyle="--", label=HIDDEN_LEGEND))
         fig.legend(
-            handles=[Patch(facecolor=colours[k], label=_preview_label(k)) for k in drawn],
+            handles=handles,
             loc="lower center",
             ncol=ncol,
             fontsize=8,
@@ -303,17 +409,30 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
 
 
 def _letter_nodules(
-    ax, nodules: Mapping[str, Mesh], *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray], colour: str
+    ax,
+    nodules: Mapping[str, Mesh],
+    *,
+    view: str,
+    size: int,
+    frame: tuple[np.ndarray, np.ndarray],
+    colour: str,
+    hidden: Mapping[str, str],
 ) -> None:
     """``#N`` beside each nodule ``nodule N`` of a preview view (right or left of its surface, at its top), on a dark
-    box, where no other nodule's letters are (:func:`~.render_nodules.free_spot`)."""
+    box, where no other nodule's letters are (:func:`~.render_nodules.free_spot`); ``#N (behind left lung)`` for one
+    ``hidden`` behind an organ."""
     where = {name: image_position(mesh.vertices, view=view, size=size, frame=frame) for name, mesh in nodules.items()}
     placed = [(*uv.min(axis=0), *uv.max(axis=0)) for uv in where.values()]  # the letters cover no nodule
     for name, uv in where.items():
         text = f"#{name.removeprefix('nodule ').strip()}"
+        text += f" (behind {organ_label(hidden[name])})" if name in hidden else ""
         right, left, top = float(uv[:, 0].max()) + 3.0, float(uv[:, 0].min()) - 3.0, float(uv[:, 1].min()) + 4.0
         x, y = free_spot(right, left, top, text, 100.0 / 72.0, placed, limit=float(size))
         put_nodule_letters(ax, x, y, text, colour=colour)
+
+
+#: The legend's entry for a nodule drawn as a dashed outline: behind another organ in that view.
+HIDDEN_LEGEND = "nodule behind an organ in that view (dashed)"
 
 
 def _preview_label(name: str) -> str:
