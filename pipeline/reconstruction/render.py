@@ -32,6 +32,7 @@ from ..volume import CTVolume
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
 from .render_layout import (
+    HALOED_OUTLINES,
     LUNG_WINDOW,
     WINDOWS,
     figure_width_px,
@@ -39,6 +40,7 @@ from .render_layout import (
     image_units,
     legend_below,
     orientation_letters,
+    outline_halo,
     outline_mask,
     save_png,
     scale_bar,
@@ -186,8 +188,9 @@ def render_mpr(
         scale_bar(ax, w_mm, h_mm, margins_mm=margins)
         for organ, sl in outlines.items():
             colour = colours[organ]
-            outline_mask(ax, sl, spacing[cols], spacing[rows], colors=[colour], linewidths=1.0)
-            drawn.append(Line2D([], [], color=colour, label=organ_label(organ)))
+            halo = outline_halo() if organ in HALOED_OUTLINES else None  # the body's white line on bright tissue
+            outline_mask(ax, sl, spacing[cols], spacing[rows], colors=[colour], linewidths=1.0, path_effects=halo)
+            drawn.append(Line2D([], [], color=colour, label=organ_label(organ), path_effects=halo))
         draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"], spots=spots)
         if numbers:
             drawn.append(Line2D([], [], color=colours["nodules"], label="nodule #N (finding #N)"))

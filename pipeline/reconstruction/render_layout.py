@@ -247,6 +247,18 @@ def legend_below(ax, handles: list, ncol: int) -> None:
     )
 
 
+#: Organs whose outline is drawn on a dark halo: the body's white line on the skin's edge, which the lung window draws
+#: near white, so that it reads against bright tissue as against the air outside (:func:`outline_halo`).
+HALOED_OUTLINES = ("body",)
+
+
+def outline_halo() -> list:
+    """Matplotlib path effects that draw a line on a black halo (a stroke 2.5 points wide under it)."""
+    from matplotlib import patheffects
+
+    return [patheffects.withStroke(linewidth=2.5, foreground="black")]
+
+
 def outline_mask(ax, mask: np.ndarray, col_mm: float, row_mm: float, **style) -> None:
     """The edge of ``mask`` (an image's pixels, ``[row, column]``) on an image of ``col_mm`` × ``row_mm`` pixels
     (image mm), drawn with ``style`` (matplotlib ``contour``'s ``colors``, ``linewidths``, ``linestyles``). Only the
