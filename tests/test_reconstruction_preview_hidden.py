@@ -61,3 +61,25 @@ def test_a_left_lung_nodule_is_drawn_filled_in_the_left_lateral_view(tmp_path, m
     (front, lateral), (_, lateral_texts) = _draw(tmp_path, monkeypatch, views, LEFT, name="nodule 2")
     assert _hue(front, ORGAN_COLORS["nodules"]) and _hue(lateral, ORGAN_COLORS["nodules"]), (front, lateral)
     assert "#2" in lateral_texts
+
+
+def test_letters_moved_off_their_nodules_rows_are_joined_to_it(tmp_path, monkeypatch):
+    """On the planning chest's left lateral view '#2 (behind left lung)' found no room beside #2 (the image's edge on
+    one side, #6 on the other) and went a line up, over #6: read as #6's. Such letters are now joined to their
+    nodule by a dotted line."""
+    figures = []
+    monkeypatch.setattr(preview, "save_png", lambda fig, path: figures.append(fig) or path)
+    views = _scene()
+    crowd = {"nodule 1": (20, 20, 58), "nodule 2": (20, 20, 70)}  # side by side at the left lung's lateral edge
+    nodules = {k: mesh_from_mask(sphere_mask(SHAPE, c, 4), GEOM, name=k) for k, c in crowd.items()}
+    write_preview(views, tmp_path, stem="p", nodules=nodules)
+    front = figures[0].axes[0]
+    texts = {t.get_text(): t.get_position() for t in front.texts}
+    centre = GEOM.index_to_lps([[70.0, 20.0, 20.0]])[0]
+    col, row = image_position(centre[None], view="anterior", size=views.size, frame=views.frame)[0]
+    assert abs(texts["#2"][1] - row) > 8, "the scene no longer crowds #2's letters off its rows"
+    dotted = [line for line in front.lines if line.get_linestyle() == ":"]
+    assert dotted, "no line joins #2's letters to it"
+    xs, ys = dotted[-1].get_data()
+    end = np.hypot(np.asarray(xs) - col, np.asarray(ys) - row).min()
+    assert end < 8.5, (xs, ys, col, row)  # on #2's edge: 4 mm (7 pixels) from its centre

@@ -420,7 +420,8 @@ def _letter_nodules(
 ) -> None:
     """``#N`` beside each nodule ``nodule N`` of a preview view (right or left of its surface, at its top), on a dark
     box, where no other nodule's letters are (:func:`~.render_nodules.free_spot`); ``#N (behind left lung)`` for one
-    ``hidden`` behind an organ."""
+    ``hidden`` behind an organ. Letters moved off the nodule's rows (a crowd of nodules) are joined to it by a dotted
+    line, so that they are not read as another nodule's."""
     where = {name: image_position(mesh.vertices, view=view, size=size, frame=frame) for name, mesh in nodules.items()}
     placed = [(*uv.min(axis=0), *uv.max(axis=0)) for uv in where.values()]  # the letters cover no nodule
     for name, uv in where.items():
@@ -429,6 +430,12 @@ def _letter_nodules(
         right, left, top = float(uv[:, 0].max()) + 3.0, float(uv[:, 0].min()) - 3.0, float(uv[:, 1].min()) + 4.0
         x, y = free_spot(right, left, top, text, 100.0 / 72.0, placed, limit=float(size))
         put_nodule_letters(ax, x, y, text, colour=colour)
+        x0, y0, x1, y1 = placed[-1]  # the letters' box (pixels, rows down)
+        (u0, v0), (u1, v1) = uv.min(axis=0), uv.max(axis=0)
+        if y1 < v0 or y0 > v1:  # off the nodule's rows: a dotted line from the letters to it
+            cu, cv = float(np.clip((u0 + u1) / 2, x0, x1)), float(np.clip((v0 + v1) / 2, y0, y1))
+            eu, ev = uv[int(np.argmin(np.hypot(uv[:, 0] - cu, uv[:, 1] - cv)))]  # to the nodule's nearest point
+            ax.plot([cu, eu], [cv, ev], color=colour, linestyle=":", linewidth=1.0)
 
 
 #: The legend's entry for a nodule drawn as a dashed outline: behind another organ in that view.
