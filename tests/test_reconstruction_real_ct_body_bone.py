@@ -145,7 +145,8 @@ def test_totalseg_abdomen_bone_against_the_model_labels(ts):
     0.855), and stones
     in the left kidney, a calcified plaque and a dense speck in the small bowel no longer are (precision,
     the share of the bone on bone labels, 0.952 -> 0.953; none of it on the kidneys or the bowel away from
-    bone labels).
+    bone labels). The 7th ribs below the lungs' domes, apart from the rest of their ribs and with the liver,
+    not a lung, inside them, are rib pieces in the body wall (ribs 0.655 -> 0.718, precision 0.9567 -> 0.9564).
     The spine Dice counts the hips and femurs as false positives: a perfect bone mask would score about 0.57."""
     _, labels, seg = ts
     bone = seg.masks["bone"]
@@ -165,7 +166,7 @@ def test_totalseg_abdomen_bone_against_the_model_labels(ts):
         assert stray == 0, f"{stray} voxels of the {organ} away from bone are bone"
     assert d_spine >= 0.46, f"spine/sacrum/ribs Dice {d_spine:.3f}"
     assert d_all >= 0.85, f"all bone labels Dice {d_all:.3f}"
-    for name, floor in (("vertebrae", 0.85), ("ribs", 0.62), ("sacrum", 0.4), ("hips", 0.8)):
+    for name, floor in (("vertebrae", 0.85), ("ribs", 0.70), ("sacrum", 0.4), ("hips", 0.8)):
         assert recall[name] >= floor, f"{name} recall {recall[name]:.3f}"
 
 

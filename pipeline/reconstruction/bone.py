@@ -12,8 +12,9 @@ bone (100..400 HU); only cortical bone is brighter. So bone is found by shape:
    sternum). See :mod:`.blood_pools`. Pools (and their partial-volume rim where they touch bone)
    are excluded from everything below; the bone regions are bone.
 3. **Rib pieces**: components above ``bone_hu`` without a seed or a bone region that are
-   elongated, cross the body's axis and lie in the chest wall beyond a lung are bone too: a
-   rib's anterolateral part, whose thin cortex no voxel resolves (see :mod:`.rib_pieces`).
+   elongated, cross the body's axis and lie in the chest wall beyond a lung (or, below the lungs, thin
+   and in the body wall) are bone too: a rib's anterolateral part, whose thin cortex no voxel resolves
+   (see :mod:`.rib_pieces`).
 4. **Bone**: the seeds and rib pieces, grown one voxel into voxels above ``bone_hu``, the thick bone regions,
    marrow enclosed by them in a slice (holes up to ``MARROW_MAX_MM2`` whose mean HU is above
    ``MARROW_HU``, or fatty marrow of any HU away from the body's x mid-line: a long bone's

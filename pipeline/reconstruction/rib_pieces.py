@@ -18,6 +18,20 @@ anterior ribs over the lungs). :func:`rib_pieces` takes such a piece for bone by
   intercostal muscle). The heart, the aorta, calcified coronary arteries and mediastinal nodes lie
   between the lungs, not beyond one; the table lies outside the body.
 
+Below the lungs' domes an anterolateral rib (the 7th to 10th) runs round the upper abdomen's wall with
+the liver or the bowel, not a lung, between it and the body's centre, and it curves round the wall
+within a few slices (its second principal span, the arc's depth, is half its length or more). Such a
+piece is bone too when, instead of lying beyond a lung and being straight, it lies **in the body
+wall** as a rib does: its median in-plane depth under the skin is at least :data:`WALL_MIN_MM` (skin,
+fat and muscle lie over a rib; a skin marker or a superficial vein lies in them) and less than
+:data:`WALL_SHARE` of the way in from the body's surface to its slice's deepest point (bowel and its
+contrast lie deeper); it is **flat** (its longest span at least :data:`RIB_ELONGATION` times its
+shortest: an arc lies in one plane, a calcified node or a stone is compact), **thin** (no point more
+than :data:`RIB_HALF_MM` in-plane from its edge), **small** (at most
+:data:`RIB_CONTINUATION_MAX_ML`) and **crosses slices**, besides spanning :data:`RIB_MIN_MM` across
+the body's axis. A contrast-filled vessel of the abdominal wall (the epigastric vessels) runs along
+the body.
+
 A rib whose cortex shows only near the spine or here and there along it is seeded there, and
 :func:`.bone.segment_bone` grows bone only :data:`.bone.GROW_MM` from a seed: on 3 mm pixels a lower
 rib's shaft (150-300 HU, its cortex a third of each pixel) runs on beyond that reach, below the lungs
@@ -63,6 +77,8 @@ WALL_GAP_MM = 15.0  # a rib lies within this of the lung beside it (pleura and i
 RIB_HALF_MM = 7.5  # no point of a rib's in-plane cross-section lies further than this from its edge (mm)
 RIB_CONTINUATION_MAX_ML = 5.0  # a rib's shaft beyond the reach of growth holds at most this (mL)
 DEEP_SHARE = 0.5  # deep in the body: at least this share of the way from its surface to its slice's deepest point
+WALL_SHARE = 0.3  # a rib below the lungs lies less than this share of the way in from the body's surface
+WALL_MIN_MM = 8.0  # and at least this deep under the skin (mm): skin, fat and muscle lie over it
 
 
 def _principal_spans(points_mm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -132,6 +148,39 @@ def beyond_lung(
     return _beyond_lung(in_k, body_k.mean(axis=0), np.take(air, k, axis=slice_axis), step_mm, k)
 
 
+def _in_body_wall(
+    piece: np.ndarray, body: np.ndarray, box: tuple[slice, ...], *, spacing: tuple[float, float, float], slice_axis: int
+) -> bool:
+    """Whether ``piece`` (bool, the extent of ``box`` in ``body``) lies in the body wall as a rib below the lungs does.
+
+    It crosses slices, is thin (in-plane distance to its edge at most :data:`RIB_HALF_MM`) and small (at most
+    :data:`RIB_CONTINUATION_MAX_ML`), and its median in-plane depth under the skin is at least
+    :data:`WALL_MIN_MM` mm and less than :data:`WALL_SHARE` of its slice's deepest point (the whole slices of
+    ``body``). ``spacing`` the voxel size (mm) per array axis, ``slice_axis`` the array axis across the slices.
+    """
+    if box[slice_axis].stop - box[slice_axis].start < 2:
+        return False
+    if float(piece.sum()) * float(np.prod(spacing)) / 1000.0 > RIB_CONTINUATION_MAX_ML:
+        return False
+    step_mm = [spacing[d] for d in range(3) if d != slice_axis]
+    depths: list[np.ndarray] = []
+    shares: list[np.ndarray] = []
+    for n, k in enumerate(range(box[slice_axis].start, box[slice_axis].stop)):
+        plane = np.take(piece, n, axis=slice_axis)
+        if not plane.any():
+            continue
+        if float(ndimage.distance_transform_edt(plane, sampling=step_mm).max()) > RIB_HALF_MM:
+            return False
+        whole = np.take(body, k, axis=slice_axis)
+        depth = ndimage.distance_transform_edt(np.pad(whole, 1), sampling=step_mm)[1:-1, 1:-1]
+        inplane_box = tuple(b for d, b in enumerate(box) if d != slice_axis)
+        depths.append(depth[inplane_box][plane])
+        shares.append(depth[inplane_box][plane] / float(depth.max()))
+    depth_mm, share = float(np.median(np.concatenate(depths))), float(np.median(np.concatenate(shares)))
+    log.debug("rib piece below the lungs? %.0f mm under the skin, %.2f of the way in", depth_mm, share)
+    return depth_mm >= WALL_MIN_MM and share < WALL_SHARE
+
+
 def rib_pieces(
     bright: np.ndarray,
     bone: np.ndarray,
@@ -165,11 +214,14 @@ def rib_pieces(
         if len(pts) < RIB_MIN_VOXELS:
             continue
         spans, axis = _principal_spans(pts * spacing_arr)
-        if spans[0] < RIB_MIN_MM or spans[0] < RIB_ELONGATION * max(spans[1], float(spacing_arr[inplane].min())):
+        if spans[0] < RIB_MIN_MM or abs(float(axis[slice_axis])) > max_axial:
             continue
-        if abs(float(axis[slice_axis])) > max_axial:
-            continue
-        keep[idx] = beyond_lung(pts, body, air, spacing=spacing, slice_axis=slice_axis)
+        if spans[0] >= RIB_ELONGATION * max(spans[1], float(spacing_arr[inplane].min())) and beyond_lung(
+            pts, body, air, spacing=spacing, slice_axis=slice_axis
+        ):
+            keep[idx] = True
+        elif spans[0] >= RIB_ELONGATION * max(spans[2], float(spacing_arr[inplane].min())):
+            keep[idx] = _in_body_wall(labels[box] == idx, body, box, spacing=spacing, slice_axis=slice_axis)
     keep[0] = False
     log.debug("bone: %d rib pieces without cortex seeds", int(keep.sum()))
     return keep[labels]
