@@ -50,7 +50,10 @@ above and below it (a low-density level where no cortex shows at all;
 surface threshold itself (120-250 HU on 3 mm pixels), so that threshold would trim bone that is
 all there is: a pixel centred on the surface is half the bone beside it and half the tissue beside
 it, and the outer layer is also kept where it is at least half-way between the two (the half
-maximum of a blurred edge; :func:`half_way_hu`).
+maximum of a blurred edge; :func:`half_way_hu`). On pixels where the cortex is resolved the same
+half maximum is asked of the outer layer besides the surface threshold: a pixel above that threshold
+but less than half-way from the tissue to a bright cortex beside it is less than half on bone (a
+contrast-filled vessel one voxel wide running along the cortex, 350 HU beside 1200 HU).
 
 A noisy image (a sharp reconstruction kernel: the image noise measured in soft tissue above
 ``NOISY_HU``) is segmented on its in-plane 3x3 mean, as a radiologist reads bone on a
@@ -280,6 +283,9 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
     keep_hu = torch.full_like(hu, surface_hu)
     if share < BROKEN_RING_SHARE:  # a pixel wholly on bone is mostly cancellous: half-way to it is half on bone
         keep_hu = torch.minimum(keep_hu, half_way_hu(hu, bone, outer, body_b, sa))
+    else:  # a resolved cortex: a pixel less than half-way to it (a vessel along it, 350 HU) is less than half on bone
+        half = half_way_hu(hu, bone, outer, body_b, sa)
+        keep_hu = torch.maximum(keep_hu, torch.where(torch.isinf(half), keep_hu, half))
     if noisy:  # the in-plane mean spreads a bright cortex one voxel out; the median does not
         outer &= ~(in_plane_median_at(raw_all[box], outer, sa) > keep_hu)
     else:
