@@ -37,6 +37,10 @@ have and the plain phantom lacks, each with ground truth:
   of the standard kernel at the same dose), ``thick_slices_mm`` (the series'
   slice thickness and spacing), ``metal`` (a chest ``port`` or ``spine``
   hardware above 2000 HU with streak artefacts): mask ``metal``.
+* ``pneumonectomy`` (``left`` / ``right``): that lung removed, its space filled with fluid or soft tissue
+  (``pneumonectomy_fill``), the mediastinum shifted towards it and the remaining lung across the midline;
+  ``collapsed_lung`` (``left`` / ``right``): a large effusion with that lung collapsed into a small remnant
+  at the hilum (:mod:`.one_lung`). The lung masks hold the remaining (aerated) lung under its own side.
 * ``fine_vessels``: peripheral vessels finer than a voxel, painted by their
   partial volume (faint dots and short lines of about -700..-150 HU, as real
   lungs are full of; :mod:`.fine_vessels`). Not in the ``vessels`` mask,
@@ -67,6 +71,8 @@ CONTRAST_PHASES = ("none", "arterial", "pulmonary", "venous")
 COVERAGES = ("full", "chest_only", "apices_cut", "bases_only", "abdomen_only")
 FOV_CENTRES = ("body", "left_lung", "right_lung")
 SIDES = ("none", "left", "right", "both")
+ONE_SIDE = ("none", "left", "right")
+FILLS = ("fluid", "soft_tissue")
 KERNELS = ("standard", "sharp")
 METALS = ("none", "port", "spine")
 
@@ -80,6 +86,9 @@ _CHOICES = {
     "atelectasis": SIDES,
     "kernel": KERNELS,
     "metal": METALS,
+    "pneumonectomy": ONE_SIDE,
+    "pneumonectomy_fill": FILLS,
+    "collapsed_lung": ONE_SIDE,
 }
 _RANGES = {"fov_factor": (0.5, 1.5), "emphysema": (0.0, 0.6), "thick_slices_mm": (2.0, 10.0)}
 
@@ -117,6 +126,9 @@ class Confounders:
     metal: str = "none"
     fine_vessels: bool = False
     bronchovascular: bool = False
+    pneumonectomy: str = "none"
+    pneumonectomy_fill: str = "fluid"
+    collapsed_lung: str = "none"
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -135,6 +147,16 @@ class Confounders:
                 extra = " or None" if name == "thick_slices_mm" else ""
                 raise _bad(name, value, f"a number from {lo:g} to {hi:g}{extra}")
             object.__setattr__(self, name, float(value))
+        if self.pneumonectomy != "none":
+            other = {"collapsed_lung": self.collapsed_lung, "effusion": self.effusion, "atelectasis": self.atelectasis}
+            for name, value in other.items():
+                if value in (self.pneumonectomy, "both") or (name == "collapsed_lung" and value != "none"):
+                    raise PhantomError(
+                        f"confounders.{name}={value!r} with pneumonectomy={self.pneumonectomy!r}: "
+                        "the removed lung has no pleura left to collapse or fill, and one lung cannot be both",
+                        where=f"Confounders(pneumonectomy=..., {name}=...)",
+                        fix=f"put {name} on the remaining lung's side, or leave it 'none'",
+                    )
         if self.blanket and self.table == "none":
             raise PhantomError(
                 "confounders.blanket=True needs a table to lie on (table='none')",

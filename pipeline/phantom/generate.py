@@ -22,6 +22,7 @@ from .layout import draw_layout
 from .model import Nodule, Phantom
 from .nodules import paint_nodule, place_nodules
 from .noise import SmoothField, blur_and_noise
+from .one_lung import paint_one_lung
 from .scanner import CanonicalGrid, direction_for, scanner_geometry, to_scanner_order
 from .tubepaint import paint_tubes
 
@@ -222,8 +223,10 @@ def generate_phantom(
     vessels, airway, inner, blood_mask = paint_tubes(
         layout, grid, (r_vessel, r_air, r_rib), hu, lung, bone, body, painter.inner2, blood, bronchi=r_bronchi
     )
+    one_lung = None
     if scene is not None:
         confounded.after_tubes(scene, hu, lung, bone, vessels, body, blood_mask)
+        one_lung = paint_one_lung(scene, hu, lung, bone, vessels, airway, body)
     if conf is not None and conf.fine_vessels:
         r_fine = np.random.default_rng(root.spawn(1)[0])
         lung_blood = VESSEL if blood is None else blood["lung_vessels"]
@@ -240,8 +243,13 @@ def generate_phantom(
     specs = place_nodules(
         r_nod, grid, lung, inner, labels, count=int(n_nodules), diameter_mm=(lo_d, hi_d), strict=strict, vessel_mask=vessels
     )
+    left_side = (xs > 0)[None, None, :] if one_lung is None else one_lung.left
     nodules = []
     for n, spec in enumerate(specs, start=1):
+        if one_lung is not None:  # the side the nodule's lung came from, not the side of x = 0 it lies on
+            kji = np.rint((spec.center[::-1] - [grid.zs[0], grid.ys[0], grid.xs[0]]) / grid.spacing_zyx).astype(int)
+            kji = np.clip(kji, 0, np.asarray(shape) - 1)
+            spec.lung = "lung_left" if left_side[tuple(kji)] else "lung_right"
         mean_hu, count = paint_nodule(grid, spec, hu, labels, n)
         nodules.append(
             Nodule(
@@ -284,8 +292,8 @@ def generate_phantom(
     metadata = _metadata(seed, options)
     masks = {
         "body": body,
-        "lung_left": lung & (xs > 0)[None, None, :],
-        "lung_right": lung & (xs < 0)[None, None, :],
+        "lung_left": lung & left_side,
+        "lung_right": lung & ~left_side if one_lung is not None else lung & (xs < 0)[None, None, :],
         "airway": airway,
         "bone": bone,
         "vessels": vessels,
