@@ -15,7 +15,9 @@ bronchi lie between the lungs; a region spanning both sides of it is two lungs j
 junction and is split there), else the relation between the two largest lung regions (the
 patient's left lung is the one at larger LPS x), else a region that erosion splits into two
 lungs, else a single lung's side of the body's x mid-line (where the field of view leaves the
-body whole). Never from which half of the image a region lies in.
+body whole). Never from which half of the image a region lies in. A "lung" of less than ``min_lung_ml`` on one
+side (crumbs of lung air beside the airway, where the one lung of a pneumonectomy crosses the airway's x) is part
+of the other side's lung (:func:`_no_crumb_lung`).
 
 Each lung is then filled: a small closing and per-slice hole filling take in vessels and
 nodules inside it (a large hole only where the lung encloses it in 3-D or beside the airway: the
@@ -298,6 +300,24 @@ def assign_sides(
     return left, right, how
 
 
+def _no_crumb_lung(left: np.ndarray, right: np.ndarray, min_vox: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(left, right)`` with a side of fewer than ``min_vox`` voxels (``min_lung_ml``) given to the other side.
+
+    Taking the airway out of the lung air leaves crumbs of a lung (a few voxels) cut off beside the trachea and
+    bronchi; each takes the side of the airway's x it lies on. Where one lung crosses that x (the remaining lung of
+    a pneumonectomy, hyperexpanded across the midline), a crumb on the far side would be a "lung" of the other
+    side, of a fraction of a mL: no lung is that small (:func:`lung_regions` counts none under ``min_lung_ml``).
+    """
+    n_left, n_right = int(np.count_nonzero(left)), int(np.count_nonzero(right))
+    if 0 < n_left < min_vox <= n_right:
+        log.debug("lungs: %d voxels of lung air on the left only, part of the right lung", n_left)
+        return np.zeros_like(left), right | left
+    if 0 < n_right < min_vox <= n_left:
+        log.debug("lungs: %d voxels of lung air on the right only, part of the left lung", n_right)
+        return left | right, np.zeros_like(right)
+    return left, right
+
+
 def lone_column(lung_air: np.ndarray, touches_side: bool, geometry: Geometry) -> bool:
     """Whether lung air on one side only is a column through the whole scan (see the module docstring).
 
@@ -341,6 +361,7 @@ def select_lungs(
         lung_air &= ~airway
     lung_air = drop_gas_pockets(lung_air, grid.hu.cpu().numpy(), regions.air_level_hu, grid, p)
     left, right, how = assign_sides(lung_air, airway_x, body, grid)
+    left, right = _no_crumb_lung(left, right, p.min_lung_ml / grid.voxel_ml)
     if (
         (airway is None or not airway.any())
         and not (left.any() and right.any())
