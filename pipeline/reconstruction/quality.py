@@ -12,6 +12,8 @@ code                        severity meaning
 ``lungs_base_cut``          warning  the lungs continue below the most inferior slice
 ``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together
 ``lung_imbalance``          warning  the smaller lung is less than half the larger one
+``one_lung``                warning  lung on one side only (the other has none): a pneumonectomy, or a lung the
+                                     segmentation or the field of view missed; the missing lung's figures are absent
 ``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules and emphysema index unreliable
 ``coarse_pixels``           warning  pixels coarser than 2.5 mm (a diagnostic chest series has 0.5–1 mm): small nodules
                                      and emphysema index unreliable
@@ -78,6 +80,7 @@ FLAGS: dict[str, tuple[Severity, str]] = {
     "lungs_base_cut": ("warning", "the lung bases are cut by the scan range"),
     "lung_volume_out_of_range": ("warning", "lung volume outside the physiological range"),
     "lung_imbalance": ("warning", "strong left/right lung volume imbalance"),
+    "one_lung": ("warning", "one lung only: no lung on the other side"),
     "thick_slices": ("warning", THICK_SLICE_NOTE),
     "coarse_pixels": ("warning", COARSE_PIXEL_NOTE),
     "lossy_compressed": ("warning", LOSSY_NOTE),
@@ -332,6 +335,18 @@ def assess_quality(
         flags.append(_flag("lungs_apex_cut", f"{apex_mm2 / 100:.1f} cm² of lung on the most superior slice"))
     if base_mm2:
         flags.append(_flag("lungs_base_cut", f"{base_mm2 / 100:.1f} cm² of lung on the most inferior slice"))
+    voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
+    l_ml, r_ml = float(np.count_nonzero(left)) * voxel_ml, float(np.count_nonzero(right)) * voxel_ml
+    one_lung = coverage != "absent" and not (l_ml and r_ml)
+    if one_lung:  # not an imbalance of two lungs, whatever the coverage: the case has one
+        only, missing = ("left", "right") if l_ml else ("right", "left")
+        flags.append(
+            _flag(
+                "one_lung",
+                f"{only} lung {max(l_ml, r_ml):.0f} mL, no {missing} lung: expected after a {missing} "
+                f"pneumonectomy; otherwise check the field of view and the {missing} lung in the images",
+            )
+        )
     if coverage == "absent" or missing_ml > MAX_MISSING_FRACTION * total_ml:
         unreliable += ["lung_left_volume_ml", "lung_right_volume_ml", "lungs_total_volume_ml", *EMPHYSEMA_FIGURES]
     else:
@@ -340,11 +355,9 @@ def assess_quality(
             flags.append(
                 _flag("lung_volume_out_of_range", f"{total_ml / 1000:.2f} L, expected {lo / 1000:.1f}–{hi / 1000:.1f} L")
             )
-        voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
-        l_ml, r_ml = float(np.count_nonzero(left)) * voxel_ml, float(np.count_nonzero(right)) * voxel_ml
         ratio = min(l_ml, r_ml) / max(l_ml, r_ml)
         figures["lung_balance_ratio"] = ratio
-        if ratio < IMBALANCE_RATIO:
+        if ratio < IMBALANCE_RATIO and not one_lung:
             flags.append(_flag("lung_imbalance", f"left {l_ml:.0f} mL, right {r_ml:.0f} mL"))
 
     thickness = slice_thickness_mm(geometry, metadata)

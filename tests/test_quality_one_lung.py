@@ -1,0 +1,56 @@
+"""Quality flags of a case with one lung: ``one_lung`` (naming the lung there and the one missing), never "no lungs"
+nor an imbalance of two lungs; a lung collapsed under an effusion is an imbalance of two lungs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.phantom import Confounders, generate_phantom
+from pipeline.reconstruction import reconstruct
+from pipeline.reconstruction.quality import FLAGS, assess_quality
+
+GRID = dict(matrix=128, pixel_spacing=2.0, slice_spacing=4.0)
+OTHER = {"left": "right", "right": "left"}
+
+
+def _quality(ph):
+    return assess_quality(ph.volume.array, ph.volume.geometry, ph.masks, metadata=ph.volume.metadata)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("coverage", ["full", "apices_cut"])
+def test_a_pneumonectomy_is_one_lung_not_absent_lungs_nor_an_imbalance(side, coverage):
+    ph = generate_phantom(11, confounders=Confounders(pneumonectomy=side, coverage=coverage), n_nodules=0, **GRID)
+    q = _quality(ph)
+    assert q.has("one_lung") and not q.has("lungs_absent") and not q.has("lung_imbalance"), q.codes
+    assert q.lung_coverage == ("complete" if coverage == "full" else "partial")
+    (flag,) = [f for f in q.flags if f.code == "one_lung"]
+    assert flag.severity == "warning"
+    assert f"{OTHER[side]} lung" in flag.message and f"no {side} lung" in flag.message
+    assert f"{side} pneumonectomy" in flag.message
+    assert len(FLAGS["one_lung"][1]) <= 64  # the SR codes the fixed sentence
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_collapsed_lung_is_an_imbalance_of_two_lungs(side):
+    ph = generate_phantom(21, confounders=Confounders(collapsed_lung=side), n_nodules=0, **GRID)
+    q = _quality(ph)
+    assert q.has("lung_imbalance") and not q.has("one_lung"), q.codes
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_reconstruction_of_a_pneumonectomy_states_one_lung_and_its_volume(side, tmp_path):
+    ph = generate_phantom(12, confounders=Confounders(table="curved", pneumonectomy=side), n_nodules=0, **GRID)
+    rec = reconstruct(ph.volume, out_dir=tmp_path, device="cpu", render=False, mesh_formats=())
+    kept = f"lung_{OTHER[side]}"
+    assert rec.quality is not None and rec.quality.has("one_lung") and not rec.quality.has("lungs_absent")
+    (path,) = rec.files["measurements"]
+    meas = json.loads(path.read_text())
+    assert "one_lung" in [f["code"] for f in meas["quality"]["flags"]]
+    lungs = meas["lungs"]
+    truth_ml = float(np.count_nonzero(ph.masks[kept])) * float(np.prod(ph.volume.geometry.spacing)) / 1000.0
+    assert lungs[f"{kept}_volume_ml"] == pytest.approx(truth_ml, rel=0.05)
+    assert not lungs[f"lung_{side}_volume_ml"]
