@@ -43,3 +43,34 @@ def test_a_lung_collapsed_under_an_effusion_is_found_small_on_its_side(side):
     for name in ("lung_left", "lung_right"):
         assert dice(seg.masks[name], ph.masks[name]) >= MIN_DICE, name
     assert not (seg.masks[f"lung_{side}"] & ph.masks["effusion"]).any()
+
+
+def shrunk_remnant(ph, side: str, keep: float):
+    """``ph``'s volume with its collapsed ``side`` lung cut to the ``keep`` share of it nearest its centre (the rest
+    fluid, 10 HU), and the remnant's mask: a lung collapsed further than the phantom draws it."""
+    from pipeline.volume import CTVolume
+
+    small = ph.masks[f"lung_{side}"]
+    k, j, i = np.nonzero(small)
+    spacing_kji = np.asarray(ph.volume.geometry.spacing)[::-1]
+    d = np.linalg.norm((np.stack([k, j, i], 1) - [k.mean(), j.mean(), i.mean()]) * spacing_kji, axis=1)
+    cut = d > np.quantile(d, keep)
+    hu = ph.volume.array.copy()
+    hu[k[cut], j[cut], i[cut]] = 10.0
+    remnant = small.copy()
+    remnant[k[cut], j[cut], i[cut]] = False
+    return CTVolume(hu, ph.volume.geometry, metadata=ph.volume.metadata), remnant
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_lung_collapsed_to_a_few_percent_of_the_other_is_still_a_lung(side):
+    """A remnant of about 5 % of the other lung's volume, level with the hilum, is that side's lung, not nothing."""
+    ph = generate_phantom(21, confounders=Confounders(table="curved", bowel_gas=True, collapsed_lung=side), **GRID)
+    volume, remnant = shrunk_remnant(ph, side, 0.25)
+    other = ph.masks[f"lung_{OTHER[side]}"]
+    assert 0.03 < remnant.sum() / other.sum() < 0.08
+    seg = segment_organs(volume, organs=("lung_left", "lung_right", "airway"), device="cpu")
+    assert seg.info["lungs"] == "found", seg.info
+    assert dice(seg.masks[f"lung_{side}"], remnant) >= 0.85
+    assert dice(seg.masks[f"lung_{OTHER[side]}"], other) >= MIN_DICE
+    assert not ((seg.masks[f"lung_{side}"] | seg.masks[f"lung_{OTHER[side]}"]) & ph.masks["bowel_gas"]).any()

@@ -6,7 +6,8 @@ than the scan's air, which pure gas (stomach, bowel, colon, a trachea on its own
 Regions must also hold at least ``min_lung_ml``; smaller lung-like pieces count only when they
 lie within :data:`REACH_MM` of the main lungs and not below them (lung fragments cut off by a
 fissure or vessel, not gas below the diaphragm). The main lungs are the largest lung region and
-every lung region of at least :data:`MAIN_FRACTION` of it that reaches above its lowest slice.
+every lung region of at least :data:`MAIN_FRACTION` of it that reaches above its lowest slice, and a smaller one
+on the other side of the airway, level with it: a lung collapsed under an effusion (:func:`_collapsed_partner`).
 Bowel gas joined to a lung base through a thin partial-volume diaphragm is parted from it
 (:func:`drop_gas_pockets`).
 
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 
 PARENCHYMA_MARGIN_HU = air_mod.PARENCHYMA_MARGIN_HU  # lung interior is at least this much denser than air
 MAIN_FRACTION = 0.1  # lung regions of this share of the largest one are main lungs
+PARTNER_BELOW = 0.1  # a smaller collapsed lung's centroid lies at most this share of the largest lung's height lower
 REACH_MM = 4.0  # smaller lung pieces must lie this close to a main lung
 PAIR_MIN_DX = 0.12  # two regions this far apart in x (share of the body's width) are a left and a right lung
 PAIR_MIN_RATIO = 0.2  # the smaller of a lung pair holds at least this share of the larger
@@ -111,6 +113,7 @@ def lung_regions(regions: AirRegions, airway: np.ndarray | None, grid: Grid, p: 
         return np.zeros(0, dtype=np.int64)
     largest = int(np.argmax(np.where(big, r.size, 0)))
     main = big & (r.size >= MAIN_FRACTION * r.size[largest]) & (r.z_hi >= r.z_lo[largest])
+    main |= _collapsed_partner(r, big & ~main, largest, airway, grid)
     main_ids = np.nonzero(main)[0]
     extra = np.nonzero(big & ~main & (r.centroid[:, 2] >= np.nanmin(r.z_lo[main_ids])))[0]
     if extra.size:
@@ -120,6 +123,28 @@ def lung_regions(regions: AirRegions, airway: np.ndarray | None, grid: Grid, p: 
         touched = np.unique(r.labels[near_main])
         extra = np.intersect1d(extra, touched)
     return np.concatenate([main_ids, extra]).astype(np.int64)
+
+
+def _collapsed_partner(r: AirRegions, candidates: np.ndarray, largest: int, airway: np.ndarray | None, grid: Grid) -> np.ndarray:
+    """Per region (bool): a lung collapsed under an effusion, smaller than :data:`MAIN_FRACTION` of the largest lung.
+
+    Such a lung (a few percent of the other, the aerated remnant at its hilum) is lung parenchyma (``candidates``:
+    lung-like regions of at least ``min_lung_ml`` that are not main lungs) on the other side of the airway's LPS x
+    from the largest lung, with its centroid no lower than :data:`PARTNER_BELOW` of the largest lung's height under
+    that lung's centroid (stomach and colon gas lie under the diaphragm, lower). Only with an airway: it tells
+    the sides apart.
+    """
+    out = np.zeros_like(candidates)
+    if airway is None or not airway.any() or not candidates.any():
+        return out
+    x_airway = float(grid.geometry.centroid_lps(airway)[0])
+    c = r.centroid
+    other_side = np.sign(c[:, 0] - x_airway) == -np.sign(c[largest, 0] - x_airway)
+    level = c[:, 2] >= c[largest, 2] - PARTNER_BELOW * (r.z_hi[largest] - r.z_lo[largest])
+    out = candidates & other_side & level
+    for label in np.nonzero(out)[0]:
+        log.debug("lungs: a small lung on the other side (%.1f mL): a collapsed lung", r.ml(int(label)))
+    return out
 
 
 def _two_largest(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
