@@ -124,17 +124,48 @@ class LungRegion:
 
     def limited_to(self, other: LungRegion) -> LungRegion:
         """This region searched as it is, its findings limited to ``other`` (within this mask; same coarse grid, as
-        :func:`quick_lung_mask` and :func:`region_from_mask` give for one volume)."""
+        :func:`quick_lung_mask` and :func:`region_from_mask` give for one volume). A small lung of ``other`` (at least
+        :data:`MIN_LUNG_ML`, under half the lungs both hold, clear of the image border) this mask mostly leaves out (a lung collapsed to a few percent of the other, which the threshold mask's largest
+        components leave out) is searched too, and its findings kept."""
         if self.mask.shape != other.mask.shape or self.stride != other.stride or self.flips != other.flips:
             raise ValueError(
                 f"lung regions on different coarse grids: {self.mask.shape} every {self.stride} voxels "
                 f"(axes counted from the end: {self.flips}) vs {other.mask.shape} every {other.stride} ({other.flips})"
             )
-        return replace(self, limit=self.mask & other.mask)
+        limit = self.mask & other.mask
+        voxel_ml = float(np.prod(self._coarse_spacing_kji)) / 1000.0
+        # none in common: the caller decides what to search
+        missed = None
+        if limit.any():  # a collapsed lung: smaller than half the lungs both masks hold
+            missed = _parts_outside(other.mask, self.mask, MIN_LUNG_ML / voxel_ml, 0.5 * float(limit.sum()))
+        if missed is None:
+            return replace(self, limit=limit)
+        log.info(
+            "a lung the threshold mask leaves out (%d coarse voxels, a small or collapsed lung) is searched too",
+            int(missed.sum()),
+        )
+        return replace(self, mask=self.mask | missed, limit=limit | missed)
 
     def unlimited(self) -> LungRegion:
         """This region without its ``limit``."""
         return self if self.limit is None else replace(self, limit=None)
+
+
+def _parts_outside(mask: np.ndarray, searched: np.ndarray, min_voxels: float, max_voxels: float) -> np.ndarray | None:
+    """The connected parts of ``mask`` (coarse ``[k, j, i]``) that ``searched`` leaves out (less than half of each in
+    it: the in-slice growth of the threshold mask may touch a small lung beside the other) and that are a small
+    lung: ``min_voxels`` to ``max_voxels``, clear of the in-plane image border (air around the patient is not); or
+    None."""
+    labels, n = ndimage.label(mask)
+    if n == 0:
+        return None
+    size = np.bincount(labels.ravel(), minlength=n + 1)
+    inside = np.bincount(labels[searched & mask], minlength=n + 1)
+    border = np.unique(np.concatenate([labels[:, [0, -1], :].ravel(), labels[:, :, [0, -1]].ravel()]))
+    small = (size >= min_voxels) & (size <= max_voxels) & ~np.isin(np.arange(n + 1), border)
+    missed = np.nonzero((inside < 0.5 * size) & small)[0]
+    missed = missed[missed > 0]
+    return np.isin(labels, missed) if missed.size else None
 
 
 class _Distance:
