@@ -11,7 +11,7 @@ series' frame of reference):
   along LPS x, y, z, longest first; around the nodule's segmentation when it was segmented, else the
   detector's box; a POINT when the box has no extent) referencing the source image
   nearest the centre (for a volume corrected for a gantry tilt, the image in whose plane that slice lies: the
-  coordinates stay LPS, unaffected by the slice's in-plane shift; the report holds no 2-D image coordinates), and the measurements Volume-equivalent sphere diameter (mm; ctpipe's code: no standard one names it), Maximum
+  coordinates stay LPS, unaffected by the slice's in-plane shift), and the measurements Volume-equivalent sphere diameter (mm; ctpipe's code: no standard one names it), Maximum
   3D extent (mm, ctpipe's code), Long axis and Short axis (mm, on the slice where the segmented nodule is largest: that
   image referenced), their mean (Mean diameter in image plane, mm, ctpipe's
   code; all three in the plane of that image, as acquired: an oblique acquisition's axes are not those of a true
@@ -21,6 +21,12 @@ series' frame of reference):
   long axes to 0.1 mm, volumes to 1 mm³, the score to 0.001: :data:`.model.MM_DECIMALS`, :data:`.model.LENGTH_DECIMALS`);
   every group carries the algorithm identification (detector name, version, parameters
   ``score_threshold=<operating point>`` and ``ctpipe=<version>``);
+* after each segmented nodule's group, its Long axis and Short axis drawn on the image they are measured on, as a
+  reader's own measurement is and a viewer shows it (OHIF's SR viewport reads a TID 1410 group's SCOORD): one TID
+  1410 Planar ROI group per axis, with the nodule's tracking identifier and UID, finding type and site, an SCOORD
+  POLYLINE of the axis' two endpoints in that image's pixel coordinates (column, row, from its own position,
+  orientation and pixel spacing: :mod:`.image_plane`; a multi-frame image's frame referenced) and the axis' length
+  (mm, to 0.1);
 * one TID 1501 case group: Nodule Present/Absent (the explicit no-findings statement; no statement in
   a report of a reconstruction that no detector ran on, whose algorithm is then the reconstruction and
   names no operating point), lung volumes (ml to 0.1, per side and both) and the emphysema index (% to 0.1) where the quality report does not mark them
@@ -43,6 +49,7 @@ from .. import __version__
 from ..atomic import atomic_open
 from ..errors import DicomOutputError
 from . import codes as C
+from .image_plane import image_coordinates, image_geometry
 from .model import LENGTH_DECIMALS, ReportedFinding
 from .source_headers import limit_to_filing
 from .sources import SourceSeries
@@ -114,7 +121,8 @@ def _surface(f: ReportedFinding, source: SourceSeries) -> Any:
 def _axis_measurements(f: ReportedFinding, source: SourceSeries) -> list[Any]:
     """Long axis and Short axis (each referencing the image it is measured on) and their mean, to
     :data:`.model.LENGTH_DECIMALS` (mm); none without :attr:`ReportedFinding.axes`. TID 1411 holds no coordinates in
-    a measurement: the axes' endpoints (LPS mm) are in the reconstruction's nodule results."""
+    a measurement: :func:`_axis_lines` draws the axes on their image, the reconstruction's nodule results give their
+    endpoints (LPS mm)."""
     import highdicom as hd
 
     axes = f.axes
@@ -131,6 +139,51 @@ def _axis_measurements(f: ReportedFinding, source: SourceSeries) -> list[Any]:
         out.append(hd.sr.Measurement(name=name, value=value, unit=C.MM, referenced_images=[image]))
     out.append(hd.sr.Measurement(name=C.MEAN_DIAMETER, value=round(axes.mean_mm, LENGTH_DECIMALS), unit=C.MM))
     return out
+
+
+def _axis_lines(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> list[Any]:
+    """The nodule's Long axis and Short axis drawn on the image they are measured on, as a reader's own measurement:
+    one TID 1410 Planar ROI group each, with the nodule's tracking identifier and UID, finding type and site, an
+    SCOORD POLYLINE of the axis' two endpoints in that image's pixel coordinates (column, row; :mod:`.image_plane`)
+    and the axis' length (mm, to :data:`.model.LENGTH_DECIMALS`). None without :attr:`ReportedFinding.axes`; an axis
+    whose endpoints fall outside the image is left out, with a warning."""
+    import highdicom as hd
+
+    axes = f.axes
+    if axes is None:
+        return []
+    k = axes.slice_k
+    plane = image_geometry(source, k)
+    frame = source.frame_of(k)
+    columns, rows = plane.size_ijk[0], plane.size_ijk[1]
+    groups = []
+    for name, length, ends in ((C.LONG_AXIS, axes.long_mm, axes.long_lps), (C.SHORT_AXIS, axes.short_mm, axes.short_lps)):
+        coordinates = image_coordinates(plane, ends)
+        if np.any(coordinates < 0) or np.any(coordinates > [columns, rows]):
+            log.warning(
+                "%s: its %s (%s, column and row) lies outside its image (%d x %d) and is not drawn",
+                f.tracking_id,
+                name.meaning,
+                np.round(coordinates, 1).tolist(),
+                columns,
+                rows,
+            )
+            continue
+        image = hd.sr.SourceImageForRegion(
+            source.sop_class_uids[k], source.sop_instance_uids[k], referenced_frame_numbers=[frame] if frame is not None else None
+        )
+        region = hd.sr.ImageRegion(graphic_type=hd.sr.GraphicTypeValues.POLYLINE, graphic_data=coordinates, source_image=image)
+        groups.append(
+            hd.sr.PlanarROIMeasurementsAndQualitativeEvaluations(
+                tracking_identifier=hd.sr.TrackingIdentifier(uid=f.tracking_uid, identifier=f.tracking_id),
+                referenced_region=region,
+                finding_type=C.NODULE,
+                algorithm_id=algorithm,
+                finding_sites=[_finding_site(f)],
+                measurements=[hd.sr.Measurement(name=name, value=round(length, LENGTH_DECIMALS), unit=C.MM)],
+            )
+        )
+    return groups
 
 
 def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> Any:
@@ -281,7 +334,9 @@ def build_sr(
             model_name=f"{model_name} {model_version}"[:64],
         ),
     )
-    groups: list[Any] = [_finding_group(f, source, algorithm) for f in findings]
+    groups: list[Any] = []
+    for f in findings:  # each nodule's volumetric group, then its axes drawn on their image
+        groups += [_finding_group(f, source, algorithm), *_axis_lines(f, source, algorithm)]
     groups.append(_case_group(findings, measurements, quality, source, algorithm, nodules_assessed))
     # the images the content references: each finding's slice and the slice its axes are measured on
     referenced = sorted({f.slice_k for f in findings} | {f.axes.slice_k for f in findings if f.axes is not None})
