@@ -192,3 +192,68 @@ def test_image_coordinates_follow_the_images_own_rows_columns_and_pixel_spacing(
     np.testing.assert_allclose(points[0], position, atol=1e-3)
     far = points[2] + 5.0 * np.cross(row, col)  # off the plane: projected on it
     np.testing.assert_allclose(image_coordinates(plane, far[None, :])[0], [199.5, 299.5], atol=1e-3)
+
+
+def test_a_tilt_corrected_volumes_axis_lines_lie_on_the_nodule_in_its_own_image(tmp_path) -> None:
+    """A series of 20° tilted images, resampled onto a grown grid whose slices are shifted in-plane off their images:
+    each line's endpoints, placed with the referenced image's own header, are the axes' (LPS mm, within half a pixel)
+    and its midpoint is on the ball's pixels of that image."""
+    import highdicom as hd
+    import pydicom
+    from scipy import ndimage
+
+    from pipeline.detection.findings import Finding
+    from pipeline.dicom_out import read_source_series
+    from pipeline.ingest import load_series
+    from pipeline.reconstruction.nodule_geometry import axes_json
+    from tests.test_gantry_tilt import MARKER_HU, _write_tilted
+
+    s = _write_tilted(tmp_path / "dicom", tilt_deg=-20.0, feet_first=False)
+    vol = load_series(tmp_path / "dicom", allow_gantry_tilt=True)
+    g = vol.geometry
+    source = read_source_series(tmp_path / "dicom", vol)
+    labels, _count = ndimage.label(vol.array > 0)
+    c = s.markers[0]
+    ijk = np.rint(g.lps_to_index(c)).astype(int)
+    mask = labels == labels[ijk[2], ijk[1], ijk[0]]
+    idx = np.argwhere(mask)
+    lo, hi = idx.min(0), idx.max(0) + 1
+    volume_mm3 = float(mask.sum() * np.prod(g.spacing))
+    nodule = {
+        "index": 0,
+        "mask": mask[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]],
+        "geometry": g.cropped(lo[::-1].tolist(), hi[::-1].tolist()),
+        "volume_mm3": volume_mm3,
+        "diameter_mm": float(np.cbrt(6 * volume_mm3 / np.pi)),
+    }
+    finding = Finding(tuple(c), tuple(c - 2.5), tuple(c + 2.5), 5.0, 0.9, tuple(int(v) for v in ijk), int(ijk[2]) + 1)
+    path = write_sr(
+        tmp_path / "sr.dcm",
+        source=source,
+        volume=vol,
+        findings=[finding],
+        model_name="test",
+        model_version="1",
+        score_threshold=0.5,
+        nodules=[nodule],
+    )
+    results = axes_json(nodule, g, vol.metadata)
+    planar = hd.sr.srread(path).content.get_planar_roi_measurement_groups()
+    assert len(planar) == 2
+    images = {str(ds.SOPInstanceUID): ds for p in (tmp_path / "dicom").iterdir() for ds in [pydicom.dcmread(p)]}
+    for group, key in zip(planar, ("long_axis", "short_axis")):
+        (ref,) = group.roi.ContentSequence[0].ReferencedSOPSequence
+        ds = images[str(ref.ReferencedSOPInstanceUID)]
+        spacing = [float(v) for v in ds.PixelSpacing]
+        to_lps = hd.spatial.ImageToReferenceTransformer(
+            image_position=[float(v) for v in ds.ImagePositionPatient],
+            image_orientation=[float(v) for v in ds.ImageOrientationPatient],
+            pixel_spacing=spacing,
+        )
+        coords = np.asarray(group.roi.value, dtype=np.float64)
+        back = to_lps(coords)
+        ends = np.asarray(results[f"{key}_lps_mm"], dtype=np.float64)
+        assert np.linalg.norm(back - ends, axis=1).max() <= 0.5 * min(spacing), (back, ends)
+        column, row = np.floor(coords.mean(axis=0)).astype(int)  # the pixel holding the line's midpoint
+        assert ds.pixel_array[row, column] * float(ds.RescaleSlope) + float(ds.RescaleIntercept) == MARKER_HU
+    assert_valid(path, allowed_warnings=("<99CTPIPE>",))
