@@ -257,3 +257,29 @@ def test_a_tilt_corrected_volumes_axis_lines_lie_on_the_nodule_in_its_own_image(
         column, row = np.floor(coords.mean(axis=0)).astype(int)  # the pixel holding the line's midpoint
         assert ds.pixel_array[row, column] * float(ds.RescaleSlope) + float(ds.RescaleIntercept) == MARKER_HU
     assert_valid(path, allowed_warnings=("<99CTPIPE>",))
+
+
+def test_an_axis_outside_its_image_is_not_drawn_and_is_said(tmp_path, caplog) -> None:
+    """Endpoints that fall outside the referenced image (a nodule results file of another grid) give no line, and a
+    warning naming the nodule and the axis; the other axis is still drawn and the volumetric group still states both."""
+    import dataclasses
+    import logging
+
+    import highdicom as hd
+
+    from pipeline.dicom_out import reported_findings
+    from pipeline.dicom_out.sr import build_sr
+
+    case = _case(tmp_path, "FFS", False)
+    g = case.volume.geometry
+    (first, *_rest) = reported_findings(case.findings, g, series_uid="1.2.3", score_threshold=0.5, nodules=case.nodules)
+    assert first.axes is not None
+    far = np.asarray(first.axes.long_lps) + 1000.0 * g.direction[:, 0]  # 1 m along the image's rows
+    moved = dataclasses.replace(first, axes=dataclasses.replace(first.axes, long_lps=tuple(map(tuple, far))))
+    with caplog.at_level(logging.WARNING, logger="pipeline.dicom_out.sr"):
+        sr = build_sr([moved], case.source, model_name="demo", model_version="1", score_threshold=0.5)
+    path = tmp_path / "sr.dcm"
+    sr.save_as(path)
+    planar = hd.sr.srread(path).content.get_planar_roi_measurement_groups()
+    assert [g.get_measurements()[0].name.value for g in planar] == ["103340004"]  # the short axis alone
+    assert any("Nodule 1" in r.getMessage() and "Long axis" in r.getMessage() for r in caplog.records), caplog.text

@@ -1,6 +1,7 @@
 """Read a ctpipe structured report back: the findings table and the case-level content.
 
-:func:`read_sr_findings` returns one row per nodule measurement group (LPS mm), the columns named
+:func:`read_sr_findings` returns one row per nodule's volumetric measurement group (LPS mm; the TID 1410 groups that
+draw its axes on their image, in SRs since they were added, are no rows of their own), the columns named
 as in the run store's findings table (``center_x/y/z``, ``diameter_mm``, ``score``);
 :func:`read_sr_case` the case group (lung volumes, emphysema index, quality assessment) and the
 detector named in the algorithm identification.
