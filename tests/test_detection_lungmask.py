@@ -1,7 +1,8 @@
-"""One lung mask per case: detection keeps the findings in the case's lung mask when it has one.
+"""The lungs detection keeps its findings in: a lung mask given to the detector, else the lungs it segments itself.
 
 The search (network input, small-blob candidates) is the detector's quick threshold mask's in every path (the
-search its operating point was calibrated with); the case's mask drops the findings outside it.
+search its operating point was calibrated with); the lungs drop the findings outside them. ``ctpipe run`` limits
+them as ``ctpipe detect`` does, to the detector's own lungs, whatever lung mask the reconstruction kept.
 The synthetic chest below has two air-filled "lungs" (right: small i, left: large i); the case mask names only
 the right one, so a search with the quick mask alone would reach the left lung.
 """
@@ -98,7 +99,7 @@ def test_a_case_mask_limits_the_quick_mask_and_never_widens_it(detector):
     assert len(found) == 0 and "no lung" in found.reason
 
 
-def test_runner_load_restricts_to_the_saved_case_lung_mask_with_the_detect_input(tmp_path, detector):
+def test_runner_load_limits_to_the_detectors_own_lungs_as_detect_does_whatever_mask_the_case_keeps(tmp_path, detector):
     import torch
 
     from pipeline.cache import CaseCache
@@ -114,13 +115,16 @@ def test_runner_load_restricts_to_the_saved_case_lung_mask_with_the_detect_input
     ctx = CaseContext(case=spec, attempt=0, workdir=tmp_path / "work", worker=worker)
     CaseCache(worker.cache_dir).write("c1", vol)
 
-    quick = _Loading(worker)(ctx)  # no case mask kept: the quick mask, both lungs
-    save_lung_mask(worker.cache_dir, "c1", right)
+    bare = _Loading(worker)(ctx)  # no case mask kept
+    save_lung_mask(worker.cache_dir, "c1", right)  # the reconstruction's lungs (here the right one alone)
     item = _Loading(worker)(ctx)
-    assert item["region"] is item["lungs"]  # lung restriction on: findings are restricted to the case's lungs
-    assert item["lungs"].limit is not None and int(item["lungs"].limit.sum()) < int(quick["lungs"].mask.sum())
+    assert item["region"] is item["lungs"]  # lung restriction on: findings are restricted to the lungs
+    # the lungs `ctpipe detect` limits its candidates to, kept mask or not: the same candidates in both commands
+    region, _ = detector.lung_roi(vol)
+    for got in (bare, item):
+        assert got["lungs"].limit is not None and np.array_equal(got["lungs"].limit, region.limit)
     # the model input is the one `ctpipe detect` gives the network: the quick mask's box
-    assert torch.equal(item["case"].unwrap(), quick["case"].unwrap())
+    assert torch.equal(item["case"].unwrap(), bare["case"].unwrap())
 
 
 def test_quick_mask_keeps_a_lung_cut_by_a_small_field_of_view_and_drops_a_table_foam_core():

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..cache import CaseCache
 from ..devicetime import DeviceTimer
-from .recon_stages import detect_skip_reason, load_lung_mask
+from .recon_stages import detect_skip_reason
 from .stage import CaseContext, Stage, WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -82,17 +82,20 @@ class _Loading:
     def __call__(self, ctx: CaseContext) -> dict[str, Any]:
         """``{"case": LoadedCase | None, "region": LungRegion | None, "lungs": LungRegion | None, "reason": str | None,
         "timings": {s}}``: ``region`` restricts findings (``detector.lung_restriction``), ``lungs`` is the region the
-        crop and the small-blob search used (the detector's quick mask), limited to the case's lung mask (kept by the
-        reconstruction or lungs stage) when there is one and findings are restricted."""
+        crop and the small-blob search used (the detector's quick mask), limited when findings are restricted to the
+        lungs the detector segments itself (:func:`~pipeline.detection.lungs.segmented_lung_region`), whether or not
+        the reconstruction kept a lung mask: the candidates of ``ctpipe detect`` on the same series, whatever the
+        organs reconstructed."""
         case_id = ctx.case.case_id
         timings: dict[str, float] = {}
         region = roi = None
         if self.crop:
             with DeviceTimer(self.det.device) as clock:  # the lung segmentation runs on the detector's device
                 volume = CaseCache(ctx.cache_dir).read(case_id, mmap=True)  # the mask reads a coarse subsample only
-                # the detector's quick mask, limited to the case's lung mask (segmented once, before detection) if any
-                lung_mask: Any = load_lung_mask(ctx.cache_dir, case_id, volume.shape)
-                if lung_mask is None and not ctx.config.detector.lung_restriction:
+                # the detector's quick mask, limited to the lungs the detector segments itself, as `ctpipe detect` and
+                # detect(vol) limit it: never the reconstruction's full-resolution lungs, which keep other candidates
+                lung_mask: Any = None
+                if not ctx.config.detector.lung_restriction:
                     from ..detection.lungs import quick_lung_mask
 
                     lung_mask = quick_lung_mask(volume)  # nothing is dropped: the crop alone, no lung segmentation
