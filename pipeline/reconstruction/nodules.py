@@ -4,7 +4,8 @@ Per finding, on a crop around the box:
 
 1. Levels. The lung parenchyma level is the median of the dark (< -600 HU)
    voxels outside the box-inscribed ellipsoid (inside the lung mask when one
-   is given). The nodule level comes from its interior: when a fair share of
+   is given; on a tilt-corrected grid, never the unmeasured wedge, lung mask or
+   not: :func:`~pipeline.ingest.measured.measured_mask` of the crop). The nodule level comes from its interior: when a fair share of
    it is ground glass (below ``SOLID_HU``) the ground-glass level is used, so
    a part-solid nodule is measured to its ground-glass edge, not its core.
    The ground-glass level is the mode of the ground-glass HU histogram.
@@ -53,6 +54,7 @@ import numpy as np
 from scipy import ndimage
 
 from ..errors import ReconstructionError
+from ..ingest.measured import measured_mask
 from ..volume import CTVolume, Geometry
 from . import morph
 from .findings_in import as_point, field_of, finding_box, finite_vec3
@@ -312,8 +314,8 @@ def segment_nodule(
 ) -> NoduleResult:
     """Segment the nodule of one finding (box in LPS mm; see the module notes). Errors raise ReconstructionError.
 
-    ``lung_mask`` (bool ``[k, j, i]`` on ``volume``'s grid, optional) restricts the voxels that set the lung level.
-    ``index`` (the finding's position in its list) and ``case_id`` (else the volume's series) name the finding in
+    ``lung_mask`` (bool ``[k, j, i]`` on ``volume``'s grid, optional) restricts the voxels that set the lung level
+    (on a tilt-corrected grid, to those some image measured in any case). ``index`` (the finding's position in its list) and ``case_id`` (else the volume's series) name the finding in
     errors. Where no nodule edge lies in or near the box (a box much smaller than its nodule), the box is grown
     around the finding's centre by each factor of :data:`BOX_GROWTH` in turn.
     """
@@ -375,14 +377,17 @@ def _segment_in_box(
     rel = cg.index_to_lps(np.stack([ii, jj, kk], axis=-1)) - centre
     rho2 = np.sum((rel / half) ** 2, axis=-1)
 
-    # 1. lung level from the dark voxels around the box
-    dark = (rho2 >= 1.0) & (hu < LUNG_MAX_HU)
+    # 1. lung level from the dark voxels around the box; never a tilt-corrected grid's unmeasured -1024 HU wedge (the
+    # crop carries which of its voxels some image measured), lung mask or not
+    measured = measured_mask(cg, crop.metadata)
+    scanned = np.ones(hu.shape, bool) if measured is None else measured
+    dark = (rho2 >= 1.0) & (hu < LUNG_MAX_HU) & scanned
     if lung_mask is not None:
         lung_local = lung_mask[i0[2] : i0[2] + hu.shape[0], i0[1] : i0[1] + hu.shape[1], i0[0] : i0[0] + hu.shape[2]]
         if (dark & lung_local).sum() >= 20:
             dark &= lung_local
     if dark.sum() < 20:
-        dark = hu < LUNG_MAX_HU
+        dark = (hu < LUNG_MAX_HU) & scanned
     if dark.sum() < 20:
         raise ReconstructionError(
             f"no lung parenchyma (below {LUNG_MAX_HU:g} HU) around the finding's box "
