@@ -19,6 +19,10 @@ fills it), never as the -1024 HU fill. DALI has no per-slice edge clamp, so such
 are read and filled on the CPU and handed to the same pipeline by an external source
 (copied to the GPU in GPU mode) instead of ``fn.readers.numpy``; untilted cases stream
 as before.
+
+In GPU mode, a pipeline that cannot be built or run with DALI's GPU numpy reader is rebuilt with the CPU reader
+(its arrays copied to the GPU) for that batch and every later one. A tilt-corrected batch's pipeline uses no reader:
+its failure is its own (its cases are loaded one by one, each failing alone) and later batches keep the GPU reader.
 """
 
 from __future__ import annotations
@@ -258,23 +262,33 @@ class DaliLoader(BaseLoader):
             yield from self._run_uniform(jobs[start:stop])
             start = stop
 
+    def _gpu_read(self, jobs: list[Job]) -> bool:
+        """Whether the pipeline of ``jobs`` (one run: tilt-corrected or not) reads their files with DALI's GPU numpy
+        reader: a failure of that pipeline may be the reader's, and the loader then reads on the CPU from then on. A
+        tilt-corrected run's arrays come from the CPU (their wedge filled), never from the reader: its failure is its
+        own, and later runs keep the GPU reader."""
+        return self._gpu_reader and self.device != "cpu" and _measured(jobs[0]) is None
+
     def _run_uniform(self, jobs: list[Job]) -> Iterator[LoadedCase]:
         done = 0
+        # a tilt-corrected run: read and filled on the CPU, handed to DALI by an external source (named in the log)
+        what = "tilt-corrected case(s), read on the CPU," if _measured(jobs[0]) is not None else "case(s)"
         while done < len(jobs):
             rest = jobs[done:]
             bs = min(self.batch_size, len(rest))
             try:
                 pipe = self._build(rest, bs)
             except RuntimeError as exc:
-                if self._gpu_reader and self.device != "cpu":
+                if self._gpu_read(rest):
                     log.warning(
                         "DALI GPU numpy reader unavailable (%s); reading on the CPU and copying to the GPU", _summary(exc)
                     )
                     self._gpu_reader = False
                     continue
                 log.warning(
-                    "DALI pipeline for %d case(s) from %s could not be built (%s); loading the next %d one by one",
+                    "DALI pipeline for %d %s from %s could not be built (%s); loading the next %d one by one",
                     len(rest),
+                    what,
                     rest[0].case_id,
                     _summary(exc),
                     bs,
@@ -289,15 +303,16 @@ class DaliLoader(BaseLoader):
                     try:
                         (out,) = pipe.run()
                     except (RuntimeError, StopIteration) as exc:
-                        if self._gpu_reader and self.device != "cpu" and done == 0 and b == 0:
+                        if self._gpu_read(rest) and done == 0 and b == 0:
                             log.warning(
                                 "DALI GPU numpy reader failed (%s); reading on the CPU and copying to the GPU", _summary(exc)
                             )
                             self._gpu_reader = False
                             break  # rebuild with the CPU reader for the same cases
                         log.warning(
-                            "DALI batch of %d case(s) from %s failed (%s); retrying them one by one",
+                            "DALI batch of %d %s from %s failed (%s); retrying them one by one",
                             len(batch),
+                            what,
                             batch[0].case_id,
                             _summary(exc),
                         )
