@@ -201,7 +201,7 @@ class DetectStage(Stage):
             res = self._det.detect_loaded(
                 item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid, metadata=metadata
             )
-            # small-blob candidates are searched in the lungs the crop used; findings outside the case's lungs dropped
+            # small-blob candidates are searched in the lungs the crop used; findings outside the detector's lungs dropped
             res = self._det.postprocess(cache.read(case_id, mmap=True), res, region=item.get("lungs"))
             res = self._det.apply_operating_point(res)
         data = res.to_json()
