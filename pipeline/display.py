@@ -27,6 +27,7 @@ from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import organ_colours, organ_label
+from .reconstruction.render_layout import outline_halo
 from .reconstruction.render_planes import (
     OBLIQUE_DEG,
     OUTSIDE_SCAN,
@@ -373,8 +374,9 @@ def show(
     for organ, m in masks.items():
         plane = shown.geometry.to_lps_view(m)[z - first]
         if plane.any() and not plane.all():  # an edge to draw (a mask filling the plane has none): legend only then
-            ax.contour(plane.astype(np.float32), levels=[0.5], colors=[colours[organ]], linewidths=1.0)
-            ax.plot([], [], color=colours[organ], label=organ_label(organ))
+            halo = outline_halo()  # as the MPRs draw it: legible on the bone the lung window draws near white
+            ax.contour(plane.astype(np.float32), levels=[0.5], colors=[colours[organ]], linewidths=1.0, path_effects=halo)
+            ax.plot([], [], color=colours[organ], label=organ_label(organ), path_effects=halo)
             outlined += 1
     drawn = 0
     for row, (x, y, zf) in zip(rows, xyz):

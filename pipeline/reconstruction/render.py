@@ -32,7 +32,6 @@ from ..volume import CTVolume
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
 from .render_layout import (
-    HALOED_OUTLINES,
     LUNG_WINDOW,
     WINDOWS,
     figure_width_px,
@@ -188,7 +187,7 @@ def render_mpr(
         scale_bar(ax, w_mm, h_mm, margins_mm=margins)
         for organ, sl in outlines.items():
             colour = colours[organ]
-            halo = outline_halo() if organ in HALOED_OUTLINES else None  # the body's white line on bright tissue
+            halo = outline_halo()  # a yellow or white line on the bone and tissue the lung window draws near white
             outline_mask(ax, sl, spacing[cols], spacing[rows], colors=[colour], linewidths=1.0, path_effects=halo)
             drawn.append(Line2D([], [], color=colour, label=organ_label(organ), path_effects=halo))
         draw_marks(ax, marks, spacing[cols], spacing[rows], colour=colours["nodules"], spots=spots)

@@ -247,16 +247,19 @@ def legend_below(ax, handles: list, ncol: int) -> None:
     )
 
 
-#: Organs whose outline is drawn on a dark halo: the body's white line on the skin's edge, which the lung window draws
-#: near white, so that it reads against bright tissue as against the air outside (:func:`outline_halo`).
-HALOED_OUTLINES = ("body",)
+#: How far (points) the dark halo under every outline reaches beyond the line on each side (:func:`outline_halo`).
+HALO_PT = 0.75
 
 
-def outline_halo() -> list:
-    """Matplotlib path effects that draw a line on a black halo (a stroke 2.5 points wide under it)."""
+def outline_halo(linewidth: float = 1.0) -> list:
+    """Matplotlib path effects that draw a line ``linewidth`` points wide on a black halo (a stroke :data:`HALO_PT`
+    wider on each side under it, dashed as the line is). Every outline of the renderings has it (the organs', the
+    nodules', the dotted lines to their letters; the MPRs, the MIPs, the 3-D preview and ``show()``): the lung window
+    draws bone and soft tissue near white, on which a yellow or white line barely reads, and the halo sets a line off
+    from bright tissue as from the air or the blue lung."""
     from matplotlib import patheffects
 
-    return [patheffects.withStroke(linewidth=2.5, foreground="black")]
+    return [patheffects.withStroke(linewidth=linewidth + 2 * HALO_PT, foreground="black")]
 
 
 def outline_mask(ax, mask: np.ndarray, col_mm: float, row_mm: float, **style) -> None:
