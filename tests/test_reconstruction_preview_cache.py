@@ -69,3 +69,28 @@ def test_views_kept_by_this_version_are_reused(tmp_path):
     kept = load_render_inputs(tmp_path, "c1", SHAPE, geometry=GEOM)
     assert kept is not None and kept[1] is not None
     assert all(np.array_equal(a, b) for a, b in zip(kept[1].images, views.images))
+
+
+def test_views_drawn_again_use_the_runs_configured_smoothing(tmp_path):
+    """Stale views are made again with the mesh smoothing the run is configured with, not the default (20)."""
+    from pipeline.reconstruction.preview import PREVIEW_TRIANGLES
+
+    masks = _masks()
+    save_render_inputs(tmp_path, "c1", masks, _views(masks))
+    path = render_inputs_path(tmp_path, "c1")
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files if k != "preview_digest"}  # an earlier version's: drawn again
+    np.savez(path, **arrays)
+    kept = load_render_inputs(tmp_path, "c1", SHAPE, geometry=GEOM, smoothing_iterations=0)
+    assert kept is not None and kept[1] is not None
+
+    def views(smoothing: int):
+        meshes = {
+            k: mesh_from_mask(m, GEOM, name=k, target_triangles=PREVIEW_TRIANGLES, smoothing_iterations=smoothing)
+            for k, m in masks.items()
+        }
+        return preview_views(meshes, size=64)
+
+    raw, smoothed = views(0), views(20)
+    assert not np.array_equal(raw.images[0], smoothed.images[0]), "the smoothing shows in the views"
+    assert all(np.array_equal(a, b) for a, b in zip(kept[1].images, raw.images))

@@ -312,13 +312,18 @@ def hidden_by(views: PreviewViews, nodule: Mesh, *, view: str) -> str | None:
     return views.occluders[int(np.argmax(in_front.sum(axis=1)))]
 
 
-def preview_from_masks(masks: Mapping[str, np.ndarray], geometry: Geometry, *, size: int = 512) -> PreviewViews:
+def preview_from_masks(
+    masks: Mapping[str, np.ndarray], geometry: Geometry, *, size: int = 512, smoothing_iterations: int = 20
+) -> PreviewViews:
     """The organs' views made from their masks alone (organ → bool ``[k, j, i]`` on ``geometry``), each meshed as
-    :func:`preview_meshes` meshes a large organ: for views kept by an earlier version (:meth:`PreviewViews.current`)."""
+    :func:`preview_meshes` meshes a large organ, with the run's Taubin ``smoothing_iterations`` (its
+    ``reconstruct.smoothing_iterations``): for views kept by an earlier version (:meth:`PreviewViews.current`)."""
     from .render_planes import OUTSIDE_SCAN
 
     meshes = {
-        organ: mesh_from_mask(mask, geometry, name=organ, target_triangles=PREVIEW_TRIANGLES)
+        organ: mesh_from_mask(
+            mask, geometry, name=organ, target_triangles=PREVIEW_TRIANGLES, smoothing_iterations=smoothing_iterations
+        )
         for organ, mask in masks.items()
         if organ not in ("body", OUTSIDE_SCAN) and mask.any()
     }

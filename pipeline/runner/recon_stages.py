@@ -131,12 +131,13 @@ def save_render_inputs(cache_dir: Path, case_id: str, masks: Mapping[str, np.nda
 
 
 def load_render_inputs(
-    cache_dir: Path, case_id: str, shape: tuple[int, ...], *, geometry: Any = None
+    cache_dir: Path, case_id: str, shape: tuple[int, ...], *, geometry: Any = None, smoothing_iterations: int = 20
 ) -> tuple[dict[str, np.ndarray], Any] | None:
     """The organ masks and preview views kept by :func:`save_render_inputs`; None when the case has none (renderings
     off, or drawn already). Views drawn by another renderer or palette (an earlier version's, in a cache kept across
     an upgrade: :meth:`~pipeline.reconstruction.preview.PreviewViews.current`) are never reused: they are made again
-    from the masks on ``geometry`` (the volume's :class:`~pipeline.volume.Geometry`), else left out (None)."""
+    from the masks on ``geometry`` (the volume's :class:`~pipeline.volume.Geometry`) with the run's mesh
+    ``smoothing_iterations`` (``reconstruct.smoothing_iterations``), else left out (None)."""
     from ..reconstruction.preview import PreviewViews, preview_from_masks
 
     path = render_inputs_path(cache_dir, case_id)
@@ -152,7 +153,11 @@ def load_render_inputs(
         preview = PreviewViews.from_arrays(data) if current else None
     if kept and not current:
         log.info("case %s: the 3-D preview's views in %s were drawn by an earlier version; drawn again", case_id, path)
-        preview = preview_from_masks(masks, geometry, size=size) if geometry is not None else None
+        preview = (
+            preview_from_masks(masks, geometry, size=size, smoothing_iterations=smoothing_iterations)
+            if geometry is not None
+            else None
+        )
     return masks, preview
 
 
@@ -359,7 +364,10 @@ class NodulesStage(Stage):
         from ..errors import CtpipeError
         from ..reconstruction.render import render_nodule_views
 
-        kept = load_render_inputs(ctx.cache_dir, ctx.case.case_id, vol.shape, geometry=vol.geometry)
+        smoothing = ctx.config.reconstruct.smoothing_iterations  # views made again: as the run meshes its organs
+        kept = load_render_inputs(
+            ctx.cache_dir, ctx.case.case_id, vol.shape, geometry=vol.geometry, smoothing_iterations=smoothing
+        )
         if kept is None or not ctx.config.reconstruct.renderings:
             return []
         masks, preview = kept
