@@ -24,8 +24,18 @@ import numpy as np
 from ..volume import Geometry
 from .mesh import Mesh, mesh_from_mask
 from .organs import EXTRA_COLORS, ORGAN_COLORS, organ_colours, organ_label
-from .render_layout import SIDE_BAND_PX, TOP_BAND_PX, black_figure, hex_rgb, legend_layout, orientation_letters, save_png
-from .render_nodules import free_spot, put_nodule_letters
+from .render_layout import (
+    BROKEN_LINE_PT,
+    SIDE_BAND_PX,
+    TOP_BAND_PX,
+    black_figure,
+    hex_rgb,
+    legend_layout,
+    orientation_letters,
+    outline_halo,
+    save_png,
+)
+from .render_nodules import free_spot, leader_line, put_nodule_letters
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.artist import Artist
@@ -392,13 +402,24 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
                     levels=[0.5],
                     colors=[colours["nodules"]],
                     linestyles="dashed",
-                    linewidths=1.2,
+                    linewidths=BROKEN_LINE_PT,
+                    path_effects=outline_halo(BROKEN_LINE_PT),  # legible on the blue lung
                 )
             _letter_nodules(ax, nods, view=VIEWS[n], size=size, frame=views.frame, colour=colours["nodules"], hidden=hidden[n])
     if drawn:  # which colour is which organ
         handles: list[Artist] = [Patch(facecolor=colours[k], label=_preview_label(k)) for k in drawn]
         if any(hidden):
-            handles.append(Line2D([], [], color=colours["nodules"], linestyle="--", label=HIDDEN_LEGEND))
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color=colours["nodules"],
+                    linestyle="--",
+                    linewidth=BROKEN_LINE_PT,
+                    path_effects=outline_halo(BROKEN_LINE_PT),
+                    label=HIDDEN_LEGEND,
+                )
+            )
         fig.legend(
             handles=handles,
             loc="lower center",
@@ -440,7 +461,7 @@ def _letter_nodules(
         if y1 < v0 or y0 > v1:  # off the nodule's rows: a dotted line from the letters to it
             cu, cv = float(np.clip((u0 + u1) / 2, x0, x1)), float(np.clip((v0 + v1) / 2, y0, y1))
             eu, ev = uv[int(np.argmin(np.hypot(uv[:, 0] - cu, uv[:, 1] - cv)))]  # to the nodule's nearest point
-            ax.plot([cu, eu], [cv, ev], color=colour, linestyle=":", linewidth=1.0)
+            leader_line(ax, (cu, cv), (float(eu), float(ev)), colour=colour)
 
 
 #: The legend's entry for a nodule drawn as a dashed outline: behind another organ in that view.

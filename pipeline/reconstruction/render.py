@@ -32,6 +32,7 @@ from ..volume import CTVolume
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
 from .render_layout import (
+    BROKEN_LINE_PT,
     LUNG_WINDOW,
     WINDOWS,
     figure_width_px,
@@ -194,7 +195,16 @@ def render_mpr(
         if numbers:
             drawn.append(Line2D([], [], color=colours["nodules"], label="nodule #N (finding #N)"))
         if off:
-            drawn.append(Line2D([], [], color=colours["nodules"], linestyle="--", label=OFF_PLANE_LEGEND))
+            off_plane = Line2D(
+                [],
+                [],
+                color=colours["nodules"],
+                linestyle="--",
+                linewidth=BROKEN_LINE_PT,
+                path_effects=outline_halo(BROKEN_LINE_PT),
+                label=OFF_PLANE_LEGEND,
+            )
+            drawn.append(off_plane)
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
             legend_below(ax, drawn, ncol)
         orientation_letters(ax, *letters, title, side_bands=True, margins_mm=margins)

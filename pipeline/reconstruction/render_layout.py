@@ -251,6 +251,11 @@ def legend_below(ax, handles: list, ncol: int) -> None:
 HALO_PT = 0.75
 
 
+#: The width (points) of the nodules' dashed outlines and of the dotted lines joining letters to their nodule: wider
+#: than a solid outline, whose dashes and dots would otherwise be lost on the lung (both on :func:`outline_halo`).
+BROKEN_LINE_PT = 1.5
+
+
 def outline_halo(linewidth: float = 1.0) -> list:
     """Matplotlib path effects that draw a line ``linewidth`` points wide on a black halo (a stroke :data:`HALO_PT`
     wider on each side under it, dashed as the line is). Every outline of the renderings has it (the organs', the

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..volume import Geometry
-from .render_layout import ORIENTATION_FONTSIZE, outline_mask
+from .render_layout import BROKEN_LINE_PT, ORIENTATION_FONTSIZE, outline_halo, outline_mask
 from .render_planes import PLANES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -149,8 +149,9 @@ def draw_marks(
         mm_per_pt = max((x_hi - x_lo) / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
         spots = layout_letters(marks, col_mm, row_mm, mm_per_pt=mm_per_pt)
     for (_n, sl, style, text), spot in zip(marks, spots):
-        width = 1.2 if style == "solid" else 1.0
-        outline_mask(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style)
+        width = 1.2 if style == "solid" else BROKEN_LINE_PT
+        halo = outline_halo(width)
+        outline_mask(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style, path_effects=halo)
         put_nodule_letters(ax, spot.x, spot.y, text, colour=colour)
         if spot.leader:
             _leader(ax, spot.box, spot.mark, colour=colour)
@@ -173,11 +174,25 @@ def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> Non
 
 
 def _leader(ax, letters: tuple[float, float, float, float], mark: tuple[float, float, float, float], *, colour: str) -> None:
-    """A thin dotted line from the box of a nodule's letters to the nearest point of its mark's box (image mm)."""
+    """A dotted line from the box of a nodule's letters to the nearest point of its mark's box (image mm)."""
     mx, my = (mark[0] + mark[2]) / 2, (mark[1] + mark[3]) / 2
     lx, ly = min(max(mx, letters[0]), letters[2]), min(max(my, letters[1]), letters[3])  # the letters' nearest point
     ex, ey = min(max(lx, mark[0]), mark[2]), min(max(ly, mark[1]), mark[3])  # and the mark's
-    ax.plot([lx, ex], [ly, ey], color=colour, linewidth=0.8, linestyle=":")
+    leader_line(ax, (lx, ly), (ex, ey), colour=colour)
+
+
+def leader_line(ax, start: tuple[float, float], end: tuple[float, float], *, colour: str) -> None:
+    """The dotted line joining a nodule's letters at ``start`` to the nodule at ``end`` (the axes' data units: image
+    mm in the MPRs and MIPs, pixels in the 3-D preview), :data:`~.render_layout.BROKEN_LINE_PT` wide on a dark halo,
+    legible on the lung as on the air."""
+    ax.plot(
+        [start[0], end[0]],
+        [start[1], end[1]],
+        color=colour,
+        linewidth=BROKEN_LINE_PT,
+        linestyle=":",
+        path_effects=outline_halo(BROKEN_LINE_PT),
+    )
 
 
 FREE_MARGIN_MM = 2.0  # the least distance (image mm) from a nodule's letters placed in free space to any organ

@@ -1,0 +1,71 @@
+"""The nodules' dashed outlines (off the plane in the MPRs, behind an organ in the 3-D preview) and the dotted lines
+joining letters to their nodule were 0.8-1.2 points wide with nothing under them: faint against the blue lung of the
+preview and the grey lung of the lung window. They are now at least 1.5 points wide, on a dark halo."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib import patheffects
+
+from pipeline.reconstruction import preview
+from pipeline.reconstruction.mesh import mesh_from_mask
+from pipeline.reconstruction.preview import preview_views, write_preview
+from pipeline.reconstruction.render_nodules import LetterSpot, draw_marks
+from pipeline.volume import Geometry
+from tests._support.shapes import sphere_mask
+
+
+def _haloed(artist) -> bool:
+    return any(isinstance(e, patheffects.Stroke) for e in artist.get_path_effects())
+
+
+def _widths(artist) -> list[float]:
+    w = artist.get_linewidth()
+    return [float(x) for x in np.atleast_1d(w)]
+
+
+def _broken(artist) -> bool:
+    """Whether the artist is drawn dashed or dotted."""
+    style = artist.get_linestyle()
+    styles = style if isinstance(style, list) else [style]
+    return any(s not in ("-", "solid", (0, None), (0.0, None)) for s in styles)
+
+
+def test_dashed_outlines_and_dotted_leaders_of_the_mprs_are_wide_and_haloed():
+    fig, ax = plt.subplots()
+    try:
+        ax.imshow(np.full((60, 60), 0.5), cmap="gray", extent=(0, 60, 60, 0))
+        mark = np.zeros((60, 60), bool)
+        mark[25:35, 25:35] = True
+        spot = LetterSpot(x=45.0, y=10.0, box=(45.0, 5.0, 55.0, 10.0), mark=(25.0, 25.0, 35.0, 35.0), leader=True)
+        draw_marks(ax, [(1, mark, "dashed", "#1 (12 mm R)")], 1.0, 1.0, colour="#ff3df5", spots=[spot])
+        lines = [a for a in [*ax.lines, *ax.collections] if _broken(a)]
+        assert len(lines) >= 2, "a dashed outline and a dotted leader"
+        for a in lines:
+            assert min(_widths(a)) >= 1.5, (a, _widths(a))
+            assert _haloed(a), a
+    finally:
+        plt.close(fig)
+
+
+def test_the_previews_dashed_outline_of_a_hidden_nodule_is_wide_and_haloed(tmp_path, monkeypatch):
+    shape = (40, 40, 80)
+    geom = Geometry(shape=shape, spacing=(1.0, 1.0, 1.0), origin=(-40.0, -20.0, -20.0))
+    lungs = {"lung_left": sphere_mask(shape, (20, 20, 60), 14), "lung_right": sphere_mask(shape, (20, 20, 20), 14)}
+    views = preview_views({k: mesh_from_mask(m, geom, name=k) for k, m in lungs.items()}, size=128)
+    figures: list = []
+    monkeypatch.setattr(preview, "save_png", lambda fig, path: figures.append(fig) or path)
+    nodule = {"nodule 1": mesh_from_mask(sphere_mask(shape, (20, 20, 20), 4), geom, name="nodule 1")}
+    write_preview(views, tmp_path, stem="p", nodules=nodule)  # the right lung's: hidden in the left lateral view
+    lateral = figures[0].axes[1]
+    dashed = [a for a in [*lateral.lines, *lateral.collections] if _broken(a)]
+    assert dashed, "the hidden nodule's dashed outline"
+    for a in dashed:
+        assert min(_widths(a)) >= 1.5, (a, _widths(a))
+        assert _haloed(a), a
+    plt.close(figures[0])
