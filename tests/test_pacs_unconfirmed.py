@@ -9,7 +9,11 @@ administrator corrects them, keeping what it stored.
 
 from __future__ import annotations
 
+import logging
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -183,3 +187,146 @@ def test_unconfirmed_results_the_archive_answers_it_does_not_hold_are_failed_as_
     assert uids["sr"] in error and "answered success but does not hold it" in error and "--retry-failed" in error, error
     assert "asked again after it was stored unconfirmed" in error and "right after the send" not in error, error
     assert f"results to {dest}: 1 sent, 0 pending, 1 failed" in capsys.readouterr().out
+
+
+class _Clock:
+    """Seconds since the epoch, moved on by the test (the ledger's clock, as the sender and its re-checks read it)."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _clock(monkeypatch) -> _Clock:
+    """Give the sender and its re-check schedule a clock the test moves (no sleeps)."""
+    import importlib
+
+    clock = _Clock()
+    for name in ("pipeline.pacs.sender", "pipeline.pacs.recheck"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        monkeypatch.setattr(module, "now", clock)
+    return clock
+
+
+def _counting_queries(monkeypatch) -> list[float]:
+    """The (test clock) times at which the sender asks the archive which results it holds (the real queries run)."""
+    from pipeline.pacs.confirm import Confirmer
+
+    times: list[float] = []
+    real_held = Confirmer.held
+
+    def held(self: Confirmer, *args: Any, **kwargs: Any) -> Any:
+        from pipeline.pacs import sender as sender_module
+
+        times.append(sender_module.now())
+        return real_held(self, *args, **kwargs)
+
+    monkeypatch.setattr(Confirmer, "held", held)
+    return times
+
+
+@contextmanager
+def _records() -> Iterator[list[logging.LogRecord]]:
+    """The records ``pipeline.pacs`` logs meanwhile, at INFO and above (the CLI run before keeps them from caplog)."""
+    records: list[logging.LogRecord] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger, handler = logging.getLogger("pipeline.pacs"), _Keep(logging.INFO)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _recheck_for(sender, clock: _Clock, start: float, *, hours: int, step_h: float = 1.0) -> None:
+    for n in range(int(hours / step_h) + 1):
+        clock.t = start + n * step_h * 3600.0
+        sender.confirm_unconfirmed()
+
+
+def test_results_an_archive_lists_nothing_of_are_asked_less_often_then_given_up_after_a_week(
+    refusing, source_case, tmp_path, monkeypatch
+):
+    """An archive that lost what it stored (it lists nothing at any level, as one that stopped answering ctpipe's
+    queries): a long-running sender asks for the results it recorded unconfirmed after 15 minutes, then doubling up to
+    a day, and 7 days after they were recorded unconfirmed records them failed with the reason and the fix, asking no
+    more (was: asked every 15 minutes for ever, unconfirmed for good)."""
+    from pipeline.pacs import recheck
+    from pipeline.pacs.sender import ResultSender
+    from tests.test_pacs_sender import _cfg
+
+    clock = _clock(monkeypatch)
+    run = tmp_path / "run"
+    uids = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    dest = refusing.dimse
+    t0 = clock.t
+    assert _send(run, dest) == 0
+    assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
+    refusing.stop()  # it loses everything it held, and answers queries again
+    shutil.rmtree(refusing.root / "storage")
+    shutil.rmtree(refusing.root / "index")
+    refusing.refuse = False
+    refusing.start()
+    asked = _counting_queries(monkeypatch)
+    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=dest)
+    try:
+        with _records() as records:
+            _recheck_for(sender, clock, t0 + 60.0, hours=8 * 24, step_h=0.25)
+    finally:
+        sender.close()
+    gaps = [b - a for a, b in zip(asked, asked[1:], strict=False)]
+    assert 8 <= len(asked) <= 16, [round(g / 3600, 2) for g in gaps]
+    assert all(b >= a for a, b in zip(gaps, gaps[1:], strict=False)), gaps  # each wait at least the one before
+    assert gaps[0] <= recheck.RECHECK_S + 900 and max(gaps) <= recheck.RECHECK_MAX_S + 900, gaps
+    assert asked[-1] < t0 + recheck.GIVE_UP_S  # none after giving up
+    states = _states(run)
+    for uid in uids.values():
+        state, attempts, _, error = states[uid]
+        assert state == "failed", states[uid]
+        assert "7 days" in str(error) and "no longer asked for" in str(error) and "--retry-failed" in str(error), error
+        assert "pacs.verify_sent: false" in str(error), error
+    assert set(open_run(run).deliveries.state) == {"failed"}
+    given_up = [r for r in records if r.levelno == logging.ERROR and "no longer asked for" in r.getMessage()]
+    assert len(given_up) == 1 and dest in given_up[0].getMessage(), [r.getMessage() for r in given_up]
+
+
+def test_a_recheck_refused_again_is_warned_once_per_archive_and_asked_again_later(refusing, source_case, tmp_path, monkeypatch):
+    """An archive that keeps refusing the confirming query: a long-running sender keeps asking (backing off), says
+    the first refused re-check in a warning naming the archive and the next ones at INFO (was: the first refusal
+    stopped re-checks for good, each at INFO only)."""
+    from pipeline.pacs.sender import ResultSender
+    from tests.test_pacs_sender import _cfg
+
+    clock = _clock(monkeypatch)
+    run = tmp_path / "run"
+    _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    dest = refusing.dimse
+    t0 = clock.t
+    assert _send(run, dest) == 0
+    asked = _counting_queries(monkeypatch)
+    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=dest)
+    try:
+        with _records() as records:
+            _recheck_for(sender, clock, t0 + 60.0, hours=48)
+    finally:
+        sender.close()
+    assert len(asked) >= 4, asked
+    said = [r for r in records if "refused the confirming query again" in r.getMessage() or "stay unconfirmed" in r.getMessage()]
+    warned = [r for r in said if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and dest in warned[0].getMessage(), [(r.levelname, r.getMessage()) for r in said]
+    assert len([r for r in said if r.levelno == logging.INFO]) >= len(asked) - 1, [r.getMessage() for r in said]
+    assert {s[0] for s in _states(run).values()} == {"unconfirmed"}

@@ -336,11 +336,11 @@ def test_an_archive_answering_no_match_at_every_level_is_said_once_not_retried(s
 
 
 def test_a_refusal_of_the_query_is_asked_again_once_recheck_time_has_passed(source_case, tmp_path, monkeypatch):
-    """A long-running sender (``ctpipe listen``) does not take a refusal for ever: once ``RECHECK_S`` has passed (here
+    """A long-running sender (``ctpipe listen``) does not take a refusal for ever: once ``recheck.RECHECK_S`` has passed (here
     at once) the next case is sent and the archive asked again."""
-    from pipeline.pacs import sender as sender_module
+    from pipeline.pacs import recheck as recheck_module
 
-    monkeypatch.setattr(sender_module, "RECHECK_S", 0.0)
+    monkeypatch.setattr(recheck_module, "RECHECK_S", 0.0)
     run = tmp_path / "run"
     c1 = _completed_case(run, "c1", source_case)
     c2 = _completed_case(run, "c2", source_case)

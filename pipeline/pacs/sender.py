@@ -20,9 +20,10 @@ then ``failed``, with the instance, the destination and the likely cause). A des
 refuses the confirming query (:class:`~pipeline.errors.PacsRequestError`: its query permissions, or no query service)
 has the files recorded ``unconfirmed`` (stored on its success answer, not confirmed), with the refusal and the fix,
 said once; they are not sent again (``--retry-failed`` neither), and the later cases are sent without the query for
-:data:`RECHECK_S`. A later pass (the first of each process, then every RECHECK_S) asks for them again: those the
-destination now holds are recorded ``sent``, those it answers it does not hold ``failed``; with ``pacs.verify_sent``
-off they are recorded ``sent`` (see :meth:`ResultSender.confirm_unconfirmed`). A file is never sent twice to one
+:data:`~pipeline.pacs.recheck.RECHECK_S`. Later passes ask for them again (:mod:`pipeline.pacs.recheck`: the first
+of each process, then after 15 minutes, doubling up to a day, for 7 days): those the destination now holds are
+recorded ``sent``, those it answers it does not hold ``failed``, those still unconfirmed after 7 days ``failed`` with
+the fix; with ``pacs.verify_sent`` off they are recorded ``sent``. A file is never sent twice to one
 destination; files still pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
 Sending runs beside the pipeline and never blocks it.
 """
@@ -44,11 +45,13 @@ from pydicom.errors import InvalidDicomError
 from ..config import from_dict
 from ..errors import CtpipeError, PacsError, PacsRequestError, PacsUnavailableError, RunStoreError
 from ..runner.store import RunStore, db_path
+from . import recheck
 from .address import Endpoint, parse_destination
 from .archive import Archive
 from .confirm import Confirmer, SentResult, read_sent
 from .connect import open_archive
 from .ledger import Ledger, now
+from .recheck import Asked, UnconfirmedRecheck
 from .retry import backoff_delay
 
 log = logging.getLogger(__name__)
@@ -62,8 +65,6 @@ RESULT_SOP_CLASSES = {
     "1.2.840.10008.5.1.4.1.1.66.4": "Segmentation Storage",
 }
 MANIFEST = "manifest.json"
-#: seconds for which a destination that refused the confirming query is taken at its word (later cases not asked)
-RECHECK_S = 900.0
 
 
 def result_files(case_dir: Path) -> list[tuple[Path, str, str]]:
@@ -131,9 +132,9 @@ class ResultSender:
         self._said_uncertain = False
         #: whether the last case of this pass could not reach the destination (the pass stops there)
         self._unreachable = False
-        #: when results recorded unconfirmed (by this run or an earlier one) are next asked for (monotonic time; 0:
-        #: at the first pass), see :meth:`confirm_unconfirmed`
-        self._ask_unconfirmed_at = 0.0
+        #: when results recorded unconfirmed (by this run or an earlier one) are asked for again, see
+        #: :meth:`confirm_unconfirmed`
+        self._recheck = UnconfirmedRecheck(self)
 
     def _last_sent(self) -> SentResult | None:
         """The last result recorded sent to this destination (by an earlier run too), if its file can still be read:
@@ -225,61 +226,33 @@ class ResultSender:
 
     def confirm_unconfirmed(self) -> int:
         """Settle the results recorded ``unconfirmed`` for this destination (stored on its success answer, its
-        confirming query refused), without sending them again; returns how many are now recorded sent.
+        confirming query refused), without sending them again, if their re-check is due; returns how many are now
+        recorded sent. When, how often and until when they are asked for: :mod:`pipeline.pacs.recheck`."""
+        return self._recheck.run()
 
-        Looked for at the first pass and then every :data:`RECHECK_S`. With ``pacs.verify_sent: false`` the success
-        answer alone counts: they are recorded sent. Otherwise, unless the destination refused a query less than
-        RECHECK_S ago, it is asked for them (the same queries as right after a send, one per case): those it holds are recorded
-        sent (the time of this confirmation); those it answers it does not hold are failed as a drop (``ctpipe send
-        --retry-failed`` sends them again); a refusal again leaves them unconfirmed, asked again after RECHECK_S."""
-        if time.monotonic() < self._ask_unconfirmed_at or (self.cfg.pacs.verify_sent and self._cannot_confirm):
-            return 0
-        self._ask_unconfirmed_at = time.monotonic() + RECHECK_S  # those recorded from now on were refused just now
-        rows = self.ledger.rows(
-            "SELECT * FROM sent WHERE destination = ? AND state = 'unconfirmed' ORDER BY case_id, path", (self.key,)
-        )
-        if not rows:
-            return 0
-        if not self.cfg.pacs.verify_sent:
-            self._mark_sent(rows)
-            log.info(
-                "%d result file(s) recorded stored at %s but not confirmed count as sent: pacs.verify_sent is false, "
-                "so its success answer suffices (not sent again)",
-                len(rows),
-                self.key,
-                extra={"event": "sent_unconfirmed"},
-            )
-            return len(rows)
+    def refused_recently(self) -> bool:
+        """Whether the destination refused a confirming query less than :data:`~pipeline.pacs.recheck.RECHECK_S` ago."""
+        return self._cannot_confirm is not None and now() - self._cannot_confirm[1] < recheck.RECHECK_S
+
+    def ask_again(self, rows: list[dict[str, Any]], asked: Asked) -> None:
+        """Ask the destination for results recorded unconfirmed earlier (the same queries as right after a send, one
+        per case), filling in ``asked``; those it answers it does not hold are failed as a drop. Raises
+        :class:`~pipeline.errors.PacsError` when it cannot be reached."""
         try:
             if self._archive is None:
                 self._archive = open_archive(self.endpoint, self._request_cfg)
-            held = self._confirmed(self._archive, rows, later=True)
-        except (PacsError, CtpipeError) as exc:  # cannot reach it now: they stay unconfirmed, asked again later
+            self._confirmed(self._archive, rows, later=asked)
+        except (PacsError, CtpipeError):
             self._drop_archive()
-            log.info("results stored at %s unconfirmed could not be asked for (%s); asked again later", self.key, exc)
-            return 0
-        confirmed = [r for r in rows if r["sop_uid"] in held]
-        self._mark_sent(confirmed)
-        if confirmed:
-            log.info(
-                "case(s) %s: %d result file(s) recorded stored at %s unconfirmed are now confirmed held there: "
-                "recorded sent (not sent again)",
-                ", ".join(sorted({str(r["case_id"]) for r in confirmed})),
-                len(confirmed),
-                self.key,
-                extra={"event": "sent_confirmed_later"},
-            )
-        return len(confirmed)
+            raise
 
-    def _mark_sent(self, items: list[dict[str, Any]]) -> None:
-        """Record ``items`` sent now, not counting an attempt (they were sent earlier, the answer was success)."""
-        with self.ledger.tx() as db:
-            for r in items:
-                db.execute(
-                    "UPDATE sent SET state = 'sent', error = NULL, updated_at = ? WHERE sop_uid = ? AND destination = ?",
-                    (now(), r["sop_uid"], self.key),
-                )
-        self._record([(r, "sent", int(r["attempts"]), None) for r in items])
+    def fail_for_good(self, items: list[dict[str, Any]], error: str) -> None:
+        """Record ``items`` failed for good with ``error`` (said at debug level: the caller says it once)."""
+        self._failed(items, error, final=True, quiet=True)
+
+    def record(self, outcomes: Sequence[tuple[dict[str, Any], str, int, str | None]]) -> None:
+        """Mirror outcomes into the run store (see :meth:`_record`)."""
+        self._record(outcomes)
 
     def _send_case(self, case_id: str, items: list[dict[str, Any]]) -> int:
         paths = [self.run_dir / r["path"] for r in items]
@@ -287,7 +260,7 @@ class ResultSender:
         if missing:
             self._failed(items, f"file missing: {missing[0]}", final=True)
             return 0
-        if self._cannot_confirm and time.monotonic() - self._cannot_confirm[1] >= RECHECK_S:
+        if self._cannot_confirm and not self.refused_recently():
             self._cannot_confirm = None
         try:
             if self._archive is None:
@@ -336,21 +309,22 @@ class ResultSender:
             )
         return len(ok)
 
-    def _confirmed(self, archive: Archive, items: list[dict[str, Any]], *, later: bool = False) -> set[str]:
+    def _confirmed(self, archive: Archive, items: list[dict[str, Any]], *, later: Asked | None = None) -> set[str]:
         """The SOPInstanceUIDs of ``items`` (answered success) that the destination holds when asked right after
         (:class:`~pipeline.pacs.confirm.Confirmer`: one query per study, that is per case; one more by series when
         the archive finds none of them by instance). The others are recorded as a failed attempt, with the instance,
         the destination and the likely cause; a query that failed, as a failed attempt of all of them; a query the
         destination refused, as stored unconfirmed (:meth:`_unconfirmed`, naming ``pacs.verify_sent``, said once: the
         later cases are not asked for RECHECK_S)). ``later``: ``items`` are results recorded unconfirmed earlier
-        (:meth:`confirm_unconfirmed`): a query that failed or was refused leaves them so (a refusal is noted as
-        above, said at INFO), and only those the destination answers it does not hold are failed (for good)."""
+        (:meth:`confirm_unconfirmed`), what the queries said is filled in there: a query that failed or was refused
+        leaves them so (a refusal is noted as above), as does an archive that lists nothing of them at any level;
+        only those the destination answers it does not hold are failed (for good)."""
         studies: dict[str, list[tuple[dict[str, Any], SentResult]]] = defaultdict(list)
         for r in items:
             try:
                 sent = read_sent(self.run_dir / r["path"])
             except (OSError, InvalidDicomError) as exc:
-                if later:  # its file gone since: what the archive stored is not asked for, it stays unconfirmed
+                if later is not None:  # its file gone since: what the archive stored is not asked for, it stays unconfirmed
                     log.debug("result %s stays unconfirmed: cannot read its StudyInstanceUID (%s)", r["path"], exc)
                 else:
                     self._failed([r], f"sent, but not confirmed: cannot read its StudyInstanceUID ({exc})", final=True)
@@ -360,7 +334,7 @@ class ResultSender:
         groups = list(studies.items())
         for n, (study, pairs) in enumerate(groups):
             try:
-                asked = "asked again after it was stored unconfirmed" if later else "right after the send"
+                asked = "asked again after it was stored unconfirmed" if later is not None else "right after the send"
                 found, why, uncertain = self._confirmer.held(archive, study, [sent for _, sent in pairs], asked=asked)
             except PacsError as exc:  # this study's results and those not asked about yet: not confirmed
                 unasked = [r for _, rest in groups[n:] for r, _ in rest]
@@ -368,9 +342,9 @@ class ResultSender:
                 refused = isinstance(exc, PacsRequestError)  # asking again does not mend it, sending again neither
                 reason = f"stored ({self.key} answered success), not confirmed: {type(exc).__name__}: {exc}"
                 if refused:
-                    self._cannot_confirm = (reason, time.monotonic())
-                if later:
-                    log.info("%d result file(s) stored at %s stay unconfirmed: %s", len(unasked), self.key, reason)
+                    self._cannot_confirm = (reason, now())
+                if later is not None:
+                    later.held, later.error = held, exc
                 elif refused:
                     self._unconfirmed(unasked, reason)
                 else:
@@ -379,12 +353,15 @@ class ResultSender:
             held |= found
             missing = [r for r, _ in pairs if r["sop_uid"] not in found]
             cause = not uncertain or self._confirmer.known is None  # a drop, or one that cannot be ruled out
-            if later and uncertain:  # it lists nothing at all: not told from an archive that cannot say; left as they are
+            if later is not None and uncertain:  # lists nothing at all: not told from an archive that cannot say
+                later.uncertain = why  # left as they are
                 continue
             for r in missing:  # uncertain (nothing listed at all): failed at once, said for the first case only
-                final = uncertain or later
+                final = uncertain or later is not None
                 self._failed([r], self._not_held(r, why, cause=cause), final=final, quiet=uncertain and self._said_uncertain)
             self._said_uncertain |= uncertain and bool(missing)
+        if later is not None:
+            later.held = held
         return held
 
     def _not_held(self, r: dict[str, Any], why: str, *, cause: bool = True) -> str:
