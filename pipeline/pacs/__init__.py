@@ -30,7 +30,7 @@ _LAZY = {
     "open_archive": "pipeline.pacs.connect",
     "RemoteSeries": "pipeline.pacs.archive",
     "Listener": "pipeline.pacs.listener",
-    "SeriesOutcome": "pipeline.pacs.listener",
+    "SeriesOutcome": "pipeline.pacs.handover",
     "ResultSender": "pipeline.pacs.sender",
     "result_files": "pipeline.pacs.sender",
     "Ledger": "pipeline.pacs.ledger",

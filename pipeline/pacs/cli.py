@@ -20,7 +20,7 @@ from ..argtypes import number_in
 from ..runner.cli import set_item, stop_once
 
 if TYPE_CHECKING:
-    from .listener import SeriesOutcome
+    from .handover import SeriesOutcome
 
 EXIT_SOME_FAILED = 3
 

@@ -22,7 +22,7 @@ no gap: nothing incomplete is published); its files are kept for ``pacs.incomple
 missing instances, sent later, complete it as a new generation (the same case). A hospital thus gets every series
 processed: a complete one after the quiet period, an incomplete one after ``pacs.series_limit_s``, reported.
 
-Complete series are handed to the crash-safe runner on the same run folder, in batches of what is
+Complete series are handed (:mod:`pipeline.pacs.handover`) to the crash-safe runner on the same run folder, in batches of what is
 complete at the time, through one :class:`~pipeline.runner.session.RunSession`: the executor the
 first batch starts (with ``runner.workers: 0``, the listener's default, this process; otherwise the
 worker processes) and the detector it loads are kept for every later batch, so the model is loaded
@@ -37,23 +37,20 @@ never answered (their senders send them again).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..atomic import atomic_write_bytes
-from ..errors import CtpipeError, PacsAddressError, PartialSeriesError
+from ..errors import PacsAddressError
 from .address import check_aet, listen_error, valid_uid
+from .handover import Handover, SeriesOutcome
 from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, Admission, ReceiveJournal
-from .ledger import Ledger, PacsLock, now
+from .ledger import Ledger, PacsLock
 from .listener_uids import read_uids
 from .scp import (
     STATUS_DATASET_MISMATCH,
@@ -74,61 +71,8 @@ log = logging.getLogger(__name__)
 #: the listener took 12 to 27 % more instances per second from dcmtk's ``storescu`` than with the default.
 MAX_PDU_BYTES = 1_048_576
 
-#: Seconds between two looks for held incomplete series whose pacs.incomplete_keep_s is over (between batches).
-SWEEP_S = 60.0
 
-
-def incomplete_reason(folder: Path, cfg: Any) -> str | None:
-    """Why the series in ``folder`` does not form a volume yet (a gap, too few slices), or None."""
-    from ..errors import MissingSliceError, SingleSliceError
-    from ..ingest import SelectionRules, scan_directory
-
-    rules = SelectionRules(min_slices=cfg.ingest.min_slices, allow_derived=cfg.ingest.allow_derived)
-    scan = scan_directory(
-        [folder],
-        rules=rules,
-        spacing_tolerance=cfg.ingest.spacing_tolerance,
-        allow_gantry_tilt=cfg.ingest.allow_gantry_tilt,
-        workers=1,
-    )
-    for r in scan.rejected:
-        if isinstance(r.error, (MissingSliceError, SingleSliceError)):
-            return f"{type(r.error).__name__}: {r.error.problem}"
-    if not scan.selected:
-        # too few slices *so far*: a series left out by min_slices alone (localizers and the like are not waited for)
-        short = [
-            s for s in scan.series if s.n_slices < cfg.ingest.min_slices and len(s.reasons) == 1 and "min_slices" in s.reasons[0]
-        ]
-        if short:
-            return f"only {short[0].n_slices} slice(s) so far, fewer than ingest.min_slices = {cfg.ingest.min_slices}"
-    return None
-
-
-@dataclass(frozen=True)
-class SeriesOutcome:
-    """What became of one received series (one generation) handed to the runner.
-
-    ``status``: ``done``, ``quarantined`` (``reason``: the error class and why), ``not selected`` (``reason``: why
-    discovery left it out) or the case's state in the run store when it is neither (e.g. ``pending``: the run folder
-    could not take it yet). ``case_id``: its case in the run folder (None when not selected). ``sender``: the calling
-    AE title of its first instance."""
-
-    series_uid: str
-    generation: int
-    n_instances: int
-    sender: str
-    status: str
-    case_id: str | None = None
-    reason: str | None = None
-
-    def line(self) -> str:
-        """One line for an operator: ``series UID (generation G, N instance(s) from AET): done, case ID``."""
-        head = f"series {self.series_uid} (generation {self.generation}, {self.n_instances} instance(s) from {self.sender})"
-        what = self.status if self.reason is None else f"{self.status} ({self.reason})"
-        return f"{head}: {what}" + (f", case {self.case_id}" if self.case_id else "")
-
-
-class Listener:
+class Listener(Handover):
     """The listener of a run folder (see the module docstring).
 
     ``cfg``: the :class:`~pipeline.config.Config`; ``stages``: custom runner stages (default: the
@@ -556,203 +500,3 @@ class Listener:
             journal.abandon(adm)
             raise
         journal.finish(adm)
-
-    # -- feeding the runner ----------------------------------------------------------------
-    def serve_forever(self) -> None:
-        """Hand complete series to the runner until :meth:`stop` (or SIGTERM/Ctrl-C in the CLI)."""
-        while not self._stop.is_set():
-            self.step()
-            self._stop.wait(self.poll_s)
-
-    def step(self) -> list[dict[str, Any]]:
-        """One round: hand over what is complete (and what a crash left handed); returns the series processed."""
-        assert self.journal is not None
-        batch = self.journal.handed()
-        ready, incomplete = [], []
-        quiet = self.journal.quiet(self.cfg.pacs.quiet_period_s)
-        self._checked = {k: v for k, v in self._checked.items() if k in {(r["series_uid"], int(r["generation"])) for r in quiet}}
-        for row in quiet:
-            key = (row["series_uid"], int(row["generation"]))
-            seen = self._checked.get(key)
-            why = seen[1] if seen is not None and seen[0] == row["last_at"] else incomplete_reason(Path(row["folder"]), self.cfg)
-            self._checked[key] = (row["last_at"], why)
-            note = str(row.get("note") or "")
-            if note.startswith(CUT_NOTE):  # not known to be whole, with or without a gap: both facts kept
-                cut = note.split(ALSO_NOTE, 1)[0]
-                why = cut if why is None else f"{cut}{ALSO_NOTE}{why}"
-            if why is None:
-                ready.append(row)
-            elif now() - float(row["first_at"]) >= self.cfg.pacs.series_limit_s:
-                incomplete.append((row, why))
-            elif row.get("note") != why:
-                self.journal.note(row, why)
-                log.info(
-                    "series %s (generation %d) is quiet but incomplete (%s); waiting up to pacs.series_limit_s",
-                    row["series_uid"],
-                    row["generation"],
-                    why,
-                    extra={"event": "listen_waiting"},
-                )
-        batch += self.journal.hand(ready)
-        for row, why in incomplete:
-            handed = self.journal.hand([row], note=f"{INCOMPLETE_NOTE} {self.cfg.pacs.series_limit_s:g} s: {why}")
-            if handed:
-                self._report_incomplete(row, why)
-                batch += handed
-        self._report_never_quiet()
-        if batch:
-            self._run(batch)
-        elif now() - self._swept >= SWEEP_S:  # held incomplete series whose time is up
-            self._release_processed()
-        return batch
-
-    def _release(self, row: dict[str, Any]) -> bool:
-        assert self.journal is not None
-        return self.journal.release(row, keep=self.cfg.pacs.keep_received, hold_s=self.cfg.pacs.incomplete_keep_s)
-
-    def _release_processed(self) -> int:
-        """Remove the received files of processed series that nothing keeps any more (see
-        :meth:`ReceiveJournal.release`); returns how many generations' files were removed."""
-        assert self._ledger is not None
-        self._swept = now()
-        rows = self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL")
-        return sum(self._release(row) for row in rows)
-
-    def _report_incomplete(self, row: dict[str, Any], why: str) -> None:
-        limit = self.cfg.pacs.series_limit_s
-        data = {
-            "series_uid": row["series_uid"],
-            "generation": row["generation"],
-            "instances": row["n_instances"],
-            "first_at": row["first_at"],
-            "last_at": row["last_at"],
-            "limit_s": limit,
-            "reason": why,
-            "folder": str(Path(row["folder"]).relative_to(self.run_dir)),
-        }
-        path = self.run_dir / "pacs" / "incomplete" / f"{row['series_uid']}.g{row['generation']}.json"
-        atomic_write_bytes(path, json.dumps(data, indent=1).encode())
-        log.error(
-            "series %s did not complete within pacs.series_limit_s = %g s (%s); handed to the runner, which "
-            "quarantines it (nothing of it is published); fix: send the series again from the modality or PACS",
-            row["series_uid"],
-            limit,
-            why,
-            extra={"event": "listen_incomplete"},
-        )
-
-    def _report_never_quiet(self) -> None:
-        assert self._ledger is not None
-        limit = self.cfg.pacs.series_limit_s
-        for row in self._ledger.rows("SELECT * FROM series WHERE state = 'open' AND first_at <= ?", (now() - limit,)):
-            key = (row["series_uid"], int(row["generation"]))
-            if key not in self._reported:
-                self._reported.add(key)
-                log.error(
-                    "series %s is still receiving instances %g s after its first one (%d so far); it is handed to the "
-                    "runner once it has been quiet for pacs.quiet_period_s",
-                    row["series_uid"],
-                    limit,
-                    row["n_instances"],
-                    extra={"event": "listen_never_quiet"},
-                )
-
-    def _origin(self, row: dict[str, Any]) -> dict[str, Any]:
-        """The run store's origin of a handed generation; one handed over incomplete (note :data:`INCOMPLETE_NOTE`)
-        also says ``incomplete`` (why, with the fix), so that the runner quarantines it even when what arrived has no
-        gap (a sender cut off mid-series and never sending the rest): nothing incomplete is published."""
-        assert self.journal is not None
-        origin = self.journal.origin(row)
-        note = str(row.get("note") or "")
-        if note.startswith(RESENT_NOTE):  # its quarantined case (the same instances) is run again
-            origin["retry"] = True
-        if note.startswith(INCOMPLETE_NOTE):
-            # a cut-off series' gap is left to the runner's discovery, which refuses the volume for it (naming the
-            # slices) and adds this reason, the cut-off, after its own: the quarantine says both
-            said = note.split(ALSO_NOTE, 1)[0] if f": {CUT_NOTE}" in note else note
-            origin["incomplete"] = str(
-                PartialSeriesError(
-                    f"{row['n_instances']} instance(s) from {self.journal.sender(row)} received, not known to be the "
-                    f"whole series ({said})",
-                    where=f"series {row['series_uid']} (generation {row['generation']})",
-                    fix="send the series again from the modality or PACS; the instances received are kept for "
-                    f"pacs.incomplete_keep_s = {self.cfg.pacs.incomplete_keep_s:g} s and not stored twice",
-                )
-            )
-        return origin
-
-    def _run(self, batch: list[dict[str, Any]]) -> None:
-        from ..runner import open_run, run_batch
-
-        assert self.journal is not None and self.session is not None
-        folders = [str(Path(r["folder"])) for r in batch]
-        log.info("handing %d series to the runner", len(batch), extra={"event": "listen_batch"})
-        try:
-            summary = run_batch(
-                folders,
-                out=self.run_dir,
-                config=self.session.config,
-                stages=self.session.stages,
-                command=self.session.command,
-                session=self.session,
-                origins={f: self._origin(r) for r, f in zip(batch, folders)},
-            )
-        except CtpipeError as exc:  # e.g. another ctpipe run holds the run folder: the series stay handed, tried again
-            log.error(
-                "the runner could not take %d series: %s; trying again", len(batch), exc, extra={"event": "listen_run_error"}
-            )
-            self._stop.wait(max(5.0, self.poll_s))
-            return
-        self.batches += 1
-        if summary.fatal or summary.stopped:  # run folder unwritable (disk full...): the cases left pending stay queued
-            log.error("run stopped: %s; the %d series stay queued", summary.fatal or summary.stopped, len(batch))
-            self._stop.wait(30.0)
-            return
-        cases = open_run(self.run_dir).cases
-        # each folder's cases by their keys, not by the store's source, which shows a folder holding an identifier of
-        # the patient (a SeriesInstanceUID built from the PatientID) as its token
-        keys = {os.path.realpath(src): k for src, k in summary.case_keys.items()}
-        outcomes = []
-        for row, folder in zip(batch, folders):
-            hits = cases[cases.case_key.isin(keys.get(os.path.realpath(folder), ()))]
-            why = next((summary.redacted(n["why"]) for n in summary.not_selected if n["source"] == folder), None)
-            if not len(hits) and why is None:  # the same instances as an earlier generation: that generation's case
-                hits = cases[cases.series_uid == row["series_uid"]].sort_values("discovered_at")
-            base = {"series_uid": row["series_uid"], "generation": int(row["generation"])}
-            base.update(n_instances=int(row["n_instances"]), sender=self.journal.sender(row))
-            if len(hits):
-                case = hits.iloc[-1]
-                outcomes.append(_outcome(base, case))
-                self.journal.processed(row, case_id=str(case["case_id"]), outcome=str(case["status"]))
-                if self.journal.held(dict(row, outcome=str(case["status"])), hold_s=self.cfg.pacs.incomplete_keep_s):
-                    log.warning(
-                        "series %s was quarantined incomplete; its %d received file(s) are kept for "
-                        "pacs.incomplete_keep_s = %g s, so that the missing instances, when sent, complete it",
-                        row["series_uid"],
-                        row["n_instances"],
-                        self.cfg.pacs.incomplete_keep_s,
-                        extra={"event": "listen_held"},
-                    )
-            else:
-                outcomes.append(SeriesOutcome(**base, status="not selected", reason=why or "no CT series found"))
-                self.journal.processed(row, case_id=None, outcome=f"not selected: {why or 'no CT series found'}")
-        self._release_processed()
-        for line in summary.lines():
-            log.info("%s", line, extra={"event": "listen_batch_done"})
-        for outcome in outcomes:
-            log.info("%s", outcome.line(), extra={"event": "listen_series_done", "series_uid": outcome.series_uid})
-            if self.on_series is not None:
-                self.on_series(outcome)
-        if self._sender is not None:
-            self._sender.notify()
-
-
-def _outcome(base: dict[str, Any], case: Any) -> SeriesOutcome:
-    """The :class:`SeriesOutcome` of a series whose case is the run store's row ``case`` (``open_run(...).cases``)."""
-    status, case_id = str(case["status"]), str(case["case_id"])
-    if status == "done":
-        return SeriesOutcome(**base, status="done", case_id=case_id)
-    if status == "failed":
-        reason = f"{case['error_class']}: {case['reason']}" if case.get("error_class") else str(case.get("reason"))
-        return SeriesOutcome(**base, status="quarantined", case_id=case_id, reason=reason)
-    return SeriesOutcome(**base, status=status, case_id=case_id)
