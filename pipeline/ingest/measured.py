@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..volume import Geometry
+from ..geometry import Geometry
 
 log = logging.getLogger(__name__)
 
