@@ -3,7 +3,11 @@
 ``load`` runs the case through the loader of :mod:`pipeline.load` (``make_loader``
 with ``loader.backend``: DALI when installed, torch otherwise; one log line says
 which), cropped to the lungs when ``loader.roi: lungs`` or
-``detector.lung_restriction`` asks for it. ``detect`` runs the RetinaNet on that
+``detector.lung_restriction`` asks for it. A cached volume with NaN or infinite voxels (a NIfTI/NRRD input, a cache an
+older version wrote) has them set to air with a warning, or is refused when they are many, as ``ctpipe detect`` does
+(:func:`~pipeline.detection.infer_input.clean_volume`); that volume is then prepared in memory
+(:func:`~pipeline.load.preprocess_volume`, the route of ``ctpipe detect``) and held for ``detect``'s post-processing.
+``detect`` runs the RetinaNet on that
 model input (:meth:`Detector.detect_loaded`). Both run in the model worker of a
 device, so the model input (possibly on the GPU) is handed from one to the other
 inside that process, never pickled; only small facts travel in the case's state.
@@ -25,6 +29,7 @@ from typing import Any
 
 from ..cache import CaseCache
 from ..devicetime import DeviceTimer
+from ..volume import CTVolume
 from .recon_stages import detect_skip_reason
 from .stage import CaseContext, Stage, WorkerInfo
 
@@ -81,7 +86,8 @@ class _Loading:
 
     def __call__(self, ctx: CaseContext) -> dict[str, Any]:
         """``{"case": LoadedCase | None, "region": LungRegion | None, "lungs": LungRegion | None, "reason": str | None,
-        "timings": {s}}``: ``region`` restricts findings (``detector.lung_restriction``), ``lungs`` is the region the
+        "volume": CTVolume | None, "timings": {s}}``: ``volume`` is the case's HU volume (LPS) with its NaN or infinite
+        voxels set to air, when it had any (None: the cached volume is clean, read again where needed); ``region`` restricts findings (``detector.lung_restriction``), ``lungs`` is the region the
         crop and the small-blob search used (the detector's quick mask), limited when findings are restricted to the
         lungs the detector segments itself (:func:`~pipeline.detection.lungs.segmented_lung_region`), whether or not
         the reconstruction kept a lung mask: the candidates of ``ctpipe detect`` on the same series, whatever the
@@ -89,9 +95,11 @@ class _Loading:
         case_id = ctx.case.case_id
         timings: dict[str, float] = {}
         region = roi = None
+        cleaned = _cleaned_volume(CaseCache(ctx.cache_dir), case_id)
         if self.crop:
             with DeviceTimer(self.det.device) as clock:  # the lung segmentation runs on the detector's device
-                volume = CaseCache(ctx.cache_dir).read(case_id, mmap=True)  # the mask reads a coarse subsample only
+                # the mask reads a coarse subsample only of a (clean) memory-mapped volume
+                volume = cleaned if cleaned is not None else CaseCache(ctx.cache_dir).read(case_id, mmap=True)
                 # the detector's quick mask, limited to the lungs the detector segments itself, as `ctpipe detect` and
                 # detect(vol) limit it: never the reconstruction's full-resolution lungs, which keep other candidates
                 lung_mask: Any = None
@@ -105,17 +113,37 @@ class _Loading:
                 reason = "no lung voxels found in the series (empty lung mask); nothing to search"
                 if ctx.config.detector.lung_restriction:
                     log.warning("case %s: %s", case_id, reason)
-                    return {"case": None, "region": region, "lungs": region, "reason": reason, "timings": timings}
+                    out = {"case": None, "region": region, "lungs": region, "reason": reason, "volume": cleaned}
+                    return {**out, "timings": timings}
                 log.warning("case %s: %s; loading the whole volume", case_id, reason)
                 region = None
         with DeviceTimer(self.worker.device) as clock:  # on a GPU, the loader's last steps run queued
-            loaded = self.loader.load_one(case_id, roi=roi)
+            if cleaned is None:
+                loaded = self.loader.load_one(case_id, roi=roi)
+            else:  # the loaders read the cached file, bad voxels and all: the cleaned volume is prepared in memory
+                from ..load import preprocess_volume
+
+                loaded = preprocess_volume(cleaned, self.det.spec, device=self.loader.device, roi=roi, case_id=case_id)
             loaded.unwrap()  # a case the loader refused raises its CacheError/LoaderError (naming the case) here
         timings["load"] = clock.seconds
         restrict = ctx.config.detector.lung_restriction
         keep_region = region if restrict else None
         lungs = region if restrict or region is None else region.unlimited()  # no restriction: nothing dropped
-        return {"case": loaded, "region": keep_region, "lungs": lungs, "reason": None, "timings": timings}
+        out = {"case": loaded, "region": keep_region, "lungs": lungs, "reason": None, "volume": cleaned}
+        return {**out, "timings": timings}
+
+
+def _cleaned_volume(cache: CaseCache, case_id: str) -> CTVolume | None:
+    """The cached HU volume of ``case_id`` with its NaN or infinite voxels set to air, with the warning ``ctpipe
+    detect`` logs (:func:`~pipeline.detection.infer_input.clean_volume`: it names the case and the count, and refuses
+    a volume with too many); None when it has none (an int16 cache never has: nothing is read)."""
+    if not str(cache.entry(case_id).sidecar.get("dtype", "")).lstrip("<>=|").startswith("f"):
+        return None
+    from ..detection.infer_input import clean_volume
+
+    volume = cache.read(case_id, mmap=True)
+    cleaned = clean_volume(volume, f"case {case_id}")
+    return None if cleaned is volume else cleaned
 
 
 class LoadStage(Stage):
@@ -202,7 +230,9 @@ class DetectStage(Stage):
                 item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid, metadata=metadata
             )
             # small-blob candidates are searched in the lungs the crop used; findings outside the detector's lungs dropped
-            res = self._det.postprocess(cache.read(case_id, mmap=True), res, region=item.get("lungs"))
+            volume = item.get("volume")  # the volume with its bad voxels set to air, when it had any
+            volume = cache.read(case_id, mmap=True) if volume is None else volume
+            res = self._det.postprocess(volume, res, region=item.get("lungs"))
             res = self._det.apply_operating_point(res)
         data = res.to_json()
         timings = data.pop("timings_ms", {})

@@ -1,0 +1,84 @@
+"""``ctpipe run``'s load stage prepares the network input as ``ctpipe detect`` does, whatever the settings.
+
+Hospital IT compares a batch run with ``ctpipe detect`` on the same series. Two settings made the network inputs
+differ: a cached volume holding NaN or infinite voxels (a NIfTI/NRRD input, a cache written by an older version),
+which ``ctpipe detect`` sets to air with a warning and the run passed on as they were.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.volume import CTVolume, Geometry
+
+
+def _chest(dtype: Any = np.float32) -> CTVolume:
+    """A 40 x 64 x 64 volume (2.5 x 2 x 2 mm, LPS): soft-tissue body, two air-filled lungs (HU)."""
+    hu = np.full((40, 64, 64), -1000.0, np.float32)
+    hu[2:38, 8:56, 4:60] = 40.0  # body
+    hu[6:34, 16:48, 8:28] = -850.0  # right lung
+    hu[6:34, 16:48, 36:56] = -850.0  # left lung
+    return CTVolume(hu.astype(dtype), Geometry(hu.shape, (2.0, 2.0, 2.5), (-64.0, -64.0, -50.0)))
+
+
+@pytest.fixture(scope="module")
+def detector():
+    from pipeline.detection import Detector
+
+    return Detector(device="cpu")
+
+
+def _loading(tmp_path: Path, volume: CTVolume, **overrides: Any) -> tuple[Any, Any]:
+    """The run's loading of ``volume`` (cached as case ``c1``) under the config ``overrides``, and its context."""
+    from pipeline.cache import CaseCache
+    from pipeline.config import load_config
+    from pipeline.runner.model_stages import _Loading
+    from pipeline.runner.stage import CaseContext, CaseSpec, WorkerInfo
+
+    cfg = load_config(overrides={"loader.backend": "torch", **overrides}, environ={})
+    worker = WorkerInfo(name="w0", device="cpu", config=cfg, run_dir=tmp_path)
+    spec = CaseSpec(case_id="c1", case_key="1.2.3:abc", series_uid="1.2.3", fingerprint="abc", source=str(tmp_path))
+    ctx = CaseContext(case=spec, attempt=0, workdir=tmp_path / "work", worker=worker)
+    CaseCache(worker.cache_dir).write("c1", volume)
+    return _Loading(worker), ctx
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("restrict", [True, False])
+def test_the_run_sets_nan_and_infinite_voxels_to_air_as_detect_does(tmp_path, detector, caplog, bad, restrict):
+    from pipeline.detection.infer_input import clean_volume
+    from pipeline.load import preprocess_volume
+
+    vol = _chest()
+    dirty = vol.array.copy()
+    dirty[10, 20:30, 10] = bad  # 10 bad voxels in the right lung
+    dirty = CTVolume(dirty, vol.geometry)
+    loading, ctx = _loading(tmp_path, dirty, **{"detector.lung_restriction": restrict})
+    with caplog.at_level(logging.WARNING):
+        item = loading(ctx)
+    got = item["case"].unwrap()
+    assert torch.isfinite(got).all()
+    assert "case c1: 10 NaN/infinite voxels set to -1024 HU (air)" in caplog.text
+    # the network input `ctpipe detect` makes from the same series
+    clean = clean_volume(dirty, "case c1")
+    roi = detector.lung_roi(clean)[1] if restrict else None
+    want = preprocess_volume(clean, detector.spec, device="cpu", roi=roi, case_id="c1").unwrap()
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+
+
+def test_the_run_refuses_a_volume_mostly_nan_by_name(tmp_path):
+    from pipeline.errors import InvalidVolumeError
+
+    vol = _chest()
+    dirty = vol.array.copy()
+    dirty[:5] = np.nan
+    loading, ctx = _loading(tmp_path, CTVolume(dirty, vol.geometry))
+    with pytest.raises(InvalidVolumeError, match="NaN or infinite") as info:
+        loading(ctx)
+    assert "case c1" in str(info.value)
