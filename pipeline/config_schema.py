@@ -76,7 +76,17 @@ SCHEMA: dict[str, dict[str, Option]] = {
             "crop the model input to a region of interest (lungs: their box + roi_margin_mm)",
             choices=("none", "lungs"),
         ),
-        "roi_margin_mm": Option(10.0, "float", "mm", "margin around the region of interest", lo=0.0, hi=200.0),
+        "roi_margin_mm": Option(
+            None,
+            "float",
+            "mm",
+            "margin around the region of interest; null = the detector model's crop margin (lung_crop_margin_mm, 10 mm for "
+            "the demo model), the crop of ctpipe detect; a value set here crops otherwise, and the findings may then "
+            "differ from ctpipe detect's",
+            lo=0.0,
+            hi=200.0,
+            nullable=True,
+        ),
     },
     "detector": {
         "bundle": Option(None, "path", "", "MONAI bundle folder; null uses the embedded demo weights", nullable=True),

@@ -2,11 +2,13 @@
 
 Hospital IT compares a batch run with ``ctpipe detect`` on the same series. Two settings made the network inputs
 differ: a cached volume holding NaN or infinite voxels (a NIfTI/NRRD input, a cache written by an older version),
-which ``ctpipe detect`` sets to air with a warning and the run passed on as they were.
+which ``ctpipe detect`` sets to air with a warning and the run passed on as they were, and ``loader.roi: lungs``, whose
+crop the run grew by ``loader.roi_margin_mm`` and ``ctpipe detect`` by the model's crop margin.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -82,3 +84,48 @@ def test_the_run_refuses_a_volume_mostly_nan_by_name(tmp_path):
     with pytest.raises(InvalidVolumeError, match="NaN or infinite") as info:
         loading(ctx)
     assert "case c1" in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory) -> Path:
+    """The demo model with a 16 mm crop margin (the default ``loader.roi_margin_mm`` was 10 mm), as a model JSON."""
+    from pipeline.detection.model_config import DEMO_MODEL_JSON
+
+    data = json.loads(Path(DEMO_MODEL_JSON).read_text())
+    data["lung_crop_margin_mm"] = 16.0
+    data["weights"] = str(Path(DEMO_MODEL_JSON).parent / data["weights"])  # the fp reduction's weights lie beside it
+    path = tmp_path_factory.mktemp("model") / "wide.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _input(detector: Any, volume: CTVolume, roi: Any) -> torch.Tensor:
+    from pipeline.load import preprocess_volume
+
+    return preprocess_volume(volume, detector.spec, device="cpu", roi=roi, case_id="c1").unwrap()
+
+
+@pytest.mark.parametrize("restrict", [True, False])
+def test_loader_roi_lungs_crops_with_the_models_margin_as_detect_does(tmp_path, wide_model, restrict):
+    """Unset, ``loader.roi_margin_mm`` is the model's crop margin: the run's crop is ``ctpipe detect``'s."""
+    from pipeline.detection import Detector
+
+    detector = Detector(bundle=wide_model, device="cpu")
+    vol = _chest(np.int16)
+    overrides = {"loader.roi": "lungs", "detector.lung_restriction": restrict, "detector.bundle": str(wide_model)}
+    loading, ctx = _loading(tmp_path, vol, **overrides)
+    got = loading(ctx)["case"].unwrap()
+    roi = detector.lung_roi(vol)[1]  # the crop of `ctpipe detect` (and detect(vol))
+    assert roi is not None
+    want = _input(detector, vol, roi)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_loader_roi_lungs_with_a_margin_set_crops_with_it(tmp_path, detector):
+    """A ``loader.roi_margin_mm`` set explicitly is the run's crop margin (its findings may then differ from detect's)."""
+    vol = _chest(np.int16)
+    loading, ctx = _loading(tmp_path, vol, **{"loader.roi": "lungs", "loader.roi_margin_mm": 2.0})
+    got = loading(ctx)["case"].unwrap()
+    narrow = _input(detector, vol, detector.lung_roi(vol, margin_mm=2.0)[1])
+    assert got.shape == narrow.shape and torch.equal(got, narrow)
+    assert got.shape != _input(detector, vol, detector.lung_roi(vol)[1]).shape

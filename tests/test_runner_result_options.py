@@ -131,3 +131,18 @@ def test_ctpipe_listen_refuses_at_its_start_a_folder_made_with_other_options(one
         assert listener._ae is None
     finally:
         listener.close()
+
+
+def test_a_folder_made_when_the_crop_margin_defaulted_to_10_mm_resumes_unless_it_cropped_to_the_lungs():
+    """``loader.roi_margin_mm`` now defaults to null (the model's crop margin): a folder recorded with the old 10 mm
+    default resumes, the margin shaping nothing without ``loader.roi: lungs``; with that crop the change is named."""
+    now = load_config(environ={}).to_dict()
+    earlier = json.loads(json.dumps(now))
+    earlier["loader"]["roi_margin_mm"] = 10.0
+    assert changed_result_options(earlier, now) == {}
+    lungs = load_config(overrides={"loader.roi": "lungs"}, environ={}).to_dict()
+    earlier["loader"]["roi"] = "lungs"
+    assert changed_result_options(earlier, lungs) == {"loader.roi_margin_mm": (10.0, None)}
+    now_set = load_config(overrides={"loader.roi_margin_mm": 4.0}, environ={}).to_dict()
+    earlier["loader"]["roi"] = "none"
+    assert changed_result_options(earlier, now_set) == {}  # no crop in either: the margin was never used

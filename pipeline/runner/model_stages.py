@@ -3,7 +3,8 @@
 ``load`` runs the case through the loader of :mod:`pipeline.load` (``make_loader``
 with ``loader.backend``: DALI when installed, torch otherwise; one log line says
 which), cropped to the lungs when ``loader.roi: lungs`` or
-``detector.lung_restriction`` asks for it. A cached volume with NaN or infinite voxels (a NIfTI/NRRD input, a cache an
+``detector.lung_restriction`` asks for it, grown by the model's crop margin as ``ctpipe detect`` grows it (or by
+``loader.roi_margin_mm`` when set). A cached volume with NaN or infinite voxels (a NIfTI/NRRD input, a cache an
 older version wrote) has them set to air with a warning, or is refused when they are many, as ``ctpipe detect`` does
 (:func:`~pipeline.detection.infer_input.clean_volume`); that volume is then prepared in memory
 (:func:`~pipeline.load.preprocess_volume`, the route of ``ctpipe detect``) and held for ``detect``'s post-processing.
@@ -81,6 +82,7 @@ class _Loading:
         self.det = shared_detector(worker)
         cfg = worker.config
         self.crop = cfg.loader.roi == "lungs" or cfg.detector.lung_restriction
+        # None: the model's crop margin, the crop `ctpipe detect` makes; loader.roi_margin_mm when the user sets it
         self.margin_mm = cfg.loader.roi_margin_mm if cfg.loader.roi == "lungs" else None
         self.loader = make_loader(CaseCache(worker.cache_dir), self.det.spec, loader=cfg.loader.backend, device=worker.device)
 

@@ -81,11 +81,14 @@ def _shown(value: Any) -> str:
 def changed_result_options(earlier: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{"section.key": (earlier value, value now)}`` for each of :data:`RESULT_OPTIONS` that differs between the
     two configurations (``Config.to_dict()`` form). An option absent from ``earlier`` (recorded by a ctpipe that did
-    not have it) is not counted as changed."""
+    not have it) is not counted as changed, nor ``loader.roi_margin_mm`` when neither crops to the lungs
+    (``loader.roi``): a folder made when it defaulted to 10 mm resumes under its null default."""
     out: dict[str, tuple[Any, Any]] = {}
+    # the crop's margin shapes nothing unless one of the two crops the model input to the lungs
+    cropped = "lungs" in (_value(earlier, "loader.roi"), _value(now, "loader.roi"))
     for path in RESULT_OPTIONS:
         old, new = _value(earlier, path), _value(now, path)
-        if old is _MISSING or new is _MISSING or _same(old, new):
+        if old is _MISSING or new is _MISSING or _same(old, new) or (path == "loader.roi_margin_mm" and not cropped):
             continue
         out[path] = (old, new)
     return out
