@@ -129,3 +129,29 @@ def test_loader_roi_lungs_with_a_margin_set_crops_with_it(tmp_path, detector):
     narrow = _input(detector, vol, detector.lung_roi(vol, margin_mm=2.0)[1])
     assert got.shape == narrow.shape and torch.equal(got, narrow)
     assert got.shape != _input(detector, vol, detector.lung_roi(vol)[1]).shape
+
+
+@pytest.mark.slow
+def test_the_run_and_detect_list_the_same_candidates_of_a_series_with_nan_voxels(tmp_path, detector):
+    """The load and detect stages on a cached volume with NaN voxels: the candidates of ``detect(vol)`` (the run
+    used to fail in the network's box decoding: ``ValueError: pred_whd_axis is NaN or Inf.``)."""
+    from pipeline.runner.model_stages import DetectStage, LoadStage
+    from tests._support.detection import chest_volume
+
+    vol = chest_volume(shape_kji=(48, 96, 96), spacing=(1.0, 1.0, 1.25), dtype=np.float32)
+    dirty = vol.array.copy()
+    dirty[20, 40:60, 30] = np.nan  # 20 NaN voxels in a lung
+    dirty = CTVolume(dirty, vol.geometry, metadata=vol.metadata)
+    _, ctx = _loading(tmp_path, dirty)
+    detect = DetectStage()
+    detect.setup(ctx.worker)
+    LoadStage().process(ctx)
+    doc = detect.process(ctx)["findings_doc"]
+    want = detector.detect(dirty, case_id="c1").to_json()
+
+    def every(d: dict) -> list[tuple[float, tuple[float, ...]]]:
+        found = [*d["findings"], *d.get("below_threshold", [])]
+        return sorted(((round(f["score"], 4), tuple(round(x, 1) for x in f["center_lps"])) for f in found), reverse=True)
+
+    assert every(want)  # a search that found something to compare
+    assert every(doc) == every(want)
