@@ -4,13 +4,14 @@ nor an imbalance of two lungs; a lung collapsed under an effusion is an imbalanc
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
 
 from pipeline.phantom import Confounders, generate_phantom
 from pipeline.reconstruction import reconstruct
-from pipeline.reconstruction.quality import FLAGS, assess_quality
+from pipeline.reconstruction.quality import FLAGS, QualityReport, assess_quality
 
 GRID = dict(matrix=128, pixel_spacing=2.0, slice_spacing=4.0)
 OTHER = {"left": "right", "right": "left"}
@@ -31,6 +32,8 @@ def test_a_pneumonectomy_is_one_lung_not_absent_lungs_nor_an_imbalance(side, cov
     assert flag.severity == "warning"
     assert f"{OTHER[side]} lung" in flag.message and f"no {side} lung" in flag.message
     assert f"{side} pneumonectomy" in flag.message
+    assert flag.side == side  # the side missing, for the SR and the report to name
+    assert flag.to_json()["side"] == side and QualityReport.from_json(q.to_json()).flags == q.flags
     assert len(FLAGS["one_lung"][1]) <= 64  # the SR codes the fixed sentence
 
 
@@ -42,14 +45,22 @@ def test_a_collapsed_lung_is_an_imbalance_of_two_lungs(side):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_reconstruction_of_a_pneumonectomy_states_one_lung_and_its_volume(side, tmp_path):
+def test_reconstruction_of_a_pneumonectomy_states_one_lung_and_its_volume(side, tmp_path, caplog):
+    """One fact, one place: the missing lung is the one_lung flag (a warning naming the side), not also an error entry
+    of the measurements JSON nor a WARNING in the log."""
     ph = generate_phantom(12, confounders=Confounders(table="curved", pneumonectomy=side), n_nodules=0, **GRID)
-    rec = reconstruct(ph.volume, out_dir=tmp_path, device="cpu", render=False, mesh_formats=())
+    with caplog.at_level(logging.INFO):
+        rec = reconstruct(ph.volume, out_dir=tmp_path, device="cpu", render=False, mesh_formats=())
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "lung" in r.getMessage()]
+    assert not warned, warned
+    assert f"lung_{side}" not in rec.errors, rec.errors
     kept = f"lung_{OTHER[side]}"
     assert rec.quality is not None and rec.quality.has("one_lung") and not rec.quality.has("lungs_absent")
     (path,) = rec.files["measurements"]
     meas = json.loads(path.read_text())
-    assert "one_lung" in [f["code"] for f in meas["quality"]["flags"]]
+    (flag,) = [f for f in meas["quality"]["flags"] if f["code"] == "one_lung"]
+    assert flag["severity"] == "warning" and flag["side"] == side
+    assert not any("lung" in key for key in meas.get("errors", {})), meas.get("errors")
     lungs = meas["lungs"]
     truth_ml = float(np.count_nonzero(ph.masks[kept])) * float(np.prod(ph.volume.geometry.spacing)) / 1000.0
     assert lungs[f"{kept}_volume_ml"] == pytest.approx(truth_ml, rel=0.05)

@@ -103,7 +103,7 @@ def test_one_lung_is_labelled_by_its_side_of_the_airway():
     arr[truth["lung_right"]] = 40.0
     seg = segment_organs(vol.with_array(arr), organs=ORGANS, device="cpu")
     assert dice(seg.masks["lung_left"], truth["lung_left"]) >= MIN_LUNG_DICE
-    assert "lung_right" not in seg.masks and "no right lung" in str(seg.errors["lung_right"])
+    assert "lung_right" not in seg.masks and "lung_right" not in seg.errors, seg.errors
     assert seg.info["lungs"] == "one_side"
 
 

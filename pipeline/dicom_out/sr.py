@@ -214,12 +214,16 @@ def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> 
     )
 
 
-def _quality_parts(quality: Any) -> tuple[str | None, str | None, list[str], set[str]]:
-    """(lung coverage, contrast phase, flag codes, unreliable measurement names) of a QualityReport or its JSON."""
+def _quality_parts(quality: Any) -> tuple[str | None, str | None, list[tuple[str, str | None]], set[str]]:
+    """(lung coverage, contrast phase, (flag code, its side or None), unreliable measurement names) of a QualityReport
+    or its JSON."""
     if quality is None:
         return None, None, [], set()
     get = quality.get if isinstance(quality, Mapping) else lambda k, d=None: getattr(quality, k, d)
-    flags = [f["code"] if isinstance(f, Mapping) else f.code for f in (get("flags", ()) or ())]
+    flags = [
+        (f["code"], f.get("side")) if isinstance(f, Mapping) else (f.code, getattr(f, "side", None))
+        for f in (get("flags", ()) or ())
+    ]
     return get("lung_coverage"), get("contrast_phase"), flags, set(get("unreliable", ()) or ())
 
 
@@ -233,7 +237,7 @@ def _case_group(
 ) -> Any:
     import highdicom as hd
 
-    from ..reconstruction.quality import FLAGS
+    from ..reconstruction.quality import FLAGS, flag_sentence
 
     coverage, phase, flags, unreliable = _quality_parts(quality)
     lungs = (measurements or {}).get("lungs") or {}
@@ -255,14 +259,16 @@ def _case_group(
         evaluations.append(hd.sr.QualitativeEvaluation(C.LUNG_COVERAGE, C.COVERAGES[coverage]))
     if phase in C.PHASES:
         evaluations.append(hd.sr.QualitativeEvaluation(C.CONTRAST_PHASE, C.PHASES[phase]))
-    for code in flags:
+    for code, flag_side in flags:
         if code not in FLAGS:
             raise DicomOutputError(
                 f"unknown quality flag {code!r}",
                 where="quality",
                 fix=f"flags come from pipeline.reconstruction.quality.FLAGS: {sorted(FLAGS)}",
             )
-        evaluations.append(hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.quality_flag_code(code, FLAGS[code][1])))
+        evaluations.append(
+            hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.quality_flag_code(code, flag_sentence(code, flag_side)))
+        )
     uid = stable_uid("ctpipe-case", source.series_instance_uid)
     return hd.sr.MeasurementsAndQualitativeEvaluations(
         tracking_identifier=hd.sr.TrackingIdentifier(uid=uid, identifier="Case"),

@@ -13,7 +13,8 @@ code                        severity meaning
 ``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together
 ``lung_imbalance``          warning  the smaller lung is less than half the larger one
 ``one_lung``                warning  lung on one side only (the other has none): a pneumonectomy, or a lung the
-                                     segmentation or the field of view missed; the missing lung's figures are absent
+                                     segmentation or the field of view missed; the missing lung's figures are absent;
+                                     the flag's ``side`` is the side without lung (the SR's finding names it)
 ``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules and emphysema index unreliable
 ``coarse_pixels``           warning  pixels coarser than 2.5 mm (a diagnostic chest series has 0.5–1 mm): small nodules
                                      and emphysema index unreliable
@@ -94,6 +95,9 @@ FLAGS: dict[str, tuple[Severity, str]] = {
     "airway_not_in_scan": ("info", "airway not in the scan"),
 }
 
+#: The one_lung flag's sentence naming the side without lung (at most 64 characters with either side).
+ONE_LUNG_SIDE_NOTE = "one lung only: no {side} lung (pneumonectomy or field of view)"
+
 LUNGS_ABSENT_ML = 20.0
 LUNG_CUT_AREA_MM2 = 100.0  # lung cross-section on the most superior/inferior slice that means "cut" (1 cm²)
 LUNG_VOLUME_RANGE_ML = (1500.0, 9000.0)
@@ -118,19 +122,38 @@ EMPHYSEMA_CAUSES = ("thick_slices", "emphysema_slices", "coarse_pixels", "lossy_
 ARTERIAL_P90_HU = 240.0  # venous phantoms and scans: ~200-215 HU; arterial: 275-400 HU
 
 Coverage = Literal["complete", "partial", "absent"]
+Side = Literal["left", "right"]
 ContrastPhase = Literal["non_contrast", "arterial", "venous"]
 
 
 @dataclass(frozen=True)
 class QualityFlag:
-    """One flag: ``code`` from :data:`FLAGS`, its severity and a sentence with the measured figure."""
+    """One flag: ``code`` from :data:`FLAGS`, its severity, a sentence with the measured figure and, for a flag about
+    one side of the patient (``one_lung``: the side without lung), that side ("left" or "right")."""
 
     code: str
     severity: Severity
     message: str
+    side: Side | None = None
 
     def to_json(self) -> dict[str, str]:
-        return {"code": self.code, "severity": self.severity, "message": self.message}
+        out = {"code": self.code, "severity": self.severity, "message": self.message}
+        if self.side is not None:
+            out["side"] = self.side
+        return out
+
+    @property
+    def sentence(self) -> str:
+        """The flag's fixed sentence (at most 64 characters: the SR codes it), naming its side when it has one."""
+        return flag_sentence(self.code, self.side)
+
+
+def flag_sentence(code: str, side: str | None = None) -> str:
+    """The fixed sentence of flag ``code`` (:data:`FLAGS`), or, for ``one_lung`` with the ``side`` without lung, the
+    sentence naming that side (at most 64 characters: the SR codes it)."""
+    if code == "one_lung" and side in ("left", "right"):
+        return ONE_LUNG_SIDE_NOTE.format(side=side)
+    return FLAGS[code][1]
 
 
 @dataclass(frozen=True)
@@ -199,15 +222,15 @@ class QualityReport:
         return cls(
             lung_coverage=data["lung_coverage"],
             contrast_phase=data["contrast_phase"],
-            flags=tuple(QualityFlag(f["code"], f["severity"], f["message"]) for f in data.get("flags", ())),
+            flags=tuple(QualityFlag(f["code"], f["severity"], f["message"], f.get("side")) for f in data.get("flags", ())),
             unreliable=tuple(data.get("unreliable", ())),
             figures=dict(data.get("figures", {})),
         )
 
 
-def _flag(code: str, detail: str) -> QualityFlag:
+def _flag(code: str, detail: str, *, side: Side | None = None) -> QualityFlag:
     severity, text = FLAGS[code]
-    return QualityFlag(code, severity, f"{text} ({detail})" if detail else text)
+    return QualityFlag(code, severity, f"{text} ({detail})" if detail else text, side)
 
 
 def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, float, float, float, float]:
@@ -339,12 +362,14 @@ def assess_quality(
     l_ml, r_ml = float(np.count_nonzero(left)) * voxel_ml, float(np.count_nonzero(right)) * voxel_ml
     one_lung = coverage != "absent" and not (l_ml and r_ml)
     if one_lung:  # not an imbalance of two lungs, whatever the coverage: the case has one
-        only, missing = ("left", "right") if l_ml else ("right", "left")
+        missing: Side = "right" if l_ml else "left"
+        only = "left" if l_ml else "right"
         flags.append(
             _flag(
                 "one_lung",
                 f"{only} lung {max(l_ml, r_ml):.0f} mL, no {missing} lung: expected after a {missing} "
                 f"pneumonectomy; otherwise check the field of view and the {missing} lung in the images",
+                side=missing,
             )
         )
     if coverage == "absent" or missing_ml > MAX_MISSING_FRACTION * total_ml:

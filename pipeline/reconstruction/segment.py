@@ -217,7 +217,8 @@ def _lungs_and_airway(
 
     Records ``seg.info["airway"]`` ("found", "failed" or "not_in_scan": no trachea in the field of
     view, no airway mask and no error) and ``seg.info["lungs"]`` ("found", "one_side" or "absent"; an
-    absent lung gets a "no lungs found" entry in ``seg.errors`` naming why, and no mask).
+    absent lung gets a "no lungs found" entry in ``seg.errors`` naming why, and no mask; with lung on one side only
+    the other side has no mask and no error: the quality flag ``one_lung`` states it).
 
     The airway is the chest's (trachea and bronchi): in a scan without lung (a head or neck scan,
     whose pharynx and larynx look like a trachea) it is "not_in_scan". Without an airway, lungs of less
@@ -306,13 +307,8 @@ def _lungs_and_airway(
     for name in wanted & {"lung_left", "lung_right"}:
         if full[name].any():
             seg.masks[name] = full[name]
-        else:
-            side = name.split("_")[1]
-            seg.errors[name] = ReconstructionError(
-                f"no {side} lung found: lung air on one side of the patient only",
-                where=where,
-                fix="expected after a pneumonectomy or with a field of view on one lung; otherwise check the scan range",
-            )
+        else:  # a fact of the case (a pneumonectomy?), not a failure: the quality flag one_lung names the side
+            log.info("%s: no %s lung found: lung air on one side of the patient only", where, name.split("_")[1])
 
 
 #: Pieces of a full-resolution lung mask smaller than this (mL) are dropped: partial-volume voxels the boundary
