@@ -26,6 +26,11 @@ liver dome that a lung base surrounds in a slice is not lung), :func:`pleural_no
 masks hold them). The final boundary lies where a voxel is half parenchyma, half soft tissue
 (:func:`boundary_threshold`).
 
+Air that reaches, within one slice, from one side of the image to the other is never lung, whatever the patient's
+position (:func:`_spanning_sides`): the mediastinum parts the lungs, so only air outside the body does (the air
+between a prone patient's anterior chest and the table, closed off by a blanket, which a coarse grid's block means
+read at lung density).
+
 A lung on one side only, found without an airway, that runs through the whole scan (from its first
 slice to its last) without reaching the image's side edges is not a lung (:func:`lone_column`): a
 lung cut by the scan range at both ends lies at levels where both lungs are, so its partner would be
@@ -43,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from scipy import ndimage
 
 from ..volume import Geometry
 from . import air as air_mod
@@ -108,6 +114,7 @@ def lung_regions(regions: AirRegions, airway: np.ndarray | None, grid: Grid, p: 
             beyond_vox = np.bincount(r.labels[beyond], minlength=r.n + 1)
             lung_like[touched] |= beyond_vox[touched] >= min_vox
     lung_like[0] = False
+    lung_like[_spanning_sides(r, np.nonzero(lung_like)[0], grid.geometry.array_axis(2))] = False
     big = lung_like & (r.size >= min_vox)
     if not big.any():
         return np.zeros(0, dtype=np.int64)
@@ -123,6 +130,29 @@ def lung_regions(regions: AirRegions, airway: np.ndarray | None, grid: Grid, p: 
         touched = np.unique(r.labels[near_main])
         extra = np.intersect1d(extra, touched)
     return np.concatenate([main_ids, extra]).astype(np.int64)
+
+
+def _spanning_sides(r: AirRegions, ids: np.ndarray, slice_axis: int) -> np.ndarray:
+    """Those of the regions ``ids`` that, within one slice (array axis ``slice_axis``), connect one side of the image
+    to the opposite side (in-slice 4-connectivity): air outside the body (around it, under a prone patient's chest);
+    lungs never do, the mediastinum parts them."""
+    labels = np.moveaxis(r.labels, slice_axis, 0)
+    faces = np.concatenate([labels[:, [0, -1], :].ravel(), labels[:, :, [0, -1]].ravel()])
+    ids = np.intersect1d(ids, faces)  # only a region at the image's sides can cross it (lungs mostly are not)
+    if not ids.size:
+        return ids
+    labels = np.where(np.isin(labels, ids), labels, 0)
+    cross = np.zeros((3, 3, 3), dtype=bool)
+    cross[1] = ndimage.generate_binary_structure(2, 1)
+    flat, _ = ndimage.label(labels > 0, structure=cross)
+    across = np.union1d(np.intersect1d(flat[:, :, 0], flat[:, :, -1]), np.intersect1d(flat[:, 0, :], flat[:, -1, :]))
+    across = across[across > 0]
+    if not across.size:
+        return np.zeros(0, dtype=ids.dtype)
+    out = np.unique(labels[np.isin(flat, across)])
+    for label in out:
+        log.debug("lungs: an air region crossing the image from side to side (%.1f mL): outside the body", r.ml(int(label)))
+    return out
 
 
 def _collapsed_partner(r: AirRegions, candidates: np.ndarray, largest: int, airway: np.ndarray | None, grid: Grid) -> np.ndarray:
