@@ -1,5 +1,5 @@
 """The SR's one_lung quality finding names the side with no lung (within the 64 characters of a code meaning), from
-a quality report or its JSON alike, and reads back as the flag one_lung."""
+a quality report or its JSON alike, and reads back as the flag one_lung; each side has its own code value (one code value, one meaning)."""
 
 from __future__ import annotations
 
@@ -33,10 +33,11 @@ def test_the_one_lung_finding_names_the_missing_side(tmp_path, side, as_json):
         measurements={"lungs": {f"lung_{other}_volume_ml": 2400.0}},
     )
     ds = pydicom.dcmread(path)
+    # one code value, one meaning: each side's statement has its own code value
     (meaning,) = [
         item.ConceptCodeSequence[0].CodeMeaning
         for item in _content_items(ds)
-        if "ConceptCodeSequence" in item and item.ConceptCodeSequence[0].CodeValue == "one_lung"
+        if "ConceptCodeSequence" in item and item.ConceptCodeSequence[0].CodeValue == f"no_{side}_lung"
     ]
     assert f"no {side} lung" in meaning and other not in meaning, meaning
     assert len(meaning) <= 64

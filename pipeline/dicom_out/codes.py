@@ -148,9 +148,27 @@ COVERAGES = {v: private(v, v.capitalize()) for v in ("complete", "partial", "abs
 PHASES = {v: private(v, v.replace("_", " ").capitalize()) for v in ("non_contrast", "arterial", "venous")}
 
 
-def quality_flag_code(code: str, sentence: str) -> Code:
-    """The private code of quality flag ``code``; its meaning is the flag's fixed sentence (at most 64 characters)."""
-    return private(code, sentence[:64])
+def quality_flag_code(code: str, sentence: str, *, side: str | None = None) -> Code:
+    """The private code of quality flag ``code``; its meaning is the flag's fixed sentence (at most 64 characters).
+
+    ``one_lung`` stated for the ``side`` with no lung has a code value of its own per side (``no_left_lung``,
+    ``no_right_lung``), so that one code value always has one meaning; :func:`quality_flag_of` reads it back.
+    """
+    value = SIDED_FLAG_CODES.get((code, side or ""), code)
+    return private(value, sentence[:64])
+
+
+#: (flag, side) → the code value stating that flag for that side (a CodeValue holds at most 16 characters)
+SIDED_FLAG_CODES: dict[tuple[str, str], str] = {
+    ("one_lung", "left"): "no_left_lung",
+    ("one_lung", "right"): "no_right_lung",
+}
+
+
+def quality_flag_of(value: str) -> str:
+    """The quality flag a private code value of :func:`quality_flag_code` states (``no_left_lung`` → ``one_lung``)."""
+    flags = {coded: flag for (flag, _), coded in SIDED_FLAG_CODES.items()}
+    return flags.get(value, value)
 
 
 #: organ name (as in :data:`pipeline.reconstruction.organs.ORGANS`) → (category, type) of its SEG segment

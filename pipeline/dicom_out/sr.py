@@ -267,7 +267,9 @@ def _case_group(
                 fix=f"flags come from pipeline.reconstruction.quality.FLAGS: {sorted(FLAGS)}",
             )
         evaluations.append(
-            hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.quality_flag_code(code, flag_sentence(code, flag_side)))
+            hd.sr.QualitativeEvaluation(
+                C.QUALITY_FINDING, C.quality_flag_code(code, flag_sentence(code, flag_side), side=flag_side)
+            )
         )
     uid = stable_uid("ctpipe-case", source.series_instance_uid)
     return hd.sr.MeasurementsAndQualitativeEvaluations(

@@ -280,5 +280,5 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
         elif concept in (_key(C.CONTRAST_PHASE), _key(C.CONTRAST_PHASE_PRIVATE)):  # the latter: earlier versions
             out["contrast_phase"] = phases.get(value)
         elif concept == _key(C.QUALITY_FINDING) and value[1] == C.PRIVATE_SCHEME:
-            out["quality_flags"].append(value[0])
+            out["quality_flags"].append(C.quality_flag_of(value[0]))
     return out
