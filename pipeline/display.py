@@ -385,9 +385,11 @@ def show(
             continue
         drawn += 1
         r = max(np.sqrt(max(r_mm**2 - dz**2, 0.0)), 2.0 * sx)  # radius (mm) in this plane, at least 2 pixels
-        ax.add_patch(Ellipse((x, y), 2 * r / sx, 2 * r / sy, fill=False, color="#ff3030", linewidth=1.5))
+        halo = outline_halo(1.5)  # the circle and its score legible on the grey lung and the near-white tissue
+        ax.add_patch(Ellipse((x, y), 2 * r / sx, 2 * r / sy, fill=False, color="#ff3030", linewidth=1.5, path_effects=halo))
         if np.isfinite(row.score):
-            ax.text(x + r / sx + 2, y, f"{stated_score(row.score):.3f}", color="#ff3030", fontsize=8)
+            score = f"{stated_score(row.score):.3f}"
+            ax.text(x + r / sx + 2, y, score, color="#ff3030", fontsize=8, path_effects=outline_halo(0.0))
     for letter, fx, fy in EDGE_LETTERS:
         ax.text(fx, fy, letter, transform=ax.transAxes, color="yellow", fontsize=9, ha="center", va="center", bbox=_LETTER_BOX)
     ax.set_title(_title(volume, z, k_here, drawn, len(rows), where=where), fontsize=9)
