@@ -83,3 +83,39 @@ def test_letters_moved_off_their_nodules_rows_are_joined_to_it(tmp_path, monkeyp
     xs, ys = dotted[-1].get_data()
     end = np.hypot(np.asarray(xs) - col, np.asarray(ys) - row).min()
     assert end < 8.5, (xs, ys, col, row)  # on #2's edge: 4 mm (7 pixels) from its centre
+
+
+def _drawn_boxes(ax) -> list[tuple[str, float, float, float, float]]:
+    """Each nodule's letters as drawn (the renderer's extent of the text), in the view's pixels: x0, y0, x1, y1."""
+    renderer = ax.figure._get_renderer()
+    to_data = ax.transData.inverted()
+    boxes = []
+    for t in ax.texts:
+        if t.get_text().startswith("#"):
+            bb = t.get_window_extent(renderer)
+            (a, b), (c, d) = to_data.transform([[bb.x0, bb.y0], [bb.x1, bb.y1]])
+            boxes.append((t.get_text(), min(a, c), min(b, d), max(a, c), max(b, d)))
+    return boxes
+
+
+def test_the_dotted_line_starts_at_the_drawn_letters_of_the_lateral_view(tmp_path, monkeypatch):
+    """On the planning chest's left lateral view #2's dotted line started at the edge of an estimated box around
+    '#2 (behind left lung)', wider than the drawn text: the line began some 19 pixels beyond the visible letters. It
+    now starts on the text as drawn."""
+    figures = []
+    monkeypatch.setattr(preview, "save_png", lambda fig, path: figures.append(fig) or path)
+    lungs = {"lung_left": sphere_mask(SHAPE, LEFT, 14), "lung_right": sphere_mask(SHAPE, RIGHT, 14)}
+    views = preview_views({k: mesh_from_mask(m, GEOM, name=k) for k, m in lungs.items()}, size=256)
+    crowd = {"nodule 6": (20, 20, 20), "nodule 2": (20, 28, 20)}  # the right lung's, side by side from the left
+    nodules = {k: mesh_from_mask(sphere_mask(SHAPE, c, 3), GEOM, name=k) for k, c in crowd.items()}
+    write_preview(views, tmp_path, stem="p", nodules=nodules)
+    lateral = figures[0].axes[1]
+    boxes = _drawn_boxes(lateral)
+    assert {b[0] for b in boxes} == {"#6 (behind left lung)", "#2 (behind left lung)"}, boxes
+    dotted = [line for line in lateral.lines if line.get_linestyle() == ":"]
+    assert dotted, "the scene no longer crowds a nodule's letters off its rows"
+    for line in dotted:
+        xs, ys = line.get_data()
+        x, y = float(xs[0]), float(ys[0])  # where the line leaves the letters
+        gap = min(np.hypot(max(x0 - x, 0.0, x - x1), max(y0 - y, 0.0, y - y1)) for _, x0, y0, x1, y1 in boxes)
+        assert gap < 1.0, (f"the line starts {gap:.1f} pixels from the drawn letters", (x, y), boxes)

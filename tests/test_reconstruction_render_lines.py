@@ -15,7 +15,7 @@ from matplotlib import patheffects
 from pipeline.reconstruction import preview
 from pipeline.reconstruction.mesh import mesh_from_mask
 from pipeline.reconstruction.preview import preview_views, write_preview
-from pipeline.reconstruction.render_nodules import LetterSpot, draw_marks
+from pipeline.reconstruction.render_nodules import LetterSpot, draw_marks, drawn_extent
 from pipeline.volume import Geometry
 from tests._support.shapes import sphere_mask
 
@@ -69,3 +69,22 @@ def test_the_previews_dashed_outline_of_a_hidden_nodule_is_wide_and_haloed(tmp_p
         assert min(_widths(a)) >= 1.5, (a, _widths(a))
         assert _haloed(a), a
     plt.close(figures[0])
+
+
+def test_the_mprs_dotted_leader_starts_at_the_drawn_letters():
+    """The dotted line started on the box laid out for the letters, wider than the text drawn: away from the letters."""
+    fig, ax = plt.subplots(figsize=(6, 6), dpi=100)
+    try:
+        ax.imshow(np.full((60, 60), 0.5), cmap="gray", extent=(0, 60, 60, 0))
+        mark = np.zeros((60, 60), bool)
+        mark[25:35, 45:55] = True
+        spot = LetterSpot(x=5.0, y=10.0, box=(5.0, 5.0, 60.0, 10.0), mark=(45.0, 25.0, 55.0, 35.0), leader=True)
+        draw_marks(ax, [(1, mark, "solid", "#1")], 1.0, 1.0, colour="#ff3df5", spots=[spot])
+        (text,) = ax.texts
+        x0, y0, x1, y1 = drawn_extent(ax, text)
+        (dotted,) = [line for line in ax.lines if line.get_linestyle() == ":"]
+        xs, ys = dotted.get_data()
+        assert x0 - 0.5 <= float(xs[0]) <= x1 + 0.5, ((x0, x1), xs)
+        assert y0 - 0.5 <= float(ys[0]) <= y1 + 0.5, ((y0, y1), ys)
+    finally:
+        plt.close(fig)

@@ -35,7 +35,7 @@ from .render_layout import (
     outline_halo,
     save_png,
 )
-from .render_nodules import free_spot, leader_line, put_nodule_letters
+from .render_nodules import drawn_extent, free_spot, leader_line, put_nodule_letters
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.artist import Artist
@@ -455,10 +455,11 @@ def _letter_nodules(
         text += f" (behind {organ_label(hidden[name])})" if name in hidden else ""
         right, left, top = float(uv[:, 0].max()) + 3.0, float(uv[:, 0].min()) - 3.0, float(uv[:, 1].min()) + 4.0
         x, y = free_spot(right, left, top, text, 100.0 / 72.0, placed, limit=float(size))
-        put_nodule_letters(ax, x, y, text, colour=colour)
-        x0, y0, x1, y1 = placed[-1]  # the letters' box (pixels, rows down)
+        letters = put_nodule_letters(ax, x, y, text, colour=colour)
+        x0, y0, x1, y1 = placed[-1]  # the letters' box as laid out (pixels, rows down)
         (u0, v0), (u1, v1) = uv.min(axis=0), uv.max(axis=0)
         if y1 < v0 or y0 > v1:  # off the nodule's rows: a dotted line from the letters to it
+            x0, y0, x1, y1 = drawn_extent(ax, letters)  # from the text as drawn, not the wider box laid out
             cu, cv = float(np.clip((u0 + u1) / 2, x0, x1)), float(np.clip((v0 + v1) / 2, y0, y1))
             eu, ev = uv[int(np.argmin(np.hypot(uv[:, 0] - cu, uv[:, 1] - cv)))]  # to the nodule's nearest point
             leader_line(ax, (cu, cv), (float(eu), float(ev)), colour=colour)

@@ -18,6 +18,8 @@ from .render_layout import BROKEN_LINE_PT, ORIENTATION_FONTSIZE, outline_halo, o
 from .render_planes import PLANES
 
 if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.text import Text
+
     from .nodules import NoduleResult
 
 
@@ -152,15 +154,15 @@ def draw_marks(
         width = 1.2 if style == "solid" else BROKEN_LINE_PT
         halo = outline_halo(width)
         outline_mask(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style, path_effects=halo)
-        put_nodule_letters(ax, spot.x, spot.y, text, colour=colour)
-        if spot.leader:
-            _leader(ax, spot.box, spot.mark, colour=colour)
+        letters = put_nodule_letters(ax, spot.x, spot.y, text, colour=colour)
+        if spot.leader:  # from the text as drawn, not the wider box laid out
+            _leader(ax, drawn_extent(ax, letters), spot.mark, colour=colour)
 
 
-def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> None:
+def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> Text:
     """A nodule's letters ``text`` (``#N``) with their lower left corner at ``(x, y)`` (the axes' units), bold, on a
-    dark box that keeps them legible on lung or bone."""
-    ax.text(
+    dark box that keeps them legible on lung or bone; returns the text drawn."""
+    return ax.text(
         x,
         y,
         text,
@@ -171,6 +173,14 @@ def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> Non
         va="bottom",
         bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
     )
+
+
+def drawn_extent(ax, text: Text) -> tuple[float, float, float, float]:
+    """The box ``x0, y0, x1, y1`` (the axes' data units, lowest first whichever way the axis runs) that ``text`` covers
+    as the renderer draws it: the glyphs' real width, not an estimate from the number of letters."""
+    box = text.get_window_extent(ax.figure._get_renderer())
+    (a, b), (c, d) = ax.transData.inverted().transform([[box.x0, box.y0], [box.x1, box.y1]])
+    return min(a, c), min(b, d), max(a, c), max(b, d)
 
 
 def _leader(ax, letters: tuple[float, float, float, float], mark: tuple[float, float, float, float], *, colour: str) -> None:
