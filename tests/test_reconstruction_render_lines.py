@@ -88,3 +88,31 @@ def test_the_mprs_dotted_leader_starts_at_the_drawn_letters():
         assert y0 - 0.5 <= float(ys[0]) <= y1 + 0.5, ((y0, y1), ys)
     finally:
         plt.close(fig)
+
+
+def test_a_solid_nodule_outline_leaves_the_nodules_edge_uncovered():
+    """The dark halo of a solid nodule outline covered about a pixel of the nodule's edge in the MPRs and MIPs (most of
+    a small nodule's rim in an overview MIP), hiding its margin: the solid outline is drawn without it, its magenta
+    legible on the grey lung and the white nodule as it is. The dashed outlines keep their halo."""
+    fig, ax = plt.subplots(figsize=(6, 6), dpi=100)
+    try:
+        image = np.full((60, 60), 0.35)  # grey lung
+        image[20:40, 20:40] = 0.9  # a bright nodule
+        ax.imshow(image, cmap="gray", vmin=0.0, vmax=1.0, extent=(0, 60, 60, 0), interpolation="nearest")
+        ax.set_axis_off()
+        spot = LetterSpot(x=45.0, y=10.0, box=(45.0, 5.0, 55.0, 10.0), mark=(20.0, 20.0, 40.0, 40.0), leader=False)
+        draw_marks(ax, [(1, image > 0.5, "solid", "#1")], 1.0, 1.0, colour="#ff3df5", spots=[spot])
+        fig.canvas.draw()
+        img = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(float) / 255.0
+        x, y = ax.transData.transform((30.0, 30.0))  # the nodule's centre, in the figure's pixels
+        r, c = int(round(img.shape[0] - y)), int(round(x))
+        row = img[r, c : c + int(ax.bbox.width) // 3]  # rightwards, across the nodule's edge
+        magenta = np.array([1.0, 0x3D / 255, 0xF5 / 255])
+        hits = np.nonzero(np.abs(row - magenta).max(axis=-1) < 0.15)[0]
+        assert hits.size, "the outline crosses the row"
+        inside = row[: int(hits[0])].mean(axis=-1)
+        assert inside.min() > 0.8, ("the nodule's pixels up to its outline keep their grey", inside[-6:])
+        solid = [a for a in ax.collections if not _broken(a)]
+        assert solid and not any(_haloed(a) for a in solid), [a.get_path_effects() for a in solid]
+    finally:
+        plt.close(fig)

@@ -259,7 +259,8 @@ BROKEN_LINE_PT = 1.5
 def outline_halo(linewidth: float = 1.0) -> list:
     """Matplotlib path effects that draw a line ``linewidth`` points wide on a black halo (a stroke :data:`HALO_PT`
     wider on each side under it, dashed as the line is). Every outline of the renderings has it (the organs', the
-    nodules', the dotted lines to their letters; the MPRs, the MIPs, the 3-D preview and ``show()``): the lung window
+    nodules' dashed ones, the dotted lines to their letters, ``show()``'s finding circles and scores; the MPRs, the
+    MIPs, the 3-D preview and ``show()``), but a nodule's solid outline, whose halo would cover its edge: the lung window
     draws bone and soft tissue near white, on which a yellow or white line barely reads, and the halo sets a line off
     from bright tissue as from the air or the blue lung."""
     from matplotlib import patheffects

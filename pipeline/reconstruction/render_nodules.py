@@ -152,7 +152,8 @@ def draw_marks(
         spots = layout_letters(marks, col_mm, row_mm, mm_per_pt=mm_per_pt)
     for (_n, sl, style, text), spot in zip(marks, spots):
         width = 1.2 if style == "solid" else BROKEN_LINE_PT
-        halo = outline_halo(width)
+        # no halo on a solid outline: it would cover the nodule's own edge; its magenta reads on the lung as it is
+        halo = outline_halo(width) if style != "solid" else []
         outline_mask(ax, sl, col_mm, row_mm, colors=[colour], linewidths=width, linestyles=style, path_effects=halo)
         letters = put_nodule_letters(ax, spot.x, spot.y, text, colour=colour)
         if spot.leader:  # from the text as drawn, not the wider box laid out
