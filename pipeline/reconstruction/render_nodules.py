@@ -179,7 +179,7 @@ def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> Tex
 def drawn_extent(ax, text: Text) -> tuple[float, float, float, float]:
     """The box ``x0, y0, x1, y1`` (the axes' data units, lowest first whichever way the axis runs) that ``text`` covers
     as the renderer draws it: the glyphs' real width, not an estimate from the number of letters."""
-    box = text.get_window_extent(ax.figure._get_renderer())
+    box = text.get_window_extent()  # before the first draw, matplotlib asks the figure for a renderer itself
     (a, b), (c, d) = ax.transData.inverted().transform([[box.x0, box.y0], [box.x1, box.y1]])
     return min(a, c), min(b, d), max(a, c), max(b, d)
 
