@@ -272,7 +272,9 @@ def _run(
     node_file = Path(cfg.metrics.textfile_dir) / cfg.metrics.textfile_name if cfg.metrics.textfile_dir else None
     metrics.carry_from(*([node_file] if node_file else []), run_dir / "metrics.prom")
     metrics.count_killed_runs(reconciled.uncounted)
-    metrics.expect_redos(store.completed_before({c.case_key for c in pl.to_run}))
+    redos = store.completed_before({c.case_key for c in pl.to_run})
+    metrics.expect_redos(redos)
+    prog.expect_redos(redos)
     metrics.files_skipped(len(found.skipped_files), len(found.not_selected))
     if cfg.metrics.port:
         metrics.serve(cfg.metrics.port, cfg.metrics.bind)

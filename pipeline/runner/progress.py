@@ -7,7 +7,7 @@ line wraps it in :class:`TqdmBar`; notebooks can pass their own callback.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,19 +22,30 @@ def hms(seconds: float) -> str:
 
 @dataclass
 class Progress:
-    """Counts and rates of the cases of this run (``skipped`` = done in an earlier run)."""
+    """Counts and rates of the cases of this run (``skipped`` = done in an earlier run).
+
+    ``done``: cases this run completed for the first time; ``redone``: cases an earlier run completed that this run
+    did again (their published folder was removed, see :meth:`expect_redos`), counted apart as the run's summary line
+    and ``ctpipe_cases_redone_total`` count them. Both are work finished: the bar, the rate and the ETA count both.
+    """
 
     total: int = 0
     done: int = 0
+    redone: int = 0
     failed: int = 0
     skipped: int = 0
     released: int = 0  # left for the next run (the run folder could not be written, the series was still being written)
     started: float = field(default_factory=time.monotonic)
     callback: Callable[[Progress], Any] | None = None
+    _redos: set[str] = field(default_factory=set, repr=False)
+
+    def expect_redos(self, case_keys: Iterable[str]) -> None:
+        """The cases of this run that an earlier run completed (``case_keys``): done again, they count in ``redone``."""
+        self._redos.update(case_keys)
 
     @property
     def finished(self) -> int:
-        return self.done + self.failed + self.released
+        return self.done + self.redone + self.failed + self.released
 
     @property
     def elapsed_s(self) -> float:
@@ -57,7 +68,10 @@ class Progress:
     def describe(self) -> str:
         eta = self.eta_s
         eta_txt = "?" if eta is None else hms(eta)
-        return f"{self.done} done, {self.failed} failed of {self.total} | {self.cases_per_hour:.1f} cases/h | ETA {eta_txt}"
+        again = f"{self.redone} done again, " if self.redone else ""
+        return (
+            f"{self.done} done, {again}{self.failed} failed of {self.total} | {self.cases_per_hour:.1f} cases/h | ETA {eta_txt}"
+        )
 
     def _changed(self) -> None:
         if self.callback is not None:
@@ -68,7 +82,10 @@ class Progress:
         pass
 
     def on_case_done(self, case: CaseSpec, latency_s: float, n_findings: int) -> None:
-        self.done += 1
+        if case.case_key in self._redos:
+            self.redone += 1
+        else:
+            self.done += 1
         self._changed()
 
     def on_case_failed(self, case: CaseSpec, reason: str, error_class: str) -> None:
@@ -93,7 +110,8 @@ class TqdmBar:
         self.bar.update(p.finished - self._n)
         self._n = p.finished
         eta = p.eta_s
-        self.bar.set_postfix_str(f"failed={p.failed} {p.cases_per_hour:.1f}/h ETA {'?' if eta is None else hms(eta)}")
+        again = f"done again={p.redone} " if p.redone else ""
+        self.bar.set_postfix_str(f"{again}failed={p.failed} {p.cases_per_hour:.1f}/h ETA {'?' if eta is None else hms(eta)}")
 
     def close(self) -> None:
         self.bar.close()
