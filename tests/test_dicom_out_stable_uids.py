@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pydicom
@@ -74,3 +75,28 @@ def test_each_result_keeps_its_uids_when_only_the_other_changes(tmp_path: Path) 
     other_body = write_dicom_outputs(tmp_path / "body", organ_masks=grown, **options)
     assert_same_but_dates(other_body["sr"], both["sr"])
     assert _uids(other_body["seg"]) != _uids(both["seg"])
+
+
+def test_another_layout_of_the_same_results_is_another_instance(tmp_path: Path, monkeypatch: Any) -> None:
+    """A build that lays the SR or SEG out otherwise (e.g. adds content groups) gives the same results, made at the
+    same time, other instance UIDs: one instance UID never names two documents; the same layout gives the same UID."""
+    from pipeline.dicom_out import seg, sr
+
+    case = phantom_case(tmp_path / "case", n_nodules=1)
+    masks = {"lung_left": case.phantom.masks["lung_left"], "body": case.phantom.masks["body"]}
+    options = dict(
+        source=case.source, volume=case.volume, findings=case.findings, nodules=case.nodules, stable_uids=True, **MODEL
+    )
+    given = datetime.datetime(2031, 5, 6, 7, 8, 9)
+    before = write_dicom_outputs(tmp_path / "before", organ_masks=masks, created=given, **options)
+    same = write_dicom_outputs(tmp_path / "same", organ_masks=masks, created=given, **options)
+    for kind in ("sr", "seg"):
+        assert _uids(same[kind]) == _uids(before[kind]), kind
+    monkeypatch.setattr(sr, "SR_LAYOUT", f"{sr.SR_LAYOUT}+more-groups")
+    monkeypatch.setattr(seg, "SEG_LAYOUT", f"{seg.SEG_LAYOUT}+more-segments")
+    after = write_dicom_outputs(tmp_path / "after", organ_masks=masks, created=given, **options)
+    for kind in ("sr", "seg"):
+        assert _uids(after[kind])[1] != _uids(before[kind])[1], kind
+    again = write_dicom_outputs(tmp_path / "again", organ_masks=masks, created=given, **options)
+    for kind in ("sr", "seg"):
+        assert _uids(again[kind]) == _uids(after[kind]), kind

@@ -22,6 +22,8 @@ from .. import __version__
 from ..errors import DicomOutputError
 from ..reconstruction.nodule_geometry import SIDE_SEARCH_MM
 from ..volume import CTVolume, LabelMap
+from . import seg as seg_module
+from . import sr as sr_module
 from .kinds import OUTPUTS
 from .model import NoduleDetail, ReportedFinding, as_bool_mask, reported_findings
 from .seg import write_seg_object
@@ -245,7 +247,8 @@ def write_dicom_outputs(
     from one text per output (``{"sr": ..., "seg": ...}``, each naming what that object holds): the same results
     written again are the same series; each instance's UID also derives from when it was made (``created``), which it
     states: made again at another time, it is a new instance of that series (one UID, one content), made at the
-    same time the same file, and an archive that receives a file again keeps one copy.
+    same time the same file, and an archive that receives a file again keeps one copy; it derives from the output's
+    layout version too (``SR_LAYOUT``, ``SEG_LAYOUT``), so that another layout of the same results is another instance.
     stable_uids: without ``uid_seed``, derive one per output from what it holds (:func:`content_seeds`: the source
     images and their patient and study, the reported findings; for the SR the measurements, quality, model and
     operating point, for the SEG the masks): the same results written again have the same series UIDs and, but for
@@ -378,10 +381,15 @@ def _uids(kind: str, seed: str | Mapping[str, str] | None, created: datetime.dat
     """(series UID, instance UID) of output ``kind`` derived from ``seed`` (or from its entry for ``kind``); (None, None)
     without one: new UIDs. The series UID from the seed alone; the instance UID also from ``created`` (to the second,
     as the instance states it): an instance states one content, its dates included, so the same results made at
-    another time are another instance of the same series, and made at the same time the same file."""
+    another time are another instance of the same series, and made at the same time the same file. The instance UID
+    derives from the output's layout as well (:data:`~pipeline.dicom_out.sr.SR_LAYOUT`,
+    :data:`~pipeline.dicom_out.seg.SEG_LAYOUT`): a build that lays the same results out otherwise (more content groups)
+    writes another document, under another instance UID, at the same ``created`` and with the same version string."""
     if isinstance(seed, Mapping):
         seed = seed.get(kind)
     if seed is None:
         return None, None
     made = created.strftime("%Y%m%d%H%M%S")
-    return stable_uid(f"ctpipe-{kind}-series", __version__, seed), stable_uid(f"ctpipe-{kind}", __version__, seed, made)
+    layout = f"layout {sr_module.SR_LAYOUT if kind == 'sr' else seg_module.SEG_LAYOUT}"
+    series = stable_uid(f"ctpipe-{kind}-series", __version__, seed)
+    return series, stable_uid(f"ctpipe-{kind}", __version__, layout, seed, made)

@@ -56,6 +56,10 @@ from .uids import stable_uid
 
 log = logging.getLogger(__name__)
 
+#: The layout of the SEG (its segments, their codes and order, how frames are encoded): raise it with each such change.
+#: It goes into the SEG's instance UID, as :data:`~pipeline.dicom_out.sr.SR_LAYOUT` into the SR's.
+SEG_LAYOUT = "1"
+
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
 SEG_SERIES_DESCRIPTION = "ctpipe segmentation"
 ORGAN_LABELS = {"body": "Body", "lung_left": "Left lung", "lung_right": "Right lung", "airway": "Airway", "bone": "Bone"}

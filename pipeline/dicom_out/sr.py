@@ -61,6 +61,11 @@ log = logging.getLogger(__name__)
 PERSON_NAME_WARNING = r"The string .* is unlikely to represent the intended person name"
 
 SR_SERIES_DESCRIPTION = "ctpipe nodule report"
+#: The layout of the SR's content tree: raise it with each change of which groups, items, codes or coordinates the SR
+#: holds (the nodules' axis polylines, TID 1410, came with layout 2). It goes into the SR's instance UID
+#: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
+#: write two documents under one SOP Instance UID, even with the same version string and creation time.
+SR_LAYOUT = "2"
 #: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit, decimals stated: volumes
 #: to 0.1 mL, the emphysema index to 0.1 %)
 LUNG_MEASUREMENTS: dict[str, tuple[str, Any, Any, int]] = {
