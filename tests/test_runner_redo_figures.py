@@ -206,3 +206,23 @@ def test_a_killed_runs_redo_is_counted_apart_by_the_next_run(tmp_path):
     assert 'ctpipe_cases_processed_total{node="n"} 0.0' in text
     assert 'ctpipe_cases_redone_total{node="n"} 1.0' in text
     store.close()
+
+
+def test_the_dashboard_never_divides_redo_including_latencies_by_new_cases_and_says_which_counts_redos():
+    """``ctpipe_case_latency_seconds`` observes every completion, redos included; ``ctpipe_cases_processed_total``
+    counts new cases only: no panel divides one by the other, and the panels say which of them takes in the redos."""
+    root = Path(__file__).resolve().parents[1]
+    dash = json.loads((root / "configs" / "grafana-dashboard.json").read_text())
+    for panel in dash["panels"]:
+        exprs = [t["expr"] for t in panel.get("targets", [])]
+        for e in exprs:
+            with_redos = "ctpipe_case_latency_seconds" in e or "ctpipe_cases_redone_total" in e
+            assert not (with_redos and "/" in e and "ctpipe_cases_processed_total" in e), (panel["title"], e)
+        text = panel.get("description", "")
+        if any("ctpipe_case_latency_seconds" in e for e in exprs):
+            assert "done again" in text and "included" in text, (panel["title"], text)
+        if any("rate(ctpipe_cases_processed_total" in e for e in exprs):
+            assert "done again" in text, (panel["title"], text)
+    metrics_doc = (root / "pipeline" / "runner" / "metrics.py").read_text()
+    line = next(x for x in metrics_doc.splitlines() if x.startswith("* ``ctpipe_case_latency_seconds``"))
+    assert "done again" in line, line

@@ -19,7 +19,8 @@ Metrics (one registry per run, so several runs in one process do not mix):
   and ``series`` (not selected: localizers, too few slices, not CT).
 * ``ctpipe_stage_latency_seconds{stage}`` — histogram of stage wall time (s).
 * ``ctpipe_stage_queue_wait_seconds{stage}`` — histogram of time a ready stage waited for a worker (s).
-* ``ctpipe_case_latency_seconds`` — histogram of a case's end-to-end time (s).
+* ``ctpipe_case_latency_seconds`` — histogram of a case's end-to-end time (s), every completion: cases done again
+  included (the work was done); its ``_count`` is processed plus redone, not the cases completed.
 * ``ctpipe_stage_peak_rss_bytes{stage}`` — largest peak RSS seen per stage.
 * ``ctpipe_gpu_utilization_ratio{gpu}`` (0..1: the share of the last sample period a kernel ran, NVML's utilisation
   percentage / 100), ``ctpipe_gpu_memory_used_bytes{gpu}`` — NVML samples (only where a GPU and
