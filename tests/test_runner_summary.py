@@ -273,6 +273,10 @@ def test_a_case_done_again_is_told_as_a_redo_not_a_new_case(tmp_path):
     assert (first.done, first.redone) == (1, 0)
     (case_dir,) = list((out / "cases").iterdir())
     shutil.rmtree(case_dir)
-    again = run_batch([tmp_path / "src"], out=out, stages=[IngestStage()], workers=0, **opts)
+    seen: list[str] = []  # the live progress, as a notebook's callback or the command line's bar gets it
+    again = run_batch(
+        [tmp_path / "src"], out=out, stages=[IngestStage()], workers=0, progress=lambda p: seen.append(p.describe()), **opts
+    )
     assert (again.done, again.redone) == (0, 1)  # a redo is not a newly completed case
+    assert seen[-1].startswith("0 done, 1 done again, 0 failed of 1 |"), seen
     assert again.lines()[0].startswith(f"run {again.run_id}: 0 case(s) done, 1 done again (its published folder was removed")
