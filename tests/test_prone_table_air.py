@@ -12,6 +12,7 @@ from scipy import ndimage
 from pipeline.detection.lungs import region_from_mask, segmented_lung_region
 from pipeline.phantom import generate_phantom
 from pipeline.phantom.confounders import realistic_confounders
+from pipeline.reconstruction.segment import segment_organs
 
 
 @pytest.mark.slow
@@ -30,3 +31,27 @@ def test_the_air_between_a_prone_patient_and_the_table_is_not_lung():
         i = np.nonzero(labels == lab)[2]
         assert i.max() - i.min() < 0.8 * found.mask.shape[2], "a 'lung' spanning the image width"
     assert found.mask.sum() >= 0.85 * truth.mask.sum()  # the lungs themselves are still found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("position", ["HFP", "HFS"])
+def test_the_body_and_lungs_hold_no_air_from_outside_the_skin(position):
+    """The organ segmentation's body (volume, skin outline in the renderings, the region the lungs and airway are
+    searched in) and its lungs leave out the air around the patient, the table's foam core and the air between the
+    table's shells, prone or supine, on a curved table under a mattress and a blanket."""
+    c = realistic_confounders(1)
+    ph = generate_phantom(
+        1, confounders=c, patient_position=position, matrix=128, pixel_spacing=2.0, slice_spacing=4.0, n_nodules=0
+    )
+    seg = segment_organs(ph.volume, organs=("body", "lung_left", "lung_right"), device="cpu")
+    assert not seg.errors, seg.errors
+    hu = np.asarray(ph.volume.array)
+    skin = ph.masks["body"].astype(bool)
+    body = seg.masks["body"]
+    air_outside = body & ~skin & (hu < -500.0)
+    assert not air_outside.any(), f"{int(air_outside.sum())} voxels of air outside the skin inside the body"
+    assert 0.95 * skin.sum() <= body.sum() <= 1.01 * skin.sum(), f"body {int(body.sum())} voxels, skin {int(skin.sum())}"
+    lungs = seg.masks["lung_left"] | seg.masks["lung_right"]
+    assert not (lungs & ~skin).any(), f"{int((lungs & ~skin).sum())} voxels of lung outside the skin"
+    truth = ph.masks["lung_left"].astype(bool) | ph.masks["lung_right"].astype(bool)
+    assert lungs.sum() >= 0.9 * truth.sum()  # the lungs themselves are still found
