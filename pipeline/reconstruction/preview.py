@@ -35,7 +35,7 @@ from .render_layout import (
     outline_halo,
     save_png,
 )
-from .render_nodules import drawn_extent, free_spot, leader_line, put_nodule_letters
+from .render_nodules import drawn_extent, free_space_spot, leader_line, open_spot, put_nodule_letters
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.artist import Artist
@@ -445,24 +445,59 @@ def _letter_nodules(
     hidden: Mapping[str, str],
 ) -> None:
     """``#N`` beside each nodule ``nodule N`` of a preview view (right or left of its surface, at its top), on a dark
-    box, where no other nodule's letters are (:func:`~.render_nodules.free_spot`); ``#N (behind left lung)`` for one
-    ``hidden`` behind an organ. Letters moved off the nodule's rows (a crowd of nodules) are joined to it by a dotted
-    line, so that they are not read as another nodule's."""
+    box, where no other nodule's letters are (:func:`~.render_nodules.open_spot`; long letters may reach into the
+    bands beside the view, never over its orientation letters); ``#N (behind left lung)`` for one ``hidden`` behind
+    an organ. In a crowd the letters never cover each other nor run past the view and its bands: where the full
+    form finds no room beside the nodule a shorter one is tried (``#N (behind)``, then ``#N``: the legend and the
+    dashed outline say what it means), then the nearest free place on the view
+    (:func:`~.render_nodules.free_space_spot`); none free, the nodule is left unlettered and a warning logged. Letters
+    moved away from the nodule are joined to it by a dotted line, so that they are not read as another nodule's."""
     where = {name: image_position(mesh.vertices, view=view, size=size, frame=frame) for name, mesh in nodules.items()}
     placed = [(*uv.min(axis=0), *uv.max(axis=0)) for uv in where.values()]  # the letters cover no nodule
+    placed += [drawn_extent(ax, t) for t in ax.texts]  # nor the orientation letters (in the bands beside the view)
+    x_lo, x_hi = sorted(ax.get_xlim())  # the view and its side bands: wide letters may reach into the bands
+    empty = np.zeros((size, size), bool)  # free_space_spot's "anatomy": the letters may lie on the organs
     for name, uv in where.items():
-        text = f"#{name.removeprefix('nodule ').strip()}"
-        text += f" (behind {organ_label(hidden[name])})" if name in hidden else ""
+        forms = _letter_forms(name, hidden.get(name))
         right, left, top = float(uv[:, 0].max()) + 3.0, float(uv[:, 0].min()) - 3.0, float(uv[:, 1].min()) + 4.0
-        x, y = free_spot(right, left, top, text, 100.0 / 72.0, placed, limit=float(size))
-        letters = put_nodule_letters(ax, x, y, text, colour=colour)
+        spot, text = None, forms[-1]
+        for text in forms:
+            spot = open_spot(right, left, top, text, PX_PER_PT, placed, start=x_lo, limit=x_hi, bottom=size - 0.5)
+            if spot is not None:
+                break
+        if spot is None:
+            (m0, m1), (m2, m3) = uv.min(axis=0), uv.max(axis=0)
+            mark = (float(m0), float(m1), float(m2), float(m3))
+            spot = free_space_spot(mark, text, PX_PER_PT, placed, empty, 1.0, 1.0)
+        if spot is None:
+            log.warning(
+                "%s in the preview's %s view is left unlettered: no free place for %r on the %d pixel view; "
+                "a larger preview size gives its letters room",
+                name,
+                view,
+                text,
+                size,
+            )
+            continue
+        letters = put_nodule_letters(ax, spot[0], spot[1], text, colour=colour)
         x0, y0, x1, y1 = placed[-1]  # the letters' box as laid out (pixels, rows down)
         (u0, v0), (u1, v1) = uv.min(axis=0), uv.max(axis=0)
-        if y1 < v0 or y0 > v1:  # off the nodule's rows: a dotted line from the letters to it
+        if y1 < v0 or y0 > v1 or x0 > u1 + LEADER_GAP_PX or x1 < u0 - LEADER_GAP_PX:  # away: a dotted line to it
             x0, y0, x1, y1 = drawn_extent(ax, letters)  # from the text as drawn, not the wider box laid out
             cu, cv = float(np.clip((u0 + u1) / 2, x0, x1)), float(np.clip((v0 + v1) / 2, y0, y1))
             eu, ev = uv[int(np.argmin(np.hypot(uv[:, 0] - cu, uv[:, 1] - cv)))]  # to the nodule's nearest point
             leader_line(ax, (cu, cv), (float(eu), float(ev)), colour=colour)
+
+
+PX_PER_PT = 100.0 / 72.0  # the preview's pixels per typographic point (render_layout.FIGURE_DPI)
+LEADER_GAP_PX = 6.0  # letters farther than this beside their nodule (a crowd moved them) get a dotted line to it
+
+
+def _letter_forms(name: str, organ: str | None) -> list[str]:
+    """The letters of ``nodule N``, longest first: ``#N`` or, hidden behind ``organ``, ``#N (behind left lung)``,
+    ``#N (behind)`` and ``#N`` for a view too crowded for the longer forms."""
+    short = f"#{name.removeprefix('nodule ').strip()}"
+    return [short] if organ is None else [f"{short} (behind {organ_label(organ)})", f"{short} (behind)", short]
 
 
 #: The legend's entry for a nodule drawn as a dashed outline: behind another organ in that view.

@@ -302,6 +302,41 @@ def _mark_box(sl: np.ndarray, col_mm: float, row_mm: float) -> tuple[float, floa
     return (c_px.min() * col_mm, r_px.min() * row_mm, (c_px.max() + 1) * col_mm, (r_px.max() + 1) * row_mm)
 
 
+def open_spot(
+    right: float,
+    left: float,
+    y: float,
+    text: str,
+    mm_per_pt: float,
+    placed: list[tuple[float, float, float, float]],
+    *,
+    limit: float,
+    start: float = 0.0,
+    bottom: float = np.inf,
+) -> tuple[float, float] | None:
+    """Where a nodule's letters fit beside it (their bottom left corner, image mm; ``y`` runs down): right of the
+    nodule (from ``right``) at ``y`` or, when that would cover what is ``placed`` (boxes ``x0, y0, x1, y1``: the
+    nodules, letters placed before) or run out of ``start`` .. ``limit`` (the image's width), left of it (ending at
+    ``left``), or right of it moved in from the image's edge (letters wider than the room either side), else a line
+    higher, a line lower, and so on (up to :data:`LETTER_LINES` lines away), never above the
+    image nor below ``bottom``; the box taken is added to ``placed``. None, ``placed`` unchanged, where no such place is free.
+    ``mm_per_pt``: image mm per typographic point on the PNG."""
+    w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # a generous estimate of bold DejaVu Sans' widths
+    h = 1.45 * NODULE_FONTSIZE * mm_per_pt
+    lines = [k * sign for k in range(LETTER_LINES) for sign in ((1,) if k == 0 else (-1, 1))]  # 0, up 1, down 1, ...
+    for k in lines:
+        yk = y + k * h
+        if not h <= yk <= bottom:
+            continue
+        for x in (right, left - w, max(start, min(right, limit - w))):  # the last: pushed off the image's edge
+            box = (x, yk - h, x + w, yk)
+            inside = x >= start and x + w <= limit
+            if inside and not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
+                placed.append(box)
+                return box[0], box[3]
+    return None
+
+
 def free_spot(
     right: float,
     left: float,
@@ -312,21 +347,17 @@ def free_spot(
     *,
     limit: float,
 ) -> tuple[float, float]:
-    """Where to put a nodule's letters (their bottom left corner, image mm; ``y`` runs down): right of the nodule
-    (from ``right``) at ``y`` or, when that would cover what is ``placed`` (boxes ``x0, y0, x1, y1``: the nodules,
-    letters placed before) or
-    run past the image's width ``limit``, left of it (ending at ``left``), else a line higher, a line lower, and so
-    on (up to :data:`LETTER_LINES` lines away); the box taken is added to ``placed``. ``mm_per_pt``: image mm per typographic point on the PNG."""
-    w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # a generous estimate of bold DejaVu Sans' widths
+    """Where to put a nodule's letters (their bottom left corner, image mm; ``y`` runs down): the first free place
+    beside the nodule (:func:`open_spot`), else right of it at ``y`` whatever they cover (the MPRs' letters of a
+    nodule the plane cuts); the box taken is added to ``placed``. ``mm_per_pt``: image mm per typographic point on
+    the PNG."""
+    spot = open_spot(right, left, y, text, mm_per_pt, placed, limit=limit)
+    if spot is not None:
+        return spot
+    w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt
     h = 1.45 * NODULE_FONTSIZE * mm_per_pt
-    lines = [k * sign for k in range(LETTER_LINES) for sign in ((1,) if k == 0 else (-1, 1))]  # 0, up 1, down 1, ...
-    spots = [(x, y + k * h) for k in lines for x in (right, left - w) if x >= 0 and x + w <= limit and y + k * h >= h]
-    for x, yk in spots or [(right, y)]:
-        box = (x, yk - h, x + w, yk)
-        if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
-            break
-    placed.append(box)
-    return box[0], box[3]
+    placed.append((right, y - h, right + w, y))
+    return right, y
 
 
 def nodule_extents(nview: np.ndarray) -> dict[int, NoduleExtent]:
