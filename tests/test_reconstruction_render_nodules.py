@@ -404,3 +404,29 @@ def test_the_letter_layout_keeps_letters_in_free_space_and_beside_cut_nodules():
     rows = slice(int(dashed.box[1] // 2), int(np.ceil(dashed.box[3] / 2)))
     assert not anatomy[rows, int(dashed.box[0] // 2) : int(np.ceil(dashed.box[2] / 2))].any()
     assert letter_margins([solid, dashed], 300.0, band_mm=8.0) == (0.0, 0.0)
+
+
+def test_the_letter_layout_never_overprints_the_letters_of_a_crowd_of_cut_nodules():
+    """The letters of nodules a plane or a MIP slab cuts went, where no free place lay beside a nodule, to the default
+    spot anyway: over other letters and past the image's edge. With no room beside a nodule they now go to the nearest
+    free place on the image (a MIP, no margin) or to a margin beside it (an MPR), joined to it by a dotted line."""
+    from pipeline.reconstruction.render_nodules import layout_letters
+
+    shape, mm = (24, 48), 1.0  # a 48 x 24 mm image: a crowd of ten nodules in a column
+    marks = []
+    for n in range(10):
+        sl = np.zeros(shape, bool)
+        r, c = 1 + 21 * n // 10, 10 + (n % 2) * 3
+        sl[r : r + 2, c : c + 2] = True
+        marks.append((n + 1, sl, "solid", f"#{n + 1}"))
+    for anatomy in (None, np.ones(shape, bool)):
+        spots = layout_letters(marks, mm, mm, mm_per_pt=0.35, anatomy=anatomy, band_mm=8.0)
+        for s in spots:
+            assert 0.0 <= s.box[1] and s.box[3] <= 24.0, s
+            if anatomy is None:  # a MIP has no margin: on the image
+                assert 0.0 <= s.box[0] and s.box[2] <= 48.0, s
+            else:  # on the image or in a margin beyond the side letters' band
+                assert 0.0 <= s.box[0] and s.box[2] <= 48.0 or s.box[2] <= -8.0 or s.box[0] >= 56.0, s
+        boxes = [s.box for s in spots] + [s.mark for s in spots]
+        for a, b in itertools.combinations(boxes, 2):
+            assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (anatomy is None, a, b)

@@ -7,6 +7,7 @@ beside it, one off the plane in the air around the body or, where none is near, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .nodules import NoduleResult
 
+log = logging.getLogger(__name__)
 
 #: The legend's entry for a nodule a plane does not cut (:func:`render_mpr`), and the letters of the side it lies on
 #: along each LPS axis (negative, positive): x right/left, y anterior/posterior, z inferior/superior.
@@ -70,8 +72,9 @@ def layout_letters(
     ``row_mm`` pixels, ``"solid"`` or ``"dashed"``, its letters), in their order; ``mm_per_pt``: image mm per
     typographic point on the PNG. The letters cover no nodule and no other letters.
 
-    A solid mark (a nodule the plane cuts) has its letters beside it (:func:`free_spot`). With ``anatomy`` (the
-    image's pixels, bool ``[row, column]``, that hold an organ, the body, an arm or the couch), a dashed mark's (a
+    A solid mark (a nodule the plane cuts) has its letters beside it (:func:`open_spot`) or, with no room there, in a
+    margin (with ``anatomy``) or at the nearest free place on the image (without), joined by a dotted line; never
+    below or beside the image. With ``anatomy`` (the image's pixels, bool ``[row, column]``, that hold an organ, the body, an arm or the couch), a dashed mark's (a
     nodule off the plane) go to the nearest free space (:func:`free_space_spot`) or, where none is near, to a margin
     beside the image, beyond the ``band_mm`` wide band of its side letters (:func:`margin_spot`; the figure adds the
     margin, :func:`letter_margins`), never over the lungs or another nodule's letters; both are joined to their mark by
@@ -80,7 +83,7 @@ def layout_letters(
     w_mm, h_mm = cols * col_mm, rows * row_mm
     placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
     spots: dict[int, LetterSpot] = {}
-    crowded = []  # the dashed marks with no free space near: their letters go to a margin, top to bottom
+    crowded = []  # the marks with no free space near: their letters go to a margin, top to bottom
     for i, (_n, sl, style, text) in enumerate(marks):
         mark = _mark_box(sl, col_mm, row_mm)
         if style == "dashed" and anatomy is not None:
@@ -90,14 +93,19 @@ def layout_letters(
                 continue
             spots[i] = LetterSpot(*spot, box=placed[-1], mark=mark, leader=True)
             continue
-        spots[i] = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm)
+        beside = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm)
+        if beside is None and anatomy is not None:  # no room beside a cut nodule: a margin, as an off-plane one's
+            crowded.append(i)
+            continue
+        spots[i] = beside or _anywhere(mark, text, col_mm, row_mm, mm_per_pt, placed, shape=(rows, cols))
     for i in sorted(crowded, key=lambda i: placed[i][1] + placed[i][3]):  # in the order of the marks' heights
         _n, sl, _style, text = marks[i]
         spot = margin_spot(placed[i], text, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm, band_mm=band_mm)
-        if spot is None:
-            spots[i] = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm)
-        else:
+        if spot is not None:
             spots[i] = LetterSpot(*spot, box=placed[-1], mark=placed[i], leader=True)
+            continue
+        beside = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm)
+        spots[i] = beside or _anywhere(placed[i], text, col_mm, row_mm, mm_per_pt, placed, shape=(rows, cols))
     return [spots[i] for i in range(len(marks))]
 
 
@@ -110,10 +118,12 @@ def _beside(
     placed: list[tuple[float, float, float, float]],
     *,
     w_mm: float,
-) -> LetterSpot:
-    """The letters ``text`` of the mark of pixels ``sl`` beside it (:func:`free_spot`), without a line."""
+    h_mm: float,
+) -> LetterSpot | None:
+    """The letters ``text`` of the mark of pixels ``sl`` beside it on the ``w_mm`` × ``h_mm`` image
+    (:func:`open_spot`), without a line; None where no place beside it is free."""
     r_px, c_px = np.nonzero(sl)
-    x, y = free_spot(
+    spot = open_spot(
         (c_px.max() + 1.5) * col_mm + 1.0,
         (c_px.min() - 0.5) * col_mm - 1.0,
         (r_px.min() + 0.5) * row_mm,
@@ -121,8 +131,32 @@ def _beside(
         mm_per_pt,
         placed,
         limit=w_mm,
+        bottom=h_mm,
     )
-    return LetterSpot(x, y, box=placed[-1], mark=_mark_box(sl, col_mm, row_mm), leader=False)
+    if spot is None:
+        return None
+    return LetterSpot(*spot, box=placed[-1], mark=_mark_box(sl, col_mm, row_mm), leader=False)
+
+
+def _anywhere(
+    mark: tuple[float, float, float, float],
+    text: str,
+    col_mm: float,
+    row_mm: float,
+    mm_per_pt: float,
+    placed: list[tuple[float, float, float, float]],
+    *,
+    shape: tuple[int, int],
+) -> LetterSpot:
+    """The letters ``text`` of the nodule of box ``mark`` at the nearest place free of letters and nodules on the
+    image of ``shape`` pixels (:func:`free_space_spot`, the organs allowed), joined to it by a dotted line; none
+    free, beside it whatever they cover (:func:`free_spot`'s last resort), with a warning."""
+    spot = free_space_spot(mark, text, mm_per_pt, placed, np.zeros(shape, bool), col_mm, row_mm)
+    if spot is not None:
+        return LetterSpot(*spot, box=placed[-1], mark=mark, leader=True)
+    log.warning("no free place for the letters %r on a %d x %d pixel image: drawn over others", text, *shape)
+    x, y = free_spot(mark[2] + 1.0, mark[0] - 1.0, mark[1], text, mm_per_pt, placed, limit=shape[1] * col_mm)
+    return LetterSpot(x, y, box=placed[-1], mark=mark, leader=False)
 
 
 def letter_margins(spots: Sequence[LetterSpot], w_mm: float, *, band_mm: float) -> tuple[float, float]:
