@@ -42,6 +42,7 @@ TABLE_PERSIST = 0.9  # share of slices in which a pixel must be thin tissue to b
 TABLE_ELONGATION = 4.0  # a table's shell spreads this much more (variance) across than along gravity
 TABLE_MIN_SLICES = 8  # fewer slices than this cannot tell a table from a thin body part
 TABLE_MIN_EXTENT_MM = 30.0  # nor a scan shorter than this along z (mm)
+TABLE_SPAN = 0.5  # a shell alone in its piece spans at least this share of the patient's width
 PART_MIN_ML = 1.0  # body parts apart from the trunk (arms) smaller than this are dropped
 PART_THICK_MM = 4.0  # an arm survives an in-plane erosion by this radius (mm)
 PART_HU = (-250.0, 200.0)  # median HU of an arm (skin, fat, muscle, some bone)
@@ -182,6 +183,34 @@ def _shell_under_layer(
     return np.where(known, rows, solid.shape[0]), known
 
 
+def _gravity(shell: np.ndarray, c_trunk: np.ndarray) -> tuple[int, int] | None:
+    """The axis gravity runs along (the one across which the 2-D ``shell`` spreads least) and its sign (+1: towards
+    higher indices), from the trunk's centre ``c_trunk`` (pixels) towards the shell; None unless the shell spreads
+    ``TABLE_ELONGATION`` times more (variance) along the other axis and lies off the trunk's centre."""
+    pts = np.argwhere(shell)
+    spread = pts.var(axis=0)
+    ax = int(np.argmin(spread))  # gravity: across the table, which is long from side to side
+    d = pts.mean(axis=0) - c_trunk
+    if spread[1 - ax] < TABLE_ELONGATION * max(spread[ax], 1.0) or abs(d[ax]) < 1.0:
+        return None
+    return ax, 1 if d[ax] > 0 else -1
+
+
+def _main_piece(shell: np.ndarray, trunk: np.ndarray) -> np.ndarray | None:
+    """The largest 8-connected piece of the 2-D ``shell``, or None unless it spans (along either axis, pixels) at least
+    ``TABLE_SPAN`` of the ``trunk``'s extent along that axis: a table is about as wide as the patient, a thin bit of
+    the patient's edge (seen as thin at coarse pixels) is short."""
+    labels, sizes = morph.label(shell, structure=ndimage.generate_binary_structure(2, 2))
+    if sizes.size <= 1:
+        return None
+    piece = labels == int(np.argmax(sizes))
+    for a in range(2):
+        p_idx, t_idx = np.nonzero(piece.any(axis=1 - a))[0], np.nonzero(trunk.any(axis=1 - a))[0]
+        if p_idx[-1] - p_idx[0] + 1 >= TABLE_SPAN * (t_idx[-1] - t_idx[0] + 1):
+            return piece
+    return None
+
+
 def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     """The 2-D region (in-plane axes in array order) taken by the table and what lies on it, or None.
 
@@ -189,7 +218,9 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     nearly every slice, spread from side to side; under a mattress, which makes it part of a
     thick layer of tissue, it is thin tissue brighter than ``SHELL_HU`` next to the table's
     foam core or the air under it. Gravity runs along the image axis across which the shell
-    spreads least, from the patient's centre towards the shell. Along that axis, each line
+    spreads least, from the patient's centre towards the shell; on coarse pixels (4 mm),
+    where thin bits of the patient's edge also count as shell, the shell's largest piece
+    alone tells it when it spans half the patient's width (:func:`_main_piece`). Along that axis, each line
     of the image crosses the shell's top at some depth (the upper shell where a mattress
     lies on it under the whole patient, see :func:`_shell_under_layer`; else the first thin
     tissue: the bare upper shell, or the lower one under a mattress). Where the line misses
@@ -222,14 +253,14 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     labels, sizes = morph.label(opened if opened.any() else core, structure=ndimage.generate_binary_structure(2, 1))
     trunk = labels == int(np.argmax(sizes))
     c_trunk = np.argwhere(trunk).mean(axis=0)
-    pts = np.argwhere(shell)
-    c_shell = pts.mean(axis=0)
-    spread = pts.var(axis=0)
-    ax = int(np.argmin(spread))  # gravity: across the table, which is long from side to side
-    d = c_shell - c_trunk
-    if spread[1 - ax] < TABLE_ELONGATION * max(spread[ax], 1.0) or abs(d[ax]) < 1.0:
-        return None
-    down = 1 if d[ax] > 0 else -1
+    found = _gravity(shell, c_trunk)
+    if found is None:  # coarse pixels: thin bits of the patient's edge count as shell and skew its spread
+        piece = _main_piece(shell, trunk)
+        found = _gravity(piece, c_trunk) if piece is not None else None
+        if found is None or piece is None:
+            return None
+        thin_shell, bright_shell = thin_shell & piece, bright_shell & piece
+    ax, down = found
     # put gravity on axis 0, increasing downwards
     th, br, so, tr = (np.moveaxis(a, ax, 0) for a in (thin_shell, bright_shell, solid, trunk))
     if down < 0:
