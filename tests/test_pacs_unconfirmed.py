@@ -330,3 +330,52 @@ def test_a_recheck_refused_again_is_warned_once_per_archive_and_asked_again_late
     assert len(warned) == 1 and dest in warned[0].getMessage(), [(r.levelname, r.getMessage()) for r in said]
     assert len([r for r in said if r.levelno == logging.INFO]) >= len(asked) - 1, [r.getMessage() for r in said]
     assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
+
+
+def test_a_result_recorded_unconfirmed_late_in_a_long_run_is_asked_for_on_its_own_schedule(
+    refusing, source_case, tmp_path, monkeypatch
+):
+    """A listener running for days whose waits between re-checks have grown to a day: a case sent then and recorded
+    unconfirmed is first asked for 15 minutes after it was recorded, its wait doubling from there, while the earlier
+    case keeps its own day-long wait (was: one schedule per process, so the new case waited up to a day for its first
+    re-check, and the earlier one was asked with it)."""
+    from pipeline.pacs import recheck
+    from pipeline.pacs.sender import ResultSender
+    from tests.test_pacs_sender import _cfg
+
+    clock = _clock(monkeypatch)
+    run = tmp_path / "run"
+    _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    asked: list[tuple[float, frozenset[str]]] = []
+    real_ask = ResultSender.ask_again
+
+    def ask_again(self: ResultSender, rows: list[dict[str, Any]], found: Any) -> None:
+        asked.append((clock.t, frozenset(str(r["case_id"]) for r in rows)))
+        real_ask(self, rows, found)
+
+    monkeypatch.setattr(ResultSender, "ask_again", ask_again)
+    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=refusing.dimse)
+    try:
+        t0 = clock.t
+        sender.scan()
+        sender.send_due()
+        assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
+        _recheck_for(sender, clock, t0 + 60.0, hours=3 * 24, step_h=0.25)
+        c1_times = [t for t, cases in asked if "c1" in cases]
+        assert len(c1_times) >= 5 and c1_times[-1] - c1_times[-2] >= recheck.RECHECK_MAX_S - 900, c1_times
+        asked.clear()
+        t1 = c1_times[-1] + 600.0  # just after a re-check: the earlier case's next one is a day away
+        clock.t = t1
+        _completed_case(run, "c2", source_case)
+        sender.scan()
+        sender.send_due()
+        recorded = {s[0] for s in _states(run).values()}
+        assert recorded == {"unconfirmed"}, recorded
+        _recheck_for(sender, clock, t1, hours=4, step_h=0.25)
+    finally:
+        sender.close()
+    c2_times = [t for t, cases in asked if "c2" in cases]
+    assert c2_times and c2_times[0] - t1 <= recheck.RECHECK_S + 900, [round((t - t1) / 60) for t, _ in asked]
+    assert len(c2_times) >= 2 and c2_times[1] - c2_times[0] >= 2 * recheck.RECHECK_S - 900, c2_times
+    assert not [t for t, cases in asked if "c1" in cases], [(round((t - t1) / 60), sorted(c)) for t, c in asked]

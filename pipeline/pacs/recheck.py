@@ -3,14 +3,17 @@
 A destination that answered success for a result and refused the query that would confirm it holds it (its query
 permissions for ctpipe, or no query service) has the result recorded ``unconfirmed`` (:mod:`pipeline.pacs.sender`).
 :class:`UnconfirmedRecheck` settles such results without sending them again. It asks at the first pass of each
-process (``ctpipe send``, ``run`` or ``listen``), then, while some stay unconfirmed (the query refused again, the
-destination unreachable, or it lists nothing of them at any level: an archive that lost them or stopped answering
-ctpipe's queries cannot be told from one that never answers them), after :data:`RECHECK_S` (15 minutes), doubling
-each time up to :data:`RECHECK_MAX_S` (a day): a listener running for weeks asks about 14 times in the first week,
-not every 15 minutes. A result still unconfirmed :data:`GIVE_UP_S` (7 days) after it was recorded so is no longer
-asked for: it is recorded ``failed`` with the last reason and the fix (``ctpipe send RUN_DIR --retry-failed`` sends
-it again, which an archive that holds it takes as the same instance; or ``pacs.verify_sent: false``), said once in an
-error. A re-check the destination refuses again is said once per destination in a warning, then at INFO.
+process (``ctpipe send``, ``run`` or ``listen``), then each result on its own schedule (:func:`next_due`), while it
+stays unconfirmed (the query refused again, the destination unreachable, or it lists nothing of it at any level: an
+archive that lost it or stopped answering ctpipe's queries cannot be told from one that never answers them):
+:data:`RECHECK_S` (15 minutes) after it was recorded unconfirmed, the wait doubling each time up to
+:data:`RECHECK_MAX_S` (a day), about 14 times in its first week, not every 15 minutes; a result recorded unconfirmed
+late in a listener's life is asked for 15 minutes later, not when the earlier ones are next due. Its next re-check
+is kept in the ledger (``sent.next_at``), so that a later process goes on with it. A result still unconfirmed
+:data:`GIVE_UP_S` (7 days) after it was recorded so is no longer asked for: it is recorded ``failed`` with the last
+reason and the fix (``ctpipe send RUN_DIR --retry-failed`` sends it again, which an archive that holds it takes as
+the same instance; or ``pacs.verify_sent: false``), said once in an error. A re-check the destination refuses again
+is said once per destination in a warning, then at INFO.
 
 With ``pacs.verify_sent: false`` the destination's success answer alone counts: results recorded unconfirmed are
 recorded sent at the first pass. Times are seconds since the epoch (UTC), as the ledger stores them.
@@ -67,6 +70,17 @@ class _Sender(Protocol):
     def fail_for_good(self, items: list[dict[str, Any]], error: str) -> None: ...
 
 
+def next_due(recorded_at: float, t: float) -> float:
+    """When a result recorded unconfirmed at ``recorded_at`` is next asked for, after a re-check at ``t`` (seconds
+    since the epoch, UTC): the first point of its schedule after ``t``, the points :data:`RECHECK_S` after
+    ``recorded_at``, then each wait twice the one before, up to :data:`RECHECK_MAX_S`."""
+    due, wait = recorded_at + RECHECK_S, RECHECK_S
+    while due <= t:
+        wait = min(2 * wait, RECHECK_MAX_S)
+        due += wait
+    return due
+
+
 def _utc(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -76,10 +90,8 @@ class UnconfirmedRecheck:
 
     def __init__(self, sender: _Sender):
         self.sender = sender
-        #: when results recorded unconfirmed are next asked for (0: at the first pass)
-        self.due_at = 0.0
-        #: the wait after the next re-check that leaves some unconfirmed (doubles, up to RECHECK_MAX_S)
-        self.wait_s = RECHECK_S
+        #: whether this process asked already (its first pass asks for every result recorded unconfirmed)
+        self._asked_once = False
         #: whether a refused re-check was said in a warning already (then at INFO)
         self._warned_refused = False
 
@@ -88,14 +100,15 @@ class UnconfirmedRecheck:
         many are now recorded sent."""
         s = self.sender
         t = now()
-        if t < self.due_at or (s.cfg.pacs.verify_sent and s.refused_recently()):
+        if s.cfg.pacs.verify_sent and s.refused_recently():
             return 0
-        self.due_at = t + RECHECK_S  # those recorded from now on were refused just now
+        every = not self._asked_once or not s.cfg.pacs.verify_sent  # else those due, or to be given up
         rows = s.ledger.rows(
-            "SELECT * FROM sent WHERE destination = ? AND state = 'unconfirmed' ORDER BY case_id, path", (s.key,)
+            "SELECT * FROM sent WHERE destination = ? AND state = 'unconfirmed' AND (? OR COALESCE(next_at, 0) <= ? "
+            "OR COALESCE(updated_at, 0) <= ?) ORDER BY case_id, path",
+            (s.key, every, t, t - GIVE_UP_S),
         )
         if not rows:
-            self.wait_s = RECHECK_S
             return 0
         if not s.cfg.pacs.verify_sent:
             self._mark_sent(rows)
@@ -108,6 +121,7 @@ class UnconfirmedRecheck:
             )
             return len(rows)
         rows = self._give_up(rows, t)
+        self._asked_once = True
         if not rows:
             return 0
         asked = Asked()
@@ -126,26 +140,32 @@ class UnconfirmedRecheck:
                 s.key,
                 extra={"event": "sent_confirmed_later"},
             )
+        asked_uids = [r["sop_uid"] for r in rows]
+        with s.ledger.tx() as db:
+            for r in rows:
+                db.execute(
+                    "UPDATE sent SET next_at = ? WHERE sop_uid = ? AND destination = ? AND state = 'unconfirmed'",
+                    (next_due(float(r["updated_at"] or t), t), r["sop_uid"], s.key),
+                )
+        marks = ", ".join("?" * len(asked_uids))
         left = s.ledger.one(
-            "SELECT COUNT(*) AS n, MIN(updated_at) AS first FROM sent WHERE destination = ? AND state = 'unconfirmed'",
-            (s.key,),
+            f"SELECT COUNT(*) AS n, MIN(updated_at) AS first, MIN(next_at) AS due FROM sent WHERE destination = ? "
+            f"AND state = 'unconfirmed' AND sop_uid IN ({marks})",
+            (s.key, *asked_uids),
         )
-        if left is None or not left["n"]:
-            self.wait_s = RECHECK_S
-            return len(confirmed)
-        self._said_left(int(left["n"]), float(left["first"]), t, asked)
-        self.due_at = t + self.wait_s
-        self.wait_s = min(2 * self.wait_s, RECHECK_MAX_S)
+        if left is not None and left["n"]:
+            self._said_left(int(left["n"]), float(left["first"]), float(left["due"]), asked)
         return len(confirmed)
 
-    def _said_left(self, n: int, first: float, t: float, asked: Asked) -> None:
-        """Say why ``n`` results stay unconfirmed, when they are asked for next and when no more."""
+    def _said_left(self, n: int, first: float, due: float, asked: Asked) -> None:
+        """Say why ``n`` results stay unconfirmed, when they are asked for next (``due``) and when no more (``first``:
+        when the first of them was recorded unconfirmed)."""
         s = self.sender
         if asked.error is not None:
             why = f"{type(asked.error).__name__}: {asked.error}"
         else:
             why = asked.uncertain or "not found by the confirming queries"
-        when = f"asked again at {_utc(t + self.wait_s)}, not after {_utc(first + GIVE_UP_S)}"
+        when = f"asked again from {_utc(due)}, not after {_utc(first + GIVE_UP_S)}"
         if isinstance(asked.error, PacsRequestError) and not self._warned_refused:
             self._warned_refused = True
             log.warning(

@@ -385,9 +385,9 @@ class ResultSender:
         with self.ledger.tx() as db:
             for r in items:
                 db.execute(
-                    "UPDATE sent SET state = 'unconfirmed', attempts = attempts + 1, error = ?, updated_at = ? "
-                    "WHERE sop_uid = ? AND destination = ?",
-                    (reason[:2000], now(), r["sop_uid"], self.key),
+                    "UPDATE sent SET state = 'unconfirmed', attempts = attempts + 1, error = ?, updated_at = ?, "
+                    "next_at = ? WHERE sop_uid = ? AND destination = ?",
+                    (reason[:2000], now(), recheck.next_due(now(), now()), r["sop_uid"], self.key),
                 )
         self._record([(r, "unconfirmed", int(r["attempts"]) + 1, reason[:2000]) for r in items])
         cases = ", ".join(sorted({str(r["case_id"]) for r in items}))
