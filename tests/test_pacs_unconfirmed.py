@@ -379,3 +379,35 @@ def test_a_result_recorded_unconfirmed_late_in_a_long_run_is_asked_for_on_its_ow
     assert c2_times and c2_times[0] - t1 <= recheck.RECHECK_S + 900, [round((t - t1) / 60) for t, _ in asked]
     assert len(c2_times) >= 2 and c2_times[1] - c2_times[0] >= 2 * recheck.RECHECK_S - 900, c2_times
     assert not [t for t, cases in asked if "c1" in cases], [(round((t - t1) / 60), sorted(c)) for t, c in asked]
+
+
+def test_retry_unconfirmed_sends_results_recorded_unconfirmed_again(refusing, source_case, tmp_path, monkeypatch, capsys):
+    """An archive that answered success, refused the confirming query and then lost what it stored (it lists nothing
+    of the results at any level): ``ctpipe send --retry-unconfirmed`` sends the results recorded unconfirmed again and
+    records them sent once the archive, now answering queries, holds them; the unconfirmed count on stderr names the
+    option (was: no way to send them again before they were given up after 7 days, ``--retry-failed`` skipping
+    them)."""
+    stores = _counting_stores(monkeypatch)
+    run = tmp_path / "run"
+    uids = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    dest = refusing.dimse
+    assert _send(run, dest) == 0
+    assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
+    assert "--retry-unconfirmed" in capsys.readouterr().err
+    refusing.stop()  # it loses everything it held, and answers queries again
+    shutil.rmtree(refusing.root / "storage")
+    shutil.rmtree(refusing.root / "index")
+    refusing.refuse = False
+    refusing.start()
+    assert not any(refusing.holds(uid) for uid in uids.values())
+    assert _send(run, dest, "--retry-failed") == 0  # not failed: left as they are
+    assert {s[0] for s in _states(run).values()} == {"unconfirmed"} and stores == [len(uids)]
+    capsys.readouterr()
+    assert _send(run, dest, "--retry-unconfirmed") == 0
+    out = capsys.readouterr().out
+    assert f"results to {dest}: {len(uids)} sent, 0 pending, 0 failed" in out, out
+    assert stores == [len(uids), len(uids)]
+    assert all(refusing.holds(uid) for uid in uids.values())
+    assert {s[0] for s in _states(run).values()} == {"sent"}
+    assert set(open_run(run).deliveries.state) == {"sent"}

@@ -100,6 +100,12 @@ def register(sub: Any) -> None:
     s.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml, section pacs)")
     s.add_argument("--retry-failed", action="store_true", help="try again the files recorded as failed")
     s.add_argument(
+        "--retry-unconfirmed",
+        action="store_true",
+        help="send again the files recorded stored unconfirmed (the destination answered success and refused the "
+        "confirming query), for one that may have lost them; an archive that holds them takes them as the same instances",
+    )
+    s.add_argument(
         "--timeout",
         type=number_in(float, 0.1),
         default=300.0,
@@ -244,6 +250,8 @@ def _send(args: argparse.Namespace) -> int:
     sender = ResultSender(args.run_dir, cfg, destination=args.to)
     if args.retry_failed:
         sender.retry_failed()
+    if args.retry_unconfirmed:
+        sender.retry_unconfirmed()
     counts = sender.close(drain_s=args.timeout)
     print(counts.line(sender.key))
     if counts.pending:  # still being retried when --timeout ran out: the next send takes them up
@@ -253,14 +261,15 @@ def _send(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if counts.unconfirmed:
-        _print_unconfirmed(args.run_dir, sender.key, counts.unconfirmed)
+        _print_unconfirmed(args.run_dir, sender.key, counts.unconfirmed, retried=args.retry_unconfirmed)
     if counts.failed:
         _print_send_failures(args.run_dir, sender.key, counts.failed, retried=args.retry_failed)
     return EXIT_SOME_FAILED if counts.pending or counts.failed else 0
 
 
-def _print_unconfirmed(run_dir: str, key: str, n: int) -> None:
-    """Why result files are recorded stored but not confirmed (the destination refused the confirming query)."""
+def _print_unconfirmed(run_dir: str, key: str, n: int, *, retried: bool) -> None:
+    """Why result files are recorded stored but not confirmed (the destination refused the confirming query), and
+    how to send them again."""
     from .ledger import Ledger
 
     ledger = Ledger(run_dir)
@@ -271,7 +280,8 @@ def _print_unconfirmed(run_dir: str, key: str, n: int) -> None:
     finally:
         ledger.close()
     why = f": {row['error']}" if row is not None and row["error"] else ""
-    print(f"{n} result file(s) stored at {key} but not confirmed (not sent again){why}", file=sys.stderr)
+    again = "" if retried else f"; if {key} may have lost them, `ctpipe send {run_dir} --retry-unconfirmed` sends them again"
+    print(f"{n} result file(s) stored at {key} but not confirmed (not sent again){why}{again}", file=sys.stderr)
 
 
 def _print_send_failures(run_dir: str, key: str, n: int, *, retried: bool) -> None:

@@ -19,7 +19,7 @@ routing rule, storage failing after the answer); one it does not hold counts as 
 then ``failed``, with the instance, the destination and the likely cause). A destination that answered success but
 refuses the confirming query (:class:`~pipeline.errors.PacsRequestError`: its query permissions, or no query service)
 has the files recorded ``unconfirmed`` (stored on its success answer, not confirmed), with the refusal and the fix,
-said once; they are not sent again (``--retry-failed`` neither), and the later cases are sent without the query for
+said once; they are not sent again (``--retry-failed`` neither; ``--retry-unconfirmed`` does), and the later cases are sent without the query for
 :data:`~pipeline.pacs.recheck.RECHECK_S`. Later passes ask for them again (:mod:`pipeline.pacs.recheck`: the first
 of each process, then after 15 minutes, doubling up to a day, for 7 days): those the destination now holds are
 recorded ``sent``, those it answers it does not hold ``failed``, those still unconfirmed after 7 days ``failed`` with
@@ -186,6 +186,15 @@ class ResultSender:
         with self.ledger.tx() as db:
             return db.execute(
                 "UPDATE sent SET state = 'pending', attempts = 0, next_at = 0 WHERE destination = ? AND state = 'failed'",
+                (self.key,),
+            ).rowcount
+
+    def retry_unconfirmed(self) -> int:
+        """Put the files recorded ``unconfirmed`` for this destination back to ``pending`` (sent again, then confirmed
+        as any send: for a destination that may have lost them); returns how many."""
+        with self.ledger.tx() as db:
+            return db.execute(
+                "UPDATE sent SET state = 'pending', attempts = 0, next_at = 0 WHERE destination = ? AND state = 'unconfirmed'",
                 (self.key,),
             ).rowcount
 
