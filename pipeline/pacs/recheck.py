@@ -75,6 +75,8 @@ def next_due(recorded_at: float, t: float) -> float:
     since the epoch, UTC): the first point of its schedule after ``t``, the points :data:`RECHECK_S` after
     ``recorded_at``, then each wait twice the one before, up to :data:`RECHECK_MAX_S`."""
     due, wait = recorded_at + RECHECK_S, RECHECK_S
+    if wait <= 0.0:  # no wait: due at once
+        return max(due, t)
     while due <= t:
         wait = min(2 * wait, RECHECK_MAX_S)
         due += wait
