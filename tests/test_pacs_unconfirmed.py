@@ -14,6 +14,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,6 +106,19 @@ def _send(run, dest: str, *extra: str) -> int:
     return main(["send", str(run), "--to", dest, "--set", "pacs.send_retries=0", "--timeout", "20", *extra])
 
 
+def _sent_unconfirmed(refusing, source_case, tmp_path, monkeypatch) -> tuple[Path, dict[str, str], list[int], str]:
+    """A completed case ``c1`` sent once to the ``refusing`` archive, its results recorded unconfirmed: the run
+    folder, the results' instance UIDs, the C-STORE counts so far and the destination."""
+    stores = _counting_stores(monkeypatch)
+    run = tmp_path / "run"
+    uids = _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    dest = refusing.dimse
+    assert _send(run, dest) == 0
+    assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
+    return run, uids, stores, dest
+
+
 def test_unconfirmed_results_are_confirmed_by_a_later_pass_whose_query_is_answered(
     refusing, source_case, tmp_path, monkeypatch, capsys
 ):
@@ -143,13 +157,7 @@ def test_unconfirmed_results_count_as_sent_when_verify_sent_is_off(refusing, sou
     """With ``pacs.verify_sent: false`` the archive's success answer alone counts: results recorded unconfirmed
     earlier (the query refused) count as sent, in the ledger, the run store and ``ctpipe send``'s summary, and are not
     sent again (was: still counted '2 stored unconfirmed', unlike the same results sent with the option off)."""
-    stores = _counting_stores(monkeypatch)
-    run = tmp_path / "run"
-    uids = _completed_case(run, "c1", source_case)
-    RunStore(run).close()
-    dest = refusing.dimse
-    assert _send(run, dest) == 0
-    assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
+    run, uids, stores, dest = _sent_unconfirmed(refusing, source_case, tmp_path, monkeypatch)
     capsys.readouterr()
     assert _send(run, dest, "--set", "pacs.verify_sent=false") == 0
     out = capsys.readouterr().out
@@ -168,13 +176,7 @@ def test_unconfirmed_results_the_archive_answers_it_does_not_hold_are_failed_as_
     refusing.stop()
     refusing.drop_sr = True
     refusing.start()
-    stores = _counting_stores(monkeypatch)
-    run = tmp_path / "run"
-    uids = _completed_case(run, "c1", source_case)
-    RunStore(run).close()
-    dest = refusing.dimse
-    assert _send(run, dest) == 0
-    assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
+    run, uids, stores, dest = _sent_unconfirmed(refusing, source_case, tmp_path, monkeypatch)
     refusing.stop()
     refusing.refuse = False
     refusing.start()
@@ -387,13 +389,7 @@ def test_retry_unconfirmed_sends_results_recorded_unconfirmed_again(refusing, so
     records them sent once the archive, now answering queries, holds them; the unconfirmed count on stderr names the
     option (was: no way to send them again before they were given up after 7 days, ``--retry-failed`` skipping
     them)."""
-    stores = _counting_stores(monkeypatch)
-    run = tmp_path / "run"
-    uids = _completed_case(run, "c1", source_case)
-    RunStore(run).close()
-    dest = refusing.dimse
-    assert _send(run, dest) == 0
-    assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
+    run, uids, stores, dest = _sent_unconfirmed(refusing, source_case, tmp_path, monkeypatch)
     assert "--retry-unconfirmed" in capsys.readouterr().err
     refusing.stop()  # it loses everything it held, and answers queries again
     shutil.rmtree(refusing.root / "storage")
