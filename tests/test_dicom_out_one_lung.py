@@ -43,3 +43,32 @@ def test_the_one_lung_finding_names_the_missing_side(tmp_path, side, as_json):
     assert len(meaning) <= 64
     assert read_sr_case(path)["quality_flags"] == ["one_lung"]
     assert_valid(path)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_the_one_lung_total_volume_is_the_remaining_lungs_not_both_lungs(tmp_path, side):
+    """A pneumonectomy patient's lung volume is stated, on the remaining lung's side: never 'Right and left'."""
+    case = phantom_case(tmp_path / "case")
+    other = "right" if side == "left" else "left"
+    path = _write(
+        case,
+        tmp_path / "sr.dcm",
+        quality=_one_lung(side),
+        measurements={"lungs": {f"lung_{other}_volume_ml": 2400.04, "lungs_total_volume_ml": 2400.04}},
+    )
+    volumes = [
+        item
+        for item in _content_items(pydicom.dcmread(path))
+        if item.get("ValueType") == "NUM"
+        and item.ConceptNameCodeSequence[0].CodeMeaning == "Volume"
+        and float(item.MeasuredValueSequence[0].NumericValue) == 2400.0  # the lungs', not the nodules' volumes
+    ]
+    assert len(volumes) == 2  # the remaining lung's and the patient's total
+    sides = [
+        site.ConceptCodeSequence[0].CodeMeaning
+        for v in volumes
+        for site in _content_items(v)
+        if site.ConceptNameCodeSequence[0].CodeMeaning == "Laterality"
+    ]
+    assert sides == [other.capitalize(), other.capitalize()], sides
+    assert_valid(path)

@@ -65,3 +65,5 @@ def test_reconstruction_of_a_pneumonectomy_states_one_lung_and_its_volume(side, 
     truth_ml = float(np.count_nonzero(ph.masks[kept])) * float(np.prod(ph.volume.geometry.spacing)) / 1000.0
     assert lungs[f"{kept}_volume_ml"] == pytest.approx(truth_ml, rel=0.05)
     assert not lungs[f"lung_{side}_volume_ml"]
+    # the patient's lung volume is the remaining lung's: the report's "lungs mL" column is not blank for this patient
+    assert lungs["lungs_total_volume_ml"] == lungs[f"{kept}_volume_ml"]

@@ -67,7 +67,8 @@ SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
 SR_LAYOUT = "2"
 #: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit, decimals stated: volumes
-#: to 0.1 mL, the emphysema index to 0.1 %)
+#: to 0.1 mL, the emphysema index to 0.1 %); in a one-lung case (quality flag ``one_lung``) "both" is the remaining
+#: lung's side
 LUNG_MEASUREMENTS: dict[str, tuple[str, Any, Any, int]] = {
     "lung_left_volume_ml": ("left", C.VOLUME, C.ML, 1),
     "lung_right_volume_ml": ("right", C.VOLUME, C.ML, 1),
@@ -246,6 +247,7 @@ def _case_group(
 
     coverage, phase, flags, unreliable = _quality_parts(quality)
     lungs = (measurements or {}).get("lungs") or {}
+    missing = next((flag_side for code, flag_side in flags if code == "one_lung"), None)
     items = []
     for name, (side, concept, unit, decimals) in LUNG_MEASUREMENTS.items():
         value = lungs.get(name)
@@ -254,6 +256,8 @@ def _case_group(
         if name in unreliable:
             log.info("%s not reported in the SR: the quality report marks it unreliable", name)
             continue
+        if side == "both" and missing in ("left", "right"):  # one lung: the patient's lungs are the remaining one
+            side = "right" if missing == "left" else "left"
         site = hd.sr.FindingSite(anatomic_location=C.LUNG, laterality=C.LATERALITY[side])
         stated = round(float(value), decimals)
         items.append(hd.sr.Measurement(name=concept, value=stated, unit=unit, finding_sites=[site]))

@@ -43,9 +43,16 @@ def organ_measurements(mask: np.ndarray, geometry: Geometry, *, mesh: Mesh | Non
     return out
 
 
-def lung_measurements(hu: np.ndarray, masks: Mapping[str, np.ndarray], geometry: Geometry) -> dict[str, Any]:
+def lung_measurements(
+    hu: np.ndarray, masks: Mapping[str, np.ndarray], geometry: Geometry, *, one_lung: bool = False
+) -> dict[str, Any]:
     """Left, right and total lung volume (mL) and the emphysema index (% of lung voxels below :data:`EMPHYSEMA_HU`),
-    per lung and of both; the totals are ``None`` unless both lungs were segmented (one lung is not the lungs)."""
+    per lung and of both.
+
+    The totals are ``None`` unless both lungs were segmented (one lung asked for is not the lungs), except that with
+    ``one_lung`` (both lungs were looked for and only one found: the quality flag ``one_lung``, a pneumonectomy) the
+    total volume is the remaining lung's: the patient's lung volume. The emphysema index of both stays ``None`` there;
+    the remaining lung's own index is stated."""
     voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
     out: dict[str, Any] = {}
     total = 0
@@ -62,7 +69,7 @@ def lung_measurements(hu: np.ndarray, masks: Mapping[str, np.ndarray], geometry:
         total += n
         low += n_low
     both = all(masks.get(side) is not None for side in ("lung_left", "lung_right"))
-    out["lungs_total_volume_ml"] = round(total * voxel_ml, 4) if total and both else None
+    out["lungs_total_volume_ml"] = round(total * voxel_ml, 4) if total and (both or one_lung) else None
     out["emphysema_index_pct"] = round(100.0 * low / total, 3) if total and both else None
     out["emphysema_threshold_hu"] = EMPHYSEMA_HU
     return out

@@ -301,7 +301,10 @@ def reconstruct(
     rec.quality = quality
     rec.measurements["quality"] = quality.to_json()
     if any(o in organs for o in ("lung_left", "lung_right")):
-        lungs = timer.run("measure", measure.lung_measurements, np.asarray(volume.array), masks, volume.geometry)
+        one_lung = quality.has("one_lung") and {"lung_left", "lung_right"} <= set(organs)
+        lungs = timer.run(
+            "measure", measure.lung_measurements, np.asarray(volume.array), masks, volume.geometry, one_lung=one_lung
+        )
         rec.measurements["lungs"] = mark_unreliable(lungs, quality)
     if nodule_findings:
         results = timer.run("nodules", segment_findings, volume, nodule_findings, lung_mask=_lungs(masks))
