@@ -81,10 +81,19 @@ def test_detect_case_id_uses_nothing_of_an_image_file_name_and_reconstruct_reads
     det = tmp_path / "d"
     argv = ["detect", str(image), "--out", str(det), "--device", "cpu", "--case-id", "case1", "--score-threshold", "0.3"]
     assert main(argv) == 0
-    assert "--case-id" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--case-id" not in err and "case1 is not DICOM" in err and _found(err) == [], err
     assert (det / "case1.findings.json").is_file() and list((det / "case1_png").glob("*.png"))
     assert _in_outputs(det) == []
     rec = tmp_path / "r"
     argv = ["reconstruct", str(image), "--out", str(rec), "--case-id", "case1", "--findings", str(det / "case1.findings.json")]
     assert main([*argv, *RECONSTRUCT]) == 0
     assert _in_outputs(rec) == []
+
+
+def test_reconstruct_case_id_names_the_case_not_the_file_when_no_dicom_is_written(image, tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["reconstruct", str(image), "--out", str(out), "--case-id", "case1", *RECONSTRUCT[:-1], "sr"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "case1 is not DICOM" in err and _found(err) == [], err

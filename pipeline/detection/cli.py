@@ -259,6 +259,7 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
     ``ctpipe run``."""
     from ..dicom_out.case import dicom_source_of, lung_side_masks, write_case_dicom
     from ..errors import DicomOutputError
+    from ..ingest.source import source_shown
 
     outputs = tuple(args.dicom)
     if "seg" in outputs:
@@ -270,7 +271,10 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
         return 0
     source = dicom_source_of(args.src)
     if source is None:
-        log.warning("%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM SR written", args.src)
+        log.warning(
+            "%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM SR written",
+            source_shown(args.src, case_id=args.case_id),
+        )
         return 0
     lungs = lung_side_masks(volume, device=device) if len(findings) else None  # each finding's side
     try:

@@ -15,7 +15,7 @@ from ..errors import CtpipeError
 from ..volume import CTVolume
 from .image import IMAGE_SUFFIXES, image_suffix, read_image
 
-__all__ = ["IMAGE_SUFFIXES", "SOURCE_KINDS", "image_named", "image_suffix", "read_image", "read_source"]
+__all__ = ["IMAGE_SUFFIXES", "SOURCE_KINDS", "image_named", "image_suffix", "read_image", "read_source", "source_shown"]
 
 log = logging.getLogger(__name__)
 
@@ -92,3 +92,10 @@ def image_named(volume: CTVolume, src: str | Path, *, case_id: str | None) -> CT
         )
         return volume
     return CTVolume(volume.array, volume.geometry, metadata={**volume.metadata, "SeriesInstanceUID": case_id})
+
+
+def source_shown(src: str | Path, *, case_id: str | None) -> str:
+    """How a command's messages name its source: ``case <case_id>`` with ``--case-id`` (nothing of a file's name,
+    which may be a patient's: DOE_JANE_MRN12345.nii.gz), else the path as given (a patient-named DICOM folder is
+    redacted on the console by :func:`~pipeline.runner.redact.redacting_sources`)."""
+    return f"case {case_id}" if case_id is not None else str(src)

@@ -261,13 +261,17 @@ def _write_dicom(
     ``organs`` leave out a lung, from the lungs segmented for the SR alone on ``device`` (torch device; None: CUDA
     when available), as ``ctpipe detect`` does (:func:`~pipeline.dicom_out.case.side_masks_for`)."""
     from ..dicom_out.case import dicom_source_of, side_masks_for, write_case_dicom
+    from ..ingest.source import source_shown
 
     outputs = tuple(args.dicom)
     if not outputs:
         return 0
     source = dicom_source_of(args.src)
     if source is None:
-        log.warning("%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM results written", args.src)
+        log.warning(
+            "%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM results written",
+            source_shown(args.src, case_id=args.case_id),
+        )
         return 0
     if findings is None and "sr" in outputs:
         log.info("no findings given (--findings): the SR reports the measurements and quality flags, no nodules")
