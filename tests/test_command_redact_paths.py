@@ -127,3 +127,32 @@ def test_detect_and_reconstruct_keep_identifiers_show_the_folder_as_it_is(tmp_pa
         cap = capsys.readouterr()
         console = cap.out + cap.err
         assert "DOE_JANE_MRN12345" in console and not TOKEN.search(console), console
+
+
+def _described(i, ds) -> None:
+    _patient(i, ds)
+    ds.SeriesDescription = "Chest DOE JANE"
+
+
+def test_detect_and_reconstruct_keep_identifiers_keep_the_series_description_as_ctpipe_run_does(tmp_path, capsys, monkeypatch):
+    import pipeline.ingest.api as api
+    from pipeline.ingest.source import read_source
+    from tests._support.dicom import write_series
+
+    src = tmp_path / "data" / "DOE_JANE_MRN12345" / "a"
+    write_series(src, n=12, series_uid="1.2.3.406", tweak=_described)
+    kept, _ = read_source(src, keep_identifiers=True)
+    assert kept.metadata["SeriesDescription"] == "Chest DOE JANE"
+    assert kept.metadata["PatientID"] == "MRN12345"
+    redacted, _ = read_source(src)
+    assert "DOE" not in redacted.metadata["SeriesDescription"] and "PatientID" not in redacted.metadata
+
+    # the volume each command reads (the real one, recorded on its way) is the one ctpipe run's option reads
+    read = []
+    real = api.load_series
+    monkeypatch.setattr(api, "load_series", lambda *a, **k: read.append(real(*a, **k)) or read[-1])
+    argv = ["--out", str(tmp_path / "r"), "--organs", "lung_left", "--no-render", "--dicom", "none", "--device", "cpu"]
+    main(["reconstruct", str(src), *argv, "--keep-identifiers"])  # a tiny series: no body found, exit status 1
+    main(["detect", str(src), "--out", str(tmp_path / "d"), "--keep-identifiers", "--bundle", str(tmp_path / "none")])
+    capsys.readouterr()
+    assert [v.metadata["SeriesDescription"] for v in read] == ["Chest DOE JANE"] * 2

@@ -210,7 +210,13 @@ def _detect_source(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, where="--device") if args.device is not None else None
     check_out_outside_sources([args.src], args.out, beside="findings")  # else the next scan reads the SR back
     ensure_dir(args.out)
-    volume, case_id = read_source(args.src, series_uid=args.series_uid, mmap=True, allow_gantry_tilt=args.allow_gantry_tilt)
+    volume, case_id = read_source(
+        args.src,
+        series_uid=args.series_uid,
+        mmap=True,
+        allow_gantry_tilt=args.allow_gantry_tilt,
+        keep_identifiers=args.keep_identifiers,
+    )
     volume = image_named(volume, args.src, case_id=args.case_id)  # an image file's name: warned of, or left out
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
     det = Detector(

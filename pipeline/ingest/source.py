@@ -24,7 +24,12 @@ SOURCE_KINDS = "a DICOM folder or file, a case-cache .json/.npy file (ctpipe ing
 
 
 def read_source(
-    src: str | Path, *, series_uid: str | None = None, mmap: bool = False, allow_gantry_tilt: bool = False
+    src: str | Path,
+    *,
+    series_uid: str | None = None,
+    mmap: bool = False,
+    allow_gantry_tilt: bool = False,
+    keep_identifiers: bool = False,
 ) -> tuple[CTVolume, str]:
     """The volume at ``src`` and a name for its outputs (the series UID, the cache entry's or the image's name).
 
@@ -32,6 +37,9 @@ def read_source(
     ``<uid>#<part>`` key); ``mmap``: a case-cache entry's array is memory-mapped (read-only) instead of read;
     ``allow_gantry_tilt``: a tilted-gantry DICOM series is resampled onto an orthogonal grid (see
     :func:`~pipeline.ingest.api.load_series`) instead of refused; a cache entry holds what ingest made of it.
+    ``keep_identifiers`` (``--keep-identifiers``, as ``privacy.keep_identifiers`` of ``ctpipe run``): a DICOM
+    series' patient identifiers and SeriesDescription are kept as the files hold them, in the volume's metadata and
+    in the error listing a folder's series; without it each identifier in a description reads ``<patient>``.
     """
     src = Path(src)
     if not src.exists():
@@ -55,7 +63,7 @@ def read_source(
     from .api import load_series
 
     try:
-        vol = load_series(src, series_uid=series_uid, allow_gantry_tilt=allow_gantry_tilt)
+        vol = load_series(src, series_uid=series_uid, allow_gantry_tilt=allow_gantry_tilt, keep_identifiers=keep_identifiers)
     except (NoSeriesFoundError, NotDicomError) as exc:
         images = sorted(p.name for p in src.iterdir() if p.is_file() and image_suffix(p)) if src.is_dir() else []
         if not images:

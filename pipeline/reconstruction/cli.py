@@ -144,7 +144,9 @@ def _run(args: argparse.Namespace) -> int:
         need_score = bool(args.dicom) and dicom_source_of(args.src) is not None
         _, reported = read_findings(args.findings, need_score=need_score)
     bundle = read_bundle(args.seg_bundle) if args.seg_bundle is not None else None
-    volume, stem = read_source(args.src, series_uid=args.series_uid, allow_gantry_tilt=args.allow_gantry_tilt)
+    volume, stem = read_source(
+        args.src, series_uid=args.series_uid, allow_gantry_tilt=args.allow_gantry_tilt, keep_identifiers=args.keep_identifiers
+    )
     volume = image_named(volume, args.src, case_id=args.case_id)  # an image file's name: warned of, or left out
     stem = args.case_id or stem
     if reported is not None:  # findings of another scan are refused before --out is made
