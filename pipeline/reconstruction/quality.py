@@ -10,7 +10,7 @@ code                        severity meaning
 ``lungs_absent``            warning  no lungs in the scan (less than 20 mL of lung); no search
 ``lungs_apex_cut``          warning  the lungs continue above the most superior slice
 ``lungs_base_cut``          warning  the lungs continue below the most inferior slice
-``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together
+``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together (both lungs looked for)
 ``lung_imbalance``          warning  the smaller lung is less than half the larger one
 ``one_lung``                warning  lung on one side only (the other has none): a pneumonectomy, or a lung the
                                      segmentation or the field of view missed; the missing lung's figures are absent;
@@ -44,7 +44,7 @@ measurements JSON marks them instead of reporting a plain number, naming the fla
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -329,6 +329,7 @@ def assess_quality(
     *,
     metadata: Mapping[str, Any] | None = None,
     airway_in_scan: bool | None = None,
+    lungs: Collection[str] = ("lung_left", "lung_right"),
 ) -> QualityReport:
     """Quality flags of one case from its HU array, geometry and organ masks.
 
@@ -337,11 +338,15 @@ def assess_quality(
     ``SliceThickness`` (mm), ``ConvolutionKernel``, ingest's ``LossyImageCompression`` with its ratio and method
     and its gantry tilt correction (``GantryTiltCorrectedDeg``).
     ``airway_in_scan=False`` adds ``airway_not_in_scan``.
+    ``lungs``: the lungs looked for (segmented), ``lung_left`` and/or ``lung_right``. A lung not looked for is not
+    missing: ``one_lung``, ``lung_imbalance`` and ``lung_volume_out_of_range`` (a range of both lungs together) are
+    judged only when both were looked for; coverage and ``lungs_absent`` judge the lungs looked for.
     """
     metadata = metadata or {}
+    both = {"lung_left", "lung_right"} <= set(lungs)
     empty = np.zeros(geometry.shape, dtype=bool)
-    left = masks.get("lung_left", empty)
-    right = masks.get("lung_right", empty)
+    left = masks.get("lung_left", empty) if "lung_left" in lungs else empty
+    right = masks.get("lung_right", empty) if "lung_right" in lungs else empty
     body = masks.get("body")
     bone = masks.get("bone")
     flags: list[QualityFlag] = []
@@ -360,7 +365,7 @@ def assess_quality(
         flags.append(_flag("lungs_base_cut", f"{base_mm2 / 100:.1f} cm² of lung on the most inferior slice"))
     voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
     l_ml, r_ml = float(np.count_nonzero(left)) * voxel_ml, float(np.count_nonzero(right)) * voxel_ml
-    one_lung = coverage != "absent" and not (l_ml and r_ml)
+    one_lung = both and coverage != "absent" and not (l_ml and r_ml)
     if one_lung:  # not an imbalance of two lungs, whatever the coverage: the case has one
         missing: Side = "right" if l_ml else "left"
         only = "left" if l_ml else "right"
@@ -374,7 +379,7 @@ def assess_quality(
         )
     if coverage == "absent" or missing_ml > MAX_MISSING_FRACTION * total_ml:
         unreliable += ["lung_left_volume_ml", "lung_right_volume_ml", "lungs_total_volume_ml", *EMPHYSEMA_FIGURES]
-    else:
+    elif both:  # the range and the balance are of two lungs: one lung looked for has neither
         lo, hi = LUNG_VOLUME_RANGE_ML
         if not lo <= total_ml <= hi:
             flags.append(

@@ -295,6 +295,7 @@ def reconstruct(
         masks,
         metadata=volume.metadata,
         airway_in_scan=_airway_in_scan(seg.info, organs),
+        lungs=[o for o in organs if o in ("lung_left", "lung_right")],
     )
     if quality.lungs_absent:
         quality = _with_not_hu_hint(quality, volume, where)
