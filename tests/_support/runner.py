@@ -123,12 +123,13 @@ def db_rows(run_dir: Path, sql: str, params: tuple = ()) -> list[tuple]:
 def _content_digest(path: Path) -> str:
     """sha256 of a file; of a DICOM result (``.dcm``) without the dates and times it was made at, which differ
     between runs that make the same result (its UIDs and content do not), and of a case's manifest without its
-    digests of those results."""
-    if path.name == "manifest.json":  # its digests of the DICOM results are of files with their dates
+    digests and sizes of those results."""
+    if path.name == "manifest.json":  # its digests and sizes of the DICOM results are of files with their dates
         doc = json.loads(path.read_text())
         for entry in doc.get("files", []):
             if str(entry.get("path", "")).endswith(".dcm"):
                 entry.pop("sha256", None)
+                entry.pop("bytes", None)  # a time's digits (fractions of a second) change the file's length
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
     if path.suffix != ".dcm":
         return hashlib.sha256(path.read_bytes()).hexdigest()
