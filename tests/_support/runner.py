@@ -129,7 +129,7 @@ def _content_digest(path: Path) -> str:
         for entry in doc.get("files", []):
             if str(entry.get("path", "")).endswith(".dcm"):
                 entry.pop("sha256", None)
-                entry.pop("bytes", None)  # a time's digits (fractions of a second) change the file's length
+                entry.pop("bytes", None)  # its instance UID, made from when it was made, varies in length
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
     if path.suffix != ".dcm":
         return hashlib.sha256(path.read_bytes()).hexdigest()
