@@ -383,6 +383,55 @@ def test_a_result_recorded_unconfirmed_late_in_a_long_run_is_asked_for_on_its_ow
     assert not [t for t, cases in asked if "c1" in cases], [(round((t - t1) / 60), sorted(c)) for t, c in asked]
 
 
+def test_a_result_due_for_a_recheck_is_asked_when_due_after_a_fresh_refusal(refusing, source_case, tmp_path, monkeypatch):
+    """A case recorded unconfirmed is due for its next re-check; a new case whose confirming query the archive
+    refused just before (the later cases are then sent without asking for 15 minutes) does not push that re-check
+    back: it is asked when due, and the line that says it stays unconfirmed gives the time it is asked next (was:
+    asked up to 15 minutes late, the destination-wide pause holding back every re-check)."""
+    from pipeline.pacs import recheck
+    from pipeline.pacs.sender import ResultSender
+    from tests.test_pacs_sender import _cfg
+
+    clock = _clock(monkeypatch)
+    run = tmp_path / "run"
+    _completed_case(run, "c1", source_case)
+    RunStore(run).close()
+    asked: list[tuple[float, frozenset[str]]] = []
+    real_ask = ResultSender.ask_again
+
+    def ask_again(self: ResultSender, rows: list[dict[str, Any]], found: Any) -> None:
+        asked.append((clock.t, frozenset(str(r["case_id"]) for r in rows)))
+        real_ask(self, rows, found)
+
+    monkeypatch.setattr(ResultSender, "ask_again", ask_again)
+    queries = _counting_queries(monkeypatch)
+    sender = ResultSender(run, _cfg(**{"pacs.send_retries": 0}), destination=refusing.dimse)
+    try:
+        t0 = clock.t
+        sender.scan()
+        sender.send_due()  # c1 refused: recorded unconfirmed
+        _recheck_for(sender, clock, t0 + 60.0, hours=0.7, step_h=1 / 60)  # re-checked (refused) after 15 minutes
+        first = [t for t, cases in asked if "c1" in cases]
+        due = recheck.next_due(t0, first[-1])
+        assert len(first) == 1 and due > clock.t, ([round((t - t0) / 60) for t in first], due - t0)
+        asked.clear()
+        clock.t = due - 30.0  # c2 completes just before c1's next re-check: its confirming query refused afresh
+        _completed_case(run, "c2", source_case)
+        n_queries = len(queries)
+        sender.scan()
+        sender.send_due()
+        assert len(queries) > n_queries and {s[0] for s in _states(run).values()} == {"unconfirmed"}
+        with _records() as records:
+            _recheck_for(sender, clock, due - 30.0, hours=1, step_h=1 / 60)
+    finally:
+        sender.close()
+    c1_times = [t for t, cases in asked if "c1" in cases]
+    assert c1_times and c1_times[0] <= due + 60.0, [round((t - due) / 60, 1) for t in c1_times]
+    stated = [r.getMessage() for r in records if "stay unconfirmed" in r.getMessage()]
+    next_c1 = recheck.next_due(t0, c1_times[0])
+    assert any(recheck._utc(next_c1) in m for m in stated), (recheck._utc(next_c1), stated)
+
+
 def test_retry_unconfirmed_sends_results_recorded_unconfirmed_again(refusing, source_case, tmp_path, monkeypatch, capsys):
     """An archive that answered success, refused the confirming query and then lost what it stored (it lists nothing
     of the results at any level): ``ctpipe send --retry-unconfirmed`` sends the results recorded unconfirmed again and

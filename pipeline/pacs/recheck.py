@@ -3,7 +3,9 @@
 A destination that answered success for a result and refused the query that would confirm it holds it (its query
 permissions for ctpipe, or no query service) has the result recorded ``unconfirmed`` (:mod:`pipeline.pacs.sender`).
 :class:`UnconfirmedRecheck` settles such results without sending them again. It asks at the first pass of each
-process (``ctpipe send``, ``run`` or ``listen``), then each result on its own schedule (:func:`next_due`), while it
+process (``ctpipe send``, ``run`` or ``listen``; not when the destination has just refused a query, less than
+:data:`RECHECK_S` ago), then each result on its own schedule (:func:`next_due`), when it is due, also while the later
+cases are sent without the confirming query after a fresh refusal (that pause is the new cases', not the re-checks'), while it
 stays unconfirmed (the query refused again, the destination unreachable, or it lists nothing of it at any level: an
 archive that lost it or stopped answering ctpipe's queries cannot be told from one that never answers them):
 :data:`RECHECK_S` (15 minutes) after it was recorded unconfirmed, the wait doubling each time up to
@@ -102,8 +104,10 @@ class UnconfirmedRecheck:
         many are now recorded sent."""
         s = self.sender
         t = now()
+        # a refusal less than RECHECK_S ago (for a new case, or a re-check) spares this process's first ask-all: the
+        # archive has just said no; the results due are asked all the same, when due (it pauses new cases' queries only)
         if s.cfg.pacs.verify_sent and s.refused_recently():
-            return 0
+            self._asked_once = True
         every = not self._asked_once or not s.cfg.pacs.verify_sent  # else those due, or to be given up
         rows = s.ledger.rows(
             "SELECT * FROM sent WHERE destination = ? AND state = 'unconfirmed' AND (? OR COALESCE(next_at, 0) <= ? "

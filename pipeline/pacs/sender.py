@@ -21,7 +21,7 @@ refuses the confirming query (:class:`~pipeline.errors.PacsRequestError`: its qu
 has the files recorded ``unconfirmed`` (stored on its success answer, not confirmed), with the refusal and the fix,
 said once; they are not sent again (``--retry-failed`` neither; ``--retry-unconfirmed`` does), and the later cases are sent without the query for
 :data:`~pipeline.pacs.recheck.RECHECK_S`. Later passes ask for them again (:mod:`pipeline.pacs.recheck`: the first
-of each process, then after 15 minutes, doubling up to a day, for 7 days): those the destination now holds are
+of each process, then after 15 minutes, doubling up to a day, for 7 days; each when due, that pause or not): those the destination now holds are
 recorded ``sent``, those it answers it does not hold ``failed``, those still unconfirmed after 7 days ``failed`` with
 the fix; with ``pacs.verify_sent`` off they are recorded ``sent``. A file is never sent twice to one
 destination; files still pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
