@@ -206,7 +206,7 @@ def _clock(monkeypatch) -> _Clock:
     import importlib
 
     clock = _Clock()
-    for name in ("pipeline.pacs.sender", "pipeline.pacs.recheck"):
+    for name in ("pipeline.pacs.sender", "pipeline.pacs.send_ledger", "pipeline.pacs.send_confirm", "pipeline.pacs.recheck"):
         try:
             module = importlib.import_module(name)
         except ImportError:

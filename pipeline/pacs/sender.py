@@ -25,82 +25,36 @@ of each process, then after 15 minutes, doubling up to a day, for 7 days; each w
 recorded ``sent``, those it answers it does not hold ``failed``, those still unconfirmed after 7 days ``failed`` with
 the fix; with ``pacs.verify_sent`` off they are recorded ``sent``. A file is never sent twice to one
 destination; files still pending when a process stops are sent by the next ``ctpipe run``, ``ctpipe listen`` or ``ctpipe send``.
-Sending runs beside the pipeline and never blocks it.
+Sending runs beside the pipeline and never blocks it. What is recorded of each result lives in
+:mod:`pipeline.pacs.send_ledger`, the confirming queries in :mod:`pipeline.pacs.send_confirm`.
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydicom.errors import InvalidDicomError
 
 from ..config import from_dict
-from ..errors import CtpipeError, PacsError, PacsRequestError, PacsUnavailableError, RunStoreError
-from ..runner.store import RunStore, db_path
-from . import recheck
+from ..errors import CtpipeError, PacsError, PacsRequestError, PacsUnavailableError
 from .address import Endpoint, parse_destination
 from .archive import Archive
-from .confirm import Confirmer, SentResult, read_sent
+from .confirm import Confirmer
 from .connect import open_archive
 from .ledger import Ledger, now
-from .recheck import Asked, UnconfirmedRecheck
-from .retry import backoff_delay
+from .recheck import UnconfirmedRecheck
+from .send_confirm import ConfirmingSender
+from .send_ledger import MANIFEST, RESULT_SOP_CLASSES, SendCounts, result_files
 
 log = logging.getLogger(__name__)
 
-#: SOP classes of ctpipe's DICOM results (what is sent back)
-RESULT_SOP_CLASSES = {
-    "1.2.840.10008.5.1.4.1.1.88.11": "Basic Text SR",
-    "1.2.840.10008.5.1.4.1.1.88.22": "Enhanced SR",
-    "1.2.840.10008.5.1.4.1.1.88.33": "Comprehensive SR",
-    "1.2.840.10008.5.1.4.1.1.88.34": "Comprehensive 3D SR",
-    "1.2.840.10008.5.1.4.1.1.66.4": "Segmentation Storage",
-}
-MANIFEST = "manifest.json"
 
-
-def result_files(case_dir: Path) -> list[tuple[Path, str, str]]:
-    """``(path, SOPInstanceUID, SOPClassUID)`` of the result objects under a case folder (found by SOP class)."""
-    import pydicom
-    from pydicom.errors import InvalidDicomError
-
-    out = []
-    for p in sorted(case_dir.rglob("*.dcm")):
-        try:
-            ds = pydicom.dcmread(p, stop_before_pixels=True, specific_tags=["SOPClassUID", "SOPInstanceUID"])
-        except (InvalidDicomError, OSError, ValueError) as exc:
-            log.warning("%s is not a readable DICOM file (%s); not sent", p, exc)
-            continue
-        cls, uid = str(ds.get("SOPClassUID", "")), str(ds.get("SOPInstanceUID", ""))
-        if cls in RESULT_SOP_CLASSES and uid:
-            out.append((p, uid, cls))
-    return out
-
-
-@dataclass
-class SendCounts:
-    """Result files for one destination, by state."""
-
-    sent: int = 0
-    pending: int = 0
-    failed: int = 0
-    #: stored on the destination's success answer, not confirmed: it refused the confirming query
-    unconfirmed: int = 0
-
-    def line(self, destination: str) -> str:
-        stored = f", {self.unconfirmed} stored unconfirmed" if self.unconfirmed else ""
-        return f"results to {destination}: {self.sent} sent{stored}, {self.pending} pending, {self.failed} failed"
-
-
-class ResultSender:
+class ResultSender(ConfirmingSender):
     """Sends the result files of a run folder's completed cases (see the module docstring).
 
     ``cfg``: the run's :class:`~pipeline.config.Config`; ``destination``: an address (default
@@ -136,73 +90,11 @@ class ResultSender:
         #: :meth:`confirm_unconfirmed`
         self._recheck = UnconfirmedRecheck(self)
 
-    def _last_sent(self) -> SentResult | None:
-        """The last result recorded sent to this destination (by an earlier run too), if its file can still be read:
-        what the confirming queries ask for again when the destination lists nothing of a case."""
-        row = self.ledger.one(
-            "SELECT path FROM sent WHERE destination = ? AND state = 'sent' ORDER BY updated_at DESC LIMIT 1", (self.key,)
-        )
-        if row is None or not row["path"]:
-            return None
-        try:
-            return read_sent(self.run_dir / row["path"])
-        except (OSError, InvalidDicomError):
-            return None
-
-    # -- finding work ----------------------------------------------------------------------
-    def scan(self) -> int:
-        """Record the result files of complete cases not scanned yet as pending; returns how many were added."""
-        cases = self.run_dir / "cases"
-        if not cases.is_dir():
-            return 0
-        done = {r["case_id"] for r in self.ledger.rows("SELECT case_id FROM scanned WHERE destination = ?", (self.key,))}
-        added = 0
-        for folder in sorted(p for p in cases.iterdir() if p.is_dir() and p.name not in done):
-            if not (folder / MANIFEST).is_file():
-                continue
-            files = result_files(folder)
-            with self.ledger.tx() as db:
-                for path, uid, cls in files:
-                    cur = db.execute(
-                        "INSERT OR IGNORE INTO sent (sop_uid, destination, case_id, path, sop_class, state, attempts, "
-                        "next_at, updated_at) VALUES (?, ?, ?, ?, ?, 'pending', 0, 0, ?)",
-                        (uid, self.key, folder.name, str(path.relative_to(self.run_dir)), cls, now()),
-                    )
-                    added += cur.rowcount
-                db.execute(
-                    "INSERT OR REPLACE INTO scanned (case_id, destination, scanned_at) VALUES (?, ?, ?)",
-                    (folder.name, self.key, now()),
-                )
-            if files:
-                log.info(
-                    "case %s: %d result file(s) queued for %s", folder.name, len(files), self.key, extra={"event": "send_queued"}
-                )
-        if added:
-            self._wake.set()
-        return added
-
-    def retry_failed(self) -> int:
-        """Put the files recorded ``failed`` for this destination back to ``pending``; returns how many."""
-        with self.ledger.tx() as db:
-            return db.execute(
-                "UPDATE sent SET state = 'pending', attempts = 0, next_at = 0 WHERE destination = ? AND state = 'failed'",
-                (self.key,),
-            ).rowcount
-
-    def retry_unconfirmed(self) -> int:
-        """Put the files recorded ``unconfirmed`` for this destination back to ``pending`` (sent again, then confirmed
-        as any send: for a destination that may have lost them); returns how many."""
-        with self.ledger.tx() as db:
-            return db.execute(
-                "UPDATE sent SET state = 'pending', attempts = 0, next_at = 0 WHERE destination = ? AND state = 'unconfirmed'",
-                (self.key,),
-            ).rowcount
-
-    def counts(self) -> SendCounts:
-        c = SendCounts()
-        for r in self.ledger.rows("SELECT state, COUNT(*) AS n FROM sent WHERE destination = ? GROUP BY state", (self.key,)):
-            setattr(c, r["state"], int(r["n"]))
-        return c
+    def _connected(self) -> Archive:
+        """The open archive (opened if none is, with no retries inside each request: this sender's own apply)."""
+        if self._archive is None:
+            self._archive = open_archive(self.endpoint, self._request_cfg)
+        return self._archive
 
     # -- sending ---------------------------------------------------------------------------
     def send_due(self) -> int:
@@ -233,36 +125,6 @@ class ResultSender:
             self.confirm_unconfirmed()
         return n_sent
 
-    def confirm_unconfirmed(self) -> int:
-        """Settle the results recorded ``unconfirmed`` for this destination (stored on its success answer, its
-        confirming query refused), without sending them again, if their re-check is due; returns how many are now
-        recorded sent. When, how often and until when they are asked for: :mod:`pipeline.pacs.recheck`."""
-        return self._recheck.run()
-
-    def refused_recently(self) -> bool:
-        """Whether the destination refused a confirming query less than :data:`~pipeline.pacs.recheck.RECHECK_S` ago."""
-        return self._cannot_confirm is not None and now() - self._cannot_confirm[1] < recheck.RECHECK_S
-
-    def ask_again(self, rows: list[dict[str, Any]], asked: Asked) -> None:
-        """Ask the destination for results recorded unconfirmed earlier (the same queries as right after a send, one
-        per case), filling in ``asked``; those it answers it does not hold are failed as a drop. Raises
-        :class:`~pipeline.errors.PacsError` when it cannot be reached."""
-        try:
-            if self._archive is None:
-                self._archive = open_archive(self.endpoint, self._request_cfg)
-            self._confirmed(self._archive, rows, later=asked)
-        except (PacsError, CtpipeError):
-            self._drop_archive()
-            raise
-
-    def fail_for_good(self, items: list[dict[str, Any]], error: str) -> None:
-        """Record ``items`` failed for good with ``error`` (said at debug level: the caller says it once)."""
-        self._failed(items, error, final=True, quiet=True)
-
-    def record(self, outcomes: Sequence[tuple[dict[str, Any], str, int, str | None]]) -> None:
-        """Mirror outcomes into the run store (see :meth:`_record`)."""
-        self._record(outcomes)
-
     def _send_case(self, case_id: str, items: list[dict[str, Any]]) -> int:
         paths = [self.run_dir / r["path"] for r in items]
         missing = [p for p in paths if not p.is_file()]
@@ -272,9 +134,7 @@ class ResultSender:
         if self._cannot_confirm and not self.refused_recently():
             self._cannot_confirm = None
         try:
-            if self._archive is None:
-                self._archive = open_archive(self.endpoint, self._request_cfg)
-            archive = self._archive
+            archive = self._connected()
             outcomes = archive.store(paths)
         except PacsRequestError as exc:  # refused (credentials, AE title, SOP classes): waiting does not mend it
             self._failed(items, f"{type(exc).__name__}: {exc}", final=True)
@@ -317,178 +177,6 @@ class ResultSender:
                 extra={"event": "sent"},
             )
         return len(ok)
-
-    def _confirmed(self, archive: Archive, items: list[dict[str, Any]], *, later: Asked | None = None) -> set[str]:
-        """The SOPInstanceUIDs of ``items`` (answered success) that the destination holds when asked right after
-        (:class:`~pipeline.pacs.confirm.Confirmer`: one query per study, that is per case; one more by series when
-        the archive finds none of them by instance). The others are recorded as a failed attempt, with the instance,
-        the destination and the likely cause; a query that failed, as a failed attempt of all of them; a query the
-        destination refused, as stored unconfirmed (:meth:`_unconfirmed`, naming ``pacs.verify_sent``, said once: the
-        later cases are not asked for RECHECK_S)). ``later``: ``items`` are results recorded unconfirmed earlier
-        (:meth:`confirm_unconfirmed`), what the queries said is filled in there: a query that failed or was refused
-        leaves them so (a refusal is noted as above), as does an archive that lists nothing of them at any level;
-        only those the destination answers it does not hold are failed (for good)."""
-        studies: dict[str, list[tuple[dict[str, Any], SentResult]]] = defaultdict(list)
-        for r in items:
-            try:
-                sent = read_sent(self.run_dir / r["path"])
-            except (OSError, InvalidDicomError) as exc:
-                if later is not None:  # its file gone since: what the archive stored is not asked for, it stays unconfirmed
-                    log.debug("result %s stays unconfirmed: cannot read its StudyInstanceUID (%s)", r["path"], exc)
-                else:
-                    self._failed([r], f"sent, but not confirmed: cannot read its StudyInstanceUID ({exc})", final=True)
-                continue
-            studies[sent.study_uid].append((r, sent))
-        held: set[str] = set()
-        groups = list(studies.items())
-        for n, (study, pairs) in enumerate(groups):
-            try:
-                asked = "asked again after it was stored unconfirmed" if later is not None else "right after the send"
-                found, why, uncertain = self._confirmer.held(archive, study, [sent for _, sent in pairs], asked=asked)
-            except PacsError as exc:  # this study's results and those not asked about yet: not confirmed
-                unasked = [r for _, rest in groups[n:] for r, _ in rest]
-                self._drop_archive()
-                refused = isinstance(exc, PacsRequestError)  # asking again does not mend it, sending again neither
-                reason = f"stored ({self.key} answered success), not confirmed: {type(exc).__name__}: {exc}"
-                if refused:
-                    self._cannot_confirm = (reason, now())
-                if later is not None:
-                    later.held, later.error = held, exc
-                elif refused:
-                    self._unconfirmed(unasked, reason)
-                else:
-                    self._failed(unasked, f"sent, but not confirmed: {type(exc).__name__}: {exc}")
-                return held
-            held |= found
-            missing = [r for r, _ in pairs if r["sop_uid"] not in found]
-            cause = not uncertain or self._confirmer.known is None  # a drop, or one that cannot be ruled out
-            if later is not None and uncertain:  # lists nothing at all: not told from an archive that cannot say
-                later.uncertain = why  # left as they are
-                continue
-            for r in missing:  # uncertain (nothing listed at all): failed at once, said for the first case only
-                final = uncertain or later is not None
-                self._failed([r], self._not_held(r, why, cause=cause), final=final, quiet=uncertain and self._said_uncertain)
-            self._said_uncertain |= uncertain and bool(missing)
-        if later is not None:
-            later.held = held
-        return held
-
-    def _not_held(self, r: dict[str, Any], why: str, *, cause: bool = True) -> str:
-        """Why a result the destination answered success for is not recorded sent, and what to do (``why``: what
-        the confirming queries said; ``cause``: they show a drop, whose likely causes are named)."""
-        what = RESULT_SOP_CLASSES.get(str(r["sop_class"]), str(r["sop_class"]))
-        head = f"{what} {r['sop_uid']} ({r['path']}): {self.key} answered success but does not hold it ({why})."
-        if not cause:
-            return f"{head} Then `ctpipe send {self.run_dir} --retry-failed`"
-        return (
-            f"{head} Likely cause: a filter or routing rule on the archive dropped it (an Orthanc Lua "
-            "ReceivedInstanceFilter, for one), or its storage failed after it answered; check the archive's log for "
-            f"this SOPInstanceUID. Fix: let the archive keep ctpipe's results, then `ctpipe send {self.run_dir} "
-            "--retry-failed`"
-        )
-
-    def _unconfirmed(self, items: list[dict[str, Any]], reason: str, *, quiet: bool = False) -> None:
-        """Record ``items`` stored unconfirmed: the destination answered success and refused the query that would
-        confirm it holds them (``reason``: the refusal and the fix). Not sent again; ``quiet``: logged at debug level
-        (said already, for an earlier case)."""
-        with self.ledger.tx() as db:
-            for r in items:
-                db.execute(
-                    "UPDATE sent SET state = 'unconfirmed', attempts = attempts + 1, error = ?, updated_at = ?, "
-                    "next_at = ? WHERE sop_uid = ? AND destination = ?",
-                    (reason[:2000], now(), recheck.next_due(now(), now()), r["sop_uid"], self.key),
-                )
-        self._record([(r, "unconfirmed", int(r["attempts"]) + 1, reason[:2000]) for r in items])
-        cases = ", ".join(sorted({str(r["case_id"]) for r in items}))
-        if quiet:
-            log.debug("case(s) %s: %d result file(s) stored at %s, not confirmed", cases, len(items), self.key)
-            return
-        log.warning(
-            "case(s) %s: %d result file(s) %s; they are recorded stored, unconfirmed, and not sent again; the later "
-            "cases' results are sent without asking",
-            cases,
-            len(items),
-            reason,
-            extra={"event": "send_unconfirmed"},
-        )
-
-    def _failed(self, items: list[dict[str, Any]], error: str, *, final: bool = False, quiet: bool = False) -> None:
-        """Record a failed attempt of ``items`` (failed for good when ``final`` or out of retries); ``quiet``: logged
-        at debug level (the reason was logged already, for an earlier case)."""
-        limit = int(self.cfg.pacs.send_retries)
-        outcomes = []
-        with self.ledger.tx() as db:
-            for r in items:
-                attempts = int(r["attempts"]) + 1
-                give_up = final or attempts > limit
-                state = "failed" if give_up else "pending"
-                outcomes.append((r, state, attempts, error[:2000]))
-                wait = backoff_delay(attempts, float(self.cfg.pacs.backoff_s))
-                db.execute(
-                    "UPDATE sent SET state = ?, attempts = ?, error = ?, next_at = ?, updated_at = ? "
-                    "WHERE sop_uid = ? AND destination = ?",
-                    (state, attempts, error[:2000], now() + wait, now(), r["sop_uid"], self.key),
-                )
-                if give_up and quiet:
-                    log.debug("result %s of case %s not sent to %s: %s", r["path"], r["case_id"], self.key, error)
-                elif give_up:
-                    log.error(
-                        "result %s of case %s not sent to %s after %d attempt(s): %s",
-                        r["path"],
-                        r["case_id"],
-                        self.key,
-                        attempts,
-                        error,
-                        extra={"event": "send_failed"},
-                    )
-                else:
-                    log.warning(
-                        "result %s of case %s: attempt %d to %s failed (%s); next in %.1f s",
-                        r["path"],
-                        r["case_id"],
-                        attempts,
-                        self.key,
-                        error,
-                        wait,
-                        extra={"event": "send_retry"},
-                    )
-
-        self._record(outcomes)
-
-    def _record(self, outcomes: Sequence[tuple[dict[str, Any], str, int, str | None]]) -> None:
-        """Mirror outcomes ``(ledger row, state, attempts, error)`` into the run store's ``deliveries`` table."""
-        if not outcomes or not db_path(self.run_dir).is_file():
-            return
-        try:
-            store = RunStore(self.run_dir, create=False)
-        except (RunStoreError, sqlite3.Error) as exc:
-            log.error("result deliveries not recorded in the run store: %s", exc, extra={"event": "send_record_failed"})
-            return
-        try:
-            for r, state, attempts, error in outcomes:
-                store.record_delivery(
-                    sop_uid=r["sop_uid"],
-                    destination=self.key,
-                    case_id=r["case_id"],
-                    sop_class=RESULT_SOP_CLASSES.get(str(r["sop_class"]), r["sop_class"]),
-                    state=state,
-                    attempts=attempts,
-                    error=error,
-                )
-        except sqlite3.Error as exc:
-            log.error("result deliveries not recorded in the run store: %s", exc, extra={"event": "send_record_failed"})
-        finally:
-            store.close()
-
-    def _drop_archive(self) -> None:
-        if self._archive is not None:
-            self._archive.close()
-            self._archive = None
-
-    def _next_due_in(self) -> float:
-        row = self.ledger.one("SELECT MIN(next_at) AS t FROM sent WHERE destination = ? AND state = 'pending'", (self.key,))
-        t = row["t"] if row else None
-        return self.poll_s if t is None else max(0.0, min(self.poll_s, float(t) - now()))
 
     # -- the background thread -------------------------------------------------------------
     def start(self) -> ResultSender:
@@ -539,3 +227,6 @@ class ResultSender:
         counts = self.counts()
         self.ledger.close()
         return counts
+
+
+__all__ = ["MANIFEST", "RESULT_SOP_CLASSES", "ResultSender", "SendCounts", "result_files"]
