@@ -14,7 +14,10 @@ A series is complete when no instance has arrived for ``pacs.quiet_period_s`` an
 a volume (no gap, at least ``ingest.min_slices``) and its sender was not cut off mid-series (an association whose
 connection dropped without a release, or that the sender aborted in the middle of an instance, marks the series it
 sent as cut off until an association that sends it ends with a release; a sender's own A-ABORT once every instance
-it began has arrived whole, as some modalities and routers end every association, counts as a release); one still
+it began has arrived whole, as some modalities and routers end every association, counts as a release, unless the
+series' instances give a count, Images in Acquisition or Number of Series Related Instances, that fewer arrived than:
+:mod:`pipeline.pacs.expected_count`; a sender stopped between two instances, whose instances give none, cannot be told
+from one that finished); one still
 incomplete ``pacs.series_limit_s``
 after its first instance is reported (log, ``RUN_DIR/pacs/incomplete/``) and handed over as it is
 (the runner quarantines it with the reason, a :class:`~pipeline.errors.PartialSeriesError` for a cut-off one with
@@ -48,6 +51,7 @@ from typing import Any
 
 from ..errors import PacsAddressError
 from .address import check_aet, listen_error, valid_uid
+from .expected_count import hold_short, latest_shortfall
 from .handover import Handover, SeriesOutcome
 from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, Admission, ReceiveJournal
 from .ledger import Ledger, PacsLock
@@ -386,7 +390,8 @@ class Listener(Handover):
             log.info(
                 "the association from %s at %s ended with an A-ABORT from the sender after its last instance had "
                 "been answered (%s), not with a release: taken as the end of its sending; each series is processed "
-                "once quiet for pacs.quiet_period_s if its slices form a volume",
+                "once quiet for pacs.quiet_period_s if its slices form a volume (and as many arrived as a count its "
+                "instances give)",
                 calling,
                 address,
                 ", ".join(f"{n} instance(s) of series {uid}" for uid, n in stored.items()),
@@ -394,16 +399,21 @@ class Listener(Handover):
             )
         for series_uid, n in stored.items():
             rows = self._ledger.rows("SELECT * FROM series WHERE series_uid = ? AND state = 'open'", (series_uid,))
-            if released and not rows:
+            short = latest_shortfall(self._ledger, series_uid) if ended_by_abort else None
+            ended = released and short is None
+            if ended and not rows:
                 self._confirm_whole(series_uid, calling)
             for row in rows:
-                if released:
+                if ended:
                     if str(row["note"] or "").startswith(CUT_NOTE):
                         self.journal.note(row, None)
                     continue
+                at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+                if short is not None:  # a sender stopped part-way, its A-ABORT as one that finished: held as cut off
+                    hold_short(self.journal, row, sender=f"{calling} at {address}", n=n, short=short, at=at, cfg=self.cfg)
+                    continue
                 if not n:  # instances it had sent before: nothing of the series rests on this association
                     continue
-                at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
                 self.journal.note(
                     row,
                     f"{CUT_NOTE} {calling} at {address} ended its association without a release at {at} after {n} instance(s)",
