@@ -57,6 +57,9 @@ LAYER_COVER = 0.5  # share of the columns beside the patient that must carry a l
 SHELL_HU = 350.0  # a table's shell under a mattress is brighter than this (HU; carbon fibre, not skin's edge)
 SHELL_NEAR = 2  # pixels between a bright shell and the foam or air it bounds
 CUT_AIR_ENCLOSED = 0.5  # share of an edge-touching air region the patient must enclose to be inside
+# the table is looked for on in-plane pixels of about this size (mm): on coarser ones (a 6 or 8 mm working grid)
+# the mattress and the upper shell blur into one layer under the patient and the lower shell into the foam
+TABLE_PIXEL_MM = 2.0
 
 
 def _inplane(radius_kji: tuple[int, int, int], slice_axis: int) -> tuple[int, int, int]:
@@ -379,15 +382,54 @@ def fill_cut_air(mask: np.ndarray, slice_axis: int) -> np.ndarray:
     return mask | take[labels]
 
 
-def segment_body(grid: Grid, p: SegmentParams) -> np.ndarray:
-    """The patient's body on the working grid (bool ``[k, j, i]``; all False when nothing is above ``body_hu``).
+def _table_grid(grid: Grid) -> Grid:
+    """The grid the table is looked for on: the volume pooled in-plane to pixels of about :data:`TABLE_PIXEL_MM` (as
+    the default working grid pools it), or less where the working grid pools less, and across the slices as the
+    working grid does; ``grid`` itself where that is the working grid (the default)."""
+    sa = grid.geometry.array_axis(2)
+    spacing_kji = grid.full.geometry.spacing[::-1]
+    factors = tuple(f if d == sa else min(f, max(1, round(TABLE_PIXEL_MM / spacing_kji[d]))) for d, f in enumerate(grid.factors))
+    if factors == grid.factors:
+        return grid
+    return Grid(grid.full, grid.hu.device, (factors[0], factors[1], factors[2]))
+
+
+def _zone_full(zone: np.ndarray, src: Grid) -> np.ndarray:
+    """The 2-D table ``zone`` found on ``src`` (in-plane axes in array order) on the volume's own in-plane pixels."""
+    sa = src.geometry.array_axis(2)
+    z = np.asarray(zone, dtype=bool)
+    for ax, d in enumerate(d for d in range(3) if d != sa):
+        z = np.repeat(z, src.factors[d], axis=ax).take(np.arange(src.full.geometry.shape[d]), axis=ax)
+    return z
+
+
+def _zone_on(zone_full: np.ndarray, dst: Grid) -> np.ndarray:
+    """The table zone on the volume's own in-plane pixels (:func:`_zone_full`) on ``dst``'s pixels: those at least
+    half in it."""
+    sa = dst.geometry.array_axis(2)
+    kernel = tuple(f for d, f in enumerate(dst.factors) if d != sa)
+    z = torch.from_numpy(np.ascontiguousarray(zone_full)).to(torch.float32)
+    share = torch.nn.functional.avg_pool2d(z[None, None], kernel_size=kernel, stride=kernel, ceil_mode=True)[0, 0]
+    return (share >= 0.5).numpy()
+
+
+def body_and_table(grid: Grid, p: SegmentParams) -> tuple[np.ndarray, np.ndarray | None]:
+    """The patient's body on the working grid (bool ``[k, j, i]``; all False when nothing is above ``body_hu``) and the
+    table zone on the volume's own in-plane pixels (2-D bool, in-plane axes in array order; None without a table).
 
     Table, couch, mattress and blankets are left out, arms kept, air inside the outline
-    filled per slice (see the module docstring).
+    filled per slice (see the module docstring). The table is looked for on pixels of at
+    most :data:`TABLE_PIXEL_MM` in-plane (:func:`_table_grid`), also when the working grid is coarser.
     """
     sa = grid.geometry.array_axis(2)
     tissue = grid.hu > p.body_hu
-    zone = table_zone(tissue, grid)
+    fine = _table_grid(grid)
+    found = table_zone(tissue if fine is grid else fine.hu > p.body_hu, fine)
+    zone, zone_full = found, None
+    if found is not None:
+        zone_full = _zone_full(found, fine)
+        if fine is not grid:
+            zone = _zone_on(zone_full, grid)
     zone_t = None
     if zone is not None:
         zone_t = morph.to_tensor(zone, tissue.device).unsqueeze(sa).expand_as(tissue)
@@ -396,8 +438,13 @@ def segment_body(grid: Grid, p: SegmentParams) -> np.ndarray:
     opened = morph.opening(tissue, grid.radius(p.body_open_mm))
     labels, sizes = morph.label(opened.cpu().numpy())
     if sizes.size <= 1 or sizes.max() == 0:
-        return np.zeros(tuple(grid.hu.shape), dtype=bool)
+        return np.zeros(tuple(grid.hu.shape), dtype=bool), zone_full
     trunk = int(np.argmax(sizes))
     keep = [trunk, *_patient_like(labels, sizes, trunk, grid, grid.hu, zone_t)]
     body = morph.keep_labels(labels, keep, sizes.size - 1)
-    return fill_cut_air(body, sa)
+    return fill_cut_air(body, sa), zone_full
+
+
+def segment_body(grid: Grid, p: SegmentParams) -> np.ndarray:
+    """The patient's body on the working grid (bool ``[k, j, i]``), without the table: :func:`body_and_table`."""
+    return body_and_table(grid, p)[0]

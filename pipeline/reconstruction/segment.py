@@ -69,13 +69,21 @@ def _full_box(box: tuple[slice, slice, slice], factors: tuple[int, int, int], sh
 
 
 def _refine(
-    coarse: np.ndarray, grid: Grid, full_hu: torch.Tensor, above: bool, threshold: float, inside: np.ndarray | None = None
+    coarse: np.ndarray,
+    grid: Grid,
+    full_hu: torch.Tensor,
+    above: bool,
+    threshold: float,
+    inside: np.ndarray | None = None,
+    outside: np.ndarray | None = None,
 ) -> np.ndarray:
     """Up-sample a working-grid mask to full resolution, redoing the threshold in its boundary band.
 
     Only the bounding box of the mask (plus one working voxel) is touched. In the band
     (one working voxel either side of the boundary) a full-resolution voxel belongs to
-    the organ when its HU passes ``threshold`` (and it lies in ``inside``, a working-grid mask).
+    the organ when its HU passes ``threshold`` (and it lies in ``inside``, a working-grid mask). No voxel in
+    ``outside`` (a 2-D mask of the volume's own in-plane pixels, in-plane axes in array order, the same in every
+    slice: the table zone) belongs to it.
     """
     if grid.factors == (1, 1, 1):
         return coarse
@@ -93,6 +101,10 @@ def _refine(
     if inside is not None:
         decide &= _upsample(morph.to_tensor(inside[box], device), grid.factors, shape)
     res = torch.where(_upsample(band, grid.factors, shape), decide, _upsample(c, grid.factors, shape))
+    if outside is not None:
+        sa = grid.geometry.array_axis(2)
+        plane = tuple(b for d, b in enumerate(fbox) if d != sa)
+        res &= ~morph.to_tensor(np.ascontiguousarray(outside[plane]), device).unsqueeze(sa)
     out[fbox] = res.cpu().numpy()
     return out
 
@@ -167,7 +179,7 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
     full_hu = morph.to_tensor(volume.array, dev).to(torch.float32) if grid.factors != (1, 1, 1) else grid.hu
     where = volume.series_uid or "volume"
 
-    body_c = body_mod.segment_body(grid, p)
+    body_c, table_zone = body_mod.body_and_table(grid, p)
     if not body_c.any():
         for organ in wanted:
             seg.errors[organ] = ReconstructionError(
@@ -180,7 +192,7 @@ def _segment(volume: CTVolume, wanted: set[str], dev: torch.device, p: SegmentPa
         return seg
     body_t = morph.to_tensor(body_c, dev)
     if "body" in wanted:
-        body_full = _refine(body_c, grid, full_hu, True, p.body_hu)
+        body_full = _refine(body_c, grid, full_hu, True, p.body_hu, outside=table_zone)
         if grid.factors == (1, 1, 1):
             body_full = morph.fill_holes(body_full, slice_axis=geom.array_axis(2))
         seg.masks["body"] = body_full
