@@ -54,7 +54,7 @@ import numpy as np
 from scipy import ndimage
 
 from ..errors import ReconstructionError
-from ..ingest.measured import measured_mask
+from ..ingest.measured import continued_past_edge, measured_mask
 from ..volume import CTVolume, Geometry
 from . import morph
 from .findings_in import as_point, field_of, finding_box, finite_vec3
@@ -165,12 +165,28 @@ class _Rays:
     prof: np.ndarray
 
 
-def _cast(hu: np.ndarray, geom: Geometry, origin: np.ndarray, dirs: np.ndarray, r_max: float) -> _Rays:
+def _cast(
+    hu: np.ndarray, geom: Geometry, origin: np.ndarray, dirs: np.ndarray, r_max: float, measured: np.ndarray | None = None
+) -> _Rays:
+    """Profiles along ``dirs`` from ``origin`` (LPS mm) out to ``r_max`` (mm), every 0.3 voxel.
+
+    ``measured`` (bool like ``hu``: a tilt-corrected grid's measured voxels, see
+    :func:`~pipeline.ingest.measured.measured_mask`): a ray stops where it leaves them. It reads the images continued
+    past their edge (never the -1024 HU fill blended into the last samples), and from its first sample outside the
+    field on it holds its last sample inside: no edge is ever found on the field's edge or beyond it.
+    """
     step = 0.3 * float(min(geom.spacing))
     t = np.arange(0.0, r_max + step, step)
     pts = origin[None, None, :] + dirs[:, None, :] * t[None, :, None]
-    ijk = geom.lps_to_index(pts.reshape(-1, 3))
-    prof = ndimage.map_coordinates(hu, ijk[:, ::-1].T, order=1, mode="nearest").reshape(len(dirs), len(t))
+    ijk = geom.lps_to_index(pts.reshape(-1, 3))[:, ::-1].T
+    read = hu if measured is None else continued_past_edge(hu, measured)
+    prof = ndimage.map_coordinates(read, ijk, order=1, mode="nearest").reshape(len(dirs), len(t))
+    if measured is not None:
+        inside = ndimage.map_coordinates(measured.astype(np.uint8), ijk, order=0, mode="nearest").reshape(prof.shape) > 0
+        gone = np.maximum.accumulate(~inside, axis=1)
+        held = np.maximum(np.argmax(gone, axis=1) - 1, 0)  # the last sample before the ray left the field
+        rows = np.nonzero(gone.any(axis=1))[0]
+        prof[rows] = np.where(gone[rows], prof[rows, held[rows]][:, None], prof[rows])
     return _Rays(origin, dirs, t, prof)
 
 
@@ -396,7 +412,8 @@ def _segment_in_box(
             fix="check the finding's box (LPS mm)",
         )
     bg = float(np.median(hu[dark]))
-    core = float(np.median(hu[rho2 <= max(0.25**2, float(rho2.min()) + 1e-6)]))
+    centre_vox = rho2 <= max(0.25**2, float(rho2.min()) + 1e-6)
+    core = float(np.median(hu[centre_vox & scanned] if (centre_vox & scanned).any() else hu[centre_vox]))
     if core - bg < 100.0:
         raise ReconstructionError(
             f"no nodule in the box: centre {core:.0f} HU vs surrounding lung {bg:.0f} HU",
@@ -407,7 +424,7 @@ def _segment_in_box(
     dirs = _directions(N_RAYS)
     voxel_mm = float(max(g.spacing))
     reach = 1.0 / np.sqrt(np.sum((dirs / half) ** 2, axis=1))  # the box-inscribed ellipsoid along each ray
-    rays = _cast(hu, cg, centre, dirs, max(1.5 * float(half.max()), BOX_SLACK * float(half.max()) + voxel_mm))
+    rays = _cast(hu, cg, centre, dirs, max(1.5 * float(half.max()), BOX_SLACK * float(half.max()) + voxel_mm), measured)
     tol = TRIM_FLOOR_VOX * float(min(g.spacing))
     # 2a. rough outline just above the parenchyma, to find the nodule's interior
     rough_thr = bg + min(120.0, 0.5 * (core - bg))
@@ -420,9 +437,9 @@ def _segment_in_box(
     if coef is None:
         return None
     dist, r_fit = _star_radius(cg, centre, coef)
-    interior = hu[dist < 0.8 * r_fit]
+    interior = hu[(dist < 0.8 * r_fit) & scanned]
     if interior.size < 8:
-        interior = hu[rho2 <= 0.25**2]
+        interior = hu[(rho2 <= 0.25**2) & scanned]
     level = _nodule_level(interior, bg)
     solid_dist = None
     if level < SOLID_HU and np.any(hu > SOLID_HU):  # ground glass: solid tissue nearby lifts its edge
