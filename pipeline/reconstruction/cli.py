@@ -172,8 +172,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{organ:12s} {m['volume_ml']:10.1f} mL  {tri}")
     lungs = rec.measurements.get("lungs")
     if lungs and lungs.get("lungs_total_volume_ml"):
+        covers = lungs.get("lungs_total_covers")
+        only = f" ({covers} lung only)" if covers in ("left", "right") else ""
         print(
-            f"lungs total {_figure(lungs['lungs_total_volume_ml'], '.1f', 'mL')}, emphysema index "
+            f"lungs total{only} {_figure(lungs['lungs_total_volume_ml'], '.1f', 'mL')}, emphysema index "
             f"{_figure(lungs.get('emphysema_index_pct'), '.2f', '%')} (< {lungs['emphysema_threshold_hu']:.0f} HU)"
         )
     for line in nodule_lines(rec, metadata=volume.metadata):

@@ -49,10 +49,11 @@ def lung_measurements(
     """Left, right and total lung volume (mL) and the emphysema index (% of lung voxels below :data:`EMPHYSEMA_HU`),
     per lung and of both.
 
-    The totals are ``None`` unless both lungs were segmented (one lung asked for is not the lungs), except that with
-    ``one_lung`` (both lungs were looked for and only one found: the quality flag ``one_lung``, a pneumonectomy) the
-    total volume is the remaining lung's: the patient's lung volume. The emphysema index of both stays ``None`` there;
-    the remaining lung's own index is stated."""
+    The totals (``lungs_total_volume_ml``, ``emphysema_index_pct``) are ``None`` unless both lungs were segmented (one
+    lung asked for is not the lungs), except that with ``one_lung`` (both lungs were looked for and only one found: the
+    quality flag ``one_lung``, a pneumonectomy) they are the remaining lung's: the patient's lung volume and the index
+    over the lung tissue the patient has. ``lungs_total_covers`` says which lungs they cover: ``"both"``, the remaining
+    lung's side (``"left"`` or ``"right"``), or ``None`` without totals."""
     voxel_ml = float(np.prod(geometry.spacing)) / 1000.0
     out: dict[str, Any] = {}
     total = 0
@@ -68,8 +69,10 @@ def lung_measurements(
         out[f"{side}_emphysema_index_pct"] = round(100.0 * n_low / n, 3) if n else None
         total += n
         low += n_low
-    both = all(masks.get(side) is not None for side in ("lung_left", "lung_right"))
-    out["lungs_total_volume_ml"] = round(total * voxel_ml, 4) if total and (both or one_lung) else None
-    out["emphysema_index_pct"] = round(100.0 * low / total, 3) if total and both else None
+    present = [side for side in ("lung_left", "lung_right") if masks.get(side) is not None]
+    stated = bool(total) and (len(present) == 2 or (one_lung and len(present) == 1))
+    out["lungs_total_volume_ml"] = round(total * voxel_ml, 4) if stated else None
+    out["emphysema_index_pct"] = round(100.0 * low / total, 3) if stated else None
+    out["lungs_total_covers"] = None if not stated else "both" if len(present) == 2 else present[0].removeprefix("lung_")
     out["emphysema_threshold_hu"] = EMPHYSEMA_HU
     return out

@@ -13,7 +13,8 @@ code                        severity meaning
 ``lung_volume_out_of_range`` warning complete lungs outside 1.5–9.0 L together (both lungs looked for)
 ``lung_imbalance``          warning  the smaller lung is less than half the larger one
 ``one_lung``                warning  lung on one side only (the other has none): a pneumonectomy, or a lung the
-                                     segmentation or the field of view missed; the missing lung's figures are absent;
+                                     segmentation or the field of view missed; the missing lung's figures are absent,
+                                     the lungs' total volume and emphysema index are the remaining lung's;
                                      the flag's ``side`` is the side without lung (the SR's finding names it)
 ``thick_slices``            warning  slices thicker than 2.5 mm (LUNA16's limit): small nodules and emphysema index unreliable
 ``coarse_pixels``           warning  pixels coarser than 2.5 mm (a diagnostic chest series has 0.5–1 mm): small nodules
@@ -373,7 +374,8 @@ def assess_quality(
             _flag(
                 "one_lung",
                 f"{only} lung {max(l_ml, r_ml):.0f} mL, no {missing} lung: expected after a {missing} "
-                f"pneumonectomy; otherwise check the field of view and the {missing} lung in the images",
+                f"pneumonectomy; otherwise check the field of view and the {missing} lung in the images; the lungs' "
+                f"total volume and emphysema index are the {only} lung's",
                 side=missing,
             )
         )
