@@ -8,7 +8,9 @@ tissue, and is found as thin bright tissue (carbon fibre) next to the table's fo
 Beside the patient, whatever rests on the shell (a mattress, a blanket) shows as a thin layer;
 its thickness is carried under the patient, and everything from that layer's top down is
 left out of the body, in every slice (a mattress
-pressed by the patient takes at most ``LAYER_MAX`` of the patient's depth). After an opening
+pressed by the patient takes at most ``LAYER_MAX`` of the patient's depth). The table is
+looked for on pixels of about ``TABLE_PIXEL_MM`` whatever the working grid: on a coarser one
+(6 or 8 mm) the mattress, the shells and the foam blur together. After an opening
 (``body_open_mm``) that detaches what still touches, the largest component is the trunk;
 other components are kept when they look like a patient (soft-tissue HU, and thick or cut by
 the image edge): arms at the sides, separated from the chest wall by air, or raised arms in
@@ -418,8 +420,9 @@ def body_and_table(grid: Grid, p: SegmentParams) -> tuple[np.ndarray, np.ndarray
     table zone on the volume's own in-plane pixels (2-D bool, in-plane axes in array order; None without a table).
 
     Table, couch, mattress and blankets are left out, arms kept, air inside the outline
-    filled per slice (see the module docstring). The table is looked for on pixels of at
-    most :data:`TABLE_PIXEL_MM` in-plane (:func:`_table_grid`), also when the working grid is coarser.
+    filled per slice (see the module docstring). The table is looked for on pixels of about
+    :data:`TABLE_PIXEL_MM` in-plane (:func:`_table_grid`), also when the working grid is coarser: a working pixel is
+    in its zone when at least half of it is.
     """
     sa = grid.geometry.array_axis(2)
     tissue = grid.hu > p.body_hu
