@@ -50,8 +50,12 @@ def safe_case_id(series_key: str) -> str:
     return text[:200]
 
 
-def _series_list(series: Iterable[SeriesInfo]) -> str:
-    return "; ".join(f"{s.key} ({s.description or 'no description'}, {s.n_slices} slices)" for s in series)
+def _series_list(series: Iterable[SeriesInfo], *, keep_identifiers: bool) -> str:
+    """``series`` for an error listing them: key, description and slices of each. The description is the header's
+    own with ``keep_identifiers`` (the caller asked for the patient's identifiers), else
+    :attr:`SeriesInfo.description` (each identifier in it as ``<patient>``)."""
+    shown = [(s, s.first.series_description if keep_identifiers else s.description) for s in series]
+    return "; ".join(f"{s.key} ({text or 'no description'}, {s.n_slices} slices)" for s, text in shown)
 
 
 def explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
@@ -201,7 +205,8 @@ def load_series(
         the grid grows along the shift to hold every slice whole (LPS positions kept).
     keep_identifiers: copy the patient identifiers the header scan reads,
         :data:`pipeline.ingest.discover.METADATA_IDENTIFIERS` (PatientID, PatientName,
-        PatientBirthDate, AccessionNumber), into ``metadata``, and the SeriesDescription as it is; the other
+        PatientBirthDate, AccessionNumber), into ``metadata``, and the SeriesDescription as it is, also in the error
+        listing the folder's series (several qualify, or ``series_uid`` is not among them); the other
         attributes of :data:`pipeline.volume.PATIENT_IDENTIFIERS` are never read. By default they are left out and
         each of them in the description reads ``<patient>``.
     workers: threads for header and pixel reads, 0 or more (0 or 1: none; default: 2 × CPU count, at most 8).
@@ -279,14 +284,14 @@ def load_series(
     for f in scan.skipped_files:
         log.log(logging.WARNING if f.kind in ("unreadable", "truncated") else logging.INFO, "skipped %s: %s", f.path, f.reason)
     if series_uid is not None:
-        picked = _pick(scan, series_uid)
+        picked = _pick(scan, series_uid, keep_identifiers=keep_identifiers)
         if picked.key in scan.plans:
             return read_volume(scan.plans[picked.key], workers=workers)
         return build_volume(picked, **options, workers=workers)
     chosen = scan.selected
     if len(chosen) > 1:
         raise AmbiguousSeriesError(
-            f"{len(chosen)} CT series qualify: {_series_list(chosen)}",
+            f"{len(chosen)} CT series qualify: {_series_list(chosen, keep_identifiers=keep_identifiers)}",
             where=p,
             fix="pass series_uid=<one of the keys above> (--series-uid on the command line), or use ingest_to_cache "
             "(ctpipe ingest, ctpipe run) to take them all",
@@ -316,11 +321,14 @@ def _check_load_arguments(path: Any) -> None:
     require_path(path, where="path", error=DicomError, what="one folder or file", fix=fix)
 
 
-def _pick(scan: ScanResult, series_uid: str) -> SeriesInfo:
+def _pick(scan: ScanResult, series_uid: str, *, keep_identifiers: bool) -> SeriesInfo:
+    """The series (or part) of ``scan`` keyed ``series_uid``; the errors list the series found, their descriptions
+    as :func:`_series_list` shows them with ``keep_identifiers``."""
     found = scan.find(series_uid)
     if not found:
+        listed = _series_list(scan.series, keep_identifiers=keep_identifiers)
         raise NoSeriesFoundError(
-            f"no series with SeriesInstanceUID {series_uid!r}; found: {_series_list(scan.series) or 'none'}",
+            f"no series with SeriesInstanceUID {series_uid!r}; found: {listed or 'none'}",
             where=", ".join(str(r) for r in scan.roots),
             fix="use one of the series keys listed",
         )
@@ -330,7 +338,7 @@ def _pick(scan: ScanResult, series_uid: str) -> SeriesInfo:
     if len(picked) == 1:
         return picked[0]
     raise AmbiguousSeriesError(
-        f"series {series_uid} was split into {len(found)} parts: {_series_list(found)}",
+        f"series {series_uid} was split into {len(found)} parts: {_series_list(found, keep_identifiers=keep_identifiers)}",
         where=describe(found[0]),
         fix="pass the key of one part, e.g. series_uid='" + found[0].key + "'",
     )
@@ -392,7 +400,7 @@ def ingest_to_cache(
     )
     report = IngestReport(scan)
     if series_uid is not None:
-        targets = [_pick(scan, series_uid)]
+        targets = [_pick(scan, series_uid, keep_identifiers=keep_identifiers)]
     else:
         targets = scan.selected
     for s in targets:
