@@ -1,7 +1,8 @@
 """A patient-named file whose series is not in the run: a ZIP or tar export among the sources
 (``DOE_JANE_MRN12345.zip``), whose DICOM files are inside it and never read as a series. Its name is redacted by the
 identifiers of the DICOM files it holds; a file that is not DICOM and holds none (a PDF named after a patient whose
-images are not among the sources) cannot be told from any other file name and is shown as it is (README)."""
+images are not among the sources) cannot be told from any other file name and is shown as a token ``<file:xxxxxx>``
+of its own with its ending, as every skipped file that is not DICOM, unless identifiers are kept (README)."""
 
 from __future__ import annotations
 
@@ -78,12 +79,16 @@ def test_ctpipe_ingest_redacts_the_archive_too(tmp_path, capsys):
     assert "archive" in cap.out and _found(cap.out + cap.err) == [], cap.out
 
 
-def test_a_file_of_a_patient_not_among_the_sources_is_shown_as_it_is(tmp_path, capsys):
-    # no header names its patient: the name alone cannot be told from any other file name
+def test_a_file_of_a_patient_not_among_the_sources_is_shown_as_a_token_unless_kept(tmp_path, capsys):
+    # no header names its patient: the name alone cannot be told from any other file name, so no skipped file's
+    # name that is not DICOM is shown (was: shown as it is)
     from tests._support.dicom import write_series
 
     src = tmp_path / "incoming"
     write_series(src / "ct", n=12, series_uid="1.2.3.702", tweak=_patient("ROE^RICHARD", "MRN55555"))
     (src / "DOE_JANE_report.pdf").write_bytes(b"%PDF-1.4")
     assert main(["ingest", str(src), "--out", str(tmp_path / "cache")]) == 0
+    out = capsys.readouterr().out
+    assert "DOE_JANE" not in out and re.search(r"incoming/<file:[0-9a-f]{6}>\.pdf", out), out
+    assert main(["ingest", str(src), "--out", str(tmp_path / "cache"), "--keep-identifiers"]) == 0
     assert "DOE_JANE_report.pdf" in capsys.readouterr().out

@@ -74,7 +74,8 @@ def test_patient_named_folders_and_files_are_redacted_outside_dicom(tmp_path, ca
     tokens = set(re.findall(r"<patient:[0-9a-f]{6}>", log))
     assert tokens, log
     skipped = (run / "report" / "skipped.csv").read_text()
-    (folder,) = {m for m in re.findall(r"<patient:[0-9a-f]{6}>/CT/notes.txt", skipped)}
+    # a file that is not DICOM: through its folder's token, its own name as a token of its own
+    (folder,) = {m for m in re.findall(r"<patient:[0-9a-f]{6}>/CT/<file:[0-9a-f]{6}>\.txt", skipped)}
     assert folder.split("/")[0] in tokens
 
 

@@ -121,7 +121,7 @@ def _scan(
         redactor = active()
         if redactor is not None:  # before anything logs a path of it: its patient-named folders and files are known
             redactor.add_scan(scan.series)
-            redactor.add_files(f.path for f in scan.skipped_files)
+            redactor.add_skipped((f.path, f.kind) for f in scan.skipped_files)
     out.n_files += scan.n_files
     out.snapshot.add_scan(scan)
     seen = {f["path"] for f in out.skipped_files}
@@ -327,7 +327,7 @@ def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discover
         if folders:
             out.cases.extend(_scan(folders, cfg, out))
         if (redactor := active()) is not None:
-            redactor.add_files(f["path"] for f in out.skipped_files)
+            redactor.add_skipped((f["path"], f["kind"]) for f in out.skipped_files)
     out.cases.sort(key=lambda c: (c.source, c.case_id))
     log.info(
         "discovered %d case(s) in %d file(s); %d series not selected, %d file(s) skipped",

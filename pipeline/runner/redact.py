@@ -13,8 +13,11 @@ case-insensitively: name parts as a whole word of the component, alone or writte
 anywhere in it (and, as :mod:`pipeline.identifiers` says, a whole name with a short part; a common word only beside another
 identifier). Files under a redacted folder that are not DICOM (no
 identifiers of their own) are redacted through that folder; the name of such a file, wherever it lies in the
-sources, is redacted where it holds an identifier of any series the run found. (A series description never holds
-one: :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
+sources, is redacted where it holds an identifier of any series the run found. Any other skipped file that is not
+DICOM (``DOE_JANE_report.pdf`` of a patient none of whose images are among the sources: no header tells that its name
+is a patient's) is named by a token ``<file:xxxxxx>`` followed by its extension when that is a common one
+(:data:`KEPT_EXTENSIONS`; ``<file:xxxxxx>.pdf``), by :meth:`PathRedactor.add_skipped`. (A series description never
+holds one: :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
 """
 
 from __future__ import annotations
@@ -34,13 +37,40 @@ from typing import Any, TextIO, cast
 from ..errors import CtpipeError
 from ..identifiers import MATCHED, holds, identifiers_of
 
+log = logging.getLogger(__name__)
+
 # the key of the run's secret in PathRedactor.shared: no path component holds a NUL
 _SECRET = "\0secret"
 # a component as it appears in text: not inside a longer name or number (a UID holding a patient id's digits)
 _BEFORE, _AFTER = r"(?<![\w.^\-])", r"(?![\w^\-])"
+# after a name recorded with its folder (/report): not a folder of that name (/report/x) nor another file (/report.pdf)
+_NOT_FOLDER = r"(?![/\\]|\.\w)"
 
 #: LogRecord attributes that are not the record's message or its ``extra`` fields: never rewritten.
 _RECORD_OWN = frozenset(logging.makeLogRecord({}).__dict__) - {"msg", "args"}
+
+#: The file name endings (lower case) kept after a skipped file's token (``<file:xxxxxx>.pdf``): those of common
+#: documents, images, archives and volumes, none of them a name; any other ending is part of the name the token hides.
+KEPT_EXTENSIONS = frozenset(
+    """7z bin bmp bz2 cfg csv dat db dcm doc docx eml gif gz hdr htm html img ini jpeg jpg json log md mha mhd msg
+    nii nrrd odt pdf png ppt pptx rar raw rtf sqlite tar tgz tif tiff txt url xls xlsx xml xz yaml yml zip""".split()
+)
+
+#: The kinds of skipped file (:class:`pipeline.ingest.discover.SkippedFile`) named by a token of their own
+#: (:meth:`PathRedactor.add_skipped`): files that are not DICOM, whose names no header of theirs can be checked against.
+TOKENED_KINDS = frozenset({"not_dicom"})
+
+
+def _kept_extension(name: str) -> str:
+    """The ending of ``name`` kept after its token: its last one or two endings while they are in
+    :data:`KEPT_EXTENSIONS` (``.pdf``, ``.nii.gz``), never the whole name (``.pdf`` alone keeps nothing)."""
+    stem, kept = name, ""
+    for _ in range(2):
+        head, dot, ext = stem.rpartition(".")
+        if not dot or not head or ext.lower() not in KEPT_EXTENSIONS:
+            break
+        stem, kept = head, f".{ext}{kept}"
+    return kept
 
 
 class PathRedactor:
@@ -51,6 +81,7 @@ class PathRedactor:
         self._tokens: dict[str, str] = {}
         self._pattern: re.Pattern[str] | None = None
         self._identifiers: set[str] = set()  # of every series recorded, for the files that are not DICOM
+        self._told = False  # whether the log said once that skipped files are named by tokens
 
     @classmethod
     def of(cls, components: dict[str, str]) -> PathRedactor:
@@ -67,9 +98,11 @@ class PathRedactor:
         series it scans again itself (those of a later batch of a listener's workers) read as they do here."""
         return {**self._tokens, _SECRET: self._secret}
 
+    def _digest(self, component: str) -> str:
+        return hashlib.sha256(f"{self._secret}\0{component}".encode()).hexdigest()[:6]
+
     def token(self, component: str) -> str:
-        digest = hashlib.sha256(f"{self._secret}\0{component}".encode()).hexdigest()[:6]
-        return f"<patient:{digest}>"
+        return f"<patient:{self._digest(component)}>"
 
     def add_series(self, files: Iterable[str | os.PathLike[str]], identifiers: set[str]) -> None:
         """Record the components of ``files``' paths (folders and file names) that hold one of ``identifiers``."""
@@ -106,6 +139,40 @@ class PathRedactor:
                 self.add_series([f], ids)
         self.add_series(files, set(self._identifiers))
 
+    def add_skipped(self, files: Iterable[tuple[str | os.PathLike[str], str]]) -> None:
+        """Record the skipped ``files`` (``(path, kind)``, :class:`pipeline.ingest.discover.SkippedFile`'s): their
+        components as :meth:`add_files` does, and the name of each of :data:`TOKENED_KINDS` (not DICOM) not recorded
+        so, as :meth:`add_file_name` does (``<file:xxxxxx>.pdf``): without a header of its own, a name such as
+        ``DOE_JANE_report.pdf`` cannot be told from other file names. The first time one is recorded, the log says how
+        to see the names."""
+        files = [(Path(p), kind) for p, kind in files]
+        self.add_files(p for p, _ in files)
+        added = [self.add_file_name(path) for path, kind in files if kind in TOKENED_KINDS]
+        if any(added) and not self._told:
+            self._told = True
+            log.info(
+                "skipped files that are not DICOM are named <file:xxxxxx> (with their ending) in what ctpipe writes: "
+                "no header tells whether such a name is a patient's; run again with --keep-identifiers "
+                "(privacy.keep_identifiers) to have their names written"
+            )
+
+    def add_file_name(self, path: str | os.PathLike[str]) -> bool:
+        """Record the name of the file at ``path`` (not its folders) as a token ``<file:xxxxxx>`` followed by its
+        common ending (:data:`KEPT_EXTENSIONS`), unless it is recorded already: a file whose name nothing can be
+        told patient-named by (a skipped file that is not DICOM, an image file given to a command). A name with a
+        kept ending is replaced wherever it stands alone in a text; one without (``report``) only after a folder
+        (``/report``), so that the words of messages are kept. Whether it was recorded now."""
+        name = PurePath(path).name
+        if not name or name in self._tokens or os.sep + name in self._tokens:
+            return False
+        ext, digest = _kept_extension(name), self._digest(name)
+        if ext:
+            self._tokens[name] = f"<file:{digest}>{ext}"
+        else:
+            self._tokens[os.sep + name] = f"{os.sep}<file:{digest}>"
+        self._pattern = None
+        return True
+
     @property
     def components(self) -> dict[str, str]:
         """The components replaced, each with its token."""
@@ -117,8 +184,9 @@ class PathRedactor:
             return text
         if self._pattern is None:
             names = sorted(self._tokens, key=len, reverse=True)
-            self._pattern = re.compile(_BEFORE + "(" + "|".join(re.escape(n) for n in names) + ")" + _AFTER)
-        return self._pattern.sub(lambda m: self._tokens[m.group(1)], text)
+            alternatives = [re.escape(n) + _NOT_FOLDER if n.startswith(os.sep) else _BEFORE + re.escape(n) for n in names]
+            self._pattern = re.compile("(?:" + "|".join(alternatives) + ")" + _AFTER)
+        return self._pattern.sub(lambda m: self._tokens[m.group(0)], text)
 
 
 #: The members of an archive read for the identifiers of its DICOM files (the first DICOM one among them decides).
@@ -319,7 +387,7 @@ def sources_redactor(sources: Iterable[str | os.PathLike[str]]) -> PathRedactor:
         for h in handlers:
             h.removeFilter(drop)
     redactor.add_scan(scan.series)
-    redactor.add_files(f.path for f in scan.skipped_files)
+    redactor.add_skipped((f.path, f.kind) for f in scan.skipped_files)
     return redactor
 
 
