@@ -66,8 +66,13 @@ def test_a_folder_of_nifti_images_says_how_to_analyse_them(tmp_path, capsys, own
     assert main(["run", str(tmp_path / "incoming"), "--out", str(out), "--workers", "0", "--quiet"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("no CT series found")
-    assert "NIfTI/MHA/NRRD images are not DICOM series (1, such as" in lines[2] and "chest.nii.gz" in lines[2]
+    # the image named by its token, as every skipped file that is not DICOM, unless identifiers are kept
+    assert "NIfTI/MHA/NRRD images are not DICOM series (1, such as" in lines[2] and "incoming/<file:" in lines[2]
+    assert ">.nii.gz" in lines[2] and "chest" not in lines[2]
     assert "`ctpipe detect FILE` or `ctpipe reconstruct FILE`" in lines[2]
+    argv = ["run", str(tmp_path / "incoming"), "--out", str(tmp_path / "kept"), "--workers", "0", "--quiet"]
+    assert main([*argv, "--keep-identifiers"]) == 0
+    assert "chest.nii.gz" in capsys.readouterr().out.splitlines()[2]
 
 
 def test_quiet_run_names_a_quarantined_case_once(tmp_path, capsys, own_signals):
