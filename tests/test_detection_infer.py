@@ -225,6 +225,8 @@ def test_cli_detect_writes_json_csv_png(tmp_path, capsys):
         [
             "detect",
             str(tmp_path / "ct.nii.gz"),
+            "--case-id",  # outputs named ct (by default: a digest of the image)
+            "ct",
             "--out",
             str(out),
             "--bundle",

@@ -136,6 +136,8 @@ def test_outputs_report_findings_at_or_above_threshold(tmp_path):
             [
                 "detect",
                 str(tmp_path / "ct.nii.gz"),
+                "--case-id",  # outputs named ct (by default: a digest of the image)
+                "ct",
                 "--out",
                 str(out),
                 "--bundle",
@@ -166,6 +168,8 @@ def test_outputs_report_findings_at_or_above_threshold(tmp_path):
             [
                 "detect",
                 str(tmp_path / "ct.nii.gz"),
+                "--case-id",  # outputs named ct (by default: a digest of the image)
+                "ct",
                 "--out",
                 str(out2),
                 "--bundle",
@@ -186,6 +190,8 @@ def test_outputs_report_findings_at_or_above_threshold(tmp_path):
             [
                 "detect",
                 str(tmp_path / "ct.nii.gz"),
+                "--case-id",  # outputs named ct (by default: a digest of the image)
+                "ct",
                 "--out",
                 str(out3),
                 "--bundle",

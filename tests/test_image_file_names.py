@@ -1,8 +1,9 @@
-"""An image file (NIfTI, MHA, NRRD) has no patient header to tell a patient's name by, so its name cannot be redacted
-as a patient-named DICOM folder is: ``ctpipe detect`` and ``ctpipe reconstruct`` warn once that the file's name names
-their outputs, with the fix; with ``--case-id`` nothing of the file's name is used (output names, the series named in
-the findings and measurements), and findings written under a ``--case-id`` are of the series ``reconstruct
---case-id`` reads with the same id."""
+"""An image file (NIfTI, MHA, NRRD) has no patient header to tell a patient's name by, so its name cannot be told
+patient-named as a DICOM folder is: ``ctpipe detect`` and ``ctpipe reconstruct`` name their outputs and the series
+in them by a digest of the image (``image-<12 hex digits>``, the same for the same image), and say once how to name
+them otherwise; with ``--case-id`` they are named by it, with
+``--keep-identifiers`` by the file's name; findings written under a ``--case-id`` are of the series ``reconstruct
+--case-id`` reads with the same id. ``load_series`` in a notebook names the volume by the file's name, as before."""
 
 from __future__ import annotations
 
@@ -48,18 +49,40 @@ def _in_outputs(out: Path) -> list[str]:
 RECONSTRUCT = ["--organs", "lung_left,lung_right", "--no-render", "--device", "cpu", "--dicom", "none"]
 
 
-def test_an_image_file_name_naming_the_outputs_is_warned_of_once_with_the_fix(image, tmp_path, capsys):
-    assert main(["reconstruct", str(image), "--out", str(tmp_path / "r"), *RECONSTRUCT]) == 0
+def test_an_image_file_names_its_outputs_by_a_digest_of_its_voxels_unless_asked(image, tmp_path, capsys):
+    # was: without --case-id the file's name (DOE_JANE_MRN12345) named the outputs and the series in them, with a
+    # warning: the outputs are now named by a digest of the voxels and geometry, the same for the same image
+    out = tmp_path / "r"
+    assert main(["reconstruct", str(image), "--out", str(out), *RECONSTRUCT, "-v"]) == 0
     err = capsys.readouterr().err
-    assert err.count("--case-id") == 1, err
-    assert f"{NAME}.nii.gz" in err and "no patient header" in err, err
-    assert list((tmp_path / "r").glob(f"{NAME}_*")), "without --case-id the file's name still names the outputs"
+    assert err.count("--case-id") == 1 and "--keep-identifiers" in err and "no patient header" in err, err
+    assert "image-" in err and "MRN12345_" not in err, err  # the case is named by the digest in the messages too
+    names = sorted(p.name for p in out.iterdir())
+    assert names and all(re.match(r"image-[0-9a-f]{12}[_.]", n) for n in names), names
+    assert _in_outputs(out) == []
+    again = tmp_path / "again"
+    assert main(["reconstruct", str(image), "--out", str(again), *RECONSTRUCT]) == 0
+    assert sorted(p.name for p in again.iterdir()) == names  # a stable name: the same image, the same case
 
-    # ctpipe detect warns before it loads the model (a model folder that does not exist: exit status 1 after)
-    rc = main(["detect", str(image), "--out", str(tmp_path / "d"), "--device", "cpu", "--bundle", str(tmp_path / "none")])
+    # ctpipe detect names it so before it loads the model (a model folder that does not exist: exit status 1 after)
+    rc = main(["detect", str(image), "--out", str(tmp_path / "d"), "--device", "cpu", "--bundle", str(tmp_path / "none"), "-v"])
     assert rc == 1
     err = capsys.readouterr().err
-    assert err.count("--case-id") == 1 and "no patient header" in err, err
+    assert names[0][:18] in err and err.count("--case-id") == 1, err
+
+
+def test_keep_identifiers_names_the_outputs_by_the_image_files_name(image, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["reconstruct", str(image), "--out", str(out), *RECONSTRUCT, "--keep-identifiers", "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "--case-id" not in err and "image-" not in err and f"reconstruction of {NAME}:" in err, err
+    assert list(out.glob(f"{NAME}_*")) and not list(out.glob("image-*"))
+
+
+def test_a_notebook_reads_an_image_under_its_files_name(image):
+    from pipeline.ingest import load_series
+
+    assert load_series(image).series_uid == NAME  # the name a notebook's user chose to load, as it is
 
 
 def test_reconstruct_case_id_uses_nothing_of_an_image_file_name(image, tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -281,14 +282,21 @@ def test_cli_reads_a_nifti_image_as_ctpipe_detect_does(tmp_path, phantom, capsys
     sitk.WriteImage(phantom.volume.to_sitk(), str(src / "chest.nii.gz"))
     args = ["reconstruct", str(src / "chest.nii.gz"), "--out", str(tmp_path / "out"), "--no-render"]
     assert ctpipe_main([*args, "--organs", "lung_left,lung_right", "--no-dicom"]) == 0
-    assert (tmp_path / "out" / "chest_lung_left.stl").is_file() and "lungs total" in capsys.readouterr().out
+    # named by a digest of the image, not by the file's name (a patient's, for all it tells)
+    assert len(list((tmp_path / "out").glob("image-*_lung_left.stl"))) == 1 and "lungs total" in capsys.readouterr().out
     assert ctpipe_main([*args, "--series-uid", "1.2.3", "--no-dicom"]) == 1
     assert "leave out --series-uid" in capsys.readouterr().err
-    # its folder, given instead of the file: the error names the image and how to pass it
-    assert ctpipe_main(["reconstruct", str(src), "--out", str(tmp_path / "o2"), "--no-dicom"]) == 1
+    # its folder, given instead of the file: the error names the image and how to pass it, by a token unless
+    # identifiers are kept (a skipped file that is not DICOM)
+    assert ctpipe_main(["reconstruct", str(src), "--out", str(tmp_path / "o2"), "--no-dicom", "--keep-identifiers"]) == 1
     err = capsys.readouterr().err
     assert (
         "no DICOM series but 1 image file(s): chest.nii.gz" in err and f"pass one image file, e.g. {src / 'chest.nii.gz'}" in err
+    )
+    assert ctpipe_main(["reconstruct", str(src), "--out", str(tmp_path / "o2"), "--no-dicom"]) == 1
+    err = capsys.readouterr().err
+    assert "chest" not in err and re.search(
+        rf"pass one image file, e\.g\. {re.escape(str(src))}/<file:[0-9a-f]{{6}}>\.nii\.gz", err
     )
 
 

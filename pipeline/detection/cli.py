@@ -97,8 +97,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--case-id",
         default=None,
-        help="name of the output files (default: from the source: the series UID, the cache entry's name, or an image "
-        "file's name, which then also names the series in the findings); with an image file, nothing of its name is used",
+        help="name of the output files, and of the series in the findings for an image file (default: from the source: "
+        "the series UID, the cache entry's name, or for an image file image-<12 hex digits>, a digest of the image: its "
+        "file's name, which may be a patient's, only with --keep-identifiers)",
     )
     p.add_argument("--no-png", action="store_true", help="skip the per-finding PNGs")
     p.add_argument("--max-png", type=number_in(int, 0), default=20, help="PNGs for at most this many top findings (default 20)")
@@ -217,7 +218,8 @@ def _detect_source(args: argparse.Namespace) -> int:
         allow_gantry_tilt=args.allow_gantry_tilt,
         keep_identifiers=args.keep_identifiers,
     )
-    volume = image_named(volume, args.src, case_id=args.case_id)  # an image file's name: warned of, or left out
+    # an image file's name, which may be a patient's, names the outputs only with --keep-identifiers
+    volume, case_id = image_named(volume, case_id, args.src, case_id=args.case_id, keep_identifiers=args.keep_identifiers)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
     det = Detector(
         bundle=args.bundle,
@@ -279,7 +281,7 @@ def _write_dicom(args: argparse.Namespace, volume: Any, findings: Any, case_id: 
     if source is None:
         log.warning(
             "%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM SR written",
-            source_shown(args.src, case_id=args.case_id),
+            source_shown(args.src, case_id=args.case_id, name=case_id),
         )
         return 0
     lungs = lung_side_masks(volume, device=device) if len(findings) else None  # each finding's side

@@ -190,7 +190,9 @@ def load_series(
         (``.nii``, ``.nii.gz``, ``.mha``, ``.mhd``, ``.nrrd``) holding HU values. An image
         file is read with SimpleITK, which gives its geometry in LPS (a NIfTI's RAS
         affine is converted); ``series_uid`` and the DICOM options do not apply to it
-        and its ``metadata["SeriesInstanceUID"]`` is the file name without the ending.
+        and its ``metadata["SeriesInstanceUID"]`` is the file name without the ending, which then names what
+        ``detect`` and ``reconstruct`` write of it (``ctpipe detect`` and ``reconstruct`` name their outputs by a digest
+        of the image unless asked: :func:`pipeline.ingest.source.image_named`).
     series_uid: the SeriesInstanceUID (or ``<uid>#<part>`` key of a split series) to
         load. It bypasses the selection rules except that the series must be CT.
         Without it the folder must hold exactly one series that the rules select;

@@ -39,7 +39,9 @@ def read_image(path: str | Path) -> CTVolume:
 
     SimpleITK reads the file and gives its geometry in LPS (mm), whatever the file's convention (a NIfTI
     is RAS on disk; its affine is converted). ``metadata["SeriesInstanceUID"]`` is the file's name without
-    the ending (``chest`` for ``chest.nii.gz``), the name of the case's outputs.
+    the ending (``chest`` for ``chest.nii.gz``), the name a notebook's ``detect`` and ``reconstruct`` give the case's
+    outputs; ``ctpipe detect`` and ``reconstruct`` name them otherwise unless asked for the file's name
+    (:func:`pipeline.ingest.source.image_named`).
     A file that looks like a label map (:func:`label_map_warning`) loads as it is, with a warning logged and added
     to ``metadata["warnings"]``.
     Raises :class:`~pipeline.errors.UnreadableFileError` when SimpleITK cannot read the file,

@@ -86,9 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--case-id",
         default=None,
-        help="start of the output file names (default: from the source: the series UID, the cache entry's name, or an "
-        "image file's name, which then also names the series in the measurements); with an image file, nothing of its "
-        "name is used, and --findings of it must be of the same --case-id (ctpipe detect --case-id)",
+        help="start of the output file names, and the series in the measurements for an image file (default: from the "
+        "source: the series UID, the cache entry's name, or for an image file image-<12 hex digits>, a digest of the "
+        "image: its file's name, which may be a patient's, only with --keep-identifiers); --findings of an image file "
+        "must be of the same --case-id (ctpipe detect --case-id)",
     )
     add_dicom_options(p, default="sr,seg")
     add_keep_identifiers(p)
@@ -147,7 +148,8 @@ def _run(args: argparse.Namespace) -> int:
     volume, stem = read_source(
         args.src, series_uid=args.series_uid, allow_gantry_tilt=args.allow_gantry_tilt, keep_identifiers=args.keep_identifiers
     )
-    volume = image_named(volume, args.src, case_id=args.case_id)  # an image file's name: warned of, or left out
+    # an image file's name, which may be a patient's, names the outputs only with --keep-identifiers
+    volume, stem = image_named(volume, stem, args.src, case_id=args.case_id, keep_identifiers=args.keep_identifiers)
     stem = args.case_id or stem
     if reported is not None:  # findings of another scan are refused before --out is made
         findings_of_series(reported, volume.series_uid)
@@ -274,7 +276,7 @@ def _write_dicom(
     if source is None:
         log.warning(
             "%s is not DICOM (nor a cache entry ingested from DICOM): no DICOM results written",
-            source_shown(args.src, case_id=args.case_id),
+            source_shown(args.src, case_id=args.case_id, name=stem),
         )
         return 0
     if findings is None and "sr" in outputs:
