@@ -6,6 +6,7 @@ Discovery never raises for what it meets on the file system; refusals name the f
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import warnings
@@ -95,11 +96,17 @@ def test_folder_of_junk_names_the_files(tmp_path):
 def test_cli_names_skipped_files(tmp_path, capsys):
     write_phantom(tmp_path / "in")
     junk = junk_files(tmp_path / "in")
-    rc = main(["ingest", str(tmp_path / "in"), "--out", str(tmp_path / "cache")])
+    rc = main(["ingest", str(tmp_path / "in"), "--out", str(tmp_path / "cache"), "--keep-identifiers"])
     out = capsys.readouterr().out
     assert rc == 0
     for p in junk.values():
         assert f"skipped file {p}: not dicom: " in out
+    # without --keep-identifiers each is named by a token of its own (its name may be a patient's), in its folder
+    assert main(["ingest", str(tmp_path / "in"), "--out", str(tmp_path / "cache")]) == 0
+    out = capsys.readouterr().out
+    tokens = set(re.findall(rf"skipped file {re.escape(str(tmp_path / 'in'))}/(<file:[0-9a-f]{{6}}>\S*): not dicom: ", out))
+    assert len(tokens) == len(junk), out
+    assert not [p.name for p in junk.values() if f"/{p.name}" in out]
 
 
 def test_non_ascii_file_names(tmp_path, capsys):
@@ -112,7 +119,7 @@ def test_non_ascii_file_names(tmp_path, capsys):
     vol = load_series(tmp_path / "Thorax_ü")
     assert np.array_equal(vol.array, ref.array) and vol.geometry.same_grid(ref.geometry)
     assert _skips(scan_directory(tmp_path / "Thorax_ü"))["Übersicht_λ.txt"][0] == "not_dicom"
-    assert main(["ingest", str(tmp_path / "Thorax_ü"), "--out", str(tmp_path / "cache")]) == 0
+    assert main(["ingest", str(tmp_path / "Thorax_ü"), "--out", str(tmp_path / "cache"), "--keep-identifiers"]) == 0
     assert f"skipped file {odd}" in capsys.readouterr().out
 
 
