@@ -54,3 +54,13 @@ def test_load_series_lists_the_series_as_kept(two_series):
     with pytest.raises(NoSeriesFoundError) as missing:
         load_series(two_series, series_uid="9.9.9")
     assert "JANE" not in str(missing.value) and "<patient>" in str(missing.value)
+
+
+def test_ctpipe_ingest_lists_the_series_found_as_kept_when_the_one_asked_for_is_not_there(tmp_path, two_series, capsys):
+    argv = ["ingest", str(two_series), "--out", str(tmp_path / "cache"), "--series-uid", "9.9.9"]
+    assert main([*argv, "--keep-identifiers"]) == 1
+    err = capsys.readouterr().err
+    assert "no series with SeriesInstanceUID '9.9.9'" in err and err.count("(Chest DOE JANE, 12 slices)") == 2, err
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("(Chest <patient> <patient>, 12 slices)") == 2 and "JANE" not in err, err
