@@ -159,7 +159,7 @@ class PathRedactor:
     def add_file_name(self, path: str | os.PathLike[str]) -> bool:
         """Record the name of the file at ``path`` (not its folders) as a token ``<file:xxxxxx>`` followed by its
         common ending (:data:`KEPT_EXTENSIONS`), unless it is recorded already: a file whose name nothing can be
-        told patient-named by (a skipped file that is not DICOM, an image file given to a command). A name with a
+        told patient-named by (a skipped file that is not DICOM). A name with a
         kept ending is replaced wherever it stands alone in a text; one without (``report``) only after a folder
         (``/report``), so that the words of messages are kept. Whether it was recorded now."""
         name = PurePath(path).name
