@@ -58,8 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--keep-identifiers",
         action="store_true",
         help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber) in the "
-        "cache sidecars, and series descriptions as they are; by default they are left out and each of them in a "
-        "series description reads <patient>",
+        "cache sidecars, series descriptions as they are, and patient-named folders and the names of skipped files "
+        "that are not DICOM as they are on the console and in --json; by default they are left out, each of them in "
+        "a series description reads <patient>, such a folder <patient:xxxxxx> and such a file <file:xxxxxx>.pdf",
     )
     p.add_argument(
         "--threads",
