@@ -21,7 +21,7 @@ from pipeline.runner.resume import plan as plan_cases
 from pipeline.runner.resume import read_manifest
 from pipeline.runner.stage import CaseContext, CaseSpec, Stage, Task, TaskResult, WorkerInfo
 from pipeline.runner.store import RunStore
-from pipeline.runner.workers import run_task
+from pipeline.runner.task_run import run_task
 
 
 class FakeExecutor:

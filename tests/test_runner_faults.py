@@ -33,7 +33,7 @@ from pipeline.runner.faults import check_writable, environment_failure, errno_in
 from pipeline.runner.resume import plan, reconcile
 from pipeline.runner.stage import CaseContext, CaseSpec, Stage, Task, WorkerInfo
 from pipeline.runner.store import SCHEMA_VERSION, RunStore
-from pipeline.runner.workers import InlineExecutor, run_task
+from pipeline.runner.task_run import InlineExecutor, run_task
 from tests._support.runner import (
     PHANTOM,
     PRIVATE_STRINGS,

@@ -69,7 +69,7 @@ def test_a_worker_whose_main_process_is_gone_exits_without_a_traceback(tmp_path,
     import multiprocessing as mp
 
     from pipeline.config import load_config
-    from pipeline.runner.workers import worker_main
+    from pipeline.runner.worker_process import worker_main
 
     ctx = mp.get_context("spawn")
     reader, writer = ctx.Pipe(duplex=False)

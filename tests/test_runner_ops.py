@@ -23,7 +23,7 @@ from pipeline.errors import ConfigError
 from pipeline.runner.logs import attach_jsonl, detach
 from pipeline.runner.metrics import RunMetrics
 from pipeline.runner.stage import CaseContext, CaseSpec, Stage, Task, WorkerInfo
-from pipeline.runner.workers import run_task
+from pipeline.runner.task_run import run_task
 
 
 def test_quiet_run_with_nothing_to_do_prints_the_summary_and_why(tmp_path, capsys, own_signals):

@@ -22,16 +22,9 @@ import pytest
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, CtpipeError, FatalRunError, ReconstructionError
 from pipeline.runner.stage import CaseContext, CaseSpec, Stage, Task, TaskResult, WorkerInfo
-from pipeline.runner.workers import (
-    InlineExecutor,
-    ProcessExecutor,
-    _main_module_hidden,
-    _reset_peak_rss,
-    mp_context,
-    peak_rss_mb,
-    run_task,
-    setup_stages,
-)
+from pipeline.runner.task_run import InlineExecutor, _reset_peak_rss, peak_rss_mb, run_task, setup_stages
+from pipeline.runner.worker_process import main_module_hidden, mp_context
+from pipeline.runner.workers import ProcessExecutor
 
 CONFIG = load_config(environ={})
 
@@ -163,7 +156,7 @@ def test_a_ctpipe_error_fails_the_case_with_its_message(tmp_path):
 
 
 def test_an_unexpected_error_fails_the_case_and_is_logged_with_its_traceback(tmp_path, caplog):
-    with caplog.at_level(logging.ERROR, logger="pipeline.runner.workers"):
+    with caplog.at_level(logging.ERROR, logger="pipeline.runner.task_run"):
         res = run_task(Raises(KeyError("spacing")), _task(tmp_path, "raises"), _worker(tmp_path))
     assert not res.ok and res.error_class == "KeyError"
     assert res.error == "unexpected KeyError in stage raises: 'spacing'"
@@ -234,10 +227,10 @@ def test_start_methods():
 def test_the_main_script_is_hidden_from_new_workers_and_restored():
     main = sys.modules["__main__"]
     saved = {k: main.__dict__.get(k, "absent") for k in ("__file__", "__spec__")}
-    with _main_module_hidden(False):
+    with main_module_hidden(False):
         assert "__file__" not in main.__dict__ and main.__dict__["__spec__"] is None
     assert {k: main.__dict__.get(k, "absent") for k in ("__file__", "__spec__")} == saved
-    with _main_module_hidden(True):  # a stage defined in the main script: the workers need it
+    with main_module_hidden(True):  # a stage defined in the main script: the workers need it
         assert {k: main.__dict__.get(k, "absent") for k in ("__file__", "__spec__")} == saved
 
 
@@ -412,7 +405,7 @@ def test_the_resource_tracker_of_the_worker_processes_outlives_a_sighup():
     script = (
         "import os, signal, time\n"
         "from multiprocessing import resource_tracker\n"
-        "from pipeline.runner.workers import mp_context\n"
+        "from pipeline.runner.worker_process import mp_context\n"
         "queue = mp_context('forkserver').Queue()\n"  # a semaphore: registered with the tracker, which starts
         "pid = resource_tracker._resource_tracker._pid\n"
         "os.kill(pid, signal.SIGHUP)\n"

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import signal
 import socket
 import sqlite3
@@ -18,27 +16,37 @@ from typing import Any
 
 from ..atomic import atomic_write_bytes, check_out_outside_sources, ensure_dir
 from ..bundle import BundleConfig
-from ..config import Config, from_dict, load_config, overrides_layer
+from ..config import Config
 from ..errors import ConfigError, FatalRunError, refuse_unexpanded_home, require_path
-from ..pacs.address import for_records
 from .discover import Discovery, check_sources, discover, scanned_paths, source_list, worklist_root
 from .engine import Engine
 from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
-from .metrics import NvmlSampler, RunMetrics, warn_if_rewritten
+from .metrics import NvmlSampler, RunMetrics
 from .progress import Progress
 from .redact import PathRedactor, redacting
-from .report import build_report, mark_not_rebuilt, mark_run_started
 from .result_options import WEIGHTS_KEY, check_result_options, weights_digest
 from .resume import RunLock, drop_cached, plan, reconcile, remove_quarantine
+from .run_config import config_yaml, effective_config, recorded
+from .run_end import (
+    build_or_mark_report,
+    crash,
+    log_run_end,
+    mark_report,
+    quietly,
+    raise_environment,
+    record_end,
+    still_written_rows,
+)
 from .run_host import no_gpu_here, resolve_devices, software_versions
 from .run_summary import EXIT_ENVIRONMENT, EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_QUARANTINED, SHOWN, RunSummary
 from .session import RunSession, origins_of, refuse_incomplete
 from .source_roots import SourceRoots
-from .stage import CaseSpec, Stage, WorkerInfo
+from .stage import Stage, WorkerInfo
 from .stages import build_stages
 from .store import RunStore
-from .workers import InlineExecutor, ProcessExecutor
+from .task_run import InlineExecutor
+from .workers import ProcessExecutor
 
 __all__ = [
     "EXIT_ENVIRONMENT",
@@ -83,14 +91,7 @@ def run_batch(
     t0, started_wall = time.monotonic(), time.time()  # the run starts with the command: its store record says the same
     srcs = source_list(sources)  # what is not a path: named before anything is read
     run_dir = require_path(out, where="out", error=ConfigError, what="the run folder", fix="pass a folder, e.g. out='runs/r1'")
-    cfg = config if isinstance(config, Config) else load_config(config, overrides=overrides)
-    if isinstance(config, Config) and overrides:
-        merged = cfg.to_dict()
-        given = overrides_layer({k: v for k, v in overrides.items() if v is not None})
-        for sec, vals in given.items():
-            merged.setdefault(sec, {}).update(vals)
-        set_by = {**config.sources, **{f"{sec}.{key}": "overrides" for sec, vals in given.items() for key in vals}}
-        cfg = Config(from_dict(merged, source="overrides"), set_by)
+    cfg = effective_config(config, overrides)
     check_sources(srcs, from_python=True)  # a mistyped source: one clear error, before the run folder is made
     # a run folder inside its source (or a worklist row's folder): read back as input by the next run
     check_out_outside_sources(
@@ -115,14 +116,14 @@ def run_batch(
         handler = attach_jsonl(run_dir / "run.log", process="main")
     except OSError as exc:  # a folder named run.log, say: the run folder's problem, named with its fix
         lock.release()
-        _raise_environment(exc, run_dir)
+        raise_environment(exc, run_dir)
         raise
     try:
         store = RunStore(run_dir)
     except (OSError, sqlite3.Error) as exc:
         detach(handler)
         lock.release()
-        _raise_environment(exc, run_dir)
+        raise_environment(exc, run_dir)
         raise
     # a session's batches share its secret: its kept worker processes were given it with the first batch
     secret = session.redaction_secret if session is not None else None
@@ -134,25 +135,12 @@ def run_batch(
                 srcs, cfg, run_dir, run_id, store, summary, stages, progress, command, (t0, started_wall), session, origins
             )
     except (OSError, sqlite3.Error) as exc:  # the run folder failed before any case started
-        _raise_environment(exc, run_dir)
+        raise_environment(exc, run_dir)
         raise
     finally:
         store.close()
         detach(handler)
         lock.release()
-
-
-def _recorded(text: str, cfg: Config) -> str:
-    """``text`` (a command line, a source) as the run store keeps it: never a password, and PACS query values that
-    identify a patient (accession numbers) withheld unless ``privacy.keep_identifiers``."""
-    return for_records(text, keep_identifiers=cfg.privacy.keep_identifiers)
-
-
-def _raise_environment(exc: BaseException, run_dir: Path) -> None:
-    """Raise :class:`RunEnvironmentError` for an environmental ``exc`` (the caller re-raises anything else)."""
-    env = environment_failure(exc, run_dir=run_dir)
-    if env is not None:
-        raise env.error() from exc
 
 
 def _run(
@@ -223,13 +211,13 @@ def _run(
         )
     if cfg.metrics.port:
         RunMetrics.check_port(cfg.metrics.port, cfg.metrics.bind)  # a port in use stops the run before it is recorded
-    atomic_write_bytes(run_dir / "config.yaml", _yaml(cfg.to_dict(), cfg.sources).encode())
+    atomic_write_bytes(run_dir / "config.yaml", config_yaml(cfg.to_dict(), cfg.sources).encode())
     t0, started_wall = clock  # monotonic and wall-clock (Unix s) time of the command's start
     store.start_run(
         run_id,
         started_at=started_wall,
-        command=_recorded(command or " ".join(sys.argv), cfg),
-        sources=[_recorded(str(s), cfg) for s in srcs],
+        command=recorded(command or " ".join(sys.argv), cfg),
+        sources=[recorded(str(s), cfg) for s in srcs],
         config=cfg.to_dict(),
         versions={**software_versions(), **({WEIGHTS_KEY: weights} if weights else {})},
         device=device_desc,
@@ -245,7 +233,7 @@ def _run(
     # until it ends, the report says a run is in progress and that its figures are older (report.enabled: false: the
     # report an earlier run left, if any, which this run's end then marks as not rebuilt)
     if cfg.report.enabled or (run_dir / "report" / "report.json").is_file():
-        _mark_report(run_dir)
+        mark_report(run_dir)
     store.add_skipped(run_id, found.skipped_rows())
     store.mark_found(run_id, {c.case_key for c in found.cases})  # what this run answers for, should it be killed
     if origins:
@@ -345,7 +333,7 @@ def _run(
         summary.done, summary.released = len(result.done), result.released
         summary.still_written = result.still_written
         if result.still_written:  # listed with the series discovery left out (the report's skipped.csv)
-            store.add_skipped(run_id, _still_written_rows(result.still_written, pl.to_run))
+            store.add_skipped(run_id, still_written_rows(result.still_written, pl.to_run))
         if result.stopped:
             summary.stopped, status = result.stopped, "interrupted"
     except FatalRunError as exc:
@@ -357,12 +345,12 @@ def _run(
     except (OSError, sqlite3.Error) as exc:  # the main process could not write the run folder (store, files)
         env = environment_failure(exc, run_dir=run_dir)
         if env is None:
-            summary.fatal, status = _crash(exc, run_id), "failed"
+            summary.fatal, status = crash(exc, run_id), "failed"
             raise
         summary.stopped, status = env.describe(), "interrupted"
         log.error("run stopped: %s", env.describe(), extra={"event": "run_stopped", "run_id": run_id})
     except Exception as exc:  # any other error ends the run: recorded (store, metrics) as failed, then raised
-        summary.fatal, status = _crash(exc, run_id), "failed"
+        summary.fatal, status = crash(exc, run_id), "failed"
         raise
     finally:
         if threads_before is not None:  # the application's own setting again
@@ -377,57 +365,24 @@ def _run(
             cluster.close()
         if sampler:
             sampler.stop()
-            _quietly(summary, run_dir, "GPU samples", lambda: store.add_gpu_samples(run_id, sampler.drain()))
+            quietly(summary, run_dir, "GPU samples", lambda: store.add_gpu_samples(run_id, sampler.drain()))
         # the run's time: the idle serving of metrics.linger_s below is not the run's work, nor its throughput's
         summary.elapsed_s = time.monotonic() - t0
         final = False  # whether the final values below are all set
         try:
-            keys = {c.case_key for c in found.cases}
-            failed_rows = store.cases_with_status("failed")
-            # quarantined by this run (its latest attempt is this run's), or still from an earlier run and not retried
-            summary.quarantined = [
-                (r["case_id"], r["error_class"], r["reason"])
-                for r in failed_rows
-                if r["case_key"] in keys and r["run_id"] == run_id
-            ]
-            summary.still_quarantined = [
-                (r["case_id"], r["error_class"], r["reason"])
-                for r in failed_rows
-                if r["case_key"] in keys and r["run_id"] != run_id
-            ]
-            summary.quarantined_in_folder = len(failed_rows)  # every source's: RUN_DIR/quarantine holds them all
-            summary.unfinished = sum(r["case_key"] in keys for r in store.cases_with_status("pending", "running"))
-            done_here = [r for r in store.cases_with_status("done") if r["case_key"] in keys and r["run_id"] == run_id]
-            # done by this run, first done by an earlier one: a redo, not a new case
-            summary.redone = sum((r["first_done_at"] or r["ended_at"]) < r["ended_at"] for r in done_here)
-            if (summary.stopped or signalled) and not summary.done:  # stopped before the engine could count: the store's
-                summary.done = len(done_here)
-            summary.done = max(0, summary.done - summary.redone)  # cases completed for the first time: redos apart
-            _quietly(
+            exit_status = record_end(
+                store,
                 summary,
-                run_dir,
-                "the run's record",
-                lambda: store.end_run(
-                    run_id,
-                    ended_at=started_wall + summary.elapsed_s,  # the summary line's time, so the report's active time is it
-                    status=status,
-                    n_cases=summary.total,
-                    n_done=summary.done,
-                    n_failed=len(summary.quarantined),
-                    n_skipped=summary.skipped,
-                    n_failed_earlier=len(summary.still_quarantined),
-                ),
+                cfg=cfg,
+                run_dir=run_dir,
+                run_id=run_id,
+                keys={c.case_key for c in found.cases},
+                status=status,
+                signalled=signalled,
+                started_wall=started_wall,
+                metrics=metrics,
+                node_file=node_file,
             )
-            metrics.quarantined_at_end(len(summary.quarantined), len(summary.still_quarantined))
-            exit_status = EXIT_INTERRUPTED if signalled else summary.exit_code
-            metrics.run_ended(exit_status, ended_at=started_wall + summary.elapsed_s)  # the run's end, not the linger's
-            if cfg.metrics.textfile:
-                summary.metrics_file = _quietly(
-                    summary, run_dir, "metrics.prom", lambda: metrics.write_textfile(run_dir / "metrics.prom")
-                )
-            if node_file is not None:
-                warn_if_rewritten(node_file, since=started_wall, run_dir=run_dir)
-                summary.node_metrics_file = _quietly(summary, run_dir, node_file.name, lambda: metrics.write_textfile(node_file))
             final = True
         finally:
             # served once the final values are set (counters, run end time, exit status): a last scrape takes them,
@@ -436,125 +391,8 @@ def _run(
                 log.info("serving the final metrics for %g s", cfg.metrics.linger_s, extra={"event": "metrics_linger"})
                 time.sleep(cfg.metrics.linger_s)
             metrics.stop()
-    if cfg.report.enabled:
-        rep = _quietly(
-            summary,
-            run_dir,
-            "the report",
-            lambda: build_report(
-                [run_dir], run_dir / "report", bin_minutes=cfg.report.bin_minutes, hours_per_day=cfg.report.hours_per_day
-            ),
-        )
-        summary.report_html = rep.html if rep is not None else None
-    else:  # an earlier run's report stays, and says that its figures are not this run's
-        _mark_report(run_dir, not_rebuilt_by=run_id)
-    log.log(
-        logging.WARNING if signalled else logging.INFO,
-        "run %s %s: %d done%s, %d newly quarantined, %d still quarantined from earlier runs (not retried), "
-        "%d unfinished (left for the next run), %d already done earlier, of %d, %.1f s",
-        run_id,
-        "interrupted (Ctrl-C, SIGTERM or SIGHUP; the same command resumes it)" if signalled else "finished",
-        summary.done,
-        f", {summary.redone} done again (published folder removed)" if summary.redone else "",
-        len(summary.quarantined),
-        len(summary.still_quarantined),
-        summary.unfinished,
-        summary.skipped,
-        summary.total,
-        summary.elapsed_s,
-        extra={  # the summary line's figures as fields, for log pipelines that read them without parsing msg
-            "event": "run_end",
-            "run_id": run_id,
-            "cases": summary.total,
-            "done": summary.done,
-            "done_again": summary.redone,
-            "done_earlier": summary.skipped,
-            "quarantined_new": len(summary.quarantined),
-            "quarantined_earlier": len(summary.still_quarantined),
-            "unfinished": summary.unfinished,
-            "still_written": len(summary.still_written),
-            "elapsed_s": summary.elapsed_s,
-            "run_status": status,
-            "exit_status": exit_status,
-        },
-    )
+    build_or_mark_report(summary, cfg, run_dir, run_id)
+    log_run_end(summary, run_id=run_id, status=status, signalled=signalled, exit_status=exit_status)
     if signalled:  # the caller (ctpipe run: exit status 130) learns of the interruption as it would have without us
         raise KeyboardInterrupt
     return summary
-
-
-def _still_written_rows(written: Sequence[tuple[str, str]], cases: Sequence[CaseSpec]) -> list[dict[str, Any]]:
-    """Rows of the run store's ``skipped`` table for the cases left for the next run because their series was still
-    being written into the source while they ran (kind ``still_written``)."""
-    by_id = {c.case_id: c for c in cases}
-    rows = []
-    for cid, why in written:
-        case = by_id.get(cid)
-        item = (case.series_uid if case is not None else None) or cid
-        rows.append({"what": "series", "item": item, "kind": "still_written", "reason": why, "source": case and case.source})
-    return rows
-
-
-def _mark_report(run_dir: Path, *, not_rebuilt_by: str | None = None) -> None:
-    """Mark the run folder's report as in progress (:func:`.report.mark_run_started`), or, with ``not_rebuilt_by``
-    (the id of a run that ended with ``report.enabled: false``), as not rebuilt by that run
-    (:func:`.report.mark_not_rebuilt`); should that fail, the run goes on and the log says why."""
-    try:
-        if not_rebuilt_by is None:
-            mark_run_started(run_dir / "report", run_dir)
-        else:
-            mark_not_rebuilt(run_dir / "report", run_dir, run_id=not_rebuilt_by)
-    except (OSError, sqlite3.Error) as exc:
-        log.warning(
-            "could not mark the report in %s as %s (%s: %s)%s",
-            run_dir / "report",
-            "in progress" if not_rebuilt_by is None else f"not rebuilt by run {not_rebuilt_by}",
-            type(exc).__name__,
-            exc,
-            "; it is rebuilt when the run ends" if not_rebuilt_by is None else "; ctpipe report rebuilds it",
-            extra={"event": "write_failed"},
-        )
-
-
-def _crash(exc: BaseException, run_id: str) -> str:
-    """An unexpected error of the main process, logged (its traceback at info level: run.log, not the console); its
-    one-line text for the summary."""
-    text = f"{type(exc).__name__}: {exc}"
-    log.error("run %s ended by an error: %s", run_id, text, extra={"event": "run_failed", "run_id": run_id})
-    log.info("run %s: traceback of the error that ended it", run_id, exc_info=exc, extra={"run_id": run_id})
-    return text
-
-
-def _quietly(summary: RunSummary, run_dir: Path, what: str, write: Callable[[], Any]) -> Any:
-    """``write()``; when the run folder cannot take it (disk full, ...), a note in the summary instead of a traceback."""
-    try:
-        return write()
-    except (OSError, sqlite3.Error) as exc:
-        env = environment_failure(exc, run_dir=run_dir)
-        if env is None:
-            raise
-        note = f"not written: {what} ({env.describe()})"
-        summary.notes.append(note)
-        if summary.stopped is None:
-            summary.stopped = env.describe()
-        log.error("%s", note, extra={"event": "write_failed"})
-        return None
-
-
-def _yaml(data: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> str:
-    """The configuration as YAML, each option not left at its default followed by where it was set
-    (``# from --workers``, ``# from environment variable CTPIPE_RUNNER_RETRIES``, ``# from FILE``)."""
-    import yaml
-
-    head = (
-        "# effective configuration of the latest run (defaults < file < environment < command line);\n"
-        "# an option set by a file, the environment or the command line names it\n"
-    )
-    lines, section = [], ""
-    for line in yaml.safe_dump(json.loads(json.dumps(dict(data))), sort_keys=False).splitlines():
-        if not line.startswith(" "):
-            section = line.rstrip(":")
-        elif (key := re.match(r"  (\w+):", line)) and (where := (sources or {}).get(f"{section}.{key.group(1)}")):
-            line += f"  # from {where}"
-        lines.append(line)
-    return head + "\n".join(lines) + "\n"

@@ -1,9 +1,9 @@
 """What runs inside a Ray actor of a run: one group's stages, set up once, then one task at a time.
 
-A :class:`StageActor` is the Ray counterpart of a local worker process (:func:`.workers.worker_main`):
+A :class:`StageActor` is the Ray counterpart of a local worker process (:func:`.worker_process.worker_main`):
 ``place()`` says where Ray put it (node, device), ``setup()`` calls every stage's ``setup`` once
 (the model is loaded once per actor), ``run(task)`` runs one stage of one case with
-:func:`.workers.run_task` and returns its :class:`~.stage.TaskResult`. The class is plain Python;
+:func:`.task_run.run_task` and returns its :class:`~.stage.TaskResult`. The class is plain Python;
 the executor wraps it with ``ray.remote`` (this module does not import Ray at import time).
 
 The model actor's device: Ray hands an actor asking ``num_gpus=1`` a GPU id and sets
@@ -25,7 +25,7 @@ from ..errors import FatalRunError
 from .logs import log_as_worker
 from .redact import redact_in_worker
 from .stage import Stage, Task, TaskResult, WorkerInfo
-from .workers import run_task, setup_stages
+from .task_run import run_task, setup_stages
 
 log = logging.getLogger(__name__)
 
