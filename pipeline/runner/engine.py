@@ -23,7 +23,10 @@ modification time, since discovery; see :mod:`.arrivals`, checked just before pu
 is in place, which withdraws it when a file landed in between, and the ingest and DICOM
 stages' :class:`~pipeline.errors.SeriesStillWrittenError`) is not published either: its case goes back to pending
 with the reason, is listed in ``EngineResult.still_written``, and the run goes on. The next run finds the series with
-its new content (a new fingerprint) and analyses it whole.
+its new content (a new fingerprint) and analyses it whole. The check once the folder is in place is made inside the
+run store's transaction that records the case done, just before it commits: a file that landed up to then, also
+while the case's results were being recorded, rolls the completion back and withdraws the folder, so no case is
+recorded done without a file of its series that was in the source before its commit.
 """
 
 from __future__ import annotations
@@ -311,20 +314,27 @@ class Engine:
         }
         final = self.run_dir / "cases" / case.case_id
         publish(lv.workdir, final, manifest)
-        late = self.snapshot.still_written(case) if self.snapshot is not None else None
-        if late is not None:  # the series changed after the check before publishing: not left published as whole
-            withdraw(final, self.run_dir / "tmp")
-            raise late
+
+        def unchanged() -> None:  # once the folder is in place, in the last moment before the commit
+            late = self.snapshot.still_written(case) if self.snapshot is not None else None
+            if late is not None:  # the series changed after the check before publishing: not recorded done
+                raise late
+
         latency = time.monotonic() - lv.began
-        self.store.complete_case(
-            case.case_key,
-            output_dir=str(final.relative_to(self.run_dir)),
-            findings=findings,
-            measurements=measurements,
-            quality=quality,
-            detect_skipped=skipped,
-            latency_s=latency,
-        )
+        try:
+            self.store.complete_case(
+                case.case_key,
+                output_dir=str(final.relative_to(self.run_dir)),
+                findings=findings,
+                measurements=measurements,
+                quality=quality,
+                detect_skipped=skipped,
+                latency_s=latency,
+                before_commit=unchanged,  # checked inside the store's transaction: rolled back, never recorded done
+            )
+        except SeriesStillWrittenError:  # nor left published as whole
+            withdraw(final, self.run_dir / "tmp")
+            raise
         self._drop_cache(case)
         result.done.append(case.case_id)
         log.info(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +279,7 @@ class RunStore:
         quality: Mapping[str, Any] | None = None,
         detect_skipped: str | None = None,
         latency_s: float | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         """Mark a case done with its findings, measurements and quality flags, in one transaction. ``ended_at`` (Unix
         s) is also its ``first_done_at`` unless it was done before (its published folder removed and done again): a
@@ -289,7 +290,9 @@ class RunStore:
 
         ``measurements``: ``(name, value, unit)`` or ``(name, value, unit, reliable, reason)`` each;
         ``quality``: the case's :meth:`QualityReport.to_json` (lung coverage, contrast phase, flags);
-        ``detect_skipped``: why detection did not run (e.g. no lungs in the scan), or None.
+        ``detect_skipped``: why detection did not run (e.g. no lungs in the scan), or None;
+        ``before_commit``: called inside the transaction, once everything is written and just before it commits: an
+        exception it raises rolls the whole completion back (the case stays as it was) and is raised here.
         """
         ended = time.time() if ended_at is None else ended_at
         flags = list((quality or {}).get("flags") or [])
@@ -330,6 +333,8 @@ class RunStore:
                     case_key,
                 ),
             )
+            if before_commit is not None:
+                before_commit()
 
     def release_case(self, case_key: str, *, reason: str, stage: str | None, error_class: str | None = None) -> None:
         """Back to 'pending' without a verdict: the run folder could not be written while the case ran

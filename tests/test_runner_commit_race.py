@@ -1,0 +1,69 @@
+"""A file of a series that lands in the source in the last moment before the run store commits its case: after the
+case was read, checked and its folder put in place, while the case's results are being committed. The series is
+checked once more inside the store's transaction, before it commits: the case is withdrawn and left for the next
+run (with its reason), which analyses the whole series; it is never published, nor recorded done, without that file.
+The file lands through a hook on the commit itself, the runner's own code path around it: deterministic, no sleeps."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pipeline.runner import run_batch
+from pipeline.runner.stages import IngestStage, WriteStage
+from pipeline.runner.store import RunStore
+from tests._support.runner import PHANTOM, db_rows
+
+
+def _series(root: Path, seed: int) -> tuple[str, list[Path]]:
+    """A phantom chest written to ``root`` (outside the source): its SeriesInstanceUID and files, foot to head."""
+    from pipeline.ingest import read_headers
+    from pipeline.phantom import generate_phantom
+    from pipeline.phantom.dicom_writer import write_dicom_series
+
+    ph = generate_phantom(seed, n_nodules=1, **PHANTOM)
+    files = write_dicom_series(ph.volume, root, seed=seed)
+    headers, _ = read_headers(files, processes=False)
+    return ph.volume.series_uid, [h.path for h in sorted(headers, key=lambda h: h.position[2])]  # type: ignore[index]
+
+
+def _slices(case_dir: Path) -> int:
+    return int(json.loads((case_dir / "volume.json").read_text())["geometry"]["shape"][0])
+
+
+def test_a_file_landing_while_the_case_is_committed_leaves_it_for_the_next_run_whole(tmp_path, monkeypatch):
+    src, out = tmp_path / "export", tmp_path / "run"
+    uid, files = _series(tmp_path / "archive", 37)
+    (src / "s").mkdir(parents=True)
+    for f in files[:-1]:
+        shutil.copy2(f, src / "s" / f.name)
+    commit = RunStore.complete_case
+    landed: list[Path] = []
+
+    def land_then_commit(self: RunStore, case_key: str, **kw: Any) -> None:
+        if not landed:  # the archive's last file lands as the run commits the case
+            landed.append(Path(shutil.copy2(files[-1], src / "s" / files[-1].name)))
+        commit(self, case_key, **kw)
+
+    monkeypatch.setattr(RunStore, "complete_case", land_then_commit)
+    opts: dict[str, Any] = {"workers": 0, "report.enabled": False}
+    first = run_batch([src], out=out, stages=[IngestStage(), WriteStage()], **opts)
+
+    assert landed, "the run never committed the case"
+    published = [d for d in (out / "cases").iterdir()] if (out / "cases").is_dir() else []
+    assert [(d.name, _slices(d)) for d in published] == [], f"published without the file that landed: {first.lines()}"
+    assert db_rows(out, "SELECT case_id FROM cases WHERE status='done'") == []
+    assert first.exit_code == 0 and first.done == 0, first.lines()
+    ((_, why),) = first.still_written
+    assert f"series {uid} was still being written while the run processed it" in why
+    ((status, error_class, reason),) = db_rows(out, "SELECT status, error_class, reason FROM cases WHERE series_uid=?", (uid,))
+    assert (status, error_class) == ("pending", "SeriesStillWrittenError") and reason == why
+    monkeypatch.setattr(RunStore, "complete_case", commit)
+
+    again = run_batch([src], out=out, stages=[IngestStage(), WriteStage()], **opts)  # the next batch of the watch
+
+    assert again.exit_code == 0 and again.done == 1, again.lines()
+    ((cid,),) = db_rows(out, "SELECT case_id FROM cases WHERE status='done' AND series_uid=?", (uid,))
+    assert _slices(out / "cases" / cid) == len(files)  # the whole series, the late file included: nothing lost
