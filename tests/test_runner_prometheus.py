@@ -189,6 +189,31 @@ def test_prometheus_scrapes_two_nodes_and_answers_by_node(tmp_path):
             m.stop()
 
 
+@pytest.mark.slow
+def test_prometheus_answers_every_query_of_the_grafana_dashboard(tmp_path):
+    """Each panel's query, ``$job`` as Grafana's "All" sends it, is PromQL that Prometheus answers (not an error)."""
+    import json
+    from pathlib import Path
+
+    prometheus_tool("prometheus")
+    dash = json.loads((Path(__file__).parent.parent / "configs" / "grafana-dashboard.json").read_text())
+    m = RunMetrics(node="node-a")
+    _feed(m, done=2, failed=1)
+    port = free_port()
+    server: PrometheusServer | None = None
+    try:
+        m.serve(port, HOST)
+        server = PrometheusServer(tmp_path / "prometheus", [f"{HOST}:{port}"]).start()
+        server.wait_scraped()
+        for panel in dash["panels"]:
+            for target in panel["targets"]:
+                server.query(target["expr"].replace("$job", ".*"))  # fails on an error answer
+    finally:
+        if server is not None:
+            server.stop()
+        m.stop()
+
+
 def test_a_metrics_address_that_cannot_be_served_names_the_setting_at_fault():
     """A port in use is metrics.port's fault; an address that is not this machine's, or a host name that does not
     resolve, is metrics.bind's: it was reported as "metrics.port ... (Unknown error -2). Fix: choose a free port"."""

@@ -226,3 +226,73 @@ def test_the_dashboard_never_divides_redo_including_latencies_by_new_cases_and_s
     metrics_doc = (root / "pipeline" / "runner" / "metrics.py").read_text()
     line = next(x for x in metrics_doc.splitlines() if x.startswith("* ``ctpipe_case_latency_seconds``"))
     assert "done again" in line, line
+
+
+def test_the_report_shows_cases_done_again_per_day_and_hour_beside_the_new_ones(tmp_path):
+    """Night 1 completes a, b, c, d; their folders a and b are removed, and night 2 does them again besides a new
+    case e: the daily and hourly figures keep counting new cases (1 on night 2), and show the 2 done again and the
+    work done, 3, beside them: a node busy redoing cases does not look slower than the work it does."""
+    run_dir = tmp_path / "run"
+    store = RunStore(run_dir)
+    _start(store, "r1", T0)
+    for i, cid in enumerate("abcd"):
+        _done(store, cid, "r1", T0 + 200 * i)
+    store.end_run("r1", status="completed", n_cases=4, n_done=4, n_failed=0, n_skipped=0, ended_at=T0 + 900)
+    store.reset_case("a:fp")
+    store.reset_case("b:fp")
+    _start(store, "r2", T0 + DAY)
+    for i, cid in enumerate("abe"):
+        _done(store, cid, "r2", T0 + DAY + 200 * i)
+    store.end_run("r2", status="completed", n_cases=5, n_done=1, n_failed=0, n_skipped=2, ended_at=T0 + DAY + 700)
+    store.close()
+
+    rep = build_report([run_dir], tmp_path / "rep", timezone="UTC")
+
+    tp = rep.summary["throughput"]
+    assert tp["per_day_utc"] == {"2027-01-15": 4, "2027-01-16": 1}  # new cases, as before
+    assert tp["redone_per_day_utc"] == {"2027-01-15": 0, "2027-01-16": 2}
+    assert tp["redone_per_day_local"] == {"2027-01-15": 0, "2027-01-16": 2}
+    assert tp["per_hour_utc"]["2027-01-16 08:00"] == 1 and tp["redone_per_hour_utc"]["2027-01-16 08:00"] == 2
+    assert set(tp["redone_per_hour_utc"]) == set(tp["per_hour_utc"])
+    assert tp["cases_done"] == 5 and tp["cases_redone"] == 2
+    active_h = rep.summary["active_hours"]
+    assert tp["cases_per_hour"] == pytest.approx(5 / active_h)  # new cases per active hour: its meaning kept
+    assert tp["cases_redone_per_hour"] == pytest.approx(2 / active_h)
+
+    daily = {r["day_utc"]: r for r in read_table(tmp_path / "rep" / "throughput_daily.csv").rows}
+    assert [daily["2027-01-16"][k] for k in ("cases", "cases_redone", "cases_total_work")] == ["1", "2", "3"]
+    assert [daily["2027-01-15"][k] for k in ("cases", "cases_redone", "cases_total_work")] == ["4", "0", "4"]
+    local = {r["day_local"]: r for r in read_table(tmp_path / "rep" / "throughput_daily_local.csv").rows}
+    assert [local["2027-01-16"][k] for k in ("cases", "cases_redone", "cases_total_work")] == ["1", "2", "3"]
+    hourly = {r["hour_utc"]: r for r in read_table(tmp_path / "rep" / "throughput_hourly.csv").rows}
+    assert [hourly["2027-01-16T08:00:00Z"][k] for k in ("cases", "cases_redone", "cases_total_work")] == ["1", "2", "3"]
+
+    page = rep.html.read_text()
+    assert "<th>new cases</th><th>done again</th><th>all cases worked</th>" in page
+    assert "<tr><td>2027-01-16</td><td>1</td><td>2</td><td>3</td><td>ran</td></tr>" in page
+    assert "done again per active hour" in page
+
+
+def test_the_dashboard_charts_cases_done_again_per_hour_and_day_beside_the_new_ones():
+    """Beside each rate of new cases (ctpipe_cases_processed_total), the same panel charts the cases done again
+    (ctpipe_cases_redone_total) over the same window, and the two together: the node's whole work; one panel gives
+    both per day."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    dash = json.loads((root / "configs" / "grafana-dashboard.json").read_text())
+    per_day = []
+    for panel in dash["panels"]:
+        exprs = [t["expr"] for t in panel.get("targets", [])]
+        for e in exprs:
+            for fn, window in re.findall(r"(rate|increase)\(ctpipe_cases_processed_total\{[^}]*\}\[(\w+)\]\)", e):
+                if "Projected" in panel["title"]:
+                    continue  # a projection of new cases: its meaning kept
+                redone = [x for x in exprs if f"{fn}(ctpipe_cases_redone_total" in x and f"[{window}]" in x]
+                assert any("ctpipe_cases_processed_total" not in x for x in redone), (panel["title"], "no redo series")
+                assert any("ctpipe_cases_processed_total" in x for x in redone), (panel["title"], "no sum of both")
+                if fn == "increase" and window == "1d":
+                    per_day.append(panel["title"])
+        if any("ctpipe_cases_redone_total" in e for e in exprs):
+            assert "done again" in panel.get("description", ""), panel["title"]
+    assert per_day, "no panel gives the cases per day"

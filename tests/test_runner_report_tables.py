@@ -181,7 +181,9 @@ def test_csv_times_are_iso_utc(report_dir):
     assert {"started_utc", "ended_utc"} <= set(cases.columns) and not {"started_at", "ended_at"} & set(cases.columns)
     assert all(ISO_UTC.match(r["started_utc"]) and ISO_UTC.match(r["ended_utc"]) for r in cases.rows)
     hourly = read_table(report_dir / "throughput_hourly.csv")
-    assert hourly.columns == ["hour_utc", "cases"] and all(ISO_UTC.match(r["hour_utc"]) for r in hourly.rows)
+    assert hourly.columns == ["hour_utc", "cases", "cases_redone", "cases_total_work"] and all(
+        ISO_UTC.match(r["hour_utc"]) for r in hourly.rows
+    )
 
 
 def test_csv_findings_are_whole_numbers_and_empty_for_failed_cases(report_dir):

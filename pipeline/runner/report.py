@@ -19,7 +19,10 @@ times ISO 8601 UTC (``2026-12-04T10:15:03Z``, columns named ``..._utc``), their
 column names carry the unit (``p50_s``: seconds). Completed cases per day (every calendar day of the period, a day
 on which no run was active with 0 and ``run_active`` False) are given per UTC day
 (``throughput_daily.csv``) and per local day of a named time zone (``throughput_daily_local.csv``, whose
-``timezone`` column names it with that day's UTC offset, both on the day of a daylight-saving change).
+``timezone`` column names it with that day's UTC offset, both on the day of a daylight-saving change) and per UTC
+hour (``throughput_hourly.csv``): ``cases`` the new cases (a case counts at its first completion), beside them
+``cases_redone`` the cases done again then (their published folder removed; each at its latest completion) and
+``cases_total_work`` the two together, the cases worked on.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import numpy as np
 
 from ..atomic import published_together
 from ..errors import refuse_unexpanded_home
+from .report_days import redo_ends
 from .report_headline import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT
 from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
 from .report_latency import PCTS
@@ -115,10 +119,19 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
         fig, ax = _subplots(figsize=(8, 3))
         ended = pd.to_datetime(done.first_done_at, unit="s", utc=True)  # at its first completion, as the tables
         counts = ended.dt.floor(f"{bin_minutes}min").value_counts().sort_index()
-        ax.bar(counts.index, counts.values, width=bin_minutes / 1440.0 * 0.9, align="edge", color="#3a7bd5")
+        again = pd.to_datetime(pd.Series(redo_ends(done), dtype=float), unit="s", utc=True)  # at its latest completion
+        redone = again.dt.floor(f"{bin_minutes}min").value_counts()
+        width = bin_minutes / 1440.0 * 0.9
+        if len(redone):  # the cases done again stacked on the new ones: the work done
+            bins = counts.index.union(redone.index)
+            counts, redone = counts.reindex(bins, fill_value=0), redone.reindex(bins, fill_value=0)
+            ax.bar(bins, redone.values, width=width, align="edge", bottom=counts.values, color="#f0a030", label="done again")
+        ax.bar(counts.index, counts.values, width=width, align="edge", color="#3a7bd5", label="new")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole cases
         fig.autofmt_xdate()
-        ax.set_title(f"Completed cases per {bin_minutes} min (UTC)")
+        if len(redone):
+            ax.legend()
+        ax.set_title(f"Completed cases per {bin_minutes} min (UTC)" + (": new and done again" if len(redone) else ""))
         ax.set_ylabel("cases")
         out["throughput"] = _png(fig)
 
@@ -342,6 +355,16 @@ def build_report(
     return rep
 
 
+#: The throughput tables' columns beside ``cases`` (new cases): the cases done again (their published folder removed)
+#: and the two together, the cases worked on.
+REDONE_COLUMNS = ["cases_redone", "cases_total_work"]
+
+
+def _with_redone(new: int, redone: int) -> tuple[int, int]:
+    """The :data:`REDONE_COLUMNS` of a day or hour with ``new`` new cases and ``redone`` cases done again."""
+    return redone, new + redone
+
+
 def _tables(summary: dict[str, Any], t: dict, skipped: Any) -> dict[str, Any]:
     """The report's CSV tables by file name (DataFrames), from the summary and tables of :func:`.summarize`."""
     import pandas as pd
@@ -352,21 +375,34 @@ def _tables(summary: dict[str, Any], t: dict, skipped: Any) -> dict[str, Any]:
         "runs.csv": _runs_csv(summary["runs_table"]),
         "latency.csv": _latency_table(summary["latency_s"]),
         "latency_by_node.csv": _node_latency_table(summary["latency_by_node_s"]),
-        # every day of the period, run_active False on a day without any run (its 0 is not "ran, completed nothing")
+        # every day of the period, run_active False on a day without any run (its 0 is not "ran, completed nothing");
+        # cases: new cases, as ever; cases_redone: cases done again then; cases_total_work: both, the work done
         "throughput_daily.csv": pd.DataFrame(
-            [(day, n, day not in tp["days_without_run_utc"]) for day, n in tp["per_day_utc"].items()],
-            columns=["day_utc", "cases", "run_active"],
+            [
+                (day, n, *_with_redone(n, tp["redone_per_day_utc"].get(day, 0)), day not in tp["days_without_run_utc"])
+                for day, n in tp["per_day_utc"].items()
+            ],
+            columns=["day_utc", "cases", *REDONE_COLUMNS, "run_active"],
         ),
         "throughput_daily_local.csv": pd.DataFrame(
             [
-                (day, tp["timezone_by_day_local"].get(day, tp["timezone"]), n, day not in tp["days_without_run_local"])
+                (
+                    day,
+                    tp["timezone_by_day_local"].get(day, tp["timezone"]),
+                    n,
+                    *_with_redone(n, tp["redone_per_day_local"].get(day, 0)),
+                    day not in tp["days_without_run_local"],
+                )
                 for day, n in tp["per_day_local"].items()
             ],
-            columns=["day_local", "timezone", "cases", "run_active"],
+            columns=["day_local", "timezone", "cases", *REDONE_COLUMNS, "run_active"],
         ),
         "throughput_hourly.csv": pd.DataFrame(
-            [(f"{hour.replace(' ', 'T')}:00Z", n) for hour, n in summary["throughput"]["per_hour_utc"].items()],
-            columns=["hour_utc", "cases"],
+            [
+                (f"{hour.replace(' ', 'T')}:00Z", n, *_with_redone(n, tp["redone_per_hour_utc"].get(hour, 0)))
+                for hour, n in tp["per_hour_utc"].items()
+            ],
+            columns=["hour_utc", "cases", *REDONE_COLUMNS],
         ),
         "capacity.csv": pd.DataFrame(
             [

@@ -138,15 +138,29 @@ def every_day(counts: dict[str, int]) -> tuple[dict[str, int], list[str]]:
 def per_local_day(done: Any, intervals: Sequence[tuple[float, float]], timezone: str | None) -> dict[str, Any]:
     """The report's ``throughput`` entries for local days: ``per_day_local`` (:func:`cases_per_local_day` of the
     completed cases ``done``, each at its first completion ``first_done_at``, every day of the period listed: :func:`every_day`), ``days_without_run_local`` (the
-    days listed with 0 on which no run was active), ``timezone`` (the zone and the UTC offsets of those days, :func:`days_label`; without
+    days listed with 0 on which no run was active), ``redone_per_day_local`` (the cases done again on each of those
+    days: :func:`redo_ends`), ``timezone`` (the zone and the UTC offsets of those days, :func:`days_label`; without
     days, the offset as of the latest run's end) and ``timezone_by_day_local`` (each day's own, with both offsets on
     the day of a daylight-saving change)."""
     zone, name = report_zone(timezone)
     per_day, no_run = every_day(cases_per_local_day(list(done.first_done_at), intervals, zone))
+    redone = cases_per_local_day(redo_ends(done), [], zone)
     latest = max((e for _, e in intervals), default=time.time())
     return {
         "per_day_local": per_day,
+        "redone_per_day_local": {day: redone.get(day, 0) for day in per_day},
         "days_without_run_local": no_run,
         "timezone": days_label(list(per_day), zone, name) if per_day else zone_label(zone, name, latest),
         "timezone_by_day_local": {day: days_label([day], zone, name) for day in per_day},
     }
+
+
+def redo_ends(done: Any) -> list[float]:
+    """When each completed case of ``done`` (the report's cases table) that was done again, its published folder
+    removed, last completed (Unix s): its ``ended_at``, later than its first completion ``first_done_at``. A case
+    counts once, at its latest completion: work done then, no new case."""
+    import pandas as pd
+
+    ended = pd.to_numeric(done.ended_at, errors="coerce").astype(float)
+    first = pd.to_numeric(done.first_done_at, errors="coerce").astype(float).fillna(ended)
+    return [float(t) for t in ended[first < ended]]

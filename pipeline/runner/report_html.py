@@ -321,11 +321,18 @@ def status_banner(status: dict[str, Any]) -> str:
     return f'{STATUS_START}<p class="run-status {_e(state)}" style="{style}"><b>Run status:</b> {_e(text)}</p>{STATUS_END}'
 
 
-def _day_rows(per_day: dict[str, int], no_run: list[str]) -> str:
-    """Rows of a daily table: day, completed cases, and "no run" on a day no run was active (not "ran, did nothing")."""
+def _day_rows(per_day: dict[str, int], no_run: list[str], redone: dict[str, int]) -> str:
+    """Rows of a daily table: day, new cases, cases done again, the two together (the cases worked on), and "no run"
+    on a day no run was active (not "ran, did nothing")."""
     return "".join(
-        f"<tr><td>{_e(d)}</td><td>{n}</td><td>{'no run' if d in no_run else 'ran'}</td></tr>" for d, n in per_day.items()
+        f"<tr><td>{_e(d)}</td><td>{n}</td><td>{redone.get(d, 0)}</td><td>{n + redone.get(d, 0)}</td>"
+        f"<td>{'no run' if d in no_run else 'ran'}</td></tr>"
+        for d, n in per_day.items()
     )
+
+
+#: The daily tables' columns after the day's.
+DAY_COLUMNS = "<th>new cases</th><th>done again</th><th>all cases worked</th><th>run</th>"
 
 
 def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[str, Any]], skipped: Any) -> str:
@@ -341,8 +348,10 @@ def render_html(summary: dict[str, Any], plots: dict[str, str], rows: list[dict[
     more = len(s["failed_cases"]) - CASES_SHOWN
     fails_more = f"<p>and {more} more in failures.csv</p>" if more > 0 else ""
     tp = s["throughput"]
-    daily = _day_rows(tp["per_day_utc"], tp.get("days_without_run_utc", []))
-    local = _day_rows(tp.get("per_day_local", {}), tp.get("days_without_run_local", []))
+    daily = _day_rows(tp["per_day_utc"], tp.get("days_without_run_utc", []), tp.get("redone_per_day_utc", {}))
+    local = _day_rows(tp.get("per_day_local", {}), tp.get("days_without_run_local", []), tp.get("redone_per_day_local", {}))
+    again_h = tp.get("cases_redone_per_hour", 0.0)
+    work = f"{tp['cases_per_hour']:.1f} new cases and {again_h:.1f} done again per active hour, {tp['cases_per_hour'] + again_h:.1f} in all"
     sk = s["skipped"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ctpipe throughput report</title>
 <style>body{{font-family:sans-serif;max-width:72em;margin:2em auto;color:#222}}table{{border-collapse:collapse;margin:1em 0}}
@@ -378,9 +387,12 @@ hover for the reason). Flags: <span class="warning">warning</span> <span class="
 <h3>How these figures are computed</h3>
 <p>{_e(s["throughput"].get("method", ""))}.</p><p>{_e(s["capacity"].get("method", ""))}.</p>
 <h2>Throughput</h2>{img("throughput", "throughput over time")}
-<p>Completed cases per calendar day, local time ({_e(s["throughput"].get("timezone", "?"))}) and UTC:</p>
-<table style="display:inline-table;margin-right:2em"><tr><th>day ({_e(s["throughput"].get("timezone", "?"))})</th><th>cases</th><th>run</th></tr>{local}</table>
-<table style="display:inline-table"><tr><th>day (UTC)</th><th>cases</th><th>run</th></tr>{daily}</table>
+<p>Work done: {_e(work)} ({tp.get("cases_redone", 0)} case(s) done again in all: their published folder removed, each
+counted at its latest completion; no new case, so not in the rates and projections above, which count new cases).
+Cases per calendar day, local time ({_e(tp.get("timezone", "?"))}) and UTC: new cases (completed for the first time),
+cases done again, and the two together, the cases worked on:</p>
+<table style="display:inline-table;margin-right:2em"><tr><th>day ({_e(tp.get("timezone", "?"))})</th>{DAY_COLUMNS}</tr>{local}</table>
+<table style="display:inline-table"><tr><th>day (UTC)</th>{DAY_COLUMNS}</tr>{daily}</table>
 <h2>Latency (seconds)</h2>{_stat_table(s["latency_s"], "stage")}
 <p>n: completed cases for end_to_end, successful runs of the stage for each stage (these include the stages a
 quarantined case passed before the one that failed, and those of a series also run in another run folder). mean: the

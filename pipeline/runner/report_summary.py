@@ -2,6 +2,8 @@
 :mod:`.report` writes them out as HTML, CSV and JSON.
 
 Figures: completed cases per hour and per calendar day (UTC, and per local day in a named time zone,
+beside them the cases done again then, their published folder removed: ``redone_per_*``, each at its latest
+completion, so that new + done again is the work done;
 :mod:`.report_days`; an hour or day during which a run was active without completing a case is listed
 with 0, and so is every calendar day between the first and the last day of the period on which no run was active,
 named in ``days_without_run_utc`` / ``days_without_run_local``: the mean of the daily rows is the mean per calendar
@@ -63,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from .capacity import active_seconds, estimate, model_workers, run_workers, stage_overlap
-from .report_days import every_day, per_local_day
+from .report_days import every_day, per_local_day, redo_ends
 from .report_headline import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT, capacity_summary, gpu_recorded, machines, projection
 from .report_inputs import counted, run_folders
 from .report_latency import node_latency, pct, skipped_attempts
@@ -198,8 +200,13 @@ def summarize(
     ended = pd.to_datetime(done.first_done_at, unit="s", utc=True)  # a case counts at its first completion
     active = _active_hours(intervals)  # an hour or day a run was active without completing a case counts 0
     counts = ended.dt.floor("h").value_counts()
-    hourly = counts.reindex(active.union(counts.index), fill_value=0).sort_index()
+    redo_s = redo_ends(done)  # a case done again, at its latest completion: work done, no new case
+    redos = pd.to_datetime(pd.Series(redo_s, dtype=float), unit="s", utc=True).dt.floor("h").value_counts()
+    hours = active.union(counts.index).union(redos.index) if len(redos) else active.union(counts.index)
+    hourly = counts.reindex(hours, fill_value=0).sort_index()
+    hourly_redone = redos.reindex(hours, fill_value=0).sort_index() if len(redos) else hourly * 0
     daily = hourly.groupby(hourly.index.strftime("%Y-%m-%d")).sum().sort_index()
+    daily_redone = hourly_redone.groupby(hourly_redone.index.strftime("%Y-%m-%d")).sum()
     per_day_utc, no_run_utc = every_day({str(k): int(v) for k, v in daily.items()})
     stages["skipped"] = skipped_attempts(stages, cases)
     ok = stages[stages.status == "ok"]
@@ -272,11 +279,15 @@ def summarize(
             "cases_per_day_projected": rate_h * hours_per_day if enough else None,  # too few to project: no figure
             "hours_per_day": hours_per_day,
             "cases_done": int(len(done)),
+            "cases_redone": len(redo_s),  # done again (their published folder removed): apart from the new cases
+            "cases_redone_per_hour": 3600.0 * len(redo_s) / active_s if active_s > 0 else 0.0,
             "active_minutes": minutes,
             "enough_to_project": enough,
             "projection_rule": f"at least {MIN_CASES_TO_PROJECT} completed cases and {MIN_MINUTES_TO_PROJECT:g} active minutes",
             "per_hour_utc": {k.strftime("%Y-%m-%d %H:00"): int(v) for k, v in hourly.items()},
+            "redone_per_hour_utc": {k.strftime("%Y-%m-%d %H:00"): int(v) for k, v in hourly_redone.items()},
             "per_day_utc": per_day_utc,
+            "redone_per_day_utc": {day: int(daily_redone.get(day, 0)) for day in per_day_utc},
             "days_without_run_utc": no_run_utc,
             **per_local_day(done, intervals, timezone),
         },
