@@ -42,7 +42,7 @@ import numpy as np
 
 from ..atomic import published_together
 from ..errors import refuse_unexpanded_home
-from .report_days import redo_ends
+from .report_days import redo_ends, throughput_tables
 from .report_headline import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT
 from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
 from .report_latency import PCTS
@@ -355,16 +355,6 @@ def build_report(
     return rep
 
 
-#: The throughput tables' columns beside ``cases`` (new cases): the cases done again (their published folder removed)
-#: and the two together, the cases worked on.
-REDONE_COLUMNS = ["cases_redone", "cases_total_work"]
-
-
-def _with_redone(new: int, redone: int) -> tuple[int, int]:
-    """The :data:`REDONE_COLUMNS` of a day or hour with ``new`` new cases and ``redone`` cases done again."""
-    return redone, new + redone
-
-
 def _tables(summary: dict[str, Any], t: dict, skipped: Any) -> dict[str, Any]:
     """The report's CSV tables by file name (DataFrames), from the summary and tables of :func:`.summarize`."""
     import pandas as pd
@@ -375,35 +365,7 @@ def _tables(summary: dict[str, Any], t: dict, skipped: Any) -> dict[str, Any]:
         "runs.csv": _runs_csv(summary["runs_table"]),
         "latency.csv": _latency_table(summary["latency_s"]),
         "latency_by_node.csv": _node_latency_table(summary["latency_by_node_s"]),
-        # every day of the period, run_active False on a day without any run (its 0 is not "ran, completed nothing");
-        # cases: new cases, as ever; cases_redone: cases done again then; cases_total_work: both, the work done
-        "throughput_daily.csv": pd.DataFrame(
-            [
-                (day, n, *_with_redone(n, tp["redone_per_day_utc"].get(day, 0)), day not in tp["days_without_run_utc"])
-                for day, n in tp["per_day_utc"].items()
-            ],
-            columns=["day_utc", "cases", *REDONE_COLUMNS, "run_active"],
-        ),
-        "throughput_daily_local.csv": pd.DataFrame(
-            [
-                (
-                    day,
-                    tp["timezone_by_day_local"].get(day, tp["timezone"]),
-                    n,
-                    *_with_redone(n, tp["redone_per_day_local"].get(day, 0)),
-                    day not in tp["days_without_run_local"],
-                )
-                for day, n in tp["per_day_local"].items()
-            ],
-            columns=["day_local", "timezone", "cases", *REDONE_COLUMNS, "run_active"],
-        ),
-        "throughput_hourly.csv": pd.DataFrame(
-            [
-                (f"{hour.replace(' ', 'T')}:00Z", n, *_with_redone(n, tp["redone_per_hour_utc"].get(hour, 0)))
-                for hour, n in tp["per_hour_utc"].items()
-            ],
-            columns=["hour_utc", "cases", *REDONE_COLUMNS],
-        ),
+        **throughput_tables(tp),
         "capacity.csv": pd.DataFrame(
             [
                 {"stage": k, "group": v["group"], "busy_s_per_case": v["busy_s"], "successful_attempts": v["passes"]}

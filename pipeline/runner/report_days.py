@@ -7,7 +7,9 @@ midnight. :func:`report_zone` names the zone the report's local days are in (an 
 during which a run was active without completing a case. :func:`every_day` lists every calendar day of the
 report's period, from its first day to its last, a day without any run with 0 too, and names those days: the mean of
 the rows is then the mean per calendar day, and "no run" is told from "ran, completed nothing". Each local day is named with its UTC offset, both on the
-day of a daylight-saving change (:func:`days_label`).
+day of a daylight-saving change (:func:`days_label`). :func:`redo_ends` gives when the cases done again (their
+published folder removed) were, and :func:`throughput_tables` the report's CSV tables of cases per day and hour: new
+cases, cases done again and the two together.
 """
 
 from __future__ import annotations
@@ -164,3 +166,52 @@ def redo_ends(done: Any) -> list[float]:
     ended = pd.to_numeric(done.ended_at, errors="coerce").astype(float)
     first = pd.to_numeric(done.first_done_at, errors="coerce").astype(float).fillna(ended)
     return [float(t) for t in ended[first < ended]]
+
+
+#: The throughput tables' columns beside ``cases`` (new cases): the cases done again (their published folder removed)
+#: and the two together, the cases worked on.
+REDONE_COLUMNS = ["cases_redone", "cases_total_work"]
+
+
+def _with_redone(new: int, redone: int) -> tuple[int, int]:
+    """The :data:`REDONE_COLUMNS` of a day or hour with ``new`` new cases and ``redone`` cases done again."""
+    return redone, new + redone
+
+
+def throughput_tables(tp: dict[str, Any]) -> dict[str, Any]:
+    """The report's throughput CSV tables by file name (DataFrames), from its summary's ``throughput`` entries ``tp``:
+    ``throughput_daily.csv`` (UTC days), ``throughput_daily_local.csv`` (local days) and ``throughput_hourly.csv``
+    (UTC hours), each with ``cases`` (new cases) and the :data:`REDONE_COLUMNS`."""
+    import pandas as pd
+
+    return {
+        # every day of the period, run_active False on a day without any run (its 0 is not "ran, completed nothing");
+        # cases: new cases, as ever; cases_redone: cases done again then; cases_total_work: both, the work done
+        "throughput_daily.csv": pd.DataFrame(
+            [
+                (day, n, *_with_redone(n, tp["redone_per_day_utc"].get(day, 0)), day not in tp["days_without_run_utc"])
+                for day, n in tp["per_day_utc"].items()
+            ],
+            columns=["day_utc", "cases", *REDONE_COLUMNS, "run_active"],
+        ),
+        "throughput_daily_local.csv": pd.DataFrame(
+            [
+                (
+                    day,
+                    tp["timezone_by_day_local"].get(day, tp["timezone"]),
+                    n,
+                    *_with_redone(n, tp["redone_per_day_local"].get(day, 0)),
+                    day not in tp["days_without_run_local"],
+                )
+                for day, n in tp["per_day_local"].items()
+            ],
+            columns=["day_local", "timezone", "cases", *REDONE_COLUMNS, "run_active"],
+        ),
+        "throughput_hourly.csv": pd.DataFrame(
+            [
+                (f"{hour.replace(' ', 'T')}:00Z", n, *_with_redone(n, tp["redone_per_hour_utc"].get(hour, 0)))
+                for hour, n in tp["per_hour_utc"].items()
+            ],
+            columns=["hour_utc", "cases", *REDONE_COLUMNS],
+        ),
+    }
