@@ -315,3 +315,29 @@ def test_a_reader_does_not_block_the_writer(store):
         assert reader.execute("SELECT status FROM cases").fetchone()[0] == "done"
     finally:
         reader.close()
+
+
+def test_a_completion_undone_leaves_the_case_as_it_was_before_it(store):
+    """A case whose series changed in the moment its completion was committed: ``uncomplete_case`` puts back the row
+    as it was (a first completion's ``first_done_at`` empty, a redo's first completion kept) without its results."""
+    from pipeline.errors import RunStoreError
+
+    key = _add(store)
+    store.begin_case(key, "r1")
+    before = dict(store.case(key))
+    store.complete_case(key, output_dir="cases/a", findings=[FINDING], measurements=[("m", 1.0, "mL")], ended_at=100.0)
+    store.uncomplete_case(key, before=before)
+    assert dict(store.case(key)) == before and before["first_done_at"] is None and before["status"] == "running"
+    for table in ("findings", "measurements", "quality_flags"):
+        assert store.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0, table
+    with pytest.raises(RunStoreError, match="cannot uncomplete case a"):  # only a done case
+        store.uncomplete_case(key, before=before)
+
+    store.complete_case(key, output_dir="cases/a", findings=[FINDING], measurements=[], ended_at=100.0)
+    store.reset_case(key)  # its published folder removed: done again next
+    store.begin_case(key, "r2")
+    again = dict(store.case(key))
+    store.complete_case(key, output_dir="cases/a", findings=[], measurements=[], ended_at=200.0)
+    store.uncomplete_case(key, before=again)
+    row = store.case(key)
+    assert dict(row) == again and row["first_done_at"] == 100.0 and key in store.completed_before([key])

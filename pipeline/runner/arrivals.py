@@ -5,7 +5,8 @@ A nightly or continuous ``ctpipe run`` is often pointed at a folder a PACS or ar
 ``runner.stable_age_s`` at 0 (the default), a series whose export is under way when discovery scans the folder is
 taken with the slices already there. Before such a case is published, and again once its folder is in place, inside
 the run store's transaction that records it done, just before it commits (a file landing in between withdraws it and
-rolls the completion back), the engine asks :class:`SourceSnapshot` whether the series changed in the source
+rolls the completion back), and once more when that commit is made (a file that landed as it committed withdraws it
+and undoes the completion), the engine asks :class:`SourceSnapshot` whether the series changed in the source
 since, and if so nothing of the case is published: it is left for the next run
 (:class:`~pipeline.errors.SeriesStillWrittenError`), which finds the whole series under a new fingerprint and
 analyses it. The series changed when, under the source folders its files were found under:

@@ -26,7 +26,9 @@ with the reason, is listed in ``EngineResult.still_written``, and the run goes o
 its new content (a new fingerprint) and analyses it whole. The check once the folder is in place is made inside the
 run store's transaction that records the case done, just before it commits: a file that landed up to then, also
 while the case's results were being recorded, rolls the completion back and withdraws the folder, so no case is
-recorded done without a file of its series that was in the source before its commit.
+recorded done without a file of its series that was in the source before its commit. A file that landed after that
+check, as the transaction committed, is found by a check once the commit is made: the folder is withdrawn and the
+completion undone (:meth:`RunStore.uncomplete_case`) before the case counts anywhere (metrics, progress, log).
 """
 
 from __future__ import annotations
@@ -321,6 +323,7 @@ class Engine:
                 raise late
 
         latency = time.monotonic() - lv.began
+        before = self.store.case(case.case_key)
         try:
             self.store.complete_case(
                 case.case_key,
@@ -335,6 +338,11 @@ class Engine:
         except SeriesStillWrittenError:  # nor left published as whole
             withdraw(final, self.run_dir / "tmp")
             raise
+        late = self.snapshot.still_written(case) if self.snapshot is not None else None
+        if late is not None and before is not None:  # landed after that check, as the commit was made: undone
+            withdraw(final, self.run_dir / "tmp")  # first: killed before the next step, the next run redoes the case
+            self.store.uncomplete_case(case.case_key, before=dict(before))
+            raise late
         self._drop_cache(case)
         result.done.append(case.case_id)
         log.info(

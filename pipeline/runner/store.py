@@ -11,6 +11,7 @@ A case's ``status`` moves only along these transitions (anything else raises
     running → pending                       release_case (the run folder could not be written, or the series was
                                             still being written into the source: retried next run)
     done → pending                          reset_case (its published folder is gone)
+    done → as before complete_case          uncomplete_case (its series changed in the moment it was committed)
     pending, running, failed → (replaced)  replace_case (its series was found again with other content: the
                                             new content takes the case's id, the old attempts stay as history)
 
@@ -49,8 +50,15 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     "fail": ("running", "failed"),
     "release": ("running",),
     "reset": ("done",),
+    "uncomplete": ("done",),
     "replace": ("pending", "running", "failed"),
 }
+
+#: The columns of ``cases`` that :meth:`RunStore.complete_case` sets.
+_COMPLETED = (
+    "status", "ended_at", "first_done_at", "latency_s", "n_findings", "output_dir", "reason", "error_class",
+    "failed_stage", "lung_coverage", "contrast_phase", "flags", "detect_skipped",
+)  # fmt: skip
 
 #: Keys of an origin (``run_batch(origins=...)``, :meth:`RunStore.record_origins`); nothing else is stored.
 ORIGIN_KEYS = ("remote", "via", "study_uid", "series_uid", "n_instances")
@@ -335,6 +343,20 @@ class RunStore:
             )
             if before_commit is not None:
                 before_commit()
+
+    def uncomplete_case(self, case_key: str, *, before: Mapping[str, Any]) -> None:
+        """Undo :meth:`complete_case` just made: the case's series changed in the source in the moment it was
+        committed. The columns it set are put back as they were in ``before`` (the case's row just before it, status
+        'running' as a rule; a first completion's ``first_done_at`` empty again), and the findings, measurements and
+        quality flags it recorded are removed."""
+        with self.tx():
+            self._expect(case_key, "uncomplete")
+            for table in ("findings", "measurements", "quality_flags"):
+                self.db.execute(f"DELETE FROM {table} WHERE case_key=?", (case_key,))
+            self.db.execute(
+                f"UPDATE cases SET {', '.join(f'{c}=?' for c in _COMPLETED)} WHERE case_key=?",
+                (*(before[c] for c in _COMPLETED), case_key),
+            )
 
     def release_case(self, case_key: str, *, reason: str, stage: str | None, error_class: str | None = None) -> None:
         """Back to 'pending' without a verdict: the run folder could not be written while the case ran
