@@ -5,8 +5,9 @@ Metrics (one registry per run, so several runs in one process do not mix):
 * ``ctpipe_cases_processed_total`` — cases completed for the first time: chart "cases completed" from it, as the
   report counts them (a case counts once, where it was first completed).
 * ``ctpipe_cases_redone_total`` — cases done again because their published folder was removed: work done, but no new
-  case (the report's ``n_redone``, the summary line's "done again"); the two added up are the completions of the
-  runs, as ``ctpipe_case_latency_seconds_count`` counts them.
+  case (the report's ``n_redone`` and, per day and hour, ``cases_redone``, the summary line's "done again"; the
+  dashboard charts it per hour and per day beside the new cases); the two added up are the completions of the
+  runs, the work done, as ``ctpipe_case_latency_seconds_count`` counts them.
 * ``ctpipe_cases_failed_total{reason}`` — cases quarantined, by error class.
 * ``ctpipe_cases_quarantined{when}`` — at the run's end, the cases of its sources that are quarantined: ``this_run``
   (quarantined by this run) and ``earlier_runs`` (quarantined by an earlier run of the folder and not retried; the exit
