@@ -27,8 +27,10 @@ from .organs import EXTRA_COLORS, ORGAN_COLORS, organ_colours, organ_label
 from .render_layout import (
     BROKEN_LINE_PT,
     SIDE_BAND_PX,
+    TITLE_LINE_PX,
     TOP_BAND_PX,
     black_figure,
+    fit_title,
     hex_rgb,
     legend_layout,
     orientation_letters,
@@ -358,7 +360,9 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
     #N, as the MPRs and ``ctpipe reconstruct``'s nodule lines number it), and a legend of the colours under the
     views. A nodule hidden in a view behind another organ (:func:`hidden_by`: the right lung's behind the left lung
     in the left lateral view) is drawn there as a dashed outline, not over that organ, and lettered ``#N (behind left
-    lung)``, so that no nodule seems to lie in the organ in front of it."""
+    lung)``, so that no nodule seems to lie in the organ in front of it. Each view's title (the view and the organs
+    shown) lies above that view alone: wrapped to its width (:func:`~.render_layout.fit_title`, the PNG made taller by
+    the lines added), in smaller type only where one word is wider than a very small view."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -381,17 +385,18 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
     view_w, view_h = size + 2 * side, size + 2 * band
     width = 2 * view_w + PREVIEW_GAP_PX
     ncol, legend_px = legend_layout(labels, width, fontsize=8)
-    total = view_h + 40 + legend_px
+    named = ", ".join(organ_label(k) for k in views.organs)
+    # each title within its own view's width, wrapped (or smaller) where it is wider, never into the other view
+    titles = [fit_title(f"{name}: {named}", view_w) for name in ("anterior view", "left lateral view")]
+    lines = max(text.count("\n") + 1 for text, _ in titles)
+    total = view_h + TITLE_ROOM_PX + TITLE_LINE_PX * (lines - 1) + legend_px
     fig = black_figure(width, total)
-    for n, (img, title, letters) in enumerate(
-        zip(images, ("anterior view", "left lateral view"), (("R", "L", "S", "I"), ("A", "P", "S", "I")))
-    ):
+    for n, (img, (title, fontsize), letters) in enumerate(zip(images, titles, (("R", "L", "S", "I"), ("A", "P", "S", "I")))):
         ax = fig.add_axes((n * (view_w + PREVIEW_GAP_PX) / width, legend_px / total, view_w / width, view_h / total))
         ax.imshow(img, interpolation="nearest")
         ax.set_xlim(-0.5 - side, size - 0.5 + side)  # the letters' bands around the view, on no organ
         ax.set_ylim(size - 0.5 + band, -0.5 - band)
-        title = f"{title}: {', '.join(organ_label(k) for k in views.organs)}"
-        orientation_letters(ax, *letters, title, side_bands=True)
+        orientation_letters(ax, *letters, title, side_bands=True, title_fontsize=fontsize)
         if views.frame is not None:
             for name in hidden[n]:  # its silhouette, dashed: behind the organ, not on it
                 sil = ~np.isnan(surface_depth(nods[name], view=VIEWS[n], size=size, frame=views.frame))
@@ -489,6 +494,7 @@ def _letter_nodules(
             leader_line(ax, (cu, cv), (float(eu), float(ev)), colour=colour)
 
 
+TITLE_ROOM_PX = 40  # pixels above the views for a title of one line; TITLE_LINE_PX more for each further line
 PX_PER_PT = 100.0 / 72.0  # the preview's pixels per typographic point (render_layout.FIGURE_DPI)
 LEADER_GAP_PX = 6.0  # letters farther than this beside their nodule (a crowd moved them) get a dotted line to it
 

@@ -120,6 +120,32 @@ def wrap_title(title: str, width_px: int) -> str:
     return "\n".join(textwrap.fill(line, chars, break_long_words=False, break_on_hyphens=False) for line in title.split("\n"))
 
 
+def fit_title(title: str, width_px: float, *, fontsize: float = TITLE_FONTSIZE) -> tuple[str, float]:
+    """``title`` wrapped at spaces so that each line fits ``width_px`` pixels, measured as the PNG's renderer draws
+    the glyphs (not estimated), and the font size (points) to draw it in: ``fontsize``, or smaller where one word is
+    wider than ``width_px`` (a very small 3-D preview), so that no title runs past its image into the next one."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    renderer = RendererAgg(1, 1, FIGURE_DPI)
+
+    def width(text: str, size: float) -> float:
+        return float(renderer.get_text_width_height_descent(text, FontProperties(size=size), ismath=False)[0])
+
+    usable = max(width_px - 2.0, 1.0)  # a pixel clear of each edge
+    words = title.split()
+    widest = max((width(w, fontsize) for w in words), default=0.0)
+    if widest > usable:  # glyph widths scale with the size; the floor keeps any rounding inside
+        fontsize = np.floor(10.0 * fontsize * usable / widest) / 10.0
+    lines: list[str] = []
+    for word in words:
+        if lines and width(f"{lines[-1]} {word}", fontsize) <= usable:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return "\n".join(lines), float(fontsize)
+
+
 def image_figure(
     w_mm: float,
     h_mm: float,
@@ -199,11 +225,12 @@ def orientation_letters(
     *,
     side_bands: bool = False,
     margins_mm: tuple[float, float] = (0.0, 0.0),
+    title_fontsize: float = TITLE_FONTSIZE,
 ) -> None:
     """The image's orientation letters at its left and right edges (with ``side_bands``, in the bands beside it that
     :func:`scale_bar` leaves, :data:`SIDE_BAND_PX`, between the image and the ``margins_mm`` beyond them), in the band
     above it (:data:`TOP_BAND_PX`) and at the foot of its
-    axes (the band below it), yellow on a dark box; ``title`` above; the axes hidden."""
+    axes (the band below it), yellow on a dark box; ``title`` above (``title_fontsize`` points); the axes hidden."""
     kw = {
         "color": "yellow",
         "fontsize": ORIENTATION_FONTSIZE,
@@ -225,7 +252,7 @@ def orientation_letters(
     ax.text(0.5, 0.01, bottom, ha="center", va="bottom", **kw)
     # y fixed at the axes' top, where the hidden axes leave it: matplotlib then skips measuring their tick labels to
     # place it, a third of a PNG's drawing time
-    ax.set_title(title, color="white", fontsize=TITLE_FONTSIZE, y=1.0)
+    ax.set_title(title, color="white", fontsize=title_fontsize, y=1.0)
     ax.set_axis_off()
 
 
