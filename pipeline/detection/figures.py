@@ -142,7 +142,8 @@ def finding_png(
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
     ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`; edges lettered R, L,
     A, P; the titles say when the planes are the scanner's tilted image planes, :func:`image_plane_note`), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
-    its centre, blank beyond the series' first and last slices. ``warning`` (the quality flags' sentences joined by
+    its centre, each its own image on a black gap (no close-up's edge smoothed into the next), what lies beyond the
+    series' first and last slices drawn as not scanned (:data:`~pipeline.reconstruction.render_planes.OUTSIDE_SCAN_RGB`). ``warning`` (the quality flags' sentences joined by
     "; ", e.g. the thick-slice flag) is written under the title, one flag a line, wrapped at :data:`WARNING_CHARS`
     characters (the figure grows by a line's height for each); ``footer`` (the model) at the bottom."""
     import matplotlib
@@ -181,23 +182,32 @@ def finding_png(
             ax.text(x, y, letter, transform=ax.transAxes, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
         ax.set_title(title, fontsize=9)
         ax.set_axis_off()
-    # the close-ups side by side in one image (one axes draws far faster than three)
+    # the close-ups side by side in one axes (one axes draws far faster than three), each an image of its own on a
+    # dark gap: smoothed apart, no close-up's edge is blended with the gap or its neighbour
     planes = patient_planes(volume, f.center_lps)
     n_px, gap = CLOSE_UP_PIXELS, 3
-    strip = np.full((n_px, 3 * n_px + 2 * gap), np.nan, dtype=np.float32)
     ax = fig.add_subplot(grid[1, :])
     radius = max(f.diameter_mm / 2.0 / (CLOSE_UP_MM / n_px), 2.0) + 2.0
     for n, (name, left, right, upper, lower, up) in enumerate(PLANES):
         x0 = n * (n_px + gap)
-        strip[:, x0 : x0 + n_px] = planes[name]
+        ax.imshow(
+            planes[name],
+            cmap=not_scanned,  # beyond the series' first or last slice: as the slice's unscanned voxels, not white
+            vmin=LUNG_WINDOW[0],
+            vmax=LUNG_WINDOW[1],
+            interpolation="bilinear",
+            extent=(x0 - 0.5, x0 + n_px - 0.5, n_px - 0.5, -0.5),
+        )
         ax.add_patch(Circle((x0 + n_px // 2, n_px // 2), radius, fill=False, edgecolor="red", linewidth=1.0))
         mid = n_px // 2
         for x, y, letter in ((x0 + 2, mid, left), (x0 + n_px - 3, mid, right), (x0 + mid, 2, upper), (x0 + mid, n_px - 3, lower)):
             ax.text(x, y, letter, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
         ax.text(x0 + n_px / 2, -2, f"{name}, {CLOSE_UP_MM:.0f} mm, {up} up", fontsize=8, ha="center", va="bottom")
-    cmap = matplotlib.colormaps["gray"].with_extremes(bad="white")
-    ax.imshow(strip, cmap=cmap, vmin=LUNG_WINDOW[0], vmax=LUNG_WINDOW[1], interpolation="bilinear")
-    ax.set_axis_off()
+    ax.set_xlim(-0.5, 3 * n_px + 2 * gap - 0.5)
+    ax.set_ylim(n_px - 0.5, -0.5)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.add_patch(Rectangle((-0.5, -0.5), 3 * n_px + 2 * gap, n_px, facecolor="black", edgecolor="none", zorder=-1))  # the gaps
     c = f.center_lps
     score = stated_score(f.score)  # as the SR states it: 0.99996 is 0.999, never 1.000
     title = f"#{rank} score {score:.3f}, box {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"

@@ -1,0 +1,105 @@
+"""The finding PNG's three close-ups were one image with white columns between them and white beyond the series:
+bilinear smoothing spread the white some 4 pixels into each close-up's neighbouring edge, a bright band a reader takes
+for pleura or chest wall, and the rows beyond the series' first or last slice were white as bone. The close-ups are
+now drawn apart on dark gaps, their edges as the CT shows them, and what lies beyond the series in the flat blue-grey
+of the other renderings' unscanned voxels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.detection.figures import LUNG_WINDOW, finding_png
+from pipeline.detection.findings import Finding
+from pipeline.reconstruction.render_planes import OUTSIDE_SCAN_RGB
+from pipeline.volume import CTVolume, Geometry
+
+LUNG_HU = -800.0
+GREY = (LUNG_HU - LUNG_WINDOW[0]) / (LUNG_WINDOW[1] - LUNG_WINDOW[0])  # its grey in the lung window
+
+
+def _uniform_lung(shape=(64, 80, 80)) -> CTVolume:
+    return CTVolume(np.full(shape, LUNG_HU, np.float32), Geometry(shape=shape, spacing=(0.8, 0.8, 1.0), origin=(0.0, 0.0, 0.0)))
+
+
+def _finding(vol: CTVolume, ijk: tuple[int, int, int]) -> Finding:
+    c = vol.geometry.index_to_lps(np.array([ijk], float))[0]
+    return Finding(
+        center_lps=tuple(c),
+        box_min_lps=tuple(c - 2.0),
+        box_max_lps=tuple(c + 2.0),
+        diameter_mm=4.0,
+        score=0.9,
+        voxel_ijk=ijk,
+        slice_number=ijk[2] + 1,
+    )
+
+
+def _close_up_pixels(monkeypatch, vol: CTVolume, f: Finding) -> np.ndarray:
+    """The PNG's pixels (RGB, 0..1) over the close-ups' axes, as drawn."""
+    import matplotlib.figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    found: list[np.ndarray] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        rgb = np.asarray(canvas.buffer_rgba())[:, :, :3] / 255.0
+        box = fig.axes[2].get_window_extent()  # the close-ups, pixels from the lower left
+        height = rgb.shape[0]
+        found.append(rgb[int(height - box.y1) + 1 : int(height - box.y0) - 1, int(box.x0) + 1 : int(box.x1) - 1])
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    finding_png(vol, f)
+    return found[0]
+
+
+def test_no_bright_band_at_the_close_ups_edges(monkeypatch):
+    vol = _uniform_lung()
+    pixels = _close_up_pixels(monkeypatch, vol, _finding(vol, (40, 40, 32)))
+    rows = pixels.shape[0]
+    for r in (rows // 4, 3 * rows // 4):  # above and below the side letters, across the three close-ups and the gaps
+        grey = pixels[r].mean(axis=1)
+        drawn = np.nonzero(np.abs(grey - GREY) < 0.02)[0]
+        assert drawn.size > pixels.shape[1] // 2, "the close-ups are not drawn in the lung window's grey"
+        between = grey[drawn[0] : drawn[-1] + 1]
+        assert between.max() < GREY + 0.05, (
+            f"row {r}: a band up to grey {between.max():.2f} where the lung is {GREY:.2f}, "
+            f"at columns {np.nonzero(between > GREY + 0.05)[0][:12].tolist()}"
+        )
+
+
+def test_what_lies_beyond_the_series_is_drawn_as_not_scanned_not_white(monkeypatch):
+    vol = _uniform_lung()
+    top = vol.geometry.size_ijk[2] - 1
+    pixels = _close_up_pixels(monkeypatch, vol, _finding(vol, (40, 40, top - 5)))  # 5 mm below the top slice
+    upper = pixels[: pixels.shape[0] // 5].reshape(-1, 3)  # the coronal's and sagittal's rows above the series
+    white = np.all(upper > 0.9, axis=1).mean()
+    unscanned = np.all(np.abs(upper - np.array(OUTSIDE_SCAN_RGB)) < 0.03, axis=1).mean()
+    assert white < 0.01, f"{white:.0%} of the close-ups' upper rows are white, as bone is in the lung window"
+    assert unscanned > 0.3, f"only {unscanned:.0%} of the upper rows are drawn as not scanned {OUTSIDE_SCAN_RGB}"
+
+
+@pytest.mark.parametrize("plane", [0, 1, 2])
+def test_each_close_up_keeps_its_place_in_the_strip(monkeypatch, plane):
+    """The letters' data coordinates (the close-ups' pixels, side by side) are unchanged: each image spans its own
+    columns of the strip."""
+    import matplotlib.figure
+
+    from pipeline.detection.figures import CLOSE_UP_PIXELS
+
+    spans: list[list[tuple[float, float, float, float]]] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        spans.append([tuple(im.get_extent()) for im in fig.axes[2].images])
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    vol = _uniform_lung()
+    finding_png(vol, _finding(vol, (40, 40, 32)))
+    x0 = plane * (CLOSE_UP_PIXELS + 3)
+    assert spans[0][plane] == pytest.approx((x0 - 0.5, x0 + CLOSE_UP_PIXELS - 0.5, CLOSE_UP_PIXELS - 0.5, -0.5))
