@@ -406,7 +406,7 @@ def test_the_preview_and_mpr_texts_name_the_organs_as_the_seg_does(tmp_path, mon
     render_mpr(vol, masks, tmp_path, stem="n", center_lps=geom.index_to_lps([[30.0, 20.0, 20.0]])[0])
     render_preview({n: mesh_from_mask(m, geom, name=n) for n, m in masks.items()}, tmp_path, stem="n", size=128)
     axial, preview = figures[0], figures[-1]
-    titles = [ax.get_title() for ax in preview.axes]
+    titles = [" ".join(ax.get_title().split()) for ax in preview.axes]  # as read, wrapped to its view or not
     assert all(t.endswith(": left lung, right lung, small bowel") for t in titles), titles
     legends = [*axial.axes[0].get_legend().get_texts(), *preview.legends[0].get_texts()]
     assert {t.get_text() for t in legends} == {"left lung", "right lung", "small bowel"}
