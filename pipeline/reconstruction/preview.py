@@ -48,7 +48,7 @@ _CHUNK = 20000
 PREVIEW_TRIANGLES = 150_000
 #: The version of the views' drawing (projection, shading, what is kept beside the images): raised with each change,
 #: so that views kept by an earlier version (a run's cache kept across an upgrade) are drawn again, not reused.
-RENDERER_VERSION = 3
+RENDERER_VERSION = 4
 
 
 def views_digest() -> str:
@@ -95,17 +95,19 @@ def _view_axes(view: str) -> tuple[tuple[int, int], int, float]:
     raise ValueError(f"view must be 'anterior' or 'left', got {view!r}")
 
 
-def _fit(frame: tuple[np.ndarray, np.ndarray], axes: tuple[int, int], size: int) -> tuple[float, np.ndarray]:
-    """Pixels per mm and the LPS centre of an image of ``size`` pixels fitted to ``frame`` (lowest, highest corner)."""
+def _fit(frame: tuple[np.ndarray, np.ndarray], size: int) -> tuple[float, np.ndarray]:
+    """Pixels per mm and the LPS centre of an image of ``size`` pixels fitted to ``frame`` (lowest, highest corner).
+    The scale is the same for every view: fitted to the frame's longest side in any direction, so that the anterior
+    and lateral views draw a millimetre alike and a point at one head-foot height on the same row of both."""
     lo, hi = (np.asarray(c, dtype=np.float64) for c in frame)
-    return 0.92 * size / max(float((hi - lo)[list(axes)].max()), 1e-6), (lo + hi) / 2
+    return 0.92 * size / max(float((hi - lo).max()), 1e-6), (lo + hi) / 2
 
 
 def _fragments(mesh: Mesh, *, view: str, size: int, frame: tuple[np.ndarray, np.ndarray]):
     """The mesh's triangles (T, 3, 3) in chunks with the pixels (flat index) they cover, the depth there (mm, growing
     towards the viewer) and the triangle of each."""
     axes, depth_axis, depth_sign = _view_axes(view)
-    scale, centre = _fit(frame, axes, size)
+    scale, centre = _fit(frame, size)
     for f0 in range(0, mesh.n_triangles, _CHUNK):  # bounded memory for large meshes
         tri = mesh.vertices[mesh.faces[f0 : f0 + _CHUNK]]
         u = (tri[:, :, axes[0]] - centre[axes[0]]) * scale + size / 2
@@ -241,7 +243,7 @@ def image_position(points_lps: np.ndarray, *, view: str, size: int, frame: tuple
     """Where LPS points (mm, ``[n, 3]``) fall on a :func:`rasterise` image of ``size`` pixels fitted to ``frame``:
     ``[n, 2]`` (column, row) pixel coordinates (rows run downwards)."""
     axes = _view_axes(view)[0]
-    scale, centre = _fit(frame, axes, size)
+    scale, centre = _fit(frame, size)
     pts = np.asarray(points_lps, dtype=np.float64).reshape(-1, 3)
     u = (pts[:, axes[0]] - centre[axes[0]]) * scale + size / 2
     v = size / 2 - (pts[:, axes[1]] - centre[axes[1]]) * scale
