@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.detection.figures import CLOSE_UP_MM, CLOSE_UP_PIXELS, axial_view, finding_png, patient_planes
+from pipeline.detection.figures import CLOSE_UP_BAND_PX, CLOSE_UP_MM, CLOSE_UP_PIXELS, axial_view, finding_png, patient_planes
 from pipeline.detection.findings import Finding
 from pipeline.volume import CTVolume, Geometry
 
@@ -256,9 +256,9 @@ def test_the_close_ups_are_lettered_on_all_four_edges(monkeypatch):
     vol = _volume_with_markers(DIRECTIONS["LPS"])
     finding_png(vol, _finding_at_centre(vol, 5.0))
     (letters,) = found
-    n_px = CLOSE_UP_PIXELS
+    n_px, band = CLOSE_UP_PIXELS, CLOSE_UP_BAND_PX
     for plane, expected in enumerate((("R", "L", "A", "P"), ("R", "L", "S", "I"), ("A", "P", "S", "I"))):
-        x0, x1 = plane * (n_px + 3), plane * (n_px + 3) + n_px
+        x0, x1 = plane * (n_px + 2 * band) - band, plane * (n_px + 2 * band) + n_px + band  # with its letters' bands
         mine = {text: (x, y) for text, x, y in letters if x0 <= x < x1}
         assert set(mine) == set(expected), (plane, mine)
         left, right, top, bottom = (mine[k] for k in expected)

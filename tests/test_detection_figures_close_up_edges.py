@@ -85,11 +85,11 @@ def test_what_lies_beyond_the_series_is_drawn_as_not_scanned_not_white(monkeypat
 
 @pytest.mark.parametrize("plane", [0, 1, 2])
 def test_each_close_up_keeps_its_place_in_the_strip(monkeypatch, plane):
-    """The letters' data coordinates (the close-ups' pixels, side by side) are unchanged: each image spans its own
-    columns of the strip."""
+    """Each image spans its own columns of the strip (the close-ups' pixels, side by side, the letters' bands
+    between them)."""
     import matplotlib.figure
 
-    from pipeline.detection.figures import CLOSE_UP_PIXELS
+    from pipeline.detection.figures import CLOSE_UP_BAND_PX, CLOSE_UP_PIXELS
 
     spans: list[list[tuple[float, float, float, float]]] = []
     real = matplotlib.figure.Figure.savefig
@@ -101,5 +101,37 @@ def test_each_close_up_keeps_its_place_in_the_strip(monkeypatch, plane):
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     vol = _uniform_lung()
     finding_png(vol, _finding(vol, (40, 40, 32)))
-    x0 = plane * (CLOSE_UP_PIXELS + 3)
+    x0 = plane * (CLOSE_UP_PIXELS + 2 * CLOSE_UP_BAND_PX)  # each with the bands of its letters beside it
     assert spans[0][plane] == pytest.approx((x0 - 0.5, x0 + CLOSE_UP_PIXELS - 0.5, CLOSE_UP_PIXELS - 0.5, -0.5))
+
+
+def test_the_close_ups_letters_lie_beside_them_not_on_the_lung(monkeypatch):
+    """Each close-up's R/L, A/P, S/I letters lay on its image's edges, over the lung, pleura and vessels a reader looks
+    at there: they now lie in the bands beside, above and below it, on no close-up, facing their own image's edge."""
+    import matplotlib.figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    found: list[tuple[list, list]] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        FigureCanvasAgg(fig).draw()
+        strip = fig.axes[2]
+        letters = [(t.get_text(), t.get_window_extent()) for t in strip.texts if len(t.get_text()) == 1]
+        found.append((letters, [im.get_window_extent() for im in strip.images]))
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    vol = _uniform_lung()
+    finding_png(vol, _finding(vol, (40, 40, 32)))
+    ((letters, images),) = found
+    assert len(letters) == 12 and len(images) == 3
+    for text, box in letters:
+        for n, im in enumerate(images):
+            on = box.x0 < im.x1 and im.x0 < box.x1 and box.y0 < im.y1 and im.y0 < box.y1
+            assert not on, f"the letter {text!r} ({box}) lies on close-up {n} ({im})"
+    for n, im in enumerate(images):  # four letters face each close-up's edges, within a letter's width of them
+        near = [
+            t for t, b in letters if im.x0 - 20 < (b.x0 + b.x1) / 2 < im.x1 + 20 and im.y0 - 20 < (b.y0 + b.y1) / 2 < im.y1 + 20
+        ]
+        assert len(near) >= 4, (n, near)

@@ -36,6 +36,7 @@ LUNG_WINDOW = (-1350.0, 150.0)  # level -600, width 1500 HU
 SLAB_MM = 10.0
 CLOSE_UP_MM = 50.0  # field of view of the close-ups
 CLOSE_UP_PIXELS = 81  # odd, so that the finding's centre is a pixel's centre
+CLOSE_UP_BAND_PX = 6  # close-up pixels of the bands around each close-up that hold its letters, on no anatomy
 WARNING_CHARS = 100  # characters per line of the warning under the title: the 810-pixel wide PNG holds them whole
 WARNING_LINE_INCHES = 0.25  # the figure grows by this for each line of the warning
 _LABEL_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
@@ -142,7 +143,8 @@ def finding_png(
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
     ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`; edges lettered R, L,
     A, P; the titles say when the planes are the scanner's tilted image planes, :func:`image_plane_note`), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
-    its centre, each its own image on a black gap (no close-up's edge smoothed into the next), what lies beyond the
+    its centre, each its own image on a black panel (no close-up's edge smoothed into the next), lettered in the bands
+    around it, on none of the images (:data:`CLOSE_UP_BAND_PX`), what lies beyond the
     series' first and last slices drawn as not scanned (:data:`~pipeline.reconstruction.render_planes.OUTSIDE_SCAN_RGB`). ``warning`` (the quality flags' sentences joined by
     "; ", e.g. the thick-slice flag) is written under the title, one flag a line, wrapped at :data:`WARNING_CHARS`
     characters (the figure grows by a line's height for each); ``footer`` (the model) at the bottom."""
@@ -183,13 +185,16 @@ def finding_png(
         ax.set_title(title, fontsize=9)
         ax.set_axis_off()
     # the close-ups side by side in one axes (one axes draws far faster than three), each an image of its own on a
-    # dark gap: smoothed apart, no close-up's edge is blended with the gap or its neighbour
+    # dark panel: smoothed apart, no close-up's edge is blended with the gap or its neighbour; the letters in the
+    # bands around each image (CLOSE_UP_BAND_PX), on none of them
     planes = patient_planes(volume, f.center_lps)
-    n_px, gap = CLOSE_UP_PIXELS, 3
+    n_px, band = CLOSE_UP_PIXELS, CLOSE_UP_BAND_PX
+    step = n_px + 2 * band  # from one close-up to the next: the image and its two side bands
     ax = fig.add_subplot(grid[1, :])
     radius = max(f.diameter_mm / 2.0 / (CLOSE_UP_MM / n_px), 2.0) + 2.0
+    lo, hi = -0.5 - band / 2, n_px - 0.5 + band / 2  # the bands' middles: before and after an image's pixels
     for n, (name, left, right, upper, lower, up) in enumerate(PLANES):
-        x0 = n * (n_px + gap)
+        x0 = n * step
         ax.imshow(
             planes[name],
             cmap=not_scanned,  # beyond the series' first or last slice: as the slice's unscanned voxels, not white
@@ -200,14 +205,15 @@ def finding_png(
         )
         ax.add_patch(Circle((x0 + n_px // 2, n_px // 2), radius, fill=False, edgecolor="red", linewidth=1.0))
         mid = n_px // 2
-        for x, y, letter in ((x0 + 2, mid, left), (x0 + n_px - 3, mid, right), (x0 + mid, 2, upper), (x0 + mid, n_px - 3, lower)):
+        for x, y, letter in ((x0 + lo, mid, left), (x0 + hi, mid, right), (x0 + mid, lo, upper), (x0 + mid, hi, lower)):
             ax.text(x, y, letter, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
-        ax.text(x0 + n_px / 2, -2, f"{name}, {CLOSE_UP_MM:.0f} mm, {up} up", fontsize=8, ha="center", va="bottom")
-    ax.set_xlim(-0.5, 3 * n_px + 2 * gap - 0.5)
-    ax.set_ylim(n_px - 0.5, -0.5)
+        ax.text(x0 + n_px / 2, -0.5 - band - 1, f"{name}, {CLOSE_UP_MM:.0f} mm, {up} up", fontsize=8, ha="center", va="bottom")
+    x_lo, x_hi, y_lo, y_hi = -0.5 - band, 2 * step + n_px - 0.5 + band, -0.5 - band, n_px - 0.5 + band
+    ax.set_xlim(x_lo, x_hi)
+    ax.set_ylim(y_hi, y_lo)
     ax.set_aspect("equal")
-    ax.axis("off")
-    ax.add_patch(Rectangle((-0.5, -0.5), 3 * n_px + 2 * gap, n_px, facecolor="black", edgecolor="none", zorder=-1))  # the gaps
+    ax.axis("off")  # the panel under the images, the gaps and the letters' bands:
+    ax.add_patch(Rectangle((x_lo, y_lo), x_hi - x_lo, y_hi - y_lo, facecolor="black", edgecolor="none", zorder=-1))
     c = f.center_lps
     score = stated_score(f.score)  # as the SR states it: 0.99996 is 0.999, never 1.000
     title = f"#{rank} score {score:.3f}, box {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"
