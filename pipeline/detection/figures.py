@@ -38,6 +38,8 @@ CLOSE_UP_MM = 50.0  # field of view of the close-ups
 CLOSE_UP_PIXELS = 81  # odd, so that the finding's centre is a pixel's centre
 CLOSE_UP_BAND_PX = 6  # close-up pixels of the bands around each close-up that hold its letters, on no anatomy
 WARNING_CHARS = 100  # characters per line of the warning under the title: the 810-pixel wide PNG holds them whole
+WARNING_COLOUR = "#ffb000"  # the title and warning of a flagged series: amber, legible on the black PNG
+FOOTER_COLOUR = "#b0b0b0"  # the model's line at the bottom: quieter than the titles, legible on black
 WARNING_LINE_INCHES = 0.25  # the figure grows by this for each line of the warning
 _LABEL_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
 #: The letters on the edges of the slice and the MIP (axes fractions x, y): the patient's right on the image's left,
@@ -162,7 +164,7 @@ def finding_png(
     extra = len(warning_lines) + (tilted is not None)  # lines above the images: the warning's, the planes' second line
     height = 7.6 + WARNING_LINE_INCHES * extra
     top = 1.0 - (0.5 + WARNING_LINE_INCHES * extra) / height  # the title, warning and image titles above the images
-    fig = Figure(figsize=(9, height), dpi=90)
+    fig = Figure(figsize=(9, height), dpi=90, facecolor="black")  # as every rendering: no bright frame round the CT
     not_scanned = matplotlib.colormaps["gray"].with_extremes(bad=OUTSIDE_SCAN_RGB)  # NaN: voxels no image measured
     grid = fig.add_gridspec(2, 2, height_ratios=(4.6, 3.0), top=top, bottom=0.02, left=0.02, right=0.98, hspace=0.12)
     slice_title = f"{slice_label} {f.slice_number} (k={k})"
@@ -182,7 +184,7 @@ def finding_png(
         ax.add_patch(Rectangle((i0, j0), i1 - i0, j1 - j0, fill=False, edgecolor="red", linewidth=1.2))  # the box's edges
         for x, y, letter in AXIAL_LETTERS:
             ax.text(x, y, letter, transform=ax.transAxes, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=9, color="white")
         ax.set_axis_off()
     # the close-ups side by side in one axes (one axes draws far faster than three), each an image of its own on a
     # dark panel: smoothed apart, no close-up's edge is blended with the gap or its neighbour; the letters in the
@@ -207,7 +209,15 @@ def finding_png(
         mid = n_px // 2
         for x, y, letter in ((x0 + lo, mid, left), (x0 + hi, mid, right), (x0 + mid, lo, upper), (x0 + mid, hi, lower)):
             ax.text(x, y, letter, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
-        ax.text(x0 + n_px / 2, -0.5 - band - 1, f"{name}, {CLOSE_UP_MM:.0f} mm, {up} up", fontsize=8, ha="center", va="bottom")
+        ax.text(
+            x0 + n_px / 2,
+            -0.5 - band - 1,
+            f"{name}, {CLOSE_UP_MM:.0f} mm, {up} up",
+            fontsize=8,
+            ha="center",
+            va="bottom",
+            color="white",
+        )
     x_lo, x_hi, y_lo, y_hi = -0.5 - band, 2 * step + n_px - 0.5 + band, -0.5 - band, n_px - 0.5 + band
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(y_hi, y_lo)
@@ -217,9 +227,9 @@ def finding_png(
     c = f.center_lps
     score = stated_score(f.score)  # as the SR states it: 0.99996 is 0.999, never 1.000
     title = f"#{rank} score {score:.3f}, box {f.diameter_mm:.1f} mm at LPS ({c[0]:.1f}, {c[1]:.1f}, {c[2]:.1f}) mm"
-    fig.suptitle("\n".join([title, *warning_lines]), fontsize=10, color="black" if not warning else "#a05a00")
+    fig.suptitle("\n".join([title, *warning_lines]), fontsize=10, color="white" if not warning else WARNING_COLOUR)
     if footer:
-        fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=7, color="#555555")
+        fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=7, color=FOOTER_COLOUR)
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
