@@ -164,6 +164,7 @@ def test_the_finding_pngs_show_the_unmeasured_wedge_as_outside_the_scan(tmp_path
         )
         axial, mip, _, _ = axial_view(vol, f)
         png = mpimg.imread(io.BytesIO(finding_png(vol, f)), format="png")[..., :3]
+        png = png[: int(0.6 * png.shape[0])]  # the plane and the slab, not the close-ups, which reach past a short series
         colour = np.asarray(OUTSIDE_SCAN_RGB, dtype=np.float32)
         return int(np.isnan(axial).sum() + np.isnan(mip).sum()), int(np.all(np.abs(png - colour) < 2 / 255, axis=-1).sum())
 
