@@ -33,6 +33,7 @@ from .render_layout import (
     fit_title,
     hex_rgb,
     legend_layout,
+    legend_min_width_px,
     orientation_letters,
     outline_halo,
     save_png,
@@ -385,7 +386,9 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
     labels = [_preview_label(k) for k in drawn] + ([HIDDEN_LEGEND] if any(hidden) else [])
     side, band = SIDE_BAND_PX, TOP_BAND_PX  # pixels beside, above and below each view for its letters
     view_w, view_h = size + 2 * side, size + 2 * band
-    width = 2 * view_w + PREVIEW_GAP_PX
+    views_w = 2 * view_w + PREVIEW_GAP_PX
+    width = max(views_w, legend_min_width_px(labels, fontsize=8))  # a small preview: as wide as its legend
+    left = (width - views_w) // 2  # the views centred above the legend
     ncol, legend_px = legend_layout(labels, width, fontsize=8)
     named = ", ".join(organ_label(k) for k in views.organs)
     # each title within its own view's width, wrapped (or smaller) where it is wider, never into the other view
@@ -394,7 +397,14 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
     total = view_h + TITLE_ROOM_PX + TITLE_LINE_PX * (lines - 1) + legend_px
     fig = black_figure(width, total)
     for n, (img, (title, fontsize), letters) in enumerate(zip(images, titles, (("R", "L", "S", "I"), ("A", "P", "S", "I")))):
-        ax = fig.add_axes((n * (view_w + PREVIEW_GAP_PX) / width, legend_px / total, view_w / width, view_h / total))
+        ax = fig.add_axes(
+            (
+                (left + n * (view_w + PREVIEW_GAP_PX)) / width,
+                legend_px / total,
+                view_w / width,
+                view_h / total,
+            )
+        )
         ax.imshow(img, interpolation="nearest")
         ax.set_xlim(-0.5 - side, size - 0.5 + side)  # the letters' bands around the view, on no organ
         ax.set_ylim(size - 0.5 + band, -0.5 - band)

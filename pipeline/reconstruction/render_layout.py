@@ -54,10 +54,25 @@ def legend_layout(labels: list[str], width_px: int, *, fontsize: float, dpi: flo
     if not labels:
         return 0, 0
     em = fontsize * dpi / 72.0  # pixels
-    entry = (1.5 + 0.8 + 1.2) * em + 0.65 * em * max(len(label) for label in labels)  # handle, pad, spacing, text
+    entry = _legend_entry_px(labels, fontsize=fontsize, dpi=dpi)
     ncol = int(max(1, min(len(labels), (width_px - 2 * em) // entry)))
     rows = -(-len(labels) // ncol)
     return ncol, max(LEGEND_PX, int(np.ceil((0.5 + 0.6 + 1.5 * rows) * em)) + 4)  # offset, padding, rows (1.5 em)
+
+
+def _legend_entry_px(labels: list[str], *, fontsize: float, dpi: float = 100.0) -> float:
+    """The width (pixels) of the widest entry of a legend of ``labels``: handle, pad, spacing and text (a generous
+    estimate of DejaVu Sans' widths)."""
+    em = fontsize * dpi / 72.0
+    return (1.5 + 0.8 + 1.2) * em + 0.65 * em * max(len(label) for label in labels)
+
+
+def legend_min_width_px(labels: list[str], *, fontsize: float, dpi: float = 100.0) -> int:
+    """The least width (pixels) of a PNG whose legend of ``labels`` (:func:`legend_layout`, one column at the least)
+    lies whole on it: its widest entry and the legend's border; 0 without labels."""
+    if not labels:
+        return 0
+    return int(np.ceil(_legend_entry_px(labels, fontsize=fontsize, dpi=dpi) + 2 * fontsize * dpi / 72.0))
 
 
 FIGURE_DPI = 100.0  # pixels per inch of the PNGs (:func:`black_figure`)
