@@ -135,3 +135,31 @@ def test_the_close_ups_letters_lie_beside_them_not_on_the_lung(monkeypatch):
             t for t, b in letters if im.x0 - 20 < (b.x0 + b.x1) / 2 < im.x1 + 20 and im.y0 - 20 < (b.y0 + b.y1) / 2 < im.y1 + 20
         ]
         assert len(near) >= 4, (n, near)
+
+
+def test_the_slice_and_mip_letters_lie_beside_the_images(monkeypatch):
+    """The slice's and the MIP's R, L, A and P lay on the images' edges: on a chest the image is filled by (the
+    COPDGene chest, 64 pixels across) over the arms and the chest wall. They now lie in bands around each image."""
+    import matplotlib.figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    found: list[list[tuple[str, object, object]]] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        FigureCanvasAgg(fig).draw()
+        for ax in fig.axes[:2]:  # the slice and the MIP
+            image = ax.images[0].get_window_extent()
+            found.append([(t.get_text(), t.get_window_extent(), image) for t in ax.texts])
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    vol = _uniform_lung((48, 40, 64))  # wider than deep, as a chest: bands of one width on every side
+    finding_png(vol, _finding(vol, (32, 20, 24)))
+    assert len(found) == 2
+    for letters in found:
+        assert sorted(t for t, _, _ in letters) == ["A", "L", "P", "R"]
+        for text, box, im in letters:
+            on = box.x0 < im.x1 and im.x0 < box.x1 and box.y0 < im.y1 and im.y0 < box.y1
+            assert not on, f"the letter {text!r} ({box}) lies on the image ({im})"
+            assert im.x0 - 25 < (box.x0 + box.x1) / 2 < im.x1 + 25 and im.y0 - 25 < (box.y0 + box.y1) / 2 < im.y1 + 25

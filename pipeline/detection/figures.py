@@ -42,9 +42,9 @@ WARNING_COLOUR = "#ffb000"  # the title and warning of a flagged series: amber, 
 FOOTER_COLOUR = "#b0b0b0"  # the model's line at the bottom: quieter than the titles, legible on black
 WARNING_LINE_INCHES = 0.25  # the figure grows by this for each line of the warning
 _LABEL_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
-#: The letters on the edges of the slice and the MIP (axes fractions x, y): the patient's right on the image's left,
-#: anterior at the top.
-AXIAL_LETTERS = ((0.02, 0.5, "R"), (0.98, 0.5, "L"), (0.5, 0.97, "A"), (0.5, 0.03, "P"))
+#: The bands around the slice and the MIP that hold their letters (the patient's right on the image's left, anterior
+#: at the top), on no anatomy: this share of the image's longer side (mm) on every side.
+LETTER_BAND = 0.045
 #: The close-ups: name, the letters at the image's left, right, top and bottom edges, and what is up.
 PLANES = (
     ("axial", "R", "L", "A", "P", "anterior"),
@@ -182,7 +182,15 @@ def finding_png(
             aspect=sy / sx,
         )
         ax.add_patch(Rectangle((i0, j0), i1 - i0, j1 - j0, fill=False, edgecolor="red", linewidth=1.2))  # the box's edges
-        for x, y, letter in AXIAL_LETTERS:
+        # the letters in bands around the image, as wide in mm (so in pixels of the PNG) on every side, on no anatomy
+        rows, cols = img.shape
+        band_mm = LETTER_BAND * max(cols * sx, rows * sy)
+        pad_x, pad_y = band_mm / sx, band_mm / sy  # image pixels
+        ax.set_xlim(-0.5 - pad_x, cols - 0.5 + pad_x)
+        ax.set_ylim(rows - 0.5 + pad_y, -0.5 - pad_y)
+        ax.add_patch(Rectangle((-0.5 - pad_x, -0.5 - pad_y), cols + 2 * pad_x, rows + 2 * pad_y, color="black", zorder=-1))
+        fx, fy = pad_x / 2 / (cols + 2 * pad_x), pad_y / 2 / (rows + 2 * pad_y)  # the bands' middles (axes fractions)
+        for x, y, letter in ((fx, 0.5, "R"), (1 - fx, 0.5, "L"), (0.5, 1 - fy, "A"), (0.5, fy, "P")):
             ax.text(x, y, letter, transform=ax.transAxes, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
         ax.set_title(title, fontsize=9, color="white")
         ax.set_axis_off()
