@@ -143,8 +143,8 @@ def finding_png(
     footer: str | None = None,
 ) -> bytes:
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
-    ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`; edges lettered R, L,
-    A, P; the titles say when the planes are the scanner's tilted image planes, :func:`image_plane_note`), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
+    ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`; lettered R, L,
+    A, P in bands beside the images' edges, :data:`LETTER_BAND`; the titles say when the planes are the scanner's tilted image planes, :func:`image_plane_note`), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
     its centre, each its own image on a black panel (no close-up's edge smoothed into the next), lettered in the bands
     around it, on none of the images (:data:`CLOSE_UP_BAND_PX`), what lies beyond the
     series' first and last slices drawn as not scanned (:data:`~pipeline.reconstruction.render_planes.OUTSIDE_SCAN_RGB`). ``warning`` (the quality flags' sentences joined by
