@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,11 +25,15 @@ SUPPORTED_DTYPES = ("<i2", "<f4")
 
 @dataclass(frozen=True)
 class Job:
-    """A validated case ready for a loader: its cache entry and planned model-input geometry."""
+    """A validated case ready for a loader: its cache entry and planned model-input geometry.
+
+    ``array``: the case's HU voxels ``[k, j, i]`` (the entry's shape and dtype) to prepare instead of its cached
+    file's, e.g. with NaN or infinite voxels set to air; None: the cached file is read."""
 
     case_id: str
     entry: CacheEntry
     geometry: InputGeometry
+    array: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def dtype(self) -> str:
@@ -119,8 +123,11 @@ class BaseLoader:
                 return Roi.from_json(raw)
         return None
 
-    def prepare(self, case_id: str, *, roi: Roi | None = None) -> Job:
-        """Validate the cache entry of ``case_id`` and plan its model input. Raises CacheError/LoaderError."""
+    def prepare(self, case_id: str, *, roi: Roi | None = None, array: np.ndarray | None = None) -> Job:
+        """Validate the cache entry of ``case_id`` and plan its model input. Raises CacheError/LoaderError.
+
+        ``array``: HU voxels ``[k, j, i]`` on the entry's grid to prepare instead of the cached file's (see
+        :class:`Job`); cast to the entry's dtype."""
         try:
             entry = self.cache.entry(case_id)
         except CtpipeError as exc:
@@ -143,15 +150,26 @@ class BaseLoader:
                 where=entry.array_path,
                 fix="write the case with CaseCache.write (it stores int16 or float32)",
             )
+        if array is not None:
+            if tuple(np.shape(array)) != entry.geometry.shape:
+                raise LoaderError(
+                    f"case {case_id}: the voxels given are {tuple(np.shape(array))} but the cached case is "
+                    f"{entry.geometry.shape} ([k, j, i])",
+                    where=entry.array_path,
+                    fix="pass the voxels of this case's cached volume (CaseCache.read), changed in place of its own",
+                )
+            array = np.ascontiguousarray(array, dtype=np.dtype(entry.sidecar["dtype"]))
         chosen = roi if roi is not None else self._roi_for(entry, {})
         geometry = plan_input(entry.geometry, self.spec, roi=chosen, case=case_id)
-        return Job(case_id, entry, geometry)
+        return Job(case_id, entry, geometry, array=array)
 
-    def _prepare_all(self, case_ids: Iterable[str], rois: Mapping[str, Roi]) -> list[Job | LoadedCase]:
+    def _prepare_all(
+        self, case_ids: Iterable[str], rois: Mapping[str, Roi], arrays: Mapping[str, np.ndarray] | None = None
+    ) -> list[Job | LoadedCase]:
         items: list[Job | LoadedCase] = []
         for case_id in case_ids:
             try:
-                items.append(self.prepare(case_id, roi=rois.get(case_id)))
+                items.append(self.prepare(case_id, roi=rois.get(case_id), array=(arrays or {}).get(case_id)))
             except (CacheError, LoaderError) as exc:
                 log.warning("%s loader skips case %s: %s", self.name, case_id, exc)
                 items.append(LoadedCase(case_id, error=exc, loader=self.name))
@@ -163,18 +181,24 @@ class BaseLoader:
 
     # -- iteration -------------------------------------------------------------------------------
     def load(
-        self, case_ids: Iterable[str] | None = None, *, rois: Mapping[str, Roi | Mapping[str, Any]] | None = None
+        self,
+        case_ids: Iterable[str] | None = None,
+        *,
+        rois: Mapping[str, Roi | Mapping[str, Any]] | None = None,
+        arrays: Mapping[str, np.ndarray] | None = None,
     ) -> Iterator[LoadedCase]:
         """Yield one :class:`LoadedCase` per id (all cached cases when ``None``), in order.
 
-        ``rois`` maps case ids to crop boxes (:class:`Roi` or its JSON), overriding the spec's.
+        ``rois`` maps case ids to crop boxes (:class:`Roi` or its JSON), overriding the spec's. ``arrays`` maps case
+        ids to HU voxels ``[k, j, i]`` on their cached grid that this loader prepares instead of the cached files'
+        (e.g. a volume with its NaN voxels set to air); the entries' geometry and metadata still apply.
         """
         ids = list(self.cache.case_ids() if case_ids is None else case_ids)
         if isinstance(case_ids, str):
             ids = [case_ids]
         from .spec import normalise_rois
 
-        items = self._prepare_all(ids, normalise_rois(rois))
+        items = self._prepare_all(ids, normalise_rois(rois), arrays)
         jobs = [item for item in items if isinstance(item, Job)]
         results = self._run(jobs)
         for item in items:
@@ -196,9 +220,10 @@ class BaseLoader:
         if batch:
             yield batch
 
-    def load_one(self, case_id: str, *, roi: Roi | None = None) -> LoadedCase:
-        """Load a single case (see :meth:`load`)."""
-        return next(self.load([case_id], rois={case_id: roi} if roi is not None else None))
+    def load_one(self, case_id: str, *, roi: Roi | None = None, array: np.ndarray | None = None) -> LoadedCase:
+        """Load a single case (see :meth:`load`; ``array``: its voxels in place of the cached file's)."""
+        rois = {case_id: roi} if roi is not None else None
+        return next(self.load([case_id], rois=rois, arrays={case_id: array} if array is not None else None))
 
     def __iter__(self) -> Iterator[LoadedCase]:
         return self.load()

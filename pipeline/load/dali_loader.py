@@ -11,6 +11,10 @@ aligned with the reader's file order, so a batch may hold volumes of different
 sizes. Outputs are copied once into torch tensors on the same device (no host
 round trip on a GPU).
 
+Voxels handed to the loader in place of a cached file's (``load_one(case_id, array=...)``: the run's load stage hands
+it a volume whose NaN or infinite voxels it set to air) go through the same pipeline from an external source on the
+CPU, as a tilt-corrected case's do, never through ``fn.readers.numpy``.
+
 A gantry-tilt corrected case (its cache entry says which voxels its images measured,
 :func:`pipeline.ingest.measured.measured_mask`) is read as the torch loader and
 ``ctpipe detect`` read it: its unmeasured wedge as each image continued past its edge
@@ -115,14 +119,21 @@ def _boxes(job: Job) -> list[list[int]] | None:
     return None if measured is None else measured_boxes(measured)
 
 
+def _from_cpu(job: Job) -> bool:
+    """Whether ``job``'s voxels reach DALI from the CPU by an external source (:func:`_filled_array`): voxels given in
+    place of the cached file's, or a tilt-corrected grid whose wedge is filled; otherwise DALI's reader reads the file."""
+    return job.array is not None or _measured(job) is not None
+
+
 def _filled_array(job: Job) -> np.ndarray:
-    """``job``'s cached HU array ``[k, j, i]`` (its own dtype) with the unmeasured wedge of a tilt-corrected grid read
-    as each image continued past its edge (:func:`~pipeline.ingest.measured.continued_past_edge`).
+    """``job``'s HU array ``[k, j, i]`` (its own dtype: the voxels given in place of the cached file's, else the cached
+    file's) with the unmeasured wedge of a tilt-corrected grid read as each image continued past its edge
+    (:func:`~pipeline.ingest.measured.continued_past_edge`).
 
     A file that cannot be read raises RuntimeError, as DALI's reader does: the loader then retries the batch's cases
     one by one, and this one fails alone."""
     try:
-        arr = np.load(job.entry.array_path, mmap_mode="r", allow_pickle=False)
+        arr = job.array if job.array is not None else np.load(job.entry.array_path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise RuntimeError(f"numpy file {job.entry.array_path} cannot be read ({exc})") from exc
     measured = _measured(job)
@@ -168,8 +179,8 @@ class DaliLoader(BaseLoader):
         args = [resize_arguments(job.geometry) for job in jobs]
         n = len(jobs)
         keys = ("size", "roi_start", "roi_end", "anchor", "shape")
-        # a tilt-corrected run: the arrays, their wedge filled, come from the external source, not the reader
-        filled = _measured(jobs[0]) is not None
+        # voxels given, or a tilt-corrected run (its wedge filled): the arrays come from the external source, not the reader
+        filled = _from_cpu(jobs[0])
 
         def source(info: Any) -> tuple[list[np.ndarray], ...]:
             first = info.iteration * batch_size
@@ -251,9 +262,9 @@ class DaliLoader(BaseLoader):
 
     # -- running ---------------------------------------------------------------------------------
     def _run(self, jobs: list[Job]) -> Iterator[LoadedCase]:
-        # split into runs sharing dtype, axis permutation and source (the reader, or the external source of
-        # tilt-corrected arrays with their wedge filled): uniform within one DALI pipeline
-        keys = [(job.dtype, job.perm, _measured(job) is not None) for job in jobs]
+        # split into runs sharing dtype, axis permutation and source (the reader, or the external source of voxels
+        # given and of tilt-corrected arrays with their wedge filled): uniform within one DALI pipeline
+        keys = [(job.dtype, job.perm, _from_cpu(job)) for job in jobs]
         start = 0
         while start < len(jobs):
             stop = start
@@ -263,16 +274,20 @@ class DaliLoader(BaseLoader):
             start = stop
 
     def _gpu_read(self, jobs: list[Job]) -> bool:
-        """Whether the pipeline of ``jobs`` (one run: tilt-corrected or not) reads their files with DALI's GPU numpy
+        """Whether the pipeline of ``jobs`` (one run: read from the CPU or not) reads their files with DALI's GPU numpy
         reader: a failure of that pipeline may be the reader's, and the loader then reads on the CPU from then on. A
-        tilt-corrected run's arrays come from the CPU (their wedge filled), never from the reader: its failure is its
-        own, and later runs keep the GPU reader."""
-        return self._gpu_reader and self.device != "cpu" and _measured(jobs[0]) is None
+        tilt-corrected run's arrays (their wedge filled), and voxels given in place of the files', come from the CPU,
+        never from the reader: its failure is its own, and later runs keep the GPU reader."""
+        return self._gpu_reader and self.device != "cpu" and not _from_cpu(jobs[0])
 
     def _run_uniform(self, jobs: list[Job]) -> Iterator[LoadedCase]:
         done = 0
-        # a tilt-corrected run: read and filled on the CPU, handed to DALI by an external source (named in the log)
-        what = "tilt-corrected case(s), read on the CPU," if _measured(jobs[0]) is not None else "case(s)"
+        # read (and filled) on the CPU, handed to DALI by an external source (named in the log)
+        what = "case(s)"
+        if _measured(jobs[0]) is not None:
+            what = "tilt-corrected case(s), read on the CPU,"
+        elif jobs[0].array is not None:
+            what = "case(s) handed over in memory"
         while done < len(jobs):
             rest = jobs[done:]
             bs = min(self.batch_size, len(rest))

@@ -164,8 +164,8 @@ class TorchLoader(BaseLoader):
 
     def _one(self, job: Job) -> LoadedCase:
         err: CacheError | LoaderError
-        try:
-            arr = np.load(job.entry.array_path, mmap_mode="r", allow_pickle=False)  # read slab by slab
+        try:  # the voxels given in place of the cached file's, or the file, read slab by slab
+            arr = job.array if job.array is not None else np.load(job.entry.array_path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
             err = CacheError(
                 f"case {job.case_id}: array cannot be read ({exc})", where=job.entry.array_path, fix="ingest the case again"

@@ -6,8 +6,9 @@ which), cropped to the lungs when ``loader.roi: lungs`` or
 ``detector.lung_restriction`` asks for it, grown by the model's crop margin as ``ctpipe detect`` grows it (or by
 ``loader.roi_margin_mm`` when set). A cached volume with NaN or infinite voxels (a NIfTI/NRRD input, a cache an
 older version wrote) has them set to air with a warning, or is refused when they are many, as ``ctpipe detect`` does
-(:func:`~pipeline.detection.infer_input.clean_volume`); that volume is then prepared in memory
-(:func:`~pipeline.load.preprocess_volume`, the route of ``ctpipe detect``) and held for ``detect``'s post-processing.
+(:func:`~pipeline.detection.infer_input.clean_volume`); the configured loader then prepares that volume's voxels in
+place of the cached file's (``load_one(..., array=...)``: DALI, where configured, as for any other case, and the case's
+record names it), and the volume is held for ``detect``'s post-processing.
 ``detect`` runs the RetinaNet on that
 model input (:meth:`Detector.detect_loaded`). Both run in the model worker of a
 device, so the model input (possibly on the GPU) is handed from one to the other
@@ -120,12 +121,8 @@ class _Loading:
                 log.warning("case %s: %s; loading the whole volume", case_id, reason)
                 region = None
         with DeviceTimer(self.worker.device) as clock:  # on a GPU, the loader's last steps run queued
-            if cleaned is None:
-                loaded = self.loader.load_one(case_id, roi=roi)
-            else:  # the loaders read the cached file, bad voxels and all: the cleaned volume is prepared in memory
-                from ..load import preprocess_volume
-
-                loaded = preprocess_volume(cleaned, self.det.spec, device=self.loader.device, roi=roi, case_id=case_id)
+            # the cached file holds the bad voxels: the configured loader prepares the cleaned voxels in its place
+            loaded = self.loader.load_one(case_id, roi=roi, array=None if cleaned is None else cleaned.array)
             loaded.unwrap()  # a case the loader refused raises its CacheError/LoaderError (naming the case) here
         timings["load"] = clock.seconds
         restrict = ctx.config.detector.lung_restriction
