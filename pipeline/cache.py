@@ -25,6 +25,13 @@ the first slice's BitsStored (a 16-bit metal slice among 12-bit ones lost its hi
 ``ctpipe-case/3`` arrays read each slice with its own. A ``ctpipe-case/3`` entry of a tilted-gantry series whose
 metadata lacks ``GantryTiltGrownColumnsRows`` was corrected onto a grid of the images' size, cutting what the shift
 moved past its edge: it is refused too (the other entries of that format stay valid).
+
+A float volume is checked for NaN and infinite voxels once, when it is written (a NIfTI/NRRD input may hold them):
+up to :data:`MAX_NONFINITE_FRACTION` of them are set to -1024 HU (air) in the stored array, with a warning naming the
+case and the count, and a volume with more is stored as it is (the detector refuses it by name). The sidecar's
+``nonfinite`` keeps what was found, ``{"voxels": N, "set_to_air": bool}`` (``voxels`` 0: every voxel is finite), so
+that readers trust it instead of scanning the array on every read (:attr:`CacheEntry.nonfinite`); an entry an earlier
+version wrote has no such record, and readers check its voxels themselves.
 """
 
 from __future__ import annotations
@@ -64,6 +71,11 @@ OLD_FORMATS = {
     "ctpipe-case/2": "written by an earlier ctpipe that read every slice of a series with the first slice's BitsStored, "
     "so a slice stored with more bits (e.g. 16-bit metal among 12-bit slices) could hold wrong HU values",
 }
+#: The share of a volume's voxels that may be NaN or infinite and still be set to air: a volume with more is corrupt
+#: (the detector refuses it, :func:`pipeline.detection.infer_input.clean_volume`), and is cached as it is.
+MAX_NONFINITE_FRACTION = 0.01
+#: HU the cache stores in place of a NaN or infinite voxel: air, as the detector sets them.
+NONFINITE_HU = -1024.0
 _CASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _TEMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.(?:npy|json)\.[^/]+\.tmp$")
 
@@ -166,6 +178,28 @@ def _check_tilt_grid(sidecar: Mapping[str, Any], where: Path) -> None:
         )
 
 
+def _set_nonfinite_to_air(arr: np.ndarray, case_id: str) -> tuple[np.ndarray, dict[str, Any]]:
+    """``arr`` (HU ``[k, j, i]``) with its NaN or infinite voxels set to :data:`NONFINITE_HU` (a copy; ``arr`` itself
+    when it has none, or more than :data:`MAX_NONFINITE_FRACTION` of them), and the sidecar's ``nonfinite`` record."""
+    if arr.dtype.kind != "f":
+        return arr, {"voxels": 0, "set_to_air": False}
+    bad = ~np.isfinite(arr)
+    n_bad = int(np.count_nonzero(bad))
+    if n_bad == 0:
+        return arr, {"voxels": 0, "set_to_air": False}
+    if n_bad > MAX_NONFINITE_FRACTION * arr.size:
+        log.warning(
+            "case %s: %d of %d voxels (%.1f%%) are NaN or infinite; cached as they are (the detector refuses the volume)",
+            case_id,
+            n_bad,
+            arr.size,
+            100.0 * n_bad / arr.size,
+        )
+        return arr, {"voxels": n_bad, "set_to_air": False}
+    log.warning("case %s: %d NaN/infinite voxels set to %g HU (air) in the case cache", case_id, n_bad, NONFINITE_HU)
+    return np.where(bad, arr.dtype.type(NONFINITE_HU), arr), {"voxels": n_bad, "set_to_air": True}
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -198,6 +232,16 @@ class CacheEntry:
     @property
     def fingerprint(self) -> str:
         return str(self.sidecar["fingerprint"])
+
+    @property
+    def nonfinite(self) -> Mapping[str, Any] | None:
+        """What the writer found of NaN or infinite voxels, ``{"voxels": N, "set_to_air": bool}`` (``set_to_air``: the
+        stored array holds -1024 HU in their place; ``voxels`` 0: the array is finite); None for an entry an earlier
+        version wrote, whose voxels were never checked."""
+        record = self.sidecar.get("nonfinite")
+        if not isinstance(record, Mapping) or not isinstance(record.get("voxels"), int):
+            return None
+        return record
 
 
 class CaseCache:
@@ -250,6 +294,7 @@ class CaseCache:
         arr = np.ascontiguousarray(volume.array)
         if arr.dtype not in (np.int16, np.float32):
             arr = arr.astype(np.float32)
+        arr, nonfinite = _set_nonfinite_to_air(arr, case_id)
         metadata, more = dict(volume.metadata), dict(extra or {})
         if not keep:
             metadata, more = without_identifiers(metadata), without_identifiers(more)
@@ -259,6 +304,7 @@ class CaseCache:
             "dtype": arr.dtype.str,
             "geometry": volume.geometry.to_json(),
             "fingerprint": fingerprint_array(arr),
+            "nonfinite": nonfinite,
             "metadata": _jsonable(metadata),
             "extra": _jsonable(more),
         }

@@ -116,3 +116,48 @@ def test_an_entry_echoes_in_one_short_line(tmp_path):
     assert text.startswith("CacheEntry(case_id='case-1'") and "case-1.npy" in text
     assert uids[0] not in text and "\n" not in text
     assert entry.sidecar["metadata"]["SOPInstanceUIDs"] == uids  # still there, only not echoed
+
+
+def test_nan_and_infinite_voxels_are_set_to_air_once_when_written_and_counted(tmp_path, caplog):
+    """The cache checks a float volume once, at write: a few bad voxels become -1024 HU in the file, the count is kept."""
+    import logging
+
+    from pipeline.cache import fingerprint_array
+
+    arr = np.random.default_rng(0).uniform(-1000, 1000, (10, 12, 14)).astype(np.float32)
+    arr[1, 2, :3] = [np.nan, np.inf, -np.inf]  # 3 of 1680 voxels
+    cache = CaseCache(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        entry = cache.write("c1", CTVolume(arr, Geometry(arr.shape, (0.7, 0.7, 1.25), (0.0, 0.0, 0.0))))
+    assert "case c1: 3 NaN/infinite voxels set to -1024 HU (air) in the case cache" in caplog.text
+    assert entry.nonfinite == {"voxels": 3, "set_to_air": True}
+    assert cache.entry("c1").nonfinite == {"voxels": 3, "set_to_air": True}  # kept in the sidecar
+    stored = cache.read("c1", verify=True).array  # the fingerprint is the stored array's
+    assert np.isfinite(stored).all() and stored[1, 2, :3].tolist() == [-1024.0] * 3
+    assert np.array_equal(stored[np.isfinite(arr)], arr[np.isfinite(arr)])
+    assert np.isnan(arr[1, 2, 0])  # the caller's volume is left as it was
+    assert entry.fingerprint == fingerprint_array(stored)
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.float32])
+def test_a_finite_volume_is_recorded_finite(tmp_path, dtype):
+    entry = CaseCache(tmp_path).write("c1", _vol(dtype))
+    assert CaseCache(tmp_path).entry("c1").nonfinite == entry.nonfinite == {"voxels": 0, "set_to_air": False}
+
+
+def test_a_volume_mostly_nan_is_cached_as_it_is_with_its_count(tmp_path):
+    """Too many bad voxels to call it air: stored as they are (the detector refuses the volume by name)."""
+    vol = _vol(np.float32)
+    arr = vol.array.copy()
+    arr[0] = np.nan
+    entry = CaseCache(tmp_path).write("c1", CTVolume(arr, vol.geometry))
+    assert entry.nonfinite == {"voxels": int(np.isnan(arr).sum()), "set_to_air": False}
+    assert np.isnan(CaseCache(tmp_path).read("c1").array[0]).all()
+
+
+def test_an_entry_an_earlier_version_wrote_has_no_nonfinite_record(tmp_path):
+    entry = CaseCache(tmp_path).write("c1", _vol(np.float32))
+    sidecar = json.loads(entry.sidecar_path.read_text())
+    del sidecar["nonfinite"]
+    entry.sidecar_path.write_text(json.dumps(sidecar))
+    assert CaseCache(tmp_path).entry("c1").nonfinite is None

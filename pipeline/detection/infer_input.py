@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..cache import MAX_NONFINITE_FRACTION
 from ..errors import InputTooSmallError, InvalidVolumeError
 from ..ingest.geometry import check_extent
 from ..load import Roi
@@ -22,7 +23,7 @@ from .lungs import HoldsMasks, LungRegion, quick_lung_mask, region_from_mask, se
 log = logging.getLogger(__name__)
 
 MIN_INPUT_MM = 16.0  # inputs smaller than this on any axis cannot hold a nodule with context
-MAX_BAD_VOXEL_FRACTION = 0.01
+MAX_BAD_VOXEL_FRACTION = MAX_NONFINITE_FRACTION  # the limit up to which the case cache sets them to air too
 
 LungMask = np.ndarray | LabelMap | Mapping[str, np.ndarray] | HoldsMasks | LungRegion
 

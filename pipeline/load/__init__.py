@@ -37,7 +37,9 @@ stays ~1e-7 and DALI ~4e-5 (float32 sampling positions). Affines agree to 1e-6 m
 Loaders: ``DaliLoader`` (NVIDIA DALI; GPU with GPUDirect Storage when a GPU is
 present, CPU mode otherwise) and ``TorchLoader`` (torch ops, GPU when present) give
 the same output; ``make_loader`` picks DALI when installed and logs which one runs and
-why. ``preprocess_volume(volume, spec)`` does the same for an in-memory ``CTVolume``.
+why. ``preprocess_volume(volume, spec)`` does the same for an in-memory ``CTVolume`` (always the torch route);
+``loader.load_one(case_id, array=voxels)`` has the loader itself prepare a cached case's voxels changed in memory
+(e.g. NaN voxels set to air) in place of its file's, on the entry's grid and with its metadata.
 """
 
 from __future__ import annotations

@@ -4,12 +4,15 @@
 with ``loader.backend``: DALI when installed, torch otherwise; one log line says
 which), cropped to the lungs when ``loader.roi: lungs`` or
 ``detector.lung_restriction`` asks for it, grown by the model's crop margin as ``ctpipe detect`` grows it (or by
-``loader.roi_margin_mm`` when set). A cached volume with NaN or infinite voxels (a NIfTI/NRRD input, a cache an
-older version wrote) has them set to air with a warning, or is refused when they are many, as ``ctpipe detect`` does
-(:func:`~pipeline.detection.infer_input.clean_volume`); the configured loader then prepares that volume's voxels in
-place of the cached file's (``load_one(..., array=...)``: DALI, where configured, as for any other case, and the case's
-record names it), and the volume is held for ``detect``'s post-processing.
-``detect`` runs the RetinaNet on that
+``loader.roi_margin_mm`` when set). The case cache sets a volume's few NaN or infinite voxels (a NIfTI/NRRD input) to
+air when it writes it and keeps the count (:attr:`~pipeline.cache.CacheEntry.nonfinite`): the stage trusts that
+record, warns with the count, and never reads the volume for it. An entry without the record (an older version wrote
+it), or with too many bad voxels to have been cleaned, is checked here: its NaN or infinite voxels are set to air with
+a warning, or it is refused when they are many, as ``ctpipe detect`` does
+(:func:`~pipeline.detection.infer_input.clean_volume`; the record's ``finite_check`` step times that pass); the
+configured loader then prepares that volume's voxels in place of the cached file's (``load_one(..., array=...)``:
+DALI, where configured, as for any other case, and the case's record names it), and the volume is held for
+``detect``'s post-processing. ``detect`` runs the RetinaNet on that
 model input (:meth:`Detector.detect_loaded`). Both run in the model worker of a
 device, so the model input (possibly on the GPU) is handed from one to the other
 inside that process, never pickled; only small facts travel in the case's state.
@@ -26,10 +29,11 @@ the other candidates stay in the findings JSON. Positions are LPS mm.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Any
 
-from ..cache import CaseCache
+from ..cache import NONFINITE_HU, CaseCache
 from ..devicetime import DeviceTimer
 from ..volume import CTVolume
 from .recon_stages import detect_skip_reason
@@ -98,7 +102,10 @@ class _Loading:
         case_id = ctx.case.case_id
         timings: dict[str, float] = {}
         region = roi = None
-        cleaned = _cleaned_volume(CaseCache(ctx.cache_dir), case_id)
+        t0 = time.perf_counter()
+        cleaned, scanned = _cleaned_volume(CaseCache(ctx.cache_dir), case_id)
+        if scanned:  # an entry without the writer's record: its voxels read once for NaN or infinite ones
+            timings["finite_check"] = time.perf_counter() - t0
         if self.crop:
             with DeviceTimer(self.det.device) as clock:  # the lung segmentation runs on the detector's device
                 # the mask reads a coarse subsample only of a (clean) memory-mapped volume
@@ -132,17 +139,31 @@ class _Loading:
         return {**out, "timings": timings}
 
 
-def _cleaned_volume(cache: CaseCache, case_id: str) -> CTVolume | None:
+def _cleaned_volume(cache: CaseCache, case_id: str) -> tuple[CTVolume | None, bool]:
     """The cached HU volume of ``case_id`` with its NaN or infinite voxels set to air, with the warning ``ctpipe
     detect`` logs (:func:`~pipeline.detection.infer_input.clean_volume`: it names the case and the count, and refuses
-    a volume with too many); None when it has none (an int16 cache never has: nothing is read)."""
-    if not str(cache.entry(case_id).sidecar.get("dtype", "")).lstrip("<>=|").startswith("f"):
-        return None
+    a volume with too many), or None when the cached array has none; and whether the array was read for this.
+
+    Nothing is read for an int16 entry, nor for one whose writer recorded its check (:attr:`CacheEntry.nonfinite`):
+    finite, or its bad voxels already set to air in the file (the count is logged as ``ctpipe detect`` logs it)."""
+    entry = cache.entry(case_id)
+    if not str(entry.sidecar.get("dtype", "")).lstrip("<>=|").startswith("f"):
+        return None, False
+    record = entry.nonfinite
+    if record is not None and (record["voxels"] == 0 or record.get("set_to_air") is True):
+        if record["voxels"]:
+            log.warning(
+                "case %s: %d NaN/infinite voxels set to %g HU (air) when the case was cached",
+                case_id,
+                record["voxels"],
+                NONFINITE_HU,
+            )
+        return None, False
     from ..detection.infer_input import clean_volume
 
     volume = cache.read(case_id, mmap=True)
     cleaned = clean_volume(volume, f"case {case_id}")
-    return None if cleaned is volume else cleaned
+    return (None if cleaned is volume else cleaned), True
 
 
 class LoadStage(Stage):
