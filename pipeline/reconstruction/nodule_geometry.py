@@ -18,10 +18,17 @@ from ..volume import Geometry
 SIDES = ("left", "right")
 #: search radius (mm) around a finding's centre for the nearest lung when the centre lies in neither lung
 SIDE_SEARCH_MM = 15.0
-#: the share of a pixel's width along an axis added to the distance between the pixel centres at its ends: a quarter
-#: pixel at each end. Centre to centre, a chord of a digitised ellipse is short by about half a pixel (0.7 mm pixels,
-#: 4-26 mm ellipses at any angle: mean error -0.5 to -0.7 pixel); with the half pixel added, -0.05 to +0.2 pixel.
-PIXEL_REACH = 0.5
+#: how far a nodule's outline reaches beyond the centre of the pixel at an end of its long axis, as a share of that
+#: pixel's width along the axis (:func:`end_reach`): a quarter pixel where the outline is rounded; half a pixel, to the
+#: pixel's outer edge, at a corner (the outline turns by :data:`CORNER_ANGLE_DEG` or more there, between straight
+#: sides of which one is at least :data:`CORNER_SIDE_PX` pixels long); between, in proportion
+ROUND_REACH = 0.25
+CORNER_REACH = 0.5
+CORNER_ANGLE_DEG = 90.0
+#: a turn this wide or wider (interior angle, degrees) is a rounded outline's
+ROUND_ANGLE_DEG = 135.0
+#: the side (pixels) beside a corner from which on it reads as a corner in full (from 1.5 times this) or not at all
+CORNER_SIDE_PX = 4.0
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -163,6 +170,57 @@ def _extent_step(u: np.ndarray, geometry: Geometry) -> float:
     return sx * a + sy * b
 
 
+def end_reach(hull: np.ndarray, *, side_mm: float) -> np.ndarray:
+    """For each vertex of the convex hull of a slice's pixel centres (``hull``: ``[n, 3]`` LPS mm, in order around the
+    hull), how far the nodule's outline reaches beyond that pixel's centre, as a share of the pixel's width along an
+    axis ending there: :data:`ROUND_REACH` where the hull turns gently (:data:`ROUND_ANGLE_DEG` or wider),
+    :data:`CORNER_REACH` at a corner (:data:`CORNER_ANGLE_DEG` or sharper, beside a straight side of at least 1.5 times
+    ``side_mm``, mm); in proportion between.
+
+    A pixel is in the mask when the nodule covers its centre, so the outline lies between the outermost pixel centre
+    and the next one out. At a sharp corner (a square's, a rectangle's, a wedge-shaped nodule's) the tip lies anywhere
+    in the corner pixel, half a pixel beyond its centre on average: the calliper reaches the corner pixel's outer edge.
+    Along a rounded outline (a disc, an ellipse's end) the axis picks, of the many pixels along the curve, the pair
+    lying farthest out, already nearest the outline: a quarter pixel is their reach (digitised ellipses of 4-26 mm on
+    0.7 mm pixels at any angle: within -0.05 to +0.2 pixel on average). A nodule of a few pixels has corners at every
+    vertex and no straight side; a corner between short sides (an ellipse's end drawn in pixels at 45°) reads as
+    rounded. Measured so, squares and rectangles of 6-20 mm on 0.7 and 0.98 mm pixels at any turn and placement have
+    their diagonal within 0.3 pixel on average (between pixel centres plus a quarter pixel at each end, the earlier
+    rule: 0.4 to 0.7 pixel short); discs and ellipses measure as before. Neither outline a viewer could trace from
+    the mask does better: the pixels' outer corners make a disc a pixel too long, and the line where the mask,
+    interpolated between pixel centres, crosses 0.5 cuts each corner by a third of a pixel and still makes a disc 0.7
+    pixel too long."""
+    n = len(hull)
+    if n < 3:
+        return np.full(n, ROUND_REACH)
+    before, after = np.roll(hull, 1, axis=0) - hull, np.roll(hull, -1, axis=0) - hull
+    side = np.maximum(np.linalg.norm(before, axis=1), np.linalg.norm(after, axis=1))
+    cos = (before * after).sum(-1) / np.maximum(np.linalg.norm(before, axis=1) * np.linalg.norm(after, axis=1), 1e-12)
+    angle = np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+    turn = np.clip((ROUND_ANGLE_DEG - angle) / (ROUND_ANGLE_DEG - CORNER_ANGLE_DEG), 0.0, 1.0)
+    straight = np.clip((side - side_mm) / (0.5 * side_mm), 0.0, 1.0)
+    return ROUND_REACH + (CORNER_REACH - ROUND_REACH) * turn * straight
+
+
+def _extent_steps(u: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """:func:`_extent_step` of each of many unit vectors ``u`` (``[..., 3]``)."""
+    d = np.asarray(geometry.direction, dtype=np.float64).reshape(3, 3)
+    sx, sy = float(geometry.spacing[0]), float(geometry.spacing[1])
+    return sx * np.abs(u @ d[:, 0]) + sy * np.abs(u @ d[:, 1])
+
+
+def _longest_axis(hull: np.ndarray, reach: np.ndarray, geometry: Geometry) -> tuple[int, int, float]:
+    """The two hull vertices (indices into ``hull``, LPS mm) between which the nodule is longest, counting each end's
+    reach (``reach``: :func:`end_reach`) beyond its pixel's centre, and that length (mm)."""
+    diff = hull[None, :, :] - hull[:, None, :]
+    dist = np.linalg.norm(diff, axis=-1)
+    unit = diff / np.maximum(dist, 1e-12)[..., None]
+    length = dist + _extent_steps(unit, geometry) * (reach[:, None] + reach[None, :])
+    np.fill_diagonal(length, -1.0)
+    a, b = np.unravel_index(int(np.argmax(length)), length.shape)
+    return int(a), int(b), float(length[a, b])
+
+
 #: sampling step along a chord and between neighbouring chords, as a share of the pixel's smaller side
 CHORD_STEP = 0.1
 #: the most lines across a nodule, and samples along each, of its short axis' search
@@ -241,11 +299,16 @@ def axial_axes(nm: NoduleMask, geometry: Geometry) -> AxialAxes | None:
     """The long and short axis of a nodule's mask (``nm``, on the volume's grid ``geometry``) on the slice where the
     mask is largest (the most pixels; of equal ones, the one nearest the mask's middle): see :class:`AxialAxes`.
 
-    The long axis is the longest distance between two pixel centres of that slice, lengthened by the pixels' reach
-    along it (centre to centre, a chord is short by about a pixel); the short axis is the longest chord of the nodule
-    on a line exactly perpendicular to it (:func:`_perpendicular_chord`: as Fleischner, Lung-RADS and RECIST define
-    it; not the mask's width across the long axis, which for a crescent or a lobulated nodule spans air beside it),
-    never longer than the long axis. Distances are in the slice's plane, in LPS mm (anisotropic pixels and any
+    Both axes run from edge to edge of the nodule's outline as a calliper on the image does, not between pixel
+    centres. The long axis is the longest distance across that slice between two pixels at the hull of its pixel
+    centres, each end reaching beyond its pixel's centre as far as the outline does there (:func:`end_reach`: to the
+    corner pixel's outer edge at a sharp corner, less along a rounded outline). The short axis is the longest chord of
+    the nodule on a line exactly perpendicular to it (:func:`_perpendicular_chord`: as Fleischner, Lung-RADS and RECIST
+    define it; not the mask's width across the long axis, which for a crescent or a lobulated nodule spans air beside
+    it), each end on the outline where the mask, interpolated between pixel centres, crosses 0.5; never longer than
+    the long axis. On digitised shapes of known size (tests/test_nodule_axes_outline.py) each axis lies within about
+    a pixel of the true length and, over turns and placements, within half a pixel on average (a square's short axis,
+    its other diagonal, excepted: see there). Distances are in the slice's plane, in LPS mm (anisotropic pixels and any
     orientation). None for an empty mask."""
     from scipy.spatial import ConvexHull, QhullError
 
@@ -259,21 +322,24 @@ def axial_axes(nm: NoduleMask, geometry: Geometry) -> AxialAxes | None:
     ijk = np.column_stack([ji[:, 1], ji[:, 0], np.full(len(ji), k)]).astype(np.float64)
     pts = np.asarray(geometry.index_to_lps(ijk), dtype=np.float64).reshape(-1, 3)
     try:
-        hull = pts[ConvexHull(ijk[:, :2]).vertices]
-    except QhullError:  # a row or a single pixel
+        hull = pts[ConvexHull(ijk[:, :2]).vertices]  # in order around the hull
+        pixel = max(float(geometry.spacing[0]), float(geometry.spacing[1]))
+        reach = end_reach(hull, side_mm=CORNER_SIDE_PX * pixel)
+    except QhullError:  # a row or a single pixel: its ends reach a quarter pixel beyond their centres
         hull = pts
-    d2 = ((hull[:, None, :] - hull[None, :, :]) ** 2).sum(-1)
-    a, b = np.unravel_index(int(np.argmax(d2)), d2.shape)
-    p, q = hull[a], hull[b]
+        reach = np.full(len(hull), ROUND_REACH)
     d = np.asarray(geometry.direction, dtype=np.float64).reshape(3, 3)
-    if np.allclose(p, q):  # one pixel: its row direction
+    if len(hull) == 1:  # one pixel: its row direction
+        a = b = 0
         u = d[:, 0].copy()
     else:
-        u = (q - p) / np.linalg.norm(q - p)
+        a, b, _ = _longest_axis(hull, reach, geometry)
+        u = (hull[b] - hull[a]) / np.linalg.norm(hull[b] - hull[a])
+    p, q = hull[a], hull[b]
     n = np.cross(d[:, 0], d[:, 1])
     v = np.cross(n / np.linalg.norm(n), u)
-    half = PIXEL_REACH * _extent_step(u, geometry) / 2
-    long_ends = (p - half * u, q + half * u)
+    step = _extent_step(u, geometry)
+    long_ends = (p - reach[a] * step * u, q + reach[b] * step * u)
     # the short axis: the longest chord of the nodule on a line exactly perpendicular to u, not the mask's width
     # across u (a caliper), which for a crescent or an L-shaped nodule spans air no one line across it crosses
     short_ends = _perpendicular_chord(nm.mask[kc], nm.offset_kji, k, geometry, p, u, v)
