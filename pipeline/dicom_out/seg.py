@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 #: The layout of the SEG (its segments, their codes and order, how frames are encoded): raise it with each such change.
 #: It goes into the SEG's instance UID, as :data:`~pipeline.dicom_out.sr.SR_LAYOUT` into the SR's.
 SEG_LAYOUT = "1"
+#: The fingerprint of SEG_LAYOUT (:func:`~pipeline.dicom_out.layout.seg_layout_fingerprint`: segment codes and order,
+#: segmentation type, the attributes at every level; not values). A test compares it with a SEG built now: with a new
+#: layout, raise SEG_LAYOUT and record the new fingerprint here.
+SEG_LAYOUT_FINGERPRINT = "742030863998439a"
 
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
 SEG_SERIES_DESCRIPTION = "ctpipe segmentation"

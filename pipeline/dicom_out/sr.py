@@ -66,6 +66,10 @@ SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
 SR_LAYOUT = "2"
+#: The fingerprint of SR_LAYOUT's content tree (:func:`~pipeline.dicom_out.layout.sr_layout_fingerprint`: concept
+#: names, value and relationship types, templates, graphic types and nesting; not values). A test compares it with an
+#: SR built now: with a new layout, raise SR_LAYOUT and record the new fingerprint here.
+SR_LAYOUT_FINGERPRINT = "7060c52e6a3a47c2"
 #: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit, decimals stated: volumes
 #: to 0.1 mL, the emphysema index to 0.1 %); in a one-lung case (quality flag ``one_lung``) "both" is the remaining
 #: lung's side
