@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import highdicom as hd
 import numpy as np
 import pydicom
 
@@ -125,7 +126,14 @@ def test_the_equivalent_sphere_diameter_is_named_as_such_not_as_a_diameter(tmp_p
         if getattr(item, "keyword", "") == "ConceptNameCodeSequence":
             code = item.value[0]
             names.add((code.CodingSchemeDesignator, code.CodeValue, code.CodeMeaning))
-    assert ("SCT", "81827009", "Diameter") not in names
+    # "Diameter" names only the mean of the measured axes, with its derivation Mean (the guidelines' mean diameter)
+    for group in hd.sr.srread(path).content.get_volumetric_roi_measurement_groups():
+        for m in group.get_measurements():
+            if (m.name.scheme_designator, m.name.value) == ("SCT", "81827009"):
+                assert m.derivation is not None and (m.derivation.scheme_designator, m.derivation.value) == (
+                    "SCT",
+                    "373098007",
+                )
     assert ("99CTPIPE", "equiv_diameter", "Volume-equivalent sphere diameter") in names
     assert ("SCT", "103339001", "Long axis") in names
     table = read_sr_findings(path)

@@ -147,7 +147,7 @@ def test_the_sr_states_both_axes_on_their_image_and_the_3d_extent_apart(tmp_path
     report = hd.sr.srread(path)
     (group,) = [g for g in report.content.get_volumetric_roi_measurement_groups()]
     by_name = {str(m.name.value): m for m in group.get_measurements()}
-    assert {"103339001", "103340004", "max_extent_3d", "mean_diameter"} <= set(by_name)
+    assert {"103339001", "103340004", "max_extent_3d", "81827009"} <= set(by_name)  # 81827009: Diameter, derivation Mean
     for code in ("103339001", "103340004"):  # measured on the image of the slice where the nodule is largest
         (image,) = by_name[code].referenced_images
         assert image.referenced_sop_instance_uid == case.source.sop_instance_uids[axes.slice_k]

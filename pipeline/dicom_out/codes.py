@@ -5,8 +5,10 @@ the rest come from ctpipe's private coding scheme ``99CTPIPE`` (DICOM PS3.16 §8
 beginning with "99" are private), which an SR that uses one of them declares in its
 CodingSchemeIdentificationSequence with a name, version and responsible organisation (PS3.3 C.12.1.1.8; no
 Coding Scheme UID, which dciodvfy warns about as one more term it does not know; an SR of standard codes only
-declares none). dciodvfy still warns once per private code item ("Unrecognized defined term
-<99CTPIPE>"): it checks designators against PS3.16's list and does not read the declaration.
+declares none). dciodvfy still warns once per private code item, and once for the declaration's own designator
+("Warning - Unrecognized defined term <99CTPIPE> for value 1 of attribute <Coding Scheme Designator>"): it checks
+designators against the list of PS3.16 and of the schemes registered there (99SDM, 99PMP, ...) and does not read
+the declaration; only a standard code in place of a private one makes a warning fewer.
 
 ========================  ==========================  =====================================================
 concept                   code                        used for
@@ -41,14 +43,18 @@ Present / Absent          SCT 52101004 / 2667000      SR: "Nodule" present / abs
 Quality finding           DCM 111052                  SR: name of each quality flag evaluation
 Volume-equivalent sphere  99CTPIPE                    SR: diameter of the sphere of the nodule's volume (mm);
 diameter                  equiv_diameter              neither DCM nor SCT codes this concept, and SCT
-                                                      81827009 "Diameter" reads as a measured axis
+                                                      81827009 "Diameter" reads as a measured axis (an SR
+                                                      of earlier versions' Diameter without derivation)
 Maximum 3D extent         99CTPIPE max_extent_3d      SR: longest distance between two voxel centres of the
-                                                      nodule in 3-D (mm), on no one image
-Mean diameter in image    99CTPIPE mean_diameter      SR: mean of the long and short axis (mm), the
-plane                                                 "mean diameter" of Fleischner 2017 and Lung-RADS
+                                                      nodule in 3-D (mm), on no one image (IBSI L0JK
+                                                      "Maximum 3D Diameter of a Mesh" is measured between
+                                                      the vertices of a mesh, half a voxel farther out)
+Diameter, derivation      SCT 81827009, modifier      SR: mean of the long and short axis (mm), the
+Mean                      DCM 121401 = SCT 373098007  "mean diameter" of Fleischner 2017 and Lung-RADS
                                                       v2022 (they round it to the nearest mm), in the
-                                                      plane of the image both axes reference (an oblique
-                                                      acquisition's, not a true axial plane)
+                                                      plane of the image both axes reference (CID 7470,
+                                                      CID 3488); 99CTPIPE mean_diameter in SRs of
+                                                      earlier versions
 Emphysema index           99CTPIPE emphysema_index    SR: % of lung voxels below -950 HU
 Nodule composition        99CTPIPE composition        SR: solid / part-solid / ground glass
 solid, part_solid,        99CTPIPE <same>             SR: values of "Nodule composition"
@@ -103,8 +109,12 @@ LATERALITY: dict[str, Code] = {
 }
 
 # --- measurements and evaluations ------------------------------------------------------------
-#: read back from SRs of earlier versions, which named the equivalent-sphere diameter so; never written
+#: the nodule's mean diameter with derivation :data:`MEAN` (the mean of its long and short axis); without a
+#: derivation, in SRs of earlier versions, the equivalent-sphere diameter, and read back so
 DIAMETER = Code("81827009", "SCT", "Diameter")
+#: TID 1419's concept modifier naming how a measurement is derived (DCM 121401), and its value Mean (CID 3488)
+DERIVATION = Code("121401", "DCM", "Derivation")
+MEAN = Code("373098007", "SCT", "Mean")
 #: the longest in-plane chord on the slice where the nodule is largest (in SRs of earlier versions: its 3-D extent)
 LONG_AXIS = Code("103339001", "SCT", "Long axis")
 #: the longest chord perpendicular to the long axis on the same slice
@@ -131,7 +141,8 @@ def private(value: str, meaning: str) -> Code:
 EQUIVALENT_DIAMETER = private("equiv_diameter", "Volume-equivalent sphere diameter")
 #: the nodule's longest extent in 3-D: no axis a reader measures on an image, so not "Long axis"
 MAX_EXTENT = private("max_extent_3d", "Maximum 3D extent")
-#: the mean of the long and short axis: the "mean diameter" by which Fleischner 2017 and Lung-RADS v2022 size a nodule
+#: read back from SRs of earlier versions, which named the mean of the long and short axis so; never written (now
+#: :data:`DIAMETER` with derivation :data:`MEAN`)
 MEAN_DIAMETER = private("mean_diameter", "Mean diameter in image plane")
 EMPHYSEMA_INDEX = private("emphysema_index", "Emphysema index (LAA-950)")
 COMPOSITION = private("composition", "Nodule composition")

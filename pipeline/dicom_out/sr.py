@@ -62,14 +62,15 @@ PERSON_NAME_WARNING = r"The string .* is unlikely to represent the intended pers
 
 SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: The layout of the SR's content tree: raise it with each change of which groups, items, codes or coordinates the SR
-#: holds (the nodules' axis polylines, TID 1410, came with layout 2). It goes into the SR's instance UID
+#: holds (the nodules' axis polylines, TID 1410, came with layout 2; the mean diameter in standard codes, SCT Diameter
+#: with derivation Mean instead of 99CTPIPE mean_diameter, with layout 3). It goes into the SR's instance UID
 #: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
-SR_LAYOUT = "2"
+SR_LAYOUT = "3"
 #: The fingerprint of SR_LAYOUT's content tree (:func:`~pipeline.dicom_out.layout.sr_layout_fingerprint`: concept
 #: names, value and relationship types, templates, graphic types and nesting; not values). A test compares it with an
 #: SR built now: with a new layout, raise SR_LAYOUT and record the new fingerprint here.
-SR_LAYOUT_FINGERPRINT = "7060c52e6a3a47c2"
+SR_LAYOUT_FINGERPRINT = "4195b706dcc063a5"
 #: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit, decimals stated: volumes
 #: to 0.1 mL, the emphysema index to 0.1 %); in a one-lung case (quality flag ``one_lung``) "both" is the remaining
 #: lung's side
@@ -129,7 +130,8 @@ def _surface(f: ReportedFinding, source: SourceSeries) -> Any:
 
 
 def _axis_measurements(f: ReportedFinding, source: SourceSeries) -> list[Any]:
-    """Long axis and Short axis (each referencing the image it is measured on) and their mean, to
+    """Long axis and Short axis (each referencing the image it is measured on) and their mean (Diameter, derivation
+    Mean: the guidelines' "mean diameter"), to
     :data:`.model.LENGTH_DECIMALS` (mm); none without :attr:`ReportedFinding.axes`. TID 1411 holds no coordinates in
     a measurement: :func:`_axis_lines` draws the axes on their image, the reconstruction's nodule results give their
     endpoints (LPS mm)."""
@@ -147,7 +149,8 @@ def _axis_measurements(f: ReportedFinding, source: SourceSeries) -> list[Any]:
     for name, length in ((C.LONG_AXIS, axes.long_mm), (C.SHORT_AXIS, axes.short_mm)):
         value = round(length, LENGTH_DECIMALS)
         out.append(hd.sr.Measurement(name=name, value=value, unit=C.MM, referenced_images=[image]))
-    out.append(hd.sr.Measurement(name=C.MEAN_DIAMETER, value=round(axes.mean_mm, LENGTH_DECIMALS), unit=C.MM))
+    mean = round(axes.mean_mm, LENGTH_DECIMALS)
+    out.append(hd.sr.Measurement(name=C.DIAMETER, value=mean, unit=C.MM, derivation=C.MEAN))
     return out
 
 

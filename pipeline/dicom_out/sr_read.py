@@ -167,13 +167,15 @@ def _measurements(group: Any) -> dict[str, float]:
         _key(C.MAX_EXTENT): "max_extent_mm",
         _key(C.LONG_AXIS): "long_axis_mm",
         _key(C.SHORT_AXIS): "short_axis_mm",
-        _key(C.MEAN_DIAMETER): "mean_diameter_mm",
+        _key(C.MEAN_DIAMETER): "mean_diameter_mm",  # SRs of earlier versions
         _key(C.VOLUME): "volume_mm3",
         _key(C.PROBABILITY): "score",
     }
     out = {}
     for m in group.get_measurements():
         column = names.get(_key(m.name))
+        if _key(m.name) == _key(C.DIAMETER) and m.derivation is not None and _key(m.derivation) == _key(C.MEAN):
+            column = "mean_diameter_mm"  # Diameter without derivation: an earlier version's equivalent diameter
         if column is not None:
             out[column] = float(m.value)
     if "long_axis_mm" in out and "max_extent_mm" not in out:  # SRs of earlier versions: "Long axis" was the 3-D extent
