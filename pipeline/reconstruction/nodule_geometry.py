@@ -27,7 +27,8 @@ CORNER_REACH = 0.5
 CORNER_ANGLE_DEG = 90.0
 #: a turn this wide or wider (interior angle, degrees) is a rounded outline's
 ROUND_ANGLE_DEG = 135.0
-#: the side (pixels) beside a corner from which on it reads as a corner in full (from 1.5 times this) or not at all
+#: a corner with no straight side beside it longer than this many pixels reads as rounded (a disc of a few pixels, an
+#: ellipse's end drawn in pixels); with one of 1.5 times this or longer, as a corner in full; between, in proportion
 CORNER_SIDE_PX = 4.0
 
 
@@ -184,9 +185,9 @@ def end_reach(hull: np.ndarray, *, side_mm: float) -> np.ndarray:
     lying farthest out, already nearest the outline: a quarter pixel is their reach (digitised ellipses of 4-26 mm on
     0.7 mm pixels at any angle: within -0.05 to +0.2 pixel on average). A nodule of a few pixels has corners at every
     vertex and no straight side; a corner between short sides (an ellipse's end drawn in pixels at 45°) reads as
-    rounded. Measured so, squares and rectangles of 6-20 mm on 0.7 and 0.98 mm pixels at any turn and placement have
-    their diagonal within 0.3 pixel on average (between pixel centres plus a quarter pixel at each end, the earlier
-    rule: 0.4 to 0.7 pixel short); discs and ellipses measure as before. Neither outline a viewer could trace from
+    rounded. Measured so, squares and rectangles of 8-16 mm on 0.7 and 0.98 mm pixels at any turn and placement have
+    their diagonal within a third of a pixel on average (between pixel centres plus a quarter pixel at each end, the
+    earlier rule: 0.35 to 0.7 pixel short); discs and ellipses measure as before. Neither outline a viewer could trace from
     the mask does better: the pixels' outer corners make a disc a pixel too long, and the line where the mask,
     interpolated between pixel centres, crosses 0.5 cuts each corner by a third of a pixel and still makes a disc 0.7
     pixel too long."""
