@@ -1,0 +1,168 @@
+"""How ``ctpipe listen`` takes the end of each association: the half of receiving that follows a sender's associations
+(:class:`~pipeline.pacs.listener.Listener` stores the instances; see :mod:`pipeline.pacs.listener` for the whole).
+
+Per association it notes whether an instance is being received when the sender's own A-ABORT comes (in the middle of
+an instance, or between two), and when the association ends it summarises the instances sent again, and marks the
+series it stored instances of as cut off (:data:`~pipeline.pacs.journal.CUT_NOTE`) when it ended without a release
+and without the sender's A-ABORT between instances, or with that A-ABORT while the series' instances give a count that
+fewer arrived than (:mod:`pipeline.pacs.expected_count`). A release clears the mark, and makes a series quarantined
+only as cut off run again when sent again whole. Records are logged as ``pipeline.pacs.listener``'s, as the
+listener's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from .expected_count import hold_short, latest_shortfall
+from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, ReceiveJournal
+from .ledger import Ledger
+
+log = logging.getLogger("pipeline.pacs.listener")
+
+
+class AssociationEnds:
+    """What :class:`~pipeline.pacs.listener.Listener` does as a sender's associations end (see the module docstring).
+    The attributes are the listener's; pynetdicom's association threads call the ``_on_*`` handlers."""
+
+    cfg: Any
+    journal: ReceiveJournal | None
+    _ledger: Ledger | None
+    _closing: bool
+    _dup_lock: threading.Lock
+    _duplicates: dict[tuple[int, str, str], int]
+    _stored: dict[int, dict[str, int]]
+    _receiving: dict[int, bool]
+    _sender_ended: dict[int, bool]
+
+    def _on_pdu(self, event: Any) -> None:
+        """Note, per association, whether a message (an instance) is being received, and whether the sender's own
+        A-ABORT came between messages (every instance it began sent whole) or in the middle of one."""
+        from pynetdicom.pdu import A_ABORT_RQ, P_DATA_TF
+
+        key = id(event.assoc)
+        if isinstance(event.pdu, P_DATA_TF):
+            self._receiving[key] = True
+        elif isinstance(event.pdu, A_ABORT_RQ) and event.pdu.source == 0:  # 0: the sending application, not its network
+            self._sender_ended[key] = not self._receiving.get(key, False)
+
+    def _on_message(self, event: Any) -> None:
+        """A whole DIMSE message (a C-STORE request with its dataset) arrived on the association."""
+        self._receiving[id(event.assoc)] = False
+
+    def _on_conn_close(self, event: Any) -> None:
+        """An association ended (released, aborted or cut): summarise the duplicates it sent; mark the series it
+        stored instances of as cut off when it ended without a release and without the sender's own A-ABORT between
+        instances (see :meth:`_mark_cut`)."""
+        key = id(event.assoc)
+        self._report_duplicates(key)
+        self._receiving.pop(key, None)
+        ended_by_abort = self._sender_ended.pop(key, False) and not self._closing
+        with self._dup_lock:
+            stored = self._stored.pop(key, {})
+        if stored and self.journal is not None:
+            self._mark_cut(event.assoc, stored, ended_by_abort=ended_by_abort)
+
+    def _mark_cut(self, assoc: Any, stored: dict[str, int], *, ended_by_abort: bool = False) -> None:
+        """Note (:data:`CUT_NOTE`) the open series an association stored instances of (``stored``: series → count)
+        when it was cut off: it ended without a release and without an A-ABORT of the sender's own between instances
+        (the connection dropped: the sender crashed or lost the network; or it aborted in the middle of an instance).
+        What arrived may have no gap and still not be the whole series, so :meth:`step` does not hand it on as
+        complete once quiet; it waits for the sender to send it again (an association that sends the series and ends
+        with a release, or with the sender's A-ABORT after its last instance, clears the note) or for
+        ``pacs.series_limit_s``.
+
+        ``ended_by_abort``: the sender ended the association with an A-ABORT once every instance it had begun had
+        arrived whole (some modalities and routers end every association so). That is taken as the end of its
+        sending, as a release is: the series is judged as any other, complete once quiet for ``pacs.quiet_period_s``
+        with its slices forming a volume (no gap in InstanceNumber or slice positions, at least ``ingest.min_slices``)."""
+        assert self.journal is not None and self._ledger is not None
+        calling = str(assoc.requestor.ae_title).strip()
+        address = getattr(assoc.requestor, "address", "?")
+        released = bool(getattr(assoc, "is_released", False)) or ended_by_abort
+        if ended_by_abort:
+            log.info(
+                "the association from %s at %s ended with an A-ABORT from the sender after its last instance had "
+                "been answered (%s), not with a release: taken as the end of its sending; each series is processed "
+                "once quiet for pacs.quiet_period_s if its slices form a volume (and as many arrived as a count its "
+                "instances give)",
+                calling,
+                address,
+                ", ".join(f"{n} instance(s) of series {uid}" for uid, n in stored.items()),
+                extra={"event": "listen_aborted"},
+            )
+        for series_uid, n in stored.items():
+            rows = self._ledger.rows("SELECT * FROM series WHERE series_uid = ? AND state = 'open'", (series_uid,))
+            short = latest_shortfall(self._ledger, series_uid) if ended_by_abort else None
+            ended = released and short is None
+            if ended and not rows:
+                self._confirm_whole(series_uid, calling)
+            for row in rows:
+                if ended:
+                    if str(row["note"] or "").startswith(CUT_NOTE):
+                        self.journal.note(row, None)
+                    continue
+                at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+                if short is not None:  # a sender stopped part-way, its A-ABORT as one that finished: held as cut off
+                    hold_short(self.journal, row, sender=f"{calling} at {address}", n=n, short=short, at=at, cfg=self.cfg)
+                    continue
+                if not n:  # instances it had sent before: nothing of the series rests on this association
+                    continue
+                self.journal.note(
+                    row,
+                    f"{CUT_NOTE} {calling} at {address} ended its association without a release at {at} after {n} instance(s)",
+                )
+                log.warning(
+                    "the association from %s at %s ended without a release after %d instance(s) of series %s were "
+                    "stored: %s; what arrived is kept, and the series "
+                    "waits for the sender to send it again (the instances already received are not stored twice) up "
+                    "to pacs.series_limit_s = %g s after its first instance, then is quarantined (not published); "
+                    "fix: check the sender's queue or log and send the series again",
+                    calling,
+                    address,
+                    n,
+                    series_uid,
+                    "this listener stopping ended it" if self._closing else "the sender stopped or lost the network mid-series",
+                    self.cfg.pacs.series_limit_s,
+                    extra={"event": "listen_cut", "series_uid": series_uid},
+                )
+
+    def _confirm_whole(self, series_uid: str, calling: str) -> None:
+        """A released association sent instances of ``series_uid`` (all received before): when the series' latest
+        generation was quarantined only as cut off (no gap, not known whole) and its files are kept, the series is now
+        known whole; it is opened again (:meth:`ReceiveJournal.reopen`), and the runner runs its quarantined case
+        again once it is quiet."""
+        assert self.journal is not None and self._ledger is not None
+        row = self._ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
+        note = str(row["note"] or "") if row is not None else ""
+        if row is None or row["state"] != "processed" or row["outcome"] != "failed" or not note.startswith(INCOMPLETE_NOTE):
+            return
+        if f": {CUT_NOTE}" not in note or ALSO_NOTE in note:  # missing slices: sending them completes it, not the same again
+            return
+        reopened = self.journal.reopen(dict(row), f"{RESENT_NOTE} {calling} sent it again and ended its association")
+        if reopened is not None:
+            log.warning(
+                "series %s, quarantined as its sender was cut off mid-series, was sent again whole by %s (its "
+                "association ended by the sender): processed again as generation %d",
+                series_uid,
+                calling,
+                reopened["generation"],
+                extra={"event": "listen_resent_whole", "series_uid": series_uid},
+            )
+
+    def _report_duplicates(self, assoc: int | None) -> None:
+        """One INFO line per series for the instances association ``assoc`` (None: every one) sent again."""
+        with self._dup_lock:
+            keys = [k for k in self._duplicates if assoc is None or k[0] == assoc]
+            counts = [(k, self._duplicates.pop(k)) for k in keys]
+        for (_, series_uid, calling), n in counts:
+            log.info(
+                "%d instance(s) of series %s from %s were received before; not stored again",
+                n,
+                series_uid,
+                calling,
+                extra={"event": "listen_duplicate", "series_uid": series_uid},
+            )
