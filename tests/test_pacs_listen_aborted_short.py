@@ -167,3 +167,49 @@ def test_the_count_is_checked_per_acquisition_once_the_first_count_is_reached(se
     assert short is not None and "3 of 4 image(s) of acquisition 2" in short, short
     assert shortfall(folder("whole", 8, ImagesInAcquisition=4)) is None
     assert shortfall(folder("uncounted", 5)) is None
+
+
+def _abort_lines(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "pipeline.pacs.listener" and "A-ABORT" in r.getMessage()]
+
+
+def test_the_log_says_one_thing_of_a_series_held_short_after_an_abort(series, tmp_path, caplog):
+    """5 of 8 instances, each saying 8, then the sender's A-ABORT: one line, a warning, says the association ended by
+    the sender's A-ABORT with 5 of 8 received, held as cut off (was: an INFO line taking it as the end of the sending
+    just before the warning that held it)."""
+    uid, files = series
+    run = tmp_path / "run"
+    with (
+        caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"),
+        _listener(run, **_OPTS, **{"pacs.series_limit_s": 3600.0}) as lst,
+    ):
+        assert _send(lst.port, _counted(files, ImagesInAcquisition=len(files))[:5], end="abort") == [0] * 5
+        deadline = time.monotonic() + 10
+        while "A-ABORT" not in _note(run, uid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    lines = _abort_lines(caplog)
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING, [(r.levelname, r.getMessage()) for r in lines]
+    said = lines[0].getMessage()
+    for part in ("MODALITY", "ended by the sender's A-ABORT", f"5 of {len(files)}", "held as cut off", uid, "fix:"):
+        assert part in said, (part, said)
+    assert not [r for r in caplog.records if "taken as the end of its sending" in r.getMessage()]
+
+
+def test_the_log_says_one_thing_of_a_whole_counted_series_after_an_abort(series, tmp_path, caplog):
+    """Every instance, as many as Images in Acquisition says, then the sender's A-ABORT: one INFO line says the
+    association ended by the sender's A-ABORT after all of them, processed; no warning."""
+    uid, files = series
+    with (
+        caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"),
+        _listener(tmp_path / "run", **_OPTS) as lst,
+    ):
+        assert _send(lst.port, _counted(files, ImagesInAcquisition=len(files)), end="abort") == [0] * len(files)
+        deadline = time.monotonic() + 10
+        while not _abort_lines(caplog) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    lines = _abort_lines(caplog)
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO, [(r.levelname, r.getMessage()) for r in lines]
+    said = lines[0].getMessage()
+    for part in ("MODALITY", "ended by the sender's A-ABORT after all", f"{len(files)} instance(s)", "ImagesInAcquisition", uid):
+        assert part in said, (part, said)
+    assert "processed" in said and "held" not in said, said

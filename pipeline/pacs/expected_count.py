@@ -4,7 +4,7 @@ A C-STORE sender that ends its association with an A-ABORT between two instances
 modalities and routers end every association so) or been stopped by its operator part-way: the association alone
 cannot tell. The instances sometimes can: Number of Series Related Instances (0020,1209), which some archives and
 routers put in what they forward, and Images in Acquisition (0020,1002), which many CT scanners write (the images of
-one acquisition, per Acquisition Number (0020,0012)). :func:`shortfall` says when fewer instances arrived than those
+one acquisition, per Acquisition Number (0020,0012)). :func:`count_check` says when fewer instances arrived than those
 counts give; a series whose instances carry neither cannot be told from a whole one this way. :func:`hold_short`
 holds such a series as cut off (:data:`~pipeline.pacs.journal.CUT_NOTE`): it waits for the rest up to
 ``pacs.series_limit_s``, then is quarantined, never published. Records are logged as ``pipeline.pacs.listener``'s.
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,62 +56,92 @@ def _which(acq: str) -> str:
     return f"acquisition {acq}" if acq else "its acquisition"
 
 
-def shortfall(folder: Path) -> str | None:
-    """Why the instances received in ``folder`` (``*.dcm``, one series) are known to be fewer than the series has,
-    from the counts they carry: fewer than the Number of Series Related Instances they give, or, for an Acquisition
-    Number (or none), fewer than the Images in Acquisition its instances give. None when they carry no count or as
-    many arrived (a series may still be short: its instances cannot say). One instance is read while the count is not
-    reached (a sender may end an association after each instance), each of them once it is, to count by acquisition."""
+@dataclass(frozen=True)
+class CountCheck:
+    """The instances received of one series against the counts they carry.
+
+    ``received``: how many arrived; ``short``: why they are known to be fewer than the series has (``'5 of 8 image(s) of
+    acquisition 1 received (ImagesInAcquisition 8 in its instances)'``), or None; ``counted``: the count they were all
+    found to reach (``'ImagesInAcquisition 8'``), or None when they carry none (or are short)."""
+
+    received: int
+    short: str | None = None
+    counted: str | None = None
+
+
+def count_check(folder: Path) -> CountCheck:
+    """The instances received in ``folder`` (``*.dcm``, one series) against the counts they carry: the Number of
+    Series Related Instances they give, and, for each Acquisition Number (or none), the Images in Acquisition its
+    instances give (see :class:`CountCheck`; a series whose instances carry no count may still be short: they cannot
+    say). One instance is read while the count is not reached (a sender may end an association after each instance),
+    each of them once it is, to count by acquisition."""
     files = sorted(folder.glob("*.dcm"))
+    received = len(files)
     first = _read(files[0]) if files else None
     if first is None:
-        return None
-    received = len(files)
+        return CountCheck(received)
+    counted = None
     series_n = _count(first.get("NumberOfSeriesRelatedInstances"))
-    if series_n is not None and received < series_n:
-        return f"{received} of {series_n} instance(s) received (NumberOfSeriesRelatedInstances {series_n} in its instances)"
+    if series_n is not None:
+        if received < series_n:
+            why = f"{received} of {series_n} instance(s) received (NumberOfSeriesRelatedInstances {series_n} in its instances)"
+            return CountCheck(received, short=why)
+        counted = f"NumberOfSeriesRelatedInstances {series_n}"
     acq_n = _count(first.get("ImagesInAcquisition"))
     if acq_n is None:
-        return None
+        return CountCheck(received, counted=counted)
     if received < acq_n:
         acq = _which(_acquisition(first))
-        return f"{received} of {acq_n} image(s) of {acq} received (ImagesInAcquisition {acq_n} in its instances)"
+        why = f"{received} of {acq_n} image(s) of {acq} received (ImagesInAcquisition {acq_n} in its instances)"
+        return CountCheck(received, short=why)
     by_acq: dict[str, list[int | None]] = defaultdict(list)
     for ds in (_read(p) for p in files):
         if ds is not None:
             by_acq[_acquisition(ds)].append(_count(ds.get("ImagesInAcquisition")))
+    reached = []
     for acq, counts in sorted(by_acq.items()):
         expected = max((c for c in counts if c is not None), default=None)
         if expected is not None and len(counts) < expected:
-            return (
+            why = (
                 f"{len(counts)} of {expected} image(s) of {_which(acq)} received (ImagesInAcquisition {expected} in its "
                 "instances)"
             )
-    return None
+            return CountCheck(received, short=why)
+        if expected is not None:
+            reached.append(f"{expected}" if len(by_acq) == 1 else f"{expected} of {_which(acq)}")
+    if reached:
+        counted = ", ".join(([counted] if counted else []) + [f"ImagesInAcquisition {', '.join(reached)}"])
+    return CountCheck(received, counted=counted)
 
 
-def latest_shortfall(ledger: Ledger, series_uid: str) -> str | None:
-    """:func:`shortfall` of the series' latest generation in the listener's ledger (None when its files are gone)."""
+def shortfall(folder: Path) -> str | None:
+    """Why the instances received in ``folder`` are known to be fewer than the series has (:func:`count_check`), or
+    None."""
+    return count_check(folder).short
+
+
+def latest_count_check(ledger: Ledger, series_uid: str) -> CountCheck | None:
+    """:func:`count_check` of the series' latest generation in the listener's ledger (None when its files are gone)."""
     row = ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
     if row is None or row["removed_at"] is not None or not row["folder"]:
         return None
-    return shortfall(Path(row["folder"]))
+    return count_check(Path(row["folder"]))
 
 
 def hold_short(journal: ReceiveJournal, row: dict[str, Any], *, sender: str, n: int, short: str, at: str, cfg: Any) -> None:
     """Hold the open generation ``row`` as cut off: its ``sender`` (calling AE title and address) ended its association
     with an A-ABORT between instances at ``at`` (UTC) after ``n`` instance(s), and fewer arrived than the series' own
-    count (``short``, from :func:`shortfall`), as when its operator stopped it part-way."""
+    count (``short``, from :func:`count_check`), as when its operator stopped it part-way."""
     journal.note(
         row,
         f"{CUT_NOTE} {sender} ended its association with an A-ABORT at {at} after {n} instance(s), short of the "
         f"series' count: {short}",
     )
     log.warning(
-        "the association from %s ended with an A-ABORT after %d instance(s) of series %s, and the series is short of "
-        "the count its instances give (%s): the sender was stopped before the end; what arrived is kept, and the "
-        "series waits for the rest (the instances already received are not stored twice) up to pacs.series_limit_s = "
-        "%g s after its first instance, then is quarantined (not published); fix: send the series again",
+        "the association from %s ended by the sender's A-ABORT after %d instance(s) of series %s: %s, held as cut off "
+        "(the sender was stopped before the end); what arrived is kept, and the series waits for the rest (the "
+        "instances already received are not stored twice) up to pacs.series_limit_s = %g s after its first instance, "
+        "then is quarantined (not published); fix: send the series again",
         sender,
         n,
         row["series_uid"],

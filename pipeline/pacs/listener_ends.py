@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from .expected_count import hold_short, latest_shortfall
+from .expected_count import CountCheck, hold_short, latest_count_check
 from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger
 
@@ -77,27 +77,21 @@ class AssociationEnds:
 
         ``ended_by_abort``: the sender ended the association with an A-ABORT once every instance it had begun had
         arrived whole (some modalities and routers end every association so). That is taken as the end of its
-        sending, as a release is: the series is judged as any other, complete once quiet for ``pacs.quiet_period_s``
-        with its slices forming a volume (no gap in InstanceNumber or slice positions, at least ``ingest.min_slices``)."""
+        sending, as a release is, unless the series' instances give a count that fewer arrived than
+        (:func:`~pipeline.pacs.expected_count.count_check`: held as cut off, one warning); otherwise one INFO line
+        says so, and the series is judged as any other, complete once quiet for ``pacs.quiet_period_s`` with its slices
+        forming a volume (no gap in InstanceNumber or slice positions, at least ``ingest.min_slices``)."""
         assert self.journal is not None and self._ledger is not None
         calling = str(assoc.requestor.ae_title).strip()
         address = getattr(assoc.requestor, "address", "?")
         released = bool(getattr(assoc, "is_released", False)) or ended_by_abort
-        if ended_by_abort:
-            log.info(
-                "the association from %s at %s ended with an A-ABORT from the sender after its last instance had "
-                "been answered (%s), not with a release: taken as the end of its sending; each series is processed "
-                "once quiet for pacs.quiet_period_s if its slices form a volume (and as many arrived as a count its "
-                "instances give)",
-                calling,
-                address,
-                ", ".join(f"{n} instance(s) of series {uid}" for uid, n in stored.items()),
-                extra={"event": "listen_aborted"},
-            )
         for series_uid, n in stored.items():
             rows = self._ledger.rows("SELECT * FROM series WHERE series_uid = ? AND state = 'open'", (series_uid,))
-            short = latest_shortfall(self._ledger, series_uid) if ended_by_abort else None
+            check = latest_count_check(self._ledger, series_uid) if ended_by_abort else None
+            short = check.short if check is not None else None
             ended = released and short is None
+            if ended_by_abort and short is None and rows:
+                _say_ended_by_abort(f"{calling} at {address}", series_uid, n=n, check=check)
             if ended and not rows:
                 self._confirm_whole(series_uid, calling)
             for row in rows:
@@ -166,3 +160,32 @@ class AssociationEnds:
                 calling,
                 extra={"event": "listen_duplicate", "series_uid": series_uid},
             )
+
+
+def _say_ended_by_abort(sender: str, series_uid: str, *, n: int, check: CountCheck | None) -> None:
+    """The one line of an association from ``sender`` (calling AE title and address) that its sender ended with an
+    A-ABORT after its last instance, ``n`` instance(s) of ``series_uid`` stored on it, the series not short of a
+    count its instances give (``check``; None: its files are gone): it is processed as after a release."""
+    then = "processed once quiet for pacs.quiet_period_s if its slices form a volume"
+    if check is not None and check.counted is not None:
+        log.info(
+            "the association from %s ended by the sender's A-ABORT after all %d instance(s) of series %s had arrived "
+            "(%s in its instances; %d on this association): %s",
+            sender,
+            check.received,
+            series_uid,
+            check.counted,
+            n,
+            then,
+            extra={"event": "listen_aborted", "series_uid": series_uid},
+        )
+        return
+    log.info(
+        "the association from %s ended by the sender's A-ABORT after its last instance was answered (%d instance(s) "
+        "of series %s on it; its instances give no count to check them against): %s, as after a release",
+        sender,
+        n,
+        series_uid,
+        then,
+        extra={"event": "listen_aborted", "series_uid": series_uid},
+    )
