@@ -5,15 +5,19 @@ modalities and routers end every association so) or been stopped by its operator
 cannot tell. The instances sometimes can: Number of Series Related Instances (0020,1209), which some archives and
 routers put in what they forward, and Images in Acquisition (0020,1002), which many CT scanners write (the images of
 one acquisition, per Acquisition Number (0020,0012)). :func:`count_check` says when fewer instances arrived than those
-counts give; a series whose instances carry neither cannot be told from a whole one this way. :func:`hold_short`
-holds such a series as cut off (:data:`~pipeline.pacs.journal.CUT_NOTE`): it waits for the rest up to
-``pacs.series_limit_s``, then is quarantined, never published. Records are logged as ``pipeline.pacs.listener``'s.
+counts give; a series whose instances carry neither cannot be told from a whole one this way. Some scanners count in
+Images in Acquisition the images of every series of one acquisition: the series of a study short of one such count
+alone are counted together, and whole when they make it exactly. :func:`hold_short` holds a short series as cut off
+(:data:`~pipeline.pacs.journal.CUT_NOTE`): it waits for the rest up to ``pacs.series_limit_s``, then is quarantined,
+never published; :func:`lift_held` releases it when another series of its study makes its count up. Records are
+logged as ``pipeline.pacs.listener``'s.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,9 @@ from .ledger import Ledger
 log = logging.getLogger("pipeline.pacs.listener")
 
 _TAGS = ["NumberOfSeriesRelatedInstances", "ImagesInAcquisition", "AcquisitionNumber"]
+
+#: In the note of a series held by :func:`hold_short`: what it was held for.
+SHORT_NOTE = "short of the series' count"
 
 
 def _count(value: object) -> int | None:
@@ -62,19 +69,38 @@ class CountCheck:
 
     ``received``: how many arrived; ``short``: why they are known to be fewer than the series has (``'5 of 8 image(s) of
     acquisition 1 received (ImagesInAcquisition 8 in its instances)'``), or None; ``counted``: the count they were all
-    found to reach (``'ImagesInAcquisition 8'``), or None when they carry none (or are short)."""
+    found to reach (``'ImagesInAcquisition 8'``), or None when they carry none (or are short); ``pooled``: the other
+    series of the study whose images of the same acquisition make up that count with this one's."""
 
     received: int
     short: str | None = None
     counted: str | None = None
+    pooled: tuple[str, ...] = ()
 
 
-def count_check(folder: Path) -> CountCheck:
+#: Per Acquisition Number (``''``: none): the instances received, and the largest Images in Acquisition they give.
+Tally = dict[str, tuple[int, int | None]]
+
+
+def _tally(files: list[Path]) -> Tally:
+    by_acq: dict[str, list[int | None]] = defaultdict(list)
+    for ds in (_read(p) for p in files):
+        if ds is not None:
+            by_acq[_acquisition(ds)].append(_count(ds.get("ImagesInAcquisition")))
+    return {acq: (len(c), max((n for n in c if n is not None), default=None)) for acq, c in by_acq.items()}
+
+
+def count_check(folder: Path, *, siblings: Mapping[str, Path] | None = None) -> CountCheck:
     """The instances received in ``folder`` (``*.dcm``, one series) against the counts they carry: the Number of
     Series Related Instances they give, and, for each Acquisition Number (or none), the Images in Acquisition its
     instances give (see :class:`CountCheck`; a series whose instances carry no count may still be short: they cannot
-    say). One instance is read while the count is not reached (a sender may end an association after each instance),
-    each of them once it is, to count by acquisition."""
+    say). One instance is read while the count is not reached and there are no ``siblings``, each of them otherwise.
+
+    ``siblings``: the other series of the same study received (Series Instance UID → folder). Some scanners count in
+    Images in Acquisition the images of every series of one acquisition: an acquisition this series is short of is
+    whole when the siblings that are short of the same count for the same Acquisition Number, each alone, make it up
+    with this one exactly (a sibling that reaches the count alone counts its own images: another acquisition given
+    the same number, as a pre- and a post-contrast series)."""
     files = sorted(folder.glob("*.dcm"))
     received = len(files)
     first = _read(files[0]) if files else None
@@ -90,28 +116,61 @@ def count_check(folder: Path) -> CountCheck:
     acq_n = _count(first.get("ImagesInAcquisition"))
     if acq_n is None:
         return CountCheck(received, counted=counted)
-    if received < acq_n:
+    if received < acq_n and not siblings:
         acq = _which(_acquisition(first))
         why = f"{received} of {acq_n} image(s) of {acq} received (ImagesInAcquisition {acq_n} in its instances)"
         return CountCheck(received, short=why)
-    by_acq: dict[str, list[int | None]] = defaultdict(list)
-    for ds in (_read(p) for p in files):
-        if ds is not None:
-            by_acq[_acquisition(ds)].append(_count(ds.get("ImagesInAcquisition")))
-    reached = []
-    for acq, counts in sorted(by_acq.items()):
-        expected = max((c for c in counts if c is not None), default=None)
-        if expected is not None and len(counts) < expected:
+    tally = _tally(files)
+    others = _Siblings(siblings or {})
+    reached: list[str] = []
+    pooled: set[str] = set()
+    for acq, (k, expected) in sorted(tally.items()):
+        if expected is None:
+            continue
+        parts = others.short_alone(acq, expected) if k < expected else {}
+        total = k + sum(parts.values())
+        if k < expected and total != expected:
+            within = f", {total} in {len(parts) + 1} series of the study" if parts else ""
             why = (
-                f"{len(counts)} of {expected} image(s) of {_which(acq)} received (ImagesInAcquisition {expected} in its "
-                "instances)"
+                f"{k} of {expected} image(s) of {_which(acq)} received{within} (ImagesInAcquisition {expected} in its instances)"
             )
             return CountCheck(received, short=why)
-        if expected is not None:
-            reached.append(f"{expected}" if len(by_acq) == 1 else f"{expected} of {_which(acq)}")
+        pooled.update(parts)
+        across = f" across {len(parts) + 1} series of the study" if parts else ""
+        reached.append(f"{expected}{across}" if len(tally) == 1 else f"{expected} of {_which(acq)}{across}")
     if reached:
         counted = ", ".join(([counted] if counted else []) + [f"ImagesInAcquisition {', '.join(reached)}"])
-    return CountCheck(received, counted=counted)
+    return CountCheck(received, counted=counted, pooled=tuple(sorted(pooled)))
+
+
+class _Siblings:
+    """The other series of a study (Series Instance UID → folder), each read only as far as a count asks: its first
+    instance's Images in Acquisition, then, where that is the count, each instance's."""
+
+    def __init__(self, folders: Mapping[str, Path]):
+        self.folders = folders
+        self._heads: dict[str, tuple[list[Path], int | None]] | None = None
+        self._tallies: dict[str, Tally] = {}
+
+    def short_alone(self, acq: str, expected: int) -> dict[str, int]:
+        """The siblings whose instances of acquisition ``acq`` give the count ``expected`` and are fewer alone: how
+        many each has."""
+        if self._heads is None:
+            self._heads = {}
+            for uid, folder in self.folders.items():
+                files = sorted(folder.glob("*.dcm"))
+                head = _read(files[0]) if files else None
+                self._heads[uid] = (files, _count(head.get("ImagesInAcquisition")) if head is not None else None)
+        out = {}
+        for uid, (files, first_n) in self._heads.items():
+            if first_n != expected:
+                continue
+            if uid not in self._tallies:
+                self._tallies[uid] = _tally(files)
+            k, n = self._tallies[uid].get(acq, (0, None))
+            if n == expected and k < expected:
+                out[uid] = k
+        return out
 
 
 def shortfall(folder: Path) -> str | None:
@@ -121,11 +180,44 @@ def shortfall(folder: Path) -> str | None:
 
 
 def latest_count_check(ledger: Ledger, series_uid: str) -> CountCheck | None:
-    """:func:`count_check` of the series' latest generation in the listener's ledger (None when its files are gone)."""
+    """:func:`count_check` of the series' latest generation in the listener's ledger, with the latest generations of
+    the other series of its study whose files are kept as siblings (None when its own files are gone)."""
     row = ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
     if row is None or row["removed_at"] is not None or not row["folder"]:
         return None
-    return count_check(Path(row["folder"]))
+    latest: dict[str, Any] = {}
+    if row["study_uid"]:
+        query = "SELECT * FROM series WHERE study_uid = ? AND series_uid != ? ORDER BY generation"
+        latest = {r["series_uid"]: r for r in ledger.rows(query, (row["study_uid"], series_uid))}
+    siblings = {uid: Path(r["folder"]) for uid, r in latest.items() if r["removed_at"] is None and r["folder"]}
+    return count_check(Path(row["folder"]), siblings=siblings)
+
+
+def lift_held(journal: ReceiveJournal, ledger: Ledger, series_uid: str) -> None:
+    """The open series of ``series_uid``'s study held as short of their count (:func:`hold_short`) that its instances,
+    just received, make whole (the count is their acquisition's, over several series: :func:`count_check`): their
+    hold is lifted (one INFO line each), and they are processed once quiet as any other."""
+    row = ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
+    if row is None or not row["study_uid"]:
+        return
+    query = "SELECT * FROM series WHERE study_uid = ? AND series_uid != ? AND state = 'open'"
+    for held in ledger.rows(query, (row["study_uid"], series_uid)):
+        note = str(held["note"] or "")
+        if not note.startswith(CUT_NOTE) or SHORT_NOTE not in note:
+            continue
+        again = latest_count_check(ledger, held["series_uid"])
+        if again is None or again.short is not None or series_uid not in again.pooled:
+            continue
+        journal.note(held, None)
+        log.info(
+            "series %s, held as short of the count its instances give, is whole with series %s of the same study "
+            "and acquisition (%s in their instances): processed once quiet for pacs.quiet_period_s if its slices "
+            "form a volume",
+            held["series_uid"],
+            series_uid,
+            again.counted,
+            extra={"event": "listen_count_reached", "series_uid": held["series_uid"]},
+        )
 
 
 def hold_short(journal: ReceiveJournal, row: dict[str, Any], *, sender: str, n: int, short: str, at: str, cfg: Any) -> None:
@@ -134,8 +226,7 @@ def hold_short(journal: ReceiveJournal, row: dict[str, Any], *, sender: str, n: 
     count (``short``, from :func:`count_check`), as when its operator stopped it part-way."""
     journal.note(
         row,
-        f"{CUT_NOTE} {sender} ended its association with an A-ABORT at {at} after {n} instance(s), short of the "
-        f"series' count: {short}",
+        f"{CUT_NOTE} {sender} ended its association with an A-ABORT at {at} after {n} instance(s), {SHORT_NOTE}: {short}",
     )
     log.warning(
         "the association from %s ended by the sender's A-ABORT after %d instance(s) of series %s: %s, held as cut off "

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from .expected_count import CountCheck, hold_short, latest_count_check
+from .expected_count import CountCheck, hold_short, latest_count_check, lift_held
 from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger
 
@@ -94,6 +94,8 @@ class AssociationEnds:
                 _say_ended_by_abort(f"{calling} at {address}", series_uid, n=n, check=check)
             if ended and not rows:
                 self._confirm_whole(series_uid, calling)
+            if ended and n:  # series of its study held short of a count that its instances make up
+                lift_held(self.journal, self._ledger, series_uid)
             for row in rows:
                 if ended:
                     if str(row["note"] or "").startswith(CUT_NOTE):
