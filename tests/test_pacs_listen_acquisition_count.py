@@ -114,3 +114,25 @@ def test_series_are_counted_together_only_when_each_is_short_alone_and_they_make
         ds.SeriesInstanceUID, ds.SOPInstanceUID = "1.2.3.4", generate_uid()
     over = count_check(a, siblings={"b": b, "c": folder("c", third)})  # 4 + 4 + 3 > 8: not the count's parts
     assert over.short is not None and over.pooled == (), over
+
+
+def test_a_series_short_of_its_count_with_siblings_that_cannot_make_it_up_is_read_no_further(series, tmp_path, monkeypatch):
+    """A sender that ends an association after each instance has the count checked at each: while the series and the
+    siblings giving its count hold fewer instances than it, only the first instance of each is read (not every one of
+    each, every time)."""
+    import pipeline.pacs.expected_count as expected_count
+
+    _, files = series
+    first, second = _two_series(files, count=16)
+    folders = {}
+    for name, datasets in (("a", first), ("b", second)):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        for i, (ds, _) in enumerate(datasets):
+            ds.save_as(folders[name] / f"{i:03d}.dcm", enforce_file_format=True)
+    reads: list[Path] = []
+    real_read = expected_count._read
+    monkeypatch.setattr(expected_count, "_read", lambda path: (reads.append(path), real_read(path))[1])
+    check = expected_count.count_check(folders["a"], siblings={"b": folders["b"]})
+    assert check.short is not None and "4 of 16" in check.short, check
+    assert len(reads) == 2, reads

@@ -94,7 +94,8 @@ def count_check(folder: Path, *, siblings: Mapping[str, Path] | None = None) -> 
     """The instances received in ``folder`` (``*.dcm``, one series) against the counts they carry: the Number of
     Series Related Instances they give, and, for each Acquisition Number (or none), the Images in Acquisition its
     instances give (see :class:`CountCheck`; a series whose instances carry no count may still be short: they cannot
-    say). One instance is read while the count is not reached and there are no ``siblings``, each of them otherwise.
+    say). One instance is read (and one of each sibling) while the count cannot be reached, each of them otherwise
+    (a sender may end an association after each instance).
 
     ``siblings``: the other series of the same study received (Series Instance UID → folder). Some scanners count in
     Images in Acquisition the images of every series of one acquisition: an acquisition this series is short of is
@@ -116,12 +117,12 @@ def count_check(folder: Path, *, siblings: Mapping[str, Path] | None = None) -> 
     acq_n = _count(first.get("ImagesInAcquisition"))
     if acq_n is None:
         return CountCheck(received, counted=counted)
-    if received < acq_n and not siblings:
+    others = _Siblings(siblings or {})
+    if received < acq_n and received + others.files_giving(acq_n) < acq_n:  # siblings cannot make it up either
         acq = _which(_acquisition(first))
         why = f"{received} of {acq_n} image(s) of {acq} received (ImagesInAcquisition {acq_n} in its instances)"
         return CountCheck(received, short=why)
     tally = _tally(files)
-    others = _Siblings(siblings or {})
     reached: list[str] = []
     pooled: set[str] = set()
     for acq, (k, expected) in sorted(tally.items()):
@@ -152,17 +153,26 @@ class _Siblings:
         self._heads: dict[str, tuple[list[Path], int | None]] | None = None
         self._tallies: dict[str, Tally] = {}
 
-    def short_alone(self, acq: str, expected: int) -> dict[str, int]:
-        """The siblings whose instances of acquisition ``acq`` give the count ``expected`` and are fewer alone: how
-        many each has."""
+    def _first(self) -> dict[str, tuple[list[Path], int | None]]:
+        """Each sibling's files, and the Images in Acquisition its first instance gives."""
         if self._heads is None:
             self._heads = {}
             for uid, folder in self.folders.items():
                 files = sorted(folder.glob("*.dcm"))
                 head = _read(files[0]) if files else None
                 self._heads[uid] = (files, _count(head.get("ImagesInAcquisition")) if head is not None else None)
+        return self._heads
+
+    def files_giving(self, expected: int) -> int:
+        """How many instances the siblings whose first instance gives the count ``expected`` hold: the most they can
+        add to it (only their first instances read)."""
+        return sum(len(files) for files, first_n in self._first().values() if first_n == expected)
+
+    def short_alone(self, acq: str, expected: int) -> dict[str, int]:
+        """The siblings whose instances of acquisition ``acq`` give the count ``expected`` and are fewer alone: how
+        many each has."""
         out = {}
-        for uid, (files, first_n) in self._heads.items():
+        for uid, (files, first_n) in self._first().items():
             if first_n != expected:
                 continue
             if uid not in self._tallies:
