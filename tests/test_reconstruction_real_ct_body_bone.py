@@ -20,6 +20,7 @@ from tests._support.real_ct import (
     TS_ALL_BONE,
     TS_BONE_RECALL,
     TS_NOT_BONE,
+    TS_SPINAL_CORD,
     TS_SPINE_RIBS,
     copdgene,
     require_real_ct,
@@ -147,6 +148,9 @@ def test_totalseg_abdomen_bone_against_the_model_labels(ts):
     the share of the bone on bone labels, 0.952 -> 0.953; none of it on the kidneys or the bowel away from
     bone labels). The 7th ribs below the lungs' domes, apart from the rest of their ribs and with the liver,
     not a lung, inside them, are rib pieces in the body wall (ribs 0.655 -> 0.718, precision 0.9567 -> 0.9564).
+    The sacrum's fatty interior (0-70 HU), leaking out through its cortex's gaps and its foramina, is bone where
+    it is textured, enclosed by bone and off the spinal canal (sacrum 0.458 -> 0.570, vertebrae 0.877 -> 0.904,
+    hips 0.874 -> 0.890, all bone 0.875 -> 0.896, precision 0.9564 -> 0.9511); none of it on the spinal cord.
     The spine Dice counts the hips and femurs as false positives: a perfect bone mask would score about 0.57."""
     _, labels, seg = ts
     bone = seg.masks["bone"]
@@ -165,8 +169,10 @@ def test_totalseg_abdomen_bone_against_the_model_labels(ts):
         stray = int((bone & np.isin(labels, ids) & ~near_bone).sum())
         assert stray == 0, f"{stray} voxels of the {organ} away from bone are bone"
     assert d_spine >= 0.46, f"spine/sacrum/ribs Dice {d_spine:.3f}"
-    assert d_all >= 0.85, f"all bone labels Dice {d_all:.3f}"
-    for name, floor in (("vertebrae", 0.85), ("ribs", 0.70), ("sacrum", 0.4), ("hips", 0.8)):
+    assert d_all >= 0.88, f"all bone labels Dice {d_all:.3f}"
+    canal = int((bone & np.isin(labels, TS_SPINAL_CORD)).sum())
+    assert canal == 0, f"{canal} voxels of the spinal canal's cord are bone"
+    for name, floor in (("vertebrae", 0.88), ("ribs", 0.70), ("sacrum", 0.52), ("hips", 0.85)):
         assert recall[name] >= floor, f"{name} recall {recall[name]:.3f}"
 
 

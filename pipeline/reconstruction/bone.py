@@ -44,8 +44,10 @@ pieces and its marrow is no longer a hole: marrow is then also a region of the s
 soft tissue that bone mostly surrounds (:func:`.marrow.fill_rimmed_marrow`; an intervertebral disc,
 below marrow's density and as smooth as the image noise, is not), and fatty marrow as dense as muscle
 where bone rims it more and it lies off the spinal canal (a sacral ala's; :func:`.marrow.fill_fatty_marrow`), added after the
-growth in step 4, and so is a region of a slice as dense as marrow with bone in the slices just
-above and below it (a low-density level where no cortex shows at all;
+growth in step 4, and so is fatty marrow (0-70 HU) that leaks out through the cortex's gaps and the
+foramina (a sacrum's interior): textured, enclosed by bone, off the spinal canal, and not the canal's
+or the foramina's fat (:func:`.textured_marrow.fill_textured_marrow`), and a region of a slice as dense as
+marrow with bone in the slices just above and below it (a low-density level where no cortex shows at all;
 :func:`.marrow.fill_between_slices`); a resolved cortex always shows, so finer pixels need neither. On such pixels a pixel wholly on bone is mostly cancellous bone, often below the
 surface threshold itself (120-250 HU on 3 mm pixels), so that threshold would trim bone that is
 all there is: a pixel centred on the surface is half the bone beside it and half the tissue beside
@@ -89,6 +91,7 @@ from .marrow import (
 from .metal_streaks import metal_streaks
 from .organs import SegmentParams
 from .rib_pieces import rib_continuations, rib_pieces
+from .textured_marrow import fill_textured_marrow
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +277,10 @@ def segment_bone(grid: Grid, body: torch.Tensor, full_hu: torch.Tensor, p: Segme
         # fatty marrow (a sacral ala's, an iliac wing's) is as dense as muscle: more rim on bone, off the spinal canal
         fatty = ((in_plane_mean(hu, sa) >= FATTY_MARROW_HU) & body_b & ~pool).cpu().numpy()
         bone_np = fill_fatty_marrow(bone_np, fatty, sa, pixel_mm2, hu=raw_np, noise_hu=noise, midline=mid, x=x)
+        # fatty marrow leaking out through the gaps and foramina (a sacrum's): textured and enclosed by bone
+        plane_mm = [spacing_kji[a] for a in range(3) if a != sa]
+        allowed = (body_b & ~pool).cpu().numpy()
+        bone_np = fill_textured_marrow(bone_np, raw_np, allowed, sa, (plane_mm[0], plane_mm[1]), noise_hu=noise, midline=mid, x=x)
         # and a level of low density may show no cortex at all: its marrow lies between bone above and below
         bone_np = fill_between_slices(bone_np, dense, hu_np, sa, pixel_mm2, float(spacing[2 - sa]))
     bone_np = fill_marrow(bone_np, hu_np, sa, pixel_mm2, midline=mid, x=x, speck_mm2=SPECK_MM2)

@@ -39,6 +39,7 @@ TS_SACRUM = (25,)
 TS_VERTEBRAE = tuple(range(26, 51))  # S1, L5 .. C1
 TS_RIBS = tuple(range(92, 116))
 TS_HIPS = (77, 78)
+TS_SPINAL_CORD = (79,)
 TS_SPINE_RIBS = (*TS_SACRUM, *TS_VERTEBRAE, *TS_RIBS)
 TS_ALL_BONE = (*TS_SPINE_RIBS, *range(69, 79), 116)  # + humeri, scapulae, clavicles, femurs, hips; sternum
 TS_BONE_RECALL = {"vertebrae": TS_VERTEBRAE, "sacrum": TS_SACRUM, "ribs": TS_RIBS, "hips": TS_HIPS}

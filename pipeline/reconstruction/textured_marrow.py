@@ -1,0 +1,146 @@
+"""Fatty marrow that leaks out of its bone: the interior of a sacrum, slice by slice, without its canal or foramina.
+
+An elderly sacrum's cancellous interior is fatty marrow (0-70 HU on 3 mm pixels) crossed by
+trabeculae, and its cortex, thinner than such pixels, shows only in pieces: the interior joins
+the tissue outside through the gaps and through the sacral foramina, so it is no hole of the bone
+(:func:`.marrow.fill_marrow`) and no region mostly rimmed by it (:func:`.marrow.fill_fatty_marrow`).
+:func:`fill_textured_marrow` still tells it from what lies around it, on the HU of each voxel's in-plane
+neighbours that are not bone (a window of about ``WINDOW_MM``, so a bright cortex beside it adds nothing):
+
+* **density**: their mean is at least ``FATTY_FLOOR_HU``; the fat of the sacral canal and of the
+  foramina (-100..-20 HU), as fat anywhere, is below;
+* **texture**: trabeculae spread their HU at least ``TEXTURE_SPREAD`` times the image noise; muscle, the
+  spinal cord and CSF, and contrast-filled vessels are as smooth as the noise;
+* **no gas**: none of the voxel's in-plane 3x3 neighbours is below ``GAS_HU`` (bowel content, whose
+  mottled gas and stool are as textured);
+* **enclosure**: bone lies within ``ENCLOSE_MM`` in at least ``ENCLOSED_DIRECTIONS`` of the 8 in-plane
+  directions (rows, columns and diagonals), as it does all round the interior of a bone; tissue beside a
+  bone's outer surface, a vessel or bowel in front of the sacrum, has open directions;
+* **off the canal**: the voxel lies at least ``CANAL_HALF_MM`` from the body's mid-line, where the spinal
+  canal's cord, nerve roots and epidural fat are as dense and as textured (a slice whose mid-line is
+  unknown gets nothing).
+
+Such voxels are added where they connect, in their slice, to bone within ``GROW_MM``. The bone's gaps of a
+pixel or two are then bridged by an in-plane closing, and what it encloses (holes up to
+:data:`.marrow.MARROW_MAX_MM2`), with the bridges themselves, is marrow where it is that dense and textured
+and off the canal; a hole of a few pixels (up to ``SMALL_HOLE_MM2``) left inside is marrow whatever its HU.
+Masks and HU are ``[k, j, i]`` arrays (LPS mm geometry); ``slice_axis`` is the array axis across the slices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import ndimage
+
+from . import morph
+from .marrow import MARROW_MAX_MM2
+
+TEXTURE_SPREAD = 2.5  # textured marrow spreads its HU at least this many times the image noise
+FATTY_FLOOR_HU = 0.0  # fatty marrow's mean HU is at least this (the canal's and foramina's fat are below)
+WINDOW_MM = 15.0  # the in-plane window (mm, about) whose voxels that are not bone give a voxel's mean and spread
+GAS_HU = -300.0  # a voxel with an in-plane neighbour below this (bowel gas) is not marrow
+ENCLOSE_MM = 45.0  # bone within this distance (mm) along an in-plane direction encloses a voxel that way
+ENCLOSED_DIRECTIONS = 6  # of the 8 in-plane directions, at least this many enclosed by bone
+GROW_MM = 12.0  # textured marrow is added this far (mm, in its slice) from bone
+CANAL_HALF_MM = 12.0  # the spinal canal lies within this distance (mm) of the body's mid-line
+SMALL_HOLE_MM2 = 30.0  # a hole of a slice of bone up to this area (mm²) inside the marrow is marrow
+
+
+def _shifted(mask: np.ndarray, axes: tuple[int, int], step: tuple[int, int]) -> np.ndarray:
+    """``mask`` moved so that each voxel holds its neighbour ``step`` (rows, columns) away; False past the edge."""
+    out = np.zeros_like(mask)
+    src: list[slice] = [slice(None)] * mask.ndim
+    dst: list[slice] = [slice(None)] * mask.ndim
+    for axis, s in zip(axes, step):
+        n = mask.shape[axis]
+        if abs(s) >= n:
+            return out
+        src[axis] = slice(s, n) if s >= 0 else slice(0, n + s)
+        dst[axis] = slice(0, n - s) if s >= 0 else slice(-s, n)
+    out[tuple(dst)] = mask[tuple(src)]
+    return out
+
+
+def enclosed_directions(bone: np.ndarray, slice_axis: int, reach: tuple[int, int]) -> np.ndarray:
+    """Per voxel (uint8, shaped like ``bone``): of the 8 in-plane directions, how many meet ``bone`` within ``reach``.
+
+    ``reach``: how many pixels along the slice's two array axes (in their order) make :data:`ENCLOSE_MM`; a
+    diagonal step moves one pixel along each, as far as the shorter of the two reaches.
+    """
+    axes = tuple(a for a in range(3) if a != slice_axis)
+    count = np.zeros(bone.shape, dtype=np.uint8)
+    for dj in (-1, 0, 1):
+        for di in (-1, 0, 1):
+            if dj == 0 and di == 0:
+                continue
+            n = min(r for r, d in zip(reach, (dj, di)) if d != 0)
+            seen = np.zeros_like(bone)
+            for s in range(1, n + 1):
+                seen |= _shifted(bone, (axes[0], axes[1]), (dj * s, di * s))
+            count += seen.astype(np.uint8)
+    return count
+
+
+def fill_textured_marrow(
+    mask: np.ndarray,
+    hu: np.ndarray,
+    allowed: np.ndarray,
+    slice_axis: int,
+    pixel_mm: tuple[float, float],
+    *,
+    noise_hu: float,
+    midline: np.ndarray,
+    x: np.ndarray,
+) -> np.ndarray:
+    """``mask`` with the textured fatty marrow it encloses added (bool ``[k, j, i]``, like ``mask``; see the module).
+
+    ``hu``: the unsmoothed HU of every voxel; ``allowed``: the voxels that may be bone (the body, blood pools left
+    out); ``pixel_mm``: the pixel's size (mm) along the slice's two array axes, in their order; ``noise_hu``: the
+    image noise (HU, :func:`.local_hu.image_noise`); ``midline``: per slice, the body's mid-line
+    (:func:`.marrow.midline_x`); ``x``: the LPS x (mm) of every voxel, broadcastable to ``mask``.
+    """
+    if noise_hu <= 0.0:
+        return mask
+    plane = [a for a in range(3) if a != slice_axis]
+    window = [1 if a == slice_axis else 2 * max(1, int(round(0.5 * WINDOW_MM / pixel_mm[plane.index(a)]))) + 1 for a in range(3)]
+    cells = float(np.prod(window))
+    free = (~mask).astype(np.float64)
+    values = hu.astype(np.float64)
+    n = ndimage.uniform_filter(free, window, mode="constant") * cells
+    mean = ndimage.uniform_filter(values * free, window, mode="constant") * cells / np.maximum(n, 1.0)
+    square = ndimage.uniform_filter(values**2 * free, window, mode="constant") * cells / np.maximum(n, 1.0)
+    spread = np.sqrt(np.maximum(square - mean**2, 0.0))
+    fatty = allowed & ~mask & (n >= 3.0) & (mean >= FATTY_FLOOR_HU)
+    ks = np.arange(mask.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)])
+    with np.errstate(invalid="ignore"):
+        fatty &= np.abs(x - midline[ks, 0]) >= CANAL_HALF_MM  # False where the mid-line is unknown (NaN)
+    fatty &= spread >= TEXTURE_SPREAD * noise_hu
+    gas_free = ndimage.minimum_filter(hu, [1 if a == slice_axis else 3 for a in range(3)], mode="nearest") > GAS_HU
+    textured = fatty & gas_free
+    reach = (max(1, int(round(ENCLOSE_MM / pixel_mm[0]))), max(1, int(round(ENCLOSE_MM / pixel_mm[1]))))
+    textured &= enclosed_directions(mask, slice_axis, reach) >= ENCLOSED_DIRECTIONS
+    structure = np.zeros((3, 3, 3), dtype=bool)
+    structure[tuple(1 if a == slice_axis else slice(None) for a in range(3))] = True  # in-plane 8-neighbourhood
+    grown = mask.copy()
+    for _ in range(max(1, int(round(GROW_MM / min(pixel_mm))))):
+        nxt = grown | (ndimage.binary_dilation(grown, structure) & textured)
+        if np.array_equal(nxt, grown):
+            break
+        grown = nxt
+    # gaps of a pixel or two bridged: what the bridged bone encloses, and the bridges, where dense enough
+    closed = grown | ndimage.binary_closing(grown, structure, border_value=0)
+    pixel_mm2 = float(pixel_mm[0] * pixel_mm[1])
+    grown |= _holes(closed, slice_axis, MARROW_MAX_MM2 / pixel_mm2) & fatty
+    grown |= closed & fatty
+    return grown | (_holes(grown, slice_axis, SMALL_HOLE_MM2 / pixel_mm2) & allowed)
+
+
+def _holes(mask: np.ndarray, slice_axis: int, max_pixels: float) -> np.ndarray:
+    """The in-plane holes of ``mask`` (4-connected in their slice, off the slice's edges) of at most ``max_pixels``."""
+    labels, n = ndimage.label(~mask, structure=morph.in_plane_cross(slice_axis))
+    if n == 0:
+        return np.zeros_like(mask)
+    size = np.bincount(labels.ravel(), minlength=n + 1)
+    fill = (size <= max_pixels) & ~morph.labels_on_border(labels, n, slice_axis=slice_axis)
+    fill[0] = False
+    return fill[labels]

@@ -1,0 +1,104 @@
+"""The fatty interior of a sacrum on 3 mm pixels: bone, without its canal, its foramina or what lies in front of it.
+
+The scene is drawn at 0.5 mm and averaged onto 3 mm pixels (partial volume as a scanner's coarse grid makes it),
+then given image noise and, inside the sacrum, the texture of its trabeculae.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.reconstruction import marrow as marrow_mod
+from pipeline.reconstruction import textured_marrow as textured_mod
+from tests._support.bone import segment_bone_of
+
+FINE_MM, COARSE_MM = 0.5, 3.0
+NJ, NI, NK = 50, 80, 8  # coarse pixels (j: posterior to anterior, i: x) and slices
+MID_I = 120.0  # the body's mid-line (mm along i)
+
+
+def _ellipse(j: np.ndarray, i: np.ndarray, cj: float, ci: float, aj: float, ai: float) -> np.ndarray:
+    return ((j - cj) / aj) ** 2 + ((i - ci) / ai) ** 2 < 1.0
+
+
+def _sacrum_scene() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """``(hu, body, regions)`` on 3 mm pixels (``[k, j, i]``): a pelvis at the sacrum's level.
+
+    Soft tissue (40 HU, 150x240 mm) holds the sacrum (110 mm wide, 40 mm deep, a 1 mm cortex at 1100 HU around
+    fatty marrow: 20 HU, its trabeculae spreading it by 70 HU), the sacral canal on its mid-line (a cortex ring
+    around fat, -70 HU, crossed by nerve roots), four foramina of fat (-80 HU) that open through its front and
+    back cortex, an iliac bone beside it on either side (cortex around 150 HU cancellous bone), and in front of it
+    two confounders: a contrast-filled iliac artery (250 HU) and the rectum, its stool as textured as the marrow
+    and holding bubbles of gas. ``regions``: coarse-pixel masks of each, away from their partial-volume edges (of the marrow, the alae's beyond
+    the foramina).
+    """
+    f = int(COARSE_MM / FINE_MM)
+    j, i = np.meshgrid((np.arange(NJ * f) + 0.5) * FINE_MM, (np.arange(NI * f) + 0.5) * FINE_MM, indexing="ij")
+    fine = np.where(_ellipse(j, i, 75.0, MID_I, 72.0, 118.0), 40.0, -1000.0)
+    for side in (-1.0, 1.0):  # the iliac bones
+        fine[_ellipse(j, i, 45.0, MID_I + side * 78.0, 30.0, 16.0)] = 1100.0
+        fine[_ellipse(j, i, 45.0, MID_I + side * 78.0, 29.0, 15.0)] = 150.0
+    fine[_ellipse(j, i, 45.0, MID_I, 20.0, 55.0)] = 1100.0
+    fine[_ellipse(j, i, 45.0, MID_I, 19.0, 54.0)] = 20.0  # the marrow (texture added on the coarse pixels)
+    fine[np.hypot(j - 40.0, i - MID_I) < 10.0] = 1100.0
+    fine[np.hypot(j - 40.0, i - MID_I) < 9.0] = -70.0  # the canal
+    foramina = np.zeros_like(fine, dtype=bool)
+    for fj in (28.0, 62.0):  # behind and in front: each runs out through the cortex
+        for side in (-1.0, 1.0):
+            foramina |= _ellipse(j, i, fj, MID_I + side * 28.0, 9.0, 4.5)
+    fine[foramina] = -80.0
+    fine[np.hypot(j - 82.0, i - 95.0) < 7.0] = 250.0  # the iliac artery, 12 mm in front of the sacrum
+    fine[np.hypot(j - 95.0, i - 140.0) < 16.0] = 20.0  # the rectum (stool's texture and gas added below)
+    plane = fine.reshape(NJ, f, NI, f).mean(axis=(1, 3))
+    cj, ci = np.meshgrid((np.arange(NJ) + 0.5) * COARSE_MM, (np.arange(NI) + 0.5) * COARSE_MM, indexing="ij")
+    canal = np.hypot(cj - 40.0, ci - MID_I) < 6.0
+    foramen_core = np.zeros_like(canal)
+    for fj in (28.0, 62.0):
+        for side in (-1.0, 1.0):
+            foramen_core |= _ellipse(cj, ci, fj, MID_I + side * 28.0, 5.0, 2.0)
+    regions = {
+        "alae": _ellipse(cj, ci, 45.0, MID_I, 15.0, 50.0) & (np.abs(ci - MID_I) > 37.0),
+        "canal": canal,
+        "foramina": foramen_core,
+        "artery": np.hypot(cj - 82.0, ci - 95.0) < 4.0,
+        "rectum": np.hypot(cj - 95.0, ci - 140.0) < 13.0,
+    }
+    regions = {k: np.repeat(v[None], NK, axis=0) for k, v in regions.items()}
+    rng = np.random.default_rng(23)
+    hu = np.repeat(plane[None], NK, axis=0) + rng.normal(0.0, 12.0, (NK, NJ, NI))
+    inside = np.repeat((_ellipse(cj, ci, 45.0, MID_I, 18.0, 53.0) & (plane < 300.0))[None], NK, axis=0)
+    hu[inside] += rng.normal(0.0, 70.0, int(inside.sum()))  # trabeculae (and the nerve roots in the canal's fat)
+    rectum = np.repeat((np.hypot(cj - 95.0, ci - 140.0) < 15.0)[None], NK, axis=0)
+    hu[rectum] += rng.normal(0.0, 70.0, int(rectum.sum()))
+    hu[rectum & (rng.random(hu.shape) < 0.15)] = -850.0  # gas in the stool
+    body = np.repeat((plane > -500.0)[None], NK, axis=0)
+    return hu.astype(np.float32), body, regions
+
+
+def test_the_fatty_interior_of_a_sacrum_is_bone_and_its_canal_foramina_and_what_lies_in_front_are_not():
+    """On 3 mm pixels the sacrum's 1 mm cortex is a broken ring and its fatty marrow (20 HU, below
+    ``FATTY_MARROW_HU``) joins the tissue outside through the gaps and the foramina: it was left out, and the
+    sacrum was a hollow shell. Its trabeculae tell it (textured, enclosed by bone); the canal's and the foramina's
+    fat, the contrast-filled artery and the rectum's stool with its gas in front of the sacrum stay out."""
+    hu, body, regions = _sacrum_scene()
+    assert hu[regions["alae"]].mean() < marrow_mod.FATTY_MARROW_HU
+    bone = segment_bone_of(hu, body, spacing=(COARSE_MM, COARSE_MM, COARSE_MM))
+    inside = float(bone[regions["alae"]].mean())
+    assert inside > 0.8, f"only {inside:.0%} of the fatty marrow of the sacral alae is bone (a hollow shell)"
+    for name in ("canal", "artery", "rectum"):
+        assert not bone[regions[name]].any(), f"{int(bone[regions[name]].sum())} voxels of the {name} are bone"
+    at_foramina = float(bone[regions["foramina"]].mean())
+    assert at_foramina < 0.1, f"{at_foramina:.0%} of the sacral foramina are bone"
+
+
+def test_enclosure_counts_the_directions_that_meet_bone_within_reach():
+    """A voxel inside a ring of bone meets it in all 8 in-plane directions; beside a bar of bone, in the 3 that face it."""
+    ring = np.zeros((1, 21, 21), dtype=bool)
+    jj, ii = np.mgrid[0:21, 0:21]
+    r = np.hypot(jj - 10, ii - 10)
+    ring[0] = (r >= 6) & (r < 7.5)
+    assert textured_mod.enclosed_directions(ring, 0, (8, 8))[0, 10, 10] == 8
+    assert textured_mod.enclosed_directions(ring, 0, (3, 3))[0, 10, 10] == 0  # beyond reach
+    bar = np.zeros((1, 21, 21), dtype=bool)
+    bar[0, 5, :] = True
+    assert textured_mod.enclosed_directions(bar, 0, (8, 8))[0, 10, 10] == 3
