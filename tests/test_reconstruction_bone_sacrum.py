@@ -102,3 +102,20 @@ def test_enclosure_counts_the_directions_that_meet_bone_within_reach():
     bar = np.zeros((1, 21, 21), dtype=bool)
     bar[0, 5, :] = True
     assert textured_mod.enclosed_directions(bar, 0, (8, 8))[0, 10, 10] == 3
+
+
+def test_nothing_is_added_on_the_spinal_canal_not_even_a_one_pixel_hole():
+    """On 4 mm pixels the spinal canal can be a hole of one pixel in the bone: it stays a hole (the outer-layer
+    trim then keeps the canal's rim out), while the same hole 40 mm beside the mid-line is filled as marrow."""
+    mask = np.zeros((1, 15, 31), dtype=bool)
+    hole = np.zeros_like(mask)
+    for ci in (15, 25):  # on the mid-line (x 15 pixels = 60 mm) and 40 mm beside it
+        mask[0, 6:9, ci - 1 : ci + 2] = True
+        mask[0, 7, ci] = False
+        hole[0, 7, ci] = True
+    x = np.broadcast_to(((np.arange(31) + 0.5) * 4.0)[None, None, :], mask.shape)
+    midline = np.array([[62.0, 60.0]])
+    hu = np.full(mask.shape, 30.0, dtype=np.float32)
+    out = textured_mod.fill_textured_marrow(mask, hu, np.ones_like(mask), 0, (4.0, 4.0), noise_hu=10.0, midline=midline, x=x)
+    assert not out[0, 7, 15], "the one-pixel canal on the mid-line was filled"
+    assert out[0, 7, 25], "a one-pixel hole beside the mid-line was not filled"

@@ -23,7 +23,8 @@ neighbours that are not bone (a window of about ``WINDOW_MM``, so a bright corte
 Such voxels are added where they connect, in their slice, to bone within ``GROW_MM``. The bone's gaps of a
 pixel or two are then bridged by an in-plane closing, and what it encloses (holes up to
 :data:`.marrow.MARROW_MAX_MM2`), with the bridges themselves, is marrow where it is that dense and textured
-and off the canal; a hole of a few pixels (up to ``SMALL_HOLE_MM2``) left inside is marrow whatever its HU.
+and off the canal; a hole of a few pixels (up to ``SMALL_HOLE_MM2``) left inside is marrow whatever its HU, off the canal
+too: nothing within ``CANAL_HALF_MM`` of the mid-line is ever added.
 Masks and HU are ``[k, j, i]`` arrays (LPS mm geometry); ``slice_axis`` is the array axis across the slices.
 """
 
@@ -110,10 +111,10 @@ def fill_textured_marrow(
     mean = ndimage.uniform_filter(values * free, window, mode="constant") * cells / np.maximum(n, 1.0)
     square = ndimage.uniform_filter(values**2 * free, window, mode="constant") * cells / np.maximum(n, 1.0)
     spread = np.sqrt(np.maximum(square - mean**2, 0.0))
-    fatty = allowed & ~mask & (n >= 3.0) & (mean >= FATTY_FLOOR_HU)
     ks = np.arange(mask.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)])
     with np.errstate(invalid="ignore"):
-        fatty &= np.abs(x - midline[ks, 0]) >= CANAL_HALF_MM  # False where the mid-line is unknown (NaN)
+        off_canal = allowed & (np.abs(x - midline[ks, 0]) >= CANAL_HALF_MM)  # False where the mid-line is unknown (NaN)
+    fatty = off_canal & ~mask & (n >= 3.0) & (mean >= FATTY_FLOOR_HU)
     fatty &= spread >= TEXTURE_SPREAD * noise_hu
     gas_free = ndimage.minimum_filter(hu, [1 if a == slice_axis else 3 for a in range(3)], mode="nearest") > GAS_HU
     textured = fatty & gas_free
@@ -132,7 +133,7 @@ def fill_textured_marrow(
     pixel_mm2 = float(pixel_mm[0] * pixel_mm[1])
     grown |= _holes(closed, slice_axis, MARROW_MAX_MM2 / pixel_mm2) & fatty
     grown |= closed & fatty
-    return grown | (_holes(grown, slice_axis, SMALL_HOLE_MM2 / pixel_mm2) & allowed)
+    return grown | (_holes(grown, slice_axis, SMALL_HOLE_MM2 / pixel_mm2) & off_canal)
 
 
 def _holes(mask: np.ndarray, slice_axis: int, max_pixels: float) -> np.ndarray:
