@@ -123,3 +123,32 @@ def test_a_rib_continuation_touches_bone_crosses_slices_and_the_body_axis_and_is
     sheet[4:12, 30:32, 16:60] = True  # 12 mm thin but 130 x 24 mm: 38 mL
     sheet[4:12, 32:34, 16:60] = True
     assert not kept(sheet)
+
+
+def test_a_short_rib_tip_running_down_from_bone_in_the_body_wall_is_kept_and_a_longer_piece_along_the_body_is_not():
+    """A lower rib ends in a tip that turns down the body: on 3 mm voxels, a piece of three slices (its centres
+    6 mm apart, 6 mm across) beside the rib's grown end, just under the body's surface. Its principal axis runs
+    along the body, which for anything longer is a vessel running on down past the bone (the azygos vein); a
+    piece in the outer body wall shorter than ``RIB_MIN_MM`` is a rib's tip, and was lost. A bar of the same
+    width 24 mm down the body stays out, as does the short tip deeper in (a vessel beside a vertebra)."""
+    spacing = (MM, MM, MM)
+    body = np.zeros((NK, NJ, NI), dtype=bool)
+    body[:, :40, :] = True  # the body's surface at j = 40, its deepest point 40 voxels in
+
+    def kept(piece: np.ndarray, bone: np.ndarray) -> bool:
+        return bool(rib_continuations(piece, bone, body, spacing=spacing, slice_axis=0)[piece].all())
+
+    def rib_end(j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        bone = np.zeros((NK, NJ, NI), dtype=bool)
+        bone[8:11, j : j + 2, 10:20] = True  # the rib's end, grown from its seeded cortex
+        tip = np.zeros_like(bone)
+        tip[5:8, j : j + 2, 18:20] = True  # on down the body from it, three slices
+        along = np.zeros_like(bone)
+        along[0:8, j : j + 2, 18:20] = True  # eight slices
+        return bone, tip, along
+
+    bone, tip, along = rib_end(35)  # 12-15 mm under the surface
+    assert kept(tip, bone)
+    assert not kept(along, bone)
+    bone, tip, _ = rib_end(25)  # 42-45 mm in: deeper than the outer body wall
+    assert not kept(tip, bone)

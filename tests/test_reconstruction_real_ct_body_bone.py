@@ -151,6 +151,7 @@ def test_totalseg_abdomen_bone_against_the_model_labels(ts):
     The sacrum's fatty interior (0-70 HU), leaking out through its cortex's gaps and its foramina, is bone where
     it is textured, enclosed by bone and off the spinal canal (sacrum 0.458 -> 0.569, vertebrae 0.877 -> 0.903,
     hips 0.874 -> 0.890, all bone 0.875 -> 0.896, precision 0.9564 -> 0.9514); none of it on the spinal cord.
+    A lower rib's tip turning down the body wall, shorter than 15 mm, continues its rib (ribs 0.734 -> 0.743).
     The spine Dice counts the hips and femurs as false positives: a perfect bone mask would score about 0.57."""
     _, labels, seg = ts
     bone = seg.masks["bone"]
@@ -172,7 +173,7 @@ def test_totalseg_abdomen_bone_against_the_model_labels(ts):
     assert d_all >= 0.88, f"all bone labels Dice {d_all:.3f}"
     canal = int((bone & np.isin(labels, TS_SPINAL_CORD)).sum())
     assert canal == 0, f"{canal} voxels of the spinal canal's cord are bone"
-    for name, floor in (("vertebrae", 0.88), ("ribs", 0.70), ("sacrum", 0.52), ("hips", 0.85)):
+    for name, floor in (("vertebrae", 0.88), ("ribs", 0.73), ("sacrum", 0.52), ("hips", 0.85)):
         assert recall[name] >= floor, f"{name} recall {recall[name]:.3f}"
 
 

@@ -47,7 +47,9 @@ where no lung lies beside it. :func:`rib_continuations` takes such a shaft for b
   prosthesis) is as thin and bright and touches the bone it comes from, but lies in its slice;
 * it **crosses the body's axis** (its longest principal axis at least :data:`RIB_MIN_TILT_DEG`
   from the slice axis): a small vessel running on down the body past a vertebra (the azygos vein)
-  touches bone too;
+  touches bone too. A piece shorter than :data:`RIB_MIN_MM` in the outer body wall (less than
+  :data:`WALL_SHARE` of the way in) is exempt: a lower rib's tip turns down the body over a slice or
+  two, too short for its direction to be told, and the azygos vein lies deeper, beside the spine;
 * it lies **in the body wall**, less than :data:`DEEP_SHARE` of the way in from the body's surface to
   its slice's deepest point: a contrast-filled vein running across the body from a vertebra towards a
   kidney (a retroaortic left renal vein) is as thin, touches bone and crosses the body's axis too.
@@ -273,14 +275,17 @@ def rib_continuations(
     for idx, box in enumerate(boxes, start=1):
         if not keep[idx] or box is None:
             continue
-        if float(np.median(share[box][labels[box] == idx])) >= DEEP_SHARE:  # deep in the body, not in its wall
+        depth_in = float(np.median(share[box][labels[box] == idx]))
+        if depth_in >= DEEP_SHARE:  # deep in the body, not in its wall
             keep[idx] = False
             continue
         if box[slice_axis].stop - box[slice_axis].start < 2:  # in one slice: a streak, not a rib running down
             keep[idx] = False
             continue
         pts = np.argwhere(labels[box] == idx) + np.array([s.start for s in box])
-        _, axis = _principal_spans(pts * spacing_arr)
+        spans, axis = _principal_spans(pts * spacing_arr)
+        if float(spans[0]) < RIB_MIN_MM and depth_in < WALL_SHARE:  # a rib's tip turning down: too short to tell
+            continue
         keep[idx] = abs(float(axis[slice_axis])) <= max_axial  # across the body's axis, as a rib runs
     keep[0] = False
     log.debug("bone: %d rib shafts continued beyond the reach of growth", int(keep.sum()))
