@@ -10,7 +10,11 @@ its thickness is carried under the patient, and everything from that layer's top
 left out of the body, in every slice (a mattress
 pressed by the patient takes at most ``LAYER_MAX`` of the patient's depth). The table is
 looked for on pixels of about ``TABLE_PIXEL_MM`` whatever the working grid: on a coarser one
-(6 or 8 mm) the mattress, the shells and the foam blur together. After an opening
+(6 or 8 mm) the mattress, the shells and the foam blur together; there a working voxel is tissue
+by what lies beside the table zone only (the zone read as air), so that a voxel holding the edge
+of a bright shell and the air above it does not join the patient. A small field of view that
+cuts a curved shell under the patient's centre leaves it on the image's edge, where it does not
+look thin (the array border does not erode); it is found there too (:func:`_shell_at_edge`). After an opening
 (``body_open_mm``) that detaches what still touches, the largest component is the trunk;
 other components are kept when they look like a patient (soft-tissue HU, and thick or cut by
 the image edge): arms at the sides, separated from the chest wall by air, or raised arms in
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 from scipy import ndimage
 
+from ..intensity import AIR_HU
 from . import morph
 from .grid import Grid
 from .organs import SegmentParams
@@ -151,6 +156,29 @@ def _first_below(mask: np.ndarray, below: np.ndarray) -> tuple[np.ndarray, np.nd
     hit = mask & below
     has = hit.any(axis=0)
     return np.where(has, np.argmax(hit, axis=0), mask.shape[0]), has
+
+
+def _shell_at_edge(solid: np.ndarray, top: np.ndarray, has: np.ndarray, *, thin: int) -> tuple[np.ndarray, np.ndarray]:
+    """The table's shell where it leaves the image at its lower edge (axis 0, gravity downwards): ``top`` and ``has``
+    (:func:`_first_below`) with those columns added.
+
+    The array border does not erode (:mod:`.morph`), so a curved shell cut by the image's lower edge under the
+    patient's centre (a small field of view) does not look thin there and is not seen. A column between the first
+    and the last column where the shell is seen, with none seen, whose lowest run of tissue is at most ``thin``
+    pixels thick, with no tissue right above it, and ends within ``thin`` pixels of the last row, sees the shell
+    leave the image: its top is that run's first row. The patient's back cut by the edge is a run as deep as the
+    patient, not thin.
+    """
+    seen = np.nonzero(has)[0]
+    if seen.size < 2:
+        return top, has
+    depth_n = solid.shape[0]
+    rows = np.arange(depth_n)[:, None]
+    last = _last_row(solid)
+    run = last - _last_row(~solid & (rows < last[None, :]))  # the lowest run of tissue; last + 1 where it starts at row 0
+    cols = np.arange(solid.shape[1])
+    edge = ~has & (cols > seen[0]) & (cols < seen[-1]) & (last >= depth_n - 1 - thin) & (run <= thin) & (run <= last)
+    return np.where(edge, last + 1 - run, top), has | edge
 
 
 def _shell_under_layer(
@@ -274,6 +302,7 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     centre = int(round(c_trunk[ax])) if down > 0 else so.shape[0] - 1 - int(round(c_trunk[ax]))
     below = depth > centre
     top, has = _first_below(th, below)
+    top, has = _shell_at_edge(so, top, has, thin=2 * r[[d for d in range(3) if d != sa][ax]])
     trunk_rows = np.nonzero(tr.any(axis=1))[0]
     if trunk_rows.size == 0:
         return None
@@ -415,6 +444,16 @@ def _zone_on(zone_full: np.ndarray, dst: Grid) -> np.ndarray:
     return (share >= 0.5).numpy()
 
 
+def _tissue_beside(zone_full: np.ndarray, grid: Grid, body_hu: float) -> torch.Tensor:
+    """Tissue on ``grid``'s (pooled) voxels as above ``body_hu`` once the table ``zone_full`` (the volume's own in-plane
+    pixels) reads as air: a working voxel that takes in a bright shell's edge and the air above it is not tissue."""
+    sa = grid.geometry.array_axis(2)
+    hu = morph.to_tensor(grid.full.array, grid.hu.device).to(torch.float32)
+    hu = hu.masked_fill(morph.to_tensor(np.ascontiguousarray(zone_full), hu.device).unsqueeze(sa), AIR_HU)
+    pooled = torch.nn.functional.avg_pool3d(hu[None, None], kernel_size=grid.factors, stride=grid.factors, ceil_mode=True)
+    return pooled[0, 0] > body_hu
+
+
 def body_and_table(grid: Grid, p: SegmentParams) -> tuple[np.ndarray, np.ndarray | None]:
     """The patient's body on the working grid (bool ``[k, j, i]``; all False when nothing is above ``body_hu``) and the
     table zone on the volume's own in-plane pixels (2-D bool, in-plane axes in array order; None without a table).
@@ -433,6 +472,7 @@ def body_and_table(grid: Grid, p: SegmentParams) -> tuple[np.ndarray, np.ndarray
         zone_full = _zone_full(found, fine)
         if fine is not grid:
             zone = _zone_on(zone_full, grid)
+            tissue = _tissue_beside(zone_full, grid, p.body_hu)
     zone_t = None
     if zone is not None:
         zone_t = morph.to_tensor(zone, tissue.device).unsqueeze(sa).expand_as(tissue)
