@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from pipeline.errors import ReconstructionError
 from pipeline.ingest.measured import measured_mask, with_measured
-from pipeline.reconstruction.nodules import NoduleResult, segment_nodule
+from pipeline.reconstruction.nodules import NoduleResult, segment_findings, segment_nodule
 from pipeline.volume import CTVolume, Geometry
 
 N, CENTRE, RADIUS_MM = 40, 20, 4.0
@@ -66,3 +67,29 @@ def test_a_nodule_at_the_fields_edge_is_outlined_as_the_images_show_it(edge_colu
     got, seen = _on_volume(res, vol), _on_volume(whole, vol) & measured
     assert not (got & ~measured).any()
     assert (got ^ seen).sum() <= 0.03 * seen.sum(), f"{int(got.sum())} voxels against {int(seen.sum())} seen in the field"
+
+
+@pytest.mark.parametrize("edge_column", [21.0, 24.0, 30.0])
+def test_a_finding_centred_in_the_unmeasured_wedge_is_refused_as_outside_the_field(edge_column):
+    """A finding whose centre lies where no image of the tilted series measured anything: the rays from it read no
+    nodule, and the error read 'no nodule boundary in or near the finding's box' (the nodule mostly in the field) or
+    'no nodule in the box: centre -1024 HU' (the fill value), both pointing at a false positive. It says the centre
+    lies outside the scanned field, where in LPS mm, and how far beyond the field's edge in its slice."""
+    vol = _chest(edge_column)
+    with pytest.raises(ReconstructionError) as err:
+        segment_nodule(vol, FINDING, index=2, case_id="c1")
+    exc = err.value
+    assert exc.where == "case c1, finding 2"
+    assert "outside the scanned field" in exc.problem and "(20.0, 20.0, 20.0) mm LPS" in exc.problem, exc.problem
+    gap = edge_column - CENTRE  # columns of 1 mm between the centre and the field's first column in its slice
+    assert f"{gap:.1f} mm beyond the field's edge in its slice" in exc.problem, exc.problem
+    assert "false positive" not in str(exc) and "no nodule boundary" not in str(exc) and "no nodule in the box" not in str(exc)
+    assert exc.fix is not None and "series" in exc.fix
+    (res,) = segment_findings(vol, [FINDING])
+    assert res.error is not None and "outside the scanned field" in res.error
+
+
+def test_a_finding_centred_just_inside_the_field_is_still_measured():
+    """The field's first measured column holds the centre: the nodule is measured on what the images show."""
+    res = segment_nodule(_chest(float(CENTRE)), FINDING)
+    assert res.error is None and res.volume_mm3 is not None and res.volume_mm3 > 0

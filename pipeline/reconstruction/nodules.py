@@ -36,6 +36,9 @@ Per finding, on a crop around the box:
    connected to the centre. The equivalent diameter is that of the
    sphere with the nodule's volume.
 
+A finding whose centre lies in a tilt-corrected grid's unmeasured wedge is refused as outside the scanned field
+(the rays from it stop at once), saying where.
+
 Where no edge lies in or near the finding's box (a box much smaller than its
 nodule), steps 1-4 are done again in a box grown around the finding's centre
 by each factor of ``BOX_GROWTH`` in turn.
@@ -358,6 +361,35 @@ def segment_nodule(
     )
 
 
+def _centre_in_field(centre: np.ndarray, geom: Geometry, measured: np.ndarray, *, where: str) -> None:
+    """Raise :class:`ReconstructionError` when the finding's ``centre`` (LPS mm) lies in a tilt-corrected grid's wedge
+    that no image measured (``measured``: bool ``[k, j, i]`` on ``geom``, a crop around the finding).
+
+    The outline's rays start at the centre and stop where they leave the field, so from a centre outside it they read
+    no nodule; the error says where the centre lies (LPS mm) and how far beyond the field's edge in its slice (mm).
+    A centre outside the crop is left to the other checks.
+    """
+    ijk = np.round(geom.lps_to_index(centre[None, :])[0]).astype(int)
+    i, j, k = (int(v) for v in ijk)
+    if not (0 <= k < measured.shape[0] and 0 <= j < measured.shape[1] and 0 <= i < measured.shape[2]) or measured[k, j, i]:
+        return
+    plane = measured[k]
+    spacing_ji = (float(geom.spacing[1]), float(geom.spacing[0]))
+    if plane.any():
+        beyond = float(ndimage.distance_transform_edt(~plane, sampling=spacing_ji)[j, i])
+        how_far = f"{beyond:.1f} mm beyond the field's edge in its slice"
+    else:
+        how_far = "with no measured voxel near it in its slice"
+    point = ", ".join(f"{v:.1f}" for v in centre)
+    raise ReconstructionError(
+        f"the finding's centre ({point}) mm LPS lies outside the scanned field: in the tilt-corrected grid's wedge that "
+        f"no image of the tilted series measured, {how_far}; no nodule can be outlined from there",
+        where=where,
+        fix="check that the finding belongs to this series (LPS mm); a nodule the field's edge cuts is measured from a "
+        "finding centred inside the field, or on another series whose field holds it",
+    )
+
+
 def _segment_in_box(
     volume: CTVolume,
     centre: np.ndarray,
@@ -396,6 +428,8 @@ def _segment_in_box(
     # 1. lung level from the dark voxels around the box; never a tilt-corrected grid's unmeasured -1024 HU wedge (the
     # crop carries which of its voxels some image measured), lung mask or not
     measured = measured_mask(cg, crop.metadata)
+    if measured is not None:
+        _centre_in_field(centre, cg, measured, where=where)
     scanned = np.ones(hu.shape, bool) if measured is None else measured
     dark = (rho2 >= 1.0) & (hu < LUNG_MAX_HU) & scanned
     if lung_mask is not None:
