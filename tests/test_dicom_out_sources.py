@@ -23,7 +23,7 @@ from pipeline.detection.findings import Finding
 from pipeline.dicom_out import SourceSeries, read_source_series
 from pipeline.errors import SourceMismatchError
 from pipeline.ingest import load_series
-from pipeline.phantom import generate_phantom
+from pipeline.phantom import Confounders, generate_phantom
 from pipeline.phantom.dicom_writer import write_phantom_case
 from pipeline.reconstruction.nodules import NoduleResult
 from pipeline.volume import CTVolume
@@ -60,9 +60,11 @@ def phantom_case(
     slices: int = 20,
     pixel_spacing: float = 2.0,
     slice_spacing: float = 5.0,
+    confounders: Confounders | None = None,
     **write_options: Any,
 ) -> Case:
-    """A phantom (default 64×64×20, 2 mm pixels, 5 mm slices) with ``n_nodules`` nodules, written and loaded back.
+    """A phantom (default 64×64×20, 2 mm pixels, 5 mm slices) with ``n_nodules`` nodules (and ``confounders``), written
+    and loaded back.
 
     Findings: one per nodule at its true centre with a cube box 1.3 times its diameter, scores 0.9, 0.8, ...; plus one
     finding scoring 0.2 (below the 0.5 operating point used by the tests). Nodule results: the phantom's nodule
@@ -77,6 +79,7 @@ def phantom_case(
         n_nodules=n_nodules,
         nodule_diameter_mm=(8.0, 16.0),
         patient_position=position,
+        confounders=confounders,
     )
     write_phantom_case(ph, folder, enhanced=enhanced, **write_options)
     main = next(

@@ -72,8 +72,9 @@ SR_LAYOUT = "3"
 #: SR built now: with a new layout, raise SR_LAYOUT and record the new fingerprint here.
 SR_LAYOUT_FINGERPRINT = "4195b706dcc063a5"
 #: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit, decimals stated: volumes
-#: to 0.1 mL, the emphysema index to 0.1 %); in a one-lung case (quality flag ``one_lung``) "both" is the remaining
-#: lung's side
+#: to 0.1 mL, the emphysema index to 0.1 %); in a one-lung case (``lungs_total_covers`` one side, or the quality flag
+#: ``one_lung``) the lungs' totals are the remaining lung's figures: they are stated once, on its side, in place of
+#: that lung's own (:func:`_lung_sides`)
 LUNG_MEASUREMENTS: dict[str, tuple[str, Any, Any, int]] = {
     "lung_left_volume_ml": ("left", C.VOLUME, C.ML, 1),
     "lung_right_volume_ml": ("right", C.VOLUME, C.ML, 1),
@@ -240,6 +241,31 @@ def _quality_parts(quality: Any) -> tuple[str | None, str | None, list[tuple[str
     return get("lung_coverage"), get("contrast_phase"), flags, set(get("unreliable", ()) or ())
 
 
+def _lung_sides(lungs: Mapping[str, Any], missing: str | None, unreliable: set[str]) -> dict[str, str | None]:
+    """Per name of :data:`LUNG_MEASUREMENTS`, the laterality it is stated with in the SR, or None where it is not.
+
+    The lungs' totals cover both lungs, or with one lung (``lungs_total_covers`` ``left`` or ``right``; in
+    measurements written before it was recorded, the side the quality flag ``one_lung`` leaves, ``missing`` being the
+    side without lung) the remaining lung alone: then they are that lung's own figures, stated once, on its side, and
+    its own are left out where the total of the same concept is stated (not None nor ``unreliable``).
+    """
+    covers = lungs.get("lungs_total_covers")
+    if covers not in ("both", "left", "right"):
+        covers = {"left": "right", "right": "left"}.get(str(missing), "both")
+    sides: dict[str, str | None] = {name: side for name, (side, *_) in LUNG_MEASUREMENTS.items()}
+    if covers == "both":
+        return sides
+    for total, (side, concept, *_) in LUNG_MEASUREMENTS.items():
+        if side != "both":
+            continue
+        sides[total] = covers
+        if lungs.get(total) is not None and total not in unreliable:
+            for own, (own_side, own_concept, *_) in LUNG_MEASUREMENTS.items():
+                if own_side == covers and own_concept == concept:
+                    sides[own] = None
+    return sides
+
+
 def _case_group(
     findings: Sequence[ReportedFinding],
     measurements: Mapping[str, Any] | None,
@@ -255,16 +281,16 @@ def _case_group(
     coverage, phase, flags, unreliable = _quality_parts(quality)
     lungs = (measurements or {}).get("lungs") or {}
     missing = next((flag_side for code, flag_side in flags if code == "one_lung"), None)
+    sides = _lung_sides(lungs, missing, unreliable)
     items = []
-    for name, (side, concept, unit, decimals) in LUNG_MEASUREMENTS.items():
-        value = lungs.get(name)
-        if value is None:
+    for name in LUNG_MEASUREMENTS:
+        _, concept, unit, decimals = LUNG_MEASUREMENTS[name]
+        value, side = lungs.get(name), sides.get(name)
+        if value is None or side is None:
             continue
         if name in unreliable:
             log.info("%s not reported in the SR: the quality report marks it unreliable", name)
             continue
-        if side == "both" and missing in ("left", "right"):  # one lung: the patient's lungs are the remaining one
-            side = "right" if missing == "left" else "left"
         site = hd.sr.FindingSite(anatomic_location=C.LUNG, laterality=C.LATERALITY[side])
         stated = round(float(value), decimals)
         items.append(hd.sr.Measurement(name=concept, value=stated, unit=unit, finding_sites=[site]))

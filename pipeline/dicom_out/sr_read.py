@@ -234,8 +234,9 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
 
     Keys: ``model_name``, ``model_version``, ``score_threshold``, ``ctpipe_version`` (from the algorithm
     identification), ``nodules_present`` (bool), ``measurements`` (names as in the reconstruction's ``lungs``
-    section → value; volumes in ml, emphysema index in %), ``lung_coverage``, ``contrast_phase`` and
-    ``quality_flags`` (flag codes).
+    section → value; volumes in ml, emphysema index in %; with the quality flag ``one_lung`` the lungs' totals are the
+    remaining lung's figures, stated once on its side), ``lung_coverage``, ``contrast_phase`` and ``quality_flags``
+    (flag codes).
     """
     from .sr import LUNG_MEASUREMENTS
 
@@ -283,4 +284,10 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
             out["contrast_phase"] = phases.get(value)
         elif concept == _key(C.QUALITY_FINDING) and value[1] == C.PRIVATE_SCHEME:
             out["quality_flags"].append(C.quality_flag_of(value[0]))
+    if "one_lung" in out["quality_flags"]:  # the lungs' totals, stated once on the remaining lung's side, are its figures
+        stated = out["measurements"]
+        for total, (side, concept, _, _) in LUNG_MEASUREMENTS.items():
+            own = [n for n, (s, c, _, _) in LUNG_MEASUREMENTS.items() if s != "both" and c == concept and n in stated]
+            if side == "both" and total not in stated and len(own) == 1:
+                stated[total] = stated[own[0]]
     return out
