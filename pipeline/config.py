@@ -69,7 +69,7 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
             raise bad()
         return value
     if k == "choices":
-        if path == "outputs.dicom" and isinstance(value, str) and value.strip().lower() == "none":
+        if isinstance(value, str) and value.strip().lower() == "none":
             value = []
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]

@@ -44,7 +44,7 @@ class Option:
         elif self.kind == "strs":
             text = "a list of strings"
         elif self.kind == "choices":
-            text = "a list drawn from " + ", ".join(self.choices)
+            text = "a list drawn from " + ", ".join(self.choices) + ", or none"
         elif self.kind == "path":
             text = "a file or folder path"
         else:
@@ -55,6 +55,11 @@ class Option:
 
 
 _MESH_FORMATS = ("stl", "ply", "obj", "glb")
+
+#: The counts a received series' instances may carry, by DICOM keyword, that ``ctpipe listen`` can check it against
+#: when its sender ends with an A-ABORT (``pacs.abort_count_check``): Number of Series Related Instances (0020,1209),
+#: Images in Acquisition (0020,1002).
+ABORT_COUNTS = ("NumberOfSeriesRelatedInstances", "ImagesInAcquisition")
 
 SCHEMA: dict[str, dict[str, Option]] = {
     "ingest": {
@@ -323,6 +328,18 @@ SCHEMA: dict[str, dict[str, Option]] = {
             "a received series still incomplete this long after its first instance is reported and processed as it is",
             lo=1.0,
             hi=604800.0,
+        ),
+        "abort_count_check": Option(
+            list(ABORT_COUNTS),
+            "choices",
+            "",
+            "counts of its instances that ctpipe listen checks a series against when its sender ends with an A-ABORT "
+            "between instances: fewer instances than one gives holds the series as cut off (quarantined after "
+            "series_limit_s). Leave a count out where the sender ends every sending with an A-ABORT and its instances "
+            "count images not sent here (ImagesInAcquisition over series of the acquisition routed elsewhere): every "
+            "series would be held, and sent again, held again; none = no count checked (the A-ABORT taken as a "
+            "release; a gap or an A-ABORT in the middle of an instance still holds the series)",
+            choices=ABORT_COUNTS,
         ),
         "retrieve": Option(
             "move", "choice", "", "DIMSE retrieval: C-MOVE to ctpipe's storage SCP, or C-GET", choices=("move", "get")

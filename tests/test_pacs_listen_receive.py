@@ -77,6 +77,43 @@ def _send(port: int, datasets: list[tuple[Dataset, str]], *, end: str = "release
         ae.shutdown()
 
 
+def _abort_mid_instance(port: int, datasets: list[Dataset]) -> None:
+    """C-STORE each of ``datasets`` but the last, in explicit VR little endian, in one association; then the last
+    one's command and the first fragments of its dataset only, and the sender's A-ABORT (an A-ABORT in the middle of
+    an instance: the sender was cut off, it did not end its sending)."""
+    import time
+    from io import BytesIO
+
+    from pynetdicom import AE
+    from pynetdicom.dimse_messages import C_STORE_RQ
+    from pynetdicom.dimse_primitives import C_STORE
+    from pynetdicom.dsutils import encode
+    from pynetdicom.pdu import P_DATA_TF
+
+    ae = AE(ae_title="MODALITY")
+    ae.add_requested_context("1.2.840.10008.5.1.4.1.1.2", ["1.2.840.10008.1.2.1"])
+    assoc = ae.associate(HOST, port, ae_title=AET)
+    assert assoc.is_established
+    try:
+        for read in datasets[:-1]:
+            assert int(assoc.send_c_store(read).Status) == 0
+        ds = datasets[-1]
+        req = C_STORE()
+        req.MessageID, req.Priority = 99, 2
+        req.AffectedSOPClassUID, req.AffectedSOPInstanceUID = ds.SOPClassUID, ds.SOPInstanceUID
+        req.DataSet = BytesIO(encode(ds, False, True))
+        msg = C_STORE_RQ()
+        msg.primitive_to_message(req)
+        fragments = list(msg.encode_msg(assoc.accepted_contexts[0].context_id, 4096))
+        assert len(fragments) > 2
+        for fragment in fragments[:2]:
+            assoc.dul.socket.send(P_DATA_TF(fragment).encode())
+        time.sleep(0.3)
+    finally:
+        assoc.abort()
+        ae.shutdown()
+
+
 def _with_sequence(ds: Dataset) -> Dataset:
     """``ds`` with a Referenced Image Sequence of undefined length, its items too, before the UIDs."""
     item = Dataset()
@@ -340,41 +377,12 @@ def test_a_sender_that_aborts_mid_instance_leaves_its_series_held_as_cut_off(ser
     sender did not end its sending after the last answered instance, it was cut off; the series is held as cut off,
     not processed when quiet."""
     import time
-    from io import BytesIO
-
-    from pynetdicom import AE
-    from pynetdicom.dimse_messages import C_STORE_RQ
-    from pynetdicom.dimse_primitives import C_STORE
-    from pynetdicom.dsutils import encode
-    from pynetdicom.pdu import P_DATA_TF
 
     uid, files = series
     datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
     opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 3600.0, "ingest.min_slices": 3}
     with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(tmp_path / "run", **opts) as lst:
-        ae = AE(ae_title="MODALITY")
-        ae.add_requested_context("1.2.840.10008.5.1.4.1.1.2", ["1.2.840.10008.1.2.1"])
-        assoc = ae.associate(HOST, lst.port, ae_title=AET)
-        assert assoc.is_established
-        try:
-            for read, _ in datasets[:4]:
-                assert int(assoc.send_c_store(read).Status) == 0
-            # the next instance's command and the first fragment of its dataset only, then the abort
-            ds = datasets[4][0]
-            req = C_STORE()
-            req.MessageID, req.Priority = 99, 2
-            req.AffectedSOPClassUID, req.AffectedSOPInstanceUID = ds.SOPClassUID, ds.SOPInstanceUID
-            req.DataSet = BytesIO(encode(ds, False, True))
-            msg = C_STORE_RQ()
-            msg.primitive_to_message(req)
-            fragments = list(msg.encode_msg(assoc.accepted_contexts[0].context_id, 4096))
-            assert len(fragments) > 2
-            for fragment in fragments[:2]:
-                assoc.dul.socket.send(P_DATA_TF(fragment).encode())
-            time.sleep(0.3)
-        finally:
-            assoc.abort()
-            ae.shutdown()
+        _abort_mid_instance(lst.port, [ds for ds, _ in datasets[:5]])
         deadline = time.monotonic() + 10
         while not [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"] and time.monotonic() < deadline:
             time.sleep(0.05)

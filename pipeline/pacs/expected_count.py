@@ -9,19 +9,22 @@ counts give; a series whose instances carry neither cannot be told from a whole 
 Images in Acquisition the images of every series of one acquisition: the series of a study short of one such count
 alone are counted together, and whole when they make it exactly. :func:`hold_short` holds a short series as cut off
 (:data:`~pipeline.pacs.journal.CUT_NOTE`): it waits for the rest up to ``pacs.series_limit_s``, then is quarantined,
-never published; :func:`lift_held` releases it when another series of its study makes its count up. Records are
-logged as ``pipeline.pacs.listener``'s.
+never published; :func:`lift_held` releases it when another series of its study makes its count up. Which counts are
+checked is ``pacs.abort_count_check`` (both by default; a site whose sender ends every sending with an A-ABORT and
+whose instances count images never sent to ctpipe leaves that count out). Records are logged as
+``pipeline.pacs.listener``'s.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config_schema import ABORT_COUNTS
 from .journal import CUT_NOTE, ReceiveJournal
 from .ledger import Ledger
 
@@ -68,14 +71,16 @@ class CountCheck:
     """The instances received of one series against the counts they carry.
 
     ``received``: how many arrived; ``short``: why they are known to be fewer than the series has (``'5 of 8 image(s) of
-    acquisition 1 received (ImagesInAcquisition 8 in its instances)'``), or None; ``counted``: the count they were all
-    found to reach (``'ImagesInAcquisition 8'``), or None when they carry none (or are short); ``pooled``: the other
-    series of the study whose images of the same acquisition make up that count with this one's."""
+    acquisition 1 received (ImagesInAcquisition 8 in its instances)'``), or None; ``field``: the keyword of the count
+    it is short of (``'ImagesInAcquisition'``), or None; ``counted``: the count they were all found to reach
+    (``'ImagesInAcquisition 8'``), or None when they carry none checked (or are short); ``pooled``: the other series of
+    the study whose images of the same acquisition make up that count with this one's."""
 
     received: int
     short: str | None = None
     counted: str | None = None
     pooled: tuple[str, ...] = ()
+    field: str | None = None
 
 
 #: Per Acquisition Number (``''``: none): the instances received, and the largest Images in Acquisition they give.
@@ -90,7 +95,9 @@ def _tally(files: list[Path]) -> Tally:
     return {acq: (len(c), max((n for n in c if n is not None), default=None)) for acq, c in by_acq.items()}
 
 
-def count_check(folder: Path, *, siblings: Mapping[str, Path] | None = None) -> CountCheck:
+def count_check(
+    folder: Path, *, siblings: Mapping[str, Path] | None = None, counts: Collection[str] = ABORT_COUNTS
+) -> CountCheck:
     """The instances received in ``folder`` (``*.dcm``, one series) against the counts they carry: the Number of
     Series Related Instances they give, and, for each Acquisition Number (or none), the Images in Acquisition its
     instances give (see :class:`CountCheck`; a series whose instances carry no count may still be short: they cannot
@@ -101,27 +108,31 @@ def count_check(folder: Path, *, siblings: Mapping[str, Path] | None = None) -> 
     Images in Acquisition the images of every series of one acquisition: an acquisition this series is short of is
     whole when the siblings that are short of the same count for the same Acquisition Number, each alone, make it up
     with this one exactly (a sibling that reaches the count alone counts its own images: another acquisition given
-    the same number, as a pre- and a post-contrast series)."""
+    the same number, as a pre- and a post-contrast series).
+
+    ``counts``: the counts checked, by keyword (``pacs.abort_count_check``; empty: none, nothing is read)."""
+    if not counts:
+        return CountCheck(len(list(folder.glob("*.dcm"))))
     files = sorted(folder.glob("*.dcm"))
     received = len(files)
     first = _read(files[0]) if files else None
     if first is None:
         return CountCheck(received)
     counted = None
-    series_n = _count(first.get("NumberOfSeriesRelatedInstances"))
+    series_n = _count(first.get("NumberOfSeriesRelatedInstances")) if "NumberOfSeriesRelatedInstances" in counts else None
     if series_n is not None:
         if received < series_n:
             why = f"{received} of {series_n} instance(s) received (NumberOfSeriesRelatedInstances {series_n} in its instances)"
-            return CountCheck(received, short=why)
+            return CountCheck(received, short=why, field="NumberOfSeriesRelatedInstances")
         counted = f"NumberOfSeriesRelatedInstances {series_n}"
-    acq_n = _count(first.get("ImagesInAcquisition"))
+    acq_n = _count(first.get("ImagesInAcquisition")) if "ImagesInAcquisition" in counts else None
     if acq_n is None:
         return CountCheck(received, counted=counted)
     others = _Siblings(siblings or {})
     if received < acq_n and received + others.files_giving(acq_n) < acq_n:  # siblings cannot make it up either
         acq = _which(_acquisition(first))
         why = f"{received} of {acq_n} image(s) of {acq} received (ImagesInAcquisition {acq_n} in its instances)"
-        return CountCheck(received, short=why)
+        return CountCheck(received, short=why, field="ImagesInAcquisition")
     tally = _tally(files)
     reached: list[str] = []
     pooled: set[str] = set()
@@ -135,7 +146,7 @@ def count_check(folder: Path, *, siblings: Mapping[str, Path] | None = None) -> 
             why = (
                 f"{k} of {expected} image(s) of {_which(acq)} received{within} (ImagesInAcquisition {expected} in its instances)"
             )
-            return CountCheck(received, short=why)
+            return CountCheck(received, short=why, field="ImagesInAcquisition")
         pooled.update(parts)
         across = f" across {len(parts) + 1} series of the study" if parts else ""
         reached.append(f"{expected}{across}" if len(tally) == 1 else f"{expected} of {_which(acq)}{across}")
@@ -189,9 +200,10 @@ def shortfall(folder: Path) -> str | None:
     return count_check(folder).short
 
 
-def latest_count_check(ledger: Ledger, series_uid: str) -> CountCheck | None:
-    """:func:`count_check` of the series' latest generation in the listener's ledger, with the latest generations of
-    the other series of its study whose files are kept as siblings (None when its own files are gone)."""
+def latest_count_check(ledger: Ledger, series_uid: str, *, counts: Collection[str] = ABORT_COUNTS) -> CountCheck | None:
+    """:func:`count_check` of the series' latest generation in the listener's ledger against ``counts``, with the
+    latest generations of the other series of its study whose files are kept as siblings (None when its own files are
+    gone)."""
     row = ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
     if row is None or row["removed_at"] is not None or not row["folder"]:
         return None
@@ -200,13 +212,14 @@ def latest_count_check(ledger: Ledger, series_uid: str) -> CountCheck | None:
         query = "SELECT * FROM series WHERE study_uid = ? AND series_uid != ? ORDER BY generation"
         latest = {r["series_uid"]: r for r in ledger.rows(query, (row["study_uid"], series_uid))}
     siblings = {uid: Path(r["folder"]) for uid, r in latest.items() if r["removed_at"] is None and r["folder"]}
-    return count_check(Path(row["folder"]), siblings=siblings)
+    return count_check(Path(row["folder"]), siblings=siblings, counts=counts)
 
 
-def lift_held(journal: ReceiveJournal, ledger: Ledger, series_uid: str) -> None:
+def lift_held(journal: ReceiveJournal, ledger: Ledger, series_uid: str, *, counts: Collection[str] = ABORT_COUNTS) -> None:
     """The open series of ``series_uid``'s study held as short of their count (:func:`hold_short`) that its instances,
     just received, make whole (the count is their acquisition's, over several series: :func:`count_check`): their
-    hold is lifted (one INFO line each), and they are processed once quiet as any other."""
+    hold is lifted (one INFO line each), and they are processed once quiet as any other. ``counts``: the counts
+    checked (``pacs.abort_count_check``)."""
     row = ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
     if row is None or not row["study_uid"]:
         return
@@ -215,7 +228,7 @@ def lift_held(journal: ReceiveJournal, ledger: Ledger, series_uid: str) -> None:
         note = str(held["note"] or "")
         if not note.startswith(CUT_NOTE) or SHORT_NOTE not in note:
             continue
-        again = latest_count_check(ledger, held["series_uid"])
+        again = latest_count_check(ledger, held["series_uid"], counts=counts)
         if again is None or again.short is not None or series_uid not in again.pooled:
             continue
         journal.note(held, None)
@@ -230,23 +243,48 @@ def lift_held(journal: ReceiveJournal, ledger: Ledger, series_uid: str) -> None:
         )
 
 
-def hold_short(journal: ReceiveJournal, row: dict[str, Any], *, sender: str, n: int, short: str, at: str, cfg: Any) -> None:
+def setting(counts: Collection[str]) -> str:
+    """``pacs.abort_count_check`` as a config file writes it: ``[NumberOfSeriesRelatedInstances]``, or ``none``."""
+    return f"[{', '.join(counts)}]" if counts else "none"
+
+
+def leave_out_hint(field: str, counts: Collection[str]) -> str:
+    """When and how to stop holding series short of the count ``field`` (a keyword of ``counts``, the counts
+    checked): a sender that ends every sending with an A-ABORT, whose instances count images never sent here, has
+    every series held, sent again or not."""
+    rest = [c for c in counts if c != field]
+    example = " (a scanner counting in it every series of the acquisition, some routed elsewhere)"
+    return (
+        f"if the sender ends every sending with an A-ABORT and its {field} counts images not sent here"
+        f"{example if field == 'ImagesInAcquisition' else ''}, a series sent again is held again: "
+        f"set pacs.abort_count_check: {setting(rest)} (config file, CTPIPE_PACS_ABORT_COUNT_CHECK or --set), restart "
+        f"ctpipe listen and send the series again"
+    )
+
+
+def hold_short(
+    journal: ReceiveJournal, row: dict[str, Any], *, sender: str, n: int, check: CountCheck, at: str, cfg: Any
+) -> None:
     """Hold the open generation ``row`` as cut off: its ``sender`` (calling AE title and address) ended its association
     with an A-ABORT between instances at ``at`` (UTC) after ``n`` instance(s), and fewer arrived than the series' own
-    count (``short``, from :func:`count_check`), as when its operator stopped it part-way."""
+    count (``check``, from :func:`count_check`, short of one of ``cfg.pacs.abort_count_check``), as when its operator
+    stopped it part-way. The note (and so the quarantine) and the warning say how to leave that count out, and when."""
+    short = str(check.short)
+    hint = leave_out_hint(str(check.field), cfg.pacs.abort_count_check)
     journal.note(
         row,
-        f"{CUT_NOTE} {sender} ended its association with an A-ABORT at {at} after {n} instance(s), {SHORT_NOTE}: {short}",
+        f"{CUT_NOTE} {sender} ended its association with an A-ABORT at {at} after {n} instance(s), {SHORT_NOTE}: {short}; {hint}",
     )
     log.warning(
         "the association from %s ended by the sender's A-ABORT after %d instance(s) of series %s: %s, held as cut off "
         "(the sender was stopped before the end); what arrived is kept, and the series waits for the rest (the "
         "instances already received are not stored twice) up to pacs.series_limit_s = %g s after its first instance, "
-        "then is quarantined (not published); fix: send the series again",
+        "then is quarantined (not published); fix: send the series again; %s",
         sender,
         n,
         row["series_uid"],
         short,
         cfg.pacs.series_limit_s,
+        hint,
         extra={"event": "listen_cut", "series_uid": row["series_uid"]},
     )

@@ -17,7 +17,8 @@ import threading
 import time
 from typing import Any
 
-from .expected_count import CountCheck, hold_short, latest_count_check, lift_held
+from ..config_schema import ABORT_COUNTS
+from .expected_count import CountCheck, hold_short, latest_count_check, lift_held, setting
 from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger
 
@@ -78,32 +79,34 @@ class AssociationEnds:
         ``ended_by_abort``: the sender ended the association with an A-ABORT once every instance it had begun had
         arrived whole (some modalities and routers end every association so). That is taken as the end of its
         sending, as a release is, unless the series' instances give a count that fewer arrived than
-        (:func:`~pipeline.pacs.expected_count.count_check`: held as cut off, one warning); otherwise one INFO line
+        (:func:`~pipeline.pacs.expected_count.count_check`, the counts of ``pacs.abort_count_check``: held as cut
+        off, one warning); otherwise one INFO line
         says so, and the series is judged as any other, complete once quiet for ``pacs.quiet_period_s`` with its slices
         forming a volume (no gap in InstanceNumber or slice positions, at least ``ingest.min_slices``)."""
         assert self.journal is not None and self._ledger is not None
         calling = str(assoc.requestor.ae_title).strip()
         address = getattr(assoc.requestor, "address", "?")
         released = bool(getattr(assoc, "is_released", False)) or ended_by_abort
+        counts = self.cfg.pacs.abort_count_check
         for series_uid, n in stored.items():
             rows = self._ledger.rows("SELECT * FROM series WHERE series_uid = ? AND state = 'open'", (series_uid,))
-            check = latest_count_check(self._ledger, series_uid) if ended_by_abort else None
+            check = latest_count_check(self._ledger, series_uid, counts=counts) if ended_by_abort else None
             short = check.short if check is not None else None
             ended = released and short is None
             if ended_by_abort and short is None and rows:
-                _say_ended_by_abort(f"{calling} at {address}", series_uid, n=n, check=check)
+                _say_ended_by_abort(f"{calling} at {address}", series_uid, n=n, check=check, counts=counts)
             if ended and not rows:
                 self._confirm_whole(series_uid, calling)
             if ended and n:  # series of its study held short of a count that its instances make up
-                lift_held(self.journal, self._ledger, series_uid)
+                lift_held(self.journal, self._ledger, series_uid, counts=counts)
             for row in rows:
                 if ended:
                     if str(row["note"] or "").startswith(CUT_NOTE):
                         self.journal.note(row, None)
                     continue
                 at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-                if short is not None:  # a sender stopped part-way, its A-ABORT as one that finished: held as cut off
-                    hold_short(self.journal, row, sender=f"{calling} at {address}", n=n, short=short, at=at, cfg=self.cfg)
+                if check is not None and short is not None:  # a sender stopped part-way, its A-ABORT as if done
+                    hold_short(self.journal, row, sender=f"{calling} at {address}", n=n, check=check, at=at, cfg=self.cfg)
                     continue
                 if not n:  # instances it had sent before: nothing of the series rests on this association
                     continue
@@ -164,10 +167,13 @@ class AssociationEnds:
             )
 
 
-def _say_ended_by_abort(sender: str, series_uid: str, *, n: int, check: CountCheck | None) -> None:
+def _say_ended_by_abort(
+    sender: str, series_uid: str, *, n: int, check: CountCheck | None, counts: list[str] | tuple[str, ...]
+) -> None:
     """The one line of an association from ``sender`` (calling AE title and address) that its sender ended with an
     A-ABORT after its last instance, ``n`` instance(s) of ``series_uid`` stored on it, the series not short of a
-    count its instances give (``check``; None: its files are gone): it is processed as after a release."""
+    count its instances give among ``counts`` (``pacs.abort_count_check``; ``check``; None: its files are gone): it
+    is processed as after a release."""
     then = "processed once quiet for pacs.quiet_period_s if its slices form a volume"
     if check is not None and check.counted is not None:
         log.info(
@@ -182,12 +188,19 @@ def _say_ended_by_abort(sender: str, series_uid: str, *, n: int, check: CountChe
             extra={"event": "listen_aborted", "series_uid": series_uid},
         )
         return
+    if not counts:
+        unchecked = "no count checked: pacs.abort_count_check: none"
+    elif set(counts) != set(ABORT_COUNTS):
+        unchecked = f"its instances give no count of pacs.abort_count_check: {setting(counts)} to check them against"
+    else:
+        unchecked = "its instances give no count to check them against"
     log.info(
         "the association from %s ended by the sender's A-ABORT after its last instance was answered (%d instance(s) "
-        "of series %s on it; its instances give no count to check them against): %s, as after a release",
+        "of series %s on it; %s): %s, as after a release",
         sender,
         n,
         series_uid,
+        unchecked,
         then,
         extra={"event": "listen_aborted", "series_uid": series_uid},
     )

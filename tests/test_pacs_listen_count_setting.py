@@ -1,0 +1,174 @@
+"""``pacs.abort_count_check``: the counts ``ctpipe listen`` checks a series against when its sender ends with an
+A-ABORT (Number of Series Related Instances, Images in Acquisition). A site whose modality ends every sending with an
+A-ABORT and whose scanner counts in Images in Acquisition the images of series never routed to ctpipe has every series
+held short of that count, and sending it again ends the same way: with the count left out of the setting, the series
+is processed after the abort as after a release, the other checks (a gap, an A-ABORT in the middle of an instance)
+still applying. The setting is validated when read, from every layer. Real sender: pynetdicom's C-STORE client."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import load_config
+from pipeline.errors import ConfigError
+from tests._support.orthanc import write_phantom_series
+from tests.test_pacs_listen_aborted_short import _OPTS, _counted, _note, _until
+from tests.test_pacs_listen_receive import _abort_mid_instance, _listener, _send
+
+pytestmark = pytest.mark.pacs
+
+SERIES, ACQUISITION = "NumberOfSeriesRelatedInstances", "ImagesInAcquisition"
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory) -> tuple[str, list[Path]]:
+    return write_phantom_series(tmp_path_factory.mktemp("count_setting") / "case", 14, slices=8)
+
+
+def _held(run: Path, uid: str) -> str:
+    deadline = time.monotonic() + 10
+    while "A-ABORT" not in _note(run, uid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _note(run, uid)
+
+
+@pytest.mark.parametrize("setting", ["none", [], [SERIES]])
+def test_a_series_short_of_an_untrusted_count_is_processed_after_the_senders_abort(series, tmp_path, caplog, setting):
+    """5 of 8 slices, each saying Images in Acquisition 8 (the other 3 went to another node), then the sender's
+    A-ABORT: with Images in Acquisition left out of pacs.abort_count_check, the series is processed as a done case
+    from its 5 slices, as after a release; no cut-off warning (was: held, then quarantined)."""
+    _, files = series
+    datasets = _counted(files, ImagesInAcquisition=len(files))
+    outcomes: list = []
+    with (
+        caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"),
+        _listener(tmp_path / "run", **_OPTS, **{"pacs.series_limit_s": 3600.0, "pacs.abort_count_check": setting}) as lst,
+    ):
+        lst.on_series = outcomes.append
+        assert _send(lst.port, datasets[:5], end="abort") == [0] * 5
+        _until(lambda: bool(outcomes), lst)
+    assert [(o.status, o.n_instances) for o in outcomes] == [("done", 5)], [o.line() for o in outcomes]
+    assert not [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "listen_cut"]
+    ended = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "listen_aborted"]
+    assert len(ended) == 1 and "pacs.abort_count_check" in ended[0], ended
+
+
+def test_a_count_still_trusted_still_holds_a_short_series(series, tmp_path):
+    """pacs.abort_count_check = [NumberOfSeriesRelatedInstances]: a series short of the Number of Series Related
+    Instances its instances give is still held as cut off after the sender's A-ABORT."""
+    uid, files = series
+    run = tmp_path / "run"
+    with _listener(run, **_OPTS, **{"pacs.series_limit_s": 3600.0, "pacs.abort_count_check": [SERIES]}) as lst:
+        assert _send(lst.port, _counted(files, NumberOfSeriesRelatedInstances=len(files))[:5], end="abort") == [0] * 5
+        held = _held(run, uid)
+        time.sleep(0.4)  # past the quiet period
+        assert lst.step() == []
+    assert "sender cut off" in held and f"5 of {len(files)}" in held and SERIES in held, held
+
+
+def test_with_no_count_checked_a_gap_and_an_abort_mid_instance_still_hold_the_series(series, tmp_path, caplog):
+    """pacs.abort_count_check = none leaves the other checks in force: a series with a slice missing between those
+    received (then the sender's A-ABORT) waits for it, and one whose sender's A-ABORT came in the middle of an
+    instance is held as cut off; neither is processed once quiet."""
+    uid, files = series
+    datasets = _counted(files, ImagesInAcquisition=len(files))
+    opts = {**_OPTS, "pacs.series_limit_s": 3600.0, "pacs.abort_count_check": "none"}
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(tmp_path / "gap", **opts) as lst:
+        sent = datasets[:3] + datasets[4:6]  # the fourth slice never sent
+        assert _send(lst.port, sent, end="abort") == [0] * len(sent)
+        time.sleep(1.0)
+        assert lst.step() == [] and lst.step() == []
+        assert "MissingSliceError" in _note(tmp_path / "gap", uid), _note(tmp_path / "gap", uid)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(tmp_path / "mid", **opts) as lst:
+        _abort_mid_instance(lst.port, [ds for ds, _ in datasets[:5]])
+        held = _held(tmp_path / "mid", uid)
+        time.sleep(0.4)
+        assert lst.step() == []
+    assert "sender cut off" in held and "4 instance(s)" in held, held
+    assert len([r for r in caplog.records if getattr(r, "event", None) == "listen_cut"]) == 1
+
+
+def test_the_hold_and_the_quarantine_name_the_setting_and_when_to_use_it(series, tmp_path, caplog):
+    """By default (both counts checked), 5 of 8 slices saying Images in Acquisition 8 then an A-ABORT: the held
+    series' warning, its note and its quarantine line name pacs.abort_count_check, the value that leaves that count
+    out, and when to set it (was: only 'send the series again', which ends the same way at such a site)."""
+    uid, files = series
+    run = tmp_path / "run"
+    outcomes: list = []
+    with (
+        caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"),
+        _listener(run, **_OPTS, **{"pacs.series_limit_s": 2.0}) as lst,
+    ):
+        lst.on_series = outcomes.append
+        assert _send(lst.port, _counted(files, ImagesInAcquisition=len(files))[:5], end="abort") == [0] * 5
+        held = _held(run, uid)
+        _until(lambda: bool(outcomes), lst)
+    warned = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "listen_cut"]
+    assert [o.status for o in outcomes] == ["quarantined"], [o.line() for o in outcomes]
+    for said in (held, warned[0], outcomes[0].line()):
+        for part in (f"pacs.abort_count_check: [{SERIES}]", "every sending with an A-ABORT", "not sent here"):
+            assert part in said, (part, said)
+
+
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        (None, [SERIES, ACQUISITION]),
+        ("none", []),
+        ([], []),
+        (ACQUISITION, [ACQUISITION]),
+        (f"{SERIES}, {ACQUISITION}", [SERIES, ACQUISITION]),
+    ],
+)
+def test_the_setting_is_read_from_every_layer(tmp_path, value, expected):
+    """The default checks both counts; none or [] neither; a list (or a comma-separated string) those named."""
+    if value is None:
+        assert load_config(environ={}).pacs.abort_count_check == expected
+        return
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text(f"pacs:\n  abort_count_check: {value if value != [] else '[]'}\n")
+    assert load_config(yaml_file, environ={}).pacs.abort_count_check == expected
+    env = {"CTPIPE_PACS_ABORT_COUNT_CHECK": value if isinstance(value, str) else "[]"}
+    assert load_config(environ=env).pacs.abort_count_check == expected
+    assert load_config(overrides={"pacs.abort_count_check": value}, environ={}).pacs.abort_count_check == expected
+
+
+@pytest.mark.parametrize("value", [False, "ImagesInAcq", "imagesinacquisition", [SERIES, "AcquisitionNumber"]])
+def test_a_bad_setting_is_refused_when_read_naming_the_option_and_the_allowed_values(tmp_path, value):
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text(f"pacs:\n  abort_count_check: {value!r}\n" if not isinstance(value, list) else "")
+    layers = [({"overrides": {"pacs.abort_count_check": value}, "environ": {}}, "overrides")]
+    if not isinstance(value, list):
+        layers.append(({"path": yaml_file, "environ": {}}, str(yaml_file)))
+    for kwargs, source in layers:
+        with pytest.raises(ConfigError) as err:
+            load_config(**kwargs)
+        assert err.value.where == source
+        assert "pacs.abort_count_check" in err.value.problem and ACQUISITION in err.value.problem, err.value.problem
+        assert "none" in err.value.problem, err.value.problem
+
+
+def test_a_series_held_short_is_processed_once_sent_again_to_a_listener_restarted_with_the_count_left_out(series, tmp_path):
+    """The admin's way out for a series already held: the listener restarted with Images in Acquisition left out of
+    pacs.abort_count_check, and the same 5 slices sent again by the same sender (ending with an A-ABORT again): the
+    series is processed as a done case (was: held again, then quarantined)."""
+    uid, files = series
+    datasets = _counted(files, ImagesInAcquisition=len(files))[:5]
+    run = tmp_path / "run"
+    with _listener(run, **_OPTS, **{"pacs.series_limit_s": 3600.0}) as lst:
+        assert _send(lst.port, datasets, end="abort") == [0] * 5
+        assert "pacs.abort_count_check" in _held(run, uid)
+    outcomes: list = []
+    opts = {**_OPTS, "pacs.series_limit_s": 3600.0, "pacs.abort_count_check": [SERIES]}
+    with _listener(run, **opts) as lst:
+        lst.on_series = outcomes.append
+        time.sleep(0.4)
+        assert lst.step() == []  # still held until sent again
+        assert _send(lst.port, datasets, end="abort") == [0] * 5
+        _until(lambda: bool(outcomes), lst)
+    assert [(o.status, o.n_instances) for o in outcomes] == [("done", 5)], [o.line() for o in outcomes]
