@@ -422,3 +422,56 @@ def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishe
     ok = db_rows(out, "SELECT case_key, stage, COUNT(*) FROM stage_attempts WHERE status='ok' GROUP BY case_key, stage")
     assert ok and all(r[2] == 1 for r in ok)
     assert len(list((out / "cases").iterdir())) == 2
+
+
+@pytest.mark.slow
+def test_a_node_with_another_ctpipe_stops_the_run_naming_the_node_both_versions_and_the_fix(cases, tmp_path):
+    """A real node whose Python finds another ctpipe first (a copy of the package with another version, first on that
+    node's PYTHONPATH, as after a `pip install` of another release on that machine): `ctpipe run` on the cluster stops
+    with exit status 1 and one line naming that node, both versions and the fix, before any case is published."""
+    import os
+    import shutil
+
+    from tests._support.ray_cluster import LocalCluster, ray_environment
+
+    other = tmp_path / "other_release"
+    shutil.copytree(ROOT / "pipeline", other / "pipeline", ignore=shutil.ignore_patterns("__pycache__", "weights"))
+    init = other / "pipeline" / "__init__.py"
+    import pipeline
+
+    mine = pipeline.__version__
+    theirs = f"{mine}.dev7"
+    init.write_text(init.read_text().replace(f'__version__ = "{mine}"', f'__version__ = "{theirs}"'))
+    assert f'__version__ = "{theirs}"' in init.read_text()
+
+    cluster = LocalCluster(head_cpus=1).start()  # the head: this checkout's ctpipe, the CPU actor
+    try:
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(other), *(saved.split(os.pathsep) if saved else [])])
+        try:  # the node's raylet and its worker processes inherit the environment it is started with
+            odd = cluster.add_node(num_cpus=0, num_gpus=1)  # the model actor's only place
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONPATH")
+            else:
+                os.environ["PYTHONPATH"] = saved
+        cluster.cluster.wait_for_nodes()
+        out = tmp_path / "run"
+        env = {**os.environ, **ray_environment(), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), saved]))}
+        args = [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", cluster.address]
+        # started outside the checkout: Ray puts the driver's working folder first on every worker's sys.path
+        p = subprocess.run(
+            [*args, "--quiet", *as_cli(cases["opts"])], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240
+        )
+    finally:
+        cluster.stop()
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    msg = lines[0]
+    assert odd.node_id[:8] in msg, msg  # the node
+    assert f"ctpipe {theirs} there, {mine} here" in msg, msg  # both versions, which is where
+    assert "Fix:" in msg or "install the same ctpipe" in msg, msg
+    assert "Traceback" not in p.stderr + p.stdout
+    assert not (out / "cases").is_dir() or not list((out / "cases").iterdir())  # nothing published
+    assert db_rows(out, "SELECT status FROM runs") != [("completed",)]
