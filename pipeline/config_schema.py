@@ -235,6 +235,15 @@ SCHEMA: dict[str, dict[str, Option]] = {
             lo=0,
             hi=100_000,
         ),
+        "ray_reconnect_s": Option(
+            600.0,
+            "float",
+            "s",
+            "runner.engine = ray: how long a run waits for a head that stops answering mid-run (a network outage, the "
+            "head restarting), trying again with growing pauses, before it stops for a rerun to resume",
+            lo=1.0,
+            hi=86400.0,
+        ),
         "ray_timeout_s": Option(
             60.0,
             "float",

@@ -319,20 +319,65 @@ def test_auto_with_a_stale_record_of_a_dead_head_says_where_the_address_came_fro
         connect("auto", timeout_s=10)
 
 
-def test_a_head_that_stops_answering_stops_the_run_naming_it_after_the_grace(monkeypatch, head):
+def test_a_head_that_stops_answering_is_tried_again_with_growing_pauses_then_stops_the_run_naming_it(monkeypatch, head, caplog):
     from pipeline.runner import ray_executor
 
-    monkeypatch.setattr(ray_executor, "HEAD_GRACE_S", 0.5)
-    watch = ray_executor.HeadWatch(RaySession(address=head, owned=True))
+    watch = ray_executor.HeadWatch(RaySession(address=head, owned=True), reconnect_s=1.2)
     assert watch.answers() and not watch.lost
     with socket.socket() as s:  # a port nothing listens on any more: the head's machine is gone
         s.bind(("127.0.0.1", 0))
         gone = f"127.0.0.1:{s.getsockname()[1]}"
-    watch = ray_executor.HeadWatch(RaySession(address=gone, owned=True))
-    assert watch.answers() is False  # within the grace: the run waits
-    time.sleep(0.6)
+    monkeypatch.setattr(ray_executor, "HEAD_CHECK_S", 0.2)
+    watch = ray_executor.HeadWatch(RaySession(address=gone, owned=True), reconnect_s=1.2)
+    tries: list[float] = []
+    caplog.set_level("WARNING", logger=ray_executor.__name__)
+    t0 = time.monotonic()
     with pytest.raises(FatalRunError) as info:
-        watch.answers()
+        while time.monotonic() - t0 < 10:
+            before = len(caplog.records)
+            assert watch.answers() is False  # within runner.ray_reconnect_s: the run waits
+            if len(caplog.records) > before:
+                tries.append(time.monotonic() - t0)
+            time.sleep(0.02)
+    took = time.monotonic() - t0
     msg = str(info.value)
     assert watch.lost and gone in msg and "ray start --head" in msg and "same command" in msg
-    assert ray_executor.HeadWatch(RaySession(address="local", owned=True)).answers()  # a private instance: not watched
+    assert "runner.ray_reconnect_s = 1.2 s" in msg and "raise runner.ray_reconnect_s" in msg
+    assert 1.2 <= took < 3, took
+    lost = [r for r in caplog.records if getattr(r, "event", None) == "head_lost"]
+    assert len(lost) == len(tries) >= 3 and all(gone in r.getMessage() for r in lost)
+    assert "try 1," in lost[0].getMessage() and "runner.ray_reconnect_s = 1.2 s" in lost[0].getMessage()
+    gaps = [b - a for a, b in zip(tries, tries[1:])]
+    assert gaps[1] > 1.5 * gaps[0], gaps  # the pauses grow: 0.2 s, 0.4 s, ...
+    assert ray_executor.HeadWatch(
+        RaySession(address="local", owned=True), reconnect_s=1.0
+    ).answers()  # a private instance: not watched
+
+
+def test_a_head_that_answers_again_within_the_limit_lets_the_run_go_on(monkeypatch, head, caplog):
+    from pipeline.runner import ray_executor
+
+    monkeypatch.setattr(ray_executor, "HEAD_CHECK_S", 0.1)
+    watch = ray_executor.HeadWatch(RaySession(address=head, owned=True), reconnect_s=30.0)
+    real = ray_executor.probe
+    down = {"on": True}
+
+    def flaky(address: str, *, timeout_s: float) -> None:  # the link to the real listening head drops, then returns
+        if down["on"]:
+            real("127.0.0.1:1", timeout_s=timeout_s)
+        real(address, timeout_s=timeout_s)
+
+    monkeypatch.setattr(ray_executor, "probe", flaky)
+    caplog.set_level("WARNING", logger=ray_executor.__name__)
+    assert watch.answers() is False
+    time.sleep(0.15)
+    assert watch.answers() is False
+    down["on"] = False
+    deadline = time.monotonic() + 5
+    while not watch.answers():
+        assert time.monotonic() < deadline, "the head was not tried again"
+        time.sleep(0.05)
+    assert not watch.lost
+    events = [getattr(r, "event", None) for r in caplog.records]
+    assert events.count("head_lost") == 2 and events[-1] == "head_back", events
+    assert "answers again" in caplog.records[-1].getMessage() and head in caplog.records[-1].getMessage()

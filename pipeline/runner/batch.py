@@ -189,7 +189,7 @@ def _run(
     if cfg.runner.engine == "ray" and pl.to_run:
         from .ray_connect import connect
 
-        cluster = connect(cfg.runner.ray_address, timeout_s=cfg.runner.ray_timeout_s)
+        cluster = connect(cfg.runner.ray_address, timeout_s=cfg.runner.ray_timeout_s, reconnect_s=cfg.runner.ray_reconnect_s)
         devices, device_desc = ["cpu"], cluster.describe()
         share = [f"{n} {what}" for n, what in ((cfg.runner.ray_max_cpus, "CPU(s)"), (cfg.runner.ray_max_gpus, "GPU(s)")) if n]
         if share:  # runner.ray_max_cpus / ray_max_gpus: the run's part of a shared cluster

@@ -14,6 +14,8 @@ itself retries such a connection for minutes). Ray's token authentication (``RAY
 the token in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) is passed through
 from the environment; a refused token is a ClusterError naming those variables. The cluster's error messages that Ray
 pushes to the driver (a node marked dead, with its raylet's last log lines) go to the run's log, not to its stdout.
+Joining a cluster, the driver's Ray is told to wait for a head it lost longer than ``runner.ray_reconnect_s`` (Ray ends
+such a process after a minute by default), so that the run's own wait (:class:`.ray_executor.HeadWatch`) decides.
 """
 
 from __future__ import annotations
@@ -195,12 +197,24 @@ class RaySession:
             ray.shutdown()
 
 
-def connect(address: str | None, *, timeout_s: float, init_options: dict[str, Any] | None = None) -> RaySession:
+#: Ray's own limit (its configuration ``gcs_rpc_server_reconnect_timeout_s``, 60 s by default) on how long a process
+#: waits for a GCS it lost before it ends itself with a native error.
+_RAY_GCS_WAIT = "RAY_gcs_rpc_server_reconnect_timeout_s"
+#: Seconds this driver's Ray waits for a lost head beyond ``runner.ray_reconnect_s``, so that the run's own stop comes first.
+GCS_WAIT_MARGIN_S = 60
+
+
+def connect(
+    address: str | None, *, timeout_s: float, reconnect_s: float | None = None, init_options: dict[str, Any] | None = None
+) -> RaySession:
     """Connect this process to the cluster of ``runner.ray_address`` (see the module docstring).
 
     A process already connected (``ray.init`` called by the caller) keeps its connection, which the
     run then neither changes nor shuts down. ``init_options`` go to ``ray.init`` (e.g. ``num_cpus``
     or ``object_store_memory`` of a private instance). Waits at most about ``timeout_s`` seconds.
+    ``reconnect_s`` (``runner.ray_reconnect_s``): how long the run waits for a head that stops answering mid-run;
+    this process's Ray is told to wait :data:`GCS_WAIT_MARGIN_S` longer for it (unless
+    ``RAY_gcs_rpc_server_reconnect_timeout_s`` is set), since it would otherwise end the process after a minute.
     """
     ray = import_ray()
     if ray.is_initialized():
@@ -264,9 +278,14 @@ def connect(address: str | None, *, timeout_s: float, init_options: dict[str, An
         quiet = _WithoutSigtermNote()
         ray_log = logging.getLogger("ray._private.worker")
         ray_log.addFilter(quiet)
+        own_wait = reconnect_s is not None and _RAY_GCS_WAIT not in os.environ
+        if own_wait:  # read by this process's Ray when it connects
+            os.environ[_RAY_GCS_WAIT] = str(int(reconnect_s or 0) + GCS_WAIT_MARGIN_S)
         t = threading.Thread(target=init, name="ray-connect", daemon=True)
         t.start()
         t.join(timeout_s)
+        if own_wait and "error" in outcome:  # read: a later ray.init in this process reads it afresh
+            os.environ.pop(_RAY_GCS_WAIT, None)
         ray_log.removeFilter(quiet)
     where = target or "a private Ray instance on this machine"
     if "error" not in outcome:

@@ -54,51 +54,79 @@ log = logging.getLogger(__name__)
 
 #: Times one stage of one case may be lost with its node before the engine treats it as a worker death.
 MAX_NODE_LOSSES = 3
-#: Seconds between two looks at the head's GCS port, and how long it may refuse connections before the run stops.
+#: Seconds between two looks at the head's GCS port while it answers, and the first pause after it stopped answering.
 HEAD_CHECK_S = 1.0
-HEAD_GRACE_S = 20.0  # below the minute after which Ray ends a driver that lost its GCS; a GCS restarted with fault tolerance is back well before
+#: The longest pause between two tries to reach a head that does not answer (the pauses double up to it).
+HEAD_RETRY_MAX_S = 30.0
 
 
 class HeadWatch:
     """Whether the head of a joined cluster (``RaySession.address`` HOST:PORT) still accepts connections.
 
-    Ray's driver does not say when the head dies: its calls wait for the GCS, and after about a minute Ray ends the
-    process with a native error line that names neither the address nor what to do. A head refusing connections for
-    :data:`HEAD_GRACE_S` stops the run with a FatalRunError naming the address and the fix (the cases done stay
-    done; the same command resumes the rest). A private instance (``local``) dies with this process and is not
-    watched."""
+    Ray's driver does not say when the head goes away: its calls wait for the GCS. A head that refuses connections,
+    or whose port does not open (a network outage), is tried again after 1 s, then after pauses that double up to
+    :data:`HEAD_RETRY_MAX_S`, each try logged (``head_lost``) while the run waits (the actors go on with the stages
+    they hold, and their results are taken when the head answers again); a head that answers again is logged
+    (``head_back``) and the run goes on. One that did not answer for ``reconnect_s`` (``runner.ray_reconnect_s``)
+    seconds stops the run with a FatalRunError naming the address and the fix (the cases done stay done; the same
+    command resumes the rest). A private instance (``local``) dies with this process and is not watched."""
 
-    def __init__(self, cluster: RaySession):
+    def __init__(self, cluster: RaySession, *, reconnect_s: float):
         self.address = cluster.address if cluster.address.count(":") >= 1 else None
+        self.reconnect_s = reconnect_s
         self.lost = False
-        self._checked = 0.0
+        self._next = 0.0  # time.monotonic() of the next look
         self._down_since: float | None = None
+        self._tries = 0
+        self._pause = HEAD_CHECK_S
 
     def answers(self) -> bool:
-        """False while the head refuses connections (the run waits); FatalRunError once that lasted the grace."""
+        """False while the head does not answer (the run waits); FatalRunError once that lasted ``reconnect_s``."""
         now = time.monotonic()
-        if self.address is None or (self._down_since is None and now - self._checked < HEAD_CHECK_S):
+        if self.address is None:
             return True
-        self._checked = now
+        if now < self._next:
+            return self._down_since is None
         try:
             probe(self.address, timeout_s=HEAD_CHECK_S)
         except ClusterError as exc:
             why = getattr(exc.__cause__, "strerror", None) or type(exc.__cause__).__name__
             if self._down_since is None:
-                self._down_since = now
-                log.warning("the Ray head at %s does not answer (%s)", self.address, why, extra={"event": "head_lost"})
-            if now - self._down_since >= HEAD_GRACE_S:
+                self._down_since, self._tries, self._pause = now, 0, HEAD_CHECK_S
+            self._tries += 1
+            down = now - self._down_since
+            if down >= self.reconnect_s:
                 self.lost = True
                 raise FatalRunError(
-                    f"the Ray head at {self.address} stopped answering mid-run ({why} for {now - self._down_since:.0f} s); "
-                    "the cases done stay done and no case was published half-done. Fix: start the head again "
-                    "(`ray start --head` there, then `ray start --address=HEAD:PORT` on the other nodes) and run the same "
-                    "command (with --ray and the new address if it changed): it resumes the cases not done"
+                    f"the Ray head at {self.address} stopped answering mid-run ({why}; {self._tries} tries over "
+                    f"{down:.0f} s, runner.ray_reconnect_s = {self.reconnect_s:g} s); the cases done stay done and no case "
+                    "was published half-done. Fix: start the head again (`ray start --head` there, then `ray start "
+                    "--address=HEAD:PORT` on the other nodes) and run the same command (with --ray and the new address if "
+                    "it changed): it resumes the cases not done; for longer outages raise runner.ray_reconnect_s"
                 ) from exc
+            pause = min(self._pause, HEAD_RETRY_MAX_S, self.reconnect_s - down)
+            log.warning(
+                "the Ray head at %s does not answer (%s): try %d, %.1f s since it stopped; the run waits and tries again "
+                "in %.1f s, up to runner.ray_reconnect_s = %g s",
+                self.address,
+                why,
+                self._tries,
+                down,
+                pause,
+                self.reconnect_s,
+                extra={"event": "head_lost"},
+            )
+            self._next, self._pause = now + pause, self._pause * 2
             return False
         if self._down_since is not None:
-            log.warning("the Ray head at %s answers again", self.address, extra={"event": "head_back"})
-        self._down_since = None
+            log.warning(
+                "the Ray head at %s answers again after %.0f s (%d tries); the run goes on",
+                self.address,
+                now - self._down_since,
+                self._tries,
+                extra={"event": "head_back"},
+            )
+        self._down_since, self._next = None, now + HEAD_CHECK_S
         return True
 
 
@@ -115,7 +143,7 @@ class RayExecutor:
         self.losses: dict[tuple[str, str, int], int] = {}  # (case_key, stage, attempt) -> node losses
         self.sticky: dict[str, str] = {}  # case_key -> model actor that ran its last model stage
         self.last_model_stage = max((i for i, s in enumerate(self.stages) if s.group == "model"), default=-1)
-        self.head = HeadWatch(cluster)
+        self.head = HeadWatch(cluster, reconnect_s=config.runner.ray_reconnect_s)
         self.pool = ActorPool(self.ray, self.stages, config=config, run_dir=run_dir, cluster=cluster, timeout_s=timeout_s)
 
     # -- the Executor protocol ---------------------------------------------------------------------
