@@ -603,3 +603,51 @@ def test_a_network_outage_to_the_head_longer_than_twenty_seconds_is_waited_out_a
     lost = [r for r in records if r.get("event") == "head_lost"]
     assert len(lost) >= 2 and all(link.address in r["msg"] for r in lost), lost  # each try logged, naming the head
     assert any(r.get("event") == "head_back" for r in records)
+
+
+@pytest.mark.slow
+def test_a_head_started_again_mid_run_is_a_new_cluster_and_stops_the_run_with_the_fix(cases, tmp_path):
+    """The head's GCS is killed (its PID) with a case running and started again on the same port within
+    runner.ray_reconnect_s: it answers as a new cluster, which Ray's calls from this driver would end with a native
+    error and stack trace. The run stops with exit status 1 and a line saying so, with the fix; nothing half-done is
+    published."""
+    import os
+
+    from tests._support.ray_cluster import LocalCluster, ray_environment
+
+    out = tmp_path / "restarted"
+    env = {**os.environ, **ray_environment()}
+    cluster = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}]).start()
+    try:
+        address = cluster.address
+        args = [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", address]
+        proc = subprocess.Popen(
+            [*args, *as_cli(cases["opts"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
+        )
+        deadline = time.monotonic() + 120
+        while not _a_case_running(out):
+            assert proc.poll() is None, "the run ended before the head could be restarted: " + proc.stderr.read()
+            assert time.monotonic() < deadline, "no case started in time"
+            time.sleep(0.05)
+        head = cluster.cluster.head_node
+        gcs_pid = head.all_processes["gcs_server"][0].process.pid
+        head.kill_gcs_server()  # SIGKILL of that PID
+        assert not Path(f"/proc/{gcs_pid}").exists() or "Z" in Path(f"/proc/{gcs_pid}/stat").read_text().split()[2]
+        time.sleep(3.0)
+        head.start_gcs_server()
+        assert f"127.0.0.1:{head._ray_params.gcs_server_port}" == address  # the same port
+        try:
+            _, err = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"the driver hung after the head was started again: {err[-2000:]}")
+    finally:
+        cluster.stop()
+    assert proc.returncode == 1, err
+    assert "Check failed" not in err and "WrongClusterID" not in err and "Traceback" not in err, err
+    assert address in err and "new cluster" in err and "Fix:" in err and "same command" in err, err
+    assert db_rows(out, "SELECT COUNT(*) FROM stage_attempts WHERE status='running'") == [(0,)]
+    done = {r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")}
+    published = list((out / "cases").iterdir()) if (out / "cases").is_dir() else []
+    assert len(published) == len(done) < 2, err

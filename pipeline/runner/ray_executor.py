@@ -71,9 +71,11 @@ class HeadWatch:
     seconds stops the run with a FatalRunError naming the address and the fix (the cases done stay done; the same
     command resumes the rest). A private instance (``local``) dies with this process and is not watched."""
 
-    def __init__(self, cluster: RaySession, *, reconnect_s: float):
+    def __init__(self, cluster: RaySession, *, reconnect_s: float, ray: Any = None):
         self.address = cluster.address if cluster.address.count(":") >= 1 else None
         self.reconnect_s = reconnect_s
+        self.ray = ray
+        self.cluster_id = _cluster_id(ray) if ray is not None and self.address is not None else None
         self.lost = False
         self._next = 0.0  # time.monotonic() of the next look
         self._down_since: float | None = None
@@ -119,6 +121,7 @@ class HeadWatch:
             self._next, self._pause = now + pause, self._pause * 2
             return False
         if self._down_since is not None:
+            self._same_cluster(now - self._down_since)
             log.warning(
                 "the Ray head at %s answers again after %.0f s (%d tries); the run goes on",
                 self.address,
@@ -128,6 +131,32 @@ class HeadWatch:
             )
         self._down_since, self._next = None, now + HEAD_CHECK_S
         return True
+
+    def _same_cluster(self, down: float) -> None:
+        """FatalRunError when the head that answers again is a new cluster (a head started again: Ray without GCS fault
+        tolerance keeps nothing across a restart), which this process must not ask anything: Ray ends a process whose
+        calls reach another cluster's GCS with a native error and stack trace."""
+        if self.cluster_id is None or self.address is None:
+            return
+        try:
+            theirs = self.ray._raylet.GcsClient(address=self.address).cluster_id
+        except Exception:  # noqa: BLE001 - not answering as a GCS yet: the next look decides
+            return
+        if theirs == self.cluster_id:
+            return
+        self.lost = True
+        raise FatalRunError(
+            f"the Ray head at {self.address} answers again after {down:.0f} s, but as a new cluster (the head was started "
+            "again, and a Ray head keeps nothing across a restart): this run's actors are not part of it; the cases done "
+            "stay done and no case was published half-done. Fix: join the other nodes to the new head (`ray start "
+            "--address=HEAD:PORT` on each) and run the same command: it resumes the cases not done"
+        )
+
+
+def _cluster_id(ray: Any) -> Any:
+    """The id of the cluster this process joined (Ray's ClusterID), or None where this Ray does not say."""
+    node = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+    return getattr(getattr(node, "node", None), "cluster_id", None)
 
 
 class RayExecutor:
@@ -143,7 +172,7 @@ class RayExecutor:
         self.losses: dict[tuple[str, str, int], int] = {}  # (case_key, stage, attempt) -> node losses
         self.sticky: dict[str, str] = {}  # case_key -> model actor that ran its last model stage
         self.last_model_stage = max((i for i, s in enumerate(self.stages) if s.group == "model"), default=-1)
-        self.head = HeadWatch(cluster, reconnect_s=config.runner.ray_reconnect_s)
+        self.head = HeadWatch(cluster, reconnect_s=config.runner.ray_reconnect_s, ray=self.ray)
         self.pool = ActorPool(self.ray, self.stages, config=config, run_dir=run_dir, cluster=cluster, timeout_s=timeout_s)
 
     # -- the Executor protocol ---------------------------------------------------------------------
