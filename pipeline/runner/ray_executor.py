@@ -121,7 +121,9 @@ class HeadWatch:
             self._next, self._pause = now + pause, self._pause * 2
             return False
         if self._down_since is not None:
-            self._same_cluster(now - self._down_since)
+            if not self._same_cluster(now - self._down_since):  # its port opened, its GCS does not answer yet
+                self._next = now + min(self._pause, HEAD_RETRY_MAX_S)
+                return False
             log.warning(
                 "the Ray head at %s answers again after %.0f s (%d tries); the run goes on",
                 self.address,
@@ -132,18 +134,21 @@ class HeadWatch:
         self._down_since, self._next = None, now + HEAD_CHECK_S
         return True
 
-    def _same_cluster(self, down: float) -> None:
-        """FatalRunError when the head that answers again is a new cluster (a head started again: Ray without GCS fault
-        tolerance keeps nothing across a restart), which this process must not ask anything: Ray ends a process whose
-        calls reach another cluster's GCS with a native error and stack trace."""
-        if self.cluster_id is None or self.address is None:
-            return
+    def _same_cluster(self, down: float) -> bool:
+        """Whether the head that answers again after ``down`` seconds is this run's cluster (True also where this Ray
+        cannot be asked), False while its GCS does not answer yet; FatalRunError when it is a new cluster (a head
+        started again: Ray without GCS fault tolerance keeps nothing across a restart), which this process must not
+        ask anything: Ray ends a process whose calls reach another cluster's GCS with a native error and stack trace."""
+        client = getattr(getattr(self.ray, "_raylet", None), "GcsClient", None)
+        if self.cluster_id is None or self.address is None or client is None:
+            return True
         try:
-            theirs = self.ray._raylet.GcsClient(address=self.address).cluster_id
-        except Exception:  # noqa: BLE001 - not answering as a GCS yet: the next look decides
-            return
+            theirs = client(address=self.address).cluster_id
+        except Exception as exc:  # noqa: BLE001 - Ray's errors of a GCS that is still starting; the next look decides
+            log.debug("the Ray head at %s does not answer as a GCS yet: %s", self.address, exc)
+            return False
         if theirs == self.cluster_id:
-            return
+            return True
         self.lost = True
         raise FatalRunError(
             f"the Ray head at {self.address} answers again after {down:.0f} s, but as a new cluster (the head was started "
