@@ -5,6 +5,8 @@ otherwise."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pipeline.cli import main
@@ -64,3 +66,17 @@ def test_ctpipe_ingest_lists_the_series_found_as_kept_when_the_one_asked_for_is_
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert err.count("(Chest <patient> <patient>, 12 slices)") == 2 and "JANE" not in err, err
+
+
+def test_ctpipe_ingest_shows_the_descriptions_as_kept_in_its_table_and_json(tmp_path, two_series, capsys):
+    # was: the table and the JSON report read "Chest <patient> <patient>" with --keep-identifiers too
+    report = tmp_path / "ingest.json"
+    argv = ["ingest", str(two_series), "--out", str(tmp_path / "cache"), "--json", str(report)]
+    assert main([*argv, "--keep-identifiers"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Chest DOE JANE") == 2 and "<patient>" not in out, out
+    assert [s["description"] for s in json.loads(report.read_text())["series"]] == ["Chest DOE JANE"] * 2
+    assert main(argv) == 0  # without the option: redacted
+    out = capsys.readouterr().out
+    assert out.count("Chest <patient> <patient>") == 2 and "JANE" not in out, out
+    assert [s["description"] for s in json.loads(report.read_text())["series"]] == ["Chest <patient> <patient>"] * 2

@@ -54,7 +54,7 @@ def _series_list(series: Iterable[SeriesInfo], *, keep_identifiers: bool) -> str
     """``series`` for an error listing them: key, description and slices of each. The description is the header's
     own with ``keep_identifiers`` (the caller asked for the patient's identifiers), else
     :attr:`SeriesInfo.description` (each identifier in it as ``<patient>``)."""
-    shown = [(s, s.first.series_description if keep_identifiers else s.description) for s in series]
+    shown = [(s, s.description_shown(keep_identifiers=keep_identifiers)) for s in series]
     return "; ".join(f"{s.key} ({text or 'no description'}, {s.n_slices} slices)" for s, text in shown)
 
 

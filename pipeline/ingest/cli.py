@@ -132,13 +132,14 @@ def _run(args: argparse.Namespace) -> int:
     header = ["status", "series", "slices", "description", "case id / reason"]
     rows = []
     for s in scan.series:
+        described = s.description_shown(keep_identifiers=args.keep_identifiers)
         if s.key in report.written:
-            rows.append(["cached", s.key, str(s.n_slices), s.description, safe_case_id(s.key)])
+            rows.append(["cached", s.key, str(s.n_slices), described, safe_case_id(s.key)])
         elif s.key in rejected:
             r = rejected[s.key]
-            rows.append(["REJECTED", s.key, str(s.n_slices), s.description, f"{type(r.error).__name__}: {r.error.problem}"])
+            rows.append(["REJECTED", s.key, str(s.n_slices), described, f"{type(r.error).__name__}: {r.error.problem}"])
         else:
-            rows.append(["skipped", s.key, str(s.n_slices), s.description, s.why_not or "not requested"])
+            rows.append(["skipped", s.key, str(s.n_slices), described, s.why_not or "not requested"])
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)] + [0]
     say(_row(header, widths))
     for row in rows:
@@ -164,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         more = f" (all are listed in {listed})" if args.json else " (--json REPORT lists them all)"
         say(f"  ... and {len(scan.skipped_files) - _SKIPPED_SHOWN} more skipped files{more}")
     if args.json:
-        data = scan.to_json()
+        data = scan.to_json(keep_identifiers=args.keep_identifiers)
         data["cached"] = {k: e.case_id for k, e in report.written.items()}
         data["cache"] = str(args.out)
         # the scan's "seconds" is the header scan alone: the report's is the whole ingest, reads and cache writes too

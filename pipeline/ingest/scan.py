@@ -102,13 +102,14 @@ class ScanResult:
         more = len(self.skipped_files) - limit
         return shown + (f"; and {more} more" if more > 0 else "")
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-able report of the scan."""
+    def to_json(self, *, keep_identifiers: bool = False) -> dict[str, Any]:
+        """JSON-able report of the scan; the series descriptions as the headers hold them with ``keep_identifiers``,
+        else each identifier in them as ``<patient>`` (:meth:`SeriesInfo.description_shown`)."""
         return {
             "roots": [str(r) for r in self.roots],
             "n_files": self.n_files,
             "seconds": round(self.seconds, 4),
-            "series": [s.summary() for s in self.series],
+            "series": [s.summary(keep_identifiers=keep_identifiers) for s in self.series],
             "skipped_files": [{"path": str(f.path), "kind": f.kind, "reason": f.reason} for f in self.skipped_files],
             "rejected": [{"key": r.series.key, "error": type(r.error).__name__, "message": str(r.error)} for r in self.rejected],
         }

@@ -130,6 +130,11 @@ class SeriesInfo:
         header's own text is ``first.series_description``."""
         return description_without_identifiers(self.first.series_description, self.first.extra)
 
+    def description_shown(self, *, keep_identifiers: bool) -> str:
+        """The description a command shows or writes: the header's own with ``keep_identifiers`` (the user asked for
+        the patient's identifiers: ``--keep-identifiers``), else :attr:`description`."""
+        return self.first.series_description if keep_identifiers else self.description
+
     @property
     def modality(self) -> str:
         return self.first.modality
@@ -143,14 +148,14 @@ class SeriesInfo:
     def why_not(self) -> str:
         return "; ".join(self.reasons)
 
-    def summary(self) -> dict[str, object]:
-        """JSON-able description for reports."""
+    def summary(self, *, keep_identifiers: bool = False) -> dict[str, object]:
+        """JSON-able description for reports; its description as :meth:`description_shown` gives it."""
         return {
             "key": self.key,
             "series_uid": self.uid,
             "study_uid": self.study_uid,
             "part": self.part,
-            "description": self.description,
+            "description": self.description_shown(keep_identifiers=keep_identifiers),
             "modality": self.modality,
             "n_files": len(self.headers),
             "n_slices": self.n_slices,
