@@ -60,7 +60,8 @@ KEEP_IDENTIFIERS_HELP = (
     "PatientName or the PatientBirthDate of the source's DICOM headers) as they are on the console, in errors and "
     "logs and in the files written outside the DICOM results (findings JSON and CSV, PNGs, measurements), for "
     "outputs kept where identifiers may be, and names an image file's outputs by the file's name; by default each "
-    "such name reads <patient:xxxxxx> (a skipped file that is not DICOM <file:xxxxxx>.pdf), as ctpipe run writes "
+    "such name reads <patient:xxxxxx> (a skipped file <file:xxxxxx>.pdf, a folder below the source holding only "
+    "skipped files <folder:xxxxxx>), as ctpipe run writes "
     "them without --keep-identifiers, and an image file's outputs are named image-<12 hex digits>, a digest of the image"
 )
 

@@ -58,9 +58,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--keep-identifiers",
         action="store_true",
         help="keep patient identifiers (PatientID, PatientName, PatientBirthDate, AccessionNumber) in the "
-        "cache sidecars, series descriptions as they are, and patient-named folders and the names of skipped files "
-        "that are not DICOM as they are on the console and in --json; by default they are left out, each of them in "
-        "a series description reads <patient>, such a folder <patient:xxxxxx> and such a file <file:xxxxxx>.pdf",
+        "cache sidecars, series descriptions as they are, and patient-named folders and the paths of skipped files "
+        "as they are on the console and in --json; by default they are left out, each of them in a series "
+        "description reads <patient>, such a folder <patient:xxxxxx>, a skipped file <file:xxxxxx>.pdf and a folder "
+        "below SRC holding skipped files and no series <folder:xxxxxx>",
     )
     p.add_argument(
         "--threads",

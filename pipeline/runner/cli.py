@@ -90,9 +90,10 @@ def register(sub: Any) -> None:
         default=None,
         help="keep patient identifiers: PatientID, PatientName, PatientBirthDate and AccessionNumber, and the series "
         "description as it is, in the case cache and volume.json (the others, such as InstitutionName and the "
-        "physicians' names, are never read), and folder and file names that hold one, and the names of skipped files "
-        "that are not DICOM, written as they are in run.log, the console, the run store and the report; by default "
-        "these read <patient:xxxxxx> (<file:xxxxxx>.pdf for a skipped file, <patient> in a description) and identifiers appear nowhere in the run folder but in its DICOM results (SR, SEG), which copy "
+        "physicians' names, are never read), and folder and file names that hold one, and the paths of skipped files "
+        "below the sources, written as they are in run.log, the console, the run store and the report; by default "
+        "these read <patient:xxxxxx> (<file:xxxxxx>.pdf for a skipped file, <folder:xxxxxx> for a folder of it that "
+        "holds no series, <patient> in a description) and identifiers appear nowhere in the run folder but in its DICOM results (SR, SEG), which copy "
         "them from the source to be filed with the patient's study",
     )
     p.add_argument(

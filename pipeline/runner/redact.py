@@ -13,10 +13,12 @@ case-insensitively: name parts as a whole word of the component, alone or writte
 anywhere in it (and, as :mod:`pipeline.identifiers` says, a whole name with a short part; a common word only beside another
 identifier). Files under a redacted folder that are not DICOM (no
 identifiers of their own) are redacted through that folder; the name of such a file, wherever it lies in the
-sources, is redacted where it holds an identifier of any series the run found. Any other skipped file that is not
-DICOM (``DOE_JANE_report.pdf`` of a patient none of whose images are among the sources: no header tells that its name
-is a patient's) is named by a token ``<file:xxxxxx>`` followed by its extension when that is a common one
-(:data:`KEPT_EXTENSIONS`; ``<file:xxxxxx>.pdf``), by :meth:`PathRedactor.add_skipped`. (A series description never
+sources, is redacted where it holds an identifier of any series the run found. Any other skipped file whose name no
+header of its own was checked against (:data:`TOKENED_KINDS`: ``DOE_JANE_report.pdf`` of a patient none of whose images
+are among the sources, a cut-short or unreadable file, a DICOMDIR) is named by a token ``<file:xxxxxx>`` followed by
+its extension when that is a common one (:data:`KEPT_EXTENSIONS`; ``<file:xxxxxx>.pdf``), and each folder of its path
+below the source that holds no file of a series found by a token ``<folder:xxxxxx>``, replaced in paths only
+(``inbox/DOE_JANE/notes.txt``), by :meth:`PathRedactor.add_skipped`. (A series description never
 holds one: :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
 """
 
@@ -45,6 +47,8 @@ _SECRET = "\0secret"
 _BEFORE, _AFTER = r"(?<![\w.^\-])", r"(?![\w^\-])"
 # after a name recorded with its folder (/report): not a folder of that name (/report/x) nor another file (/report.pdf)
 _NOT_FOLDER = r"(?![/\\]|\.\w)"
+# a folder recorded by its name alone (/inbox/DOE_JANE/notes.txt): between two separators of a path only
+_SEP_BEFORE, _SEP_AFTER = r"(?<=[/\\])", r"(?=[/\\])"
 
 #: LogRecord attributes that are not the record's message or its ``extra`` fields: never rewritten.
 _RECORD_OWN = frozenset(logging.makeLogRecord({}).__dict__) - {"msg", "args"}
@@ -57,8 +61,13 @@ KEPT_EXTENSIONS = frozenset(
 )
 
 #: The kinds of skipped file (:class:`pipeline.ingest.discover.SkippedFile`) named by a token of their own
-#: (:meth:`PathRedactor.add_skipped`): files that are not DICOM, whose names no header of theirs can be checked against.
-TOKENED_KINDS = frozenset({"not_dicom"})
+#: (:meth:`PathRedactor.add_skipped`): those whose names no header of theirs was checked against (not DICOM, a DICOMDIR,
+#: cut short, unreadable, not a regular file, a link to a folder). A copy of an instance of a series found
+#: (``duplicate_copy``, ``conflicting_copy``) is checked against that series' identifiers as its files are.
+TOKENED_KINDS = frozenset({"not_dicom", "dicomdir", "truncated", "unreadable", "not_regular", "not_followed"})
+
+#: File names that name nobody, kept after a skipped file's folder: the name PS3.10 gives every DICOMDIR.
+KEPT_NAMES = frozenset({"DICOMDIR"})
 
 
 def _kept_extension(name: str) -> str:
@@ -82,6 +91,8 @@ class PathRedactor:
         self._pattern: re.Pattern[str] | None = None
         self._identifiers: set[str] = set()  # of every series recorded, for the files that are not DICOM
         self._told = False  # whether the log said once that skipped files are named by tokens
+        self._roots: set[PurePath] = set()  # the sources given: the folders below them are the ones tokened
+        self._series_folders: set[PurePath] = set()  # the folders holding a file of a series found (and their parents)
 
     @classmethod
     def of(cls, components: dict[str, str]) -> PathRedactor:
@@ -126,6 +137,8 @@ class PathRedactor:
             for h in s.headers:
                 ids |= identifiers_of((k, h.extra_value(k)) for k in MATCHED)
             self.add_series([h.path for h in s.headers], ids)
+            for h in s.headers:
+                self._series_folders.update(PurePath(h.path).parents)
 
     def add_files(self, files: Iterable[str | os.PathLike[str]]) -> None:
         """Record the components of ``files``' paths that hold an identifier of any series recorded so far: files
@@ -139,22 +152,55 @@ class PathRedactor:
                 self.add_series([f], ids)
         self.add_series(files, set(self._identifiers))
 
-    def add_skipped(self, files: Iterable[tuple[str | os.PathLike[str], str]]) -> None:
-        """Record the skipped ``files`` (``(path, kind)``, :class:`pipeline.ingest.discover.SkippedFile`'s): their
-        components as :meth:`add_files` does, and the name of each of :data:`TOKENED_KINDS` (not DICOM) not recorded
-        so, as :meth:`add_file_name` does (``<file:xxxxxx>.pdf``): without a header of its own, a name such as
-        ``DOE_JANE_report.pdf`` cannot be told from other file names. The first time one is recorded, the log says how
-        to see the names."""
-        files = [(Path(p), kind) for p, kind in files]
-        self.add_files(p for p, _ in files)
-        added = [self.add_file_name(path) for path, kind in files if kind in TOKENED_KINDS]
-        if any(added) and not self._told:
+    def add_skipped(
+        self, files: Iterable[tuple[str | os.PathLike[str], str]], *, roots: Iterable[str | os.PathLike[str]] = ()
+    ) -> None:
+        """Record the skipped ``files`` (``(path, kind)``, :class:`pipeline.ingest.discover.SkippedFile`'s) found under
+        ``roots`` (the folders and files a scan was given; those of earlier calls count too): their components as
+        :meth:`add_files` does; the name of each of :data:`TOKENED_KINDS` not recorded so, as :meth:`add_file_name`
+        does (``<file:xxxxxx>.pdf``), but :data:`KEPT_NAMES`; and each folder of its path below its root that holds no
+        file of a series recorded (:meth:`add_scan`), as :meth:`add_folder_name` does (``inbox/DOE_JANE/notes.txt``
+        reads ``inbox/<folder:xxxxxx>/<file:xxxxxx>.txt``): without a header of their own, such names cannot be told
+        from other file names. The first time one is recorded, the log says how to see the names."""
+        self._roots.update(PurePath(r) for r in roots)
+        paths = [(Path(p), kind) for p, kind in files]
+        self.add_files(p for p, _ in paths)
+        added = False
+        for path, kind in paths:
+            if kind not in TOKENED_KINDS:
+                continue
+            if path.name not in KEPT_NAMES:
+                added = self.add_file_name(path) or added
+            for folder in self._folders_below_root(path):
+                added = self.add_folder_name(folder.name) or added
+        if added and not self._told:
             self._told = True
             log.info(
-                "skipped files that are not DICOM are named <file:xxxxxx> (with their ending) in what ctpipe writes: "
-                "no header tells whether such a name is a patient's; run again with --keep-identifiers "
-                "(privacy.keep_identifiers) to have their names written"
+                "skipped files are named <file:xxxxxx> (with their ending) in what ctpipe writes, and the folders "
+                "holding them that hold no series <folder:xxxxxx>: no header tells whether such a name is a patient's; "
+                "run again with --keep-identifiers (privacy.keep_identifiers) to have their names written"
             )
+
+    def _folders_below_root(self, path: PurePath) -> list[PurePath]:
+        """The folders of ``path`` below the longest root recorded that holds it (none when no root holds it) that
+        hold no file of a series recorded."""
+        roots = [r for r in self._roots if r in path.parents]
+        if not roots:
+            return []
+        root = max(roots, key=lambda r: len(r.parts))
+        below = [f for f in path.parents if root in f.parents]
+        return [f for f in below if f not in self._series_folders]
+
+    def add_folder_name(self, name: str) -> bool:
+        """Record the folder ``name`` as a token ``<folder:xxxxxx>``, replaced where it stands between two separators
+        of a path (``/in/DOE_JANE/x``), never as a word of a message, unless it is recorded already as a patient's.
+        Whether it was recorded now."""
+        key = f"{os.sep}{name}{os.sep}"
+        if not name or name in self._tokens or key in self._tokens:
+            return False
+        self._tokens[key] = f"<folder:{self._digest(name)}>"
+        self._pattern = None
+        return True
 
     def add_file_name(self, path: str | os.PathLike[str]) -> bool:
         """Record the name of the file at ``path`` (not its folders) as a token ``<file:xxxxxx>`` followed by its
@@ -183,10 +229,26 @@ class PathRedactor:
         if not self._tokens or not text:
             return text
         if self._pattern is None:
-            names = sorted(self._tokens, key=len, reverse=True)
-            alternatives = [re.escape(n) + _NOT_FOLDER if n.startswith(os.sep) else _BEFORE + re.escape(n) for n in names]
+            names = sorted(self._tokens, key=lambda n: len(n.strip(os.sep)), reverse=True)
+            alternatives = [_alternative(n) for n in names]
             self._pattern = re.compile("(?:" + "|".join(alternatives) + ")" + _AFTER)
-        return self._pattern.sub(lambda m: self._tokens[m.group(0)], text)
+        return self._pattern.sub(self._token_of, text)
+
+    def _token_of(self, match: re.Match[str]) -> str:
+        """The token of a matched component: a folder's (:meth:`add_folder_name`) is recorded between separators, and
+        a patient-named component recorded later under the same name wins."""
+        found = match.group(0)
+        return self._tokens.get(found) or self._tokens[f"{os.sep}{found}{os.sep}"]
+
+
+def _alternative(key: str) -> str:
+    """The regex of a recorded component ``key`` in a text: a folder's (``/name/``) between separators, a file name
+    without a kept ending (``/name``) after one, any other where it stands alone (see the module)."""
+    if len(key) > 2 and key.startswith(os.sep) and key.endswith(os.sep):
+        return _SEP_BEFORE + re.escape(key[1:-1]) + _SEP_AFTER
+    if key.startswith(os.sep):
+        return re.escape(key) + _NOT_FOLDER
+    return _BEFORE + re.escape(key)
 
 
 #: The members of an archive read for the identifiers of its DICOM files (the first DICOM one among them decides).
@@ -387,7 +449,7 @@ def sources_redactor(sources: Iterable[str | os.PathLike[str]]) -> PathRedactor:
         for h in handlers:
             h.removeFilter(drop)
     redactor.add_scan(scan.series)
-    redactor.add_skipped((f.path, f.kind) for f in scan.skipped_files)
+    redactor.add_skipped(((f.path, f.kind) for f in scan.skipped_files), roots=scan.roots)
     return redactor
 
 
