@@ -121,7 +121,7 @@ def _scan(
         redactor = active()
         if redactor is not None:  # before anything logs a path of it: its patient-named folders and files are known
             redactor.add_scan(scan.series)
-            redactor.add_skipped(((f.path, f.kind) for f in scan.skipped_files), roots=scan.roots)
+            redactor.add_skipped(((f.path, f.kind) for f in scan.skipped_files), roots=scan.roots, given_alone=True)
     out.n_files += scan.n_files
     out.snapshot.add_scan(scan)
     seen = {f["path"] for f in out.skipped_files}

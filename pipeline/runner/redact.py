@@ -153,7 +153,11 @@ class PathRedactor:
         self.add_series(files, set(self._identifiers))
 
     def add_skipped(
-        self, files: Iterable[tuple[str | os.PathLike[str], str]], *, roots: Iterable[str | os.PathLike[str]] = ()
+        self,
+        files: Iterable[tuple[str | os.PathLike[str], str]],
+        *,
+        roots: Iterable[str | os.PathLike[str]] = (),
+        given_alone: bool = False,
     ) -> None:
         """Record the skipped ``files`` (``(path, kind)``, :class:`pipeline.ingest.discover.SkippedFile`'s) found under
         ``roots`` (the folders and files a scan was given; those of earlier calls count too): their components as
@@ -161,8 +165,13 @@ class PathRedactor:
         does (``<file:xxxxxx>.pdf``), but :data:`KEPT_NAMES`; and each folder of its path below its root that holds no
         file of a series recorded (:meth:`add_scan`), as :meth:`add_folder_name` does (``inbox/DOE_JANE/notes.txt``
         reads ``inbox/<folder:xxxxxx>/<file:xxxxxx>.txt``): without a header of their own, such names cannot be told
-        from other file names. The first time one is recorded, the log says how to see the names."""
-        self._roots.update(PurePath(r) for r in roots)
+        from other file names. ``given_alone`` (a run's worklist row naming an image file, or another file that is not
+        DICOM): such a file that is a root itself is recorded by its whole path too, which reads as its name's token
+        (``exports/DOE_JANE/chest.nii.gz`` reads ``<file:xxxxxx>.nii.gz``), as what the run writes must not hold the
+        path typed and no header was checked against its folders. The first time one is recorded, the log says how
+        to see the names."""
+        given = [PurePath(r) for r in roots]
+        self._roots.update(given)
         paths = [(Path(p), kind) for p, kind in files]
         self.add_files(p for p, _ in paths)
         added = False
@@ -173,6 +182,9 @@ class PathRedactor:
                 added = self.add_file_name(path) or added
             for folder in self._folders_below_root(path):
                 added = self.add_folder_name(folder.name) or added
+            if given_alone and path in given and len(path.parts) > 1 and str(path) not in self._tokens:
+                self._tokens[str(path)] = self._file_token(path.name)
+                self._pattern, added = None, True
         if added and not self._told:
             self._told = True
             log.info(
@@ -211,13 +223,16 @@ class PathRedactor:
         name = PurePath(path).name
         if not name or name in self._tokens or os.sep + name in self._tokens:
             return False
-        ext, digest = _kept_extension(name), self._digest(name)
-        if ext:
-            self._tokens[name] = f"<file:{digest}>{ext}"
+        if _kept_extension(name):
+            self._tokens[name] = self._file_token(name)
         else:
-            self._tokens[os.sep + name] = f"{os.sep}<file:{digest}>"
+            self._tokens[os.sep + name] = os.sep + self._file_token(name)
         self._pattern = None
         return True
+
+    def _file_token(self, name: str) -> str:
+        """The token of a file name: ``<file:xxxxxx>`` and its kept ending (:data:`KEPT_EXTENSIONS`)."""
+        return f"<file:{self._digest(name)}>{_kept_extension(name)}"
 
     @property
     def components(self) -> dict[str, str]:

@@ -1,0 +1,66 @@
+"""What ctpipe writes under --out about an image file (NIfTI/MHA/NRRD) holds nothing of its path unless identifiers
+are kept: no header tells whether its name or its folders' are a patient's. The console may show what the user
+typed; run.log, the report, the run store and the quarantine records name the file and its folders by tokens."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+
+PLANTED = ("doe", "jane", "mrn12345")
+
+
+def _found(text: str) -> list[str]:
+    low = text.lower()
+    return [w for w in PLANTED if re.search(rf"(?<![a-z]){w}(?![a-z])", low) or (w[0].isdigit() and w in low)]
+
+
+def _in_files(out: Path) -> list[str]:
+    """The planted words in the names and contents of every file under ``out`` (logs, reports, the run store)."""
+    return [
+        f"{p.relative_to(out)}: {w}"
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+        for w in _found(str(p.relative_to(out)) + p.read_bytes().decode("latin-1"))
+    ]
+
+
+@pytest.fixture(scope="module")
+def label_map(tmp_path_factory) -> Path:
+    """A small label map (the warning of a segmentation given for a CT) in a folder named after a patient."""
+    import numpy as np
+    import SimpleITK as sitk
+
+    values = np.zeros((16, 32, 32), np.uint8)
+    values[4:12, 8:24, 8:24] = 1
+    image = sitk.GetImageFromArray(values)
+    image.SetSpacing((2.0, 2.0, 5.0))
+    path = tmp_path_factory.mktemp("exports") / "DOE_JANE" / "MRN12345_chest.nii.gz"
+    path.parent.mkdir()
+    sitk.WriteImage(image, str(path))
+    return path
+
+
+def test_reconstruct_writes_nothing_of_an_image_files_path(label_map, tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["reconstruct", str(label_map), "--out", str(out), "--organs", "lung_left", "--device", "cpu", "-v"]
+    main([*argv, "--dicom", "none"])
+    assert "looks like a label map" in capsys.readouterr().err
+    assert list(out.iterdir()) and _in_files(out) == []
+
+
+def test_a_run_writes_nothing_of_an_image_files_path_a_worklist_names(label_map, tmp_path, capsys, own_signals):
+    # was: run.log, the report, the run store and quarantine/ held .../DOE_JANE/<file:xxxxxx>.nii.gz
+    worklist, run = label_map.parent.parent / "worklist.csv", tmp_path / "run"
+    worklist.write_text("path\nDOE_JANE/MRN12345_chest.nii.gz\n")  # as typed: relative to the worklist's folder
+    argv = ["run", str(worklist), "--out", str(run), "--workers", "0", "--no-dicom", "--set", "report.enabled=true"]
+    assert main(argv) != 0  # quarantined: no CT series there
+    capsys.readouterr()
+    assert (run / "run.log").is_file() and _in_files(run) == []
+    assert re.search(r"worklist\.csv:2 \(<file:[0-9a-f]{6}>\.nii\.gz\): no CT series found", (run / "run.log").read_text())
+    assert main([*argv, "--keep-identifiers", "--out", str(tmp_path / "kept")]) != 0
+    assert "DOE_JANE/MRN12345_chest.nii.gz" in (tmp_path / "kept" / "run.log").read_text()
