@@ -36,7 +36,7 @@ def _sources(src: Path, tmp_path: Path) -> dict[str, str]:
     (src / "partial").mkdir()
     (src / "partial" / "DOE_JANE_0001.dcm").write_bytes(files[0].read_bytes()[:200])  # cut short
     (src / "links").mkdir()
-    (src / "links" / "DOE_JANE_scan.dcm").symlink_to(tmp_path / "gone.dcm")  # a broken link: unreadable
+    (src / "links" / "DOE_JANE_scan.dcm").symlink_to(tmp_path / "archive" / "Jane Doe" / "gone.dcm")  # broken
     fs = FileSet()
     fs.add(write_series(tmp_path / "cd", n=2, series_uid="1.2.3.431")[0])
     fs.write(tmp_path / "media")

@@ -169,7 +169,7 @@ class PathRedactor:
         DICOM): such a file that is a root itself is recorded by its whole path too, which reads as its name's token
         (``exports/DOE_JANE/chest.nii.gz`` reads ``<file:xxxxxx>.nii.gz``), as what the run writes must not hold the
         path typed and no header was checked against its folders. The first time one is recorded, the log says how
-        to see the names."""
+        to see the names. A broken symbolic link's target (its skip reason names it) reads as its name's token too."""
         given = [PurePath(r) for r in roots]
         self._roots.update(given)
         paths = [(Path(p), kind) for p, kind in files]
@@ -182,9 +182,9 @@ class PathRedactor:
                 added = self.add_file_name(path) or added
             for folder in self._folders_below_root(path):
                 added = self.add_folder_name(folder.name) or added
-            if given_alone and path in given and len(path.parts) > 1 and str(path) not in self._tokens:
-                self._tokens[str(path)] = self._file_token(path.name)
-                self._pattern, added = None, True
+            if given_alone and path in given and len(path.parts) > 1:
+                added = self._add_whole_path(str(path)) or added
+            added = self._add_whole_path(_broken_link_target(path)) or added
         if added and not self._told:
             self._told = True
             log.info(
@@ -192,6 +192,14 @@ class PathRedactor:
                 "holding them that hold no series <folder:xxxxxx>: no header tells whether such a name is a patient's; "
                 "run again with --keep-identifiers (privacy.keep_identifiers) to have their names written"
             )
+
+    def _add_whole_path(self, path: str | None) -> bool:
+        """Record ``path`` in whole (a file's whose folders no header was checked against) as its name's token."""
+        if not path or path in self._tokens:
+            return False
+        self._tokens[path] = self._file_token(PurePath(path).name)
+        self._pattern = None
+        return True
 
     def _folders_below_root(self, path: PurePath) -> list[PurePath]:
         """The folders of ``path`` below the longest root recorded that holds it (none when no root holds it) that
@@ -264,6 +272,15 @@ def _alternative(key: str) -> str:
     if key.startswith(os.sep):
         return re.escape(key) + _NOT_FOLDER
     return _BEFORE + re.escape(key)
+
+
+def _broken_link_target(path: Path) -> str | None:
+    """What the broken symbolic link ``path`` points to, as its skip reason names it (``/archive/DOE_JANE/x.dcm``,
+    outside the sources), or None when ``path`` is no such link."""
+    try:
+        return None if not path.is_symlink() or path.exists() else os.readlink(path)
+    except OSError:
+        return None
 
 
 #: The members of an archive read for the identifiers of its DICOM files (the first DICOM one among them decides).
