@@ -18,7 +18,7 @@ from pipeline.cli import main
 from tests.test_privacy_skipped_files import _leaks
 
 FOLDER = re.compile(r"<folder:[0-9a-f]{6}>")
-KINDS = {"dicomdir": 1, "not_dicom": 1, "truncated": 1, "unreadable": 1}
+KINDS = {"dicomdir": 1, "not_dicom": 1, "not_followed": 1, "truncated": 1, "unreadable": 1}
 
 
 def _sources(src: Path, tmp_path: Path) -> dict[str, str]:
@@ -37,6 +37,8 @@ def _sources(src: Path, tmp_path: Path) -> dict[str, str]:
     (src / "partial" / "DOE_JANE_0001.dcm").write_bytes(files[0].read_bytes()[:200])  # cut short
     (src / "links").mkdir()
     (src / "links" / "DOE_JANE_scan.dcm").symlink_to(tmp_path / "archive" / "Jane Doe" / "gone.dcm")  # broken
+    (tmp_path / "elsewhere" / "Jane Doe").mkdir(parents=True)
+    (src / "links" / "old").symlink_to(tmp_path / "elsewhere" / "Jane Doe", target_is_directory=True)  # not followed
     fs = FileSet()
     fs.add(write_series(tmp_path / "cd", n=2, series_uid="1.2.3.431")[0])
     fs.write(tmp_path / "media")
@@ -58,9 +60,12 @@ def test_ctpipe_ingest_names_every_skipped_file_and_its_folders_below_the_source
     skipped = data["skipped_files"]
     assert sorted(f["kind"] for f in skipped) == sorted(k for k, n in KINDS.items() for _ in range(n))
     assert all(re.search(r"/<file:[0-9a-f]{6}>(\.\w+)?$", f["path"]) for f in skipped), skipped
+    assert any(re.search(r"to the folder <folder:[0-9a-f]{6}> ", f["reason"]) for f in skipped), skipped
     notes = next(f["path"] for f in skipped if f["kind"] == "not_dicom")
     assert re.fullmatch(rf"{re.escape(str(src))}/<folder:[0-9a-f]{{6}}>/<folder:[0-9a-f]{{6}}>/<file:[0-9a-f]{{6}}>\.txt", notes)
-    assert str(src) in console and "1 dicomdir, 1 not dicom, 1 truncated, 1 unreadable" in console  # counts, kinds
+    assert (
+        str(src) in console and "1 dicomdir, 1 not dicom, 1 not followed, 1 truncated, 1 unreadable" in console
+    )  # counts, kinds
     assert f"{src}/ct" in console  # the series' folder, checked against its headers, as it is
 
     assert main([*argv, "--keep-identifiers"]) == 0
@@ -95,7 +100,7 @@ def test_a_run_names_every_skipped_file_and_its_folders_below_the_source_by_toke
     assert re.search(r"incoming/<folder:[0-9a-f]{6}>/<folder:[0-9a-f]{6}>/<file:[0-9a-f]{6}>\.txt", skipped), skipped
     for kind in KINDS:  # each kind, named by its token
         assert re.search(rf"<file:[0-9a-f]{{6}}>[^,]*,{kind}\b", skipped), (kind, skipped)
-    assert "1 dicomdir, 1 not dicom, 1 truncated, 1 unreadable" in cap.out + cap.err
+    assert "1 dicomdir, 1 not dicom, 1 not followed, 1 truncated, 1 unreadable" in cap.out + cap.err
 
 
 def test_a_folder_token_replaces_the_folder_in_paths_only(tmp_path):

@@ -169,7 +169,8 @@ class PathRedactor:
         DICOM): such a file that is a root itself is recorded by its whole path too, which reads as its name's token
         (``exports/DOE_JANE/chest.nii.gz`` reads ``<file:xxxxxx>.nii.gz``), as what the run writes must not hold the
         path typed and no header was checked against its folders. The first time one is recorded, the log says how
-        to see the names. A broken symbolic link's target (its skip reason names it) reads as its name's token too."""
+        to see the names. A broken symbolic link's target (its skip reason names it) reads as its name's token too, the folder a link
+        not followed points to as a folder's token."""
         given = [PurePath(r) for r in roots]
         self._roots.update(given)
         paths = [(Path(p), kind) for p, kind in files]
@@ -185,6 +186,8 @@ class PathRedactor:
             if given_alone and path in given and len(path.parts) > 1:
                 added = self._add_whole_path(str(path)) or added
             added = self._add_whole_path(_broken_link_target(path)) or added
+            if kind == "not_followed":
+                added = self._add_linked_folder(path) or added
         if added and not self._told:
             self._told = True
             log.info(
@@ -198,6 +201,16 @@ class PathRedactor:
         if not path or path in self._tokens:
             return False
         self._tokens[path] = self._file_token(PurePath(path).name)
+        self._pattern = None
+        return True
+
+    def _add_linked_folder(self, link: Path) -> bool:
+        """Record the folder the symbolic ``link`` points to (its skip reason names it: ``/archive/DOE_JANE``) in
+        whole as a token ``<folder:xxxxxx>``, unless it holds a file of a series recorded (its name checked then)."""
+        real = os.path.realpath(link)
+        if real in self._tokens or real in {os.path.realpath(f) for f in self._series_folders}:
+            return False
+        self._tokens[real] = f"<folder:{self._digest(PurePath(real).name)}>"
         self._pattern = None
         return True
 
