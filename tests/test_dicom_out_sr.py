@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 import pydicom
 import pytest
+from pydicom.sr.coding import Code
 
 from pipeline.dicom_out import NoduleDetail, read_source_series, read_sr_case, read_sr_findings, write_sr
 from pipeline.dicom_out.sr_read import FINDING_COLUMNS
@@ -334,26 +335,28 @@ def _content_items(ds):
         yield from _content_items(item)
 
 
-def test_the_sr_names_the_contrast_phase_with_the_standard_code_and_declares_its_private_scheme(tmp_path, monkeypatch):
-    """ "Contrast Phase" is DCM 109058: a validator and a viewer know it, where ctpipe's own code was one more private
-    code. ctpipe's scheme, where the SR uses it, is declared with its name, version and responsible organisation; an SR of an earlier version, with the private concept, still reads."""
+def test_the_sr_names_the_contrast_phase_with_ctpipes_code_not_a_catheterization_phase(tmp_path, monkeypatch):
+    """PS3.16 defines DCM 109058 "Contrast Phase" as the subpart of a cardiac catheterization procedure in which contrast
+    is injected, and no DCM code, SNOMED CT code or context group of PS3.16 names the contrast phase of a CT acquisition
+    (CID 3250 lists catheterization phases, CID 10014 the procedures "CT with/without contrast"): the SR names it with
+    ctpipe's private code 99CTPIPE contrast_phase, declared with the scheme's name, version and responsible
+    organisation. SRs of layout 3, which wrote DCM 109058, and of earlier layouts, with the private code, still read."""
     from pipeline.dicom_out import codes, sr_read
 
     case = phantom_case(tmp_path / "case")
     path = _write(case, tmp_path / "sr.dcm")
     ds = pydicom.dcmread(path)
-    phase = [
-        item
-        for item in ds.iterall()
-        if getattr(item, "keyword", "") == "ConceptNameCodeSequence" and item.value[0].CodeMeaning.lower() == "contrast phase"
-    ]
-    assert phase and all((i.value[0].CodeValue, i.value[0].CodingSchemeDesignator) == ("109058", "DCM") for i in phase)
+    names = [item.value[0] for item in ds.iterall() if getattr(item, "keyword", "") == "ConceptNameCodeSequence"]
+    phase = [code for code in names if code.CodeMeaning.lower() == "contrast phase"]
+    assert phase and all((c.CodeValue, c.CodingSchemeDesignator) == ("contrast_phase", "99CTPIPE") for c in phase)
+    assert "109058" not in {str(e.value) for e in ds.iterall() if e.keyword == "CodeValue"}
     (scheme,) = ds.CodingSchemeIdentificationSequence
     assert scheme.CodingSchemeDesignator == "99CTPIPE"
     assert scheme.CodingSchemeName and scheme.CodingSchemeVersion and scheme.CodingSchemeResponsibleOrganization
     assert read_sr_case(path)["contrast_phase"] == "venous"
-    monkeypatch.setattr(codes, "CONTRAST_PHASE", codes.CONTRAST_PHASE_PRIVATE)
-    earlier = _write(case, tmp_path / "earlier.dcm")
+    monkeypatch.setattr(codes, "CONTRAST_PHASE", Code("109058", "DCM", "Contrast Phase"))  # what layout 3 wrote
+    layout_3 = _write(case, tmp_path / "layout3.dcm")
     monkeypatch.undo()
-    assert sr_read.read_sr_case(earlier)["contrast_phase"] == "venous"
+    assert "109058" in {str(e.value) for e in pydicom.dcmread(layout_3).iterall() if e.keyword == "CodeValue"}
+    assert sr_read.read_sr_case(layout_3)["contrast_phase"] == "venous"
     assert_valid(path)  # its only warnings: the private codes themselves (last: it skips where dciodvfy is missing)

@@ -60,9 +60,12 @@ Nodule composition        99CTPIPE composition        SR: solid / part-solid / g
 solid, part_solid,        99CTPIPE <same>             SR: values of "Nodule composition"
 ground_glass
 Lung coverage             99CTPIPE lung_coverage      SR: complete / partial / absent
-Contrast Phase            DCM 109058                  SR: non_contrast / arterial / venous (ctpipe's codes:
-                                                      no CID lists these phases); 99CTPIPE contrast_phase in
-                                                      SRs of earlier versions
+Contrast phase            99CTPIPE contrast_phase     SR: non_contrast / arterial / venous, ctpipe's codes
+                                                      too: no standard code names a CT series' contrast
+                                                      phase (DCM 109058 "Contrast Phase" is a subpart of a
+                                                      cardiac catheterization procedure, CID 3250; CID
+                                                      10014 lists the procedures "CT with/without
+                                                      contrast", no phases); DCM 109058 in SRs of layout 3
 quality flag codes        99CTPIPE <flag code>        SR: values of "Quality finding", one per flag of
                                                       :data:`pipeline.reconstruction.quality.FLAGS`
 ========================  ==========================  =====================================================
@@ -152,9 +155,13 @@ COMPOSITIONS: dict[str, Code] = {
     "ground_glass": private("ground_glass", "Ground glass"),
 }
 LUNG_COVERAGE = private("lung_coverage", "Lung coverage")
-CONTRAST_PHASE = Code("109058", "DCM", "Contrast Phase")
-#: read back from SRs of earlier versions, which named the contrast phase with ctpipe's code; never written
-CONTRAST_PHASE_PRIVATE = private("contrast_phase", "Contrast phase")
+#: the contrast phase of the CT series (estimated from its HU): no standard code names it (DCM 109058 "Contrast Phase" is
+#: a subpart of a cardiac catheterization procedure; PS3.16 lists no CT contrast phases), so ctpipe's own, as before
+#: SR layout 3
+CONTRAST_PHASE = private("contrast_phase", "Contrast phase")
+#: read back from SRs of layout 3, which named the contrast phase so; never written (PS3.16 defines it as the subpart
+#: of a cardiac catheterization procedure in which contrast medium is injected, not a CT acquisition's phase)
+CONTRAST_PHASE_CATHETERIZATION = Code("109058", "DCM", "Contrast Phase")
 COVERAGES = {v: private(v, v.capitalize()) for v in ("complete", "partial", "absent")}
 PHASES = {v: private(v, v.replace("_", " ").capitalize()) for v in ("non_contrast", "arterial", "venous")}
 

@@ -63,14 +63,15 @@ PERSON_NAME_WARNING = r"The string .* is unlikely to represent the intended pers
 SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: The layout of the SR's content tree: raise it with each change of which groups, items, codes or coordinates the SR
 #: holds (the nodules' axis polylines, TID 1410, came with layout 2; the mean diameter in standard codes, SCT Diameter
-#: with derivation Mean instead of 99CTPIPE mean_diameter, with layout 3). It goes into the SR's instance UID
+#: with derivation Mean instead of 99CTPIPE mean_diameter, with layout 3; the contrast phase named 99CTPIPE
+#: contrast_phase again instead of DCM 109058, a cardiac catheterization phase, with layout 4). It goes into the SR's instance UID
 #: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
-SR_LAYOUT = "3"
+SR_LAYOUT = "4"
 #: The fingerprint of SR_LAYOUT's content tree (:func:`~pipeline.dicom_out.layout.sr_layout_fingerprint`: concept
 #: names, value and relationship types, templates, graphic types and nesting; not values). A test compares it with an
 #: SR built now: with a new layout, raise SR_LAYOUT and record the new fingerprint here.
-SR_LAYOUT_FINGERPRINT = "4195b706dcc063a5"
+SR_LAYOUT_FINGERPRINT = "a97ada6924c8ca69"
 #: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit, decimals stated: volumes
 #: to 0.1 mL, the emphysema index to 0.1 %); in a one-lung case (``lungs_total_covers`` one side, or the quality flag
 #: ``one_lung``) the lungs' totals are the remaining lung's figures: they are stated once, on its side, in place of

@@ -280,7 +280,7 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
             out["nodules_present"] = value == _key(C.PRESENT)
         elif concept == _key(C.LUNG_COVERAGE):
             out["lung_coverage"] = coverages.get(value)
-        elif concept in (_key(C.CONTRAST_PHASE), _key(C.CONTRAST_PHASE_PRIVATE)):  # the latter: earlier versions
+        elif concept in (_key(C.CONTRAST_PHASE), _key(C.CONTRAST_PHASE_CATHETERIZATION)):  # the latter: SR layout 3
             out["contrast_phase"] = phases.get(value)
         elif concept == _key(C.QUALITY_FINDING) and value[1] == C.PRIVATE_SCHEME:
             out["quality_flags"].append(C.quality_flag_of(value[0]))
