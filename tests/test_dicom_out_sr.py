@@ -215,8 +215,21 @@ def test_no_findings_gives_an_explicit_report(tmp_path):
     assert read_sr_case(path)["nodules_present"] is False
     assert_valid(path)
     tree = subprocess.run([dicom_tool("dsrdump"), str(path)], capture_output=True, text=True, timeout=60).stdout
-    assert 'CODE:(,,"Nodule")=(2667000,SCT,"Absent")' in tree
+    assert 'CODE:(,,"Nodule")=(272519000,SCT,"Absent")' in tree  # CID 240 Present-Absent, beside Present 52101004
     assert "Volume Surface" not in tree
+
+
+def test_an_earlier_srs_absent_still_reads(tmp_path, monkeypatch):
+    """SRs of layouts 1-3 stated "Nodule: Absent" with SCT 2667000, a code no PS3.16 context group holds (CID 240
+    Present-Absent has SCT 272519000): they still read as no nodules present."""
+    from pipeline.dicom_out import codes
+
+    case = phantom_case(tmp_path / "case")
+    monkeypatch.setattr(codes, "ABSENT", Code("2667000", "SCT", "Absent"))  # what layouts 1-3 wrote
+    path = _write(case, tmp_path / "sr.dcm", findings=[f for f in case.findings if f.score < 0.5])
+    monkeypatch.undo()
+    assert "2667000" in {str(e.value) for e in pydicom.dcmread(path).iterall() if e.keyword == "CodeValue"}
+    assert read_sr_case(path)["nodules_present"] is False
 
 
 def test_lobe_and_side_from_details(tmp_path):

@@ -38,8 +38,9 @@ Short axis                SCT 103340004               SR: longest chord perpendi
 Volume                    SCT 118565006               SR: nodule volume (mm³), lung volumes (mL)
 Probability               DCM 122157                  SR: detector score (0..1, unit "1"); no standard
                                                       code names a detector score
-Present / Absent          SCT 52101004 / 2667000      SR: "Nodule" present / absent (the explicit
-                                                      no-findings statement)
+Present / Absent          SCT 52101004 / 272519000    SR: "Nodule" present / absent (the explicit
+                                                      no-findings statement; CID 240); SCT 2667000 Absent
+                                                      in SRs of layouts 1-3
 Quality finding           DCM 111052                  SR: name of each quality flag evaluation
 Volume-equivalent sphere  99CTPIPE                    SR: diameter of the sphere of the nodule's volume (mm);
 diameter                  equiv_diameter              neither DCM nor SCT codes this concept, and SCT
@@ -125,7 +126,10 @@ SHORT_AXIS = Code("103340004", "SCT", "Short axis")
 VOLUME = Code("118565006", "SCT", "Volume")
 PROBABILITY = Code("122157", "DCM", "Probability")
 PRESENT = Code("52101004", "SCT", "Present")
-ABSENT = Code("2667000", "SCT", "Absent")
+#: Present and Absent as CID 240 "Present-Absent" pairs them
+ABSENT = Code("272519000", "SCT", "Absent")
+#: read back from SRs of layouts 1-3, which stated Absent so (a code of no PS3.16 context group); never written
+ABSENT_EARLIER = Code("2667000", "SCT", "Absent")
 QUALITY_FINDING = Code("111052", "DCM", "Quality Finding")
 
 MM = Code("mm", "UCUM", "millimeter")

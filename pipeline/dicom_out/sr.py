@@ -64,7 +64,8 @@ SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: The layout of the SR's content tree: raise it with each change of which groups, items, codes or coordinates the SR
 #: holds (the nodules' axis polylines, TID 1410, came with layout 2; the mean diameter in standard codes, SCT Diameter
 #: with derivation Mean instead of 99CTPIPE mean_diameter, with layout 3; the contrast phase named 99CTPIPE
-#: contrast_phase again instead of DCM 109058, a cardiac catheterization phase, with layout 4). It goes into the SR's instance UID
+#: contrast_phase again instead of DCM 109058, a cardiac catheterization phase, and Absent SCT 272519000 of CID 240
+#: instead of SCT 2667000, with layout 4). It goes into the SR's instance UID
 #: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
 SR_LAYOUT = "4"

@@ -277,7 +277,8 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
     for q in case.get_qualitative_evaluations():
         concept, value = _key(q.name), _key(q.value)
         if concept == _key(C.NODULE):
-            out["nodules_present"] = value == _key(C.PRESENT)
+            absent = value in (_key(C.ABSENT), _key(C.ABSENT_EARLIER))  # the latter: SR layouts 1-3
+            out["nodules_present"] = True if value == _key(C.PRESENT) else False if absent else None
         elif concept == _key(C.LUNG_COVERAGE):
             out["lung_coverage"] = coverages.get(value)
         elif concept in (_key(C.CONTRAST_PHASE), _key(C.CONTRAST_PHASE_CATHETERIZATION)):  # the latter: SR layout 3
