@@ -219,6 +219,27 @@ def test_no_findings_gives_an_explicit_report(tmp_path):
     assert "Volume Surface" not in tree
 
 
+def test_the_detector_score_is_the_findings_certainty(tmp_path, monkeypatch):
+    """The detector score is DCM 111012 "Certainty of Finding" (PS3.16: the likelihood that the finding detected is
+    in fact the type of finding identified; CID 6048, as CAD reports state it), not DCM 122157 "Probability", a code of
+    no context group that names no finding; SRs of layouts 1-3, with "Probability", still read."""
+    from pipeline.dicom_out import codes
+
+    case = phantom_case(tmp_path / "case")
+    path = _write(case, tmp_path / "sr.dcm")
+    ds = pydicom.dcmread(path)
+    names = {
+        (c.CodeValue, c.CodingSchemeDesignator) for i in ds.iterall() if i.keyword == "ConceptNameCodeSequence" for c in i.value
+    }
+    assert ("111012", "DCM") in names and ("122157", "DCM") not in names
+    new = read_sr_findings(path).score.tolist()
+    assert new == pytest.approx([f.score for f in case.findings if f.score >= 0.5], abs=0.0005)
+    monkeypatch.setattr(codes, "CERTAINTY_OF_FINDING", Code("122157", "DCM", "Probability"))  # what layouts 1-3 wrote
+    earlier = _write(case, tmp_path / "earlier.dcm")
+    monkeypatch.undo()
+    assert read_sr_findings(earlier).score.tolist() == new
+
+
 def test_an_earlier_srs_absent_still_reads(tmp_path, monkeypatch):
     """SRs of layouts 1-3 stated "Nodule: Absent" with SCT 2667000, a code no PS3.16 context group holds (CID 240
     Present-Absent has SCT 272519000): they still read as no nodules present."""
@@ -261,7 +282,7 @@ def test_valid_for_dciodvfy_and_printed_by_dsrdump(tmp_path, enhanced):
         '(27925004,SCT,"Nodule")',
         "SCOORD3D",
         "ELLIPSOID",
-        'NUM:(,,"Probability")="0.9" (1,UCUM,"no units")',
+        'NUM:(,,"Certainty of Finding")="0.9" (1,UCUM,"no units")',
         '(24627-2,LN,"CT Chest")',
         '"Algorithm Parameters")="score_threshold=0.5"',
         "Part-solid",

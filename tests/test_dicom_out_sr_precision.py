@@ -99,7 +99,7 @@ def test_measurements_are_stated_at_the_precision_a_reader_uses(tmp_path: Path) 
     assert "2423.3" in volumes and "1234.6" in volumes and "1188.8" in volumes, volumes
     assert all(_decimals(v) <= 1 for v in volumes), volumes  # mL to 0.1, nodule mm³ to 1
     assert stated["Emphysema index (LAA-950)"] == ["0.8"]
-    lengths = [v for name, values in stated.items() if name not in ("Volume", "Probability") for v in values]
+    lengths = [v for name, values in stated.items() if name not in ("Volume", "Certainty of Finding") for v in values]
     lengths = [v for v in lengths if v not in stated.get("Emphysema index (LAA-950)", [])]
     assert lengths and all(_decimals(v) <= 1 for v in lengths), stated  # diameters and long axes to 0.1 mm
     nodule_volumes = [v for v in volumes if v not in ("2423.3", "1234.6", "1188.8")]

@@ -36,8 +36,10 @@ Long axis                 SCT 103339001               SR: longest in-plane chord
 Short axis                SCT 103340004               SR: longest chord perpendicular to the long axis on
                                                       that slice (mm; that image referenced)
 Volume                    SCT 118565006               SR: nodule volume (mm³), lung volumes (mL)
-Probability               DCM 122157                  SR: detector score (0..1, unit "1"); no standard
-                                                      code names a detector score
+Certainty of Finding      DCM 111012                  SR: detector score (0..1, unit "1"), the likelihood
+                                                      that the finding is a nodule (CID 6048, as CAD
+                                                      reports state it); DCM 122157 "Probability" in SRs
+                                                      of layouts 1-3
 Present / Absent          SCT 52101004 / 272519000    SR: "Nodule" present / absent (the explicit
                                                       no-findings statement; CID 240); SCT 2667000 Absent
                                                       in SRs of layouts 1-3
@@ -124,6 +126,9 @@ LONG_AXIS = Code("103339001", "SCT", "Long axis")
 #: the longest chord perpendicular to the long axis on the same slice
 SHORT_AXIS = Code("103340004", "SCT", "Short axis")
 VOLUME = Code("118565006", "SCT", "Volume")
+#: the detector score (0..1): the likelihood that the finding detected is in fact a nodule (PS3.16's definition; CID 6048)
+CERTAINTY_OF_FINDING = Code("111012", "DCM", "Certainty of Finding")
+#: read back from SRs of layouts 1-3, which stated the detector score so (a code of no context group); never written
 PROBABILITY = Code("122157", "DCM", "Probability")
 PRESENT = Code("52101004", "SCT", "Present")
 #: Present and Absent as CID 240 "Present-Absent" pairs them

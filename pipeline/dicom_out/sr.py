@@ -17,7 +17,7 @@ series' frame of reference):
   code; all three in the plane of that image, as acquired: an oblique acquisition's axes are not those of a true
   axial plane) and Volume (mm³) when the
   nodule was segmented (never a detector box's size stated as a measurement: the ellipsoid then shows the box),
-  Probability (the detector score, unit 1) and the composition when known (positions to 0.01 mm, diameters and
+  Certainty of Finding (the detector score, unit 1) and the composition when known (positions to 0.01 mm, diameters and
   long axes to 0.1 mm, volumes to 1 mm³, the score to 0.001: :data:`.model.MM_DECIMALS`, :data:`.model.LENGTH_DECIMALS`);
   every group carries the algorithm identification (detector name, version, parameters
   ``score_threshold=<operating point>`` and ``ctpipe=<version>``);
@@ -65,14 +65,15 @@ SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: holds (the nodules' axis polylines, TID 1410, came with layout 2; the mean diameter in standard codes, SCT Diameter
 #: with derivation Mean instead of 99CTPIPE mean_diameter, with layout 3; the contrast phase named 99CTPIPE
 #: contrast_phase again instead of DCM 109058, a cardiac catheterization phase, and Absent SCT 272519000 of CID 240
-#: instead of SCT 2667000, with layout 4). It goes into the SR's instance UID
+#: instead of SCT 2667000, and the detector score DCM 111012 Certainty of Finding instead of DCM 122157 Probability,
+#: with layout 4). It goes into the SR's instance UID
 #: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
 SR_LAYOUT = "4"
 #: The fingerprint of SR_LAYOUT's content tree (:func:`~pipeline.dicom_out.layout.sr_layout_fingerprint`: concept
 #: names, value and relationship types, templates, graphic types and nesting; not values). A test compares it with an
 #: SR built now: with a new layout, raise SR_LAYOUT and record the new fingerprint here.
-SR_LAYOUT_FINGERPRINT = "a97ada6924c8ca69"
+SR_LAYOUT_FINGERPRINT = "2e4c6d5734dcc605"
 #: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit, decimals stated: volumes
 #: to 0.1 mL, the emphysema index to 0.1 %); in a one-lung case (``lungs_total_covers`` one side, or the quality flag
 #: ``one_lung``) the lungs' totals are the remaining lung's figures: they are stated once, on its side, in place of
@@ -215,7 +216,7 @@ def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> 
         measurements += _axis_measurements(f, source)
     if f.volume_mm3 is not None:
         measurements.append(hd.sr.Measurement(name=C.VOLUME, value=int(round(f.volume_mm3)), unit=C.MM3))
-    measurements.append(hd.sr.Measurement(name=C.PROBABILITY, value=f.score, unit=C.NO_UNITS))
+    measurements.append(hd.sr.Measurement(name=C.CERTAINTY_OF_FINDING, value=f.score, unit=C.NO_UNITS))
     evaluations = []
     if f.composition is not None:
         evaluations.append(hd.sr.QualitativeEvaluation(C.COMPOSITION, C.COMPOSITIONS[f.composition]))

@@ -169,7 +169,8 @@ def _measurements(group: Any) -> dict[str, float]:
         _key(C.SHORT_AXIS): "short_axis_mm",
         _key(C.MEAN_DIAMETER): "mean_diameter_mm",  # SRs of earlier versions
         _key(C.VOLUME): "volume_mm3",
-        _key(C.PROBABILITY): "score",
+        _key(C.CERTAINTY_OF_FINDING): "score",
+        _key(C.PROBABILITY): "score",  # SR layouts 1-3
     }
     out = {}
     for m in group.get_measurements():
