@@ -21,20 +21,23 @@ def _ellipse(j: np.ndarray, i: np.ndarray, cj: float, ci: float, aj: float, ai: 
     return ((j - cj) / aj) ** 2 + ((i - ci) / ai) ** 2 < 1.0
 
 
-def _sacrum_scene() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """``(hu, body, regions)`` on 3 mm pixels (``[k, j, i]``): a pelvis at the sacrum's level.
-
-    Soft tissue (40 HU, 150x240 mm) holds the sacrum (110 mm wide, 40 mm deep, a 1 mm cortex at 1100 HU around
-    fatty marrow: 20 HU, its trabeculae spreading it by 70 HU), the sacral canal on its mid-line (a cortex ring
-    around fat, -70 HU, crossed by nerve roots), four foramina of fat (-80 HU) that open through its front and
-    back cortex, an iliac bone beside it on either side (cortex around 150 HU cancellous bone), and in front of it
-    two confounders: a contrast-filled iliac artery (250 HU) and the rectum, its stool as textured as the marrow
-    and holding bubbles of gas. ``regions``: coarse-pixel masks of each, away from their partial-volume edges (of the marrow, the alae's beyond
-    the foramina).
-    """
+def _pelvis(shift_mm: float, angle_deg: float, ni: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """One slice: ``(fine HU at 0.5 mm, coarse plane at 3 mm, coarse region masks)``, the skeleton and what lies in
+    front of it moved ``shift_mm`` along i from the body's mid-line and turned ``angle_deg`` in-plane about the
+    sacrum's centre; the body's outline stays centred on the image (``ni`` coarse pixels wide)."""
     f = int(COARSE_MM / FINE_MM)
-    j, i = np.meshgrid((np.arange(NJ * f) + 0.5) * FINE_MM, (np.arange(NI * f) + 0.5) * FINE_MM, indexing="ij")
-    fine = np.where(_ellipse(j, i, 75.0, MID_I, 72.0, 118.0), 40.0, -1000.0)
+    mid = 0.5 * ni * COARSE_MM
+    half = 118.0 + 0.5 * (ni - NI) * COARSE_MM
+
+    def scene(j: np.ndarray, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Image (j, i) mm to the skeleton's own frame, its mid-line at ``MID_I``."""
+        t = np.deg2rad(angle_deg)
+        dj, di = j - 45.0, i - (mid + shift_mm)
+        return 45.0 + np.cos(t) * dj + np.sin(t) * di, MID_I - np.sin(t) * dj + np.cos(t) * di
+
+    ji = np.meshgrid((np.arange(NJ * f) + 0.5) * FINE_MM, (np.arange(ni * f) + 0.5) * FINE_MM, indexing="ij")
+    j, i = scene(*ji)
+    fine = np.where(_ellipse(ji[0], ji[1], 75.0, mid, 72.0, half), 40.0, -1000.0)
     for side in (-1.0, 1.0):  # the iliac bones
         fine[_ellipse(j, i, 45.0, MID_I + side * 78.0, 30.0, 16.0)] = 1100.0
         fine[_ellipse(j, i, 45.0, MID_I + side * 78.0, 29.0, 15.0)] = 150.0
@@ -49,8 +52,8 @@ def _sacrum_scene() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     fine[foramina] = -80.0
     fine[np.hypot(j - 82.0, i - 95.0) < 7.0] = 250.0  # the iliac artery, 12 mm in front of the sacrum
     fine[np.hypot(j - 95.0, i - 140.0) < 16.0] = 20.0  # the rectum (stool's texture and gas added below)
-    plane = fine.reshape(NJ, f, NI, f).mean(axis=(1, 3))
-    cj, ci = np.meshgrid((np.arange(NJ) + 0.5) * COARSE_MM, (np.arange(NI) + 0.5) * COARSE_MM, indexing="ij")
+    plane = fine.reshape(NJ, f, ni, f).mean(axis=(1, 3))
+    cj, ci = scene(*np.meshgrid((np.arange(NJ) + 0.5) * COARSE_MM, (np.arange(ni) + 0.5) * COARSE_MM, indexing="ij"))
     canal = np.hypot(cj - 40.0, ci - MID_I) < 6.0
     foramen_core = np.zeros_like(canal)
     for fj in (28.0, 62.0):
@@ -62,16 +65,40 @@ def _sacrum_scene() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         "foramina": foramen_core,
         "artery": np.hypot(cj - 82.0, ci - 95.0) < 4.0,
         "rectum": np.hypot(cj - 95.0, ci - 140.0) < 13.0,
+        "inside": _ellipse(cj, ci, 45.0, MID_I, 18.0, 53.0) & (plane < 300.0),
+        "stool": np.hypot(cj - 95.0, ci - 140.0) < 15.0,
     }
-    regions = {k: np.repeat(v[None], NK, axis=0) for k, v in regions.items()}
+    return fine, plane, regions
+
+
+def _sacrum_scene(
+    *, shift_mm: float | list[float] = 0.0, angle_deg: float = 0.0, ni: int = NI
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """``(hu, body, regions)`` on 3 mm pixels (``[k, j, i]``): a pelvis at the sacrum's level.
+
+    Soft tissue (40 HU, 150x240 mm) holds the sacrum (110 mm wide, 40 mm deep, a 1 mm cortex at 1100 HU around
+    fatty marrow: 20 HU, its trabeculae spreading it by 70 HU), the sacral canal on its mid-line (a cortex ring
+    around fat, -70 HU, crossed by nerve roots), four foramina of fat (-80 HU) that open through its front and
+    back cortex, an iliac bone beside it on either side (cortex around 150 HU cancellous bone), and in front of it
+    two confounders: a contrast-filled iliac artery (250 HU) and the rectum, its stool as textured as the marrow
+    and holding bubbles of gas. ``regions``: coarse-pixel masks of each, away from their partial-volume edges (of the marrow, the alae's beyond
+    the foramina). ``shift_mm`` (one for all slices, or one per slice: a lateral curve), ``angle_deg``: the
+    skeleton moved off the body's mid-line and turned in-plane (a patient lying rotated, a scoliosis); ``ni``: the
+    image's width in coarse pixels, the body as much wider than 240 mm.
+    """
+    shifts = [float(shift_mm)] * NK if np.isscalar(shift_mm) else [float(s) for s in shift_mm]  # type: ignore[arg-type]
+    slices = [_pelvis(s, angle_deg, ni) for s in shifts]
+    plane = np.stack([sl[1] for sl in slices])
+    regions = {name: np.stack([sl[2][name] for sl in slices]) for name in slices[0][2]}
+    nk = len(shifts)
     rng = np.random.default_rng(23)
-    hu = np.repeat(plane[None], NK, axis=0) + rng.normal(0.0, 12.0, (NK, NJ, NI))
-    inside = np.repeat((_ellipse(cj, ci, 45.0, MID_I, 18.0, 53.0) & (plane < 300.0))[None], NK, axis=0)
+    hu = plane + rng.normal(0.0, 12.0, (nk, NJ, ni))
+    inside = regions.pop("inside")
     hu[inside] += rng.normal(0.0, 70.0, int(inside.sum()))  # trabeculae (and the nerve roots in the canal's fat)
-    rectum = np.repeat((np.hypot(cj - 95.0, ci - 140.0) < 15.0)[None], NK, axis=0)
+    rectum = regions.pop("stool")
     hu[rectum] += rng.normal(0.0, 70.0, int(rectum.sum()))
     hu[rectum & (rng.random(hu.shape) < 0.15)] = -850.0  # gas in the stool
-    body = np.repeat((plane > -500.0)[None], NK, axis=0)
+    body = plane > -500.0
     return hu.astype(np.float32), body, regions
 
 
@@ -119,3 +146,55 @@ def test_nothing_is_added_on_the_spinal_canal_not_even_a_one_pixel_hole():
     out = textured_mod.fill_textured_marrow(mask, hu, np.ones_like(mask), 0, (4.0, 4.0), noise_hu=10.0, midline=midline, x=x)
     assert not out[0, 7, 15], "the one-pixel canal on the mid-line was filled"
     assert out[0, 7, 25], "a one-pixel hole beside the mid-line was not filled"
+
+
+def _assert_alae_filled_and_canal_left_out(bone: np.ndarray, regions: dict[str, np.ndarray]) -> None:
+    """Both alae mostly bone (a band about the body's mid-line left the nearer one out: 0-51% of it, 35-68% of
+    both; the scene on the mid-line, as wide, 80-84% of both), and nothing on the canal, artery or rectum."""
+    inside = float(bone[regions["alae"]].mean())
+    assert inside > 0.7, f"only {inside:.0%} of the fatty marrow of the sacral alae is bone"
+    i_mid = np.nonzero(regions["canal"].any(axis=(0, 1)))[0].mean()
+    cols = np.arange(bone.shape[2])
+    for side in (-1, 1):  # each ala, not one for both
+        ala = regions["alae"] & ((cols - i_mid) * side > 0)[None, None, :]
+        share = float(bone[ala].mean())
+        assert share > 0.65, f"only {share:.0%} of the {'left' if side > 0 else 'right'} ala is bone"
+    for name in ("canal", "artery", "rectum"):
+        assert not bone[regions[name]].any(), f"{int(bone[regions[name]].sum())} voxels of the {name} are bone"
+    at_foramina = float(bone[regions["foramina"]].mean())
+    assert at_foramina < 0.1, f"{at_foramina:.0%} of the sacral foramina are bone"
+
+
+def test_a_sacrum_off_the_body_s_mid_line_and_rotated_keeps_its_canal_out_and_its_alae_in():
+    """A patient lying rotated, or with the spine off the body's centre: the sacrum lies 40 mm beside the body's
+    mid-line, turned 15 degrees. Its canal is found where it lies, enclosed by the sacrum, and kept out; a band
+    about the body's mid-line would have left an ala's marrow out and let the canal in."""
+    hu, body, regions = _sacrum_scene(shift_mm=40.0, angle_deg=15.0, ni=110)
+    bone = segment_bone_of(hu, body, spacing=(COARSE_MM, COARSE_MM, COARSE_MM))
+    _assert_alae_filled_and_canal_left_out(bone, regions)
+
+
+def test_a_scoliotic_sacrum_keeps_its_canal_out_and_its_alae_in_on_every_slice():
+    """A lateral curve: slice by slice the sacrum lies 10 to 40 mm beside the body's mid-line (2 mm a slice)."""
+    hu, body, regions = _sacrum_scene(shift_mm=list(np.linspace(10.0, 40.0, 16)), angle_deg=-10.0, ni=110)
+    bone = segment_bone_of(hu, body, spacing=(COARSE_MM, COARSE_MM, COARSE_MM))
+    _assert_alae_filled_and_canal_left_out(bone, regions)
+
+
+def test_a_one_pixel_canal_beside_the_mid_line_stays_a_hole_and_marrow_on_the_mid_line_is_filled():
+    """The canal is found where it lies: a smooth one-pixel hole (CSF, cord) 40 mm beside the body's mid-line stays
+    a hole, while a hole in textured marrow on the mid-line is filled (a band about the mid-line did the opposite)."""
+    mask = np.zeros((1, 15, 41), dtype=bool)
+    hu = np.full(mask.shape, 30.0, dtype=np.float32)
+    jj, ii = np.mgrid[0:15, 0:41]
+    hu[0, :, :26] += np.where((jj + ii) % 2 == 0, 70.0, -70.0)[:, :26]  # trabeculae about the mid-line's vertebra
+    for ci in (20, 30):  # on the mid-line (x 20.5 pixels = 82 mm) and 40 mm beside it
+        mask[0, 6:9, ci - 1 : ci + 2] = True
+        mask[0, 7, ci] = False
+    x = np.broadcast_to(((np.arange(41) + 0.5) * 4.0)[None, None, :], mask.shape)
+    midline = np.array([[82.0, 100.0]])
+    canal = textured_mod.canal_hole(mask, np.abs(hu - 30.0) < 1.0, 0, (4.0, 4.0), midline=midline, x=x)
+    assert np.argwhere(canal).tolist() == [[0, 7, 30]], "the canal was not found where it lies"
+    out = textured_mod.fill_textured_marrow(mask, hu, np.ones_like(mask), 0, (4.0, 4.0), noise_hu=10.0, midline=midline, x=x)
+    assert not out[0, 7, 30], "the one-pixel canal beside the mid-line was filled"
+    assert out[0, 7, 20], "a one-pixel hole in the marrow on the mid-line was not filled"

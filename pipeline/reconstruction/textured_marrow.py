@@ -16,15 +16,18 @@ neighbours that are not bone (a window of about ``WINDOW_MM``, so a bright corte
 * **enclosure**: bone lies within ``ENCLOSE_MM`` in at least ``ENCLOSED_DIRECTIONS`` of the 8 in-plane
   directions (rows, columns and diagonals), as it does all round the interior of a bone; tissue beside a
   bone's outer surface, a vessel or bowel in front of the sacrum, has open directions;
-* **off the canal**: the voxel lies at least ``CANAL_HALF_MM`` from the body's mid-line, where the spinal
-  canal's cord, nerve roots and epidural fat are as dense and as textured (a slice whose mid-line is
-  unknown gets nothing).
+* **off the canal**: the voxel lies more than ``CANAL_RIM_MM`` (in its slice) from the hole of the bone that holds
+  no such marrow (:func:`canal_hole`): the spinal canal, whose cord, nerve roots and epidural fat
+  are as dense and as textured at its rim, enclosed by the vertebral arch or the sacrum, wherever it lies (a patient
+  lying rotated, a scoliosis). A slice where no such hole lies within ``CANAL_SEARCH_SHARE`` of the body's half
+  x extent of its mid-line (an arch too broken to enclose its canal) falls back to the mid-line: the voxel lies
+  at least ``CANAL_HALF_MM`` from it (a slice whose mid-line is unknown gets nothing then).
 
 Such voxels are added where they connect, in their slice, to bone within ``GROW_MM``. The bone's gaps of a
 pixel or two are then bridged by an in-plane closing, and what it encloses (holes up to
 :data:`.marrow.MARROW_MAX_MM2`), with the bridges themselves, is marrow where it is that dense and textured
 and off the canal; a hole of a few pixels (up to ``SMALL_HOLE_MM2``) left inside is marrow whatever its HU, off the canal
-too: nothing within ``CANAL_HALF_MM`` of the mid-line is ever added.
+too: nothing on the canal or its rim (or, where it is not found, within ``CANAL_HALF_MM`` of the mid-line) is ever added.
 Masks and HU are ``[k, j, i]`` arrays (LPS mm geometry); ``slice_axis`` is the array axis across the slices.
 """
 
@@ -43,7 +46,10 @@ GAS_HU = -300.0  # a voxel with an in-plane neighbour below this (bowel gas) is 
 ENCLOSE_MM = 45.0  # bone within this distance (mm) along an in-plane direction encloses a voxel that way
 ENCLOSED_DIRECTIONS = 6  # of the 8 in-plane directions, at least this many enclosed by bone
 GROW_MM = 12.0  # textured marrow is added this far (mm, in its slice) from bone
-CANAL_HALF_MM = 12.0  # the spinal canal lies within this distance (mm) of the body's mid-line
+CANAL_HALF_MM = 12.0  # where its canal is not found, the spine's canal lies within this distance (mm) of the body's mid-line
+CANAL_MAX_MM2 = 700.0  # the spinal canal's cross-section is at most this (mm²; a lumbar canal's is about 300)
+CANAL_RIM_MM = 6.0  # nothing within this distance (mm, in its slice) of the canal's hole is marrow: its rim
+CANAL_SEARCH_SHARE = 0.5  # the canal lies within this share of the body's half x extent of its mid-line (a scoliosis's)
 SMALL_HOLE_MM2 = 30.0  # a hole of a slice of bone up to this area (mm²) inside the marrow is marrow
 
 
@@ -111,11 +117,9 @@ def fill_textured_marrow(
     mean = ndimage.uniform_filter(values * free, window, mode="constant") * cells / np.maximum(n, 1.0)
     square = ndimage.uniform_filter(values**2 * free, window, mode="constant") * cells / np.maximum(n, 1.0)
     spread = np.sqrt(np.maximum(square - mean**2, 0.0))
-    ks = np.arange(mask.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)])
-    with np.errstate(invalid="ignore"):
-        off_canal = allowed & (np.abs(x - midline[ks, 0]) >= CANAL_HALF_MM)  # False where the mid-line is unknown (NaN)
-    fatty = off_canal & ~mask & (n >= 3.0) & (mean >= FATTY_FLOOR_HU)
-    fatty &= spread >= TEXTURE_SPREAD * noise_hu
+    marrow_like = (n >= 3.0) & (mean >= FATTY_FLOOR_HU) & (spread >= TEXTURE_SPREAD * noise_hu)
+    off_canal = allowed & _off_canal(mask, ~marrow_like, slice_axis, pixel_mm, midline=midline, x=x)
+    fatty = off_canal & ~mask & marrow_like
     gas_free = ndimage.minimum_filter(hu, [1 if a == slice_axis else 3 for a in range(3)], mode="nearest") > GAS_HU
     textured = fatty & gas_free
     reach = (max(1, int(round(ENCLOSE_MM / pixel_mm[0]))), max(1, int(round(ENCLOSE_MM / pixel_mm[1]))))
@@ -134,6 +138,79 @@ def fill_textured_marrow(
     grown |= _holes(closed, slice_axis, MARROW_MAX_MM2 / pixel_mm2) & fatty
     grown |= closed & fatty
     return grown | (_holes(grown, slice_axis, SMALL_HOLE_MM2 / pixel_mm2) & off_canal)
+
+
+def canal_hole(
+    mask: np.ndarray,
+    not_marrow: np.ndarray,
+    slice_axis: int,
+    pixel_mm: tuple[float, float],
+    *,
+    midline: np.ndarray,
+    x: np.ndarray,
+) -> np.ndarray:
+    """Per slice, the spinal canal: the hole of the bone that holds no fatty marrow (bool, shaped like ``mask``).
+
+    Candidates are the holes (4-connected in their slice, off the slice's edges) of ``mask`` and of its in-plane
+    closing (a gap of a pixel or two in the arch bridged) of at most :data:`CANAL_MAX_MM2` whose voxels are
+    mostly ``not_marrow`` (too fatty or too smooth for textured marrow: the canal's fat, CSF and cord, but also a
+    sacral foramen's fat or a long bone's fatty cavity) and whose centre lies within :data:`CANAL_SEARCH_SHARE`
+    of the body's half x extent of the slice's mid-line (``midline``: :func:`.marrow.midline_x`; ``x``: the LPS x,
+    mm, of every voxel, broadcastable to ``mask``). The canal is the largest (the nearer the mid-line of two as
+    large); a slice without a candidate, or whose mid-line is unknown, has none. ``pixel_mm``: the pixel's size
+    (mm) along the slice's two array axes.
+    """
+    structure = np.zeros((3, 3, 3), dtype=bool)
+    structure[tuple(1 if a == slice_axis else slice(None) for a in range(3))] = True  # in-plane 8-neighbourhood
+    closed = mask | ndimage.binary_closing(mask, structure, border_value=0)
+    cross = morph.in_plane_cross(slice_axis)[tuple(1 if a == slice_axis else slice(None) for a in range(3))]
+    out = np.zeros_like(mask)
+    by_slice = [np.moveaxis(a, slice_axis, 0) for a in (mask, closed, not_marrow, np.broadcast_to(x, mask.shape), out)]
+    for k in range(mask.shape[slice_axis]):
+        mid, half = midline[k]
+        if not np.isfinite(mid):
+            continue
+        best: tuple[float, float] | None = None
+        for bone in (by_slice[0][k], by_slice[1][k]):
+            labels, n = ndimage.label(~bone, structure=cross)
+            if n == 0:
+                continue
+            flat = labels.ravel()
+            size = np.bincount(flat, minlength=n + 1)
+            share = np.bincount(flat, weights=by_slice[2][k].ravel().astype(np.float64), minlength=n + 1)
+            off = np.abs(np.bincount(flat, weights=by_slice[3][k].ravel(), minlength=n + 1) / np.maximum(size, 1) - mid)
+            edge = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
+            keep = (size * pixel_mm[0] * pixel_mm[1] <= CANAL_MAX_MM2) & (share >= 0.5 * size)
+            keep &= off <= CANAL_SEARCH_SHARE * half
+            keep[edge] = False
+            keep[0] = False
+            for label in np.nonzero(keep)[0]:
+                rank = (float(size[label]), -float(off[label]))
+                if best is None or rank > best:
+                    best = rank
+                    by_slice[4][k] = labels == label
+    return out
+
+
+def _off_canal(
+    mask: np.ndarray,
+    not_marrow: np.ndarray,
+    slice_axis: int,
+    pixel_mm: tuple[float, float],
+    *,
+    midline: np.ndarray,
+    x: np.ndarray,
+) -> np.ndarray:
+    """Voxels more than :data:`CANAL_RIM_MM` from the canal (:func:`canal_hole`) in their slice; in a slice where
+    it is not found, at least :data:`CANAL_HALF_MM` from the mid-line (none where that is unknown)."""
+    canal = canal_hole(mask, not_marrow, slice_axis, pixel_mm, midline=midline, x=x)
+    r = [int(CANAL_RIM_MM // p) for p in pixel_mm]
+    dj, di = np.meshgrid(np.arange(-r[0], r[0] + 1) * pixel_mm[0], np.arange(-r[1], r[1] + 1) * pixel_mm[1], indexing="ij")
+    near = ndimage.binary_dilation(canal, np.expand_dims(np.hypot(dj, di) <= CANAL_RIM_MM, slice_axis))
+    found = canal.any(axis=tuple(a for a in range(3) if a != slice_axis), keepdims=True)
+    ks = np.arange(mask.shape[slice_axis]).reshape([-1 if a == slice_axis else 1 for a in range(3)])
+    with np.errstate(invalid="ignore"):  # False where the mid-line is unknown (NaN)
+        return ~near & (found | (np.abs(x - midline[ks, 0]) >= CANAL_HALF_MM))
 
 
 def _holes(mask: np.ndarray, slice_axis: int, max_pixels: float) -> np.ndarray:
