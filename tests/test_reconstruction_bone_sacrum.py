@@ -181,20 +181,26 @@ def test_a_scoliotic_sacrum_keeps_its_canal_out_and_its_alae_in_on_every_slice()
     _assert_alae_filled_and_canal_left_out(bone, regions)
 
 
-def test_a_one_pixel_canal_beside_the_mid_line_stays_a_hole_and_marrow_on_the_mid_line_is_filled():
-    """The canal is found where it lies: a smooth one-pixel hole (CSF, cord) 40 mm beside the body's mid-line stays
-    a hole, while a hole in textured marrow on the mid-line is filled (a band about the mid-line did the opposite)."""
-    mask = np.zeros((1, 15, 41), dtype=bool)
+def test_a_canal_beside_the_mid_line_stays_a_hole_and_a_hole_in_marrow_on_the_mid_line_is_filled():
+    """The canal is found where it lies: a smooth hole (CSF, cord) that runs on through the slices 30 mm beside the
+    body's mid-line is the canal and stays a hole, while a one-pixel hole in textured marrow on the mid-line is
+    filled (a band about the mid-line left it out)."""
+    mask = np.zeros((3, 15, 41), dtype=bool)
     hu = np.full(mask.shape, 30.0, dtype=np.float32)
     jj, ii = np.mgrid[0:15, 0:41]
-    hu[0, :, :26] += np.where((jj + ii) % 2 == 0, 70.0, -70.0)[:, :26]  # trabeculae about the mid-line's vertebra
-    for ci in (20, 30):  # on the mid-line (x 20.5 pixels = 82 mm) and 40 mm beside it
-        mask[0, 6:9, ci - 1 : ci + 2] = True
-        mask[0, 7, ci] = False
-    x = np.broadcast_to(((np.arange(41) + 0.5) * 4.0)[None, None, :], mask.shape)
-    midline = np.array([[82.0, 100.0]])
-    canal = textured_mod.canal_hole(mask, np.abs(hu - 30.0) < 1.0, 0, (4.0, 4.0), midline=midline, x=x)
-    assert np.argwhere(canal).tolist() == [[0, 7, 30]], "the canal was not found where it lies"
-    out = textured_mod.fill_textured_marrow(mask, hu, np.ones_like(mask), 0, (4.0, 4.0), noise_hu=10.0, midline=midline, x=x)
-    assert not out[0, 7, 30], "the one-pixel canal beside the mid-line was filled"
-    assert out[0, 7, 20], "a one-pixel hole in the marrow on the mid-line was not filled"
+    hu[:, :, :26] += np.where((jj + ii) % 2 == 0, 70.0, -70.0)[None, :, :26]  # trabeculae about the mid-line's vertebra
+    mask[:, 6:9, 19:22] = True
+    mask[:, 7, 20] = False  # a one-pixel hole in the marrow on the mid-line (x 20.5 pixels = 61.5 mm)
+    mask[:, 5:10, 28:33] = True
+    mask[:, 6:9, 29:32] = False  # the canal, 30 mm beside it
+    x = np.broadcast_to(((np.arange(41) + 0.5) * 3.0)[None, None, :], mask.shape)
+    midline = np.array([[61.5, 100.0]] * 3)
+    canal = textured_mod.canal_hole(mask, np.abs(hu - 30.0) < 1.0, 0, (3.0, 3.0), midline=midline, x=x)
+    expected = np.zeros_like(mask)
+    expected[:, 6:9, 29:32] = True
+    assert np.array_equal(canal, expected), f"the canal was not found: {np.argwhere(canal).tolist()}"
+    out = textured_mod.fill_textured_marrow(mask, hu, np.ones_like(mask), 0, (3.0, 3.0), noise_hu=10.0, midline=midline, x=x)
+    assert not out[:, 6:9, 29:32].any(), "the canal beside the mid-line was filled"
+    assert out[:, 7, 20].all(), "a one-pixel hole in the marrow on the mid-line was not filled"
+    lone = textured_mod.canal_hole(mask[:1], np.abs(hu[:1] - 30.0) < 1.0, 0, (3.0, 3.0), midline=midline[:1], x=x[:1])
+    assert not lone.any(), "a hole in one slice alone, not running on along the spine, was taken for the canal"

@@ -19,9 +19,10 @@ neighbours that are not bone (a window of about ``WINDOW_MM``, so a bright corte
 * **off the canal**: the voxel lies more than ``CANAL_RIM_MM`` (in its slice) from the hole of the bone that holds
   no such marrow (:func:`canal_hole`): the spinal canal, whose cord, nerve roots and epidural fat
   are as dense and as textured at its rim, enclosed by the vertebral arch or the sacrum, wherever it lies (a patient
-  lying rotated, a scoliosis). A slice where no such hole lies within ``CANAL_SEARCH_SHARE`` of the body's half
-  x extent of its mid-line (an arch too broken to enclose its canal) falls back to the mid-line: the voxel lies
-  at least ``CANAL_HALF_MM`` from it (a slice whose mid-line is unknown gets nothing then).
+  lying rotated, a scoliosis), and running on through the slices. A slice where no such hole lies within
+  ``CANAL_SEARCH_SHARE`` of the body's half x extent of its mid-line (an arch too broken to enclose its canal, a
+  canal of a pixel or two) falls back to the mid-line: the voxel lies at least ``CANAL_HALF_MM`` from it (a slice
+  whose mid-line is unknown gets nothing then).
 
 Such voxels are added where they connect, in their slice, to bone within ``GROW_MM``. The bone's gaps of a
 pixel or two are then bridged by an in-plane closing, and what it encloses (holes up to
@@ -47,9 +48,11 @@ ENCLOSE_MM = 45.0  # bone within this distance (mm) along an in-plane direction 
 ENCLOSED_DIRECTIONS = 6  # of the 8 in-plane directions, at least this many enclosed by bone
 GROW_MM = 12.0  # textured marrow is added this far (mm, in its slice) from bone
 CANAL_HALF_MM = 12.0  # where its canal is not found, the spine's canal lies within this distance (mm) of the body's mid-line
+CANAL_MIN_MM2 = 50.0  # the spinal canal's hole is at least this (mm²): a smaller hole may be marrow's, or a vessel's
+CANAL_STEP_MM = 10.0  # the canal's centre moves at most this far (mm, in-plane) from one slice to the next
 CANAL_MAX_MM2 = 700.0  # the spinal canal's cross-section is at most this (mm²; a lumbar canal's is about 300)
 CANAL_RIM_MM = 6.0  # nothing within this distance (mm, in its slice) of the canal's hole is marrow: its rim
-CANAL_SEARCH_SHARE = 0.5  # the canal lies within this share of the body's half x extent of its mid-line (a scoliosis's)
+CANAL_SEARCH_SHARE = 0.35  # the canal lies within this share of the body's half x extent of its mid-line (a scoliosis's)
 SMALL_HOLE_MM2 = 30.0  # a hole of a slice of bone up to this area (mm²) inside the marrow is marrow
 
 
@@ -152,13 +155,14 @@ def canal_hole(
     """Per slice, the spinal canal: the hole of the bone that holds no fatty marrow (bool, shaped like ``mask``).
 
     Candidates are the holes (4-connected in their slice, off the slice's edges) of ``mask`` and of its in-plane
-    closing (a gap of a pixel or two in the arch bridged) of at most :data:`CANAL_MAX_MM2` whose voxels are
-    mostly ``not_marrow`` (too fatty or too smooth for textured marrow: the canal's fat, CSF and cord, but also a
-    sacral foramen's fat or a long bone's fatty cavity) and whose centre lies within :data:`CANAL_SEARCH_SHARE`
-    of the body's half x extent of the slice's mid-line (``midline``: :func:`.marrow.midline_x`; ``x``: the LPS x,
-    mm, of every voxel, broadcastable to ``mask``). The canal is the largest (the nearer the mid-line of two as
-    large); a slice without a candidate, or whose mid-line is unknown, has none. ``pixel_mm``: the pixel's size
-    (mm) along the slice's two array axes.
+    closing (a gap of a pixel or two in the arch bridged) from :data:`CANAL_MIN_MM2` to :data:`CANAL_MAX_MM2` whose
+    voxels are mostly ``not_marrow`` (too fatty or too smooth for textured marrow: the canal's fat, CSF and cord,
+    but also a sacral foramen's fat or a long bone's fatty cavity), whose centre lies within
+    :data:`CANAL_SEARCH_SHARE` of the body's half x extent of the slice's mid-line (``midline``:
+    :func:`.marrow.midline_x`; ``x``: the LPS x, mm, of every voxel, broadcastable to ``mask``) and, as the canal
+    runs on along the spine, within :data:`CANAL_STEP_MM` of a candidate in a slice next to it. The canal is the
+    largest (the nearer the mid-line of two as large); a slice without one, or whose mid-line is unknown, has
+    none. ``pixel_mm``: the pixel's size (mm) along the slice's two array axes.
     """
     structure = np.zeros((3, 3, 3), dtype=bool)
     structure[tuple(1 if a == slice_axis else slice(None) for a in range(3))] = True  # in-plane 8-neighbourhood
@@ -166,11 +170,13 @@ def canal_hole(
     cross = morph.in_plane_cross(slice_axis)[tuple(1 if a == slice_axis else slice(None) for a in range(3))]
     out = np.zeros_like(mask)
     by_slice = [np.moveaxis(a, slice_axis, 0) for a in (mask, closed, not_marrow, np.broadcast_to(x, mask.shape), out)]
-    for k in range(mask.shape[slice_axis]):
+    n_slices = mask.shape[slice_axis]
+    # per slice: (centre j, centre i in mm, size, distance from the mid-line in mm, flat voxel indices)
+    found: list[list[tuple[float, float, int, float, np.ndarray]]] = [[] for _ in range(n_slices)]
+    for k in range(n_slices):
         mid, half = midline[k]
         if not np.isfinite(mid):
             continue
-        best: tuple[float, float] | None = None
         for bone in (by_slice[0][k], by_slice[1][k]):
             labels, n = ndimage.label(~bone, structure=cross)
             if n == 0:
@@ -179,16 +185,21 @@ def canal_hole(
             size = np.bincount(flat, minlength=n + 1)
             share = np.bincount(flat, weights=by_slice[2][k].ravel().astype(np.float64), minlength=n + 1)
             off = np.abs(np.bincount(flat, weights=by_slice[3][k].ravel(), minlength=n + 1) / np.maximum(size, 1) - mid)
-            edge = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
-            keep = (size * pixel_mm[0] * pixel_mm[1] <= CANAL_MAX_MM2) & (share >= 0.5 * size)
+            area = size * pixel_mm[0] * pixel_mm[1]
+            keep = (area >= CANAL_MIN_MM2) & (area <= CANAL_MAX_MM2) & (share >= 0.5 * size)
             keep &= off <= CANAL_SEARCH_SHARE * half
-            keep[edge] = False
+            keep[np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))] = False
             keep[0] = False
             for label in np.nonzero(keep)[0]:
-                rank = (float(size[label]), -float(off[label]))
-                if best is None or rank > best:
-                    best = rank
-                    by_slice[4][k] = labels == label
+                voxels = np.flatnonzero(flat == label)
+                cj, ci = np.unravel_index(voxels, labels.shape)
+                found[k].append((cj.mean() * pixel_mm[0], ci.mean() * pixel_mm[1], int(size[label]), float(off[label]), voxels))
+    for k in range(n_slices):
+        near = [c for kk in (k - 1, k + 1) if 0 <= kk < n_slices for c in found[kk]]
+        runs_on = [c for c in found[k] if any(np.hypot(c[0] - o[0], c[1] - o[1]) <= CANAL_STEP_MM for o in near)]
+        if runs_on:
+            best = max(runs_on, key=lambda c: (c[2], -c[3]))
+            by_slice[4][k].ravel()[best[4]] = True
     return out
 
 
