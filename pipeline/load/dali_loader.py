@@ -13,7 +13,8 @@ round trip on a GPU).
 
 Voxels handed to the loader in place of a cached file's (``load_one(case_id, array=...)``: the run's load stage hands
 it a volume whose NaN or infinite voxels it set to air) go through the same pipeline from an external source on the
-CPU, as a tilt-corrected case's do, never through ``fn.readers.numpy``.
+CPU, as a tilt-corrected case's do, never through ``fn.readers.numpy``. When DALI fails on them, the case's error names those voxels in
+memory, never the cached file (which DALI did not read).
 
 A gantry-tilt corrected case (its cache entry says which voxels its images measured,
 :func:`pipeline.ingest.measured.measured_mask`) is read as the torch loader and
@@ -353,7 +354,14 @@ class DaliLoader(BaseLoader):
         except RuntimeError as exc:
             msg = _summary(exc) if str(exc) else type(exc).__name__
             err: CacheError | LoaderError
-            if not job.entry.array_path.is_file():
+            if job.array is not None:  # DALI never read the cached file: the voxels handed over are the source
+                err = LoaderError(
+                    f"case {job.case_id}: DALI preprocessing failed on the case's voxels handed over in memory in place "
+                    f"of its cached file's (e.g. its NaN or infinite voxels set to air) ({msg})",
+                    where=f"case {job.case_id}, voxels in memory",
+                    fix="retry with loader='torch' to see whether those voxels are at fault (the cached file was not read)",
+                )
+            elif not job.entry.array_path.is_file():
                 err = CacheError(
                     f"case {job.case_id}: the cached array file is gone (removed after it was validated)",
                     where=job.entry.array_path,
