@@ -76,6 +76,9 @@ OLD_FORMATS = {
 MAX_NONFINITE_FRACTION = 0.01
 #: HU the cache stores in place of a NaN or infinite voxel: air, as the detector sets them.
 NONFINITE_HU = -1024.0
+#: The metadata key of a volume whose NaN or infinite voxels were set to air before it reached its reader: their count
+#: (:meth:`CaseCache.read` sets it from the sidecar's record, the detector when it cleans a volume itself).
+NONFINITE_SET_TO_AIR_KEY = "NonfiniteVoxelsSetToAir"
 _CASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _TEMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.(?:npy|json)\.[^/]+\.tmp$")
 
@@ -409,7 +412,9 @@ class CaseCache:
         """Load a cached case as a :class:`CTVolume`.
 
         ``mmap=True`` maps the array read-only instead of reading it;
-        ``verify=True`` also checks the content fingerprint.
+        ``verify=True`` also checks the content fingerprint. A case whose NaN or infinite voxels were set to air when
+        it was written carries their count in its metadata (:data:`NONFINITE_SET_TO_AIR_KEY`), so that whoever reads
+        it (the detector, the reconstruction) can say that its figures come from a volume with those voxels changed.
         """
         entry = self.entry(case_id)
         arr = np.load(entry.array_path, mmap_mode="r" if mmap else None, allow_pickle=False)
@@ -417,4 +422,8 @@ class CaseCache:
             raise CacheError(
                 "array content does not match the sidecar's fingerprint", where=entry.array_path, fix="ingest the case again"
             )
-        return CTVolume(arr, entry.geometry, metadata=entry.sidecar.get("metadata", {}))
+        metadata = dict(entry.sidecar.get("metadata") or {})
+        record = entry.nonfinite
+        if record is not None and record.get("set_to_air") is True and record["voxels"] > 0:
+            metadata[NONFINITE_SET_TO_AIR_KEY] = int(record["voxels"])
+        return CTVolume(arr, entry.geometry, metadata=metadata)

@@ -212,6 +212,8 @@ class Findings:
     thicker than :data:`pipeline.volume.THICK_SLICE_MM` (2.5 mm), so small nodules are unreliable; ``coarse_pixels``
     when its pixels are coarser than :data:`pipeline.volume.COARSE_PIXEL_MM` (2.5 mm), likewise;
     ``lossy_compressed`` when ingest found the series lossy compressed (:mod:`pipeline.ingest.lossy`).
+    ``nonfinite_voxels_set_to_air`` counts the NaN or infinite voxels set to -1024 HU (air) in the volume the findings
+    were made of (by the detector, or by the case cache when it wrote the case); 0 when none were.
     """
 
     findings: list[Finding]
@@ -231,6 +233,7 @@ class Findings:
     slice_number_source: str = "index + 1"
     score_calibration: str | None = None
     flags: dict[str, str] = field(default_factory=dict)
+    nonfinite_voxels_set_to_air: int = 0
 
     def __len__(self) -> int:
         return len(self.findings)
@@ -294,6 +297,7 @@ class Findings:
             "model": self.model,
             "reason": self.reason,
             "flags": [{"code": code, "message": message} for code, message in self.flags.items()],
+            "nonfinite_voxels_set_to_air": self.nonfinite_voxels_set_to_air,
             "restricted_to_lungs": self.restricted_to_lungs,
             "device": self.device,
             "precision": self.precision,
@@ -330,6 +334,7 @@ class Findings:
             slice_number_source=str(data.get("slice_number_source", "index + 1")),
             score_calibration=data.get("score_calibration"),
             flags={str(f["code"]): str(f["message"]) for f in data.get("flags", [])},
+            nonfinite_voxels_set_to_air=int(data.get("nonfinite_voxels_set_to_air") or 0),
         )
 
     def csv_rows(self) -> list[dict[str, Any]]:

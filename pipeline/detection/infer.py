@@ -58,6 +58,7 @@ from .infer_input import (
     clean_volume,
     lung_box,
     lung_region,
+    nonfinite_set_to_air,
     refuse_small,
 )
 from .lungs import LungRegion, quick_lung_mask, region_from_mask
@@ -235,6 +236,7 @@ class Detector:
             precision=self.precision,
         )
         volume = clean_volume(volume, where)
+        result.nonfinite_voxels_set_to_air = nonfinite_set_to_air(volume.metadata)
         check_volume_extent(volume, where)
         region = roi = None
         if restrict:
@@ -348,6 +350,7 @@ class Detector:
             restricted_to_lungs=region is not None,
             device=str(self.device),
             precision=self.precision,
+            nonfinite_voxels_set_to_air=nonfinite_set_to_air(metadata or {}),
         )
         return self._finish(result, tensor, geom, region, metadata or {}, dict(timings_ms or {}), t_all, f"case {case.case_id}")
 
