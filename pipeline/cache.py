@@ -203,6 +203,14 @@ def _set_nonfinite_to_air(arr: np.ndarray, case_id: str) -> tuple[np.ndarray, di
     return np.where(bad, arr.dtype.type(NONFINITE_HU), arr), {"voxels": n_bad, "set_to_air": True}
 
 
+def nonfinite_set_to_air(metadata: Mapping[str, Any]) -> int:
+    """How many NaN or infinite voxels of a volume with ``metadata`` were set to -1024 HU (air) before it reached its
+    reader (:data:`NONFINITE_SET_TO_AIR_KEY`: by this cache when it wrote the case, or by the detector's
+    :func:`~pipeline.detection.infer_input.clean_volume`); 0 when none were."""
+    value = metadata.get(NONFINITE_SET_TO_AIR_KEY)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}

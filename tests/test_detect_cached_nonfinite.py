@@ -74,3 +74,28 @@ def test_ctpipe_detect_on_a_cleaned_cache_entry_warns_and_records_the_count(tmp_
     assert "case c1: 10 NaN/infinite voxels set to -1024 HU (air) when the case was cached" in err
     doc = json.loads((out / "c1.findings.json").read_text())
     assert doc["nonfinite_voxels_set_to_air"] == 10
+
+
+def test_ctpipe_reconstruct_on_a_cleaned_cache_entry_warns_and_records_the_count(tmp_path, capsys):
+    from pipeline.cli import main
+
+    cache = CaseCache(tmp_path / "cache")
+    cache.write("c1", _dirty(10))
+    out = tmp_path / "out"
+    argv = ["reconstruct", str(cache.entry("c1").array_path), "--out", str(out), "--organs", "body", "--device", "cpu"]
+    code = main([*argv, "--no-render", "--dicom", "none"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "c1: 10 NaN/infinite voxels set to -1024 HU (air) when the case was cached" in err
+    doc = json.loads((out / "c1_measurements.json").read_text())
+    assert doc["nonfinite_voxels_set_to_air"] == 10
+
+
+@pytest.mark.parametrize("n_bad", [0, 10])
+def test_the_reconstruction_api_reports_the_voxels_the_cache_set_to_air(tmp_path, n_bad):
+    from pipeline.reconstruction import reconstruct
+
+    cache = CaseCache(tmp_path)
+    cache.write("c1", _dirty(n_bad))
+    rec = reconstruct(cache.read("c1"), organs="body", device="cpu", render=False)
+    assert rec.measurements["nonfinite_voxels_set_to_air"] == n_bad

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..cache import MAX_NONFINITE_FRACTION, NONFINITE_HU, NONFINITE_SET_TO_AIR_KEY
+from ..cache import MAX_NONFINITE_FRACTION, NONFINITE_HU, NONFINITE_SET_TO_AIR_KEY, nonfinite_set_to_air
 from ..errors import InputTooSmallError, InvalidVolumeError
 from ..ingest.geometry import check_extent
 from ..load import Roi
@@ -56,17 +56,9 @@ def check_volume_extent(volume: CTVolume, where: str) -> None:
     check_extent(extent, where=where, how=f"columns, rows, slices: {how}")
 
 
-def nonfinite_set_to_air(metadata: Mapping[str, object]) -> int:
-    """How many NaN or infinite voxels of a volume with ``metadata`` were set to -1024 HU (air) before the findings
-    were made of it (:data:`~pipeline.cache.NONFINITE_SET_TO_AIR_KEY`: by the case cache when it wrote it, or by
-    :func:`clean_volume`); 0 when none were."""
-    value = metadata.get(NONFINITE_SET_TO_AIR_KEY)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def clean_volume(volume: CTVolume, where: str) -> CTVolume:
     """``volume`` with its NaN or infinite voxels set to -1024 HU (air), with a warning, their count in its metadata
-    (:func:`nonfinite_set_to_air`); refused (:class:`InvalidVolumeError`) when more than
+    (:func:`~pipeline.cache.nonfinite_set_to_air`); refused (:class:`InvalidVolumeError`) when more than
     :data:`MAX_BAD_VOXEL_FRACTION` of them are. A volume the case cache cleaned when it wrote it (its metadata holds
     the count) is warned about alike: its findings come from a volume with those voxels set to air."""
     cached = nonfinite_set_to_air(volume.metadata)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_write_bytes
-from ..cache import is_plain_file_name
+from ..cache import NONFINITE_HU, is_plain_file_name, nonfinite_set_to_air
 from ..config_schema import SCHEMA
 from ..devicetime import DeviceTimer
 from ..errors import BundleError, CtpipeError, ReconstructionError, refuse_unexpanded_home, require_bool, require_path
@@ -74,7 +74,8 @@ class Reconstruction:
 
     masks: one binary :class:`LabelMap` per organ (``labels={1: organ}``) on the input grid.
     meshes: closed, outward surfaces per organ (vertices LPS mm).
-    measurements: ``{"organs": {organ: {...}}, "lungs": {...}, "nodules": [...]}``.
+    measurements: ``{"organs": {organ: {...}}, "lungs": {...}, "nodules": [...]}``; ``nonfinite_voxels_set_to_air``:
+        how many NaN or infinite voxels the case cache set to -1024 HU (air) in the volume (0: none).
     files: every file written, by kind ("mesh", "measurements", "render", "mask").
     errors: organ or step → message, for whatever could not be produced.
     seconds: wall time (s) per step: ``segment``, ``seg_bundle``, ``mesh:<organ>``, ``measure``, ``quality``,
@@ -233,6 +234,11 @@ def reconstruct(
         refuse_unexpanded_home(out_dir, what="out_dir")
     where = stem or volume.series_uid or "volume"
     stem = stem or volume.series_uid or "case"
+    # the case cache set a few NaN or infinite voxels to air when it wrote the case: said, as ctpipe detect says it
+    cleaned = nonfinite_set_to_air(volume.metadata)
+    if cleaned:
+        log.warning("%s: %d NaN/infinite voxels set to %g HU (air) when the case was cached", where, cleaned, NONFINITE_HU)
+    rec.measurements["nonfinite_voxels_set_to_air"] = cleaned
     if not is_plain_file_name(stem):  # a series UID no DICOM file would hold: its files still stay in out_dir
         stem = safe_case_id(stem)
     classical = [o for o in organs if o in ORGANS]
