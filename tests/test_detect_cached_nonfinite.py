@@ -99,3 +99,22 @@ def test_the_reconstruction_api_reports_the_voxels_the_cache_set_to_air(tmp_path
     cache.write("c1", _dirty(n_bad))
     rec = reconstruct(cache.read("c1"), organs="body", device="cpu", render=False)
     assert rec.measurements["nonfinite_voxels_set_to_air"] == n_bad
+
+
+@pytest.mark.parametrize("written_by", ["this version", "an earlier version"])
+def test_the_runs_findings_keep_the_count_as_ctpipe_detects_do(tmp_path, detector, written_by):
+    """The run's detect stage on the same entry: its findings JSON says what ``ctpipe detect``'s says, whether the
+    cache set the voxels to air when it wrote the case or the load stage did (an entry of an earlier version)."""
+    from pipeline.runner.model_stages import DetectStage, LoadStage
+    from tests.test_run_detect_parity import _loading
+    from tests.test_run_load_nonfinite import _as_written_by_an_earlier_version
+
+    dirty = _dirty(10)
+    _, ctx = _loading(tmp_path, dirty)
+    if written_by != "this version":
+        _as_written_by_an_earlier_version(CaseCache(ctx.cache_dir), "c1", dirty)
+    detect = DetectStage()
+    detect.setup(ctx.worker)
+    LoadStage().process(ctx)
+    doc = detect.process(ctx)["findings_doc"]
+    assert doc["nonfinite_voxels_set_to_air"] == 10

@@ -245,13 +245,13 @@ class DetectStage(Stage):
             skipped = item["reason"]
         else:
             cache = CaseCache(ctx.cache_dir)
-            metadata = cache.entry(case_id).sidecar.get("metadata") or {}
-            res = self._det.detect_loaded(
-                item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid, metadata=metadata
-            )
-            # small-blob candidates are searched in the lungs the crop used; findings outside the detector's lungs dropped
             volume = item.get("volume")  # the volume with its bad voxels set to air, when it had any
             volume = cache.read(case_id, mmap=True) if volume is None else volume
+            # its metadata: the series' and the count of voxels set to air, by the cache or the load stage
+            res = self._det.detect_loaded(
+                item["case"], lung_mask=item["region"], series_uid=ctx.case.series_uid, metadata=volume.metadata
+            )
+            # small-blob candidates are searched in the lungs the crop used; findings outside the detector's lungs dropped
             res = self._det.postprocess(volume, res, region=item.get("lungs"))
             res = self._det.apply_operating_point(res)
         data = res.to_json()
