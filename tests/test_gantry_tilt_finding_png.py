@@ -69,7 +69,9 @@ def test_the_mip_slab_is_as_thick_in_mm_as_the_untilted_scans(series):
 def test_the_slice_of_a_tilted_series_is_titled_as_the_scanners_tilted_plane(series, monkeypatch):
     straight, tilted = series
     plain = _titles(monkeypatch, straight)
-    assert plain[0] == f"slice {_finding(straight).slice_number} (k={_finding(straight).voxel_ijk[2]})"
+    f = _finding(straight)
+    assert plain[0] == f"slice {f.slice_number} (k={f.voxel_ijk[2]}), lung window W1500 L-600"
+    assert plain[1] == "MIP 5 slices (10 mm), lung window W1500 L-600"
     assert "tilt" not in " ".join(plain)
     slice_title, mip_title = _titles(monkeypatch, tilted)[-2:]
     assert "image plane" in slice_title and "tilted 15.0°" in slice_title, slice_title

@@ -33,6 +33,8 @@ from .patches import HU_WINDOW, sample_windowed
 log = logging.getLogger(__name__)
 
 LUNG_WINDOW = (-1350.0, 150.0)  # level -600, width 1500 HU
+#: How the slice's and the MIP's titles state the window they are drawn in (the close-ups are drawn in it too).
+WINDOW_NOTE = f"lung window W{LUNG_WINDOW[1] - LUNG_WINDOW[0]:.0f} L{(LUNG_WINDOW[0] + LUNG_WINDOW[1]) / 2:.0f}"
 SLAB_MM = 10.0
 CLOSE_UP_MM = 50.0  # field of view of the close-ups
 CLOSE_UP_PIXELS = 81  # odd, so that the finding's centre is a pixel's centre
@@ -143,7 +145,7 @@ def finding_png(
     footer: str | None = None,
 ) -> bytes:
     """PNG bytes: the axial plane through the finding (left, titled ``slice_label`` and the finding's
-    ``slice_number``) and a ±5 mm MIP slab (right) in patient orientation (:func:`axial_view`; lettered R, L,
+    ``slice_number``) and a ±5 mm MIP slab (right), each title stating the window (:data:`WINDOW_NOTE`), in patient orientation (:func:`axial_view`; lettered R, L,
     A, P in bands beside the images' edges, :data:`LETTER_BAND`; the titles say when the planes are the scanner's tilted image planes, :func:`image_plane_note`), lung window, box in red; below, the finding's :func:`patient_planes` side by side, a circle a little wider than its diameter around
     its centre, each its own image on a black panel (no close-up's edge smoothed into the next), lettered in the bands
     around it, on none of the images (:data:`CLOSE_UP_BAND_PX`), what lies beyond the
@@ -167,8 +169,8 @@ def finding_png(
     fig = Figure(figsize=(9, height), dpi=90, facecolor="black")  # as every rendering: no bright frame round the CT
     not_scanned = matplotlib.colormaps["gray"].with_extremes(bad=OUTSIDE_SCAN_RGB)  # NaN: voxels no image measured
     grid = fig.add_gridspec(2, 2, height_ratios=(4.6, 3.0), top=top, bottom=0.02, left=0.02, right=0.98, hspace=0.12)
-    slice_title = f"{slice_label} {f.slice_number} (k={k})"
-    mip_title = f"MIP {n_slab} slices ({n_slab * volume.geometry.spacing_lps()[2]:.0f} mm)"
+    slice_title = f"{slice_label} {f.slice_number} (k={k}), {WINDOW_NOTE}"
+    mip_title = f"MIP {n_slab} slices ({n_slab * volume.geometry.spacing_lps()[2]:.0f} mm), {WINDOW_NOTE}"
     if tilted is not None:  # lettered as the nearest patient axes, but not an axial plane: the title says so
         slice_title, mip_title = f"{slice_title}\nthe scanner's {tilted}", f"{mip_title}\nslab of the {tilted}"
     for n, (img, title) in enumerate(((axial, slice_title), (mip, mip_title))):
