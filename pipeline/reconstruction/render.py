@@ -55,6 +55,7 @@ from .render_nodules import (
     letter_margins,
     nodule_extents,
     nodule_labels,
+    outline_pixels,
     projection,
 )
 from .render_planes import (
@@ -169,7 +170,10 @@ def render_mpr(
             else None
         )
         mm_per_pt, band_mm = image_units(w_mm, h_mm)
-        spots = layout_letters(marks, spacing[cols], spacing[rows], mm_per_pt=mm_per_pt, anatomy=anatomy, band_mm=band_mm)
+        edges = outline_pixels(list(outlines.values())) if outlines else None  # letters clear of every outline
+        spots = layout_letters(
+            marks, spacing[cols], spacing[rows], mm_per_pt=mm_per_pt, anatomy=anatomy, outlines=edges, band_mm=band_mm
+        )
         margins = letter_margins(spots, w_mm, band_mm=band_mm)
         pos = lo[fixed] + index * spacing[fixed]
         slices = source_slices(volume, index, index) if plane == "axial" else ""

@@ -8,7 +8,7 @@ beside it, one off the plane in the air around the body or, where none is near, 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .nodules import NoduleResult
 
 log = logging.getLogger(__name__)
+
+#: A test of a letters' box (image mm ``x0, y0, x1, y1``, ``y`` down): True where they may not lie there.
+BoxTest = Callable[[tuple[float, float, float, float]], bool]
 
 #: The legend's entry for a nodule a plane does not cut (:func:`render_mpr`), and the letters of the side it lies on
 #: along each LPS axis (negative, positive): x right/left, y anterior/posterior, z inferior/superior.
@@ -66,6 +69,7 @@ def layout_letters(
     *,
     mm_per_pt: float,
     anatomy: np.ndarray | None = None,
+    outlines: np.ndarray | None = None,
     band_mm: float = 0.0,
 ) -> list[LetterSpot]:
     """Where to put the letters of each nodule of ``marks`` (number, its pixels on an image of ``col_mm`` ×
@@ -78,10 +82,18 @@ def layout_letters(
     nodule off the plane) go to the nearest free space (:func:`free_space_spot`) or, where none is near, to a margin
     beside the image, beyond the ``band_mm`` wide band of its side letters (:func:`margin_spot`; the figure adds the
     margin, :func:`letter_margins`), never over the lungs or another nodule's letters; both are joined to their mark by
-    a dotted line. Without ``anatomy`` they lie beside it as a solid mark's do."""
+    a dotted line. Without ``anatomy`` they lie beside it as a solid mark's do.
+
+    Letters on the image keep :data:`LETTER_CLEAR_PT` clear of every nodule's box, their own included, and, with
+    ``outlines`` (bool ``[row, column]``: the pixels an organ's outline runs along, :func:`outline_pixels`), of every
+    organ's outline: where no place beside a cut nodule is that clear, they go as where none is free."""
     rows, cols = marks[0][1].shape if marks else (0, 0)
     w_mm, h_mm = cols * col_mm, rows * row_mm
-    placed = [_mark_box(sl, col_mm, row_mm) for _n, sl, _s, _t in marks]  # letters cover no nodule
+    clear = LETTER_CLEAR_PT * mm_per_pt
+    # letters cover no nodule, and keep clear of it
+    placed = [_grown(_mark_box(sl, col_mm, row_mm), clear) for _n, sl, _s, _t in marks]
+    avoid = _outline_test(outlines, col_mm, row_mm, clear) if outlines is not None else None
+    free_of = outlines if outlines is not None else np.zeros((rows, cols), bool)  # where _anywhere's letters may lie
     spots: dict[int, LetterSpot] = {}
     crowded = []  # the marks with no free space near: their letters go to a margin, top to bottom
     for i, (_n, sl, style, text) in enumerate(marks):
@@ -93,20 +105,58 @@ def layout_letters(
                 continue
             spots[i] = LetterSpot(*spot, box=placed[-1], mark=mark, leader=True)
             continue
-        beside = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm)
+        beside = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm, clear=clear, avoid=avoid)
         if beside is None and anatomy is not None:  # no room beside a cut nodule: a margin, as an off-plane one's
             crowded.append(i)
             continue
-        spots[i] = beside or _anywhere(mark, text, col_mm, row_mm, mm_per_pt, placed, shape=(rows, cols))
+        spots[i] = beside or _anywhere(mark, text, col_mm, row_mm, mm_per_pt, placed, free_of=free_of)
     for i in sorted(crowded, key=lambda i: placed[i][1] + placed[i][3]):  # in the order of the marks' heights
         _n, sl, _style, text = marks[i]
         spot = margin_spot(placed[i], text, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm, band_mm=band_mm)
         if spot is not None:
-            spots[i] = LetterSpot(*spot, box=placed[-1], mark=placed[i], leader=True)
+            spots[i] = LetterSpot(*spot, box=placed[-1], mark=_mark_box(sl, col_mm, row_mm), leader=True)
             continue
-        beside = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm)
-        spots[i] = beside or _anywhere(placed[i], text, col_mm, row_mm, mm_per_pt, placed, shape=(rows, cols))
+        beside = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm, clear=clear, avoid=avoid)
+        spots[i] = beside or _anywhere(_mark_box(sl, col_mm, row_mm), text, col_mm, row_mm, mm_per_pt, placed, free_of=free_of)
     return [spots[i] for i in range(len(marks))]
+
+
+#: The least distance (typographic points on the PNG) from a nodule's letters, as laid out, to any nodule's box and
+#: any organ's outline: their dark box never touches the line it names or another.
+LETTER_CLEAR_PT = 8.0
+
+
+def _grown(box: tuple[float, float, float, float], by: float) -> tuple[float, float, float, float]:
+    """``box`` (``x0, y0, x1, y1``) grown by ``by`` on every side."""
+    return box[0] - by, box[1] - by, box[2] + by, box[3] + by
+
+
+def outline_pixels(masks: Sequence[np.ndarray]) -> np.ndarray:
+    """The pixels (bool ``[row, column]``) each outline of ``masks`` (bool images of one shape) runs between: a
+    mask's edge pixels and the pixels just outside them, where :func:`~.render_layout.outline_mask` draws it."""
+    from scipy import ndimage
+
+    edges = np.zeros(masks[0].shape, bool) if masks else np.zeros((0, 0), bool)
+    for m in masks:
+        edges |= ndimage.binary_dilation(m) & ~ndimage.binary_erosion(m, border_value=1)
+    return edges
+
+
+def _outline_test(outlines: np.ndarray, col_mm: float, row_mm: float, clear: float) -> BoxTest:
+    """A test of a letters' box (image mm, ``y`` down): True where it comes within ``clear`` mm of a pixel of
+    ``outlines`` (bool ``[row, column]`` of pixels ``col_mm`` × ``row_mm``)."""
+    rows, cols = outlines.shape
+    sat = np.zeros((rows + 1, cols + 1), np.int64)  # summed-area table: the outline pixels of any box in O(1)
+    sat[1:, 1:] = outlines.astype(np.int64).cumsum(axis=0).cumsum(axis=1)
+
+    def covers(box: tuple[float, float, float, float]) -> bool:
+        c0 = int(np.clip(np.floor((box[0] - clear) / col_mm), 0, cols))
+        c1 = int(np.clip(np.ceil((box[2] + clear) / col_mm), 0, cols))
+        r0 = int(np.clip(np.floor((box[1] - clear) / row_mm), 0, rows))
+        r1 = int(np.clip(np.ceil((box[3] + clear) / row_mm), 0, rows))
+        return bool(sat[r1, c1] - sat[r0, c1] - sat[r1, c0] + sat[r0, c0])
+
+    return covers
 
 
 def _beside(
@@ -119,19 +169,24 @@ def _beside(
     *,
     w_mm: float,
     h_mm: float,
+    clear: float = 0.0,
+    avoid: BoxTest | None = None,
 ) -> LetterSpot | None:
     """The letters ``text`` of the mark of pixels ``sl`` beside it on the ``w_mm`` × ``h_mm`` image
-    (:func:`open_spot`), without a line; None where no place beside it is free."""
+    (:func:`open_spot`), at least ``clear`` mm from its box and where ``avoid`` (a test of a box) allows, without a
+    line; None where no place beside it is free."""
     r_px, c_px = np.nonzero(sl)
+    gap = max(0.5 * col_mm + 1.0, clear + 1e-6)  # from the mark's box to the letters'
     spot = open_spot(
-        (c_px.max() + 1.5) * col_mm + 1.0,
-        (c_px.min() - 0.5) * col_mm - 1.0,
-        (r_px.min() + 0.5) * row_mm,
+        (c_px.max() + 1) * col_mm + gap,
+        c_px.min() * col_mm - gap,
+        (r_px.min() + r_px.max() + 1) / 2 * row_mm + 0.725 * NODULE_FONTSIZE * mm_per_pt,  # level with its middle
         text,
         mm_per_pt,
         placed,
         limit=w_mm,
         bottom=h_mm,
+        avoid=avoid,
     )
     if spot is None:
         return None
@@ -146,12 +201,14 @@ def _anywhere(
     mm_per_pt: float,
     placed: list[tuple[float, float, float, float]],
     *,
-    shape: tuple[int, int],
+    free_of: np.ndarray,
 ) -> LetterSpot:
-    """The letters ``text`` of the nodule of box ``mark`` at the nearest place free of letters and nodules on the
-    image of ``shape`` pixels (:func:`free_space_spot`, the organs allowed), joined to it by a dotted line; none
-    free, beside it whatever they cover (:func:`free_spot`'s last resort), with a warning."""
-    spot = free_space_spot(mark, text, mm_per_pt, placed, np.zeros(shape, bool), col_mm, row_mm)
+    """The letters ``text`` of the nodule of box ``mark`` at the nearest place free of letters, nodules and the
+    pixels ``free_of`` (bool ``[row, column]``: the organs' outlines; the organs themselves allowed) on the image
+    (:func:`free_space_spot`), joined to it by a dotted line; none free, beside it whatever they cover
+    (:func:`free_spot`'s last resort), with a warning."""
+    shape = free_of.shape
+    spot = free_space_spot(mark, text, mm_per_pt, placed, free_of, col_mm, row_mm)
     if spot is not None:
         return LetterSpot(*spot, box=placed[-1], mark=mark, leader=True)
     log.warning("no free place for the letters %r on a %d x %d pixel image: drawn over others", text, *shape)
@@ -347,13 +404,15 @@ def open_spot(
     limit: float,
     start: float = 0.0,
     bottom: float = np.inf,
+    avoid: BoxTest | None = None,
 ) -> tuple[float, float] | None:
     """Where a nodule's letters fit beside it (their bottom left corner, image mm; ``y`` runs down): right of the
     nodule (from ``right``) at ``y`` or, when that would cover what is ``placed`` (boxes ``x0, y0, x1, y1``: the
     nodules, letters placed before) or run out of ``start`` .. ``limit`` (the image's width), left of it (ending at
     ``left``), or right of it moved in from the image's edge (letters wider than the room either side), else a line
     higher, a line lower, and so on (up to :data:`LETTER_LINES` lines away), never above the
-    image nor below ``bottom``; the box taken is added to ``placed``. None, ``placed`` unchanged, where no such place is free.
+    image nor below ``bottom``, nor where ``avoid`` (a test of a box, e.g. near an organ's outline) is true; the box
+    taken is added to ``placed``. None, ``placed`` unchanged, where no such place is free.
     ``mm_per_pt``: image mm per typographic point on the PNG."""
     w = (0.62 * len(text) + 0.5) * NODULE_FONTSIZE * mm_per_pt  # a generous estimate of bold DejaVu Sans' widths
     h = 1.45 * NODULE_FONTSIZE * mm_per_pt
@@ -365,7 +424,9 @@ def open_spot(
         for x in (right, left - w, max(start, min(right, limit - w))):  # the last: pushed off the image's edge
             box = (x, yk - h, x + w, yk)
             inside = x >= start and x + w <= limit
-            if inside and not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
+            if not inside or (avoid is not None and avoid(box)):
+                continue
+            if not any(box[0] < p[2] and p[0] < box[2] and box[1] < p[3] and p[1] < box[3] for p in placed):
                 placed.append(box)
                 return box[0], box[3]
     return None
