@@ -74,9 +74,9 @@ def test_an_overview_mpr_through_a_nodule_outlines_it(tmp_path):
 
 def test_an_overview_mpr_marks_the_nodules_it_does_not_cut_with_their_distance(tmp_path, monkeypatch):
     """A nodule away from the overview MPRs' planes was invisible on them: the reader of the overview could not tell
-    there was one. Each nodule a plane does not cut is now drawn dashed where it projects onto the plane, lettered
-    ``#N`` as the outlines and the nodule lines are, with the distance from the plane to its centre and the side
-    (S/I, A/P, R/L) it lies on; the legend says what the dashed outline is."""
+    there was one. Each nodule a plane does not cut is now marked beside the image at its height (on the side nearer
+    it), lettered ``#N`` as the outlines and the nodule lines are, with the distance from the plane to its centre and
+    the side (S/I, A/P, R/L) it lies on; the legend says what the mark is."""
     from pipeline.reconstruction import render
     from pipeline.reconstruction.render import nodule_labels, render_mpr
 
@@ -95,10 +95,10 @@ def test_an_overview_mpr_marks_the_nodules_it_does_not_cut_with_their_distance(t
     texts = [t.get_text() for t in axial.axes[0].texts]
     assert f"#1 ({distance:.0f} mm S)" in texts, texts
     legend = [t.get_text() for t in axial.axes[0].get_legend().get_texts()]
-    assert any("off the plane" in t and "projected" in t for t in legend), legend
+    assert any("off the plane" in t and "beside the image" in t for t in legend), legend
     marked = _magenta(paths[0])
     assert len(marked) > 10
-    # where the nodule projects: right of the image centre's left half (patient's right, x < 0), above the middle (A)
+    # beside the side of the image the nodule lies on: the left (patient's right, x < 0)
     img_w = mpimg.imread(paths[0]).shape[1]
     assert marked[:, 1].mean() < img_w / 2
     for fig in figures[1:]:  # the coronal and sagittal planes cut it: outlined, no distance
@@ -245,9 +245,9 @@ def test_the_mip_slab_holding_a_nodule_outlines_and_letters_it(tmp_path, monkeyp
 
 def test_letters_of_nodules_off_the_plane_lie_in_free_space_not_on_the_lungs(tmp_path, monkeypatch):
     """On the planning chest's axial overview, '#6 (42 mm I)' of a nodule below the plane sat on the right lung and
-    the airway's outline beside the nodule's dashed shadow. The letters of a nodule the plane does not cut now lie in
-    the air around the body, on no organ, with a thin line to the shadow they name; a nodule the plane cuts keeps its
-    letters beside it."""
+    the airway's outline beside the nodule's dashed shadow. The letters of a nodule the plane does not cut now lie
+    off the body, on no organ, joined by a thin line to the mark at its height beside the image; a nodule the plane
+    cuts keeps its letters beside it."""
     from matplotlib.transforms import Bbox
 
     from pipeline.reconstruction import render
@@ -325,7 +325,8 @@ def _crowded_coronal() -> tuple[CTVolume, dict[str, np.ndarray], np.ndarray]:
 def test_off_plane_letters_of_a_crowded_coronal_lie_off_the_lungs_and_apart(tmp_path, monkeypatch):
     """On the planning chest's coronal overview the body fills the plane: with no air around it, the letters of the
     nodules off the plane ('#1 (18 mm P)', '#6 (9 mm P)') lay on the right lung beside their shadows. They now lie in
-    a margin added beside the image, joined to their shadows by dotted lines, on no lung and none over another."""
+    a margin added beside the image, joined by dotted lines to the marks at the nodules' heights, on no lung and none
+    over another."""
     from matplotlib.transforms import Bbox
 
     from pipeline.reconstruction import render
@@ -353,7 +354,7 @@ def test_off_plane_letters_of_a_crowded_coronal_lie_off_the_lungs_and_apart(tmp_
         assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, (text.get_text(), "cut at the PNG's edge", box)
     for i, j in itertools.combinations(range(len(boxes)), 2):
         assert not boxes[i].overlaps(boxes[j]), (letters[i].get_text(), letters[j].get_text())
-    assert sum(line.get_linestyle() == ":" for line in ax.lines) == 5  # a line from each letters to its shadow
+    assert sum(line.get_linestyle() == ":" for line in ax.lines) == 5  # a line from each letters to its mark
 
 
 def test_the_letter_layout_puts_crowded_off_plane_letters_in_margins_apart():

@@ -32,7 +32,6 @@ from ..volume import CTVolume
 from .mesh import Mesh, mesh_from_mask
 from .organs import organ_colours, organ_label
 from .render_layout import (
-    BROKEN_LINE_PT,
     LUNG_WINDOW,
     WINDOWS,
     figure_width_px,
@@ -48,6 +47,7 @@ from .render_layout import (
 )
 from .render_nodules import (
     OFF_PLANE_LEGEND,
+    OFF_PLANE_SHOWN,
     SIDE_LETTERS,
     NoduleExtent,
     draw_marks,
@@ -105,9 +105,10 @@ def render_mpr(
 
     nodules: labels ``[k, j, i]`` on the volume's grid (:func:`nodule_labels`: N is the nodule of finding #N); each
     nodule a plane cuts is outlined in the ``nodules`` colour and lettered ``#N`` beside it; on the whole plane (no
-    ``field_mm``), each nodule it does not cut is drawn dashed where it projects onto the plane and lettered ``#N (d mm
-    S)``: the distance from the plane to its centre and the side it lies on (on each lung's sagittal, only the nodules
-    nearer it than the other lung's sagittal). field_mm: the images show this many mm
+    ``field_mm``), each nodule it does not cut is marked beside the image at its height (an arrowhead in the side band,
+    nothing over the image) and lettered ``#N (d mm S)`` in a margin: the distance from the plane to its centre and the
+    side it lies on (on each lung's sagittal, only the nodules nearer it than the other lung's sagittal); only the
+    :data:`~.render_nodules.OFF_PLANE_SHOWN` nearest the plane, the others counted in the legend (``+N more``). field_mm: the images show this many mm
     around ``center_lps`` (a nodule's close-up), not the whole plane. note: added to each title. window: a name of
     :data:`WINDOWS` (``"lung"`` for a nodule's close-up), stated in each title. planes: which of the planes to draw.
     suffix: added to each PNG's name (``<stem>_mpr_axial<suffix>.png``)."""
@@ -152,8 +153,12 @@ def render_mpr(
         cut = plane_image(nview, plane, index)[crop] if nview is not None else None
         numbers = [int(v) for v in np.unique(cut) if v > 0] if cut is not None else []
         off = [n for n in beside if n not in numbers and _nearest_sagittal(beside[n], plane, index, sagittals)]
+        off.sort(key=lambda n: abs(beside[n].centre_xyz[fixed] - index))  # the nearest to the plane first
+        more = max(len(off) - OFF_PLANE_SHOWN, 0)
+        off = off[:OFF_PLANE_SHOWN]  # the others are counted, not marked
+        off_label = OFF_PLANE_LEGEND + (f", +{more} more" if more else "")
         legend = [organ_label(organ) for organ in outlines] + (["nodule #N (finding #N)"] if numbers else [])
-        legend += [OFF_PLANE_LEGEND] if off else []
+        legend += [off_label] if off else []
         unscanned = plane_image(oview, plane, index)[crop] if oview is not None else None
         unscanned = unscanned if unscanned is not None and unscanned.any() else None
         legend += [OUTSIDE_SCAN_LEGEND] if unscanned is not None else []
@@ -162,7 +167,7 @@ def render_mpr(
             assert nview is not None
             d = (beside[n].centre_xyz[fixed] - index) * spacing[fixed]
             text = f"#{n} ({abs(d):.0f} mm {SIDE_LETTERS[fixed][int(d > 0)]})"
-            marks.append((n, plane_image(projection(nview.shape, beside[n], plane), plane, 0)[crop], "dashed", text))
+            marks.append((n, plane_image(projection(nview.shape, beside[n], plane), plane, 0)[crop], "tick", text))
         # the off-plane letters' free space: air, no organ, no arm, no couch; else a margin beside the image
         anatomy = (
             np.logical_or.reduce([img > BODY_HU, *(plane_image(mv, plane, index)[crop] for mv in mviews.values())])
@@ -199,15 +204,7 @@ def render_mpr(
         if numbers:
             drawn.append(Line2D([], [], color=colours["nodules"], label="nodule #N (finding #N)"))
         if off:
-            off_plane = Line2D(
-                [],
-                [],
-                color=colours["nodules"],
-                linestyle="--",
-                linewidth=BROKEN_LINE_PT,
-                path_effects=outline_halo(BROKEN_LINE_PT),
-                label=OFF_PLANE_LEGEND,
-            )
+            off_plane = Line2D([], [], color=colours["nodules"], marker=">", linestyle="none", label=off_label)
             drawn.append(off_plane)
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
             legend_below(ax, drawn, ncol)

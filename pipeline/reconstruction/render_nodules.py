@@ -1,8 +1,8 @@
 """The nodules on the MPRs and MIPs (:mod:`.render`): the segmented nodules as labels on the volume's grid, their
 boxes and projections onto a plane, their outlines and their ``#N`` letters, placed where they cover no other letters
 and no nodule (image mm, y down; the 3-D preview places its letters the same way): a nodule the plane cuts has them
-beside it, one off the plane in the air around the body or, where none is near, in a margin beside the image
-(:func:`layout_letters`, before the figure is made, so that it is widened by the margin its letters need).
+beside it, one off the plane (an overview's ``"tick"`` mark: an arrowhead at its height beside the image) in a margin
+beside the image (:func:`layout_letters`, before the figure is made, so that it is widened by the margin its letters need).
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ BoxTest = Callable[[tuple[float, float, float, float]], bool]
 
 #: The legend's entry for a nodule a plane does not cut (:func:`render_mpr`), and the letters of the side it lies on
 #: along each LPS axis (negative, positive): x right/left, y anterior/posterior, z inferior/superior.
-OFF_PLANE_LEGEND = "nodule off the plane (projected)"
+OFF_PLANE_LEGEND = "nodule off the plane (at its height beside the image)"
 
 
 NODULE_FONTSIZE = 8  # points, the nodules' letters
+
+#: How many nodules off its plane an overview MPR marks, the nearest to it; the others are counted in its legend.
+OFF_PLANE_SHOWN = 5
 
 
 SIDE_LETTERS = (("R", "L"), ("A", "P"), ("I", "S"))
@@ -73,7 +76,7 @@ def layout_letters(
     band_mm: float = 0.0,
 ) -> list[LetterSpot]:
     """Where to put the letters of each nodule of ``marks`` (number, its pixels on an image of ``col_mm`` ×
-    ``row_mm`` pixels, ``"solid"`` or ``"dashed"``, its letters), in their order; ``mm_per_pt``: image mm per
+    ``row_mm`` pixels, ``"solid"``, ``"dashed"`` or ``"tick"``, its letters), in their order; ``mm_per_pt``: image mm per
     typographic point on the PNG. The letters cover no nodule and no other letters.
 
     A solid mark (a nodule the plane cuts) has its letters beside it (:func:`open_spot`) or, with no room there, in a
@@ -82,7 +85,8 @@ def layout_letters(
     nodule off the plane) go to the nearest free space (:func:`free_space_spot`) or, where none is near, to a margin
     beside the image, beyond the ``band_mm`` wide band of its side letters (:func:`margin_spot`; the figure adds the
     margin, :func:`letter_margins`), never over the lungs or another nodule's letters; both are joined to their mark by
-    a dotted line. Without ``anatomy`` they lie beside it as a solid mark's do.
+    a dotted line. Without ``anatomy`` they lie beside it as a solid mark's do. A tick mark's (an overview's nodule off
+    the plane, :func:`tick_box`) go to the margin beside its tick, joined to it by a dotted line.
 
     Letters on the image keep :data:`LETTER_CLEAR_PT` clear of every nodule's box, their own included, and, with
     ``outlines`` (bool ``[row, column]``: the pixels an organ's outline runs along, :func:`outline_pixels`), of every
@@ -91,13 +95,20 @@ def layout_letters(
     w_mm, h_mm = cols * col_mm, rows * row_mm
     clear = LETTER_CLEAR_PT * mm_per_pt
     # letters cover no nodule, and keep clear of it
-    placed = [_grown(_mark_box(sl, col_mm, row_mm), clear) for _n, sl, _s, _t in marks]
+    # (a tick mark's nodule is not drawn on the image: its box takes no room there)
+    nowhere = (np.inf, np.inf, -np.inf, -np.inf)
+    placed = [nowhere if st == "tick" else _grown(_mark_box(sl, col_mm, row_mm), clear) for _n, sl, st, _t in marks]
     avoid = _outline_test(outlines, col_mm, row_mm, clear) if outlines is not None else None
     free_of = outlines if outlines is not None else np.zeros((rows, cols), bool)  # where _anywhere's letters may lie
     spots: dict[int, LetterSpot] = {}
     crowded = []  # the marks with no free space near: their letters go to a margin, top to bottom
+    ticks: dict[int, tuple[float, float, float, float]] = {}  # the off-plane marks beside the image
     for i, (_n, sl, style, text) in enumerate(marks):
         mark = _mark_box(sl, col_mm, row_mm)
+        if style == "tick":  # a nodule off the plane: a mark at its height beside the image, its letters beyond
+            ticks[i] = tick_box(mark, w_mm=w_mm, band_mm=band_mm)
+            crowded.append(i)
+            continue
         if style == "dashed" and anatomy is not None:
             spot = free_space_spot(mark, text, mm_per_pt, placed, anatomy, col_mm, row_mm)
             if spot is None:
@@ -110,15 +121,28 @@ def layout_letters(
             crowded.append(i)
             continue
         spots[i] = beside or _anywhere(mark, text, col_mm, row_mm, mm_per_pt, placed, free_of=free_of)
-    for i in sorted(crowded, key=lambda i: placed[i][1] + placed[i][3]):  # in the order of the marks' heights
+    for i in sorted(crowded, key=lambda i: sum(ticks.get(i, placed[i])[1::2])):  # in the order of the marks' heights
         _n, sl, _style, text = marks[i]
-        spot = margin_spot(placed[i], text, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm, band_mm=band_mm)
+        target = ticks.get(i, placed[i])
+        spot = margin_spot(target, text, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm, band_mm=band_mm)
         if spot is not None:
-            spots[i] = LetterSpot(*spot, box=placed[-1], mark=_mark_box(sl, col_mm, row_mm), leader=True)
+            spots[i] = LetterSpot(*spot, box=placed[-1], mark=ticks.get(i, _mark_box(sl, col_mm, row_mm)), leader=True)
             continue
         beside = _beside(sl, text, col_mm, row_mm, mm_per_pt, placed, w_mm=w_mm, h_mm=h_mm, clear=clear, avoid=avoid)
         spots[i] = beside or _anywhere(_mark_box(sl, col_mm, row_mm), text, col_mm, row_mm, mm_per_pt, placed, free_of=free_of)
     return [spots[i] for i in range(len(marks))]
+
+
+def tick_box(mark: tuple[float, float, float, float], *, w_mm: float, band_mm: float) -> tuple[float, float, float, float]:
+    """Where an off-plane nodule of box ``mark`` (image mm, ``y`` down) is marked beside a ``w_mm`` wide image: the
+    ``band_mm`` wide band of the side letters nearer it, a line at the height of its centre."""
+    y = (mark[1] + mark[3]) / 2
+    if (mark[0] + mark[2]) / 2 < w_mm / 2:
+        return -band_mm, y, 0.0, y
+    return w_mm, y, w_mm + band_mm, y
+
+
+TICK_PT = 7.0  # points, the arrowhead marking an off-plane nodule's height at the image's edge
 
 
 #: The least distance (typographic points on the PNG) from a nodule's letters, as laid out, to any nodule's box and
@@ -177,10 +201,11 @@ def _beside(
     line; None where no place beside it is free."""
     r_px, c_px = np.nonzero(sl)
     gap = max(0.5 * col_mm + 1.0, clear + 1e-6)  # from the mark's box to the letters'
+    level = (r_px.min() + r_px.max() + 1) / 2 * row_mm + 0.725 * NODULE_FONTSIZE * mm_per_pt  # level with its middle
     spot = open_spot(
         (c_px.max() + 1) * col_mm + gap,
         c_px.min() * col_mm - gap,
-        (r_px.min() + r_px.max() + 1) / 2 * row_mm + 0.725 * NODULE_FONTSIZE * mm_per_pt,  # level with its middle
+        level,
         text,
         mm_per_pt,
         placed,
@@ -190,7 +215,8 @@ def _beside(
     )
     if spot is None:
         return None
-    return LetterSpot(*spot, box=placed[-1], mark=_mark_box(sl, col_mm, row_mm), leader=False)
+    moved = abs(spot[1] - level) > 1.5 * NODULE_FONTSIZE * mm_per_pt  # more than a line up or down: a line to it
+    return LetterSpot(*spot, box=placed[-1], mark=_mark_box(sl, col_mm, row_mm), leader=moved)
 
 
 def _anywhere(
@@ -242,6 +268,12 @@ def draw_marks(
         mm_per_pt = max((x_hi - x_lo) / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
         spots = layout_letters(marks, col_mm, row_mm, mm_per_pt=mm_per_pt)
     for (_n, sl, style, text), spot in zip(marks, spots):
+        if style == "tick":  # off the plane: an arrowhead at its height beside the image, nothing over the image
+            _draw_tick(ax, spot.mark, colour=colour)
+            letters = put_nodule_letters(ax, spot.x, spot.y, text, colour=colour)
+            if spot.leader:
+                _leader(ax, drawn_extent(ax, letters), spot.mark, colour=colour)
+            continue
         width = 1.2 if style == "solid" else BROKEN_LINE_PT
         # no halo on a solid outline: it would cover the nodule's own edge; its magenta reads on the lung as it is
         halo = outline_halo(width) if style != "solid" else []
@@ -249,6 +281,18 @@ def draw_marks(
         letters = put_nodule_letters(ax, spot.x, spot.y, text, colour=colour)
         if spot.leader:  # from the text as drawn, not the wider box laid out
             _leader(ax, drawn_extent(ax, letters), spot.mark, colour=colour)
+
+
+def _draw_tick(ax, tick: tuple[float, float, float, float], *, colour: str) -> None:
+    """The mark of an off-plane nodule in the side band ``tick`` (:func:`tick_box`): a short line across the band and
+    an arrowhead whose tip touches the image's edge, pointing into the image at the nodule's height."""
+    from matplotlib.transforms import offset_copy
+
+    left = tick[0] < 0
+    edge, y = (tick[2] if left else tick[0]), tick[1]
+    shift = offset_copy(ax.transData, fig=ax.figure, x=(-TICK_PT / 2 if left else TICK_PT / 2), units="points")
+    ax.plot([tick[0], tick[2]], [y, y], color=colour, linewidth=1.0, path_effects=outline_halo(1.0))
+    ax.plot([edge], [y], marker=">" if left else "<", markersize=TICK_PT, color=colour, transform=shift, linestyle="none")
 
 
 def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> Text:
