@@ -302,13 +302,14 @@ def show(
         ``ctpipe detect`` writes), or a table: ``open_run(...).findings`` or
         :func:`~pipeline.dicom_out.read_sr_findings` (``center_x/y/z`` LPS mm; where ``diameter_mm`` is NaN, the
         box's equivalent diameter); each finding whose sphere crosses the plane, or whose centre is nearest to it, is
-        circled and labelled with its score as the PNGs and the SR state it (three decimals, never a score below 1
-        as 1). Findings of another series than the volume's are refused (a table of
+        circled, its score as the PNGs and the SR state it (three decimals, never a score below 1 as 1) written in a
+        margin beside the image at its height (on the finding's side), joined to the circle by a dotted line, on no
+        anatomy. Findings of another series than the volume's are refused (a table of
         several series: only this series' rows are drawn); findings without a series UID are drawn with a logged
         warning that they could not be checked.
     recon: a :class:`~pipeline.reconstruction.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
         ``[k, j, i]`` on the volume's grid; outlines are drawn per organ, each in its colour (the MPR PNGs' for the
-        lungs, airway, body and bone; a distinct one for each other mask), and the legend names the masks outlined
+        lungs, airway, body and bone; a distinct one for each other mask), and the legend below the image names the masks outlined
         on the plane drawn (not one that misses it, or fills it and so has no edge there). The voxels of a
         tilt-corrected series that no image measured are painted "not scanned" in the MPRs' colour and named in the
         legend, not drawn as air (:data:`~pipeline.reconstruction.render_planes.OUTSIDE_SCAN_RGB`).
@@ -362,6 +363,9 @@ def show(
         raise TypeError(f"ax= must be one matplotlib Axes, got {_not_axes(ax)}")
     sx, sy, sz = geometry.spacing_lps()
     ax.imshow(np.asarray(view[z - first], np.float32), cmap="gray", vmin=low, vmax=high, aspect=sy / sx, interpolation="nearest")
+    n_rows, n_cols = view.shape[1:]
+    pad = SCORE_MARGIN * n_cols  # image pixels: the margins beside the image that hold the scores
+    ax.set_xlim(-0.5 - pad, n_cols - 0.5 + pad)
     unscanned = np.asarray(shown.geometry.to_lps_view(outside)[z - first] if outside is not None else np.zeros(1), bool)
     painted = bool(unscanned.any())
     if painted:  # as the MPRs paint it: a flat colour no window gives a CT value, not the fill value read as air
@@ -379,6 +383,8 @@ def show(
             ax.plot([], [], color=colours[organ], label=organ_label(organ), path_effects=halo)
             outlined += 1
     drawn = 0
+    # the rows of the scores in each margin (left: True); the R and L letters hold the middle one
+    taken: dict[bool, list[float]] = {True: [(n_rows - 1) / 2], False: [(n_rows - 1) / 2]}
     for row, (x, y, zf) in zip(rows, xyz):
         r_mm, dz = row.diameter_mm / 2.0, abs(zf - z) * sz
         if dz > max(r_mm, sz / 2.0):  # the sphere misses this plane, and its centre is nearer another plane
@@ -387,13 +393,43 @@ def show(
         r = max(np.sqrt(max(r_mm**2 - dz**2, 0.0)), 2.0 * sx)  # radius (mm) in this plane, at least 2 pixels
         halo = outline_halo(1.5)  # the circle and its score legible on the grey lung and the near-white tissue
         ax.add_patch(Ellipse((x, y), 2 * r / sx, 2 * r / sy, fill=False, color="#ff3030", linewidth=1.5, path_effects=halo))
-        if np.isfinite(row.score):
+        if np.isfinite(row.score):  # in the margin on the finding's side, at its height: on no anatomy
+            left = x < (n_cols - 1) / 2
+            y_text = _free_row(y, taken[left], line=SCORE_LINE * n_rows)
+            edge = -0.5 - pad * 0.1 if left else n_cols - 0.5 + pad * 0.1
+            ax.plot(
+                [x - r / sx if left else x + r / sx, edge],
+                [y, y_text],
+                color="#ff3030",
+                linewidth=0.8,
+                linestyle=":",
+                path_effects=outline_halo(0.8),
+            )
             score = f"{stated_score(row.score):.3f}"
-            ax.text(x + r / sx + 2, y, score, color="#ff3030", fontsize=8, path_effects=outline_halo(0.0))
+            ha = "right" if left else "left"
+            ax.text(edge, y_text, score, color="#ff3030", fontsize=8, ha=ha, va="center", path_effects=outline_halo(0.0))
     for letter, fx, fy in EDGE_LETTERS:
         ax.text(fx, fy, letter, transform=ax.transAxes, color="yellow", fontsize=9, ha="center", va="center", bbox=_LETTER_BOX)
     ax.set_title(_title(volume, z, k_here, drawn, len(rows), where=where), fontsize=9)
     ax.set_axis_off()
     if outlined or painted:  # the outlines drawn on this plane, each named, and the wedge painted; none: no legend
-        ax.legend(loc="lower right", fontsize=7)
+        entries = outlined + painted  # below the image, on none of it
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(entries, 3), fontsize=7, frameon=False)
     return ax
+
+
+#: The margins beside ``show``'s image that hold the findings' scores, each a share of the image's width, and the
+#: height of a score's line (a share of the image's height): two scores in one margin lie at least that far apart.
+SCORE_MARGIN = 0.14
+SCORE_LINE = 0.04
+
+
+def _free_row(y: float, taken: list[float], *, line: float) -> float:
+    """The row nearest ``y`` (image pixels) at least ``line`` from each row ``taken`` (added to it)."""
+    for step in range(len(taken) + 1):
+        for cand in (y,) if step == 0 else (y + step * line, y - step * line):
+            if all(abs(cand - t) >= line for t in taken):
+                taken.append(cand)
+                return cand
+    taken.append(y)
+    return y
