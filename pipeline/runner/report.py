@@ -102,6 +102,22 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def _legend_outside(ax: Any) -> None:
+    """The legend of ``ax`` right of its plot, on none of its bars or lines (the PNG is cut to what is drawn)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, borderaxespad=0.0)
+
+
+def _utc_time_axis(ax: Any) -> None:
+    """The x axis of ``ax`` (UTC datetimes) labelled as UTC, its ticks as hh:mm with the day and year written where
+    they change (:class:`matplotlib.dates.ConciseDateFormatter`), not ``01-15 09``."""
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+
+    locator = AutoDateLocator(tz="UTC")
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator, tz="UTC", show_offset=True))
+    ax.set_xlabel("time (UTC)")
+
+
 def shared_bins(series: Sequence[Any], *, n: int = 30) -> np.ndarray:
     """``n`` equal bins (edges, s) from 0 to just past the largest value of any of ``series``: every histogram of a
     plot on one scale, so that one case's bar is as wide as a thirtieth of the axis, not of its own zero range."""
@@ -128,11 +144,11 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
             ax.bar(bins, redone.values, width=width, align="edge", bottom=counts.values, color="#f0a030", label="done again")
         ax.bar(counts.index, counts.values, width=width, align="edge", color="#3a7bd5", label="new")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole cases
-        fig.autofmt_xdate()
-        if len(redone):
-            ax.legend()
+        _utc_time_axis(ax)
+        if len(redone):  # top to bottom as the bars are stacked: done again over new
+            _legend_outside(ax)
         ax.set_title(f"Completed cases per {bin_minutes} min (UTC)" + (": new and done again" if len(redone) else ""))
-        ax.set_ylabel("cases")
+        ax.set_ylabel(f"cases per {bin_minutes} min")
         out["throughput"] = _png(fig)
 
     ok = t["stages"][(t["stages"].status == "ok") & ~t["stages"].skipped]
@@ -154,7 +170,7 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
         ax.invert_yaxis()
         ax.set_xlabel("seconds per case")
         ax.set_title("Stage breakdown")
-        ax.legend(fontsize=8)
+        _legend_outside(ax)
         out["stages"] = _png(fig)
 
     gpu = t["gpu"]
@@ -163,8 +179,8 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
         gpu_lines(ax, gpu)
         ax.set_ylabel("utilisation %")
         ax.set_title("GPU utilisation (NVML)")
-        ax.legend(fontsize=8)
-        fig.autofmt_xdate()
+        _legend_outside(ax)
+        _utc_time_axis(ax)
         out["gpu"] = _png(fig)
     return out
 
