@@ -404,6 +404,7 @@ def show(
                 linewidth=0.8,
                 linestyle=":",
                 path_effects=outline_halo(0.8),
+                zorder=0.9,  # under the circle (1): its halo never covers the circle's red where they meet
             )
             score = f"{stated_score(row.score):.3f}"
             ha = "right" if left else "left"
