@@ -264,9 +264,7 @@ def draw_marks(
     (:func:`layout_letters`; default: beside each mark, where they cover no other letters and no nodule), joined to
     the mark by a dotted line where the spot asks for one."""
     if spots is None:
-        (x_lo, x_hi), (y_lo, y_hi) = ax.get_xlim(), ax.get_ylim()
-        mm_per_pt = max((x_hi - x_lo) / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
-        spots = layout_letters(marks, col_mm, row_mm, mm_per_pt=mm_per_pt)
+        spots = layout_letters(marks, col_mm, row_mm, mm_per_pt=_mm_per_pt(ax))
     for (_n, sl, style, text), spot in zip(marks, spots):
         if style == "tick":  # off the plane: an arrowhead at its height beside the image, nothing over the image
             _draw_tick(ax, spot.mark, colour=colour)
@@ -291,8 +289,18 @@ def _draw_tick(ax, tick: tuple[float, float, float, float], *, colour: str) -> N
     left = tick[0] < 0
     edge, y = (tick[2] if left else tick[0]), tick[1]
     shift = offset_copy(ax.transData, fig=ax.figure, x=(-TICK_PT / 2 if left else TICK_PT / 2), units="points")
-    ax.plot([tick[0], tick[2]], [y, y], color=colour, linewidth=1.0, path_effects=outline_halo(1.0))
-    ax.plot([edge], [y], marker=">" if left else "<", markersize=TICK_PT, color=colour, transform=shift, linestyle="none")
+    h_mm = abs(ax.images[0].get_extent()[2]) if ax.images else np.inf
+    half = 0.8 * ORIENTATION_FONTSIZE * _mm_per_pt(ax)  # the side letters' half height, as margin_spot keeps clear
+    if abs(y - h_mm / 2) > half:  # the line across the band, but not through the R or L at the image's middle
+        ax.plot([tick[0], tick[2]], [y, y], color=colour, linewidth=1.0, path_effects=outline_halo(1.0))
+    marker = ">" if left else "<"
+    ax.plot([edge], [y], marker=marker, markersize=TICK_PT, color=colour, transform=shift, linestyle="none")
+
+
+def _mm_per_pt(ax) -> float:
+    """The axes' data units (image mm) per typographic point on the PNG."""
+    (x_lo, x_hi), (y_lo, y_hi) = ax.get_xlim(), ax.get_ylim()
+    return max((x_hi - x_lo) / ax.bbox.width, abs(y_lo - y_hi) / ax.bbox.height) * ax.figure.dpi / 72.0
 
 
 def put_nodule_letters(ax, x: float, y: float, text: str, *, colour: str) -> Text:
