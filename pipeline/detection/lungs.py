@@ -115,12 +115,33 @@ class LungRegion:
         """True for source indices ``(n, 3)`` within ``margin_mm`` of the searched lungs (``mask``)."""
         return self._lookup(self._mask_distance, ijk, margin_mm)
 
-    def keeps(self, ijk: np.ndarray, margin_mm: float) -> np.ndarray:
-        """True for source indices ``(n, 3)`` within ``margin_mm`` of the lungs and of the ``limit`` if any."""
+    def keeps(self, ijk: np.ndarray, margin_mm: float, *, radius_mm: np.ndarray | None = None) -> np.ndarray:
+        """True for source indices ``(n, 3)`` within ``margin_mm`` of the lungs and of the ``limit`` if any.
+
+        With ``radius_mm`` (each finding's radius, mm), a finding is kept only where it reaches the ``limit``: its
+        centre lies within its own radius (and ``margin_mm``) of the limit's coarse voxels, each taken as the block of
+        source voxels it stands for (:meth:`limit_distance_mm`). A nodule bulging from the pleura reaches the lungs;
+        a blob in the mediastinum or chest wall, its centre farther from the lungs than its radius, does not, whatever
+        the voxel size (a fixed margin of 8 mm is two pixels of a 4 mm series, one at most beyond a nodule's edge)."""
         near = self.near(ijk, margin_mm)
         if self._limit_distance is None:
             return near
-        return near & self._lookup(self._limit_distance, ijk, margin_mm)
+        if radius_mm is None:
+            return near & self._lookup(self._limit_distance, ijk, margin_mm)
+        reach = np.minimum(float(margin_mm), np.broadcast_to(np.asarray(radius_mm, dtype=np.float64), near.shape))
+        return near & (self.limit_distance_mm(ijk) <= reach)
+
+    def limit_distance_mm(self, ijk: np.ndarray) -> np.ndarray:
+        """Distance (mm) from source indices ``(n, 3)`` (i, j, k; fractional) to the ``limit`` (0 inside; infinite
+        without a limit or for an empty one): to the nearest limit voxel's block, the source voxels ``n * stride`` to
+        ``(n + 1) * stride - 1`` along each axis that the coarse voxel ``n`` stands for (their outer faces), in the
+        source grid's mm."""
+        ijk = self._from_source(np.atleast_2d(np.asarray(ijk, dtype=np.float64)))
+        if self._limit_distance is None:
+            return np.full(len(ijk), np.inf)
+        src = np.asarray(self.source_spacing)[::-1]  # (k, j, i) mm
+        st = np.asarray(self.stride, dtype=np.float64)
+        return self._limit_distance.to_blocks(ijk[:, ::-1] * src, -0.5 * src, (st - 0.5) * src)
 
     def limited_to(self, other: LungRegion) -> LungRegion:
         """This region searched as it is, its findings limited to ``other`` (within this mask; same coarse grid, as
@@ -180,6 +201,31 @@ class _Distance:
         surface = self._mask & ~ndimage.binary_erosion(self._mask, border_value=0)
         points = np.argwhere(surface) * self._spacing
         self._tree = cKDTree(points) if len(points) else None
+
+    def to_blocks(self, points_kji_mm: np.ndarray, lo_mm: np.ndarray, hi_mm: np.ndarray) -> np.ndarray:
+        """Distance (mm) from points ``(n, 3)`` (k, j, i mm, as voxel ``n`` sits at ``n * spacing``) to the nearest
+        block of ``mask``: voxel ``n`` fills ``n * spacing + lo_mm`` to ``n * spacing + hi_mm`` (``hi_mm - lo_mm`` is
+        the spacing: the blocks tile the grid). 0 inside a block of the mask; infinite for an empty mask."""
+        q = np.asarray(points_kji_mm, dtype=np.float64).reshape(-1, 3)
+        lo, hi = np.asarray(lo_mm, dtype=np.float64), np.asarray(hi_mm, dtype=np.float64)
+        out = np.full(len(q), np.inf)
+        if self._tree is None:
+            return out
+        cell = np.floor((q - lo) / self._spacing).astype(int)
+        inside_grid = np.all((cell >= 0) & (cell < np.asarray(self._mask.shape)), axis=1)
+        held = np.zeros(len(q), bool)
+        held[inside_grid] = self._mask[tuple(cell[inside_grid].T)]
+        out[held] = 0.0
+        centre = 0.5 * (lo + hi)
+        half = 0.5 * (hi - lo)
+        points = self._tree.data  # surface voxels, n * spacing: the nearest block is a surface voxel's
+        for n in np.flatnonzero(~held):
+            p = q[n] - centre
+            d0 = self._tree.query(p)[0]
+            near = points[self._tree.query_ball_point(p, d0 + float(np.linalg.norm(half)) + 1e-9)]
+            gap = np.maximum(np.abs(near - p) - half, 0.0)
+            out[n] = float(np.sqrt((gap**2).sum(axis=1)).min())
+        return out
 
     def at(self, kji: np.ndarray) -> np.ndarray:
         """Distance (mm) of the voxels ``kji`` (n, 3; integer indices within the grid)."""

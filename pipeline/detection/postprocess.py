@@ -78,12 +78,16 @@ def boxes_to_findings(
 
 
 def limit_to_lungs(volume: CTVolume, findings: Findings, region: LungRegion | None, *, margin_mm: float) -> Findings:
-    """``findings`` less the candidates farther than ``margin_mm`` (the lung filter margin) from ``region``'s
-    ``limit``; as they are without a region or a limit."""
+    """``findings`` less the candidates that do not reach ``region``'s ``limit`` (the segmented lungs): whose centre
+    (LPS mm) lies farther from it than the finding's radius (half its ``diameter_mm``) or than ``margin_mm`` (the lung
+    filter margin), whichever is less (:meth:`LungRegion.keeps`); as they are without a region or a limit."""
     if region is None or region.limit is None or not len(findings.candidates):
         return findings
     ijk = volume.lps_to_index(np.array([f.center_lps for f in findings.candidates]))
-    keep = region.keeps(ijk, margin_mm)
+    radius = np.array([0.5 * f.diameter_mm for f in findings.candidates])
+    keep = region.keeps(ijk, margin_mm, radius_mm=radius)
+    if not keep.all():
+        log.debug("lung limit dropped %d of %d candidates not reaching the lungs", int((~keep).sum()), len(keep))
     return findings.with_candidates([f for f, k in zip(findings.candidates, keep) if k])
 
 
