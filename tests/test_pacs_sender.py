@@ -44,9 +44,24 @@ def _completed_case(run: Path, name: str, source_case, *, manifest: bool = True)
         nodules=source_case.nodules,
     )
     shutil.copy(next(source_case.dicom.rglob("*.dcm")), folder / "dicom" / "ct_slice.dcm")  # not a result: not sent
+    store = RunStore(run)
+    try:
+        store.upsert_discovered(case_key=f"{name}:k", case_id=name, series_uid=name, fingerprint="f" * 24, source="src")
+    finally:
+        store.close()
     if manifest:
-        (folder / "manifest.json").write_text(json.dumps({"case_id": name}))
+        _commit(run, name)
     return {k: str(pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID) for k, p in paths.items()}
+
+
+def _commit(run: Path, name: str) -> None:
+    """Complete case ``name`` as the runner does: its manifest last, then the run store records it done."""
+    (run / "cases" / name / "manifest.json").write_text(json.dumps({"case_id": name}))
+    store = RunStore(run)
+    try:
+        store.complete_case(f"{name}:k", output_dir=f"cases/{name}", findings=[], measurements=[])
+    finally:
+        store.close()
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +103,8 @@ def test_results_of_completed_cases_reach_orthanc_once(orthanc, source_case, tmp
     try:
         assert _wait(lambda: sender.counts().sent == len(done))
         assert all(orthanc.holds(uid) for uid in done.values())
-        assert not any(orthanc.holds(uid) for uid in in_progress.values())  # no manifest yet: still being written
-        (run / "cases" / "c2" / "manifest.json").write_text("{}")
+        assert not any(orthanc.holds(uid) for uid in in_progress.values())  # not committed yet: still being written
+        _commit(run, "c2")
         assert _wait(lambda: sender.counts().sent == len(done) + len(in_progress))
     finally:
         counts = sender.close()

@@ -1,7 +1,8 @@
 """What the result sender records of each result file (:mod:`pipeline.pacs.sender`), in ``pacs/ledger.sqlite`` (table
 ``sent``, keyed by SOPInstanceUID and destination) and the run store (table ``deliveries``): the result files of the
 completed cases found (:func:`result_files`, by SOP class), and each outcome (sent; a failed attempt with its retry
-due, after ``pacs.backoff_s`` doubling; failed for good; stored unconfirmed), counted by :class:`SendCounts`. Records
+due, after ``pacs.backoff_s`` doubling; failed for good; stored unconfirmed), counted by :class:`SendCounts`. Only
+the cases the run store records committed are sent (:func:`committed_cases`). Records
 are logged as ``pipeline.pacs.sender``'s, as the sending's own. Times are seconds since the epoch (UTC).
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunStoreError
-from ..runner.store import RunStore, db_path
+from ..runner.store import RunStore, db_path, open_readonly
 from . import recheck
 from .ledger import Ledger, now
 from .retry import backoff_delay
@@ -52,6 +53,28 @@ def result_files(case_dir: Path) -> list[tuple[Path, str, str]]:
     return out
 
 
+def committed_cases(run_dir: Path) -> set[str]:
+    """The ids of the cases whose results may be published: recorded done in ``run_dir``'s run store, in their folder
+    ``cases/<case_id>``, and confirmed (not among the cases whose source the runner is still checking once more
+    after the commit, table ``unconfirmed``). None without a run store (nothing is known to be complete there)."""
+    if not db_path(run_dir).is_file():
+        return set()
+    try:
+        db = open_readonly(run_dir)
+    except RunStoreError as exc:
+        log.error("results not queued: %s", exc, extra={"event": "send_error"})
+        return set()
+    try:
+        query = "SELECT case_id, output_dir FROM cases WHERE status = 'done'"
+        try:
+            rows = db.execute(query + " AND case_key NOT IN (SELECT case_key FROM unconfirmed)").fetchall()
+        except sqlite3.OperationalError:  # a store written before cases were confirmed: none is unconfirmed
+            rows = db.execute(query).fetchall()
+    finally:
+        db.close()
+    return {str(cid) for cid, out in rows if out is not None and Path(out) == Path("cases") / str(cid)}
+
+
 @dataclass
 class SendCounts:
     """Result files for one destination, by state."""
@@ -81,14 +104,20 @@ class SendLedger:
 
     # -- finding work ----------------------------------------------------------------------
     def scan(self) -> int:
-        """Record the result files of complete cases not scanned yet as pending; returns how many were added."""
+        """Record the result files of committed cases not scanned yet as pending; returns how many were added.
+
+        A case is committed once the run store records it done, its last check of the source passed
+        (:func:`committed_cases`), and its folder with its manifest is in place: a folder that is there before its
+        case is committed, or that the runner withdraws at the commit (a file of the series landed then), is never
+        queued; it is looked at again on the next pass."""
         cases = self.run_dir / "cases"
         if not cases.is_dir():
             return 0
         done = {r["case_id"] for r in self.ledger.rows("SELECT case_id FROM scanned WHERE destination = ?", (self.key,))}
+        committed = committed_cases(self.run_dir)
         added = 0
         for folder in sorted(p for p in cases.iterdir() if p.is_dir() and p.name not in done):
-            if not (folder / MANIFEST).is_file():
+            if folder.name not in committed or not (folder / MANIFEST).is_file():
                 continue
             files = result_files(folder)
             with self.ledger.tx() as db:

@@ -1,7 +1,9 @@
 """Results back to a PACS: the DICOM outputs (SR, SEG) of completed cases, sent in a background thread.
 
-:class:`ResultSender` watches ``RUN_DIR/cases/``: a case folder is complete once its
-``manifest.json`` is there (the runner publishes case folders atomically). Every ``*.dcm`` file
+:class:`ResultSender` watches ``RUN_DIR/cases/``: a case folder is complete once the run store records its case
+done and confirmed (the runner's last check of the source series, after the commit, passed; see
+:func:`~pipeline.pacs.send_ledger.committed_cases`) and its ``manifest.json`` is there: a folder in place before its
+case is committed, or withdrawn at the commit because a file of its series landed then, is never sent. Every ``*.dcm`` file
 under it whose SOP class is a result class (:data:`RESULT_SOP_CLASSES`: structured reports and
 segmentations) is recorded ``pending`` in the ledger (:mod:`pipeline.pacs.ledger`, table ``sent``,
 keyed by SOPInstanceUID and destination) and sent by STOW-RS (``dicomweb+http(s)://``) or C-STORE

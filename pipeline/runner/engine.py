@@ -29,6 +29,8 @@ while the case's results were being recorded, rolls the completion back and with
 recorded done without a file of its series that was in the source before its commit. A file that landed after that
 check, as the transaction committed, is found by a check once the commit is made: the folder is withdrawn and the
 completion undone (:meth:`RunStore.uncomplete_case`) before the case counts anywhere (metrics, progress, log).
+Until that check has passed the case is recorded done *unconfirmed* (:meth:`RunStore.confirm_case`): a PACS sender
+(:mod:`pipeline.pacs.sender`) sends nothing of it before.
 """
 
 from __future__ import annotations
@@ -334,6 +336,7 @@ class Engine:
                 detect_skipped=skipped,
                 latency_s=latency,
                 before_commit=unchanged,  # checked inside the store's transaction: rolled back, never recorded done
+                unconfirmed=self.snapshot is not None,  # not sent to a PACS until the check after the commit passed
             )
         except SeriesStillWrittenError:  # nor left published as whole
             withdraw(final, self.run_dir / "tmp")
@@ -343,6 +346,8 @@ class Engine:
             withdraw(final, self.run_dir / "tmp")  # first: killed before the next step, the next run redoes the case
             self.store.uncomplete_case(case.case_key, before=dict(before))
             raise late
+        if self.snapshot is not None:  # the series is as its case read it: the results may go to a PACS now
+            self.store.confirm_case(case.case_key)
         self._drop_cache(case)
         result.done.append(case.case_id)
         log.info(

@@ -252,6 +252,9 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
         if man is None or man.get("case_key") != row["case_key"]:
             store.reset_case(row["case_key"])
             out.redo.append(row["case_id"])
+    for row in store.unconfirmed_cases():  # killed between the commit and the check after it
+        store.confirm_case(row["case_key"])
+        out.recovered.append(row["case_id"])
     out.stale_quarantine = _sync_quarantine(store, run_dir)
     if killed:  # a killed run never wrote its metrics textfile: what it finished is counted by this run's
         out.uncounted = [

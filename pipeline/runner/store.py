@@ -12,6 +12,7 @@ A case's ``status`` moves only along these transitions (anything else raises
                                             still being written into the source: retried next run)
     done → pending                          reset_case (its published folder is gone)
     done → as before complete_case          uncomplete_case (its series changed in the moment it was committed)
+    done (unconfirmed) → done               confirm_case (its series checked once more after the commit: unchanged)
     pending, running, failed → (replaced)  replace_case (its series was found again with other content: the
                                             new content takes the case's id, the old attempts stay as history)
 
@@ -51,6 +52,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     "release": ("running",),
     "reset": ("done",),
     "uncomplete": ("done",),
+    "confirm": ("done",),
     "replace": ("pending", "running", "failed"),
 }
 
@@ -288,6 +290,7 @@ class RunStore:
         detect_skipped: str | None = None,
         latency_s: float | None = None,
         before_commit: Callable[[], None] | None = None,
+        unconfirmed: bool = False,
     ) -> None:
         """Mark a case done with its findings, measurements and quality flags, in one transaction. ``ended_at`` (Unix
         s) is also its ``first_done_at`` unless it was done before (its published folder removed and done again): a
@@ -300,7 +303,9 @@ class RunStore:
         ``quality``: the case's :meth:`QualityReport.to_json` (lung coverage, contrast phase, flags);
         ``detect_skipped``: why detection did not run (e.g. no lungs in the scan), or None;
         ``before_commit``: called inside the transaction, once everything is written and just before it commits: an
-        exception it raises rolls the whole completion back (the case stays as it was) and is raised here.
+        exception it raises rolls the whole completion back (the case stays as it was) and is raised here;
+        ``unconfirmed``: recorded done with it still to be confirmed (table ``unconfirmed``), as the runner records a
+        case whose source it checks once more after the commit: not published to a PACS until :meth:`confirm_case`.
         """
         ended = time.time() if ended_at is None else ended_at
         flags = list((quality or {}).get("flags") or [])
@@ -341,8 +346,30 @@ class RunStore:
                     case_key,
                 ),
             )
+            self.db.execute("DELETE FROM unconfirmed WHERE case_key=?", (case_key,))
+            if unconfirmed:
+                self.db.execute(
+                    "INSERT INTO unconfirmed (case_key, case_id, done_at) SELECT case_key, case_id, ? FROM cases"
+                    " WHERE case_key=?",
+                    (ended, case_key),
+                )
             if before_commit is not None:
                 before_commit()
+
+    def confirm_case(self, case_key: str) -> None:
+        """A case recorded done ``unconfirmed`` (:meth:`complete_case`) is done for good: its series was checked
+        once more after the commit and is unchanged. Its results may now be published (sent to a PACS)."""
+        with self.tx():
+            self._expect(case_key, "confirm")
+            self.db.execute("DELETE FROM unconfirmed WHERE case_key=?", (case_key,))
+
+    def unconfirmed_cases(self) -> list[sqlite3.Row]:
+        """The cases recorded done and not yet confirmed (a run killed between the commit and the check after it)."""
+        return list(
+            self.db.execute(
+                "SELECT c.* FROM cases c JOIN unconfirmed u ON u.case_key = c.case_key WHERE c.status='done' ORDER BY c.case_id"
+            )
+        )
 
     def uncomplete_case(self, case_key: str, *, before: Mapping[str, Any]) -> None:
         """Undo :meth:`complete_case` just made: the case's series changed in the source in the moment it was
@@ -351,6 +378,7 @@ class RunStore:
         quality flags it recorded are removed."""
         with self.tx():
             self._expect(case_key, "uncomplete")
+            self.db.execute("DELETE FROM unconfirmed WHERE case_key=?", (case_key,))
             for table in ("findings", "measurements", "quality_flags"):
                 self.db.execute(f"DELETE FROM {table} WHERE case_key=?", (case_key,))
             self.db.execute(
@@ -404,6 +432,7 @@ class RunStore:
         """Back to 'pending' (e.g. its output folder vanished); its attempts stay as history."""
         with self.tx():
             self._expect(case_key, "reset")
+            self.db.execute("DELETE FROM unconfirmed WHERE case_key=?", (case_key,))
             self.db.execute(
                 "UPDATE stage_attempts SET status='superseded' WHERE case_key=? AND status IN ('ok','running')", (case_key,)
             )

@@ -36,6 +36,10 @@ Tables
 ``deliveries``      the DICOM results (SR, SEG) sent to a PACS: per SOPInstanceUID and destination, ``sent``,
                     ``unconfirmed`` (stored on the archive's success answer, the query confirming it refused),
                     ``pending`` (a retry is due) or ``failed``, with the attempts and the last error.
+``unconfirmed``     cases recorded done whose source series the runner is still checking once more, just after
+                    that commit (a file landing as it was made takes the case back): not published to a PACS
+                    until their row here is gone (:meth:`.store.RunStore.confirm_case`). A row a killed run left
+                    is settled by the next run's check of the source.
 
 ``meta.schema_version`` is :data:`SCHEMA_VERSION`; a store written by an earlier version is migrated
 when the runner opens it (new tables and columns added; nothing removed).
@@ -116,6 +120,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
     sop_uid TEXT NOT NULL, destination TEXT NOT NULL, case_id TEXT, sop_class TEXT, state TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0, error TEXT, updated_at REAL, PRIMARY KEY (sop_uid, destination)
 );
+CREATE TABLE IF NOT EXISTS unconfirmed (case_key TEXT PRIMARY KEY, case_id TEXT NOT NULL, done_at REAL NOT NULL);
 """
 
 #: Columns added since schema version 1 (version 3 added the tables ``origins`` and ``deliveries`` only; version 4
