@@ -18,6 +18,7 @@ from ..atomic import atomic_write_bytes, check_out_outside_sources, ensure_dir
 from ..bundle import BundleConfig
 from ..config import Config
 from ..errors import ConfigError, FatalRunError, refuse_unexpanded_home, require_path
+from .adopt import source_check
 from .discover import Discovery, check_sources, discover, scanned_paths, source_list, worklist_root
 from .engine import Engine
 from .faults import check_writable, environment_failure
@@ -157,10 +158,11 @@ def _run(
     session: RunSession | None = None,
     origins: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunSummary:
-    reconciled = reconcile(store, run_dir)
+    found: Discovery = discover(srcs, cfg)
+    # a folder a killed run left before recording its case done for good: adopted once its series is checked again
+    reconciled = reconcile(store, run_dir, source_check=source_check(found.cases, found.snapshot))
     weights = weights_digest(cfg.detector.bundle)
     check_result_options(store, cfg, run_dir, weights=weights)  # results made otherwise: refused before the run is recorded
-    found: Discovery = discover(srcs, cfg)
     if origins:  # series a PACS delivered incomplete (a sender cut off mid-series): quarantined, never published
         found.cases = refuse_incomplete(found.cases, origins)
     summary.sources = [str(s) for s in srcs]

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import FatalRunError, IncompleteOutputError, SeriesStillWrittenError
+from .adopt import source_digest
 from .arrivals import SourceSnapshot
 from .faults import environment_failure
 from .logs import to_console
@@ -310,6 +311,9 @@ class Engine:
             "case_key": case.case_key,
             "series_uid": case.series_uid,
             "fingerprint": case.fingerprint,
+            # the source as discovery saw it: the next run checks it again before adopting a folder a kill left
+            "source_files": len(case.files),
+            "source": source_digest(case.files, self.snapshot) if self.snapshot is not None else None,
             "files": [_file_entry(p, lv.workdir) for p in files],
             "findings": findings,
             "measurements": [list(m) for m in measurements],

@@ -15,7 +15,11 @@ store. So after a crash at any moment either the case is done in both places,
 or it has a complete folder not yet marked done (fixed here from its manifest:
 done when the manifest was written, not when the run that finds it started,
 so the report counts it on its own day with its own latency), or it has no
-folder and is run again.
+folder and is run again. A complete folder not yet marked done, or marked done
+and not yet confirmed (the run killed between the store's commit and its check
+of the source after it), is adopted only once the run has checked its source
+series again (:mod:`.adopt`): a file that landed as the run was killed has the
+folder withdrawn and the case analysed whole.
 
 Leftovers of a killed process are removed when the next run starts (it holds
 the folder's lock, so no other writer is there): the staging folders, the
@@ -42,8 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import atomic_write_bytes
-from ..errors import RunStoreError
+from ..errors import RunStoreError, SeriesStillWrittenError
 from ..locks import flock
+from .adopt import NOT_FOUND, SourceCheck
+from .arrivals import STILL_WRITTEN_FIX
 from .redact import redact
 from .stage import CaseSpec
 from .store import RunStore
@@ -165,6 +171,11 @@ class Reconciled:
     recovered: list[str] = field(default_factory=list)  # complete folders marked done
     redo: list[str] = field(default_factory=list)  # marked done but their folder is gone
     interrupted: list[str] = field(default_factory=list)  # left 'running' by a killed run
+    #: folders a killed run left in place before recording their case done for good, whose series changed in the
+    #: source: withdrawn, the case pending (analysed again)
+    withdrawn: list[str] = field(default_factory=list)
+    #: such folders whose series this run's sources do not hold: left as they are, not adopted
+    unchecked: list[str] = field(default_factory=list)
     temp_files: list[Path] = field(default_factory=list)  # temporary files of killed writers, removed
     stale_quarantine: list[str] = field(default_factory=list)  # quarantine files of cases not quarantined, removed
     #: cases done or quarantined by runs killed before they wrote their metrics (status, latency_s, error_class,
@@ -220,8 +231,55 @@ def _sync_quarantine(store: RunStore, run_dir: Path) -> list[str]:
     return [p.stem for p in stale]
 
 
-def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
-    """Bring store and folders back in agreement after a crash (see the module docstring)."""
+def _checked(
+    store: RunStore,
+    run_dir: Path,
+    row: Any,
+    man: dict[str, Any] | None,
+    check: SourceCheck | None,
+    out: Reconciled,
+) -> str | None:
+    """What becomes of the folder of a case a killed run left in place before recording it done for good: "adopt"
+    (its source series unchanged, or not checked), "left" (not adopted: this run's sources do not hold the series, or
+    it changed and the folder was withdrawn, the case left pending with the reason), or None (no folder of it)."""
+    if man is None or man.get("case_key") != row["case_key"]:
+        return None
+    why = check(row, man) if check is not None else None
+    if why is None:
+        return "adopt"
+    if why == NOT_FOUND:
+        out.unchecked.append(row["case_id"])
+        log.warning(
+            "case %s: its folder, left by a run killed as it recorded the case, is not adopted: its series is not "
+            "among this run's sources, to be checked for files that landed meanwhile; a run over its source decides",
+            row["case_id"],
+            extra={"event": "reconcile_unchecked", "case_id": row["case_id"]},
+        )
+        return "left"
+    reason = str(SeriesStillWrittenError(why, where=row["source"], fix=STILL_WRITTEN_FIX))
+    withdraw(run_dir / "cases" / row["case_id"], run_dir / "tmp")  # first: killed before the next step, checked again
+    if row["status"] == "done":
+        store.withdraw_unconfirmed(row["case_key"], reason=reason)
+    elif row["status"] == "running":
+        store.release_case(row["case_key"], reason=reason, stage="publish", error_class=SeriesStillWrittenError.__name__)
+    drop_cached(run_dir, row["case_id"])
+    out.withdrawn.append(row["case_id"])
+    log.warning(
+        "case %s: its folder, left by a run killed as it recorded the case, is withdrawn: %s",
+        row["case_id"],
+        reason,
+        extra={"event": "reconcile_withdrawn", "case_id": row["case_id"]},
+    )
+    return "left"
+
+
+def reconcile(store: RunStore, run_dir: Path, *, source_check: SourceCheck | None = None) -> Reconciled:
+    """Bring store and folders back in agreement after a crash (see the module docstring).
+
+    ``source_check``: how this run checks the source series of a case folder a killed run left in place before the
+    case was recorded done for good (:func:`.adopt.source_check`): adopted when unchanged, withdrawn (the case
+    pending, analysed again) when changed, left as it is when this run's sources do not hold it. None: adopted
+    unchecked."""
     out = Reconciled()
     shutil.rmtree(run_dir / "tmp", ignore_errors=True)
     out.temp_files = remove_temp_files(run_dir)
@@ -232,7 +290,9 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
     for row in store.cases_with_status("running", "pending"):
         folder = run_dir / "cases" / row["case_id"]
         man = read_manifest(folder)
-        if man is not None and man.get("case_key") == row["case_key"]:
+        verdict = _checked(store, run_dir, row, man, source_check, out)
+        if verdict == "adopt":
+            assert man is not None
             store.complete_case(
                 row["case_key"],
                 output_dir=str(folder.relative_to(run_dir)),
@@ -243,6 +303,8 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
                 ended_at=_published_at(folder),
             )
             out.recovered.append(row["case_id"])
+        elif verdict == "left":
+            continue
         elif row["status"] == "running":
             out.interrupted.append(row["case_id"])
             drop_cached(run_dir, row["case_id"])  # its cached volume may be stale or half-made: ingest again
@@ -253,8 +315,10 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
             store.reset_case(row["case_key"])
             out.redo.append(row["case_id"])
     for row in store.unconfirmed_cases():  # killed between the commit and the check after it
-        store.confirm_case(row["case_key"])
-        out.recovered.append(row["case_id"])
+        verdict = _checked(store, run_dir, row, read_manifest(run_dir / "cases" / row["case_id"]), source_check, out)
+        if verdict == "adopt":
+            store.confirm_case(row["case_key"])
+            out.recovered.append(row["case_id"])
     out.stale_quarantine = _sync_quarantine(store, run_dir)
     if killed:  # a killed run never wrote its metrics textfile: what it finished is counted by this run's
         out.uncounted = [
@@ -262,7 +326,7 @@ def reconcile(store: RunStore, run_dir: Path) -> Reconciled:
             for row in store.cases_with_status("done", "failed")
             if row["run_id"] in killed
         ]
-    if out.recovered or out.redo or out.interrupted:
+    if out.recovered or out.redo or out.interrupted or out.withdrawn:
         log.warning(
             "resume: %d complete case(s) recovered, %d interrupted case(s) to retry, %d case(s) with missing outputs to redo",
             len(out.recovered),

@@ -13,6 +13,7 @@ A case's ``status`` moves only along these transitions (anything else raises
     done → pending                          reset_case (its published folder is gone)
     done → as before complete_case          uncomplete_case (its series changed in the moment it was committed)
     done (unconfirmed) → done               confirm_case (its series checked once more after the commit: unchanged)
+    done (unconfirmed) → pending            withdraw_unconfirmed (its series changed before it was confirmed)
     pending, running, failed → (replaced)  replace_case (its series was found again with other content: the
                                             new content takes the case's id, the old attempts stay as history)
 
@@ -53,6 +54,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     "reset": ("done",),
     "uncomplete": ("done",),
     "confirm": ("done",),
+    "withdraw": ("done",),
     "replace": ("pending", "running", "failed"),
 }
 
@@ -362,6 +364,31 @@ class RunStore:
         with self.tx():
             self._expect(case_key, "confirm")
             self.db.execute("DELETE FROM unconfirmed WHERE case_key=?", (case_key,))
+
+    def withdraw_unconfirmed(self, case_key: str, *, reason: str) -> None:
+        """A case recorded done unconfirmed whose series changed in the source before it was confirmed (a run killed
+        between its commit and the check after it): back to 'pending' with ``reason`` (``SeriesStillWrittenError``),
+        without its results; a first completion's ``first_done_at`` empty again. The next run analyses it."""
+        with self.tx():
+            self._expect(case_key, "withdraw")
+            done_at = self.db.execute("SELECT done_at FROM unconfirmed WHERE case_key=?", (case_key,)).fetchone()
+            if done_at is None:
+                raise RunStoreError(
+                    f"cannot withdraw case {case_key!r}: it is confirmed done",
+                    where=db_path(self.run_dir),
+                    fix="only a case recorded done unconfirmed is withdrawn; see RunStore.unconfirmed_cases",
+                )
+            for table in ("findings", "measurements", "quality_flags", "unconfirmed"):
+                self.db.execute(f"DELETE FROM {table} WHERE case_key=?", (case_key,))
+            self.db.execute(
+                "UPDATE stage_attempts SET status='superseded' WHERE case_key=? AND status IN ('ok','running')", (case_key,)
+            )
+            self.db.execute(
+                "UPDATE cases SET status='pending', reason=?, error_class='SeriesStillWrittenError', failed_stage='publish',"
+                " output_dir=NULL, ended_at=NULL, n_findings=NULL,"
+                " first_done_at=CASE WHEN first_done_at=? THEN NULL ELSE first_done_at END WHERE case_key=?",
+                (redact(reason), done_at[0], case_key),
+            )
 
     def unconfirmed_cases(self) -> list[sqlite3.Row]:
         """The cases recorded done and not yet confirmed (a run killed between the commit and the check after it)."""
