@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pipeline.config import load_config
+from pipeline.pacs.send_ledger import committed_cases
 from pipeline.pacs.sender import ResultSender, result_files
 from pipeline.runner import run_batch
 from pipeline.runner.arrivals import SourceSnapshot
@@ -20,7 +21,7 @@ from pipeline.runner.store import RunStore
 from tests._support.runner import PHANTOM, QUICK, db_rows
 
 pytest_plugins = ["tests._support.orthanc"]
-pytestmark = [pytest.mark.pacs, pytest.mark.slow]
+pytestmark = pytest.mark.pacs
 
 OPTS: dict[str, Any] = {**QUICK, "workers": 0, "outputs.dicom": ["sr"], "report.enabled": False}
 
@@ -62,6 +63,7 @@ def _export(tmp_path: Path, seed: int) -> tuple[Path, Path, str, list[Path]]:
     return src, out, uid, files
 
 
+@pytest.mark.slow
 def test_a_case_folder_in_place_before_its_commit_is_not_sent_nor_after_it_is_withdrawn(orthanc, tmp_path, monkeypatch):
     """The sender scans while the case's folder is in place and its completion not yet committed; then a file of the
     series lands and the commit withdraws the case. Nothing of it reaches the PACS; the next run's whole case does."""
@@ -102,6 +104,7 @@ def test_a_case_folder_in_place_before_its_commit_is_not_sent_nor_after_it_is_wi
     assert len(whole) == 1 and orthanc.holds(whole[0]) and whole[0] not in seen
 
 
+@pytest.mark.slow
 def test_a_case_taken_back_by_the_check_after_its_commit_is_not_sent(orthanc, tmp_path, monkeypatch):
     """The file lands as the completion commits: the case is recorded done for the moment until the check made once
     the commit is made takes it back. A sender's pass in that moment sends nothing of it."""
@@ -142,3 +145,22 @@ def test_a_case_taken_back_by_the_check_after_its_commit_is_not_sent(orthanc, tm
     finally:
         sender.close()
     assert db_rows(out, "SELECT status FROM cases WHERE series_uid=?", (uid,)) == [("pending",)]
+
+
+def test_committed_cases_are_those_done_and_confirmed_in_their_own_folder(tmp_path):
+    """Done and confirmed: committed; done unconfirmed, pending, or done with another folder: not; a store written
+    before cases were confirmed (no table ``unconfirmed``): its done cases; no run store: none."""
+    run = tmp_path / "run"
+    assert committed_cases(run) == set()
+    store = RunStore(run)
+    for cid in ("a", "b", "c", "d"):
+        store.upsert_discovered(case_key=f"{cid}:k", case_id=cid, series_uid=cid, fingerprint="f" * 24, source="src")
+    store.complete_case("a:k", output_dir="cases/a", findings=[], measurements=[])
+    store.complete_case("b:k", output_dir="cases/b", findings=[], measurements=[], unconfirmed=True)
+    store.complete_case("d:k", output_dir="cases/elsewhere", findings=[], measurements=[])
+    assert committed_cases(run) == {"a"}
+    store.confirm_case("b:k")
+    assert committed_cases(run) == {"a", "b"}
+    store.db.execute("DROP TABLE unconfirmed")
+    store.close()
+    assert committed_cases(run) == {"a", "b"}
