@@ -317,15 +317,22 @@ def test_sigterm_of_the_driver_stops_its_actors_and_asks_for_a_rerun(cluster, ca
     while not _a_case_running(out):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
+    # this cluster's actors only (another Ray test's cluster may run beside it, e.g. under pytest -n 2): found here,
+    # so that the check below proves something
+    deadline = time.monotonic() + 60
+    while not (ours := cluster.processes("ray::StageActor")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run's actors were not found among the cluster's"
+        time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "run the same command again to resume" in err and "SIGTERM received" not in err, err  # no native stack dump
     assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
     deadline = time.monotonic() + 30
-    while subprocess.run(["pgrep", "-f", "ray::StageActor"], capture_output=True).stdout and time.monotonic() < deadline:
+    while cluster.processes("ray::StageActor") and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not subprocess.run(["pgrep", "-f", "ray::StageActor"], capture_output=True).stdout, "the run's actors live on"
+    left = cluster.processes("ray::StageActor")
+    assert not left, f"the run's actors live on (of {len(ours)} found while it ran): {left}"
 
 
 @pytest.mark.slow

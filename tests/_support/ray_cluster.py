@@ -131,6 +131,19 @@ class LocalCluster:
         while self.leftovers() and time.monotonic() < deadline:
             time.sleep(0.2)
 
+    def processes(self, marker: str) -> list[str]:
+        """``pid command`` of every live process of this cluster (its nodes' processes, those naming its session
+        folder and everything below them, such as the worker processes that hold its actors) whose command line
+        holds ``marker`` (e.g. ``ray::StageActor``): another cluster's processes on the machine are never among them."""
+        if self.cluster is not None:
+            self._remember()
+        alive = []
+        for pid in sorted(self.pids | _descendants(self.pids)):
+            cmd = _cmdline(pid)
+            if cmd is not None and marker in cmd:
+                alive.append(f"{pid} {cmd[:120]}")
+        return alive
+
     def leftovers(self) -> list[str]:
         """``pid command`` of every process the cluster started that is still alive (zombies excepted)."""
         alive = []
