@@ -259,9 +259,22 @@ def test_a_node_with_another_ctpipe_stops_the_run_before_it_takes_a_case(tmp_pat
         pool.advance(other)
 
 
-def _ray_pids() -> set[int]:
-    p = subprocess.run(["pgrep", "-f", "raylet|gcs_server|ray::"], capture_output=True, text=True)
-    return {int(x) for x in p.stdout.split()}
+def _ray_pids(session: int) -> set[int]:
+    """The live Ray processes (GCS, raylet, agents, workers) of the process session ``session``: those a driver
+    started in its own session (``start_new_session``) starts keep it, and another test's Ray processes on the
+    machine (pytest -n 2) never have it."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = entry.joinpath("stat").read_text().rsplit(") ", 1)[1].split()
+            cmd = entry.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == session and any(m in cmd for m in ("raylet", "gcs_server", "ray::")):
+            out.add(int(entry.name))
+    return out
 
 
 def _a_case_running(out: Path) -> bool:
@@ -277,7 +290,6 @@ def test_sigterm_of_a_run_on_a_private_instance_is_an_interruption_to_resume(tmp
     pytest.importorskip("ray")
     from tests._support.ray_cluster import ray_environment
 
-    before = _ray_pids()
     out = tmp_path / "run"
     args = [sys.executable, "-m", "pipeline", "run", str(ROOT / "data_samples"), "--out", str(out), "--ray", "local"]
     args += [*as_cli({**QUICK, "report.enabled": False, "runner.torch_threads": 1}), "--quiet"]
@@ -288,6 +300,8 @@ def test_sigterm_of_a_run_on_a_private_instance_is_an_interruption_to_resume(tmp
         while not _a_case_running(out):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
+        started = _ray_pids(proc.pid)  # the private instance's own processes: the check below proves something
+        assert started, "the run's private Ray instance was not found in its process session"
         proc.send_signal(signal.SIGTERM)  # the driver alone, as systemd or kill would
         _, err = proc.communicate(timeout=60)
     finally:
@@ -297,9 +311,10 @@ def test_sigterm_of_a_run_on_a_private_instance_is_an_interruption_to_resume(tmp
     assert "run the same command again to resume" in err and "SIGTERM received" not in err, err
     assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
     deadline = time.monotonic() + 20
-    while _ray_pids() - before and time.monotonic() < deadline:
+    while _ray_pids(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _ray_pids() - before == set(), "processes of the run's private Ray instance were left running"
+    left = _ray_pids(proc.pid)
+    assert left == set(), f"processes of the run's private Ray instance were left running ({len(started)} while it ran)"
 
 
 def test_auto_with_a_stale_record_of_a_dead_head_says_where_the_address_came_from(monkeypatch):
