@@ -3,7 +3,9 @@
 Tissue is everything above ``body_hu``. What lies under the patient is found by its shape
 and its constancy along z (:func:`table_zone`): the shell of a diagnostic table or of a
 radiotherapy couch is thin tissue present in nearly every slice and spread from side to side,
-which also tells which way gravity points; under a mattress the shell is no longer thin
+on the floor side of the patient: gravity comes from the DICOM PatientPosition and the image
+orientation (:func:`gravity_axis`), and only without a position from where the shell lies along
+the anterior-posterior axis (a supine or prone patient); under a mattress the shell is no longer thin
 tissue, and is found as thin bright tissue (carbon fibre) next to the table's foam core.
 Beside the patient, whatever rests on the shell (a mattress, a blanket) shows as a thin layer;
 its thickness is carried under the patient, and everything from that layer's top down is
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 from scipy import ndimage
 
+from ..geometry import Geometry
 from ..intensity import AIR_HU
 from . import morph
 from .grid import Grid
@@ -191,8 +194,10 @@ def _shell_under_layer(
     pixels of the median row of the neighbouring such columns see the upper shell; the others (a
     gap in a shell split by partial volume, which shows the lower shell with foam above it,
     or nothing) take its row interpolated from the nearest seeing columns, across gaps of
-    at most ``window`` columns. None unless every ``contact`` column (where the patient's
-    back rests) is known: then the lower shell is all that is seen under the patient.
+    at most ``window`` columns. Beyond the last seeing column, where the shell runs into the image's lower edge
+    (a small field of view cuts a curved table under the patient), the shell lies under the image: its row is the
+    image's depth. None unless every ``contact`` column (where the patient's back rests) is known: then the lower
+    shell is all that is seen under the patient.
     """
     top, has = _first_below(bright, below)
     width = top.size
@@ -210,23 +215,65 @@ def _shell_under_layer(
     for a, b in zip(seen[:-1], seen[1:], strict=True):
         if 1 < b - a <= window + 1:
             known[a + 1 : b] = True
+    rows = np.round(np.interp(cols, seen, top[seen])).astype(np.int64)
+    depth_n = solid.shape[0]
+    for end, beyond in ((seen[0], cols < seen[0]), (seen[-1], cols > seen[-1])):
+        if top[end] >= depth_n - 1 - tol:  # the shell runs into the image's lower edge: it lies under it beyond
+            rows[beyond], known[beyond] = depth_n, True
     if not known[contact].all():
         return None
-    rows = np.round(np.interp(cols, seen, top[seen])).astype(np.int64)
-    return np.where(known, rows, solid.shape[0]), known
+    return np.where(known, rows, depth_n), known
 
 
-def _gravity(shell: np.ndarray, c_trunk: np.ndarray) -> tuple[int, int] | None:
-    """The axis gravity runs along (the one across which the 2-D ``shell`` spreads least) and its sign (+1: towards
-    higher indices), from the trunk's centre ``c_trunk`` (pixels) towards the shell; None unless the shell spreads
-    ``TABLE_ELONGATION`` times more (variance) along the other axis and lies off the trunk's centre."""
-    pts = np.argwhere(shell)
-    spread = pts.var(axis=0)
-    ax = int(np.argmin(spread))  # gravity: across the table, which is long from side to side
-    d = pts.mean(axis=0) - c_trunk
-    if spread[1 - ax] < TABLE_ELONGATION * max(spread[ax], 1.0) or abs(d[ax]) < 1.0:
+# DICOM PatientPosition (C.7.3.1.1.2) by its last letters: the LPS unit vector pointing to the floor (supine: posterior,
+# prone: anterior, decubitus right / left: the patient's right / left)
+FLOOR_LPS = {"DR": (-1.0, 0.0, 0.0), "DL": (1.0, 0.0, 0.0), "S": (0.0, 1.0, 0.0), "P": (0.0, -1.0, 0.0)}
+
+
+def floor_lps(patient_position: object) -> np.ndarray | None:
+    """The LPS unit vector (3,) pointing to the floor for a DICOM PatientPosition (HFS, FFS: +P; HFP, FFP: -P; HFDR,
+    FFDR: -L; HFDL, FFDL: +L), or None where the position is missing or not one of these."""
+    pos = str(patient_position or "").strip().upper()
+    for suffix, vec in FLOOR_LPS.items():
+        if len(pos) > len(suffix) and pos.endswith(suffix) and pos[: -len(suffix)] in ("HF", "FF"):
+            return np.asarray(vec, dtype=np.float64)
+    return None
+
+
+def gravity_axis(geom: Geometry, patient_position: object) -> tuple[int, int] | None:
+    """Which in-plane axis of a 2-D footprint (the two in-plane array axes, in array order) gravity runs along and its
+    sign (+1: towards higher indices), from the PatientPosition (:func:`floor_lps`) and the image orientation in LPS;
+    None where the position is not known or the floor is not within the slices' plane."""
+    floor = floor_lps(patient_position)
+    if floor is None:
         return None
-    return ax, 1 if d[ax] > 0 else -1
+    sa = geom.array_axis(2)
+    comp = np.array([float(geom.direction[:, 2 - d] @ floor) for d in range(3) if d != sa])
+    ax = int(np.argmax(np.abs(comp)))
+    if abs(comp[ax]) < 0.5:
+        return None
+    return ax, 1 if comp[ax] > 0 else -1
+
+
+def _gravity(shell: np.ndarray, c_trunk: np.ndarray, known: tuple[int, int] | None, ap_axis: int) -> tuple[int, int] | None:
+    """The in-plane axis gravity runs along and its sign (+1: towards higher indices): ``known`` (from the patient
+    position, :func:`gravity_axis`), else along ``ap_axis`` (the in-plane axis nearest anterior-posterior: a supine or
+    prone patient) towards the side of the trunk's centre ``c_trunk`` (pixels) where the 2-D ``shell`` lies. None
+    unless the shell spreads ``TABLE_ELONGATION`` times more (variance) across gravity than along it (a table is long
+    from side to side) and, without a known position, lies off the trunk's centre."""
+    pts = np.argwhere(shell)
+    if pts.shape[0] < 2:
+        return None
+    ax = known[0] if known is not None else ap_axis
+    spread = pts.var(axis=0)
+    if spread[1 - ax] < TABLE_ELONGATION * max(spread[ax], 1.0):
+        return None
+    if known is not None:
+        return known
+    d = pts[:, ax].mean() - c_trunk[ax]
+    if abs(d) < 1.0:
+        return None
+    return ax, 1 if d > 0 else -1
 
 
 def _main_piece(shell: np.ndarray, trunk: np.ndarray) -> np.ndarray | None:
@@ -244,16 +291,52 @@ def _main_piece(shell: np.ndarray, trunk: np.ndarray) -> np.ndarray | None:
     return None
 
 
+def _level_pieces(shell: np.ndarray, trunk: np.ndarray, c_trunk: np.ndarray, ax: int) -> np.ndarray | None:
+    """The pieces of the 2-D ``shell`` that lie level across gravity (along axis ``ax``, pixels) on one side of the
+    trunk's centre ``c_trunk``, or None unless together they span ``TABLE_SPAN`` of the ``trunk``'s width.
+
+    With gravity known from the patient position, a blanket draped down the patient's side or a curved piece of the
+    patient's edge (steep along gravity) may outweigh a table cut by a small field of view in the whole shell's
+    spread; the table's shell is still level piece by piece. Pieces are 8-connected across one-pixel gaps (a curved
+    shell seen as a staircase of short runs); a piece is level when it spreads ``TABLE_ELONGATION`` times more
+    (variance) across gravity than along it; the side with the wider span is kept.
+    """
+    bridged = ndimage.binary_dilation(shell, structure=np.ones((3, 3), dtype=bool))
+    labels, sizes = morph.label(bridged, structure=ndimage.generate_binary_structure(2, 2))
+    level = np.zeros(sizes.size, dtype=bool)
+    side = np.zeros(sizes.size, dtype=np.int64)
+    for n in np.nonzero(sizes)[0]:
+        pts = np.argwhere(shell & (labels == n))
+        if pts.shape[0] < 2:
+            continue
+        spread = pts.var(axis=0)
+        level[n] = spread[1 - ax] >= TABLE_ELONGATION * max(spread[ax], 1.0)
+        side[n] = 1 if pts[:, ax].mean() > c_trunk[ax] else -1
+    t_idx = np.nonzero(trunk.any(axis=ax))[0]
+    best: np.ndarray | None = None
+    best_span = TABLE_SPAN * (t_idx[-1] - t_idx[0] + 1) if t_idx.size else np.inf
+    for sign in (1, -1):
+        pieces = shell & level[labels] & (side[labels] == sign)
+        p_idx = np.nonzero(pieces.any(axis=ax))[0]
+        if p_idx.size and p_idx[-1] - p_idx[0] + 1 >= best_span:
+            best, best_span = pieces, p_idx[-1] - p_idx[0] + 1
+    return best
+
+
 def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     """The 2-D region (in-plane axes in array order) taken by the table and what lies on it, or None.
 
     The table's shell is thin (thinner than ``TABLE_SHELL_MM`` in-plane) tissue present in
     nearly every slice, spread from side to side; under a mattress, which makes it part of a
     thick layer of tissue, it is thin tissue brighter than ``SHELL_HU`` next to the table's
-    foam core or the air under it. Gravity runs along the image axis across which the shell
-    spreads least, from the patient's centre towards the shell; on coarse pixels (4 mm),
-    where thin bits of the patient's edge also count as shell, the shell's largest piece
-    alone tells it when it spans half the patient's width (:func:`_main_piece`). Along that axis, each line
+    foam core or the air under it. Gravity runs along the in-plane axis the patient position
+    and the image orientation give (:func:`gravity_axis`; without a position, the axis nearest
+    anterior-posterior, towards the side of the patient where the shell lies); the shell must
+    spread across it (:func:`_gravity`). On coarse pixels (4 mm), where thin bits of the
+    patient's edge also count as shell, the shell's largest piece alone is tried when it spans
+    half the patient's width (:func:`_main_piece`), and then the shell's level pieces on one side
+    of the patient (:func:`_level_pieces`: a table cut by a small field of view beside a blanket
+    draped down the patient's side). Along that axis, each line
     of the image crosses the shell's top at some depth (the upper shell where a mattress
     lies on it under the whole patient, see :func:`_shell_under_layer`; else the first thin
     tissue: the bare upper shell, or the lower one under a mattress). Where the line misses
@@ -286,10 +369,16 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     labels, sizes = morph.label(opened if opened.any() else core, structure=ndimage.generate_binary_structure(2, 1))
     trunk = labels == int(np.argmax(sizes))
     c_trunk = np.argwhere(trunk).mean(axis=0)
-    found = _gravity(shell, c_trunk)
+    known = gravity_axis(geom, grid.full.metadata.get("PatientPosition"))
+    plane = [d for d in range(3) if d != sa]
+    ap_axis = int(np.argmax([abs(geom.direction[1, 2 - d]) for d in plane]))
+    found = _gravity(shell, c_trunk, known, ap_axis)
     if found is None:  # coarse pixels: thin bits of the patient's edge count as shell and skew its spread
         piece = _main_piece(shell, trunk)
-        found = _gravity(piece, c_trunk) if piece is not None else None
+        found = _gravity(piece, c_trunk, known, ap_axis) if piece is not None else None
+        if found is None or piece is None:  # a table cut by the field of view, outweighed by a blanket at the side
+            piece = _level_pieces(shell, trunk, c_trunk, known[0] if known is not None else ap_axis)
+            found = _gravity(piece, c_trunk, known, ap_axis) if piece is not None else None
         if found is None or piece is None:
             return None
         thin_shell, bright_shell = thin_shell & piece, bright_shell & piece
