@@ -16,7 +16,9 @@ looked for on pixels of about ``TABLE_PIXEL_MM`` whatever the working grid: on a
 by what lies beside the table zone only (the zone read as air), so that a voxel holding the edge
 of a bright shell and the air above it does not join the patient. A small field of view that
 cuts a curved shell under the patient's centre leaves it on the image's edge, where it does not
-look thin (the array border does not erode); it is found there too (:func:`_shell_at_edge`). After an opening
+look thin (the array border does not erode); it is found there too (:func:`_shell_at_edge`). Where no shell is in
+the image at all (a flat table below a small field of view), a thin layer that the image's lower edge cuts on both
+sides of the patient, with air above it, is what rests on the table (:func:`_layer_at_edge`). After an opening
 (``body_open_mm``) that detaches what still touches, the largest component is the trunk;
 other components are kept when they look like a patient (soft-tissue HU, and thick or cut by
 the image edge): arms at the sides, separated from the chest wall by air, or raised arms in
@@ -182,6 +184,35 @@ def _shell_at_edge(solid: np.ndarray, top: np.ndarray, has: np.ndarray, *, thin:
     cols = np.arange(solid.shape[1])
     edge = ~has & (cols > seen[0]) & (cols < seen[-1]) & (last >= depth_n - 1 - thin) & (run <= thin) & (run <= last)
     return np.where(edge, last + 1 - run, top), has | edge
+
+
+def _layer_at_edge(solid: np.ndarray, trunk: np.ndarray, *, thick: int, tol: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where no shell is seen: a layer on the table (a blanket, a mattress, the table's top) that the image's lower
+    edge cuts (axis 0, gravity downwards; a small field of view): the row of its top per column and where known
+    (:func:`_first_below`'s form), or None.
+
+    A column sees the layer when its lowest run of tissue reaches the image's last row, is at most ``thick`` pixels
+    thick and has air right above it (beside the patient, or under a flank that does not rest on it); the patient's
+    back cut by the edge is a run as deep as the patient. With such columns on both sides of the ``trunk``'s middle
+    whose tops (medians per side) agree within ``tol`` pixels, the layer's top is interpolated across the columns
+    between (where the patient rests on it) and held beyond.
+    """
+    depth_n = solid.shape[0]
+    rows = np.arange(depth_n)[:, None]
+    last = _last_row(solid)
+    run = last - _last_row(~solid & (rows < last[None, :]))  # last + 1 where the run starts at row 0 (no air above)
+    seen = np.nonzero((last == depth_n - 1) & (run <= thick) & (run <= last))[0]
+    t_cols = np.nonzero(trunk.any(axis=0))[0]
+    if seen.size < 2 or t_cols.size == 0:
+        return None
+    middle = 0.5 * (t_cols[0] + t_cols[-1])
+    tops = last + 1 - run
+    left, right = seen[seen < middle], seen[seen > middle]
+    if left.size == 0 or right.size == 0 or abs(float(np.median(tops[left]) - np.median(tops[right]))) > tol:
+        return None
+    cols = np.arange(solid.shape[1])
+    top = np.round(np.interp(cols, seen, tops[seen])).astype(np.int64)
+    return top, np.ones(cols.size, dtype=bool)
 
 
 def _shell_under_layer(
@@ -351,6 +382,7 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     n = tissue.shape[sa]
     if n < TABLE_MIN_SLICES or n * geom.spacing[2 - sa] < TABLE_MIN_EXTENT_MM:
         return None
+    known = known_floor = gravity_axis(geom, grid.full.metadata.get("PatientPosition"))
     r = grid.in_plane_radius(TABLE_SHELL_MM)
     thin_shell = _persistent_footprint(tissue & ~morph.opening(tissue, r), sa)
     bright = grid.hu > SHELL_HU
@@ -360,7 +392,7 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     shell = thin_shell | bright_shell
     solid = _persistent_footprint(tissue, sa)
     core = solid & ~shell
-    if shell.sum() < 3 or not core.any():
+    if not core.any() or (shell.sum() < 3 and known_floor is None):
         return None
     # the patient's trunk: what stays of the footprint after an opening wider than any mattress
     r_big = max(1, int(round(TRUNK_OPEN * np.sqrt(core.sum()))))
@@ -369,7 +401,6 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
     labels, sizes = morph.label(opened if opened.any() else core, structure=ndimage.generate_binary_structure(2, 1))
     trunk = labels == int(np.argmax(sizes))
     c_trunk = np.argwhere(trunk).mean(axis=0)
-    known = gravity_axis(geom, grid.full.metadata.get("PatientPosition"))
     plane = [d for d in range(3) if d != sa]
     ap_axis = int(np.argmax([abs(geom.direction[1, 2 - d]) for d in plane]))
     found = _gravity(shell, c_trunk, known, ap_axis)
@@ -379,8 +410,10 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
         if found is None or piece is None:  # a table cut by the field of view, outweighed by a blanket at the side
             piece = _level_pieces(shell, trunk, c_trunk, known[0] if known is not None else ap_axis)
             found = _gravity(piece, c_trunk, known, ap_axis) if piece is not None else None
-        if found is None or piece is None:
-            return None
+        if found is None or piece is None:  # no shell seen: only a layer the image's lower edge cuts (below)
+            if known is None:
+                return None
+            found, piece = known, np.zeros_like(shell)
         thin_shell, bright_shell = thin_shell & piece, bright_shell & piece
     ax, down = found
     # put gravity on axis 0, increasing downwards
@@ -405,8 +438,11 @@ def table_zone(tissue: torch.Tensor, grid: Grid) -> np.ndarray | None:
         top, has = upper
         start = top - _layer_on_shell(so, top, t_depth)
     else:  # the bare upper shell, or the lower one under a mattress whose upper shell was not seen
-        if not has.any():
-            return None
+        if not has.any():  # no shell seen under the patient: a layer on the table the image's lower edge cuts
+            edge = _layer_at_edge(so, tr, thick=max(2, int(LAYER_MAX * t_depth)), tol=tol)
+            if edge is None:
+                return None
+            top, has = edge
         last = _last_row((depth < top[None, :]) & so)
         gap = (top - 1 - last)[contact & has]  # what separates the shell from the patient resting on the table
         if gap.size and np.median(gap) <= BARE_GAP * t_depth:  # an air gap: the bare upper shell
