@@ -16,10 +16,22 @@ from pipeline.dicom_out import NoduleDetail, write_seg, write_sr
 from pipeline.dicom_out import seg as seg_module
 from pipeline.dicom_out import sr as sr_module
 from pipeline.dicom_out.layout import seg_layout_fingerprint, sr_layout_fingerprint, sr_layout_text
+from pipeline.reconstruction.quality import FLAGS, QualityFlag, QualityReport
 from tests.test_dicom_out_sources import phantom_case
-from tests.test_dicom_out_sr import LUNGS, QUALITY
+from tests.test_dicom_out_sr import LUNGS
 
 MODEL = dict(model_name="demo_phantom_retinanet", model_version="7", score_threshold=0.5)
+#: a quality report with a flag of each way the SR states one (a Quality Finding in ctpipe's code and as Anatomy
+#: coverage incomplete at a lung end, a lung Absent, Airway coverage, the contrast phase), so that the fingerprint
+#: covers each
+LAYOUT_QUALITY = QualityReport(
+    lung_coverage="partial",
+    contrast_phase="venous",
+    flags=tuple(
+        QualityFlag(code, FLAGS[code][0], FLAGS[code][1], side="left" if code == "one_lung" else None)
+        for code in ("lungs_apex_cut", "one_lung", "thick_slices", "contrast_venous", "airway_not_in_scan")
+    ),
+)
 
 
 def _sr(case, path: Path, **options) -> pydicom.Dataset:
@@ -28,7 +40,7 @@ def _sr(case, path: Path, **options) -> pydicom.Dataset:
         "findings": case.findings,
         "nodules": case.nodules,
         "measurements": {"lungs": LUNGS},
-        "quality": QUALITY,
+        "quality": LAYOUT_QUALITY,
         "details": details,
         **options,
     }

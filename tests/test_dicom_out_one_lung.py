@@ -1,5 +1,6 @@
-"""The SR's one_lung quality finding names the side with no lung (within the 64 characters of a code meaning), from
-a quality report or its JSON alike, and reads back as the flag one_lung; each side has its own code value (one code value, one meaning)."""
+"""The SR states the one_lung flag as the side with no lung Absent ("Left lung: Absent", standard codes: a finding about
+the patient's anatomy, no Quality Finding), from a quality report or its JSON alike, and reads it back as the flag
+one_lung; the lungs' totals are stated once, on the remaining lung's side."""
 
 from __future__ import annotations
 
@@ -36,14 +37,18 @@ def test_the_one_lung_finding_names_the_missing_side(tmp_path, side, as_json):
         measurements={"lungs": {f"lung_{other}_volume_ml": 2400.0}},
     )
     ds = pydicom.dcmread(path)
-    # one code value, one meaning: each side's statement has its own code value
-    (meaning,) = [
-        item.ConceptCodeSequence[0].CodeMeaning
+    # a finding about the patient's anatomy, in standard codes: "<side> lung: Absent" (CID 240), no Quality Finding
+    stated = [
+        (item.ConceptNameCodeSequence[0].CodeMeaning, item.ConceptCodeSequence[0].CodeValue)
         for item in _content_items(ds)
-        if "ConceptCodeSequence" in item and item.ConceptCodeSequence[0].CodeValue == f"no_{side}_lung"
+        if "ConceptCodeSequence" in item and item.ConceptNameCodeSequence[0].get("CodeMeaning", "").endswith(" lung")
     ]
-    assert f"no {side} lung" in meaning and other not in meaning, meaning
-    assert len(meaning) <= 64
+    assert stated == [(f"{side.capitalize()} lung", "272519000")], stated
+    assert not [
+        i
+        for i in _content_items(ds)
+        if "ConceptNameCodeSequence" in i and i.ConceptNameCodeSequence[0].get("CodeValue") == "111052"
+    ]
     assert read_sr_case(path)["quality_flags"] == ["one_lung"]
     assert_valid(path)
 

@@ -43,7 +43,19 @@ Certainty of Finding      DCM 111012                  SR: detector score (0..1, 
 Present / Absent          SCT 52101004 / 272519000    SR: "Nodule" present / absent (the explicit
                                                       no-findings statement; CID 240); SCT 2667000 Absent
                                                       in SRs of layouts 1-3
-Quality finding           DCM 111052                  SR: name of each quality flag evaluation
+Quality finding           DCM 111052                  SR: name of each quality flag that is a deficiency of
+                                                      the images (informational flags: below); in SRs of
+                                                      layouts 1-4 of every flag
+Anatomy coverage          DCM 130576, finding site    SR: value of "Quality finding" for lungs_apex_cut /
+incomplete                SCT 39607008 Lung with      lungs_base_cut: the scan range cuts the lungs' apex or
+                          topographical modifier      base (CID 6315; CID 2); 99CTPIPE lungs_apex_cut /
+                          SCT 43674008 Apical /       lungs_base_cut in SRs of layouts 1-4
+                          SCT 57195005 Basal
+Left / Right lung: Absent SCT 44029006 / 3341006 =    SR: one_lung, the side with no lung (CID 240); in SRs of
+                          SCT 272519000               layouts 1-4 the Quality finding 99CTPIPE no_left_lung /
+                                                      no_right_lung
+Airway coverage           99CTPIPE airway_coverage    SR: "Absent" for airway_not_in_scan (no trachea in the
+                                                      scan); a Quality finding in SRs of layouts 1-4
 Volume-equivalent sphere  99CTPIPE                    SR: diameter of the sphere of the nodule's volume (mm);
 diameter                  equiv_diameter              neither DCM nor SCT codes this concept, and SCT
                                                       81827009 "Diameter" reads as a measured axis (an SR
@@ -69,8 +81,10 @@ Contrast phase            99CTPIPE contrast_phase     SR: non_contrast / arteria
                                                       cardiac catheterization procedure, CID 3250; CID
                                                       10014 lists the procedures "CT with/without
                                                       contrast", no phases); DCM 109058 in SRs of layout 3
-quality flag codes        99CTPIPE <flag code>        SR: values of "Quality finding", one per flag of
-                                                      :data:`pipeline.reconstruction.quality.FLAGS`
+quality flag codes        99CTPIPE <flag code>        SR: values of "Quality finding", one per deficiency
+                                                      flag of :data:`pipeline.reconstruction.quality.FLAGS`
+                                                      without a standard code; the contrast phase flags are
+                                                      the contrast phase item's value, not repeated
 ========================  ==========================  =====================================================
 
 Units (UCUM): mm, mm3, ml, %, 1 (no units).
@@ -135,7 +149,19 @@ PRESENT = Code("52101004", "SCT", "Present")
 ABSENT = Code("272519000", "SCT", "Absent")
 #: read back from SRs of layouts 1-3, which stated Absent so (a code of no PS3.16 context group); never written
 ABSENT_EARLIER = Code("2667000", "SCT", "Absent")
+#: a quality related deficiency detected within an image (PS3.16): the name of each quality flag that is one; the
+#: informational flags are stated otherwise (:data:`INFORMATIONAL_FLAGS`)
 QUALITY_FINDING = Code("111052", "DCM", "Quality Finding")
+#: a Quality Finding: the series does not cover all of the anatomy of interest (CID 6315, a group of series quality
+#: findings written for prostate MRI; the code itself names no modality or organ); where, by :data:`CUT_LUNG_ENDS`
+ANATOMY_COVERAGE_INCOMPLETE = Code("130576", "DCM", "Anatomy coverage incomplete")
+#: the concept modifier of a finding site saying which part of it (CID 2 "Anatomic Modifier" holds its values)
+TOPOGRAPHICAL_MODIFIER = Code("106233006", "SCT", "Topographical modifier")
+APICAL = Code("43674008", "SCT", "Apical")
+BASAL = Code("57195005", "SCT", "Basal")
+#: quality flag → the end of the lungs the scan range cuts, stated as Anatomy coverage incomplete at the Lung with this
+#: topographical modifier (in SRs of layouts 1-4: 99CTPIPE lungs_apex_cut / lungs_base_cut)
+CUT_LUNG_ENDS: dict[str, Code] = {"lungs_apex_cut": APICAL, "lungs_base_cut": BASAL}
 
 MM = Code("mm", "UCUM", "millimeter")
 MM3 = Code("mm3", "UCUM", "cubic millimeter")
@@ -172,6 +198,15 @@ CONTRAST_PHASE = private("contrast_phase", "Contrast phase")
 #: of a cardiac catheterization procedure in which contrast medium is injected, not a CT acquisition's phase)
 CONTRAST_PHASE_CATHETERIZATION = Code("109058", "DCM", "Contrast Phase")
 COVERAGES = {v: private(v, v.capitalize()) for v in ("complete", "partial", "absent")}
+#: whether the scan holds the airway (the trachea): "Airway coverage: Absent" for the flag airway_not_in_scan, a
+#: property of the scan's range, not a deficiency of its images nor a finding about the patient
+AIRWAY_COVERAGE = private("airway_coverage", "Airway coverage")
+#: the quality flags that state a fact, not a deficiency of the images (no Quality Finding): the contrast phase flags
+#: repeat :data:`CONTRAST_PHASE`'s value, one_lung is "Left lung: Absent" or "Right lung: Absent" (:data:`ABSENT`,
+#: CID 240), airway_not_in_scan is :data:`AIRWAY_COVERAGE` Absent. SRs of layouts 1-4 stated them as Quality Findings.
+INFORMATIONAL_FLAGS = ("contrast_arterial", "contrast_venous", "one_lung", "airway_not_in_scan")
+#: the side without lung (one_lung's side) → the concept stated Absent
+ABSENT_LUNGS: dict[str, Code] = {"left": LEFT_LUNG, "right": RIGHT_LUNG}
 PHASES = {v: private(v, v.replace("_", " ").capitalize()) for v in ("non_contrast", "arterial", "venous")}
 
 

@@ -30,8 +30,11 @@ series' frame of reference):
 * one TID 1501 case group: Nodule Present/Absent (the explicit no-findings statement; no statement in
   a report of a reconstruction that no detector ran on, whose algorithm is then the reconstruction and
   names no operating point), lung volumes (ml to 0.1, per side and both) and the emphysema index (% to 0.1) where the quality report does not mark them
-  unreliable, and the quality assessment as coded evaluations (lung coverage, contrast phase, one
-  "Quality Finding" per flag).
+  unreliable, and the quality assessment as coded evaluations: lung coverage, contrast phase, one "Quality Finding"
+  (DCM 111052, a deficiency of the images) per flag that is one (a lung end cut by the scan range: DCM 130576
+  "Anatomy coverage incomplete" with the finding site Lung, Apical or Basal), and the informational flags once each
+  under a concept that fits (the contrast phase flags: the contrast phase item alone; one_lung: "Left lung: Absent" or
+  "Right lung: Absent"; airway_not_in_scan: "Airway coverage: Absent").
 """
 
 from __future__ import annotations
@@ -66,14 +69,16 @@ SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: with derivation Mean instead of 99CTPIPE mean_diameter, with layout 3; the contrast phase named 99CTPIPE
 #: contrast_phase again instead of DCM 109058, a cardiac catheterization phase, and Absent SCT 272519000 of CID 240
 #: instead of SCT 2667000, and the detector score DCM 111012 Certainty of Finding instead of DCM 122157 Probability,
-#: with layout 4). It goes into the SR's instance UID
+#: with layout 4; the quality flags that are no deficiency of the images stated otherwise than as Quality Findings, the
+#: contrast phase flags by the contrast phase item alone, and a lung end cut by the scan range as DCM 130576 Anatomy
+#: coverage incomplete at the Lung, Apical or Basal, with layout 5). It goes into the SR's instance UID
 #: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
-SR_LAYOUT = "4"
+SR_LAYOUT = "5"
 #: The fingerprint of SR_LAYOUT's content tree (:func:`~pipeline.dicom_out.layout.sr_layout_fingerprint`: concept
 #: names, value and relationship types, templates, graphic types and nesting; not values). A test compares it with an
 #: SR built now: with a new layout, raise SR_LAYOUT and record the new fingerprint here.
-SR_LAYOUT_FINGERPRINT = "2e4c6d5734dcc605"
+SR_LAYOUT_FINGERPRINT = "1c0d390984396442"
 #: case measurements of the reconstruction's ``lungs`` section → (laterality, concept, unit, decimals stated: volumes
 #: to 0.1 mL, the emphysema index to 0.1 %); in a one-lung case (``lungs_total_covers`` one side, or the quality flag
 #: ``one_lung``) the lungs' totals are the remaining lung's figures: they are stated once, on its side, in place of
@@ -269,6 +274,31 @@ def _lung_sides(lungs: Mapping[str, Any], missing: str | None, unreliable: set[s
     return sides
 
 
+def _flag_evaluation(code: str, side: str | None, sentence: str, *, phase: str | None) -> Any:
+    """The case group's item stating quality flag ``code`` (``side``: one_lung's side without lung), or None where
+    another item states it already (the contrast phase flags: the contrast phase item, the SR's ``phase``).
+
+    A deficiency of the images is a Quality Finding (DCM 111052): a lung end cut by the scan range is Anatomy coverage
+    incomplete (DCM 130576) with the finding site Lung, Apical or Basal; the others are ctpipe's code of the flag, its
+    sentence as meaning. The informational flags are no Quality Finding: one_lung is "Left lung: Absent" or "Right
+    lung: Absent" (CID 240), airway_not_in_scan "Airway coverage: Absent".
+    """
+    import highdicom as hd
+
+    if code in ("contrast_arterial", "contrast_venous") and code == f"contrast_{phase}":
+        return None
+    if code == "one_lung" and side in C.ABSENT_LUNGS:
+        return hd.sr.QualitativeEvaluation(C.ABSENT_LUNGS[side], C.ABSENT)
+    if code == "airway_not_in_scan":
+        return hd.sr.QualitativeEvaluation(C.AIRWAY_COVERAGE, C.COVERAGES["absent"])
+    if code in C.CUT_LUNG_ENDS:
+        evaluation = hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.ANATOMY_COVERAGE_INCOMPLETE)
+        site = hd.sr.FindingSite(anatomic_location=C.LUNG, topographical_modifier=C.CUT_LUNG_ENDS[code])
+        evaluation[0].ContentSequence = hd.sr.ContentSequence([site])
+        return evaluation
+    return hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.quality_flag_code(code, sentence, side=side))
+
+
 def _case_group(
     findings: Sequence[ReportedFinding],
     measurements: Mapping[str, Any] | None,
@@ -311,11 +341,10 @@ def _case_group(
                 where="quality",
                 fix=f"flags come from pipeline.reconstruction.quality.FLAGS: {sorted(FLAGS)}",
             )
-        evaluations.append(
-            hd.sr.QualitativeEvaluation(
-                C.QUALITY_FINDING, C.quality_flag_code(code, flag_sentence(code, flag_side), side=flag_side)
-            )
-        )
+        stated_phase = phase if phase in C.PHASES else None
+        evaluation = _flag_evaluation(code, flag_side, flag_sentence(code, flag_side), phase=stated_phase)
+        if evaluation is not None:
+            evaluations.append(evaluation)
     uid = stable_uid("ctpipe-case", source.series_instance_uid)
     return hd.sr.MeasurementsAndQualitativeEvaluations(
         tracking_identifier=hd.sr.TrackingIdentifier(uid=uid, identifier="Case"),

@@ -230,6 +230,40 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
     return table.sort_values("rank", kind="stable").reset_index(drop=True) if rows else table
 
 
+def _cut_lung_ends(group: Any) -> list[str | None]:
+    """Per "Anatomy coverage incomplete" Quality Finding of the group's container, in order, the quality flag it states
+    (lungs_apex_cut, lungs_base_cut) by the topographical modifier of its finding site (Apical, Basal); None for
+    another. Read from the content items: highdicom's evaluations do not keep their concept modifiers."""
+    ends = {_key(v): flag for flag, v in C.CUT_LUNG_ENDS.items()}
+    finding, incomplete, modifier = _key(C.QUALITY_FINDING), _key(C.ANATOMY_COVERAGE_INCOMPLETE), _key(C.TOPOGRAPHICAL_MODIFIER)
+    out: list[str | None] = []
+    for item in (child for container in group for child in container.get("ContentSequence", [])):
+        name, value = item.get("ConceptNameCodeSequence"), item.get("ConceptCodeSequence")
+        if not (name and value and _code_key(name[0]) == finding and _code_key(value[0]) == incomplete):
+            continue
+        stated = [
+            ends.get(_code_key(m.ConceptCodeSequence[0]))
+            for m in _nested(item)
+            if m.get("ConceptNameCodeSequence")
+            and "ConceptCodeSequence" in m
+            and _code_key(m.ConceptNameCodeSequence[0]) == modifier
+        ]
+        out.append(stated[0] if stated else None)
+    return out
+
+
+def _nested(item: Any) -> list[Any]:
+    out = []
+    for child in item.get("ContentSequence", []):
+        out += [child, *_nested(child)]
+    return out
+
+
+def _code_key(code: Any) -> tuple[str, str]:
+    """(value, scheme) of a code sequence item, its value as CodeValue or LongCodeValue."""
+    return (str(code.get("CodeValue", code.get("LongCodeValue", ""))), str(code.get("CodingSchemeDesignator", "")))
+
+
 def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The case-level content of a ctpipe SR.
 
@@ -239,6 +273,7 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
     remaining lung's figures, stated once on its side), ``lung_coverage``, ``contrast_phase`` and ``quality_flags``
     (flag codes).
     """
+    from ..reconstruction.quality import FLAGS
     from .sr import LUNG_MEASUREMENTS
 
     report = _report(path)
@@ -275,6 +310,8 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
             out["measurements"][measured] = float(m.value)
     coverages = {_key(v): k for k, v in C.COVERAGES.items()}
     phases = {_key(v): k for k, v in C.PHASES.items()}
+    absent_lungs = {_key(v) for v in C.ABSENT_LUNGS.values()}
+    cut_ends = iter(_cut_lung_ends(case))
     for q in case.get_qualitative_evaluations():
         concept, value = _key(q.name), _key(q.value)
         if concept == _key(C.NODULE):
@@ -284,8 +321,21 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
             out["lung_coverage"] = coverages.get(value)
         elif concept in (_key(C.CONTRAST_PHASE), _key(C.CONTRAST_PHASE_CATHETERIZATION)):  # the latter: SR layout 3
             out["contrast_phase"] = phases.get(value)
-        elif concept == _key(C.QUALITY_FINDING) and value[1] == C.PRIVATE_SCHEME:
+        elif concept == _key(C.QUALITY_FINDING) and value == _key(C.ANATOMY_COVERAGE_INCOMPLETE):
+            cut = next(cut_ends, None)
+            if cut is not None:
+                out["quality_flags"].append(cut)
+        elif concept == _key(C.QUALITY_FINDING) and value[1] == C.PRIVATE_SCHEME:  # and every flag in layouts 1-4
             out["quality_flags"].append(C.quality_flag_of(value[0]))
+        elif concept in absent_lungs and value == _key(C.ABSENT):
+            out["quality_flags"].append("one_lung")
+        elif concept == _key(C.AIRWAY_COVERAGE) and value == _key(C.COVERAGES["absent"]):
+            out["quality_flags"].append("airway_not_in_scan")
+    phase_flag = f"contrast_{out['contrast_phase']}"
+    if phase_flag in FLAGS and phase_flag not in out["quality_flags"]:  # stated once, by the contrast phase (layout 5)
+        flags = out["quality_flags"]
+        at = flags.index("airway_not_in_scan") if "airway_not_in_scan" in flags else len(flags)
+        flags.insert(at, phase_flag)  # where the quality report lists it
     if "one_lung" in out["quality_flags"]:  # the lungs' totals, stated once on the remaining lung's side, are its figures
         stated = out["measurements"]
         for total, (side, concept, _, _) in LUNG_MEASUREMENTS.items():
