@@ -74,9 +74,11 @@ def clean_volume(volume: CTVolume, where: str) -> CTVolume:
     frac = n_bad / arr.size
     if frac > MAX_BAD_VOXEL_FRACTION:
         raise InvalidVolumeError(
-            f"{n_bad} of {arr.size} voxels ({frac:.1%}) are NaN or infinite",
+            f"{n_bad} of {arr.size} voxels ({frac:.1%}) are NaN or infinite, more than the {MAX_BAD_VOXEL_FRACTION:.0%} "
+            f"that are set to {NONFINITE_HU:g} HU (air)",
             where=where,
-            fix="the series' pixel data is corrupt; ingest it again or exclude it",
+            fix="the series' pixel data is corrupt: ingest it again from its DICOM files, or export its image file "
+            "(NIfTI/NRRD) again from the original series, or exclude it",
         )
     log.warning("%s: %d NaN/infinite voxels set to -1024 HU (air)", where, n_bad)
     metadata = {**volume.metadata, NONFINITE_SET_TO_AIR_KEY: cached + n_bad}

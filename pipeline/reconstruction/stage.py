@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from ..atomic import atomic_write_bytes
-from ..cache import NONFINITE_HU, is_plain_file_name, nonfinite_set_to_air
+from ..cache import is_plain_file_name, nonfinite_set_to_air
 from ..config_schema import SCHEMA
+from ..detection.infer_input import clean_volume
 from ..devicetime import DeviceTimer
 from ..errors import BundleError, CtpipeError, ReconstructionError, refuse_unexpanded_home, require_bool, require_path
 from ..ingest.api import safe_case_id
@@ -75,7 +76,8 @@ class Reconstruction:
     masks: one binary :class:`LabelMap` per organ (``labels={1: organ}``) on the input grid.
     meshes: closed, outward surfaces per organ (vertices LPS mm).
     measurements: ``{"organs": {organ: {...}}, "lungs": {...}, "nodules": [...]}``; ``nonfinite_voxels_set_to_air``:
-        how many NaN or infinite voxels the case cache set to -1024 HU (air) in the volume (0: none).
+        how many NaN or infinite voxels were set to -1024 HU (air) before the volume was measured, by the case cache
+        when it wrote the case or by :func:`reconstruct` itself (an image file's), 0 when none were.
     files: every file written, by kind ("mesh", "measurements", "render", "mask").
     errors: organ or step → message, for whatever could not be produced.
     seconds: wall time (s) per step: ``segment``, ``seg_bundle``, ``mesh:<organ>``, ``measure``, ``quality``,
@@ -213,7 +215,10 @@ def reconstruct(
     :class:`~pipeline.errors.LoaderError`), a finding without a usable centre and size, or findings of another series;
     :class:`~pipeline.errors.BundleError` for a
     ``seg_bundle`` that does not exist or is not a bundle (no ``configs/metadata.json``, ``models/model.ts``).
-    Both are raised before any work. Values that cannot be HU (none below 0: stored pixel values, intensities normalised to
+    Both are raised before any work, as is :class:`~pipeline.errors.InvalidVolumeError` naming the case for a
+    volume of which more than :data:`~pipeline.cache.MAX_NONFINITE_FRACTION` of the voxels are NaN or infinite (fewer are
+    set to -1024 HU, air, with a warning naming the case and the count, as ``detect`` does: the caller's volume is
+    left as it is). Values that cannot be HU (none below 0: stored pixel values, intensities normalised to
     0..1) find no lungs; the ``lungs_absent`` quality flag, the lungs' errors and the log then say so.
     """
     volume = require_volume(volume)
@@ -234,11 +239,6 @@ def reconstruct(
         refuse_unexpanded_home(out_dir, what="out_dir")
     where = stem or volume.series_uid or "volume"
     stem = stem or volume.series_uid or "case"
-    # the case cache set a few NaN or infinite voxels to air when it wrote the case: said, as ctpipe detect says it
-    cleaned = nonfinite_set_to_air(volume.metadata)
-    if cleaned:
-        log.warning("%s: %d NaN/infinite voxels set to %g HU (air) when the case was cached", where, cleaned, NONFINITE_HU)
-    rec.measurements["nonfinite_voxels_set_to_air"] = cleaned
     if not is_plain_file_name(stem):  # a series UID no DICOM file would hold: its files still stay in out_dir
         stem = safe_case_id(stem)
     classical = [o for o in organs if o in ORGANS]
@@ -259,6 +259,10 @@ def reconstruct(
         )
     nodule_findings = findings_of_series(findings, volume.series_uid)
     bundle = None if seg_bundle is None else seg_bundle if isinstance(seg_bundle, SegBundle) else read_bundle(seg_bundle)
+    # NaN or infinite voxels (an image file's; those the case cache set to air when it wrote the case) as ctpipe
+    # detect takes them: a few set to air and said, more refused by name
+    volume = clean_volume(volume, where)
+    rec.measurements["nonfinite_voxels_set_to_air"] = nonfinite_set_to_air(volume.metadata)
     seg = timer.run("segment", segment_organs, volume, organs=classical, device=dev)
     masks: dict[str, np.ndarray] = dict(seg.masks)
     rec.info.update(seg.info)
