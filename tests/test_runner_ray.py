@@ -8,10 +8,8 @@ small random network, so the cluster tests take about a minute on two cores, clu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,15 +21,10 @@ import pytest
 from pipeline.config import load_config
 from pipeline.errors import ClusterError, ConfigError
 from pipeline.runner.ray_actors import pick_device
-from tests._support.runner import PHANTOM, QUICK, as_cli, ctpipe, db_rows
+from tests._support.ray_cases import a_case_running, findings, make_cases, needs_ray
+from tests._support.runner import as_cli, ctpipe, db_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _needs_ray() -> None:
-    """Skip without Ray (scripts/setup.sh installs it), without importing it here (it reads its settings then)."""
-    if importlib.util.find_spec("ray") is None:
-        pytest.skip("Ray is not installed: pip install 'ctpipe[cluster]'")
 
 
 def _closed_port() -> int:
@@ -89,7 +82,7 @@ def test_the_package_works_without_ray(monkeypatch):
 
 
 def test_an_unreachable_head_is_one_clear_line_and_exit_1(tmp_path):
-    _needs_ray()
+    needs_ray()
     port = _closed_port()
     src = ROOT / "data_samples" / "phantom_00001" / "dicom"
     t0 = time.monotonic()
@@ -107,7 +100,7 @@ def test_an_unreachable_head_is_one_clear_line_and_exit_1(tmp_path):
 def test_an_http_server_given_as_the_head_is_named_within_seconds(tmp_path):
     """A port that answers, but not as Ray's GCS (the dashboard's 8265, a web server): refused at once, not after
     runner.ray_timeout_s of Ray's retries."""
-    _needs_ray()
+    needs_ray()
     from http.server import HTTPServer, SimpleHTTPRequestHandler
 
     server = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
@@ -133,7 +126,7 @@ def test_an_http_server_given_as_the_head_is_named_within_seconds(tmp_path):
 # -- on a cluster ---------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster():
-    _needs_ray()
+    needs_ray()
     from tests._support.ray_cluster import LocalCluster
 
     c = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1}])
@@ -145,47 +138,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     """Two tiny phantom cases and a small detector (random weights): the options of a quick, deterministic run."""
-    from pipeline.phantom import generate_phantom
-    from pipeline.phantom.dicom_writer import write_phantom_case
-    from tests._support.detection import small_model
-
-    root = tmp_path_factory.mktemp("ray_cases")
-    uids = []
-    for seed in (11, 12):
-        ph = generate_phantom(seed, n_nodules=1, **PHANTOM)
-        write_phantom_case(ph, root / "src" / f"case{seed}")
-        uids.append(ph.volume.series_uid)
-    (root / "model").mkdir()
-    small_model(root / "model")
-    opts = {
-        **QUICK,
-        "report.enabled": False,
-        "detector.bundle": str(root / "model" / "small.json"),
-        "detector.write_png": False,
-        "outputs.dicom": [],
-        "runner.torch_threads": 1,  # the same arithmetic in every process: findings comparable bit for bit
-        "runner.ray_timeout_s": 60.0,
-    }
-    return {"src": root / "src", "uids": uids, "opts": opts}
-
-
-def _a_case_running(run_dir: Path) -> bool:
-    """Whether the run store in ``run_dir`` lists a running case (False while the store is still being created)."""
-    try:
-        return bool(db_rows(run_dir, "SELECT 1 FROM cases WHERE status='running'"))
-    except sqlite3.OperationalError:  # no file yet, or its tables not yet created
-        return False
-
-
-def _findings(run_dir: Path) -> dict[str, list]:
-    """{series UID: the case's findings (LPS mm, scores), in the store's order}."""
-    rows = db_rows(
-        run_dir, "SELECT c.series_uid, f.data FROM findings f JOIN cases c USING (case_key) ORDER BY c.series_uid, f.idx"
-    )
-    out: dict[str, list] = {}
-    for uid, data in rows:
-        out.setdefault(uid, []).append(json.loads(data))
-    return out
+    return make_cases(tmp_path_factory.mktemp("ray_cases"))
 
 
 @pytest.mark.slow
@@ -252,8 +205,8 @@ def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases
     assert all(removed[0][:8] not in a[3] for a in hold)  # the held stage finished on the node that was left
     events = [json.loads(ln).get("event") for ln in (out / "run.log").read_text().splitlines()]
     assert "node_lost" in events
-    assert _findings(out) == _findings(tmp_path / "local")
-    assert all(len(f) > 0 for f in _findings(out).values())
+    assert findings(out) == findings(tmp_path / "local")
+    assert all(len(f) > 0 for f in findings(out).values())
 
 
 @pytest.mark.slow
@@ -281,7 +234,7 @@ def test_a_driver_killed_with_sigkill_then_a_plain_rerun_finishes_every_case_onc
     env = {**os.environ, **ray_environment()}
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     deadline = time.monotonic() + 120
-    while not _a_case_running(out):
+    while not a_case_running(out):
         assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no case started in time"
         time.sleep(0.05)
@@ -314,7 +267,7 @@ def test_sigterm_of_the_driver_stops_its_actors_and_asks_for_a_rerun(cluster, ca
     env = {**os.environ, **ray_environment()}
     proc = subprocess.Popen([*args, "--quiet", *as_cli(cases["opts"])], stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
-    while not _a_case_running(out):
+    while not a_case_running(out):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     # this cluster's actors only (another Ray test's cluster may run beside it, e.g. under pytest -n 2): found here,
@@ -382,279 +335,3 @@ def test_every_ray_process_started_by_the_tests_is_stopped(cluster):
     assert cluster.leftovers(), "the cluster's processes were not found (the check below would prove nothing)"
     cluster.stop()
     assert cluster.leftovers() == []
-
-
-@pytest.mark.slow
-def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishes(cases, tmp_path):
-    """The head (its GCS) dies with a case running and does not come back: the driver waits runner.ray_reconnect_s
-    (here 75 s, longer than the minute after which Ray would end the process itself), then stops naming the cluster's
-    address and the fix, with nothing published half-done; the same command on a cluster started again finishes every
-    case once."""
-    import os
-
-    from tests._support.ray_cluster import LocalCluster, ray_environment
-
-    out = tmp_path / "headless"
-    sets = [*as_cli(cases["opts"]), "--set", "runner.ray_reconnect_s=75"]
-    env = {**os.environ, **ray_environment()}
-
-    def args(address: str) -> list[str]:
-        return [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", address, *sets]
-
-    first = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}]).start()
-    try:
-        address = first.address
-        proc = subprocess.Popen(args(address), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-        deadline = time.monotonic() + 120
-        while not _a_case_running(out):
-            assert proc.poll() is None, "the run ended before the head could be lost: " + proc.stderr.read()
-            assert time.monotonic() < deadline, "no case started in time"
-            time.sleep(0.05)
-        first.cluster.head_node.kill_all_processes(check_alive=False, allow_graceful=False)  # the head machine fails
-        t0 = time.monotonic()
-        try:
-            _, err = proc.communicate(timeout=200)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-            pytest.fail(f"the driver hung after the head died: {err[-2000:]}")
-        took = time.monotonic() - t0
-    finally:
-        first.stop()
-    assert proc.returncode == 1, err
-    assert address in err and "Fix:" in err and "Traceback" not in err, err
-    assert "runner.ray_reconnect_s = 75 s" in err and "within 60 seconds" not in err, err  # the run's stop, not Ray's
-    assert 75 <= took < 120, f"took {took:.0f} s"
-    assert db_rows(out, "SELECT COUNT(*) FROM stage_attempts WHERE status='running'") == [(0,)]
-    done = {r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")}
-    published = list((out / "cases").iterdir()) if (out / "cases").is_dir() else []
-    assert len(published) == len(done) < 2, err  # nothing published half-done; the head was lost with a case to go
-
-    second = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}]).start()
-    try:
-        p = subprocess.run(args(second.address), capture_output=True, text=True, env=env, timeout=240)
-    finally:
-        second.stop()
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert sorted(r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(cases["uids"])
-    ok = db_rows(out, "SELECT case_key, stage, COUNT(*) FROM stage_attempts WHERE status='ok' GROUP BY case_key, stage")
-    assert ok and all(r[2] == 1 for r in ok)
-    assert len(list((out / "cases").iterdir())) == 2
-
-
-@pytest.mark.slow
-def test_a_node_with_another_ctpipe_stops_the_run_naming_the_node_both_versions_and_the_fix(cases, tmp_path):
-    """A real node whose Python finds another ctpipe first (a copy of the package with another version, first on that
-    node's PYTHONPATH, as after a `pip install` of another release on that machine): `ctpipe run` on the cluster stops
-    with exit status 1 and one line naming that node, both versions and the fix, before any case is published."""
-    import os
-    import shutil
-
-    from tests._support.ray_cluster import LocalCluster, ray_environment
-
-    other = tmp_path / "other_release"
-    shutil.copytree(ROOT / "pipeline", other / "pipeline", ignore=shutil.ignore_patterns("__pycache__", "weights"))
-    init = other / "pipeline" / "__init__.py"
-    import pipeline
-
-    mine = pipeline.__version__
-    theirs = f"{mine}.dev7"
-    init.write_text(init.read_text().replace(f'__version__ = "{mine}"', f'__version__ = "{theirs}"'))
-    assert f'__version__ = "{theirs}"' in init.read_text()
-
-    cluster = LocalCluster(head_cpus=1).start()  # the head: this checkout's ctpipe, the CPU actor
-    try:
-        saved = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(other), *(saved.split(os.pathsep) if saved else [])])
-        try:  # the node's raylet and its worker processes inherit the environment it is started with
-            odd = cluster.add_node(num_cpus=0, num_gpus=1)  # the model actor's only place
-        finally:
-            if saved is None:
-                os.environ.pop("PYTHONPATH")
-            else:
-                os.environ["PYTHONPATH"] = saved
-        cluster.cluster.wait_for_nodes()
-        out = tmp_path / "run"
-        env = {**os.environ, **ray_environment(), "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), saved]))}
-        args = [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", cluster.address]
-        # started outside the checkout: Ray puts the driver's working folder first on every worker's sys.path
-        p = subprocess.run(
-            [*args, "--quiet", *as_cli(cases["opts"])], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240
-        )
-    finally:
-        cluster.stop()
-    assert p.returncode == 1, p.stdout + p.stderr
-    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, p.stderr
-    msg = lines[0]
-    assert odd.node_id[:8] in msg, msg  # the node
-    assert f"ctpipe {theirs} there, {mine} here" in msg, msg  # both versions, which is where
-    assert "Fix:" in msg or "install the same ctpipe" in msg, msg
-    assert "Traceback" not in p.stderr + p.stdout
-    assert not (out / "cases").is_dir() or not list((out / "cases").iterdir())  # nothing published
-    assert db_rows(out, "SELECT status FROM runs") != [("completed",)]
-
-
-class _LinkToHead:
-    """The network between the driver and the head, on this machine: a TCP relay from a port of its own to the head's
-    GCS port. :meth:`cut` drops every connection and refuses new ones (an outage: the head itself runs on),
-    :meth:`restore` listens on the same port again."""
-
-    def __init__(self, head: str):
-        host, _, port = head.rpartition(":")
-        self.head = (host, int(port))
-        self.port = 0
-        self._lock = threading.Lock()
-        self._conns: list[socket.socket] = []
-        self._listener: socket.socket | None = None
-        self.restore()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def restore(self) -> None:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", self.port))
-        self.port = s.getsockname()[1]
-        s.listen(64)
-        self._listener = s
-        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
-
-    def cut(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-        with self._lock:
-            conns, self._conns = self._conns, []
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            c.close()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                near, _ = listener.accept()
-            except OSError:  # cut
-                return
-            try:
-                far = socket.create_connection(self.head)
-            except OSError:
-                near.close()
-                continue
-            with self._lock:
-                self._conns += [near, far]
-            for a, b in ((near, far), (far, near)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for c in (src, dst):
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-
-@pytest.mark.slow
-def test_a_network_outage_to_the_head_longer_than_twenty_seconds_is_waited_out_and_every_case_finishes_once(cases, tmp_path):
-    """The driver's link to the head drops for 30 s with a case running (the head and its nodes run on): the run logs each
-    try to reach the head, goes on when the head answers again (runner.ray_reconnect_s, 600 s by default) and
-    finishes with exit status 0, every case published once and one successful attempt per case and stage."""
-    import os
-
-    from tests._support.ray_cluster import LocalCluster, ray_environment
-
-    out = tmp_path / "outage"
-    env = {**os.environ, **ray_environment()}
-    cluster = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}]).start()
-    link = _LinkToHead(cluster.address)
-    try:
-        args = [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", link.address]
-        proc = subprocess.Popen(
-            [*args, *as_cli(cases["opts"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
-        )
-        deadline = time.monotonic() + 120
-        while not _a_case_running(out):
-            assert proc.poll() is None, "the run ended before the link could be cut: " + proc.stderr.read()
-            assert time.monotonic() < deadline, "no case started in time"
-            time.sleep(0.05)
-        link.cut()
-        time.sleep(30.0)
-        assert proc.poll() is None, "the run stopped during the outage: " + proc.stderr.read()
-        link.restore()
-        try:
-            _, err = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-            pytest.fail(f"the run did not finish after the outage: {err[-2000:]}")
-    finally:
-        link.cut()
-        cluster.stop()
-    assert proc.returncode == 0, err
-    assert "Traceback" not in err, err
-    assert sorted(r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(cases["uids"])
-    ok = db_rows(out, "SELECT case_key, stage, COUNT(*) FROM stage_attempts WHERE status='ok' GROUP BY case_key, stage")
-    assert ok and all(r[2] == 1 for r in ok)
-    assert len(list((out / "cases").iterdir())) == 2
-    records = [json.loads(line) for line in (out / "run.log").read_text().splitlines()]
-    lost = [r for r in records if r.get("event") == "head_lost"]
-    assert len(lost) >= 2 and all(link.address in r["msg"] for r in lost), lost  # each try logged, naming the head
-    assert any(r.get("event") == "head_back" for r in records)
-
-
-@pytest.mark.slow
-def test_a_head_started_again_mid_run_is_a_new_cluster_and_stops_the_run_with_the_fix(cases, tmp_path):
-    """The head's GCS is killed (its PID) with a case running and started again on the same port within
-    runner.ray_reconnect_s: it answers as a new cluster, which Ray's calls from this driver would end with a native
-    error and stack trace. The run stops with exit status 1 and a line saying so, with the fix; nothing half-done is
-    published."""
-    import os
-
-    from tests._support.ray_cluster import LocalCluster, ray_environment
-
-    out = tmp_path / "restarted"
-    env = {**os.environ, **ray_environment()}
-    cluster = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}]).start()
-    try:
-        address = cluster.address
-        args = [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", address]
-        proc = subprocess.Popen(
-            [*args, *as_cli(cases["opts"])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True
-        )
-        deadline = time.monotonic() + 120
-        while not _a_case_running(out):
-            assert proc.poll() is None, "the run ended before the head could be restarted: " + proc.stderr.read()
-            assert time.monotonic() < deadline, "no case started in time"
-            time.sleep(0.05)
-        head = cluster.cluster.head_node
-        gcs_pid = head.all_processes["gcs_server"][0].process.pid
-        head.kill_gcs_server()  # SIGKILL of that PID
-        assert not Path(f"/proc/{gcs_pid}").exists() or "Z" in Path(f"/proc/{gcs_pid}/stat").read_text().split()[2]
-        time.sleep(3.0)
-        head.start_gcs_server()
-        assert f"127.0.0.1:{head._ray_params.gcs_server_port}" == address  # the same port
-        try:
-            _, err = proc.communicate(timeout=150)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-            pytest.fail(f"the driver hung after the head was started again: {err[-2000:]}")
-    finally:
-        cluster.stop()
-    assert proc.returncode == 1, err
-    assert "Check failed" not in err and "WrongClusterID" not in err and "Traceback" not in err, err
-    assert address in err and "new cluster" in err and "Fix:" in err and "same command" in err, err
-    assert db_rows(out, "SELECT COUNT(*) FROM stage_attempts WHERE status='running'") == [(0,)]
-    done = {r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")}
-    published = list((out / "cases").iterdir()) if (out / "cases").is_dir() else []
-    assert len(published) == len(done) < 2, err

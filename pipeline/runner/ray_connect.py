@@ -202,6 +202,19 @@ class RaySession:
 _RAY_GCS_WAIT = "RAY_gcs_rpc_server_reconnect_timeout_s"
 #: Seconds this driver's Ray waits for a lost head beyond ``runner.ray_reconnect_s``, so that the run's own stop comes first.
 GCS_WAIT_MARGIN_S = 60
+#: Ray's default for :data:`_RAY_GCS_WAIT`, in seconds.
+RAY_GCS_WAIT_DEFAULT_S = 60
+
+
+def _ray_gcs_wait_s(value: str | None) -> float:
+    """Seconds that ``RAY_gcs_rpc_server_reconnect_timeout_s`` (``value``, None where unset) gives Ray's wait; 0 for a
+    value Ray could not read either."""
+    if value is None:
+        return float(RAY_GCS_WAIT_DEFAULT_S)
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0
 
 
 def connect(
@@ -214,7 +227,8 @@ def connect(
     or ``object_store_memory`` of a private instance). Waits at most about ``timeout_s`` seconds.
     ``reconnect_s`` (``runner.ray_reconnect_s``): how long the run waits for a head that stops answering mid-run;
     this process's Ray is told to wait :data:`GCS_WAIT_MARGIN_S` longer for it (unless
-    ``RAY_gcs_rpc_server_reconnect_timeout_s`` is set), since it would otherwise end the process after a minute.
+    ``RAY_gcs_rpc_server_reconnect_timeout_s`` already gives it that long or longer), since it would otherwise end the
+    process first (after a minute by default) with a native error.
     """
     ray = import_ray()
     if ray.is_initialized():
@@ -278,14 +292,19 @@ def connect(
         quiet = _WithoutSigtermNote()
         ray_log = logging.getLogger("ray._private.worker")
         ray_log.addFilter(quiet)
-        own_wait = reconnect_s is not None and _RAY_GCS_WAIT not in os.environ
+        given_wait = os.environ.get(_RAY_GCS_WAIT)
+        needed_wait = int(reconnect_s or 0) + GCS_WAIT_MARGIN_S
+        own_wait = reconnect_s is not None and _ray_gcs_wait_s(given_wait) < needed_wait
         if own_wait:  # read by this process's Ray when it connects
-            os.environ[_RAY_GCS_WAIT] = str(int(reconnect_s or 0) + GCS_WAIT_MARGIN_S)
+            os.environ[_RAY_GCS_WAIT] = str(needed_wait)
         t = threading.Thread(target=init, name="ray-connect", daemon=True)
         t.start()
         t.join(timeout_s)
         if own_wait and "error" in outcome:  # read: a later ray.init in this process reads it afresh
-            os.environ.pop(_RAY_GCS_WAIT, None)
+            if given_wait is None:
+                os.environ.pop(_RAY_GCS_WAIT, None)
+            else:
+                os.environ[_RAY_GCS_WAIT] = given_wait
         ray_log.removeFilter(quiet)
     where = target or "a private Ray instance on this machine"
     if "error" not in outcome:
