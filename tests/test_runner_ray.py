@@ -331,6 +331,30 @@ def test_two_runs_given_shares_of_one_cluster_run_side_by_side(cluster, cases, t
 
 
 @pytest.mark.slow
+def test_a_run_started_in_a_folder_holding_another_pipeline_package_runs_the_installed_one_on_the_nodes(cluster, cases, tmp_path):
+    """Ray puts the driver's working folder first on every worker's import path: a `ctpipe run` started in a folder
+    holding another `pipeline/` package (a checkout, an unpacked release) must not have the nodes import it."""
+    import os
+
+    from tests._support.ray_cluster import ray_environment
+
+    here = tmp_path / "elsewhere"
+    (here / "pipeline").mkdir(parents=True)
+    (here / "pipeline" / "__init__.py").write_text('raise ImportError("the pipeline package of the working folder")\n')
+    out = tmp_path / "run"
+    env = {
+        **os.environ,
+        **ray_environment(),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    # -P: the driver itself does not look in its working folder, as the installed `ctpipe` command does not
+    args = [sys.executable, "-P", "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", cluster.address]
+    p = subprocess.run([*args, "--quiet", *as_cli(cases["opts"])], capture_output=True, text=True, env=env, cwd=here, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(cases["uids"])
+
+
+@pytest.mark.slow
 def test_every_ray_process_started_by_the_tests_is_stopped(cluster):
     assert cluster.leftovers(), "the cluster's processes were not found (the check below would prove nothing)"
     cluster.stop()

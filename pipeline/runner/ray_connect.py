@@ -16,6 +16,8 @@ from the environment; a refused token is a ClusterError naming those variables. 
 pushes to the driver (a node marked dead, with its raylet's last log lines) go to the run's log, not to its stdout.
 Joining a cluster, the driver's Ray is told to wait for a head it lost longer than ``runner.ray_reconnect_s`` (Ray ends
 such a process after a minute by default), so that the run's own wait (:class:`.ray_executor.HeadWatch`) decides.
+Joining, the driver's working folder, which Ray puts first on every worker's import path, is an empty folder of its
+own, so that nodes import their installed ctpipe, not a ``pipeline`` package of the folder the run was started in.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -217,6 +222,23 @@ def _ray_gcs_wait_s(value: str | None) -> float:
         return 0.0
 
 
+@contextmanager
+def _in_an_empty_folder() -> Iterator[None]:
+    """This process's working folder is an empty folder of its own while it joins the cluster.
+
+    Ray puts the driver's working folder first on the import path of every worker of the run, on every node: a run
+    started in a folder that holds another ``pipeline`` package (a checkout, an unpacked release) would have the
+    nodes import that one. The empty folder, removed once joined, puts nothing before the nodes' installed ctpipe."""
+    here = os.getcwd()
+    empty = tempfile.mkdtemp(prefix="ctpipe-ray-join-")
+    os.chdir(empty)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+        os.rmdir(empty)
+
+
 def connect(
     address: str | None, *, timeout_s: float, reconnect_s: float | None = None, init_options: dict[str, Any] | None = None
 ) -> RaySession:
@@ -298,8 +320,9 @@ def connect(
         if own_wait:  # read by this process's Ray when it connects
             os.environ[_RAY_GCS_WAIT] = str(needed_wait)
         t = threading.Thread(target=init, name="ray-connect", daemon=True)
-        t.start()
-        t.join(timeout_s)
+        with _in_an_empty_folder():
+            t.start()
+            t.join(timeout_s)
         if own_wait and "error" in outcome:  # read: a later ray.init in this process reads it afresh
             if given_wait is None:
                 os.environ.pop(_RAY_GCS_WAIT, None)
