@@ -33,7 +33,22 @@ def ray_environment() -> dict[str, str]:
     address as its own, so no Ray service listens on, or is reached through, another interface. Ray reads it
     when first imported, so tests/conftest.py sets it for the whole pytest process.
     """
-    return {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": _TOKEN, **SINGLE_MACHINE}
+    return {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": _TOKEN,
+        **SINGLE_MACHINE,
+        "PYTHONPATH": _nodes_pythonpath(),
+    }
+
+
+def _nodes_pythonpath() -> str:
+    """The checkout first on the nodes' import path: the stages the tests define (``tests._support``) must be
+    importable by the nodes' workers, as a site installs its own stages on every node. ctpipe joins a cluster from
+    an empty folder of its own, so the driver's working folder is not on the workers' path."""
+    root = str(Path(__file__).resolve().parents[2])
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return os.pathsep.join([root, *rest])
 
 
 def reload_ray_authentication() -> None:
