@@ -9,7 +9,6 @@ confirmation after it, that lets the file land and then sends SIGKILL to its own
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -23,7 +22,8 @@ import pytest
 
 from pipeline.runner import run_batch
 from pipeline.runner.stages import IngestStage, WriteStage
-from tests._support.runner import PHANTOM, db_rows
+from tests._support.runner import db_rows
+from tests.test_runner_commit_race import _series, _slices
 
 OPTS: dict[str, Any] = {"workers": 0, "report.enabled": False}
 
@@ -47,22 +47,6 @@ CHILD = textwrap.dedent(
     run_batch([src], out=out, stages=[IngestStage(), WriteStage()], workers=0, **{"report.enabled": False})
     """
 )
-
-
-def _series(root: Path, seed: int) -> tuple[str, list[Path]]:
-    """A phantom chest written to ``root`` (outside the source): its SeriesInstanceUID and files, foot to head."""
-    from pipeline.ingest import read_headers
-    from pipeline.phantom import generate_phantom
-    from pipeline.phantom.dicom_writer import write_dicom_series
-
-    ph = generate_phantom(seed, n_nodules=1, **PHANTOM)
-    files = write_dicom_series(ph.volume, root, seed=seed)
-    headers, _ = read_headers(files, processes=False)
-    return ph.volume.series_uid, [h.path for h in sorted(headers, key=lambda h: h.position[2])]  # type: ignore[index]
-
-
-def _slices(case_dir: Path) -> int:
-    return int(json.loads((case_dir / "volume.json").read_text())["geometry"]["shape"][0])
 
 
 def _killed_run(tmp_path: Path, seed: int, hook: str, *, land: bool) -> tuple[Path, Path, str, list[Path]]:
