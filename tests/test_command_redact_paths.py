@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from tests._support.leaks import file_text
 
 #: the strings planted in the path and the headers (lower case)
 PLANTED = ("doe", "jane", "mrn12345", "19600101")
@@ -36,7 +37,7 @@ def _leaks(out: Path, console: str) -> list[str]:
         if not p.is_file() or p.suffix == ".dcm" or (p.parent.name == "cache" and p.suffix in (".json", ".npy")):
             continue
         rel = p.relative_to(out)
-        leaks += [f"{rel}: {w}" for w in _found(p.read_bytes().decode("latin-1") + str(rel))]
+        leaks += [f"{rel}: {w}" for w in _found(file_text(p) + str(rel))]
     return leaks
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from tests._support.leaks import file_text
 
 NAME = "DOE_JANE_MRN12345"
 PLANTED = ("doe", "jane", "mrn12345")
@@ -41,7 +42,7 @@ def _in_outputs(out: Path) -> list[str]:
     hits = []
     for p in sorted(out.rglob("*")):
         rel = str(p.relative_to(out))
-        text = rel + (p.read_bytes().decode("latin-1") if p.is_file() else "")
+        text = rel + (file_text(p) if p.is_file() else "")
         hits += [f"{rel}: {w}" for w in _found(text)]
     return hits
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from tests._support.leaks import file_text
 
 PLANTED = ("doe", "jane", "mrn12345")
 
@@ -25,7 +26,7 @@ def _in_files(out: Path) -> list[str]:
         f"{p.relative_to(out)}: {w}"
         for p in sorted(out.rglob("*"))
         if p.is_file()
-        for w in _found(str(p.relative_to(out)) + p.read_bytes().decode("latin-1"))
+        for w in _found(str(p.relative_to(out)) + file_text(p))
     ]
 
 

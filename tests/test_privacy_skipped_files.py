@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from tests._support.leaks import file_text
 
 #: the name parts planted in the skipped file's name (lower case)
 PLANTED = ("doe", "jane")
@@ -30,7 +31,7 @@ def _leaks(out: Path, console: str) -> list[str]:
         rel = p.relative_to(out)
         if not p.is_file() or rel.parts[0] in ("dicom", "cache") or p.suffix == ".dcm":
             continue
-        leaks += [f"{rel}: {w}" for w in _found(p.read_bytes().decode("latin-1") + str(rel))]
+        leaks += [f"{rel}: {w}" for w in _found(file_text(p) + str(rel))]
     return leaks
 
 

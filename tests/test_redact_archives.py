@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from tests._support.leaks import file_text
 
 PLANTED = ("doe", "jane", "mrn12345")
 TOKEN = re.compile(r"<patient:[0-9a-f]{6}>")
@@ -67,7 +68,7 @@ def test_an_archive_named_after_its_patient_is_redacted_by_the_dicom_inside(tmp_
     leaks = [f"console: {w}" for w in _found(console)]
     for p in run.rglob("*"):
         if p.is_file() and p.relative_to(run).parts[0] not in ("dicom", "cache"):
-            leaks += [f"{p.relative_to(run)}: {w}" for w in _found(p.read_bytes().decode("latin-1"))]
+            leaks += [f"{p.relative_to(run)}: {w}" for w in _found(file_text(p))]
     assert leaks == []
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from tests._support.leaks import file_text
 
 #: (PatientName, PatientID, PatientBirthDate) of the two patients, and the strings planted in their paths
 SMITH = ("Smith^John", "1234567", "19600101")
@@ -54,7 +55,7 @@ def _leaks(run: Path, console: str) -> list[str]:
         rel = p.relative_to(run)
         if rel.parts[0] == "dicom" or not p.is_file():
             continue
-        text = p.read_bytes().decode("latin-1").lower()
+        text = file_text(p)
         found += [f"{rel}: {w}" for w in PLANTED if w in text or w in str(rel).lower()]
     return found
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
+from tests._support.leaks import file_text
 
 #: strings planted in the headers and paths (lower case): name parts, PatientID, accession number
 PLANTED = ("doe", "jane", "mrn12345", "acc98765")
@@ -41,7 +42,7 @@ def _leaks(run: Path, console: str) -> list[str]:
         rel = p.relative_to(run)
         if rel.parts[0] in ("dicom", "cache") or not p.is_file():  # the cache entry names its source as it is
             continue
-        leaks += [f"{rel}: {w}" for w in found(p.read_bytes().decode("latin-1") + str(rel))]
+        leaks += [f"{rel}: {w}" for w in found(file_text(p) + str(rel))]
     return leaks
 
 
