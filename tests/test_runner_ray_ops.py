@@ -343,18 +343,22 @@ def test_a_head_that_stops_answering_is_tried_again_with_growing_pauses_then_sto
         s.bind(("127.0.0.1", 0))
         gone = f"127.0.0.1:{s.getsockname()[1]}"
     monkeypatch.setattr(ray_executor, "HEAD_CHECK_S", 0.2)
+    # the watch's clock is the test's, moved 20 ms a look: a loaded machine's late looks would stretch the pauses the
+    # test measures (a first pause of 0.2 s seen as 0.3 s reads as no growth); the probes are real connections
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(ray_executor, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
     watch = ray_executor.HeadWatch(RaySession(address=gone, owned=True), reconnect_s=1.2)
     tries: list[float] = []
     caplog.set_level("WARNING", logger=ray_executor.__name__)
-    t0 = time.monotonic()
+    t0 = clock["now"]
     with pytest.raises(FatalRunError) as info:
-        while time.monotonic() - t0 < 10:
+        while clock["now"] - t0 < 10:
             before = len(caplog.records)
             assert watch.answers() is False  # within runner.ray_reconnect_s: the run waits
             if len(caplog.records) > before:
-                tries.append(time.monotonic() - t0)
-            time.sleep(0.02)
-    took = time.monotonic() - t0
+                tries.append(clock["now"] - t0)
+            clock["now"] += 0.02
+    took = clock["now"] - t0
     msg = str(info.value)
     assert watch.lost and gone in msg and "ray start --head" in msg and "same command" in msg
     assert "runner.ray_reconnect_s = 1.2 s" in msg and "raise runner.ray_reconnect_s" in msg
