@@ -15,7 +15,7 @@ import pydicom
 import pytest
 
 from tests._support.orthanc import HOST, write_phantom_series
-from tests.test_pacs_listen_receive import AET, _listener, _send
+from tests.test_pacs_listen_receive import AET, _limit_clock, _listener, _send
 
 pytestmark = pytest.mark.pacs
 
@@ -53,7 +53,9 @@ def _until(pred, lst, timeout_s: float = 15.0) -> None:
 
 
 @pytest.mark.parametrize("count", ["ImagesInAcquisition", "NumberOfSeriesRelatedInstances"])
-def test_a_series_short_of_its_count_from_a_sender_that_aborts_between_instances_is_quarantined(series, tmp_path, caplog, count):
+def test_a_series_short_of_its_count_from_a_sender_that_aborts_between_instances_is_quarantined(
+    series, tmp_path, caplog, monkeypatch, count
+):
     """5 of a series' 8 instances, each saying the series has 8, then the sender's A-ABORT between two instances: the
     series is not processed once quiet; a warning names the sender and the count; after pacs.series_limit_s it is
     quarantined (PartialSeriesError) with '5 of 8' and the fix (was: processed as a done case from 5 slices)."""
@@ -61,9 +63,10 @@ def test_a_series_short_of_its_count_from_a_sender_that_aborts_between_instances
     datasets = _counted(files, **{count: len(files)})
     run = tmp_path / "run"
     outcomes: list = []
+    clock = _limit_clock(monkeypatch)
     with (
         caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"),
-        _listener(run, **_OPTS, **{"pacs.series_limit_s": 3.0}) as lst,
+        _listener(run, **_OPTS, **{"pacs.series_limit_s": 3600.0}) as lst,
     ):
         lst.on_series = outcomes.append
         assert _send(lst.port, datasets[:5], end="abort") == [0] * 5
@@ -74,6 +77,7 @@ def test_a_series_short_of_its_count_from_a_sender_that_aborts_between_instances
         assert lst.step() == [] and not outcomes
         held = _note(run, uid)
         assert "sender cut off" in held and f"5 of {len(files)}" in held and count in held, held
+        clock["ahead"] = 3600.0  # the limit is over
         _until(lambda: bool(outcomes), lst)
     assert [o.status for o in outcomes] == ["quarantined"], [o.line() for o in outcomes]
     line = outcomes[0].line()

@@ -70,7 +70,7 @@ def test_a_series_held_short_is_released_when_the_other_series_of_its_acquisitio
     outcomes: list = []
     with (
         caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"),
-        _listener(run, **_OPTS, **{"pacs.series_limit_s": 3.0}) as lst,
+        _listener(run, **_OPTS, **{"pacs.series_limit_s": 3600.0}) as lst,
     ):
         lst.on_series = outcomes.append
         assert _send(lst.port, first, end="abort") == [0] * 4

@@ -43,6 +43,37 @@ def _listener(run: Path, **extra: object) -> Listener:
     return Listener(run, load_config(overrides=opts, environ={}), stages=[IngestStage(), WriteStage()], poll_s=0.1)
 
 
+def _limit_clock(monkeypatch) -> dict[str, float]:
+    """The clock the listener measures ``pacs.series_limit_s`` on (``pipeline.pacs.handover.now``): the real one,
+    ahead by ``["ahead"]`` seconds once a test sets it. A test that checks a series is held before the limit and
+    quarantined after it sets a limit no transfer reaches (3600 s) and then moves this clock past it, instead of a
+    limit of a few seconds that a slow transfer on a loaded machine can run past before the first check."""
+    from pipeline.pacs import handover, ledger
+
+    shift = {"ahead": 0.0}
+    monkeypatch.setattr(handover, "now", lambda: ledger.now() + shift["ahead"])
+    return shift
+
+
+def _until_cut(run: Path, uid: str, timeout_s: float = 60.0) -> str:
+    """The note of series ``uid`` in the listener's ledger once it says the sender was cut off (the listener has
+    seen the association end): a test that steps the listener before then, with a quiet period of 0.2 s, may find
+    what arrived quiet and whole and hand it on as complete before the dropped connection is noticed."""
+    import time
+
+    ledger = run / "pacs" / "ledger.sqlite"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        note = ""
+        if ledger.is_file():
+            with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+                row = db.execute("SELECT note FROM series WHERE series_uid = ? ORDER BY generation DESC", (uid,)).fetchone()
+            note = str(row[0] or "") if row else ""
+        if "cut off" in note or time.monotonic() > deadline:
+            return note
+        time.sleep(0.05)
+
+
 def _send(port: int, datasets: list[tuple[Dataset, str]], *, end: str = "release") -> list[int]:
     """C-STORE each dataset in its transfer syntax, in one association; the statuses. ``end``: how the association
     ends once every C-STORE is answered: ``release`` (A-RELEASE), ``abort`` (an A-ABORT from the sender, as some
@@ -266,8 +297,9 @@ def test_a_series_whose_sender_was_cut_off_is_not_taken_as_complete_when_quiet(s
         line = cut[0].getMessage()
         assert "MODALITY" in line and uid in line and "4 instance(s)" in line and "pacs.series_limit_s" in line
         assert _send(lst.port, datasets) == [0] * len(files)  # sent again, whole, and released
-        time.sleep(0.5)
-        handed = lst.step()
+        deadline = time.monotonic() + 60
+        while not (handed := lst.step()) and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert [r["series_uid"] for r in handed] == [uid]
     assert len([r for r in caplog.records if getattr(r, "event", None) == "listen_cut"]) == 1
 
@@ -290,6 +322,7 @@ def test_a_cut_off_series_never_sent_again_is_quarantined_not_published_and_a_fu
     with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **opts) as lst:
         lst.on_series = outcomes.append
         assert _send(lst.port, datasets[:4], end="drop") == [0] * 4
+        assert "cut off" in _until_cut(run, uid)
         deadline = time.monotonic() + 15
         while not outcomes and time.monotonic() < deadline:
             lst.step()
@@ -332,6 +365,7 @@ def test_a_series_cut_off_after_its_last_instance_and_sent_again_whole_is_proces
     with _listener(tmp_path / "run", **opts) as lst:
         lst.on_series = outcomes.append
         assert _send(lst.port, datasets, end="drop") == [0] * len(files)
+        assert "cut off" in _until_cut(tmp_path / "run", uid)
         deadline = time.monotonic() + 15
         while not outcomes and time.monotonic() < deadline:
             lst.step()
@@ -392,7 +426,7 @@ def test_a_sender_that_aborts_mid_instance_leaves_its_series_held_as_cut_off(ser
     assert len(cut) == 1 and "4 instance(s)" in cut[0].getMessage(), [r.getMessage() for r in cut]
 
 
-def test_a_cut_off_series_with_a_gap_keeps_both_facts_in_its_note_and_quarantine_reason(series, tmp_path):
+def test_a_cut_off_series_with_a_gap_keeps_both_facts_in_its_note_and_quarantine_reason(series, tmp_path, monkeypatch):
     """A sender cut off mid-series after sending slices with one missing between them: the series' note in the
     listener's ledger says both that the sender was cut off (who, when, how many) and that slices are missing (was:
     the gap's note replaced the cut-off one), before and after it is quarantined once pacs.series_limit_s is over."""
@@ -401,8 +435,9 @@ def test_a_cut_off_series_with_a_gap_keeps_both_facts_in_its_note_and_quarantine
     uid, files = series
     datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
     sent = datasets[:3] + datasets[4:6]  # the fourth slice never sent
-    opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 4.0, "ingest.min_slices": 3}
+    opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 3600.0, "ingest.min_slices": 3}
     ledger = tmp_path / "run" / "pacs" / "ledger.sqlite"
+    clock = _limit_clock(monkeypatch)
 
     def note() -> str:
         with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
@@ -420,6 +455,7 @@ def test_a_cut_off_series_with_a_gap_keeps_both_facts_in_its_note_and_quarantine
         waiting = note()
         assert "sender cut off" in waiting and "5 instance(s)" in waiting, waiting
         assert "MissingSliceError" in waiting, waiting
+        clock["ahead"] = 3600.0  # the limit is over
         deadline = time.monotonic() + 15
         while not outcomes and time.monotonic() < deadline:
             lst.step()
@@ -437,7 +473,7 @@ def test_a_cut_off_series_with_a_gap_is_quarantined_with_both_facts_in_its_outco
     import json
     import time
 
-    _, files = series
+    uid, files = series
     datasets = [(pydicom.dcmread(f), "1.2.840.10008.1.2.1") for f in files]
     sent = datasets[:3] + datasets[4:6]  # the fourth slice never sent
     run = tmp_path / "run"
@@ -445,6 +481,7 @@ def test_a_cut_off_series_with_a_gap_is_quarantined_with_both_facts_in_its_outco
     with _listener(run, **{"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 1.0, "ingest.min_slices": 3}) as lst:
         lst.on_series = outcomes.append
         assert _send(lst.port, sent, end="drop") == [0] * len(sent)
+        assert "cut off" in _until_cut(run, uid)
         deadline = time.monotonic() + 15
         while not outcomes and time.monotonic() < deadline:
             lst.step()
