@@ -298,9 +298,9 @@ def test_a_destination_refusing_the_request_fails_at_once_not_after_every_retry(
     run = tmp_path / "run"
     uids = _completed_case(run, "c1", source_case)
     RunStore(run).close()
-    sender = ResultSender(run, _cfg(**{"pacs.backoff_s": 5.0}), destination=orthanc.dicomweb, poll_s=0.1).start()
+    sender = ResultSender(run, _cfg(**{"pacs.backoff_s": 60.0}), destination=orthanc.dicomweb, poll_s=0.1).start()
     try:
-        assert _wait(lambda: sender.counts().failed == len(uids), timeout_s=4)  # no 5 s backoff before giving up
+        assert _wait(lambda: sender.counts().failed == len(uids), timeout_s=30)  # no 60 s backoff before giving up
     finally:
         sender.close()
     rows = Ledger(run).rows("SELECT state, attempts, error FROM sent")
