@@ -30,7 +30,7 @@ def series(tmp_path_factory) -> tuple[str, list[Path]]:
 
 
 def _held(run: Path, uid: str) -> str:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while "A-ABORT" not in _note(run, uid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return _note(run, uid)

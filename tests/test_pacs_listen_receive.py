@@ -57,8 +57,8 @@ def _limit_clock(monkeypatch) -> dict[str, float]:
 
 def _until_cut(run: Path, uid: str, timeout_s: float = 60.0) -> str:
     """The note of series ``uid`` in the listener's ledger once it says the sender was cut off (the listener has
-    seen the association end): a test that steps the listener before then, with a quiet period of 0.2 s, may find
-    what arrived quiet and whole and hand it on as complete before the dropped connection is noticed."""
+    seen the association end, dropped or aborted): a test that steps the listener before then, with a quiet period of
+    0.2 s, may find what arrived quiet and without a gap and hand it on as complete before that end is noticed."""
     import time
 
     ledger = run / "pacs" / "ledger.sqlite"
@@ -287,7 +287,7 @@ def test_a_series_whose_sender_was_cut_off_is_not_taken_as_complete_when_quiet(s
     opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 3600.0, "ingest.min_slices": 3}
     with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **opts) as lst:
         assert _send(lst.port, datasets[:4], end="drop") == [0] * 4
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"] and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # past the quiet period
@@ -323,7 +323,7 @@ def test_a_cut_off_series_never_sent_again_is_quarantined_not_published_and_a_fu
         lst.on_series = outcomes.append
         assert _send(lst.port, datasets[:4], end="drop") == [0] * 4
         assert "cut off" in _until_cut(run, uid)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while not outcomes and time.monotonic() < deadline:
             lst.step()
             time.sleep(0.1)
@@ -336,7 +336,7 @@ def test_a_cut_off_series_never_sent_again_is_quarantined_not_published_and_a_fu
         assert "PartialSeriesError" in quarantine and "4 instance(s)" in quarantine
         assert not (run / "cases" / str(first.case_id)).exists()  # nothing of it published
         assert _send(lst.port, datasets) == [0] * len(files)  # the whole series, released
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while len(outcomes) < 2 and time.monotonic() < deadline:
             lst.step()
             time.sleep(0.1)
@@ -366,13 +366,13 @@ def test_a_series_cut_off_after_its_last_instance_and_sent_again_whole_is_proces
         lst.on_series = outcomes.append
         assert _send(lst.port, datasets, end="drop") == [0] * len(files)
         assert "cut off" in _until_cut(tmp_path / "run", uid)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while not outcomes and time.monotonic() < deadline:
             lst.step()
             time.sleep(0.1)
         assert [o.status for o in outcomes] == ["quarantined"], [o.line() for o in outcomes]
         assert _send(lst.port, datasets) == [0] * len(files)  # every one received before, released this time
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while len(outcomes) < 2 and time.monotonic() < deadline:
             lst.step()
             time.sleep(0.1)
@@ -394,7 +394,7 @@ def test_a_whole_series_from_a_sender_that_ends_every_association_with_an_abort_
     with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(tmp_path / "run", **opts) as lst:
         lst.on_series = outcomes.append
         assert _send(lst.port, datasets, end="abort") == [0] * len(files)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while not outcomes and time.monotonic() < deadline:
             lst.step()
             time.sleep(0.1)
@@ -417,7 +417,7 @@ def test_a_sender_that_aborts_mid_instance_leaves_its_series_held_as_cut_off(ser
     opts = {"pacs.quiet_period_s": 0.2, "pacs.series_limit_s": 3600.0, "ingest.min_slices": 3}
     with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(tmp_path / "run", **opts) as lst:
         _abort_mid_instance(lst.port, [ds for ds, _ in datasets[:5]])
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not [r for r in caplog.records if getattr(r, "event", None) == "listen_cut"] and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # past the quiet period
@@ -447,7 +447,7 @@ def test_a_cut_off_series_with_a_gap_keeps_both_facts_in_its_note_and_quarantine
     with _listener(tmp_path / "run", **opts) as lst:
         lst.on_series = outcomes.append
         assert _send(lst.port, sent, end="drop") == [0] * len(sent)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while "cut off" not in (note() or "") and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.4)  # past the quiet period, before the limit
@@ -456,7 +456,7 @@ def test_a_cut_off_series_with_a_gap_keeps_both_facts_in_its_note_and_quarantine
         assert "sender cut off" in waiting and "5 instance(s)" in waiting, waiting
         assert "MissingSliceError" in waiting, waiting
         clock["ahead"] = 3600.0  # the limit is over
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while not outcomes and time.monotonic() < deadline:
             lst.step()
             time.sleep(0.1)
@@ -482,7 +482,7 @@ def test_a_cut_off_series_with_a_gap_is_quarantined_with_both_facts_in_its_outco
         lst.on_series = outcomes.append
         assert _send(lst.port, sent, end="drop") == [0] * len(sent)
         assert "cut off" in _until_cut(run, uid)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while not outcomes and time.monotonic() < deadline:
             lst.step()
             time.sleep(0.1)
@@ -512,7 +512,7 @@ def test_dcmtk_storescu_ending_with_an_abort_has_its_series_processed(series, tm
         cmd = [exe, "--abort", "-aet", "MODALITY", "-aec", AET, HOST, str(lst.port), *map(str, files)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while not outcomes and time.monotonic() < deadline:
             lst.step()
             time.sleep(0.1)
