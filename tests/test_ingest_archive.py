@@ -249,9 +249,11 @@ def test_kill_during_ingest_leaves_a_consistent_cache(tmp_path):
     full = time.perf_counter() - t0
     rng = np.random.default_rng(20261129)
     left_behind = trials = 0
-    # twelve kills, and more (at most 40) until one has landed inside a write: a write takes about a millisecond,
-    # so on a busy machine a kill may miss every one of them
-    while trials < 12 or (not left_behind and trials < 40):
+    # twelve kills, and more (at most 100) until one has landed inside a write: a write takes about a millisecond,
+    # so on a busy machine a kill may miss every one of them. About 4 in 10 of the kills timed on a write's temporary
+    # file land in it on a loaded machine, none of the others: 20 of them all missed about once in 30000 runs, 50
+    # of them about once in 10^11
+    while trials < 12 or (not left_behind and trials < 100):
         proc = _ingest(src, cache_dir)
         if trials % 2:  # half the kills at a random time of the whole run
             time.sleep(float(rng.uniform(0.05, full)))
