@@ -281,7 +281,7 @@ def test_sigterm_of_the_driver_stops_its_actors_and_asks_for_a_rerun(cluster, ca
     assert proc.returncode == 130, err
     assert "run the same command again to resume" in err and "SIGTERM received" not in err, err  # no native stack dump
     assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while cluster.processes("ray::StageActor") and time.monotonic() < deadline:
         time.sleep(0.5)
     left = cluster.processes("ray::StageActor")

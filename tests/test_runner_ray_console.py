@@ -38,7 +38,7 @@ def test_the_clusters_error_messages_go_to_the_log_not_to_stdout(capfd, caplog, 
         from ray._private.utils import publish_error_to_driver
 
         publish_error_to_driver("node_died", MESSAGE, gcs_client=ray._private.worker.global_worker.gcs_client)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not any("marked dead" in r.getMessage() for r in caplog.records):
             time.sleep(0.1)
     finally:

@@ -310,7 +310,7 @@ def test_sigterm_of_a_run_on_a_private_instance_is_an_interruption_to_resume(tmp
     assert proc.returncode == 130, err
     assert "run the same command again to resume" in err and "SIGTERM received" not in err, err
     assert db_rows(out, "SELECT status FROM runs") == [("interrupted",)]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while _ray_pids(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
     left = _ray_pids(proc.pid)

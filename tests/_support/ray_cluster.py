@@ -142,7 +142,7 @@ class LocalCluster:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while self.leftovers() and time.monotonic() < deadline:
             time.sleep(0.2)
 
