@@ -33,7 +33,20 @@ def _counting(ledger: Ledger) -> list[int]:
     return counted
 
 
-def _run_at_once(ledger: Ledger, works) -> list[BaseException | None]:
+def _run_at_once(ledger: Ledger, first_row, rows) -> list[BaseException | None]:
+    """``ledger.batched`` of ``first_row`` in a thread, then of each of ``rows`` in a thread of its own while the
+    first one's transaction is under way: the first transaction is held open until every other call waits in the
+    ledger's queue (so that they arrive together however slowly the machine starts the threads). The calls' errors."""
+    under_way = threading.Event()
+
+    def held_first(db: sqlite3.Connection) -> None:
+        under_way.set()
+        deadline = time.monotonic() + 30
+        while len(ledger._queued) < len(rows) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        first_row(db)
+
+    works = [held_first, *rows]
     errors: list[BaseException | None] = [None] * len(works)
 
     def call(i: int) -> None:
@@ -44,7 +57,7 @@ def _run_at_once(ledger: Ledger, works) -> list[BaseException | None]:
 
     first = threading.Thread(target=call, args=(0,))
     first.start()
-    time.sleep(0.05)  # the first transaction is under way (its work sleeps): the others queue behind it
+    assert under_way.wait(30), "the first transaction did not begin"
     rest = [threading.Thread(target=call, args=(i,)) for i in range(1, len(works))]
     for t in rest:
         t.start()
@@ -56,14 +69,9 @@ def _run_at_once(ledger: Ledger, works) -> list[BaseException | None]:
 def test_rows_written_at_once_share_a_transaction_and_are_all_committed(tmp_path):
     ledger = Ledger(tmp_path)
     counted = _counting(ledger)
-
-    def slow_first(db: sqlite3.Connection) -> None:
-        time.sleep(0.3)
-        _instance("1.0")(db)
-
-    errors = _run_at_once(ledger, [slow_first, *(_instance(f"1.{i}") for i in range(1, 9))])
+    errors = _run_at_once(ledger, _instance("1.0"), [_instance(f"1.{i}") for i in range(1, 9)])
     assert errors == [None] * 9
-    assert len(counted) <= 3, counted  # the first alone, then the eight that waited together (not nine)
+    assert len(counted) == 2, counted  # the first alone, then the eight that waited together (not nine)
     with sqlite3.connect(tmp_path / "pacs" / "ledger.sqlite") as other:  # committed: another connection sees them
         assert other.execute("SELECT COUNT(*) FROM instances").fetchone()[0] == 9
     ledger.close()
@@ -72,13 +80,8 @@ def test_rows_written_at_once_share_a_transaction_and_are_all_committed(tmp_path
 def test_one_rows_error_fails_only_its_own_call(tmp_path):
     ledger = Ledger(tmp_path)
     ledger.batched(_instance("2.0"))
-
-    def slow_first(db: sqlite3.Connection) -> None:
-        time.sleep(0.3)
-        _instance("2.1")(db)
-
-    works = [slow_first, _instance("2.2"), _instance("2.0"), _instance("2.3")]  # 2.0 again: its primary key is taken
-    errors = _run_at_once(ledger, works)
+    rows = [_instance("2.2"), _instance("2.0"), _instance("2.3")]  # 2.0 again: its primary key is taken
+    errors = _run_at_once(ledger, _instance("2.1"), rows)
     assert [type(e) for e in errors] == [type(None), type(None), sqlite3.IntegrityError, type(None)]
     rows = sorted(r["sop_uid"] for r in ledger.rows("SELECT sop_uid FROM instances"))
     assert rows == ["2.0", "2.1", "2.2", "2.3"]
