@@ -12,7 +12,7 @@ from pipeline.devicetime import DeviceTimer, cuda_events, is_cuda
 def test_on_a_cpu_it_is_the_wall_clock():
     with DeviceTimer("cpu") as clock:
         time.sleep(0.05)
-    assert 0.045 <= clock.seconds < 1.0 and clock.ms == pytest.approx(clock.seconds * 1000.0)
+    assert 0.045 <= clock.seconds < 30.0 and clock.ms == pytest.approx(clock.seconds * 1000.0)
     assert cuda_events("cpu") == (None, None) and not is_cuda("cpu") and is_cuda("cuda:1")
 
 
@@ -21,7 +21,7 @@ def test_a_block_that_raises_is_timed_and_the_error_passes():
     with pytest.raises(ValueError, match="^the block's own error$"), clock:
         time.sleep(0.02)
         raise ValueError("the block's own error")
-    assert 0.015 <= clock.seconds < 1.0
+    assert 0.015 <= clock.seconds < 30.0
 
 
 @pytest.mark.gpu

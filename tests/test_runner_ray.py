@@ -119,7 +119,7 @@ def test_an_http_server_given_as_the_head_is_named_within_seconds(tmp_path):
     assert len(lines) == 1, p.stderr
     assert address in lines[0] and "not a Ray head" in lines[0] and "HTTP server" in lines[0] and "Fix:" in lines[0]
     assert "6379" in lines[0]
-    assert took < 20, f"took {took:.0f} s"
+    assert took < 45, f"took {took:.0f} s"  # Ray's own retries would last runner.ray_timeout_s = 60 s
     assert db_rows(tmp_path / "r", "SELECT COUNT(*) FROM runs") == [(0,)]
 
 

@@ -136,7 +136,7 @@ def test_run_task_runs_the_stage_and_measures_it(tmp_path):
     assert res.ok and (res.case_key, res.stage, res.attempt, res.worker, res.device) == ("a:fp", "echo", 1, "main", "cpu")
     assert res.outputs == {"seen": ["findings", "scribble"], "attempt": 1, "pid": os.getpid()}
     assert task.state == {"findings": []}  # the task's own state is not changed by the stage
-    assert 0.05 <= res.wall_s < 5 and res.started_at <= res.ended_at and res.ready_at == task.ready_at
+    assert 0.05 <= res.wall_s < 30 and res.started_at <= res.ended_at and res.ready_at == task.ready_at
     assert res.peak_rss_mb is not None and res.peak_rss_mb > 10
     assert res.peak_cuda_mb is None and res.error is None and not res.fatal and not res.worker_died
     assert (tmp_path / "tmp" / "a.a1" / "echo.txt").read_text() == "a"
