@@ -44,7 +44,7 @@ Tables
 ``meta.schema_version`` is :data:`SCHEMA_VERSION`; a store written by an earlier version is migrated
 when the runner opens it (new tables and columns added; nothing removed).
 
-Only the runner's main process writes (:class:`.store.RunStore`, over :func:`connect`); readers (reports,
+Only the runner's main process writes (:class:`.store.RunStore`, over :class:`StoreConnection`); readers (reports,
 notebooks) open it with :func:`open_readonly` and see committed state only, thanks to WAL. Times are Unix seconds
 (UTC).
 """
@@ -233,6 +233,26 @@ class Transaction:
             self.db.execute("COMMIT")
         else:
             self.db.execute("ROLLBACK")
+
+
+class StoreConnection:
+    """The runner's read-write connection to ``RUN_DIR/runs.sqlite`` (over :func:`connect`) and its transactions:
+    what :class:`.store.RunStore` and its parts (:mod:`.store_cases`, :mod:`.store_records`) write through."""
+
+    def __init__(self, run_dir: str | Path, *, create: bool = True):
+        self.run_dir = Path(run_dir)
+        path = db_path(self.run_dir)
+        if not create and not path.is_file():
+            raise not_a_run(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.db = connect(self.run_dir)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def tx(self) -> Transaction:
+        """``with store.tx():`` runs the statements inside as one atomic transaction."""
+        return Transaction(self.db)
 
 
 def not_a_run(run_dir: str | Path) -> RunStoreError:
