@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _tolerant_console()
     setup_logging(args.verbose + getattr(args, "verbose_after", 0), quiet=getattr(args, "quiet", False))
     out = getattr(args, "out", None)
-    new_out = Path(out) if isinstance(out, (str, Path)) and not Path(out).exists() else None
+    new_folders = _missing_folders(out) if isinstance(out, (str, Path)) else []
     code = 1
     try:
         code = int(args.func(args) or 0)
@@ -106,8 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
-    if code != 0 and new_out is not None:
-        _remove_if_empty(new_out)
+    finally:  # also when an unforeseen exception ends the command (code still 1)
+        if code != 0:
+            _remove_if_empty(new_folders)
     return code
 
 
@@ -156,14 +157,31 @@ def _stdout_closed() -> bool:
         return False
 
 
-def _remove_if_empty(folder: Path) -> None:
-    """Remove the ``--out`` folder a failed command created, when it holds nothing (no empty output folder stays
-    behind a mistyped source); a folder with anything in it is kept."""
-    try:
-        if folder.is_dir() and not any(folder.iterdir()):
+def _missing_folders(out: str | Path) -> list[Path]:
+    """The folders on the way to ``out`` (``out`` included) that do not exist yet, deepest first: those a command
+    creating ``out`` makes (``--out new/runs/a`` makes ``new`` and ``new/runs`` too)."""
+    missing: list[Path] = []
+    folder = Path(out)
+    while folder.name not in ("", "..") and not os.path.lexists(folder):  # never above a '..' of the path
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_if_empty(folders: Sequence[Path]) -> None:
+    """Remove those of ``folders`` (deepest first: :func:`_missing_folders`) that a failed command created and that
+    hold nothing, so that no empty output folder stays behind a refused source; a folder with anything in it is
+    kept, and so are the folders above it."""
+    for folder in folders:
+        try:
+            if not os.path.lexists(folder):  # not made (the command stopped before it): the one above may have been
+                continue
+            if folder.is_symlink() or not folder.is_dir() or any(folder.iterdir()):
+                return
             folder.rmdir()
-    except OSError as exc:
-        log.debug("the empty folder %s stays (%s)", folder, exc.strerror or exc)
+        except OSError as exc:
+            log.debug("the empty folder %s stays (%s)", folder, exc.strerror or exc)
+            return
 
 
 def console_main() -> None:
