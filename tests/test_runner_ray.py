@@ -355,6 +355,42 @@ def test_a_run_started_in_a_folder_holding_another_pipeline_package_runs_the_ins
 
 
 @pytest.mark.slow
+def test_a_stage_module_the_nodes_cannot_import_stops_the_run_naming_the_module_the_node_and_the_fix(
+    cluster, cases, tmp_path, monkeypatch
+):
+    """A site's own model stage installed on this machine only: the nodes' workers cannot import its module, so no
+    model actor can start. The run stops as soon as one fails, with that import error, the node and the fix, not
+    after runner.ray_timeout_s as if the cluster had no GPU free."""
+    from pipeline.runner import run_batch
+    from pipeline.runner.stages import IngestStage, WriteStage
+
+    site = tmp_path / "site_stages"
+    site.mkdir()
+    (site / "site_only_stage.py").write_text(
+        "from pipeline.runner.stage import Stage\n\n\n"
+        "class SiteOnly(Stage):\n"
+        "    name = 'site_only'\n"
+        "    group = 'model'\n\n"
+        "    def process(self, ctx):\n"
+        "        return {}\n"
+    )
+    monkeypatch.syspath_prepend(str(site))  # on this process's import path, not on the nodes'
+    monkeypatch.delitem(sys.modules, "site_only_stage", raising=False)
+    from site_only_stage import SiteOnly  # type: ignore[import-not-found]
+
+    out = tmp_path / "run"
+    stages = [IngestStage(), SiteOnly(), WriteStage()]
+    s = run_batch([cases["src"]], out=out, stages=stages, engine="ray", ray_address=cluster.address, **cases["opts"])
+    assert s.exit_code == 1 and s.done == 0, s.lines()
+    msg = s.fatal or ""
+    assert "No module named 'site_only_stage'" in msg, msg  # the import error itself
+    assert "could not be placed" not in msg and "free" not in msg, msg
+    assert any(node.node_id[:8] in msg for node in cluster.cluster.list_all_nodes()) and "127.0.0.1" in msg, msg  # the node
+    assert "PYTHONPATH" in msg and "every node" in msg, msg  # the fix
+    assert not (out / "cases").is_dir() or not list((out / "cases").iterdir())
+
+
+@pytest.mark.slow
 def test_every_ray_process_started_by_the_tests_is_stopped(cluster):
     assert cluster.leftovers(), "the cluster's processes were not found (the check below would prove nothing)"
     cluster.stop()

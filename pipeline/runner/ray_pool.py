@@ -7,12 +7,15 @@ two steps, each answered through a Ray reference the executor waits on with its 
 (where Ray put it, which device) and ``setup()`` (stages set up, model loaded); only then does it take
 tasks. ``runner.ray_max_cpus`` / ``runner.ray_max_gpus`` cap the run's CPU and GPU actors (0: the whole
 cluster), so that runs sharing a cluster each keep a part of it. A group left without any placed actor for
-``runner.ray_timeout_s`` stops the run with the reason.
+``runner.ray_timeout_s`` stops the run with the reason. An actor whose node cannot import the run's code (ctpipe, or
+the module of a stage, missing from that node's Python) stops the run at once, naming the import error and the node:
+every actor started there would fail the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -128,6 +131,15 @@ class ActorPool:
         try:
             info = self.ray.get(actor.pending)
         except self.ray.exceptions.RayError as exc:  # its node went away while it started: the pool refills
+            missing = import_failure(exc)
+            if missing is not None:  # no retry cures it: every actor on that node fails the same way
+                raise FatalRunError(
+                    f"the Ray node {self._where(actor, exc)} cannot import the code of this run's {actor.group} stages "
+                    f"({missing}); install ctpipe and every module its stages import on every node of the cluster, the "
+                    "same versions as here (pip install on each, or one shared environment; a site's own stage module "
+                    "installed there, or on the PYTHONPATH that node's `ray start` was run with), and run the same "
+                    "command again (see README 'Scale out')"
+                ) from exc
             log.warning("Ray actor %s did not start: %s", actor.name, first_line(exc), extra={"event": "worker_died"})
             self.drop(actor)
             return
@@ -160,6 +172,16 @@ class ActorPool:
         if info["fatal"]:
             raise FatalRunError(info["fatal"])
         actor.phase, actor.pending = "ready", None
+
+    def _where(self, actor: PoolActor, exc: BaseException) -> str:
+        """``IP (node id)`` of the node on which ``actor`` failed with ``exc``, as far as Ray says: the address from
+        Ray's message (``ip=...``), the node from the actor or from Ray's record of the dead actor."""
+        found = re.search(r"\bip=([0-9A-Fa-f.:]+)", _ANSI.sub("", str(exc)))
+        node = actor.node or _actor_node(self.ray, getattr(exc, "actor_id", None))
+        ip = found.group(1) if found else None
+        if ip and node:
+            return f"{ip} ({node[:8]})"
+        return ip or (node[:8] if node else "where it was placed")
 
     def drop(self, actor: PoolActor) -> None:
         if actor in self.actors:
@@ -226,6 +248,41 @@ class ActorPool:
 def _capped(total: int, cap: int) -> int:
     """``total`` limited to a run's share ``cap`` (``runner.ray_max_cpus`` / ``ray_max_gpus``; 0 = no limit)."""
     return min(total, cap) if cap else total
+
+
+#: Terminal colours in Ray's error messages.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: The line of a Python traceback that names an import error (Ray's message ends with the remote traceback).
+_IMPORT_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(ModuleNotFoundError|ImportError): (.+?)\s*$", re.MULTILINE)
+
+
+def import_failure(exc: BaseException) -> str | None:
+    """The import error for which a Ray actor could not start (``ModuleNotFoundError: No module named 'x'``): its class
+    (ctpipe missing or another package in its place on the node), a stage given to it whose module the node lacks, or
+    a module its setup imports; None for any other failure (a node lost, a process killed)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, ImportError):
+        return f"{type(cause).__name__}: {cause}"
+    found = _IMPORT_ERROR.findall(_ANSI.sub("", str(exc)))
+    if not found:
+        return None
+    kind, what = found[-1]  # the innermost: Ray wraps it (a RuntimeError, a RaySystemError) before it
+    return f"{kind}: {what}"
+
+
+def _actor_node(ray: Any, actor_id: str | None) -> str | None:
+    """The id of the node that ran the dead actor ``actor_id`` (hex), from Ray's actor table; None where not known."""
+    state = getattr(getattr(ray, "_private", None), "state", None)
+    if not actor_id or state is None:
+        return None
+    try:
+        record = state.actors(actor_id=actor_id)
+    except Exception as exc:  # noqa: BLE001 - the node is named by its address alone then
+        log.debug("Ray's record of actor %s could not be read: %s", actor_id, exc)
+        return None
+    address = record.get("Address") if isinstance(record, dict) else None
+    node = address.get("NodeID") if isinstance(address, dict) else None
+    return str(node) if node else None
 
 
 def first_line(exc: BaseException) -> str:
