@@ -355,6 +355,26 @@ def test_a_run_started_in_a_folder_holding_another_pipeline_package_runs_the_ins
 
 
 @pytest.mark.slow
+def test_a_run_on_a_private_instance_started_in_a_folder_holding_another_pipeline_package_runs_the_installed_one(cases, tmp_path):
+    """Ray puts the driver's working folder first on its workers' import path on a private instance (`--ray local`) too:
+    a folder holding another `pipeline/` package there must not be what its workers import."""
+    import os
+
+    from tests._support.ray_cluster import ray_environment
+
+    here = tmp_path / "elsewhere"
+    (here / "pipeline").mkdir(parents=True)
+    (here / "pipeline" / "__init__.py").write_text('raise ImportError("the pipeline package of the working folder")\n')
+    out = tmp_path / "run"
+    env = {**os.environ, **ray_environment()}  # its PYTHONPATH: the checkout, as the installed package would be
+    # -P: the driver itself does not look in its working folder, as the installed `ctpipe` command does not
+    args = [sys.executable, "-P", "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", "local"]
+    p = subprocess.run([*args, "--quiet", *as_cli(cases["opts"])], capture_output=True, text=True, env=env, cwd=here, timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(cases["uids"])
+
+
+@pytest.mark.slow
 def test_a_stage_module_the_nodes_cannot_import_stops_the_run_naming_the_module_the_node_and_the_fix(
     cluster, cases, tmp_path, monkeypatch
 ):

@@ -243,6 +243,21 @@ def test_a_private_instance_keeps_the_runs_sigterm_handler(monkeypatch):
         signal.signal(signal.SIGTERM, before)
 
 
+def test_joining_a_cluster_leaves_the_working_folder_as_it_is(monkeypatch, head, tmp_path):
+    # the working folder is the process's, not the thread's: changed while Ray joins, a notebook's or a threaded
+    # program's other threads would open their relative paths in another folder meanwhile
+    seen: list[str] = []
+
+    class _JoiningRay(_RefusingRay):
+        def init(self, **options: Any) -> None:
+            seen.append(os.getcwd())
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ray_connect, "import_ray", lambda: _JoiningRay(RuntimeError()))
+    session = connect(head, timeout_s=10)
+    assert session.owned and seen == [str(tmp_path)] and os.getcwd() == str(tmp_path)
+
+
 def test_a_node_with_another_ctpipe_stops_the_run_before_it_takes_a_case(tmp_path):
     from pipeline.runner.ray_actors import software
 

@@ -16,8 +16,10 @@ from the environment; a refused token is a ClusterError naming those variables. 
 pushes to the driver (a node marked dead, with its raylet's last log lines) go to the run's log, not to its stdout.
 Joining a cluster, the driver's Ray is told to wait for a head it lost longer than ``runner.ray_reconnect_s`` (Ray ends
 such a process after a minute by default), so that the run's own wait (:class:`.ray_executor.HeadWatch`) decides.
-Joining, the driver's working folder, which Ray puts first on every worker's import path, is an empty folder of its
-own, so that nodes import their installed ctpipe, not a ``pipeline`` package of the folder the run was started in.
+Ray puts the driver's working folder first on the import path of every worker of the run, on every node; the run
+leaves it out (:class:`_WithoutWorkingFolder`), a private instance's as a joined cluster's, so that the workers import
+their installed ctpipe, not a ``pipeline`` package of the folder the run was started in. The process's working folder
+itself is never changed (``os.chdir`` would move it under every other thread of the process, a notebook's included).
 """
 
 from __future__ import annotations
@@ -26,10 +28,8 @@ import logging
 import os
 import signal
 import socket
-import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -222,21 +222,33 @@ def _ray_gcs_wait_s(value: str | None) -> float:
         return 0.0
 
 
-@contextmanager
-def _in_an_empty_folder() -> Iterator[None]:
-    """This process's working folder is an empty folder of its own while it joins the cluster.
+class _WithoutWorkingFolder(list[str]):
+    """The folders Ray puts first on every worker's import path (``JobConfig._py_driver_sys_path``), less this process's
+    working folder, which ``ray.init`` adds to them last (as ``os.path.abspath(os.curdir)``, in the calling thread).
 
-    Ray puts the driver's working folder first on the import path of every worker of the run, on every node: a run
-    started in a folder that holds another ``pipeline`` package (a checkout, an unpacked release) would have the
-    nodes import that one. The empty folder, removed once joined, puts nothing before the nodes' installed ctpipe."""
-    here = os.getcwd()
-    empty = tempfile.mkdtemp(prefix="ctpipe-ray-join-")
-    os.chdir(empty)
-    try:
-        yield
-    finally:
-        os.chdir(here)
-        os.rmdir(empty)
+    A run started in a folder that holds another ``pipeline`` package (a checkout, an unpacked release) or a ``ray``
+    folder would otherwise have the workers import that one, on every node and on a private instance alike. The folder
+    of the driver's script, which Ray adds before it where it is on the driver's own import path, stays (the driver
+    imports from it too)."""
+
+    def extend(self, paths: Iterable[str]) -> None:
+        given = list(paths)
+        if given and given[-1] == os.path.abspath(os.curdir):
+            given.pop()
+        super().extend(given)
+
+
+def _job_config(ray: ModuleType) -> Any:
+    """The ``job_config`` for ``ray.init``: Ray's own, whose workers' import path leaves out this process's working
+    folder (:class:`_WithoutWorkingFolder`); None where this Ray keeps that path otherwise (then Ray's default)."""
+    make = getattr(getattr(ray, "job_config", None), "JobConfig", None)
+    config = make() if make is not None else None
+    paths = getattr(config, "_py_driver_sys_path", None)
+    if config is None or not isinstance(paths, list):
+        log.debug("this Ray has no list of the workers' import path to keep the working folder out of")
+        return None
+    config._py_driver_sys_path = _WithoutWorkingFolder(paths)
+    return config
 
 
 def connect(
@@ -283,6 +295,8 @@ def connect(
         "runtime_env": {"env_vars": dict(WORKER_ENV)},
         **(init_options or {}),
     }
+    if "job_config" not in options and (job_config := _job_config(ray)) is not None:
+        options["job_config"] = job_config
     _cluster_messages_to_log(ray)
     if target is None:
         options.setdefault("include_dashboard", False)
@@ -320,9 +334,8 @@ def connect(
         if own_wait:  # read by this process's Ray when it connects
             os.environ[_RAY_GCS_WAIT] = str(needed_wait)
         t = threading.Thread(target=init, name="ray-connect", daemon=True)
-        with _in_an_empty_folder():
-            t.start()
-            t.join(timeout_s)
+        t.start()
+        t.join(timeout_s)
         if own_wait and "error" in outcome:  # read: a later ray.init in this process reads it afresh
             if given_wait is None:
                 os.environ.pop(_RAY_GCS_WAIT, None)

@@ -44,8 +44,8 @@ def ray_environment() -> dict[str, str]:
 
 def _nodes_pythonpath() -> str:
     """The checkout first on the nodes' import path: the stages the tests define (``tests._support``) must be
-    importable by the nodes' workers, as a site installs its own stages on every node. ctpipe joins a cluster from
-    an empty folder of its own, so the driver's working folder is not on the workers' path."""
+    importable by the nodes' workers, as a site installs its own stages on every node. ctpipe keeps the driver's
+    working folder off the workers' path, so the checkout is not there through it."""
     root = str(Path(__file__).resolve().parents[2])
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
     return os.pathsep.join([root, *rest])
