@@ -116,6 +116,29 @@ def scrub(text: str, identifiers: set[str], *, replace: Callable[[str], str]) ->
     return replace(text) if _found(scrubbed, identifiers) else scrubbed
 
 
+#: The endings of the files scanners and DICOM exports write: a generic file name (:func:`generic_file_name`) has
+#: one of them or none.
+_DICOM_ENDINGS = (".dcm", ".dicom", ".ima")
+_GENERIC_STEM = re.compile(
+    r"(?:(?:ct|mr|pt|nm|sr|seg|ot)\.)?[012](?:\.(?:0|[1-9]\d*)){2,}"  # a UID (1.2.840.113619.2.55...), CT.<UID>
+    r"|(?:(?:i|im|img|image|slice)[_\-.]?)?0*\d{1,5}"  # an instance number: 1, 00000001, IM0001, IMG_0001, I.001
+    r"|im[_\-]?0*\d{1,5}(?:[_\-]0*\d{1,5}){1,2}",  # series and instance numbers: IM-0001-0001
+    re.IGNORECASE,
+)
+
+
+def generic_file_name(name: str) -> bool:
+    """Whether the file name ``name`` is one a scanner or a DICOM export gives any file, which carries no identifier:
+    a UID (``1.2.840.113619.2.55.3.1.dcm``, ``CT.1.3.12.2.1107.5``), an instance number with at most 5 digits besides
+    its leading zeros (``1.dcm``, ``00000001``, ``IM0001.dcm``, ``IMG_0001.dcm``, ``I.001``, ``IM-0001-0001.dcm``),
+    with a DICOM ending (``.dcm``, ``.dicom``, ``.ima``) or none. Any other name may carry one: letters other than
+    these prefixes, a number of 6 digits or more (a PatientID: ``1234567.dcm``, an accession number), any other ending
+    (``12345.pdf``: a report may be named by its accession number)."""
+    low = name.lower()
+    stem = next((low[: -len(e)] for e in _DICOM_ENDINGS if low.endswith(e)), low)
+    return bool(stem) and _GENERIC_STEM.fullmatch(stem) is not None
+
+
 #: What stands for each identifier of the patient in a series description that ctpipe shows or writes outside the
 #: DICOM (a volume's metadata, messages, reprs) unless identifiers are kept.
 PLACEHOLDER = "<patient>"

@@ -16,16 +16,19 @@ identifiers of their own) are redacted through that folder; the name of such a f
 sources, is redacted where it holds an identifier of any series the run found. Any other skipped file whose name no
 header of its own was checked against (:data:`TOKENED_KINDS`: ``DOE_JANE_report.pdf`` of a patient none of whose images
 are among the sources, a cut-short or unreadable file, a DICOMDIR) is named by a token ``<file:xxxxxx>`` followed by
-its extension when that is a common one (:data:`KEPT_EXTENSIONS`; ``<file:xxxxxx>.pdf``), and each folder of its path
-below the source that holds no file of a series found by a token ``<folder:xxxxxx>``, replaced in paths only
-(``inbox/DOE_JANE/notes.txt``), by :meth:`PathRedactor.add_skipped`. (A series description never
-holds one: :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
+its extension when that is a common one (:data:`KEPT_EXTENSIONS`; ``<file:xxxxxx>.pdf``) where that file is meant (after
+its folder, or alone in a text; another folder's file of that name keeps its name), but for a name a scanner gives any
+file (``IM0001.dcm``, ``1.dcm``, a UID: :func:`pipeline.identifiers.generic_file_name`), which names nobody; and each
+folder of its path below the source that holds no file of a series found by a token ``<folder:xxxxxx>``, replaced in
+paths only (``inbox/DOE_JANE/notes.txt``), until a series is found in it, by :meth:`PathRedactor.add_skipped`. (A series
+description never holds one: :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import re
@@ -37,18 +40,21 @@ from pathlib import Path, PurePath
 from typing import Any, TextIO, cast
 
 from ..errors import CtpipeError
-from ..identifiers import MATCHED, holds, identifiers_of
+from ..identifiers import MATCHED, generic_file_name, holds, identifiers_of
 
 log = logging.getLogger(__name__)
 
-# the key of the run's secret in PathRedactor.shared: no path component holds a NUL
-_SECRET = "\0secret"
+# the keys of the run's secret and of where its file and folder tokens stand in PathRedactor.shared: no path
+# component holds a NUL
+_SECRET, _WHERE = "\0secret", "\0where"
 # a component as it appears in text: not inside a longer name or number (a UID holding a patient id's digits)
 _BEFORE, _AFTER = r"(?<![\w.^\-])", r"(?![\w^\-])"
 # after a name recorded with its folder (/report): not a folder of that name (/report/x) nor another file (/report.pdf)
 _NOT_FOLDER = r"(?![/\\]|\.\w)"
 # a folder recorded by its name alone (/inbox/DOE_JANE/notes.txt): between two separators of a path only
 _SEP_BEFORE, _SEP_AFTER = r"(?<=[/\\])", r"(?=[/\\])"
+# a skipped file's name where it stands alone: not inside a longer name, not after a folder
+_NO_FOLDER = r"(?<![\w.^\-/\\])"
 
 #: LogRecord attributes that are not the record's message or its ``extra`` fields: never rewritten.
 _RECORD_OWN = frozenset(logging.makeLogRecord({}).__dict__) - {"msg", "args"}
@@ -93,6 +99,11 @@ class PathRedactor:
         self._told = False  # whether the log said once that skipped files are named by tokens
         self._roots: set[PurePath] = set()  # the sources given: the folders below them are the ones tokened
         self._series_folders: set[PurePath] = set()  # the folders holding a file of a series found (and their parents)
+        # where the tokens of skipped files' names and folders stand: a file name's key, the names of the folders
+        # those files lie in ("" for none); a folder's key, the folders (real paths) it stands for while none of them
+        # holds a file of a series
+        self._file_folders: dict[str, set[str]] = {}
+        self._folder_paths: dict[str, set[str]] = {}
 
     @classmethod
     def of(cls, components: dict[str, str]) -> PathRedactor:
@@ -100,14 +111,22 @@ class PathRedactor:
         :attr:`shared`, one that also gives the series it records the tokens that process would."""
         tokens = dict(components)
         r = cls(secret=tokens.pop(_SECRET, None))
+        where = json.loads(tokens.pop(_WHERE, "{}"))
         r._tokens = tokens
+        r._file_folders = {k: set(v) for k, v in where.get("files", {}).items()}
+        r._folder_paths = {k: set(v) for k, v in where.get("folders", {}).items()}
         return r
 
     @property
     def shared(self) -> dict[str, str]:
-        """What a worker process or Ray actor is given (:meth:`of`): the components and the run's secret, so that the
-        series it scans again itself (those of a later batch of a listener's workers) read as they do here."""
-        return {**self._tokens, _SECRET: self._secret}
+        """What a worker process or Ray actor is given (:meth:`of`): the components, the run's secret and where the
+        tokens of skipped files and their folders stand, so that the series it scans again itself (those of a later
+        batch of a listener's workers) read as they do here."""
+        where = {
+            "files": {k: sorted(v) for k, v in self._file_folders.items()},
+            "folders": {k: sorted(v) for k, v in self._folder_paths.items()},
+        }
+        return {**self._tokens, _SECRET: self._secret, _WHERE: json.dumps(where)}
 
     def _digest(self, component: str) -> str:
         return hashlib.sha256(f"{self._secret}\0{component}".encode()).hexdigest()[:6]
@@ -137,8 +156,24 @@ class PathRedactor:
             for h in s.headers:
                 ids |= identifiers_of((k, h.extra_value(k)) for k in MATCHED)
             self.add_series([h.path for h in s.headers], ids)
-            for h in s.headers:
-                self._series_folders.update(PurePath(h.path).parents)
+            folders = {f for h in s.headers for f in PurePath(h.path).parents} - self._series_folders
+            self._series_folders |= folders
+            self._release_folders(folders)
+
+    def _release_folders(self, folders: set[PurePath]) -> None:
+        """Drop the token of each folder among ``folders`` (new folders of a series) that was recorded by
+        :meth:`add_skipped` while it held no series: its name is decided by the headers of its series now, as when
+        that series is found first. A folder token recorded by name stays while another folder of that name holds
+        skipped files and no series."""
+        if not self._folder_paths or not folders:
+            return
+        real = {os.path.realpath(f) for f in folders}
+        for key, paths in list(self._folder_paths.items()):
+            paths -= real
+            if not paths:
+                del self._folder_paths[key]
+                self._tokens.pop(key, None)
+                self._pattern = None
 
     def add_files(self, files: Iterable[str | os.PathLike[str]]) -> None:
         """Record the components of ``files``' paths that hold an identifier of any series recorded so far: files
@@ -182,7 +217,7 @@ class PathRedactor:
             if path.name not in KEPT_NAMES:
                 added = self.add_file_name(path) or added
             for folder in self._folders_below_root(path):
-                added = self.add_folder_name(folder.name) or added
+                added = self._add_folder(folder) or added
             if given_alone and path in given and len(path.parts) > 1:
                 added = self._add_whole_path(str(path)) or added
             added = self._add_whole_path(_broken_link_target(path)) or added
@@ -211,8 +246,18 @@ class PathRedactor:
         if real in self._tokens or real in {os.path.realpath(f) for f in self._series_folders}:
             return False
         self._tokens[real] = f"<folder:{self._digest(PurePath(real).name)}>"
+        self._folder_paths[real] = {real}
         self._pattern = None
         return True
+
+    def _add_folder(self, folder: PurePath) -> bool:
+        """Record ``folder`` (a folder of a skipped file, holding no series) by its name, as :meth:`add_folder_name`
+        does, and where it lies, so that its token goes once a series is found in it (:meth:`_release_folders`)."""
+        added = self.add_folder_name(folder.name)
+        key = f"{os.sep}{folder.name}{os.sep}"
+        if key in self._tokens and (added or key in self._folder_paths):
+            self._folder_paths.setdefault(key, set()).add(os.path.realpath(folder))
+        return added
 
     def _folders_below_root(self, path: PurePath) -> list[PurePath]:
         """The folders of ``path`` below the longest root recorded that holds it (none when no root holds it) that
@@ -237,19 +282,27 @@ class PathRedactor:
 
     def add_file_name(self, path: str | os.PathLike[str]) -> bool:
         """Record the name of the file at ``path`` (not its folders) as a token ``<file:xxxxxx>`` followed by its
-        common ending (:data:`KEPT_EXTENSIONS`), unless it is recorded already: a file whose name nothing can be
-        told patient-named by (a skipped file that is not DICOM). A name with a
-        kept ending is replaced wherever it stands alone in a text; one without (``report``) only after a folder
-        (``/report``), so that the words of messages are kept. Whether it was recorded now."""
-        name = PurePath(path).name
-        if not name or name in self._tokens or os.sep + name in self._tokens:
+        common ending (:data:`KEPT_EXTENSIONS`): a file whose name nothing can be told patient-named by (a skipped
+        file that is not DICOM), unless the name is one a scanner gives any file (:func:`generic_file_name`:
+        ``IM0001.dcm``, ``1.dcm``, a UID), which names nobody, or it is recorded already as a patient's. The token
+        stands where that file is meant: the name after the folder it lies in (``ct/notes.txt``, whatever comes
+        before: an absolute path, one relative to another folder), after a folder written as a token, and, for a name
+        with a kept ending, where it stands alone in a text (``the report names DOE_JANE_report.pdf``); not after
+        another folder (``ct2/IM0001.dcm``, another series' file), and a name without a kept ending (``report``) not
+        as a word of a message. Whether it was recorded now (a name or a folder it lies in)."""
+        path = PurePath(path)
+        name = path.name
+        if not name or generic_file_name(name) or (name in self._tokens and name not in self._file_folders):
             return False
-        if _kept_extension(name):
-            self._tokens[name] = self._file_token(name)
-        else:
-            self._tokens[os.sep + name] = os.sep + self._file_token(name)
+        key = name if _kept_extension(name) else os.sep + name
+        if key in self._tokens and key not in self._file_folders:
+            return False
+        folders = self._file_folders.setdefault(key, set())
+        added = key not in self._tokens or path.parent.name not in folders
+        self._tokens[key] = (key[: -len(name)]) + self._file_token(name)
+        folders.add(path.parent.name)
         self._pattern = None
-        return True
+        return added
 
     def _file_token(self, name: str) -> str:
         """The token of a file name: ``<file:xxxxxx>`` and its kept ending (:data:`KEPT_EXTENSIONS`)."""
@@ -266,7 +319,7 @@ class PathRedactor:
             return text
         if self._pattern is None:
             names = sorted(self._tokens, key=lambda n: len(n.strip(os.sep)), reverse=True)
-            alternatives = [_alternative(n) for n in names]
+            alternatives = [_alternative(n, self._file_folders.get(n)) for n in names]
             self._pattern = re.compile("(?:" + "|".join(alternatives) + ")" + _AFTER)
         return self._pattern.sub(self._token_of, text)
 
@@ -277,11 +330,21 @@ class PathRedactor:
         return self._tokens.get(found) or self._tokens[f"{os.sep}{found}{os.sep}"]
 
 
-def _alternative(key: str) -> str:
-    """The regex of a recorded component ``key`` in a text: a folder's (``/name/``) between separators, a file name
-    without a kept ending (``/name``) after one, any other where it stands alone (see the module)."""
+def _alternative(key: str, folders: set[str] | None = None) -> str:
+    """The regex of a recorded component ``key`` in a text: a folder's (``/name/``) between separators; a skipped
+    file's name (``folders``: the names of the folders it lies in, see :meth:`PathRedactor.add_file_name`) after one of
+    those folders or a folder's token, and, with a kept ending, where it stands alone; without them (a component
+    another process found), a file name without a kept ending (``/name``) after any folder; any other where it stands
+    alone (see the module)."""
     if len(key) > 2 and key.startswith(os.sep) and key.endswith(os.sep):
         return _SEP_BEFORE + re.escape(key[1:-1]) + _SEP_AFTER
+    if folders is not None:
+        alone = not key.startswith(os.sep)  # the separator is part of a name without a kept ending: ``/report``
+        sep = r"[/\\]" if alone else ""
+        before = [rf"(?<={re.escape(f)}{sep})(?<![\w.^\-]{re.escape(f)}{sep})" for f in sorted(folders) if f]
+        before += [rf"(?<=<{kind}:[0-9a-f]{{6}}>{sep})" for kind in ("folder", "patient")]
+        before += [_NO_FOLDER] if alone else []
+        return "(?:" + "|".join(before) + ")" + re.escape(key) + ("" if alone else _NOT_FOLDER)
     if key.startswith(os.sep):
         return re.escape(key) + _NOT_FOLDER
     return _BEFORE + re.escape(key)
