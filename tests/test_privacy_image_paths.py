@@ -4,6 +4,7 @@ typed; run.log, the report, the run store and the quarantine records name the fi
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -65,3 +66,17 @@ def test_a_run_writes_nothing_of_an_image_files_path_a_worklist_names(label_map,
     assert re.search(r"worklist\.csv:2 \(<file:[0-9a-f]{6}>\.nii\.gz\): no CT series found", (run / "run.log").read_text())
     assert main([*argv, "--keep-identifiers", "--out", str(tmp_path / "kept")]) != 0
     assert "DOE_JANE/MRN12345_chest.nii.gz" in (tmp_path / "kept" / "run.log").read_text()
+
+
+def test_ctpipe_ingest_writes_nothing_of_an_image_files_path_in_its_json_report(label_map, tmp_path, capsys):
+    # was: "roots": [".../DOE_JANE/<file:xxxxxx>.nii.gz"], the folders as typed, and the skipped file's path likewise
+    out = tmp_path / "i"
+    argv = ["ingest", str(label_map), "--out", str(out / "cache"), "--json", str(out / "ingest.json")]
+    assert main(argv) == 1  # nothing cached: no DICOM
+    capsys.readouterr()
+    data = json.loads((out / "ingest.json").read_text())
+    assert re.fullmatch(r"<file:[0-9a-f]{6}>\.nii\.gz", data["roots"][0]), data["roots"]
+    assert [f["path"] for f in data["skipped_files"]] == data["roots"]
+    assert _in_files(out) == []
+    assert main([*argv, "--keep-identifiers"]) == 1
+    assert json.loads((out / "ingest.json").read_text())["roots"] == [str(label_map)]

@@ -524,9 +524,11 @@ def sources_redactor(sources: Iterable[str | os.PathLike[str]]) -> PathRedactor:
     """A redactor of the patient-named components of ``sources`` (the folders and files a command was given: ``ctpipe
     detect``, ``reconstruct``, ``ingest``), from a scan of their DICOM headers (the headers only: about 0.06 s for
     143 files), made before the command reads them so that everything it logs or prints is redacted from its first
-    line; a case-cache entry (``<case>.npy`` / ``.json``) stands for the DICOM folder it was ingested from. The
-    scan's own log records are dropped (the command's scan logs them again); a source that cannot be scanned (it does
-    not exist, it is not DICOM) adds nothing, and the command says what is wrong with it."""
+    line; a case-cache entry (``<case>.npy`` / ``.json``) stands for the DICOM folder it was ingested from; a file
+    given that is not DICOM (an image file) reads, its folders and all, as its name's token, as in ``ctpipe run``
+    (:meth:`PathRedactor.add_skipped`'s ``given_alone``). The scan's own log records are dropped (the command's scan
+    logs them again); a source that cannot be scanned (it does not exist, it is not DICOM) adds nothing, and the
+    command says what is wrong with it."""
     from ..ingest.scan import scan_directory
 
     redactor = PathRedactor()
@@ -557,7 +559,8 @@ def sources_redactor(sources: Iterable[str | os.PathLike[str]]) -> PathRedactor:
         for h in handlers:
             h.removeFilter(drop)
     redactor.add_scan(scan.series)
-    redactor.add_skipped(((f.path, f.kind) for f in scan.skipped_files), roots=scan.roots)
+    # a file given that is not DICOM (an image file): no header was checked against its folders either
+    redactor.add_skipped(((f.path, f.kind) for f in scan.skipped_files), roots=scan.roots, given_alone=True)
     return redactor
 
 
