@@ -1,4 +1,5 @@
-"""Loading a label map (a segmentation file) instead of a CT warns at load time, naming the file and the fix."""
+"""Loading a label map (a segmentation file) instead of a CT warns at load time, naming the file and the fix; the
+other image files beside it (names that may be a patient's) are named only when identifiers are kept."""
 
 from __future__ import annotations
 
@@ -33,12 +34,30 @@ def test_label_map_file_warns_with_the_file_values_and_fix(tmp_path: Path, caplo
     seg = _write(tmp_path / "case_seg.nii.gz", labels)
     _write(tmp_path / "case_ct.nii.gz", np.full((8, 16, 16), -1000, np.int16) + np.arange(16, dtype=np.int16) * 90)
     with caplog.at_level(logging.WARNING):
-        vol = load_series(seg)
+        vol = load_series(seg, keep_identifiers=True)
     [message] = _label_warnings(caplog)
     assert str(seg) in message
     assert "3 distinct integer values, 0..13" in message
     assert "case_ct.nii.gz" in message and "LabelMap(vol.array, vol.geometry)" in message
     assert vol.metadata["warnings"] == [message]
+
+
+def test_the_warning_names_no_other_image_file_unless_identifiers_are_kept(tmp_path, caplog):
+    # was: "load the CT image instead (beside it: DOE_JANE_ct.nii.gz, MRN12345.nrrd)" on the console and in metadata
+    from pipeline.ingest.source import read_source
+
+    mask = np.zeros((6, 10, 10), np.uint8)
+    mask[2:4, 3:7, 3:7] = 1
+    seg = _write(tmp_path / "seg.nii.gz", mask)
+    for name in ("DOE_JANE_ct.nii.gz", "MRN12345.nrrd"):
+        _write(tmp_path / name, np.full((6, 10, 10), -1000, np.int16))
+    with caplog.at_level(logging.WARNING):
+        warned = [load_series(seg).metadata["warnings"], read_source(seg)[0].metadata["warnings"]]
+    texts = _label_warnings(caplog) + [w for ws in warned for w in ws]
+    assert len(texts) == 4 and all("2 other image files beside it" in t and "keep" in t for t in texts), texts
+    assert not [t for t in texts if "DOE" in t or "MRN12345" in t], texts
+    kept = read_source(seg, keep_identifiers=True)[0].metadata["warnings"]
+    assert "beside it: DOE_JANE_ct.nii.gz, MRN12345.nrrd" in kept[0], kept
 
 
 def test_binary_mask_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -67,6 +86,5 @@ def test_real_label_files_warn_and_real_ct_never_does(caplog: pytest.LogCaptureF
         load_series(root / "chest_ct_rt_planning_dicom")
         load_series(root / "cip_copdgene_chest_64" / "ct-64Dicom")
     assert not _label_warnings(caplog)
-    assert (root / "totalseg_abdomen_lung_bases" / "example_ct.nii.gz").name in " ".join(
-        load_series(root / "totalseg_abdomen_lung_bases" / "example_seg.nii.gz").metadata["warnings"]
-    )
+    seg = root / "totalseg_abdomen_lung_bases" / "example_seg.nii.gz"
+    assert "example_ct.nii.gz" in " ".join(load_series(seg, keep_identifiers=True).metadata["warnings"])

@@ -210,7 +210,8 @@ def load_series(
         PatientBirthDate, AccessionNumber), into ``metadata``, and the SeriesDescription as it is, also in the error
         listing the folder's series (several qualify, or ``series_uid`` is not among them); the other
         attributes of :data:`pipeline.volume.PATIENT_IDENTIFIERS` are never read. By default they are left out and
-        each of them in the description reads ``<patient>``.
+        each of them in the description reads ``<patient>``. An image file's label-map warning names the other
+        image files beside it with it, else counts them (:func:`~pipeline.ingest.image.label_map_warning`).
     workers: threads for header and pixel reads, 0 or more (0 or 1: none; default: 2 × CPU count, at most 8).
 
     Returns
@@ -252,7 +253,7 @@ def load_series(
                 where=p,
                 fix="leave out series_uid",
             )
-        return read_image(p)
+        return read_image(p, keep_identifiers=keep_identifiers)
     if p.is_file():
         try:
             header = read_header(p)

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 LABEL_MAP_MAX_VALUES = 256
 
 
-def read_image(path: str | Path) -> CTVolume:
+def read_image(path: str | Path, *, keep_identifiers: bool = False) -> CTVolume:
     """A NIfTI/MHA/NRRD image file as a :class:`CTVolume`, its values as stored (HU for a CT image) in the types a
     DICOM series loads as: int16 when they are integers that fit it (an int32 or uint8 file), else float32.
 
@@ -43,7 +43,8 @@ def read_image(path: str | Path) -> CTVolume:
     outputs; ``ctpipe detect`` and ``reconstruct`` name them otherwise unless asked for the file's name
     (:func:`pipeline.ingest.source.image_named`).
     A file that looks like a label map (:func:`label_map_warning`) loads as it is, with a warning logged and added
-    to ``metadata["warnings"]``.
+    to ``metadata["warnings"]``; it names the other image files beside it only with ``keep_identifiers``
+    (``--keep-identifiers``).
     Raises :class:`~pipeline.errors.UnreadableFileError` when SimpleITK cannot read the file,
     :class:`~pipeline.errors.GeometryError` naming the file when it holds no 3-D scalar volume (a 2-D, 4-D or
     vector image).
@@ -74,19 +75,20 @@ def read_image(path: str | Path) -> CTVolume:
     dtype = _hu_dtype(volume.array)
     if dtype != volume.array.dtype:
         volume = volume.with_array(volume.array.astype(dtype))
-    if warning := label_map_warning(volume.array, path):
+    if warning := label_map_warning(volume.array, path, keep_identifiers=keep_identifiers):
         log.warning("%s", warning)
         volume = CTVolume(volume.array, volume.geometry, metadata={**volume.metadata, "warnings": [warning]})
     return volume
 
 
-def label_map_warning(values: np.ndarray, path: Path) -> str | None:
+def label_map_warning(values: np.ndarray, path: Path, *, keep_identifiers: bool = False) -> str | None:
     """What to tell a user whose image file ``path`` holds a label map (a segmentation) rather than a CT, or None.
 
     A label map here: integer voxel values, none negative, at most :data:`LABEL_MAP_MAX_VALUES` distinct ones
     (e.g. 0..117 for a TotalSegmentator result, 0/1 for a mask). A CT in HU has air near -1000 and far more distinct
-    values, so it never matches. The text names the file, what it holds and the fix: the CT image to load (other
-    image files in the same folder are listed) and how to wrap the labels (:class:`~pipeline.volume.LabelMap`).
+    values, so it never matches. The text names the file, what it holds and the fix: the CT image to load (the other
+    image files in the same folder: listed with ``keep_identifiers``, else counted, as a file's name may be a
+    patient's and no header tells) and how to wrap the labels (:class:`~pipeline.volume.LabelMap`).
     """
     if values.dtype.kind not in "iub" or values.size == 0 or int(values.min()) < 0:
         return None
@@ -98,7 +100,15 @@ def label_map_warning(values: np.ndarray, path: Path) -> str | None:
     if distinct.size > LABEL_MAP_MAX_VALUES:
         return None
     beside = sorted(p.name for p in path.parent.iterdir() if p != path and p.is_file() and image_suffix(p))
-    others = f" (beside it: {', '.join(beside[:4])}{', ...' if len(beside) > 4 else ''})" if beside else ""
+    if not beside:
+        others = ""
+    elif keep_identifiers:
+        others = f" (beside it: {', '.join(beside[:4])}{', ...' if len(beside) > 4 else ''})"
+    else:
+        others = (
+            f" ({len(beside)} other image file{'s' if len(beside) > 1 else ''} beside it, named with keep_identifiers, "
+            "--keep-identifiers on the command line: a file's name may be a patient's)"
+        )
     return (
         f"{path}: this looks like a label map (a segmentation), not a CT in HU: {distinct.size} distinct integer "
         f"values, {int(distinct[0])}..{top}; detect and reconstruct need HU values. Fix: load the CT image instead"

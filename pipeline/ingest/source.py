@@ -49,7 +49,8 @@ def read_source(
     :func:`~pipeline.ingest.api.load_series`) instead of refused; a cache entry holds what ingest made of it.
     ``keep_identifiers`` (``--keep-identifiers``, as ``privacy.keep_identifiers`` of ``ctpipe run``): a DICOM
     series' patient identifiers and SeriesDescription are kept as the files hold them, in the volume's metadata and
-    in the error listing a folder's series; without it each identifier in a description reads ``<patient>``.
+    in the error listing a folder's series; without it each identifier in a description reads ``<patient>``, and an
+    image file's label-map warning counts the other image files beside it instead of naming them.
     """
     src = Path(src)
     if not src.exists():
@@ -67,7 +68,7 @@ def read_source(
 
         return CaseCache(src.parent).read(src.stem, mmap=mmap), src.stem
     if image:
-        vol = read_image(src)
+        vol = read_image(src, keep_identifiers=keep_identifiers)
         return vol, str(vol.series_uid)
     from ..errors import NoSeriesFoundError, NotDicomError
     from .api import load_series
