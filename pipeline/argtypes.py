@@ -68,5 +68,5 @@ KEEP_IDENTIFIERS_HELP = (
 
 def add_keep_identifiers(parser: argparse.ArgumentParser) -> None:
     """Add ``--keep-identifiers`` (``args.keep_identifiers``, default False) to a command that reads its sources
-    through :func:`pipeline.runner.redact.redacting_sources`."""
+    through :func:`pipeline.runner.redact_sources.redacting_sources`."""
     parser.add_argument("--keep-identifiers", action="store_true", help=KEEP_IDENTIFIERS_HELP)

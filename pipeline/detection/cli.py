@@ -192,7 +192,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _detect(args: argparse.Namespace) -> int:
     """``ctpipe detect``, a patient-named source folder shown and written as its token (as ``ctpipe run``), or as it
     is with ``--keep-identifiers``."""
-    from ..runner.redact import redacting_sources
+    from ..runner.redact_sources import redacting_sources
 
     with redacting_sources([args.src], keep_identifiers=args.keep_identifiers):
         return _detect_source(args)

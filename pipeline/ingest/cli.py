@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     ``--keep-identifiers``, a patient-named source folder or file reads as its token (as in ``ctpipe run``) on the
     console and in the JSON report; the cache entries name their source folders as they are (``ctpipe detect
     <entry>`` reads the source images from them)."""
-    from ..runner.redact import redacting_sources
+    from ..runner.redact_sources import redacting_sources
 
     with redacting_sources(args.sources, keep_identifiers=args.keep_identifiers):
         return _run(args)

@@ -144,7 +144,7 @@ def source_shown(src: str | Path, *, case_id: str | None, name: str) -> str:
     """How a command's messages name its source: ``case <name>`` with ``--case-id`` (``case_id``) or for an image
     file (nothing of a file's name, which may be a patient's: DOE_JANE_MRN12345.nii.gz; ``name`` is what
     :func:`image_named` named it), else the path as given (a patient-named DICOM folder is redacted on the console by
-    :func:`~pipeline.runner.redact.redacting_sources`)."""
+    :func:`~pipeline.runner.redact_sources.redacting_sources`)."""
     path = Path(src)
     image = path.is_file() and image_suffix(path) is not None
     return f"case {name}" if case_id is not None or image else str(src)
