@@ -154,9 +154,8 @@ def test_a_bad_setting_is_refused_when_read_naming_the_option_and_the_allowed_va
 
 
 def test_a_series_held_short_is_processed_once_sent_again_to_a_listener_restarted_with_the_count_left_out(series, tmp_path):
-    """The admin's way out for a series already held: the listener restarted with Images in Acquisition left out of
-    pacs.abort_count_check, and the same 5 slices sent again by the same sender (ending with an A-ABORT again): the
-    series is processed as a done case (was: held again, then quarantined)."""
+    """The same 5 slices sent again by the same sender (ending with an A-ABORT again) to a listener restarted with
+    Images in Acquisition left out of pacs.abort_count_check: the series is processed as a done case, once."""
     uid, files = series
     datasets = _counted(files, ImagesInAcquisition=len(files))[:5]
     run = tmp_path / "run"
@@ -167,8 +166,47 @@ def test_a_series_held_short_is_processed_once_sent_again_to_a_listener_restarte
     opts = {**_OPTS, "pacs.series_limit_s": 3600.0, "pacs.abort_count_check": [SERIES]}
     with _listener(run, **opts) as lst:
         lst.on_series = outcomes.append
-        time.sleep(0.4)
-        assert lst.step() == []  # still held until sent again
         assert _send(lst.port, datasets, end="abort") == [0] * 5
         _until(lambda: bool(outcomes), lst)
     assert [(o.status, o.n_instances) for o in outcomes] == [("done", 5)], [o.line() for o in outcomes]
+
+
+@pytest.mark.parametrize("restarted_with", [[SERIES], "none"])
+def test_a_restart_with_the_count_left_out_lifts_the_hold_without_sending_again(series, tmp_path, caplog, restarted_with):
+    """A series held short of the Images in Acquisition its instances give, the listener restarted with that count
+    left out of pacs.abort_count_check: the current setting decides, and the series is processed as a done case once
+    quiet, nothing sent again; one INFO line says why (was: held until the sender sent it again, then quarantined
+    after pacs.series_limit_s)."""
+    uid, files = series
+    run = tmp_path / "run"
+    with _listener(run, **_OPTS, **{"pacs.series_limit_s": 3600.0}) as lst:
+        assert _send(lst.port, _counted(files, ImagesInAcquisition=len(files))[:5], end="abort") == [0] * 5
+        assert "pacs.abort_count_check" in _held(run, uid)
+    outcomes: list = []
+    opts = {**_OPTS, "pacs.series_limit_s": 3600.0, "pacs.abort_count_check": restarted_with}
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **opts) as lst:
+        lst.on_series = outcomes.append
+        _until(lambda: bool(outcomes), lst)
+    assert [(o.status, o.n_instances) for o in outcomes] == [("done", 5)], [o.line() for o in outcomes]
+    lifted = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "listen_hold_lifted"]
+    assert len(lifted) == 1 and uid in lifted[0] and f"5 of {len(files)}" in lifted[0], lifted
+
+
+def test_a_restart_with_the_count_still_checked_keeps_the_hold(series, tmp_path):
+    """Restarted with the setting unchanged, or with only the other count left out: the series short of its Images in
+    Acquisition stays held (not processed once quiet), its note still naming the count and the fix."""
+    uid, files = series
+    run = tmp_path / "run"
+    with _listener(run, **_OPTS, **{"pacs.series_limit_s": 3600.0}) as lst:
+        assert _send(lst.port, _counted(files, ImagesInAcquisition=len(files))[:5], end="abort") == [0] * 5
+        before = _held(run, uid)
+    for restarted_with in (None, [ACQUISITION]):
+        opts = {**_OPTS, "pacs.series_limit_s": 3600.0}
+        if restarted_with is not None:
+            opts["pacs.abort_count_check"] = restarted_with
+        with _listener(run, **opts) as lst:
+            time.sleep(0.4)  # past the quiet period
+            assert lst.step() == []
+        after = _note(run, uid)
+        assert after.startswith("sender cut off") and f"5 of {len(files)}" in after, (before, after)
+    assert "pacs.abort_count_check: none" in _note(run, uid), _note(run, uid)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config_schema import ABORT_COUNTS
-from .journal import CUT_NOTE, ReceiveJournal
+from .journal import ALSO_NOTE, CUT_NOTE, ReceiveJournal
 from .ledger import Ledger
 
 log = logging.getLogger("pipeline.pacs.listener")
@@ -257,8 +257,8 @@ def leave_out_hint(field: str, counts: Collection[str]) -> str:
     return (
         f"if the sender ends every sending with an A-ABORT and its {field} counts images not sent here"
         f"{example if field == 'ImagesInAcquisition' else ''}, a series sent again is held again: "
-        f"set pacs.abort_count_check: {setting(rest)} (config file, CTPIPE_PACS_ABORT_COUNT_CHECK or --set), restart "
-        f"ctpipe listen and send the series again"
+        f"set pacs.abort_count_check: {setting(rest)} (config file, CTPIPE_PACS_ABORT_COUNT_CHECK or --set) and restart "
+        f"ctpipe listen (a series still held is then judged by the new setting; one already quarantined: send it again)"
     )
 
 
@@ -288,3 +288,38 @@ def hold_short(
         hint,
         extra={"event": "listen_cut", "series_uid": row["series_uid"]},
     )
+
+
+def recheck_held(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any) -> int:
+    """At the listener's start: judge the open series held as short of a count (:func:`hold_short`) again against the
+    current ``cfg.pacs.abort_count_check``, which may have changed since they were held (the way out for a sender that
+    ends every sending with an A-ABORT). One no longer short of a count checked has its hold lifted (one INFO line)
+    and is processed once quiet as any other (a gap or too few slices still hold it); one still short has its note's
+    count and fix brought up to date. Returns how many holds were lifted."""
+    counts = cfg.pacs.abort_count_check
+    lifted = 0
+    for held in ledger.rows("SELECT * FROM series WHERE state = 'open'"):
+        hold = str(held["note"] or "").split(ALSO_NOTE, 1)[0]
+        if not hold.startswith(CUT_NOTE) or f", {SHORT_NOTE}: " not in hold:
+            continue
+        check = latest_count_check(ledger, held["series_uid"], counts=counts)
+        if check is None:
+            continue
+        if check.short is None:
+            journal.note(held, None)
+            lifted += 1
+            log.info(
+                "series %s, held as short of the count its instances give (%s), is not short of a count checked by "
+                "the current pacs.abort_count_check: %s: its hold is lifted, and it is processed once quiet for "
+                "pacs.quiet_period_s if its slices form a volume",
+                held["series_uid"],
+                hold.split(f", {SHORT_NOTE}: ", 1)[1].split("; ", 1)[0],
+                setting(counts),
+                extra={"event": "listen_hold_lifted", "series_uid": held["series_uid"]},
+            )
+            continue
+        head = hold.split(f", {SHORT_NOTE}: ", 1)[0]
+        again = f"{head}, {SHORT_NOTE}: {check.short}; {leave_out_hint(str(check.field), counts)}"
+        if again != hold:
+            journal.note(held, again)
+    return lifted

@@ -52,6 +52,7 @@ from typing import Any
 
 from ..errors import PacsAddressError
 from .address import check_aet, listen_error, valid_uid
+from .expected_count import recheck_held
 from .handover import Handover, SeriesOutcome
 from .journal import Admission, ReceiveJournal
 from .ledger import Ledger, PacsLock
@@ -145,6 +146,8 @@ class Listener(AssociationEnds, Handover):
         self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
         counts = self.journal.recover()
         counts["released"] = self._release_processed()
+        # series held short of a count under the setting of an earlier start: the current one decides
+        recheck_held(self.journal, self._ledger, cfg=self.cfg)
         if any(counts.values()):
             log.warning(
                 "listener restart: %d instance file(s) never acknowledged removed (their senders send them again), "
