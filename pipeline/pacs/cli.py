@@ -89,7 +89,8 @@ def register(sub: Any) -> None:
         help="send the DICOM results (SR, SEG) of a run folder's completed cases to a PACS",
         description="Send every result file of RUN_DIR's completed cases not yet sent to the destination "
         "(STOW-RS or C-STORE), retrying with backoff; what was sent is recorded and never sent twice. "
-        "Exit status 0 all sent, 3 some pending or failed (each named, with what to do), 1 RUN_DIR is not a run "
+        "Exit status 0 all sent, 3 some pending or failed, or left unsent by a run killed as it recorded their cases "
+        "(each named, with what to do), 1 RUN_DIR is not a run "
         "folder or no destination is given (--to, pacs.send_to), 2 bad arguments (an unknown option, a value not "
         "allowed: a --to address, a --set item).",
     )
@@ -176,6 +177,7 @@ def _run_with_pacs(args: argparse.Namespace, original: Callable[[argparse.Namesp
             if sender is not None:
                 counts = sender.close(drain_s=cfg.pacs.send_drain_s)
                 print(counts.line(sender.key))
+                _print_left(args.out, sender.key)
             if pacs_sources:
                 release_spool(args.out, cfg)
         return EXIT_SOME_FAILED if rc == 0 and failures else rc
@@ -264,7 +266,19 @@ def _send(args: argparse.Namespace) -> int:
         _print_unconfirmed(args.run_dir, sender.key, counts.unconfirmed, retried=args.retry_unconfirmed)
     if counts.failed:
         _print_send_failures(args.run_dir, sender.key, counts.failed, retried=args.retry_failed)
-    return EXIT_SOME_FAILED if counts.pending or counts.failed else 0
+    left = _print_left(args.run_dir, sender.key)
+    return EXIT_SOME_FAILED if counts.pending or counts.failed or left else 0
+
+
+def _print_left(run_dir: str, key: str) -> int:
+    """Say the case folders whose results a killed run left uncommitted, so not sent (:mod:`.left_unsent`), each with
+    the command that lets them be sent; how many."""
+    from .left_unsent import left_cases, left_lines
+
+    left = left_cases(run_dir)
+    for line in left_lines(str(run_dir), key, left):
+        print(line, file=sys.stderr)
+    return len(left)
 
 
 def _print_unconfirmed(run_dir: str, key: str, n: int, *, retried: bool) -> None:

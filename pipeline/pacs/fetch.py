@@ -226,6 +226,16 @@ def _processed_before(s: RemoteSeries, case: dict[str, Any] | None, cfg: Any, ou
             extra={"event": "pacs_grown"},
         )
         return False
+    if case["status"] == "done" and case.get("unconfirmed"):
+        log.info(
+            "series %s: case %s is recorded done but not confirmed (a run was killed before it checked the series "
+            "once more); handed to this run again, which checks it and adopts the case's folder (or analyses the "
+            "series whole), so that its results are sent",
+            s.series_uid,
+            case["case_id"],
+            extra={"event": "pacs_unconfirmed"},
+        )
+        return False
     if case["status"] == "done" or (case["status"] == "failed" and not cfg.runner.retry_failed):
         out.done_before += 1
         log.info(
@@ -266,8 +276,8 @@ def release_spool(run_dir: str | os.PathLike[str], cfg: Any) -> int:
         cases = remote_series(run, [r["series_uid"] for r in rows])
         for r in rows:
             case = cases.get(r["series_uid"])
-            if case is None or not should_remove(str(case["status"]), cfg.pacs.keep_received):
-                continue
+            if case is None or case.get("unconfirmed") or not should_remove(str(case["status"]), cfg.pacs.keep_received):
+                continue  # an unconfirmed case's series: kept for the run that checks it
             if r["folder"]:
                 folder = run / r["folder"]
                 if folder.is_dir():

@@ -349,7 +349,8 @@ def _unwritable_folder_store(path: Path) -> sqlite3.Connection:
 
 def remote_series(run_dir: str | Path, series_uids: Iterable[str]) -> dict[str, dict[str, Any]]:
     """What the run store knows of remote series, by SeriesInstanceUID: the latest case made from each
-    (``case_id``, ``status``, ``n_instances``, ``remote``, ``via``). Series never seen are absent, and so is
+    (``case_id``, ``status``, ``n_instances``, ``remote``, ``via``, and ``unconfirmed``: recorded done and not yet
+    confirmed, its run killed before it checked the source once more). Series never seen are absent, and so is
     everything when the folder has no store (or one older than schema version 3). Read-only."""
     wanted = list(dict.fromkeys(series_uids))
     if not wanted or not db_path(run_dir).is_file():
@@ -358,17 +359,21 @@ def remote_series(run_dir: str | Path, series_uids: Iterable[str]) -> dict[str, 
     try:
         if not db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='origins'").fetchone():
             return {}
+        has_unconfirmed = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='unconfirmed'").fetchone()
+        unconfirmed = "c.case_key IN (SELECT case_key FROM unconfirmed)" if has_unconfirmed else "0"
         out: dict[str, dict[str, Any]] = {}
         for i in range(0, len(wanted), 500):
             chunk = wanted[i : i + 500]
             rows = db.execute(
-                "SELECT o.series_uid, o.remote, o.via, o.n_instances, c.case_id, c.status FROM origins o"
+                "SELECT o.series_uid, o.remote, o.via, o.n_instances, c.case_id, c.status,"
+                f" {unconfirmed} AS unconfirmed FROM origins o"
                 f" JOIN cases c USING (case_key) WHERE o.series_uid IN ({','.join('?' * len(chunk))})"
                 " ORDER BY o.recorded_at",
                 chunk,
             )
             for r in rows:  # the latest origin of a series wins
                 out[r["series_uid"]] = {k: r[k] for k in ("case_id", "status", "n_instances", "remote", "via")}
+                out[r["series_uid"]]["unconfirmed"] = bool(r["unconfirmed"])
         return out
     finally:
         db.close()
