@@ -192,6 +192,30 @@ def test_a_restart_with_the_count_left_out_lifts_the_hold_without_sending_again(
     assert len(lifted) == 1 and uid in lifted[0] and f"5 of {len(files)}" in lifted[0], lifted
 
 
+def test_a_series_quarantined_short_is_run_again_after_a_restart_with_the_count_left_out(series, tmp_path, caplog):
+    """Held short of its Images in Acquisition, then quarantined after pacs.series_limit_s (its files kept for
+    pacs.incomplete_keep_s); the listener restarted with that count left out: its quarantined case is run again from
+    the files kept and done, nothing sent again (was: quarantined until the sender sent it again)."""
+    uid, files = series
+    run = tmp_path / "run"
+    first: list = []
+    with _listener(run, **_OPTS, **{"pacs.series_limit_s": 1.0}) as lst:
+        lst.on_series = first.append
+        assert _send(lst.port, _counted(files, ImagesInAcquisition=len(files))[:5], end="abort") == [0] * 5
+        _until(lambda: bool(first), lst)
+    assert [o.status for o in first] == ["quarantined"], [o.line() for o in first]
+    outcomes: list = []
+    opts = {**_OPTS, "pacs.series_limit_s": 1.0, "pacs.abort_count_check": [SERIES]}
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **opts) as lst:
+        lst.on_series = outcomes.append
+        _until(lambda: bool(outcomes), lst)
+    assert [(o.status, o.n_instances, o.case_id) for o in outcomes] == [("done", 5, first[0].case_id)], [
+        o.line() for o in outcomes
+    ]
+    lifted = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "listen_hold_lifted"]
+    assert len(lifted) == 1 and "run again" in lifted[0], lifted
+
+
 def test_a_restart_with_the_count_still_checked_keeps_the_hold(series, tmp_path):
     """Restarted with the setting unchanged, or with only the other count left out: the series short of its Images in
     Acquisition stays held (not processed once quiet), its note still naming the count and the fix."""

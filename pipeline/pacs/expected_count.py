@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config_schema import ABORT_COUNTS
-from .journal import ALSO_NOTE, CUT_NOTE, ReceiveJournal
+from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RECOUNTED_NOTE, ReceiveJournal
 from .ledger import Ledger
 
 log = logging.getLogger("pipeline.pacs.listener")
@@ -258,7 +258,7 @@ def leave_out_hint(field: str, counts: Collection[str]) -> str:
         f"if the sender ends every sending with an A-ABORT and its {field} counts images not sent here"
         f"{example if field == 'ImagesInAcquisition' else ''}, a series sent again is held again: "
         f"set pacs.abort_count_check: {setting(rest)} (config file, CTPIPE_PACS_ABORT_COUNT_CHECK or --set) and restart "
-        f"ctpipe listen (a series still held is then judged by the new setting; one already quarantined: send it again)"
+        f"ctpipe listen (the series held so, and those quarantined so whose files are kept, are then judged by the new setting)"
     )
 
 
@@ -291,13 +291,15 @@ def hold_short(
 
 
 def recheck_held(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any) -> int:
-    """At the listener's start: judge the open series held as short of a count (:func:`hold_short`) again against the
+    """At the listener's start: judge the series held as short of a count (:func:`hold_short`) again against the
     current ``cfg.pacs.abort_count_check``, which may have changed since they were held (the way out for a sender that
-    ends every sending with an A-ABORT). One no longer short of a count checked has its hold lifted (one INFO line)
-    and is processed once quiet as any other (a gap or too few slices still hold it); one still short has its note's
-    count and fix brought up to date. Returns how many holds were lifted."""
+    ends every sending with an A-ABORT). An open one no longer short of a count checked has its hold lifted and is
+    processed once quiet as any other (a gap or too few slices still hold it); one quarantined only as short, its
+    files still kept (``pacs.incomplete_keep_s``), is opened again (:data:`RECOUNTED_NOTE`) and its case run again
+    once quiet; one INFO line each. An open one still short has its note's count and fix brought up to date.
+    Returns how many series were released so."""
     counts = cfg.pacs.abort_count_check
-    lifted = 0
+    released = 0
     for held in ledger.rows("SELECT * FROM series WHERE state = 'open'"):
         hold = str(held["note"] or "").split(ALSO_NOTE, 1)[0]
         if not hold.startswith(CUT_NOTE) or f", {SHORT_NOTE}: " not in hold:
@@ -307,19 +309,38 @@ def recheck_held(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any) -> int:
             continue
         if check.short is None:
             journal.note(held, None)
-            lifted += 1
-            log.info(
-                "series %s, held as short of the count its instances give (%s), is not short of a count checked by "
-                "the current pacs.abort_count_check: %s: its hold is lifted, and it is processed once quiet for "
-                "pacs.quiet_period_s if its slices form a volume",
-                held["series_uid"],
-                hold.split(f", {SHORT_NOTE}: ", 1)[1].split("; ", 1)[0],
-                setting(counts),
-                extra={"event": "listen_hold_lifted", "series_uid": held["series_uid"]},
-            )
+            released += 1
+            _say_released(held["series_uid"], hold, counts, "its hold is lifted, and it is processed")
             continue
         head = hold.split(f", {SHORT_NOTE}: ", 1)[0]
         again = f"{head}, {SHORT_NOTE}: {check.short}; {leave_out_hint(str(check.field), counts)}"
         if again != hold:
             journal.note(held, again)
-    return lifted
+    query = "SELECT * FROM series WHERE state = 'processed' AND outcome = 'failed' AND removed_at IS NULL"
+    for failed in ledger.rows(query):
+        note = str(failed["note"] or "")
+        if not note.startswith(INCOMPLETE_NOTE) or f": {CUT_NOTE}" not in note or f", {SHORT_NOTE}: " not in note:
+            continue
+        if ALSO_NOTE in note:  # a gap or too few slices as well: sending the rest completes it, not a setting
+            continue
+        check = latest_count_check(ledger, failed["series_uid"], counts=counts)
+        if check is None or check.short is not None:
+            continue
+        reopened = journal.reopen(dict(failed), f"{RECOUNTED_NOTE} pacs.abort_count_check: {setting(counts)}")
+        if reopened is not None:
+            released += 1
+            _say_released(failed["series_uid"], note, counts, "its quarantined case is run again")
+    return released
+
+
+def _say_released(series_uid: str, note: str, counts: Collection[str], then: str) -> None:
+    """The INFO line of a series held as short of a count (``note``: its hold) that ``counts`` no longer hold."""
+    log.info(
+        "series %s, held as short of the count its instances give (%s), is not short of a count checked by the "
+        "current pacs.abort_count_check: %s: %s once quiet for pacs.quiet_period_s if its slices form a volume",
+        series_uid,
+        note.split(f", {SHORT_NOTE}: ", 1)[1].split("; ", 1)[0],
+        setting(counts),
+        then,
+        extra={"event": "listen_hold_lifted", "series_uid": series_uid},
+    )

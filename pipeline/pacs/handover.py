@@ -22,7 +22,7 @@ from typing import Any
 
 from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, PartialSeriesError
-from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, ReceiveJournal
+from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RECOUNTED_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger, now
 
 log = logging.getLogger("pipeline.pacs.listener")
@@ -205,7 +205,7 @@ class Handover:
         assert self.journal is not None
         origin = self.journal.origin(row)
         note = str(row.get("note") or "")
-        if note.startswith(RESENT_NOTE):  # its quarantined case (the same instances) is run again
+        if note.startswith((RESENT_NOTE, RECOUNTED_NOTE)):  # its quarantined case (the same instances) is run again
             origin["retry"] = True
         if note.startswith(INCOMPLETE_NOTE):
             # a cut-off series' gap is left to the runner's discovery, which refuses the volume for it (naming the
