@@ -48,17 +48,25 @@ def register(sub: Any) -> None:
         description="A DICOM storage SCP (C-STORE) for CT that writes each instance durably, groups "
         "instances into series, and hands every complete series (quiet for pacs.quiet_period_s) to the "
         "crash-safe runner on RUN_DIR. Only calling AE titles named with --allow (or pacs.allowed_aets) may "
-        "send. Restarting after a crash processes every instance received before it, none twice. Prints one line per "
+        "send, addressing it by its own AE title (--ae-title; pacs.check_called_aet); each rejection is logged with "
+        "both AE titles. It listens on 127.0.0.1 (this machine only) unless --bind names another address. Restarting after a crash processes every instance received before it, none twice. Prints one line per "
         "series handed to the runner (done, with its case, or quarantined, with the reason). Exit status 0 stopped by "
         "SIGTERM (systemctl stop), SIGHUP or Ctrl-C (series received and not yet processed are processed on the next "
         "start; a second signal while it stops is noted, a third stops it at once), "
-        "1 a bad configuration (--config, CTPIPE_* variables) or an address or port it cannot listen on, 2 bad "
+        "1 a bad configuration (--config, CTPIPE_* variables), an address or port it cannot listen on, a run folder "
+        "another ctpipe process is fetching into or listening for, or one whose results were made with other "
+        "options or model files, 2 bad "
         "arguments (an unknown option, a value not allowed: --ae-title, --send-to, --device, a --set item).",
     )
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused on restart)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml, section pacs)")
     p.add_argument("--ae-title", metavar="AET", help="this listener's AE title (pacs.ae_title; default CTPIPE)")
-    p.add_argument("--bind", metavar="ADDR", help="address to listen on (pacs.bind; default 127.0.0.1)")
+    p.add_argument(
+        "--bind",
+        metavar="ADDR",
+        help="address to listen on (pacs.bind; default 127.0.0.1): 127.0.0.1 takes senders on this machine only; "
+        "0.0.0.0, or this machine's address on their network, senders on other machines",
+    )
     p.add_argument("--port", type=number_in(int, 1, 65535), metavar="N", help="TCP port, 1..65535 (pacs.port; default 11112)")
     p.add_argument(
         "--allow", action="append", metavar="AET", help="calling AE title allowed to send (repeatable; pacs.allowed_aets)"
