@@ -263,6 +263,13 @@ class Listener(AssociationEnds, Handover):
         elif self.cfg.pacs.check_called_aet and called != self.cfg.pacs.ae_title:
             why = f"called AE title {called!r} is not this listener's {self.cfg.pacs.ae_title!r}"
             fix = f"configure {calling} to send to AE title {self.cfg.pacs.ae_title!r}, or set pacs.check_called_aet: false"
+        elif self._full(event.assoc):
+            limit = int(event.assoc.ae.maximum_associations)
+            why = f"{limit} associations were open already, the most this listener takes at once (a transient rejection)"
+            fix = (
+                f"the sender may send again once the others end; have the senders open at most {limit} associations "
+                "at once (a router's or modality's parallel sends)"
+            )
         else:
             why, fix = "the association request was not acceptable", "see the sender's log"
         log.warning(
@@ -273,6 +280,14 @@ class Listener(AssociationEnds, Handover):
             fix,
             extra={"event": "listen_rejected"},
         )
+
+    @staticmethod
+    def _full(assoc: Any) -> bool:
+        """Whether ``assoc`` was rejected as one association too many: the listener's other associations (the one
+        rejected still counts among its active ones) were ``maximum_associations`` already."""
+        ae = assoc.ae
+        active = [a for a in ae.active_associations if a.is_acceptor and a is not assoc]
+        return len(active) >= int(ae.maximum_associations)
 
     def _on_store(self, event: Any) -> Any:
         status, sop_class, sop_uid = check_instance(event)
