@@ -70,16 +70,16 @@ def left_cases(run_dir: str | Path) -> list[LeftCase]:
         origin = "o.remote, o.via, o.series_uid AS origin_series" if "origins" in tables else "NULL, NULL, NULL"
         join = "LEFT JOIN origins o ON o.case_key = c.case_key" if "origins" in tables else ""
         query = (
-            f"SELECT c.case_key, c.status, c.source, {unconfirmed} AS unconfirmed, {origin}, r.pid, r.host, "
-            f"r.started_at, r.ended_at FROM cases c {join} LEFT JOIN runs r ON r.run_id = c.run_id WHERE c.case_id = ?"
+            f"SELECT c.case_id, c.case_key, c.status, c.source, {unconfirmed} AS unconfirmed, {origin}, r.pid, r.host, "
+            f"r.started_at, r.ended_at FROM cases c {join} LEFT JOIN runs r ON r.run_id = c.run_id "
+            "WHERE c.status IN ('running', 'pending') OR " + unconfirmed
         )
+        uncommitted = {str(r["case_id"]): r for r in db.execute(query)}  # one query: committed folders are not read
         out = []
-        for folder in sorted(p for p in cases.iterdir() if p.is_dir()):
+        for folder in sorted(p for p in cases.iterdir() if p.name in uncommitted and p.is_dir()):
+            row = uncommitted[folder.name]
             man = read_manifest(folder)
-            row = db.execute(query, (folder.name,)).fetchone() if man is not None else None
-            if row is None or man is None or man.get("case_key") != row["case_key"]:
-                continue
-            if row["status"] == "failed" or (row["status"] == "done" and not row["unconfirmed"]):
+            if man is None or man.get("case_key") != row["case_key"]:
                 continue
             if row["ended_at"] is None and row["started_at"] is not None:
                 if process_alive(row["pid"], row["host"], since=float(row["started_at"])):
