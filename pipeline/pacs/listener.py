@@ -146,8 +146,6 @@ class Listener(AssociationEnds, Handover):
         self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
         counts = self.journal.recover()
         counts["released"] = self._release_processed()
-        # series held short of a count under the setting of an earlier start: the current one decides
-        recheck_held(self.journal, self._ledger, cfg=self.cfg)
         if any(counts.values()):
             log.warning(
                 "listener restart: %d instance file(s) never acknowledged removed (their senders send them again), "
@@ -165,6 +163,8 @@ class Listener(AssociationEnds, Handover):
         self.session = RunSession(self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options)
         # a folder whose results were made with other options or model files: refused now, not at every batch
         check_run_folder(self.run_dir, self.session.config)
+        # series held short of a count under the setting of an earlier start: the current one decides
+        recheck_held(self.journal, self._ledger, cfg=self.cfg)
         ae = build_ae(self.cfg)
         ae.add_supported_context("1.2.840.10008.1.1")  # Verification (C-ECHO)
         for abstract, syntaxes in accepted_storage_contexts():
