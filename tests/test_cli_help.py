@@ -164,3 +164,44 @@ def test_keep_identifiers_says_which_identifiers_it_keeps_and_where():
         assert "..." not in text and "…" not in text, text
         assert all(k in text for k in METADATA_IDENTIFIERS), text
         assert "run.log" in text and "report" in text and "description" in text, text
+
+
+def _placeholder(action: argparse.Action) -> str:
+    if isinstance(action.metavar, str):
+        return action.metavar
+    return action.dest.upper() if action.option_strings else action.dest
+
+
+def test_an_argument_several_commands_take_has_one_placeholder():
+    # was: ctpipe detect SRC read "src", and --device DEVICE / --bundle BUNDLE there and in ctpipe reconstruct, while
+    # ctpipe run and listen read --device DEV and --bundle PATH: one name for one kind of value in every usage line.
+    # --out names the kind of folder written (CACHE_DIR, RUN_DIR, ...), so it may differ.
+    seen: dict[str, dict[str, str]] = {}
+    for name, parser in _commands().items():
+        for action in parser._actions:
+            if action.nargs == 0 or action.help == argparse.SUPPRESS or "--out" in action.option_strings:
+                continue
+            key = action.option_strings[0] if action.option_strings else "source"
+            if not action.option_strings and action.dest not in ("src", "sources"):
+                continue
+            seen.setdefault(key, {})[name] = _placeholder(action)
+    differing = {key: by_command for key, by_command in seen.items() if len(set(by_command.values())) > 1}
+    assert not differing, differing
+    assert set(seen["source"].values()) == {"SRC"}
+
+
+def test_phantom_names_the_case_folders_it_writes(tmp_path):
+    # was: "into OUT_DIR/phantom_<seed>/", while --seed 7 writes OUT_DIR/phantom_00007/
+    from pipeline.cli import main
+
+    text = " ".join(_commands()["phantom"].format_help().split())
+    assert "--seed 7 writes OUT_DIR/phantom_00007/" in text
+    assert main(["phantom", str(tmp_path), "--seed", "7", "--matrix", "64", "--slices", "8", "--nodules", "0"]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["phantom_00007"]
+
+
+def test_listen_says_what_it_does_in_the_commands_own_terms():
+    # was: "hands every complete series ... to the crash-safe runner on RUN_DIR", a name of ctpipe's insides
+    text = " ".join(_commands()["listen"].format_help().split())
+    assert "crash-safe runner" not in text and "handed to the runner" not in text
+    assert "processes every complete series (quiet for pacs.quiet_period_s) as ctpipe run does" in text

@@ -59,12 +59,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "arguments (an unknown option, a value not allowed: out of its range, an unknown --device, a --case-id "
         "that is not a plain file name).",
     )
-    p.add_argument("src", type=Path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image")
+    p.add_argument(
+        "src", metavar="SRC", type=Path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image"
+    )
     p.add_argument("--out", type=Path, required=True, help="output folder")
-    p.add_argument("--bundle", type=Path, default=None, help="MONAI detection bundle folder (default: the embedded demo model)")
+    p.add_argument(
+        "--bundle",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="MONAI detection bundle folder (default: the embedded demo model)",
+    )
     p.add_argument("--no-lung-crop", action="store_true", help="search the whole volume, not only the lungs")
     p.add_argument(
-        "--device", type=device_name, default=None, help="auto, cpu, cuda or cuda:N (default auto: cuda when available, else cpu)"
+        "--device",
+        type=device_name,
+        default=None,
+        metavar="DEV",
+        help="auto, cpu, cuda or cuda:N (default auto: cuda when available, else cpu)",
     )
     p.add_argument(
         "--fp32",

@@ -46,11 +46,12 @@ def register(sub: Any) -> None:
         "listen",
         help="receive CT series by DICOM C-STORE and process each once (continuous)",
         description="A DICOM storage SCP (C-STORE) for CT that writes each instance durably, groups "
-        "instances into series, and hands every complete series (quiet for pacs.quiet_period_s) to the "
-        "crash-safe runner on RUN_DIR. Only calling AE titles named with --allow (or pacs.allowed_aets) may "
+        "instances into series, and processes every complete series (quiet for pacs.quiet_period_s) as ctpipe "
+        "run does, into the run folder RUN_DIR. Only calling AE titles named with --allow (or pacs.allowed_aets) may "
         "send, addressing it by its own AE title (--ae-title; pacs.check_called_aet); each rejection is logged with "
-        "both AE titles. It listens on 127.0.0.1 (this machine only) unless --bind names another address. Restarting after a crash processes every instance received before it, none twice. Prints one line per "
-        "series handed to the runner (done, with its case, or quarantined, with the reason). Exit status 0 stopped by "
+        "both AE titles. It listens on 127.0.0.1 (this machine only) unless --bind names another address. "
+        "Restarting after a crash processes every instance received before it, none twice. Prints one line per "
+        "series processed (done, with its case, or quarantined, with the reason). Exit status 0 stopped by "
         "SIGTERM (systemctl stop), SIGHUP or Ctrl-C (series received and not yet processed are processed on the next "
         "start; a second signal while it stops is noted, a third stops it at once), "
         "1 a bad configuration (--config, CTPIPE_* variables), an address or port it cannot listen on, a run folder "

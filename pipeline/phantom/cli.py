@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "phantom",
         help="write synthetic chest CT phantom cases (DICOM + ground truth)",
         description=(
-            "Write COUNT phantom cases with seeds SEED, SEED+1, ... into OUT_DIR/phantom_<seed>/: "
+            "Write COUNT phantom cases with seeds SEED, SEED+1, ... into OUT_DIR/phantom_NNNNN/ (the seed padded with "
+            "zeros to five digits: --seed 7 writes OUT_DIR/phantom_00007/): "
             "the DICOM series in dicom/, ground_truth.json (nodule centres in LPS mm, diameters, types) and masks.npz. "
             "--scenario or --realistic add the confounders of real scans (table, arms, contrast, bowel gas, partial "
             "coverage, small field of view, lung disease, kernel, thick slices, metal) with their ground truth. "

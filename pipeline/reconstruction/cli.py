@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="output folder")
     p.add_argument("--formats", default="stl", help="comma-separated mesh formats: stl,ply,obj,glb (default stl)")
     p.add_argument("--organs", default=",".join(ORGANS), help=f"comma-separated organs (default {','.join(ORGANS)})")
-    p.add_argument("--seg-bundle", type=Path, default=None, help="MONAI segmentation bundle folder (optional)")
+    p.add_argument("--seg-bundle", type=Path, default=None, metavar="PATH", help="MONAI segmentation bundle folder (optional)")
     p.add_argument(
         "--findings",
         type=Path,
@@ -74,7 +74,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="at most this many triangles per organ, at least 100 (default: the full-resolution surface)",
     )
     p.add_argument(
-        "--device", type=device_name, default=None, help="auto, cpu, cuda or cuda:N (default auto: cuda when present, else cpu)"
+        "--device",
+        type=device_name,
+        default=None,
+        metavar="DEV",
+        help="auto, cpu, cuda or cuda:N (default auto: cuda when available, else cpu)",
     )
     p.add_argument("--no-render", action="store_true", help="skip the PNG renderings")
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")
