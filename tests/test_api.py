@@ -24,6 +24,20 @@ def example_code() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+def test_readme_notebook_example_uses_the_public_api_only():
+    # was: generate_phantom and write_phantom_case imported from pipeline.phantom and pipeline.phantom.dicom_writer,
+    # while pipeline.__all__ gives generate_phantom and write_phantom_series: a notebook needs nothing but the package
+    import ast
+
+    import pipeline
+
+    tree = ast.parse(example_code())
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert [ast.unparse(n) for n in imports] == ["import pipeline as ctp"]
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "ctp"}
+    assert used <= set(pipeline.__all__), used - set(pipeline.__all__)
+
+
 EPILOGUE = """
 import json as _json
 _case = run.case(vol.series_uid)
