@@ -149,3 +149,20 @@ def test_evaluate_without_ground_truth_or_with_junk_predictions_says_what_the_op
     (tmp_path / "p" / "a.findings.json").write_text("not json")
     rc, err = _err(capsys, "evaluate", "--pred", str(tmp_path / "p"), "--truth", str(TRUTH), "--out", str(tmp_path / "e"))
     assert rc == 1 and "not a ctpipe findings JSON" in err and "Fix: --pred takes findings JSONs" in err
+
+
+def test_ingest_of_an_image_file_or_a_folder_of_them_names_the_commands_that_read_it(tmp_path, capsys):
+    # was: "no series was cached: ...: no DICOM image files found ... Fix: point ctpipe at the folder holding the DICOM
+    # image files", for a NIfTI file that ctpipe detect and ctpipe reconstruct read as it is
+    import SimpleITK as sitk
+
+    folder = tmp_path / "nifti"
+    folder.mkdir()
+    sitk.WriteImage(sitk.GetImageFromArray(np.full((4, 8, 8), -1000, np.int16)), str(folder / "ct.nii.gz"))
+    for source in (folder / "ct.nii.gz", folder):
+        rc = main(["ingest", str(source), "--out", str(tmp_path / "cache")])
+        out = capsys.readouterr().out
+        assert rc == 1 and "no series was cached: " in out, out
+        fix = out.split("Fix: ", 1)[1]
+        assert "ctpipe ingest and ctpipe run read DICOM series" in fix and "`ctpipe detect FILE`" in fix, fix
+        assert "load_series(FILE)" in fix and "point ctpipe at the folder holding the DICOM image files" not in fix, fix

@@ -80,6 +80,12 @@ def explain_nothing(scan: ScanResult, rules: SelectionRules) -> CtpipeError:
                 "resolve the links, or point ctpipe at the folder that holds the files",
             )
         fix = "point ctpipe at the folder holding the DICOM image files"
+        if any(f.kind == "not_dicom" and image_suffix(f.path) for f in scan.skipped_files):
+            # a NIfTI/MHA/NRRD image where a DICOM series was expected (ctpipe ingest): say what reads it, as ctpipe run
+            fix = (
+                "ctpipe ingest and ctpipe run read DICOM series; analyse an image with `ctpipe detect FILE` or "
+                "`ctpipe reconstruct FILE` (in Python: load_series(FILE))"
+            )
         archives = [f.path for f in scan.skipped_files if f.reason.startswith("an archive (")]
         if archives:  # zipped exports: their files are the DICOM
             fix = f"{unpack_fix(archives[0], 'ctpipe (or load_series)')}; or " + fix
