@@ -184,9 +184,21 @@ class _SpatialArray:
                 )
             raise GeometryError(f"geometry must be a Geometry, got {described(self.geometry)}", fix=build)
         if self.array.ndim != 3:
-            raise GeometryError(f"array must be 3-D [k, j, i], got shape {self.array.shape}")
-        if tuple(self.array.shape) != self.geometry.shape:
-            raise GeometryError(f"array shape {self.array.shape} differs from geometry shape {self.geometry.shape}")
+            raise GeometryError(
+                f"array must be 3-D [k, j, i], got shape {self.array.shape}",
+                fix="pass one volume indexed [k, j, i] (slices, rows, columns); a MONAI channel-first array "
+                "(1, i, j, k) is array[0].transpose(2, 1, 0)",
+            )
+        shape = tuple(self.array.shape)
+        if shape != self.geometry.shape:
+            if shape[::-1] == self.geometry.shape:  # nibabel's get_fdata(), MONAI and ITK's own index order
+                fix = (
+                    "the array is indexed [i, j, k] (as nibabel's get_fdata() and MONAI give it); ctpipe indexes "
+                    "[k, j, i], as SimpleITK's GetArrayFromImage does: pass array.transpose(2, 1, 0)"
+                )
+            else:
+                fix = "pass the array and the geometry of the same grid: Geometry(shape=array.shape, ...) is [k, j, i]"
+            raise GeometryError(f"array shape {shape} differs from geometry shape {self.geometry.shape}", fix=fix)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -379,7 +391,7 @@ class LabelMap(_SpatialArray):
             raise GeometryError(f"label array must be integer or bool, got dtype {arr.dtype}")
         self.array = arr
         self.geometry = geometry
-        self.labels: Mapping[int, str] = MappingProxyType({int(k): str(v) for k, v in (labels or {}).items()})
+        self.labels: Mapping[int, str] = MappingProxyType(_label_names(labels))
         self._check()
 
     def __reduce__(self) -> tuple[Any, ...]:  # picklable: the labels as a plain dict
@@ -400,6 +412,33 @@ class LabelMap(_SpatialArray):
         geom = self.geometry.resampled(spacing)
         out = resample_array(self.array, self.geometry, geom, order="nearest", device=device)
         return LabelMap(out, geom, labels=self.labels)
+
+
+def _label_names(labels: Mapping[Any, Any] | None) -> dict[int, str]:
+    """``labels`` as ``{value: name}``; :class:`GeometryError` naming it when it is not a mapping of whole numbers
+    to names (``{"lung_left": 1}``, the other way round, says so)."""
+    if labels is None:
+        return {}
+    example = "{1: 'lung_left', 2: 'lung_right'}"
+    if not isinstance(labels, Mapping):
+        raise GeometryError(
+            f"must map each label value to its name, got {described(labels)}", where="labels", fix=f"pass e.g. {example}"
+        )
+    names: dict[int, str] = {}
+    for key, name in labels.items():
+        whole = (isinstance(key, (int, np.integer)) and not isinstance(key, bool)) or (
+            isinstance(key, str) and key.strip().isdigit()  # {"1": ...}: a label map's JSON keys
+        )
+        if not whole:
+            swapped = isinstance(key, str) and isinstance(name, (int, np.integer)) and not isinstance(name, bool)
+            fix = (
+                "the mapping is the wrong way round: pass {value: name}, e.g. {v: k for k, v in labels.items()}"
+                if swapped
+                else f"map each whole-number label value to its name, e.g. {example}"
+            )
+            raise GeometryError(f"key {key!r} (-> {name!r}) is not a label value", where="labels", fix=fix)
+        names[int(key)] = str(name)
+    return names
 
 
 def _rebuild_volume(array: np.ndarray, geometry: Geometry, metadata: dict[str, Any]) -> CTVolume:

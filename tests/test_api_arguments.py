@@ -376,6 +376,44 @@ def test_metadata_that_is_not_a_mapping_is_named():
     assert _text(err).startswith("metadata: must be a mapping of DICOM keywords to values, got list [1]")
 
 
+def test_an_array_in_another_index_order_than_its_geometry_says_how_to_turn_it():
+    """Was: "array shape (6, 5, 4) differs from geometry shape (4, 5, 6)" without a fix, for an array in nibabel's
+    [i, j, k] order beside a geometry of the [k, j, i] grid; and no fix for a MONAI channel-first array."""
+    from pipeline.volume import LabelMap
+
+    geometry = Geometry(shape=(4, 5, 6), spacing=(1, 1, 2), origin=(0, 0, 0))
+    ijk = np.zeros((6, 5, 4), np.int16)
+    for build in (CTVolume, LabelMap):
+        with pytest.raises(GeometryError) as err:
+            build(ijk, geometry)
+        assert "array shape (6, 5, 4) differs from geometry shape (4, 5, 6)" in _text(err)
+        assert "array.transpose(2, 1, 0)" in err.value.fix and "[k, j, i]" in err.value.fix
+        assert build(ijk.transpose(2, 1, 0), geometry).shape == (4, 5, 6)
+    with pytest.raises(GeometryError) as err:
+        CTVolume(np.zeros((4, 5, 7), np.int16), geometry)
+    assert "Geometry(shape=array.shape" in _text(err)
+    with pytest.raises(GeometryError) as err:
+        CTVolume(ijk[None], geometry)
+    assert "array must be 3-D [k, j, i], got shape (1, 6, 5, 4)" in _text(err)
+    assert "array[0].transpose(2, 1, 0)" in err.value.fix
+
+
+def test_label_names_given_the_wrong_way_round_are_named():
+    """Was: ValueError: invalid literal for int() with base 10: 'lung_left' for labels={"lung_left": 1}."""
+    from pipeline.volume import LabelMap
+
+    array = np.zeros((4, 4, 4), np.uint8)
+    with pytest.raises(GeometryError) as err:
+        LabelMap(array, _TINY.geometry, labels={"lung_left": 1})
+    assert _text(err).startswith("labels: key 'lung_left' (-> 1) is not a label value")
+    assert "wrong way round" in err.value.fix
+    with pytest.raises(GeometryError) as err:
+        LabelMap(array, _TINY.geometry, labels=["lung_left"])
+    assert _text(err).startswith("labels: must map each label value to its name, got list")
+    kept = LabelMap(array, _TINY.geometry, labels={1: "lung_left", np.uint8(2): "lung_right", "3": "airway"})
+    assert dict(kept.labels) == {1: "lung_left", 2: "lung_right", 3: "airway"}
+
+
 @pytest.mark.parametrize(
     ("call", "start", "fix"),
     [
