@@ -126,6 +126,17 @@ def test_write_phantom_series_of_a_volume_points_to_write_dicom_series(tmp_path)
     assert not out.exists()
 
 
+def test_a_phantom_of_a_negative_seed_is_written_as_any_other(tmp_path):
+    """generate_phantom takes any whole number as its seed; was: write_phantom_series of a negative seed's phantom
+    stopped with numpy's bare "ValueError: expected non-negative integer" (the file names' random stream)."""
+    phantom = ctp.generate_phantom(-3, matrix=64, slices=8, pixel_spacing=2.0, slice_spacing=5.0, n_nodules=0)
+    ctp.write_phantom_series(phantom, tmp_path / "plain")
+    ctp.write_phantom_series(phantom, tmp_path / "shuffled", quirks=["shuffled_names"])
+    for name in ("plain", "shuffled"):
+        volume = ctp.load_series(tmp_path / name / "dicom")
+        assert volume.series_uid == phantom.volume.series_uid and volume.shape == phantom.volume.shape
+
+
 @pytest.mark.parametrize("threshold", [5, -0.1, "high", float("nan")])
 def test_detect_names_a_score_threshold_that_is_not_a_probability_before_loading_the_model(monkeypatch, threshold):
     import pipeline.detection.infer as infer

@@ -120,7 +120,8 @@ class FileNamer:
     def __init__(self, out_dir: Path, shuffled: bool, seed: int):
         self.out_dir = out_dir
         self.shuffled = shuffled
-        self.rng = np.random.default_rng([int(seed), 0x5EED])
+        # a negative seed (generate_phantom takes any integer) gets a stream of its own; numpy's seeds are >= 0
+        self.rng = np.random.default_rng([int(seed), 0x5EED] if seed >= 0 else [-int(seed), 0x5EED, 1])
         self.used: set[Path] = set()
 
     def __call__(self, series_number: int, instance: int, tag: str = "") -> Path:
