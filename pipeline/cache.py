@@ -51,9 +51,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .atomic import atomic_open
-from .errors import CacheError, require_path
+from .errors import CacheError, described, require_path
 from .locks import flock
-from .volume import CTVolume, Geometry, without_identifiers
+from .volume import CTVolume, Geometry, require_volume, without_identifiers
 
 try:
     import fcntl
@@ -103,6 +103,11 @@ def is_plain_file_name(name: str) -> bool:
 
 def check_case_id(case_id: str) -> str:
     """Return ``case_id`` if it is a safe file stem, else raise :class:`CacheError`."""
+    if not isinstance(case_id, str):
+        raise CacheError(
+            f"case id must be text, got {described(case_id)}",
+            fix="pass the case's id as a string, e.g. its SeriesInstanceUID (CaseCache.case_ids() lists those cached)",
+        )
     if not is_safe_case_id(case_id):
         raise CacheError(
             f"case id {case_id!r} is not a safe file name",
@@ -298,6 +303,14 @@ class CaseCache:
         object first removes the temporary files that killed writers left behind
         (see :meth:`remove_stale_temp_files`).
         """
+        if isinstance(case_id, CTVolume) and isinstance(volume, str):
+            raise CacheError(
+                "the volume was given where the case id goes",
+                where="CaseCache.write",
+                fix=f"pass the case id first: cache.write({volume!r}, volume)",
+            )
+        check_case_id(case_id)
+        volume = require_volume(volume)
         keep = self.keep_identifiers if keep_identifiers is None else keep_identifiers
         if not self._swept:
             self.remove_stale_temp_files()

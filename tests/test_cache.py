@@ -161,3 +161,25 @@ def test_an_entry_an_earlier_version_wrote_has_no_nonfinite_record(tmp_path):
     del sidecar["nonfinite"]
     entry.sidecar_path.write_text(json.dumps(sidecar))
     assert CaseCache(tmp_path).entry("c1").nonfinite is None
+
+
+def test_a_volume_and_case_id_swapped_or_of_the_wrong_kind_are_named(tmp_path):
+    """Was: AttributeError: 'str' object has no attribute 'array' for cache.write(volume, "case") or a path as the
+    volume, and TypeError: expected string or bytes-like object for cache.read(5)."""
+    from pipeline.errors import NotAVolumeError
+
+    cache = CaseCache(tmp_path / "cache")
+    with pytest.raises(CacheError) as err:
+        cache.write(_vol(), "case1")  # type: ignore[arg-type]
+    assert "the volume was given where the case id goes" in str(err.value)
+    assert err.value.fix == "pass the case id first: cache.write('case1', volume)"
+    with pytest.raises(NotAVolumeError) as err2:
+        cache.write("case1", str(tmp_path / "dicom"))  # type: ignore[arg-type]
+    assert "load_series(" in str(err2.value)
+    for call in (lambda: cache.read(5), lambda: cache.write(5, _vol())):  # type: ignore[arg-type]
+        with pytest.raises(CacheError) as err:
+            call()
+        assert "case id must be text, got int 5" in str(err.value) and "case_ids()" in str(err.value)
+    assert not list(cache.case_ids()) and not (tmp_path / "cache").exists()
+    cache.write("case1", _vol())
+    assert list(cache.case_ids()) == ["case1"]
