@@ -263,6 +263,10 @@ class CacheEntry:
 class CaseCache:
     """A folder of cached cases. ``CaseCache(path)`` creates nothing until a write.
 
+    Each case is ``<case>.npy`` (HU voxels indexed ``[k, j, i]``) and ``<case>.json`` (its geometry in DICOM patient
+    coordinates, LPS, mm, and its metadata); :meth:`write` stores a :class:`~pipeline.volume.CTVolume` under a case
+    id, :meth:`read` gives it back.
+
     ``keep_identifiers``: keep patient identifiers (:data:`pipeline.volume.PATIENT_IDENTIFIERS`)
     of the volume metadata in the sidecars; by default they are left out.
     """

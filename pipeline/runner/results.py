@@ -188,5 +188,9 @@ def _with_series(findings: pd.DataFrame, cases: pd.DataFrame) -> pd.DataFrame:
 
 def open_run(run_dir: str | os.PathLike[str] | RunSummary) -> RunResults:
     """Open a run folder written by ``ctpipe run`` / :func:`pipeline.run_batch` (read-only): its path, or the
-    :class:`~pipeline.runner.run_summary.RunSummary` ``run_batch`` returned."""
+    :class:`~pipeline.runner.run_summary.RunSummary` ``run_batch`` returned.
+
+    Returns a :class:`RunResults`: its cases, findings (``center_x/y/z`` in DICOM patient coordinates, LPS, mm),
+    measurements, quality flags and stage times as pandas DataFrames. Raises
+    :class:`~pipeline.errors.RunStoreError` for a path that is not a run folder (no ``runs.sqlite``)."""
     return RunResults(run_dir)
