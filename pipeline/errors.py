@@ -159,6 +159,10 @@ class NotAVolumeError(CtpipeError, TypeError):
     """A function that takes a :class:`~pipeline.volume.CTVolume` was given something else (a path, an array)."""
 
 
+class LabelMapError(CtpipeError, ValueError):
+    """An image file given where a CT in HU is needed holds a label map (a segmentation, a mask) instead."""
+
+
 # --- DICOM ingest -----------------------------------------------------------------------
 class DicomError(CtpipeError):
     """Base class for problems with DICOM input."""

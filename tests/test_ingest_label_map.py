@@ -1,5 +1,6 @@
 """Loading a label map (a segmentation file) instead of a CT warns at load time, naming the file and the fix; the
-other image files beside it (names that may be a patient's) are named only when identifiers are kept."""
+other image files beside it (names that may be a patient's) are named only when identifiers are kept. The commands
+that compute from HU (``ctpipe detect``, ``reconstruct``) refuse such a file."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
+from pipeline.errors import LabelMapError
 from pipeline.ingest import load_series
 from tests._support.real_ct import require_real_ct
 
@@ -52,12 +54,16 @@ def test_the_warning_names_no_other_image_file_unless_identifiers_are_kept(tmp_p
     for name in ("DOE_JANE_ct.nii.gz", "MRN12345.nrrd"):
         _write(tmp_path / name, np.full((6, 10, 10), -1000, np.int16))
     with caplog.at_level(logging.WARNING):
-        warned = [load_series(seg).metadata["warnings"], read_source(seg)[0].metadata["warnings"]]
-    texts = _label_warnings(caplog) + [w for ws in warned for w in ws]
-    assert len(texts) == 4 and all("2 other image files beside it" in t and "keep" in t for t in texts), texts
+        warned = [load_series(seg).metadata["warnings"], read_source(seg, refuse_label_map=False)[0].metadata["warnings"]]
+    with pytest.raises(LabelMapError) as refused:  # the commands' reading refuses it, its fix counting them alike
+        read_source(seg)
+    texts = _label_warnings(caplog) + [w for ws in warned for w in ws] + [str(refused.value)]
+    assert len(texts) == 5 and all("2 other image files beside it" in t and "keep" in t for t in texts), texts
     assert not [t for t in texts if "DOE" in t or "MRN12345" in t], texts
-    kept = read_source(seg, keep_identifiers=True)[0].metadata["warnings"]
+    kept = read_source(seg, keep_identifiers=True, refuse_label_map=False)[0].metadata["warnings"]
     assert "beside it: DOE_JANE_ct.nii.gz, MRN12345.nrrd" in kept[0], kept
+    with pytest.raises(LabelMapError, match="beside it: DOE_JANE_ct.nii.gz, MRN12345.nrrd"):
+        read_source(seg, keep_identifiers=True)
 
 
 def test_binary_mask_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -88,3 +94,40 @@ def test_real_label_files_warn_and_real_ct_never_does(caplog: pytest.LogCaptureF
     assert not _label_warnings(caplog)
     seg = root / "totalseg_abdomen_lung_bases" / "example_seg.nii.gz"
     assert "example_ct.nii.gz" in " ".join(load_series(seg, keep_identifiers=True).metadata["warnings"])
+
+
+def _mask(tmp_path: Path, name: str = "DOE_JANE_lungs.nii.gz") -> Path:
+    mask = np.zeros((24, 40, 40), np.uint8)
+    mask[6:18, 8:32, 8:32] = 1
+    (tmp_path / "in").mkdir(exist_ok=True)
+    return _write(tmp_path / "in" / name, mask)
+
+
+@pytest.mark.parametrize("command", ["reconstruct", "detect"])
+def test_the_commands_refuse_a_mask_naming_its_token_the_problem_and_the_fix(tmp_path, capsys, command):
+    # was: a warning, then exit 0 with a 'body' mesh and measurements of label values taken as HU
+    from tests._support.cli import cli_error
+
+    seg = _mask(tmp_path)
+    _write(tmp_path / "in" / "DOE_JANE_ct.nii.gz", np.full((24, 40, 40), -1000, np.int16))
+    out = tmp_path / "out"
+    rc, err = cli_error(capsys, command, str(seg), "--out", str(out), "--device", "cpu")
+    assert rc == 1, err
+    assert f"ctpipe {command}: error: " in err and "this looks like a label map (a segmentation), not a CT in HU" in err
+    assert "2 distinct integer values, 0..1" in err and "compute from HU values" in err
+    assert "Fix: give the CT image the labels were made from (1 other image file beside it" in err
+    assert "DOE" not in err and "<file:" in err, err  # the file's name may be a patient's: its token
+    assert not out.exists()  # nothing written
+    rc, err = cli_error(capsys, command, str(seg), "--out", str(out), "--device", "cpu", "--keep-identifiers")
+    assert rc == 1 and f"{seg}: this looks like a label map" in err and "beside it: DOE_JANE_ct.nii.gz" in err, err
+
+
+@pytest.mark.parametrize("command", ["reconstruct", "detect"])
+def test_the_commands_refuse_the_real_totalsegmentator_label_map(tmp_path, capsys, command):
+    from tests._support.cli import cli_error
+
+    seg = require_real_ct() / "totalseg_abdomen_lung_bases" / "example_seg.nii.gz"  # skips with a reason when absent
+    rc, err = cli_error(capsys, command, str(seg), "--out", str(tmp_path / "out"), "--device", "cpu")
+    assert rc == 1 and "this looks like a label map" in err and "distinct integer values, 0..117" in err, err
+    assert not (tmp_path / "out").exists()
+

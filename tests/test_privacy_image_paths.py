@@ -48,10 +48,23 @@ def label_map(tmp_path_factory) -> Path:
 
 
 def test_reconstruct_writes_nothing_of_an_image_files_path(label_map, tmp_path, capsys):
+    import numpy as np
+    import SimpleITK as sitk
+
     out = tmp_path / "r"
     argv = ["reconstruct", str(label_map), "--out", str(out), "--organs", "lung_left", "--device", "cpu", "-v"]
+    assert main([*argv, "--dicom", "none"]) == 1  # a label map is refused: nothing written
+    assert "looks like a label map" in capsys.readouterr().err and not out.exists()
+    values = np.full((16, 32, 32), -1000, np.int16)
+    values[:, 6:26, 6:26] = 40  # soft tissue in air: a CT in HU
+    image = sitk.GetImageFromArray(values)
+    image.SetSpacing((2.0, 2.0, 5.0))
+    ct = tmp_path / "DOE_JANE" / "MRN12345_ct.nii.gz"
+    ct.parent.mkdir()
+    sitk.WriteImage(image, str(ct))
+    argv[1] = str(ct)
     main([*argv, "--dicom", "none"])
-    assert "looks like a label map" in capsys.readouterr().err
+    capsys.readouterr()
     assert list(out.iterdir()) and _in_files(out) == []
 
 

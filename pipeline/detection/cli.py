@@ -214,8 +214,6 @@ def _detect_source(args: argparse.Namespace) -> int:
     from ..atomic import check_out_outside_sources, ensure_dir
     from ..ingest.source import image_named, read_source
     from ..load.base import resolve_device
-    from .figures import write_finding_pngs
-    from .infer import Detector
 
     if args.case_id is not None:
         check_case_id(args.case_id)
@@ -233,6 +231,10 @@ def _detect_source(args: argparse.Namespace) -> int:
     # an image file's name, which may be a patient's, names the outputs only with --keep-identifiers
     volume, case_id = image_named(volume, case_id, args.src, case_id=args.case_id, keep_identifiers=args.keep_identifiers)
     case_id = args.case_id or re.sub(r"[^A-Za-z0-9._-]", "_", str(case_id))
+    # the model's imports take seconds: made once the source is read, so that a refused one (a label map) is said at once
+    from .figures import write_finding_pngs
+    from .infer import Detector
+
     det = Detector(
         bundle=args.bundle,
         device=device,

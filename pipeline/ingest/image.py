@@ -8,18 +8,25 @@ file's own convention (a NIfTI is RAS on disk: its affine is converted). Used by
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from ..errors import GeometryError, UnreadableFileError
+from ..errors import GeometryError, LabelMapError, UnreadableFileError
 from ..volume import IMAGE_SUFFIXES, CTVolume, image_suffix
 from .rawheader import dicom_data_start
 
 __all__ = [
     "IMAGE_SUFFIXES",
+    "LABEL_MAP_NOTE",
     "archive_kind",
+    "check_not_label_map",
     "image_suffix",
+    "label_map_note",
+    "label_map_text",
+    "label_map_values",
     "label_map_warning",
     "read_image",
     "starts_like_dicom",
@@ -32,8 +39,11 @@ log = logging.getLogger(__name__)
 # well over a thousand distinct values; TotalSegmentator's "total" task has 117 labels, a CIP labelmap a few dozen)
 LABEL_MAP_MAX_VALUES = 256
 
+#: what :func:`read_image` does with a file that looks like a label map
+LabelMapPolicy = Literal["warn", "refuse", "load"]
 
-def read_image(path: str | Path, *, keep_identifiers: bool = False) -> CTVolume:
+
+def read_image(path: str | Path, *, keep_identifiers: bool = False, label_map: LabelMapPolicy = "warn") -> CTVolume:
     """A NIfTI/MHA/NRRD image file as a :class:`CTVolume`, its values as stored (HU for a CT image) in the types a
     DICOM series loads as: int16 when they are integers that fit it (an int32 or uint8 file), else float32.
 
@@ -44,13 +54,17 @@ def read_image(path: str | Path, *, keep_identifiers: bool = False) -> CTVolume:
     (:func:`pipeline.ingest.source.image_named`).
     A file that looks like a label map (:func:`label_map_warning`) loads as it is, with a warning logged and added
     to ``metadata["warnings"]``; it names the other image files beside it only with ``keep_identifiers``
-    (``--keep-identifiers``).
+    (``--keep-identifiers``). ``label_map="refuse"`` (the commands that compute from HU: ``ctpipe detect``,
+    ``reconstruct``): such a file raises :class:`~pipeline.errors.LabelMapError` naming the file instead;
+    ``"load"``: it loads as it is, nothing logged or added (the caller tells, e.g. with :func:`label_map_text`).
     Raises :class:`~pipeline.errors.UnreadableFileError` when SimpleITK cannot read the file,
     :class:`~pipeline.errors.GeometryError` naming the file when it holds no 3-D scalar volume (a 2-D, 4-D or
     vector image).
     """
     import SimpleITK as sitk
 
+    if label_map not in ("warn", "refuse", "load"):
+        raise ValueError(f"label_map={label_map!r}: choose 'warn', 'refuse' or 'load'")
     path = Path(path)
     suffix = image_suffix(path) or path.suffix
     stem = path.name[: -len(suffix)] if suffix else path.name
@@ -75,21 +89,19 @@ def read_image(path: str | Path, *, keep_identifiers: bool = False) -> CTVolume:
     dtype = _hu_dtype(volume.array)
     if dtype != volume.array.dtype:
         volume = volume.with_array(volume.array.astype(dtype))
-    if warning := label_map_warning(volume.array, path, keep_identifiers=keep_identifiers):
+    if label_map == "refuse":
+        check_not_label_map(volume.array, path, keep_identifiers=keep_identifiers)
+    elif label_map == "warn" and (warning := label_map_warning(volume.array, path, keep_identifiers=keep_identifiers)):
         log.warning("%s", warning)
         volume = CTVolume(volume.array, volume.geometry, metadata={**volume.metadata, "warnings": [warning]})
     return volume
 
 
-def label_map_warning(values: np.ndarray, path: Path, *, keep_identifiers: bool = False) -> str | None:
-    """What to tell a user whose image file ``path`` holds a label map (a segmentation) rather than a CT, or None.
-
-    A label map here: integer voxel values, none negative, at most :data:`LABEL_MAP_MAX_VALUES` distinct ones
-    (e.g. 0..117 for a TotalSegmentator result, 0/1 for a mask). A CT in HU has air near -1000 and far more distinct
-    values, so it never matches. The text names the file, what it holds and the fix: the CT image to load (the other
-    image files in the same folder: listed with ``keep_identifiers``, else counted, as a file's name may be a
-    patient's and no header tells) and how to wrap the labels (:class:`~pipeline.volume.LabelMap`).
-    """
+def label_map_values(values: np.ndarray) -> np.ndarray | None:
+    """The distinct values (sorted) of ``values`` when they look like a label map (a segmentation) rather than a CT in
+    HU, else None: integer voxel values, none negative, at most :data:`LABEL_MAP_MAX_VALUES` distinct ones (e.g.
+    0..117 for a TotalSegmentator result, 0/1 for a mask). A CT in HU has air near -1000 and far more distinct values,
+    so it never matches."""
     if values.dtype.kind not in "iub" or values.size == 0 or int(values.min()) < 0:
         return None
     top = int(values.max())
@@ -97,22 +109,85 @@ def label_map_warning(values: np.ndarray, path: Path, *, keep_identifiers: bool 
         distinct = np.flatnonzero(np.bincount(values.ravel().astype(np.intp, copy=False)))
     else:
         distinct = np.unique(values)
-    if distinct.size > LABEL_MAP_MAX_VALUES:
+    return distinct if distinct.size <= LABEL_MAP_MAX_VALUES else None
+
+
+def label_map_warning(values: np.ndarray, path: Path, *, keep_identifiers: bool = False) -> str | None:
+    """What to tell a user whose image file ``path`` holds a label map (a segmentation) rather than a CT, or None.
+
+    A label map as :func:`label_map_values` tells one. The text names the file, what it holds and the fix: the CT
+    image to load (the other image files in the same folder: listed with ``keep_identifiers``, else counted, as a
+    file's name may be a patient's and no header tells) and how to wrap the labels
+    (:class:`~pipeline.volume.LabelMap`).
+    """
+    distinct = label_map_values(values)
+    if distinct is None:
         return None
-    beside = sorted(p.name for p in path.parent.iterdir() if p != path and p.is_file() and image_suffix(p))
-    if not beside:
-        others = ""
-    elif keep_identifiers:
-        others = f" (beside it: {', '.join(beside[:4])}{', ...' if len(beside) > 4 else ''})"
-    else:
-        others = (
-            f" ({len(beside)} other image file{'s' if len(beside) > 1 else ''} beside it, named with keep_identifiers, "
-            "--keep-identifiers on the command line: a file's name may be a patient's)"
-        )
     return (
-        f"{path}: this looks like a label map (a segmentation), not a CT in HU: {distinct.size} distinct integer "
-        f"values, {int(distinct[0])}..{top}; detect and reconstruct need HU values. Fix: load the CT image instead"
-        f"{others}; to use the labels, wrap the loaded arrays: LabelMap(vol.array, vol.geometry)"
+        f"{path}: {_label_map_problem(distinct)}; detect and reconstruct need HU values. Fix: load the CT image instead"
+        f"{_others_beside(path, keep_identifiers=keep_identifiers)}; to use the labels, wrap the loaded arrays: "
+        "LabelMap(vol.array, vol.geometry)"
+    )
+
+
+def check_not_label_map(
+    values: np.ndarray, path: Path, *, keep_identifiers: bool = False, reader: str = "ctpipe detect and reconstruct"
+) -> None:
+    """:class:`~pipeline.errors.LabelMapError` naming the image file ``path`` when its ``values`` look like a label
+    map (:func:`label_map_values`): ``reader`` (the commands that would read it) computes from HU and would measure
+    the labels as HU. The fix names the CT image to give instead as :func:`label_map_warning` does."""
+    distinct = label_map_values(values)
+    if distinct is None:
+        return
+    raise LabelMapError(
+        f"{_label_map_problem(distinct)}; {reader} compute from HU values and would take the labels for HU "
+        "(a 'body' of label values, no lungs, findings of nothing)",
+        where=path,
+        fix=f"give the CT image the labels were made from{_others_beside(path, keep_identifiers=keep_identifiers)}; "
+        "to look at the labels in Python: vol = load_series(path) (it warns and loads them), "
+        "LabelMap(vol.array, vol.geometry)",
+    )
+
+
+def label_map_note(metadata: Mapping[str, object]) -> str | None:
+    """The label-map warning :func:`read_image` added to a volume's ``metadata["warnings"]``, or None."""
+    warnings = metadata.get("warnings")
+    if not isinstance(warnings, (list, tuple)):
+        return None
+    return next((w for w in warnings if isinstance(w, str) and LABEL_MAP_NOTE in w), None)
+
+
+#: how :func:`label_map_warning` and :func:`check_not_label_map` state the problem (:func:`label_map_note` finds it)
+LABEL_MAP_NOTE = "this looks like a label map (a segmentation), not a CT in HU"
+
+
+def label_map_text(values: np.ndarray) -> str | None:
+    """What ``values`` hold when they look like a label map (:func:`label_map_values`), without a file's name or a fix
+    (``this looks like a label map (a segmentation), not a CT in HU: 3 distinct integer values, 0..13``), else None."""
+    distinct = label_map_values(values)
+    return None if distinct is None else _label_map_problem(distinct)
+
+
+def _label_map_problem(distinct: np.ndarray) -> str:
+    return (
+        f"{LABEL_MAP_NOTE}: {distinct.size} distinct integer value{'s' if distinct.size != 1 else ''}, "
+        f"{int(distinct[0])}..{int(distinct[-1])}"
+    )
+
+
+def _others_beside(path: Path, *, keep_identifiers: bool) -> str:
+    """The other image files in ``path``'s folder, for a fix: named with ``keep_identifiers``, else counted."""
+    try:
+        beside = sorted(p.name for p in path.parent.iterdir() if p != path and p.is_file() and image_suffix(p))
+    except OSError:
+        return ""
+    if not beside:
+        return ""
+    if keep_identifiers:
+        return f" (beside it: {', '.join(beside[:4])}{', ...' if len(beside) > 4 else ''})"
+    return (
+        f" ({len(beside)} other image file{'s' if len(beside) > 1 else ''} beside it, named with keep_identifiers, "
+        "--keep-identifiers on the command line: a file's name may be a patient's)"
     )
 
 

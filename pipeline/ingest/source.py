@@ -40,6 +40,7 @@ def read_source(
     mmap: bool = False,
     allow_gantry_tilt: bool = False,
     keep_identifiers: bool = False,
+    refuse_label_map: bool = True,
 ) -> tuple[CTVolume, str]:
     """The volume at ``src`` and a name for its outputs (the series UID, the cache entry's or the image's name).
 
@@ -50,7 +51,10 @@ def read_source(
     ``keep_identifiers`` (``--keep-identifiers``, as ``privacy.keep_identifiers`` of ``ctpipe run``): a DICOM
     series' patient identifiers and SeriesDescription are kept as the files hold them, in the volume's metadata and
     in the error listing a folder's series; without it each identifier in a description reads ``<patient>``, and an
-    image file's label-map warning counts the other image files beside it instead of naming them.
+    image file's label-map error counts the other image files beside it instead of naming them.
+    ``refuse_label_map``: an image file that looks like a label map (a segmentation, a mask:
+    :func:`~pipeline.ingest.image.label_map_values`) raises :class:`~pipeline.errors.LabelMapError` naming the file,
+    as the commands that compute from HU need (default); False loads it with the warning, as ``load_series`` does.
     """
     src = Path(src)
     if not src.exists():
@@ -68,7 +72,7 @@ def read_source(
 
         return CaseCache(src.parent).read(src.stem, mmap=mmap), src.stem
     if image:
-        vol = read_image(src, keep_identifiers=keep_identifiers)
+        vol = read_image(src, keep_identifiers=keep_identifiers, label_map="refuse" if refuse_label_map else "warn")
         return vol, str(vol.series_uid)
     from ..errors import NoSeriesFoundError, NotDicomError
     from .api import load_series
