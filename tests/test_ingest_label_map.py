@@ -1,6 +1,6 @@
 """Loading a label map (a segmentation file) instead of a CT warns at load time, naming the file and the fix; the
 other image files beside it (names that may be a patient's) are named only when identifiers are kept. The commands
-that compute from HU (``ctpipe detect``, ``reconstruct``) refuse such a file."""
+that compute from HU (``ctpipe detect``, ``reconstruct``; a worklist row of ``ctpipe run``) refuse such a file."""
 
 from __future__ import annotations
 
@@ -130,4 +130,26 @@ def test_the_commands_refuse_the_real_totalsegmentator_label_map(tmp_path, capsy
     rc, err = cli_error(capsys, command, str(seg), "--out", str(tmp_path / "out"), "--device", "cpu")
     assert rc == 1 and "this looks like a label map" in err and "distinct integer values, 0..117" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_run_quarantines_a_worklist_row_naming_a_label_map_with_that_reason_and_goes_on(tmp_path, capsys):
+    # was: "no CT series found. Fix: check the worklist row's path and series_uid" for both rows
+    from pipeline.cli import main
+    from pipeline.runner import open_run
+
+    _mask(tmp_path, "seg.nii.gz")
+    ct = np.full((24, 40, 40), -1000, np.int16) + np.arange(40, dtype=np.int16) * 37
+    _write(tmp_path / "in" / "ct.nii.gz", ct)
+    worklist = tmp_path / "in" / "worklist.csv"
+    worklist.write_text("path\nseg.nii.gz\nct.nii.gz\n")
+    rc = main(["run", str(worklist), "--out", str(tmp_path / "run"), "--workers", "0", "--quiet"])
+    capsys.readouterr()
+    assert rc == 3
+    errors = sorted(open_run(tmp_path / "run").failures.reason)
+    assert len(errors) == 2, errors  # each row quarantined with its own reason: the first did not stop the second
+    seg_row, ct_row = errors  # by row
+    assert "worklist.csv:2" in seg_row and "this looks like a label map (a segmentation), not a CT in HU" in seg_row
+    assert "2 distinct integer values, 0..1" in seg_row and "the CT the labels were made from" in seg_row
+    assert "worklist.csv:3" in ct_row and "a NIfTI/MHA/NRRD image, not a DICOM series" in ct_row
+    assert "label map" not in ct_row
 

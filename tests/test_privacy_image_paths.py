@@ -73,10 +73,13 @@ def test_a_run_writes_nothing_of_an_image_files_path_a_worklist_names(label_map,
     worklist, run = label_map.parent.parent / "worklist.csv", tmp_path / "run"
     worklist.write_text("path\nDOE_JANE/MRN12345_chest.nii.gz\n")  # as typed: relative to the worklist's folder
     argv = ["run", str(worklist), "--out", str(run), "--workers", "0", "--no-dicom", "--set", "report.enabled=true"]
-    assert main(argv) != 0  # quarantined: no CT series there
+    assert main(argv) != 0  # quarantined: an image file (a label map), no CT series there
     capsys.readouterr()
     assert (run / "run.log").is_file() and _in_files(run) == []
-    assert re.search(r"worklist\.csv:2 \(<file:[0-9a-f]{6}>\.nii\.gz\): no CT series found", (run / "run.log").read_text())
+    assert re.search(
+        r"worklist\.csv:2 \(<file:[0-9a-f]{6}>\.nii\.gz\): a NIfTI/MHA/NRRD image, not a DICOM series.*looks like a label map",
+        (run / "run.log").read_text(),
+    )
     assert main([*argv, "--keep-identifiers", "--out", str(tmp_path / "kept")]) != 0
     assert "DOE_JANE/MRN12345_chest.nii.gz" in (tmp_path / "kept" / "run.log").read_text()
 

@@ -99,6 +99,28 @@ def _missing(source: str, reason: str, case_id: str | None = None, *, fix: str |
     return CaseSpec(cid, f"missing:{fp}", None, fp, source, (), (type(err).__name__, str(err)))
 
 
+def _image_row(path: Path) -> tuple[str, str] | None:
+    """Why a worklist row naming the image file ``path`` (NIfTI, MHA, NRRD; no DICOM series) has no case, and the
+    fix; None for any other path. An image that looks like a label map (a segmentation such as a TotalSegmentator
+    result, a mask) says so: no command that computes from HU takes it, and the fix is the CT's series."""
+    from ..errors import CtpipeError
+    from ..ingest.image import image_suffix, label_map_text, read_image, starts_like_dicom
+
+    if not path.is_file() or image_suffix(path) is None or starts_like_dicom(path):
+        return None
+    image = "a NIfTI/MHA/NRRD image, not a DICOM series: ctpipe run reads DICOM folders and files"
+    try:  # loaded without read_image's warning, which names the file: the row's token names it here
+        labels = label_map_text(read_image(path, label_map="load").array)
+    except (CtpipeError, OSError):  # unreadable: said as an image file all the same
+        labels = None
+    if labels is not None:
+        return (
+            f"{image}, and {labels}: no command that computes from HU takes it",
+            "name the DICOM series of the CT the labels were made from in the worklist",
+        )
+    return image, "name the image's DICOM series in the worklist, or analyse the image with ctpipe detect or reconstruct"
+
+
 def _scan(
     paths: Sequence[str | os.PathLike[str]],
     cfg: Config,
@@ -317,7 +339,9 @@ def discover(sources: Sequence[str | os.PathLike[str]], cfg: Config) -> Discover
                         out.cases.append(_missing(where, "the path does not exist", cid))
                         continue
                     found = _scan([row["path"]], cfg, out, series_uid=uid, case_id=cid)
-                    if not found:
+                    if not found and (image := _image_row(Path(row["path"]))) is not None:
+                        out.cases.append(_missing(where, image[0], cid, fix=image[1]))
+                    elif not found:
                         out.cases.append(
                             _missing(where, "no CT series found" + (f" with SeriesInstanceUID {uid}" if uid else ""), cid)
                         )
