@@ -1,6 +1,7 @@
 """Loading a label map (a segmentation file) instead of a CT warns at load time, naming the file and the fix; the
 other image files beside it (names that may be a patient's) are named only when identifiers are kept. The commands
-that compute from HU (``ctpipe detect``, ``reconstruct``; a worklist row of ``ctpipe run``) refuse such a file."""
+that compute from HU (``ctpipe detect``, ``reconstruct``; a worklist row of ``ctpipe run``) refuse such a file, and the
+notebook's ``detect`` and ``reconstruct`` warn again of a volume loaded from one."""
 
 from __future__ import annotations
 
@@ -153,3 +154,20 @@ def test_run_quarantines_a_worklist_row_naming_a_label_map_with_that_reason_and_
     assert "worklist.csv:3" in ct_row and "a NIfTI/MHA/NRRD image, not a DICOM series" in ct_row
     assert "label map" not in ct_row
 
+
+def test_notebook_detect_and_reconstruct_warn_again_of_a_volume_loaded_from_a_label_map(tmp_path, caplog):
+    # load_series keeps its documented warn-and-load; detect and reconstruct then said nothing of it
+    from pipeline import detect, reconstruct
+
+    vol = load_series(_mask(tmp_path, "seg.nii.gz"))
+    for run in (lambda: reconstruct(vol, organs=["body"], render=False), lambda: detect(vol, device="cpu")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            run()
+        again = [m for m in _label_warnings(caplog) if "loaded from a label map" in m]
+        assert len(again) == 1 and "its values are taken as HU" in again[0] and "seg.nii.gz" in again[0], again
+    plain = load_series(_write(tmp_path / "ct.nii.gz", np.full((24, 40, 40), -1000, np.int16)))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        reconstruct(plain, organs=["body"], render=False)
+    assert not _label_warnings(caplog)

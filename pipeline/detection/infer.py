@@ -33,6 +33,7 @@ import torch
 
 from ..devicetime import DeviceTimer
 from ..errors import BundleError, ConfigError, require_bool, require_path, require_text
+from ..ingest.image import label_map_note
 from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
 from ..load.base import resolve_device
@@ -235,6 +236,8 @@ class Detector:
             device=str(self.device),
             precision=self.precision,
         )
+        if note := label_map_note(volume.metadata):  # load_series warned once; the findings are of label values
+            log.warning("%s: its values are taken as HU, but it was loaded from a label map: %s", where, note)
         volume = clean_volume(volume, where)
         result.nonfinite_voxels_set_to_air = nonfinite_set_to_air(volume.metadata)
         check_volume_extent(volume, where)
@@ -449,7 +452,8 @@ def detect(
     that is not a path,
     :class:`~pipeline.errors.ConfigError` for a ``case_id`` that is not text, a ``restrict_to_lungs`` or
     ``all_candidates`` that is not True or False
-    (``"no"`` is refused, not taken as true), all before the model is loaded.
+    (``"no"`` is refused, not taken as true), all before the model is loaded. A volume ``load_series`` loaded from a
+    label map (its warning in ``metadata["warnings"]``) is searched as given, with that warning logged again.
     """
     volume = require_volume(volume)
     require_text(case_id, name="case_id", error=ConfigError)

@@ -26,6 +26,7 @@ from ..detection.infer_input import clean_volume
 from ..devicetime import DeviceTimer
 from ..errors import BundleError, CtpipeError, ReconstructionError, refuse_unexpanded_home, require_bool, require_path
 from ..ingest.api import safe_case_id
+from ..ingest.image import label_map_note
 from ..intensity import not_hu_hint
 from ..load.base import resolve_device
 from ..volume import CTVolume, Geometry, LabelMap, default_device, require_volume
@@ -219,7 +220,9 @@ def reconstruct(
     volume of which more than :data:`~pipeline.cache.MAX_NONFINITE_FRACTION` of the voxels are NaN or infinite (fewer are
     set to -1024 HU, air, with a warning naming the case and the count, as ``detect`` does: the caller's volume is
     left as it is). Values that cannot be HU (none below 0: stored pixel values, intensities normalised to
-    0..1) find no lungs; the ``lungs_absent`` quality flag, the lungs' errors and the log then say so.
+    0..1) find no lungs; the ``lungs_absent`` quality flag, the lungs' errors and the log then say so. A volume
+    ``load_series`` loaded from a label map (its warning in ``metadata["warnings"]``) is reconstructed as given, with
+    that warning logged again.
     """
     volume = require_volume(volume)
     require_bool(render, name="render", error=ReconstructionError)
@@ -239,6 +242,8 @@ def reconstruct(
         refuse_unexpanded_home(out_dir, what="out_dir")
     where = stem or volume.series_uid or "volume"
     stem = stem or volume.series_uid or "case"
+    if note := label_map_note(volume.metadata):  # load_series warned once; the organs would be of label values
+        log.warning("%s: its values are taken as HU, but it was loaded from a label map: %s", where, note)
     if not is_plain_file_name(stem):  # a series UID no DICOM file would hold: its files still stay in out_dir
         stem = safe_case_id(stem)
     classical = [o for o in organs if o in ORGANS]
