@@ -31,11 +31,32 @@ def test_run_and_detect_keep_the_same_candidates_of_a_chest_cut_at_a_tilted_edge
     det_out, run_out = tmp_path / "det", tmp_path / "run"
     tilt = ["--allow-gantry-tilt"] if tilt_deg else []
     assert (
-        main(["detect", str(src), "--out", str(det_out), "--device", "cpu", "--all-candidates", "--no-png", "--no-dicom", *tilt])
+        main(
+            [
+                "detect",
+                str(src),
+                "--out",
+                str(det_out),
+                "--device",
+                "cpu",
+                "--all-candidates",
+                "--no-png",
+                "--no-dicom",
+                "--fp32",
+                *tilt,
+            ]
+        )
         == 0
     )
     run = ["run", str(src), "--out", str(run_out), "--device", "cpu", "--quiet", "--no-dicom"]
-    run += ["--set", "reconstruct.renderings=false", "--set", f"ingest.allow_gantry_tilt={'true' if tilt_deg else 'false'}"]
+    run += [
+        "--set",
+        "detector.amp=false",
+        "--set",
+        "reconstruct.renderings=false",
+        "--set",
+        f"ingest.allow_gantry_tilt={'true' if tilt_deg else 'false'}",
+    ]
     assert main(run) == 0
     (det_json,) = det_out.glob("*.findings.json")
     (run_json,) = (run_out / "cases").glob("*/findings.json")
