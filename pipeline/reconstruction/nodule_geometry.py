@@ -236,6 +236,7 @@ def _perpendicular_chord(
     p: np.ndarray,
     u: np.ndarray,
     v: np.ndarray,
+    tips: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The longest chord of the slice's mask (``pixels``, bool ``[j, i]`` of the crop starting at ``offset_kji``, on
     slice ``k`` of ``geometry``) along a line exactly perpendicular to the long axis (through ``p``, along the unit
@@ -246,8 +247,13 @@ def _perpendicular_chord(
     pixel edge between a pixel inside and one outside; on a digitised disc or ellipse within a fraction of a pixel of
     the true outline). A chord runs from the line's first crossing into the nodule to its last one out of it: across
     a notch of a lobulated nodule, as a reader's calliper is drawn, but never beside the nodule, as the width across
-    ``u`` of a crescent or an L-shaped nodule is. Of the chords within a sampling step of the longest, the one nearest
-    their middle (an ellipse's short axis through its centre)."""
+    ``u`` of a crescent or an L-shaped nodule is. That crossing cuts a sharp corner: across a right-angled corner pixel
+    it lies 0.29 pixel beyond the pixel's centre along the diagonal, where the corner lies 0.5 pixel beyond it on both
+    axes, so a square's short axis, its other diagonal, came out 0.6 pixel short (a pixel, across the flat tip of
+    two pixels that a square turned 45° ends in). ``tips`` (:func:`.nodule_corners.corner_tips`: triangles beyond the
+    hull of the slice's pixel centres, LPS mm) carries the long axis' outline model over: a chord reaching into one
+    runs on to where it leaves it, out to a corner's tip where a calliper ends. Of the chords within a sampling step
+    of the longest, the one nearest their middle (an ellipse's short axis through its centre)."""
     from scipy import ndimage
 
     d = np.asarray(geometry.direction, dtype=np.float64).reshape(3, 3)
@@ -288,6 +294,11 @@ def _perpendicular_chord(
 
     lo = crossing(rows, np.maximum(first - 1, 0), first)
     hi = crossing(rows, np.minimum(last + 1, len(ss) - 1), last)
+    if tips is not None and len(tips):
+        from .nodule_corners import reach_corners
+
+        tips_ij = np.asarray(geometry.lps_to_index(tips.reshape(-1, 3)), dtype=np.float64).reshape(-1, 3, 3)[..., :2]
+        lo, hi = reach_corners(lo, hi, p_ij + ts[rows, None] * du, dv, tips_ij)
     # of the chords within a sampling step of the longest (on a round outline, many), the one nearest their middle
     length = hi - lo
     near = np.flatnonzero(length >= length.max() - step)
@@ -306,11 +317,12 @@ def axial_axes(nm: NoduleMask, geometry: Geometry) -> AxialAxes | None:
     corner pixel's outer edge at a sharp corner, less along a rounded outline). The short axis is the longest chord of
     the nodule on a line exactly perpendicular to it (:func:`_perpendicular_chord`: as Fleischner, Lung-RADS and RECIST
     define it; not the mask's width across the long axis, which for a crescent or a lobulated nodule spans air beside
-    it), each end on the outline where the mask, interpolated between pixel centres, crosses 0.5; never longer than
-    the long axis. On digitised shapes of known size (tests/test_nodule_axes_outline.py) each axis lies within about
+    it), each end on the outline where the mask, interpolated between pixel centres, crosses 0.5, or, where that cuts a
+    corner, at the corner as the long axis reaches it (:func:`.nodule_corners.corner_tips`); never longer than the
+    long axis. On digitised shapes of known size (tests/test_nodule_axes_outline.py) each axis lies within about
     a pixel of the true length and, over turns and placements, within half a pixel on average (a square's short axis,
-    its other diagonal, excepted: see there). Distances are in the slice's plane, in LPS mm (anisotropic pixels and any
-    orientation). None for an empty mask."""
+    its other diagonal, within 0.4 pixel of the square's extent across the long axis as measured: see there).
+    Distances are in the slice's plane, in LPS mm (anisotropic pixels and any orientation). None for an empty mask."""
     from scipy.spatial import ConvexHull, QhullError
 
     counts = nm.mask.reshape(nm.mask.shape[0], -1).sum(axis=1)
@@ -343,7 +355,10 @@ def axial_axes(nm: NoduleMask, geometry: Geometry) -> AxialAxes | None:
     long_ends = (p - reach[a] * step * u, q + reach[b] * step * u)
     # the short axis: the longest chord of the nodule on a line exactly perpendicular to u, not the mask's width
     # across u (a caliper), which for a crescent or an L-shaped nodule spans air no one line across it crosses
-    short_ends = _perpendicular_chord(nm.mask[kc], nm.offset_kji, k, geometry, p, u, v)
+    from .nodule_corners import corner_tips
+
+    tips = corner_tips(hull, reach, geometry)
+    short_ends = _perpendicular_chord(nm.mask[kc], nm.offset_kji, k, geometry, p, u, v, tips=tips)
     short_len = float(np.linalg.norm(short_ends[1] - short_ends[0]))
     long_len = float(np.linalg.norm(long_ends[1] - long_ends[0]))
     if short_len > long_len:  # a round nodule: the two, counted differently, may differ by a fraction of a pixel
