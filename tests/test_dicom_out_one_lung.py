@@ -136,3 +136,38 @@ def test_measurements_without_the_totals_cover_take_the_side_from_the_one_lung_f
     assert _case_lung_items(pydicom.dcmread(path)) == [("Volume", other.capitalize(), 2400.0)]
     assert read_sr_case(path)["measurements"] == {f"lung_{other}_volume_ml": 2400.0, "lungs_total_volume_ml": 2400.0}
     assert_valid(path)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["report", "json"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_lung_the_field_of_view_cuts_off_is_stated_as_not_covered_not_absent(tmp_path, side, as_json):
+    """one_lung where the field of view cuts that side off: the images do not show whether the patient has that lung,
+    so the SR states no "<side> lung: Absent" but a Quality Finding, Anatomy coverage incomplete (DCM 130576) at the
+    Lung with that side's laterality, and reads it back as the flag one_lung."""
+    case = phantom_case(tmp_path / "case")
+    other = "right" if side == "left" else "left"
+    message = f"one lung in the field of view ({other} lung 2400 mL, no {side} lung in the images)"
+    flag = QualityFlag("one_lung", "warning", message, side=side, beyond_view=True)
+    quality = QualityReport(lung_coverage="complete", contrast_phase="non_contrast", flags=(flag,))
+    path = _write(
+        case,
+        tmp_path / "sr.dcm",
+        quality=quality.to_json() if as_json else quality,
+        measurements={"lungs": {f"lung_{other}_volume_ml": 2400.0}},
+    )
+    ds = pydicom.dcmread(path)
+    items = list(_content_items(ds))
+    absent = [i for i in items if "ConceptCodeSequence" in i and i.ConceptCodeSequence[0].CodeValue == "272519000"]
+    assert not absent, "a lung beyond the field of view is stated Absent"
+    (finding,) = [
+        i
+        for i in items
+        if "ConceptNameCodeSequence" in i and i.ConceptNameCodeSequence[0].get("CodeValue") == "111052"  # Quality Finding
+    ]
+    assert (finding.ConceptCodeSequence[0].CodeValue, finding.ConceptCodeSequence[0].CodingSchemeDesignator) == ("130576", "DCM")
+    (site,) = finding.ContentSequence
+    assert site.ConceptCodeSequence[0].CodeValue == "39607008"  # SCT Lung
+    (laterality,) = site.ContentSequence
+    assert laterality.ConceptCodeSequence[0].CodeValue == {"left": "7771000", "right": "24028007"}[side]
+    assert read_sr_case(path)["quality_flags"] == ["one_lung"]
+    assert_valid(path)

@@ -33,8 +33,35 @@ def test_a_pneumonectomy_is_one_lung_not_absent_lungs_nor_an_imbalance(side, cov
     assert f"{OTHER[side]} lung" in flag.message and f"no {side} lung" in flag.message
     assert f"{side} pneumonectomy" in flag.message
     assert flag.side == side  # the side missing, for the SR and the report to name
+    assert not flag.beyond_view  # the body is whole on that side: the lung is absent from the images, not cut off
     assert flag.to_json()["side"] == side and QualityReport.from_json(q.to_json()).flags == q.flags
     assert len(FLAGS["one_lung"][1]) <= 64  # the SR codes the fixed sentence
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_lung_the_field_of_view_cuts_off_is_one_lung_beyond_the_field_of_view(side):
+    """Both lungs in the patient, the images cut off at the midline: the lung on the cut side is not in the images, and
+    the body meets the image edge on that side, so the flag says that side lies beyond the field of view (the SR then
+    states no "Absent" lung) and its sentence says so."""
+    ph = generate_phantom(11, n_nodules=0, **GRID)
+    g = ph.volume.geometry
+    other = ph.masks[f"lung_{OTHER[side]}"]
+    columns = np.flatnonzero(other.any(axis=(0, 1)))
+    lung = np.flatnonzero(ph.masks[f"lung_{side}"].any(axis=(0, 1)))
+    # keep the columns of the other lung and the mediastinum, up to (not into) the cut side's lung
+    lo, hi = (
+        (int(columns.min()) - 4, int(lung.min())) if lung.min() > columns.max() else (int(lung.max()) + 1, int(columns.max()) + 5)
+    )
+    crop = (slice(None), slice(None), slice(max(lo, 0), min(hi, g.shape[2])))
+    cropped = g.cropped([crop[2].start, 0, 0], [crop[2].stop, g.shape[1], g.shape[0]])
+    masks = {name: np.ascontiguousarray(m[crop]) for name, m in ph.masks.items()}
+    assert not masks[f"lung_{side}"].any() and masks[f"lung_{OTHER[side]}"].any()
+    q = assess_quality(np.ascontiguousarray(ph.volume.array[crop]), cropped, masks, metadata=ph.volume.metadata)
+    (flag,) = [f for f in q.flags if f.code == "one_lung"]
+    assert flag.side == side and flag.beyond_view, flag
+    assert "field of view" in flag.message and "pneumonectomy" not in flag.message
+    assert flag.sentence == f"one lung in the field of view: the {side} side is cut off" and len(flag.sentence) <= 64
+    assert flag.to_json()["beyond_field_of_view"] is True and QualityReport.from_json(q.to_json()).flags == q.flags
 
 
 @pytest.mark.parametrize("side", ["left", "right"])

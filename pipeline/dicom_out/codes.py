@@ -54,6 +54,9 @@ incomplete                SCT 39607008 Lung with      lungs_base_cut: the scan r
 Left / Right lung: Absent SCT 44029006 / 3341006 =    SR: one_lung, the side with no lung (CID 240); in SRs of
                           SCT 272519000               layouts 1-4 the Quality finding 99CTPIPE no_left_lung /
                                                       no_right_lung
+Anatomy coverage          DCM 130576, finding site    SR: value of "Quality finding" for one_lung where the
+incomplete                SCT 39607008 Lung with      field of view cuts the side without lung off: that lung
+                          laterality                  may lie outside the images, not absent
 Airway coverage           99CTPIPE airway_coverage    SR: "Absent" for airway_not_in_scan (no trachea in the
                                                       scan); a Quality finding in SRs of layouts 1-4
 Volume-equivalent sphere  99CTPIPE                    SR: diameter of the sphere of the nodule's volume (mm);
@@ -157,6 +160,8 @@ QUALITY_FINDING = Code("111052", "DCM", "Quality Finding")
 ANATOMY_COVERAGE_INCOMPLETE = Code("130576", "DCM", "Anatomy coverage incomplete")
 #: the concept modifier of a finding site saying which part of it (CID 2 "Anatomic Modifier" holds its values)
 TOPOGRAPHICAL_MODIFIER = Code("106233006", "SCT", "Topographical modifier")
+#: the concept modifier of a finding site saying which side (CID 244 "Laterality" holds its values)
+LATERALITY_MODIFIER = Code("272741003", "SCT", "Laterality")
 APICAL = Code("43674008", "SCT", "Apical")
 BASAL = Code("57195005", "SCT", "Basal")
 #: quality flag → the end of the lungs the scan range cuts, stated as Anatomy coverage incomplete at the Lung with this

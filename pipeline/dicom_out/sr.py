@@ -34,7 +34,8 @@ series' frame of reference):
   (DCM 111052, a deficiency of the images) per flag that is one (a lung end cut by the scan range: DCM 130576
   "Anatomy coverage incomplete" with the finding site Lung, Apical or Basal), and the informational flags once each
   under a concept that fits (the contrast phase flags: the contrast phase item alone; one_lung: "Left lung: Absent" or
-  "Right lung: Absent"; airway_not_in_scan: "Airway coverage: Absent").
+  "Right lung: Absent", or, where the field of view cuts that side off, Anatomy coverage incomplete at the Lung with
+  that laterality; airway_not_in_scan: "Airway coverage: Absent").
 """
 
 from __future__ import annotations
@@ -71,10 +72,11 @@ SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: instead of SCT 2667000, and the detector score DCM 111012 Certainty of Finding instead of DCM 122157 Probability,
 #: with layout 4; the quality flags that are no deficiency of the images stated otherwise than as Quality Findings, the
 #: contrast phase flags by the contrast phase item alone, and a lung end cut by the scan range as DCM 130576 Anatomy
-#: coverage incomplete at the Lung, Apical or Basal, with layout 5). It goes into the SR's instance UID
+#: coverage incomplete at the Lung, Apical or Basal, with layout 5; one_lung where the field of view cuts that side off
+#: as Anatomy coverage incomplete at the Lung with that laterality, not Absent, with layout 6). It goes into the SR's instance UID
 #: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
-SR_LAYOUT = "5"
+SR_LAYOUT = "6"
 #: The fingerprint of SR_LAYOUT's content tree (:func:`~pipeline.dicom_out.layout.sr_layout_fingerprint`: concept
 #: names, value and relationship types, templates, graphic types and nesting; not values). A test compares it with an
 #: SR built now: with a new layout, raise SR_LAYOUT and record the new fingerprint here.
@@ -236,14 +238,16 @@ def _finding_group(f: ReportedFinding, source: SourceSeries, algorithm: Any) -> 
     )
 
 
-def _quality_parts(quality: Any) -> tuple[str | None, str | None, list[tuple[str, str | None]], set[str]]:
-    """(lung coverage, contrast phase, (flag code, its side or None), unreliable measurement names) of a QualityReport
-    or its JSON."""
+def _quality_parts(quality: Any) -> tuple[str | None, str | None, list[tuple[str, str | None, bool]], set[str]]:
+    """(lung coverage, contrast phase, (flag code, its side or None, whether the field of view cuts that side off),
+    unreliable measurement names) of a QualityReport or its JSON."""
     if quality is None:
         return None, None, [], set()
     get = quality.get if isinstance(quality, Mapping) else lambda k, d=None: getattr(quality, k, d)
     flags = [
-        (f["code"], f.get("side")) if isinstance(f, Mapping) else (f.code, getattr(f, "side", None))
+        (f["code"], f.get("side"), bool(f.get("beyond_field_of_view")))
+        if isinstance(f, Mapping)
+        else (f.code, getattr(f, "side", None), bool(getattr(f, "beyond_view", False)))
         for f in (get("flags", ()) or ())
     ]
     return get("lung_coverage"), get("contrast_phase"), flags, set(get("unreliable", ()) or ())
@@ -274,19 +278,27 @@ def _lung_sides(lungs: Mapping[str, Any], missing: str | None, unreliable: set[s
     return sides
 
 
-def _flag_evaluation(code: str, side: str | None, sentence: str, *, phase: str | None) -> Any:
-    """The case group's item stating quality flag ``code`` (``side``: one_lung's side without lung), or None where
-    another item states it already (the contrast phase flags: the contrast phase item, the SR's ``phase``).
+def _flag_evaluation(code: str, side: str | None, sentence: str, *, phase: str | None, beyond_view: bool = False) -> Any:
+    """The case group's item stating quality flag ``code`` (``side``: one_lung's side without lung; ``beyond_view``:
+    the field of view cuts that side off), or None where another item states it already (the contrast phase flags:
+    the contrast phase item, the SR's ``phase``).
 
     A deficiency of the images is a Quality Finding (DCM 111052): a lung end cut by the scan range is Anatomy coverage
-    incomplete (DCM 130576) with the finding site Lung, Apical or Basal; the others are ctpipe's code of the flag, its
-    sentence as meaning. The informational flags are no Quality Finding: one_lung is "Left lung: Absent" or "Right
-    lung: Absent" (CID 240), airway_not_in_scan "Airway coverage: Absent".
+    incomplete (DCM 130576) with the finding site Lung, Apical or Basal, and so is a lung the field of view cuts off
+    (one_lung with ``beyond_view``): the finding site Lung with the side's laterality, for the images do not show
+    whether the patient has that lung; the others are ctpipe's code of the flag, its sentence as meaning. The
+    informational flags are no Quality Finding: one_lung with the body whole on that side is "Left lung: Absent" or
+    "Right lung: Absent" (CID 240), airway_not_in_scan "Airway coverage: Absent".
     """
     import highdicom as hd
 
     if code in ("contrast_arterial", "contrast_venous") and code == f"contrast_{phase}":
         return None
+    if code == "one_lung" and side in C.ABSENT_LUNGS and beyond_view:
+        evaluation = hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.ANATOMY_COVERAGE_INCOMPLETE)
+        site = hd.sr.FindingSite(anatomic_location=C.LUNG, laterality=C.LATERALITY[side])
+        evaluation[0].ContentSequence = hd.sr.ContentSequence([site])
+        return evaluation
     if code == "one_lung" and side in C.ABSENT_LUNGS:
         return hd.sr.QualitativeEvaluation(C.ABSENT_LUNGS[side], C.ABSENT)
     if code == "airway_not_in_scan":
@@ -313,7 +325,7 @@ def _case_group(
 
     coverage, phase, flags, unreliable = _quality_parts(quality)
     lungs = (measurements or {}).get("lungs") or {}
-    missing = next((flag_side for code, flag_side in flags if code == "one_lung"), None)
+    missing = next((flag_side for code, flag_side, _ in flags if code == "one_lung"), None)
     sides = _lung_sides(lungs, missing, unreliable)
     items = []
     for name in LUNG_MEASUREMENTS:
@@ -334,7 +346,7 @@ def _case_group(
         evaluations.append(hd.sr.QualitativeEvaluation(C.LUNG_COVERAGE, C.COVERAGES[coverage]))
     if phase in C.PHASES:
         evaluations.append(hd.sr.QualitativeEvaluation(C.CONTRAST_PHASE, C.PHASES[phase]))
-    for code, flag_side in flags:
+    for code, flag_side, beyond_view in flags:
         if code not in FLAGS:
             raise DicomOutputError(
                 f"unknown quality flag {code!r}",
@@ -342,7 +354,8 @@ def _case_group(
                 fix=f"flags come from pipeline.reconstruction.quality.FLAGS: {sorted(FLAGS)}",
             )
         stated_phase = phase if phase in C.PHASES else None
-        evaluation = _flag_evaluation(code, flag_side, flag_sentence(code, flag_side), phase=stated_phase)
+        sentence = flag_sentence(code, flag_side, beyond_view=beyond_view)
+        evaluation = _flag_evaluation(code, flag_side, sentence, phase=stated_phase, beyond_view=beyond_view)
         if evaluation is not None:
             evaluations.append(evaluation)
     uid = stable_uid("ctpipe-case", source.series_instance_uid)

@@ -232,10 +232,13 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 def _cut_lung_ends(group: Any) -> list[str | None]:
     """Per "Anatomy coverage incomplete" Quality Finding of the group's container, in order, the quality flag it states
-    (lungs_apex_cut, lungs_base_cut) by the topographical modifier of its finding site (Apical, Basal); None for
-    another. Read from the content items: highdicom's evaluations do not keep their concept modifiers."""
+    (lungs_apex_cut, lungs_base_cut) by the topographical modifier of its finding site (Apical, Basal), or one_lung by
+    its laterality (a lung the field of view cuts off); None for another. Read from the content items: highdicom's
+    evaluations do not keep their concept modifiers."""
     ends = {_key(v): flag for flag, v in C.CUT_LUNG_ENDS.items()}
-    finding, incomplete, modifier = _key(C.QUALITY_FINDING), _key(C.ANATOMY_COVERAGE_INCOMPLETE), _key(C.TOPOGRAPHICAL_MODIFIER)
+    ends.update({_key(v): "one_lung" for side, v in C.LATERALITY.items() if side in C.ABSENT_LUNGS})
+    finding, incomplete = _key(C.QUALITY_FINDING), _key(C.ANATOMY_COVERAGE_INCOMPLETE)
+    modifiers = {_key(C.TOPOGRAPHICAL_MODIFIER), _key(C.LATERALITY_MODIFIER)}
     out: list[str | None] = []
     for item in (child for container in group for child in container.get("ContentSequence", [])):
         name, value = item.get("ConceptNameCodeSequence"), item.get("ConceptCodeSequence")
@@ -246,7 +249,7 @@ def _cut_lung_ends(group: Any) -> list[str | None]:
             for m in _nested(item)
             if m.get("ConceptNameCodeSequence")
             and "ConceptCodeSequence" in m
-            and _code_key(m.ConceptNameCodeSequence[0]) == modifier
+            and _code_key(m.ConceptNameCodeSequence[0]) in modifiers
         ]
         out.append(stated[0] if stated else None)
     return out

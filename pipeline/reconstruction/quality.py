@@ -98,6 +98,8 @@ FLAGS: dict[str, tuple[Severity, str]] = {
 
 #: The one_lung flag's sentence naming the side without lung (at most 64 characters with either side).
 ONE_LUNG_SIDE_NOTE = "one lung only: no {side} lung (pneumonectomy or field of view)"
+#: The same where the field of view cuts the body off on the side without lung: that lung may lie beyond the images.
+ONE_LUNG_BEYOND_VIEW_NOTE = "one lung in the field of view: the {side} side is cut off"
 
 LUNGS_ABSENT_ML = 20.0
 LUNG_CUT_AREA_MM2 = 100.0  # lung cross-section on the most superior/inferior slice that means "cut" (1 cm²)
@@ -130,30 +132,37 @@ ContrastPhase = Literal["non_contrast", "arterial", "venous"]
 @dataclass(frozen=True)
 class QualityFlag:
     """One flag: ``code`` from :data:`FLAGS`, its severity, a sentence with the measured figure and, for a flag about
-    one side of the patient (``one_lung``: the side without lung), that side ("left" or "right")."""
+    one side of the patient (``one_lung``: the side without lung), that side ("left" or "right"). ``beyond_view``
+    (``one_lung`` only): the body meets the image edge on that side (:data:`FOV_CUT_AREA_CM2` or more), so that the
+    side's lung may lie outside the field of view: the images do not show it, which says nothing of whether the
+    patient has it."""
 
     code: str
     severity: Severity
     message: str
     side: Side | None = None
+    beyond_view: bool = False
 
-    def to_json(self) -> dict[str, str]:
-        out = {"code": self.code, "severity": self.severity, "message": self.message}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "severity": self.severity, "message": self.message}
         if self.side is not None:
             out["side"] = self.side
+        if self.beyond_view:
+            out["beyond_field_of_view"] = True
         return out
 
     @property
     def sentence(self) -> str:
         """The flag's fixed sentence (at most 64 characters: the SR codes it), naming its side when it has one."""
-        return flag_sentence(self.code, self.side)
+        return flag_sentence(self.code, self.side, beyond_view=self.beyond_view)
 
 
-def flag_sentence(code: str, side: str | None = None) -> str:
+def flag_sentence(code: str, side: str | None = None, *, beyond_view: bool = False) -> str:
     """The fixed sentence of flag ``code`` (:data:`FLAGS`), or, for ``one_lung`` with the ``side`` without lung, the
-    sentence naming that side (at most 64 characters: the SR codes it)."""
+    sentence naming that side, and saying that the field of view cuts that side off where it does (``beyond_view``:
+    :class:`QualityFlag`); at most 64 characters: the SR codes it."""
     if code == "one_lung" and side in ("left", "right"):
-        return ONE_LUNG_SIDE_NOTE.format(side=side)
+        return (ONE_LUNG_BEYOND_VIEW_NOTE if beyond_view else ONE_LUNG_SIDE_NOTE).format(side=side)
     return FLAGS[code][1]
 
 
@@ -223,15 +232,28 @@ class QualityReport:
         return cls(
             lung_coverage=data["lung_coverage"],
             contrast_phase=data["contrast_phase"],
-            flags=tuple(QualityFlag(f["code"], f["severity"], f["message"], f.get("side")) for f in data.get("flags", ())),
+            flags=tuple(
+                QualityFlag(f["code"], f["severity"], f["message"], f.get("side"), bool(f.get("beyond_field_of_view")))
+                for f in data.get("flags", ())
+            ),
             unreliable=tuple(data.get("unreliable", ())),
             figures=dict(data.get("figures", {})),
         )
 
 
-def _flag(code: str, detail: str, *, side: Side | None = None) -> QualityFlag:
+def _flag(code: str, detail: str, *, side: Side | None = None, beyond_view: bool = False) -> QualityFlag:
     severity, text = FLAGS[code]
-    return QualityFlag(code, severity, f"{text} ({detail})" if detail else text, side)
+    return QualityFlag(code, severity, f"{text} ({detail})" if detail else text, side, beyond_view)
+
+
+def side_edge_cm2(body: np.ndarray, geometry: Geometry, side: Side) -> float:
+    """Where ``body`` (bool ``[k, j, i]``) meets the image edge on the patient's ``side`` (the edge at the LPS x
+    extreme of that side: +x is the patient's left), in cm² (its length on that edge, mm, times the slice spacing,
+    mm, summed over the slices): a field of view that cuts the body off on that side."""
+    view = geometry.to_lps_view(body)  # [z, y, x], x ascending to the patient's left
+    edge = view[:, :, -1] if side == "left" else view[:, :, 0]
+    _, sy, sz = geometry.spacing_lps()
+    return float(np.count_nonzero(edge)) * float(sy) * float(sz) / 100.0
 
 
 def _lung_coverage(lungs: np.ndarray, geometry: Geometry) -> tuple[Coverage, float, float, float, float]:
@@ -370,13 +392,23 @@ def assess_quality(
     if one_lung:  # not an imbalance of two lungs, whatever the coverage: the case has one
         missing: Side = "right" if l_ml else "left"
         only = "left" if l_ml else "right"
+        cut_cm2 = side_edge_cm2(body, geometry, missing) if body is not None else 0.0
+        figures["one_lung_side_cut_cm2"] = cut_cm2
+        beyond_view = cut_cm2 >= FOV_CUT_AREA_CM2
+        why = (
+            f"the field of view cuts the body off on the {missing} side ({cut_cm2:.1f} cm² on the image edge): the "
+            f"{missing} lung may lie outside it"
+            if beyond_view
+            else f"expected after a {missing} pneumonectomy; otherwise check the field of view and the {missing} lung in "
+            "the images"
+        )
         flags.append(
             _flag(
                 "one_lung",
-                f"{only} lung {max(l_ml, r_ml):.0f} mL, no {missing} lung: expected after a {missing} "
-                f"pneumonectomy; otherwise check the field of view and the {missing} lung in the images; the lungs' "
-                f"total volume and emphysema index are the {only} lung's",
+                f"{only} lung {max(l_ml, r_ml):.0f} mL, no {missing} lung in the images: {why}; the lungs' total volume "
+                f"and emphysema index are the {only} lung's",
                 side=missing,
+                beyond_view=beyond_view,
             )
         )
     if coverage == "absent" or missing_ml > MAX_MISSING_FRACTION * total_ml:
