@@ -90,3 +90,65 @@ def test_an_earlier_srs_private_mean_diameter_still_reads(tmp_path: Path, monkey
     old = read_sr_findings(old_sr.filename)
     assert old.mean_diameter_mm.tolist() == pytest.approx(new.mean_diameter_mm.tolist())
     assert old.diameter_mm.tolist() == pytest.approx(new.diameter_mm.tolist())
+
+
+def _values_of(dataset: pydicom.Dataset, concept: str) -> list[tuple[str, str]]:
+    """(code value, scheme) of each CODE item named ctpipe's ``concept`` (99CTPIPE)."""
+    return [
+        (str(item.ConceptCodeSequence[0].CodeValue), str(item.ConceptCodeSequence[0].CodingSchemeDesignator))
+        for item in _walk(dataset)
+        if "ConceptCodeSequence" in item
+        and "ConceptNameCodeSequence" in item
+        and (item.ConceptNameCodeSequence[0].CodeValue, item.ConceptNameCodeSequence[0].CodingSchemeDesignator)
+        == (concept, "99CTPIPE")
+    ]
+
+
+@pytest.mark.parametrize("composition", ["solid", "ground_glass"])
+def test_values_with_a_standard_code_are_coded_so(tmp_path: Path, composition: str) -> None:
+    """The lung and airway coverage are SNOMED CT Complete, Partial or Absent, a solid nodule SNOMED CT Solid and a
+    ground-glass one DCM Ground glass opacity (CID 6102): one private code item fewer each, one dciodvfy warning fewer;
+    a part-solid nodule, which no standard code names, keeps ctpipe's code."""
+    from pipeline.dicom_out.model import NoduleDetail
+
+    case = phantom_case(tmp_path / "case")
+    details = {0: NoduleDetail(composition=composition), 1: NoduleDetail(composition="part_solid")}
+    dataset = _sr(case, tmp_path / "sr.dcm", details=details)
+    assert _values_of(dataset, "lung_coverage") == [("255609007", "SCT")]  # Partial
+    assert _values_of(dataset, "airway_coverage") == [("272519000", "SCT")]  # Absent
+    expected = {"solid": ("35702001", "SCT"), "ground_glass": ("112120", "DCM")}[composition]
+    assert sorted(_values_of(dataset, "composition")) == sorted([expected, ("part_solid", "99CTPIPE")])
+    table = read_sr_findings(dataset.filename)
+    assert sorted(table.composition) == sorted([composition, "part_solid"])
+    errors, warnings = dciodvfy(Path(dataset.filename))
+    assert errors == []
+    assert len([w for w in warnings if "99CTPIPE" in w]) == _private_code_items(dataset)
+
+
+def test_an_earlier_srs_private_coverage_and_composition_values_still_read(tmp_path: Path) -> None:
+    """SRs of layouts 1-6 coded the coverages and the compositions in ctpipe's codes: they read back as they did."""
+    from pipeline.dicom_out import read_sr_case
+    from pipeline.dicom_out.model import NoduleDetail
+
+    case = phantom_case(tmp_path / "case")
+    details = {0: NoduleDetail(composition="ground_glass"), 1: NoduleDetail(composition="solid")}
+    dataset = _sr(case, tmp_path / "sr.dcm", details=details)
+    new_case, new_table = read_sr_case(dataset.filename), read_sr_findings(dataset.filename)
+    earlier = {
+        ("255609007", "SCT"): ("partial", "Partial"),
+        ("272519000", "SCT"): ("absent", "Absent"),
+        ("112120", "DCM"): ("ground_glass", "Ground glass"),
+        ("35702001", "SCT"): ("solid", "Solid"),
+    }
+    for concept in ("lung_coverage", "airway_coverage", "composition"):
+        for item in _walk(dataset):
+            name = item.get("ConceptNameCodeSequence")
+            if not name or "ConceptCodeSequence" not in item or name[0].CodeValue != concept:
+                continue
+            code = item.ConceptCodeSequence[0]
+            value, meaning = earlier[(code.CodeValue, code.CodingSchemeDesignator)]
+            code.CodeValue, code.CodingSchemeDesignator, code.CodeMeaning = value, "99CTPIPE", meaning
+    old_path = tmp_path / "old.dcm"
+    dataset.save_as(old_path)
+    assert read_sr_case(old_path) == new_case
+    assert read_sr_findings(old_path).composition.tolist() == new_table.composition.tolist()

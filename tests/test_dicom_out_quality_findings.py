@@ -82,7 +82,7 @@ def test_airway_not_in_scan_is_stated_as_airway_coverage_absent(tmp_path):
     path = _write(case, tmp_path / "sr.dcm", quality=quality)
     ds = pydicom.dcmread(path)
     assert [_code(i) for i in _named(ds, "111052", "DCM")] == [("metal_streaks", "99CTPIPE")]
-    assert [_code(i) for i in _named(ds, "airway_coverage", "99CTPIPE")] == [("absent", "99CTPIPE")]
+    assert [_code(i) for i in _named(ds, "airway_coverage", "99CTPIPE")] == [("272519000", "SCT")]  # Absent, CID 240
     assert read_sr_case(path)["quality_flags"] == ["metal_streaks", "contrast_venous", "airway_not_in_scan"]
 
 

@@ -57,7 +57,7 @@ Left / Right lung: Absent SCT 44029006 / 3341006 =    SR: one_lung, the side wit
 Anatomy coverage          DCM 130576, finding site    SR: value of "Quality finding" for one_lung where the
 incomplete                SCT 39607008 Lung with      field of view cuts the side without lung off: that lung
                           laterality                  may lie outside the images, not absent
-Airway coverage           99CTPIPE airway_coverage    SR: "Absent" for airway_not_in_scan (no trachea in the
+Airway coverage           99CTPIPE airway_coverage    SR: Absent (SCT 272519000) for airway_not_in_scan (no trachea in the
                                                       scan); a Quality finding in SRs of layouts 1-4
 Volume-equivalent sphere  99CTPIPE                    SR: diameter of the sphere of the nodule's volume (mm);
 diameter                  equiv_diameter              neither DCM nor SCT codes this concept, and SCT
@@ -75,9 +75,15 @@ Mean                      DCM 121401 = SCT 373098007  "mean diameter" of Fleisch
                                                       earlier versions
 Emphysema index           99CTPIPE emphysema_index    SR: % of lung voxels below -950 HU
 Nodule composition        99CTPIPE composition        SR: solid / part-solid / ground glass
-solid, part_solid,        99CTPIPE <same>             SR: values of "Nodule composition"
-ground_glass
+Solid                     SCT 35702001                SR: value of "Nodule composition" (99CTPIPE solid in SRs
+                                                      of layouts 1-6)
+Ground glass opacity      DCM 112120                  SR: value of "Nodule composition" (CID 6102, CID 6104;
+                                                      99CTPIPE ground_glass in SRs of layouts 1-6)
+part_solid                99CTPIPE part_solid         SR: value of "Nodule composition": no standard code
 Lung coverage             99CTPIPE lung_coverage      SR: complete / partial / absent
+Complete / Partial /      SCT 255594003 / 255609007 / SR: values of "Lung coverage" and "Airway coverage"
+Absent                    272519000                   (CID 67; CID 240); 99CTPIPE complete / partial /
+                                                      absent in SRs of layouts 1-6
 Contrast phase            99CTPIPE contrast_phase     SR: non_contrast / arterial / venous, ctpipe's codes
                                                       too: no standard code names a CT series' contrast
                                                       phase (DCM 109058 "Contrast Phase" is a subpart of a
@@ -189,9 +195,17 @@ MAX_EXTENT = private("max_extent_3d", "Maximum 3D extent")
 MEAN_DIAMETER = private("mean_diameter", "Mean diameter in image plane")
 EMPHYSEMA_INDEX = private("emphysema_index", "Emphysema index (LAA-950)")
 COMPOSITION = private("composition", "Nodule composition")
+#: the values of :data:`COMPOSITION`: standard codes where one names the composition (SNOMED CT's qualifier value
+#: Solid; DCM Ground glass opacity, CID 6102 "Chest Finding or Feature Modifier" and CID 6104), ctpipe's code for a
+#: part-solid nodule, which neither DCM nor a context group of PS3.16 names
 COMPOSITIONS: dict[str, Code] = {
-    "solid": private("solid", "Solid"),
+    "solid": Code("35702001", "SCT", "Solid"),
     "part_solid": private("part_solid", "Part-solid"),
+    "ground_glass": Code("112120", "DCM", "Ground glass opacity"),
+}
+#: the values of :data:`COMPOSITION` in SRs of layouts 1-6 (all ctpipe's codes); read back, never written
+COMPOSITIONS_EARLIER: dict[str, Code] = {
+    "solid": private("solid", "Solid"),
     "ground_glass": private("ground_glass", "Ground glass"),
 }
 LUNG_COVERAGE = private("lung_coverage", "Lung coverage")
@@ -202,7 +216,15 @@ CONTRAST_PHASE = private("contrast_phase", "Contrast phase")
 #: read back from SRs of layout 3, which named the contrast phase so; never written (PS3.16 defines it as the subpart
 #: of a cardiac catheterization procedure in which contrast medium is injected, not a CT acquisition's phase)
 CONTRAST_PHASE_CATHETERIZATION = Code("109058", "DCM", "Contrast Phase")
-COVERAGES = {v: private(v, v.capitalize()) for v in ("complete", "partial", "absent")}
+#: the values of :data:`LUNG_COVERAGE` and :data:`AIRWAY_COVERAGE`: SNOMED CT's qualifier values Complete (CID 67),
+#: Partial and Absent (CID 240)
+COVERAGES: dict[str, Code] = {
+    "complete": Code("255594003", "SCT", "Complete"),
+    "partial": Code("255609007", "SCT", "Partial"),
+    "absent": ABSENT,
+}
+#: the same in SRs of layouts 1-6 (ctpipe's codes); read back, never written
+COVERAGES_EARLIER: dict[str, Code] = {v: private(v, v.capitalize()) for v in ("complete", "partial", "absent")}
 #: whether the scan holds the airway (the trachea): "Airway coverage: Absent" for the flag airway_not_in_scan, a
 #: property of the scan's range, not a deficiency of its images nor a finding about the patient
 AIRWAY_COVERAGE = private("airway_coverage", "Airway coverage")

@@ -73,10 +73,12 @@ SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: with layout 4; the quality flags that are no deficiency of the images stated otherwise than as Quality Findings, the
 #: contrast phase flags by the contrast phase item alone, and a lung end cut by the scan range as DCM 130576 Anatomy
 #: coverage incomplete at the Lung, Apical or Basal, with layout 5; one_lung where the field of view cuts that side off
-#: as Anatomy coverage incomplete at the Lung with that laterality, not Absent, with layout 6). It goes into the SR's instance UID
+#: as Anatomy coverage incomplete at the Lung with that laterality, not Absent, with layout 6; the lung and airway
+#: coverage values SCT Complete, Partial and Absent and the compositions SCT Solid and DCM Ground glass opacity instead
+#: of ctpipe's codes, with layout 7). It goes into the SR's instance UID
 #: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
-SR_LAYOUT = "6"
+SR_LAYOUT = "7"
 #: The fingerprint of SR_LAYOUT's content tree (:func:`~pipeline.dicom_out.layout.sr_layout_fingerprint`: concept
 #: names, value and relationship types, templates, graphic types and nesting; not values). A test compares it with an
 #: SR built now: with a new layout, raise SR_LAYOUT and record the new fingerprint here.

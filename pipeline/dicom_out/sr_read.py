@@ -206,7 +206,7 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
 
     sr, report = _read(path)
     by_instance, only_series = _evidence_series(sr)
-    compositions = {_key(v): k for k, v in C.COMPOSITIONS.items()}
+    compositions = {_key(v): k for k, v in (*C.COMPOSITIONS_EARLIER.items(), *C.COMPOSITIONS.items())}
     rows = []
     for group in report.get_volumetric_roi_measurement_groups():
         if group.finding_type is None or _key(group.finding_type) != _key(C.NODULE) or group.roi is None:
@@ -311,7 +311,7 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
         measured = by_key.get((_key(m.name), side))
         if measured is not None:
             out["measurements"][measured] = float(m.value)
-    coverages = {_key(v): k for k, v in C.COVERAGES.items()}
+    coverages = {_key(v): k for k, v in (*C.COVERAGES_EARLIER.items(), *C.COVERAGES.items())}
     phases = {_key(v): k for k, v in C.PHASES.items()}
     absent_lungs = {_key(v) for v in C.ABSENT_LUNGS.values()}
     cut_ends = iter(_cut_lung_ends(case))
@@ -332,7 +332,7 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
             out["quality_flags"].append(C.quality_flag_of(value[0]))
         elif concept in absent_lungs and value == _key(C.ABSENT):
             out["quality_flags"].append("one_lung")
-        elif concept == _key(C.AIRWAY_COVERAGE) and value == _key(C.COVERAGES["absent"]):
+        elif concept == _key(C.AIRWAY_COVERAGE) and coverages.get(value) == "absent":
             out["quality_flags"].append("airway_not_in_scan")
     phase_flag = f"contrast_{out['contrast_phase']}"
     if phase_flag in FLAGS and phase_flag not in out["quality_flags"]:  # stated once, by the contrast phase (layout 5)
