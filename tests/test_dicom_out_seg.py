@@ -122,8 +122,11 @@ def test_nodule_segments_share_tracking_with_the_sr(tmp_path):
         d = segments[row.tracking_id]
         assert d.TrackingUID == row.tracking_uid
         assert d.SegmentedPropertyTypeCodeSequence[0].CodeValue == "27925004"  # SCT Nodule
-        region = d.AnatomicRegionSequence[0].CodeValue
-        assert region == {"left": "44029006", "right": "3341006"}[row.side]  # SCT left / right lung
+        (region,) = d.AnatomicRegionSequence
+        # SCT Lung (CID 4; CID 7151 names no left or right lung) with the side as its modifier (CID 244)
+        assert region.CodeValue == "39607008"
+        (side,) = region.AnatomicRegionModifierSequence
+        assert side.CodeValue == {"left": "7771000", "right": "24028007"}[row.side]
 
 
 def test_segment_codes(tmp_path):
@@ -135,13 +138,21 @@ def test_segment_codes(tmp_path):
     }
     assert types == {
         "Body": ("91723000", "38266002"),
-        "Left lung": ("91723000", "44029006"),
-        "Right lung": ("91723000", "3341006"),
+        "Left lung": ("91723000", "39607008"),  # SCT Lung: CID 7151 and 7155 name no left or right lung
+        "Right lung": ("91723000", "39607008"),
         "Airway": ("91723000", "89187006"),
         "Bone": ("85756007", "3138006"),
         "Nodule 1": ("49755003", "27925004"),
         "Nodule 2": ("49755003", "27925004"),
     }
+    modifiers = {
+        d.SegmentLabel: [
+            m.CodeValue for m in d.SegmentedPropertyTypeCodeSequence[0].get("SegmentedPropertyTypeModifierCodeSequence", [])
+        ]
+        for d in ds.SegmentSequence
+    }
+    assert modifiers["Left lung"] == ["7771000"] and modifiers["Right lung"] == ["24028007"]  # the side (CID 244)
+    assert all(not m for label, m in modifiers.items() if not label.endswith(" lung"))
     for d in ds.SegmentSequence:
         algo = d.SegmentationAlgorithmIdentificationSequence[0]
         assert algo.AlgorithmName == "ctpipe" and algo.AlgorithmVersion
@@ -441,3 +452,31 @@ def test_ctpipe_run_leaves_out_empty_frames_by_default():
     from pipeline.config import load_config
 
     assert load_config(environ={}).outputs.seg_omit_empty_frames is True
+
+
+@pytest.mark.parametrize(
+    ("side", "lobe", "region", "laterality"),
+    [
+        ("left", "upper", "45653009", "7771000"),
+        ("left", "lower", "90572001", "7771000"),
+        ("right", "upper", "45653009", "24028007"),
+        ("right", "middle", "72481006", None),
+        ("right", "lower", "90572001", "24028007"),
+        ("left", None, "39607008", "7771000"),
+        (None, None, "39607008", None),
+    ],
+)
+def test_a_nodule_segments_region_is_a_lobe_or_lung_of_cid_4_with_its_side(side, lobe, region, laterality):
+    """The nodule segment's anatomic region as CID 4 and CID 7151 name it: the Upper or Lower lobe of lung (no "upper
+    lobe of left lung" there), the Middle lobe of right lung, or the Lung, with the side as its modifier (CID 244)."""
+    from types import SimpleNamespace
+
+    from pipeline.dicom_out import seg as seg_module
+
+    regions = seg_module._nodule_region(SimpleNamespace(side=side, lobe=lobe))
+    d = seg_module._description(
+        1, "Nodule 1", *seg_module.C.ORGAN_SEGMENTS["body"], ("1", "DCM", "x"), (255, 0, 255), regions=regions
+    )
+    (item,) = d.AnatomicRegionSequence
+    assert (item.CodeValue, item.CodingSchemeDesignator) == (region, "SCT")
+    assert [m.CodeValue for m in item.get("AnatomicRegionModifierSequence", [])] == ([laterality] if laterality else [])

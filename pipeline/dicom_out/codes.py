@@ -20,7 +20,15 @@ structure
 Anatomical structure      SCT 91723000                SEG: category of organ segments
 Tissue                    SCT 85756007                SEG: category of the bone segment
 Lung                      SCT 39607008                SR: finding site, lung volumes
-Left lung / Right lung    SCT 44029006 / 3341006      SEG: lung segments; nodule segments' anatomic region
+Left lung / Right lung    SCT 44029006 / 3341006      SR: the side stated Absent (one_lung); in SEGs of layout
+                                                      1 the lung segments' type and the nodule segments'
+                                                      anatomic region
+Lung, laterality Left /   SCT 39607008, modifier      SEG: lung segments' type (CID 7151, CID 7155; modifier
+Right                     SCT 7771000 / 24028007      CID 244); nodule segments' anatomic region (CID 4)
+Upper / Lower lobe of     SCT 45653009 / 90572001,    SEG: nodule segments' anatomic region when the lobe is
+lung, laterality          modifier Left / Right;      known (CID 4, CID 7151)
+                          SCT 72481006 Middle lobe
+                          of right lung
 Upper/lower lobe of left  SCT 44714003 / 41224006     SR: finding site when the lobe is known
 lung
 Upper/middle/lower lobe   SCT 42400003 / 72481006 /   SR: finding site when the lobe is known
@@ -263,10 +271,27 @@ def quality_flag_of(value: str) -> str:
 #: organ name (as in :data:`pipeline.reconstruction.organs.ORGANS`) → (category, type) of its SEG segment
 ORGAN_SEGMENTS: dict[str, tuple[Code, Code]] = {
     "body": (ANATOMICAL_STRUCTURE, ENTIRE_BODY),
-    "lung_left": (ANATOMICAL_STRUCTURE, LEFT_LUNG),
-    "lung_right": (ANATOMICAL_STRUCTURE, RIGHT_LUNG),
+    "lung_left": (ANATOMICAL_STRUCTURE, LUNG),
+    "lung_right": (ANATOMICAL_STRUCTURE, LUNG),
     "airway": (ANATOMICAL_STRUCTURE, AIRWAY),
     "bone": (TISSUE, BONE),
+}
+
+
+#: organ name → the laterality modifying its SEG segment's type (SegmentedPropertyTypeModifierCodeSequence, CID 244):
+#: CID 7151 "Segmentation Property Types" and CID 7155 "Thoracic Segmentation Types" list the Lung, not a left or
+#: right lung, and the Segment Description macro states the side as the type's modifier
+ORGAN_SEGMENT_LATERALITY: dict[str, Code] = {"lung_left": LATERALITY["left"], "lung_right": LATERALITY["right"]}
+UPPER_LOBE = Code("45653009", "SCT", "Upper lobe of lung")
+LOWER_LOBE = Code("90572001", "SCT", "Lower lobe of lung")
+#: (side, lobe) → a nodule segment's anatomic region as CID 4 "Anatomic Region" and CID 7151 name it, and the
+#: laterality modifying it (AnatomicRegionModifierSequence, CID 244; none for the middle lobe, the right lung's alone)
+SEG_LOBES: dict[tuple[str, str], tuple[Code, Code | None]] = {
+    ("left", "upper"): (UPPER_LOBE, LATERALITY["left"]),
+    ("left", "lower"): (LOWER_LOBE, LATERALITY["left"]),
+    ("right", "upper"): (UPPER_LOBE, LATERALITY["right"]),
+    ("right", "middle"): (LOBES[("right", "middle")], None),
+    ("right", "lower"): (LOWER_LOBE, LATERALITY["right"]),
 }
 
 

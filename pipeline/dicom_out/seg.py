@@ -2,7 +2,8 @@
 
 One segment per organ (codes in :data:`.codes.ORGAN_SEGMENTS`) and one per reported finding that
 has a nodule mask (label and tracking identifier ``Nodule <rank>``, tracking UID shared with the SR;
-anatomic region the lung, or lobe, of the finding). Each segment's recommended display colour is the one ctpipe's
+anatomic region the lung, or lobe, of the finding, with its laterality as a modifier: CID 7151 and CID 4 name the
+Lung and the Upper and Lower lobe of lung, not a left or right one). Each segment's recommended display colour is the one ctpipe's
 PNGs outline it in (:func:`~pipeline.reconstruction.organs.organ_colours`; nodules magenta, as the renderings
 outline them). Segment descriptions,
 algorithm identification (ctpipe and its version), pixel measures and plane orientation are built with highdicom;
@@ -56,13 +57,15 @@ from .uids import stable_uid
 
 log = logging.getLogger(__name__)
 
-#: The layout of the SEG (its segments, their codes and order, how frames are encoded): raise it with each such change.
+#: The layout of the SEG (its segments, their codes and order, how frames are encoded): raise it with each such change
+#: (the lungs' type SCT Lung with a laterality modifier instead of SCT Left lung / Right lung, and the nodules' anatomic
+#: region the Lung or the Upper / Lower lobe of lung with a laterality modifier, with layout 2).
 #: It goes into the SEG's instance UID, as :data:`~pipeline.dicom_out.sr.SR_LAYOUT` into the SR's.
-SEG_LAYOUT = "1"
+SEG_LAYOUT = "2"
 #: The fingerprint of SEG_LAYOUT (:func:`~pipeline.dicom_out.layout.seg_layout_fingerprint`: segment codes and order,
 #: segmentation type, the attributes at every level; not values). A test compares it with a SEG built now: with a new
 #: layout, raise SEG_LAYOUT and record the new fingerprint here.
-SEG_LAYOUT_FINGERPRINT = "742030863998439a"
+SEG_LAYOUT_FINGERPRINT = "1fb3d354f01b2c8d"
 
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
 SEG_SERIES_DESCRIPTION = "ctpipe segmentation"
@@ -133,12 +136,19 @@ def _description(
     rgb: tuple[int, int, int],
     *,
     tracking: tuple[str, str] | None = None,
-    regions: Sequence[Any] | None = None,
+    regions: Sequence[tuple[Any, Any | None]] | None = None,
+    type_modifier: Any | None = None,
 ) -> Any:
+    """A segment's description; ``type_modifier`` (a laterality) modifies its type
+    (SegmentedPropertyTypeModifierCodeSequence), each of ``regions`` is (anatomic region, its laterality or None)
+    (AnatomicRegionModifierSequence)."""
     import highdicom as hd
 
+    def coded(code: Any) -> Any:
+        return hd.sr.CodedConcept(code.value, code.scheme_designator, code.meaning)
+
     algorithm = hd.AlgorithmIdentificationSequence(name="ctpipe", family=hd.sr.CodedConcept(*family), version=__version__)
-    return hd.seg.SegmentDescription(
+    description = hd.seg.SegmentDescription(
         segment_number=number,
         segment_label=label,
         segmented_property_category=category,
@@ -147,18 +157,23 @@ def _description(
         algorithm_identification=algorithm,
         tracking_uid=tracking[1] if tracking else None,
         tracking_id=tracking[0] if tracking else None,
-        anatomic_regions=regions,
+        anatomic_regions=[region for region, _ in regions] if regions else None,
         display_color=hd.color.CIELabColor.from_rgb(*rgb),
     )
+    if type_modifier is not None:
+        description.SegmentedPropertyTypeCodeSequence[0].SegmentedPropertyTypeModifierCodeSequence = [coded(type_modifier)]
+    for item, (_, laterality) in zip(description.get("AnatomicRegionSequence", []), regions or []):
+        if laterality is not None:
+            item.AnatomicRegionModifierSequence = [coded(laterality)]
+    return description
 
 
-def _nodule_region(f: ReportedFinding) -> list[Any] | None:
-    lobe = C.LOBES.get((f.side or "", f.lobe or ""))
+def _nodule_region(f: ReportedFinding) -> list[tuple[Any, Any | None]]:
+    """The nodule's anatomic region and its laterality (CID 4, CID 244): its lobe where known, else its lung."""
+    lobe = C.SEG_LOBES.get((f.side or "", f.lobe or ""))
     if lobe is not None:
         return [lobe]
-    if f.side is not None:
-        return [C.LEFT_LUNG if f.side == "left" else C.RIGHT_LUNG]
-    return [C.LUNG]
+    return [(C.LUNG, C.LATERALITY.get(f.side) if f.side in ("left", "right") else None)]
 
 
 def _dimension(organisation_uid: str, pointer: int, group: int, label: str) -> Any:
@@ -345,7 +360,10 @@ def write_seg_object(
         category, kind = known[name]
         label = ORGAN_LABELS.get(name, name)
         rgb = C.rgb255(colours[name])
-        descriptions.append(_description(len(descriptions) + 1, label, category, kind, MORPHOLOGICAL_OPERATIONS, rgb))
+        modifier = C.ORGAN_SEGMENT_LATERALITY.get(name) if name not in (segment_codes or {}) else None
+        descriptions.append(
+            _description(len(descriptions) + 1, label, category, kind, MORPHOLOGICAL_OPERATIONS, rgb, type_modifier=modifier)
+        )
         segments.append(SegmentFrames(shape=g.shape, ks=frames_of(mask.any(axis=(1, 2)), label), full=mask))
     for f in findings:
         if f.mask is None:
