@@ -151,3 +151,23 @@ def _old_quality_finding(value: str) -> Dataset:
     item.ConceptNameCodeSequence = Sequence([name])
     item.ConceptCodeSequence = Sequence([concept])
     return item
+
+
+def test_a_field_of_view_cutting_the_body_off_is_poor_fov_selection(tmp_path):
+    """fov_cuts_body is DCM 130577 "Poor FOV selection" (CID 6315), a standard code: no private code item, no dciodvfy
+    warning for it; it reads back as fov_cuts_body, and SRs of layouts 1-7, which coded it 99CTPIPE fov_cuts_body, still
+    read."""
+    case = phantom_case(tmp_path / "case")
+    quality = QualityReport(lung_coverage="complete", contrast_phase="non_contrast", flags=(_flag("fov_cuts_body"),))
+    path = _write(case, tmp_path / "sr.dcm", quality=quality)
+    ds = pydicom.dcmread(path)
+    (finding,) = _named(ds, "111052", "DCM")
+    assert _code(finding) == ("130577", "DCM") and not _modifiers(finding)
+    assert read_sr_case(path)["quality_flags"] == ["fov_cuts_body"]
+    assert not [i for i in _evaluations(ds) if _code(i)[0] == "fov_cuts_body"]  # no private code for it
+    code = finding.ConceptCodeSequence[0]
+    code.CodeValue, code.CodingSchemeDesignator, code.CodeMeaning = "fov_cuts_body", "99CTPIPE", FLAGS["fov_cuts_body"][1]
+    old_path = tmp_path / "old.dcm"
+    ds.save_as(old_path)
+    assert read_sr_case(old_path)["quality_flags"] == ["fov_cuts_body"]
+    assert_valid(path)  # last: it skips where dciodvfy is missing

@@ -59,6 +59,8 @@ incomplete                SCT 39607008 Lung with      lungs_base_cut: the scan r
                           topographical modifier      base (CID 6315; CID 2); 99CTPIPE lungs_apex_cut /
                           SCT 43674008 Apical /       lungs_base_cut in SRs of layouts 1-4
                           SCT 57195005 Basal
+Poor FOV selection        DCM 130577                  SR: value of "Quality finding" for fov_cuts_body (CID
+                                                      6315); 99CTPIPE fov_cuts_body in SRs of layouts 1-7
 Left / Right lung: Absent SCT 44029006 / 3341006 =    SR: one_lung, the side with no lung (CID 240); in SRs of
                           SCT 272519000               layouts 1-4 the Quality finding 99CTPIPE no_left_lung /
                                                       no_right_lung
@@ -172,6 +174,11 @@ QUALITY_FINDING = Code("111052", "DCM", "Quality Finding")
 #: a Quality Finding: the series does not cover all of the anatomy of interest (CID 6315, a group of series quality
 #: findings written for prostate MRI; the code itself names no modality or organ); where, by :data:`CUT_LUNG_ENDS`
 ANATOMY_COVERAGE_INCOMPLETE = Code("130576", "DCM", "Anatomy coverage incomplete")
+#: a Quality Finding: the field of view is poorly chosen (CID 6315, as :data:`ANATOMY_COVERAGE_INCOMPLETE`): the quality
+#: flag fov_cuts_body, the field of view cutting the body off (99CTPIPE fov_cuts_body in SRs of layouts 1-7)
+POOR_FOV_SELECTION = Code("130577", "DCM", "Poor FOV selection")
+#: quality flag → the standard Quality Finding that names it, without a finding site
+STANDARD_QUALITY_FINDINGS: dict[str, Code] = {"fov_cuts_body": POOR_FOV_SELECTION}
 #: the concept modifier of a finding site saying which part of it (CID 2 "Anatomic Modifier" holds its values)
 TOPOGRAPHICAL_MODIFIER = Code("106233006", "SCT", "Topographical modifier")
 #: the concept modifier of a finding site saying which side (CID 244 "Laterality" holds its values)

@@ -75,10 +75,11 @@ SR_SERIES_DESCRIPTION = "ctpipe nodule report"
 #: coverage incomplete at the Lung, Apical or Basal, with layout 5; one_lung where the field of view cuts that side off
 #: as Anatomy coverage incomplete at the Lung with that laterality, not Absent, with layout 6; the lung and airway
 #: coverage values SCT Complete, Partial and Absent and the compositions SCT Solid and DCM Ground glass opacity instead
-#: of ctpipe's codes, with layout 7). It goes into the SR's instance UID
+#: of ctpipe's codes, with layout 7; fov_cuts_body as the Quality Finding DCM 130577 Poor FOV selection, with layout 8).
+#: It goes into the SR's instance UID
 #: (:func:`~pipeline.dicom_out.api.write_dicom_outputs`): two builds that lay the same results out otherwise never
 #: write two documents under one SOP Instance UID, even with the same version string and creation time.
-SR_LAYOUT = "7"
+SR_LAYOUT = "8"
 #: The fingerprint of SR_LAYOUT's content tree (:func:`~pipeline.dicom_out.layout.sr_layout_fingerprint`: concept
 #: names, value and relationship types, templates, graphic types and nesting; not values). A test compares it with an
 #: SR built now: with a new layout, raise SR_LAYOUT and record the new fingerprint here.
@@ -286,7 +287,8 @@ def _flag_evaluation(code: str, side: str | None, sentence: str, *, phase: str |
     the contrast phase item, the SR's ``phase``).
 
     A deficiency of the images is a Quality Finding (DCM 111052): a lung end cut by the scan range is Anatomy coverage
-    incomplete (DCM 130576) with the finding site Lung, Apical or Basal, and so is a lung the field of view cuts off
+    incomplete (DCM 130576) with the finding site Lung, Apical or Basal, the field of view cutting the body off
+    (fov_cuts_body) Poor FOV selection (DCM 130577), and so is a lung the field of view cuts off
     (one_lung with ``beyond_view``): the finding site Lung with the side's laterality, for the images do not show
     whether the patient has that lung; the others are ctpipe's code of the flag, its sentence as meaning. The
     informational flags are no Quality Finding: one_lung with the body whole on that side is "Left lung: Absent" or
@@ -310,6 +312,8 @@ def _flag_evaluation(code: str, side: str | None, sentence: str, *, phase: str |
         site = hd.sr.FindingSite(anatomic_location=C.LUNG, topographical_modifier=C.CUT_LUNG_ENDS[code])
         evaluation[0].ContentSequence = hd.sr.ContentSequence([site])
         return evaluation
+    if code in C.STANDARD_QUALITY_FINDINGS:
+        return hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.STANDARD_QUALITY_FINDINGS[code])
     return hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.quality_flag_code(code, sentence, side=side))
 
 

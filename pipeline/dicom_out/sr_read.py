@@ -314,6 +314,7 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
     coverages = {_key(v): k for k, v in (*C.COVERAGES_EARLIER.items(), *C.COVERAGES.items())}
     phases = {_key(v): k for k, v in C.PHASES.items()}
     absent_lungs = {_key(v) for v in C.ABSENT_LUNGS.values()}
+    standard_findings = {_key(v): flag for flag, v in C.STANDARD_QUALITY_FINDINGS.items()}
     cut_ends = iter(_cut_lung_ends(case))
     for q in case.get_qualitative_evaluations():
         concept, value = _key(q.name), _key(q.value)
@@ -328,6 +329,8 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
             cut = next(cut_ends, None)
             if cut is not None:
                 out["quality_flags"].append(cut)
+        elif concept == _key(C.QUALITY_FINDING) and value in standard_findings:
+            out["quality_flags"].append(standard_findings[value])
         elif concept == _key(C.QUALITY_FINDING) and value[1] == C.PRIVATE_SCHEME:  # and every flag in layouts 1-4
             out["quality_flags"].append(C.quality_flag_of(value[0]))
         elif concept in absent_lungs and value == _key(C.ABSENT):
