@@ -415,3 +415,31 @@ def test_a_head_that_answers_again_within_the_limit_lets_the_run_go_on(monkeypat
     events = [getattr(r, "event", None) for r in caplog.records]
     assert events.count("head_lost") == 2 and events[-1] == "head_back", events
     assert "answers again" in caplog.records[-1].getMessage() and head in caplog.records[-1].getMessage()
+
+
+def test_a_group_whose_actors_fail_to_start_until_the_timeout_names_the_failure_not_other_jobs(tmp_path):
+    # a model whose setup takes longer than runner.ray_timeout_s to fail: when the time is up the group has no actor,
+    # and the GPU that its own failing actors held is no other job's
+    exceptions = pytest.importorskip("ray.exceptions")
+    gpu_node = {**CPU_NODE, "Resources": {"CPU": 2.0, "GPU": 1.0}}
+    ray = _ClusterRay([gpu_node], free={"CPU": 0.0, "GPU": 0.0})
+    ray.exceptions = exceptions  # type: ignore[attr-defined]
+    pool = _pool(ray, tmp_path)
+    for a in pool.actors:
+        a.phase = "ready" if a.group == "cpu" else "setting_up"
+    model = next(a for a in pool.actors if a.group == "model")
+    model.node = gpu_node["NodeID"]
+    missing = FileNotFoundError(2, "No such file or directory", "/models/site_model.pt")
+
+    def get(ref: Any) -> Any:
+        raise exceptions.RayTaskError("StageActor.setup", "Traceback (most recent call last): ...", missing)
+
+    ray.get = get  # type: ignore[attr-defined]
+    pool.advance(model)  # the first failure there: another actor is to be started in its place
+    assert model not in pool.actors
+    time.sleep(0.01)
+    with pytest.raises(FatalRunError) as info:
+        pool.check_served()
+    msg = str(info.value)
+    assert "FileNotFoundError" in msg and "/models/site_model.pt" in msg and "aaaaaaaa" in msg, msg
+    assert "free" not in msg and "other Ray jobs" not in msg, msg

@@ -9,7 +9,14 @@ tasks. ``runner.ray_max_cpus`` / ``runner.ray_max_gpus`` cap the run's CPU and G
 cluster), so that runs sharing a cluster each keep a part of it. A group left without any placed actor for
 ``runner.ray_timeout_s`` stops the run with the reason. An actor whose node cannot import the run's code (ctpipe, or
 the module of a stage, missing from that node's Python) stops the run at once, naming the import error and the node:
-every actor started there would fail the same way.
+every actor started there would fail the same way. Any other start-up failure on a node that stays in the cluster (an
+exception in a stage's ``setup`` or in the actor's ``__init__``: a model file missing there, a CUDA error, out of
+memory; or its process dying) is retried: the pool starts another actor, as for a node lost. The run stops, naming the
+error, the node and the fix, once :data:`START_FAILURES` actors in a row failed to start on one node, each started
+after the one before had failed (actors started together and failing together are one failure): like a node that
+cannot import the run's code, such a node is not left by Ray, so its resources would be offered to new actors, each
+failing the same way, until ``runner.ray_timeout_s``, whose message would then blame other jobs for the GPUs the run's
+own failing actors held.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two looks at the cluster's nodes (actors for joined nodes, none for departed ones).
 REFRESH_S = 2.0
+#: Actors in a row failing to start on one node (each started after the one before failed) that stop the run.
+START_FAILURES = 3
 
 
 @dataclass
@@ -49,6 +58,17 @@ class PoolActor:
     pinned: str | None = None  # node id of a model actor pinned to a node without GPUs
     device: str = "cpu"
     held: deque[tuple[Task, Any]] = field(default_factory=deque)  # in order of execution: the first runs
+    started: float = field(default_factory=time.monotonic)  # time.monotonic() when it was asked to start
+
+
+@dataclass
+class StartFailures:
+    """Actors in a row that failed to start on one node: how many, the last one's time and error, where."""
+
+    count: int
+    at: float  # time.monotonic() of the last one
+    error: str
+    where: str
 
 
 class ActorPool:
@@ -68,6 +88,8 @@ class ActorPool:
         self._n = 0
         self._refreshed = 0.0
         self._unserved: dict[str, float] = {g: time.monotonic() for g in self.groups}
+        self._failed: dict[str, StartFailures] = {}  # node id -> its start-up failures since an actor last started there
+        self._last_failure: dict[str, StartFailures] = {}  # group -> the latest since the group was last served
         self._remote = ray.remote(StageActor)
         self.software = software()  # every actor must run the same (see advance)
         self.refresh(force=True)
@@ -140,8 +162,7 @@ class ActorPool:
                     "installed there, or on the PYTHONPATH that node's `ray start` was run with), and run the same "
                     "command again (see README 'Scale out')"
                 ) from exc
-            log.warning("Ray actor %s did not start: %s", actor.name, first_line(exc), extra={"event": "worker_died"})
-            self.drop(actor)
+            self._start_failed(actor, exc)
             return
         if actor.phase == "placing":
             theirs = info.get("software", self.software)
@@ -172,12 +193,53 @@ class ActorPool:
         if info["fatal"]:
             raise FatalRunError(info["fatal"])
         actor.phase, actor.pending = "ready", None
+        if actor.node is not None:
+            self._failed.pop(actor.node, None)
+        self._last_failure.pop(actor.group, None)
 
-    def _where(self, actor: PoolActor, exc: BaseException) -> str:
-        """``IP (node id)`` of the node on which ``actor`` failed with ``exc``, as far as Ray says: the address from
-        Ray's message (``ip=...``), the node from the actor or from Ray's record of the dead actor."""
-        found = re.search(r"\bip=([0-9A-Fa-f.:]+)", _ANSI.sub("", str(exc)))
+    def _start_failed(self, actor: PoolActor, exc: BaseException) -> None:
+        """``actor`` failed to start with ``exc`` (not an import error): dropped, and another started in its place,
+        unless its node has now failed :data:`START_FAILURES` times in a row (FatalRunError with the error, the node
+        and the fix). A node lost meanwhile is no failure of the node: the pool follows the cluster."""
         node = actor.node or _actor_node(self.ray, getattr(exc, "actor_id", None))
+        raised = isinstance(exc, self.ray.exceptions.RayTaskError) or getattr(exc, "actor_init_failed", False)
+        self.drop(actor)
+        if not raised and (
+            isinstance(exc, self.ray.exceptions.ActorUnavailableError) or "node has died" in str(exc) or self.node_dead(node)
+        ):
+            log.warning("Ray actor %s did not start: %s", actor.name, first_line(exc), extra={"event": "worker_died"})
+            return
+        error, where, now = start_error(exc), self._where(actor, exc, node), time.monotonic()
+        key = node or where
+        before = self._failed.get(key)
+        count = before.count if before is not None else 0
+        if before is None or actor.started > before.at:  # a retry after the last failure there, not one started beside it
+            count += 1
+        self._failed[key] = self._last_failure[actor.group] = StartFailures(count, now, error, where)
+        log.info("Ray's account of the failed start of actor %s: %s", actor.name, _ANSI.sub("", str(exc)).strip())
+        if count >= START_FAILURES:
+            raise FatalRunError(
+                f"Ray actors for this run's {actor.group} stages fail to start on the node {where}: {error} ({count} "
+                "tries in a row, each started after the one before failed); fix that on the node (a model or data file "
+                "missing there, its GPU or driver, its memory; the traceback is in the run's run.log), or take "
+                "the node out of the cluster (`ray stop` on it), and run the same command again: it resumes the cases not "
+                "done (see README 'Scale out')"
+            )
+        log.warning(
+            "Ray actor %s did not start on the node %s: %s; another is started in its place (try %d of %d there)",
+            actor.name,
+            where,
+            error,
+            count,
+            START_FAILURES,
+            extra={"event": "worker_died"},
+        )
+
+    def _where(self, actor: PoolActor, exc: BaseException, node: str | None = None) -> str:
+        """``IP (node id)`` of the node on which ``actor`` failed with ``exc``, as far as Ray says: the address from
+        Ray's message (``ip=...``), the node from ``node``, the actor or Ray's record of the dead actor."""
+        found = re.search(r"\bip=([0-9A-Fa-f.:]+)", _ANSI.sub("", str(exc)))
+        node = node or actor.node or _actor_node(self.ray, getattr(exc, "actor_id", None))
         ip = found.group(1) if found else None
         if ip and node:
             return f"{ip} ({node[:8]})"
@@ -196,8 +258,16 @@ class ActorPool:
             if any(a.group == g and a.phase == "ready" for a in self.actors):
                 self._unserved[g] = now
             elif any(a.group == g and a.phase == "setting_up" for a in self.actors):
-                continue  # placed, loading its model: setup has no deadline here (a failed setup is fatal anyway)
+                continue  # placed, loading its model: no deadline here (a setup that keeps failing stops the run: advance)
             elif now - self._unserved[g] > self.timeout_s:
+                failed = self._last_failure.get(g)
+                if failed is not None:  # the run's own failing actors held what the cluster offers
+                    raise FatalRunError(
+                        f"no Ray actor for the {g} stages could start within {self.timeout_s:g} s: the last one failed "
+                        f"on the node {failed.where}: {failed.error}; fix that on the node (a model or data file missing "
+                        "there, its GPU or driver, its memory), or take the node out of the cluster (`ray stop` on it), "
+                        "and run the same command again (see README 'Scale out')"
+                    )
                 raise FatalRunError(
                     f"no Ray actor for the {g} stages could be placed within {self.timeout_s:g} s "
                     f"({self.cluster.describe()}; {self._why_unplaced(g)}"
@@ -268,6 +338,27 @@ def import_failure(exc: BaseException) -> str | None:
         return None
     kind, what = found[-1]  # the innermost: Ray wraps it (a RuntimeError, a RaySystemError) before it
     return f"{kind}: {what}"
+
+
+#: The last line of a Python traceback: the exception's class and the first line of its message.
+_EXCEPTION_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*): (.+?)\s*$", re.MULTILINE)
+
+
+def start_error(exc: BaseException) -> str:
+    """What made a Ray actor fail to start, on one line: ``FileNotFoundError: [Errno 2] ...`` for an exception raised
+    in its ``place``/``setup`` (Ray's RayTaskError, whose ``cause`` it is) or in its ``__init__`` (an ActorDiedError
+    whose message ends with the remote traceback); Ray's reason for any other death (its process killed)."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and not isinstance(cause, type(exc)):
+        text = " ".join(str(cause).split()) or "(no message)"
+        return f"{type(cause).__name__}: {text}"[:300]
+    if getattr(exc, "actor_init_failed", False):
+        found = _EXCEPTION_LINE.findall(_ANSI.sub("", str(exc)).split("creation task,", 1)[-1])
+        found = [f for f in found if not f[0].startswith("ray::")]
+        if found:
+            kind, what = found[-1]
+            return f"{kind.rsplit('.', 1)[-1]}: {what}"[:300]
+    return first_line(exc)
 
 
 def _actor_node(ray: Any, actor_id: str | None) -> str | None:

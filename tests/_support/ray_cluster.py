@@ -266,3 +266,41 @@ class CrashOn(Stage):
             os.kill(os.getpid(), signal.SIGKILL)
         (ctx.workdir / "crash_checked.txt").write_text(ctx.case.case_id)
         return {"declared": ["crash_checked.txt"]}
+
+
+class FailingSetup(Stage):
+    """A model stage that cannot start for a model file missing on the node (``FileNotFoundError``): in its ``setup``
+    (``where="setup"``) or as the actor's ``__init__`` receives it (``where="init"``: unpickled in a Ray worker), in
+    every actor (``times`` None) or in the first ``times`` actors to start it anywhere (then it works). Each start
+    writes a marker ``<marker_dir>/start-N`` (N = 1, 2, ...), so that a test can count them."""
+
+    name = "failing_setup"
+    group = "model"
+
+    def __init__(self, marker_dir: str, times: int | None = None, where: str = "setup"):
+        self.marker_dir = marker_dir
+        self.times = times
+        self.where = where
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.where == "init" and "default_worker.py" in " ".join(sys.argv):  # in a Ray worker, not in the driver
+            self._start()
+
+    def setup(self, worker: Any) -> None:
+        if self.where == "setup":
+            self._start()
+
+    def _start(self) -> None:
+        n = 1
+        while True:
+            try:
+                os.close(os.open(Path(self.marker_dir) / f"start-{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                break
+            except FileExistsError:
+                n += 1
+        if self.times is None or n <= self.times:
+            raise FileNotFoundError(2, "No such file or directory", "/models/site_model.pt")
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        return {}

@@ -34,6 +34,7 @@ WAITING_MODULES = (
 #: per-test timings; only their order matters): started first, longest first.
 LONG_MODULES = {
     "tests/test_runner_ray.py": 80,
+    "tests/test_runner_ray_startup.py": 60,
     "tests/test_runner_resume.py": 49,
     "tests/test_runner_disk_full.py": 38,
     "tests/test_reconstruction_body_bone.py": 37,

@@ -1,0 +1,86 @@
+"""Starting a run on Ray: actors that fail to start on a real local cluster (tests/_support/ray_cluster.py), where a
+failure that repeats on a node stops the run with the error, the node and the fix and a one-off failure is retried.
+
+The cluster has a head node (one CPU: the CPU actor) and one node declaring one GPU and no CPU (the model actor).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests._support.ray_cases import make_cases, needs_ray
+from tests._support.runner import db_rows
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    needs_ray()
+    from tests._support.ray_cluster import LocalCluster
+
+    c = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}])
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    return make_cases(tmp_path_factory.mktemp("ray_startup_cases"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["setup", "init"])
+def test_a_stage_failing_to_start_on_every_try_on_a_node_stops_the_run_with_the_error_the_node_and_the_fix(
+    cluster, cases, tmp_path, where
+):
+    """A model file missing on the GPU node: every model actor started there fails, in a stage's setup or in the
+    actor's __init__. The run stops after a few tries with that error, not after runner.ray_timeout_s as if other jobs
+    held the GPU its own actors held."""
+    from pipeline.runner import run_batch
+    from pipeline.runner.ray_pool import START_FAILURES
+    from pipeline.runner.stages import IngestStage, WriteStage
+    from tests._support.ray_cluster import FailingSetup
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    out = tmp_path / "run"
+    stages = [IngestStage(), FailingSetup(str(markers), where=where), WriteStage()]
+    opts = {**cases["opts"], "runner.ray_timeout_s": 600.0}  # the failures, not the wait for a placed actor, end it
+    s = run_batch([cases["src"]], out=out, stages=stages, engine="ray", ray_address=cluster.address, **opts)
+    assert s.exit_code == 1 and s.done == 0, s.lines()
+    msg = s.fatal or ""
+    assert "FileNotFoundError" in msg and "/models/site_model.pt" in msg, msg  # the error itself
+    assert "could not be placed" not in msg and "free" not in msg, msg
+    gpu_node = cluster.worker_node_ids()[0]
+    assert gpu_node[:8] in msg and "127.0.0.1" in msg, msg  # the node
+    assert "ray stop" in msg and "same command" in msg, msg  # the fix
+    assert len(list(markers.iterdir())) == START_FAILURES  # tried again, then stopped: no endless restarts
+    assert not (out / "cases").is_dir() or not list((out / "cases").iterdir())
+
+
+@pytest.mark.slow
+def test_a_one_off_stage_setup_failure_is_retried_and_the_run_finishes(cluster, cases, tmp_path):
+    from pipeline.runner import run_batch
+    from pipeline.runner.stages import IngestStage, WriteStage
+    from tests._support.ray_cluster import FailingSetup
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    out = tmp_path / "run"
+    stages = [IngestStage(), FailingSetup(str(markers), times=1), WriteStage()]
+    s = run_batch([cases["src"]], out=out, stages=stages, engine="ray", ray_address=cluster.address, **cases["opts"])
+    assert s.exit_code == 0 and s.done == 2 and not s.quarantined, s.lines()
+    assert len(list(markers.iterdir())) == 2  # failed once, then set up
+    assert sorted(r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(cases["uids"])
+    records = [json.loads(line) for line in (out / "run.log").read_text().splitlines()]
+    retried = [r["msg"] for r in records if r.get("event") == "worker_died" and "did not start" in r["msg"]]
+    assert len(retried) == 1 and "/models/site_model.pt" in retried[0], retried
+
+
+@pytest.mark.slow
+def test_every_ray_process_started_by_the_tests_is_stopped(cluster):
+    assert cluster.leftovers(), "the cluster's processes were not found (the check below would prove nothing)"
+    cluster.stop()
+    assert cluster.leftovers() == []
