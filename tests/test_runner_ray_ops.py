@@ -235,6 +235,9 @@ def test_a_private_instance_keeps_the_runs_sigterm_handler(monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(ray_connect, "import_ray", lambda: _PrivateRay(RuntimeError()))
+    # a token of the user's: the private instance needs none of its own in this process's environment, which the
+    # session left open here would keep
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "0" * 32)
     before = signal.signal(signal.SIGTERM, ours)
     try:
         session = connect("local", timeout_s=10)

@@ -1,5 +1,6 @@
 """Starting a run on Ray: actors that fail to start on a real local cluster (tests/_support/ray_cluster.py), where a
-failure that repeats on a node stops the run with the error, the node and the fix and a one-off failure is retried.
+failure that repeats on a node stops the run with the error, the node and the fix and a one-off failure is retried;
+and a private instance (``--ray local``) that leaves no token in the user's home folder.
 
 The cluster has a head node (one CPU: the CPU actor) and one node declaring one GPU and no CPU (the model actor).
 """
@@ -7,11 +8,28 @@ The cluster has a head node (one CPU: the CPU actor) and one node declaring one 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests._support.ray_cases import make_cases, needs_ray
 from tests._support.runner import db_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Connects to a private instance as ``ctpipe run --ray local`` does, asks a task of it for its processes' authentication
+#: mode, disconnects, and prints what it saw (JSON).
+_PRIVATE_INSTANCE = """
+import json, os, ray
+from pipeline.runner.ray_connect import connect
+session = connect("local", timeout_s=120, init_options={"num_cpus": 1, "object_store_memory": 80 * 2**20})
+mode = ray.get(ray.remote(lambda: (os.environ.get("RAY_AUTH_MODE"), bool(os.environ.get("RAY_AUTH_TOKEN")))).remote())
+session.close()
+print(json.dumps({"worker": mode, "after": [os.environ.get("RAY_AUTH_MODE"), os.environ.get("RAY_AUTH_TOKEN")]}))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +95,28 @@ def test_a_one_off_stage_setup_failure_is_retried_and_the_run_finishes(cluster, 
     records = [json.loads(line) for line in (out / "run.log").read_text().splitlines()]
     retried = [r["msg"] for r in records if r.get("event") == "worker_died" and "did not start" in r["msg"]]
     assert len(retried) == 1 and "/models/site_model.pt" in retried[0], retried
+
+
+@pytest.mark.slow
+def test_a_private_instance_writes_no_token_into_the_home_folder_and_keeps_token_authentication(tmp_path):
+    """Ray's ``ray.init(address="local")`` with RAY_AUTH_MODE unset saves a new token as ~/.ray/auth_token, after which
+    every later Ray on the machine (a head started with `ray start`) turns token authentication on: a run on a private
+    instance leaves no such file, while the instance itself still uses a token, and the process's environment is as
+    it was once the run is over."""
+    needs_ray()
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(ROOT))
+    p = subprocess.run(
+        [sys.executable, "-c", _PRIVATE_INSTANCE], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    seen = json.loads(p.stdout.strip().splitlines()[-1])
+    assert not (home / ".ray" / "auth_token").exists()
+    assert seen["worker"] == ["token", True]  # the instance's processes: token authentication, with a token
+    assert seen["after"] == [None, None]  # the caller's environment as before the run
+    assert "Token authentication is enabled" not in p.stderr, p.stderr
 
 
 @pytest.mark.slow

@@ -12,7 +12,11 @@ preface (the GCS answers it as a gRPC server), so a wrong address, a head that i
 where something else listens is one :class:`~pipeline.errors.ClusterError` within seconds (Ray
 itself retries such a connection for minutes). Ray's token authentication (``RAY_AUTH_MODE=token``;
 the token in ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) is passed through
-from the environment; a refused token is a ClusterError naming those variables. The cluster's error messages that Ray
+from the environment; a refused token is a ClusterError naming those variables. A private instance without a token
+anywhere (RAY_AUTH_MODE unset or ``token``) gets one of its own, in this process's environment for the instance's
+lifetime (:func:`_own_token`): Ray would otherwise write a new ``~/.ray/auth_token``, after which every later Ray
+instance on the machine, a cluster's head started with ``ray start`` included, turns token authentication on and
+refuses the nodes and drivers that have no token. The cluster's error messages that Ray
 pushes to the driver (a node marked dead, with its raylet's last log lines) go to the run's log, not to its stdout.
 Joining a cluster, the driver's Ray is told to wait for a head it lost longer than ``runner.ray_reconnect_s`` (Ray ends
 such a process after a minute by default), so that the run's own wait (:class:`.ray_executor.HeadWatch`) decides.
@@ -26,11 +30,13 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -187,6 +193,8 @@ class RaySession:
 
     address: str  # HOST:PORT of the head, or "local" for a private instance
     owned: bool
+    #: the Ray authentication variables :func:`_own_token` set for a private instance, with their values before
+    auth_env: dict[str, str | None] = field(default_factory=dict)
 
     def describe(self) -> str:
         """The cluster in words for the run record: address, nodes, CPUs, GPUs."""
@@ -200,6 +208,61 @@ class RaySession:
         if self.owned:
             ray = import_ray()
             ray.shutdown()
+        _restore(self.auth_env)
+        self.auth_env = {}
+
+
+#: Ray's token authentication: the mode (``token``, ``disabled``), the token, the file holding it.
+_AUTH_MODE, _AUTH_TOKEN, _AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+
+
+def _own_token() -> dict[str, str | None]:
+    """Give a private Ray instance a random token of its own through this process's environment (``RAY_AUTH_MODE=token``
+    and ``RAY_AUTH_TOKEN``, which the instance's processes inherit when ``ray.init`` starts them), where Ray would
+    otherwise generate one and save it as ``~/.ray/auth_token`` for good: with RAY_AUTH_MODE unset or
+    ``token`` and no token in ``RAY_AUTH_TOKEN``, the file of ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``. The
+    instance keeps token authentication. Returns the variables changed with their values before, for
+    :func:`_restore`; empty where the environment already decides (a token the user has, or authentication
+    ``disabled``), which is then left as it is."""
+    mode = os.environ.get(_AUTH_MODE)
+    if mode is not None and mode.lower() != "token":
+        return {}
+    path = os.environ.get(_AUTH_TOKEN_PATH)
+    if os.environ.get(_AUTH_TOKEN) or (path and Path(path).expanduser().is_file()):
+        return {}
+    if (Path.home() / ".ray" / "auth_token").is_file():
+        return {}
+    before = {k: os.environ.get(k) for k in (_AUTH_MODE, _AUTH_TOKEN)}
+    os.environ[_AUTH_MODE], os.environ[_AUTH_TOKEN] = "token", secrets.token_hex(32)
+    _reload_authentication()
+    log.debug("a private Ray instance with a token of its own, kept out of ~/.ray/auth_token")
+    return before
+
+
+def _restore(before: dict[str, str | None]) -> None:
+    """Put back the Ray authentication variables :func:`_own_token` changed (``before``: their values then)."""
+    if not before:
+        return
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _reload_authentication()
+
+
+def _reload_authentication() -> None:
+    """Have this process's Ray read the authentication mode and token from the environment again (it keeps what it
+    read first), so that it uses the token the private instance was started with, and after it the user's again."""
+    try:
+        import ray._raylet as raylet
+    except ImportError:  # Ray stood in for (tests): nothing read, nothing to read again
+        return
+    config, loader = getattr(raylet, "Config", None), getattr(raylet, "AuthenticationTokenLoader", None)
+    if config is None or loader is None:  # a Ray without token authentication
+        return
+    config.initialize("")
+    loader.instance().reset_cache()
 
 
 #: Ray's own limit (its configuration ``gcs_rpc_server_reconnect_timeout_s``, 60 s by default) on how long a process
@@ -309,6 +372,7 @@ def connect(
     if constants is not None and "RAY_DISABLE_FAILURE_SIGNAL_HANDLER" not in os.environ:  # read when Ray was imported
         constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     outcome: dict[str, BaseException | None] = {}
+    auth_env: dict[str, str | None] = {}  # what _own_token changed for a private instance
 
     def init() -> None:
         try:
@@ -321,7 +385,10 @@ def connect(
         # ray.init in the main thread replaces the SIGTERM handler with one that exits at once (status 1, run left
         # recorded as completed); the caller's handler (ctpipe run: stop as for Ctrl-C, exit 130) stays
         on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+        auth_env = _own_token()
         init()
+        if outcome["error"] is not None:
+            _restore(auth_env)
         if on_term is not None:
             signal.signal(signal.SIGTERM, on_term)
     else:  # joining: bounded, since Ray retries a connection that opens but never answers for minutes
@@ -376,4 +443,4 @@ def connect(
             fix = f"check the address, the token and that this machine runs the cluster's Ray and Python versions ({_SCALE_OUT})"
         raise ClusterError(f"cannot join {where}: {text}", where="runner.ray_address", fix=fix) from err
     log.info("joined %s", where, extra={"event": "ray_connected"})
-    return RaySession(address=target or "local", owned=True)
+    return RaySession(address=target or "local", owned=True, auth_env=auth_env)
