@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from . import devices
+
 
 class NumberIn:
     """An argparse ``type`` reading ``kind`` (int or float) within ``lo..hi`` (either end open when ``None``).
@@ -45,13 +47,14 @@ def number_in(kind: type[int] | type[float], lo: float | None = None, hi: float 
 
 
 def device_name(text: str) -> str:
-    """An argparse ``type`` for a one-process command's ``--device``: ``auto``, ``cpu``, ``gpu``, ``cuda`` or
-    ``cuda:N`` (any case), as :func:`~pipeline.load.base.resolve_device` reads it; else the error naming the value and
-    the ones allowed. Whether torch sees that GPU is checked when the command runs (exit status 1 there)."""
-    name = text.strip().lower()
-    if name in ("auto", "cpu", "gpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
-        return name
-    raise argparse.ArgumentTypeError(f"unknown device {text!r}; allowed: auto, cpu, cuda or cuda:N (N a GPU number, e.g. cuda:0)")
+    """An argparse ``type`` for a one-process command's ``--device``: one of :data:`~pipeline.devices.DEVICE_WORDS` or
+    ``cuda:N`` (any case), as the name torch reads (:func:`pipeline.devices.device_name`: ``gpu`` is ``cuda``); else
+    the error naming the value and the ones allowed. Whether torch sees that GPU is checked when the command runs
+    (exit status 1 there)."""
+    name = devices.device_name(text)
+    if name is None:
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; allowed: {devices.allowed_devices()}")
+    return name
 
 
 #: The help of ``--keep-identifiers`` of ``ctpipe detect`` and ``ctpipe reconstruct`` (:func:`add_keep_identifiers`).

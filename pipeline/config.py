@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import devices
 from .config_schema import ALIASES, SCHEMA, Option, defaults
 from .errors import ConfigError, PacsAddressError, missing_path_fix, require_path
 from .pacs.address import check_aet, parse_destination, redact
@@ -89,7 +90,7 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
         if k == "path":
             _check_home(value, path, source)
         if path == "runner.device":
-            _check_device(value, path, source)
+            value = _check_device(value, path, source)
         if path == "runner.ray_address":
             _check_ray_address(value, path, source)
         if path == "pacs.ae_title":
@@ -117,30 +118,32 @@ def _check_home(value: str, path: str, source: str) -> None:
     )
 
 
-def _check_device(value: str, path: str, source: str) -> None:
-    """``auto``, ``cpu``, ``cuda`` or ``cuda:N[,M...]``: GPU numbers, each once (one model worker per GPU)."""
-    ok = value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].replace(",", "").isdigit())
-    if not ok:
+def _check_device(text: str, path: str, source: str) -> str:
+    """The device name of ``text`` as the runner reads it (:func:`pipeline.devices.device_name`: ``gpu`` is ``cuda``,
+    lower case): ``auto``, ``cpu``, ``cuda`` or ``cuda:N[,M...]``: GPU numbers, each once (one model worker per GPU)."""
+    value = devices.device_name(text, several=True)
+    if value is None:
         raise ConfigError(
-            f"{path} = {value!r} is not allowed; allowed: auto, cpu, cuda (every GPU) or cuda:N[,M...]",
+            f"{path} = {text!r} is not allowed; allowed: {devices.allowed_devices(several=True)}",
             where=source,
-            fix="pick a device torch knows, e.g. cuda:0",
+            fix="pick one of these, e.g. auto or cuda:0",
         )
     if value.startswith("cuda:"):
         ids = value[5:].split(",")
         if "" in ids:
             raise ConfigError(
-                f"{path} = {value!r} has an empty GPU number between its commas",
+                f"{path} = {text!r} has an empty GPU number between its commas",
                 where=source,
                 fix="list the GPU numbers with one comma between each, e.g. cuda:0,1",
             )
         twice = sorted({int(i) for i in ids if [int(j) for j in ids].count(int(i)) > 1})
         if twice:
             raise ConfigError(
-                f"{path} = {value!r} names GPU {', '.join(map(str, twice))} twice: each GPU gets one model worker",
+                f"{path} = {text!r} names GPU {', '.join(map(str, twice))} twice: each GPU gets one model worker",
                 where=source,
                 fix=f"name each GPU once, e.g. cuda:{','.join(dict.fromkeys(str(int(i)) for i in ids))}",
             )
+    return value
 
 
 def _check_textfile_name(value: str, path: str, source: str) -> None:

@@ -13,6 +13,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from .devices import allowed_devices
 from .dicom_out.kinds import OUTPUTS as DICOM_OUTPUTS
 from .reconstruction.organs import ORGANS
 
@@ -172,7 +173,7 @@ SCHEMA: dict[str, dict[str, Option]] = {
             lo=0,
             hi=256,
         ),
-        "device": Option("auto", "str", "", "model device: auto, cpu, cuda (every GPU) or cuda:N"),
+        "device": Option("auto", "str", "", "model device: " + allowed_devices(several=True)),
         "queue_depth": Option(2, "int", "cases", "model inputs queued per model worker ahead of the one it runs", lo=1, hi=64),
         "max_in_flight": Option(
             0, "int", "cases", "cases admitted at once; 0 = 2 x (workers + model workers) + 2", lo=0, hi=4096

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import add_keep_identifiers, device_name, number_in
+from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 from .evaluate import READINGS
 
@@ -76,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=device_name,
         default=None,
         metavar="DEV",
-        help="auto, cpu, cuda or cuda:N (default auto: cuda when available, else cpu)",
+        help=f"{allowed_devices()} (default auto)",
     )
     p.add_argument(
         "--fp32",

@@ -442,8 +442,8 @@ def detect(
     :func:`~pipeline.detection.lungs.segmented_lung_region` finds. The search itself is always the detector's coarse
     threshold mask (the region its operating point was calibrated on). ``restrict_to_lungs=False`` searches and
     reports over the whole volume instead (no lung mask at all). ``bundle``: ``None`` for the embedded demo model, a
-    MONAI bundle folder or a ctpipe model JSON. ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or N (GPU N) (default CUDA when
-    present, else the CPU). ``case_id``: the case's name in the findings (``Findings.case_id``) and in logged
+    MONAI bundle folder or a ctpipe model JSON. ``device``: a device name of :mod:`pipeline.devices` (``"auto"``, ``"cpu"``, ``"gpu"``
+    or ``"cuda"``, ``"cuda:N"``) or N (GPU N) (default CUDA when present, else the CPU). ``case_id``: the case's name in the findings (``Findings.case_id``) and in logged
     warnings and errors (default none: they name the series UID).
 
     Raises :class:`~pipeline.errors.NotAVolumeError` for a ``volume`` that is not a :class:`CTVolume`,

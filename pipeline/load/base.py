@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import devices
 from ..cache import CacheEntry, CaseCache
 from ..errors import CacheError, CtpipeError, LoaderError
 from .geometry import InputGeometry, plan_input
@@ -45,26 +46,27 @@ class Job:
 
 
 def resolve_device(device: str | int, *, where: str = "loader device") -> str:
-    """``"auto"`` → ``"cuda"`` when torch sees a GPU, else ``"cpu"``; ``"gpu"`` is ``"cuda"``; a number N is
-    ``"cuda:N"``, as torch reads it; ``where`` names the setting in errors."""
+    """The torch device of a device name (:mod:`pipeline.devices`: ``auto``, ``cpu``, ``gpu``, ``cuda``, ``cuda:N``, in
+    any case) or a GPU number N: ``"auto"`` → ``"cuda"`` when torch sees a GPU, else ``"cpu"``; ``"gpu"`` is
+    ``"cuda"``; N is ``"cuda:N"``, as torch reads it; ``where`` names the setting in errors."""
     import torch
 
     number = isinstance(device, int) and not isinstance(device, bool) and device >= 0
-    dev = f"cuda:{device}" if number else str(device).lower()
+    dev = f"cuda:{device}" if number else devices.device_name(str(device))
+    if dev is None:
+        raise LoaderError(f"unknown device {device!r}", where=where, fix=f"use one of: {devices.allowed_devices()}")
     if dev == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if dev in ("gpu", "cuda") or dev.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            named = f"{device!r} ({dev})" if number else repr(device)
-            raise LoaderError(
-                f"device {named} was asked for but torch sees no CUDA GPU",
-                where=where,
-                fix="ask for cpu, or auto (the GPU where there is one, else the CPU)",
-            )
-        return "cuda" if dev == "gpu" else dev
     if dev == "cpu":
         return "cpu"
-    raise LoaderError(f"unknown device {device!r}", where=where, fix="use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    if not torch.cuda.is_available():
+        named = f"{device!r} ({dev})" if number else repr(device)
+        raise LoaderError(
+            f"device {named} was asked for but torch sees no CUDA GPU",
+            where=where,
+            fix="ask for cpu, or auto (the GPU where there is one, else the CPU)",
+        )
+    return dev
 
 
 def default_threads() -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..argtypes import number_in
+from ..devices import allowed_devices
 from ..runner.cli import set_item, stop_once
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def register(sub: Any) -> None:
         help="CPU worker processes, 0..256 (default: runner.workers of --config, CTPIPE_RUNNER_WORKERS or --set, else 0: "
         "every stage in this process); either way the workers and the model are started once for the listener's lifetime",
     )
-    p.add_argument("--device", metavar="DEV", help="model device: auto, cpu, cuda or cuda:N (runner.device; default auto)")
+    p.add_argument("--device", metavar="DEV", help=f"model device: {allowed_devices(several=True)} (runner.device; default auto)")
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
     p.add_argument(
         "--set", action="append", default=[], type=set_item, metavar="SECTION.KEY=VALUE", help="set any option (repeatable)"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import add_keep_identifiers, device_name, number_in
+from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 from ..errors import CtpipeError, DicomOutputError, UsageError
 from .organs import ORGANS
@@ -78,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=device_name,
         default=None,
         metavar="DEV",
-        help="auto, cpu, cuda or cuda:N (default auto: cuda when available, else cpu)",
+        help=f"{allowed_devices()} (default auto)",
     )
     p.add_argument("--no-render", action="store_true", help="skip the PNG renderings")
     p.add_argument("--series-uid", default=None, help="series to load when the DICOM folder holds several")

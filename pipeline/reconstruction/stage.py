@@ -204,8 +204,8 @@ def reconstruct(
         separated by commas (``"stl,glb"``).
     smoothing: Taubin smoothing iterations, 0..500 (0 = raw marching cubes).
     target_triangles: cap on triangles per organ, at least 100 (coarser surface extraction), None = full resolution.
-    device: torch device for segmentation: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or N (GPU N) ("cuda" when present by
-        default).
+    device: torch device for segmentation: a device name of :mod:`pipeline.devices` (``"auto"``, ``"cpu"``, ``"gpu"``
+        or ``"cuda"``, ``"cuda:N"``) or N (GPU N) ("cuda" when present by default).
     seg_bundle: a MONAI segmentation bundle folder whose labels replace or add organs (or the bundle
         :func:`~pipeline.reconstruction.bundle_seg.read_bundle` read). A bundle that cannot segment (its network fails
         to load or to run) or labels it cannot name are reported in ``errors`` and the classical organs stay.

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import number_in
+from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 
 
@@ -68,7 +69,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--device",
         metavar="DEV",
-        help="model device: auto, cpu, cuda (every GPU) or cuda:N[,M] (default: runner.device of the configuration, auto)",
+        help=f"model device: {allowed_devices(several=True)} (default: runner.device of the configuration, auto)",
     )
     p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
     p.add_argument(

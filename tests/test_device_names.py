@@ -1,0 +1,85 @@
+"""One vocabulary of device names: ctpipe detect and reconstruct, ctpipe run and listen, run_batch and the notebook
+API read the same names (``gpu`` as ``cuda``, any case) and each refusal lists them all."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.argtypes import device_name
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.errors import ConfigError, LoaderError
+from pipeline.load.base import resolve_device
+from tests._support.cli import cli_error as _err
+
+#: Each name every command reads, and the one torch and the runner read for it.
+NAMES = {"auto": "auto", "cpu": "cpu", "CPU": "cpu", "gpu": "cuda", "GPU": "cuda", "cuda": "cuda", " Cuda:1 ": "cuda:1"}
+
+
+@pytest.mark.parametrize("name", sorted(NAMES), ids=lambda name: f"name={name.strip()}")  # an id "gpu" is the gpu mark
+def test_every_command_reads_a_device_name_as_the_others_do(name, monkeypatch):
+    # was: ctpipe detect --device gpu ran on the GPU, ctpipe run --device gpu and run_batch(device="gpu") were refused
+    monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
+    assert device_name(name) == NAMES[name]  # ctpipe detect and reconstruct
+    assert load_config(overrides={"device": name}, environ={}).runner.device == NAMES[name]  # run, listen, run_batch
+    assert load_config(environ={"CTPIPE_RUNNER_DEVICE": name}).runner.device == NAMES[name]
+
+
+def _names_listed(text: str) -> bool:
+    return all(word in text for word in ("auto", "cpu", "gpu", "cuda", "cuda:N"))
+
+
+def test_every_refusal_of_a_device_lists_the_same_names(monkeypatch):
+    monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
+    with pytest.raises(argparse.ArgumentTypeError) as cli:
+        device_name("tpu")
+    with pytest.raises(ConfigError) as config:
+        load_config(overrides={"device": "tpu"}, environ={})
+    with pytest.raises(LoaderError) as api:
+        resolve_device("tpu", where="device")
+    for err in (cli, config, api):
+        assert "'tpu'" in str(err.value) and _names_listed(str(err.value)), str(err.value)
+
+
+class _Listener:
+    """Stands in for the C-STORE listener: keeps the configuration ``ctpipe listen`` built and serves nothing."""
+
+    seen: list[Any] = []
+
+    def __init__(self, run_dir: Path, cfg: Any, *, on_series: Any = None):
+        self.seen.append(cfg)
+        self.run_dir, self.port, self.allowed = run_dir, 0, ["X"]
+
+    def start(self) -> None:
+        pass
+
+    def serve_forever(self) -> None:
+        raise KeyboardInterrupt
+
+    def close(self) -> None:
+        pass
+
+
+def test_run_and_listen_take_gpu_from_the_command_line(tmp_path, monkeypatch, capsys):
+    import pipeline.pacs.listener
+
+    monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
+    monkeypatch.setattr(pipeline.pacs.listener, "Listener", _Listener)
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        _Listener.seen.clear()
+        assert main(["listen", "--out", str(tmp_path / "l"), "--allow", "X", "--device", "GPU"]) == 0
+        assert _Listener.seen[-1].runner.device == "cuda"
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    (tmp_path / "empty").mkdir()  # no series: no model to place, so the run ends whether or not a GPU is here
+    rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r"), "--device", "gpu")
+    assert rc == 0, err
+    assert "device: cuda  # from --device" in (tmp_path / "r" / "config.yaml").read_text()
+    rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r2"), "--device", "tpu")
+    assert rc == 2 and "--device: runner.device = 'tpu' is not allowed" in err and _names_listed(err), err
