@@ -205,3 +205,12 @@ def test_listen_says_what_it_does_in_the_commands_own_terms():
     text = " ".join(_commands()["listen"].format_help().split())
     assert "crash-safe runner" not in text and "handed to the runner" not in text
     assert "processes every complete series (quiet for pacs.quiet_period_s) as ctpipe run does" in text
+
+
+def test_readme_says_what_listen_does_in_the_terms_of_its_help():
+    # was: the README's PACS section said complete series "feed the crash-safe runner", a name of ctpipe's insides
+    from pathlib import Path
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert "crash-safe runner" not in readme and "handed to the runner" not in readme
+    assert "The listener processes every complete series as `ctpipe run` does" in readme
