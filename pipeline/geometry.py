@@ -32,11 +32,40 @@ LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 DIRECTION_TOL = 1e-4
 
 
+#: What a :class:`Geometry`'s 3-number fields hold, for the fix of an error in one.
+_VEC3_FIX = {
+    "spacing": "pass the voxel size as 3 numbers in mm along (i, j, k) (columns, rows, slices), e.g. (0.8, 0.8, 2.0)",
+    "origin": "pass the LPS position in mm of the centre of voxel (0, 0, 0) as 3 numbers (x, y, z), e.g. (-200.0, -180.0, -300.0)",
+}
+
+
 def _as_vec3(value: Sequence[float] | np.ndarray, name: str) -> tuple[float, float, float]:
-    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    """``value`` as 3 finite floats; :class:`GeometryError` naming ``name`` (``spacing`` or ``origin``) and the value."""
+    try:
+        arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        arr = np.empty(0)
     if arr.shape != (3,) or not np.all(np.isfinite(arr)):
-        raise GeometryError(f"{name} must be 3 finite numbers, got {value!r}")
+        raise GeometryError(f"{name} must be 3 finite numbers, got {value!r}", fix=_VEC3_FIX[name])
     return (float(arr[0]), float(arr[1]), float(arr[2]))
+
+
+def _shape3(shape: Any) -> tuple[int, int, int]:
+    """A grid's shape as 3 ints ``(nk, nj, ni)``, each at least 1; :class:`GeometryError` naming the value otherwise
+    (also for a size that is not a whole number, which ``int()`` would cut)."""
+    try:
+        values = list(shape)
+        sizes = tuple(int(s) for s in values)
+        whole = all(float(s) == n for s, n in zip(values, sizes))
+    except (TypeError, ValueError):
+        sizes, whole = (), False
+    if len(sizes) != 3 or not whole or min(sizes) < 1:
+        raise GeometryError(
+            f"shape must be 3 positive sizes (k, j, i), got {shape!r}",
+            fix="pass the array's shape, 3 whole numbers of at least 1 in [k, j, i] order (slices, rows, columns), "
+            "e.g. Geometry(shape=array.shape, ...) for an array indexed [k, j, i]",
+        )
+    return (sizes[0], sizes[1], sizes[2])
 
 
 def _spacing3(spacing: float | Sequence[float]) -> tuple[float, float, float]:
@@ -108,9 +137,7 @@ class Geometry:
     direction: np.ndarray = field(default_factory=lambda: np.eye(3))
 
     def __post_init__(self) -> None:
-        shape = tuple(int(s) for s in self.shape)
-        if len(shape) != 3 or min(shape) < 1:
-            raise GeometryError(f"shape must be 3 positive sizes (k, j, i), got {self.shape!r}")
+        shape = _shape3(self.shape)
         spacing = _as_vec3(self.spacing, "spacing")
         if min(spacing) <= 0:
             raise GeometryError(
@@ -119,7 +146,11 @@ class Geometry:
             )
         direction = np.asarray(self.direction, dtype=np.float64)
         if direction.size != 9 or not np.all(np.isfinite(direction)):
-            raise GeometryError(f"direction must be a 3x3 matrix, got {self.direction!r}")
+            raise GeometryError(
+                f"direction must be a 3x3 matrix, got {self.direction!r}",
+                fix="pass the direction cosines as a 3x3 matrix whose column c is the LPS direction of index axis c "
+                "(i, j, k), e.g. numpy.eye(3) for an axial grid",
+            )
         direction = direction.reshape(3, 3).copy()
         if not np.allclose(direction.T @ direction, np.eye(3), atol=DIRECTION_TOL):
             raise GeometryError(

@@ -71,6 +71,30 @@ def test_invalid_geometry_is_refused_with_the_value(kwargs, words):
         Geometry(**base)
 
 
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"shape": (0, 4, 4)}, "shape must be 3 positive sizes (k, j, i), got (0, 4, 4)"),
+        ({"shape": (4, 4)}, "shape must be 3 positive sizes (k, j, i), got (4, 4)"),
+        ({"shape": (4.5, 4, 4)}, "got (4.5, 4, 4)"),  # was: taken as 4 slices
+        ({"shape": None}, "got None"),  # was: a bare TypeError
+        ({"origin": (0, 0)}, "origin must be 3 finite numbers"),
+        ({"origin": ("a", 0, 0)}, "origin must be 3 finite numbers"),  # was: a bare ValueError
+        ({"direction": np.eye(2)}, "direction must be a 3x3 matrix"),
+    ],
+    ids=["empty", "2-D", "fraction", "none", "origin-2", "origin-text", "direction"],
+)
+def test_invalid_geometry_says_what_to_pass(kwargs, words):
+    # was: the shape, origin and direction errors said what was wrong, and not what to pass instead
+    base: dict = {"shape": (4, 4, 4), "spacing": (1, 1, 1), "origin": (0, 0, 0)}
+    base.update(kwargs)
+    with pytest.raises(GeometryError) as err:
+        Geometry(**base)
+    assert words in err.value.problem and err.value.fix, str(err.value)
+    if "shape" in kwargs:
+        assert "[k, j, i]" in err.value.fix and "shape=array.shape" in err.value.fix
+
+
 def test_array_shape_must_match_geometry():
     geom = Geometry(shape=(4, 4, 4), spacing=(1, 1, 1), origin=(0, 0, 0))
     with pytest.raises(GeometryError, match=r"differs from geometry shape"):
