@@ -60,6 +60,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -129,6 +130,14 @@ def _skipped_summary(sk: Any) -> dict[str, Any]:
     }
 
 
+def _left_folders(run_dirs: Sequence[Path]) -> dict[tuple[str, str], str]:
+    """(run folder, case id) → the command that adopts the case's folder, of the folders a run killed as it recorded
+    their case left in place in each of ``run_dirs`` (:func:`pipeline.pacs.left_unsent.left_cases`)."""
+    from ..pacs.left_unsent import left_cases
+
+    return {(str(d), c.case_id): c.fix(str(d)) for d in run_dirs for c in left_cases(d)}
+
+
 def summarize(
     run_dirs: Sequence[str | os.PathLike[str]],
     *,
@@ -159,7 +168,7 @@ def summarize(
     t = {k: pd.concat([x[k] for x in tables], ignore_index=True) for k in tables[0]}
     t["runs"]["status"] = run_status(t["runs"])
     t["cases"]["status"] = case_status(t["cases"], t["runs"])
-    t["cases"]["reason"] = unfinished_reasons(t["cases"], t["runs"], t["stages"])
+    t["cases"]["reason"] = unfinished_reasons(t["cases"], t["runs"], t["stages"], left=_left_folders(unique))
     state = run_state(t["runs"])
     t, copies = drop_copies(t)  # a copied run folder named beside its original: its runs and cases count once
     for c in copies:

@@ -248,11 +248,15 @@ def _checked(
     if why is None:
         return "adopt"
     if why == NOT_FOUND:
+        from ..pacs.left_unsent import adopting_command  # (that module reads this one's manifests)
+
         out.unchecked.append(row["case_id"])
         log.warning(
             "case %s: its folder, left by a run killed as it recorded the case, is not adopted: its series is not "
-            "among this run's sources, to be checked for files that landed meanwhile; a run over its source decides",
+            "among this run's sources, to be checked for files that landed meanwhile; a run over its source checks "
+            "it and adopts the folder: %s",
             row["case_id"],
+            adopting_command(store.db, row, str(run_dir)),
             extra={"event": "reconcile_unchecked", "case_id": row["case_id"]},
         )
         return "left"

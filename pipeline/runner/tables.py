@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -220,11 +221,16 @@ def case_status(cases: pd.DataFrame, runs: pd.DataFrame) -> pd.Series:
     return cases.status.mask(pd.Series(stopped, index=cases.index, dtype=bool), "interrupted")
 
 
-def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataFrame) -> pd.Series:
+def unfinished_reasons(
+    cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataFrame, *, left: Mapping[tuple[str, str], str] | None = None
+) -> pd.Series:
     """Each case's ``reason`` (index of ``cases``), with the unfinished cases that have none named: a case
     ``interrupted`` (:func:`case_status`) by the stage its run stopped at, a case ``pending`` that no run started by the
     latest run of its folder, a case ``running`` by its stage in the run in progress; each with what to do. A
-    recorded reason (a quarantine, a release) is kept. ``runs.status`` and ``cases.status`` as the report shows them."""
+    recorded reason (a quarantine, a release) is kept. ``runs.status`` and ``cases.status`` as the report shows them.
+    ``left``: (run folder, case id) → the command that adopts the case's folder, of the folders a run killed as it
+    recorded their case left in place (:func:`pipeline.pacs.left_unsent.left_cases`): such a case is named with it
+    (a later run whose sources did not hold its series left it as it is)."""
     import pandas as pd
 
     recorded = cases.reason if "reason" in cases else pd.Series(None, index=cases.index, dtype=object)
@@ -250,7 +256,8 @@ def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataF
     }
     fin = finishing_run(need, mine)
     again = "not quarantined: the same ctpipe run command analyses it (no --retry-failed needed)"
-    for i, d, k, n, status, run_id in zip(need.index, need.run_dir, need.case_key, need.attempts, need.status, fin):
+    rows = zip(need.index, need.run_dir, need.case_key, need.case_id, need.attempts, need.status, fin)
+    for i, d, k, cid, n, status, run_id in rows:
         key = (str(d), str(k), int(n) if pd.notna(n) else 0)
         stage, done_stage = at.get(key), last_ok.get(key)
         where = (
@@ -261,7 +268,10 @@ def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataF
             else " at work (before its first stage finished)"
         )
         last_id, last_status = latest.get(str(d), ("?", "?"))
-        if status == "interrupted":
+        adopt = (left or {}).get((str(d), str(cid)))
+        if adopt is not None and status != "running":
+            out[i] = _left_reason(str(cid), run_id, last_id, adopt)
+        elif status == "interrupted":
             out[i] = f"run {run_id} stopped while the case was{where}; {again}"
         elif status == "running":
             out[i] = f"at work{where} in run {run_id}, in progress"
@@ -275,6 +285,20 @@ def unfinished_reasons(cases: pd.DataFrame, runs: pd.DataFrame, stages: pd.DataF
                 "sources: moved or removed); ctpipe run with the folder that holds it analyses it"
             )
     return out
+
+
+def _left_reason(case_id: str, run_id: str, last_id: str, adopt: str) -> str:
+    """Why a case whose folder a run killed as it recorded the case left in place is unfinished, and the command
+    ``adopt`` that adopts the folder (a later run leaves it when its sources do not hold the case's series)."""
+    later = (
+        f"; the latest run, {last_id}, left it as it is: its series was not among that run's sources"
+        if last_id not in (run_id, "?")
+        else ""
+    )
+    return (
+        f"not quarantined: run {run_id} was stopped as it recorded the case, its results in place in cases/{case_id} "
+        f"but not recorded{later}; {adopt} checks its series in the source and adopts them (no --retry-failed needed)"
+    )
 
 
 def finishing_run(cases: pd.DataFrame, stages: pd.DataFrame) -> pd.Series:
