@@ -234,3 +234,19 @@ def test_a_restart_with_the_count_still_checked_keeps_the_hold(series, tmp_path)
         after = _note(run, uid)
         assert after.startswith("sender cut off") and f"5 of {len(files)}" in after, (before, after)
     assert "pacs.abort_count_check: none" in _note(run, uid), _note(run, uid)
+
+
+def test_the_restart_summary_counts_the_series_whose_hold_it_lifted(series, tmp_path, caplog):
+    """A series held short of its Images in Acquisition, the listener restarted with that count left out: the restart's
+    summary line counts it with what else the start did (was: only its INFO line said so, the summary nothing)."""
+    uid, files = series
+    run = tmp_path / "run"
+    with _listener(run, **_OPTS, **{"pacs.series_limit_s": 3600.0}) as lst:
+        assert _send(lst.port, _counted(files, ImagesInAcquisition=len(files))[:5], end="abort") == [0] * 5
+        assert "pacs.abort_count_check" in _held(run, uid)
+    opts = {**_OPTS, "pacs.series_limit_s": 3600.0, "pacs.abort_count_check": [SERIES]}
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **opts):
+        pass
+    summary = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "listen_recover"]
+    assert len(summary) == 1, summary
+    assert "1 series held short of a count released by the current pacs.abort_count_check" in summary[0], summary

@@ -72,6 +72,30 @@ from .spool import store_received
 
 log = logging.getLogger(__name__)
 
+
+def _say_restart(counts: dict[str, int]) -> None:
+    """The listener's one WARNING line of what its start found and did (``counts``: :meth:`ReceiveJournal.recover`'s,
+    ``released``: processed series' files removed, ``lifted``: held series :func:`recheck_held` released); none when
+    it did nothing."""
+    if not any(counts.values()):
+        return
+    log.warning(
+        "listener restart: %d instance file(s) never acknowledged removed (their senders send them again), "
+        "%d open series resumed, %d empty dropped, "
+        "%d series to hand to the runner again, %d leftover folder(s) or temporary file(s) removed, "
+        "%d processed series' files removed, %d series held short of a count released by the current "
+        "pacs.abort_count_check (processed once quiet)",
+        counts["unacknowledged"],
+        counts["reopened"],
+        counts["dropped"],
+        counts["handed"],
+        counts["orphans"],
+        counts["released"],
+        counts["lifted"],
+        extra={"event": "listen_recover"},
+    )
+
+
 #: The largest PDU the listener takes (bytes), told to each sender at association: one PDU holds a whole CT slice
 #: (512 × 512 × 2 bytes) instead of pynetdicom's default 16 382 bytes taking 32; with 256 × 256 slices
 #: the listener took 12 to 27 % more instances per second from dcmtk's ``storescu`` than with the default.
@@ -146,25 +170,17 @@ class Listener(AssociationEnds, Handover):
         self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
         counts = self.journal.recover()
         counts["released"] = self._release_processed()
-        if any(counts.values()):
-            log.warning(
-                "listener restart: %d instance file(s) never acknowledged removed (their senders send them again), "
-                "%d open series resumed, %d empty dropped, "
-                "%d series to hand to the runner again, %d leftover folder(s) or temporary file(s) removed, "
-                "%d processed series' files removed",
-                counts["unacknowledged"],
-                counts["reopened"],
-                counts["dropped"],
-                counts["handed"],
-                counts["orphans"],
-                counts["released"],
-                extra={"event": "listen_recover"},
+        counts["lifted"] = 0
+        try:
+            self.session = RunSession(
+                self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options
             )
-        self.session = RunSession(self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options)
-        # a folder whose results were made with other options or model files: refused now, not at every batch
-        check_run_folder(self.run_dir, self.session.config)
-        # series held short of a count under the setting of an earlier start: the current one decides
-        recheck_held(self.journal, self._ledger, cfg=self.cfg)
+            # a folder whose results were made with other options or model files: refused now, not at every batch
+            check_run_folder(self.run_dir, self.session.config)
+            # series held short of a count under the setting of an earlier start: the current one decides
+            counts["lifted"] = recheck_held(self.journal, self._ledger, cfg=self.cfg)
+        finally:  # what the restart did, also when the folder is refused
+            _say_restart(counts)
         ae = build_ae(self.cfg)
         ae.add_supported_context("1.2.840.10008.1.1")  # Verification (C-ECHO)
         for abstract, syntaxes in accepted_storage_contexts():
