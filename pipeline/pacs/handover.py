@@ -174,7 +174,7 @@ class Handover:
         path = self.run_dir / "pacs" / "incomplete" / f"{row['series_uid']}.g{row['generation']}.json"
         atomic_write_bytes(path, json.dumps(data, indent=1).encode())
         log.error(
-            "series %s did not complete within pacs.series_limit_s = %g s (%s); handed to the runner, which "
+            "series %s did not complete within pacs.series_limit_s = %g s (%s); processed as it is, which "
             "quarantines it (nothing of it is published); fix: send the series again from the modality or PACS",
             row["series_uid"],
             limit,

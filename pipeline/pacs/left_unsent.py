@@ -48,7 +48,7 @@ class LeftCase:
     def fix(self, run_dir: str) -> str:
         """The command that checks the case's series again and adopts its folder (or analyses the series whole)."""
         if self.via == "c-store":
-            return f"start ctpipe listen --out {run_dir} again (it hands the series it received to the runner again)"
+            return f"start ctpipe listen --out {run_dir} again (it processes the series it received again)"
         if self.remote and self.series_uid:
             retrieve = "&retrieve=get" if self.via == "c-get" else ""
             return f'ctpipe run "{self.remote}?series={self.series_uid}{retrieve}" --out {run_dir}'

@@ -82,7 +82,7 @@ def _say_restart(counts: dict[str, int]) -> None:
     log.warning(
         "listener restart: %d instance file(s) never acknowledged removed (their senders send them again), "
         "%d open series resumed, %d empty dropped, "
-        "%d series to hand to the runner again, %d leftover folder(s) or temporary file(s) removed, "
+        "%d series to process again, %d leftover folder(s) or temporary file(s) removed, "
         "%d processed series' files removed, %d series held short of a count released by the current "
         "pacs.abort_count_check (processed once quiet)",
         counts["unacknowledged"],
