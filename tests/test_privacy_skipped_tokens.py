@@ -2,7 +2,8 @@
 file is meant, not wherever another file of the same name is written (another series' ``IM0001.dcm``), and a name a
 scanner gives any file (``IM0001.dcm``, ``1.dcm``, a UID) is no token at all: it names nobody. A folder named by a
 token while it held skipped files only is named by the headers of its series once a series is found in it, as when
-that series is found first."""
+that series is found first; until then its token stands where that folder is meant (after its parent as a path shows
+it), not in another folder of that name."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pipeline.runner.redact import PathRedactor
 from tests._support.dicom import write_series
 
 FILE = r"<file:[0-9a-f]{6}>"
+FOLDER = r"<folder:[0-9a-f]{6}>"
 
 
 def _cut_short(path: Path, like: Path) -> Path:
@@ -90,4 +92,57 @@ def test_a_folder_token_stays_while_another_folder_of_that_name_holds_skipped_fi
     _record(r, first)
     _record(r, later)  # a series in inbox/DOE: other/DOE still holds skipped files only
     shown = r(f"{src}/other/DOE/report.txt")
-    assert re.fullmatch(rf"{re.escape(str(src))}/<folder:[0-9a-f]{{6}}>/<folder:[0-9a-f]{{6}}>/{FILE}\.txt", shown), shown
+    assert re.fullmatch(rf"{re.escape(str(src))}/{FOLDER}/{FOLDER}/{FILE}\.txt", shown), shown
+
+
+def test_a_folder_token_hides_no_other_folder_of_that_name_holding_a_series(tmp_path):
+    # was: src/ward/<folder:xxxxxx>/ct/... for a series of SMITH^JOHN filed under a folder DOE, because src/inbox/DOE
+    # held a note only
+    src = tmp_path / "src"
+    (src / "inbox" / "DOE").mkdir(parents=True)
+    (src / "inbox" / "DOE" / "notes.txt").write_text("not DICOM")
+    (slice_path, *_) = write_series(src / "ward" / "DOE" / "ct", n=3, series_uid="1.2.3.444")
+    r = PathRedactor()
+    _record(r, scan_directory([src], validate=False))
+
+    text = f"series {slice_path}; skipped {src}/inbox/DOE/notes.txt"
+    shown = r(text)
+    assert re.fullmatch(
+        rf"series {re.escape(str(slice_path))}; skipped {re.escape(str(src))}/{FOLDER}/{FOLDER}/{FILE}\.txt",
+        shown,
+    ), shown
+    assert r("ward/DOE/ct/IM0001.dcm, inbox/DOE/notes.txt") == f"ward/DOE/ct/IM0001.dcm, {r('inbox/DOE/notes.txt')}"
+    assert "/DOE/" not in r("inbox/DOE/notes.txt")  # a path relative to the source: after its parent as it is written
+    worker = PathRedactor.of(r.shared)
+    assert worker(text) == shown
+
+
+def test_a_folder_token_stands_after_its_parents_token(tmp_path):
+    # a text already redacted once (a worker's message the main process writes) shows the parent as its token
+    src = tmp_path / "src"
+    (src / "inbox" / "DOE").mkdir(parents=True)
+    (src / "inbox" / "DOE" / "notes.txt").write_text("not DICOM")
+    r = PathRedactor()
+    _record(r, scan_directory([src], validate=False))
+    once = r(f"{src}/inbox/DOE/notes.txt")
+    assert r(once) == once and "/DOE/" not in once, once
+    other = PathRedactor()  # another parent's token: not this folder's
+    (src / "misc" / "DOE").mkdir(parents=True)
+    (src / "misc" / "DOE" / "x.txt").write_text("not DICOM")
+    _record(other, scan_directory([src / "misc"], validate=False))
+    assert other(f"{src}/ward/DOE/ct") == f"{src}/ward/DOE/ct"
+
+
+def test_a_folder_below_a_relative_source_is_named_by_its_token_where_the_path_begins(tmp_path, monkeypatch):
+    # was: DOE/<file:xxxxxx>.txt for ctpipe ingest . run in the folder holding DOE/notes.txt
+    (tmp_path / "DOE").mkdir()
+    (tmp_path / "DOE" / "notes.txt").write_text("not DICOM")
+    monkeypatch.chdir(tmp_path)
+    scan = scan_directory(["."], validate=False)
+    (skipped,) = scan.skipped_files
+    r = PathRedactor()
+    _record(r, scan)
+    shown = r(f"skipped {skipped.path}: not DICOM; {tmp_path}/DOE/notes.txt")
+    assert re.fullmatch(rf"skipped {FOLDER}/{FILE}\.txt: not DICOM; {re.escape(str(tmp_path))}/{FOLDER}/{FILE}\.txt", shown), (
+        shown
+    )

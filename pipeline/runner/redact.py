@@ -20,8 +20,10 @@ its extension when that is a common one (:data:`KEPT_EXTENSIONS`; ``<file:xxxxxx
 its folder, or alone in a text; another folder's file of that name keeps its name), but for a name a scanner gives any
 file (``IM0001.dcm``, ``1.dcm``, a UID: :func:`pipeline.identifiers.generic_file_name`), which names nobody; and each
 folder of its path below the source that holds no file of a series found by a token ``<folder:xxxxxx>``, replaced in
-paths only (``inbox/DOE_JANE/notes.txt``), until a series is found in it, by :meth:`PathRedactor.add_skipped`. (A series
-description never holds one: :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
+paths only (``inbox/DOE_JANE/notes.txt``) where that folder is meant (after its parent as a path shows it: its name or
+its token; another folder of that name elsewhere keeps its name), until a series is found in it, by
+:meth:`PathRedactor.add_skipped`. (A series description never holds one:
+:attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ _NOT_FOLDER = r"(?![/\\]|\.\w)"
 _SEP_BEFORE, _SEP_AFTER = r"(?<=[/\\])", r"(?=[/\\])"
 # a skipped file's name where it stands alone: not inside a longer name, not after a folder
 _NO_FOLDER = r"(?<![\w.^\-/\\])"
+# a folder below a source given as ``.`` or ``/`` (no parent shown): where a path begins, alone or after a ``/`` or
+# ``./`` that follows no folder nor token
+_PATH_START = (
+    r"(?<![\w.^\-/\\>])",
+    r"(?<=[/\\])(?<![\w.^\-/\\>][/\\])",
+    r"(?<=\.[/\\])(?<![\w.^\-/\\>]\.[/\\])",
+)
 
 #: LogRecord attributes that are not the record's message or its ``extra`` fields: never rewritten.
 _RECORD_OWN = frozenset(logging.makeLogRecord({}).__dict__) - {"msg", "args"}
@@ -98,9 +107,10 @@ class PathRedactor:
         self._series_folders: set[PurePath] = set()  # the folders holding a file of a series found (and their parents)
         # where the tokens of skipped files' names and folders stand: a file name's key, the names of the folders
         # those files lie in ("" for none); a folder's key, the folders (real paths) it stands for while none of them
-        # holds a file of a series
+        # holds a file of a series, each with the names its parent is shown by in a path ("" for none: a folder below
+        # a source given as ".")
         self._file_folders: dict[str, set[str]] = {}
-        self._folder_paths: dict[str, set[str]] = {}
+        self._folder_paths: dict[str, dict[str, set[str]]] = {}
 
     @classmethod
     def of(cls, components: dict[str, str]) -> PathRedactor:
@@ -111,7 +121,7 @@ class PathRedactor:
         where = json.loads(tokens.pop(_WHERE, "{}"))
         r._tokens = tokens
         r._file_folders = {k: set(v) for k, v in where.get("files", {}).items()}
-        r._folder_paths = {k: set(v) for k, v in where.get("folders", {}).items()}
+        r._folder_paths = {k: {f: set(p) for f, p in v.items()} for k, v in where.get("folders", {}).items()}
         return r
 
     @property
@@ -121,7 +131,7 @@ class PathRedactor:
         batch of a listener's workers) read as they do here."""
         where = {
             "files": {k: sorted(v) for k, v in self._file_folders.items()},
-            "folders": {k: sorted(v) for k, v in self._folder_paths.items()},
+            "folders": {k: {f: sorted(p) for f, p in v.items()} for k, v in self._folder_paths.items()},
         }
         return {**self._tokens, _SECRET: self._secret, _WHERE: json.dumps(where)}
 
@@ -166,11 +176,14 @@ class PathRedactor:
             return
         real = {os.path.realpath(f) for f in folders}
         for key, paths in list(self._folder_paths.items()):
-            paths -= real
+            if not real & paths.keys():
+                continue
+            for f in real & paths.keys():
+                del paths[f]
+            self._pattern = None  # the token goes, or stands after fewer parents
             if not paths:
                 del self._folder_paths[key]
                 self._tokens.pop(key, None)
-                self._pattern = None
 
     def add_files(self, files: Iterable[str | os.PathLike[str]]) -> None:
         """Record the components of ``files``' paths that hold an identifier of any series recorded so far: files
@@ -243,18 +256,42 @@ class PathRedactor:
         if real in self._tokens or real in {os.path.realpath(f) for f in self._series_folders}:
             return False
         self._tokens[real] = f"<folder:{self._digest(PurePath(real).name)}>"
-        self._folder_paths[real] = {real}
+        self._folder_paths[real] = {real: set()}
         self._pattern = None
         return True
 
     def _add_folder(self, folder: PurePath) -> bool:
         """Record ``folder`` (a folder of a skipped file, holding no series) by its name, as :meth:`add_folder_name`
-        does, and where it lies, so that its token goes once a series is found in it (:meth:`_release_folders`)."""
+        does, and where it lies: its token stands after its parent as a path shows it (:meth:`_shown_parents`), not
+        in another folder of that name (``ward/DOE`` holding a series, named by its headers), and goes once a series
+        is found in it (:meth:`_release_folders`). Whether it was recorded now (its name, or its place)."""
         added = self.add_folder_name(folder.name)
         key = f"{os.sep}{folder.name}{os.sep}"
-        if key in self._tokens and (added or key in self._folder_paths):
-            self._folder_paths.setdefault(key, set()).add(os.path.realpath(folder))
-        return added
+        if key not in self._tokens or not (added or key in self._folder_paths):
+            return added
+        real = os.path.realpath(folder)
+        # the parent as the scan wrote it (a relative source: none for "."), made absolute, and with links resolved
+        parents = {folder.parent.name, PurePath(os.path.abspath(folder)).parent.name, PurePath(real).parent.name}
+        places = self._folder_paths.setdefault(key, {})
+        new = not parents <= places.get(real, set())
+        places.setdefault(real, set()).update(parents)
+        if new:
+            self._pattern = None
+        return added or new
+
+    def _shown_parents(self, key: str) -> list[str] | None:
+        """What a path shows before the folder of ``key`` (``/DOE/``) where that folder is meant: its parents' names
+        (:meth:`_add_folder`) and their tokens (a parent named by a folder's or a patient's token in a text redacted
+        once already), "" for a path that begins with the folder; None when where it lies is not known (a folder
+        name recorded alone: it stands wherever a path holds it)."""
+        places = self._folder_paths.get(key) if len(key) > 2 and key.startswith(os.sep) and key.endswith(os.sep) else None
+        names: set[str] = set().union(*places.values()) if places else set()
+        if not names:
+            return None
+        shown = {n for n in names if not n} | {
+            form for n in names if n for form in (n, f"<folder:{self._digest(n)}>", self.token(n))
+        }
+        return sorted(shown)
 
     def _folders_below_root(self, path: PurePath) -> list[PurePath]:
         """The folders of ``path`` below the longest root recorded that holds it (none when no root holds it) that
@@ -316,7 +353,7 @@ class PathRedactor:
             return text
         if self._pattern is None:
             names = sorted(self._tokens, key=lambda n: len(n.strip(os.sep)), reverse=True)
-            alternatives = [_alternative(n, self._file_folders.get(n)) for n in names]
+            alternatives = [_alternative(n, self._file_folders.get(n), self._shown_parents(n)) for n in names]
             self._pattern = re.compile("(?:" + "|".join(alternatives) + ")" + _AFTER)
         return self._pattern.sub(self._token_of, text)
 
@@ -327,14 +364,19 @@ class PathRedactor:
         return self._tokens.get(found) or self._tokens[f"{os.sep}{found}{os.sep}"]
 
 
-def _alternative(key: str, folders: set[str] | None = None) -> str:
-    """The regex of a recorded component ``key`` in a text: a folder's (``/name/``) between separators; a skipped
-    file's name (``folders``: the names of the folders it lies in, see :meth:`PathRedactor.add_file_name`) after one of
-    those folders or a folder's token, and, with a kept ending, where it stands alone; without them (a component
-    another process found), a file name without a kept ending (``/name``) after any folder; any other where it stands
-    alone (see the module)."""
+def _alternative(key: str, folders: set[str] | None = None, parents: list[str] | None = None) -> str:
+    """The regex of a recorded component ``key`` in a text: a folder's (``/name/``) before a separator, after one of
+    ``parents`` (what a path shows before it, see :meth:`PathRedactor._shown_parents`; "": where a path begins) and a
+    separator, or, where those are not known, after any separator; a skipped file's name (``folders``: the names of the
+    folders it lies in, see :meth:`PathRedactor.add_file_name`) after one of those folders or a folder's token, and,
+    with a kept ending, where it stands alone; without them (a component another process found), a file name without
+    a kept ending (``/name``) after any folder; any other where it stands alone (see the module)."""
     if len(key) > 2 and key.startswith(os.sep) and key.endswith(os.sep):
-        return _SEP_BEFORE + re.escape(key[1:-1]) + _SEP_AFTER
+        if parents is None:
+            return _SEP_BEFORE + re.escape(key[1:-1]) + _SEP_AFTER
+        before = [rf"(?<={re.escape(p)}[/\\])(?<![\w.^\-]{re.escape(p)}[/\\])" for p in parents if p]
+        before += list(_PATH_START) if "" in parents else []
+        return "(?:" + "|".join(before) + ")" + re.escape(key[1:-1]) + _SEP_AFTER
     if folders is not None:
         alone = not key.startswith(os.sep)  # the separator is part of a name without a kept ending: ``/report``
         sep = r"[/\\]" if alone else ""
