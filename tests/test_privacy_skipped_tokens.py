@@ -146,3 +146,33 @@ def test_a_folder_below_a_relative_source_is_named_by_its_token_where_the_path_b
     assert re.fullmatch(rf"skipped {FOLDER}/{FILE}\.txt: not DICOM; {re.escape(str(tmp_path))}/{FOLDER}/{FILE}\.txt", shown), (
         shown
     )
+
+
+def test_a_runs_log_names_a_folder_a_later_worklist_row_finds_a_series_in_by_its_name_throughout(
+    tmp_path, capsys, own_signals, monkeypatch
+):
+    # was: the first row's lines (inbox/DOE/notes.txt and the link inbox/DOE/ct skipped) kept inbox/<folder:xxxxxx>/
+    # in run.log and on the console, written before the second row found the series the link leads to in that folder
+    import pipeline.runner.batch as batch
+    from pipeline.cli import main
+
+    real = batch.build_stages
+    monkeypatch.setattr(batch, "build_stages", lambda cfg: [s for s in real(cfg) if s.name == "ingest"])
+    src, run = tmp_path / "src", tmp_path / "run"
+    write_series(src / "inbox" / "ward" / "ct", n=12, series_uid="1.2.3.445")
+    (src / "inbox" / "DOE").mkdir()
+    (src / "inbox" / "DOE" / "notes.txt").write_text("not DICOM")
+    write_series(tmp_path / "elsewhere" / "ct", n=12, series_uid="1.2.3.446")
+    (src / "inbox" / "DOE" / "ct").symlink_to(tmp_path / "elsewhere" / "ct", target_is_directory=True)
+    worklist = tmp_path / "worklist.csv"  # the link's folder named as its skip reason says: scan that folder directly
+    worklist.write_text(f"path\n{src / 'inbox'}\n{src / 'inbox' / 'DOE' / 'ct'}\n")
+    argv = ["run", str(worklist), "--out", str(run), "--workers", "0", "-v", "--no-dicom", "--set", "report.enabled=false"]
+    assert main(argv) == 0
+    cap = capsys.readouterr()
+
+    log = (run / "run.log").read_text()
+    lines = [ln for ln in log.splitlines() if f"{src}/inbox/" in ln]
+    assert any('"case_id": "1.2.3.446"' in ln and f"{src}/inbox/DOE/" in ln for ln in lines), log  # the second row's
+    assert len([ln for ln in lines if "skipped file" in ln and f"{src}/inbox/DOE/" in ln]) == 2, log  # the first row's
+    assert [ln for ln in lines if f"{src}/inbox/<folder:" in ln] == [], log
+    assert f"{src}/inbox/<folder:" not in cap.out + cap.err and f"{src}/inbox/DOE/" in cap.out + cap.err

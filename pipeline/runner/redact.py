@@ -489,7 +489,8 @@ class RedactFilter(logging.Filter):
 
 
 class _Hold(logging.Filter):
-    """Keeps the records a handler gets, instead of letting it write them (see :func:`held_back`)."""
+    """Keeps the records a handler gets, instead of letting it write them (see :func:`held_back`): the handler's first
+    filter, so that its other filters (:class:`RedactFilter`) see a record only when it is written."""
 
     def __init__(self, handler: logging.Handler) -> None:
         super().__init__()
@@ -497,6 +498,11 @@ class _Hold(logging.Filter):
         self.records: list[logging.LogRecord] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.args:  # its text as it is now (the arguments may change before it is written), not redacted yet
+            try:
+                record.msg, record.args = record.getMessage(), None
+            except (TypeError, ValueError):  # a bad format: the handler says so when it writes the record
+                pass
         self.records.append(record)
         return False
 
@@ -505,14 +511,15 @@ class _Hold(logging.Filter):
 def held_back() -> Iterator[None]:
     """While a run redacts: hold back the records logged in the block (a folder scan names the files it skips before
     their series' identifiers are read), then write them, redacted with what the block found (the redactor's
-    components as they are at its end), in their order."""
+    components as they are at its end: a folder's token that a series found later in the block dropped is not in
+    them), in their order. Nested, the outermost block writes them."""
     if _active is None:
         yield
         return
     loggers = (logging.getLogger(), logging.getLogger("pipeline"))
     holds = [_Hold(h) for lg in loggers for h in lg.handlers]
     for hold in holds:
-        hold.handler.addFilter(hold)
+        hold.handler.filters.insert(0, hold)  # before the redaction: a record is redacted when it is written
     try:
         yield
     finally:
