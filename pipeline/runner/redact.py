@@ -40,6 +40,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from ..identifiers import MATCHED, generic_file_name, holds, identifiers_of
+from .redact_archives import archive_identifiers
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +190,8 @@ class PathRedactor:
         """Record the components of ``files``' paths that hold an identifier of any series recorded so far: files
         that are not DICOM (a folder scan's skips), which hold no identifiers of their own (``MRN12345_report.pdf``
         beside the images or in another folder of the source). A ZIP or tar archive among them is recorded by the
-        identifiers of the DICOM files it holds (:func:`archive_identifiers`), also when no series of its patient
-        is among the sources (``DOE_JANE_MRN12345.zip``, an export not unpacked)."""
+        identifiers of the DICOM files it holds (:func:`.redact_archives.archive_identifiers`), also when no series of
+        its patient is among the sources (``DOE_JANE_MRN12345.zip``, an export not unpacked)."""
         files = list(files)
         for f in files:
             if ids := archive_identifiers(f):
@@ -396,51 +397,6 @@ def _broken_link_target(path: Path) -> str | None:
         return None if not path.is_symlink() or path.exists() else os.readlink(path)
     except OSError:
         return None
-
-
-#: The members of an archive read for the identifiers of its DICOM files (the first DICOM one among them decides).
-ARCHIVE_MEMBERS_READ = 32
-
-
-def archive_identifiers(path: str | os.PathLike[str]) -> set[str]:
-    """The identifiers (:func:`pipeline.identifiers.identifiers_of`) of the patient of the first DICOM file among the
-    first :data:`ARCHIVE_MEMBERS_READ` members of ``path`` when it is a ZIP or tar archive (compressed or not), read
-    from that member's header without unpacking anything; an empty set for any other file, an archive that cannot be
-    read or one without a DICOM file there."""
-    import tarfile
-    import zipfile
-
-    from pydicom import dcmread
-    from pydicom.errors import InvalidDicomError
-
-    from ..ingest.image import archive_kind
-
-    def of(stream: Any) -> set[str]:
-        try:
-            ds = dcmread(stream, stop_before_pixels=True, specific_tags=list(MATCHED))
-        except (InvalidDicomError, EOFError, ValueError, KeyError, OSError):
-            return set()
-        return identifiers_of((k, str(ds.get(k) or "")) for k in MATCHED)
-
-    kind = archive_kind(Path(path))
-    try:
-        if kind == "ZIP":
-            with zipfile.ZipFile(path) as zf:
-                for entry in [i for i in zf.infolist() if not i.is_dir()][:ARCHIVE_MEMBERS_READ]:
-                    with zf.open(entry) as member:
-                        if ids := of(member):
-                            return ids
-        elif kind == "tar":
-            with tarfile.open(path) as tf:
-                for n, tar_entry in enumerate(tf):
-                    if n >= ARCHIVE_MEMBERS_READ:
-                        break
-                    file = tf.extractfile(tar_entry) if tar_entry.isfile() else None
-                    if file is not None and (ids := of(file)):
-                        return ids
-    except (OSError, EOFError, RuntimeError, zipfile.BadZipFile, tarfile.TarError):  # RuntimeError: an encrypted ZIP
-        pass
-    return set()
 
 
 _active: PathRedactor | None = None
