@@ -377,7 +377,8 @@ def _alternative(key: str, folders: set[str] | None = None, parents: list[str] |
             return _SEP_BEFORE + re.escape(key[1:-1]) + _SEP_AFTER
         before = [rf"(?<={re.escape(p)}[/\\])(?<![\w.^\-]{re.escape(p)}[/\\])" for p in parents if p]
         before += list(_PATH_START) if "" in parents else []
-        return "(?:" + "|".join(before) + ")" + re.escape(key[1:-1]) + _SEP_AFTER
+        name = re.escape(key[1:-1])  # looked for first: most places in a text fail there, before the lookbehinds
+        return rf"(?={name}[/\\])(?:" + "|".join(before) + ")" + name
     if folders is not None:
         alone = not key.startswith(os.sep)  # the separator is part of a name without a kept ending: ``/report``
         sep = r"[/\\]" if alone else ""
