@@ -4,7 +4,6 @@ own default of runner.workers = 0 gives way to the config file, the environment 
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errors import ConfigError
+from tests._support.cli import ConfigOnlyListener
 
 BAD = {
     "send_to": ["dimse://host:104", "ftp://pacs.example.org", "dimse://PACS@h:104?studydate=today"],
@@ -52,38 +52,19 @@ def test_a_bad_send_to_stops_ctpipe_run_before_any_retrieval(tmp_path, capsys):
     assert not (tmp_path / "r" / "pacs").exists()
 
 
-class _Listener:
-    """Records the configuration ``ctpipe listen`` built, then stops at once."""
-
-    seen: list[Any] = []
-
-    def __init__(self, run_dir: Path, cfg: Any, *, on_series: Any = None):
-        self.seen.append(cfg)
-        self.run_dir, self.port, self.allowed = run_dir, 0, ["X"]
-
-    def start(self) -> None:
-        pass
-
-    def serve_forever(self) -> None:
-        raise KeyboardInterrupt
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 def listen(tmp_path, monkeypatch, capsys):
     import pipeline.pacs.listener
 
-    monkeypatch.setattr(pipeline.pacs.listener, "Listener", _Listener)
+    monkeypatch.setattr(pipeline.pacs.listener, "Listener", ConfigOnlyListener)
     monkeypatch.delenv("CTPIPE_RUNNER_WORKERS", raising=False)
     term = signal.getsignal(signal.SIGTERM)
 
     def workers(*argv: str) -> int:
-        _Listener.seen.clear()
+        ConfigOnlyListener.seen.clear()
         assert main(["listen", "--out", str(tmp_path / "l"), "--allow", "X", *argv]) == 0
         capsys.readouterr()
-        return int(_Listener.seen[-1].runner.workers)
+        return int(ConfigOnlyListener.seen[-1].runner.workers)
 
     yield workers
     signal.signal(signal.SIGTERM, term)

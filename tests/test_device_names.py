@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,6 +13,7 @@ from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, LoaderError
 from pipeline.load.base import resolve_device
+from tests._support.cli import ConfigOnlyListener
 from tests._support.cli import cli_error as _err
 
 #: Each name every command reads, and the one torch and the runner read for it.
@@ -46,35 +45,16 @@ def test_every_refusal_of_a_device_lists_the_same_names(monkeypatch):
         assert "'tpu'" in str(err.value) and _names_listed(str(err.value)), str(err.value)
 
 
-class _Listener:
-    """Stands in for the C-STORE listener: keeps the configuration ``ctpipe listen`` built and serves nothing."""
-
-    seen: list[Any] = []
-
-    def __init__(self, run_dir: Path, cfg: Any, *, on_series: Any = None):
-        self.seen.append(cfg)
-        self.run_dir, self.port, self.allowed = run_dir, 0, ["X"]
-
-    def start(self) -> None:
-        pass
-
-    def serve_forever(self) -> None:
-        raise KeyboardInterrupt
-
-    def close(self) -> None:
-        pass
-
-
 def test_run_and_listen_take_gpu_from_the_command_line(tmp_path, monkeypatch, capsys):
     import pipeline.pacs.listener
 
     monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
-    monkeypatch.setattr(pipeline.pacs.listener, "Listener", _Listener)
+    monkeypatch.setattr(pipeline.pacs.listener, "Listener", ConfigOnlyListener)
     term = signal.getsignal(signal.SIGTERM)
     try:
-        _Listener.seen.clear()
+        ConfigOnlyListener.seen.clear()
         assert main(["listen", "--out", str(tmp_path / "l"), "--allow", "X", "--device", "GPU"]) == 0
-        assert _Listener.seen[-1].runner.device == "cuda"
+        assert ConfigOnlyListener.seen[-1].runner.device == "cuda"
     finally:
         signal.signal(signal.SIGTERM, term)
     (tmp_path / "empty").mkdir()  # no series: no model to place, so the run ends whether or not a GPU is here
