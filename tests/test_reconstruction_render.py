@@ -644,3 +644,25 @@ def test_each_lungs_sagittal_is_also_drawn_in_the_lung_window(tmp_path, monkeypa
         ax = figures[names.index(name)].axes[0]
         assert ax.get_title().startswith(f"sagittal through the {side} lung") and "lung window" in ax.get_title()
         assert ax.images[0].norm(-850.0) > 0.0  # the lung shown, not clipped to black
+
+
+def test_every_mpr_and_mip_title_states_its_window_width_and_level(tmp_path, monkeypatch):
+    """The MPR and MIP titles named their window ("lung window") without its width and level: a reader could not
+    tell which grey an HU value is drawn in, nor match a PNG to a viewer's preset. Each title now states the width
+    and level (HU) of the grey scale its image is drawn in, as the findings' PNGs do (``lung window W1500 L-600``)."""
+    from pipeline.reconstruction.render import render_nodule_views
+
+    figures = _saved_figures(monkeypatch)
+    geom = Geometry(shape=(30, 40, 60), spacing=(2.0, 2.0, 2.5), origin=(-60.0, -40.0, -37.5))
+    right = np.zeros(geom.shape, bool)
+    right[5:25, 8:32, 6:26] = True
+    left = np.zeros(geom.shape, bool)
+    left[5:25, 8:32, 35:55] = True
+    vol = CTVolume(np.where(right | left, -850.0, 40.0).astype(np.float32), geom)
+    paths = render_nodule_views(vol, {"lung_left": left, "lung_right": right}, tmp_path, stem="s")
+    assert any("_mip_" in p.name for p in paths) and any("_mpr_" in p.name for p in paths)
+    for path, fig in zip(paths, figures):
+        ax = fig.axes[0]
+        low, high = ax.images[0].get_clim()
+        stated = f"window W{high - low:.0f} L{(low + high) / 2:.0f}"
+        assert stated in ax.get_title().replace("\n", " "), (path.name, ax.get_title())

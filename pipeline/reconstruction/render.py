@@ -43,6 +43,7 @@ from .render_layout import (
     outline_mask,
     save_png,
     scale_bar,
+    window_note,
     wrap_title,
 )
 from .render_nodules import (
@@ -183,7 +184,7 @@ def render_mpr(
         pos = lo[fixed] + index * spacing[fixed]
         slices = source_slices(volume, index, index) if plane == "axial" else ""
         title = wrap_title(
-            f"{plane}{words} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window} window — "
+            f"{plane}{words} at {'xyz'[fixed]}={pos:.1f} mm (LPS){', ' + slices if slices else ''}{note}\n{window_note(*WINDOWS[window])} — "
             + ("patient's right on image left" if plane != "sagittal" else "patient's anterior on image left"),
             figure_width_px(w_mm, h_mm, margins_mm=margins),
         )
@@ -319,7 +320,7 @@ def render_mip(
         slices = source_slices(volume, a, b - 1)
         title = wrap_title(
             f"axial MIP {za:.1f}..{zb:.1f} mm (LPS z){', ' + slices if slices else ''}{resampled_note(volume)}\n"
-            "lung window — patient's right on image left",
+            f"{window_note(*LUNG_WINDOW)} — patient's right on image left",
             figure_width_px(w_mm, h_mm),
         )
         fig, ax, ncol = image_figure(w_mm, h_mm, legend=legend or None, title_lines=title.count("\n") + 1)

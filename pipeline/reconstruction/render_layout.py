@@ -31,6 +31,13 @@ SOFT_WINDOW = (-160.0, 240.0)  # W 400 / L 40
 WINDOWS = {"soft-tissue": SOFT_WINDOW, "lung": LUNG_WINDOW}  # the MPRs' windows, by the name their titles give
 
 
+def window_note(low: float, high: float) -> str:
+    """The display window (``low``, ``high``: the HU shown black and white) as a reader states it, width and level in
+    HU, named when it is one of :data:`WINDOWS`: ``lung window W1500 L-600``, ``window W600 L-200``."""
+    name = next((f"{n} " for n, w in WINDOWS.items() if np.allclose(w, (low, high))), "")
+    return f"{name}window W{high - low:.0f} L{(low + high) / 2:.0f}"
+
+
 #: Pixels above each MPR and MIP image for its title (two lines), and the least width of those PNGs, so that a narrow
 #: image (the coronal plane of a long scan) still holds its title, letters and legend.
 TITLE_PX = 50
