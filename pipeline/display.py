@@ -27,7 +27,7 @@ from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import organ_colours, organ_label
-from .reconstruction.render_layout import outline_halo
+from .reconstruction.render_layout import outline_halo, window_note
 from .reconstruction.render_planes import (
     OBLIQUE_DEG,
     OUTSIDE_SCAN,
@@ -42,9 +42,16 @@ from .volume import CTVolume, Geometry, LabelMap, require_volume
 
 log = logging.getLogger(__name__)
 
-#: Orientation letters of the axial view and where they sit (axes fraction x, y): the patient's right on the
-#: image's left, left on its right, anterior at the top, posterior at the bottom.
-EDGE_LETTERS = (("R", 0.025, 0.5), ("L", 0.975, 0.5), ("A", 0.5, 0.975), ("P", 0.5, 0.025))
+#: Orientation letters of the axial view beside the image's sides (axes fraction x, y): the patient's right in the
+#: margin left of the image, left in the margin on its right.
+EDGE_LETTERS = (("R", 0.025, 0.5), ("L", 0.975, 0.5))
+#: Anterior above the image and posterior below it, each :data:`LETTER_GAP_PT` points off its edge: on no anatomy,
+#: where the body fills the field of view to its upper or lower edge.
+TOP_BOTTOM_LETTERS = (("A", True), ("P", False))
+LETTER_FONTSIZE = 9  # points, the orientation letters
+LETTER_GAP_PT = 3.0  # points between the image's edge and the A or P letter's box
+#: Points the title is raised and the legend lowered by, to make room for the A and P letters.
+LETTER_ROOM_PT = LETTER_FONTSIZE + 2 * LETTER_GAP_PT + 4.0
 _LETTER_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
 
 
@@ -320,7 +327,9 @@ def show(
         neither, the plane of the highest-scoring finding, else the middle plane. Both need an axial series.
     ax: the matplotlib Axes to draw in, one of them (default a new 6 × 6 inch figure).
     window: HU range shown, (lowest, highest) (default lung window, W 1500 / L -600: (-1350, 150)).
-    Returns the matplotlib Axes; its title names the slice (``InstanceNumber 63 (k=62)``) and the series.
+    Returns the matplotlib Axes; its title names the slice (``InstanceNumber 63 (k=62)``) and the series, and below
+    them the window (``lung window W1500 L-600``); the letters R and L lie in the margins beside the image, A above it
+    and P below it, on none of it.
     Raises ValueError for a ``window`` that is not two numbers, lowest first; TypeError for a ``slice`` or ``k`` that
     is not a whole number, a ``recon`` of another kind and an ``ax`` that is not one Axes;
     :class:`~pipeline.errors.ReconstructionError` for a finding without a usable centre and size (as
@@ -409,14 +418,36 @@ def show(
             score = f"{stated_score(row.score):.3f}"
             ha = "right" if left else "left"
             ax.text(edge, y_text, score, color="#ff3030", fontsize=8, ha=ha, va="center", path_effects=outline_halo(0.0))
-    for letter, fx, fy in EDGE_LETTERS:
-        ax.text(fx, fy, letter, transform=ax.transAxes, color="yellow", fontsize=9, ha="center", va="center", bbox=_LETTER_BOX)
-    ax.set_title(_title(volume, z, k_here, drawn, len(rows), where=where), fontsize=9)
+    _orientation_letters(ax, n_rows, n_cols)
+    title = _title(volume, z, k_here, drawn, len(rows), where=where) + f"\n{window_note(low, high)}"
+    ax.set_title(title, fontsize=9, pad=6.0 + LETTER_ROOM_PT)  # above the A letter
     ax.set_axis_off()
     if outlined or painted:  # the outlines drawn on this plane, each named, and the wedge painted; none: no legend
-        entries = outlined + painted  # below the image, on none of it
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(entries, 3), fontsize=7, frameon=False)
+        entries = outlined + painted  # below the image and its P letter, on none of it
+        pad = (LETTER_ROOM_PT + 3.0) / 7  # legend font sizes
+        ax.legend(
+            loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(entries, 3), fontsize=7, frameon=False, borderaxespad=pad
+        )
     return ax
+
+
+def _orientation_letters(ax: Any, n_rows: int, n_cols: int) -> None:
+    """R and L in the margins beside the image (``n_rows`` x ``n_cols`` pixels, drawn ``[row, column]``, row 0 at the
+    top), A above and P below it (:data:`TOP_BOTTOM_LETTERS`), none on the image."""
+    style = {"color": "yellow", "fontsize": LETTER_FONTSIZE, "ha": "center", "bbox": _LETTER_BOX}
+    for letter, fx, fy in EDGE_LETTERS:
+        ax.text(fx, fy, letter, transform=ax.transAxes, va="center", **style)
+    middle = (n_cols - 1) / 2
+    for letter, top in TOP_BOTTOM_LETTERS:
+        ax.annotate(
+            letter,
+            xy=(middle, -0.5 if top else n_rows - 0.5),  # the middle of the image's upper or lower edge
+            xytext=(0.0, LETTER_GAP_PT + 1.0 if top else -(LETTER_GAP_PT + 1.0)),  # the box's pad beyond the gap
+            textcoords="offset points",
+            va="bottom" if top else "top",
+            annotation_clip=False,
+            **style,
+        )
 
 
 #: The margins beside ``show``'s image that hold the findings' scores, each a share of the image's width, and the
