@@ -189,19 +189,30 @@ def latency_figure(series: Sequence[tuple[str, Any]]) -> Any:
     """The latency histograms, one row per stage (``series``: label and latencies in s; end to end first), on one
     shared seconds axis (:func:`shared_bins`): no stage's bars drawn over another's, whose blended colours would read
     as a third stage's."""
-    from matplotlib.ticker import MaxNLocator
-
     fig, axes = _subplots((8, 0.8 + 0.55 * len(series)), len(series), sharex=True, squeeze=False)
     edges = [float(e) for e in shared_bins([v for _, v in series])]
     for n, (ax, (label, values)) in enumerate(zip(axes[:, 0], series)):
-        ax.hist(values, bins=edges, color="#333333" if label == "end to end" else f"C{n % 10}")
+        counts, _, _ = ax.hist(values, bins=edges, color="#333333" if label == "end to end" else f"C{n % 10}")
         ax.set_ylabel(label, rotation=0, ha="right", va="center")
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=2))
-        ax.tick_params(axis="y", labelsize=7)
+        most = int(np.max(counts))  # the row's tallest bar: its own scale, each row's count written at its top
+        ax.set_yticks([0, most])
+        ax.set_ylim(0, most * 1.1)
+        ax.tick_params(axis="y", labelsize=LATENCY_TICK_PT)
+    axes[-1, 0].set_xlim(0.0, edges[-1])  # no seconds below 0
+    axes[-1, 0].tick_params(axis="x", labelsize=LATENCY_TICK_PT)
     axes[0, 0].set_title("Latency histogram, one row per stage (per bin: end to end: cases; stages: stage runs)")
-    axes[-1, 0].set_xlabel("seconds")
+    axes[-1, 0].set_xlabel(f"seconds (bins of {_seconds(edges[1] - edges[0])})")
     fig.tight_layout(h_pad=0.2)
     return fig
+
+
+#: Points of the latency histogram's tick labels: read at the size of the PNG on the report's page.
+LATENCY_TICK_PT = 9
+
+
+def _seconds(value: float) -> str:
+    """A bin's width (s) with the digits that tell it apart: ``3.4 s``, ``0.034 s``, ``120 s``."""
+    return f"{value:.2g} s" if value < 10 else f"{value:.0f} s"
 
 
 def gpu_lines(ax: Any, gpu: Any) -> None:
