@@ -56,3 +56,40 @@ def test_off_plane_nodules_are_marked_beside_the_image_not_over_the_lungs(tmp_pa
     assert magenta.sum() == 0, magenta.sum()
     everywhere = (png[..., 0] > 0.9) & (png[..., 1] < 0.45) & (png[..., 2] > 0.85)
     assert everywhere.sum() > 50  # the marks and letters beside the image
+
+
+def test_a_side_letter_moves_off_an_arrowhead_at_the_images_mid_height(tmp_path, monkeypatch):
+    """On the planning chest's axial overview a nodule off the plane at the image's mid-height had its arrowhead
+    drawn over the R (and on the COPDGene axial over the L): the side letter and the mark read as one. The letter now
+    lies at the height nearest the middle clear of every arrowhead in its band, still beside the image."""
+    from pipeline.reconstruction import render
+    from tests._support.shapes import lps_grids
+
+    figures: list = []
+    save = render.save_png
+    monkeypatch.setattr(render, "save_png", lambda fig, path: (figures.append(fig), save(fig, path))[1])
+    vol, masks, _ = _chest_with_nodules_off_the_axial(0)
+    x, y, z = lps_grids(vol.geometry)
+    labels = np.zeros(vol.geometry.shape, np.uint16)
+    middle_y = -1.0  # the axial image's rows run y -100..98 mm: its middle
+    labels[(x + 40.0) ** 2 + (y - middle_y) ** 2 + (z - 15.0) ** 2 <= 3.0**2] = 1  # the right lung, 15 mm above
+    labels[(x - 40.0) ** 2 + (y - middle_y - 4.0) ** 2 + (z + 20.0) ** 2 <= 3.0**2] = 2  # the left lung, 20 mm below
+    render.render_mpr(vol, masks, tmp_path, stem="o", nodules=labels, center_lps=np.zeros(3), planes=("axial",))
+    ax = figures[0].axes[0]
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    image = ax.images[0].get_window_extent(renderer)
+    heads = {
+        line.get_marker(): line.get_window_extent(renderer)
+        for line in ax.lines
+        if line.get_marker() in (">", "<") and len(line.get_xdata()) == 1
+    }
+    assert sorted(heads) == ["<", ">"], heads  # one arrowhead each side: > on the left, < on the right
+    letters = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text() in ("R", "L")}
+    for letter, head in (("R", heads[">"]), ("L", heads["<"])):
+        box = letters[letter]
+        assert not box.overlaps(head), (letter, box, head)
+        assert not box.overlaps(image), (letter, box, image)  # beside the image, in its band
+        assert image.y0 < box.y0 and box.y1 < image.y1, (letter, box, image)  # within the image's height
+    assert letters["R"].x1 <= image.x0 and letters["L"].x0 >= image.x1

@@ -209,7 +209,9 @@ def render_mpr(
             drawn.append(off_plane)
         if drawn:  # which outline is which organ: one row in the band below the image, hiding no anatomy
             legend_below(ax, drawn, ncol)
-        orientation_letters(ax, *letters, title, side_bands=True, margins_mm=margins)
+        ticks = [spot.mark for (_n, _sl, style, _t), spot in zip(marks, spots) if style == "tick"]
+        marks_y = ([t[1] for t in ticks if t[0] < 0], [t[1] for t in ticks if t[0] >= 0])  # arrowheads left, right
+        orientation_letters(ax, *letters, title, side_bands=True, margins_mm=margins, marks_y=marks_y)
         paths.append(save_png(fig, out / f"{stem}_mpr_{plane}{side}{suffix}.png"))
     return paths
 

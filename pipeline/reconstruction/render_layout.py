@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -248,11 +249,14 @@ def orientation_letters(
     side_bands: bool = False,
     margins_mm: tuple[float, float] = (0.0, 0.0),
     title_fontsize: float = TITLE_FONTSIZE,
+    marks_y: tuple[Sequence[float], Sequence[float]] = ((), ()),
 ) -> None:
     """The image's orientation letters at its left and right edges (with ``side_bands``, in the bands beside it that
     :func:`scale_bar` leaves, :data:`SIDE_BAND_PX`, between the image and the ``margins_mm`` beyond them), in the band
     above it (:data:`TOP_BAND_PX`) and at the foot of its
-    axes (the band below it), yellow on a dark box; ``title`` above (``title_fontsize`` points); the axes hidden."""
+    axes (the band below it), yellow on a dark box; ``title`` above (``title_fontsize`` points); the axes hidden.
+    ``marks_y``: the heights (image mm, ``y`` down) of the marks in the left and right bands (an off-plane nodule's
+    arrowhead): a side letter lies at the image's mid-height, or the height nearest it clear of those marks."""
     kw = {
         "color": "yellow",
         "fontsize": ORIENTATION_FONTSIZE,
@@ -265,8 +269,12 @@ def orientation_letters(
         x0, x1, y_bottom, y_top = ax.images[0].get_extent()
         side = {k: v for k, v in kw.items() if k != "transform"}
         x_lo, x_hi = x_lo + margins_mm[0], x_hi - margins_mm[1]
-        ax.text((x_lo + x0) / 2, (y_bottom + y_top) / 2, left, ha="center", va="center", **side)
-        ax.text((x1 + x_hi) / 2, (y_bottom + y_top) / 2, right, ha="center", va="center", **side)
+        mm_per_pt = (x_hi - x_lo + sum(margins_mm)) / ax.bbox.width * ax.figure.dpi / 72.0
+        clear = (0.8 * ORIENTATION_FONTSIZE + MARK_HALF_PT) * mm_per_pt  # the letter's half box and a mark's half
+        top_y, bottom_y = sorted((y_bottom, y_top))
+        for text, x, ys in ((left, (x_lo + x0) / 2, marks_y[0]), (right, (x1 + x_hi) / 2, marks_y[1])):
+            y = _clear_height((top_y + bottom_y) / 2, ys, clear=clear, lo=top_y + clear / 2, hi=bottom_y - clear / 2)
+            ax.text(x, y, text, ha="center", va="center", **side)
     else:
         ax.text(0.01, 0.5, left, ha="left", va="center", **kw)
         ax.text(0.99, 0.5, right, ha="right", va="center", **kw)
@@ -276,6 +284,20 @@ def orientation_letters(
     # place it, a third of a PNG's drawing time
     ax.set_title(title, color="white", fontsize=title_fontsize, y=1.0)
     ax.set_axis_off()
+
+
+#: Half the height (points) of a mark in a side letters' band (an off-plane nodule's arrowhead, 7 points) and a gap.
+MARK_HALF_PT = 4.5
+
+
+def _clear_height(middle: float, ys: Sequence[float], *, clear: float, lo: float, hi: float) -> float:
+    """The height nearest ``middle`` at least ``clear`` from each of ``ys`` (image mm), within ``lo``..``hi``;
+    ``middle`` where there is none."""
+    options = [middle, *(y + side * clear for y in ys for side in (-1.0, 1.0))]
+    for y in sorted(options, key=lambda y: abs(y - middle)):
+        if lo <= y <= hi and all(abs(y - m) >= clear - 1e-9 for m in ys):
+            return y
+    return middle
 
 
 def legend_below(ax, handles: list, ncol: int) -> None:
