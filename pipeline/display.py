@@ -27,7 +27,7 @@ from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import organ_colours, organ_label
-from .reconstruction.render_layout import outline_halo, window_note
+from .reconstruction.render_layout import SCALE_BAR_MM, outline_halo, window_note
 from .reconstruction.render_planes import (
     OBLIQUE_DEG,
     OUTSIDE_SCAN,
@@ -419,6 +419,7 @@ def show(
             ha = "right" if left else "left"
             ax.text(edge, y_text, score, color="#ff3030", fontsize=8, ha=ha, va="center", path_effects=outline_halo(0.0))
     _orientation_letters(ax, n_rows, n_cols)
+    _scale_bar(ax, n_rows, n_cols, sx)
     title = _title(volume, z, k_here, drawn, len(rows), where=where) + f"\n{window_note(low, high)}"
     ax.set_title(title, fontsize=9, pad=6.0 + LETTER_ROOM_PT)  # above the A letter
     ax.set_axis_off()
@@ -448,6 +449,33 @@ def _orientation_letters(ax: Any, n_rows: int, n_cols: int) -> None:
             annotation_clip=False,
             **style,
         )
+
+
+def _scale_bar(ax: Any, n_rows: int, n_cols: int, col_mm: float) -> None:
+    """A yellow bar under the image's lower left corner (``n_rows`` x ``n_cols`` pixels of ``col_mm`` mm), level with
+    the P letter, labelled with its length: the longest of
+    :data:`~pipeline.reconstruction.render_layout.SCALE_BAR_MM` up to an eighth of the image's width, as the MPRs'."""
+    from matplotlib.transforms import offset_copy
+
+    width_mm = n_cols * col_mm
+    length = next((mm for mm in SCALE_BAR_MM if mm <= width_mm / 8), SCALE_BAR_MM[-1])
+    x0, y = -0.5 + 0.03 * n_cols, n_rows - 0.5
+    below = offset_copy(ax.transData, fig=ax.figure, y=-(LETTER_GAP_PT + LETTER_FONTSIZE / 2 + 1.0), units="points")
+    ax.plot(
+        [x0, x0 + length / col_mm], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt", transform=below, clip_on=False
+    )
+    ax.annotate(
+        f"{length:.0f} mm",
+        xy=(x0 + length / col_mm, y),
+        xytext=(4.0, -(LETTER_GAP_PT + LETTER_FONTSIZE / 2 + 1.0)),
+        textcoords="offset points",
+        color="yellow",
+        fontsize=7,
+        ha="left",
+        va="center",
+        bbox=_LETTER_BOX,
+        annotation_clip=False,
+    )
 
 
 #: The margins beside ``show``'s image that hold the findings' scores, each a share of the image's width, and the

@@ -70,3 +70,25 @@ def test_the_title_states_the_window_the_image_is_drawn_in(window, note):
     ax = show(vol) if window is None else show(vol, window=window)
     assert note in ax.get_title()
     assert ax.images[0].get_clim() == ((-1350.0, 150.0) if window is None else window)
+
+
+def test_a_scale_bar_below_the_image_gives_its_length_in_mm():
+    """``show`` had no scale: a reader could not size a nodule or an airway by eye. A bar below the image, on none of
+    it, is as long as its label says (image columns times the column spacing, mm)."""
+    vol, masks = _filled_field()  # 64 columns of 0.8 mm: 51.2 mm wide, a 5 mm bar (an eighth or less)
+    ax = show(vol, recon=masks)
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    image = ax.images[0].get_window_extent(renderer)
+    (label,) = [t for t in ax.texts if t.get_text().endswith(" mm")]
+    (bar,) = [line for line in ax.lines if line.get_color() == "yellow"]
+    xs = bar.get_xdata()
+    assert label.get_text() == "5 mm"
+    assert abs((xs[1] - xs[0]) * 0.8 - 5.0) < 1e-9  # columns × mm per column
+    bar_box, label_box = bar.get_window_extent(renderer), label.get_window_extent(renderer)
+    for box in (bar_box, label_box):
+        assert box.y1 <= image.y0, (box, image)  # below the image
+        assert not box.overlaps(ax.get_legend().get_window_extent(renderer))
+    p_letter = next(t for t in ax.texts if t.get_text() == "P").get_window_extent(renderer)
+    assert not label_box.overlaps(p_letter) and not bar_box.overlaps(p_letter)
