@@ -287,3 +287,36 @@ def test_the_mip_slab_stays_centred_on_a_finding_at_the_series_end(where):
         top = int(mip[40, 40])
         lowest = top - n_slab + 1
         assert n_slab % 2 == 1 and (lowest + top) / 2 == k, (k, lowest, top)  # the finding's plane is the slab's middle
+
+
+def test_the_slice_and_mip_have_a_scale_bar_below_the_image(monkeypatch):
+    # was: no scale on the two large images: a nodule or the box could not be sized by eye against the anatomy
+    import matplotlib.figure
+
+    bars: list = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        for ax in fig.axes[:2]:  # the slice and the MIP
+            image = ax.images[0].get_window_extent(renderer)
+            lines = [line for line in ax.lines if line.get_color() == "yellow"]
+            labels = [t for t in ax.texts if t.get_text().endswith(" mm")]
+            bars.append((image, lines, labels, renderer, ax))
+        return real(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    vol = _volume_with_markers(DIRECTIONS["LPS"])
+    finding_png(vol, _finding_at_centre(vol, 5.0))
+    assert len(bars) == 2
+    col_mm = vol.geometry.spacing_lps()[0]
+    for image, lines, labels, renderer, ax in bars:
+        assert len(lines) == 1 and len(labels) == 1, ([t.get_text() for t in ax.texts], lines)
+        xs = lines[0].get_xdata()
+        assert abs((xs[1] - xs[0]) * col_mm - float(labels[0].get_text().split()[0])) < 1e-9  # as long as it says
+        for box in (lines[0].get_window_extent(renderer), labels[0].get_window_extent(renderer)):
+            assert box.y1 <= image.y0, (box, image)  # in the band below the image, on none of it
+        p_letter = next(t for t in ax.texts if t.get_text() == "P").get_window_extent(renderer)
+        assert not labels[0].get_window_extent(renderer).overlaps(p_letter)

@@ -194,6 +194,7 @@ def finding_png(
         fx, fy = pad_x / 2 / (cols + 2 * pad_x), pad_y / 2 / (rows + 2 * pad_y)  # the bands' middles (axes fractions)
         for x, y, letter in ((fx, 0.5, "R"), (1 - fx, 0.5, "L"), (0.5, 1 - fy, "A"), (0.5, fy, "P")):
             ax.text(x, y, letter, transform=ax.transAxes, color="yellow", fontsize=8, ha="center", va="center", bbox=_LABEL_BOX)
+        _scale_bar(ax, cols * sx, sx, y=rows - 0.5 + pad_y / 2, x0=-0.5 + 0.03 * cols)
         ax.set_title(title, fontsize=9, color="white")
         ax.set_axis_off()
     # the close-ups side by side in one axes (one axes draws far faster than three), each an image of its own on a
@@ -243,6 +244,28 @@ def finding_png(
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+def _scale_bar(ax, width_mm: float, col_mm: float, *, y: float, x0: float) -> None:
+    """A yellow bar from column ``x0`` at row ``y`` (image pixels of ``col_mm`` mm; the band below an image
+    ``width_mm`` wide, at its left, clear of the P in its middle), labelled with its length: the longest of
+    :data:`~pipeline.reconstruction.render_layout.SCALE_BAR_MM` up to an eighth of the width, as the MPRs'."""
+    from ..reconstruction.render_layout import SCALE_BAR_MM
+
+    length = next((mm for mm in SCALE_BAR_MM if mm <= width_mm / 8), SCALE_BAR_MM[-1])
+    x1 = x0 + length / col_mm
+    ax.plot([x0, x1], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt")
+    ax.annotate(
+        f"{length:.0f} mm",
+        xy=(x1, y),
+        xytext=(3.0, 0.0),
+        textcoords="offset points",
+        color="yellow",
+        fontsize=7,
+        ha="left",
+        va="center",
+        bbox=_LABEL_BOX,
+    )
 
 
 def warning_text_lines(warning: str | None) -> list[str]:
