@@ -83,6 +83,8 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
             raise bad()
         return list(dict.fromkeys(v.strip() for v in value))
+    if path == "runner.device" and not isinstance(value, (str, os.PathLike)):
+        value = _device_number(value, path, source)
     if k in ("str", "path"):
         if not isinstance(value, (str, os.PathLike)):
             raise bad()
@@ -116,6 +118,20 @@ def _check_home(value: str, path: str, source: str) -> None:
         where=source,
         fix=f"write the path in full: {path} = {expanded}",
     )
+
+
+def _device_number(value: Any, path: str, source: str) -> str:
+    """A GPU number given from Python or a file (``device=1``) as the name every other device option reads it
+    (:func:`pipeline.devices.gpu_number_name`: ``cuda:1``); anything else not text is refused with the device names."""
+    name = devices.gpu_number_name(value)
+    if name is None:
+        raise ConfigError(
+            f"{path} = {value!r} is not allowed; allowed: {devices.allowed_devices(several=True)}, or a GPU number "
+            f"(0 or more) from Python",
+            where=source,
+            fix="pick one of these, e.g. auto, cuda:0 or the GPU number 0",
+        )
+    return name
 
 
 def _check_device(text: str, path: str, source: str) -> str:

@@ -2,7 +2,8 @@
 
 ``auto`` (a GPU where torch sees one, else the CPU), ``cpu``, ``gpu`` or ``cuda`` (the same: CUDA; every GPU for the
 model workers of ``ctpipe run`` and ``ctpipe listen``, the current GPU for a one-process command) and ``cuda:N`` (GPU
-N), in any case. The batch runner also reads ``cuda:N,M...`` (one model worker on each GPU named).
+N), in any case. The batch runner also reads ``cuda:N,M...`` (one model worker on each GPU named). From Python a GPU
+number N (``device=1``, as torch reads it) is ``cuda:N`` in every function that takes a device.
 
 :func:`device_name` turns a name into the one torch and the runner read (``gpu`` → ``cuda``, lower case) and
 :func:`allowed_devices` lists the names, as each error and ``--help`` gives them. Whether torch sees the GPU named is
@@ -11,6 +12,8 @@ resolve_devices`).
 """
 
 from __future__ import annotations
+
+import numbers
 
 #: Names of a device, each its own meaning but ``gpu``, which is ``cuda``.
 DEVICE_WORDS = ("auto", "cpu", "gpu", "cuda")
@@ -22,6 +25,14 @@ def allowed_devices(*, several: bool = False) -> str:
     gpus = "every GPU" if several else "the GPU torch uses"
     numbered = "cuda:N[,M...] (GPU numbers, e.g. cuda:0 or cuda:0,1)" if several else "cuda:N (GPU N, e.g. cuda:0)"
     return f"auto (a GPU where torch sees one, else the CPU), cpu, gpu or cuda (the same: {gpus}), or {numbered}"
+
+
+def gpu_number_name(value: object) -> str | None:
+    """``cuda:N`` for a GPU number N given from Python (a non-negative integer, not a bool), as torch reads it; ``None``
+    for anything else (a name is read by :func:`device_name`)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0:
+        return f"cuda:{int(value)}"
+    return None
 
 
 def device_name(text: str, *, several: bool = False) -> str | None:

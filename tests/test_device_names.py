@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 
+import numpy as np
 import pytest
 
 from pipeline.argtypes import device_name
@@ -63,3 +64,21 @@ def test_run_and_listen_take_gpu_from_the_command_line(tmp_path, monkeypatch, ca
     assert "device: cuda  # from --device" in (tmp_path / "r" / "config.yaml").read_text()
     rc, err = _err(capsys, "run", str(tmp_path / "empty"), "--out", str(tmp_path / "r2"), "--device", "tpu")
     assert rc == 2 and "--device: runner.device = 'tpu' is not allowed" in err and _names_listed(err), err
+
+
+@pytest.mark.parametrize("number", [0, 1, np.int64(1)], ids=["0", "1", "numpy-1"])
+def test_a_gpu_number_from_python_is_that_gpu_for_run_batch_as_for_detect(number, monkeypatch):
+    # was: detect(vol, device=1) ran on cuda:1, run_batch(device=1) was refused as "allowed: a string"
+    monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert resolve_device(number, where="device") == f"cuda:{int(number)}"  # detect and reconstruct
+    assert load_config(overrides={"device": number}, environ={}).runner.device == f"cuda:{int(number)}"  # run_batch
+
+
+@pytest.mark.parametrize("value", [-1, True, 1.5, [0, 1]], ids=["negative", "bool", "float", "list"])
+def test_what_is_neither_a_device_name_nor_a_gpu_number_is_refused_with_the_names(value, monkeypatch):
+    monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides={"device": value}, environ={})
+    assert f"runner.device = {value!r} is not allowed" in str(err.value) and _names_listed(str(err.value))
+    assert "GPU number" in str(err.value) and err.value.fix

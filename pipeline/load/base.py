@@ -51,8 +51,8 @@ def resolve_device(device: str | int, *, where: str = "loader device") -> str:
     ``"cuda"``; N is ``"cuda:N"``, as torch reads it; ``where`` names the setting in errors."""
     import torch
 
-    number = isinstance(device, int) and not isinstance(device, bool) and device >= 0
-    dev = f"cuda:{device}" if number else devices.device_name(str(device))
+    number = devices.gpu_number_name(device) is not None
+    dev = devices.gpu_number_name(device) or devices.device_name(str(device))
     if dev is None:
         raise LoaderError(f"unknown device {device!r}", where=where, fix=f"use one of: {devices.allowed_devices()}")
     if dev == "auto":
