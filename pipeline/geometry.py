@@ -84,6 +84,32 @@ def _spacing3(spacing: float | Sequence[float]) -> tuple[float, float, float]:
     return (float(arr[0]), float(arr[1]), float(arr[2]))
 
 
+_DIRECTION_FIX = (
+    "pass the direction cosines as a 3x3 matrix whose column c is the LPS direction of index axis c (i, j, k), "
+    "e.g. numpy.eye(3) for an axial grid (or the 9 numbers of SimpleITK's GetDirection(), row by row)"
+)
+
+
+def _direction3x3(value: Any) -> np.ndarray:
+    """A grid's direction cosines as a writable 3x3 float array (from a 3x3 matrix or 9 numbers row by row);
+    :class:`GeometryError` naming the value and what to pass for anything else (text, a ragged or complex array, the
+    wrong number of entries, NaN or infinite entries). Orthonormality is checked by :class:`Geometry`."""
+    try:
+        raw = np.asarray(value)
+        if raw.dtype.kind in "USc":  # text, bytes, complex: no direction cosines, though numpy may convert them
+            raise TypeError(raw.dtype)
+        arr = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise GeometryError(f"direction must be a 3x3 matrix of numbers, got {described(value)}", fix=_DIRECTION_FIX) from None
+    if arr.size != 9:
+        raise GeometryError(f"direction must be a 3x3 matrix, got {described(value)}", fix=_DIRECTION_FIX)
+    if not np.all(np.isfinite(arr)):
+        raise GeometryError(
+            f"direction must be a 3x3 matrix of finite numbers, got {arr.reshape(3, 3).tolist()}", fix=_DIRECTION_FIX
+        )
+    return arr.reshape(3, 3).copy()
+
+
 def _points(values: np.ndarray | Sequence[float], what: str) -> np.ndarray:
     """``values`` as a float array whose last axis holds 3 coordinates; :class:`GeometryError` otherwise."""
     try:
@@ -144,14 +170,7 @@ class Geometry:
                 f"spacing must be > 0 mm on every axis, got {spacing}",
                 fix="check PixelSpacing and the slice positions of the series",
             )
-        direction = np.asarray(self.direction, dtype=np.float64)
-        if direction.size != 9 or not np.all(np.isfinite(direction)):
-            raise GeometryError(
-                f"direction must be a 3x3 matrix, got {self.direction!r}",
-                fix="pass the direction cosines as a 3x3 matrix whose column c is the LPS direction of index axis c "
-                "(i, j, k), e.g. numpy.eye(3) for an axial grid",
-            )
-        direction = direction.reshape(3, 3).copy()
+        direction = _direction3x3(self.direction)
         if not np.allclose(direction.T @ direction, np.eye(3), atol=DIRECTION_TOL):
             raise GeometryError(
                 f"direction cosines are not orthonormal: {direction.tolist()}",

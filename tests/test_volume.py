@@ -81,8 +81,28 @@ def test_invalid_geometry_is_refused_with_the_value(kwargs, words):
         ({"origin": (0, 0)}, "origin must be 3 finite numbers"),
         ({"origin": ("a", 0, 0)}, "origin must be 3 finite numbers"),  # was: a bare ValueError
         ({"direction": np.eye(2)}, "direction must be a 3x3 matrix"),
+        ({"direction": "abc"}, "direction must be a 3x3 matrix of numbers, got str 'abc'"),  # was: a bare ValueError
+        ({"direction": [1, 0, 0]}, "direction must be a 3x3 matrix, got list [1, 0, 0]"),
+        ({"direction": [[1, 0, 0], [0, 1]]}, "direction must be a 3x3 matrix of numbers"),  # was: a bare ValueError
+        ({"direction": {"i": (1, 0, 0)}}, "direction must be a 3x3 matrix of numbers, got dict"),  # was: a TypeError
+        ({"direction": np.eye(3) * 1j}, "dtype complex128"),  # was: a ComplexWarning, then all zeros "not orthonormal"
+        ({"direction": np.where(np.eye(3) > 0, np.nan, 0.0)}, "direction must be a 3x3 matrix of finite numbers"),
     ],
-    ids=["empty", "2-D", "fraction", "none", "origin-2", "origin-text", "direction"],
+    ids=[
+        "empty",
+        "2-D",
+        "fraction",
+        "none",
+        "origin-2",
+        "origin-text",
+        "direction",
+        "direction-text",
+        "direction-3",
+        "direction-ragged",
+        "direction-dict",
+        "direction-complex",
+        "direction-nan",
+    ],
 )
 def test_invalid_geometry_says_what_to_pass(kwargs, words):
     # was: the shape, origin and direction errors said what was wrong, and not what to pass instead
@@ -93,6 +113,8 @@ def test_invalid_geometry_says_what_to_pass(kwargs, words):
     assert words in err.value.problem and err.value.fix, str(err.value)
     if "shape" in kwargs:
         assert "[k, j, i]" in err.value.fix and "shape=array.shape" in err.value.fix
+    if "direction" in kwargs:
+        assert "3x3 matrix whose column c is the LPS direction of index axis c" in err.value.fix
 
 
 def test_array_shape_must_match_geometry():
