@@ -19,6 +19,7 @@ A grid is valid once constructed and immutable: :meth:`Geometry.resampled`, :met
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -392,6 +393,12 @@ class Geometry:
 
     def with_(self, **changes: Any) -> Geometry:
         """A copy with some fields replaced (validated again)."""
+        unknown = sorted(set(changes) - {"shape", "spacing", "origin", "direction"})
+        if unknown:
+            raise GeometryError(
+                f"Geometry has no field {', '.join(map(repr, unknown))}",
+                fix="replace one of shape, spacing, origin or direction, e.g. geometry.with_(spacing=(1.0, 1.0, 2.0))",
+            )
         values: dict[str, Any] = {
             "shape": self.shape,
             "spacing": self.spacing,
@@ -421,10 +428,15 @@ class Geometry:
     def binned(self, step_kji: Sequence[int]) -> Geometry:
         """The grid of blocks of ``step`` voxels along k, j, i (the last block of an axis may be partial): the spacing
         (mm) grows by the step and voxel 0 lies at the centre of the first block."""
-        steps = tuple(step_kji)
-        if len(steps) != 3 or any(int(s) != s for s in steps) or min(steps) < 1:
+        try:
+            steps = tuple(step_kji)
+            real = all(isinstance(s, numbers.Real) and not isinstance(s, bool) for s in steps)  # not text, not True
+            whole = len(steps) == 3 and real and all(float(s) == int(s) >= 1 for s in steps)
+        except (TypeError, ValueError, OverflowError):
+            whole = False
+        if not whole:
             raise GeometryError(
-                f"steps must be 3 whole numbers of voxels, 1 or more, along k, j, i; got {steps!r}",
+                f"steps must be 3 whole numbers of voxels, 1 or more, along k, j, i; got {described(step_kji)}",
                 fix="pass one step per array axis [k, j, i], e.g. (1, 2, 2)",
             )
         sk, sj, si = (int(s) for s in steps)

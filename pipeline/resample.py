@@ -25,15 +25,18 @@ def resample_array(
     dst: Geometry,
     *,
     order: Literal["linear", "nearest"] = "linear",
-    device: str | None = None,
+    device: str | int | None = None,
 ) -> np.ndarray:
     """Resample ``array`` from grid ``src`` to grid ``dst`` (same direction, any spacing/origin).
 
     Trilinear (``order="linear"``) or nearest-neighbour interpolation done
     separably along each axis with torch, on the GPU when one is present.
-    Samples outside ``src`` take the value of the nearest edge voxel.
+    Samples outside ``src`` take the value of the nearest edge voxel. ``device``: a name of
+    :mod:`pipeline.devices` (``auto``, ``cpu``, ``gpu``, ``cuda``, ``cuda:N``) or a GPU number; ``None`` is ``auto``.
     """
     import torch
+
+    from .load.base import resolve_device
 
     if not np.allclose(src.direction, dst.direction, atol=DIRECTION_TOL):
         raise GeometryError("resample_array needs grids with equal direction cosines")
@@ -43,7 +46,7 @@ def resample_array(
             where="order",
             fix="pass order='linear' (trilinear, for HU) or order='nearest' (for label maps and masks)",
         )
-    dev = torch.device(device or default_device())
+    dev = torch.device(default_device() if device is None else resolve_device(device, where="device"))
     # continuous source index of each destination voxel, per axis (i, j, k)
     offset = src.lps_to_index(dst.origin)
     ratio = np.asarray(dst.spacing) / np.asarray(src.spacing)

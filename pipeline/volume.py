@@ -331,10 +331,11 @@ class CTVolume(_SpatialArray):
         spacing: float | Sequence[float],
         *,
         order: Literal["linear", "nearest"] = "linear",
-        device: str | None = None,
+        device: str | int | None = None,
     ) -> CTVolume:
         """Resample to ``spacing`` in mm: (i, j, k), or one number for isotropic voxels (``resample(2)`` is
-        ``resample((2, 2, 2))``); trilinear by default, the grid's origin and direction (LPS) kept. See
+        ``resample((2, 2, 2))``); trilinear by default, the grid's origin and direction (LPS) kept; ``device`` as
+        :func:`~pipeline.detection.detect`'s (``None``: the GPU where torch sees one). See
         :func:`~pipeline.resample.resample_array`."""
         geom = self.geometry.resampled(spacing)
         out = resample_array(self.array, self.geometry, geom, order=order, device=device)
@@ -407,7 +408,7 @@ class LabelMap(_SpatialArray):
                 return self.array == value
         raise KeyError(f"no label named {name!r}; labels are {sorted(self.labels.values())}")
 
-    def resample(self, spacing: float | Sequence[float], *, device: str | None = None) -> LabelMap:
+    def resample(self, spacing: float | Sequence[float], *, device: str | int | None = None) -> LabelMap:
         """Nearest-neighbour resampling to ``spacing`` in mm: (i, j, k), or one number for isotropic voxels."""
         geom = self.geometry.resampled(spacing)
         out = resample_array(self.array, self.geometry, geom, order="nearest", device=device)

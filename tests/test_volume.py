@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from pipeline.errors import GeometryError
+from pipeline.errors import GeometryError, LoaderError
 from pipeline.volume import CTVolume, Geometry, LabelMap, resample_array
 
 
@@ -189,6 +189,10 @@ def test_crop_outside_the_grid_is_an_error():
         (lambda v: v.resample((0.0, 1.0, 1.0)), r"new spacing must be > 0 mm.*\(0\.0, 1\.0, 1\.0\)"),
         (lambda v: v.geometry.binned((1, 1)), r"steps must be 3 whole numbers.*\(1, 1\)"),
         (lambda v: v.geometry.binned((1, 0, 2)), r"steps must be 3 whole numbers.*1 or more.*\(1, 0, 2\)"),
+        (lambda v: v.geometry.binned(2), r"steps must be 3 whole numbers.*got int 2"),  # was: a bare TypeError
+        (lambda v: v.geometry.binned(("a", 1, 1)), r"steps must be 3 whole numbers.*'a'"),  # was: a bare ValueError
+        (lambda v: v.geometry.binned((float("inf"), 1, 1)), r"steps must be 3 whole numbers.*inf"),  # OverflowError
+        (lambda v: v.geometry.with_(spacings=(1, 1, 1)), r"Geometry has no field 'spacings'"),  # was: a TypeError
         (lambda v: v.resample((-1.0, 1.0, 1.0)), r"new spacing must be > 0 mm.*\(-1\.0, 1\.0, 1\.0\)"),
         (lambda v: v.resample((1.0, 2.0)), r"spacing must be one number or 3 numbers \(i, j, k\) in mm, got \(1\.0, 2\.0\)"),
         (lambda v: v.resample("2mm"), r"spacing must be one number or 3 numbers.*got '2mm'"),
@@ -202,6 +206,27 @@ def test_wrong_corners_spacings_and_points_are_refused_with_the_value(call, word
     with pytest.raises(GeometryError, match=words) as err:
         call(_volume())
     assert err.value.fix
+
+
+@pytest.mark.parametrize("device", ["tpu", -1, "cuda:x"])
+def test_resample_refuses_an_unknown_device_with_the_device_names(device):
+    # was: torch's own RuntimeError ("Expected one of cpu, cuda, ipu, xpu, ...") from deep inside resample_array
+    vol = _volume()
+    labels = LabelMap((vol.array > 0).astype(np.uint8), vol.geometry, labels={1: "x"})
+    for call in (lambda: vol.resample(2, device=device), lambda: labels.resample(2, device=device)):
+        with pytest.raises(LoaderError) as err:
+            call()
+        assert f"unknown device {device!r}" in str(err.value) and "cuda:N" in str(err.value) and err.value.fix
+
+
+def test_resample_reads_the_device_names_detect_reads(monkeypatch):
+    # was: device="CPU" and device="auto" were torch's errors, though detect and reconstruct read them
+    vol = _volume()
+    for name in ("CPU", "auto", " cpu "):
+        assert np.array_equal(vol.resample(2, device=name).array, vol.resample(2, device="cpu").array)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(LoaderError, match=r"device 1 \(cuda:1\) was asked for but torch sees no CUDA GPU"):
+        vol.resample(2, device=1)
 
 
 def test_one_number_resamples_to_isotropic_voxels_like_monai_and_torchio():
