@@ -17,6 +17,7 @@ and what is allowed.
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 import re
 from collections.abc import Mapping
@@ -51,12 +52,13 @@ def _check(path: str, opt: Option, value: Any, source: str) -> Any:
             return value
         raise bad()
     if k == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise bad()
+        value = int(value)  # numpy.int64(4), from a notebook's arithmetic: a plain int, as the saved config.yaml holds it
     elif k == "float":
         if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
             value = float(value)  # 1e3, 2E-2: numbers that YAML 1.1 (PyYAML) leaves as strings
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise bad()
         value = float(value)
         if value != value:  # NaN

@@ -25,6 +25,8 @@ from pipeline.errors import (
 )
 from pipeline.ingest import load_series
 from pipeline.reconstruction import reconstruct
+from pipeline.runner.run_config import effective_config
+from pipeline.runner.stage import Stage
 from pipeline.volume import CTVolume, Geometry
 
 _TINY = CTVolume(np.full((4, 4, 4), -1000, np.int16), Geometry(shape=(4, 4, 4), spacing=(1, 1, 1), origin=(0, 0, 0)))
@@ -186,6 +188,32 @@ def test_a_folder_argument_that_is_not_a_path_is_named(call, error, start):
     with pytest.raises(error) as err:
         call()
     assert _text(err).startswith(start)
+
+
+@pytest.mark.parametrize(
+    ("stages", "words"),
+    [
+        (["ingest", "detect"], "stages: must be a list of Stage objects, one is str 'ingest'"),
+        ("detect", "stages: must be a list of Stage objects, got str 'detect'"),
+        ([Stage], "stages: holds the class Stage, not a stage made from it"),
+    ],
+    ids=["names", "one name", "class"],
+)
+def test_run_batch_names_stages_that_are_not_stage_objects_before_the_run_folder(tmp_path, stages, words):
+    # was: AttributeError: 'str' object has no attribute 'group', after the run folder was made and the sources scanned
+    (tmp_path / "scans").mkdir()
+    with pytest.raises(ConfigError) as err:
+        ctp.run_batch([tmp_path / "scans"], out=tmp_path / "r", stages=stages)
+    assert _text(err).startswith(words) and not (tmp_path / "r").exists()
+
+
+def test_run_batch_reads_numpy_numbers_as_the_numbers_they_are():
+    # was: runner.workers = np.int64(2) is not allowed; allowed: an integer (and a numpy float32 threshold likewise)
+    cfg = effective_config(None, {"workers": np.int64(2), "detector.score_threshold": np.float32(0.25)})
+    assert cfg.runner.workers == 2 and type(cfg.runner.workers) is int
+    assert cfg.detector.score_threshold == 0.25 and type(cfg.detector.score_threshold) is float
+    with pytest.raises(ConfigError, match=r"runner.workers = np.float64\(1.5\) is not allowed"):
+        effective_config(None, {"workers": np.float64(1.5)})
 
 
 # -- '~' in a path: a shell expands it, Python does not ---------------------------------------------------------------

@@ -43,7 +43,7 @@ from .run_host import no_gpu_here, resolve_devices, software_versions
 from .run_summary import EXIT_ENVIRONMENT, EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_QUARANTINED, SHOWN, RunSummary
 from .session import RunSession, origins_of, refuse_incomplete
 from .source_roots import SourceRoots
-from .stage import Stage, WorkerInfo
+from .stage import Stage, WorkerInfo, stage_list
 from .stages import build_stages
 from .store import RunStore
 from .task_run import InlineExecutor
@@ -91,6 +91,7 @@ def run_batch(
     """
     t0, started_wall = time.monotonic(), time.time()  # the run starts with the command: its store record says the same
     srcs = source_list(sources)  # what is not a path: named before anything is read
+    stages = stage_list(stages)  # a stage's name or class instead of a Stage: named before the run folder is made
     run_dir = require_path(out, where="out", error=ConfigError, what="the run folder", fix="pass a folder, e.g. out='runs/r1'")
     cfg = effective_config(config, overrides)
     check_sources(srcs, from_python=True)  # a mistyped source: one clear error, before the run folder is made

@@ -18,11 +18,13 @@ published only when every declared file is there.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..config import Config
+from ..errors import ConfigError, described
 
 
 class Measurement(NamedTuple):
@@ -105,6 +107,30 @@ class Stage:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, group={self.group!r})"
+
+
+def stage_list(stages: Any) -> list[Stage] | None:
+    """``run_batch``'s ``stages`` as a list of :class:`Stage` objects (``None``: the standard stages); else a
+    :class:`ConfigError` naming ``stages`` and what was given (a stage's name, a Stage class not made into one), before
+    the run folder is made."""
+    if stages is None:
+        return None
+    fix = (
+        "pass Stage objects (instances of pipeline.runner.stage.Stage subclasses), e.g. stages=[MyStage()], or leave "
+        "stages out for the standard stages (pipeline.runner.stages.build_stages(config) builds them)"
+    )
+    if not isinstance(stages, Iterable) or isinstance(stages, (str, bytes, Mapping)):
+        raise ConfigError(f"must be a list of Stage objects, got {described(stages)}", where="stages", fix=fix)
+    items = list(stages)
+    for item in items:
+        if isinstance(item, Stage):
+            continue
+        if isinstance(item, type) and issubclass(item, Stage):
+            raise ConfigError(
+                f"holds the class {item.__name__}, not a stage made from it", where="stages", fix=f"pass {item.__name__}()"
+            )
+        raise ConfigError(f"must be a list of Stage objects, one is {described(item)}", where="stages", fix=fix)
+    return items
 
 
 @dataclass
