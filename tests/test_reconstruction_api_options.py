@@ -110,3 +110,18 @@ def test_organs_that_are_no_names_are_refused_naming_the_organs(organs):
         reconstruct(vol, organs=organs)
     assert str(err.value).startswith(f"organs: organs={organs!r} is not organ names")
     assert "leave organs out for body, lung_left, lung_right, airway, bone" in err.value.fix
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"stem": 7}, "stem: must be text, got int 7"),  # was: AttributeError: 'int' object has no attribute ...
+        ({"out_dir": 7}, "out_dir: must be a folder (a str or a pathlib.Path), got int 7"),  # was: a bare TypeError
+    ],
+    ids=["stem", "out_dir"],
+)
+def test_a_stem_or_out_dir_that_is_not_text_is_named_before_any_work(tmp_path, options, message):
+    with pytest.raises(ReconstructionError) as err:
+        reconstruct(_TINY, **{"out_dir": tmp_path / "out", **options})
+    assert str(err.value).startswith(message) and err.value.fix, str(err.value)
+    assert not (tmp_path / "out").exists()

@@ -24,7 +24,15 @@ from ..cache import is_plain_file_name, nonfinite_set_to_air
 from ..config_schema import SCHEMA
 from ..detection.infer_input import clean_volume
 from ..devicetime import DeviceTimer
-from ..errors import BundleError, CtpipeError, ReconstructionError, refuse_unexpanded_home, require_bool, require_path
+from ..errors import (
+    BundleError,
+    CtpipeError,
+    ReconstructionError,
+    described,
+    refuse_unexpanded_home,
+    require_bool,
+    require_path,
+)
 from ..ingest.api import safe_case_id
 from ..ingest.image import label_map_note
 from ..intensity import not_hu_hint
@@ -232,6 +240,12 @@ def reconstruct(
     dev = torch.device(resolve_device(device, where="device") if device not in (None, "") else default_device())
     timer = StageTimer(dev)
     rec = Reconstruction(geometry=volume.geometry, seconds=timer.seconds)
+    if stem is not None and not isinstance(stem, str):  # a case number, say: said now, not after the segmentation
+        raise ReconstructionError(
+            f"must be text, got {described(stem)}",
+            where="stem",
+            fix=f"pass the start of the file names as a str, e.g. stem='case_{stem}'",
+        )
     if stem is not None and not is_plain_file_name(stem):  # it names files: a path would write outside out_dir
         raise ReconstructionError(
             f"stem={stem!r} is not a plain file name",
@@ -239,6 +253,9 @@ def reconstruct(
             fix="give a name without '/' or '\\' that does not start with '.': it starts each file's name in out_dir",
         )
     if out_dir is not None:  # said now, not after the segmentation
+        require_path(
+            out_dir, where="out_dir", error=ReconstructionError, what="a folder", fix="pass a folder, e.g. out_dir='recon'"
+        )
         refuse_unexpanded_home(out_dir, what="out_dir")
     where = stem or volume.series_uid or "volume"
     stem = stem or volume.series_uid or "case"
