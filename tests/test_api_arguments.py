@@ -72,6 +72,8 @@ def test_detect_refuses_what_is_not_a_volume_before_loading_the_model(monkeypatc
     monkeypatch.setattr(infer, "_DETECTORS", {})
     with pytest.raises(CtpipeError, match="must be a CTVolume, got ndarray"):
         detect(_TINY.array)
+    with pytest.raises(ConfigError, match=r"^detector: must be a Detector, got str 'models/lung'"):
+        detect(_TINY, detector="models/lung")  # was: AttributeError: 'str' object has no attribute 'detect'
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..devicetime import DeviceTimer
-from ..errors import BundleError, ConfigError, require_bool, require_path, require_text
+from ..errors import BundleError, ConfigError, described, require_bool, require_path, require_text
 from ..ingest.image import label_map_note
 from ..intensity import not_hu_hint
 from ..load import InputGeometry, LoadedCase, PreprocessSpec, Roi, preprocess_volume
@@ -450,7 +450,7 @@ def detect(
     :class:`~pipeline.errors.LoaderError` for an unknown ``device`` or a GPU that torch does not see,
     :class:`~pipeline.errors.BundleError` for a ``score_threshold`` that is not a probability or a ``bundle``
     that is not a path,
-    :class:`~pipeline.errors.ConfigError` for a ``case_id`` that is not text, a ``restrict_to_lungs`` or
+    :class:`~pipeline.errors.ConfigError` for a ``case_id`` that is not text, a ``detector`` that is none, a ``restrict_to_lungs`` or
     ``all_candidates`` that is not True or False
     (``"no"`` is refused, not taken as true), all before the model is loaded. A volume ``load_series`` loaded from a
     label map (its warning in ``metadata["warnings"]``) is searched as given, with that warning logged again.
@@ -469,6 +469,12 @@ def detect(
         )
     if score_threshold is not None and not all_candidates:
         check_score_threshold(score_threshold, where="score_threshold", none="None")
+    if detector is not None and not callable(getattr(detector, "detect", None)):  # a bundle's path, say
+        raise ConfigError(
+            f"must be a Detector, got {described(detector)}",
+            where="detector",
+            fix="pass a Detector(bundle=..., device=...) you built, a bundle as bundle=..., or leave detector out",
+        )
     det = detector
     if det is None:
         # keyed by the device the detector runs on: device=None and the device it resolves to share one model
