@@ -204,3 +204,43 @@ def test_a_canal_beside_the_mid_line_stays_a_hole_and_a_hole_in_marrow_on_the_mi
     assert out[:, 7, 20].all(), "a one-pixel hole in the marrow on the mid-line was not filled"
     lone = textured_mod.canal_hole(mask[:1], np.abs(hu[:1] - 30.0) < 1.0, 0, (3.0, 3.0), midline=midline[:1], x=x[:1])
     assert not lone.any(), "a hole in one slice alone, not running on along the spine, was taken for the canal"
+
+
+def _spine_beside_a_hip_cavity() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(mask, hu, x, midline, canal)`` on 3 mm pixels, 7 slices: a vertebra on the body's mid-line (x 61.5 mm)
+    enclosing its canal (smooth cord and CSF, 30 HU) on slices 2-6; on slices 0-1 its arch is open behind (a gap
+    of 5 pixels) and the canal holds textured nerve roots (30 +- 70 HU), while a hip bone 30-48 mm beside it holds
+    a fatty cavity (-80 HU, 225 mm²) there. ``canal``: the canal's voxels on every slice."""
+    mask = np.zeros((7, 17, 41), dtype=bool)
+    hu = np.full(mask.shape, 30.0, dtype=np.float32)
+    jj, ii = np.mgrid[0:17, 0:41]
+    mask[:, 3:10, 16:25] = True
+    mask[:, 4:9, 17:24] = False  # the canal
+    mask[:, 10:15, 15:26] = True  # the vertebral body
+    mask[:, 1, 19:22] = True  # the spinous process behind the arch
+    mask[:2, 3, 18:23] = False  # the arch open behind: the canal is no hole of the bone there
+    canal = np.zeros_like(mask)
+    canal[:, 4:9, 17:24] = True
+    hu[:2] += np.where(canal[0] & ((jj + ii) % 2 == 0), 70.0, 0.0) - np.where(canal[0] & ((jj + ii) % 2 == 1), 70.0, 0.0)  # roots
+    mask[:, 4:13, 4:11] = True  # the hip bone beside the spine
+    mask[:2, 6:11, 5:10] = False
+    hu[:2, 6:11, 5:10] = -80.0  # its fatty cavity, on two slices
+    x = np.broadcast_to(((np.arange(41) + 0.5) * 3.0)[None, None, :], mask.shape)
+    midline = np.array([[61.5, 150.0]] * 7)
+    return mask, hu, x, midline, canal
+
+
+def test_a_fatty_cavity_of_a_hip_bone_beside_the_spine_is_not_taken_for_the_canal():
+    """Where the arch is open behind, the spinal canal is no hole of the bone, and a hip bone's fatty cavity 40 mm
+    beside the mid-line was the only hole there: it was taken for the canal, so the canal lost its protection (its
+    textured nerve roots were filled as marrow) and the mid-line's band was not used. The canal is followed through
+    the slices from where the arch encloses it: the cavity is not continuous with it and is no canal, and the slices
+    without the canal fall back to the band about the mid-line."""
+    mask, hu, x, midline, canal = _spine_beside_a_hip_cavity()
+    not_marrow = (hu < 0.0) | (np.abs(hu - 30.0) < 1.0)
+    found = textured_mod.canal_hole(mask, not_marrow, 0, (3.0, 3.0), midline=midline, x=x)
+    assert not found[:2].any(), f"the hip bone's cavity was taken for the canal: {np.argwhere(found[:2]).tolist()}"
+    assert np.array_equal(found[2:], canal[2:]), "the canal enclosed by its arch was not found"
+    out = textured_mod.fill_textured_marrow(mask, hu, np.ones_like(mask), 0, (3.0, 3.0), noise_hu=10.0, midline=midline, x=x)
+    filled = out & canal & ~mask
+    assert not filled.any(), f"{int(filled.sum())} voxels of the spinal canal were filled as marrow"

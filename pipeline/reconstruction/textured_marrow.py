@@ -19,10 +19,11 @@ neighbours that are not bone (a window of about ``WINDOW_MM``, so a bright corte
 * **off the canal**: the voxel lies more than ``CANAL_RIM_MM`` (in its slice) from the hole of the bone that holds
   no such marrow (:func:`canal_hole`): the spinal canal, whose cord, nerve roots and epidural fat
   are as dense and as textured at its rim, enclosed by the vertebral arch or the sacrum, wherever it lies (a patient
-  lying rotated, a scoliosis), and running on through the slices. A slice where no such hole lies within
-  ``CANAL_SEARCH_SHARE`` of the body's half x extent of its mid-line (an arch too broken to enclose its canal, a
-  canal of a pixel or two) falls back to the mid-line: the voxel lies at least ``CANAL_HALF_MM`` from it (a slice
-  whose mid-line is unknown gets nothing then).
+  lying rotated, a scoliosis), and followed through the slices: on each slice only a hole continuous with the canal
+  of the slices next to it is the canal (a hip bone's fatty cavity beside the spine is not, even where it is the only
+  hole). A slice where no such hole lies within ``CANAL_SEARCH_SHARE`` of the body's half x extent of its mid-line
+  (an arch too broken to enclose its canal, a canal of a pixel or two) falls back to the mid-line: the voxel lies at
+  least ``CANAL_HALF_MM`` from it (a slice whose mid-line is unknown gets nothing then).
 
 Such voxels are added where they connect, in their slice, to bone within ``GROW_MM``. The bone's gaps of a
 pixel or two are then bridged by an in-plane closing, and what it encloses (holes up to
@@ -33,6 +34,8 @@ Masks and HU are ``[k, j, i]`` arrays (LPS mm geometry); ``slice_axis`` is the a
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from scipy import ndimage
@@ -49,7 +52,7 @@ ENCLOSED_DIRECTIONS = 6  # of the 8 in-plane directions, at least this many encl
 GROW_MM = 12.0  # textured marrow is added this far (mm, in its slice) from bone
 CANAL_HALF_MM = 12.0  # where its canal is not found, the spine's canal lies within this distance (mm) of the body's mid-line
 CANAL_MIN_MM2 = 50.0  # the spinal canal's hole is at least this (mm²): a smaller hole may be marrow's, or a vessel's
-CANAL_STEP_MM = 10.0  # the canal's centre moves at most this far (mm, in-plane) from one slice to the next
+CANAL_STEP_MM = 10.0  # the canal's centre moves at most this far (mm, in-plane) from one slice where it is found to the next
 CANAL_MAX_MM2 = 700.0  # the spinal canal's cross-section is at most this (mm²; a lumbar canal's is about 300)
 CANAL_RIM_MM = 6.0  # nothing within this distance (mm, in its slice) of the canal's hole is marrow: its rim
 CANAL_SEARCH_SHARE = 0.35  # the canal lies within this share of the body's half x extent of its mid-line (a scoliosis's)
@@ -143,6 +146,69 @@ def fill_textured_marrow(
     return grown | (_holes(grown, slice_axis, SMALL_HOLE_MM2 / pixel_mm2) & off_canal)
 
 
+class _Candidate(NamedTuple):
+    """A hole of one slice that may be the spinal canal: its centre (mm along the slice's two array axes), size
+    (pixels), distance from the slice's mid-line (mm, LPS x) and flat voxel indices in its slice."""
+
+    cj: float
+    ci: float
+    size: int
+    off: float
+    voxels: np.ndarray
+
+
+def _continuous(a: _Candidate, b: _Candidate) -> bool:
+    """Whether two candidates of different slices are one canal: they overlap in-plane, or their centres lie within
+    :data:`CANAL_STEP_MM` of each other."""
+    near = bool(np.hypot(a.cj - b.cj, a.ci - b.ci) <= CANAL_STEP_MM)
+    return near or np.intersect1d(a.voxels, b.voxels, assume_unique=True).size > 0
+
+
+def _canal_track(found: list[list[_Candidate]]) -> dict[int, _Candidate]:
+    """The spinal canal followed through the slices: per slice (index into ``found``, the candidates of each slice),
+    the canal's candidate, for the slices where one is continuous with it.
+
+    Each candidate is linked to the candidates continuous with it (:func:`_continuous`) in the nearest slice, above
+    and below, that holds any: slices between where no candidate is (an arch too broken to enclose the canal), or
+    where only others are (a fatty cavity of a hip bone beside the spine), are bridged. The linked candidates make
+    tracks; the canal runs on along the whole spine, so its track is the one on the most slices (of two as long,
+    the nearer the mid-line). A track on one slice alone is no canal.
+    """
+    flat = [(k, c) for k, cs in enumerate(found) for c in cs]
+    index = {(k, j): n for n, (k, j) in enumerate((k, j) for k, cs in enumerate(found) for j in range(len(cs)))}
+    parent = list(range(len(flat)))
+
+    def root(n: int) -> int:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for k, cs in enumerate(found):
+        for j, c in enumerate(cs):
+            for kk in range(k + 1, len(found)):  # the nearest slice above with a continuous candidate (below: its own)
+                linked = [jj for jj, o in enumerate(found[kk]) if _continuous(c, o)]
+                for jj in linked:
+                    parent[root(index[(kk, jj)])] = root(index[(k, j)])
+                if linked:
+                    break
+    tracks: dict[int, list[int]] = {}
+    for n in range(len(flat)):
+        tracks.setdefault(root(n), []).append(n)
+    best: list[int] = []
+    best_key = (1, 0.0)  # a track must hold more than one slice
+    for members in tracks.values():
+        key = (len({flat[n][0] for n in members}), -float(np.mean([flat[n][1].off for n in members])))
+        if key > best_key:
+            best, best_key = members, key
+    canal: dict[int, _Candidate] = {}
+    for n in best:
+        k, c = flat[n]
+        if k not in canal or (c.size, -c.off) > (canal[k].size, -canal[k].off):
+            canal[k] = c  # of the track's holes in a slice (the bone's and its closing's), the largest
+    return canal
+
+
 def canal_hole(
     mask: np.ndarray,
     not_marrow: np.ndarray,
@@ -157,12 +223,14 @@ def canal_hole(
     Candidates are the holes (4-connected in their slice, off the slice's edges) of ``mask`` and of its in-plane
     closing (a gap of a pixel or two in the arch bridged) from :data:`CANAL_MIN_MM2` to :data:`CANAL_MAX_MM2` whose
     voxels are mostly ``not_marrow`` (too fatty or too smooth for textured marrow: the canal's fat, CSF and cord,
-    but also a sacral foramen's fat or a long bone's fatty cavity), whose centre lies within
+    but also a sacral foramen's fat or a long bone's or a hip bone's fatty cavity) and whose centre lies within
     :data:`CANAL_SEARCH_SHARE` of the body's half x extent of the slice's mid-line (``midline``:
-    :func:`.marrow.midline_x`; ``x``: the LPS x, mm, of every voxel, broadcastable to ``mask``) and, as the canal
-    runs on along the spine, within :data:`CANAL_STEP_MM` of a candidate in a slice next to it. The canal is the
-    largest (the nearer the mid-line of two as large); a slice without one, or whose mid-line is unknown, has
-    none. ``pixel_mm``: the pixel's size (mm) along the slice's two array axes.
+    :func:`.marrow.midline_x`; ``x``: the LPS x, mm, of every voxel, broadcastable to ``mask``). The canal is
+    followed through the slices (:func:`_canal_track`): on each slice it is the candidate continuous with the canal
+    of the slices next to it (overlapping it, or its centre within :data:`CANAL_STEP_MM`), on the track that runs on
+    through the most slices; a slice with no such candidate, or whose mid-line is unknown, has none, whatever other
+    hole it holds (a hip bone's fatty cavity beside the spine, the only candidate there). ``pixel_mm``: the pixel's
+    size (mm) along the slice's two array axes.
     """
     structure = np.zeros((3, 3, 3), dtype=bool)
     structure[tuple(1 if a == slice_axis else slice(None) for a in range(3))] = True  # in-plane 8-neighbourhood
@@ -171,8 +239,7 @@ def canal_hole(
     out = np.zeros_like(mask)
     by_slice = [np.moveaxis(a, slice_axis, 0) for a in (mask, closed, not_marrow, np.broadcast_to(x, mask.shape), out)]
     n_slices = mask.shape[slice_axis]
-    # per slice: (centre j, centre i in mm, size, distance from the mid-line in mm, flat voxel indices)
-    found: list[list[tuple[float, float, int, float, np.ndarray]]] = [[] for _ in range(n_slices)]
+    found: list[list[_Candidate]] = [[] for _ in range(n_slices)]
     for k in range(n_slices):
         mid, half = midline[k]
         if not np.isfinite(mid):
@@ -193,13 +260,11 @@ def canal_hole(
             for label in np.nonzero(keep)[0]:
                 voxels = np.flatnonzero(flat == label)
                 cj, ci = np.unravel_index(voxels, labels.shape)
-                found[k].append((cj.mean() * pixel_mm[0], ci.mean() * pixel_mm[1], int(size[label]), float(off[label]), voxels))
-    for k in range(n_slices):
-        near = [c for kk in (k - 1, k + 1) if 0 <= kk < n_slices for c in found[kk]]
-        runs_on = [c for c in found[k] if any(np.hypot(c[0] - o[0], c[1] - o[1]) <= CANAL_STEP_MM for o in near)]
-        if runs_on:
-            best = max(runs_on, key=lambda c: (c[2], -c[3]))
-            by_slice[4][k].ravel()[best[4]] = True
+                found[k].append(
+                    _Candidate(cj.mean() * pixel_mm[0], ci.mean() * pixel_mm[1], int(size[label]), float(off[label]), voxels)
+                )
+    for k, c in _canal_track(found).items():
+        by_slice[4][k].ravel()[c.voxels] = True
     return out
 
 
