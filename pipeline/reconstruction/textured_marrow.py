@@ -186,12 +186,13 @@ def _canal_track(found: list[list[_Candidate]]) -> dict[int, _Candidate]:
 
     for k, cs in enumerate(found):
         for j, c in enumerate(cs):
-            for kk in range(k + 1, len(found)):  # the nearest slice above with a continuous candidate (below: its own)
-                linked = [jj for jj, o in enumerate(found[kk]) if _continuous(c, o)]
-                for jj in linked:
-                    parent[root(index[(kk, jj)])] = root(index[(k, j)])
-                if linked:
-                    break
+            for way in (range(k + 1, len(found)), range(k - 1, -1, -1)):  # the nearest such slice, either side
+                for kk in way:
+                    linked = [jj for jj, o in enumerate(found[kk]) if _continuous(c, o)]
+                    for jj in linked:
+                        parent[root(index[(kk, jj)])] = root(index[(k, j)])
+                    if linked:
+                        break
     tracks: dict[int, list[int]] = {}
     for n in range(len(flat)):
         tracks.setdefault(root(n), []).append(n)
