@@ -256,7 +256,15 @@ SCHEMA: dict[str, dict[str, Option]] = {
     },
     "report": {
         "enabled": Option(True, "bool", "", "write the report at the end of every run"),
-        "bin_minutes": Option(60, "int", "minutes", "bin width of the throughput-over-time plot", lo=1, hi=1440),
+        "bin_minutes": Option(
+            0,
+            "int",
+            "minutes",
+            "bin width of the throughput-over-time plot; 0: chosen from the run's span (minutes for a short run, "
+            "hours for a nightly run, days over several days)",
+            lo=0,
+            hi=1440,
+        ),
         "hours_per_day": Option(
             24.0, "float", "hours", "operating hours per day used for the cases/day projection", lo=0.1, hi=24.0
         ),

@@ -131,9 +131,10 @@ def register(sub: Any) -> None:
     r.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
     r.add_argument(
         "--bin-minutes",
-        type=number_in(int, 1, 1440),
-        default=60,
-        help="bin width of the throughput plot in minutes, 1..1440 (default 60)",
+        type=number_in(int, 0, 1440),
+        default=0,
+        help="bin width of the throughput plot in minutes, 0..1440 (default 0: chosen from the runs' span, minutes "
+        "for a short run, hours for a nightly run, days over several days)",
     )
     r.add_argument(
         "--hours-per-day",

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..atomic import published_together
 from ..errors import refuse_unexpanded_home
+from .report_bins import bin_label, throughput_bin_minutes
 from .report_days import redo_ends, throughput_tables
 from .report_headline import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT
 from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
@@ -133,6 +134,8 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     done = t["cases"][t["cases"].status == "done"]
     if len(done):  # no completed case: no empty axes (the page says why there is no plot)
         fig, ax = _subplots(figsize=(8, 3))
+        bin_minutes = throughput_bin_minutes(done.first_done_at.to_numpy(dtype=float), bin_minutes=bin_minutes)
+        per = bin_label(bin_minutes)
         ended = pd.to_datetime(done.first_done_at, unit="s", utc=True)  # at its first completion, as the tables
         counts = ended.dt.floor(f"{bin_minutes}min").value_counts().sort_index()
         again = pd.to_datetime(pd.Series(redo_ends(done), dtype=float), unit="s", utc=True)  # at its latest completion
@@ -147,8 +150,8 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
         _utc_time_axis(ax)
         if len(redone):  # top to bottom as the bars are stacked: done again over new
             _legend_outside(ax)
-        ax.set_title(f"Completed cases per {bin_minutes} min (UTC)" + (": new and done again" if len(redone) else ""))
-        ax.set_ylabel(f"cases per {bin_minutes} min")
+        ax.set_title(f"Completed cases per {per} (UTC)" + (": new and done again" if len(redone) else ""))
+        ax.set_ylabel(f"cases per {per}")
         out["throughput"] = _png(fig)
 
     ok = t["stages"][(t["stages"].status == "ok") & ~t["stages"].skipped]
@@ -342,7 +345,7 @@ def build_report(
     run_dirs: Sequence[str | os.PathLike[str]],
     out_dir: str | os.PathLike[str],
     *,
-    bin_minutes: int = 60,
+    bin_minutes: int = 0,
     hours_per_day: float = 24.0,
     gpus: int | None = None,
     nodes: int = 1,
@@ -355,7 +358,8 @@ def build_report(
     partway, ``out_dir`` keeps the earlier report's files, all of them as they were.
 
     ``gpus``, ``nodes`` and ``cpu_workers`` (per node) set the cluster of the capacity model (``summary["capacity"]``;
-    defaults: the runs' own GPUs and CPU workers, one node). ``timezone``: the IANA time zone of the completed cases per
+    defaults: the runs' own GPUs and CPU workers, one node). ``bin_minutes``: the throughput plot's bin width (minutes;
+    0, the default: chosen from the completed cases' span, :func:`throughput_bin_minutes`). ``timezone``: the IANA time zone of the completed cases per
     local day (``throughput_daily_local.csv``, the page's daily table; default: this machine's local time).
     """
     out = Path(out_dir)
