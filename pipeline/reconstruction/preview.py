@@ -36,6 +36,7 @@ from .render_layout import (
     legend_min_width_px,
     orientation_letters,
     outline_halo,
+    pixel_scale_bar,
     save_png,
 )
 from .render_nodules import drawn_extent, free_space_spot, leader_line, open_spot, put_nodule_letters
@@ -365,7 +366,8 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
     in the left lateral view) is drawn there as a dashed outline, not over that organ, and lettered ``#N (behind left
     lung)``, so that no nodule seems to lie in the organ in front of it. Each view's title (the view and the organs
     shown) lies above that view alone: wrapped to its width (:func:`~.render_layout.fit_title`, the PNG made taller by
-    the lines added), in smaller type only where one word is wider than a very small view."""
+    the lines added), in smaller type only where one word is wider than a very small view. Below each view, at its
+    left, a scale bar labelled with its length in mm, the same in both views, which share one scale."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -409,7 +411,8 @@ def write_preview(views: PreviewViews, out: Path, *, stem: str, nodules: Mapping
         ax.set_xlim(-0.5 - side, size - 0.5 + side)  # the letters' bands around the view, on no organ
         ax.set_ylim(size - 0.5 + band, -0.5 - band)
         orientation_letters(ax, *letters, title, side_bands=True, title_fontsize=fontsize)
-        if views.frame is not None:
+        if views.frame is not None:  # one scale for both views (:func:`_fit`): the same bar below each
+            pixel_scale_bar(ax, px_per_mm=_fit(views.frame, size)[0], size_px=size, band_px=band)
             for name in hidden[n]:  # its silhouette, dashed: behind the organ, not on it
                 sil = ~np.isnan(surface_depth(nods[name], view=VIEWS[n], size=size, frame=views.frame))
                 ax.contour(

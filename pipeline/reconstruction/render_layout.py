@@ -209,27 +209,48 @@ def save_png(fig, path: Path) -> Path:
 SCALE_BAR_MM = (200.0, 100.0, 50.0, 20.0, 10.0, 5.0)  # the lengths a scale bar may have
 
 
-def scale_bar(ax, w_mm: float, h_mm: float, *, margins_mm: tuple[float, float] = (0.0, 0.0)) -> None:
-    """A bar at the left of the band below an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm; the band is
-    :data:`BAND_PX` of :func:`image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
-    to an eighth of the image's width. Below the image, it covers no anatomy. Sets the axes' limits to the image and
-    its bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below, :data:`SIDE_BAND_PX` on either side) and the
-    ``margins_mm`` beyond those (:func:`image_figure`)."""
-    length = next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
-    scale, _h_px = _image_px(w_mm, h_mm)
-    band = BAND_PX / scale  # mm
-    x0, y = 0.03 * w_mm, h_mm + 0.8 * band
+def scale_bar_mm(w_mm: float) -> float:
+    """A scale bar's length (mm) for an image ``w_mm`` wide: the longest of :data:`SCALE_BAR_MM` up to an eighth of
+    it."""
+    return next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
+
+
+def _labelled_bar(ax, x0: float, y: float, length: float, *, mm: float, lift: float) -> None:
+    """A yellow bar from ``(x0, y)`` ``length`` long (in ``ax``'s data units, ``y`` down), labelled ``<mm> mm`` on a
+    dark box ``lift`` above it."""
     ax.plot([x0, x0 + length], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt")
     ax.text(
         x0 + length / 2,
-        y - 0.15 * band,
-        f"{length:.0f} mm",
+        y - lift,
+        f"{mm:.0f} mm",
         color="yellow",
         fontsize=8,
         ha="center",
         va="bottom",
         bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
     )
+
+
+def pixel_scale_bar(ax, *, px_per_mm: float, size_px: int, band_px: float) -> float:
+    """A scale bar in the band (``band_px`` high) below a square image of ``size_px`` pixels drawn at ``px_per_mm``
+    (``imshow``'s pixel coordinates, rows down, as the 3-D preview's views), at its left, on no organ and clear of the
+    lower orientation letter in the band's middle: :func:`scale_bar_mm` of the image's width, labelled with its
+    length. Returns the length (mm)."""
+    length = scale_bar_mm(size_px / px_per_mm)
+    _labelled_bar(ax, 0.03 * size_px, size_px - 0.5 + 0.8 * band_px, length * px_per_mm, mm=length, lift=0.15 * band_px)
+    return length
+
+
+def scale_bar(ax, w_mm: float, h_mm: float, *, margins_mm: tuple[float, float] = (0.0, 0.0)) -> None:
+    """A bar at the left of the band below an image drawn with ``extent=(0, w_mm, h_mm, 0)`` (mm; the band is
+    :data:`BAND_PX` of :func:`image_figure`'s axes), labelled with its length: the longest of :data:`SCALE_BAR_MM` up
+    to an eighth of the image's width. Below the image, it covers no anatomy. Sets the axes' limits to the image and
+    its bands (:data:`TOP_BAND_PX` above it, :data:`BAND_PX` below, :data:`SIDE_BAND_PX` on either side) and the
+    ``margins_mm`` beyond those (:func:`image_figure`)."""
+    length = scale_bar_mm(w_mm)
+    scale, _h_px = _image_px(w_mm, h_mm)
+    band = BAND_PX / scale  # mm
+    _labelled_bar(ax, 0.03 * w_mm, h_mm + 0.8 * band, length, mm=length, lift=0.15 * band)
     side = SIDE_BAND_PX / scale  # mm
     ax.set_xlim(-side - margins_mm[0], w_mm + side + margins_mm[1])
     ax.set_ylim(h_mm + band, -TOP_BAND_PX / scale)
