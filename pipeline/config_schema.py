@@ -260,8 +260,8 @@ SCHEMA: dict[str, dict[str, Option]] = {
             0,
             "int",
             "minutes",
-            "bin width of the throughput-over-time plot; 0: chosen from the run's span (minutes for a short run, "
-            "hours for a nightly run, days over several days)",
+            "bin width of the throughput-over-time plot; 0: chosen from the run's span (seconds or minutes for a "
+            "short run, up to an hour for a nightly run, days over several days)",
             lo=0,
             hi=1440,
         ),

@@ -133,8 +133,8 @@ def register(sub: Any) -> None:
         "--bin-minutes",
         type=number_in(int, 0, 1440),
         default=0,
-        help="bin width of the throughput plot in minutes, 0..1440 (default 0: chosen from the runs' span, minutes "
-        "for a short run, hours for a nightly run, days over several days)",
+        help="bin width of the throughput plot in minutes, 0..1440 (default 0: chosen from the runs' span, seconds or "
+        "minutes for a short run, up to an hour for a nightly run, days over several days)",
     )
     r.add_argument(
         "--hours-per-day",

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..atomic import published_together
 from ..errors import refuse_unexpanded_home
-from .report_bins import bin_label, throughput_bin_minutes
+from .report_bins import bin_label, throughput_bin_s
 from .report_days import redo_ends, throughput_tables
 from .report_headline import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT
 from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
@@ -134,19 +134,25 @@ def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]
     done = t["cases"][t["cases"].status == "done"]
     if len(done):  # no completed case: no empty axes (the page says why there is no plot)
         fig, ax = _subplots(figsize=(8, 3))
-        bin_minutes = throughput_bin_minutes(done.first_done_at.to_numpy(dtype=float), bin_minutes=bin_minutes)
-        per = bin_label(bin_minutes)
+        runs = t["runs"]
+        # the runs' whole period, from the first start to the last end (or completion): the time before a run's first
+        # case completes (ingest, reconstruction) and after its last shows as such, not as work spread over the bin
+        period = np.array([*runs.started_at.dropna(), *runs.ended_at.dropna(), *done.first_done_at], dtype=float)
+        bin_s = throughput_bin_s(period, bin_minutes=bin_minutes)
+        per = bin_label(bin_s)
         ended = pd.to_datetime(done.first_done_at, unit="s", utc=True)  # at its first completion, as the tables
-        counts = ended.dt.floor(f"{bin_minutes}min").value_counts().sort_index()
+        counts = ended.dt.floor(f"{bin_s}s").value_counts().sort_index()
         again = pd.to_datetime(pd.Series(redo_ends(done), dtype=float), unit="s", utc=True)  # at its latest completion
-        redone = again.dt.floor(f"{bin_minutes}min").value_counts()
-        width = bin_minutes / 1440.0 * 0.9
+        redone = again.dt.floor(f"{bin_s}s").value_counts()
+        width = bin_s / 86400.0 * 0.9  # days, matplotlib's date unit
         if len(redone):  # the cases done again stacked on the new ones: the work done
             bins = counts.index.union(redone.index)
             counts, redone = counts.reindex(bins, fill_value=0), redone.reindex(bins, fill_value=0)
             ax.bar(bins, redone.values, width=width, align="edge", bottom=counts.values, color="#f0a030", label="done again")
         ax.bar(counts.index, counts.values, width=width, align="edge", color="#3a7bd5", label="new")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # whole cases
+        lo, hi = (pd.Timestamp(x, unit="s", tz="UTC") for x in (period.min(), period.max()))
+        ax.set_xlim(lo.floor(f"{bin_s}s"), hi.floor(f"{bin_s}s") + pd.Timedelta(seconds=bin_s))  # the whole period
         _utc_time_axis(ax)
         if len(redone):  # top to bottom as the bars are stacked: done again over new
             _legend_outside(ax)
@@ -359,7 +365,7 @@ def build_report(
 
     ``gpus``, ``nodes`` and ``cpu_workers`` (per node) set the cluster of the capacity model (``summary["capacity"]``;
     defaults: the runs' own GPUs and CPU workers, one node). ``bin_minutes``: the throughput plot's bin width (minutes;
-    0, the default: chosen from the completed cases' span, :func:`throughput_bin_minutes`). ``timezone``: the IANA time zone of the completed cases per
+    0, the default: chosen from the runs' span, :func:`~.report_bins.throughput_bin_s`). ``timezone``: the IANA time zone of the completed cases per
     local day (``throughput_daily_local.csv``, the page's daily table; default: this machine's local time).
     """
     out = Path(out_dir)

@@ -1,5 +1,5 @@
-"""The throughput plot's bin width: set, or chosen from the span of the completed cases, and named as its axis
-names it (``cases per 5 min``, ``cases per 2 h``, ``cases per day``)."""
+"""The throughput plot's bin width: set, or chosen from the span of the runs, and named as its axis names it
+(``cases per 10 s``, ``cases per 5 min``, ``cases per 2 h``, ``cases per day``)."""
 
 from __future__ import annotations
 
@@ -7,30 +7,36 @@ from collections.abc import Sequence
 
 import numpy as np
 
-#: The bin widths (minutes) the throughput plot chooses from when ``bin_minutes`` is 0: minutes for a short run,
-#: hours for a nightly run, days over several days.
-AUTO_BINS_MIN = (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440, 10080)
-#: At most this many bins over the completed cases' span when the bin is chosen from it.
-AUTO_MAX_BINS = 30
+#: The bin widths (s) the throughput plot chooses from when ``bin_minutes`` is 0: seconds for a run of a minute or
+#: two, minutes for a short run, hours for a nightly run, days over several days.
+AUTO_BINS_S = tuple(
+    [10, 15, 30] + [60 * m for m in (1, 2, 5, 10, 15, 30)] + [3600 * h for h in (1, 2, 3, 6, 12)] + [86400, 7 * 86400]
+)
+#: At most this many bins over the span when the bin is chosen from it.
+AUTO_MAX_BINS = 24
 
 
-def throughput_bin_minutes(first_done_s: Sequence[float], *, bin_minutes: int = 0) -> int:
-    """The throughput plot's bin width (minutes): ``bin_minutes`` where it is set (> 0), else chosen from the span of
-    ``first_done_s`` (the completed cases' first completions, epoch s): the smallest of :data:`AUTO_BINS_MIN` giving
-    at most :data:`AUTO_MAX_BINS` bins, and a day at least over more than two days, so that a run of a few minutes is
-    drawn per minute, not as one bar across its hour, and one over weeks per day (or week)."""
+def throughput_bin_s(times_s: Sequence[float] | np.ndarray, *, bin_minutes: int = 0) -> int:
+    """The throughput plot's bin width (s): ``bin_minutes`` where it is set (> 0), else chosen from the span of
+    ``times_s`` (epoch s: the runs' starts and ends and the completed cases' first completions): the smallest of
+    :data:`AUTO_BINS_S` giving at most :data:`AUTO_MAX_BINS` bins, and a day at least over more than two days, so that
+    a short run is drawn in seconds or minutes, not as one bar across its hour, and runs over weeks per day (or
+    week)."""
     if bin_minutes > 0:
-        return int(bin_minutes)
-    times = np.asarray(first_done_s, dtype=np.float64)
-    span_min = float(times.max() - times.min()) / 60.0 if times.size else 0.0
-    floor = 1440 if span_min > 2 * 1440 else 1
-    return next((m for m in AUTO_BINS_MIN if m >= floor and span_min / m <= AUTO_MAX_BINS), AUTO_BINS_MIN[-1])
+        return int(bin_minutes) * 60
+    times = np.asarray(times_s, dtype=np.float64)
+    times = times[np.isfinite(times)]
+    span = float(times.max() - times.min()) if times.size else 0.0
+    least = 86400 if span > 2 * 86400 else 0
+    return next((b for b in AUTO_BINS_S if b >= least and span / b <= AUTO_MAX_BINS), AUTO_BINS_S[-1])
 
 
-def bin_label(minutes: int) -> str:
-    """A bin width (minutes) as the plot's axis names it: ``5 min``, ``2 h``, ``day``, ``7 days``."""
-    if minutes % 1440 == 0:
-        return "day" if minutes == 1440 else f"{minutes // 1440} days"
-    if minutes % 60 == 0:
-        return f"{minutes // 60} h"
-    return f"{minutes} min"
+def bin_label(seconds: int) -> str:
+    """A bin width (s) as the plot's axis names it: ``10 s``, ``5 min``, ``2 h``, ``day``, ``7 days``."""
+    if seconds % 86400 == 0:
+        return "day" if seconds == 86400 else f"{seconds // 86400} days"
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    if seconds % 60 == 0:
+        return f"{seconds // 60} min"
+    return f"{seconds} s"
