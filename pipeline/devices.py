@@ -7,7 +7,7 @@ number N (``device=1``, as torch reads it) is ``cuda:N`` in every function that 
 
 :func:`device_name` turns a name into the one torch and the runner read (``gpu`` → ``cuda``, lower case) and
 :func:`allowed_devices` lists the names, as each error and ``--help`` gives them. Whether torch sees the GPU named is
-checked where the device is used (:func:`pipeline.load.base.resolve_device`, :func:`pipeline.runner.run_host.
+checked where the device is used (:func:`resolve_device`, :func:`pipeline.runner.run_host.
 resolve_devices`).
 """
 
@@ -46,3 +46,29 @@ def device_name(text: str, *, several: bool = False) -> str | None:
     if name.startswith("cuda:") and number.isdigit() and number.isascii():
         return name
     return None
+
+
+def resolve_device(device: str | int, *, where: str = "loader device") -> str:
+    """The torch device of a device name (:mod:`pipeline.devices`: ``auto``, ``cpu``, ``gpu``, ``cuda``, ``cuda:N``, in
+    any case) or a GPU number N: ``"auto"`` → ``"cuda"`` when torch sees a GPU, else ``"cpu"``; ``"gpu"`` is
+    ``"cuda"``; N is ``"cuda:N"``, as torch reads it; ``where`` names the setting in errors."""
+    import torch
+
+    from .errors import LoaderError
+
+    number = gpu_number_name(device) is not None
+    dev = gpu_number_name(device) or device_name(str(device))
+    if dev is None:
+        raise LoaderError(f"unknown device {device!r}", where=where, fix=f"use one of: {allowed_devices()}")
+    if dev == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        named = f"{device!r} ({dev})" if number else repr(device)
+        raise LoaderError(
+            f"device {named} was asked for but torch sees no CUDA GPU",
+            where=where,
+            fix="ask for cpu, or auto (the GPU where there is one, else the CPU)",
+        )
+    return dev

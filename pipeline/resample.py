@@ -36,7 +36,7 @@ def resample_array(
     """
     import torch
 
-    from .load.base import resolve_device
+    from .devices import resolve_device
 
     if not np.allclose(src.direction, dst.direction, atol=DIRECTION_TOL):
         raise GeometryError("resample_array needs grids with equal direction cosines")

@@ -16,8 +16,8 @@ from pipeline.config import load_config
 from pipeline.pacs.archive import RemoteSeries
 from pipeline.pacs.fetch import FetchResult, _processed_before, release_spool
 from pipeline.pacs.ledger import Ledger
-from pipeline.pacs.left_unsent import left_cases
 from pipeline.runner import run_batch
+from pipeline.runner.left_unsent import left_cases
 from pipeline.runner.stages import IngestStage, WriteStage
 from pipeline.runner.store import RunStore, remote_series
 from tests._support.runner import db_rows

@@ -1,6 +1,6 @@
 """A case folder a run killed as it recorded the case left in place, which a later run over other sources leaves as
 it is (its series is not among that run's sources): the run's warning and the report's line of the case name the
-command that checks its series and adopts the folder, the one ``ctpipe send`` names (pipeline/pacs/left_unsent.py),
+command that checks its series and adopts the folder, the one ``ctpipe send`` names (pipeline/runner/left_unsent.py),
 not "the same ctpipe run command", which does not take it up when its sources do not hold the series."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import devices
 from ..cache import CacheEntry, CaseCache
+from ..devices import resolve_device
 from ..errors import CacheError, CtpipeError, LoaderError
 from .geometry import InputGeometry, plan_input
 from .result import LoadedCase
@@ -43,30 +43,6 @@ class Job:
     @property
     def perm(self) -> tuple[int, int, int]:
         return self.geometry.src_axis
-
-
-def resolve_device(device: str | int, *, where: str = "loader device") -> str:
-    """The torch device of a device name (:mod:`pipeline.devices`: ``auto``, ``cpu``, ``gpu``, ``cuda``, ``cuda:N``, in
-    any case) or a GPU number N: ``"auto"`` → ``"cuda"`` when torch sees a GPU, else ``"cpu"``; ``"gpu"`` is
-    ``"cuda"``; N is ``"cuda:N"``, as torch reads it; ``where`` names the setting in errors."""
-    import torch
-
-    number = devices.gpu_number_name(device) is not None
-    dev = devices.gpu_number_name(device) or devices.device_name(str(device))
-    if dev is None:
-        raise LoaderError(f"unknown device {device!r}", where=where, fix=f"use one of: {devices.allowed_devices()}")
-    if dev == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cpu":
-        return "cpu"
-    if not torch.cuda.is_available():
-        named = f"{device!r} ({dev})" if number else repr(device)
-        raise LoaderError(
-            f"device {named} was asked for but torch sees no CUDA GPU",
-            where=where,
-            fix="ask for cpu, or auto (the GPU where there is one, else the CPU)",
-        )
-    return dev
 
 
 def default_threads() -> int:

@@ -281,9 +281,9 @@ def _send(args: argparse.Namespace) -> int:
 
 
 def _print_left(run_dir: str, key: str) -> int:
-    """Say the case folders whose results a killed run left uncommitted, so not sent (:mod:`.left_unsent`), each with
+    """Say the case folders whose results a killed run left uncommitted, so not sent (:mod:`pipeline.runner.left_unsent`), each with
     the command that lets them be sent; how many."""
-    from .left_unsent import left_cases, left_lines
+    from ..runner.left_unsent import left_cases, left_lines
 
     left = left_cases(run_dir)
     for line in left_lines(str(run_dir), key, left):

@@ -14,22 +14,19 @@ import numpy as np
 
 from ..errors import CtpipeError, ReconstructionError
 from ..volume import Geometry
+from .nodule_corners import (
+    CORNER_SIDE_PX,
+    ROUND_REACH,
+    _extent_step,
+    _extent_steps,
+    corner_tips,
+    end_reach,
+    reach_corners,
+)
 
 SIDES = ("left", "right")
 #: search radius (mm) around a finding's centre for the nearest lung when the centre lies in neither lung
 SIDE_SEARCH_MM = 15.0
-#: how far a nodule's outline reaches beyond the centre of the pixel at an end of its long axis, as a share of that
-#: pixel's width along the axis (:func:`end_reach`): a quarter pixel where the outline is rounded; half a pixel, to the
-#: pixel's outer edge, at a corner (the outline turns by :data:`CORNER_ANGLE_DEG` or more there, between straight
-#: sides of which one is at least :data:`CORNER_SIDE_PX` pixels long); between, in proportion
-ROUND_REACH = 0.25
-CORNER_REACH = 0.5
-CORNER_ANGLE_DEG = 90.0
-#: a turn this wide or wider (interior angle, degrees) is a rounded outline's
-ROUND_ANGLE_DEG = 135.0
-#: a corner with no straight side beside it longer than this many pixels reads as rounded (a disc of a few pixels, an
-#: ellipse's end drawn in pixels); with one of 1.5 times this or longer, as a corner in full; between, in proportion
-CORNER_SIDE_PX = 4.0
 
 
 def _get(obj: Any, name: str) -> Any:
@@ -162,54 +159,6 @@ class AxialAxes:
         return (self.long_mm + self.short_mm) / 2
 
 
-def _extent_step(u: np.ndarray, geometry: Geometry) -> float:
-    """The width (mm) of a pixel (``sx`` by ``sy`` mm) projected on the in-plane unit direction ``u`` (LPS):
-    ``sx·|u·row| + sy·|u·column|``."""
-    d = np.asarray(geometry.direction, dtype=np.float64).reshape(3, 3)
-    sx, sy = float(geometry.spacing[0]), float(geometry.spacing[1])
-    a, b = abs(float(u @ d[:, 0])), abs(float(u @ d[:, 1]))
-    return sx * a + sy * b
-
-
-def end_reach(hull: np.ndarray, *, side_mm: float) -> np.ndarray:
-    """For each vertex of the convex hull of a slice's pixel centres (``hull``: ``[n, 3]`` LPS mm, in order around the
-    hull), how far the nodule's outline reaches beyond that pixel's centre, as a share of the pixel's width along an
-    axis ending there: :data:`ROUND_REACH` where the hull turns gently (:data:`ROUND_ANGLE_DEG` or wider),
-    :data:`CORNER_REACH` at a corner (:data:`CORNER_ANGLE_DEG` or sharper, beside a straight side of at least 1.5 times
-    ``side_mm``, mm); in proportion between.
-
-    A pixel is in the mask when the nodule covers its centre, so the outline lies between the outermost pixel centre
-    and the next one out. At a sharp corner (a square's, a rectangle's, a wedge-shaped nodule's) the tip lies anywhere
-    in the corner pixel, half a pixel beyond its centre on average: the calliper reaches the corner pixel's outer edge.
-    Along a rounded outline (a disc, an ellipse's end) the axis picks, of the many pixels along the curve, the pair
-    lying farthest out, already nearest the outline: a quarter pixel is their reach (digitised ellipses of 4-26 mm on
-    0.7 mm pixels at any angle: within -0.05 to +0.2 pixel on average). A nodule of a few pixels has corners at every
-    vertex and no straight side; a corner between short sides (an ellipse's end drawn in pixels at 45°) reads as
-    rounded. Measured so, squares and rectangles of 8-16 mm on 0.7 and 0.98 mm pixels at any turn and placement have
-    their diagonal within a third of a pixel on average (between pixel centres plus a quarter pixel at each end, the
-    earlier rule: 0.35 to 0.7 pixel short); discs and ellipses measure as before. Neither outline a viewer could trace from
-    the mask does better: the pixels' outer corners make a disc a pixel too long, and the line where the mask,
-    interpolated between pixel centres, crosses 0.5 cuts each corner by a third of a pixel and still makes a disc 0.7
-    pixel too long."""
-    n = len(hull)
-    if n < 3:
-        return np.full(n, ROUND_REACH)
-    before, after = np.roll(hull, 1, axis=0) - hull, np.roll(hull, -1, axis=0) - hull
-    side = np.maximum(np.linalg.norm(before, axis=1), np.linalg.norm(after, axis=1))
-    cos = (before * after).sum(-1) / np.maximum(np.linalg.norm(before, axis=1) * np.linalg.norm(after, axis=1), 1e-12)
-    angle = np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
-    turn = np.clip((ROUND_ANGLE_DEG - angle) / (ROUND_ANGLE_DEG - CORNER_ANGLE_DEG), 0.0, 1.0)
-    straight = np.clip((side - side_mm) / (0.5 * side_mm), 0.0, 1.0)
-    return ROUND_REACH + (CORNER_REACH - ROUND_REACH) * turn * straight
-
-
-def _extent_steps(u: np.ndarray, geometry: Geometry) -> np.ndarray:
-    """:func:`_extent_step` of each of many unit vectors ``u`` (``[..., 3]``)."""
-    d = np.asarray(geometry.direction, dtype=np.float64).reshape(3, 3)
-    sx, sy = float(geometry.spacing[0]), float(geometry.spacing[1])
-    return sx * np.abs(u @ d[:, 0]) + sy * np.abs(u @ d[:, 1])
-
-
 def _longest_axis(hull: np.ndarray, reach: np.ndarray, geometry: Geometry) -> tuple[int, int, float]:
     """The two hull vertices (indices into ``hull``, LPS mm) between which the nodule is longest, counting each end's
     reach (``reach``: :func:`end_reach`) beyond its pixel's centre, and that length (mm)."""
@@ -295,8 +244,6 @@ def _perpendicular_chord(
     lo = crossing(rows, np.maximum(first - 1, 0), first)
     hi = crossing(rows, np.minimum(last + 1, len(ss) - 1), last)
     if tips is not None and len(tips):
-        from .nodule_corners import reach_corners
-
         tips_ij = np.asarray(geometry.lps_to_index(tips.reshape(-1, 3)), dtype=np.float64).reshape(-1, 3, 3)[..., :2]
         lo, hi = reach_corners(lo, hi, p_ij + ts[rows, None] * du, dv, tips_ij)
     # of the chords within a sampling step of the longest (on a round outline, many), the one nearest their middle
@@ -355,7 +302,6 @@ def axial_axes(nm: NoduleMask, geometry: Geometry) -> AxialAxes | None:
     long_ends = (p - reach[a] * step * u, q + reach[b] * step * u)
     # the short axis: the longest chord of the nodule on a line exactly perpendicular to u, not the mask's width
     # across u (a caliper), which for a crescent or an L-shaped nodule spans air no one line across it crosses
-    from .nodule_corners import corner_tips
 
     tips = corner_tips(hull, reach, geometry)
     short_ends = _perpendicular_chord(nm.mask[kc], nm.offset_kji, k, geometry, p, u, v, tips=tips)

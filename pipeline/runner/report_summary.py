@@ -132,8 +132,8 @@ def _skipped_summary(sk: Any) -> dict[str, Any]:
 
 def _left_folders(run_dirs: Sequence[Path]) -> dict[tuple[str, str], str]:
     """(run folder, case id) → the command that adopts the case's folder, of the folders a run killed as it recorded
-    their case left in place in each of ``run_dirs`` (:func:`pipeline.pacs.left_unsent.left_cases`)."""
-    from ..pacs.left_unsent import left_cases
+    their case left in place in each of ``run_dirs`` (:func:`pipeline.runner.left_unsent.left_cases`)."""
+    from .left_unsent import left_cases
 
     return {(str(d), c.case_id): c.fix(str(d)) for d in run_dirs for c in left_cases(d)}
 

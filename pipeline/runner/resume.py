@@ -248,7 +248,7 @@ def _checked(
     if why is None:
         return "adopt"
     if why == NOT_FOUND:
-        from ..pacs.left_unsent import adopting_command  # (that module reads this one's manifests)
+        from .left_case import adopting_command
 
         out.unchecked.append(row["case_id"])
         log.warning(

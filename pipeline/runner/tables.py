@@ -229,7 +229,7 @@ def unfinished_reasons(
     latest run of its folder, a case ``running`` by its stage in the run in progress; each with what to do. A
     recorded reason (a quarantine, a release) is kept. ``runs.status`` and ``cases.status`` as the report shows them.
     ``left``: (run folder, case id) → the command that adopts the case's folder, of the folders a run killed as it
-    recorded their case left in place (:func:`pipeline.pacs.left_unsent.left_cases`): such a case is named with it
+    recorded their case left in place (:func:`pipeline.runner.left_unsent.left_cases`): such a case is named with it
     (a later run whose sources did not hold its series left it as it is)."""
     import pandas as pd
 

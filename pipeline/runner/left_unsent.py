@@ -9,61 +9,27 @@ nightly ``studydate=yesterday`` query, a folder run once) would leave its result
 finds them and :func:`left_lines` says, per case, the command that checks and adopts it (a run over its source: its
 PACS address with ``?series=UID``, the source folder, or the listener started again), after which ``ctpipe send``
 sends its results. The runner's warning for a folder it leaves so and the run report's line of its case name the same
-command (:func:`adopting_command`, :meth:`LeftCase.fix`). A case whose run is still under way is its run's to finish and is not listed.
+command (:func:`~pipeline.runner.left_case.adopting_command`, :meth:`LeftCase.fix`). A case whose run is still under way is its run's to finish and is not listed.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..errors import RunStoreError
-from ..runner.resume import read_manifest
-from ..runner.store import db_path, open_readonly
-from ..runner.tables import process_alive
+from .left_case import LeftCase, adopting_command
+from .resume import read_manifest
+from .store import db_path, open_readonly
+from .tables import process_alive
 
-log = logging.getLogger("pipeline.pacs.sender")
+log = logging.getLogger("pipeline.pacs.sender")  # said with the result sender's records
+
+__all__ = ["LeftCase", "adopting_command", "left_cases", "left_lines"]
 
 #: How many cases :func:`left_lines` names one by one (the others are counted).
 SHOWN = 10
-
-
-@dataclass(frozen=True)
-class LeftCase:
-    """A case folder in place whose case is not committed. ``status``: the run store's (``running``, ``pending``, or
-    ``done`` not confirmed); ``source``: the store's source (redacted as the store keeps it); ``remote``, ``via``,
-    ``series_uid``: where the series came from (None for a folder source)."""
-
-    case_id: str
-    status: str
-    source: str | None
-    remote: str | None = None
-    via: str | None = None
-    series_uid: str | None = None
-
-    def fix(self, run_dir: str) -> str:
-        """The command that checks the case's series again and adopts its folder (or analyses the series whole)."""
-        if self.via == "c-store":
-            return f"start ctpipe listen --out {run_dir} again (it processes the series it received again)"
-        if self.remote and self.series_uid:
-            retrieve = "&retrieve=get" if self.via == "c-get" else ""
-            return f'ctpipe run "{self.remote}?series={self.series_uid}{retrieve}" --out {run_dir}'
-        return f"ctpipe run {self.source or 'SOURCE'} --out {run_dir} (a run over the folder it came from)"
-
-
-def adopting_command(db: sqlite3.Connection, case: Mapping[str, Any], run_dir: str) -> str:
-    """:meth:`LeftCase.fix` of a run store ``cases`` row ``case`` (``case_key``, ``case_id``, ``status``, ``source``),
-    with its PACS origin where ``db`` (the run store of ``run_dir``) records one: the command that checks its series
-    again and adopts its folder, for a runner that leaves the folder as it is (its sources do not hold the series)."""
-    origin = None
-    if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'origins'").fetchone():
-        origin = db.execute("SELECT remote, via, series_uid FROM origins WHERE case_key = ?", (case["case_key"],)).fetchone()
-    remote, via, series_uid = tuple(origin) if origin is not None else (None, None, None)
-    return LeftCase(str(case["case_id"]), str(case["status"]), case["source"], remote, via, series_uid).fix(run_dir)
 
 
 def left_cases(run_dir: str | Path) -> list[LeftCase]:
