@@ -27,7 +27,7 @@ from .dicom_out.model import stated_score
 from .errors import GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import organ_colours, organ_label
-from .reconstruction.render_layout import SCALE_BAR_MM, outline_halo, window_note
+from .reconstruction.render_layout import outline_halo, scale_bar_mm, window_note
 from .reconstruction.render_planes import (
     OBLIQUE_DEG,
     OUTSIDE_SCAN,
@@ -454,11 +454,11 @@ def _orientation_letters(ax: Any, n_rows: int, n_cols: int) -> None:
 def _scale_bar(ax: Any, n_rows: int, n_cols: int, col_mm: float) -> None:
     """A yellow bar under the image's lower left corner (``n_rows`` x ``n_cols`` pixels of ``col_mm`` mm), level with
     the P letter, labelled with its length: the longest of
-    :data:`~pipeline.reconstruction.render_layout.SCALE_BAR_MM` up to an eighth of the image's width, as the MPRs'."""
+    :func:`~pipeline.reconstruction.render_layout.scale_bar_mm` of the image's width, as the MPRs'."""
     from matplotlib.transforms import offset_copy
 
     width_mm = n_cols * col_mm
-    length = next((mm for mm in SCALE_BAR_MM if mm <= width_mm / 8), SCALE_BAR_MM[-1])
+    length = scale_bar_mm(width_mm)
     x0, y = -0.5 + 0.03 * n_cols, n_rows - 0.5
     below = offset_copy(ax.transData, fig=ax.figure, y=-(LETTER_GAP_PT + LETTER_FONTSIZE / 2 + 1.0), units="points")
     ax.plot(

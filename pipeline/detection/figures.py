@@ -249,10 +249,10 @@ def finding_png(
 def _scale_bar(ax, width_mm: float, col_mm: float, *, y: float, x0: float) -> None:
     """A yellow bar from column ``x0`` at row ``y`` (image pixels of ``col_mm`` mm; the band below an image
     ``width_mm`` wide, at its left, clear of the P in its middle), labelled with its length: the longest of
-    :data:`~pipeline.reconstruction.render_layout.SCALE_BAR_MM` up to an eighth of the width, as the MPRs'."""
-    from ..reconstruction.render_layout import SCALE_BAR_MM
+    :func:`~pipeline.reconstruction.render_layout.scale_bar_mm` of the width, as the MPRs'."""
+    from ..reconstruction.render_layout import scale_bar_mm
 
-    length = next((mm for mm in SCALE_BAR_MM if mm <= width_mm / 8), SCALE_BAR_MM[-1])
+    length = scale_bar_mm(width_mm)
     x1 = x0 + length / col_mm
     ax.plot([x0, x1], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt")
     ax.annotate(
