@@ -356,6 +356,10 @@ def test_cli_detect_and_evaluate_from_dicom(tmp_path, capsys):
     case = write_phantom_case(ph, tmp_path / "case", quirks=("shuffled_names",))
     out = tmp_path / "out"
     assert main(["detect", str(case / "dicom"), "--out", str(out), "--case-id", "c2", "--device", "cpu", "--no-png"]) == 0
+    # the summary line says the device and the number format the network ran in (bfloat16 on a CPU that runs it
+    # natively, else float32), as the findings JSON records it
+    summary = capsys.readouterr().out.splitlines()[0]
+    assert f"cpu {json.loads((out / 'c2.findings.json').read_text())['precision']}," in summary, summary
     assert main(["evaluate", "--pred", str(out), "--truth", str(case), "--out", str(tmp_path / "eval"), "--bootstrap", "20"]) == 0
     res = json.loads((tmp_path / "eval" / "froc.json").read_text())
     assert res["n_nodules"] == 2 and res["sensitivity"][-1] == 1.0

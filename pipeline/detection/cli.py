@@ -259,7 +259,7 @@ def _detect_source(args: argparse.Namespace) -> int:
     thr = "any score" if findings.score_threshold is None else f"score >= {findings.score_threshold:.4g}"
     print(
         f"{case_id}: {len(findings)} findings reported of {len(findings.candidates)} candidates ({thr}; "
-        f"{findings.threshold_source}) ({det.config.name}, {findings.device}, "
+        f"{findings.threshold_source}) ({det.config.name}, {findings.device} {findings.precision}, "
         f"{findings.timings_ms.get('total', 0):.0f} ms){' — ' + findings.reason if findings.reason else ''}"
     )
     for message in findings.flags.values():
