@@ -434,6 +434,18 @@ def env_layer(environ: Mapping[str, str] | None = None) -> dict[str, dict[str, A
     return layer
 
 
+def _empty_variable(name: str, sec: str, key: str) -> ConfigError:
+    """The error for the variable ``name`` set to nothing (``CTPIPE_RUNNER_DEVICE=``, a shell line or a service file
+    that meant to leave it out) for an option that takes no null: it reads as null, which the option refuses."""
+    opt = SCHEMA[sec][key]
+    allowed = devices.allowed_devices(several=True) if f"{sec}.{key}" == "runner.device" else opt.allowed()
+    return ConfigError(
+        f"set but empty: {sec}.{key} takes {allowed}",
+        where=f"environment variable {name}",
+        fix=f"unset it (`unset {name}`) to keep the default, {sec}.{key} = {opt.default!r}, or give it a value",
+    )
+
+
 def likely_option(section: str, key: str) -> str | None:
     """The option of ``section`` that the unknown ``key`` most likely misspells (``wrokers`` → ``workers``), or None."""
     import difflib
@@ -549,6 +561,8 @@ def load_config(
             if key in given.get(sec, {}):
                 continue  # the command line (or caller) sets it: the variable does not count, whatever its value
             name = f"CTPIPE_{sec}_{key}".upper()
+            if value is None and not SCHEMA[sec][key].nullable and not (os.environ if environ is None else environ)[name].strip():
+                raise _empty_variable(name, sec, key)
             _merge(data, {sec: {key: value}}, f"environment variable {name}", sources)
     if given:
         _merge(data, given, "overrides", sources, labels)

@@ -313,3 +313,18 @@ def test_a_path_option_starting_with_a_tilde_is_refused_with_the_full_path(tmp_p
         assert f"{option} = '~/data'" in text and "'~'" in text and f"{home}/data" in text, text
     (tmp_path / "~").mkdir()  # a folder really named '~' in the working folder: the path names it
     assert getattr(getattr(load_config(f, environ={}), sec), key) == "~/data"
+
+
+def test_an_option_variable_set_but_empty_says_so_and_how_to_keep_the_default():
+    """``CTPIPE_RUNNER_DEVICE=`` (a service file that meant to leave it out) read as null: "runner.device = None is
+    not allowed; allowed: a string", which names neither the empty variable nor the device names."""
+    with pytest.raises(ConfigError) as ei:
+        load_config(environ={"CTPIPE_RUNNER_DEVICE": ""})
+    text = str(ei.value)
+    assert text.startswith("environment variable CTPIPE_RUNNER_DEVICE: set but empty: runner.device takes auto")
+    assert "cuda:N" in text and "unset CTPIPE_RUNNER_DEVICE" in text and "runner.device = 'auto'" in text
+    with pytest.raises(ConfigError, match=r"CTPIPE_RUNNER_WORKERS: set but empty: runner.workers takes an integer"):
+        load_config(environ={"CTPIPE_RUNNER_WORKERS": "  "})
+    # an option that takes null reads an empty variable as null; the command line still wins over an empty variable
+    assert load_config(environ={"CTPIPE_DETECTOR_SCORE_THRESHOLD": ""}).detector.score_threshold is None
+    assert load_config(environ={"CTPIPE_RUNNER_DEVICE": ""}, overrides={"device": "cpu"}).runner.device == "cpu"
