@@ -24,7 +24,7 @@ import numpy as np
 
 from .detection.findings import slice_label, slice_number_of, slice_number_source
 from .dicom_out.model import stated_score
-from .errors import GeometryError
+from .errors import DisplayArgumentError, GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import organ_colours, organ_label
 from .reconstruction.render_layout import outline_halo, scale_bar_mm, window_note
@@ -138,7 +138,7 @@ def _masks(recon: Any) -> dict[str, np.ndarray]:
     masks = getattr(recon, "masks", recon)
     if not isinstance(masks, Mapping):
         shape = f" of shape {np.shape(masks)}" if isinstance(masks, np.ndarray) else f" {masks!r:.80}"
-        raise TypeError(
+        raise DisplayArgumentError(
             f"recon= must be a Reconstruction, a LabelMap or a dict of bool masks [k, j, i] on the volume's grid, "
             f"got {type(recon).__name__}{shape}: pass a dict naming each mask, e.g. recon={{'lesion': mask}} "
             "(the name labels its outline)"
@@ -173,7 +173,7 @@ def _whole(value: Any, name: str, what: str) -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name}={value!r} is not a whole number: pass {what} as an int") from None
+        raise DisplayArgumentError(f"{name}={value!r} is not a whole number: pass {what} as an int") from None
 
 
 def _slice_k(volume: CTVolume, slice: int | None, k: int | None) -> int | None:
@@ -181,14 +181,14 @@ def _slice_k(volume: CTVolume, slice: int | None, k: int | None) -> int | None:
     names; None when neither is given."""
     nk = volume.shape[0]
     if slice is not None and k is not None:
-        raise ValueError(
+        raise DisplayArgumentError(
             f"pass slice= (the slice number the findings give: InstanceNumber) or k= (the array index), not both "
             f"(got slice={slice}, k={k})"
         )
     if k is not None:
         k = _whole(k, "k", "the array index of volume.array[k], from 0")
         if not 0 <= k < nk:
-            raise IndexError(f"k={k} is outside the volume's {nk} slices (k = 0..{nk - 1})")
+            raise DisplayArgumentError(f"k={k} is outside the volume's {nk} slices (k = 0..{nk - 1})")
         return k
     if slice is None:
         return None
@@ -203,11 +203,11 @@ def _slice_k(volume: CTVolume, slice: int | None, k: int | None) -> int | None:
             if source == "index + 1"
             else f"slice= is the {label}; k= takes the array index"
         )
-        raise IndexError(
+        raise DisplayArgumentError(
             f"{label} {slice} is not in this series: its {nk} slices have {label}s {min(numbers)}..{max(numbers)} ({how})"
         )
     if len(matches) > 1:
-        raise ValueError(f"{label} {slice} names {len(matches)} slices of this series (k = {matches}): pass k= instead")
+        raise DisplayArgumentError(f"{label} {slice} names {len(matches)} slices of this series (k = {matches}): pass k= instead")
     return matches[0]
 
 
@@ -281,7 +281,7 @@ def _window(window: Any) -> tuple[float, float]:
     except (TypeError, ValueError):
         low = high = float("nan")
     if not (np.isfinite(low) and np.isfinite(high) and low < high):
-        raise ValueError(
+        raise DisplayArgumentError(
             f"window={window!r} is not an HU range (lowest, highest): pass two numbers, lowest first, e.g. "
             "window=(-1350, 150) (lung: W 1500 / L -600) or window=(-160, 240) (mediastinum: W 400 / L 40)"
         )
@@ -369,7 +369,7 @@ def show(
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 6))
     elif not hasattr(ax, "imshow"):
-        raise TypeError(f"ax= must be one matplotlib Axes, got {_not_axes(ax)}")
+        raise DisplayArgumentError(f"ax= must be one matplotlib Axes, got {_not_axes(ax)}")
     sx, sy, sz = geometry.spacing_lps()
     ax.imshow(np.asarray(view[z - first], np.float32), cmap="gray", vmin=low, vmax=high, aspect=sy / sx, interpolation="nearest")
     n_rows, n_cols = view.shape[1:]

@@ -370,3 +370,10 @@ class PhantomError(CtpipeError, ValueError):
 
 class DicomWriteError(CtpipeError, ValueError):
     """A volume or an option cannot be written as a DICOM series (unknown quirk, transfer syntax, ...)."""
+
+
+# --- notebook display ---------------------------------------------------------------------
+class DisplayArgumentError(CtpipeError, TypeError, ValueError, IndexError):
+    """An argument of :func:`pipeline.show` cannot be drawn (``recon=``, ``slice=``/``k=``, ``window=``, ``ax=``): the
+    message names the argument, the value given and what to pass. Also a TypeError, ValueError and IndexError, as
+    the plain errors that argument checks raise elsewhere."""

@@ -515,3 +515,27 @@ def test_only_the_masks_whose_outline_is_drawn_are_in_the_legend():
     assert [t.get_text() for t in legend.get_texts()] == ["lesion"]
     ax = show(vol, recon={"field_of_view": everywhere})
     assert ax.get_legend() is None  # no outline drawn: no empty legend box
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"recon": np.zeros(SHAPE, bool)},
+        {"slice": 8.5},
+        {"slice": 21},
+        {"k": 20},
+        {"slice": 3, "k": 2},
+        {"window": (150, -1350)},
+        {"ax": "axes"},
+    ],
+)
+def test_every_argument_show_refuses_is_a_ctpipe_error(bad):
+    """A notebook that catches ``CtpipeError`` around a figure catches show()'s refusals too; the plain Python
+    types stay (a TypeError, ValueError or IndexError handler still catches them)."""
+    from pipeline.errors import CtpipeError, DisplayArgumentError
+
+    with pytest.raises(CtpipeError) as err:
+        show(_lps_volume(), **bad)
+    assert isinstance(err.value, DisplayArgumentError)
+    assert isinstance(err.value, (TypeError, ValueError, IndexError))
+    assert next(iter(bad)) + "=" in str(err.value) or "slice" in str(err.value)
