@@ -1,10 +1,12 @@
-"""Argument types for the ``ctpipe`` sub-commands: numbers in their range, refused by argparse with the range; and the
+"""Argument types for the ``ctpipe`` sub-commands: numbers in their range, refused by argparse with the range; a
+non-empty ``--out`` folder; and the
 ``--keep-identifiers`` option the single-series commands share (:func:`add_keep_identifiers`)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 from . import devices
 
@@ -55,6 +57,17 @@ def device_name(text: str) -> str:
     if name is None:
         raise argparse.ArgumentTypeError(f"unknown device {text!r}; allowed: {devices.allowed_devices()}")
     return name
+
+
+def out_folder(text: str) -> Path:
+    """An argparse ``type`` for ``--out``: the folder as a :class:`~pathlib.Path`; an empty or blank value (``--out
+    "$RUN_DIR"`` with the variable unset) is refused, as it would name the current folder and fill it with the
+    command's files."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is empty: it would write into the current folder; give the folder to write, e.g. --out runs/r1"
+        )
+    return Path(text)
 
 
 #: The help of ``--keep-identifiers`` of ``ctpipe detect`` and ``ctpipe reconstruct`` (:func:`add_keep_identifiers`).

@@ -69,11 +69,13 @@ def _rebuild(cls: type[CtpipeError], message: str, where: str | None, fix: str |
 
 
 def require_path(value: Any, *, where: str, error: type[CtpipeError], what: str = "a folder or file", fix: str) -> Path:
-    """``value`` as a :class:`Path` when it is one path (a str or an os.PathLike); else ``error`` naming the argument
-    ``where``, the type and value given, and ``fix``."""
+    """``value`` as a :class:`Path` when it is one path (a str or an os.PathLike), not empty; else ``error`` naming the
+    argument ``where``, the value given, and ``fix``."""
     import os
 
     if isinstance(value, (str, os.PathLike)):
+        if not os.fspath(value).strip():  # Path("") is the current folder: a variable that was never set
+            raise error(f"is empty ({value!r}), which names the current folder ({os.getcwd()})", where=where, fix=fix)
         return Path(value)
     raise error(f"must be {what} (a str or a pathlib.Path), got {described(value)}", where=where, fix=fix)
 

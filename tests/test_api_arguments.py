@@ -492,3 +492,25 @@ def test_load_series_names_a_series_uid_that_is_not_text(tmp_path):
     with pytest.raises(DicomError) as err:
         load_series(tmp_path, series_uid=5)
     assert "series_uid=5 is not text" in _text(err)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: ctp.run_batch(["scans"], out=""),
+        lambda: ctp.run_batch(["scans"], out=Path(" ")),
+        lambda: ctp.run_batch([""], out="runs/r1"),
+        lambda: ctp.load_series(""),
+        lambda: ctp.CaseCache(""),
+    ],
+    ids=["run_batch out", "run_batch out blank", "run_batch source", "load_series", "CaseCache"],
+)
+def test_an_empty_path_is_refused_before_anything_is_written(tmp_path, monkeypatch, call):
+    """``run_batch(srcs, out=os.environ.get("RUN_DIR", ""))``: an empty path is the current folder, and the run wrote
+    its folder (cases, cache, report, runs.sqlite) there."""
+    (tmp_path / "scans").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CtpipeError) as err:
+        call()
+    assert "is empty (" in _text(err) and f"names the current folder ({tmp_path})" in _text(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scans"]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..argtypes import number_in
+from ..argtypes import number_in, out_folder
 from ..devices import allowed_devices
 from ..runner.cli import set_item, stop_once
 
@@ -60,7 +60,7 @@ def register(sub: Any) -> None:
         "options or model files, 2 bad "
         "arguments (an unknown option, a value not allowed: --ae-title, --send-to, --device, a --set item).",
     )
-    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused on restart)")
+    p.add_argument("--out", required=True, type=out_folder, metavar="RUN_DIR", help="run folder (created; reused on restart)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml, section pacs)")
     p.add_argument("--ae-title", metavar="AET", help="this listener's AE title (pacs.ae_title; default CTPIPE)")
     p.add_argument(

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import number_in
+from ..argtypes import number_in, out_folder
 from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 
@@ -58,7 +58,7 @@ def register(sub: Any) -> None:
         "names it, the next run takes the whole series).",
     )
     p.add_argument("sources", nargs="+", metavar="SRC", help="DICOM folder(s) or worklist CSV file(s) (column 'path')")
-    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (created; reused to resume)")
+    p.add_argument("--out", required=True, type=out_folder, metavar="RUN_DIR", help="run folder (created; reused to resume)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml)")
     p.add_argument(
         "--workers",
@@ -128,7 +128,7 @@ def register(sub: Any) -> None:
         "that is one of the RUN_DIRs).",
     )
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders written by ctpipe run --out (e.g. runs/2026-11-*)")
-    r.add_argument("--out", required=True, metavar="DIR", help="folder for the report")
+    r.add_argument("--out", required=True, type=out_folder, metavar="DIR", help="folder for the report")
     r.add_argument(
         "--bin-minutes",
         type=number_in(int, 0, 1440),
@@ -286,7 +286,7 @@ def _leave_to_the_summary(events: frozenset[str]) -> None:
             handler.addFilter(keep)
 
 
-def stop_once(out: str, *, note: str | None = None) -> dict[int, Any]:
+def stop_once(out: str | os.PathLike[str], *, note: str | None = None) -> dict[int, Any]:
     """Make Ctrl-C (SIGINT), SIGTERM and SIGHUP stop ``ctpipe run`` as Ctrl-C does: the first raises
     KeyboardInterrupt, so that the run is recorded as interrupted (``run_end`` in run.log, report, metrics) and
     resumes next time. The second (Ctrl-C pressed again while the run records its stop, a few seconds) only says that
