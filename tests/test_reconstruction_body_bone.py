@@ -16,6 +16,7 @@ from pipeline.phantom.confounders import CONFOUNDER_SCENARIOS, Confounders, scen
 from pipeline.reconstruction import blood_pools as pools_mod
 from pipeline.reconstruction import body as body_mod
 from pipeline.reconstruction import bone as bone_mod
+from pipeline.reconstruction import table as table_mod
 from pipeline.reconstruction.grid import Grid
 from pipeline.reconstruction.organs import SegmentParams
 from pipeline.reconstruction.segment import segment_organs
@@ -250,12 +251,12 @@ def test_table_zone_finds_a_couch_under_the_patient_and_nothing_without_one():
     patient = ((i - 40) / 25.0) ** 2 + ((j - 35) / 18.0) ** 2 < 1
     arr[patient] = 40.0
     grid = _grid(arr, spacing=(2.0, 2.0, 3.0))
-    assert body_mod.table_zone(torch.from_numpy(arr > -500), grid) is None
+    assert table_mod.table_zone(torch.from_numpy(arr > -500), grid) is None
     arr[:, 60, 2:78] = 400.0  # a couch: two thin shells around foam, the whole scan long
     arr[:, 61:68, 2:78] = -850.0
     arr[:, 68, 2:78] = 400.0
     grid = _grid(arr, spacing=(2.0, 2.0, 3.0))
-    zone = body_mod.table_zone(torch.from_numpy(arr > -500), grid)
+    zone = table_mod.table_zone(torch.from_numpy(arr > -500), grid)
     assert zone is not None and zone[60:69, 10:70].all()
     assert not (zone[None] & patient).any()
     body = body_mod.segment_body(grid, SegmentParams())
@@ -280,7 +281,7 @@ def test_table_zone_finds_the_shell_under_a_mattress_the_field_of_view_cuts():
     arr[j > 70] = -850.0  # foam, cut by the image's edge
     arr += rng.normal(0, 60, arr.shape)
     grid = _grid(arr, spacing=(2.0, 2.0, 3.0))
-    zone = body_mod.table_zone(torch.from_numpy(arr > -500), grid)
+    zone = table_mod.table_zone(torch.from_numpy(arr > -500), grid)
     assert zone is not None and zone[63:, :].all() and not zone[:62].any()
     body = body_mod.segment_body(grid, SegmentParams())
     assert dice(patient, body) > 0.97

@@ -11,8 +11,8 @@ import pytest
 from pipeline.geometry import Geometry
 from pipeline.phantom import generate_phantom
 from pipeline.phantom.confounders import realistic_confounders
-from pipeline.reconstruction.body import floor_lps, gravity_axis
 from pipeline.reconstruction.segment import segment_organs
+from pipeline.reconstruction.table import floor_lps, gravity_axis
 
 L, P, S = np.eye(3)
 
