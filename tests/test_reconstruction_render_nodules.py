@@ -164,7 +164,7 @@ def test_a_nodules_letters_go_left_of_it_before_they_leave_its_row():
     """On the planning chest's sagittal overview the letters of #5 were pushed four lines down, away from its outline,
     by its neighbours' letters on its right: they now take the left side of the nodule first, on its own row, and
     never run past the image's edge."""
-    from pipeline.reconstruction.render_nodules import free_spot
+    from pipeline.reconstruction.letter_spots import free_spot
 
     placed: list = []
     first = free_spot(20.0, 10.0, 50.0, "#1 (18 mm S)", 0.14, placed, limit=100.0)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..volume import Geometry
+from .letter_spots import free_space_spot, open_spot
 from .mesh import Mesh, mesh_from_mask
 from .organs import EXTRA_COLORS, ORGAN_COLORS, organ_colours, organ_label
 from .render_layout import (
@@ -39,7 +40,7 @@ from .render_layout import (
     pixel_scale_bar,
     save_png,
 )
-from .render_nodules import drawn_extent, free_space_spot, leader_line, open_spot, put_nodule_letters
+from .render_nodules import drawn_extent, leader_line, put_nodule_letters
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.artist import Artist
@@ -465,12 +466,12 @@ def _letter_nodules(
     hidden: Mapping[str, str],
 ) -> None:
     """``#N`` beside each nodule ``nodule N`` of a preview view (right or left of its surface, at its top), on a dark
-    box, where no other nodule's letters are (:func:`~.render_nodules.open_spot`; long letters may reach into the
+    box, where no other nodule's letters are (:func:`~.letter_spots.open_spot`; long letters may reach into the
     bands beside the view, never over its orientation letters); ``#N (behind left lung)`` for one ``hidden`` behind
     an organ. In a crowd the letters never cover each other nor run past the view and its bands: where the full
     form finds no room beside the nodule a shorter one is tried (``#N (behind)``, then ``#N``: the legend and the
     dashed outline say what it means), then the nearest free place on the view
-    (:func:`~.render_nodules.free_space_spot`); none free, the nodule is left unlettered and a warning logged. Letters
+    (:func:`~.letter_spots.free_space_spot`); none free, the nodule is left unlettered and a warning logged. Letters
     moved away from the nodule are joined to it by a dotted line, so that they are not read as another nodule's."""
     where = {name: image_position(mesh.vertices, view=view, size=size, frame=frame) for name, mesh in nodules.items()}
     placed = [(*uv.min(axis=0), *uv.max(axis=0)) for uv in where.values()]  # the letters cover no nodule
