@@ -37,8 +37,9 @@ from scipy.optimize import minimize
 from train_detector import training_phantom
 
 from pipeline.detection.bundle import load_model
-from pipeline.detection.evaluate import FrocResult, evaluate_froc
+from pipeline.detection.evaluate import evaluate_froc
 from pipeline.detection.findings import Findings
+from pipeline.detection.froc_result import FrocResult
 from pipeline.detection.infer import Detector
 from pipeline.detection.lungs import quick_lung_mask
 from pipeline.detection.model_config import DEMO_MODEL_JSON

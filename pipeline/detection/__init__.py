@@ -34,7 +34,7 @@ _LAZY = {
     "Findings": "pipeline.detection.findings",
     "load_findings": "pipeline.detection.findings",
     "evaluate_froc": "pipeline.detection.evaluate",
-    "FrocResult": "pipeline.detection.evaluate",
+    "FrocResult": "pipeline.detection.froc_result",
     "ModelConfig": "pipeline.detection.model_config",
     "OperatingPoint": "pipeline.detection.operating_point",
 }
