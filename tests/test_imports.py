@@ -213,7 +213,9 @@ def test_a_public_name_is_its_object_whatever_module_was_imported_first():
 #: and nodule letters, the 3-D preview and show().
 PUBLIC_HELPERS_ONLY = (
     "pipeline.display",
+    "pipeline.reconstruction.letter_spots",
     "pipeline.reconstruction.preview",
+    "pipeline.reconstruction.preview_raster",
     "pipeline.reconstruction.render",
     "pipeline.reconstruction.render_layout",
     "pipeline.reconstruction.render_nodules",

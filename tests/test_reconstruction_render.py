@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.reconstruction.mesh import mesh_from_mask
-from pipeline.reconstruction.preview import rasterise
+from pipeline.reconstruction.preview_raster import rasterise
 from pipeline.reconstruction.render import lps_aligned, render_mip, render_mpr
 from pipeline.volume import CTVolume, Geometry
 from tests._support.shapes import lps_grids, sphere_mask
