@@ -14,14 +14,14 @@ T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 
 
 def _report(tmp_path, monkeypatch, ends: list[float], *, run: tuple[float, float] | None = None, **kw):
-    import pipeline.runner.report as report
+    import pipeline.runner.report_plots as report_plots
     from pipeline.runner import build_report
     from pipeline.runner.store import RunStore
     from tests.test_runner_report_tables import _clock, _dead_pid, _done, _start
 
     figures: list = []
-    png = report._png
-    monkeypatch.setattr(report, "_png", lambda fig: (figures.append(fig), png(fig))[1])
+    png = report_plots._png
+    monkeypatch.setattr(report_plots, "_png", lambda fig: (figures.append(fig), png(fig))[1])
     run_dir = tmp_path / "run"
     store = RunStore(run_dir)
     _start(store, "r1", pid=_dead_pid())

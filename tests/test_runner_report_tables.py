@@ -384,7 +384,7 @@ def test_the_gpu_plot_draws_no_line_across_the_idle_time_between_runs():
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from pipeline.runner.report import gpu_lines
+    from pipeline.runner.report_plots import gpu_lines
 
     samples = pd.DataFrame(
         {
