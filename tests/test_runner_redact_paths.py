@@ -185,7 +185,8 @@ def test_volume_json_redaction_reads_through_escaped_non_ascii_names():
     value, so such a folder is replaced too; without a run that redacts it is copied byte for byte."""
     import json
 
-    from pipeline.runner.redact import PathRedactor, identifiers_of, redacting
+    from pipeline.runner.redact import PathRedactor, identifiers_of
+    from pipeline.runner.redact_active import redacting
     from pipeline.runner.stages import _redacted_json
 
     sidecar = json.dumps({"extra": {"source": "/spool/MüllerAnna/CT"}, "n": [1, 2.5, None]}, indent=1).encode()

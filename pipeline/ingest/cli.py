@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..runner.redact import redacted_data
+    from ..runner.redact_active import redacted_data
 
     rules = SelectionRules(min_slices=args.min_slices, allow_derived=args.allow_derived, axial_tolerance_deg=args.axial_tolerance)
     json_to_stdout = args.json is not None and str(args.json) == "-"

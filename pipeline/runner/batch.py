@@ -25,7 +25,8 @@ from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
 from .metrics import NvmlSampler, RunMetrics
 from .progress import Progress
-from .redact import PathRedactor, redacting
+from .redact import PathRedactor
+from .redact_active import redacting
 from .result_options import WEIGHTS_KEY, check_result_options, weights_digest
 from .resume import RunLock, drop_cached, plan, reconcile, remove_quarantine
 from .run_config import config_yaml, effective_config, recorded

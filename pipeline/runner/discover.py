@@ -41,7 +41,7 @@ from ..csvfile import read_table
 from ..errors import ConfigError, NoSeriesFoundError, described, missing_path_fix, require_path
 from .arrivals import SourceSnapshot
 from .fingerprint import fingerprint_series
-from .redact import active, held_back
+from .redact_active import active, held_back
 from .stage import CaseSpec
 
 log = logging.getLogger(__name__)

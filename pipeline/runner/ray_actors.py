@@ -23,7 +23,7 @@ from typing import Any
 from ..config import from_dict
 from ..errors import FatalRunError
 from .logs import log_as_worker
-from .redact import redact_in_worker
+from .redact_active import redact_in_worker
 from .stage import Stage, Task, TaskResult, WorkerInfo
 from .task_run import run_task, setup_stages
 

@@ -34,7 +34,7 @@ from ..config import Config
 from ..errors import FatalRunError
 from .ray_actors import StageActor, software
 from .ray_connect import RaySession
-from .redact import active as active_redactor
+from .redact_active import active as active_redactor
 from .stage import Stage, Task
 
 log = logging.getLogger(__name__)

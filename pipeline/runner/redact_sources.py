@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TextIO, cast
 
 from ..errors import CtpipeError
-from .redact import PathRedactor, redacting
+from .redact import PathRedactor
+from .redact_active import redacting
 
 
 class _Drop(logging.Filter):
@@ -115,8 +116,8 @@ def _redact_error(exc: BaseException, redactor: PathRedactor) -> None:
 def redacting_sources(sources: Iterable[str | os.PathLike[str]], *, keep_identifiers: bool = False) -> Iterator[None]:
     """For a command given ``sources`` (``ctpipe detect``, ``reconstruct``, ``ingest``): unless ``keep_identifiers``,
     the patient-named components of their paths (:func:`sources_redactor`, the rule of ``ctpipe run``) read as their
-    tokens, for the block, in the log records (:func:`.redact.redacting`), in what it prints on stdout and stderr, in
-    what it writes through :func:`.redact.redact` and :func:`.redact.redacted_data`, and in the error (a
+    tokens, for the block, in the log records (:func:`.redact_active.redacting`), in what it prints on stdout and stderr, in
+    what it writes through :func:`.redact_active.redact` and :func:`.redact_active.redacted_data`, and in the error (a
     :class:`CtpipeError` or an OSError) that ends it."""
     if keep_identifiers:
         yield

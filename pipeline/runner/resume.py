@@ -50,7 +50,7 @@ from ..errors import RunStoreError, SeriesStillWrittenError
 from ..locks import flock
 from .adopt import NOT_FOUND, SourceCheck
 from .arrivals import STILL_WRITTEN_FIX
-from .redact import redact
+from .redact_active import redact
 from .stage import CaseSpec
 from .store import RunStore
 

@@ -44,7 +44,7 @@ from .dicom_stage import DicomStage
 from .measurements import flatten_measurements
 from .model_stages import DetectStage, LoadStage
 from .recon_stages import LungsStage, NodulesStage, ReconstructStage, lungs_first, read_case_volume
-from .redact import active, held_back
+from .redact_active import active, held_back
 from .stage import CaseContext, CaseSpec, Stage, WorkerInfo
 
 __all__ = [
@@ -188,11 +188,11 @@ class IngestStage(Stage):
 
 
 def _redacted_json(data: bytes) -> bytes:
-    """A JSON document with every string in it redacted (:func:`pipeline.runner.redact.redacted_data`), also one
+    """A JSON document with every string in it redacted (:func:`pipeline.runner.redact_active.redacted_data`), also one
     stored with its non-ASCII characters escaped."""
     import json
 
-    from .redact import active, redacted_data
+    from .redact_active import active, redacted_data
 
     if active() is None:
         return data

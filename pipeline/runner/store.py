@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .redact import redact
+from .redact_active import redact
 from .store_cases import TRANSITIONS, CaseTransitions
 from .store_db import DB_NAME, SCHEMA_VERSION, db_path, open_readonly, remote_series
 from .store_records import ORIGIN_KEYS, RunRecords

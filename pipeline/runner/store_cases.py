@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import RunStoreError
-from .redact import redact
+from .redact_active import redact
 from .store_db import StoreConnection, db_path
 
 #: The case statuses each state change starts from (see the module docstring).

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import RunStoreError
-from .redact import redact
+from .redact_active import redact
 from .store_db import StoreConnection, db_path
 
 #: Keys of an origin (``run_batch(origins=...)``, :meth:`RunStore.record_origins`); nothing else is stored.

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..config import Config
 from ..errors import FatalRunError, StageTimeoutError
-from .redact import active as active_redactor
+from .redact_active import active as active_redactor
 from .stage import Stage, Task, TaskResult
 from .worker_process import main_module_hidden, mp_context, worker_main
 
