@@ -157,7 +157,7 @@ def test_keep_identifiers_says_which_identifiers_it_keeps_and_where():
     # and volume.json": the "..." promised more than the four ever read, and nothing said that the option also writes
     # patient-named folders and files as they are in run.log, the console, the run store and the report
     from pipeline.config_schema import SCHEMA
-    from pipeline.ingest.discover import METADATA_IDENTIFIERS
+    from pipeline.ingest.header_values import METADATA_IDENTIFIERS
 
     run = next(a for a in _commands()["run"]._actions if "--keep-identifiers" in a.option_strings)
     for text in (run.help or "", SCHEMA["privacy"]["keep_identifiers"].help):

@@ -146,7 +146,7 @@ def _add_identifiers(paths):
 def test_keep_identifiers_keeps_the_identifiers_its_documentation_names(tmp_path):
     # was: load_series' docstring listed four identifiers by hand, beside a filter on the 26 of PATIENT_IDENTIFIERS,
     # so a reader could not tell whether InstitutionName or OtherPatientIDs came along
-    from pipeline.ingest.discover import METADATA_IDENTIFIERS
+    from pipeline.ingest.header_values import METADATA_IDENTIFIERS
 
     paths = write_phantom(tmp_path / "in")
     _add_identifiers(paths)

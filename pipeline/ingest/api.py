@@ -212,7 +212,7 @@ def load_series(
         (per-slice in-plane linear interpolation) instead of raising GantryTiltError;
         the grid grows along the shift to hold every slice whole (LPS positions kept).
     keep_identifiers: copy the patient identifiers the header scan reads,
-        :data:`pipeline.ingest.discover.METADATA_IDENTIFIERS` (PatientID, PatientName,
+        :data:`pipeline.ingest.header_values.METADATA_IDENTIFIERS` (PatientID, PatientName,
         PatientBirthDate, AccessionNumber), into ``metadata``, and the SeriesDescription as it is, also in the error
         listing the folder's series (several qualify, or ``series_uid`` is not among them); the other
         attributes of :data:`pipeline.volume.PATIENT_IDENTIFIERS` are never read. By default they are left out and
@@ -389,7 +389,7 @@ def ingest_to_cache(
     ``lone_series_ok``: take the only CT series even when it is shorter than
     ``rules.min_slices`` (with a warning); default: when ``path`` is one folder or file,
     not for several. ``keep_identifiers``: keep the patient identifiers the header scan reads
-    (:data:`pipeline.ingest.discover.METADATA_IDENTIFIERS`, of :data:`pipeline.volume.PATIENT_IDENTIFIERS`)
+    (:data:`pipeline.ingest.header_values.METADATA_IDENTIFIERS`, of :data:`pipeline.volume.PATIENT_IDENTIFIERS`)
     in the metadata and the cache sidecars, and the SeriesDescription as it is (by default they are left out and each
     of them in the description reads ``<patient>``).
     """

@@ -137,7 +137,7 @@ def plan_volume(
     """Validate ``series`` from its headers and work out its LPS geometry (no pixels read).
 
     ``keep_identifiers``: copy the patient identifiers the files hold, of those the header scan reads
-    (:data:`pipeline.ingest.discover.METADATA_IDENTIFIERS`), into the metadata; by default they are left out.
+    (:data:`pipeline.ingest.header_values.METADATA_IDENTIFIERS`), into the metadata; by default they are left out.
     Raises the specific :mod:`pipeline.errors` class for the first problem found.
     """
     where = describe(series)
