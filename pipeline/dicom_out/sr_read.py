@@ -277,7 +277,7 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
     (flag codes).
     """
     from ..reconstruction.quality import FLAGS
-    from .sr import LUNG_MEASUREMENTS
+    from .sr_case import LUNG_MEASUREMENTS
 
     report = _report(path)
     groups = report.get_image_measurement_groups()
