@@ -59,15 +59,20 @@ def device_name(text: str) -> str:
     return name
 
 
-def out_folder(text: str) -> Path:
-    """An argparse ``type`` for ``--out``: the folder as a :class:`~pathlib.Path`; an empty or blank value (``--out
-    "$RUN_DIR"`` with the variable unset) is refused, as it would name the current folder and fill it with the
-    command's files."""
+def out_folder(text: str) -> str:
+    """An argparse ``type`` for ``--out``: the folder as typed (messages name it so, ``runs/night/`` too); an empty or
+    blank value (``--out "$RUN_DIR"`` with the variable unset) is refused, as it would name the current folder and
+    fill it with the command's files."""
     if not text.strip():
         raise argparse.ArgumentTypeError(
             f"{text!r} is empty: it would write into the current folder; give the folder to write, e.g. --out runs/r1"
         )
-    return Path(text)
+    return text
+
+
+def out_path(text: str) -> Path:
+    """:func:`out_folder` as a :class:`~pathlib.Path`, for the commands that join file names to it."""
+    return Path(out_folder(text))
 
 
 #: The help of ``--keep-identifiers`` of ``ctpipe detect`` and ``ctpipe reconstruct`` (:func:`add_keep_identifiers`).

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import add_keep_identifiers, device_name, number_in, out_folder
+from ..argtypes import add_keep_identifiers, device_name, number_in, out_path
 from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 from .evaluate import READINGS
@@ -63,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "src", metavar="SRC", type=Path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image"
     )
-    p.add_argument("--out", type=out_folder, required=True, help="output folder")
+    p.add_argument("--out", type=out_path, required=True, help="output folder")
     p.add_argument(
         "--bundle",
         type=Path,
@@ -145,7 +145,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="phantom ground_truth.json files/folders or a LUNA16 annotations CSV "
         "(seriesuid,coordX,coordY,coordZ,diameter_mm; LPS mm)",
     )
-    e.add_argument("--out", type=out_folder, required=True, help="folder for froc.json, froc.csv, froc.png and at_score.json")
+    e.add_argument("--out", type=out_path, required=True, help="folder for froc.json, froc.csv, froc.png and at_score.json")
     e.add_argument(
         "--bootstrap", type=number_in(int, 0), default=1000, help="bootstrap samples for the 95%% intervals (default 1000)"
     )

@@ -286,7 +286,7 @@ def _leave_to_the_summary(events: frozenset[str]) -> None:
             handler.addFilter(keep)
 
 
-def stop_once(out: str | os.PathLike[str], *, note: str | None = None) -> dict[int, Any]:
+def stop_once(out: str, *, note: str | None = None) -> dict[int, Any]:
     """Make Ctrl-C (SIGINT), SIGTERM and SIGHUP stop ``ctpipe run`` as Ctrl-C does: the first raises
     KeyboardInterrupt, so that the run is recorded as interrupted (``run_end`` in run.log, report, metrics) and
     resumes next time. The second (Ctrl-C pressed again while the run records its stop, a few seconds) only says that
