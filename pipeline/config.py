@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import devices
-from .config_check import _check
+from .config_check import check_value
 from .config_schema import ALIASES, SCHEMA, defaults
 from .errors import ConfigError, missing_path_fix, require_path
 
@@ -155,7 +155,7 @@ def _merge(
                     if likely
                     else "remove it or correct its spelling (see configs/default.yaml)",
                 )
-            data[sec][key] = _check(path, opt, value, where)
+            data[sec][key] = check_value(path, opt, value, where)
             sources[path] = where
 
 

@@ -1,6 +1,6 @@
 """ctpipe configuration: one option's value checked against its :class:`~pipeline.config_schema.Option`.
 
-:func:`_check` validates a value read from any source (override, environment variable, YAML file, default)
+:func:`check_value` validates a value read from any source (override, environment variable, YAML file, default)
 by the option's kind and allowed values, and returns it as the runner reads it (an ``int`` for
 ``numpy.int64(4)``, ``cuda:1`` for a GPU number, a float for ``1e3``). A bad value raises
 :class:`~pipeline.errors.ConfigError` naming the key's dotted path, the value, where it came from and what
@@ -24,7 +24,7 @@ from .pacs.address import check_aet, parse_destination, redact
 _EXPONENT_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-def _check(path: str, opt: Option, value: Any, source: str) -> Any:
+def check_value(path: str, opt: Option, value: Any, source: str) -> Any:
     def bad(extra: str = "") -> ConfigError:
         return ConfigError(
             f"{path} = {value!r} is not allowed{extra}; allowed: {opt.allowed()}",

@@ -103,9 +103,11 @@ def test_a_bad_value_set_on_the_command_line_is_checked_once_and_names_the_set_i
     import pipeline.config as config
 
     checked: list[tuple[str, str]] = []
-    real_check = config._check
+    real_check = config.check_value
     monkeypatch.setattr(
-        config, "_check", lambda path, opt, value, source: checked.append((path, source)) or real_check(path, opt, value, source)
+        config,
+        "check_value",
+        lambda path, opt, value, source: checked.append((path, source)) or real_check(path, opt, value, source),
     )
     monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
     (tmp_path / "empty").mkdir()

@@ -57,7 +57,7 @@ from .image_plane import image_coordinates, image_geometry
 from .model import LENGTH_DECIMALS, ReportedFinding
 from .source_headers import limit_to_filing
 from .sources import SourceSeries
-from .sr_case import _case_group
+from .sr_case import case_group
 from .uids import stable_uid
 
 log = logging.getLogger(__name__)
@@ -295,7 +295,7 @@ def build_sr(
     groups: list[Any] = []
     for f in findings:  # each nodule's volumetric group, then its axes drawn on their image
         groups += [_finding_group(f, source, algorithm), *_axis_lines(f, source, algorithm)]
-    groups.append(_case_group(findings, measurements, quality, source, algorithm, nodules_assessed))
+    groups.append(case_group(findings, measurements, quality, source, algorithm, nodules_assessed))
     # the images the content references: each finding's slice and the slice its axes are measured on
     referenced = sorted({f.slice_k for f in findings} | {f.axes.slice_k for f in findings if f.axes is not None})
     library = None

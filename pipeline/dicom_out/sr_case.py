@@ -111,7 +111,7 @@ def _flag_evaluation(code: str, side: str | None, sentence: str, *, phase: str |
     return hd.sr.QualitativeEvaluation(C.QUALITY_FINDING, C.quality_flag_code(code, sentence, side=side))
 
 
-def _case_group(
+def case_group(
     findings: Sequence[ReportedFinding],
     measurements: Mapping[str, Any] | None,
     quality: Any,

@@ -23,7 +23,7 @@ from ..errors import (
 )
 from ..volume import PATIENT_IDENTIFIERS, CTVolume
 from .geometry import StackGeometry, stack_geometry
-from .header_checks import _check_headers
+from .header_checks import check_headers
 from .headers import SliceHeader
 from .lossy import lossy_compression
 from .measured import TILT_SHIFTS_KEY, shifts_metadata
@@ -142,7 +142,7 @@ def plan_volume(
     """
     where = describe(series)
     headers = series.headers
-    _check_headers(headers, where, check_modality)
+    check_headers(headers, where, check_modality)
     if any(h.is_enhanced for h in headers):
         return _plan_multiframe(series, where, spacing_tolerance, allow_gantry_tilt, keep_identifiers)
     h0 = headers[0]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import CtpipeError, NotDicomError, TruncatedFileError, UnreadableFileError, missing_path_fix
-from .header_values import _pydicom_header, header_from_values
+from .header_values import header_from_values, pydicom_header
 from .headers import SliceHeader
 from .image import archive_kind, image_suffix, unpack_fix
 from .multiframe import read_frames
@@ -94,7 +94,7 @@ def read_header(path: str | os.PathLike[str]) -> SliceHeader:
         try:
             raw = read_raw_header(p)
         except RawHeaderUnsupported:
-            return _pydicom_header(p)
+            return pydicom_header(p)
     except RawHeaderError as exc:
         if exc.kind == "truncated":
             raise TruncatedFileError(

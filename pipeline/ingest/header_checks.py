@@ -1,6 +1,6 @@
 """Checks of one (sub-)series' headers before any pixel is read (:func:`.build.plan_volume`).
 
-:func:`_check_headers` refuses a series that is not CT or not grayscale, whose files hold unreadable or absurd
+:func:`check_headers` refuses a series that is not CT or not grayscale, whose files hold unreadable or absurd
 header values or lack their geometry (position, orientation, pixel spacing, rows, columns), whose files belong
 to more than one patient or study (:data:`ONE_PATIENT`; the message names the attribute and the odd files,
 never the values), whose files disagree on what must be the same in every slice (the majority's value is
@@ -90,7 +90,7 @@ def _no_geometry(h: SliceHeader, name: str, tag: int, count: int) -> SeriesGeome
     )
 
 
-def _check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality: bool) -> None:
+def check_headers(headers: tuple[SliceHeader, ...], where: str, check_modality: bool) -> None:
     h0 = headers[0]
     if check_modality and h0.modality != "CT":
         raise NotCTError(

@@ -166,7 +166,7 @@ def header_from_values(path: Path, raw: RawHeader, *, use_pydicom: bool = False)
     )
 
 
-def _pydicom_header(path: Path) -> SliceHeader:
+def pydicom_header(path: Path) -> SliceHeader:
     """Header of a big-endian or deflated file through pydicom (pixel data left unread)."""
     # lazy on purpose: pydicom is slow to import and only these rare transfer syntaxes need it here
     from pydicom.errors import InvalidDicomError

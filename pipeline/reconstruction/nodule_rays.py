@@ -2,11 +2,11 @@
 
 Used by :mod:`pipeline.reconstruction.nodules` (steps 2 and 3 there): intensity profiles along rays
 in evenly spread directions (sub-voxel, trilinear) give where the intensity first falls below a
-threshold (:func:`_cast`, :func:`_crossings`); the edge width ``sigma`` is measured on the
-nodule's own edge (:func:`_edge_sigma`); around a ground-glass nodule, rays ending next to solid
-tissue are not used (:func:`_glass_edge_ok`); a smooth star-shaped surface, radius ``r(u)`` = real
+threshold (:func:`cast_rays`, :func:`ray_crossings`); the edge width ``sigma`` is measured on the
+nodule's own edge (:func:`edge_sigma`); around a ground-glass nodule, rays ending next to solid
+tissue are not used (:func:`glass_edge_ok`); a smooth star-shaped surface, radius ``r(u)`` = real
 spherical harmonics of degree ≤ 2 in the direction ``u``, is fitted to the ray lengths by
-one-sided trimmed least squares (:func:`_fit_radius`, :func:`_star_radius`).
+one-sided trimmed least squares (:func:`fit_radius`, :func:`star_radius`).
 
 Ray origins are DICOM patient coordinates (LPS, mm), directions unit vectors in LPS, lengths
 and distances along the rays in mm.
@@ -35,7 +35,7 @@ BOX_SLACK = 1.25
 MIN_INSIDE_SHARE = 0.3
 
 
-def _directions(n: int) -> np.ndarray:
+def ray_directions(n: int) -> np.ndarray:
     """``n`` unit vectors spread evenly over the sphere (Fibonacci lattice), ``(n, 3)``."""
     k = np.arange(n) + 0.5
     z = 1.0 - 2.0 * k / n
@@ -60,7 +60,7 @@ class _Rays:
     prof: np.ndarray
 
 
-def _cast(
+def cast_rays(
     hu: np.ndarray, geom: Geometry, origin: np.ndarray, dirs: np.ndarray, r_max: float, measured: np.ndarray | None = None
 ) -> _Rays:
     """Profiles along ``dirs`` from ``origin`` (LPS mm) out to ``r_max`` (mm), every 0.3 voxel.
@@ -85,7 +85,7 @@ def _cast(
     return _Rays(origin, dirs, t, prof)
 
 
-def _crossings(rays: _Rays, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+def ray_crossings(rays: _Rays, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     """Distance (mm) along each ray to where HU first drops below ``threshold`` (sub-sample, linear).
 
     Returns (lengths, found); rays that stay above the threshold to their end get its length and found False.
@@ -102,7 +102,7 @@ def _crossings(rays: _Rays, threshold: float) -> tuple[np.ndarray, np.ndarray]:
     return lengths, found & (first > 0)
 
 
-def _glass_edge_ok(rays: _Rays, lengths: np.ndarray, found: np.ndarray, solid_dist: np.ndarray, geom: Geometry) -> np.ndarray:
+def glass_edge_ok(rays: _Rays, lengths: np.ndarray, found: np.ndarray, solid_dist: np.ndarray, geom: Geometry) -> np.ndarray:
     """Rays whose crossing is a ground-glass edge into lung, not one lifted by a solid neighbour's blur.
 
     ``solid_dist`` (mm, on ``geom``) is the distance to the nearest solid voxel (> ``SOLID_HU``). A ray is refused
@@ -119,7 +119,7 @@ def _glass_edge_ok(rays: _Rays, lengths: np.ndarray, found: np.ndarray, solid_di
     return ~reentry & (d_end >= near)
 
 
-def _fit_radius(
+def fit_radius(
     dirs: np.ndarray, lengths: np.ndarray, found: np.ndarray, tol_mm: float, reach: np.ndarray
 ) -> tuple[np.ndarray | None, np.ndarray]:
     """Coefficients of ``r(u) = basis(u) @ coef`` fitted to the ray lengths, dropping rays that run on too far.
@@ -156,7 +156,7 @@ def _fit_radius(
     return coef, keep
 
 
-def _edge_sigma(rays: _Rays, lengths: np.ndarray, keep: np.ndarray, bg: float, level: float) -> float | None:
+def edge_sigma(rays: _Rays, lengths: np.ndarray, keep: np.ndarray, bg: float, level: float) -> float | None:
     """Width (mm, as a Gaussian sigma) of the nodule's edge: distance from its 75% to its 25% point / 1.349.
 
     Measured on the kept rays, outwards from the last sample above 75% of the step before each crossing.
@@ -183,7 +183,7 @@ def _edge_sigma(rays: _Rays, lengths: np.ndarray, keep: np.ndarray, bg: float, l
     return float(np.median(t_lo - t_hi)) / 1.349
 
 
-def _star_radius(geom: Geometry, origin: np.ndarray, coef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def star_radius(geom: Geometry, origin: np.ndarray, coef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(distance from ``origin``, fitted surface radius in that direction) for every voxel of ``geom`` (mm).
 
     A voxel whose centre is ``origin`` (within rounding) has no direction: its distance is 0 and its radius the

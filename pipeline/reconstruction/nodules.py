@@ -65,13 +65,13 @@ from .nodule_rays import (
     BOX_SLACK,
     MIN_INSIDE_SHARE,
     SOLID_HU,
-    _cast,
-    _crossings,
-    _directions,
-    _edge_sigma,
-    _fit_radius,
-    _glass_edge_ok,
-    _star_radius,
+    cast_rays,
+    edge_sigma,
+    fit_radius,
+    glass_edge_ok,
+    ray_crossings,
+    ray_directions,
+    star_radius,
 )
 
 log = logging.getLogger(__name__)
@@ -291,22 +291,22 @@ def _segment_in_box(
             fix="the finding may be a false positive",
         )
 
-    dirs = _directions(N_RAYS)
+    dirs = ray_directions(N_RAYS)
     voxel_mm = float(max(g.spacing))
     reach = 1.0 / np.sqrt(np.sum((dirs / half) ** 2, axis=1))  # the box-inscribed ellipsoid along each ray
-    rays = _cast(hu, cg, centre, dirs, max(1.5 * float(half.max()), BOX_SLACK * float(half.max()) + voxel_mm), measured)
+    rays = cast_rays(hu, cg, centre, dirs, max(1.5 * float(half.max()), BOX_SLACK * float(half.max()) + voxel_mm), measured)
     tol = TRIM_FLOOR_VOX * float(min(g.spacing))
     # 2a. rough outline just above the parenchyma, to find the nodule's interior
     rough_thr = bg + min(120.0, 0.5 * (core - bg))
-    lengths, found = _crossings(rays, rough_thr)
-    coef, _ = _fit_radius(dirs, lengths, found, tol, reach)
+    lengths, found = ray_crossings(rays, rough_thr)
+    coef, _ = fit_radius(dirs, lengths, found, tol, reach)
     inside = (lengths <= reach)[found]
     if coef is None or inside.size == 0 or inside.mean() < MIN_INSIDE_SHARE:  # a box tighter than the nodule's edge
         reach = BOX_SLACK * reach + voxel_mm
-        coef, _ = _fit_radius(dirs, lengths, found, tol, reach)
+        coef, _ = fit_radius(dirs, lengths, found, tol, reach)
     if coef is None:
         return None
-    dist, r_fit = _star_radius(cg, centre, coef)
+    dist, r_fit = star_radius(cg, centre, coef)
     interior = hu[(dist < 0.8 * r_fit) & scanned]
     if interior.size < 8:
         interior = hu[(rho2 <= 0.25**2) & scanned]
@@ -316,10 +316,10 @@ def _segment_in_box(
         solid_dist = ndimage.distance_transform_edt(hu <= SOLID_HU, sampling=np.asarray(cg.spacing, float)[::-1])
 
     def outline(threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
-        lengths, found = _crossings(rays, threshold)
+        lengths, found = ray_crossings(rays, threshold)
         if solid_dist is not None:
-            found &= _glass_edge_ok(rays, lengths, found, solid_dist, cg)
-        coef, keep = _fit_radius(dirs, lengths, found, tol, reach)
+            found &= glass_edge_ok(rays, lengths, found, solid_dist, cg)
+        coef, keep = fit_radius(dirs, lengths, found, tol, reach)
         return lengths, found, coef, keep
 
     # 2b/3. boundary at the half-way threshold, with the shape prior
@@ -328,14 +328,14 @@ def _segment_in_box(
     if coef2 is not None:
         coef = coef2
         # 2c. the same, with the threshold corrected for the blurred edge's curvature
-        sigma = _edge_sigma(rays, lengths, keep, bg, level)
+        sigma = edge_sigma(rays, lengths, keep, bg, level)
         radius = float(np.median(lengths[keep]))
         if sigma is not None and radius > 0:
             thr = bg + (0.5 - K_CURV * min(sigma, 0.5 * radius) / radius) * (level - bg)
             coef3 = outline(thr)[2]
             if coef3 is not None:
                 coef = coef3
-    _, r_fit = _star_radius(cg, centre, coef)
+    _, r_fit = star_radius(cg, centre, coef)
     # 4. mask
     inside = (hu > thr) & (dist <= r_fit)
     labels, n = ndimage.label(inside, structure=morph.CONN6)

@@ -42,7 +42,7 @@ from .report_days import throughput_tables
 from .report_headline import MIN_CASES_TO_PROJECT, MIN_MINUTES_TO_PROJECT
 from .report_html import STATUS_END, STATUS_START, case_rows, render_html, status_banner
 from .report_latency import PCTS
-from .report_plots import _plots, latency_figure, shared_bins
+from .report_plots import draw_plots, latency_figure, shared_bins
 from .report_runs import run_state
 from .report_summary import latest_skipped, summarize
 from .tables import read_runs, utc_text
@@ -225,7 +225,7 @@ def build_report(
     summary["status"]["figures_current"] = True  # built now; a run start or a run without a report says false
     if summary["status"]["state"] == "in_progress":
         summary["status"]["note"] = f"the figures below are as of {summary['generated_at']}, while it runs"
-    plots = _plots(summary, t, bin_minutes)
+    plots = draw_plots(summary, t, bin_minutes)
     rep = Report(out, out / "report.html", out / "report.json")
     rows = case_rows(t, out)
     skipped = latest_skipped(t)

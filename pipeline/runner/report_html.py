@@ -294,7 +294,7 @@ def _others_note(others: list[dict[str, Any]]) -> str:
     )
 
 
-#: Why a plot is missing from the page: nothing was measured that it could show (see ``report._plots``).
+#: Why a plot is missing from the page: nothing was measured that it could show (see ``report_plots.draw_plots``).
 NO_PLOT = {
     "throughput": "no case completed",
     "latency": "no stage completed",

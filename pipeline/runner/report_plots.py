@@ -56,7 +56,7 @@ def shared_bins(series: Sequence[Any], *, n: int = 30) -> np.ndarray:
     return np.linspace(0.0, max(longest, 1e-3) * 1.02, n + 1)
 
 
-def _plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]:
+def draw_plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, str]:
     import pandas as pd
     from matplotlib.ticker import MaxNLocator
 
