@@ -17,7 +17,7 @@ from pipeline.config import load_config
 from pipeline.errors import ConfigError
 from tests._support.orthanc import write_phantom_series
 from tests.test_pacs_listen_aborted_short import _OPTS, _counted, _note, _until
-from tests.test_pacs_listen_receive import _abort_mid_instance, _listener, _send
+from tests.test_pacs_listen_receive import _abort_mid_instance, _listener, _send, _until_cut
 
 pytestmark = pytest.mark.pacs
 
@@ -86,7 +86,7 @@ def test_with_no_count_checked_a_gap_and_an_abort_mid_instance_still_hold_the_se
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(tmp_path / "mid", **opts) as lst:
         _abort_mid_instance(lst.port, [ds for ds, _ in datasets[:5]])
-        held = _held(tmp_path / "mid", uid)
+        held = _until_cut(tmp_path / "mid", uid)  # no A-ABORT between instances: its note says cut off, not A-ABORT
         time.sleep(0.4)
         assert lst.step() == []
     assert "sender cut off" in held and "4 instance(s)" in held, held
