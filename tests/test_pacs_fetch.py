@@ -324,7 +324,7 @@ def test_c_move_sent_from_another_ae_title_than_the_addresss_names_the_one_that_
         src = f"dimse://ALIAS@127.0.0.1:{lax.dicom_port}?series={uid}"
         res = fetch_sources([src], run_dir=tmp_path / "run", cfg=cfg)
     finally:
-        lax.stop()
+        lax.discard()
     assert res.folders == [] and res.failures[0][1] == "PacsRequestError"
     msg = res.failures[0][2]
     assert f"turned away an association from calling AE title '{lax.aet}'" in msg, msg

@@ -72,7 +72,7 @@ def refusing(tmp_path):
     try:
         yield srv
     finally:
-        srv.stop()
+        srv.discard()
 
 
 def _counting_stores(monkeypatch) -> list[int]:
@@ -277,7 +277,7 @@ def test_results_an_archive_lists_nothing_of_are_asked_less_often_then_given_up_
     t0 = clock.t
     assert _send(run, dest) == 0
     assert {s[0] for s in _states(run).values()} == {"unconfirmed"}
-    refusing.stop()  # it loses everything it held, and answers queries again
+    refusing.discard()  # it loses everything it held, and answers queries again
     shutil.rmtree(refusing.root / "storage")
     shutil.rmtree(refusing.root / "index")
     refusing.refuse = False
@@ -440,7 +440,7 @@ def test_retry_unconfirmed_sends_results_recorded_unconfirmed_again(refusing, so
     them)."""
     run, uids, stores, dest = _sent_unconfirmed(refusing, source_case, tmp_path, monkeypatch)
     assert "--retry-unconfirmed" in capsys.readouterr().err
-    refusing.stop()  # it loses everything it held, and answers queries again
+    refusing.discard()  # it loses everything it held, and answers queries again
     shutil.rmtree(refusing.root / "storage")
     shutil.rmtree(refusing.root / "index")
     refusing.refuse = False

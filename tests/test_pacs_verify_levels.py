@@ -105,7 +105,7 @@ def drops_sr(tmp_path_factory, source_case):
     try:
         yield srv
     finally:
-        srv.stop()
+        srv.discard()
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def drops_all(tmp_path_factory, source_case):
     try:
         yield srv
     finally:
-        srv.stop()
+        srv.discard()
 
 
 def _send(run, destination: str, caplog=None):
@@ -233,7 +233,7 @@ def test_an_archive_refusing_image_level_queries_confirms_by_series(source_case,
         counts = _send(run, srv.dimse, caplog)
         assert all(srv.holds(u) for u in c1.values())
     finally:
-        srv.stop()
+        srv.discard()
     assert (counts.sent, counts.pending, counts.failed) == (2, 0, 0)
     said = _said_by_series(caplog)
     assert len(said) == 1 and "refuses C-FIND at IMAGE level" in said[0] and "pacs.verify_sent: false" in said[0]
@@ -271,7 +271,7 @@ def test_a_dicomweb_archive_refusing_instance_searches_confirms_by_series(
         counts = _send(run, srv.dicomweb, caplog)
         assert all(srv.holds(u) for u in c1.values())
     finally:
-        srv.stop()
+        srv.discard()
     assert (counts.sent, counts.pending, counts.failed) == (2, 0, 0)
     said = _said_by_series(caplog)
     assert len(said) == 1 and "refuses QIDO-RS instance searches" in said[0] and srv.dicomweb in said[0]
