@@ -30,6 +30,7 @@ from pipeline.pacs import Listener
 from pipeline.runner import open_run
 from pipeline.runner.stages import IngestStage, WriteStage
 from tests._support.orthanc import SetupCountingStage, cstore, free_port, write_phantom_series
+from tests.test_pacs_listen_receive import _limit_clock
 
 pytest_plugins = ["tests._support.orthanc"]
 pytestmark = pytest.mark.pacs
@@ -251,16 +252,25 @@ def test_series_that_never_completes_is_reported_after_the_limit(orthanc, series
 
 
 @pytest.mark.parametrize("hold_s", [259200.0, 0.0, pytest.param(10.0, marks=pytest.mark.slow)])
-def test_missing_slice_sent_after_the_limit_completes_the_quarantined_series(orthanc, series, tmp_path, hold_s):
+def test_missing_slice_sent_after_the_limit_completes_the_quarantined_series(orthanc, series, tmp_path, monkeypatch, hold_s):
     """keep_received none (the default): the incomplete series' files wait pacs.incomplete_keep_s for the missing
-    instance, which then completes it as the same case; with no wait they go at once, as keep_received says."""
+    instance, which then completes it as the same case; with no wait they go at once, as keep_received says. The
+    series limit and the end of a short wait are reached by moving the clocks the listener measures them on
+    (``pipeline.pacs.handover.now``, ``pipeline.pacs.journal.now``) past them, not by sleeping through them."""
     uid, files = series
     run = tmp_path / "run"
     gap = files[:7] + files[8:]
-    opts = {"pacs.quiet_period_s": 0.5, "pacs.series_limit_s": 3.0, "pacs.incomplete_keep_s": hold_s}
+    limit = _limit_clock(monkeypatch)
+    opts = {"pacs.quiet_period_s": 0.5, "pacs.series_limit_s": 3600.0, "pacs.incomplete_keep_s": hold_s}
     with _listener(orthanc, run, **opts) as lst:
         assert cstore(gap, lst.port, called=AET) == [0] * len(gap)
+        deadline = time.monotonic() + 20
+        while "MissingSliceError" not in str(_journal(run, "SELECT note FROM series")) and time.monotonic() < deadline:
+            assert lst.step() == []  # quiet, a slice missing: it waits for the limit
+            time.sleep(0.1)
+        limit["ahead"] = 3600.0  # then the series limit passes
         (first,) = _until_processed(lst, timeout_s=20)
+        limit["ahead"] = 0.0
         assert first["note"].startswith("incomplete after")
         (case,) = open_run(run).cases.itertuples()
         assert case.status == "failed" and case.error_class == "MissingSliceError"
@@ -272,7 +282,10 @@ def test_missing_slice_sent_after_the_limit_completes_the_quarantined_series(ort
         lst._swept = 0.0
         assert lst.step() == [] and g1.exists()  # a sweep before the time is up keeps them
         if hold_s < 60:  # no missing slice within the wait: the next sweep after it removes them
-            time.sleep(max(0.0, first["last_at"] + hold_s - time.time()) + 0.2)
+            from pipeline.pacs import journal, ledger
+
+            past = first["last_at"] + hold_s + 0.2  # just after the wait, on the listener's clock
+            monkeypatch.setattr(journal, "now", lambda: max(ledger.now(), past))
             lst._swept = 0.0
             assert lst.step() == [] and not g1.exists()
             return
