@@ -24,17 +24,23 @@ pytestmark = [pytest.mark.pacs, pytest.mark.slow]
 N_SLICES = 80  # C-MOVE and C-GET take about 90 ms per instance on loopback: several seconds for the series
 
 
+@pytest.fixture(scope="module")
+def series_files(tmp_path_factory) -> tuple[str, list[Path]]:
+    """The phantom series of N_SLICES instances (written once; each test's archive stores its own copy)."""
+    return write_phantom_series(tmp_path_factory.mktemp("archive_lost") / "series", 5, slices=N_SLICES)
+
+
 @pytest.fixture
-def doomed(tmp_path):
+def doomed(tmp_path, series_files):
     """An Orthanc of its own (it is killed by the test) holding one phantom series of N_SLICES instances."""
     srv = OrthancServer(tmp_path / "orthanc").start()
-    uid, files = write_phantom_series(tmp_path / "series", 5, slices=N_SLICES)
+    uid, files = series_files
     srv.upload(files)
     study = srv.rest("GET", f"/series/{srv.series_id(uid)}/study")["MainDicomTags"]["StudyInstanceUID"]
     try:
         yield srv, RemoteSeries(str(study), uid, "CT", N_SLICES)
     finally:
-        srv.stop()
+        srv.discard()
 
 
 def _cfg(srv: OrthancServer, **extra: object):
@@ -161,7 +167,7 @@ def test_a_series_moved_whole_is_kept_when_the_archive_stops_before_it_can_be_as
                 [f"{srv.dimse}?series={uid}"], run_dir=tmp_path / "run", cfg=_cfg(srv, **{"ingest.min_slices": 3})
             )
     finally:
-        srv.stop()
+        srv.discard()
     assert res.failures == [] and res.fetched == 1, res.failures
     assert len(list(res.folders[0].glob("*.dcm"))) == 8
     said = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "pacs_not_asked_again"]
