@@ -21,7 +21,7 @@ def test_each_stage_has_its_own_latency_row_on_one_seconds_axis():
         bars = [[p for p in ax.patches if p.get_height() > 0] for ax in axes]
         assert [len(b) for b in bars] == [2, 2, 1]  # each row holds its own stage's cases only
         assert max(p.get_x() + p.get_width() for p in bars[2]) < 5.0  # write's case stays near 1 s, not 40 s
-        assert axes[-1].get_xlabel().startswith("seconds (bins of ")
+        assert axes[-1].get_xlabel().startswith("seconds, log scale (each bin ")  # 1 s to 45 s: over LOG_SPAN
     finally:
         plt.close(fig)
 
@@ -104,9 +104,44 @@ def test_each_latency_row_labels_its_tallest_bar_and_the_bins_width_readably():
             assert [t.get_text() for t in labels] == ["0", f"{tallest:.0f}"], label
             assert all(t.get_fontsize() >= 8 for t in labels), label
         bottom = fig.axes[-1]
-        width = bottom.patches[0].get_width()
-        assert bottom.get_xlabel() == f"seconds (bins of {width:.2g} s)"
-        assert bottom.get_xlim()[0] == 0.0  # no negative seconds
+        first, second = bottom.patches[0], bottom.patches[1]
+        ratio = (second.get_x() + second.get_width()) / (first.get_x() + first.get_width())
+        assert bottom.get_xlabel() == f"seconds, log scale (each bin {ratio:.2f} times as wide as the one before)"
+        assert bottom.get_xlim()[0] > 0.0  # a log axis: from just below the fastest run
         assert all(t.get_fontsize() >= 8 for t in bottom.get_xticklabels())
+    finally:
+        plt.close(fig)
+    fig = latency_figure([("end to end", np.array([47.0, 58.0, 97.0])), ("reconstruct", np.array([12.0, 15.5]))])
+    try:
+        bottom = fig.axes[-1]
+        width = bottom.patches[0].get_width()
+        assert bottom.get_xlabel() == f"seconds (bins of {width:.2g} s)"  # within LOG_SPAN: equal bins from 0 s
+        assert bottom.get_xlim()[0] == 0.0  # no negative seconds
+    finally:
+        plt.close(fig)
+
+
+def test_the_fast_stages_latencies_are_told_apart_beside_a_slow_stage():
+    """On one linear axis up to 100 s, bins are 3.4 s wide: ingest runs of 0.1, 0.4 and 1.7 s, and a DICOM writing
+    run of 0 s, all fell in the first bin, one bar of 4 that tells nothing of them. On the log axis each has its own
+    bar, and the 0 s run is counted in the first bin, not dropped."""
+    import matplotlib.pyplot as plt
+
+    series = [
+        ("end to end", np.array([47.0, 58.0, 97.0])),
+        ("ingest", np.array([0.1, 0.4, 1.7])),
+        ("dicom", np.array([0.0, 0.3])),
+        ("reconstruct", np.array([12.0, 13.0, 15.5])),
+    ]
+    fig = latency_figure(series)
+    try:
+        assert fig.axes[-1].get_xscale() == "log"
+        ingest = [p for p in fig.axes[1].patches if p.get_height() > 0]
+        assert [p.get_height() for p in ingest] == [1, 1, 1]
+        dicom = fig.axes[2].patches
+        assert sum(p.get_height() for p in dicom) == 2 and dicom[0].get_height() == 1  # 0 s: the first bin
+        for ax, (_, values) in zip(fig.axes, series):
+            for v in values[values > 0]:  # each run's bar spans its latency
+                assert any(p.get_x() <= v <= p.get_x() + p.get_width() and p.get_height() > 0 for p in ax.patches)
     finally:
         plt.close(fig)

@@ -280,6 +280,9 @@ def test_latency_histograms_share_one_scale_so_a_single_case_shows():
     assert edges[0] == 0.0 and edges[-1] >= 51.0 and len(edges) == 31
     assert np.diff(edges).min() > 1.0  # a bar of about 1.7 s on a 52 s axis, not 0.03 s
     assert shared_bins([])[-1] > 0.0
+    log = shared_bins([np.array([51.0]), np.array([0.2, 0.0])])  # 255 times: bins of equal ratio from just below 0.2 s
+    assert 0.19 < log[0] < 0.2 and log[-1] >= 51.0 and len(log) == 31
+    assert np.allclose(log[1:] / log[:-1], log[1] / log[0])
 
 
 def test_latency_per_node_names_ray_nodes_and_the_local_host(tmp_path):

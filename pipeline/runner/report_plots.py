@@ -49,10 +49,22 @@ def _utc_time_axis(ax: Any) -> None:
     ax.set_xlabel("time (UTC)")
 
 
+#: Latencies whose longest is more than this many times their shortest (above 0 s) are binned on a log scale: on a
+#: linear one the fast stages (ingest, load, DICOM writing, under a second) all fall in the first of 30 bins beside
+#: a reconstruction of a minute.
+LOG_SPAN = 20.0
+
+
 def shared_bins(series: Sequence[Any], *, n: int = 30) -> np.ndarray:
-    """``n`` equal bins (edges, s) from 0 to just past the largest value of any of ``series``: every histogram of a
-    plot on one scale, so that one case's bar is as wide as a thirtieth of the axis, not of its own zero range."""
-    longest = max((float(np.max(v)) for v in series if len(v)), default=0.0)
+    """``n`` bins (edges, s) shared by every histogram of a plot, so that one case's bar is as wide as a thirtieth of
+    the axis, not of its own zero range: equal bins from 0 to just past the largest value of any of ``series``; or,
+    when the values span more than :data:`LOG_SPAN` (a stage of 0.2 s beside one of 60 s), bins of equal ratio from
+    just below the smallest value above 0 s to just past the largest."""
+    values = [np.asarray(v, dtype=float) for v in series if len(v)]
+    longest = max((float(v.max()) for v in values), default=0.0)
+    shortest = min((float(v[v > 0].min()) for v in values if (v > 0).any()), default=0.0)
+    if shortest > 0.0 and longest / shortest > LOG_SPAN:
+        return np.geomspace(shortest / 1.02, longest * 1.02, n + 1)
     return np.linspace(0.0, max(longest, 1e-3) * 1.02, n + 1)
 
 
@@ -126,21 +138,34 @@ def draw_plots(summary: dict[str, Any], t: dict, bin_minutes: int) -> dict[str, 
 
 def latency_figure(series: Sequence[tuple[str, Any]]) -> Any:
     """The latency histograms, one row per stage (``series``: label and latencies in s; end to end first), on one
-    shared seconds axis (:func:`shared_bins`): no stage's bars drawn over another's, whose blended colours would read
-    as a third stage's."""
+    shared seconds axis (:func:`shared_bins`, a log scale where the stages' times span more than :data:`LOG_SPAN`):
+    no stage's bars drawn over another's, whose blended colours would read as a third stage's."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     fig, axes = _subplots((8, 0.8 + 0.55 * len(series)), len(series), sharex=True, squeeze=False)
     edges = [float(e) for e in shared_bins([v for _, v in series])]
+    log = edges[0] > 0.0
     for n, (ax, (label, values)) in enumerate(zip(axes[:, 0], series)):
-        counts, _, _ = ax.hist(values, bins=edges, color="#333333" if label == "end to end" else f"C{n % 10}")
+        shown = np.clip(np.asarray(values, dtype=float), edges[0], None) if log else values  # 0 s: the first bin
+        counts, _, _ = ax.hist(shown, bins=edges, color="#333333" if label == "end to end" else f"C{n % 10}")
         ax.set_ylabel(label, rotation=0, ha="right", va="center")
         most = int(np.max(counts))  # the row's tallest bar: its own scale, each row's count written at its top
         ax.set_yticks([0, most])
         ax.set_ylim(0, most * 1.1)
         ax.tick_params(axis="y", labelsize=LATENCY_TICK_PT)
-    axes[-1, 0].set_xlim(0.0, edges[-1])  # no seconds below 0
-    axes[-1, 0].tick_params(axis="x", labelsize=LATENCY_TICK_PT)
+    bottom = axes[-1, 0]
+    if log:
+        bottom.set_xscale("log")
+        bottom.set_xlim(edges[0], edges[-1])
+        bottom.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0), numticks=30))
+        bottom.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        bottom.xaxis.set_minor_formatter(NullFormatter())
+        bottom.set_xlabel(f"seconds, log scale (each bin {edges[1] / edges[0]:.2f} times as wide as the one before)")
+    else:
+        bottom.set_xlim(0.0, edges[-1])  # no seconds below 0
+        bottom.set_xlabel(f"seconds (bins of {_seconds(edges[1] - edges[0])})")
+    bottom.tick_params(axis="x", labelsize=LATENCY_TICK_PT)
     axes[0, 0].set_title("Latency histogram, one row per stage (per bin: end to end: cases; stages: stage runs)")
-    axes[-1, 0].set_xlabel(f"seconds (bins of {_seconds(edges[1] - edges[0])})")
     fig.tight_layout(h_pad=0.2)
     return fig
 
