@@ -35,6 +35,14 @@ def _done_count(out: Path) -> int:
         return 0  # not created yet
 
 
+def _stages_done(out: Path) -> int:
+    """Stage attempts that workers of the run in ``out`` have finished (0 before its store exists)."""
+    try:
+        return db_rows(out, "SELECT COUNT(*) FROM stage_attempts WHERE status='ok'")[0][0]
+    except sqlite3.Error:
+        return 0
+
+
 def _wait_group_gone(pgid: int, timeout: float) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -46,15 +54,16 @@ def _wait_group_gone(pgid: int, timeout: float) -> bool:
     return False
 
 
-def _run_until_a_case_is_done(dicom_data, out: Path) -> tuple[subprocess.Popen, list[str]]:
-    """``ctpipe run`` of the good cases into ``out`` in its own process group, once its first case is done; the
-    process and its arguments."""
+def _run_until_a_case_is_done(dicom_data, out: Path, *, mid_case: bool = False) -> tuple[subprocess.Popen, list[str]]:
+    """``ctpipe run`` of the good cases into ``out`` in its own process group, once its first case is done (with
+    ``mid_case``: once its workers have finished a case's first stage, the case still under way); the process and its
+    arguments."""
     args = ["run", str(dicom_data["good"]), "--out", str(out), "--workers", "1", "--quiet", *FAST]
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
     deadline = time.monotonic() + 240
-    while _done_count(out) < 1:
+    while (_stages_done(out) if mid_case else _done_count(out)) < 1:
         assert proc.poll() is None, "the run ended before its first case was done: " + proc.stderr.read().decode()
         assert time.monotonic() < deadline, "no case completed in time"
         time.sleep(0.05)
@@ -100,7 +109,7 @@ def test_sigkill_then_rerun_every_case_exactly_once(dicom_data, full_run, tmp_pa
 @pytest.mark.slow
 def test_a_stopped_run_says_how_to_resume_and_is_recorded_as_interrupted(dicom_data, tmp_path):
     out = tmp_path / "stopped"
-    proc, _ = _run_until_a_case_is_done(dicom_data, out)
+    proc, _ = _run_until_a_case_is_done(dicom_data, out, mid_case=True)  # its workers busy with a case
     proc.send_signal(signal.SIGTERM)  # what systemd or a scheduler sends; Ctrl-C takes the same path
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err.decode()
@@ -411,7 +420,7 @@ def test_a_second_ctrl_c_while_the_run_stops_does_not_cut_its_record_short(dicom
     with its ``run_end`` record, an interrupted report and metrics, not a folder that says "in progress" (a third
     stops it at once, as a run that swallowed the first must still be stoppable)."""
     out = tmp_path / "twice"
-    proc, _ = _run_until_a_case_is_done(dicom_data, out)
+    proc, _ = _run_until_a_case_is_done(dicom_data, out, mid_case=True)  # its workers busy with a case
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
     time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGINT)  # pressed again while the run records its stop
