@@ -348,25 +348,34 @@ def test_a_tilted_enhanced_ct_file_is_corrected_onto_the_grown_grid_and_says_so(
     assert any("gantry tilt of 15.00 deg" in w for w in vol.metadata["warnings"])
 
 
+@pytest.fixture(scope="module")
+def tilted_real_chest(tmp_path_factory) -> dict:
+    """The real planning chest (``chest``), written onto a 15 deg tilted gantry's planes by the phantom writer
+    (``folder``, its files ``paths``) and read back corrected at ingest (``vol``): made once, read-only for the tests."""
+    from pipeline.phantom.dicom_writer import write_dicom_series
+    from tests._support.real_ct import require_real_ct
+
+    chest = load_series(require_real_ct() / "chest_ct_rt_planning_dicom")  # skips with a reason when absent
+    folder = tmp_path_factory.mktemp("tilted_chest")
+    paths = write_dicom_series(chest, folder, quirks=["gantry_tilt"])
+    return {"chest": chest, "folder": folder, "paths": paths, "vol": load_series(folder, allow_gantry_tilt=True)}
+
+
 @pytest.mark.slow
-def test_a_real_chest_scanned_with_a_tilted_gantry_keeps_all_its_tissue(tmp_path):
+def test_a_real_chest_scanned_with_a_tilted_gantry_keeps_all_its_tissue(tilted_real_chest):
     """The real radiotherapy-planning chest resampled onto a 15 deg tilted gantry's planes (the phantom writer's tilt:
     the couch and the back reach the lower edge of the tilted images) and corrected at ingest: the tissue above
     -500 HU in the corrected volume is the tissue in the tilted images (the correction onto a grid of the images' size
     cut the 85 mL of it that the shift moved past the posterior edge: 0.37 % less tissue, net of the repeated edge)."""
     import pydicom
 
-    from pipeline.phantom.dicom_writer import write_dicom_series
-    from tests._support.real_ct import require_real_ct
-
-    chest = load_series(require_real_ct() / "chest_ct_rt_planning_dicom")  # skips with a reason when absent
-    paths = write_dicom_series(chest, tmp_path, quirks=["gantry_tilt"])
+    chest = tilted_real_chest["chest"]
     tissue_pixels = 0
-    for path in paths:
+    for path in tilted_real_chest["paths"]:
         ds = pydicom.dcmread(path)
         hu = ds.pixel_array * float(ds.RescaleSlope) + float(ds.RescaleIntercept)
         tissue_pixels += int((hu > -500).sum())
-    vol = load_series(tmp_path, allow_gantry_tilt=True)
+    vol = tilted_real_chest["vol"]
     assert vol.shape[1] > chest.shape[1] and vol.shape[2] == chest.shape[2]
     tissue_voxels = int((vol.array > -500).sum())
     assert tissue_voxels == pytest.approx(tissue_pixels, rel=0.001)
@@ -459,7 +468,8 @@ def test_run_with_allow_gantry_tilt_completes_a_tilted_case_with_its_sr_and_seg(
     ph = generate_phantom(11, matrix=64, slices=24, n_nodules=2, pixel_spacing=2.0, slice_spacing=5.0)
     paths = write_dicom_series(ph.volume, tmp_path / "src" / "dicom", quirks=["gantry_tilt"])
     run = ["run", str(tmp_path / "src"), "--out", str(tmp_path / "run"), "--device", "cpu", "--quiet"]
-    assert main([*run, "--set", "ingest.allow_gantry_tilt=true"]) == 0
+    # no recon renderings (the MPRs, MIPs and 3-D preview): none of the results checked here
+    assert main([*run, "--set", "ingest.allow_gantry_tilt=true", "--set", "reconstruct.renderings=false"]) == 0
     (case,) = (tmp_path / "run" / "cases").iterdir()
     assert (case / "dicom" / "sr.dcm").is_file() and any((case / "findings_png").glob("*.png"))
     from pipeline.dicom_out.sr_read import read_sr_case
@@ -606,18 +616,14 @@ def _within(stack, *, on) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_a_real_chest_scanned_with_a_tilted_gantry_keeps_its_airway_lungs_and_body(tmp_path):
+def test_a_real_chest_scanned_with_a_tilted_gantry_keeps_its_airway_lungs_and_body(tilted_real_chest):
     """The real planning chest resampled onto 15 deg tilted planes and corrected at ingest segments as the untilted
     chest: the airway is found, and where both scans hold the chest the lungs, airway and body volumes are those of
     the untilted chest; the grown grid's padding (voxels no tilted image covers, -1024 HU) adds no body and no air
     region joining the airway to the air around the patient."""
-    from pipeline.phantom.dicom_writer import write_dicom_series
     from pipeline.reconstruction.segment import segment_organs
-    from tests._support.real_ct import require_real_ct
 
-    chest = load_series(require_real_ct() / "chest_ct_rt_planning_dicom")  # skips with a reason when absent
-    write_dicom_series(chest, tmp_path, quirks=["gantry_tilt"])
-    vol = load_series(tmp_path, allow_gantry_tilt=True)
+    chest, vol = tilted_real_chest["chest"], tilted_real_chest["vol"]
     organs = ["body", "lung_left", "lung_right", "airway"]
     tilted = segment_organs(vol, organs=organs, device="cpu")
     assert tilted.info.get("airway") == "found", (tilted.info, tilted.errors)
