@@ -4,6 +4,7 @@ import each other, directly or through others (imports inside functions included
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -35,12 +36,14 @@ def _resolve(current: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     """Module → the package modules it imports anywhere in its body (``pipeline.x.y`` names).
 
     ``from pkg import name`` counts as importing ``pkg.name`` when that is a module, else ``pkg``
     (whose ``__init__`` runs). Imports under ``if TYPE_CHECKING:`` are for the type checker only and
-    do not count; names a package exports lazily (``_LAZY``) are strings, not imports.
+    do not count; names a package exports lazily (``_LAZY``) are strings, not imports. Built once per process:
+    the tests only read it.
     """
     modules = _modules()
     graph: dict[str, set[str]] = {}
@@ -130,6 +133,9 @@ PACKAGES = sorted(_module_name(p.parent) for p in ROOT.rglob("__init__.py"))
 # third-party libraries imported once in a parent process, which then forks one child per subpackage: the
 # children see none of the package's own modules, so the order of its imports is tested as if alone
 THIRD_PARTY = ("numpy", "scipy.ndimage", "torch", "monai", "pydicom", "SimpleITK", "pandas", "matplotlib.pyplot", "yaml")
+#: the job (a name no module has: it starts with "=") that, instead of a subpackage, imports ``pipeline`` and then each module that defines one of its lazily
+#: exported names (as ``from pipeline.x import y`` does), and reports whether each name is still its object
+SHADOW_JOB = "=public-names"
 _FORKER = """
 import importlib, json, os, sys, traceback
 for name in sys.argv[2:]:
@@ -138,34 +144,52 @@ for name in sys.argv[2:]:
     except ImportError:
         pass
 assert not [m for m in sys.modules if m == "pipeline" or m.startswith("pipeline.")]
+
+def public_names_are_their_objects():
+    import pipeline
+    modules = {}
+    for name, module in pipeline._LAZY.items():
+        modules[name] = importlib.import_module(module)  # the defining modules first
+    return {name: getattr(pipeline, name) is getattr(m, name) for name, m in modules.items()}
+
 out = {}
-for package in sys.argv[1].split(","):
+for job in sys.argv[1].split(","):
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         try:
-            m = importlib.import_module(package)
-            [getattr(m, n) for n in getattr(m, "__all__", [])]
-            msg = b""
+            if job.startswith("="):  # SHADOW_JOB: no module name starts with "="
+                result = public_names_are_their_objects()
+            else:
+                m = importlib.import_module(job)
+                [getattr(m, n) for n in getattr(m, "__all__", [])]
+                result = None
+            msg, code = json.dumps(result).encode(), 0
         except BaseException:
-            msg = traceback.format_exc().encode()
-        os.write(w, msg[-4000:])
-        os._exit(1 if msg else 0)
+            msg, code = traceback.format_exc().encode()[-4000:], 1
+        os.write(w, msg)
+        os._exit(code)
     os.close(w)
     text = b"".join(iter(lambda: os.read(r, 65536), b"")).decode()
     os.close(r)
     _, status = os.waitpid(pid, 0)
-    out[package] = [os.waitstatus_to_exitcode(status), text]
+    code = os.waitstatus_to_exitcode(status)
+    out[job] = [code, json.loads(text) if code == 0 else text]
 print(json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
 def imported_alone() -> dict[str, list]:
-    """{subpackage: [exit code, traceback]} of importing each subpackage (and its ``__all__``) in a fresh process."""
+    """{job: [exit code, result or traceback]} of importing each subpackage (and its ``__all__``) in a fresh process,
+    and of :data:`SHADOW_JOB` in another; one interpreter forks them all, after importing the third-party libraries."""
     proc = subprocess.run(
-        [sys.executable, "-c", _FORKER, ",".join(PACKAGES), *THIRD_PARTY], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _FORKER, ",".join([*PACKAGES, SHADOW_JOB]), *THIRD_PARTY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT.parent,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -186,27 +210,16 @@ def test_an_import_that_fails_alone_is_reported(tmp_path):
         [sys.executable, "-c", _FORKER, "brokenpkg,json"], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["json"] == [0, ""]
+    assert result["json"] == [0, None]
     assert result["brokenpkg"][0] == 1 and "ImportError" in result["brokenpkg"][1]
 
 
-_SHADOW = """
-import importlib, json, sys
-import pipeline
-modules = {}
-for name, module in pipeline._LAZY.items():
-    modules[name] = importlib.import_module(module)  # the defining modules first, as `from pipeline.x import y` does
-print(json.dumps({name: getattr(pipeline, name) is getattr(m, name) for name, m in modules.items()}))
-"""
-
-
-def test_a_public_name_is_its_object_whatever_module_was_imported_first():
+def test_a_public_name_is_its_object_whatever_module_was_imported_first(imported_alone):
     """``import pipeline.show`` (or ``from pipeline.show import show``) before ``ctp.show(vol)`` made ``ctp.show`` the
     module of that name: "'module' object is not callable"."""
-    proc = subprocess.run([sys.executable, "-c", _SHADOW], capture_output=True, text=True, timeout=300, cwd=ROOT.parent)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    same = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [name for name, ok in same.items() if not ok] == []
+    code, same = imported_alone[SHADOW_JOB]
+    assert code == 0, same
+    assert same and [name for name, ok in same.items() if not ok] == []
 
 
 #: Modules whose shared helpers have public names in the module whose job they are: the renderings' layout, planes
