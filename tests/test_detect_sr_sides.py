@@ -15,7 +15,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.dicom_out import read_sr_findings
-from tests._support.real_ct import require_real_ct
+from pipeline.volume import CTVolume
+from tests._support.real_ct import detected_rt_planning_chest, rt_planning_chest
 from tests.test_dicom_out_sources import assert_valid, phantom_case
 
 #: a reported finding within this distance (mm, LPS) of a nodule's centre is that nodule
@@ -60,10 +61,18 @@ PLANNING_CHEST_LESIONS = {
 }
 
 
+@pytest.fixture(scope="module")
+def planning_chest() -> CTVolume:
+    """The real RT-planning chest (512 x 512 x 141), read by ctpipe's ingest once for the module's tests, which only
+    read it. Skips with a reason when ../shared/real_ct is absent."""
+    return rt_planning_chest().volume
+
+
 @pytest.mark.slow
-def test_detect_sr_states_the_side_of_the_real_chests_lesions(tmp_path):
-    folder = require_real_ct() / "chest_ct_rt_planning_dicom"  # skips with a reason when ../shared/real_ct is absent
-    sr = _detect(folder, tmp_path / "out")
+def test_detect_sr_states_the_side_of_the_real_chests_lesions(tmp_path_factory):
+    """``ctpipe detect`` of the planning chest (the CPU, no PNGs; run once for every module that reads its findings:
+    :func:`~tests._support.real_ct.detected_rt_planning_chest`)."""
+    sr = detected_rt_planning_chest(tmp_path_factory) / "c_sr.dcm"  # skips with a reason when ../shared/real_ct is absent
     table = read_sr_findings(sr)
     for what, (centre, side) in PLANNING_CHEST_LESIONS.items():
         assert _side_near(table, centre) == [side], (what, table[["center_x", "center_y", "center_z", "side"]])
@@ -74,15 +83,13 @@ def test_detect_sr_states_the_side_of_the_real_chests_lesions(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_a_field_of_view_on_one_lung_states_that_lungs_side(side):
+def test_a_field_of_view_on_one_lung_states_that_lungs_side(side, planning_chest):
     """The planning chest cut to the columns of one lung (the mediastinum and the other lung out of the field of
     view): its lesions still lie in that lung, not in the one on the same half of the image."""
     from pipeline.dicom_out import lung_side_masks
     from pipeline.dicom_out.model import reported_findings
-    from pipeline.volume import CTVolume
-    from tests._support.real_ct import rt_planning_chest
 
-    vol = rt_planning_chest().volume
+    vol = planning_chest
     g = vol.geometry
     x = np.asarray(g.index_to_lps(np.stack([np.arange(g.shape[2]), np.zeros(g.shape[2]), np.zeros(g.shape[2])], 1)))[:, 0]
     columns = np.flatnonzero(x < -25.0 if side == "right" else x > 35.0)  # LPS x: the patient's right is negative
