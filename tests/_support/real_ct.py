@@ -177,15 +177,13 @@ def all_cases(root: Path | None = None) -> Iterator[RealCase]:
 
 #: ``ctpipe detect``'s arguments for :func:`detected_rt_planning_chest`, after the source and ``--out``
 RT_PLANNING_DETECT_ARGS = ("--case-id", "c", "--no-png", "--device", "cpu")
-#: :func:`detected_rt_planning_chest`'s output folder by pytest run (its base temporary folder), in this process
-_DETECTED: dict[Path, Path] = {}
 
 
 def detected_rt_planning_chest(tmp_path_factory: Any) -> Path:
     """The folder of ``ctpipe detect`` of the RT-planning chest (:data:`RT_PLANNING_DETECT_ARGS`: case id ``c``, no
     PNGs, on the CPU; the model's operating point): ``c.findings.json`` (positions LPS mm) and ``c_sr.dcm``.
 
-    Run once for the whole pytest run (:func:`~tests._support.shared.build_once`, and kept for the process), for every
+    Run once for the whole pytest run (:func:`~tests._support.shared.build_once`), for every
     test module that reads the planning chest's findings; the folder is read-only for the tests. Skips when the shared
     scans are absent.
     """
@@ -200,8 +198,5 @@ def detected_rt_planning_chest(tmp_path_factory: Any) -> Path:
             raise RuntimeError(f"ctpipe detect {source} exited {rc}: its error is in the log above")
         return {"rc": rc}
 
-    key = Path(tmp_path_factory.getbasetemp())
-    if key not in _DETECTED:
-        folder, _ = build_once(tmp_path_factory, "rt_planning_chest_detect", build)
-        _DETECTED[key] = folder / "out"
-    return _DETECTED[key]
+    folder, _ = build_once(tmp_path_factory, "rt_planning_chest_detect", build)
+    return folder / "out"

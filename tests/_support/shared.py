@@ -23,10 +23,10 @@ def build_once(tmp_path_factory: Any, name: str, build: Callable[[Path], dict[st
 
     ``folder`` starts empty and is shared by every worker, so the data must be read-only for the tests.
     """
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        folder = tmp_path_factory.mktemp(name)
-        return folder, build(folder)
-    common = tmp_path_factory.getbasetemp().parent  # the run's folder, above every worker's own
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: its own temporary folder holds the run's data
+        common = tmp_path_factory.getbasetemp()
+    else:
+        common = tmp_path_factory.getbasetemp().parent  # the run's folder, above every worker's own
     folder, done = common / name, common / f"{name}.json"
     with FileLock(str(common / f"{name}.lock")):
         if not done.is_file():
