@@ -1,7 +1,9 @@
-"""The batch runner on Ray (runner.engine = ray) when the head goes away or a node runs another ctpipe: each test
-starts its own cluster on this machine (tests/_support/ray_cluster.py) and takes it down, its head or its link to the
-driver; tests/test_runner_ray.py holds the tests that share one cluster, so that pytest-xdist can run the two modules
-side by side.
+"""The batch runner on Ray (runner.engine = ray) when the head goes away or a node runs another ctpipe, on clusters on
+this machine (tests/_support/ray_cluster.py): a test that takes a head down (kills it, or starts its GCS again) or
+adds a node of its own starts its own cluster; the module's shared cluster (a head and one GPU node) serves the runs
+that leave it as it was: the link to the driver cut and restored, the rerun after a head was lost.
+tests/test_runner_ray.py holds the other tests on one cluster, so that pytest-xdist can run the two modules side by
+side.
 """
 
 from __future__ import annotations
@@ -29,12 +31,26 @@ def cases(tmp_path_factory):
     return make_cases(tmp_path_factory.mktemp("ray_cases"))
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node (one CPU: the CPU actor) and a node declaring one GPU and no CPU (the model actor), for the tests
+    that leave it as they found it."""
+    needs_ray()
+    from tests._support.ray_cluster import LocalCluster
+
+    c = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}])
+    c.start()
+    yield c
+    c.stop()
+
+
 @pytest.mark.slow
-def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishes(cases, tmp_path):
+def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishes(cluster, cases, tmp_path):
     """The head (its GCS) dies with a case running and does not come back: the driver waits runner.ray_reconnect_s
     (here 12 s, longer than the 5 s after which Ray, told so by RAY_gcs_rpc_server_reconnect_timeout_s as by a user,
     would end the process itself), then stops naming the cluster's address and the fix, with nothing published
-    half-done; the same command on a cluster started again finishes every case once."""
+    half-done; the same command on another cluster (the module's, its head another GCS than the lost one's) finishes
+    every case once."""
     import os
 
     from tests._support.ray_cluster import LocalCluster, ray_environment
@@ -55,7 +71,7 @@ def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishe
             assert proc.poll() is None, "the run ended before the head could be lost: " + proc.stderr.read()
             assert time.monotonic() < deadline, "no case started in time"
             time.sleep(0.05)
-        first.cluster.head_node.kill_all_processes(check_alive=False, allow_graceful=False)  # the head machine fails
+        first.kill_head()  # the head machine fails
         t0 = time.monotonic()
         try:
             _, err = proc.communicate(timeout=200)
@@ -75,11 +91,8 @@ def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishe
     published = list((out / "cases").iterdir()) if (out / "cases").is_dir() else []
     assert len(published) == len(done) < 2, err  # nothing published half-done; the head was lost with a case to go
 
-    second = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}]).start()
-    try:
-        p = subprocess.run(args(second.address), capture_output=True, text=True, env=env, timeout=240)
-    finally:
-        second.stop()
+    assert cluster.address != address
+    p = subprocess.run(args(cluster.address), capture_output=True, text=True, env=env, timeout=240)
     assert p.returncode == 0, p.stdout + p.stderr
     assert sorted(r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(cases["uids"])
     ok = db_rows(out, "SELECT case_key, stage, COUNT(*) FROM stage_attempts WHERE status='ok' GROUP BY case_key, stage")
@@ -210,18 +223,19 @@ class _LinkToHead:
 
 
 @pytest.mark.slow
-def test_a_network_outage_to_the_head_longer_than_rays_own_limit_is_waited_out_and_every_case_finishes_once(cases, tmp_path):
+def test_a_network_outage_to_the_head_longer_than_rays_own_limit_is_waited_out_and_every_case_finishes_once(
+    cluster, cases, tmp_path
+):
     """The driver's link to the head drops for 12 s with a case running (the head and its nodes run on), longer than
     the 5 s after which Ray, told so by RAY_gcs_rpc_server_reconnect_timeout_s, would end the driver: the run logs each
     try to reach the head, goes on when the head answers again (runner.ray_reconnect_s, 600 s by default) and
     finishes with exit status 0, every case published once and one successful attempt per case and stage."""
     import os
 
-    from tests._support.ray_cluster import LocalCluster, ray_environment
+    from tests._support.ray_cluster import ray_environment
 
     out = tmp_path / "outage"
     env = {**os.environ, **ray_environment(), "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}  # Ray's own limit
-    cluster = LocalCluster(head_cpus=1, nodes=[{"num_cpus": 0, "num_gpus": 1}]).start()
     link = _LinkToHead(cluster.address)
     try:
         args = [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", link.address]
@@ -245,7 +259,6 @@ def test_a_network_outage_to_the_head_longer_than_rays_own_limit_is_waited_out_a
             pytest.fail(f"the run did not finish after the outage: {err[-2000:]}")
     finally:
         link.cut()
-        cluster.stop()
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
     assert sorted(r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")) == sorted(cases["uids"])

@@ -3,8 +3,8 @@
 :class:`LocalCluster` starts a head node and extra nodes with ``ray.cluster_utils.Cluster`` (each
 node its own raylet, object store and worker processes; GPUs declared with ``num_gpus`` exist only
 as Ray resources), with token authentication on (``RAY_AUTH_MODE=token`` and a random
-``RAY_AUTH_TOKEN`` for this process and everything it starts), usage statistics off and small object
-stores. ``stop()`` ends every Ray process the cluster started and :meth:`LocalCluster.leftovers`
+``RAY_AUTH_TOKEN`` for this process and everything it starts), usage statistics off, small object
+stores and no dashboard or autoscaler. ``stop()`` ends every Ray process the cluster started and :meth:`LocalCluster.leftovers`
 lists any still alive (found by the cluster's session folder in their command lines).
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -76,6 +77,7 @@ class LocalCluster:
         self.session_dir: str | None = None
         self._saved_env: dict[str, str | None] = {}
         self.pids: set[int] = set()
+        self.head_killed = False
 
     def start(self, timeout_s: float = 90.0) -> LocalCluster:
         env = ray_environment()
@@ -92,6 +94,7 @@ class LocalCluster:
                 "node_ip_address": LOOPBACK,
                 "include_dashboard": False,
                 "object_store_memory": self.object_store_bytes,
+                "no_monitor": True,  # no autoscaler process: nothing here scales (one Python process fewer to start)
             },
         )
         self.session_dir = self.cluster.head_node.get_session_dir_path()
@@ -116,6 +119,18 @@ class LocalCluster:
         self._remember()
         self.cluster.remove_node(node, allow_graceful=graceful)
 
+    def kill_head(self) -> None:
+        """The head machine fails: SIGKILL of every process of the head node (GCS, raylet, and the agents the raylet
+        started, which a failed machine loses too), none of which comes back."""
+        head = self.cluster.head_node
+        self._remember()
+        mine = {info.process.pid for infos in head.all_processes.values() for info in infos if info.process is not None}
+        below = _descendants(mine)
+        head.kill_all_processes(check_alive=False, allow_graceful=False)
+        for pid in below:
+            _kill(pid)
+        self.head_killed = True
+
     def worker_node_ids(self) -> list[str]:
         return [n.node_id for n in self.cluster.worker_nodes]
 
@@ -137,6 +152,11 @@ class LocalCluster:
             ray.shutdown()
         self.cluster.shutdown()
         self.cluster = None
+        if self.head_killed:
+            # without a GCS to tell them to stop, the other nodes' agents would wait Ray's
+            # gcs_rpc_server_reconnect_timeout_s (60 s) for the head before ending: end them as their machines would be
+            for line in self.leftovers():
+                _kill(int(line.split()[0]))
         for k, v in self._saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -184,6 +204,14 @@ def _cmdline(pid: int) -> str | None:
         return proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except (OSError, IndexError):
         return None
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL ``pid`` if it is still alive."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _session_pids(session_dir: str | None) -> set[int]:
