@@ -159,16 +159,26 @@ def test_an_actor_crashing_on_one_case_is_quarantined_and_the_others_go_on(clust
     assert [st for uid, st in rows if uid != victim] == ["ok"]
 
 
+@pytest.fixture(scope="module")
+def local_run(cases, tmp_path_factory):
+    """The cases run by the local executor in this process (no Ray): the reference a run on the cluster must match,
+    read only."""
+    from pipeline.runner import run_batch
+
+    out = tmp_path_factory.mktemp("ray_local") / "local"
+    ref = run_batch([cases["src"]], out=out, workers=0, **cases["opts"])
+    assert ref.exit_code == 0 and ref.done == 2, ref.lines()
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("graceful", [False, True], ids=["kill-9", "ray-stop"])
-def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases, tmp_path, graceful):
+def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases, local_run, tmp_path, graceful):
     from pipeline.config import load_config
     from pipeline.runner import run_batch
     from pipeline.runner.stages import build_stages
     from tests._support.ray_cluster import HoldOnce
 
-    ref = run_batch([cases["src"]], out=tmp_path / "local", workers=0, **cases["opts"])
-    assert ref.exit_code == 0 and ref.done == 2, ref.lines()
     while len(cluster.worker_node_ids()) < 2:  # a node for the one taken away, one to take over (after a former run)
         cluster.add_node(num_cpus=0, num_gpus=1)
 
@@ -198,14 +208,14 @@ def test_a_node_lost_mid_run_loses_no_case_and_changes_no_finding(cluster, cases
     assert removed, "the hold stage never ran"
     assert s.exit_code == 0 and s.done == 2 and not s.quarantined, s.lines()
     # every case once: one published folder, one successful attempt per stage, no attempt of the lost run recorded
-    assert sorted(p.name for p in (out / "cases").iterdir()) == sorted(p.name for p in (tmp_path / "local" / "cases").iterdir())
+    assert sorted(p.name for p in (out / "cases").iterdir()) == sorted(p.name for p in (local_run / "cases").iterdir())
     att = db_rows(out, "SELECT case_key, stage, status, worker FROM stage_attempts")
     assert len(att) == 2 * len(stages) and {a[2] for a in att} == {"ok"}
     hold = [a for a in att if a[1] == "hold"]
     assert all(removed[0][:8] not in a[3] for a in hold)  # the held stage finished on the node that was left
     events = [json.loads(ln).get("event") for ln in (out / "run.log").read_text().splitlines()]
     assert "node_lost" in events
-    assert findings(out) == findings(tmp_path / "local")
+    assert findings(out) == findings(local_run)
     assert all(len(f) > 0 for f in findings(out).values())
 
 
