@@ -155,8 +155,11 @@ class LocalCluster:
         if self.head_killed:
             # without a GCS to tell them to stop, the other nodes' agents would wait Ray's
             # gcs_rpc_server_reconnect_timeout_s (60 s) for the head before ending: end them as their machines would be
+            # (Ray's processes only: a PID the cluster once had may since belong to another program)
             for line in self.leftovers():
-                _kill(int(line.split()[0]))
+                pid, cmd = line.split(" ", 1)
+                if "ray" in cmd:
+                    _kill(int(pid))
         for k, v in self._saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
