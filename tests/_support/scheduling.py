@@ -33,8 +33,8 @@ WAITING_MODULES = (
 #: The longest of the other modules, with their seconds on two cores beside the rest of the suite (measured with
 #: per-test timings; only their order matters): started first, longest first.
 LONG_MODULES = {
-    "tests/test_runner_ray.py": 135,
-    "tests/test_runner_ray_head.py": 124,
+    "tests/test_runner_ray.py": 116,
+    "tests/test_runner_ray_head.py": 101,
     "tests/test_runner_ray_startup.py": 60,
     "tests/test_runner_resume.py": 49,
     "tests/test_runner_disk_full.py": 38,
