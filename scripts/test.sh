@@ -26,4 +26,6 @@ export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_:-1073741824}" MALLOC_TRI
 # on one worker, so its module fixtures are built once.
 cores=$(nproc 2>/dev/null || echo 1)
 default_workers=$(( cores >= 2 ? cores + 1 : 1 ))
-.venv/bin/python -m pytest -n "${CTPIPE_TEST_WORKERS:-$default_workers}" --dist loadscope "$@"
+# --durations: the 30 slowest test phases end the output, where the suite's time is to be cut (it is to stay well
+# under 15 minutes on 2 cores; tests/_support/scheduling.py starts the longest modules first)
+.venv/bin/python -m pytest -n "${CTPIPE_TEST_WORKERS:-$default_workers}" --dist loadscope --durations=30 "$@"
