@@ -60,12 +60,12 @@ def device_name(text: str) -> str:
 
 
 def out_folder(text: str) -> str:
-    """An argparse ``type`` for ``--out``: the folder as typed (messages name it so, ``runs/night/`` too); an empty or
+    """An argparse ``type`` for ``--out`` (and ``ctpipe phantom``'s OUT_DIR): the folder as typed (messages name it so, ``runs/night/`` too); an empty or
     blank value (``--out "$RUN_DIR"`` with the variable unset) is refused, as it would name the current folder and
     fill it with the command's files."""
     if not text.strip():
         raise argparse.ArgumentTypeError(
-            f"{text!r} is empty: it would write into the current folder; give the folder to write, e.g. --out runs/r1"
+            f"{text!r} is empty: it would write into the current folder; give the folder to write, e.g. runs/r1"
         )
     return text
 

@@ -94,13 +94,14 @@ def test_what_the_command_meets_later_stays_exit_status_1(tmp_path, capsys, monk
         ["reconstruct", "SAMPLE", "--out"],
         ["ingest", "SAMPLE", "--out"],
         ["evaluate", "--pred", "SRC", "--truth", "SRC", "--out"],
+        ["phantom", "--seed", "1"],  # its OUT_DIR
     ],
     ids=lambda a: a[0],
 )
 @pytest.mark.parametrize("empty", ["", " "])
 def test_an_empty_out_exits_2_before_writing_into_the_current_folder(tmp_path, capsys, monkeypatch, argv, empty):
     """``--out "$RUN_DIR"`` with the variable unset: ``ctpipe run`` wrote its run folder (cases, cache, report,
-    runs.sqlite) into the current folder."""
+    runs.sqlite) into the current folder, ``ctpipe phantom ""`` its case folders."""
     monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
     (tmp_path / "src").mkdir()
     here = tmp_path / "here"
@@ -110,6 +111,7 @@ def test_an_empty_out_exits_2_before_writing_into_the_current_folder(tmp_path, c
     rc, err = _status(capsys, [*(paths.get(a, a) for a in argv), empty])
     line = err.strip().splitlines()[-1]
     assert rc == 2, err
-    assert line.startswith(f"ctpipe {argv[0]}: error: argument --out: "), err
-    assert "is empty: it would write into the current folder" in line and "--out runs/r1" in line, line
+    named = "--out" if "--out" in argv else "OUT_DIR"
+    assert line.startswith(f"ctpipe {argv[0]}: error: argument {named}: "), err
+    assert "is empty: it would write into the current folder" in line and "e.g. runs/r1" in line, line
     assert not any(here.iterdir())

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import number_in
+from ..argtypes import number_in, out_path
 
 _TRANSFER_SYNTAXES = ("explicit_le", "rle", "jpeg2000")
 _MAX_SLICES = 1024  # pipeline.phantom.generate.MAX_SLICES (not imported: `ctpipe --help` stays fast)
@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "its range, options that do not go together, such as --seed-offset with --seed)."
         ),
     )
-    p.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="folder that receives one sub-folder per case")
+    p.add_argument("out_dir", metavar="OUT_DIR", type=out_path, help="folder that receives one sub-folder per case")
     p.add_argument(
         "--seed",
         type=number_in(int, 0, _SEED_MAX),
