@@ -1,5 +1,5 @@
 """Argument types for the ``ctpipe`` sub-commands: numbers in their range, refused by argparse with the range; a
-non-empty ``--out`` folder; and the
+non-empty ``--out`` folder and sources; and the
 ``--keep-identifiers`` option the single-series commands share (:func:`add_keep_identifiers`)."""
 
 from __future__ import annotations
@@ -68,6 +68,22 @@ def out_folder(text: str) -> str:
             f"{text!r} is empty: it would write into the current folder; give the folder to write, e.g. runs/r1"
         )
     return text
+
+
+def in_folder(text: str) -> str:
+    """An argparse ``type`` for a folder or file a command reads (a source, a run folder), as typed; an empty or blank
+    value (a variable left unset) is refused, as it would name the current folder: read as the source, or taken for
+    the folder the message names."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is empty: it would name the current folder; give the folder or file to read, e.g. scans/case1"
+        )
+    return text
+
+
+def in_path(text: str) -> Path:
+    """:func:`in_folder` as a :class:`~pathlib.Path`."""
+    return Path(in_folder(text))
 
 
 def out_path(text: str) -> Path:

@@ -115,3 +115,33 @@ def test_an_empty_out_exits_2_before_writing_into_the_current_folder(tmp_path, c
     assert line.startswith(f"ctpipe {argv[0]}: error: argument {named}: "), err
     assert "is empty: it would write into the current folder" in line and "e.g. runs/r1" in line, line
     assert not any(here.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["run", "", "--out", "OUT"], "SRC"),
+        (["detect", "", "--out", "OUT"], "SRC"),
+        (["reconstruct", "", "--out", "OUT"], "SRC"),
+        (["ingest", "", "--out", "OUT"], "SRC"),
+        (["report", "", "--out", "OUT"], "RUN_DIR"),
+        (["send", "", "--to", "dimse://ARCHIVE@127.0.0.1:11112"], "RUN_DIR"),
+        (["evaluate", "--pred", "", "--truth", "SAMPLE", "--out", "OUT"], "--pred"),
+        (["evaluate", "--pred", "SAMPLE", "--truth", "", "--out", "OUT"], "--truth"),
+    ],
+    ids=lambda a: a[0] if isinstance(a, list) else a,
+)
+def test_an_empty_source_exits_2_naming_it_instead_of_reading_the_current_folder(tmp_path, capsys, monkeypatch, argv, named):
+    """``ctpipe detect "$SERIES" --out x`` with the variable unset read the current folder as its source, and said
+    only that --out lay inside the source folder '.'."""
+    monkeypatch.delenv("CTPIPE_RUNNER_DEVICE", raising=False)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    paths = {"OUT": str(tmp_path / "out"), "SAMPLE": str(SAMPLE)}
+    rc, err = _status(capsys, [paths.get(a, a) for a in argv])
+    line = err.strip().splitlines()[-1]
+    assert rc == 2, err
+    assert line.startswith(f"ctpipe {argv[0]}: error: argument {named}: ''"), err
+    assert "is empty: it would name the current folder; give the folder or file to read" in line, line
+    assert not any(here.iterdir()) and not (tmp_path / "out").exists()

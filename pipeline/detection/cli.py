@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import add_keep_identifiers, device_name, number_in, out_path
+from ..argtypes import add_keep_identifiers, device_name, in_path, number_in, out_path
 from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 from .evaluate import READINGS
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "that is not a plain file name).",
     )
     p.add_argument(
-        "src", metavar="SRC", type=Path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image"
+        "src", metavar="SRC", type=in_path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image"
     )
     p.add_argument("--out", type=out_path, required=True, help="output folder")
     p.add_argument(
@@ -134,14 +134,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--pred",
         nargs="+",
         required=True,
-        type=Path,
+        type=in_path,
         help="findings JSONs/folders or a LUNA16 candidates CSV (seriesuid,coordX,coordY,coordZ,probability; LPS mm)",
     )
     e.add_argument(
         "--truth",
         nargs="+",
         required=True,
-        type=Path,
+        type=in_path,
         help="phantom ground_truth.json files/folders or a LUNA16 annotations CSV "
         "(seriesuid,coordX,coordY,coordZ,diameter_mm; LPS mm)",
     )

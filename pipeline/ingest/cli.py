@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..argtypes import number_in, out_path
+from ..argtypes import in_path, number_in, out_path
 from ..atomic import atomic_write_bytes, check_out_outside_sources, ensure_dir, ensure_file_path
 from ..cache import CaseCache
 from ..errors import UsageError
@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "that names --out)."
         ),
     )
-    p.add_argument("sources", nargs="+", metavar="SRC", type=Path, help="DICOM folder(s) or file(s)")
+    p.add_argument("sources", nargs="+", metavar="SRC", type=in_path, help="DICOM folder(s) or file(s)")
     p.add_argument("--out", required=True, type=out_path, metavar="CACHE_DIR", help="case cache folder")
     p.add_argument("--series-uid", default=None, help="ingest only this SeriesInstanceUID (or <uid>#<part> key)")
     p.add_argument(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..argtypes import number_in, out_folder
+from ..argtypes import in_folder, number_in, out_folder
 from ..devices import allowed_devices
 from ..runner.cli import set_item, stop_once
 
@@ -104,7 +104,9 @@ def register(sub: Any) -> None:
         "folder or no destination is given (--to, pacs.send_to), 2 bad arguments (an unknown option, a value not "
         "allowed: a --to address, a --set item).",
     )
-    s.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctpipe run --out or ctpipe listen --out")
+    s.add_argument(
+        "run_dir", metavar="RUN_DIR", type=in_folder, help="run folder written by ctpipe run --out or ctpipe listen --out"
+    )
     s.add_argument(
         "--to", metavar="ADDRESS", help="dicomweb+http(s)://HOST:PORT/PATH or dimse://AET@HOST:PORT (default pacs.send_to)"
     )

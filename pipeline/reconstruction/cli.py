@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import add_keep_identifiers, device_name, number_in, out_path
+from ..argtypes import add_keep_identifiers, device_name, in_path, number_in, out_path
 from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 from ..errors import CtpipeError, DicomOutputError, UsageError
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument(
-        "src", metavar="SRC", type=Path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image"
+        "src", metavar="SRC", type=in_path, help="DICOM folder/file, case-cache entry (.npy/.json) or NIfTI/MHA/NRRD image"
     )
     p.add_argument("--out", required=True, type=out_path, help="output folder")
     p.add_argument("--formats", default="stl", help="comma-separated mesh formats: stl,ply,obj,glb (default stl)")

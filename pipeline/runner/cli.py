@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import number_in, out_folder
+from ..argtypes import in_folder, number_in, out_folder
 from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 
@@ -57,7 +57,9 @@ def register(sub: Any) -> None:
         "next run because more of it arrived in the source while it ran (nothing of it is published; the summary "
         "names it, the next run takes the whole series).",
     )
-    p.add_argument("sources", nargs="+", metavar="SRC", help="DICOM folder(s) or worklist CSV file(s) (column 'path')")
+    p.add_argument(
+        "sources", nargs="+", metavar="SRC", type=in_folder, help="DICOM folder(s) or worklist CSV file(s) (column 'path')"
+    )
     p.add_argument("--out", required=True, type=out_folder, metavar="RUN_DIR", help="run folder (created; reused to resume)")
     p.add_argument("--config", metavar="FILE", help="YAML config (see configs/default.yaml)")
     p.add_argument(
@@ -127,7 +129,13 @@ def register(sub: Any) -> None:
         "(the earlier report in --out stays whole), 2 bad arguments (an unknown option, a value not allowed, an --out "
         "that is one of the RUN_DIRs).",
     )
-    r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders written by ctpipe run --out (e.g. runs/2026-11-*)")
+    r.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        type=in_folder,
+        help="run folders written by ctpipe run --out (e.g. runs/2026-11-*)",
+    )
     r.add_argument("--out", required=True, type=out_folder, metavar="DIR", help="folder for the report")
     r.add_argument(
         "--bin-minutes",
