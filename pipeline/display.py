@@ -27,7 +27,7 @@ from .dicom_out.model import stated_score
 from .errors import DisplayArgumentError, GeometryError
 from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
 from .reconstruction.organs import organ_colours, organ_label
-from .reconstruction.render_layout import outline_halo, scale_bar_mm, window_note
+from .reconstruction.render_layout import outline_halo, scale_bar_mm, side_labelled_bar, window_note
 from .reconstruction.render_planes import (
     OBLIQUE_DEG,
     OUTSIDE_SCAN,
@@ -461,20 +461,15 @@ def _scale_bar(ax: Any, n_rows: int, n_cols: int, col_mm: float) -> None:
     length = scale_bar_mm(width_mm)
     x0, y = -0.5 + 0.03 * n_cols, n_rows - 0.5
     below = offset_copy(ax.transData, fig=ax.figure, y=-(LETTER_GAP_PT + LETTER_FONTSIZE / 2 + 1.0), units="points")
-    ax.plot(
-        [x0, x0 + length / col_mm], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt", transform=below, clip_on=False
-    )
-    ax.annotate(
-        f"{length:.0f} mm",
-        xy=(x0 + length / col_mm, y),
-        xytext=(4.0, -(LETTER_GAP_PT + LETTER_FONTSIZE / 2 + 1.0)),
-        textcoords="offset points",
-        color="yellow",
-        fontsize=7,
-        ha="left",
-        va="center",
-        bbox=_LETTER_BOX,
-        annotation_clip=False,
+    side_labelled_bar(
+        ax,
+        x0,
+        y,
+        length,
+        col_mm,
+        label_offset_pt=(4.0, -(LETTER_GAP_PT + LETTER_FONTSIZE / 2 + 1.0)),
+        transform=below,
+        clip=False,
     )
 
 

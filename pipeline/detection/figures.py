@@ -250,22 +250,9 @@ def _scale_bar(ax, width_mm: float, col_mm: float, *, y: float, x0: float) -> No
     """A yellow bar from column ``x0`` at row ``y`` (image pixels of ``col_mm`` mm; the band below an image
     ``width_mm`` wide, at its left, clear of the P in its middle), labelled with its length: the longest of
     :func:`~pipeline.reconstruction.render_layout.scale_bar_mm` of the width, as the MPRs'."""
-    from ..reconstruction.render_layout import scale_bar_mm
+    from ..reconstruction.render_layout import scale_bar_mm, side_labelled_bar
 
-    length = scale_bar_mm(width_mm)
-    x1 = x0 + length / col_mm
-    ax.plot([x0, x1], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt")
-    ax.annotate(
-        f"{length:.0f} mm",
-        xy=(x1, y),
-        xytext=(3.0, 0.0),
-        textcoords="offset points",
-        color="yellow",
-        fontsize=7,
-        ha="left",
-        va="center",
-        bbox=_LABEL_BOX,
-    )
+    side_labelled_bar(ax, x0, y, scale_bar_mm(width_mm), col_mm, label_offset_pt=(3.0, 0.0))
 
 
 def warning_text_lines(warning: str | None) -> list[str]:

@@ -215,6 +215,44 @@ def scale_bar_mm(w_mm: float) -> float:
     return next((mm for mm in SCALE_BAR_MM if mm <= w_mm / 8), SCALE_BAR_MM[-1])
 
 
+#: The dark box under a scale bar's label.
+BAR_LABEL_BOX = {"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0}
+
+
+def side_labelled_bar(
+    ax,
+    x0: float,
+    y: float,
+    length_mm: float,
+    col_mm: float,
+    *,
+    label_offset_pt: tuple[float, float],
+    transform=None,
+    clip: bool = True,
+) -> None:
+    """A yellow bar from ``(x0, y)`` (``ax``'s data units: image columns of ``col_mm`` mm, rows) ``length_mm`` long,
+    labelled ``<length> mm`` right of its end, ``label_offset_pt`` (points) from it, on a dark box: the finding PNGs'
+    and ``show()``'s bar. ``transform``: the bar's own (e.g. the data moved down by some points), else the data's;
+    ``clip=False`` draws bar and label also outside the axes."""
+    x1 = x0 + length_mm / col_mm
+    more = {} if transform is None else {"transform": transform}
+    if not clip:
+        more["clip_on"] = False
+    ax.plot([x0, x1], [y, y], color="yellow", linewidth=2.0, solid_capstyle="butt", **more)
+    ax.annotate(
+        f"{length_mm:.0f} mm",
+        xy=(x1, y),
+        xytext=label_offset_pt,
+        textcoords="offset points",
+        color="yellow",
+        fontsize=7,
+        ha="left",
+        va="center",
+        bbox=BAR_LABEL_BOX,
+        **({} if clip else {"annotation_clip": False}),
+    )
+
+
 def _labelled_bar(ax, x0: float, y: float, length: float, *, mm: float, lift: float) -> None:
     """A yellow bar from ``(x0, y)`` ``length`` long (in ``ax``'s data units, ``y`` down), labelled ``<mm> mm`` on a
     dark box ``lift`` above it."""
@@ -227,7 +265,7 @@ def _labelled_bar(ax, x0: float, y: float, length: float, *, mm: float, lift: fl
         fontsize=8,
         ha="center",
         va="bottom",
-        bbox={"facecolor": "black", "alpha": 0.6, "pad": 1.0, "linewidth": 0.0},
+        bbox=BAR_LABEL_BOX,
     )
 
 
