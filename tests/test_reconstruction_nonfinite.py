@@ -1,4 +1,4 @@
-"""``ctpipe reconstruct`` and ``reconstruct()`` on an image file (NRRD, MHA) whose voxels hold NaN.
+"""``ctpipe reconstruct`` and ``reconstruct()`` on an image file (NRRD, MHA, NIfTI) whose voxels hold NaN.
 
 An image file is read as it is: an NRRD with a few NaN voxels in the lung reached the segmentation and the
 measurements unchanged (10 NaN voxels in one lung of the test chest took 39 mL off each lung's 179 mL, and a file half
@@ -6,6 +6,7 @@ NaN was measured as "lungs complete" at half the volume, without a word), where 
 to -1024 HU (air) with a warning, and refuses a file with more than
 :data:`~pipeline.cache.MAX_NONFINITE_FRACTION` of them by name. The reconstruction now does the same: the
 measurements keep the count (``nonfinite_voxels_set_to_air``) and a mostly-NaN file is refused before any work.
+A NIfTI file's NaN voxels, which SimpleITK reads as 0 HU, are read back (:mod:`pipeline.ingest.nifti`) and go the same way.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from tests.test_run_detect_parity import _chest
 LUNGS = "lung_left,lung_right"
 
 
-def _image_file(tmp_path: Path, *, nan_slices: int = 0, n_bad: int = 0) -> Path:
-    """The test chest (float32 HU, LPS) as ``chest.nrrd``, with ``n_bad`` NaN voxels in its right lung and its
+def _image_file(tmp_path: Path, *, nan_slices: int = 0, n_bad: int = 0, suffix: str = ".nrrd") -> Path:
+    """The test chest (float32 HU, LPS) as ``chest`` + ``suffix``, with ``n_bad`` NaN voxels in its right lung and its
     first ``nan_slices`` slices all NaN."""
     import SimpleITK as sitk
 
@@ -35,7 +36,7 @@ def _image_file(tmp_path: Path, *, nan_slices: int = 0, n_bad: int = 0) -> Path:
     arr = vol.array.copy()
     arr[10, 20 : 20 + n_bad, 12] = np.nan
     arr[:nan_slices] = np.nan
-    path = tmp_path / "chest.nrrd"  # SimpleITK reads a NIfTI file's NaN voxels as 0
+    path = tmp_path / f"chest{suffix}"
     sitk.WriteImage(CTVolume(arr, vol.geometry).to_sitk(), str(path))
     return path
 
@@ -47,11 +48,12 @@ def _lung_figures_finite(measurements: dict) -> bool:
     return len(numbers) > 4 and all(math.isfinite(v) for v in numbers)
 
 
+@pytest.mark.parametrize("suffix", [".nrrd", ".nii.gz"])
 @pytest.mark.parametrize("n_bad", [0, 10])
-def test_the_reconstruction_sets_a_files_few_nan_voxels_to_air_and_says_so(tmp_path, caplog, n_bad):
+def test_the_reconstruction_sets_a_files_few_nan_voxels_to_air_and_says_so(tmp_path, caplog, n_bad, suffix):
     from pipeline.reconstruction import reconstruct
 
-    volume = read_image(_image_file(tmp_path, n_bad=n_bad))
+    volume = read_image(_image_file(tmp_path, n_bad=n_bad, suffix=suffix))
     assert int(np.isnan(volume.array).sum()) == n_bad  # the file is read as it is
     with caplog.at_level(logging.WARNING):
         rec = reconstruct(volume, organs=LUNGS, device="cpu", render=False)
@@ -67,10 +69,11 @@ def test_the_reconstruction_sets_a_files_few_nan_voxels_to_air_and_says_so(tmp_p
     assert int(np.isnan(volume.array).sum()) == n_bad  # the caller's volume is left as it was
 
 
-def test_the_reconstruction_refuses_a_file_mostly_nan_by_name(tmp_path):
+@pytest.mark.parametrize("suffix", [".nrrd", ".nii.gz"])
+def test_the_reconstruction_refuses_a_file_mostly_nan_by_name(tmp_path, suffix):
     from pipeline.reconstruction import reconstruct
 
-    volume = read_image(_image_file(tmp_path, nan_slices=20))  # half the voxels
+    volume = read_image(_image_file(tmp_path, nan_slices=20, suffix=suffix))  # half the voxels
     with pytest.raises(InvalidVolumeError) as info:
         reconstruct(volume, organs=LUNGS, device="cpu", render=False, out_dir=tmp_path / "out")
     text = str(info.value)
@@ -79,10 +82,11 @@ def test_the_reconstruction_refuses_a_file_mostly_nan_by_name(tmp_path):
     assert not (tmp_path / "out").exists()  # refused before any work
 
 
-def test_ctpipe_reconstruct_on_an_image_file_with_nan_voxels_warns_and_records_the_count(tmp_path, capsys):
+@pytest.mark.parametrize("suffix", [".nrrd", ".nii.gz", ".nii"])
+def test_ctpipe_reconstruct_on_an_image_file_with_nan_voxels_warns_and_records_the_count(tmp_path, capsys, suffix):
     from pipeline.cli import main
 
-    src = _image_file(tmp_path, n_bad=10)
+    src = _image_file(tmp_path, n_bad=10, suffix=suffix)
     out = tmp_path / "out"
     argv = ["reconstruct", str(src), "--out", str(out), "--organs", LUNGS, "--device", "cpu", "--case-id", "c1"]
     assert main([*argv, "--no-render", "--dicom", "none"]) == 0
@@ -93,10 +97,11 @@ def test_ctpipe_reconstruct_on_an_image_file_with_nan_voxels_warns_and_records_t
     assert _lung_figures_finite(doc), doc["lungs"]
 
 
-def test_ctpipe_reconstruct_refuses_a_mostly_nan_image_file_by_name(tmp_path, capsys):
+@pytest.mark.parametrize("suffix", [".nrrd", ".nii.gz"])
+def test_ctpipe_reconstruct_refuses_a_mostly_nan_image_file_by_name(tmp_path, capsys, suffix):
     from pipeline.cli import main
 
-    src = _image_file(tmp_path, nan_slices=20)
+    src = _image_file(tmp_path, nan_slices=20, suffix=suffix)
     out = tmp_path / "out"
     argv = ["reconstruct", str(src), "--out", str(out), "--organs", LUNGS, "--device", "cpu", "--case-id", "c1"]
     assert main([*argv, "--no-render", "--dicom", "none"]) == 1

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import GeometryError, LabelMapError, UnreadableFileError
 from ..volume import IMAGE_SUFFIXES, CTVolume, image_suffix
+from .nifti import is_nifti, restore_nonfinite
 from .rawheader import dicom_data_start
 
 __all__ = [
@@ -48,9 +49,11 @@ def read_image(path: str | Path, *, keep_identifiers: bool = False, label_map: L
     DICOM series loads as: int16 when they are integers that fit it (an int32 or uint8 file), else float32.
 
     SimpleITK reads the file and gives its geometry in LPS (mm), whatever the file's convention (a NIfTI
-    is RAS on disk; its affine is converted). ``metadata["SeriesInstanceUID"]`` is the file's name without
-    the ending (``chest`` for ``chest.nii.gz``), the name a notebook's ``detect`` and ``reconstruct`` give the case's
-    outputs; ``ctpipe detect`` and ``reconstruct`` name them otherwise unless asked for the file's name
+    is RAS on disk; its affine is converted). A float NIfTI's NaN and infinite voxels, which SimpleITK reads as 0,
+    are read again with nibabel and kept (:func:`~pipeline.ingest.nifti.restore_nonfinite`), as an NRRD's or MHA's
+    are: the commands set a few of them to air and refuse a volume of many. ``metadata["SeriesInstanceUID"]`` is
+    the file's name without the ending (``chest`` for ``chest.nii.gz``), the name a notebook's ``detect`` and
+    ``reconstruct`` give the case's outputs; ``ctpipe detect`` and ``reconstruct`` name them otherwise unless asked for the file's name
     (:func:`pipeline.ingest.source.image_named`).
     A file that looks like a label map (:func:`label_map_warning`) loads as it is, with a warning logged and added
     to ``metadata["warnings"]``; it names the other image files beside it only with ``keep_identifiers``
@@ -89,6 +92,8 @@ def read_image(path: str | Path, *, keep_identifiers: bool = False, label_map: L
     dtype = _hu_dtype(volume.array)
     if dtype != volume.array.dtype:
         volume = volume.with_array(volume.array.astype(dtype))
+    if is_nifti(path) and dtype.kind == "f":  # SimpleITK reads a NIfTI's NaN and infinite voxels as 0
+        restore_nonfinite(volume.array, path)  # GetArrayFromImage's own copy (or astype's): C-contiguous, writable
     if label_map == "refuse":
         check_not_label_map(volume.array, path, keep_identifiers=keep_identifiers)
     elif label_map == "warn" and (warning := label_map_warning(volume.array, path, keep_identifiers=keep_identifiers)):
