@@ -194,6 +194,17 @@ class _Siblings:
         return out
 
 
+def announced(folder: Path) -> dict[str, int]:
+    """The counts the instances received in ``folder`` give, as :func:`count_check` reads them (the first ``*.dcm`` by
+    name): Number of Series Related Instances and Images in Acquisition, by keyword, those present (one file read)."""
+    files = sorted(folder.glob("*.dcm"))
+    first = _read(files[0]) if files else None
+    if first is None:
+        return {}
+    counts = {keyword: _count(first.get(keyword)) for keyword in ABORT_COUNTS}
+    return {keyword: n for keyword, n in counts.items() if n is not None}
+
+
 def shortfall(folder: Path) -> str | None:
     """Why the instances received in ``folder`` are known to be fewer than the series has (:func:`count_check`), or
     None."""

@@ -138,8 +138,8 @@ class ReceiveJournal:
                 folder = self.folder(series_uid, gen)
                 n_before = self._link_previous(row, folder)
                 db.execute(
-                    "INSERT INTO series (series_uid, generation, state, first_at, last_at, n_instances, folder, study_uid) "
-                    "VALUES (?, ?, 'open', ?, ?, ?, ?, ?)",
+                    "INSERT INTO series (series_uid, generation, state, first_at, last_at, n_instances, folder, study_uid, "
+                    "aborted) VALUES (?, ?, 'open', ?, ?, ?, ?, ?, '')",
                     (series_uid, gen, t, t, n_before, str(folder), study_uid),
                 )
                 if row is not None and seen is not None:  # an instance received before, its files since removed
@@ -299,7 +299,7 @@ class ReceiveJournal:
             t = now()
             db.execute(
                 "INSERT INTO series (series_uid, generation, state, first_at, last_at, n_instances, folder, study_uid, "
-                "note) VALUES (?, ?, 'open', ?, ?, ?, ?, ?, ?)",
+                "note, aborted) VALUES (?, ?, 'open', ?, ?, ?, ?, ?, ?, '')",
                 (row["series_uid"], gen, t, t, n, str(folder), row.get("study_uid"), note),
             )
         return dict(row, generation=gen, state="open", first_at=t, last_at=t, n_instances=n, folder=str(folder), note=note)

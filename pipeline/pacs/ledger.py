@@ -11,7 +11,9 @@ processed or sent twice:
                bytes and CRC-32 of its file, checked after a crash);
 ``series``     the listener's series: one row per generation (a series that grows after it was
                handed to the runner gets a new generation), state ``open`` → ``handed`` → ``processed``,
-               and ``removed_at`` once its received files were removed (``pacs.keep_received``);
+               and ``removed_at`` once its received files were removed (``pacs.keep_received``); ``aborted``: the
+               sender's A-ABORT that ended the last association to store instances of it, with the counts they gave
+               (:mod:`pipeline.pacs.abort_record`; NULL in a row written before it was recorded);
 ``sent``       one row per result file and destination: ``pending``, ``sent``, ``unconfirmed`` (stored on the
                destination's success answer, its confirming query refused) or ``failed``;
 ``scanned``    case folders whose results have been queued for a destination.
@@ -44,7 +46,7 @@ CREATE INDEX IF NOT EXISTS instances_series ON instances(series_uid);
 CREATE TABLE IF NOT EXISTS series (
     series_uid TEXT NOT NULL, generation INTEGER NOT NULL, state TEXT NOT NULL, first_at REAL, last_at REAL,
     n_instances INTEGER NOT NULL DEFAULT 0, folder TEXT, case_id TEXT, outcome TEXT, note TEXT,
-    study_uid TEXT, removed_at REAL, PRIMARY KEY (series_uid, generation));
+    study_uid TEXT, removed_at REAL, aborted TEXT, PRIMARY KEY (series_uid, generation));
 CREATE TABLE IF NOT EXISTS sent (
     sop_uid TEXT NOT NULL, destination TEXT NOT NULL, case_id TEXT, path TEXT, sop_class TEXT, state TEXT NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0, next_at REAL, error TEXT, updated_at REAL, PRIMARY KEY (sop_uid, destination));
@@ -55,6 +57,7 @@ CREATE TABLE IF NOT EXISTS scanned (
 _ADDED_COLUMNS = (
     ("series", "study_uid", "TEXT"),
     ("series", "removed_at", "REAL"),
+    ("series", "aborted", "TEXT"),
     ("instances", "size", "INTEGER"),
     ("instances", "crc32", "INTEGER"),
 )

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PacsAddressError
+from .abort_record import hold_aborted
 from .address import check_aet, listen_error, valid_uid
 from .expected_count import recheck_held
 from .handover import Handover, SeriesOutcome
@@ -75,7 +76,8 @@ log = logging.getLogger(__name__)
 
 def _say_restart(counts: dict[str, int]) -> None:
     """The listener's one WARNING line of what its start found and did (``counts``: :meth:`ReceiveJournal.recover`'s,
-    ``released``: processed series' files removed, ``lifted``: held series :func:`recheck_held` released); none when
+    ``released``: processed series' files removed, ``lifted``: held series :func:`recheck_held` released, ``held``: open
+    series :func:`hold_aborted` held); none when
     it did nothing."""
     if not any(counts.values()):
         return
@@ -84,7 +86,8 @@ def _say_restart(counts: dict[str, int]) -> None:
         "%d open series resumed, %d empty dropped, "
         "%d series to process again, %d leftover folder(s) or temporary file(s) removed, "
         "%d processed series' files removed, %d series held short of a count released by the current "
-        "pacs.abort_count_check (processed once quiet)",
+        "pacs.abort_count_check (processed once quiet), %d open series ended by a sender's A-ABORT (or whose end the "
+        "ledger does not record) held short of a count it checks",
         counts["unacknowledged"],
         counts["reopened"],
         counts["dropped"],
@@ -92,6 +95,7 @@ def _say_restart(counts: dict[str, int]) -> None:
         counts["orphans"],
         counts["released"],
         counts["lifted"],
+        counts["held"],
         extra={"event": "listen_recover"},
     )
 
@@ -170,7 +174,7 @@ class Listener(AssociationEnds, Handover):
         self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
         counts = self.journal.recover()
         counts["released"] = self._release_processed()
-        counts["lifted"] = 0
+        counts["lifted"] = counts["held"] = 0
         try:
             self.session = RunSession(
                 self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options
@@ -179,6 +183,8 @@ class Listener(AssociationEnds, Handover):
             check_run_folder(self.run_dir, self.session.config)
             # series held short of a count under the setting of an earlier start: the current one decides
             counts["lifted"] = recheck_held(self.journal, self._ledger, cfg=self.cfg)
+            # open series whose sender's A-ABORT an earlier, looser setting accepted: the current one may hold them
+            counts["held"] = hold_aborted(self.journal, self._ledger, cfg=self.cfg)
         finally:  # what the restart did, also when the folder is refused
             _say_restart(counts)
         ae = build_ae(self.cfg)

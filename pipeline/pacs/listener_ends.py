@@ -5,7 +5,9 @@ Per association it notes whether an instance is being received when the sender's
 an instance, or between two), and when the association ends it summarises the instances sent again, and marks the
 series it stored instances of as cut off (:data:`~pipeline.pacs.journal.CUT_NOTE`) when it ended without a release
 and without the sender's A-ABORT between instances, or with that A-ABORT while the series' instances give a count that
-fewer arrived than (:mod:`pipeline.pacs.expected_count`). A release clears the mark, and makes a series quarantined
+fewer arrived than (:mod:`pipeline.pacs.expected_count`); such an A-ABORT is recorded per series, for a restart with
+a stricter ``pacs.abort_count_check`` to judge the series again (:mod:`pipeline.pacs.abort_record`). A release clears
+the mark (and the record), and makes a series quarantined
 only as cut off run again when sent again whole. Records are logged as ``pipeline.pacs.listener``'s, as the
 listener's own.
 """
@@ -18,6 +20,7 @@ import time
 from typing import Any
 
 from ..config_schema import ABORT_COUNTS
+from . import abort_record
 from .expected_count import CountCheck, hold_short, latest_count_check, lift_held, setting
 from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger
@@ -88,6 +91,7 @@ class AssociationEnds:
         address = getattr(assoc.requestor, "address", "?")
         released = bool(getattr(assoc, "is_released", False)) or ended_by_abort
         counts = self.cfg.pacs.abort_count_check
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         for series_uid, n in stored.items():
             rows = self._ledger.rows("SELECT * FROM series WHERE series_uid = ? AND state = 'open'", (series_uid,))
             check = latest_count_check(self._ledger, series_uid, counts=counts) if ended_by_abort else None
@@ -100,11 +104,16 @@ class AssociationEnds:
             if ended and n:  # series of its study held short of a count that its instances make up
                 lift_held(self.journal, self._ledger, series_uid, counts=counts)
             for row in rows:
+                if ended_by_abort:  # judged again at a restart under the setting then (a stricter one may hold it)
+                    abort_record.write(
+                        self._ledger, row, abort_record.AbortRecord.taken(row, sender=f"{calling} at {address}", at=at, n=n)
+                    )
+                elif released:
+                    abort_record.write(self._ledger, row, None)
                 if ended:
                     if str(row["note"] or "").startswith(CUT_NOTE):
                         self.journal.note(row, None)
                     continue
-                at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
                 if check is not None and short is not None:  # a sender stopped part-way, its A-ABORT as if done
                     hold_short(self.journal, row, sender=f"{calling} at {address}", n=n, check=check, at=at, cfg=self.cfg)
                     continue

@@ -1,0 +1,127 @@
+"""The sender's A-ABORT that ended an open series' latest association, as the listener's ledger records it, so that a
+restart judges the series against the ``pacs.abort_count_check`` then in force.
+
+A series whose sender ended its association with an A-ABORT between instances is held when fewer instances arrived
+than a count they give that ``pacs.abort_count_check`` checks (:func:`~pipeline.pacs.expected_count.hold_short`).
+One accepted under a looser setting (a count left out, or ``none``) and still open when ``ctpipe listen`` restarts with
+a stricter one is judged again (:func:`hold_aborted`): the ledger's ``series.aborted`` column records, per generation,
+the last such A-ABORT (its sender, when, the instances it stored) and the counts its instances gave then
+(:func:`~pipeline.pacs.expected_count.announced`); an association that ends with a release clears it, as it clears
+the cut-off note. A series still short of a count now checked is held as it would have been live, with the same note
+and warning; one accepted under a stricter setting and held is released by a looser one as before
+(:func:`~pipeline.pacs.expected_count.recheck_held`).
+
+``series.aborted`` holds ``''`` when no A-ABORT stands (none yet, or a release since), or the record as JSON, e.g.
+``{"sender": "MODALITY at 10.0.0.5", "at": "2026-12-07 16:11:18 UTC", "n": 5, "counts": {"ImagesInAcquisition":
+8}}``. A row written before the column existed (the column added to an older ledger) holds NULL: how its sender's
+associations ended is not known, and an open one is judged, conservatively, as if its sender had ended with an A-ABORT
+(held when short of a count checked, with a note saying so: sending the series again ends the hold); a record that
+cannot be read is taken so too. Records are logged as ``pipeline.pacs.listener``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .expected_count import SHORT_NOTE, announced, hold_short, latest_count_check, leave_out_hint
+from .journal import CUT_NOTE, INCOMPLETE_NOTE, RECOUNTED_NOTE, RESENT_NOTE, ReceiveJournal
+from .ledger import Ledger
+
+log = logging.getLogger("pipeline.pacs.listener")
+
+#: In the note of an open series of an older ledger held by :func:`hold_aborted`: why it was judged so.
+UNRECORDED = "how its sender's associations ended is not recorded (a ledger written before ctpipe recorded it, or unreadable)"
+
+
+@dataclass(frozen=True)
+class AbortRecord:
+    """A sender's A-ABORT between instances that ended an association storing instances of a series: ``sender`` (calling
+    AE title and address), ``at`` (UTC, as the hold's note writes it), ``n`` (instances it stored of the series) and
+    ``counts`` (the counts the series' instances gave then, by keyword: :func:`~pipeline.pacs.expected_count.announced`).
+    """
+
+    sender: str
+    at: str
+    n: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def taken(cls, row: dict[str, Any], *, sender: str, at: str, n: int) -> AbortRecord:
+        """The record of the A-ABORT just taken for the open generation ``row`` (its files read for the counts)."""
+        return cls(sender, at, n, announced(Path(row["folder"])) if row.get("folder") else {})
+
+
+def write(ledger: Ledger, row: dict[str, Any], record: AbortRecord | None) -> None:
+    """Record ``record`` for the generation ``row`` (None: no A-ABORT stands, as after a release)."""
+    value = "" if record is None else json.dumps(asdict(record), sort_keys=True)
+    with ledger.tx() as db:
+        db.execute(
+            "UPDATE series SET aborted = ? WHERE series_uid = ? AND generation = ?",
+            (value, row["series_uid"], row["generation"]),
+        )
+
+
+def _read(row: dict[str, Any]) -> tuple[bool, AbortRecord | None]:
+    """Whether ``row``'s end is known, and its record (None: no A-ABORT stands). Not known: NULL (a row written before
+    the column existed), or a value that cannot be read (one warning)."""
+    value = row.get("aborted")
+    if value is None:
+        return False, None
+    if value == "":
+        return True, None
+    try:
+        data = json.loads(str(value))
+        counts = {str(k): int(v) for k, v in data["counts"].items()}
+        return True, AbortRecord(str(data["sender"]), str(data["at"]), int(data["n"]), counts)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        log.warning(
+            "series %s: its A-ABORT record in the ledger (%r) cannot be read; judged as if its sender had ended with an A-ABORT",
+            row["series_uid"],
+            value,
+            extra={"event": "listen_abort_record_unread", "series_uid": row["series_uid"]},
+        )
+        return False, None
+
+
+def hold_aborted(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any) -> int:
+    """At the listener's start: hold each open series, not held already, whose sender's A-ABORT (its record) was taken
+    under an earlier, looser ``pacs.abort_count_check`` and whose instances are short of a count the current one checks
+    (:func:`~pipeline.pacs.expected_count.hold_short`, with the sender, time and instances of the record: the note and
+    warning a live hold gives). An open series of an older ledger (no record) is judged as if its sender had ended with
+    an A-ABORT (see the module docstring). Returns how many series were held so."""
+    counts = cfg.pacs.abort_count_check
+    if not counts:
+        return 0
+    held = 0
+    for row in ledger.rows("SELECT * FROM series WHERE state = 'open'"):
+        if str(row["note"] or "").startswith((CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, RECOUNTED_NOTE)):
+            continue  # held already, or opened again from a quarantined case on an end it was judged by then
+        known, record = _read(row)
+        if known and (record is None or not set(counts) & set(record.counts)):
+            continue  # no A-ABORT stands, or its instances gave no count checked now
+        check = latest_count_check(ledger, row["series_uid"], counts=counts)
+        if check is None or check.short is None:
+            continue
+        held += 1
+        if record is not None:
+            hold_short(journal, row, sender=record.sender, n=record.n, check=check, at=record.at, cfg=cfg)
+            continue
+        hint = leave_out_hint(str(check.field), counts)
+        journal.note(row, f"{CUT_NOTE} {UNRECORDED}, judged as after an A-ABORT, {SHORT_NOTE}: {check.short}; {hint}")
+        log.warning(
+            "series %s, open in a ledger that does not record how its sender's associations ended (written before ctpipe "
+            "recorded it), has fewer instances than a count they give: %s; held as cut off, as after a sender's A-ABORT "
+            "(never published as whole): it waits for the rest up to pacs.series_limit_s = %g s after its first "
+            "instance, then is quarantined; fix: send the series again (an association ended with a release, or with "
+            "an A-ABORT once the count is reached, ends the hold); %s",
+            row["series_uid"],
+            check.short,
+            cfg.pacs.series_limit_s,
+            hint,
+            extra={"event": "listen_cut", "series_uid": row["series_uid"]},
+        )
+    return held
