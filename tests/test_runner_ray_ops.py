@@ -208,6 +208,55 @@ def test_a_cluster_without_live_nodes_is_named_as_such(tmp_path):
     assert "no node of the cluster is alive" in msg and "rerun the same command" in msg and "GPU (num_gpus" not in msg
 
 
+class _TaskError(Exception):
+    """Ray's RayTaskError: an actor's method raised ``cause`` (its process lives on)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def test_a_retired_gpu_is_held_not_counted_named_in_the_runs_stop_and_a_node_left_without_gpus_stops_the_run(tmp_path, caplog):
+    from pipeline.runner.ray_pool import START_FAILURES
+
+    node = "b" * 56
+    ray = _ClusterRay([{"Alive": True, "NodeID": node, "Resources": {"CPU": 2.0, "GPU": 2.0}}], free={"CPU": 0.0, "GPU": 0.0})
+    ray.exceptions = SimpleNamespace(RayTaskError=_TaskError, ActorUnavailableError=ConnectionError)  # type: ignore[attr-defined]
+    pool = _pool(ray, tmp_path)
+    for a in pool.actors:
+        if a.group == "cpu":
+            a.phase = "ready"
+    for _ in range(START_FAILURES):  # each actor placed on GPU 1 fails in its setup, each started after the last failed
+        pool.refresh(force=True)
+        actor = [a for a in pool.actors if a.group == "model"][-1]
+        actor.node, actor.gpu, actor.phase = node, "1", "setting_up"
+        pool._start_failed(actor, _TaskError(RuntimeError("CUDA error: out of memory")))
+    models = [a for a in pool.actors if a.group == "model"]
+    assert len(models) == 1 and [(h.node, h.gpu) for h in pool.holders] == [(node, "1")]  # the failed one holds GPU 1
+    pool.refresh(force=True)
+    assert [a for a in pool.actors if a.group == "model"] == models  # no actor started for the retired GPU
+    retired = [r.getMessage() for r in caplog.records if getattr(r, "event", None) == "gpu_retired"]
+    assert len(retired) == 1 and "GPU 1 of the Ray node bbbbbbbb" in retired[0], retired
+    time.sleep(0.01)
+    with pytest.raises(FatalRunError) as info:  # GPU 0 held by another job: the model stages cannot be placed
+        pool.check_served()
+    msg = str(info.value)
+    assert "GPU 1 of the node bbbbbbbb retired for this run (RuntimeError: CUDA error: out of memory)" in msg, msg
+    assert "CUDA_VISIBLE_DEVICES" in msg and "runner.ray_timeout_s" in msg, msg
+    for n in range(1, START_FAILURES + 1):  # GPU 0 fails too, otherwise: the node has no GPU left, the run stops
+        actor = [a for a in pool.actors if a.group == "model"][-1]
+        actor.node, actor.gpu, actor.phase = node, "0", "setting_up"
+        if n < START_FAILURES:
+            pool._start_failed(actor, _TaskError(RuntimeError("CUDA error: unknown error")))
+            pool.refresh(force=True)
+            continue
+        with pytest.raises(FatalRunError) as info:
+            pool._start_failed(actor, _TaskError(RuntimeError("CUDA error: unknown error")))
+    msg = str(info.value)
+    assert "every GPU of the node bbbbbbbb" in msg and "GPU 0: RuntimeError: CUDA error: unknown error" in msg, msg
+    assert "GPU 1: RuntimeError: CUDA error: out of memory" in msg and "ray stop" in msg, msg
+
+
 def test_a_failed_attempt_names_the_node_as_the_successful_ones_do():
     # stages.csv and the run store group attempts by worker: a crashed actor's attempt keeps its node
     from pipeline.runner.ray_executor import _failed

@@ -68,7 +68,8 @@ class StageActor:
         self.by_name = {s.name: s for s in stages}
 
     def place(self) -> dict[str, Any]:
-        """Where this actor runs: node id and address, process id, the torch device it will use."""
+        """Where this actor runs: node id and address, process id, the torch device it will use, the GPU id(s) Ray
+        granted it on its node (``ray.get_gpu_ids()``, as strings; none for a CPU actor)."""
         import ray
 
         ctx = ray.get_runtime_context()
@@ -86,6 +87,7 @@ class StageActor:
             "ip": ray.util.get_node_ip_address(),
             "pid": os.getpid(),
             "device": device,
+            "gpus": [str(g) for g in gpu_ids],
             "note": note,
             "software": software(),
         }

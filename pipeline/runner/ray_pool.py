@@ -17,6 +17,15 @@ after the one before had failed (actors started together and failing together ar
 cannot import the run's code, such a node is not left by Ray, so its resources would be offered to new actors, each
 failing the same way, until ``runner.ray_timeout_s``, whose message would then blame other jobs for the GPUs the run's
 own failing actors held.
+
+A model actor that failed after ``place()`` named its GPU (``ray.get_gpu_ids()``) counts against that GPU of its node,
+not the whole node: a GPU server with one bad card (a CUDA error, out of memory, a dead card) keeps working on the
+others. Once :data:`START_FAILURES` actors in a row failed on one GPU, that GPU is retired for the run (one warning
+naming the node, the GPU, the error and the fix; event ``gpu_retired``): an actor of the run holds it unused, so that
+Ray offers it to no other actor of the run (Ray picks a node's GPU itself; it cannot be asked to avoid one), and the
+run counts the node's other GPUs only. A failure that is not the GPU's stops the run as for a node: the same error on
+every GPU of the node, or every GPU of the node retired. A group that then has no actor placed for
+``runner.ray_timeout_s`` stops the run with a reason that names the retired GPUs and why.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ class PoolActor:
     node: str | None = None
     pinned: str | None = None  # node id of a model actor pinned to a node without GPUs
     device: str = "cpu"
+    gpu: str | None = None  # the GPU id(s) Ray granted it on its node (ray.get_gpu_ids()), once placed; None: no GPU
     held: deque[tuple[Task, Any]] = field(default_factory=deque)  # in order of execution: the first runs
     started: float = field(default_factory=time.monotonic)  # time.monotonic() when it was asked to start
 
@@ -88,7 +98,10 @@ class ActorPool:
         self._n = 0
         self._refreshed = 0.0
         self._unserved: dict[str, float] = {g: time.monotonic() for g in self.groups}
-        self._failed: dict[str, StartFailures] = {}  # node id -> its start-up failures since an actor last started there
+        # (node id, GPU id or None for the node) -> its start-up failures since an actor last started there
+        self._failed: dict[tuple[str, str | None], StartFailures] = {}
+        self.retired: dict[tuple[str, str], StartFailures] = {}  # (node id, GPU id) -> why it was retired
+        self.holders: list[PoolActor] = []  # actors holding retired GPUs unused (see the module docstring)
         self._last_failure: dict[str, StartFailures] = {}  # group -> the latest since the group was last served
         self._remote = ray.remote(StageActor)
         self.software = software()  # every actor must run the same (see advance)
@@ -112,15 +125,17 @@ class ActorPool:
         self._refreshed = now
         nodes = self.nodes()
         runner = self.config.runner
+        live = {n["NodeID"] for n in nodes}
+        self.holders = [h for h in self.holders if h.node in live]  # gone with their nodes
         if "cpu" in self.groups:
             cpus = _capped(sum(int(n["Resources"].get("CPU", 0)) for n in nodes), runner.ray_max_cpus)
             for _ in range(cpus - sum(a.group == "cpu" for a in self.actors)):
                 self._start("cpu", {"num_cpus": 1})
         if "model" in self.groups:
             gpus = sum(int(n["Resources"].get("GPU", 0)) for n in nodes) if runner.device != "cpu" else 0
-            gpus = _capped(gpus, runner.ray_max_gpus)
             if gpus:
-                for _ in range(gpus - sum(a.group == "model" and a.pinned is None for a in self.actors)):
+                usable = _capped(gpus - sum(node in live for node, _ in self.retired), runner.ray_max_gpus)
+                for _ in range(usable - sum(a.group == "model" and a.pinned is None for a in self.actors)):
                     self._start("model", {"num_gpus": 1, "num_cpus": 0})
             elif not runner.device.startswith("cuda"):  # runner.device = cuda: no model on a CPU
                 from ray.util.scheduling_strategies import (
@@ -176,6 +191,13 @@ class ActorPool:
                     "and run the same command again"
                 )
             actor.node, actor.device, actor.phase = info["node"], info["device"], "setting_up"
+            actor.gpu = ",".join(str(g) for g in info.get("gpus", ())) or None
+            if actor.gpu is not None and (actor.node, actor.gpu) in self.retired:
+                self._hold(actor)
+                log.info(
+                    "Ray actor %s placed on the retired GPU %s of node %s: it holds it unused", actor.name, actor.gpu, info["ip"]
+                )
+                return
             if info.get("note"):
                 log.warning("Ray actor %s on node %s: %s", actor.name, info["ip"], info["note"])
             log.info(
@@ -194,45 +216,113 @@ class ActorPool:
             raise FatalRunError(info["fatal"])
         actor.phase, actor.pending = "ready", None
         if actor.node is not None:
-            self._failed.pop(actor.node, None)
+            self._failed.pop((actor.node, None), None)
+            self._failed.pop((actor.node, actor.gpu), None)
         self._last_failure.pop(actor.group, None)
 
     def _start_failed(self, actor: PoolActor, exc: BaseException) -> None:
         """``actor`` failed to start with ``exc`` (not an import error): dropped, and another started in its place,
-        unless its node has now failed :data:`START_FAILURES` times in a row (FatalRunError with the error, the node
-        and the fix). A node lost meanwhile is no failure of the node: the pool follows the cluster."""
+        unless its node (its GPU, for a model actor placed on one) has now failed :data:`START_FAILURES` times in a
+        row: a GPU is then retired (:meth:`_retire`), a node stops the run (FatalRunError with the error, the node and
+        the fix). A node lost meanwhile is no failure of the node: the pool follows the cluster."""
         node = actor.node or _actor_node(self.ray, getattr(exc, "actor_id", None))
         raised = isinstance(exc, self.ray.exceptions.RayTaskError) or getattr(exc, "actor_init_failed", False)
-        self.drop(actor)
+        self._forget(actor)
         if not raised and (
             isinstance(exc, self.ray.exceptions.ActorUnavailableError) or "node has died" in str(exc) or self.node_dead(node)
         ):
+            self.ray.kill(actor.handle, no_restart=True)
             log.warning("Ray actor %s did not start: %s", actor.name, first_line(exc), extra={"event": "worker_died"})
             return
         error, where, now = start_error(exc), self._where(actor, exc, node), time.monotonic()
-        key = node or where
+        gpu = actor.gpu if node is not None else None
+        key = (node or where, gpu)
         before = self._failed.get(key)
         count = before.count if before is not None else 0
         if before is None or actor.started > before.at:  # a retry after the last failure there, not one started beside it
             count += 1
-        self._failed[key] = self._last_failure[actor.group] = StartFailures(count, now, error, where)
+        failure = self._failed[key] = self._last_failure[actor.group] = StartFailures(count, now, error, where)
         log.info("Ray's account of the failed start of actor %s: %s", actor.name, _ANSI.sub("", str(exc)).strip())
+        same = self._same_error_gpus(node, error) if node is not None and gpu is not None else set()
+        if count >= START_FAILURES and node is not None and gpu is not None and len(same) < self._gpus_on(node):
+            # its process lives when place()/setup() raised: it holds the GPU, so Ray offers it to no other actor
+            self._retire(actor, node, gpu, failure, alive=isinstance(exc, self.ray.exceptions.RayTaskError))
+            return
+        self.ray.kill(actor.handle, no_restart=True)
         if count >= START_FAILURES:
+            on = f" on its GPU {gpu}" if gpu is not None else ""
+            also = f"; the same error on {_gpu_list(same)}" if len(same) > 1 else ""
             raise FatalRunError(
                 f"Ray actors for this run's {actor.group} stages fail to start on the node {where}: {error} ({count} "
-                "tries in a row, each started after the one before failed); fix that on the node (a model or data file "
-                "missing there, its GPU or driver, its memory; the traceback is in the run's run.log), or take "
+                f"tries in a row{on}, each started after the one before failed{also}); fix that on the node (a model or "
+                "data file missing there, its GPU or driver, its memory; the traceback is in the run's run.log), or take "
                 "the node out of the cluster (`ray stop` on it), and run the same command again: it resumes the cases not "
                 "done (see README 'Scale out')"
             )
         log.warning(
-            "Ray actor %s did not start on the node %s: %s; another is started in its place (try %d of %d there)",
+            "Ray actor %s did not start on %sthe node %s: %s; another is started in its place (try %d of %d there)",
             actor.name,
+            f"GPU {gpu} of " if gpu is not None else "",
             where,
             error,
             count,
             START_FAILURES,
             extra={"event": "worker_died"},
+        )
+
+    def _retire(self, actor: PoolActor, node: str, gpu: str, failure: StartFailures, *, alive: bool) -> None:
+        """Retire the GPU ``gpu`` of ``node`` for this run after ``failure`` (one warning naming the node, the GPU, the
+        error and the fix); FatalRunError once every GPU of the node is retired. ``alive``: ``actor``'s process lives
+        and holds the GPU (kept as its holder), else the next actor Ray places there becomes its holder."""
+        self.retired[(node, gpu)] = failure
+        self._failed.pop((node, gpu), None)
+        self._last_failure.pop(actor.group, None)  # not the reason why the group may go unserved: the retired GPUs say it
+        if alive:
+            self._hold(actor)
+        else:
+            self.ray.kill(actor.handle, no_restart=True)
+        mine = {g: f.error for (n, g), f in self.retired.items() if n == node}
+        if len(mine) >= self._gpus_on(node):
+            each = "; ".join(f"GPU {g}: {e}" for g, e in sorted(mine.items()))
+            raise FatalRunError(
+                f"Ray actors for this run's {actor.group} stages fail to start on every GPU of the node {failure.where} "
+                f"({each}; {START_FAILURES} tries in a row on each, each started after the one before failed); fix that "
+                "on the node (a model or data file missing there, its GPUs or driver, its memory; the traceback is in the "
+                "run's run.log), or take the node out of the cluster (`ray stop` on it), and run the same command again: "
+                "it resumes the cases not done (see README 'Scale out')"
+            )
+        log.warning(
+            "GPU %s of the Ray node %s is retired for this run: %s (%d tries in a row there, each started after the one "
+            "before failed); the run goes on with the node's other GPUs and places no actor on it again. Fix that GPU (its "
+            "driver, its memory, the card; the traceback is in the run's run.log), or leave it out of that node's Ray "
+            "(`ray stop`, then `ray start` with CUDA_VISIBLE_DEVICES naming the other GPUs), before the next run",
+            gpu,
+            failure.where,
+            failure.error,
+            failure.count,
+            extra={"event": "gpu_retired"},
+        )
+
+    def _hold(self, actor: PoolActor) -> None:
+        """Keep ``actor`` (placed on a retired GPU) alive and idle: Ray offers the GPU it holds to no other actor."""
+        self._forget(actor)
+        actor.phase, actor.pending = "retired", None
+        self.holders.append(actor)
+
+    def _same_error_gpus(self, node: str, error: str) -> set[str]:
+        """The GPUs of ``node`` whose latest failed start (since an actor last started there) failed with ``error``."""
+        both = [*self._failed.items(), *self.retired.items()]
+        return {g for (n, g), f in both if n == node and g is not None and f.error == error}
+
+    def _gpus_on(self, node: str) -> int:
+        """The GPUs ``node`` declares (at least 1: a node gone meanwhile counts as one GPU)."""
+        found = [int(n["Resources"].get("GPU", 0)) for n in self.nodes() if n["NodeID"] == node]
+        return max(found[0] if found else 1, 1)
+
+    def retired_text(self) -> str:
+        """The GPUs this run retired and why (for a run's stop), or ``""``."""
+        return "; ".join(
+            f"GPU {g} of the node {f.where} retired for this run ({f.error})" for (_, g), f in sorted(self.retired.items())
         )
 
     def _where(self, actor: PoolActor, exc: BaseException, node: str | None = None) -> str:
@@ -246,9 +336,13 @@ class ActorPool:
         return ip or (node[:8] if node else "where it was placed")
 
     def drop(self, actor: PoolActor) -> None:
+        self._forget(actor)
+        self.ray.kill(actor.handle, no_restart=True)
+
+    def _forget(self, actor: PoolActor) -> None:
+        """``actor`` is no actor of the pool any more (its process is left as it is)."""
         if actor in self.actors:
             self.actors.remove(actor)
-        self.ray.kill(actor.handle, no_restart=True)
         self._refreshed = 0.0  # look at the cluster again at the next poll
 
     def check_served(self) -> None:
@@ -261,15 +355,21 @@ class ActorPool:
                 continue  # placed, loading its model: no deadline here (a setup that keeps failing stops the run: advance)
             elif now - self._unserved[g] > self.timeout_s:
                 failed = self._last_failure.get(g)
+                retired = (
+                    f" ({self.retired_text()}: it failed to start every actor placed there; fix it, or leave it out of "
+                    "its node's Ray: `ray stop`, then `ray start` with CUDA_VISIBLE_DEVICES naming the other GPUs)"
+                    if g == "model" and self.retired
+                    else ""
+                )
                 if failed is not None:  # the run's own failing actors held what the cluster offers
                     raise FatalRunError(
-                        f"no Ray actor for the {g} stages could start within {self.timeout_s:g} s: the last one failed "
-                        f"on the node {failed.where}: {failed.error}; fix that on the node (a model or data file missing "
-                        "there, its GPU or driver, its memory), or take the node out of the cluster (`ray stop` on it), "
-                        "and run the same command again (see README 'Scale out')"
+                        f"no Ray actor for the {g} stages could start within {self.timeout_s:g} s{retired}: the last one "
+                        f"failed on the node {failed.where}: {failed.error}; fix that on the node (a model or data file "
+                        "missing there, its GPU or driver, its memory), or take the node out of the cluster (`ray stop` on "
+                        "it), and run the same command again (see README 'Scale out')"
                     )
                 raise FatalRunError(
-                    f"no Ray actor for the {g} stages could be placed within {self.timeout_s:g} s "
+                    f"no Ray actor for the {g} stages could be placed within {self.timeout_s:g} s{retired} "
                     f"({self.cluster.describe()}; {self._why_unplaced(g)}"
                 )
 
@@ -310,9 +410,14 @@ class ActorPool:
 
     def close(self) -> None:
         """Stop every actor of the run."""
-        for actor in self.actors:
+        for actor in [*self.actors, *self.holders]:
             self.ray.kill(actor.handle, no_restart=True)
         self.actors.clear()
+        self.holders.clear()
+
+
+def _gpu_list(gpus: set[str]) -> str:
+    return ", ".join(f"GPU {g}" for g in sorted(gpus))
 
 
 def _capped(total: int, cap: int) -> int:

@@ -335,3 +335,43 @@ class FailingSetup(Stage):
 
     def process(self, ctx: CaseContext) -> dict[str, Any]:
         return {}
+
+
+class FailingOnGpu(Stage):
+    """A model stage that cannot start on the GPU ``bad_gpu`` (the id ``ray.get_gpu_ids()`` gives its actor), as a
+    card with a CUDA error: its ``setup`` raises ``RuntimeError`` there, every time. On any other GPU its setup waits
+    until the run's driver has logged ``failures`` failed starts (its record of Ray's account of each, in run.log; up to
+    ``wait_s`` seconds), so that the bad GPU's failures all come while no actor of the node is ready, then it works.
+    Each start writes a marker ``<marker_dir>/gpu<ID>-N`` (N = 1, 2, ...), so that a test can count the starts on each
+    GPU."""
+
+    name = "failing_on_gpu"
+    group = "model"
+
+    def __init__(self, marker_dir: str, *, bad_gpu: str, failures: int, wait_s: float = 120.0):
+        self.marker_dir = marker_dir
+        self.bad_gpu = bad_gpu
+        self.failures = failures
+        self.wait_s = wait_s
+
+    def setup(self, worker: Any) -> None:
+        import ray
+
+        gpu = ",".join(str(g) for g in ray.get_gpu_ids())
+        folder = Path(self.marker_dir)
+        n = 1
+        while True:
+            try:
+                os.close(os.open(folder / f"gpu{gpu}-{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                break
+            except FileExistsError:
+                n += 1
+        if gpu == self.bad_gpu:
+            raise RuntimeError(f"CUDA error: an illegal memory access was encountered (GPU {gpu})")
+        log = Path(worker.run_dir) / "run.log"
+        deadline = time.monotonic() + self.wait_s
+        while log.read_text().count("account of the failed start") < self.failures and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        return {}
