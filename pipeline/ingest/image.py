@@ -1,7 +1,7 @@
 """NIfTI/MHA/NRRD image files as CT volumes: which names are images (:func:`image_suffix`) and :func:`read_image`.
 
-SimpleITK reads the files and gives their geometry in DICOM patient coordinates (LPS, mm), whatever the
-file's own convention (a NIfTI is RAS on disk: its affine is converted). Used by
+SimpleITK reads the files (nibabel a NIfTI-2, which SimpleITK cannot read) and gives their geometry in DICOM patient
+coordinates (LPS, mm), whatever the file's own convention (a NIfTI is RAS on disk: its affine is converted). Used by
 :func:`~pipeline.ingest.load_series` and by the command-line sources (:mod:`pipeline.ingest.source`).
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import GeometryError, LabelMapError, UnreadableFileError
 from ..volume import IMAGE_SUFFIXES, CTVolume, image_suffix
-from .nifti import is_nifti, restore_nonfinite
+from .nifti import is_nifti, is_nifti2, read_nifti2, restore_nonfinite
 from .rawheader import dicom_data_start
 
 __all__ = [
@@ -49,7 +49,8 @@ def read_image(path: str | Path, *, keep_identifiers: bool = False, label_map: L
     DICOM series loads as: int16 when they are integers that fit it (an int32 or uint8 file), else float32.
 
     SimpleITK reads the file and gives its geometry in LPS (mm), whatever the file's convention (a NIfTI
-    is RAS on disk; its affine is converted). A float NIfTI's NaN and infinite voxels, which SimpleITK reads as 0,
+    is RAS on disk; its affine is converted); a NIfTI-2 file, which it cannot read, is read with nibabel into the same
+    image (:func:`~pipeline.ingest.nifti.read_nifti2`). A float NIfTI's NaN and infinite voxels, which SimpleITK reads as 0,
     are read again with nibabel and kept (:func:`~pipeline.ingest.nifti.restore_nonfinite`), as an NRRD's or MHA's
     are: the commands set a few of them to air and refuse a volume of many. ``metadata["SeriesInstanceUID"]`` is
     the file's name without the ending (``chest`` for ``chest.nii.gz``), the name a notebook's ``detect`` and
@@ -60,7 +61,7 @@ def read_image(path: str | Path, *, keep_identifiers: bool = False, label_map: L
     (``--keep-identifiers``). ``label_map="refuse"`` (the commands that compute from HU: ``ctpipe detect``,
     ``reconstruct``): such a file raises :class:`~pipeline.errors.LabelMapError` naming the file instead;
     ``"load"``: it loads as it is, nothing logged or added (the caller tells, e.g. with :func:`label_map_text`).
-    Raises :class:`~pipeline.errors.UnreadableFileError` when SimpleITK cannot read the file,
+    Raises :class:`~pipeline.errors.UnreadableFileError` when SimpleITK (nibabel for a NIfTI-2) cannot read the file,
     :class:`~pipeline.errors.GeometryError` naming the file when it holds no 3-D scalar volume (a 2-D, 4-D or
     vector image).
     """
@@ -77,8 +78,9 @@ def read_image(path: str | Path, *, keep_identifiers: bool = False, label_map: L
             where=path,
             fix="pass the folder holding the whole DICOM series (rename the file to .dcm if the name is wrong)",
         )
+    nifti2 = is_nifti(path) and is_nifti2(path)  # SimpleITK cannot read NIfTI-2: nibabel reads it the same way
     try:
-        img = sitk.ReadImage(str(path))
+        img = read_nifti2(path) if nifti2 else sitk.ReadImage(str(path))
     except RuntimeError as exc:
         raise UnreadableFileError(
             f"image cannot be read ({_sitk_reason(exc)})",
@@ -92,7 +94,7 @@ def read_image(path: str | Path, *, keep_identifiers: bool = False, label_map: L
     dtype = _hu_dtype(volume.array)
     if dtype != volume.array.dtype:
         volume = volume.with_array(volume.array.astype(dtype))
-    if is_nifti(path) and dtype.kind == "f":  # SimpleITK reads a NIfTI's NaN and infinite voxels as 0
+    if is_nifti(path) and not nifti2 and dtype.kind == "f":  # SimpleITK reads a NIfTI's NaN and infinite voxels as 0
         restore_nonfinite(volume.array, path)  # GetArrayFromImage's own copy (or astype's): C-contiguous, writable
     if label_map == "refuse":
         check_not_label_map(volume.array, path, keep_identifiers=keep_identifiers)
