@@ -17,11 +17,13 @@ sources, is redacted where it holds an identifier of any series the run found. A
 header of its own was checked against (:data:`TOKENED_KINDS`: ``DOE_JANE_report.pdf`` of a patient none of whose images
 are among the sources, a cut-short or unreadable file, a DICOMDIR) is named by a token ``<file:xxxxxx>`` followed by
 its extension when that is a common one (:data:`KEPT_EXTENSIONS`; ``<file:xxxxxx>.pdf``) where that file is meant (after
-its folder, or alone in a text; another folder's file of that name keeps its name), but for a name a scanner gives any
-file (``IM0001.dcm``, ``1.dcm``, a UID: :func:`pipeline.identifiers.generic_file_name`), which names nobody; and each
-folder of its path below the source that holds no file of a series found by a token ``<folder:xxxxxx>``, replaced in
-paths only (``inbox/DOE_JANE/notes.txt``) where that folder is meant (after its parent as a path shows it: its name or
-its token; another folder of that name elsewhere keeps its name), until a series is found in it, by
+a path showing its folder, or alone in a text; another folder's file of that name keeps its name), but for a name a
+scanner gives any file (``IM0001.dcm``, ``1.dcm``, a UID: :func:`pipeline.identifiers.generic_file_name`), which names
+nobody; and each folder of its path below the source that holds no file of a series found by a token
+``<folder:xxxxxx>``, replaced in paths only (``inbox/DOE_JANE/notes.txt``) where that folder is meant (after a path
+showing its parent, by that parent's resolved path as far as the path shown allows:
+:func:`.redact_places.stands_for`; another folder of that name elsewhere, ``b/inbox/DOE_JANE`` beside
+``a/inbox/DOE_JANE``, keeps its name), until a series is found in it, by
 :meth:`PathRedactor.add_skipped`. (A series description never holds one:
 :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
 """
@@ -40,6 +42,7 @@ from typing import Any
 
 from ..identifiers import MATCHED, generic_file_name, holds, identifiers_of
 from .redact_archives import archive_identifiers
+from .redact_places import location, parent_forms, stands_for
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +57,9 @@ _NOT_FOLDER = r"(?![/\\]|\.\w)"
 _SEP_BEFORE, _SEP_AFTER = r"(?<=[/\\])", r"(?=[/\\])"
 # a skipped file's name where it stands alone: not inside a longer name, not after a folder
 _NO_FOLDER = r"(?<![\w.^\-/\\])"
-# a folder below a source given as ``.`` or ``/`` (no parent shown): where a path begins, alone or after a ``/`` or
-# ``./`` that follows no folder nor token
-_PATH_START = (
-    r"(?<![\w.^\-/\\>])",
-    r"(?<=[/\\])(?<![\w.^\-/\\>][/\\])",
-    r"(?<=\.[/\\])(?<![\w.^\-/\\>]\.[/\\])",
-)
+# a recorded folder's or file's name after a separator or where a path begins (not inside a longer name nor after a
+# token): where it stands is decided by the path before it (:func:`.redact_places.stands_for`)
+_PLACED_BEFORE = r"(?:(?<=[/\\])|(?<![\w.^\-/\\>]))"
 
 
 #: The file name endings (lower case) kept after a skipped file's token (``<file:xxxxxx>.pdf``): those of common
@@ -103,12 +102,14 @@ class PathRedactor:
         self._told = False  # whether the log said once that skipped files are named by tokens
         self._roots: set[PurePath] = set()  # the sources given: the folders below them are the ones tokened
         self._series_folders: set[PurePath] = set()  # the folders holding a file of a series found (and their parents)
-        # where the tokens of skipped files' names and folders stand: a file name's key, the names of the folders
-        # those files lie in ("" for none); a folder's key, the folders (real paths) it stands for while none of them
-        # holds a file of a series, each with the names its parent is shown by in a path ("" for none: a folder below
-        # a source given as ".")
-        self._file_folders: dict[str, set[str]] = {}
-        self._folder_paths: dict[str, dict[str, set[str]]] = {}
+        self._series_places: set[str] = set()  # those folders' real paths and places (.redact_places.location)
+        # where the tokens of skipped files' names and folders stand: for each key (a file name's, a folder's), the
+        # places it stands for (.redact_places.location: a folder's real path joined with the name) while none of them
+        # holds a file of a series, each with the forms a path shows of the folder holding it
+        # (.redact_places.parent_forms); a linked folder's whole path has no forms: it stands wherever a text holds it
+        self._places: dict[str, dict[str, set[str]]] = {}
+        self._fallback: re.Pattern[str] | None = None  # the components that stand anywhere, for a name not placed
+        self._forms: dict[str, set[str]] = {}  # each place's forms of a key, with the pattern
 
     @classmethod
     def of(cls, components: dict[str, str]) -> PathRedactor:
@@ -118,8 +119,7 @@ class PathRedactor:
         r = cls(secret=tokens.pop(_SECRET, None))
         where = json.loads(tokens.pop(_WHERE, "{}"))
         r._tokens = tokens
-        r._file_folders = {k: set(v) for k, v in where.get("files", {}).items()}
-        r._folder_paths = {k: {f: set(p) for f, p in v.items()} for k, v in where.get("folders", {}).items()}
+        r._places = {k: {loc: set(forms) for loc, forms in v.items()} for k, v in where.get("places", {}).items()}
         return r
 
     @property
@@ -127,10 +127,7 @@ class PathRedactor:
         """What a worker process or Ray actor is given (:meth:`of`): the components, the run's secret and where the
         tokens of skipped files and their folders stand, so that the series it scans again itself (those of a later
         batch of a listener's workers) read as they do here."""
-        where = {
-            "files": {k: sorted(v) for k, v in self._file_folders.items()},
-            "folders": {k: {f: sorted(p) for f, p in v.items()} for k, v in self._folder_paths.items()},
-        }
+        where = {"places": {k: {loc: sorted(forms) for loc, forms in v.items()} for k, v in self._places.items()}}
         return {**self._tokens, _SECRET: self._secret, _WHERE: json.dumps(where)}
 
     def _digest(self, component: str) -> str:
@@ -163,24 +160,23 @@ class PathRedactor:
             self.add_series([h.path for h in s.headers], ids)
             folders = {f for h in s.headers for f in PurePath(h.path).parents} - self._series_folders
             self._series_folders |= folders
-            self._release_folders(folders)
+            self._release(folders)
 
-    def _release_folders(self, folders: set[PurePath]) -> None:
+    def _release(self, folders: set[PurePath]) -> None:
         """Drop the token of each folder among ``folders`` (new folders of a series) that was recorded by
         :meth:`add_skipped` while it held no series: its name is decided by the headers of its series now, as when
-        that series is found first. A folder token recorded by name stays while another folder of that name holds
-        skipped files and no series."""
-        if not self._folder_paths or not folders:
-            return
-        real = {os.path.realpath(f) for f in folders}
-        for key, paths in list(self._folder_paths.items()):
-            if not real & paths.keys():
+        that series is found first. A token stays while another place of that name holds skipped files and no
+        series."""
+        places = {p for f in folders for p in (os.path.realpath(f), location(f))} - self._series_places
+        self._series_places |= places
+        for key, where in list(self._places.items()):
+            if not places & where.keys():
                 continue
-            for f in real & paths.keys():
-                del paths[f]
-            self._pattern = None  # the token goes, or stands after fewer parents
-            if not paths:
-                del self._folder_paths[key]
+            for place in places & where.keys():
+                del where[place]
+            self._pattern = None  # the token goes, or stands in fewer places
+            if not where:
+                del self._places[key]
                 self._tokens.pop(key, None)
 
     def add_files(self, files: Iterable[str | os.PathLike[str]]) -> None:
@@ -251,45 +247,35 @@ class PathRedactor:
         """Record the folder the symbolic ``link`` points to (its skip reason names it: ``/archive/DOE_JANE``) in
         whole as a token ``<folder:xxxxxx>``, unless it holds a file of a series recorded (its name checked then)."""
         real = os.path.realpath(link)
-        if real in self._tokens or real in {os.path.realpath(f) for f in self._series_folders}:
+        if real in self._tokens or real in self._series_places:
             return False
         self._tokens[real] = f"<folder:{self._digest(PurePath(real).name)}>"
-        self._folder_paths[real] = {real: set()}
+        self._places[real] = {real: set()}
         self._pattern = None
         return True
 
     def _add_folder(self, folder: PurePath) -> bool:
         """Record ``folder`` (a folder of a skipped file, holding no series) by its name, as :meth:`add_folder_name`
-        does, and where it lies: its token stands after its parent as a path shows it (:meth:`_shown_parents`), not
-        in another folder of that name (``ward/DOE`` holding a series, named by its headers), and goes once a series
-        is found in it (:meth:`_release_folders`). Whether it was recorded now (its name, or its place)."""
+        does, and where it lies: its token stands where a path shows that folder (:func:`.redact_places.stands_for`:
+        by its parent's resolved path, as far as the path shown allows), not in another folder of that name
+        (``ward/DOE`` or ``b/inbox/DOE`` holding a series, named by its headers), and goes once a series is found in
+        it (:meth:`_release`). Whether it was recorded now (its name, or its place)."""
         added = self.add_folder_name(folder.name)
         key = f"{os.sep}{folder.name}{os.sep}"
-        if key not in self._tokens or not (added or key in self._folder_paths):
+        if key not in self._tokens or not (added or key in self._places):
             return added
-        real = os.path.realpath(folder)
-        # the parent as the scan wrote it (a relative source: none for "."), made absolute, and with links resolved
-        parents = {folder.parent.name, PurePath(os.path.abspath(folder)).parent.name, PurePath(real).parent.name}
-        places = self._folder_paths.setdefault(key, {})
-        new = not parents <= places.get(real, set())
-        places.setdefault(real, set()).update(parents)
+        return self._add_place(key, folder) or added
+
+    def _add_place(self, key: str, path: PurePath) -> bool:
+        """Record that the token of ``key`` stands for ``path`` (where a path shows the folder holding it). Whether
+        that place or a form of it is new."""
+        forms = parent_forms(path)
+        where = self._places.setdefault(key, {}).setdefault(location(path), set())
+        new = not forms <= where
+        where |= forms
         if new:
             self._pattern = None
-        return added or new
-
-    def _shown_parents(self, key: str) -> list[str] | None:
-        """What a path shows before the folder of ``key`` (``/DOE/``) where that folder is meant: its parents' names
-        (:meth:`_add_folder`) and their tokens (a parent named by a folder's or a patient's token in a text redacted
-        once already), "" for a path that begins with the folder; None when where it lies is not known (a folder
-        name recorded alone: it stands wherever a path holds it)."""
-        places = self._folder_paths.get(key) if len(key) > 2 and key.startswith(os.sep) and key.endswith(os.sep) else None
-        names: set[str] = set().union(*places.values()) if places else set()
-        if not names:
-            return None
-        shown = {n for n in names if not n} | {
-            form for n in names if n for form in (n, f"<folder:{self._digest(n)}>", self.token(n))
-        }
-        return sorted(shown)
+        return new
 
     def _folders_below_root(self, path: PurePath) -> list[PurePath]:
         """The folders of ``path`` below the longest root recorded that holds it (none when no root holds it) that
@@ -299,7 +285,7 @@ class PathRedactor:
             return []
         root = max(roots, key=lambda r: len(r.parts))
         below = [f for f in path.parents if root in f.parents]
-        return [f for f in below if f not in self._series_folders]
+        return [f for f in below if f not in self._series_folders and location(f) not in self._series_places]
 
     def add_folder_name(self, name: str) -> bool:
         """Record the folder ``name`` as a token ``<folder:xxxxxx>``, replaced where it stands between two separators
@@ -324,17 +310,15 @@ class PathRedactor:
         as a word of a message. Whether it was recorded now (a name or a folder it lies in)."""
         path = PurePath(path)
         name = path.name
-        if not name or generic_file_name(name) or (name in self._tokens and name not in self._file_folders):
+        if not name or generic_file_name(name) or (name in self._tokens and name not in self._places):
             return False
         key = name if _kept_extension(name) else os.sep + name
-        if key in self._tokens and key not in self._file_folders:
+        if key in self._tokens and key not in self._places:
             return False
-        folders = self._file_folders.setdefault(key, set())
-        added = key not in self._tokens or path.parent.name not in folders
+        added = key not in self._tokens
         self._tokens[key] = (key[: -len(name)]) + self._file_token(name)
-        folders.add(path.parent.name)
         self._pattern = None
-        return added
+        return self._add_place(key, path) or added
 
     def _file_token(self, name: str) -> str:
         """The token of a file name: ``<file:xxxxxx>`` and its kept ending (:data:`KEPT_EXTENSIONS`)."""
@@ -351,40 +335,51 @@ class PathRedactor:
             return text
         if self._pattern is None:
             names = sorted(self._tokens, key=lambda n: len(n.strip(os.sep)), reverse=True)
-            alternatives = [_alternative(n, self._file_folders.get(n), self._shown_parents(n)) for n in names]
-            self._pattern = re.compile("(?:" + "|".join(alternatives) + ")" + _AFTER)
+            self._pattern = re.compile("(?:" + "|".join(_alternative(n, self._placed(n)) for n in names) + ")" + _AFTER)
+            anywhere = [_alternative(n, False) for n in names if not self._placed(n)]
+            self._fallback = re.compile("(?:" + "|".join(anywhere) + ")" + _AFTER) if anywhere else None
+            self._forms = {k: set().union(*where.values()) for k, where in self._places.items()}
         return self._pattern.sub(self._token_of, text)
+
+    def _placed(self, key: str) -> bool:
+        """Whether the token of ``key`` stands only where a path shows one of its places (:meth:`_add_place`)."""
+        return any(self._places.get(key, {}).values())
 
     def _token_of(self, match: re.Match[str]) -> str:
         """The token of a matched component: a folder's (:meth:`add_folder_name`) is recorded between separators, and
-        a patient-named component recorded later under the same name wins."""
+        a patient-named component recorded later under the same name wins. A skipped file's or folder's name after a
+        path that shows another folder (:func:`.redact_places.stands_for`) stays, but for the components in it that
+        stand anywhere."""
         found = match.group(0)
-        return self._tokens.get(found) or self._tokens[f"{os.sep}{found}{os.sep}"]
+        key = found if found in self._tokens else f"{os.sep}{found}{os.sep}"
+        token = self._tokens[key]
+        if not self._placed(key):  # a patient-named component, a whole path, or a name recorded alone
+            return token
+        head = match.string[: match.start() + (1 if found[:1] in "/\\" else 0)]
+        if not head.endswith(("/", "\\")):  # where a path begins, or a name with a kept ending alone in a text
+            return token
+        if stands_for(head, self._forms[key]):
+            return token
+        return self._fallback.sub(self._token_of, found) if self._fallback is not None else found
 
 
-def _alternative(key: str, folders: set[str] | None = None, parents: list[str] | None = None) -> str:
-    """The regex of a recorded component ``key`` in a text: a folder's (``/name/``) before a separator, after one of
-    ``parents`` (what a path shows before it, see :meth:`PathRedactor._shown_parents`; "": where a path begins) and a
-    separator, or, where those are not known, after any separator; a skipped file's name (``folders``: the names of the
-    folders it lies in, see :meth:`PathRedactor.add_file_name`) after one of those folders or a folder's token, and,
-    with a kept ending, where it stands alone; without them (a component another process found), a file name without
-    a kept ending (``/name``) after any folder; any other where it stands alone (see the module)."""
-    if len(key) > 2 and key.startswith(os.sep) and key.endswith(os.sep):
-        if parents is None:
-            return _SEP_BEFORE + re.escape(key[1:-1]) + _SEP_AFTER
-        before = [rf"(?<={re.escape(p)}[/\\])(?<![\w.^\-]{re.escape(p)}[/\\])" for p in parents if p]
-        before += list(_PATH_START) if "" in parents else []
+def _alternative(key: str, placed: bool) -> str:
+    """The regex of a recorded component ``key`` in a text. ``placed`` (a skipped file's name or a folder's, recorded
+    with where it lies, see :meth:`PathRedactor._add_place`): its name after a separator or where a path begins (a
+    folder's before a separator, a file's name without a kept ending, ``/name``, not before one), where the path
+    before it decides (:meth:`PathRedactor._token_of`), and, with a kept ending, where it stands alone. Otherwise a
+    folder's name (``/name/``, recorded alone) between separators; a file name without a kept ending (``/name``, a
+    component another process found) after any folder; any other where it stands alone (see the module)."""
+    folder = len(key) > 2 and key.startswith(os.sep) and key.endswith(os.sep)
+    if folder and placed:
         name = re.escape(key[1:-1])  # looked for first: most places in a text fail there, before the lookbehinds
-        return rf"(?={name}[/\\])(?:" + "|".join(before) + ")" + name
-    if folders is not None:
-        alone = not key.startswith(os.sep)  # the separator is part of a name without a kept ending: ``/report``
-        sep = r"[/\\]" if alone else ""
-        before = [rf"(?<={re.escape(f)}{sep})(?<![\w.^\-]{re.escape(f)}{sep})" for f in sorted(folders) if f]
-        before += [rf"(?<=<{kind}:[0-9a-f]{{6}}>{sep})" for kind in ("folder", "patient")]
-        before += [_NO_FOLDER] if alone else []
-        return "(?:" + "|".join(before) + ")" + re.escape(key) + ("" if alone else _NOT_FOLDER)
+        return rf"(?={name}[/\\]){_PLACED_BEFORE}{name}"
+    if folder:
+        return _SEP_BEFORE + re.escape(key[1:-1]) + _SEP_AFTER
     if key.startswith(os.sep):
         return re.escape(key) + _NOT_FOLDER
+    if placed:
+        return rf"(?:(?<=[/\\])|{_NO_FOLDER})" + re.escape(key)
     return _BEFORE + re.escape(key)
 
 
