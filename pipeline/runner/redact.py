@@ -23,7 +23,7 @@ nobody; and each folder of its path below the source that holds no file of a ser
 ``<folder:xxxxxx>``, replaced in paths only (``inbox/DOE_JANE/notes.txt``) where that folder is meant (after a path
 showing its parent, by that parent's resolved path as far as the path shown allows:
 :func:`.redact_places.stands_for`; another folder of that name elsewhere, ``b/inbox/DOE_JANE`` beside
-``a/inbox/DOE_JANE``, keeps its name), until a series is found in it, by
+``a/inbox/DOE_JANE``, keeps its name), until a series is found in it (or, for a link to a folder, through it), by
 :meth:`PathRedactor.add_skipped`. (A series description never holds one:
 :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
 """
@@ -152,21 +152,25 @@ class PathRedactor:
                     self._pattern = None
 
     def add_scan(self, series: Iterable[Any]) -> None:
-        """Record the identifiers of each scanned series (:class:`pipeline.ingest.series.SeriesInfo`) in its paths."""
+        """Record the identifiers of each scanned series (:class:`pipeline.ingest.series.SeriesInfo`) in its paths,
+        and, for a series found through a symbolic link to a folder (``inbox/ct`` -> ``/archive/DOE_JANE/ct``), in
+        the real paths of its folders too: a skip reason or another source names that folder by its real path."""
         for s in series:
             ids: set[str] = set()
             for h in s.headers:
                 ids |= identifiers_of((k, h.extra_value(k)) for k in MATCHED)
-            self.add_series([h.path for h in s.headers], ids)
-            folders = {f for h in s.headers for f in PurePath(h.path).parents} - self._series_folders
+            shown = {PurePath(h.path).parent for h in s.headers}
+            linked = {PurePath(os.path.realpath(f)) for f in shown} - {PurePath(os.path.abspath(f)) for f in shown}
+            self.add_series([h.path for h in s.headers] + [str(f) for f in linked], ids)
+            folders = {f for d in shown | linked for f in (d, *d.parents)} - self._series_folders
             self._series_folders |= folders
             self._release(folders)
 
     def _release(self, folders: set[PurePath]) -> None:
         """Drop the token of each folder among ``folders`` (new folders of a series) that was recorded by
-        :meth:`add_skipped` while it held no series: its name is decided by the headers of its series now, as when
-        that series is found first. A token stays while another place of that name holds skipped files and no
-        series."""
+        :meth:`add_skipped` while it held no series, and of each link to a folder skipped there that a series was
+        found through since: its name is decided by the headers of its series now, as when that series is found
+        first. A token stays while another place of that name holds skipped files and no series."""
         places = {p for f in folders for p in (os.path.realpath(f), location(f))} - self._series_places
         self._series_places |= places
         for key, where in list(self._places.items()):
@@ -218,6 +222,8 @@ class PathRedactor:
         for path, kind in paths:
             if kind not in TOKENED_KINDS:
                 continue
+            if kind == "not_followed" and location(path) in self._series_places:
+                continue  # a link a series was found through: its name is checked against that series' headers
             if path.name not in KEPT_NAMES:
                 added = self.add_file_name(path) or added
             for folder in self._folders_below_root(path):
