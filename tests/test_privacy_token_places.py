@@ -54,6 +54,10 @@ def test_a_folder_token_stands_for_its_own_folder_not_another_of_that_name_under
             shown_redacted = r(text)  # a, below the source and holding no series, is a token too
             assert re.fullmatch(rf"skipped '[^']*{FOLDER}/{FOLDER}/{FILE}\.\w+'", shown_redacted), (text, shown_redacted)
             assert worker(text) == shown_redacted
+    html = f"<td>{src}/a/inbox/DOE/notes.txt</td><td>{src}/b/inbox/DOE/ct/chest_0001.dcm</td>"  # paths after a ">"
+    shown_html = rf"<td>{re.escape(str(src))}/{FOLDER}/{FOLDER}/{FOLDER}/{FILE}\.txt</td><td>{re.escape(str(src))}/b/inbox/DOE/ct/chest_0001\.dcm</td>"
+    assert re.fullmatch(shown_html, r(html)), r(html)
+    assert "DOE" not in r("/gone/inbox/DOE/notes.txt") + r("<b>inbox/DOE/notes.txt")  # in doubt: by the parent's name
     ward = tmp_path / "ward" / "inbox" / "DOE"  # an existing folder elsewhere
     ward.mkdir(parents=True)
     assert r(f"{ward}/ct/chest_0001.dcm") == f"{ward}/ct/chest_0001.dcm"

@@ -59,7 +59,7 @@ _SEP_BEFORE, _SEP_AFTER = r"(?<=[/\\])", r"(?=[/\\])"
 _NO_FOLDER = r"(?<![\w.^\-/\\])"
 # a recorded folder's or file's name after a separator or where a path begins (not inside a longer name nor after a
 # token): where it stands is decided by the path before it (:func:`.redact_places.stands_for`)
-_PLACED_BEFORE = r"(?:(?<=[/\\])|(?<![\w.^\-/\\>]))"
+_PLACED_BEFORE = r"(?:(?<=[/\\])|(?<![\w.^\-/\\]))"
 
 
 #: The file name endings (lower case) kept after a skipped file's token (``<file:xxxxxx>.pdf``): those of common

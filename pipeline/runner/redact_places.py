@@ -9,7 +9,8 @@ resolves to that folder (relative ones from the current folder, links followed),
 ends as one of its forms does (``inbox/DOE/notes.txt``, relative to an unknown folder: the doubt falls on the side of
 the token); after a token (a text redacted once already) what follows the last token must end a form. It stands for
 another folder only when no such path does and the path shown is an absolute one of an existing folder, or one whose
-last folder has another name; an absolute path of no existing folder with the same last folder is taken for it.
+last folder has another name; an absolute path of no existing folder with the same last folder is taken for it, and
+so is a path that does not begin plainly (no absolute path nor a relative one beginning with a name's character).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pathlib import PurePath
 _TOKEN = re.compile(r"<\w+:[0-9a-f]{6}>")
 _SEP = re.compile(r"[/\\]")
 #: where a path may begin in a text: after one of these (or at the start of a line)
-_BOUNDARY = frozenset(" \t'\"`,;=([{|")
+_BOUNDARY = frozenset(" \t'\"`,;=([{|>")
+#: how a relative path shown plainly begins (not ``<td>inbox``: a text whose path begins where no boundary says)
+_PLAIN = re.compile(r"[\w.~\-]")
 #: the nearest points where a path may begin that are read back (a path with more spaces is taken for the place)
 MAX_STARTS = 32
 #: how far back in a line a path is read
@@ -90,5 +93,9 @@ def stands_for(head: str, forms: set[str]) -> bool:
     absolute = [p for p in resolvable if _is_absolute(p)]
     if any(os.path.isdir(p) for p in absolute):
         return False
-    names = {os.path.basename(f) for f in forms} if absolute else set()
-    return any(os.path.basename(p) in names for p in absolute)
+    names = {os.path.basename(f) for f in forms}
+    if any(os.path.basename(p) in names for p in absolute):
+        return True  # a path of no existing folder: by its last folder's name, in doubt
+    if absolute or any(_PLAIN.match(p) for p in resolvable):
+        return False
+    return any(os.path.basename(p) in names for p in resolvable)  # no path shown plainly: by the name, in doubt
