@@ -364,7 +364,8 @@ class PathRedactor:
         head = match.string[: match.start() + (1 if found[:1] in "/\\" else 0)]
         if not head.endswith(("/", "\\")):  # where a path begins, or a name with a kept ending alone in a text
             return token
-        if stands_for(head, self._forms[key]):
+        forms = self._forms.get(key) or set().union(*self._places[key].values())  # recorded since the pattern
+        if stands_for(head, forms):
             return token
         return self._fallback.sub(self._token_of, found) if self._fallback is not None else found
 
