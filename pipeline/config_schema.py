@@ -58,8 +58,8 @@ class Option:
 _MESH_FORMATS = ("stl", "ply", "obj", "glb")
 
 #: The counts a received series' instances may carry, by DICOM keyword, that ``ctpipe listen`` can check it against
-#: when its sender ends with an A-ABORT (``pacs.abort_count_check``): Number of Series Related Instances (0020,1209),
-#: Images in Acquisition (0020,1002).
+#: when its sender ends an association with an A-ABORT (``pacs.abort_count_check``) or a release
+#: (``pacs.release_count_check``): Number of Series Related Instances (0020,1209), Images in Acquisition (0020,1002).
 ABORT_COUNTS = ("NumberOfSeriesRelatedInstances", "ImagesInAcquisition")
 
 SCHEMA: dict[str, dict[str, Option]] = {
@@ -355,8 +355,20 @@ SCHEMA: dict[str, dict[str, Option]] = {
             "between instances: fewer instances than one gives holds the series as cut off (quarantined after "
             "series_limit_s). Leave a count out where the sender ends every sending with an A-ABORT and its instances "
             "count images not sent here (ImagesInAcquisition over series of the acquisition routed elsewhere): every "
-            "series would be held, and sent again, held again; none = no count checked (the A-ABORT taken as a "
-            "release; a gap or an A-ABORT in the middle of an instance still holds the series)",
+            "series would be held, and sent again, held again; none = no count checked (the A-ABORT taken as the "
+            "end of the sending; a gap or an A-ABORT in the middle of an instance still holds the series)",
+            choices=ABORT_COUNTS,
+        ),
+        "release_count_check": Option(
+            list(ABORT_COUNTS),
+            "choices",
+            "",
+            "counts of its instances that ctpipe listen checks a series against when its sender ends with a release "
+            "(A-RELEASE), as a store job cancelled or paused part-way does: fewer instances than one gives holds the "
+            "series as cut off until the rest arrives (quarantined after series_limit_s). Leave a count out only where "
+            "the instances count images never sent here (ImagesInAcquisition over series of the acquisition routed "
+            "elsewhere): every such series would be held; none = no count checked (a release taken as the end of "
+            "the series, as before this check)",
             choices=ABORT_COUNTS,
         ),
         "retrieve": Option(

@@ -106,15 +106,17 @@ def test_a_whole_series_accepted_so_is_not_held_after_the_restart(series, tmp_pa
     assert [(o.status, o.n_instances) for o in outcomes] == [("done", len(files))], [o.line() for o in outcomes]
 
 
-def test_a_series_released_by_its_sender_is_not_judged_by_the_count_after_a_restart(series, tmp_path):
-    """5 of 8 slices saying 8, the association released (the sender says it is done: no count is checked live), the
-    listener restarted before the series was quiet: still processed as a done case, not held."""
+def test_a_series_released_by_its_sender_is_not_judged_by_the_abort_setting_after_a_restart(series, tmp_path):
+    """5 of 8 slices saying 8, the association released with no count checked after a release
+    (pacs.release_count_check: none), the listener restarted before the series was quiet with the default
+    pacs.abort_count_check: still processed as a done case, not held as after an A-ABORT."""
     _, files = series
     run = tmp_path / "run"
-    with _listener(run, **_OPEN) as lst:
+    unchecked = {**_OPEN, "pacs.release_count_check": "none"}
+    with _listener(run, **unchecked) as lst:
         assert _send(lst.port, _counted(files, ImagesInAcquisition=len(files))[:5]) == [0] * 5
     outcomes: list = []
-    with _listener(run, **_OPEN) as lst:
+    with _listener(run, **unchecked) as lst:
         lst.on_series = outcomes.append
         _until(lambda: bool(outcomes), lst)
     assert [(o.status, o.n_instances) for o in outcomes] == [("done", 5)], [o.line() for o in outcomes]
@@ -158,3 +160,21 @@ def test_an_open_series_of_a_ledger_without_the_record_is_judged_as_if_its_sende
         lst.on_series = outcomes.append
         _until(lambda: bool(outcomes), lst)
     assert [(o.status, o.n_instances) for o in outcomes] == [("done", 5)], [o.line() for o in outcomes]
+
+
+def test_a_record_written_before_releases_were_recorded_is_read_as_an_abort(series, tmp_path, caplog):
+    """A sender's A-ABORT record as ctpipe wrote it before it recorded releases too (no ``end`` in it): read as an
+    A-ABORT's, so the restart with the default setting holds the series short of its count, its note naming the
+    A-ABORT and pacs.abort_count_check."""
+    uid, files = series
+    run = tmp_path / "run"
+    _accepted_open(run, _counted(files, ImagesInAcquisition=len(files))[:5], "none", caplog)
+    with sqlite3.connect(run / "pacs" / "ledger.sqlite") as db:
+        assert db.execute("UPDATE series SET aborted = json_remove(aborted, '$.end')").rowcount == 1
+        assert '"end"' not in db.execute("SELECT aborted FROM series").fetchone()[0]
+    with _listener(run, **_OPEN) as lst:
+        time.sleep(0.4)  # past the quiet period
+        assert lst.step() == []
+    held = _note(run, uid)
+    for part in ("sender cut off", "A-ABORT", f"5 of {len(files)}", f"pacs.abort_count_check: [{SERIES}]"):
+        assert part in held, (part, held)

@@ -1,20 +1,22 @@
-"""The sender's A-ABORT that ended an open series' latest association, as the listener's ledger records it, so that a
-restart judges the series against the ``pacs.abort_count_check`` then in force.
+"""How the sender ended an open series' latest association (an A-ABORT between instances, or a release), as the
+listener's ledger records it, so that a restart judges the series against the ``pacs.abort_count_check`` (or
+``pacs.release_count_check``) then in force.
 
-A series whose sender ended its association with an A-ABORT between instances is held when fewer instances arrived
-than a count they give that ``pacs.abort_count_check`` checks (:func:`~pipeline.pacs.expected_count.hold_short`).
-One accepted under a looser setting (a count left out, or ``none``) and still open when ``ctpipe listen`` restarts with
-a stricter one is judged again (:func:`hold_aborted`): the ledger's ``series.aborted`` column records, per generation,
-the last such A-ABORT (its sender, when, the instances it stored) and the counts its instances gave then
-(:func:`~pipeline.pacs.expected_count.announced`); an association that ends with a release clears it, as it clears
-the cut-off note. A series still short of a count now checked is held as it would have been live, with the same note
-and warning; one accepted under a stricter setting and held is released by a looser one as before
-(:func:`~pipeline.pacs.expected_count.recheck_held`).
+A series whose sender ended its association with an A-ABORT between instances, or a release, is held when fewer
+instances arrived than a count they give that the setting of that end checks
+(:func:`~pipeline.pacs.expected_count.hold_short`). One accepted under a looser setting (a count left out, or
+``none``) and still open when ``ctpipe listen`` restarts with a stricter one is judged again (:func:`hold_aborted`):
+the ledger's ``series.aborted`` column records, per generation, the last such end (its sender, when, the instances it
+stored, ``end``: ``abort`` or ``release``) and the counts its instances gave then
+(:func:`~pipeline.pacs.expected_count.announced`). A series still short of a count now checked is held as it would
+have been live, with the same note and warning; one accepted under a stricter setting and held is released by a looser
+one as before (:func:`~pipeline.pacs.expected_count.recheck_held`).
 
-``series.aborted`` holds ``''`` when no A-ABORT stands (none yet, or a release since), or the record as JSON, e.g.
-``{"sender": "MODALITY at 10.0.0.5", "at": "2026-12-07 16:11:18 UTC", "n": 5, "counts": {"ImagesInAcquisition":
-8}}``. A row written before the column existed (the column added to an older ledger) holds NULL: how its sender's
-associations ended is not known, and an open one is judged, conservatively, as if its sender had ended with an A-ABORT
+``series.aborted`` holds ``''`` when no end is recorded (none yet; or, in a ledger written before releases were
+recorded, a release since), or the record as JSON, e.g. ``{"at": "2026-12-07 16:11:18 UTC", "counts":
+{"ImagesInAcquisition": 8}, "end": "abort", "n": 5, "sender": "MODALITY at 10.0.0.5"}`` (a record without ``end``, as
+written before releases were recorded, is an A-ABORT's). A row written before the column existed (the column added
+to an older ledger) holds NULL: how its sender's associations ended is not known, and an open one is judged, conservatively, as if its sender had ended with an A-ABORT
 (held when short of a count checked, with a note saying so: sending the series again ends the hold); a record that
 cannot be read is taken so too. Records are logged as ``pipeline.pacs.listener``'s.
 """
@@ -27,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .expected_count import SHORT_NOTE, announced, hold_short, latest_count_check, leave_out_hint
+from .expected_count import SHORT_NOTE, announced, checked, hold_short, latest_count_check, leave_out_hint
 from .journal import CUT_NOTE, INCOMPLETE_NOTE, RECOUNTED_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger
 
@@ -37,26 +39,32 @@ log = logging.getLogger("pipeline.pacs.listener")
 UNRECORDED = "how its sender's associations ended is not recorded (a ledger written before ctpipe recorded it, or unreadable)"
 
 
+#: How a sender may end an association that a record keeps: an A-ABORT between instances, or a release.
+_ENDS = ("abort", "release")
+
+
 @dataclass(frozen=True)
 class AbortRecord:
-    """A sender's A-ABORT between instances that ended an association storing instances of a series: ``sender`` (calling
-    AE title and address), ``at`` (UTC, as the hold's note writes it), ``n`` (instances it stored of the series) and
-    ``counts`` (the counts the series' instances gave then, by keyword: :func:`~pipeline.pacs.expected_count.announced`).
+    """A sender's A-ABORT between instances (``end='abort'``), or release (``end='release'``), that ended an association
+    storing instances of a series: ``sender`` (calling AE title and address), ``at`` (UTC, as the hold's note writes
+    it), ``n`` (instances it stored of the series) and ``counts`` (the counts the series' instances gave then, by
+    keyword: :func:`~pipeline.pacs.expected_count.announced`).
     """
 
     sender: str
     at: str
     n: int
     counts: dict[str, int] = field(default_factory=dict)
+    end: str = "abort"
 
     @classmethod
-    def taken(cls, row: dict[str, Any], *, sender: str, at: str, n: int) -> AbortRecord:
-        """The record of the A-ABORT just taken for the open generation ``row`` (its files read for the counts)."""
-        return cls(sender, at, n, announced(Path(row["folder"])) if row.get("folder") else {})
+    def taken(cls, row: dict[str, Any], *, sender: str, at: str, n: int, end: str = "abort") -> AbortRecord:
+        """The record of the end just taken for the open generation ``row`` (its files read for the counts)."""
+        return cls(sender, at, n, announced(Path(row["folder"])) if row.get("folder") else {}, end)
 
 
 def write(ledger: Ledger, row: dict[str, Any], record: AbortRecord | None) -> None:
-    """Record ``record`` for the generation ``row`` (None: no A-ABORT stands, as after a release)."""
+    """Record ``record`` for the generation ``row`` (None: no end recorded)."""
     value = "" if record is None else json.dumps(asdict(record), sort_keys=True)
     with ledger.tx() as db:
         db.execute(
@@ -76,7 +84,10 @@ def _read(row: dict[str, Any]) -> tuple[bool, AbortRecord | None]:
     try:
         data = json.loads(str(value))
         counts = {str(k): int(v) for k, v in data["counts"].items()}
-        return True, AbortRecord(str(data["sender"]), str(data["at"]), int(data["n"]), counts)
+        end = str(data.get("end", "abort"))
+        if end not in _ENDS:
+            raise ValueError(f"end {end!r} is none of {', '.join(_ENDS)}")
+        return True, AbortRecord(str(data["sender"]), str(data["at"]), int(data["n"]), counts, end)
     except (ValueError, TypeError, KeyError, AttributeError):
         log.warning(
             "series %s: its A-ABORT record in the ledger (%r) cannot be read; judged as if its sender had ended with an A-ABORT",
@@ -88,27 +99,29 @@ def _read(row: dict[str, Any]) -> tuple[bool, AbortRecord | None]:
 
 
 def hold_aborted(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any) -> int:
-    """At the listener's start: hold each open series, not held already, whose sender's A-ABORT (its record) was taken
-    under an earlier, looser ``pacs.abort_count_check`` and whose instances are short of a count the current one checks
-    (:func:`~pipeline.pacs.expected_count.hold_short`, with the sender, time and instances of the record: the note and
-    warning a live hold gives). An open series of an older ledger (no record) is judged as if its sender had ended with
-    an A-ABORT (see the module docstring). Returns how many series were held so."""
-    counts = cfg.pacs.abort_count_check
-    if not counts:
-        return 0
+    """At the listener's start: hold each open series, not held already, whose sender's A-ABORT or release (its record)
+    was taken under an earlier, looser ``pacs.abort_count_check`` (``pacs.release_count_check``) and whose instances
+    are short of a count the current one checks (:func:`~pipeline.pacs.expected_count.hold_short`, with the sender,
+    time and instances of the record: the note and warning a live hold gives). An open series of an older ledger (no
+    record) is judged as if its sender had ended with an A-ABORT (see the module docstring). Returns how many series
+    were held so."""
     held = 0
     for row in ledger.rows("SELECT * FROM series WHERE state = 'open'"):
         if str(row["note"] or "").startswith((CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, RECOUNTED_NOTE)):
             continue  # held already, or opened again from a quarantined case on an end it was judged by then
         known, record = _read(row)
-        if known and (record is None or not set(counts) & set(record.counts)):
-            continue  # no A-ABORT stands, or its instances gave no count checked now
+        if known and record is None:
+            continue  # no end recorded
+        end = record.end if record is not None else "abort"
+        counts = checked(cfg, end)
+        if not counts or (record is not None and not set(counts) & set(record.counts)):
+            continue  # no count checked after such an end, or its instances gave none checked now
         check = latest_count_check(ledger, row["series_uid"], counts=counts)
         if check is None or check.short is None:
             continue
         held += 1
         if record is not None:
-            hold_short(journal, row, sender=record.sender, n=record.n, check=check, at=record.at, cfg=cfg)
+            hold_short(journal, row, sender=record.sender, n=record.n, check=check, at=record.at, cfg=cfg, end=end)
             continue
         hint = leave_out_hint(str(check.field), counts)
         journal.note(row, f"{CUT_NOTE} {UNRECORDED}, judged as after an A-ABORT, {SHORT_NOTE}: {check.short}; {hint}")

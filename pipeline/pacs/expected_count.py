@@ -2,17 +2,20 @@
 
 A C-STORE sender that ends its association with an A-ABORT between two instances may have finished (some
 modalities and routers end every association so) or been stopped by its operator part-way: the association alone
-cannot tell. The instances sometimes can: Number of Series Related Instances (0020,1209), which some archives and
-routers put in what they forward, and Images in Acquisition (0020,1002), which many CT scanners write (the images of
-one acquisition, per Acquisition Number (0020,0012)). :func:`count_check` says when fewer instances arrived than those
+cannot tell. Nor can a release: a store job cancelled or paused part-way releases its association as one that sent
+everything does (Orthanc's), and many senders send one instance per association. The instances sometimes can: Number
+of Series Related Instances (0020,1209), which some archives and routers put in what they forward, and Images in
+Acquisition (0020,1002), which many CT scanners write (the images of one acquisition, per Acquisition Number
+(0020,0012)). :func:`count_check` says when fewer instances arrived than those
 counts give; a series whose instances carry neither cannot be told from a whole one this way. Some scanners count in
 Images in Acquisition the images of every series of one acquisition: the series of a study short of one such count
 alone are counted together, and whole when they make it exactly. :func:`hold_short` holds a short series as cut off
 (:data:`~pipeline.pacs.journal.CUT_NOTE`): it waits for the rest up to ``pacs.series_limit_s``, then is quarantined,
 never published; :func:`lift_held` releases it when another series of its study makes its count up. Which counts are
-checked is ``pacs.abort_count_check`` (both by default; a site whose sender ends every sending with an A-ABORT and
-whose instances count images never sent to ctpipe leaves that count out). Records are logged as
-``pipeline.pacs.listener``'s.
+checked is ``pacs.abort_count_check`` after an A-ABORT and ``pacs.release_count_check`` after a release (both counts
+by default; a site whose instances count images never sent to ctpipe leaves that count out). A series held after a
+release is warned of once it is quiet (:func:`warn_quiet_hold`): a sender of one instance per association has it
+short at every association but the last. Records are logged as ``pipeline.pacs.listener``'s.
 """
 
 from __future__ import annotations
@@ -34,6 +37,23 @@ _TAGS = ["NumberOfSeriesRelatedInstances", "ImagesInAcquisition", "AcquisitionNu
 
 #: In the note of a series held by :func:`hold_short`: what it was held for.
 SHORT_NOTE = "short of the series' count"
+#: In the note of a series held by :func:`hold_short` after its sender released the association: how it ended.
+RELEASED = "released its association (A-RELEASE)"
+#: The setting that lists the counts checked, by how the sender ended the association (``'abort'``, ``'release'``).
+SETTINGS = {"abort": "pacs.abort_count_check", "release": "pacs.release_count_check"}
+#: The environment variable of each setting of :data:`SETTINGS`.
+_ENV = {"abort": "CTPIPE_PACS_ABORT_COUNT_CHECK", "release": "CTPIPE_PACS_RELEASE_COUNT_CHECK"}
+
+
+def checked(cfg: Any, end: str) -> list[str]:
+    """The counts checked after an association the sender ended so (``end``: ``'abort'`` or ``'release'``)."""
+    return list(getattr(cfg.pacs, SETTINGS[end].split(".", 1)[1]))
+
+
+def held_after(note: str) -> str:
+    """How the association ended that the hold in ``note`` (:func:`hold_short`'s) was taken at: ``'release'`` or
+    ``'abort'`` (also a hold of a series whose end the ledger does not record: judged as after an A-ABORT)."""
+    return "release" if RELEASED in note.split(f", {SHORT_NOTE}: ", 1)[0] else "abort"
 
 
 def _count(value: object) -> int | None:
@@ -226,11 +246,11 @@ def latest_count_check(ledger: Ledger, series_uid: str, *, counts: Collection[st
     return count_check(Path(row["folder"]), siblings=siblings, counts=counts)
 
 
-def lift_held(journal: ReceiveJournal, ledger: Ledger, series_uid: str, *, counts: Collection[str] = ABORT_COUNTS) -> None:
+def lift_held(journal: ReceiveJournal, ledger: Ledger, series_uid: str, *, cfg: Any) -> None:
     """The open series of ``series_uid``'s study held as short of their count (:func:`hold_short`) that its instances,
     just received, make whole (the count is their acquisition's, over several series: :func:`count_check`): their
-    hold is lifted (one INFO line each), and they are processed once quiet as any other. ``counts``: the counts
-    checked (``pacs.abort_count_check``)."""
+    hold is lifted (one INFO line each), and they are processed once quiet as any other. Each is judged by the counts
+    of the setting its hold was taken under (:func:`held_after`, :data:`SETTINGS`)."""
     row = ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
     if row is None or not row["study_uid"]:
         return
@@ -239,7 +259,7 @@ def lift_held(journal: ReceiveJournal, ledger: Ledger, series_uid: str, *, count
         note = str(held["note"] or "")
         if not note.startswith(CUT_NOTE) or SHORT_NOTE not in note:
             continue
-        again = latest_count_check(ledger, held["series_uid"], counts=counts)
+        again = latest_count_check(ledger, held["series_uid"], counts=checked(cfg, held_after(note)))
         if again is None or again.short is not None or series_uid not in again.pooled:
             continue
         journal.note(held, None)
@@ -255,16 +275,25 @@ def lift_held(journal: ReceiveJournal, ledger: Ledger, series_uid: str, *, count
 
 
 def setting(counts: Collection[str]) -> str:
-    """``pacs.abort_count_check`` as a config file writes it: ``[NumberOfSeriesRelatedInstances]``, or ``none``."""
+    """``pacs.abort_count_check`` (or ``pacs.release_count_check``) as a config file writes it:
+    ``[NumberOfSeriesRelatedInstances]``, or ``none``."""
     return f"[{', '.join(counts)}]" if counts else "none"
 
 
-def leave_out_hint(field: str, counts: Collection[str]) -> str:
+def leave_out_hint(field: str, counts: Collection[str], *, end: str = "abort") -> str:
     """When and how to stop holding series short of the count ``field`` (a keyword of ``counts``, the counts
-    checked): a sender that ends every sending with an A-ABORT, whose instances count images never sent here, has
-    every series held, sent again or not."""
+    checked after an association its sender ended so: ``end``, ``'abort'`` or ``'release'``): a sender that ends every
+    sending with an A-ABORT (or any sender, after a release), whose instances count images never sent here, has every
+    series held, sent again or not."""
     rest = [c for c in counts if c != field]
     example = " (a scanner counting in it every series of the acquisition, some routed elsewhere)"
+    if end == "release":
+        return (
+            f"if the site's {field} counts images never sent here{example if field == 'ImagesInAcquisition' else ''}, "
+            f"every series is held so, sent again or not: set pacs.release_count_check: {setting(rest)} (config file, "
+            f"{_ENV[end]} or --set) and restart ctpipe listen (the series held so, and those quarantined so whose "
+            "files are kept, are then judged by the new setting)"
+        )
     return (
         f"if the sender ends every sending with an A-ABORT and its {field} counts images not sent here"
         f"{example if field == 'ImagesInAcquisition' else ''}, a series sent again is held again: "
@@ -274,14 +303,37 @@ def leave_out_hint(field: str, counts: Collection[str]) -> str:
 
 
 def hold_short(
-    journal: ReceiveJournal, row: dict[str, Any], *, sender: str, n: int, check: CountCheck, at: str, cfg: Any
+    journal: ReceiveJournal,
+    row: dict[str, Any],
+    *,
+    sender: str,
+    n: int,
+    check: CountCheck,
+    at: str,
+    cfg: Any,
+    end: str = "abort",
 ) -> None:
     """Hold the open generation ``row`` as cut off: its ``sender`` (calling AE title and address) ended its association
-    with an A-ABORT between instances at ``at`` (UTC) after ``n`` instance(s), and fewer arrived than the series' own
-    count (``check``, from :func:`count_check`, short of one of ``cfg.pacs.abort_count_check``), as when its operator
-    stopped it part-way. The note (and so the quarantine) and the warning say how to leave that count out, and when."""
+    with an A-ABORT between instances (``end='abort'``) or a release (``end='release'``) at ``at`` (UTC) after ``n``
+    instance(s), and fewer arrived than the series' own count (``check``, from :func:`count_check`, short of one of
+    the counts :data:`SETTINGS` checks after that end), as when its operator stopped it, or its store job was cancelled,
+    part-way. The note (and so the quarantine) and the warning say how to leave that count out, and when. After a
+    release, the warning waits until the series is quiet (:func:`warn_quiet_hold`; one INFO line now): a sender of one
+    instance per association releases each short of the count but the last."""
     short = str(check.short)
-    hint = leave_out_hint(str(check.field), cfg.pacs.abort_count_check)
+    hint = leave_out_hint(str(check.field), checked(cfg, end), end=end)
+    if end == "release":
+        journal.note(row, f"{CUT_NOTE} {sender} {RELEASED} at {at} after {n} instance(s), {SHORT_NOTE}: {short}; {hint}")
+        log.info(
+            "the association from %s released by the sender after %d instance(s) of series %s: %s; held until the "
+            "rest arrives (pacs.release_count_check)",
+            sender,
+            n,
+            row["series_uid"],
+            short,
+            extra={"event": "listen_released_short", "series_uid": row["series_uid"]},
+        )
+        return
     journal.note(
         row,
         f"{CUT_NOTE} {sender} ended its association with an A-ABORT at {at} after {n} instance(s), {SHORT_NOTE}: {short}; {hint}",
@@ -301,30 +353,54 @@ def hold_short(
     )
 
 
+def warn_quiet_hold(row: dict[str, Any], cfg: Any) -> None:
+    """The warning of the open generation ``row``, held short of a count after its sender released the association
+    (:func:`hold_short` with ``end='release'``), now quiet for ``pacs.quiet_period_s``: the sender stopped part-way
+    (a store job cancelled or paused), or the instances count images never sent here. Once per generation and
+    listener (the caller keeps track)."""
+    hold = str(row.get("note") or "").split(ALSO_NOTE, 1)[0]
+    head, _, rest = hold.removeprefix(CUT_NOTE).strip().partition(f", {SHORT_NOTE}: ")
+    short, _, hint = rest.partition("; ")
+    log.warning(
+        "series %s is quiet and short of the count its instances give after its sender released the association "
+        "(%s: %s), held as cut off (the sender was stopped before the end, as a store job cancelled or paused); what "
+        "arrived is kept, and the series waits for the rest (the instances already received are not stored twice) up "
+        "to pacs.series_limit_s = %g s after its first instance, then is quarantined (not published); fix: send the "
+        "series again; %s",
+        row["series_uid"],
+        head,
+        short,
+        cfg.pacs.series_limit_s,
+        hint,
+        extra={"event": "listen_cut", "series_uid": row["series_uid"]},
+    )
+
+
 def recheck_held(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any) -> int:
     """At the listener's start: judge the series held as short of a count (:func:`hold_short`) again against the
-    current ``cfg.pacs.abort_count_check``, which may have changed since they were held (the way out for a sender that
-    ends every sending with an A-ABORT). An open one no longer short of a count checked has its hold lifted and is
-    processed once quiet as any other (a gap or too few slices still hold it); one quarantined only as short, its
-    files still kept (``pacs.incomplete_keep_s``), is opened again (:data:`RECOUNTED_NOTE`) and its case run again
-    once quiet; one INFO line each. An open one still short has its note's count and fix brought up to date.
-    Returns how many series were released so."""
-    counts = cfg.pacs.abort_count_check
+    current ``cfg.pacs.abort_count_check`` (``cfg.pacs.release_count_check`` for those held after a release), which may
+    have changed since they were held (the way out for a sender whose instances count images never sent here). An
+    open one no longer short of a count checked has its hold lifted and is processed once quiet as any other (a gap
+    or too few slices still hold it); one quarantined only as short, its files still kept (``pacs.incomplete_keep_s``),
+    is opened again (:data:`RECOUNTED_NOTE`) and its case run again once quiet; one INFO line each. An open one still
+    short has its note's count and fix brought up to date. Returns how many series were released so."""
     released = 0
     for held in ledger.rows("SELECT * FROM series WHERE state = 'open'"):
         hold = str(held["note"] or "").split(ALSO_NOTE, 1)[0]
         if not hold.startswith(CUT_NOTE) or f", {SHORT_NOTE}: " not in hold:
             continue
+        end = held_after(hold)
+        counts = checked(cfg, end)
         check = latest_count_check(ledger, held["series_uid"], counts=counts)
         if check is None:
             continue
         if check.short is None:
             journal.note(held, None)
             released += 1
-            _say_released(held["series_uid"], hold, counts, "its hold is lifted, and it is processed")
+            _say_released(held["series_uid"], hold, counts, "its hold is lifted, and it is processed", end=end)
             continue
         head = hold.split(f", {SHORT_NOTE}: ", 1)[0]
-        again = f"{head}, {SHORT_NOTE}: {check.short}; {leave_out_hint(str(check.field), counts)}"
+        again = f"{head}, {SHORT_NOTE}: {check.short}; {leave_out_hint(str(check.field), counts, end=end)}"
         if again != hold:
             journal.note(held, again)
     query = "SELECT * FROM series WHERE state = 'processed' AND outcome = 'failed' AND removed_at IS NULL"
@@ -334,23 +410,27 @@ def recheck_held(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any) -> int:
             continue
         if ALSO_NOTE in note:  # a gap or too few slices as well: sending the rest completes it, not a setting
             continue
+        end = held_after(note.split(f": {CUT_NOTE}", 1)[1])
+        counts = checked(cfg, end)
         check = latest_count_check(ledger, failed["series_uid"], counts=counts)
         if check is None or check.short is not None:
             continue
-        reopened = journal.reopen(dict(failed), f"{RECOUNTED_NOTE} pacs.abort_count_check: {setting(counts)}")
+        reopened = journal.reopen(dict(failed), f"{RECOUNTED_NOTE} {SETTINGS[end]}: {setting(counts)}")
         if reopened is not None:
             released += 1
-            _say_released(failed["series_uid"], note, counts, "its quarantined case is run again")
+            _say_released(failed["series_uid"], note, counts, "its quarantined case is run again", end=end)
     return released
 
 
-def _say_released(series_uid: str, note: str, counts: Collection[str], then: str) -> None:
-    """The INFO line of a series held as short of a count (``note``: its hold) that ``counts`` no longer hold."""
+def _say_released(series_uid: str, note: str, counts: Collection[str], then: str, *, end: str) -> None:
+    """The INFO line of a series held as short of a count (``note``: its hold, taken after an association its sender
+    ended so: ``end``) that ``counts`` no longer hold."""
     log.info(
         "series %s, held as short of the count its instances give (%s), is not short of a count checked by the "
-        "current pacs.abort_count_check: %s: %s once quiet for pacs.quiet_period_s if its slices form a volume",
+        "current %s: %s: %s once quiet for pacs.quiet_period_s if its slices form a volume",
         series_uid,
         note.split(f", {SHORT_NOTE}: ", 1)[1].split("; ", 1)[0],
+        SETTINGS[end],
         setting(counts),
         then,
         extra={"event": "listen_hold_lifted", "series_uid": series_uid},

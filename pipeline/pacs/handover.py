@@ -22,6 +22,7 @@ from typing import Any
 
 from ..atomic import atomic_write_bytes
 from ..errors import CtpipeError, PartialSeriesError
+from .expected_count import SHORT_NOTE, held_after, warn_quiet_hold
 from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RECOUNTED_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger, now
 
@@ -97,6 +98,7 @@ class Handover:
     _stop: threading.Event
     _reported: set[tuple[str, int]]
     _checked: dict[tuple[str, int], tuple[float, str | None]]
+    _quiet_held: set[tuple[str, int]]
     _swept: float
 
     def serve_forever(self) -> None:
@@ -111,7 +113,9 @@ class Handover:
         batch = self.journal.handed()
         ready, incomplete = [], []
         quiet = self.journal.quiet(self.cfg.pacs.quiet_period_s)
-        self._checked = {k: v for k, v in self._checked.items() if k in {(r["series_uid"], int(r["generation"])) for r in quiet}}
+        quiet_keys = {(r["series_uid"], int(r["generation"])) for r in quiet}
+        self._checked = {k: v for k, v in self._checked.items() if k in quiet_keys}
+        self._quiet_held &= quiet_keys  # one that received more since is warned of again once quiet, if still short
         for row in quiet:
             key = (row["series_uid"], int(row["generation"]))
             seen = self._checked.get(key)
@@ -121,6 +125,9 @@ class Handover:
             if note.startswith(CUT_NOTE):  # not known to be whole, with or without a gap: both facts kept
                 cut = note.split(ALSO_NOTE, 1)[0]
                 why = cut if why is None else f"{cut}{ALSO_NOTE}{why}"
+                if f", {SHORT_NOTE}: " in cut and held_after(cut) == "release" and key not in self._quiet_held:
+                    self._quiet_held.add(key)  # held short after a release, and no more instances came: warned once
+                    warn_quiet_hold(row, self.cfg)
             if why is None:
                 ready.append(row)
             elif now() - float(row["first_at"]) >= self.cfg.pacs.series_limit_s:

@@ -59,7 +59,8 @@ CUT_NOTE = "sender cut off:"
 #: the series again on an association it released, every instance a duplicate (see :meth:`ReceiveJournal.reopen`).
 RESENT_NOTE = "sent again whole:"
 #: Start of the note of a generation opened again from one quarantined only as short of a count its instances give,
-#: that count no longer checked (``pacs.abort_count_check`` changed, the listener restarted): run again as it is.
+#: that count no longer checked (``pacs.abort_count_check`` or ``pacs.release_count_check`` changed, the listener
+#: restarted): run again as it is.
 RECOUNTED_NOTE = "count no longer checked:"
 #: What joins a cut-off generation's :data:`CUT_NOTE` and why its slices do not form a volume (a gap, too few), when
 #: both hold: the note keeps both facts, the cut-off first.

@@ -12,8 +12,8 @@ processed or sent twice:
 ``series``     the listener's series: one row per generation (a series that grows after it was
                handed to the runner gets a new generation), state ``open`` → ``handed`` → ``processed``,
                and ``removed_at`` once its received files were removed (``pacs.keep_received``); ``aborted``: the
-               sender's A-ABORT that ended the last association to store instances of it, with the counts they gave
-               (:mod:`pipeline.pacs.abort_record`; NULL in a row written before it was recorded);
+               sender's A-ABORT or release that ended the last association to store instances of it, with the counts
+               they gave (:mod:`pipeline.pacs.abort_record`; NULL in a row written before it was recorded);
 ``sent``       one row per result file and destination: ``pending``, ``sent``, ``unconfirmed`` (stored on the
                destination's success answer, its confirming query refused) or ``failed``;
 ``scanned``    case folders whose results have been queued for a destination.

@@ -14,10 +14,11 @@ A series is complete when no instance has arrived for ``pacs.quiet_period_s`` an
 a volume (no gap, at least ``ingest.min_slices``) and its sender was not cut off mid-series (an association whose
 connection dropped without a release, or that the sender aborted in the middle of an instance, marks the series it
 sent as cut off until an association that sends it ends with a release; a sender's own A-ABORT once every instance
-it began has arrived whole, as some modalities and routers end every association, counts as a release, unless the
-series' instances give a count, Images in Acquisition or Number of Series Related Instances, that fewer arrived than:
-:mod:`pipeline.pacs.expected_count`; a sender stopped between two instances, whose instances give none, cannot be told
-from one that finished); one still
+it began has arrived whole, as some modalities and routers end every association, counts as a release; either end
+holds the series as cut off when its instances give a count, Images in Acquisition or Number of Series Related
+Instances, that fewer arrived than: a store job cancelled part-way releases its association too
+(:mod:`pipeline.pacs.expected_count`, ``pacs.abort_count_check``, ``pacs.release_count_check``); a sender stopped
+between two instances, whose instances give none, cannot be told from one that finished); one still
 incomplete ``pacs.series_limit_s``
 after its first instance is reported (log, ``RUN_DIR/pacs/incomplete/``) and handed over as it is
 (the runner quarantines it with the reason, a :class:`~pipeline.errors.PartialSeriesError` for a cut-off one with
@@ -86,8 +87,8 @@ def _say_restart(counts: dict[str, int]) -> None:
         "%d open series resumed, %d empty dropped, "
         "%d series to process again, %d leftover folder(s) or temporary file(s) removed, "
         "%d processed series' files removed, %d series held short of a count released by the current "
-        "pacs.abort_count_check (processed once quiet), %d open series ended by a sender's A-ABORT (or whose end the "
-        "ledger does not record) held short of a count it checks",
+        "pacs.abort_count_check or pacs.release_count_check (processed once quiet), %d open series ended by a sender's "
+        "A-ABORT or release (or whose end the ledger does not record) held short of a count it checks",
         counts["unacknowledged"],
         counts["reopened"],
         counts["dropped"],
@@ -159,6 +160,7 @@ class Listener(AssociationEnds, Handover):
         self._receiving: dict[int, bool] = {}  # association: a message's PDUs arrived and the message is not whole yet
         self._sender_ended: dict[int, bool] = {}  # association: the sender's A-ABORT came with every message whole
         self._checked: dict[tuple[str, int], tuple[float, str | None]] = {}  # last_at when checked, why incomplete
+        self._quiet_held: set[tuple[str, int]] = set()  # series held short after a release, warned of once quiet
         self._swept = 0.0  # when processed series' files were last released
 
     # -- life cycle ------------------------------------------------------------------------

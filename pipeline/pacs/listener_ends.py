@@ -4,11 +4,12 @@
 Per association it notes whether an instance is being received when the sender's own A-ABORT comes (in the middle of
 an instance, or between two), and when the association ends it summarises the instances sent again, and marks the
 series it stored instances of as cut off (:data:`~pipeline.pacs.journal.CUT_NOTE`) when it ended without a release
-and without the sender's A-ABORT between instances, or with that A-ABORT while the series' instances give a count that
-fewer arrived than (:mod:`pipeline.pacs.expected_count`); such an A-ABORT is recorded per series, for a restart with
-a stricter ``pacs.abort_count_check`` to judge the series again (:mod:`pipeline.pacs.abort_record`). A release clears
-the mark (and the record), and makes a series quarantined
-only as cut off run again when sent again whole. Records are logged as ``pipeline.pacs.listener``'s, as the
+and without the sender's A-ABORT between instances, or with that A-ABORT or a release while the series' instances give
+a count that fewer arrived than (:mod:`pipeline.pacs.expected_count`; ``pacs.abort_count_check``,
+``pacs.release_count_check``): a store job cancelled part-way releases its association as one that finished does.
+Such an A-ABORT or release is recorded per series, for a restart with a stricter setting to judge the series again
+(:mod:`pipeline.pacs.abort_record`). An end that leaves no checked count short clears the mark, and makes a series
+quarantined only as cut off run again when sent again whole. Records are logged as ``pipeline.pacs.listener``'s, as the
 listener's own.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from ..config_schema import ABORT_COUNTS
 from . import abort_record
-from .expected_count import CountCheck, hold_short, latest_count_check, lift_held, setting
+from .expected_count import CountCheck, checked, hold_short, latest_count_check, lift_held, setting
 from .journal import ALSO_NOTE, CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger
 
@@ -85,16 +86,23 @@ class AssociationEnds:
         (:func:`~pipeline.pacs.expected_count.count_check`, the counts of ``pacs.abort_count_check``: held as cut
         off, one warning); otherwise one INFO line
         says so, and the series is judged as any other, complete once quiet for ``pacs.quiet_period_s`` with its slices
-        forming a volume (no gap in InstanceNumber or slice positions, at least ``ingest.min_slices``)."""
+        forming a volume (no gap in InstanceNumber or slice positions, at least ``ingest.min_slices``).
+
+        A release is judged the same way by the counts of ``pacs.release_count_check``: a sender stopped part-way
+        (a store job cancelled or paused) releases its association too. A series short of one is held as cut off
+        (one INFO line; its warning once it is quiet, as a sender of one instance per association releases each
+        short but the last), and the association that brings the rest, reaching the count, ends the hold."""
         assert self.journal is not None and self._ledger is not None
         calling = str(assoc.requestor.ae_title).strip()
         address = getattr(assoc.requestor, "address", "?")
         released = bool(getattr(assoc, "is_released", False)) or ended_by_abort
-        counts = self.cfg.pacs.abort_count_check
+        end = "abort" if ended_by_abort else "release"
+        counts = checked(self.cfg, end)
+        judged = ended_by_abort or (released and bool(counts))  # a release with no count checked: taken as the end
         at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         for series_uid, n in stored.items():
             rows = self._ledger.rows("SELECT * FROM series WHERE series_uid = ? AND state = 'open'", (series_uid,))
-            check = latest_count_check(self._ledger, series_uid, counts=counts) if ended_by_abort else None
+            check = latest_count_check(self._ledger, series_uid, counts=counts) if judged else None
             short = check.short if check is not None else None
             ended = released and short is None
             if ended_by_abort and short is None and rows:
@@ -102,20 +110,18 @@ class AssociationEnds:
             if ended and not rows:
                 self._confirm_whole(series_uid, calling)
             if ended and n:  # series of its study held short of a count that its instances make up
-                lift_held(self.journal, self._ledger, series_uid, counts=counts)
+                lift_held(self.journal, self._ledger, series_uid, cfg=self.cfg)
             for row in rows:
-                if ended_by_abort:  # judged again at a restart under the setting then (a stricter one may hold it)
-                    abort_record.write(
-                        self._ledger, row, abort_record.AbortRecord.taken(row, sender=f"{calling} at {address}", at=at, n=n)
-                    )
-                elif released:
-                    abort_record.write(self._ledger, row, None)
+                if released:  # judged again at a restart under the setting then (a stricter one may hold it)
+                    record = abort_record.AbortRecord.taken(row, sender=f"{calling} at {address}", at=at, n=n, end=end)
+                    abort_record.write(self._ledger, row, record)
                 if ended:
                     if str(row["note"] or "").startswith(CUT_NOTE):
                         self.journal.note(row, None)
                     continue
-                if check is not None and short is not None:  # a sender stopped part-way, its A-ABORT as if done
-                    hold_short(self.journal, row, sender=f"{calling} at {address}", n=n, check=check, at=at, cfg=self.cfg)
+                if check is not None and short is not None:  # a sender stopped part-way, its A-ABORT or release as if done
+                    sender = f"{calling} at {address}"
+                    hold_short(self.journal, row, sender=sender, n=n, check=check, at=at, cfg=self.cfg, end=end)
                     continue
                 if not n:  # instances it had sent before: nothing of the series rests on this association
                     continue
