@@ -280,3 +280,6 @@ def test_a_case_done_again_is_told_as_a_redo_not_a_new_case(tmp_path):
     assert (again.done, again.redone) == (0, 1)  # a redo is not a newly completed case
     assert seen[-1].startswith("0 done, 1 done again, 0 failed of 1 |"), seen
     assert again.lines()[0].startswith(f"run {again.run_id}: 0 case(s) done, 1 done again (its published folder was removed")
+    # run.log's end record carries the same figures as fields (was: done_again and still_written dropped from it)
+    end = _run_end(out)
+    assert (end["done"], end["done_again"], end["still_written"]) == (0, 1, 0), end

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 #: Fields a record carries when its caller passes them. The run's end record (``run_end``) has the figures of the
-#: summary line: ``cases`` (found by discovery), ``done`` (by this run), ``done_earlier`` (by earlier runs of the
-#: folder), ``quarantined_new`` and ``quarantined_earlier`` (quarantined by this run, still from earlier runs),
+#: summary line: ``cases`` (found by discovery), ``done`` (completed for the first time by this run), ``done_again``
+#: (done again by this run because their published folder was removed), ``done_earlier`` (by earlier runs of the
+#: folder), ``still_written`` (left for the next run: their series still being written), ``quarantined_new`` and ``quarantined_earlier`` (quarantined by this run, still from earlier runs),
 #: ``unfinished`` (left for the next run), ``elapsed_s`` (s), ``run_status`` (completed, interrupted: Ctrl-C, SIGTERM,
 #: SIGHUP or a run folder that could not be written, failed) and ``exit_status``. ``changed``: the options a refused
 #: rerun would have changed (``result_options_changed``).
@@ -45,7 +46,9 @@ _FIELDS: tuple[str, ...] = (
     "quarantined_earlier",
     "cases",
     "done",
+    "done_again",
     "done_earlier",
+    "still_written",
     "unfinished",
     "elapsed_s",
     "run_status",
