@@ -5,7 +5,7 @@ LPS, in mm)::
 
     import pipeline as ctp
     vol = ctp.load_series("path/to/dicom/folder")      # CTVolume (HU + LPS geometry)
-    findings = ctp.detect(vol)                           # lung-nodule findings
+    findings = ctp.detect(vol)                           # lung-nodule findings (Findings)
     recon = ctp.reconstruct(vol)                         # organ masks, meshes, measurements
     summary = ctp.run_batch(["dicom/"], out="runs/r1")   # the batch runner
     run = ctp.open_run("runs/r1")                        # results as DataFrames
@@ -25,6 +25,7 @@ _LAZY = {
     "CTVolume": "pipeline.volume",
     "Geometry": "pipeline.geometry",
     "LabelMap": "pipeline.volume",
+    "Findings": "pipeline.detection.findings",
     "CaseCache": "pipeline.cache",
     "CtpipeError": "pipeline.errors",
     "generate_phantom": "pipeline.phantom",

@@ -38,6 +38,21 @@ def test_readme_notebook_example_uses_the_public_api_only():
     assert used <= set(pipeline.__all__), used - set(pipeline.__all__)
 
 
+def test_every_type_the_notebook_api_section_names_is_in_the_public_api():
+    # was: the section says ctp.show and ctp.reconstruct take "a `Findings`" (what ctp.detect returns), while
+    # pipeline.__all__ had no Findings: ctp.Findings raised AttributeError
+    import re
+
+    import pipeline
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Notebook API", 1)[1].split("\n## ", 1)[0]
+    types = set(re.findall(r"`([A-Z][A-Za-z]+)[`(]", section))
+    assert {"CTVolume", "Geometry", "LabelMap", "Findings"} <= types, types
+    assert types <= set(pipeline.__all__), types - set(pipeline.__all__)
+    assert isinstance(pipeline.Findings(case_id="c", series_uid="1.2.3", findings=[]), pipeline.Findings)
+
+
 EPILOGUE = """
 import json as _json
 _case = run.case(vol.series_uid)
