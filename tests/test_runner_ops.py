@@ -419,3 +419,40 @@ def test_the_second_stop_signal_is_noted_and_the_third_stops_at_once(tmp_path, c
     finally:
         for signum, handler in replaced.items():
             signal.signal(signum, handler)
+
+
+def test_run_log_keeps_the_series_and_quality_flag_a_record_names(tmp_path):
+    """``ctpipe listen``'s and a PACS retrieve's records name their series (``series_uid``), the detector's warnings
+    their quality flag: run.log keeps both, so that grepping it for a series finds its records."""
+    handler = attach_jsonl(tmp_path / "run.log", process="main")
+    try:
+        logging.getLogger("pipeline.pacs.listener").info(
+            "series released", extra={"event": "listen_released", "series_uid": "1.2.826.0.1.3680043.8.498.7"}
+        )
+        logging.getLogger("pipeline.detection.infer").warning("thick slices", extra={"quality_flag": "thick_slices"})
+    finally:
+        detach(handler)
+    released, thick = [json.loads(line) for line in (tmp_path / "run.log").read_text().splitlines()]
+    assert released["series_uid"] == "1.2.826.0.1.3680043.8.498.7" and released["event"] == "listen_released"
+    assert thick["quality_flag"] == "thick_slices"
+
+
+def test_every_extra_field_the_pipeline_logs_reaches_run_log():
+    """Each key a ``pipeline`` module passes in a log call's ``extra={...}`` is one the run.log formatter writes."""
+    import ast
+
+    from pipeline.runner.logs import _FIELDS
+
+    root = Path(__file__).resolve().parents[1] / "pipeline"
+    levels = {"debug", "info", "warning", "error", "exception", "critical", "log"}
+    dropped: dict[str, str] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in levels):
+                continue
+            for kw in node.keywords:
+                if kw.arg == "extra" and isinstance(kw.value, ast.Dict):
+                    for key in kw.value.keys:
+                        if isinstance(key, ast.Constant) and key.value not in _FIELDS:
+                            dropped.setdefault(key.value, f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert not dropped, f"extra fields run.log drops (add them to pipeline/runner/logs.py _FIELDS): {dropped}"

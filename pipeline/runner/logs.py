@@ -31,11 +31,15 @@ from typing import Any
 #: folder), ``still_written`` (left for the next run: their series still being written), ``quarantined_new`` and ``quarantined_earlier`` (quarantined by this run, still from earlier runs),
 #: ``unfinished`` (left for the next run), ``elapsed_s`` (s), ``run_status`` (completed, interrupted: Ctrl-C, SIGTERM,
 #: SIGHUP or a run folder that could not be written, failed) and ``exit_status``. ``changed``: the options a refused
-#: rerun would have changed (``result_options_changed``).
+#: rerun would have changed (``result_options_changed``). ``series_uid``: the SeriesInstanceUID a record of ``ctpipe
+#: listen`` or of a PACS retrieve is about (redacted as the message is); ``quality_flag``: the findings' quality flag a
+#: detector warning is about (``thick_slices``, ``coarse_pixels``, ``lossy_compressed``).
 _FIELDS: tuple[str, ...] = (
     "event",
     "case_id",
     "case_key",
+    "series_uid",
+    "quality_flag",
     "stage",
     "reason",
     "error_class",
