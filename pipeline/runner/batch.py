@@ -77,6 +77,7 @@ def run_batch(
     command: str | None = None,
     session: RunSession | None = None,
     origins: Mapping[str, Mapping[str, Any]] | None = None,
+    ended: Callable[[RunSummary, float], Any] | None = None,
     **overrides: Any,
 ) -> RunSummary:
     """Run the pipeline over DICOM folders / worklist CSVs into the run folder ``out``.
@@ -87,7 +88,10 @@ def run_batch(
     the ``config`` file. ``stages`` replaces the standard stages (for custom pipelines).
     ``session``: a :class:`~pipeline.runner.session.RunSession` whose executor (and loaded models)
     is reused and kept for its next batch; ``origins``: where PACS-delivered source folders came
-    from (folder → origin, see :meth:`RunStore.record_origins`), recorded for their cases.
+    from (folder → origin, see :meth:`RunStore.record_origins`), recorded for their cases. ``ended``: called with the
+    summary and the seconds the metrics endpoint is kept up for a last scrape (``metrics.linger_s``; 0: none) once the
+    run's end is recorded (run store, metrics, report, ``run_end`` in run.log), before that wait; not for a run stopped
+    by a signal, which raises KeyboardInterrupt. Ctrl-C (KeyboardInterrupt) during the wait ends it early.
     Returns a :class:`RunSummary`; positions in all outputs are LPS mm.
     """
     t0, started_wall = time.monotonic(), time.time()  # the run starts with the command: its store record says the same
@@ -135,7 +139,19 @@ def run_batch(
     try:
         with redacting(redactor):
             return _run(
-                srcs, cfg, run_dir, run_id, store, summary, stages, progress, command, (t0, started_wall), session, origins
+                srcs,
+                cfg,
+                run_dir,
+                run_id,
+                store,
+                summary,
+                stages,
+                progress,
+                command,
+                (t0, started_wall),
+                session,
+                origins,
+                ended,
             )
     except (OSError, sqlite3.Error) as exc:  # the run folder failed before any case started
         raise_environment(exc, run_dir)
@@ -159,6 +175,7 @@ def _run(
     clock: tuple[float, float],
     session: RunSession | None = None,
     origins: Mapping[str, Mapping[str, Any]] | None = None,
+    ended: Callable[[RunSummary, float], Any] | None = None,
 ) -> RunSummary:
     found: Discovery = discover(srcs, cfg)
     # a folder a killed run left before recording its case done for good: adopted once its series is checked again
@@ -373,6 +390,7 @@ def _run(
         # the run's time: the idle serving of metrics.linger_s below is not the run's work, nor its throughput's
         summary.elapsed_s = time.monotonic() - t0
         final = False  # whether the final values below are all set
+        linger_s = 0.0  # s of serving the final metrics once the run's end is recorded
         try:
             exit_status = record_end(
                 store,
@@ -392,11 +410,30 @@ def _run(
             # served once the final values are set (counters, run end time, exit status): a last scrape takes them,
             # else the run's last cases and its end never reach Prometheus
             if final and cfg.metrics.port and cfg.metrics.linger_s > 0 and status != "interrupted":
-                log.info("serving the final metrics for %g s", cfg.metrics.linger_s, extra={"event": "metrics_linger"})
-                time.sleep(cfg.metrics.linger_s)
+                linger_s = cfg.metrics.linger_s
+            else:
+                metrics.stop()
+    try:
+        build_or_mark_report(summary, cfg, run_dir, run_id)
+        log_run_end(summary, run_id=run_id, status=status, signalled=signalled, exit_status=exit_status)
+        if linger_s > 0:
+            log.info("serving the final metrics for %g s", linger_s, extra={"event": "metrics_linger"})
+        if ended is not None and not signalled:  # the summary first: the console need not wait for the linger
+            ended(summary, linger_s)
+        if linger_s > 0:
+            _serve_final_metrics(linger_s)
+    finally:
+        if linger_s > 0:
             metrics.stop()
-    build_or_mark_report(summary, cfg, run_dir, run_id)
-    log_run_end(summary, run_id=run_id, status=status, signalled=signalled, exit_status=exit_status)
     if signalled:  # the caller (ctpipe run: exit status 130) learns of the interruption as it would have without us
         raise KeyboardInterrupt
     return summary
+
+
+def _serve_final_metrics(linger_s: float) -> None:
+    """Keep serving the run's final metrics for ``linger_s`` (s), its end already recorded; Ctrl-C (or SIGTERM or
+    SIGHUP under ``ctpipe run``, which raise KeyboardInterrupt too) ends the wait early, the run's outcome unchanged."""
+    try:
+        time.sleep(linger_s)
+    except KeyboardInterrupt:
+        log.info("stopped serving the final metrics early (Ctrl-C or a stop signal)", extra={"event": "metrics_linger_ended"})

@@ -9,11 +9,14 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..argtypes import in_folder, number_in, out_folder
 from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
+
+if TYPE_CHECKING:
+    from .run_summary import RunSummary
 
 
 def case_outputs(cfg: Any) -> list[str]:
@@ -353,6 +356,24 @@ def _run(args: argparse.Namespace) -> int:
             bar = TqdmBar(p.total)
         bar(p)
 
+    code: int | None = None  # the exit status, once the summary is printed
+
+    def on_end(summary: RunSummary, linger_s: float) -> None:
+        nonlocal bar, code
+        if bar is not None:
+            bar.close()
+            bar = None
+        code = _print_summary(summary, cfg, quiet=args.quiet)
+        if linger_s > 0 and not args.quiet:
+            stop = (
+                f"kill {os.getpid()} ends it early"
+                if signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # a background job: Ctrl-C does not reach it
+                else "Ctrl-C ends it early"
+            )
+            url = f"http://{cfg.metrics.bind}:{cfg.metrics.port}/metrics"
+            print(f"the metrics endpoint {url} stays up for {linger_s:g} s for a last scrape ({stop})")
+        sys.stdout.flush()  # before the wait: a pipe (cron, systemd, tee) shows it now, not at the exit
+
     replaced = stop_once(args.out)
     try:
         summary = run_batch(
@@ -362,6 +383,7 @@ def _run(args: argparse.Namespace) -> int:
             progress=on_progress,
             command="ctpipe " + " ".join(sys.argv[1:]),
             origins=getattr(args, "pacs_origins", None),  # set by pipeline.pacs.cli for PACS sources
+            ended=on_end,
         )
     except RunEnvironmentError as exc:  # the run folder cannot be written at all: one line, its own exit status
         print(f"ctpipe run: error: cannot write the run folder: {exc}", file=sys.stderr)
@@ -384,9 +406,14 @@ def _run(args: argparse.Namespace) -> int:
             bar.close()
         for signum, handler in replaced.items():  # the caller's own handling again (ctpipe main called in-process)
             signal.signal(signum, handler)
+    return _print_summary(summary, cfg, quiet=args.quiet) if code is None else code
+
+
+def _print_summary(summary: RunSummary, cfg: Any, *, quiet: bool) -> int:
+    """Print the run's summary (``--quiet``: the lines cron should mail) and where its results are; its exit status."""
     lines = summary.lines()
     code = summary.exit_code
-    if args.quiet:
+    if quiet:
         keep = (
             "quarantined",
             "still quarantined",
@@ -401,13 +428,13 @@ def _run(args: argparse.Namespace) -> int:
         lines = lines[:1] + [ln for ln in lines[1:] if ln.lstrip().startswith(keep)]
     for line in lines:
         print(line)
-    if args.quiet and code == 0:  # cron: the summary line is all a run that went well has to say
+    if quiet and code == 0:  # cron: the summary line is all a run that went well has to say
         return code
-    if (summary.done or summary.redone or summary.skipped) and not args.quiet:  # where the findings, meshes and DICOM results are
+    if (summary.done or summary.redone or summary.skipped) and not quiet:  # where the findings, meshes and DICOM results are
         print(f"results: {summary.run_dir / 'cases'}/<case id>/ ({', '.join(case_outputs(cfg))})")
-    if summary.metrics_file and not args.quiet:
+    if summary.metrics_file and not quiet:
         print(f"metrics: {summary.metrics_file}")
-    if summary.node_metrics_file and not args.quiet:
+    if summary.node_metrics_file and not quiet:
         print(f"metrics for node_exporter: {summary.node_metrics_file}")
     print(f"log: {summary.run_dir / 'run.log'}")
     if summary.report_html:
