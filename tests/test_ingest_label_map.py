@@ -67,6 +67,31 @@ def test_the_warning_names_no_other_image_file_unless_identifiers_are_kept(tmp_p
         read_source(seg, keep_identifiers=True)
 
 
+def test_the_fix_suggests_no_image_file_that_is_a_label_map_itself(tmp_path, caplog):
+    # was: TotalSegmentator's example_seg.nii.gz suggested example_seg_fast_force_split.nii.gz, another label map
+    from pipeline.ingest.source import read_source
+
+    labels = np.zeros((6, 10, 10), np.uint8)
+    labels[2:4, 3:7, 3:7] = 5
+    seg = _write(tmp_path / "case_seg.nii.gz", labels)
+    _write(tmp_path / "case_seg_fast.nii.gz", labels * 2)  # sorts before the CT files: a label map too
+    _write(tmp_path / "case_lungs.nrrd", (labels > 0).astype(np.int16))  # a mask in a signed type
+    _write(tmp_path / "case_t.nii.gz", np.full((6, 10, 10), -1000, np.int16))
+    _write(tmp_path / "case_u.mha", np.linspace(-1000.0, 400.0, 600, dtype=np.float32).reshape(6, 10, 10))
+    with caplog.at_level(logging.WARNING):
+        kept = load_series(seg, keep_identifiers=True).metadata["warnings"][0]
+        counted = load_series(seg).metadata["warnings"][0]
+    assert "(beside it: case_t.nii.gz, case_u.mha)" in kept, kept
+    assert "(2 other image files beside it that are no label map, named with keep_identifiers" in counted, counted
+    with pytest.raises(LabelMapError, match=r"\(beside it: case_t.nii.gz, case_u.mha\)"):
+        read_source(seg, keep_identifiers=True)
+    for ct in ("case_t.nii.gz", "case_u.mha"):
+        (tmp_path / ct).unlink()
+    with caplog.at_level(logging.WARNING):  # only label maps beside it: no file to suggest
+        alone = load_series(seg, keep_identifiers=True).metadata["warnings"][0]
+    assert "Fix: load the CT image instead; to use the labels" in alone and "beside it" not in alone, alone
+
+
 def test_binary_mask_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     mask = np.zeros((6, 10, 10), np.int16)
     mask[2:4, 3:7, 3:7] = 1

@@ -182,20 +182,62 @@ def _label_map_problem(distinct: np.ndarray) -> str:
     )
 
 
+#: at most this many other image files in a label map's folder are read whole to tell whether they are label maps too
+#: (a folder of TotalSegmentator's per-organ masks holds over a hundred): those beyond are not suggested
+_MAX_READ_BESIDE = 8
+
+
 def _others_beside(path: Path, *, keep_identifiers: bool) -> str:
-    """The other image files in ``path``'s folder, for a fix: named with ``keep_identifiers``, else counted."""
+    """The other image files in ``path``'s folder that may be the CT (not label maps themselves, by the same test:
+    :func:`label_map_values`), for a fix: named with ``keep_identifiers``, else counted; "" when there is none."""
     try:
-        beside = sorted(p.name for p in path.parent.iterdir() if p != path and p.is_file() and image_suffix(p))
+        files = sorted(p for p in path.parent.iterdir() if p != path and p.is_file() and image_suffix(p))
     except OSError:
         return ""
+    beside: list[str] = []
+    reads = 0
+    for other in files:
+        floats = _float_pixels(other)  # a float image is no label map: no need to read it whole
+        if not floats:
+            if reads >= _MAX_READ_BESIDE:
+                continue
+            reads += 1
+        if floats or _not_a_label_map(other):
+            beside.append(other.name)
     if not beside:
         return ""
     if keep_identifiers:
         return f" (beside it: {', '.join(beside[:4])}{', ...' if len(beside) > 4 else ''})"
     return (
-        f" ({len(beside)} other image file{'s' if len(beside) > 1 else ''} beside it, named with keep_identifiers, "
+        f" ({len(beside)} other image file{'s' if len(beside) > 1 else ''} beside it that "
+        f"{'are' if len(beside) > 1 else 'is'} no label map, named with keep_identifiers, "
         "--keep-identifiers on the command line: a file's name may be a patient's)"
     )
+
+
+def _float_pixels(path: Path) -> bool | None:
+    """Whether the image file ``path``'s header gives it floating-point scalar voxels (None: SimpleITK cannot read its
+    header, as a NIfTI-2's)."""
+    import SimpleITK as sitk
+
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(str(path))
+    try:
+        reader.ReadImageInformation()
+    except RuntimeError:
+        return None
+    kind = sitk.GetPixelIDValueAsString(reader.GetPixelID())
+    return "float" in kind and "vector" not in kind and "complex" not in kind
+
+
+def _not_a_label_map(path: Path) -> bool:
+    """Whether the image file ``path`` reads as a volume that does not look like a label map (:func:`label_map_values`
+    on its voxels as :func:`read_image` loads them); False when it cannot be read as one."""
+    try:
+        volume = read_image(path, label_map="load")
+    except (UnreadableFileError, GeometryError, OSError):
+        return False
+    return label_map_values(volume.array) is None
 
 
 def _hu_dtype(values: np.ndarray) -> np.dtype:
