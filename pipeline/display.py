@@ -25,7 +25,7 @@ import numpy as np
 from .detection.findings import slice_label, slice_number_of, slice_number_source
 from .dicom_out.model import stated_score
 from .errors import DisplayArgumentError, GeometryError
-from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of
+from .reconstruction.findings_in import check_findings, given_findings, of_series, series_uid_of, unknown_series_note
 from .reconstruction.organs import organ_colours, organ_label
 from .reconstruction.render_layout import outline_halo, scale_bar_mm, side_labelled_bar, window_note
 from .reconstruction.render_planes import (
@@ -116,17 +116,18 @@ def _finding_rows(findings: Any) -> list[_Row]:
     return out
 
 
-def _same_series(volume: CTVolume, rows: list[_Row]) -> list[_Row]:
+def _same_series(volume: CTVolume, rows: list[_Row], findings: Any) -> list[_Row]:
     """The findings of ``volume``'s series (:func:`~pipeline.reconstruction.findings_in.of_series`): findings of
     another series are refused (circles drawn on this anatomy would point at another patient's nodules); of a run's
     table of several cases only this series' are kept. Findings without a series UID, or a volume without one, cannot
-    be checked: a warning says so."""
+    be checked: a warning says so, why they carry none and the fix (``findings``: as the caller gave them)."""
     return of_series(
         rows,
         [r.series_uid for r in rows],
         volume.series_uid,
         consequence="drawn on this volume they would mark another scan",
         error=GeometryError,
+        unknown_note=unknown_series_note(findings),
     )
 
 
@@ -313,7 +314,8 @@ def show(
         margin beside the image at its height (on the finding's side), joined to the circle by a dotted line, on no
         anatomy. Findings of another series than the volume's are refused (a table of
         several series: only this series' rows are drawn); findings without a series UID are drawn with a logged
-        warning that they could not be checked.
+        warning that they could not be checked, saying why: a list of Finding objects (``list(detect(vol))``) has
+        none, as a Finding does not hold its series; the Findings itself does.
     recon: a :class:`~pipeline.reconstruction.Reconstruction`, a :class:`LabelMap` or a dict of bool masks
         ``[k, j, i]`` on the volume's grid; outlines are drawn per organ, each in its colour (the MPR PNGs' for the
         lungs, airway, body and bone; a distinct one for each other mask), and the legend below the image names the masks outlined
@@ -342,7 +344,7 @@ def show(
     volume = require_volume(volume)
     low, high = _window(window)
     geometry = volume.geometry
-    rows = _same_series(volume, _finding_rows(findings))
+    rows = _same_series(volume, _finding_rows(findings), findings)
     masks = _masks(recon)
     wrong = sorted(organ for organ, m in masks.items() if m.shape != volume.shape)
     grid = getattr(recon, "geometry", None)

@@ -265,6 +265,26 @@ def test_findings_without_a_series_uid_are_drawn_with_a_warning(caplog):
     assert "cannot check" in caplog.text and "1.2.3" in caplog.text
 
 
+def test_a_list_of_finding_objects_warns_that_it_lost_its_series_and_how_to_keep_it(caplog):
+    # was: "1 finding(s) carry no series UID (no series_uid column or value)" for list(ctp.detect(vol)): no column
+    # was given, and a Finding object holds no series; the Findings that detect returns holds it
+    from pipeline.detection import Finding, Findings
+
+    vol = _lps_volume(SeriesInstanceUID="1.2.3")
+    centre = tuple(float(v) for v in vol.index_to_lps([10.0, 12.0, 7.0]))
+    box = (tuple(c - 3.0 for c in centre), tuple(c + 3.0 for c in centre))
+    found = Findings([Finding(centre, *box, 6.0, 0.8, (10, 12, 7), 8)], series_uid="1.2.3")
+    with caplog.at_level(logging.WARNING):
+        show(vol, findings=found)  # the Findings itself: its series is checked, nothing to warn of
+    assert "series UID" not in caplog.text, caplog.text
+    with caplog.at_level(logging.WARNING):
+        ax = show(vol, findings=list(found))
+    assert len(ax.patches) == 1
+    [warning] = [r.getMessage() for r in caplog.records if "no series UID" in r.getMessage()]
+    assert "a Finding object does not hold its series" in warning and "pass that Findings itself" in warning, warning
+    assert "findings=detect(vol)" in warning and "series_uid column" not in warning, warning
+
+
 def test_the_title_counts_the_findings_drawn_on_the_slice_of_those_given():
     """A title saying "13 finding(s)" over a slice with two circles would send a reader looking for eleven more."""
     import pandas as pd

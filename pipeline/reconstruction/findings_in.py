@@ -206,6 +206,21 @@ def finding_items(findings: Any) -> tuple[list[Any], list[str | None]]:
     return items, [series_uid_of(field_of(f, "series_uid")) or common for f in items]
 
 
+def unknown_series_note(findings: Any) -> str:
+    """Why findings given as ``findings`` (as :func:`finding_items` takes them) carry no series UID, with the fix: for
+    the warning that they cannot be checked against a volume's series (:func:`of_series`)."""
+    if isinstance(findings, (str, os.PathLike)):
+        return "the findings JSON has no series_uid"
+    if hasattr(findings, "columns"):  # a DataFrame
+        return "no series_uid column or value; open_run(...).findings has one"
+    if hasattr(findings, "findings"):  # a Findings whose own series_uid is not set
+        return "the Findings has no series_uid; set it to the series it was detected on"
+    return (
+        "a Finding object does not hold its series, the Findings that detect returns does: pass that Findings itself "
+        "(findings=detect(vol)), not a list of its findings (list(...), a slice); a finding dict needs a series_uid key"
+    )
+
+
 def of_series(
     items: Sequence[_T],
     uids: Sequence[str | None],
@@ -214,13 +229,14 @@ def of_series(
     consequence: str,
     error: type[CtpipeError] = ReconstructionError,
     warn_unknown: bool = True,
+    unknown_note: str = "no series_uid column or value",
 ) -> list[_T]:
     """The findings ``items`` (series UIDs ``uids``) that belong to the volume of series ``series_uid``.
 
     Findings all of another series are refused with ``error``, whose message ends in ``consequence`` (what using them
     on this volume would do); of a table of several series only this series' are kept (and none without a series
     UID). Findings without a series UID, or a volume without one, cannot be checked: kept, with a logged warning when
-    ``warn_unknown``.
+    ``warn_unknown``, which gives ``unknown_note`` (why they carry none and the fix: :func:`unknown_series_note`).
     """
     if not items:
         return list(items)
@@ -246,8 +262,9 @@ def of_series(
         log.info("%d of %d finding(s) are of series %s: only those are used", len(mine), len(items), series_uid)
     if unknown and warn_unknown:
         log.warning(
-            "%d finding(s) carry no series UID (no series_uid column or value): cannot check they are of series %s",
+            "%d finding(s) carry no series UID (%s): cannot check they are of series %s",
             len(unknown),
+            unknown_note,
             series_uid,
         )
     return [f for f, u in zip(items, uids) if u is None or u == series_uid]
