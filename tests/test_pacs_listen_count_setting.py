@@ -115,6 +115,11 @@ def test_the_hold_and_the_quarantine_name_the_setting_and_when_to_use_it(series,
             assert part in said, (part, said)
 
 
+#: the two count settings: after a sender's A-ABORT, after its release; the same values, the same default
+COUNT_SETTINGS = ["abort_count_check", "release_count_check"]
+
+
+@pytest.mark.parametrize("key", COUNT_SETTINGS)
 @pytest.mark.parametrize(
     "value,expected",
     [
@@ -125,31 +130,33 @@ def test_the_hold_and_the_quarantine_name_the_setting_and_when_to_use_it(series,
         (f"{SERIES}, {ACQUISITION}", [SERIES, ACQUISITION]),
     ],
 )
-def test_the_setting_is_read_from_every_layer(tmp_path, value, expected):
-    """The default checks both counts; none or [] neither; a list (or a comma-separated string) those named."""
+def test_the_setting_is_read_from_every_layer(tmp_path, key, value, expected):
+    """The default checks both counts (nothing incomplete published unless the site says otherwise); none or []
+    neither; a list (or a comma-separated string) those named."""
     if value is None:
-        assert load_config(environ={}).pacs.abort_count_check == expected
+        assert getattr(load_config(environ={}).pacs, key) == expected
         return
     yaml_file = tmp_path / "c.yaml"
-    yaml_file.write_text(f"pacs:\n  abort_count_check: {value if value != [] else '[]'}\n")
-    assert load_config(yaml_file, environ={}).pacs.abort_count_check == expected
-    env = {"CTPIPE_PACS_ABORT_COUNT_CHECK": value if isinstance(value, str) else "[]"}
-    assert load_config(environ=env).pacs.abort_count_check == expected
-    assert load_config(overrides={"pacs.abort_count_check": value}, environ={}).pacs.abort_count_check == expected
+    yaml_file.write_text(f"pacs:\n  {key}: {value if value != [] else '[]'}\n")
+    assert getattr(load_config(yaml_file, environ={}).pacs, key) == expected
+    env = {f"CTPIPE_PACS_{key.upper()}": value if isinstance(value, str) else "[]"}
+    assert getattr(load_config(environ=env).pacs, key) == expected
+    assert getattr(load_config(overrides={f"pacs.{key}": value}, environ={}).pacs, key) == expected
 
 
+@pytest.mark.parametrize("key", COUNT_SETTINGS)
 @pytest.mark.parametrize("value", [False, "ImagesInAcq", "imagesinacquisition", [SERIES, "AcquisitionNumber"]])
-def test_a_bad_setting_is_refused_when_read_naming_the_option_and_the_allowed_values(tmp_path, value):
+def test_a_bad_setting_is_refused_when_read_naming_the_option_and_the_allowed_values(tmp_path, key, value):
     yaml_file = tmp_path / "c.yaml"
-    yaml_file.write_text(f"pacs:\n  abort_count_check: {value!r}\n" if not isinstance(value, list) else "")
-    layers = [({"overrides": {"pacs.abort_count_check": value}, "environ": {}}, "overrides")]
+    yaml_file.write_text(f"pacs:\n  {key}: {value!r}\n" if not isinstance(value, list) else "")
+    layers = [({"overrides": {f"pacs.{key}": value}, "environ": {}}, "overrides")]
     if not isinstance(value, list):
         layers.append(({"path": yaml_file, "environ": {}}, str(yaml_file)))
     for kwargs, source in layers:
         with pytest.raises(ConfigError) as err:
             load_config(**kwargs)
         assert err.value.where == source
-        assert "pacs.abort_count_check" in err.value.problem and ACQUISITION in err.value.problem, err.value.problem
+        assert f"pacs.{key}" in err.value.problem and ACQUISITION in err.value.problem, err.value.problem
         assert "none" in err.value.problem, err.value.problem
 
 

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config
-from pipeline.errors import ConfigError
 from tests._support.orthanc import HOST, write_phantom_series
 from tests.test_pacs_listen_aborted_short import _OPTS, _counted, _note, _until
 from tests.test_pacs_listen_receive import AET, _listener, _send
@@ -261,32 +259,3 @@ def test_a_series_released_under_no_count_check_is_held_after_a_restart_that_che
     assert len(warned) == 1 and uid in warned[0], warned
     summary = _events(caplog, "listen_recover")
     assert len(summary) == 1 and "1 open series ended by a sender's A-ABORT or release" in summary[0], summary
-
-
-@pytest.mark.parametrize(
-    "value,expected",
-    [
-        (None, [SERIES, ACQUISITION]),
-        ("none", []),
-        (ACQUISITION, [ACQUISITION]),
-        (f"{SERIES}, {ACQUISITION}", [SERIES, ACQUISITION]),
-    ],
-)
-def test_the_release_setting_is_read_from_every_layer(tmp_path, value, expected):
-    """Both counts by default (nothing incomplete published unless the site says otherwise); none neither."""
-    if value is None:
-        assert load_config(environ={}).pacs.release_count_check == expected
-        return
-    yaml_file = tmp_path / "c.yaml"
-    yaml_file.write_text(f"pacs:\n  release_count_check: {value}\n")
-    assert load_config(yaml_file, environ={}).pacs.release_count_check == expected
-    assert load_config(environ={"CTPIPE_PACS_RELEASE_COUNT_CHECK": value}).pacs.release_count_check == expected
-    assert load_config(overrides={"pacs.release_count_check": value}, environ={}).pacs.release_count_check == expected
-
-
-@pytest.mark.parametrize("value", [False, "ImagesInAcq", [SERIES, "AcquisitionNumber"]])
-def test_a_bad_release_setting_is_refused_naming_the_option_and_the_allowed_values(value):
-    with pytest.raises(ConfigError) as err:
-        load_config(overrides={"pacs.release_count_check": value}, environ={})
-    assert "pacs.release_count_check" in err.value.problem and ACQUISITION in err.value.problem, err.value.problem
-    assert "none" in err.value.problem, err.value.problem
