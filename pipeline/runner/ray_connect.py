@@ -109,6 +109,19 @@ def probe(address: str, *, timeout_s: float) -> None:
         ) from exc
 
 
+def raylet_answers(node: dict[str, Any], *, timeout_s: float) -> bool:
+    """Whether the raylet of ``node`` (a ``ray.nodes()`` record) accepts a TCP connection within ``timeout_s``: its
+    machine and its Ray are up, whatever became of one of its worker processes."""
+    host, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
+    if not host or not port:
+        return False
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 #: What an HTTP/2 client (gRPC, as Ray's GCS speaks it) sends first: the connection preface and an empty SETTINGS frame.
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 

@@ -16,12 +16,13 @@ Actors (:class:`.ray_actors.StageActor`, one worker process each, set up once):
 The pools follow the cluster: a node that joins gets actors, a node that leaves takes its actors along.
 
 Failures: an actor lost with its node (``ActorDiedError`` naming the node, the node marked dead, or
-``ActorUnavailableError``: the connection to it broke and no raylet reported a process death) is not
-the case's fault: the stage it ran is submitted again to another actor, with the same attempt and
+``ActorUnavailableError``: the connection to it broke before Ray said why, and the node's raylet does not
+answer either) is not the case's fault: the stage it ran is submitted again to another actor, with the same attempt and
 staging folder (leftover temporary files removed first), and the tasks queued behind it move too; no
 attempt is recorded for the lost run and no case is lost or published twice. After
 :data:`MAX_NODE_LOSSES` such losses of the same stage the case is handed to the engine as a worker
-death. An actor that dies while its node lives (the case crashed the process) is a worker death
+death. An actor that dies while its node lives (the case crashed the process; also when Ray's account
+of that death comes late, on a busy cluster, and the actor is unavailable meanwhile) is a worker death
 (``worker_died``): the engine retries the case ``runner.retries`` times, then quarantines it; others go on.
 
 Data between stages: the run folder, on storage every node mounts at the same path (NFS or similar),
@@ -290,10 +291,10 @@ class RayExecutor:
         held = list(actor.held)
         actor.held.clear()
         self.pool.drop(actor)
-        # a process that dies on a live node is reported by its raylet (ActorDiedError: "worker process has died");
-        # a lost node has no raylet left to tell: its actors become unavailable, or are declared dead with the node
-        unavailable = isinstance(exc, self.ray.exceptions.ActorUnavailableError)
-        node_lost = unavailable or "node has died" in str(exc) or self.pool.node_dead(actor.node)
+        # a process that dies on a live node is reported by its raylet (ActorDiedError: "worker process has died"), or,
+        # when that account comes late, the actor is unavailable while its raylet answers; a lost node has no raylet
+        # left to tell or to answer: its actors become unavailable, or are declared dead with the node
+        node_lost = self.pool.lost_with_node(actor.node, exc)
         why = first_line(exc)
         for task, _ in reversed(held[1:]):  # queued behind the running one, never started: to another actor first
             self.backlog[actor.group].appendleft(task)

@@ -42,7 +42,7 @@ from typing import Any
 from ..config import Config
 from ..errors import FatalRunError
 from .ray_actors import StageActor, software
-from .ray_connect import RaySession
+from .ray_connect import RaySession, raylet_answers
 from .redact_active import active as active_redactor
 from .stage import Stage, Task
 
@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 REFRESH_S = 2.0
 #: Actors in a row failing to start on one node (each started after the one before failed) that stop the run.
 START_FAILURES = 3
+#: Seconds the raylet of a node whose actor became unavailable has to accept a connection to count as alive.
+RAYLET_CHECK_S = 2.0
 
 
 @dataclass
@@ -228,9 +230,7 @@ class ActorPool:
         node = actor.node or _actor_node(self.ray, getattr(exc, "actor_id", None))
         raised = isinstance(exc, self.ray.exceptions.RayTaskError) or getattr(exc, "actor_init_failed", False)
         self._forget(actor)
-        if not raised and (
-            isinstance(exc, self.ray.exceptions.ActorUnavailableError) or "node has died" in str(exc) or self.node_dead(node)
-        ):
+        if not raised and self.lost_with_node(node, exc):
             self.ray.kill(actor.handle, no_restart=True)
             log.warning("Ray actor %s did not start: %s", actor.name, first_line(exc), extra={"event": "worker_died"})
             return
@@ -394,6 +394,19 @@ class ActorPool:
             )
         alt = f", or use --device auto (runner.device = {device})" if group == "model" and device.startswith("cuda") else ""
         return f"each needs {need}); add nodes to the cluster or {later}{alt}"
+
+    def lost_with_node(self, node: str | None, exc: BaseException) -> bool:
+        """Whether an actor of ``node`` that failed with ``exc`` (a Ray error, not one its code raised) went with its node
+        rather than with its own process: Ray says the node died, or marks it dead (:meth:`node_dead`). An
+        ``ActorUnavailableError`` (the connection to the actor broke before the GCS said why) is a node lost only where
+        the node's raylet does not answer either: on a busy cluster the GCS's account of a process that died on a live
+        node (a case that crashed it) can come after Ray's wait for it (``RAY_timeout_ms_task_wait_for_death_info``)."""
+        if "node has died" in str(exc):
+            return True
+        if isinstance(exc, self.ray.exceptions.ActorUnavailableError):
+            record = next((n for n in self.nodes() if n["NodeID"] == node), None)
+            return record is None or not raylet_answers(record, timeout_s=RAYLET_CHECK_S)
+        return self.node_dead(node)
 
     def node_dead(self, node: str | None, grace_s: float = 2.0) -> bool:
         """Whether Ray marked ``node`` dead, waiting up to ``grace_s`` for its verdict."""
