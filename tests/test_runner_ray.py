@@ -167,6 +167,40 @@ def test_an_actor_crashing_on_one_case_is_quarantined_and_the_others_go_on(clust
     assert "node_lost" not in events and events.count("worker_died") == 2  # one model actor per try, none taken for a node
 
 
+@pytest.mark.slow
+def test_actors_slow_to_start_on_a_busy_machine_are_waited_for_not_taken_for_unplaceable(cluster, cases, tmp_path):
+    # runner.ray_timeout_s bounds the wait for a node's CPU or GPU; once Ray gave them, an actor whose process is slow
+    # to start (a busy machine) is placed, and the run waits for it as for a model loading in its setup
+    from pipeline.runner import run_batch
+    from pipeline.runner.stages import IngestStage, WriteStage
+    from tests._support.ray_cluster import SlowStart
+
+    opts = {**cases["opts"], "runner.ray_timeout_s": 10.0}
+    stages = [IngestStage(), SlowStart(start_s=20.0), WriteStage()]
+    s = run_batch([cases["src"]], out=tmp_path / "slow", stages=stages, engine="ray", ray_address=cluster.address, **opts)
+    assert s.exit_code == 0 and s.done == 2 and not s.quarantined, s.lines()
+    # actors that Ray cannot give a GPU (another job holds them all) still stop the run after runner.ray_timeout_s
+    import ray
+
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        holders = [ray.remote(num_gpus=1, num_cpus=0)(_Holder).remote() for _ in cluster.worker_node_ids()]
+        ray.get([h.ready.remote() for h in holders], timeout=120)
+        opts["runner.ray_timeout_s"] = 5.0
+        s = run_batch([cases["src"]], out=tmp_path / "held", stages=stages, engine="ray", ray_address=cluster.address, **opts)
+    finally:
+        ray.shutdown()
+    assert s.exit_code == 1 and s.done == 0, s.lines()
+    assert "no Ray actor for the model stages could be placed within 5 s" in " ".join(s.lines()), s.lines()
+
+
+class _Holder:
+    """An actor of another job holding a GPU."""
+
+    def ready(self) -> bool:
+        return True
+
+
 @pytest.fixture(scope="module")
 def local_run(cases, tmp_path_factory):
     """The cases run by the local executor in this process (no Ray): the reference a run on the cluster must match,

@@ -7,7 +7,8 @@ two steps, each answered through a Ray reference the executor waits on with its 
 (where Ray put it, which device) and ``setup()`` (stages set up, model loaded); only then does it take
 tasks. ``runner.ray_max_cpus`` / ``runner.ray_max_gpus`` cap the run's CPU and GPU actors (0: the whole
 cluster), so that runs sharing a cluster each keep a part of it. A group left without any placed actor for
-``runner.ray_timeout_s`` stops the run with the reason. An actor whose node cannot import the run's code (ctpipe, or
+``runner.ray_timeout_s`` stops the run with the reason (an actor to which Ray gave a process, with the CPU or GPU it
+asked for, is placed while that process starts, however slowly on a busy machine). An actor whose node cannot import the run's code (ctpipe, or
 the module of a stage, missing from that node's Python) stops the run at once, naming the import error and the node:
 every actor started there would fail the same way. Any other start-up failure on a node that stays in the cluster (an
 exception in a stage's ``setup`` or in the actor's ``__init__``: a model file missing there, a CUDA error, out of
@@ -354,6 +355,8 @@ class ActorPool:
             elif any(a.group == g and a.phase == "setting_up" for a in self.actors):
                 continue  # placed, loading its model: no deadline here (a setup that keeps failing stops the run: advance)
             elif now - self._unserved[g] > self.timeout_s:
+                if any(a.group == g and a.phase == "placing" and self._has_a_process(a) for a in self.actors):
+                    continue  # Ray gave it a node's CPU/GPU and a process, which starts (slowly, on a busy machine)
                 failed = self._last_failure.get(g)
                 retired = (
                     f" ({self.retired_text()}: it failed to start every actor placed there; fix it, or leave it out of "
@@ -372,6 +375,12 @@ class ActorPool:
                     f"no Ray actor for the {g} stages could be placed within {self.timeout_s:g} s{retired} "
                     f"({self.cluster.describe()}; {self._why_unplaced(g)}"
                 )
+
+    def _has_a_process(self, actor: PoolActor) -> bool:
+        """Whether Ray gave ``actor``, whose ``place()`` has not answered yet, a worker process (its actor-table record
+        has a process id): it holds the CPU or GPU it asked for, and is placed; one waiting for them has none."""
+        actor_id = getattr(actor.handle, "_actor_id", None)
+        return int(_actor_record(self.ray, actor_id.hex() if actor_id is not None else None).get("Pid") or 0) > 0
 
     def _why_unplaced(self, group: str) -> str:
         """What the actors of ``group`` need that the cluster does not offer now, and what to do."""
@@ -481,17 +490,22 @@ def start_error(exc: BaseException) -> str:
 
 def _actor_node(ray: Any, actor_id: str | None) -> str | None:
     """The id of the node that ran the dead actor ``actor_id`` (hex), from Ray's actor table; None where not known."""
+    address = _actor_record(ray, actor_id).get("Address")
+    node = address.get("NodeID") if isinstance(address, dict) else None
+    return str(node) if node else None
+
+
+def _actor_record(ray: Any, actor_id: str | None) -> dict[str, Any]:
+    """Ray's actor-table record of the actor ``actor_id`` (hex); empty where it cannot be read."""
     state = getattr(getattr(ray, "_private", None), "state", None)
     if not actor_id or state is None:
-        return None
+        return {}
     try:
         record = state.actors(actor_id=actor_id)
     except Exception as exc:  # noqa: BLE001 - the node is named by its address alone then
         log.debug("Ray's record of actor %s could not be read: %s", actor_id, exc)
-        return None
-    address = record.get("Address") if isinstance(record, dict) else None
-    node = address.get("NodeID") if isinstance(address, dict) else None
-    return str(node) if node else None
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def first_line(exc: BaseException) -> str:

@@ -299,6 +299,25 @@ class CrashOn(Stage):
         return {"declared": ["crash_checked.txt"]}
 
 
+class SlowStart(Stage):
+    """A model stage whose actors start ``start_s`` seconds late, as a worker process importing a large framework on a
+    busy machine does: unpickled in a Ray worker (the actor's creation, after Ray gave it its GPU), it waits."""
+
+    name = "slow_start"
+    group = "model"
+
+    def __init__(self, start_s: float):
+        self.start_s = start_s
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if "default_worker.py" in " ".join(sys.argv):  # in a Ray worker, not in the driver
+            time.sleep(self.start_s)
+
+    def process(self, ctx: CaseContext) -> dict[str, Any]:
+        return {}
+
+
 class FailingSetup(Stage):
     """A model stage that cannot start for a model file missing on the node (``FileNotFoundError``): in its ``setup``
     (``where="setup"``) or as the actor's ``__init__`` receives it (``where="init"``: unpickled in a Ray worker), in
