@@ -48,7 +48,8 @@ from typing import Any
 from ..config import Config
 from ..errors import ClusterError, FatalRunError
 from .ray_connect import RaySession, import_ray, probe
-from .ray_pool import ActorPool, PoolActor, first_line
+from .ray_errors import first_line
+from .ray_pool import ActorPool, PoolActor
 from .stage import Stage, Task, TaskResult
 
 log = logging.getLogger(__name__)

@@ -44,6 +44,7 @@ from ..config import Config
 from ..errors import FatalRunError
 from .ray_actors import StageActor, software
 from .ray_connect import RaySession, raylet_answers
+from .ray_errors import ANSI, first_line, import_failure, start_error
 from .redact_active import active as active_redactor
 from .stage import Stage, Task
 
@@ -243,7 +244,7 @@ class ActorPool:
         if before is None or actor.started > before.at:  # a retry after the last failure there, not one started beside it
             count += 1
         failure = self._failed[key] = self._last_failure[actor.group] = StartFailures(count, now, error, where)
-        log.info("Ray's account of the failed start of actor %s: %s", actor.name, _ANSI.sub("", str(exc)).strip())
+        log.info("Ray's account of the failed start of actor %s: %s", actor.name, ANSI.sub("", str(exc)).strip())
         same = self._same_error_gpus(node, error) if node is not None and gpu is not None else set()
         if count >= START_FAILURES and node is not None and gpu is not None and len(same) < self._gpus_on(node):
             # its process lives when place()/setup() raised: it holds the GPU, so Ray offers it to no other actor
@@ -329,7 +330,7 @@ class ActorPool:
     def _where(self, actor: PoolActor, exc: BaseException, node: str | None = None) -> str:
         """``IP (node id)`` of the node on which ``actor`` failed with ``exc``, as far as Ray says: the address from
         Ray's message (``ip=...``), the node from ``node``, the actor or Ray's record of the dead actor."""
-        found = re.search(r"\bip=([0-9A-Fa-f.:]+)", _ANSI.sub("", str(exc)))
+        found = re.search(r"\bip=([0-9A-Fa-f.:]+)", ANSI.sub("", str(exc)))
         node = node or actor.node or _actor_node(self.ray, getattr(exc, "actor_id", None))
         ip = found.group(1) if found else None
         if ip and node:
@@ -447,47 +448,6 @@ def _capped(total: int, cap: int) -> int:
     return min(total, cap) if cap else total
 
 
-#: Terminal colours in Ray's error messages.
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-#: The line of a Python traceback that names an import error (Ray's message ends with the remote traceback).
-_IMPORT_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(ModuleNotFoundError|ImportError): (.+?)\s*$", re.MULTILINE)
-
-
-def import_failure(exc: BaseException) -> str | None:
-    """The import error for which a Ray actor could not start (``ModuleNotFoundError: No module named 'x'``): its class
-    (ctpipe missing or another package in its place on the node), a stage given to it whose module the node lacks, or
-    a module its setup imports; None for any other failure (a node lost, a process killed)."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, ImportError):
-        return f"{type(cause).__name__}: {cause}"
-    found = _IMPORT_ERROR.findall(_ANSI.sub("", str(exc)))
-    if not found:
-        return None
-    kind, what = found[-1]  # the innermost: Ray wraps it (a RuntimeError, a RaySystemError) before it
-    return f"{kind}: {what}"
-
-
-#: The last line of a Python traceback: the exception's class and the first line of its message.
-_EXCEPTION_LINE = re.compile(r"^((?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*): (.+?)\s*$", re.MULTILINE)
-
-
-def start_error(exc: BaseException) -> str:
-    """What made a Ray actor fail to start, on one line: ``FileNotFoundError: [Errno 2] ...`` for an exception raised
-    in its ``place``/``setup`` (Ray's RayTaskError, whose ``cause`` it is) or in its ``__init__`` (an ActorDiedError
-    whose message ends with the remote traceback); Ray's reason for any other death (its process killed)."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException) and not isinstance(cause, type(exc)):
-        text = " ".join(str(cause).split()) or "(no message)"
-        return f"{type(cause).__name__}: {text}"[:300]
-    if getattr(exc, "actor_init_failed", False):
-        found = _EXCEPTION_LINE.findall(_ANSI.sub("", str(exc)).split("creation task,", 1)[-1])
-        found = [f for f in found if not f[0].startswith("ray::")]
-        if found:
-            kind, what = found[-1]
-            return f"{kind.rsplit('.', 1)[-1]}: {what}"[:300]
-    return first_line(exc)
-
-
 def _actor_node(ray: Any, actor_id: str | None) -> str | None:
     """The id of the node that ran the dead actor ``actor_id`` (hex), from Ray's actor table; None where not known."""
     address = _actor_record(ray, actor_id).get("Address")
@@ -506,11 +466,3 @@ def _actor_record(ray: Any, actor_id: str | None) -> dict[str, Any]:
         log.debug("Ray's record of actor %s could not be read: %s", actor_id, exc)
         return {}
     return record if isinstance(record, dict) else {}
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # Ray's actor-death messages put the reason after the actor's details ("The actor is dead because ...")
-    reason = next((ln for ln in lines if "because" in ln), lines[0] if lines else type(exc).__name__)
-    return reason[:300]
