@@ -23,6 +23,7 @@ from typing import Any
 from ..config import from_dict
 from ..errors import FatalRunError
 from .logs import log_as_worker
+from .ray_marks import FINISHED, STARTED, write_mark
 from .redact_active import redact_in_worker
 from .stage import Stage, Task, TaskResult, WorkerInfo
 from .task_run import run_task, setup_stages
@@ -119,6 +120,11 @@ class StageActor:
         return {"fatal": None}
 
     def run(self, task: Task) -> TaskResult:
-        """Run one stage of one case (failures of the case come back in the result, never raised)."""
+        """Run one stage of one case (failures of the case come back in the result, never raised). The task is marked
+        started and finished (:mod:`.ray_marks`): should this process die, the driver knows which task it ran."""
         assert self.info is not None, "place() first"
-        return run_task(self.by_name[task.stage], task, self.info)
+        run_dir = Path(self.run_dir)
+        write_mark(run_dir, self.name, seq=task.seq, state=STARTED)
+        res = run_task(self.by_name[task.stage], task, self.info)
+        write_mark(run_dir, self.name, seq=task.seq, state=FINISHED)
+        return res

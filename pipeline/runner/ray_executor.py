@@ -24,6 +24,9 @@ attempt is recorded for the lost run and no case is lost or published twice. Aft
 death. An actor that dies while its node lives (the case crashed the process; also when Ray's account
 of that death comes late, on a busy cluster, and the actor is unavailable meanwhile) is a worker death
 (``worker_died``): the engine retries the case ``runner.retries`` times, then quarantines it; others go on.
+The death is charged to the task the actor was running, by the marks it keeps in the run folder
+(:mod:`.ray_marks`): a task queued before it that finished, its reply lost with the process, runs again on
+another actor with no attempt recorded against its case (``reply_lost``).
 
 Data between stages: the run folder, on storage every node mounts at the same path (NFS or similar),
 not Ray's object store. Measured with ``scripts/bench_scale.py`` between two Ray nodes on one machine,
@@ -39,6 +42,7 @@ are gone with it.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -49,6 +53,7 @@ from ..config import Config
 from ..errors import ClusterError, FatalRunError
 from .ray_connect import RaySession, import_ray, probe
 from .ray_errors import first_line
+from .ray_marks import FINISHED, Mark, clear_mark, marks_dir, read_mark
 from .ray_pool import ActorPool, PoolActor
 from .stage import Stage, Task, TaskResult
 
@@ -56,6 +61,9 @@ log = logging.getLogger(__name__)
 
 #: Times one stage of one case may be lost with its node before the engine treats it as a worker death.
 MAX_NODE_LOSSES = 3
+#: Times the same finished task may be cut off from its reply by its actor's death, nothing else running, before it is
+#: charged with the death (its reply itself may kill the process: too large to send, say).
+MAX_LOST_REPLIES = 3
 #: Seconds between two looks at the head's GCS port while it answers, and the first pause after it stopped answering.
 HEAD_CHECK_S = 1.0
 #: The longest pause between two tries to reach a head that does not answer (the pauses double up to it).
@@ -176,7 +184,9 @@ class RayExecutor:
         self.stages = list(stages)
         self.depth = queue_depth
         self.backlog: dict[str, deque[Task]] = {g: deque() for g in ("cpu", "model")}
+        self.run_dir = run_dir
         self.losses: dict[tuple[str, str, int], int] = {}  # (case_key, stage, attempt) -> node losses
+        self.replies_lost: dict[tuple[str, str, int], int] = {}  # (case_key, stage, attempt) -> replies lost, none running
         self.sticky: dict[str, str] = {}  # case_key -> model actor that ran its last model stage
         self.last_model_stage = max((i for i, s in enumerate(self.stages) if s.group == "model"), default=-1)
         self.head = HeadWatch(cluster, reconnect_s=config.runner.ray_reconnect_s, ray=self.ray)
@@ -231,6 +241,7 @@ class RayExecutor:
             self.pool.actors.clear()
             return
         self.pool.close()
+        shutil.rmtree(marks_dir(self.run_dir), ignore_errors=True)
 
     def capacity(self) -> int:
         """Tasks the actors run at once (CPU actors + model actors): the engine admits about twice this."""
@@ -288,18 +299,48 @@ class RayExecutor:
         return res
 
     def _lost(self, actor: PoolActor, exc: BaseException) -> TaskResult | None:
-        """``actor`` died holding tasks: rerun them elsewhere (node lost) or report the running one (case crashed it)."""
+        """``actor`` died holding tasks: rerun them elsewhere (node lost) or report the running one (case crashed it).
+
+        The running task is the one the actor marked started and not finished (:mod:`.ray_marks`); those before it
+        finished, their replies lost with the process: they run again, with no attempt recorded against them. Where the
+        actor marked the last task it held finished, none ran: all run again, unless the same finished task was cut off
+        so :data:`MAX_LOST_REPLIES` times (its reply itself may kill the process): it is the running one then. Where the
+        mark names no task it held, the first one is taken as the running one."""
         held = list(actor.held)
         actor.held.clear()
         self.pool.drop(actor)
+        mark = read_mark(self.run_dir, actor.name)
+        clear_mark(self.run_dir, actor.name)
         # a process that dies on a live node is reported by its raylet (ActorDiedError: "worker process has died"), or,
         # when that account comes late, the actor is unavailable while its raylet answers; a lost node has no raylet
         # left to tell or to answer: its actors become unavailable, or are declared dead with the node
         node_lost = self.pool.lost_with_node(actor.node, exc)
         why = first_line(exc)
-        for task, _ in reversed(held[1:]):  # queued behind the running one, never started: to another actor first
+        at, done = _running(held, mark)
+        if at is None:  # the last task it marked finished, and none after it started: none ran
+            last = held[done - 1][0]
+            cut = (last.case.case_key, last.stage, last.attempt)
+            self.replies_lost[cut] = self.replies_lost.get(cut, 0) + 1
+            if not node_lost and self.replies_lost[cut] > MAX_LOST_REPLIES:  # its reply itself may kill the process
+                at = done = done - 1
+            else:
+                at = len(held)
+        again = [t for i, (t, _) in enumerate(held) if i != at]
+        for task in reversed(again):  # to another actor first; those that finished run again, no attempt recorded
             self.backlog[actor.group].appendleft(task)
-        task = held[0][0]
+        for task in again[:done]:
+            _clear_partial_files(Path(task.workdir))
+            log.warning(
+                "Ray actor %s died after it finished stage %s of case %s, before its result came back; the stage runs "
+                "again on another actor (no attempt counted against the case)",
+                actor.name,
+                task.stage,
+                task.case.case_id,
+                extra={"event": "reply_lost", "case_id": task.case.case_id, "stage": task.stage},
+            )
+        if at >= len(held):
+            return None
+        task = held[at][0]
         self.sticky.pop(task.case.case_key, None)
         key = (task.case.case_key, task.stage, task.attempt)
         if node_lost:
@@ -332,6 +373,18 @@ class RayExecutor:
             f"Ray actor {actor.name} died while running stage {task.stage} ({where})",
             worker_died=True,
         )
+
+
+def _running(held: Sequence[tuple[Task, Any]], mark: Mark | None) -> tuple[int | None, int]:
+    """The index in ``held`` (an actor's tasks, in order) of the task that ran when the actor died, by its ``mark``,
+    and how many tasks before it finished; ``(None, n)`` where the ``n``-th finished and none after it started;
+    ``(0, 0)`` where the mark names none of them (none written, or an earlier task's)."""
+    idx = next((i for i, (t, _) in enumerate(held) if t.seq == mark.seq), None) if mark is not None else None
+    if mark is None or idx is None:
+        return 0, 0
+    if mark.state == FINISHED:
+        return None, idx + 1
+    return idx, idx
 
 
 def _clear_partial_files(workdir: Path) -> None:
