@@ -6,6 +6,8 @@ actor marks each task it starts and finishes (:func:`write_mark`) in one small f
 ``RUN_DIR/tmp/ray-actors/ACTOR.json`` (the run folder is on storage every node mounts at the same path), and the
 driver reads it (:func:`read_mark`) to charge the death to the task that had started and not finished. The file is
 replaced atomically (written beside it, then renamed): the driver reads the last whole mark, never a half-written one.
+Unlike a result (:func:`pipeline.atomic.atomic_write_bytes`), it is not synced to disk on every task: it has to outlast
+the actor's process, not the machine.
 ``RUN_DIR/tmp`` is removed at the start of every run, so no mark of an earlier run is read.
 """
 
