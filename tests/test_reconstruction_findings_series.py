@@ -91,3 +91,43 @@ def test_cli_refuses_a_findings_file_of_another_series_before_making_out(phantom
     err = capsys.readouterr().err
     assert rc != 0 and f"the findings are of series {OTHER}" in err
     assert not out.exists()
+
+
+def test_findings_that_lost_their_series_are_segmented_with_a_warning_that_says_why_and_the_fix(phantom, caplog):
+    """A plain list of the Finding objects of a ``Findings`` (``list(ctp.detect(vol))``) cannot be checked against the
+    volume's series: segmented, with one warning naming why and the fix, as ``show`` gives (was: no word of it, though
+    findings of another series given so would measure another scan's anatomy)."""
+    import logging
+
+    vol = phantom.volume
+    found = Findings([_finding(phantom.nodules[0])], series_uid=vol.series_uid)
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        rec = reconstruct(vol, organs="lung_left", findings=found, render=False)
+    assert len(rec.nodules) == 1 and "no series UID" not in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        rec = reconstruct(vol, organs="lung_left", findings=list(found), render=False)
+    assert len(rec.nodules) == 1
+    [warning] = [r.getMessage() for r in caplog.records if "no series UID" in r.getMessage()]
+    assert "a Finding object does not hold its series" in warning and "pass that Findings itself" in warning, warning
+    caplog.clear()
+    listed = [f.to_json() for f in found]  # a findings JSON list's objects, without series_uid
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        reconstruct(vol, organs="lung_left", findings=listed, render=False)
+    [warning] = [r.getMessage() for r in caplog.records if "no series UID" in r.getMessage()]
+    assert "needs a series_uid key" in warning and "Finding object" not in warning, warning
+
+
+def test_the_cli_warns_once_of_a_findings_list_without_series(phantom, tmp_path, capsys):
+    """``ctpipe reconstruct --findings`` with a JSON list of findings (the README's other accepted form) checks them
+    before making ``--out`` and again in the reconstruction: one warning on the console, not two."""
+    import json
+
+    case = write_phantom_series(phantom, tmp_path / "case")
+    path = tmp_path / "findings.json"
+    path.write_text(json.dumps([{k: v for k, v in _finding(phantom.nodules[0]).to_json().items() if k != "series_uid"}]))
+    rc = main(["reconstruct", str(case / "dicom"), "--out", str(tmp_path / "out"), "--findings", str(path), "--no-render"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    warned = [line for line in err.splitlines() if "no series UID" in line]
+    assert len(warned) == 1 and "needs a series_uid key" in warned[0], err

@@ -157,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
     volume, stem = image_named(volume, stem, args.src, case_id=args.case_id, keep_identifiers=args.keep_identifiers)
     stem = args.case_id or stem
     if reported is not None:  # findings of another scan are refused before --out is made
-        findings_of_series(reported, volume.series_uid)
+        findings_of_series(reported, volume.series_uid, warn_unknown=False)  # reconstruct() warns of them once
     ensure_dir(args.out)
     rec = reconstruct(
         volume,

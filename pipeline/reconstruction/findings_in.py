@@ -215,6 +215,8 @@ def unknown_series_note(findings: Any) -> str:
         return "no series_uid column or value; open_run(...).findings has one"
     if hasattr(findings, "findings"):  # a Findings whose own series_uid is not set
         return "the Findings has no series_uid; set it to the series it was detected on"
+    if isinstance(findings, Sequence) and findings and all(isinstance(f, Mapping) for f in findings):
+        return "each finding (a dict, or an object of a findings JSON list) needs a series_uid key"
     return (
         "a Finding object does not hold its series, the Findings that detect returns does: pass that Findings itself "
         "(findings=detect(vol)), not a list of its findings (list(...), a slice); a finding dict needs a series_uid key"
@@ -338,18 +340,20 @@ def given_findings(findings: Any) -> tuple[list[Any], list[str | None]]:
     return finding_items(findings)
 
 
-def findings_of_series(findings: Any, series_uid: str | None) -> list[Any]:
+def findings_of_series(findings: Any, series_uid: str | None, *, warn_unknown: bool = True) -> list[Any]:
     """The findings to segment on a volume of series ``series_uid``, checked before any work: ``findings`` as
     :func:`~pipeline.reconstruction.reconstruct` takes them (a ``Findings``, a list, a findings table, or the path of a
     findings JSON, read by :func:`read_findings`), those of the volume's series (:func:`of_series`), each with a usable
     centre and size (:func:`check_findings`; LPS mm). Raises :class:`ReconstructionError` for findings of another
-    series, naming both series."""
+    series, naming both series. Findings without a series UID are kept, with a logged warning that says why they carry
+    none and the fix (:func:`unknown_series_note`) unless ``warn_unknown`` is false (a caller that checks them again)."""
     items, uids = given_findings(findings)
     items = of_series(
         items,
         uids,
         series_uid,
         consequence="segmented on this volume they would measure another scan's anatomy",
-        warn_unknown=False,
+        warn_unknown=warn_unknown,
+        unknown_note=unknown_series_note(findings),
     )
     return check_findings(items)
