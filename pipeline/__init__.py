@@ -25,6 +25,7 @@ _LAZY = {
     "CTVolume": "pipeline.volume",
     "Geometry": "pipeline.geometry",
     "LabelMap": "pipeline.volume",
+    "Finding": "pipeline.detection.findings",
     "Findings": "pipeline.detection.findings",
     "CaseCache": "pipeline.cache",
     "CtpipeError": "pipeline.errors",
