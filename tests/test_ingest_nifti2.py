@@ -158,3 +158,44 @@ def test_ctpipe_reconstruct_reads_a_nifti2_chest(tmp_path, capsys):
     assert main([*args, "--organs", "lung_left,lung_right"]) == 0
     assert "lungs total" in capsys.readouterr().out
     assert len(list((tmp_path / "out").glob("image-*_lung_left.stl"))) == 1
+
+
+#: the layouts a header with a negative pixdim comes in: :data:`FORMS` and neither form set (origin 0, axes i, j, k)
+PIXDIM_LAYOUTS = {**FORMS, "neither": (0, None, 0, None)}
+
+
+def _write_pixdim(path: Path, index: int, value: float, *, nifti2: bool) -> Path:
+    """``path`` (an uncompressed .nii) with ``pixdim[index]`` set to ``value`` in its header as stored: the header an
+    old converter writes, which nibabel's own writer would not."""
+    import nibabel as nib
+
+    klass = nib.Nifti2Header if nifti2 else nib.Nifti1Header
+    with open(path, "r+b") as fh:
+        header = klass.from_fileobj(fh, check=False)
+        header["pixdim"][index] = value
+        fh.seek(0)
+        fh.write(header.binaryblock)
+    return path
+
+
+@pytest.mark.parametrize("name", list(PIXDIM_LAYOUTS))
+@pytest.mark.parametrize("index", [1, 2, 3, 0], ids=["pixdim1", "pixdim2", "pixdim3", "qfac"])
+def test_a_nifti2_with_a_negative_pixdim_reads_as_simpleitk_reads_it_as_nifti1(tmp_path, name, index):
+    """A negative pixdim[1..3] (nibabel makes it positive on load) flips that axis's direction as ITK's reader flips
+    it, its spacing the pixdim's size; a negative qfac pixdim[0] other than -1 (nibabel makes it 1) flips the qform's
+    k axis as niftilib flips it."""
+    import SimpleITK as sitk
+
+    forms = PIXDIM_LAYOUTS[name]
+    data = _data()
+    value = -2.0 if index == 0 else -ZOOMS[index - 1]
+    nifti1 = _write_pixdim(_save(tmp_path / "one.nii", data, nifti2=False, forms=forms), index, value, nifti2=False)
+    nifti2 = _write_pixdim(_save(tmp_path / "two.nii", data, nifti2=True, forms=forms), index, value, nifti2=True)
+    want = sitk.ReadImage(str(nifti1))
+    vol = read_image(nifti2)
+    np.testing.assert_array_equal(vol.array, sitk.GetArrayFromImage(want))
+    np.testing.assert_allclose(vol.spacing, want.GetSpacing(), atol=1e-6)
+    np.testing.assert_allclose(vol.origin, want.GetOrigin(), atol=1e-4)
+    np.testing.assert_allclose(vol.direction, np.reshape(want.GetDirection(), (3, 3)), atol=1e-5)
+    ijk = (3, 1, 5)
+    np.testing.assert_allclose(vol.index_to_lps(ijk), want.TransformContinuousIndexToPhysicalPoint(ijk), atol=1e-4)

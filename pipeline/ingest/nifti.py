@@ -81,6 +81,8 @@ def read_nifti2(path: Path) -> sitk.Image:
     (float64 for float64 data) where ``scl_slope``/``scl_inter`` scale them, as ITK applies them (a slope of 0 is 1);
     NaN and infinite voxels are kept, where SimpleITK would give a NIfTI-1's as 0. Spacing from ``pixdim``;
     origin and direction in LPS from the sform or the qform (RAS), chosen as ITK chooses (:func:`_itk_xform`);
+    a malformed negative ``pixdim[1..3]`` (old converters write them) gives its magnitude as spacing and reverses
+    that axis's direction, as ITK's reader does (the direction is then -i, -j or -k where neither form is set);
     both in mm (a file in metres or microns converted, as ITK converts them). Trailing axes of length 1 beyond the third are dropped, as ITK drops them; a 2-D or 4-D
     image is returned as one (:meth:`~pipeline.volume.CTVolume.from_sitk` says what to take from it).
 
@@ -97,7 +99,9 @@ def read_nifti2(path: Path) -> sitk.Image:
 
     try:  # the header as stored: nib.load would move scl_slope/scl_inter out of it, a slope of 0 dropping both
         with ImageOpener(str(path), "rb") as fh:
-            header = nib.Nifti2Header.from_fileobj(fh)
+            stored = nib.Nifti2Header.from_fileobj(fh, check=False)
+        header = stored.copy()  # nibabel's checked one: its pixdim made positive, so its signs are read from `stored`
+        header.check_fix()
         raw: np.ndarray = np.asarray(ArrayProxy(str(path), header).get_unscaled())  # nibabel's [i, j, k, ...], Fortran order
     except (ImageFileError, HeaderDataError, OSError, EOFError, ValueError, zlib.error) as exc:
         raise UnreadableFileError(
@@ -136,17 +140,37 @@ def read_nifti2(path: Path) -> sitk.Image:
     if ndim != 3:
         return img
     units = {"meter": 1e3, "micron": 1e-3}.get(header.get_xyzt_units()[0], 1.0)  # to mm, as ITK converts
-    img.SetSpacing([float(d) * units for d in header["pixdim"][1:4]])
-    ras = _itk_xform(header, path)
+    pixdim = _niftilib_pixdim(stored)
+    signs = np.where(pixdim[1:4] < 0, -1.0, 1.0)
+    if np.any(signs < 0):
+        log.warning(
+            "%s: its header has a negative voxel size (pixdim[1:4] = %s): each axis with one is read with the "
+            "size's magnitude as spacing and its direction reversed, as ITK reads such a NIfTI-1 header",
+            path,
+            [float(d) for d in pixdim[1:4]],
+        )
+    img.SetSpacing([abs(float(d)) * units for d in pixdim[1:4]])
+    ras = _itk_xform(header, pixdim, path)
+    axes = np.eye(3)
     if ras is not None:
         lps = LPS_TO_RAS @ ras  # its own inverse: negates the x and y rows
         axes = lps[:3, :3] / np.linalg.norm(lps[:3, :3], axis=0)
         img.SetOrigin([float(v) * units for v in lps[:3, 3]])
-        img.SetDirection([float(v) for v in axes.reshape(-1)])
+    img.SetDirection([float(v) for v in (axes * signs).reshape(-1)])  # ITK's reader: a negative spacing flips its axis
     return img
 
 
-def _itk_xform(header: Nifti1Header, path: Path) -> np.ndarray | None:
+def _niftilib_pixdim(header: Nifti1Header) -> np.ndarray:
+    """``pixdim[0:4]`` of the header ``header`` as stored (not checked by nibabel, which makes ``pixdim[1:4]`` positive
+    and a ``pixdim[0]`` other than -1 or 1 into 1), as niftilib reads them: a voxel size of 0 is 1; signs kept (qfac
+    is -1 for any negative ``pixdim[0]``; ITK's reader flips the axis of a negative voxel size)."""
+    pixdim = np.array(header["pixdim"][:4], dtype=np.float64)
+    bad = pixdim[1:4] == 0
+    pixdim[1:4][bad] = 1.0
+    return pixdim
+
+
+def _itk_xform(header: Nifti1Header, pixdim: np.ndarray, path: Path) -> np.ndarray | None:
     """The 4x4 RAS matrix (voxel index to mm) that ITK's ``NiftiImageIO`` takes a NIfTI header's origin and direction
     from: None when neither a qform nor an sform is set (origin 0, identity direction).
 
@@ -154,18 +178,19 @@ def _itk_xform(header: Nifti1Header, path: Path) -> np.ndarray | None:
     sform when it is an orthonormal rotation times scales (its normalised columns orthonormal to 1e-4) and the qform
     is unset, or its code is ``NIFTI_XFORM_SCANNER_ANAT``, or it has the qform's voxel sizes, axes and offset (1e-4;
     ITK compares their SVDs); else the qform when set. Raises :class:`~pipeline.errors.GeometryError` naming the
-    file when neither gives orthonormal axes (ITK refuses the file too). The qform is computed as niftilib does
-    (a quaternion whose ``b*b + c*c + d*d`` reaches 1 is normalised; ``qfac`` is -1 only for a negative ``pixdim[0]``).
+    file when neither gives orthonormal axes (ITK refuses the file too). ``pixdim`` is the header's ``pixdim[0:4]`` as
+    niftilib reads them (:func:`_niftilib_pixdim`). The qform is computed as niftilib does (a quaternion whose
+    ``b*b + c*c + d*d`` reaches 1 is normalised; ``qfac`` is -1 for any negative ``pixdim[0]``; a negative voxel size
+    counts as 1; an unset qform, which ITK compares the sform with, is the signed voxel sizes on its diagonal).
     """
     from nibabel.quaternions import quat2mat
 
     qcode, scode = int(header["qform_code"]), int(header["sform_code"])
     if qcode <= _XFORM_UNKNOWN and scode <= _XFORM_UNKNOWN:
         return None
-    pixdim = [float(v) for v in header["pixdim"][:4]]
-    sizes = np.array([d if d > 0 else 1.0 for d in pixdim[1:4]])
-    qform = np.diag([*sizes, 1.0])
+    qform = np.diag([*pixdim[1:4], 1.0])  # niftilib's qto_xyz of an unset qform: the voxel sizes, signs kept
     if qcode > _XFORM_UNKNOWN:
+        sizes = np.where(pixdim[1:4] > 0, pixdim[1:4], 1.0)  # niftilib: a negative voxel size is 1 in the qform
         bcd = np.array([float(header[f"quatern_{q}"]) for q in "bcd"])
         a = 1.0 - float(bcd @ bcd)
         if a < 1e-7:
