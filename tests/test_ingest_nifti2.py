@@ -178,17 +178,28 @@ def _write_pixdim(path: Path, index: int, value: float, *, nifti2: bool) -> Path
     return path
 
 
+#: (pixdim index, value) of malformed headers: negative voxel sizes, a negative qfac other than -1, non-finite sizes
+MALFORMED_PIXDIM = {
+    "negative pixdim1": (1, -ZOOMS[0]),
+    "negative pixdim2": (2, -ZOOMS[1]),
+    "negative pixdim3": (3, -ZOOMS[2]),
+    "negative qfac": (0, -2.0),
+    "nan pixdim2": (2, float("nan")),
+    "inf pixdim3": (3, float("inf")),
+}
+
+
 @pytest.mark.parametrize("name", list(PIXDIM_LAYOUTS))
-@pytest.mark.parametrize("index", [1, 2, 3, 0], ids=["pixdim1", "pixdim2", "pixdim3", "qfac"])
-def test_a_nifti2_with_a_negative_pixdim_reads_as_simpleitk_reads_it_as_nifti1(tmp_path, name, index):
+@pytest.mark.parametrize("malformed", list(MALFORMED_PIXDIM))
+def test_a_nifti2_with_a_malformed_pixdim_reads_as_simpleitk_reads_it_as_nifti1(tmp_path, name, malformed):
     """A negative pixdim[1..3] (nibabel makes it positive on load) flips that axis's direction as ITK's reader flips
     it, its spacing the pixdim's size; a negative qfac pixdim[0] other than -1 (nibabel makes it 1) flips the qform's
-    k axis as niftilib flips it."""
+    k axis as niftilib flips it; a NaN or infinite pixdim[1..3] (nibabel keeps it) is 1 mm, as niftilib makes it."""
     import SimpleITK as sitk
 
     forms = PIXDIM_LAYOUTS[name]
     data = _data()
-    value = -2.0 if index == 0 else -ZOOMS[index - 1]
+    index, value = MALFORMED_PIXDIM[malformed]
     nifti1 = _write_pixdim(_save(tmp_path / "one.nii", data, nifti2=False, forms=forms), index, value, nifti2=False)
     nifti2 = _write_pixdim(_save(tmp_path / "two.nii", data, nifti2=True, forms=forms), index, value, nifti2=True)
     want = sitk.ReadImage(str(nifti1))

@@ -79,7 +79,8 @@ def read_nifti2(path: Path) -> sitk.Image:
 
     The voxels in the file's order (``GetArrayFromImage`` gives them ``[k, j, i]``), its on-disk type, or float32
     (float64 for float64 data) where ``scl_slope``/``scl_inter`` scale them, as ITK applies them (a slope of 0 is 1);
-    NaN and infinite voxels are kept, where SimpleITK would give a NIfTI-1's as 0. Spacing from ``pixdim``;
+    NaN and infinite voxels are kept, where SimpleITK would give a NIfTI-1's as 0. Spacing from ``pixdim`` (one of 0,
+    NaN or infinite is 1, as niftilib makes it);
     origin and direction in LPS from the sform or the qform (RAS), chosen as ITK chooses (:func:`_itk_xform`);
     a malformed negative ``pixdim[1..3]`` (old converters write them) gives its magnitude as spacing and reverses
     that axis's direction, as ITK's reader does (the direction is then -i, -j or -k where neither form is set);
@@ -162,10 +163,11 @@ def read_nifti2(path: Path) -> sitk.Image:
 
 def _niftilib_pixdim(header: Nifti1Header) -> np.ndarray:
     """``pixdim[0:4]`` of the header ``header`` as stored (not checked by nibabel, which makes ``pixdim[1:4]`` positive
-    and a ``pixdim[0]`` other than -1 or 1 into 1), as niftilib reads them: a voxel size of 0 is 1; signs kept (qfac
-    is -1 for any negative ``pixdim[0]``; ITK's reader flips the axis of a negative voxel size)."""
+    and a ``pixdim[0]`` other than -1 or 1 into 1), as niftilib reads them: a voxel size of 0, NaN or infinite is 1
+    (nibabel keeps NaN and infinite ones); signs kept (qfac is -1 for any negative ``pixdim[0]``; ITK's reader flips
+    the axis of a negative voxel size)."""
     pixdim = np.array(header["pixdim"][:4], dtype=np.float64)
-    bad = pixdim[1:4] == 0
+    bad = (pixdim[1:4] == 0) | ~np.isfinite(pixdim[1:4])
     pixdim[1:4][bad] = 1.0
     return pixdim
 
