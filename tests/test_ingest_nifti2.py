@@ -160,22 +160,40 @@ def test_ctpipe_reconstruct_reads_a_nifti2_chest(tmp_path, capsys):
     assert len(list((tmp_path / "out").glob("image-*_lung_left.stl"))) == 1
 
 
-#: the layouts a header with a negative pixdim comes in: :data:`FORMS` and neither form set (origin 0, axes i, j, k)
+#: the layouts a header with a malformed pixdim comes in: :data:`FORMS` and neither form set (origin 0, axes i, j, k)
 PIXDIM_LAYOUTS = {**FORMS, "neither": (0, None, 0, None)}
 
 
-def _write_pixdim(path: Path, index: int, value: float, *, nifti2: bool) -> Path:
-    """``path`` (an uncompressed .nii) with ``pixdim[index]`` set to ``value`` in its header as stored: the header an
-    old converter writes, which nibabel's own writer would not."""
+def _write_header(path: Path, *, nifti2: bool, pixdim: tuple[int, float] | None = None, **fields: int) -> Path:
+    """``path`` (an uncompressed .nii) with ``pixdim[index]`` set to ``value`` (``pixdim=(index, value)``) and
+    ``fields`` set in its header as stored: the header an old converter writes, which nibabel's own writer would not."""
     import nibabel as nib
 
     klass = nib.Nifti2Header if nifti2 else nib.Nifti1Header
     with open(path, "r+b") as fh:
         header = klass.from_fileobj(fh, check=False)
-        header["pixdim"][index] = value
+        if pixdim is not None:
+            header["pixdim"][pixdim[0]] = pixdim[1]
+        for field, value in fields.items():
+            header[field] = value
         fh.seek(0)
         fh.write(header.binaryblock)
     return path
+
+
+def _assert_reads_as_simpleitk_reads(nifti2: Path, nifti1: Path) -> None:
+    """``read_image`` of the NIfTI-2 ``nifti2`` gives the array, spacing, origin, LPS direction and voxel positions
+    that SimpleITK gives for the NIfTI-1 ``nifti1``."""
+    import SimpleITK as sitk
+
+    want = sitk.ReadImage(str(nifti1))
+    vol = read_image(nifti2)
+    np.testing.assert_array_equal(vol.array, sitk.GetArrayFromImage(want))
+    np.testing.assert_allclose(vol.spacing, want.GetSpacing(), atol=1e-6)
+    np.testing.assert_allclose(vol.origin, want.GetOrigin(), atol=1e-4)
+    np.testing.assert_allclose(vol.direction, np.reshape(want.GetDirection(), (3, 3)), atol=1e-5)
+    ijk = (3, 1, 5)
+    np.testing.assert_allclose(vol.index_to_lps(ijk), want.TransformContinuousIndexToPhysicalPoint(ijk), atol=1e-4)
 
 
 #: (pixdim index, value) of malformed headers: negative voxel sizes, a negative qfac other than -1, non-finite sizes
@@ -195,18 +213,18 @@ def test_a_nifti2_with_a_malformed_pixdim_reads_as_simpleitk_reads_it_as_nifti1(
     """A negative pixdim[1..3] (nibabel makes it positive on load) flips that axis's direction as ITK's reader flips
     it, its spacing the pixdim's size; a negative qfac pixdim[0] other than -1 (nibabel makes it 1) flips the qform's
     k axis as niftilib flips it; a NaN or infinite pixdim[1..3] (nibabel keeps it) is 1 mm, as niftilib makes it."""
-    import SimpleITK as sitk
+    forms, pixdim = PIXDIM_LAYOUTS[name], MALFORMED_PIXDIM[malformed]
+    one = _write_header(_save(tmp_path / "one.nii", _data(), nifti2=False, forms=forms), nifti2=False, pixdim=pixdim)
+    two = _write_header(_save(tmp_path / "two.nii", _data(), nifti2=True, forms=forms), nifti2=True, pixdim=pixdim)
+    _assert_reads_as_simpleitk_reads(two, one)
 
-    forms = PIXDIM_LAYOUTS[name]
-    data = _data()
-    index, value = MALFORMED_PIXDIM[malformed]
-    nifti1 = _write_pixdim(_save(tmp_path / "one.nii", data, nifti2=False, forms=forms), index, value, nifti2=False)
-    nifti2 = _write_pixdim(_save(tmp_path / "two.nii", data, nifti2=True, forms=forms), index, value, nifti2=True)
-    want = sitk.ReadImage(str(nifti1))
-    vol = read_image(nifti2)
-    np.testing.assert_array_equal(vol.array, sitk.GetArrayFromImage(want))
-    np.testing.assert_allclose(vol.spacing, want.GetSpacing(), atol=1e-6)
-    np.testing.assert_allclose(vol.origin, want.GetOrigin(), atol=1e-4)
-    np.testing.assert_allclose(vol.direction, np.reshape(want.GetDirection(), (3, 3)), atol=1e-5)
-    ijk = (3, 1, 5)
-    np.testing.assert_allclose(vol.index_to_lps(ijk), want.TransformContinuousIndexToPhysicalPoint(ijk), atol=1e-4)
+
+@pytest.mark.parametrize("name", list(FORMS))
+def test_a_nifti2_with_an_xform_code_nibabel_does_not_know_reads_as_simpleitk_reads_it_as_nifti1(tmp_path, name):
+    """niftilib takes any qform_code or sform_code above 0 as set; nibabel's header check makes one it does not know
+    (here 7) into 0, unset."""
+    forms = FORMS[name]
+    codes = {field: 7 for field, code in (("qform_code", forms[0]), ("sform_code", forms[2])) if code > 0}
+    one = _write_header(_save(tmp_path / "one.nii", _data(), nifti2=False, forms=forms), nifti2=False, **codes)
+    two = _write_header(_save(tmp_path / "two.nii", _data(), nifti2=True, forms=forms), nifti2=True, **codes)
+    _assert_reads_as_simpleitk_reads(two, one)

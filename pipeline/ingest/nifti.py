@@ -151,7 +151,7 @@ def read_nifti2(path: Path) -> sitk.Image:
             [float(d) for d in pixdim[1:4]],
         )
     img.SetSpacing([abs(float(d)) * units for d in pixdim[1:4]])
-    ras = _itk_xform(header, pixdim, path)
+    ras = _itk_xform(stored, pixdim, path)  # its xform codes as stored: nibabel's check unsets a code it does not know
     axes = np.eye(3)
     if ras is not None:
         lps = LPS_TO_RAS @ ras  # its own inverse: negates the x and y rows
@@ -180,8 +180,9 @@ def _itk_xform(header: Nifti1Header, pixdim: np.ndarray, path: Path) -> np.ndarr
     sform when it is an orthonormal rotation times scales (its normalised columns orthonormal to 1e-4) and the qform
     is unset, or its code is ``NIFTI_XFORM_SCANNER_ANAT``, or it has the qform's voxel sizes, axes and offset (1e-4;
     ITK compares their SVDs); else the qform when set. Raises :class:`~pipeline.errors.GeometryError` naming the
-    file when neither gives orthonormal axes (ITK refuses the file too). ``pixdim`` is the header's ``pixdim[0:4]`` as
-    niftilib reads them (:func:`_niftilib_pixdim`). The qform is computed as niftilib does (a quaternion whose
+    file when neither gives orthonormal axes (ITK refuses the file too). ``header`` is the header as stored: niftilib
+    takes any code above 0 as set, where nibabel's check makes a code it does not know 0. ``pixdim`` is its
+    ``pixdim[0:4]`` as niftilib reads them (:func:`_niftilib_pixdim`). The qform is computed as niftilib does (a quaternion whose
     ``b*b + c*c + d*d`` reaches 1 is normalised; ``qfac`` is -1 for any negative ``pixdim[0]``; a negative voxel size
     counts as 1; an unset qform, which ITK compares the sform with, is the signed voxel sizes on its diagonal).
     """
