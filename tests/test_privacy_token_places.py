@@ -44,9 +44,11 @@ def test_a_folder_token_stands_for_its_own_folder_not_another_of_that_name_under
     worker = PathRedactor.of(r.shared)
     monkeypatch.chdir(tmp_path)
 
+    b_note = r(str(src / "b" / "inbox" / "DOE" / "notes.txt")).rpartition("/")[2]  # its own token, not a's note's
+    assert re.fullmatch(rf"{FILE}\.txt", b_note) and b_note not in r(str(src / "a" / "inbox" / "DOE" / "notes.txt"))
     for shown in (str(src / "b"), "src/b", str(tmp_path / "via_b"), "via_b"):  # absolute, relative, through a link
         for text in (f"series {shown}/inbox/DOE/ct/chest_0001.dcm", f"skipped {shown}/inbox/DOE/notes.txt"):
-            assert r(text) == text.replace("notes.txt", r("notes.txt")), (text, r(text))
+            assert r(text) == text.replace("notes.txt", b_note), (text, r(text))
             assert worker(text) == r(text)
     for shown in (str(src / "a"), "src/a", str(tmp_path / "via_a"), "via_a", ""):  # "": relative to a folder unknown
         for name in ("notes.txt", "chest_0001.dcm"):

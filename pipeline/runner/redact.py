@@ -24,7 +24,10 @@ nobody; and each folder of its path below the source that holds no file of a ser
 showing its parent, by that parent's resolved path as far as the path shown allows:
 :func:`.redact_places.stands_for`; another folder of that name elsewhere, ``b/inbox/DOE_JANE`` beside
 ``a/inbox/DOE_JANE``, keeps its name), until a series is found in it (or, for a link to a folder, through it), by
-:meth:`PathRedactor.add_skipped`. (A series description never holds one:
+:meth:`PathRedactor.add_skipped`. A skipped file's or folder's token is a hash of its place (the resolved path of
+the folder holding it, with its name: :func:`.redact_places.location`), not of its name alone: two folders of one
+name holding skipped files only (``in/a/PATIENT_X``, ``in/b/PATIENT_X``) read as two tokens, each the same however a
+path shows it; a name that no path places (alone in a text) reads as the token of its first place recorded. (A series description never holds one:
 :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
 """
 
@@ -42,7 +45,7 @@ from typing import Any
 
 from ..identifiers import MATCHED, generic_file_name, holds, identifiers_of
 from .redact_archives import archive_identifiers
-from .redact_places import location, parent_forms, stands_for
+from .redact_places import PlaceIndex, location, parent_forms, stands_for
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,7 @@ class PathRedactor:
         self._places: dict[str, dict[str, set[str]]] = {}
         self._fallback: re.Pattern[str] | None = None  # the components that stand anywhere, for a name not placed
         self._forms: dict[str, set[str]] = {}  # each place's forms of a key, with the pattern
+        self._indexes: dict[str, PlaceIndex] = {}  # of the keys standing for several places, with the pattern
 
     @classmethod
     def of(cls, components: dict[str, str]) -> PathRedactor:
@@ -132,6 +136,19 @@ class PathRedactor:
 
     def _digest(self, component: str) -> str:
         return hashlib.sha256(f"{self._secret}\0{component}".encode()).hexdigest()[:6]
+
+    def _place_token(self, key: str, place: str) -> str:
+        """The token of the skipped folder or file of ``key`` at ``place`` (:func:`.redact_places.location`): a hash
+        of that place, not of the name, so that another folder or file of the same name reads as another token."""
+        if len(key) > 2 and key.startswith(os.sep) and key.endswith(os.sep):
+            return f"<folder:{self._digest(place)}>"
+        name = key[1:] if key.startswith(os.sep) else key
+        return key[: -len(name)] + self._file_token(place, name)
+
+    def _first_place(self, key: str) -> None:
+        """Make the token of ``key`` where no path tells its place (a name alone) that of its first place left."""
+        if where := self._places.get(key):
+            self._tokens[key] = self._place_token(key, next(iter(where)))
 
     def token(self, component: str) -> str:
         return f"<patient:{self._digest(component)}>"
@@ -182,6 +199,8 @@ class PathRedactor:
             if not where:
                 del self._places[key]
                 self._tokens.pop(key, None)
+            else:
+                self._first_place(key)
 
     def add_files(self, files: Iterable[str | os.PathLike[str]]) -> None:
         """Record the components of ``files``' paths that hold an identifier of any series recorded so far: files
@@ -245,7 +264,7 @@ class PathRedactor:
         """Record ``path`` in whole (a file's whose folders no header was checked against) as its name's token."""
         if not path or path in self._tokens:
             return False
-        self._tokens[path] = self._file_token(PurePath(path).name)
+        self._tokens[path] = self._file_token(PurePath(path).name, PurePath(path).name)
         self._pattern = None
         return True
 
@@ -276,9 +295,12 @@ class PathRedactor:
         """Record that the token of ``key`` stands for ``path`` (where a path shows the folder holding it). Whether
         that place or a form of it is new."""
         forms = parent_forms(path)
+        first = not self._places.get(key)
         where = self._places.setdefault(key, {}).setdefault(location(path), set())
         new = not forms <= where
         where |= forms
+        if first:
+            self._first_place(key)
         if new:
             self._pattern = None
         return new
@@ -322,13 +344,13 @@ class PathRedactor:
         if key in self._tokens and key not in self._places:
             return False
         added = key not in self._tokens
-        self._tokens[key] = (key[: -len(name)]) + self._file_token(name)
         self._pattern = None
         return self._add_place(key, path) or added
 
-    def _file_token(self, name: str) -> str:
-        """The token of a file name: ``<file:xxxxxx>`` and its kept ending (:data:`KEPT_EXTENSIONS`)."""
-        return f"<file:{self._digest(name)}>{_kept_extension(name)}"
+    def _file_token(self, place: str, name: str) -> str:
+        """The token of the file ``name`` at ``place`` (its :func:`.redact_places.location`): ``<file:xxxxxx>``, a
+        hash of the place, and its kept ending (:data:`KEPT_EXTENSIONS`)."""
+        return f"<file:{self._digest(place)}>{_kept_extension(name)}"
 
     @property
     def components(self) -> dict[str, str]:
@@ -345,7 +367,25 @@ class PathRedactor:
             anywhere = [_alternative(n, False) for n in names if not self._placed(n)]
             self._fallback = re.compile("(?:" + "|".join(anywhere) + ")" + _AFTER) if anywhere else None
             self._forms = {k: set().union(*where.values()) for k, where in self._places.items()}
+            self._indexes = {}
         return self._pattern.sub(self._token_of, text)
+
+    def _token_after(self, key: str, head: str) -> str:
+        """The token of the place of ``key`` that the text before it (``head``) shows, of those it stands for
+        (:class:`.redact_places.PlaceIndex`): one folder or file, one token, however a path shows it."""
+        where = self._places[key]
+        if len(where) == 1:
+            return self._place_token(key, next(iter(where)))
+        index = self._indexes.get(key)
+        if index is None:
+            folders = {
+                self._place_token(k, loc): loc
+                for k, places in self._places.items()
+                if len(k) > 2 and k.startswith(os.sep) and k.endswith(os.sep)
+                for loc in places
+            }
+            index = self._indexes[key] = PlaceIndex(where, folders)
+        return self._place_token(key, index.place_of(head))
 
     def _placed(self, key: str) -> bool:
         """Whether the token of ``key`` stands only where a path shows one of its places (:meth:`_add_place`)."""
@@ -363,10 +403,10 @@ class PathRedactor:
             return token
         head = match.string[: match.start() + (1 if found[:1] in "/\\" else 0)]
         if not head.endswith(("/", "\\")):  # where a path begins, or a name with a kept ending alone in a text
-            return token
+            return self._token_after(key, head)
         forms = self._forms.get(key) or set().union(*self._places[key].values())  # recorded since the pattern
         if stands_for(head, forms):
-            return token
+            return self._token_after(key, head)
         return self._fallback.sub(self._token_of, found) if self._fallback is not None else found
 
 

@@ -11,12 +11,15 @@ the token); after a token (a text redacted once already) what follows the last t
 another folder only when no such path does and the path shown is an absolute one of an existing folder, or one whose
 last folder has another name; an absolute path of no existing folder with the same last folder is taken for it, and
 so is a path that does not begin plainly (no absolute path nor a relative one beginning with a name's character).
+Where one name stands for several places, each with a token of its own, :class:`PlaceIndex` tells which one a path
+shows.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 from pathlib import PurePath
 
 _TOKEN = re.compile(r"<\w+:[0-9a-f]{6}>")
@@ -99,3 +102,60 @@ def stands_for(head: str, forms: set[str]) -> bool:
     if absolute or any(_PLAIN.match(p) for p in resolvable):
         return False
     return any(os.path.basename(p) in names for p in resolvable)  # no path shown plainly: by the name, in doubt
+
+
+#: the rank of a place a path shows by its folder itself (absolute, resolved from the current folder, or after the
+#: token of a folder above it), above one it ends as a relative path does (ranked by how many folders it shows)
+_EXACT = 1 << 16
+
+
+class PlaceIndex:
+    """The places of one name (location: forms, in the order recorded) looked up by the path before the name in a
+    text (:meth:`place_of`), for a name that stands for several (``a/PATIENT_X`` and ``b/PATIENT_X``), each with a
+    token of its own. ``folder_at``: the location of each folder token (a text redacted once shows a parent so)."""
+
+    def __init__(self, places: Mapping[str, Iterable[str]], folder_at: Mapping[str, str]) -> None:
+        self.first = next(iter(places))
+        self._folder_at = folder_at
+        self._order = {loc: n for n, loc in enumerate(places)}
+        self._by_form: dict[str, list[str]] = {}
+        self._by_tail: dict[tuple[str, ...], list[str]] = {}
+        for loc, forms in places.items():
+            for form in forms:
+                self._by_form.setdefault(os.path.normpath(form), []).append(loc)
+                parts = _parts(form)
+                for n in range(1, len(parts) + 1):
+                    self._by_tail.setdefault(tuple(parts[-n:]), []).append(loc)
+
+    def place_of(self, head: str) -> str:
+        """The place the name after ``head`` (as :func:`stands_for` reads it) stands for: the one whose folder the
+        path before it shows itself, else the one whose forms end with the longest relative path shown, else (the
+        path shows none of them more than the others: a name alone) the first recorded."""
+        ranks: dict[str, int] = {}
+
+        def rank(locs: Iterable[str], value: int) -> None:
+            for loc in locs:
+                ranks[loc] = max(ranks.get(loc, -1), value)
+
+        candidates = [_candidate(head, s) for s in _starts(head)] if head.endswith(("/", "\\")) else [""]
+        for p in candidates:
+            if tokens := list(_TOKEN.finditer(p)):
+                last = tokens[-1]
+                if (at := self._folder_at.get(last.group())) is not None:
+                    shown = os.path.normpath(os.path.join(at, *_parts(p[last.end() :])))
+                    rank(self._by_form.get(shown, ()), _EXACT)
+                continue
+            if "\0" in p:
+                continue
+            if _is_absolute(p):
+                rank(self._by_form.get(os.path.normpath(p), ()), _EXACT)
+            else:
+                parts = _parts(p)
+                if ".." in parts:
+                    parts = parts[len(parts) - parts[::-1].index("..") :]
+                if parts:
+                    rank(self._by_tail.get(tuple(parts), ()), len(parts))
+            rank(self._by_form.get(os.path.realpath(p or "."), ()), _EXACT)
+        if not ranks:
+            return self.first
+        return max(ranks, key=lambda loc: (ranks[loc], -self._order[loc]))
