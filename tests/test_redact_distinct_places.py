@@ -79,3 +79,45 @@ def test_one_folder_reads_as_one_token_however_a_path_shows_it_and_in_a_worker(t
     # a text whose parent folder is a token already (a worker's record written again): the token of the folder in it
     a_token = _tokens(a_shown)[0]
     assert _tokens(r(f"{src}/{a_token}/PATIENT_X/notes.txt")) == _tokens(a_shown)
+
+
+def test_two_links_not_followed_to_folders_of_one_name_read_as_two_tokens(tmp_path):
+    src = tmp_path / "in"
+    for where in ("a", "b"):
+        (tmp_path / where / "DOE_JANE").mkdir(parents=True)
+        (src / f"link_{where}").parent.mkdir(parents=True, exist_ok=True)
+        (src / f"link_{where}").symlink_to(tmp_path / where / "DOE_JANE", target_is_directory=True)
+    r = PathRedactor()
+    _record(r, scan_directory([src], validate=False))
+    a, b = r(str(tmp_path / "a" / "DOE_JANE")), r(str(tmp_path / "b" / "DOE_JANE"))
+    assert "DOE_JANE" not in a + b and a != b, (a, b)
+    assert PathRedactor.of(r.shared)(f"{a} {b}") == f"{a} {b}"
+
+
+def test_two_files_given_alone_of_one_name_read_as_two_tokens(tmp_path):
+    # a worklist's rows naming image files: each written as its own token, folders included
+    files = [tmp_path / where / "DOE_JANE.nii.gz" for where in ("a", "b")]
+    for f in files:
+        f.parent.mkdir()
+        f.write_bytes(b"not an image")
+    r = PathRedactor()
+    r.add_skipped(((f, "not_dicom") for f in files), roots=files, given_alone=True)
+    a, b = r(str(files[0])), r(str(files[1]))
+    assert re.fullmatch(r"<file:[0-9a-f]{6}>\.nii\.gz", a) and re.fullmatch(r"<file:[0-9a-f]{6}>\.nii\.gz", b), (a, b)
+    assert a != b
+    assert r(f"x {tmp_path.name}/a/DOE_JANE.nii.gz") == f"x {tmp_path.name}/a/{a}"  # its name after its folder
+
+
+def test_two_broken_links_targets_of_one_name_read_as_two_tokens(tmp_path):
+    # a broken link's skip reason names its target: /archive/a/DOE_JANE.dcm and /archive/b/DOE_JANE.dcm are two files
+    src = tmp_path / "in"
+    src.mkdir()
+    targets = [tmp_path / "archive" / where / "DOE_JANE.dcm" for where in ("a", "b")]
+    for n, target in enumerate(targets):
+        (src / f"scan{n}.dcm").symlink_to(target)
+    scan = scan_directory([src], validate=False)
+    assert len(scan.skipped_files) == 2
+    r = PathRedactor()
+    _record(r, scan)
+    a, b = r(str(targets[0])), r(str(targets[1]))
+    assert "DOE_JANE" not in a + b and a != b, (a, b)

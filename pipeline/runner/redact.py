@@ -249,7 +249,8 @@ class PathRedactor:
                 added = self._add_folder(folder) or added
             if given_alone and path in given and len(path.parts) > 1:
                 added = self._add_whole_path(str(path)) or added
-            added = self._add_whole_path(_broken_link_target(path)) or added
+            if (target := _broken_link_target(path)) is not None:
+                added = self._add_whole_path(target, place=location(path.parent / target)) or added
             if kind == "not_followed":
                 added = self._add_linked_folder(path) or added
         if added and not self._told:
@@ -260,11 +261,13 @@ class PathRedactor:
                 "run again with --keep-identifiers (privacy.keep_identifiers) to have their names written"
             )
 
-    def _add_whole_path(self, path: str | None) -> bool:
-        """Record ``path`` in whole (a file's whose folders no header was checked against) as its name's token."""
+    def _add_whole_path(self, path: str, *, place: str | None = None) -> bool:
+        """Record ``path`` in whole (a file's whose folders no header was checked against) as the token of that file
+        (at ``place``, by default where ``path`` leads from the current folder), the token its name reads as after
+        its folder."""
         if not path or path in self._tokens:
             return False
-        self._tokens[path] = self._file_token(PurePath(path).name, PurePath(path).name)
+        self._tokens[path] = self._file_token(place or location(path), PurePath(path).name)
         self._pattern = None
         return True
 
@@ -274,7 +277,7 @@ class PathRedactor:
         real = os.path.realpath(link)
         if real in self._tokens or real in self._series_places:
             return False
-        self._tokens[real] = f"<folder:{self._digest(PurePath(real).name)}>"
+        self._tokens[real] = f"<folder:{self._digest(location(real))}>"
         self._places[real] = {real: set()}
         self._pattern = None
         return True
