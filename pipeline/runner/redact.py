@@ -114,6 +114,7 @@ class PathRedactor:
         self._fallback: re.Pattern[str] | None = None  # the components that stand anywhere, for a name not placed
         self._forms: dict[str, set[str]] = {}  # each place's forms of a key, with the pattern
         self._indexes: dict[str, PlaceIndex] = {}  # of the keys standing for several places, with the pattern
+        self._folder_at: dict[str, str] | None = None  # each placed folder token's place, with the pattern
 
     @classmethod
     def of(cls, components: dict[str, str]) -> PathRedactor:
@@ -370,7 +371,7 @@ class PathRedactor:
             anywhere = [_alternative(n, False) for n in names if not self._placed(n)]
             self._fallback = re.compile("(?:" + "|".join(anywhere) + ")" + _AFTER) if anywhere else None
             self._forms = {k: set().union(*where.values()) for k, where in self._places.items()}
-            self._indexes = {}
+            self._indexes, self._folder_at = {}, None
         return self._pattern.sub(self._token_of, text)
 
     def _token_after(self, key: str, head: str) -> str:
@@ -381,13 +382,14 @@ class PathRedactor:
             return self._place_token(key, next(iter(where)))
         index = self._indexes.get(key)
         if index is None:
-            folders = {
-                self._place_token(k, loc): loc
-                for k, places in self._places.items()
-                if len(k) > 2 and k.startswith(os.sep) and k.endswith(os.sep)
-                for loc in places
-            }
-            index = self._indexes[key] = PlaceIndex(where, folders)
+            if self._folder_at is None:
+                self._folder_at = {
+                    self._place_token(k, loc): loc
+                    for k, places in self._places.items()
+                    if len(k) > 2 and k.startswith(os.sep) and k.endswith(os.sep)
+                    for loc in places
+                }
+            index = self._indexes[key] = PlaceIndex(where, self._folder_at)
         return self._place_token(key, index.place_of(head))
 
     def _placed(self, key: str) -> bool:
