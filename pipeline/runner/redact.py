@@ -27,8 +27,9 @@ showing its parent, by that parent's resolved path as far as the path shown allo
 :meth:`PathRedactor.add_skipped`. A skipped file's or folder's token is a hash of its place (the resolved path of
 the folder holding it, with its name: :func:`.redact_places.location`), not of its name alone: two folders of one
 name holding skipped files only (``in/a/PATIENT_X``, ``in/b/PATIENT_X``) read as two tokens, each the same however a
-path shows it; a name that no path places (alone in a text) reads as the token of its first place recorded. (A series description never holds one:
-:attr:`pipeline.ingest.series.SeriesInfo.description` shows each as ``<patient>``.)
+path shows it; a name that no path places (alone in a text) reads as the token of its first place recorded. (A
+series description never holds one: :attr:`pipeline.ingest.series.SeriesInfo.description` shows each as
+``<patient>``.)
 """
 
 from __future__ import annotations
