@@ -374,19 +374,24 @@ def _run(
         summary.fatal, status = crash(exc, run_id), "failed"
         raise
     finally:
-        if threads_before is not None:  # the application's own setting again
-            import torch
+        try:
+            try:
+                if threads_before is not None:  # the application's own setting again
+                    import torch
 
-            torch.set_num_threads(threads_before)
-        if executor is not None and session is not None:
-            session.after_batch(executor, in_flight, keep=bool(pl.to_run) and status == "completed")
-        elif executor is not None:
-            executor.close()
-        if cluster is not None and (session is None or session.executor is not executor):
-            cluster.close()
-        if sampler:
-            sampler.stop()
-            quietly(summary, run_dir, "GPU samples", lambda: store.add_gpu_samples(run_id, sampler.drain()))
+                    torch.set_num_threads(threads_before)
+                if executor is not None and session is not None:
+                    session.after_batch(executor, in_flight, keep=bool(pl.to_run) and status == "completed")
+                elif executor is not None:
+                    executor.close()
+                if cluster is not None and (session is None or session.executor is not executor):
+                    cluster.close()
+            finally:
+                if sampler:
+                    sampler.stop()
+                    quietly(summary, run_dir, "GPU samples", lambda: store.add_gpu_samples(run_id, sampler.drain()))
+        except KeyboardInterrupt:  # Ctrl-C while the workers close: the run stops there, recorded as interrupted
+            status, signalled = "interrupted", True
         # the run's time: the idle serving of metrics.linger_s below is not the run's work, nor its throughput's
         summary.elapsed_s = time.monotonic() - t0
         final = False  # whether the final values below are all set
