@@ -80,9 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
+    """Run the ``ctpipe`` command line ``argv`` (default: the process' arguments); its exit status. ``exits``: the
+    process exits with that status right after (:func:`console_main`), so a command may keep its own signal handling
+    until then instead of putting the caller's back."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.exits = exits
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -190,7 +194,7 @@ def console_main() -> None:
     The objects still alive are frozen first (``gc.freeze``): the interpreter's final garbage collections would
     otherwise walk every object of torch and MONAI once more, about a second of CPU at each exit.
     """
-    code = main()
+    code = main(exits=True)
     try:
         sys.stdout.flush()  # here, not at exit, where a closed pipe would end in a traceback
     except BrokenPipeError:

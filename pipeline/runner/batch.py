@@ -20,6 +20,7 @@ from ..config import Config
 from ..errors import ConfigError, FatalRunError, refuse_unexpanded_home, require_path
 from .adopt import source_check
 from .discover import Discovery, check_sources, discover, scanned_paths, source_list, worklist_root
+from .end_signals import EndSignals
 from .engine import Engine
 from .faults import check_writable, environment_failure
 from .logs import attach_jsonl, detach
@@ -91,7 +92,9 @@ def run_batch(
     from (folder → origin, see :meth:`RunStore.record_origins`), recorded for their cases. ``ended``: called with the
     summary and the seconds the metrics endpoint is kept up for a last scrape (``metrics.linger_s``; 0: none) once the
     run's end is recorded (run store, metrics, report, ``run_end`` in run.log), before that wait; not for a run stopped
-    by a signal, which raises KeyboardInterrupt. Ctrl-C (KeyboardInterrupt) during the wait ends it early.
+    by a signal, which raises KeyboardInterrupt. A stop signal (Ctrl-C, SIGTERM or SIGHUP) that comes once the run's
+    work is over and its end is being recorded does not interrupt it (:mod:`.end_signals`): it ends that wait early,
+    and reaches its handler (Python's: KeyboardInterrupt) once the run's end is recorded and ``ended`` has returned.
     Returns a :class:`RunSummary`; positions in all outputs are LPS mm.
     """
     t0, started_wall = time.monotonic(), time.time()  # the run starts with the command: its store record says the same
@@ -136,6 +139,7 @@ def run_batch(
     secret = session.redaction_secret if session is not None else None
     redactor = None if cfg.privacy.keep_identifiers else PathRedactor(secret=secret)
     summary.redactor = redactor
+    end_signals = EndSignals()  # held once the run's end is being recorded: it cannot be interrupted from there on
     try:
         with redacting(redactor):
             return _run(
@@ -152,14 +156,18 @@ def run_batch(
                 session,
                 origins,
                 ended,
+                end_signals,
             )
     except (OSError, sqlite3.Error) as exc:  # the run folder failed before any case started
         raise_environment(exc, run_dir)
         raise
     finally:
-        store.close()
-        detach(handler)
-        lock.release()
+        try:
+            store.close()
+            detach(handler)
+            lock.release()
+        finally:  # the run's end recorded: a stop signal held since reaches its own handler now
+            end_signals.release()
 
 
 def _run(
@@ -176,7 +184,9 @@ def _run(
     session: RunSession | None = None,
     origins: Mapping[str, Mapping[str, Any]] | None = None,
     ended: Callable[[RunSummary, float], Any] | None = None,
+    end_signals: EndSignals | None = None,
 ) -> RunSummary:
+    end_signals = end_signals or EndSignals()
     found: Discovery = discover(srcs, cfg)
     # a folder a killed run left before recording its case done for good: adopted once its series is checked again
     reconciled = reconcile(store, run_dir, source_check=source_check(found.cases, found.snapshot))
@@ -394,6 +404,8 @@ def _run(
             status, signalled = "interrupted", True
         # the run's time: the idle serving of metrics.linger_s below is not the run's work, nor its throughput's
         summary.elapsed_s = time.monotonic() - t0
+        if not signalled:  # the run's work is over (every case finished, or it failed or stopped on its own): its
+            end_signals.hold()  # outcome is what is recorded next, which a Ctrl-C or SIGTERM from here on cannot change
         final = False  # whether the final values below are all set
         linger_s = 0.0  # s of serving the final metrics once the run's end is recorded
         try:
@@ -421,24 +433,24 @@ def _run(
     try:
         build_or_mark_report(summary, cfg, run_dir, run_id)
         log_run_end(summary, run_id=run_id, status=status, signalled=signalled, exit_status=exit_status)
-        if linger_s > 0:
-            log.info("serving the final metrics for %g s", linger_s, extra={"event": "metrics_linger"})
+        wait_s = linger_s if end_signals.noted is None else 0.0  # a stop signal since the run's work was over: no wait
+        if wait_s > 0:
+            log.info("serving the final metrics for %g s", wait_s, extra={"event": "metrics_linger"})
         if ended is not None and not signalled:  # the summary first: the console need not wait for the linger
-            ended(summary, linger_s)
-        if linger_s > 0:
-            _serve_final_metrics(linger_s)
+            ended(summary, wait_s)
+        if wait_s > 0 and end_signals.wait(wait_s):  # the final metrics served; a stop signal ends that early
+            log.info("stopped serving the final metrics early (Ctrl-C or a stop signal)", extra={"event": "metrics_linger_ended"})
+        elif end_signals.noted is not None:
+            log.info(
+                "%s came after the run's work was over: the run stays recorded as %s (exit status %d)",
+                signal.Signals(end_signals.noted).name,
+                status,
+                exit_status,
+                extra={"event": "stop_after_end", "run_id": run_id},
+            )
     finally:
         if linger_s > 0:
             metrics.stop()
     if signalled:  # the caller (ctpipe run: exit status 130) learns of the interruption as it would have without us
         raise KeyboardInterrupt
     return summary
-
-
-def _serve_final_metrics(linger_s: float) -> None:
-    """Keep serving the run's final metrics for ``linger_s`` (s), its end already recorded; Ctrl-C (or SIGTERM or
-    SIGHUP under ``ctpipe run``, which raise KeyboardInterrupt too) ends the wait early, the run's outcome unchanged."""
-    try:
-        time.sleep(linger_s)
-    except KeyboardInterrupt:
-        log.info("stopped serving the final metrics early (Ctrl-C or a stop signal)", extra={"event": "metrics_linger_ended"})

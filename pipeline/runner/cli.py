@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -297,7 +297,7 @@ def _leave_to_the_summary(events: frozenset[str]) -> None:
             handler.addFilter(keep)
 
 
-def stop_once(out: str, *, note: str | None = None) -> dict[int, Any]:
+def stop_once(out: str, *, note: str | None = None, done: Callable[[], bool] | None = None) -> dict[int, Any]:
     """Make Ctrl-C (SIGINT), SIGTERM and SIGHUP stop ``ctpipe run`` as Ctrl-C does: the first raises
     KeyboardInterrupt, so that the run is recorded as interrupted (``run_end`` in run.log, report, metrics) and
     resumes next time. The second (Ctrl-C pressed again while the run records its stop, a few seconds) only says that
@@ -305,7 +305,9 @@ def stop_once(out: str, *, note: str | None = None) -> dict[int, Any]:
     stops it at once, as before (the next run then finds it interrupted).
     SIGINT is left alone where it is ignored (a background job), SIGHUP where it is not the default (under nohup).
     ``out``: the run folder, named in the note; ``note``: another command's line for the second signal (``ctpipe
-    listen``). Returns the handlers it replaced, by signal number, to put back."""
+    listen``); ``done``: once it returns True (``ctpipe run``: the run's end recorded and its summary printed), a signal
+    changes nothing: the command ends as it was ending, with the run's exit status. Returns the handlers it replaced,
+    by signal number, to put back."""
     signals = 0
     default_note = (
         f"ctpipe run: already stopping: recording the run in {out} as interrupted and writing its report (a few "
@@ -314,6 +316,8 @@ def stop_once(out: str, *, note: str | None = None) -> dict[int, Any]:
 
     def on_stop(signum: int, frame: Any) -> None:
         nonlocal signals
+        if done is not None and done():  # nothing left to stop
+            return
         signals += 1
         if signals != 2:
             raise KeyboardInterrupt  # the run is recorded as interrupted and resumes next time
@@ -374,7 +378,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"the metrics endpoint {url} stays up for {linger_s:g} s for a last scrape ({stop})")
         sys.stdout.flush()  # before the wait: a pipe (cron, systemd, tee) shows it now, not at the exit
 
-    replaced = stop_once(args.out)
+    replaced = stop_once(args.out, done=lambda: code is not None)
     try:
         summary = run_batch(
             args.sources,
@@ -404,8 +408,11 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-        for signum, handler in replaced.items():  # the caller's own handling again (ctpipe main called in-process)
-            signal.signal(signum, handler)
+        # the caller's own handling again (ctpipe main called in-process); as the command, once the run has ended, its
+        # own until the process exits: a Ctrl-C as it exits leaves the exit status the run's
+        if code is None or not getattr(args, "exits", False):
+            for signum, handler in replaced.items():
+                signal.signal(signum, handler)
     return _print_summary(summary, cfg, quiet=args.quiet) if code is None else code
 
 
