@@ -5,7 +5,8 @@ listener's ledger records it, so that a restart judges the series against the ``
 A series whose sender ended its association with an A-ABORT between instances, or a release, is held when fewer
 instances arrived than a count they give that the setting of that end checks
 (:func:`~pipeline.pacs.expected_count.hold_short`). One accepted under a looser setting (a count left out, or
-``none``) and still open when ``ctpipe listen`` restarts with a stricter one is judged again (:func:`hold_aborted`):
+``none``) and still open when ``ctpipe listen`` restarts with a stricter one is judged again (:func:`hold_aborted`),
+and so is one handed to the runner that the runner had not finished when the listener stopped (:func:`hold_handed`):
 the ledger's ``series.aborted`` column records, per generation, the last such end (its sender, when, the instances it
 stored, ``end``: ``abort`` or ``release``) and the counts its instances gave then
 (:func:`~pipeline.pacs.expected_count.announced`). A series still short of a count now checked is held as it would
@@ -25,11 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .expected_count import SHORT_NOTE, announced, checked, hold_short, latest_count_check, leave_out_hint
+from .expected_count import SHORT_NOTE, CountCheck, announced, checked, hold_short, latest_count_check, leave_out_hint
 from .journal import CUT_NOTE, INCOMPLETE_NOTE, RECOUNTED_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger
 
@@ -107,34 +109,77 @@ def hold_aborted(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any) -> int:
     were held so."""
     held = 0
     for row in ledger.rows("SELECT * FROM series WHERE state = 'open'"):
-        if str(row["note"] or "").startswith((CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, RECOUNTED_NOTE)):
-            continue  # held already, or opened again from a quarantined case on an end it was judged by then
-        known, record = _read(row)
-        if known and record is None:
-            continue  # no end recorded
-        end = record.end if record is not None else "abort"
-        counts = checked(cfg, end)
-        if not counts or (record is not None and not set(counts) & set(record.counts)):
-            continue  # no count checked after such an end, or its instances gave none checked now
-        check = latest_count_check(ledger, row["series_uid"], counts=counts)
-        if check is None or check.short is None:
-            continue
-        held += 1
-        if record is not None:
-            hold_short(journal, row, sender=record.sender, n=record.n, check=check, at=record.at, cfg=cfg, end=end)
-            continue
-        hint = leave_out_hint(str(check.field), counts)
-        journal.note(row, f"{CUT_NOTE} {UNRECORDED}, judged as after an A-ABORT, {SHORT_NOTE}: {check.short}; {hint}")
-        log.warning(
-            "series %s, open in a ledger that does not record how its sender's associations ended (written before ctpipe "
-            "recorded it), has fewer instances than a count they give: %s; held as cut off, as after a sender's A-ABORT "
-            "(never published as whole): it waits for the rest up to pacs.series_limit_s = %g s after its first "
-            "instance, then is quarantined; fix: send the series again (an association ended with a release, or with "
-            "an A-ABORT once the count is reached, ends the hold); %s",
-            row["series_uid"],
-            check.short,
-            cfg.pacs.series_limit_s,
-            hint,
-            extra={"event": "listen_cut", "series_uid": row["series_uid"]},
-        )
+        judged = _short_now(ledger, row, cfg=cfg)
+        if judged is not None:
+            _hold(journal, row, *judged, cfg=cfg)
+            held += 1
     return held
+
+
+def hold_handed(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any, finished: Callable[[dict[str, Any]], bool]) -> int:
+    """At the listener's start: judge each series handed to the runner by an earlier listener that stopped before the
+    runner finished it (``finished``: whether the runner did, by the run store) as :func:`hold_aborted` judges an open
+    one: one short of a count the current setting checks after its sender's end is put back to open
+    (:meth:`~pipeline.pacs.journal.ReceiveJournal.unhand`) and held with the note and warning of a live hold, so that it
+    waits for the rest up to ``pacs.series_limit_s`` after its first instance, then is quarantined (never published
+    short). One the runner finished is left as it is (handed again, the run store skips its case: recorded, not run
+    twice), and so is one handed over incomplete (quarantined anyway) or with a newer generation. Returns how many
+    series were held so."""
+    held = 0
+    for row in journal.handed():
+        judged = _short_now(ledger, row, cfg=cfg)
+        if judged is None or finished(row):
+            continue
+        reopened = journal.unhand(row)
+        if reopened is not None:
+            _hold(journal, reopened, *judged, cfg=cfg)
+            held += 1
+    return held
+
+
+def _short_now(ledger: Ledger, row: dict[str, Any], *, cfg: Any) -> tuple[AbortRecord | None, str, CountCheck] | None:
+    """Whether the current setting holds the generation ``row`` (open, or handed and its series' latest) for its sender's
+    end: its record (None: not recorded, judged as an A-ABORT), that end, and the count check it is short by; None
+    when it is not held (held already, no end recorded, no count checked, its instances give none checked or reach
+    them, a newer generation exists)."""
+    if str(row["note"] or "").startswith((CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, RECOUNTED_NOTE)):
+        return None  # held already, or opened again from a quarantined case on an end it was judged by then
+    known, record = _read(row)
+    if known and record is None:
+        return None  # no end recorded
+    end = record.end if record is not None else "abort"
+    counts = checked(cfg, end)
+    if not counts or (record is not None and not set(counts) & set(record.counts)):
+        return None  # no count checked after such an end, or its instances gave none checked now
+    latest = ledger.one("SELECT generation FROM series WHERE series_uid = ? ORDER BY generation DESC", (row["series_uid"],))
+    if latest is None or int(latest["generation"]) != int(row["generation"]):
+        return None  # the count check reads the series' latest generation, not this one
+    check = latest_count_check(ledger, row["series_uid"], counts=counts)
+    if check is None or check.short is None:
+        return None
+    return record, end, check
+
+
+def _hold(
+    journal: ReceiveJournal, row: dict[str, Any], record: AbortRecord | None, end: str, check: CountCheck, *, cfg: Any
+) -> None:
+    """Hold ``row`` as :func:`_short_now` found it short: as a live hold does (the record's sender, time and instances),
+    or, without a record, as after an A-ABORT whose sender is not known."""
+    if record is not None:
+        hold_short(journal, row, sender=record.sender, n=record.n, check=check, at=record.at, cfg=cfg, end=end)
+        return
+    counts = checked(cfg, end)
+    hint = leave_out_hint(str(check.field), counts)
+    journal.note(row, f"{CUT_NOTE} {UNRECORDED}, judged as after an A-ABORT, {SHORT_NOTE}: {check.short}; {hint}")
+    log.warning(
+        "series %s, open in a ledger that does not record how its sender's associations ended (written before ctpipe "
+        "recorded it), has fewer instances than a count they give: %s; held as cut off, as after a sender's A-ABORT "
+        "(never published as whole): it waits for the rest up to pacs.series_limit_s = %g s after its first "
+        "instance, then is quarantined; fix: send the series again (an association ended with a release, or with "
+        "an A-ABORT once the count is reached, ends the hold); %s",
+        row["series_uid"],
+        check.short,
+        cfg.pacs.series_limit_s,
+        hint,
+        extra={"event": "listen_cut", "series_uid": row["series_uid"]},
+    )

@@ -166,6 +166,27 @@ class Handover:
         rows = self._ledger.rows("SELECT * FROM series WHERE state = 'processed' AND removed_at IS NULL")
         return sum(self._release(row) for row in rows)
 
+    def _finished_by_runner(self, row: dict[str, Any]) -> bool:
+        """Whether the runner finished the handed generation ``row`` (its cases, found in its folder as the runner finds
+        them, are done or quarantined in the run store) before the listener stopped without recording it."""
+        from ..runner.discover import discover
+        from ..runner.store import open_readonly
+
+        assert self.session is not None
+        keys = sorted({c.case_key for c in discover([row["folder"]], self.session.config).cases})
+        if not keys:
+            return False
+        try:
+            db = open_readonly(self.run_dir)
+        except CtpipeError:  # no run store yet: the runner never took a case
+            return False
+        try:
+            marks = ", ".join("?" * len(keys))
+            found = db.execute(f"SELECT status FROM cases WHERE case_key IN ({marks})", keys).fetchall()
+        finally:
+            db.close()
+        return len(found) == len(keys) and all(r[0] in ("done", "failed") for r in found)
+
     def _report_incomplete(self, row: dict[str, Any], why: str) -> None:
         limit = self.cfg.pacs.series_limit_s
         data = {

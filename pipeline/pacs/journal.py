@@ -17,7 +17,8 @@ recorded after, as recovery could not tell it from a complete one. A generation 
 already handed opens generation N+1, whose folder starts with hard links to generation N's files:
 the runner sees a changed series as a new case. After a crash, :meth:`ReceiveJournal.recover`
 removes the files of instances never acknowledged, drops empty generations, and restarts the quiet
-period of open series; handed generations are handed again (the run store skips done cases).
+period of open series; handed generations are handed again (the run store skips done cases), but for those the
+runner had not finished that the listener's count settings now hold (:meth:`ReceiveJournal.unhand`).
 
 Once a generation is processed, its folder is removed (:meth:`ReceiveJournal.release`) unless
 ``pacs.keep_received`` keeps it (``all``; ``failed`` keeps those of quarantined or not selected
@@ -307,6 +308,19 @@ class ReceiveJournal:
 
     def handed(self) -> list[dict[str, Any]]:
         return self.ledger.rows("SELECT * FROM series WHERE state = 'handed' ORDER BY last_at")
+
+    def unhand(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """Put a handed generation the runner did not finish back to ``open`` (at a restart, to be judged as an open
+        one is), its quiet period restarted as :meth:`recover` restarts an open one's; None (nothing done) when it is
+        no longer handed or a newer generation of its series exists."""
+        t = now()
+        with self.ledger.tx() as db:
+            cur = db.execute(
+                "UPDATE series SET state = 'open', last_at = ? WHERE series_uid = ? AND generation = ? AND state = 'handed' "
+                "AND NOT EXISTS (SELECT 1 FROM series s WHERE s.series_uid = ? AND s.generation > ?)",
+                (t, row["series_uid"], row["generation"], row["series_uid"], row["generation"]),
+            )
+        return dict(row, state="open", last_at=t) if cur.rowcount else None
 
     def processed(self, row: dict[str, Any], *, case_id: str | None, outcome: str) -> None:
         with self.ledger.tx() as db:

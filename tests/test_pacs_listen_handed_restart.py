@@ -1,0 +1,174 @@
+"""A series ``ctpipe listen`` handed to the runner under a looser ``pacs.abort_count_check`` (or
+``pacs.release_count_check``), whose listener died before the runner finished it, is judged at the restart by the
+setting then in force, as a series still open is: held short of its count, it waits for the rest or is quarantined,
+never published short, and is processed once. One the runner had finished before the listener died is left as it is:
+recorded, not run again. The listener that dies is a real one in a child process, killed (SIGKILL) by its own code
+path while the runner works on the case or just after the runner finished it; the sender is pynetdicom's C-STORE
+client."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests._support.orthanc import write_phantom_series
+from tests._support.runner import db_rows
+from tests.test_pacs_listen_aborted_short import _OPTS, _counted, _note, _until
+from tests.test_pacs_listen_receive import _limit_clock, _listener, _send
+
+pytestmark = pytest.mark.pacs
+
+REPO = Path(__file__).resolve().parent.parent
+#: A series limit no test reaches unless it moves the limit's clock: a held series stays open.
+_HELD = {**_OPTS, "pacs.series_limit_s": 3600.0}
+#: The setting that left the count out, by how the sender ended its association.
+_SETTING = {"abort": "pacs.abort_count_check", "release": "pacs.release_count_check"}
+
+#: The listener that dies: on RUN with SETTING none, it prints its port and steps only once told to (a line on its
+#: input), so that the sender's end is taken before the series is handed over; then its process is killed at AT:
+#: ``running`` as the runner starts the case, ``finished`` once the runner has finished it, before the listener records it.
+CHILD = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from pipeline.pacs.journal import ReceiveJournal
+    from pipeline.runner.store import RunStore
+    from tests.test_pacs_listen_receive import _listener
+
+    run, at, setting = sys.argv[1:4]
+
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if at == "running":
+        RunStore.begin_case = killed
+    else:
+        ReceiveJournal.processed = killed
+    opts = {"pacs.quiet_period_s": 0.2, "ingest.min_slices": 3, "pacs.series_limit_s": 3600.0, setting: "none"}
+    lst = _listener(Path(run), **opts).start()
+    print(lst.port, flush=True)
+    sys.stdin.readline()
+    lst.serve_forever()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory) -> tuple[str, list[Path]]:
+    return write_phantom_series(tmp_path_factory.mktemp("handed_restart") / "case", 48, slices=8)
+
+
+def _events(caplog, event: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", None) == event]
+
+
+def _recorded_end(run: Path) -> dict | None:
+    """The sender's end the listener recorded for the series (``series.aborted``), or None."""
+    ledger = run / "pacs" / "ledger.sqlite"
+    if not ledger.is_file():
+        return None
+    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+        row = db.execute("SELECT aborted FROM series").fetchone()
+    return json.loads(row[0]) if row and row[0] else None
+
+
+def _died_handed(run: Path, datasets: list, *, end: str, at: str) -> None:
+    """``datasets`` sent to a listener on ``run`` whose setting leaves the counts out after ``end``; the listener hands
+    the series over and its process is killed at ``at`` (see :data:`CHILD`): the series stays handed in its ledger."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [sys.executable, "-c", CHILD, str(run), at, _SETTING[end]]
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=REPO)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        port = int(proc.stdout.readline())
+        assert _send(port, datasets, end=end) == [0] * len(datasets)
+        deadline = time.monotonic() + 60
+        while (_recorded_end(run) or {}).get("end") != end and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (_recorded_end(run) or {}).get("n") == len(datasets), _recorded_end(run)
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=120) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    with sqlite3.connect(f"file:{run / 'pacs' / 'ledger.sqlite'}?mode=ro", uri=True) as db:
+        assert db.execute("SELECT state FROM series").fetchall() == [("handed",)]
+
+
+@pytest.mark.slow  # a listener killed in a child process, then restarted
+@pytest.mark.parametrize(("end", "then"), [("abort", "rest"), ("release", "limit")])
+def test_a_series_handed_under_a_looser_setting_and_not_finished_is_held_after_a_restart_with_a_stricter_one(
+    series, tmp_path, caplog, monkeypatch, end, then
+):
+    """5 of 8 slices, each saying Images in Acquisition 8, then the sender's A-ABORT (or release), accepted with no
+    count checked and handed over; the listener killed as the runner starts the case. Restarted with the default
+    setting, the series is held as cut off with the note and warning of a live hold, not handed over again (was:
+    processed as a done case from 5 slices); the rest arriving completes it, processed once whole, or, never sent,
+    it is quarantined after pacs.series_limit_s with the count."""
+    uid, files = series
+    datasets = _counted(files, ImagesInAcquisition=len(files))
+    run = tmp_path / "run"
+    _died_handed(run, datasets[:5], end=end, at="running")
+    assert db_rows(run, "SELECT status FROM cases") == [("pending",)]  # registered, not started
+    clock = _limit_clock(monkeypatch)
+    caplog.clear()
+    outcomes: list = []
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **_HELD) as lst:
+        lst.on_series = outcomes.append
+        time.sleep(0.4)  # past the quiet period
+        assert lst.step() == [] and not outcomes
+        held = _note(run, uid)
+        how = "A-ABORT" if end == "abort" else "released its association"
+        for part in ("sender cut off", "MODALITY", how, f"5 of {len(files)}", _SETTING[end]):
+            assert part in held, (part, held)
+        warned = [r for r in _events(caplog, "listen_cut") if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and uid in warned[0].getMessage(), [r.getMessage() for r in warned]
+        (summary,) = _events(caplog, "listen_recover")
+        assert "1 series handed to the runner and not finished by it held" in summary.getMessage(), summary.getMessage()
+        if then == "rest":
+            assert _send(lst.port, datasets[5:]) == [0] * (len(files) - 5)
+        else:
+            clock["ahead"] = 3600.0  # the limit is over
+        _until(lambda: bool(outcomes), lst)
+        time.sleep(0.4)
+        assert lst.step() == []  # nothing handed over again
+    if then == "rest":
+        assert [(o.status, o.n_instances) for o in outcomes] == [("done", len(files))], [o.line() for o in outcomes]
+    else:
+        assert [o.status for o in outcomes] == ["quarantined"], [o.line() for o in outcomes]
+        for part in ("PartialSeriesError", f"5 of {len(files)}", "MODALITY", "send the series again"):
+            assert part in outcomes[0].line(), (part, outcomes[0].line())
+    assert [s for (s,) in db_rows(run, "SELECT status FROM cases")] == ["done" if then == "rest" else "failed"]
+
+
+@pytest.mark.slow  # a listener killed in a child process, then restarted
+def test_a_series_the_runner_finished_before_the_listener_died_is_left_as_it_is(series, tmp_path, caplog):
+    """The same 5 of 8 slices accepted with no count checked, handed over and processed by the runner, the listener
+    killed before it recorded that: the restart with the default setting does not hold it; it is recorded done from
+    the run store, its case not run again."""
+    uid, files = series
+    run = tmp_path / "run"
+    _died_handed(run, _counted(files, ImagesInAcquisition=len(files))[:5], end="release", at="finished")
+    assert db_rows(run, "SELECT status FROM cases") == [("done",)]
+    attempts = db_rows(run, "SELECT COUNT(*) FROM stage_attempts")
+    caplog.clear()
+    outcomes: list = []
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **_HELD) as lst:
+        lst.on_series = outcomes.append
+        _until(lambda: bool(outcomes), lst)
+    assert [(o.status, o.n_instances) for o in outcomes] == [("done", 5)], [o.line() for o in outcomes]
+    assert "sender cut off" not in _note(run, uid)
+    assert not _events(caplog, "listen_cut"), [r.getMessage() for r in _events(caplog, "listen_cut")]
+    assert db_rows(run, "SELECT COUNT(*) FROM stage_attempts") == attempts
