@@ -36,7 +36,8 @@ _SETTING = {"abort": "pacs.abort_count_check", "release": "pacs.release_count_ch
 
 #: The listener that dies: on RUN with SETTING none, it prints its port and steps only once told to (a line on its
 #: input), so that the sender's end is taken before the series is handed over; then its process is killed at AT:
-#: ``running`` as the runner starts the case, ``finished`` once the runner has finished it, before the listener records it.
+#: ``running`` as the runner starts the case (``grown``: once told to, a second line, the rest of the series received
+#: meanwhile), ``finished`` once the runner has finished it, before the listener records it.
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
@@ -48,9 +49,11 @@ CHILD = textwrap.dedent(
     run, at, setting = sys.argv[1:4]
 
     def killed(*args, **kwargs):
+        if at == "grown":
+            sys.stdin.readline()
         os.kill(os.getpid(), signal.SIGKILL)
 
-    if at == "running":
+    if at in ("running", "grown"):
         RunStore.begin_case = killed
     else:
         ReceiveJournal.processed = killed
@@ -72,19 +75,30 @@ def _events(caplog, event: str) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "event", None) == event]
 
 
-def _recorded_end(run: Path) -> dict | None:
-    """The sender's end the listener recorded for the series (``series.aborted``), or None."""
+def _ledger(run: Path, sql: str) -> list[tuple]:
     ledger = run / "pacs" / "ledger.sqlite"
     if not ledger.is_file():
-        return None
+        return []
     with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
-        row = db.execute("SELECT aborted FROM series").fetchone()
-    return json.loads(row[0]) if row and row[0] else None
+        return db.execute(sql).fetchall()
 
 
-def _died_handed(run: Path, datasets: list, *, end: str, at: str) -> None:
+def _recorded_end(run: Path, generation: int = 1) -> dict | None:
+    """The sender's end the listener recorded for the series' ``generation`` (``series.aborted``), or None."""
+    rows = _ledger(run, f"SELECT aborted FROM series WHERE generation = {generation}")
+    return json.loads(rows[0][0]) if rows and rows[0][0] else None
+
+
+def _polled(pred) -> None:
+    deadline = time.monotonic() + 60
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _died_handed(run: Path, datasets: list, *, end: str, at: str, rest: list | None = None) -> None:
     """``datasets`` sent to a listener on ``run`` whose setting leaves the counts out after ``end``; the listener hands
-    the series over and its process is killed at ``at`` (see :data:`CHILD`): the series stays handed in its ledger."""
+    the series over and its process is killed at ``at`` (see :data:`CHILD`): the series stays handed in its ledger.
+    ``rest``: sent (and released) once the series is handed over, before the kill (at ``grown``)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     args = [sys.executable, "-c", CHILD, str(run), at, _SETTING[end]]
     proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=REPO)
@@ -92,19 +106,24 @@ def _died_handed(run: Path, datasets: list, *, end: str, at: str) -> None:
         assert proc.stdout is not None and proc.stdin is not None
         port = int(proc.stdout.readline())
         assert _send(port, datasets, end=end) == [0] * len(datasets)
-        deadline = time.monotonic() + 60
-        while (_recorded_end(run) or {}).get("end") != end and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _polled(lambda: (_recorded_end(run) or {}).get("end") == end)
         assert (_recorded_end(run) or {}).get("n") == len(datasets), _recorded_end(run)
         proc.stdin.write(b"go\n")
         proc.stdin.flush()
+        if rest is not None:
+            _polled(lambda: _ledger(run, "SELECT state FROM series") == [("handed",)])
+            assert _send(port, rest) == [0] * len(rest)
+            _polled(lambda: (_recorded_end(run, 2) or {}).get("n") == len(rest))
+            assert (_recorded_end(run, 2) or {}).get("end") == "release", _recorded_end(run, 2)
+            proc.stdin.write(b"die\n")
+            proc.stdin.flush()
         assert proc.wait(timeout=120) == -signal.SIGKILL
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    with sqlite3.connect(f"file:{run / 'pacs' / 'ledger.sqlite'}?mode=ro", uri=True) as db:
-        assert db.execute("SELECT state FROM series").fetchall() == [("handed",)]
+    states = _ledger(run, "SELECT state FROM series ORDER BY generation")
+    assert states == [("handed",)] + ([("open",)] if rest is not None else []), states
 
 
 @pytest.mark.slow  # a listener killed in a child process, then restarted
@@ -172,3 +191,32 @@ def test_a_series_the_runner_finished_before_the_listener_died_is_left_as_it_is(
     assert "sender cut off" not in _note(run, uid)
     assert not _events(caplog, "listen_cut"), [r.getMessage() for r in _events(caplog, "listen_cut")]
     assert db_rows(run, "SELECT COUNT(*) FROM stage_attempts") == attempts
+
+
+@pytest.mark.slow  # a listener killed in a child process, then restarted
+def test_a_series_handed_short_and_grown_since_is_quarantined_and_its_newer_generation_processed(series, tmp_path, caplog):
+    """5 of 8 slices (each saying 8) and the sender's A-ABORT, accepted with no count checked and handed over; the other
+    3 arrive (generation 2, with the first 5) as the runner starts generation 1, and the listener is killed. Restarted
+    with the default setting: generation 1 cannot wait for the rest, which generation 2 holds; it is quarantined with
+    the count (was: published as a done case from 5 slices), and generation 2 is processed once, whole, in the same
+    case."""
+    uid, files = series
+    datasets = _counted(files, ImagesInAcquisition=len(files))
+    run = tmp_path / "run"
+    _died_handed(run, datasets[:5], end="abort", at="grown", rest=datasets[5:])
+    caplog.clear()
+    outcomes: list = []
+    with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **_HELD) as lst:
+        lst.on_series = outcomes.append
+        _until(lambda: len(outcomes) >= 2, lst)
+        time.sleep(0.4)
+        assert lst.step() == []  # nothing handed over again
+    said = [(o.generation, o.status, o.n_instances) for o in outcomes]
+    assert said == [(1, "quarantined", 5), (2, "done", len(files))], [o.line() for o in outcomes]
+    for part in ("PartialSeriesError", f"5 of {len(files)}", "A-ABORT", "generation 2"):
+        assert part in outcomes[0].line(), (part, outcomes[0].line())
+    warned = [r.getMessage() for r in _events(caplog, "listen_cut") if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "generation 2" in warned[0] and uid in warned[0], warned
+    (summary,) = _events(caplog, "listen_recover")
+    assert "1 such series handed over incomplete" in summary.getMessage(), summary.getMessage()
+    assert db_rows(run, "SELECT status FROM cases") == [("done",)]

@@ -31,7 +31,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .expected_count import SHORT_NOTE, CountCheck, announced, checked, hold_short, latest_count_check, leave_out_hint
+from .expected_count import (
+    SETTINGS,
+    SHORT_NOTE,
+    CountCheck,
+    announced,
+    checked,
+    hold_note,
+    hold_short,
+    latest_count_check,
+    leave_out_hint,
+)
 from .journal import CUT_NOTE, INCOMPLETE_NOTE, RECOUNTED_NOTE, RESENT_NOTE, ReceiveJournal
 from .ledger import Ledger
 
@@ -116,16 +126,20 @@ def hold_aborted(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any) -> int:
     return held
 
 
-def hold_handed(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any, finished: Callable[[dict[str, Any]], bool]) -> int:
+def hold_handed(
+    journal: ReceiveJournal, ledger: Ledger, *, cfg: Any, finished: Callable[[dict[str, Any]], bool]
+) -> tuple[int, int]:
     """At the listener's start: judge each series handed to the runner by an earlier listener that stopped before the
     runner finished it (``finished``: whether the runner did, by the run store) as :func:`hold_aborted` judges an open
     one: one short of a count the current setting checks after its sender's end is put back to open
     (:meth:`~pipeline.pacs.journal.ReceiveJournal.unhand`) and held with the note and warning of a live hold, so that it
     waits for the rest up to ``pacs.series_limit_s`` after its first instance, then is quarantined (never published
-    short). One the runner finished is left as it is (handed again, the run store skips its case: recorded, not run
-    twice), and so is one handed over incomplete (quarantined anyway) or with a newer generation. Returns how many
-    series were held so."""
-    held = 0
+    short). One whose series has a newer generation since (its instances and those received after, linked) cannot wait
+    for the rest: it is handed over as incomplete, so that the runner quarantines it with that note, and the newer
+    generation is processed as any other (its case takes the quarantined one's place). One the runner finished is left
+    as it is (handed again, the run store skips its case: recorded, not run twice), and so is one handed over
+    incomplete (quarantined anyway). Returns how many series were held, and how many handed over incomplete, so."""
+    held = superseded = 0
     for row in journal.handed():
         judged = _short_now(ledger, row, cfg=cfg)
         if judged is None or finished(row):
@@ -134,14 +148,35 @@ def hold_handed(journal: ReceiveJournal, ledger: Ledger, *, cfg: Any, finished: 
         if reopened is not None:
             _hold(journal, reopened, *judged, cfg=cfg)
             held += 1
-    return held
+            continue
+        superseded += 1
+        record, end, check = judged
+        newer = ledger.one("SELECT MAX(generation) AS g FROM series WHERE series_uid = ?", (row["series_uid"],))
+        later = int(newer["g"]) if newer is not None and newer["g"] is not None else int(row["generation"]) + 1
+        journal.note(
+            row,
+            f"{INCOMPLETE_NOTE} generation {later} of its series took its instances and those received since: "
+            f"{_hold_note(record, end, check, cfg=cfg)}",
+        )
+        log.warning(
+            "series %s (generation %d), handed to the runner and not finished by it when the listener stopped, is short "
+            "of a count %s now checks: %s; generation %d holds its instances and those received since, so this one is "
+            "handed over incomplete, quarantined (never published short), and generation %d is processed as any other",
+            row["series_uid"],
+            row["generation"],
+            SETTINGS[end],
+            check.short,
+            later,
+            later,
+            extra={"event": "listen_cut", "series_uid": row["series_uid"]},
+        )
+    return held, superseded
 
 
 def _short_now(ledger: Ledger, row: dict[str, Any], *, cfg: Any) -> tuple[AbortRecord | None, str, CountCheck] | None:
-    """Whether the current setting holds the generation ``row`` (open, or handed and its series' latest) for its sender's
-    end: its record (None: not recorded, judged as an A-ABORT), that end, and the count check it is short by; None
-    when it is not held (held already, no end recorded, no count checked, its instances give none checked or reach
-    them, a newer generation exists)."""
+    """Whether the current setting holds the generation ``row`` (open, or handed) for its sender's end: its record
+    (None: not recorded, judged as an A-ABORT), that end, and the count check of its files it is short by; None when it
+    is not held (held already, no end recorded, no count checked, its instances give none checked or reach them)."""
     if str(row["note"] or "").startswith((CUT_NOTE, INCOMPLETE_NOTE, RESENT_NOTE, RECOUNTED_NOTE)):
         return None  # held already, or opened again from a quarantined case on an end it was judged by then
     known, record = _read(row)
@@ -151,26 +186,31 @@ def _short_now(ledger: Ledger, row: dict[str, Any], *, cfg: Any) -> tuple[AbortR
     counts = checked(cfg, end)
     if not counts or (record is not None and not set(counts) & set(record.counts)):
         return None  # no count checked after such an end, or its instances gave none checked now
-    latest = ledger.one("SELECT generation FROM series WHERE series_uid = ? ORDER BY generation DESC", (row["series_uid"],))
-    if latest is None or int(latest["generation"]) != int(row["generation"]):
-        return None  # the count check reads the series' latest generation, not this one
-    check = latest_count_check(ledger, row["series_uid"], counts=counts)
+    check = latest_count_check(ledger, row["series_uid"], counts=counts, generation=int(row["generation"]))
     if check is None or check.short is None:
         return None
     return record, end, check
 
 
+def _hold_note(record: AbortRecord | None, end: str, check: CountCheck, *, cfg: Any) -> str:
+    """The note of a series :func:`_short_now` found short: a live hold's (the record's sender, time and instances), or,
+    without a record, one saying its sender's end is not known and judged as an A-ABORT."""
+    if record is not None:
+        return hold_note(sender=record.sender, n=record.n, check=check, at=record.at, cfg=cfg, end=end)
+    hint = leave_out_hint(str(check.field), checked(cfg, end))
+    return f"{CUT_NOTE} {UNRECORDED}, judged as after an A-ABORT, {SHORT_NOTE}: {check.short}; {hint}"
+
+
 def _hold(
     journal: ReceiveJournal, row: dict[str, Any], record: AbortRecord | None, end: str, check: CountCheck, *, cfg: Any
 ) -> None:
-    """Hold ``row`` as :func:`_short_now` found it short: as a live hold does (the record's sender, time and instances),
-    or, without a record, as after an A-ABORT whose sender is not known."""
+    """Hold the open generation ``row`` as :func:`_short_now` found it short: as a live hold does (the record's sender,
+    time and instances), or, without a record, as after an A-ABORT whose sender is not known."""
     if record is not None:
         hold_short(journal, row, sender=record.sender, n=record.n, check=check, at=record.at, cfg=cfg, end=end)
         return
-    counts = checked(cfg, end)
-    hint = leave_out_hint(str(check.field), counts)
-    journal.note(row, f"{CUT_NOTE} {UNRECORDED}, judged as after an A-ABORT, {SHORT_NOTE}: {check.short}; {hint}")
+    hint = leave_out_hint(str(check.field), checked(cfg, end))
+    journal.note(row, _hold_note(record, end, check, cfg=cfg))
     log.warning(
         "series %s, open in a ledger that does not record how its sender's associations ended (written before ctpipe "
         "recorded it), has fewer instances than a count they give: %s; held as cut off, as after a sender's A-ABORT "

@@ -231,11 +231,16 @@ def shortfall(folder: Path) -> str | None:
     return count_check(folder).short
 
 
-def latest_count_check(ledger: Ledger, series_uid: str, *, counts: Collection[str] = ABORT_COUNTS) -> CountCheck | None:
-    """:func:`count_check` of the series' latest generation in the listener's ledger against ``counts``, with the
-    latest generations of the other series of its study whose files are kept as siblings (None when its own files are
-    gone)."""
-    row = ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
+def latest_count_check(
+    ledger: Ledger, series_uid: str, *, counts: Collection[str] = ABORT_COUNTS, generation: int | None = None
+) -> CountCheck | None:
+    """:func:`count_check` of the series' latest generation (or ``generation``) in the listener's ledger against
+    ``counts``, with the latest generations of the other series of its study whose files are kept as siblings (None
+    when its own files are gone)."""
+    if generation is not None:
+        row = ledger.one("SELECT * FROM series WHERE series_uid = ? AND generation = ?", (series_uid, generation))
+    else:
+        row = ledger.one("SELECT * FROM series WHERE series_uid = ? ORDER BY generation DESC LIMIT 1", (series_uid,))
     if row is None or row["removed_at"] is not None or not row["folder"]:
         return None
     latest: dict[str, Any] = {}
@@ -302,6 +307,14 @@ def leave_out_hint(field: str, counts: Collection[str], *, end: str = "abort") -
     )
 
 
+def hold_note(*, sender: str, n: int, check: CountCheck, at: str, cfg: Any, end: str = "abort") -> str:
+    """The note of a series held by :func:`hold_short` (its arguments): the cut-off, how and when the sender ended its
+    association, the count it is short of, and how to leave that count out."""
+    how = RELEASED if end == "release" else "ended its association with an A-ABORT"
+    hint = leave_out_hint(str(check.field), checked(cfg, end), end=end)
+    return f"{CUT_NOTE} {sender} {how} at {at} after {n} instance(s), {SHORT_NOTE}: {check.short}; {hint}"
+
+
 def hold_short(
     journal: ReceiveJournal,
     row: dict[str, Any],
@@ -322,8 +335,8 @@ def hold_short(
     instance per association releases each short of the count but the last."""
     short = str(check.short)
     hint = leave_out_hint(str(check.field), checked(cfg, end), end=end)
+    journal.note(row, hold_note(sender=sender, n=n, check=check, at=at, cfg=cfg, end=end))
     if end == "release":
-        journal.note(row, f"{CUT_NOTE} {sender} {RELEASED} at {at} after {n} instance(s), {SHORT_NOTE}: {short}; {hint}")
         log.info(
             "the association from %s released by the sender after %d instance(s) of series %s: %s; held until the "
             "rest arrives (pacs.release_count_check)",
@@ -334,10 +347,6 @@ def hold_short(
             extra={"event": "listen_released_short", "series_uid": row["series_uid"]},
         )
         return
-    journal.note(
-        row,
-        f"{CUT_NOTE} {sender} ended its association with an A-ABORT at {at} after {n} instance(s), {SHORT_NOTE}: {short}; {hint}",
-    )
     log.warning(
         "the association from %s ended by the sender's A-ABORT after %d instance(s) of series %s: %s, held as cut off "
         "(the sender was stopped before the end); what arrived is kept, and the series waits for the rest (the "

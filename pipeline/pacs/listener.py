@@ -78,8 +78,8 @@ log = logging.getLogger(__name__)
 def _say_restart(counts: dict[str, int]) -> None:
     """The listener's one WARNING line of what its start found and did (``counts``: :meth:`ReceiveJournal.recover`'s,
     ``released``: processed series' files removed, ``lifted``: held series :func:`recheck_held` released, ``held``: open
-    series :func:`hold_aborted` held, ``unhanded``: series handed to the runner and not finished by it that
-    :func:`hold_handed` held); none when it did nothing."""
+    series :func:`hold_aborted` held, ``unhanded`` and ``superseded``: series handed to the runner and not finished by
+    it that :func:`hold_handed` held, or handed over incomplete); none when it did nothing."""
     if not any(counts.values()):
         return
     log.warning(
@@ -89,7 +89,8 @@ def _say_restart(counts: dict[str, int]) -> None:
         "%d processed series' files removed, %d series held short of a count released by the current "
         "pacs.abort_count_check or pacs.release_count_check (processed once quiet), %d open series ended by a sender's "
         "A-ABORT or release (or whose end the ledger does not record) held short of a count it checks, %d series "
-        "handed to the runner and not finished by it held so instead",
+        "handed to the runner and not finished by it held so instead, %d such series handed over incomplete instead "
+        "(a newer generation holds their instances)",
         counts["unacknowledged"],
         counts["reopened"],
         counts["dropped"],
@@ -99,6 +100,7 @@ def _say_restart(counts: dict[str, int]) -> None:
         counts["lifted"],
         counts["held"],
         counts["unhanded"],
+        counts["superseded"],
         extra={"event": "listen_recover"},
     )
 
@@ -178,7 +180,7 @@ class Listener(AssociationEnds, Handover):
         self.journal = ReceiveJournal(self._ledger, self.run_dir / "pacs" / "incoming")
         counts = self.journal.recover()
         counts["released"] = self._release_processed()
-        counts["lifted"] = counts["held"] = counts["unhanded"] = 0
+        counts["lifted"] = counts["held"] = counts["unhanded"] = counts["superseded"] = 0
         try:
             self.session = RunSession(
                 self.run_dir, config=self.cfg, stages=self.stages, command="ctpipe listen", **self.run_options
@@ -190,7 +192,9 @@ class Listener(AssociationEnds, Handover):
             # open series whose sender's A-ABORT an earlier, looser setting accepted: the current one may hold them
             counts["held"] = hold_aborted(self.journal, self._ledger, cfg=self.cfg)
             # series handed to the runner that it had not finished: judged as open ones, by the setting now in force
-            counts["unhanded"] = hold_handed(self.journal, self._ledger, cfg=self.cfg, finished=self._finished_by_runner)
+            counts["unhanded"], counts["superseded"] = hold_handed(
+                self.journal, self._ledger, cfg=self.cfg, finished=self._finished_by_runner
+            )
             counts["handed"] -= counts["unhanded"]
         finally:  # what the restart did, also when the folder is refused
             _say_restart(counts)
