@@ -37,7 +37,8 @@ _SETTING = {"abort": "pacs.abort_count_check", "release": "pacs.release_count_ch
 #: The listener that dies: on RUN with SETTING none, it prints its port and steps only once told to (a line on its
 #: input), so that the sender's end is taken before the series is handed over; then its process is killed at AT:
 #: ``running`` as the runner starts the case (``grown``: once told to, a second line, the rest of the series received
-#: meanwhile), ``finished`` once the runner has finished it, before the listener records it.
+#: meanwhile), ``finished`` once the runner has finished it, before the listener records it, ``published`` once the
+#: runner has put the case's folder in place, before it records the case done.
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
@@ -55,6 +56,8 @@ CHILD = textwrap.dedent(
 
     if at in ("running", "grown"):
         RunStore.begin_case = killed
+    elif at == "published":
+        RunStore.complete_case = killed
     else:
         ReceiveJournal.processed = killed
     opts = {"pacs.quiet_period_s": 0.2, "ingest.min_slices": 3, "pacs.series_limit_s": 3600.0, setting: "none"}
@@ -173,14 +176,16 @@ def test_a_series_handed_under_a_looser_setting_and_not_finished_is_held_after_a
 
 
 @pytest.mark.slow  # a listener killed in a child process, then restarted
-def test_a_series_the_runner_finished_before_the_listener_died_is_left_as_it_is(series, tmp_path, caplog):
+@pytest.mark.parametrize("at", ["finished", "published"])
+def test_a_series_the_runner_finished_before_the_listener_died_is_left_as_it_is(series, tmp_path, caplog, at):
     """The same 5 of 8 slices accepted with no count checked, handed over and processed by the runner, the listener
-    killed before it recorded that: the restart with the default setting does not hold it; it is recorded done from
-    the run store, its case not run again."""
+    killed before it recorded that (or the runner killed once the case's folder was in place, before it recorded the
+    case done): the restart with the default setting does not hold it; it is recorded done from the run store (the
+    folder adopted), its case not run again."""
     uid, files = series
     run = tmp_path / "run"
-    _died_handed(run, _counted(files, ImagesInAcquisition=len(files))[:5], end="release", at="finished")
-    assert db_rows(run, "SELECT status FROM cases") == [("done",)]
+    _died_handed(run, _counted(files, ImagesInAcquisition=len(files))[:5], end="release", at=at)
+    assert db_rows(run, "SELECT status FROM cases") == [("done" if at == "finished" else "running",)]
     attempts = db_rows(run, "SELECT COUNT(*) FROM stage_attempts")
     caplog.clear()
     outcomes: list = []

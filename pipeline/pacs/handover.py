@@ -167,9 +167,11 @@ class Handover:
         return sum(self._release(row) for row in rows)
 
     def _finished_by_runner(self, row: dict[str, Any]) -> bool:
-        """Whether the runner finished the handed generation ``row`` (its cases, found in its folder as the runner finds
-        them, are done or quarantined in the run store) before the listener stopped without recording it."""
+        """Whether the runner finished the handed generation ``row`` before the listener stopped without recording it:
+        its cases, found in its folder as the runner finds them, are done or quarantined in the run store, or their
+        folders are in place, published by a runner stopped before it recorded them (the next run adopts them)."""
         from ..runner.discover import discover
+        from ..runner.resume import read_manifest
         from ..runner.store import open_readonly
 
         assert self.session is not None
@@ -182,10 +184,14 @@ class Handover:
             return False
         try:
             marks = ", ".join("?" * len(keys))
-            found = db.execute(f"SELECT status FROM cases WHERE case_key IN ({marks})", keys).fetchall()
+            found = db.execute(f"SELECT case_key, case_id, status FROM cases WHERE case_key IN ({marks})", keys).fetchall()
         finally:
             db.close()
-        return len(found) == len(keys) and all(r[0] in ("done", "failed") for r in found)
+
+        def published(key: str, case_id: str) -> bool:
+            return (read_manifest(self.run_dir / "cases" / case_id) or {}).get("case_key") == key
+
+        return len(found) == len(keys) and all(status in ("done", "failed") or published(k, c) for k, c, status in found)
 
     def _report_incomplete(self, row: dict[str, Any], why: str) -> None:
         limit = self.cfg.pacs.series_limit_s
