@@ -175,12 +175,12 @@ class Handover:
         from ..runner.store import open_readonly
 
         assert self.session is not None
-        keys = sorted({c.case_key for c in discover([row["folder"]], self.session.config).cases})
-        if not keys:
-            return False
         try:
-            db = open_readonly(self.run_dir)
-        except CtpipeError:  # no run store yet: the runner never took a case
+            keys = sorted({c.case_key for c in discover([row["folder"]], self.session.config).cases})
+            db = open_readonly(self.run_dir) if keys else None
+        except CtpipeError:  # its folder unreadable, or no run store yet: the runner never took a case of it
+            return False
+        if db is None:
             return False
         try:
             marks = ", ".join("?" * len(keys))
