@@ -34,11 +34,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from detector_data import PATCH, SPACING, VESSEL_NEGATIVES, WINDOW, build_cache, random_patch
+from detector_phantoms import EVAL_PHANTOM, NO_NODULE_FRACTION, POSITIONS
+
+# named here by the model's training record, the weights' README and the other training scripts
+from detector_phantoms import heldout_phantom as heldout_phantom
+from detector_phantoms import phantom_confounders as phantom_confounders
+from detector_phantoms import training_phantom as training_phantom
+from heldout_eval import evaluate_heldout
 
 from pipeline.detection.model_config import DEMO_MODEL_JSON, FORMAT
 from pipeline.detection.network import build_anchor_generator, build_network, count_parameters
 from pipeline.detection.precision import autocast_dtype, precision_name
-from pipeline.detection.preprocess import Window, prepare_input
 
 log = logging.getLogger("train_detector")
 
@@ -60,178 +67,12 @@ ARCH = {
     "num_anchors": 3,
     "size_divisible": [16, 16, 8],
 }
-SPACING = [1.0, 1.0, 1.25]
-WINDOW = Window(-1024.0, 300.0, 0.0, 1.0, True)
 # anchor shapes in voxels of SPACING at the finest level; levels scale them by 1, 2, 4
 ANCHORS = {"feature_map_scales": [1, 2, 4], "base_anchor_shapes": [[4, 4, 3], [6, 6, 5], [10, 10, 8]]}
 SELECTOR = {"score_thresh": 0.02, "topk_candidates_per_level": 1000, "nms_thresh": 0.22, "detections_per_img": 300}
 # the network sees the lungs' whole box at once where it fits (448 voxels per axis at SPACING; larger inputs are
 # tiled): the operating point is calibrated, and the held-out figures measured, that way
 SLIDING = {"roi_size": [448, 448, 448], "overlap": 0.25, "mode": "constant"}
-PATCH = [64, 64, 48]
-CACHE_MARGIN = 24  # voxels kept around the lungs in the cached training inputs
-VESSEL_NEGATIVES = 0.5  # share of the negative patches centred on a lung vessel point
-
-
-#: Share of the training, validation and evaluation phantoms drawn without any nodule (vessels, bifurcations and
-#: the confounders are then the only things the detector sees there: negatives to learn).
-NO_NODULE_FRACTION = 0.2
-#: Patient positions of the training phantoms and their shares (the network input is reoriented to RAS).
-POSITIONS = {"HFS": 0.85, "FFS": 0.1, "HFP": 0.05}
-
-
-def phantom_confounders(seed: int):  # -> pipeline.phantom.Confounders
-    """The confounders of every training, validation and held-out phantom: ``realistic_confounders(seed)`` with
-    the lungs' sub-voxel peripheral vessels (``fine_vessels``: the faint dots real lungs are full of)."""
-    from dataclasses import replace
-
-    from pipeline.phantom import realistic_confounders
-
-    return replace(realistic_confounders(seed), fine_vessels=True)
-
-
-def training_phantom(seed: int, rng: np.random.Generator):  # -> pipeline.phantom.Phantom
-    """A realistic training phantom, deterministic from ``seed`` (``rng`` = ``default_rng(seed)``).
-
-    Random protocol (matrix 160-256, field of view 200-360 mm, slices 1.25-2.5 mm), a patient position
-    (:data:`POSITIONS`) and the realistic confounders of ``realistic_confounders(seed)`` (table, blanket, arms,
-    contrast, bowel gas, partial coverage, small or large field of view, emphysema, effusion, atelectasis, sharp
-    kernel, thick slices, metal) over the vessel trees (bifurcating, tapering from the hila) and the lungs' sub-voxel
-    peripheral vessels (:func:`phantom_confounders`); a share
-    :data:`NO_NODULE_FRACTION` has no nodule at all, the rest 3-8 (fewer where the lungs hold fewer).
-    """
-    from pipeline.errors import PhantomError
-    from pipeline.phantom import generate_phantom
-
-    matrix = int(rng.choice([160, 192, 256]))
-    fov = float(rng.uniform(200.0, 360.0))
-    slice_spacing = float(rng.choice([1.25, 2.0, 2.5]))
-    n_nodules = 0 if rng.random() < NO_NODULE_FRACTION else int(rng.integers(3, 9))
-    position = str(rng.choice(list(POSITIONS), p=np.asarray(list(POSITIONS.values()))))
-    conf = phantom_confounders(seed)
-    if not conf.has_lungs:
-        n_nodules = 0
-    options = {
-        "matrix": matrix,
-        "pixel_spacing": min(2.0, fov / matrix),
-        "slice_spacing": slice_spacing,
-        "patient_position": position,
-        "confounders": conf,
-    }
-    try:
-        return generate_phantom(seed, n_nodules=n_nodules, **options)
-    except PhantomError:  # the cropped lungs hold fewer nodules: as many as fit
-        return generate_phantom(seed, n_nodules=None if n_nodules else 0, **options)
-
-
-def _xyz_box(grid, geometry, kji: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Network-input (x, y, z) box of source voxels ``kji`` (n, 3)."""
-    ijk_lo, ijk_hi = kji.min(0)[::-1], kji.max(0)[::-1]
-    corners = np.array(
-        [[a, b, c] for a in (ijk_lo[0], ijk_hi[0]) for b in (ijk_lo[1], ijk_hi[1]) for c in (ijk_lo[2], ijk_hi[2])], float
-    )
-    xyz = grid.lps_to_xyz(geometry.index_to_lps(corners))
-    return xyz.min(0), xyz.max(0)
-
-
-def phantom_sample(seed: int, rng: np.random.Generator) -> dict:
-    """One training phantom's network input (float16), nodule boxes (input voxels, xyzxyz), the lungs' box
-    and up to 400 points on its lung vessels (input voxels; centres of vessel negatives)."""
-    ph = training_phantom(seed, rng)
-    tensor, grid = prepare_input(ph.volume, spacing=SPACING, window=WINDOW)
-    boxes = []
-    for nod in ph.nodules:
-        c = grid.lps_to_xyz(np.asarray(nod.center_lps))
-        half = nod.diameter_mm / 2.0 / np.asarray(SPACING)
-        boxes.append(np.concatenate([c - half, c + half]))
-    lungs = ph.masks["lung_left"] | ph.masks["lung_right"]
-    geom = ph.volume.geometry
-    image = tensor[0].numpy()
-    if lungs.any():
-        xyz_lo, xyz_hi = _xyz_box(grid, geom, np.argwhere(lungs))
-    else:  # no lung in the scan (abdomen only): the whole image is negative
-        xyz_lo, xyz_hi = np.zeros(3), np.asarray(image.shape, float) - 1
-    vessels = np.argwhere(ph.masks["vessels"])
-    if len(vessels):
-        pick = vessels[rng.choice(len(vessels), min(400, len(vessels)), replace=False)]
-        vessel_xyz = grid.lps_to_xyz(geom.index_to_lps(pick[:, ::-1].astype(float)))
-    else:
-        vessel_xyz = np.zeros((0, 3))
-    # keep the lungs and a margin: training patches are drawn there, and the cache stays small
-    lo = np.clip(np.floor(xyz_lo).astype(int) - CACHE_MARGIN, 0, None)
-    hi = np.minimum(np.ceil(xyz_hi).astype(int) + CACHE_MARGIN + 1, image.shape)
-    image = image[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]]
-    shift = np.concatenate([lo, lo]).astype(np.float32)
-    return {
-        "image": image.astype(np.float16),
-        "boxes": (np.asarray(boxes, np.float32).reshape(-1, 6) - shift),
-        "lung_lo": (xyz_lo - lo).astype(np.float32),
-        "lung_hi": (xyz_hi - lo).astype(np.float32),
-        "vessels": (vessel_xyz - lo).astype(np.float32).reshape(-1, 3),
-        "diam": np.asarray([n.diameter_mm for n in ph.nodules], np.float32),
-    }
-
-
-def build_cache(work: Path, seeds: list[int]) -> list[Path]:
-    cache = work / "cache"
-    cache.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for n, seed in enumerate(seeds):
-        path = cache / f"phantom_{seed}.npz"
-        if not path.is_file():
-            t0 = time.time()
-            sample = phantom_sample(seed, np.random.default_rng(seed))
-            tmp = cache / f".phantom_{seed}.tmp.npz"
-            np.savez(tmp, **sample)
-            tmp.replace(path)
-            log.info(
-                "cached phantom %d (%d/%d) %s, %d nodules, %.1fs",
-                seed,
-                n + 1,
-                len(seeds),
-                sample["image"].shape,
-                len(sample["boxes"]),
-                time.time() - t0,
-            )
-        paths.append(path)
-    return paths
-
-
-def random_patch(sample: dict, rng: np.random.Generator, positive: bool) -> tuple[np.ndarray, np.ndarray]:
-    img = sample["image"]
-    shape = np.asarray(img.shape)
-    patch = np.minimum(np.asarray(PATCH), shape)
-    boxes = sample["boxes"]
-    if positive and len(boxes):
-        size = np.maximum((boxes[:, 3] - boxes[:, 0]) * SPACING[0], 1.0)  # diameter mm
-        weight = 1.0 / size  # small nodules are the hard ones: sample them more often
-        b = boxes[rng.choice(len(boxes), p=weight / weight.sum())]
-        centre = (b[:3] + b[3:]) / 2 + rng.uniform(-0.35, 0.35, 3) * patch
-    elif len(sample["vessels"]) and rng.random() < VESSEL_NEGATIVES:
-        # a vessel (branch, bifurcation, hilum) near the patch centre: the confusers to learn as negatives
-        centre = sample["vessels"][int(rng.integers(len(sample["vessels"])))] + rng.uniform(-0.25, 0.25, 3) * patch
-    else:
-        lo, hi = sample["lung_lo"], sample["lung_hi"]
-        centre = rng.uniform(np.minimum(lo, hi), np.maximum(lo, hi))
-    start = np.clip(np.round(centre - patch / 2).astype(int), 0, shape - patch)
-    sl = tuple(slice(s, s + p) for s, p in zip(start, patch))
-    crop = img[sl].astype(np.float32)
-    out_boxes = []
-    for b in boxes:
-        c = (b[:3] + b[3:]) / 2 - start
-        if np.all(c >= 0) and np.all(c < patch):
-            nb = np.concatenate([np.maximum(b[:3] - start, 0), np.minimum(b[3:] - start, patch)])
-            out_boxes.append(nb)
-    out = np.zeros(PATCH, np.float32)  # pad small images up to the patch size (air after windowing = 0)
-    out[: crop.shape[0], : crop.shape[1], : crop.shape[2]] = crop
-    bx = np.asarray(out_boxes, np.float32).reshape(-1, 6)
-    for ax in range(3):  # random flips
-        if rng.random() < 0.5:
-            out = np.flip(out, ax)
-            lo, hi = bx[:, ax].copy(), bx[:, ax + 3].copy()
-            bx[:, ax], bx[:, ax + 3] = PATCH[ax] - hi, PATCH[ax] - lo
-    out = out * rng.uniform(0.95, 1.05) + rng.uniform(-0.03, 0.03)
-    return np.ascontiguousarray(out), bx
 
 
 def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, history: dict) -> None:
@@ -286,138 +127,6 @@ def write_model(net: torch.nn.Module, out_json: Path, args: argparse.Namespace, 
     }
     out_json.write_text(json.dumps(data, indent=1) + "\n")
     log.info("wrote %s and %s (%.1f MB)", out_json, weights, weights.stat().st_size / 1e6)
-
-
-def evaluate_heldout(
-    model_json: Path,
-    seeds: list[int],
-    out: Path,
-    *,
-    weights: Path | None = None,
-    refine: bool = False,
-    amp: bool = True,
-    protocol: dict | None = None,
-) -> int:
-    """Detect on held-out phantoms (never training seeds), write findings + ground truth, print the FROC tables.
-
-    Two runs from one network pass: the network's findings as they are, and the default pipeline's
-    (:meth:`Detector.postprocess`: refined centres, then the model's false-positive reduction stage
-    or compact-blob rescoring), written as ``network/*.findings.json`` / ``froc.*`` and
-    ``pipeline/*.findings.json`` / ``froc_pipeline.*``, ground truth in ``phantom_NNN/``
-    (``ctpipe evaluate --pred OUT/pipeline --truth OUT``). ``refine``: also centres refined without
-    re-scoring (``froc_refined.*``). ``protocol``: the phantoms' ``matrix``, ``pixel_spacing`` and
-    ``slice_spacing`` (mm; default :data:`EVAL_PHANTOM`).
-    """
-    from pipeline.detection.bundle import LoadedModel, load_model, load_weights
-    from pipeline.detection.evaluate import at_score_threshold, froc_of_matched, match_predictions, size_band_text
-    from pipeline.detection.infer import Detector
-    from pipeline.detection.lungs import quick_lung_mask
-    from pipeline.detection.operating_point import resolve_threshold
-    from pipeline.detection.refine import refine_findings
-
-    model = load_model(model_json)
-    if weights is not None:  # e.g. the training checkpoint
-        load_weights(model.network, weights)
-        model = LoadedModel(model.config, model.network.eval())
-    # every candidate kept: evaluation scores the full lists, whatever the operating point
-    det = Detector(model=model, device="cpu", amp=amp, postprocess=False, all_candidates=True)
-    post = Detector(model=model, device="cpu", amp=amp, all_candidates=True)  # the default post-processing of det's findings
-    # the model's operating points: the pipeline's and the network's own (``--raw``)
-    op_threshold = {
-        "froc": resolve_threshold(model.config, postprocess=False)[0],
-        "froc_pipeline": resolve_threshold(model.config, postprocess=True)[0],
-    }
-    log.info("evaluating in %s%s", det.precision, " with false-positive reduction" if post.fp_reduction else "")
-    preds, pipeline, refined, truth = {}, {}, {}, {}
-    kinds: dict[str, list[tuple[np.ndarray, str, str]]] = {}  # each nodule's centre (LPS mm), kind, attachment
-    for seed in seeds:
-        ph = heldout_phantom(seed, protocol=protocol)
-        case = out / f"phantom_{seed:03d}"
-        ph.save_ground_truth(case)
-        region = quick_lung_mask(ph.volume)
-        found = det.detect(ph.volume, lung_mask=region, case_id=f"phantom_{seed:03d}")
-        found.write_json(out / "network" / f"phantom_{seed:03d}.findings.json")
-        sid = ph.volume.series_uid
-        preds[sid] = found
-        pipeline[sid] = post.postprocess(ph.volume, found, region=region)
-        pipeline[sid].write_json(out / "pipeline" / f"phantom_{seed:03d}.findings.json")
-        if refine:
-            refined[sid] = refine_findings(ph.volume, found)
-        truth[sid] = [(n.center_lps, n.diameter_mm) for n in ph.nodules]
-        kinds[sid] = [(np.asarray(n.center_lps), n.kind, n.attached_to or "isolated") for n in ph.nodules]
-        log.info(
-            "held-out phantom %d: %d nodules %s, %d findings (top scores %s), %.1fs",
-            seed,
-            len(ph.nodules),
-            [round(n.diameter_mm, 1) for n in ph.nodules],
-            len(pipeline[sid]),
-            [round(f.score, 2) for f in pipeline[sid].findings[:5]],
-            found.timings_ms.get("total", 0) / 1000,
-        )
-    runs = [("network findings", preds, "froc"), ("default pipeline", pipeline, "froc_pipeline")]
-    if refine:
-        runs.append(("centres refined on the HU volume", refined, "froc_refined"))
-    for title, found_all, stem in runs:
-        matched = match_predictions(found_all, truth, scans=sorted(truth))
-        result = froc_of_matched(matched)
-        result.write(out, stem=stem)
-        step = froc_of_matched(matched, reading="step", n_bootstrap=0)
-        print(f"== {title} ({len(seeds)} held-out phantoms)")
-        print(result.table())
-        print(
-            "step reading (best operating point at or below each rate): "
-            + " ".join(f"{v:.3f}" for v in step.sensitivity)
-            + f"  CPM {step.cpm:.3f}"
-        )
-        if op_threshold.get(stem) is not None:
-            op = at_score_threshold(matched, op_threshold[stem])
-            (out / f"{stem}_operating_point.json").write_text(json.dumps(op, indent=1) + "\n")
-            print(
-                f"at the model's operating point (score >= {op['score_threshold']:.4f}): sensitivity "
-                f"{op['sensitivity']:.3f} ({op['nodules_found']}/{op['n_nodules']}) at {op['fps_per_scan']:.2f} FPs/scan; "
-                f"by size: {size_band_text(op['by_size'])}"
-            )
-        _print_by_size(result, kinds)
-    return 0
-
-
-def _print_by_size(result, kinds: dict[str, list[tuple[np.ndarray, str, str]]]) -> None:
-    """Nodules found at <= 8 FPs/scan by size; those under 10 mm also by kind and by what they touch (``kinds``: per
-    scan, each nodule's centre LPS mm, kind and attachment); the nodules no candidate hit."""
-    from pipeline.detection.evaluate import found_by_size, size_band_text
-
-    thr = result.thresholds[result.fp_rates.index(8.0)][0]  # lowest score with at most 8 FPs/scan
-
-    def found(p: dict) -> bool:
-        return p["best_score"] is not None and p["best_score"] >= thr
-
-    print(f"nodules found at <= 8 FPs/scan by size: {size_band_text(found_by_size(result.per_nodule, thr))}")
-    small = []
-    for p in result.per_nodule:
-        if p["diameter_mm"] < 10:
-            near = min(kinds[p["scan"]], key=lambda k: float(np.linalg.norm(k[0] - np.asarray(p["center_lps"]))))
-            small.append((found(p), near[1], near[2]))
-    for what, col in (("kind", 1), ("attached to", 2)):
-        groups = sorted({s[col] for s in small})
-        counts = ", ".join(
-            f"{g} {sum(s[0] for s in small if s[col] == g)}/{sum(1 for s in small if s[col] == g)}" for g in groups
-        )
-        print(f"nodules under 10 mm by {what}: {counts}")
-    missed = [p for p in result.per_nodule if p["best_score"] is None]
-    print(f"missed nodules: {[(p['scan'][-6:], round(p['diameter_mm'], 1)) for p in missed]}")
-
-
-EVAL_PHANTOM = {"matrix": 256, "pixel_spacing": 1.2, "slice_spacing": 2.0}
-
-
-def heldout_phantom(seed: int, *, protocol: dict | None = None):  # -> pipeline.phantom.Phantom
-    """A held-out evaluation phantom (seeds 1..999 only): :data:`EVAL_PHANTOM`'s protocol (or ``protocol``: matrix,
-    pixel_spacing and slice_spacing in mm) with the realistic confounders of :func:`phantom_confounders` and 0-6
-    nodules (``n_nodules=None``), head first supine. The nodules are placed on the protocol's grid, so another
-    protocol of the same seed holds other nodules."""
-    from pipeline.phantom import generate_phantom
-
-    return generate_phantom(seed, confounders=phantom_confounders(seed), **(protocol or EVAL_PHANTOM))
 
 
 def main(argv: list[str] | None = None) -> int:
