@@ -22,8 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import devices
-from .config_check import check_value
+from .config_check import allowed_values, check_value
 from .config_schema import ALIASES, SCHEMA, defaults
 from .errors import ConfigError, missing_path_fix, require_path
 
@@ -140,13 +139,17 @@ def _merge(
         if values is None:
             continue
         if not isinstance(values, Mapping):
-            raise ConfigError(f"section {sec} must be a mapping of options, got {values!r}", where=source)
+            raise ConfigError(
+                f"section {sec} must be a mapping of options, got {values!r}",
+                where=source,
+                fix=f"indent the options of {sec} below it, one 'option: value' a line (see configs/default.yaml)",
+            )
         for key, value in values.items():
             path = f"{sec}.{key}"
             where = labels.get(path, source)
             opt = SCHEMA[sec].get(key)
             if opt is None:
-                likely = likely_option(sec, key)
+                likely = likely_option(sec, str(key))  # a YAML key may be a number (runner: {1: 2})
                 raise ConfigError(
                     f"unknown option {path!r} (value {value!r}); {f'did you mean {sec}.{likely}? ' if likely else ''}"
                     f"allowed in {sec}: {', '.join(SCHEMA[sec])}",
@@ -269,7 +272,7 @@ def _empty_variable(name: str, sec: str, key: str) -> ConfigError:
     """The error for the variable ``name`` set to nothing (``CTPIPE_RUNNER_DEVICE=``, a shell line or a service file
     that meant to leave it out) for an option that takes no null: it reads as null, which the option refuses."""
     opt = SCHEMA[sec][key]
-    allowed = devices.allowed_devices(several=True) if f"{sec}.{key}" == "runner.device" else opt.allowed()
+    allowed = allowed_values(f"{sec}.{key}", opt)
     return ConfigError(
         f"set but empty: {sec}.{key} takes {allowed}",
         where=f"environment variable {name}",

@@ -24,12 +24,19 @@ from .pacs.address import check_aet, parse_destination, redact
 _EXPONENT_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
+def allowed_values(path: str, opt: Option) -> str:
+    """What the option ``path`` takes, as its errors say it: :meth:`Option.allowed`, but the device names for
+    ``runner.device`` (a str option whose names are checked apart)."""
+    return devices.allowed_devices(several=True) if path == "runner.device" else opt.allowed()
+
+
 def check_value(path: str, opt: Option, value: Any, source: str) -> Any:
     def bad(extra: str = "") -> ConfigError:
+        allowed = allowed_values(path, opt)
         return ConfigError(
-            f"{path} = {value!r} is not allowed{extra}; allowed: {opt.allowed()}",
+            f"{path} = {value!r} is not allowed{extra}; allowed: {allowed}",
             where=source,
-            fix=f"set {path} to {opt.allowed()} (see configs/default.yaml)",
+            fix=f"set {path} to {allowed} (see configs/default.yaml)",
         )
 
     if value is None:

@@ -55,6 +55,13 @@ def test_default_yaml_matches_schema_and_documents_every_option():
         ("report:\n  enabled: yes please\n", "report.enabled", "yes please", "true or false"),
         ("runner:\n  device: gpu0\n", "runner.device", "gpu0", "cuda:N"),
         ("nonsense:\n  a: 1\n", "nonsense", "nonsense", "allowed: ingest, loader"),
+        # was: AttributeError: 'int' object has no attribute 'lower', a traceback for an option named by a number
+        ("runner:\n  1: 2\n", "runner.1", "2", "allowed in runner: workers"),
+        # was: "allowed: a string", for an option that takes device names only
+        ("runner:\n  device: null\n", "runner.device", "None", "auto (a GPU where torch sees one"),
+        ("runner:\n  device:\n", "runner.device", "None", "cuda:N[,M...]"),
+        # was: no fix, where every other refusal says how to write it
+        ("runner: 5\n", "section runner", "5", "Fix: indent the options of runner below it"),
     ],
 )
 def test_bad_file_values_name_key_value_and_allowed(tmp_path, text, path, value, allowed):
