@@ -34,8 +34,20 @@ def test_an_output_that_is_a_file_or_cannot_be_made(tmp_path, capsys, a_file):
         rc, err = _err(capsys, command, str(SAMPLE / "dicom"), "--out", str(a_file / "sub" / "dir"))
         assert rc == 1 and f"--out: the folder cannot be created: {a_file} is a file, not a folder. " in err, err
         assert f"Fix: give --out a path that does not go through the file {a_file}" in err
+
+
+def test_a_phantom_out_dir_that_is_a_file_is_refused_before_any_case_is_made(tmp_path, capsys, monkeypatch, a_file):
+    # was: the first case generated, then "<a_file>/phantom_00001/dicom: Not a directory. Fix: check the path"
+    import pipeline.phantom
+
+    def not_to_be_called(*args, **kwargs):
+        raise AssertionError("a phantom was generated for an OUT_DIR that cannot hold it")
+
+    monkeypatch.setattr(pipeline.phantom, "generate_phantom", not_to_be_called)
     rc, err = _err(capsys, "phantom", str(a_file), "--seed", "1", "--matrix", "64", "--slices", "12")
-    assert rc == 1 and str(a_file) in err and "Not a directory" in err
+    assert rc == 1 and f"{a_file}: OUT_DIR: this is a file, not a folder. Fix: give OUT_DIR a folder path" in err, err
+    rc, err = _err(capsys, "phantom", str(a_file / "sub"), "--seed", "1", "--count", "3")
+    assert rc == 1 and f"OUT_DIR: the folder cannot be created: {a_file} is a file, not a folder" in err, err
 
 
 def test_values_out_of_range_and_unknown_devices(tmp_path, capsys):

@@ -257,6 +257,7 @@ def _clear_earlier_case(case_dir: Path) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Generate and write the cases; print where each went. A failing case is reported and the others go on."""
+    from ..atomic import ensure_dir
     from ..errors import CtpipeError, UsageError
     from . import generate_phantom
     from .dicom_writer import write_phantom_case
@@ -273,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
                 fix="add --realistic or --scenario NAME",
             )
         cases = [(seed, replace(conf, **extra), position, sc) for seed, conf, position, sc in cases]
+    ensure_dir(args.out_dir, what="OUT_DIR")  # a file there, or in its way, is said before any case is generated
     for seed, confounders, position, scenario in cases:
         case_dir = args.out_dir / f"phantom_{seed:05d}"
         try:
