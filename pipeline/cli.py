@@ -80,12 +80,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, but an argument no option takes is refused by the command it was given to, below
+    that command's usage (``ctpipe run: error: unrecognized arguments: --wrokers 4 (did you mean --workers?)``),
+    rather than by ``ctpipe`` itself below its list of commands; exit status 2, as argparse's."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        command = sub.choices.get(args.command) if sub is not None and getattr(args, "command", None) else None
+        if command is None:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        command.error(unrecognized_text(command, args.command, extras))
+    return args
+
+
+def unrecognized_text(command: argparse.ArgumentParser, name: str, extras: Sequence[str]) -> str:
+    """The error for the arguments ``extras`` that no option of ``ctpipe name`` takes: them, the option an unknown
+    ``--option`` most likely misspells, where a command's several sources go, and its ``--help``."""
+    import difflib
+
+    text = f"unrecognized arguments: {' '.join(extras)}"
+    options = {o[2:]: o for action in command._actions for o in action.option_strings if o.startswith("--")}
+    for extra in extras:
+        if extra.startswith("--") and extra != "--":
+            close = difflib.get_close_matches(extra[2:].split("=", 1)[0], list(options), n=1, cutoff=0.6)
+            if close:
+                text += f" (did you mean {options[close[0]]}?)"
+                break
+    # a word after an unknown --option is taken for its value; another one is a source given apart from the others
+    loose = [
+        e
+        for before, e in zip(["", *extras], extras)
+        if not e.startswith("-") and not (before.startswith("--") and "=" not in before)
+    ]
+    several = [a for a in command._actions if not a.option_strings and a.nargs in ("+", "*")]
+    if several and loose:
+        metavar = several[0].metavar or several[0].dest.upper()
+        text += f"; give every {metavar} together, all before or all after the options"
+    return f"{text}; see ctpipe {name} --help"
+
+
 def main(argv: Sequence[str] | None = None, *, exits: bool = False) -> int:
     """Run the ``ctpipe`` command line ``argv`` (default: the process' arguments); its exit status. ``exits``: the
     process exits with that status right after (:func:`console_main`), so a command may keep its own signal handling
     until then instead of putting the caller's back."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     args.exits = exits
     if not getattr(args, "func", None):
         parser.print_help()

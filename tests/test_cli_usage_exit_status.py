@@ -145,3 +145,30 @@ def test_an_empty_source_exits_2_naming_it_instead_of_reading_the_current_folder
     assert line.startswith(f"ctpipe {argv[0]}: error: argument {named}: ''"), err
     assert "is empty: it would name the current folder; give the folder or file to read" in line, line
     assert not any(here.iterdir()) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["run", "SRC", "--out", "OUT", "--wrokers", "4"], ["--wrokers 4", "did you mean --workers?", "ctpipe run --help"]),
+        (["detect", "SAMPLE", "--out", "OUT", "--treshold=0.5"], ["--treshold=0.5", "ctpipe detect --help"]),
+        (
+            ["report", "SRC", "--out", "OUT", "--gpu", "2", "--node", "1", "--bin", "5", "--hours", "8", "--time-zone", "UTC"],
+            ["--time-zone UTC", "did you mean --timezone?"],
+        ),
+        (["ingest", "SRC", "--out", "OUT", "SAMPLE"], ["unrecognized arguments: SAMPLE", "all before or all after the options"]),
+        (["detect", "SRC", "SAMPLE", "--out", "OUT"], ["unrecognized arguments: SAMPLE", "ctpipe detect --help"]),
+    ],
+)
+def test_an_unknown_argument_names_the_command_and_the_likely_option(tmp_path, capsys, argv, says):
+    """was: ``ctpipe: error: unrecognized arguments: --wrokers 4`` below the usage of ``ctpipe`` itself, naming
+    neither the command nor what was meant."""
+    (tmp_path / "src").mkdir()
+    paths = {"SRC": str(tmp_path / "src"), "OUT": str(tmp_path / "out"), "SAMPLE": str(SAMPLE / "dicom")}
+    rc, err = _status(capsys, [paths.get(a, a) for a in argv])
+    line = err.strip().splitlines()[-1]
+    assert rc == 2, err
+    assert f"usage: ctpipe {argv[0]} " in err, err
+    assert line.startswith(f"ctpipe {argv[0]}: error: unrecognized arguments: "), err
+    assert all(s.replace("SAMPLE", paths["SAMPLE"]) in line for s in says), (says, line)
+    assert not (tmp_path / "out").exists()
