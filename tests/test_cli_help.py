@@ -214,3 +214,11 @@ def test_readme_says_what_listen_does_in_the_terms_of_its_help():
     readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     assert "crash-safe runner" not in readme and "handed to the runner" not in readme
     assert "The listener processes every complete series as `ctpipe run` does" in readme
+
+
+@pytest.mark.parametrize("command", ["run", "listen"])
+def test_bundle_states_the_option_of_the_configuration_it_defaults_to(command):
+    # was: "(default: demo weights)", while detector.bundle of --config or CTPIPE_DETECTOR_BUNDLE is the model used
+    action = next(a for a in _commands()[command]._actions if "--bundle" in a.option_strings)
+    text = " ".join(str(action.help).split())
+    assert "detector.bundle" in text and "demo weights" in text, text

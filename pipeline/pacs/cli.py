@@ -88,7 +88,11 @@ def register(sub: Any) -> None:
         "every stage in this process); either way the workers and the model are started once for the listener's lifetime",
     )
     p.add_argument("--device", metavar="DEV", help=f"model device: {allowed_devices(several=True)} (runner.device; default auto)")
-    p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
+    p.add_argument(
+        "--bundle",
+        metavar="PATH",
+        help="MONAI bundle folder for the detector (detector.bundle; default: the embedded demo weights)",
+    )
     p.add_argument(
         "--set", action="append", default=[], type=set_item, metavar="SECTION.KEY=VALUE", help="set any option (repeatable)"
     )

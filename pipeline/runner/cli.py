@@ -76,7 +76,12 @@ def register(sub: Any) -> None:
         metavar="DEV",
         help=f"model device: {allowed_devices(several=True)} (default: runner.device of the configuration, auto)",
     )
-    p.add_argument("--bundle", metavar="PATH", help="MONAI bundle folder for the detector (default: demo weights)")
+    p.add_argument(
+        "--bundle",
+        metavar="PATH",
+        help="MONAI bundle folder for the detector (default: detector.bundle of the configuration; null: the embedded "
+        "demo weights)",
+    )
     p.add_argument(
         "--ray",
         nargs="?",
