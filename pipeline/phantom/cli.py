@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..argtypes import number_in, out_path
+
+if TYPE_CHECKING:
+    from ..errors import CtpipeError, UsageError
 
 _TRANSFER_SYNTAXES = ("explicit_le", "rle", "jpeg2000")
 _MAX_SLICES = 1024  # pipeline.phantom.generate.MAX_SLICES (not imported: `ctpipe --help` stays fast)
@@ -195,6 +199,65 @@ def _cases(args: argparse.Namespace) -> list[tuple[int, Any, str, str | None]]:
     return [(seed, realistic_confounders(seed) if args.realistic else None, position or "HFS", None) for seed in seeds]
 
 
+def _no_lungs(args: argparse.Namespace, scenario: str | None) -> UsageError:
+    """The error of --nodules for a case whose scan holds no lung (coverage ``abdomen_only``): of ``scenario``, or of
+    the realistic confounders drawn for it (None)."""
+    from ..errors import UsageError
+
+    what = f"scenario {scenario} puts" if scenario else "the realistic confounders drawn for this case put"
+    return UsageError(
+        f"--nodules {args.nodules}: {what} no lung in the scan",
+        fix="leave --nodules out, or choose a --scenario with lungs"
+        if scenario
+        else "leave --nodules out (a case without lungs then gets none)",
+    )
+
+
+def _check_lungs_for_nodules(args: argparse.Namespace, cases: list[tuple[int, Any, str, str | None]]) -> None:
+    """Refuse --nodules with one named scenario whose scan holds no lung (``abdomen_only``), before its case is made
+    (with --scenario all or --realistic such a case fails alone, the others are written)."""
+    if args.nodules and args.scenario not in (None, "all") and not cases[0][1].has_lungs:
+        raise _no_lungs(args, args.scenario)
+
+
+#: generate_phantom's arguments as ctpipe phantom's flags, for the error of a case that failed
+_FLAG_OF = {
+    "n_nodules": "--nodules",
+    "nodule_diameter_mm": "--nodule-diameter",
+    "matrix": "--matrix",
+    "pixel_spacing": "--pixel-spacing",
+    "slice_spacing": "--slice-spacing",
+    "slice_thickness": "--slice-thickness",
+    "slices": "--slices",
+    "noise_hu": "--noise-hu",
+    "patient_position": "--patient-position",
+    "confounders": "--scenario/--realistic",
+}
+
+
+def _in_flags(exc: CtpipeError, args: argparse.Namespace) -> str:
+    """The error ``exc`` of :func:`~pipeline.phantom.generate_phantom` in the command's words: its ``where``
+    (``generate_phantom(nodule_diameter_mm=...)``) as the flags with their values (``--nodule-diameter 20 30``), and
+    the arguments its text names (``pixel_spacing``) as their flags."""
+    from ..errors import CtpipeError
+
+    call = re.fullmatch(r"generate_phantom\((.*)\)", exc.where or "")
+    if call is None:  # a case folder or file that could not be written: named as it is
+        return str(exc)
+    values = {"--nodules": args.nodules, "--matrix": args.matrix, "--slices": args.slices, "--noise-hu": args.noise_hu}
+    values["--nodule-diameter"] = " ".join(f"{d:g}" for d in args.nodule_diameter)
+    values.update({"--pixel-spacing": args.pixel_spacing, "--slice-spacing": args.slice_spacing})
+    flags = [_FLAG_OF.get(name.split("=")[0].strip(), name) for name in call.group(1).split(",")]
+    where = ", ".join(f"{f} {values[f]}" if values.get(f) is not None else f for f in flags)
+
+    def words(text: str | None) -> str | None:  # 'larger matrix or pixel_spacing' -> 'larger --matrix or --pixel-spacing'
+        if text is None:
+            return None
+        return re.sub(r"\b(matrix|[a-z]+_[a-z_]+)\b", lambda m: _FLAG_OF.get(m.group(1), m.group(1)), text)
+
+    return str(CtpipeError(words(exc.problem) or "", where=where, fix=words(exc.fix)))
+
+
 def _check_enhanced_quirks(args: argparse.Namespace) -> None:
     """Refuse, before any case is generated, --quirk values that one --enhanced multi-frame file cannot hold (the
     writer would refuse each case in turn, after generating it)."""
@@ -265,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
     failed = 0
     _check_enhanced_quirks(args)
     cases = _cases(args)
+    _check_lungs_for_nodules(args, cases)
     extra = {name: True for name in ("fine_vessels", "bronchovascular") if getattr(args, name)}
     if extra:
         if any(conf is None for _, conf, _, _ in cases):
@@ -277,6 +341,10 @@ def run(args: argparse.Namespace) -> int:
     ensure_dir(args.out_dir, what="OUT_DIR")  # a file there, or in its way, is said before any case is generated
     for seed, confounders, position, scenario in cases:
         case_dir = args.out_dir / f"phantom_{seed:05d}"
+        if args.nodules and confounders is not None and not confounders.has_lungs:
+            failed += 1
+            print(f"ctpipe phantom: case seed {seed} failed: {_no_lungs(args, scenario)}", file=sys.stderr)
+            continue
         try:
             phantom = generate_phantom(
                 seed,
@@ -304,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
             )
         except CtpipeError as exc:
             failed += 1
-            print(f"ctpipe phantom: case seed {seed} failed: {exc}", file=sys.stderr)
+            print(f"ctpipe phantom: case seed {seed} failed: {_in_flags(exc, args)}", file=sys.stderr)
             continue
         n_files = sum(1 for p in (case / "dicom").rglob("*") if p.is_file())
         what = f"scenario {scenario}, " if scenario else ("realistic confounders, " if confounders is not None else "")
