@@ -251,6 +251,28 @@ def test_device_resolution_without_a_gpu_is_explicit():
             resolve_devices("cuda:0", True)
 
 
+def test_a_gpu_this_host_lacks_is_refused_naming_where_the_device_was_set(tmp_path, capsys, monkeypatch):
+    # was: "runner.device: runner.device = 'cuda:1' but torch sees no CUDA GPU", whether the value came from --device,
+    # a --config file or a CTPIPE_RUNNER_DEVICE left in a service file
+    from pathlib import Path
+
+    import torch
+
+    from pipeline.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU torch sees")
+    sample = Path(__file__).resolve().parents[1] / "data_samples" / "phantom_00003" / "dicom"
+    monkeypatch.setenv("CTPIPE_RUNNER_DEVICE", "cuda:1")
+    assert main(["run", str(sample), "--out", str(tmp_path / "r"), "--workers", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "environment variable CTPIPE_RUNNER_DEVICE: runner.device = 'cuda:1' but torch sees no CUDA GPU" in err, err
+    monkeypatch.delenv("CTPIPE_RUNNER_DEVICE")
+    assert main(["run", str(sample), "--out", str(tmp_path / "r2"), "--workers", "0", "--device", "cuda:1"]) == 1
+    err = capsys.readouterr().err
+    assert "error: --device: runner.device = 'cuda:1' but torch sees no CUDA GPU. Fix: use --device cpu or auto" in err
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="device nodes are read on Linux only")
 def test_a_host_without_gpu_device_nodes_runs_on_cpu_without_importing_torch(tmp_path):
     from pipeline.runner.batch import no_gpu_here

@@ -226,7 +226,9 @@ def _run(
         if share:  # runner.ray_max_cpus / ray_max_gpus: the run's part of a shared cluster
             device_desc += f"; this run's share: at most {' and '.join(share)}"
     else:
-        devices, device_desc = resolve_devices(cfg.runner.device, need_model and bool(pl.to_run))
+        devices, device_desc = resolve_devices(
+            cfg.runner.device, need_model and bool(pl.to_run), set_by=cfg.sources.get("runner.device", "runner.device")
+        )
     workers = cfg.runner.workers
     n_procs = (max(1, workers) + (len(devices) if need_model else 0)) if workers else 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -26,8 +26,10 @@ def no_gpu_here(dev: Path = Path("/dev")) -> bool:
     return not (any(dev.glob("nvidia[0-9]*")) or (dev / "dxg").exists())
 
 
-def resolve_devices(device: str, need_model: bool) -> tuple[list[str], str]:
-    """Model worker devices and a description of the device for the run record."""
+def resolve_devices(device: str, need_model: bool, *, set_by: str = "runner.device") -> tuple[list[str], str]:
+    """Model worker devices and a description of the device for the run record; ``set_by``: where ``device`` was set
+    (``--device``, a config file, ``environment variable CTPIPE_RUNNER_DEVICE``: the configuration's source of
+    ``runner.device``), named by the error for a GPU this host lacks."""
     if not need_model or device == "cpu" or (device == "auto" and no_gpu_here()):
         return ["cpu"], "cpu"
     import torch
@@ -38,15 +40,13 @@ def resolve_devices(device: str, need_model: bool) -> tuple[list[str], str]:
     if device == "cpu":
         return ["cpu"], "cpu"
     if not n:
-        raise ConfigError(
-            f"runner.device = {device!r} but torch sees no CUDA GPU", where="runner.device", fix="use --device cpu or auto"
-        )
+        raise ConfigError(f"runner.device = {device!r} but torch sees no CUDA GPU", where=set_by, fix="use --device cpu or auto")
     ids = list(range(n)) if device == "cuda" else [int(x) for x in device[5:].split(",")]
     bad = [i for i in ids if i >= n]
     if bad:
         raise ConfigError(
             f"runner.device = {device!r} names GPU(s) {bad} but only {n} exist",
-            where="runner.device",
+            where=set_by,
             fix=f"use cuda:0..cuda:{n - 1}",
         )
     devs = [f"cuda:{i}" for i in ids]
