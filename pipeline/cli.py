@@ -100,7 +100,13 @@ def unrecognized_text(command: argparse.ArgumentParser, name: str, extras: Seque
     import difflib
 
     text = f"unrecognized arguments: {' '.join(extras)}"
-    options = {o[2:]: o for action in command._actions for o in action.option_strings if o.startswith("--")}
+    options = {
+        o[2:]: o
+        for action in command._actions
+        if action.help != argparse.SUPPRESS  # an earlier name kept for old scripts is not suggested
+        for o in action.option_strings
+        if o.startswith("--")
+    }
     for extra in extras:
         if extra.startswith("--") and extra != "--":
             close = difflib.get_close_matches(extra[2:].split("=", 1)[0], list(options), n=1, cutoff=0.6)

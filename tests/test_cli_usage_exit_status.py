@@ -158,6 +158,7 @@ def test_an_empty_source_exits_2_naming_it_instead_of_reading_the_current_folder
         ),
         (["ingest", "SRC", "--out", "OUT", "SAMPLE"], ["unrecognized arguments: SAMPLE", "all before or all after the options"]),
         (["detect", "SRC", "SAMPLE", "--out", "OUT"], ["unrecognized arguments: SAMPLE", "ctpipe detect --help"]),
+        (["ingest", "SRC", "--out", "OUT", "--wrkers", "2"], ["--wrkers 2; see ctpipe ingest --help"]),  # no hidden name
     ],
 )
 def test_an_unknown_argument_names_the_command_and_the_likely_option(tmp_path, capsys, argv, says):
