@@ -270,6 +270,19 @@ def test_a_run_records_where_each_option_was_set(tmp_path, monkeypatch, capsys):
     assert f"  retries: 2  # from {conf}\n" in saved and "  workers: 0  # from overrides\n" in saved
 
 
+def test_a_run_records_no_dicom_as_set_by_the_flag_typed(tmp_path, monkeypatch, capsys):
+    # was: "dicom: []  # from --dicom" for a run given --no-dicom, a flag the command line did not hold
+    from pipeline.cli import main
+
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("CTPIPE_OUTPUTS_DICOM", "sr")
+    for flags, label in ((["--no-dicom"], "--no-dicom"), (["--dicom", "none"], "--dicom")):
+        out = tmp_path / label.strip("-")
+        assert main(["run", str(tmp_path / "empty"), "--out", str(out), "--workers", "0", *flags]) == 0
+        capsys.readouterr()
+        assert f"  dicom: []  # from {label}\n" in (out / "config.yaml").read_text()
+
+
 def test_a_number_in_exponent_notation_is_a_number_in_a_file_a_variable_and_a_set(tmp_path):
     """YAML 1.1 (PyYAML) reads ``1e3`` and ``2e-2`` as strings; the refusal then said "'1e3' is not allowed; allowed: a
     number", which it is. They are taken as the numbers they are; words and integers written so stay refused."""

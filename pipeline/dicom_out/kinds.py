@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterable
+from typing import Any
 
 from ..errors import DicomOutputError
 
@@ -58,4 +59,18 @@ def add_dicom_options(parser: argparse.ArgumentParser, *, default: str | None) -
         help="DICOM results to write: a structured report (TID 1500 SR), a segmentation (SEG), both or none "
         f"(default {default or 'outputs.dicom of the configuration'})",
     )
-    group.add_argument("--no-dicom", dest="dicom", action="store_const", const=(), help="write no DICOM results")
+    group.add_argument("--no-dicom", dest="dicom", action=_NoDicom, help="write no DICOM results")
+
+
+class _NoDicom(argparse.Action):
+    """``--no-dicom``: ``args.dicom`` = () (no DICOM results), as ``--dicom none``; ``args.dicom_flag`` names the flag
+    typed, the source a run's configuration records for ``outputs.dicom``."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None
+    ) -> None:
+        setattr(namespace, self.dest, ())
+        namespace.dicom_flag = option_string

@@ -278,7 +278,7 @@ def run_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, s
         "metrics_port": ("--metrics-port", args.metrics_port),
         "retry_failed": ("--retry-failed", args.retry_failed),
         "keep_identifiers": ("--keep-identifiers", args.keep_identifiers),
-        "outputs.dicom": ("--dicom", None if args.dicom is None else list(args.dicom)),
+        "outputs.dicom": (getattr(args, "dicom_flag", "--dicom"), None if args.dicom is None else list(args.dicom)),
     }
     if args.ray is not None:
         flags.update({"engine": ("--ray", "ray"), "ray_address": ("--ray", args.ray)})
