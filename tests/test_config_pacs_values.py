@@ -80,3 +80,22 @@ def test_listen_workers_default_zero_yields_to_every_layer(listen, tmp_path, mon
     assert listen("--set", "runner.workers=4") == 4
     assert listen("--set", "runner.workers=4", "--workers", "1") == 1
     assert listen("--workers", "0") == 0
+
+
+def test_send_to_wins_over_the_variable_and_the_config_file(tmp_path, capsys, monkeypatch):
+    # was: "environment variable CTPIPE_PACS_SEND_TO: pacs.send_to = 'ftp://x': unknown scheme", exit status 1, for
+    # ctpipe send --to ADDRESS, as though the variable it overrides still counted (ctpipe run --device does not so)
+    (tmp_path / "empty").mkdir()
+    run = tmp_path / "run"
+    assert main(["run", str(tmp_path / "empty"), "--out", str(run), "--workers", "0"]) == 0
+    monkeypatch.setenv("CTPIPE_PACS_SEND_TO", "ftp://pacs.example.org")
+    rc = main(["send", str(run), "--to", "dimse://ARCHIVE@127.0.0.1:11112", "--timeout", "1"])
+    out = capsys.readouterr()
+    assert rc == 0 and "CTPIPE_PACS_SEND_TO" not in out.err, out.err
+    assert "ARCHIVE@127.0.0.1:11112" in out.out, out.out
+    monkeypatch.delenv("CTPIPE_PACS_SEND_TO")
+    conf = tmp_path / "c.yaml"
+    conf.write_text("pacs:\n  send_to: dimse://OTHER@127.0.0.1:104\n")
+    monkeypatch.setenv("CTPIPE_PACS_SEND_TO", "dimse://VARIABLE@127.0.0.1:104")
+    assert main(["send", str(run), "--config", str(conf), "--timeout", "1"]) == 0  # the variable over the file
+    assert "VARIABLE@127.0.0.1:104" in capsys.readouterr().out

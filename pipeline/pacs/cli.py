@@ -260,7 +260,9 @@ def _send(args: argparse.Namespace) -> int:
             parse_destination(args.to, where="--to")
         except PacsAddressError as exc:
             raise UsageError(exc.problem, where=exc.where, fix=exc.fix) from exc
-    cfg = _config(args, {})  # a bad --set is a bad argument, refused before the run folder is looked at
+    # a bad --set is a bad argument, refused before the run folder is looked at; --to wins over pacs.send_to of
+    # CTPIPE_PACS_SEND_TO and --config, as every flag over the option it sets
+    cfg = _config(args, {"pacs.send_to": ("--to", args.to)})
     if not (Path(args.run_dir) / DB_NAME).is_file():
         raise CtpipeError(
             f"not a ctpipe run folder (no {DB_NAME})", where=args.run_dir, fix="pass the --out folder of a ctpipe run"
