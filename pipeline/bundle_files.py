@@ -45,12 +45,13 @@ class SlidingWindow:
 
 def read_json(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``; :class:`BundleError` when it cannot be read or is not an object."""
+    fix = "mend the file (a JSON object: {...}) or copy the bundle again from where it came, e.g. MONAI's model zoo"
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:  # ValueError: JSONDecodeError, UnicodeDecodeError
-        raise BundleError(f"{path.name} is not valid JSON ({exc})", where=path) from exc
+        raise BundleError(f"{path.name} is not valid JSON ({exc})", where=path, fix=fix) from exc
     if not isinstance(data, dict):
-        raise BundleError(f"{path.name} must hold a JSON object, got {type(data).__name__}", where=path)
+        raise BundleError(f"{path.name} must hold a JSON object, got {type(data).__name__}", where=path, fix=fix)
     return data
 
 

@@ -71,6 +71,15 @@ def test_a_missing_bundle_and_corrupt_or_truncated_weights(tmp_path, capsys):
     assert rc == 1 and "the file ends early (truncated)" in err and "Fix: the file is corrupt or truncated" in err
 
 
+@pytest.mark.parametrize(("text", "says"), [("{bad", "is not valid JSON"), ("[1, 2]", "must hold a JSON object, got list")])
+def test_a_bundle_config_that_is_not_a_json_object_says_how_to_mend_it(tmp_path, capsys, text, says):
+    # was: "b/configs/inference.json: inference.json is not valid JSON (...)" and no fix
+    (tmp_path / "b" / "configs").mkdir(parents=True)
+    (tmp_path / "b" / "configs" / "inference.json").write_text(text)
+    rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", str(tmp_path / "o"), "--bundle", str(tmp_path / "b"))
+    assert rc == 1 and f"inference.json {says}" in err and "Fix: " in err, err
+
+
 def test_set_with_a_bad_yaml_value_or_unknown_option_names_the_set(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for cmd in (["run", str(tmp_path / "empty")], ["listen", "--allow", "X"]):
