@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.pacs.handover import one_generation_each
+from pipeline.runner.resume import read_manifest
 from tests._support.orthanc import write_phantom_series
 from tests._support.runner import db_rows
 from tests.test_pacs_listen_aborted_short import _OPTS, _counted, _note, _until
@@ -198,25 +200,41 @@ def test_a_series_the_runner_finished_before_the_listener_died_is_left_as_it_is(
     assert db_rows(run, "SELECT COUNT(*) FROM stage_attempts") == attempts
 
 
+def test_two_generations_of_a_series_go_to_the_runner_in_batches_of_their_own_the_older_first():
+    """Handed generations as a round takes them (a crash's handed ones first, by their last instance): each runner
+    batch holds one generation of a series at most, older ones in earlier batches, the others in the round's order."""
+    rows = [{"series_uid": s, "generation": g} for s, g in [("A", 2), ("B", 1), ("A", 1), ("C", 3), ("A", 3)]]
+    parts = [[(r["series_uid"], r["generation"]) for r in part] for part in one_generation_each(rows)]
+    assert parts == [[("B", 1), ("A", 1), ("C", 3)], [("A", 2)], [("A", 3)]]
+    assert one_generation_each([]) == []
+
+
 @pytest.mark.slow  # a listener killed in a child process, then restarted
-def test_a_series_handed_short_and_grown_since_is_quarantined_and_its_newer_generation_processed(series, tmp_path, caplog):
+@pytest.mark.parametrize("batch", ["as_quiet", "together"])
+def test_a_series_handed_short_and_grown_since_is_quarantined_and_its_newer_generation_processed(series, tmp_path, caplog, batch):
     """5 of 8 slices (each saying 8) and the sender's A-ABORT, accepted with no count checked and handed over; the other
     3 arrive (generation 2, with the first 5) as the runner starts generation 1, and the listener is killed. Restarted
     with the default setting: generation 1 cannot wait for the rest, which generation 2 holds; it is quarantined with
     the count (was: published as a done case from 5 slices), and generation 2 is processed once, whole, in the same
-    case."""
+    case. ``together``: generation 2 is quiet before the restarted listener's first round, which takes both generations
+    at once (was: the runner took their instances as one case, generation 2's, and generation 1's line said it done)."""
     uid, files = series
     datasets = _counted(files, ImagesInAcquisition=len(files))
     run = tmp_path / "run"
     _died_handed(run, datasets[:5], end="abort", at="grown", rest=datasets[5:])
     caplog.clear()
     outcomes: list = []
-    # generation 2 quiet only after generation 1 is handed over on its own (in one batch, the runner would take the
-    # instances of both as one case, generation 2's, and say so of both)
-    quiet_later = {**_HELD, "pacs.quiet_period_s": 5.0}
+    # as_quiet: generation 2 quiet only after generation 1 is handed over on its own
+    quiet_later = {**_HELD, "pacs.quiet_period_s": 5.0 if batch == "as_quiet" else _HELD["pacs.quiet_period_s"]}
     with caplog.at_level(logging.INFO, logger="pipeline.pacs.listener"), _listener(run, **quiet_later) as lst:
         lst.on_series = outcomes.append
-        assert [r["generation"] for r in lst.step()] == [1]
+        if batch == "together":
+            assert lst.journal is not None
+            _polled(lambda: [r["generation"] for r in lst.journal.quiet(_HELD["pacs.quiet_period_s"])] == [2])
+            assert [r["generation"] for r in lst.step()] == [1, 2]
+            assert len(outcomes) == 2, [o.line() for o in outcomes]
+        else:
+            assert [r["generation"] for r in lst.step()] == [1]
         _until(lambda: len(outcomes) >= 2, lst)
         assert lst.step() == []  # nothing handed over again
     said = [(o.generation, o.status, o.n_instances) for o in outcomes]
@@ -228,3 +246,13 @@ def test_a_series_handed_short_and_grown_since_is_quarantined_and_its_newer_gene
     (summary,) = _events(caplog, "listen_recover")
     assert "1 such series handed over incomplete" in summary.getMessage(), summary.getMessage()
     assert db_rows(run, "SELECT status FROM cases") == [("done",)]
+    # one case published, from generation 2's 8 instances; nothing of generation 1's 5
+    ((key, case_id),) = db_rows(run, "SELECT case_key, case_id FROM cases WHERE status = 'done'")
+    assert outcomes[1].case_id == case_id
+    assert db_rows(run, f"SELECT n_instances FROM origins WHERE case_key = '{key}'") == [(len(files),)]
+    assert [p.name for p in (run / "cases").iterdir()] == [case_id]
+    assert read_manifest(run / "cases" / case_id)["case_key"] == key
+    volume = json.loads((run / "cases" / case_id / "volume.json").read_text())
+    assert volume["geometry"]["shape"][0] == volume["metadata"]["SourceFileCount"] == len(files), volume
+    generations = _ledger(run, "SELECT generation, state, outcome, case_id FROM series ORDER BY generation")
+    assert generations == [(1, "processed", "failed", case_id), (2, "processed", "done", case_id)], generations

@@ -4,7 +4,8 @@
 Each round (:meth:`Handover.step`) hands over the series quiet for ``pacs.quiet_period_s`` that form a volume, and
 those still incomplete ``pacs.series_limit_s`` after their first instance (reported in the log and
 ``RUN_DIR/pacs/incomplete/``, with the reason the runner quarantines them for); runs them as one batch of the
-listener's :class:`~pipeline.runner.session.RunSession`; records each series' :class:`SeriesOutcome`; and removes the
+listener's :class:`~pipeline.runner.session.RunSession` (two generations of one series in batches of their own, the
+older first: :func:`one_generation_each`); records each series' :class:`SeriesOutcome`; and removes the
 received files that nothing keeps any more. Records are logged as ``pipeline.pacs.listener``'s, as the listener's own.
 Times are seconds since the epoch (UTC), as the ledger stores them.
 """
@@ -148,9 +149,10 @@ class Handover:
                 self._report_incomplete(row, why)
                 batch += handed
         self._report_never_quiet()
-        if batch:
-            self._run(batch)
-        elif now() - self._swept >= SWEEP_S:  # held incomplete series whose time is up
+        for part in one_generation_each(batch):
+            if not self._run(part):  # the rest stay handed, run in this order at a later round
+                break
+        if not batch and now() - self._swept >= SWEEP_S:  # held incomplete series whose time is up
             self._release_processed()
         return batch
 
@@ -256,7 +258,9 @@ class Handover:
             )
         return origin
 
-    def _run(self, batch: list[dict[str, Any]]) -> None:
+    def _run(self, batch: list[dict[str, Any]]) -> bool:
+        """Run ``batch`` (handed generations, at most one of each series) as one batch of the listener's session and
+        record each one's :class:`SeriesOutcome`; False when the runner could not take it (the series stay handed)."""
         from ..runner import open_run, run_batch
 
         assert self.journal is not None and self.session is not None
@@ -277,12 +281,12 @@ class Handover:
                 "the runner could not take %d series: %s; trying again", len(batch), exc, extra={"event": "listen_run_error"}
             )
             self._stop.wait(max(5.0, self.poll_s))
-            return
+            return False
         self.batches += 1
         if summary.fatal or summary.stopped:  # run folder unwritable (disk full...): the cases left pending stay queued
             log.error("run stopped: %s; the %d series stay queued", summary.fatal or summary.stopped, len(batch))
             self._stop.wait(30.0)
-            return
+            return False
         cases = open_run(self.run_dir).cases
         # each folder's cases by their keys, not by the store's source, which shows a folder holding an identifier of
         # the patient (a SeriesInstanceUID built from the PatientID) as its token
@@ -320,6 +324,22 @@ class Handover:
                 self.on_series(outcome)
         if self._sender is not None:
             self._sender.notify()
+        return True
+
+
+def one_generation_each(batch: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``batch`` (handed generations) split into the batches the runner takes one after the other, each holding at most
+    one generation of a series, the older generations first (otherwise in ``batch``'s order). The runner's discovery
+    takes the instances of one SeriesInstanceUID in several folders as one case: two generations of a series in one
+    batch would be one case, the newer generation's, and the older one's outcome that case's (a generation handed over
+    incomplete said done). Apart, each generation is its own case, the newer one taking the older one's place."""
+    generations: dict[str, list[int]] = {}
+    for row in batch:
+        generations.setdefault(row["series_uid"], []).append(int(row["generation"]))
+    parts: list[list[dict[str, Any]]] = [[] for _ in range(max(map(len, generations.values()), default=0))]
+    for row in batch:
+        parts[sorted(generations[row["series_uid"]]).index(int(row["generation"]))].append(row)
+    return parts
 
 
 def _outcome(base: dict[str, Any], case: Any) -> SeriesOutcome:

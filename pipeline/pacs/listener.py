@@ -29,7 +29,7 @@ How the end of each association is taken (a release, a sender's A-ABORT, a dropp
 :mod:`pipeline.pacs.listener_ends`.
 
 Complete series are handed (:mod:`pipeline.pacs.handover`) to the crash-safe runner on the same run folder, in batches of what is
-complete at the time, through one :class:`~pipeline.runner.session.RunSession`: the executor the
+complete at the time (two generations of one series never in the same batch), through one :class:`~pipeline.runner.session.RunSession`: the executor the
 first batch starts (with ``runner.workers: 0``, the listener's default, this process; otherwise the
 worker processes) and the detector it loads are kept for every later batch, so the model is loaded
 once for the listener's lifetime. The run store records where each case came from (the calling AE
