@@ -109,6 +109,12 @@ class Config(Mapping[str, Section]):
         section, key = dotted.split(".", 1)
         return self._sections[section][key]
 
+    def source_of(self, dotted: str) -> str:
+        """Where the option ``dotted`` (``section.option``) was set, for an error about its value to name: the flag or
+        ``--set`` item (``--device``, ``--set runner.device=cuda:1``), ``environment variable CTPIPE_RUNNER_DEVICE``,
+        the config file's path, ``the command's defaults``; ``dotted`` itself where nothing set it (its default)."""
+        return self.sources.get(dotted, dotted)
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: copy.deepcopy(dict(sec)) for name, sec in self._sections.items()}
 

@@ -73,7 +73,7 @@ def head():
 
 
 def _refused(monkeypatch, address: str, exc: BaseException) -> str:
-    monkeypatch.setattr(ray_connect, "import_ray", lambda: _RefusingRay(exc))
+    monkeypatch.setattr(ray_connect, "import_ray", lambda **_: _RefusingRay(exc))
     with pytest.raises(ClusterError) as info:
         connect(address, timeout_s=10)
     return str(info.value)
@@ -283,7 +283,7 @@ def test_a_private_instance_keeps_the_runs_sigterm_handler(monkeypatch):
     def ours(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ray_connect, "import_ray", lambda: _PrivateRay(RuntimeError()))
+    monkeypatch.setattr(ray_connect, "import_ray", lambda **_: _PrivateRay(RuntimeError()))
     # a token of the user's: the private instance needs none of its own in this process's environment, which the
     # session left open here would keep
     monkeypatch.setenv("RAY_AUTH_TOKEN", "0" * 32)
@@ -305,7 +305,7 @@ def test_joining_a_cluster_leaves_the_working_folder_as_it_is(monkeypatch, head,
             seen.append(os.getcwd())
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(ray_connect, "import_ray", lambda: _JoiningRay(RuntimeError()))
+    monkeypatch.setattr(ray_connect, "import_ray", lambda **_: _JoiningRay(RuntimeError()))
     session = connect(head, timeout_s=10)
     assert session.owned and seen == [str(tmp_path)] and os.getcwd() == str(tmp_path)
 
@@ -390,7 +390,7 @@ def test_auto_with_a_stale_record_of_a_dead_head_says_where_the_address_came_fro
         dead = f"127.0.0.1:{s.getsockname()[1]}"
     ray = _RefusingRay(RuntimeError("not reached"))
     ray._private = SimpleNamespace(services=SimpleNamespace(canonicalize_bootstrap_address=lambda a: dead))  # type: ignore[attr-defined]
-    monkeypatch.setattr(ray_connect, "import_ray", lambda: ray)
+    monkeypatch.setattr(ray_connect, "import_ray", lambda **_: ray)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(ClusterError) as info:
         connect("auto", timeout_s=10)

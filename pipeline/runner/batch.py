@@ -220,14 +220,20 @@ def _run(
     if cfg.runner.engine == "ray" and pl.to_run:
         from .ray_connect import connect
 
-        cluster = connect(cfg.runner.ray_address, timeout_s=cfg.runner.ray_timeout_s, reconnect_s=cfg.runner.ray_reconnect_s)
+        cluster = connect(
+            cfg.runner.ray_address,
+            timeout_s=cfg.runner.ray_timeout_s,
+            reconnect_s=cfg.runner.ray_reconnect_s,
+            set_by=cfg.source_of("runner.ray_address"),
+            engine_set_by=cfg.source_of("runner.engine"),
+        )
         devices, device_desc = ["cpu"], cluster.describe()
         share = [f"{n} {what}" for n, what in ((cfg.runner.ray_max_cpus, "CPU(s)"), (cfg.runner.ray_max_gpus, "GPU(s)")) if n]
         if share:  # runner.ray_max_cpus / ray_max_gpus: the run's part of a shared cluster
             device_desc += f"; this run's share: at most {' and '.join(share)}"
     else:
         devices, device_desc = resolve_devices(
-            cfg.runner.device, need_model and bool(pl.to_run), set_by=cfg.sources.get("runner.device", "runner.device")
+            cfg.runner.device, need_model and bool(pl.to_run), set_by=cfg.source_of("runner.device")
         )
     workers = cfg.runner.workers
     n_procs = (max(1, workers) + (len(devices) if need_model else 0)) if workers else 1

@@ -49,14 +49,16 @@ WORKER_ENV = {"PYTHONHASHSEED": "0"}
 _SCALE_OUT = "see README 'Scale out'"
 
 
-def import_ray() -> ModuleType:
-    """The ``ray`` module, or a ClusterError saying how to install it."""
+def import_ray(*, set_by: str = "runner.engine") -> ModuleType:
+    """The ``ray`` module, or a ClusterError saying how to install it, named after ``set_by``: where
+    ``runner.engine = ray`` was set (``--ray``, ``--set runner.engine=ray``, a config file, ``environment variable
+    CTPIPE_RUNNER_ENGINE``: :meth:`~pipeline.config.Config.source_of`)."""
     try:
         import ray
     except ImportError as exc:
         raise ClusterError(
             "runner.engine = ray needs Ray, which is not installed",
-            where="runner.engine",
+            where=set_by,
             fix="pip install 'ctpipe[cluster]' (or bash scripts/setup.sh), or use runner.engine = local",
         ) from exc
     return ray
@@ -68,8 +70,9 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def resolve_address(address: str | None) -> str | None:
-    """The head's ``HOST:PORT`` for ``address`` (``auto`` looked up on this machine); None for a private instance."""
+def resolve_address(address: str | None, *, set_by: str = "runner.ray_address") -> str | None:
+    """The head's ``HOST:PORT`` for ``address`` (``auto`` looked up on this machine); None for a private instance.
+    ``set_by``: where ``runner.ray_address`` was set (:meth:`~pipeline.config.Config.source_of`), named by its errors."""
     if address in (None, "local"):
         return None
     if address != "auto":
@@ -80,21 +83,22 @@ def resolve_address(address: str | None) -> str | None:
     except (ConnectionError, ValueError) as exc:
         raise ClusterError(
             f"runner.ray_address = auto but no Ray cluster was found on this machine ({exc})",
-            where="runner.ray_address",
+            where=set_by,
             fix=f"start one with `ray start --head` (or join one with `ray start --address=HEAD:6379`), "
             f"or give the head's address: ctpipe run --ray HEAD:6379 ({_SCALE_OUT})",
         ) from exc
     if found is None:
         raise ClusterError(
             "runner.ray_address = auto but no Ray cluster was found on this machine",
-            where="runner.ray_address",
+            where=set_by,
             fix=f"start one with `ray start --head`, or give the head's address: ctpipe run --ray HEAD:6379 ({_SCALE_OUT})",
         )
     return str(found)
 
 
-def probe(address: str, *, timeout_s: float) -> None:
-    """Raise ClusterError unless a TCP connection to ``address`` (HOST:PORT) opens within ``timeout_s``."""
+def probe(address: str, *, timeout_s: float, set_by: str = "runner.ray_address") -> None:
+    """Raise ClusterError unless a TCP connection to ``address`` (HOST:PORT) opens within ``timeout_s``; the error is
+    named after ``set_by``, where the address was set (:meth:`~pipeline.config.Config.source_of`)."""
     host, port = split_address(address)
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
@@ -103,7 +107,7 @@ def probe(address: str, *, timeout_s: float) -> None:
         why = exc.strerror or type(exc).__name__
         raise ClusterError(
             f"cannot reach the Ray head at {address} ({why})",
-            where="runner.ray_address",
+            where=set_by,
             fix=f"start the head there (`ray start --head --port={port}`) or pass the address it printed, "
             f"e.g. ctpipe run --ray HEAD:6379; `--ray auto` finds the cluster this machine joined ({_SCALE_OUT})",
         ) from exc
@@ -126,11 +130,11 @@ def raylet_answers(node: dict[str, Any], *, timeout_s: float) -> bool:
 _H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
 
-def check_speaks_grpc(address: str, *, timeout_s: float) -> None:
+def check_speaks_grpc(address: str, *, timeout_s: float, set_by: str = "runner.ray_address") -> None:
     """Raise ClusterError unless ``address`` (HOST:PORT) answers an HTTP/2 preface with a SETTINGS frame, as the
     gRPC server of a Ray head's GCS does at once. Catches a port where something else listens (the dashboard's
     8265, a web server), which Ray itself would retry for ``runner.ray_timeout_s``. Skipped with ``RAY_USE_TLS``
-    (a TLS handshake comes first there)."""
+    (a TLS handshake comes first there). The error is named after ``set_by``, where the address was set."""
     if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false", ""):
         return
     host, port = split_address(address)
@@ -159,7 +163,7 @@ def check_speaks_grpc(address: str, *, timeout_s: float) -> None:
         )
     raise ClusterError(
         f"{address} is not a Ray head's GCS port: {heard}",
-        where="runner.ray_address",
+        where=set_by,
         fix=f"pass the address `ray start --head` printed (port 6379 unless it was started with --port; the dashboard's "
         f"8265 is not it), e.g. ctpipe run --ray HEAD:6379; `--ray auto` finds the cluster this machine joined ({_SCALE_OUT})",
     )
@@ -328,7 +332,13 @@ def _job_config(ray: ModuleType) -> Any:
 
 
 def connect(
-    address: str | None, *, timeout_s: float, reconnect_s: float | None = None, init_options: dict[str, Any] | None = None
+    address: str | None,
+    *,
+    timeout_s: float,
+    reconnect_s: float | None = None,
+    init_options: dict[str, Any] | None = None,
+    set_by: str = "runner.ray_address",
+    engine_set_by: str = "runner.engine",
 ) -> RaySession:
     """Connect this process to the cluster of ``runner.ray_address`` (see the module docstring).
 
@@ -339,14 +349,17 @@ def connect(
     this process's Ray is told to wait :data:`GCS_WAIT_MARGIN_S` longer for it (unless
     ``RAY_gcs_rpc_server_reconnect_timeout_s`` already gives it that long or longer), since it would otherwise end the
     process first (after a minute by default) with a native error.
+    ``set_by`` and ``engine_set_by``: where ``runner.ray_address`` and ``runner.engine`` were set (``--ray``, a ``--set``
+    item, a config file, ``environment variable CTPIPE_RUNNER_RAY_ADDRESS``: :meth:`~pipeline.config.Config.source_of`),
+    named by the errors instead of the options' names, so that the user knows which to change.
     """
-    ray = import_ray()
+    ray = import_ray(set_by=engine_set_by)
     if ray.is_initialized():
         return RaySession(address="connected", owned=False)
-    target = resolve_address(address)
+    target = resolve_address(address, set_by=set_by)
     if target is not None:
         try:
-            probe(target, timeout_s=min(timeout_s, 10.0))
+            probe(target, timeout_s=min(timeout_s, 10.0), set_by=set_by)
         except ClusterError as exc:
             if address != "auto":
                 raise
@@ -359,11 +372,11 @@ def connect(
             why = getattr(cause, "strerror", None) or type(cause).__name__
             raise ClusterError(
                 f"runner.ray_address = auto found the head {target} through {source}, but nothing answers there ({why})",
-                where="runner.ray_address",
+                where=set_by,
                 fix="start the cluster again (`ray start --head`), or give the head's address: ctpipe run --ray HEAD:6379; "
                 f"if that cluster is gone, `ray stop` here clears the record (and unset RAY_ADDRESS) ({_SCALE_OUT})",
             ) from exc
-        check_speaks_grpc(target, timeout_s=min(timeout_s, 5.0))
+        check_speaks_grpc(target, timeout_s=min(timeout_s, 5.0), set_by=set_by)
     options: dict[str, Any] = {
         "address": target or "local",
         "log_to_driver": False,  # the workers write RUN_DIR/run.log; the console stays the run's own
@@ -426,7 +439,7 @@ def connect(
     if "error" not in outcome:
         raise ClusterError(
             f"{where} accepted a connection but did not answer as a Ray cluster within {timeout_s:g} s",
-            where="runner.ray_address",
+            where=set_by,
             fix="check that the address is the head's GCS port (6379 unless `ray start --head --port` said otherwise) and that "
             f"RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token) are set here ({_SCALE_OUT})",
         )
@@ -454,6 +467,6 @@ def connect(
             )
         else:
             fix = f"check the address, the token and that this machine runs the cluster's Ray and Python versions ({_SCALE_OUT})"
-        raise ClusterError(f"cannot join {where}: {text}", where="runner.ray_address", fix=fix) from err
+        raise ClusterError(f"cannot join {where}: {text}", where=set_by, fix=fix) from err
     log.info("joined %s", where, extra={"event": "ray_connected"})
     return RaySession(address=target or "local", owned=True, auth_env=auth_env)
