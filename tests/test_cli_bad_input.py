@@ -80,6 +80,44 @@ def test_a_bundle_config_that_is_not_a_json_object_says_how_to_mend_it(tmp_path,
     assert rc == 1 and f"inference.json {says}" in err and "Fix: " in err, err
 
 
+@pytest.mark.parametrize(
+    ("text", "says", "mend"),
+    [
+        (b'{"format": "ctpipe-detector/1",\n "name": x}', "is not valid JSON (Expecting value: line 2", "at line 2, column 10"),
+        (b"[1, 2]", "must hold a JSON object, got list", "(a JSON object: {...})"),
+        (b'\xff{"name": "x"}', "is not valid JSON: byte 0 is not UTF-8 text", "(a JSON object in UTF-8 text)"),
+    ],
+)
+def test_a_model_json_that_is_not_a_json_object_says_where_and_how_to_mend_or_regenerate_it(tmp_path, capsys, text, says, mend):
+    # was: "model.json: model config is not valid JSON (...)" and no fix; a list or a file not in UTF-8: a traceback
+    model = tmp_path / "model.json"
+    model.write_bytes(text)
+    rc, err = _err(capsys, "detect", str(SAMPLE / "dicom"), "--out", str(tmp_path / "o"), "--bundle", str(model))
+    assert rc == 1 and f"{model}: model config {says}" in err and f"Fix: mend model.json {mend}, or write it again" in err, err
+    assert f"scripts/train_detector.py --out {model}" in err
+
+
+def test_the_demo_model_json_unreadable_or_broken_says_to_reinstall(tmp_path, monkeypatch):
+    from pipeline.detection import model_config
+    from pipeline.errors import BundleError
+
+    demo = tmp_path / "demo_phantom_retinanet.json"
+    demo.write_text("{")
+    monkeypatch.setattr(model_config, "DEMO_MODEL_JSON", demo)
+    with pytest.raises(BundleError, match=r"line 1, column 2, or reinstall ctpipe, which ships the demo model's"):
+        model_config.load_model_config(demo)
+    real = Path.read_bytes
+
+    def refused(self: Path) -> bytes:  # injected: the tests run as root, whom file permissions do not stop
+        if self == demo:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    with pytest.raises(BundleError, match=r"model config cannot be read \(Permission denied\)\. Fix: check the file's"):
+        model_config.load_model_config(demo)
+
+
 def test_set_with_a_bad_yaml_value_or_unknown_option_names_the_set(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for cmd in (["run", str(tmp_path / "empty")], ["listen", "--allow", "X"]):

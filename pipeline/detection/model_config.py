@@ -170,7 +170,44 @@ def load_model_config(path: str | Path = DEMO_MODEL_JSON) -> ModelConfig:
             fix="reinstall ctpipe (the demo model ships with it) or pass --bundle PATH",
         )
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BundleError(f"model config is not valid JSON ({exc})", where=path) from exc
+        text = path.read_bytes()
+    except OSError as exc:
+        raise BundleError(
+            f"model config cannot be read ({exc.strerror or exc})",
+            where=path,
+            fix="check the file's permissions (it is read by the user running ctpipe)",
+        ) from exc
+    try:
+        data = json.loads(text.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BundleError(
+            f"model config is not valid JSON: byte {exc.start} is not UTF-8 text ({exc.object[exc.start : exc.start + 1]!r})",
+            where=path,
+            fix=_model_json_fix(path, f"{path.name} (a JSON object in UTF-8 text)"),
+        ) from exc
+    except json.JSONDecodeError as exc:
+        raise BundleError(
+            f"model config is not valid JSON ({exc})",
+            where=path,
+            fix=_model_json_fix(path, f"{path.name} at line {exc.lineno}, column {exc.colno}"),
+        ) from exc
+    if not isinstance(data, dict):
+        raise BundleError(
+            f"model config must hold a JSON object, got {type(data).__name__}",
+            where=path,
+            fix=_model_json_fix(path, f"{path.name} (a JSON object: {{...}})"),
+        )
     return model_config_from_dict(data, where=path)
+
+
+def _model_json_fix(path: Path, what: str) -> str:
+    """The fix for a model JSON ``path`` that cannot be read as one: mend ``what`` (the file, where it went wrong), or
+    get a good one from where it comes from (the demo model's from ctpipe's installation, another from its training)."""
+    if path.resolve() == DEMO_MODEL_JSON.resolve():
+        again = "or reinstall ctpipe, which ships the demo model's (scripts/train_demo.sh trains it again)"
+    else:
+        again = (
+            f"or write it again: scripts/train_detector.py --out {path} regenerates a model JSON with its weights, or copy "
+            "the model again from where it came; leave out --bundle for the embedded demo model"
+        )
+    return f"mend {what}, {again}"
