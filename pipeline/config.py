@@ -112,8 +112,15 @@ class Config(Mapping[str, Section]):
     def source_of(self, dotted: str) -> str:
         """Where the option ``dotted`` (``section.option``) was set, for an error about its value to name: the flag or
         ``--set`` item (``--device``, ``--set runner.device=cuda:1``), ``environment variable CTPIPE_RUNNER_DEVICE``,
-        the config file's path, ``the command's defaults``; ``dotted`` itself where nothing set it (its default)."""
-        return self.sources.get(dotted, dotted)
+        the config file's path, ``the command's defaults``; ``dotted`` itself where nothing set it (its default). A
+        source that does not name the option itself (a file, a command's defaults, a caller's overrides) is followed by
+        it (``/etc/ctpipe.yaml: runner.device``), so that an error's text need not name it too."""
+        source = self.sources.get(dotted)
+        if source is None:
+            return dotted
+        if source.startswith(("--", "environment variable ")):
+            return source
+        return f"{source}: {dotted}"
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: copy.deepcopy(dict(sec)) for name, sec in self._sections.items()}

@@ -37,7 +37,7 @@ def test_an_unreachable_head_is_named_after_where_its_address_was_set(tmp_path, 
     config = tmp_path / "cluster.yaml"
     config.write_text(f"runner:\n  engine: ray\n  ray_address: '{address}'\n")
     rc, err = cli_error(capsys, *run, "--out", str(tmp_path / "file"), "--config", str(config))
-    assert rc == 1 and f"{config}: cannot reach the Ray head at {address}" in err, err
+    assert rc == 1 and f"{config}: runner.ray_address: cannot reach the Ray head at {address}" in err, err
     monkeypatch.setenv("CTPIPE_RUNNER_ENGINE", "ray")
     monkeypatch.setenv("CTPIPE_RUNNER_RAY_ADDRESS", address)
     rc, err = cli_error(capsys, *run, "--out", str(tmp_path / "env"))
@@ -53,3 +53,20 @@ def test_ray_missing_is_named_after_where_the_ray_engine_was_set(tmp_path, capsy
     assert rc == 1 and "environment variable CTPIPE_RUNNER_ENGINE: runner.engine = ray needs Ray" in err, err
     rc, err = cli_error(capsys, "run", str(SAMPLE), "--workers", "0", "--out", str(tmp_path / "flag"), "--ray", "local")
     assert rc == 1 and "--ray: runner.engine = ray needs Ray, which is not installed. Fix: pip install" in err, err
+
+
+def test_a_source_that_does_not_name_the_option_is_followed_by_it(tmp_path):
+    # was: "overrides: cannot reach the Ray head at ..." for run_batch(ray_address=...), and a config file's path alone
+    from pipeline.config import load_config
+    from pipeline.runner.run_config import effective_config
+
+    config = tmp_path / "cluster.yaml"
+    config.write_text("runner:\n  engine: ray\n  ray_address: '127.0.0.1:1'\n")
+    from_file = load_config(config)
+    assert from_file.source_of("runner.ray_address") == f"{config}: runner.ray_address"
+    from_python = effective_config(from_file, {"ray_address": "127.0.0.1:2"})
+    assert from_python.source_of("runner.ray_address") == "overrides: runner.ray_address"
+    assert from_python.source_of("runner.engine") == f"{config}: runner.engine"
+    assert from_python.source_of("runner.workers") == "runner.workers"  # its default: set nowhere
+    by_env = load_config(None, environ={"CTPIPE_RUNNER_RAY_ADDRESS": "127.0.0.1:3"})
+    assert by_env.source_of("runner.ray_address") == "environment variable CTPIPE_RUNNER_RAY_ADDRESS"
