@@ -21,7 +21,7 @@ import pytest
 from pipeline.config import load_config
 from pipeline.errors import ClusterError, ConfigError
 from pipeline.runner.ray_actors import pick_device
-from tests._support.ray_cases import a_case_running, findings, make_cases, needs_ray
+from tests._support.ray_cases import a_case_running, findings, needs_ray, shared_cases
 from tests._support.runner import as_cli, ctpipe, db_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +138,7 @@ def cluster():
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     """Two tiny phantom cases and a small detector (random weights): the options of a quick, deterministic run."""
-    return make_cases(tmp_path_factory.mktemp("ray_cases"))
+    return shared_cases(tmp_path_factory)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests._support.ray_cases import make_cases, needs_ray
+from tests._support.ray_cases import needs_ray, shared_cases
 from tests._support.runner import db_rows
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
-    return make_cases(tmp_path_factory.mktemp("ray_gpu_cases"))
+    return shared_cases(tmp_path_factory)
 
 
 def test_a_gpu_on_which_every_start_fails_is_retired_and_the_run_finishes_on_the_nodes_other_gpu(cluster, cases, tmp_path):

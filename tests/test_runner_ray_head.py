@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._support.ray_cases import a_case_running, make_cases, needs_ray
+from tests._support.ray_cases import a_case_running, needs_ray, shared_cases
 from tests._support.runner import as_cli, db_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def cases(tmp_path_factory):
     """Two tiny phantom cases and a small detector (random weights): the options of a quick, deterministic run."""
     needs_ray()
-    return make_cases(tmp_path_factory.mktemp("ray_cases"))
+    return shared_cases(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

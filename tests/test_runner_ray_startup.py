@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._support.ray_cases import make_cases, needs_ray
+from tests._support.ray_cases import needs_ray, shared_cases
 from tests._support.runner import db_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
-    return make_cases(tmp_path_factory.mktemp("ray_startup_cases"))
+    return shared_cases(tmp_path_factory)
 
 
 @pytest.mark.slow

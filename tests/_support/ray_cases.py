@@ -19,6 +19,19 @@ def needs_ray() -> None:
         pytest.skip("Ray is not installed: pip install 'ctpipe[cluster]'")
 
 
+def shared_cases(tmp_path_factory: Any) -> dict[str, Any]:
+    """:func:`make_cases` built once for the whole pytest run (:func:`~tests._support.shared.build_once`), also when
+    pytest-xdist spreads the Ray test modules over several workers: read only (runs write to their own folders)."""
+    from tests._support.shared import build_once
+
+    def build(root: Path) -> dict[str, Any]:
+        made = make_cases(root)
+        return {**made, "src": str(made["src"])}
+
+    _, made = build_once(tmp_path_factory, "ray_cases", build)
+    return {**made, "src": Path(made["src"])}
+
+
 def make_cases(root: Path) -> dict[str, Any]:
     """Two tiny phantom cases under ``root``/src and a small detector (random weights): the options of a quick,
     deterministic run (``opts``), the cases' folder (``src``) and their series UIDs (``uids``)."""
