@@ -23,6 +23,15 @@ from tests._support.runner import as_cli, db_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: Ray's own limit on the wait for a lost head, as a user sets it (RAY_gcs_rpc_server_reconnect_timeout_s), in seconds:
+#: the outages and the run's wait below last longer, so that Ray would have ended the driver had the run not raised it
+RAY_OWN_LIMIT_S = 2
+#: runner.ray_reconnect_s of the run whose head is lost, in seconds (longer than Ray's own limit)
+RECONNECT_S = 6
+#: How long the driver's link to the head is cut, in seconds: longer than Ray's own limit, and over before the driver's
+#: fourth try to reach the head (its tries come 1 s, 3 s and 7 s after its first), at which the run goes on
+OUTAGE_S = 6.0
+
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
@@ -47,8 +56,8 @@ def cluster():
 @pytest.mark.slow
 def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishes(cluster, cases, tmp_path):
     """The head (its GCS) dies with a case running and does not come back: the driver waits runner.ray_reconnect_s
-    (here 12 s, longer than the 5 s after which Ray, told so by RAY_gcs_rpc_server_reconnect_timeout_s as by a user,
-    would end the process itself), then stops naming the cluster's address and the fix, with nothing published
+    (here RECONNECT_S, longer than the RAY_OWN_LIMIT_S after which Ray, told so by RAY_gcs_rpc_server_reconnect_timeout_s
+    as by a user, would end the process itself), then stops naming the cluster's address and the fix, with nothing published
     half-done; the same command on another cluster (the module's, its head another GCS than the lost one's) finishes
     every case once."""
     import os
@@ -56,8 +65,8 @@ def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishe
     from tests._support.ray_cluster import LocalCluster, ray_environment
 
     out = tmp_path / "headless"
-    sets = [*as_cli(cases["opts"]), "--set", "runner.ray_reconnect_s=12"]
-    env = {**os.environ, **ray_environment(), "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}  # Ray's own limit
+    sets = [*as_cli(cases["opts"]), "--set", f"runner.ray_reconnect_s={RECONNECT_S}"]
+    env = {**os.environ, **ray_environment(), "RAY_gcs_rpc_server_reconnect_timeout_s": str(RAY_OWN_LIMIT_S)}
 
     def args(address: str) -> list[str]:
         return [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", address, *sets]
@@ -83,11 +92,13 @@ def test_a_head_lost_mid_run_names_the_address_and_a_rerun_on_a_new_head_finishe
     finally:
         first.stop()
     assert proc.returncode == 1, err
-    assert "Traceback" not in err and "within 5 seconds" not in err, err  # the run's stop, not Ray's
+    assert "Traceback" not in err and f"within {RAY_OWN_LIMIT_S} seconds" not in err, err  # the run's stop, not Ray's
     # the stop itself names the head's address and the fix (the retry warnings before it name the address too)
-    stop = [line for line in err.splitlines() if "runner.ray_reconnect_s = 12 s" in line and "stopped answering" in line]
+    stop = [
+        line for line in err.splitlines() if f"runner.ray_reconnect_s = {RECONNECT_S} s" in line and "stopped answering" in line
+    ]
     assert len(stop) == 1 and f"the Ray head at {address} " in stop[0] and "Fix: start the head again" in stop[0], err
-    assert 12 <= took < 45, f"took {took:.0f} s"
+    assert RECONNECT_S <= took < 45, f"took {took:.0f} s"
     assert db_rows(out, "SELECT COUNT(*) FROM stage_attempts WHERE status='running'") == [(0,)]
     done = {r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")}
     published = list((out / "cases").iterdir()) if (out / "cases").is_dir() else []
@@ -228,8 +239,8 @@ class _LinkToHead:
 def test_a_network_outage_to_the_head_longer_than_rays_own_limit_is_waited_out_and_every_case_finishes_once(
     cluster, cases, tmp_path
 ):
-    """The driver's link to the head drops for 12 s with a case running (the head and its nodes run on), longer than
-    the 5 s after which Ray, told so by RAY_gcs_rpc_server_reconnect_timeout_s, would end the driver: the run logs each
+    """The driver's link to the head drops for OUTAGE_S with a case running (the head and its nodes run on), longer than
+    the RAY_OWN_LIMIT_S after which Ray, told so by RAY_gcs_rpc_server_reconnect_timeout_s, would end the driver: the run logs each
     try to reach the head, goes on when the head answers again (runner.ray_reconnect_s, 600 s by default) and
     finishes with exit status 0, every case published once and one successful attempt per case and stage."""
     import os
@@ -237,7 +248,7 @@ def test_a_network_outage_to_the_head_longer_than_rays_own_limit_is_waited_out_a
     from tests._support.ray_cluster import ray_environment
 
     out = tmp_path / "outage"
-    env = {**os.environ, **ray_environment(), "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}  # Ray's own limit
+    env = {**os.environ, **ray_environment(), "RAY_gcs_rpc_server_reconnect_timeout_s": str(RAY_OWN_LIMIT_S)}
     link = _LinkToHead(cluster.address)
     try:
         args = [sys.executable, "-m", "pipeline", "run", str(cases["src"]), "--out", str(out), "--ray", link.address]
@@ -250,7 +261,7 @@ def test_a_network_outage_to_the_head_longer_than_rays_own_limit_is_waited_out_a
             assert time.monotonic() < deadline, "no case started in time"
             time.sleep(0.05)
         link.cut()
-        time.sleep(12.0)
+        time.sleep(OUTAGE_S)  # the outage itself
         assert proc.poll() is None, "the run stopped during the outage: " + proc.stderr.read()
         link.restore()
         try:
@@ -301,7 +312,11 @@ def test_a_head_started_again_mid_run_is_a_new_cluster_and_stops_the_run_with_th
         gcs_pid = head.all_processes["gcs_server"][0].process.pid
         head.kill_gcs_server()  # SIGKILL of that PID
         assert not Path(f"/proc/{gcs_pid}").exists() or "Z" in Path(f"/proc/{gcs_pid}/stat").read_text().split()[2]
-        time.sleep(3.0)
+        deadline = time.monotonic() + 60
+        while not _logged(out, "head_lost"):  # the driver found the head gone; it is started again within reconnect_s
+            assert proc.poll() is None, "the run ended before the head was started again: " + proc.stderr.read()
+            assert time.monotonic() < deadline, "the driver did not notice the head was gone"
+            time.sleep(0.05)
         head.start_gcs_server()
         assert f"127.0.0.1:{head._ray_params.gcs_server_port}" == address  # the same port
         try:
@@ -319,3 +334,13 @@ def test_a_head_started_again_mid_run_is_a_new_cluster_and_stops_the_run_with_th
     done = {r[0] for r in db_rows(out, "SELECT series_uid FROM cases WHERE status='done'")}
     published = list((out / "cases").iterdir()) if (out / "cases").is_dir() else []
     assert len(published) == len(done) < 2, err
+
+
+def _logged(run_dir: Path, event: str) -> bool:
+    """Whether the run's log (``run_dir``/run.log, one JSON object a line) holds a record of ``event``."""
+    try:
+        text = (run_dir / "run.log").read_text()
+    except FileNotFoundError:
+        return False
+    lines = text.split("\n")[:-1]  # whole lines only: the last may still be being written
+    return any(json.loads(line).get("event") == event for line in lines if line.strip())
