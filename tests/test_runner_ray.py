@@ -176,7 +176,7 @@ def test_actors_slow_to_start_on_a_busy_machine_are_waited_for_not_taken_for_unp
     from tests._support.ray_cluster import SlowStart
 
     opts = {**cases["opts"], "runner.ray_timeout_s": 10.0}
-    stages = [IngestStage(), SlowStart(start_s=20.0), WriteStage()]
+    stages = [IngestStage(), SlowStart(start_s=14.0), WriteStage()]  # longer than runner.ray_timeout_s
     s = run_batch([cases["src"]], out=tmp_path / "slow", stages=stages, engine="ray", ray_address=cluster.address, **opts)
     assert s.exit_code == 0 and s.done == 2 and not s.quarantined, s.lines()
     # actors that Ray cannot give a GPU (another job holds them all) still stop the run after runner.ray_timeout_s
