@@ -137,7 +137,7 @@ def test_real_thick_slice_chest_reports_fewer_findings_calibrated():
     Limited to the reconstruction's segmented lungs, as the batch runner does, it reports the same 13: the small-blob
     candidates are still the strongest 200 of the threshold mask (searched in the segmented lungs alone, other blobs
     made the 200, two positions scored 0.15 and 0.12 became 0.996 and 0.99, and 16 findings were reported)."""
-    import pipeline as ctp
+    from pipeline.reconstruction.segment import segment_organs
     from tests._support.real_ct import copdgene
 
     case = copdgene()
@@ -145,7 +145,7 @@ def test_real_thick_slice_chest_reports_fewer_findings_calibrated():
     assert det.score_calibration is not None and slice_thickness_mm(case.volume.geometry, case.volume.metadata) > 3.5
     found = det.detect(case.volume, case_id="copdgene")
     op = json.loads(DEMO_MODEL_JSON.read_text())["operating_point"]["score_threshold"]
-    lungs = ctp.reconstruct(case.volume, organs=["lung_left", "lung_right"]).masks
+    lungs = segment_organs(case.volume, organs=["lung_left", "lung_right"], device="cpu").masks  # the reconstruction's
     limited = det.detect(case.volume, lung_mask=lungs, case_id="copdgene")
     reported = [(f.center_lps, round(f.score, 3)) for f in found.candidates if f.score >= op]
     assert [(f.center_lps, round(f.score, 3)) for f in limited.candidates if f.score >= op] == reported
@@ -158,7 +158,7 @@ def test_real_thick_slice_chest_reports_fewer_findings_calibrated():
 
 
 @pytest.mark.slow
-def test_real_planning_chest_reports_its_two_lesions_first():
+def test_real_planning_chest_reports_its_two_lesions_first(tmp_path_factory):
     """The real RT-planning chest (512 x 512 x 141, 0.98 x 0.98 x 2 mm, no annotations): at the demo model's operating
     point its two visible lesions, the 26 mm rounded lesion of the right upper lobe and the 13 mm round opacity of the
     posterior right lower lobe (both on the patient's right: LPS x < 0), are the top two findings, and at most 6
@@ -169,13 +169,16 @@ def test_real_planning_chest_reports_its_two_lesions_first():
     Limited to the reconstruction's segmented lungs, as the batch runner does, it reports the same findings: the
     network input stays the threshold mask's box (cropped to the segmented lungs' box, 3 voxels narrower, two vessels
     scored 0.419 and 0.392 instead of 0.358 and 0.137, and 9 findings were reported)."""
-    import pipeline as ctp
-    from tests._support.real_ct import rt_planning_chest
+    from pipeline.detection import load_findings
+    from tests._support.real_ct import detected_rt_planning_chest, rt_planning_chest, segmented_rt_planning_chest
 
     case = rt_planning_chest()  # skips with a reason when ../shared/real_ct is absent
     det = Detector(device="cpu")
-    found = det.detect(case.volume, case_id="rt")
-    lungs = ctp.reconstruct(case.volume, organs=["lung_left", "lung_right"]).masks
+    # ctpipe detect's findings of the chest (the same detector: the demo model at its operating point, on the CPU, on
+    # one torch thread as here), run once for the suite
+    found = load_findings(detected_rt_planning_chest(tmp_path_factory) / "c.findings.json")
+    segmented = segmented_rt_planning_chest(tmp_path_factory)  # the reconstruction's, segmented once for the suite
+    lungs = {o: segmented[o] for o in ("lung_left", "lung_right")}
     in_segmented = det.detect(case.volume, lung_mask=lungs, case_id="rt")
     assert [(f.center_lps, round(f.score, 3)) for f in in_segmented.findings] == [
         (f.center_lps, round(f.score, 3)) for f in found.findings

@@ -20,6 +20,7 @@ Cases (see the folder's README.md):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,21 @@ def all_cases(root: Path | None = None) -> Iterator[RealCase]:
         yield load(root)
 
 
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread inside the block, as on every pytest-xdist worker: the shared results made for the whole
+    pytest run are the same whichever test module or process makes them (on two threads the network's sums run in
+    another order, which moves a score in its third decimal)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 #: ``ctpipe detect``'s arguments for :func:`detected_rt_planning_chest`, after the source and ``--out``
 RT_PLANNING_DETECT_ARGS = ("--case-id", "c", "--no-png", "--device", "cpu")
 
@@ -184,8 +200,8 @@ def detected_rt_planning_chest(tmp_path_factory: Any) -> Path:
     PNGs, on the CPU; the model's operating point): ``c.findings.json`` (positions LPS mm) and ``c_sr.dcm``.
 
     Run once for the whole pytest run (:func:`~tests._support.shared.build_once`), for every
-    test module that reads the planning chest's findings; the folder is read-only for the tests. Skips when the shared
-    scans are absent.
+    test module that reads the planning chest's findings; the folder is read-only for the tests. Made on one torch thread
+    (:func:`one_torch_thread`). Skips when the shared scans are absent.
     """
     from pipeline.cli import main
     from tests._support.shared import build_once
@@ -193,10 +209,45 @@ def detected_rt_planning_chest(tmp_path_factory: Any) -> Path:
     source = require_real_ct() / "chest_ct_rt_planning_dicom"
 
     def build(folder: Path) -> dict[str, Any]:
-        rc = main(["detect", str(source), "--out", str(folder / "out"), *RT_PLANNING_DETECT_ARGS])
+        with one_torch_thread():
+            rc = main(["detect", str(source), "--out", str(folder / "out"), *RT_PLANNING_DETECT_ARGS])
         if rc != 0:
             raise RuntimeError(f"ctpipe detect {source} exited {rc}: its error is in the log above")
         return {"rc": rc}
 
     folder, _ = build_once(tmp_path_factory, "rt_planning_chest_detect", build)
     return folder / "out"
+
+
+#: the organs of :func:`segmented_rt_planning_chest`
+RT_PLANNING_ORGANS = ("body", "lung_left", "lung_right", "airway")
+
+
+def segmented_rt_planning_chest(tmp_path_factory: Any) -> dict[str, np.ndarray]:
+    """The reconstruction's segmentation of the RT-planning chest (:data:`RT_PLANNING_ORGANS`: bool ``[k, j, i]`` on
+    its grid by organ): :func:`~pipeline.reconstruction.segment.segment_organs` on the CPU, whose masks ``ctpipe
+    reconstruct``, ``reconstruct()`` and ``ctpipe run`` keep; each organ's mask is the same whichever others are
+    segmented with it.
+
+    Segmented once for the whole pytest run (:func:`~tests._support.shared.build_once`), for the test modules that
+    limit findings by the lungs or compare another scan of the chest with it; each caller reads its own copy back
+    from a compressed ``.npz``. Made on one torch thread, as :func:`detected_rt_planning_chest`. Skips when the shared
+    scans are absent.
+    """
+    from pipeline.reconstruction.segment import segment_organs
+    from tests._support.shared import build_once
+
+    require_real_ct()  # skips the caller now, not in the build
+
+    def build(folder: Path) -> dict[str, Any]:
+        with one_torch_thread():
+            seg = segment_organs(rt_planning_chest().volume, organs=RT_PLANNING_ORGANS, device="cpu")
+        missing = [o for o in RT_PLANNING_ORGANS if o not in seg.masks]
+        if missing:
+            raise RuntimeError(f"the planning chest's {missing} were not segmented: {seg.info}, {seg.errors}")
+        np.savez_compressed(folder / "masks.npz", **{o: np.asarray(seg.masks[o], dtype=bool) for o in RT_PLANNING_ORGANS})
+        return {"info": {k: v for k, v in seg.info.items() if isinstance(v, (str, int, float, bool))}}
+
+    folder, _ = build_once(tmp_path_factory, "rt_planning_chest_segmented", build)
+    with np.load(folder / "masks.npz") as npz:
+        return {o: npz[o] for o in RT_PLANNING_ORGANS}
