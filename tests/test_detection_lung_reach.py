@@ -112,12 +112,16 @@ def test_block_distances_match_a_fine_distance_transform():
     assert np.all((got == 0) == (want == 0))
 
 
-def _lung_reach(case_volume: CTVolume, findings: Findings) -> list[tuple[int, float, float, float]]:
-    """(number, score, distance mm, radius mm) of each reported finding to the reconstruction's segmented lungs."""
-    from pipeline.reconstruction.stage import reconstruct
+def _lung_reach(
+    case_volume: CTVolume, findings: Findings, segmented: dict[str, np.ndarray] | None = None
+) -> list[tuple[int, float, float, float]]:
+    """(number, score, distance mm, radius mm) of each reported finding to the reconstruction's segmented lungs
+    (``segmented``: the reconstruction's masks already made, bool ``[k, j, i]`` by organ; else the lungs segmented here)."""
+    from pipeline.reconstruction.segment import segment_organs
 
-    rec = reconstruct(case_volume, organs=["lung_left", "lung_right"], render=False)
-    lungs = np.logical_or.reduce([np.asarray(rec.masks[o].array) > 0 for o in ("lung_left", "lung_right")])
+    if segmented is None:  # the reconstruction's segmentation (its masks; no meshes needed here)
+        segmented = segment_organs(case_volume, organs=["lung_left", "lung_right"], device="cpu").masks
+    lungs = np.logical_or.reduce([np.asarray(segmented[o]) > 0 for o in ("lung_left", "lung_right")])
     from pipeline.detection.lungs import LungRegion
 
     region = LungRegion(lungs, (1, 1, 1), case_volume.spacing, size_ijk=case_volume.geometry.size_ijk)
@@ -134,15 +138,17 @@ def test_real_chest_findings_reach_the_segmented_lungs(case, tmp_path_factory):
     (the COPDGene chest's hilar finding at LPS (-32.5, -139.3, -172.9) lay one 4.2 mm pixel outside)."""
     from pipeline.detection import detect, load_findings
     from pipeline.ingest import load_series
-    from tests._support.real_ct import detected_rt_planning_chest, require_real_ct
+    from tests._support.real_ct import detected_rt_planning_chest, require_real_ct, segmented_rt_planning_chest
 
     root = require_real_ct()
     folder = {"copdgene": "cip_copdgene_chest_64/ct-64Dicom", "rt_planning_chest": "chest_ct_rt_planning_dicom"}[case]
     volume = load_series(root / folder)
-    if case == "rt_planning_chest":  # ctpipe detect's findings (the model's operating point), run once for the suite
-        found = load_findings(detected_rt_planning_chest(tmp_path_factory) / "c.findings.json")
+    segmented = None
+    if case == "rt_planning_chest":  # ctpipe detect's findings (the model's operating point) and the segmented lungs,
+        found = load_findings(detected_rt_planning_chest(tmp_path_factory) / "c.findings.json")  # once for the suite
+        segmented = segmented_rt_planning_chest(tmp_path_factory)
     else:
         found = detect(volume)
     assert len(found) > 0
-    far = [r for r in _lung_reach(volume, found) if r[2] > r[3] + 1e-6]
+    far = [r for r in _lung_reach(volume, found, segmented) if r[2] > r[3] + 1e-6]
     assert not far, f"{case}: findings (number, score, distance mm, radius mm) outside the lungs: {far}"

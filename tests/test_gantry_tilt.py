@@ -616,7 +616,7 @@ def _within(stack, *, on) -> np.ndarray:
 
 
 @pytest.mark.slow
-def test_a_real_chest_scanned_with_a_tilted_gantry_keeps_its_airway_lungs_and_body(tilted_real_chest):
+def test_a_real_chest_scanned_with_a_tilted_gantry_keeps_its_airway_lungs_and_body(tilted_real_chest, tmp_path_factory):
     """The real planning chest resampled onto 15 deg tilted planes and corrected at ingest segments as the untilted
     chest: the airway is found, and where both scans hold the chest the lungs, airway and body volumes are those of
     the untilted chest; the grown grid's padding (voxels no tilted image covers, -1024 HU) adds no body and no air
@@ -625,25 +625,26 @@ def test_a_real_chest_scanned_with_a_tilted_gantry_keeps_its_airway_lungs_and_bo
 
     from pipeline.ingest.measured import measured_mask
     from pipeline.reconstruction.segment import segment_organs
+    from tests._support.real_ct import segmented_rt_planning_chest
 
     chest, vol = tilted_real_chest["chest"], tilted_real_chest["vol"]
     organs = ["body", "lung_left", "lung_right", "airway"]
     tilted = segment_organs(vol, organs=organs, device="cpu")
     assert tilted.info.get("airway") == "found", (tilted.info, tilted.errors)
-    straight = segment_organs(chest, organs=organs, device="cpu")
+    straight_masks = segmented_rt_planning_chest(tmp_path_factory)  # the untilted chest's, segmented once for the suite
     # the tilted images' rows reach past the chest's slab at one end and stop short of it at the other (at the
     # scan's top and bottom): compare what both hold, voxels within the chest's slab and between the first and last
     # tilted image
     both, both_tilted = _within(vol, on=chest), _within(chest, on=vol)
     for organ, rel in (("body", 0.02), ("lung_left", 0.02), ("lung_right", 0.02), ("airway", 0.05)):
         ml = float((tilted.masks[organ] & both_tilted).sum()) * float(np.prod(vol.geometry.spacing)) / 1000.0
-        ml0 = float((straight.masks[organ] & both).sum()) * float(np.prod(chest.geometry.spacing)) / 1000.0
+        ml0 = float((straight_masks[organ] & both).sum()) * float(np.prod(chest.geometry.spacing)) / 1000.0
         assert ml == pytest.approx(ml0, rel=rel), (organ, ml, ml0)
     # and where they lie: each organ's voxels of the untilted chest (two voxels in from its edge, every 37th) lie in
     # that organ of the corrected chest at the same LPS position. The volumes alone hold for a chest left sheared by
     # the slices' in-plane shift (up to 72 mm here): a shear keeps every volume.
     for organ, least in (("body", 0.995), ("lung_left", 0.995), ("lung_right", 0.995), ("airway", 0.97)):
-        kji = np.argwhere(ndimage.binary_erosion(straight.masks[organ], iterations=2))[::37]
+        kji = np.argwhere(ndimage.binary_erosion(straight_masks[organ], iterations=2))[::37]
         ijk = np.round(vol.lps_to_index(chest.geometry.index_to_lps(kji[:, ::-1].astype(np.float64)))).astype(int)
         held = np.all((ijk >= 0) & (ijk < np.array(vol.shape[::-1])), axis=1)
         assert held.mean() > 0.95, organ
