@@ -33,6 +33,8 @@ from tests.test_dicom_out_sources import assert_valid, phantom_case, strip_attri
 #: centres in the SR equal the findings JSON's within this (mm)
 CENTRE_TOL_MM = 0.01
 ORGAN_LABELS = {"lung_left": "Left lung", "lung_right": "Right lung"}
+#: the runs' throughput report (its plots are most of a tiny run's time) is not among what these tests check
+NO_REPORT = {"report.enabled": False}
 
 
 def _centres(rows: Any) -> np.ndarray:
@@ -225,7 +227,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ph = generate_phantom(seed, n_nodules=1, matrix=64, slices=24, pixel_spacing=2.0, slice_spacing=5.0)
         write_phantom_case(ph, root / "src" / name)
     mark_patient(sorted((root / "src").rglob("*.dcm")))
-    cfg = load_config(overrides=QUICK, environ={})
+    cfg = load_config(overrides={**QUICK, **NO_REPORT}, environ={})
     stages = build_stages(cfg)
     assert isinstance(stages[-1], DicomStage) and isinstance(stages[0], IngestStage)
     stages.insert(1, LoseSourceFile())
@@ -273,7 +275,7 @@ def test_a_source_that_changed_quarantines_its_case_only(batch):
 @pytest.mark.slow
 def test_config_off_writes_no_dicom(batch, tmp_path):
     src = batch["root"] / "src" / "case1"
-    summary = run_batch([src], out=tmp_path / "run", workers=0, **QUICK, **{"outputs.dicom": "none"})
+    summary = run_batch([src], out=tmp_path / "run", workers=0, **QUICK, **NO_REPORT, **{"outputs.dicom": "none"})
     assert summary.done == 1
     assert not list((tmp_path / "run").rglob("*.dcm"))
     table = open_run(tmp_path / "run").dicom_outputs

@@ -468,8 +468,9 @@ def test_run_with_allow_gantry_tilt_completes_a_tilted_case_with_its_sr_and_seg(
     ph = generate_phantom(11, matrix=64, slices=24, n_nodules=2, pixel_spacing=2.0, slice_spacing=5.0)
     paths = write_dicom_series(ph.volume, tmp_path / "src" / "dicom", quirks=["gantry_tilt"])
     run = ["run", str(tmp_path / "src"), "--out", str(tmp_path / "run"), "--device", "cpu", "--quiet"]
-    # no recon renderings (the MPRs, MIPs and 3-D preview): none of the results checked here
-    assert main([*run, "--set", "ingest.allow_gantry_tilt=true", "--set", "reconstruct.renderings=false"]) == 0
+    # no recon renderings (the MPRs, MIPs and 3-D preview) and no throughput report: none of the results checked here
+    off = ["--set", "reconstruct.renderings=false", "--set", "report.enabled=false"]
+    assert main([*run, "--set", "ingest.allow_gantry_tilt=true", *off]) == 0
     (case,) = (tmp_path / "run" / "cases").iterdir()
     assert (case / "dicom" / "sr.dcm").is_file() and any((case / "findings_png").glob("*.png"))
     from pipeline.dicom_out.sr_read import read_sr_case
