@@ -90,19 +90,11 @@ def pytest_xdist_make_scheduler(config, log):
     return WaitAwareScheduling(config, log)
 
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Each test starts with the stop signals' handlers the one before it started with: a test that runs ``ctpipe`` or
-    Ray in this process (or a fixture it builds) may leave one of them replaced, and a later test (or a process it
-    starts, which inherits an ignored signal) would then see Ctrl-C or SIGTERM handled as that one left it."""
-    saved = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
-    yield
-    for s, h in saved.items():
-        if h is not None and signal.getsignal(s) is not h:
-            signal.signal(s, h)
+# The suite runs as a command typed at a terminal would, also when a script started it in the background: a shell
+# without job control starts a background command with SIGINT ignored, and every run a test starts would inherit that
+# (ctpipe then leaves Ctrl-C alone, as for a background job; tests/test_runner_background_stop.py checks that case).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
