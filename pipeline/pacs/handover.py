@@ -262,6 +262,7 @@ class Handover:
         """Run ``batch`` (handed generations, at most one of each series) as one batch of the listener's session and
         record each one's :class:`SeriesOutcome`; False when the runner could not take it (the series stay handed)."""
         from ..runner import open_run, run_batch
+        from ..runner.end_signals import held_stop
 
         assert self.journal is not None and self.session is not None
         folders = [str(Path(r["folder"])) for r in batch]
@@ -277,9 +278,11 @@ class Handover:
                 origins={f: self._origin(r) for r, f in zip(batch, folders)},
             )
         except CtpipeError as exc:  # e.g. another ctpipe run holds the run folder: the series stay handed, tried again
-            log.error(
-                "the runner could not take %d series: %s; trying again", len(batch), exc, extra={"event": "listen_run_error"}
-            )
+            stop = held_stop(exc) is not None  # a stop signal (systemctl stop, Ctrl-C) came as the batch ended
+            then = "stopping, as a stop signal came as the batch ended" if stop else "trying again"
+            log.error("the runner could not take %d series: %s; %s", len(batch), exc, then, extra={"event": "listen_run_error"})
+            if stop:  # the series stay handed, for the next start
+                raise KeyboardInterrupt from exc
             self._stop.wait(max(5.0, self.poll_s))
             return False
         self.batches += 1

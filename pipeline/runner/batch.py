@@ -140,6 +140,7 @@ def run_batch(
     redactor = None if cfg.privacy.keep_identifiers else PathRedactor(secret=secret)
     summary.redactor = redactor
     end_signals = EndSignals()  # held once the run's end is being recorded: it cannot be interrupted from there on
+    outer = sys.exc_info()[1]  # one the caller is handling as it calls run_batch, if any: not the run's
     try:
         with redacting(redactor):
             return _run(
@@ -163,10 +164,12 @@ def run_batch(
         raise
     finally:
         try:
+            if (crash := sys.exc_info()[1]) is not outer and crash is not None:  # named in run.log, still attached
+                end_signals.crashed(crash)
             store.close()
             detach(handler)
             lock.release()
-        finally:  # the run's end recorded: a stop signal held since reaches its own handler now
+        finally:  # the run's end recorded: a stop signal held since reaches its own handler now (the crash stands)
             end_signals.release()
 
 
