@@ -16,6 +16,10 @@ ended (completed, or interrupted). A held signal is still handed to its handler,
 handler raises for it is dropped in favour of the crash, which names the signal instead (``stop_after_crash`` in
 run.log, a note under its traceback, :func:`held_stop`): ``ctpipe listen``, which outlives a batch that failed,
 stops on it all the same.
+
+:mod:`.ray_connect` holds the stop signals the same way while ``ray.init`` starts a private Ray instance, which a
+signal handled mid-start would leave half started: it is handed to its handler once the instance has started (and
+is then shut down).
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ Ray puts the driver's working folder first on the import path of every worker of
 leaves it out (:class:`_WithoutWorkingFolder`), a private instance's as a joined cluster's, so that the workers import
 their installed ctpipe, not a ``pipeline`` package of the folder the run was started in. The process's working folder
 itself is never changed (``os.chdir`` would move it under every other thread of the process, a notebook's included).
+Ray's driver puts a SIGTERM handler of its own in place when ``ray.init`` runs in the main thread (a private
+instance), which ends the process at once; the run's own handling of the stop signals stays (``ctpipe run``: stop as
+for Ctrl-C, exit status 130), and a stop signal that comes while the instance starts is held until it has started,
+then stops the run, the instance shut down.
 """
 
 from __future__ import annotations
@@ -34,13 +38,15 @@ import secrets
 import signal
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..errors import ClusterError
+from .end_signals import EndSignals
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +337,22 @@ def _job_config(ray: ModuleType) -> Any:
     return config
 
 
+@contextmanager
+def _sigterm_kept_from(ray: ModuleType) -> Iterator[None]:
+    """Keep ``ray.init`` from putting its own SIGTERM handler in place (Ray's ``set_sigterm_handler``, which its driver
+    and a head it starts call), as long as the block runs; nothing where this Ray has no such function."""
+    utils: Any = getattr(getattr(ray, "_private", None), "utils", None)
+    setter = getattr(utils, "set_sigterm_handler", None)
+    if setter is None:
+        yield
+        return
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = setter
+
+
 def connect(
     address: str | None,
     *,
@@ -408,15 +430,32 @@ def connect(
             outcome["error"] = exc
 
     if target is None:  # a private instance: started here (its processes die with the thread that starts them)
-        # ray.init in the main thread replaces the SIGTERM handler with one that exits at once (status 1, run left
-        # recorded as completed); the caller's handler (ctpipe run: stop as for Ctrl-C, exit 130) stays
+        # ray.init in the main thread puts a SIGTERM handler of its own in place, which exits at once (status 15,
+        # nothing said; status 1 once the instance runs, the run left recorded as completed), and a stop signal
+        # handled while it starts would cut the start short: Ray is kept off SIGTERM and the stop signals are held
+        # while it starts, then handed to the caller's handlers (ctpipe run: stop as for Ctrl-C, exit 130), the
+        # instance shut down first
         on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+        stops = EndSignals()
         auth_env = _own_token()
-        init()
+        try:
+            with _sigterm_kept_from(ray):
+                stops.hold()
+                init()
+        finally:
+            try:
+                stops.release()  # a stop signal held meanwhile reaches the caller's handler now
+            except KeyboardInterrupt:  # stopped as it started: the run goes no further
+                if outcome.get("error", False) is None:
+                    log.info("stopped while the private Ray instance started: shutting it down")
+                    ray.shutdown()
+                _restore(auth_env)
+                raise
+            finally:
+                if on_term is not None:  # not held (no handler of the caller's): Ray's, should it have set one
+                    signal.signal(signal.SIGTERM, on_term)
         if outcome["error"] is not None:
             _restore(auth_env)
-        if on_term is not None:
-            signal.signal(signal.SIGTERM, on_term)
     else:  # joining: bounded, since Ray retries a connection that opens but never answers for minutes
         quiet = _WithoutSigtermNote()
         ray_log = logging.getLogger("ray._private.worker")
