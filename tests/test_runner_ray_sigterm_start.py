@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -50,3 +52,53 @@ def test_sigterm_while_the_private_ray_instance_starts_is_an_interruption(tmp_pa
         time.sleep(0.5)
     left = _ray_pids(proc.pid)
     assert left == set(), f"processes of the run's private Ray instance were left running ({len(started)} at the signal)"
+
+
+class _StartingRay:
+    """Stands in for ``ray``: its ``init`` puts a SIGTERM handler of its own in place through Ray's own function (as
+    the real one does), receives ``signals`` stop signals as it starts, then says whether it finished starting."""
+
+    def __init__(self, signals: int) -> None:
+        self.signals = signals
+        self.started = self.shut_down = False
+        self._private = SimpleNamespace(utils=SimpleNamespace(set_sigterm_handler=self._exit_at_once))
+
+    @staticmethod
+    def _exit_at_once(handler: Any) -> None:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **options: Any) -> None:
+        self._private.utils.set_sigterm_handler(None)
+        for _ in range(self.signals):
+            os.kill(os.getpid(), signal.SIGTERM)
+        self.started = True
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_a_stop_signal_while_a_private_instance_starts_stops_the_run_once_started_a_second_at_once(monkeypatch, signals):
+    from pipeline.runner import ray_connect
+    from pipeline.runner.cli import stop_once
+
+    ray = _StartingRay(signals)
+    monkeypatch.setattr(ray_connect, "import_ray", lambda **_: ray)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "0" * 32)  # a token of the user's: none of the instance's own to put back
+    replaced = stop_once("run")  # ctpipe run's handlers
+    ours = signal.getsignal(signal.SIGTERM)
+    caught: BaseException | None = None
+    try:
+        ray_connect.connect("local", timeout_s=10)
+    except BaseException as exc:  # noqa: BLE001 - SystemExit (Ray's handler) is what must not come
+        caught = exc
+    finally:
+        after = signal.getsignal(signal.SIGTERM)
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+    assert isinstance(caught, KeyboardInterrupt), repr(caught)  # ctpipe run: recorded as interrupted, exit 130
+    assert after is ours
+    assert ray.started is (signals == 1) and ray.shut_down  # held until started; a second one cut it short

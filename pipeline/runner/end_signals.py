@@ -19,7 +19,7 @@ stops on it all the same.
 
 :mod:`.ray_connect` holds the stop signals the same way while ``ray.init`` starts a private Ray instance, which a
 signal handled mid-start would leave half started: it is handed to its handler once the instance has started (and
-is then shut down).
+is then shut down); a second one cuts a start that hangs short at once.
 """
 
 from __future__ import annotations
@@ -44,8 +44,12 @@ class _WaitEnded(Exception):
 class EndSignals:
     """Holds the stop signals that come between :meth:`hold` and :meth:`release` (see the module's docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, at_once: int | None = None) -> None:
+        """``at_once``: the count of stop signals whose last, held no longer, raises KeyboardInterrupt at once (a
+        private Ray instance's start that hangs is still cut short by a second Ctrl-C); None: held, however many."""
         self.noted: int | None = None  # the first stop signal held, by number
+        self._at_once = at_once
+        self._count = 0  # stop signals noted since hold()
         self._held: dict[int, Any] = {}  # the handlers held back, by signal number
         self._waiting = False  # in wait(): a signal ends it
         self._crash: BaseException | None = None  # the exception the run is ending with (crashed())
@@ -64,6 +68,9 @@ class EndSignals:
     def _note(self, signum: int, frame: FrameType | None) -> None:
         if self.noted is None:
             self.noted = signum
+        self._count += 1
+        if self._at_once is not None and self._count >= self._at_once:
+            raise KeyboardInterrupt
         if self._waiting:  # once: a second signal does not escape the wait's own ending
             self._waiting = False
             raise _WaitEnded
@@ -96,6 +103,7 @@ class EndSignals:
         may raise KeyboardInterrupt, unless the run crashed: :meth:`crashed`)."""
         held, self._held = self._held, {}
         crash, self._crash = self._crash, None
+        self._count = 0
         for signum, handler in held.items():
             signal.signal(signum, handler)
         noted, self.noted = self.noted, None

@@ -27,7 +27,7 @@ itself is never changed (``os.chdir`` would move it under every other thread of 
 Ray's driver puts a SIGTERM handler of its own in place when ``ray.init`` runs in the main thread (a private
 instance), which ends the process at once; the run's own handling of the stop signals stays (``ctpipe run``: stop as
 for Ctrl-C, exit status 130), and a stop signal that comes while the instance starts is held until it has started,
-then stops the run, the instance shut down.
+then stops the run, the instance shut down; a second one stops it at once, should the start hang.
 """
 
 from __future__ import annotations
@@ -436,7 +436,7 @@ def connect(
         # while it starts, then handed to the caller's handlers (ctpipe run: stop as for Ctrl-C, exit 130), the
         # instance shut down first
         on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-        stops = EndSignals()
+        stops = EndSignals(at_once=2)  # a second one: a start that hangs is cut short at once
         auth_env = _own_token()
         try:
             with _sigterm_kept_from(ray):
@@ -446,9 +446,12 @@ def connect(
             try:
                 stops.release()  # a stop signal held meanwhile reaches the caller's handler now
             except KeyboardInterrupt:  # stopped as it started: the run goes no further
-                if outcome.get("error", False) is None:
+                if outcome.get("error") is None:  # started, or cut short as it started (a second signal)
                     log.info("stopped while the private Ray instance started: shutting it down")
-                    ray.shutdown()
+                    try:
+                        ray.shutdown()
+                    except Exception as exc:  # noqa: BLE001 - what is left of a start cut short: ended with the process
+                        log.debug("shutting down the private Ray instance: %s", exc)
                 _restore(auth_env)
                 raise
             finally:
