@@ -17,7 +17,7 @@ handler raises for it is dropped in favour of the crash, which names the signal 
 run.log, a note under its traceback, :func:`held_stop`): ``ctpipe listen``, which outlives a batch that failed,
 stops on it all the same.
 
-:mod:`.ray_connect` holds the stop signals the same way while ``ray.init`` starts a private Ray instance, which a
+:mod:`.ray_start_signals` holds the stop signals the same way while ``ray.init`` starts a private Ray instance, which a
 signal handled mid-start would leave half started: it is handed to its handler once the instance has started (and
 is then shut down); a second one cuts a start that hangs short at once.
 """

@@ -24,10 +24,8 @@ Ray puts the driver's working folder first on the import path of every worker of
 leaves it out (:class:`_WithoutWorkingFolder`), a private instance's as a joined cluster's, so that the workers import
 their installed ctpipe, not a ``pipeline`` package of the folder the run was started in. The process's working folder
 itself is never changed (``os.chdir`` would move it under every other thread of the process, a notebook's included).
-Ray's driver puts a SIGTERM handler of its own in place when ``ray.init`` runs in the main thread (a private
-instance), which ends the process at once; the run's own handling of the stop signals stays (``ctpipe run``: stop as
-for Ctrl-C, exit status 130), and a stop signal that comes while the instance starts is held until it has started,
-then stops the run, the instance shut down; a second one stops it at once, should the start hang.
+The run's own handling of the stop signals stays while ``ray.init`` starts a private instance, whose driver would put
+its own SIGTERM handler in place (:mod:`.ray_start_signals`).
 """
 
 from __future__ import annotations
@@ -35,18 +33,16 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import signal
 import socket
 import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..errors import ClusterError
-from .end_signals import EndSignals
+from .ray_start_signals import stops_held_while_starting
 
 log = logging.getLogger(__name__)
 
@@ -337,22 +333,6 @@ def _job_config(ray: ModuleType) -> Any:
     return config
 
 
-@contextmanager
-def _sigterm_kept_from(ray: ModuleType) -> Iterator[None]:
-    """Keep ``ray.init`` from putting its own SIGTERM handler in place (Ray's ``set_sigterm_handler``, which its driver
-    and a head it starts call), as long as the block runs; nothing where this Ray has no such function."""
-    utils: Any = getattr(getattr(ray, "_private", None), "utils", None)
-    setter = getattr(utils, "set_sigterm_handler", None)
-    if setter is None:
-        yield
-        return
-    utils.set_sigterm_handler = lambda handler: None
-    try:
-        yield
-    finally:
-        utils.set_sigterm_handler = setter
-
-
 def connect(
     address: str | None,
     *,
@@ -430,33 +410,19 @@ def connect(
             outcome["error"] = exc
 
     if target is None:  # a private instance: started here (its processes die with the thread that starts them)
-        # ray.init in the main thread puts a SIGTERM handler of its own in place, which exits at once (status 15,
-        # nothing said; status 1 once the instance runs, the run left recorded as completed), and a stop signal
-        # handled while it starts would cut the start short: Ray is kept off SIGTERM and the stop signals are held
-        # while it starts, then handed to the caller's handlers (ctpipe run: stop as for Ctrl-C, exit 130), the
-        # instance shut down first
-        on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-        stops = EndSignals(at_once=2)  # a second one: a start that hangs is cut short at once
+
+        def stopped() -> None:  # by a stop signal as it started (:mod:`.ray_start_signals`)
+            if outcome.get("error") is None:  # started, or cut short as it started (a second signal)
+                log.info("stopped while the private Ray instance started: shutting it down")
+                try:
+                    ray.shutdown()
+                except Exception as exc:  # noqa: BLE001 - what is left of a start cut short: ended with the process
+                    log.debug("shutting down the private Ray instance: %s", exc)
+            _restore(auth_env)
+
         auth_env = _own_token()
-        try:
-            with _sigterm_kept_from(ray):
-                stops.hold()
-                init()
-        finally:
-            try:
-                stops.release()  # a stop signal held meanwhile reaches the caller's handler now
-            except KeyboardInterrupt:  # stopped as it started: the run goes no further
-                if outcome.get("error") is None:  # started, or cut short as it started (a second signal)
-                    log.info("stopped while the private Ray instance started: shutting it down")
-                    try:
-                        ray.shutdown()
-                    except Exception as exc:  # noqa: BLE001 - what is left of a start cut short: ended with the process
-                        log.debug("shutting down the private Ray instance: %s", exc)
-                _restore(auth_env)
-                raise
-            finally:
-                if on_term is not None:  # not held (no handler of the caller's): Ray's, should it have set one
-                    signal.signal(signal.SIGTERM, on_term)
+        with stops_held_while_starting(ray, stopped=stopped):
+            init()
         if outcome["error"] is not None:
             _restore(auth_env)
     else:  # joining: bounded, since Ray retries a connection that opens but never answers for minutes
