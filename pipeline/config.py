@@ -348,6 +348,22 @@ def _override_labels(overrides: Mapping[str, Any], override_sources: Mapping[str
     return labels
 
 
+def same_setting(key: str, first: tuple[str, Any], second: tuple[str, Any]) -> bool:
+    """Whether two overrides of the option ``key`` (its name in ``overrides``: ``runner.workers``, ``workers``), each
+    (source label, value), set it alike, as the runner reads them (``4`` and ``4``; ``"sr,seg"`` and ``["seg", "sr"]``;
+    ``"GPU"`` and ``"cuda"``). A value the option does not take is a :class:`~pipeline.errors.ConfigError` naming its
+    label, as :func:`load_config` gives it."""
+    dotted = _dotted(key)
+    sec, _, name = dotted.partition(".")
+    opt = SCHEMA.get(sec, {}).get(name)
+    if opt is None:
+        return first[1] == second[1]
+    a, b = (check_value(dotted, opt, None if value is NULL else value, label) for label, value in (first, second))
+    if isinstance(a, list) and isinstance(b, list):  # a set of choices or names: the order means nothing
+        return sorted(map(str, a)) == sorted(map(str, b))
+    return bool(a == b)
+
+
 class _Null:
     """The type of :data:`NULL`."""
 

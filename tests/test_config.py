@@ -204,11 +204,11 @@ def test_config_object_is_read_only_and_round_trips():
     assert cfg.get_path("metrics.nvml_interval_s") == 2.0
 
 
-def test_cli_overrides_flags_win_over_set_and_an_unset_flag_leaves_the_set_alone():
+def test_cli_overrides_an_unset_flag_leaves_the_set_alone_and_a_flag_saying_the_same_is_taken():
     from pipeline.runner.cli import cli_overrides
 
     overrides, labels = cli_overrides(
-        ["outputs.dicom=none", "runner.workers=4"], {"outputs.dicom": ("--dicom", None), "workers": ("--workers", 1)}
+        ["outputs.dicom=none", "runner.workers=1"], {"outputs.dicom": ("--dicom", None), "workers": ("--workers", 1)}
     )
     cfg = load_config(overrides=overrides, override_sources=labels, environ={})
     assert cfg.outputs.dicom == [] and cfg.sources["outputs.dicom"] == "--set outputs.dicom=none"  # was: dropped

@@ -78,7 +78,7 @@ def test_listen_workers_default_zero_yields_to_every_layer(listen, tmp_path, mon
     monkeypatch.setenv("CTPIPE_RUNNER_WORKERS", "5")
     assert listen("--config", str(conf)) == 5
     assert listen("--set", "runner.workers=4") == 4
-    assert listen("--set", "runner.workers=4", "--workers", "1") == 1
+    assert listen("--set", "runner.workers=1", "--workers", "1") == 1  # both alike: taken (a contradiction is refused)
     assert listen("--workers", "0") == 0
 
 

@@ -240,14 +240,45 @@ def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
 
 def cli_overrides(set_items: list[str], flags: Mapping[str, tuple[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
     """A command line's overrides and their source labels (for ``load_config(overrides=, override_sources=)``):
-    the ``--set`` items, then ``flags`` (option name → (flag, value), a value of None: the flag not given), which
-    win over a ``--set`` of the same option."""
+    the ``--set`` items, then ``flags`` (option name → (flag, value), a value of None: the flag not given). An option
+    both a flag and a ``--set`` item give is taken when they give it alike (``--workers 4 --set runner.workers=4``);
+    else a :class:`~pipeline.errors.UsageError` names both, as neither can be dropped without a word."""
+    from ..config import same_setting
+    from ..config_schema import ALIASES
+    from ..errors import ConfigError, UsageError
+    from ..pacs.address import redact
+
     overrides, labels = _parse_set(set_items)
     for name, (flag, value) in flags.items():
-        if value is not None:
-            overrides[name] = value
-            labels[name] = flag
+        if value is None:
+            continue
+        option = ALIASES.get(name, name)
+        for key in [k for k in overrides if ALIASES.get(k, k) == option]:
+            try:
+                same = same_setting(option, (flag, value), (labels[key], overrides[key]))
+            except ConfigError as exc:  # a value not allowed: a bad argument, named by its flag or --set item
+                raise UsageError(exc.problem, where=exc.where, fix=exc.fix) from exc
+            if not same:
+                raise UsageError(
+                    f"both set {option}, to {redact(_shown(value))} and to {redact(_shown(overrides[key]))}",
+                    where=f"{flag} and {labels[key]}",
+                    fix=f"give it once: either {flag} or {labels[key]}, not both",
+                )
+            del overrides[key], labels[key]
+        overrides[name] = value
+        labels[name] = flag
     return overrides, labels
+
+
+def _shown(value: Any) -> str:
+    """A command-line value as typed: a list as ``a,b``, an explicit null as ``null``."""
+    from ..config import NULL
+
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is NULL else str(value)
 
 
 def load_cli_config(
