@@ -216,7 +216,7 @@ def test_cli_overrides_an_unset_flag_leaves_the_set_alone_and_a_flag_saying_the_
 
 
 def test_a_password_typed_into_a_set_address_is_not_echoed():
-    from pipeline.runner.cli import _parse_set
+    from pipeline.runner.cli_options import _parse_set
 
     overrides, labels = _parse_set(["pacs.send_to=dicomweb+http://u:secret@127.0.0.1:8042/dicom-web"])
     assert "secret" not in labels["pacs.send_to"]

@@ -143,7 +143,7 @@ LISTEN_DEFAULTS: dict[str, Any] = {"workers": 0}
 def _config(args: argparse.Namespace, flags: dict[str, tuple[str, Any]], *, defaults_of: dict[str, Any] | None = None) -> Any:
     """The configuration of --config, the environment, --set and ``flags`` (option name → (flag, value); None: not
     given); an error in an option set on the command line names its --set item or flag."""
-    from ..runner.cli import cli_overrides, load_cli_config
+    from ..runner.cli_options import cli_overrides, load_cli_config
 
     overrides, labels = cli_overrides(getattr(args, "set", []) or [], flags)
     return load_cli_config(getattr(args, "config", None), overrides, labels, defaults_of=defaults_of)

@@ -7,13 +7,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..argtypes import in_folder, number_in, out_folder
 from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
+from .cli_options import cli_overrides, load_cli_config, set_item
 
 if TYPE_CHECKING:
     from .run_summary import RunSummary
@@ -180,123 +181,6 @@ def register(sub: Any) -> None:
         "$TZ); the UTC days are given too",
     )
     r.set_defaults(func=_report)
-
-
-def set_item(text: str) -> str:
-    """An argparse ``type`` for ``--set``: ``text`` when it has the form ``SECTION.KEY=VALUE`` with a value, else
-    an :class:`argparse.ArgumentTypeError` naming the item, what is wrong and the form, so that a malformed item is a
-    bad argument (exit status 2) as any other. The value (YAML) and the option's name are checked by
-    :func:`_parse_set` and :func:`load_cli_config`, bad arguments too."""
-    from ..pacs.address import redact
-
-    key, sep, value = text.partition("=")
-    item = redact(text)  # as errors show it: never a password typed into an address
-    form = "write it as --set section.key=value, e.g. --set runner.workers=4"
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--set {item!r} is not SECTION.KEY=VALUE: no '='; {form}")
-    if "." not in key:
-        raise argparse.ArgumentTypeError(f"--set {item!r} is not SECTION.KEY=VALUE: no section before {key.strip()!r}; {form}")
-    if not value.strip():
-        raise argparse.ArgumentTypeError(
-            f"--set {item!r} gives no value; write the value after '=' (--set section.key=value), or "
-            f"--set {key.strip()}=null for none"
-        )
-    return text
-
-
-def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """``--set SECTION.KEY=VALUE`` items as overrides (values parsed as YAML) and each one's source label
-    (``"--set runner.workers=4"``), for :func:`~pipeline.config.load_config`'s ``overrides`` and
-    ``override_sources``: it checks names and values, its errors naming the ``--set`` item. Here only the syntax."""
-    import yaml
-
-    from ..config import NULL
-    from ..errors import UsageError
-    from ..pacs.address import redact
-
-    out: dict[str, Any] = {}
-    labels: dict[str, str] = {}
-    for raw in items:
-        item = redact(raw)  # as errors and the run record show it: never a password typed into an address
-        key, sep, value = raw.partition("=")
-        if not sep or "." not in key:
-            raise UsageError(f"{item!r} is not SECTION.KEY=VALUE", where="--set", fix="e.g. --set runner.workers=4")
-        if not value.strip():
-            raise UsageError(
-                f"{item!r} gives no value", where="--set", fix=f"write the value after '=', or {key.strip()}=null for none"
-            )
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            raise UsageError(
-                f"the value {redact(value)!r} is not valid YAML ({type(exc).__name__})",
-                where=f"--set {item}",
-                fix="write the value as YAML, brackets closed and quotes paired, e.g. --set 'reconstruct.mesh_formats=[stl, glb]'",
-            ) from exc
-        out[key.strip()] = NULL if parsed is None else parsed  # an explicit null, not "not given"
-        labels[key.strip()] = f"--set {item}"
-    return out, labels
-
-
-def cli_overrides(set_items: list[str], flags: Mapping[str, tuple[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
-    """A command line's overrides and their source labels (for ``load_config(overrides=, override_sources=)``):
-    the ``--set`` items, then ``flags`` (option name → (flag, value), a value of None: the flag not given). An option
-    both a flag and a ``--set`` item give is taken when they give it alike (``--workers 4 --set runner.workers=4``);
-    else a :class:`~pipeline.errors.UsageError` names both, as neither can be dropped without a word."""
-    from ..config import same_setting
-    from ..config_schema import ALIASES
-    from ..errors import ConfigError, UsageError
-    from ..pacs.address import redact
-
-    overrides, labels = _parse_set(set_items)
-    for name, (flag, value) in flags.items():
-        if value is None:
-            continue
-        option = ALIASES.get(name, name)
-        for key in [k for k in overrides if ALIASES.get(k, k) == option]:
-            try:
-                same = same_setting(option, (flag, value), (labels[key], overrides[key]))
-            except ConfigError as exc:  # a value not allowed: a bad argument, named by its flag or --set item
-                raise UsageError(exc.problem, where=exc.where, fix=exc.fix) from exc
-            if not same:
-                raise UsageError(
-                    f"both set {option}, to {redact(_shown(value))} and to {redact(_shown(overrides[key]))}",
-                    where=f"{flag} and {labels[key]}",
-                    fix=f"give it once: either {flag} or {labels[key]}, not both",
-                )
-            del overrides[key], labels[key]
-        overrides[name] = value
-        labels[name] = flag
-    return overrides, labels
-
-
-def _shown(value: Any) -> str:
-    """A command-line value as typed: a list as ``a,b``, an explicit null as ``null``."""
-    from ..config import NULL
-
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value)) or "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is NULL else str(value)
-
-
-def load_cli_config(
-    path: str | None, overrides: Mapping[str, Any], labels: Mapping[str, str], *, defaults_of: Mapping[str, Any] | None = None
-) -> Any:
-    """:func:`~pipeline.config.load_config` of a command line (``--config`` file ``path``, the ``overrides`` and
-    ``labels`` of :func:`cli_overrides`): an option given on the command line whose name or value is not allowed
-    (a ``--set`` item, a flag such as ``--device``) is a :class:`~pipeline.errors.UsageError` (exit status 2) naming
-    it; one of the file or the environment stays a :class:`~pipeline.errors.ConfigError` (exit status 1)."""
-    from ..config import load_config
-    from ..errors import ConfigError, UsageError
-
-    try:
-        return load_config(path, overrides=overrides, override_sources=labels, defaults_of=defaults_of)
-    except ConfigError as exc:
-        if exc.where is not None and exc.where in set(labels.values()):
-            raise UsageError(exc.problem, where=exc.where, fix=exc.fix) from exc
-        raise
 
 
 def run_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
