@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleError
 from ..intensity import HUWindow
+from .model_values import FORMS, SECTIONS, checked, section, value_error
 
 if TYPE_CHECKING:
     from ..load.spec import PreprocessSpec
@@ -117,44 +118,71 @@ class ModelConfig:
         }
 
 
-def _need(data: Mapping[str, Any], key: str, where: Path) -> Any:
+def _need(data: Mapping[str, Any], key: str, where: Path, *, path: str | None = None) -> Any:
+    """``data[key]``; else a :class:`BundleError` naming the entry missing by its key ``path`` (default ``key``)."""
     if key not in data:
-        raise BundleError(f"model config has no {key!r} entry", where=where, fix="regenerate it with scripts/train_detector.py")
+        raise BundleError(
+            f"model config has no {path or key!r} entry", where=where, fix="regenerate it with scripts/train_detector.py"
+        )
     return data[key]
 
 
 def model_config_from_dict(data: Mapping[str, Any], *, where: Path, weights_dir: Path | None = None) -> ModelConfig:
-    """Validate and convert a ctpipe model JSON dict (see :meth:`ModelConfig.to_json`)."""
+    """Validate and convert a ctpipe model JSON dict (see :meth:`ModelConfig.to_json`) read from the file ``where``:
+    a value not of its key's form is a :class:`BundleError` naming the file, the key path, the value and the form
+    (:mod:`.model_values`)."""
+
+    def fix(what: str) -> str:
+        return _model_json_fix(where, what)
+
+    def value(key: str) -> Any:
+        return checked(data, key, where=where, fix=fix)
+
     if data.get("format") != FORMAT:
-        raise BundleError(f"model config format is {data.get('format')!r}, expected {FORMAT!r}", where=where)
-    try:
-        spacing = [float(v) for v in _need(data, "spacing_mm_ras", where)]
-        window = HUWindow.from_json(dict(_need(data, "intensity_window", where)))
-        sw = dict(_need(data, "sliding_window", where))
-        size_div = [int(v) for v in _need(data, "size_divisible", where)]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BundleError(f"invalid model config value: {exc}", where=where) from exc
-    if len(spacing) != 3 or min(spacing) <= 0 or len(size_div) != 3 or len(sw.get("roi_size", [])) != 3:
-        raise BundleError(
-            f"spacing {tuple(spacing)}, size_divisible {tuple(size_div)} or roi_size {sw.get('roi_size')} "
-            "is not 3 positive values",
-            where=where,
+        raise value_error("format", data.get("format"), f'"{FORMAT}"', f'"format": "{FORMAT}"', where=where, fix=fix)
+    for key in ("spacing_mm_ras", "size_divisible", *SECTIONS):
+        _need(data, key, where)
+    sections = {key: section(data, key, where=where, fix=fix) for key in SECTIONS}
+    for key in (
+        "intensity_window.a_min",
+        "intensity_window.a_max",
+        "intensity_window.b_min",
+        "intensity_window.b_max",
+        "intensity_window.clip",
+        "sliding_window.roi_size",
+    ):
+        head, _, rest = key.partition(".")
+        _need(sections[head], rest, where, path=key)
+    # every value of the form its key takes (those left out take their defaults), read as the detector reads it
+    for key in FORMS:
+        head, _, rest = key.partition(".")
+        if (rest and rest in sections.get(head, {})) or (not rest and head in data):
+            value(key)
+    spacing = value("spacing_mm_ras")
+    size_div = value("size_divisible")
+    iw = sections["intensity_window"]
+    window_values = [value(f"intensity_window.{k}") for k in ("a_min", "a_max", "b_min", "b_max")]
+    if window_values[1] <= window_values[0]:
+        raise value_error(
+            "intensity_window.a_max", iw["a_max"], f"a number of HU above a_min ({iw['a_min']!r})", "300.0", where=where, fix=fix
         )
+    a_min, a_max, b_min, b_max = window_values
+    window = HUWindow(a_min, a_max, b_min, b_max, clip=value("intensity_window.clip"))
     weights_name = data.get("weights")
     weights = (weights_dir or where.parent) / weights_name if weights_name else None
     return ModelConfig(
         name=str(data.get("name", where.stem)),
         spacing=(spacing[0], spacing[1], spacing[2]),
         window=window,
-        arch=dict(_need(data, "network", where)),
-        anchors=dict(_need(data, "anchors", where)),
-        selector=dict(_need(data, "box_selector", where)),
-        sliding_window=sw,
+        arch=sections["network"],
+        anchors=sections["anchors"],
+        selector=sections["box_selector"],
+        sliding_window=sections["sliding_window"],
         size_divisible=(size_div[0], size_div[1], size_div[2]),
         weights=weights,
         source="ctpipe",
-        lung_crop_margin_mm=float(data.get("lung_crop_margin_mm", 10.0)),
-        lung_filter_margin_mm=float(data.get("lung_filter_margin_mm", 8.0)),
+        lung_crop_margin_mm=value("lung_crop_margin_mm") if "lung_crop_margin_mm" in data else 10.0,
+        lung_filter_margin_mm=value("lung_filter_margin_mm") if "lung_filter_margin_mm" in data else 8.0,
         description=str(data.get("description", "")),
         extra={k: v for k, v in data.items() if k not in MODEL_KEYS},
     )
