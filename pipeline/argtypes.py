@@ -1,11 +1,12 @@
-"""Argument types for the ``ctpipe`` sub-commands: numbers in their range, refused by argparse with the range; a
-non-empty ``--out`` folder and sources; and the
+"""Argument types for the ``ctpipe`` sub-commands: numbers in their range, refused by argparse with the range; names
+of a fixed set in any letter case (:func:`any_case`); a non-empty ``--out`` folder and sources; and the
 ``--keep-identifiers`` option the single-series commands share (:func:`add_keep_identifiers`)."""
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from . import devices
@@ -46,6 +47,29 @@ class NumberIn:
 def number_in(kind: type[int] | type[float], lo: float | None = None, hi: float | None = None) -> NumberIn:
     """An argparse ``type`` reading ``kind`` (int or float) within ``lo..hi`` (either end open when ``None``)."""
     return NumberIn(kind, lo, hi)
+
+
+def as_choice(value: object, choices: Iterable[str]) -> str | None:
+    """The one of ``choices`` that ``value`` names, in any letter case (``STL``, ``Dali``, ``hfs``), as the choice is
+    spelt; None when it names none. Every option that takes names from a fixed set reads its value so, on the
+    command line (:func:`any_case`, ``--formats``, ``--organs``, ``--dicom``), in ``--set``, the environment and config
+    files (:func:`pipeline.config_check.check_value`), as the device names are read (:mod:`pipeline.devices`)."""
+    if not isinstance(value, str):
+        return None
+    folded = value.casefold()
+    return next((c for c in choices if c.casefold() == folded), None)
+
+
+def any_case(choices: Iterable[str]) -> Callable[[str], str]:
+    """An argparse ``type`` for an option with ``choices=``: the choice named in any letter case, as it is spelt
+    (:func:`as_choice`); a text that names none is left as it is, for argparse to refuse with the choices."""
+    names = tuple(choices)
+
+    def choice(text: str) -> str:
+        return as_choice(text, names) or text
+
+    choice.__name__ = "choice"
+    return choice
 
 
 def device_name(text: str) -> str:

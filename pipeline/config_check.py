@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from . import devices
+from .argtypes import as_choice
 from .config_schema import Option
 from .errors import ConfigError, PacsAddressError
 from .pacs.address import check_aet, parse_destination, redact
@@ -65,17 +66,21 @@ def check_value(path: str, opt: Option, value: Any, source: str) -> Any:
             raise bad(" (out of range)")
         return value
     if k == "choice":
-        if value not in opt.choices:
+        choice = as_choice(value, opt.choices)
+        if choice is None:
             raise bad()
-        return value
+        return choice
     if k == "choices":
         if isinstance(value, str) and value.strip().lower() == "none":
             value = []
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)) or any(v not in opt.choices for v in value):
+        if not isinstance(value, (list, tuple)):
             raise bad()
-        return list(dict.fromkeys(value))
+        chosen = [as_choice(v, opt.choices) for v in value]
+        if any(c is None for c in chosen):
+            raise bad()
+        return list(dict.fromkeys(chosen))
     if k == "strs":
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -93,7 +98,7 @@ def check_value(path: str, opt: Option, value: Any, source: str) -> Any:
         if path == "runner.device":
             value = _check_device(value, path, source)
         if path == "runner.ray_address":
-            _check_ray_address(value, path, source)
+            value = _check_ray_address(value, path, source)
         if path == "pacs.ae_title":
             value = _check_pacs(check_aet, value, path, source)
         if path == "pacs.send_to":
@@ -172,15 +177,20 @@ def _check_textfile_name(value: str, path: str, source: str) -> None:
         )
 
 
-def _check_ray_address(value: str, path: str, source: str) -> None:
+def _check_ray_address(value: str, path: str, source: str) -> str:
+    """``value`` when it is HOST:PORT, or ``auto`` or ``local`` in any letter case (as they are spelt); else the error."""
+    word = as_choice(value, ("auto", "local"))
+    if word is not None:
+        return word
     host, sep, port = value.rpartition(":")
-    ok = value in ("auto", "local") or (bool(sep) and bool(host.strip("[]")) and port.isdigit() and 0 < int(port) < 65536)
+    ok = bool(sep) and bool(host.strip("[]")) and port.isdigit() and 0 < int(port) < 65536
     if not ok:
         raise ConfigError(
             f"{path} = {value!r} is not allowed; allowed: auto, local or HOST:PORT of the Ray head (e.g. 10.0.0.5:6379)",
             where=source,
             fix="give the address `ray start --head` printed, or auto on a machine of the cluster",
         )
+    return value
 
 
 def _check_pacs(check: Any, value: str, path: str, source: str) -> str:

@@ -128,6 +128,7 @@ COUNT_SETTINGS = ["abort_count_check", "release_count_check"]
         ([], []),
         (ACQUISITION, [ACQUISITION]),
         (f"{SERIES}, {ACQUISITION}", [SERIES, ACQUISITION]),
+        ("imagesinacquisition", [ACQUISITION]),  # a keyword in any letter case, as every name of a fixed set
     ],
 )
 def test_the_setting_is_read_from_every_layer(tmp_path, key, value, expected):
@@ -145,7 +146,7 @@ def test_the_setting_is_read_from_every_layer(tmp_path, key, value, expected):
 
 
 @pytest.mark.parametrize("key", COUNT_SETTINGS)
-@pytest.mark.parametrize("value", [False, "ImagesInAcq", "imagesinacquisition", [SERIES, "AcquisitionNumber"]])
+@pytest.mark.parametrize("value", [False, "ImagesInAcq", "Images_In_Acquisition", [SERIES, "AcquisitionNumber"]])
 def test_a_bad_setting_is_refused_when_read_naming_the_option_and_the_allowed_values(tmp_path, key, value):
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text(f"pacs:\n  {key}: {value!r}\n" if not isinstance(value, list) else "")

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import add_keep_identifiers, device_name, in_path, number_in, out_path
+from ..argtypes import add_keep_identifiers, any_case, device_name, in_path, number_in, out_path
 from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 from .evaluate import READINGS
@@ -171,6 +171,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     e.add_argument(
         "--reading",
+        type=any_case(READINGS),
         choices=READINGS,
         default="interpolate",
         help="sensitivity at each FP rate: linear interpolation of the FROC curve as LUNA16's script "

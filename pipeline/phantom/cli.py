@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..argtypes import number_in, out_path
+from ..argtypes import any_case, number_in, out_path
 
 if TYPE_CHECKING:
     from ..errors import CtpipeError, UsageError
@@ -94,13 +94,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--patient-position",
         default=None,
-        type=str.upper,
+        type=any_case(PATIENT_POSITIONS),
         choices=PATIENT_POSITIONS,
         help="DICOM PatientPosition (default HFS, or the scenario's; given, it overrides the scenario's)",
     )
     group = p.add_mutually_exclusive_group()
     group.add_argument(
         "--scenario",
+        type=any_case([*CONFOUNDER_SCENARIOS, "all"]),
         choices=[*CONFOUNDER_SCENARIOS, "all"],
         default=None,
         metavar="NAME",
@@ -132,6 +133,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--transfer-syntax",
+        type=any_case(_TRANSFER_SYNTAXES),
         choices=_TRANSFER_SYNTAXES,
         default="explicit_le",
         help="how the DICOM files store their pixels: explicit_le (uncompressed explicit VR little endian), rle (RLE "
@@ -142,6 +144,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--quirk",
         dest="quirks",
         action="append",
+        type=any_case(_QUIRKS),
         choices=_QUIRKS,
         default=[],
         metavar="QUIRK",

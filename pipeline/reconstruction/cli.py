@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import add_keep_identifiers, device_name, in_path, number_in, out_path
+from ..argtypes import add_keep_identifiers, as_choice, device_name, in_path, number_in, out_path
 from ..devices import allowed_devices
 from ..dicom_out.kinds import add_dicom_options
 from ..errors import CtpipeError, DicomOutputError, UsageError
@@ -133,7 +133,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(exc.problem, where="--formats", fix=f"choose from {','.join(FORMATS)}, e.g. --formats stl,glb") from None
     if not formats:
         raise UsageError("names no mesh format", where="--formats", fix=f"choose from {','.join(FORMATS)}")
-    organs = [o.strip() for o in args.organs.split(",") if o.strip()]
+    # the built-in organs in any letter case, as they are spelt; a segmentation bundle's own names as given
+    organs = [as_choice(o.strip(), ORGANS) or o.strip() for o in args.organs.split(",") if o.strip()]
     if not organs:
         raise UsageError("names no organ", where="--organs", fix=f"choose from {','.join(ORGANS)}")
     unknown = [o for o in organs if o not in ORGANS]
