@@ -103,9 +103,13 @@ def test_threshold_precedence(tmp_path, caplog):
 
 
 def test_invalid_operating_point_is_refused(tmp_path):
-    model = _with_operating_point(tmp_path, {"score_threshold": 3.0})
+    with pytest.raises(BundleError, match=r"small.json: operating_point.score_threshold: 3.0 is not a score from 0 to 1"):
+        _with_operating_point(tmp_path, {"score_threshold": 3.0})  # as the model is read, naming its file
+    from dataclasses import replace
+
+    built = replace(small_model(tmp_path).config, extra={"operating_point": {"score_threshold": 3.0}})  # not from a file
     with pytest.raises(BundleError, match="not in"):
-        model_operating_point(model.config)
+        model_operating_point(built)
     model = _with_operating_point(tmp_path, {"chosen_on": "x"})
     with pytest.raises(BundleError, match="operating_point"):
         Detector(model=model, device="cpu")

@@ -39,6 +39,18 @@ BAD = [
     ("lung_crop_margin_mm", -5, "a number of mm, 0 or more"),
     ("lung_filter_margin_mm", "8", "a number of mm, 0 or more"),
     ("weights", 3, "a file name or null"),
+    ("fp_reduction", ["demo_phantom_fpr.pt"], "a JSON object"),
+    ("fp_reduction.patch", 20, "a positive multiple of 8 (voxels), e.g. 24"),
+    ("fp_reduction.spacing_mm", 0, "a positive number of mm"),
+    ("fp_reduction.channels", [8, 16], "three positive integers, e.g. [8, 16, 32]"),
+    ("fp_reduction.detector_weight", 2, "a number from 0 to 1"),
+    ("fp_reduction.context_spacing_mm", -2.5, "a positive number of mm or null"),
+    ("fp_reduction.flip_views", 3, "one of 1, 4, 8"),
+    ("fp_reduction.box_merge", "true", "true or false"),
+    ("operating_point.score_threshold", 1.2, "a score from 0 to 1"),
+    ("operating_point.network_only.score_threshold", "high", "a score from 0 to 1"),
+    ("operating_point.thick_slice_calibration", "2.5 mm", "a JSON object"),
+    ("operating_point.thick_slice_calibration.min_slice_thickness_mm", 0, "a positive number of mm"),
 ]
 
 
@@ -66,3 +78,10 @@ def test_the_demo_model_and_its_values_read_as_before():
     assert cfg.window.to_json() == DEMO["intensity_window"] and dict(cfg.sliding_window) == DEMO["sliding_window"]
     assert dict(cfg.anchors) == DEMO["anchors"] and dict(cfg.selector) == DEMO["box_selector"]
     assert cfg.lung_crop_margin_mm == DEMO["lung_crop_margin_mm"] and cfg.weights is not None
+
+
+def test_the_flip_view_counts_allowed_are_the_reducers():
+    from pipeline.detection.fp_classifier import FLIP_VIEWS
+    from pipeline.detection.model_values import FLIP_VIEW_COUNTS
+
+    assert sorted(FLIP_VIEW_COUNTS) == sorted(FLIP_VIEWS)

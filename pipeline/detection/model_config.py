@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import BundleError
 from ..intensity import HUWindow
-from .model_values import FORMS, SECTIONS, checked, section, value_error
+from .model_values import FORMS, OPTIONAL_SECTIONS, SECTIONS, checked, given, section, section_value, value_error
 
 if TYPE_CHECKING:
     from ..load.spec import PreprocessSpec
@@ -153,10 +153,12 @@ def model_config_from_dict(data: Mapping[str, Any], *, where: Path, weights_dir:
     ):
         head, _, rest = key.partition(".")
         _need(sections[head], rest, where, path=key)
+    for key in OPTIONAL_SECTIONS:  # read as the detector starts: refused now, with the file's name
+        if given(data, key) and section_value(data, key) not in (None, {}, []):
+            section(data, key, where=where, fix=fix)
     # every value of the form its key takes (those left out take their defaults), read as the detector reads it
     for key in FORMS:
-        head, _, rest = key.partition(".")
-        if (rest and rest in sections.get(head, {})) or (not rest and head in data):
+        if given(data, key):
             value(key)
     spacing = value("spacing_mm_ras")
     size_div = value("size_divisible")

@@ -119,17 +119,69 @@ FORMS: dict[str, Form] = {
     "weights": (lambda v: v if v is None or (isinstance(v, str) and v.strip()) else None, "a file name or null", '"model.pt"'),
 }
 
+#: How many views of each patch the false-positive reducer may average (the keys of
+#: :data:`pipeline.detection.fp_classifier.FLIP_VIEWS`, which imports torch)
+FLIP_VIEW_COUNTS = (1, 4, 8)
+OPTIONAL_MM: Form = (lambda v: None if v is None else POSITIVE(v), "a positive number of mm or null", "2.5")
+FPS: Form = (lambda v: v if v is None else number_in(0.0)(v), "a number of false positives per scan, 0 or more, or null", "1.0")
+
+FORMS.update(
+    {
+        "fp_reduction.weights": (lambda v: v if isinstance(v, str) and v.strip() else None, "a file name", '"fpr.pt"'),
+        "fp_reduction.patch": (
+            lambda v: v if (x := _integer(v)) is not None and x > 0 and x % 8 == 0 else None,
+            "a positive multiple of 8 (voxels)",
+            "24",
+        ),
+        "fp_reduction.spacing_mm": (POSITIVE, "a positive number of mm", "1.0"),
+        "fp_reduction.channels": (list_of(integer_at_least(1), 3), "three positive integers", "[8, 16, 32]"),
+        "fp_reduction.hidden": (integer_at_least(1), "a positive integer", "64"),
+        "fp_reduction.blob_candidates": (integer_at_least(0), "an integer, 0 or more", "200"),
+        "fp_reduction.detector_weight": (number_in(0.0, 1.0), "a number from 0 to 1", "0.5"),
+        "fp_reduction.duplicate_radius_factor": (POSITIVE, "a positive number", "2.0"),
+        "fp_reduction.context_spacing_mm": OPTIONAL_MM,
+        "fp_reduction.flip_views": (
+            lambda v: v if _integer(v) in FLIP_VIEW_COUNTS else None,
+            f"one of {', '.join(map(str, FLIP_VIEW_COUNTS))}",
+            "4",
+        ),
+        "fp_reduction.flip_min_probability": (number_in(0.0, 1.0, hi_open=True), "a number from 0 to under 1", "0.02"),
+        "fp_reduction.box_merge": (flag, "true or false", "true"),
+        "fp_reduction.blob_support": (flag, "true or false", "false"),
+        "fp_reduction.members": (integer_at_least(1), "a positive integer", "1"),
+        "operating_point.score_threshold": (number_in(0.0, 1.0), "a score from 0 to 1", "0.4"),
+        "operating_point.fps_per_scan": FPS,
+        "operating_point.sensitivity": (
+            lambda v: v if v is None else number_in(0.0, 1.0)(v),
+            "a number from 0 to 1 or null",
+            "0.76",
+        ),
+        "operating_point.network_only.score_threshold": (number_in(0.0, 1.0), "a score from 0 to 1", "0.97"),
+        "operating_point.thick_slice_calibration.min_slice_thickness_mm": (POSITIVE, "a positive number of mm", "2.5"),
+    }
+)
+
 #: The sections of a model JSON that are JSON objects
 SECTIONS = ("intensity_window", "network", "anchors", "box_selector", "sliding_window")
+#: The sections of a model JSON that may be left out, JSON objects where given (read by the detector as it starts)
+OPTIONAL_SECTIONS = ("fp_reduction", "operating_point", "operating_point.network_only", "operating_point.thick_slice_calibration")
+
+
+def given(data: Mapping[str, Any], key: str) -> bool:
+    """Whether the model JSON ``data`` holds the key path ``key`` (each section on the way a JSON object)."""
+    value: Any = data
+    for part in key.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return False
+        value = value[part]
+    return True
 
 
 def checked(data: Mapping[str, Any], key: str, *, where: Path, fix: Callable[[str], str]) -> Any:
     """The value at ``key`` (a key path: ``sliding_window.roi_size``) of the model JSON ``data`` (read from ``where``),
     as its form reads it (:data:`FORMS`: floats, ints, lists); a :class:`BundleError` naming the file, the key path,
     the value and the form when it is not of it. ``fix(what)``: the fix of a file whose ``what`` is to be mended."""
-    value: Any = data
-    for part in key.split("."):
-        value = value[part]
+    value = section_value(data, key)
     form = FORMS.get(key)
     if form is None:
         return value
@@ -140,9 +192,17 @@ def checked(data: Mapping[str, Any], key: str, *, where: Path, fix: Callable[[st
     return out
 
 
+def section_value(data: Mapping[str, Any], key: str) -> Any:
+    """The value at the key path ``key`` of the model JSON ``data``."""
+    value: Any = data
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
 def section(data: Mapping[str, Any], key: str, *, where: Path, fix: Callable[[str], str]) -> dict[str, Any]:
     """The section ``key`` of the model JSON ``data`` as a dict; a :class:`BundleError` when it is not a JSON object."""
-    value = data[key]
+    value = section_value(data, key)
     if not isinstance(value, Mapping):
         raise value_error(key, value, "a JSON object", "{...}", where=where, fix=fix)
     return dict(value)
