@@ -60,3 +60,16 @@ def test_a_flag_and_a_set_of_the_same_option(tmp_path, capsys, command, flag, op
         rc, err = cli_error(capsys, *_argv(tmp_path, command), *pair, STOP)
         assert rc == 2 and "--set runner.retries=-1: runner.retries = -1 is not allowed" in err, err
         assert "both set" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "listen", "send"])
+def test_two_set_items_of_the_same_option(tmp_path, capsys, command):
+    first, other, bad = "--set runner.retries=2", "--set runner.retries=3", "--set runner.retries=2.0e0"
+    rc, err = cli_error(capsys, *_argv(tmp_path, command), *first.split(), *other.split(), STOP)
+    assert rc == 2, err  # was: the last one won without a word
+    assert f"error: {first} and {other}: both set runner.retries, to 2 and to 3" in err, err
+    assert f"Fix: give it once: either {first} or {other}, not both" in err, err
+    rc, err = cli_error(capsys, *_argv(tmp_path, command), *first.split(), "--set", "runner.retries=2", STOP)
+    assert rc == 2 and "--set runner.retries=-1: runner.retries = -1 is not allowed" in err, err  # alike: taken
+    rc, err = cli_error(capsys, *_argv(tmp_path, command), *first.split(), *bad.split())
+    assert "both set" not in err and "runner.retries = '2.0e0' is not allowed" in err, err  # a bad value: named as such

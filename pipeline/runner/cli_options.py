@@ -35,7 +35,8 @@ def set_item(text: str) -> str:
 def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """``--set SECTION.KEY=VALUE`` items as overrides (values parsed as YAML) and each one's source label
     (``"--set runner.workers=4"``), for :func:`~pipeline.config.load_config`'s ``overrides`` and
-    ``override_sources``: it checks names and values, its errors naming the ``--set`` item. Here only the syntax."""
+    ``override_sources``: it checks names and values, its errors naming the ``--set`` item. Here the syntax, and
+    that an option set twice is set alike both times (``--set runner.workers=2 --set runner.workers=4`` is refused)."""
     import yaml
 
     from ..config import NULL
@@ -61,9 +62,32 @@ def _parse_set(items: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
                 where=f"--set {item}",
                 fix="write the value as YAML, brackets closed and quotes paired, e.g. --set 'reconstruct.mesh_formats=[stl, glb]'",
             ) from exc
-        out[key.strip()] = NULL if parsed is None else parsed  # an explicit null, not "not given"
+        parsed = NULL if parsed is None else parsed  # an explicit null, not "not given"
+        if key.strip() in out:  # the same option twice: taken once when alike, else neither can be dropped
+            _refuse_unless_same(key.strip(), (labels[key.strip()], out[key.strip()]), (f"--set {item}", parsed))
+        out[key.strip()] = parsed
         labels[key.strip()] = f"--set {item}"
     return out, labels
+
+
+def _refuse_unless_same(option: str, first: tuple[str, Any], second: tuple[str, Any]) -> None:
+    """A :class:`~pipeline.errors.UsageError` naming both (label, value) settings of ``option`` given on one command
+    line, unless they set it alike (:func:`~pipeline.config.same_setting`); one whose value the option does not take
+    is refused for that, named by its label."""
+    from ..config import same_setting
+    from ..errors import ConfigError, UsageError
+    from ..pacs.address import redact
+
+    try:
+        same = same_setting(option, first, second)
+    except ConfigError as exc:  # a value not allowed: a bad argument, named by its flag or --set item
+        raise UsageError(exc.problem, where=exc.where, fix=exc.fix) from exc
+    if not same:
+        raise UsageError(
+            f"both set {option}, to {redact(_shown(first[1]))} and to {redact(_shown(second[1]))}",
+            where=f"{first[0]} and {second[0]}",
+            fix=f"give it once: either {first[0]} or {second[0]}, not both",
+        )
 
 
 def cli_overrides(set_items: list[str], flags: Mapping[str, tuple[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -71,10 +95,7 @@ def cli_overrides(set_items: list[str], flags: Mapping[str, tuple[str, Any]]) ->
     the ``--set`` items, then ``flags`` (option name → (flag, value), a value of None: the flag not given). An option
     both a flag and a ``--set`` item give is taken when they give it alike (``--workers 4 --set runner.workers=4``);
     else a :class:`~pipeline.errors.UsageError` names both, as neither can be dropped without a word."""
-    from ..config import same_setting
     from ..config_schema import ALIASES
-    from ..errors import ConfigError, UsageError
-    from ..pacs.address import redact
 
     overrides, labels = _parse_set(set_items)
     for name, (flag, value) in flags.items():
@@ -82,16 +103,7 @@ def cli_overrides(set_items: list[str], flags: Mapping[str, tuple[str, Any]]) ->
             continue
         option = ALIASES.get(name, name)
         for key in [k for k in overrides if ALIASES.get(k, k) == option]:
-            try:
-                same = same_setting(option, (flag, value), (labels[key], overrides[key]))
-            except ConfigError as exc:  # a value not allowed: a bad argument, named by its flag or --set item
-                raise UsageError(exc.problem, where=exc.where, fix=exc.fix) from exc
-            if not same:
-                raise UsageError(
-                    f"both set {option}, to {redact(_shown(value))} and to {redact(_shown(overrides[key]))}",
-                    where=f"{flag} and {labels[key]}",
-                    fix=f"give it once: either {flag} or {labels[key]}, not both",
-                )
+            _refuse_unless_same(option, (flag, value), (labels[key], overrides[key]))
             del overrides[key], labels[key]
         overrides[name] = value
         labels[name] = flag
