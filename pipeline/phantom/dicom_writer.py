@@ -30,6 +30,7 @@ multi-frame writer.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -251,8 +252,14 @@ def write_phantom_case(phantom: Any, out_dir: str | os.PathLike[str], **options:
     ``phantom.save_ground_truth``; masks stay on the phantom grid (with ``gantry_tilt`` the DICOM grid
     is the tilted one, and the two agree in LPS). Returns ``out_dir``.
 
+    Written again into the same folder (a notebook cell run again with other options), the case holds the new
+    phantom alone: the DICOM files of the earlier write that this one does not replace are removed from
+    ``out_dir/dicom/`` (other files there are left as they are), so that no slice of the earlier phantom is
+    read with the new one's ground truth.
+
     Raises :class:`~pipeline.errors.DicomWriteError` for a ``phantom`` that is not one (a :class:`CTVolume` is
-    written by :func:`write_dicom_series`), before anything is written.
+    written by :func:`write_dicom_series`), an option :func:`write_dicom_series` does not take, or an ``out_dir``
+    (or its ``dicom``) that is a file, before anything is written.
     """
     from .model import Phantom
 
@@ -267,10 +274,61 @@ def write_phantom_case(phantom: Any, out_dir: str | os.PathLike[str], **options:
             f"must be a Phantom (a volume with its ground truth), got {type(phantom).__name__}", where="phantom", fix=fix
         )
     case = Path(out_dir)
+    _check_case_options(options, case)
     options.setdefault("seed", int(getattr(phantom, "seed", 0)))
-    write_dicom_series(phantom.volume, case / "dicom", **options)
+    dicom_dir = case / "dicom"
+    earlier = [p for p in dicom_dir.rglob("*") if p.is_file()] if dicom_dir.is_dir() else []
+    written = write_dicom_series(phantom.volume, dicom_dir, **options)
+    _remove_earlier_slices(dicom_dir, earlier, keep=written)
     phantom.save_ground_truth(case)
     return case
+
+
+def _check_case_options(options: dict[str, Any], case: Path) -> None:
+    """Refuse, before anything is written, an option :func:`write_dicom_series` does not take and a case folder
+    that is a file."""
+    allowed = [name for name in inspect.signature(write_dicom_series).parameters if name not in ("volume", "out_dir")]
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise DicomWriteError(
+            f"unknown option(s) {unknown}",
+            where="write_phantom_series",
+            fix=f"use the options of write_dicom_series: {', '.join(allowed)}",
+        )
+    for folder in (case, case / "dicom"):
+        if folder.exists() and not folder.is_dir():
+            raise DicomWriteError(
+                "is a file, not a folder: a phantom case is a folder (its series in dicom/, its ground truth beside it)",
+                where=folder,
+                fix="pass the folder to write the case into, e.g. one named after the case",
+            )
+
+
+def _remove_earlier_slices(dicom_dir: Path, earlier: Sequence[Path], *, keep: Sequence[Path]) -> None:
+    """Remove the DICOM files an earlier write left in ``dicom_dir`` that this one did not replace (a phantom of
+    other slices or options), so the case's folder holds its series alone and matches its ground truth; files that
+    are no DICOM file are left as they are."""
+    kept = {p.resolve() for p in keep}
+    removed = 0
+    for path in earlier:
+        if path.resolve() in kept or not _is_dicom_file(path):
+            continue
+        path.unlink(missing_ok=True)
+        removed += 1
+    for folder in sorted((d for d in dicom_dir.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    if removed:
+        log.info("removed %d DICOM file(s) of an earlier write from %s", removed, dicom_dir)
+
+
+def _is_dicom_file(path: Path) -> bool:
+    """Whether ``path`` is a DICOM file with its preamble and 'DICM' marker, as this module writes them."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(132)[128:132] == b"DICM"
+    except OSError:
+        return False
 
 
 write_phantom_series = write_phantom_case
