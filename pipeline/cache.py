@@ -46,7 +46,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
@@ -387,7 +387,7 @@ class CaseCache:
         """Read and check the sidecar and the array header of ``case_id`` (no voxel data)."""
         apath, spath = self.array_path(case_id), self.sidecar_path(case_id)
         if not spath.is_file():
-            raise CacheError("no sidecar in the cache", where=spath, fix="ingest the case again (ctpipe ingest)")
+            self._raise_not_cached(case_id, spath)
         try:
             sidecar = json.loads(spath.read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -432,6 +432,28 @@ class CaseCache:
                 f"array file is truncated: {actual} bytes, expected {expected}", where=apath, fix="ingest the case again"
             )
         return CacheEntry(case_id, apath, spath, sidecar)
+
+    def _raise_not_cached(self, case_id: str, spath: Path) -> NoReturn:
+        """Raise :class:`CacheError` for ``case_id``, which has no sidecar: saying whether the cache folder is
+        missing, is a file, holds no cases, or holds others (the first of them named)."""
+        ingest = "ctpipe ingest SOURCE --out CACHE, or CaseCache.write(case_id, volume)"
+        if not self.root.exists():
+            raise CacheError("no such cache folder", where=self.root, fix=f"check the path (a folder written by {ingest})")
+        if not self.root.is_dir():
+            raise CacheError("is a file, not a cache folder", where=self.root, fix=f"pass the folder of the cache ({ingest})")
+        ids = self.case_ids()
+        if not ids:
+            raise CacheError(
+                f"no case {case_id!r} (no sidecar): the cache holds no cases",
+                where=spath,
+                fix=f"write or ingest the case first ({ingest})",
+            )
+        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        raise CacheError(
+            f"no case {case_id!r} in the cache (no sidecar); it holds {len(ids)} case(s): {shown}",
+            where=spath,
+            fix="pick an id of CaseCache.case_ids(), or ingest the case again (ctpipe ingest)",
+        )
 
     def read(self, case_id: str, *, mmap: bool = False, verify: bool = False) -> CTVolume:
         """Load a cached case as a :class:`CTVolume`.
