@@ -106,6 +106,24 @@ def test_reading_a_file_that_is_no_sr_names_it_and_what_it_is(tmp_path):
             assert str(err.value).startswith(f"{path}: ") and "dicom_outputs.sr" in (err.value.fix or "")
 
 
+def test_reading_a_path_that_does_not_exist_or_a_folder_says_so(tmp_path):
+    missing = tmp_path / "cases" / "c1" / "dicom" / "sr.dcm"
+    for read in (read_sr_findings, read_sr_case):
+        with pytest.raises(DicomOutputError) as err:
+            read(missing)
+        assert str(err.value).startswith(f"{missing}: no such file") and "FileNotFoundError" not in str(err.value)
+        with pytest.raises(DicomOutputError) as err:
+            read(5)
+        assert "must be an SR file (a str or a pathlib.Path), got int 5" in str(err.value)
+    folder = tmp_path / "cases" / "c1" / "dicom"
+    folder.mkdir(parents=True)
+    (folder / "sr.dcm").write_bytes(b"")
+    with pytest.raises(DicomOutputError) as err:
+        read_sr_findings(folder)
+    assert "a directory (folder), not an SR file" in str(err.value)
+    assert f"read_sr_findings({str(folder / 'sr.dcm')!r})" in (err.value.fix or "")
+
+
 @pytest.mark.slow
 def test_real_series(tmp_path):
     """The RT-planning chest (512×512×141, InstanceNumbers against the slice order): headers matched, SR and SEG

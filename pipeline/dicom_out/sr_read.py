@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -62,16 +63,37 @@ def _key(code: Any) -> tuple[str, str]:
     return (str(code.value), str(code.scheme_designator))
 
 
-def _report(path: str | os.PathLike[str]) -> Any:
+def _report(path: str | os.PathLike[str], *, reader: str) -> Any:
     """The TID 1500 content of the SR at ``path``; :class:`DicomOutputError` when it is none."""
-    return _read(path)[1]
+    return _read(path, reader=reader)[1]
 
 
-def _read(path: str | os.PathLike[str]) -> tuple[Any, Any]:
+def _sr_path(path: Any, *, reader: str) -> Path:
+    """``path`` as the :class:`Path` of an existing file; :class:`DicomOutputError` for another value, a path that
+    does not exist, or a folder (naming an SR in it, for the call of ``reader`` to make instead)."""
+    from ..errors import require_path, unexpanded_home
+
+    fix = "pass an SR written by ctpipe (write_sr; a run's are in open_run(...).dicom_outputs.sr)"
+    where = "path" if not isinstance(path, (str, os.PathLike)) else str(path)
+    sr_path = require_path(path, where=where, error=DicomOutputError, what="an SR file", fix=fix)
+    if not sr_path.exists():
+        raise DicomOutputError("no such file", where=sr_path, fix=unexpanded_home(sr_path) or f"check the path; {fix}")
+    if sr_path.is_dir():
+        found = sorted(sr_path.rglob("sr.dcm"))
+        raise DicomOutputError(
+            "not a readable structured report: a directory (folder), not an SR file",
+            where=sr_path,
+            fix=f"pass the SR file itself: {reader}({str(found[0])!r})" if found else fix,
+        )
+    return sr_path
+
+
+def _read(path: str | os.PathLike[str], *, reader: str) -> tuple[Any, Any]:
     """The SR at ``path`` and its TID 1500 content; :class:`DicomOutputError` when it is none."""
     import highdicom as hd
     from pydicom.errors import InvalidDicomError
 
+    path = _sr_path(path, reader=reader)
     try:
         sr = hd.sr.srread(path)
     except (ValueError, TypeError, AttributeError, OSError, RuntimeError, InvalidDicomError) as exc:
@@ -204,7 +226,7 @@ def read_sr_findings(path: str | os.PathLike[str]) -> pd.DataFrame:
     """
     import pandas as pd
 
-    sr, report = _read(path)
+    sr, report = _read(path, reader="read_sr_findings")
     by_instance, only_series = _evidence_series(sr)
     compositions = {_key(v): k for k, v in (*C.COMPOSITIONS_EARLIER.items(), *C.COMPOSITIONS.items())}
     rows = []
@@ -279,7 +301,7 @@ def read_sr_case(path: str | os.PathLike[str]) -> dict[str, Any]:
     from ..reconstruction.quality import FLAGS
     from .sr_case import LUNG_MEASUREMENTS
 
-    report = _report(path)
+    report = _report(path, reader="read_sr_case")
     groups = report.get_image_measurement_groups()
     case = next((g for g in groups if str(g.tracking_identifier or "") == "Case"), None)
     if case is None:
