@@ -25,12 +25,15 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..atomic import atomic_write_bytes
 from ..volume import float3, int3
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,30 @@ CSV_FIELDS = [
     "sop_instance_uid",
     "frame_number",
     "flags",
+]
+
+#: Columns of :meth:`Findings.to_dataframe` (positions LPS mm, named as in ``open_run(...).findings``).
+DATAFRAME_COLUMNS = [
+    "case_id",
+    "series_uid",
+    "rank",
+    "score",
+    "center_x",
+    "center_y",
+    "center_z",
+    "diameter_mm",
+    "box_min_x",
+    "box_min_y",
+    "box_min_z",
+    "box_max_x",
+    "box_max_y",
+    "box_max_z",
+    "voxel_i",
+    "voxel_j",
+    "voxel_k",
+    "slice_number",
+    "sop_instance_uid",
+    "frame_number",
 ]
 
 
@@ -368,6 +395,35 @@ class Findings:
                 }
             )
         return rows
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """The reported findings (:attr:`findings`) as a pandas DataFrame, one row per finding by rank, with numbers as
+        numbers (:meth:`csv_rows` gives the CSV's text): ``case_id``, ``series_uid``, ``rank``, ``score``,
+        ``center_x/y/z`` and ``box_min/max_x/y/z`` in DICOM patient coordinates (LPS), mm, as in
+        ``open_run(...).findings``, ``diameter_mm``, ``voxel_i/j/k`` (column, row, slice index of the original series),
+        ``slice_number``, ``sop_instance_uid`` and ``frame_number`` (missing, NA, where unknown). Every candidate:
+        ``findings.with_candidates(findings.candidates).to_dataframe()``. :func:`pipeline.show` and
+        :func:`pipeline.reconstruct` take the table as ``findings=``."""
+        import pandas as pd
+
+        rows = [
+            {
+                "case_id": self.case_id,
+                "series_uid": self.series_uid,
+                "rank": rank,
+                "score": float(f.score),
+                **{f"center_{a}": float(v) for a, v in zip("xyz", f.center_lps, strict=True)},
+                "diameter_mm": float(f.diameter_mm),
+                **{f"box_min_{a}": float(v) for a, v in zip("xyz", f.box_min_lps, strict=True)},
+                **{f"box_max_{a}": float(v) for a, v in zip("xyz", f.box_max_lps, strict=True)},
+                **{f"voxel_{a}": int(v) for a, v in zip("ijk", f.voxel_ijk, strict=True)},
+                "slice_number": int(f.slice_number),
+                "sop_instance_uid": f.sop_instance_uid,
+                "frame_number": f.frame_number,
+            }
+            for rank, f in enumerate(self.findings, 1)
+        ]
+        return pd.DataFrame(rows, columns=DATAFRAME_COLUMNS)
 
     def write_json(self, path: str | Path) -> Path:
         """Write :meth:`to_json` to ``path`` atomically (positions LPS mm); returns the path."""
