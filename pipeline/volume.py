@@ -263,7 +263,12 @@ class CTVolume(_SpatialArray):
     def __init__(self, array: np.ndarray, geometry: Geometry, *, metadata: Mapping[str, Any] | None = None):
         arr = np.asarray(array)
         if arr.dtype.kind not in "iuf":
-            raise GeometryError(f"HU array must be numeric, got dtype {arr.dtype}")
+            raise GeometryError(
+                f"HU array must be numeric, got dtype {arr.dtype}",
+                fix="pass the HU values (int16 or float32); a mask is a LabelMap(mask, geometry)"
+                if arr.dtype == bool
+                else "pass the HU values as numbers, e.g. array.astype(np.float32)",
+            )
         self.array = arr
         self.geometry = geometry
         if metadata is not None and not isinstance(metadata, Mapping):
@@ -389,7 +394,11 @@ class LabelMap(_SpatialArray):
         if arr.dtype == bool:
             arr = arr.astype(np.uint8)
         if arr.dtype.kind not in "iu":
-            raise GeometryError(f"label array must be integer or bool, got dtype {arr.dtype}")
+            raise GeometryError(
+                f"label array must be integer or bool, got dtype {arr.dtype}",
+                fix="pass whole label values, e.g. LabelMap(np.rint(array).astype(np.uint16), geometry), or a bool mask "
+                "(array > 0.5 for a probability map)",
+            )
         self.array = arr
         self.geometry = geometry
         self.labels: Mapping[int, str] = MappingProxyType(_label_names(labels))

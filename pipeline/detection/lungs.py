@@ -384,11 +384,19 @@ def region_from_mask(
     from ..errors import GeometryError
 
     held = getattr(mask, "masks", None)
+    holder = None
     if not isinstance(mask, (Mapping, np.ndarray, LabelMap)) and isinstance(held, Mapping):
-        mask = dict(held)
+        holder, mask = type(mask).__name__, dict(held)
     items: list[tuple[str, Any]] = list(mask.items()) if isinstance(mask, Mapping) else [("mask", mask)]
     if isinstance(mask, Mapping):
         items = [(name, m) for name, m in items if "lung" in str(name).lower()]
+        if not items and holder is not None:
+            raise GeometryError(
+                f"the {holder} given as lung mask holds no lung mask (its masks: {sorted(map(str, mask))})",
+                where="lung_mask",
+                fix="reconstruct the lungs too, e.g. reconstruct(volume, organs=['lung_left', 'lung_right', ...]), or "
+                "leave lung_mask out (the detector then segments the lungs itself)",
+            )
         if not items:
             raise GeometryError(
                 f"no key of the lung mask dict names a lung (keys: {sorted(map(str, mask))})",
