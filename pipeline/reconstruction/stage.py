@@ -93,7 +93,9 @@ class Reconstruction:
         ``nodules``, ``write`` (those that ran); together the reconstruction's time.
     quality: the case's quality flags (:mod:`pipeline.reconstruction.quality`), also under
         ``measurements["quality"]``; lung figures they make meaningless are marked there (see
-        :func:`~pipeline.reconstruction.quality.mark_unreliable`).
+        :func:`~pipeline.reconstruction.quality.mark_unreliable`). They are the scan's whatever the organs asked for:
+        the body and bone they read (the contrast phase, the field of view, metal) are segmented for them when not
+        asked for (:data:`QUALITY_ORGANS`), and kept nowhere else.
     nodules: the segmentation of each finding (:class:`~pipeline.reconstruction.nodules.NoduleResult`, masks
         included; their JSON is ``measurements["nodules"]``), empty without findings.
     preview: the 3-D preview's organ views as rendered (:class:`~.preview.PreviewViews`; None when nothing was
@@ -285,11 +287,17 @@ def reconstruct(
     # detect takes them: a few set to air and said, more refused by name
     volume = clean_volume(volume, where)
     rec.measurements["nonfinite_voxels_set_to_air"] = nonfinite_set_to_air(volume.metadata)
-    seg = timer.run("segment", segment_organs, volume, organs=classical, device=dev)
-    masks: dict[str, np.ndarray] = dict(seg.masks)
-    rec.info.update(seg.info)
+    # the quality report reads the body and bone masks too (contrast without the bone it would take for blood, the
+    # body's cut by the field of view, metal): segmented for it when not asked for, so it is the scan's whatever the
+    # organs, and given only to it
+    for_quality = [o for o in QUALITY_ORGANS if o not in classical]
+    seg = timer.run("segment", segment_organs, volume, organs=[*classical, *for_quality], device=dev)
+    quality_masks: dict[str, np.ndarray] = dict(seg.masks)
+    masks: dict[str, np.ndarray] = {o: m for o, m in seg.masks.items() if o not in for_quality}
+    rec.info.update({k: v for k, v in seg.info.items() if k not in for_quality})
     for organ, exc in seg.errors.items():
-        rec.errors[organ] = _error_text(exc)
+        if organ not in for_quality:
+            rec.errors[organ] = _error_text(exc)
     if bundle is not None:
         try:
             bundle_masks, bundle_errors = timer.run("seg_bundle", run_seg_bundle, volume, bundle, device=dev)
@@ -324,7 +332,7 @@ def reconstruct(
         assess_quality,
         np.asarray(volume.array),
         volume.geometry,
-        masks,
+        {**quality_masks, **masks},
         metadata=volume.metadata,
         airway_in_scan=_airway_in_scan(seg.info, organs),
         lungs=[o for o in organs if o in ("lung_left", "lung_right")],
@@ -389,6 +397,10 @@ def _with_not_hu_hint(quality: QualityReport, volume: CTVolume, where: str) -> Q
     log.warning("%s: no lungs found%s", where, hint)
     flags = tuple(replace(f, message=f.message + hint) if f.code == "lungs_absent" else f for f in quality.flags)
     return replace(quality, flags=flags)
+
+
+#: Organs the quality report reads beyond the lungs (:func:`~pipeline.reconstruction.quality.assess_quality`).
+QUALITY_ORGANS = ("body", "bone")
 
 
 def _airway_in_scan(info: Mapping[str, Any], organs: Sequence[str]) -> bool | None:
