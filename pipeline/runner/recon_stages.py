@@ -265,8 +265,8 @@ class ReconstructStage(Stage):
 
 
 class LungsStage(Stage):
-    """Both lungs segmented alone, and the quality report they give (lung coverage, slice thickness, contrast),
-    before detection: for runs that do not reconstruct both lungs. With the SR among ``outputs.dicom``, the two lung
+    """Both lungs segmented, and the quality report they give (lung coverage, slice thickness, contrast; with the body
+    and bone it reads, segmented for it alone), before detection: for runs that do not reconstruct both lungs. With the SR among ``outputs.dicom``, the two lung
     masks are kept in the cache (``<case_id>.sides.npz``, apart from the reconstruction's organs, which are the
     SEG's): they give each finding's side in the report."""
 
@@ -286,10 +286,13 @@ class LungsStage(Stage):
     def process(self, ctx: CaseContext) -> dict[str, Any]:
         from ..reconstruction.quality import assess_quality
         from ..reconstruction.segment import segment_organs
+        from ..reconstruction.stage import QUALITY_ORGANS
 
         vol = read_case_volume(ctx)
         with DeviceTimer(self._device) as clock:  # the segmentation may run queued on a GPU
-            seg = segment_organs(vol, organs=list(LUNGS), device=self._device)
+            # the body and bone for the quality report alone: without the bone, the contrast estimate takes it for
+            # blood (a non-contrast chest read as arterial), as reconstruct() gives it them
+            seg = segment_organs(vol, organs=[*LUNGS, *QUALITY_ORGANS], device=self._device)
         t1 = time.perf_counter()
         quality = assess_quality(np.asarray(vol.array), vol.geometry, seg.masks, metadata=vol.metadata)
         t2 = time.perf_counter()
