@@ -33,3 +33,15 @@ def test_a_reconstruction_without_lungs_as_lung_mask_says_to_reconstruct_the_lun
     text, fix = str(err.value), err.value.fix or ""
     assert "the Reconstruction given as lung mask holds no lung mask (its masks: ['body'])" in text
     assert "organs=['lung_left', 'lung_right'" in fix and "lung_mask" in fix
+
+
+def test_a_probability_map_as_lung_mask_is_refused_and_a_float_0_1_mask_is_taken():
+    volume, truth = synthetic_chest(n=48, spacing=3.0, slices=24, slice_spacing=5.0)
+    lungs = truth["lung_left"] | truth["lung_right"]
+    probabilities = np.where(lungs, 0.9, 0.01)  # a model's output: above 0 everywhere
+    with pytest.raises(GeometryError) as err:
+        region_from_mask(probabilities, volume)
+    assert "holds fractional values (float64, 0.01..0.9)" in str(err.value)
+    assert "probabilities > 0.5" in (err.value.fix or "")
+    as_floats = region_from_mask(lungs.astype(np.float64), volume)  # a 0/1 mask read as floats (nibabel's get_fdata)
+    assert np.array_equal(as_floats.mask, region_from_mask(lungs, volume).mask)

@@ -436,8 +436,9 @@ def detect(
     to use one you built yourself. Findings scoring at or above the model's operating point are
     reported (``score_threshold``: another threshold, 0..1; ``all_candidates``: every candidate);
     the other candidates are kept in ``below_threshold``. ``lung_mask`` (on ``volume``'s grid: a bool
-    array ``[k, j, i]``, a :class:`LabelMap`, a dict of lung masks such as ``reconstruct(volume).masks``, or the
-    reconstruction itself)
+    array ``[k, j, i]`` (an integer or 0/1 float array: its non-zero voxels; fractional values, a probability map, are
+    refused with a :class:`~pipeline.errors.GeometryError`), a :class:`LabelMap`, a dict of lung masks such as
+    ``reconstruct(volume).masks``, or the reconstruction itself)
     restricts the findings as the batch runner does with the case's segmented lungs; without it, the lungs
     :func:`~pipeline.detection.lungs.segmented_lung_region` finds. The search itself is always the detector's coarse
     threshold mask (the region its operating point was calibrated on). ``restrict_to_lungs=False`` searches and

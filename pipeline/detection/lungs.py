@@ -371,6 +371,11 @@ def _lung_voxels(mask: np.ndarray | LabelMap) -> np.ndarray:
     return np.asarray(mask) > 0
 
 
+def _whole_values(array: np.ndarray) -> bool:
+    """Whether every value of the float ``array`` is a whole number (a 0/1 mask read as floats, e.g. by nibabel)."""
+    return bool(np.all(np.mod(array, 1.0) == 0.0))
+
+
 def region_from_mask(
     mask: np.ndarray | LabelMap | Mapping[str, np.ndarray | LabelMap] | HoldsMasks, volume: CTVolume, *, step_mm: float = 4.0
 ) -> LungRegion:
@@ -403,6 +408,15 @@ def region_from_mask(
                 fix="name the lung masks with 'lung' in their keys (e.g. lung_left, lung_right), or pass one mask",
             )
     for name, m in items:
+        if isinstance(m, np.ndarray) and m.dtype.kind == "f" and not _whole_values(m):
+            finite = m[np.isfinite(m)]
+            span = f"{float(finite.min()):g}..{float(finite.max()):g}" if finite.size else "no finite value"
+            raise GeometryError(
+                f"the lung mask {name!r} holds fractional values ({m.dtype}, {span}): a probability map, not a mask "
+                "(every voxel above 0 would count as lung)",
+                where="lung_mask",
+                fix="pass a bool mask, e.g. lung_mask=probabilities > 0.5",
+            )
         if isinstance(m, LabelMap) and not m.geometry.same_grid(volume.geometry):
             raise GeometryError(
                 f"the lung mask {name!r} lies on another grid than the volume (origin {m.geometry.origin} vs "
