@@ -331,7 +331,8 @@ def show(
     window: HU range shown, (lowest, highest) (default lung window, W 1500 / L -600: (-1350, 150)).
     Returns the matplotlib Axes; its title names the slice (``InstanceNumber 63 (k=62)``) and the series, and below
     them the window (``lung window W1500 L-600``); the letters R and L lie in the margins beside the image, A above it
-    and P below it, on none of it.
+    and P below it, on none of it. Without ``ax`` each call opens a pyplot figure, kept until closed: in a script or a
+    loop, save it and close it (``ax.figure.savefig("slice.png"); plt.close(ax.figure)``).
     Raises ValueError for a ``window`` that is not two numbers, lowest first; TypeError for a ``slice`` or ``k`` that
     is not a whole number, a ``recon`` of another kind and an ``ax`` that is not one Axes;
     :class:`~pipeline.errors.ReconstructionError` for a finding without a usable centre and size (as
