@@ -54,11 +54,15 @@ def _wait_group_gone(pgid: int, timeout: float) -> bool:
     return False
 
 
-def _run_until_a_case_is_done(dicom_data, out: Path, *, mid_case: bool = False) -> tuple[subprocess.Popen, list[str]]:
+def _run_until_a_case_is_done(
+    dicom_data, out: Path, *, mid_case: bool = False, report: bool = True
+) -> tuple[subprocess.Popen, list[str]]:
     """``ctpipe run`` of the good cases into ``out`` in its own process group, once its first case is done (with
     ``mid_case``: once its workers have finished a case's first stage, the case still under way); the process and its
-    arguments."""
+    arguments. ``report``: whether the run writes its throughput report (its plots are a good part of a run's time)."""
     args = ["run", str(dicom_data["good"]), "--out", str(out), "--workers", "1", "--quiet", *FAST]
+    if not report:
+        args += ["--set", "report.enabled=false"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
@@ -73,7 +77,8 @@ def _run_until_a_case_is_done(dicom_data, out: Path, *, mid_case: bool = False) 
 @pytest.mark.slow
 def test_sigkill_then_rerun_every_case_exactly_once(dicom_data, full_run, tmp_path):
     out = tmp_path / "killed"
-    proc, args = _run_until_a_case_is_done(dicom_data, out)
+    # no throughput report: the killed run never gets to it, and nothing here reads the rerun's
+    proc, args = _run_until_a_case_is_done(dicom_data, out, report=False)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     # the workers notice that the main process is gone and exit on their own
