@@ -8,6 +8,7 @@ import argparse
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from . import devices
 
@@ -131,3 +132,69 @@ def add_keep_identifiers(parser: argparse.ArgumentParser) -> None:
     """Add ``--keep-identifiers`` (``args.keep_identifiers``, default False) to a command that reads its sources
     through :func:`pipeline.runner.redact_sources.redacting_sources`."""
     parser.add_argument("--keep-identifiers", action="store_true", help=KEEP_IDENTIFIERS_HELP)
+
+
+#: The :class:`argparse.Namespace` attribute where :class:`StoreOnce` notes each option given so far (removed by
+#: :func:`pipeline.cli.parse_command_line`).
+GIVEN = "_given_once"
+
+
+class StoreOnce(argparse._StoreAction):
+    """argparse's ``"store"`` action for a single-value option (``--workers N``, ``--to ADDRESS``), but an option given
+    twice on one command line with different values (``--workers 2 --workers 4``) is a bad argument (exit status 2)
+    naming both and the fix, as a flag and a ``--set`` item that disagree are, rather than the last one taken without
+    a word; the same value twice is taken. Options sharing a destination (an earlier name kept for old scripts, as
+    ``ctpipe ingest --workers`` for ``--threads``) count as one. Every ``ctpipe`` command's parser
+    (:class:`CommandParser`) stores with it; repeatable options (``action="append"``) are not concerned."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given: dict[str, tuple[str, Any]] = getattr(namespace, GIVEN, None) or {}
+        label = option_string or self.dest
+        if self.dest in given and given[self.dest][1] != values:
+            raise argparse.ArgumentError(None, self._twice(given[self.dest], (label, values)))
+        given[self.dest] = (label, values)
+        setattr(namespace, GIVEN, given)
+        super().__call__(parser, namespace, values, option_string)
+
+    def _twice(self, first: tuple[str, Any], second: tuple[str, Any]) -> str:
+        """The message for the option given as ``first`` and as ``second`` (each (flag, value)): the flag(s), both
+        values as read and the fix, as :class:`~pipeline.errors.UsageError` words it."""
+        from .errors import UsageError
+        from .pacs.address import redact
+
+        (flag, value), (other_flag, other) = first, second
+        a, b = redact(self._shown(value)), redact(self._shown(other))
+        where = flag if flag == other_flag else f"{flag} and {other_flag}"
+        return str(
+            UsageError(
+                f"given twice, as {a} and as {b}",
+                where=where,
+                fix=f"give it once: either {flag} {a} or {other_flag} {b}, not both",
+            )
+        )
+
+    def _shown(self, value: Any) -> str:
+        """``value`` as the command line gives it: several values (``nargs``) apart, a list one value holds
+        (``--dicom sr,seg``) joined by commas."""
+        if isinstance(value, (list, tuple)):
+            if self.nargs not in (None, argparse.OPTIONAL):
+                return " ".join(map(str, value))
+            return ",".join(map(str, value)) or "none"
+        return str(value)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``ctpipe`` and of each of its commands: an option argparse would store (no ``action=``, or
+    ``action="store"``) is stored by :class:`StoreOnce`, so that none of them takes the last of two different values
+    without a word."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, StoreOnce)
+        self.register("action", "store", StoreOnce)

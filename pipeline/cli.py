@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from .argtypes import GIVEN, CommandParser
 from .errors import CtpipeError, UsageError
 
 # Stage command modules, in the order data flows through them.
@@ -60,13 +61,13 @@ def setup_logging(verbosity: int, *, quiet: bool = False, log_file: str | None =
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="ctpipe",
         description="Chest CT DICOM → lung-nodule findings, 3D organ reconstructions and throughput reports.",
     )
     parser.add_argument("--version", action="version", version=f"ctpipe {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # each command a CommandParser too
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
@@ -83,8 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_command_line(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """``parser.parse_args(argv)``, but an argument no option takes is refused by the command it was given to, below
     that command's usage (``ctpipe run: error: unrecognized arguments: --wrokers 4 (did you mean --workers?)``),
-    rather than by ``ctpipe`` itself below its list of commands; exit status 2, as argparse's."""
+    rather than by ``ctpipe`` itself below its list of commands; exit status 2, as argparse's. A single-value option
+    given twice with different values is refused so too (:class:`~pipeline.argtypes.StoreOnce`)."""
     args, extras = parser.parse_known_args(argv)
+    vars(args).pop(GIVEN, None)
     if extras:
         sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
         command = sub.choices.get(args.command) if sub is not None and getattr(args, "command", None) else None
