@@ -86,6 +86,8 @@ _TEMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.(?:npy|json)\.[^/]+\.tm
 STALE_TMP_AGE_S = 2.0
 #: The same without file locks (no ``fcntl``): only the age tells, so it is long.
 STALE_TMP_AGE_NO_LOCK_S = 3600.0
+#: How a cache folder is made, as the errors of a missing or empty one say.
+_INGEST = "ctpipe ingest SOURCE --out CACHE, or CaseCache.write(case_id, volume)"
 #: What a cache writer's lock is for (named where the cache's file system gives no locks).
 _LOCK_PURPOSE = "another process's cache clean-up never removes a file this one is writing"
 
@@ -261,7 +263,8 @@ class CacheEntry:
 
 
 class CaseCache:
-    """A folder of cached cases. ``CaseCache(path)`` creates nothing until a write.
+    """A folder of cached cases. ``CaseCache(path)`` creates nothing until a write, which makes the folder; listing
+    the cases of a folder that does not exist (yet), or of a file, is a :class:`CacheError` naming it.
 
     Each case is ``<case>.npy`` (HU voxels indexed ``[k, j, i]``) and ``<case>.json`` (its geometry in DICOM patient
     coordinates, LPS, mm, and its metadata); :meth:`write` stores a :class:`~pipeline.volume.CTVolume` under a case
@@ -277,6 +280,10 @@ class CaseCache:
         self._swept = False
 
     def __repr__(self) -> str:
+        if not self.root.exists():  # a cache opened to be written: a notebook's cell shows it before the first write
+            return f"CaseCache({str(self.root)!r}, no folder yet: the first write makes it)"
+        if not self.root.is_dir():
+            return f"CaseCache({str(self.root)!r}, a file, not a cache folder)"
         return f"CaseCache({str(self.root)!r}, cases={len(self.case_ids())})"
 
     def array_path(self, case_id: str) -> Path:
@@ -286,9 +293,9 @@ class CaseCache:
         return self.root / f"{check_case_id(case_id)}.json"
 
     def case_ids(self) -> list[str]:
-        """Ids of complete cases (those with a sidecar), sorted."""
-        if not self.root.is_dir():
-            return []
+        """Ids of complete cases (those with a sidecar), sorted. A :class:`CacheError` when the folder does not exist
+        (a mistyped path, or a new cache that no write has made yet) or is a file, rather than no cases."""
+        self._require_folder()
         return sorted(p.stem for p in self.root.glob("*.json") if not p.name.startswith("."))
 
     def __contains__(self, case_id: str) -> bool:
@@ -433,20 +440,22 @@ class CaseCache:
             )
         return CacheEntry(case_id, apath, spath, sidecar)
 
+    def _require_folder(self) -> None:
+        """Raise :class:`CacheError` when the cache folder is missing or is a file, naming it and the fix."""
+        if not self.root.exists():
+            raise CacheError("no such cache folder", where=self.root, fix=f"check the path (a folder written by {_INGEST})")
+        if not self.root.is_dir():
+            raise CacheError("is a file, not a cache folder", where=self.root, fix=f"pass the folder of the cache ({_INGEST})")
+
     def _raise_not_cached(self, case_id: str, spath: Path) -> NoReturn:
         """Raise :class:`CacheError` for ``case_id``, which has no sidecar: saying whether the cache folder is
         missing, is a file, holds no cases, or holds others (the first of them named)."""
-        ingest = "ctpipe ingest SOURCE --out CACHE, or CaseCache.write(case_id, volume)"
-        if not self.root.exists():
-            raise CacheError("no such cache folder", where=self.root, fix=f"check the path (a folder written by {ingest})")
-        if not self.root.is_dir():
-            raise CacheError("is a file, not a cache folder", where=self.root, fix=f"pass the folder of the cache ({ingest})")
         ids = self.case_ids()
         if not ids:
             raise CacheError(
                 f"no case {case_id!r} (no sidecar): the cache holds no cases",
                 where=spath,
-                fix=f"write or ingest the case first ({ingest})",
+                fix=f"write or ingest the case first ({_INGEST})",
             )
         shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
         raise CacheError(

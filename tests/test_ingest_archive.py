@@ -267,10 +267,11 @@ def test_kill_during_ingest_leaves_a_consistent_cache(tmp_path):
         proc.wait(timeout=60)
         cache = CaseCache(cache_dir)
         left_behind += len(cache.temp_files())
-        for case_id in cache.case_ids():  # every published entry is complete and right
+        published = cache.case_ids() if cache_dir.is_dir() else []  # a kill before ingest made the folder: none
+        for case_id in published:  # every published entry is complete and right
             assert cache.read(case_id, verify=True).shape == (24, 64, 64)
             assert cache.entry(case_id).fingerprint == expected[case_id]
-        if len(cache.case_ids()) == len(expected):  # complete: emptied (entries only), so the next run writes again
+        if len(published) == len(expected):  # complete: emptied (entries only), so the next run writes again
             for case_id in cache.case_ids():
                 cache.sidecar_path(case_id).unlink()
                 cache.array_path(case_id).unlink()
