@@ -290,6 +290,25 @@ def test_bad_options_raise_phantom_error(kwargs, word):
     assert "Fix:" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("diameters", "says"),
+    [
+        ((30, 3), "the maximum must be at least the minimum, got (30, 3) mm"),  # was: 3.0 is outside 30..60
+        ((30, 29.5), "the maximum must be at least the minimum, got (30, 29.5) mm"),
+        ((3, 70), "nodule_diameter_mm[1]=70.0 is outside 1..60"),  # was: outside 3..60, as if 3 were the limit
+        ((0.5, 3), "nodule_diameter_mm[0]=0.5 is outside 1..60"),
+    ],
+)
+def test_nodule_diameters_out_of_order_or_range_lead_with_what_is_wrong(diameters, says):
+    with pytest.raises(PhantomError) as info:
+        generate_phantom(0, nodule_diameter_mm=diameters)
+    assert str(info.value).startswith("generate_phantom(nodule_diameter_mm"), str(info.value)
+    assert f"): {says}" in str(info.value), str(info.value)
+    if "at least" in says:
+        low, high = diameters
+        assert info.value.fix == f"give (min, max) in mm, the smaller first, e.g. ({high:g}, {low:g})"
+
+
 def test_nodules_that_cannot_fit_raise():
     with pytest.raises(PhantomError, match="does not fit"):
         generate_phantom(0, matrix=96, nodule_diameter_mm=(45.0, 50.0), n_nodules=1)

@@ -73,7 +73,13 @@ def _validate(matrix, pixel_spacing, slice_spacing, slice_thickness, slices, n_n
             fix="pass e.g. (3.0, 30.0)",
         ) from exc
     _check("nodule_diameter_mm[0]", lo, 1.0, 60.0, "use diameters between 1 and 60 mm")
-    _check("nodule_diameter_mm[1]", hi, lo, 60.0, "the maximum diameter must be >= the minimum and <= 60 mm")
+    if hi < lo:  # out of order: said first, whatever the range (the maximum below the minimum is not "outside lo..60")
+        raise PhantomError(
+            f"the maximum must be at least the minimum, got ({lo:g}, {hi:g}) mm",
+            where="generate_phantom(nodule_diameter_mm=...)",
+            fix=f"give (min, max) in mm, the smaller first, e.g. ({hi:g}, {lo:g})",
+        )
+    _check("nodule_diameter_mm[1]", hi, 1.0, 60.0, "use diameters between 1 and 60 mm, the maximum at least the minimum")
     _check("noise_hu", noise_hu, 0.0, 500.0, "use a noise level between 0 and 500 HU")
 
 
