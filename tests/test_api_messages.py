@@ -272,3 +272,17 @@ def test_phantom_repr_names_its_volume_masks_and_nodules_not_arrays():
     assert f"masks={sorted(phantom.masks)}" in text and "nodules=2: " in text
     n = phantom.nodules[0]
     assert f"{n.diameter_mm:.1f} mm {n.kind} in {n.lung} at LPS ({n.center_lps[0]:.1f}, " in text
+
+
+def test_phantom_repr_with_many_nodules_stays_short():
+    import dataclasses
+
+    from pipeline.phantom import Nodule, generate_phantom
+
+    phantom = generate_phantom(3, matrix=64, slices=24, pixel_spacing=2.0, slice_spacing=2.5, n_nodules=0)
+    nodules = tuple(Nodule((-60.0 + i, 10.0, -20.0 - i), 4.0 + i, "solid", None, "lung_right") for i in range(12))
+    text = repr(dataclasses.replace(phantom, nodules=nodules))
+    assert len(text) < 600, text  # was: about 1,100 characters, every nodule listed
+    assert "nodules=12: 4.0 mm solid in lung_right at LPS (-60.0, 10.0, -20.0) mm; " in text, text
+    assert "6.0 mm solid in lung_right at LPS (-58.0, 10.0, -22.0) mm" in text and "7.0 mm" not in text, text
+    assert text.endswith("; … 9 more (.nodules lists them))"), text

@@ -77,6 +77,10 @@ class Nodule:
         return out
 
 
+#: How many nodules a :class:`Phantom`'s repr describes; the others it counts.
+REPR_NODULES = 3
+
+
 @dataclass(frozen=True, eq=False)
 class Phantom:
     """A synthetic chest CT with its ground truth.
@@ -104,10 +108,13 @@ class Phantom:
     truth: dict[str, Any] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # short: a notebook echoes the phantom; the arrays are in masks and nodule_labels
-        nodules = "; ".join(
+        shown = [
             f"{n.diameter_mm:.1f} mm {n.kind} in {n.lung} at LPS ({', '.join(f'{v:.1f}' for v in n.center_lps)}) mm"
-            for n in self.nodules
-        )
+            for n in self.nodules[:REPR_NODULES]
+        ]
+        if len(self.nodules) > REPR_NODULES:  # a dozen nodules would make a screenful: the others counted
+            shown.append(f"… {len(self.nodules) - REPR_NODULES} more (.nodules lists them)")
+        nodules = "; ".join(shown)
         return (
             f"Phantom(seed={self.seed}, volume={self.volume!r}, masks={sorted(self.masks)}, "
             f"nodules={len(self.nodules)}{': ' + nodules if nodules else ''})"
