@@ -85,3 +85,26 @@ def test_the_flip_view_counts_allowed_are_the_reducers():
     from pipeline.detection.model_values import FLIP_VIEW_COUNTS
 
     assert sorted(FLIP_VIEW_COUNTS) == sorted(FLIP_VIEWS)
+
+
+@pytest.mark.parametrize(
+    "key", ["weights", "fp_reduction.context_spacing_mm", "operating_point.fps_per_scan", "operating_point.sensitivity"]
+)
+def test_a_null_where_the_form_allows_it_is_read(tmp_path, key):
+    data = copy.deepcopy(DEMO)
+    *parents, last = key.split(".")
+    place = data
+    for part in parents:
+        place = place[part]
+    place[last] = None  # was: "None is not a positive number of mm or null", the form's own words refusing it
+    path = tmp_path / "my_model.json"
+    path.write_text(json.dumps(data))
+    cfg = load_model_config(path)
+    value = cfg.weights if key == "weights" else cfg.extra[parents[0]][last]
+    assert value is None
+
+
+def test_the_keys_that_take_null_are_those_whose_form_says_so():
+    from pipeline.detection.model_values import FORMS, NULLABLE
+
+    assert NULLABLE == {key for key, (_, words, _) in FORMS.items() if words.endswith("or null")}

@@ -116,14 +116,14 @@ FORMS: dict[str, Form] = {
     "sliding_window.sw_batch_size": (integer_at_least(1), "a positive integer", "1"),
     "lung_crop_margin_mm": MARGIN_MM,
     "lung_filter_margin_mm": (MARGIN_MM[0], MARGIN_MM[1], "8.0"),
-    "weights": (lambda v: v if v is None or (isinstance(v, str) and v.strip()) else None, "a file name or null", '"model.pt"'),
+    "weights": (lambda v: v if isinstance(v, str) and v.strip() else None, "a file name or null", '"model.pt"'),
 }
 
 #: How many views of each patch the false-positive reducer may average (the keys of
 #: :data:`pipeline.detection.fp_classifier.FLIP_VIEWS`, which imports torch)
 FLIP_VIEW_COUNTS = (1, 4, 8)
-OPTIONAL_MM: Form = (lambda v: None if v is None else POSITIVE(v), "a positive number of mm or null", "2.5")
-FPS: Form = (lambda v: v if v is None else number_in(0.0)(v), "a number of false positives per scan, 0 or more, or null", "1.0")
+OPTIONAL_MM: Form = (POSITIVE, "a positive number of mm or null", "2.5")
+FPS: Form = (number_in(0.0), "a number of false positives per scan, 0 or more, or null", "1.0")
 
 FORMS.update(
     {
@@ -151,14 +151,16 @@ FORMS.update(
         "fp_reduction.members": (integer_at_least(1), "a positive integer", "1"),
         "operating_point.score_threshold": (number_in(0.0, 1.0), "a score from 0 to 1", "0.4"),
         "operating_point.fps_per_scan": FPS,
-        "operating_point.sensitivity": (
-            lambda v: v if v is None else number_in(0.0, 1.0)(v),
-            "a number from 0 to 1 or null",
-            "0.76",
-        ),
+        "operating_point.sensitivity": (number_in(0.0, 1.0), "a number from 0 to 1 or null", "0.76"),
         "operating_point.network_only.score_threshold": (number_in(0.0, 1.0), "a score from 0 to 1", "0.97"),
         "operating_point.thick_slice_calibration.min_slice_thickness_mm": (POSITIVE, "a positive number of mm", "2.5"),
     }
+)
+
+#: The key paths of :data:`FORMS` whose value may also be null (not set), as their words say ("... or null"): a form's
+#: check gives None for a value not of it, so a null is let through here rather than by the check (:func:`of_form`)
+NULLABLE = frozenset(
+    {"weights", "fp_reduction.context_spacing_mm", "operating_point.fps_per_scan", "operating_point.sensitivity"}
 )
 
 #: The sections of a model JSON that are JSON objects
@@ -185,11 +187,19 @@ def checked(data: Mapping[str, Any], key: str, *, where: Path, fix: Callable[[st
     form = FORMS.get(key)
     if form is None:
         return value
-    check, words, example = form
-    out = check(value)
-    if out is None:
-        raise value_error(key, value, words, example, where=where, fix=fix)
+    ok, out = of_form(key, value)
+    if not ok:
+        raise value_error(key, value, form[1], form[2], where=where, fix=fix)
     return out
+
+
+def of_form(key: str, value: Any) -> tuple[bool, Any]:
+    """Whether ``value`` is of the form of ``key`` (a key path of :data:`FORMS`), and the value as the form reads it:
+    a null is of it where the form allows one (:data:`NULLABLE`)."""
+    if value is None and key in NULLABLE:
+        return True, None
+    out = FORMS[key][0](value)
+    return out is not None, out
 
 
 def section_value(data: Mapping[str, Any], key: str) -> Any:
