@@ -201,7 +201,7 @@ def revalidate(args: argparse.Namespace, det: Detector, work: Path, val_seeds: l
     model JSON already names, written to its ``fp_reduction`` entry (the training record kept, its validation
     results replaced), then the interim operating point on the cached validation candidates."""
     model_json = json.loads(args.model.read_text())
-    cfg = FPReductionConfig.from_json(model_json["fp_reduction"], weights_dir=args.model.parent)
+    cfg = FPReductionConfig.from_json(model_json["fp_reduction"], weights_dir=args.model.parent, source=args.model)
     net = FPReducer(cfg).network  # loaded as the pipeline loads it, errors included
     t0 = time.time()
     val_cases = build_cache(work, det, val_seeds, cfg, 0)

@@ -22,6 +22,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from ..errors import BundleError
 from ..volume import int3
+from .model_values import FORMS, of_form, value_error
 
 #: Flipped copies averaged for ``flip_views`` views, as dims of an (N, C, S, P, L) tensor: the patch itself, then
 #: each axis (S, P, L) mirrored, then (8 views) every other combination.
@@ -99,52 +100,45 @@ class FPReductionConfig:
         return (self.spacing_mm,) if self.context_spacing_mm is None else (self.spacing_mm, self.context_spacing_mm)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], *, weights_dir: Path) -> FPReductionConfig:
-        """Validate the entry; ``weights`` is a file name in ``weights_dir`` (the model JSON's folder)."""
-        where = weights_dir / "fp_reduction"
-        try:
-            cfg = cls(
-                weights=weights_dir / str(data["weights"]),
-                patch=int(data.get("patch", 24)),
-                spacing_mm=float(data.get("spacing_mm", 1.0)),
-                channels=int3(data.get("channels", (8, 16, 32))),
-                hidden=int(data.get("hidden", 64)),
-                blob_candidates=int(data.get("blob_candidates", 200)),
-                detector_weight=float(data.get("detector_weight", 0.5)),
-                duplicate_radius_factor=float(data.get("duplicate_radius_factor", 1.0)),
-                context_spacing_mm=None if data.get("context_spacing_mm") is None else float(data["context_spacing_mm"]),
-                flip_views=int(data.get("flip_views", 1)),
-                flip_min_probability=float(data.get("flip_min_probability", 0.02)),
-                box_merge=_flag(data.get("box_merge", False), "box_merge"),
-                blob_support=_flag(data.get("blob_support", False), "blob_support"),
-                members=int(data.get("members", 1)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+    def from_json(cls, data: Mapping[str, Any], *, weights_dir: Path, source: str | Path | None = None) -> FPReductionConfig:
+        """Validate the entry; ``weights`` is a file name in ``weights_dir`` (the model JSON's folder). A value not of
+        its key's form (:data:`~pipeline.detection.model_values.FORMS`, as the model JSON's loading checks it) is a
+        :class:`~pipeline.errors.BundleError` naming the model JSON ``source`` (default: the one in ``weights_dir``),
+        the key path (``fp_reduction.patch``), the value, the form with an example, and where to get a good entry."""
+        where = str(source) if source is not None else f"the model JSON in {weights_dir}"
+        file = Path(source).name if source is not None else "the model JSON"
+
+        def fix(what: str) -> str:
+            return f"mend {what}, or write the entry again with scripts/train_fp_reducer.py"
+
+        if not isinstance(data, Mapping):
+            raise value_error("fp_reduction", data, "a JSON object", '{"weights": "fpr.pt"}', where=where, file=file, fix=fix)
+        if "weights" not in data:
             raise BundleError(
-                f"invalid fp_reduction entry: {exc!r}", where=where, fix="regenerate it with scripts/train_fp_reducer.py"
-            ) from exc
-        if (
-            cfg.patch % 8
-            or cfg.patch <= 0
-            or cfg.spacing_mm <= 0
-            or len(cfg.channels) != 3
-            or not 0 <= cfg.detector_weight <= 1
-            or cfg.duplicate_radius_factor <= 0
-            or (cfg.context_spacing_mm is not None and cfg.context_spacing_mm <= 0)
-            or cfg.flip_views not in FLIP_VIEWS
-            or not 0 <= cfg.flip_min_probability < 1
-            or cfg.members < 1
-        ):
-            raise BundleError(
-                f"fp_reduction entry out of range: patch {cfg.patch} (multiple of 8), spacing_mm "
-                f"{cfg.spacing_mm} (> 0), detector_weight {cfg.detector_weight} (0..1), duplicate_radius_factor "
-                f"{cfg.duplicate_radius_factor} (> 0), context_spacing_mm {cfg.context_spacing_mm} (> 0 or null), "
-                f"flip_views {cfg.flip_views} (one of {sorted(FLIP_VIEWS)}), flip_min_probability "
-                f"{cfg.flip_min_probability} (0..1), members {cfg.members} (1 or more)",
-                where=where,
-                fix="regenerate it with scripts/train_fp_reducer.py",
+                "the entry names no weights file (the classifier's state dict)",
+                where=f"{where}: fp_reduction.weights",
+                fix=fix(f'fp_reduction.weights in {file}: a file name, e.g. "fpr.pt"'),
             )
-        return cfg
+        for key in (k for k in FORMS if k.startswith("fp_reduction.")):  # as the model JSON's loading checks them
+            name = key.partition(".")[2]
+            if name in data and not of_form(key, data[name])[0]:
+                raise value_error(key, data[name], *FORMS[key][1:], where=where, file=file, fix=fix)
+        return cls(
+            weights=weights_dir / str(data["weights"]),
+            patch=int(data.get("patch", 24)),
+            spacing_mm=float(data.get("spacing_mm", 1.0)),
+            channels=int3(data.get("channels", (8, 16, 32))),
+            hidden=int(data.get("hidden", 64)),
+            blob_candidates=int(data.get("blob_candidates", 200)),
+            detector_weight=float(data.get("detector_weight", 0.5)),
+            duplicate_radius_factor=float(data.get("duplicate_radius_factor", 1.0)),
+            context_spacing_mm=None if data.get("context_spacing_mm") is None else float(data["context_spacing_mm"]),
+            flip_views=int(data.get("flip_views", 1)),
+            flip_min_probability=float(data.get("flip_min_probability", 0.02)),
+            box_merge=bool(data.get("box_merge", False)),
+            blob_support=bool(data.get("blob_support", False)),
+            members=int(data.get("members", 1)),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,13 +157,6 @@ class FPReductionConfig:
             "blob_support": self.blob_support,
             "members": self.members,
         }
-
-
-def _flag(value: Any, name: str) -> bool:
-    """A JSON boolean (``true``/``false``), refused otherwise."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value
 
 
 def build_classifier(config: FPReductionConfig) -> nn.Module:

@@ -218,13 +218,16 @@ def section(data: Mapping[str, Any], key: str, *, where: Path, fix: Callable[[st
     return dict(value)
 
 
-def value_error(key: str, value: Any, words: str, example: str, *, where: Path, fix: Callable[[str], str]) -> BundleError:
-    """The error of ``value`` at ``key`` not being ``words``."""
+def value_error(
+    key: str, value: Any, words: str, example: str, *, where: Path | str, fix: Callable[[str], str], file: str | None = None
+) -> BundleError:
+    """The error of ``value`` at ``key`` not being ``words``, in the model JSON ``where`` (``file``: the name its fix
+    gives it, default ``where``'s file name)."""
     shown = repr(value)
     if len(shown) > 80:
         shown = shown[:77] + "..."
     return BundleError(
         f"{shown} is not {words}",
         where=f"{where}: {key}",
-        fix=fix(f"{key} in {where.name}: {words}, e.g. {example}"),
+        fix=fix(f"{key} in {file or Path(where).name}: {words}, e.g. {example}"),
     )
