@@ -62,28 +62,7 @@ CSV_FIELDS = [
 ]
 
 #: Columns of :meth:`Findings.to_dataframe` (positions LPS mm, named as in ``open_run(...).findings``).
-DATAFRAME_COLUMNS = [
-    "case_id",
-    "series_uid",
-    "rank",
-    "score",
-    "center_x",
-    "center_y",
-    "center_z",
-    "diameter_mm",
-    "box_min_x",
-    "box_min_y",
-    "box_min_z",
-    "box_max_x",
-    "box_max_y",
-    "box_max_z",
-    "voxel_i",
-    "voxel_j",
-    "voxel_k",
-    "slice_number",
-    "sop_instance_uid",
-    "frame_number",
-]
+DATAFRAME_COLUMNS = [c.removesuffix("_lps") for c in CSV_FIELDS if c != "flags"]
 
 
 #: What ``slice_number`` holds (:func:`slice_number_source`).
