@@ -20,6 +20,7 @@ from typing import Any
 
 from ..config import Config, from_dict
 from ..errors import ConfigError, FatalRunError
+from .end_signals import EndSignals
 from .logs import log_as_worker
 from .redact_active import redact_in_worker
 from .stage import Stage, Task, WorkerInfo
@@ -53,23 +54,28 @@ def worker_main(
     redacted: dict[str, str] | None = None,
 ) -> None:
     """Entry point of a worker process: set up stages lazily, then run tasks until told to stop. ``redacted``: the
-    run's patient-named path components and their tokens (:mod:`.redact`), kept out of its run.log records."""
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    log_as_worker(Path(run_dir) / "run.log", process=name)  # run.log only; the main process talks to the user
-    if redacted is not None:
-        redact_in_worker(redacted)
-    if torch_threads > 0:
-        os.environ["OMP_NUM_THREADS"] = str(torch_threads)
-        try:
-            import torch
+    run's patient-named path components and their tokens (:mod:`.redact`), kept out of its run.log records.
 
-            torch.set_num_threads(torch_threads)
-        except ImportError:
-            pass
-    cfg: Config = from_dict(config)
-    info = WorkerInfo(name, device, cfg, Path(run_dir))
-    by_name = {s.name: s for s in stages}
+    Ctrl-C (SIGINT, sent to the whole process group) is taken here only: the process was started with it blocked
+    (:func:`ctrl_c_held`), so one pressed while it started is delivered now, inside the ``try`` that ends the worker
+    quietly, and from its end on it is ignored, as the process exits (the main process records the stop)."""
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()  # SIGINT blocked: not for it
     try:
+        _take_ctrl_c()
+        log_as_worker(Path(run_dir) / "run.log", process=name)  # run.log only; the main process talks to the user
+        if redacted is not None:
+            redact_in_worker(redacted)
+        if torch_threads > 0:
+            os.environ["OMP_NUM_THREADS"] = str(torch_threads)
+            try:
+                import torch
+
+                torch.set_num_threads(torch_threads)
+            except ImportError:
+                pass
+        cfg: Config = from_dict(config)
+        info = WorkerInfo(name, device, cfg, Path(run_dir))
+        by_name = {s.name: s for s in stages}
         try:
             setup_stages(stages, info)
         except FatalRunError as exc:
@@ -87,6 +93,49 @@ def worker_main(
     except (BrokenPipeError, ConnectionResetError, EOFError):  # the main process is gone (SIGKILL): no one to tell
         log.info("worker %s: the main process is gone; the next run redoes its case", name, extra={"event": "worker_orphaned"})
         return
+    finally:
+        _ignore_ctrl_c()
+
+
+def _take_ctrl_c() -> None:
+    """Unblock SIGINT in this thread (blocked by :func:`ctrl_c_held` while the process started): one already pressed
+    is handled at once, by the process' own handler (Python's KeyboardInterrupt, or ignored as its parent ignored it)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _ignore_ctrl_c() -> None:
+    """Ignore SIGINT for the rest of a worker process' life: a Ctrl-C pressed again while the run stops would otherwise
+    interrupt multiprocessing's exit handlers, with Python's "Process ctpipe-…: Traceback … KeyboardInterrupt"."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C while worker processes start, so that they start with SIGINT blocked and take it only in
+    :func:`worker_main`, where it ends them quietly, and this process never stops half way through a start.
+
+    Pressed just after ``ctpipe run`` started, Ctrl-C reached workers still in their start method's bootstrap
+    (unpickling their stages, importing torch and MONAI), which died of it with Python's "Process ctpipe-…: Traceback …
+    KeyboardInterrupt" on the run's stderr; and this process, stopped in the middle of a start, left a worker with no
+    arguments to read ("EOFError: Ran out of input") or with its queue's semaphore gone (FileNotFoundError). SIGINT is
+    blocked in the calling thread: the mask is inherited by a forked worker, kept across the exec of a spawned one, and
+    inherited by the forkserver (started by the first worker's start, here) and so by every worker it forks. This
+    process' own stop signals (Ctrl-C, SIGTERM, SIGHUP) are held (:class:`~.end_signals.EndSignals`) and handed to their
+    handlers once the start is over, which then raise KeyboardInterrupt as ever; a second one cuts a start that hangs
+    (a forkserver's preloaded imports) short at once."""
+    held = EndSignals(at_once=2)
+    held.hold()
+    try:
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
+        try:
+            yield
+        finally:
+            if before is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+    finally:
+        held.release()
 
 
 @contextmanager

@@ -30,7 +30,7 @@ from ..config import Config
 from ..errors import FatalRunError, StageTimeoutError
 from .redact_active import active as active_redactor
 from .stage import Stage, Task, TaskResult
-from .worker_process import main_module_hidden, mp_context, worker_main
+from .worker_process import ctrl_c_held, main_module_hidden, mp_context, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +90,16 @@ class ProcessExecutor:
         self.workers: list[_Worker] = []
         self._n = 0
         groups = {s.group for s in stages}
-        if "cpu" in groups:
-            for _ in range(max(1, workers)):
-                self._spawn("cpu", "cpu")
-        if "model" in groups:
-            for dev in devices:
-                self._spawn("model", dev)
+        try:
+            if "cpu" in groups:
+                for _ in range(max(1, workers)):
+                    self._spawn("cpu", "cpu")
+            if "model" in groups:
+                for dev in devices:
+                    self._spawn("model", dev)
+        except BaseException:  # Ctrl-C while they start: those started are stopped, not left reading queues gone
+            self.close()
+            raise
 
     def devices(self) -> list[str]:
         return sorted({w.device for w in self.workers if w.group == "model"}) or ["cpu"]
@@ -123,11 +127,13 @@ class ProcessExecutor:
                 redactor.shared if (redactor := active_redactor()) is not None else None,
             ),
         )
-        with main_module_hidden(any(type(s).__module__ == "__main__" for s in stages)):
-            proc.start()
-        send.close()  # only the worker writes: its death then reads as end-of-file here
-        w = _Worker(name, group, device, proc, inq, conn)
-        self.workers.append(w)
+        # a stop signal meanwhile raises KeyboardInterrupt here once the worker is started and listed
+        with ctrl_c_held():
+            with main_module_hidden(any(type(s).__module__ == "__main__" for s in stages)):
+                proc.start()
+            send.close()  # only the worker writes: its death then reads as end-of-file here
+            w = _Worker(name, group, device, proc, inq, conn)
+            self.workers.append(w)
         log.info("started worker %s (pid %s) on %s", name, proc.pid, device, extra={"event": "worker_start"})
         return w
 
