@@ -1,7 +1,8 @@
 """Ctrl-C reaches the whole process group of ``ctpipe run``, its worker processes included: a worker still starting
 (its start method's bootstrap unpickling its stages, importing torch and MONAI) or already exiting (multiprocessing's
 exit handlers, a second Ctrl-C while the run stops) ends quietly, with exit status 0, not with Python's
-"Process ctpipe-…: Traceback … KeyboardInterrupt" on the run's stderr.
+"Process ctpipe-…: Traceback … KeyboardInterrupt" on the run's stderr; and so does one whose start the main process was
+in the middle of.
 
 Each case is a real main process with a :class:`~pipeline.runner.workers.ProcessExecutor` in its own process group;
 its worker announces the moment by creating a file and waits there (:mod:`tests._support.worker_start`) until the test,
@@ -20,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# argv: start method, folder, moment ("start" or "exit"). Polls its worker until Ctrl-C, then closes it as ctpipe run
+# argv: start method, folder, moment ("start", "exit" or "spawned": the main process starting its worker). Polls its worker until Ctrl-C, then closes it as ctpipe run
 # does, a second Ctrl-C being for the workers alone (ctpipe run's own notes it and goes on recording the stop)
 _MAIN = """
 import signal, sys
@@ -30,6 +31,26 @@ from pipeline.runner.workers import ProcessExecutor
 from tests._support.worker_start import HeldWorkerStage
 
 method, folder, at = sys.argv[1:4]
+if at == "spawned":  # the main process announces each worker it has spawned, and waits, before it sends its arguments
+    import multiprocessing.util as util, threading
+    from multiprocessing import active_children
+    from tests._support.worker_start import wait_for
+
+    spawnv = util.spawnv_passfds
+    def announced(path, args, passfds):
+        pid = spawnv(path, args, passfds)
+        if any("spawn_main" in str(a) for a in args):
+            (Path(folder) / "starting").touch()
+            wait_for(Path(folder) / "go")
+        return pid
+    util.spawnv_passfds = announced
+    threading.Thread(target=threading.Event().wait, daemon=True).start()  # a thread of the run's, SIGINT not blocked
+    try:
+        ProcessExecutor([HeldWorkerStage(folder, "")], config=load_config(environ={}), run_dir=Path(folder), workers=1,
+                        devices=[], queue_depth=1, start_method=method, torch_threads=0)
+    except KeyboardInterrupt:  # the executor stopped the worker it started
+        print("worker exit status", *[p.exitcode for p in active_children()] or [0])
+    sys.exit(0)
 ex = ProcessExecutor([HeldWorkerStage(folder, at)], config=load_config(environ={}), run_dir=Path(folder), workers=1,
                      devices=[], queue_depth=1, start_method=method, torch_threads=0)
 procs = [w.proc for w in ex.workers]
@@ -95,5 +116,16 @@ def test_a_second_ctrl_c_while_a_worker_exits_ends_it_without_a_traceback(method
     os.killpg(proc.pid, signal.SIGINT)  # the run stops: worker_main returns
     _wait_for(tmp_path / "exiting", proc)  # the worker is in multiprocessing's exit handlers
     os.killpg(proc.pid, signal.SIGINT)  # pressed again while the run stops
+    (tmp_path / "go").touch()
+    _ended_quietly(proc)
+
+
+def test_ctrl_c_while_the_main_process_starts_a_worker_ends_it_without_a_traceback(tmp_path):
+    """Ctrl-C between the spawn of a worker and the sending of its arguments: the main process finishes the start
+    (the signal held, even when a thread of its own takes it) and stops the worker, rather than leaving it to read
+    arguments never sent ("EOFError: Ran out of input") or a queue whose semaphore is gone."""
+    proc = _start("spawn", tmp_path, "spawned")
+    _wait_for(tmp_path / "starting", proc)  # the worker spawned, its arguments not yet sent
+    os.killpg(proc.pid, signal.SIGINT)
     (tmp_path / "go").touch()
     _ended_quietly(proc)
