@@ -60,9 +60,8 @@ def _run_until_a_case_is_done(
     """``ctpipe run`` of the good cases into ``out`` in its own process group, once its first case is done (with
     ``mid_case``: once its workers have finished a case's first stage, the case still under way); the process and its
     arguments. ``report``: whether the run writes its throughput report (its plots are a good part of a run's time)."""
-    args = ["run", str(dicom_data["good"]), "--out", str(out), "--workers", "1", "--quiet", *FAST]
-    if not report:
-        args += ["--set", "report.enabled=false"]
+    fast = FAST if report else [a.replace("report.enabled=true", "report.enabled=false") for a in FAST]
+    args = ["run", str(dicom_data["good"]), "--out", str(out), "--workers", "1", "--quiet", *fast]
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
