@@ -72,8 +72,8 @@ def test_a_run_writes_nothing_of_an_image_files_path_a_worklist_names(label_map,
     # was: run.log, the report, the run store and quarantine/ held .../DOE_JANE/<file:xxxxxx>.nii.gz
     worklist, run = label_map.parent.parent / "worklist.csv", tmp_path / "run"
     worklist.write_text("path\nDOE_JANE/MRN12345_chest.nii.gz\n")  # as typed: relative to the worklist's folder
-    argv = ["run", str(worklist), "--out", str(run), "--workers", "0", "--no-dicom", "--set", "report.enabled=true"]
-    assert main(argv) != 0  # quarantined: an image file (a label map), no CT series there
+    argv = ["run", str(worklist), "--workers", "0", "--no-dicom", "--set", "report.enabled=true"]
+    assert main([*argv, "--out", str(run)]) != 0  # quarantined: an image file (a label map), no CT series there
     capsys.readouterr()
     assert (run / "run.log").is_file() and _in_files(run) == []
     assert re.search(
