@@ -324,9 +324,11 @@ def _remove_earlier_slices(dicom_dir: Path, earlier: Sequence[Path], *, keep: Se
 
 def _is_dicom_file(path: Path) -> bool:
     """Whether ``path`` is a DICOM file with its preamble and 'DICM' marker, as this module writes them."""
+    from ..ingest.rawheader import dicom_data_start
+
     try:
         with open(path, "rb") as f:
-            return f.read(132)[128:132] == b"DICM"
+            return dicom_data_start(f.read(132)) == 132
     except OSError:
         return False
 
